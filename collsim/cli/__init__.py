@@ -1,0 +1,91 @@
+"""The ``collsim`` command: a thin click group over library calls.
+
+Subcommands live in their own modules under ``collsim.cli`` and are imported only when used, so
+that ``collsim run`` does not pay for matplotlib or torch. Errors are mapped to exit codes here,
+at the edge, and nowhere else: ConfigError -> 2, InfeasibleError -> 1, click usage errors -> 2.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any
+
+import click
+
+from collsim import __version__
+from collsim.errors import ConfigError, InfeasibleError
+
+__all__ = ["main", "cli"]
+
+#: subcommand name -> "module:attribute" of its click command.
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "collective": ("collsim.cli.collective:collective",
+                   "Time one collective over a size sweep (nccl-tests style)."),
+    "run": ("collsim.cli.run:run", "Simulate one training step of a scenario."),
+    "sweep": ("collsim.cli.sweep:sweep", "Sweep GPU count or scenario keys."),
+    "search": ("collsim.cli.search:search", "Search feasible parallel plans."),
+    "plot": ("collsim.cli.plot:plot", "Draw scaling, memory, pipeline and collective plots."),
+    "validate": ("collsim.cli.validate:validate",
+                 "Measure collectives and steps with torch.distributed and compare."),
+}
+
+
+class LazyGroup(click.Group):
+    """A click group whose subcommands are imported on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(SUBCOMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = SUBCOMMANDS.get(cmd_name)
+        if target is None:
+            return None
+        module_name, attr = target[0].split(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name and exc.name.startswith("collsim"):
+                return _not_yet(cmd_name, target[1])
+            raise
+        return getattr(module, attr)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, SUBCOMMANDS[name][1]) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+def _not_yet(name: str, help_text: str) -> click.Command:
+    @click.command(name=name, help=help_text,
+                   context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+    def stub() -> None:
+        click.echo(f"collsim {name}: not yet available in this version", err=True)
+        sys.exit(3)
+    return stub
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="collsim")
+def cli() -> None:
+    """collsim: simulate collectives and training steps on GPU clusters, then check them."""
+
+
+def main(argv: list[str] | None = None) -> Any:
+    """Console entry point: runs the group and maps collsim errors to exit codes."""
+    try:
+        return cli.main(args=argv, prog_name="collsim", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except ConfigError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    except InfeasibleError as exc:
+        click.echo(f"infeasible: {exc}", err=True)
+        sys.exit(1)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)

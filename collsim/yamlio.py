@@ -1,0 +1,231 @@
+"""YAML with line numbers, and a strict reader that names the key path of every bad value.
+
+Topology and scenario files are read through :func:`load_yaml`, which keeps the line of every
+key so that errors can say ``file:line: key.path: message``. :class:`ConfigReader` takes values
+out of a mapping one key at a time, checks type and range, and rejects keys nobody asked for.
+
+Example::
+
+    doc = load_yaml("topologies/dgx_h100.yaml")
+    reader = ConfigReader(doc.data, doc=doc)
+    nodes = reader.get("nodes", int, default=1, check=positive)
+    reader.finish()           # ConfigError on any key that was not read
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import yaml
+
+from collsim.errors import ConfigError
+
+__all__ = ["YamlDoc", "load_yaml", "parse_yaml_text", "ConfigReader", "REQUIRED",
+           "positive", "non_negative", "one_of"]
+
+KeyPath = tuple[str | int, ...]
+
+
+@dataclass
+class YamlDoc:
+    """A parsed YAML document with the line (1-based) of each key path."""
+
+    data: Any
+    file: str
+    lines: dict[KeyPath, int] = field(default_factory=dict)
+
+    def line_of(self, path: KeyPath) -> int | None:
+        """Line of ``path``, or of its nearest ancestor that has one."""
+        probe = tuple(path)
+        while probe:
+            if probe in self.lines:
+                return self.lines[probe]
+            probe = probe[:-1]
+        return self.lines.get((), None)
+
+
+class _LineLoader(yaml.SafeLoader):
+    """SafeLoader; line numbers are read from the composed node tree."""
+
+
+def _construct(node: yaml.Node, path: KeyPath, lines: dict[KeyPath, int],
+               loader: yaml.SafeLoader) -> Any:
+    lines.setdefault(path, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        out: dict[Any, Any] = {}
+        loader.flatten_mapping(node)
+        for key_node, value_node in node.value:
+            key = loader.construct_object(key_node, deep=True)
+            if key in out:
+                raise ConfigError(f"duplicate key {key!r}",
+                                  key_path=_dotted(path + (key,)),
+                                  line=key_node.start_mark.line + 1)
+            lines[path + (key,)] = key_node.start_mark.line + 1
+            out[key] = _construct(value_node, path + (key,), lines, loader)
+        return out
+    if isinstance(node, yaml.SequenceNode):
+        return [_construct(child, path + (i,), lines, loader) for i, child in enumerate(node.value)]
+    return loader.construct_object(node, deep=True)
+
+
+def parse_yaml_text(text: str, file: str = "<string>") -> YamlDoc:
+    """Parse YAML text, keeping key lines. Syntax errors become ConfigError with the line."""
+    loader = _LineLoader(text)
+    try:
+        node = loader.get_single_node()
+        lines: dict[KeyPath, int] = {}
+        data = {} if node is None else _construct(node, (), lines, loader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark is not None else None
+        problem = exc.problem or exc.context or "invalid YAML"
+        raise ConfigError(f"YAML syntax error: {problem}", file=file, line=line) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"YAML error: {exc}", file=file) from None
+    except ConfigError as exc:
+        raise exc.located(file=file) from None
+    finally:
+        loader.dispose()
+    return YamlDoc(data=data, file=file, lines=lines)
+
+
+def load_yaml(path: str | Path) -> YamlDoc:
+    """Read and parse a YAML file. A missing file is a ConfigError."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError("file not found", file=str(path)) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc.strerror}", file=str(path)) from None
+    return parse_yaml_text(text, file=str(path))
+
+
+def _dotted(path: KeyPath) -> str:
+    parts: list[str] = []
+    for part in path:
+        if isinstance(part, int):
+            parts.append(f"[{part}]")
+        else:
+            parts.append(("." if parts else "") + str(part))
+    return "".join(parts)
+
+
+class _Required:
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED: Any = _Required()
+
+Check = Callable[[Any], str | None]
+
+
+def positive(value: Any) -> str | None:
+    """Rule: value > 0."""
+    return None if value > 0 else f"must be > 0, got {value}"
+
+
+def non_negative(value: Any) -> str | None:
+    """Rule: value >= 0."""
+    return None if value >= 0 else f"must be >= 0, got {value}"
+
+
+def one_of(*choices: Any) -> Check:
+    """Rule: value is one of ``choices``."""
+    def check(value: Any) -> str | None:
+        if value in choices:
+            return None
+        return f"must be one of {', '.join(map(str, choices))}; got {value!r}"
+    return check
+
+
+_TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false",
+               dict: "a mapping", list: "a list"}
+
+
+class ConfigReader:
+    """Strict reader over one mapping of a YAML document.
+
+    Args:
+        data: the mapping to read.
+        doc: the document it came from (for file and line in errors).
+        path: key path of ``data`` inside ``doc``.
+    """
+
+    def __init__(self, data: Any, *, doc: YamlDoc | None = None, path: KeyPath = (),
+                 file: str | None = None) -> None:
+        self.doc = doc
+        self.path = tuple(path)
+        self.file = file if file is not None else (doc.file if doc is not None else None)
+        if not isinstance(data, dict):
+            raise self.error(f"must be a mapping, got {_type_name(data)}")
+        self.data: dict[Any, Any] = data
+        self._seen: set[Any] = set()
+
+    # -- errors -----------------------------------------------------------------------------
+    def error(self, message: str, key: str | int | None = None) -> ConfigError:
+        """A ConfigError located at ``key`` of this mapping (or at the mapping itself)."""
+        path = self.path + ((key,) if key is not None else ())
+        line = self.doc.line_of(path) if self.doc is not None else None
+        return ConfigError(message, key_path=_dotted(path) or None, file=self.file, line=line)
+
+    # -- reading ----------------------------------------------------------------------------
+    def has(self, key: str) -> bool:
+        return key in self.data
+
+    def get(self, key: str, kind: type | tuple[type, ...], default: Any = REQUIRED,
+            check: Check | None = None) -> Any:
+        """Read ``key`` as ``kind`` (int accepted where float is asked), apply ``check``."""
+        self._seen.add(key)
+        if key not in self.data or self.data[key] is None and default is not REQUIRED:
+            if default is REQUIRED:
+                raise self.error("missing required key", key)
+            return default
+        value = self.data[key]
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if float in kinds and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if bool not in kinds and isinstance(value, bool):
+            raise self.error(f"must be {_kinds_name(kinds)}, got {value!r}", key)
+        if not isinstance(value, kinds):
+            raise self.error(f"must be {_kinds_name(kinds)}, got {value!r}", key)
+        if check is not None:
+            problem = check(value)
+            if problem:
+                raise self.error(problem, key)
+        return value
+
+    def section(self, key: str, default_empty: bool = False) -> "ConfigReader":
+        """A reader over the mapping under ``key``."""
+        self._seen.add(key)
+        if key not in self.data or self.data[key] is None:
+            if default_empty:
+                return ConfigReader({}, doc=self.doc, path=self.path + (key,), file=self.file)
+            raise self.error("missing required section", key)
+        return ConfigReader(self.data[key], doc=self.doc, path=self.path + (key,), file=self.file)
+
+    def items(self) -> Iterator[tuple[Any, Any]]:
+        """All (key, value) pairs; marks every key as read."""
+        for key, value in self.data.items():
+            self._seen.add(key)
+            yield key, value
+
+    def finish(self) -> None:
+        """Raise ConfigError naming the first key that nobody read."""
+        for key in self.data:
+            if key not in self._seen:
+                known = ", ".join(sorted(map(str, self._seen))) or "none"
+                raise self.error(f"unknown key (known keys here: {known})", key)
+
+
+def _type_name(value: Any) -> str:
+    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean",
+            int: "an integer", float: "a number", type(None): "nothing"}.get(type(value),
+                                                                               type(value).__name__)
+
+
+def _kinds_name(kinds: tuple[type, ...]) -> str:
+    return " or ".join(_TYPE_NAMES.get(k, k.__name__) for k in kinds)

@@ -1,0 +1,26 @@
+"""Shared fixtures. Keep these few and tiny."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    skip_torch = pytest.mark.skip(reason="torch is not installed (the validate extra)")
+    for item in items:
+        if "torch" in item.keywords and not HAS_TORCH:
+            item.add_marker(skip_torch)
+
+
+@pytest.fixture
+def repo() -> Path:
+    """The repository root."""
+    return REPO
