@@ -1,0 +1,412 @@
+"""Measure collectives with torch.distributed, the way nccl-tests does, and check every result.
+
+For each op and size: allocate the buffers, run the op once on known data and count the wrong
+elements (``#wrong``, summed over ranks), run the warm-ups, then time ``iters`` iterations. Each
+timed iteration starts right after a barrier, so that no rank times its wait for a late peer;
+the time of an iteration is that of the slowest rank (an all-reduce MAX of the per-rank times),
+and the reported time of a size is the median over iterations.
+
+Sizes follow nccl-tests (doc/PERFORMANCE.md): the whole buffer for all_reduce and broadcast, the
+gathered output for all_gather, the input for reduce_scatter, the per-rank send buffer for
+all_to_all, the message for send_recv. The element count is rounded down to a multiple of the
+world size where the op splits the buffer. algbw = size / time; busbw = algbw x factor with
+factor 2(n-1)/n for all_reduce, (n-1)/n for all_gather, reduce_scatter and all_to_all, and 1
+for broadcast and send_recv (send_recv: each rank sends to rank+1 and receives from rank-1).
+
+The data that fills the check buffers is ``value(rank, i) = rank + 1 + (i mod 5)`` in float32:
+small integers, so that every sum is exact and a wrong element is an error, not rounding.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import socket
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+from collsim.units import parse_size
+
+__all__ = [
+    "OPS",
+    "BUS_FACTOR",
+    "BenchConfig",
+    "BenchPoint",
+    "BenchResult",
+    "bus_factor",
+    "element_count",
+    "sizes_between",
+    "bench_rank",
+    "run_bench",
+]
+
+#: The ops the bench knows, in nccl-tests naming.
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send_recv")
+
+#: busbw / algbw as a function of the world size n (nccl-tests doc/PERFORMANCE.md).
+BUS_FACTOR: dict[str, Callable[[int], float]] = {
+    "all_reduce": lambda n: 2.0 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+    "send_recv": lambda n: 1.0,
+}
+
+_SPLIT_OPS = frozenset({"all_gather", "reduce_scatter", "all_to_all"})
+_ELEMENT_BYTES = 4  # float32
+
+
+def bus_factor(op: str, world_size: int) -> float:
+    """nccl-tests' busbw factor of ``op`` for ``world_size`` ranks."""
+    return BUS_FACTOR[op](world_size)
+
+
+def element_count(op: str, size_bytes: int, world_size: int) -> int:
+    """float32 elements of the op's nccl-tests buffer, rounded down to a multiple of n if split."""
+    count = size_bytes // _ELEMENT_BYTES
+    if op in _SPLIT_OPS:
+        count -= count % world_size
+    return count
+
+
+def sizes_between(min_bytes: int | str, max_bytes: int | str, factor: int) -> list[int]:
+    """Sizes ``b, b*f, b*f^2, ... <= e`` as nccl-tests' ``-b -e -f``.
+
+    Raises:
+        ValueError: a size does not parse, min > max, or factor < 2.
+    """
+    lo, hi = parse_size(min_bytes), parse_size(max_bytes)
+    if factor < 2:
+        raise ValueError(f"factor must be >= 2, got {factor}")
+    if lo < 1 or lo > hi:
+        raise ValueError(f"need 1 <= min <= max, got min {lo} and max {hi}")
+    sizes = []
+    size = lo
+    while size <= hi:
+        sizes.append(size)
+        size *= factor
+    return sizes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BenchConfig:
+    """What to measure."""
+
+    ops: tuple[str, ...] = OPS
+    sizes_bytes: tuple[int, ...] = (1 << 10, 1 << 20)
+    iters: int = 20
+    """Timed iterations per size."""
+    warmup: int = 5
+    """Untimed iterations per size, after the check and before timing."""
+    root: int = 0
+    """Root of broadcast."""
+    probe_backend: bool = True
+    """Record which backend kernels each op runs (torch profiler event names), once per op."""
+
+    def __post_init__(self) -> None:
+        unknown = [op for op in self.ops if op not in OPS]
+        if unknown:
+            raise ValueError(f"unknown op(s) {', '.join(unknown)}; choose from {', '.join(OPS)}")
+        if self.iters < 1 or self.warmup < 0:
+            raise ValueError(f"need iters >= 1 and warmup >= 0, got {self.iters}, {self.warmup}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BenchPoint:
+    """One measured (op, size): times are of the slowest rank, over ``iters`` iterations."""
+
+    op: str
+    size_bytes: int
+    count: int
+    type: str
+    redop: str
+    root: int
+    time_us: float
+    """Median over iterations of the slowest rank's time."""
+    min_us: float
+    p90_us: float
+    algbw_gbps: float
+    busbw_gbps: float
+    wrong: int
+    """Elements that differed from the expected value in the check run, summed over ranks."""
+    world_size: int
+    iters: int
+
+
+@dataclass
+class BenchResult:
+    """Measured points plus the metadata needed to compare them later."""
+
+    points: list[BenchPoint]
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """The points as plain dicts (one per row of the CSV)."""
+        return [asdict(p) for p in self.points]
+
+
+# ---------------------------------------------------------------------------------- rank side
+
+
+def _values(torch: Any, rank: int, start: int, count: int, device: str) -> Any:
+    idx = torch.arange(start, start + count, device=device, dtype=torch.int64)
+    return (idx % 5 + (rank + 1)).to(torch.float32)
+
+
+def _single(dist: Any, name: str, legacy: str) -> Callable[..., Any]:
+    """torch >= 2.13 names the flat forms ``*_single``; older ones ``*_into_tensor``."""
+    return getattr(dist, name, None) or getattr(dist, legacy)
+
+
+class _OpCase:
+    """Buffers, the op call and the expected result of one op at one size on one rank."""
+
+    def __init__(self, torch: Any, dist: Any, op: str, count: int, rank: int, n: int,
+                 device: str, root: int) -> None:
+        self.torch, self.dist, self.op = torch, dist, op
+        self.count, self.rank, self.n, self.device, self.root = count, rank, n, device, root
+        chunk = count // n if op in _SPLIT_OPS else count
+        self.chunk = chunk
+        empty = lambda k: torch.empty(k, dtype=torch.float32, device=device)  # noqa: E731
+        match op:
+            case "all_reduce" | "broadcast":
+                self.inp = empty(count)
+                self.out = self.inp
+            case "all_gather":
+                self.inp, self.out = empty(chunk), empty(count)
+            case "reduce_scatter":
+                self.inp, self.out = empty(count), empty(chunk)
+            case "all_to_all" | "send_recv":
+                self.inp, self.out = empty(count), empty(count)
+            case _:
+                raise ValueError(f"unknown op {op}")
+        self._call = self._make_call()
+
+    def _make_call(self) -> Callable[[], None]:
+        dist, inp, out = self.dist, self.inp, self.out
+        match self.op:
+            case "all_reduce":
+                return lambda: dist.all_reduce(inp)
+            case "broadcast":
+                return lambda: dist.broadcast(inp, src=self.root)
+            case "all_gather":
+                fn = _single(dist, "all_gather_single", "all_gather_into_tensor")
+                return lambda: fn(out, inp)
+            case "reduce_scatter":
+                fn = _single(dist, "reduce_scatter_single", "reduce_scatter_tensor")
+                return lambda: fn(out, inp)
+            case "all_to_all":
+                return lambda: dist.all_to_all_single(out, inp)
+            case _:  # send_recv: a ring shift, as nccl-tests sendrecv_perf
+                dst, src = (self.rank + 1) % self.n, (self.rank - 1) % self.n
+
+                def shift() -> None:
+                    if self.n == 1:
+                        out.copy_(inp)
+                        return
+                    works = [dist.isend(inp, dst), dist.irecv(out, src)]
+                    for work in works:
+                        work.wait()
+                return shift
+
+    def __call__(self) -> None:
+        self._call()
+
+    def fill_check(self) -> None:
+        """Put the known data into the input buffer."""
+        torch, r = self.torch, self.rank
+        if self.op == "all_gather":
+            self.inp.copy_(_values(torch, r, r * self.chunk, self.chunk, self.device))
+        else:
+            self.inp.copy_(_values(torch, r, 0, self.count, self.device))
+
+    def fill_timing(self) -> None:
+        """Zeros: sums stay finite however many iterations run."""
+        self.inp.zero_()
+
+    def count_wrong(self) -> int:
+        """Elements of the output that differ from the expected values."""
+        torch, n, dev, count, chunk = self.torch, self.n, self.device, self.count, self.chunk
+        match self.op:
+            case "all_reduce":
+                expected = sum(_values(torch, q, 0, count, dev) for q in range(n))
+            case "broadcast":
+                expected = _values(torch, self.root, 0, count, dev)
+            case "all_gather":
+                expected = torch.cat([_values(torch, q, q * chunk, chunk, dev) for q in range(n)])
+            case "reduce_scatter":
+                expected = sum(_values(torch, q, self.rank * chunk, chunk, dev) for q in range(n))
+            case "all_to_all":
+                expected = torch.cat([_values(torch, q, self.rank * chunk, chunk, dev)
+                                      for q in range(n)])
+            case _:
+                expected = _values(torch, (self.rank - 1) % n, 0, count, dev)
+        if count == 0:
+            return 0
+        return int((self.out != expected).sum().item())
+
+
+def _probe_kernels(torch: Any, case: _OpCase, ctx: Any) -> list[str]:
+    """Names of the backend events (``gloo:...``/``nccl:...``) the op emits under the profiler.
+
+    This is how the bench sees what the backend really runs, e.g. that gloo in torch 2.13
+    implements reduce_scatter as an all_reduce (its profile shows ``gloo:all_reduce``).
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    backend = ctx.backend
+    # The profiler prints start/stop lines on stderr; keep them off the user's terminal.
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                case()
+                ctx.sync()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+    names = {e.name for e in prof.events() if e.name.startswith(f"{backend}:")}
+    return sorted(names)
+
+
+def _time_iterations(torch: Any, dist: Any, ctx: Any, fn: Callable[[], None],
+                     iters: int) -> list[float]:
+    """Per-iteration time in seconds of the slowest rank; a barrier precedes each iteration."""
+    times = torch.zeros(iters, dtype=torch.float64)
+    for i in range(iters):
+        dist.barrier()
+        start = time.perf_counter()
+        fn()
+        ctx.sync()
+        times[i] = time.perf_counter() - start
+    dist.all_reduce(times, op=dist.ReduceOp.MAX)
+    return [float(t) for t in times]
+
+
+def _summary(times_s: list[float]) -> tuple[float, float, float]:
+    ordered = sorted(times_s)
+    p90 = ordered[min(len(ordered) - 1, int(round(0.9 * (len(ordered) - 1))))]
+    return statistics.median(ordered), ordered[0], p90
+
+
+def bench_rank(ctx: Any, config: BenchConfig) -> dict[str, Any]:
+    """The per-rank body of the bench (every rank returns the same, already reduced, data).
+
+    Args:
+        ctx: the :class:`~collsim.validate.launch.RankContext` of this rank.
+        config: what to measure.
+
+    Returns:
+        ``{"points": [BenchPoint...], "kernels": {op: [event names]}, "overhead": {...},
+        "host": ..., "torch_version": ..., ...}``.
+    """
+    import torch
+    import torch.distributed as dist
+
+    n, rank = ctx.world_size, ctx.rank
+    points: list[BenchPoint] = []
+    kernels: dict[str, list[str]] = {}
+    wrong_total = torch.zeros(1, dtype=torch.int64)
+    for op in config.ops:
+        for size_bytes in config.sizes_bytes:
+            count = element_count(op, size_bytes, n)
+            case = _OpCase(torch, dist, op, count, rank, n, ctx.device, config.root)
+            case.fill_check()
+            dist.barrier()
+            case()
+            ctx.sync()
+            wrong_total.fill_(case.count_wrong())
+            dist.all_reduce(wrong_total)
+            if config.probe_backend and op not in kernels and count > 0:
+                kernels[op] = _probe_kernels(torch, case, ctx)
+            case.fill_timing()
+            for _ in range(config.warmup):
+                case()
+            ctx.sync()
+            times = _time_iterations(torch, dist, ctx, case, config.iters)
+            median_s, min_s, p90_s = _summary(times)
+            real_bytes = count * _ELEMENT_BYTES
+            algbw = real_bytes / median_s / 1e9 if median_s > 0 else 0.0
+            points.append(BenchPoint(
+                op=op, size_bytes=real_bytes, count=count, type="float",
+                redop="sum" if op in ("all_reduce", "reduce_scatter") else "none",
+                root=config.root if op == "broadcast" else -1,
+                time_us=median_s * 1e6, min_us=min_s * 1e6, p90_us=p90_s * 1e6,
+                algbw_gbps=algbw, busbw_gbps=algbw * bus_factor(op, n),
+                wrong=int(wrong_total.item()), world_size=n, iters=config.iters))
+            del case
+    overhead = _overhead(torch, dist, ctx, config.iters)
+    return {
+        "points": points,
+        "kernels": kernels,
+        "overhead": overhead,
+        "host": socket.gethostname(),
+        "torch_version": torch.__version__,
+        "local_world_size": ctx.local_world_size,
+        "num_threads": torch.get_num_threads(),
+        "launcher": ctx.launcher,
+    }
+
+
+def _overhead(torch: Any, dist: Any, ctx: Any, iters: int) -> dict[str, float]:
+    """The bench's own cost: its timing loop around nothing, and around a 4-byte all_reduce."""
+    noop = _time_iterations(torch, dist, ctx, lambda: None, max(iters, 10))
+    one = torch.zeros(1, dtype=torch.float32, device=ctx.device)
+    tiny = _time_iterations(torch, dist, ctx, lambda: dist.all_reduce(one), max(iters, 10))
+    return {"noop_us": statistics.median(noop) * 1e6,
+            "all_reduce_4B_us": statistics.median(tiny) * 1e6}
+
+
+# -------------------------------------------------------------------------------- parent side
+
+
+def run_bench(config: BenchConfig, *, world_size: int | None, backend: str = "gloo",
+              timeout_s: float = 600.0) -> tuple[BenchResult, bool]:
+    """Run the bench on local spawned ranks, or on this torchrun job.
+
+    Args:
+        config: what to measure.
+        world_size: ranks to spawn (ignored under torchrun).
+        backend: ``"gloo"`` or ``"nccl"``.
+        timeout_s: deadline of the whole run (spawn) and the process-group timeout.
+
+    Returns:
+        ``(result, is_reporter)``: the measurement with its metadata, and whether this process
+        should print and write files (false on torchrun ranks other than 0).
+
+    Raises:
+        RankFailure: a rank failed or the run timed out (the message names the rank).
+    """
+    from collsim.validate.launch import run_distributed
+
+    started = _dt.datetime.now(_dt.timezone.utc)
+    out, is_reporter = run_distributed(bench_rank, world_size, args=(config,), backend=backend,
+                                       timeout_s=timeout_s)
+    n = out["points"][0].world_size if out["points"] else (world_size or 0)
+    metadata: dict[str, Any] = {
+        "tool": "collsim validate bench",
+        "backend": backend,
+        "world_size": n,
+        "ranks_per_node": out["local_world_size"],
+        "num_nodes": max(1, n // max(1, out["local_world_size"])),
+        "launcher": out["launcher"],
+        "torch_version": out["torch_version"],
+        "host": out["host"],
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "threads_per_rank": out["num_threads"],
+        "date": started.isoformat(timespec="seconds"),
+        "iters": config.iters,
+        "warmup": config.warmup,
+        "timing": "median over iterations of the slowest rank; barrier before each iteration",
+        "dtype": "float32",
+        "kernels": out["kernels"],
+        "overhead_noop_us": round(out["overhead"]["noop_us"], 3),
+        "overhead_all_reduce_4B_us": round(out["overhead"]["all_reduce_4B_us"], 3),
+    }
+    return BenchResult(points=list(out["points"]), metadata=metadata), is_reporter

@@ -1,0 +1,313 @@
+"""Start ranks that cannot hang: local spawn with a FileStore and a watchdog, or torchrun.
+
+Two ways to get a process group, one rank function:
+
+* ``spawn_ranks(fn, world_size, ...)`` starts ``world_size`` local processes (the ``spawn``
+  start method), each joins a gloo (or nccl) process group through a ``FileStore`` in a fresh
+  temporary directory -- never a fixed TCP port, so two runs on one machine cannot collide -- and
+  calls ``fn(ctx, *args)``. The parent is a watchdog: if a rank raises, is killed, or the run
+  passes its deadline, every other rank is killed at once and :class:`RankFailure` names the
+  rank(s) and the cause. No process is left behind.
+* Under ``torchrun`` (``RANK``/``WORLD_SIZE``/``MASTER_ADDR`` in the environment) the current
+  process joins the job's process group through ``env://`` and runs ``fn`` itself; torchrun is the
+  watchdog there and the process-group timeout bounds every collective.
+
+Each rank runs with one intra-op and one inter-op thread (``OMP_NUM_THREADS=1``), so that N ranks
+on a small machine do not oversubscribe its cores. torch is imported only inside the ranks.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import socket
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from collsim.errors import CollsimError
+
+__all__ = [
+    "RankFailure",
+    "RankContext",
+    "in_torchrun",
+    "spawn_ranks",
+    "run_distributed",
+    "free_port",
+]
+
+#: Seconds between two looks of the watchdog at its children.
+_POLL_S = 0.05
+#: Seconds a rank gets to exit after it wrote its result, before it is killed.
+_EXIT_GRACE_S = 10.0
+
+
+class RankFailure(CollsimError):
+    """A rank raised, died, or the run passed its deadline. The message names the rank(s).
+
+    Attributes:
+        ranks: the ranks that failed first (raised, died or did not finish in time).
+        reason: ``"error"``, ``"died"`` or ``"timeout"``.
+    """
+
+    def __init__(self, message: str, *, ranks: tuple[int, ...], reason: str) -> None:
+        self.ranks = ranks
+        self.reason = reason
+        super().__init__(message)
+
+
+@dataclass
+class RankContext:
+    """What a rank function gets: who it is and how to wait for its device.
+
+    Attributes:
+        rank: global rank.
+        world_size: number of ranks.
+        local_rank: rank inside its node.
+        local_world_size: ranks on this node.
+        backend: ``"gloo"`` or ``"nccl"``.
+        device: ``"cpu"`` or ``"cuda:<local_rank>"``.
+        launcher: ``"spawn"`` or ``"torchrun"``.
+    """
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    backend: str
+    device: str
+    launcher: str
+
+    def sync(self) -> None:
+        """Wait for queued device work (a no-op on CPU; ``cuda.synchronize`` with nccl)."""
+        if self.device.startswith("cuda"):
+            import torch
+
+            torch.cuda.synchronize()
+
+
+def in_torchrun() -> bool:
+    """True when this process was started by torchrun (or any env:// launcher)."""
+    return all(key in os.environ for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago (bind to port 0, read it, close).
+
+    Only for launchers that insist on a port; :func:`spawn_ranks` uses a FileStore instead.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _limit_threads() -> None:
+    for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[key] = "1"
+
+
+def _device_for(backend: str, local_rank: int) -> str:
+    return f"cuda:{local_rank}" if backend == "nccl" else "cpu"
+
+
+def _init_group(backend: str, timeout_s: float, **kwargs: Any) -> None:
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # already set in this process: harmless
+        pass
+    dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s), **kwargs)
+
+
+def _rank_entry(fn: Callable[..., Any], rank: int, world_size: int, run_dir: str,
+                backend: str, timeout_s: float, args: tuple[Any, ...]) -> None:
+    """Body of one spawned rank: join the group, run ``fn``, leave the result in ``run_dir``."""
+    _limit_threads()
+    out = Path(run_dir)
+    try:
+        import torch.distributed as dist
+
+        store = dist.FileStore(str(out / "store"), world_size)
+        _init_group(backend, timeout_s, store=store, rank=rank, world_size=world_size)
+        if backend == "nccl":
+            import torch
+
+            torch.cuda.set_device(rank)
+        ctx = RankContext(rank=rank, world_size=world_size, local_rank=rank,
+                          local_world_size=world_size, backend=backend,
+                          device=_device_for(backend, rank), launcher="spawn")
+        result = fn(ctx, *args)
+        tmp = out / f"result_{rank}.tmp"
+        tmp.write_bytes(pickle.dumps(result))
+        tmp.rename(out / f"result_{rank}.pkl")
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - the result is safe; teardown errors do not matter
+            pass
+    except BaseException as exc:  # noqa: BLE001 - report everything, including SystemExit
+        text = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
+        (out / f"error_{rank}.txt").write_text(text)
+        os._exit(1)
+
+
+def _kill_all(procs: list[Any]) -> None:
+    for proc in procs:
+        if proc.is_alive():
+            proc.kill()
+    for proc in procs:
+        proc.join(timeout=5.0)
+
+
+def spawn_ranks(fn: Callable[..., Any], world_size: int, *, args: tuple[Any, ...] = (),
+                backend: str = "gloo", timeout_s: float = 120.0) -> list[Any]:
+    """Run ``fn(ctx, *args)`` on ``world_size`` fresh local processes and return their results.
+
+    Args:
+        fn: a module-level function (it is pickled into the children) taking a
+            :class:`RankContext` first; its return value must pickle.
+        world_size: number of ranks (>= 1).
+        args: extra positional arguments for ``fn``.
+        backend: ``"gloo"`` (CPU) or ``"nccl"`` (one GPU per rank).
+        timeout_s: deadline for the whole run, start-up included; also the process-group
+            timeout, so a collective whose peer is gone fails instead of waiting forever.
+
+    Returns:
+        The results of ranks 0..world_size-1, in order.
+
+    Raises:
+        RankFailure: a rank raised (its traceback is in the message), died (exit code or
+            signal), or the deadline passed; every rank is dead when this is raised.
+        ValueError: world_size < 1 or timeout_s <= 0.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    run_dir = tempfile.mkdtemp(prefix="collsim-ranks-")
+    procs: list[Any] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        for rank in range(world_size):
+            proc = ctx.Process(target=_rank_entry, name=f"collsim-rank-{rank}", daemon=True,
+                               args=(fn, rank, world_size, run_dir, backend, timeout_s, args))
+            proc.start()
+            procs.append(proc)
+        _watch(procs, Path(run_dir), deadline, timeout_s)
+        results = []
+        for rank in range(world_size):
+            results.append(pickle.loads((Path(run_dir) / f"result_{rank}.pkl").read_bytes()))
+        return results
+    finally:
+        _kill_all(procs)
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _first_error(run_dir: Path, world_size: int) -> tuple[int, str] | None:
+    for rank in range(world_size):
+        path = run_dir / f"error_{rank}.txt"
+        if path.exists():
+            return rank, path.read_text()
+    return None
+
+
+def _watch(procs: list[Any], run_dir: Path, deadline: float, timeout_s: float) -> None:
+    """Wait for every rank to leave a result; on the first failure kill all and raise."""
+    world_size = len(procs)
+    done_at: dict[int, float] = {}
+    while True:
+        error = _first_error(run_dir, world_size)
+        if error is not None:
+            rank, text = error
+            _kill_all(procs)
+            raise RankFailure(f"rank {rank} raised: {text.strip()}", ranks=(rank,), reason="error")
+        now = time.monotonic()
+        for rank, proc in enumerate(procs):
+            has_result = (run_dir / f"result_{rank}.pkl").exists()
+            if has_result:
+                done_at.setdefault(rank, now)
+            if proc.exitcode is not None and proc.exitcode != 0 and not has_result:
+                time.sleep(_POLL_S)  # an exception may still be on its way to error_<rank>.txt
+                error = _first_error(run_dir, world_size)
+                _kill_all(procs)
+                if error is not None:
+                    raise RankFailure(f"rank {error[0]} raised: {error[1].strip()}",
+                                      ranks=(error[0],), reason="error")
+                how = (f"was killed by signal {-proc.exitcode}" if proc.exitcode < 0
+                       else f"exited with code {proc.exitcode}")
+                raise RankFailure(f"rank {rank} {how} before finishing; the other ranks "
+                                  f"were stopped", ranks=(rank,), reason="died")
+            if proc.exitcode == 0 and not has_result:
+                _kill_all(procs)
+                raise RankFailure(f"rank {rank} exited without a result", ranks=(rank,),
+                                  reason="died")
+        if len(done_at) == world_size:
+            # Every result is in: give the ranks a moment to tear down, then stop them anyway.
+            if all(not p.is_alive() for p in procs) or now - max(done_at.values()) > _EXIT_GRACE_S:
+                return
+        elif now > deadline:
+            late = tuple(r for r in range(world_size) if r not in done_at)
+            _kill_all(procs)
+            names = ", ".join(str(r) for r in late)
+            raise RankFailure(f"rank(s) {names} did not finish within the {timeout_s:g} s "
+                              f"timeout; all ranks were stopped", ranks=late, reason="timeout")
+        time.sleep(_POLL_S)
+
+
+def run_distributed(fn: Callable[..., Any], world_size: int | None, *,
+                    args: tuple[Any, ...] = (), backend: str = "gloo",
+                    timeout_s: float = 120.0) -> tuple[Any, bool]:
+    """Run ``fn`` under torchrun if this process is a torchrun rank, else spawn local ranks.
+
+    Args:
+        fn: rank function, as for :func:`spawn_ranks`.
+        world_size: ranks to spawn when not under torchrun (ignored under torchrun, where the
+            job's WORLD_SIZE rules; None there means "whatever torchrun says").
+        args: extra arguments for ``fn``.
+        backend: ``"gloo"`` or ``"nccl"``.
+        timeout_s: run deadline (spawn) and process-group timeout (both).
+
+    Returns:
+        ``(result, is_reporter)``: the result of rank 0 (spawn) or of this rank (torchrun), and
+        whether this process should print and write files (always true for spawn; rank 0 only
+        under torchrun).
+
+    Raises:
+        RankFailure: see :func:`spawn_ranks`.
+        ValueError: world_size is None outside torchrun.
+    """
+    if in_torchrun():
+        _limit_threads()
+        rank = int(os.environ["RANK"])
+        size = int(os.environ["WORLD_SIZE"])
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        local_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(size)))
+        if backend == "nccl":
+            import torch
+
+            torch.cuda.set_device(local_rank)
+        _init_group(backend, timeout_s, init_method="env://")
+        import torch.distributed as dist
+
+        ctx = RankContext(rank=rank, world_size=size, local_rank=local_rank,
+                          local_world_size=local_size, backend=backend,
+                          device=_device_for(backend, local_rank), launcher="torchrun")
+        try:
+            result = fn(ctx, *args)
+        finally:
+            dist.destroy_process_group()
+        return result, rank == 0
+    if world_size is None:
+        raise ValueError("world_size is required outside torchrun")
+    return spawn_ranks(fn, world_size, args=args, backend=backend, timeout_s=timeout_s)[0], True
