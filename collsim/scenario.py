@@ -1,0 +1,364 @@
+"""Scenario files: the YAML schema of ``collsim run`` and its strict loader.
+
+A scenario names a cluster, a model, a training setup and a parallel plan. Keys carry their
+unit where they have one; unknown keys are rejected with ``file:line: key.path``. Schema::
+
+    name: gpt3-175b-3d
+    cluster: {topology: dgx_a100, nodes: 128}   # a name in topologies/ or a path to a YAML file
+    model:
+      preset: gpt3-175b        # optional; the keys below override it (all needed without a preset)
+      layers: 96
+      hidden: 12288
+      heads: 96
+      kv_heads: 96             # grouped-query attention; default = heads
+      ffn_hidden: 49152        # default 4 x hidden without a preset
+      gated_mlp: false         # SwiGLU-style MLP (three matrices)
+      norm: layernorm          # layernorm | rmsnorm
+      bias: true               # linear layers carry biases
+      position_embedding: learned   # learned | rotary
+      tied_embeddings: true    # LM head shares the embedding matrix
+      dropout: true
+      seq_len: 2048
+      vocab: 51200
+    training: {global_batch: 1536, micro_batch: 1, dtype: bf16, optimizer: adam, recompute: full}
+    parallel:
+      tp: 8
+      pp: 8
+      dp: 16
+      schedule: 1f1b           # gpipe | 1f1b | interleaved
+      virtual_stages: 1        # model chunks per stage (interleaved only)
+      sequence_parallel: false
+      zero: 1                  # 0 = DDP, 1, 2, 3 (= FSDP full shard)
+      ddp: {bucket_mb: 25, first_bucket_mb: 1, overlap: true}
+      fsdp: {prefetch: 1, reshard_after_forward: true, offload: false}
+
+``--set key.path=value`` overrides (the value is parsed as YAML) are applied to the document
+before it is read, so they go through the same checks; their errors are located at ``--set``.
+
+Example::
+
+    scenario = load_scenario("scenarios/3d_175b.yaml", ["parallel.dp=8", "cluster.nodes=64"])
+    scenario.parallel.world_size        # 512
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+import yaml
+
+from collsim.errors import ConfigError
+from collsim.parallel.config import DDPConfig, FSDPConfig, ParallelConfig, TrainingConfig
+from collsim.yamlio import ConfigReader, YamlDoc, load_yaml, positive
+
+if TYPE_CHECKING:
+    from collsim.topology import Topology
+    from collsim.workload import TransformerSpec
+
+__all__ = [
+    "ClusterSpec",
+    "Scenario",
+    "load_scenario",
+    "parse_override",
+    "apply_overrides",
+]
+
+KeyPath = tuple[str, ...]
+
+#: scenario key -> TransformerSpec field, for the ``model`` section.
+MODEL_KEYS: dict[str, str] = {
+    "layers": "num_layers",
+    "hidden": "hidden",
+    "heads": "num_heads",
+    "kv_heads": "num_kv_heads",
+    "ffn_hidden": "ffn_hidden",
+    "seq_len": "seq_len",
+    "vocab": "vocab",
+}
+
+#: further TransformerSpec fields a scenario may set, with their YAML type.
+MODEL_STYLE_KEYS: dict[str, type] = {
+    "gated_mlp": bool,
+    "norm": str,
+    "bias": bool,
+    "position_embedding": str,
+    "tied_embeddings": bool,
+    "dropout": bool,
+}
+
+_FIELD_TO_KEY = {attr: key for key, attr in MODEL_KEYS.items()}
+
+_REQUIRED_WITHOUT_PRESET = ("layers", "hidden", "heads", "seq_len", "vocab")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterSpec:
+    """The ``cluster`` section."""
+
+    topology: str
+    """A topology name in ``topologies/`` (``dgx_a100``) or a path to a topology YAML file."""
+    nodes: int | None = None
+    """Number of nodes; None keeps the topology file's own count."""
+
+    def load(self) -> "Topology":
+        """Build the topology (imports the topology layer on first use)."""
+        from collsim.topology import load_topology
+
+        return load_topology(self.topology, nodes=self.nodes)
+
+
+@dataclass(frozen=True, slots=True)
+class _Override:
+    text: str
+    """``key.path=value`` as typed."""
+    path: KeyPath
+    value: Any
+
+
+@dataclass(frozen=True, kw_only=True)
+class Scenario:
+    """A loaded scenario: each section built into its own config object."""
+
+    name: str
+    cluster: ClusterSpec
+    model: "TransformerSpec"
+    training: TrainingConfig
+    parallel: ParallelConfig
+    source: Path | None = None
+    """The scenario file (None when built from a string)."""
+    doc: YamlDoc | None = field(default=None, repr=False, compare=False)
+    overrides: tuple[_Override, ...] = field(default=(), repr=False, compare=False)
+
+    def locate(self, error: ConfigError) -> ConfigError:
+        """Add the file and line (or the ``--set`` it came from) to an error raised later.
+
+        Errors raised when the plan is built against the topology (``parallel.tp``: heads not
+        divisible, ...) carry a key path but no file; this points them at the scenario.
+        """
+        if self.doc is None:
+            return error
+        return _locate(error, self.doc, self.overrides)
+
+
+# -- overrides ---------------------------------------------------------------------------------
+
+def parse_override(text: str) -> _Override:
+    """Parse one ``--set key.path=value``; the value is read as a YAML scalar or flow value.
+
+    Raises:
+        ConfigError: no ``=``, an empty key, or a value that is not valid YAML.
+    """
+    where = f"--set {text}"
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError("expected KEY.PATH=VALUE, e.g. parallel.tp=4", file=where)
+    parts = tuple(p.strip() for p in key.split("."))
+    if any(not p for p in parts):
+        raise ConfigError("empty part in key path", key_path=key, file=where)
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as exc:
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise ConfigError(f"cannot parse value {raw!r}: {problem}", key_path=key,
+                          file=where) from None
+    if value is None:
+        raise ConfigError("missing value (use KEY.PATH=VALUE)", key_path=key, file=where)
+    return _Override(text=text, path=parts, value=value)
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[_Override]) -> dict[str, Any]:
+    """A deep copy of ``data`` with each override written at its key path.
+
+    Missing intermediate sections are created (``--set parallel.ddp.overlap=false`` works without
+    a ``ddp`` section); keys nobody knows are rejected later by the reader, at ``--set``.
+
+    Raises:
+        ConfigError: an override walks into a value that is not a mapping.
+    """
+    out = copy.deepcopy(data)
+    for override in overrides:
+        node: Any = out
+        for i, part in enumerate(override.path[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise ConfigError(f"{'.'.join(override.path[:i + 1])} is not a section",
+                                  key_path=".".join(override.path), file=f"--set {override.text}")
+            node = child
+        node[override.path[-1]] = override.value
+    return out
+
+
+# -- locating errors ---------------------------------------------------------------------------
+
+def _split(key_path: str | None) -> KeyPath:
+    return tuple(key_path.split(".")) if key_path else ()
+
+
+def _locate(error: ConfigError, doc: YamlDoc, overrides: Sequence[_Override]) -> ConfigError:
+    path = _split(error.key_path)
+    # The last override that set the key (or a section above it) wins. An error about a
+    # section the file does not have belongs to the override that created the section.
+    for override in reversed(overrides):
+        n = len(override.path)
+        created = bool(path) and override.path[:len(path)] == path and path not in doc.lines
+        if path[:n] == override.path or created:
+            return ConfigError(error.message, key_path=error.key_path,
+                               file=f"--set {override.text}")
+    if error.file is not None and error.file != doc.file:
+        return error
+    line = doc.line_of(path) if path else None
+    return ConfigError(error.message, key_path=error.key_path, file=doc.file,
+                       line=error.line if error.line is not None else line)
+
+
+# -- loading -----------------------------------------------------------------------------------
+
+def load_scenario(path: str | Path, overrides: Sequence[str] = ()) -> Scenario:
+    """Read a scenario file, apply ``--set`` overrides, and build each section.
+
+    Args:
+        path: the scenario YAML file.
+        overrides: ``key.path=value`` strings, applied in order.
+
+    Returns:
+        The scenario, with its model spec, training and parallel configs.
+
+    Raises:
+        ConfigError: a missing file, a YAML syntax error, an unknown key, a wrong type or a bad
+            value, located as ``file:line: key.path: message`` (or ``--set key=value: ...``).
+    """
+    doc = load_yaml(path)
+    return scenario_from_doc(doc, overrides, source=Path(path))
+
+
+def scenario_from_doc(doc: YamlDoc, overrides: Sequence[str] = (), *,
+                      source: Path | None = None) -> Scenario:
+    """Build a scenario from a parsed document (see :func:`load_scenario`)."""
+    parsed = tuple(parse_override(text) for text in overrides)
+    if not isinstance(doc.data, dict):
+        raise ConfigError("a scenario must be a mapping of sections", file=doc.file, line=1)
+    data = apply_overrides(doc.data, parsed)
+    view = YamlDoc(data=data, file=doc.file, lines=doc.lines)
+    try:
+        return _read(view, parsed, source)
+    except ConfigError as exc:
+        raise _locate(exc, view, parsed) from None
+
+
+def _read(doc: YamlDoc, overrides: tuple[_Override, ...], source: Path | None) -> Scenario:
+    root = ConfigReader(doc.data, doc=doc)
+    default_name = source.stem if source is not None else "scenario"
+    name = root.get("name", str, default=default_name)
+    cluster = _read_cluster(root.section("cluster"), source)
+    model = _read_model(root.section("model"), name)
+    training = _read_training(root.section("training"))
+    parallel = _read_parallel(root.section("parallel", default_empty=True))
+    root.finish()
+    return Scenario(name=name, cluster=cluster, model=model, training=training,
+                    parallel=parallel, source=source, doc=doc, overrides=overrides)
+
+
+def _read_cluster(reader: ConfigReader, source: Path | None) -> ClusterSpec:
+    topology = reader.get("topology", str)
+    nodes = reader.get("nodes", int, default=None, check=positive)
+    reader.finish()
+    return ClusterSpec(topology=_resolve_topology(topology, source), nodes=nodes)
+
+
+def _resolve_topology(spec: str, source: Path | None) -> str:
+    """A path-looking topology is taken relative to the scenario file when it exists there."""
+    looks_like_path = spec.endswith((".yaml", ".yml")) or os.sep in spec or "/" in spec
+    if not looks_like_path or os.path.isabs(spec) or source is None:
+        return spec
+    beside = source.parent / spec
+    return str(beside) if beside.exists() else spec
+
+
+def _read_model(reader: ConfigReader, scenario_name: str) -> "TransformerSpec":
+    from collsim.workload.model import TransformerSpec, get_preset
+
+    preset_name = reader.get("preset", str, default=None)
+    base = None
+    if preset_name is not None:
+        try:
+            base = get_preset(preset_name)
+        except ConfigError as exc:
+            raise reader.error(exc.message, "preset") from None
+    values: dict[str, Any] = {}
+    for key, attr in MODEL_KEYS.items():
+        value = reader.get(key, int, default=None, check=positive)
+        if value is not None:
+            values[attr] = value
+        elif base is None and key in _REQUIRED_WITHOUT_PRESET:
+            raise reader.error("missing required key (or give model.preset)", key)
+    for key, kind in MODEL_STYLE_KEYS.items():
+        value = reader.get(key, kind, default=None)
+        if value is not None:
+            values[key] = value
+    reader.finish()
+
+    heads = values.get("num_heads", base.num_heads if base is not None else 0)
+    hidden = values.get("hidden", base.hidden if base is not None else 0)
+    kv_heads = values.get("num_kv_heads", base.num_kv_heads if base is not None else None)
+    if hidden % heads:
+        raise reader.error(f"hidden ({hidden}) must be divisible by heads ({heads})", "heads")
+    if kv_heads is not None and heads % kv_heads:
+        raise reader.error(f"heads ({heads}) must be divisible by kv_heads ({kv_heads})",
+                           "kv_heads")
+    try:
+        if base is None:
+            values.setdefault("ffn_hidden", 4 * values["hidden"])
+            return TransformerSpec(name=scenario_name, **values)
+        if not values:
+            return base
+        return dataclasses.replace(base, name=f"{base.name} (modified)", **values)
+    except ConfigError as exc:
+        # The spec names its fields (model.num_heads); the scenario calls them model.heads.
+        field_name = (exc.key_path or "").removeprefix("model.")
+        key = _FIELD_TO_KEY.get(field_name, field_name)
+        raise reader.error(exc.message, key or None) from None
+
+
+def _read_training(reader: ConfigReader) -> TrainingConfig:
+    kwargs: dict[str, Any] = {"global_batch": reader.get("global_batch", int)}
+    _copy_optional(reader, kwargs, {"micro_batch": int, "dtype": str, "optimizer": str,
+                                    "recompute": str})
+    reader.finish()
+    return TrainingConfig(**kwargs)
+
+
+def _read_parallel(reader: ConfigReader) -> ParallelConfig:
+    kwargs: dict[str, Any] = {}
+    _copy_optional(reader, kwargs, {"tp": int, "pp": int, "dp": int, "schedule": str,
+                                    "virtual_stages": int, "sequence_parallel": bool,
+                                    "zero": int})
+    ddp = reader.section("ddp", default_empty=True)
+    ddp_kwargs: dict[str, Any] = {}
+    _copy_optional(ddp, ddp_kwargs, {"bucket_mb": float, "first_bucket_mb": float,
+                                     "overlap": bool})
+    ddp.finish()
+    fsdp = reader.section("fsdp", default_empty=True)
+    fsdp_kwargs: dict[str, Any] = {}
+    _copy_optional(fsdp, fsdp_kwargs, {"prefetch": int, "reshard_after_forward": bool,
+                                       "offload": bool})
+    fsdp.finish()
+    kwargs["ddp"] = DDPConfig(**ddp_kwargs)
+    kwargs["fsdp"] = FSDPConfig(**fsdp_kwargs)
+    reader.finish()
+    return ParallelConfig(**kwargs)
+
+
+def _copy_optional(reader: ConfigReader, out: dict[str, Any], kinds: dict[str, type]) -> None:
+    """Copy the keys that are present; the dataclass defaults apply to the others."""
+    for key, kind in kinds.items():
+        value = reader.get(key, kind, default=None)
+        if value is not None:
+            out[key] = value
