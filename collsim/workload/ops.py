@@ -1,0 +1,314 @@
+"""The ops of a transformer layer, the embedding and the LM head: FLOPs, bytes, saved tensors.
+
+Device-independent accounting for ONE rank of a Megatron-style tensor-parallel group of size t
+(Shoeybi et al. 2019; Korthikanti et al. 2022):
+
+- QKV projection and MLP up (and gate) are column-parallel: each rank owns heads/t heads and
+  ffn/t columns; the attention output projection and MLP down are row-parallel (input split by
+  t, output a partial sum that the tp all-reduce, or reduce-scatter with sequence parallelism,
+  completes: that communication is not in here, see ``collsim.parallel``).
+- Norms, dropouts and residual adds run on the whole sequence on every rank, or on s/t of it with
+  sequence parallelism (SP).
+- Element-wise ops move bytes, matmuls move bytes and do FLOPs; every matmul is listed as GEMMs
+  ``C[m, n] = A[m, k] B[k, n]`` (``batch`` of them) so that the compute model can judge the shape.
+- Backward of a matmul is two GEMMs of the same FLOPs (dA = dC B^T, dB = A^T dC), so 2x the
+  forward FLOPs; backward of an element-wise op moves 2x its forward bytes.
+- Activation memory: each op lists the tensors it keeps for backward, in the dtype's element
+  size ``e`` (``e`` = 2 for bf16/fp16, Korthikanti's setting) and 1 byte per dropout mask
+  element. Summed over a GPT layer (ffn = 4h, multi-head attention, dropout) these give exactly
+  Korthikanti's sbh(34 + 5as/h) and its TP / SP / recompute variants, which the tests check.
+
+Fused kernels as Megatron-LM runs them: scale + mask + softmax is one op; the bias adds live in
+the GEMM epilogues; the SwiGLU gate and up projections are one GEMM of width 2 ffn / t. Dropout
+and the residual add are listed apart (Megatron fuses bias-dropout-add; we do not).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from collsim.errors import ConfigError
+from collsim.workload.model import TransformerSpec
+
+__all__ = [
+    "OpKind", "RecomputeMode", "Gemm", "Op", "activation_element_bytes",
+    "layer_ops", "embedding_ops", "head_ops", "SELECTIVE_OPS", "SELECTIVE_TENSORS",
+    "parse_recompute", "kept_bytes",
+]
+
+
+class OpKind(StrEnum):
+    MATMUL = "matmul"
+    ELEMENTWISE = "elementwise"
+
+
+class RecomputeMode(StrEnum):
+    """Activation recomputation (Korthikanti 2022): none, selective (core attention), full."""
+
+    NONE = "none"
+    SELECTIVE = "selective"
+    FULL = "full"
+
+
+SELECTIVE_OPS = ("attn_scores", "softmax", "attn_dropout", "attn_values")
+"""Ops re-run in backward with selective recompute: QK^T, softmax, its dropout, attention over V."""
+
+SELECTIVE_TENSORS = ("softmax.output", "attn_dropout.mask", "attn_dropout.output")
+"""Tensors selective recompute does not keep (the 5as^2b term); Q, K, V stay as its inputs."""
+
+_ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}
+_FLOPS_PER_ELEMENT = {"norm": 5.0, "softmax": 5.0, "dropout": 2.0, "add": 1.0, "gelu": 8.0,
+                      "swiglu": 6.0, "rotary": 3.0, "embedding": 0.0, "loss": 5.0}
+
+
+def activation_element_bytes(dtype: str) -> int:
+    """Bytes per stored activation element: 2 for bf16/fp16, 4 for fp32.
+
+    fp8 training (Transformer Engine style) runs the GEMMs in fp8 but keeps activations in bf16,
+    so fp8 stores 2 bytes per element here.
+
+    Raises:
+        ConfigError: unknown dtype.
+    """
+    key = str(dtype).lower()
+    if key not in _ELEMENT_BYTES:
+        raise ConfigError(f"must be one of {', '.join(_ELEMENT_BYTES)}; got {dtype!r}",
+                          key_path="training.dtype")
+    return _ELEMENT_BYTES[key]
+
+
+@dataclass(frozen=True, slots=True)
+class Gemm:
+    """``batch`` independent GEMMs C[m, n] = A[m, k] @ B[k, n]."""
+
+    m: int
+    n: int
+    k: int
+    batch: int = 1
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.batch * self.m * self.n * self.k
+
+    def bytes(self, element_bytes: int) -> float:
+        """Minimum traffic: read A and B once, write C once."""
+        return float(element_bytes * self.batch * (self.m * self.k + self.k * self.n
+                                                   + self.m * self.n))
+
+    def backward(self) -> tuple[Gemm, Gemm]:
+        """dA[m, k] = dC[m, n] B^T[n, k] and dB[k, n] = A^T[k, m] dC[m, n]."""
+        return (Gemm(self.m, self.k, self.n, self.batch), Gemm(self.k, self.n, self.m, self.batch))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Op:
+    """One op of the forward pass on one rank, with what its backward costs.
+
+    Attributes:
+        name: stable op name (``qkv_proj``, ``softmax``, ...); keys of time overrides.
+        kind: matmul or element-wise.
+        gemms: the forward GEMMs (matmul ops only).
+        flops: forward FLOPs.
+        size_bytes: forward memory traffic in bytes.
+        backward_gemms: the backward GEMMs (matmul ops only).
+        backward_flops: backward FLOPs (2x forward).
+        backward_bytes: backward memory traffic in bytes.
+        saved: tensors kept from forward to backward with no recompute, name -> bytes.
+    """
+
+    name: str
+    kind: OpKind
+    flops: float
+    size_bytes: float
+    backward_flops: float
+    backward_bytes: float
+    gemms: tuple[Gemm, ...] = ()
+    backward_gemms: tuple[Gemm, ...] = ()
+    saved: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def saved_bytes(self) -> float:
+        return float(sum(self.saved.values()))
+
+
+def _matmul(name: str, gemm: Gemm, e: int, saved: dict[str, float]) -> Op:
+    back = gemm.backward()
+    return Op(name=name, kind=OpKind.MATMUL, gemms=(gemm,), flops=gemm.flops,
+              size_bytes=gemm.bytes(e), backward_gemms=back,
+              backward_flops=sum(g.flops for g in back),
+              backward_bytes=sum(g.bytes(e) for g in back), saved=saved)
+
+
+def _elementwise(name: str, kind: str, elements: float, size_bytes: float,
+                 saved: dict[str, float]) -> Op:
+    flops = _FLOPS_PER_ELEMENT[kind] * elements
+    return Op(name=name, kind=OpKind.ELEMENTWISE, flops=flops, size_bytes=size_bytes,
+              backward_flops=2.0 * flops, backward_bytes=2.0 * size_bytes, saved=saved)
+
+
+def _check_tp(spec: TransformerSpec, tp: int) -> None:
+    if not isinstance(tp, int) or tp <= 0:
+        raise ConfigError(f"must be a positive integer, got {tp!r}", key_path="parallel.tp")
+    if spec.num_heads % tp:
+        raise ConfigError(f"num_heads ({spec.num_heads}) must be divisible by tp ({tp})",
+                          key_path="parallel.tp")
+    if spec.ffn_hidden % tp:
+        raise ConfigError(f"ffn_hidden ({spec.ffn_hidden}) must be divisible by tp ({tp})",
+                          key_path="parallel.tp")
+
+
+def layer_ops(spec: TransformerSpec, *, micro_batch: int, tp: int = 1,
+              sequence_parallel: bool = False, dtype: str = "bf16") -> list[Op]:
+    """The forward ops of one transformer layer on one tensor-parallel rank, in order.
+
+    Args:
+        spec: the model.
+        micro_batch: sequences per micro-batch (b).
+        tp: tensor-parallel size (t); heads and ffn must be divisible by it.
+        sequence_parallel: norms, dropouts and residual adds run on s/t tokens.
+        dtype: compute dtype; sets the activation element size (see activation_element_bytes).
+
+    Returns:
+        Ops with FLOPs, bytes and the tensors each keeps for backward (no recompute).
+    """
+    _check_tp(spec, tp)
+    if micro_batch <= 0:
+        raise ConfigError(f"must be > 0, got {micro_batch}", key_path="training.micro_batch")
+    e = activation_element_bytes(dtype)
+    b, s, h, d = micro_batch, spec.seq_len, spec.hidden, spec.head_dim
+    tokens = b * s
+    sp_div = tp if sequence_parallel else 1
+    ew = tokens * h / sp_div                          # elements of an SP-region tensor
+    heads = spec.num_heads // tp
+    kv_heads = math.ceil(spec.kv_heads / tp)          # kv heads are replicated when tp > kv
+    ffn = spec.ffn_hidden // tp
+    probs = float(b * heads * s * s)                  # elements of the score matrix per rank
+    norm_flops = "norm"
+
+    ops: list[Op] = []
+    ops.append(_elementwise("attn_norm", norm_flops, ew, 2 * e * ew,
+                            {"attn_norm.input": e * ew}))
+    ops.append(_matmul("qkv_proj", Gemm(tokens, (heads + 2 * kv_heads) * d, h), e,
+                       {"qkv_proj.input": e * tokens * h / sp_div}))
+    if spec.position_embedding == "rotary":
+        qk = tokens * (heads + kv_heads) * d
+        ops.append(_elementwise("rotary", "rotary", qk, 2 * e * qk, {}))
+    scores = Gemm(s, s, d, b * heads)
+    scores_bytes = e * (b * heads * s * d + b * kv_heads * s * d + probs)
+    ops.append(Op(name="attn_scores", kind=OpKind.MATMUL, gemms=(scores,), flops=scores.flops,
+                  size_bytes=scores_bytes, backward_gemms=scores.backward(),
+                  backward_flops=2 * scores.flops, backward_bytes=2 * scores_bytes,
+                  saved={"q": e * tokens * heads * d, "k": e * tokens * kv_heads * d}))
+    ops.append(_elementwise("softmax", "softmax", probs, 2 * e * probs,
+                            {"softmax.output": e * probs}))
+    values_saved = {"v": e * tokens * kv_heads * d}
+    if spec.dropout:
+        ops.append(_elementwise("attn_dropout", "dropout", probs, (2 * e + 1) * probs,
+                                {"attn_dropout.mask": probs}))
+        values_saved["attn_dropout.output"] = e * probs
+    values = Gemm(s, d, s, b * heads)
+    values_bytes = e * (probs + b * kv_heads * s * d + b * heads * s * d)
+    ops.append(Op(name="attn_values", kind=OpKind.MATMUL, gemms=(values,), flops=values.flops,
+                  size_bytes=values_bytes, backward_gemms=values.backward(),
+                  backward_flops=2 * values.flops, backward_bytes=2 * values_bytes,
+                  saved=values_saved))
+    ops.append(_matmul("out_proj", Gemm(tokens, h, heads * d), e,
+                       {"out_proj.input": e * tokens * heads * d}))
+    if spec.dropout:
+        ops.append(_elementwise("attn_out_dropout", "dropout", ew, (2 * e + 1) * ew,
+                                {"attn_out_dropout.mask": ew}))
+    ops.append(_elementwise("attn_residual_add", "add", ew, 3 * e * ew, {}))
+    ops.append(_elementwise("mlp_norm", norm_flops, ew, 2 * e * ew, {"mlp_norm.input": e * ew}))
+    width = 2 * ffn if spec.gated_mlp else ffn
+    ops.append(_matmul("mlp_up", Gemm(tokens, width, h), e,
+                       {"mlp_up.input": e * tokens * h / sp_div}))
+    act = float(tokens * ffn)
+    if spec.gated_mlp:
+        ops.append(_elementwise("activation", "swiglu", act, 3 * e * act,
+                                {"activation.input": 2 * e * act}))
+    else:
+        ops.append(_elementwise("activation", "gelu", act, 2 * e * act,
+                                {"activation.input": e * act}))
+    ops.append(_matmul("mlp_down", Gemm(tokens, h, ffn), e, {"mlp_down.input": e * act}))
+    if spec.dropout:
+        ops.append(_elementwise("mlp_out_dropout", "dropout", ew, (2 * e + 1) * ew,
+                                {"mlp_out_dropout.mask": ew}))
+    ops.append(_elementwise("mlp_residual_add", "add", ew, 3 * e * ew, {}))
+    return ops
+
+
+def embedding_ops(spec: TransformerSpec, *, micro_batch: int, tp: int = 1,
+                  sequence_parallel: bool = False, dtype: str = "bf16") -> list[Op]:
+    """Forward ops of the (vocab-parallel) input embedding on one rank.
+
+    The lookup writes b s h elements on every rank (rows outside the rank's vocab shard are
+    zeros until the tp all-reduce / reduce-scatter); GPT adds the learned position rows and
+    applies dropout (on s/t tokens with SP).
+    """
+    _check_tp(spec, tp)
+    e = activation_element_bytes(dtype)
+    tokens = micro_batch * spec.seq_len
+    full = float(tokens * spec.hidden)
+    ew = full / (tp if sequence_parallel else 1)
+    ops = [_elementwise("embedding", "embedding", full, 2 * e * full,
+                        {"embedding.token_ids": 8.0 * tokens})]
+    if spec.position_embedding == "learned":
+        ops.append(_elementwise("position_add", "add", full, 3 * e * full, {}))
+    if spec.dropout:
+        ops.append(_elementwise("embedding_dropout", "dropout", ew, (2 * e + 1) * ew,
+                                {"embedding_dropout.mask": ew}))
+    return ops
+
+
+def head_ops(spec: TransformerSpec, *, micro_batch: int, tp: int = 1,
+             sequence_parallel: bool = False, dtype: str = "bf16") -> list[Op]:
+    """Forward ops of the final norm, the (vocab-parallel) LM head and the loss on one rank.
+
+    The cross-entropy follows Megatron's vocab-parallel loss: logits are upcast to fp32 and the
+    fp32 softmax of the rank's V/t columns (4 s b V / t bytes) is kept for backward.
+    """
+    _check_tp(spec, tp)
+    if spec.vocab % tp:
+        # Megatron pads the vocabulary to a multiple of tp (x 128); so do we.
+        vocab_local = math.ceil(spec.vocab / tp)
+    else:
+        vocab_local = spec.vocab // tp
+    e = activation_element_bytes(dtype)
+    tokens = micro_batch * spec.seq_len
+    h = spec.hidden
+    ew = tokens * h / (tp if sequence_parallel else 1)
+    logits = float(tokens * vocab_local)
+    return [
+        _elementwise("final_norm", "norm", ew, 2 * e * ew, {"final_norm.input": e * ew}),
+        _matmul("lm_head", Gemm(tokens, vocab_local, h), e, {"lm_head.input": e * ew}),
+        _elementwise("loss", "loss", logits, (e + 4) * logits, {"loss.softmax_fp32": 4 * logits}),
+    ]
+
+
+def parse_recompute(recompute: str) -> RecomputeMode:
+    """``none`` / ``selective`` / ``full`` (any case, or the config enum) as a RecomputeMode."""
+    try:
+        return RecomputeMode(str(recompute).lower())
+    except ValueError:
+        raise ConfigError(f"must be one of none, selective, full; got {recompute!r}",
+                          key_path="training.recompute") from None
+
+
+def kept_bytes(ops: list[Op], mode: RecomputeMode) -> tuple[float, float]:
+    """Activation bytes of a layer's ops under ``mode``: (kept from forward to backward,
+    rebuilt while the layer recomputes).
+
+    none: every saved tensor. selective: all but the softmax output, its dropout mask and the
+    dropout output (Korthikanti's 5as^2b term). full: only the layer input (the first op's
+    input, split by t with SP), the rest is rebuilt during backward.
+    """
+    full = float(sum(op.saved_bytes for op in ops))
+    if mode is RecomputeMode.NONE:
+        return full, 0.0
+    if mode is RecomputeMode.SELECTIVE:
+        dropped = sum(v for op in ops for k, v in op.saved.items() if k in SELECTIVE_TENSORS)
+        return full - dropped, float(dropped)
+    first = ops[0].saved_bytes
+    return first, full - first
