@@ -1,0 +1,437 @@
+"""matplotlib figures of simulated results: scaling, memory, timelines, pipelines, collectives.
+
+Every function takes tidy frames (:mod:`collsim.report.frames`) or StepResults, draws on a fresh
+:class:`matplotlib.figure.Figure` (no pyplot, no global state, never ``show()``), and returns it;
+:func:`save_figure` writes PNG or SVG chosen by the file suffix. The Agg canvas is used, so no
+display is needed.
+
+- :func:`plot_scaling`: speedup and scaling efficiency vs GPUs, one line per plan, ideal dashed
+  (the simulated version of the classic DDP / FSDP / DDP-with-overlap chart);
+- :func:`plot_memory`: per-GPU memory vs GPUs, one panel per plan, stacked by category, HBM line;
+- :func:`plot_memory_timeline`: memory in use over one step for one rank, HBM line;
+- :func:`plot_pipeline`: Gantt chart of the compute stream of each stage (forward, backward,
+  bubble), one panel per schedule;
+- :func:`plot_breakdown`: stacked bars of the step-time parts per plan;
+- :func:`plot_collectives`: bus bandwidth vs message size, one line per algorithm.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from collsim.engine.result import BREAKDOWN_KEYS, MEMORY_KEYS, StepResult
+from collsim.errors import ConfigError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+__all__ = [
+    "IMAGE_SUFFIXES",
+    "save_figure",
+    "scaling_table",
+    "plot_scaling",
+    "plot_memory",
+    "plot_memory_timeline",
+    "plot_pipeline",
+    "plot_breakdown",
+    "plot_collectives",
+]
+
+IMAGE_SUFFIXES = (".png", ".svg")
+
+#: Line colours for series, in order (colour-blind-safe Okabe-Ito palette).
+SERIES_COLORS = ("#D55E00", "#E69F00", "#009E73", "#0072B2", "#CC79A7", "#56B4E9", "#F0E442",
+                 "#000000")
+SERIES_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+#: Fill colour of each memory category and step-time part.
+CATEGORY_COLORS = {
+    "parameters": "#0072B2", "gradients": "#56B4E9", "optimizer": "#009E73",
+    "activations": "#E69F00", "buffers": "#CC79A7",
+    "compute": "#0072B2", "tp_exposed": "#E69F00", "pp_exposed": "#CC79A7",
+    "dp_exposed": "#D55E00", "bubble": "#999999", "optimizer_step": "#009E73",
+}
+PHASE_COLORS = {"forward": "#56B4E9", "backward": "#0072B2", "recompute": "#E69F00",
+                "optimizer": "#009E73", "other": "#CC79A7", "bubble": "#DDDDDD"}
+IDEAL_STYLE: dict[str, Any] = {"color": "black", "linestyle": "--", "linewidth": 1.3,
+                               "alpha": 0.6}
+HBM_STYLE: dict[str, Any] = {"color": "#B00020", "linestyle": "--", "linewidth": 1.5}
+
+
+def _new_figure(width_in: float, height_in: float) -> Figure:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width_in, height_in), dpi=100, layout="constrained")
+    fig.patch.set_facecolor("white")
+    return fig
+
+
+def save_figure(fig: Figure, path: str | Path, *, dpi: int = 150) -> Path:
+    """Write ``fig`` as PNG or SVG (by the suffix of ``path``) and return the path.
+
+    Raises:
+        ConfigError: the suffix is neither ``.png`` nor ``.svg``.
+    """
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in IMAGE_SUFFIXES:
+        raise ConfigError(f"image must end in .png or .svg, got {path.name!r}", key_path="plot")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig)  # Agg for PNG; SVG is written by its own backend via savefig
+    fig.savefig(path, dpi=dpi, format=suffix[1:], facecolor="white")
+    return path
+
+
+def _need(frame: pd.DataFrame, columns: Sequence[str], what: str) -> None:
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise ConfigError(f"{what} needs column(s) {', '.join(missing)}; "
+                          f"have {', '.join(map(str, frame.columns))}", key_path="plot")
+
+
+def _feasible(frame: pd.DataFrame) -> pd.DataFrame:
+    if "feasible" in frame.columns:
+        frame = frame[frame["feasible"].astype(bool)]
+    return frame
+
+
+def _series_values(frame: pd.DataFrame, series: str) -> list[Any]:
+    """Series labels in order of first appearance."""
+    return list(dict.fromkeys(frame[series].tolist()))
+
+
+def scaling_table(frame: pd.DataFrame, *, series: str = "plan", x: str = "num_gpus",
+                  throughput: str = "tokens_per_s") -> pd.DataFrame:
+    """Speedup and efficiency per series and GPU count (what :func:`plot_scaling` draws).
+
+    Speedup at N GPUs is throughput(N) / throughput(N0), times N_first / N0 where N0 is the
+    smallest GPU count in the frame and N_first the series' smallest feasible count (so a series
+    that cannot run at N0 starts on the ideal line, and says so in ``from_gpus``). Efficiency =
+    speedup / (N / N0). With weak scaling (the global batch grows with the data-parallel size)
+    this is the usual throughput speedup; with strong scaling it is the step-time speedup.
+
+    Returns:
+        ``series, num_gpus, throughput, speedup, ideal, efficiency, from_gpus``.
+    """
+    import pandas as pd
+
+    _need(frame, [series, x, throughput], "scaling plot")
+    data = _feasible(frame).dropna(subset=[throughput])
+    data = data[data[throughput] > 0]
+    if data.empty:
+        raise ConfigError("no feasible point to plot", key_path="plot")
+    base_gpus = float(data[x].min())
+    rows = []
+    for label in _series_values(data, series):
+        part = data[data[series] == label].sort_values(x)
+        first_gpus = float(part[x].iloc[0])
+        first_rate = float(part[throughput].iloc[0])
+        for gpus, rate in zip(part[x].astype(float), part[throughput].astype(float)):
+            speedup = rate / first_rate * first_gpus / base_gpus
+            ideal = gpus / base_gpus
+            rows.append({"series": label, "num_gpus": gpus, "throughput": rate,
+                         "speedup": speedup, "ideal": ideal, "efficiency": speedup / ideal,
+                         "from_gpus": first_gpus})
+    return pd.DataFrame.from_records(rows)
+
+
+def plot_scaling(frame: pd.DataFrame, *, series: str = "plan", x: str = "num_gpus",
+                 throughput: str = "tokens_per_s", title: str | None = None) -> Figure:
+    """Speedup (left) and scaling efficiency in percent (right) vs GPUs, one line per series.
+
+    The ideal (linear speedup, 100 % efficiency) is a dashed black line labelled ``ideal`` on
+    both panels. Axes are log2 in GPUs (and in speedup). See :func:`scaling_table` for the
+    definitions.
+
+    Args:
+        frame: a results frame (``collsim sweep -o``): one row per (series, GPU count).
+        series: column that names the plan of each row (``plan``, ``parallel.zero`` ...).
+    """
+    table = scaling_table(frame, series=series, x=x, throughput=throughput)
+    base = float(table["num_gpus"].min())
+    fig = _new_figure(12.0, 4.8)
+    ax_speed, ax_eff = fig.subplots(1, 2)
+    gpus = np.array(sorted(set(table["num_gpus"])))
+    ax_speed.plot(gpus, gpus / base, label="ideal (linear)", **IDEAL_STYLE)
+    ax_eff.plot(gpus, np.full(len(gpus), 100.0), label="ideal (100 %)", **IDEAL_STYLE)
+    for index, label in enumerate(_series_values(table, "series")):
+        part = table[table["series"] == label]
+        style = {"color": SERIES_COLORS[index % len(SERIES_COLORS)],
+                 "marker": SERIES_MARKERS[index % len(SERIES_MARKERS)], "linewidth": 2,
+                 "markersize": 6}
+        ax_speed.plot(part["num_gpus"], part["speedup"], label=str(label), **style)
+        ax_eff.plot(part["num_gpus"], part["efficiency"] * 100.0, label=str(label), **style)
+    base_text = f"{int(base)} GPU" + ("s" if base != 1 else "")
+    ax_speed.set_xlabel("Number of GPUs")
+    ax_speed.set_ylabel(f"Speedup (x vs {base_text})")
+    ax_speed.set_title("Training speedup vs GPU count")
+    ax_speed.set_xscale("log", base=2)
+    ax_speed.set_yscale("log", base=2)
+    ax_eff.set_xlabel("Number of GPUs")
+    ax_eff.set_ylabel("Scaling efficiency (%)")
+    ax_eff.set_title("Scaling efficiency")
+    ax_eff.set_xscale("log", base=2)
+    top = max(110.0, float(table["efficiency"].max()) * 100.0 + 5.0)
+    ax_eff.set_ylim(0, top)
+    for ax in (ax_speed, ax_eff):
+        ax.set_xticks(gpus, [str(int(g)) for g in gpus])
+        ax.grid(True, alpha=0.25, linestyle="--", which="both")
+    ax_speed.legend(fontsize=9, loc="upper left")
+    ax_eff.legend(fontsize=9, loc="lower left")
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def _gb(values: Any) -> Any:
+    return np.asarray(values, dtype=float) / 1e9
+
+
+def plot_memory(frame: pd.DataFrame, *, series: str = "plan", x: str = "num_gpus",
+                capacity_bytes: float | None = None, title: str | None = None) -> Figure:
+    """Per-GPU memory at the peak vs GPUs: one panel per series (DDP, ZeRO-1/2/3 ...), bars
+    stacked by category (parameters, gradients, optimizer, activations, buffers) and the HBM
+    capacity as a dashed red line (``capacity_bytes``, default ``memory_capacity_bytes``).
+
+    Infeasible points that were simulated (``fits`` False) are drawn too: that is the point of
+    the HBM line. Points without numbers (the plan could not be built) are left out.
+    """
+    from collsim.report.frames import MEMORY_COLUMNS
+
+    _need(frame, [series, x, *MEMORY_COLUMNS.values()], "memory plot")
+    data = frame.dropna(subset=list(MEMORY_COLUMNS.values()))
+    if data.empty:
+        raise ConfigError("no point with memory figures to plot", key_path="plot")
+    if capacity_bytes is None and "memory_capacity_bytes" in data.columns:
+        capacity_bytes = float(data["memory_capacity_bytes"].max())
+    labels = _series_values(data, series)
+    fig = _new_figure(max(5.0, 3.3 * len(labels)) + 1.5, 4.8)
+    axes = np.atleast_1d(fig.subplots(1, len(labels), sharey=True, squeeze=False)[0])
+    all_gpus = sorted(set(data[x].astype(int)))
+    for ax, label in zip(axes, labels):
+        part = data[data[series] == label].sort_values(x)
+        positions = [all_gpus.index(int(g)) for g in part[x]]
+        bottom = np.zeros(len(part))
+        for key in MEMORY_KEYS:
+            heights = _gb(part[MEMORY_COLUMNS[key]])
+            ax.bar(positions, heights, bottom=bottom, width=0.7, label=key,
+                   color=CATEGORY_COLORS[key], edgecolor="white", linewidth=0.5)
+            bottom = bottom + heights
+        if capacity_bytes:
+            ax.axhline(capacity_bytes / 1e9, label=f"HBM {capacity_bytes / 1e9:.0f} GB",
+                       **HBM_STYLE)
+        ax.set_xticks(range(len(all_gpus)), [str(g) for g in all_gpus])
+        ax.set_title(str(label))
+        ax.set_xlabel("Number of GPUs")
+        ax.grid(True, axis="y", alpha=0.25, linestyle="--")
+    axes[0].set_ylabel("Peak memory per GPU (GB)")
+    handles, names = axes[0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="outside right center", fontsize=9)
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def plot_memory_timeline(result: StepResult, *, rank: int | None = None,
+                         title: str | None = None) -> Figure:
+    """Memory in use over one step for ``rank`` (default: the first simulated rank), as a step
+    line in GB over milliseconds, with the HBM capacity dashed."""
+    from collsim.report.frames import memory_timeline_frame
+
+    if rank is None:
+        if not result.memory_timeline:
+            raise ConfigError("the result has no memory timeline (simulate with trace=True)",
+                              key_path="plot")
+        rank = min(result.memory_timeline)
+    frame = memory_timeline_frame(result, rank)
+    fig = _new_figure(9.0, 4.2)
+    ax = fig.subplots()
+    times_ms = np.asarray(frame["time_s"], dtype=float) * 1e3
+    values_gb = _gb(frame["memory_bytes"])
+    if len(times_ms) and result.step_time_s * 1e3 > times_ms[-1]:
+        times_ms = np.append(times_ms, result.step_time_s * 1e3)
+        values_gb = np.append(values_gb, values_gb[-1])
+    ax.step(times_ms, values_gb, where="post", color="#0072B2", linewidth=1.6,
+            label=f"rank {rank} in use")
+    ax.fill_between(times_ms, values_gb, step="post", color="#0072B2", alpha=0.15)
+    if result.memory_capacity_bytes:
+        ax.axhline(result.memory_capacity_bytes / 1e9,
+                   label=f"HBM {result.memory_capacity_bytes / 1e9:.0f} GB", **HBM_STYLE)
+    ax.set_xlabel("Time in step (ms)")
+    ax.set_ylabel("Memory in use (GB)")
+    ax.set_title(title or f"Memory over one step, rank {rank}")
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.25, linestyle="--")
+    ax.legend(fontsize=9, loc="upper right")
+    return fig
+
+
+def _stage_rows(frame: pd.DataFrame, max_rows: int) -> list[tuple[str, int]]:
+    """(label, rank) of the rows of a Gantt chart: one rank per pipeline stage."""
+    compute = frame[frame["stream"] == "compute"]
+    rows: list[tuple[str, int]] = []
+    stages = compute["stage"].dropna() if "stage" in compute.columns else []
+    if len(stages):
+        first = compute.dropna(subset=["stage"]).groupby("stage")["rank"].min()
+        rows = [(f"stage {int(s)}", int(r)) for s, r in first.items()]
+    else:
+        rows = [(f"rank {int(r)}", int(r)) for r in sorted(set(compute["rank"]))]
+    return rows[:max_rows]
+
+
+def plot_pipeline(results: Mapping[str, StepResult], *, max_stages: int = 16,
+                  title: str | None = None) -> Figure:
+    """Gantt chart of the compute stream of each pipeline stage, one panel per schedule
+    (GPipe, 1F1B, interleaved side by side, top to bottom), on a common time axis.
+
+    Forward and backward slices are coloured by phase and labelled with their micro-batch when
+    the engine recorded it; the idle time of each stage between its first and its last op is the
+    bubble, drawn grey. Panel titles give the bubble share of the step.
+
+    Args:
+        results: schedule label -> StepResult simulated with ``trace=True``.
+    """
+    from collsim.report.frames import trace_frame
+
+    if not results:
+        raise ConfigError("no schedule to draw", key_path="plot")
+    frames = {label: trace_frame(result) for label, result in results.items()}
+    for label, frame in frames.items():
+        if frame.empty or not (frame["stream"] == "compute").any():
+            raise ConfigError(f"{label}: no compute events in the trace (simulate with trace=True)",
+                              key_path="plot")
+    end_ms = max(float(r.step_time_s) for r in results.values()) * 1e3
+    heights = [len(_stage_rows(f, max_stages)) for f in frames.values()]
+    fig = _new_figure(12.0, 1.2 + sum(0.42 * h + 0.9 for h in heights))
+    axes = np.atleast_1d(fig.subplots(len(frames), 1, sharex=True, squeeze=False,
+                                      height_ratios=[h + 1.5 for h in heights])[:, 0])
+    for ax, (label, frame) in zip(axes, frames.items()):
+        rows = _stage_rows(frame, max_stages)
+        compute = frame[frame["stream"] == "compute"]
+        step_ms = float(results[label].step_time_s) * 1e3
+        idle_total = busy_total = 0.0
+        for y, (_, rank) in enumerate(rows):
+            ops = compute[compute["rank"] == rank].sort_values("start_s")
+            start_ms = ops["start_s"].to_numpy(dtype=float) * 1e3
+            stop_ms = ops["end_s"].to_numpy(dtype=float) * 1e3
+            span = (float(start_ms.min()), float(stop_ms.max()))
+            # Bubble: gaps between consecutive ops of the stage inside its busy span.
+            gaps = []
+            cursor = span[0]
+            for s, e in zip(start_ms, stop_ms):
+                if s > cursor:
+                    gaps.append((cursor, s - cursor))
+                cursor = max(cursor, e)
+            idle_total += sum(width for _, width in gaps) + max(0.0, step_ms - span[1]) + span[0]
+            busy_total += step_ms
+            ax.broken_barh(gaps, (y - 0.4, 0.8), facecolors=PHASE_COLORS["bubble"],
+                           label="bubble (idle)" if y == 0 else None)
+            for phase in ("forward", "backward", "recompute", "optimizer", "other"):
+                sel = ops["phase"] == phase
+                if not sel.any():
+                    continue
+                bars = list(zip(start_ms[sel.to_numpy()],
+                                (stop_ms - start_ms)[sel.to_numpy()]))
+                ax.broken_barh(bars, (y - 0.4, 0.8), facecolors=PHASE_COLORS[phase],
+                               edgecolor="white", linewidth=0.4,
+                               label=phase if y == 0 else None)
+                if len(rows) <= 8 and len(bars) <= 64:
+                    for (s, w), mb in zip(bars, ops.loc[sel, "microbatch"]):
+                        if mb is not None and mb == mb and w > end_ms / 80:
+                            ax.text(s + w / 2, y, str(mb), ha="center", va="center",
+                                    fontsize=6, color="white" if phase == "backward"
+                                    else "black")
+        share = idle_total / busy_total if busy_total else 0.0
+        ax.set_yticks(range(len(rows)), [name for name, _ in rows])
+        ax.set_ylim(len(rows) - 0.5, -0.5)
+        ax.set_xlim(0, end_ms)
+        ax.set_title(f"{label}: step {results[label].step_time_s * 1e3:.1f} ms, "
+                     f"idle {share * 100:.0f} % of stage time", fontsize=10, loc="left")
+        ax.set_ylabel("Pipeline stage")
+        ax.grid(True, axis="x", alpha=0.25, linestyle="--")
+    axes[-1].set_xlabel("Time in step (ms)")
+    handles, names = axes[0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="outside right center", fontsize=9)
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def plot_breakdown(frame: pd.DataFrame, *, series: str = "plan",
+                   title: str | None = None) -> Figure:
+    """Stacked horizontal bars of the step time per plan: compute, exposed TP / PP / DP
+    communication, pipeline bubble, optimizer (ms). One bar per row of ``frame``."""
+    from collsim.report.frames import BREAKDOWN_COLUMNS
+
+    _need(frame, [series, *BREAKDOWN_COLUMNS.values()], "breakdown plot")
+    data = frame.dropna(subset=list(BREAKDOWN_COLUMNS.values()))
+    if data.empty:
+        raise ConfigError("no point with a step-time breakdown to plot", key_path="plot")
+    labels = [str(v) for v in data[series]]
+    fig = _new_figure(10.0, 1.6 + 0.45 * len(labels))
+    ax = fig.subplots()
+    positions = np.arange(len(labels))
+    left = np.zeros(len(labels))
+    names = {"compute": "compute", "tp_exposed": "TP comm (exposed)",
+             "pp_exposed": "PP comm (exposed)", "dp_exposed": "DP comm (exposed)",
+             "bubble": "pipeline bubble", "optimizer": "optimizer"}
+    for key in BREAKDOWN_KEYS:
+        widths = np.asarray(data[BREAKDOWN_COLUMNS[key]], dtype=float) * 1e3
+        color = CATEGORY_COLORS["optimizer_step" if key == "optimizer" else key]
+        ax.barh(positions, widths, left=left, height=0.65, color=color, label=names[key],
+                edgecolor="white", linewidth=0.5)
+        left = left + widths
+    ax.set_yticks(positions, labels)
+    ax.invert_yaxis()
+    ax.set_xlabel("Step time (ms)")
+    ax.set_ylabel("Plan")
+    ax.set_title(title or "Where the step time goes")
+    ax.grid(True, axis="x", alpha=0.25, linestyle="--")
+    handles, names_ = ax.get_legend_handles_labels()
+    fig.legend(handles, names_, loc="outside right center", fontsize=9)
+    return fig
+
+
+def plot_collectives(frame: pd.DataFrame, *, series: str = "algorithm",
+                     title: str | None = None,
+                     reference_bps: float | None = None) -> Figure:
+    """Bus bandwidth (GB/s) vs message size, one line per algorithm (nccl-tests convention,
+    log2 size axis). ``reference_bps`` draws a dashed line (a link's rate) for comparison.
+
+    Args:
+        frame: ``size_bytes, busbw_bps, algorithm`` (:func:`~collsim.report.frames.
+            read_collective_csv` or :func:`~collsim.report.frames.collective_cost_frame`).
+    """
+    _need(frame, ["size_bytes", "busbw_bps", series], "collectives plot")
+    if frame.empty:
+        raise ConfigError("no collective measurement to plot", key_path="plot")
+    fig = _new_figure(8.5, 4.8)
+    ax = fig.subplots()
+    for index, label in enumerate(_series_values(frame, series)):
+        part = frame[frame[series] == label].sort_values("size_bytes")
+        ax.plot(part["size_bytes"], _gb(part["busbw_bps"]), label=str(label),
+                color=SERIES_COLORS[index % len(SERIES_COLORS)],
+                marker=SERIES_MARKERS[index % len(SERIES_MARKERS)], markersize=4, linewidth=1.8)
+    if reference_bps:
+        ax.axhline(reference_bps / 1e9, label=f"link {reference_bps / 1e9:.0f} GB/s",
+                   **IDEAL_STYLE)
+    ax.set_xscale("log", base=2)
+    sizes = sorted(set(frame["size_bytes"].astype(float)))
+    ticks = [s for s in sizes if s > 0 and np.log2(s) % 4 == 0] or sizes
+    from collsim.units import format_size
+
+    ax.set_xticks(ticks, [format_size(t).replace(" ", "") for t in ticks])
+    ax.set_xlabel("Message size (bytes, nccl-tests size)")
+    ax.set_ylabel("Bus bandwidth (GB/s)")
+    op = ""
+    if "op" in frame.columns and frame["op"].nunique() == 1:
+        op = str(frame["op"].iloc[0]) + ": "
+    ax.set_title(title or f"{op}bus bandwidth vs size")
+    ax.grid(True, alpha=0.25, linestyle="--", which="both")
+    ax.legend(fontsize=9, loc="upper left")
+    return fig

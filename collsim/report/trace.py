@@ -1,0 +1,174 @@
+"""Perfetto / Chrome trace of one simulated step (``collsim run --trace FILE``).
+
+The file is the Chrome Trace Event Format (JSON object form) that ui.perfetto.dev and
+chrome://tracing open:
+
+- one *process* per simulated rank (``pid`` = rank, named ``rank R`` by a ``process_name``
+  metadata event, ordered by ``process_sort_index``);
+- one *thread* per stream: ``compute`` (tid 1), ``tp`` (2), ``pp`` (3), ``dp`` (4, also
+  ZeRO/FSDP traffic), ``offload`` (5), any other stream after those, named by ``thread_name``;
+- every op as a complete slice (``ph: "X"``, ``ts``/``dur`` in microseconds, on a whole
+  nanosecond grid) with its args:
+  collectives carry ``bytes`` and ``algorithm`` as the engine recorded them;
+- memory in use as a counter track per rank (``ph: "C"``, name ``memory``, value in GB).
+
+A stream runs one op at a time, so slices on one thread never overlap. Should two events on one
+stream overlap anyway (engine data from a stream with concurrent ops), the later one moves to an
+extra thread ``<stream> #2`` rather than producing a partial overlap, which trace viewers draw
+wrongly.
+
+Reference: "Trace Event Format", Google, https://docs.google.com/document/d/
+1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU (ph X / M / C, ts and dur in us).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from collsim.engine.result import StepResult, TraceEvent
+
+__all__ = ["STREAM_TIDS", "to_chrome_trace", "write_trace"]
+
+#: Thread id of each known stream; unknown streams get ids after these, in order of appearance.
+STREAM_TIDS: dict[str, int] = {"compute": 1, "tp": 2, "pp": 3, "dp": 4, "offload": 5}
+
+def _jsonable(value: Any) -> Any:
+    """Args as JSON values: enums by value, numpy scalars as Python numbers, NaN as None."""
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    item = getattr(value, "item", None)  # numpy scalar
+    if callable(item):
+        return _jsonable(item())
+    return str(value)
+
+
+def _ns(time_s: float) -> int:
+    """Whole nanoseconds: trace viewers (Perfetto) store timestamps as integer ns, so slices are
+    laid out and nested on that grid, not on float microseconds that may round apart."""
+    return int(round(time_s * 1e9))
+
+
+def _lanes(spans: list[tuple[int, int]]) -> list[int]:
+    """Lane (0 = the stream's own thread) of each (start_ns, end_ns) span so that no two slices
+    on a lane overlap partially. Spans must be sorted by start, longest first on ties."""
+    lane_ends: list[list[int]] = []  # per lane: stack of open slice ends (for nesting)
+    out: list[int] = []
+    for start, end in spans:
+        placed = -1
+        for index, stack in enumerate(lane_ends):
+            while stack and stack[-1] <= start:
+                stack.pop()
+            if not stack or end <= stack[-1]:
+                stack.append(end)
+                placed = index
+                break
+        if placed < 0:
+            lane_ends.append([end])
+            placed = len(lane_ends) - 1
+        out.append(placed)
+    return out
+
+
+def to_chrome_trace(result: StepResult, *, name: str | None = None) -> dict[str, Any]:
+    """The step as a Chrome trace (``{"traceEvents": [...], ...}``), ready for ``json.dump``.
+
+    Args:
+        result: a StepResult simulated with ``trace=True`` (its ``trace_events`` and
+            ``memory_timeline`` are what gets drawn).
+        name: a title stored in ``otherData`` (the scenario name).
+
+    Returns:
+        The trace object. Every TraceEvent becomes exactly one ``X`` slice.
+    """
+    trace: list[dict[str, Any]] = []
+    by_stream: dict[tuple[int, str], list[TraceEvent]] = defaultdict(list)
+    for event in result.trace_events:
+        by_stream[(int(event.rank), str(event.stream))].append(event)
+    ranks = sorted({rank for rank, _ in by_stream} | {int(r) for r in result.memory_timeline})
+
+    extra_tids: dict[str, int] = {}
+    next_tid = max(STREAM_TIDS.values()) + 1
+
+    def tid_of(stream: str) -> int:
+        nonlocal next_tid
+        if stream in STREAM_TIDS:
+            return STREAM_TIDS[stream]
+        if stream not in extra_tids:
+            extra_tids[stream] = next_tid
+            next_tid += 1
+        return extra_tids[stream]
+
+    for rank in ranks:
+        trace.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0,
+                      "args": {"name": f"rank {rank}"}})
+        trace.append({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0,
+                      "args": {"sort_index": rank}})
+
+    threads: dict[tuple[int, int], str] = {}
+    slices: list[dict[str, Any]] = []
+    for (rank, stream), events in sorted(by_stream.items(), key=lambda kv: (kv[0][0],
+                                                                             tid_of(kv[0][1]))):
+        spans = sorted(((_ns(e.start_s), max(_ns(e.start_s), _ns(e.end_s)), i)
+                        for i, e in enumerate(events)), key=lambda t: (t[0], t[0] - t[1], t[2]))
+        lanes = _lanes([(start, end) for start, end, _ in spans])
+        for (start_ns, end_ns, index), lane in zip(spans, lanes):
+            event = events[index]
+            base = tid_of(stream)
+            label = stream if lane == 0 else f"{stream} #{lane + 1}"
+            tid = base if lane == 0 else tid_of(label)
+            threads[(rank, tid)] = label
+            args = _jsonable(dict(event.args or {}))
+            slices.append({
+                "ph": "X", "name": str(event.name), "cat": stream, "pid": rank, "tid": tid,
+                "ts": start_ns / 1e3,
+                "dur": (end_ns - start_ns) / 1e3,
+                "args": args,
+            })
+    for (rank, tid), label in sorted(threads.items()):
+        trace.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid,
+                      "args": {"name": label}})
+        trace.append({"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": tid,
+                      "args": {"sort_index": tid}})
+    trace.extend(slices)
+    for rank in sorted(result.memory_timeline):
+        for time_s, size_bytes in result.memory_timeline[rank]:
+            trace.append({"ph": "C", "name": "memory", "pid": int(rank), "tid": 0,
+                          "ts": _ns(float(time_s)) / 1e3,
+                          "args": {"GB": float(size_bytes) / 1e9}})
+    other = {
+        "generator": "collsim",
+        "step_time_s": float(result.step_time_s),
+        "mfu": float(result.mfu),
+        "num_gpus": int(result.num_gpus),
+        "memory_peak_bytes": float(result.memory_peak_bytes),
+    }
+    if name:
+        other["scenario"] = name
+    return {"traceEvents": trace, "displayTimeUnit": "ms", "otherData": _jsonable(other)}
+
+
+def write_trace(result: StepResult, path: str | Path, *, name: str | None = None) -> Path:
+    """Write the Chrome/Perfetto trace of ``result`` to ``path`` (JSON) and return the path.
+
+    Open it at https://ui.perfetto.dev ("Open trace file") or in chrome://tracing.
+    """
+    path = Path(path)
+    data = to_chrome_trace(result, name=name)
+    with path.open("w") as handle:
+        json.dump(data, handle, separators=(",", ":"), allow_nan=False)
+    return path

@@ -1,0 +1,122 @@
+"""The Perfetto / Chrome trace: format, nesting per thread, counters, every op present."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from collsim.engine.result import TraceEvent
+from collsim.report.trace import STREAM_TIDS, to_chrome_trace, write_trace
+
+
+def check_chrome_trace(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """Assert the Chrome Trace Event Format rules collsim relies on; return the X slices."""
+    assert isinstance(data["traceEvents"], list)
+    named_pids, named_threads = set(), set()
+    slices = []
+    for event in data["traceEvents"]:
+        assert event["ph"] in ("X", "M", "C"), event
+        assert isinstance(event["pid"], int) and isinstance(event["tid"], int)
+        if event["ph"] == "M":
+            assert event["name"] in ("process_name", "thread_name", "process_sort_index",
+                                     "thread_sort_index")
+            if event["name"] == "process_name":
+                named_pids.add(event["pid"])
+                assert event["args"]["name"]
+            if event["name"] == "thread_name":
+                named_threads.add((event["pid"], event["tid"]))
+                assert event["args"]["name"]
+        elif event["ph"] == "X":
+            assert isinstance(event["name"], str) and event["name"]
+            assert isinstance(event["ts"], float | int) and event["ts"] >= 0
+            assert isinstance(event["dur"], float | int) and event["dur"] >= 0
+            assert isinstance(event["args"], dict)
+            slices.append(event)
+        else:
+            assert isinstance(event["ts"], float | int)
+            assert event["args"] and all(isinstance(v, float | int)
+                                         for v in event["args"].values())
+    for event in slices:
+        assert event["pid"] in named_pids
+        assert (event["pid"], event["tid"]) in named_threads
+    # Slices on one thread nest or are disjoint: never a partial overlap. Viewers hold
+    # timestamps as integer nanoseconds, so compare on that grid.
+    per_thread: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
+    for event in slices:
+        per_thread[(event["pid"], event["tid"])].append(event)
+    for events in per_thread.values():
+        events.sort(key=lambda e: (e["ts"], -e["dur"]))
+        open_ends: list[int] = []
+        for event in events:
+            start = round(event["ts"] * 1000)
+            while open_ends and open_ends[-1] <= start:
+                open_ends.pop()
+            end = start + round(event["dur"] * 1000)
+            assert not open_ends or end <= open_ends[-1], f"partial overlap at {event}"
+            open_ends.append(end)
+    return slices
+
+
+def test_trace_has_every_op_with_its_facts(pipeline, result_factory, tmp_path: Path) -> None:
+    events = pipeline("1f1b", stages=4, microbatches=8)
+    result = result_factory(events=events, memory_timeline={
+        0: [(0.0, 1e9), (0.004, 3e9), (0.02, 2e9)], 3: [(0.0, 1e9), (0.01, 1.5e9)]})
+    path = write_trace(result, tmp_path / "step.json", name="tiny")
+    data = json.loads(path.read_text())
+    slices = check_chrome_trace(data)
+    assert len(slices) == len(events)
+    got = sorted((s["pid"], s["name"], round(s["ts"], 3), round(s["dur"], 3)) for s in slices)
+    want = sorted((e.rank, e.name, round(e.start_s * 1e6, 3), round((e.end_s - e.start_s) * 1e6, 3))
+                  for e in events)
+    assert got == want
+    # collectives keep bytes and algorithm; streams land on their own threads
+    sends = [s for s in slices if s["name"].startswith("send")]
+    assert sends and all(s["args"]["bytes"] == 1 << 20 and s["args"]["algorithm"] == "direct"
+                         for s in sends)
+    assert {s["tid"] for s in sends} == {STREAM_TIDS["pp"]}
+    assert {s["tid"] for s in slices if s["name"].startswith(("fwd", "bwd"))} == {
+        STREAM_TIDS["compute"]}
+    names = {(e["pid"], e["args"]["name"]) for e in data["traceEvents"]
+             if e["ph"] == "M" and e["name"] == "process_name"}
+    assert names == {(r, f"rank {r}") for r in range(4)}
+    counters = [e for e in data["traceEvents"] if e["ph"] == "C"]
+    assert [(c["pid"], c["ts"], c["args"]["GB"]) for c in counters if c["pid"] == 0] == [
+        (0, 0.0, 1.0), (0, 4000.0, 3.0), (0, 20000.0, 2.0)]
+    assert data["otherData"]["scenario"] == "tiny"
+
+
+def test_overlapping_events_on_one_stream_move_to_an_extra_thread(result_factory) -> None:
+    # Two dp collectives in flight at once (0-10 us and 5-15 us) plus one nested slice.
+    events = [
+        TraceEvent(rank=0, stream="dp", name="all_reduce bucket 0", start_s=0.0, end_s=10e-6,
+                   args={"bytes": 100, "algorithm": "ring"}),
+        TraceEvent(rank=0, stream="dp", name="all_reduce bucket 1", start_s=5e-6, end_s=15e-6,
+                   args={"bytes": 200, "algorithm": "tree"}),
+        TraceEvent(rank=0, stream="dp", name="nested", start_s=1e-6, end_s=2e-6),
+        TraceEvent(rank=0, stream="custom", name="other stream", start_s=0.0, end_s=1e-6),
+    ]
+    data = to_chrome_trace(result_factory(events=events, memory_timeline={}))
+    slices = check_chrome_trace(data)
+    assert len(slices) == 4
+    tids = {s["name"]: s["tid"] for s in slices}
+    assert tids["all_reduce bucket 0"] == tids["nested"] == STREAM_TIDS["dp"]
+    assert tids["all_reduce bucket 1"] not in set(STREAM_TIDS.values())
+    thread_names = {e["tid"]: e["args"]["name"] for e in data["traceEvents"]
+                    if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert thread_names[tids["all_reduce bucket 1"]] == "dp #2"
+    assert thread_names[tids["other stream"]] == "custom"
+
+
+def test_args_become_plain_json(result_factory, tmp_path: Path) -> None:
+    import numpy as np
+
+    from collsim.parallel.config import ScheduleKind
+
+    events = [TraceEvent(rank=1, stream="tp", name="all_reduce", start_s=0.0, end_s=1e-3,
+                         args={"bytes": np.int64(64), "bw": np.float64(1.5),
+                               "schedule": ScheduleKind.GPIPE, "nan": float("nan")})]
+    path = write_trace(result_factory(events=events, memory_timeline={}), tmp_path / "t.json")
+    (slice_,) = check_chrome_trace(json.loads(path.read_text()))
+    assert slice_["args"] == {"bytes": 64, "bw": 1.5, "schedule": "gpipe", "nan": None}
