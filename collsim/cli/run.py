@@ -1,0 +1,208 @@
+"""``collsim run SCENARIO``: simulate one training step and report where the time goes.
+
+Data goes to stdout (the report), messages to stderr (warnings, errors, the memory verdict when
+the plan does not fit). Exit codes: 0 ok; 1 the plan does not fit in memory (the report is
+still printed) or is infeasible; 2 bad input (one line naming the key); 3 a part of collsim
+this command needs is not available yet.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import click
+
+from collsim.errors import CollsimWarning, ConfigError, InfeasibleError
+
+if TYPE_CHECKING:
+    from collsim.engine.result import StepResult
+    from collsim.scenario import Scenario
+    from collsim.topology import Topology
+
+__all__ = ["run", "run_scenario"]
+
+_EPILOG = """\b
+Examples:
+  collsim run scenarios/3d_175b.yaml
+  collsim run scenarios/3d_175b.yaml --set parallel.dp=8 --set cluster.nodes=64
+  collsim run scenarios/ddp_gpt3_1.3b.yaml --json result.json --trace step.json
+"""
+
+TraceWriter = Callable[..., Any]
+
+
+@click.command(name="run", epilog=_EPILOG)
+@click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
+              help="Override a scenario key (value read as YAML), e.g. parallel.tp=4. Repeatable.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the result summary as JSON to this file.")
+@click.option("--all-ranks", is_flag=True,
+              help="Simulate every rank instead of one per symmetry class (slow on big jobs).")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write a Perfetto / chrome://tracing timeline of the step to this file.")
+def run(scenario: Path, overrides: tuple[str, ...], json_path: Path | None, all_ranks: bool,
+        trace_path: Path | None) -> None:
+    """Simulate one training step of SCENARIO (a YAML file) and print the report."""
+    code = run_scenario(scenario, overrides, json_path=json_path, all_ranks=all_ranks,
+                        trace_path=trace_path)
+    if code:
+        sys.exit(code)
+
+
+def run_scenario(path: Path, overrides: Sequence[str] = (), *, json_path: Path | None = None,
+                 all_ranks: bool = False, trace_path: Path | None = None) -> int:
+    """The body of ``collsim run``; returns the exit code and prints what it has to say."""
+    try:
+        write_trace = _trace_writer() if trace_path is not None else None
+        if trace_path is not None and write_trace is None:
+            _error("--trace: the trace writer is not yet available in this version")
+            return 3
+        from collsim.scenario import load_scenario
+
+        scenario = load_scenario(path, overrides)
+        topology = _load_topology(scenario)
+        result, caught = _simulate_capturing(scenario, topology, all_ranks=all_ranks,
+                                             trace=trace_path is not None)
+    except ConfigError as exc:
+        _error(str(exc))
+        return 2
+    except InfeasibleError as exc:
+        _error(f"infeasible: {exc}", prefix="")
+        return 1
+
+    from collsim.report.tables import format_run_report, memory_verdict
+
+    click.echo(format_run_report(result, title=f"collsim run: {scenario.name}",
+                                 context=describe_scenario(scenario, topology)))
+    for message in _warning_messages(caught, result):
+        click.echo(f"warning: {message}", err=True)
+    if json_path is not None:
+        _write_json(json_path, result.to_dict())
+        click.echo(f"wrote {json_path}", err=True)
+    if write_trace is not None and trace_path is not None:
+        write_trace(result, trace_path, name=scenario.name)
+        click.echo(f"wrote {trace_path}", err=True)
+    if not result.fits:
+        click.echo(memory_verdict(result), err=True)
+        return 1
+    return 0
+
+
+# -- steps (module-level so tests can stand in for layers that are not there) ---------------------
+
+def _trace_writer() -> TraceWriter | None:
+    """``collsim.report.trace.write_trace`` if that module exists, else None."""
+    try:
+        from collsim.report import trace
+    except ImportError:
+        return None
+    return getattr(trace, "write_trace", None)
+
+
+def _load_topology(scenario: "Scenario") -> "Topology":
+    """The scenario's cluster; topology errors without a file are pointed at ``cluster``."""
+    try:
+        return scenario.cluster.load()
+    except ConfigError as exc:
+        if exc.file is not None:
+            raise
+        key = exc.key_path or ""
+        if not key.startswith("cluster."):
+            key = "cluster.nodes" if key.endswith("nodes") else "cluster.topology"
+        raise scenario.locate(ConfigError(exc.message, key_path=key)) from None
+
+
+def _simulate(scenario: "Scenario", topology: "Topology", *, all_ranks: bool,
+              trace: bool) -> "StepResult":
+    from collsim.engine import simulate_step
+
+    return simulate_step(topology, scenario.model, scenario.training, scenario.parallel,
+                         all_ranks=all_ranks, trace=trace)
+
+
+def _simulate_capturing(scenario: "Scenario", topology: "Topology", *, all_ranks: bool,
+                        trace: bool) -> tuple["StepResult", list[warnings.WarningMessage]]:
+    """Run the engine, collecting the CollsimWarnings it raises (other warnings pass through).
+
+    Plan errors come back from the engine with a key path only; they are located in the
+    scenario file (or at the ``--set`` that set the key).
+    """
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", CollsimWarning)
+        try:
+            result = _simulate(scenario, topology, all_ranks=all_ranks, trace=trace)
+        except ConfigError as exc:
+            raise scenario.locate(exc) from None
+    ours = [w for w in caught if issubclass(w.category, CollsimWarning)]
+    for other in caught:
+        if not issubclass(other.category, CollsimWarning):
+            warnings.warn_explicit(other.message, other.category, other.filename, other.lineno)
+    return result, ours
+
+
+def _warning_messages(caught: Sequence[warnings.WarningMessage],
+                      result: "StepResult") -> list[str]:
+    """Captured warnings then the result's own, each once, in order."""
+    seen: dict[str, None] = {}
+    for w in caught:
+        seen.setdefault(" ".join(str(w.message).split()), None)
+    for message in result.warnings:
+        seen.setdefault(" ".join(str(message).split()), None)
+    return list(seen)
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    try:
+        with Path(path).open("w", encoding="utf-8") as handle:
+            json.dump(data, handle, indent=2, default=str)
+            handle.write("\n")
+    except OSError as exc:
+        raise click.FileError(str(path), hint=exc.strerror) from None
+
+
+def _error(message: str, prefix: str = "error: ") -> None:
+    """One line on stderr, whatever the message held."""
+    click.echo(prefix + " ".join(message.split()), err=True)
+
+
+# -- report context ------------------------------------------------------------------------------
+
+def describe_scenario(scenario: "Scenario", topology: "Topology") -> list[tuple[str, str]]:
+    """Label/text lines that say what was simulated: model, cluster, plan, batch."""
+    spec, train, par = scenario.model, scenario.training, scenario.parallel
+    params_b = spec.num_parameters() / 1e9
+    kv = f" ({spec.kv_heads} kv)" if spec.kv_heads != spec.num_heads else ""
+    model = (f"{spec.name}: {params_b:.2f} B params, {spec.num_layers} layers, hidden "
+             f"{spec.hidden}, {spec.num_heads} heads{kv}, seq {spec.seq_len}")
+    device = getattr(getattr(topology, "device", None), "name", "GPU")
+    gpus = topology.num_ranks
+    cluster = (f"{topology.num_nodes} x {topology.gpus_per_node} {device} = {gpus} GPUs "
+               f"({topology.name})")
+    plan = f"tp {par.tp} x pp {par.pp} x dp {par.dp}"
+    if par.pp > 1:
+        plan += f", {par.schedule}"
+        if par.virtual_stages > 1:
+            plan += f" (virtual stages {par.virtual_stages})"
+    if par.sequence_parallel:
+        plan += ", sequence parallel"
+    if par.zero == 0:
+        plan += f", DDP buckets {par.ddp.bucket_mb:g} MB, overlap {_on(par.ddp.overlap)}"
+    elif par.zero in (1, 2):
+        plan += f", ZeRO-{par.zero}, buckets {par.ddp.bucket_mb:g} MB"
+    else:
+        plan += (f", ZeRO-3/FSDP, prefetch {par.fsdp.prefetch}, reshard "
+                 f"{_on(par.fsdp.reshard_after_forward)}, offload {_on(par.fsdp.offload)}")
+    micro = train.global_batch // (train.micro_batch * par.dp) if par.dp else 0
+    batch = (f"global {train.global_batch} = dp {par.dp} x {micro} micro-batches x "
+             f"{train.micro_batch}; {train.dtype}, {train.optimizer}, recompute "
+             f"{train.recompute}")
+    return [("model", model), ("cluster", cluster), ("plan", plan), ("batch", batch)]
+
+
+def _on(flag: bool) -> str:
+    return "on" if flag else "off"

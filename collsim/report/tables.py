@@ -1,0 +1,230 @@
+"""Plain-text tables and the text report of one simulated training step.
+
+Everything here returns strings and stays under 100 columns; the CLI decides where they go.
+No pandas or matplotlib: ``collsim run`` imports this module and must start fast.
+
+Example::
+
+    print(format_table(["op", "time"], [["all_reduce", "1.2 ms"]], align="lr"))
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from collsim.engine.result import BREAKDOWN_KEYS, MEMORY_KEYS, CollectiveStat, StepResult
+from collsim.units import GB, GiB
+
+__all__ = [
+    "format_table",
+    "format_seconds",
+    "format_gib",
+    "format_size_binary",
+    "format_bandwidth",
+    "format_percent",
+    "format_count",
+    "breakdown_table",
+    "memory_table",
+    "collectives_table",
+    "memory_verdict",
+    "format_run_report",
+    "BREAKDOWN_LABELS",
+]
+
+#: How each part of the step time is called in the report.
+BREAKDOWN_LABELS: dict[str, str] = {
+    "compute": "compute",
+    "tp_exposed": "exposed TP comm",
+    "pp_exposed": "exposed PP comm",
+    "dp_exposed": "exposed DP comm",
+    "bubble": "pipeline bubble",
+    "optimizer": "optimizer",
+}
+
+#: Parts that may differ from the step time by this relative amount before "other" is shown.
+_BREAKDOWN_SLACK = 1e-3
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *,
+                 align: str | None = None, indent: int = 2, gap: int = 2) -> str:
+    """Columns padded to their widest cell, a dashed rule under the header.
+
+    Args:
+        headers: column titles.
+        rows: cells as strings, one sequence per row, as many cells as headers.
+        align: one letter per column, ``l`` or ``r``; default left for the first, right after.
+        indent: spaces before every line.
+        gap: spaces between columns.
+
+    Returns:
+        The table, lines joined with newlines, no trailing newline.
+    """
+    ncols = len(headers)
+    if align is None:
+        align = "l" + "r" * (ncols - 1)
+    if len(align) != ncols:
+        raise ValueError(f"align has {len(align)} letters for {ncols} columns")
+    for row in rows:
+        if len(row) != ncols:
+            raise ValueError(f"row {list(row)!r} has {len(row)} cells, expected {ncols}")
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+
+    def line(cells: Sequence[str]) -> str:
+        parts = [c.ljust(w) if a == "l" else c.rjust(w) for c, w, a in zip(cells, widths, align)]
+        return (" " * indent + (" " * gap).join(parts)).rstrip()
+
+    rule = " " * indent + (" " * gap).join("-" * w for w in widths)
+    return "\n".join([line(headers), rule] + [line(r) for r in rows])
+
+
+def format_seconds(time_s: float) -> str:
+    """Four significant figures in s, ms, us or ns: ``1.500 s``, ``123.4 ms``, ``56.00 us``."""
+    if time_s == 0:
+        return "0 s"
+    if not math.isfinite(time_s):
+        return f"{time_s} s"
+    rounded = float(f"{time_s:.4g}")      # so that 999.99 ms is shown as 1.000 s
+    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "us"), (1e-9, "ns")):
+        if abs(rounded) >= scale or unit == "ns":
+            value = rounded / scale
+            digits = max(0, 3 - int(math.floor(math.log10(abs(value)))))
+            return f"{value:.{digits}f} {unit}"
+    raise AssertionError("unreachable")
+
+
+def format_gib(size_bytes: float) -> str:
+    """Bytes as GiB with two decimals: ``format_gib(3 * 2**30) == '3.00'``."""
+    return f"{size_bytes / GiB:.2f}"
+
+
+def format_size_binary(size_bytes: float) -> str:
+    """Binary size as nccl-tests prints it on the command line: ``512 KiB``, ``1.5 GiB``."""
+    value = float(size_bytes)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} B" if unit == "B" else f"{value:.4g} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def format_bandwidth(bandwidth_bps: float) -> str:
+    """Decimal GB/s, as nccl-tests prints busbw: ``format_bandwidth(232e9) == '232.0'``."""
+    return f"{bandwidth_bps / GB:.1f}"
+
+
+def format_percent(fraction: float) -> str:
+    """``0.4812`` -> ``48.1 %``."""
+    return f"{100.0 * fraction:.1f} %"
+
+
+def format_count(value: float) -> str:
+    """Thousands separated, no decimals: ``254823.7`` -> ``254,824``."""
+    return f"{value:,.0f}"
+
+
+def breakdown_table(result: StepResult) -> str:
+    """Parts of the step time with their share of it; a total row; ``other`` if they fall short."""
+    step = result.step_time_s
+    rows: list[list[str]] = []
+    total = 0.0
+    names = list(BREAKDOWN_KEYS) + [k for k in result.breakdown_s if k not in BREAKDOWN_KEYS]
+    for key in names:
+        value = float(result.breakdown_s.get(key, 0.0))
+        total += value
+        rows.append([BREAKDOWN_LABELS.get(key, key), format_seconds(value), _share(value, step)])
+    if step > 0 and abs(step - total) > _BREAKDOWN_SLACK * step:
+        rows.append(["other (unaccounted)", format_seconds(step - total),
+                     _share(step - total, step)])
+    rows.append(["step time", format_seconds(step), _share(step, step)])
+    return format_table(["time per step", "time", "share"], rows)
+
+
+def memory_table(result: StepResult) -> str:
+    """Memory of the most loaded GPU at its peak, by category, in GiB and as a share of HBM."""
+    capacity = result.memory_capacity_bytes
+    rows: list[list[str]] = []
+    names = list(MEMORY_KEYS) + [k for k in result.memory_bytes if k not in MEMORY_KEYS]
+    for key in names:
+        value = float(result.memory_bytes.get(key, 0.0))
+        rows.append([key, format_gib(value), _share(value, capacity)])
+    rows.append(["peak", format_gib(result.memory_peak_bytes),
+                 _share(result.memory_peak_bytes, capacity)])
+    rows.append(["HBM capacity", format_gib(capacity), _share(capacity, capacity)])
+    return format_table(["memory per GPU (at peak)", "GiB", "of HBM"], rows)
+
+
+def collectives_table(stats: Sequence[CollectiveStat]) -> str:
+    """One row per kind of collective on one rank per step (nccl-tests units).
+
+    ``size`` is the nccl-tests size of one call, ``time`` the total link time of all calls (not
+    the exposed time), ``busbw`` the bus bandwidth of one call in GB/s.
+    """
+    rows = [[s.axis, s.op, s.algorithm, str(s.group_size), format_count(s.count),
+             format_size_binary(s.size_bytes), format_size_binary(s.total_bytes),
+             format_seconds(s.time_s), format_bandwidth(s.busbw_bps)] for s in stats]
+    return format_table(["axis", "op", "algorithm", "ranks", "count", "size", "total", "time",
+                         "busbw GB/s"], rows, align="lllrrrrrr")
+
+
+def memory_verdict(result: StepResult) -> str:
+    """``fits: 35.20 GiB of 74.51 GiB`` or ``does not fit: 104.31 GiB needed of 74.51 GiB``."""
+    needed = format_gib(result.memory_peak_bytes)
+    capacity = format_gib(result.memory_capacity_bytes)
+    if result.fits:
+        return f"fits: {needed} GiB of {capacity} GiB"
+    return f"does not fit: {needed} GiB needed of {capacity} GiB"
+
+
+def format_run_report(result: StepResult, *, title: str = "",
+                      context: Sequence[tuple[str, str]] = (),
+                      max_mapping_lines: int = 12) -> str:
+    """The text report of ``collsim run``.
+
+    Args:
+        result: the simulated step.
+        title: first line (scenario name).
+        context: (label, text) lines printed under the title: model, cluster, plan.
+        max_mapping_lines: lines of the rank mapping to show before eliding the rest.
+
+    Returns:
+        The report, no trailing newline; every line under 100 columns for usual inputs.
+    """
+    out: list[str] = []
+    if title:
+        out += [title, "=" * min(len(title), 96)]
+    if context:
+        width = max(len(label) for label, _ in context)
+        out += [f"{label.ljust(width)}  {text}" for label, text in context]
+    if out:
+        out.append("")
+
+    gpus = result.num_gpus
+    per_gpu = f"  ({format_count(result.tokens_per_s / gpus)} per GPU)" if gpus else ""
+    summary = [
+        ("step time", format_seconds(result.step_time_s)),
+        ("tokens/s", format_count(result.tokens_per_s) + per_gpu),
+        ("model TFLOP/s per GPU", f"{result.model_tflops_per_gpu:.1f}"
+                                  f"   MFU {format_percent(result.mfu)}"),
+        ("hardware TFLOP/s per GPU", f"{result.hardware_tflops_per_gpu:.1f}"
+                                     f"   HFU {format_percent(result.hfu)}"),
+        ("memory", memory_verdict(result)),
+    ]
+    width = max(len(label) for label, _ in summary)
+    out += [f"{label.ljust(width)}  {text}" for label, text in summary]
+
+    out += ["", breakdown_table(result), "", memory_table(result)]
+    if result.collectives:
+        out += ["", "collectives per rank per step (time = link time of all calls, "
+                    "not exposed time)", collectives_table(result.collectives)]
+    if result.mapping:
+        lines = result.mapping.rstrip("\n").splitlines()
+        shown = lines[:max_mapping_lines]
+        out += ["", "rank mapping"] + ["  " + line for line in shown]
+        if len(lines) > len(shown):
+            out.append(f"  ... ({len(lines) - len(shown)} more lines)")
+    return "\n".join(out)
+
+
+def _share(value: float, whole: float) -> str:
+    return format_percent(value / whole) if whole > 0 else "-"

@@ -1,0 +1,267 @@
+"""``collsim run``: the report, JSON, exit codes and one-line errors.
+
+The first part stands in for the engine with a hand-made StepResult (so the report and the exit
+codes are tested on known numbers); the last part runs the shipped scenarios end to end.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+import collsim.cli.run as run_mod
+from collsim.cli import cli, main
+from collsim.engine.result import BREAKDOWN_KEYS, MEMORY_KEYS, CollectiveStat, StepResult
+from collsim.errors import CollsimWarning, ConfigError
+from collsim.parallel.plan import build_plan
+from collsim.report.tables import (
+    format_run_report, format_seconds, format_table, memory_verdict,
+)
+from collsim.units import GB, GiB
+
+REPO = Path(__file__).resolve().parents[2]
+SCENARIOS = REPO / "scenarios"
+
+SCENARIO = """\
+name: unit
+cluster: {topology: fake, nodes: 2}
+model: {preset: gpt3-1.3b}
+training: {global_batch: 64, micro_batch: 2, dtype: bf16, optimizer: adam, recompute: none}
+parallel:
+  tp: 2
+  pp: 2
+  dp: 4
+  schedule: 1f1b
+  zero: 0
+"""
+
+# -- a stand-in engine ----------------------------------------------------------------------------
+
+def fake_topology(scenario: Any) -> SimpleNamespace:
+    nodes = scenario.cluster.nodes
+    return SimpleNamespace(name="fake", num_nodes=nodes, gpus_per_node=8, num_ranks=8 * nodes,
+                           device=SimpleNamespace(name="H100 SXM"))
+
+
+def make_result(*, fits: bool = True, peak_bytes: float = 40 * GiB) -> StepResult:
+    breakdown = dict(compute=1.5, tp_exposed=0.1, pp_exposed=0.05, dp_exposed=0.2, bubble=0.1,
+                     optimizer=0.05)                   # sums to 2.0 s
+    memory = dict(parameters=10 * GiB, gradients=10 * GiB, optimizer=15 * GiB,
+                  activations=peak_bytes - 37 * GiB, buffers=2 * GiB)
+    return StepResult(
+        step_time_s=2.0, tokens_per_s=64 * 2048 / 2.0, model_tflops_per_gpu=400.0,
+        hardware_tflops_per_gpu=450.0, mfu=400 / 989, hfu=450 / 989, breakdown_s=breakdown,
+        memory_peak_bytes=peak_bytes, memory_bytes=memory, memory_capacity_bytes=80 * GB,
+        fits=fits, num_gpus=16,
+        collectives=[
+            CollectiveStat(axis="tp", op="all_reduce", group_size=2, algorithm="nvls", count=192,
+                           size_bytes=16 * 2**20, time_s=0.3, busbw_bps=370e9),
+            CollectiveStat(axis="dp", op="all_reduce", group_size=4, algorithm="ring", count=27,
+                           size_bytes=25 * 2**20, time_s=0.4, busbw_bps=45e9),
+        ],
+        warnings=["engine note: 8 micro-batches over 2 stages"],
+        mapping="\n".join(f"mapping line {i}" for i in range(20)),
+    )
+
+
+@pytest.fixture
+def fake_engine(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """Replace topology loading and the engine; the real plan checks still run."""
+    state: dict[str, Any] = {"result": make_result(), "calls": []}
+
+    def simulate(scenario: Any, topology: Any, *, all_ranks: bool, trace: bool) -> StepResult:
+        state["calls"].append({"all_ranks": all_ranks, "trace": trace})
+        build_plan(topology, scenario.model, scenario.training, scenario.parallel)
+        warnings.warn("fewer buckets than layers", CollsimWarning)
+        return state["result"]
+
+    monkeypatch.setattr(run_mod, "_load_topology", fake_topology)
+    monkeypatch.setattr(run_mod, "_simulate", simulate)
+    return state
+
+
+@pytest.fixture
+def scenario_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "unit.yaml").write_text(SCENARIO)
+    return Path("unit.yaml")
+
+
+def invoke(*args: str) -> Any:
+    return CliRunner().invoke(cli, ["run", *args])
+
+
+# -- report and exit codes on known numbers -------------------------------------------------------
+
+def test_report_has_every_part(fake_engine: dict[str, Any], scenario_file: Path) -> None:
+    res = invoke(str(scenario_file))
+    assert res.exit_code == 0, res.output
+    out = res.stdout
+    for text in ["step time", "2.000 s", "tokens/s", "65,536", "(4,096 per GPU)",
+                 "MFU 40.4 %", "HFU 45.5 %", "compute", "75.0 %", "exposed TP comm",
+                 "exposed PP comm", "exposed DP comm", "pipeline bubble", "optimizer",
+                 "parameters", "activations", "buffers", "fits: 40.00 GiB of 74.51 GiB",
+                 "nvls", "370.0", "ring", "45.0", "mapping line 0", "(8 more lines)",
+                 "tp 2 x pp 2 x dp 4, 1f1b", "2 x 8 H100 SXM = 16 GPUs"]:
+        assert text in out, text
+    assert "other (unaccounted)" not in out       # the parts add up to the step time
+    assert max(len(line) for line in out.splitlines()) <= 100
+    # warnings go to stderr, each once: the engine's CollsimWarning and the result's own
+    assert res.stderr.splitlines() == ["warning: fewer buckets than layers",
+                                       "warning: engine note: 8 micro-batches over 2 stages"]
+    assert fake_engine["calls"] == [{"all_ranks": False, "trace": False}]
+
+
+def test_plan_that_does_not_fit_prints_report_then_exits_1(
+        fake_engine: dict[str, Any], scenario_file: Path) -> None:
+    fake_engine["result"] = make_result(fits=False, peak_bytes=100 * GiB)
+    res = invoke(str(scenario_file), "--json", "out.json")
+    assert res.exit_code == 1
+    assert "step time" in res.stdout and "does not fit" in res.stdout
+    # 80 GB = 74.51 GiB of HBM
+    assert res.stderr.splitlines()[-1] == "does not fit: 100.00 GiB needed of 74.51 GiB"
+    assert json.loads(Path("out.json").read_text())["fits"] is False
+
+
+def test_json_has_the_pinned_keys(fake_engine: dict[str, Any], scenario_file: Path) -> None:
+    res = invoke(str(scenario_file), "--json", "result.json", "--all-ranks")
+    assert res.exit_code == 0, res.output
+    data = json.loads(Path("result.json").read_text())
+    for key in ["step_time_s", "tokens_per_s", "model_tflops_per_gpu", "hardware_tflops_per_gpu",
+                "mfu", "hfu", "breakdown_s", "memory_peak_bytes", "memory_bytes", "fits"]:
+        assert key in data, key
+    assert set(data["breakdown_s"]) == set(BREAKDOWN_KEYS)
+    assert set(data["memory_bytes"]) == set(MEMORY_KEYS)
+    assert data["step_time_s"] == 2.0 and data["memory_peak_bytes"] == 40 * GiB
+    assert fake_engine["calls"] == [{"all_ranks": True, "trace": False}]
+
+
+def test_trace_is_written_by_the_trace_writer(
+        fake_engine: dict[str, Any], scenario_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    written: list[tuple[Any, Path, str]] = []
+    monkeypatch.setattr(run_mod, "_trace_writer",
+                        lambda: lambda result, path, name: written.append((result, path, name)))
+    res = invoke(str(scenario_file), "--trace", "t.json")
+    assert res.exit_code == 0, res.output
+    assert written == [(fake_engine["result"], Path("t.json"), "unit")]
+    assert fake_engine["calls"] == [{"all_ranks": False, "trace": True}]
+
+
+def test_trace_without_a_writer_says_not_yet(
+        fake_engine: dict[str, Any], scenario_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(run_mod, "_trace_writer", lambda: None)
+    res = invoke(str(scenario_file), "--trace", "t.json")
+    assert res.exit_code == 3
+    assert "not yet available" in res.stderr and fake_engine["calls"] == []
+
+
+# -- bad input: one line naming the key, exit 2 ---------------------------------------------------
+
+BAD_INPUT = [
+    # plan checks (build_plan) located in the file or at the --set
+    (["--set", "parallel.dp=2"], r"^error: unit.yaml:5: parallel: tp x pp x dp = 2 x 2 x 2 = 8 "
+                                 r"must equal the GPUs"),
+    (["--set", "parallel.tp=3", "--set", "parallel.dp=8", "--set", "parallel.pp=1",
+      "--set", "cluster.nodes=3"],
+     r"^error: --set parallel.tp=3: parallel.tp: model heads \(16\) must be divisible by tp"),
+    (["--set", "parallel.pp=16", "--set", "parallel.dp=1", "--set", "cluster.nodes=4",
+      "--set", "training.global_batch=32"],   # 24 layers over 16 stages
+     r"^error: --set parallel.pp=16: parallel.pp: model layers \(24\) must be divisible"),
+    (["--set", "training.global_batch=63"],
+     r"^error: --set training.global_batch=63: training.global_batch: global batch \(63\) must "
+     r"be divisible by micro_batch x dp"),
+    # loader errors
+    (["--set", "model.preset=gpt5"], r"^error: --set model.preset=gpt5: model.preset: unknown"),
+    (["--set", "parallel.tpp=2"], r"^error: --set parallel.tpp=2: parallel.tpp: unknown key"),
+    (["--set", "parallel.tp=two"], r"^error: --set parallel.tp=two: parallel.tp: must be an int"),
+    (["--set", "parallel.tp"], r"^error: --set parallel.tp: expected KEY.PATH=VALUE"),
+    (["--set", "training.dtype=[bf16"], r"^error: --set training.dtype=\[bf16: training.dtype: "
+                                        r"cannot parse value"),
+]
+
+
+@pytest.mark.parametrize("args, pattern", BAD_INPUT, ids=[
+    "world-size", "heads-vs-tp", "layers-vs-pp", "batch-vs-dp", "unknown-preset", "unknown-key",
+    "wrong-type", "set-without-value", "set-bad-yaml"])
+def test_bad_input_is_one_line_exit_2(fake_engine: dict[str, Any], scenario_file: Path,
+                                      args: list[str], pattern: str) -> None:
+    res = invoke(str(scenario_file), *args)
+    assert res.exit_code == 2, res.output
+    assert res.stdout == ""
+    assert len(res.stderr.splitlines()) == 1
+    assert re.match(pattern, res.stderr), res.stderr
+
+
+@pytest.mark.parametrize("edit, pattern", [
+    (("  tp: 2\n", "  tp: 2\n  tq: 2\n"), r"^error: unit.yaml:7: parallel.tq: unknown key"),
+    (("  tp: 2\n", "  tp: 2.5\n"), r"^error: unit.yaml:6: parallel.tp: must be an integer"),
+    (("  tp: 2\n", "  tp: [2\n"), r"^error: unit.yaml:\d+: YAML syntax error"),
+    (("gpt3-1.3b", "gpt-3"), r"^error: unit.yaml:3: model.preset: unknown model preset"),
+], ids=["unknown-key", "wrong-type", "yaml-syntax", "unknown-preset"])
+def test_bad_file_through_main_exits_2(fake_engine: dict[str, Any], scenario_file: Path,
+                                       capsys: pytest.CaptureFixture[str],
+                                       edit: tuple[str, str], pattern: str) -> None:
+    scenario_file.write_text(SCENARIO.replace(*edit))
+    with pytest.raises(SystemExit) as exc:
+        main(["run", str(scenario_file)])
+    assert exc.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and len(captured.err.splitlines()) == 1
+    assert re.match(pattern, captured.err), captured.err
+
+
+def test_engine_config_error_is_located(fake_engine: dict[str, Any], scenario_file: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    def fail(*args: Any, **kwargs: Any) -> StepResult:
+        raise ConfigError("must be <= 4 on this topology", key_path="parallel.dp")
+    monkeypatch.setattr(run_mod, "_simulate", fail)
+    res = invoke(str(scenario_file))
+    assert (res.exit_code, res.stderr) == (
+        2, "error: unit.yaml:8: parallel.dp: must be <= 4 on this topology\n")
+
+
+def test_missing_scenario_file(fake_engine: dict[str, Any], scenario_file: Path) -> None:
+    res = invoke("nowhere.yaml")
+    assert (res.exit_code, res.stderr) == (2, "error: nowhere.yaml: file not found\n")
+
+
+# -- text tables ----------------------------------------------------------------------------------
+
+def test_format_table_pads_and_aligns() -> None:
+    table = format_table(["op", "time"], [["all_reduce", "1 ms"], ["send", "12.5 ms"]])
+    assert table.splitlines() == ["  op             time",
+                                  "  ----------  -------",
+                                  "  all_reduce     1 ms",
+                                  "  send        12.5 ms"]
+    with pytest.raises(ValueError):
+        format_table(["a", "b"], [["only one"]])
+
+
+@pytest.mark.parametrize("time_s, text", [
+    (12.3456, "12.35 s"), (0.1234, "123.4 ms"), (5.6e-5, "56.00 us"), (0.0, "0 s"),
+    (3e-9, "3.000 ns"), (1.5, "1.500 s"), (1234.5, "1234 s"), (0.99999, "1.000 s"),
+])
+def test_format_seconds(time_s: float, text: str) -> None:
+    assert format_seconds(time_s) == text
+
+
+def test_breakdown_shows_what_is_unaccounted() -> None:
+    result = make_result()
+    result.step_time_s = 2.5                        # parts sum to 2.0 s
+    report = format_run_report(result)
+    line = next(l for l in report.splitlines() if "other (unaccounted)" in l)
+    assert line.split()[-4:] == ["500.0", "ms", "20.0", "%"]
+
+
+def test_memory_verdict() -> None:
+    assert memory_verdict(make_result()) == "fits: 40.00 GiB of 74.51 GiB"
+    assert memory_verdict(make_result(fits=False, peak_bytes=112 * GB)) == (
+        "does not fit: 104.31 GiB needed of 74.51 GiB")
