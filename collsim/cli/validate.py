@@ -99,3 +99,55 @@ def bench(backend: str, world_size: int | None, ops: tuple[str, ...], minbytes: 
         click.echo(f"# wrote {path}")
     if any(r["wrong"] for r in rows):
         raise click.ClickException("some results were wrong (see #wrong)")
+
+
+def _run_sketch(parts: tuple[str, ...], world_size: int, steps: int, timeout_s: float,
+                output: str | None) -> None:
+    from collsim.validate.sketch import SketchConfig, check_report, run_sketch
+
+    report = run_sketch(SketchConfig(parts=parts, steps=steps), world_size=world_size,
+                        timeout_s=timeout_s)
+    rows = check_report(report)
+    click.echo(f"# {', '.join(parts)} from scratch on {world_size} {report['backend']} ranks")
+    for name, ok, figure in rows:
+        click.echo(f"{'PASS' if ok else 'FAIL'}  {name}: {figure}")
+    report["checks"] = [{"check": n, "passed": ok, "figure": f} for n, ok, f in rows]
+    if output:
+        Path(output).parent.mkdir(parents=True, exist_ok=True)
+        Path(output).write_text(json.dumps(report, indent=1) + "\n")
+        click.echo(f"# wrote {output}")
+    if not all(ok for _, ok, _ in rows):
+        raise click.ClickException("some checks failed")
+
+
+_SKETCH_OPTIONS = [
+    click.option("--world-size", "-n", type=click.Choice(["2", "4"]), default="2",
+                  show_default=True),
+    click.option("--steps", type=click.IntRange(1), default=5, show_default=True),
+    click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=300.0,
+                 show_default=True),
+    click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+                 help="Write the JSON report here."),
+]
+
+
+def _with_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    for option in reversed(_SKETCH_OPTIONS):
+        fn = option(fn)
+    return fn
+
+
+@validate.command()
+@_with_options
+@_rank_errors
+def ddp(world_size: str, steps: int, timeout_s: float, output: str | None) -> None:
+    """DDP from scratch on real gloo ranks: equivalence, sync, AVG vs SUM/N, overlap (timed)."""
+    _run_sketch(("ddp", "timing"), int(world_size), steps, timeout_s, output)
+
+
+@validate.command()
+@_with_options
+@_rank_errors
+def fsdp(world_size: str, steps: int, timeout_s: float, output: str | None) -> None:
+    """FSDP sketch on real gloo ranks: bit-exact round trip, 1/N parameter bytes, shard grads."""
+    _run_sketch(("fsdp",), int(world_size), steps, timeout_s, output)
