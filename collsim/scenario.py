@@ -283,7 +283,7 @@ def _resolve_topology(spec: str, source: Path | None) -> str:
 
 
 def _read_model(reader: ConfigReader, scenario_name: str) -> "TransformerSpec":
-    from collsim.workload.model import TransformerSpec, get_preset
+    from collsim.workload import TransformerSpec, get_preset
 
     preset_name = reader.get("preset", str, default=None)
     base = None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import re
 from pathlib import Path
 
 import pytest
@@ -188,3 +190,49 @@ def test_parse_override_reads_yaml_scalars() -> None:
     assert parse_override("parallel.schedule=1f1b").value == "1f1b"
     assert parse_override("a.b = false").path == ("a", "b")
     assert parse_override("a.b=x=y").value == "x=y"
+
+
+# -- the shipped scenarios -------------------------------------------------------------------------
+
+SCENARIOS = sorted((Path(__file__).resolve().parents[1] / "scenarios").glob("*.yaml"))
+
+
+def test_scenarios_are_shipped() -> None:
+    names = {p.name for p in SCENARIOS}
+    assert {"3d_175b.yaml", "ddp_gpt3_1.3b.yaml", "fsdp_llama2_7b.yaml",
+            "pipeline_13b_gpipe.yaml", "pipeline_13b_1f1b.yaml", "pipeline_13b_interleaved.yaml",
+            "seed_7b_fp32_ddp.yaml", "seed_7b_fp32_fsdp.yaml"} <= names
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
+def test_shipped_scenario_plan_covers_its_cluster(path: Path) -> None:
+    from collsim.topology import load_topology
+
+    s = load_scenario(path)
+    topology = load_topology(s.cluster.topology, nodes=s.cluster.nodes)
+    assert s.parallel.world_size == topology.num_ranks
+    assert s.training.global_batch % (s.training.micro_batch * s.parallel.dp) == 0
+
+
+_PRODUCT = re.compile(r"#[^#]*?\b(\d+(?:\s*x\s*\d+)+)\s*=\s*([\d,]+)\b")
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
+def test_derived_totals_in_comments_are_right(path: Path) -> None:
+    """Every ``# a x b x c = n`` comment multiplies out."""
+    checked = 0
+    for line in path.read_text().splitlines():
+        for factors, total in _PRODUCT.findall(line):
+            product = math.prod(int(f) for f in re.split(r"\s*x\s*", factors))
+            assert product == int(total.replace(",", "")), line
+            checked += 1
+    assert checked >= 1
+
+
+def test_3d_175b_is_the_design_example() -> None:
+    s = load_scenario(SCENARIOS[0].parent / "3d_175b.yaml")
+    assert (s.cluster.topology, s.cluster.nodes, s.model.name) == ("dgx_a100", 128, "gpt3-175b")
+    assert (s.parallel.tp, s.parallel.pp, s.parallel.dp, s.parallel.zero) == (8, 8, 16, 1)
+    assert (s.training.global_batch, s.training.micro_batch) == (1536, 1)
+    assert s.training.recompute is Recompute.FULL and s.parallel.schedule is ScheduleKind.ONE_F_ONE_B
+    assert (s.parallel.ddp.bucket_mb, s.parallel.ddp.overlap) == (25.0, True)
