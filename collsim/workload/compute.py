@@ -28,6 +28,9 @@ dimension (filling the multistage shared-memory pipeline and writing the tile ba
 GEMMs with a short reduction (attention with head_dim 64-128, small micro-batch wgrads) fall
 below MAMF while large square GEMMs stay within 2 % of it. This is our modelling assumption, not
 a measured curve; per-op ``overrides`` replace any modelled time with a measured one.
+
+Fused (Flash) attention runs at a fixed share of MAMF (:data:`FLASH_FORWARD_EFFICIENCY`,
+:data:`FLASH_BACKWARD_EFFICIENCY`) times the wave efficiency of its thread blocks.
 """
 
 from __future__ import annotations
@@ -49,11 +52,18 @@ __all__ = ["DeviceLike", "OpCost", "LayerTimes", "ComputeModel", "shape_efficien
 TILE = 128
 K_OVERHEAD = 128
 
+FLASH_FORWARD_EFFICIENCY = 0.84
+"""FlashAttention-2 forward rate over MAMF: Dao 2023 reports up to 73 % of the A100 peak
+(head_dim 128, long sequences), i.e. 0.73 / 0.869 of the A100 MAMF."""
+FLASH_BACKWARD_EFFICIENCY = 0.72
+"""FlashAttention-2 backward rate over MAMF: up to 63 % of the A100 peak (Dao 2023)."""
+
 SM_COUNTS: dict[str, int] = {
     "a100": 108, "h100": 132, "h200": 132, "gh200": 132, "b200": 148, "b300": 148,
-    "gb200": 148, "mi300x": 304, "v100": 80, "h100 pcie": 114,
+    "gb200": 148, "mi300x": 304, "v100": 80, "h100 pcie": 114, "generic cpu": 32,
 }
-"""Streaming multiprocessors (compute units) per GPU, by lower-case name prefix (datasheets)."""
+"""Streaming multiprocessors (compute units) per GPU, by lower-case name prefix (datasheets);
+for the generic CPU, its 32 cores."""
 _DEFAULT_SMS = 108
 _GEMM_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
 
@@ -220,11 +230,32 @@ class ComputeModel:
             peak = self.matmul_peak_flops / self.device.matmul_efficiency
             return OpCost(name=op.name, phase=phase, kind=op.kind, flops=flops, size_bytes=size,
                           time_s=time, bound=bound, matmul_efficiency=flops / time / peak)
+        if op.kind is OpKind.FUSED_ATTENTION:
+            return self._flash_cost(op, phase, flops, size)
         compute = flops / self.vector_peak_flops
         memory = size / self.bandwidth_bps
         return OpCost(name=op.name, phase=phase, kind=op.kind, flops=flops, size_bytes=size,
                       time_s=max(compute, memory) + self.launch_s,
                       bound="compute" if compute > memory else "memory")
+
+    def _flash_cost(self, op: Op, phase: str, flops: float, size: float) -> OpCost:
+        """FlashAttention: a fixed share of MAMF, times the wave efficiency of its CTAs.
+
+        One CTA per 128 queries of one head (FlashAttention-2 parallelises over batch, heads
+        and query blocks), so ``ctas = batch * heads * ceil(s / 128)`` fill ``num_sms`` slots
+        in waves as a GEMM's tiles do.
+        """
+        gemm = op.gemms[0]
+        ctas = gemm.batch * math.ceil(gemm.m / TILE)
+        wave_eff = ctas / (math.ceil(ctas / self.num_sms) * self.num_sms)
+        share = FLASH_BACKWARD_EFFICIENCY if phase == "backward" else FLASH_FORWARD_EFFICIENCY
+        compute = flops / (self.matmul_peak_flops * share * wave_eff)
+        memory = size / self.bandwidth_bps
+        time = max(compute, memory) + self.launch_s
+        peak = self.matmul_peak_flops / self.device.matmul_efficiency
+        return OpCost(name=op.name, phase=phase, kind=op.kind, flops=flops, size_bytes=size,
+                      time_s=time, bound="compute" if compute >= memory else "memory",
+                      matmul_efficiency=flops / time / peak)
 
     # ---- whole blocks ----------------------------------------------------------------------
     def _times(self, ops: list[Op], recompute: RecomputeMode, layer: bool) -> LayerTimes:

@@ -9,6 +9,9 @@ al. 2022 (PaLM) Appendix B and Korthikanti et al. 2022):
   causal mask is not exploited);
 - backward = 2 x forward, so a step without recompute is 3 x the forward FLOPs;
 - the embedding lookup costs no FLOPs; the LM head (h -> V) is a matmul, never recomputed;
+- attention counts the unfused QK^T and AV matmuls even when the model runs FlashAttention
+  (which executes only the causal half and recomputes QK^T in backward): FLOPs here are the
+  model's, not the kernels';
 - model FLOPs (MFU) count no recompute; hardware FLOPs (HFU) add the recomputed forward
   (full: every layer matmul again; selective: QK^T and attention over V again).
 
@@ -18,6 +21,8 @@ sums the ops of :mod:`collsim.workload.ops` and so also covers GQA and SwiGLU mo
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from collsim.errors import ConfigError
 from collsim.workload.model import TransformerSpec
@@ -47,9 +52,13 @@ def _matmul_flops(ops: list[Op], names: tuple[str, ...] | None = None) -> float:
                      if op.kind is OpKind.MATMUL and (names is None or op.name in names)))
 
 
+def _unfused(spec: TransformerSpec) -> TransformerSpec:
+    return dataclasses.replace(spec, flash_attention=False) if spec.flash_attention else spec
+
+
 def forward_matmul_flops(spec: TransformerSpec, sequences: int = 1) -> tuple[float, float]:
     """(one layer, LM head) forward matmul FLOPs for ``sequences`` sequences, whole model."""
-    layer = _matmul_flops(layer_ops(spec, micro_batch=sequences))
+    layer = _matmul_flops(layer_ops(_unfused(spec), micro_batch=sequences))
     head = _matmul_flops(head_ops(spec, micro_batch=sequences))
     return layer, head
 
@@ -69,7 +78,7 @@ def hardware_flops_per_step(spec: TransformerSpec, global_batch: int,
     model = model_flops_per_step(spec, global_batch)
     if mode == "none":
         return model
-    ops = layer_ops(spec, micro_batch=global_batch)
+    ops = layer_ops(_unfused(spec), micro_batch=global_batch)
     if mode == "full":
         return model + spec.num_layers * _matmul_flops(ops)
     if mode == "selective":

@@ -17,7 +17,7 @@ Sources of the presets:
   Vocab 51200 (GPT-2 BPE padded), seq 2048, ffn = 4 x hidden, tied embedding.
 - Llama-2: Touvron et al. 2023 Table 1 and the released configs (RMSNorm, SwiGLU with
   ffn 11008 / 13824 / 28672, GQA with 8 kv heads for 70B, vocab 32000, seq 4096, untied head,
-  no biases, rotary positions, no dropout).
+  no biases, rotary positions, no dropout, trained with FlashAttention).
 - Llama-3: Llama Team 2024 "The Llama 3 Herd of Models" Table 3 (8B: 32 x 4096, ffn 14336;
   70B: 80 x 8192, ffn 28672; 405B: 126 x 16384, ffn 53248; 8 kv heads; vocab 128256; seq 8192).
 """
@@ -69,6 +69,10 @@ class TransformerSpec:
     """LM head shares the token embedding matrix (GPT, Megatron) or has its own (Llama)."""
     dropout: bool = True
     """Dropout after softmax and after the attention and MLP blocks (GPT training) or none."""
+    flash_attention: bool = False
+    """Core attention as one fused kernel (FlashAttention, Dao 2022/2023): no s x s matrix is
+    stored. False is Megatron-LM 2021-22 (separate QK^T, softmax, dropout, AV kernels), the
+    setting of the Narayanan and Korthikanti measurements; the Llama presets set True."""
 
     def __post_init__(self) -> None:
         for key in ("num_layers", "hidden", "num_heads", "ffn_hidden", "seq_len", "vocab"):
@@ -155,7 +159,8 @@ def _llama(name: str, layers: int, hidden: int, heads: int, kv_heads: int, ffn: 
     return TransformerSpec(name=name, num_layers=layers, hidden=hidden, num_heads=heads,
                            num_kv_heads=kv_heads, ffn_hidden=ffn, seq_len=seq, vocab=vocab,
                            gated_mlp=True, norm="rmsnorm", bias=False,
-                           position_embedding="rotary", tied_embeddings=False, dropout=False)
+                           position_embedding="rotary", tied_embeddings=False, dropout=False,
+                           flash_attention=True)
 
 
 _ALL = [

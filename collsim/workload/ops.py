@@ -42,6 +42,8 @@ __all__ = [
 class OpKind(StrEnum):
     MATMUL = "matmul"
     ELEMENTWISE = "elementwise"
+    FUSED_ATTENTION = "fused_attention"
+    """FlashAttention: QK^T, softmax, dropout and AV in one kernel, timed by compute.py."""
 
 
 class RecomputeMode(StrEnum):
@@ -184,7 +186,6 @@ def layer_ops(spec: TransformerSpec, *, micro_batch: int, tp: int = 1,
     heads = spec.num_heads // tp
     kv_heads = math.ceil(spec.kv_heads / tp)          # kv heads are replicated when tp > kv
     ffn = spec.ffn_hidden // tp
-    probs = float(b * heads * s * s)                  # elements of the score matrix per rank
     norm_flops = "norm"
 
     ops: list[Op] = []
@@ -195,25 +196,10 @@ def layer_ops(spec: TransformerSpec, *, micro_batch: int, tp: int = 1,
     if spec.position_embedding == "rotary":
         qk = tokens * (heads + kv_heads) * d
         ops.append(_elementwise("rotary", "rotary", qk, 2 * e * qk, {}))
-    scores = Gemm(s, s, d, b * heads)
-    scores_bytes = e * (b * heads * s * d + b * kv_heads * s * d + probs)
-    ops.append(Op(name="attn_scores", kind=OpKind.MATMUL, gemms=(scores,), flops=scores.flops,
-                  size_bytes=scores_bytes, backward_gemms=scores.backward(),
-                  backward_flops=2 * scores.flops, backward_bytes=2 * scores_bytes,
-                  saved={"q": e * tokens * heads * d, "k": e * tokens * kv_heads * d}))
-    ops.append(_elementwise("softmax", "softmax", probs, 2 * e * probs,
-                            {"softmax.output": e * probs}))
-    values_saved = {"v": e * tokens * kv_heads * d}
-    if spec.dropout:
-        ops.append(_elementwise("attn_dropout", "dropout", probs, (2 * e + 1) * probs,
-                                {"attn_dropout.mask": probs}))
-        values_saved["attn_dropout.output"] = e * probs
-    values = Gemm(s, d, s, b * heads)
-    values_bytes = e * (probs + b * kv_heads * s * d + b * heads * s * d)
-    ops.append(Op(name="attn_values", kind=OpKind.MATMUL, gemms=(values,), flops=values.flops,
-                  size_bytes=values_bytes, backward_gemms=values.backward(),
-                  backward_flops=2 * values.flops, backward_bytes=2 * values_bytes,
-                  saved=values_saved))
+    if spec.flash_attention:
+        ops.append(_flash_attention(b, s, d, heads, kv_heads, e))
+    else:
+        ops += _core_attention(b, s, d, heads, kv_heads, e, spec.dropout)
     ops.append(_matmul("out_proj", Gemm(tokens, h, heads * d), e,
                        {"out_proj.input": e * tokens * heads * d}))
     if spec.dropout:
@@ -237,6 +223,58 @@ def layer_ops(spec: TransformerSpec, *, micro_batch: int, tp: int = 1,
                                 {"mlp_out_dropout.mask": ew}))
     ops.append(_elementwise("mlp_residual_add", "add", ew, 3 * e * ew, {}))
     return ops
+
+
+def _core_attention(b: int, s: int, d: int, heads: int, kv_heads: int, e: int,
+                    dropout: bool) -> list[Op]:
+    """Unfused core attention (Megatron-LM 2021-22): QK^T, softmax, dropout, AV kernels."""
+    tokens = b * s
+    probs = float(b * heads * s * s)
+    out: list[Op] = []
+    scores = Gemm(s, s, d, b * heads)
+    scores_bytes = e * (b * heads * s * d + b * kv_heads * s * d + probs)
+    out.append(Op(name="attn_scores", kind=OpKind.MATMUL, gemms=(scores,), flops=scores.flops,
+                  size_bytes=scores_bytes, backward_gemms=scores.backward(),
+                  backward_flops=2 * scores.flops, backward_bytes=2 * scores_bytes,
+                  saved={"q": e * tokens * heads * d, "k": e * tokens * kv_heads * d}))
+    out.append(_elementwise("softmax", "softmax", probs, 2 * e * probs,
+                            {"softmax.output": e * probs}))
+    values_saved = {"v": e * tokens * kv_heads * d}
+    if dropout:
+        out.append(_elementwise("attn_dropout", "dropout", probs, (2 * e + 1) * probs,
+                                {"attn_dropout.mask": probs}))
+        values_saved["attn_dropout.output"] = e * probs
+    values = Gemm(s, d, s, b * heads)
+    values_bytes = e * (probs + b * kv_heads * s * d + b * heads * s * d)
+    out.append(Op(name="attn_values", kind=OpKind.MATMUL, gemms=(values,), flops=values.flops,
+                  size_bytes=values_bytes, backward_gemms=values.backward(),
+                  backward_flops=2 * values.flops, backward_bytes=2 * values_bytes,
+                  saved=values_saved))
+    return out
+
+
+FLASH_CAUSAL_FRACTION = 0.5
+"""Share of the s x s blocks a causal FlashAttention kernel computes (it skips the rest)."""
+
+
+def _flash_attention(b: int, s: int, d: int, heads: int, kv_heads: int, e: int) -> Op:
+    """Fused causal attention (FlashAttention-2, Dao 2023) on one rank.
+
+    FLOPs are the ones executed: forward 4 b s^2 d heads x 1/2 (QK^T and AV over the causal
+    half); backward 2.5 x forward (dV, dP, dQ, dK plus QK^T recomputed in the kernel).
+    Bytes: forward reads q, k, v and writes o; backward reads q, k, v, o, do and writes dq,
+    dk, dv. Keeps q, k, v and the fp32 log-sum-exp (o is the saved input of out_proj).
+    """
+    tokens = b * s
+    flops = 4.0 * b * heads * s * s * d * FLASH_CAUSAL_FRACTION
+    q = float(tokens * heads * d)
+    kv = float(tokens * kv_heads * d)
+    lse = 4.0 * b * heads * s
+    return Op(name="flash_attention", kind=OpKind.FUSED_ATTENTION, flops=flops,
+              size_bytes=e * (2 * q + 2 * kv) + lse, backward_flops=2.5 * flops,
+              backward_bytes=e * (4 * q + 4 * kv) + lse,
+              gemms=(Gemm(s, s, d, b * heads),),
+              saved={"q": e * q, "k": e * kv, "v": e * kv, "flash_attention.lse": lse})
 
 
 def embedding_ops(spec: TransformerSpec, *, micro_batch: int, tp: int = 1,

@@ -161,3 +161,32 @@ def test_fp8_halves_gemm_time_of_large_matmuls() -> None:
     fp8 = ComputeModel(device, "fp8", launch_s=0.0).gemm_time_s(Gemm(8192, 8192, 8192))[0]
     assert fp8 == pytest.approx(bf16 * 989 / 1979, rel=1e-9)
     assert math.isfinite(fp8)
+
+
+def test_flash_attention_time(a100: FakeDevice) -> None:
+    from collsim.workload.compute import FLASH_BACKWARD_EFFICIENCY, FLASH_FORWARD_EFFICIENCY
+    spec = get_preset("llama2-7b")        # 32 heads of 128, seq 4096
+    model = ComputeModel(a100, "bf16", launch_s=0.0)
+    times = model.layer_times(spec, micro_batch=1, tp=1, recompute="selective")
+    fwd = next(c for c in times.ops if c.name == "flash_attention" and c.phase == "forward")
+    bwd = next(c for c in times.ops if c.name == "flash_attention" and c.phase == "backward")
+    flops = 4 * 32 * 4096**2 * 128 / 2                 # causal half of QK^T and AV
+    ctas = 32 * 4096 // 128                            # 1024 CTAs in 10 waves of 108
+    wave = 1024 / 1080
+    mamf = 312e12 * a100.matmul_efficiency
+    assert fwd.flops == flops and bwd.flops == 2.5 * flops
+    assert fwd.time_s == pytest.approx(flops / (mamf * FLASH_FORWARD_EFFICIENCY * wave))
+    assert bwd.time_s == pytest.approx(2.5 * flops / (mamf * FLASH_BACKWARD_EFFICIENCY * wave))
+    assert ctas == 1024
+    assert times.recompute_s == 0           # nothing to recompute selectively with flash
+
+
+@pytest.mark.parametrize("key", ["a100", "h100", "h200", "b200", "cpu"])
+def test_catalogue_devices(key: str) -> None:
+    from collsim.hardware import get_device
+    device = get_device(key)
+    model = ComputeModel(device, "bf16")
+    times = model.layer_times(get_preset("gpt3-1.3b"), micro_batch=1, tp=1)
+    assert times.forward_s > 0 and times.backward_s > times.forward_s
+    # no op beats the device's best-shape matmul rate
+    assert max(c.matmul_efficiency for c in times.ops) <= device.matmul_efficiency

@@ -85,8 +85,8 @@ def test_korthikanti_22b_table_values() -> None:
     assert got == pytest.approx(sbh * (34 + 5 * 64 * 2048 / 6144))
 
 
-def test_llama_activation_counts_gqa_and_swiglu() -> None:
-    spec = get_preset("llama2-70b")       # 64 heads, 8 kv heads, ffn 28672, no dropout
+def test_llama_activation_counts_gqa_swiglu_and_flash() -> None:
+    spec = get_preset("llama2-70b")       # 64 heads, 8 kv heads, ffn 28672, no dropout, flash
     s, b, h, f, t = spec.seq_len, 1, spec.hidden, spec.ffn_hidden, 8
     got = activation_bytes_per_layer(spec, micro_batch=b, tp=t, sequence_parallel=True,
                                      recompute="selective")
@@ -96,8 +96,11 @@ def test_llama_activation_counts_gqa_and_swiglu() -> None:
                 + kv
                 + s * b * h * 2 / t                        # out_proj input
                 + 2 * s * b * f * 2 / t                    # SwiGLU keeps gate and up outputs
-                + s * b * f * 2 / t)                       # mlp_down input
+                + s * b * f * 2 / t                        # mlp_down input
+                + 4 * b * 64 // t * s)                     # flash log-sum-exp, fp32 per row
     assert got == pytest.approx(expected, rel=1e-12)
+    # flash attention keeps no s x s tensor, so selective recompute has nothing to drop
+    assert got == activation_bytes_per_layer(spec, micro_batch=b, tp=t, sequence_parallel=True)
 
 
 def test_layers_per_stage() -> None:
