@@ -19,8 +19,8 @@ Device-independent accounting for ONE rank of a Megatron-style tensor-parallel g
   Korthikanti's sbh(34 + 5as/h) and its TP / SP / recompute variants, which the tests check.
 
 Fused kernels as Megatron-LM runs them: scale + mask + softmax is one op; the bias adds live in
-the GEMM epilogues; the SwiGLU gate and up projections are one GEMM of width 2 ffn / t. Dropout
-and the residual add are listed apart (Megatron fuses bias-dropout-add; we do not).
+the GEMM epilogues; the SwiGLU gate and up projections are one GEMM of width 2 ffn / t; the
+dropout after each block and the residual add are one bias-dropout-add op.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ SELECTIVE_TENSORS = ("softmax.output", "attn_dropout.mask", "attn_dropout.output
 """Tensors selective recompute does not keep (the 5as^2b term); Q, K, V stay as its inputs."""
 
 _ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}
-_FLOPS_PER_ELEMENT = {"norm": 5.0, "softmax": 5.0, "dropout": 2.0, "add": 1.0, "gelu": 8.0,
+_FLOPS_PER_ELEMENT = {"norm": 5.0, "softmax": 5.0, "dropout": 3.0, "add": 1.0, "gelu": 8.0,
                       "swiglu": 6.0, "rotary": 3.0, "embedding": 0.0, "loss": 5.0}
 
 
@@ -150,6 +150,16 @@ def _elementwise(name: str, kind: str, elements: float, size_bytes: float,
               backward_flops=2.0 * flops, backward_bytes=2.0 * size_bytes, saved=saved)
 
 
+def _residual(block: str, dropout: bool, elements: float, e: int) -> Op:
+    """The block output's dropout and residual add: Megatron's fused bias-dropout-add kernel
+    reads the block output and the residual, writes the sum and a 1-byte mask (3e + 1 bytes
+    per element); without dropout a plain residual add (3e)."""
+    if dropout:
+        return _elementwise(f"{block}_dropout_add", "dropout", elements,
+                            (3 * e + 1) * elements, {f"{block}_dropout_add.mask": elements})
+    return _elementwise(f"{block}_residual_add", "add", elements, 3 * e * elements, {})
+
+
 def _check_tp(spec: TransformerSpec, tp: int) -> None:
     if not isinstance(tp, int) or tp <= 0:
         raise ConfigError(f"must be a positive integer, got {tp!r}", key_path="parallel.tp")
@@ -202,10 +212,7 @@ def layer_ops(spec: TransformerSpec, *, micro_batch: int, tp: int = 1,
         ops += _core_attention(b, s, d, heads, kv_heads, e, spec.dropout)
     ops.append(_matmul("out_proj", Gemm(tokens, h, heads * d), e,
                        {"out_proj.input": e * tokens * heads * d}))
-    if spec.dropout:
-        ops.append(_elementwise("attn_out_dropout", "dropout", ew, (2 * e + 1) * ew,
-                                {"attn_out_dropout.mask": ew}))
-    ops.append(_elementwise("attn_residual_add", "add", ew, 3 * e * ew, {}))
+    ops.append(_residual("attn", spec.dropout, ew, e))
     ops.append(_elementwise("mlp_norm", norm_flops, ew, 2 * e * ew, {"mlp_norm.input": e * ew}))
     width = 2 * ffn if spec.gated_mlp else ffn
     ops.append(_matmul("mlp_up", Gemm(tokens, width, h), e,
@@ -218,10 +225,7 @@ def layer_ops(spec: TransformerSpec, *, micro_batch: int, tp: int = 1,
         ops.append(_elementwise("activation", "gelu", act, 2 * e * act,
                                 {"activation.input": e * act}))
     ops.append(_matmul("mlp_down", Gemm(tokens, h, ffn), e, {"mlp_down.input": e * act}))
-    if spec.dropout:
-        ops.append(_elementwise("mlp_out_dropout", "dropout", ew, (2 * e + 1) * ew,
-                                {"mlp_out_dropout.mask": ew}))
-    ops.append(_elementwise("mlp_residual_add", "add", ew, 3 * e * ew, {}))
+    ops.append(_residual("mlp", spec.dropout, ew, e))
     return ops
 
 
