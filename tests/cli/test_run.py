@@ -265,3 +265,125 @@ def test_memory_verdict() -> None:
     assert memory_verdict(make_result()) == "fits: 40.00 GiB of 74.51 GiB"
     assert memory_verdict(make_result(fits=False, peak_bytes=112 * GB)) == (
         "does not fit: 104.31 GiB needed of 74.51 GiB")
+
+
+# -- end to end on the shipped scenarios, with the real topology and engine -----------------------
+
+def _has_engine() -> bool:
+    import collsim.engine
+    return hasattr(collsim.engine, "simulate_step")
+
+
+needs_engine = pytest.mark.skipif(not _has_engine(), reason="collsim.engine.simulate_step missing")
+
+
+def run_json(tmp_path: Path, name: str, *args: str) -> tuple[Any, dict[str, Any]]:
+    out = tmp_path / f"{name}.json"
+    res = CliRunner().invoke(cli, ["run", str(SCENARIOS / f"{name}.yaml"), "--json", str(out),
+                                   *args])
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.output
+    data = json.loads(out.read_text()) if out.exists() else {}
+    return res, data
+
+
+@needs_engine
+def test_3d_175b_end_to_end(tmp_path: Path) -> None:
+    res, data = run_json(tmp_path, "3d_175b")
+    assert res.exit_code == 0, res.output
+    assert max(len(line) for line in res.stdout.splitlines()) <= 100
+    assert data["num_gpus"] == 1024 and data["fits"] is True
+    # the parts of the step add up to the step time (BREAKDOWN_KEYS contract)
+    assert sum(data["breakdown_s"].values()) == pytest.approx(data["step_time_s"], rel=1e-6)
+    assert 0 < data["mfu"] <= data["hfu"] < 1          # full recompute: HFU counts it, MFU not
+    # tokens/s is the global batch of tokens over the step time
+    assert data["tokens_per_s"] == pytest.approx(1536 * 2048 / data["step_time_s"], rel=1e-9)
+    axes = {(c["axis"], c["op"]) for c in data["collectives"]}
+    assert ("tp", "all_reduce") in axes and ("pp", "send_recv") in axes
+    assert any(axis == "dp" for axis, _ in axes)
+    assert "tp groups" in res.stdout or "tp" in data["mapping"]
+
+
+@needs_engine
+def test_7b_fp32_ddp_does_not_fit(tmp_path: Path) -> None:
+    from collsim.workload import get_preset
+
+    res, data = run_json(tmp_path, "seed_7b_fp32_ddp")
+    assert res.exit_code == 1
+    assert "step time" in res.stdout                    # the report is still printed
+    mem = data["memory_bytes"]
+    states = mem["parameters"] + mem["gradients"] + mem["optimizer"]
+    # fp32 Adam: 4 (weights) + 4 (gradients) + 8 (m, v) = 16 bytes per parameter, unsharded
+    assert states == pytest.approx(16 * get_preset("llama2-7b").num_parameters(), rel=1e-9)
+    assert data["fits"] is False and data["memory_peak_bytes"] > data["memory_capacity_bytes"]
+    needed, capacity = data["memory_peak_bytes"] / GiB, data["memory_capacity_bytes"] / GiB
+    assert res.stderr.splitlines()[-1] == (
+        f"does not fit: {needed:.2f} GiB needed of {capacity:.2f} GiB")
+
+
+@needs_engine
+def test_7b_fp32_fsdp_fits(tmp_path: Path) -> None:
+    from collsim.workload import get_preset
+
+    res, data = run_json(tmp_path, "seed_7b_fp32_fsdp")
+    assert res.exit_code == 0, res.output
+    mem = data["memory_bytes"]
+    states = mem["parameters"] + mem["gradients"] + mem["optimizer"]
+    sharded = 16 * get_preset("llama2-7b").num_parameters() / 8
+    # sharded states, plus at most the fp32 units gathered at the peak on the parameters line
+    assert states >= sharded * (1 - 1e-9)
+    assert data["fits"] is True
+
+
+@needs_engine
+def test_pipeline_schedules_compare(tmp_path: Path) -> None:
+    runs = {s: run_json(tmp_path, f"pipeline_13b_{s}")[1] for s in ("gpipe", "1f1b",
+                                                                     "interleaved")}
+    bubble = {s: d["breakdown_s"]["bubble"] for s, d in runs.items()}
+    acts = {s: d["memory_bytes"]["activations"] for s, d in runs.items()}
+    assert bubble["interleaved"] < bubble["1f1b"]
+    assert acts["1f1b"] < acts["gpipe"]                 # 4 micro-batches in flight, not 16
+
+
+@needs_engine
+@pytest.mark.parametrize("name, ops", [
+    ("ddp_gpt3_1.3b", {("dp", "all_reduce")}),
+    ("fsdp_llama2_7b", {("dp", "all_gather"), ("dp", "reduce_scatter")}),
+])
+def test_data_parallel_scenarios(tmp_path: Path, name: str, ops: set[tuple[str, str]]) -> None:
+    res, data = run_json(tmp_path, name)
+    assert res.exit_code == 0, res.output
+    assert ops <= {(c["axis"], c["op"]) for c in data["collectives"]}
+
+
+@needs_engine
+@pytest.mark.parametrize("args, pattern", [
+    (["--set", "parallel.tp=5"], r"^error: --set parallel.tp=5: parallel.*"),
+    (["--set", "parallel.dp=8"], r"^error: .*3d_175b.yaml:\d+: parallel.*1024"),
+    (["--set", "parallel.pp=5", "--set", "parallel.dp=1", "--set", "parallel.tp=8",
+      "--set", "cluster.nodes=5", "--set", "training.global_batch=5"],
+     r"^error: --set parallel.pp=5: parallel.pp: model layers \(96\)"),
+    (["--set", "training.global_batch=1000"], r"^error: --set training.global_batch=1000: "
+                                               r"training.global_batch: "),
+    (["--set", "cluster.topology=nowhere"], r"^error: .*topology.*nowhere"),
+], ids=["heads-vs-tp", "world-size", "layers-vs-pp", "batch-vs-dp", "unknown-topology"])
+def test_plan_errors_end_to_end(args: list[str], pattern: str) -> None:
+    res = CliRunner().invoke(cli, ["run", str(SCENARIOS / "3d_175b.yaml"), *args])
+    assert res.exit_code == 2, res.output
+    assert len(res.stderr.splitlines()) == 1 and res.stdout == ""
+    assert re.match(pattern, res.stderr), res.stderr
+
+
+@needs_engine
+def test_poor_plan_warns_once_on_stderr(tmp_path: Path) -> None:
+    res, _ = run_json(tmp_path, "pipeline_13b_1f1b", "--set", "training.global_batch=2")
+    assert res.exit_code == 0, res.output
+    lines = [l for l in res.stderr.splitlines() if "fewer micro-batches" in l]
+    assert len(lines) == 1 and lines[0].startswith("warning: ")
+
+
+@needs_engine
+def test_trace_file_is_written(tmp_path: Path) -> None:
+    trace = tmp_path / "step.json"
+    res, _ = run_json(tmp_path, "ddp_gpt3_1.3b", "--trace", str(trace))
+    assert res.exit_code == 0, res.output
+    assert json.loads(trace.read_text())["traceEvents"]
