@@ -34,6 +34,7 @@ from collsim.workload.ops import RecomputeMode, kept_bytes, layer_ops, parse_rec
 
 __all__ = [
     "ModelStateBytes", "model_state_bytes", "layers_per_stage", "parameters_per_rank",
+    "layer_parameters_per_rank",
     "korthikanti_activation_bytes", "activation_bytes_per_layer",
 ]
 
@@ -100,8 +101,10 @@ def layers_per_stage(num_layers: int, pp: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(pp)]
 
 
-def _layer_params_per_rank(spec: TransformerSpec, tp: int) -> float:
-    """One layer's parameters on one TP rank (Megatron splits).
+def layer_parameters_per_rank(spec: TransformerSpec, tp: int) -> float:
+    """One transformer layer's parameters on one TP rank (Megatron splits).
+
+    This is the size of an FSDP unit (one layer) or of a layer's gradients in DDP buckets.
 
     Column-parallel QKV and MLP up/gate: weights and biases / t. Row-parallel output projection
     and MLP down: weights / t, biases replicated. Norms replicated.
@@ -134,7 +137,7 @@ def parameters_per_rank(spec: TransformerSpec, *, tp: int = 1, pp: int = 1,
     counts = layers_per_stage(spec.num_layers, pp)
     if not 0 <= stage < pp:
         raise ConfigError(f"must be in 0..{pp - 1}, got {stage}", key_path="stage")
-    total = counts[stage] * _layer_params_per_rank(spec, tp)
+    total = counts[stage] * layer_parameters_per_rank(spec, tp)
     word = spec.vocab * spec.hidden / tp
     if stage == 0:
         total += word

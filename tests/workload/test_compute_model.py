@@ -190,3 +190,11 @@ def test_catalogue_devices(key: str) -> None:
     assert times.forward_s > 0 and times.backward_s > times.forward_s
     # no op beats the device's best-shape matmul rate
     assert max(c.matmul_efficiency for c in times.ops) <= device.matmul_efficiency
+
+
+def test_accepts_the_config_enums(a100: FakeDevice) -> None:
+    from collsim.parallel.config import Dtype, Recompute
+    by_enum = ComputeModel(a100, Dtype.BF16).layer_times(SPEC, micro_batch=1, tp=8,
+                                                         recompute=Recompute.FULL)
+    by_str = ComputeModel(a100, "bf16").layer_times(SPEC, micro_batch=1, tp=8, recompute="full")
+    assert by_enum == by_str

@@ -127,3 +127,14 @@ def test_tied_head_is_copied_to_the_last_stage() -> None:
     word = spec.vocab * spec.hidden / 8
     assert stages[-1] - stages[1] == pytest.approx(word + spec.norm_parameters())
     assert stages[0] - stages[1] == pytest.approx(word + spec.seq_len * spec.hidden)
+
+
+def test_layer_parameters_per_rank() -> None:
+    from collsim.workload.memory import layer_parameters_per_rank
+    spec = get_preset("gpt3-175b")
+    h = spec.hidden
+    assert layer_parameters_per_rank(spec, 1) == spec.layer_parameters()
+    # TP 8: 12h^2 weights and the column-parallel biases (3h + 4h) split; the row-parallel
+    # biases (2h) and two LayerNorms (4h) replicated
+    assert layer_parameters_per_rank(spec, 8) == pytest.approx(
+        (12 * h * h + 7 * h) / 8 + 6 * h, rel=1e-15)
