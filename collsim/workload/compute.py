@@ -36,7 +36,7 @@ Fused (Flash) attention runs at a fixed share of MAMF (:data:`FLASH_FORWARD_EFFI
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from collsim.errors import ConfigError
@@ -137,12 +137,13 @@ class LayerTimes:
 
     ``backward_s`` excludes recomputation; the backward pass of a step costs
     ``backward_s + recompute_s`` (the recomputed forward runs just before the backward).
+    ComputeModel memoizes these per argument set: treat them as read-only.
     """
 
     forward_s: float
     backward_s: float
     recompute_s: float
-    ops: list[OpCost] = field(default_factory=list)
+    ops: tuple[OpCost, ...] = ()
     activation_bytes: float = 0.0
     """Bytes kept from forward to backward (Korthikanti's per-layer activation memory)."""
     transient_bytes: float = 0.0
@@ -193,9 +194,10 @@ class ComputeModel:
         self.matmul_peak_flops = device.peak_flops_for(self.dtype) * device.matmul_efficiency
         try:
             self.vector_peak_flops = device.peak_flops_for("fp32")
-        except Exception:  # noqa: BLE001 - any device without an fp32 entry
+        except ConfigError:  # a device without an fp32 entry
             self.vector_peak_flops = device.peak_flops_for(self.dtype)
         self.bandwidth_bps = device.memory_bandwidth_bps * memory_efficiency
+        self._memo: dict[tuple[object, ...], LayerTimes] = {}
 
     # ---- one kernel / one op -------------------------------------------------------------
     def gemm_time_s(self, gemm: Gemm) -> tuple[float, str, float]:
@@ -280,7 +282,8 @@ class ComputeModel:
                 re_flops += op.flops
         kept, transient = (kept_bytes(ops, recompute) if layer
                            else (float(sum(op.saved_bytes for op in ops)), 0.0))
-        return LayerTimes(forward_s=forward, backward_s=backward, recompute_s=again, ops=costs,
+        return LayerTimes(forward_s=forward, backward_s=backward, recompute_s=again,
+                          ops=tuple(costs),
                           activation_bytes=kept, transient_bytes=transient,
                           forward_flops=fwd_flops, backward_flops=bwd_flops,
                           recompute_flops=re_flops)
@@ -300,23 +303,32 @@ class ComputeModel:
             recompute: ``none``, ``selective`` (core attention) or ``full`` (whole layer).
         """
         mode = parse_recompute(recompute)
-        ops = layer_ops(spec, micro_batch=micro_batch, tp=tp,
-                        sequence_parallel=sequence_parallel, dtype=self.dtype)
-        return self._times(ops, mode, layer=True)
+        key = ("layer", spec, micro_batch, tp, bool(sequence_parallel), mode)
+        if key not in self._memo:
+            ops = layer_ops(spec, micro_batch=micro_batch, tp=tp,
+                            sequence_parallel=sequence_parallel, dtype=self.dtype)
+            self._memo[key] = self._times(ops, mode, layer=True)
+        return self._memo[key]
 
     def embedding_times(self, spec: TransformerSpec, *, micro_batch: int, tp: int = 1,
                         sequence_parallel: bool = False) -> LayerTimes:
         """Input embedding (lookup, position add, dropout) on one rank; never recomputed."""
-        ops = embedding_ops(spec, micro_batch=micro_batch, tp=tp,
-                            sequence_parallel=sequence_parallel, dtype=self.dtype)
-        return self._times(ops, RecomputeMode.NONE, layer=False)
+        key = ("embedding", spec, micro_batch, tp, bool(sequence_parallel))
+        if key not in self._memo:
+            ops = embedding_ops(spec, micro_batch=micro_batch, tp=tp,
+                                sequence_parallel=sequence_parallel, dtype=self.dtype)
+            self._memo[key] = self._times(ops, RecomputeMode.NONE, layer=False)
+        return self._memo[key]
 
     def head_times(self, spec: TransformerSpec, *, micro_batch: int, tp: int = 1,
                    sequence_parallel: bool = False) -> LayerTimes:
         """Final norm, LM head and cross-entropy loss on one rank; never recomputed."""
-        ops = head_ops(spec, micro_batch=micro_batch, tp=tp,
-                       sequence_parallel=sequence_parallel, dtype=self.dtype)
-        return self._times(ops, RecomputeMode.NONE, layer=False)
+        key = ("head", spec, micro_batch, tp, bool(sequence_parallel))
+        if key not in self._memo:
+            ops = head_ops(spec, micro_batch=micro_batch, tp=tp,
+                           sequence_parallel=sequence_parallel, dtype=self.dtype)
+            self._memo[key] = self._times(ops, RecomputeMode.NONE, layer=False)
+        return self._memo[key]
 
     def optimizer_time_s(self, num_params_local: float, optimizer: str = "adam") -> float:
         """Time of one optimizer step over ``num_params_local`` parameters: bytes / bandwidth.

@@ -313,7 +313,7 @@ def head_ops(spec: TransformerSpec, *, micro_batch: int, tp: int = 1,
     """
     _check_tp(spec, tp)
     if spec.vocab % tp:
-        # Megatron pads the vocabulary to a multiple of tp (x 128); so do we.
+        # Megatron pads the vocabulary so that it splits evenly over tp; so do we.
         vocab_local = math.ceil(spec.vocab / tp)
     else:
         vocab_local = spec.vocab // tp
