@@ -1,0 +1,29 @@
+"""Collectives: ops x algorithms, each with a closed-form cost and a SimPy process.
+
+Ops: all_reduce, reduce_scatter, all_gather, broadcast, reduce, all_to_all, send_recv.
+Algorithms (one module each): ring, tree (double binary tree), halving_doubling, direct,
+hierarchical, nvls (in-switch reduction); ``auto`` picks the cheapest (algorithm, protocol) as
+NCCL's tuner does and reports it.
+
+Example::
+
+    topo = load_topology("dgx_h100")
+    group = Group.all(topo)
+    c = cost("all_reduce", 1 << 30, group)        # CollectiveCost(..., algorithm=nvls, ...)
+    env = simpy.Environment(); net = FlowNetwork(env, topo)
+    proc = simulate(env, net, "all_reduce", 1 << 30, group)
+    env.run(proc)                                  # proc.value is the simulated CollectiveCost
+"""
+
+from __future__ import annotations
+
+from collsim.collectives.schedule import Phase, Schedule, Timing, Transfer
+from collsim.collectives.select import choose, cost, schedule_for, simulate, supported
+from collsim.collectives.types import (Algorithm, CollectiveCost, CollectiveOp, Group, Protocol,
+                                       busbw_factor)
+
+__all__ = [
+    "CollectiveOp", "Algorithm", "Protocol", "Group", "CollectiveCost", "busbw_factor",
+    "cost", "simulate", "choose", "schedule_for", "supported",
+    "Phase", "Schedule", "Timing", "Transfer",
+]

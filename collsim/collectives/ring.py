@@ -1,0 +1,89 @@
+"""Ring algorithms: all_reduce, reduce_scatter, all_gather, and pipelined chains for
+broadcast / reduce.
+
+Bytes per rank (Patarasuk & Yuan 2009; nccl-tests doc/PERFORMANCE.md): all_reduce
+2(n-1)/n x M, reduce_scatter and all_gather (n-1)/n x M; a pipelined chain forwards M.
+
+Multi-node (NCCL's rings, src/graph/rings.cc and search.cc): NCCL runs one ring per channel and
+spreads channels over the node's NICs; each ring enters and leaves every node once. Here a group
+with g ranks on each node runs g rings; ring c visits each node's ranks rotated so that it leaves
+the node from its c-th rank, through that rank's NIC, onto the same rail of the next node.
+Each ring carries 1/g of the data, so the inter-node busbw is g NICs x NIC rate (when a rank
+has its own NIC) and the intra-node links carry (g-1)/g of it.
+
+Latency steps (NCCL tuning.cc): all_reduce 2(n-1) steps of which 2(N-1) cross the network;
+reduce_scatter / all_gather / broadcast / reduce n-1 steps, N-1 across the network.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from collsim.collectives.schedule import Phase, Transfer, make_transfer
+from collsim.collectives.types import Algorithm, CollectiveOp, Group
+from collsim.errors import ConfigError
+
+__all__ = ["ALGORITHM", "SUPPORTED", "ring_orders", "build"]
+
+ALGORITHM = Algorithm.RING
+SUPPORTED = frozenset({CollectiveOp.ALL_REDUCE, CollectiveOp.REDUCE_SCATTER,
+                       CollectiveOp.ALL_GATHER, CollectiveOp.BROADCAST, CollectiveOp.REDUCE})
+
+
+def ring_orders(group: Group) -> list[list[int]]:
+    """One rank order per ring (channel); a single ring when the group is on one node."""
+    nodes = group.by_node()
+    if len(nodes) == 1:
+        return [list(group.ranks)]
+    width = max(len(members) for _, members in nodes)
+    rings = []
+    for channel in range(width):
+        order: list[int] = []
+        for _, members in nodes:
+            start = (channel + 1) % len(members)
+            order += members[start:] + members[:start]     # leaves the node from members[c]
+        rings.append(order)
+    return rings
+
+
+def _edges(group: Group, orders: Sequence[Sequence[int]], *, chain_root: int | None = None,
+           reverse: bool = False) -> list[Transfer]:
+    topo = group.topology
+    out = []
+    for order in orders:
+        n = len(order)
+        if chain_root is not None:
+            at = list(order).index(chain_root)
+            order = list(order[at:]) + list(order[:at])
+            pairs = [(order[i], order[i + 1]) for i in range(n - 1)]
+        else:
+            pairs = [(order[i], order[(i + 1) % n]) for i in range(n)]
+        for src, dst in pairs:
+            out.append(make_transfer(topo, dst, src) if reverse else make_transfer(topo, src, dst))
+    return out
+
+
+def build(op: CollectiveOp, group: Group) -> list[Phase]:
+    """Phases of ring ``op`` on ``group`` (one pipelined phase)."""
+    if op not in SUPPORTED:
+        raise ConfigError(f"ring does not implement {op.value}; it implements "
+                          f"{', '.join(sorted(o.value for o in SUPPORTED))}")
+    n, num_nodes = group.size, group.num_nodes
+    if n < 2:
+        return []
+    orders = ring_orders(group)
+    channels = len(orders)
+    match op:
+        case CollectiveOp.ALL_REDUCE:
+            factor, steps, inter = 2.0 * (n - 1) / n, 2 * (n - 1), 2 * (num_nodes - 1)
+            transfers = _edges(group, orders)
+        case CollectiveOp.REDUCE_SCATTER | CollectiveOp.ALL_GATHER:
+            factor, steps, inter = (n - 1) / n, n - 1, num_nodes - 1
+            transfers = _edges(group, orders)
+        case CollectiveOp.BROADCAST | CollectiveOp.REDUCE:
+            factor, steps, inter = 1.0, n - 1, num_nodes - 1
+            transfers = _edges(group, orders, chain_root=group.ranks[0],
+                               reverse=op is CollectiveOp.REDUCE)
+        case _:
+            raise ConfigError(f"ring does not implement {op.value}")
+    return [Phase(tuple(transfers), factor / channels, steps - inter, inter)]

@@ -1,0 +1,177 @@
+"""Entry points: closed-form :func:`cost` and DES :func:`simulate`, with ``auto`` selection.
+
+``auto`` works as NCCL's tuner (src/graph/tuning.cc, enqueue.cc): evaluate the closed-form time
+of every (algorithm, protocol) the library offers for the op and pick the cheapest; the result
+names the choice. A topology may pin the algorithm per op (``collectives.algorithms``), as a
+calibrated topology does. NCCL offers ring, tree and NVLS for reductions and direct send/recv
+for all_to_all and send_recv; gloo offers everything except NVLS.
+
+Schedules and their timings are cached per (group, op, algorithm) on the topology, so a cost
+evaluation is a dictionary lookup and a few multiply-adds.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Generator, Sequence
+
+import simpy
+
+from collsim.collectives import direct, halving_doubling, hierarchical, nvls, ring, tree
+from collsim.collectives.schedule import Schedule, Timing, run_phases
+from collsim.collectives.types import (Algorithm, CollectiveCost, CollectiveOp, Group, Protocol,
+                                       busbw_factor, parse_enum)
+from collsim.errors import ConfigError
+from collsim.network import FlowNetwork
+
+__all__ = ["ALGORITHM_MODULES", "schedule_for", "choose", "cost", "simulate", "supported"]
+
+ALGORITHM_MODULES: dict[Algorithm, ModuleType] = {
+    Algorithm.RING: ring, Algorithm.TREE: tree, Algorithm.HALVING_DOUBLING: halving_doubling,
+    Algorithm.DIRECT: direct, Algorithm.HIERARCHICAL: hierarchical, Algorithm.NVLS: nvls,
+}
+
+_NCCL_AUTO = (Algorithm.RING, Algorithm.TREE, Algorithm.NVLS)
+_GLOO_AUTO = (Algorithm.RING, Algorithm.TREE, Algorithm.HALVING_DOUBLING, Algorithm.HIERARCHICAL,
+              Algorithm.DIRECT)
+_DIRECT_ONLY = frozenset({CollectiveOp.ALL_TO_ALL, CollectiveOp.SEND_RECV})
+
+
+def supported(op: CollectiveOp) -> list[Algorithm]:
+    """Algorithms that implement ``op`` (on some topology)."""
+    return [alg for alg, module in ALGORITHM_MODULES.items() if op in module.SUPPORTED]
+
+
+def schedule_for(op: CollectiveOp, group: Group, algorithm: Algorithm) -> Schedule:
+    """The cached schedule of (op, algorithm) on ``group``.
+
+    Raises:
+        ConfigError: the algorithm does not implement the op, or not on this group.
+    """
+    cache = group.topology.cache
+    key = ("schedule", group, op, algorithm)
+    found = cache.get(key)
+    if found is None:
+        if algorithm is Algorithm.AUTO:
+            raise ConfigError("auto is not a schedule; use choose()")
+        module = ALGORITHM_MODULES[algorithm]
+        found = Schedule(op, algorithm, group.topology, module.build(op, group))
+        cache[key] = found
+    return found
+
+
+def _candidates(op: CollectiveOp, group: Group) -> list[tuple[Schedule, Timing]]:
+    cache = group.topology.cache
+    key = ("candidates", group, op)
+    found = cache.get(key)
+    if found is None:
+        settings = group.topology.collectives
+        pinned = settings.algorithms.get(op.value)
+        if pinned is not None and pinned != Algorithm.AUTO.value:
+            algorithms: Sequence[Algorithm] = (Algorithm(pinned),)
+        elif op in _DIRECT_ONLY:
+            algorithms = (Algorithm.DIRECT,)
+        else:
+            algorithms = _GLOO_AUTO if settings.library == "gloo" else _NCCL_AUTO
+        found = []
+        for algorithm in algorithms:
+            if op not in ALGORITHM_MODULES[algorithm].SUPPORTED:
+                continue
+            try:
+                schedule = schedule_for(op, group, algorithm)
+            except ConfigError:
+                continue        # not applicable to this group (e.g. NVLS across nodes)
+            found += [(schedule, timing) for timing in schedule.timings]
+        if not found:
+            raise ConfigError(f"no algorithm implements {op.value} on this group "
+                              f"({group.size} ranks on {group.num_nodes} nodes)")
+        cache[key] = found
+    return found
+
+
+def choose(op: CollectiveOp | str, size_bytes: float, group: Group,
+           algorithm: Algorithm | str = Algorithm.AUTO,
+           protocol: Protocol | str | None = None) -> tuple[Schedule, Timing]:
+    """The (schedule, timing) that :func:`cost` and :func:`simulate` use.
+
+    With ``algorithm=auto`` the cheapest (algorithm, protocol) in closed form; with a named
+    algorithm, its cheapest protocol (or ``protocol`` if given).
+    """
+    op = parse_enum(CollectiveOp, op, "op")
+    algorithm = parse_enum(Algorithm, algorithm, "algorithm")
+    if algorithm is Algorithm.AUTO:
+        options = _candidates(op, group)
+    else:
+        schedule = schedule_for(op, group, algorithm)
+        options = [(schedule, t) for t in schedule.timings]
+    if protocol is not None:
+        protocol = parse_enum(Protocol, protocol, "protocol")
+        options = [o for o in options if o[1].protocol is protocol]
+        if not options:
+            raise ConfigError(f"protocol {protocol.value} is not available for "
+                              f"{algorithm.value} {op.value} here")
+    best = options[0]
+    best_s = best[1].latency_s + size_bytes * best[1].seconds_per_byte
+    for option in options[1:]:
+        t = option[1].latency_s + size_bytes * option[1].seconds_per_byte
+        if t < best_s:
+            best, best_s = option, t
+    return best
+
+
+def _result(op: CollectiveOp, schedule: Schedule, timing: Timing, size_bytes: float,
+            time_s: float, n: int) -> CollectiveCost:
+    algbw = size_bytes / time_s if time_s > 0 else 0.0
+    return CollectiveCost(op, schedule.algorithm, timing.protocol, int(size_bytes), time_s,
+                          algbw, algbw * busbw_factor(op, n), n)
+
+
+def cost(op: CollectiveOp | str, size_bytes: float, group: Group,
+         algorithm: Algorithm | str = Algorithm.AUTO,
+         protocol: Protocol | str | None = None) -> CollectiveCost:
+    """Closed-form time of one collective on an otherwise idle network.
+
+    Args:
+        op: the collective.
+        size_bytes: nccl-tests size (the whole buffer for all_reduce / broadcast / reduce, the
+            gathered output for all_gather, the input for reduce_scatter, the per-rank buffer
+            for all_to_all, the message for send_recv).
+        group: the ranks taking part.
+        algorithm: an algorithm, or ``auto`` for the cheapest.
+        protocol: force a protocol (``ll``, ``ll128``, ``simple``).
+
+    Raises:
+        ConfigError: unknown op or algorithm, or one that cannot run on this group.
+    """
+    if size_bytes < 0:
+        raise ConfigError(f"size_bytes must be >= 0, got {size_bytes}")
+    schedule, timing = choose(op, size_bytes, group, algorithm, protocol)
+    return _result(schedule.op, schedule, timing, size_bytes, timing.time_s(size_bytes),
+                   group.size)
+
+
+def simulate(env: simpy.Environment, net: FlowNetwork, op: CollectiveOp | str,
+             size_bytes: float, group: Group, algorithm: Algorithm | str = Algorithm.AUTO,
+             *, peers: Sequence[Group] = (),
+             protocol: Protocol | str | None = None) -> simpy.Process:
+    """Run one collective on ``net`` as a SimPy process.
+
+    The (algorithm, protocol) is chosen as :func:`cost` chooses it. ``peers`` run the same
+    collective at the same time (symmetry reduction: their traffic shares links with
+    ``group``, but only ``group`` is followed). The process's value is the CollectiveCost
+    measured in simulated time.
+    """
+    if size_bytes < 0:
+        raise ConfigError(f"size_bytes must be >= 0, got {size_bytes}")
+    schedule, timing = choose(op, size_bytes, group, algorithm, protocol)
+    for peer in peers:
+        peer_schedule = schedule_for(schedule.op, peer, schedule.algorithm)
+        env.process(run_phases(env, net, peer_schedule, peer_schedule.timing(timing.protocol),
+                               size_bytes))
+    return env.process(_follow(env, net, schedule, timing, size_bytes, group.size))
+
+
+def _follow(env: simpy.Environment, net: FlowNetwork, schedule: Schedule, timing: Timing,
+            size_bytes: float, n: int) -> Generator[simpy.Event, object, CollectiveCost]:
+    elapsed = yield from run_phases(env, net, schedule, timing, size_bytes)
+    return _result(schedule.op, schedule, timing, size_bytes, float(elapsed), n)

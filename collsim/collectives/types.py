@@ -1,0 +1,149 @@
+"""The vocabulary of collectives: ops, algorithms, protocols, groups and costs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from collsim.errors import ConfigError
+from collsim.topology import Topology
+
+__all__ = ["CollectiveOp", "Algorithm", "Protocol", "Group", "CollectiveCost", "busbw_factor",
+           "parse_enum"]
+
+
+class CollectiveOp(StrEnum):
+    """A collective operation (nccl-tests names)."""
+
+    ALL_REDUCE = "all_reduce"
+    REDUCE_SCATTER = "reduce_scatter"
+    ALL_GATHER = "all_gather"
+    BROADCAST = "broadcast"
+    REDUCE = "reduce"
+    ALL_TO_ALL = "all_to_all"
+    SEND_RECV = "send_recv"
+
+
+class Algorithm(StrEnum):
+    """How a collective moves its bytes. ``auto`` picks the cheapest, as NCCL does."""
+
+    AUTO = "auto"
+    RING = "ring"
+    TREE = "tree"                          # double binary tree (NCCL), intra-node chains
+    HALVING_DOUBLING = "halving_doubling"  # recursive halving / doubling (Rabenseifner)
+    DIRECT = "direct"                      # every rank to every peer at once
+    HIERARCHICAL = "hierarchical"          # intra-node, then inter-node, then intra-node
+    NVLS = "nvls"                          # in-switch reduction (NVLink SHARP)
+
+
+class Protocol(StrEnum):
+    """NCCL's wire protocols (gloo uses ``simple``)."""
+
+    LL = "ll"
+    LL128 = "ll128"
+    SIMPLE = "simple"
+
+
+def parse_enum(enum_cls: type[StrEnum], value: Any, what: str) -> Any:
+    """``enum_cls(value)`` with a ConfigError listing the choices."""
+    if isinstance(value, enum_cls):
+        return value
+    try:
+        return enum_cls(str(value).lower())
+    except ValueError:
+        choices = ", ".join(e.value for e in enum_cls)
+        raise ConfigError(f"unknown {what} {value!r}; choose from {choices}") from None
+
+
+_BUSBW = {
+    CollectiveOp.ALL_REDUCE: lambda n: 2.0 * (n - 1) / n,
+    CollectiveOp.REDUCE_SCATTER: lambda n: (n - 1) / n,
+    CollectiveOp.ALL_GATHER: lambda n: (n - 1) / n,
+    CollectiveOp.ALL_TO_ALL: lambda n: (n - 1) / n,
+    CollectiveOp.BROADCAST: lambda n: 1.0,
+    CollectiveOp.REDUCE: lambda n: 1.0,
+    CollectiveOp.SEND_RECV: lambda n: 1.0,
+}
+
+
+def busbw_factor(op: CollectiveOp, num_ranks: int) -> float:
+    """nccl-tests busbw / algbw (doc/PERFORMANCE.md): 2(n-1)/n all_reduce, (n-1)/n gathers."""
+    if num_ranks < 2:
+        return 0.0
+    return float(_BUSBW[op](num_ranks))
+
+
+@dataclass(frozen=True, eq=False)
+class Group:
+    """Ranks of a topology taking part in one collective, in the order given.
+
+    Groups compare and hash by (topology identity, ranks), so they key per-group caches.
+    """
+
+    topology: Topology
+    ranks: tuple[int, ...]
+    _key: tuple[int, tuple[int, ...]] = field(init=False, repr=False, compare=False)
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        ranks = tuple(int(r) for r in self.ranks)
+        object.__setattr__(self, "ranks", ranks)
+        if not ranks:
+            raise ConfigError("a group needs at least one rank")
+        if len(set(ranks)) != len(ranks):
+            raise ConfigError(f"group ranks repeat: {ranks}")
+        for rank in ranks:
+            if not 0 <= rank < self.topology.num_ranks:
+                raise ConfigError(f"rank {rank} not in topology {self.topology.name} "
+                                  f"(0..{self.topology.num_ranks - 1})")
+        key = (id(self.topology), ranks)
+        object.__setattr__(self, "_key", key)
+        object.__setattr__(self, "_hash", hash(key))
+
+    @classmethod
+    def all(cls, topology: Topology) -> "Group":
+        """Every rank of the topology."""
+        return cls(topology, tuple(range(topology.num_ranks)))
+
+    @property
+    def size(self) -> int:
+        """Number of ranks."""
+        return len(self.ranks)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Group) and (other is self or other._key == self._key)
+
+    def by_node(self) -> list[tuple[int, list[int]]]:
+        """(node, ranks of the group on it in group order), nodes in first-seen order."""
+        nodes: dict[int, list[int]] = {}
+        for rank in self.ranks:
+            nodes.setdefault(self.topology.node_of(rank), []).append(rank)
+        return list(nodes.items())
+
+    @property
+    def num_nodes(self) -> int:
+        """Distinct nodes the group spans."""
+        return len({self.topology.node_of(r) for r in self.ranks})
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveCost:
+    """Time of one collective and nccl-tests bandwidths (algbw = size / time)."""
+
+    op: CollectiveOp
+    algorithm: Algorithm
+    protocol: Protocol
+    size_bytes: int
+    time_s: float
+    algbw_bps: float
+    busbw_bps: float
+    num_ranks: int = 0
+
+    @property
+    def label(self) -> str:
+        """``ring/simple`` style name of the choice."""
+        return f"{self.algorithm.value}/{self.protocol.value}"

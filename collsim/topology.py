@@ -1,0 +1,418 @@
+"""Physical topology: ranks, nodes, NVSwitch / PCIe switch, NICs and the fabric, from YAML.
+
+A topology file (``topologies/*.yaml``) describes one node type and the fabric between nodes;
+the caller sets the node count. The graph built from it has one :class:`Link` per direction:
+
+- ``tier 0``: each rank has a tx link to its node's switch (NVSwitch, PCIe switch or the
+  kernel's loopback) and an rx link back;
+- ``tier 1``: each NIC has a tx link to its leaf switch and an rx link from it;
+- ``tier 2``: each leaf has an aggregated uplink to the spine and a downlink from it, of
+  capacity (sum of the leaf's NIC rates) / oversubscription.
+
+Rail-optimised fabrics put NIC k of every node on rail k's leaf (``nodes_per_leaf`` nodes per
+leaf); without rails, one leaf (top-of-rack) serves ``nodes_per_leaf`` whole nodes, so a node's
+NICs share its leaf's oversubscribed uplink. An inter-node transfer leaves through the sender's
+NIC and arrives on the same rail index of the receiving node (NCCL's PXN keeps traffic on a rail).
+
+Schema (units in key names; ``bandwidth_gbps`` is GB/s per direction, ``rate_gbit`` Gb/s)::
+
+    name: dgx_h100
+    device: h100                     # hardware catalogue key
+    nodes: 1                         # default; load_topology(..., nodes=N) overrides
+    gpus_per_node: 8
+    intra_node: {interconnect: nvswitch, bandwidth_gbps: 450, efficiency: 0.824,
+                 latency_us: 0.5, nvls: true}
+    nics: {count: 8, rate_gbit: 400, efficiency: 0.96, latency_us: 2.0}
+    fabric: {kind: fat_tree, rails: true, oversubscription: 1.0, nodes_per_leaf: 32,
+             latency_us: 0.5}
+    host: {bandwidth_gbps: 64}
+    collectives: {library: nccl, overhead_us: 0.0, algorithms: {all_reduce: ring}}
+
+``efficiency`` is achievable / line rate for a link class (the topology files cite their source).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import collsim
+from collsim.errors import ConfigError, InfeasibleError
+from collsim.hardware import Device, get_device
+from collsim.units import US, gbit_to_bps, gbps_to_bps
+from collsim.yamlio import ConfigReader, YamlDoc, load_yaml, non_negative, one_of, positive
+
+__all__ = ["Link", "LinkKind", "Interconnect", "CollectiveSettings", "Topology",
+           "load_topology", "parse_topology", "topology_dirs", "resolve_topology_path"]
+
+_COLLECTIVE_OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce",
+                   "all_to_all", "send_recv")
+_ALGORITHMS = ("auto", "ring", "tree", "halving_doubling", "direct", "hierarchical", "nvls")
+
+
+class LinkKind(StrEnum):
+    """Class of a link, which decides the per-hop latency NCCL's cost model charges."""
+
+    NVLINK = "nvlink"
+    PCIE = "pcie"
+    LOOPBACK = "loopback"
+    NETWORK = "network"
+
+
+class Interconnect(StrEnum):
+    """What connects the ranks inside a node."""
+
+    NVSWITCH = "nvswitch"
+    PCIE_SWITCH = "pcie_switch"
+    LOOPBACK = "loopback"
+
+
+_INTRA_KIND = {Interconnect.NVSWITCH: LinkKind.NVLINK, Interconnect.PCIE_SWITCH: LinkKind.PCIE,
+               Interconnect.LOOPBACK: LinkKind.LOOPBACK}
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """One direction of one physical link."""
+
+    index: int
+    name: str
+    bandwidth_bps: float
+    """Line rate per direction, bytes/s."""
+    latency_s: float
+    tier: int
+    """0 inside a node, 1 NIC to leaf, 2 leaf to spine."""
+    kind: LinkKind = LinkKind.NVLINK
+    efficiency: float = 1.0
+    """Achievable share of the line rate (protocol overhead), in (0, 1]."""
+
+    @property
+    def capacity_bps(self) -> float:
+        """Achievable bytes/s: line rate x efficiency."""
+        return self.bandwidth_bps * self.efficiency
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CollectiveSettings:
+    """The ``collectives`` section: library conventions, fixed overhead, algorithm overrides."""
+
+    library: str = "nccl"
+    """``nccl`` (LL / LL128 / Simple protocols and NCCL's latencies) or ``gloo`` (one protocol,
+    latencies from the links only)."""
+    overhead_s: float = 0.0
+    """Fixed per-collective software cost (launch, framework), seconds."""
+    algorithms: dict[str, str] = field(default_factory=dict, hash=False)
+    """Per-op algorithm used when ``auto`` is asked (e.g. from calibration)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _IntraSpec:
+    interconnect: Interconnect
+    bandwidth_bps: float
+    efficiency: float
+    latency_s: float
+    nvls: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _NicSpec:
+    count: int
+    bandwidth_bps: float
+    efficiency: float
+    latency_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _FabricSpec:
+    rails: bool
+    oversubscription: float
+    nodes_per_leaf: int
+    latency_s: float
+
+
+class Topology:
+    """A cluster of ``num_nodes`` identical nodes: ranks, links and paths.
+
+    Build one with :func:`load_topology`. Paths are cached. Ranks are numbered node-major:
+    rank = node x gpus_per_node + local_rank.
+    """
+
+    def __init__(self, *, name: str, device: Device, num_nodes: int, gpus_per_node: int,
+                 intra: _IntraSpec, nics: _NicSpec | None, fabric: _FabricSpec,
+                 host_bandwidth_bps: float, collectives: CollectiveSettings,
+                 source: str = "") -> None:
+        self.name = name
+        self.device = device
+        self.num_nodes = num_nodes
+        self.gpus_per_node = gpus_per_node
+        self.num_ranks = num_nodes * gpus_per_node
+        self.intra = intra
+        self.nics = nics
+        self.fabric = fabric
+        self.nvls = intra.nvls
+        self.host_bandwidth_bps = host_bandwidth_bps
+        self.collectives = collectives
+        self.source = source
+        self.links: list[Link] = []
+        self._path_cache: dict[tuple[int, int], tuple[int, ...]] = {}
+        self.cache: dict[Any, Any] = {}
+        """Scratch space for layers above (per-group cost tables); cleared never."""
+        self._build()
+
+    # -- graph ----------------------------------------------------------------------------
+    def _add(self, name: str, bandwidth_bps: float, latency_s: float, tier: int, kind: LinkKind,
+             efficiency: float) -> int:
+        index = len(self.links)
+        self.links.append(Link(index, name, bandwidth_bps, latency_s, tier, kind, efficiency))
+        return index
+
+    def _build(self) -> None:
+        intra = self.intra
+        kind = _INTRA_KIND[intra.interconnect]
+        self.gpu_tx = [self._add(f"n{r // self.gpus_per_node}.g{r % self.gpus_per_node}.tx",
+                                 intra.bandwidth_bps, intra.latency_s, 0, kind, intra.efficiency)
+                       for r in range(self.num_ranks)]
+        self.gpu_rx = [self._add(f"n{r // self.gpus_per_node}.g{r % self.gpus_per_node}.rx",
+                                 intra.bandwidth_bps, intra.latency_s, 0, kind, intra.efficiency)
+                       for r in range(self.num_ranks)]
+        self.nic_tx: list[list[int]] = []
+        self.nic_rx: list[list[int]] = []
+        self.leaf_up: dict[tuple[int, int], int] = {}
+        self.leaf_down: dict[tuple[int, int], int] = {}
+        nics = self.nics
+        if nics is None:
+            return
+        for node in range(self.num_nodes):
+            self.nic_tx.append([self._add(f"n{node}.nic{k}.tx", nics.bandwidth_bps,
+                                          nics.latency_s, 1, LinkKind.NETWORK, nics.efficiency)
+                                for k in range(nics.count)])
+            self.nic_rx.append([self._add(f"n{node}.nic{k}.rx", nics.bandwidth_bps,
+                                          nics.latency_s, 1, LinkKind.NETWORK, nics.efficiency)
+                                for k in range(nics.count)])
+        fab = self.fabric
+        num_groups = -(-self.num_nodes // fab.nodes_per_leaf)
+        if num_groups <= 1:
+            return      # every leaf holds all nodes: no uplink is ever used
+        leaves = ([(k, g) for k in range(nics.count) for g in range(num_groups)] if fab.rails
+                  else [(0, g) for g in range(num_groups)])
+        for leaf in leaves:
+            group = leaf[1]
+            nodes_here = min(fab.nodes_per_leaf, self.num_nodes - group * fab.nodes_per_leaf)
+            ports = nodes_here * (1 if fab.rails else nics.count)
+            up_bps = ports * nics.bandwidth_bps / fab.oversubscription
+            label = f"rail{leaf[0]}.leaf{group}" if fab.rails else f"leaf{group}"
+            self.leaf_up[leaf] = self._add(f"{label}.up", up_bps, fab.latency_s, 2,
+                                           LinkKind.NETWORK, nics.efficiency)
+            self.leaf_down[leaf] = self._add(f"{label}.down", up_bps, fab.latency_s, 2,
+                                             LinkKind.NETWORK, nics.efficiency)
+
+    # -- queries --------------------------------------------------------------------------
+    def node_of(self, rank: int) -> int:
+        """Node index of ``rank``."""
+        return rank // self.gpus_per_node
+
+    def local_rank(self, rank: int) -> int:
+        """Index of ``rank`` inside its node."""
+        return rank % self.gpus_per_node
+
+    def nic_of(self, rank: int) -> int:
+        """Index of the NIC nearest to ``rank`` (NICs spread evenly over the node's GPUs)."""
+        if self.nics is None:
+            raise InfeasibleError(f"topology {self.name} has no NICs", reason="topology")
+        return self.local_rank(rank) * self.nics.count // self.gpus_per_node
+
+    def _leaf(self, node: int, nic: int) -> tuple[int, int]:
+        group = node // self.fabric.nodes_per_leaf
+        return (nic, group) if self.fabric.rails else (0, group)
+
+    def _check_rank(self, rank: int) -> None:
+        if not 0 <= rank < self.num_ranks:
+            raise ConfigError(f"rank {rank} out of range 0..{self.num_ranks - 1} "
+                              f"({self.num_nodes} nodes x {self.gpus_per_node})")
+
+    def path(self, src: int, dst: int) -> tuple[int, ...]:
+        """Link indices from ``src`` to ``dst`` (empty for src == dst), cached.
+
+        Inside a node: the sender's tx and the receiver's rx link to the switch. Across nodes:
+        the sender's NIC k, the leaf uplink and downlink when the leaves differ, then NIC k of the
+        receiving node (rail-aligned).
+        """
+        key = (src, dst)
+        cached = self._path_cache.get(key)
+        if cached is not None:
+            return cached
+        self._check_rank(src)
+        self._check_rank(dst)
+        if src == dst:
+            result: tuple[int, ...] = ()
+        elif self.node_of(src) == self.node_of(dst):
+            result = (self.gpu_tx[src], self.gpu_rx[dst])
+        else:
+            result = self.net_path(self.node_of(src), self.node_of(dst), self.nic_of(src))
+        self._path_cache[key] = result
+        return result
+
+    def net_path(self, src_node: int, dst_node: int, nic: int) -> tuple[int, ...]:
+        """Links from NIC ``nic`` of ``src_node`` to NIC ``nic`` of ``dst_node``."""
+        if self.nics is None:
+            raise InfeasibleError(f"topology {self.name} has no NICs", reason="topology")
+        src_leaf = self._leaf(src_node, nic)
+        dst_leaf = self._leaf(dst_node, nic)
+        links = [self.nic_tx[src_node][nic]]
+        if src_leaf != dst_leaf:
+            links += [self.leaf_up[src_leaf], self.leaf_down[dst_leaf]]
+        links.append(self.nic_rx[dst_node][nic])
+        return tuple(links)
+
+    def path_latency_s(self, path: tuple[int, ...]) -> float:
+        """Sum of the link latencies of ``path``."""
+        return sum(self.links[i].latency_s for i in path)
+
+    def path_kind(self, path: tuple[int, ...]) -> LinkKind:
+        """The slowest-class link kind on ``path`` (network > loopback > pcie > nvlink)."""
+        order = (LinkKind.NETWORK, LinkKind.LOOPBACK, LinkKind.PCIE, LinkKind.NVLINK)
+        kinds = {self.links[i].kind for i in path}
+        for kind in order:
+            if kind in kinds:
+                return kind
+        return LinkKind.NVLINK
+
+    def describe(self) -> str:
+        """One line: name, nodes x GPUs, device, interconnect, NICs."""
+        nic = "no NICs" if self.nics is None else (
+            f"{self.nics.count} x {self.nics.bandwidth_bps * 8 / 1e9:g} Gb/s NICs"
+            f"{', rails' if self.fabric.rails else ''}"
+            f"{f', {self.fabric.oversubscription:g}:1' if self.fabric.oversubscription != 1 else ''}")
+        return (f"{self.name}: {self.num_nodes} x {self.gpus_per_node} {self.device.name}, "
+                f"{self.intra.interconnect} {self.intra.bandwidth_bps / 1e9:g} GB/s, {nic}")
+
+    def __repr__(self) -> str:
+        return f"Topology({self.describe()})"
+
+
+# -- loading ------------------------------------------------------------------------------
+def topology_dirs() -> list[Path]:
+    """Folders searched for topology names: the repo's ``topologies/``, then the cwd's."""
+    return [Path(collsim.__file__).resolve().parents[1] / "topologies", Path.cwd() / "topologies"]
+
+
+def resolve_topology_path(spec: str | Path) -> Path:
+    """A path to an existing file, or a name (``dgx_h100``) looked up in :func:`topology_dirs`.
+
+    Raises:
+        ConfigError: nothing found; the message lists the known names.
+    """
+    path = Path(spec)
+    if path.is_file():
+        return path
+    if path.suffix == "" and len(path.parts) == 1:
+        for folder in topology_dirs():
+            candidate = folder / f"{path.name}.yaml"
+            if candidate.is_file():
+                return candidate
+    known = sorted({p.stem for d in topology_dirs() if d.is_dir() for p in d.glob("*.yaml")})
+    raise ConfigError(f"no topology file or name {str(spec)!r} (known names: "
+                      f"{', '.join(known) or 'none'})")
+
+
+def load_topology(spec: str | Path, *, nodes: int | None = None,
+                  gpus_per_node: int | None = None) -> Topology:
+    """Load a topology from a YAML file or a name in ``topologies/``.
+
+    Args:
+        spec: path to a YAML file, or a name such as ``"dgx_h100"``.
+        nodes: node count; defaults to the file's ``nodes`` (1 if absent).
+        gpus_per_node: ranks per node override (used for ``localhost``: N CPU ranks).
+
+    Raises:
+        ConfigError: malformed file (``file:line: key.path: message``), or bad arguments.
+    """
+    doc = load_yaml(resolve_topology_path(spec))
+    return parse_topology(doc, nodes=nodes, gpus_per_node=gpus_per_node)
+
+
+def parse_topology(doc: YamlDoc, *, nodes: int | None = None,
+                   gpus_per_node: int | None = None) -> Topology:
+    """Build a Topology from a parsed document (see the module docstring for the schema)."""
+    root = ConfigReader(doc.data, doc=doc)
+    name = root.get("name", str)
+    root.get("description", str, default="")
+    device_key = root.get("device", str)
+    try:
+        device = get_device(device_key)
+    except ConfigError as exc:
+        raise root.error(exc.message, "device") from None
+    file_nodes = root.get("nodes", int, default=1, check=positive)
+    file_gpus = root.get("gpus_per_node", int, check=positive)
+
+    sec = root.section("intra_node")
+    intra = _IntraSpec(
+        interconnect=Interconnect(sec.get("interconnect", str,
+                                          check=one_of(*[i.value for i in Interconnect]))),
+        bandwidth_bps=gbps_to_bps(sec.get("bandwidth_gbps", float, check=positive)),
+        efficiency=sec.get("efficiency", float, default=1.0, check=_fraction),
+        latency_s=sec.get("latency_us", float, default=0.0, check=non_negative) * US,
+        nvls=sec.get("nvls", bool, default=False),
+    )
+    sec.finish()
+
+    nics: _NicSpec | None = None
+    if root.has("nics"):
+        sec = root.section("nics")
+        nics = _NicSpec(
+            count=sec.get("count", int, check=positive),
+            bandwidth_bps=gbit_to_bps(sec.get("rate_gbit", float, check=positive)),
+            efficiency=sec.get("efficiency", float, default=1.0, check=_fraction),
+            latency_s=sec.get("latency_us", float, default=0.0, check=non_negative) * US,
+        )
+        sec.finish()
+
+    sec = root.section("fabric", default_empty=True)
+    sec.get("kind", str, default="fat_tree", check=one_of("fat_tree"))
+    fabric = _FabricSpec(
+        rails=sec.get("rails", bool, default=False),
+        oversubscription=sec.get("oversubscription", float, default=1.0, check=_at_least_one),
+        nodes_per_leaf=sec.get("nodes_per_leaf", int, default=1 << 30, check=positive),
+        latency_s=sec.get("latency_us", float, default=0.0, check=non_negative) * US,
+    )
+    sec.finish()
+
+    sec = root.section("host", default_empty=True)
+    host_bps = gbps_to_bps(sec.get("bandwidth_gbps", float, default=32.0, check=positive))
+    sec.finish()
+
+    sec = root.section("collectives", default_empty=True)
+    library = sec.get("library", str, default="nccl", check=one_of("nccl", "gloo"))
+    overhead_s = sec.get("overhead_us", float, default=0.0, check=non_negative) * US
+    algos = sec.section("algorithms", default_empty=True)
+    overrides: dict[str, str] = {}
+    for op, _ in list(algos.items()):
+        if op not in _COLLECTIVE_OPS:
+            raise algos.error(f"unknown op (choose from {', '.join(_COLLECTIVE_OPS)})", op)
+        overrides[str(op)] = algos.get(op, str, check=one_of(*_ALGORITHMS))
+    sec.finish()
+    root.finish()
+
+    num_nodes = file_nodes if nodes is None else nodes
+    if num_nodes < 1:
+        raise ConfigError(f"nodes must be >= 1, got {num_nodes}")
+    ranks_per_node = file_gpus if gpus_per_node is None else gpus_per_node
+    if ranks_per_node < 1:
+        raise ConfigError(f"gpus_per_node must be >= 1, got {ranks_per_node}")
+    if num_nodes > 1 and nics is None:
+        raise root.error(f"{num_nodes} nodes asked but the topology has no 'nics' section")
+    return Topology(name=name, device=device, num_nodes=num_nodes, gpus_per_node=ranks_per_node,
+                    intra=intra, nics=nics, fabric=fabric, host_bandwidth_bps=host_bps,
+                    collectives=CollectiveSettings(library=library, overhead_s=overhead_s,
+                                                   algorithms=overrides),
+                    source=doc.file)
+
+
+def _fraction(value: float) -> str | None:
+    return None if 0 < value <= 1 else f"must be in (0, 1], got {value}"
+
+
+def _at_least_one(value: float) -> str | None:
+    return None if value >= 1 else f"must be >= 1 (1 = non-blocking), got {value}"
