@@ -1,0 +1,415 @@
+"""Sweeps: one scenario simulated over a grid of GPU counts and scenario keys.
+
+``collsim sweep SCENARIO --gpus 64,128,...,4096 --set parallel.zero=0,1,2,3`` runs the product
+of the GPU counts and every ``--set`` list. A GPU count changes one parallel axis (``grow``, dp
+by default): the grown axis becomes N / (product of the other two). Weak scaling (the default)
+keeps the batch per data-parallel replica, so the global batch grows with dp
+(global_batch x dp_new / dp_scenario); strong scaling keeps the global batch.
+
+Points that cannot run are kept with their reason: the GPU count does not split into the plan
+(``gpus``), the plan does not build on the cluster (``config``: heads not divisible by tp, ...),
+it is infeasible (``infeasible``), or it does not fit in memory (``memory``; the simulated
+numbers are kept so that memory plots can show it above the HBM line).
+
+Nothing here prints; progress is reported through a callback.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from collsim.errors import CollsimWarning, ConfigError, InfeasibleError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+    from collsim.engine.result import StepResult
+    from collsim.scenario import Scenario
+    from collsim.topology import Topology
+
+__all__ = [
+    "GROW_AXES",
+    "SweepPoint",
+    "SweepOutcome",
+    "parse_gpus",
+    "parse_set",
+    "build_points",
+    "check_overrides",
+    "resolve_point",
+    "run_sweep",
+    "sweep_frame",
+]
+
+GROW_AXES = ("dp", "tp", "pp")
+
+Simulate = Callable[..., "StepResult"]
+
+
+@dataclass(frozen=True, slots=True)
+class SweepPoint:
+    """One point of a sweep: a GPU count (or None to keep the scenario's) and overrides."""
+
+    label: str
+    """Series label: the ``--set`` values of the point (``zero=3``), or the plan name."""
+    num_gpus: int | None
+    overrides: tuple[str, ...] = ()
+    """``key.path=value`` strings applied to the scenario (not the GPU-count changes)."""
+    values: tuple[tuple[str, Any], ...] = ()
+    """The swept keys and their values, for the results frame."""
+
+
+@dataclass(slots=True)
+class SweepOutcome:
+    """What happened at one point."""
+
+    point: SweepPoint
+    result: StepResult | None
+    reason: str | None
+    """``tag: message`` when the point is infeasible (tag: gpus, config, infeasible, memory)."""
+    params: dict[str, Any] = field(default_factory=dict)
+    """Resolved coordinates: num_gpus, tp, pp, dp, global_batch, ... and the swept keys."""
+    elapsed_s: float = 0.0
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def feasible(self) -> bool:
+        return self.result is not None and self.reason is None
+
+
+# -- parsing ---------------------------------------------------------------------------------
+
+_INT = re.compile(r"^\s*\d+\s*$")
+
+
+def parse_gpus(text: str) -> list[int]:
+    """Parse a GPU-count list: ``64,128,256`` or with a literal ``...`` meaning doubling:
+    ``64,128,...,4096`` = 64, 128, 256, ..., 4096 (the ratio of the two numbers before the
+    ``...`` is the step; it must be a whole factor, usually 2, and reach the last number).
+
+    Raises:
+        ConfigError: not positive integers, a ``...`` without two numbers before it and one
+            after, or a last number the progression does not reach (key path ``--gpus``).
+    """
+    parts = [p.strip() for p in str(text).split(",") if p.strip()]
+    if not parts:
+        raise ConfigError("expected a comma-separated list of GPU counts, e.g. 64,128,...,4096",
+                          key_path="--gpus")
+    out: list[int] = []
+    i = 0
+    while i < len(parts):
+        part = parts[i]
+        if part in ("...", "…"):
+            if len(out) < 2 or i + 1 >= len(parts) or not _INT.match(parts[i + 1]):
+                raise ConfigError(f"'...' needs two counts before it and one after, got {text!r}",
+                                  key_path="--gpus")
+            first, second, last = out[-2], out[-1], int(parts[i + 1])
+            if second % first or second <= first:
+                raise ConfigError(f"'...' continues a geometric progression; {first},{second} is "
+                                  "not one (use e.g. 64,128,...,4096)", key_path="--gpus")
+            factor = second // first
+            value = second
+            while value < last:
+                value *= factor
+                out.append(value)
+            if value != last:
+                raise ConfigError(f"{first},{second},...,{last}: {last} is not {first} x "
+                                  f"{factor}^k", key_path="--gpus")
+            i += 2
+            continue
+        if not _INT.match(part) or int(part) <= 0:
+            raise ConfigError(f"GPU counts must be positive integers, got {part!r}",
+                              key_path="--gpus")
+        out.append(int(part))
+        i += 1
+    return list(dict.fromkeys(out))
+
+
+def _split_values(raw: str) -> list[str]:
+    """Split on commas outside brackets/braces/quotes (``[1,2],[3]`` is two YAML values)."""
+    values, depth, quote, current = [], 0, "", []
+    for char in raw:
+        if quote:
+            if char == quote:
+                quote = ""
+        elif char in "'\"":
+            quote = char
+        elif char in "[{":
+            depth += 1
+        elif char in "]}":
+            depth -= 1
+        elif char == "," and depth == 0:
+            values.append("".join(current).strip())
+            current = []
+            continue
+        current.append(char)
+    values.append("".join(current).strip())
+    return values
+
+
+def parse_set(text: str) -> tuple[str, list[str]]:
+    """Parse one sweep ``--set key.path=v1,v2,...`` into the key and its value texts.
+
+    Raises:
+        ConfigError: no ``=``, an empty key or an empty value (key path: the key).
+    """
+    key, sep, raw = str(text).partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError("expected KEY.PATH=V1,V2,..., e.g. parallel.zero=0,1,2,3",
+                          file=f"--set {text}")
+    values = _split_values(raw)
+    if any(not v for v in values):
+        raise ConfigError(f"empty value in {raw!r}", key_path=key, file=f"--set {text}")
+    return key, list(dict.fromkeys(values))
+
+
+def check_overrides(path: str | Path, sets: Sequence[tuple[str, Sequence[str]]], *,
+                    gpus: Sequence[int] | None = None, grow: str = "dp") -> None:
+    """Load the scenario once per ``--set`` value so that an unknown key or a bad value fails
+    before anything runs, with the scenario loader's own one-line error.
+
+    Raises:
+        ConfigError: the first bad key or value (``--set key=value: key.path: message``), an
+            unknown ``grow`` axis, or a ``--set`` of the axis that ``--gpus`` grows.
+    """
+    from collsim.scenario import load_scenario
+
+    if grow not in GROW_AXES:
+        raise ConfigError(f"must be one of {', '.join(GROW_AXES)}; got {grow!r}",
+                          key_path="--grow")
+    for key, _ in sets:
+        if gpus and key == f"parallel.{grow}":
+            raise ConfigError(f"is set by --gpus (the {grow} axis grows with the GPU count); "
+                              "sweep another key or pick the growing axis with --grow",
+                              key_path=key, file=f"--set {key}")
+    load_scenario(path)
+    for key, values in sets:
+        for value in values:
+            load_scenario(path, [f"{key}={value}"])
+
+
+# -- points ----------------------------------------------------------------------------------
+
+def _short_keys(keys: Sequence[str]) -> dict[str, str]:
+    """Shortest unambiguous suffix of each dotted key (``parallel.zero`` -> ``zero``)."""
+    out = {}
+    for key in keys:
+        parts = key.split(".")
+        for n in range(1, len(parts) + 1):
+            short = ".".join(parts[-n:])
+            if sum(1 for k in keys if k == short or k.endswith("." + short)) == 1:
+                out[key] = short
+                break
+        else:
+            out[key] = key
+    return out
+
+
+def build_points(*, gpus: Sequence[int] | None = None,
+                 sets: Sequence[tuple[str, Sequence[str]]] = (),
+                 plans: dict[str, Sequence[str]] | None = None) -> list[SweepPoint]:
+    """The grid: every plan (or ``--set`` combination) at every GPU count.
+
+    Args:
+        gpus: GPU counts; None keeps the scenario's own.
+        sets: ``(key, values)`` pairs; the product of their values is taken.
+        plans: named override lists (``{"DDP": ["parallel.zero=0"], ...}``), crossed with
+            ``sets`` too. The plan name leads the series label.
+    """
+    keys = [key for key, _ in sets]
+    short = _short_keys(keys)
+    combos = list(itertools.product(*[values for _, values in sets])) if sets else [()]
+    plan_items = list((plans or {"": ()}).items())
+    counts: list[int | None] = list(gpus) if gpus else [None]
+    points = []
+    for plan_name, plan_overrides in plan_items:
+        for combo in combos:
+            pairs = tuple(zip(keys, combo))
+            label_parts = ([plan_name] if plan_name else []) + [
+                f"{short[k]}={v}" for k, v in pairs]
+            label = ", ".join(label_parts)
+            overrides = tuple(plan_overrides) + tuple(f"{k}={v}" for k, v in pairs)
+            for count in counts:
+                points.append(SweepPoint(label=label, num_gpus=count, overrides=overrides,
+                                         values=pairs))
+    return points
+
+
+def _gpu_overrides(scenario: Scenario, num_gpus: int, *, grow: str, strong: bool,
+                   touched: set[str]) -> list[str]:
+    """Overrides that put ``scenario`` on ``num_gpus`` GPUs by changing the ``grow`` axis.
+
+    Raises:
+        InfeasibleError: (reason ``gpus``) the count does not split into the other two axes,
+            or the weak-scaled global batch is not a whole number.
+        ConfigError: the grown axis is also swept with ``--set``.
+    """
+    if grow not in GROW_AXES:
+        raise ConfigError(f"must be one of {', '.join(GROW_AXES)}; got {grow!r}",
+                          key_path="--grow")
+    if f"parallel.{grow}" in touched:
+        raise ConfigError(f"parallel.{grow} is set by --gpus (it grows with the GPU count); "
+                          "sweep another key or use --grow", key_path=f"parallel.{grow}")
+    par = scenario.parallel
+    sizes = {"tp": par.tp, "pp": par.pp, "dp": par.dp}
+    others = 1
+    for axis, size in sizes.items():
+        if axis != grow:
+            others *= size
+    if num_gpus % others:
+        other_text = " x ".join(f"{a} {s}" for a, s in sizes.items() if a != grow)
+        raise InfeasibleError(f"{num_gpus} GPUs do not split into {other_text} x {grow}",
+                              reason="gpus")
+    new = num_gpus // others
+    out = [f"parallel.{grow}={new}"]
+    if grow == "dp" and not strong and "training.global_batch" not in touched:
+        batch = scenario.training.global_batch * new
+        if batch % par.dp:
+            raise InfeasibleError(
+                f"weak scaling: global batch {scenario.training.global_batch} x {new} / "
+                f"{par.dp} is not whole", reason="gpus")
+        out.append(f"training.global_batch={batch // par.dp}")
+    return out
+
+
+_TOPOLOGIES: dict[tuple[str, int, int], Topology] = {}
+
+
+def _topology(spec: str, num_gpus: int | None, nodes: int | None) -> Topology:
+    """The cluster for ``num_gpus`` GPUs: whole nodes, or one partly used node below a node.
+
+    Topologies are cached (a 512-node fat tree takes a while to build and is read-only).
+    """
+    from collsim.topology import load_topology
+
+    probe = _TOPOLOGIES.get((spec, 0, 0))
+    if probe is None:
+        probe = load_topology(spec, nodes=1)
+        _TOPOLOGIES[(spec, 0, 0)] = probe
+    per_node = probe.gpus_per_node
+    if num_gpus is None:
+        count_nodes, count_gpn = (nodes or 1), per_node
+    elif num_gpus < per_node:
+        count_nodes, count_gpn = 1, num_gpus
+    elif num_gpus % per_node:
+        raise InfeasibleError(f"{num_gpus} GPUs is not a whole number of {per_node}-GPU nodes",
+                              reason="gpus")
+    else:
+        count_nodes, count_gpn = num_gpus // per_node, per_node
+    key = (spec, count_nodes, count_gpn)
+    if key not in _TOPOLOGIES:
+        _TOPOLOGIES[key] = load_topology(
+            spec, nodes=count_nodes, gpus_per_node=None if count_gpn == per_node else count_gpn)
+    return _TOPOLOGIES[key]
+
+
+def resolve_point(path: str | Path, point: SweepPoint, *, grow: str = "dp",
+                  strong: bool = False, base: Scenario | None = None
+                  ) -> tuple[Scenario, Topology, dict[str, Any]]:
+    """The scenario, cluster and coordinates of one point.
+
+    Raises:
+        InfeasibleError: the GPU count does not fit the plan (reason ``gpus``).
+        ConfigError: a bad override (located at its ``--set``).
+    """
+    from collsim.scenario import load_scenario
+
+    scenario = load_scenario(path, list(point.overrides))
+    if point.num_gpus is not None:
+        touched = {text.partition("=")[0].strip() for text in point.overrides}
+        extra = _gpu_overrides(scenario, point.num_gpus, grow=grow, strong=strong,
+                               touched=touched)
+        scenario = load_scenario(path, [*point.overrides, *extra])
+    topology = _topology(scenario.cluster.topology, point.num_gpus, scenario.cluster.nodes)
+    par, train = scenario.parallel, scenario.training
+    params: dict[str, Any] = {
+        "plan": point.label,
+        "num_gpus": topology.num_ranks,
+        "tp": par.tp, "pp": par.pp, "dp": par.dp,
+        "schedule": str(par.schedule), "virtual_stages": par.virtual_stages,
+        "zero": par.zero, "sequence_parallel": par.sequence_parallel,
+        "global_batch": train.global_batch, "micro_batch": train.micro_batch,
+        "recompute": str(train.recompute),
+    }
+    for key, value in point.values:
+        params[key] = value
+    return scenario, topology, params
+
+
+def _default_simulate(topology: Topology, scenario: Scenario, *, trace: bool = False,
+                      all_ranks: bool = False) -> StepResult:
+    from collsim.engine import simulate_step
+
+    return simulate_step(topology, scenario.model, scenario.training, scenario.parallel,
+                         all_ranks=all_ranks, trace=trace)
+
+
+def run_point(path: str | Path, point: SweepPoint, *, grow: str = "dp", strong: bool = False,
+              trace: bool = False, all_ranks: bool = False,
+              simulate: Simulate | None = None) -> SweepOutcome:
+    """Resolve and simulate one point; infeasibility becomes the outcome's reason."""
+    started = time.perf_counter()
+    simulate = simulate or _default_simulate
+    params: dict[str, Any] = {"plan": point.label, "num_gpus": point.num_gpus}
+    params.update(dict(point.values))
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", CollsimWarning)
+            scenario, topology, params = resolve_point(path, point, grow=grow, strong=strong)
+            result = simulate(topology, scenario, trace=trace, all_ranks=all_ranks)
+    except InfeasibleError as exc:
+        return SweepOutcome(point, None, f"{exc.reason}: {' '.join(str(exc).split())}", params,
+                            time.perf_counter() - started)
+    except ConfigError as exc:
+        # Every --set value was checked alone (check_overrides): what fails here is a
+        # combination that cannot be built (virtual stages without interleaving, heads % tp).
+        return SweepOutcome(point, None, f"config: {' '.join(str(exc).split())}", params,
+                            time.perf_counter() - started)
+    messages = [str(w.message) for w in caught if issubclass(w.category, CollsimWarning)]
+    reason = None
+    if not result.fits:
+        reason = (f"memory: peak {result.memory_peak_bytes / 1e9:.1f} GB > "
+                  f"{result.memory_capacity_bytes / 1e9:.1f} GB")
+    return SweepOutcome(point, result, reason, params, time.perf_counter() - started, messages)
+
+
+def run_sweep(path: str | Path, points: Sequence[SweepPoint], *, grow: str = "dp",
+              strong: bool = False, trace: bool = False, all_ranks: bool = False,
+              simulate: Simulate | None = None,
+              progress: Callable[[SweepOutcome], None] | None = None) -> list[SweepOutcome]:
+    """Simulate every point in order; ``progress`` is called after each one.
+
+    Check the overrides first with :func:`check_overrides`: here a point whose overrides do not
+    combine is recorded as infeasible (reason ``config``), not raised.
+    """
+    outcomes = []
+    for point in points:
+        outcome = run_point(path, point, grow=grow, strong=strong, trace=trace,
+                            all_ranks=all_ranks, simulate=simulate)
+        outcomes.append(outcome)
+        if progress is not None:
+            progress(outcome)
+    return outcomes
+
+
+def sweep_frame(outcomes: Sequence[SweepOutcome]) -> pd.DataFrame:
+    """The results frame of a sweep (:func:`collsim.report.frames.results_frame`): the point's
+    coordinates, ``feasible``, ``reason``, every result field, and ``elapsed_s``."""
+    from collsim.report.frames import results_frame
+
+    frame = results_frame([(o.params, o.result) for o in outcomes],
+                          reasons=[o.reason for o in outcomes])
+    frame["elapsed_s"] = [o.elapsed_s for o in outcomes]
+    return frame
+
+
+def with_gpus(point: SweepPoint, num_gpus: int) -> SweepPoint:
+    """A copy of ``point`` at another GPU count."""
+    return replace(point, num_gpus=num_gpus)
