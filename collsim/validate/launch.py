@@ -214,12 +214,40 @@ def spawn_ranks(fn: Callable[..., Any], world_size: int, *, args: tuple[Any, ...
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def _first_error(run_dir: Path, world_size: int) -> tuple[int, str] | None:
-    for rank in range(world_size):
+#: Error texts that mean "a peer went away", i.e. a consequence of another rank's failure.
+_PEER_SYMPTOMS = ("Connection reset", "Connection closed", "Broken pipe", "Timed out",
+                  "timed out", "Timeout", "peer", "EOF")
+
+
+def _diagnose(procs: list[Any], run_dir: Path) -> RankFailure:
+    """Kill every rank, then name the rank that failed first (the cause, not its victims).
+
+    A rank that died (signal or exit code without a Python error) is the cause; otherwise a
+    rank whose error is not a lost-peer symptom; otherwise the lowest rank with an error.
+    """
+    time.sleep(0.5)  # let the other ranks' reports of the same event arrive
+    exit_codes = [proc.exitcode for proc in procs]   # before our kills
+    _kill_all(procs)
+    errors: dict[int, str] = {}
+    died: dict[int, str] = {}
+    for rank, code in enumerate(exit_codes):
         path = run_dir / f"error_{rank}.txt"
         if path.exists():
-            return rank, path.read_text()
-    return None
+            errors[rank] = path.read_text().strip()
+        elif code is not None and not (run_dir / f"result_{rank}.pkl").exists():
+            died[rank] = (f"was killed by signal {-code}" if code < 0
+                          else f"exited with code {code}")
+
+    def first_line(text: str) -> str:
+        return text.splitlines()[0] if text else text
+    if died:
+        rank = min(died)
+        others = "".join(f"; rank {r} then failed: {first_line(t)}" for r, t in errors.items())
+        return RankFailure(f"rank {rank} {died[rank]} before finishing{others}; all ranks "
+                           f"were stopped", ranks=(rank,), reason="died")
+    causes = [r for r, t in errors.items() if not any(s in first_line(t) for s in _PEER_SYMPTOMS)]
+    rank = min(causes) if causes else min(errors)
+    return RankFailure(f"rank {rank} raised: {errors[rank]}", ranks=(rank,), reason="error")
 
 
 def _watch(procs: list[Any], run_dir: Path, deadline: float, timeout_s: float) -> None:
@@ -227,31 +255,17 @@ def _watch(procs: list[Any], run_dir: Path, deadline: float, timeout_s: float) -
     world_size = len(procs)
     done_at: dict[int, float] = {}
     while True:
-        error = _first_error(run_dir, world_size)
-        if error is not None:
-            rank, text = error
-            _kill_all(procs)
-            raise RankFailure(f"rank {rank} raised: {text.strip()}", ranks=(rank,), reason="error")
         now = time.monotonic()
+        failed = any((run_dir / f"error_{r}.txt").exists() for r in range(world_size))
+        dead: list[int] = []
         for rank, proc in enumerate(procs):
             has_result = (run_dir / f"result_{rank}.pkl").exists()
             if has_result:
                 done_at.setdefault(rank, now)
-            if proc.exitcode is not None and proc.exitcode != 0 and not has_result:
-                time.sleep(_POLL_S)  # an exception may still be on its way to error_<rank>.txt
-                error = _first_error(run_dir, world_size)
-                _kill_all(procs)
-                if error is not None:
-                    raise RankFailure(f"rank {error[0]} raised: {error[1].strip()}",
-                                      ranks=(error[0],), reason="error")
-                how = (f"was killed by signal {-proc.exitcode}" if proc.exitcode < 0
-                       else f"exited with code {proc.exitcode}")
-                raise RankFailure(f"rank {rank} {how} before finishing; the other ranks "
-                                  f"were stopped", ranks=(rank,), reason="died")
-            if proc.exitcode == 0 and not has_result:
-                _kill_all(procs)
-                raise RankFailure(f"rank {rank} exited without a result", ranks=(rank,),
-                                  reason="died")
+            elif proc.exitcode is not None:
+                dead.append(rank)
+        if failed or dead:
+            raise _diagnose(procs, run_dir)
         if len(done_at) == world_size:
             # Every result is in: give the ranks a moment to tear down, then stop them anyway.
             if all(not p.is_alive() for p in procs) or now - max(done_at.values()) > _EXIT_GRACE_S:

@@ -1,0 +1,121 @@
+"""The launcher cannot hang: failures end the run, name the rank and leave no process behind."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from collsim.validate.launch import RankFailure, free_port, in_torchrun, spawn_ranks
+
+pytestmark = pytest.mark.torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import helpers_ranks  # noqa: E402
+
+
+def _pids(pid_dir: Path) -> list[int]:
+    return [int(p.read_text()) for p in sorted(pid_dir.glob("rank*.pid"))]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); it is dead for our purpose only once reaped.
+    status = Path(f"/proc/{pid}/status")
+    return status.exists() and "zombie" not in status.read_text()
+
+
+def test_two_ranks_sum(tmp_path: Path) -> None:
+    assert spawn_ranks(helpers_ranks.sum_of_ranks, 2, args=(str(tmp_path), 0.5),
+                       timeout_s=60) == [2.0, 2.0]     # (0 + .5) + (1 + .5)
+
+
+@pytest.mark.parametrize("fn, reason, pattern", [
+    (helpers_ranks.rank1_raises, "error", r"rank 1 raised: ValueError: boom on purpose"),
+    (helpers_ranks.rank1_killed, "died", r"rank 1 was killed by signal 9"),
+], ids=["raises", "killed"])
+def test_failing_rank_ends_run_and_is_named(tmp_path: Path, fn, reason: str,
+                                            pattern: str) -> None:
+    start = time.monotonic()
+    with pytest.raises(RankFailure, match=pattern) as info:
+        spawn_ranks(fn, 2, args=(str(tmp_path),), timeout_s=60)
+    # The watchdog reacts at once; it does not wait for the 60 s collective timeout.
+    assert time.monotonic() - start < 30
+    assert info.value.ranks == (1,) and info.value.reason == reason
+    pids = _pids(tmp_path)
+    assert len(pids) == 2 and not any(_alive(p) for p in pids)
+
+
+def test_hanging_rank_times_out(tmp_path: Path) -> None:
+    start = time.monotonic()
+    with pytest.raises(RankFailure, match=r"did not finish within the 8 s timeout") as info:
+        spawn_ranks(helpers_ranks.rank1_hangs, 2, args=(str(tmp_path),), timeout_s=8)
+    assert time.monotonic() - start < 20
+    assert 1 in info.value.ranks and info.value.reason == "timeout"
+    assert not any(_alive(p) for p in _pids(tmp_path))
+
+
+def test_two_runs_at_once_do_not_collide(tmp_path: Path) -> None:
+    """Each run has its own FileStore: concurrent runs on one machine both succeed."""
+    results: dict[int, object] = {}
+
+    def run(k: int) -> None:
+        d = tmp_path / str(k)
+        d.mkdir()
+        try:
+            results[k] = spawn_ranks(helpers_ranks.sum_of_ranks, 2, args=(str(d), 10.0 * k),
+                                     timeout_s=90)
+        except Exception as exc:  # noqa: BLE001 - reported by the assert below
+            results[k] = exc
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert results == {1: [21.0, 21.0], 2: [41.0, 41.0]}   # sum of rank + 10k over 2 ranks
+
+
+def test_free_port_is_bindable() -> None:
+    import socket
+
+    port = free_port()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="world_size"):
+        spawn_ranks(helpers_ranks.sum_of_ranks, 0)
+
+
+def test_torchrun_env_detected(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    assert not in_torchrun()
+    for key, value in (("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "127.0.0.1"),
+                       ("MASTER_PORT", "1")):
+        monkeypatch.setenv(key, value)
+    assert in_torchrun()
+
+
+def test_bench_under_torchrun(tmp_path: Path) -> None:
+    """The same bench command runs under torchrun (env:// rendezvous), rank 0 writes the CSV."""
+    out = tmp_path / "m.csv"
+    collsim = Path(sys.executable).with_name("collsim")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           str(collsim), "validate", "bench", "--ops", "all_reduce", "-b", "4K", "-e", "4K",
+           "--iters", "3", "--warmup", "1", "--timeout", "60", "-o", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = out.read_text()
+    assert '# launcher: "torchrun"' in text and "# world_size: 2" in text
+    assert proc.stdout.count("# Avg bus bandwidth") == 1    # only rank 0 prints
