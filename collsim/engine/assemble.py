@@ -1,0 +1,101 @@
+"""Turn a finished engine run into a :class:`~collsim.engine.result.StepResult`.
+
+Step time is the latest end over the simulated ranks; its breakdown is that rank's compute
+stream account (compute, tp_exposed, pp_exposed, dp_exposed, bubble, optimizer), which adds up
+to its end time by construction (checked). FLOP/s, MFU and HFU follow Narayanan et al. 2021
+(``collsim.workload.flops``); memory is the peak of the most loaded rank's timeline.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from collsim.engine.result import BREAKDOWN_KEYS, MEMORY_KEYS, CollectiveStat, StepResult
+from collsim.errors import SimulationError
+from collsim.parallel.plan import Plan
+from collsim.units import GiB
+
+__all__ = ["assemble"]
+
+
+def _collectives(engine: Any) -> list[CollectiveStat]:
+    """Per (axis, op, size, group, algorithm): calls per issuing rank and their link time."""
+    merged: dict[tuple[Any, ...], list[Any]] = {}
+    ranks_of: dict[tuple[Any, ...], set[int]] = defaultdict(set)
+    for (rank, axis, op, size, n, algo), (count, time_s, busbw) in engine.stats.items():
+        key = (axis, op, size, n, algo)
+        slot = merged.setdefault(key, [0, 0.0, busbw])
+        slot[0] += count
+        slot[1] += time_s
+        ranks_of[key].add(rank)
+    out = []
+    for key, (count, time_s, busbw) in sorted(merged.items(), key=lambda kv: kv[0][:2]):
+        axis, op, size, n, algo = key
+        issuers = len(ranks_of[key])
+        out.append(CollectiveStat(axis=axis, op=op, group_size=n, algorithm=algo,
+                                  count=round(count / issuers), size_bytes=float(size),
+                                  time_s=time_s / issuers, busbw_bps=busbw))
+    return out
+
+
+def assemble(plan: Plan, engine: Any, *, layer_mode: bool, contended: list[str],
+             zero_communication: bool) -> StepResult:
+    from collsim.workload import flops
+
+    programs = engine.programs
+    critical = max(programs.values(), key=lambda p: (p.end_s, -p.rank))
+    step = critical.end_s
+    if step <= 0:
+        raise SimulationError("the step took no time")
+    breakdown = {k: critical.acct[k] for k in BREAKDOWN_KEYS}
+    total = sum(breakdown.values())
+    if abs(total - step) > 1e-9 * max(1.0, step):
+        raise SimulationError(f"breakdown {total} != step time {step} on rank {critical.rank}")
+    spec, tr = plan.spec, plan.training
+    gpus = plan.num_gpus
+    peak_flops = plan.topology.device.peak_flops_for(str(tr.dtype))
+    model_tf = flops.model_tflops_per_gpu(spec, tr.global_batch, step, gpus)
+    hw_tf = flops.hardware_tflops_per_gpu(spec, tr.global_batch, step, gpus, str(tr.recompute))
+    peaks = {rank: prog.ledger.peak() for rank, prog in programs.items()}
+    top_rank = max(peaks, key=lambda r: (peaks[r].total_bytes, -r))
+    top = peaks[top_rank]
+    capacity = float(plan.topology.device.memory_bytes)
+    warnings_out = list(plan.warnings)
+    fits = top.total_bytes <= capacity
+    if not fits:
+        warnings_out.append(f"does not fit: {top.total_bytes / GiB:.1f} GiB needed of "
+                            f"{capacity / GiB:.1f} GiB")
+    details: dict[str, Any] = {
+        "num_microbatches": plan.num_microbatches,
+        "critical_rank": critical.rank,
+        "peak_memory_rank": top_rank,
+        "fidelity": "layer" if layer_mode else "fused",
+        "contended_axes": list(contended),
+        "zero_communication": zero_communication,
+        "simulated_ranks": sorted(programs),
+        "stage_end_s": {prog.coords.pp: prog.end_s for prog in programs.values()
+                        if prog.coords.dp == 0 and prog.coords.tp == 0},
+        "memory_peak_bytes_by_rank": {r: p.total_bytes for r, p in peaks.items()},
+        "sim_events": len(engine.trace_events),
+    }
+    return StepResult(
+        step_time_s=step,
+        tokens_per_s=tr.global_batch * spec.seq_len / step,
+        model_tflops_per_gpu=model_tf,
+        hardware_tflops_per_gpu=hw_tf,
+        mfu=model_tf * 1e12 / peak_flops,
+        hfu=hw_tf * 1e12 / peak_flops,
+        breakdown_s=breakdown,
+        memory_peak_bytes=top.total_bytes,
+        memory_bytes={k: top.by_category.get(k, 0.0) for k in MEMORY_KEYS},
+        memory_capacity_bytes=capacity,
+        fits=fits,
+        num_gpus=gpus,
+        collectives=_collectives(engine),
+        warnings=warnings_out,
+        mapping=plan.describe_mapping(),
+        memory_timeline={rank: prog.ledger.timeline() for rank, prog in programs.items()},
+        trace_events=sorted(engine.trace_events, key=lambda e: (e.start_s, e.rank)),
+        details=details,
+    )

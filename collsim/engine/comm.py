@@ -1,0 +1,127 @@
+"""How the engine prices communication: closed form, or the flow-level DES with peers.
+
+Two fidelities share one vocabulary (DESIGN.md): the closed form ``collectives.cost`` (no
+contention: the group alone on its links) and the DES ``collectives.simulate`` on the
+:class:`~collsim.network.FlowNetwork`, where the representative's group carries its ``peers`` —
+the groups that run the same collective at the same time — so that shared links are accounted.
+
+Whether the closed form is exact for an axis is decided from the topology and the mapping
+(:func:`axis_contends`): one ring step of the representative's group and of all its peers is
+laid on the links; if every flow still gets the bandwidth it would get alone (max-min fair
+shares, :func:`collsim.network.max_min_rates`), nothing contends and the closed form holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from collsim.engine.streams import Work
+
+__all__ = ["CallCost", "CommPricer", "axis_contends"]
+
+
+@dataclass(frozen=True, slots=True)
+class CallCost:
+    """Closed-form facts of one call: seconds, algorithm, busbw."""
+
+    time_s: float
+    algorithm: str
+    busbw_bps: float
+
+
+def axis_contends(topology: Any, groups: Sequence[tuple[int, ...]]) -> bool:
+    """True when one ring step of ``groups`` (run together) slows some flow below its solo rate.
+
+    Each group contributes the flows rank[i] -> rank[i+1] (a ring step; for two ranks, one
+    send). A flow's solo rate is its path's slowest link; its shared rate comes from max-min
+    fair sharing of every link by all flows of all groups.
+    """
+    paths: list[tuple[int, ...]] = []
+    for group in groups:
+        n = len(group)
+        pairs = [(group[0], group[1])] if n == 2 else [(group[i], group[(i + 1) % n])
+                                                        for i in range(n)] if n > 2 else []
+        for src, dst in pairs:
+            path = topology.path(src, dst)
+            if path:
+                paths.append(tuple(path))
+    if len(paths) < 2:
+        return False
+    from collsim.network import max_min_rates
+
+    capacity = np.array([link.capacity_bps for link in topology.links], dtype=float)
+    flow_of = np.array([i for i, p in enumerate(paths) for _ in p])
+    link_of = np.array([link for p in paths for link in p])
+    shared = max_min_rates(flow_of, link_of, len(paths), capacity)
+    solo = np.array([min(capacity[list(p)]) for p in paths])
+    return bool(np.any(shared < solo * (1 - 1e-9)))
+
+
+class CommPricer:
+    """Prices TP, DP and pipeline calls for the engine.
+
+    Args:
+        topology: the cluster.
+        zero: price every call at 0 s (an ideal network: pipeline-only studies).
+        network: the FlowNetwork when the DES is used for some axes (None: closed form only).
+    """
+
+    def __init__(self, topology: Any, *, zero: bool = False, network: Any = None,
+                 env: Any = None) -> None:
+        self.topology = topology
+        self.zero = zero
+        self.network = network
+        self.env = env
+        self._cache: dict[tuple[str, float, tuple[int, ...]], CallCost] = {}
+
+    def cost(self, op: str, size_bytes: float, ranks: tuple[int, ...]) -> CallCost:
+        """Closed-form cost of ``op`` of ``size_bytes`` on the group ``ranks`` (cached)."""
+        key = (op, size_bytes, ranks)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        if self.zero or len(ranks) < 2 or size_bytes <= 0:
+            result = CallCost(0.0, "none", 0.0)
+        else:
+            from collsim.collectives import CollectiveOp, Group, cost
+
+            c = cost(CollectiveOp(op), int(size_bytes), Group(self.topology, ranks))
+            result = CallCost(float(c.time_s), str(c.algorithm), float(c.busbw_bps))
+        self._cache[key] = result
+        return result
+
+    def work(self, op: str, size_bytes: float, ranks: tuple[int, ...], *,
+             peers: Sequence[tuple[int, ...]] = (), des: bool = False,
+             extra_s: float = 0.0) -> Work:
+        """What a stream runs for this call: a duration, or a DES process factory.
+
+        Args:
+            op: collective op name (``send_recv`` for pipeline transfers).
+            size_bytes: nccl-tests size.
+            ranks: the group (for send_recv: (src, dst)).
+            peers: groups running the same call at the same time (DES only).
+            des: simulate on the FlowNetwork instead of the closed form.
+            extra_s: seconds added before the call (offload copies over PCIe).
+        """
+        if not des or self.zero or self.network is None or len(ranks) < 2 or size_bytes <= 0:
+            return extra_s + self.cost(op, size_bytes, ranks).time_s
+        env, net, topo = self.env, self.network, self.topology
+
+        def run() -> Any:
+            from collsim.collectives import CollectiveOp, Group, simulate
+
+            def body() -> Any:
+                if extra_s:
+                    yield env.timeout(extra_s)
+                value = yield simulate(env, net, CollectiveOp(op), int(size_bytes),
+                                       Group(topo, ranks),
+                                       peers=[Group(topo, p) for p in peers])
+                return value
+
+            return env.process(body())
+
+        return run

@@ -1,0 +1,347 @@
+"""The engine: simulated ranks, their streams, pipeline messages, DP traffic and memory.
+
+Symmetry reduction ("simulate few, stand for many", DESIGN.md): by default one representative
+rank per pipeline stage is simulated (tp index 0, dp index 0); its TP peers and DP replicas run
+the same program at the same times. Its collectives stand for their whole group, and in the DES
+they carry as ``peers`` the groups of the other replicas running at the same moment, so shared
+links are still loaded. ``all_ranks=True`` simulates every rank: each group's calls then
+rendezvous over all its members (:class:`~collsim.engine.streams.GroupStream`).
+
+ZeRO (Rajbhandari et al. 2020) and FSDP (Zhao et al. 2023) over the DP group of size N:
+stage 0 is DDP (bucketed all-reduce after the last micro-batch's backward, ``no_sync`` before);
+stage 1 reduce-scatters buckets after the last micro-batch and all-gathers the updated
+parameters after the optimizer (Megatron's distributed optimizer); stage 2 reduce-scatters
+buckets in every micro-batch's backward (DeepSpeed keeps only the reduced partition); stage 3
+gathers each unit before its forward and backward, reduce-scatters its gradient after its
+backward, in every micro-batch. With ``fsdp.offload`` the shards live in host memory: each
+gather first copies the shard over PCIe, each reduce-scatter copies the gradient shard back,
+and the optimizer runs on the CPU.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import simpy
+
+from collsim.engine.comm import CommPricer
+from collsim.engine.program import Mail, RankProgram
+from collsim.engine.result import TraceEvent
+from collsim.engine.stage import ChunkModel, Segment, StageModel
+from collsim.engine.streams import CallRecord, GroupStream
+from collsim.parallel.buckets import Bucket
+from collsim.parallel.plan import ParallelAxis, Plan
+from collsim.parallel.schedules import Phase, PipeOp, input_of, stage_schedule
+
+__all__ = ["Engine"]
+
+
+class Engine:
+    """Wires rank programs, streams and mailboxes for one step, and runs it.
+
+    Args:
+        plan: the checked plan.
+        stages: the work of each pipeline stage.
+        pricer: communication pricing.
+        all_ranks: simulate every rank (else one per stage).
+        layer_mode: run every layer step as its own event, TP/PP/DP on the FlowNetwork DES.
+        trace: record one trace event per op and per communication call.
+        optimizer_s: seconds of the optimizer step for ``local_params`` on GPU (or CPU).
+        bytes_per: dict with ``param``, ``grad``, ``optimizer`` bytes per parameter and
+            ``activation`` bytes per element.
+    """
+
+    def __init__(self, plan: Plan, stages: dict[int, StageModel], pricer: CommPricer, *,
+                 all_ranks: bool, layer_mode: bool, trace: bool,
+                 optimizer_time: Any, bytes_per: dict[str, float], host_bps: float,
+                 env: simpy.Environment | None = None) -> None:
+        self.plan = plan
+        self.env = env if env is not None else simpy.Environment()
+        pricer.env = self.env
+        self.stages = stages
+        self.pricer = pricer
+        self.all_ranks = all_ranks
+        self.layer_mode = layer_mode
+        self.trace_on = trace
+        self.optimizer_time = optimizer_time
+        self.bytes_per = bytes_per
+        self.host_bps = host_bps
+        par = plan.parallel
+        self.zero = par.zero
+        self.prefetch = par.fsdp.prefetch
+        self.offload = par.zero == 3 and par.fsdp.offload
+        self.trace_events: list[TraceEvent] = []
+        self.stats: dict[tuple[Any, ...], list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
+        self.mail: dict[tuple[int, Phase, int, int], Mail] = {}
+        if all_ranks:
+            ranks = list(range(plan.num_gpus))
+        else:
+            ranks = [plan.rank(dp=0, pp=s, tp=0) for s in range(plan.pp)]
+        self.simulated = set(ranks)
+        self.streams: dict[tuple[str, tuple[int, ...]], GroupStream] = {}
+        self.programs: dict[int, RankProgram] = {}
+        for rank in ranks:
+            s = plan.coords(rank).pp
+            ops = stage_schedule(par.schedule, num_stages=plan.pp,
+                                 num_microbatches=plan.num_microbatches, stage=s,
+                                 virtual_stages=plan.virtual_stages)
+            self.programs[rank] = RankProgram(self, rank, stages[s], ops)
+        self._tp_cache: dict[tuple[int, str, float], float] = {}
+        self.unit_events: dict[tuple[int, int, Any], simpy.Event] = {}
+
+    # ---- groups, peers and streams ----------------------------------------------------------
+    def group(self, rank: int, axis: str) -> tuple[int, ...]:
+        return self.plan.group_of(rank, axis)
+
+    def peers(self, rank: int, axis: str) -> list[tuple[int, ...]]:
+        """Groups of the replicas of ``rank``'s group that run at the same time (symmetry)."""
+        if self.all_ranks:
+            return []
+        p, c = self.plan, self.plan.coords(rank)
+        if axis == "tp":
+            return [p.group_of(p.rank(dp=d, pp=c.pp, tp=0), "tp") for d in range(p.dp) if d]
+        if axis == "dp":
+            return [p.group_of(p.rank(dp=0, pp=c.pp, tp=t), "dp") for t in range(p.tp) if t]
+        raise ValueError(axis)
+
+    def stream(self, rank: int, axis: str) -> GroupStream:
+        group = (rank,) if axis == "pp" else self.group(rank, axis)
+        key = (axis, group)
+        found = self.streams.get(key)
+        if found is None:
+            members = tuple(r for r in group if r in self.simulated)
+            found = GroupStream(self.env, members, axis, on_done=self._on_done(axis))
+            self.streams[key] = found
+        return found
+
+    def _on_done(self, axis: str) -> Any:
+        def done(members: list[int], record: CallRecord) -> None:
+            args = record.args
+            result = args.pop("result", None)
+            algorithm = str(getattr(result, "algorithm", args.get("algorithm", "none")))
+            busbw = float(getattr(result, "busbw_bps", args.get("busbw_bps", 0.0)))
+            duration = record.end_s - record.start_s
+            for m in members:
+                key = (m, axis, args["op"], args["size_bytes"], args["group_size"], algorithm)
+                stat = self.stats[key]
+                stat[0] += 1
+                stat[1] += duration
+                stat[2] = busbw
+                if self.trace_on:
+                    self.add_trace(m, axis, record.name, record.start_s, record.end_s, args)
+        return done
+
+    def add_trace(self, rank: int, stream: str, name: str, start: float, end: float,
+                  args: dict[str, Any]) -> None:
+        self.trace_events.append(TraceEvent(rank, stream, name, start, end, dict(args)))
+
+    def _call(self, rank: int, axis: str, op: str, size: float, ranks: tuple[int, ...],
+              name: str, *, ready_s: float | None = None, extra_s: float = 0.0,
+              peers: list[tuple[int, ...]] | None = None) -> simpy.Event:
+        cost = self.pricer.cost(op, size, ranks)
+        work = self.pricer.work(op, size, ranks, des=self.layer_mode, extra_s=extra_s,
+                                peers=peers if peers is not None else [])
+        args = {"op": op, "size_bytes": size, "group_size": len(ranks),
+                "algorithm": cost.algorithm, "busbw_bps": cost.busbw_bps}
+        return self.stream(rank, axis).submit(rank, name, work, ready_s=ready_s, args=args)
+
+    # ---- tensor parallel --------------------------------------------------------------------
+    def tp_time(self, rank: int, op: str, size: float) -> float:
+        key = (rank, op, size)
+        hit = self._tp_cache.get(key)
+        if hit is None:
+            hit = self.pricer.cost(op, size, self.group(rank, "tp")).time_s
+            self._tp_cache[key] = hit
+        return hit
+
+    def count_tp(self, rank: int, seg: Segment) -> None:
+        group = self.group(rank, "tp")
+        if len(group) < 2:
+            return
+        for step in seg.steps:
+            if step.op:
+                cost = self.pricer.cost(step.op, step.size_bytes, group)
+                stat = self.stats[(rank, "tp", step.op, step.size_bytes, len(group),
+                                   cost.algorithm)]
+                stat[0] += 1
+                stat[1] += cost.time_s
+                stat[2] = cost.busbw_bps
+
+    def tp_call(self, prog: RankProgram, op: str, size: float) -> simpy.Event:
+        group = self.group(prog.rank, "tp")
+        return self._call(prog.rank, "tp", op, size, group, f"{op} tp",
+                          peers=self.peers(prog.rank, "tp"))
+
+    # ---- pipeline ---------------------------------------------------------------------------
+    def _dest(self, rank: int, op: PipeOp) -> tuple[int, PipeOp] | None:
+        p, v = self.plan.pp, self.plan.virtual_stages
+        s = self.plan.coords(rank).pp
+        if op.phase is Phase.FORWARD:
+            if s < p - 1:
+                return s + 1, op
+            if op.chunk < v - 1:
+                return 0, PipeOp(Phase.FORWARD, op.microbatch, op.chunk + 1)
+            return None
+        if s > 0:
+            return s - 1, op
+        if op.chunk > 0:
+            return p - 1, PipeOp(Phase.BACKWARD, op.microbatch, op.chunk - 1)
+        return None
+
+    def _stage_rank(self, rank: int, stage: int) -> int:
+        c = self.plan.coords(rank)
+        return self.plan.rank(dp=c.dp, pp=stage, tp=c.tp)
+
+    def _mailbox(self, dst: int, op: PipeOp) -> Mail:
+        key = (dst, op.phase, op.microbatch, op.chunk)
+        mail = self.mail.get(key)
+        if mail is None:
+            mail = Mail(self.env.event())
+            self.mail[key] = mail
+        return mail
+
+    def inbox(self, rank: int, op: PipeOp) -> Mail | None:
+        s = self.plan.coords(rank).pp
+        src = input_of(op, stage=s, num_stages=self.plan.pp,
+                       virtual_stages=self.plan.virtual_stages)
+        if src is None or src[0] == s:
+            return None
+        return self._mailbox(rank, op)
+
+    def p2p_bytes(self) -> float:
+        """Per TP rank: b s h / t activations (Megatron's scatter-gather of pipeline sends)."""
+        spec, tr = self.plan.spec, self.plan.training
+        return tr.micro_batch * spec.seq_len * spec.hidden * self.bytes_per["activation"] / \
+            self.plan.tp
+
+    def send_output(self, prog: RankProgram, op: PipeOp) -> None:
+        dest = self._dest(prog.rank, op)
+        if dest is None or dest[0] == prog.coords.pp:
+            return
+        stage, dst_op = dest
+        src, dst = prog.rank, self._stage_rank(prog.rank, stage)
+        size = self.p2p_bytes()
+        peers = [] if self.all_ranks else [
+            (self.plan.rank(dp=d, pp=prog.coords.pp, tp=t), self.plan.rank(dp=d, pp=stage, tp=t))
+            for d in range(self.plan.dp) for t in range(self.plan.tp) if d or t]
+        name = f"send {op.phase.value} mb{op.microbatch} c{op.chunk} -> stage {stage}"
+        done = self._call(src, "pp", "send_recv", size, (src, dst), name, peers=peers)
+        mail = self._mailbox(dst, dst_op)
+        mail.produced_s = self.env.now
+        mail.size_bytes = size
+        receiver = self.programs.get(dst)
+
+        def deliver(_ev: simpy.Event) -> None:
+            if receiver is not None:
+                receiver.ledger.alloc(self.env.now, "buffers", size, "pp recv")
+            mail.event.succeed()
+        done.callbacks.append(deliver)
+
+    # ---- data parallel: states, buckets, units ----------------------------------------------
+    def allocate_states(self, prog: RankProgram) -> None:
+        n = float(self.plan.dp)
+        numel = float(prog.stage.numel)
+        b = self.bytes_per
+        params = numel * b["param"] / (n if self.zero >= 3 else 1.0)
+        grads = numel * b["grad"] / (n if self.zero >= 2 else 1.0)
+        states = numel * b["optimizer"] / (n if self.zero >= 1 else 1.0)
+        if self.offload:
+            params = grads = states = 0.0
+        prog.ledger.alloc(0.0, "parameters", params, "parameters")
+        prog.ledger.alloc(0.0, "gradients", grads, "gradients")
+        prog.ledger.alloc(0.0, "optimizer", states, "optimizer state")
+
+    def reduces_in(self, microbatch: int) -> bool:
+        """Does this micro-batch's backward reduce gradients? (no_sync before the last)."""
+        if self.plan.dp < 2:
+            return False
+        return self.zero == 2 or microbatch == self.plan.num_microbatches - 1
+
+    def launch_bucket(self, prog: RankProgram, op: PipeOp, chunk: ChunkModel, bucket: Bucket,
+                      ready: float) -> None:
+        if not self.plan.parallel.ddp.overlap:
+            ready = max(ready, self._op_end_estimate(prog, op, chunk))
+        verb = "all_reduce" if self.zero == 0 else "reduce_scatter"
+        group = self.group(prog.rank, "dp")
+        ev = self._call(prog.rank, "dp", verb, bucket.size_bytes, group,
+                        f"{verb} bucket {bucket.index} c{chunk.index} mb{op.microbatch}",
+                        ready_s=ready, peers=self.peers(prog.rank, "dp"))
+        prog.dp_events.append(ev)
+        if self.zero == 2:
+            prog.ledger.alloc(ready, "buffers", bucket.size_bytes, "zero2 bucket")
+            ev.callbacks.append(lambda _e: prog.ledger.free(self.env.now, "buffers",
+                                                            bucket.size_bytes, "zero2 bucket"))
+
+    def _op_end_estimate(self, prog: RankProgram, op: PipeOp, chunk: ChunkModel) -> float:
+        segs = chunk.forward if op.phase is Phase.FORWARD else chunk.backward
+        return prog.op_start_s + sum(prog._seg_duration(s) for s in segs)
+
+    def _unit_bytes(self, seg: Segment, chunk: ChunkModel) -> float:
+        numel = sum(t.numel for t in chunk.tensors if t.segment == seg.key)
+        return float(numel)
+
+    def gather_unit(self, prog: RankProgram, op: PipeOp, chunk: ChunkModel, seg: Segment) -> None:
+        key = (prog.rank, chunk.index, seg.key)
+        if key in self.unit_events:
+            return   # still gathered (no reshard after forward), or already in flight
+        numel = self._unit_bytes(seg, chunk)
+        size = numel * self.bytes_per["param"]
+        prog.ledger.alloc(self.env.now, "parameters", size, f"gathered {seg.key}")
+        extra = size / self.plan.dp / self.host_bps if self.offload else 0.0
+        self.unit_events[key] = self._call(
+            prog.rank, "dp", "all_gather", size, self.group(prog.rank, "dp"),
+            f"all_gather {seg.key} c{chunk.index} mb{op.microbatch} {op.phase.value}",
+            extra_s=extra, peers=self.peers(prog.rank, "dp"))
+
+    def unit_ready(self, prog: RankProgram, op: PipeOp, chunk: ChunkModel,
+                   seg: Segment) -> simpy.Event | None:
+        return self.unit_events.get((prog.rank, chunk.index, seg.key))
+
+    def release_unit(self, prog: RankProgram, op: PipeOp, chunk: ChunkModel,
+                     seg: Segment) -> None:
+        forward = op.phase is Phase.FORWARD
+        key = (prog.rank, chunk.index, seg.key)
+        numel = self._unit_bytes(seg, chunk)
+        if not forward:
+            gsize = numel * self.bytes_per["grad"]
+            prog.ledger.alloc(self.env.now, "buffers", gsize, f"grad {seg.key}")
+            extra = gsize / self.plan.dp / self.host_bps if self.offload else 0.0
+            if self.plan.dp > 1 or self.offload:
+                ev = self._call(prog.rank, "dp", "reduce_scatter", gsize,
+                                self.group(prog.rank, "dp"),
+                                f"reduce_scatter {seg.key} c{chunk.index} mb{op.microbatch}",
+                                extra_s=extra, peers=self.peers(prog.rank, "dp"))
+                prog.dp_events.append(ev)
+                ev.callbacks.append(lambda _e: prog.ledger.free(self.env.now, "buffers", gsize,
+                                                                f"grad {seg.key}"))
+            else:
+                prog.ledger.free(self.env.now, "buffers", gsize, f"grad {seg.key}")
+        if forward and not self.plan.parallel.fsdp.reshard_after_forward:
+            return
+        del self.unit_events[key]
+        prog.ledger.free(self.env.now, "parameters", numel * self.bytes_per["param"],
+                         f"reshard {seg.key}")
+
+    def optimizer_s(self, prog: RankProgram) -> float:
+        local = prog.stage.numel / (self.plan.dp if self.zero >= 1 else 1)
+        return float(self.optimizer_time(local, self.offload))
+
+    def after_optimizer(self, prog: RankProgram) -> simpy.Event | None:
+        """ZeRO-1/2: all-gather the updated parameters, bucket by bucket (None otherwise)."""
+        if self.zero not in (1, 2) or self.plan.dp < 2:
+            return None
+        last = None
+        group = self.group(prog.rank, "dp")
+        for chunk in prog.stage.chunks:
+            for bucket in chunk.buckets:
+                last = self._call(prog.rank, "dp", "all_gather",
+                                  bucket.numel * self.bytes_per["param"], group,
+                                  f"all_gather params bucket {bucket.index} c{chunk.index}",
+                                  peers=self.peers(prog.rank, "dp"))
+        return last
+
+    # ---- run --------------------------------------------------------------------------------
+    def run(self) -> None:
+        procs = [self.env.process(prog.run()) for prog in self.programs.values()]
+        self.env.run(self.env.all_of(procs))

@@ -1,0 +1,206 @@
+"""The program of one simulated rank: its compute stream as a SimPy process.
+
+The compute stream runs the stage's pipeline schedule op by op. An op starts when the stream is
+free and its input has arrived (the activation of the previous stage, or the gradient of the
+next); it then runs its segments (embedding, layers, head). Communication runs on other streams
+(:class:`~collsim.engine.streams.GroupStream`): a pipeline send on the rank's pp stream after each
+op; DDP / ZeRO-1/2 gradient buckets on the dp stream, launched at the moment their last gradient
+is produced in backward (torch reducer); ZeRO-3 / FSDP all-gathers issued ``prefetch`` units
+ahead, reduce-scatters after each unit's backward. Overlap is what falls out.
+
+Fused ops ("simulate few, stand for many"): when tensor-parallel collectives are priced in closed
+form (nothing else shares their links), an op's segments are one timeout whose length is the sum
+of its compute and blocking TP collectives; layer-level facts (when each layer ends, when each
+bucket is ready, when activations are allocated and freed) are derived from the same durations.
+ZeRO-3 ops always run segment by segment (compute waits on each gathered unit), and the layer
+fidelity runs every step (compute pieces and TP collectives) as its own event.
+
+Time accounting of the compute stream (it is never idle without a reason): compute, TP
+collectives (tp_exposed), waits on a pipeline input split into bubble (before the producer
+finished its op) and pp_exposed (after: the transfer), waits on DP traffic (dp_exposed), and the
+optimizer step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import simpy
+
+from collsim.engine.memory import MemoryLedger
+from collsim.engine.stage import ChunkModel, Segment, StageModel
+from collsim.engine.streams import GroupStream
+from collsim.parallel.fsdp import issue_schedule
+from collsim.parallel.schedules import Phase, PipeOp
+
+__all__ = ["Mail", "RankProgram"]
+
+
+@dataclass(slots=True)
+class Mail:
+    """A pipeline message: fires on delivery; ``produced_s`` is when its producer op ended."""
+
+    event: simpy.Event
+    produced_s: float = -1.0
+    size_bytes: float = 0.0
+
+
+class RankProgram:
+    """One simulated rank. The :class:`~collsim.engine.core.Engine` wires the streams."""
+
+    def __init__(self, engine: Any, rank: int, stage: StageModel, ops: list[PipeOp]) -> None:
+        self.e = engine
+        self.env: simpy.Environment = engine.env
+        self.rank = rank
+        self.coords = engine.plan.coords(rank)
+        self.stage = stage
+        self.ops = ops
+        self.ledger = MemoryLedger(rank)
+        self.acct = dict.fromkeys(("compute", "tp_exposed", "pp_exposed", "dp_exposed", "bubble",
+                                   "optimizer"), 0.0)
+        self.dp_events: list[simpy.Event] = []
+        self.end_s = 0.0
+        self.last_mb = engine.plan.num_microbatches - 1
+        self.op_start_s = 0.0
+
+    # ---- helpers ----------------------------------------------------------------------------
+    def _trace(self, stream: str, name: str, start: float, end: float, **args: Any) -> None:
+        if self.e.trace_on:
+            self.e.add_trace(self.rank, stream, name, start, end, args)
+
+    def _seg_tp_s(self, seg: Segment) -> float:
+        return sum(self.e.tp_time(self.rank, s.op, s.size_bytes) for s in seg.steps if s.op)
+
+    def _seg_duration(self, seg: Segment) -> float:
+        return seg.compute_s + self._seg_tp_s(seg)
+
+    def _grad_window(self, seg: Segment) -> tuple[float, float]:
+        """(offset, duration) of the gradient-producing steps of a backward segment."""
+        pre = seg.steps[: seg.grad_from]
+        post = seg.steps[seg.grad_from:]
+        tp = self.e.tp_time
+        off = sum(s.seconds if not s.op else tp(self.rank, s.op, s.size_bytes) for s in pre)
+        dur = sum(s.seconds if not s.op else tp(self.rank, s.op, s.size_bytes) for s in post)
+        return off, dur
+
+    # ---- the process ------------------------------------------------------------------------
+    def run(self) -> Any:
+        e, env = self.e, self.env
+        e.allocate_states(self)
+        for op in self.ops:
+            yield from self._wait_input(op)
+            chunk = self.stage.chunks[op.chunk]
+            start = self.op_start_s = env.now
+            if e.zero == 3 or e.layer_mode:
+                yield from self._run_segments(op, chunk)
+            else:
+                yield from self._run_fused(op, chunk)
+            self._trace("compute", f"{op.phase.value} mb{op.microbatch} c{op.chunk}", start,
+                        env.now, microbatch=op.microbatch, chunk=op.chunk)
+            e.send_output(self, op)
+        # wait for every gradient reduction, then the optimizer step
+        pending = [ev for ev in self.dp_events if not ev.processed]
+        if pending:
+            t0 = env.now
+            yield env.all_of(pending)
+            self.acct["dp_exposed"] += env.now - t0
+        t0 = env.now
+        yield env.timeout(e.optimizer_s(self))
+        self.acct["optimizer"] += env.now - t0
+        self._trace("compute", "optimizer", t0, env.now)
+        last = e.after_optimizer(self)
+        if last is not None:
+            t0 = env.now
+            yield last
+            self.acct["dp_exposed"] += env.now - t0
+        self.end_s = env.now
+
+    def _wait_input(self, op: PipeOp) -> Any:
+        mail = self.e.inbox(self.rank, op)
+        if mail is None:
+            return
+        env = self.env
+        if not mail.event.processed:
+            w0 = env.now
+            yield mail.event
+            w1 = env.now
+            produced = min(max(mail.produced_s, w0), w1)
+            self.acct["bubble"] += produced - w0
+            self.acct["pp_exposed"] += w1 - produced
+        self.ledger.free(env.now, "buffers", mail.size_bytes, "pp recv")
+
+    # ---- fused: one timeout per op ---------------------------------------------------------
+    def _run_fused(self, op: PipeOp, chunk: ChunkModel) -> Any:
+        env, e = self.env, self.e
+        segs = chunk.forward if op.phase is Phase.FORWARD else chunk.backward
+        t = env.now
+        compute = tp = 0.0
+        for seg in segs:
+            d_tp = self._seg_tp_s(seg)
+            dur = seg.compute_s + d_tp
+            self._segment_facts(op, chunk, seg, t, dur)
+            compute += seg.compute_s
+            tp += d_tp
+            t += dur
+            e.count_tp(self.rank, seg)
+        yield env.timeout(t - env.now)
+        self.acct["compute"] += compute
+        self.acct["tp_exposed"] += tp
+
+    def _segment_facts(self, op: PipeOp, chunk: ChunkModel, seg: Segment, start: float,
+                       dur: float) -> None:
+        """Memory events and DP launches of one segment that runs over [start, start + dur]."""
+        label = f"{seg.key} mb{op.microbatch} c{op.chunk}"
+        if op.phase is Phase.FORWARD:
+            self.ledger.alloc(start + dur, "activations", seg.stored_bytes, f"act {label}")
+            return
+        self.ledger.alloc(start, "activations", seg.transient_bytes, f"recompute {label}")
+        self.ledger.free(start + dur, "activations", seg.transient_bytes + seg.stored_bytes,
+                         f"free {label}")
+        if self.e.zero in (0, 1, 2) and self.e.reduces_in(op.microbatch):
+            off, gdur = self._grad_window(seg)
+            for bucket in chunk.buckets:
+                if bucket.ready_segment != seg.key:
+                    continue
+                ready = start + off + bucket.ready_fraction * gdur
+                self.e.launch_bucket(self, op, chunk, bucket, ready)
+
+    # ---- segment by segment (ZeRO-3 units, layer fidelity) ---------------------------------
+    def _run_segments(self, op: PipeOp, chunk: ChunkModel) -> Any:
+        env, e = self.env, self.e
+        forward = op.phase is Phase.FORWARD
+        segs = chunk.forward if forward else chunk.backward
+        issue = issue_schedule(len(segs), e.prefetch) if e.zero == 3 else None
+        for i, seg in enumerate(segs):
+            if issue is not None:
+                for j in issue[i]:
+                    e.gather_unit(self, op, chunk, segs[j])
+                ev = e.unit_ready(self, op, chunk, seg)
+                if ev is not None and not ev.processed:
+                    t0 = env.now
+                    yield ev
+                    self.acct["dp_exposed"] += env.now - t0
+            start = env.now
+            if e.layer_mode:
+                self._segment_facts(op, chunk, seg, start, self._seg_duration(seg))
+                for step in seg.steps:
+                    t0 = env.now
+                    if step.op:
+                        yield e.tp_call(self, step.op, step.size_bytes)
+                        self.acct["tp_exposed"] += env.now - t0
+                    else:
+                        yield env.timeout(step.seconds)
+                        self.acct["compute"] += step.seconds
+            else:
+                dur = self._seg_duration(seg)
+                self._segment_facts(op, chunk, seg, start, dur)
+                e.count_tp(self.rank, seg)
+                yield env.timeout(dur)
+                self.acct["compute"] += seg.compute_s
+                self.acct["tp_exposed"] += dur - seg.compute_s
+            if self.e.trace_on and (e.layer_mode or e.zero == 3):
+                self._trace("compute", f"{op.phase.value} mb{op.microbatch} {seg.key}", start,
+                            env.now, microbatch=op.microbatch, chunk=op.chunk, segment=seg.key)
+            if issue is not None:
+                e.release_unit(self, op, chunk, seg)

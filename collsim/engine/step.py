@@ -1,0 +1,159 @@
+"""``simulate_step``: one training step of a plan on a cluster, as a StepResult.
+
+Compute times come from the workload's roofline (``ComputeModel``), communication from the
+collectives layer (closed form, or the FlowNetwork DES where links are shared), FLOPs from
+Narayanan et al. 2021 (``collsim.workload.flops``); memory is read from the engine's timeline.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import defaultdict
+from typing import Any
+
+from collsim.engine.comm import CommPricer, axis_contends
+from collsim.engine.core import Engine
+from collsim.engine.result import BREAKDOWN_KEYS, MEMORY_KEYS, CollectiveStat, StepResult
+from collsim.engine.stage import BlockTimes, build_stage
+from collsim.errors import ConfigError, SimulationError
+from collsim.parallel.config import Dtype, ParallelConfig, TrainingConfig
+from collsim.parallel.plan import Plan, build_plan
+
+__all__ = ["simulate_step", "FIDELITIES", "BLOCK_OVERRIDE_KEYS"]
+
+FIDELITIES = ("auto", "fused", "layer")
+"""auto: fused ops with closed-form communication unless some axis contends, then layer.
+fused: closed form always. layer: every layer step an event, communication on the DES."""
+
+BLOCK_OVERRIDE_KEYS = ("layer.forward", "layer.backward", "layer.recompute",
+                       "embedding.forward", "embedding.backward", "head.forward",
+                       "head.backward", "optimizer")
+"""Override keys for whole blocks (seconds per micro-batch; optimizer: per step). Any other key
+is an op name of the workload (``qkv_proj``, ``softmax.backward``, ...)."""
+
+
+def _bytes_per(training: TrainingConfig) -> dict[str, float]:
+    """Bytes per parameter (ZeRO paper, mixed-precision Adam K = 12) and per activation."""
+    dtype = Dtype(training.dtype)
+    mixed = dtype is not Dtype.FP32
+    if mixed:
+        param = grad = 2.0
+        opt = 12.0 if str(training.optimizer) == "adam" else 8.0
+    else:
+        param = grad = 4.0
+        opt = 8.0 if str(training.optimizer) == "adam" else 4.0
+    from collsim.workload.ops import activation_element_bytes
+
+    return {"param": param, "grad": grad, "optimizer": opt,
+            "activation": float(activation_element_bytes(dtype.value))}
+
+
+def _blocks(plan: Plan, device: Any, overrides: dict[str, float]) -> tuple[
+        BlockTimes, BlockTimes, BlockTimes, Any]:
+    from collsim.workload.compute import ComputeModel
+
+    op_over = {k: v for k, v in overrides.items() if k not in BLOCK_OVERRIDE_KEYS}
+    model = ComputeModel(device, str(plan.training.dtype), overrides=op_over)
+    kw = dict(micro_batch=plan.training.micro_batch, tp=plan.tp,
+              sequence_parallel=plan.parallel.sequence_parallel)
+    lt = model.layer_times(plan.spec, recompute=str(plan.training.recompute), **kw)
+    et = model.embedding_times(plan.spec, **kw)
+    ht = model.head_times(plan.spec, **kw)
+
+    def pick(key: str, value: float) -> float:
+        return float(overrides.get(key, value))
+
+    layer = BlockTimes(pick("layer.forward", lt.forward_s), pick("layer.backward", lt.backward_s),
+                       pick("layer.recompute", lt.recompute_s), lt.activation_bytes,
+                       lt.transient_bytes)
+    emb = BlockTimes(pick("embedding.forward", et.forward_s),
+                     pick("embedding.backward", et.backward_s), 0.0, et.activation_bytes)
+    head = BlockTimes(pick("head.forward", ht.forward_s), pick("head.backward", ht.backward_s),
+                      0.0, ht.activation_bytes)
+    return layer, emb, head, model
+
+
+def _decide_layer_mode(plan: Plan, fidelity: str, all_ranks: bool) -> tuple[bool, list[str]]:
+    if fidelity not in FIDELITIES:
+        raise ConfigError(f"must be one of {', '.join(FIDELITIES)}; got {fidelity!r}",
+                          key_path="fidelity")
+    if fidelity != "auto":
+        return fidelity == "layer", []
+    topo = plan.topology
+    contended: list[str] = []
+    stage_groups = {
+        "tp": [plan.group_of(plan.rank(dp=d, pp=0, tp=0), "tp") for d in range(plan.dp)],
+        "dp": [plan.group_of(plan.rank(dp=0, pp=0, tp=t), "dp") for t in range(plan.tp)],
+        "pp": ([(plan.rank(dp=d, pp=0, tp=t), plan.rank(dp=d, pp=1, tp=t))
+                for d in range(plan.dp) for t in range(plan.tp)] if plan.pp > 1 else []),
+    }
+    for axis, groups in stage_groups.items():
+        if groups and len(groups[0]) > 1 and axis_contends(topo, groups):
+            contended.append(axis)
+    return bool(contended), contended
+
+
+def simulate_step(topology: Any, spec: Any, training: TrainingConfig, parallel: ParallelConfig,
+                  *, all_ranks: bool = False, trace: bool = False,
+                  op_time_overrides: dict[str, float] | None = None,
+                  fidelity: str = "auto", zero_communication: bool = False) -> StepResult:
+    """Simulate one training step and report its time, breakdown, memory and collectives.
+
+    Args:
+        topology: the cluster (``collsim.topology.Topology``).
+        spec: the model (``collsim.workload.TransformerSpec``).
+        training: the ``training`` section.
+        parallel: the ``parallel`` section.
+        all_ranks: simulate every rank instead of one representative per pipeline stage.
+        trace: record trace events (one per op and per communication call).
+        op_time_overrides: measured seconds by op name, or by block (BLOCK_OVERRIDE_KEYS).
+        fidelity: ``auto``, ``fused`` or ``layer`` (see FIDELITIES).
+        zero_communication: price every communication at 0 s (an ideal network).
+
+    Raises:
+        ConfigError: the plan does not match the model or the cluster (see build_plan).
+    """
+    plan = build_plan(topology, spec, training, parallel)
+    overrides = dict(op_time_overrides or {})
+    device = topology.device
+    layer, emb, head, model = _blocks(plan, device, overrides)
+    bytes_per = _bytes_per(training)
+    layer_mode, contended = _decide_layer_mode(plan, fidelity, all_ranks)
+    if zero_communication:
+        layer_mode = fidelity == "layer"
+    net = None
+    if layer_mode and not zero_communication:
+        from collsim.network import FlowNetwork
+        import simpy
+        env = simpy.Environment()
+        net = FlowNetwork(env, topology)
+    else:
+        import simpy
+        env = simpy.Environment()
+    pricer = CommPricer(topology, zero=zero_communication, network=net, env=env)
+    cpu_model = None
+
+    def optimizer_time(local_params: float, on_cpu: bool) -> float:
+        nonlocal cpu_model
+        if "optimizer" in overrides:
+            return float(overrides["optimizer"])
+        if on_cpu:
+            if cpu_model is None:
+                from collsim.hardware import get_device
+                from collsim.workload.compute import ComputeModel
+                cpu_model = ComputeModel(get_device("cpu"), "fp32")
+            return cpu_model.optimizer_time_s(local_params, str(training.optimizer))
+        return model.optimizer_time_s(local_params, str(training.optimizer))
+
+    stages = {s: build_stage(plan, s, layer=layer, embedding=emb, head=head,
+                             grad_bytes=int(bytes_per["grad"]),
+                             act_element_bytes=int(bytes_per["activation"]))
+              for s in range(plan.pp)}
+    engine = Engine(plan, stages, pricer, all_ranks=all_ranks, layer_mode=layer_mode,
+                    trace=trace, optimizer_time=optimizer_time, bytes_per=bytes_per,
+                    host_bps=float(topology.host_bandwidth_bps), env=env)
+    engine.run()
+    from collsim.engine.assemble import assemble
+
+    return assemble(plan, engine, layer_mode=layer_mode, contended=contended,
+                    zero_communication=zero_communication)

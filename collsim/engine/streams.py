@@ -1,0 +1,145 @@
+"""Communication streams: FIFO queues of ops that rendezvous over their group's members.
+
+A :class:`GroupStream` is the communication stream of one process group (a tp, dp or pp
+group), shared by the group's simulated members, like a NCCL communicator's stream: calls run
+one after another in issue order, and call ``k`` starts once every simulated member has issued
+it, its inputs are ready (``ready_s``) and call ``k - 1`` has finished (Streams and dependencies,
+DESIGN.md). With one simulated member (symmetry reduction) the rendezvous is trivial.
+
+Work is either a duration in seconds (a closed-form cost: the stream computes start and end
+times without a SimPy process, a single timeout per call), or a factory of a SimPy process (a
+collective or a transfer on the FlowNetwork): then a worker process runs the calls in order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import simpy
+
+from collsim.errors import SimulationError
+
+__all__ = ["Work", "CallRecord", "GroupStream"]
+
+Work = float | Callable[[], Any]
+"""A closed-form duration (seconds) or a zero-argument factory of a SimPy process/event."""
+
+
+@dataclass(slots=True)
+class CallRecord:
+    """One call on a stream, filled in when it runs."""
+
+    name: str
+    args: dict[str, Any]
+    ready_s: float = 0.0
+    start_s: float = -1.0
+    end_s: float = -1.0
+
+
+@dataclass(slots=True)
+class _Pending:
+    record: CallRecord
+    work: Work
+    arrived: int = 0
+    event: simpy.Event | None = None
+    members: list[int] = field(default_factory=list)
+
+
+class GroupStream:
+    """The communication stream of one group.
+
+    Args:
+        env: the simulation environment.
+        members: the simulated ranks that issue every call of this stream.
+        stream: stream name for traces (``tp``, ``pp``, ``dp``).
+        on_done: called with (member ranks, record) when a call finishes (traces, stats).
+    """
+
+    def __init__(self, env: simpy.Environment, members: tuple[int, ...], stream: str,
+                 on_done: Callable[[list[int], CallRecord], None] | None = None) -> None:
+        self.env = env
+        self.members = members
+        self.stream = stream
+        self.on_done = on_done
+        self._issued = dict.fromkeys(members, 0)
+        self._pending: dict[int, _Pending] = {}
+        self._next = 0
+        self.free_at = 0.0
+        self._queue: simpy.Store | None = None
+
+    def submit(self, member: int, name: str, work: Work, *, ready_s: float | None = None,
+               args: dict[str, Any] | None = None) -> simpy.Event:
+        """Issue the member's next call; the returned event fires when the call ends.
+
+        Args:
+            member: the issuing rank (one of ``members``).
+            name: what runs (``all_reduce bucket 3``).
+            work: duration in seconds, or a factory of the SimPy process that does it.
+            ready_s: when the call's inputs are ready (default: now); may be in the future.
+            args: extra facts for the trace.
+        """
+        now = self.env.now
+        ready = now if ready_s is None else ready_s
+        if ready < now - 1e-12:
+            raise SimulationError(f"{self.stream}: call {name!r} ready at {ready} before now {now}")
+        seq = self._issued[member]
+        self._issued[member] = seq + 1
+        pending = self._pending.get(seq)
+        if pending is None:
+            pending = _Pending(CallRecord(name, dict(args or {}), ready_s=ready), work)
+            pending.event = self.env.event()
+            self._pending[seq] = pending
+        else:
+            pending.record.ready_s = max(pending.record.ready_s, ready)
+        pending.arrived += 1
+        pending.members.append(member)
+        event = pending.event
+        self._resolve()
+        assert event is not None
+        return event
+
+    def _resolve(self) -> None:
+        while True:
+            pending = self._pending.get(self._next)
+            if pending is None or pending.arrived < len(self.members):
+                return
+            del self._pending[self._next]
+            self._next += 1
+            if callable(pending.work) or self._queue is not None:
+                if self._queue is None:
+                    self._queue = simpy.Store(self.env)
+                    self.env.process(self._worker())
+                self._queue.put(pending)
+                continue
+            record = pending.record
+            record.start_s = max(record.ready_s, self.free_at)
+            record.end_s = record.start_s + float(pending.work)
+            self.free_at = record.end_s
+            timer = self.env.timeout(record.end_s - self.env.now)
+            timer.callbacks.append(lambda _ev, p=pending: self._finish(p))
+
+    def _finish(self, pending: _Pending) -> None:
+        if self.on_done is not None:
+            self.on_done(pending.members, pending.record)
+        assert pending.event is not None
+        pending.event.succeed(pending.record)
+
+    def _worker(self) -> Any:
+        assert self._queue is not None
+        while True:
+            pending = yield self._queue.get()
+            record = pending.record
+            start = max(record.ready_s, self.env.now)
+            if start > self.env.now:
+                yield self.env.timeout(start - self.env.now)
+            record.start_s = self.env.now
+            job = pending.work() if callable(pending.work) else self.env.timeout(pending.work)
+            if job is not None:
+                value = yield job
+                if record.args is not None and value is not None:
+                    record.args.setdefault("result", value)
+            record.end_s = self.env.now
+            self.free_at = record.end_s
+            self._finish(pending)

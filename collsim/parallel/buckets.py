@@ -1,0 +1,112 @@
+"""DDP gradient buckets, built the way torch's reducer builds them.
+
+torch ``DistributedDataParallel`` (``torch/nn/parallel/distributed.py`` and the C++ reducer,
+``_compute_bucket_assignment_by_size``) walks the parameters in *reverse* registration order,
+since backward produces gradients roughly in that order, and packs them into buckets of
+``bucket_cap_mb`` MiB; the first bucket is small (``dist._DEFAULT_FIRST_BUCKET_BYTES`` = 1 MiB)
+so that the first all-reduce starts early. A bucket closes once its size reaches its limit
+(a tensor is never split, so a bucket may exceed the limit). A bucket's all-reduce is launched
+when the last of its gradients is produced (its "ready" point in backward).
+
+Ready points are placed inside a backward segment (the LM head, one transformer layer, the
+embedding): a layer's backward produces its gradients in reverse registration order, each after
+a share of the segment's gradient time proportional to the elements produced so far (GEMM work
+scales with the weight size).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from collsim.parallel.params import ParamTensor
+from collsim.units import MiB
+
+__all__ = ["Bucket", "build_buckets", "backward_segments", "grad_ready_fraction"]
+
+
+@dataclass(frozen=True, slots=True)
+class Bucket:
+    """One gradient bucket.
+
+    Attributes:
+        index: 0 for the first bucket launched (holding the last parameters).
+        tensors: names of its tensors, in the order they were added.
+        numel: elements in the bucket.
+        size_bytes: gradient bytes (numel x gradient element size).
+        ready_segment: backward segment whose gradient completes the bucket.
+        ready_fraction: how far into that segment's gradient production it completes (0..1].
+    """
+
+    index: int
+    tensors: tuple[str, ...]
+    numel: int
+    size_bytes: float
+    ready_segment: str | int
+    ready_fraction: float
+
+
+def backward_segments(tensors: Sequence[ParamTensor]) -> list[str | int]:
+    """Backward segments in execution order: head, layers high to low, embedding."""
+    seen: dict[str | int, None] = {}
+    for t in reversed(tensors):
+        seen.setdefault(t.segment, None)
+    return list(seen)
+
+
+def grad_ready_fraction(tensors: Sequence[ParamTensor]) -> dict[str, float]:
+    """Fraction of its segment's gradient time after which each tensor's gradient exists."""
+    totals: dict[str | int, int] = {}
+    for t in tensors:
+        totals[t.segment] = totals.get(t.segment, 0) + t.numel
+    done: dict[str | int, int] = {}
+    out: dict[str, float] = {}
+    for t in reversed(tensors):
+        done[t.segment] = done.get(t.segment, 0) + t.numel
+        total = totals[t.segment]
+        out[t.name] = done[t.segment] / total if total else 1.0
+    return out
+
+
+def build_buckets(tensors: Sequence[ParamTensor], *, bucket_mb: float,
+                  first_bucket_mb: float = 1.0, grad_bytes: int = 2) -> list[Bucket]:
+    """Pack the gradients of ``tensors`` (registration order) into DDP buckets.
+
+    Args:
+        tensors: parameter tensors of one rank (one model chunk), in registration order.
+        bucket_mb: torch's ``bucket_cap_mb`` (MiB).
+        first_bucket_mb: the first bucket's limit (MiB), torch's 1 MiB default.
+        grad_bytes: bytes per gradient element (2 for bf16/fp16, 4 for fp32).
+
+    Returns:
+        Buckets in launch order.
+
+    Example:
+        >>> from collsim.parallel.params import ParamTensor
+        >>> ts = [ParamTensor(f"w{i}", 2**19, i) for i in range(4)]   # 1 MiB each in bf16
+        >>> [b.tensors for b in build_buckets(ts, bucket_mb=2)]
+        [('w3',), ('w2', 'w1'), ('w0',)]
+    """
+    frac = grad_ready_fraction(tensors)
+    limits = [first_bucket_mb * MiB, bucket_mb * MiB]
+    buckets: list[Bucket] = []
+    current: list[ParamTensor] = []
+    size = 0.0
+
+    def close() -> None:
+        nonlocal current, size
+        last = current[-1]
+        buckets.append(Bucket(index=len(buckets), tensors=tuple(t.name for t in current),
+                              numel=sum(t.numel for t in current), size_bytes=size,
+                              ready_segment=last.segment, ready_fraction=frac[last.name]))
+        current, size = [], 0.0
+
+    for t in reversed(tensors):
+        current.append(t)
+        size += t.numel * grad_bytes
+        limit = limits[0] if not buckets else limits[1]
+        if size >= limit:
+            close()
+    if current:
+        close()
+    return buckets

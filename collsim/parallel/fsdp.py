@@ -1,0 +1,69 @@
+"""FSDP / ZeRO-3 units and the order their all-gathers are issued (prefetch).
+
+Following torch FSDP (Zhao et al. 2023, "PyTorch FSDP", section 3.3-3.4) with per-layer
+wrapping: each transformer layer is one unit; the input embedding and the final norm + LM head
+are units of their own. Forward gathers the units in order and, with ``reshard_after_forward``,
+frees each gathered unit after its forward; backward gathers them again in reverse order and
+reduce-scatters each unit's gradient right after its backward (ZeRO-3, Rajbhandari et al. 2020).
+
+Prefetch depth ``d`` (FSDP's ``forward_prefetch`` / ``backward_prefetch`` and DeepSpeed's
+prefetch bucket, as a unit count): the all-gather of unit ``i + d`` is issued when unit ``i``
+starts computing, so up to ``d + 1`` units are gathered at once. ``d = 0`` gathers each unit
+only when it is needed, exposing every all-gather.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from collsim.parallel.params import ParamTensor
+
+__all__ = ["FSDPUnit", "build_units", "issue_schedule"]
+
+
+@dataclass(frozen=True, slots=True)
+class FSDPUnit:
+    """One FSDP unit: the parameters gathered and freed together.
+
+    Attributes:
+        segment: ``"embedding"``, a layer index, or ``"head"`` (as in ParamTensor).
+        numel: elements of the unit on one TP rank, unsharded over DP.
+    """
+
+    segment: str | int
+    numel: int
+
+
+def build_units(tensors: Sequence[ParamTensor]) -> list[FSDPUnit]:
+    """Units of one model chunk in forward order (one per segment)."""
+    sizes: dict[str | int, int] = {}
+    for t in tensors:
+        sizes[t.segment] = sizes.get(t.segment, 0) + t.numel
+    return [FSDPUnit(segment=seg, numel=n) for seg, n in sizes.items()]
+
+
+def issue_schedule(num_units: int, depth: int) -> list[list[int]]:
+    """Which units' all-gathers are issued as each unit (in execution order) starts.
+
+    Args:
+        num_units: units in execution order (forward order for forward, reversed for backward).
+        depth: prefetch depth (0 = on demand).
+
+    Returns:
+        ``out[i]``: positions issued just before unit ``i`` computes.
+
+    Example:
+        >>> issue_schedule(4, 1)
+        [[0, 1], [2], [3], []]
+        >>> issue_schedule(3, 0)
+        [[0], [1], [2]]
+    """
+    out: list[list[int]] = []
+    for i in range(num_units):
+        if i == 0:
+            out.append(list(range(min(depth + 1, num_units))))
+        else:
+            j = i + depth
+            out.append([j] if j < num_units else [])
+    return out

@@ -1,0 +1,89 @@
+"""Parameter tensors of one rank, in registration order: what DDP buckets and FSDP units hold.
+
+Megatron-LM splits (Shoeybi et al. 2019): column-parallel QKV and MLP up/gate keep weight and
+bias / t; row-parallel output projection and MLP down keep weight / t and a replicated bias;
+norms are replicated; the word embedding is vocab-parallel (V/t rows) on the first stage with
+a replicated learned position table; the final norm and the LM head are on the last stage. A
+tied LM head with pp > 1 keeps a copy of the embedding matrix on the last stage (Megatron's
+``shared_embedding``). The totals equal ``collsim.workload.memory.parameters_per_rank``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["ParamTensor", "layer_tensors", "chunk_tensors"]
+
+
+@dataclass(frozen=True, slots=True)
+class ParamTensor:
+    """One parameter tensor of one rank.
+
+    Attributes:
+        name: ``L12.qkv.weight``, ``embedding.word``, ``head.weight``, ...
+        numel: elements on this rank.
+        segment: backward segment that produces its gradient: ``"head"``, a layer index, or
+            ``"embedding"``.
+    """
+
+    name: str
+    numel: int
+    segment: str | int
+
+
+def layer_tensors(spec: object, layer: int, tp: int) -> list[ParamTensor]:
+    """The tensors of one transformer layer on one TP rank, in forward registration order."""
+    h, f = spec.hidden, spec.ffn_hidden  # type: ignore[attr-defined]
+    qkv = spec.qkv_width  # type: ignore[attr-defined]
+    up = (2 if spec.gated_mlp else 1) * f  # type: ignore[attr-defined]
+    norm = spec.norm_parameters() // h  # type: ignore[attr-defined]  # 2 (LN) or 1 (RMS)
+    bias = spec.bias  # type: ignore[attr-defined]
+    p = f"L{layer}."
+    out: list[ParamTensor] = [ParamTensor(p + "attn_norm", norm * h, layer),
+                              ParamTensor(p + "qkv.weight", h * qkv // tp, layer)]
+    if bias:
+        out.append(ParamTensor(p + "qkv.bias", qkv // tp, layer))
+    out.append(ParamTensor(p + "out_proj.weight", h * h // tp, layer))
+    if bias:
+        out.append(ParamTensor(p + "out_proj.bias", h, layer))
+    out += [ParamTensor(p + "mlp_norm", norm * h, layer),
+            ParamTensor(p + "mlp_up.weight", h * up // tp, layer)]
+    if bias:
+        out.append(ParamTensor(p + "mlp_up.bias", up // tp, layer))
+    out.append(ParamTensor(p + "mlp_down.weight", f * h // tp, layer))
+    if bias:
+        out.append(ParamTensor(p + "mlp_down.bias", h, layer))
+    return out
+
+
+def _vocab_local(spec: object, tp: int) -> int:
+    vocab = spec.vocab  # type: ignore[attr-defined]
+    return -(-vocab // tp)  # Megatron pads the vocabulary to a multiple of tp
+
+
+def chunk_tensors(spec: object, layers: range, *, tp: int, first: bool,
+                  last: bool, pp: int) -> list[ParamTensor]:
+    """All tensors of one model chunk on one TP rank, in registration order.
+
+    Args:
+        spec: the model.
+        layers: global layer indices of the chunk.
+        tp: tensor-parallel size.
+        first: the chunk holds the input embedding (first stage, first chunk).
+        last: the chunk holds the final norm and LM head (last stage, last chunk).
+        pp: pipeline size (a tied head needs its own copy only when pp > 1).
+    """
+    h = spec.hidden  # type: ignore[attr-defined]
+    out: list[ParamTensor] = []
+    if first:
+        out.append(ParamTensor("embedding.word", _vocab_local(spec, tp) * h, "embedding"))
+        if spec.position_embedding == "learned":  # type: ignore[attr-defined]
+            out.append(ParamTensor("embedding.position", spec.seq_len * h,  # type: ignore
+                                   "embedding"))
+    for layer in layers:
+        out += layer_tensors(spec, layer, tp)
+    if last:
+        out.append(ParamTensor("head.final_norm", spec.norm_parameters(), "head"))  # type: ignore
+        if not spec.tied_embeddings or pp > 1:  # type: ignore[attr-defined]
+            out.append(ParamTensor("head.weight", _vocab_local(spec, tp) * h, "head"))
+    return out

@@ -1,0 +1,122 @@
+"""Pipeline schedules: the order of forward and backward ops on each stage.
+
+- GPipe (Huang et al. 2019): all forwards of the step, then all backwards (a flush).
+- 1F1B / PipeDream-Flush (Narayanan et al. 2021, section 2.2.1, Fig. 4 top): stage ``s`` runs
+  ``p - s - 1`` warm-up forwards, then alternates one forward and one backward, then drains.
+  At most ``p - s`` micro-batches of activations are in flight on stage ``s``.
+- Interleaved 1F1B (Narayanan et al. 2021, section 2.2.2, Fig. 4 bottom): each stage holds
+  ``v`` model chunks; the op order is Megatron-LM's ``forward_backward_pipelining_with_
+  interleaving``: warm-up ``(p - s - 1) * 2 + (v - 1) * p`` forwards (all of them when the
+  micro-batch count equals p), micro-batches taken in groups of p per chunk. The bubble time
+  shrinks by v: (1/v)(p-1)/m of the ideal time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from collsim.errors import ConfigError
+from collsim.parallel.config import ScheduleKind
+
+__all__ = ["Phase", "PipeOp", "stage_schedule", "input_of"]
+
+
+class Phase(StrEnum):
+    FORWARD = "F"
+    BACKWARD = "B"
+
+
+@dataclass(frozen=True, slots=True)
+class PipeOp:
+    """One forward or backward of one micro-batch through one model chunk of a stage."""
+
+    phase: Phase
+    microbatch: int
+    chunk: int = 0
+
+
+def stage_schedule(kind: ScheduleKind | str, *, num_stages: int, num_microbatches: int,
+                   stage: int, virtual_stages: int = 1) -> list[PipeOp]:
+    """The op order of one pipeline stage.
+
+    Args:
+        kind: gpipe, 1f1b or interleaved.
+        num_stages: pipeline size p.
+        num_microbatches: micro-batches per step m.
+        stage: this stage's index, 0-based.
+        virtual_stages: model chunks per stage v (interleaved only).
+
+    Returns:
+        Every (phase, micro-batch, chunk) of the stage exactly once, in execution order.
+    """
+    p, m, v = num_stages, num_microbatches, virtual_stages
+    if not 0 <= stage < p:
+        raise ConfigError(f"stage must be in [0, {p}), got {stage}")
+    F, B = Phase.FORWARD, Phase.BACKWARD
+    match ScheduleKind(kind):
+        case ScheduleKind.GPIPE:
+            return [PipeOp(F, i) for i in range(m)] + [PipeOp(B, i) for i in range(m)]
+        case ScheduleKind.ONE_F_ONE_B:
+            warmup = min(p - stage - 1, m)
+            return _one_f_one_b([PipeOp(F, i) for i in range(m)],
+                                [PipeOp(B, i) for i in range(m)], warmup)
+        case ScheduleKind.INTERLEAVED:
+            total = m * v
+            if v == 1:
+                warmup = min(p - stage - 1, m)
+            elif m == p:
+                warmup = total
+            else:
+                warmup = min((p - stage - 1) * 2 + (v - 1) * p, total)
+            fwd = [PipeOp(F, _mb_id(k, p, v), _chunk_id(k, p, v, forward=True))
+                   for k in range(total)]
+            bwd = [PipeOp(B, _mb_id(k, p, v), _chunk_id(k, p, v, forward=False))
+                   for k in range(total)]
+            return _one_f_one_b(fwd, bwd, warmup)
+        case _:  # pragma: no cover
+            raise ConfigError(f"unknown schedule {kind!r}", key_path="parallel.schedule")
+
+
+def _one_f_one_b(fwd: list[PipeOp], bwd: list[PipeOp], warmup: int) -> list[PipeOp]:
+    order = fwd[:warmup]
+    remaining = len(fwd) - warmup
+    for i in range(remaining):
+        order.append(fwd[warmup + i])
+        order.append(bwd[i])
+    order.extend(bwd[remaining:])
+    return order
+
+
+def _chunk_id(k: int, p: int, v: int, *, forward: bool) -> int:
+    """Megatron's get_model_chunk_id: groups of p consecutive ops share a chunk."""
+    chunk = (k % (p * v)) // p
+    return chunk if forward else v - 1 - chunk
+
+
+def _mb_id(k: int, p: int, v: int) -> int:
+    """Megatron's get_microbatch_id_in_model_chunk."""
+    return (k // (p * v)) * p + k % p
+
+
+def input_of(op: PipeOp, *, stage: int, num_stages: int,
+             virtual_stages: int) -> tuple[int, PipeOp] | None:
+    """The (stage, op) whose output this op consumes across stages, or None.
+
+    A forward of chunk c on stage s reads the forward of (s - 1, c), or of (p - 1, c - 1) on
+    the first stage; a backward reads the backward of (s + 1, c), or of (0, c + 1) on the last
+    stage. The first forward and the last stage's last-chunk backward (which follows its own
+    forward and the loss) read nothing remote.
+    """
+    p, v = num_stages, virtual_stages
+    if op.phase is Phase.FORWARD:
+        if stage > 0:
+            return stage - 1, op
+        if op.chunk > 0:
+            return p - 1, PipeOp(Phase.FORWARD, op.microbatch, op.chunk - 1)
+        return None
+    if stage < p - 1:
+        return stage + 1, op
+    if op.chunk < v - 1:
+        return 0, PipeOp(Phase.BACKWARD, op.microbatch, op.chunk + 1)
+    return None
