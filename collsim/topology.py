@@ -26,7 +26,8 @@ Schema (units in key names; ``bandwidth_gbps`` is GB/s per direction, ``rate_gbi
     fabric: {kind: fat_tree, rails: true, oversubscription: 1.0, nodes_per_leaf: 32,
              latency_us: 0.5}
     host: {bandwidth_gbps: 64}
-    collectives: {library: nccl, overhead_us: 0.0, algorithms: {all_reduce: ring}}
+    collectives: {library: nccl, overhead_us: 0.0, algorithms: {all_reduce: ring},
+                  ops: {all_reduce: {overhead_us: 30.0, efficiency: 0.6}}}   # per-op, optional
 
 ``efficiency`` is achievable / line rate for a link class (the topology files cite their source).
 """
@@ -105,6 +106,13 @@ class CollectiveSettings:
     """Fixed per-collective software cost (launch, framework), seconds."""
     algorithms: dict[str, str] = field(default_factory=dict, hash=False)
     """Per-op algorithm used when ``auto`` is asked (e.g. from calibration)."""
+    op_overhead_s: dict[str, float] = field(default_factory=dict, hash=False)
+    """Per-op fixed cost replacing ``overhead_s`` for that op (``collectives.ops.<op>.overhead_us``,
+    written by ``collsim validate calibrate``)."""
+    op_efficiency: dict[str, float] = field(default_factory=dict, hash=False)
+    """Per-op share of the link capacity the library achieves for that op, in (0, 1]
+    (``collectives.ops.<op>.efficiency``): gloo reduces on the CPU, copies through the kernel,
+    and runs reduce_scatter as a whole all_reduce, so each op has its own effective rate."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -392,6 +400,18 @@ def parse_topology(doc: YamlDoc, *, nodes: int | None = None,
         if op not in _COLLECTIVE_OPS:
             raise algos.error(f"unknown op (choose from {', '.join(_COLLECTIVE_OPS)})", op)
         overrides[str(op)] = algos.get(op, str, check=one_of(*_ALGORITHMS))
+    op_overhead_s: dict[str, float] = {}
+    op_efficiency: dict[str, float] = {}
+    per_op = sec.section("ops", default_empty=True)
+    for op, _ in list(per_op.items()):
+        if op not in _COLLECTIVE_OPS:
+            raise per_op.error(f"unknown op (choose from {', '.join(_COLLECTIVE_OPS)})", op)
+        one = per_op.section(op)
+        if one.has("overhead_us"):
+            op_overhead_s[str(op)] = one.get("overhead_us", float, check=non_negative) * US
+        if one.has("efficiency"):
+            op_efficiency[str(op)] = one.get("efficiency", float, check=_fraction)
+        one.finish()
     sec.finish()
     root.finish()
 
@@ -406,7 +426,9 @@ def parse_topology(doc: YamlDoc, *, nodes: int | None = None,
     return Topology(name=name, device=device, num_nodes=num_nodes, gpus_per_node=ranks_per_node,
                     intra=intra, nics=nics, fabric=fabric, host_bandwidth_bps=host_bps,
                     collectives=CollectiveSettings(library=library, overhead_s=overhead_s,
-                                                   algorithms=overrides),
+                                                   algorithms=overrides,
+                                                   op_overhead_s=op_overhead_s,
+                                                   op_efficiency=op_efficiency),
                     source=doc.file)
 
 

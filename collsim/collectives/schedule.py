@@ -117,8 +117,10 @@ class Schedule:
                         self.intra_path_latency_s)
         inter_hop = max(protocols.hop_latency_s(alg, protocol, LinkKind.NETWORK, library),
                         self.inter_path_latency_s)
-        eff = protocols.bandwidth_efficiency(alg, protocol, library)
-        latency = self.topology.collectives.overhead_s
+        settings = self.topology.collectives
+        eff = (protocols.bandwidth_efficiency(alg, protocol, library)
+               * settings.op_efficiency.get(self.op.value, 1.0))
+        latency = settings.op_overhead_s.get(self.op.value, settings.overhead_s)
         if self.phases:
             latency += protocols.base_latency_s(alg, protocol, library)
         latency += sum(p.intra_steps * intra_hop + p.inter_steps * inter_hop for p in self.phases)
