@@ -42,7 +42,7 @@ from typing import Protocol
 from collsim.errors import ConfigError
 from collsim.workload.model import TransformerSpec
 from collsim.workload.ops import (
-    SELECTIVE_OPS, Gemm, Op, OpKind, RecomputeMode, embedding_ops, head_ops, kept_bytes,
+    OP_NAMES, SELECTIVE_OPS, Gemm, Op, OpKind, RecomputeMode, embedding_ops, head_ops, kept_bytes,
     layer_ops, parse_recompute,
 )
 
@@ -186,6 +186,11 @@ class ComputeModel:
             raise ConfigError(f"must be >= 0, got {launch_s}", key_path="launch_s")
         self.overrides = dict(overrides or {})
         for key, value in self.overrides.items():
+            base = key.removesuffix(".backward")
+            if base not in OP_NAMES:
+                raise ConfigError(f"unknown op {base!r}; valid ops: {', '.join(OP_NAMES)} "
+                                  f"(add .backward for the backward time)",
+                                  key_path=f"op_time_overrides.{key}")
             if value < 0:
                 raise ConfigError(f"must be >= 0 seconds, got {value}",
                                   key_path=f"op_time_overrides.{key}")

@@ -35,7 +35,7 @@ from collsim.workload.model import TransformerSpec
 __all__ = [
     "OpKind", "RecomputeMode", "Gemm", "Op", "activation_element_bytes",
     "layer_ops", "embedding_ops", "head_ops", "SELECTIVE_OPS", "SELECTIVE_TENSORS",
-    "parse_recompute", "kept_bytes",
+    "parse_recompute", "kept_bytes", "OP_NAMES",
 ]
 
 
@@ -56,6 +56,14 @@ class RecomputeMode(StrEnum):
 
 SELECTIVE_OPS = ("attn_scores", "softmax", "attn_dropout", "attn_values")
 """Ops re-run in backward with selective recompute: QK^T, softmax, its dropout, attention over V."""
+
+OP_NAMES = (
+    "attn_norm", "qkv_proj", "rotary", "attn_scores", "softmax", "attn_dropout", "attn_values",
+    "flash_attention", "out_proj", "attn_dropout_add", "attn_residual_add", "mlp_norm",
+    "mlp_up", "activation", "mlp_down", "mlp_dropout_add", "mlp_residual_add",
+    "embedding", "position_add", "embedding_dropout", "final_norm", "lm_head", "loss",
+)
+"""Every op name the layer, embedding and head can contain (keys of time overrides)."""
 
 SELECTIVE_TENSORS = ("softmax.output", "attn_dropout.mask", "attn_dropout.output")
 """Tensors selective recompute does not keep (the 5as^2b term); Q, K, V stay as its inputs."""

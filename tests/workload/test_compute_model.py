@@ -111,6 +111,15 @@ def test_overrides_replace_modelled_times(a100: FakeDevice) -> None:
         base.backward_s - old["mlp_up", "backward"].time_s + 2e-3, rel=1e-12)
 
 
+def test_op_names_cover_every_op() -> None:
+    from collsim.workload.ops import OP_NAMES, embedding_ops, head_ops
+    seen = set()
+    for spec in (SPEC, get_preset("llama3-8b")):
+        for build in (layer_ops, embedding_ops, head_ops):
+            seen |= {op.name for op in build(spec, micro_batch=1, tp=8)}
+    assert seen == set(OP_NAMES)         # GPT (unfused, dropout) and Llama (flash, rotary)
+
+
 def test_gated_mlp_is_three_matrices() -> None:
     spec = get_preset("llama3-8b")
     ops = {o.name: o for o in layer_ops(spec, micro_batch=1, tp=1)}
@@ -148,7 +157,8 @@ def test_optimizer_time_is_adam_bytes_over_bandwidth(a100: FakeDevice) -> None:
     (lambda d: ComputeModel(d).layer_times(SPEC, micro_batch=1, tp=5), "divisible by tp"),
     (lambda d: ComputeModel(d).optimizer_time_s(1e9, "lion"), "adam, sgd"),
     (lambda d: ComputeModel(d, overrides={"softmax": -1.0}), ">= 0 seconds"),
-], ids=["dtype", "recompute", "tp", "optimizer", "override"])
+    (lambda d: ComputeModel(d, overrides={"qkv": 1.0}), "unknown op 'qkv'; valid ops: attn_norm"),
+], ids=["dtype", "recompute", "tp", "optimizer", "override", "override-name"])
 def test_bad_input_raises_config_error(a100: FakeDevice, call, match: str) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ConfigError, match=match):
         call(a100)
