@@ -88,15 +88,22 @@ class Engine:
                                  virtual_stages=plan.virtual_stages)
             self.programs[rank] = RankProgram(self, rank, stages[s], ops)
         self._tp_cache: dict[tuple[int, str, float], float] = {}
+        self._groups: dict[tuple[int, str], tuple[int, ...]] = {}
+        self._seg_tp: dict[tuple[int, int], float] = {}
+        self.seg_runs: dict[tuple[int, int], list[Any]] = {}
         self.unit_events: dict[tuple[int, int, Any], simpy.Event] = {}
 
     # ---- groups, peers and streams ----------------------------------------------------------
     def group(self, rank: int, axis: str) -> tuple[int, ...]:
-        return self.plan.group_of(rank, axis)
+        key = (rank, axis)
+        found = self._groups.get(key)
+        if found is None:
+            found = self._groups[key] = self.plan.group_of(rank, axis)
+        return found
 
     def peers(self, rank: int, axis: str) -> list[tuple[int, ...]]:
         """Groups of the replicas of ``rank``'s group that run at the same time (symmetry)."""
-        if self.all_ranks:
+        if self.all_ranks or not self.layer_mode:
             return []
         p, c = self.plan, self.plan.coords(rank)
         if axis == "tp":
@@ -155,18 +162,40 @@ class Engine:
             self._tp_cache[key] = hit
         return hit
 
-    def count_tp(self, rank: int, seg: Segment) -> None:
-        group = self.group(rank, "tp")
-        if len(group) < 2:
-            return
-        for step in seg.steps:
-            if step.op:
-                cost = self.pricer.cost(step.op, step.size_bytes, group)
-                stat = self.stats[(rank, "tp", step.op, step.size_bytes, len(group),
-                                   cost.algorithm)]
-                stat[0] += 1
-                stat[1] += cost.time_s
-                stat[2] = cost.busbw_bps
+    def seg_tp_s(self, rank: int, seg: Segment) -> float:
+        """Closed-form seconds of the blocking TP collectives of one segment (cached)."""
+        key = (rank, id(seg))
+        hit = self._seg_tp.get(key)
+        if hit is None:
+            hit = sum(self.tp_time(rank, s.op, s.size_bytes) for s in seg.steps if s.op)
+            self._seg_tp[key] = hit
+        return hit
+
+    def count_op(self, rank: int, work: Any) -> None:
+        """Count one run of a fused op (or segment): its TP collectives, for flush_tp_stats."""
+        key = (rank, id(work))
+        slot = self.seg_runs.get(key)
+        if slot is None:
+            self.seg_runs[key] = [work, 1]
+        else:
+            slot[1] += 1
+
+    def flush_tp_stats(self) -> None:
+        """Turn the counted fused-segment runs into per-collective statistics."""
+        for (rank, _), (work, runs) in self.seg_runs.items():
+            group = self.group(rank, "tp")
+            if len(group) < 2:
+                continue
+            segs = work.segs if hasattr(work, "segs") else [work]
+            for step in (st for seg in segs for st in seg.steps):
+                if step.op:
+                    cost = self.pricer.cost(step.op, step.size_bytes, group)
+                    stat = self.stats[(rank, "tp", step.op, step.size_bytes, len(group),
+                                       cost.algorithm)]
+                    stat[0] += runs
+                    stat[1] += runs * cost.time_s
+                    stat[2] = cost.busbw_bps
+        self.seg_runs.clear()
 
     def tp_call(self, prog: RankProgram, op: str, size: float) -> simpy.Event:
         group = self.group(prog.rank, "tp")
@@ -222,7 +251,7 @@ class Engine:
         stage, dst_op = dest
         src, dst = prog.rank, self._stage_rank(prog.rank, stage)
         size = self.p2p_bytes()
-        peers = [] if self.all_ranks else [
+        peers = [] if self.all_ranks or not self.layer_mode else [
             (self.plan.rank(dp=d, pp=prog.coords.pp, tp=t), self.plan.rank(dp=d, pp=stage, tp=t))
             for d in range(self.plan.dp) for t in range(self.plan.tp) if d or t]
         name = f"send {op.phase.value} mb{op.microbatch} c{op.chunk} -> stage {stage}"
@@ -345,3 +374,4 @@ class Engine:
     def run(self) -> None:
         procs = [self.env.process(prog.run()) for prog in self.programs.values()]
         self.env.run(self.env.all_of(procs))
+        self.flush_tp_stats()

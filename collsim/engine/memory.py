@@ -10,6 +10,7 @@ peak are read from the sorted timeline; the closed forms (ZeRO, Korthikanti) are
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from collsim.engine.result import MEMORY_KEYS
 from collsim.errors import SimulationError
@@ -22,7 +23,8 @@ class MemoryEvent:
     time_s: float
     category: str
     delta_bytes: float
-    label: str
+    label: Any
+    """What it is: a string, or a tuple such as ("act", layer, microbatch, chunk)."""
 
 
 @dataclass(slots=True)
@@ -41,14 +43,14 @@ class MemoryLedger:
     rank: int
     events: list[MemoryEvent] = field(default_factory=list)
 
-    def alloc(self, time_s: float, category: str, size_bytes: float, label: str = "") -> None:
+    def alloc(self, time_s: float, category: str, size_bytes: float, label: Any = "") -> None:
         """Record ``size_bytes`` of ``category`` allocated at ``time_s``."""
         if category not in MEMORY_KEYS:
             raise SimulationError(f"unknown memory category {category!r}")
         if size_bytes:
             self.events.append(MemoryEvent(time_s, category, float(size_bytes), label))
 
-    def free(self, time_s: float, category: str, size_bytes: float, label: str = "") -> None:
+    def free(self, time_s: float, category: str, size_bytes: float, label: Any = "") -> None:
         """Record ``size_bytes`` of ``category`` freed at ``time_s``."""
         if size_bytes:
             self.events.append(MemoryEvent(time_s, category, -float(size_bytes), label))

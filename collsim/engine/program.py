@@ -23,18 +23,31 @@ optimizer step.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import simpy
 
-from collsim.engine.memory import MemoryLedger
+from collsim.engine.memory import MemoryEvent, MemoryLedger
 from collsim.engine.stage import ChunkModel, Segment, StageModel
 from collsim.engine.streams import GroupStream
 from collsim.parallel.fsdp import issue_schedule
 from collsim.parallel.schedules import Phase, PipeOp
 
 __all__ = ["Mail", "RankProgram"]
+
+
+@dataclass(slots=True)
+class _OpPlan:
+    """One fused op: total, compute and TP seconds; memory events and bucket launches
+    relative to the op's start."""
+
+    segs: list[Segment]
+    duration: float = 0.0
+    compute: float = 0.0
+    tp: float = 0.0
+    mem: list[tuple[float, float, str, Any]] = field(default_factory=list)
+    buckets: list[tuple[Any, float]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -63,6 +76,7 @@ class RankProgram:
         self.end_s = 0.0
         self.last_mb = engine.plan.num_microbatches - 1
         self.op_start_s = 0.0
+        self._plans: dict[tuple[int, Phase], _OpPlan] = {}
 
     # ---- helpers ----------------------------------------------------------------------------
     def _trace(self, stream: str, name: str, start: float, end: float, **args: Any) -> None:
@@ -70,7 +84,7 @@ class RankProgram:
             self.e.add_trace(self.rank, stream, name, start, end, args)
 
     def _seg_tp_s(self, seg: Segment) -> float:
-        return sum(self.e.tp_time(self.rank, s.op, s.size_bytes) for s in seg.steps if s.op)
+        return self.e.seg_tp_s(self.rank, seg)
 
     def _seg_duration(self, seg: Segment) -> float:
         return seg.compute_s + self._seg_tp_s(seg)
@@ -131,33 +145,64 @@ class RankProgram:
         self.ledger.free(env.now, "buffers", mail.size_bytes, "pp recv")
 
     # ---- fused: one timeout per op ---------------------------------------------------------
-    def _run_fused(self, op: PipeOp, chunk: ChunkModel) -> Any:
-        env, e = self.env, self.e
-        segs = chunk.forward if op.phase is Phase.FORWARD else chunk.backward
-        t = env.now
-        compute = tp = 0.0
+    def _op_plan(self, chunk: ChunkModel, phase: Phase) -> _OpPlan:
+        """Durations and relative times of one (chunk, phase) op, computed once per rank."""
+        key = (chunk.index, phase)
+        plan = self._plans.get(key)
+        if plan is not None:
+            return plan
+        segs = chunk.forward if phase is Phase.FORWARD else chunk.backward
+        plan = _OpPlan(segs=segs)
+        t = 0.0
         for seg in segs:
             d_tp = self._seg_tp_s(seg)
             dur = seg.compute_s + d_tp
-            self._segment_facts(op, chunk, seg, t, dur)
-            compute += seg.compute_s
-            tp += d_tp
+            plan.compute += seg.compute_s
+            plan.tp += d_tp
+            if phase is Phase.FORWARD:
+                if seg.stored_bytes:
+                    plan.mem.append((t + dur, seg.stored_bytes, "act", seg.key))
+            else:
+                if seg.transient_bytes:
+                    plan.mem.append((t, seg.transient_bytes, "recompute", seg.key))
+                if seg.transient_bytes + seg.stored_bytes:
+                    plan.mem.append((t + dur, -(seg.transient_bytes + seg.stored_bytes), "free",
+                                     seg.key))
+                off, gdur = self._grad_window(seg)
+                for bucket in chunk.buckets:
+                    if bucket.ready_segment == seg.key:
+                        plan.buckets.append((bucket, t + off + bucket.ready_fraction * gdur))
             t += dur
-            e.count_tp(self.rank, seg)
-        yield env.timeout(t - env.now)
-        self.acct["compute"] += compute
-        self.acct["tp_exposed"] += tp
+        plan.duration = t
+        self._plans[key] = plan
+        return plan
+
+    def _run_fused(self, op: PipeOp, chunk: ChunkModel) -> Any:
+        env, e = self.env, self.e
+        plan = self._op_plan(chunk, op.phase)
+        t0 = env.now
+        events = self.ledger.events
+        mb, c = op.microbatch, op.chunk
+        for rel, delta, kind, key in plan.mem:
+            events.append(MemoryEvent(t0 + rel, "activations", delta, (kind, key, mb, c)))
+        if plan.buckets and e.zero in (0, 1, 2) and e.reduces_in(mb):
+            for bucket, rel in plan.buckets:
+                e.launch_bucket(self, op, chunk, bucket, t0 + rel)
+        e.count_op(self.rank, plan)
+        yield env.timeout(plan.duration)
+        self.acct["compute"] += plan.compute
+        self.acct["tp_exposed"] += plan.tp
 
     def _segment_facts(self, op: PipeOp, chunk: ChunkModel, seg: Segment, start: float,
                        dur: float) -> None:
         """Memory events and DP launches of one segment that runs over [start, start + dur]."""
-        label = f"{seg.key} mb{op.microbatch} c{op.chunk}"
+        label = (seg.key, op.microbatch, op.chunk)
         if op.phase is Phase.FORWARD:
-            self.ledger.alloc(start + dur, "activations", seg.stored_bytes, f"act {label}")
+            self.ledger.alloc(start + dur, "activations", seg.stored_bytes, ("act",) + label)
             return
-        self.ledger.alloc(start, "activations", seg.transient_bytes, f"recompute {label}")
+        self.ledger.alloc(start, "activations", seg.transient_bytes, ("recompute",) + label)
         self.ledger.free(start + dur, "activations", seg.transient_bytes + seg.stored_bytes,
-                         f"free {label}")
+                         ("free",) + label)
         if self.e.zero in (0, 1, 2) and self.e.reduces_in(op.microbatch):
             off, gdur = self._grad_window(seg)
             for bucket in chunk.buckets:
@@ -195,7 +240,7 @@ class RankProgram:
             else:
                 dur = self._seg_duration(seg)
                 self._segment_facts(op, chunk, seg, start, dur)
-                e.count_tp(self.rank, seg)
+                e.count_op(self.rank, seg)
                 yield env.timeout(dur)
                 self.acct["compute"] += seg.compute_s
                 self.acct["tp_exposed"] += dur - seg.compute_s

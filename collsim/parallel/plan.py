@@ -114,10 +114,13 @@ class Plan:
 
     def groups(self, axis: ParallelAxis | str) -> list[tuple[int, ...]]:
         """All groups along ``axis``, each once, ordered by their first rank."""
-        seen: dict[tuple[int, ...], None] = {}
-        for rank in range(self.num_gpus):
-            seen.setdefault(self.group_of(rank, axis), None)
-        return sorted(seen, key=lambda g: g[0])
+        axis = ParallelAxis(axis)
+        tp, pp, dp = self.tp, self.pp, self.dp
+        firsts = [self.rank(dp=d, pp=s, tp=t) for d in range(dp) for s in range(pp)
+                  for t in range(tp)
+                  if (axis is ParallelAxis.TP and t == 0) or (axis is ParallelAxis.PP and s == 0)
+                  or (axis is ParallelAxis.DP and d == 0)]
+        return sorted((self.group_of(r, axis) for r in firsts), key=lambda g: g[0])
 
     def stage_ranks(self, stage: int) -> list[int]:
         """All ranks that run pipeline stage ``stage`` (every tp and dp index)."""
