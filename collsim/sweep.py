@@ -43,6 +43,8 @@ __all__ = [
     "build_points",
     "check_overrides",
     "resolve_point",
+    "cluster_for",
+    "run_point",
     "run_sweep",
     "sweep_frame",
 ]
@@ -282,7 +284,7 @@ def _gpu_overrides(scenario: Scenario, num_gpus: int, *, grow: str, strong: bool
 _TOPOLOGIES: dict[tuple[str, int, int], Topology] = {}
 
 
-def _topology(spec: str, num_gpus: int | None, nodes: int | None) -> Topology:
+def cluster_for(spec: str, num_gpus: int | None, nodes: int | None) -> Topology:
     """The cluster for ``num_gpus`` GPUs: whole nodes, or one partly used node below a node.
 
     Topologies are cached (a 512-node fat tree takes a while to build and is read-only).
@@ -327,7 +329,7 @@ def resolve_point(path: str | Path, point: SweepPoint, *, grow: str = "dp",
         extra = _gpu_overrides(scenario, point.num_gpus, grow=grow, strong=strong,
                                touched=touched)
         scenario = load_scenario(path, [*point.overrides, *extra])
-    topology = _topology(scenario.cluster.topology, point.num_gpus, scenario.cluster.nodes)
+    topology = cluster_for(scenario.cluster.topology, point.num_gpus, scenario.cluster.nodes)
     par, train = scenario.parallel, scenario.training
     params: dict[str, Any] = {
         "plan": point.label,

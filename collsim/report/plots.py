@@ -17,7 +17,7 @@ display is needed.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -172,6 +172,9 @@ def plot_scaling(frame: pd.DataFrame, *, series: str = "plan", x: str = "num_gpu
     ax_speed.set_title("Training speedup vs GPU count")
     ax_speed.set_xscale("log", base=2)
     ax_speed.set_yscale("log", base=2)
+    from matplotlib.ticker import FuncFormatter
+
+    ax_speed.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
     ax_eff.set_xlabel("Number of GPUs")
     ax_eff.set_ylabel("Scaling efficiency (%)")
     ax_eff.set_title("Scaling efficiency")
@@ -271,21 +274,32 @@ def plot_memory_timeline(result: StepResult, *, rank: int | None = None,
     return fig
 
 
-def _stage_rows(frame: pd.DataFrame, max_rows: int) -> list[tuple[str, int]]:
-    """(label, rank) of the rows of a Gantt chart: one rank per pipeline stage."""
+def _stage_rows(frame: pd.DataFrame, max_rows: int,
+                stage_of: Callable[[int], int] | None = None) -> list[tuple[str, int]]:
+    """(label, rank) of the rows of a Gantt chart: one rank per pipeline stage.
+
+    The stage of a rank comes from the events' ``stage`` arg, else from ``stage_of(rank)``;
+    without either, every simulated rank gets a row labelled by its rank.
+    """
     compute = frame[frame["stream"] == "compute"]
-    rows: list[tuple[str, int]] = []
+    ranks = sorted(set(int(r) for r in compute["rank"]))
     stages = compute["stage"].dropna() if "stage" in compute.columns else []
     if len(stages):
         first = compute.dropna(subset=["stage"]).groupby("stage")["rank"].min()
         rows = [(f"stage {int(s)}", int(r)) for s, r in first.items()]
+    elif stage_of is not None:
+        seen: dict[int, int] = {}
+        for rank in ranks:
+            seen.setdefault(int(stage_of(rank)), rank)
+        rows = [(f"stage {s} (rank {r})", r) for s, r in sorted(seen.items())]
     else:
-        rows = [(f"rank {int(r)}", int(r)) for r in sorted(set(compute["rank"]))]
+        rows = [(f"rank {r}", r) for r in ranks]
     return rows[:max_rows]
 
 
 def plot_pipeline(results: Mapping[str, StepResult], *, max_stages: int = 16,
-                  title: str | None = None) -> Figure:
+                  title: str | None = None,
+                  stage_of: Callable[[int], int] | None = None) -> Figure:
     """Gantt chart of the compute stream of each pipeline stage, one panel per schedule
     (GPipe, 1F1B, interleaved side by side, top to bottom), on a common time axis.
 
@@ -295,6 +309,8 @@ def plot_pipeline(results: Mapping[str, StepResult], *, max_stages: int = 16,
 
     Args:
         results: schedule label -> StepResult simulated with ``trace=True``.
+        stage_of: pipeline stage of a rank (``(rank // tp) % pp`` with Megatron's mapping), for
+            row labels when the trace events carry no ``stage``.
     """
     from collsim.report.frames import trace_frame
 
@@ -306,12 +322,12 @@ def plot_pipeline(results: Mapping[str, StepResult], *, max_stages: int = 16,
             raise ConfigError(f"{label}: no compute events in the trace (simulate with trace=True)",
                               key_path="plot")
     end_ms = max(float(r.step_time_s) for r in results.values()) * 1e3
-    heights = [len(_stage_rows(f, max_stages)) for f in frames.values()]
+    heights = [len(_stage_rows(f, max_stages, stage_of)) for f in frames.values()]
     fig = _new_figure(12.0, 1.2 + sum(0.42 * h + 0.9 for h in heights))
     axes = np.atleast_1d(fig.subplots(len(frames), 1, sharex=True, squeeze=False,
                                       height_ratios=[h + 1.5 for h in heights])[:, 0])
     for ax, (label, frame) in zip(axes, frames.items()):
-        rows = _stage_rows(frame, max_stages)
+        rows = _stage_rows(frame, max_stages, stage_of)
         compute = frame[frame["stream"] == "compute"]
         step_ms = float(results[label].step_time_s) * 1e3
         idle_total = busy_total = 0.0
@@ -319,15 +335,17 @@ def plot_pipeline(results: Mapping[str, StepResult], *, max_stages: int = 16,
             ops = compute[compute["rank"] == rank].sort_values("start_s")
             start_ms = ops["start_s"].to_numpy(dtype=float) * 1e3
             stop_ms = ops["end_s"].to_numpy(dtype=float) * 1e3
-            span = (float(start_ms.min()), float(stop_ms.max()))
-            # Bubble: gaps between consecutive ops of the stage inside its busy span.
+            # Bubble: every moment of the step the stage's compute stream is idle (before its
+            # first op, between ops, after its last op).
             gaps = []
-            cursor = span[0]
+            cursor = 0.0
             for s, e in zip(start_ms, stop_ms):
                 if s > cursor:
                     gaps.append((cursor, s - cursor))
                 cursor = max(cursor, e)
-            idle_total += sum(width for _, width in gaps) + max(0.0, step_ms - span[1]) + span[0]
+            if step_ms > cursor:
+                gaps.append((cursor, step_ms - cursor))
+            idle_total += sum(width for _, width in gaps)
             busy_total += step_ms
             ax.broken_barh(gaps, (y - 0.4, 0.8), facecolors=PHASE_COLORS["bubble"],
                            label="bubble (idle)" if y == 0 else None)
@@ -342,7 +360,7 @@ def plot_pipeline(results: Mapping[str, StepResult], *, max_stages: int = 16,
                                label=phase if y == 0 else None)
                 if len(rows) <= 8 and len(bars) <= 64:
                     for (s, w), mb in zip(bars, ops.loc[sel, "microbatch"]):
-                        if mb is not None and mb == mb and w > end_ms / 80:
+                        if _present(mb) and w > end_ms / 80:
                             ax.text(s + w / 2, y, str(mb), ha="center", va="center",
                                     fontsize=6, color="white" if phase == "backward"
                                     else "black")
@@ -360,6 +378,13 @@ def plot_pipeline(results: Mapping[str, StepResult], *, max_stages: int = 16,
     if title:
         fig.suptitle(title)
     return fig
+
+
+def _present(value: Any) -> bool:
+    """Not None, NaN or pandas' NA."""
+    import pandas as pd
+
+    return value is not None and not bool(pd.isna(value))
 
 
 def plot_breakdown(frame: pd.DataFrame, *, series: str = "plan",

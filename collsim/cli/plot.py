@@ -1,0 +1,301 @@
+"""``collsim plot KIND ...``: draw results as PNG or SVG (matplotlib, Agg backend).
+
+Kinds that read a CSV written by another command (no simulation):
+
+- ``scaling SWEEP.csv``: speedup and efficiency vs GPUs per plan (``collsim sweep -o``);
+- ``memory SWEEP.csv``: per-GPU memory vs GPUs per plan, stacked, with the HBM line;
+- ``breakdown CSV``: step-time parts per plan (a sweep CSV, or a search CSV's estimates);
+- ``collectives CSV...``: busbw vs size per algorithm (``collsim collective`` CSV files).
+
+Kinds that simulate a scenario (or evaluate the closed form) first:
+
+- ``timeline SCENARIO``: memory over one step for one rank;
+- ``pipeline SCENARIO``: Gantt chart per stage for several schedules side by side;
+- ``collectives --topology T --gpus N``: busbw vs size from ``collectives.cost``.
+
+Exit codes: 0 written; 1 the scenario is infeasible; 2 bad input (one line naming the key).
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from collsim.errors import CollsimWarning, ConfigError, InfeasibleError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+__all__ = ["plot"]
+
+_OUTPUT = click.option("-o", "--output", required=True,
+                       type=click.Path(dir_okay=False, path_type=Path),
+                       help="Image to write: .png or .svg.")
+_SERIES = click.option("--series", default="plan", show_default=True,
+                       help="CSV column that names the series (one line / panel each).")
+_TITLE = click.option("--title", help="Figure title.")
+
+
+def _fail(exc: ConfigError | InfeasibleError) -> None:
+    if isinstance(exc, InfeasibleError):
+        click.echo("infeasible: " + " ".join(str(exc).split()), err=True)
+        sys.exit(1)
+    click.echo("error: " + " ".join(str(exc).split()), err=True)
+    sys.exit(2)
+
+
+def _check_suffix(path: Path) -> None:
+    if path.suffix.lower() not in (".png", ".svg"):
+        raise ConfigError(f"image must end in .png or .svg, got {path.name!r}",
+                          key_path="--output")
+
+
+def _save(fig: Figure, path: Path) -> None:
+    from collsim.report.plots import save_figure
+
+    save_figure(fig, path)
+    click.echo(f"wrote {path}", err=True)
+
+
+def _read_csv(path: Path) -> pd.DataFrame:
+    import pandas as pd
+
+    try:
+        return pd.read_csv(path, keep_default_na=True)
+    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+        raise ConfigError(f"cannot read CSV: {exc}", file=str(path)) from None
+
+
+def _sweep_frame(path: Path, series: str) -> pd.DataFrame:
+    """A sweep or search CSV as a results frame (search ``est_*`` columns renamed)."""
+    frame = _read_csv(path)
+    if "compute_s" not in frame.columns and "est_compute_s" in frame.columns:
+        renamed = {c: c[4:] for c in frame.columns if c.startswith("est_")}
+        frame = frame.rename(columns=renamed)
+    if series not in frame.columns:
+        raise ConfigError(f"no column {series!r} in {path.name}; columns: "
+                          f"{', '.join(map(str, frame.columns))}", key_path="--series")
+    frame[series] = frame[series].fillna("").astype(str)
+    if (frame[series] == "").all():
+        frame[series] = path.stem
+    return frame
+
+
+@click.group(name="plot", context_settings={"help_option_names": ["-h", "--help"]})
+def plot() -> None:
+    """Draw scaling, memory, timeline, pipeline, breakdown and collective plots."""
+
+
+@plot.command("scaling")
+@click.argument("csv", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@_OUTPUT
+@_SERIES
+@_TITLE
+def scaling_cmd(csv: Path, output: Path, series: str, title: str | None) -> None:
+    """Speedup and scaling efficiency vs GPUs from a `collsim sweep -o` CSV."""
+    from collsim.report.plots import plot_scaling
+
+    try:
+        _check_suffix(output)
+        _save(plot_scaling(_sweep_frame(csv, series), series=series, title=title), output)
+    except ConfigError as exc:
+        _fail(exc)
+
+
+@plot.command("memory")
+@click.argument("csv", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@_OUTPUT
+@_SERIES
+@_TITLE
+def memory_cmd(csv: Path, output: Path, series: str, title: str | None) -> None:
+    """Per-GPU memory vs GPUs, stacked by category, with the HBM line (sweep CSV)."""
+    from collsim.report.plots import plot_memory
+
+    try:
+        _check_suffix(output)
+        _save(plot_memory(_sweep_frame(csv, series), series=series, title=title), output)
+    except ConfigError as exc:
+        _fail(exc)
+
+
+@plot.command("breakdown")
+@click.argument("csv", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@_OUTPUT
+@_SERIES
+@_TITLE
+@click.option("--limit", type=click.IntRange(min=1), default=12, show_default=True,
+              help="At most this many rows (the first ones).")
+def breakdown_cmd(csv: Path, output: Path, series: str, title: str | None, limit: int) -> None:
+    """Stacked bars of compute / exposed comm / bubble / optimizer per plan (sweep or search
+    CSV)."""
+    from collsim.report.plots import plot_breakdown
+
+    try:
+        _check_suffix(output)
+        frame = _sweep_frame(csv, series)
+        if "feasible" in frame.columns:
+            frame = frame[frame["feasible"].astype(bool)]
+        _save(plot_breakdown(frame.head(limit), series=series, title=title), output)
+    except ConfigError as exc:
+        _fail(exc)
+
+
+def _simulate(scenario: Path, overrides: list[str], *, trace: bool = True) -> Any:
+    from collsim.sweep import SweepPoint, run_point
+
+    point = SweepPoint(label="", num_gpus=None, overrides=tuple(overrides))
+    outcome = run_point(scenario, point, trace=trace)
+    if outcome.result is None:
+        raise InfeasibleError(outcome.reason or "cannot simulate",
+                              reason=(outcome.reason or "x").split(":")[0])
+    return outcome.result
+
+
+@plot.command("timeline")
+@click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))
+@_OUTPUT
+@_TITLE
+@click.option("--rank", type=int, help="Rank to draw (default: the first simulated rank).")
+@click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
+              help="Override a scenario key.")
+def timeline_cmd(scenario: Path, output: Path, title: str | None, rank: int | None,
+                 overrides: tuple[str, ...]) -> None:
+    """Memory in use over one simulated step of SCENARIO for one rank, with the HBM line."""
+    from collsim.report.plots import plot_memory_timeline
+    from collsim.scenario import load_scenario
+
+    try:
+        _check_suffix(output)
+        load_scenario(scenario, list(overrides))  # bad keys: exit 2 before simulating
+        result = _simulate(scenario, list(overrides))
+        _save(plot_memory_timeline(result, rank=rank, title=title), output)
+    except (ConfigError, InfeasibleError) as exc:
+        _fail(exc)
+
+
+@plot.command("pipeline")
+@click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))
+@_OUTPUT
+@_TITLE
+@click.option("--schedules", default="gpipe,1f1b,interleaved", show_default=True,
+              help="Schedules to draw, one panel each.")
+@click.option("--virtual-stages", type=click.IntRange(min=2), default=2, show_default=True,
+              help="Model chunks per stage for the interleaved schedule.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
+              help="Override a scenario key.")
+def pipeline_cmd(scenario: Path, output: Path, title: str | None, schedules: str,
+                 virtual_stages: int, overrides: tuple[str, ...]) -> None:
+    """Gantt chart per pipeline stage (forward, backward, bubble) for each schedule."""
+    from collsim.report.plots import plot_pipeline
+    from collsim.scenario import load_scenario
+
+    try:
+        _check_suffix(output)
+        kinds = [s.strip() for s in schedules.split(",") if s.strip()]
+        bad = [k for k in kinds if k not in ("gpipe", "1f1b", "interleaved")]
+        if bad or not kinds:
+            raise ConfigError(f"must be some of gpipe, 1f1b, interleaved; got {schedules!r}",
+                              key_path="--schedules")
+        base = load_scenario(scenario, list(overrides))
+        results = {}
+        for kind in kinds:
+            extra = [f"parallel.schedule={kind}",
+                     f"parallel.virtual_stages={virtual_stages if kind == 'interleaved' else 1}"]
+            label = kind if kind != "interleaved" else f"interleaved (v={virtual_stages})"
+            results[label] = _simulate(scenario, [*overrides, *extra])
+        tp, pp = base.parallel.tp, base.parallel.pp
+        _save(plot_pipeline(results, title=title,
+                            stage_of=lambda rank: (rank // tp) % pp), output)
+    except (ConfigError, InfeasibleError) as exc:
+        _fail(exc)
+
+
+@plot.command("collectives")
+@click.argument("csv_files", nargs=-1, type=click.Path(exists=True, dir_okay=False,
+                                                       path_type=Path))
+@_OUTPUT
+@_TITLE
+@click.option("--topology", help="Evaluate the closed form on this topology instead of CSVs.")
+@click.option("--gpus", type=int, default=8, show_default=True, help="Group size (closed form).")
+@click.option("--op", default="all_reduce", show_default=True, help="Collective op.")
+@click.option("-b", "--minbytes", default="1K", show_default=True, help="Smallest size.")
+@click.option("-e", "--maxbytes", default="4G", show_default=True, help="Largest size.")
+@click.option("--algorithms", default="ring,tree,halving_doubling,direct,hierarchical,nvls",
+              show_default=True, help="Algorithms to draw (closed form; inapplicable ones "
+                                      "are left out).")
+def collectives_cmd(csv_files: tuple[Path, ...], output: Path, title: str | None,
+                    topology: str | None, gpus: int, op: str, minbytes: str, maxbytes: str,
+                    algorithms: str) -> None:
+    """Bus bandwidth vs message size per algorithm, from `collsim collective` CSVs or from the
+    closed form on --topology."""
+    import pandas as pd
+
+    from collsim.report.frames import read_collective_csv
+    from collsim.report.plots import plot_collectives
+
+    try:
+        _check_suffix(output)
+        if bool(csv_files) == bool(topology):
+            raise ConfigError("give either CSV files or --topology", key_path="collectives")
+        if csv_files:
+            frames = []
+            for path in csv_files:
+                frame = read_collective_csv(path)
+                if len(csv_files) > 1 and frame["algorithm"].nunique() == 1:
+                    frame["algorithm"] = f"{frame['algorithm'].iloc[0]} ({path.stem})"
+                frames.append(frame)
+            data = pd.concat(frames, ignore_index=True)
+        else:
+            data = _closed_form(topology or "", gpus, op, minbytes, maxbytes, algorithms)
+        _save(plot_collectives(data, title=title), output)
+    except ConfigError as exc:
+        _fail(exc)
+
+
+def _closed_form(topology: str, gpus: int, op: str, minbytes: str, maxbytes: str,
+                 algorithms: str) -> pd.DataFrame:
+    from collsim.collectives import Algorithm, CollectiveOp, Group
+    from collsim.report.frames import collective_cost_frame
+    from collsim.sweep import cluster_for
+    from collsim.units import parse_size
+
+    try:
+        low, high = parse_size(minbytes), parse_size(maxbytes)
+    except ValueError as exc:
+        raise ConfigError(str(exc), key_path="--minbytes/--maxbytes") from None
+    if low <= 0 or high < low:
+        raise ConfigError(f"need 0 < minbytes <= maxbytes, got {minbytes}, {maxbytes}",
+                          key_path="--minbytes/--maxbytes")
+    try:
+        CollectiveOp(op)
+    except ValueError:
+        raise ConfigError(f"must be one of {', '.join(o.value for o in CollectiveOp)}; "
+                          f"got {op!r}", key_path="--op") from None
+    names = [a.strip() for a in algorithms.split(",") if a.strip()]
+    for name in names:
+        try:
+            Algorithm(name)
+        except ValueError:
+            raise ConfigError(f"must be one of {', '.join(a.value for a in Algorithm)}; got "
+                              f"{name!r}", key_path="--algorithms") from None
+    try:
+        topo = cluster_for(topology, gpus, None)
+    except InfeasibleError as exc:
+        raise ConfigError(str(exc), key_path="--gpus") from None
+    sizes = []
+    size = low
+    while size <= high:
+        sizes.append(size)
+        size *= 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CollsimWarning)
+        frame = collective_cost_frame(op, sizes, Group.all(topo), names)
+    if frame.empty:
+        raise ConfigError(f"none of {algorithms} applies to {op} on {topo.name}",
+                          key_path="--algorithms")
+    return frame

@@ -1,0 +1,183 @@
+"""``collsim search SCENARIO --gpus N``: find the fastest parallel plan that fits.
+
+Data (the table of best plans) goes to stdout; the progress bar (terminal only), the counts of
+infeasible plans by reason and "wrote FILE" lines go to stderr. Exit codes: 0 a plan was found;
+1 no plan fits; 2 bad input.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from collsim.errors import ConfigError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from collsim.search import Ranked, SearchResult
+
+__all__ = ["search", "search_table"]
+
+_EPILOG = """\b
+Examples:
+  collsim search scenarios/3d_175b.yaml --gpus 1024
+  collsim search scenarios/3d_175b.yaml --gpus 1024 --top 20 --simulate 5 -o plans.csv
+  collsim search scenarios/ddp_gpt3_1.3b.yaml --gpus 64 --zero 0,1 --recompute none
+"""
+
+
+def _int_list(text: str | None, key: str) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise ConfigError(f"expected comma-separated integers, got {text!r}",
+                          key_path=key) from None
+    if not values or any(v < 0 for v in values):
+        raise ConfigError(f"expected non-negative integers, got {text!r}", key_path=key)
+    return values
+
+
+@click.command(name="search", epilog=_EPILOG)
+@click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--gpus", type=int, help="GPU count to plan for (default: the scenario's).")
+@click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
+              help="Override a scenario key first (e.g. training.global_batch=1024).")
+@click.option("--top", "top_n", type=click.IntRange(min=1), default=10, show_default=True,
+              help="How many plans to print.")
+@click.option("--simulate", "top_k", type=click.IntRange(min=0), default=3, show_default=True,
+              help="How many of the best estimates to re-simulate with the engine.")
+@click.option("--micro-batch", "micro_text", metavar="LIST", help="Micro-batch sizes to try.")
+@click.option("--zero", "zero_text", metavar="LIST", help="ZeRO stages to try (0-3).")
+@click.option("--recompute", "recompute_text", metavar="LIST",
+              help="Recompute modes to try (none,selective,full).")
+@click.option("--schedule", "schedule_text", metavar="LIST",
+              help="Pipeline schedules to try (gpipe,1f1b,interleaved).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write every feasible plan (estimate and simulation columns) to this CSV.")
+def search(scenario: Path, gpus: int | None, overrides: tuple[str, ...], top_n: int,
+           top_k: int, micro_text: str | None, zero_text: str | None,
+           recompute_text: str | None, schedule_text: str | None,
+           output: Path | None) -> None:
+    """Enumerate the plans of SCENARIO's model on --gpus GPUs, rank them, re-simulate the best."""
+    from collsim.scenario import load_scenario
+    from collsim.search import SearchSpace, search_plans, search_frame
+    from collsim.sweep import cluster_for
+
+    try:
+        base = load_scenario(scenario, list(overrides))
+        space_kwargs: dict[str, Any] = {}
+        if (mbs := _int_list(micro_text, "--micro-batch")) is not None:
+            if 0 in mbs:
+                raise ConfigError("micro-batch sizes must be > 0", key_path="--micro-batch")
+            space_kwargs["micro_batches"] = mbs
+        if (zeros := _int_list(zero_text, "--zero")) is not None:
+            if any(z > 3 for z in zeros):
+                raise ConfigError(f"ZeRO stages are 0-3, got {zero_text}", key_path="--zero")
+            space_kwargs["zero_stages"] = zeros
+        if recompute_text is not None:
+            modes = tuple(v.strip() for v in recompute_text.split(",") if v.strip())
+            bad = [m for m in modes if m not in ("none", "selective", "full")]
+            if bad or not modes:
+                raise ConfigError(f"must be some of none, selective, full; got {recompute_text}",
+                                  key_path="--recompute")
+            space_kwargs["recomputes"] = modes
+        if schedule_text is not None:
+            kinds = tuple(v.strip() for v in schedule_text.split(",") if v.strip())
+            bad = [k for k in kinds if k not in ("gpipe", "1f1b", "interleaved")]
+            if bad or not kinds:
+                raise ConfigError(f"must be some of gpipe, 1f1b, interleaved; got "
+                                  f"{schedule_text}", key_path="--schedule")
+            space_kwargs["schedules"] = kinds
+        if gpus is not None and gpus <= 0:
+            raise ConfigError(f"must be > 0, got {gpus}", key_path="--gpus")
+        from collsim.errors import InfeasibleError
+
+        try:
+            topology = (cluster_for(base.cluster.topology, gpus, None) if gpus is not None
+                        else base.cluster.load())
+        except InfeasibleError as exc:
+            raise ConfigError(str(exc), key_path="--gpus") from None
+    except ConfigError as exc:
+        click.echo("error: " + " ".join(str(exc).split()), err=True)
+        sys.exit(2)
+
+    space = SearchSpace(**space_kwargs)
+    result = _run_with_progress(topology, base, space, top_k, search_plans)
+    click.echo(f"collsim search: {base.model.name} on {topology.num_ranks} x "
+               f"{topology.device.name} ({topology.name}), global batch "
+               f"{base.training.global_batch}")
+    click.echo(f"  {result.considered:,} plans in the grid, {result.estimated:,} buildable and "
+               f"estimated, {len(result.ranked):,} fit by estimate ({result.estimate_s:.1f} s), "
+               f"{len(result.simulated)} re-simulated ({result.simulate_s:.1f} s)")
+    click.echo(search_table(result, top_n))
+    _report_rejected(result)
+    if output is not None:
+        search_frame(result).to_csv(output, index=False)
+        click.echo(f"wrote {output}", err=True)
+    best = result.best
+    if best is None:
+        click.echo("no plan fits", err=True)
+        sys.exit(1)
+
+
+def _run_with_progress(topology: Any, base: Any, space: Any, top_k: int,
+                       search_plans: Any) -> SearchResult:
+    """Run the search with a progress bar on a terminal (plans estimated, then simulated)."""
+    from collsim.search import enumerate_plans
+
+    if not sys.stderr.isatty():
+        return search_plans(topology, base.model, base.training, base.parallel, space=space,
+                            top_k=top_k)
+    total = sum(1 for _ in enumerate_plans(base.model, topology.num_ranks,
+                                           topology.gpus_per_node, base.training.global_batch,
+                                           space))
+    with click.progressbar(length=total + top_k, label="search", file=sys.stderr,
+                           show_pos=True) as bar:
+        def progress(phase: str, n: int) -> None:
+            bar.update(n)
+
+        return search_plans(topology, base.model, base.training, base.parallel, space=space,
+                            top_k=top_k, progress=progress)
+
+
+def _row(index: int, entry: Ranked) -> list[str]:
+    from collsim.report.tables import format_seconds
+
+    est = entry.estimate
+    res = entry.result
+    sim = format_seconds(res.step_time_s) if res is not None else "-"
+    mfu = res.mfu if res is not None else est.mfu
+    peak = res.memory_peak_bytes if res is not None else est.memory_peak_bytes
+    status = "" if res is None else ("simulated" if entry.reason is None else entry.reason)
+    return [str(index), entry.candidate.label, format_seconds(est.step_time_s), sim,
+            f"{100 * mfu:.1f}", f"{peak / 1e9:.1f}", status]
+
+
+def search_table(result: SearchResult, top_n: int = 10) -> str:
+    """The best plans: re-simulated ones first (by simulated time), then the next estimates."""
+    from collsim.report.tables import format_table
+
+    shown = list(result.simulated)
+    for entry in result.ranked:
+        if len(shown) >= top_n:
+            break
+        if entry.result is None and entry not in shown:
+            shown.append(entry)
+    rows = [_row(i + 1, entry) for i, entry in enumerate(shown[:top_n])]
+    return format_table(["#", "plan", "estimate", "simulated", "MFU %", "peak GB", "status"],
+                        rows, align="rlrrrrl")
+
+
+def _report_rejected(result: SearchResult) -> None:
+    from collsim.search import REASONS
+
+    if not result.rejected:
+        return
+    total = sum(result.rejected.values())
+    click.echo(f"infeasible plans: {total:,}", err=True)
+    for reason, count in result.rejected.most_common():
+        click.echo(f"  {count:>8,}  {reason}: {REASONS.get(reason, reason)}", err=True)

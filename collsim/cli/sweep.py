@@ -1,0 +1,184 @@
+"""``collsim sweep SCENARIO``: simulate a scenario over GPU counts and scenario keys.
+
+Data (the table) goes to stdout; the progress bar (only on a terminal), the list of infeasible
+points and "wrote FILE" lines go to stderr. Exit codes: 0 at least one point ran and fits;
+1 no point could run; 2 bad input (one line naming the key).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from collsim.errors import ConfigError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+    from collsim.sweep import SweepOutcome
+
+__all__ = ["sweep", "sweep_table", "progress_reporter"]
+
+_EPILOG = """\b
+Examples:
+  collsim sweep scenarios/3d_175b.yaml --gpus 64,128,...,4096 -o sweep.csv --plot scaling.png
+  collsim sweep scenarios/3d_175b.yaml --gpus 512,1024,2048 --strong
+  collsim sweep scenarios/ddp_gpt3_1.3b.yaml --gpus 8,16,...,256 --set parallel.zero=0,1,2,3
+  collsim sweep scenarios/pipeline_13b_1f1b.yaml --set parallel.schedule=gpipe,1f1b
+"""
+
+
+@click.command(name="sweep", epilog=_EPILOG)
+@click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--gpus", "gpus_text", metavar="LIST",
+              help="GPU counts, e.g. 64,128,...,4096 (a literal ... continues the doubling).")
+@click.option("--strong", is_flag=True,
+              help="Strong scaling: keep the global batch (default: weak, it grows with dp).")
+@click.option("--grow", type=click.Choice(["dp", "tp", "pp"]), default="dp", show_default=True,
+              help="The parallel axis that grows with the GPU count.")
+@click.option("--set", "set_texts", multiple=True, metavar="KEY.PATH=V1,V2,...",
+              help="Sweep a scenario key over values, e.g. parallel.zero=0,1,2,3. Repeatable: "
+                   "the product is taken.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write every result field of every point to this CSV file.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Draw the sweep (PNG or SVG): scaling when GPUs vary, else the breakdown.")
+@click.option("--plot-kind", type=click.Choice(["auto", "scaling", "memory", "breakdown"]),
+              default="auto", show_default=True, help="What --plot draws.")
+@click.option("--all-ranks", is_flag=True, help="Simulate every rank (slow on big jobs).")
+def sweep(scenario: Path, gpus_text: str | None, strong: bool, grow: str,
+          set_texts: tuple[str, ...], output: Path | None, plot_path: Path | None,
+          plot_kind: str, all_ranks: bool) -> None:
+    """Simulate SCENARIO at every GPU count of --gpus and every --set combination."""
+    from collsim.sweep import build_points, check_overrides, parse_gpus, parse_set, run_sweep
+
+    try:
+        gpus = parse_gpus(gpus_text) if gpus_text else None
+        sets = [parse_set(text) for text in set_texts]
+        if plot_path is not None and plot_path.suffix.lower() not in (".png", ".svg"):
+            raise ConfigError(f"image must end in .png or .svg, got {plot_path.name!r}",
+                              key_path="--plot")
+        check_overrides(scenario, sets, gpus=gpus, grow=grow)
+    except ConfigError as exc:
+        _fail(exc)
+    points = build_points(gpus=gpus, sets=sets)
+    with progress_reporter(len(points), "sweep") as tick:
+        outcomes = run_sweep(scenario, points, grow=grow, strong=strong, all_ranks=all_ranks,
+                             progress=tick)
+
+    from collsim.sweep import sweep_frame
+
+    frame = sweep_frame(outcomes)
+    click.echo(sweep_table(frame))
+    _report_infeasible(outcomes)
+    if output is not None:
+        frame.to_csv(output, index=False)
+        click.echo(f"wrote {output}", err=True)
+    if plot_path is not None:
+        from collsim.report.plots import plot_breakdown, plot_memory, plot_scaling, save_figure
+
+        kind = plot_kind
+        if kind == "auto":
+            kind = "scaling" if gpus and len(gpus) > 1 else "breakdown"
+        try:
+            figure = {"scaling": plot_scaling, "memory": plot_memory,
+                      "breakdown": plot_breakdown}[kind](_with_plan_labels(frame, scenario.stem))
+            save_figure(figure, plot_path)
+        except ConfigError as exc:
+            _fail(exc)
+        click.echo(f"wrote {plot_path}", err=True)
+    if not any(o.feasible for o in outcomes):
+        click.echo("no point of the sweep can run", err=True)
+        sys.exit(1)
+
+
+def _with_plan_labels(frame: pd.DataFrame, name: str) -> pd.DataFrame:
+    """A sweep without --set has one series with an empty label: name it after the scenario."""
+    out = frame.copy()
+    out["plan"] = [label or name for label in out["plan"]]
+    return out
+
+
+def _fail(exc: ConfigError) -> None:
+    click.echo("error: " + " ".join(str(exc).split()), err=True)
+    sys.exit(2)
+
+
+class _Progress:
+    """A click progress bar on stderr when it is a terminal; nothing otherwise."""
+
+    def __init__(self, total: int, label: str) -> None:
+        self.bar: Any = None
+        if sys.stderr.isatty():
+            self.bar = click.progressbar(length=total, label=label, file=sys.stderr,
+                                         show_pos=True, show_eta=True)
+
+    def __enter__(self) -> Any:
+        if self.bar is not None:
+            self.bar.__enter__()
+        return self.tick
+
+    def tick(self, *_: Any) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+
+
+def progress_reporter(total: int, label: str) -> _Progress:
+    """Context manager yielding a ``tick(...)`` callback: a progress bar on a terminal only."""
+    return _Progress(total, label)
+
+
+def _fmt(value: Any, kind: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    from collsim.report.tables import format_count, format_seconds
+
+    match kind:
+        case "time":
+            return format_seconds(float(value))
+        case "count":
+            return format_count(float(value))
+        case "pct":
+            return f"{100 * float(value):.1f}"
+        case "gb":
+            return f"{float(value) / 1e9:.1f}"
+        case _:
+            return str(value)
+
+
+def sweep_table(frame: pd.DataFrame) -> str:
+    """The sweep as a text table: one row per point, a status column (ok or the reason tag)."""
+    from collsim.report.tables import format_table
+
+    show_plan = frame["plan"].astype(str).str.len().gt(0).any()
+    headers = (["plan"] if show_plan else []) + [
+        "GPUs", "tp", "pp", "dp", "batch", "step time", "tokens/s", "MFU %", "peak GB",
+        "status"]
+    rows = []
+    for r in frame.to_dict("records"):
+        status = "ok" if r["feasible"] else str(r["reason"]).split(":", 1)[0]
+        rows.append(([str(r["plan"])] if show_plan else []) + [
+            _fmt(r["num_gpus"], "count"), _fmt(r.get("tp"), ""), _fmt(r.get("pp"), ""),
+            _fmt(r.get("dp"), ""), _fmt(r.get("global_batch"), ""),
+            _fmt(r["step_time_s"], "time"), _fmt(r["tokens_per_s"], "count"),
+            _fmt(r["mfu"], "pct"), _fmt(r["memory_peak_bytes"], "gb"), status])
+    align = ("l" if show_plan else "") + "r" * 9 + "l"
+    return format_table(headers, rows, align=align)
+
+
+def _report_infeasible(outcomes: list[SweepOutcome]) -> None:
+    bad = [o for o in outcomes if not o.feasible]
+    if not bad:
+        return
+    click.echo(f"infeasible points: {len(bad)} of {len(outcomes)}", err=True)
+    for o in bad:
+        where = ", ".join(p for p in (o.point.label, f"{o.params.get('num_gpus')} GPUs") if p)
+        click.echo(f"  {where}: {o.reason}", err=True)

@@ -1,0 +1,347 @@
+"""Plan search: enumerate parallel plans for a model on N GPUs, rank them, re-simulate the best.
+
+``collsim search SCENARIO --gpus N`` keeps the scenario's model, cluster type, global batch,
+dtype and optimizer, and varies the plan: tp, pp, dp, micro-batch size, pipeline schedule and
+virtual stages, ZeRO stage, activation recompute and sequence parallelism.
+
+1. :func:`enumerate_plans` walks the grid and drops plans that cannot be built, counting why
+   (``tp_heads``: heads or ffn not divisible by tp; ``tp_node``: tp larger than a node;
+   ``pp_layers``: layers not divisible by pp x v; ``batch``: global batch not divisible by
+   dp x micro-batch; ``interleaved_m``: Megatron's interleaving needs m divisible by pp;
+   ``zero_pp``: ZeRO-2/3 with pipeline parallelism, which DeepSpeed and Megatron do not support
+   because gradients are reduced once per step, not per micro-batch).
+2. Every remaining plan is ranked by the closed form (:mod:`collsim.estimate`); plans whose
+   estimated memory exceeds the GPU's are counted as ``memory``.
+3. The best ``top_k`` by estimate are simulated with the discrete-event engine, which has the
+   last word on step time and memory (a simulated plan that does not fit is ``memory (DES)``).
+
+Nothing here prints; a callback reports progress.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from collsim.errors import CollsimWarning, ConfigError, InfeasibleError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+    from collsim.engine.result import StepResult
+    from collsim.estimate import Estimate
+    from collsim.parallel.config import ParallelConfig, TrainingConfig
+    from collsim.scenario import Scenario
+    from collsim.topology import Topology
+    from collsim.workload.model import TransformerSpec
+
+__all__ = [
+    "SearchSpace",
+    "Candidate",
+    "Ranked",
+    "SearchResult",
+    "enumerate_plans",
+    "search_plans",
+    "search_frame",
+]
+
+REASONS = {
+    "tp_heads": "heads or ffn_hidden not divisible by tp",
+    "tp_node": "tp larger than a node",
+    "pp_layers": "layers not divisible by pp x virtual stages",
+    "batch": "global batch not divisible by dp x micro-batch",
+    "interleaved_m": "interleaved needs micro-batches divisible by pp",
+    "zero_pp": "ZeRO-2/3 with pipeline parallelism (unsupported)",
+    "memory": "estimated memory exceeds the GPU",
+    "memory (DES)": "simulated memory exceeds the GPU",
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SearchSpace:
+    """What the search varies. Defaults cover what Megatron-LM and DeepSpeed offer."""
+
+    micro_batches: tuple[int, ...] = (1, 2, 4, 8)
+    schedules: tuple[str, ...] = ("gpipe", "1f1b", "interleaved")
+    virtual_stages: tuple[int, ...] = (2, 3, 4, 6, 8)
+    """Chunks per stage tried with the interleaved schedule."""
+    zero_stages: tuple[int, ...] = (0, 1, 2, 3)
+    recomputes: tuple[str, ...] = ("none", "selective", "full")
+    sequence_parallel: tuple[bool, ...] = (False, True)
+    max_tp: int | None = None
+    """Largest tp; None = the GPUs of one node (Megatron keeps TP inside NVLink)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Candidate:
+    """One plan: the knobs the search turns."""
+
+    tp: int
+    pp: int
+    dp: int
+    micro_batch: int
+    schedule: str
+    virtual_stages: int
+    zero: int
+    recompute: str
+    sequence_parallel: bool
+
+    @property
+    def label(self) -> str:
+        """``tp8 pp8 dp16 mb1 interleaved v2 zero1 rc=full sp``."""
+        parts = [f"tp{self.tp}", f"pp{self.pp}", f"dp{self.dp}", f"mb{self.micro_batch}"]
+        if self.pp > 1:
+            parts.append(self.schedule + (f" v{self.virtual_stages}"
+                                          if self.virtual_stages > 1 else ""))
+        parts += [f"zero{self.zero}", f"rc={self.recompute}"]
+        if self.sequence_parallel:
+            parts.append("sp")
+        return " ".join(parts)
+
+    def configs(self, base_training: TrainingConfig, base_parallel: ParallelConfig
+                ) -> tuple[TrainingConfig, ParallelConfig]:
+        """The scenario's training and parallel sections with this plan's knobs."""
+        import dataclasses
+
+        training = dataclasses.replace(base_training, micro_batch=self.micro_batch,
+                                       recompute=self.recompute)
+        parallel = dataclasses.replace(
+            base_parallel, tp=self.tp, pp=self.pp, dp=self.dp, schedule=self.schedule,
+            virtual_stages=self.virtual_stages, zero=self.zero,
+            sequence_parallel=self.sequence_parallel)
+        return training, parallel
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"plan": self.label, "tp": self.tp, "pp": self.pp, "dp": self.dp,
+                "micro_batch": self.micro_batch, "schedule": self.schedule,
+                "virtual_stages": self.virtual_stages, "zero": self.zero,
+                "recompute": self.recompute, "sequence_parallel": self.sequence_parallel}
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def enumerate_plans(spec: TransformerSpec, num_gpus: int, gpus_per_node: int,
+                    global_batch: int, space: SearchSpace | None = None,
+                    rejected: Counter[str] | None = None) -> Iterator[Candidate]:
+    """Every buildable plan of ``spec`` on ``num_gpus`` GPUs; the others are counted by reason
+    in ``rejected`` (one count per plan of the full grid that is dropped)."""
+    space = space or SearchSpace()
+    rejected = rejected if rejected is not None else Counter()
+    max_tp = space.max_tp or gpus_per_node
+    per_variant = len(space.zero_stages) * len(space.recomputes)
+    for tp in _divisors(num_gpus):
+        sps = [sp for sp in space.sequence_parallel if tp > 1 or not sp] or [False]
+        for pp in _divisors(num_gpus // tp):
+            dp = num_gpus // (tp * pp)
+            scheds: list[tuple[str, int]] = [("1f1b", 1)] if pp == 1 else [
+                (s, v) for s in space.schedules
+                for v in (space.virtual_stages if s == "interleaved" else (1,))]
+            grid = len(space.micro_batches) * len(scheds) * per_variant * len(sps)
+            if tp > max_tp:
+                rejected["tp_node"] += grid
+                continue
+            if spec.num_heads % tp or spec.ffn_hidden % tp:
+                rejected["tp_heads"] += grid
+                continue
+            if pp > spec.num_layers:
+                rejected["pp_layers"] += grid
+                continue
+            for mb in space.micro_batches:
+                per_mb = len(scheds) * per_variant * len(sps)
+                if global_batch % (dp * mb):
+                    rejected["batch"] += per_mb
+                    continue
+                m = global_batch // (dp * mb)
+                for schedule, v in scheds:
+                    per_sched = per_variant * len(sps)
+                    if spec.num_layers % (pp * v):
+                        rejected["pp_layers"] += per_sched
+                        continue
+                    if schedule == "interleaved" and m % pp:
+                        rejected["interleaved_m"] += per_sched
+                        continue
+                    for zero in space.zero_stages:
+                        if zero >= 2 and pp > 1:
+                            rejected["zero_pp"] += len(space.recomputes) * len(sps)
+                            continue
+                        for recompute in space.recomputes:
+                            for sp in sps:
+                                yield Candidate(tp=tp, pp=pp, dp=dp, micro_batch=mb,
+                                                schedule=schedule, virtual_stages=v, zero=zero,
+                                                recompute=recompute, sequence_parallel=sp)
+
+
+@dataclass(slots=True)
+class Ranked:
+    """A plan with its estimate and, for the best few, its simulation."""
+
+    candidate: Candidate
+    estimate: Estimate
+    result: StepResult | None = None
+    reason: str | None = None
+    """Why the simulation could not run or the plan does not fit (None when fine)."""
+    simulate_s: float = 0.0
+
+    @property
+    def step_time_s(self) -> float:
+        """The simulated step time when there is one, else the estimate."""
+        return self.result.step_time_s if self.result is not None else self.estimate.step_time_s
+
+
+@dataclass(slots=True)
+class SearchResult:
+    """What a search found."""
+
+    num_gpus: int
+    considered: int
+    """Plans of the full grid (buildable + rejected)."""
+    ranked: list[Ranked]
+    """Feasible plans by estimated step time, best first."""
+    simulated: list[Ranked]
+    """The re-simulated best plans, by simulated step time (those that fit first)."""
+    rejected: Counter[str] = field(default_factory=Counter)
+    estimated: int = 0
+    """Plans the closed form was evaluated for (buildable ones)."""
+    estimate_s: float = 0.0
+    simulate_s: float = 0.0
+
+    @property
+    def best(self) -> Ranked | None:
+        fits = [r for r in self.simulated if r.reason is None]
+        if fits:
+            return fits[0]
+        return self.ranked[0] if self.ranked and not self.simulated else None
+
+
+def search_plans(topology: Topology, spec: TransformerSpec, training: TrainingConfig,
+                 parallel: ParallelConfig, *, space: SearchSpace | None = None,
+                 top_k: int = 3, simulate: Callable[..., StepResult] | None = None,
+                 progress: Callable[[str, int], None] | None = None) -> SearchResult:
+    """Enumerate, estimate and rank the plans; re-simulate the ``top_k`` best.
+
+    Args:
+        topology: the cluster with the GPU count to search (tp x pp x dp = its ranks).
+        spec: the model.
+        training, parallel: the scenario's sections; the global batch, dtype, optimizer and
+            the DDP/FSDP knobs are kept, the plan knobs replaced.
+        space: what to vary.
+        top_k: how many of the best estimates the engine re-simulates (0: none).
+        simulate: ``simulate(topology, spec, training, parallel) -> StepResult``; default the
+            engine's ``simulate_step``.
+        progress: called as ``progress(phase, n)`` with phase ``estimate`` (n plans done since
+            the last call) or ``simulate`` (1 per simulated plan).
+    """
+    from collsim.estimate import Estimator
+
+    started = time.perf_counter()
+    num_gpus = topology.num_ranks
+    rejected: Counter[str] = Counter()
+    estimator = Estimator(topology, spec)
+    ranked: list[Ranked] = []
+    pending = 0
+    total = 0
+    dropped: Counter[str] = Counter()
+    for candidate in enumerate_plans(spec, num_gpus, topology.gpus_per_node,
+                                     training.global_batch, space, dropped):
+        total += 1
+        train_c, par_c = candidate.configs(training, parallel)
+        try:
+            estimate = estimator.estimate(train_c, par_c)
+        except (InfeasibleError, ConfigError) as exc:
+            rejected[getattr(exc, "reason", "config")] += 1
+            continue
+        if not estimate.fits:
+            rejected["memory"] += 1
+        else:
+            ranked.append(Ranked(candidate, estimate))
+        pending += 1
+        if progress is not None and pending >= 200:
+            progress("estimate", pending)
+            pending = 0
+    if progress is not None and pending:
+        progress("estimate", pending)
+    structural = sum(dropped.values())
+    rejected.update(dropped)
+    ranked.sort(key=lambda r: (r.estimate.step_time_s, r.estimate.memory_peak_bytes))
+    estimate_s = time.perf_counter() - started
+
+    simulated: list[Ranked] = []
+    sim_started = time.perf_counter()
+    for entry in ranked[:max(0, top_k)]:
+        train_c, par_c = entry.candidate.configs(training, parallel)
+        t0 = time.perf_counter()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", CollsimWarning)
+                entry.result = (simulate or _simulate)(topology, spec, train_c, par_c)
+            if not entry.result.fits:
+                entry.reason = "memory (DES)"
+        except (InfeasibleError, ConfigError) as exc:
+            entry.reason = f"{getattr(exc, 'reason', 'config')}: {exc}"
+        entry.simulate_s = time.perf_counter() - t0
+        simulated.append(entry)
+        if progress is not None:
+            progress("simulate", 1)
+    for entry in simulated:
+        if entry.reason and entry.reason.startswith("memory"):
+            rejected["memory (DES)"] += 1
+    simulated.sort(key=lambda r: (r.reason is not None, r.step_time_s))
+    considered = total + structural
+    return SearchResult(num_gpus=num_gpus, considered=considered, ranked=ranked,
+                        simulated=simulated, rejected=rejected, estimated=total,
+                        estimate_s=estimate_s,
+                        simulate_s=time.perf_counter() - sim_started)
+
+
+def _simulate(topology: Topology, spec: TransformerSpec, training: TrainingConfig,
+              parallel: ParallelConfig) -> StepResult:
+    from collsim.engine import simulate_step
+
+    return simulate_step(topology, spec, training, parallel)
+
+
+def search_frame(result: SearchResult, *, limit: int | None = None) -> pd.DataFrame:
+    """One row per feasible plan, best estimate first: the plan's knobs, ``est_*`` columns of
+    the closed form (step time, breakdown, memory, MFU) and ``sim_*`` columns for the
+    re-simulated ones (NaN otherwise)."""
+    import pandas as pd
+
+    from collsim.engine.result import BREAKDOWN_KEYS, MEMORY_KEYS
+
+    rows = []
+    for index, entry in enumerate(result.ranked[:limit] if limit else result.ranked):
+        est = entry.estimate
+        row: dict[str, Any] = {"rank_estimate": index + 1, **entry.candidate.as_dict(),
+                               "num_microbatches": est.num_microbatches,
+                               "est_step_time_s": est.step_time_s,
+                               "est_tokens_per_s": est.tokens_per_s, "est_mfu": est.mfu}
+        for key in BREAKDOWN_KEYS:
+            row[f"est_{key}_s"] = est.breakdown_s[key]
+        row["est_memory_peak_bytes"] = est.memory_peak_bytes
+        for key in MEMORY_KEYS:
+            row[f"est_mem_{key}_bytes"] = est.memory_bytes[key]
+        res = entry.result
+        row["simulated"] = res is not None
+        row["sim_reason"] = entry.reason or ""
+        row["sim_step_time_s"] = res.step_time_s if res is not None else float("nan")
+        row["sim_mfu"] = res.mfu if res is not None else float("nan")
+        row["sim_memory_peak_bytes"] = res.memory_peak_bytes if res is not None else float("nan")
+        row["sim_fits"] = res.fits if res is not None else pd.NA
+        for key in BREAKDOWN_KEYS:
+            row[f"sim_{key}_s"] = res.breakdown_s.get(key, 0.0) if res is not None else float(
+                "nan")
+        rows.append(row)
+    return pd.DataFrame.from_records(rows)
+
+
+def plans_for(scenario: Scenario, topology: Topology, *, space: SearchSpace | None = None
+              ) -> list[Candidate]:
+    """The buildable plans of a scenario's model on ``topology`` (for tests and tools)."""
+    return list(enumerate_plans(scenario.model, topology.num_ranks, topology.gpus_per_node,
+                                scenario.training.global_batch, space))

@@ -1,0 +1,163 @@
+"""Plan search and the closed-form estimate: grid accounting, formulas, agreement with the DES."""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections import Counter
+
+import pytest
+
+from collsim.engine import simulate_step
+from collsim.errors import CollsimWarning, InfeasibleError
+from collsim.estimate import Estimator
+from collsim.parallel.config import DDPConfig, ParallelConfig, TrainingConfig
+from collsim.search import SearchSpace, enumerate_plans, search_frame, search_plans
+from collsim.topology import load_topology
+from collsim.workload import (
+    ComputeModel,
+    TransformerSpec,
+    get_preset,
+    model_state_bytes,
+    parameters_per_rank,
+)
+
+TINY = TransformerSpec(name="tiny", num_layers=8, hidden=512, num_heads=8, ffn_hidden=2048,
+                       seq_len=256, vocab=4096)
+
+
+@pytest.fixture(scope="module")
+def h100x16():
+    return load_topology("dgx_h100", nodes=2)
+
+
+def _brute_grid_size(spec: TransformerSpec, gpus: int, per_node: int, space: SearchSpace) -> int:
+    """Every combination of the knobs, buildable or not (independent of enumerate_plans)."""
+    total = 0
+    for tp in range(1, gpus + 1):
+        if gpus % tp:
+            continue
+        for pp in range(1, gpus // tp + 1):
+            if (gpus // tp) % pp:
+                continue
+            scheds = 1 if pp == 1 else sum(
+                len(space.virtual_stages) if s == "interleaved" else 1 for s in space.schedules)
+            sps = 2 if tp > 1 else 1
+            total += (len(space.micro_batches) * scheds * len(space.zero_stages)
+                      * len(space.recomputes) * sps)
+    return total
+
+
+def test_every_plan_of_the_grid_is_kept_or_counted(h100x16) -> None:
+    space = SearchSpace()
+    rejected: Counter[str] = Counter()
+    plans = list(enumerate_plans(TINY, 16, 8, 64, space, rejected))
+    assert len(plans) + sum(rejected.values()) == _brute_grid_size(TINY, 16, 8, space)
+    assert len(set(plans)) == len(plans)
+    for plan in plans:
+        assert plan.tp * plan.pp * plan.dp == 16 and plan.tp <= 8
+        assert TINY.num_layers % (plan.pp * plan.virtual_stages) == 0
+        assert 64 % (plan.dp * plan.micro_batch) == 0
+        assert not (plan.zero >= 2 and plan.pp > 1)
+        m = 64 // (plan.dp * plan.micro_batch)
+        assert plan.schedule != "interleaved" or m % plan.pp == 0
+    assert rejected["tp_node"] > 0 and rejected["pp_layers"] > 0 and rejected["zero_pp"] > 0
+
+
+def _configs(**knobs):
+    train = {k: knobs.pop(k) for k in ("micro_batch", "recompute", "global_batch") if k in knobs}
+    training = TrainingConfig(global_batch=train.pop("global_batch", 64), **train)
+    return training, ParallelConfig(**knobs)
+
+
+def test_estimate_of_pure_data_parallel_adds_up(h100x16) -> None:
+    # DDP without overlap on 16 GPUs: compute is m x (fwd + bwd) of the whole model from the
+    # workload layer's ComputeModel, and every bucket's all-reduce is exposed.
+    training, parallel = _configs(dp=16, micro_batch=2)
+    parallel = dataclasses.replace(parallel, ddp=DDPConfig(overlap=False, bucket_mb=1.0))
+    est = Estimator(h100x16, TINY).estimate(training, parallel)
+    model = ComputeModel(h100x16.device, "bf16")
+    layer = model.layer_times(TINY, micro_batch=2)
+    emb, head = model.embedding_times(TINY, micro_batch=2), model.head_times(TINY, micro_batch=2)
+    per_mb = (8 * (layer.forward_s + layer.backward_s) + emb.forward_s + emb.backward_s
+              + head.forward_s + head.backward_s)
+    assert est.num_microbatches == 2          # 64 / (16 x 2)
+    assert est.breakdown_s["compute"] == pytest.approx(2 * per_mb)
+    assert est.breakdown_s["bubble"] == 0 and est.breakdown_s["tp_exposed"] == 0
+    from collsim.collectives import Group, cost
+
+    grad_bytes = parameters_per_rank(TINY) * 2
+    bucket = float(1 << 20)
+    full, rest = divmod(grad_bytes, bucket)
+    group = Group(h100x16, tuple(range(16)))
+    want = full * cost("all_reduce", int(bucket), group).time_s + cost(
+        "all_reduce", int(rest), group).time_s
+    assert est.breakdown_s["dp_exposed"] == pytest.approx(want)
+    assert est.step_time_s == pytest.approx(sum(est.breakdown_s.values()))
+
+
+def test_interleaving_divides_the_bubble_and_zero3_shards_parameters(h100x16) -> None:
+    estimator = Estimator(h100x16, TINY)
+    training = TrainingConfig(global_batch=64, micro_batch=1)
+    one = estimator.estimate(training, ParallelConfig(tp=2, pp=4, dp=2, schedule="1f1b"))
+    two = estimator.estimate(training, ParallelConfig(tp=2, pp=4, dp=2, schedule="interleaved",
+                                                      virtual_stages=2))
+    assert two.breakdown_s["bubble"] == pytest.approx(one.breakdown_s["bubble"] / 2)
+    assert one.breakdown_s["bubble"] > 0
+    zero3 = estimator.estimate(training, ParallelConfig(dp=16, zero=3))
+    psi = parameters_per_rank(TINY)
+    assert zero3.memory_bytes["parameters"] == pytest.approx(
+        model_state_bytes(psi, zero=3, dp=16).parameters)
+    assert zero3.memory_bytes["parameters"] == pytest.approx(2 * psi / 16)
+    with pytest.raises(InfeasibleError, match="is not 16 GPUs"):
+        estimator.estimate(training, ParallelConfig(dp=8))
+
+
+@pytest.mark.parametrize("knobs", [
+    dict(dp=16, micro_batch=4),
+    dict(tp=2, pp=2, dp=4, micro_batch=2, zero=1),
+    dict(tp=4, pp=1, dp=4, micro_batch=1, zero=2, recompute="selective"),
+    dict(tp=2, pp=4, dp=2, micro_batch=1, schedule="interleaved", virtual_stages=2, zero=1),
+    dict(tp=2, pp=8, dp=1, micro_batch=2, schedule="gpipe", recompute="full"),
+    dict(tp=8, pp=2, dp=1, micro_batch=8, sequence_parallel=True),
+], ids=["ddp", "3d", "zero2-tp", "interleaved", "gpipe-full", "tp8-sp"])
+def test_estimate_agrees_with_the_engine(h100x16, knobs) -> None:
+    training, parallel = _configs(**knobs)
+    est = Estimator(h100x16, TINY).estimate(training, parallel)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CollsimWarning)
+        sim = simulate_step(h100x16, TINY, training, parallel)
+    # The closed form ignores link sharing and overlap details; on an uncontended tiny job it
+    # must stay within 12 % of the simulated step.
+    assert est.step_time_s == pytest.approx(sim.step_time_s, rel=0.12)
+
+
+def test_search_ranks_by_estimate_and_resimulates_the_best(h100x16) -> None:
+    training = TrainingConfig(global_batch=64, micro_batch=1)
+    space = SearchSpace(micro_batches=(1, 4), recomputes=("none", "full"))
+    result = search_plans(h100x16, TINY, training, ParallelConfig(dp=16), space=space, top_k=2)
+    times = [r.estimate.step_time_s for r in result.ranked]
+    assert times == sorted(times) and len(times) == result.estimated
+    assert len(result.simulated) == 2
+    assert {id(r) for r in result.simulated} == {id(r) for r in result.ranked[:2]}
+    best = result.best
+    assert best is not None and best.result is not None and best.result.fits
+    assert best.step_time_s == min(r.result.step_time_s for r in result.simulated)
+    frame = search_frame(result)
+    assert len(frame) == len(result.ranked)
+    assert frame["simulated"].sum() == 2
+    assert {"est_step_time_s", "sim_step_time_s", "est_mem_activations_bytes",
+            "sim_mfu", "plan"} <= set(frame.columns)
+
+
+def test_search_counts_plans_that_do_not_fit() -> None:
+    # GPT-3 175B on 64 A100s: DDP replicas (16 x 175e9 bytes / (tp x pp)) mostly do not fit.
+    topology = load_topology("dgx_a100", nodes=8)
+    training = TrainingConfig(global_batch=64, micro_batch=1, recompute="full")
+    result = search_plans(topology, get_preset("gpt3-175b"), training, ParallelConfig(dp=64),
+                          space=SearchSpace(micro_batches=(1,), recomputes=("full",)),
+                          top_k=0)
+    assert result.rejected["memory"] > 0
+    assert result.ranked, "some plan of 175B fits on 64 A100 80GB"
+    for entry in result.ranked:
+        assert entry.estimate.memory_peak_bytes <= topology.device.memory_bytes
