@@ -21,13 +21,13 @@ class ParamTensor:
 
     Attributes:
         name: ``L12.qkv.weight``, ``embedding.word``, ``head.weight``, ...
-        numel: elements on this rank.
+        numel: elements on this rank (fractional only for a vocab-parallel V / t split).
         segment: backward segment that produces its gradient: ``"head"``, a layer index, or
             ``"embedding"``.
     """
 
     name: str
-    numel: int
+    numel: float
     segment: str | int
 
 
@@ -56,9 +56,10 @@ def layer_tensors(spec: object, layer: int, tp: int) -> list[ParamTensor]:
     return out
 
 
-def _vocab_local(spec: object, tp: int) -> int:
-    vocab = spec.vocab  # type: ignore[attr-defined]
-    return -(-vocab // tp)  # Megatron pads the vocabulary to a multiple of tp
+def _vocab_rows(spec: object, tp: int) -> float:
+    """V / t rows per rank (fractional when t does not divide V, as in
+    ``workload.memory.parameters_per_rank``; Megatron pads V, which changes little)."""
+    return spec.vocab / tp  # type: ignore[attr-defined]
 
 
 def chunk_tensors(spec: object, layers: range, *, tp: int, first: bool,
@@ -76,7 +77,7 @@ def chunk_tensors(spec: object, layers: range, *, tp: int, first: bool,
     h = spec.hidden  # type: ignore[attr-defined]
     out: list[ParamTensor] = []
     if first:
-        out.append(ParamTensor("embedding.word", _vocab_local(spec, tp) * h, "embedding"))
+        out.append(ParamTensor("embedding.word", _vocab_rows(spec, tp) * h, "embedding"))
         if spec.position_embedding == "learned":  # type: ignore[attr-defined]
             out.append(ParamTensor("embedding.position", spec.seq_len * h,  # type: ignore
                                    "embedding"))
@@ -85,5 +86,5 @@ def chunk_tensors(spec: object, layers: range, *, tp: int, first: bool,
     if last:
         out.append(ParamTensor("head.final_norm", spec.norm_parameters(), "head"))  # type: ignore
         if not spec.tied_embeddings or pp > 1:  # type: ignore[attr-defined]
-            out.append(ParamTensor("head.weight", _vocab_local(spec, tp) * h, "head"))
+            out.append(ParamTensor("head.weight", _vocab_rows(spec, tp) * h, "head"))
     return out
