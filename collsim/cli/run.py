@@ -147,13 +147,17 @@ def _simulate_capturing(scenario: "Scenario", topology: "Topology", *, all_ranks
 
 def _warning_messages(caught: Sequence[warnings.WarningMessage],
                       result: "StepResult") -> list[str]:
-    """Captured warnings then the result's own, each once, in order."""
+    """Captured warnings then the result's own, each once, in order.
+
+    When the plan does not fit, the verdict is printed last in its own words; a warning that
+    says the same (``does not fit: ...``) is left out so that it is not said twice.
+    """
     seen: dict[str, None] = {}
     for w in caught:
         seen.setdefault(" ".join(str(w.message).split()), None)
     for message in result.warnings:
         seen.setdefault(" ".join(str(message).split()), None)
-    return list(seen)
+    return [m for m in seen if result.fits or not m.startswith("does not fit")]
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:

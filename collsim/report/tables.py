@@ -11,6 +11,7 @@ Example::
 from __future__ import annotations
 
 import math
+import textwrap
 from typing import Sequence
 
 from collsim.engine.result import BREAKDOWN_KEYS, MEMORY_KEYS, CollectiveStat, StepResult
@@ -27,6 +28,7 @@ __all__ = [
     "breakdown_table",
     "memory_table",
     "collectives_table",
+    "merge_collectives",
     "memory_verdict",
     "format_run_report",
     "BREAKDOWN_LABELS",
@@ -41,6 +43,9 @@ BREAKDOWN_LABELS: dict[str, str] = {
     "bubble": "pipeline bubble",
     "optimizer": "optimizer",
 }
+
+#: Widest line the report aims for (80-100 column terminals).
+_WIDTH = 96
 
 #: Parts that may differ from the step time by this relative amount before "other" is shown.
 _BREAKDOWN_SLACK = 1e-3
@@ -154,17 +159,43 @@ def memory_table(result: StepResult) -> str:
     return format_table(["memory per GPU (at peak)", "GiB", "of HBM"], rows)
 
 
+def merge_collectives(stats: Sequence[CollectiveStat]) -> list[CollectiveStat]:
+    """One row per (axis, op, algorithm, group size), in first-seen order.
+
+    The engine keeps one record per distinct message size (a bucket, a unit); the text report
+    merges them. Counts, bytes and link times add; ``size_bytes`` becomes the mean size of a
+    call; ``busbw_bps`` becomes factor x total bytes / total time, i.e. the time-weighted mean
+    of the calls' bus bandwidths (busbw_i x time_i = factor x bytes_i, nccl-tests convention).
+    """
+    merged: dict[tuple[str, str, str, int], list[CollectiveStat]] = {}
+    for stat in stats:
+        merged.setdefault((stat.axis, stat.op, stat.algorithm, stat.group_size), []).append(stat)
+    out: list[CollectiveStat] = []
+    for (axis, op, algorithm, group_size), group in merged.items():
+        count = sum(s.count for s in group)
+        total_bytes = sum(s.total_bytes for s in group)
+        time_s = sum(s.time_s for s in group)
+        busbw = (sum(s.busbw_bps * s.time_s for s in group) / time_s if time_s > 0
+                 else max(s.busbw_bps for s in group))
+        out.append(CollectiveStat(axis=axis, op=op, algorithm=algorithm, group_size=group_size,
+                                  count=count, size_bytes=total_bytes / count if count else 0.0,
+                                  time_s=time_s, busbw_bps=busbw))
+    return out
+
+
 def collectives_table(stats: Sequence[CollectiveStat]) -> str:
     """One row per kind of collective on one rank per step (nccl-tests units).
 
-    ``size`` is the nccl-tests size of one call, ``time`` the total link time of all calls (not
-    the exposed time), ``busbw`` the bus bandwidth of one call in GB/s.
+    Records of the same axis, op, algorithm and group size are merged (:func:`merge_collectives`):
+    ``size`` is the mean nccl-tests size of one call, ``total`` the bytes of all calls, ``time``
+    the total link time of all calls (not the exposed time), ``busbw`` in GB/s.
     """
     rows = [[s.axis, s.op, s.algorithm, str(s.group_size), format_count(s.count),
              format_size_binary(s.size_bytes), format_size_binary(s.total_bytes),
-             format_seconds(s.time_s), format_bandwidth(s.busbw_bps)] for s in stats]
-    return format_table(["axis", "op", "algorithm", "ranks", "count", "size", "total", "time",
-                         "busbw GB/s"], rows, align="lllrrrrrr")
+             format_seconds(s.time_s), format_bandwidth(s.busbw_bps)]
+            for s in merge_collectives(stats)]
+    return format_table(["axis", "op", "algorithm", "ranks", "calls", "size/call", "total",
+                         "link time", "busbw GB/s"], rows, align="lllrrrrrr")
 
 
 def memory_verdict(result: StepResult) -> str:
@@ -178,7 +209,7 @@ def memory_verdict(result: StepResult) -> str:
 
 def format_run_report(result: StepResult, *, title: str = "",
                       context: Sequence[tuple[str, str]] = (),
-                      max_mapping_lines: int = 12) -> str:
+                      max_mapping_lines: int = 8) -> str:
     """The text report of ``collsim run``.
 
     Args:
@@ -192,7 +223,7 @@ def format_run_report(result: StepResult, *, title: str = "",
     """
     out: list[str] = []
     if title:
-        out += [title, "=" * min(len(title), 96)]
+        out += [title, "=" * min(len(title), _WIDTH)]
     if context:
         width = max(len(label) for label, _ in context)
         out += [f"{label.ljust(width)}  {text}" for label, text in context]
@@ -215,14 +246,19 @@ def format_run_report(result: StepResult, *, title: str = "",
 
     out += ["", breakdown_table(result), "", memory_table(result)]
     if result.collectives:
-        out += ["", "collectives per rank per step (time = link time of all calls, "
-                    "not exposed time)", collectives_table(result.collectives)]
+        out += ["", "collectives per rank per step (link time of all calls, not exposed time)",
+                collectives_table(result.collectives)]
     if result.mapping:
         lines = result.mapping.rstrip("\n").splitlines()
         shown = lines[:max_mapping_lines]
-        out += ["", "rank mapping"] + ["  " + line for line in shown]
-        if len(lines) > len(shown):
-            out.append(f"  ... ({len(lines) - len(shown)} more lines)")
+        out += ["", "rank mapping"]
+        for line in shown:
+            out += textwrap.wrap(line, width=_WIDTH, initial_indent="  ",
+                                 subsequent_indent="      ") or [""]
+        hidden = len(lines) - len(shown)
+        if hidden:
+            out.append(f"  ... ({hidden} more line{'s' if hidden > 1 else ''} in --json "
+                       "'mapping')")
     return "\n".join(out)
 
 

@@ -23,7 +23,7 @@ from collsim.engine.result import BREAKDOWN_KEYS, MEMORY_KEYS, CollectiveStat, S
 from collsim.errors import CollsimWarning, ConfigError
 from collsim.parallel.plan import build_plan
 from collsim.report.tables import (
-    format_run_report, format_seconds, format_table, memory_verdict,
+    format_run_report, format_seconds, format_table, memory_verdict, merge_collectives,
 )
 from collsim.units import GB, GiB
 
@@ -109,7 +109,7 @@ def test_report_has_every_part(fake_engine: dict[str, Any], scenario_file: Path)
                  "MFU 40.4 %", "HFU 45.5 %", "compute", "75.0 %", "exposed TP comm",
                  "exposed PP comm", "exposed DP comm", "pipeline bubble", "optimizer",
                  "parameters", "activations", "buffers", "fits: 40.00 GiB of 74.51 GiB",
-                 "nvls", "370.0", "ring", "45.0", "mapping line 0", "(8 more lines)",
+                 "nvls", "370.0", "ring", "45.0", "mapping line 7", "(12 more lines in --json 'mapping')",
                  "tp 2 x pp 2 x dp 4, 1f1b", "2 x 8 H100 SXM = 16 GPUs"]:
         assert text in out, text
     assert "other (unaccounted)" not in out       # the parts add up to the step time
@@ -261,6 +261,29 @@ def test_breakdown_shows_what_is_unaccounted() -> None:
     assert line.split()[-4:] == ["500.0", "ms", "20.0", "%"]
 
 
+def test_collective_records_merge_by_kind() -> None:
+    def stat(size: float, count: int, time_s: float, busbw: float, axis: str = "dp") -> Any:
+        return CollectiveStat(axis=axis, op="all_reduce", group_size=8, algorithm="ring",
+                              count=count, size_bytes=size, time_s=time_s, busbw_bps=busbw)
+    # 8-rank ring all_reduce: busbw = 2 x 7/8 x bytes / time per call
+    a = stat(100e6, 2, 2 * 1e-3, 2 * 7 / 8 * 100e6 / 1e-3)
+    b = stat(50e6, 1, 1e-3, 2 * 7 / 8 * 50e6 / 1e-3)
+    merged = merge_collectives([a, b, stat(1e6, 1, 1e-5, 1e11, axis="tp")])
+    assert [(m.axis, m.count) for m in merged] == [("dp", 3), ("tp", 1)]
+    dp = merged[0]
+    assert dp.total_bytes == pytest.approx(250e6) and dp.time_s == pytest.approx(3e-3)
+    assert dp.busbw_bps == pytest.approx(2 * 7 / 8 * 250e6 / 3e-3)
+
+
+def test_long_mapping_lines_are_wrapped() -> None:
+    result = make_result()
+    result.mapping = "stage 0: " + ", ".join(str(r) for r in range(60))
+    lines = format_run_report(result).splitlines()
+    wrapped = lines[lines.index("rank mapping") + 1:]
+    assert len(wrapped) > 1 and max(len(line) for line in wrapped) <= 96
+    assert " ".join(l.strip() for l in wrapped) == result.mapping
+
+
 def test_memory_verdict() -> None:
     assert memory_verdict(make_result()) == "fits: 40.00 GiB of 74.51 GiB"
     assert memory_verdict(make_result(fits=False, peak_bytes=112 * GB)) == (
@@ -318,6 +341,7 @@ def test_7b_fp32_ddp_does_not_fit(tmp_path: Path) -> None:
     needed, capacity = data["memory_peak_bytes"] / GiB, data["memory_capacity_bytes"] / GiB
     assert res.stderr.splitlines()[-1] == (
         f"does not fit: {needed:.2f} GiB needed of {capacity:.2f} GiB")
+    assert res.stderr.count("does not fit") == 1         # said once, not also as a warning
 
 
 @needs_engine
@@ -357,7 +381,8 @@ def test_data_parallel_scenarios(tmp_path: Path, name: str, ops: set[tuple[str, 
 
 @needs_engine
 @pytest.mark.parametrize("args, pattern", [
-    (["--set", "parallel.tp=5"], r"^error: --set parallel.tp=5: parallel.*"),
+    (["--set", "parallel.tp=5", "--set", "cluster.nodes=80"],     # 5 x 8 x 16 = 80 x 8
+     r"^error: --set parallel.tp=5: parallel.tp: model heads \(96\) must be divisible by tp"),
     (["--set", "parallel.dp=8"], r"^error: .*3d_175b.yaml:\d+: parallel.*1024"),
     (["--set", "parallel.pp=5", "--set", "parallel.dp=1", "--set", "parallel.tp=8",
       "--set", "cluster.nodes=5", "--set", "training.global_batch=5"],
