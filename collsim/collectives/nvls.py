@@ -11,6 +11,15 @@ reduced shard once, the switch multicasts it). Per GPU port, pipelined:
 
 The bandwidth efficiency is NCCL's NVLS factor, 0.85 on Hopper (tuning.cc); the latency is
 NCCL's NVLS NVLink hop, 25 us, paid once.
+
+Chunking (NCCL enqueue.cc, calcCollChunking for NVLS): the buffer is processed in loops of
+nChannels x nHeads x chunk bytes, with NCCL_NVLS_NCHANNELS = 16 channels, one head per rank,
+and a chunk of 128 KiB (NCCL_NVLS_CHUNKSIZE) cut to 64 KiB below 64 x ops x 128 KiB, 32 KiB
+below 8 x ops x 64 KiB and 16 KiB below 2 x ops x 32 KiB (ops = channels x heads). Each loop's
+switch reduction reads every GPU's slot, so a loop ends in a cross-GPU handshake that other
+slots cannot hide (unlike a ring's point-to-point flags); it is charged one NVLink step at
+NCCL's Simple step latency (3.4 us, tuning.cc). Small chunks are what makes NVLS ramp up slowly
+with size.
 """
 
 from __future__ import annotations
@@ -19,11 +28,33 @@ from collsim.collectives.schedule import Phase, Transfer
 from collsim.collectives.types import Algorithm, CollectiveOp, Group
 from collsim.errors import ConfigError
 
-__all__ = ["ALGORITHM", "SUPPORTED", "build"]
+__all__ = ["ALGORITHM", "SUPPORTED", "NVLS_CHANNELS", "build", "chunk_bytes", "loop_bytes"]
 
 ALGORITHM = Algorithm.NVLS
 SUPPORTED = frozenset({CollectiveOp.ALL_REDUCE, CollectiveOp.REDUCE_SCATTER,
                        CollectiveOp.ALL_GATHER})
+
+NVLS_CHANNELS = 16
+"""NCCL_NVLS_NCHANNELS default ("NVLS should not need more than 16 channels", enqueue.cc)."""
+_MAX_CHUNK = 128 << 10       # NCCL_NVLS_CHUNKSIZE default
+
+
+def chunk_bytes(size_bytes: float, num_ranks: int) -> int:
+    """NCCL's NVLS chunk for a collective of ``size_bytes`` on ``num_ranks`` heads."""
+    ops = NVLS_CHANNELS * num_ranks
+    chunk = _MAX_CHUNK
+    if size_bytes < 64 * ops * chunk and chunk > 65536:
+        chunk = 65536
+    if size_bytes < 8 * ops * chunk and chunk > 32768:
+        chunk = 32768
+    if size_bytes < 2 * ops * chunk and chunk > 16384:
+        chunk = 16384
+    return chunk
+
+
+def loop_bytes(size_bytes: float, group: Group) -> float:
+    """Bytes of the buffer one NVLS loop covers: channels x heads x chunk."""
+    return float(NVLS_CHANNELS * group.size * chunk_bytes(size_bytes, group.size))
 
 
 def build(op: CollectiveOp, group: Group) -> list[Phase]:

@@ -19,8 +19,9 @@ traffic shares the links.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Generator, Sequence
+from typing import Callable, Generator, Sequence
 
 import numpy as np
 import simpy
@@ -67,9 +68,18 @@ class Phase:
     inter_steps: int
 
 
+#: Bytes per pipeline loop as a function of the collective's size (None: loops are hidden).
+LoopBytes = Callable[[float], float]
+
+
 @dataclass(frozen=True, slots=True)
 class Timing:
-    """The closed form of one (schedule, protocol): time_s = latency_s + size x s_per_byte."""
+    """The closed form of one (schedule, protocol).
+
+    time_s = latency_s + size x seconds_per_byte [+ loops(size) x loop_step_s], where the loop
+    term exists only for algorithms whose loops end in a handshake that is not overlapped
+    (NVLS, see :mod:`collsim.collectives.nvls`).
+    """
 
     protocol: Protocol
     latency_s: float
@@ -77,18 +87,30 @@ class Timing:
     efficiency: float
     intra_hop_s: float
     inter_hop_s: float
+    loop_step_s: float = 0.0
+    loop_bytes: LoopBytes | None = None
+
+    def loop_overhead_s(self, size_bytes: float) -> float:
+        """Handshake time of the loops a collective of ``size_bytes`` is cut into."""
+        if self.loop_bytes is None or size_bytes <= 0:
+            return 0.0
+        return math.ceil(size_bytes / self.loop_bytes(size_bytes)) * self.loop_step_s
 
     def time_s(self, size_bytes: float) -> float:
         """Closed-form time for ``size_bytes``."""
-        return self.latency_s + size_bytes * self.seconds_per_byte
+        if self.loop_bytes is None:
+            return self.latency_s + size_bytes * self.seconds_per_byte
+        return (self.latency_s + size_bytes * self.seconds_per_byte
+                + self.loop_overhead_s(size_bytes))
 
 
 class Schedule:
     """Phases of one (op, algorithm) on one group, with its closed-form timings per protocol."""
 
     def __init__(self, op: CollectiveOp, algorithm: Algorithm, topology: Topology,
-                 phases: Sequence[Phase]) -> None:
+                 phases: Sequence[Phase], loop_bytes: LoopBytes | None = None) -> None:
         self.op = op
+        self.loop_bytes = loop_bytes
         self.algorithm = algorithm
         self.topology = topology
         self.phases = tuple(p for p in phases if p.transfers)
@@ -124,9 +146,16 @@ class Schedule:
         if self.phases:
             latency += protocols.base_latency_s(alg, protocol, library)
         latency += sum(p.intra_steps * intra_hop + p.inter_steps * inter_hop for p in self.phases)
+        loop_step = 0.0
+        if self.loop_bytes is not None and self.phases:
+            # one NVLink step handshake per loop, at NCCL's Simple step latency (tuning.cc)
+            loop_step = max(protocols.hop_latency_s(Algorithm.RING, Protocol.SIMPLE,
+                                                    self.intra_kind, library),
+                            self.intra_path_latency_s)
         return Timing(protocol=protocol, latency_s=latency,
                       seconds_per_byte=sum(self.phase_s_per_byte) / eff, efficiency=eff,
-                      intra_hop_s=intra_hop, inter_hop_s=inter_hop)
+                      intra_hop_s=intra_hop, inter_hop_s=inter_hop, loop_step_s=loop_step,
+                      loop_bytes=self.loop_bytes if loop_step > 0 else None)
 
     def timing(self, protocol: Protocol) -> Timing:
         """The timing of ``protocol`` (KeyError-free: ConfigError if not available)."""
@@ -163,4 +192,7 @@ def run_phases(env: simpy.Environment, net: FlowNetwork, schedule: Schedule, tim
         latency = phase.intra_steps * timing.intra_hop_s + phase.inter_steps * timing.inter_hop_s
         if latency > 0:
             yield env.timeout(latency)
+    loops = timing.loop_overhead_s(size_bytes)
+    if loops > 0:
+        yield env.timeout(loops)
     return env.now - start

@@ -55,7 +55,9 @@ def schedule_for(op: CollectiveOp, group: Group, algorithm: Algorithm) -> Schedu
         if algorithm is Algorithm.AUTO:
             raise ConfigError("auto is not a schedule; use choose()")
         module = ALGORITHM_MODULES[algorithm]
-        found = Schedule(op, algorithm, group.topology, module.build(op, group))
+        loop_bytes = getattr(module, "loop_bytes", None)
+        found = Schedule(op, algorithm, group.topology, module.build(op, group),
+                         None if loop_bytes is None else (lambda size: loop_bytes(size, group)))
         cache[key] = found
     return found
 
@@ -111,9 +113,9 @@ def choose(op: CollectiveOp | str, size_bytes: float, group: Group,
             raise ConfigError(f"protocol {protocol.value} is not available for "
                               f"{algorithm.value} {op.value} here")
     best = options[0]
-    best_s = best[1].latency_s + size_bytes * best[1].seconds_per_byte
+    best_s = best[1].time_s(size_bytes)
     for option in options[1:]:
-        t = option[1].latency_s + size_bytes * option[1].seconds_per_byte
+        t = option[1].time_s(size_bytes)
         if t < best_s:
             best, best_s = option, t
     return best

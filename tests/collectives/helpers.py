@@ -1,0 +1,31 @@
+"""Helpers for collective tests: cached topologies and a one-call DES run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import simpy
+
+from collsim.collectives import Group, simulate
+from collsim.network import FlowNetwork
+from collsim.topology import Topology, load_topology
+
+_CACHE: dict[tuple[str, int, int | None], Topology] = {}
+
+
+def topo(name: str, nodes: int = 1, gpus_per_node: int | None = None) -> Topology:
+    """A shared (cached) topology: per-group schedules are cached on it."""
+    key = (name, nodes, gpus_per_node)
+    if key not in _CACHE:
+        _CACHE[key] = load_topology(name, nodes=nodes, gpus_per_node=gpus_per_node)
+    return _CACHE[key]
+
+
+def run_des(group: Group, op: str, size: float, algorithm: str = "auto",
+            peers: tuple[Group, ...] = (), **kwargs: Any) -> tuple[Any, FlowNetwork]:
+    """Simulate one collective on a fresh network; return (CollectiveCost, network)."""
+    env = simpy.Environment()
+    net = FlowNetwork(env, group.topology)
+    proc = simulate(env, net, op, size, group, algorithm, peers=peers, **kwargs)
+    env.run(proc)
+    return proc.value, net

@@ -1,0 +1,53 @@
+"""Bytes on the wire, read from the simulation's network counters."""
+
+from __future__ import annotations
+
+import pytest
+
+from collsim.collectives import Group
+from tests.collectives.helpers import run_des, topo
+
+M = float(1 << 26)
+
+
+@pytest.mark.parametrize(("name", "nodes"), [("dgx_h100", 1), ("dgx_a100", 2), ("localhost", 1)],
+                         ids=["8r-1node", "16r-2nodes", "4r-loopback"])
+@pytest.mark.parametrize(("op", "factor"), [
+    ("all_reduce", lambda n: 2 * (n - 1) / n),
+    ("reduce_scatter", lambda n: (n - 1) / n),
+    ("all_gather", lambda n: (n - 1) / n),
+], ids=["all_reduce", "reduce_scatter", "all_gather"])
+def test_ring_bytes_per_rank(name: str, nodes: int, op: str, factor) -> None:
+    group = Group.all(topo(name, nodes))
+    n = group.size
+    _, net = run_des(group, op, M, "ring")
+    for rank in group.ranks:
+        assert net.bytes_sent[rank] == pytest.approx(factor(n) * M, rel=1e-12)
+        assert net.bytes_received[rank] == pytest.approx(factor(n) * M, rel=1e-12)
+
+
+def test_multi_node_ring_puts_one_ring_per_nic() -> None:
+    # 2 nodes x 8: 8 rings, each crossing every NIC pair once: every NIC carries 1/8 of the
+    # ring bytes 2(n-1)/n x M.
+    t = topo("dgx_a100", 2)
+    _, net = run_des(Group.all(t), "all_reduce", M, "ring")
+    expected = 2 * 15 / 16 * M / 8
+    for node in range(2):
+        for k in range(8):
+            assert net.link_bytes[t.nic_tx[node][k]] == pytest.approx(expected, rel=1e-12)
+
+
+def test_nvls_port_carries_one_plus_one_over_n() -> None:
+    t = topo("dgx_h100")
+    _, net = run_des(Group.all(t), "all_reduce", M, "nvls")
+    for rank in range(8):
+        assert net.link_bytes[t.gpu_tx[rank]] == pytest.approx((1 + 1 / 8) * M)
+        assert net.link_bytes[t.gpu_rx[rank]] == pytest.approx((1 + 1 / 8) * M)
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "tree", "halving_doubling", "direct",
+                                       "hierarchical"])
+def test_bytes_sent_equal_bytes_received(algorithm: str) -> None:
+    group = Group.all(topo("dgx_a100", 2))
+    _, net = run_des(group, "all_reduce", M, algorithm)
+    assert sum(net.bytes_sent.values()) == pytest.approx(sum(net.bytes_received.values()))

@@ -1,0 +1,87 @@
+"""Calibration against published measurements (/work/shared/reference).
+
+Nothing here is fitted: the topology files carry line rates and efficiencies with their sources
+(NCCL's per-link NVLink figures, single-NIC RDMA efficiency), the collectives NCCL's latencies
+and protocol factors. These tests check the predictions against the figures.
+"""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from pathlib import Path
+
+import pytest
+
+from collsim.collectives import Group, cost
+from tests.collectives.helpers import topo
+
+REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference"
+SWEEP = REFERENCE / "nccl_allreduce_dgx_h100_8gpu.csv"
+LARGE = 16 << 30          # "large messages": the H200 figures are at 16 GiB
+
+
+def sweep_errors() -> list[tuple[int, float, float, str]]:
+    """(size, measured busbw GB/s, predicted busbw GB/s, algorithm) for 1 MiB..16 GiB."""
+    group = Group.all(topo("dgx_h100"))
+    rows = []
+    with SWEEP.open() as fh:
+        for row in csv.DictReader(fh):
+            size = int(row["size_bytes"])
+            if size < 1 << 20:
+                continue
+            predicted = cost("all_reduce", size, group)
+            rows.append((size, float(row["busbw_GBps"]), predicted.busbw_bps / 1e9,
+                         predicted.label))
+    return rows
+
+
+def format_sweep(rows: list[tuple[int, float, float, str]]) -> str:
+    lines = [f"{'size':>12} {'measured':>9} {'predicted':>9} {'error':>7}  algorithm"]
+    for size, measured, predicted, label in rows:
+        lines.append(f"{size:>12} {measured:>9.1f} {predicted:>9.1f} "
+                     f"{predicted / measured - 1:>+7.1%}  {label}")
+    return "\n".join(lines)
+
+
+@pytest.mark.skipif(not SWEEP.is_file(), reason=f"reference sweep not found at {SWEEP}")
+def test_dgx_h100_allreduce_sweep_median_error() -> None:
+    rows = sweep_errors()
+    assert len(rows) == 15                     # 1 MiB .. 16 GiB by powers of two
+    errors = [abs(p / m - 1) for _, m, p, _ in rows]
+    median = statistics.median(errors)
+    assert median <= 0.10, f"median |busbw error| {median:.1%}\n{format_sweep(rows)}"
+
+
+# Headline nccl-tests busbw figures (reference/README.md, GTC24 S62129 / GTC25 S72583).
+HEADLINES = [
+    # id, topology, nodes, op, algorithm, published GB/s
+    ("a100-8gpu", "dgx_a100", 1, "all_reduce", "auto", 232),
+    ("h100-8gpu-ring", "dgx_h100", 1, "all_reduce", "ring", 370),
+    ("h100-8gpu-nvls", "dgx_h100", 1, "all_reduce", "nvls", 480),
+    ("b200-8gpu-ring", "dgx_b200", 1, "all_reduce", "ring", 700),
+    ("h200-8gpu-all_gather", "dgx_h200", 1, "all_gather", "auto", 361),
+    ("h200-8gpu-reduce_scatter", "dgx_h200", 1, "reduce_scatter", "auto", 363),
+    ("a100-4nodes", "dgx_a100", 4, "all_reduce", "auto", 192),
+    ("h100-4nodes", "dgx_h100", 4, "all_reduce", "auto", 370),
+]
+
+
+def headline_predictions() -> list[tuple[str, float, float, str]]:
+    """(id, published, predicted busbw GB/s, algorithm) for every headline figure."""
+    out = []
+    for ident, name, nodes, op, algorithm, published in HEADLINES:
+        result = cost(op, LARGE, Group.all(topo(name, nodes)), algorithm)
+        out.append((ident, float(published), result.busbw_bps / 1e9, result.label))
+    return out
+
+
+@pytest.mark.parametrize("index", range(len(HEADLINES)), ids=[h[0] for h in HEADLINES])
+def test_headline_busbw_within_ten_percent(index: int) -> None:
+    ident, published, predicted, label = headline_predictions()[index]
+    assert predicted == pytest.approx(published, rel=0.10), (ident, predicted, label)
+
+
+def test_auto_uses_nvls_for_large_all_reduce_on_h100_and_ring_on_a100() -> None:
+    assert cost("all_reduce", LARGE, Group.all(topo("dgx_h100"))).label == "nvls/simple"
+    assert cost("all_reduce", LARGE, Group.all(topo("dgx_a100"))).label == "ring/simple"

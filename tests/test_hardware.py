@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+import pytest
+
+from collsim.errors import ConfigError
+from collsim.hardware import Device, get_device, list_devices
+
+
+def test_catalogue_has_the_issue_devices() -> None:
+    assert list_devices() == ["a100", "b200", "cpu", "h100", "h200"]
+
+
+@pytest.mark.parametrize(
+    ("name", "full", "bf16_tflops", "memory_gb", "hbm_tbps"),
+    [
+        ("a100", "A100 SXM 80GB", 312, 80, 2.0),      # reference/hardware.yaml
+        ("h100", "H100 SXM", 989, 80, 3.35),
+        ("h200", "H200 SXM", 989, 141, 4.8),
+        ("b200", "B200 SXM", 2250, 180, 8.0),
+    ],
+    ids=["a100", "h100", "h200", "b200"],
+)
+def test_gpu_figures_match_the_reference(name: str, full: str, bf16_tflops: float,
+                                         memory_gb: float, hbm_tbps: float) -> None:
+    device = get_device(name)
+    assert device.name == full
+    assert device.peak_flops_for("bf16") == pytest.approx(bf16_tflops * 1e12)
+    assert device.memory_bytes == pytest.approx(memory_gb * 1e9)
+    assert device.memory_bandwidth_bps == pytest.approx(hbm_tbps * 1e12)
+
+
+def test_matmul_efficiency_is_mamf_over_peak() -> None:
+    # MAMF bf16 (ml-engineering): H100 SXM 794.5 of 989 TFLOP/s.
+    assert get_device("h100").matmul_efficiency == pytest.approx(794.5 / 989)
+    assert get_device("a100").matmul_efficiency == pytest.approx(271.2 / 312)
+
+
+@pytest.mark.parametrize("alias", ["H100 SXM", "h100_sxm", "H100-SXM", " h100 "])
+def test_lookup_by_full_name_or_alias(alias: str) -> None:
+    assert get_device(alias) is get_device("h100")
+
+
+def test_dtype_aliases() -> None:
+    h100 = get_device("h100")
+    assert h100.peak_flops_for("bfloat16") == h100.peak_flops_for("bf16")
+    assert h100.peak_flops_for("fp8") == pytest.approx(1979e12)
+
+
+def test_unknown_device_lists_choices() -> None:
+    with pytest.raises(ConfigError, match="unknown device 'v100'.*a100, b200, cpu, h100, h200"):
+        get_device("v100")
+
+
+def test_unknown_dtype_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="no peak FLOP/s for dtype 'fp4'"):
+        get_device("a100").peak_flops_for("fp4")
+
+
+def test_efficiency_out_of_range_is_rejected() -> None:
+    with pytest.raises(ConfigError, match="matmul_efficiency"):
+        Device(name="x", peak_flops={"bf16": 1.0}, matmul_efficiency=1.5, memory_bytes=1.0,
+               memory_bandwidth_bps=1.0)

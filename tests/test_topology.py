@@ -1,0 +1,177 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from collsim.errors import ConfigError, InfeasibleError
+from collsim.topology import LinkKind, load_topology, parse_topology
+from collsim.yamlio import parse_yaml_text
+
+NAMES = ["dgx_a100", "dgx_h100", "dgx_h200", "dgx_b200", "pcie_8gpu", "localhost"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_shipped_topology_loads(name: str) -> None:
+    topo = load_topology(name)
+    assert topo.name == name
+    assert topo.num_ranks == topo.num_nodes * topo.gpus_per_node
+    assert all(link.bandwidth_bps > 0 and link.latency_s >= 0 for link in topo.links)
+
+
+@pytest.mark.parametrize(
+    ("name", "device", "nvlink_gbps", "nic_gbit", "nvls"),
+    [
+        ("dgx_a100", "A100 SXM 80GB", 300, 200, False),
+        ("dgx_h100", "H100 SXM", 450, 400, True),
+        ("dgx_h200", "H200 SXM", 450, 400, True),
+        ("dgx_b200", "B200 SXM", 900, 400, True),
+    ],
+    ids=["a100", "h100", "h200", "b200"],
+)
+def test_dgx_figures(name: str, device: str, nvlink_gbps: float, nic_gbit: float,
+                     nvls: bool) -> None:
+    topo = load_topology(name, nodes=2)
+    assert topo.device.name == device
+    assert topo.nvls is nvls
+    assert topo.links[topo.gpu_tx[0]].bandwidth_bps == pytest.approx(nvlink_gbps * 1e9)
+    assert topo.nics is not None and topo.nics.count == 8
+    nic_link = topo.links[topo.nic_tx[1][3]]
+    assert nic_link.bandwidth_bps == pytest.approx(nic_gbit * 1e9 / 8)
+    assert nic_link.kind is LinkKind.NETWORK
+
+
+def test_h200_is_h100_with_more_memory() -> None:
+    h100, h200 = load_topology("dgx_h100"), load_topology("dgx_h200")
+    assert h200.device.memory_bytes == pytest.approx(141e9)
+    assert [(l.bandwidth_bps, l.efficiency) for l in h100.links] == \
+        [(l.bandwidth_bps, l.efficiency) for l in h200.links]
+
+
+def test_nodes_are_set_by_the_caller() -> None:
+    assert load_topology("dgx_h100", nodes=128).num_ranks == 1024
+    assert load_topology("localhost", gpus_per_node=6).num_ranks == 6
+
+
+def test_name_resolves_to_repo_folder_and_path_works(repo: Path) -> None:
+    by_name = load_topology("dgx_a100")
+    by_path = load_topology(repo / "topologies" / "dgx_a100.yaml")
+    assert by_name.source == by_path.source or Path(by_name.source).resolve() == \
+        Path(by_path.source).resolve()
+
+
+def test_paths() -> None:
+    topo = load_topology("dgx_h100", nodes=2)
+    assert topo.path(3, 3) == ()
+    assert topo.path(0, 5) == (topo.gpu_tx[0], topo.gpu_rx[5])
+    # rank 3 -> rank 11: NIC 3 of node 0 to NIC 3 of node 1 (same rail leaf, no uplink)
+    assert topo.path(3, 11) == (topo.nic_tx[0][3], topo.nic_rx[1][3])
+    assert topo.path(3, 11) is topo.path(3, 11)     # cached
+
+
+def test_rails_cross_leaves_through_the_spine() -> None:
+    # 4 nodes, 2 per leaf: nodes 0 and 2 sit on different leaves of rail 1.
+    text = _DOC.replace("nodes_per_leaf: 32", "nodes_per_leaf: 2")
+    topo = parse_topology(parse_yaml_text(text, "t.yaml"), nodes=4)
+    path = topo.path(1, 2 * 8 + 1)
+    names = [topo.links[i].name for i in path]
+    assert names == ["n0.nic1.tx", "rail1.leaf0.up", "rail1.leaf1.down", "n2.nic1.rx"]
+    uplink = topo.links[path[1]]
+    # 2 nodes x 1 NIC per rail leaf, 400 Gb/s, 1:1
+    assert uplink.bandwidth_bps == pytest.approx(2 * 400e9 / 8)
+
+
+def test_oversubscribed_tor_uplink_is_shared_by_all_nics() -> None:
+    text = (_DOC.replace("rails: true", "rails: false")
+            .replace("nodes_per_leaf: 32", "nodes_per_leaf: 1")
+            .replace("oversubscription: 1.0", "oversubscription: 4.0"))
+    topo = parse_topology(parse_yaml_text(text, "t.yaml"), nodes=2)
+    up = {topo.path(r, 8 + r)[1] for r in range(8)}
+    assert len(up) == 1                                  # one ToR uplink for all 8 NICs
+    assert topo.links[up.pop()].bandwidth_bps == pytest.approx(8 * 50e9 / 4)
+
+
+def test_multi_node_without_nics_is_rejected() -> None:
+    with pytest.raises(ConfigError, match="2 nodes asked but the topology has no 'nics'"):
+        load_topology("localhost", nodes=2)
+
+
+def test_rank_out_of_range() -> None:
+    with pytest.raises(ConfigError, match="rank 8 out of range"):
+        load_topology("dgx_h100").path(0, 8)
+
+
+def test_no_nic_path_is_infeasible() -> None:
+    with pytest.raises(InfeasibleError):
+        load_topology("localhost").nic_of(0)
+
+
+def test_algorithm_override_and_overhead() -> None:
+    text = _DOC.replace("library: nccl", "library: gloo\n  overhead_us: 30\n"
+                        "  algorithms: {all_reduce: ring, reduce_scatter: direct}")
+    topo = parse_topology(parse_yaml_text(text, "t.yaml"))
+    assert topo.collectives.library == "gloo"
+    assert topo.collectives.overhead_s == pytest.approx(30e-6)
+    assert topo.collectives.algorithms == {"all_reduce": "ring", "reduce_scatter": "direct"}
+
+
+_DOC = """\
+name: t
+device: h100
+gpus_per_node: 8
+intra_node:
+  interconnect: nvswitch
+  bandwidth_gbps: 450
+  latency_us: 0.25
+nics:
+  count: 8
+  rate_gbit: 400
+  latency_us: 1.0
+fabric:
+  kind: fat_tree
+  rails: true
+  oversubscription: 1.0
+  nodes_per_leaf: 32
+collectives:
+  library: nccl
+"""
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        # unknown key, with its line
+        ("  rate_gbit: 400\n", "  rate_gbit: 400\n  speed: 3\n",
+         r"t\.yaml:11: nics\.speed: unknown key"),
+        # negative bandwidth
+        ("bandwidth_gbps: 450", "bandwidth_gbps: -5",
+         r"t\.yaml:6: intra_node\.bandwidth_gbps: must be > 0, got -5"),
+        # missing field (reported at its section)
+        ("  rate_gbit: 400\n", "", r"t\.yaml:8: nics\.rate_gbit: missing required key"),
+        # YAML syntax error
+        ("  count: 8\n", "  count: [8\n", r"t\.yaml:\d+: YAML syntax error"),
+        # wrong type
+        ("rails: true", "rails: 3", r"t\.yaml:14: fabric\.rails: must be true or false"),
+        # oversubscription below 1
+        ("oversubscription: 1.0", "oversubscription: 0.5", r"fabric\.oversubscription: must be >= 1"),
+        # unknown device
+        ("device: h100", "device: v100", r"t\.yaml:2: device: unknown device 'v100'"),
+        # unknown algorithm in an override
+        ("library: nccl", "library: nccl\n  algorithms: {all_reduce: magic}",
+         r"collectives\.algorithms\.all_reduce: must be one of"),
+        # unknown op in an override
+        ("library: nccl", "library: nccl\n  algorithms: {allreduce: ring}",
+         r"collectives\.algorithms\.allreduce: unknown op"),
+    ],
+    ids=["unknown-key", "negative-bandwidth", "missing-field", "yaml-syntax", "wrong-type",
+         "oversubscription", "unknown-device", "unknown-algorithm", "unknown-op"],
+)
+def test_malformed_topology_names_file_line_and_key(old: str, new: str, message: str) -> None:
+    assert old in _DOC
+    with pytest.raises(ConfigError, match=message):
+        parse_topology(parse_yaml_text(_DOC.replace(old, new), "t.yaml"))
+
+
+def test_unknown_name_lists_known_topologies() -> None:
+    with pytest.raises(ConfigError, match="known names: .*dgx_h100.*localhost"):
+        load_topology("dgx_z100")
