@@ -30,6 +30,8 @@ Examples:
   collsim run scenarios/3d_175b.yaml
   collsim run scenarios/3d_175b.yaml --set parallel.dp=8 --set cluster.nodes=64
   collsim run scenarios/ddp_gpt3_1.3b.yaml --json result.json --trace step.json
+
+Exit status: 0 done, 1 the plan does not fit in memory, 2 bad input.
 """
 
 TraceWriter = Callable[..., Any]

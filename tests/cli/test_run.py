@@ -412,3 +412,12 @@ def test_trace_file_is_written(tmp_path: Path) -> None:
     res, _ = run_json(tmp_path, "ddp_gpt3_1.3b", "--trace", str(trace))
     assert res.exit_code == 0, res.output
     assert json.loads(trace.read_text())["traceEvents"]
+
+
+@needs_engine
+def test_all_ranks_agrees_with_the_symmetry_reduction(tmp_path: Path) -> None:
+    _, reduced = run_json(tmp_path, "pipeline_13b_1f1b")
+    res, full = run_json(tmp_path, "pipeline_13b_1f1b", "--all-ranks")
+    assert res.exit_code == 0, res.output
+    assert full["step_time_s"] == pytest.approx(reduced["step_time_s"], rel=1e-9)
+    assert full["memory_peak_bytes"] == pytest.approx(reduced["memory_peak_bytes"], rel=1e-9)
