@@ -306,51 +306,66 @@ class Engine:
         segs = chunk.forward if op.phase is Phase.FORWARD else chunk.backward
         return prog.op_start_s + sum(prog._seg_duration(s) for s in segs)
 
-    def _unit_bytes(self, seg: Segment, chunk: ChunkModel) -> float:
-        numel = sum(t.numel for t in chunk.tensors if t.segment == seg.key)
-        return float(numel)
+    @staticmethod
+    def unit_key(chunk: ChunkModel, seg: Segment) -> str | int:
+        """FSDP unit of a segment. With the embedding and the head in one chunk, both belong
+        to the root unit (torch FSDP: the root holds the non-wrapped, possibly tied,
+        parameters; it is gathered for the whole forward and backward, never resharded after
+        forward, and reduce-scattered at the end of backward)."""
+        if seg.key in ("embedding", "head") and chunk.has_root:
+            return "root"
+        return seg.key
+
+    @staticmethod
+    def unit_numel(chunk: ChunkModel, key: str | int) -> float:
+        keys = ("embedding", "head") if key == "root" else (key,)
+        return float(sum(t.numel for t in chunk.tensors if t.segment in keys))
 
     def gather_unit(self, prog: RankProgram, op: PipeOp, chunk: ChunkModel, seg: Segment) -> None:
-        key = (prog.rank, chunk.index, seg.key)
+        ukey = self.unit_key(chunk, seg)
+        key = (prog.rank, chunk.index, ukey)
         if key in self.unit_events:
-            return   # still gathered (no reshard after forward), or already in flight
-        numel = self._unit_bytes(seg, chunk)
-        size = numel * self.bytes_per["param"]
-        prog.ledger.alloc(self.env.now, "parameters", size, f"gathered {seg.key}")
+            return   # still gathered (root, no reshard after forward), or in flight
+        size = self.unit_numel(chunk, ukey) * self.bytes_per["param"]
+        prog.ledger.alloc(self.env.now, "parameters", size, f"gathered {ukey}")
         extra = size / self.plan.dp / self.host_bps if self.offload else 0.0
         self.unit_events[key] = self._call(
             prog.rank, "dp", "all_gather", size, self.group(prog.rank, "dp"),
-            f"all_gather {seg.key} c{chunk.index} mb{op.microbatch} {op.phase.value}",
+            f"all_gather {ukey} c{chunk.index} mb{op.microbatch} {op.phase.value}",
             extra_s=extra, peers=self.peers(prog.rank, "dp"))
 
     def unit_ready(self, prog: RankProgram, op: PipeOp, chunk: ChunkModel,
                    seg: Segment) -> simpy.Event | None:
-        return self.unit_events.get((prog.rank, chunk.index, seg.key))
+        return self.unit_events.get((prog.rank, chunk.index, self.unit_key(chunk, seg)))
 
     def release_unit(self, prog: RankProgram, op: PipeOp, chunk: ChunkModel,
                      seg: Segment) -> None:
+        """After a unit's forward: reshard. After its backward: reduce-scatter, reshard."""
         forward = op.phase is Phase.FORWARD
-        key = (prog.rank, chunk.index, seg.key)
-        numel = self._unit_bytes(seg, chunk)
+        ukey = self.unit_key(chunk, seg)
+        if ukey == "root" and (forward or seg.key != "embedding"):
+            return   # the root stays gathered until its last backward segment
+        if forward and not self.plan.parallel.fsdp.reshard_after_forward:
+            return
+        numel = self.unit_numel(chunk, ukey)
         if not forward:
             gsize = numel * self.bytes_per["grad"]
-            prog.ledger.alloc(self.env.now, "buffers", gsize, f"grad {seg.key}")
-            extra = gsize / self.plan.dp / self.host_bps if self.offload else 0.0
+            label = f"grad {ukey}"
+            prog.ledger.alloc(self.env.now, "buffers", gsize, label)
             if self.plan.dp > 1 or self.offload:
+                extra = gsize / self.plan.dp / self.host_bps if self.offload else 0.0
                 ev = self._call(prog.rank, "dp", "reduce_scatter", gsize,
                                 self.group(prog.rank, "dp"),
-                                f"reduce_scatter {seg.key} c{chunk.index} mb{op.microbatch}",
+                                f"reduce_scatter {ukey} c{chunk.index} mb{op.microbatch}",
                                 extra_s=extra, peers=self.peers(prog.rank, "dp"))
                 prog.dp_events.append(ev)
                 ev.callbacks.append(lambda _e: prog.ledger.free(self.env.now, "buffers", gsize,
-                                                                f"grad {seg.key}"))
+                                                                label))
             else:
-                prog.ledger.free(self.env.now, "buffers", gsize, f"grad {seg.key}")
-        if forward and not self.plan.parallel.fsdp.reshard_after_forward:
-            return
-        del self.unit_events[key]
+                prog.ledger.free(self.env.now, "buffers", gsize, label)
+        del self.unit_events[(prog.rank, chunk.index, ukey)]
         prog.ledger.free(self.env.now, "parameters", numel * self.bytes_per["param"],
-                         f"reshard {seg.key}")
+                         f"reshard {ukey}")
 
     def optimizer_s(self, prog: RankProgram) -> float:
         local = prog.stage.numel / (self.plan.dp if self.zero >= 1 else 1)

@@ -84,6 +84,15 @@ class MemoryLedger:
             raise SimulationError(f"rank {self.rank}: memory freed more than allocated: {current}")
         return best
 
+    def category_peak(self, category: str) -> float:
+        """Highest bytes in use of one category over the step."""
+        current = best = 0.0
+        for ev in self.sorted_events():
+            if ev.category == category:
+                current += ev.delta_bytes
+                best = max(best, current)
+        return best
+
     def in_use(self, time_s: float, category: str | None = None) -> float:
         """Bytes in use just after all events at ``time_s`` (of one category, or all)."""
         total = 0.0

@@ -70,8 +70,14 @@ class ChunkModel:
     units: list[FSDPUnit] = field(default_factory=list)
 
     @property
-    def numel(self) -> int:
+    def numel(self) -> float:
         return sum(t.numel for t in self.tensors)
+
+    @property
+    def has_root(self) -> bool:
+        """Holds both the embedding and the head (FSDP's root unit: pp = 1)."""
+        segs = {t.segment for t in self.tensors}
+        return "embedding" in segs and "head" in segs
 
 
 @dataclass(slots=True)

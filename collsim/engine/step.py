@@ -19,7 +19,7 @@ from collsim.errors import ConfigError, SimulationError
 from collsim.parallel.config import Dtype, ParallelConfig, TrainingConfig
 from collsim.parallel.plan import Plan, build_plan
 
-__all__ = ["simulate_step", "FIDELITIES", "BLOCK_OVERRIDE_KEYS"]
+__all__ = ["simulate_step", "prepare_step", "FIDELITIES", "BLOCK_OVERRIDE_KEYS"]
 
 FIDELITIES = ("auto", "fused", "layer")
 """auto: fused ops with closed-form communication unless some axis contends, then layer.
@@ -113,6 +113,25 @@ def simulate_step(topology: Any, spec: Any, training: TrainingConfig, parallel: 
     Raises:
         ConfigError: the plan does not match the model or the cluster (see build_plan).
     """
+    engine = prepare_step(topology, spec, training, parallel, all_ranks=all_ranks, trace=trace,
+                          op_time_overrides=op_time_overrides, fidelity=fidelity,
+                          zero_communication=zero_communication)
+    engine.run()
+    from collsim.engine.assemble import assemble
+
+    return assemble(engine.plan, engine, layer_mode=engine.layer_mode,
+                    contended=engine.contended, zero_communication=zero_communication)
+
+
+def prepare_step(topology: Any, spec: Any, training: TrainingConfig, parallel: ParallelConfig,
+                 *, all_ranks: bool = False, trace: bool = False,
+                 op_time_overrides: dict[str, float] | None = None,
+                 fidelity: str = "auto", zero_communication: bool = False) -> Engine:
+    """The wired, not yet run, :class:`~collsim.engine.core.Engine` of ``simulate_step``.
+
+    Tests and tools use it to inspect a run beyond the StepResult (memory ledgers with labels,
+    per-rank accounts): ``engine = prepare_step(...); engine.run()``.
+    """
     plan = build_plan(topology, spec, training, parallel)
     overrides = dict(op_time_overrides or {})
     device = topology.device
@@ -152,8 +171,6 @@ def simulate_step(topology: Any, spec: Any, training: TrainingConfig, parallel: 
     engine = Engine(plan, stages, pricer, all_ranks=all_ranks, layer_mode=layer_mode,
                     trace=trace, optimizer_time=optimizer_time, bytes_per=bytes_per,
                     host_bps=float(topology.host_bandwidth_bps), env=env)
-    engine.run()
-    from collsim.engine.assemble import assemble
-
-    return assemble(plan, engine, layer_mode=layer_mode, contended=contended,
-                    zero_communication=zero_communication)
+    engine.contended = contended
+    engine.zero_communication = zero_communication
+    return engine

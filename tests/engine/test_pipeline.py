@@ -1,0 +1,69 @@
+"""Pipeline schedules in the engine with communication priced at zero (Narayanan 2021).
+
+With per-stage forward time t_f and backward time t_b and no communication, GPipe and 1F1B take
+(m + p - 1)(t_f + t_b) and idle a share (p - 1)/(m + p - 1) of the step in the bubble;
+interleaving v chunks per stage divides the bubble time by v. 1F1B keeps p micro-batches of
+activations on stage 0, GPipe keeps m.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from collsim.engine import simulate_step
+from collsim.parallel.config import ParallelConfig, TrainingConfig
+from collsim.workload.memory import activation_bytes_per_layer
+from collsim.workload.ops import embedding_ops
+
+from .conftest import topology
+
+LAYER_F, LAYER_B = 1e-3, 2e-3
+NO_EDGES = {"layer.forward": LAYER_F, "layer.backward": LAYER_B, "layer.recompute": 0.0,
+            "embedding.forward": 0.0, "embedding.backward": 0.0, "head.forward": 0.0,
+            "head.backward": 0.0, "optimizer": 0.0}
+
+
+def _step(spec, p: int, m: int, schedule: str, v: int = 1, overrides=NO_EDGES):
+    dp = 8 // p
+    return simulate_step(topology(), spec, TrainingConfig(global_batch=m * dp, micro_batch=1),
+                         ParallelConfig(tp=1, pp=p, dp=dp, schedule=schedule, virtual_stages=v),
+                         op_time_overrides=overrides, zero_communication=True)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("p, m", [(2, 4), (4, 4), (4, 12), (8, 8)], ids=lambda x: str(x))
+def test_step_and_bubble_share(small_spec, schedule: str, p: int, m: int) -> None:
+    r = _step(small_spec, p, m, schedule)
+    layers = small_spec.num_layers // p
+    t_f, t_b = layers * LAYER_F, layers * LAYER_B
+    assert r.step_time_s == pytest.approx((m + p - 1) * (t_f + t_b), rel=1e-9)
+    assert r.breakdown_s["bubble"] / r.step_time_s == pytest.approx((p - 1) / (m + p - 1),
+                                                                     rel=1e-9)
+    assert r.breakdown_s["compute"] == pytest.approx(m * (t_f + t_b), rel=1e-9)
+    assert r.breakdown_s["pp_exposed"] == 0.0
+
+
+@pytest.mark.parametrize("v", [2, 4])
+@pytest.mark.parametrize("p, m", [(2, 4), (4, 8)], ids=lambda x: str(x))
+def test_interleaving_divides_bubble_by_v(small_spec, p: int, m: int, v: int) -> None:
+    base = _step(small_spec, p, m, "1f1b")
+    inter = _step(small_spec, p, m, "interleaved", v)
+    assert inter.breakdown_s["bubble"] == pytest.approx(base.breakdown_s["bubble"] / v, rel=1e-9)
+    assert inter.breakdown_s["compute"] == pytest.approx(base.breakdown_s["compute"], rel=1e-9)
+    layers = small_spec.num_layers // p
+    bubble = (p - 1) * layers * (LAYER_F + LAYER_B) / v           # (1/v)(p-1)(t_f + t_b)
+    assert inter.breakdown_s["bubble"] == pytest.approx(bubble, rel=1e-9)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_activations_in_flight_on_stage_0(small_spec, schedule: str) -> None:
+    p, m = 4, 12
+    r = _step(small_spec, p, m, schedule)
+    # one micro-batch through stage 0: the embedding's saved tensors + 4 layers (Korthikanti's
+    # sbh(34 + 5as/h) each, from the workload's memory formulas, not from the engine)
+    emb = sum(op.saved_bytes for op in embedding_ops(small_spec, micro_batch=1))
+    layer = activation_bytes_per_layer(small_spec, micro_batch=1)
+    per_mb = emb + (small_spec.num_layers // p) * layer
+    in_flight = p if schedule == "1f1b" else m
+    assert r.details["activation_peak_bytes_by_rank"][0] == pytest.approx(in_flight * per_mb,
+                                                                          rel=1e-12)
