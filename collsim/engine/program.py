@@ -193,23 +193,29 @@ class RankProgram:
         self.acct["compute"] += plan.compute
         self.acct["tp_exposed"] += plan.tp
 
-    def _segment_facts(self, op: PipeOp, chunk: ChunkModel, seg: Segment, start: float,
-                       dur: float) -> None:
-        """Memory events and DP launches of one segment that runs over [start, start + dur]."""
-        label = (seg.key, op.microbatch, op.chunk)
+    def _segment_start(self, op: PipeOp, chunk: ChunkModel, seg: Segment) -> None:
+        """At a segment's start: rebuilt activations, and DP launches at their ready times
+        (planned from the segment's closed-form durations)."""
         if op.phase is Phase.FORWARD:
-            self.ledger.alloc(start + dur, "activations", seg.stored_bytes, ("act",) + label)
             return
-        self.ledger.alloc(start, "activations", seg.transient_bytes, ("recompute",) + label)
-        self.ledger.free(start + dur, "activations", seg.transient_bytes + seg.stored_bytes,
-                         ("free",) + label)
+        start = self.env.now
+        self.ledger.alloc(start, "activations", seg.transient_bytes,
+                          ("recompute", seg.key, op.microbatch, op.chunk))
         if self.e.zero in (0, 1, 2) and self.e.reduces_in(op.microbatch):
             off, gdur = self._grad_window(seg)
             for bucket in chunk.buckets:
-                if bucket.ready_segment != seg.key:
-                    continue
-                ready = start + off + bucket.ready_fraction * gdur
-                self.e.launch_bucket(self, op, chunk, bucket, ready)
+                if bucket.ready_segment == seg.key:
+                    self.e.launch_bucket(self, op, chunk, bucket,
+                                         start + off + bucket.ready_fraction * gdur)
+
+    def _segment_end(self, op: PipeOp, seg: Segment) -> None:
+        """At a segment's end: keep its activations (forward) or free them (backward)."""
+        label = (seg.key, op.microbatch, op.chunk)
+        if op.phase is Phase.FORWARD:
+            self.ledger.alloc(self.env.now, "activations", seg.stored_bytes, ("act",) + label)
+        else:
+            self.ledger.free(self.env.now, "activations",
+                             seg.transient_bytes + seg.stored_bytes, ("free",) + label)
 
     # ---- segment by segment (ZeRO-3 units, layer fidelity) ---------------------------------
     def _run_segments(self, op: PipeOp, chunk: ChunkModel) -> Any:
@@ -227,8 +233,8 @@ class RankProgram:
                     yield ev
                     self.acct["dp_exposed"] += env.now - t0
             start = env.now
+            self._segment_start(op, chunk, seg)
             if e.layer_mode:
-                self._segment_facts(op, chunk, seg, start, self._seg_duration(seg))
                 for step in seg.steps:
                     t0 = env.now
                     if step.op:
@@ -239,12 +245,12 @@ class RankProgram:
                         self.acct["compute"] += step.seconds
             else:
                 dur = self._seg_duration(seg)
-                self._segment_facts(op, chunk, seg, start, dur)
                 e.count_op(self.rank, seg)
                 yield env.timeout(dur)
                 self.acct["compute"] += seg.compute_s
                 self.acct["tp_exposed"] += dur - seg.compute_s
-            if self.e.trace_on and (e.layer_mode or e.zero == 3):
+            self._segment_end(op, seg)
+            if self.e.trace_on:
                 self._trace("compute", f"{op.phase.value} mb{op.microbatch} {seg.key}", start,
                             env.now, microbatch=op.microbatch, chunk=op.chunk, segment=seg.key)
             if issue is not None:
