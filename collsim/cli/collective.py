@@ -69,6 +69,24 @@ def build_group(topology_spec: str, gpus: int | None, nodes: int | None) -> Any:
     return Group(topo, ranks)
 
 
+class _OneLineErrors(click.Command):
+    """Usage errors print as one ``Error: ...`` line, without the usage block."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            exc.ctx = None
+            raise
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as exc:
+            exc.ctx = None
+            raise
+
+
 def _size(ctx: click.Context, param: click.Parameter, value: str) -> int:
     try:
         return parse_size(value)
@@ -76,7 +94,7 @@ def _size(ctx: click.Context, param: click.Parameter, value: str) -> int:
         raise click.BadParameter(str(exc)) from None
 
 
-@click.command(name="collective")
+@click.command(name="collective", cls=_OneLineErrors)
 @click.option("--topology", "-t", "topology_spec", required=True,
               help="Topology YAML file or name in topologies/ (dgx_h100, localhost, ...).")
 @click.option("--nodes", "-N", type=click.IntRange(min=1), default=None,

@@ -12,8 +12,9 @@ evaluation is a dictionary lookup and a few multiply-adds.
 
 from __future__ import annotations
 
+from math import inf
 from types import ModuleType
-from typing import Generator, Sequence
+from typing import Callable, Generator, Sequence
 
 import simpy
 
@@ -99,19 +100,7 @@ def choose(op: CollectiveOp | str, size_bytes: float, group: Group,
     With ``algorithm=auto`` the cheapest (algorithm, protocol) in closed form; with a named
     algorithm, its cheapest protocol (or ``protocol`` if given).
     """
-    op = parse_enum(CollectiveOp, op, "op")
-    algorithm = parse_enum(Algorithm, algorithm, "algorithm")
-    if algorithm is Algorithm.AUTO:
-        options = _candidates(op, group)
-    else:
-        schedule = schedule_for(op, group, algorithm)
-        options = [(schedule, t) for t in schedule.timings]
-    if protocol is not None:
-        protocol = parse_enum(Protocol, protocol, "protocol")
-        options = [o for o in options if o[1].protocol is protocol]
-        if not options:
-            raise ConfigError(f"protocol {protocol.value} is not available for "
-                              f"{algorithm.value} {op.value} here")
+    options = _options(op, group, algorithm, protocol)
     best = options[0]
     best_s = best[1].time_s(size_bytes)
     for option in options[1:]:
@@ -147,9 +136,57 @@ def cost(op: CollectiveOp | str, size_bytes: float, group: Group,
     """
     if size_bytes < 0:
         raise ConfigError(f"size_bytes must be >= 0, got {size_bytes}")
-    schedule, timing = choose(op, size_bytes, group, algorithm, protocol)
-    return _result(schedule.op, schedule, timing, size_bytes, timing.time_s(size_bytes),
-                   group.size)
+    # Hot path (sweeps and plan searches call this millions of times): one dictionary lookup
+    # for the candidate timings, then a few multiply-adds per candidate.
+    cache = group.topology.cache
+    key = ("cost", group, op, algorithm, protocol)
+    entry = cache.get(key)
+    if entry is None:
+        entry = cache[key] = _fast_entry(op, group, algorithm, protocol)
+    candidates, parsed_op, factor, n = entry
+    best_s = inf
+    best_alg = best_proto = None
+    for latency_s, s_per_byte, loop, alg, proto in candidates:
+        t = latency_s + size_bytes * s_per_byte
+        if loop is not None:
+            t += loop(size_bytes)
+        if t < best_s:
+            best_s, best_alg, best_proto = t, alg, proto
+    algbw = size_bytes / best_s if best_s > 0 else 0.0
+    return CollectiveCost.fast(parsed_op, best_alg, best_proto, int(size_bytes), best_s, algbw,
+                               algbw * factor, n)
+
+
+_Candidate = tuple[float, float, Callable[[float], float] | None, Algorithm, Protocol]
+
+
+def _fast_entry(op: CollectiveOp | str, group: Group, algorithm: Algorithm | str,
+                protocol: Protocol | str | None
+                ) -> tuple[list[_Candidate], CollectiveOp, float, int]:
+    parsed_op = parse_enum(CollectiveOp, op, "op")
+    candidates = [(t.latency_s, t.seconds_per_byte,
+                   t.loop_overhead_s if t.loop_bytes is not None else None,
+                   schedule.algorithm, t.protocol)
+                  for schedule, t in _options(op, group, algorithm, protocol)]
+    return candidates, parsed_op, busbw_factor(parsed_op, group.size), group.size
+
+
+def _options(op: CollectiveOp | str, group: Group, algorithm: Algorithm | str,
+             protocol: Protocol | str | None) -> list[tuple[Schedule, Timing]]:
+    parsed_op = parse_enum(CollectiveOp, op, "op")
+    parsed_alg = parse_enum(Algorithm, algorithm, "algorithm")
+    if parsed_alg is Algorithm.AUTO:
+        options = list(_candidates(parsed_op, group))
+    else:
+        schedule = schedule_for(parsed_op, group, parsed_alg)
+        options = [(schedule, t) for t in schedule.timings]
+    if protocol is not None:
+        parsed_proto = parse_enum(Protocol, protocol, "protocol")
+        options = [o for o in options if o[1].protocol is parsed_proto]
+        if not options:
+            raise ConfigError(f"protocol {parsed_proto.value} is not available for "
+                              f"{parsed_alg.value} {parsed_op.value} here")
+    return options
 
 
 def simulate(env: simpy.Environment, net: FlowNetwork, op: CollectiveOp | str,

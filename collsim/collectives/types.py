@@ -130,9 +130,13 @@ class Group:
         return len({self.topology.node_of(r) for r in self.ranks})
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class CollectiveCost:
-    """Time of one collective and nccl-tests bandwidths (algbw = size / time)."""
+    """Time of one collective and nccl-tests bandwidths (algbw = size / time).
+
+    Not slotted, so that :meth:`fast` can fill ``__dict__`` directly: the closed form builds
+    one of these per evaluation and the frozen ``__init__`` would cost more than the model.
+    """
 
     op: CollectiveOp
     algorithm: Algorithm
@@ -147,3 +151,14 @@ class CollectiveCost:
     def label(self) -> str:
         """``ring/simple`` style name of the choice."""
         return f"{self.algorithm.value}/{self.protocol.value}"
+
+    @classmethod
+    def fast(cls, op: CollectiveOp, algorithm: Algorithm, protocol: Protocol, size_bytes: int,
+             time_s: float, algbw_bps: float, busbw_bps: float,
+             num_ranks: int) -> "CollectiveCost":
+        """Same as the constructor, without the frozen ``__init__``'s per-field setattr."""
+        obj = object.__new__(cls)
+        obj.__dict__.update(op=op, algorithm=algorithm, protocol=protocol, size_bytes=size_bytes,
+                            time_s=time_s, algbw_bps=algbw_bps, busbw_bps=busbw_bps,
+                            num_ranks=num_ranks)
+        return obj
