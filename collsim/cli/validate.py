@@ -71,14 +71,17 @@ def validate() -> None:
 @click.option("-f", "--stepfactor", type=click.IntRange(2), default=2, show_default=True)
 @click.option("--iters", type=click.IntRange(1), default=20, show_default=True)
 @click.option("--warmup", type=click.IntRange(0), default=5, show_default=True)
+@click.option("--rounds", type=click.IntRange(1), default=1, show_default=True,
+              help="Sweep everything this many times, iters/rounds timed iterations each "
+                   "(spreads bursts of load from other processes over many points).")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=900.0,
               show_default=True, help="Seconds for the whole run; also the collective timeout.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="Write the points and metadata (.csv or .json).")
 @_rank_errors
 def bench(backend: str, world_size: int | None, ops: tuple[str, ...], minbytes: int,
-          maxbytes: int, stepfactor: int, iters: int, warmup: int, timeout_s: float,
-          output: str | None) -> None:
+          maxbytes: int, stepfactor: int, iters: int, warmup: int, rounds: int,
+          timeout_s: float, output: str | None) -> None:
     """Time collectives like nccl-tests (median of the slowest rank) and check every result."""
     from collsim.validate.bench import BenchConfig, run_bench, sizes_between
     from collsim.validate.dataset import format_table, write_measurements
@@ -87,7 +90,9 @@ def bench(backend: str, world_size: int | None, ops: tuple[str, ...], minbytes: 
     if world_size is None and not in_torchrun():
         world_size = 2
     sizes = tuple(sizes_between(minbytes, maxbytes, stepfactor))
-    config = BenchConfig(ops=ops, sizes_bytes=sizes, iters=iters, warmup=warmup)
+    if rounds > iters:
+        raise click.BadParameter(f"--rounds ({rounds}) must be <= --iters ({iters})")
+    config = BenchConfig(ops=ops, sizes_bytes=sizes, iters=iters, warmup=warmup, rounds=rounds)
     result, is_reporter = run_bench(config, world_size=world_size, backend=backend,
                                     timeout_s=timeout_s)
     if not is_reporter:
@@ -151,3 +156,140 @@ def ddp(world_size: str, steps: int, timeout_s: float, output: str | None) -> No
 def fsdp(world_size: str, steps: int, timeout_s: float, output: str | None) -> None:
     """FSDP sketch on real gloo ranks: bit-exact round trip, 1/N parameter bytes, shard grads."""
     _run_sketch(("fsdp",), int(world_size), steps, timeout_s, output)
+
+
+_SUBSET = click.Choice(["all", "even", "odd"])
+
+
+@validate.command()
+@click.argument("measured", type=click.Path(exists=True, dir_okay=False))
+@click.option("-o", "--output", type=click.Path(dir_okay=False), required=True,
+              help="Topology file to write (e.g. topologies/my_laptop.yaml).")
+@click.option("--base", default="localhost", show_default=True,
+              help="Topology whose shape is kept (file or name).")
+@click.option("--name", default=None, help="Topology name (default: the file's stem).")
+@click.option("--subset", type=_SUBSET, default="all", show_default=True,
+              help="Fit on all sizes, or every other power of two (even: 1K, 4K, ...).")
+@click.option("--min-size", "min_size", default="0", callback=_size, show_default=True)
+@click.option("--max-size", "max_size", default=None,
+              callback=lambda c, p, v: None if v is None else _size(c, p, v))
+def calibrate(measured: str, output: str, base: str, name: str | None, subset: str,
+              min_size: int, max_size: int | None) -> None:
+    """Fit link latency, bandwidth and per-op algorithm/overhead/efficiency to a measurement."""
+    from collsim.validate.calibrate import calibrate as fit
+    from collsim.validate.calibrate import write_topology
+    from collsim.validate.dataset import read_measurements
+
+    meas = read_measurements(measured)
+    cal = fit(meas, base=base, subset=subset, min_bytes=min_size, max_bytes=max_size)
+    path = write_topology(cal, output, name)
+    click.echo(f"# calibrated {meas.metadata.get('backend')} world size {cal.world_size} on "
+               f"{subset} sizes: link latency {cal.link_latency_s * 1e6:.1f} us, "
+               f"bandwidth {cal.link_bandwidth_bps / 1e9:.3f} GB/s")
+    click.echo(f"# {'op':<15} {'algorithm':<17} {'a(us)':>8} {'b(ns/B)':>8} "
+               f"{'overhead(us)':>12} {'efficiency':>10} {'fit|err|':>8}  kernels")
+    for op, f in cal.ops.items():
+        click.echo(f"  {op:<15} {f.algorithm:<17} {f.intercept_s * 1e6:>8.1f} "
+                   f"{f.seconds_per_byte * 1e9:>8.3f} {f.overhead_s * 1e6:>12.1f} "
+                   f"{f.efficiency:>10.3f} {f.fit_median_abs_error * 100:>7.1f}%  "
+                   f"{', '.join(f.kernels)}")
+    for note in cal.notes:
+        click.echo(f"# note: {note}")
+    click.echo(f"# wrote {path}")
+
+
+@validate.command()
+@click.argument("measured", type=click.Path(exists=True, dir_okay=False))
+@click.option("--topology", "-t", required=True, help="Topology file or name to simulate on.")
+@click.option("--subset", type=_SUBSET, default="all", show_default=True)
+@click.option("--min-size", "min_size", default="0", callback=_size, show_default=True,
+              help="Summarise only sizes >= this.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+              help="Write the log-log plot here (default: beside the measurement, .png).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None)
+def compare(measured: str, topology: str, subset: str, min_size: int, plot_path: str | None,
+            json_path: str | None) -> None:
+    """Simulate exactly the measured points and print the error of each, plus a summary."""
+    from collsim.validate.compare import compare as run_compare
+    from collsim.validate.compare import format_comparison, plot_comparison, summarize, \
+        topology_for
+    from collsim.validate.dataset import read_measurements
+
+    meas = read_measurements(measured)
+    topo = topology_for(topology, meas)
+    points = run_compare(meas, topo, subset=subset, min_bytes=min_size)
+    if not points:
+        raise ConfigError("no measured points in the selected sizes", file=measured)
+    summary = summarize(points)
+    click.echo(format_comparison(points, summary, header=(
+        f"{measured} (world size {meas.world_size}) vs {topo.name}, {subset} sizes "
+        f">= {min_size} B; error = (simulated - measured) / measured")))
+    out_plot = plot_path or str(Path(measured).with_suffix(".png"))
+    plot_comparison(points, topo, out_plot,
+                    title=f"{Path(measured).name} vs {topo.name} (n={meas.world_size})")
+    click.echo(f"# wrote {out_plot}")
+    if json_path:
+        Path(json_path).write_text(json.dumps({
+            "measured": measured, "topology": topology, "subset": subset, "min_bytes": min_size,
+            "points": [{"op": p.op, "size_bytes": p.size_bytes, "measured_s": p.measured_s,
+                        "simulated_s": p.simulated_s, "error": p.error,
+                        "algorithm": p.algorithm} for p in points],
+            "summary": [vars_of(s) for s in summary]}, indent=1) + "\n")
+        click.echo(f"# wrote {json_path}")
+
+
+def vars_of(obj: Any) -> dict[str, Any]:
+    """A slotted dataclass as a dict."""
+    from dataclasses import asdict
+
+    return asdict(obj)
+
+
+@validate.command()
+@click.argument("measured", nargs=-1, required=True,
+                type=click.Path(exists=True, dir_okay=False))
+@click.option("--min-size", "min_size", default="256K", callback=_size, show_default=True)
+@click.option("--target", type=click.FloatRange(0, 1), default=0.10, show_default=True,
+              help="Median |error| each checked op must stay within.")
+@click.option("--ops", "check_ops", default="all_reduce,all_gather,broadcast", show_default=True,
+              help="Ops held to the target (the others are reported on their own).")
+@click.option("--out-dir", type=click.Path(file_okay=False), default=None,
+              help="Keep the calibrated topologies and plots here.")
+def holdout(measured: tuple[str, ...], min_size: int, target: float, check_ops: str,
+            out_dir: str | None) -> None:
+    """Calibrate on every other power of two, compare on the others (per measurement file)."""
+    import tempfile
+
+    from collsim.validate.calibrate import calibrate as fit
+    from collsim.validate.calibrate import write_topology
+    from collsim.validate.compare import compare as run_compare
+    from collsim.validate.compare import plot_comparison, summarize, topology_for
+    from collsim.validate.dataset import read_measurements
+
+    held = tuple(o.strip() for o in check_ops.split(",") if o.strip())
+    folder = Path(out_dir or tempfile.mkdtemp(prefix="collsim-holdout-"))
+    failures = []
+    click.echo(f"# calibrate on even powers of two (1K, 4K, ...), compare on odd ones "
+               f">= {min_size} B; target median |error| <= {target:.0%} for {', '.join(held)}")
+    click.echo(f"# {'file':<40} {'n':>2} {'op':<15} {'points':>6} {'median|err|':>11} "
+               f"{'p90|err|':>9} {'max|err|':>9}  verdict")
+    for path in measured:
+        meas = read_measurements(path)
+        stem = Path(path).stem
+        cal = fit(meas, subset="even")
+        topo_path = write_topology(cal, folder / f"{stem}_even.yaml")
+        topo = topology_for(topo_path, meas)
+        points = run_compare(meas, topo, subset="odd", min_bytes=min_size)
+        plot_comparison(points, topo, folder / f"{stem}_odd.png")
+        for s in summarize(points):
+            checked = s.op in held
+            ok = s.median_abs_error <= target
+            verdict = ("PASS" if ok else "FAIL") if checked else "(reported)"
+            if checked and not ok:
+                failures.append(f"{stem} {s.op}")
+            click.echo(f"  {Path(path).name:<40} {meas.world_size:>2} {s.op:<15} {s.count:>6} "
+                       f"{s.median_abs_error * 100:>10.1f}% {s.p90_abs_error * 100:>8.1f}% "
+                       f"{s.max_abs_error * 100:>8.1f}%  {verdict}")
+    click.echo(f"# topologies and plots in {folder}")
+    if failures:
+        raise click.ClickException(f"median |error| above {target:.0%}: {', '.join(failures)}")

@@ -101,7 +101,11 @@ class BenchConfig:
     iters: int = 20
     """Timed iterations per size."""
     warmup: int = 5
-    """Untimed iterations per size, after the check and before timing."""
+    """Untimed iterations per size (per round), after the check and before timing."""
+    rounds: int = 1
+    """Sweep all ops and sizes this many times, timing iters/rounds iterations of each point
+    per sweep: a burst of load from other processes then hits a few samples of many points
+    instead of all samples of a few (the median is taken over all samples of a point)."""
     root: int = 0
     """Root of broadcast."""
     probe_backend: bool = True
@@ -111,8 +115,9 @@ class BenchConfig:
         unknown = [op for op in self.ops if op not in OPS]
         if unknown:
             raise ValueError(f"unknown op(s) {', '.join(unknown)}; choose from {', '.join(OPS)}")
-        if self.iters < 1 or self.warmup < 0:
-            raise ValueError(f"need iters >= 1 and warmup >= 0, got {self.iters}, {self.warmup}")
+        if self.iters < 1 or self.warmup < 0 or not 1 <= self.rounds <= self.iters:
+            raise ValueError(f"need iters >= 1, warmup >= 0 and 1 <= rounds <= iters, got "
+                             f"{self.iters}, {self.warmup}, {self.rounds}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -311,25 +316,41 @@ def bench_rank(ctx: Any, config: BenchConfig) -> dict[str, Any]:
     n, rank = ctx.world_size, ctx.rank
     points: list[BenchPoint] = []
     kernels: dict[str, list[str]] = {}
+    wrong: dict[tuple[str, int], int] = {}
+    samples: dict[tuple[str, int], list[float]] = {}
+    counts: dict[tuple[str, int], int] = {}
     wrong_total = torch.zeros(1, dtype=torch.int64)
+    per_round = -(-config.iters // config.rounds)
+    for round_index in range(config.rounds):
+        for op in config.ops:
+            for size_bytes in config.sizes_bytes:
+                key = (op, size_bytes)
+                count = element_count(op, size_bytes, n)
+                counts[key] = count
+                case = _OpCase(torch, dist, op, count, rank, n, ctx.device, config.root)
+                if round_index == 0:
+                    case.fill_check()
+                    dist.barrier()
+                    case()
+                    ctx.sync()
+                    wrong_total.fill_(case.count_wrong())
+                    dist.all_reduce(wrong_total)
+                    wrong[key] = int(wrong_total.item())
+                    if config.probe_backend and op not in kernels and count > 0:
+                        kernels[op] = _probe_kernels(torch, case, ctx)
+                case.fill_timing()
+                for _ in range(config.warmup):
+                    case()
+                ctx.sync()
+                todo = min(per_round, config.iters - len(samples.get(key, [])))
+                samples.setdefault(key, []).extend(
+                    _time_iterations(torch, dist, ctx, case, todo))
+                del case
     for op in config.ops:
         for size_bytes in config.sizes_bytes:
-            count = element_count(op, size_bytes, n)
-            case = _OpCase(torch, dist, op, count, rank, n, ctx.device, config.root)
-            case.fill_check()
-            dist.barrier()
-            case()
-            ctx.sync()
-            wrong_total.fill_(case.count_wrong())
-            dist.all_reduce(wrong_total)
-            if config.probe_backend and op not in kernels and count > 0:
-                kernels[op] = _probe_kernels(torch, case, ctx)
-            case.fill_timing()
-            for _ in range(config.warmup):
-                case()
-            ctx.sync()
-            times = _time_iterations(torch, dist, ctx, case, config.iters)
-            median_s, min_s, p90_s = _summary(times)
+            key = (op, size_bytes)
+            median_s, min_s, p90_s = _summary(samples[key])
+            count = counts[key]
             real_bytes = count * _ELEMENT_BYTES
             algbw = real_bytes / median_s / 1e9 if median_s > 0 else 0.0
             points.append(BenchPoint(
@@ -338,8 +359,7 @@ def bench_rank(ctx: Any, config: BenchConfig) -> dict[str, Any]:
                 root=config.root if op == "broadcast" else -1,
                 time_us=median_s * 1e6, min_us=min_s * 1e6, p90_us=p90_s * 1e6,
                 algbw_gbps=algbw, busbw_gbps=algbw * bus_factor(op, n),
-                wrong=int(wrong_total.item()), world_size=n, iters=config.iters))
-            del case
+                wrong=wrong[key], world_size=n, iters=len(samples[key])))
     overhead = _overhead(torch, dist, ctx, config.iters)
     return {
         "points": points,
@@ -403,6 +423,7 @@ def run_bench(config: BenchConfig, *, world_size: int | None, backend: str = "gl
         "date": started.isoformat(timespec="seconds"),
         "iters": config.iters,
         "warmup": config.warmup,
+        "rounds": config.rounds,
         "timing": "median over iterations of the slowest rank; barrier before each iteration",
         "dtype": "float32",
         "kernels": out["kernels"],

@@ -141,7 +141,7 @@ def format_table(rows: list[dict[str, Any]], metadata: dict[str, Any]) -> str:
         f"node), torch {metadata.get('torch_version')}, host {metadata.get('host')}, "
         f"{metadata.get('date')}",
         f"# {metadata.get('timing', '')}; iters {metadata.get('iters')}, "
-        f"warmup {metadata.get('warmup')}",
+        f"warmup {metadata.get('warmup')}, rounds {metadata.get('rounds', 1)}",
     ]
     ops: list[str] = []
     for row in rows:

@@ -1,0 +1,358 @@
+"""Fit a topology to measured collectives: link latency and bandwidth, and per op the algorithm,
+a fixed overhead and an efficiency, so that collsim's own cost formula reproduces the times.
+
+The closed form of every collective on a gloo topology is linear in the size (see
+:mod:`collsim.collectives.schedule`)::
+
+    time(S) = overhead_op + k_lat(op, alg, n) x L + S x k_bw(op, alg, n) / (B x eff_op)
+
+with L the link latency, B the link bandwidth and k_lat, k_bw the algorithm's latency steps and
+bytes per byte of size on the busiest link (ring all_reduce: 2(n-1) steps, 2(n-1)/n bytes). The
+coefficients k_lat and k_bw are read from the simulator itself, by building the schedule on a
+probe topology, so the fit matches whatever the collective code does.
+
+The fit, all by code:
+
+1. per op, a robust least-squares line ``time = a + b x size`` through the measured medians,
+   minimising relative residuals (each size counts alike) with Huber weights (iteratively
+   reweighted), a >= 0 and b > 0;
+2. per op and candidate algorithm, the link capacity it implies, ``C = k_bw / b``; the
+   reference capacity is send_recv's (one point-to-point stream, the plainest use of the link),
+   else the median over ops; each op takes the algorithm whose C is closest to the reference
+   (ties, as ring and halving-doubling at n = 2, go to the first in collsim's gloo order);
+3. B = the largest chosen C, so that every efficiency C / B is in (0, 1]; L = the smallest
+   a / k_lat over ops, so that every overhead a - k_lat x L is >= 0.
+
+The backend's kernels, recorded by the bench with the torch profiler, are reported beside the
+fit: gloo in torch 2.13 runs reduce_scatter as a full all_reduce then keeps a slice, so its
+efficiency comes out about half that of a ring reduce_scatter would (twice the bytes).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from collsim.errors import ConfigError
+from collsim.validate.dataset import Measurements
+
+__all__ = ["OpFit", "Calibration", "fit_line", "select_rows", "calibrate", "topology_yaml",
+           "write_topology", "SUBSETS"]
+
+#: ``all`` sizes, or every other power of two: ``even`` (2^10, 2^12, ...) or ``odd``.
+SUBSETS = ("all", "even", "odd")
+
+_PROBE_LATENCY_S = 1e-6
+_PROBE_BANDWIDTH_BPS = 1e9
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OpFit:
+    """The fit of one op."""
+
+    op: str
+    algorithm: str
+    intercept_s: float
+    """a of time = a + b x size."""
+    seconds_per_byte: float
+    """b of time = a + b x size."""
+    overhead_s: float
+    efficiency: float
+    latency_steps: float
+    """k_lat: link latencies paid per collective under the algorithm."""
+    bytes_factor: float
+    """k_bw: bytes on the busiest link per byte of size under the algorithm."""
+    num_points: int
+    fit_median_abs_error: float
+    """Median |relative residual| of the line on the points it was fitted to."""
+    kernels: tuple[str, ...] = ()
+
+
+@dataclass
+class Calibration:
+    """A fitted topology: link latency and bandwidth, and per-op fits."""
+
+    world_size: int
+    ranks_per_node: int
+    link_latency_s: float
+    link_bandwidth_bps: float
+    ops: dict[str, OpFit]
+    base: str
+    subset: str
+    source: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def _log2_parity(size_bytes: int) -> int | None:
+    """0 for even powers of two, 1 for odd, None for sizes that are not near a power of two."""
+    if size_bytes <= 0:
+        return None
+    exp = math.log2(size_bytes)
+    nearest = round(exp)
+    # Split ops round the count down to a multiple of n: still within 1% of the power of two.
+    if abs(size_bytes - 2 ** nearest) > 0.01 * 2 ** nearest:
+        return None
+    return nearest % 2
+
+
+def select_rows(rows: list[dict[str, Any]], subset: str = "all", *, min_bytes: int = 0,
+                max_bytes: int | None = None, ops: tuple[str, ...] | None = None
+                ) -> list[dict[str, Any]]:
+    """Rows whose size is in ``subset`` and [min_bytes, max_bytes], for ``ops`` (all if None).
+
+    Raises:
+        ConfigError: unknown subset.
+    """
+    if subset not in SUBSETS:
+        raise ConfigError(f"must be one of {', '.join(SUBSETS)}; got {subset!r}",
+                          key_path="--subset")
+    out = []
+    for row in rows:
+        size = int(row["size_bytes"])
+        if size < min_bytes or (max_bytes is not None and size > max_bytes):
+            continue
+        if ops is not None and row["op"] not in ops:
+            continue
+        if subset != "all":
+            parity = _log2_parity(size)
+            if parity is None or parity != (0 if subset == "even" else 1):
+                continue
+        out.append(row)
+    return out
+
+
+def fit_line(sizes_bytes: list[float], times_s: list[float], *,
+             iterations: int = 20) -> tuple[float, float, float]:
+    """Robust fit of time = a + b x size minimising relative residuals; a >= 0, b > 0.
+
+    Iteratively reweighted least squares with Huber weights (k = 1.345 robust sigmas, sigma
+    from the median absolute residual), as in Huber 1964 / Holland & Welsch 1977.
+
+    Returns:
+        ``(a, b, median |relative residual|)``.
+
+    Raises:
+        ConfigError: fewer than two points, or a non-positive time.
+    """
+    import numpy as np
+
+    if len(sizes_bytes) < 2:
+        raise ConfigError(f"need at least 2 sizes to fit a line, got {len(sizes_bytes)}")
+    s = np.asarray(sizes_bytes, dtype=float)
+    t = np.asarray(times_s, dtype=float)
+    if (t <= 0).any():
+        raise ConfigError("measured times must be > 0")
+    weights = np.ones_like(t)
+
+    def solve(w: Any) -> tuple[float, float]:
+        rows = np.stack([w / t, w * s / t], axis=1)
+        (a, b), *_ = np.linalg.lstsq(rows, w, rcond=None)
+        if a < 0:   # through the origin
+            a = 0.0
+            b = float(np.sum(w * w * s / t) / np.sum((w * s / t) ** 2))
+        if b <= 0:  # flat: all latency
+            b = 1e-18
+            a = float(np.sum(w * w / t) / np.sum((w / t) ** 2))
+        return float(a), float(b)
+
+    a, b = solve(weights)
+    for _ in range(iterations):
+        resid = (a + b * s - t) / t
+        sigma = 1.4826 * float(np.median(np.abs(resid)))
+        if sigma <= 0:
+            break
+        k = 1.345 * sigma
+        weights = np.sqrt(np.minimum(1.0, k / np.maximum(np.abs(resid), 1e-300)))
+        a_new, b_new = solve(weights)
+        if abs(a_new - a) <= 1e-12 * max(a, 1e-12) and abs(b_new - b) <= 1e-9 * b:
+            a, b = a_new, b_new
+            break
+        a, b = a_new, b_new
+    resid = np.abs((a + b * s - t) / t)
+    return a, b, float(np.median(resid))
+
+
+def _probe_topology(base: str, ranks_per_node: int, num_nodes: int) -> Any:
+    """The base topology with probe link figures, zero overhead and no per-op settings."""
+    from collsim.topology import parse_topology, resolve_topology_path
+    from collsim.yamlio import load_yaml
+
+    doc = load_yaml(resolve_topology_path(base))
+    data = _probe_data(dict(doc.data))
+    doc.data = data
+    return parse_topology(doc, nodes=num_nodes, gpus_per_node=ranks_per_node)
+
+
+def _probe_data(data: dict[str, Any]) -> dict[str, Any]:
+    intra = dict(data["intra_node"])
+    intra.update(bandwidth_gbps=_PROBE_BANDWIDTH_BPS / 1e9, latency_us=_PROBE_LATENCY_S * 1e6,
+                 efficiency=1.0)
+    data["intra_node"] = intra
+    coll = dict(data.get("collectives") or {})
+    coll["overhead_us"] = 0.0
+    coll.pop("ops", None)
+    coll.pop("algorithms", None)
+    data["collectives"] = coll
+    return data
+
+
+def _coefficients(topology: Any, op: str) -> dict[str, tuple[float, float]]:
+    """(k_lat, k_bw) per algorithm that can run ``op`` on the whole topology (gloo: no NVLS)."""
+    from collsim.collectives import Algorithm, CollectiveOp, Group, schedule_for, supported
+
+    group = Group.all(topology)
+    out: dict[str, tuple[float, float]] = {}
+    for algorithm in supported(CollectiveOp(op)):
+        if algorithm is Algorithm.NVLS:
+            continue
+        try:
+            timing = schedule_for(CollectiveOp(op), group, algorithm).timings[0]
+        except ConfigError:
+            continue    # not on this group
+        out[algorithm.value] = (timing.latency_s / _PROBE_LATENCY_S,
+                                timing.seconds_per_byte * _PROBE_BANDWIDTH_BPS)
+    return out
+
+
+def calibrate(meas: Measurements, *, base: str = "localhost", subset: str = "all",
+              min_bytes: int = 0, max_bytes: int | None = None) -> Calibration:
+    """Fit the topology ``base`` to the measurements (see the module docstring).
+
+    Args:
+        meas: measured points with metadata (one world size).
+        base: topology file or name whose shape (interconnect, device) is kept.
+        subset: sizes to fit on: ``all``, ``even`` or ``odd`` powers of two.
+        min_bytes: ignore smaller sizes.
+        max_bytes: ignore larger sizes.
+
+    Raises:
+        ConfigError: mixed world sizes, an op with fewer than two sizes, or wrong results in
+            the data (a measurement with #wrong > 0 is not a measurement).
+    """
+    rows = select_rows(meas.rows, subset, min_bytes=min_bytes, max_bytes=max_bytes)
+    sizes = {int(r["world_size"]) for r in rows}
+    if len(sizes) != 1:
+        raise ConfigError(f"need one world size per calibration, got {sorted(sizes)}",
+                          file=meas.path)
+    bad = [r for r in rows if int(r["wrong"]) > 0]
+    if bad:
+        raise ConfigError(f"{len(bad)} measured point(s) have wrong results "
+                          f"(e.g. {bad[0]['op']} {bad[0]['size_bytes']} B)", file=meas.path)
+    n = sizes.pop()
+    ranks_per_node = int(meas.metadata.get("ranks_per_node", n))
+    num_nodes = max(1, n // ranks_per_node)
+    probe = _probe_topology(base, ranks_per_node, num_nodes)
+    kernels = meas.metadata.get("kernels") or {}
+    lines: dict[str, tuple[float, float, float, int]] = {}
+    coeffs: dict[str, dict[str, tuple[float, float]]] = {}
+    for op in [o for o in meas.ops() if any(r["op"] == o for r in rows)]:
+        pts = [r for r in rows if r["op"] == op]
+        a, b, err = fit_line([float(r["size_bytes"]) for r in pts],
+                             [float(r["time_us"]) * 1e-6 for r in pts])
+        lines[op] = (a, b, err, len(pts))
+        coeffs[op] = _coefficients(probe, op)
+    if not lines:
+        raise ConfigError("no measured points in the selected sizes", file=meas.path)
+    implied = {op: {alg: kb / lines[op][1] for alg, (_, kb) in algs.items()}
+               for op, algs in coeffs.items()}
+    if "send_recv" in implied:
+        reference = max(implied["send_recv"].values())
+    else:
+        reference = statistics.median(next(iter(v.values())) for v in implied.values())
+    chosen: dict[str, str] = {}
+    for op, options in implied.items():
+        chosen[op] = min(options, key=lambda alg: abs(math.log(options[alg] / reference)))
+    bandwidth = max(implied[op][chosen[op]] for op in chosen)
+    with_steps = [lines[op][0] / coeffs[op][chosen[op]][0] for op in chosen
+                  if coeffs[op][chosen[op]][0] > 0]
+    latency = min(with_steps) if with_steps else 0.0
+    fits: dict[str, OpFit] = {}
+    for op, alg in chosen.items():
+        a, b, err, count = lines[op]
+        k_lat, k_bw = coeffs[op][alg]
+        fits[op] = OpFit(op=op, algorithm=alg, intercept_s=a, seconds_per_byte=b,
+                         overhead_s=max(0.0, a - k_lat * latency),
+                         efficiency=min(1.0, implied[op][alg] / bandwidth),
+                         latency_steps=k_lat, bytes_factor=k_bw, num_points=count,
+                         fit_median_abs_error=err, kernels=tuple(kernels.get(op, ())))
+    notes = _notes(fits, kernels)
+    return Calibration(world_size=n, ranks_per_node=ranks_per_node, link_latency_s=latency,
+                       link_bandwidth_bps=bandwidth, ops=fits, base=base, subset=subset,
+                       source=meas.path, metadata=dict(meas.metadata), notes=notes)
+
+
+def _notes(fits: dict[str, OpFit], kernels: dict[str, list[str]]) -> list[str]:
+    notes = []
+    for op, names in kernels.items():
+        ran = sorted({name.split(":", 1)[-1] for name in names})
+        if op in ("reduce_scatter", "all_gather", "broadcast", "all_reduce", "all_to_all") \
+                and ran and op not in ran:
+            notes.append(f"{op}: the backend ran {', '.join(names)} (the profiler shows no "
+                         f"{op} kernel), so its fitted efficiency covers that extra traffic")
+    if "reduce_scatter" in fits and "all_reduce" in fits:
+        rs, ar = fits["reduce_scatter"], fits["all_reduce"]
+        notes.append(f"reduce_scatter takes {rs.seconds_per_byte / ar.seconds_per_byte:.2f} x "
+                     f"all_reduce's time per byte of the same input")
+    return notes
+
+
+def topology_yaml(cal: Calibration, name: str) -> str:
+    """The calibrated topology as YAML text (the base file's shape, fitted figures)."""
+    import json
+
+    from collsim.topology import resolve_topology_path
+    from collsim.yamlio import load_yaml
+
+    base = load_yaml(resolve_topology_path(cal.base)).data
+    intra = dict(base["intra_node"])
+    md = cal.metadata
+    lines = [
+        f"# Calibrated by `collsim validate calibrate` from {cal.source}",
+        f"# measured: backend {md.get('backend')}, world size {cal.world_size}, "
+        f"{cal.ranks_per_node} ranks per node, torch {md.get('torch_version')}, "
+        f"host {md.get('host')}, {md.get('date')}",
+        f"# fitted on sizes: {cal.subset}; per op: time = overhead + steps x latency "
+        f"+ size x bytes_factor / (bandwidth x efficiency)",
+    ]
+    lines += [f"# note: {note}" for note in cal.notes]
+    lines += [
+        f"name: {name}",
+        f"description: {json.dumps(str(base.get('description', '')) + ' (calibrated)')}",
+        f"device: {base['device']}",
+        f"nodes: {max(1, cal.world_size // cal.ranks_per_node)}",
+        f"gpus_per_node: {cal.ranks_per_node}",
+        "intra_node:",
+        f"  interconnect: {intra['interconnect']}",
+        f"  bandwidth_gbps: {cal.link_bandwidth_bps / 1e9:.6g}",
+        "  efficiency: 1.0",
+        f"  latency_us: {cal.link_latency_s * 1e6:.6g}",
+        f"  nvls: {str(bool(intra.get('nvls', False))).lower()}",
+    ]
+    if "host" in base:
+        lines += ["host:", f"  bandwidth_gbps: {base['host'].get('bandwidth_gbps', 32.0)}"]
+    overheads = [f.overhead_s for f in cal.ops.values()]
+    library = (base.get("collectives") or {}).get("library", "gloo")
+    lines += ["collectives:", f"  library: {library}",
+              f"  overhead_us: {min(overheads) * 1e6:.6g}", "  algorithms:"]
+    lines += [f"    {op}: {fit.algorithm}" for op, fit in cal.ops.items()]
+    lines.append("  ops:")
+    for op, fit in cal.ops.items():
+        kern = f"  # ran {', '.join(fit.kernels)}" if fit.kernels else ""
+        lines.append(f"    {op}: {{overhead_us: {fit.overhead_s * 1e6:.6g}, "
+                     f"efficiency: {fit.efficiency:.6g}}}{kern}")
+    return "\n".join(lines) + "\n"
+
+
+def write_topology(cal: Calibration, path: str | Path, name: str | None = None) -> Path:
+    """Write the calibrated topology and check that it loads back."""
+    from collsim.topology import load_topology
+
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(topology_yaml(cal, name or out.stem))
+    load_topology(out)
+    return out

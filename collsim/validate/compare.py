@@ -1,0 +1,156 @@
+"""Simulate exactly the measured points and report the error of each.
+
+For every measured (op, size) the closed form :func:`collsim.collectives.cost` is evaluated on
+the given topology for the same world size (``Group.all`` of the topology sized to the
+measurement: ``ranks_per_node`` ranks on ``num_nodes`` nodes). The error is
+``(simulated - measured) / measured``; the summary per op gives the median, p90 and max of its
+absolute value. The plot is log-log time against size: measured points, simulated lines.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from collsim.errors import ConfigError
+from collsim.validate.calibrate import select_rows
+from collsim.validate.dataset import Measurements
+
+__all__ = ["ComparedPoint", "OpSummary", "compare", "summarize", "format_comparison",
+           "plot_comparison", "topology_for"]
+
+
+@dataclass(frozen=True, slots=True)
+class ComparedPoint:
+    """One measured point and its simulation."""
+
+    op: str
+    size_bytes: int
+    measured_s: float
+    simulated_s: float
+    algorithm: str
+
+    @property
+    def error(self) -> float:
+        """(simulated - measured) / measured."""
+        return (self.simulated_s - self.measured_s) / self.measured_s
+
+
+@dataclass(frozen=True, slots=True)
+class OpSummary:
+    """|error| statistics of one op."""
+
+    op: str
+    count: int
+    median_abs_error: float
+    p90_abs_error: float
+    max_abs_error: float
+
+
+def topology_for(spec: str | Path, meas: Measurements) -> Any:
+    """The topology ``spec`` sized to the measurement's ranks per node and node count."""
+    from collsim.topology import load_topology
+
+    n = meas.world_size
+    per_node = int(meas.metadata.get("ranks_per_node", n))
+    return load_topology(spec, nodes=max(1, n // per_node), gpus_per_node=per_node)
+
+
+def compare(meas: Measurements, topology: Any, *, subset: str = "all", min_bytes: int = 0,
+            max_bytes: int | None = None,
+            ops: tuple[str, ...] | None = None) -> list[ComparedPoint]:
+    """Simulate every selected measured point on ``topology``.
+
+    Raises:
+        ConfigError: the topology's rank count differs from the measurement's world size.
+    """
+    from collsim.collectives import Group, cost
+
+    if topology.num_ranks != meas.world_size:
+        raise ConfigError(f"topology {topology.name} has {topology.num_ranks} ranks, the "
+                          f"measurement {meas.world_size}", file=meas.path)
+    group = Group.all(topology)
+    out = []
+    for row in select_rows(meas.rows, subset, min_bytes=min_bytes, max_bytes=max_bytes, ops=ops):
+        sim = cost(row["op"], int(row["size_bytes"]), group)
+        out.append(ComparedPoint(row["op"], int(row["size_bytes"]), float(row["time_us"]) * 1e-6,
+                                 sim.time_s, sim.algorithm.value))
+    return out
+
+
+def _p90(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(0.9 * (len(ordered) - 1))))]
+
+
+def summarize(points: list[ComparedPoint]) -> list[OpSummary]:
+    """Per op (first-seen order), then ``all``: median, p90 and max of |error|."""
+    ops: list[str] = []
+    for p in points:
+        if p.op not in ops:
+            ops.append(p.op)
+    out = []
+    for op in ops + ["all"]:
+        errs = [abs(p.error) for p in points if op in ("all", p.op)]
+        if errs:
+            out.append(OpSummary(op, len(errs), statistics.median(errs), _p90(errs), max(errs)))
+    return out
+
+
+def format_comparison(points: list[ComparedPoint], summary: list[OpSummary],
+                      header: str = "") -> str:
+    """Table of measured vs simulated per point, then the summary."""
+    lines = [f"# {header}"] if header else []
+    lines.append(f"# {'op':<15} {'size(B)':>12} {'measured(us)':>13} {'simulated(us)':>14} "
+                 f"{'error':>8}  algorithm")
+    for p in points:
+        lines.append(f"  {p.op:<15} {p.size_bytes:>12} {p.measured_s * 1e6:>13.1f} "
+                     f"{p.simulated_s * 1e6:>14.1f} {p.error * 100:>7.1f}%  {p.algorithm}")
+    lines.append("#")
+    lines.append(f"# {'op':<15} {'points':>6} {'median|err|':>12} {'p90|err|':>9} "
+                 f"{'max|err|':>9}")
+    for s in summary:
+        lines.append(f"  {s.op:<15} {s.count:>6} {s.median_abs_error * 100:>11.1f}% "
+                     f"{s.p90_abs_error * 100:>8.1f}% {s.max_abs_error * 100:>8.1f}%")
+    return "\n".join(lines)
+
+
+def plot_comparison(points: list[ComparedPoint], topology: Any, path: str | Path,
+                    title: str = "") -> Path:
+    """Log-log time vs size: measured points, simulated lines (one colour per op)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from collsim.collectives import Group, cost
+
+    group = Group.all(topology)
+    fig, ax = plt.subplots(figsize=(7, 5))
+    ops: list[str] = []
+    for p in points:
+        if p.op not in ops:
+            ops.append(p.op)
+    for i, op in enumerate(ops):
+        color = f"C{i % 10}"
+        pts = [p for p in points if p.op == op]
+        ax.plot([p.size_bytes for p in pts], [p.measured_s * 1e6 for p in pts], "o",
+                color=color, label=f"{op} measured")
+        grid = np.geomspace(min(p.size_bytes for p in pts), max(p.size_bytes for p in pts), 64)
+        ax.plot(grid, [cost(op, float(s), group).time_s * 1e6 for s in grid], "-", color=color,
+                label=f"{op} simulated")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("size (bytes)")
+    ax.set_ylabel("time (us)")
+    ax.set_title(title or f"measured vs simulated on {topology.name}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return out

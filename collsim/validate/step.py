@@ -1,0 +1,315 @@
+"""Step-level validation: time real training steps of a small GPT and simulate the same step.
+
+The model is built from a :class:`~collsim.workload.model.TransformerSpec` exactly as collsim
+counts it (token and learned position embeddings, ``num_layers`` pre-norm blocks of LayerNorm,
+fused QKV, output projection, LayerNorm, MLP up/down with biases, a final LayerNorm and an LM head
+tied to the token embedding; no dropout), in fp32, trained with SGD.
+
+Measured, on real ranks (gloo or nccl), per iteration after a barrier, the slowest rank:
+
+* ``ddp_b<MB>``: torch's ``DistributedDataParallel`` with ``bucket_cap_mb`` = MB (1 and 25 by
+  default): zero_grad, forward, loss, backward (bucketed all-reduces overlap it), SGD step;
+* ``fsdp``: the FSDP sketch of :mod:`collsim.validate.sketch`, one flat shard per unit (the
+  embeddings with the final norm, then each block): all-gather each unit just before its forward,
+  keep it through backward, then reduce-scatter every unit's gradient, free the full
+  parameters and step the shards.
+
+Profiled on the same ranks at the same time (so that they share the cores as in the step): the
+forward and backward time of the embedding, of each block, and of the head with the loss, and
+the optimizer step; these become the simulator's per-block compute times
+(``op_time_overrides``). The simulated step is :func:`collsim.engine.step.simulate_step` on the
+calibrated topology with the same model, batch and DDP/FSDP settings.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["StepConfig", "model_spec", "build_gpt", "step_rank", "run_step",
+           "simulate_modes", "MODES"]
+
+#: Modes of a measured step: DDP with a bucket size in MB, or the FSDP sketch.
+MODES = ("ddp_b1", "ddp_b25", "fsdp")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepConfig:
+    """The model, the batch and how long to time."""
+
+    num_layers: int = 4
+    hidden: int = 256
+    num_heads: int = 4
+    ffn_hidden: int = 1024
+    seq_len: int = 32
+    vocab: int = 1024
+    micro_batch: int = 2
+    """Sequences per rank per step."""
+    iters: int = 10
+    warmup: int = 3
+    modes: tuple[str, ...] = MODES
+    lr: float = 1e-3
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for mode in self.modes:
+            if mode != "fsdp" and not (mode.startswith("ddp_b") and mode[5:].isdigit()):
+                raise ValueError(f"unknown mode {mode!r}: ddp_b<MB> or fsdp")
+
+
+def model_spec(cfg: StepConfig) -> Any:
+    """The collsim spec of the measured model."""
+    from collsim.workload.model import TransformerSpec
+
+    return TransformerSpec(name="validate-gpt", num_layers=cfg.num_layers, hidden=cfg.hidden,
+                           num_heads=cfg.num_heads, ffn_hidden=cfg.ffn_hidden,
+                           seq_len=cfg.seq_len, vocab=cfg.vocab, dropout=False)
+
+
+def build_gpt(torch: Any, cfg: StepConfig) -> Any:
+    """The torch model of :func:`model_spec` (parameters registered in collsim's order)."""
+    nn = torch.nn
+    F = torch.nn.functional
+    h, heads = cfg.hidden, cfg.num_heads
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ln1 = nn.LayerNorm(h)
+            self.qkv = nn.Linear(h, 3 * h)
+            self.proj = nn.Linear(h, h)
+            self.ln2 = nn.LayerNorm(h)
+            self.fc1 = nn.Linear(h, cfg.ffn_hidden)
+            self.fc2 = nn.Linear(cfg.ffn_hidden, h)
+
+        def forward(self, x: Any) -> Any:
+            b, s, _ = x.shape
+            q, k, v = self.qkv(self.ln1(x)).split(h, dim=2)
+            q, k, v = (t.view(b, s, heads, h // heads).transpose(1, 2) for t in (q, k, v))
+            att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.proj(att.transpose(1, 2).reshape(b, s, h))
+            return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+    class GPT(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tok = nn.Embedding(cfg.vocab, h)
+            self.pos = nn.Embedding(cfg.seq_len, h)
+            self.blocks = nn.ModuleList(Block() for _ in range(cfg.num_layers))
+            self.ln_f = nn.LayerNorm(h)
+
+        def embed(self, idx: Any) -> Any:
+            return self.tok(idx) + self.pos(torch.arange(idx.shape[1]))
+
+        def head_loss(self, x: Any, targets: Any) -> Any:
+            logits = self.ln_f(x) @ self.tok.weight.t()     # tied LM head
+            return F.cross_entropy(logits.reshape(-1, cfg.vocab), targets.reshape(-1))
+
+        def forward(self, idx: Any, targets: Any) -> Any:
+            x = self.embed(idx)
+            for block in self.blocks:
+                x = block(x)
+            return self.head_loss(x, targets)
+
+    return GPT()
+
+
+def _batch(torch: Any, cfg: StepConfig, rank: int) -> tuple[Any, Any]:
+    gen = torch.Generator().manual_seed(cfg.seed * 7919 + rank)
+    idx = torch.randint(cfg.vocab, (cfg.micro_batch, cfg.seq_len), generator=gen)
+    return idx, torch.roll(idx, -1, dims=1)
+
+
+def _time_slowest(torch: Any, dist: Any, fn: Any, iters: int, warmup: int) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    times = torch.zeros(iters, dtype=torch.float64)
+    for i in range(iters):
+        dist.barrier()
+        start = time.perf_counter()
+        fn()
+        times[i] = time.perf_counter() - start
+    dist.all_reduce(times, op=dist.ReduceOp.MAX)
+    return [float(t) for t in times]
+
+
+def _profile(torch: Any, dist: Any, cfg: StepConfig, rank: int) -> dict[str, float]:
+    """Per-block forward/backward seconds (median over iters, mean over ranks)."""
+    torch.manual_seed(cfg.seed)
+    model = build_gpt(torch, cfg)
+    idx, targets = _batch(torch, cfg, rank)
+    h = cfg.hidden
+    samples: dict[str, list[float]] = {}
+
+    def add(key: str, value: float) -> None:
+        samples.setdefault(key, []).append(value)
+
+    for it in range(cfg.warmup + cfg.iters):
+        record = it >= cfg.warmup
+        dist.barrier()
+        t0 = time.perf_counter()
+        emb = model.embed(idx)
+        t1 = time.perf_counter()
+        emb.backward(torch.ones_like(emb))
+        t2 = time.perf_counter()
+        if record:
+            add("embedding.forward", t1 - t0)
+            add("embedding.backward", t2 - t1)
+        for layer, block in enumerate(model.blocks):
+            x = torch.randn(cfg.micro_batch, cfg.seq_len, h, requires_grad=True)
+            g = torch.randn(cfg.micro_batch, cfg.seq_len, h)
+            t0 = time.perf_counter()
+            y = block(x)
+            t1 = time.perf_counter()
+            y.backward(g)
+            t2 = time.perf_counter()
+            if record:
+                add(f"layer{layer}.forward", t1 - t0)
+                add(f"layer{layer}.backward", t2 - t1)
+        x = torch.randn(cfg.micro_batch, cfg.seq_len, h, requires_grad=True)
+        t0 = time.perf_counter()
+        loss = model.head_loss(x, targets)
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
+        t3 = time.perf_counter()
+        opt.step()
+        t4 = time.perf_counter()
+        model.zero_grad(set_to_none=False)
+        t5 = time.perf_counter()
+        if record:
+            add("head.forward", t1 - t0)
+            add("head.backward", t2 - t1)
+            add("optimizer", (t4 - t3) + (t5 - t4))
+    medians = {k: statistics.median(v) for k, v in samples.items()}
+    keys = sorted(medians)
+    vec = torch.tensor([medians[k] for k in keys], dtype=torch.float64)
+    dist.all_reduce(vec)
+    vec /= dist.get_world_size()
+    mean = {k: float(v) for k, v in zip(keys, vec)}
+    out = {k: mean[k] for k in keys if not k.startswith("layer")}
+    out["layer.forward"] = statistics.median(mean[f"layer{i}.forward"]
+                                             for i in range(cfg.num_layers))
+    out["layer.backward"] = statistics.median(mean[f"layer{i}.backward"]
+                                              for i in range(cfg.num_layers))
+    return out
+
+
+def _ddp_step_times(torch: Any, dist: Any, cfg: StepConfig, rank: int,
+                    bucket_mb: int) -> tuple[list[float], int]:
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.manual_seed(cfg.seed)
+    model = DistributedDataParallel(build_gpt(torch, cfg), bucket_cap_mb=bucket_mb)
+    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
+    idx, targets = _batch(torch, cfg, rank)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=False)
+        model(idx, targets).backward()
+        opt.step()
+
+    times = _time_slowest(torch, dist, step, cfg.iters, cfg.warmup)
+    buckets = -1
+    try:
+        buckets = len(model.reducer._get_zeros_like_grad_buckets())
+    except Exception:  # noqa: BLE001 - private API; the count is informative only
+        pass
+    return times, buckets
+
+
+def _fsdp_step_times(torch: Any, dist: Any, cfg: StepConfig, rank: int) -> list[float]:
+    from collsim.validate.sketch import FlatShard
+
+    torch.manual_seed(cfg.seed)
+    model = build_gpt(torch, cfg)
+    root = torch.nn.ModuleList([model.tok, model.pos, model.ln_f])
+    units = [FlatShard(root)] + [FlatShard(block) for block in model.blocks]
+    idx, targets = _batch(torch, cfg, rank)
+
+    def step() -> None:
+        units[0].unshard()
+        x = model.embed(idx)
+        for unit, block in zip(units[1:], model.blocks):
+            unit.unshard()
+            x = block(x)
+        model.head_loss(x, targets).backward()
+        for unit in reversed(units):
+            unit.reduce_grads()
+            unit.reshard()
+            unit.shard.add_(unit.shard_grad, alpha=-cfg.lr)
+
+    return _time_slowest(torch, dist, step, cfg.iters, cfg.warmup)
+
+
+def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
+    """Profile the blocks, then time every mode; every rank returns the same data."""
+    import torch
+    import torch.distributed as dist
+
+    out: dict[str, Any] = {"world_size": ctx.world_size, "backend": ctx.backend,
+                           "torch_version": torch.__version__, "profile": {}, "modes": {}}
+    out["profile"] = _profile(torch, dist, cfg, ctx.rank)
+    for mode in cfg.modes:
+        if mode == "fsdp":
+            times = _fsdp_step_times(torch, dist, cfg, ctx.rank)
+            extra: dict[str, Any] = {}
+        else:
+            times, buckets = _ddp_step_times(torch, dist, cfg, ctx.rank, int(mode[5:]))
+            extra = {"buckets": buckets}
+        out["modes"][mode] = {"median_s": statistics.median(times), "min_s": min(times),
+                              "times_s": times, **extra}
+    torch.manual_seed(cfg.seed)
+    out["num_parameters"] = sum(p.numel() for p in build_gpt(torch, cfg).parameters())
+    return out
+
+
+def run_step(cfg: StepConfig, *, world_size: int | None, backend: str = "gloo",
+             timeout_s: float = 600.0) -> tuple[dict[str, Any], bool]:
+    """Measure on spawned ranks (or this torchrun job); the report and whether to print it."""
+    from collsim.validate.launch import run_distributed
+
+    report, is_reporter = run_distributed(step_rank, world_size, args=(cfg,), backend=backend,
+                                          timeout_s=timeout_s)
+    report = dict(report)
+    report["config"] = asdict(cfg)
+    return report, is_reporter
+
+
+@dataclass
+class SimulatedMode:
+    """The simulated step of one mode."""
+
+    mode: str
+    step_time_s: float
+    breakdown_s: dict[str, float] = field(default_factory=dict)
+    num_collectives: int = 0
+
+
+def simulate_modes(report: dict[str, Any], topology: Any) -> dict[str, SimulatedMode]:
+    """Simulate every measured mode of ``report`` on ``topology`` with the profiled compute."""
+    from collsim.engine.step import simulate_step
+    from collsim.parallel.config import (DDPConfig, FSDPConfig, ParallelConfig,
+                                         TrainingConfig)
+
+    cfg = StepConfig(**{k: (tuple(v) if k == "modes" else v)
+                        for k, v in report["config"].items()})
+    spec = model_spec(cfg)
+    n = int(report["world_size"])
+    training = TrainingConfig(global_batch=cfg.micro_batch * n, micro_batch=cfg.micro_batch,
+                              dtype="fp32", optimizer="sgd")
+    overrides = {k: float(v) for k, v in report["profile"].items()}
+    out: dict[str, SimulatedMode] = {}
+    for mode in report["modes"]:
+        if mode == "fsdp":
+            parallel = ParallelConfig(dp=n, zero=3, fsdp=FSDPConfig(
+                prefetch=0, reshard_after_forward=False))
+        else:
+            parallel = ParallelConfig(dp=n, ddp=DDPConfig(bucket_mb=float(mode[5:])))
+        result = simulate_step(topology, spec, training, parallel, op_time_overrides=overrides)
+        out[mode] = SimulatedMode(mode, result.step_time_s, dict(result.breakdown_s),
+                                  sum(c.count for c in result.collectives))
+    return out
