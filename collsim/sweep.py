@@ -248,6 +248,9 @@ def _gpu_overrides(scenario: Scenario, num_gpus: int, *, grow: str, strong: bool
                    touched: set[str]) -> list[str]:
     """Overrides that put ``scenario`` on ``num_gpus`` GPUs by changing the ``grow`` axis.
 
+    With weak scaling the global batch of the scenario (after its ``--set`` overrides) is the
+    batch at the scenario's dp; it is scaled by dp_new / dp.
+
     Raises:
         InfeasibleError: (reason ``gpus``) the count does not split into the other two axes,
             or the weak-scaled global batch is not a whole number.
@@ -271,7 +274,7 @@ def _gpu_overrides(scenario: Scenario, num_gpus: int, *, grow: str, strong: bool
                               reason="gpus")
     new = num_gpus // others
     out = [f"parallel.{grow}={new}"]
-    if grow == "dp" and not strong and "training.global_batch" not in touched:
+    if grow == "dp" and not strong:
         batch = scenario.training.global_batch * new
         if batch % par.dp:
             raise InfeasibleError(

@@ -218,7 +218,8 @@ def read_collective_csv(path: str | Path) -> pd.DataFrame:
     """Read a ``collsim collective`` CSV (``size_bytes,time_us,algbw_GBps,busbw_GBps,algorithm``)
     into SI columns ``size_bytes, time_s, algbw_bps, busbw_bps, algorithm`` (GB = 1e9).
 
-    Extra columns (``op``, ``group_size`` ...) are kept as they are.
+    Extra columns (``op``, ``group_size`` ...) are kept as they are. Without an ``algorithm``
+    column (a measured nccl-tests sweep), the file's stem names the series.
 
     Raises:
         ConfigError: a required column is missing.
@@ -229,15 +230,18 @@ def read_collective_csv(path: str | Path) -> pd.DataFrame:
     except pd.errors.EmptyDataError:
         raise ConfigError("empty file, expected a collsim collective CSV",
                           file=str(path)) from None
-    missing = [c for c in (*_COLLECTIVE_CSV, "algorithm") if c not in frame.columns]
+    missing = [c for c in _COLLECTIVE_CSV if c not in frame.columns]
     if missing:
         raise ConfigError(
             f"missing column(s) {', '.join(missing)}; expected "
             "size_bytes,time_us,algbw_GBps,busbw_GBps,algorithm", file=str(path))
     out = frame.rename(columns={k: v for k, (v, _) in _COLLECTIVE_CSV.items()})
-    for source, (column, factor) in _COLLECTIVE_CSV.items():
+    for column, factor in _COLLECTIVE_CSV.values():
         out[column] = out[column].astype(float) * factor
-    out["algorithm"] = out["algorithm"].astype(str)
+    if "algorithm" in out.columns:
+        out["algorithm"] = out["algorithm"].astype(str)
+    else:  # an nccl-tests sweep converted to CSV: one series named after the file
+        out["algorithm"] = path.stem
     return out
 
 

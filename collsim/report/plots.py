@@ -57,7 +57,7 @@ CATEGORY_COLORS = {
 }
 PHASE_COLORS = {"forward": "#56B4E9", "backward": "#0072B2", "recompute": "#E69F00",
                 "optimizer": "#009E73", "other": "#CC79A7", "bubble": "#DDDDDD"}
-IDEAL_STYLE: dict[str, Any] = {"color": "black", "linestyle": "--", "linewidth": 1.3,
+IDEAL_STYLE: dict[str, Any] = {"color": "black", "linestyle": "--", "linewidth": 1.3, "zorder": 5,
                                "alpha": 0.6}
 HBM_STYLE: dict[str, Any] = {"color": "#B00020", "linestyle": "--", "linewidth": 1.5}
 
@@ -232,6 +232,10 @@ def plot_memory(frame: pd.DataFrame, *, series: str = "plan", x: str = "num_gpus
         ax.set_title(str(label))
         ax.set_xlabel("Number of GPUs")
         ax.grid(True, axis="y", alpha=0.25, linestyle="--")
+    top = max(float(_gb(data["memory_peak_bytes"]).max()) if "memory_peak_bytes" in data
+              else 0.0, (capacity_bytes or 0.0) / 1e9)
+    if top > 0:
+        axes[0].set_ylim(0, top * 1.08)
     axes[0].set_ylabel("Peak memory per GPU (GB)")
     handles, names = axes[0].get_legend_handles_labels()
     fig.legend(handles, names, loc="outside right center", fontsize=9)
@@ -270,7 +274,7 @@ def plot_memory_timeline(result: StepResult, *, rank: int | None = None,
     ax.set_title(title or f"Memory over one step, rank {rank}")
     ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.25, linestyle="--")
-    ax.legend(fontsize=9, loc="upper right")
+    ax.legend(fontsize=9, loc="center right")
     return fig
 
 
@@ -390,7 +394,8 @@ def _present(value: Any) -> bool:
 def plot_breakdown(frame: pd.DataFrame, *, series: str = "plan",
                    title: str | None = None) -> Figure:
     """Stacked horizontal bars of the step time per plan: compute, exposed TP / PP / DP
-    communication, pipeline bubble, optimizer (ms). One bar per row of ``frame``."""
+    communication, pipeline bubble, optimizer (in ms, or in s when a step takes 10 s or more).
+    One bar per row of ``frame``."""
     from collsim.report.frames import BREAKDOWN_COLUMNS
 
     _need(frame, [series, *BREAKDOWN_COLUMNS.values()], "breakdown plot")
@@ -398,22 +403,24 @@ def plot_breakdown(frame: pd.DataFrame, *, series: str = "plan",
     if data.empty:
         raise ConfigError("no point with a step-time breakdown to plot", key_path="plot")
     labels = [str(v) for v in data[series]]
-    fig = _new_figure(10.0, 1.6 + 0.45 * len(labels))
+    fig = _new_figure(12.0, 1.8 + 0.5 * len(labels))
     ax = fig.subplots()
     positions = np.arange(len(labels))
     left = np.zeros(len(labels))
+    totals_s = sum(np.asarray(data[c], dtype=float) for c in BREAKDOWN_COLUMNS.values())
+    scale, unit = (1.0, "s") if float(np.max(totals_s)) >= 10.0 else (1e3, "ms")
     names = {"compute": "compute", "tp_exposed": "TP comm (exposed)",
              "pp_exposed": "PP comm (exposed)", "dp_exposed": "DP comm (exposed)",
              "bubble": "pipeline bubble", "optimizer": "optimizer"}
     for key in BREAKDOWN_KEYS:
-        widths = np.asarray(data[BREAKDOWN_COLUMNS[key]], dtype=float) * 1e3
+        widths = np.asarray(data[BREAKDOWN_COLUMNS[key]], dtype=float) * scale
         color = CATEGORY_COLORS["optimizer_step" if key == "optimizer" else key]
         ax.barh(positions, widths, left=left, height=0.65, color=color, label=names[key],
                 edgecolor="white", linewidth=0.5)
         left = left + widths
     ax.set_yticks(positions, labels)
     ax.invert_yaxis()
-    ax.set_xlabel("Step time (ms)")
+    ax.set_xlabel(f"Step time ({unit})")
     ax.set_ylabel("Plan")
     ax.set_title(title or "Where the step time goes")
     ax.grid(True, axis="x", alpha=0.25, linestyle="--")
@@ -439,9 +446,12 @@ def plot_collectives(frame: pd.DataFrame, *, series: str = "algorithm",
     ax = fig.subplots()
     for index, label in enumerate(_series_values(frame, series)):
         part = frame[frame[series] == label].sort_values("size_bytes")
-        ax.plot(part["size_bytes"], _gb(part["busbw_bps"]), label=str(label),
-                color=SERIES_COLORS[index % len(SERIES_COLORS)],
-                marker=SERIES_MARKERS[index % len(SERIES_MARKERS)], markersize=4, linewidth=1.8)
+        style: dict[str, Any] = {"color": SERIES_COLORS[index % len(SERIES_COLORS)],
+                                 "marker": SERIES_MARKERS[index % len(SERIES_MARKERS)],
+                                 "markersize": 4, "linewidth": 1.8}
+        if "measured" in str(label):  # measurements stand out from the model's curves
+            style.update(color="black", marker="o", markersize=3, linewidth=2.4)
+        ax.plot(part["size_bytes"], _gb(part["busbw_bps"]), label=str(label), **style)
     if reference_bps:
         ax.axhline(reference_bps / 1e9, label=f"link {reference_bps / 1e9:.0f} GB/s",
                    **IDEAL_STYLE)
