@@ -132,3 +132,24 @@ def test_bad_arguments() -> None:
         net.transfer(0, 1, -1.0)
     with pytest.raises(ConfigError, match="efficiency must be in"):
         net.transfer(0, 1, 1.0, efficiency=0.0)
+
+
+def test_many_small_transfers_at_a_large_clock_all_complete() -> None:
+    # Clock round-off at t = 12345 s must not strand a completion (flows end in ns).
+    import random
+
+    env = simpy.Environment(initial_time=12345.678)
+    net = FlowNetwork(env, load_topology("dgx_h100", nodes=2))
+    rng = random.Random(1)
+    sent = []
+
+    def worker():
+        for _ in range(100):
+            yield env.timeout(rng.random() * 1e-7)
+            pairs = [(rng.randrange(16), rng.randrange(16), rng.random() * 1e3) for _ in range(5)]
+            sent.extend(size for s, d, size in pairs if s != d)
+            yield simpy.AllOf(env, [net.transfer(s, d, size) for s, d, size in pairs])
+
+    env.run(simpy.AllOf(env, [env.process(worker()) for _ in range(4)]))
+    assert net.active_flows == 0
+    assert sum(net.bytes_sent.values()) == pytest.approx(sum(sent))
