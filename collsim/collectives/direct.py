@@ -3,7 +3,9 @@
 all_to_all: rank i sends its block j (M/n) to rank j (NCCL's grouped send/recv).
 reduce_scatter / all_gather: the same all-pairs pattern with M/n blocks; all_reduce is both.
 broadcast / reduce: the root sends M to / receives M from every other rank.
-send_recv: as nccl-tests sendrecv, rank i sends M to rank i+1 (mod n).
+send_recv: with two ranks, one point-to-point message ranks[0] -> ranks[1] (a pipeline stage
+sending to the next); with more, nccl-tests sendrecv: rank i sends M to rank i+1 (mod n). On an
+idle network both take the time of one message (every rank's links carry one).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ def build(op: CollectiveOp, group: Group) -> list[Phase]:
         case CollectiveOp.REDUCE:
             return [_phase(group, [(s, root) for s in ranks[1:]], 1.0)]
         case CollectiveOp.SEND_RECV:
-            pairs = [(ranks[i], ranks[(i + 1) % n]) for i in range(n)]
+            pairs = [(ranks[i], ranks[(i + 1) % n]) for i in range(n if n > 2 else 1)]
             return [_phase(group, pairs, 1.0)]
         case _:
             raise AssertionError(op)

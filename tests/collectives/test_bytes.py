@@ -51,3 +51,11 @@ def test_bytes_sent_equal_bytes_received(algorithm: str) -> None:
     group = Group.all(topo("dgx_a100", 2))
     _, net = run_des(group, "all_reduce", M, algorithm)
     assert sum(net.bytes_sent.values()) == pytest.approx(sum(net.bytes_received.values()))
+
+
+def test_send_recv_between_two_ranks_is_one_message() -> None:
+    t = topo("dgx_h100", 2)
+    result, net = run_des(Group(t, (3, 11)), "send_recv", M, "direct")
+    assert dict(net.bytes_sent) == {3: M} and dict(net.bytes_received) == {11: M}
+    # one NIC at 400 Gb/s x 0.96, plus the Simple network hop (14 us) and base latency (8.4 us)
+    assert result.time_s == pytest.approx(M / (50e9 * 0.96) + 14e-6 + 8.4e-6, rel=1e-6)
