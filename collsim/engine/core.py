@@ -30,6 +30,7 @@ from collsim.engine.program import Mail, RankProgram
 from collsim.engine.result import TraceEvent
 from collsim.engine.stage import ChunkModel, Segment, StageModel
 from collsim.engine.streams import CallRecord, GroupStream
+from collsim.errors import SimulationError
 from collsim.parallel.buckets import Bucket
 from collsim.parallel.plan import ParallelAxis, Plan
 from collsim.parallel.schedules import Phase, PipeOp, input_of, stage_schedule
@@ -112,8 +113,12 @@ class Engine:
             return [p.group_of(p.rank(dp=0, pp=c.pp, tp=t), "dp") for t in range(p.tp) if t]
         raise ValueError(axis)
 
-    def stream(self, rank: int, axis: str) -> GroupStream:
-        group = (rank,) if axis == "pp" else self.group(rank, axis)
+    def stream(self, rank: int, axis: str,
+               group: tuple[int, ...] | None = None) -> GroupStream:
+        """The stream of ``rank``'s group on ``axis`` (pp: the rank's own send stream; an
+        explicit ``group`` for other groups, e.g. the embedding group)."""
+        if group is None:
+            group = (rank,) if axis == "pp" else self.group(rank, axis)
         key = (axis, group)
         found = self.streams.get(key)
         if found is None:
@@ -145,13 +150,15 @@ class Engine:
 
     def _call(self, rank: int, axis: str, op: str, size: float, ranks: tuple[int, ...],
               name: str, *, ready_s: float | None = None, extra_s: float = 0.0,
-              peers: list[tuple[int, ...]] | None = None) -> simpy.Event:
+              peers: list[tuple[int, ...]] | None = None,
+              stream_group: tuple[int, ...] | None = None) -> simpy.Event:
         cost = self.pricer.cost(op, size, ranks)
         work = self.pricer.work(op, size, ranks, des=self.layer_mode, extra_s=extra_s,
                                 peers=peers if peers is not None else [])
         args = {"op": op, "size_bytes": size, "group_size": len(ranks),
                 "algorithm": cost.algorithm, "busbw_bps": cost.busbw_bps}
-        return self.stream(rank, axis).submit(rank, name, work, ready_s=ready_s, args=args)
+        return self.stream(rank, axis, stream_group).submit(rank, name, work, ready_s=ready_s,
+                                                            args=args)
 
     # ---- tensor parallel --------------------------------------------------------------------
     def tp_time(self, rank: int, op: str, size: float) -> float:
@@ -289,8 +296,14 @@ class Engine:
 
     def launch_bucket(self, prog: RankProgram, op: PipeOp, chunk: ChunkModel, bucket: Bucket,
                       ready: float) -> None:
+        """Issue a bucket's reduction on the dp stream at its ready time.
+
+        Without overlap the reductions wait for the end of the rank's whole backward (all
+        micro-batches and chunks), as Megatron-LM did before overlapped gradient reduction.
+        """
         if not self.plan.parallel.ddp.overlap:
-            ready = max(ready, self._op_end_estimate(prog, op, chunk))
+            prog.deferred.append((op, chunk, bucket))
+            return
         verb = "all_reduce" if self.zero == 0 else "reduce_scatter"
         group = self.group(prog.rank, "dp")
         ev = self._call(prog.rank, "dp", verb, bucket.size_bytes, group,
@@ -302,9 +315,22 @@ class Engine:
             ev.callbacks.append(lambda _e: prog.ledger.free(self.env.now, "buffers",
                                                             bucket.size_bytes, "zero2 bucket"))
 
-    def _op_end_estimate(self, prog: RankProgram, op: PipeOp, chunk: ChunkModel) -> float:
-        segs = chunk.forward if op.phase is Phase.FORWARD else chunk.backward
-        return prog.op_start_s + sum(prog._seg_duration(s) for s in segs)
+    def launch_deferred(self, prog: RankProgram) -> None:
+        """Without overlap: issue every bucket now, after the last backward."""
+        deferred, prog.deferred = prog.deferred, []
+        overlap = self.plan.parallel.ddp.overlap
+        for op, chunk, bucket in deferred:
+            if overlap:  # pragma: no cover - deferred only without overlap
+                raise SimulationError("deferred buckets with overlap on")
+            verb = "all_reduce" if self.zero == 0 else "reduce_scatter"
+            ev = self._call(prog.rank, "dp", verb, bucket.size_bytes, self.group(prog.rank, "dp"),
+                            f"{verb} bucket {bucket.index} c{chunk.index} mb{op.microbatch}",
+                            peers=self.peers(prog.rank, "dp"))
+            prog.dp_events.append(ev)
+            if self.zero == 2:
+                prog.ledger.alloc(self.env.now, "buffers", bucket.size_bytes, "zero2 bucket")
+                ev.callbacks.append(lambda _e, b=bucket: prog.ledger.free(
+                    self.env.now, "buffers", b.size_bytes, "zero2 bucket"))
 
     @staticmethod
     def unit_key(chunk: ChunkModel, seg: Segment) -> str | int:
@@ -366,6 +392,22 @@ class Engine:
         del self.unit_events[(prog.rank, chunk.index, ukey)]
         prog.ledger.free(self.env.now, "parameters", numel * self.bytes_per["param"],
                          f"reshard {ukey}")
+
+    def embedding_sync(self, prog: RankProgram) -> simpy.Event | None:
+        """Tied embeddings with pp > 1: all-reduce the word-embedding gradient between the
+        first and the last stage before the optimizer (Megatron-LM ``allreduce_embedding_grads``;
+        the group is each (dp, tp) pair of stage 0 and stage p - 1)."""
+        p = self.plan.pp
+        if p < 2 or not self.plan.spec.tied_embeddings or prog.coords.pp not in (0, p - 1):
+            return None
+        c = prog.coords
+        pair = (self.plan.rank(dp=c.dp, pp=0, tp=c.tp), self.plan.rank(dp=c.dp, pp=p - 1, tp=c.tp))
+        size = self.plan.spec.vocab / self.plan.tp * self.plan.spec.hidden * self.bytes_per["grad"]
+        peers = [] if self.all_ranks or not self.layer_mode else [
+            (self.plan.rank(dp=d, pp=0, tp=t), self.plan.rank(dp=d, pp=p - 1, tp=t))
+            for d in range(self.plan.dp) for t in range(self.plan.tp) if d or t]
+        return self._call(prog.rank, "pp", "all_reduce", size, pair, "all_reduce embedding grad",
+                          peers=peers, stream_group=pair)
 
     def optimizer_s(self, prog: RankProgram) -> float:
         local = prog.stage.numel / (self.plan.dp if self.zero >= 1 else 1)

@@ -75,7 +75,7 @@ class RankProgram:
         self.dp_events: list[simpy.Event] = []
         self.end_s = 0.0
         self.last_mb = engine.plan.num_microbatches - 1
-        self.op_start_s = 0.0
+        self.deferred: list[Any] = []
         self._plans: dict[tuple[int, Phase], _OpPlan] = {}
 
     # ---- helpers ----------------------------------------------------------------------------
@@ -105,7 +105,7 @@ class RankProgram:
         for op in self.ops:
             yield from self._wait_input(op)
             chunk = self.stage.chunks[op.chunk]
-            start = self.op_start_s = env.now
+            start = env.now
             if e.zero == 3 or e.layer_mode:
                 yield from self._run_segments(op, chunk)
             else:
@@ -113,12 +113,18 @@ class RankProgram:
             self._trace("compute", f"{op.phase.value} mb{op.microbatch} c{op.chunk}", start,
                         env.now, microbatch=op.microbatch, chunk=op.chunk)
             e.send_output(self, op)
+        e.launch_deferred(self)
         # wait for every gradient reduction, then the optimizer step
         pending = [ev for ev in self.dp_events if not ev.processed]
         if pending:
             t0 = env.now
             yield env.all_of(pending)
             self.acct["dp_exposed"] += env.now - t0
+        sync = e.embedding_sync(self)
+        if sync is not None:
+            t0 = env.now
+            yield sync
+            self.acct["pp_exposed"] += env.now - t0
         t0 = env.now
         yield env.timeout(e.optimizer_s(self))
         self.acct["optimizer"] += env.now - t0
