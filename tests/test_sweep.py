@@ -122,8 +122,8 @@ def test_strong_scaling_keeps_the_batch_and_lists_what_cannot_split(scenario: Pa
     frame = sweep_frame(run_sweep(scenario, points, strong=True, simulate=fake_simulate))
     rows = frame.set_index("num_gpus")
     assert list(rows.loc[[4, 8], "global_batch"]) == [32, 32]
-    # 64 GPUs: dp 32 does not divide the batch of 32 micro-batches of 1? It does (1 each);
-    # 3 GPUs do not split into tp 2.
+    # 64 GPUs: dp 32 still divides the batch of 32 (one sequence each); 3 GPUs do not split
+    # into tp 2.
     assert rows.loc[3, "reason"] == "gpus: 3 GPUs do not split into tp 2 x pp 1 x dp"
     assert not rows.loc[3, "feasible"] and math.isnan(rows.loc[3, "step_time_s"])
     assert bool(rows.loc[64, "feasible"])

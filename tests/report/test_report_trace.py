@@ -120,3 +120,47 @@ def test_args_become_plain_json(result_factory, tmp_path: Path) -> None:
     path = write_trace(result_factory(events=events, memory_timeline={}), tmp_path / "t.json")
     (slice_,) = check_chrome_trace(json.loads(path.read_text()))
     assert slice_["args"] == {"bytes": 64, "bw": 1.5, "schedule": "gpipe", "nan": None}
+
+
+def test_trace_of_a_simulated_step_has_every_op(tmp_path: Path) -> None:
+    import warnings
+
+    from collsim.engine import simulate_step
+    from collsim.errors import CollsimWarning
+    from collsim.parallel.config import ParallelConfig, TrainingConfig
+    from collsim.topology import load_topology
+    from collsim.workload import TransformerSpec
+
+    spec = TransformerSpec(name="tiny", num_layers=4, hidden=256, num_heads=8, ffn_hidden=1024,
+                           seq_len=128, vocab=1000)
+    topology = load_topology("dgx_h100", nodes=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CollsimWarning)
+        result = simulate_step(topology, spec, TrainingConfig(global_batch=8, micro_batch=1),
+                               ParallelConfig(tp=2, pp=2, dp=2, zero=1), trace=True)
+    data = json.loads(write_trace(result, tmp_path / "step.json").read_text())
+    slices = check_chrome_trace(data)
+    assert len(result.trace_events) > 0
+    assert sorted((s["pid"], s["cat"], s["name"], s["ts"]) for s in slices) == sorted(
+        (e.rank, e.stream, e.name, round(e.start_s * 1e9) / 1e3) for e in result.trace_events)
+    # every stage runs a forward and a backward of each of the 8 / (1 x 2) = 4 micro-batches
+    for rank in {e.rank for e in result.trace_events}:
+        compute = [s["name"].split()[:2] for s in slices
+                   if s["pid"] == rank and s["cat"] == "compute"]
+        assert sorted(c for c in compute if c[0] == "F") == [["F", f"mb{k}"] for k in range(4)]
+        assert sorted(c for c in compute if c[0] == "B") == [["B", f"mb{k}"] for k in range(4)]
+    counters = [e for e in data["traceEvents"] if e["ph"] == "C"]
+    assert {c["pid"] for c in counters} == set(result.memory_timeline)
+    assert len(counters) == sum(len(v) for v in result.memory_timeline.values())
+
+
+def test_run_import_path_stays_light() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, collsim.report.trace, collsim.sweep, collsim.search, collsim.estimate; "
+            "heavy = [m for m in ('pandas', 'matplotlib') if m in sys.modules]; "
+            "print(','.join(heavy))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True)
+    assert out.stdout.strip() == ""
