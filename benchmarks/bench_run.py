@@ -18,6 +18,7 @@ import io
 import json
 import os
 import pstats
+import resource
 import statistics
 import subprocess
 import sys
@@ -53,10 +54,13 @@ print(json.dumps({"code": code, "inner_s": wall, "rss_bytes": rss_kib * 1024,
 
 def _child(args: Sequence[str]) -> dict[str, Any]:
     """One fresh interpreter running ``collsim run ARGS``; wall time measured from outside."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", _CHILD, *args], cwd=REPO, capture_output=True,
                           text=True, timeout=TIMEOUT_S)
     wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     lines = proc.stderr.strip().splitlines()
     try:
         info = json.loads(lines[-1])
@@ -66,12 +70,14 @@ def _child(args: Sequence[str]) -> dict[str, Any]:
         raise SystemExit(f"collsim run {' '.join(args)} exited {info['code']}:\n"
                          f"{proc.stderr[-3000:]}")
     info["wall_s"] = wall
+    info["cpu_s"] = cpu
     return info
 
 
 def _end_to_end(args: Sequence[str], repeats: int) -> dict[str, Any]:
     runs = [_child(args) for _ in range(repeats)]
     return {"wall_s": statistics.median(r["wall_s"] for r in runs),
+            "cpu_s": statistics.median(r["cpu_s"] for r in runs),
             "inner_s": statistics.median(r["inner_s"] for r in runs),
             "rss_bytes": max(r["rss_bytes"] for r in runs),
             "heavy": runs[0]["heavy"], "modules": runs[0]["modules"]}
@@ -108,12 +114,14 @@ def _engine_alone(overrides: Sequence[str], repeats: int, profile: bool) -> dict
     topology = scenario.cluster.load()
     load_s = time.perf_counter() - t0
     times: list[float] = []
+    cpu_times: list[float] = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CollsimWarning)
         for _ in range(repeats):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             simulate_step(topology, scenario.model, scenario.training, scenario.parallel)
             times.append(time.perf_counter() - t0)
+            cpu_times.append(time.process_time() - c0)
         report = ""
         if profile:
             prof = cProfile.Profile()
@@ -123,7 +131,8 @@ def _engine_alone(overrides: Sequence[str], repeats: int, profile: bool) -> dict
             buf = io.StringIO()
             pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(18)
             report = buf.getvalue()
-    return {"engine_s": statistics.median(times), "load_s": load_s, "profile": report}
+    return {"engine_s": statistics.median(times), "engine_cpu_s": statistics.median(cpu_times),
+            "load_s": load_s, "profile": report}
 
 
 def _row(what: str, value: str, target: str, ratio: float | None) -> str:
@@ -141,17 +150,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("PYTHONWARNINGS", "ignore")
 
     print(f"collsim run benchmark: {SCENARIO.relative_to(REPO)}, medians of {args.repeats}, "
-          f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
+          f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average "
+          f"{os.getloadavg()[0]:.1f} (wall times grow with load; CPU times less so)")
     e2e = _end_to_end([str(SCENARIO)], args.repeats)
     import_s, slowest = _import_time(12)
     engine = _engine_alone((), args.repeats, args.profile)
     rows = [
         _row("collsim run 3d_175b, fresh process (wall)", f"{e2e['wall_s']:.3f} s", "2 s",
              e2e["wall_s"] / 2.0),
+        _row("  CPU time of that process (user + sys)", f"{e2e['cpu_s']:.3f} s", "", None),
         _row("  of which inside main() (after startup)", f"{e2e['inner_s']:.3f} s", "", None),
         _row("  import of the run path (-X importtime)", f"{import_s:.3f} s", "", None),
         _row("engine alone, simulate_step (1024 GPUs)", f"{engine['engine_s']:.3f} s", "0.5 s",
              engine["engine_s"] / 0.5),
+        _row("  engine CPU time (process_time)", f"{engine['engine_cpu_s']:.3f} s", "", None),
         _row("  scenario + topology load", f"{engine['load_s']:.3f} s", "", None),
         _row("peak RSS of collsim run 3d_175b", f"{e2e['rss_bytes'] / 1e6:.0f} MB", "500 MB",
              e2e["rss_bytes"] / 500e6),
@@ -164,6 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows += [
             _row("collsim run at 16,384 GPUs (wall)", f"{big['wall_s']:.3f} s", "5 s",
                  big["wall_s"] / 5.0),
+            _row("  CPU time of that process (user + sys)", f"{big['cpu_s']:.3f} s", "", None),
             _row("  engine alone at 16,384 GPUs", f"{big_engine['engine_s']:.3f} s", "", None),
             _row("  peak RSS at 16,384 GPUs", f"{big['rss_bytes'] / 1e6:.0f} MB", "", None),
         ]

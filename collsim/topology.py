@@ -360,8 +360,7 @@ def parse_topology(doc: YamlDoc, *, nodes: int | None = None,
         interconnect=Interconnect(sec.get("interconnect", str,
                                           check=one_of(*[i.value for i in Interconnect]))),
         bandwidth_bps=gbps_to_bps(sec.get("bandwidth_gbps", float, check=positive)),
-        efficiency=sec.get("efficiency", float, default=1.0, check=_fraction),
-        latency_s=sec.get("latency_us", float, default=0.0, check=non_negative) * US,
+        **_efficiency_and_latency(sec),
         nvls=sec.get("nvls", bool, default=False),
     )
     sec.finish()
@@ -372,8 +371,7 @@ def parse_topology(doc: YamlDoc, *, nodes: int | None = None,
         nics = _NicSpec(
             count=sec.get("count", int, check=positive),
             bandwidth_bps=gbit_to_bps(sec.get("rate_gbit", float, check=positive)),
-            efficiency=sec.get("efficiency", float, default=1.0, check=_fraction),
-            latency_s=sec.get("latency_us", float, default=0.0, check=non_negative) * US,
+            **_efficiency_and_latency(sec),
         )
         sec.finish()
 
@@ -396,16 +394,12 @@ def parse_topology(doc: YamlDoc, *, nodes: int | None = None,
     overhead_s = sec.get("overhead_us", float, default=0.0, check=non_negative) * US
     algos = sec.section("algorithms", default_empty=True)
     overrides: dict[str, str] = {}
-    for op, _ in list(algos.items()):
-        if op not in _COLLECTIVE_OPS:
-            raise algos.error(f"unknown op (choose from {', '.join(_COLLECTIVE_OPS)})", op)
+    for op in _op_keys(algos):
         overrides[str(op)] = algos.get(op, str, check=one_of(*_ALGORITHMS))
     op_overhead_s: dict[str, float] = {}
     op_efficiency: dict[str, float] = {}
     per_op = sec.section("ops", default_empty=True)
-    for op, _ in list(per_op.items()):
-        if op not in _COLLECTIVE_OPS:
-            raise per_op.error(f"unknown op (choose from {', '.join(_COLLECTIVE_OPS)})", op)
+    for op in _op_keys(per_op):
         one = per_op.section(op)
         if one.has("overhead_us"):
             op_overhead_s[str(op)] = one.get("overhead_us", float, check=non_negative) * US
@@ -430,6 +424,21 @@ def parse_topology(doc: YamlDoc, *, nodes: int | None = None,
                                                    op_overhead_s=op_overhead_s,
                                                    op_efficiency=op_efficiency),
                     source=doc.file)
+
+
+def _efficiency_and_latency(sec: ConfigReader) -> dict[str, float]:
+    """The ``efficiency`` and ``latency_us`` keys every link class has."""
+    return {"efficiency": sec.get("efficiency", float, default=1.0, check=_fraction),
+            "latency_s": sec.get("latency_us", float, default=0.0, check=non_negative) * US}
+
+
+def _op_keys(sec: ConfigReader) -> list[str]:
+    """Keys of a per-op mapping, each checked to be a collective op."""
+    keys = [str(op) for op, _ in list(sec.items())]
+    for op in keys:
+        if op not in _COLLECTIVE_OPS:
+            raise sec.error(f"unknown op (choose from {', '.join(_COLLECTIVE_OPS)})", op)
+    return keys
 
 
 def _fraction(value: float) -> str | None:

@@ -293,3 +293,106 @@ def holdout(measured: tuple[str, ...], min_size: int, target: float, check_ops: 
     click.echo(f"# topologies and plots in {folder}")
     if failures:
         raise click.ClickException(f"median |error| above {target:.0%}: {', '.join(failures)}")
+
+
+@validate.command()
+@click.option("--world-sizes", default="2,4", show_default=True,
+              help="Comma-separated world sizes to measure and simulate.")
+@click.option("--backend", type=click.Choice(["gloo", "nccl"]), default="gloo", show_default=True)
+@click.option("--topology", "-t", default=None,
+              help="Calibrated topology to simulate on; default: measure collectives at each "
+                   "world size and calibrate first (in this command).")
+@click.option("--iters", type=click.IntRange(1), default=10, show_default=True)
+@click.option("--warmup", type=click.IntRange(0), default=3, show_default=True)
+@click.option("--layers", type=click.IntRange(1), default=4, show_default=True)
+@click.option("--hidden", type=click.IntRange(8), default=256, show_default=True)
+@click.option("--micro-batch", type=click.IntRange(1), default=2, show_default=True)
+@click.option("--target", type=click.FloatRange(0, 1), default=0.15, show_default=True,
+              help="|simulated - measured| / measured allowed for DDP steps.")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=900.0,
+              show_default=True)
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+              help="JSON report (measured, profiled, simulated).")
+@_rank_errors
+def step(world_sizes: str, backend: str, topology: str | None, iters: int, warmup: int,
+         layers: int, hidden: int, micro_batch: int, target: float, timeout_s: float,
+         output: str | None) -> None:
+    """Time real DDP (bucket 1 and 25 MB) and FSDP-sketch steps of a small GPT; simulate them."""
+    import tempfile
+
+    from collsim.validate.step import StepConfig, run_step, simulate_modes
+
+    sizes = [int(s) for s in world_sizes.split(",") if s.strip()]
+    cfg = StepConfig(num_layers=layers, hidden=hidden, ffn_hidden=4 * hidden,
+                     micro_batch=micro_batch, iters=iters, warmup=warmup)
+    folder = Path(tempfile.mkdtemp(prefix="collsim-step-"))
+    reports = []
+    failures = []
+    for n in sizes:
+        topo_spec = topology or str(_calibrate_here(n, backend, timeout_s, folder))
+        report, is_reporter = run_step(cfg, world_size=n, backend=backend, timeout_s=timeout_s)
+        if not is_reporter:
+            continue
+        from collsim.topology import load_topology
+
+        topo = load_topology(topo_spec, gpus_per_node=n)
+        simulated = simulate_modes(report, topo)
+        report["topology"] = topo_spec
+        report["simulated"] = {m: vars_of(s) for m, s in simulated.items()}
+        click.echo(f"# world size {n}, {report['num_parameters']} parameters, micro-batch "
+                   f"{micro_batch} x seq {cfg.seq_len}, topology {topo_spec}")
+        click.echo("# profiled per block (ms): " + ", ".join(
+            f"{k} {v * 1e3:.2f}" for k, v in sorted(report["profile"].items())))
+        click.echo(f"# {'mode':<9} {'measured(ms)':>12} {'min(ms)':>8} {'simulated(ms)':>13} "
+                   f"{'error':>7}  simulated breakdown (ms)")
+        for mode, meas in report["modes"].items():
+            sim = simulated[mode]
+            err = (sim.step_time_s - meas["median_s"]) / meas["median_s"]
+            meas["error"] = err
+            verdict = ""
+            if mode.startswith("ddp"):
+                verdict = "PASS" if abs(err) <= target else "FAIL"
+                if verdict == "FAIL":
+                    failures.append(f"n={n} {mode}")
+            parts = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in sim.breakdown_s.items() if v)
+            click.echo(f"  {mode:<9} {meas['median_s'] * 1e3:>12.1f} {meas['min_s'] * 1e3:>8.1f} "
+                       f"{sim.step_time_s * 1e3:>13.1f} {err * 100:>6.1f}%  {verdict:<4} {parts}")
+        modes = report["modes"]
+        if "ddp_b1" in modes and "ddp_b25" in modes:
+            measured_delta = modes["ddp_b25"]["median_s"] - modes["ddp_b1"]["median_s"]
+            simulated_delta = simulated["ddp_b25"].step_time_s - simulated["ddp_b1"].step_time_s
+            same = (measured_delta > 0) == (simulated_delta > 0)
+            report["bucket_effect"] = {"measured_s": measured_delta,
+                                       "simulated_s": simulated_delta, "same_sign": same}
+            click.echo(f"# bucket 25 MB minus bucket 1 MB: measured {measured_delta * 1e3:+.1f} "
+                       f"ms, simulated {simulated_delta * 1e3:+.1f} ms -> "
+                       f"{'same sign' if same else 'OPPOSITE SIGN'}")
+            if not same:
+                failures.append(f"n={n} bucket effect sign")
+        reports.append(report)
+    if output and reports:
+        Path(output).parent.mkdir(parents=True, exist_ok=True)
+        Path(output).write_text(json.dumps(reports, indent=1) + "\n")
+        click.echo(f"# wrote {output}")
+    if failures:
+        raise click.ClickException(f"outside the target: {', '.join(failures)}")
+
+
+def _calibrate_here(world_size: int, backend: str, timeout_s: float, folder: Path) -> Path:
+    """Measure the collectives a step uses at this world size and calibrate a topology."""
+    from collsim.validate.bench import BenchConfig, run_bench, sizes_between
+    from collsim.validate.calibrate import calibrate as fit
+    from collsim.validate.calibrate import write_topology
+    from collsim.validate.dataset import read_measurements, write_measurements
+
+    config = BenchConfig(ops=("all_reduce", "all_gather", "reduce_scatter", "broadcast",
+                              "send_recv"),
+                         sizes_bytes=tuple(sizes_between("64K", "16M", 2)), iters=10,
+                         warmup=2, rounds=2)
+    result, _ = run_bench(config, world_size=world_size, backend=backend, timeout_s=timeout_s)
+    csv_path = write_measurements(folder / f"bench_n{world_size}.csv", result.rows(),
+                                  result.metadata)
+    cal = fit(read_measurements(csv_path))
+    path = write_topology(cal, folder / f"localhost_n{world_size}.yaml")
+    click.echo(f"# calibrated {path} from {csv_path}")
+    return path

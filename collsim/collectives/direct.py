@@ -10,7 +10,7 @@ idle network both take the time of one message (every rank's links carry one).
 
 from __future__ import annotations
 
-from collsim.collectives.schedule import Phase, make_transfer
+from collsim.collectives.schedule import Phase, one_step_phase
 from collsim.collectives.types import Algorithm, CollectiveOp, Group
 
 __all__ = ["ALGORITHM", "SUPPORTED", "build"]
@@ -19,15 +19,9 @@ ALGORITHM = Algorithm.DIRECT
 SUPPORTED = frozenset(CollectiveOp)
 
 
-def _phase(group: Group, pairs: list[tuple[int, int]], factor: float) -> Phase:
-    transfers = tuple(make_transfer(group.topology, s, d) for s, d in pairs)
-    inter = any(t.inter for t in transfers)
-    return Phase(transfers, factor, 0 if inter else 1, 1 if inter else 0)
-
-
 def build(op: CollectiveOp, group: Group) -> list[Phase]:
     """Phases of direct ``op`` on ``group``."""
-    ranks = group.ranks
+    ranks, topo = group.ranks, group.topology
     n = len(ranks)
     if n < 2:
         return []
@@ -35,15 +29,15 @@ def build(op: CollectiveOp, group: Group) -> list[Phase]:
     root = ranks[0]
     match op:
         case CollectiveOp.ALL_TO_ALL | CollectiveOp.REDUCE_SCATTER | CollectiveOp.ALL_GATHER:
-            return [_phase(group, all_pairs, 1.0 / n)]
+            return [one_step_phase(topo, all_pairs, 1.0 / n)]
         case CollectiveOp.ALL_REDUCE:
-            return [_phase(group, all_pairs, 1.0 / n), _phase(group, all_pairs, 1.0 / n)]
+            return [one_step_phase(topo, all_pairs, 1.0 / n), one_step_phase(topo, all_pairs, 1.0 / n)]
         case CollectiveOp.BROADCAST:
-            return [_phase(group, [(root, d) for d in ranks[1:]], 1.0)]
+            return [one_step_phase(topo, [(root, d) for d in ranks[1:]], 1.0)]
         case CollectiveOp.REDUCE:
-            return [_phase(group, [(s, root) for s in ranks[1:]], 1.0)]
+            return [one_step_phase(topo, [(s, root) for s in ranks[1:]], 1.0)]
         case CollectiveOp.SEND_RECV:
             pairs = [(ranks[i], ranks[(i + 1) % n]) for i in range(n if n > 2 else 1)]
-            return [_phase(group, pairs, 1.0)]
+            return [one_step_phase(topo, pairs, 1.0)]
         case _:
             raise AssertionError(op)

@@ -9,7 +9,7 @@ between near ranks (inside a node) and the network carries the small ones. Bytes
 
 from __future__ import annotations
 
-from collsim.collectives.schedule import Phase, make_transfer
+from collsim.collectives.schedule import Phase, one_step_phase
 from collsim.collectives.types import Algorithm, CollectiveOp, Group
 from collsim.errors import ConfigError
 
@@ -21,12 +21,9 @@ SUPPORTED = frozenset({CollectiveOp.ALL_REDUCE, CollectiveOp.REDUCE_SCATTER,
 
 
 def _exchange(group: Group, distance: int, factor: float) -> Phase:
-    topo = group.topology
     ranks = group.ranks
-    transfers = tuple(make_transfer(topo, ranks[i], ranks[i ^ distance])
-                      for i in range(len(ranks)))
-    inter = any(t.inter for t in transfers)
-    return Phase(transfers, factor, 0 if inter else 1, 1 if inter else 0)
+    pairs = [(ranks[i], ranks[i ^ distance]) for i in range(len(ranks))]
+    return one_step_phase(group.topology, pairs, factor)
 
 
 def build(op: CollectiveOp, group: Group) -> list[Phase]:

@@ -28,10 +28,12 @@ import simpy
 
 from collsim.collectives import protocols
 from collsim.collectives.types import Algorithm, CollectiveOp, Protocol
+from collsim.errors import ConfigError
 from collsim.network import FlowNetwork, load_bound_time_s
 from collsim.topology import LinkKind, Topology
 
-__all__ = ["Transfer", "Phase", "Schedule", "Timing", "make_transfer", "run_phases"]
+__all__ = ["Transfer", "Phase", "Schedule", "Timing", "make_transfer", "one_step_phase",
+           "run_phases"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +72,14 @@ class Phase:
 
 #: Bytes per pipeline loop as a function of the collective's size (None: loops are hidden).
 LoopBytes = Callable[[float], float]
+
+
+def one_step_phase(topology: Topology, pairs: Sequence[tuple[int, int]],
+                   size_factor: float) -> Phase:
+    """All ``pairs`` at once, one step: a network step if any pair crosses nodes."""
+    transfers = tuple(make_transfer(topology, src, dst) for src, dst in pairs)
+    inter = any(t.inter for t in transfers)
+    return Phase(transfers, size_factor, 0 if inter else 1, 1 if inter else 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,11 +168,10 @@ class Schedule:
                       loop_bytes=self.loop_bytes if loop_step > 0 else None)
 
     def timing(self, protocol: Protocol) -> Timing:
-        """The timing of ``protocol`` (KeyError-free: ConfigError if not available)."""
+        """The timing of ``protocol``; ConfigError if the algorithm cannot use it here."""
         for timing in self.timings:
             if timing.protocol is protocol:
                 return timing
-        from collsim.errors import ConfigError
         raise ConfigError(f"{self.algorithm.value} has no protocol {protocol.value} here; "
                           f"choose from {', '.join(t.protocol.value for t in self.timings)}")
 

@@ -301,6 +301,50 @@ def _stage_rows(frame: pd.DataFrame, max_rows: int,
     return rows[:max_rows]
 
 
+def _draw_gantt(ax: Any, frame: pd.DataFrame, rows: list[tuple[str, int]], step_ms: float,
+                end_ms: float) -> float:
+    """Draw the compute stream of each row's rank on ``ax``; return the idle share of the step.
+
+    Bubble: every moment of the step the stage's compute stream is idle (before its first op,
+    between ops, after its last op), drawn grey.
+    """
+    compute = frame[frame["stream"] == "compute"]
+    idle_total = busy_total = 0.0
+    for y, (_, rank) in enumerate(rows):
+        ops = compute[compute["rank"] == rank].sort_values("start_s")
+        start_ms = ops["start_s"].to_numpy(dtype=float) * 1e3
+        stop_ms = ops["end_s"].to_numpy(dtype=float) * 1e3
+        gaps = []
+        cursor = 0.0
+        for s, e in zip(start_ms, stop_ms):
+            if s > cursor:
+                gaps.append((cursor, s - cursor))
+            cursor = max(cursor, e)
+        if step_ms > cursor:
+            gaps.append((cursor, step_ms - cursor))
+        idle_total += sum(width for _, width in gaps)
+        busy_total += step_ms
+        ax.broken_barh(gaps, (y - 0.4, 0.8), facecolors=PHASE_COLORS["bubble"],
+                       label="bubble (idle)" if y == 0 else None)
+        for phase in ("forward", "backward", "recompute", "optimizer", "other"):
+            sel = (ops["phase"] == phase).to_numpy()
+            if not sel.any():
+                continue
+            bars = list(zip(start_ms[sel], (stop_ms - start_ms)[sel]))
+            ax.broken_barh(bars, (y - 0.4, 0.8), facecolors=PHASE_COLORS[phase],
+                           edgecolor="white", linewidth=0.4, label=phase if y == 0 else None)
+            if len(rows) <= 8 and len(bars) <= 64:
+                for (s, w), mb in zip(bars, ops.loc[sel, "microbatch"]):
+                    if _present(mb) and w > end_ms / 80:
+                        ax.text(s + w / 2, y, str(mb), ha="center", va="center", fontsize=6,
+                                color="white" if phase == "backward" else "black")
+    ax.set_yticks(range(len(rows)), [name for name, _ in rows])
+    ax.set_ylim(len(rows) - 0.5, -0.5)
+    ax.set_xlim(0, end_ms)
+    ax.grid(True, axis="x", alpha=0.25, linestyle="--")
+    return idle_total / busy_total if busy_total else 0.0
+
+
 def plot_pipeline(results: Mapping[str, StepResult], *, max_stages: int = 16,
                   title: str | None = None,
                   stage_of: Callable[[int], int] | None = None) -> Figure:
@@ -308,8 +352,8 @@ def plot_pipeline(results: Mapping[str, StepResult], *, max_stages: int = 16,
     (GPipe, 1F1B, interleaved side by side, top to bottom), on a common time axis.
 
     Forward and backward slices are coloured by phase and labelled with their micro-batch when
-    the engine recorded it; the idle time of each stage between its first and its last op is the
-    bubble, drawn grey. Panel titles give the bubble share of the step.
+    the engine recorded it; the time a stage's compute stream is idle during the step is the
+    bubble, drawn grey. Panel titles give its share of the stage time.
 
     Args:
         results: schedule label -> StepResult simulated with ``trace=True``.
@@ -332,50 +376,10 @@ def plot_pipeline(results: Mapping[str, StepResult], *, max_stages: int = 16,
                                       height_ratios=[h + 1.5 for h in heights])[:, 0])
     for ax, (label, frame) in zip(axes, frames.items()):
         rows = _stage_rows(frame, max_stages, stage_of)
-        compute = frame[frame["stream"] == "compute"]
-        step_ms = float(results[label].step_time_s) * 1e3
-        idle_total = busy_total = 0.0
-        for y, (_, rank) in enumerate(rows):
-            ops = compute[compute["rank"] == rank].sort_values("start_s")
-            start_ms = ops["start_s"].to_numpy(dtype=float) * 1e3
-            stop_ms = ops["end_s"].to_numpy(dtype=float) * 1e3
-            # Bubble: every moment of the step the stage's compute stream is idle (before its
-            # first op, between ops, after its last op).
-            gaps = []
-            cursor = 0.0
-            for s, e in zip(start_ms, stop_ms):
-                if s > cursor:
-                    gaps.append((cursor, s - cursor))
-                cursor = max(cursor, e)
-            if step_ms > cursor:
-                gaps.append((cursor, step_ms - cursor))
-            idle_total += sum(width for _, width in gaps)
-            busy_total += step_ms
-            ax.broken_barh(gaps, (y - 0.4, 0.8), facecolors=PHASE_COLORS["bubble"],
-                           label="bubble (idle)" if y == 0 else None)
-            for phase in ("forward", "backward", "recompute", "optimizer", "other"):
-                sel = ops["phase"] == phase
-                if not sel.any():
-                    continue
-                bars = list(zip(start_ms[sel.to_numpy()],
-                                (stop_ms - start_ms)[sel.to_numpy()]))
-                ax.broken_barh(bars, (y - 0.4, 0.8), facecolors=PHASE_COLORS[phase],
-                               edgecolor="white", linewidth=0.4,
-                               label=phase if y == 0 else None)
-                if len(rows) <= 8 and len(bars) <= 64:
-                    for (s, w), mb in zip(bars, ops.loc[sel, "microbatch"]):
-                        if _present(mb) and w > end_ms / 80:
-                            ax.text(s + w / 2, y, str(mb), ha="center", va="center",
-                                    fontsize=6, color="white" if phase == "backward"
-                                    else "black")
-        share = idle_total / busy_total if busy_total else 0.0
-        ax.set_yticks(range(len(rows)), [name for name, _ in rows])
-        ax.set_ylim(len(rows) - 0.5, -0.5)
-        ax.set_xlim(0, end_ms)
+        share = _draw_gantt(ax, frame, rows, float(results[label].step_time_s) * 1e3, end_ms)
         ax.set_title(f"{label}: step {results[label].step_time_s * 1e3:.1f} ms, "
                      f"idle {share * 100:.0f} % of stage time", fontsize=10, loc="left")
         ax.set_ylabel("Pipeline stage")
-        ax.grid(True, axis="x", alpha=0.25, linestyle="--")
     axes[-1].set_xlabel("Time in step (ms)")
     handles, names = axes[0].get_legend_handles_labels()
     fig.legend(handles, names, loc="outside right center", fontsize=9)

@@ -14,7 +14,7 @@ Measured, on real ranks (gloo or nccl), per iteration after a barrier, the slowe
   keep it through backward, then reduce-scatter every unit's gradient, free the full
   parameters and step the shards.
 
-Profiled on the same ranks at the same time (so that they share the cores as in the step): the
+Profiled on the same ranks, interleaved with the steps iteration by iteration (so that they share the cores as in the step): the
 forward and backward time of the embedding, of each block, and of the head with the loss, and
 the optimizer step; these become the simulator's per-block compute times
 (``op_time_overrides``). The simulated step is :func:`collsim.engine.step.simulate_step` on the
@@ -122,84 +122,42 @@ def _batch(torch: Any, cfg: StepConfig, rank: int) -> tuple[Any, Any]:
     return idx, torch.roll(idx, -1, dims=1)
 
 
-def _time_slowest(torch: Any, dist: Any, fn: Any, iters: int, warmup: int) -> list[float]:
-    for _ in range(warmup):
-        fn()
-    times = torch.zeros(iters, dtype=torch.float64)
-    for i in range(iters):
-        dist.barrier()
-        start = time.perf_counter()
-        fn()
-        times[i] = time.perf_counter() - start
-    dist.all_reduce(times, op=dist.ReduceOp.MAX)
-    return [float(t) for t in times]
-
-
-def _profile(torch: Any, dist: Any, cfg: StepConfig, rank: int) -> dict[str, float]:
-    """Per-block forward/backward seconds (median over iters, mean over ranks)."""
-    torch.manual_seed(cfg.seed)
-    model = build_gpt(torch, cfg)
-    idx, targets = _batch(torch, cfg, rank)
+def _profile_once(torch: Any, model: Any, cfg: StepConfig, idx: Any,
+                  targets: Any) -> dict[str, float]:
+    """One pass of per-block forward/backward timings (seconds) on this rank."""
     h = cfg.hidden
-    samples: dict[str, list[float]] = {}
-
-    def add(key: str, value: float) -> None:
-        samples.setdefault(key, []).append(value)
-
-    for it in range(cfg.warmup + cfg.iters):
-        record = it >= cfg.warmup
-        dist.barrier()
-        t0 = time.perf_counter()
-        emb = model.embed(idx)
-        t1 = time.perf_counter()
-        emb.backward(torch.ones_like(emb))
-        t2 = time.perf_counter()
-        if record:
-            add("embedding.forward", t1 - t0)
-            add("embedding.backward", t2 - t1)
-        for layer, block in enumerate(model.blocks):
-            x = torch.randn(cfg.micro_batch, cfg.seq_len, h, requires_grad=True)
-            g = torch.randn(cfg.micro_batch, cfg.seq_len, h)
-            t0 = time.perf_counter()
-            y = block(x)
-            t1 = time.perf_counter()
-            y.backward(g)
-            t2 = time.perf_counter()
-            if record:
-                add(f"layer{layer}.forward", t1 - t0)
-                add(f"layer{layer}.backward", t2 - t1)
+    out: dict[str, float] = {}
+    t0 = time.perf_counter()
+    emb = model.embed(idx)
+    t1 = time.perf_counter()
+    emb.backward(torch.ones_like(emb))
+    t2 = time.perf_counter()
+    out["embedding.forward"], out["embedding.backward"] = t1 - t0, t2 - t1
+    for layer, block in enumerate(model.blocks):
         x = torch.randn(cfg.micro_batch, cfg.seq_len, h, requires_grad=True)
+        g = torch.randn(cfg.micro_batch, cfg.seq_len, h)
         t0 = time.perf_counter()
-        loss = model.head_loss(x, targets)
+        y = block(x)
         t1 = time.perf_counter()
-        loss.backward()
+        y.backward(g)
         t2 = time.perf_counter()
-        opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
-        t3 = time.perf_counter()
-        opt.step()
-        t4 = time.perf_counter()
-        model.zero_grad(set_to_none=False)
-        t5 = time.perf_counter()
-        if record:
-            add("head.forward", t1 - t0)
-            add("head.backward", t2 - t1)
-            add("optimizer", (t4 - t3) + (t5 - t4))
-    medians = {k: statistics.median(v) for k, v in samples.items()}
-    keys = sorted(medians)
-    vec = torch.tensor([medians[k] for k in keys], dtype=torch.float64)
-    dist.all_reduce(vec)
-    vec /= dist.get_world_size()
-    mean = {k: float(v) for k, v in zip(keys, vec)}
-    out = {k: mean[k] for k in keys if not k.startswith("layer")}
-    out["layer.forward"] = statistics.median(mean[f"layer{i}.forward"]
-                                             for i in range(cfg.num_layers))
-    out["layer.backward"] = statistics.median(mean[f"layer{i}.backward"]
-                                              for i in range(cfg.num_layers))
+        out[f"layer{layer}.forward"], out[f"layer{layer}.backward"] = t1 - t0, t2 - t1
+    x = torch.randn(cfg.micro_batch, cfg.seq_len, h, requires_grad=True)
+    t0 = time.perf_counter()
+    loss = model.head_loss(x, targets)
+    t1 = time.perf_counter()
+    loss.backward()
+    t2 = time.perf_counter()
+    out["head.forward"], out["head.backward"] = t1 - t0, t2 - t1
+    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
+    t3 = time.perf_counter()
+    opt.step()
+    model.zero_grad(set_to_none=False)
+    out["optimizer"] = time.perf_counter() - t3
     return out
 
 
-def _ddp_step_times(torch: Any, dist: Any, cfg: StepConfig, rank: int,
-                    bucket_mb: int) -> tuple[list[float], int]:
+def _ddp_step(torch: Any, cfg: StepConfig, rank: int, bucket_mb: int) -> tuple[Any, Any]:
     from torch.nn.parallel import DistributedDataParallel
 
     torch.manual_seed(cfg.seed)
@@ -212,16 +170,10 @@ def _ddp_step_times(torch: Any, dist: Any, cfg: StepConfig, rank: int,
         model(idx, targets).backward()
         opt.step()
 
-    times = _time_slowest(torch, dist, step, cfg.iters, cfg.warmup)
-    buckets = -1
-    try:
-        buckets = len(model.reducer._get_zeros_like_grad_buckets())
-    except Exception:  # noqa: BLE001 - private API; the count is informative only
-        pass
-    return times, buckets
+    return step, model
 
 
-def _fsdp_step_times(torch: Any, dist: Any, cfg: StepConfig, rank: int) -> list[float]:
+def _fsdp_step(torch: Any, cfg: StepConfig, rank: int) -> Any:
     from collsim.validate.sketch import FlatShard
 
     torch.manual_seed(cfg.seed)
@@ -242,29 +194,71 @@ def _fsdp_step_times(torch: Any, dist: Any, cfg: StepConfig, rank: int) -> list[
             unit.reshard()
             unit.shard.add_(unit.shard_grad, alpha=-cfg.lr)
 
-    return _time_slowest(torch, dist, step, cfg.iters, cfg.warmup)
+    return step
 
 
 def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
-    """Profile the blocks, then time every mode; every rank returns the same data."""
+    """Profile the blocks and time every mode, interleaved iteration by iteration.
+
+    Each iteration runs one profiling pass and then one step of every mode, each after a
+    barrier, so that load from other processes on the machine falls alike on the profile and
+    on every mode. Every figure is, per iteration, the slowest rank's (all-reduce MAX), and
+    then the median over iterations. Every rank returns the same data.
+    """
     import torch
     import torch.distributed as dist
 
-    out: dict[str, Any] = {"world_size": ctx.world_size, "backend": ctx.backend,
-                           "torch_version": torch.__version__, "profile": {}, "modes": {}}
-    out["profile"] = _profile(torch, dist, cfg, ctx.rank)
+    rank = ctx.rank
+    steps: dict[str, Any] = {}
+    buckets: dict[str, int] = {}
     for mode in cfg.modes:
         if mode == "fsdp":
-            times = _fsdp_step_times(torch, dist, cfg, ctx.rank)
-            extra: dict[str, Any] = {}
+            steps[mode] = _fsdp_step(torch, cfg, rank)
         else:
-            times, buckets = _ddp_step_times(torch, dist, cfg, ctx.rank, int(mode[5:]))
-            extra = {"buckets": buckets}
-        out["modes"][mode] = {"median_s": statistics.median(times), "min_s": min(times),
-                              "times_s": times, **extra}
+            steps[mode], ddp = _ddp_step(torch, cfg, rank, int(mode[5:]))
+            buckets[mode] = ddp
     torch.manual_seed(cfg.seed)
-    out["num_parameters"] = sum(p.numel() for p in build_gpt(torch, cfg).parameters())
-    return out
+    prof_model = build_gpt(torch, cfg)
+    idx, targets = _batch(torch, cfg, rank)
+    rows: list[list[float]] = []
+    keys: list[str] = []
+    for it in range(cfg.warmup + cfg.iters):
+        dist.barrier()
+        prof = _profile_once(torch, prof_model, cfg, idx, targets)
+        row = [prof[k] for k in sorted(prof)]
+        keys = sorted(prof) + list(cfg.modes)
+        for mode in cfg.modes:
+            dist.barrier()
+            start = time.perf_counter()
+            steps[mode]()
+            row.append(time.perf_counter() - start)
+        if it >= cfg.warmup:
+            rows.append(row)
+    table = torch.tensor(rows, dtype=torch.float64)
+    dist.all_reduce(table, op=dist.ReduceOp.MAX)
+    columns = {k: [float(v) for v in table[:, j]] for j, k in enumerate(keys)}
+    medians = {k: statistics.median(v) for k, v in columns.items()}
+    profile = {k: medians[k] for k in medians if k not in cfg.modes and not k.startswith("layer")}
+    profile["layer.forward"] = statistics.median(medians[f"layer{i}.forward"]
+                                                 for i in range(cfg.num_layers))
+    profile["layer.backward"] = statistics.median(medians[f"layer{i}.backward"]
+                                                  for i in range(cfg.num_layers))
+    modes: dict[str, Any] = {}
+    for mode in cfg.modes:
+        entry: dict[str, Any] = {"median_s": medians[mode], "min_s": min(columns[mode]),
+                                 "times_s": columns[mode]}
+        if mode in buckets:
+            try:
+                entry["buckets"] = len(buckets[mode].reducer._get_zeros_like_grad_buckets())
+            except Exception:  # noqa: BLE001 - private API; the count is informative only
+                pass
+        modes[mode] = entry
+    return {"world_size": ctx.world_size, "backend": ctx.backend,
+            "torch_version": torch.__version__, "profile": profile,
+            "profile_sum_s": sum(profile[k] for k in profile if not k.startswith("layer"))
+            + cfg.num_layers * (profile["layer.forward"] + profile["layer.backward"]),
+            "modes": modes,
+            "num_parameters": sum(p.numel() for p in prof_model.parameters())}
 
 
 def run_step(cfg: StepConfig, *, world_size: int | None, backend: str = "gloo",
