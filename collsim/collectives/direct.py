@@ -30,8 +30,8 @@ def build(op: CollectiveOp, group: Group) -> list[Phase]:
     match op:
         case CollectiveOp.ALL_TO_ALL | CollectiveOp.REDUCE_SCATTER | CollectiveOp.ALL_GATHER:
             return [one_step_phase(topo, all_pairs, 1.0 / n)]
-        case CollectiveOp.ALL_REDUCE:
-            return [one_step_phase(topo, all_pairs, 1.0 / n), one_step_phase(topo, all_pairs, 1.0 / n)]
+        case CollectiveOp.ALL_REDUCE:          # reduce-scatter, then all-gather
+            return [one_step_phase(topo, all_pairs, 1.0 / n)] * 2
         case CollectiveOp.BROADCAST:
             return [one_step_phase(topo, [(root, d) for d in ranks[1:]], 1.0)]
         case CollectiveOp.REDUCE:
