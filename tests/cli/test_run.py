@@ -427,3 +427,19 @@ def test_all_ranks_agrees_with_the_symmetry_reduction(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     assert full["step_time_s"] == pytest.approx(reduced["step_time_s"], rel=1e-9)
     assert full["memory_peak_bytes"] == pytest.approx(reduced["memory_peak_bytes"], rel=1e-9)
+
+
+@needs_engine
+def test_run_keeps_heavy_modules_out() -> None:
+    """`collsim run` must start fast: no pandas, matplotlib or torch on its path."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom collsim.cli import main\n"
+            "try:\n    main(['run', sys.argv[1]])\nexcept SystemExit:\n    pass\n"
+            "print('heavy=' + ','.join(m for m in ('pandas', 'matplotlib', 'torch')"
+            " if m in sys.modules), file=sys.stderr)")
+    out = subprocess.run([sys.executable, "-c", code, str(SCENARIOS / "ddp_gpt3_1.3b.yaml")],
+                         capture_output=True, text=True, timeout=120, check=True)
+    assert "step time" in out.stdout
+    assert out.stderr.strip().splitlines()[-1] == "heavy="
