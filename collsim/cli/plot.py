@@ -10,6 +10,7 @@ Kinds that read a CSV written by another command (no simulation):
 Kinds that simulate a scenario (or evaluate the closed form) first:
 
 - ``timeline SCENARIO``: memory over one step for one rank;
+- ``step SCENARIO``: one step at a glance (compute Gantt per stage above, memory below);
 - ``pipeline SCENARIO``: Gantt chart per stage for several schedules side by side;
 - ``collectives --topology T --gpus N``: busbw vs size from ``collectives.cost``.
 
@@ -174,6 +175,30 @@ def timeline_cmd(scenario: Path, output: Path, title: str | None, rank: int | No
         load_scenario(scenario, list(overrides))  # bad keys: exit 2 before simulating
         result = _simulate(scenario, list(overrides))
         _save(plot_memory_timeline(result, rank=rank, title=title), output)
+    except (ConfigError, InfeasibleError) as exc:
+        _fail(exc)
+
+
+@plot.command("step")
+@click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))
+@_OUTPUT
+@_TITLE
+@click.option("--rank", type=int, help="Rank whose memory is drawn (default: the first).")
+@click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
+              help="Override a scenario key.")
+def step_cmd(scenario: Path, output: Path, title: str | None, rank: int | None,
+             overrides: tuple[str, ...]) -> None:
+    """One simulated step of SCENARIO: compute Gantt per stage and memory over time."""
+    from collsim.report.plots import plot_step
+    from collsim.scenario import load_scenario
+
+    try:
+        _check_suffix(output)
+        base = load_scenario(scenario, list(overrides))
+        result = _simulate(scenario, list(overrides))
+        tp, pp = base.parallel.tp, base.parallel.pp
+        _save(plot_step(result, rank=rank, title=title or base.name,
+                        stage_of=lambda r: (r // tp) % pp), output)
     except (ConfigError, InfeasibleError) as exc:
         _fail(exc)
 

@@ -37,6 +37,7 @@ __all__ = [
     "plot_scaling",
     "plot_memory",
     "plot_memory_timeline",
+    "plot_step",
     "plot_pipeline",
     "plot_breakdown",
     "plot_collectives",
@@ -248,16 +249,23 @@ def plot_memory_timeline(result: StepResult, *, rank: int | None = None,
                          title: str | None = None) -> Figure:
     """Memory in use over one step for ``rank`` (default: the first simulated rank), as a step
     line in GB over milliseconds, with the HBM capacity dashed."""
-    from collsim.report.frames import memory_timeline_frame
-
     if rank is None:
         if not result.memory_timeline:
             raise ConfigError("the result has no memory timeline (simulate with trace=True)",
                               key_path="plot")
         rank = min(result.memory_timeline)
-    frame = memory_timeline_frame(result, rank)
     fig = _new_figure(9.0, 4.2)
     ax = fig.subplots()
+    _draw_memory(ax, result, rank)
+    ax.set_title(title or f"Memory over one step, rank {rank}")
+    return fig
+
+
+def _draw_memory(ax: Any, result: StepResult, rank: int) -> None:
+    """Memory in use of ``rank`` over the step (GB vs ms) with the HBM line, on ``ax``."""
+    from collsim.report.frames import memory_timeline_frame
+
+    frame = memory_timeline_frame(result, rank)
     times_ms = np.asarray(frame["time_s"], dtype=float) * 1e3
     values_gb = _gb(frame["memory_bytes"])
     if len(times_ms) and result.step_time_s * 1e3 > times_ms[-1]:
@@ -271,10 +279,49 @@ def plot_memory_timeline(result: StepResult, *, rank: int | None = None,
                    label=f"HBM {result.memory_capacity_bytes / 1e9:.0f} GB", **HBM_STYLE)
     ax.set_xlabel("Time in step (ms)")
     ax.set_ylabel("Memory in use (GB)")
-    ax.set_title(title or f"Memory over one step, rank {rank}")
     ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.25, linestyle="--")
     ax.legend(fontsize=9, loc="center right")
+
+
+def plot_step(result: StepResult, *, rank: int | None = None, title: str | None = None,
+              stage_of: Callable[[int], int] | None = None, max_rows: int = 16) -> Figure:
+    """One simulated step at a glance (what ``collsim run --plot FILE`` draws): the compute
+    stream of every simulated rank as a Gantt chart (forward, backward, bubble) on top, and the
+    memory in use of ``rank`` (default: the first simulated) below, on one time axis.
+
+    Args:
+        result: a StepResult simulated with ``trace=True``.
+        stage_of: pipeline stage of a rank, for row labels (``(rank // tp) % pp``).
+    """
+    from collsim.report.frames import trace_frame
+
+    frame = trace_frame(result)
+    if frame.empty or not (frame["stream"] == "compute").any():
+        raise ConfigError("no compute events in the trace (simulate with trace=True)",
+                          key_path="plot")
+    if rank is None:
+        rank = min(result.memory_timeline) if result.memory_timeline else None
+    rows = _stage_rows(frame, max_rows, stage_of)
+    step_ms = float(result.step_time_s) * 1e3
+    fig = _new_figure(12.0, 2.6 + 0.42 * len(rows) + (3.0 if rank is not None else 0.0))
+    if rank is not None:
+        ax_gantt, ax_mem = fig.subplots(2, 1, sharex=True,
+                                        height_ratios=[len(rows) + 1.5, 4.0])
+    else:
+        ax_gantt, ax_mem = fig.subplots(), None
+    share = _draw_gantt(ax_gantt, frame, rows, step_ms, step_ms)
+    ax_gantt.set_ylabel("Stage / rank")
+    ax_gantt.set_title(f"step {step_ms:.1f} ms, compute stream idle {share * 100:.0f} % "
+                       "of the step", fontsize=10, loc="left")
+    ax_gantt.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    if ax_mem is not None and rank is not None:
+        _draw_memory(ax_mem, result, rank)
+        ax_mem.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    else:
+        ax_gantt.set_xlabel("Time in step (ms)")
+    if title:
+        fig.suptitle(title)
     return fig
 
 

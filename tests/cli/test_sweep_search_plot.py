@@ -115,6 +115,8 @@ def test_plot_commands_write_images(scenario: Path, tmp_path: Path) -> None:
     assert (tmp_path / "b.svg").read_text().lstrip().startswith("<?xml")
     result = invoke("plot", "timeline", scenario, "-o", tmp_path / "t.png", "--rank", "0")
     assert result.exit_code == 0, result.stderr
+    result = invoke("plot", "step", scenario, "-o", tmp_path / "s.png")
+    assert result.exit_code == 0, result.stderr
     result = invoke("plot", "pipeline", scenario, "-o", tmp_path / "p.png",
                     "--set", "training.global_batch=16")
     assert result.exit_code == 0, result.stderr
@@ -125,7 +127,7 @@ def test_plot_commands_write_images(scenario: Path, tmp_path: Path) -> None:
     result = invoke("plot", "collectives", "--topology", "dgx_h100", "--gpus", "8",
                     "-b", "1K", "-e", "1M", "-o", tmp_path / "c2.png")
     assert result.exit_code == 0, result.stderr
-    for name in ("a.png", "c.png", "t.png", "p.png", "c1.png", "c2.png"):
+    for name in ("a.png", "c.png", "t.png", "s.png", "p.png", "c1.png", "c2.png"):
         assert (tmp_path / name).read_bytes()[:8] == PNG_MAGIC
 
 

@@ -192,3 +192,23 @@ def test_bad_inputs_are_config_errors(tmp_path: Path, result_factory) -> None:
         from collsim.report.frames import read_collective_csv
 
         read_collective_csv(bad)
+
+
+def test_step_plot(pipeline, result_factory, tmp_path: Path) -> None:
+    from collsim.report.plots import plot_step
+
+    result = result_factory(events=pipeline("1f1b", stages=4, microbatches=4, p2p_s=0.0),
+                            memory_timeline={0: [(0.0, 10e9), (0.004, 12e9)]})
+    for event in result.trace_events:  # like the engine: no stage in args, rank r = stage r
+        event.args.pop("stage", None)
+    fig = plot_step(result, stage_of=lambda rank: rank)
+    gantt, memory = fig.axes
+    assert [t.get_text() for t in gantt.get_yticklabels()] == [
+        f"stage {s} (rank {s})" for s in range(4)]
+    labels = [c.get_label() for c in gantt.collections if not c.get_label().startswith("_")]
+    assert labels == ["bubble (idle)", "forward", "backward"]
+    # 1F1B, p = 4, m = 4, equal op times: (p-1)/(m+p-1) = 3/7 of the step is idle
+    assert "idle 43 %" in gantt.get_title(loc="left")
+    assert memory.get_ylabel() == "Memory in use (GB)"
+    assert [line.get_label() for line in memory.get_lines()] == ["rank 0 in use", "HBM 80 GB"]
+    assert_svg(save_figure(fig, tmp_path / "step.svg"))
