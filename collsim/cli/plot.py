@@ -268,12 +268,15 @@ def collectives_cmd(csv_files: tuple[Path, ...], output: Path, title: str | None
         if bool(csv_files) == bool(topology):
             raise ConfigError("give either CSV files or --topology", key_path="collectives")
         if csv_files:
-            frames = []
-            for path in csv_files:
-                frame = read_collective_csv(path)
-                if len(csv_files) > 1 and frame["algorithm"].nunique() == 1:
-                    frame["algorithm"] = f"{frame['algorithm'].iloc[0]} ({path.stem})"
-                frames.append(frame)
+            frames = [read_collective_csv(path) for path in csv_files]
+            seen: dict[str, int] = {}
+            for frame in frames:
+                for name in frame["algorithm"].unique():
+                    seen[name] = seen.get(name, 0) + 1
+            for path, frame in zip(csv_files, frames):
+                # the same algorithm from two files (measured vs simulated): name the file
+                frame["algorithm"] = [f"{a} ({path.stem})" if seen[a] > 1 else a
+                                      for a in frame["algorithm"]]
             data = pd.concat(frames, ignore_index=True)
         else:
             data = _closed_form(topology or "", gpus, op, minbytes, maxbytes, algorithms)

@@ -218,7 +218,9 @@ def read_collective_csv(path: str | Path) -> pd.DataFrame:
     """Read a ``collsim collective`` CSV (``size_bytes,time_us,algbw_GBps,busbw_GBps,algorithm``)
     into SI columns ``size_bytes, time_s, algbw_bps, busbw_bps, algorithm`` (GB = 1e9).
 
-    Extra columns (``op``, ``group_size`` ...) are kept as they are. Without an ``algorithm``
+    An ``algorithm/protocol`` value (``ring/ll128``) is split into ``algorithm`` and
+    ``protocol``. Extra columns (``op``, ``group_size`` ...) are kept as they are. Without an
+    ``algorithm``
     column (a measured nccl-tests sweep), the file's stem names the series.
 
     Raises:
@@ -239,7 +241,11 @@ def read_collective_csv(path: str | Path) -> pd.DataFrame:
     for column, factor in _COLLECTIVE_CSV.values():
         out[column] = out[column].astype(float) * factor
     if "algorithm" in out.columns:
-        out["algorithm"] = out["algorithm"].astype(str)
+        # `collsim collective` writes the NCCL-style choice, e.g. ``ring/ll128``.
+        parts = out["algorithm"].astype(str).str.split("/", n=1, expand=True)
+        out["algorithm"] = parts[0]
+        if parts.shape[1] > 1 and "protocol" not in out.columns:
+            out["protocol"] = parts[1].fillna("")
     else:  # an nccl-tests sweep converted to CSV: one series named after the file
         out["algorithm"] = path.stem
     return out

@@ -163,13 +163,15 @@ def test_breakdown_plot(result_factory, tmp_path: Path) -> None:
 def test_collectives_plot(tmp_path: Path) -> None:
     csv = tmp_path / "coll.csv"
     csv.write_text("size_bytes,time_us,algbw_GBps,busbw_GBps,algorithm\n"
-                   "1024,10,0.1,0.175,ring\n1048576,50,20.9,36.7,ring\n"
-                   "1024,8,0.128,0.224,tree\n1048576,70,15.0,26.2,tree\n")
+                   "1024,10,0.1,0.175,ring/ll\n1048576,50,20.9,36.7,ring/simple\n"
+                   "1024,8,0.128,0.224,tree/ll\n1048576,70,15.0,26.2,tree/ll128\n")
     from collsim.report.frames import read_collective_csv
 
     frame = read_collective_csv(csv)
     assert list(frame["busbw_bps"]) == pytest.approx([0.175e9, 36.7e9, 0.224e9, 26.2e9])
     assert list(frame["time_s"]) == pytest.approx([10e-6, 50e-6, 8e-6, 70e-6])
+    assert list(frame["algorithm"]) == ["ring", "ring", "tree", "tree"]
+    assert list(frame["protocol"]) == ["ll", "simple", "ll", "ll128"]
     fig = plot_collectives(frame, reference_bps=50e9)
     (ax,) = fig.axes
     assert ax.get_ylabel() == "Bus bandwidth (GB/s)"
