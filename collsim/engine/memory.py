@@ -10,7 +10,8 @@ peak are read from the sorted timeline; the closed forms (ZeRO, Korthikanti) are
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from operator import itemgetter
+from typing import Any, NamedTuple
 
 from collsim.engine.result import MEMORY_KEYS
 from collsim.errors import SimulationError
@@ -18,8 +19,9 @@ from collsim.errors import SimulationError
 __all__ = ["MemoryEvent", "MemoryLedger", "MemoryPeak"]
 
 
-@dataclass(frozen=True, slots=True)
-class MemoryEvent:
+class MemoryEvent(NamedTuple):
+    """One allocation (delta > 0) or free (delta < 0)."""
+
     time_s: float
     category: str
     delta_bytes: float
@@ -42,6 +44,8 @@ class MemoryLedger:
 
     rank: int
     events: list[MemoryEvent] = field(default_factory=list)
+    _sorted: list[MemoryEvent] | None = None
+    _sorted_n: int = 0
 
     def alloc(self, time_s: float, category: str, size_bytes: float, label: Any = "") -> None:
         """Record ``size_bytes`` of ``category`` allocated at ``time_s``."""
@@ -56,7 +60,11 @@ class MemoryLedger:
             self.events.append(MemoryEvent(time_s, category, -float(size_bytes), label))
 
     def sorted_events(self) -> list[MemoryEvent]:
-        return sorted(self.events, key=lambda e: e.time_s)
+        """Events by time; at equal times in recording order (cached until the next event)."""
+        if self._sorted is None or self._sorted_n != len(self.events):
+            self._sorted = sorted(self.events, key=itemgetter(0))
+            self._sorted_n = len(self.events)
+        return self._sorted
 
     def timeline(self) -> list[tuple[float, float]]:
         """Step-wise ``(time_s, bytes in use)`` after each distinct event time."""

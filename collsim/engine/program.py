@@ -102,16 +102,33 @@ class RankProgram:
     def run(self) -> Any:
         e, env = self.e, self.env
         e.allocate_states(self)
+        acct = self.acct
+        by_segment = e.zero == 3 or e.layer_mode
+        chunks = self.stage.chunks
         for op in self.ops:
-            yield from self._wait_input(op)
-            chunk = self.stage.chunks[op.chunk]
+            mail = e.inbox(self.rank, op)
+            if mail is not None:            # wait for the previous / next stage's output
+                if not mail.event.processed:
+                    w0 = env.now
+                    yield mail.event
+                    w1 = env.now
+                    produced = min(max(mail.produced_s, w0), w1)
+                    acct["bubble"] += produced - w0
+                    acct["pp_exposed"] += w1 - produced
+                self.ledger.free(env.now, "buffers", mail.size_bytes, "pp recv")
+            chunk = chunks[op.chunk]
             start = env.now
-            if e.zero == 3 or e.layer_mode:
+            if by_segment:
                 yield from self._run_segments(op, chunk)
             else:
-                yield from self._run_fused(op, chunk)
-            self._trace("compute", f"{op.phase.value} mb{op.microbatch} c{op.chunk}", start,
-                        env.now, microbatch=op.microbatch, chunk=op.chunk)
+                plan = self._plans.get((op.chunk, op.phase)) or self._op_plan(chunk, op.phase)
+                self._fused_facts(op, chunk, plan)
+                yield env.timeout(plan.duration)
+                acct["compute"] += plan.compute
+                acct["tp_exposed"] += plan.tp
+            if e.trace_on:
+                self._trace("compute", f"{op.phase.value} mb{op.microbatch} c{op.chunk}",
+                            start, env.now, microbatch=op.microbatch, chunk=op.chunk)
             e.send_output(self, op)
         e.launch_deferred(self)
         # wait for every gradient reduction, then the optimizer step
@@ -128,27 +145,14 @@ class RankProgram:
         t0 = env.now
         yield env.timeout(e.optimizer_s(self))
         self.acct["optimizer"] += env.now - t0
-        self._trace("compute", "optimizer", t0, env.now)
+        if e.trace_on:
+            self._trace("compute", "optimizer", t0, env.now)
         last = e.after_optimizer(self)
         if last is not None:
             t0 = env.now
             yield last
             self.acct["dp_exposed"] += env.now - t0
         self.end_s = env.now
-
-    def _wait_input(self, op: PipeOp) -> Any:
-        mail = self.e.inbox(self.rank, op)
-        if mail is None:
-            return
-        env = self.env
-        if not mail.event.processed:
-            w0 = env.now
-            yield mail.event
-            w1 = env.now
-            produced = min(max(mail.produced_s, w0), w1)
-            self.acct["bubble"] += produced - w0
-            self.acct["pp_exposed"] += w1 - produced
-        self.ledger.free(env.now, "buffers", mail.size_bytes, "pp recv")
 
     # ---- fused: one timeout per op ---------------------------------------------------------
     def _op_plan(self, chunk: ChunkModel, phase: Phase) -> _OpPlan:
@@ -183,21 +187,19 @@ class RankProgram:
         self._plans[key] = plan
         return plan
 
-    def _run_fused(self, op: PipeOp, chunk: ChunkModel) -> Any:
-        env, e = self.env, self.e
-        plan = self._op_plan(chunk, op.phase)
-        t0 = env.now
-        events = self.ledger.events
+    def _fused_facts(self, op: PipeOp, chunk: ChunkModel, plan: _OpPlan) -> None:
+        """Memory events and bucket launches of a fused op starting now."""
+        e = self.e
+        t0 = self.env.now
         mb, c = op.microbatch, op.chunk
-        for rel, delta, kind, key in plan.mem:
-            events.append(MemoryEvent(t0 + rel, "activations", delta, (kind, key, mb, c)))
+        new = tuple.__new__      # NamedTuple construction without its keyword-argument layer
+        self.ledger.events.extend([new(MemoryEvent, (t0 + rel, "activations", delta,
+                                                     (kind, key, mb, c)))
+                                   for rel, delta, kind, key in plan.mem])
         if plan.buckets and e.zero in (0, 1, 2) and e.reduces_in(mb):
             for bucket, rel in plan.buckets:
                 e.launch_bucket(self, op, chunk, bucket, t0 + rel)
         e.count_op(self.rank, plan)
-        yield env.timeout(plan.duration)
-        self.acct["compute"] += plan.compute
-        self.acct["tp_exposed"] += plan.tp
 
     def _segment_start(self, op: PipeOp, chunk: ChunkModel, seg: Segment) -> None:
         """At a segment's start: rebuilt activations, and DP launches at their ready times

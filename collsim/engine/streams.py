@@ -88,7 +88,8 @@ class GroupStream:
         self._issued[member] = seq + 1
         pending = self._pending.get(seq)
         if pending is None:
-            pending = _Pending(CallRecord(name, dict(args or {}), ready_s=ready), work)
+            pending = _Pending(CallRecord(name, args if args is not None else {}, ready_s=ready),
+                               work)
             pending.event = self.env.event()
             self._pending[seq] = pending
         else:
