@@ -1,0 +1,70 @@
+"""Streams (rendezvous, FIFO, ready times), contention detection, CPU offload."""
+
+from __future__ import annotations
+
+import pytest
+import simpy
+
+from collsim.engine import simulate_step
+from collsim.engine.comm import axis_contends
+from collsim.engine.streams import GroupStream
+from collsim.parallel.config import FSDPConfig, ParallelConfig, TrainingConfig
+
+from .conftest import topology
+
+
+def test_group_stream_rendezvous_and_fifo() -> None:
+    env = simpy.Environment()
+    log: list[tuple[str, float, float]] = []
+    stream = GroupStream(env, (0, 1), "dp",
+                         on_done=lambda members, rec: log.append((rec.name, rec.start_s,
+                                                                  rec.end_s)))
+
+    def member(rank: int, arrive: float) -> object:
+        yield env.timeout(arrive)
+        first = stream.submit(rank, "a", 2.0)                    # ready now
+        second = stream.submit(rank, "b", 1.0, ready_s=env.now + 5.0)
+        yield first & second
+
+    env.process(member(0, 1.0))
+    env.process(member(1, 3.0))
+    env.run()
+    # "a" starts when the last member arrives (3); "b" when ready (max 3 + 5 = 8)
+    assert log == [("a", 3.0, 5.0), ("b", 8.0, 9.0)]
+
+
+def test_group_stream_process_work_runs_in_order() -> None:
+    env = simpy.Environment()
+    stream = GroupStream(env, (7,), "pp")
+    ends = []
+
+    def job(d: float):
+        return lambda: env.timeout(d)
+
+    for d in (3.0, 1.0):
+        stream.submit(7, f"t{d}", job(d)).callbacks.append(lambda ev: ends.append(env.now))
+    env.run()
+    assert ends == [3.0, 4.0]
+
+
+def test_contention_detection_from_topology() -> None:
+    rail = topology("dgx_a100", 2)
+    shared = topology("pcie_8gpu", 2)
+    # the data-parallel groups of two tp ranks, each spanning the two nodes
+    groups = [(0, 8), (1, 9)]
+    assert not axis_contends(rail, groups)          # one NIC per GPU: rails
+    assert axis_contends(shared, groups)            # one NIC per node, shared
+    assert not axis_contends(shared, [(0, 8)])      # alone on the NIC
+
+
+def test_fsdp_offload_moves_states_to_host(small_spec) -> None:
+    topo = topology("dgx_a100", 2)
+    tr = TrainingConfig(global_batch=16, micro_batch=1)
+    gpu = simulate_step(topo, small_spec, tr, ParallelConfig(dp=16, zero=3))
+    host = simulate_step(topo, small_spec, tr,
+                         ParallelConfig(dp=16, zero=3, fsdp=FSDPConfig(offload=True)))
+    assert host.memory_peak_bytes < gpu.memory_peak_bytes
+    assert host.memory_bytes["optimizer"] == 0 and host.memory_bytes["gradients"] == 0
+    # PCIe copies before gathers and after reduce-scatters, and the CPU optimizer cost time
+    assert host.step_time_s > gpu.step_time_s
+    assert host.breakdown_s["optimizer"] > gpu.breakdown_s["optimizer"]
