@@ -174,8 +174,10 @@ def parse_set(text: str) -> tuple[str, list[str]]:
 
 def check_overrides(path: str | Path, sets: Sequence[tuple[str, Sequence[str]]], *,
                     gpus: Sequence[int] | None = None, grow: str = "dp") -> None:
-    """Load the scenario once per ``--set`` value so that an unknown key or a bad value fails
-    before anything runs, with the scenario loader's own one-line error.
+    """Load the scenario with each ``--set`` value so that an unknown key or a bad value fails
+    before anything runs, with the scenario loader's own one-line error. A value that only
+    works together with another swept value (``virtual_stages=2`` with
+    ``schedule=interleaved``) is accepted if some combination of the other values loads.
 
     Raises:
         ConfigError: the first bad key or value (``--set key=value: key.path: message``), an
@@ -192,9 +194,24 @@ def check_overrides(path: str | Path, sets: Sequence[tuple[str, Sequence[str]]],
                               "sweep another key or pick the growing axis with --grow",
                               key_path=key, file=f"--set {key}")
     load_scenario(path)
-    for key, values in sets:
+    for index, (key, values) in enumerate(sets):
+        others = [[f"{k}={v}" for v in vs] for i, (k, vs) in enumerate(sets) if i != index]
         for value in values:
-            load_scenario(path, [f"{key}={value}"])
+            mine = f"{key}={value}"
+            try:
+                load_scenario(path, [mine])
+                continue
+            except ConfigError as first:
+                # A value may need another swept value (virtual_stages=2 with
+                # schedule=interleaved): it is bad only if no combination accepts it.
+                for combo in itertools.product(*others):
+                    try:
+                        load_scenario(path, [*combo, mine])
+                        break
+                    except ConfigError:
+                        continue
+                else:
+                    raise first from None
 
 
 # -- points ----------------------------------------------------------------------------------
@@ -356,6 +373,16 @@ def _default_simulate(topology: Topology, scenario: Scenario, *, trace: bool = F
                          all_ranks=all_ranks, trace=trace)
 
 
+def _scenario_gpus(path: str | Path) -> int | None:
+    """tp x pp x dp of the scenario as written (for rows of points that could not be built)."""
+    from collsim.scenario import load_scenario
+
+    try:
+        return load_scenario(path).parallel.world_size
+    except ConfigError:
+        return None
+
+
 def run_point(path: str | Path, point: SweepPoint, *, grow: str = "dp", strong: bool = False,
               trace: bool = False, all_ranks: bool = False,
               simulate: Simulate | None = None) -> SweepOutcome:
@@ -364,6 +391,8 @@ def run_point(path: str | Path, point: SweepPoint, *, grow: str = "dp", strong: 
     simulate = simulate or _default_simulate
     params: dict[str, Any] = {"plan": point.label, "num_gpus": point.num_gpus}
     params.update(dict(point.values))
+    if point.num_gpus is None:
+        params["num_gpus"] = _scenario_gpus(path)
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", CollsimWarning)

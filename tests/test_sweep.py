@@ -130,6 +130,10 @@ def test_strong_scaling_keeps_the_batch_and_lists_what_cannot_split(scenario: Pa
 
 
 def test_combinations_that_do_not_build_are_infeasible_points(scenario: Path) -> None:
+    sets = [("parallel.schedule", ["1f1b", "interleaved"]), ("parallel.virtual_stages", ["1", "2"])]
+    check_overrides(scenario, sets)   # virtual_stages=2 is fine: it works with interleaved
+    with pytest.raises(ConfigError, match="parallel.virtual_stages"):
+        check_overrides(scenario, [sets[0], ("parallel.virtual_stages", ["1", "0"])])
     points = build_points(sets=[("parallel.schedule", ["1f1b", "gpipe"]),
                                 ("parallel.virtual_stages", ["1", "2"])])
     frame = sweep_frame(run_sweep(scenario, points, simulate=fake_simulate))

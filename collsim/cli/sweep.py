@@ -150,6 +150,8 @@ def _fmt(value: Any, kind: str) -> str:
             return f"{100 * float(value):.1f}"
         case "gb":
             return f"{float(value) / 1e9:.1f}"
+        case "int":
+            return str(int(value))
         case _:
             return str(value)
 
@@ -166,8 +168,8 @@ def sweep_table(frame: pd.DataFrame) -> str:
     for r in frame.to_dict("records"):
         status = "ok" if r["feasible"] else str(r["reason"]).split(":", 1)[0]
         rows.append(([str(r["plan"])] if show_plan else []) + [
-            _fmt(r["num_gpus"], "count"), _fmt(r.get("tp"), ""), _fmt(r.get("pp"), ""),
-            _fmt(r.get("dp"), ""), _fmt(r.get("global_batch"), ""),
+            _fmt(r["num_gpus"], "count"), _fmt(r.get("tp"), "int"), _fmt(r.get("pp"), "int"),
+            _fmt(r.get("dp"), "int"), _fmt(r.get("global_batch"), "int"),
             _fmt(r["step_time_s"], "time"), _fmt(r["tokens_per_s"], "count"),
             _fmt(r["mfu"], "pct"), _fmt(r["memory_peak_bytes"], "gb"), status])
     align = ("l" if show_plan else "") + "r" * 9 + "l"
@@ -180,5 +182,6 @@ def _report_infeasible(outcomes: list[SweepOutcome]) -> None:
         return
     click.echo(f"infeasible points: {len(bad)} of {len(outcomes)}", err=True)
     for o in bad:
-        where = ", ".join(p for p in (o.point.label, f"{o.params.get('num_gpus')} GPUs") if p)
+        gpus = o.params.get("num_gpus")
+        where = ", ".join(p for p in (o.point.label, f"{gpus} GPUs" if gpus else "") if p)
         click.echo(f"  {where}: {o.reason}", err=True)
