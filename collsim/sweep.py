@@ -435,11 +435,15 @@ def run_sweep(path: str | Path, points: Sequence[SweepPoint], *, grow: str = "dp
 
 def sweep_frame(outcomes: Sequence[SweepOutcome]) -> pd.DataFrame:
     """The results frame of a sweep (:func:`collsim.report.frames.results_frame`): the point's
-    coordinates, ``feasible``, ``reason``, every result field, and ``elapsed_s``."""
+    coordinates, ``feasible``, ``reason``, every result field, the plan's ``warnings`` (joined
+    with ``; ``) and ``elapsed_s`` (wall seconds of the point)."""
     from collsim.report.frames import results_frame
 
     frame = results_frame([(o.params, o.result) for o in outcomes],
                           reasons=[o.reason for o in outcomes])
+    frame["warnings"] = ["; ".join(dict.fromkeys(
+        [*o.warnings, *(o.result.warnings if o.result is not None else [])]))
+        for o in outcomes]
     frame["elapsed_s"] = [o.elapsed_s for o in outcomes]
     return frame
 
