@@ -35,7 +35,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from collsim.engine.result import StepResult
     from collsim.estimate import Estimate
     from collsim.parallel.config import ParallelConfig, TrainingConfig
-    from collsim.scenario import Scenario
     from collsim.topology import Topology
     from collsim.workload.model import TransformerSpec
 
@@ -339,9 +338,3 @@ def search_frame(result: SearchResult, *, limit: int | None = None) -> pd.DataFr
         rows.append(row)
     return pd.DataFrame.from_records(rows)
 
-
-def plans_for(scenario: Scenario, topology: Topology, *, space: SearchSpace | None = None
-              ) -> list[Candidate]:
-    """The buildable plans of a scenario's model on ``topology`` (for tests and tools)."""
-    return list(enumerate_plans(scenario.model, topology.num_ranks, topology.gpus_per_node,
-                                scenario.training.global_batch, space))

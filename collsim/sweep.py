@@ -21,7 +21,7 @@ import re
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -333,7 +333,7 @@ def cluster_for(spec: str, num_gpus: int | None, nodes: int | None) -> Topology:
 
 
 def resolve_point(path: str | Path, point: SweepPoint, *, grow: str = "dp",
-                  strong: bool = False, base: Scenario | None = None
+                  strong: bool = False
                   ) -> tuple[Scenario, Topology, dict[str, Any]]:
     """The scenario, cluster and coordinates of one point.
 
@@ -447,7 +447,3 @@ def sweep_frame(outcomes: Sequence[SweepOutcome]) -> pd.DataFrame:
     frame["elapsed_s"] = [o.elapsed_s for o in outcomes]
     return frame
 
-
-def with_gpus(point: SweepPoint, num_gpus: int) -> SweepPoint:
-    """A copy of ``point`` at another GPU count."""
-    return replace(point, num_gpus=num_gpus)

@@ -103,8 +103,6 @@ def breakdown() -> Path:
     published plan and the best plans of `collsim search`, all simulated."""
     import dataclasses
 
-    import pandas as pd
-
     from collsim.engine import simulate_step
     from collsim.report.frames import results_frame
     from collsim.report.plots import plot_breakdown, save_figure
@@ -129,7 +127,6 @@ def breakdown() -> Path:
     frame = results_frame(rows)
     frame.to_csv(OUT / "breakdown.csv", index=False)
     fig = plot_breakdown(frame, title="GPT-3 175B on 1024 A100, global batch 1536 (simulated)")
-    del pd
     return save_figure(fig, OUT / "breakdown.png")
 
 
