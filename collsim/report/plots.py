@@ -202,8 +202,9 @@ def plot_memory(frame: pd.DataFrame, *, series: str = "plan", x: str = "num_gpus
     stacked by category (parameters, gradients, optimizer, activations, buffers) and the HBM
     capacity as a dashed red line (``capacity_bytes``, default ``memory_capacity_bytes``).
 
-    Infeasible points that were simulated (``fits`` False) are drawn too: that is the point of
-    the HBM line. Points without numbers (the plan could not be built) are left out.
+    Infeasible points that were simulated (``fits`` False) are drawn too, marked "does not fit":
+    that is the point of the HBM line. Points without numbers (the plan could not be built) are
+    left out.
     """
     from collsim.report.frames import MEMORY_COLUMNS
 
@@ -229,6 +230,10 @@ def plot_memory(frame: pd.DataFrame, *, series: str = "plan", x: str = "num_gpus
         if capacity_bytes:
             ax.axhline(capacity_bytes / 1e9, label=f"HBM {capacity_bytes / 1e9:.0f} GB",
                        **HBM_STYLE)
+            for x_pos, top in zip(positions, bottom):
+                if top * 1e9 > capacity_bytes:
+                    ax.text(x_pos, top, "does not fit", ha="center", va="bottom", fontsize=7,
+                            color=HBM_STYLE["color"])
         ax.set_xticks(range(len(all_gpus)), [str(g) for g in all_gpus])
         ax.set_title(str(label))
         ax.set_xlabel("Number of GPUs")
@@ -236,7 +241,7 @@ def plot_memory(frame: pd.DataFrame, *, series: str = "plan", x: str = "num_gpus
     top = max(float(_gb(data["memory_peak_bytes"]).max()) if "memory_peak_bytes" in data
               else 0.0, (capacity_bytes or 0.0) / 1e9)
     if top > 0:
-        axes[0].set_ylim(0, top * 1.08)
+        axes[0].set_ylim(0, top * 1.12)
     axes[0].set_ylabel("Peak memory per GPU (GB)")
     handles, names = axes[0].get_legend_handles_labels()
     fig.legend(handles, names, loc="outside right center", fontsize=9)
