@@ -72,6 +72,7 @@ def assemble(plan: Plan, engine: Any, *, layer_mode: bool, contended: list[str],
         "peak_memory_rank": top_rank,
         "fidelity": "layer" if layer_mode else "fused",
         "contended_axes": list(contended),
+        "des_axes": sorted(engine.des_axes),
         "zero_communication": zero_communication,
         "simulated_ranks": sorted(programs),
         "stage_end_s": {prog.coords.pp: prog.end_s for prog in programs.values()

@@ -21,7 +21,7 @@ import numpy as np
 
 from collsim.engine.streams import Work
 
-__all__ = ["CallCost", "CommPricer", "axis_contends"]
+__all__ = ["CallCost", "CommPricer", "axis_contends", "linked_peers"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +59,45 @@ def axis_contends(topology: Any, groups: Sequence[tuple[int, ...]]) -> bool:
     shared = max_min_rates(flow_of, link_of, len(paths), capacity)
     solo = np.array([min(capacity[list(p)]) for p in paths])
     return bool(np.any(shared < solo * (1 - 1e-9)))
+
+
+def _group_links(topology: Any, group: tuple[int, ...]) -> set[int]:
+    """Links any transfer between two members of ``group`` may use (all ordered pairs)."""
+    links: set[int] = set()
+    for src in group:
+        for dst in group:
+            if src != dst:
+                links.update(topology.path(src, dst))
+    return links
+
+
+def linked_peers(topology: Any, group: tuple[int, ...],
+                 peers: Sequence[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """The peers that can affect ``group``: those connected to it through shared links.
+
+    Max-min fair shares only couple flows that share links, directly or through a chain of
+    other flows; peers in other components of that sharing graph (e.g. data-parallel replicas
+    on other nodes and rails) cannot change the group's times, so the DES leaves them out.
+    """
+    if not peers:
+        return []
+    links = {g: _group_links(topology, g) for g in [group, *peers]}
+    reached = set(links[group])
+    todo = list(peers)
+    kept: list[tuple[int, ...]] = []
+    changed = True
+    while changed:
+        changed = False
+        rest = []
+        for g in todo:
+            if links[g] & reached:
+                kept.append(g)
+                reached |= links[g]
+                changed = True
+            else:
+                rest.append(g)
+        todo = rest
+    return [g for g in peers if g in set(kept)]
 
 
 class CommPricer:

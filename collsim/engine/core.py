@@ -25,7 +25,7 @@ from typing import Any
 
 import simpy
 
-from collsim.engine.comm import CommPricer
+from collsim.engine.comm import CommPricer, linked_peers
 from collsim.engine.program import Mail, RankProgram
 from collsim.engine.result import TraceEvent
 from collsim.engine.stage import ChunkModel, Segment, StageModel
@@ -46,7 +46,9 @@ class Engine:
         stages: the work of each pipeline stage.
         pricer: communication pricing.
         all_ranks: simulate every rank (else one per stage).
-        layer_mode: run every layer step as its own event, TP/PP/DP on the FlowNetwork DES.
+        layer_mode: run every layer step as its own event (TP collectives on the tp stream).
+        des_axes: axes whose calls run on the FlowNetwork DES (with peers) instead of the
+            closed form: all of them at layer fidelity, the contended ones under ``auto``.
         trace: record one trace event per op and per communication call.
         optimizer_s: seconds of the optimizer step for ``local_params`` on GPU (or CPU).
         bytes_per: dict with ``param``, ``grad``, ``optimizer`` bytes per parameter and
@@ -55,6 +57,7 @@ class Engine:
 
     def __init__(self, plan: Plan, stages: dict[int, StageModel], pricer: CommPricer, *,
                  all_ranks: bool, layer_mode: bool, trace: bool,
+                 des_axes: frozenset[str] = frozenset(),
                  optimizer_time: Any, bytes_per: dict[str, float], host_bps: float,
                  env: simpy.Environment | None = None) -> None:
         self.plan = plan
@@ -64,6 +67,7 @@ class Engine:
         self.pricer = pricer
         self.all_ranks = all_ranks
         self.layer_mode = layer_mode
+        self.des_axes = des_axes
         self.trace_on = trace
         self.optimizer_time = optimizer_time
         self.bytes_per = bytes_per
@@ -90,6 +94,7 @@ class Engine:
             self.programs[rank] = RankProgram(self, rank, stages[s], ops)
         self._tp_cache: dict[tuple[int, str, float], float] = {}
         self._p2p_peers: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        self._peers: dict[tuple[int, str], list[tuple[int, ...]]] = {}
         self._calls: dict[tuple[Any, ...], tuple[Any, dict[str, Any]]] = {}
         self._groups: dict[tuple[int, str], tuple[int, ...]] = {}
         self._seg_tp: dict[tuple[int, int], float] = {}
@@ -106,14 +111,21 @@ class Engine:
 
     def peers(self, rank: int, axis: str) -> list[tuple[int, ...]]:
         """Groups of the replicas of ``rank``'s group that run at the same time (symmetry)."""
-        if self.all_ranks or not self.layer_mode:
+        if self.all_ranks or axis not in self.des_axes:
             return []
+        key = (rank, axis)
+        found = self._peers.get(key)
+        if found is not None:
+            return found
         p, c = self.plan, self.plan.coords(rank)
         if axis == "tp":
-            return [p.group_of(p.rank(dp=d, pp=c.pp, tp=0), "tp") for d in range(p.dp) if d]
-        if axis == "dp":
-            return [p.group_of(p.rank(dp=0, pp=c.pp, tp=t), "dp") for t in range(p.tp) if t]
-        raise ValueError(axis)
+            peers = [p.group_of(p.rank(dp=d, pp=c.pp, tp=0), "tp") for d in range(p.dp) if d]
+        elif axis == "dp":
+            peers = [p.group_of(p.rank(dp=0, pp=c.pp, tp=t), "dp") for t in range(p.tp) if t]
+        else:
+            raise SimulationError(f"no peers for axis {axis!r}")
+        found = self._peers[key] = linked_peers(p.topology, self.group(rank, axis), peers)
+        return found
 
     def stream(self, rank: int, axis: str,
                group: tuple[int, ...] | None = None) -> GroupStream:
@@ -154,15 +166,16 @@ class Engine:
               name: str, *, ready_s: float | None = None, extra_s: float = 0.0,
               peers: list[tuple[int, ...]] | None = None,
               stream_group: tuple[int, ...] | None = None) -> simpy.Event:
+        des = axis in self.des_axes
         key = (op, size, ranks, extra_s)
-        hit = self._calls.get(key) if not self.layer_mode else None
+        hit = None if des else self._calls.get(key)
         if hit is None:
             cost = self.pricer.cost(op, size, ranks)
-            work = self.pricer.work(op, size, ranks, des=self.layer_mode, extra_s=extra_s,
+            work = self.pricer.work(op, size, ranks, des=des, extra_s=extra_s,
                                     peers=peers if peers is not None else [])
             hit = (work, {"op": op, "size_bytes": size, "group_size": len(ranks),
                           "algorithm": cost.algorithm, "busbw_bps": cost.busbw_bps})
-            if not self.layer_mode:
+            if not des:
                 self._calls[key] = hit
         work, args = hit
         return self.stream(rank, axis, stream_group).submit(rank, name, work, ready_s=ready_s,
@@ -276,10 +289,11 @@ class Engine:
         key = (src, stage)
         peers = self._p2p_peers.get(key)
         if peers is None:
-            peers = self._p2p_peers[key] = [] if self.all_ranks or not self.layer_mode else [
+            peers = [] if self.all_ranks or "pp" not in self.des_axes else [
                 (self.plan.rank(dp=d, pp=prog.coords.pp, tp=t),
                  self.plan.rank(dp=d, pp=stage, tp=t))
                 for d in range(self.plan.dp) for t in range(self.plan.tp) if d or t]
+            peers = self._p2p_peers[key] = linked_peers(self.plan.topology, (src, dst), peers)
         name = (f"send {op.phase.value} mb{op.microbatch} c{op.chunk} -> stage {stage}"
                 if self.trace_on else "send")
         done = self._call(src, "pp", "send_recv", size, (src, dst), name, peers=peers)
@@ -423,9 +437,10 @@ class Engine:
         c = prog.coords
         pair = (self.plan.rank(dp=c.dp, pp=0, tp=c.tp), self.plan.rank(dp=c.dp, pp=p - 1, tp=c.tp))
         size = self.plan.spec.vocab / self.plan.tp * self.plan.spec.hidden * self.bytes_per["grad"]
-        peers = [] if self.all_ranks or not self.layer_mode else [
-            (self.plan.rank(dp=d, pp=0, tp=t), self.plan.rank(dp=d, pp=p - 1, tp=t))
-            for d in range(self.plan.dp) for t in range(self.plan.tp) if d or t]
+        peers = [] if self.all_ranks or "pp" not in self.des_axes else linked_peers(
+            self.plan.topology, pair,
+            [(self.plan.rank(dp=d, pp=0, tp=t), self.plan.rank(dp=d, pp=p - 1, tp=t))
+             for d in range(self.plan.dp) for t in range(self.plan.tp) if d or t])
         return self._call(prog.rank, "pp", "all_reduce", size, pair, "all_reduce embedding grad",
                           peers=peers, stream_group=pair)
 

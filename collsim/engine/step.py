@@ -22,8 +22,9 @@ from collsim.parallel.plan import Plan, build_plan
 __all__ = ["simulate_step", "prepare_step", "FIDELITIES", "BLOCK_OVERRIDE_KEYS"]
 
 FIDELITIES = ("auto", "fused", "layer")
-"""auto: fused ops with closed-form communication unless some axis contends, then layer.
-fused: closed form always. layer: every layer step an event, communication on the DES."""
+"""fused: one event per op, communication in closed form. layer: every layer step an event,
+all communication on the FlowNetwork DES. auto: fused, except that the axes whose concurrent
+groups share a link run on the DES (and a contended tp axis runs layer by layer)."""
 
 BLOCK_OVERRIDE_KEYS = ("layer.forward", "layer.backward", "layer.recompute",
                        "embedding.forward", "embedding.backward", "head.forward",
@@ -73,12 +74,13 @@ def _blocks(plan: Plan, device: Any, overrides: dict[str, float]) -> tuple[
     return layer, emb, head, model
 
 
-def _decide_layer_mode(plan: Plan, fidelity: str, all_ranks: bool) -> tuple[bool, list[str]]:
+def _contended_axes(plan: Plan, fidelity: str) -> list[str]:
+    """Axes whose concurrent groups (those of stage 0) slow each other down on shared links."""
     if fidelity not in FIDELITIES:
         raise ConfigError(f"must be one of {', '.join(FIDELITIES)}; got {fidelity!r}",
                           key_path="fidelity")
     if fidelity != "auto":
-        return fidelity == "layer", []
+        return []
     topo = plan.topology
     contended: list[str] = []
     stage_groups = {
@@ -90,7 +92,7 @@ def _decide_layer_mode(plan: Plan, fidelity: str, all_ranks: bool) -> tuple[bool
     for axis, groups in stage_groups.items():
         if groups and len(groups[0]) > 1 and axis_contends(topo, groups):
             contended.append(axis)
-    return bool(contended), contended
+    return contended
 
 
 def simulate_step(topology: Any, spec: Any, training: TrainingConfig, parallel: ParallelConfig,
@@ -137,11 +139,16 @@ def prepare_step(topology: Any, spec: Any, training: TrainingConfig, parallel: P
     device = topology.device
     layer, emb, head, model = _blocks(plan, device, overrides)
     bytes_per = _bytes_per(training)
-    layer_mode, contended = _decide_layer_mode(plan, fidelity, all_ranks)
+    contended = _contended_axes(plan, fidelity)
+    if fidelity == "layer":
+        des_axes = frozenset(("tp", "pp", "dp"))
+    else:
+        des_axes = frozenset(contended)
+    layer_mode = fidelity == "layer" or "tp" in des_axes
     if zero_communication:
-        layer_mode = fidelity == "layer"
+        des_axes = frozenset()
     net = None
-    if layer_mode and not zero_communication:
+    if des_axes:
         from collsim.network import FlowNetwork
         import simpy
         env = simpy.Environment()
@@ -169,6 +176,7 @@ def prepare_step(topology: Any, spec: Any, training: TrainingConfig, parallel: P
                              act_element_bytes=int(bytes_per["activation"]))
               for s in range(plan.pp)}
     engine = Engine(plan, stages, pricer, all_ranks=all_ranks, layer_mode=layer_mode,
+                    des_axes=des_axes,
                     trace=trace, optimizer_time=optimizer_time, bytes_per=bytes_per,
                     host_bps=float(topology.host_bandwidth_bps), env=env)
     engine.contended = contended

@@ -49,7 +49,8 @@ def test_shared_nic_is_detected_and_slows_the_step(small_spec) -> None:
     par = ParallelConfig(tp=2, pp=2, dp=4, zero=0)
     closed = simulate_step(topo, small_spec, tr, par, fidelity="fused")
     auto = simulate_step(topo, small_spec, tr, par)
-    assert auto.details["contended_axes"] == ["dp"] and auto.details["fidelity"] == "layer"
+    assert auto.details["contended_axes"] == ["dp"] == auto.details["des_axes"]
+    assert auto.details["fidelity"] == "fused"        # only the dp calls run on the DES
     # two data-parallel groups of a stage share one NIC: their all-reduces take longer
     assert auto.breakdown_s["dp_exposed"] > 1.5 * closed.breakdown_s["dp_exposed"]
     rail = simulate_step(topology("dgx_a100", 2), small_spec, tr, par)
