@@ -7,6 +7,7 @@ Targets: closed-form cost >= 100,000 evaluations/s; DES of one ring all_reduce o
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import time
@@ -15,41 +16,53 @@ import simpy
 
 from collsim.collectives import Group, cost, simulate
 from collsim.network import FlowNetwork
-from collsim.topology import load_topology
+from collsim.topology import Topology, load_topology
 
 REPEATS = 5
 
 
-def closed_form_rate(group: Group, algorithm: str, evaluations: int = 50_000) -> float:
-    """Evaluations per second of cost() over a spread of sizes (schedules already cached)."""
+def closed_form_rate(group: Group, algorithm: str,
+                     evaluations: int = 50_000) -> tuple[float, float]:
+    """Evaluations per wall second and per CPU second of cost() over a spread of sizes.
+
+    The per-group schedules are built once first (that is the cache a sweep warms). CPU time
+    is reported beside wall time because the machine may be shared.
+    """
     sizes = [1 << (10 + i % 25) for i in range(evaluations)]
     cost("all_reduce", 1 << 20, group, algorithm)          # warm the per-group cache
-    start = time.perf_counter()
+    wall, cpu = time.perf_counter(), time.process_time()
     for size in sizes:
         cost("all_reduce", size, group, algorithm)
-    return evaluations / (time.perf_counter() - start)
+    return (evaluations / (time.perf_counter() - wall),
+            evaluations / (time.process_time() - cpu))
 
 
-def des_ring_seconds(nodes: int, *, cold: bool) -> tuple[float, float]:
-    """Wall seconds of one ring all_reduce DES over ``nodes`` DGX H100 nodes, and its result."""
-    topo = load_topology("dgx_h100", nodes=nodes) if cold else _WARM.setdefault(
-        nodes, load_topology("dgx_h100", nodes=nodes))
+def des_ring_seconds(nodes: int, *, cold: bool) -> tuple[float, float, float]:
+    """Wall and CPU seconds of one ring all_reduce DES over ``nodes`` DGX H100 nodes, and the
+    simulated busbw (GB/s)."""
+    if cold:
+        topo = load_topology("dgx_h100", nodes=nodes)
+    else:
+        topo = _WARM.get(nodes) or _WARM.setdefault(nodes, load_topology("dgx_h100", nodes=nodes))
     group = Group.all(topo)
-    start = time.perf_counter()
+    wall, cpu = time.perf_counter(), time.process_time()
     env = simpy.Environment()
     net = FlowNetwork(env, topo)
     proc = simulate(env, net, "all_reduce", 1 << 30, group, "ring")
     env.run(proc)
-    return time.perf_counter() - start, proc.value.busbw_bps / 1e9
+    return (time.perf_counter() - wall, time.process_time() - cpu,
+            proc.value.busbw_bps / 1e9)
 
 
-_WARM: dict[int, object] = {}
+_WARM: dict[int, Topology] = {}
 
 
 def main() -> int:
     """Print the medians and whether each target is met."""
     h100 = load_topology("dgx_h100")
     cluster = load_topology("dgx_h100", nodes=16)
+    load = os.getloadavg()[0]
+    print(f"load average {load:.2f} on {os.cpu_count()} CPUs; medians of {REPEATS} repeats")
     ok = True
     for label, group, algorithm in [
         ("8 GPUs, ring", Group.all(h100), "ring"),
@@ -57,19 +70,22 @@ def main() -> int:
         ("128 GPUs (16 nodes), auto", Group.all(cluster), "auto"),
     ]:
         rates = [closed_form_rate(group, algorithm) for _ in range(REPEATS)]
-        median = statistics.median(rates)
-        ok &= median >= 100_000
-        print(f"closed form, all_reduce {label:<28}: median {median:>12,.0f} evaluations/s "
-              f"(target >= 100,000: {'met' if median >= 100_000 else 'NOT met'})")
+        wall = statistics.median(r[0] for r in rates)
+        cpu = statistics.median(r[1] for r in rates)
+        ok &= wall >= 100_000
+        print(f"closed form, all_reduce {label:<26}: {wall:>10,.0f} evaluations per wall s, "
+              f"{cpu:>10,.0f} per CPU s (target >= 100,000 per s: "
+              f"{'met' if wall >= 100_000 else 'NOT met'})")
     cold = [des_ring_seconds(128, cold=True) for _ in range(REPEATS)]
     warm = [des_ring_seconds(128, cold=False) for _ in range(REPEATS)]
     for label, runs in (("cold (topology, paths, schedule built)", cold),
                         ("warm (schedule cached)", warm)):
-        median = statistics.median(t for t, _ in runs)
-        ok &= median < 1.0
-        print(f"DES ring all_reduce 1 GiB, 1,024 GPUs (128 DGX H100), {label}: median "
-              f"{median:.3f} s (target < 1 s: {'met' if median < 1.0 else 'NOT met'}); "
-              f"busbw {runs[0][1]:.1f} GB/s")
+        wall = statistics.median(r[0] for r in runs)
+        cpu = statistics.median(r[1] for r in runs)
+        ok &= wall < 1.0
+        print(f"DES ring all_reduce 1 GiB, 1,024 GPUs (128 DGX H100), {label}: {wall:.3f} s "
+              f"wall, {cpu:.3f} s CPU (target < 1 s: {'met' if wall < 1.0 else 'NOT met'}); "
+              f"simulated busbw {runs[0][2]:.1f} GB/s")
     return 0 if ok else 1
 
 

@@ -56,9 +56,9 @@ def schedule_for(op: CollectiveOp, group: Group, algorithm: Algorithm) -> Schedu
         if algorithm is Algorithm.AUTO:
             raise ConfigError("auto is not a schedule; use choose()")
         module = ALGORITHM_MODULES[algorithm]
-        loop_bytes = getattr(module, "loop_bytes", None)
+        loop_bytes_for = getattr(module, "loop_bytes_for", None)
         found = Schedule(op, algorithm, group.topology, module.build(op, group),
-                         None if loop_bytes is None else (lambda size: loop_bytes(size, group)))
+                         None if loop_bytes_for is None else loop_bytes_for(group))
         cache[key] = found
     return found
 

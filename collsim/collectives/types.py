@@ -56,6 +56,9 @@ def parse_enum(enum_cls: type[StrEnum], value: Any, what: str) -> Any:
         raise ConfigError(f"unknown {what} {value!r}; choose from {choices}") from None
 
 
+_new = object.__new__
+_setattr = object.__setattr__
+
 _BUSBW = {
     CollectiveOp.ALL_REDUCE: lambda n: 2.0 * (n - 1) / n,
     CollectiveOp.REDUCE_SCATTER: lambda n: (n - 1) / n,
@@ -157,8 +160,9 @@ class CollectiveCost:
              time_s: float, algbw_bps: float, busbw_bps: float,
              num_ranks: int) -> "CollectiveCost":
         """Same as the constructor, without the frozen ``__init__``'s per-field setattr."""
-        obj = object.__new__(cls)
-        obj.__dict__.update(op=op, algorithm=algorithm, protocol=protocol, size_bytes=size_bytes,
-                            time_s=time_s, algbw_bps=algbw_bps, busbw_bps=busbw_bps,
-                            num_ranks=num_ranks)
+        obj = _new(cls)
+        _setattr(obj, "__dict__", {
+            "op": op, "algorithm": algorithm, "protocol": protocol, "size_bytes": size_bytes,
+            "time_s": time_s, "algbw_bps": algbw_bps, "busbw_bps": busbw_bps,
+            "num_ranks": num_ranks})
         return obj

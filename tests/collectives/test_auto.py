@@ -132,3 +132,31 @@ def test_groups_hash_by_topology_and_ranks() -> None:
 
 def test_every_op_has_an_algorithm() -> None:
     assert all(supported(op) for op in CollectiveOp)
+
+
+@pytest.mark.parametrize("num_ranks", [2, 4, 8])
+def test_nvls_loop_sizes_follow_nccls_chunk_rule(num_ranks: int) -> None:
+    from collsim.collectives.nvls import chunk_bytes, loop_bytes, loop_bytes_for
+
+    group = Group(topo("dgx_h100"), tuple(range(num_ranks)))
+    fast = loop_bytes_for(group)
+    ops = 16 * num_ranks
+    # chunk 16 KiB below 2 x ops x 32 KiB, 32 KiB below 8 x ops x 64 KiB, 64 KiB below
+    # 64 x ops x 128 KiB, else 128 KiB (NCCL enqueue.cc)
+    for size, chunk in [(1, 16384), (2 * ops * 32768 - 1, 16384), (2 * ops * 32768, 32768),
+                        (8 * ops * 65536, 65536), (64 * ops * 131072 - 1, 65536),
+                        (64 * ops * 131072, 131072), (1 << 40, 131072)]:
+        assert chunk_bytes(size, num_ranks) == chunk
+        assert fast(size) == loop_bytes(size, group) == ops * chunk
+
+
+def test_fast_cost_records_equal_constructed_ones() -> None:
+    import dataclasses
+
+    from collsim.collectives import CollectiveCost
+
+    got = cost("all_reduce", 1 << 20, Group.all(topo("dgx_h100")))
+    same = CollectiveCost(**{f.name: getattr(got, f.name) for f in dataclasses.fields(got)})
+    assert got == same and hash(got) == hash(same)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        got.time_s = 0.0  # type: ignore[misc]
