@@ -30,7 +30,6 @@ import simpy
 
 from collsim.engine.memory import MemoryEvent, MemoryLedger
 from collsim.engine.stage import ChunkModel, Segment, StageModel
-from collsim.engine.streams import GroupStream
 from collsim.parallel.fsdp import issue_schedule
 from collsim.parallel.schedules import Phase, PipeOp
 

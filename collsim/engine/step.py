@@ -7,15 +7,13 @@ Narayanan et al. 2021 (``collsim.workload.flops``); memory is read from the engi
 
 from __future__ import annotations
 
-import warnings
-from collections import defaultdict
 from typing import Any
 
 from collsim.engine.comm import CommPricer, axis_contends
 from collsim.engine.core import Engine
-from collsim.engine.result import BREAKDOWN_KEYS, MEMORY_KEYS, CollectiveStat, StepResult
+from collsim.engine.result import StepResult
 from collsim.engine.stage import BlockTimes, build_stage
-from collsim.errors import ConfigError, SimulationError
+from collsim.errors import ConfigError
 from collsim.parallel.config import Dtype, ParallelConfig, TrainingConfig
 from collsim.parallel.plan import Plan, build_plan
 
