@@ -8,11 +8,17 @@ activations on stage 0, GPipe keeps m.
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from collsim.engine import simulate_step
+from collsim.errors import CollsimWarning
 from collsim.parallel.config import ParallelConfig, TrainingConfig
 from collsim.workload.memory import activation_bytes_per_layer
+from collsim.workload.model import TransformerSpec
 from collsim.workload.ops import embedding_ops
 
 from .conftest import topology
@@ -67,3 +73,20 @@ def test_activations_in_flight_on_stage_0(small_spec, schedule: str) -> None:
     in_flight = p if schedule == "1f1b" else m
     assert r.details["activation_peak_bytes_by_rank"][0] == pytest.approx(in_flight * per_mb,
                                                                           rel=1e-12)
+
+
+@settings(max_examples=25, deadline=None)
+@given(p=st.sampled_from([1, 2, 4, 8]), m=st.integers(1, 12),
+       schedule=st.sampled_from(["gpipe", "1f1b"]),
+       t_f=st.floats(1e-4, 1e-2), ratio=st.floats(1.0, 3.0))
+def test_bubble_share_property(p: int, m: int, schedule: str, t_f: float, ratio: float) -> None:
+    spec = TransformerSpec(name="p", num_layers=8, hidden=256, num_heads=4, ffn_hidden=1024,
+                           seq_len=64, vocab=512)
+    times = dict(NO_EDGES, **{"layer.forward": t_f, "layer.backward": ratio * t_f})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CollsimWarning)      # m < p: bubble warning
+        r = _step(spec, p, m, schedule, overrides=times)
+    per_stage = spec.num_layers // p * t_f * (1 + ratio)
+    assert r.step_time_s == pytest.approx((m + p - 1) * per_stage, rel=1e-9)
+    assert r.breakdown_s["bubble"] / r.step_time_s == pytest.approx((p - 1) / (m + p - 1),
+                                                                     rel=1e-9, abs=1e-12)
