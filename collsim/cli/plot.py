@@ -92,7 +92,7 @@ def plot() -> None:
     """Draw scaling, memory, timeline, pipeline, breakdown and collective plots."""
 
 
-@plot.command("scaling")
+@plot.command("scaling", short_help="Speedup and efficiency vs GPUs (sweep CSV).")
 @click.argument("csv", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @_OUTPUT
 @_SERIES
@@ -108,7 +108,7 @@ def scaling_cmd(csv: Path, output: Path, series: str, title: str | None) -> None
         _fail(exc)
 
 
-@plot.command("memory")
+@plot.command("memory", short_help="Per-GPU memory vs GPUs, HBM line (sweep CSV).")
 @click.argument("csv", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @_OUTPUT
 @_SERIES
@@ -124,7 +124,7 @@ def memory_cmd(csv: Path, output: Path, series: str, title: str | None) -> None:
         _fail(exc)
 
 
-@plot.command("breakdown")
+@plot.command("breakdown", short_help="Step-time parts per plan (sweep/search CSV).")
 @click.argument("csv", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @_OUTPUT
 @_SERIES
@@ -157,7 +157,7 @@ def _simulate(scenario: Path, overrides: list[str], *, trace: bool = True) -> An
     return outcome.result
 
 
-@plot.command("timeline")
+@plot.command("timeline", short_help="Memory over one step for one rank.")
 @click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))
 @_OUTPUT
 @_TITLE
@@ -179,7 +179,7 @@ def timeline_cmd(scenario: Path, output: Path, title: str | None, rank: int | No
         _fail(exc)
 
 
-@plot.command("step")
+@plot.command("step", short_help="One step: compute Gantt and memory.")
 @click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))
 @_OUTPUT
 @_TITLE
@@ -203,7 +203,7 @@ def step_cmd(scenario: Path, output: Path, title: str | None, rank: int | None,
         _fail(exc)
 
 
-@plot.command("pipeline")
+@plot.command("pipeline", short_help="Gantt per stage, schedules side by side.")
 @click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))
 @_OUTPUT
 @_TITLE
@@ -240,7 +240,7 @@ def pipeline_cmd(scenario: Path, output: Path, title: str | None, schedules: str
         _fail(exc)
 
 
-@plot.command("collectives")
+@plot.command("collectives", short_help="Bus bandwidth vs size per algorithm.")
 @click.argument("csv_files", nargs=-1, type=click.Path(exists=True, dir_okay=False,
                                                        path_type=Path))
 @_OUTPUT
