@@ -304,5 +304,11 @@ class Engine(DataParallelMixin):
     # ---- run --------------------------------------------------------------------------------
     def run(self) -> None:
         procs = [self.env.process(prog.run()) for prog in self.programs.values()]
-        self.env.run(self.env.all_of(procs))
+        try:
+            self.env.run(self.env.all_of(procs))
+        except RuntimeError as exc:       # SimPy: no events left, some rank still waiting
+            stuck = [prog.rank for prog, proc in zip(self.programs.values(), procs)
+                     if not proc.processed]
+            raise SimulationError(f"ranks {stuck[:8]} never finished the step ({exc}): a "
+                                  "dependency or rendezvous was never satisfied") from exc
         self.flush_tp_stats()
