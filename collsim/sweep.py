@@ -40,6 +40,7 @@ __all__ = [
     "SweepOutcome",
     "parse_gpus",
     "parse_set",
+    "parse_plan",
     "build_points",
     "check_overrides",
     "resolve_point",
@@ -172,8 +173,28 @@ def parse_set(text: str) -> tuple[str, list[str]]:
     return key, list(dict.fromkeys(values))
 
 
+def parse_plan(text: str) -> tuple[str, list[str]]:
+    """Parse one ``--plan "NAME: key=value, key=value"`` into its name and overrides.
+
+    Raises:
+        ConfigError: no ``:``, an empty name, or an override without ``=``.
+    """
+    name, sep, rest = str(text).partition(":")
+    name = name.strip()
+    if not sep or not name:
+        raise ConfigError("expected NAME: KEY=VALUE, KEY=VALUE, e.g. "
+                          "'DDP + overlap: parallel.zero=0, parallel.ddp.overlap=true'",
+                          file=f"--plan {text}")
+    overrides = [item for item in _split_values(rest) if item]
+    bad = [item for item in overrides if "=" not in item]
+    if bad:
+        raise ConfigError(f"expected KEY=VALUE, got {bad[0]!r}", file=f"--plan {text}")
+    return name, overrides
+
+
 def check_overrides(path: str | Path, sets: Sequence[tuple[str, Sequence[str]]], *,
-                    gpus: Sequence[int] | None = None, grow: str = "dp") -> None:
+                    gpus: Sequence[int] | None = None, grow: str = "dp",
+                    plans: dict[str, Sequence[str]] | None = None) -> None:
     """Load the scenario with each ``--set`` value so that an unknown key or a bad value fails
     before anything runs, with the scenario loader's own one-line error. A value that only
     works together with another swept value (``virtual_stages=2`` with
@@ -194,6 +215,11 @@ def check_overrides(path: str | Path, sets: Sequence[tuple[str, Sequence[str]]],
                               "sweep another key or pick the growing axis with --grow",
                               key_path=key, file=f"--set {key}")
     load_scenario(path)
+    for name, overrides in (plans or {}).items():
+        try:
+            load_scenario(path, list(overrides))
+        except ConfigError as exc:
+            raise ConfigError(f"plan {name!r}: {' '.join(str(exc).split())}") from None
     for index, (key, values) in enumerate(sets):
         others = [[f"{k}={v}" for v in vs] for i, (k, vs) in enumerate(sets) if i != index]
         for value in values:

@@ -155,3 +155,28 @@ def test_infeasible_error_becomes_a_reason(scenario: Path) -> None:
 
     (outcome,) = run_sweep(scenario, build_points(), simulate=boom)
     assert outcome.reason == "memory: no room" and outcome.result is None
+
+
+def test_parse_plan() -> None:
+    from collsim.sweep import parse_plan
+
+    assert parse_plan("DDP + overlap: parallel.zero=0, parallel.ddp.overlap=true") == (
+        "DDP + overlap", ["parallel.zero=0", "parallel.ddp.overlap=true"])
+    assert parse_plan("base:") == ("base", [])
+    with pytest.raises(ConfigError, match="expected NAME: KEY=VALUE"):
+        parse_plan("no colon")
+    with pytest.raises(ConfigError, match="expected KEY=VALUE, got 'zero'"):
+        parse_plan("x: zero")
+
+
+def test_named_plans_cross_the_sets(scenario: Path) -> None:
+    plans = {"DDP": ["parallel.zero=0"], "FSDP": ["parallel.zero=3"]}
+    check_overrides(scenario, [], plans=plans)
+    with pytest.raises(ConfigError, match="plan 'bad'.*parallel.zerro"):
+        check_overrides(scenario, [], plans={"bad": ["parallel.zerro=1"]})
+    points = build_points(gpus=[4, 8], sets=[("parallel.tp", ["1", "2"])], plans=plans)
+    assert [(p.label, p.num_gpus) for p in points[:3]] == [
+        ("DDP, tp=1", 4), ("DDP, tp=1", 8), ("DDP, tp=2", 4)]
+    frame = sweep_frame(run_sweep(scenario, points, simulate=fake_simulate))
+    assert list(frame["zero"]) == [0] * 4 + [3] * 4
+    assert list(frame["tp"]) == [1, 1, 2, 2] * 2

@@ -29,6 +29,10 @@ Examples:
   collsim sweep scenarios/3d_175b.yaml --gpus 512,1024,2048 --strong
   collsim sweep scenarios/ddp_gpt3_1.3b.yaml --gpus 8,16,...,256 --set parallel.zero=0,1,2,3
   collsim sweep scenarios/pipeline_13b_1f1b.yaml --set parallel.schedule=gpipe,1f1b
+  collsim sweep scenarios/ddp_gpt3_1.3b.yaml --gpus 1,2,...,512 --plot scaling.png \\
+      --plan 'DDP: parallel.zero=0, parallel.ddp.overlap=false' \\
+      --plan 'FSDP / ZeRO-3: parallel.zero=3' \\
+      --plan 'DDP + overlap: parallel.zero=0, parallel.ddp.overlap=true'
 """
 
 
@@ -43,6 +47,9 @@ Examples:
 @click.option("--set", "set_texts", multiple=True, metavar="KEY.PATH=V1,V2,...",
               help="Sweep a scenario key over values, e.g. parallel.zero=0,1,2,3. Repeatable: "
                    "the product is taken.")
+@click.option("--plan", "plan_texts", multiple=True, metavar="'NAME: KEY=V, KEY=V'",
+              help="A named plan (a series in tables and plots), e.g. 'DDP + overlap: "
+                   "parallel.zero=0, parallel.ddp.overlap=true'. Repeatable; crossed with --set.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
               help="Write every result field of every point to this CSV file.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
@@ -51,21 +58,29 @@ Examples:
               default="auto", show_default=True, help="What --plot draws.")
 @click.option("--all-ranks", is_flag=True, help="Simulate every rank (slow on big jobs).")
 def sweep(scenario: Path, gpus_text: str | None, strong: bool, grow: str,
-          set_texts: tuple[str, ...], output: Path | None, plot_path: Path | None,
-          plot_kind: str, all_ranks: bool) -> None:
+          set_texts: tuple[str, ...], plan_texts: tuple[str, ...], output: Path | None,
+          plot_path: Path | None, plot_kind: str, all_ranks: bool) -> None:
     """Simulate SCENARIO at every GPU count of --gpus and every --set combination."""
-    from collsim.sweep import build_points, check_overrides, parse_gpus, parse_set, run_sweep
+    from collsim.sweep import (
+        build_points,
+        check_overrides,
+        parse_gpus,
+        parse_plan,
+        parse_set,
+        run_sweep,
+    )
 
     try:
         gpus = parse_gpus(gpus_text) if gpus_text else None
         sets = [parse_set(text) for text in set_texts]
+        plans = dict(parse_plan(text) for text in plan_texts) or None
         if plot_path is not None and plot_path.suffix.lower() not in (".png", ".svg"):
             raise ConfigError(f"image must end in .png or .svg, got {plot_path.name!r}",
                               key_path="--plot")
-        check_overrides(scenario, sets, gpus=gpus, grow=grow)
+        check_overrides(scenario, sets, gpus=gpus, grow=grow, plans=plans)
     except ConfigError as exc:
         _fail(exc)
-    points = build_points(gpus=gpus, sets=sets)
+    points = build_points(gpus=gpus, sets=sets, plans=plans)
     with progress_reporter(len(points), "sweep") as tick:
         outcomes = run_sweep(scenario, points, grow=grow, strong=strong, all_ranks=all_ranks,
                              progress=tick)

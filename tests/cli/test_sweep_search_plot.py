@@ -72,6 +72,20 @@ def test_sweep_table_csv_and_plot(scenario: Path, tmp_path: Path) -> None:
     assert result.stderr.splitlines() == [f"wrote {out}", f"wrote {image}"]
 
 
+def test_sweep_named_plans(scenario: Path, tmp_path: Path) -> None:
+    out = tmp_path / "plans.csv"
+    result = invoke("sweep", scenario, "--gpus", "4,8", "-o", out,
+                    "--plan", "DDP: parallel.zero=0, parallel.ddp.overlap=false",
+                    "--plan", "FSDP / ZeRO-3: parallel.zero=3")
+    assert result.exit_code == 0, result.stderr
+    assert [(r["plan"], r["num_gpus"], r["zero"]) for r in rows(out)] == [
+        ("DDP", "4", "0"), ("DDP", "8", "0"), ("FSDP / ZeRO-3", "4", "3"),
+        ("FSDP / ZeRO-3", "8", "3")]
+    bad = invoke("sweep", scenario, "--plan", "DDP: parallel.ddp.overlapp=true")
+    assert bad.exit_code == 2 and "parallel.ddp.overlapp" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
+
+
 def test_sweep_lists_infeasible_points(scenario: Path, tmp_path: Path) -> None:
     out = tmp_path / "s.csv"
     result = invoke("sweep", scenario, "--set", "parallel.tp=2,3", "-o", out)
