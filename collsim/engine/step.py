@@ -73,23 +73,31 @@ def _blocks(plan: Plan, device: Any, overrides: dict[str, float]) -> tuple[
 
 
 def _contended_axes(plan: Plan, fidelity: str) -> list[str]:
-    """Axes whose concurrent groups (those of stage 0) slow each other down on shared links."""
+    """Axes whose groups, all active at once, would slow each other down on shared links."""
     if fidelity not in FIDELITIES:
         raise ConfigError(f"must be one of {', '.join(FIDELITIES)}; got {fidelity!r}",
                           key_path="fidelity")
     if fidelity != "auto":
         return []
     topo = plan.topology
+    cache = getattr(topo, "cache", None)
+    key = ("collsim.engine.contended_axes", plan.tp, plan.pp, plan.dp)
+    if cache is not None and key in cache:
+        return list(cache[key])
     contended: list[str] = []
+    # every group of an axis may be active at once: all stages compute layers together, send
+    # to their neighbours in the steady state, and reduce gradients near the end of the step
     stage_groups = {
-        "tp": [plan.group_of(plan.rank(dp=d, pp=0, tp=0), "tp") for d in range(plan.dp)],
-        "dp": [plan.group_of(plan.rank(dp=0, pp=0, tp=t), "dp") for t in range(plan.tp)],
-        "pp": ([(plan.rank(dp=d, pp=0, tp=t), plan.rank(dp=d, pp=1, tp=t))
-                for d in range(plan.dp) for t in range(plan.tp)] if plan.pp > 1 else []),
+        "tp": plan.groups("tp"),
+        "dp": plan.groups("dp"),
+        "pp": [(plan.rank(dp=d, pp=s, tp=t), plan.rank(dp=d, pp=s + 1, tp=t))
+               for d in range(plan.dp) for s in range(plan.pp - 1) for t in range(plan.tp)],
     }
     for axis, groups in stage_groups.items():
         if groups and len(groups[0]) > 1 and axis_contends(topo, groups):
             contended.append(axis)
+    if cache is not None:
+        cache[key] = tuple(contended)
     return contended
 
 

@@ -22,6 +22,7 @@ JOBS = [  # (topology, nodes, tp, pp, dp, zero)
     ("pcie_8gpu", 1, 2, 2, 2, 1),    # 8 GPUs on PCIe
     ("pcie_8gpu", 2, 2, 2, 4, 0),    # 16 GPUs, one NIC per node: dp contends
     ("pcie_8gpu", 2, 2, 4, 2, 3),    # 16 GPUs, FSDP over a shared NIC
+    ("pcie_8gpu", 2, 1, 8, 2, 0),    # 8 stages' dp groups share each node's NIC
 ]
 
 
@@ -55,6 +56,9 @@ def test_shared_nic_is_detected_and_slows_the_step(small_spec) -> None:
     assert auto.breakdown_s["dp_exposed"] > 1.5 * closed.breakdown_s["dp_exposed"]
     rail = simulate_step(topology("dgx_a100", 2), small_spec, tr, par)
     assert rail.details["contended_axes"] == [] and rail.details["fidelity"] == "fused"
+    # one group per stage, but the stages of a node share its NIC at the end of the step
+    deep = simulate_step(topo, small_spec, tr, ParallelConfig(pp=8, dp=2))
+    assert deep.details["des_axes"] == ["dp"]
 
 
 @pytest.mark.parametrize("schedule, v", [("1f1b", 1), ("interleaved", 2), ("gpipe", 1)])
