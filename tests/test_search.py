@@ -161,3 +161,24 @@ def test_search_counts_plans_that_do_not_fit() -> None:
     assert result.ranked, "some plan of 175B fits on 64 A100 80GB"
     for entry in result.ranked:
         assert entry.estimate.memory_peak_bytes <= topology.device.memory_bytes
+
+
+@pytest.mark.parametrize("knobs", [
+    dict(tp=4, pp=4, dp=2, micro_batch=4, sequence_parallel=True),
+    dict(tp=1, pp=4, dp=8, micro_batch=8, zero=1, recompute="selective"),
+    dict(tp=2, pp=2, dp=8, micro_batch=2, schedule="gpipe", zero=1, recompute="full"),
+    dict(tp=2, pp=1, dp=16, micro_batch=2, zero=3),
+], ids=["3d-sp", "pp-zero1", "gpipe-full", "zero3"])
+def test_estimated_memory_agrees_with_the_engine(knobs) -> None:
+    # GPT-3 13B on 4 DGX A100 nodes, global batch 64: the ZeRO and Korthikanti closed forms
+    # against the engine's memory timeline peak.
+    topology = load_topology("dgx_a100", nodes=4)
+    spec = get_preset("gpt3-13b")
+    training, parallel = _configs(global_batch=64, **knobs)
+    est = Estimator(topology, spec).estimate(training, parallel)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CollsimWarning)
+        sim = simulate_step(topology, spec, training, parallel)
+    assert est.memory_peak_bytes == pytest.approx(sim.memory_peak_bytes, rel=0.15)
+    assert est.memory_bytes["optimizer"] == pytest.approx(sim.memory_bytes["optimizer"], rel=0.02)
+    assert est.step_time_s == pytest.approx(sim.step_time_s, rel=0.10)
