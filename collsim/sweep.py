@@ -433,6 +433,9 @@ def run_point(path: str | Path, point: SweepPoint, *, grow: str = "dp", strong: 
         return SweepOutcome(point, None, f"config: {' '.join(str(exc).split())}", params,
                             time.perf_counter() - started)
     messages = [str(w.message) for w in caught if issubclass(w.category, CollsimWarning)]
+    for other in caught:  # not ours: pass it on as it came
+        if not issubclass(other.category, CollsimWarning):
+            warnings.warn_explicit(other.message, other.category, other.filename, other.lineno)
     reason = None
     if not result.fits:
         reason = (f"memory: peak {result.memory_peak_bytes / 1e9:.1f} GB > "
