@@ -2,7 +2,7 @@
 
     .venv/bin/python docs/make_figures.py            # all figures, about a minute on one core
     .venv/bin/python docs/make_figures.py scaling    # only some: scaling memory timeline
-                                                     # pipeline breakdown collectives
+                                                     # step pipeline breakdown collectives
 
 Every number drawn comes from collsim itself: the discrete-event engine for steps, the closed
 form of collectives.cost for the collective curves (with the published nccl-tests sweep of a
@@ -77,6 +77,20 @@ def timeline() -> Path:
                                title="FSDP (ZeRO-3) Llama-2 7B on 16 H100: memory of rank 0 "
                                      "over one step")
     return save_figure(fig, OUT / "memory_timeline.png")
+
+
+def step() -> Path:
+    """One step at a glance (what `collsim plot step` draws): GPT-3 13B, TP 8 x PP 4,
+    interleaved 1F1B with 2 chunks per stage, 16 micro-batches."""
+    from collsim.report.plots import plot_step, save_figure
+    from collsim.sweep import SweepPoint, run_point
+
+    outcome = run_point(SCENARIOS / "pipeline_13b_interleaved.yaml", SweepPoint("", None),
+                        trace=True)
+    assert outcome.result is not None, outcome.reason
+    fig = plot_step(outcome.result, stage_of=lambda rank: (rank // 8) % 4,
+                    title="GPT-3 13B, TP 8 x PP 4, interleaved 1F1B on 32 A100 (simulated)")
+    return save_figure(fig, OUT / "step.png")
 
 
 def pipeline() -> Path:
@@ -157,8 +171,8 @@ def collectives() -> Path:
     return save_figure(fig, OUT / "collectives.png")
 
 
-FIGURES = {"scaling": scaling, "memory": memory, "timeline": timeline, "pipeline": pipeline,
-           "breakdown": breakdown, "collectives": collectives}
+FIGURES = {"scaling": scaling, "memory": memory, "timeline": timeline, "step": step,
+           "pipeline": pipeline, "breakdown": breakdown, "collectives": collectives}
 
 
 def main(argv: list[str]) -> int:
