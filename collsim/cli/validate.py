@@ -173,15 +173,24 @@ _SUBSET = click.Choice(["all", "even", "odd"])
 @click.option("--min-size", "min_size", default="0", callback=_size, show_default=True)
 @click.option("--max-size", "max_size", default=None,
               callback=lambda c, p, v: None if v is None else _size(c, p, v))
+@click.option("--algorithm", "pins", multiple=True, metavar="OP=ALG",
+              help="Pin an op's algorithm (e.g. broadcast=tree); repeatable.")
 def calibrate(measured: str, output: str, base: str, name: str | None, subset: str,
-              min_size: int, max_size: int | None) -> None:
+              min_size: int, max_size: int | None, pins: tuple[str, ...]) -> None:
     """Fit link latency, bandwidth and per-op algorithm/overhead/efficiency to a measurement."""
     from collsim.validate.calibrate import calibrate as fit
     from collsim.validate.calibrate import write_topology
     from collsim.validate.dataset import read_measurements
 
+    pinned = {}
+    for pin in pins:
+        op, sep, alg = pin.partition("=")
+        if not sep:
+            raise click.BadParameter(f"expected OP=ALG, got {pin!r}", param_hint="--algorithm")
+        pinned[op.strip()] = alg.strip()
     meas = read_measurements(measured)
-    cal = fit(meas, base=base, subset=subset, min_bytes=min_size, max_bytes=max_size)
+    cal = fit(meas, base=base, subset=subset, min_bytes=min_size, max_bytes=max_size,
+              algorithms=pinned)
     path = write_topology(cal, output, name)
     click.echo(f"# calibrated {meas.metadata.get('backend')} world size {cal.world_size} on "
                f"{subset} sizes: link latency {cal.link_latency_s * 1e6:.1f} us, "

@@ -255,28 +255,45 @@ class _OpCase:
         return int((self.out != expected).sum().item())
 
 
-def _probe_kernels(torch: Any, case: _OpCase, ctx: Any) -> list[str]:
-    """Names of the backend events (``gloo:...``/``nccl:...``) the op emits under the profiler.
+def _probe_kernels(torch: Any, dist: Any, ctx: Any, ops: tuple[str, ...],
+                   root: int) -> dict[str, list[str]]:
+    """Names of the backend events (``gloo:...``/``nccl:...``) each op emits under the profiler.
 
     This is how the bench sees what the backend really runs, e.g. that gloo in torch 2.13
-    implements reduce_scatter as an all_reduce (its profile shows ``gloo:all_reduce``).
+    implements reduce_scatter as an all_reduce (its profile shows ``gloo:all_reduce``). One
+    profiler session covers every op (a small buffer each); events are attributed to the op
+    whose ``collsim:<op>`` range encloses them.
     """
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity, profile, record_function
 
-    backend = ctx.backend
+    n = ctx.world_size
+    cases = {op: _OpCase(torch, dist, op, element_count(op, 4096, n), ctx.rank, n, ctx.device,
+                         root) for op in ops}
     # The profiler prints start/stop lines on stderr; keep them off the user's terminal.
     saved = os.dup(2)
     try:
         with open(os.devnull, "w") as null:
             os.dup2(null.fileno(), 2)
             with profile(activities=[ProfilerActivity.CPU]) as prof:
-                case()
-                ctx.sync()
+                for op, case in cases.items():
+                    dist.barrier()
+                    with record_function(f"collsim:{op}"):
+                        case()
+                        ctx.sync()
     finally:
         os.dup2(saved, 2)
         os.close(saved)
-    names = {e.name for e in prof.events() if e.name.startswith(f"{backend}:")}
-    return sorted(names)
+    events = list(prof.events())
+    ranges = [(e.name.split(":", 1)[1], e.time_range.start, e.time_range.end)
+              for e in events if e.name.startswith("collsim:")]
+    found: dict[str, set[str]] = {op: set() for op in ops}
+    for e in events:
+        if not e.name.startswith(f"{ctx.backend}:"):
+            continue
+        for op, start, end in ranges:
+            if start <= e.time_range.start <= end:
+                found[op].add(e.name)
+    return {op: sorted(names) for op, names in found.items()}
 
 
 def _time_iterations(torch: Any, dist: Any, ctx: Any, fn: Callable[[], None],
@@ -321,6 +338,8 @@ def bench_rank(ctx: Any, config: BenchConfig) -> dict[str, Any]:
     counts: dict[tuple[str, int], int] = {}
     wrong_total = torch.zeros(1, dtype=torch.int64)
     per_round = -(-config.iters // config.rounds)
+    if config.probe_backend:
+        kernels = _probe_kernels(torch, dist, ctx, config.ops, config.root)
     for round_index in range(config.rounds):
         for op in config.ops:
             for size_bytes in config.sizes_bytes:
@@ -336,8 +355,6 @@ def bench_rank(ctx: Any, config: BenchConfig) -> dict[str, Any]:
                     wrong_total.fill_(case.count_wrong())
                     dist.all_reduce(wrong_total)
                     wrong[key] = int(wrong_total.item())
-                    if config.probe_backend and op not in kernels and count > 0:
-                        kernels[op] = _probe_kernels(torch, case, ctx)
                 case.fill_timing()
                 for _ in range(config.warmup):
                     case()

@@ -16,10 +16,11 @@ The fit, all by code:
 1. per op, a robust least-squares line ``time = a + b x size`` through the measured medians,
    minimising relative residuals (each size counts alike) with Huber weights (iteratively
    reweighted), a >= 0 and b > 0;
-2. per op and candidate algorithm, the link capacity it implies, ``C = k_bw / b``; the
-   reference capacity is send_recv's (one point-to-point stream, the plainest use of the link),
-   else the median over ops; each op takes the algorithm whose C is closest to the reference
-   (ties, as ring and halving-doubling at n = 2, go to the first in collsim's gloo order);
+2. per op, the algorithm: pinned by the caller, else gloo's own (ring for all_reduce,
+   all_gather, reduce_scatter and broadcast chains, direct for all_to_all and send_recv). One
+   world size cannot tell algorithms apart: their traffic differs by a constant factor, which
+   the per-op efficiency absorbs, and their latency steps by a constant, which the per-op
+   overhead absorbs. The link capacity each op implies is ``C = k_bw / b``;
 3. B = the largest chosen C, so that every efficiency C / B is in (0, 1]; L = the smallest
    a / k_lat over ops, so that every overhead a - k_lat x L is >= 0.
 
@@ -218,8 +219,21 @@ def _coefficients(topology: Any, op: str) -> dict[str, tuple[float, float]]:
     return out
 
 
+#: What gloo runs when nothing else is known (gloo/allreduce.cc ring, allgather.cc ring,
+#: alltoall.cc pairwise): ring for reductions and gathers, direct for all_to_all and send_recv.
+PREFERRED = ("ring", "direct", "tree", "halving_doubling", "hierarchical")
+
+
+def _preferred(op: str, options: dict[str, float]) -> str:
+    for name in PREFERRED:
+        if name in options:
+            return name
+    return next(iter(options))
+
+
 def calibrate(meas: Measurements, *, base: str = "localhost", subset: str = "all",
-              min_bytes: int = 0, max_bytes: int | None = None) -> Calibration:
+              min_bytes: int = 0, max_bytes: int | None = None,
+              algorithms: dict[str, str] | None = None) -> Calibration:
     """Fit the topology ``base`` to the measurements (see the module docstring).
 
     Args:
@@ -228,6 +242,7 @@ def calibrate(meas: Measurements, *, base: str = "localhost", subset: str = "all
         subset: sizes to fit on: ``all``, ``even`` or ``odd`` powers of two.
         min_bytes: ignore smaller sizes.
         max_bytes: ignore larger sizes.
+        algorithms: pin the algorithm of some ops (``{"broadcast": "tree"}``).
 
     Raises:
         ConfigError: mixed world sizes, an op with fewer than two sizes, or wrong results in
@@ -259,13 +274,13 @@ def calibrate(meas: Measurements, *, base: str = "localhost", subset: str = "all
         raise ConfigError("no measured points in the selected sizes", file=meas.path)
     implied = {op: {alg: kb / lines[op][1] for alg, (_, kb) in algs.items()}
                for op, algs in coeffs.items()}
-    if "send_recv" in implied:
-        reference = max(implied["send_recv"].values())
-    else:
-        reference = statistics.median(next(iter(v.values())) for v in implied.values())
     chosen: dict[str, str] = {}
     for op, options in implied.items():
-        chosen[op] = min(options, key=lambda alg: abs(math.log(options[alg] / reference)))
+        pinned = (algorithms or {}).get(op)
+        if pinned is not None and pinned not in options:
+            raise ConfigError(f"{pinned} cannot run {op} on {n} ranks; choose from "
+                              f"{', '.join(options)}", key_path=f"--algorithm {op}")
+        chosen[op] = pinned or _preferred(op, options)
     bandwidth = max(implied[op][chosen[op]] for op in chosen)
     with_steps = [lines[op][0] / coeffs[op][chosen[op]][0] for op in chosen
                   if coeffs[op][chosen[op]][0] > 0]

@@ -79,7 +79,7 @@ def write_measurements(path: str | Path, rows: list[dict[str, Any]],
         writer = csv.DictWriter(handle, fieldnames=list(COLUMNS), extrasaction="ignore")
         writer.writeheader()
         for row in rows:
-            writer.writerow({k: (f"{row[k]:.6g}" if isinstance(row[k], float) else row[k])
+            writer.writerow({k: (f"{row[k]:.9g}" if isinstance(row[k], float) else row[k])
                              for k in COLUMNS})
     return out
 

@@ -1,0 +1,152 @@
+"""Calibration and comparison, on synthetic measurements made by the simulator itself."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from collsim.errors import ConfigError
+from collsim.validate.calibrate import calibrate, fit_line, select_rows, write_topology
+from collsim.validate.compare import compare, summarize, topology_for
+from collsim.validate.dataset import Measurements, read_measurements, write_measurements
+
+# The "true" machine of the synthetic data: 2 ranks over loopback, gloo.
+TRUE_LATENCY_US = 40.0
+TRUE_BANDWIDTH_GBPS = 2.0
+TRUE_OPS = {  # op: (overhead_us, efficiency)
+    "all_reduce": (150.0, 0.40),
+    "all_gather": (90.0, 0.70),
+    "reduce_scatter": (160.0, 0.25),
+    "broadcast": (60.0, 0.90),
+    "send_recv": (50.0, 1.00),
+}
+
+
+def _true_topology(tmp_path: Path, n: int) -> Path:
+    doc = {
+        "name": "truth", "device": "cpu", "gpus_per_node": n,
+        "intra_node": {"interconnect": "loopback", "bandwidth_gbps": TRUE_BANDWIDTH_GBPS,
+                       "latency_us": TRUE_LATENCY_US},
+        "collectives": {"library": "gloo",
+                        "algorithms": {op: "direct" if op == "send_recv" else "ring"
+                                       for op in TRUE_OPS},
+                        "ops": {
+            op: {"overhead_us": o, "efficiency": e} for op, (o, e) in TRUE_OPS.items()}},
+    }
+    path = tmp_path / "truth.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def _synthetic(tmp_path: Path, n: int = 2, noise: float = 0.0, seed: int = 1) -> Measurements:
+    from collsim.collectives import Group, cost
+    from collsim.topology import load_topology
+
+    topo = load_topology(_true_topology(tmp_path, n))
+    rng = random.Random(seed)
+    rows = []
+    for op in TRUE_OPS:
+        for exp in range(10, 25):       # 1 KiB .. 16 MiB
+            size = 2 ** exp
+            t = cost(op, size, Group.all(topo)).time_s * (1 + rng.uniform(-noise, noise))
+            rows.append(dict(op=op, size_bytes=size, count=size // 4, type="float",
+                             redop="sum", root=-1, time_us=t * 1e6, min_us=t * 1e6,
+                             p90_us=t * 1e6, algbw_gbps=size / t / 1e9,
+                             busbw_gbps=size / t / 1e9, wrong=0, world_size=n, iters=5))
+    meta = {"backend": "gloo", "world_size": n, "ranks_per_node": n,
+            "kernels": {"reduce_scatter": ["gloo:all_reduce"]}}
+    path = write_measurements(tmp_path / f"synthetic_n{n}.csv", rows, meta)
+    return read_measurements(path)
+
+
+def test_fit_line_exact_and_robust() -> None:
+    sizes = [2.0 ** k for k in range(10, 20)]
+    times = [50e-6 + s * 1e-9 for s in sizes]
+    a, b, err = fit_line(sizes, times)
+    assert a == pytest.approx(50e-6, rel=1e-6) and b == pytest.approx(1e-9, rel=1e-6)
+    assert err < 1e-9
+    times[3] *= 5.0                                  # one wild point (a burst of load)
+    a, b, _ = fit_line(sizes, times)
+    assert a == pytest.approx(50e-6, rel=0.02) and b == pytest.approx(1e-9, rel=0.02)
+    with pytest.raises(ConfigError, match="at least 2"):
+        fit_line([1.0], [1.0])
+
+
+def test_select_rows_every_other_power_of_two() -> None:
+    rows = [{"op": "all_reduce", "size_bytes": 2 ** k} for k in range(10, 16)]
+    rows.append({"op": "all_reduce", "size_bytes": 3 * 1024})     # not a power of two
+    rows.append({"op": "all_gather", "size_bytes": 4095})           # 2^12 rounded down to n
+    even = [r["size_bytes"] for r in select_rows(rows, "even")]
+    odd = [r["size_bytes"] for r in select_rows(rows, "odd", min_bytes=4096)]
+    assert even == [1024, 4096, 16384, 4095] and odd == [8192, 32768]
+    with pytest.raises(ConfigError, match="subset"):
+        select_rows(rows, "half")
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_calibration_recovers_the_truth(tmp_path: Path, n: int) -> None:
+    meas = _synthetic(tmp_path, n)
+    cal = calibrate(meas, subset="even")
+    # The fit names the same algorithm the simulator used and explains the data exactly.
+    assert {op: f.algorithm for op, f in cal.ops.items()} == {
+        op: "ring" if op not in ("send_recv",) else "direct" for op in TRUE_OPS}
+    for fit in cal.ops.values():
+        assert fit.fit_median_abs_error < 1e-6
+    ratios = {op: f.efficiency / TRUE_OPS[op][1] for op, f in cal.ops.items()}
+    # Only bandwidth x efficiency is identifiable per op: the ratios agree with each other.
+    assert max(ratios.values()) == pytest.approx(min(ratios.values()), rel=1e-6)
+    topo = topology_for(write_topology(cal, tmp_path / "fitted.yaml"), meas)
+    points = compare(meas, topo, subset="odd")
+    assert max(abs(p.error) for p in points) < 1e-6
+    assert any("reduce_scatter: the backend ran gloo:all_reduce" in note for note in cal.notes)
+
+
+def test_noisy_calibration_and_summary(tmp_path: Path) -> None:
+    meas = _synthetic(tmp_path, 2, noise=0.05)
+    cal = calibrate(meas, subset="even")
+    topo = topology_for(write_topology(cal, tmp_path / "fitted.yaml"), meas)
+    summary = {s.op: s for s in summarize(compare(meas, topo, subset="odd"))}
+    assert summary["all"].count == 5 * 7              # 5 ops x 7 odd powers of two in 2^11..2^23
+    assert 0 < summary["all"].median_abs_error < 0.05  # noise of +-5% cannot be fitted away
+    assert summary["all"].max_abs_error >= summary["all"].p90_abs_error
+
+
+def test_calibration_rejects_wrong_results(tmp_path: Path) -> None:
+    meas = _synthetic(tmp_path)
+    meas.rows[0]["wrong"] = 7
+    with pytest.raises(ConfigError, match="wrong results"):
+        calibrate(meas)
+
+
+def test_compare_rejects_mismatched_world_size(tmp_path: Path) -> None:
+    meas = _synthetic(tmp_path, 2)
+    from collsim.topology import load_topology
+
+    with pytest.raises(ConfigError, match="has 4 ranks"):
+        compare(meas, load_topology("localhost", gpus_per_node=4))
+
+
+def test_cli_calibrate_compare_holdout(tmp_path: Path) -> None:
+    from collsim.cli.validate import validate
+
+    meas = _synthetic(tmp_path, 2, noise=0.02)
+    runner = CliRunner()
+    out = tmp_path / "topologies" / "mine.yaml"
+    res = runner.invoke(validate, ["calibrate", meas.path, "-o", str(out), "--subset", "even"])
+    assert res.exit_code == 0, res.output
+    assert "reduce_scatter" in res.output and out.exists()
+    plot = tmp_path / "cmp.png"
+    res = runner.invoke(validate, ["compare", meas.path, "--topology", str(out), "--subset",
+                                   "odd", "--plot", str(plot), "--json",
+                                   str(tmp_path / "c.json")])
+    assert res.exit_code == 0, res.output
+    assert plot.stat().st_size > 1000 and "median|err|" in res.output
+    res = runner.invoke(validate, ["holdout", meas.path, "--out-dir", str(tmp_path / "ho")])
+    assert res.exit_code == 0, res.output
+    assert res.output.count("PASS") == 3           # all_reduce, all_gather, broadcast
+    res = runner.invoke(validate, ["holdout", meas.path, "--target", "0.0001"])
+    assert res.exit_code == 1 and "median |error| above" in res.output
