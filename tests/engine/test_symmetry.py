@@ -62,15 +62,20 @@ def test_shared_nic_is_detected_and_slows_the_step(small_spec) -> None:
 
 
 @pytest.mark.parametrize("schedule, v", [("1f1b", 1), ("interleaved", 2), ("gpipe", 1)])
-@pytest.mark.parametrize("zero", [0, 1, 3])
-def test_fused_and_layer_engines_agree(small_spec, schedule: str, v: int, zero: int) -> None:
+@pytest.mark.parametrize("zero, sp", [(0, False), (1, True), (3, False)])
+def test_fused_and_layer_engines_agree(small_spec, schedule: str, v: int, zero: int,
+                                       sp: bool) -> None:
     """Fused ops (closed-form TP inside one timeout) against every layer step as an event with
     every collective and transfer on the FlowNetwork, on an uncontended cluster."""
     topo = topology("dgx_a100", 2)
     tr = TrainingConfig(global_batch=32, micro_batch=2, recompute="full")
-    par = ParallelConfig(tp=4, pp=2, dp=2, zero=zero, schedule=schedule, virtual_stages=v)
+    par = ParallelConfig(tp=4, pp=2, dp=2, zero=zero, schedule=schedule, virtual_stages=v,
+                         sequence_parallel=sp)
     fused = simulate_step(topo, small_spec, tr, par, fidelity="fused")
     layer = simulate_step(topo, small_spec, tr, par, fidelity="layer")
     assert fused.details["fidelity"] == "fused" and layer.details["fidelity"] == "layer"
     assert layer.step_time_s == pytest.approx(fused.step_time_s, rel=0.01)
     assert layer.memory_peak_bytes == pytest.approx(fused.memory_peak_bytes, rel=0.01)
+    for key in ("tp_exposed", "dp_exposed", "bubble"):
+        assert layer.breakdown_s[key] == pytest.approx(fused.breakdown_s[key], rel=0.05,
+                                                       abs=0.002 * fused.step_time_s)
