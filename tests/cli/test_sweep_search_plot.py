@@ -113,9 +113,17 @@ def test_search_prints_best_plans_and_counts_rejections(scenario: Path, tmp_path
     assert times == sorted(times)
 
 
-def test_search_rejects_a_gpu_count_that_is_not_whole_nodes(scenario: Path) -> None:
-    result = invoke("search", scenario, "--gpus", "12")
-    assert result.exit_code == 2 and "--gpus" in result.stderr
+@pytest.mark.parametrize("args, key", [
+    (["--gpus", "12"], "--gpus"),                               # not whole 8-GPU nodes
+    (["--set", "training.global_bach=8"], "training.global_bach"),
+    (["--set", "training.dtype=fp12"], "training.dtype"),
+    (["--zero", "0,4"], "--zero"),
+    (["--recompute", "some"], "--recompute"),
+], ids=["gpus", "unknown-key", "bad-value", "zero", "recompute"])
+def test_search_bad_input_is_one_line_exit_2(scenario: Path, args, key: str) -> None:
+    result = invoke("search", scenario, *args)
+    assert result.exit_code == 2
+    assert len(result.stderr.strip().splitlines()) == 1 and key in result.stderr
 
 
 def test_plot_commands_write_images(scenario: Path, tmp_path: Path) -> None:
