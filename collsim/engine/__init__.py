@@ -1,8 +1,13 @@
-"""The SimPy engine: rank programs on streams, symmetry reduction, memory timeline, trace."""
+"""The SimPy engine: rank programs on streams, symmetry reduction, memory timeline, trace.
+
+``simulate_step(topology, spec, training, parallel)`` returns a :class:`StepResult`; see
+:mod:`collsim.engine.step` for the options (``all_ranks``, ``trace``, ``op_time_overrides``,
+``fidelity``, ``zero_communication``).
+"""
 
 from __future__ import annotations
 
 from collsim.engine.result import CollectiveStat, StepResult, TraceEvent
-from collsim.engine.step import simulate_step
+from collsim.engine.step import prepare_step, simulate_step
 
-__all__ = ["simulate_step", "StepResult", "CollectiveStat", "TraceEvent"]
+__all__ = ["simulate_step", "prepare_step", "StepResult", "CollectiveStat", "TraceEvent"]

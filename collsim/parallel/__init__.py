@@ -1,0 +1,27 @@
+"""The parallel plan: TP x PP x DP sizes, rank mapping, pipeline schedules, DDP buckets, FSDP.
+
+- :mod:`~collsim.parallel.config`: the ``training`` and ``parallel`` sections (frozen dataclasses).
+- :mod:`~collsim.parallel.plan`: ``build_plan`` checks a plan and maps ranks (TP inside a node,
+  then PP, DP outermost).
+- :mod:`~collsim.parallel.schedules`: GPipe, 1F1B, interleaved 1F1B op order (Narayanan 2021).
+- :mod:`~collsim.parallel.params`: a rank's parameter tensors per model chunk.
+- :mod:`~collsim.parallel.buckets`: torch DDP gradient buckets.
+- :mod:`~collsim.parallel.fsdp`: FSDP / ZeRO-3 units and prefetch order.
+"""
+
+from __future__ import annotations
+
+from collsim.parallel.buckets import Bucket, build_buckets
+from collsim.parallel.config import (DDPConfig, Dtype, FSDPConfig, Optimizer, ParallelConfig,
+                                     Recompute, ScheduleKind, TrainingConfig)
+from collsim.parallel.fsdp import FSDPUnit, build_units, issue_schedule
+from collsim.parallel.params import ParamTensor, chunk_tensors
+from collsim.parallel.plan import ParallelAxis, Plan, RankCoords, build_plan
+from collsim.parallel.schedules import Phase, PipeOp, input_of, stage_schedule
+
+__all__ = [
+    "Dtype", "Optimizer", "Recompute", "ScheduleKind", "TrainingConfig", "DDPConfig",
+    "FSDPConfig", "ParallelConfig", "ParallelAxis", "RankCoords", "Plan", "build_plan",
+    "Phase", "PipeOp", "stage_schedule", "input_of", "ParamTensor", "chunk_tensors", "Bucket",
+    "build_buckets", "FSDPUnit", "build_units", "issue_schedule",
+]
