@@ -331,7 +331,11 @@ def step(world_sizes: str, backend: str, topology: str | None, iters: int, warmu
 
     from collsim.validate.step import StepConfig, run_step, simulate_modes
 
-    sizes = [int(s) for s in world_sizes.split(",") if s.strip()]
+    from collsim.validate.launch import in_torchrun
+
+    sizes: list[int | None] = [int(s) for s in world_sizes.split(",") if s.strip()]
+    if in_torchrun():
+        sizes = [None]          # the job's own world size
     cfg = StepConfig(num_layers=layers, hidden=hidden, ffn_hidden=4 * hidden,
                      micro_batch=micro_batch, iters=iters, warmup=warmup)
     folder = Path(tempfile.mkdtemp(prefix="collsim-step-"))
@@ -344,7 +348,9 @@ def step(world_sizes: str, backend: str, topology: str | None, iters: int, warmu
             continue
         from collsim.topology import load_topology
 
-        topo = load_topology(topo_spec, gpus_per_node=n)
+        n = int(report["world_size"])
+        per_node = int(report.get("local_world_size", n))
+        topo = load_topology(topo_spec, nodes=max(1, n // per_node), gpus_per_node=per_node)
         simulated = simulate_modes(report, topo)
         report["topology"] = topo_spec
         report["simulated"] = {m: vars_of(s) for m, s in simulated.items()}
@@ -387,7 +393,7 @@ def step(world_sizes: str, backend: str, topology: str | None, iters: int, warmu
         raise click.ClickException(f"outside the target: {', '.join(failures)}")
 
 
-def _calibrate_here(world_size: int, backend: str, timeout_s: float, folder: Path) -> Path:
+def _calibrate_here(world_size: int | None, backend: str, timeout_s: float, folder: Path) -> Path:
     """Measure the collectives a step uses at this world size and calibrate a topology."""
     from collsim.validate.bench import BenchConfig, run_bench, sizes_between
     from collsim.validate.calibrate import calibrate as fit
@@ -399,9 +405,9 @@ def _calibrate_here(world_size: int, backend: str, timeout_s: float, folder: Pat
                          sizes_bytes=tuple(sizes_between("64K", "16M", 2)), iters=10,
                          warmup=2, rounds=2)
     result, _ = run_bench(config, world_size=world_size, backend=backend, timeout_s=timeout_s)
-    csv_path = write_measurements(folder / f"bench_n{world_size}.csv", result.rows(),
-                                  result.metadata)
+    n = result.metadata["world_size"]
+    csv_path = write_measurements(folder / f"bench_n{n}.csv", result.rows(), result.metadata)
     cal = fit(read_measurements(csv_path))
-    path = write_topology(cal, folder / f"localhost_n{world_size}.yaml")
+    path = write_topology(cal, folder / f"calibrated_n{n}.yaml")
     click.echo(f"# calibrated {path} from {csv_path}")
     return path

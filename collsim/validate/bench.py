@@ -299,7 +299,7 @@ def _probe_kernels(torch: Any, dist: Any, ctx: Any, ops: tuple[str, ...],
 def _time_iterations(torch: Any, dist: Any, ctx: Any, fn: Callable[[], None],
                      iters: int) -> list[float]:
     """Per-iteration time in seconds of the slowest rank; a barrier precedes each iteration."""
-    times = torch.zeros(iters, dtype=torch.float64)
+    times = torch.zeros(iters, dtype=torch.float64, device=ctx.device)
     for i in range(iters):
         dist.barrier()
         start = time.perf_counter()
@@ -307,7 +307,7 @@ def _time_iterations(torch: Any, dist: Any, ctx: Any, fn: Callable[[], None],
         ctx.sync()
         times[i] = time.perf_counter() - start
     dist.all_reduce(times, op=dist.ReduceOp.MAX)
-    return [float(t) for t in times]
+    return [float(t) for t in times.cpu()]
 
 
 def _summary(times_s: list[float]) -> tuple[float, float, float]:
@@ -336,7 +336,7 @@ def bench_rank(ctx: Any, config: BenchConfig) -> dict[str, Any]:
     wrong: dict[tuple[str, int], int] = {}
     samples: dict[tuple[str, int], list[float]] = {}
     counts: dict[tuple[str, int], int] = {}
-    wrong_total = torch.zeros(1, dtype=torch.int64)
+    wrong_total = torch.zeros(1, dtype=torch.int64, device=ctx.device)
     per_round = -(-config.iters // config.rounds)
     if config.probe_backend:
         kernels = _probe_kernels(torch, dist, ctx, config.ops, config.root)

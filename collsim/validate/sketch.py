@@ -195,7 +195,8 @@ class FlatShard:
         self.numel = sum(self.numels)
         self.padded = -(-self.numel // self.world_size) * self.world_size
         self.shard_numel = self.padded // self.world_size
-        flat = torch.zeros(self.padded, dtype=self.params[0].dtype)
+        self.device = self.params[0].device
+        flat = torch.zeros(self.padded, dtype=self.params[0].dtype, device=self.device)
         flat[: self.numel] = torch.cat([p.detach().reshape(-1) for p in self.params])
         lo = self.rank * self.shard_numel
         self.shard = flat[lo: lo + self.shard_numel].clone()
@@ -208,7 +209,7 @@ class FlatShard:
         import torch
         import torch.distributed as dist
 
-        full = torch.empty(self.padded, dtype=self.shard.dtype)
+        full = torch.empty(self.padded, dtype=self.shard.dtype, device=self.device)
         gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         gather(full, self.shard)
         self.full = full
@@ -223,7 +224,7 @@ class FlatShard:
         import torch
         import torch.distributed as dist
 
-        flat_grad = torch.zeros(self.padded, dtype=self.shard.dtype)
+        flat_grad = torch.zeros(self.padded, dtype=self.shard.dtype, device=self.device)
         offset = 0
         for param, numel in zip(self.params, self.numels):
             if param.grad is not None:
@@ -238,7 +239,7 @@ class FlatShard:
         import torch
 
         for param in self.params:
-            param.data = torch.empty(0, dtype=self.shard.dtype)
+            param.data = torch.empty(0, dtype=self.shard.dtype, device=self.device)
             param.grad = None
         self.full = None
 

@@ -101,7 +101,7 @@ def build_gpt(torch: Any, cfg: StepConfig) -> Any:
             self.ln_f = nn.LayerNorm(h)
 
         def embed(self, idx: Any) -> Any:
-            return self.tok(idx) + self.pos(torch.arange(idx.shape[1]))
+            return self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
 
         def head_loss(self, x: Any, targets: Any) -> Any:
             logits = self.ln_f(x) @ self.tok.weight.t()     # tied LM head
@@ -116,71 +116,81 @@ def build_gpt(torch: Any, cfg: StepConfig) -> Any:
     return GPT()
 
 
-def _batch(torch: Any, cfg: StepConfig, rank: int) -> tuple[Any, Any]:
+def _batch(torch: Any, cfg: StepConfig, rank: int, device: str = "cpu") -> tuple[Any, Any]:
     gen = torch.Generator().manual_seed(cfg.seed * 7919 + rank)
     idx = torch.randint(cfg.vocab, (cfg.micro_batch, cfg.seq_len), generator=gen)
-    return idx, torch.roll(idx, -1, dims=1)
+    return idx.to(device), torch.roll(idx, -1, dims=1).to(device)
 
 
-def _profile_once(torch: Any, model: Any, cfg: StepConfig, idx: Any,
-                  targets: Any) -> dict[str, float]:
-    """One pass of per-block forward/backward timings (seconds) on this rank."""
+def _profile_once(torch: Any, model: Any, cfg: StepConfig, idx: Any, targets: Any,
+                  sync: Any = lambda: None) -> dict[str, float]:
+    """One pass of per-block forward/backward timings (seconds) on this rank.
+
+    ``sync`` waits for the device (cuda.synchronize with nccl) before each clock reading.
+    """
     h = cfg.hidden
+
+    def clock() -> float:
+        sync()
+        return time.perf_counter()
+
     out: dict[str, float] = {}
-    t0 = time.perf_counter()
+    t0 = clock()
     emb = model.embed(idx)
-    t1 = time.perf_counter()
+    t1 = clock()
     emb.backward(torch.ones_like(emb))
-    t2 = time.perf_counter()
+    t2 = clock()
     out["embedding.forward"], out["embedding.backward"] = t1 - t0, t2 - t1
     for layer, block in enumerate(model.blocks):
-        x = torch.randn(cfg.micro_batch, cfg.seq_len, h, requires_grad=True)
-        g = torch.randn(cfg.micro_batch, cfg.seq_len, h)
-        t0 = time.perf_counter()
+        x = torch.randn(cfg.micro_batch, cfg.seq_len, h, device=idx.device, requires_grad=True)
+        g = torch.randn(cfg.micro_batch, cfg.seq_len, h, device=idx.device)
+        t0 = clock()
         y = block(x)
-        t1 = time.perf_counter()
+        t1 = clock()
         y.backward(g)
-        t2 = time.perf_counter()
+        t2 = clock()
         out[f"layer{layer}.forward"], out[f"layer{layer}.backward"] = t1 - t0, t2 - t1
-    x = torch.randn(cfg.micro_batch, cfg.seq_len, h, requires_grad=True)
-    t0 = time.perf_counter()
+    x = torch.randn(cfg.micro_batch, cfg.seq_len, h, device=idx.device, requires_grad=True)
+    t0 = clock()
     loss = model.head_loss(x, targets)
-    t1 = time.perf_counter()
+    t1 = clock()
     loss.backward()
-    t2 = time.perf_counter()
+    t2 = clock()
     out["head.forward"], out["head.backward"] = t1 - t0, t2 - t1
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
-    t3 = time.perf_counter()
+    t3 = clock()
     opt.step()
     model.zero_grad(set_to_none=False)
-    out["optimizer"] = time.perf_counter() - t3
+    out["optimizer"] = clock() - t3
     return out
 
 
-def _ddp_step(torch: Any, cfg: StepConfig, rank: int, bucket_mb: int) -> tuple[Any, Any]:
+def _ddp_step(torch: Any, cfg: StepConfig, ctx: Any, bucket_mb: int) -> tuple[Any, Any]:
     from torch.nn.parallel import DistributedDataParallel
 
     torch.manual_seed(cfg.seed)
-    model = DistributedDataParallel(build_gpt(torch, cfg), bucket_cap_mb=bucket_mb)
+    model = DistributedDataParallel(build_gpt(torch, cfg).to(ctx.device),
+                                    bucket_cap_mb=bucket_mb)
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
-    idx, targets = _batch(torch, cfg, rank)
+    idx, targets = _batch(torch, cfg, ctx.rank, ctx.device)
 
     def step() -> None:
         opt.zero_grad(set_to_none=False)
         model(idx, targets).backward()
         opt.step()
+        ctx.sync()
 
     return step, model
 
 
-def _fsdp_step(torch: Any, cfg: StepConfig, rank: int) -> Any:
+def _fsdp_step(torch: Any, cfg: StepConfig, ctx: Any) -> Any:
     from collsim.validate.sketch import FlatShard
 
     torch.manual_seed(cfg.seed)
-    model = build_gpt(torch, cfg)
+    model = build_gpt(torch, cfg).to(ctx.device)
     root = torch.nn.ModuleList([model.tok, model.pos, model.ln_f])
     units = [FlatShard(root)] + [FlatShard(block) for block in model.blocks]
-    idx, targets = _batch(torch, cfg, rank)
+    idx, targets = _batch(torch, cfg, ctx.rank, ctx.device)
 
     def step() -> None:
         units[0].unshard()
@@ -193,6 +203,7 @@ def _fsdp_step(torch: Any, cfg: StepConfig, rank: int) -> Any:
             unit.reduce_grads()
             unit.reshard()
             unit.shard.add_(unit.shard_grad, alpha=-cfg.lr)
+        ctx.sync()
 
     return step
 
@@ -213,18 +224,18 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
     buckets: dict[str, int] = {}
     for mode in cfg.modes:
         if mode == "fsdp":
-            steps[mode] = _fsdp_step(torch, cfg, rank)
+            steps[mode] = _fsdp_step(torch, cfg, ctx)
         else:
-            steps[mode], ddp = _ddp_step(torch, cfg, rank, int(mode[5:]))
+            steps[mode], ddp = _ddp_step(torch, cfg, ctx, int(mode[5:]))
             buckets[mode] = ddp
     torch.manual_seed(cfg.seed)
-    prof_model = build_gpt(torch, cfg)
-    idx, targets = _batch(torch, cfg, rank)
+    prof_model = build_gpt(torch, cfg).to(ctx.device)
+    idx, targets = _batch(torch, cfg, rank, ctx.device)
     rows: list[list[float]] = []
     keys: list[str] = []
     for it in range(cfg.warmup + cfg.iters):
         dist.barrier()
-        prof = _profile_once(torch, prof_model, cfg, idx, targets)
+        prof = _profile_once(torch, prof_model, cfg, idx, targets, ctx.sync)
         row = [prof[k] for k in sorted(prof)]
         keys = sorted(prof) + list(cfg.modes)
         for mode in cfg.modes:
@@ -234,8 +245,9 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
             row.append(time.perf_counter() - start)
         if it >= cfg.warmup:
             rows.append(row)
-    table = torch.tensor(rows, dtype=torch.float64)
+    table = torch.tensor(rows, dtype=torch.float64, device=ctx.device)
     dist.all_reduce(table, op=dist.ReduceOp.MAX)
+    table = table.cpu()
     columns = {k: [float(v) for v in table[:, j]] for j, k in enumerate(keys)}
     medians = {k: statistics.median(v) for k, v in columns.items()}
     profile = {k: medians[k] for k in medians if k not in cfg.modes and not k.startswith("layer")}
@@ -253,7 +265,8 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
             except Exception:  # noqa: BLE001 - private API; the count is informative only
                 pass
         modes[mode] = entry
-    return {"world_size": ctx.world_size, "backend": ctx.backend,
+    return {"world_size": ctx.world_size, "local_world_size": ctx.local_world_size,
+            "backend": ctx.backend,
             "torch_version": torch.__version__, "profile": profile,
             "profile_sum_s": sum(profile[k] for k in profile if not k.startswith("layer"))
             + cfg.num_layers * (profile["layer.forward"] + profile["layer.backward"]),
