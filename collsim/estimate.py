@@ -20,8 +20,9 @@ DP communication + bubble + optimizer):
   buckets for DDP (ZeRO-0), reduce-scatter in buckets + all-gather of the updated parameters for
   ZeRO-1/2, and per micro-batch all-gather (forward and backward) + reduce-scatter for ZeRO-3.
   Bucketed gradient traffic overlaps the backward of the last micro-batch when
-  ``ddp.overlap`` (all but the last bucket can hide); ZeRO-3 traffic overlaps each micro-batch's
-  compute (prefetch) and only what exceeds it is exposed.
+  ``ddp.overlap`` (all but the last bucket can hide); ZeRO-3 traffic of each layer overlaps
+  the compute of the layer before it (prefetch), forward and backward separately, and only
+  what exceeds it is exposed.
 - **optimizer** = the memory-bound optimizer step over the parameters this GPU updates.
 
 Every collective is timed by the closed form of :func:`collsim.collectives.cost` on the real
@@ -239,16 +240,24 @@ class Estimator:
         zero = parallel.zero
         if dp > 1:
             if zero == 3:
-                # Per micro-batch: all-gather forward and backward, reduce-scatter gradients,
-                # one unit (layer) at a time; prefetch hides it behind compute.
-                unit_bytes = grad_bytes / max(1, counts[slowest])
-                per_unit = (2 * self.collective_s("all_gather", unit_bytes, dp_ranks)
-                            + self.collective_s("reduce_scatter", unit_bytes, dp_ranks))
-                per_mb = per_unit * counts[slowest]
-                dp_link = m * per_mb
-                hidden = t_f + t_b if parallel.fsdp.prefetch > 0 else 0.0
-                first_gather = self.collective_s("all_gather", unit_bytes, dp_ranks)
-                dp_exposed = m * max(0.0, per_mb - hidden) + first_gather
+                # Per micro-batch and unit (layer): an all-gather in forward, an all-gather and
+                # a reduce-scatter in backward. With prefetch, a unit's traffic hides behind
+                # the compute of the unit before it, phase by phase: forward exposes
+                # max(0, AG - t_f), backward max(0, AG + RS - t_b) per layer; without
+                # prefetch all of it is exposed. The first gather is never hidden.
+                n_units = counts[slowest]
+                unit_bytes = grad_bytes / max(1, n_units)
+                gather = self.collective_s("all_gather", unit_bytes, dp_ranks)
+                scatter = self.collective_s("reduce_scatter", unit_bytes, dp_ranks)
+                dp_link = m * n_units * (2 * gather + scatter)
+                if parallel.fsdp.prefetch > 0:
+                    fwd_unit = layer.forward_s
+                    bwd_unit = layer.backward_s + layer.recompute_s
+                    per_mb = n_units * (max(0.0, gather - fwd_unit)
+                                        + max(0.0, gather + scatter - bwd_unit))
+                else:
+                    per_mb = n_units * (2 * gather + scatter)
+                dp_exposed = m * per_mb + gather
             else:
                 op = "all_reduce" if zero == 0 else "reduce_scatter"
                 full = self.collective_s(op, bucket_bytes, dp_ranks)
