@@ -77,10 +77,11 @@ def assemble(plan: Plan, engine: Any, *, layer_mode: bool, contended: list[str],
         "simulated_ranks": sorted(programs),
         "stage_end_s": {prog.coords.pp: prog.end_s for prog in programs.values()
                         if prog.coords.dp == 0 and prog.coords.tp == 0},
+        "breakdown_by_stage_s": {prog.coords.pp: dict(prog.acct) for prog in programs.values()
+                                 if prog.coords.dp == 0 and prog.coords.tp == 0},
         "memory_peak_bytes_by_rank": {r: p.total_bytes for r, p in peaks.items()},
         "activation_peak_bytes_by_rank": {r: prog.ledger.category_peak("activations")
                                           for r, prog in programs.items()},
-        "sim_events": len(engine.trace_events),
     }
     return StepResult(
         step_time_s=step,
