@@ -73,7 +73,6 @@ class RankProgram:
                                    "optimizer"), 0.0)
         self.dp_events: list[simpy.Event] = []
         self.end_s = 0.0
-        self.last_mb = engine.plan.num_microbatches - 1
         self.deferred: list[Any] = []
         self._plans: dict[tuple[int, Phase], _OpPlan] = {}
 

@@ -101,9 +101,10 @@ class BlockTimes:
     transient_bytes: float = 0.0
 
 
-def _split(seconds: float, ops: list[str], size: float, *, sp: bool) -> list[Step]:
-    """Two halves of compute, each followed by (or, with SP, wrapped in) a TP collective."""
-    if not ops:
+def _split(seconds: float, tp_comm: bool, size: float, *, sp: bool) -> list[Step]:
+    """Two halves of compute (attention, MLP), each followed by its TP all-reduce, or with SP
+    preceded by an all-gather and followed by a reduce-scatter."""
+    if not tp_comm:
         return [Step(seconds)]
     half = seconds / 2
     if sp:
@@ -118,7 +119,7 @@ def build_stage(plan: Plan, stage: int, *, layer: BlockTimes, embedding: BlockTi
     spec: Any = plan.spec
     tp, sp = plan.tp, plan.parallel.sequence_parallel
     size = float(plan.training.micro_batch * spec.seq_len * spec.hidden * act_element_bytes)
-    comm = ["tp"] if tp > 1 else []
+    comm = tp > 1
     full = str(plan.training.recompute) == "full"
     chunks: list[ChunkModel] = []
     v = plan.virtual_stages
