@@ -90,3 +90,22 @@ def test_bubble_share_property(p: int, m: int, schedule: str, t_f: float, ratio:
     assert r.step_time_s == pytest.approx((m + p - 1) * per_stage, rel=1e-9)
     assert r.breakdown_s["bubble"] / r.step_time_s == pytest.approx((p - 1) / (m + p - 1),
                                                                      rel=1e-9, abs=1e-12)
+
+
+def test_interleaved_holds_more_in_flight_on_stage_0(small_spec) -> None:
+    """Megatron's interleaved warm-up on stage 0 is (p - 1) * 2 + (v - 1) * p forwards; the
+    next forward runs before the first backward frees anything, so warm-up + 1 chunk-forwards
+    are in flight: with p = 4, v = 2, m = 8 that is 11, i.e. 5.5 micro-batches of a whole stage
+    against 1F1B's 4. Order: F0-3.c0 F0-3.c1 F4.c0 F5.c0 | F6.c0 B0.c1 F7.c0 ...; the peak is
+    after F7.c0: chunk 0 of micro-batches 0-7 (8 embeddings) and chunk 1 of 1-3."""
+    p, v, m = 4, 2, 8
+    r = _step(small_spec, p, m, "interleaved", v)
+    emb = sum(op.saved_bytes for op in embedding_ops(small_spec, micro_batch=1))
+    layer = activation_bytes_per_layer(small_spec, micro_batch=1)
+    per_chunk = small_spec.num_layers // (p * v) * layer
+    warmup = (p - 1) * 2 + (v - 1) * p
+    assert warmup + 1 == 11
+    want = 11 * per_chunk + 8 * emb
+    assert r.details["activation_peak_bytes_by_rank"][0] == pytest.approx(want, rel=1e-12)
+    one_f_one_b = _step(small_spec, p, m, "1f1b").details["activation_peak_bytes_by_rank"][0]
+    assert r.details["activation_peak_bytes_by_rank"][0] > one_f_one_b
