@@ -10,6 +10,7 @@ peak are read from the sorted timeline; the closed forms (ZeRO, Korthikanti) are
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import accumulate
 from operator import itemgetter
 from typing import Any, NamedTuple
 
@@ -66,12 +67,15 @@ class MemoryLedger:
             self._sorted_n = len(self.events)
         return self._sorted
 
+    def _totals(self) -> list[float]:
+        """Bytes in use after each sorted event."""
+        return list(accumulate(ev[2] for ev in self.sorted_events()))
+
     def timeline(self) -> list[tuple[float, float]]:
         """Step-wise ``(time_s, bytes in use)`` after each distinct event time."""
+        events = self.sorted_events()
         out: list[tuple[float, float]] = []
-        total = 0.0
-        for ev in self.sorted_events():
-            total += ev.delta_bytes
+        for ev, total in zip(events, self._totals()):
             if out and out[-1][0] == ev.time_s:
                 out[-1] = (ev.time_s, total)
             else:
@@ -80,17 +84,22 @@ class MemoryLedger:
 
     def peak(self) -> MemoryPeak:
         """Highest total in use (checked after every event) and its category split."""
+        events = self.sorted_events()
+        totals = self._totals()
         current = dict.fromkeys(MEMORY_KEYS, 0.0)
-        total = 0.0
-        best = MemoryPeak(0.0, 0.0, dict(current))
-        for ev in self.sorted_events():
+        if not totals:
+            return MemoryPeak(0.0, 0.0, current)
+        top = max(range(len(totals)), key=totals.__getitem__)   # first index of the maximum
+        if totals[top] <= 0:
+            return MemoryPeak(0.0, 0.0, current)
+        for ev in events[: top + 1]:
             current[ev.category] += ev.delta_bytes
-            total += ev.delta_bytes
-            if total > best.total_bytes:
-                best = MemoryPeak(ev.time_s, total, dict(current))
-        if min(current.values()) < -1e-6 * max(1.0, best.total_bytes):
-            raise SimulationError(f"rank {self.rank}: memory freed more than allocated: {current}")
-        return best
+        final = dict.fromkeys(MEMORY_KEYS, 0.0)
+        for ev in events:
+            final[ev.category] += ev.delta_bytes
+        if min(final.values()) < -1e-6 * max(1.0, totals[top]):
+            raise SimulationError(f"rank {self.rank}: memory freed more than allocated: {final}")
+        return MemoryPeak(events[top].time_s, totals[top], current)
 
     def category_peak(self, category: str) -> float:
         """Highest bytes in use of one category over the step."""
