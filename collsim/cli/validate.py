@@ -74,6 +74,9 @@ def validate() -> None:
 @click.option("--rounds", type=click.IntRange(1), default=1, show_default=True,
               help="Sweep everything this many times, iters/rounds timed iterations each "
                    "(spreads bursts of load from other processes over many points).")
+@click.option("--back-to-back", is_flag=True,
+              help="One barrier, then back-to-back timed iterations (default: a barrier "
+                   "before each).")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=900.0,
               show_default=True, help="Seconds for the whole run; also the collective timeout.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
@@ -81,7 +84,7 @@ def validate() -> None:
 @_rank_errors
 def bench(backend: str, world_size: int | None, ops: tuple[str, ...], minbytes: int,
           maxbytes: int, stepfactor: int, iters: int, warmup: int, rounds: int,
-          timeout_s: float, output: str | None) -> None:
+          back_to_back: bool, timeout_s: float, output: str | None) -> None:
     """Time collectives like nccl-tests (median of the slowest rank) and check every result."""
     from collsim.validate.bench import BenchConfig, run_bench, sizes_between
     from collsim.validate.dataset import format_table, write_measurements
@@ -92,7 +95,8 @@ def bench(backend: str, world_size: int | None, ops: tuple[str, ...], minbytes: 
     sizes = tuple(sizes_between(minbytes, maxbytes, stepfactor))
     if rounds > iters:
         raise click.BadParameter(f"--rounds ({rounds}) must be <= --iters ({iters})")
-    config = BenchConfig(ops=ops, sizes_bytes=sizes, iters=iters, warmup=warmup, rounds=rounds)
+    config = BenchConfig(ops=ops, sizes_bytes=sizes, iters=iters, warmup=warmup, rounds=rounds,
+                         barrier_each=not back_to_back)
     result, is_reporter = run_bench(config, world_size=world_size, backend=backend,
                                     timeout_s=timeout_s)
     if not is_reporter:

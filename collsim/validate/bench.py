@@ -1,10 +1,12 @@
 """Measure collectives with torch.distributed, the way nccl-tests does, and check every result.
 
 For each op and size: allocate the buffers, run the op once on known data and count the wrong
-elements (``#wrong``, summed over ranks), run the warm-ups, then time ``iters`` iterations. Each
-timed iteration starts right after a barrier, so that no rank times its wait for a late peer;
-the time of an iteration is that of the slowest rank (an all-reduce MAX of the per-rank times),
-and the reported time of a size is the median over iterations.
+elements (``#wrong``, summed over ranks), run the warm-ups, then time ``iters`` iterations,
+each right after a barrier so that no rank times its wait for a late peer (optionally spread
+over ``rounds`` sweeps; ``barrier_each=False`` times back-to-back iterations instead: on this
+2-core machine they showed a bimodal send_recv, 0.5 or 3.5 ms at 64 KiB). The time of an iteration is that of the slowest rank
+(an all-reduce MAX of the per-rank times), and the reported time of a size is the median over
+iterations.
 
 Sizes follow nccl-tests (doc/PERFORMANCE.md): the whole buffer for all_reduce and broadcast, the
 gathered output for all_gather, the input for reduce_scatter, the per-rank send buffer for
@@ -108,6 +110,9 @@ class BenchConfig:
     instead of all samples of a few (the median is taken over all samples of a point)."""
     root: int = 0
     """Root of broadcast."""
+    barrier_each: bool = True
+    """A barrier before every timed iteration, only the op timed (default); False: one
+    barrier, then back-to-back iterations, each timed from the end of the one before."""
     probe_backend: bool = True
     """Record which backend kernels each op runs (torch profiler event names), once per op."""
 
@@ -297,15 +302,25 @@ def _probe_kernels(torch: Any, dist: Any, ctx: Any, ops: tuple[str, ...],
 
 
 def _time_iterations(torch: Any, dist: Any, ctx: Any, fn: Callable[[], None],
-                     iters: int) -> list[float]:
-    """Per-iteration time in seconds of the slowest rank; a barrier precedes each iteration."""
+                     iters: int, barrier_each: bool = True) -> list[float]:
+    """Per-iteration time in seconds of the slowest rank.
+
+    With ``barrier_each`` (default) a barrier precedes every iteration and only the op is
+    timed; otherwise one barrier, then back-to-back iterations, each timed from the end of the
+    one before (a blocking collective is itself a synchronisation point).
+    """
     times = torch.zeros(iters, dtype=torch.float64, device=ctx.device)
+    dist.barrier()
+    last = time.perf_counter()
     for i in range(iters):
-        dist.barrier()
-        start = time.perf_counter()
+        if barrier_each:
+            dist.barrier()
+            last = time.perf_counter()
         fn()
         ctx.sync()
-        times[i] = time.perf_counter() - start
+        now = time.perf_counter()
+        times[i] = now - last
+        last = now
     dist.all_reduce(times, op=dist.ReduceOp.MAX)
     return [float(t) for t in times.cpu()]
 
@@ -361,7 +376,7 @@ def bench_rank(ctx: Any, config: BenchConfig) -> dict[str, Any]:
                 ctx.sync()
                 todo = min(per_round, config.iters - len(samples.get(key, [])))
                 samples.setdefault(key, []).extend(
-                    _time_iterations(torch, dist, ctx, case, todo))
+                    _time_iterations(torch, dist, ctx, case, todo, config.barrier_each))
                 del case
     for op in config.ops:
         for size_bytes in config.sizes_bytes:
@@ -392,7 +407,7 @@ def bench_rank(ctx: Any, config: BenchConfig) -> dict[str, Any]:
 
 def _overhead(torch: Any, dist: Any, ctx: Any, iters: int) -> dict[str, float]:
     """The bench's own cost: its timing loop around nothing, and around a 4-byte all_reduce."""
-    noop = _time_iterations(torch, dist, ctx, lambda: None, max(iters, 10))
+    noop = _time_iterations(torch, dist, ctx, lambda: None, max(iters, 10), barrier_each=True)
     one = torch.zeros(1, dtype=torch.float32, device=ctx.device)
     tiny = _time_iterations(torch, dist, ctx, lambda: dist.all_reduce(one), max(iters, 10))
     return {"noop_us": statistics.median(noop) * 1e6,
@@ -441,7 +456,9 @@ def run_bench(config: BenchConfig, *, world_size: int | None, backend: str = "gl
         "iters": config.iters,
         "warmup": config.warmup,
         "rounds": config.rounds,
-        "timing": "median over iterations of the slowest rank; barrier before each iteration",
+        "timing": ("median over iterations of the slowest rank; "
+                   + ("barrier before each iteration" if config.barrier_each else
+                      "one barrier, then back-to-back iterations")),
         "dtype": "float32",
         "kernels": out["kernels"],
         "overhead_noop_us": round(out["overhead"]["noop_us"], 3),

@@ -51,7 +51,7 @@ class RankFailure(CollsimError):
 
     Attributes:
         ranks: the ranks that failed first (raised, died or did not finish in time).
-        reason: ``"error"``, ``"died"`` or ``"timeout"``.
+        reason: ``"error"``, ``"died"``, ``"timeout"`` or ``"terminated"`` (SIGTERM).
     """
 
     def __init__(self, message: str, *, ranks: tuple[int, ...], reason: str) -> None:
@@ -132,6 +132,7 @@ def _rank_entry(fn: Callable[..., Any], rank: int, world_size: int, run_dir: str
                 backend: str, timeout_s: float, args: tuple[Any, ...]) -> None:
     """Body of one spawned rank: join the group, run ``fn``, leave the result in ``run_dir``."""
     _limit_threads()
+    _exit_with_parent()
     out = Path(run_dir)
     try:
         import torch.distributed as dist
@@ -157,6 +158,25 @@ def _rank_entry(fn: Callable[..., Any], rank: int, world_size: int, run_dir: str
         text = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
         (out / f"error_{rank}.txt").write_text(text)
         os._exit(1)
+
+
+def _exit_with_parent() -> None:
+    """End this rank as soon as the parent that spawned it is gone (killed, crashed)."""
+    import threading
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="collsim-parent-watch", daemon=True).start()
+
+
+class _Terminated(Exception):
+    """SIGTERM reached the parent: stop the ranks, then leave."""
 
 
 def _kill_all(procs: list[Any]) -> None:
@@ -194,10 +214,18 @@ def spawn_ranks(fn: Callable[..., Any], world_size: int, *, args: tuple[Any, ...
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
     import multiprocessing
 
+    import signal
+    import threading
+
     ctx = multiprocessing.get_context("spawn")
     run_dir = tempfile.mkdtemp(prefix="collsim-ranks-")
     procs: list[Any] = []
     deadline = time.monotonic() + timeout_s
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        def on_term(signum: int, frame: Any) -> None:
+            raise _Terminated(f"signal {signum}")
+        previous = signal.signal(signal.SIGTERM, on_term)
     try:
         for rank in range(world_size):
             proc = ctx.Process(target=_rank_entry, name=f"collsim-rank-{rank}", daemon=True,
@@ -209,9 +237,14 @@ def spawn_ranks(fn: Callable[..., Any], world_size: int, *, args: tuple[Any, ...
         for rank in range(world_size):
             results.append(pickle.loads((Path(run_dir) / f"result_{rank}.pkl").read_bytes()))
         return results
+    except _Terminated:
+        raise RankFailure("terminated by a signal; all ranks were stopped", ranks=(),
+                          reason="terminated") from None
     finally:
         _kill_all(procs)
         shutil.rmtree(run_dir, ignore_errors=True)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 #: Error texts that mean "a peer went away", i.e. a consequence of another rank's failure.

@@ -14,9 +14,9 @@ Measured, on real ranks (gloo or nccl), per iteration after a barrier, the slowe
   keep it through backward, then reduce-scatter every unit's gradient, free the full
   parameters and step the shards.
 
-Profiled on the same ranks, interleaved with the steps iteration by iteration (so that they share the cores as in the step): the
-forward and backward time of the embedding, of each block, and of the head with the loss, and
-the optimizer step; these become the simulator's per-block compute times
+Profiled on the same ranks, interleaved with the steps iteration by iteration (so that they
+share the cores as in the step; mean over ranks): the forward and backward time of the
+embedding, of each block, and of the head with the loss, and the optimizer step; these become the simulator's per-block compute times
 (``op_time_overrides``). The simulated step is :func:`collsim.engine.step.simulate_step` on the
 calibrated topology with the same model, batch and DDP/FSDP settings.
 """
@@ -213,8 +213,9 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
 
     Each iteration runs one profiling pass and then one step of every mode, each after a
     barrier, so that load from other processes on the machine falls alike on the profile and
-    on every mode. Every figure is, per iteration, the slowest rank's (all-reduce MAX), and
-    then the median over iterations. Every rank returns the same data.
+    on every mode. A step time is, per iteration, the slowest rank's (all-reduce MAX); a block
+    time is the mean over ranks; then the median over iterations. Every rank returns the
+    same data.
     """
     import torch
     import torch.distributed as dist
@@ -246,8 +247,16 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
         if it >= cfg.warmup:
             rows.append(row)
     table = torch.tensor(rows, dtype=torch.float64, device=ctx.device)
-    dist.all_reduce(table, op=dist.ReduceOp.MAX)
-    table = table.cpu()
+    num_prof = len(keys) - len(cfg.modes)
+    # Steps: the slowest rank. Profiled blocks: the mean over ranks (a per-block max over ranks
+    # would add up the noise of every block; the step's own max is taken once, in the engine's
+    # synchronisation points).
+    prof_part = table[:, :num_prof].clone()
+    dist.all_reduce(prof_part)
+    prof_part /= ctx.world_size
+    step_part = table[:, num_prof:].clone()
+    dist.all_reduce(step_part, op=dist.ReduceOp.MAX)
+    table = torch.cat([prof_part, step_part], dim=1).cpu()
     columns = {k: [float(v) for v in table[:, j]] for j, k in enumerate(keys)}
     medians = {k: statistics.median(v) for k, v in columns.items()}
     profile = {k: medians[k] for k in medians if k not in cfg.modes and not k.startswith("layer")}

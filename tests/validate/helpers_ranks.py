@@ -48,3 +48,8 @@ def rank1_hangs(ctx: Any, pid_dir: str) -> None:
     if ctx.rank == 1:
         time.sleep(3600)
     dist.barrier()
+
+
+def both_sleep(ctx: Any, pid_dir: str) -> None:
+    _note_pid(ctx, pid_dir)
+    time.sleep(3600)

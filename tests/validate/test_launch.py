@@ -121,3 +121,27 @@ def test_bench_under_torchrun(tmp_path: Path) -> None:
     text = out.read_text()
     assert '# launcher: "torchrun"' in text and "# world_size: 2" in text
     assert proc.stdout.count("# Avg bus bandwidth") == 1    # only rank 0 prints
+
+
+def test_ranks_die_with_a_killed_parent(tmp_path: Path) -> None:
+    """A parent killed outright (no cleanup possible) still leaves no rank behind."""
+    code = ("import sys; sys.path.insert(0, %r)\n"
+            "import helpers_ranks\n"
+            "from collsim.validate.launch import spawn_ranks\n"
+            "if __name__ == '__main__':\n"
+            "    spawn_ranks(helpers_ranks.both_sleep, 2, args=(%r,), timeout_s=600)\n"
+            % (str(Path(__file__).parent), str(tmp_path)))
+    script = tmp_path / "parent.py"
+    script.write_text(code)
+    parent = subprocess.Popen([sys.executable, str(script)])
+    deadline = time.monotonic() + 60
+    while len(_pids(tmp_path)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    pids = _pids(tmp_path)
+    assert len(pids) == 2
+    parent.kill()
+    parent.wait(10)
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(p) for p in pids)
