@@ -22,7 +22,7 @@ from collsim.engine.comm import CommPricer, linked_peers
 from collsim.engine.dataparallel import DataParallelMixin
 from collsim.engine.program import Mail, RankProgram
 from collsim.engine.result import TraceEvent
-from collsim.engine.stage import Segment, StageModel
+from collsim.engine.stage import Segment, StageModel, Step
 from collsim.engine.streams import CallRecord, GroupStream
 from collsim.errors import SimulationError
 from collsim.parallel.plan import Plan
@@ -166,7 +166,7 @@ class Engine(DataParallelMixin):
             cost = self.pricer.cost(op, size, ranks)
             work = self.pricer.work(op, size, ranks, des=des, extra_s=extra_s,
                                     peers=peers if peers is not None else [])
-            hit = (work, {"op": op, "size_bytes": size, "group_size": len(ranks),
+            hit = (work, {"op": op, "size_bytes": size, "bytes": size, "group_size": len(ranks),
                           "algorithm": cost.algorithm, "busbw_bps": cost.busbw_bps})
             if not des:
                 self._calls[key] = hit
@@ -183,14 +183,49 @@ class Engine(DataParallelMixin):
             self._tp_cache[key] = hit
         return hit
 
+    def step_s(self, rank: int, step: Step) -> float:
+        """Seconds the compute stream spends on one step: its compute, or its TP collective
+        (closed form), or both side by side for an overlapped collective."""
+        if not step.op:
+            return step.seconds
+        t = self.tp_time(rank, step.op, step.size_bytes)
+        return t if t > step.overlap_s else step.overlap_s
+
     def seg_tp_s(self, rank: int, seg: Segment) -> float:
-        """Closed-form seconds of the blocking TP collectives of one segment (cached)."""
+        """Closed-form seconds of the TP collectives of one segment that the compute stream
+        waits for (an overlapped collective only beyond its overlapped compute; cached)."""
         key = (rank, id(seg))
         hit = self._seg_tp.get(key)
         if hit is None:
-            hit = sum(self.tp_time(rank, s.op, s.size_bytes) for s in seg.steps if s.op)
+            hit = sum(self.step_s(rank, s) - s.overlap_s for s in seg.steps if s.op)
             self._seg_tp[key] = hit
         return hit
+
+    def tp_args(self, rank: int, op: str, size: float) -> dict[str, Any]:
+        """Trace args of a closed-form TP collective (what ``_call`` records on a stream)."""
+        group = self.group(rank, "tp")
+        cost = self.pricer.cost(op, size, group)
+        return {"op": op, "size_bytes": size, "bytes": size, "group_size": len(group),
+                "algorithm": cost.algorithm, "busbw_bps": cost.busbw_bps}
+
+    def tp_slices(self, rank: int, segs: list[Segment]) -> list[tuple[float, float, str,
+                                                                          dict[str, Any]]]:
+        """The TP collectives inside fused segments run back to back from time 0, as
+        (start_s, end_s, name, args): each at its exact offset, lasting its link time (an
+        overlapped one starts with the compute it overlaps). Only for traces."""
+        out = []
+        t = 0.0
+        for seg in segs:
+            for step in seg.steps:
+                if step.op:
+                    link = self.tp_time(rank, step.op, step.size_bytes)
+                    if link > 0:
+                        args = self.tp_args(rank, step.op, step.size_bytes)
+                        if step.overlap_s:
+                            args["overlapped_compute_s"] = step.overlap_s
+                        out.append((t, t + link, f"{step.op} tp {seg.key}", args))
+                t += self.step_s(rank, step)
+        return out
 
     def count_op(self, rank: int, work: Any) -> None:
         """Count one run of a fused op (or segment): its TP collectives, for flush_tp_stats."""
@@ -218,10 +253,26 @@ class Engine(DataParallelMixin):
                     stat[2] = cost.busbw_bps
         self.seg_runs.clear()
 
-    def tp_call(self, prog: RankProgram, op: str, size: float) -> simpy.Event:
+    def tp_call(self, prog: RankProgram, op: str, size: float,
+                name: str | None = None) -> simpy.Event:
         group = self.group(prog.rank, "tp")
-        return self._call(prog.rank, "tp", op, size, group, f"{op} tp",
+        return self._call(prog.rank, "tp", op, size, group, name or f"{op} tp",
                           peers=self.peers(prog.rank, "tp"))
+
+    def pp_gather(self, prog: RankProgram, op: PipeOp) -> simpy.Event | None:
+        """The all-gather that completes a received pipeline message (None when there is none).
+
+        Megatron's scatter/gather optimisation (Narayanan et al. 2021, section 4.1): each TP
+        rank sends only 1/t of the ``b x s x h`` activation (or gradient) over the network;
+        the receiving stage all-gathers the pieces over its TP group (NVLink) before the op
+        can start. With sequence parallelism the tensors are already sequence-sharded and
+        Megatron sends the shards as they are: no gather.
+        """
+        if self.plan.tp < 2 or self.plan.parallel.sequence_parallel:
+            return None
+        name = (f"all_gather pp recv {op.phase.value} mb{op.microbatch} c{op.chunk}"
+                if self.trace_on else "all_gather pp recv")
+        return self.tp_call(prog, "all_gather", self._p2p_size * self.plan.tp, name)
 
     # ---- pipeline ---------------------------------------------------------------------------
     def _dest(self, rank: int, op: PipeOp) -> tuple[int, PipeOp] | None:

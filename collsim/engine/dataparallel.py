@@ -67,6 +67,21 @@ class DataParallelMixin:
         prog.ledger.alloc(0.0, "parameters", params, "parameters")
         prog.ledger.alloc(0.0, "gradients", grads, "gradients")
         prog.ledger.alloc(0.0, "optimizer", states, "optimizer state")
+        prog.ledger.alloc(0.0, "buffers", self.ddp_bucket_bytes(prog), "ddp buckets")
+
+    def ddp_bucket_bytes(self, prog: RankProgram) -> float:
+        """Bytes of torch DDP's flat bucket tensors kept beside ``param.grad``.
+
+        torch ``DistributedDataParallel`` (C++ ``Reducer::initialize_buckets``) allocates one
+        flat gradient tensor per bucket for the life of the model; with
+        ``gradient_as_bucket_view=False`` (torch's default) ``param.grad`` is a separate tensor,
+        so the gradients are held twice; with True, ``param.grad`` is a view into its bucket
+        and nothing is added. Only plain DDP (ZeRO 0) over more than one replica builds them.
+        """
+        ddp = self.plan.parallel.ddp
+        if self.zero != 0 or self.plan.dp < 2 or ddp.gradient_as_bucket_view:
+            return 0.0
+        return float(prog.stage.numel) * self.bytes_per["grad"]
 
     def reduces_in(self, microbatch: int) -> bool:
         """Does this micro-batch's backward reduce gradients? (no_sync before the last)."""

@@ -75,6 +75,7 @@ class RankProgram:
         self.end_s = 0.0
         self.deferred: list[Any] = []
         self._plans: dict[tuple[int, Phase], _OpPlan] = {}
+        self._tp_traced: dict[Any, list[Any]] = {}
 
     # ---- helpers ----------------------------------------------------------------------------
     def _trace(self, stream: str, name: str, start: float, end: float, **args: Any) -> None:
@@ -91,10 +92,21 @@ class RankProgram:
         """(offset, duration) of the gradient-producing steps of a backward segment."""
         pre = seg.steps[: seg.grad_from]
         post = seg.steps[seg.grad_from:]
-        tp = self.e.tp_time
-        off = sum(s.seconds if not s.op else tp(self.rank, s.op, s.size_bytes) for s in pre)
-        dur = sum(s.seconds if not s.op else tp(self.rank, s.op, s.size_bytes) for s in post)
+        step_s, rank = self.e.step_s, self.rank
+        off = sum(step_s(rank, s) for s in pre)
+        dur = sum(step_s(rank, s) for s in post)
         return off, dur
+
+    def _trace_tp(self, segs: list[Segment], t0: float, cache_key: Any = None) -> None:
+        """TP collectives priced inside fused segments, as slices on the tp stream."""
+        slices = self._tp_traced.get(cache_key) if cache_key is not None else None
+        if slices is None:
+            slices = self.e.tp_slices(self.rank, segs)
+            if cache_key is not None:
+                self._tp_traced[cache_key] = slices
+        add = self.e.add_trace
+        for start, end, name, args in slices:
+            add(self.rank, "tp", name, t0 + start, t0 + end, args)
 
     # ---- the process ------------------------------------------------------------------------
     def run(self) -> Any:
@@ -114,6 +126,11 @@ class RankProgram:
                     acct["bubble"] += produced - w0
                     acct["pp_exposed"] += w1 - produced
                 self.ledger.free(env.now, "buffers", mail.size_bytes, "pp recv")
+                gather = e.pp_gather(self, op)
+                if gather is not None:      # the receiving TP group assembles the message
+                    t0 = env.now
+                    yield gather
+                    acct["pp_exposed"] += env.now - t0
             chunk = chunks[op.chunk]
             start = env.now
             if by_segment:
@@ -198,6 +215,8 @@ class RankProgram:
             for bucket, rel in plan.buckets:
                 e.launch_bucket(self, op, chunk, bucket, t0 + rel)
         e.count_op(self.rank, plan)
+        if e.trace_on:
+            self._trace_tp(plan.segs, t0, (c, op.phase))
 
     def _segment_start(self, op: PipeOp, chunk: ChunkModel, seg: Segment) -> None:
         """At a segment's start: rebuilt activations, and DP launches at their ready times
@@ -243,7 +262,12 @@ class RankProgram:
             if e.layer_mode:
                 for step in seg.steps:
                     t0 = env.now
-                    if step.op:
+                    if step.op and step.overlap_s:   # the collective beside its compute
+                        yield env.all_of([e.tp_call(self, step.op, step.size_bytes),
+                                          env.timeout(step.overlap_s)])
+                        self.acct["compute"] += step.overlap_s
+                        self.acct["tp_exposed"] += env.now - t0 - step.overlap_s
+                    elif step.op:
                         yield e.tp_call(self, step.op, step.size_bytes)
                         self.acct["tp_exposed"] += env.now - t0
                     else:
@@ -252,6 +276,8 @@ class RankProgram:
             else:
                 dur = self._seg_duration(seg)
                 e.count_op(self.rank, seg)
+                if e.trace_on:
+                    self._trace_tp([seg], start, (op.chunk, op.phase, seg.key))
                 yield env.timeout(dur)
                 self.acct["compute"] += seg.compute_s
                 self.acct["tp_exposed"] += dur - seg.compute_s

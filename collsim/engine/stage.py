@@ -13,6 +13,18 @@ collectives. Megatron-LM places them (Shoeybi et al. 2019; Korthikanti et al. 20
 - embedding forward: vocab-parallel lookup, all-reduce (reduce-scatter with SP);
 - LM head: input all-gather with SP in forward; input-gradient all-reduce (reduce-scatter with
   SP) in backward.
+- sequence parallelism, backward of every column-parallel linear (QKV, MLP up, LM head): the
+  layer saved only its sequence-sharded input, so backward all-gathers it again to compute the
+  weight gradient (Korthikanti et al. 2022, section 4.2.2; Megatron-LM's
+  ``LinearWithGradAccumulationAndAsyncCommunication.backward``). Megatron launches that
+  all-gather asynchronously and computes the input gradient (the dgrad GEMM, half of the
+  linear's backward FLOPs) meanwhile, so the step is ``Step(op="all_gather",
+  overlap_s=dgrad)``: the compute stream is busy for max(all-gather, dgrad) and only the excess
+  is exposed. The reduce-scatter of the input gradient, which Megatron overlaps with the wgrad
+  GEMM, stays blocking here.
+- vocab-parallel cross-entropy on the last stage (Megatron-LM's ``_VocabParallelCrossEntropy``):
+  three all-reduces over the TP group of ``micro_batch x seq`` fp32 values in the loss forward
+  (the logit maximum, the predicted logit, the sum of exponentials).
 
 Tensor-parallel messages are ``micro_batch x seq x hidden`` activations in the compute dtype.
 """
@@ -27,7 +39,8 @@ from collsim.parallel.fsdp import FSDPUnit, build_units
 from collsim.parallel.params import ParamTensor, chunk_tensors
 from collsim.parallel.plan import Plan
 
-__all__ = ["Step", "Segment", "ChunkModel", "StageModel", "build_stage", "BlockTimes"]
+__all__ = ["Step", "Segment", "ChunkModel", "StageModel", "build_stage", "BlockTimes",
+           "loss_bytes"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +50,9 @@ class Step:
     seconds: float = 0.0
     op: str = ""
     size_bytes: float = 0.0
+    overlap_s: float = 0.0
+    """Compute that runs alongside this collective (``op`` set): the compute stream is busy for
+    max(collective, overlap_s) and the collective is exposed only beyond ``overlap_s``."""
 
 
 @dataclass(slots=True)
@@ -54,7 +70,7 @@ class Segment:
 
     @property
     def compute_s(self) -> float:
-        return sum(s.seconds for s in self.steps if not s.op)
+        return sum(s.overlap_s if s.op else s.seconds for s in self.steps)
 
 
 @dataclass(slots=True)
@@ -99,18 +115,40 @@ class BlockTimes:
     recompute_s: float = 0.0
     stored_bytes: float = 0.0
     transient_bytes: float = 0.0
+    column_dgrad_s: tuple[float, ...] = ()
+    """Input-gradient (dgrad) seconds of the block's column-parallel linears in backward
+    order (layer: MLP up, then QKV; head: the LM head): what hides the SP all-gather."""
 
 
-def _split(seconds: float, tp_comm: bool, size: float, *, sp: bool) -> list[Step]:
+def _split(seconds: float, tp_comm: bool, size: float, *, sp: bool,
+           dgrad_s: tuple[float, ...] = ()) -> list[Step]:
     """Two halves of compute (attention, MLP), each followed by its TP all-reduce, or with SP
-    preceded by an all-gather and followed by a reduce-scatter."""
+    preceded by an all-gather and followed by a reduce-scatter.
+
+    ``dgrad_s`` (backward with SP only): per half, the dgrad seconds of its column-parallel
+    linear, which hide the re-gather of that linear's input (Korthikanti 2022, sec. 4.2.2).
+    """
     if not tp_comm:
         return [Step(seconds)]
     half = seconds / 2
+    if sp and dgrad_s:
+        out: list[Step] = []
+        for d in dgrad_s:
+            d = min(max(d, 0.0), half)
+            out += [Step(op="all_gather", size_bytes=size), Step(half - d),
+                    Step(op="all_gather", size_bytes=size, overlap_s=d),
+                    Step(op="reduce_scatter", size_bytes=size)]
+        return out
     if sp:
         return [Step(op="all_gather", size_bytes=size), Step(half),
                 Step(op="reduce_scatter", size_bytes=size)] * 2
     return [Step(half), Step(op="all_reduce", size_bytes=size)] * 2
+
+
+def loss_bytes(plan: Plan) -> float:
+    """One vocab-parallel cross-entropy all-reduce: ``micro_batch x seq`` fp32 values
+    (Megatron-LM ``_VocabParallelCrossEntropy``: max, predicted logit, sum of exponentials)."""
+    return float(plan.training.micro_batch * plan.spec.seq_len * 4)
 
 
 def build_stage(plan: Plan, stage: int, *, layer: BlockTimes, embedding: BlockTimes,
@@ -139,7 +177,9 @@ def build_stage(plan: Plan, stage: int, *, layer: BlockTimes, embedding: BlockTi
                                stored_bytes=layer.stored_bytes))
             pre = (_split(layer.recompute_s, comm, size, sp=sp) if full
                    else ([Step(layer.recompute_s)] if layer.recompute_s else []))
-            bwd.append(Segment(index, pre + _split(layer.backward_s, comm, size, sp=sp),
+            bsteps = _split(layer.backward_s, comm, size, sp=sp,
+                            dgrad_s=(layer.column_dgrad_s or (0.0, 0.0)) if sp else ())
+            bwd.append(Segment(index, pre + bsteps,
                                grad_from=len(pre), stored_bytes=layer.stored_bytes,
                                transient_bytes=layer.transient_bytes))
         if last:
@@ -148,6 +188,10 @@ def build_stage(plan: Plan, stage: int, *, layer: BlockTimes, embedding: BlockTi
             if comm:
                 if sp:
                     fsteps.insert(0, Step(op="all_gather", size_bytes=size))
+                    d = min(sum(head.column_dgrad_s), head.backward_s)
+                    bsteps = [Step(head.backward_s - d),
+                              Step(op="all_gather", size_bytes=size, overlap_s=d)]
+                fsteps += [Step(op="all_reduce", size_bytes=loss_bytes(plan))] * 3
                 bsteps.append(Step(op="reduce_scatter" if sp else "all_reduce", size_bytes=size))
             fwd.append(Segment("head", fsteps, stored_bytes=head.stored_bytes))
             bwd.insert(0, Segment("head", bsteps, stored_bytes=head.stored_bytes))

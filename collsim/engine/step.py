@@ -62,13 +62,23 @@ def _blocks(plan: Plan, device: Any, overrides: dict[str, float]) -> tuple[
     def pick(key: str, value: float) -> float:
         return float(overrides.get(key, value))
 
-    layer = BlockTimes(pick("layer.forward", lt.forward_s), pick("layer.backward", lt.backward_s),
+    def dgrad(times: Any, names: tuple[str, ...], backward_s: float) -> tuple[float, ...]:
+        """Half the backward of each named linear (its dgrad GEMM: 2 of its 4 backward FLOPs
+        per weight element), scaled like the block when a block override replaced it."""
+        scale = backward_s / times.backward_s if times.backward_s > 0 else 0.0
+        by_name = {o.name: o.time_s for o in times.ops if o.phase == "backward"}
+        return tuple(by_name.get(n, 0.0) / 2 * scale for n in names)
+
+    layer_bwd = pick("layer.backward", lt.backward_s)
+    head_bwd = pick("head.backward", ht.backward_s)
+    layer = BlockTimes(pick("layer.forward", lt.forward_s), layer_bwd,
                        pick("layer.recompute", lt.recompute_s), lt.activation_bytes,
-                       lt.transient_bytes)
+                       lt.transient_bytes,
+                       column_dgrad_s=dgrad(lt, ("mlp_up", "qkv_proj"), layer_bwd))
     emb = BlockTimes(pick("embedding.forward", et.forward_s),
                      pick("embedding.backward", et.backward_s), 0.0, et.activation_bytes)
-    head = BlockTimes(pick("head.forward", ht.forward_s), pick("head.backward", ht.backward_s),
-                      0.0, ht.activation_bytes)
+    head = BlockTimes(pick("head.forward", ht.forward_s), head_bwd, 0.0, ht.activation_bytes,
+                      column_dgrad_s=dgrad(ht, ("lm_head",), head_bwd))
     return layer, emb, head, model
 
 

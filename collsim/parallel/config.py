@@ -92,6 +92,10 @@ class DDPConfig:
     """torch's small first bucket (dist._DEFAULT_FIRST_BUCKET_BYTES = 1 MiB)."""
     overlap: bool = True
     """Launch each bucket's all-reduce as soon as its last gradient is produced."""
+    gradient_as_bucket_view: bool = False
+    """torch DDP's ``gradient_as_bucket_view`` (default False there too): when False, DDP keeps
+    flat bucket tensors beside ``param.grad``, one more copy of the gradients in memory; when
+    True, the gradients are views into the buckets."""
 
     def __post_init__(self) -> None:
         _positive(self.bucket_mb, "parallel.ddp.bucket_mb")
