@@ -29,7 +29,7 @@ unit where they have one; unknown keys are rejected with ``file:line: key.path``
       virtual_stages: 1        # model chunks per stage (interleaved only)
       sequence_parallel: false
       zero: 1                  # 0 = DDP, 1, 2, 3 (= FSDP full shard)
-      ddp: {bucket_mb: 25, first_bucket_mb: 1, overlap: true}
+      ddp: {bucket_mb: 25, first_bucket_mb: 1, overlap: true, gradient_as_bucket_view: false}
       fsdp: {prefetch: 1, reshard_after_forward: true, offload: false}
 
 ``--set key.path=value`` overrides (the value is parsed as YAML) are applied to the document
@@ -343,7 +343,7 @@ def _read_parallel(reader: ConfigReader) -> ParallelConfig:
     ddp = reader.section("ddp", default_empty=True)
     ddp_kwargs: dict[str, Any] = {}
     _copy_optional(ddp, ddp_kwargs, {"bucket_mb": float, "first_bucket_mb": float,
-                                     "overlap": bool})
+                                     "overlap": bool, "gradient_as_bucket_view": bool})
     ddp.finish()
     fsdp = reader.section("fsdp", default_empty=True)
     fsdp_kwargs: dict[str, Any] = {}
