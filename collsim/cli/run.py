@@ -30,11 +30,19 @@ Examples:
   collsim run scenarios/3d_175b.yaml
   collsim run scenarios/3d_175b.yaml --set parallel.dp=8 --set cluster.nodes=64
   collsim run scenarios/ddp_gpt3_1.3b.yaml --json result.json --trace step.json
+  collsim run scenarios/pipeline_13b_1f1b.yaml --plot step.png --fidelity layer
 
 Exit status: 0 done, 1 the plan does not fit in memory, 2 bad input.
 """
 
 TraceWriter = Callable[..., Any]
+
+#: ``--fidelity`` choices (``collsim.engine.step.FIDELITIES``, kept here so that ``--help``
+#: does not import the engine).
+FIDELITY_CHOICES = ("auto", "fused", "layer")
+
+#: ``--plot`` suffixes (``collsim.report.plots.save_figure`` writes these).
+PLOT_SUFFIXES = (".png", ".svg")
 
 
 @click.command(name="run", epilog=_EPILOG)
@@ -47,18 +55,28 @@ TraceWriter = Callable[..., Any]
               help="Simulate every rank instead of one per symmetry class (slow on big jobs).")
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write a Perfetto / chrome://tracing timeline of the step to this file.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Draw the step (compute streams and memory) to this .png or .svg file.")
+@click.option("--fidelity", type=click.Choice(FIDELITY_CHOICES), default="auto",
+              show_default=True,
+              help="fused: closed-form communication; layer: every layer step and collective "
+                   "on the flow-level network; auto: layer only where links are shared.")
 def run(scenario: Path, overrides: tuple[str, ...], json_path: Path | None, all_ranks: bool,
-        trace_path: Path | None) -> None:
+        trace_path: Path | None, plot_path: Path | None, fidelity: str) -> None:
     """Simulate one training step of SCENARIO (a YAML file) and print the report."""
     code = run_scenario(scenario, overrides, json_path=json_path, all_ranks=all_ranks,
-                        trace_path=trace_path)
+                        trace_path=trace_path, plot_path=plot_path, fidelity=fidelity)
     if code:
         sys.exit(code)
 
 
 def run_scenario(path: Path, overrides: Sequence[str] = (), *, json_path: Path | None = None,
-                 all_ranks: bool = False, trace_path: Path | None = None) -> int:
+                 all_ranks: bool = False, trace_path: Path | None = None,
+                 plot_path: Path | None = None, fidelity: str = "auto") -> int:
     """The body of ``collsim run``; returns the exit code and prints what it has to say."""
+    if plot_path is not None and Path(plot_path).suffix.lower() not in PLOT_SUFFIXES:
+        _error(f"--plot: the image must end in .png or .svg, got {Path(plot_path).name!r}")
+        return 2
     try:
         write_trace = _trace_writer() if trace_path is not None else None
         if trace_path is not None and write_trace is None:
@@ -68,8 +86,9 @@ def run_scenario(path: Path, overrides: Sequence[str] = (), *, json_path: Path |
 
         scenario = load_scenario(path, overrides)
         topology = _load_topology(scenario)
-        result, caught = _simulate_capturing(scenario, topology, all_ranks=all_ranks,
-                                             trace=trace_path is not None)
+        result, caught = _simulate_capturing(
+            scenario, topology, all_ranks=all_ranks,
+            trace=trace_path is not None or plot_path is not None, fidelity=fidelity)
     except ConfigError as exc:
         _error(str(exc))
         return 2
@@ -89,6 +108,13 @@ def run_scenario(path: Path, overrides: Sequence[str] = (), *, json_path: Path |
     if write_trace is not None and trace_path is not None:
         write_trace(result, trace_path, name=scenario.name)
         click.echo(f"wrote {trace_path}", err=True)
+    if plot_path is not None:
+        try:
+            _write_plot(scenario, result, plot_path)
+        except ConfigError as exc:
+            _error(str(exc))
+            return 2
+        click.echo(f"wrote {plot_path}", err=True)
     if not result.fits:
         click.echo(memory_verdict(result), err=True)
         return 1
@@ -120,15 +146,28 @@ def _load_topology(scenario: "Scenario") -> "Topology":
 
 
 def _simulate(scenario: "Scenario", topology: "Topology", *, all_ranks: bool,
-              trace: bool) -> "StepResult":
+              trace: bool, fidelity: str = "auto") -> "StepResult":
     from collsim.engine import simulate_step
 
     return simulate_step(topology, scenario.model, scenario.training, scenario.parallel,
-                         all_ranks=all_ranks, trace=trace)
+                         all_ranks=all_ranks, trace=trace, fidelity=fidelity)
+
+
+def _write_plot(scenario: "Scenario", result: "StepResult", path: Path) -> None:
+    """``plot_step`` of the traced result, rows labelled by pipeline stage, saved by suffix."""
+    from collsim.report.plots import plot_step, save_figure
+
+    par = scenario.parallel
+    fig = plot_step(result, title=scenario.name, stage_of=lambda r: (r // par.tp) % par.pp)
+    try:
+        save_figure(fig, path)
+    except OSError as exc:
+        raise click.FileError(str(path), hint=exc.strerror) from None
 
 
 def _simulate_capturing(scenario: "Scenario", topology: "Topology", *, all_ranks: bool,
-                        trace: bool) -> tuple["StepResult", list[warnings.WarningMessage]]:
+                        trace: bool, fidelity: str = "auto"
+                        ) -> tuple["StepResult", list[warnings.WarningMessage]]:
     """Run the engine, collecting the CollsimWarnings it raises (other warnings pass through).
 
     Plan errors come back from the engine with a key path only; they are located in the
@@ -137,7 +176,8 @@ def _simulate_capturing(scenario: "Scenario", topology: "Topology", *, all_ranks
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", CollsimWarning)
         try:
-            result = _simulate(scenario, topology, all_ranks=all_ranks, trace=trace)
+            result = _simulate(scenario, topology, all_ranks=all_ranks, trace=trace,
+                               fidelity=fidelity)
         except ConfigError as exc:
             raise scenario.locate(exc) from None
     ours = [w for w in caught if issubclass(w.category, CollsimWarning)]

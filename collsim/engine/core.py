@@ -223,7 +223,8 @@ class Engine(DataParallelMixin):
                         args = self.tp_args(rank, step.op, step.size_bytes)
                         if step.overlap_s:
                             args["overlapped_compute_s"] = step.overlap_s
-                        out.append((t, t + link, f"{step.op} tp {seg.key}", args))
+                        where = f"L{seg.key}" if isinstance(seg.key, int) else seg.key
+                        out.append((t, t + link, f"{step.op} tp {where}", args))
                 t += self.step_s(rank, step)
         return out
 

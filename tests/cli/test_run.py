@@ -77,8 +77,9 @@ def fake_engine(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """Replace topology loading and the engine; the real plan checks still run."""
     state: dict[str, Any] = {"result": make_result(), "calls": []}
 
-    def simulate(scenario: Any, topology: Any, *, all_ranks: bool, trace: bool) -> StepResult:
-        state["calls"].append({"all_ranks": all_ranks, "trace": trace})
+    def simulate(scenario: Any, topology: Any, *, all_ranks: bool, trace: bool,
+                 fidelity: str = "auto") -> StepResult:
+        state["calls"].append({"all_ranks": all_ranks, "trace": trace, "fidelity": fidelity})
         build_plan(topology, scenario.model, scenario.training, scenario.parallel)
         warnings.warn("fewer buckets than layers", CollsimWarning)
         return state["result"]
@@ -117,7 +118,7 @@ def test_report_has_every_part(fake_engine: dict[str, Any], scenario_file: Path)
     # warnings go to stderr, each once: the engine's CollsimWarning and the result's own
     assert res.stderr.splitlines() == ["warning: fewer buckets than layers",
                                        "warning: engine note: 8 micro-batches over 2 stages"]
-    assert fake_engine["calls"] == [{"all_ranks": False, "trace": False}]
+    assert fake_engine["calls"] == [{"all_ranks": False, "trace": False, "fidelity": "auto"}]
 
 
 def test_plan_that_does_not_fit_prints_report_then_exits_1(
@@ -141,7 +142,7 @@ def test_json_has_the_pinned_keys(fake_engine: dict[str, Any], scenario_file: Pa
     assert set(data["breakdown_s"]) == set(BREAKDOWN_KEYS)
     assert set(data["memory_bytes"]) == set(MEMORY_KEYS)
     assert data["step_time_s"] == 2.0 and data["memory_peak_bytes"] == 40 * GiB
-    assert fake_engine["calls"] == [{"all_ranks": True, "trace": False}]
+    assert fake_engine["calls"] == [{"all_ranks": True, "trace": False, "fidelity": "auto"}]
 
 
 def test_trace_is_written_by_the_trace_writer(
@@ -152,7 +153,7 @@ def test_trace_is_written_by_the_trace_writer(
     res = invoke(str(scenario_file), "--trace", "t.json")
     assert res.exit_code == 0, res.output
     assert written == [(fake_engine["result"], Path("t.json"), "unit")]
-    assert fake_engine["calls"] == [{"all_ranks": False, "trace": True}]
+    assert fake_engine["calls"] == [{"all_ranks": False, "trace": True, "fidelity": "auto"}]
 
 
 def test_trace_without_a_writer_says_not_yet(
@@ -186,6 +187,32 @@ BAD_INPUT = [
     (["--set", "training.dtype=[bf16"], r"^error: --set training.dtype=\[bf16: training.dtype: "
                                         r"cannot parse value"),
 ]
+
+
+def test_plot_with_another_suffix_is_one_line_exit_2(fake_engine: dict[str, Any],
+                                                     scenario_file: Path) -> None:
+    res = invoke(str(scenario_file), "--plot", "step.pdf")
+    assert res.exit_code == 2
+    assert res.stderr == "error: --plot: the image must end in .png or .svg, got 'step.pdf'\n"
+    assert fake_engine["calls"] == [] and not Path("step.pdf").exists()
+
+
+def test_plot_and_fidelity_reach_the_engine(fake_engine: dict[str, Any],
+                                            scenario_file: Path) -> None:
+    res = invoke(str(scenario_file), "--fidelity", "layer")
+    assert res.exit_code == 0, res.output
+    assert fake_engine["calls"] == [{"all_ranks": False, "trace": False, "fidelity": "layer"}]
+    # the stand-in result has no trace events: plotting it is a one-line error, not a crash
+    res = invoke(str(scenario_file), "--plot", "step.png")
+    assert fake_engine["calls"][-1] == {"all_ranks": False, "trace": True, "fidelity": "auto"}
+    errors = [line for line in res.stderr.splitlines() if not line.startswith("warning: ")]
+    assert res.exit_code == 2 and len(errors) == 1
+    assert errors[0].startswith("error: ") and "trace" in errors[0]
+    res = invoke(str(scenario_file), "--fidelity", "exact")
+    assert res.exit_code == 2 and fake_engine["calls"][-1]["fidelity"] == "auto"
+    from collsim.engine.step import FIDELITIES
+
+    assert run_mod.FIDELITY_CHOICES == FIDELITIES
 
 
 @pytest.mark.parametrize("args, pattern", BAD_INPUT, ids=[
@@ -443,3 +470,28 @@ def test_run_keeps_heavy_modules_out() -> None:
                          capture_output=True, text=True, timeout=120, check=True)
     assert "step time" in out.stdout
     assert out.stderr.strip().splitlines()[-1] == "heavy="
+
+
+@needs_engine
+@pytest.mark.parametrize("name, suffix", [("pipeline_13b_1f1b", ".png"),
+                                          ("ddp_gpt3_1.3b", ".svg")])
+def test_plot_image_is_written(tmp_path: Path, name: str, suffix: str) -> None:
+    import xml.etree.ElementTree as ET
+
+    image = tmp_path / f"step{suffix}"
+    res, data = run_json(tmp_path, name, "--plot", str(image))
+    assert res.exit_code == 0, res.output
+    assert f"wrote {image}" in res.stderr and data["step_time_s"] > 0
+    raw = image.read_bytes()
+    if suffix == ".png":
+        from matplotlib.image import imread
+
+        assert raw.startswith(b"\x89PNG\r\n\x1a\n")
+        pixels = imread(str(image))
+        assert pixels.shape[0] > 400 and pixels.shape[1] > 1000
+        assert pixels.std() > 0.05                        # not a blank canvas
+    else:
+        root = ET.fromstring(raw)
+        assert root.tag.endswith("svg") and float(root.get("width", "0").rstrip("pt")) > 500
+        paths = [el for el in root.iter() if el.tag.endswith("path")]
+        assert len(paths) > 100                           # bars, axes and glyphs drawn
