@@ -8,10 +8,12 @@ nccl-tests.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import click
 
+from collsim.cli.common import OneLineCommand
 from collsim.units import GB, parse_size
 
 __all__ = ["collective", "sweep_sizes", "build_group"]
@@ -69,24 +71,6 @@ def build_group(topology_spec: str, gpus: int | None, nodes: int | None) -> Any:
     return Group(topo, ranks)
 
 
-class _OneLineErrors(click.Command):
-    """Usage errors print as one ``Error: ...`` line, without the usage block."""
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        try:
-            return super().parse_args(ctx, args)
-        except click.UsageError as exc:
-            exc.ctx = None
-            raise
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except click.UsageError as exc:
-            exc.ctx = None
-            raise
-
-
 def _size(ctx: click.Context, param: click.Parameter, value: str) -> int:
     try:
         return parse_size(value)
@@ -94,7 +78,7 @@ def _size(ctx: click.Context, param: click.Parameter, value: str) -> int:
         raise click.BadParameter(str(exc)) from None
 
 
-@click.command(name="collective", cls=_OneLineErrors)
+@click.command(name="collective", cls=OneLineCommand)
 @click.option("--topology", "-t", "topology_spec", required=True,
               help="Topology YAML file or name in topologies/ (dgx_h100, localhost, ...).")
 @click.option("--nodes", "-N", type=click.IntRange(min=1), default=None,
@@ -135,6 +119,9 @@ def collective(topology_spec: str, nodes: int | None, gpus: int | None, op_name:
     if minbytes > maxbytes:
         raise click.BadParameter(f"-b {minbytes} is larger than -e {maxbytes}",
                                  param_hint="-b/-e")
+    if not math.isfinite(stepfactor):
+        raise click.BadParameter(f"must be a finite number >= 1, got {stepfactor}",
+                                 param_hint="-f")
     if stepfactor == 1 and stepbytes == 0:
         raise click.BadParameter("must be > 0 when -f is 1", param_hint="-i")
     group = build_group(topology_spec, gpus, nodes)

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from collsim.cli.common import OneLineGroup, check_output_path
 from collsim.errors import CollsimWarning, ConfigError, InfeasibleError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -54,6 +55,7 @@ def _check_suffix(path: Path) -> None:
     if path.suffix.lower() not in (".png", ".svg"):
         raise ConfigError(f"image must end in .png or .svg, got {path.name!r}",
                           key_path="--output")
+    check_output_path(path, "--output")
 
 
 def _save(fig: Figure, path: Path) -> None:
@@ -87,7 +89,7 @@ def _sweep_frame(path: Path, series: str) -> pd.DataFrame:
     return frame
 
 
-@click.group(name="plot", context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(name="plot", cls=OneLineGroup, context_settings={"help_option_names": ["-h", "--help"]})
 def plot() -> None:
     """Draw scaling, memory, timeline, pipeline, breakdown and collective plots."""
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from collsim.cli.common import OneLineCommand, check_output_path
 from collsim.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -41,7 +42,7 @@ def _int_list(text: str | None, key: str) -> tuple[int, ...] | None:
     return values
 
 
-@click.command(name="search", epilog=_EPILOG)
+@click.command(name="search", epilog=_EPILOG, cls=OneLineCommand)
 @click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--gpus", type=int, help="GPU count to plan for (default: the scenario's).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
@@ -92,6 +93,7 @@ def search(scenario: Path, gpus: int | None, overrides: tuple[str, ...], top_n: 
                 raise ConfigError(f"must be some of gpipe, 1f1b, interleaved; got "
                                   f"{schedule_text}", key_path="--schedule")
             space_kwargs["schedules"] = kinds
+        check_output_path(output, "--output")
         if gpus is not None and gpus <= 0:
             raise ConfigError(f"must be > 0, got {gpus}", key_path="--gpus")
         from collsim.errors import InfeasibleError

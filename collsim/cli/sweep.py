@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from collsim.cli.common import OneLineCommand, check_output_path
 from collsim.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -36,7 +37,7 @@ Examples:
 """
 
 
-@click.command(name="sweep", epilog=_EPILOG)
+@click.command(name="sweep", epilog=_EPILOG, cls=OneLineCommand)
 @click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--gpus", "gpus_text", metavar="LIST",
               help="GPU counts, e.g. 64,128,...,4096 (a literal ... continues the doubling).")
@@ -77,6 +78,8 @@ def sweep(scenario: Path, gpus_text: str | None, strong: bool, grow: str,
         if plot_path is not None and plot_path.suffix.lower() not in (".png", ".svg"):
             raise ConfigError(f"image must end in .png or .svg, got {plot_path.name!r}",
                               key_path="--plot")
+        check_output_path(output, "--output")
+        check_output_path(plot_path, "--plot")
         check_overrides(scenario, sets, gpus=gpus, grow=grow, plans=plans)
     except ConfigError as exc:
         _fail(exc)

@@ -43,7 +43,10 @@ def rows(path: Path) -> list[dict[str, str]]:
     (["--set", "training.recompute=full,sometimes"], "training.recompute"),
     (["--gpus", "8,16,...,100"], "--gpus"),
     (["--gpus", "8,16", "--set", "parallel.dp=2,4"], "parallel.dp"),
-], ids=["unknown-key", "bad-value", "bad-enum", "bad-gpus", "grown-axis"])
+    (["-o", "/no/such/folder/x.csv"], "--output"),             # before the sweep runs
+    (["--plot", "/no/such/folder/x.png"], "--plot"),
+], ids=["unknown-key", "bad-value", "bad-enum", "bad-gpus", "grown-axis", "output-folder",
+        "plot-folder"])
 def test_sweep_bad_input_is_one_line_exit_2(scenario: Path, args, key: str) -> None:
     result = invoke("sweep", scenario, *args)
     assert result.exit_code == 2
@@ -119,7 +122,8 @@ def test_search_prints_best_plans_and_counts_rejections(scenario: Path, tmp_path
     (["--set", "training.dtype=fp12"], "training.dtype"),
     (["--zero", "0,4"], "--zero"),
     (["--recompute", "some"], "--recompute"),
-], ids=["gpus", "unknown-key", "bad-value", "zero", "recompute"])
+    (["-o", "/no/such/folder/x.csv"], "--output"),
+], ids=["gpus", "unknown-key", "bad-value", "zero", "recompute", "output-folder"])
 def test_search_bad_input_is_one_line_exit_2(scenario: Path, args, key: str) -> None:
     result = invoke("search", scenario, *args)
     assert result.exit_code == 2
@@ -160,7 +164,8 @@ def test_plot_commands_write_images(scenario: Path, tmp_path: Path) -> None:
      "parallel.tq"),
     (["plot", "collectives", "--topology", "dgx_h100", "--op", "all_reduse", "-o",
       "{tmp}/x.png"], "--op"),
-], ids=["suffix", "series", "set-key", "op"])
+    (["plot", "scaling", "{csv}", "-o", "/no/such/folder/x.png"], "--output"),
+], ids=["suffix", "series", "set-key", "op", "output-folder"])
 def test_plot_bad_input_exit_2(scenario: Path, tmp_path: Path, args, key: str) -> None:
     sweep_csv = tmp_path / "s.csv"
     sweep_csv.write_text("plan,num_gpus,tokens_per_s\na,8,1.0\n")
@@ -187,3 +192,16 @@ def test_progress_bar_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> Non
                 tick()
         assert ("3/3" in stream.getvalue()) is drawn
         assert bool(stream.getvalue()) is drawn
+
+
+@pytest.mark.parametrize("args", [
+    ["sweep", "{tmp}"],                                       # a folder, not a file
+    ["search", "{scenario}", "--top", "0"],
+    ["plot", "scaling", "{tmp}/missing.csv", "-o", "{tmp}/x.png"],
+    ["plot", "no-such-kind"],
+], ids=["sweep-folder", "search-top", "plot-missing-csv", "plot-kind"])
+def test_usage_errors_are_one_line_exit_2(scenario: Path, tmp_path: Path, args) -> None:
+    result = invoke(*[a.format(tmp=tmp_path, scenario=scenario) for a in args])
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
