@@ -75,7 +75,7 @@ def save_figure(fig: Figure, path: str | Path, *, dpi: int = 150) -> Path:
     """Write ``fig`` as PNG or SVG (by the suffix of ``path``) and return the path.
 
     Raises:
-        ConfigError: the suffix is neither ``.png`` nor ``.svg``.
+        ConfigError: the suffix is neither ``.png`` nor ``.svg``, or the file cannot be written.
     """
     path = Path(path)
     suffix = path.suffix.lower()
@@ -84,7 +84,11 @@ def save_figure(fig: Figure, path: str | Path, *, dpi: int = 150) -> Path:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     FigureCanvasAgg(fig)  # Agg for PNG; SVG is written by its own backend via savefig
-    fig.savefig(path, dpi=dpi, format=suffix[1:], facecolor="white")
+    try:
+        fig.savefig(path, dpi=dpi, format=suffix[1:], facecolor="white")
+    except OSError as exc:
+        raise ConfigError(f"cannot write {str(path)!r}: {exc.strerror or exc}",
+                          key_path="plot") from None
     return path
 
 

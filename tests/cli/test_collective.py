@@ -85,9 +85,11 @@ def test_sweep_sizes_follow_nccl_tests() -> None:
         (["-t", "dgx_h100", "-g", "12", "-N", "5"], "do not spread evenly"),
         (["-t", "no_such_topology"], "no topology file or name 'no_such_topology'"),
         (["-t", "dgx_a100", "-a", "nvls"], "no in-switch reduction"),
+        (["-t", "dgx_h100", "-f", "nan"], "finite"),                # nan passes FloatRange
+        (["-t", "dgx_h100", "-f", "inf"], "finite"),
     ],
     ids=["bad-size", "b-gt-e", "bad-op", "too-many-per-node", "uneven", "unknown-topology",
-         "nvls-on-a100"],
+         "nvls-on-a100", "nan-factor", "inf-factor"],
 )
 def test_bad_flags_exit_2_with_one_line(args: list[str], message: str, capsys) -> None:
     code, out, err = run(args, capsys)

@@ -186,6 +186,8 @@ def test_bad_inputs_are_config_errors(tmp_path: Path, result_factory) -> None:
     frame = results_frame([({"plan": "a", "num_gpus": 8}, result_factory())])
     with pytest.raises(ConfigError, match="must end in .png or .svg"):
         save_figure(plot_breakdown(frame), tmp_path / "x.jpg")
+    with pytest.raises(ConfigError, match="cannot write"):
+        save_figure(plot_breakdown(frame), tmp_path / "no-such-folder" / "x.png")
     with pytest.raises(ConfigError, match="needs column"):
         plot_scaling(frame.drop(columns=["tokens_per_s"]))
     with pytest.raises(ConfigError, match="missing column"):
