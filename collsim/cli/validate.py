@@ -355,9 +355,20 @@ def step(world_sizes: str, backend: str, topology: str | None, iters: int, warmu
         n = int(report["world_size"])
         per_node = int(report.get("local_world_size", n))
         topo = load_topology(topo_spec, nodes=max(1, n // per_node), gpus_per_node=per_node)
-        simulated = simulate_modes(report, topo)
+        from collsim.validate.step import cores_busy
+
+        overlap = not cores_busy(report)
+        simulated = simulate_modes(report, topo, overlap=overlap)
+        other = simulate_modes(report, topo, overlap=not overlap)
         report["topology"] = topo_spec
+        report["ddp_overlap_simulated"] = overlap
         report["simulated"] = {m: vars_of(s) for m, s in simulated.items()}
+        report["simulated_other_overlap"] = {m: vars_of(s) for m, s in other.items()}
+        click.echo(f"# DDP all-reduces simulated {'overlapping' if overlap else 'after'} "
+                   f"backward ({report['world_size']} ranks x {report.get('threads_per_rank')} "
+                   f"thread(s) on {report.get('cpu_count')} cores); the other choice gives "
+                   + ", ".join(f"{m} {o.step_time_s * 1e3:.1f} ms" for m, o in other.items()
+                               if m.startswith("ddp")))
         click.echo(f"# world size {n}, {report['num_parameters']} parameters, micro-batch "
                    f"{micro_batch} x seq {cfg.seq_len}, topology {topo_spec}")
         click.echo("# profiled per block (ms): " + ", ".join(

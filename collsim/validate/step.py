@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 __all__ = ["StepConfig", "model_spec", "build_gpt", "step_rank", "run_step",
-           "simulate_modes", "MODES"]
+           "simulate_modes", "cores_busy", "MODES"]
 
 #: Modes of a measured step: DDP with a bucket size in MB, or the FSDP sketch.
 MODES = ("ddp_b1", "ddp_b25", "fsdp")
@@ -259,11 +259,16 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
     table = torch.cat([prof_part, step_part], dim=1).cpu()
     columns = {k: [float(v) for v in table[:, j]] for j, k in enumerate(keys)}
     medians = {k: statistics.median(v) for k, v in columns.items()}
-    profile = {k: medians[k] for k in medians if k not in cfg.modes and not k.startswith("layer")}
-    profile["layer.forward"] = statistics.median(medians[f"layer{i}.forward"]
+    # Blocks: the mean over iterations. A block lasts a few ms, about one scheduler time slice
+    # on a shared machine, so its median is an iteration in which it was not preempted, while
+    # a whole step (tens of blocks) always is; the mean keeps the preemptions in.
+    means = {k: statistics.fmean(v) for k, v in columns.items() if k not in cfg.modes}
+    profile = {k: means[k] for k in means if not k.startswith("layer")}
+    profile["layer.forward"] = statistics.fmean(means[f"layer{i}.forward"]
+                                                for i in range(cfg.num_layers))
+    profile["layer.backward"] = statistics.fmean(means[f"layer{i}.backward"]
                                                  for i in range(cfg.num_layers))
-    profile["layer.backward"] = statistics.median(medians[f"layer{i}.backward"]
-                                                  for i in range(cfg.num_layers))
+    block_medians = {k: v for k, v in medians.items() if k not in cfg.modes}
     modes: dict[str, Any] = {}
     for mode in cfg.modes:
         entry: dict[str, Any] = {"median_s": medians[mode], "min_s": min(columns[mode]),
@@ -274,7 +279,11 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
             except Exception:  # noqa: BLE001 - private API; the count is informative only
                 pass
         modes[mode] = entry
+    import os
+
     return {"world_size": ctx.world_size, "local_world_size": ctx.local_world_size,
+            "cpu_count": os.cpu_count(), "threads_per_rank": torch.get_num_threads(),
+            "block_medians_s": block_medians,
             "backend": ctx.backend,
             "torch_version": torch.__version__, "profile": profile,
             "profile_sum_s": sum(profile[k] for k in profile if not k.startswith("layer"))
@@ -305,8 +314,15 @@ class SimulatedMode:
     num_collectives: int = 0
 
 
-def simulate_modes(report: dict[str, Any], topology: Any) -> dict[str, SimulatedMode]:
-    """Simulate every measured mode of ``report`` on ``topology`` with the profiled compute."""
+def simulate_modes(report: dict[str, Any], topology: Any,
+                   overlap: bool | None = None) -> dict[str, SimulatedMode]:
+    """Simulate every measured mode of ``report`` on ``topology`` with the profiled compute.
+
+    Args:
+        report: a :func:`run_step` report.
+        topology: the calibrated topology.
+        overlap: DDP all-reduces overlap backward; None decides by :func:`cores_busy`.
+    """
     from collsim.engine.step import simulate_step
     from collsim.parallel.config import (DDPConfig, FSDPConfig, ParallelConfig,
                                          TrainingConfig)
@@ -318,14 +334,28 @@ def simulate_modes(report: dict[str, Any], topology: Any) -> dict[str, Simulated
     training = TrainingConfig(global_batch=cfg.micro_batch * n, micro_batch=cfg.micro_batch,
                               dtype="fp32", optimizer="sgd")
     overrides = {k: float(v) for k, v in report["profile"].items()}
+    if overlap is None:
+        overlap = not cores_busy(report)
     out: dict[str, SimulatedMode] = {}
     for mode in report["modes"]:
         if mode == "fsdp":
             parallel = ParallelConfig(dp=n, zero=3, fsdp=FSDPConfig(
                 prefetch=0, reshard_after_forward=False))
         else:
-            parallel = ParallelConfig(dp=n, ddp=DDPConfig(bucket_mb=float(mode[5:])))
+            parallel = ParallelConfig(dp=n, ddp=DDPConfig(bucket_mb=float(mode[5:]),
+                                                          overlap=overlap))
         result = simulate_step(topology, spec, training, parallel, op_time_overrides=overrides)
         out[mode] = SimulatedMode(mode, result.step_time_s, dict(result.breakdown_s),
                                   sum(c.count for c in result.collectives))
     return out
+
+
+def cores_busy(report: dict[str, Any]) -> bool:
+    """True when CPU ranks fill every core (gloo, ranks x threads >= cores): nothing is left
+    to run gloo's copies and reductions beside backward, so DDP's all-reduces cannot overlap
+    it and the engine is run with ``ddp.overlap = False``. GPUs (nccl) always overlap."""
+    if report.get("backend") != "gloo":
+        return False
+    cores = int(report.get("cpu_count") or 0)
+    ranks_per_node = int(report.get("local_world_size", report["world_size"]))
+    return cores > 0 and ranks_per_node * int(report.get("threads_per_rank", 1)) >= cores
