@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Sequence, cast
 
 import numpy as np
 import simpy
@@ -255,8 +255,12 @@ class FlowNetwork:
         for link in flow.path:
             self.link_bytes[link] += flow.size_bytes
         if flow.latency_s > 0:
-            delay = self.env.timeout(flow.latency_s)
-            done = flow.done
-            delay.callbacks.append(lambda _e: done.succeed())
+            delay = self.env.timeout(flow.latency_s, value=flow.done)
+            delay.callbacks.append(_fire_delivery)
         else:
             flow.done.succeed()
+
+
+def _fire_delivery(delay: simpy.Event) -> None:
+    """Callback of a propagation delay: fire the delivery event it carries as its value."""
+    cast(simpy.Event, delay.value).succeed()

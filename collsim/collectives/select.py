@@ -145,7 +145,7 @@ def cost(op: CollectiveOp | str, size_bytes: float, group: Group,
         entry = cache[key] = _fast_entry(op, group, algorithm, protocol)
     candidates, parsed_op, factor, n = entry
     best_s = inf
-    best_alg = best_proto = None
+    best_alg, best_proto = candidates[0][3], candidates[0][4]   # never empty (_candidates)
     for latency_s, s_per_byte, loop, alg, proto in candidates:
         t = latency_s + size_bytes * s_per_byte
         if loop is not None:
@@ -164,7 +164,7 @@ def _fast_entry(op: CollectiveOp | str, group: Group, algorithm: Algorithm | str
                 protocol: Protocol | str | None
                 ) -> tuple[list[_Candidate], CollectiveOp, float, int]:
     parsed_op = parse_enum(CollectiveOp, op, "op")
-    candidates = [(t.latency_s, t.seconds_per_byte,
+    candidates: list[_Candidate] = [(t.latency_s, t.seconds_per_byte,
                    t.loop_overhead_s if t.loop_bytes is not None else None,
                    schedule.algorithm, t.protocol)
                   for schedule, t in _options(op, group, algorithm, protocol)]

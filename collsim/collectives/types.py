@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 from collsim.errors import ConfigError
 from collsim.topology import Topology
@@ -45,7 +45,10 @@ class Protocol(StrEnum):
     SIMPLE = "simple"
 
 
-def parse_enum(enum_cls: type[StrEnum], value: Any, what: str) -> Any:
+_E = TypeVar("_E", bound=StrEnum)
+
+
+def parse_enum(enum_cls: type[_E], value: object, what: str) -> _E:
     """``enum_cls(value)`` with a ConfigError listing the choices."""
     if isinstance(value, enum_cls):
         return value
@@ -59,22 +62,20 @@ def parse_enum(enum_cls: type[StrEnum], value: Any, what: str) -> Any:
 _new = object.__new__
 _setattr = object.__setattr__
 
-_BUSBW = {
-    CollectiveOp.ALL_REDUCE: lambda n: 2.0 * (n - 1) / n,
-    CollectiveOp.REDUCE_SCATTER: lambda n: (n - 1) / n,
-    CollectiveOp.ALL_GATHER: lambda n: (n - 1) / n,
-    CollectiveOp.ALL_TO_ALL: lambda n: (n - 1) / n,
-    CollectiveOp.BROADCAST: lambda n: 1.0,
-    CollectiveOp.REDUCE: lambda n: 1.0,
-    CollectiveOp.SEND_RECV: lambda n: 1.0,
-}
-
-
 def busbw_factor(op: CollectiveOp, num_ranks: int) -> float:
     """nccl-tests busbw / algbw (doc/PERFORMANCE.md): 2(n-1)/n all_reduce, (n-1)/n gathers."""
-    if num_ranks < 2:
+    n = num_ranks
+    if n < 2:
         return 0.0
-    return float(_BUSBW[op](num_ranks))
+    match op:
+        case CollectiveOp.ALL_REDUCE:
+            return 2.0 * (n - 1) / n
+        case CollectiveOp.REDUCE_SCATTER | CollectiveOp.ALL_GATHER | CollectiveOp.ALL_TO_ALL:
+            return (n - 1) / n
+        case CollectiveOp.BROADCAST | CollectiveOp.REDUCE | CollectiveOp.SEND_RECV:
+            return 1.0
+        case _:
+            raise ConfigError(f"unknown op {op!r}")
 
 
 @dataclass(frozen=True, eq=False)
