@@ -106,10 +106,13 @@ class Candidate:
         """The scenario's training and parallel sections with this plan's knobs."""
         import dataclasses
 
+        from collsim.parallel.config import Recompute, ScheduleKind
+
         training = dataclasses.replace(base_training, micro_batch=self.micro_batch,
-                                       recompute=self.recompute)
+                                       recompute=Recompute(self.recompute))
         parallel = dataclasses.replace(
-            base_parallel, tp=self.tp, pp=self.pp, dp=self.dp, schedule=self.schedule,
+            base_parallel, tp=self.tp, pp=self.pp, dp=self.dp,
+            schedule=ScheduleKind(self.schedule),
             virtual_stages=self.virtual_stages, zero=self.zero,
             sequence_parallel=self.sequence_parallel)
         return training, parallel

@@ -20,7 +20,7 @@ import itertools
 import re
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -136,7 +136,9 @@ def parse_gpus(text: str) -> list[int]:
 
 def _split_values(raw: str) -> list[str]:
     """Split on commas outside brackets/braces/quotes (``[1,2],[3]`` is two YAML values)."""
-    values, depth, quote, current = [], 0, "", []
+    values: list[str] = []
+    current: list[str] = []
+    depth, quote = 0, ""
     for char in raw:
         if quote:
             if char == quote:
@@ -194,7 +196,7 @@ def parse_plan(text: str) -> tuple[str, list[str]]:
 
 def check_overrides(path: str | Path, sets: Sequence[tuple[str, Sequence[str]]], *,
                     gpus: Sequence[int] | None = None, grow: str = "dp",
-                    plans: dict[str, Sequence[str]] | None = None) -> None:
+                    plans: Mapping[str, Sequence[str]] | None = None) -> None:
     """Load the scenario with each ``--set`` value so that an unknown key or a bad value fails
     before anything runs, with the scenario loader's own one-line error. A value that only
     works together with another swept value (``virtual_stages=2`` with
@@ -259,7 +261,7 @@ def _short_keys(keys: Sequence[str]) -> dict[str, str]:
 
 def build_points(*, gpus: Sequence[int] | None = None,
                  sets: Sequence[tuple[str, Sequence[str]]] = (),
-                 plans: dict[str, Sequence[str]] | None = None) -> list[SweepPoint]:
+                 plans: Mapping[str, Sequence[str]] | None = None) -> list[SweepPoint]:
     """The grid: every plan (or ``--set`` combination) at every GPU count.
 
     Args:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import Any, cast
 
 import click
 
@@ -113,7 +113,7 @@ def collective(topology_spec: str, nodes: int | None, gpus: int | None, op_name:
     """Time one collective over a size sweep (nccl-tests style)."""
     import simpy
 
-    from collsim.collectives import cost, simulate
+    from collsim.collectives import CollectiveCost, cost, simulate
     from collsim.network import FlowNetwork
 
     if minbytes > maxbytes:
@@ -139,7 +139,7 @@ def collective(topology_spec: str, nodes: int | None, gpus: int | None, op_name:
             net = FlowNetwork(env, topo)
             proc = simulate(env, net, op_name, size, group, algo_name, protocol=protocol_name)
             env.run(proc)
-            result = proc.value
+            result = cast(CollectiveCost, proc.value)    # the process returns its cost
         count = size // word // (n if op_name in _PER_RANK_COUNT else 1)
         rows.append({
             "size_bytes": size, "count": count, "type": dtype,

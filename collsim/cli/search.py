@@ -17,6 +17,8 @@ from collsim.cli.common import OneLineCommand, check_output_path
 from collsim.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
+    from collections.abc import Callable
+
     from collsim.search import Ranked, SearchResult
 
 __all__ = ["search", "search_table"]
@@ -127,7 +129,7 @@ def search(scenario: Path, gpus: int | None, overrides: tuple[str, ...], top_n: 
 
 
 def _run_with_progress(topology: Any, base: Any, space: Any, top_k: int,
-                       search_plans: Any) -> SearchResult:
+                       search_plans: Callable[..., SearchResult]) -> SearchResult:
     """Run the search with a progress bar on a terminal (plans estimated, then simulated)."""
     from collsim.search import enumerate_plans
 

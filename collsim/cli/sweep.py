@@ -18,7 +18,10 @@ from collsim.cli.common import OneLineCommand, check_output_path
 from collsim.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
+    from collections.abc import Callable
+
     import pandas as pd
+    from matplotlib.figure import Figure
 
     from collsim.sweep import SweepOutcome
 
@@ -103,8 +106,9 @@ def sweep(scenario: Path, gpus_text: str | None, strong: bool, grow: str,
         if kind == "auto":
             kind = "scaling" if gpus and len(gpus) > 1 else "breakdown"
         try:
-            figure = {"scaling": plot_scaling, "memory": plot_memory,
-                      "breakdown": plot_breakdown}[kind](_with_plan_labels(frame, scenario.stem))
+            drawers: dict[str, Callable[[pd.DataFrame], Figure]] = {
+                "scaling": plot_scaling, "memory": plot_memory, "breakdown": plot_breakdown}
+            figure = drawers[kind](_with_plan_labels(frame, scenario.stem))
             save_figure(figure, plot_path)
         except ConfigError as exc:
             _fail(exc)

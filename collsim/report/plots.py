@@ -242,10 +242,10 @@ def plot_memory(frame: pd.DataFrame, *, series: str = "plan", x: str = "num_gpus
         ax.set_title(str(label))
         ax.set_xlabel("Number of GPUs")
         ax.grid(True, axis="y", alpha=0.25, linestyle="--")
-    top = max(float(_gb(data["memory_peak_bytes"]).max()) if "memory_peak_bytes" in data
-              else 0.0, (capacity_bytes or 0.0) / 1e9)
-    if top > 0:
-        axes[0].set_ylim(0, top * 1.12)
+    y_max = max(float(_gb(data["memory_peak_bytes"]).max()) if "memory_peak_bytes" in data
+                else 0.0, (capacity_bytes or 0.0) / 1e9)
+    if y_max > 0:
+        axes[0].set_ylim(0, y_max * 1.12)
     axes[0].set_ylabel("Peak memory per GPU (GB)")
     handles, names = axes[0].get_legend_handles_labels()
     fig.legend(handles, names, loc="outside right center", fontsize=9)
@@ -343,10 +343,10 @@ def _stage_rows(frame: pd.DataFrame, max_rows: int,
     """
     compute = frame[frame["stream"] == "compute"]
     ranks = sorted(set(int(r) for r in compute["rank"]))
-    stages = compute["stage"].dropna() if "stage" in compute.columns else []
-    if len(stages):
+    if "stage" in compute.columns and compute["stage"].notna().any():
         first = compute.dropna(subset=["stage"]).groupby("stage")["rank"].min()
-        rows = [(f"stage {int(s)}", int(r)) for s, r in first.items()]
+        rows = [(f"stage {int(s)}", int(r))
+                for s, r in zip(first.index.tolist(), first.tolist())]
     elif stage_of is not None:
         seen: dict[int, int] = {}
         for rank in ranks:

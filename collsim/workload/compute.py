@@ -71,9 +71,12 @@ _GEMM_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
 class DeviceLike(Protocol):
     """What the compute model needs from ``collsim.hardware.Device``."""
 
-    name: str
-    matmul_efficiency: float
-    memory_bandwidth_bps: float
+    @property
+    def name(self) -> str: ...
+    @property
+    def matmul_efficiency(self) -> float: ...
+    @property
+    def memory_bandwidth_bps(self) -> float: ...
 
     def peak_flops_for(self, dtype: str) -> float: ...
 

@@ -251,7 +251,7 @@ def _core_attention(b: int, s: int, d: int, heads: int, kv_heads: int, e: int,
                   saved={"q": e * tokens * heads * d, "k": e * tokens * kv_heads * d}))
     out.append(_elementwise("softmax", "softmax", probs, 2 * e * probs,
                             {"softmax.output": e * probs}))
-    values_saved = {"v": e * tokens * kv_heads * d}
+    values_saved: dict[str, float] = {"v": e * tokens * kv_heads * d}
     if dropout:
         out.append(_elementwise("attn_dropout", "dropout", probs, (2 * e + 1) * probs,
                                 {"attn_dropout.mask": probs}))
