@@ -28,7 +28,11 @@ from collsim.errors import SimulationError
 from collsim.parallel.plan import Plan
 from collsim.parallel.schedules import Phase, PipeOp, input_of, stage_schedule
 
-__all__ = ["Engine"]
+__all__ = ["Engine", "RECV_STREAM"]
+
+RECV_STREAM = "pp recv"
+"""Trace stream of a rank's pipeline receives (the same transfers as the sender's ``pp``
+slices, seen from the receiver; a thread of its own, as receives overlap the rank's sends)."""
 
 
 class Engine(DataParallelMixin):
@@ -347,9 +351,15 @@ class Engine(DataParallelMixin):
         mail.size_bytes = size
         receiver = self.programs.get(dst)
 
-        def deliver(_ev: simpy.Event) -> None:
+        def deliver(ev: simpy.Event) -> None:
             if receiver is not None:
                 receiver.ledger.alloc(self.env.now, "buffers", size, "pp recv")
+                record = ev.value
+                if self.trace_on and isinstance(record, CallRecord):
+                    self.add_trace(dst, RECV_STREAM,
+                                   f"recv {op.phase.value} mb{op.microbatch} c{op.chunk} "
+                                   f"<- stage {prog.coords.pp}", record.start_s, record.end_s,
+                                   {**record.args, "src_rank": src})
             mail.event.succeed()
         done.callbacks.append(deliver)
 

@@ -227,3 +227,31 @@ def test_scenario_reads_gradient_as_bucket_view(tmp_path: Path) -> None:
     assert load_scenario(path).parallel.ddp.gradient_as_bucket_view is True
     assert load_scenario(path, ["parallel.ddp.gradient_as_bucket_view=false"]
                          ).parallel.ddp.gradient_as_bucket_view is False
+
+
+@pytest.mark.parametrize("zero", [0, 3])
+def test_pipeline_and_data_parallel_traffic_is_on_its_threads(small_spec, zero: int) -> None:
+    """Sends on the sender's pp thread, the same transfers on the receiver's ``pp recv``
+    thread, DP / FSDP collectives on dp: each with bytes and algorithm."""
+    tp, pp, dp, m = 2, 2, 2, 4
+    tr = TrainingConfig(global_batch=m * dp, micro_batch=1)
+    r = simulate_step(topology(), small_spec, tr, ParallelConfig(tp=tp, pp=pp, dp=dp, zero=zero),
+                      trace=True)
+    p2p = small_spec.seq_len * small_spec.hidden * ACT_BYTES / tp
+    sends = [e for e in r.trace_events if e.stream == "pp" and e.name.startswith("send")]
+    recvs = [e for e in r.trace_events if e.stream == "pp recv"]
+    assert len(sends) == len(recvs) == 2 * m                  # m forwards 0->1, m backwards 1->0
+    for e in sends + recvs:
+        assert e.args["bytes"] == p2p and e.args["algorithm"] == "direct"
+    assert sorted((e.start_s, e.end_s) for e in sends) == sorted((e.start_s, e.end_s)
+                                                                 for e in recvs)
+    assert {e.rank for e in recvs if e.name.startswith("recv F")} == {2}
+    assert {e.rank for e in recvs if e.name.startswith("recv B")} == {0}
+    dps = [e for e in r.trace_events if e.stream == "dp"]
+    ops = {e.args["op"] for e in dps}
+    assert ops == ({"all_reduce"} if zero == 0 else {"all_gather", "reduce_scatter"})
+    for e in dps:
+        assert e.args["bytes"] > 0 and e.args["algorithm"] not in ("", "none")
+        assert e.end_s > e.start_s
+    stats = {(c.axis, c.op) for c in r.collectives}
+    assert {("dp", op) for op in ops} <= stats and ("pp", "send_recv") in stats
