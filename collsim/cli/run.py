@@ -238,6 +238,8 @@ def describe_scenario(scenario: "Scenario", topology: "Topology") -> list[tuple[
         plan += ", sequence parallel"
     if par.zero == 0:
         plan += f", DDP buckets {par.ddp.bucket_mb:g} MB, overlap {_on(par.ddp.overlap)}"
+        if par.ddp.gradient_as_bucket_view:
+            plan += ", gradients as bucket views"
     elif par.zero in (1, 2):
         plan += f", ZeRO-{par.zero}, buckets {par.ddp.bucket_mb:g} MB"
     else:
