@@ -87,4 +87,4 @@ def test_des_matches_closed_form_on_random_groups(pair, first: int, count: int,
         return                          # not applicable to this group (asserted elsewhere)
     closed = cost(op, size, group, algorithm)
     simulated, _ = run_des(group, op, size, algorithm)
-    assert simulated.time_s == pytest.approx(closed.time_s, rel=0.01)
+    assert simulated.time_s == pytest.approx(closed.time_s, rel=1e-9)
