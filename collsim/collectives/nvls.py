@@ -30,8 +30,7 @@ from collsim.collectives.schedule import Phase, Transfer
 from collsim.collectives.types import Algorithm, CollectiveOp, Group
 from collsim.errors import ConfigError
 
-__all__ = ["ALGORITHM", "SUPPORTED", "NVLS_CHANNELS", "build", "chunk_bytes", "loop_bytes",
-           "loop_bytes_for"]
+__all__ = ["ALGORITHM", "SUPPORTED", "NVLS_CHANNELS", "build", "chunk_bytes", "loop_bytes_for"]
 
 ALGORITHM = Algorithm.NVLS
 SUPPORTED = frozenset({CollectiveOp.ALL_REDUCE, CollectiveOp.REDUCE_SCATTER,
@@ -55,13 +54,10 @@ def chunk_bytes(size_bytes: float, num_ranks: int) -> int:
     return chunk
 
 
-def loop_bytes(size_bytes: float, group: Group) -> float:
-    """Bytes of the buffer one NVLS loop covers: channels x heads x chunk."""
-    return float(NVLS_CHANNELS * group.size * chunk_bytes(size_bytes, group.size))
-
-
 def loop_bytes_for(group: Group) -> Callable[[float], float]:
-    """:func:`loop_bytes` for one group, with the thresholds worked out once (hot path)."""
+    """Bytes of the buffer one NVLS loop covers (channels x heads x :func:`chunk_bytes`), as a
+    function of the collective's size, with the group's thresholds worked out once (hot path).
+    """
     ops = NVLS_CHANNELS * group.size
     below_64k, below_32k, below_16k = 64 * ops * _MAX_CHUNK, 8 * ops * 65536, 2 * ops * 32768
     loops = ((below_16k, float(ops * 16384)), (below_32k, float(ops * 32768)),

@@ -175,11 +175,6 @@ class Schedule:
         raise ConfigError(f"{self.algorithm.value} has no protocol {protocol.value} here; "
                           f"choose from {', '.join(t.protocol.value for t in self.timings)}")
 
-    @property
-    def num_transfers(self) -> int:
-        """Flows over all phases."""
-        return sum(len(p.transfers) for p in self.phases)
-
 
 def run_phases(env: simpy.Environment, net: FlowNetwork, schedule: Schedule, timing: Timing,
                size_bytes: float) -> Generator[simpy.Event, object, float]:
