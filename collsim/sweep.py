@@ -417,23 +417,26 @@ def run_point(path: str | Path, point: SweepPoint, *, grow: str = "dp", strong: 
     """Resolve and simulate one point; infeasibility becomes the outcome's reason."""
     started = time.perf_counter()
     simulate = simulate or _default_simulate
-    params: dict[str, Any] = {"plan": point.label, "num_gpus": point.num_gpus}
-    params.update(dict(point.values))
-    if point.num_gpus is None:
-        params["num_gpus"] = _scenario_gpus(path)
+
+    def failed(reason: str) -> SweepOutcome:
+        # The point's own coordinates; the GPU count as written when --gpus did not set it.
+        params: dict[str, Any] = {"plan": point.label, "num_gpus": point.num_gpus}
+        params.update(dict(point.values))
+        if point.num_gpus is None:
+            params["num_gpus"] = _scenario_gpus(path)
+        return SweepOutcome(point, None, reason, params, time.perf_counter() - started)
+
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", CollsimWarning)
             scenario, topology, params = resolve_point(path, point, grow=grow, strong=strong)
             result = simulate(topology, scenario, trace=trace, all_ranks=all_ranks)
     except InfeasibleError as exc:
-        return SweepOutcome(point, None, f"{exc.reason}: {' '.join(str(exc).split())}", params,
-                            time.perf_counter() - started)
+        return failed(f"{exc.reason}: {' '.join(str(exc).split())}")
     except ConfigError as exc:
         # Every --set value was checked alone (check_overrides): what fails here is a
         # combination that cannot be built (virtual stages without interleaving, heads % tp).
-        return SweepOutcome(point, None, f"config: {' '.join(str(exc).split())}", params,
-                            time.perf_counter() - started)
+        return failed(f"config: {' '.join(str(exc).split())}")
     messages = [str(w.message) for w in caught if issubclass(w.category, CollsimWarning)]
     for other in caught:  # not ours: pass it on as it came
         if not issubclass(other.category, CollsimWarning):
