@@ -78,7 +78,7 @@ def format_size(size_bytes: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(value) < 1024 or unit == "TiB":
             if unit == "B":
-                return f"{int(value)} B"
+                return f"{value:.0f} B"       # rounded, like the larger units
             return f"{value:.4g} {unit}"
         value /= 1024
     raise AssertionError("unreachable")

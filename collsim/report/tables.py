@@ -15,7 +15,7 @@ import textwrap
 from typing import Sequence
 
 from collsim.engine.result import BREAKDOWN_KEYS, MEMORY_KEYS, CollectiveStat, StepResult
-from collsim.units import GB, GiB
+from collsim.units import GB, GiB, format_size
 
 __all__ = [
     "format_table",
@@ -105,12 +105,7 @@ def format_gib(size_bytes: float) -> str:
 
 def format_size_binary(size_bytes: float) -> str:
     """Binary size as nccl-tests prints it on the command line: ``512 KiB``, ``1.5 GiB``."""
-    value = float(size_bytes)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.0f} B" if unit == "B" else f"{value:.4g} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
+    return format_size(size_bytes)
 
 
 def format_bandwidth(bandwidth_bps: float) -> str:
