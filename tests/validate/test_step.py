@@ -43,3 +43,16 @@ def test_step_measured_and_simulated(tmp_path) -> None:
         # The simulated step is at least the profiled compute and communication adds to it.
         assert sim[mode].step_time_s >= profiled * 0.999
         assert sim[mode].num_collectives >= 1
+
+
+@pytest.mark.parametrize("report, busy", [
+    ({"backend": "gloo", "world_size": 2, "cpu_count": 2, "threads_per_rank": 1}, True),
+    ({"backend": "gloo", "world_size": 2, "cpu_count": 8, "threads_per_rank": 1}, False),
+    ({"backend": "gloo", "world_size": 4, "local_world_size": 2, "cpu_count": 4,
+      "threads_per_rank": 2}, True),                                   # 2 ranks x 2 threads
+    ({"backend": "nccl", "world_size": 8, "cpu_count": 2, "threads_per_rank": 1}, False),
+], ids=["2-on-2", "2-on-8", "2x2-on-4", "gpu"])
+def test_cores_busy(report: dict, busy: bool) -> None:
+    from collsim.validate.step import cores_busy
+
+    assert cores_busy(report) is busy
