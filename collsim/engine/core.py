@@ -279,6 +279,30 @@ class Engine(DataParallelMixin):
                 if self.trace_on else "all_gather pp recv")
         return self.tp_call(prog, "all_gather", self._p2p_size * self.plan.tp, name)
 
+    def pp_gather_s(self, prog: RankProgram, op: PipeOp) -> float | None:
+        """The pipeline gather of :meth:`pp_gather` in closed form, starting now: its seconds
+        (0 when there is none), recorded in the statistics and the trace as the tp stream
+        would record it; None when it must run on the tp stream (all ranks simulated, whose
+        members rendezvous, or a tp axis on the DES). A fused op then starts after it, in the
+        same timeout: the tp stream of a fused representative runs nothing else."""
+        if self.plan.tp < 2 or self.plan.parallel.sequence_parallel:
+            return 0.0
+        if self.all_ranks or "tp" in self.des_axes:
+            return None
+        size = self._p2p_size * self.plan.tp
+        group = self.group(prog.rank, "tp")
+        cost = self.pricer.cost("all_gather", size, group)
+        stat = self.stats[(prog.rank, "tp", "all_gather", size, len(group), cost.algorithm)]
+        stat[0] += 1
+        stat[1] += cost.time_s
+        stat[2] = cost.busbw_bps
+        if self.trace_on:
+            now = self.env.now
+            self.add_trace(prog.rank, "tp",
+                           f"all_gather pp recv {op.phase.value} mb{op.microbatch} c{op.chunk}",
+                           now, now + cost.time_s, self.tp_args(prog.rank, "all_gather", size))
+        return cost.time_s
+
     # ---- pipeline ---------------------------------------------------------------------------
     def _dest(self, rank: int, op: PipeOp) -> tuple[int, PipeOp] | None:
         p, v = self.plan.pp, self.plan.virtual_stages

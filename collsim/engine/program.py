@@ -126,19 +126,27 @@ class RankProgram:
                     acct["bubble"] += produced - w0
                     acct["pp_exposed"] += w1 - produced
                 self.ledger.free(env.now, "buffers", mail.size_bytes, "pp recv")
-                gather = e.pp_gather(self, op)
-                if gather is not None:      # the receiving TP group assembles the message
-                    t0 = env.now
-                    yield gather
-                    acct["pp_exposed"] += env.now - t0
+                # the receiving TP group assembles the message (Megatron's scatter/gather):
+                # in closed form folded into a fused op's timeout, else on the tp stream
+                folded = None if by_segment else e.pp_gather_s(self, op)
+                if folded is None:
+                    gather = e.pp_gather(self, op)
+                    if gather is not None:
+                        t0 = env.now
+                        yield gather
+                        acct["pp_exposed"] += env.now - t0
+                    folded = 0.0
+            else:
+                folded = 0.0
             chunk = chunks[op.chunk]
-            start = env.now
+            start = env.now + folded
             if by_segment:
                 yield from self._run_segments(op, chunk)
             else:
                 plan = self._plans.get((op.chunk, op.phase)) or self._op_plan(chunk, op.phase)
-                self._fused_facts(op, chunk, plan)
-                yield env.timeout(plan.duration)
+                self._fused_facts(op, chunk, plan, start)
+                yield env.timeout(folded + plan.duration)
+                acct["pp_exposed"] += folded
                 acct["compute"] += plan.compute
                 acct["tp_exposed"] += plan.tp
             if e.trace_on:
@@ -202,10 +210,9 @@ class RankProgram:
         self._plans[key] = plan
         return plan
 
-    def _fused_facts(self, op: PipeOp, chunk: ChunkModel, plan: _OpPlan) -> None:
-        """Memory events and bucket launches of a fused op starting now."""
+    def _fused_facts(self, op: PipeOp, chunk: ChunkModel, plan: _OpPlan, t0: float) -> None:
+        """Memory events and bucket launches of a fused op starting at ``t0`` (now or later)."""
         e = self.e
-        t0 = self.env.now
         mb, c = op.microbatch, op.chunk
         new = tuple.__new__      # NamedTuple construction without its keyword-argument layer
         self.ledger.events.extend([new(MemoryEvent, (t0 + rel, "activations", delta,
