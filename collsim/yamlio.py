@@ -98,6 +98,8 @@ def load_yaml(path: str | Path) -> YamlDoc:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError("file not found", file=str(path)) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"not UTF-8 text (byte {exc.start})", file=str(path)) from None
     except OSError as exc:
         raise ConfigError(f"cannot read: {exc.strerror}", file=str(path)) from None
     return parse_yaml_text(text, file=str(path))

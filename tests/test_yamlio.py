@@ -45,3 +45,16 @@ def test_missing_key() -> None:
     doc = parse_yaml_text("x: 1\n", file="t.yaml")
     with pytest.raises(ConfigError, match=r"t.yaml:1: nodes: missing required key"):
         ConfigReader(doc.data, doc=doc).get("nodes", int)
+
+
+def test_load_yaml_rejects_unreadable_files(tmp_path) -> None:
+    from collsim.yamlio import load_yaml
+
+    binary = tmp_path / "b.yaml"
+    binary.write_bytes(b"a: \xff\xfe\n")
+    with pytest.raises(ConfigError, match=r"b.yaml: not UTF-8 text \(byte 3\)"):
+        load_yaml(binary)
+    with pytest.raises(ConfigError, match=r"cannot read"):
+        load_yaml(tmp_path)                                    # a folder
+    with pytest.raises(ConfigError, match=r"missing.yaml: file not found"):
+        load_yaml(tmp_path / "missing.yaml")
