@@ -204,7 +204,8 @@ def check_overrides(path: str | Path, sets: Sequence[tuple[str, Sequence[str]]],
 
     Raises:
         ConfigError: the first bad key or value (``--set key=value: key.path: message``), an
-            unknown ``grow`` axis, or a ``--set`` of the axis that ``--gpus`` grows.
+            unknown ``grow`` axis, a ``--set`` of the axis that ``--gpus`` grows, or a
+            topology that does not load.
     """
     from collsim.scenario import load_scenario
 
@@ -216,7 +217,13 @@ def check_overrides(path: str | Path, sets: Sequence[tuple[str, Sequence[str]]],
             raise ConfigError(f"is set by --gpus (the {grow} axis grows with the GPU count); "
                               "sweep another key or pick the growing axis with --grow",
                               key_path=key, file=f"--set {key}")
-    load_scenario(path)
+    base = load_scenario(path)
+    try:
+        cluster_for(base.cluster.topology, None, 1)      # an unknown topology is bad input
+    except ConfigError as exc:
+        if exc.file is not None:
+            raise                                        # a malformed topology file: its line
+        raise base.locate(ConfigError(exc.message, key_path="cluster.topology")) from None
     for name, overrides in (plans or {}).items():
         try:
             load_scenario(path, list(overrides))

@@ -180,3 +180,11 @@ def test_named_plans_cross_the_sets(scenario: Path) -> None:
     frame = sweep_frame(run_sweep(scenario, points, simulate=fake_simulate))
     assert list(frame["zero"]) == [0] * 4 + [3] * 4
     assert list(frame["tp"]) == [1, 1, 2, 2] * 2
+
+
+def test_check_overrides_rejects_an_unknown_topology_with_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(SCENARIO.replace("topology: dgx_h100", "topology: dgx_h999"))
+    with pytest.raises(ConfigError, match=r"bad.yaml:2: cluster.topology: no topology file or "
+                                          r"name 'dgx_h999'"):
+        check_overrides(path, [])

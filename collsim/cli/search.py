@@ -105,6 +105,10 @@ def search(scenario: Path, gpus: int | None, overrides: tuple[str, ...], top_n: 
                         else base.cluster.load())
         except InfeasibleError as exc:
             raise ConfigError(str(exc), key_path="--gpus") from None
+        except ConfigError as exc:
+            if exc.file is not None:
+                raise                                # a malformed topology file: its line
+            raise base.locate(ConfigError(exc.message, key_path="cluster.topology")) from None
     except ConfigError as exc:
         click.echo("error: " + " ".join(str(exc).split()), err=True)
         sys.exit(2)
