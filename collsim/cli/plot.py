@@ -70,8 +70,10 @@ def _read_csv(path: Path) -> pd.DataFrame:
 
     try:
         return pd.read_csv(path, keep_default_na=True)
-    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
-        raise ConfigError(f"cannot read CSV: {exc}", file=str(path)) from None
+    except (OSError, UnicodeDecodeError, pd.errors.ParserError,
+            pd.errors.EmptyDataError) as exc:
+        raise ConfigError(f"cannot read CSV: {' '.join(str(exc).split())}",
+                          file=str(path)) from None
 
 
 def _sweep_frame(path: Path, series: str) -> pd.DataFrame:

@@ -224,7 +224,8 @@ def read_collective_csv(path: str | Path) -> pd.DataFrame:
     column (a measured nccl-tests sweep), the file's stem names the series.
 
     Raises:
-        ConfigError: a required column is missing.
+        ConfigError: the file cannot be read as CSV, a required column is missing or holds
+            something that is not a number.
     """
     path = Path(path)
     try:
@@ -232,14 +233,21 @@ def read_collective_csv(path: str | Path) -> pd.DataFrame:
     except pd.errors.EmptyDataError:
         raise ConfigError("empty file, expected a collsim collective CSV",
                           file=str(path)) from None
+    except (OSError, UnicodeDecodeError, pd.errors.ParserError) as exc:
+        raise ConfigError(f"cannot read CSV: {' '.join(str(exc).split())}",
+                          file=str(path)) from None
     missing = [c for c in _COLLECTIVE_CSV if c not in frame.columns]
     if missing:
         raise ConfigError(
             f"missing column(s) {', '.join(missing)}; expected "
             "size_bytes,time_us,algbw_GBps,busbw_GBps,algorithm", file=str(path))
     out = frame.rename(columns={k: v for k, (v, _) in _COLLECTIVE_CSV.items()})
-    for column, factor in _COLLECTIVE_CSV.values():
-        out[column] = out[column].astype(float) * factor
+    for given, (column, factor) in _COLLECTIVE_CSV.items():
+        try:
+            out[column] = out[column].astype(float) * factor
+        except ValueError:
+            raise ConfigError(f"column {given!r} must hold numbers",
+                              file=str(path)) from None
     if "algorithm" in out.columns:
         # `collsim collective` writes the NCCL-style choice, e.g. ``ring/ll128``.
         parts = out["algorithm"].astype(str).str.split("/", n=1, expand=True)

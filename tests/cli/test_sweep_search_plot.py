@@ -165,10 +165,12 @@ def test_plot_commands_write_images(scenario: Path, tmp_path: Path) -> None:
     (["plot", "collectives", "--topology", "dgx_h100", "--op", "all_reduse", "-o",
       "{tmp}/x.png"], "--op"),
     (["plot", "scaling", "{csv}", "-o", "/no/such/folder/x.png"], "--output"),
-], ids=["suffix", "series", "set-key", "op", "output-folder"])
+    (["plot", "scaling", "{scenario}.bin", "-o", "{tmp}/x.png"], "cannot read CSV"),
+], ids=["suffix", "series", "set-key", "op", "output-folder", "binary-csv"])
 def test_plot_bad_input_exit_2(scenario: Path, tmp_path: Path, args, key: str) -> None:
     sweep_csv = tmp_path / "s.csv"
     sweep_csv.write_text("plan,num_gpus,tokens_per_s\na,8,1.0\n")
+    Path(f"{scenario}.bin").write_bytes(b"plan\n\xff\xfe\n")
     filled = [a.format(csv=sweep_csv, tmp=tmp_path, scenario=scenario) for a in args]
     result = invoke(*filled)
     assert result.exit_code == 2

@@ -196,6 +196,14 @@ def test_bad_inputs_are_config_errors(tmp_path: Path, result_factory) -> None:
         from collsim.report.frames import read_collective_csv
 
         read_collective_csv(bad)
+    words = tmp_path / "words.csv"
+    words.write_text("size_bytes,time_us,algbw_GBps,busbw_GBps,algorithm\n1,fast,1,1,ring\n")
+    with pytest.raises(ConfigError, match="column 'time_us' must hold numbers"):
+        read_collective_csv(words)
+    binary = tmp_path / "binary.csv"
+    binary.write_bytes(b"size_bytes\n\xff\xfe\n")
+    with pytest.raises(ConfigError, match="cannot read CSV"):
+        read_collective_csv(binary)
 
 
 def test_step_plot(pipeline, result_factory, tmp_path: Path) -> None:
