@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from collsim.engine.result import StepResult, TraceEvent
+from collsim.errors import ConfigError
 
 __all__ = ["STREAM_TIDS", "to_chrome_trace", "write_trace"]
 
@@ -166,9 +167,16 @@ def write_trace(result: StepResult, path: str | Path, *, name: str | None = None
     """Write the Chrome/Perfetto trace of ``result`` to ``path`` (JSON) and return the path.
 
     Open it at https://ui.perfetto.dev ("Open trace file") or in chrome://tracing.
+
+    Raises:
+        ConfigError: the file cannot be written (no such folder, a folder, no permission).
     """
     path = Path(path)
     data = to_chrome_trace(result, name=name)
-    with path.open("w") as handle:
-        json.dump(data, handle, separators=(",", ":"), allow_nan=False)
+    try:
+        with path.open("w") as handle:
+            json.dump(data, handle, separators=(",", ":"), allow_nan=False)
+    except OSError as exc:
+        raise ConfigError(f"cannot write {str(path)!r}: {exc.strerror or exc}",
+                          key_path="trace") from None
     return path

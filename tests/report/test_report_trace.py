@@ -122,6 +122,15 @@ def test_args_become_plain_json(result_factory, tmp_path: Path) -> None:
     assert slice_["args"] == {"bytes": 64, "bw": 1.5, "schedule": "gpipe", "nan": None}
 
 
+def test_unwritable_trace_path_is_a_config_error(result_factory, tmp_path: Path) -> None:
+    import pytest
+
+    from collsim.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="trace: cannot write"):
+        write_trace(result_factory(memory_timeline={}), tmp_path / "no-such-folder" / "t.json")
+
+
 def test_trace_of_a_simulated_step_has_every_op(tmp_path: Path) -> None:
     import warnings
 
