@@ -261,8 +261,8 @@ class Estimator:
             else:
                 op = "all_reduce" if zero == 0 else "reduce_scatter"
                 full = self.collective_s(op, bucket_bytes, dp_ranks)
-                grads = (num_buckets - 1) * full + self.collective_s(op, last_bucket, dp_ranks)
                 tail = self.collective_s(op, last_bucket, dp_ranks)
+                grads = (num_buckets - 1) * full + tail
                 if parallel.ddp.overlap:
                     grads_exposed = max(tail, grads - t_b)
                 else:
