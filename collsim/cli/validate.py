@@ -7,13 +7,12 @@ ranks. A rank that fails ends the command with exit code 1 and a message naming 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any, Callable
 
 import click
 
-from collsim.errors import CollsimError, ConfigError
+from collsim.errors import ConfigError
 
 __all__ = ["validate"]
 

@@ -32,7 +32,6 @@ efficiency comes out about half that of a ring reduce_scatter would (twice the b
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
