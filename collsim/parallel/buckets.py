@@ -32,7 +32,7 @@ class Bucket:
     Attributes:
         index: 0 for the first bucket launched (holding the last parameters).
         tensors: names of its tensors, in the order they were added.
-        numel: elements in the bucket.
+        numel: elements in the bucket (fractional only with a vocab-parallel V / t split).
         size_bytes: gradient bytes (numel x gradient element size).
         ready_segment: backward segment whose gradient completes the bucket.
         ready_fraction: how far into that segment's gradient production it completes (0..1].
@@ -40,7 +40,7 @@ class Bucket:
 
     index: int
     tensors: tuple[str, ...]
-    numel: int
+    numel: float
     size_bytes: float
     ready_segment: str | int
     ready_fraction: float
@@ -56,10 +56,10 @@ def backward_segments(tensors: Sequence[ParamTensor]) -> list[str | int]:
 
 def grad_ready_fraction(tensors: Sequence[ParamTensor]) -> dict[str, float]:
     """Fraction of its segment's gradient time after which each tensor's gradient exists."""
-    totals: dict[str | int, int] = {}
+    totals: dict[str | int, float] = {}
     for t in tensors:
         totals[t.segment] = totals.get(t.segment, 0) + t.numel
-    done: dict[str | int, int] = {}
+    done: dict[str | int, float] = {}
     out: dict[str, float] = {}
     for t in reversed(tensors):
         done[t.segment] = done.get(t.segment, 0) + t.numel

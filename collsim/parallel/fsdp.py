@@ -32,12 +32,12 @@ class FSDPUnit:
     """
 
     segment: str | int
-    numel: int
+    numel: float
 
 
 def build_units(tensors: Sequence[ParamTensor]) -> list[FSDPUnit]:
     """Units of one model chunk in forward order (one per segment)."""
-    sizes: dict[str | int, int] = {}
+    sizes: dict[str | int, float] = {}
     for t in tensors:
         sizes[t.segment] = sizes.get(t.segment, 0) + t.numel
     return [FSDPUnit(segment=seg, numel=n) for seg, n in sizes.items()]

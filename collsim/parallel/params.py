@@ -11,6 +11,10 @@ tied LM head with pp > 1 keeps a copy of the embedding matrix on the last stage 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collsim.workload.model import TransformerSpec
 
 __all__ = ["ParamTensor", "layer_tensors", "chunk_tensors"]
 
@@ -31,13 +35,13 @@ class ParamTensor:
     segment: str | int
 
 
-def layer_tensors(spec: object, layer: int, tp: int) -> list[ParamTensor]:
+def layer_tensors(spec: TransformerSpec, layer: int, tp: int) -> list[ParamTensor]:
     """The tensors of one transformer layer on one TP rank, in forward registration order."""
-    h, f = spec.hidden, spec.ffn_hidden  # type: ignore[attr-defined]
-    qkv = spec.qkv_width  # type: ignore[attr-defined]
-    up = (2 if spec.gated_mlp else 1) * f  # type: ignore[attr-defined]
-    norm = spec.norm_parameters() // h  # type: ignore[attr-defined]  # 2 (LN) or 1 (RMS)
-    bias = spec.bias  # type: ignore[attr-defined]
+    h, f = spec.hidden, spec.ffn_hidden
+    qkv = spec.qkv_width
+    up = (2 if spec.gated_mlp else 1) * f
+    norm = spec.norm_parameters() // h  # 2 (LN) or 1 (RMS)
+    bias = spec.bias
     p = f"L{layer}."
     out: list[ParamTensor] = [ParamTensor(p + "attn_norm", norm * h, layer),
                               ParamTensor(p + "qkv.weight", h * qkv // tp, layer)]
@@ -56,13 +60,13 @@ def layer_tensors(spec: object, layer: int, tp: int) -> list[ParamTensor]:
     return out
 
 
-def _vocab_rows(spec: object, tp: int) -> float:
+def _vocab_rows(spec: TransformerSpec, tp: int) -> float:
     """V / t rows per rank (fractional when t does not divide V, as in
     ``workload.memory.parameters_per_rank``; Megatron pads V, which changes little)."""
-    return spec.vocab / tp  # type: ignore[attr-defined]
+    return spec.vocab / tp
 
 
-def chunk_tensors(spec: object, layers: range, *, tp: int, first: bool,
+def chunk_tensors(spec: TransformerSpec, layers: range, *, tp: int, first: bool,
                   last: bool, pp: int) -> list[ParamTensor]:
     """All tensors of one model chunk on one TP rank, in registration order.
 
@@ -74,17 +78,17 @@ def chunk_tensors(spec: object, layers: range, *, tp: int, first: bool,
         last: the chunk holds the final norm and LM head (last stage, last chunk).
         pp: pipeline size (a tied head needs its own copy only when pp > 1).
     """
-    h = spec.hidden  # type: ignore[attr-defined]
+    h = spec.hidden
     out: list[ParamTensor] = []
     if first:
         out.append(ParamTensor("embedding.word", _vocab_rows(spec, tp) * h, "embedding"))
-        if spec.position_embedding == "learned":  # type: ignore[attr-defined]
-            out.append(ParamTensor("embedding.position", spec.seq_len * h,  # type: ignore
+        if spec.position_embedding == "learned":
+            out.append(ParamTensor("embedding.position", spec.seq_len * h,
                                    "embedding"))
     for layer in layers:
         out += layer_tensors(spec, layer, tp)
     if last:
-        out.append(ParamTensor("head.final_norm", spec.norm_parameters(), "head"))  # type: ignore
-        if not spec.tied_embeddings or pp > 1:  # type: ignore[attr-defined]
+        out.append(ParamTensor("head.final_norm", spec.norm_parameters(), "head"))
+        if not spec.tied_embeddings or pp > 1:
             out.append(ParamTensor("head.weight", _vocab_rows(spec, tp) * h, "head"))
     return out

@@ -17,10 +17,14 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING
 
 from collsim.errors import CollsimWarning, ConfigError
 from collsim.parallel.config import ParallelConfig, ScheduleKind, TrainingConfig
+
+if TYPE_CHECKING:
+    from collsim.topology import Topology
+    from collsim.workload.model import TransformerSpec
 
 __all__ = ["ParallelAxis", "RankCoords", "Plan", "build_plan"]
 
@@ -49,9 +53,9 @@ class Plan:
     Build it with :func:`build_plan`; the engine and the reports read it.
     """
 
-    topology: Any
+    topology: Topology
     """The cluster (``collsim.topology.Topology``)."""
-    spec: Any
+    spec: TransformerSpec
     """The model (``collsim.workload.TransformerSpec``)."""
     training: TrainingConfig
     parallel: ParallelConfig
@@ -177,7 +181,7 @@ def _ranks(ranks: tuple[int, ...] | list[int]) -> str:
     return f"[{ranks[0]}, {ranks[1]}, ..., {ranks[-1]}]"
 
 
-def build_plan(topology: Any, spec: Any, training: TrainingConfig,
+def build_plan(topology: Topology, spec: TransformerSpec, training: TrainingConfig,
                parallel: ParallelConfig) -> Plan:
     """Check a plan against the model and the cluster, and map its ranks.
 
