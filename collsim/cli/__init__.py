@@ -48,7 +48,8 @@ class LazyGroup(click.Group):
             if exc.name and exc.name.startswith("collsim"):
                 return _not_yet(cmd_name, target[1])
             raise
-        return getattr(module, attr)
+        command: click.Command = getattr(module, attr)
+        return command
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, SUBCOMMANDS[name][1]) for name in self.list_commands(ctx)]

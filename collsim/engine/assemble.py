@@ -9,17 +9,20 @@ to its end time by construction (checked). FLOP/s, MFU and HFU follow Narayanan 
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from collsim.engine.result import BREAKDOWN_KEYS, MEMORY_KEYS, CollectiveStat, StepResult
 from collsim.errors import SimulationError
 from collsim.parallel.plan import Plan
 from collsim.units import GiB
 
+if TYPE_CHECKING:
+    from collsim.engine.core import Engine
+
 __all__ = ["assemble"]
 
 
-def _collectives(engine: Any) -> list[CollectiveStat]:
+def _collectives(engine: Engine) -> list[CollectiveStat]:
     """Per (axis, op, size, group, algorithm): calls per issuing rank and their link time."""
     merged: dict[tuple[Any, ...], list[Any]] = {}
     ranks_of: dict[tuple[Any, ...], set[int]] = defaultdict(set)
@@ -39,7 +42,7 @@ def _collectives(engine: Any) -> list[CollectiveStat]:
     return out
 
 
-def assemble(plan: Plan, engine: Any, *, layer_mode: bool, contended: list[str],
+def assemble(plan: Plan, engine: Engine, *, layer_mode: bool, contended: list[str],
              zero_communication: bool) -> StepResult:
     from collsim.workload import flops
 

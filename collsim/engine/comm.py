@@ -15,11 +15,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import simpy
 
 from collsim.engine.streams import Work
+from collsim.errors import SimulationError
+
+if TYPE_CHECKING:
+    from collsim.network import FlowNetwork
+    from collsim.topology import Topology
 
 __all__ = ["CallCost", "CommPricer", "axis_contends", "linked_peers"]
 
@@ -33,7 +39,7 @@ class CallCost:
     busbw_bps: float
 
 
-def axis_contends(topology: Any, groups: Sequence[tuple[int, ...]]) -> bool:
+def axis_contends(topology: Topology, groups: Sequence[tuple[int, ...]]) -> bool:
     """True when one ring step of ``groups`` (run together) slows some flow below its solo rate.
 
     Each group contributes the flows rank[i] -> rank[i+1] (a ring step; for two ranks, one
@@ -61,7 +67,7 @@ def axis_contends(topology: Any, groups: Sequence[tuple[int, ...]]) -> bool:
     return bool(np.any(shared < solo * (1 - 1e-9)))
 
 
-def _group_links(topology: Any, group: tuple[int, ...]) -> set[int]:
+def _group_links(topology: Topology, group: tuple[int, ...]) -> set[int]:
     """Links any transfer between two members of ``group`` may use (all ordered pairs)."""
     links: set[int] = set()
     for src in group:
@@ -71,7 +77,7 @@ def _group_links(topology: Any, group: tuple[int, ...]) -> set[int]:
     return links
 
 
-def linked_peers(topology: Any, group: tuple[int, ...],
+def linked_peers(topology: Topology, group: tuple[int, ...],
                  peers: Sequence[tuple[int, ...]]) -> list[tuple[int, ...]]:
     """The peers that can affect ``group``: those connected to it through shared links.
 
@@ -109,8 +115,9 @@ class CommPricer:
         network: the FlowNetwork when the DES is used for some axes (None: closed form only).
     """
 
-    def __init__(self, topology: Any, *, zero: bool = False, network: Any = None,
-                 env: Any = None) -> None:
+    def __init__(self, topology: Topology, *, zero: bool = False,
+                 network: FlowNetwork | None = None,
+                 env: simpy.Environment | None = None) -> None:
         self.topology = topology
         self.zero = zero
         self.network = network
@@ -149,6 +156,8 @@ class CommPricer:
         if not des or self.zero or self.network is None or len(ranks) < 2 or size_bytes <= 0:
             return extra_s + self.cost(op, size_bytes, ranks).time_s
         env, net, topo = self.env, self.network, self.topology
+        if env is None:
+            raise SimulationError("CommPricer: the DES needs the simulation environment (env)")
 
         def run() -> Any:
             from collsim.collectives import CollectiveOp, Group, simulate

@@ -14,6 +14,7 @@ Data-parallel work (model states, buckets, FSDP units, optimizer) is in
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import simpy
@@ -47,16 +48,22 @@ class Engine(DataParallelMixin):
         des_axes: axes whose calls run on the FlowNetwork DES (with peers) instead of the
             closed form: all of them at layer fidelity, the contended ones under ``auto``.
         trace: record one trace event per op and per communication call.
-        optimizer_s: seconds of the optimizer step for ``local_params`` on GPU (or CPU).
+        optimizer_time: ``(local_params, on_cpu) -> seconds`` of the optimizer step for
+            ``local_params`` parameters on the GPU (or the CPU, with offload).
         bytes_per: dict with ``param``, ``grad``, ``optimizer`` bytes per parameter and
             ``activation`` bytes per element.
+        host_bps: GPU <-> host memory bandwidth (bytes/s), for offload copies.
+        env: the simulation environment (a new one by default).
+        contended: the axes found contended (reported in ``StepResult.details``).
+        zero_communication: communication is priced at 0 s (reported in the details).
     """
 
     def __init__(self, plan: Plan, stages: dict[int, StageModel], pricer: CommPricer, *,
                  all_ranks: bool, layer_mode: bool, trace: bool,
                  des_axes: frozenset[str] = frozenset(),
-                 optimizer_time: Any, bytes_per: dict[str, float], host_bps: float,
-                 env: simpy.Environment | None = None) -> None:
+                 optimizer_time: Callable[[float, bool], float], bytes_per: dict[str, float],
+                 host_bps: float, env: simpy.Environment | None = None,
+                 contended: Sequence[str] = (), zero_communication: bool = False) -> None:
         self.plan = plan
         self.env = env if env is not None else simpy.Environment()
         pricer.env = self.env
@@ -69,6 +76,9 @@ class Engine(DataParallelMixin):
         self.optimizer_time = optimizer_time
         self.bytes_per = bytes_per
         self.host_bps = host_bps
+        self.contended = list(contended)
+        self.zero_communication = zero_communication
+        self._p2p_cached: float | None = None
         par = plan.parallel
         self.zero = par.zero
         self.prefetch = par.fsdp.prefetch
@@ -90,7 +100,7 @@ class Engine(DataParallelMixin):
                                  virtual_stages=plan.virtual_stages)
             self.programs[rank] = RankProgram(self, rank, stages[s], ops)
         self._tp_cache: dict[tuple[int, str, float], float] = {}
-        self._p2p_peers: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        self._p2p_peers: dict[tuple[int, int], list[tuple[int, ...]]] = {}
         self._peers: dict[tuple[int, str], list[tuple[int, ...]]] = {}
         self._calls: dict[tuple[Any, ...], tuple[Any, dict[str, Any]]] = {}
         self._groups: dict[tuple[int, str], tuple[int, ...]] = {}
@@ -341,9 +351,9 @@ class Engine(DataParallelMixin):
 
     @property
     def _p2p_size(self) -> float:
-        size = self.__dict__.get("_p2p_cached")
+        size = self._p2p_cached
         if size is None:
-            size = self.__dict__["_p2p_cached"] = self.p2p_bytes()
+            size = self._p2p_cached = self.p2p_bytes()
         return size
 
     def p2p_bytes(self) -> float:

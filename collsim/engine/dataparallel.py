@@ -16,6 +16,7 @@ shard back, and the optimizer runs on the CPU.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import simpy
@@ -24,6 +25,7 @@ from collsim.engine.comm import linked_peers
 from collsim.engine.stage import ChunkModel, Segment
 from collsim.errors import SimulationError
 from collsim.parallel.buckets import Bucket
+from collsim.parallel.plan import Plan
 from collsim.parallel.schedules import Phase, PipeOp
 
 if TYPE_CHECKING:
@@ -35,7 +37,7 @@ __all__ = ["DataParallelMixin"]
 class DataParallelMixin:
     """The data-parallel methods of :class:`~collsim.engine.core.Engine`."""
 
-    plan: Any
+    plan: Plan
     env: simpy.Environment
     zero: int
     offload: bool
@@ -44,7 +46,7 @@ class DataParallelMixin:
     all_ranks: bool
     des_axes: frozenset[str]
     unit_events: dict[tuple[int, int, Any], simpy.Event]
-    optimizer_time: Any
+    optimizer_time: Callable[[float, bool], float]
 
     def group(self, rank: int, axis: str) -> tuple[int, ...]:  # pragma: no cover - Engine
         raise NotImplementedError
@@ -107,8 +109,7 @@ class DataParallelMixin:
         prog.dp_events.append(ev)
         if self.zero == 2:
             prog.ledger.alloc(ready, "buffers", bucket.size_bytes, "zero2 bucket")
-            ev.callbacks.append(lambda _e: prog.ledger.free(self.env.now, "buffers",
-                                                            bucket.size_bytes, "zero2 bucket"))
+            ev.callbacks.append(self._freer(prog, "buffers", bucket.size_bytes, "zero2 bucket"))
 
     def launch_deferred(self, prog: RankProgram) -> None:
         """Without overlap: issue every bucket now, after the last backward."""
@@ -124,8 +125,15 @@ class DataParallelMixin:
             prog.dp_events.append(ev)
             if self.zero == 2:
                 prog.ledger.alloc(self.env.now, "buffers", bucket.size_bytes, "zero2 bucket")
-                ev.callbacks.append(lambda _e, b=bucket: prog.ledger.free(
-                    self.env.now, "buffers", b.size_bytes, "zero2 bucket"))
+                ev.callbacks.append(self._freer(prog, "buffers", bucket.size_bytes,
+                                                "zero2 bucket"))
+
+    def _freer(self, prog: RankProgram, category: str, size_bytes: float,
+               label: str) -> Callable[[simpy.Event], None]:
+        """A SimPy callback that frees ``size_bytes`` of ``category`` when its event fires."""
+        def free(_event: simpy.Event) -> None:
+            prog.ledger.free(self.env.now, category, size_bytes, label)
+        return free
 
     @staticmethod
     def unit_key(chunk: ChunkModel, seg: Segment) -> str | int:
@@ -180,8 +188,7 @@ class DataParallelMixin:
                                 f"reduce_scatter {ukey} c{chunk.index} mb{op.microbatch}",
                                 extra_s=extra, peers=self.peers(prog.rank, "dp"))
                 prog.dp_events.append(ev)
-                ev.callbacks.append(lambda _e: prog.ledger.free(self.env.now, "buffers", gsize,
-                                                                label))
+                ev.callbacks.append(self._freer(prog, "buffers", gsize, label))
             else:
                 prog.ledger.free(self.env.now, "buffers", gsize, label)
         del self.unit_events[(prog.rank, chunk.index, ukey)]

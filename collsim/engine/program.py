@@ -24,7 +24,7 @@ optimizer step.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import simpy
 
@@ -32,6 +32,9 @@ from collsim.engine.memory import MemoryEvent, MemoryLedger
 from collsim.engine.stage import ChunkModel, Segment, StageModel
 from collsim.parallel.fsdp import issue_schedule
 from collsim.parallel.schedules import Phase, PipeOp
+
+if TYPE_CHECKING:
+    from collsim.engine.core import Engine
 
 __all__ = ["Mail", "RankProgram"]
 
@@ -61,7 +64,7 @@ class Mail:
 class RankProgram:
     """One simulated rank. The :class:`~collsim.engine.core.Engine` wires the streams."""
 
-    def __init__(self, engine: Any, rank: int, stage: StageModel, ops: list[PipeOp]) -> None:
+    def __init__(self, engine: Engine, rank: int, stage: StageModel, ops: list[PipeOp]) -> None:
         self.e = engine
         self.env: simpy.Environment = engine.env
         self.rank = rank

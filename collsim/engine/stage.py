@@ -102,7 +102,7 @@ class StageModel:
     chunks: list[ChunkModel]
 
     @property
-    def numel(self) -> int:
+    def numel(self) -> float:
         return sum(c.numel for c in self.chunks)
 
 
@@ -154,7 +154,7 @@ def loss_bytes(plan: Plan) -> float:
 def build_stage(plan: Plan, stage: int, *, layer: BlockTimes, embedding: BlockTimes,
                 head: BlockTimes, grad_bytes: int, act_element_bytes: int) -> StageModel:
     """The chunks of ``stage`` with their segments, tensors, DDP buckets and FSDP units."""
-    spec: Any = plan.spec
+    spec = plan.spec
     tp, sp = plan.tp, plan.parallel.sequence_parallel
     size = float(plan.training.micro_batch * spec.seq_len * spec.hidden * act_element_bytes)
     comm = tp > 1

@@ -7,7 +7,7 @@ Narayanan et al. 2021 (``collsim.workload.flops``); memory is read from the engi
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from collsim.engine.comm import CommPricer, axis_contends
 from collsim.engine.core import Engine
@@ -16,6 +16,12 @@ from collsim.engine.stage import BlockTimes, build_stage
 from collsim.errors import ConfigError
 from collsim.parallel.config import Dtype, ParallelConfig, TrainingConfig
 from collsim.parallel.plan import Plan, build_plan
+
+if TYPE_CHECKING:
+    from collsim.hardware import Device
+    from collsim.topology import Topology
+    from collsim.workload.compute import ComputeModel, LayerTimes
+    from collsim.workload.model import TransformerSpec
 
 __all__ = ["simulate_step", "prepare_step", "FIDELITIES", "BLOCK_OVERRIDE_KEYS"]
 
@@ -47,22 +53,22 @@ def _bytes_per(training: TrainingConfig) -> dict[str, float]:
             "activation": float(activation_element_bytes(dtype.value))}
 
 
-def _blocks(plan: Plan, device: Any, overrides: dict[str, float]) -> tuple[
-        BlockTimes, BlockTimes, BlockTimes, Any]:
+def _blocks(plan: Plan, device: Device, overrides: dict[str, float]) -> tuple[
+        BlockTimes, BlockTimes, BlockTimes, ComputeModel]:
     from collsim.workload.compute import ComputeModel
 
     op_over = {k: v for k, v in overrides.items() if k not in BLOCK_OVERRIDE_KEYS}
     model = ComputeModel(device, str(plan.training.dtype), overrides=op_over)
-    kw = dict(micro_batch=plan.training.micro_batch, tp=plan.tp,
-              sequence_parallel=plan.parallel.sequence_parallel)
-    lt = model.layer_times(plan.spec, recompute=str(plan.training.recompute), **kw)
-    et = model.embedding_times(plan.spec, **kw)
-    ht = model.head_times(plan.spec, **kw)
+    mb, tp, sp = plan.training.micro_batch, plan.tp, plan.parallel.sequence_parallel
+    lt = model.layer_times(plan.spec, micro_batch=mb, tp=tp, sequence_parallel=sp,
+                           recompute=str(plan.training.recompute))
+    et = model.embedding_times(plan.spec, micro_batch=mb, tp=tp, sequence_parallel=sp)
+    ht = model.head_times(plan.spec, micro_batch=mb, tp=tp, sequence_parallel=sp)
 
     def pick(key: str, value: float) -> float:
         return float(overrides.get(key, value))
 
-    def dgrad(times: Any, names: tuple[str, ...], backward_s: float) -> tuple[float, ...]:
+    def dgrad(times: LayerTimes, names: tuple[str, ...], backward_s: float) -> tuple[float, ...]:
         """Half the backward of each named linear (its dgrad GEMM: 2 of its 4 backward FLOPs
         per weight element), scaled like the block when a block override replaced it."""
         scale = backward_s / times.backward_s if times.backward_s > 0 else 0.0
@@ -97,7 +103,7 @@ def _contended_axes(plan: Plan, fidelity: str) -> list[str]:
     contended: list[str] = []
     # every group of an axis may be active at once: all stages compute layers together, send
     # to their neighbours in the steady state, and reduce gradients near the end of the step
-    stage_groups = {
+    stage_groups: dict[str, list[tuple[int, ...]]] = {
         "tp": plan.groups("tp"),
         "dp": plan.groups("dp"),
         "pp": [(plan.rank(dp=d, pp=s, tp=t), plan.rank(dp=d, pp=s + 1, tp=t))
@@ -111,7 +117,7 @@ def _contended_axes(plan: Plan, fidelity: str) -> list[str]:
     return contended
 
 
-def simulate_step(topology: Any, spec: Any, training: TrainingConfig, parallel: ParallelConfig,
+def simulate_step(topology: Topology, spec: TransformerSpec, training: TrainingConfig, parallel: ParallelConfig,
                   *, all_ranks: bool = False, trace: bool = False,
                   op_time_overrides: dict[str, float] | None = None,
                   fidelity: str = "auto", zero_communication: bool = False) -> StepResult:
@@ -141,7 +147,7 @@ def simulate_step(topology: Any, spec: Any, training: TrainingConfig, parallel: 
                     contended=engine.contended, zero_communication=zero_communication)
 
 
-def prepare_step(topology: Any, spec: Any, training: TrainingConfig, parallel: ParallelConfig,
+def prepare_step(topology: Topology, spec: TransformerSpec, training: TrainingConfig, parallel: ParallelConfig,
                  *, all_ranks: bool = False, trace: bool = False,
                  op_time_overrides: dict[str, float] | None = None,
                  fidelity: str = "auto", zero_communication: bool = False) -> Engine:
@@ -173,7 +179,7 @@ def prepare_step(topology: Any, spec: Any, training: TrainingConfig, parallel: P
         import simpy
         env = simpy.Environment()
     pricer = CommPricer(topology, zero=zero_communication, network=net, env=env)
-    cpu_model = None
+    cpu_model: ComputeModel | None = None
 
     def optimizer_time(local_params: float, on_cpu: bool) -> float:
         nonlocal cpu_model
@@ -191,10 +197,7 @@ def prepare_step(topology: Any, spec: Any, training: TrainingConfig, parallel: P
                              grad_bytes=int(bytes_per["grad"]),
                              act_element_bytes=int(bytes_per["activation"]))
               for s in range(plan.pp)}
-    engine = Engine(plan, stages, pricer, all_ranks=all_ranks, layer_mode=layer_mode,
-                    des_axes=des_axes,
-                    trace=trace, optimizer_time=optimizer_time, bytes_per=bytes_per,
-                    host_bps=float(topology.host_bandwidth_bps), env=env)
-    engine.contended = contended
-    engine.zero_communication = zero_communication
-    return engine
+    return Engine(plan, stages, pricer, all_ranks=all_ranks, layer_mode=layer_mode,
+                  des_axes=des_axes, trace=trace, optimizer_time=optimizer_time,
+                  bytes_per=bytes_per, host_bps=float(topology.host_bandwidth_bps), env=env,
+                  contended=contended, zero_communication=zero_communication)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import simpy
@@ -119,9 +120,10 @@ class GroupStream:
             record.end_s = record.start_s + float(pending.work)
             self.free_at = record.end_s
             timer = self.env.timeout(record.end_s - self.env.now)
-            timer.callbacks.append(lambda _ev, p=pending: self._finish(p))
+            timer.callbacks.append(partial(self._finish, pending))
 
-    def _finish(self, pending: _Pending) -> None:
+    def _finish(self, pending: _Pending, _event: simpy.Event | None = None) -> None:
+        """Close a call (``_event``: the timer that ended it, when called back by SimPy)."""
         if self.on_done is not None:
             self.on_done(pending.members, pending.record)
         assert pending.event is not None
