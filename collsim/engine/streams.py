@@ -134,7 +134,8 @@ class GroupStream:
         while True:
             pending = yield self._queue.get()
             record = pending.record
-            start = max(record.ready_s, self.env.now)
+            # a closed-form call resolved before the first process work may still be running
+            start = max(record.ready_s, self.env.now, self.free_at)
             if start > self.env.now:
                 yield self.env.timeout(start - self.env.now)
             record.start_s = self.env.now

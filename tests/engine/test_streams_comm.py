@@ -68,3 +68,17 @@ def test_fsdp_offload_moves_states_to_host(small_spec) -> None:
     # PCIe copies before gathers and after reduce-scatters, and the CPU optimizer cost time
     assert host.step_time_s > gpu.step_time_s
     assert host.breakdown_s["optimizer"] > gpu.breakdown_s["optimizer"]
+
+
+def test_group_stream_process_work_waits_for_a_closed_form_call_before_it() -> None:
+    """FIFO holds when a stream turns from closed-form durations to process work: the process
+    starts only once the closed-form call issued before it has ended."""
+    env = simpy.Environment()
+    log: list[tuple[str, float, float]] = []
+    stream = GroupStream(env, (0,), "dp",
+                         on_done=lambda members, rec: log.append((rec.name, rec.start_s,
+                                                                  rec.end_s)))
+    stream.submit(0, "closed", 2.0)
+    stream.submit(0, "process", lambda: env.timeout(1.0))
+    env.run()
+    assert log == [("closed", 0.0, 2.0), ("process", 2.0, 3.0)]
