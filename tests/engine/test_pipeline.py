@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from collsim.engine import simulate_step
 from collsim.errors import CollsimWarning
 from collsim.parallel.config import ParallelConfig, TrainingConfig
+from collsim.parallel.schedules import Phase, stage_schedule
 from collsim.workload.memory import activation_bytes_per_layer
 from collsim.workload.model import TransformerSpec
 from collsim.workload.ops import embedding_ops
@@ -103,9 +104,16 @@ def test_interleaved_holds_more_in_flight_on_stage_0(small_spec) -> None:
     emb = sum(op.saved_bytes for op in embedding_ops(small_spec, micro_batch=1))
     layer = activation_bytes_per_layer(small_spec, micro_batch=1)
     per_chunk = small_spec.num_layers // (p * v) * layer
-    warmup = (p - 1) * 2 + (v - 1) * p
-    assert warmup + 1 == 11
     want = 11 * per_chunk + 8 * emb
+    # the same peak replayed from the schedule alone: a forward keeps its chunk's activations
+    # (chunk 0 also the embedding's), its backward frees them
+    live = peak = 0.0
+    for op in stage_schedule("interleaved", num_stages=p, num_microbatches=m, stage=0,
+                             virtual_stages=v):
+        kept = per_chunk + (emb if op.chunk == 0 else 0.0)
+        live += kept if op.phase is Phase.FORWARD else -kept
+        peak = max(peak, live)
+    assert peak == pytest.approx(want, rel=1e-12)
     assert r.details["activation_peak_bytes_by_rank"][0] == pytest.approx(want, rel=1e-12)
     one_f_one_b = _step(small_spec, p, m, "1f1b").details["activation_peak_bytes_by_rank"][0]
     assert r.details["activation_peak_bytes_by_rank"][0] > one_f_one_b
