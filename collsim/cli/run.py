@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import click
 
+from collsim.cli.common import OneLineCommand, check_output_path
 from collsim.errors import CollsimWarning, ConfigError, InfeasibleError
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ FIDELITY_CHOICES = ("auto", "fused", "layer")
 PLOT_SUFFIXES = (".png", ".svg")
 
 
-@click.command(name="run", epilog=_EPILOG)
+@click.command(name="run", epilog=_EPILOG, cls=OneLineCommand)
 @click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
               help="Override a scenario key (value read as YAML), e.g. parallel.tp=4. Repeatable.")
@@ -78,6 +79,9 @@ def run_scenario(path: Path, overrides: Sequence[str] = (), *, json_path: Path |
         _error(f"--plot: the image must end in .png or .svg, got {Path(plot_path).name!r}")
         return 2
     try:
+        check_output_path(json_path, "--json")
+        check_output_path(trace_path, "--trace")
+        check_output_path(plot_path, "--plot")
         write_trace = _trace_writer() if trace_path is not None else None
         if trace_path is not None and write_trace is None:
             _error("--trace: the trace writer is not yet available in this version")
@@ -237,11 +241,11 @@ def describe_scenario(scenario: "Scenario", topology: "Topology") -> list[tuple[
     if par.sequence_parallel:
         plan += ", sequence parallel"
     if par.zero == 0:
-        plan += f", DDP buckets {par.ddp.bucket_mb:g} MB, overlap {_on(par.ddp.overlap)}"
+        plan += f", DDP buckets {par.ddp.bucket_mb:g} MiB, overlap {_on(par.ddp.overlap)}"
         if par.ddp.gradient_as_bucket_view:
             plan += ", gradients as bucket views"
     elif par.zero in (1, 2):
-        plan += f", ZeRO-{par.zero}, buckets {par.ddp.bucket_mb:g} MB"
+        plan += f", ZeRO-{par.zero}, buckets {par.ddp.bucket_mb:g} MiB"
     else:
         plan += (f", ZeRO-3/FSDP, prefetch {par.fsdp.prefetch}, reshard "
                  f"{_on(par.fsdp.reshard_after_forward)}, offload {_on(par.fsdp.offload)}")

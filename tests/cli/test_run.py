@@ -495,3 +495,21 @@ def test_plot_image_is_written(tmp_path: Path, name: str, suffix: str) -> None:
         assert root.tag.endswith("svg") and float(root.get("width", "0").rstrip("pt")) > 500
         paths = [el for el in root.iter() if el.tag.endswith("path")]
         assert len(paths) > 100                           # bars, axes and glyphs drawn
+
+
+@pytest.mark.parametrize("argv", [
+    ["run", "scenarios"],                                            # a directory, not a file
+    ["run", "scenarios/3d_175b.yaml", "--bogus"],                    # unknown option
+    ["run", "scenarios/3d_175b.yaml", "--json", "/no/such/dir/r.json"],  # output folder missing
+], ids=["directory", "unknown-option", "json-folder-missing"])
+def test_usage_errors_are_one_line_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from collsim.cli import main
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "Usage:" not in err
