@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 import click
 
+from collsim.cli.common import OneLineGroup
 from collsim.errors import ConfigError
 
 __all__ = ["validate"]
@@ -54,7 +55,17 @@ def _ops(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, .
     return ops
 
 
-@click.group()
+def _world_sizes(ctx: click.Context, param: click.Parameter, value: str) -> list[int]:
+    try:
+        sizes = [int(s) for s in value.split(",") if s.strip()]
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers, got {value!r}") from None
+    if not sizes or any(n < 1 for n in sizes):
+        raise click.BadParameter(f"expected world sizes >= 1, got {value!r}")
+    return sizes
+
+
+@click.group(cls=OneLineGroup)
 def validate() -> None:
     """Measure collectives and training steps with torch.distributed and compare with collsim."""
 
@@ -91,9 +102,13 @@ def bench(backend: str, world_size: int | None, ops: tuple[str, ...], minbytes: 
 
     if world_size is None and not in_torchrun():
         world_size = 2
-    sizes = tuple(sizes_between(minbytes, maxbytes, stepfactor))
+    try:
+        sizes = tuple(sizes_between(minbytes, maxbytes, stepfactor))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="-b/--minbytes, -e/--maxbytes") from None
     if rounds > iters:
-        raise click.BadParameter(f"--rounds ({rounds}) must be <= --iters ({iters})")
+        raise click.BadParameter(f"must be <= --iters ({iters}), got {rounds}",
+                                 param_hint="--rounds")
     config = BenchConfig(ops=ops, sizes_bytes=sizes, iters=iters, warmup=warmup, rounds=rounds,
                          barrier_each=not back_to_back)
     result, is_reporter = run_bench(config, world_size=world_size, backend=backend,
@@ -308,7 +323,7 @@ def holdout(measured: tuple[str, ...], min_size: int, target: float, check_ops: 
 
 
 @validate.command()
-@click.option("--world-sizes", default="2,4", show_default=True,
+@click.option("--world-sizes", default="2,4", show_default=True, callback=_world_sizes,
               help="Comma-separated world sizes to measure and simulate.")
 @click.option("--backend", type=click.Choice(["gloo", "nccl"]), default="gloo", show_default=True)
 @click.option("--topology", "-t", default=None,
@@ -326,7 +341,7 @@ def holdout(measured: tuple[str, ...], min_size: int, target: float, check_ops: 
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="JSON report (measured, profiled, simulated).")
 @_rank_errors
-def step(world_sizes: str, backend: str, topology: str | None, iters: int, warmup: int,
+def step(world_sizes: list[int], backend: str, topology: str | None, iters: int, warmup: int,
          layers: int, hidden: int, micro_batch: int, target: float, timeout_s: float,
          output: str | None) -> None:
     """Time real DDP (bucket 1 and 25 MB) and FSDP-sketch steps of a small GPT; simulate them."""
@@ -336,7 +351,7 @@ def step(world_sizes: str, backend: str, topology: str | None, iters: int, warmu
 
     from collsim.validate.launch import in_torchrun
 
-    sizes: list[int | None] = [int(s) for s in world_sizes.split(",") if s.strip()]
+    sizes: list[int | None] = list(world_sizes)
     if in_torchrun():
         sizes = [None]          # the job's own world size
     cfg = StepConfig(num_layers=layers, hidden=hidden, ffn_hidden=4 * hidden,
