@@ -39,6 +39,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 import collsim
 from collsim.errors import ConfigError, InfeasibleError
 from collsim.hardware import Device, get_device
@@ -168,6 +170,11 @@ class Topology:
         self.cache: dict[Any, Any] = {}
         """Scratch space for layers above (per-group cost tables); cleared never."""
         self._build()
+        self.link_capacity_bps = np.array([link.capacity_bps for link in self.links], dtype=float)
+        """Achievable bytes/s of every link, by index."""
+        self.link_latency_s = np.array([link.latency_s for link in self.links], dtype=float)
+        """Latency of every link, by index."""
+        self._index_arrays()
 
     # -- graph ----------------------------------------------------------------------------
     def _add(self, name: str, bandwidth_bps: float, latency_s: float, tier: int, kind: LinkKind,
@@ -215,6 +222,22 @@ class Topology:
                                            LinkKind.NETWORK, nics.efficiency)
             self.leaf_down[leaf] = self._add(f"{label}.down", up_bps, fab.latency_s, 2,
                                              LinkKind.NETWORK, nics.efficiency)
+
+    def _index_arrays(self) -> None:
+        """Link indices as arrays, for vectorised path construction (``path_links``)."""
+        self.gpu_tx_index = np.asarray(self.gpu_tx, dtype=np.int64)
+        self.gpu_rx_index = np.asarray(self.gpu_rx, dtype=np.int64)
+        count = self.nics.count if self.nics is not None else 0
+        self.nic_tx_index = np.asarray(self.nic_tx, dtype=np.int64).reshape(len(self.nic_tx), count)
+        self.nic_rx_index = np.asarray(self.nic_rx, dtype=np.int64).reshape(len(self.nic_rx), count)
+        num_groups = -(-self.num_nodes // self.fabric.nodes_per_leaf)
+        rails = count if self.fabric.rails else 1
+        self.leaf_up_index = np.full((max(rails, 1), num_groups), -1, dtype=np.int64)
+        self.leaf_down_index = np.full((max(rails, 1), num_groups), -1, dtype=np.int64)
+        for (k, g), link in self.leaf_up.items():
+            self.leaf_up_index[k, g] = link
+        for (k, g), link in self.leaf_down.items():
+            self.leaf_down_index[k, g] = link
 
     # -- queries --------------------------------------------------------------------------
     def node_of(self, rank: int) -> int:

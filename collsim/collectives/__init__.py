@@ -17,7 +17,7 @@ Example::
 
 from __future__ import annotations
 
-from collsim.collectives.schedule import Phase, Schedule, Timing, Transfer
+from collsim.collectives.schedule import LoadPhase, Phase, Schedule, Timing, Transfer
 from collsim.collectives.select import choose, cost, schedule_for, simulate, supported
 from collsim.collectives.types import (Algorithm, CollectiveCost, CollectiveOp, Group, Protocol,
                                        busbw_factor)
@@ -25,5 +25,5 @@ from collsim.collectives.types import (Algorithm, CollectiveCost, CollectiveOp, 
 __all__ = [
     "CollectiveOp", "Algorithm", "Protocol", "Group", "CollectiveCost", "busbw_factor",
     "cost", "simulate", "choose", "schedule_for", "supported",
-    "Phase", "Schedule", "Timing", "Transfer",
+    "Phase", "LoadPhase", "Schedule", "Timing", "Transfer",
 ]

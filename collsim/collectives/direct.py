@@ -6,32 +6,169 @@ broadcast / reduce: the root sends M to / receives M from every other rank.
 send_recv: with two ranks, one point-to-point message ranks[0] -> ranks[1] (a pipeline stage
 sending to the next); with more, nccl-tests sendrecv: rank i sends M to rank i+1 (mod n). On an
 idle network both take the time of one message (every rank's links carry one).
+
+The all-pairs pattern has n(n-1) transfers, so its per-link load is derived from the topology's
+structure instead of enumerated (O(ranks + links)). With m_A group ranks on node A, c_Ak of them
+behind NIC k, C_k = sum_A c_Ak, and M_g (S_gk) group ranks (behind NIC k) under leaf group g:
+
+- GPU tx / rx link of a rank on node A: m_A - 1 transfers (its intra-node peers);
+- NIC k tx of node A: c_Ak (n - m_A) (each sender there reaches every off-node rank);
+- NIC k rx of node B: m_B (C_k - c_Bk) (senders on rail k elsewhere, to each rank of B);
+- rail k leaf uplink of group g: S_gk (n - M_g); downlink: (C_k - S_gk) M_g; without rails
+  (one leaf per group) S_gk and C_k become M_g and n.
+
+The paths are those of :meth:`collsim.topology.Topology.path` (an inter-node transfer leaves by
+the sender's NIC and stays on its rail). The DES runs every pair for groups of up to
+:data:`EXACT_PAIRS_UP_TO` ranks; above that, the transfers that share a path (the senders behind
+NIC k of node A to all ranks of node B) run as one flow with their summed bytes.
 """
 
 from __future__ import annotations
 
-from collsim.collectives.schedule import Phase, one_step_phase
-from collsim.collectives.types import Algorithm, CollectiveOp, Group
+import numpy as np
 
-__all__ = ["ALGORITHM", "SUPPORTED", "build"]
+from collsim.collectives.schedule import (LoadPhase, Phase, PhaseLoad, Transfer, make_transfer,
+                                          one_step_phase)
+from collsim.collectives.types import Algorithm, CollectiveOp, Group
+from collsim.topology import LinkKind, Topology
+
+__all__ = ["ALGORITHM", "SUPPORTED", "EXACT_PAIRS_UP_TO", "build", "all_pairs_load"]
 
 ALGORITHM = Algorithm.DIRECT
 SUPPORTED = frozenset(CollectiveOp)
 
+EXACT_PAIRS_UP_TO = 64
+"""Groups up to this many ranks run every (src, dst) pair as its own flow in the DES."""
 
-def build(op: CollectiveOp, group: Group) -> list[Phase]:
+
+def _layout(group: Group) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Ranks, their nodes and their NICs (0 without NICs) as arrays."""
+    topo = group.topology
+    ranks = np.asarray(group.ranks, dtype=np.int64)
+    nodes = ranks // topo.gpus_per_node
+    if topo.nics is None:
+        nics = np.zeros_like(ranks)
+    else:
+        nics = (ranks % topo.gpus_per_node) * topo.nics.count // topo.gpus_per_node
+    return ranks, nodes, nics
+
+
+def all_pairs_load(group: Group) -> PhaseLoad:
+    """Per-link load (transfers per link) of every rank sending to every other, analytically.
+
+    See the module docstring for the formulas; O(ranks + links), no pair is enumerated.
+    """
+    topo = group.topology
+    n = group.size
+    ranks, nodes, nics = _layout(group)
+    index: list[np.ndarray] = []
+    weight: list[np.ndarray] = []
+    m = np.bincount(nodes, minlength=topo.num_nodes)
+    intra = (m[nodes] - 1).astype(float)
+    gpu_tx, gpu_rx = np.asarray(topo.gpu_tx), np.asarray(topo.gpu_rx)
+    index += [gpu_tx[ranks], gpu_rx[ranks]]
+    weight += [intra, intra]
+    intra_latency = inter_latency = 0.0
+    kinds: frozenset[LinkKind] = frozenset()
+    multi = np.flatnonzero(m >= 2)
+    if len(multi):
+        a = ranks[nodes == multi[0]][:2]
+        path = topo.path(int(a[0]), int(a[1]))
+        intra_latency = topo.path_latency_s(path)
+        kinds = frozenset(topo.links[i].kind for i in path)
+    used_nodes = np.flatnonzero(m)
+    if len(used_nodes) > 1:
+        assert topo.nics is not None      # Topology refuses several nodes without NICs
+        k_count = topo.nics.count
+        c = np.bincount(nodes * k_count + nics, minlength=topo.num_nodes * k_count)
+        c = c.reshape(topo.num_nodes, k_count).astype(float)
+        c_k = c.sum(axis=0)
+        nic_tx, nic_rx = np.asarray(topo.nic_tx), np.asarray(topo.nic_rx)
+        sub = c[used_nodes]
+        index += [nic_tx[used_nodes].ravel(), nic_rx[used_nodes].ravel()]
+        weight += [(sub * (n - m[used_nodes])[:, None]).ravel(),
+                   (m[used_nodes][:, None] * (c_k[None, :] - sub)).ravel()]
+        per_leaf = topo.fabric.nodes_per_leaf
+        leaf_of_rank = nodes // per_leaf
+        num_leaves = -(-topo.num_nodes // per_leaf)
+        big_m = np.bincount(leaf_of_rank, minlength=num_leaves).astype(float)
+        crossing = np.count_nonzero(big_m) > 1
+        if crossing:
+            used_leaves = np.flatnonzero(big_m)
+            if topo.fabric.rails:
+                s = np.bincount(leaf_of_rank * k_count + nics,
+                                minlength=num_leaves * k_count).reshape(num_leaves, k_count)
+                s = s[used_leaves].astype(float)
+                up = s * (n - big_m[used_leaves])[:, None]
+                down = (c_k[None, :] - s) * big_m[used_leaves][:, None]
+                rails = range(k_count)
+            else:
+                mg = big_m[used_leaves]
+                up = (mg * (n - mg))[:, None]
+                down = up
+                rails = range(1)
+            index += [np.array([[topo.leaf_up[(k, int(g))] for k in rails]
+                                for g in used_leaves]).ravel(),
+                      np.array([[topo.leaf_down[(k, int(g))] for k in rails]
+                                for g in used_leaves]).ravel()]
+            weight += [up.ravel(), down.ravel()]
+        # the longest inter-node path: one that crosses leaves if any does
+        first = int(ranks[0])
+        if crossing:
+            other = int(ranks[np.flatnonzero(leaf_of_rank != leaf_of_rank[0])[0]])
+        else:
+            other = int(ranks[np.flatnonzero(nodes != nodes[0])[0]])
+        inter_latency = topo.path_latency_s(topo.path(first, other))
+    all_index = np.concatenate(index)
+    all_weight = np.concatenate(weight)
+    keep = all_weight > 0
+    return PhaseLoad(all_index[keep], all_weight[keep], intra_latency, inter_latency, kinds)
+
+
+def all_pairs_transfers(group: Group) -> list[Transfer]:
+    """The DES flows of the all-pairs pattern: every pair for small groups; for large ones,
+    one flow per distinct path (intra-node pairs, and (node A, NIC k) -> node B), weighted by
+    the number of pairs it stands for."""
+    topo = group.topology
+    ranks = group.ranks
+    if len(ranks) <= EXACT_PAIRS_UP_TO:
+        return [make_transfer(topo, s, d) for s in ranks for d in ranks if s != d]
+    return _aggregated_pairs(group, topo)
+
+
+def _aggregated_pairs(group: Group, topo: Topology) -> list[Transfer]:
+    by_node = group.by_node()
+    out: list[Transfer] = []
+    for _, members in by_node:
+        out += [make_transfer(topo, s, d) for s in members for d in members if s != d]
+    if len(by_node) < 2:
+        return out
+    senders: list[tuple[int, int, int]] = []      # (node, nic, senders behind it)
+    for node, members in by_node:
+        per_nic: dict[int, int] = {}
+        for r in members:
+            per_nic[topo.nic_of(r)] = per_nic.get(topo.nic_of(r), 0) + 1
+        senders += [(node, k, count) for k, count in per_nic.items()]
+    for node_a, k, count in senders:
+        for node_b, members in by_node:
+            if node_b != node_a:
+                out.append(Transfer(topo.net_path(node_a, node_b, k), None, None, True,
+                                    float(count * len(members))))
+    return out
+
+
+def build(op: CollectiveOp, group: Group) -> list[Phase | LoadPhase]:
     """Phases of direct ``op`` on ``group``."""
     ranks, topo = group.ranks, group.topology
     n = len(ranks)
     if n < 2:
         return []
-    all_pairs = [(s, d) for s in ranks for d in ranks if s != d]
     root = ranks[0]
     match op:
         case CollectiveOp.ALL_TO_ALL | CollectiveOp.REDUCE_SCATTER | CollectiveOp.ALL_GATHER:
-            return [one_step_phase(topo, all_pairs, 1.0 / n)]
+            return [_all_pairs_phase(group)]
         case CollectiveOp.ALL_REDUCE:          # reduce-scatter, then all-gather
-            return [one_step_phase(topo, all_pairs, 1.0 / n)] * 2
+            return [_all_pairs_phase(group)] * 2
         case CollectiveOp.BROADCAST:
             return [one_step_phase(topo, [(root, d) for d in ranks[1:]], 1.0)]
         case CollectiveOp.REDUCE:
@@ -41,3 +178,10 @@ def build(op: CollectiveOp, group: Group) -> list[Phase]:
             return [one_step_phase(topo, pairs, 1.0)]
         case _:
             raise AssertionError(op)
+
+
+def _all_pairs_phase(group: Group) -> LoadPhase:
+    inter = group.num_nodes > 1
+    return LoadPhase(load=all_pairs_load(group), size_factor=1.0 / group.size,
+                     intra_steps=0 if inter else 1, inter_steps=1 if inter else 0,
+                     make_transfers=lambda: all_pairs_transfers(group))

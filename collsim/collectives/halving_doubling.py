@@ -9,7 +9,7 @@ between near ranks (inside a node) and the network carries the small ones. Bytes
 
 from __future__ import annotations
 
-from collsim.collectives.schedule import Phase, one_step_phase
+from collsim.collectives.schedule import LoadPhase, one_step_phase
 from collsim.collectives.types import Algorithm, CollectiveOp, Group
 from collsim.errors import ConfigError
 
@@ -20,13 +20,13 @@ SUPPORTED = frozenset({CollectiveOp.ALL_REDUCE, CollectiveOp.REDUCE_SCATTER,
                        CollectiveOp.ALL_GATHER})
 
 
-def _exchange(group: Group, distance: int, factor: float) -> Phase:
+def _exchange(group: Group, distance: int, factor: float) -> LoadPhase:
     ranks = group.ranks
     pairs = [(ranks[i], ranks[i ^ distance]) for i in range(len(ranks))]
     return one_step_phase(group.topology, pairs, factor)
 
 
-def build(op: CollectiveOp, group: Group) -> list[Phase]:
+def build(op: CollectiveOp, group: Group) -> list[LoadPhase]:
     """Phases of halving-doubling ``op`` on ``group`` (one per step)."""
     if op not in SUPPORTED:
         raise ConfigError(f"halving_doubling does not implement {op.value}")

@@ -9,7 +9,9 @@ group ranks g on every node.
 
 from __future__ import annotations
 
-from collsim.collectives.schedule import Phase, Transfer, make_transfer
+import numpy as np
+
+from collsim.collectives.schedule import LoadPhase, pairs_phase
 from collsim.collectives.types import Algorithm, CollectiveOp, Group
 from collsim.errors import ConfigError
 
@@ -20,13 +22,15 @@ SUPPORTED = frozenset({CollectiveOp.ALL_REDUCE, CollectiveOp.REDUCE_SCATTER,
                        CollectiveOp.ALL_GATHER})
 
 
-def _rings(group: Group, orders: list[list[int]]) -> tuple[Transfer, ...]:
-    topo = group.topology
-    return tuple(make_transfer(topo, o[i], o[(i + 1) % len(o)])
-                 for o in orders if len(o) > 1 for i in range(len(o)))
+def _rings(group: Group, orders: list[list[int]], size_factor: float, intra_steps: int,
+           inter_steps: int) -> LoadPhase:
+    src = [r for o in orders if len(o) > 1 for r in o]
+    dst = [r for o in orders if len(o) > 1 for r in o[1:] + o[:1]]
+    return pairs_phase(group.topology, np.asarray(src, dtype=np.int64),
+                       np.asarray(dst, dtype=np.int64), size_factor, intra_steps, inter_steps)
 
 
-def build(op: CollectiveOp, group: Group) -> list[Phase]:
+def build(op: CollectiveOp, group: Group) -> list[LoadPhase]:
     """Phases of hierarchical ``op`` on ``group``."""
     if op not in SUPPORTED:
         raise ConfigError(f"hierarchical does not implement {op.value}")
@@ -36,17 +40,17 @@ def build(op: CollectiveOp, group: Group) -> list[Phase]:
         raise ConfigError("hierarchical needs the same number of ranks on every node, got "
                           f"{[len(m) for m in nodes]}")
     num_nodes = len(nodes)
-    intra = _rings(group, nodes)
-    inter = _rings(group, [[m[j] for m in nodes] for j in range(g)])
-    share = (g - 1) / g
+    rails = [[m[j] for m in nodes] for j in range(g)]
+    intra = _rings(group, nodes, (g - 1) / g, g - 1, 0)
     match op:
         case CollectiveOp.ALL_REDUCE:
-            return [Phase(intra, share, g - 1, 0),
-                    Phase(inter, 2.0 * (num_nodes - 1) / num_nodes / g, 0, 2 * (num_nodes - 1)),
-                    Phase(intra, share, g - 1, 0)]
+            return [intra,
+                    _rings(group, rails, 2.0 * (num_nodes - 1) / num_nodes / g, 0,
+                           2 * (num_nodes - 1)),
+                    intra]
         case CollectiveOp.REDUCE_SCATTER:
-            return [Phase(intra, share, g - 1, 0),
-                    Phase(inter, (num_nodes - 1) / num_nodes / g, 0, num_nodes - 1)]
+            return [intra,
+                    _rings(group, rails, (num_nodes - 1) / num_nodes / g, 0, num_nodes - 1)]
         case _:
-            return [Phase(inter, (num_nodes - 1) / num_nodes / g, 0, num_nodes - 1),
-                    Phase(intra, share, g - 1, 0)]
+            return [_rings(group, rails, (num_nodes - 1) / num_nodes / g, 0, num_nodes - 1),
+                    intra]

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from collsim.collectives.schedule import Phase, Transfer, make_transfer
+import numpy as np
+
+from collsim.collectives.schedule import LoadPhase, pairs_phase
 from collsim.collectives.types import Algorithm, CollectiveOp, Group
 from collsim.errors import ConfigError
 
@@ -46,24 +48,27 @@ def ring_orders(group: Group) -> list[list[int]]:
     return rings
 
 
-def _edges(group: Group, orders: Sequence[Sequence[int]], *, chain_root: int | None = None,
-           reverse: bool = False) -> list[Transfer]:
-    topo = group.topology
-    out = []
+def _edges(orders: Sequence[Sequence[int]], *, chain_root: int | None = None,
+           reverse: bool = False) -> tuple[list[int], list[int]]:
+    """(senders, receivers) of every ring edge (or chain edge from ``chain_root``)."""
+    src: list[int] = []
+    dst: list[int] = []
     for order in orders:
-        n = len(order)
+        order = list(order)
         if chain_root is not None:
-            at = list(order).index(chain_root)
-            order = list(order[at:]) + list(order[:at])
-            pairs = [(order[i], order[i + 1]) for i in range(n - 1)]
+            at = order.index(chain_root)
+            order = order[at:] + order[:at]
+            a, b = order[:-1], order[1:]
         else:
-            pairs = [(order[i], order[(i + 1) % n]) for i in range(n)]
-        for src, dst in pairs:
-            out.append(make_transfer(topo, dst, src) if reverse else make_transfer(topo, src, dst))
-    return out
+            a, b = order, order[1:] + order[:1]
+        if reverse:
+            a, b = b, a
+        src += a
+        dst += b
+    return src, dst
 
 
-def build(op: CollectiveOp, group: Group) -> list[Phase]:
+def build(op: CollectiveOp, group: Group) -> list[LoadPhase]:
     """Phases of ring ``op`` on ``group`` (one pipelined phase)."""
     if op not in SUPPORTED:
         raise ConfigError(f"ring does not implement {op.value}; it implements "
@@ -76,14 +81,15 @@ def build(op: CollectiveOp, group: Group) -> list[Phase]:
     match op:
         case CollectiveOp.ALL_REDUCE:
             factor, steps, inter = 2.0 * (n - 1) / n, 2 * (n - 1), 2 * (num_nodes - 1)
-            transfers = _edges(group, orders)
+            src, dst = _edges(orders)
         case CollectiveOp.REDUCE_SCATTER | CollectiveOp.ALL_GATHER:
             factor, steps, inter = (n - 1) / n, n - 1, num_nodes - 1
-            transfers = _edges(group, orders)
+            src, dst = _edges(orders)
         case CollectiveOp.BROADCAST | CollectiveOp.REDUCE:
             factor, steps, inter = 1.0, n - 1, num_nodes - 1
-            transfers = _edges(group, orders, chain_root=group.ranks[0],
-                               reverse=op is CollectiveOp.REDUCE)
+            src, dst = _edges(orders, chain_root=group.ranks[0],
+                              reverse=op is CollectiveOp.REDUCE)
         case _:
             raise ConfigError(f"ring does not implement {op.value}")
-    return [Phase(tuple(transfers), factor / channels, steps - inter, inter)]
+    return [pairs_phase(group.topology, np.asarray(src), np.asarray(dst), factor / channels,
+                        steps - inter, inter)]

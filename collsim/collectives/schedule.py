@@ -15,6 +15,14 @@ Closed form (per protocol p), with M the collective's size in bytes::
 where L_* are the longest physical path latencies of the schedule's intra- and inter-node
 transfers. The DES runs the same phases on a :class:`~collsim.network.FlowNetwork`, where other
 traffic shares the links.
+
+Scale: the closed form needs only each phase's per-link load (:class:`PhaseLoad`), never the
+transfer list. Algorithms build :class:`LoadPhase` objects whose load is derived with array
+operations over the ranks (:func:`pair_load`) or analytically from the topology's structure
+(the direct all-pairs pattern, :func:`collsim.collectives.direct.all_pairs_load`), so setting
+up a group costs O(ranks) and an evaluation O(1). The Transfer objects are built only when the
+DES runs the phase; above :data:`AGGREGATE_ABOVE` transfers (and for direct all-pairs above 64
+ranks) transfers that share a path run as one flow with the summed bytes.
 """
 
 from __future__ import annotations
@@ -29,11 +37,16 @@ import simpy
 from collsim.collectives import protocols
 from collsim.collectives.types import Algorithm, CollectiveOp, Protocol
 from collsim.errors import ConfigError
-from collsim.network import FlowNetwork, load_bound_time_s
+from collsim.network import FlowNetwork
 from collsim.topology import LinkKind, Topology
 
-__all__ = ["Transfer", "Phase", "Schedule", "Timing", "make_transfer", "one_step_phase",
-           "run_phases"]
+__all__ = ["Transfer", "Phase", "LoadPhase", "PhaseLoad", "Schedule", "Timing", "make_transfer",
+           "one_step_phase", "phase_load", "aggregate_transfers", "run_phases",
+           "AGGREGATE_ABOVE"]
+
+AGGREGATE_ABOVE = 16384
+"""A phase with more transfers than this runs in the DES with the transfers that share a path
+(and ranks) merged into one flow carrying their summed bytes (see :func:`aggregate_transfers`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,16 +83,159 @@ class Phase:
     inter_steps: int
 
 
+@dataclass(frozen=True, slots=True)
+class PhaseLoad:
+    """What the closed form needs of a phase: the weight (transfers, in units of
+    ``size_factor`` bytes) on every used link and the longest intra / inter path latency."""
+
+    link_index: np.ndarray
+    """Distinct link indices carrying traffic."""
+    link_weight: np.ndarray
+    """Summed transfer weights on each of those links."""
+    intra_latency_s: float
+    inter_latency_s: float
+    intra_kinds: frozenset[LinkKind]
+    """Kinds of the links of intra-node transfers."""
+
+
+class LoadPhase:
+    """A phase given by its per-link loads, derived analytically (O(ranks)) instead of from an
+    enumerated transfer list; the transfers are built only when the DES asks for them.
+
+    Attributes:
+        size_factor, intra_steps, inter_steps: as :class:`Phase`.
+        load: the :class:`PhaseLoad` the closed form uses.
+    """
+
+    __slots__ = ("size_factor", "intra_steps", "inter_steps", "load", "_make", "_transfers")
+
+    def __init__(self, *, load: PhaseLoad, size_factor: float, intra_steps: int,
+                 inter_steps: int, make_transfers: Callable[[], Sequence[Transfer]]) -> None:
+        self.load = load
+        self.size_factor = size_factor
+        self.intra_steps = intra_steps
+        self.inter_steps = inter_steps
+        self._make = make_transfers
+        self._transfers: tuple[Transfer, ...] | None = None
+
+    @property
+    def transfers(self) -> tuple[Transfer, ...]:
+        """The flows the DES runs (built on first use, then kept)."""
+        if self._transfers is None:
+            self._transfers = tuple(self._make())
+        return self._transfers
+
+
+AnyPhase = Phase | LoadPhase
+
+
+def phase_load(phase: AnyPhase, topology: Topology) -> PhaseLoad:
+    """The per-link load of ``phase`` (vectorised over its transfers for a :class:`Phase`)."""
+    if isinstance(phase, LoadPhase):
+        return phase.load
+    transfers = phase.transfers
+    count = len(transfers)
+    lengths = np.fromiter((len(t.path) for t in transfers), dtype=np.int64, count=count)
+    entries = np.fromiter((link for t in transfers for link in t.path), dtype=np.int64,
+                          count=int(lengths.sum()))
+    owner = np.repeat(np.arange(count), lengths)
+    weights = np.fromiter((t.weight for t in transfers), dtype=float, count=count)
+    load = np.bincount(entries, weights=weights[owner], minlength=len(topology.links))
+    used = np.flatnonzero(load > 0)
+    latency = np.bincount(owner, weights=topology.link_latency_s[entries], minlength=count)
+    inter = np.fromiter((t.inter for t in transfers), dtype=bool, count=count)
+    intra_entries = entries[~inter[owner]]
+    kinds = frozenset(topology.links[int(i)].kind for i in np.unique(intra_entries))
+    return PhaseLoad(used, load[used],
+                     float(latency[~inter].max()) if (~inter).any() else 0.0,
+                     float(latency[inter].max()) if inter.any() else 0.0, kinds)
+
+
+def aggregate_transfers(transfers: Sequence[Transfer]) -> tuple[Transfer, ...]:
+    """Merge transfers with the same (path, src, dst) into one with the summed weight.
+
+    Exact for the DES when the merged transfers would have run side by side on the same links
+    (as a ring's channels do on a shared intra-node edge).
+    """
+    merged: dict[tuple[tuple[int, ...], int | None, int | None], Transfer] = {}
+    for t in transfers:
+        key = (t.path, t.src, t.dst)
+        old = merged.get(key)
+        merged[key] = t if old is None else Transfer(t.path, t.src, t.dst, t.inter,
+                                                     old.weight + t.weight)
+    return tuple(merged.values())
+
+
 #: Bytes per pipeline loop as a function of the collective's size (None: loops are hidden).
 LoopBytes = Callable[[float], float]
 
 
 def one_step_phase(topology: Topology, pairs: Sequence[tuple[int, int]],
-                   size_factor: float) -> Phase:
+                   size_factor: float) -> LoadPhase:
     """All ``pairs`` at once, one step: a network step if any pair crosses nodes."""
-    transfers = tuple(make_transfer(topology, src, dst) for src, dst in pairs)
-    inter = any(t.inter for t in transfers)
-    return Phase(transfers, size_factor, 0 if inter else 1, 1 if inter else 0)
+    src = np.fromiter((p[0] for p in pairs), dtype=np.int64, count=len(pairs))
+    dst = np.fromiter((p[1] for p in pairs), dtype=np.int64, count=len(pairs))
+    inter = bool((src // topology.gpus_per_node != dst // topology.gpus_per_node).any())
+    return pairs_phase(topology, src, dst, size_factor, 0 if inter else 1, 1 if inter else 0)
+
+
+def pairs_phase(topology: Topology, src: np.ndarray, dst: np.ndarray, size_factor: float,
+                intra_steps: int, inter_steps: int) -> LoadPhase:
+    """A phase of rank-to-rank transfers ``src[i] -> dst[i]`` (weight 1 each), its load worked
+    out with array operations (:func:`pair_load`); the Transfer objects are built for the DES
+    only."""
+    src = np.asarray(src, dtype=np.int64)
+    dst = np.asarray(dst, dtype=np.int64)
+
+    def make() -> list[Transfer]:
+        return [make_transfer(topology, s, d) for s, d in zip(src.tolist(), dst.tolist())]
+
+    return LoadPhase(load=pair_load(topology, src, dst), size_factor=size_factor,
+                     intra_steps=intra_steps, inter_steps=inter_steps, make_transfers=make)
+
+
+def pair_load(topology: Topology, src: np.ndarray, dst: np.ndarray) -> PhaseLoad:
+    """Per-link load of transfers ``src[i] -> dst[i]`` along :meth:`Topology.path`, vectorised:
+    inside a node the sender's tx and the receiver's rx link; across nodes NIC k of the sender
+    (k = local rank x NICs / GPUs per node), the leaf uplink and downlink when the leaf groups
+    differ, and NIC k of the receiving node."""
+    topo = topology
+    gpn = topo.gpus_per_node
+    latency = topo.link_latency_s
+    src_node, dst_node = src // gpn, dst // gpn
+    same = src_node == dst_node
+    index: list[np.ndarray] = []
+    intra_latency = inter_latency = 0.0
+    kinds: frozenset[LinkKind] = frozenset()
+    if same.any():
+        tx, rx = topo.gpu_tx_index[src[same]], topo.gpu_rx_index[dst[same]]
+        index += [tx, rx]
+        intra_latency = float((latency[tx] + latency[rx]).max())
+        kinds = frozenset(topo.links[int(i)].kind for i in np.unique(np.concatenate([tx, rx])))
+    cross = ~same
+    if cross.any():
+        if topo.nics is None:
+            raise ConfigError(f"topology {topo.name} has no NICs")
+        s, sn, dn = src[cross], src_node[cross], dst_node[cross]
+        nic = (s % gpn) * topo.nics.count // gpn
+        tx, rx = topo.nic_tx_index[sn, nic], topo.nic_rx_index[dn, nic]
+        index += [tx, rx]
+        hops = latency[tx] + latency[rx]
+        per_leaf = topo.fabric.nodes_per_leaf
+        src_leaf, dst_leaf = sn // per_leaf, dn // per_leaf
+        diff = src_leaf != dst_leaf
+        if diff.any():
+            rail = nic[diff] if topo.fabric.rails else np.zeros(int(diff.sum()), dtype=np.int64)
+            up = topo.leaf_up_index[rail, src_leaf[diff]]
+            down = topo.leaf_down_index[rail, dst_leaf[diff]]
+            index += [up, down]
+            hops[diff] += latency[up] + latency[down]
+        inter_latency = float(hops.max())
+    if not index:
+        return PhaseLoad(np.zeros(0, dtype=np.int64), np.zeros(0), 0.0, 0.0, kinds)
+    load = np.bincount(np.concatenate(index), minlength=len(topo.links)).astype(float)
+    used = np.flatnonzero(load > 0)
+    return PhaseLoad(used, load[used], intra_latency, inter_latency, kinds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,25 +274,29 @@ class Schedule:
     """Phases of one (op, algorithm) on one group, with its closed-form timings per protocol."""
 
     def __init__(self, op: CollectiveOp, algorithm: Algorithm, topology: Topology,
-                 phases: Sequence[Phase], loop_bytes: LoopBytes | None = None) -> None:
+                 phases: Sequence[AnyPhase], loop_bytes: LoopBytes | None = None) -> None:
         self.op = op
         self.loop_bytes = loop_bytes
         self.algorithm = algorithm
         self.topology = topology
-        self.phases = tuple(p for p in phases if p.transfers)
-        capacity = np.array([link.capacity_bps for link in topology.links], dtype=float)
+        # Phases repeat (all_reduce = the same phase twice): summarise each object once.
+        seen: dict[int, PhaseLoad] = {}
+        for p in phases:
+            if id(p) not in seen:
+                seen[id(p)] = phase_load(p, topology)
+        self.phases = tuple(p for p in phases
+                            if (len(seen[id(p)].link_index) if isinstance(p, LoadPhase)
+                                else p.transfers))
+        loads = [seen[id(p)] for p in self.phases]
+        capacity = topology.link_capacity_bps
         self.phase_s_per_byte = [
-            p.size_factor * load_bound_time_s([t.path for t in p.transfers], capacity,
-                                              [t.weight for t in p.transfers])
-            for p in self.phases]
-        intra = [topology.path_latency_s(t.path) for p in self.phases for t in p.transfers
-                 if not t.inter]
-        inter = [topology.path_latency_s(t.path) for p in self.phases for t in p.transfers
-                 if t.inter]
-        self.intra_path_latency_s = max(intra, default=0.0)
-        self.inter_path_latency_s = max(inter, default=0.0)
-        kinds = {topology.path_kind(t.path) for p in self.phases for t in p.transfers
-                 if not t.inter}
+            p.size_factor * float((load.link_weight / capacity[load.link_index]).max())
+            if len(load.link_index) else 0.0
+            for p, load in zip(self.phases, loads)]
+        self.intra_path_latency_s = max((load.intra_latency_s for load in loads), default=0.0)
+        self.inter_path_latency_s = max((load.inter_latency_s for load in loads), default=0.0)
+        kinds = {kind for load in loads for kind in load.intra_kinds}
+        self._des: dict[int, tuple[Transfer, ...]] = {}
         self.intra_kind = (LinkKind.LOOPBACK if LinkKind.LOOPBACK in kinds else
                            LinkKind.PCIE if LinkKind.PCIE in kinds else LinkKind.NVLINK)
         library = topology.collectives.library
@@ -167,6 +327,17 @@ class Schedule:
                       intra_hop_s=intra_hop, inter_hop_s=inter_hop, loop_step_s=loop_step,
                       loop_bytes=self.loop_bytes if loop_step > 0 else None)
 
+    def des_transfers(self, phase: AnyPhase) -> tuple[Transfer, ...]:
+        """The flows the DES runs for ``phase``: its transfers, merged by
+        :func:`aggregate_transfers` when there are more than :data:`AGGREGATE_ABOVE`."""
+        found = self._des.get(id(phase))
+        if found is None:
+            found = phase.transfers
+            if len(found) > AGGREGATE_ABOVE:
+                found = aggregate_transfers(found)
+            self._des[id(phase)] = found
+        return found
+
     def timing(self, protocol: Protocol) -> Timing:
         """The timing of ``protocol``; ConfigError if the algorithm cannot use it here."""
         for timing in self.timings:
@@ -191,7 +362,7 @@ def run_phases(env: simpy.Environment, net: FlowNetwork, schedule: Schedule, tim
         per_transfer = phase.size_factor * size_bytes
         events = [net.transfer_path(t.path, per_transfer * t.weight, src=t.src, dst=t.dst,
                                     efficiency=timing.efficiency, latency_s=0.0)
-                  for t in phase.transfers]
+                  for t in schedule.des_transfers(phase)]
         yield simpy.AllOf(env, events)
         latency = phase.intra_steps * timing.intra_hop_s + phase.inter_steps * timing.inter_hop_s
         if latency > 0:

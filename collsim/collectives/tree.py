@@ -14,7 +14,9 @@ Latency (NCCL tuning.cc): base + 2 x ((ranks per node - 1) x intra hop + log2(no
 
 from __future__ import annotations
 
-from collsim.collectives.schedule import Phase, Transfer, make_transfer
+import numpy as np
+
+from collsim.collectives.schedule import LoadPhase, pairs_phase
 from collsim.collectives.types import Algorithm, CollectiveOp, Group
 from collsim.errors import ConfigError
 
@@ -49,29 +51,36 @@ def dtree_parents(n: int) -> tuple[list[int | None], list[int | None]]:
     return tree0, tree1
 
 
-def build(op: CollectiveOp, group: Group) -> list[Phase]:
+def build(op: CollectiveOp, group: Group) -> list[LoadPhase]:
     """Phases of tree ``op`` on ``group`` (one pipelined phase, both trees)."""
     if op not in SUPPORTED:
         raise ConfigError(f"tree implements all_reduce only, not {op.value}")
     if group.size < 2:
         return []
-    topo = group.topology
     nodes = [members for _, members in group.by_node()]
-    transfers: list[Transfer] = []
+    src: list[int] = []
+    dst: list[int] = []
     parents = dtree_parents(len(nodes))
+    tree_edges = [[(child, parent) for child, parent in enumerate(parent_of)
+                   if parent is not None] for parent_of in parents]
     per_node = max(len(m) for m in nodes)
     channels = per_node if len(nodes) > 1 else 1
     for channel in range(channels):
         chains = [m[channel % len(m):] + m[:channel % len(m)] for m in nodes]
-        for parent_of in parents:
-            for chain in chains:
-                for a, b in zip(chain, chain[1:]):
-                    transfers += [make_transfer(topo, b, a), make_transfer(topo, a, b)]
-            for child, parent in enumerate(parent_of):
-                if parent is None:
-                    continue
-                head_child, head_parent = chains[child][0], chains[parent][0]
-                transfers += [make_transfer(topo, head_child, head_parent),
-                              make_transfer(topo, head_parent, head_child)]
+        heads = [chain[0] for chain in chains]
+        chain_up: list[int] = []        # b -> a along every chain (a before b)
+        chain_down: list[int] = []
+        for chain in chains:
+            chain_up += chain[1:]
+            chain_down += chain[:-1]
+        for edges in tree_edges:
+            src += chain_up
+            dst += chain_down
+            src += chain_down
+            dst += chain_up
+            for child, parent in edges:
+                src += [heads[child], heads[parent]]
+                dst += [heads[parent], heads[child]]
     log_nodes = len(nodes).bit_length() - 1
-    return [Phase(tuple(transfers), 0.5 / channels, 2 * (per_node - 1), 2 * log_nodes)]
+    return [pairs_phase(group.topology, np.asarray(src), np.asarray(dst), 0.5 / channels,
+                        2 * (per_node - 1), 2 * log_nodes)]

@@ -1,0 +1,130 @@
+"""Large groups: analytic per-link loads equal the enumerated ones, the closed form of
+thousands of ranks completes and matches hand-derived bottlenecks, and the DES of a large group
+(transfers merged by path) stays within 1% of the closed form."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from collsim.collectives import Algorithm, CollectiveOp, Group, cost, schedule_for
+from collsim.collectives.direct import EXACT_PAIRS_UP_TO, all_pairs_load
+from collsim.collectives.schedule import Phase, make_transfer, pair_load, phase_load
+from collsim.topology import Topology, parse_topology
+from collsim.yamlio import parse_yaml_text
+from tests.collectives.helpers import run_des, topo
+
+_FABRIC = """\
+name: small_leaves
+device: h100
+gpus_per_node: 4
+intra_node: {{interconnect: nvswitch, bandwidth_gbps: 450, efficiency: 0.824, latency_us: 0.25}}
+nics: {{count: {nics}, rate_gbit: 400, efficiency: 0.96, latency_us: 1.0}}
+fabric: {{kind: fat_tree, rails: {rails}, oversubscription: 2.0, nodes_per_leaf: 2,
+         latency_us: 0.3}}
+"""
+
+
+def _fabric(rails: bool, nics: int) -> Topology:
+    text = _FABRIC.format(rails=str(rails).lower(), nics=nics)
+    return parse_topology(parse_yaml_text(text, "small_leaves.yaml"), nodes=5)
+
+
+def _as_dict(index: np.ndarray, weight: np.ndarray) -> dict[int, float]:
+    return {int(i): float(w) for i, w in zip(index, weight)}
+
+
+def _enumerated(t: Topology, pairs: list[tuple[int, int]]):
+    return phase_load(Phase(tuple(make_transfer(t, s, d) for s, d in pairs), 1.0, 0, 1), t)
+
+
+# groups: whole cluster, uneven ranks per node in a scrambled order, one node, two leaves
+GROUPS = [tuple(range(20)), (19, 0, 1, 2, 5, 9, 10, 11, 12, 17, 6), (4, 5, 6, 7), (0, 1, 8, 13)]
+
+
+@pytest.mark.parametrize("rails", [True, False])
+@pytest.mark.parametrize("nics", [1, 2, 4])
+@pytest.mark.parametrize("ranks", GROUPS)
+def test_analytic_all_pairs_load_equals_enumeration(rails: bool, nics: int,
+                                                    ranks: tuple[int, ...]) -> None:
+    t = _fabric(rails, nics)
+    pairs = [(s, d) for s in ranks for d in ranks if s != d]
+    want = _enumerated(t, pairs)
+    got = all_pairs_load(Group(t, ranks))
+    assert _as_dict(got.link_index, got.link_weight) == _as_dict(want.link_index,
+                                                                 want.link_weight)
+    assert got.intra_latency_s == pytest.approx(want.intra_latency_s, rel=1e-12)
+    assert got.inter_latency_s == pytest.approx(want.inter_latency_s, rel=1e-12)
+    assert got.intra_kinds == want.intra_kinds
+
+
+@pytest.mark.parametrize("rails", [True, False])
+def test_vectorised_pair_load_equals_paths(rails: bool) -> None:
+    t = _fabric(rails, 2)
+    rng = np.random.default_rng(7)
+    src = rng.integers(0, t.num_ranks, 300)
+    dst = rng.integers(0, t.num_ranks, 300)
+    keep = src != dst
+    pairs = list(zip(src[keep].tolist(), dst[keep].tolist()))
+    want = _enumerated(t, pairs)
+    got = pair_load(t, src[keep], dst[keep])
+    assert _as_dict(got.link_index, got.link_weight) == _as_dict(want.link_index,
+                                                                 want.link_weight)
+    assert got.inter_latency_s == pytest.approx(want.inter_latency_s, rel=1e-12)
+
+
+def test_4096_ranks_closed_form_matches_per_link_expectation() -> None:
+    t = topo("dgx_h100", 512)                  # 4,096 GPUs, 16 leaf groups per rail
+    group = Group.all(t)
+    n, g = t.num_ranks, t.gpus_per_node
+    nic_bps = t.links[t.nic_tx[0][0]].capacity_bps
+    gpu_bps = t.links[t.gpu_tx[0]].capacity_bps
+    up_bps = t.links[t.leaf_up[(0, 0)]].capacity_bps
+    per_leaf = t.fabric.nodes_per_leaf
+
+    # all_to_all (direct): every rank sends M/n to each of the n - g ranks off its node through
+    # its own NIC, and to g - 1 ranks over NVLink; a rail leaf's uplink carries its 32 senders'
+    # blocks to every rank outside the leaf group.
+    a2a = schedule_for(CollectiveOp.ALL_TO_ALL, group, Algorithm.DIRECT)
+    load = a2a.phases[0].load
+    loads = _as_dict(load.link_index, load.link_weight)
+    assert loads[t.nic_tx[3][5]] == n - g
+    assert loads[t.nic_rx[7][2]] == n - g
+    assert loads[t.gpu_tx[9]] == g - 1
+    assert loads[t.leaf_up[(4, 2)]] == per_leaf * (n - per_leaf * g)
+    expected = max((n - g) / nic_bps, (g - 1) / gpu_bps,
+                   per_leaf * (n - per_leaf * g) / up_bps) / n
+    assert a2a.phase_s_per_byte[0] == pytest.approx(expected, rel=1e-12)
+    size = 1 << 30
+    result = cost("all_to_all", size, group)
+    timing = a2a.timing(result.protocol)
+    assert result.time_s == pytest.approx(timing.latency_s + size * expected / timing.efficiency,
+                                          rel=1e-12)
+
+    # all_reduce ring: g rings, each rank sends 2(n-1)/n x M/g per ring; a rank's NVLink tx
+    # carries g - 1 rings, each node's NIC k one (ring k leaves the node there).
+    ring = schedule_for(CollectiveOp.ALL_REDUCE, group, Algorithm.RING)
+    share = 2 * (n - 1) / n / g
+    assert ring.phase_s_per_byte[0] == pytest.approx(
+        share * max(1 / nic_bps, (g - 1) / gpu_bps), rel=1e-12)
+    auto = cost("all_reduce", size, group)
+    options = [cost("all_reduce", size, group, alg) for alg in (Algorithm.RING, Algorithm.TREE)]
+    assert auto.time_s == min(o.time_s for o in options)
+    assert auto.algorithm in (Algorithm.RING, Algorithm.TREE)
+
+
+@pytest.mark.parametrize("ranks", [tuple(range(128)),
+                                   tuple(r for r in range(128) if r % 8 not in (3, 6))])
+def test_large_direct_des_within_one_percent(ranks: tuple[int, ...]) -> None:
+    # Above EXACT_PAIRS_UP_TO ranks the DES merges the pairs that share a path into one flow.
+    t = topo("dgx_h100", 16)
+    group = Group(t, ranks)
+    assert group.size > EXACT_PAIRS_UP_TO
+    size = 1 << 30
+    closed = cost("all_to_all", size, group)
+    simulated, net = run_des(group, "all_to_all", size)
+    assert simulated.time_s == pytest.approx(closed.time_s, rel=0.01)
+    n = group.size
+    delivered = float(net.link_bytes[[link for node in t.nic_tx for link in node]].sum())
+    per_node = 8 if len(ranks) == 128 else 6
+    assert delivered == pytest.approx(size / n * n * (n - per_node), rel=1e-9)
