@@ -16,8 +16,8 @@ Measured, on real ranks (gloo or nccl), per iteration after a barrier, the slowe
 
 Profiled on the same ranks, interleaved with the steps iteration by iteration (so that they
 share the cores as in the step; mean over ranks): the forward and backward time of the
-embedding, of each block, and of the head with the loss, and the optimizer step; these become the simulator's per-block compute times
-(``op_time_overrides``). The simulated step is :func:`collsim.engine.step.simulate_step` on the
+embedding, of each block, and of the head with the loss, and the optimizer step; these become
+the simulator's per-block compute times (``op_time_overrides``). The simulated step is :func:`collsim.engine.step.simulate_step` on the
 calibrated topology with the same model, batch and DDP/FSDP settings.
 """
 
@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 __all__ = ["StepConfig", "model_spec", "build_gpt", "step_rank", "run_step",
-           "simulate_modes", "cores_busy", "MODES"]
+           "simulate_modes", "cores_busy", "ddp_bucket_count", "MODES"]
 
 #: Modes of a measured step: DDP with a bucket size in MB, or the FSDP sketch.
 MODES = ("ddp_b1", "ddp_b25", "fsdp")
@@ -71,10 +71,12 @@ def model_spec(cfg: StepConfig) -> Any:
 def build_gpt(torch: Any, cfg: StepConfig) -> Any:
     """The torch model of :func:`model_spec` (parameters registered in collsim's order)."""
     nn = torch.nn
+    # torch is passed in (imported lazily, so collsim loads without it): its Module is Any
+    module: Any = nn.Module
     F = torch.nn.functional
     h, heads = cfg.hidden, cfg.num_heads
 
-    class Block(nn.Module):
+    class Block(module):  # type: ignore[misc]  # subclassing Any (see above)
         def __init__(self) -> None:
             super().__init__()
             self.ln1 = nn.LayerNorm(h)
@@ -92,7 +94,7 @@ def build_gpt(torch: Any, cfg: StepConfig) -> Any:
             x = x + self.proj(att.transpose(1, 2).reshape(b, s, h))
             return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
 
-    class GPT(nn.Module):
+    class GPT(module):  # type: ignore[misc]  # subclassing Any (see above)
         def __init__(self) -> None:
             super().__init__()
             self.tok = nn.Embedding(cfg.vocab, h)
@@ -165,6 +167,28 @@ def _profile_once(torch: Any, model: Any, cfg: StepConfig, idx: Any, targets: An
     return out
 
 
+def ddp_bucket_count(ddp: Any) -> tuple[int | None, str]:
+    """The number of gradient buckets a ``DistributedDataParallel`` module all-reduces.
+
+    torch has no public accessor; the C++ reducer of torch 2.13 offers the private
+    ``_get_zeros_like_grad_buckets()`` (one tensor per bucket). The attribute is checked, not
+    tried: a torch without it gives ``(None, reason)``, and an error inside it is not hidden.
+    Read it after two iterations or more: the reducer rebuilds its buckets, in the order the
+    gradients arrived, after the first backward (before that, 3 MiB of gradients with a 1 MB
+    cap show as one bucket in torch 2.13).
+
+    Returns:
+        ``(count, "")``, or ``(None, why the count is unknown)``.
+    """
+    reducer = getattr(ddp, "reducer", None)
+    if reducer is None:
+        return None, f"{type(ddp).__name__} has no reducer"
+    get_buckets = getattr(reducer, "_get_zeros_like_grad_buckets", None)
+    if get_buckets is None:
+        return None, "this torch's DDP reducer has no _get_zeros_like_grad_buckets()"
+    return len(get_buckets()), ""
+
+
 def _ddp_step(torch: Any, cfg: StepConfig, ctx: Any, bucket_mb: int) -> tuple[Any, Any]:
     from torch.nn.parallel import DistributedDataParallel
 
@@ -222,13 +246,13 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
 
     rank = ctx.rank
     steps: dict[str, Any] = {}
-    buckets: dict[str, int] = {}
+    ddp_modules: dict[str, Any] = {}
     for mode in cfg.modes:
         if mode == "fsdp":
             steps[mode] = _fsdp_step(torch, cfg, ctx)
         else:
             steps[mode], ddp = _ddp_step(torch, cfg, ctx, int(mode[5:]))
-            buckets[mode] = ddp
+            ddp_modules[mode] = ddp
     torch.manual_seed(cfg.seed)
     prof_model = build_gpt(torch, cfg).to(ctx.device)
     idx, targets = _batch(torch, cfg, rank, ctx.device)
@@ -273,11 +297,13 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
     for mode in cfg.modes:
         entry: dict[str, Any] = {"median_s": medians[mode], "min_s": min(columns[mode]),
                                  "times_s": columns[mode]}
-        if mode in buckets:
-            try:
-                entry["buckets"] = len(buckets[mode].reducer._get_zeros_like_grad_buckets())
-            except Exception:  # noqa: BLE001 - private API; the count is informative only
-                pass
+        if mode in ddp_modules:
+            count, reason = ddp_bucket_count(ddp_modules[mode])
+            if cfg.warmup + cfg.iters < 2:
+                count, reason = None, "read before the reducer rebuilt its buckets (1 step)"
+            entry["buckets"] = "unknown" if count is None else count
+            if count is None:
+                entry["buckets_unknown_reason"] = reason
         modes[mode] = entry
     import os
 
@@ -324,15 +350,16 @@ def simulate_modes(report: dict[str, Any], topology: Any,
         overlap: DDP all-reduces overlap backward; None decides by :func:`cores_busy`.
     """
     from collsim.engine.step import simulate_step
-    from collsim.parallel.config import (DDPConfig, FSDPConfig, ParallelConfig,
-                                         TrainingConfig)
+    from collsim.parallel.config import (DDPConfig, Dtype, FSDPConfig, Optimizer,
+                                         ParallelConfig, TrainingConfig)
 
-    cfg = StepConfig(**{k: (tuple(v) if k == "modes" else v)
-                        for k, v in report["config"].items()})
+    fields: dict[str, Any] = {k: (tuple(v) if k == "modes" else v)
+                              for k, v in report["config"].items()}
+    cfg = StepConfig(**fields)
     spec = model_spec(cfg)
     n = int(report["world_size"])
     training = TrainingConfig(global_batch=cfg.micro_batch * n, micro_batch=cfg.micro_batch,
-                              dtype="fp32", optimizer="sgd")
+                              dtype=Dtype.FP32, optimizer=Optimizer.SGD)
     overrides = {k: float(v) for k, v in report["profile"].items()}
     if overlap is None:
         overlap = not cores_busy(report)

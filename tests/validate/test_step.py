@@ -36,6 +36,7 @@ def test_step_measured_and_simulated(tmp_path) -> None:
     assert set(modes) == {"ddp_b1", "ddp_b25", "fsdp"}
     assert all(len(m["times_s"]) == 2 and m["median_s"] > 0 for m in modes.values())
     # ~0.11 M parameters = 0.44 MB of fp32 gradients: one bucket either way, as torch builds it.
+    assert isinstance(modes["ddp_b1"]["buckets"], int)       # obtained, not "unknown"
     assert modes["ddp_b1"]["buckets"] >= modes["ddp_b25"]["buckets"] >= 1
     sim = simulate_modes(report, load_topology("localhost", gpus_per_node=2))
     profiled = report["profile_sum_s"]
@@ -56,3 +57,32 @@ def test_cores_busy(report: dict, busy: bool) -> None:
     from collsim.validate.step import cores_busy
 
     assert cores_busy(report) is busy
+
+
+@pytest.mark.torch
+def test_ddp_bucket_count_follows_the_cap() -> None:
+    """torch 2.13 gives the count: 3 MiB of gradients are 1 bucket at 25 MB, >= 3 at 1 MB."""
+    import sys
+    from pathlib import Path
+
+    from collsim.validate.launch import spawn_ranks
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    import helpers_ranks
+
+    big, small = (spawn_ranks(helpers_ranks.ddp_buckets, 1, args=(mb,), timeout_s=60)[0]
+                  for mb in (25.0, 1.0))
+    assert big == 1
+    assert small is not None and small >= 3
+
+
+def test_ddp_bucket_count_without_the_private_accessor() -> None:
+    from types import SimpleNamespace
+
+    from collsim.validate.step import ddp_bucket_count
+
+    assert ddp_bucket_count(SimpleNamespace())[0] is None
+    count, reason = ddp_bucket_count(SimpleNamespace(reducer=SimpleNamespace()))
+    assert count is None and "_get_zeros_like_grad_buckets" in reason
+    fake = SimpleNamespace(reducer=SimpleNamespace(_get_zeros_like_grad_buckets=lambda: [1, 2]))
+    assert ddp_bucket_count(fake) == (2, "")
