@@ -4,8 +4,8 @@ For each op and size: allocate the buffers, run the op once on known data and co
 elements (``#wrong``, summed over ranks), run the warm-ups, then time ``iters`` iterations,
 each right after a barrier so that no rank times its wait for a late peer (optionally spread
 over ``rounds`` sweeps; ``barrier_each=False`` times back-to-back iterations instead: on this
-2-core machine they showed a bimodal send_recv, 0.5 or 3.5 ms at 64 KiB). The time of an iteration is that of the slowest rank
-(an all-reduce MAX of the per-rank times), and the reported time of a size is the median over
+2-core machine they showed a bimodal send_recv, 0.5 or 3.5 ms at 64 KiB). The time of an
+iteration is that of the slowest rank (an all-reduce MAX of the per-rank times), and the reported time of a size is the median over
 iterations.
 
 Sizes follow nccl-tests (doc/PERFORMANCE.md): the whole buffer for all_reduce and broadcast, the
@@ -168,8 +168,15 @@ def _values(torch: Any, rank: int, start: int, count: int, device: str) -> Any:
 
 
 def _single(dist: Any, name: str, legacy: str) -> Callable[..., Any]:
-    """torch >= 2.13 names the flat forms ``*_single``; older ones ``*_into_tensor``."""
-    return getattr(dist, name, None) or getattr(dist, legacy)
+    """The flat-tensor form of all_gather / reduce_scatter under the name this torch prefers.
+
+    torch 2.13 offers ``all_gather_single`` and ``reduce_scatter_single`` and keeps the older
+    ``all_gather_into_tensor`` and ``reduce_scatter_tensor`` as deprecated wrappers around them
+    (a FutureWarning, then the ``*_single`` call); a torch without ``*_single`` has only the
+    older names. ``all_to_all_single`` has had that name all along and needs no lookup.
+    """
+    fn: Callable[..., Any] = getattr(dist, name, None) or getattr(dist, legacy)
+    return fn
 
 
 class _OpCase:
@@ -181,7 +188,10 @@ class _OpCase:
         self.count, self.rank, self.n, self.device, self.root = count, rank, n, device, root
         chunk = count // n if op in _SPLIT_OPS else count
         self.chunk = chunk
-        empty = lambda k: torch.empty(k, dtype=torch.float32, device=device)  # noqa: E731
+
+        def empty(k: int) -> Any:
+            return torch.empty(k, dtype=torch.float32, device=device)
+
         match op:
             case "all_reduce" | "broadcast":
                 self.inp = empty(count)

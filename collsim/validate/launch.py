@@ -137,7 +137,8 @@ def _rank_entry(fn: Callable[..., Any], rank: int, world_size: int, run_dir: str
     try:
         import torch.distributed as dist
 
-        store = dist.FileStore(str(out / "store"), world_size)
+        # torch re-exports FileStore from its C extension without listing it in __all__
+        store = dist.FileStore(str(out / "store"), world_size)  # type: ignore[attr-defined]
         _init_group(backend, timeout_s, store=store, rank=rank, world_size=world_size)
         if backend == "nccl":
             import torch

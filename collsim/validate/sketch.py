@@ -98,8 +98,10 @@ def check_report(report: dict[str, Any]) -> list[tuple[str, bool, str]]:
 def _mlp(torch: Any, sizes: list[int]) -> Any:
     """An MLP with a non-trainable buffer, so that buffer broadcast is exercised too."""
     nn = torch.nn
+    # torch is passed in (imported lazily, so collsim loads without it): its Module is Any
+    module: Any = nn.Module
 
-    class ScaledMLP(nn.Module):
+    class ScaledMLP(module):  # type: ignore[misc]  # subclassing Any (see above)
         def __init__(self) -> None:
             super().__init__()
             layers: list[Any] = []
