@@ -5,8 +5,8 @@ elements (``#wrong``, summed over ranks), run the warm-ups, then time ``iters`` 
 each right after a barrier so that no rank times its wait for a late peer (optionally spread
 over ``rounds`` sweeps; ``barrier_each=False`` times back-to-back iterations instead: on this
 2-core machine they showed a bimodal send_recv, 0.5 or 3.5 ms at 64 KiB). The time of an
-iteration is that of the slowest rank (an all-reduce MAX of the per-rank times), and the reported time of a size is the median over
-iterations.
+iteration is that of the slowest rank (an all-reduce MAX of the per-rank times), and the
+reported time of a size is the median over iterations.
 
 Sizes follow nccl-tests (doc/PERFORMANCE.md): the whole buffer for all_reduce and broadcast, the
 gathered output for all_gather, the input for reduce_scatter, the per-rank send buffer for
