@@ -64,6 +64,9 @@ class LinkKind(StrEnum):
     NETWORK = "network"
 
 
+_KIND_CODES = tuple(LinkKind)
+
+
 class Interconnect(StrEnum):
     """What connects the ranks inside a node."""
 
@@ -174,6 +177,9 @@ class Topology:
         """Achievable bytes/s of every link, by index."""
         self.link_latency_s = np.array([link.latency_s for link in self.links], dtype=float)
         """Latency of every link, by index."""
+        self.link_kind_code = np.array([_KIND_CODES.index(link.kind) for link in self.links],
+                                       dtype=np.int64)
+        """``_KIND_CODES`` index of every link's kind (see :meth:`kinds_of`)."""
         self._index_arrays()
 
     # -- graph ----------------------------------------------------------------------------
@@ -222,6 +228,11 @@ class Topology:
                                            LinkKind.NETWORK, nics.efficiency)
             self.leaf_down[leaf] = self._add(f"{label}.down", up_bps, fab.latency_s, 2,
                                              LinkKind.NETWORK, nics.efficiency)
+
+    def kinds_of(self, links: Any) -> frozenset[LinkKind]:
+        """The kinds of the links with indices ``links`` (an integer array), vectorised."""
+        codes = np.bincount(self.link_kind_code[links], minlength=len(_KIND_CODES))
+        return frozenset(_KIND_CODES[i] for i in np.flatnonzero(codes))
 
     def _index_arrays(self) -> None:
         """Link indices as arrays, for vectorised path construction (``path_links``)."""

@@ -145,7 +145,7 @@ def phase_load(phase: AnyPhase, topology: Topology) -> PhaseLoad:
     latency = np.bincount(owner, weights=topology.link_latency_s[entries], minlength=count)
     inter = np.fromiter((t.inter for t in transfers), dtype=bool, count=count)
     intra_entries = entries[~inter[owner]]
-    kinds = frozenset(topology.links[int(i)].kind for i in np.unique(intra_entries))
+    kinds = topology.kinds_of(intra_entries)
     return PhaseLoad(used, load[used],
                      float(latency[~inter].max()) if (~inter).any() else 0.0,
                      float(latency[inter].max()) if inter.any() else 0.0, kinds)
@@ -211,7 +211,7 @@ def pair_load(topology: Topology, src: np.ndarray, dst: np.ndarray) -> PhaseLoad
         tx, rx = topo.gpu_tx_index[src[same]], topo.gpu_rx_index[dst[same]]
         index += [tx, rx]
         intra_latency = float((latency[tx] + latency[rx]).max())
-        kinds = frozenset(topo.links[int(i)].kind for i in np.unique(np.concatenate([tx, rx])))
+        kinds = topo.kinds_of(np.concatenate([tx, rx]))
     cross = ~same
     if cross.any():
         if topo.nics is None:
