@@ -20,15 +20,17 @@ behind NIC k, C_k = sum_A c_Ak, and M_g (S_gk) group ranks (behind NIC k) under 
 The paths are those of :meth:`collsim.topology.Topology.path` (an inter-node transfer leaves by
 the sender's NIC and stays on its rail). The DES runs every pair for groups of up to
 :data:`EXACT_PAIRS_UP_TO` ranks; above that, the transfers that share a path (the senders behind
-NIC k of node A to all ranks of node B) run as one flow with their summed bytes.
+NIC k of node A to all ranks of node B) run as one flow with their summed bytes, when the
+merged flows carry equal bytes on each shared link (then max-min sharing still finishes at the
+load bound); otherwise every pair runs.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from collsim.collectives.schedule import (LoadPhase, Phase, PhaseLoad, Transfer, make_transfer,
-                                          one_step_phase)
+from collsim.collectives.schedule import (LoadPhase, Phase, PhaseLoad, Transfer,
+                                          equal_weights_per_link, make_transfer, one_step_phase)
 from collsim.collectives.types import Algorithm, CollectiveOp, Group
 from collsim.topology import LinkKind, Topology
 
@@ -128,12 +130,15 @@ def all_pairs_load(group: Group) -> PhaseLoad:
 def all_pairs_transfers(group: Group) -> list[Transfer]:
     """The DES flows of the all-pairs pattern: every pair for small groups; for large ones,
     one flow per distinct path (intra-node pairs, and (node A, NIC k) -> node B), weighted by
-    the number of pairs it stands for."""
+    the number of pairs it stands for, when the merged flows carry equal bytes on every link they
+    share (as with the same ranks on every node); otherwise every pair."""
     topo = group.topology
     ranks = group.ranks
-    if len(ranks) <= EXACT_PAIRS_UP_TO:
-        return [make_transfer(topo, s, d) for s in ranks for d in ranks if s != d]
-    return _aggregated_pairs(group, topo)
+    if len(ranks) > EXACT_PAIRS_UP_TO:
+        merged = _aggregated_pairs(group, topo)
+        if equal_weights_per_link(merged, len(topo.links)):
+            return merged
+    return [make_transfer(topo, s, d) for s in ranks for d in ranks if s != d]
 
 
 def _aggregated_pairs(group: Group, topo: Topology) -> list[Transfer]:

@@ -22,7 +22,9 @@ operations over the ranks (:func:`pair_load`) or analytically from the topology'
 (the direct all-pairs pattern, :func:`collsim.collectives.direct.all_pairs_load`), so setting
 up a group costs O(ranks) and an evaluation O(1). The Transfer objects are built only when the
 DES runs the phase; above :data:`AGGREGATE_ABOVE` transfers (and for direct all-pairs above 64
-ranks) transfers that share a path run as one flow with the summed bytes.
+ranks) transfers that share a path run as one flow with the summed bytes, provided the merged
+flows still carry equal bytes on every link they share (:func:`equal_weights_per_link`, which
+keeps max-min sharing at the load bound); otherwise every transfer runs.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ from collsim.network import FlowNetwork
 from collsim.topology import LinkKind, Topology
 
 __all__ = ["Transfer", "Phase", "LoadPhase", "PhaseLoad", "Schedule", "Timing", "make_transfer",
-           "one_step_phase", "phase_load", "aggregate_transfers", "run_phases",
+           "one_step_phase", "phase_load", "aggregate_transfers", "equal_weights_per_link",
+           "run_phases",
            "AGGREGATE_ABOVE"]
 
 AGGREGATE_ABOVE = 16384
@@ -164,6 +167,25 @@ def aggregate_transfers(transfers: Sequence[Transfer]) -> tuple[Transfer, ...]:
         merged[key] = t if old is None else Transfer(t.path, t.src, t.dst, t.inter,
                                                      old.weight + t.weight)
     return tuple(merged.values())
+
+
+def equal_weights_per_link(transfers: Sequence[Transfer], num_links: int) -> bool:
+    """True if every link's transfers carry the same weight (the :class:`Phase` invariant
+    under which max-min sharing finishes at the closed form's load bound)."""
+    if not transfers:
+        return True
+    lengths = np.fromiter((len(t.path) for t in transfers), dtype=np.int64,
+                          count=len(transfers))
+    entries = np.fromiter((link for t in transfers for link in t.path), dtype=np.int64,
+                          count=int(lengths.sum()))
+    weights = np.repeat(np.fromiter((t.weight for t in transfers), dtype=float,
+                                    count=len(transfers)), lengths)
+    high = np.full(num_links, -np.inf)
+    low = np.full(num_links, np.inf)
+    np.maximum.at(high, entries, weights)
+    np.minimum.at(low, entries, weights)
+    used = np.isfinite(high)
+    return bool((high[used] == low[used]).all())
 
 
 #: Bytes per pipeline loop as a function of the collective's size (None: loops are hidden).
@@ -334,7 +356,9 @@ class Schedule:
         if found is None:
             found = phase.transfers
             if len(found) > AGGREGATE_ABOVE:
-                found = aggregate_transfers(found)
+                merged = aggregate_transfers(found)
+                if equal_weights_per_link(merged, len(self.topology.links)):
+                    found = merged
             self._des[id(phase)] = found
         return found
 

@@ -9,7 +9,9 @@ import pytest
 
 from collsim.collectives import Algorithm, CollectiveOp, Group, cost, schedule_for
 from collsim.collectives.direct import EXACT_PAIRS_UP_TO, all_pairs_load
-from collsim.collectives.schedule import Phase, make_transfer, pair_load, phase_load
+from collsim.collectives.schedule import (AGGREGATE_ABOVE, Phase, aggregate_transfers,
+                                          equal_weights_per_link, make_transfer, pair_load,
+                                          phase_load)
 from collsim.topology import Topology, parse_topology
 from collsim.yamlio import parse_yaml_text
 from tests.collectives.helpers import run_des, topo
@@ -114,7 +116,8 @@ def test_4096_ranks_closed_form_matches_per_link_expectation() -> None:
 
 
 @pytest.mark.parametrize("ranks", [tuple(range(128)),
-                                   tuple(r for r in range(128) if r % 8 not in (3, 6))])
+                                   tuple(r for r in range(128) if r % 8 not in (3, 6)),
+                                   tuple(r for r in range(128) if r < 64 or r % 8 < 4)])
 def test_large_direct_des_within_one_percent(ranks: tuple[int, ...]) -> None:
     # Above EXACT_PAIRS_UP_TO ranks the DES merges the pairs that share a path into one flow.
     t = topo("dgx_h100", 16)
@@ -126,5 +129,32 @@ def test_large_direct_des_within_one_percent(ranks: tuple[int, ...]) -> None:
     assert simulated.time_s == pytest.approx(closed.time_s, rel=0.01)
     n = group.size
     delivered = float(net.link_bytes[[link for node in t.nic_tx for link in node]].sum())
-    per_node = 8 if len(ranks) == 128 else 6
-    assert delivered == pytest.approx(size / n * n * (n - per_node), rel=1e-9)
+    per_node = np.bincount(np.asarray(ranks) // 8)
+    per_node = per_node[per_node > 0]
+    off_node_pairs = float((per_node * (n - per_node)).sum())
+    assert delivered == pytest.approx(size / n * off_node_pairs, rel=1e-9)
+
+
+def test_merging_is_refused_when_it_would_unbalance_a_link() -> None:
+    # A tree's chain edges repeat over channels a different number of times than its
+    # inter-node edges, so merged flows would share links with unequal bytes.
+    t = topo("dgx_h100", 8)
+    group = Group.all(t)
+    schedule = schedule_for(CollectiveOp.ALL_REDUCE, group, Algorithm.TREE)
+    transfers = schedule.phases[0].transfers
+    assert not equal_weights_per_link(aggregate_transfers(transfers), len(t.links))
+    ring = schedule_for(CollectiveOp.ALL_REDUCE, group, Algorithm.RING).phases[0].transfers
+    assert equal_weights_per_link(aggregate_transfers(ring), len(t.links))
+    assert len(aggregate_transfers(ring)) < len(ring)
+
+
+def test_large_ring_des_merged_within_one_percent() -> None:
+    t = topo("dgx_h100", 512)                  # 4,096 GPUs: 32,768 ring transfers, merged
+    group = Group.all(t)
+    schedule = schedule_for(CollectiveOp.ALL_REDUCE, group, Algorithm.RING)
+    assert len(schedule.phases[0].transfers) > AGGREGATE_ABOVE
+    assert len(schedule.des_transfers(schedule.phases[0])) < len(schedule.phases[0].transfers)
+    size = 1 << 30
+    closed = cost("all_reduce", size, group, "ring")
+    simulated, _ = run_des(group, "all_reduce", size, "ring")
+    assert simulated.time_s == pytest.approx(closed.time_s, rel=0.01)
