@@ -427,6 +427,15 @@ def _overhead(torch: Any, dist: Any, ctx: Any, iters: int) -> dict[str, float]:
 # -------------------------------------------------------------------------------- parent side
 
 
+def _load_average() -> list[float] | None:
+    """The host's 1-, 5- and 15-minute load averages (None where the OS has none): how busy
+    the machine was, beside the figures measured on it."""
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except OSError:
+        return None
+
+
 def run_bench(config: BenchConfig, *, world_size: int | None, backend: str = "gloo",
               timeout_s: float = 600.0) -> tuple[BenchResult, bool]:
     """Run the bench on local spawned ranks, or on this torchrun job.
@@ -447,6 +456,7 @@ def run_bench(config: BenchConfig, *, world_size: int | None, backend: str = "gl
     from collsim.validate.launch import run_distributed
 
     started = _dt.datetime.now(_dt.timezone.utc)
+    load_start = _load_average()
     out, is_reporter = run_distributed(bench_rank, world_size, args=(config,), backend=backend,
                                        timeout_s=timeout_s)
     n = out["points"][0].world_size if out["points"] else (world_size or 0)
@@ -473,5 +483,8 @@ def run_bench(config: BenchConfig, *, world_size: int | None, backend: str = "gl
         "kernels": out["kernels"],
         "overhead_noop_us": round(out["overhead"]["noop_us"], 3),
         "overhead_all_reduce_4B_us": round(out["overhead"]["all_reduce_4B_us"], 3),
+        "duration_s": round((_dt.datetime.now(_dt.timezone.utc) - started).total_seconds(), 1),
+        "load_average_start": load_start,
+        "load_average_end": _load_average(),
     }
     return BenchResult(points=list(out["points"]), metadata=metadata), is_reporter

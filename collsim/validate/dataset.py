@@ -165,6 +165,10 @@ def format_table(rows: list[dict[str, Any]], metadata: dict[str, Any]) -> str:
         lines += ["#", f"# bench overhead: timing loop around nothing "
                        f"{metadata['overhead_noop_us']:.1f} us; 4-byte all_reduce "
                        f"{metadata['overhead_all_reduce_4B_us']:.1f} us"]
+    if metadata.get("load_average_start") is not None:
+        lines.append(f"# load average (1, 5, 15 min): {metadata['load_average_start']} at the "
+                     f"start, {metadata.get('load_average_end')} at the end, "
+                     f"{metadata.get('duration_s')} s")
     kernels = metadata.get("kernels") or {}
     if kernels:
         lines.append("# backend kernels per op: " + "; ".join(

@@ -82,6 +82,12 @@ def test_table_is_nccl_tests_style() -> None:
     assert "size(B) count(elements)   type  redop  root" in text
     assert "#wrong" in text and "# Avg bus bandwidth" in text
     assert "# Out of bounds values : 1 FAILED" in text      # the broadcast row had 3 wrong
+    assert "load average" not in text
+    text = format_table(_rows(), {"backend": "gloo", "world_size": 2, "ranks_per_node": 2,
+                                  "load_average_start": [0.5, 0.7, 1.2],
+                                  "load_average_end": [0.9, 0.8, 1.2], "duration_s": 61.0})
+    assert "# load average (1, 5, 15 min): [0.5, 0.7, 1.2] at the start, [0.9, 0.8, 1.2] at " \
+           "the end, 61.0 s" in text
 
 
 @pytest.mark.torch

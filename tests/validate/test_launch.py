@@ -120,6 +120,7 @@ def test_bench_under_torchrun(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     text = out.read_text()
     assert '# launcher: "torchrun"' in text and "# world_size: 2" in text
+    assert "# load_average_start: [" in text and "# load_average_end: [" in text
     assert proc.stdout.count("# Avg bus bandwidth") == 1    # only rank 0 prints
 
 
