@@ -55,16 +55,19 @@ def both_sleep(ctx: Any, pid_dir: str) -> None:
     time.sleep(3600)
 
 
-def ddp_buckets(ctx: Any, bucket_mb: float) -> int | None:
-    """Gradient buckets of DDP over a 3 x 1 MiB fp32 model after two steps (None: unknown)."""
+def ddp_buckets(ctx: Any, caps_mb: tuple[float, ...]) -> list[int | None]:
+    """Gradient buckets of DDP over a 3 x 1 MiB fp32 model after two steps, per bucket cap
+    (None: unknown)."""
     import torch
     from torch.nn.parallel import DistributedDataParallel
 
     from collsim.validate.step import ddp_bucket_count
 
-    model = torch.nn.Sequential(*(torch.nn.Linear(512, 512, bias=False) for _ in range(3)))
-    ddp = DistributedDataParallel(model, bucket_cap_mb=bucket_mb)
-    for _ in range(2):      # the reducer rebuilds its buckets after the first backward
-        ddp(torch.ones(2, 512)).sum().backward()
-    count, _ = ddp_bucket_count(ddp)
-    return count
+    counts = []
+    for cap in caps_mb:
+        model = torch.nn.Sequential(*(torch.nn.Linear(512, 512, bias=False) for _ in range(3)))
+        ddp = DistributedDataParallel(model, bucket_cap_mb=cap)
+        for _ in range(2):      # the reducer rebuilds its buckets after the first backward
+            ddp(torch.ones(2, 512)).sum().backward()
+        counts.append(ddp_bucket_count(ddp)[0])
+    return counts

@@ -70,8 +70,8 @@ def test_ddp_bucket_count_follows_the_cap() -> None:
     sys.path.insert(0, str(Path(__file__).parent))
     import helpers_ranks
 
-    big, small = (spawn_ranks(helpers_ranks.ddp_buckets, 1, args=(mb,), timeout_s=60)[0]
-                  for mb in (25.0, 1.0))
+    big, small = spawn_ranks(helpers_ranks.ddp_buckets, 1, args=((25.0, 1.0),),
+                             timeout_s=60)[0]
     assert big == 1
     assert small is not None and small >= 3
 
