@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from enum import StrEnum
 from typing import Any, TypeVar
 
@@ -128,10 +129,10 @@ class Group:
             nodes.setdefault(self.topology.node_of(rank), []).append(rank)
         return list(nodes.items())
 
-    @property
+    @cached_property
     def num_nodes(self) -> int:
-        """Distinct nodes the group spans."""
-        return len({self.topology.node_of(r) for r in self.ranks})
+        """Distinct nodes the group spans (computed once)."""
+        return len({r // self.topology.gpus_per_node for r in self.ranks})
 
 
 @dataclass(frozen=True)
