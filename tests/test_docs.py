@@ -6,7 +6,7 @@ What is checked, in ``docs/scenarios.md``, ``docs/topologies.md`` and ``docs/com
   :func:`collsim.cli.main` in a fresh folder, must end with exit status 0 (or the status its
   trailing ``# exit status N`` comment gives), and every output line shown under it must appear
   in its output (``...`` stands for lines left out). Blocks fenced ```` ```console norun ````
-  (torch runs, long runs) are only shown, not run;
+  (torch runs, long runs) are only shown: their commands and flags are parsed, not run;
 - every ```` ```yaml ```` block loads with the real loader (:func:`load_scenario` or
   :func:`load_topology`, told apart by their sections); a block fenced ```` ```yaml invalid ````
   must raise ConfigError instead. ```` ```yaml file=NAME ```` blocks are also written to NAME in
@@ -173,6 +173,35 @@ def test_each_doc_has_runnable_examples() -> None:
         assert len(runnable) >= 2, f"{name}: {len(runnable)} runnable console blocks"
         assert all(parse_console(b.text) for b in runnable)
     assert sum(len(parse_console(b.text)) for b in CONSOLE) >= 20
+
+
+NORUN = [b for b in ALL_BLOCKS if b.lang == "console" and "norun" in b.options]
+
+
+@pytest.mark.parametrize("block", NORUN, ids=[b.id for b in NORUN])
+def test_shown_example_parses(block: Block, tmp_path: Path,
+                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Examples that are only shown (torch, slow) still name real commands and valid flags."""
+    from collsim.cli import cli
+
+    _prepare(tmp_path, block.doc)
+    monkeypatch.chdir(tmp_path)
+    for step in parse_console(block.text):
+        args = list(step.argv)
+        command: click.Command = cli
+        parent, name = None, "collsim"
+        while isinstance(command, click.Group):
+            ctx = click.Context(command, info_name=name, parent=parent)
+            name = args.pop(0)
+            found = command.get_command(ctx, name)
+            assert found is not None, f"no command {name!r} in {step.argv}"
+            command, parent = found, ctx
+        command.make_context(name, args, parent=parent)    # UsageError on a bad flag
+        # what this step would write exists for the next ones (plot breakdown plans.csv)
+        for flag, value in zip(step.argv, step.argv[1:]):
+            target = Path(value).resolve()
+            if flag in ("-o", "--output") and tmp_path.resolve() in target.parents:
+                target.touch()
 
 
 def _kind(data: object) -> str:
