@@ -63,7 +63,7 @@ class Device:
         except KeyError:
             known = ", ".join(sorted(self.peak_flops))
             raise ConfigError(f"{self.name} has no peak FLOP/s for dtype {dtype!r} "
-                              f"(known: {known})") from None
+                              f"(known: {known})", key_path="training.dtype") from None
 
 
 @lru_cache(maxsize=1)

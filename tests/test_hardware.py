@@ -60,3 +60,11 @@ def test_efficiency_out_of_range_is_rejected() -> None:
     with pytest.raises(ConfigError, match="matmul_efficiency"):
         Device(name="x", peak_flops={"bf16": 1.0}, matmul_efficiency=1.5, memory_bytes=1.0,
                memory_bandwidth_bps=1.0)
+
+
+def test_missing_dtype_names_the_training_key() -> None:
+    from collsim.errors import ConfigError
+    from collsim.hardware import get_device
+
+    with pytest.raises(ConfigError, match=r"^training\.dtype: A100 .* no peak FLOP/s for dtype 'fp8'"):
+        get_device("a100").peak_flops_for("fp8")

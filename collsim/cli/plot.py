@@ -85,7 +85,8 @@ def _sweep_frame(path: Path, series: str) -> pd.DataFrame:
     if series not in frame.columns:
         raise ConfigError(f"no column {series!r} in {path.name}; columns: "
                           f"{', '.join(map(str, frame.columns))}", key_path="--series")
-    frame[series] = frame[series].fillna("").astype(str)
+    values = frame[series].astype(object)
+    frame[series] = values.where(values.notna(), "").astype(str)
     if (frame[series] == "").all():
         frame[series] = path.stem
     return frame

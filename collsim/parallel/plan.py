@@ -146,7 +146,7 @@ class Plan:
 
         lines = [
             f"{self.num_gpus} GPUs = tp {self.tp} x pp {self.pp} x dp {self.dp} "
-            f"on {topo.num_nodes} nodes x {gpn} GPUs",
+            f"on {topo.num_nodes} node{'s' if topo.num_nodes != 1 else ''} x {gpn} GPUs",
             f"rank = dp_index * {self.pp * self.tp} + pp_index * {self.tp} + tp_index "
             "(tp innermost, then pp, dp outermost)",
         ]

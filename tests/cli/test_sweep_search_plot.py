@@ -116,6 +116,15 @@ def test_search_prints_best_plans_and_counts_rejections(scenario: Path, tmp_path
     assert times == sorted(times)
 
 
+def test_plot_scaling_of_a_plain_sweep(scenario: Path, tmp_path: Path) -> None:
+    # no --set / --plan: the series column is empty in the CSV and becomes the file name
+    sweep_csv = tmp_path / "plain.csv"
+    assert invoke("sweep", scenario, "--gpus", "4,8", "-o", sweep_csv).exit_code == 0
+    result = invoke("plot", "scaling", sweep_csv, "-o", tmp_path / "plain.png")
+    assert result.exit_code == 0, result.stderr
+    assert (tmp_path / "plain.png").read_bytes()[:8] == PNG_MAGIC
+
+
 @pytest.mark.parametrize("args, key", [
     (["--gpus", "12"], "--gpus"),                               # not whole 8-GPU nodes
     (["--set", "training.global_bach=8"], "training.global_bach"),
