@@ -118,6 +118,12 @@ class CollectiveSettings:
     """Per-op share of the link capacity the library achieves for that op, in (0, 1]
     (``collectives.ops.<op>.efficiency``): gloo reduces on the CPU, copies through the kernel,
     and runs reduce_scatter as a whole all_reduce, so each op has its own effective rate."""
+    op_knee: dict[str, tuple[float, float]] = field(default_factory=dict, hash=False)
+    """Per-op second regime ``(knee_bytes, knee_efficiency)``
+    (``collectives.ops.<op>.knee_bytes`` and ``.knee_efficiency``, written by ``collsim validate
+    calibrate`` when one line does not follow the measurement): the bytes of a collective above
+    knee_bytes move at knee_efficiency instead of the op's efficiency (gloo's broadcast slows
+    down once its buffers leave the cache). knee_efficiency <= the op's efficiency."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -432,6 +438,7 @@ def parse_topology(doc: YamlDoc, *, nodes: int | None = None,
         overrides[str(op)] = algos.get(op, str, check=one_of(*_ALGORITHMS))
     op_overhead_s: dict[str, float] = {}
     op_efficiency: dict[str, float] = {}
+    op_knee: dict[str, tuple[float, float]] = {}
     per_op = sec.section("ops", default_empty=True)
     for op in _op_keys(per_op):
         one = per_op.section(op)
@@ -439,6 +446,8 @@ def parse_topology(doc: YamlDoc, *, nodes: int | None = None,
             op_overhead_s[str(op)] = one.get("overhead_us", float, check=non_negative) * US
         if one.has("efficiency"):
             op_efficiency[str(op)] = one.get("efficiency", float, check=_fraction)
+        if one.has("knee_bytes") or one.has("knee_efficiency"):
+            op_knee[str(op)] = _knee(one, op_efficiency.get(str(op), 1.0))
         one.finish()
     sec.finish()
     root.finish()
@@ -456,7 +465,8 @@ def parse_topology(doc: YamlDoc, *, nodes: int | None = None,
                     collectives=CollectiveSettings(library=library, overhead_s=overhead_s,
                                                    algorithms=overrides,
                                                    op_overhead_s=op_overhead_s,
-                                                   op_efficiency=op_efficiency),
+                                                   op_efficiency=op_efficiency,
+                                                   op_knee=op_knee),
                     source=doc.file)
 
 
@@ -473,6 +483,19 @@ def _op_keys(sec: ConfigReader) -> list[str]:
         if op not in _COLLECTIVE_OPS:
             raise sec.error(f"unknown op (choose from {', '.join(_COLLECTIVE_OPS)})", op)
     return keys
+
+
+def _knee(one: ConfigReader, efficiency: float) -> tuple[float, float]:
+    """``(knee_bytes, knee_efficiency)`` of one op: both keys, the second <= ``efficiency``."""
+    for key in ("knee_bytes", "knee_efficiency"):
+        if not one.has(key):
+            raise one.error("knee_bytes and knee_efficiency go together; missing", key)
+    knee_bytes = one.get("knee_bytes", (int, float), check=non_negative)
+    knee_eff = one.get("knee_efficiency", float, check=_fraction)
+    if knee_eff > efficiency:
+        raise one.error(f"must be <= the op's efficiency ({efficiency}), got {knee_eff}",
+                        "knee_efficiency")
+    return float(knee_bytes), knee_eff
 
 
 def _fraction(value: float) -> str | None:

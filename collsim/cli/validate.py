@@ -193,8 +193,11 @@ _SUBSET = click.Choice(["all", "even", "odd"])
               callback=lambda c, p, v: None if v is None else _size(c, p, v))
 @click.option("--algorithm", "pins", multiple=True, metavar="OP=ALG",
               help="Pin an op's algorithm (e.g. broadcast=tree); repeatable.")
+@click.option("--knees/--no-knees", default=True, show_default=True,
+              help="Let an op have a second regime above a size (kept only when it halves "
+                   "the line's median |residual|).")
 def calibrate(measured: str, output: str, base: str, name: str | None, subset: str,
-              min_size: int, max_size: int | None, pins: tuple[str, ...]) -> None:
+              min_size: int, max_size: int | None, pins: tuple[str, ...], knees: bool) -> None:
     """Fit link latency, bandwidth and per-op algorithm/overhead/efficiency to a measurement."""
     from collsim.validate.calibrate import calibrate as fit
     from collsim.validate.calibrate import write_topology
@@ -208,7 +211,7 @@ def calibrate(measured: str, output: str, base: str, name: str | None, subset: s
         pinned[op.strip()] = alg.strip()
     meas = read_measurements(measured)
     cal = fit(meas, base=base, subset=subset, min_bytes=min_size, max_bytes=max_size,
-              algorithms=pinned)
+              algorithms=pinned, knees=knees)
     path = write_topology(cal, output, name)
     click.echo(f"# calibrated {meas.metadata.get('backend')} world size {cal.world_size} on "
                f"{subset} sizes: link latency {cal.link_latency_s * 1e6:.1f} us, "
@@ -220,6 +223,11 @@ def calibrate(measured: str, output: str, base: str, name: str | None, subset: s
                    f"{f.seconds_per_byte * 1e9:>8.3f} {f.overhead_s * 1e6:>12.1f} "
                    f"{f.efficiency:>10.3f} {f.fit_median_abs_error * 100:>7.1f}%  "
                    f"{', '.join(f.kernels)}")
+        if f.knee_bytes is not None and f.knee_efficiency is not None:
+            click.echo(f"  {'':<15} knee above {f.knee_bytes / 2**20:.3g} MiB: "
+                       f"+{f.extra_seconds_per_byte * 1e9:.3f} ns/B, efficiency "
+                       f"{f.knee_efficiency:.3f} (the line alone: median |err| "
+                       f"{f.line_median_abs_error * 100:.1f}%)")
     for note in cal.notes:
         click.echo(f"# note: {note}")
     click.echo(f"# wrote {path}")
@@ -314,9 +322,12 @@ def holdout(measured: tuple[str, ...], min_size: int, target: float, check_ops: 
             verdict = ("PASS" if ok else "FAIL") if checked else "(reported)"
             if checked and not ok:
                 failures.append(f"{stem} {s.op}")
+            op_fit = cal.ops.get(s.op)
+            knee = ("" if op_fit is None or op_fit.knee_bytes is None
+                    else f"  (knee at {op_fit.knee_bytes / 2**20:.3g} MiB)")
             click.echo(f"  {Path(path).name:<40} {meas.world_size:>2} {s.op:<15} {s.count:>6} "
                        f"{s.median_abs_error * 100:>10.1f}% {s.p90_abs_error * 100:>8.1f}% "
-                       f"{s.max_abs_error * 100:>8.1f}%  {verdict}")
+                       f"{s.max_abs_error * 100:>8.1f}%  {verdict}{knee}")
     click.echo(f"# topologies and plots in {folder}")
     if failures:
         raise click.ClickException(f"median |error| above {target:.0%}: {', '.join(failures)}")

@@ -40,7 +40,7 @@ from collsim.collectives import protocols
 from collsim.collectives.types import Algorithm, CollectiveOp, Protocol
 from collsim.errors import ConfigError
 from collsim.network import FlowNetwork
-from collsim.topology import LinkKind, Topology
+from collsim.topology import CollectiveSettings, LinkKind, Topology
 
 __all__ = ["Transfer", "Phase", "LoadPhase", "PhaseLoad", "Schedule", "Timing", "make_transfer",
            "one_step_phase", "phase_load", "aggregate_transfers", "equal_weights_per_link",
@@ -277,6 +277,25 @@ class Timing:
     inter_hop_s: float
     loop_step_s: float = 0.0
     loop_bytes: LoopBytes | None = None
+    knee_bytes: float | None = None
+    """Bytes above which each byte costs ``knee_s_per_byte`` more (a calibrated knee,
+    ``collectives.ops.<op>.knee_bytes``); None: one regime."""
+    knee_s_per_byte: float = 0.0
+
+    def knee_s(self, size_bytes: float) -> float:
+        """The extra time of the bytes above the knee (0 without a knee or below it)."""
+        if self.knee_bytes is None or size_bytes <= self.knee_bytes:
+            return 0.0
+        return (size_bytes - self.knee_bytes) * self.knee_s_per_byte
+
+    def extra_s(self, size_bytes: float) -> float:
+        """The size-dependent terms beyond the line: loop handshakes and the knee."""
+        return self.loop_overhead_s(size_bytes) + self.knee_s(size_bytes)
+
+    @property
+    def has_extra(self) -> bool:
+        """Whether :meth:`extra_s` can be non-zero (the fast paths skip it otherwise)."""
+        return self.loop_bytes is not None or self.knee_bytes is not None
 
     def loop_overhead_s(self, size_bytes: float) -> float:
         """Handshake time of the loops a collective of ``size_bytes`` is cut into."""
@@ -286,10 +305,9 @@ class Timing:
 
     def time_s(self, size_bytes: float) -> float:
         """Closed-form time for ``size_bytes``."""
-        if self.loop_bytes is None:
+        if not self.has_extra:
             return self.latency_s + size_bytes * self.seconds_per_byte
-        return (self.latency_s + size_bytes * self.seconds_per_byte
-                + self.loop_overhead_s(size_bytes))
+        return self.latency_s + size_bytes * self.seconds_per_byte + self.extra_s(size_bytes)
 
 
 class Schedule:
@@ -347,7 +365,8 @@ class Schedule:
         return Timing(protocol=protocol, latency_s=latency,
                       seconds_per_byte=sum(self.phase_s_per_byte) / eff, efficiency=eff,
                       intra_hop_s=intra_hop, inter_hop_s=inter_hop, loop_step_s=loop_step,
-                      loop_bytes=self.loop_bytes if loop_step > 0 else None)
+                      loop_bytes=self.loop_bytes if loop_step > 0 else None,
+                      **self._knee(eff, settings))
 
     def des_transfers(self, phase: AnyPhase) -> tuple[Transfer, ...]:
         """The flows the DES runs for ``phase``: its transfers, merged by
@@ -361,6 +380,20 @@ class Schedule:
                     found = merged
             self._des[id(phase)] = found
         return found
+
+    def _knee(self, eff: float, settings: CollectiveSettings) -> dict[str, float]:
+        """Timing fields of the op's calibrated knee (``collectives.ops.<op>.knee_bytes`` and
+        ``.knee_efficiency``): above ``knee_bytes`` the bytes move at ``knee_efficiency``
+        instead of the op's efficiency, so each costs sum(phase s/B) / eff x (op efficiency /
+        knee_efficiency - 1) more. The DES adds that after the phases, as it adds loop
+        handshakes: a per-byte cost of the library (memory, caches), not of the links."""
+        knee = settings.op_knee.get(self.op.value)
+        if knee is None or not self.phases:
+            return {}
+        knee_bytes, knee_eff = knee
+        ratio = settings.op_efficiency.get(self.op.value, 1.0) / knee_eff    # >= 1
+        per_byte = sum(self.phase_s_per_byte) / eff
+        return {"knee_bytes": knee_bytes, "knee_s_per_byte": per_byte * (ratio - 1.0)}
 
     def timing(self, protocol: Protocol) -> Timing:
         """The timing of ``protocol``; ConfigError if the algorithm cannot use it here."""
@@ -391,7 +424,7 @@ def run_phases(env: simpy.Environment, net: FlowNetwork, schedule: Schedule, tim
         latency = phase.intra_steps * timing.intra_hop_s + phase.inter_steps * timing.inter_hop_s
         if latency > 0:
             yield env.timeout(latency)
-    loops = timing.loop_overhead_s(size_bytes)
+    loops = timing.extra_s(size_bytes)     # loop handshakes and a calibrated knee
     if loops > 0:
         yield env.timeout(loops)
     return env.now - start

@@ -165,7 +165,7 @@ def _fast_entry(op: CollectiveOp | str, group: Group, algorithm: Algorithm | str
                 ) -> tuple[list[_Candidate], CollectiveOp, float, int]:
     parsed_op = parse_enum(CollectiveOp, op, "op")
     candidates: list[_Candidate] = [(t.latency_s, t.seconds_per_byte,
-                   t.loop_overhead_s if t.loop_bytes is not None else None,
+                   t.extra_s if t.has_extra else None,
                    schedule.algorithm, t.protocol)
                   for schedule, t in _options(op, group, algorithm, protocol)]
     return candidates, parsed_op, busbw_factor(parsed_op, group.size), group.size

@@ -22,7 +22,16 @@ The fit, all by code:
    the per-op efficiency absorbs, and their latency steps by a constant, which the per-op
    overhead absorbs. The link capacity each op implies is ``C = k_bw / b``;
 3. B = the largest chosen C, so that every efficiency C / B is in (0, 1]; L = the smallest
-   a / k_lat over ops, so that every overhead a - k_lat x L is >= 0.
+   a / k_lat over ops, so that every overhead a - k_lat x L is >= 0;
+4. per op, a knee: a second regime above a size K where each byte costs more (gloo's
+   broadcast slows down between 2 and 4 MiB on the development machine, when its buffers leave
+   the cache). The model is the continuous hinge ``time = a + b x size + c x max(0, size - K)``,
+   c >= 0 (segmented least squares with one breakpoint, Hudson 1966, same relative residuals
+   and Huber weights as the line); K is searched over the fitted sizes themselves, leaving at
+   least 3 of them at or below K and 2 above. The knee is kept only if it halves the line's
+   median |relative residual| on the fitted sizes (``KNEE_GAIN``), so that a line that already
+   follows the points, or noise, gets none. It is written as ``knee_bytes`` and
+   ``knee_efficiency`` = C' / B, with C' = k_bw / (b + c) the capacity implied above the knee.
 
 The backend's kernels, recorded by the bench with the torch profiler, are reported beside the
 fit: gloo in torch 2.13 runs reduce_scatter as a full all_reduce then keeps a slice, so its
@@ -39,11 +48,14 @@ from typing import Any
 from collsim.errors import ConfigError
 from collsim.validate.dataset import Measurements
 
-__all__ = ["OpFit", "Calibration", "fit_line", "select_rows", "calibrate", "topology_yaml",
-           "write_topology", "SUBSETS"]
+__all__ = ["OpFit", "Calibration", "fit_line", "fit_hinge", "fit_two_regime", "select_rows",
+           "calibrate", "topology_yaml", "write_topology", "SUBSETS", "KNEE_GAIN"]
 
 #: ``all`` sizes, or every other power of two: ``even`` (2^10, 2^12, ...) or ``odd``.
 SUBSETS = ("all", "even", "odd")
+
+#: A knee is kept only if its median |relative residual| is at most this share of the line's.
+KNEE_GAIN = 0.5
 
 _PROBE_LATENCY_S = 1e-6
 _PROBE_BANDWIDTH_BPS = 1e9
@@ -67,8 +79,17 @@ class OpFit:
     """k_bw: bytes on the busiest link per byte of size under the algorithm."""
     num_points: int
     fit_median_abs_error: float
-    """Median |relative residual| of the line on the points it was fitted to."""
+    """Median |relative residual| of the fitted model (line, or line with its knee) on the
+    points it was fitted to."""
     kernels: tuple[str, ...] = ()
+    line_median_abs_error: float = 0.0
+    """The same for the plain line (what the knee had to halve)."""
+    knee_bytes: float | None = None
+    """K of the second regime, or None (one line)."""
+    extra_seconds_per_byte: float = 0.0
+    """c: added to b for every byte above the knee."""
+    knee_efficiency: float | None = None
+    """The op's efficiency for the bytes above the knee (<= ``efficiency``)."""
 
 
 @dataclass
@@ -176,6 +197,112 @@ def fit_line(sizes_bytes: list[float], times_s: list[float], *,
     return a, b, float(np.median(resid))
 
 
+def _solve_nonnegative(rows: Any, target: Any) -> Any:
+    """Least squares ``rows @ x ~ target`` with x >= 0 and x[1] > 0 (3 unknowns: a, b, c).
+
+    Small enough to enumerate the active sets: every subset of {a, c} held at zero.
+    """
+    import numpy as np
+
+    best: tuple[float, Any] | None = None
+    for free in ((0, 1, 2), (1, 2), (0, 1), (1,)):
+        cols = list(free)
+        sol, *_ = np.linalg.lstsq(rows[:, cols], target, rcond=None)
+        x = np.zeros(3)
+        x[cols] = sol
+        if (x < 0).any() or x[1] <= 0:
+            continue
+        loss = float(np.sum((rows @ x - target) ** 2))
+        if best is None or loss < best[0]:
+            best = (loss, x)
+    if best is None:        # no admissible slope: all latency, as fit_line does
+        x = np.zeros(3)
+        x[1] = 1e-18
+        x[0] = float(np.sum(rows[:, 0] * target) / np.sum(rows[:, 0] ** 2))
+        return x
+    return best[1]
+
+
+def fit_hinge(sizes_bytes: list[float], times_s: list[float], knee_bytes: float, *,
+              iterations: int = 20) -> tuple[float, float, float, float]:
+    """Robust fit of time = a + b x size + c x max(0, size - knee); a, c >= 0, b > 0.
+
+    Relative residuals with Huber weights, as :func:`fit_line` (IRLS, Holland & Welsch 1977);
+    for a fixed knee the model is linear in (a, b, c) (Hudson 1966, segmented regression).
+
+    Returns:
+        ``(a, b, c, median |relative residual|)``.
+
+    Raises:
+        ConfigError: fewer than three points, or a non-positive time.
+    """
+    import numpy as np
+
+    if len(sizes_bytes) < 3:
+        raise ConfigError(f"need at least 3 sizes to fit a knee, got {len(sizes_bytes)}")
+    s = np.asarray(sizes_bytes, dtype=float)
+    t = np.asarray(times_s, dtype=float)
+    if (t <= 0).any():
+        raise ConfigError("measured times must be > 0")
+    h = np.maximum(0.0, s - knee_bytes)
+    base = np.stack([1.0 / t, s / t, h / t], axis=1)
+    weights = np.ones_like(t)
+    x = _solve_nonnegative(base, weights)
+    for _ in range(iterations):
+        resid = (base @ x - 1.0)
+        sigma = 1.4826 * float(np.median(np.abs(resid)))
+        if sigma <= 0:
+            break
+        k = 1.345 * sigma
+        weights = np.sqrt(np.minimum(1.0, k / np.maximum(np.abs(resid), 1e-300)))
+        x_new = _solve_nonnegative(base * weights[:, None], weights)
+        done = bool(np.allclose(x_new, x, rtol=1e-9, atol=0.0))
+        x = x_new
+        if done:
+            break
+    err = float(np.median(np.abs(base @ x - 1.0)))
+    return float(x[0]), float(x[1]), float(x[2]), err
+
+
+@dataclass(frozen=True, slots=True)
+class RegimeFit:
+    """The line of an op and, if it earned its place, a knee (see the module docstring)."""
+
+    intercept_s: float
+    seconds_per_byte: float
+    line_median_abs_error: float
+    median_abs_error: float
+    knee_bytes: float | None = None
+    extra_seconds_per_byte: float = 0.0
+
+
+def fit_two_regime(sizes_bytes: list[float], times_s: list[float], *,
+                   gain: float = KNEE_GAIN) -> RegimeFit:
+    """The line, or the line with one knee when that cuts the median |relative residual| to
+    ``gain`` times the line's or less.
+
+    Knees are tried at the given sizes, leaving at least 3 sizes at or below the knee and 2
+    above (so each regime is fitted on more points than it has free parameters); the one with
+    the smallest median |relative residual| is compared with the line.
+
+    Raises:
+        ConfigError: fewer than two points, or a non-positive time.
+    """
+    a, b, err = fit_line(sizes_bytes, times_s)
+    line = RegimeFit(a, b, err, err)
+    ordered = sorted(set(float(v) for v in sizes_bytes))
+    best: RegimeFit | None = None
+    for knee in ordered[2:-2]:
+        ha, hb, hc, herr = fit_hinge(sizes_bytes, times_s, knee)
+        if hc > 0 and (best is None or herr < best.median_abs_error):
+            best = RegimeFit(ha, hb, err, herr, knee, hc)
+    # err - herr beyond round-off: a line that fits exactly needs no knee
+    if best is not None and best.median_abs_error <= gain * err \
+            and err - best.median_abs_error > 1e-9:
+        return best
+    return line
+
+
 def _probe_topology(base: str, ranks_per_node: int, num_nodes: int) -> Any:
     """The base topology with probe link figures, zero overhead and no per-op settings."""
     from collsim.topology import parse_topology, resolve_topology_path
@@ -232,7 +359,8 @@ def _preferred(op: str, options: dict[str, float]) -> str:
 
 def calibrate(meas: Measurements, *, base: str = "localhost", subset: str = "all",
               min_bytes: int = 0, max_bytes: int | None = None,
-              algorithms: dict[str, str] | None = None) -> Calibration:
+              algorithms: dict[str, str] | None = None, knees: bool = True,
+              knee_gain: float = KNEE_GAIN) -> Calibration:
     """Fit the topology ``base`` to the measurements (see the module docstring).
 
     Args:
@@ -242,6 +370,8 @@ def calibrate(meas: Measurements, *, base: str = "localhost", subset: str = "all
         min_bytes: ignore smaller sizes.
         max_bytes: ignore larger sizes.
         algorithms: pin the algorithm of some ops (``{"broadcast": "tree"}``).
+        knees: allow an op a knee (second regime) when it earns it; False: one line per op.
+        knee_gain: the share of the line's median |relative residual| a knee must get under.
 
     Raises:
         ConfigError: mixed world sizes, an op with fewer than two sizes, or wrong results in
@@ -262,12 +392,19 @@ def calibrate(meas: Measurements, *, base: str = "localhost", subset: str = "all
     probe = _probe_topology(base, ranks_per_node, num_nodes)
     kernels = meas.metadata.get("kernels") or {}
     lines: dict[str, tuple[float, float, float, int]] = {}
+    regimes: dict[str, RegimeFit] = {}
     coeffs: dict[str, dict[str, tuple[float, float]]] = {}
     for op in [o for o in meas.ops() if any(r["op"] == o for r in rows)]:
         pts = [r for r in rows if r["op"] == op]
-        a, b, err = fit_line([float(r["size_bytes"]) for r in pts],
-                             [float(r["time_us"]) * 1e-6 for r in pts])
-        lines[op] = (a, b, err, len(pts))
+        sizes_b = [float(r["size_bytes"]) for r in pts]
+        times = [float(r["time_us"]) * 1e-6 for r in pts]
+        if knees:
+            fit = fit_two_regime(sizes_b, times, gain=knee_gain)
+        else:
+            a, b, err = fit_line(sizes_b, times)
+            fit = RegimeFit(a, b, err, err)
+        regimes[op] = fit
+        lines[op] = (fit.intercept_s, fit.seconds_per_byte, fit.median_abs_error, len(pts))
         coeffs[op] = _coefficients(probe, op)
     if not lines:
         raise ConfigError("no measured points in the selected sizes", file=meas.path)
@@ -288,11 +425,18 @@ def calibrate(meas: Measurements, *, base: str = "localhost", subset: str = "all
     for op, alg in chosen.items():
         a, b, err, count = lines[op]
         k_lat, k_bw = coeffs[op][alg]
+        regime = regimes[op]
+        efficiency = min(1.0, implied[op][alg] / bandwidth)
         fits[op] = OpFit(op=op, algorithm=alg, intercept_s=a, seconds_per_byte=b,
                          overhead_s=max(0.0, a - k_lat * latency),
-                         efficiency=min(1.0, implied[op][alg] / bandwidth),
+                         efficiency=efficiency,
                          latency_steps=k_lat, bytes_factor=k_bw, num_points=count,
-                         fit_median_abs_error=err, kernels=tuple(kernels.get(op, ())))
+                         fit_median_abs_error=err, kernels=tuple(kernels.get(op, ())),
+                         line_median_abs_error=regime.line_median_abs_error,
+                         knee_bytes=regime.knee_bytes,
+                         extra_seconds_per_byte=regime.extra_seconds_per_byte,
+                         knee_efficiency=(None if regime.knee_bytes is None else
+                                          efficiency * b / (b + regime.extra_seconds_per_byte)))
     notes = _notes(fits, kernels)
     return Calibration(world_size=n, ranks_per_node=ranks_per_node, link_latency_s=latency,
                        link_bandwidth_bps=bandwidth, ops=fits, base=base, subset=subset,
@@ -332,6 +476,8 @@ def topology_yaml(cal: Calibration, name: str) -> str:
         f"# fitted on sizes: {cal.subset}; per op: time = overhead + steps x latency "
         f"+ size x bytes_factor / (bandwidth x efficiency)",
     ]
+    if any(fit.knee_bytes is not None for fit in cal.ops.values()):
+        lines.append("# with a knee: the bytes above knee_bytes at knee_efficiency instead")
     lines += [f"# note: {note}" for note in cal.notes]
     lines += [
         f"name: {name}",
@@ -356,8 +502,12 @@ def topology_yaml(cal: Calibration, name: str) -> str:
     lines.append("  ops:")
     for op, fit in cal.ops.items():
         kern = f"  # ran {', '.join(fit.kernels)}" if fit.kernels else ""
+        knee = ""
+        if fit.knee_bytes is not None and fit.knee_efficiency is not None:
+            knee = (f", knee_bytes: {fit.knee_bytes:.0f}, "
+                    f"knee_efficiency: {fit.knee_efficiency:.6g}")
         lines.append(f"    {op}: {{overhead_us: {fit.overhead_s * 1e6:.6g}, "
-                     f"efficiency: {fit.efficiency:.6g}}}{kern}")
+                     f"efficiency: {fit.efficiency:.6g}{knee}}}{kern}")
     return "\n".join(lines) + "\n"
 
 

@@ -10,7 +10,8 @@ import yaml
 from click.testing import CliRunner
 
 from collsim.errors import ConfigError
-from collsim.validate.calibrate import calibrate, fit_line, select_rows, write_topology
+from collsim.validate.calibrate import (KNEE_GAIN, calibrate, fit_hinge, fit_line,
+                                        fit_two_regime, select_rows, write_topology)
 from collsim.validate.compare import compare, summarize, topology_for
 from collsim.validate.dataset import Measurements, read_measurements, write_measurements
 
@@ -74,6 +75,60 @@ def test_fit_line_exact_and_robust() -> None:
     assert a == pytest.approx(50e-6, rel=0.02) and b == pytest.approx(1e-9, rel=0.02)
     with pytest.raises(ConfigError, match="at least 2"):
         fit_line([1.0], [1.0])
+
+
+EVEN_SIZES = [4.0 ** k for k in range(5, 13)]      # 1 KiB .. 16 MiB, as a holdout calibrates
+
+
+def _hinge_times(sizes: list[float], knee: float, a: float = 80e-6, b: float = 0.5e-9,
+                 c: float = 0.6e-9) -> list[float]:
+    return [a + b * s + c * max(0.0, s - knee) for s in sizes]
+
+
+def test_fit_hinge_exact() -> None:
+    knee = EVEN_SIZES[5]                               # 1 MiB
+    a, b, c, err = fit_hinge(EVEN_SIZES, _hinge_times(EVEN_SIZES, knee), knee)
+    assert (a, b, c) == pytest.approx((80e-6, 0.5e-9, 0.6e-9), rel=1e-6)
+    assert err < 1e-9
+    with pytest.raises(ConfigError, match="at least 3"):
+        fit_hinge([1.0, 2.0], [1.0, 2.0], 1.5)
+
+
+def test_two_regimes_found_where_there_are_two() -> None:
+    knee = EVEN_SIZES[5]
+    fit = fit_two_regime(EVEN_SIZES, _hinge_times(EVEN_SIZES, knee))
+    assert fit.knee_bytes == knee
+    assert fit.extra_seconds_per_byte == pytest.approx(0.6e-9, rel=1e-6)
+    assert fit.median_abs_error < 1e-9 < fit.line_median_abs_error
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_no_knee_on_a_noisy_line(seed: int) -> None:
+    """+-10 % noise on one line: the best knee does not halve the line's residual."""
+    rng = random.Random(seed)
+    sizes = [2.0 ** k for k in range(10, 25)]
+    times = [(80e-6 + 0.5e-9 * s) * (1 + rng.uniform(-0.1, 0.1)) for s in sizes]
+    fit = fit_two_regime(sizes, times)
+    assert fit.knee_bytes is None
+    assert fit.median_abs_error == fit.line_median_abs_error > 0
+
+
+def test_no_knee_on_an_exact_line() -> None:
+    times = [80e-6 + 0.5e-9 * s for s in EVEN_SIZES]
+    assert fit_two_regime(EVEN_SIZES, times).knee_bytes is None
+
+
+def test_knee_gain_is_the_gate() -> None:
+    """A mild knee under noise: kept or not by the gain alone, never by the held-out sizes."""
+    rng = random.Random(3)
+    times = [t * (1 + rng.uniform(-0.05, 0.05))
+             for t in _hinge_times(EVEN_SIZES, EVEN_SIZES[5], c=0.2e-9)]
+    fit = fit_two_regime(EVEN_SIZES, times, gain=1.0)
+    assert fit.knee_bytes is not None
+    ratio = fit.median_abs_error / fit.line_median_abs_error
+    strict = fit_two_regime(EVEN_SIZES, times, gain=ratio * 0.999)
+    assert strict.knee_bytes is None
+    assert 0 < KNEE_GAIN < 1
 
 
 def test_select_rows_every_other_power_of_two() -> None:

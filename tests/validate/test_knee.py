@@ -1,0 +1,127 @@
+"""A calibrated knee (``collectives.ops.<op>.knee_bytes`` / ``knee_efficiency``): the closed
+form and the DES give the same time, below and above the knee, and calibration finds it."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import simpy
+import yaml
+
+from collsim.errors import ConfigError
+
+KNEE_BYTES = 2 ** 20
+
+
+def _topology(tmp_path: Path, n: int = 2, **broadcast: float) -> Path:
+    doc = {
+        "name": "knee", "device": "cpu", "gpus_per_node": n,
+        "intra_node": {"interconnect": "loopback", "bandwidth_gbps": 2.0, "latency_us": 40.0},
+        "collectives": {"library": "gloo", "algorithms": {"broadcast": "ring"},
+                        "ops": {"broadcast": {"overhead_us": 100.0, "efficiency": 0.8,
+                                              **broadcast}}},
+    }
+    path = tmp_path / f"knee_{len(broadcast)}_{n}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def _des_time_s(topo, op: str, size_bytes: float) -> float:
+    from collsim.collectives import Group, simulate
+    from collsim.network import FlowNetwork
+
+    env = simpy.Environment()
+    proc = simulate(env, FlowNetwork(env, topo), op, size_bytes, Group.all(topo))
+    env.run()
+    return float(proc.value.time_s)
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_knee_closed_form_and_des(tmp_path: Path, n: int) -> None:
+    from collsim.collectives import Group, cost
+    from collsim.topology import load_topology
+
+    plain = load_topology(_topology(tmp_path, n))
+    knee = load_topology(_topology(tmp_path, n, knee_bytes=KNEE_BYTES, knee_efficiency=0.4))
+    gp, gk = Group.all(plain), Group.all(knee)
+    per_byte = (cost("broadcast", 2 * KNEE_BYTES, gp).time_s
+                - cost("broadcast", KNEE_BYTES, gp).time_s) / KNEE_BYTES
+    for size in (1024, KNEE_BYTES // 2, KNEE_BYTES, 3 * KNEE_BYTES, 16 * KNEE_BYTES):
+        base = cost("broadcast", size, gp).time_s
+        with_knee = cost("broadcast", size, gk).time_s
+        # Above the knee each byte costs 0.8 / 0.4 = 2x: the extra is (size - K) x per_byte.
+        expected = base + max(0, size - KNEE_BYTES) * per_byte
+        assert with_knee == pytest.approx(expected, rel=1e-12)
+        assert _des_time_s(knee, "broadcast", size) == pytest.approx(with_knee, rel=1e-9)
+        # Other ops are untouched.
+        assert cost("all_reduce", size, gk).time_s == cost("all_reduce", size, gp).time_s
+
+
+@pytest.mark.parametrize("keys, pattern", [
+    ({"knee_bytes": KNEE_BYTES}, "knee_efficiency"),
+    ({"knee_efficiency": 0.4}, "knee_bytes"),
+    ({"knee_bytes": KNEE_BYTES, "knee_efficiency": 0.9}, "knee_efficiency"),
+    ({"knee_bytes": -1, "knee_efficiency": 0.4}, "knee_bytes"),
+])
+def test_knee_keys_checked(tmp_path: Path, keys: dict, pattern: str) -> None:
+    from collsim.topology import load_topology
+
+    with pytest.raises(ConfigError, match=pattern):
+        load_topology(_topology(tmp_path, **keys))
+
+
+def test_calibration_finds_the_knee_and_predicts_the_held_out_sizes(tmp_path: Path) -> None:
+    from collsim.collectives import Group, cost
+    from collsim.topology import load_topology
+    from collsim.validate.calibrate import calibrate, write_topology
+    from collsim.validate.compare import compare, summarize, topology_for
+    from collsim.validate.dataset import read_measurements, write_measurements
+
+    truth = load_topology(_topology(tmp_path, knee_bytes=KNEE_BYTES, knee_efficiency=0.4))
+    rows = []
+    for op in ("all_reduce", "broadcast"):
+        for exp in range(10, 25):
+            size = 2 ** exp
+            t = cost(op, size, Group.all(truth)).time_s
+            rows.append(dict(op=op, size_bytes=size, count=size // 4, type="float",
+                             redop="sum", root=-1, time_us=t * 1e6, min_us=t * 1e6,
+                             p90_us=t * 1e6, algbw_gbps=0.0, busbw_gbps=0.0, wrong=0,
+                             world_size=2, iters=5))
+    path = write_measurements(tmp_path / "m.csv", rows, {"backend": "gloo", "world_size": 2,
+                                                         "ranks_per_node": 2})
+    meas = read_measurements(path)
+    cal = calibrate(meas, subset="even")
+    assert cal.ops["broadcast"].knee_bytes == KNEE_BYTES
+    assert cal.ops["all_reduce"].knee_bytes is None
+    eff = cal.ops["broadcast"]
+    assert eff.knee_efficiency == pytest.approx(eff.efficiency * 0.4 / 0.8, rel=1e-6)
+    fitted = topology_for(write_topology(cal, tmp_path / "fitted.yaml"), meas)
+    assert summarize(compare(meas, fitted, subset="odd"))[-1].max_abs_error < 1e-6
+    no_knee = topology_for(write_topology(calibrate(meas, subset="even", knees=False),
+                                          tmp_path / "line.yaml"), meas)
+    worst_line = summarize(compare(meas, no_knee, subset="odd", ops=("broadcast",)))[0]
+    assert worst_line.max_abs_error > 0.05          # one line cannot follow the knee
+
+
+def test_noise_alone_gets_no_knee(tmp_path: Path) -> None:
+    from collsim.collectives import Group, cost
+    from collsim.topology import load_topology
+    from collsim.validate.calibrate import calibrate
+    from collsim.validate.dataset import read_measurements, write_measurements
+
+    plain = load_topology(_topology(tmp_path))
+    rng = random.Random(7)
+    rows = []
+    for exp in range(10, 25):
+        size = 2 ** exp
+        t = cost("broadcast", size, Group.all(plain)).time_s * (1 + rng.uniform(-0.08, 0.08))
+        rows.append(dict(op="broadcast", size_bytes=size, count=size // 4, type="float",
+                         redop="none", root=0, time_us=t * 1e6, min_us=t * 1e6,
+                         p90_us=t * 1e6, algbw_gbps=0.0, busbw_gbps=0.0, wrong=0,
+                         world_size=2, iters=5))
+    meas = read_measurements(write_measurements(tmp_path / "m.csv", rows, {
+        "backend": "gloo", "world_size": 2, "ranks_per_node": 2}))
+    for subset in ("all", "even"):
+        assert calibrate(meas, subset=subset).ops["broadcast"].knee_bytes is None
