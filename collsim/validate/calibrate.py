@@ -146,6 +146,34 @@ def select_rows(rows: list[dict[str, Any]], subset: str = "all", *, min_bytes: i
     return out
 
 
+def _fit_arrays(sizes_bytes: list[float], times_s: list[float], minimum: int,
+                what: str) -> tuple[Any, Any]:
+    """Sizes and times as float arrays, checked: at least ``minimum`` points, times > 0."""
+    import numpy as np
+
+    if len(sizes_bytes) < minimum:
+        raise ConfigError(f"need at least {minimum} sizes to fit {what}, got {len(sizes_bytes)}")
+    s = np.asarray(sizes_bytes, dtype=float)
+    t = np.asarray(times_s, dtype=float)
+    if (t <= 0).any():
+        raise ConfigError("measured times must be > 0")
+    return s, t
+
+
+def _huber_weights(resid: Any) -> Any | None:
+    """IRLS weights (square roots of Huber's) for relative residuals; None when they are all 0.
+
+    k = 1.345 robust sigmas, sigma = 1.4826 x median |residual| (Holland & Welsch 1977).
+    """
+    import numpy as np
+
+    sigma = 1.4826 * float(np.median(np.abs(resid)))
+    if sigma <= 0:
+        return None
+    k = 1.345 * sigma
+    return np.sqrt(np.minimum(1.0, k / np.maximum(np.abs(resid), 1e-300)))
+
+
 def fit_line(sizes_bytes: list[float], times_s: list[float], *,
              iterations: int = 20) -> tuple[float, float, float]:
     """Robust fit of time = a + b x size minimising relative residuals; a >= 0, b > 0.
@@ -161,12 +189,7 @@ def fit_line(sizes_bytes: list[float], times_s: list[float], *,
     """
     import numpy as np
 
-    if len(sizes_bytes) < 2:
-        raise ConfigError(f"need at least 2 sizes to fit a line, got {len(sizes_bytes)}")
-    s = np.asarray(sizes_bytes, dtype=float)
-    t = np.asarray(times_s, dtype=float)
-    if (t <= 0).any():
-        raise ConfigError("measured times must be > 0")
+    s, t = _fit_arrays(sizes_bytes, times_s, 2, "a line")
     weights = np.ones_like(t)
 
     def solve(w: Any) -> tuple[float, float]:
@@ -183,11 +206,9 @@ def fit_line(sizes_bytes: list[float], times_s: list[float], *,
     a, b = solve(weights)
     for _ in range(iterations):
         resid = (a + b * s - t) / t
-        sigma = 1.4826 * float(np.median(np.abs(resid)))
-        if sigma <= 0:
+        weights = _huber_weights(resid)
+        if weights is None:
             break
-        k = 1.345 * sigma
-        weights = np.sqrt(np.minimum(1.0, k / np.maximum(np.abs(resid), 1e-300)))
         a_new, b_new = solve(weights)
         if abs(a_new - a) <= 1e-12 * max(a, 1e-12) and abs(b_new - b) <= 1e-9 * b:
             a, b = a_new, b_new
@@ -238,23 +259,16 @@ def fit_hinge(sizes_bytes: list[float], times_s: list[float], knee_bytes: float,
     """
     import numpy as np
 
-    if len(sizes_bytes) < 3:
-        raise ConfigError(f"need at least 3 sizes to fit a knee, got {len(sizes_bytes)}")
-    s = np.asarray(sizes_bytes, dtype=float)
-    t = np.asarray(times_s, dtype=float)
-    if (t <= 0).any():
-        raise ConfigError("measured times must be > 0")
+    s, t = _fit_arrays(sizes_bytes, times_s, 3, "a knee")
     h = np.maximum(0.0, s - knee_bytes)
     base = np.stack([1.0 / t, s / t, h / t], axis=1)
     weights = np.ones_like(t)
     x = _solve_nonnegative(base, weights)
     for _ in range(iterations):
         resid = (base @ x - 1.0)
-        sigma = 1.4826 * float(np.median(np.abs(resid)))
-        if sigma <= 0:
+        weights = _huber_weights(resid)
+        if weights is None:
             break
-        k = 1.345 * sigma
-        weights = np.sqrt(np.minimum(1.0, k / np.maximum(np.abs(resid), 1e-300)))
         x_new = _solve_nonnegative(base * weights[:, None], weights)
         done = bool(np.allclose(x_new, x, rtol=1e-9, atol=0.0))
         x = x_new
