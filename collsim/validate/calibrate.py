@@ -27,10 +27,14 @@ The fit, all by code:
    broadcast slows down between 2 and 4 MiB on the development machine, when its buffers leave
    the cache). The model is the continuous hinge ``time = a + b x size + c x max(0, size - K)``,
    c >= 0 (segmented least squares with one breakpoint, Hudson 1966, same relative residuals
-   and Huber weights as the line); K is searched over the fitted sizes themselves, leaving at
-   least 3 of them at or below K and 2 above. The knee is kept only if it halves the line's
-   median |relative residual| on the fitted sizes (``KNEE_GAIN``), so that a line that already
-   follows the points, or noise, gets none. It is written as ``knee_bytes`` and
+   and Huber weights as the line). K is a fitted parameter: it is searched on a grid of
+   ``KNEE_GRID_PER_OCTAVE`` sizes per factor of two between the third-smallest and the
+   second-largest fitted size (so at least 3 sizes lie at or below K and 2 above), and the K
+   whose hinge has the smallest sum of squared relative residuals wins. The breakpoint of a
+   cache effect falls between two measured sizes as often as on one: with K restricted to the
+   fitted sizes, a knee between 1 and 4 MiB had to sit on one of them. The knee is kept only
+   if it halves the line's median |relative residual| on the fitted sizes (``KNEE_GAIN``), so
+   that a line that already follows the points, or noise, gets none. It is written as ``knee_bytes`` and
    ``knee_efficiency`` = C' / B, with C' = k_bw / (b + c) the capacity implied above the knee.
 
 The backend's kernels, recorded by the bench with the torch profiler, are reported beside the
@@ -49,13 +53,17 @@ from collsim.errors import ConfigError
 from collsim.validate.dataset import Measurements
 
 __all__ = ["OpFit", "Calibration", "fit_line", "fit_hinge", "fit_two_regime", "select_rows",
-           "calibrate", "topology_yaml", "write_topology", "SUBSETS", "KNEE_GAIN"]
+           "calibrate", "topology_yaml", "write_topology", "SUBSETS", "KNEE_GAIN",
+           "KNEE_GRID_PER_OCTAVE", "knee_candidates"]
 
 #: ``all`` sizes, or every other power of two: ``even`` (2^10, 2^12, ...) or ``odd``.
 SUBSETS = ("all", "even", "odd")
 
 #: A knee is kept only if its median |relative residual| is at most this share of the line's.
 KNEE_GAIN = 0.5
+
+#: Knee positions tried per factor of two in size (a geometric grid).
+KNEE_GRID_PER_OCTAVE = 16
 
 _PROBE_LATENCY_S = 1e-6
 _PROBE_BANDWIDTH_BPS = 1e9
@@ -290,30 +298,48 @@ class RegimeFit:
     extra_seconds_per_byte: float = 0.0
 
 
+def knee_candidates(sizes_bytes: list[float], per_octave: int = KNEE_GRID_PER_OCTAVE) -> list[float]:
+    """Knee positions to try: a geometric grid of ``per_octave`` points per factor of two from
+    the third-smallest distinct size up to (not including) the second-largest, so that every
+    candidate leaves at least 3 sizes at or below it and 2 above. Empty below 5 sizes."""
+    ordered = sorted(set(float(v) for v in sizes_bytes))
+    if len(ordered) < 5:
+        return []
+    lo, hi = ordered[2], ordered[-2]
+    steps = max(1, int(round(per_octave * math.log2(hi / lo))))
+    return [lo * (hi / lo) ** (i / steps) for i in range(steps)]
+
+
 def fit_two_regime(sizes_bytes: list[float], times_s: list[float], *,
                    gain: float = KNEE_GAIN) -> RegimeFit:
     """The line, or the line with one knee when that cuts the median |relative residual| to
     ``gain`` times the line's or less.
 
-    Knees are tried at the given sizes, leaving at least 3 sizes at or below the knee and 2
-    above (so each regime is fitted on more points than it has free parameters); the one with
-    the smallest median |relative residual| is compared with the line.
+    Knees are tried on the grid of :func:`knee_candidates`; the one whose hinge has the smallest
+    sum of squared relative residuals is compared with the line.
 
     Raises:
         ConfigError: fewer than two points, or a non-positive time.
     """
+    import numpy as np
+
     a, b, err = fit_line(sizes_bytes, times_s)
     line = RegimeFit(a, b, err, err)
-    ordered = sorted(set(float(v) for v in sizes_bytes))
-    best: RegimeFit | None = None
-    for knee in ordered[2:-2]:
+    s = np.asarray(sizes_bytes, dtype=float)
+    t = np.asarray(times_s, dtype=float)
+    best: tuple[float, RegimeFit] | None = None
+    for knee in knee_candidates(sizes_bytes):
         ha, hb, hc, herr = fit_hinge(sizes_bytes, times_s, knee)
-        if hc > 0 and (best is None or herr < best.median_abs_error):
-            best = RegimeFit(ha, hb, err, herr, knee, hc)
+        if hc <= 0:
+            continue
+        resid = (ha + hb * s + hc * np.maximum(0.0, s - knee) - t) / t
+        loss = float(np.sum(resid * resid))
+        if best is None or loss < best[0]:
+            best = (loss, RegimeFit(ha, hb, err, herr, knee, hc))
     # err - herr beyond round-off: a line that fits exactly needs no knee
-    if best is not None and best.median_abs_error <= gain * err \
-            and err - best.median_abs_error > 1e-9:
-        return best
+    if best is not None and best[1].median_abs_error <= gain * err \
+            and err - best[1].median_abs_error > 1e-9:
+        return best[1]
     return line
 
 

@@ -93,7 +93,7 @@ def test_calibration_finds_the_knee_and_predicts_the_held_out_sizes(tmp_path: Pa
                                                          "ranks_per_node": 2})
     meas = read_measurements(path)
     cal = calibrate(meas, subset="even")
-    assert cal.ops["broadcast"].knee_bytes == KNEE_BYTES
+    assert cal.ops["broadcast"].knee_bytes == pytest.approx(KNEE_BYTES, rel=1e-9)
     assert cal.ops["all_reduce"].knee_bytes is None
     eff = cal.ops["broadcast"]
     assert eff.knee_efficiency == pytest.approx(eff.efficiency * 0.4 / 0.8, rel=1e-6)
@@ -103,6 +103,52 @@ def test_calibration_finds_the_knee_and_predicts_the_held_out_sizes(tmp_path: Pa
                                           tmp_path / "line.yaml"), meas)
     worst_line = summarize(compare(meas, no_knee, subset="odd", ops=("broadcast",)))[0]
     assert worst_line.max_abs_error > 0.05          # one line cannot follow the knee
+
+
+def _rows(topo, op: str, exps: range) -> list[dict]:
+    from collsim.collectives import Group, cost
+
+    rows = []
+    for exp in exps:
+        size = 2 ** exp
+        t = cost(op, size, Group.all(topo)).time_s
+        rows.append(dict(op=op, size_bytes=size, count=size // 4, type="float",
+                         redop="none", root=0, time_us=t * 1e6, min_us=t * 1e6,
+                         p90_us=t * 1e6, algbw_gbps=0.0, busbw_gbps=0.0, wrong=0,
+                         world_size=2, iters=5))
+    return rows
+
+
+def test_a_knee_between_the_fitted_sizes_is_found(tmp_path: Path) -> None:
+    """The knee is a fitted size, not one of the measured ones: a breakpoint at 1.5 MiB, between
+    the fitted 1 MiB and 4 MiB, is placed within one grid step and the held-out 2 MiB and
+    8 MiB points are predicted; pinned to a fitted size it could not be."""
+    from collsim.topology import load_topology
+    from collsim.validate.calibrate import KNEE_GRID_PER_OCTAVE, calibrate, write_topology
+    from collsim.validate.compare import compare, summarize, topology_for
+    from collsim.validate.dataset import read_measurements, write_measurements
+
+    knee = 1.5 * 2 ** 20
+    truth = load_topology(_topology(tmp_path, knee_bytes=knee, knee_efficiency=0.4))
+    meas = read_measurements(write_measurements(tmp_path / "m.csv", _rows(
+        truth, "broadcast", range(10, 25)), {"backend": "gloo", "world_size": 2,
+                                              "ranks_per_node": 2}))
+    fit = calibrate(meas, subset="even").ops["broadcast"]
+    step = 2 ** (1 / KNEE_GRID_PER_OCTAVE)
+    assert knee / step <= fit.knee_bytes <= knee * step
+    fitted = topology_for(write_topology(calibrate(meas, subset="even"),
+                                         tmp_path / "fitted.yaml"), meas)
+    assert summarize(compare(meas, fitted, subset="odd"))[-1].max_abs_error < 0.01
+
+
+def test_knee_candidates() -> None:
+    from collsim.validate.calibrate import knee_candidates
+
+    sizes = [2.0 ** e for e in range(10, 25, 2)]      # 1K, 4K, ..., 16M
+    grid = knee_candidates(sizes, per_octave=4)
+    assert grid[0] == 2 ** 14 and grid[-1] < 2 ** 22    # 3 sizes at or below, 2 above
+    assert all(b / a == pytest.approx(2 ** 0.25) for a, b in zip(grid, grid[1:]))
+    assert knee_candidates(sizes[:4]) == []
 
 
 def test_noise_alone_gets_no_knee(tmp_path: Path) -> None:
