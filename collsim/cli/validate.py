@@ -55,6 +55,21 @@ def _ops(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, .
     return ops
 
 
+def _realtime(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+    if value:
+        from collsim.validate.launch import realtime_problem
+
+        problem = realtime_problem()
+        if problem:
+            raise click.BadParameter(problem)
+    return value
+
+
+_REALTIME_HELP = ("Run the ranks under SCHED_RR (Linux; root or CAP_SYS_NICE): a woken rank "
+                  "thread no longer waits out another thread's time slice, which on a small "
+                  "shared machine adds milliseconds to some iterations.")
+
+
 def _world_sizes(ctx: click.Context, param: click.Parameter, value: str) -> list[int]:
     try:
         sizes = [int(s) for s in value.split(",") if s.strip()]
@@ -87,6 +102,7 @@ def validate() -> None:
 @click.option("--back-to-back", is_flag=True,
               help="One barrier, then back-to-back timed iterations (default: a barrier "
                    "before each).")
+@click.option("--realtime", is_flag=True, callback=_realtime, help=_REALTIME_HELP)
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=900.0,
               show_default=True, help="Seconds for the whole run; also the collective timeout.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
@@ -94,7 +110,7 @@ def validate() -> None:
 @_rank_errors
 def bench(backend: str, world_size: int | None, ops: tuple[str, ...], minbytes: int,
           maxbytes: int, stepfactor: int, iters: int, warmup: int, rounds: int,
-          back_to_back: bool, timeout_s: float, output: str | None) -> None:
+          back_to_back: bool, realtime: bool, timeout_s: float, output: str | None) -> None:
     """Time collectives like nccl-tests (median of the slowest rank) and check every result."""
     from collsim.validate.bench import BenchConfig, run_bench, sizes_between
     from collsim.validate.dataset import format_table, write_measurements
@@ -112,7 +128,7 @@ def bench(backend: str, world_size: int | None, ops: tuple[str, ...], minbytes: 
     config = BenchConfig(ops=ops, sizes_bytes=sizes, iters=iters, warmup=warmup, rounds=rounds,
                          barrier_each=not back_to_back)
     result, is_reporter = run_bench(config, world_size=world_size, backend=backend,
-                                    timeout_s=timeout_s)
+                                    timeout_s=timeout_s, realtime=realtime)
     if not is_reporter:
         return
     rows = result.rows()
@@ -347,14 +363,15 @@ def holdout(measured: tuple[str, ...], min_size: int, target: float, check_ops: 
 @click.option("--micro-batch", type=click.IntRange(1), default=2, show_default=True)
 @click.option("--target", type=click.FloatRange(0, 1), default=0.15, show_default=True,
               help="|simulated - measured| / measured allowed for DDP steps.")
+@click.option("--realtime", is_flag=True, callback=_realtime, help=_REALTIME_HELP)
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=900.0,
               show_default=True)
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="JSON report (measured, profiled, simulated).")
 @_rank_errors
 def step(world_sizes: list[int], backend: str, topology: str | None, iters: int, warmup: int,
-         layers: int, hidden: int, micro_batch: int, target: float, timeout_s: float,
-         output: str | None) -> None:
+         layers: int, hidden: int, micro_batch: int, target: float, realtime: bool,
+         timeout_s: float, output: str | None) -> None:
     """Time real DDP (bucket 1 and 25 MB) and FSDP-sketch steps of a small GPT; simulate them."""
     import tempfile
 
@@ -371,8 +388,9 @@ def step(world_sizes: list[int], backend: str, topology: str | None, iters: int,
     reports = []
     failures = []
     for n in sizes:
-        topo_spec = topology or str(_calibrate_here(n, backend, timeout_s, folder))
-        report, is_reporter = run_step(cfg, world_size=n, backend=backend, timeout_s=timeout_s)
+        topo_spec = topology or str(_calibrate_here(n, backend, timeout_s, folder, realtime))
+        report, is_reporter = run_step(cfg, world_size=n, backend=backend, timeout_s=timeout_s,
+                                       realtime=realtime)
         if not is_reporter:
             continue
         from collsim.topology import load_topology
@@ -433,7 +451,8 @@ def step(world_sizes: list[int], backend: str, topology: str | None, iters: int,
         raise click.ClickException(f"outside the target: {', '.join(failures)}")
 
 
-def _calibrate_here(world_size: int | None, backend: str, timeout_s: float, folder: Path) -> Path:
+def _calibrate_here(world_size: int | None, backend: str, timeout_s: float, folder: Path,
+                    realtime: bool = False) -> Path:
     """Measure the collectives a step uses at this world size and calibrate a topology."""
     from collsim.validate.bench import BenchConfig, run_bench, sizes_between
     from collsim.validate.calibrate import calibrate as fit
@@ -444,7 +463,8 @@ def _calibrate_here(world_size: int | None, backend: str, timeout_s: float, fold
                               "send_recv"),
                          sizes_bytes=tuple(sizes_between("64K", "16M", 2)), iters=10,
                          warmup=2, rounds=2)
-    result, _ = run_bench(config, world_size=world_size, backend=backend, timeout_s=timeout_s)
+    result, _ = run_bench(config, world_size=world_size, backend=backend, timeout_s=timeout_s,
+                          realtime=realtime)
     n = result.metadata["world_size"]
     csv_path = write_measurements(folder / f"bench_n{n}.csv", result.rows(), result.metadata)
     cal = fit(read_measurements(csv_path))

@@ -355,6 +355,8 @@ def bench_rank(ctx: Any, config: BenchConfig) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
+    from collsim.validate.launch import current_scheduling
+
     n, rank = ctx.world_size, ctx.rank
     points: list[BenchPoint] = []
     kernels: dict[str, list[str]] = {}
@@ -411,6 +413,7 @@ def bench_rank(ctx: Any, config: BenchConfig) -> dict[str, Any]:
         "torch_version": torch.__version__,
         "local_world_size": ctx.local_world_size,
         "num_threads": torch.get_num_threads(),
+        "scheduling": current_scheduling(),
         "launcher": ctx.launcher,
     }
 
@@ -437,7 +440,7 @@ def _load_average() -> list[float] | None:
 
 
 def run_bench(config: BenchConfig, *, world_size: int | None, backend: str = "gloo",
-              timeout_s: float = 600.0) -> tuple[BenchResult, bool]:
+              timeout_s: float = 600.0, realtime: bool = False) -> tuple[BenchResult, bool]:
     """Run the bench on local spawned ranks, or on this torchrun job.
 
     Args:
@@ -445,6 +448,7 @@ def run_bench(config: BenchConfig, *, world_size: int | None, backend: str = "gl
         world_size: ranks to spawn (ignored under torchrun).
         backend: ``"gloo"`` or ``"nccl"``.
         timeout_s: deadline of the whole run (spawn) and the process-group timeout.
+        realtime: run the ranks under SCHED_RR (see :mod:`collsim.validate.launch`).
 
     Returns:
         ``(result, is_reporter)``: the measurement with its metadata, and whether this process
@@ -458,7 +462,7 @@ def run_bench(config: BenchConfig, *, world_size: int | None, backend: str = "gl
     started = _dt.datetime.now(_dt.timezone.utc)
     load_start = _load_average()
     out, is_reporter = run_distributed(bench_rank, world_size, args=(config,), backend=backend,
-                                       timeout_s=timeout_s)
+                                       timeout_s=timeout_s, realtime=realtime)
     n = out["points"][0].world_size if out["points"] else (world_size or 0)
     metadata: dict[str, Any] = {
         "tool": "collsim validate bench",
@@ -472,6 +476,7 @@ def run_bench(config: BenchConfig, *, world_size: int | None, backend: str = "gl
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
         "threads_per_rank": out["num_threads"],
+        "scheduling": out["scheduling"],
         "date": started.isoformat(timespec="seconds"),
         "iters": config.iters,
         "warmup": config.warmup,

@@ -307,8 +307,11 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
         modes[mode] = entry
     import os
 
+    from collsim.validate.launch import current_scheduling
+
     return {"world_size": ctx.world_size, "local_world_size": ctx.local_world_size,
             "cpu_count": os.cpu_count(), "threads_per_rank": torch.get_num_threads(),
+            "scheduling": current_scheduling(),
             "block_medians_s": block_medians,
             "backend": ctx.backend,
             "torch_version": torch.__version__, "profile": profile,
@@ -319,12 +322,13 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
 
 
 def run_step(cfg: StepConfig, *, world_size: int | None, backend: str = "gloo",
-             timeout_s: float = 600.0) -> tuple[dict[str, Any], bool]:
-    """Measure on spawned ranks (or this torchrun job); the report and whether to print it."""
+             timeout_s: float = 600.0, realtime: bool = False) -> tuple[dict[str, Any], bool]:
+    """Measure on spawned ranks (or this torchrun job); the report and whether to print it.
+    ``realtime`` runs the ranks under SCHED_RR (see :mod:`collsim.validate.launch`)."""
     from collsim.validate.launch import run_distributed
 
     report, is_reporter = run_distributed(step_rank, world_size, args=(cfg,), backend=backend,
-                                          timeout_s=timeout_s)
+                                          timeout_s=timeout_s, realtime=realtime)
     report = dict(report)
     report["config"] = asdict(cfg)
     return report, is_reporter

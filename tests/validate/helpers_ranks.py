@@ -71,3 +71,16 @@ def ddp_buckets(ctx: Any, caps_mb: tuple[float, ...]) -> list[int | None]:
             ddp(torch.ones(2, 512)).sum().backward()
         counts.append(ddp_bucket_count(ddp)[0])
     return counts
+
+
+def scheduling(ctx: Any) -> tuple[str, str]:
+    """The rank's scheduling policy, and that of a thread it starts (gloo's threads inherit)."""
+    import threading
+
+    from collsim.validate.launch import current_scheduling
+
+    seen: list[str] = []
+    thread = threading.Thread(target=lambda: seen.append(current_scheduling()))
+    thread.start()
+    thread.join()
+    return current_scheduling(), seen[0]

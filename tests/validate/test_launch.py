@@ -121,6 +121,7 @@ def test_bench_under_torchrun(tmp_path: Path) -> None:
     text = out.read_text()
     assert '# launcher: "torchrun"' in text and "# world_size: 2" in text
     assert "# load_average_start: [" in text and "# load_average_end: [" in text
+    assert '# scheduling: "SCHED_OTHER"' in text          # read back from the kernel
     assert proc.stdout.count("# Avg bus bandwidth") == 1    # only rank 0 prints
 
 
@@ -146,3 +147,40 @@ def test_ranks_die_with_a_killed_parent(tmp_path: Path) -> None:
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not any(_alive(p) for p in pids)
+
+
+def test_realtime_ranks_run_under_sched_rr() -> None:
+    """``realtime=True``: every rank and the threads it starts run under SCHED_RR; the probe and
+    the run leave the launching process's own policy as it was."""
+    from collsim.validate.launch import (REALTIME_PRIORITY, current_scheduling,
+                                         realtime_problem)
+
+    before = current_scheduling()
+    problem = realtime_problem()
+    assert current_scheduling() == before
+    if problem is not None:
+        assert "SCHED_RR" in problem
+        pytest.skip(problem)
+    rr = f"SCHED_RR priority {REALTIME_PRIORITY}"
+    assert spawn_ranks(helpers_ranks.scheduling, 2, realtime=True, timeout_s=60) == [(rr, rr)] * 2
+    plain = spawn_ranks(helpers_ranks.scheduling, 2, timeout_s=60)
+    assert all("SCHED_RR" not in policy for pair in plain for policy in pair)
+    assert current_scheduling() == before
+
+
+def test_realtime_refused_is_one_line(monkeypatch: pytest.MonkeyPatch,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Where the host refuses SCHED_RR, ``--realtime`` is a usage error (exit 2) naming why."""
+    import collsim.validate.launch as launch
+    from collsim.cli import main
+
+    monkeypatch.setattr(launch, "realtime_problem",
+                        lambda: "cannot run ranks under SCHED_RR priority 10: Operation not "
+                                "permitted; it needs root")
+    for command in ("bench", "step"):
+        with pytest.raises(SystemExit) as exc:
+            main(["validate", command, "--realtime"])
+        out, err = capsys.readouterr()
+        assert exc.value.code == 2
+        lines = [line for line in (out + err).splitlines() if line.strip()]
+        assert len(lines) == 1 and "--realtime" in lines[0] and "not permitted" in lines[0]
