@@ -439,6 +439,27 @@ def _load_average() -> list[float] | None:
         return None
 
 
+def _cpu_jiffies() -> tuple[int, int] | None:
+    """(steal, total) CPU time of the host from /proc/stat (Linux), or None elsewhere."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = stat.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu" or len(fields) < 9:
+        return None
+    values = [int(v) for v in fields[1:]]
+    return values[7], sum(values[:8])    # guest time is already inside user time
+
+
+def steal_share(start: tuple[int, int] | None, end: tuple[int, int] | None) -> float | None:
+    """Share of the CPU time between two :func:`_cpu_jiffies` readings that the hypervisor gave
+    to other guests (``steal`` in /proc/stat): how much a virtual machine's neighbours took."""
+    if start is None or end is None or end[1] <= start[1]:
+        return None
+    return round((end[0] - start[0]) / (end[1] - start[1]), 4)
+
+
 def run_bench(config: BenchConfig, *, world_size: int | None, backend: str = "gloo",
               timeout_s: float = 600.0, realtime: bool = False) -> tuple[BenchResult, bool]:
     """Run the bench on local spawned ranks, or on this torchrun job.
@@ -461,6 +482,7 @@ def run_bench(config: BenchConfig, *, world_size: int | None, backend: str = "gl
 
     started = _dt.datetime.now(_dt.timezone.utc)
     load_start = _load_average()
+    jiffies_start = _cpu_jiffies()
     out, is_reporter = run_distributed(bench_rank, world_size, args=(config,), backend=backend,
                                        timeout_s=timeout_s, realtime=realtime)
     n = out["points"][0].world_size if out["points"] else (world_size or 0)
@@ -491,5 +513,6 @@ def run_bench(config: BenchConfig, *, world_size: int | None, backend: str = "gl
         "duration_s": round((_dt.datetime.now(_dt.timezone.utc) - started).total_seconds(), 1),
         "load_average_start": load_start,
         "load_average_end": _load_average(),
+        "cpu_steal_share": steal_share(jiffies_start, _cpu_jiffies()),
     }
     return BenchResult(points=list(out["points"]), metadata=metadata), is_reporter

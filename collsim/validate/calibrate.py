@@ -33,8 +33,14 @@ The fit, all by code:
    whose hinge has the smallest sum of squared relative residuals wins. The breakpoint of a
    cache effect falls between two measured sizes as often as on one: with K restricted to the
    fitted sizes, a knee between 1 and 4 MiB had to sit on one of them. The knee is kept only
-   if it halves the line's median |relative residual| on the fitted sizes (``KNEE_GAIN``), so
-   that a line that already follows the points, or noise, gets none. It is written as ``knee_bytes`` and
+   if an F-test of the nested models rejects the line at significance ``KNEE_ALPHA`` (0.05):
+   F = ((RSS_line - RSS_hinge) / 2) / (RSS_hinge / (m - 4)) over the m fitted sizes, RSS the
+   sum of squared relative residuals, 2 the parameters the hinge adds (c and K), compared with
+   the upper ``KNEE_ALPHA`` quantile of F(2, m - 4) (the standard test for an extra regime in
+   segmented regression; searching K makes it somewhat permissive, Davies 1987). A line that
+   already follows the points, or noise, gets no knee. An earlier rule (keep the knee if it
+   halves the line's *median* |residual|) could not see a knee when half of the fitted sizes
+   are flat latency points that both models fit alike. It is written as ``knee_bytes`` and
    ``knee_efficiency`` = C' / B, with C' = k_bw / (b + c) the capacity implied above the knee.
 
 The backend's kernels, recorded by the bench with the torch profiler, are reported beside the
@@ -53,14 +59,14 @@ from collsim.errors import ConfigError
 from collsim.validate.dataset import Measurements
 
 __all__ = ["OpFit", "Calibration", "fit_line", "fit_hinge", "fit_two_regime", "select_rows",
-           "calibrate", "topology_yaml", "write_topology", "SUBSETS", "KNEE_GAIN",
-           "KNEE_GRID_PER_OCTAVE", "knee_candidates"]
+           "calibrate", "topology_yaml", "write_topology", "SUBSETS", "KNEE_ALPHA",
+           "KNEE_GRID_PER_OCTAVE", "knee_candidates", "f_critical"]
 
 #: ``all`` sizes, or every other power of two: ``even`` (2^10, 2^12, ...) or ``odd``.
 SUBSETS = ("all", "even", "odd")
 
-#: A knee is kept only if its median |relative residual| is at most this share of the line's.
-KNEE_GAIN = 0.5
+#: A knee is kept only if the F-test of hinge against line rejects the line at this level.
+KNEE_ALPHA = 0.05
 
 #: Knee positions tried per factor of two in size (a geometric grid).
 KNEE_GRID_PER_OCTAVE = 16
@@ -310,13 +316,24 @@ def knee_candidates(sizes_bytes: list[float], per_octave: int = KNEE_GRID_PER_OC
     return [lo * (hi / lo) ** (i / steps) for i in range(steps)]
 
 
+def f_critical(d2: int, alpha: float) -> float:
+    """Upper ``alpha`` quantile of the F distribution with (2, d2) degrees of freedom.
+
+    Closed form: the CDF of F(2, d2) is 1 - (1 + 2x/d2)^(-d2/2) (e.g. Johnson, Kotz &
+    Balakrishnan, Continuous Univariate Distributions vol. 2, ch. 27), so
+    x = (d2/2) (alpha^(-2/d2) - 1).
+    """
+    if d2 < 1 or not 0 < alpha <= 1:
+        raise ValueError(f"need d2 >= 1 and 0 < alpha <= 1, got {d2}, {alpha}")
+    return d2 / 2.0 * (alpha ** (-2.0 / d2) - 1.0)
+
+
 def fit_two_regime(sizes_bytes: list[float], times_s: list[float], *,
-                   gain: float = KNEE_GAIN) -> RegimeFit:
-    """The line, or the line with one knee when that cuts the median |relative residual| to
-    ``gain`` times the line's or less.
+                   alpha: float = KNEE_ALPHA) -> RegimeFit:
+    """The line, or the line with one knee when an F-test rejects the line at ``alpha``.
 
     Knees are tried on the grid of :func:`knee_candidates`; the one whose hinge has the smallest
-    sum of squared relative residuals is compared with the line.
+    sum of squared relative residuals is tested against the line (see the module docstring).
 
     Raises:
         ConfigError: fewer than two points, or a non-positive time.
@@ -327,6 +344,7 @@ def fit_two_regime(sizes_bytes: list[float], times_s: list[float], *,
     line = RegimeFit(a, b, err, err)
     s = np.asarray(sizes_bytes, dtype=float)
     t = np.asarray(times_s, dtype=float)
+    rss_line = float(np.sum(((a + b * s - t) / t) ** 2))
     best: tuple[float, RegimeFit] | None = None
     for knee in knee_candidates(sizes_bytes):
         ha, hb, hc, herr = fit_hinge(sizes_bytes, times_s, knee)
@@ -336,11 +354,17 @@ def fit_two_regime(sizes_bytes: list[float], times_s: list[float], *,
         loss = float(np.sum(resid * resid))
         if best is None or loss < best[0]:
             best = (loss, RegimeFit(ha, hb, err, herr, knee, hc))
-    # err - herr beyond round-off: a line that fits exactly needs no knee
-    if best is not None and best[1].median_abs_error <= gain * err \
-            and err - best[1].median_abs_error > 1e-9:
-        return best[1]
-    return line
+    if best is None:
+        return line
+    rss_hinge, hinge = best
+    gained = rss_line - rss_hinge
+    if gained <= 1e-12 * max(rss_line, 1e-300) or gained <= 1e-24:
+        return line                     # no real improvement (an exact line, or round-off)
+    d2 = len(s) - 4
+    if rss_hinge <= 0.0:
+        return hinge
+    f_stat = (gained / 2.0) / (rss_hinge / d2)
+    return hinge if f_stat > f_critical(d2, alpha) else line
 
 
 def _probe_topology(base: str, ranks_per_node: int, num_nodes: int) -> Any:
@@ -400,7 +424,7 @@ def _preferred(op: str, options: dict[str, float]) -> str:
 def calibrate(meas: Measurements, *, base: str = "localhost", subset: str = "all",
               min_bytes: int = 0, max_bytes: int | None = None,
               algorithms: dict[str, str] | None = None, knees: bool = True,
-              knee_gain: float = KNEE_GAIN) -> Calibration:
+              knee_alpha: float = KNEE_ALPHA) -> Calibration:
     """Fit the topology ``base`` to the measurements (see the module docstring).
 
     Args:
@@ -411,7 +435,7 @@ def calibrate(meas: Measurements, *, base: str = "localhost", subset: str = "all
         max_bytes: ignore larger sizes.
         algorithms: pin the algorithm of some ops (``{"broadcast": "tree"}``).
         knees: allow an op a knee (second regime) when it earns it; False: one line per op.
-        knee_gain: the share of the line's median |relative residual| a knee must get under.
+        knee_alpha: significance level of the F-test a knee must pass.
 
     Raises:
         ConfigError: mixed world sizes, an op with fewer than two sizes, or wrong results in
@@ -439,7 +463,7 @@ def calibrate(meas: Measurements, *, base: str = "localhost", subset: str = "all
         sizes_b = [float(r["size_bytes"]) for r in pts]
         times = [float(r["time_us"]) * 1e-6 for r in pts]
         if knees:
-            fit = fit_two_regime(sizes_b, times, gain=knee_gain)
+            fit = fit_two_regime(sizes_b, times, alpha=knee_alpha)
         else:
             a, b, err = fit_line(sizes_b, times)
             fit = RegimeFit(a, b, err, err)

@@ -155,3 +155,14 @@ def test_bench_busbw_close_to_a_plain_loop(two_rank_bench: dict) -> None:
     # Same op, same size: the bench may not report a very different bandwidth. Loose bounds:
     # two cores shared with other work make single timings swing by 2x.
     assert 0.33 < ratio < 3.0, ratio
+
+
+def test_steal_share() -> None:
+    from collsim.validate.bench import _cpu_jiffies, steal_share
+
+    assert steal_share((10, 1000), (40, 2000)) == 0.03
+    assert steal_share(None, (40, 2000)) is None
+    assert steal_share((10, 1000), (10, 1000)) is None
+    now = _cpu_jiffies()
+    if now is not None:                      # Linux: steal <= total
+        assert 0 <= now[0] <= now[1]

@@ -10,7 +10,7 @@ import yaml
 from click.testing import CliRunner
 
 from collsim.errors import ConfigError
-from collsim.validate.calibrate import (KNEE_GAIN, calibrate, fit_hinge, fit_line,
+from collsim.validate.calibrate import (KNEE_ALPHA, f_critical, calibrate, fit_hinge, fit_line,
                                         fit_two_regime, select_rows, write_topology)
 from collsim.validate.compare import compare, summarize, topology_for
 from collsim.validate.dataset import Measurements, read_measurements, write_measurements
@@ -104,7 +104,7 @@ def test_two_regimes_found_where_there_are_two() -> None:
 
 @pytest.mark.parametrize("seed", range(5))
 def test_no_knee_on_a_noisy_line(seed: int) -> None:
-    """+-10 % noise on one line: the best knee does not halve the line's residual."""
+    """+-10 % noise on one line: the best knee does not pass the F-test."""
     rng = random.Random(seed)
     sizes = [2.0 ** k for k in range(10, 25)]
     times = [(80e-6 + 0.5e-9 * s) * (1 + rng.uniform(-0.1, 0.1)) for s in sizes]
@@ -118,17 +118,24 @@ def test_no_knee_on_an_exact_line() -> None:
     assert fit_two_regime(EVEN_SIZES, times).knee_bytes is None
 
 
-def test_knee_gain_is_the_gate() -> None:
-    """A mild knee under noise: kept or not by the gain alone, never by the held-out sizes."""
+def test_knee_alpha_is_the_gate() -> None:
+    """A mild knee under noise: kept or not by the test's level alone, never by held-out sizes."""
     rng = random.Random(3)
     times = [t * (1 + rng.uniform(-0.05, 0.05))
              for t in _hinge_times(EVEN_SIZES, EVEN_SIZES[5], c=0.2e-9)]
-    fit = fit_two_regime(EVEN_SIZES, times, gain=1.0)
-    assert fit.knee_bytes is not None
-    ratio = fit.median_abs_error / fit.line_median_abs_error
-    strict = fit_two_regime(EVEN_SIZES, times, gain=ratio * 0.999)
-    assert strict.knee_bytes is None
-    assert 0 < KNEE_GAIN < 1
+    assert fit_two_regime(EVEN_SIZES, times, alpha=1.0).knee_bytes is not None
+    assert fit_two_regime(EVEN_SIZES, times, alpha=1e-12).knee_bytes is None
+    assert 0 < KNEE_ALPHA < 1
+
+
+def test_f_critical_closed_form() -> None:
+    """F(2, d2) upper quantiles against printed tables (e.g. NIST/SEMATECH e-Handbook 1.3.6.7.3):
+    F_0.95(2, 4) = 6.944, F_0.95(2, 10) = 4.103, F_0.99(2, 4) = 18.000."""
+    assert f_critical(4, 0.05) == pytest.approx(6.944, abs=1e-3)
+    assert f_critical(10, 0.05) == pytest.approx(4.103, abs=1e-3)
+    assert f_critical(4, 0.01) == pytest.approx(18.0, abs=1e-3)
+    with pytest.raises(ValueError):
+        f_critical(0, 0.05)
 
 
 def test_select_rows_every_other_power_of_two() -> None:

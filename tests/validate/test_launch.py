@@ -122,6 +122,7 @@ def test_bench_under_torchrun(tmp_path: Path) -> None:
     assert '# launcher: "torchrun"' in text and "# world_size: 2" in text
     assert "# load_average_start: [" in text and "# load_average_end: [" in text
     assert '# scheduling: "SCHED_OTHER"' in text          # read back from the kernel
+    assert "# cpu_steal_share: " in text
     assert proc.stdout.count("# Avg bus bandwidth") == 1    # only rank 0 prints
 
 
