@@ -363,15 +363,14 @@ def holdout(measured: tuple[str, ...], min_size: int, target: float, check_ops: 
 @click.option("--micro-batch", type=click.IntRange(1), default=2, show_default=True)
 @click.option("--target", type=click.FloatRange(0, 1), default=0.15, show_default=True,
               help="|simulated - measured| / measured allowed for DDP steps.")
-@click.option("--realtime", is_flag=True, callback=_realtime, help=_REALTIME_HELP)
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=900.0,
               show_default=True)
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="JSON report (measured, profiled, simulated).")
 @_rank_errors
 def step(world_sizes: list[int], backend: str, topology: str | None, iters: int, warmup: int,
-         layers: int, hidden: int, micro_batch: int, target: float, realtime: bool,
-         timeout_s: float, output: str | None) -> None:
+         layers: int, hidden: int, micro_batch: int, target: float, timeout_s: float,
+         output: str | None) -> None:
     """Time real DDP (bucket 1 and 25 MB) and FSDP-sketch steps of a small GPT; simulate them."""
     import tempfile
 
@@ -388,9 +387,11 @@ def step(world_sizes: list[int], backend: str, topology: str | None, iters: int,
     reports = []
     failures = []
     for n in sizes:
-        topo_spec = topology or str(_calibrate_here(n, backend, timeout_s, folder, realtime))
-        report, is_reporter = run_step(cfg, world_size=n, backend=backend, timeout_s=timeout_s,
-                                       realtime=realtime)
+        # Steps and their calibration run under the default policy: with more ranks than
+        # cores, SCHED_RR lets a rank keep a core for a whole 100 ms quantum, so the profiled
+        # blocks see an unshared core that the real step does not have.
+        topo_spec = topology or str(_calibrate_here(n, backend, timeout_s, folder))
+        report, is_reporter = run_step(cfg, world_size=n, backend=backend, timeout_s=timeout_s)
         if not is_reporter:
             continue
         from collsim.topology import load_topology
@@ -451,8 +452,8 @@ def step(world_sizes: list[int], backend: str, topology: str | None, iters: int,
         raise click.ClickException(f"outside the target: {', '.join(failures)}")
 
 
-def _calibrate_here(world_size: int | None, backend: str, timeout_s: float, folder: Path,
-                    realtime: bool = False) -> Path:
+def _calibrate_here(world_size: int | None, backend: str, timeout_s: float,
+                    folder: Path) -> Path:
     """Measure the collectives a step uses at this world size and calibrate a topology."""
     from collsim.validate.bench import BenchConfig, run_bench, sizes_between
     from collsim.validate.calibrate import calibrate as fit
@@ -463,8 +464,7 @@ def _calibrate_here(world_size: int | None, backend: str, timeout_s: float, fold
                               "send_recv"),
                          sizes_bytes=tuple(sizes_between("64K", "16M", 2)), iters=10,
                          warmup=2, rounds=2)
-    result, _ = run_bench(config, world_size=world_size, backend=backend, timeout_s=timeout_s,
-                          realtime=realtime)
+    result, _ = run_bench(config, world_size=world_size, backend=backend, timeout_s=timeout_s)
     n = result.metadata["world_size"]
     csv_path = write_measurements(folder / f"bench_n{n}.csv", result.rows(), result.metadata)
     cal = fit(read_measurements(csv_path))

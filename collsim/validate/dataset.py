@@ -141,7 +141,8 @@ def format_table(rows: list[dict[str, Any]], metadata: dict[str, Any]) -> str:
         f"node), torch {metadata.get('torch_version')}, host {metadata.get('host')}, "
         f"{metadata.get('date')}",
         f"# {metadata.get('timing', '')}; iters {metadata.get('iters')}, "
-        f"warmup {metadata.get('warmup')}, rounds {metadata.get('rounds', 1)}",
+        f"warmup {metadata.get('warmup')}, rounds {metadata.get('rounds', 1)}"
+        + (f"; ranks under {metadata['scheduling']}" if metadata.get("scheduling") else ""),
     ]
     ops: list[str] = []
     for row in rows:
@@ -168,7 +169,9 @@ def format_table(rows: list[dict[str, Any]], metadata: dict[str, Any]) -> str:
     if metadata.get("load_average_start") is not None:
         lines.append(f"# load average (1, 5, 15 min): {metadata['load_average_start']} at the "
                      f"start, {metadata.get('load_average_end')} at the end, "
-                     f"{metadata.get('duration_s')} s")
+                     f"{metadata.get('duration_s')} s"
+                     + (f"; CPU time stolen by the hypervisor {metadata['cpu_steal_share']:.1%}"
+                        if metadata.get("cpu_steal_share") is not None else ""))
     kernels = metadata.get("kernels") or {}
     if kernels:
         lines.append("# backend kernels per op: " + "; ".join(

@@ -20,8 +20,8 @@ threads inherit the policy), under the Linux ``SCHED_RR`` policy at priority
 :data:`REALTIME_PRIORITY`. On a small shared machine a gloo rank is a chain of hand-offs between
 threads (caller, process-group worker, transport loop); under the default policy a thread that
 wakes up may wait out the time slice of another runnable thread, and on the 2-core development
-VM that added 2.5-4 ms to 10-50 % of the iterations of a 256 KiB all_reduce (fastest 0.6 ms,
-medians 1.3 to 2.2 ms from one run to the next). Under SCHED_RR a woken rank thread runs at once and the
+VM that added 2-4 ms to a quarter to a half of the iterations of a 256 KiB all_reduce (fastest
+0.6 ms, medians 1.3 to 3.5 ms from one run to the next). Under SCHED_RR a woken rank thread runs at once and the
 same point measures 0.61 ms median, 0.67 ms p90. The kernel's real-time throttling
 (``sched_rt_runtime_us``, 95 % by default) still leaves the rest of the machine some time.
 """
