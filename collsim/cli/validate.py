@@ -417,6 +417,10 @@ def step(world_sizes: list[int], backend: str, topology: str | None, iters: int,
                    f"{micro_batch} x seq {cfg.seq_len}, topology {topo_spec}")
         click.echo("# profiled per block (ms): " + ", ".join(
             f"{k} {v * 1e3:.2f}" for k, v in sorted(report["profile"].items())))
+        click.echo(f"# a whole step without communication: {report['local_step_s'] * 1e3:.1f} "
+                   f"ms (slowest rank, median); the profiled blocks add up to "
+                   f"{report['profile_sum_s'] * 1e3:.1f} ms, so the simulated compute is "
+                   f"scaled by {report['compute_scale']:.3f}")
         click.echo(f"# {'mode':<9} {'measured(ms)':>12} {'min(ms)':>8} {'simulated(ms)':>13} "
                    f"{'error':>7}  simulated breakdown (ms)")
         for mode, meas in report["modes"].items():

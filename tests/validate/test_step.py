@@ -38,12 +38,22 @@ def test_step_measured_and_simulated(tmp_path) -> None:
     # ~0.11 M parameters = 0.44 MB of fp32 gradients: one bucket either way, as torch builds it.
     assert isinstance(modes["ddp_b1"]["buckets"], int)       # obtained, not "unknown"
     assert modes["ddp_b1"]["buckets"] >= modes["ddp_b25"]["buckets"] >= 1
-    sim = simulate_modes(report, load_topology("localhost", gpus_per_node=2))
-    profiled = report["profile_sum_s"]
+    # The whole step without communication is timed like the modes, and sets the scale.
+    assert report["local_step_s"] >= report["local_step_min_s"] > 0
+    assert report["compute_scale"] == pytest.approx(
+        report["local_step_s"] / report["profile_sum_s"], rel=1e-12)
+    topo = load_topology("localhost", gpus_per_node=2)
+    sim = simulate_modes(report, topo)
+    raw = simulate_modes(report, topo, scale_compute=False)
     for mode in modes:
-        # The simulated step is at least the profiled compute and communication adds to it.
-        assert sim[mode].step_time_s >= profiled * 0.999
+        # The simulated step is at least the (scaled) compute; communication adds to it.
+        assert sim[mode].step_time_s >= report["local_step_s"] * 0.999
+        assert raw[mode].step_time_s >= report["profile_sum_s"] * 0.999
         assert sim[mode].num_collectives >= 1
+        # Scaling multiplies the compute and optimizer parts by compute_scale exactly.
+        for part in ("compute", "optimizer"):
+            assert sim[mode].breakdown_s[part] == pytest.approx(
+                raw[mode].breakdown_s[part] * report["compute_scale"], rel=1e-9)
 
 
 @pytest.mark.parametrize("report, busy", [
