@@ -24,8 +24,8 @@ Also timed in the same loop, like a step (slowest rank): ``local``, a whole step
 model with no communication at all (zero_grad, forward, loss, backward, SGD). Blocks timed one
 by one miss what a whole step adds between them (autograd bookkeeping, the glue between blocks,
 ranks that fall behind one another on shared cores): on the 2-core development machine the
-whole local step took 1.03 x the sum of its profiled blocks with 2 ranks and 1.24 x with 4
-ranks. The simulator therefore gets the profiled blocks scaled by ``compute_scale`` = local step
+whole local step took 1.037 x the sum of its profiled blocks with 2 ranks and 1.086 x with 4
+ranks (``validate/data/step_localhost_gloo.json``). The simulator therefore gets the profiled blocks scaled by ``compute_scale`` = local step
 / sum of the profiled blocks and optimizer, so that its compute adds up to the measured local
 step and the communication is what the comparison tests.
 """
