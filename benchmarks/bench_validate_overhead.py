@@ -1,6 +1,7 @@
 """The bench's own overhead: how much its timing adds, and its busbw against a plain loop.
 
-Run: ``.venv/bin/python benchmarks/bench_validate_overhead.py [--world-size 2] [--repeats 3]``
+Run: ``.venv/bin/python benchmarks/bench_validate_overhead.py [--world-size 2] [--repeats 3]
+[--realtime]`` (``--realtime``: ranks under SCHED_RR, as ``collsim validate bench --realtime``).
 
 On the same ranks, for each size: (a) a plain torch.distributed loop (back-to-back all_reduce,
 no barrier, no check; mean time per call, slowest rank), (b) ``collsim validate bench``'s
@@ -48,13 +49,18 @@ def main() -> None:
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--realtime", action="store_true")
     args = parser.parse_args()
     from collsim.validate.bench import bus_factor
-    from collsim.validate.launch import spawn_ranks
+    from collsim.validate.launch import realtime_problem, spawn_ranks
 
-    runs = [spawn_ranks(_rank, args.world_size, args=(args.iters,), timeout_s=600)[0]
+    if args.realtime and (problem := realtime_problem()):
+        parser.error(problem)
+    runs = [spawn_ranks(_rank, args.world_size, args=(args.iters,), timeout_s=600,
+                        realtime=args.realtime)[0]
             for _ in range(args.repeats)]
     n = args.world_size
+    print("ranks under " + ("SCHED_RR" if args.realtime else "the default policy"))
     noop = statistics.median(r["overhead"]["noop_us"] for r in runs)
     tiny = statistics.median(r["overhead"]["all_reduce_4B_us"] for r in runs)
     print(f"world size {n}, {args.repeats} repeats x {args.iters} iterations (medians)")
