@@ -23,10 +23,10 @@ The fit, all by code:
    overhead absorbs. The link capacity each op implies is ``C = k_bw / b``;
 3. B = the largest chosen C, so that every efficiency C / B is in (0, 1]; L = the smallest
    a / k_lat over ops, so that every overhead a - k_lat x L is >= 0;
-4. per op, a knee: a second regime above a size K where each byte costs more (gloo's
-   broadcast slows down between 2 and 4 MiB on the development machine, when its buffers leave
-   the cache). The model is the continuous hinge ``time = a + b x size + c x max(0, size - K)``,
-   c >= 0 (segmented least squares with one breakpoint, Hudson 1966, same relative residuals
+4. per op, a knee: a second regime above a size K where each byte costs more (gloo's ops
+   cost 1.2-2.4 x more per byte above 1-3 MiB on the development machine, where their buffers
+   leave the cache). The model is the continuous hinge
+   ``time = a + b x size + c x max(0, size - K)``, c >= 0 (segmented least squares with one breakpoint, Hudson 1966, same relative residuals
    and Huber weights as the line). K is a fitted parameter: it is searched on a grid of
    ``KNEE_GRID_PER_OCTAVE`` sizes per factor of two between the third-smallest and the
    second-largest fitted size (so at least 3 sizes lie at or below K and 2 above), and the K
@@ -304,7 +304,8 @@ class RegimeFit:
     extra_seconds_per_byte: float = 0.0
 
 
-def knee_candidates(sizes_bytes: list[float], per_octave: int = KNEE_GRID_PER_OCTAVE) -> list[float]:
+def knee_candidates(sizes_bytes: list[float],
+                    per_octave: int = KNEE_GRID_PER_OCTAVE) -> list[float]:
     """Knee positions to try: a geometric grid of ``per_octave`` points per factor of two from
     the third-smallest distinct size up to (not including) the second-largest, so that every
     candidate leaves at least 3 sizes at or below it and 2 above. Empty below 5 sizes."""

@@ -17,17 +17,19 @@ Measured, on real ranks (gloo or nccl), per iteration after a barrier, the slowe
 Profiled on the same ranks, interleaved with the steps iteration by iteration (so that they
 share the cores as in the step; mean over ranks): the forward and backward time of the
 embedding, of each block, and of the head with the loss, and the optimizer step; these become
-the simulator's per-block compute times (``op_time_overrides``). The simulated step is :func:`collsim.engine.step.simulate_step` on the
-calibrated topology with the same model, batch and DDP/FSDP settings.
+the simulator's per-block compute times (``op_time_overrides``). The simulated step is
+:func:`collsim.engine.step.simulate_step` on the calibrated topology with the same model, batch
+and DDP/FSDP settings.
 
 Also timed in the same loop, like a step (slowest rank): ``local``, a whole step of the same
 model with no communication at all (zero_grad, forward, loss, backward, SGD). Blocks timed one
 by one miss what a whole step adds between them (autograd bookkeeping, the glue between blocks,
 ranks that fall behind one another on shared cores): on the 2-core development machine the
 whole local step took 1.037 x the sum of its profiled blocks with 2 ranks and 1.086 x with 4
-ranks (``validate/data/step_localhost_gloo.json``). The simulator therefore gets the profiled blocks scaled by ``compute_scale`` = local step
-/ sum of the profiled blocks and optimizer, so that its compute adds up to the measured local
-step and the communication is what the comparison tests.
+ranks (``validate/data/step_localhost_gloo.json``). The simulator therefore gets the profiled
+blocks scaled by ``compute_scale`` = local step / sum of the profiled blocks and optimizer, so
+that its compute adds up to the measured local step and the communication is what the
+comparison tests.
 """
 
 from __future__ import annotations
