@@ -23,20 +23,20 @@ The fit, all by code:
    overhead absorbs. The link capacity each op implies is ``C = k_bw / b``;
 3. B = the largest chosen C, so that every efficiency C / B is in (0, 1]; L = the smallest
    a / k_lat over ops, so that every overhead a - k_lat x L is >= 0;
-4. per op, a knee: a second regime above a size K where each byte costs more (gloo's ops
-   cost 1.2-2.4 x more per byte above 1-3 MiB on the development machine, where their buffers
-   leave the cache). The model is the continuous hinge
-   ``time = a + b x size + c x max(0, size - K)``, c >= 0 (segmented least squares with one
-   breakpoint, Hudson 1966, same relative residuals and Huber weights as the line). K is a fitted parameter: it is searched on a grid of
-   ``KNEE_GRID_PER_OCTAVE`` sizes per factor of two between the third-smallest and the
+4. per op, a knee: a second regime above a size K where each byte costs more (gloo's ops cost
+   1.2-2.4 x more per byte above 1-3 MiB on the development machine, where their buffers leave
+   the cache). The model is the continuous hinge ``time = a + b x size + c x max(0, size -
+   K)``, c >= 0 (segmented least squares with one breakpoint, Hudson 1966, same relative
+   residuals and Huber weights as the line). K is a fitted parameter: it is searched on a grid
+   of ``KNEE_GRID_PER_OCTAVE`` sizes per factor of two between the third-smallest and the
    second-largest fitted size (so at least 3 sizes lie at or below K and 2 above), and the K
    whose hinge has the smallest sum of squared relative residuals wins. The breakpoint of a
    cache effect falls between two measured sizes as often as on one: with K restricted to the
-   fitted sizes, a knee between 1 and 4 MiB had to sit on one of them. The knee is kept only
-   if an F-test of the nested models rejects the line at significance ``KNEE_ALPHA`` (0.05):
-   F = ((RSS_line - RSS_hinge) / 2) / (RSS_hinge / (m - 4)) over the m fitted sizes, RSS the
-   sum of squared relative residuals, 2 the parameters the hinge adds (c and K), compared with
-   the upper ``KNEE_ALPHA`` quantile of F(2, m - 4) (the standard test for an extra regime in
+   fitted sizes, a knee between 1 and 4 MiB had to sit on one of them. The knee is kept only if
+   an F-test of the nested models rejects the line at significance ``KNEE_ALPHA`` (0.05): F =
+   ((RSS_line - RSS_hinge) / 2) / (RSS_hinge / (m - 4)) over the m fitted sizes, RSS the sum of
+   squared relative residuals, 2 the parameters the hinge adds (c and K), compared with the
+   upper ``KNEE_ALPHA`` quantile of F(2, m - 4) (the standard test for an extra regime in
    segmented regression; searching K makes it somewhat permissive, Davies 1987). A line that
    already follows the points, or noise, gets no knee. An earlier rule (keep the knee if it
    halves the line's *median* |residual|) could not see a knee when half of the fitted sizes
