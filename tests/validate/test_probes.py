@@ -34,3 +34,13 @@ def test_allreduce_after_compute_probe() -> None:
     assert [r[0] for r in rows] == ["alone", "after_compute", "after_compute_and_touch",
                                     "alone_again"]
     assert all(float(r[1]) > 0 for r in rows)
+
+
+def test_ddp_overhead_probe() -> None:
+    out = _run(str(PROBES / "ddp_overhead.py"), "-n", "2", "--iters", "1", "--warmup", "0")
+    rows = {line.rsplit(None, 1)[0]: float(line.rsplit(None, 1)[1])
+            for line in out.splitlines()[1:]}
+    assert set(rows) == {"local", "all_reduce", "ddp", "ddp - local - all_reduce"}
+    assert min(rows["local"], rows["all_reduce"], rows["ddp"]) > 0
+    assert rows["ddp - local - all_reduce"] == pytest.approx(
+        rows["ddp"] - rows["local"] - rows["all_reduce"], abs=0.15)
