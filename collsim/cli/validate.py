@@ -65,11 +65,6 @@ def _realtime(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
     return value
 
 
-_REALTIME_HELP = ("Run the ranks under SCHED_RR (Linux; root or CAP_SYS_NICE): a woken rank "
-                  "thread no longer waits out another thread's time slice, which on a small "
-                  "shared machine adds milliseconds to some iterations.")
-
-
 def _world_sizes(ctx: click.Context, param: click.Parameter, value: str) -> list[int]:
     try:
         sizes = [int(s) for s in value.split(",") if s.strip()]
@@ -102,7 +97,10 @@ def validate() -> None:
 @click.option("--back-to-back", is_flag=True,
               help="One barrier, then back-to-back timed iterations (default: a barrier "
                    "before each).")
-@click.option("--realtime", is_flag=True, callback=_realtime, help=_REALTIME_HELP)
+@click.option("--realtime", is_flag=True, callback=_realtime,
+              help="Run the ranks under SCHED_RR (Linux; root or CAP_SYS_NICE): a woken rank "
+                   "thread no longer waits out another thread's time slice, which on a small "
+                   "shared machine adds milliseconds to some iterations.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=900.0,
               show_default=True, help="Seconds for the whole run; also the collective timeout.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,

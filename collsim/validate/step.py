@@ -349,13 +349,12 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
 
 
 def run_step(cfg: StepConfig, *, world_size: int | None, backend: str = "gloo",
-             timeout_s: float = 600.0, realtime: bool = False) -> tuple[dict[str, Any], bool]:
-    """Measure on spawned ranks (or this torchrun job); the report and whether to print it.
-    ``realtime`` runs the ranks under SCHED_RR (see :mod:`collsim.validate.launch`)."""
+             timeout_s: float = 600.0) -> tuple[dict[str, Any], bool]:
+    """Measure on spawned ranks (or this torchrun job); the report and whether to print it."""
     from collsim.validate.launch import run_distributed
 
     report, is_reporter = run_distributed(step_rank, world_size, args=(cfg,), backend=backend,
-                                          timeout_s=timeout_s, realtime=realtime)
+                                          timeout_s=timeout_s)
     report = dict(report)
     report["config"] = asdict(cfg)
     return report, is_reporter
