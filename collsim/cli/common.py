@@ -7,8 +7,9 @@ error (click then prints the message alone) while keeping click's exit code 2.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import click
 
@@ -17,22 +18,26 @@ from collsim.errors import ConfigError
 __all__ = ["OneLineCommand", "OneLineGroup", "check_output_path"]
 
 
+@contextlib.contextmanager
+def _usage_error_alone() -> Iterator[None]:
+    """Let a click usage error through without its context, so click prints the message alone."""
+    try:
+        yield
+    except click.UsageError as exc:
+        exc.ctx = None
+        raise
+
+
 class OneLineCommand(click.Command):
     """A command whose usage errors print as one ``Error: ...`` line, without the usage block."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        try:
+        with _usage_error_alone():
             return super().parse_args(ctx, args)
-        except click.UsageError as exc:
-            exc.ctx = None
-            raise
 
     def invoke(self, ctx: click.Context) -> Any:
-        try:
+        with _usage_error_alone():
             return super().invoke(ctx)
-        except click.UsageError as exc:
-            exc.ctx = None
-            raise
 
 
 class OneLineGroup(click.Group):
@@ -41,19 +46,13 @@ class OneLineGroup(click.Group):
     command_class = OneLineCommand
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        try:
+        with _usage_error_alone():
             return super().parse_args(ctx, args)
-        except click.UsageError as exc:
-            exc.ctx = None
-            raise
 
     def resolve_command(self, ctx: click.Context,
                         args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
-        try:
+        with _usage_error_alone():
             return super().resolve_command(ctx, args)
-        except click.UsageError as exc:
-            exc.ctx = None
-            raise
 
 
 def check_output_path(path: Path | None, key_path: str) -> None:
