@@ -18,8 +18,8 @@ from collsim.errors import ConfigError
 from collsim.validate.calibrate import select_rows
 from collsim.validate.dataset import Measurements
 
-__all__ = ["ComparedPoint", "OpSummary", "compare", "summarize", "format_comparison",
-           "plot_comparison", "topology_for"]
+__all__ = ["ComparedPoint", "OpSummary", "RunsSummary", "compare", "summarize", "across_runs",
+           "format_comparison", "plot_comparison", "topology_for"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +97,42 @@ def summarize(points: list[ComparedPoint]) -> list[OpSummary]:
         if errs:
             out.append(OpSummary(op, len(errs), statistics.median(errs), _p90(errs), max(errs)))
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class RunsSummary:
+    """One op at one world size over repeated measurement runs (one median |error| per run)."""
+
+    world_size: int
+    op: str
+    run_errors: tuple[float, ...]
+
+    @property
+    def median(self) -> float:
+        """The typical run: median of the per-run median |error| (benchmark convention)."""
+        return statistics.median(self.run_errors)
+
+    @property
+    def worst(self) -> float:
+        return max(self.run_errors)
+
+    def passing(self, target: float) -> int:
+        """Runs whose median |error| is within ``target``."""
+        return sum(e <= target for e in self.run_errors)
+
+
+def across_runs(per_run: list[tuple[int, list[OpSummary]]]) -> list[RunsSummary]:
+    """Group per-run summaries by (world size, op), in first-seen order; ``all`` is left out.
+
+    Args:
+        per_run: for each measurement file, its world size and :func:`summarize` output.
+    """
+    grouped: dict[tuple[int, str], list[float]] = {}
+    for world_size, summary in per_run:
+        for s in summary:
+            if s.op != "all":
+                grouped.setdefault((world_size, s.op), []).append(s.median_abs_error)
+    return [RunsSummary(n, op, tuple(errs)) for (n, op), errs in grouped.items()]
 
 
 def format_comparison(points: list[ComparedPoint], summary: list[OpSummary],

@@ -212,3 +212,53 @@ def test_cli_calibrate_compare_holdout(tmp_path: Path) -> None:
     assert res.output.count("PASS") == 3           # all_reduce, all_gather, broadcast
     res = runner.invoke(validate, ["holdout", meas.path, "--target", "0.0001"])
     assert res.exit_code == 1 and "median |error| above" in res.output
+
+
+def _with_held_out_off(meas: Measurements, path: Path, factor: float) -> str:
+    """all_reduce of ``meas`` with its held-out sizes (odd powers of two >= 256 KiB) ``factor`` x."""
+    rows = []
+    for r in meas.rows:
+        if r["op"] != "all_reduce":
+            continue
+        row = dict(r)
+        size = int(row["size_bytes"])
+        if size >= 2 ** 18 and (size.bit_length() - 1) % 2 == 1:
+            row["time_us"] = float(row["time_us"]) * factor
+        rows.append(row)
+    return str(write_measurements(path, rows, dict(meas.metadata)))
+
+
+def test_holdout_across_runs_judges_the_typical_run(tmp_path: Path) -> None:
+    from collsim.cli.validate import validate
+
+    meas = _synthetic(tmp_path, 2, noise=0.01)
+    files = [_with_held_out_off(meas, tmp_path / f"{name}.csv", factor)
+             for name, factor in (("a", 1.0), ("b", 1.02), ("c", 1.5))]
+    runner = CliRunner()
+    # every file on its own: the one bad run fails the check
+    res = runner.invoke(validate, ["holdout", *files])
+    assert res.exit_code == 1 and "c all_reduce" in res.output
+    assert "# across runs" in res.output              # 3 files of one world size: shown
+    row = next(line for line in res.output.splitlines()
+               if line.split()[:2] == ["2", "all_reduce"])
+    assert row.split()[2] == "3" and "2/3" in row     # 3 runs, 2 within 10 %
+    assert not row.rstrip().endswith(("PASS", "FAIL"))  # no verdict without --across-runs
+    # the typical run (the median of the three) passes
+    res = runner.invoke(validate, ["holdout", *files, "--across-runs"])
+    assert res.exit_code == 0, res.output
+    row = next(line for line in res.output.splitlines()
+               if line.split()[:2] == ["2", "all_reduce"])
+    assert row.rstrip().endswith("PASS")
+
+
+def test_across_runs_median_and_passing() -> None:
+    from collsim.validate.compare import OpSummary, across_runs
+
+    def run(n: int, err: float) -> tuple[int, list[OpSummary]]:
+        return n, [OpSummary("broadcast", 3, err, err, err), OpSummary("all", 3, err, err, err)]
+
+    runs = across_runs([run(2, 0.05), run(4, 0.30), run(2, 0.12), run(2, 0.11)])
+    assert [(r.world_size, r.op, r.run_errors) for r in runs] == [
+        (2, "broadcast", (0.05, 0.12, 0.11)), (4, "broadcast", (0.30,))]
+    assert runs[0].median == pytest.approx(0.11) and runs[0].worst == 0.12
+    assert runs[0].passing(0.10) == 1 and runs[1].passing(0.10) == 0
