@@ -126,6 +126,18 @@ def parse_console(text: str) -> list[Step]:
     return steps
 
 
+def expand_globs(argv: tuple[str, ...]) -> tuple[str, ...]:
+    """Arguments with ``*``/``?``/``[`` expanded in the current folder, as a shell would
+    (sorted; a pattern that matches nothing stays as it is)."""
+    import glob
+
+    out: list[str] = []
+    for arg in argv:
+        matches = sorted(glob.glob(arg)) if any(c in arg for c in "*?[") else []
+        out.extend(matches or [arg])
+    return tuple(out)
+
+
 def run_cli(argv: tuple[str, ...], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
     """``collsim ARGV`` in this process: (exit status, stdout + stderr)."""
     from collsim.cli import main
@@ -158,7 +170,7 @@ def test_console_example(block: Block, tmp_path: Path, monkeypatch: pytest.Monke
     _prepare(tmp_path, block.doc)
     monkeypatch.chdir(tmp_path)
     for step in parse_console(block.text):
-        code, output = run_cli(step.argv, capsys)
+        code, output = run_cli(expand_globs(step.argv), capsys)
         shown = f"collsim {shlex.join(step.argv)}\n{output}"
         assert code == step.exit_code, f"exit status {code}, documented {step.exit_code}\n{shown}"
         got = {line.rstrip() for line in output.splitlines()}
@@ -187,7 +199,7 @@ def test_shown_example_parses(block: Block, tmp_path: Path,
     _prepare(tmp_path, block.doc)
     monkeypatch.chdir(tmp_path)
     for step in parse_console(block.text):
-        args = list(step.argv)
+        args = list(expand_globs(step.argv))
         command: click.Command = cli
         parent, name = None, "collsim"
         while isinstance(command, click.Group):

@@ -44,3 +44,41 @@ def test_ddp_overhead_probe() -> None:
     assert min(rows["local"], rows["all_reduce"], rows["ddp"]) > 0
     assert rows["ddp - local - all_reduce"] == pytest.approx(
         rows["ddp"] - rows["local"] - rows["all_reduce"], abs=0.15)
+
+
+def test_knee_rules_probe() -> None:
+    data = PROBES.parents[0] / "data" / "localhost_gloo_n2.csv"
+    out = _run(str(PROBES / "knee_rules.py"), str(data), "--rules", "line")
+    lines = out.splitlines()
+    rows = [line for line in lines if line.startswith("data/localhost_gloo_n2.csv n=2 ")]
+    assert [r.split()[2] for r in rows] == ["line"]
+    for r in rows:
+        ops = dict(item.split("=") for item in r.split()[3:])
+        assert {"all_reduce", "all_gather", "broadcast"} <= set(ops)
+        assert all(0 <= float(v) < 100 for v in ops.values())
+    summary = [line.split() for line in lines[lines.index(next(
+        line for line in lines if line.startswith("# rule"))) + 1:]]
+    assert [s[0] for s in summary] == ["line"]
+    assert all(s[3].endswith("/3") for s in summary)      # 3 checked ops of one file
+
+
+def test_knee_rules_f_test_is_the_tools_rule() -> None:
+    """The probe's F0.05 fit is the one ``calibrate`` keeps (same knee, same coefficients)."""
+    import importlib.util
+
+    from collsim.validate.calibrate import calibrate, select_rows
+    from collsim.validate.dataset import read_measurements
+
+    spec = importlib.util.spec_from_file_location("knee_rules", PROBES / "knee_rules.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    meas = read_measurements(PROBES.parents[0] / "data" / "localhost_gloo_n2.csv")
+    cal = calibrate(meas, subset="even")
+    rows = select_rows(meas.rows, "even")
+    for op in ("all_reduce", "broadcast"):
+        pts = [r for r in rows if r["op"] == op]
+        fit = probe.RULES["F0.05"]([float(r["size_bytes"]) for r in pts],
+                                   [float(r["time_us"]) * 1e-6 for r in pts])
+        assert fit.knee_bytes == cal.ops[op].knee_bytes
+        assert fit.intercept_s == pytest.approx(cal.ops[op].intercept_s)
+        assert fit.seconds_per_byte == pytest.approx(cal.ops[op].seconds_per_byte)

@@ -1,0 +1,145 @@
+"""How other rules for keeping a knee would have done on the held-out sizes of measured files::
+
+    python validate/probes/knee_rules.py validate/data/localhost_gloo_n*.csv validate/data/earlier/*/*.csv
+
+For each file: fit every op on the even powers of two (as ``collsim validate holdout`` does), once
+per rule, and print each op's median |error| on the odd powers of two >= ``--min-size``. The
+prediction is the fitted curve itself (a + b x size + c x max(0, size - K)), which is what the
+calibrated topology reproduces; the figures match ``holdout``'s to the rounding. Rules:
+
+- ``F0.05`` (the shipped rule), ``F0.10``, ``F0.20``: the best knee on the grid, kept when the
+  F-test of hinge against line rejects the line at that level;
+- ``always``: the best knee whenever its extra slope is > 0; ``line``: never a knee;
+- ``loo``, ``loo_interior``: the knee when leaving each fitted size out in turn (all of them, or
+  all but the smallest and largest) and predicting it from the others gives a smaller sum of
+  squared relative errors than the line does (slow: about a minute per file).
+
+The summary gives, per rule, the worst and mean median |error| of the checked ops (all_reduce,
+all_gather, broadcast) and how many (file, op) pairs miss 10 %.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from collsim.units import parse_size
+from collsim.validate.calibrate import (RegimeFit, fit_hinge, fit_line, fit_two_regime,
+                                        knee_candidates, select_rows)
+from collsim.validate.dataset import read_measurements
+
+CHECKED = ("all_reduce", "all_gather", "broadcast")
+Rule = Callable[[list[float], list[float]], RegimeFit]
+
+
+def predict(fit: RegimeFit, size_bytes: float) -> float:
+    """The fitted time of one size."""
+    extra = 0.0 if fit.knee_bytes is None else \
+        fit.extra_seconds_per_byte * max(0.0, size_bytes - fit.knee_bytes)
+    return fit.intercept_s + fit.seconds_per_byte * size_bytes + extra
+
+
+def line(sizes: list[float], times: list[float]) -> RegimeFit:
+    a, b, err = fit_line(sizes, times)
+    return RegimeFit(a, b, err, err)
+
+
+def best_hinge(sizes: list[float], times: list[float]) -> RegimeFit | None:
+    """The knee on the grid with the least sum of squared relative residuals (as the tool)."""
+    s, t = np.asarray(sizes), np.asarray(times)
+    best: tuple[float, RegimeFit] | None = None
+    for knee in knee_candidates(sizes):
+        a, b, c, err = fit_hinge(sizes, times, knee)
+        if c <= 0:
+            continue
+        resid = (a + b * s + c * np.maximum(0.0, s - knee) - t) / t
+        loss = float(np.sum(resid * resid))
+        if best is None or loss < best[0]:
+            best = (loss, RegimeFit(a, b, err, err, knee, c))
+    return None if best is None else best[1]
+
+
+def f_test(alpha: float) -> Rule:
+    return lambda sizes, times: fit_two_regime(sizes, times, alpha=alpha)
+
+
+def always(sizes: list[float], times: list[float]) -> RegimeFit:
+    return best_hinge(sizes, times) or line(sizes, times)
+
+
+def leave_one_out(interior: bool) -> Rule:
+    def rule(sizes: list[float], times: list[float]) -> RegimeFit:
+        straight, hinge = line(sizes, times), best_hinge(sizes, times)
+        if hinge is None:
+            return straight
+        m = len(sizes)
+        loss_line = loss_hinge = 0.0
+        for i in (range(1, m - 1) if interior else range(m)):
+            s = sizes[:i] + sizes[i + 1:]
+            t = times[:i] + times[i + 1:]
+            p_line = predict(line(s, t), sizes[i])
+            h = best_hinge(s, t)
+            p_hinge = p_line if h is None else predict(h, sizes[i])
+            loss_line += ((p_line - times[i]) / times[i]) ** 2
+            loss_hinge += ((p_hinge - times[i]) / times[i]) ** 2
+        return hinge if loss_hinge < loss_line else straight
+    return rule
+
+
+RULES: dict[str, Rule] = {"F0.05": f_test(0.05), "F0.10": f_test(0.10), "F0.20": f_test(0.20),
+                          "always": always, "line": line, "loo": leave_one_out(False),
+                          "loo_interior": leave_one_out(True)}
+
+
+def held_out_errors(path: str, rule: Rule, min_bytes: int) -> dict[str, float]:
+    """Per op, the median |error| on the held-out sizes of one file under one rule."""
+    meas = read_measurements(path)
+    fitted = select_rows(meas.rows, "even")
+    held = select_rows(meas.rows, "odd", min_bytes=min_bytes)
+    out: dict[str, float] = {}
+    for op in meas.ops():
+        pts = [r for r in fitted if r["op"] == op]
+        fit = rule([float(r["size_bytes"]) for r in pts],
+                   [float(r["time_us"]) * 1e-6 for r in pts])
+        errs = [abs(predict(fit, float(r["size_bytes"])) / (float(r["time_us"]) * 1e-6) - 1)
+                for r in held if r["op"] == op]
+        if errs:
+            out[op] = statistics.median(errs)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("files", nargs="+")
+    parser.add_argument("--rules", default=",".join(RULES),
+                        help="comma-separated, from " + ", ".join(RULES))
+    parser.add_argument("--min-size", default="256K")
+    parser.add_argument("--target", type=float, default=0.10)
+    args = parser.parse_args()
+    rules = [r.strip() for r in args.rules.split(",") if r.strip()]
+    unknown = [r for r in rules if r not in RULES]
+    if unknown:
+        parser.error(f"unknown rule(s) {', '.join(unknown)}; choose from {', '.join(RULES)}")
+    min_bytes = parse_size(args.min_size)
+    checked: dict[str, list[float]] = {r: [] for r in rules}
+    print(f"# median |error| (%) on held-out sizes >= {args.min_size}, per op, per rule")
+    for path in args.files:
+        n = read_measurements(path).world_size
+        for rule in rules:
+            errs = held_out_errors(path, RULES[rule], min_bytes)
+            checked[rule] += [errs[op] for op in CHECKED if op in errs]
+            print(f"{Path(path).parent.name}/{Path(path).name} n={n} {rule:<12} "
+                  + " ".join(f"{op}={e * 100:.1f}" for op, e in errs.items()))
+    print(f"# rule          worst   mean  misses (checked ops: {', '.join(CHECKED)})")
+    for rule in rules:
+        vals = checked[rule]
+        print(f"  {rule:<12} {max(vals) * 100:6.1f} {statistics.mean(vals) * 100:6.2f}  "
+              f"{sum(v > args.target for v in vals)}/{len(vals)}")
+
+
+if __name__ == "__main__":
+    main()
