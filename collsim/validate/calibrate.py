@@ -59,7 +59,7 @@ from collsim.errors import ConfigError
 from collsim.validate.dataset import Measurements
 
 __all__ = ["OpFit", "Calibration", "fit_line", "fit_hinge", "fit_two_regime", "select_rows",
-           "calibrate", "topology_yaml", "write_topology", "SUBSETS", "KNEE_ALPHA",
+           "calibrate", "topology_yaml", "write_topology", "SUBSETS", "KNEE_ALPHA", "best_knee",
            "KNEE_GRID_PER_OCTAVE", "knee_candidates", "f_critical"]
 
 #: ``all`` sizes, or every other power of two: ``even`` (2^10, 2^12, ...) or ``odd``.
@@ -329,6 +329,26 @@ def f_critical(d2: int, alpha: float) -> float:
     return d2 / 2.0 * (alpha ** (-2.0 / d2) - 1.0)
 
 
+def best_knee(sizes_bytes: list[float], times_s: list[float], *,
+              line_median_abs_error: float = float("nan")) -> tuple[float, RegimeFit] | None:
+    """The hinge with the least sum of squared relative residuals over the knees of
+    :func:`knee_candidates`, with that sum; None when no knee gets an extra slope > 0."""
+    import numpy as np
+
+    s = np.asarray(sizes_bytes, dtype=float)
+    t = np.asarray(times_s, dtype=float)
+    best: tuple[float, RegimeFit] | None = None
+    for knee in knee_candidates(sizes_bytes):
+        ha, hb, hc, herr = fit_hinge(sizes_bytes, times_s, knee)
+        if hc <= 0:
+            continue
+        resid = (ha + hb * s + hc * np.maximum(0.0, s - knee) - t) / t
+        loss = float(np.sum(resid * resid))
+        if best is None or loss < best[0]:
+            best = (loss, RegimeFit(ha, hb, line_median_abs_error, herr, knee, hc))
+    return best
+
+
 def fit_two_regime(sizes_bytes: list[float], times_s: list[float], *,
                    alpha: float = KNEE_ALPHA) -> RegimeFit:
     """The line, or the line with one knee when an F-test rejects the line at ``alpha``.
@@ -346,15 +366,7 @@ def fit_two_regime(sizes_bytes: list[float], times_s: list[float], *,
     s = np.asarray(sizes_bytes, dtype=float)
     t = np.asarray(times_s, dtype=float)
     rss_line = float(np.sum(((a + b * s - t) / t) ** 2))
-    best: tuple[float, RegimeFit] | None = None
-    for knee in knee_candidates(sizes_bytes):
-        ha, hb, hc, herr = fit_hinge(sizes_bytes, times_s, knee)
-        if hc <= 0:
-            continue
-        resid = (ha + hb * s + hc * np.maximum(0.0, s - knee) - t) / t
-        loss = float(np.sum(resid * resid))
-        if best is None or loss < best[0]:
-            best = (loss, RegimeFit(ha, hb, err, herr, knee, hc))
+    best = best_knee(sizes_bytes, times_s, line_median_abs_error=err)
     if best is None:
         return line
     rss_hinge, hinge = best

@@ -215,7 +215,7 @@ def test_cli_calibrate_compare_holdout(tmp_path: Path) -> None:
 
 
 def _with_held_out_off(meas: Measurements, path: Path, factor: float) -> str:
-    """all_reduce of ``meas`` with its held-out sizes (odd powers of two >= 256 KiB) ``factor`` x."""
+    """all_reduce of ``meas``, its held-out sizes (odd powers of two >= 256 KiB) ``factor`` x."""
     rows = []
     for r in meas.rows:
         if r["op"] != "all_reduce":

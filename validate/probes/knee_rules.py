@@ -1,6 +1,7 @@
 """How other rules for keeping a knee would have done on the held-out sizes of measured files::
 
-    python validate/probes/knee_rules.py validate/data/localhost_gloo_n*.csv validate/data/earlier/*/*.csv
+    python validate/probes/knee_rules.py validate/data/localhost_gloo_n*.csv \
+        validate/data/earlier/*/*.csv
 
 For each file: fit every op on the even powers of two (as ``collsim validate holdout`` does), once
 per rule, and print each op's median |error| on the odd powers of two >= ``--min-size``. The
@@ -25,11 +26,9 @@ import statistics
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
-
 from collsim.units import parse_size
-from collsim.validate.calibrate import (RegimeFit, fit_hinge, fit_line, fit_two_regime,
-                                        knee_candidates, select_rows)
+from collsim.validate.calibrate import (RegimeFit, best_knee, fit_line, fit_two_regime,
+                                        select_rows)
 from collsim.validate.dataset import read_measurements
 
 CHECKED = ("all_reduce", "all_gather", "broadcast")
@@ -50,16 +49,7 @@ def line(sizes: list[float], times: list[float]) -> RegimeFit:
 
 def best_hinge(sizes: list[float], times: list[float]) -> RegimeFit | None:
     """The knee on the grid with the least sum of squared relative residuals (as the tool)."""
-    s, t = np.asarray(sizes), np.asarray(times)
-    best: tuple[float, RegimeFit] | None = None
-    for knee in knee_candidates(sizes):
-        a, b, c, err = fit_hinge(sizes, times, knee)
-        if c <= 0:
-            continue
-        resid = (a + b * s + c * np.maximum(0.0, s - knee) - t) / t
-        loss = float(np.sum(resid * resid))
-        if best is None or loss < best[0]:
-            best = (loss, RegimeFit(a, b, err, err, knee, c))
+    best = best_knee(sizes, times)
     return None if best is None else best[1]
 
 
