@@ -363,8 +363,9 @@ def holdout(measured: tuple[str, ...], min_size: int, target: float, check_ops: 
             ok = r.median <= target
             if across_runs and checked and not ok:
                 typical_failures.append(f"n={r.world_size} {r.op}")
-            verdict = (("PASS" if ok else "FAIL") if checked else "(reported)") \
-                if across_runs else ""
+            verdict = ""
+            if across_runs:
+                verdict = ("PASS" if ok else "FAIL") if checked else "(reported)"
             click.echo(f"  {r.world_size:>2} {r.op:<15} {len(r.run_errors):>4} "
                        f"{r.median * 100:>6.1f}% {r.worst * 100:>6.1f}% "
                        f"{r.passing(target):>3}/{len(r.run_errors):<2}  "

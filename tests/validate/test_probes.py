@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -62,23 +63,25 @@ def test_knee_rules_probe() -> None:
     assert all(s[3].endswith("/3") for s in summary)      # 3 checked ops of one file
 
 
-def test_knee_rules_f_test_is_the_tools_rule() -> None:
-    """The probe's F0.05 fit is the one ``calibrate`` keeps (same knee, same coefficients)."""
+def test_knee_rules_figures_are_holdouts() -> None:
+    """The probe's F0.05 figures (its fitted curve) are what ``holdout`` gets from the
+    calibrated topology through the simulator, to 0.1 point."""
     import importlib.util
 
-    from collsim.validate.calibrate import calibrate, select_rows
+    from collsim.validate.calibrate import calibrate, write_topology
+    from collsim.validate.compare import compare, summarize, topology_for
     from collsim.validate.dataset import read_measurements
 
     spec = importlib.util.spec_from_file_location("knee_rules", PROBES / "knee_rules.py")
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)
-    meas = read_measurements(PROBES.parents[0] / "data" / "localhost_gloo_n2.csv")
-    cal = calibrate(meas, subset="even")
-    rows = select_rows(meas.rows, "even")
-    for op in ("all_reduce", "broadcast"):
-        pts = [r for r in rows if r["op"] == op]
-        fit = probe.RULES["F0.05"]([float(r["size_bytes"]) for r in pts],
-                                   [float(r["time_us"]) * 1e-6 for r in pts])
-        assert fit.knee_bytes == cal.ops[op].knee_bytes
-        assert fit.intercept_s == pytest.approx(cal.ops[op].intercept_s)
-        assert fit.seconds_per_byte == pytest.approx(cal.ops[op].seconds_per_byte)
+    path = PROBES.parents[0] / "data" / "localhost_gloo_n2.csv"
+    meas = read_measurements(path)
+    topo = topology_for(write_topology(calibrate(meas, subset="even"),
+                                       Path(tempfile.mkdtemp()) / "even.yaml"), meas)
+    tool = {s.op: s.median_abs_error
+            for s in summarize(compare(meas, topo, subset="odd", min_bytes=2 ** 18))}
+    figures = probe.held_out_errors(str(path), probe.RULES["F0.05"], 2 ** 18)
+    assert set(figures) == set(tool) - {"all"}
+    for op, err in figures.items():
+        assert err == pytest.approx(tool[op], abs=1e-3), op
