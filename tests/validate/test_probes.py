@@ -6,6 +6,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -47,6 +48,16 @@ def test_ddp_overhead_probe() -> None:
         rows["ddp"] - rows["local"] - rows["all_reduce"], abs=0.15)
 
 
+def _knee_rules() -> Any:
+    """validate/probes/knee_rules.py as a module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("knee_rules", PROBES / "knee_rules.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    return probe
+
+
 def test_knee_rules_probe() -> None:
     data = PROBES.parents[0] / "data" / "localhost_gloo_n2.csv"
     out = _run(str(PROBES / "knee_rules.py"), str(data), "--rules", "line")
@@ -66,15 +77,11 @@ def test_knee_rules_probe() -> None:
 def test_knee_rules_figures_are_holdouts() -> None:
     """The probe's F0.05 figures (its fitted curve) are what ``holdout`` gets from the
     calibrated topology through the simulator, to 0.1 point."""
-    import importlib.util
-
     from collsim.validate.calibrate import calibrate, write_topology
     from collsim.validate.compare import compare, summarize, topology_for
     from collsim.validate.dataset import read_measurements
 
-    spec = importlib.util.spec_from_file_location("knee_rules", PROBES / "knee_rules.py")
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
+    probe = _knee_rules()
     path = PROBES.parents[0] / "data" / "localhost_gloo_n2.csv"
     meas = read_measurements(path)
     topo = topology_for(write_topology(calibrate(meas, subset="even"),
@@ -85,3 +92,13 @@ def test_knee_rules_figures_are_holdouts() -> None:
     assert set(figures) == set(tool) - {"all"}
     for op, err in figures.items():
         assert err == pytest.approx(tool[op], abs=1e-3), op
+
+
+def test_knee_rules_standard_error() -> None:
+    import math
+
+    probe = _knee_rules()
+    row = {"time_us": 100.0, "p90_us": 100.0 + 1.2816 * 10.0, "iters": 100}
+    # sigma 10 us, SE of the median sqrt(pi/2) x 10 / 10 us, relative to 100 us
+    assert probe.relative_standard_error(row) == pytest.approx(math.sqrt(math.pi / 2) / 100)
+    assert probe.relative_standard_error({**row, "p90_us": 100.0}) == 1e-3     # the floor

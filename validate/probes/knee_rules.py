@@ -13,7 +13,10 @@ calibrated topology reproduces; the figures match ``holdout``'s to the rounding.
 - ``always``: the best knee whenever its extra slope is > 0; ``line``: never a knee;
 - ``loo``, ``loo_interior``: the knee when leaving each fitted size out in turn (all of them, or
   all but the smallest and largest) and predicting it from the others gives a smaller sum of
-  squared relative errors than the line does (slow: about a minute per file).
+  squared relative errors than the line does (slow: about a minute per file);
+- ``spread``: the knee when it lowers a chi-square that weighs each fitted point by its own
+  measured spread (standard error of its median from its p90 and iterations) by more than
+  -2 ln 0.05 (not the tool's rule; an experiment).
 
 The summary gives, per rule, the worst and mean median |error| of the checked ops (all_reduce,
 all_gather, broadcast) and how many (file, op) pairs miss 10 %.
@@ -22,6 +25,7 @@ all_gather, broadcast) and how many (file, op) pairs miss 10 %.
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 from collections.abc import Callable
 from pathlib import Path
@@ -32,7 +36,8 @@ from collsim.validate.calibrate import (RegimeFit, best_knee, fit_line, fit_two_
 from collsim.validate.dataset import read_measurements
 
 CHECKED = ("all_reduce", "all_gather", "broadcast")
-Rule = Callable[[list[float], list[float]], RegimeFit]
+#: (sizes in bytes, times in s, relative standard error of each time) -> the fit kept
+Rule = Callable[[list[float], list[float], list[float]], RegimeFit]
 
 
 def predict(fit: RegimeFit, size_bytes: float) -> float:
@@ -42,7 +47,7 @@ def predict(fit: RegimeFit, size_bytes: float) -> float:
     return fit.intercept_s + fit.seconds_per_byte * size_bytes + extra
 
 
-def line(sizes: list[float], times: list[float]) -> RegimeFit:
+def line(sizes: list[float], times: list[float], spread: object = None) -> RegimeFit:
     a, b, err = fit_line(sizes, times)
     return RegimeFit(a, b, err, err)
 
@@ -54,15 +59,15 @@ def best_hinge(sizes: list[float], times: list[float]) -> RegimeFit | None:
 
 
 def f_test(alpha: float) -> Rule:
-    return lambda sizes, times: fit_two_regime(sizes, times, alpha=alpha)
+    return lambda sizes, times, spread: fit_two_regime(sizes, times, alpha=alpha)
 
 
-def always(sizes: list[float], times: list[float]) -> RegimeFit:
+def always(sizes: list[float], times: list[float], spread: object = None) -> RegimeFit:
     return best_hinge(sizes, times) or line(sizes, times)
 
 
 def leave_one_out(interior: bool) -> Rule:
-    def rule(sizes: list[float], times: list[float]) -> RegimeFit:
+    def rule(sizes: list[float], times: list[float], spread: object = None) -> RegimeFit:
         straight, hinge = line(sizes, times), best_hinge(sizes, times)
         if hinge is None:
             return straight
@@ -80,9 +85,33 @@ def leave_one_out(interior: bool) -> Rule:
     return rule
 
 
+def spread_gate(sizes: list[float], times: list[float], spread: list[float]) -> RegimeFit:
+    """The knee when it lowers the chi-square of the relative residuals, each weighed by its
+    point's own standard error, by more than the 0.05 quantile of chi-square(2) (-2 ln 0.05):
+    the lack of fit is judged against the measured spread, not against the residuals."""
+    straight, hinge = line(sizes, times), best_hinge(sizes, times)
+    if hinge is None:
+        return straight
+
+    def chi2(fit: RegimeFit) -> float:
+        return sum(((predict(fit, s) - t) / t / e) ** 2 for s, t, e in zip(sizes, times, spread))
+
+    return hinge if chi2(straight) - chi2(hinge) > -2.0 * math.log(0.05) else straight
+
+
+def relative_standard_error(row: dict[str, object]) -> float:
+    """Of a point's median time, from its p90 and iteration count: sigma ~ (p90 - median) /
+    1.2816 (the normal 0.9 quantile), SE(median) ~ sqrt(pi / 2) sigma / sqrt(iters) (the
+    large-sample standard error of a normal median); floored at 0.1 %."""
+    median, p90 = float(row["time_us"]), float(row["p90_us"])
+    sigma = max(p90 - median, 0.0) / 1.2816
+    se = math.sqrt(math.pi / 2) * sigma / math.sqrt(max(1, int(row["iters"])))
+    return max(se / median, 1e-3)
+
+
 RULES: dict[str, Rule] = {"F0.05": f_test(0.05), "F0.10": f_test(0.10), "F0.20": f_test(0.20),
                           "always": always, "line": line, "loo": leave_one_out(False),
-                          "loo_interior": leave_one_out(True)}
+                          "loo_interior": leave_one_out(True), "spread": spread_gate}
 
 
 def held_out_errors(path: str, rule: Rule, min_bytes: int) -> dict[str, float]:
@@ -94,7 +123,8 @@ def held_out_errors(path: str, rule: Rule, min_bytes: int) -> dict[str, float]:
     for op in meas.ops():
         pts = [r for r in fitted if r["op"] == op]
         fit = rule([float(r["size_bytes"]) for r in pts],
-                   [float(r["time_us"]) * 1e-6 for r in pts])
+                   [float(r["time_us"]) * 1e-6 for r in pts],
+                   [relative_standard_error(r) for r in pts])
         errs = [abs(predict(fit, float(r["size_bytes"])) / (float(r["time_us"]) * 1e-6) - 1)
                 for r in held if r["op"] == op]
         if errs:
