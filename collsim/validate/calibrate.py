@@ -303,6 +303,12 @@ class RegimeFit:
     knee_bytes: float | None = None
     extra_seconds_per_byte: float = 0.0
 
+    def time_s(self, size_bytes: float) -> float:
+        """The fitted time of one size: a + b x size (+ c x max(0, size - knee))."""
+        extra = 0.0 if self.knee_bytes is None else \
+            self.extra_seconds_per_byte * max(0.0, size_bytes - self.knee_bytes)
+        return self.intercept_s + self.seconds_per_byte * size_bytes + extra
+
 
 def knee_candidates(sizes_bytes: list[float],
                     per_octave: int = KNEE_GRID_PER_OCTAVE) -> list[float]:

@@ -40,13 +40,6 @@ CHECKED = ("all_reduce", "all_gather", "broadcast")
 Rule = Callable[[list[float], list[float], list[float]], RegimeFit]
 
 
-def predict(fit: RegimeFit, size_bytes: float) -> float:
-    """The fitted time of one size."""
-    extra = 0.0 if fit.knee_bytes is None else \
-        fit.extra_seconds_per_byte * max(0.0, size_bytes - fit.knee_bytes)
-    return fit.intercept_s + fit.seconds_per_byte * size_bytes + extra
-
-
 def line(sizes: list[float], times: list[float], spread: object = None) -> RegimeFit:
     a, b, err = fit_line(sizes, times)
     return RegimeFit(a, b, err, err)
@@ -76,9 +69,9 @@ def leave_one_out(interior: bool) -> Rule:
         for i in (range(1, m - 1) if interior else range(m)):
             s = sizes[:i] + sizes[i + 1:]
             t = times[:i] + times[i + 1:]
-            p_line = predict(line(s, t), sizes[i])
+            p_line = line(s, t).time_s(sizes[i])
             h = best_hinge(s, t)
-            p_hinge = p_line if h is None else predict(h, sizes[i])
+            p_hinge = p_line if h is None else h.time_s(sizes[i])
             loss_line += ((p_line - times[i]) / times[i]) ** 2
             loss_hinge += ((p_hinge - times[i]) / times[i]) ** 2
         return hinge if loss_hinge < loss_line else straight
@@ -94,7 +87,7 @@ def spread_gate(sizes: list[float], times: list[float], spread: list[float]) -> 
         return straight
 
     def chi2(fit: RegimeFit) -> float:
-        return sum(((predict(fit, s) - t) / t / e) ** 2 for s, t, e in zip(sizes, times, spread))
+        return sum(((fit.time_s(s) - t) / t / e) ** 2 for s, t, e in zip(sizes, times, spread))
 
     return hinge if chi2(straight) - chi2(hinge) > -2.0 * math.log(0.05) else straight
 
@@ -125,7 +118,7 @@ def held_out_errors(path: str, rule: Rule, min_bytes: int) -> dict[str, float]:
         fit = rule([float(r["size_bytes"]) for r in pts],
                    [float(r["time_us"]) * 1e-6 for r in pts],
                    [relative_standard_error(r) for r in pts])
-        errs = [abs(predict(fit, float(r["size_bytes"])) / (float(r["time_us"]) * 1e-6) - 1)
+        errs = [abs(fit.time_s(float(r["size_bytes"])) / (float(r["time_us"]) * 1e-6) - 1)
                 for r in held if r["op"] == op]
         if errs:
             out[op] = statistics.median(errs)
