@@ -26,8 +26,15 @@ from collsim.topology import Topology, load_topology
 REPEATS = 5
 
 
-OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all",
-       "send_recv")
+OPS = (
+    "all_reduce",
+    "reduce_scatter",
+    "all_gather",
+    "broadcast",
+    "reduce",
+    "all_to_all",
+    "send_recv",
+)
 CLI_REPEATS = 3
 
 
@@ -36,8 +43,25 @@ def cli_sweep_seconds(op: str, nodes: int = 1024) -> float:
     interpreter start, topology build, per-group set-up and 21 sizes)."""
     exe = Path(sys.executable).with_name("collsim")
     start = time.perf_counter()
-    subprocess.run([str(exe), "collective", "-t", "dgx_h100", "--nodes", str(nodes), "-o", op,
-                    "-b", "1K", "-e", "1G"], check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [
+            str(exe),
+            "collective",
+            "-t",
+            "dgx_h100",
+            "--nodes",
+            str(nodes),
+            "-o",
+            op,
+            "-b",
+            "1K",
+            "-e",
+            "1G",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     return time.perf_counter() - start
 
 
@@ -52,20 +76,20 @@ def setup_seconds(nodes: int, op: str = "all_reduce") -> tuple[float, float]:
     return built - start, time.perf_counter() - built
 
 
-def closed_form_rate(group: Group, algorithm: str, evaluations: int = 50_000,
-                     op: str = "all_reduce") -> tuple[float, float]:
+def closed_form_rate(
+    group: Group, algorithm: str, evaluations: int = 50_000, op: str = "all_reduce"
+) -> tuple[float, float]:
     """Evaluations per wall second and per CPU second of cost() over a spread of sizes.
 
     The per-group schedules are built once first (that is the cache a sweep warms). CPU time
     is reported beside wall time because the machine may be shared.
     """
     sizes = [1 << (10 + i % 25) for i in range(evaluations)]
-    cost(op, 1 << 20, group, algorithm)                    # warm the per-group cache
+    cost(op, 1 << 20, group, algorithm)  # warm the per-group cache
     wall, cpu = time.perf_counter(), time.process_time()
     for size in sizes:
         cost(op, size, group, algorithm)
-    return (evaluations / (time.perf_counter() - wall),
-            evaluations / (time.process_time() - cpu))
+    return (evaluations / (time.perf_counter() - wall), evaluations / (time.process_time() - cpu))
 
 
 def des_ring_seconds(nodes: int, *, cold: bool) -> tuple[float, float, float]:
@@ -81,8 +105,7 @@ def des_ring_seconds(nodes: int, *, cold: bool) -> tuple[float, float, float]:
     net = FlowNetwork(env, topo)
     proc = simulate(env, net, "all_reduce", 1 << 30, group, "ring")
     env.run(proc)
-    return (time.perf_counter() - wall, time.process_time() - cpu,
-            proc.value.busbw_bps / 1e9)
+    return (time.perf_counter() - wall, time.process_time() - cpu, proc.value.busbw_bps / 1e9)
 
 
 _WARM: dict[int, Topology] = {}
@@ -107,9 +130,11 @@ def main() -> int:
         wall = statistics.median(r[0] for r in rates)
         cpu = statistics.median(r[1] for r in rates)
         ok &= wall >= 100_000
-        print(f"closed form, {op} {label:<31}: {wall:>10,.0f} evaluations per wall s, "
-              f"{cpu:>10,.0f} per CPU s (target >= 100,000 per s: "
-              f"{'met' if wall >= 100_000 else 'NOT met'})")
+        print(
+            f"closed form, {op} {label:<31}: {wall:>10,.0f} evaluations per wall s, "
+            f"{cpu:>10,.0f} per CPU s (target >= 100,000 per s: "
+            f"{'met' if wall >= 100_000 else 'NOT met'})"
+        )
     for nodes in (1024, 2048):
         runs = [setup_seconds(nodes) for _ in range(REPEATS)]
         topo_s = statistics.median(r[0] for r in runs)
@@ -117,24 +142,32 @@ def main() -> int:
         met = nodes != 2048 or setup_s < 0.5
         ok &= met
         target = f" (target < 0.5 s: {'met' if met else 'NOT met'})" if nodes == 2048 else ""
-        print(f"set-up, all_reduce auto on {nodes * 8:,} GPUs: {setup_s:.3f} s{target}; "
-              f"topology build {topo_s:.3f} s")
+        print(
+            f"set-up, all_reduce auto on {nodes * 8:,} GPUs: {setup_s:.3f} s{target}; "
+            f"topology build {topo_s:.3f} s"
+        )
     for op in OPS:
         wall = statistics.median(cli_sweep_seconds(op) for _ in range(CLI_REPEATS))
         ok &= wall < 2.0
-        print(f"collsim collective -t dgx_h100 --nodes 1024 -o {op:<14} -b 1K -e 1G: "
-              f"{wall:.2f} s (median of {CLI_REPEATS}; target < 2 s: "
-              f"{'met' if wall < 2.0 else 'NOT met'})")
+        print(
+            f"collsim collective -t dgx_h100 --nodes 1024 -o {op:<14} -b 1K -e 1G: "
+            f"{wall:.2f} s (median of {CLI_REPEATS}; target < 2 s: "
+            f"{'met' if wall < 2.0 else 'NOT met'})"
+        )
     cold = [des_ring_seconds(128, cold=True) for _ in range(REPEATS)]
     warm = [des_ring_seconds(128, cold=False) for _ in range(REPEATS)]
-    for label, runs in (("cold (topology, paths, schedule built)", cold),
-                        ("warm (schedule cached)", warm)):
+    for label, runs in (
+        ("cold (topology, paths, schedule built)", cold),
+        ("warm (schedule cached)", warm),
+    ):
         wall = statistics.median(r[0] for r in runs)
         cpu = statistics.median(r[1] for r in runs)
         ok &= wall < 1.0
-        print(f"DES ring all_reduce 1 GiB, 1,024 GPUs (128 DGX H100), {label}: {wall:.3f} s "
-              f"wall, {cpu:.3f} s CPU (target < 1 s: {'met' if wall < 1.0 else 'NOT met'}); "
-              f"simulated busbw {runs[0][2]:.1f} GB/s")
+        print(
+            f"DES ring all_reduce 1 GiB, 1,024 GPUs (128 DGX H100), {label}: {wall:.3f} s "
+            f"wall, {cpu:.3f} s CPU (target < 1 s: {'met' if wall < 1.0 else 'NOT met'}); "
+            f"simulated busbw {runs[0][2]:.1f} GB/s"
+        )
     return 0 if ok else 1
 
 

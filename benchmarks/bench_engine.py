@@ -34,10 +34,14 @@ def main() -> None:
     spec = get_preset("gpt3-175b")
     tr = TrainingConfig(global_batch=1536, micro_batch=1, recompute="full")
     warnings.simplefilter("ignore", CollsimWarning)
-    print("wall = elapsed seconds per simulate_step call; cpu = this process's CPU seconds "
-          "(less sensitive to other load on the machine)")
-    print(f"{'case':<18} {'cold s':>8} {'median s':>9} {'cpu s':>7} {'target s':>9} "
-          f"{'ratio':>6} {'step s':>8} {'fidelity':>8}")
+    print(
+        "wall = elapsed seconds per simulate_step call; cpu = this process's CPU seconds "
+        "(less sensitive to other load on the machine)"
+    )
+    print(
+        f"{'case':<18} {'cold s':>8} {'median s':>9} {'cpu s':>7} {'target s':>9} "
+        f"{'ratio':>6} {'step s':>8} {'fidelity':>8}"
+    )
     for label, nodes, dp, target in CASES:
         topo = load_topology("dgx_a100", nodes=nodes)
         par = ParallelConfig(tp=8, pp=8, dp=dp, schedule="1f1b", zero=1)
@@ -51,9 +55,11 @@ def main() -> None:
             times.append(time.perf_counter() - t0)
             cpu.append(time.process_time() - c0)
         median = statistics.median(times)
-        print(f"{label:<18} {cold:8.3f} {median:9.3f} {statistics.median(cpu):7.3f} "
-              f"{target:9.1f} {median / target:6.2f} {result.step_time_s:8.2f} "
-              f"{result.details['fidelity']:>8}")
+        print(
+            f"{label:<18} {cold:8.3f} {median:9.3f} {statistics.median(cpu):7.3f} "
+            f"{target:9.1f} {median / target:6.2f} {result.step_time_s:8.2f} "
+            f"{result.details['fidelity']:>8}"
+        )
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"peak RSS {rss_mb:.0f} MB (target 500 MB, ratio {rss_mb / 500:.2f})")
 

@@ -45,8 +45,7 @@ def bench_search() -> tuple[float, object]:
     start = time.perf_counter()
     scenario = load_scenario(SCENARIO)
     topology = scenario.cluster.load()
-    result = search_plans(topology, scenario.model, scenario.training, scenario.parallel,
-                          top_k=3)
+    result = search_plans(topology, scenario.model, scenario.training, scenario.parallel, top_k=3)
     return time.perf_counter() - start, result
 
 
@@ -59,8 +58,9 @@ def megatron_reference() -> list[tuple[str, object]]:
     topology = scenario.cluster.load()
     out = []
     for pp, dp in ((16, 8), (8, 16)):
-        parallel = dataclasses.replace(scenario.parallel, pp=pp, dp=dp, schedule="interleaved",
-                                       virtual_stages=2)
+        parallel = dataclasses.replace(
+            scenario.parallel, pp=pp, dp=dp, schedule="interleaved", virtual_stages=2
+        )
         result = simulate_step(topology, scenario.model, scenario.training, parallel)
         out.append((f"tp8 pp{pp} dp{dp} mb1 interleaved v2 zero1 rc=full", result))
     return out
@@ -77,35 +77,44 @@ def main(argv: list[str] | None = None) -> int:
     sweeps = [bench_sweep() for _ in range(args.repeats)]
     sweep_s = statistics.median(s for s, _, _ in sweeps)
     _, points, feasible = sweeps[0]
-    print(f"sweep 3d_175b 64..4096 GPUs: median {sweep_s:.2f} s over {args.repeats} runs "
-          f"({points} points, {feasible} feasible); target < 30 s: "
-          f"{'met' if sweep_s < 30 else 'NOT met'}")
+    print(
+        f"sweep 3d_175b 64..4096 GPUs: median {sweep_s:.2f} s over {args.repeats} runs "
+        f"({points} points, {feasible} feasible); target < 30 s: "
+        f"{'met' if sweep_s < 30 else 'NOT met'}"
+    )
 
     searches = [bench_search() for _ in range(args.repeats)]
     search_s = statistics.median(s for s, _ in searches)
     result = searches[0][1]
-    print(f"search GPT-3 175B on 1,024 A100: median {search_s:.2f} s over {args.repeats} runs; "
-          f"{result.considered:,} plans in the grid, {result.estimated:,} estimated "
-          f"(closed form, {result.estimate_s:.2f} s), {len(result.ranked):,} fit, "
-          f"{len(result.simulated)} re-simulated ({result.simulate_s:.2f} s); target >= 1,000 "
-          f"plans in < 60 s: {'met' if search_s < 60 and result.estimated >= 1000 else 'NOT met'}")
-    print("rejected by reason: " + ", ".join(f"{k} {v:,}" for k, v in
-                                             result.rejected.most_common()))
+    print(
+        f"search GPT-3 175B on 1,024 A100: median {search_s:.2f} s over {args.repeats} runs; "
+        f"{result.considered:,} plans in the grid, {result.estimated:,} estimated "
+        f"(closed form, {result.estimate_s:.2f} s), {len(result.ranked):,} fit, "
+        f"{len(result.simulated)} re-simulated ({result.simulate_s:.2f} s); target >= 1,000 "
+        f"plans in < 60 s: {'met' if search_s < 60 and result.estimated >= 1000 else 'NOT met'}"
+    )
+    print(
+        "rejected by reason: " + ", ".join(f"{k} {v:,}" for k, v in result.rejected.most_common())
+    )
     best = result.best
     if best is None or best.result is None:
         print("no plan found")
         return 1
-    print(f"best plan (DES): {best.candidate.label}: step {best.result.step_time_s:.2f} s, "
-          f"MFU {100 * best.result.mfu:.1f} %, {best.result.model_tflops_per_gpu:.0f} model / "
-          f"{best.result.hardware_tflops_per_gpu:.0f} hardware TFLOP/s per GPU, peak "
-          f"{best.result.memory_peak_bytes / 1e9:.1f} GB "
-          f"(estimate {best.estimate.step_time_s:.2f} s)")
+    print(
+        f"best plan (DES): {best.candidate.label}: step {best.result.step_time_s:.2f} s, "
+        f"MFU {100 * best.result.mfu:.1f} %, {best.result.model_tflops_per_gpu:.0f} model / "
+        f"{best.result.hardware_tflops_per_gpu:.0f} hardware TFLOP/s per GPU, peak "
+        f"{best.result.memory_peak_bytes / 1e9:.1f} GB "
+        f"(estimate {best.estimate.step_time_s:.2f} s)"
+    )
     for label, ref in megatron_reference():
-        print(f"Megatron-LM published ({label}) (DES): step {ref.step_time_s:.2f} s, "
-              f"MFU {100 * ref.mfu:.1f} %, {ref.model_tflops_per_gpu:.0f} model / "
-              f"{ref.hardware_tflops_per_gpu:.0f} hardware TFLOP/s per GPU, peak "
-              f"{ref.memory_peak_bytes / 1e9:.1f} GB; best found is "
-              f"{ref.step_time_s / best.result.step_time_s:.2f}x faster")
+        print(
+            f"Megatron-LM published ({label}) (DES): step {ref.step_time_s:.2f} s, "
+            f"MFU {100 * ref.mfu:.1f} %, {ref.model_tflops_per_gpu:.0f} model / "
+            f"{ref.hardware_tflops_per_gpu:.0f} hardware TFLOP/s per GPU, peak "
+            f"{ref.memory_peak_bytes / 1e9:.1f} GB; best found is "
+            f"{ref.step_time_s / best.result.step_time_s:.2f}x faster"
+        )
     return 0
 
 

@@ -38,10 +38,17 @@ def _rank(ctx: Any, iters: int) -> dict[str, Any]:
         t = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         plain[size] = float(t.item())
-    out = bench_rank(ctx, BenchConfig(ops=("all_reduce",), sizes_bytes=SIZES, iters=iters,
-                                      warmup=3, probe_backend=False))
-    return {"plain": plain, "bench": {p.size_bytes: p.time_us * 1e-6 for p in out["points"]},
-            "overhead": out["overhead"]}
+    out = bench_rank(
+        ctx,
+        BenchConfig(
+            ops=("all_reduce",), sizes_bytes=SIZES, iters=iters, warmup=3, probe_backend=False
+        ),
+    )
+    return {
+        "plain": plain,
+        "bench": {p.size_bytes: p.time_us * 1e-6 for p in out["points"]},
+        "overhead": out["overhead"],
+    }
 
 
 def main() -> None:
@@ -56,16 +63,21 @@ def main() -> None:
 
     if args.realtime and (problem := realtime_problem()):
         parser.error(problem)
-    runs = [spawn_ranks(_rank, args.world_size, args=(args.iters,), timeout_s=600,
-                        realtime=args.realtime)[0]
-            for _ in range(args.repeats)]
+    runs = [
+        spawn_ranks(
+            _rank, args.world_size, args=(args.iters,), timeout_s=600, realtime=args.realtime
+        )[0]
+        for _ in range(args.repeats)
+    ]
     n = args.world_size
     print("ranks under " + ("SCHED_RR" if args.realtime else "the default policy"))
     noop = statistics.median(r["overhead"]["noop_us"] for r in runs)
     tiny = statistics.median(r["overhead"]["all_reduce_4B_us"] for r in runs)
     print(f"world size {n}, {args.repeats} repeats x {args.iters} iterations (medians)")
-    print(f"bench timing loop around nothing: {noop:.1f} us; around a 4-byte all_reduce: "
-          f"{tiny:.1f} us")
+    print(
+        f"bench timing loop around nothing: {noop:.1f} us; around a 4-byte all_reduce: "
+        f"{tiny:.1f} us"
+    )
     print(f"{'size(B)':>10} {'plain busbw(GB/s)':>18} {'bench busbw(GB/s)':>18} {'ratio':>6}")
     for size in SIZES:
         plain_s = statistics.median(r["plain"][size] for r in runs)

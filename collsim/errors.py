@@ -59,8 +59,9 @@ class ConfigError(CollsimError):
         key = f"{self.key_path}: " if self.key_path else ""
         return f"{where}{key}{self.message}"
 
-    def located(self, *, file: str | None = None, line: int | None = None,
-                key_prefix: str | None = None) -> "ConfigError":
+    def located(
+        self, *, file: str | None = None, line: int | None = None, key_prefix: str | None = None
+    ) -> ConfigError:
         """A copy with the location filled in where it was missing."""
         key = self.key_path
         if key_prefix:

@@ -105,20 +105,28 @@ class Estimator:
             self._compute_model[dtype] = self._ComputeModel(self.topology.device, dtype)
         return self._compute_model[dtype]
 
-    def _times(self, kind: str, dtype: str, micro_batch: int, tp: int, sp: bool,
-               recompute: str) -> Any:
+    def _times(
+        self, kind: str, dtype: str, micro_batch: int, tp: int, sp: bool, recompute: str
+    ) -> Any:
         key = (kind, dtype, micro_batch, tp, sp, recompute)
         if key not in self._layer:
             model = self._model(dtype)
             if kind == "layer":
-                value = model.layer_times(self.spec, micro_batch=micro_batch, tp=tp,
-                                          sequence_parallel=sp, recompute=recompute)
+                value = model.layer_times(
+                    self.spec,
+                    micro_batch=micro_batch,
+                    tp=tp,
+                    sequence_parallel=sp,
+                    recompute=recompute,
+                )
             elif kind == "embedding":
-                value = model.embedding_times(self.spec, micro_batch=micro_batch, tp=tp,
-                                              sequence_parallel=sp)
+                value = model.embedding_times(
+                    self.spec, micro_batch=micro_batch, tp=tp, sequence_parallel=sp
+                )
             else:
-                value = model.head_times(self.spec, micro_batch=micro_batch, tp=tp,
-                                         sequence_parallel=sp)
+                value = model.head_times(
+                    self.spec, micro_batch=micro_batch, tp=tp, sequence_parallel=sp
+                )
             self._layer[key] = value
         return self._layer[key]
 
@@ -163,12 +171,16 @@ class Estimator:
         tp, pp, dp, v = parallel.tp, parallel.pp, parallel.dp, parallel.virtual_stages
         num_gpus = tp * pp * dp
         if num_gpus != topo.num_ranks:
-            raise InfeasibleError(f"tp x pp x dp = {num_gpus} is not {topo.num_ranks} GPUs",
-                                  reason="world_size")
+            raise InfeasibleError(
+                f"tp x pp x dp = {num_gpus} is not {topo.num_ranks} GPUs", reason="world_size"
+            )
         b = training.micro_batch
         if training.global_batch % (b * dp):
-            raise InfeasibleError(f"global batch {training.global_batch} does not split into "
-                                  f"dp {dp} x micro-batch {b}", reason="batch")
+            raise InfeasibleError(
+                f"global batch {training.global_batch} does not split into "
+                f"dp {dp} x micro-batch {b}",
+                reason="batch",
+            )
         m = training.global_batch // (b * dp)
         dtype = str(training.dtype)
         recompute = str(training.recompute)
@@ -199,8 +211,9 @@ class Estimator:
         act_bytes = s * b * h * elem
         if tp > 1:
             if sp:
-                per_call = (self.collective_s("reduce_scatter", act_bytes, tp_ranks)
-                            + self.collective_s("all_gather", act_bytes, tp_ranks))
+                per_call = self.collective_s(
+                    "reduce_scatter", act_bytes, tp_ranks
+                ) + self.collective_s("all_gather", act_bytes, tp_ranks)
             else:
                 per_call = self.collective_s("all_reduce", act_bytes, tp_ranks)
             calls = 4 + (2 if recompute == "full" else 0)
@@ -229,8 +242,7 @@ class Estimator:
         tp_exposed = m * tp_mb_s
 
         # Data parallel: ranks with stride tp x pp.
-        params_local = max(parameters_per_rank(spec, tp=tp, pp=pp, stage=st)
-                           for st in {0, pp - 1})
+        params_local = max(parameters_per_rank(spec, tp=tp, pp=pp, stage=st) for st in {0, pp - 1})
         dp_ranks = tuple(range(0, num_gpus, tp * pp))
         grad_bytes = params_local * elem
         bucket_bytes = parallel.ddp.bucket_mb * _MB_TORCH
@@ -253,8 +265,9 @@ class Estimator:
                 if parallel.fsdp.prefetch > 0:
                     fwd_unit = layer.forward_s
                     bwd_unit = layer.backward_s + layer.recompute_s
-                    per_mb = n_units * (max(0.0, gather - fwd_unit)
-                                        + max(0.0, gather + scatter - bwd_unit))
+                    per_mb = n_units * (
+                        max(0.0, gather - fwd_unit) + max(0.0, gather + scatter - bwd_unit)
+                    )
                 else:
                     per_mb = n_units * (2 * gather + scatter)
                 dp_exposed = m * per_mb + gather
@@ -267,23 +280,35 @@ class Estimator:
                     grads_exposed = max(tail, grads - t_b)
                 else:
                     grads_exposed = grads
-                gather = (self.collective_s("all_gather", grad_bytes, dp_ranks)
-                          if zero in (1, 2) else 0.0)
+                gather = (
+                    self.collective_s("all_gather", grad_bytes, dp_ranks) if zero in (1, 2) else 0.0
+                )
                 dp_link = grads + gather
                 dp_exposed = grads_exposed + gather
 
         updated = params_local / (dp if zero >= 1 else 1)
         optimizer_s = self._model(dtype).optimizer_time_s(updated, str(training.optimizer))
-        breakdown = {"compute": compute, "tp_exposed": tp_exposed, "pp_exposed": pp_exposed,
-                     "dp_exposed": dp_exposed, "bubble": bubble, "optimizer": optimizer_s}
+        breakdown = {
+            "compute": compute,
+            "tp_exposed": tp_exposed,
+            "pp_exposed": pp_exposed,
+            "dp_exposed": dp_exposed,
+            "bubble": bubble,
+            "optimizer": optimizer_s,
+        }
         step = sum(breakdown.values())
 
         # Memory on the first stage.
-        states = model_state_bytes(parameters_per_rank(spec, tp=tp, pp=pp, stage=0),
-                                   zero=zero, dp=dp, optimizer=str(training.optimizer),
-                                   mixed_precision=dtype != "fp32")
-        per_layer = activation_bytes_per_layer(spec, micro_batch=b, tp=tp, sequence_parallel=sp,
-                                               recompute=recompute, dtype=dtype)
+        states = model_state_bytes(
+            parameters_per_rank(spec, tp=tp, pp=pp, stage=0),
+            zero=zero,
+            dp=dp,
+            optimizer=str(training.optimizer),
+            mixed_precision=dtype != "fp32",
+        )
+        per_layer = activation_bytes_per_layer(
+            spec, micro_batch=b, tp=tp, sequence_parallel=sp, recompute=recompute, dtype=dtype
+        )
         match str(parallel.schedule):
             case "gpipe":
                 in_flight = float(m)
@@ -297,9 +322,13 @@ class Estimator:
             buffers = (1 + parallel.fsdp.prefetch) * unit  # gathered layers in flight
         else:
             buffers = 2 * min(bucket_bytes, grad_bytes)
-        memory = {"parameters": states.parameters, "gradients": states.gradients,
-                  "optimizer": states.optimizer, "activations": activations,
-                  "buffers": buffers}
+        memory = {
+            "parameters": states.parameters,
+            "gradients": states.gradients,
+            "optimizer": states.optimizer,
+            "activations": activations,
+            "buffers": buffers,
+        }
         peak = sum(memory.values())
         capacity = float(topo.device.memory_bytes)
 
@@ -307,17 +336,31 @@ class Estimator:
         peak_flops = topo.device.peak_flops_for(dtype)
         tflops = flops / step / num_gpus / 1e12
         return Estimate(
-            step_time_s=step, breakdown_s=breakdown, memory_bytes=memory,
-            memory_peak_bytes=peak, memory_capacity_bytes=capacity, fits=peak <= capacity,
-            num_gpus=num_gpus, num_microbatches=m,
-            tokens_per_s=training.global_batch * s / step, model_tflops_per_gpu=tflops,
+            step_time_s=step,
+            breakdown_s=breakdown,
+            memory_bytes=memory,
+            memory_peak_bytes=peak,
+            memory_capacity_bytes=capacity,
+            fits=peak <= capacity,
+            num_gpus=num_gpus,
+            num_microbatches=m,
+            tokens_per_s=training.global_batch * s / step,
+            model_tflops_per_gpu=tflops,
             mfu=tflops * 1e12 / peak_flops,
-            details={"t_forward_s": t_f, "t_backward_s": t_b, "t_p2p_s": t_p2p,
-                     "dp_link_s": dp_link, "slowest_stage": slowest,
-                     "params_per_gpu": params_local, "in_flight_microbatches": in_flight})
+            details={
+                "t_forward_s": t_f,
+                "t_backward_s": t_b,
+                "t_p2p_s": t_p2p,
+                "dp_link_s": dp_link,
+                "slowest_stage": slowest,
+                "params_per_gpu": params_local,
+                "in_flight_microbatches": in_flight,
+            },
+        )
 
 
-def estimate_step(topology: Topology, spec: TransformerSpec, training: TrainingConfig,
-                  parallel: ParallelConfig) -> Estimate:
+def estimate_step(
+    topology: Topology, spec: TransformerSpec, training: TrainingConfig, parallel: ParallelConfig
+) -> Estimate:
     """One-off :meth:`Estimator.estimate` (build an :class:`Estimator` to estimate many)."""
     return Estimator(topology, spec).estimate(training, parallel)

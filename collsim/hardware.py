@@ -24,8 +24,14 @@ __all__ = ["Device", "get_device", "list_devices", "CATALOGUE_PATH"]
 
 CATALOGUE_PATH = Path(__file__).parent / "data" / "hardware.yaml"
 
-_DTYPE_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32",
-                  "float": "fp32", "float8": "fp8"}
+_DTYPE_ALIASES = {
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "half": "fp16",
+    "float32": "fp32",
+    "float": "fp32",
+    "float8": "fp8",
+}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -47,8 +53,10 @@ class Device:
 
     def __post_init__(self) -> None:
         if not 0 < self.matmul_efficiency <= 1:
-            raise ConfigError(f"matmul_efficiency must be in (0, 1], got {self.matmul_efficiency}",
-                              key_path=f"devices.{self.key}")
+            raise ConfigError(
+                f"matmul_efficiency must be in (0, 1], got {self.matmul_efficiency}",
+                key_path=f"devices.{self.key}",
+            )
 
     def peak_flops_for(self, dtype: str) -> float:
         """Dense peak FLOP/s for ``dtype`` (``"bf16"``, ``"float32"``...).
@@ -62,8 +70,10 @@ class Device:
             return self.peak_flops[key]
         except KeyError:
             known = ", ".join(sorted(self.peak_flops))
-            raise ConfigError(f"{self.name} has no peak FLOP/s for dtype {dtype!r} "
-                              f"(known: {known})", key_path="training.dtype") from None
+            raise ConfigError(
+                f"{self.name} has no peak FLOP/s for dtype {dtype!r} (known: {known})",
+                key_path="training.dtype",
+            ) from None
 
 
 @lru_cache(maxsize=1)
@@ -75,8 +85,10 @@ def _catalogue() -> dict[str, Device]:
     for key, _ in list(devices.items()):
         entry = devices.section(key)
         peak = entry.section("peak_tflops")
-        peak_flops = {str(k): tflops_to_flops(peak.get(k, float, check=positive))
-                      for k, _ in list(peak.items())}
+        peak_flops = {
+            str(k): tflops_to_flops(peak.get(k, float, check=positive))
+            for k, _ in list(peak.items())
+        }
         peak.finish()
         name = entry.get("name", str)
         aliases = entry.get("aliases", list, default=[])
@@ -85,7 +97,9 @@ def _catalogue() -> dict[str, Device]:
         if bf16 is None:
             raise entry.error("peak_tflops.bf16 is required (MAMF is a bf16 rate)")
         device = Device(
-            key=str(key), name=name, peak_flops=peak_flops,
+            key=str(key),
+            name=name,
+            peak_flops=peak_flops,
             matmul_efficiency=min(1.0, tflops_to_flops(mamf) / bf16),
             memory_bytes=entry.get("memory_gb", float, check=positive) * GB,
             memory_bandwidth_bps=entry.get("memory_bandwidth_tbps", float, check=positive) * TB,
@@ -111,8 +125,9 @@ def get_device(name: str) -> Device:
     try:
         return _catalogue()[_norm(name)]
     except KeyError:
-        raise ConfigError(f"unknown device {name!r}; choose from "
-                          f"{', '.join(list_devices())}") from None
+        raise ConfigError(
+            f"unknown device {name!r}; choose from {', '.join(list_devices())}"
+        ) from None
 
 
 def list_devices() -> list[str]:

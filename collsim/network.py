@@ -21,8 +21,9 @@ Example::
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence, cast
+from typing import cast
 
 import numpy as np
 import simpy
@@ -37,8 +38,9 @@ __all__ = ["FlowNetwork", "max_min_rates", "load_bound_time_s"]
 _FINISH_RTOL = 1e-9
 
 
-def max_min_rates(flow_of_entry: np.ndarray, link_of_entry: np.ndarray, num_flows: int,
-                  capacity_bps: np.ndarray) -> np.ndarray:
+def max_min_rates(
+    flow_of_entry: np.ndarray, link_of_entry: np.ndarray, num_flows: int, capacity_bps: np.ndarray
+) -> np.ndarray:
     """Max-min fair rates by progressive filling.
 
     Every unfrozen flow's rate rises at the same pace; when a link saturates, the flows through
@@ -75,8 +77,9 @@ def max_min_rates(flow_of_entry: np.ndarray, link_of_entry: np.ndarray, num_flow
     return rates
 
 
-def load_bound_time_s(paths: Sequence[Sequence[int]], capacity_bps: np.ndarray,
-                      weights: Sequence[float] | None = None) -> float:
+def load_bound_time_s(
+    paths: Sequence[Sequence[int]], capacity_bps: np.ndarray, weights: Sequence[float] | None = None
+) -> float:
     """Seconds per byte for flows started together: max over links of (bytes on l) / cap_l.
 
     ``weights`` are the flows' sizes (default 1 each). Exact under max-min sharing when flows
@@ -86,10 +89,12 @@ def load_bound_time_s(paths: Sequence[Sequence[int]], capacity_bps: np.ndarray,
     entries = [link for path in paths for link in path]
     if not entries:
         return 0.0
-    entry_weights = None if weights is None else [w for path, w in zip(paths, weights)
-                                                  for _ in path]
-    counts = np.bincount(np.asarray(entries, dtype=np.int64), weights=entry_weights,
-                         minlength=len(capacity_bps))
+    entry_weights = (
+        None if weights is None else [w for path, w in zip(paths, weights) for _ in path]
+    )
+    counts = np.bincount(
+        np.asarray(entries, dtype=np.int64), weights=entry_weights, minlength=len(capacity_bps)
+    )
     used = counts > 0
     return float((counts[used] / capacity_bps[used]).max())
 
@@ -97,7 +102,7 @@ def load_bound_time_s(paths: Sequence[Sequence[int]], capacity_bps: np.ndarray,
 @dataclass(slots=True, eq=False)
 class _Flow:
     path: tuple[int, ...]
-    wire_bytes: float          # bytes on the wire: payload / efficiency
+    wire_bytes: float  # bytes on the wire: payload / efficiency
     remaining: float
     latency_s: float
     done: simpy.Event
@@ -132,8 +137,15 @@ class FlowNetwork:
         self._token = 0
 
     # -- public -------------------------------------------------------------------------
-    def transfer(self, src: int, dst: int, size_bytes: float, *, efficiency: float = 1.0,
-                 latency_s: float | None = None) -> simpy.Event:
+    def transfer(
+        self,
+        src: int,
+        dst: int,
+        size_bytes: float,
+        *,
+        efficiency: float = 1.0,
+        latency_s: float | None = None,
+    ) -> simpy.Event:
         """Send ``size_bytes`` from rank ``src`` to rank ``dst`` along the topology's path.
 
         Args:
@@ -146,12 +158,25 @@ class FlowNetwork:
         Returns:
             an event that fires when the last byte is delivered.
         """
-        return self.transfer_path(self.topology.path(src, dst), size_bytes, src=src, dst=dst,
-                                  efficiency=efficiency, latency_s=latency_s)
+        return self.transfer_path(
+            self.topology.path(src, dst),
+            size_bytes,
+            src=src,
+            dst=dst,
+            efficiency=efficiency,
+            latency_s=latency_s,
+        )
 
-    def transfer_path(self, path: Sequence[int], size_bytes: float, *, src: int | None = None,
-                      dst: int | None = None, efficiency: float = 1.0,
-                      latency_s: float | None = None) -> simpy.Event:
+    def transfer_path(
+        self,
+        path: Sequence[int],
+        size_bytes: float,
+        *,
+        src: int | None = None,
+        dst: int | None = None,
+        efficiency: float = 1.0,
+        latency_s: float | None = None,
+    ) -> simpy.Event:
         """Send over an explicit list of link indices (e.g. a GPU's port into a switch).
 
         ``src`` / ``dst`` name the ranks whose counters the bytes go to (None: a switch).
@@ -164,9 +189,16 @@ class FlowNetwork:
         if latency_s is None:
             latency_s = float(self._latency_s[list(path)].sum()) if path else 0.0
         done = self.env.event()
-        flow = _Flow(path=path, wire_bytes=size_bytes / efficiency,
-                     remaining=size_bytes / efficiency, latency_s=latency_s, done=done,
-                     src=src, dst=dst, size_bytes=size_bytes)
+        flow = _Flow(
+            path=path,
+            wire_bytes=size_bytes / efficiency,
+            remaining=size_bytes / efficiency,
+            latency_s=latency_s,
+            done=done,
+            src=src,
+            dst=dst,
+            size_bytes=size_bytes,
+        )
         if not path or size_bytes == 0:
             self._deliver(flow)
             return done
@@ -209,8 +241,9 @@ class FlowNetwork:
             return
         self.num_recomputes += 1
         lengths = np.fromiter((len(f.path) for f in flows), dtype=np.int64, count=len(flows))
-        link_of_entry = np.fromiter((link for f in flows for link in f.path), dtype=np.int64,
-                                    count=int(lengths.sum()))
+        link_of_entry = np.fromiter(
+            (link for f in flows for link in f.path), dtype=np.int64, count=int(lengths.sum())
+        )
         flow_of_entry = np.repeat(np.arange(len(flows)), lengths)
         rates = max_min_rates(flow_of_entry, link_of_entry, len(flows), self.capacity_bps)
         remaining = np.fromiter((f.remaining for f in flows), dtype=float, count=len(flows))
@@ -229,7 +262,7 @@ class FlowNetwork:
 
     def _on_finish(self, token: int, ending: list[_Flow]) -> None:
         if token != self._token:
-            return      # rates changed since this completion was scheduled
+            return  # rates changed since this completion was scheduled
         self._advance()
         done = {id(f) for f in ending}
         still: list[_Flow] = []
@@ -247,7 +280,7 @@ class FlowNetwork:
         self._recompute()
 
     def _deliver(self, flow: _Flow) -> None:
-        if flow.path:       # a rank sending to itself is no network traffic
+        if flow.path:  # a rank sending to itself is no network traffic
             if flow.src is not None:
                 self.bytes_sent[flow.src] += flow.size_bytes
             if flow.dst is not None:

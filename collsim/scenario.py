@@ -46,9 +46,10 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -105,7 +106,7 @@ class ClusterSpec:
     nodes: int | None = None
     """Number of nodes; None keeps the topology file's own count."""
 
-    def load(self) -> "Topology":
+    def load(self) -> Topology:
         """Build the topology (imports the topology layer on first use)."""
         from collsim.topology import load_topology
 
@@ -126,7 +127,7 @@ class Scenario:
 
     name: str
     cluster: ClusterSpec
-    model: "TransformerSpec"
+    model: TransformerSpec
     training: TrainingConfig
     parallel: ParallelConfig
     source: Path | None = None
@@ -147,6 +148,7 @@ class Scenario:
 
 # -- overrides ---------------------------------------------------------------------------------
 
+
 def parse_override(text: str) -> _Override:
     """Parse one ``--set key.path=value``; the value is read as a YAML scalar or flow value.
 
@@ -165,8 +167,9 @@ def parse_override(text: str) -> _Override:
         value = yaml.safe_load(raw) if raw.strip() else None
     except yaml.YAMLError as exc:
         problem = getattr(exc, "problem", None) or "invalid YAML"
-        raise ConfigError(f"cannot parse value {raw!r}: {problem}", key_path=key,
-                          file=where) from None
+        raise ConfigError(
+            f"cannot parse value {raw!r}: {problem}", key_path=key, file=where
+        ) from None
     if value is None:
         raise ConfigError("missing value (use KEY.PATH=VALUE)", key_path=key, file=where)
     return _Override(text=text, path=parts, value=value)
@@ -189,14 +192,18 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[_Override]) -> dic
             if child is None:
                 child = node[part] = {}
             if not isinstance(child, dict):
-                raise ConfigError(f"{'.'.join(override.path[:i + 1])} is not a section",
-                                  key_path=".".join(override.path), file=f"--set {override.text}")
+                raise ConfigError(
+                    f"{'.'.join(override.path[: i + 1])} is not a section",
+                    key_path=".".join(override.path),
+                    file=f"--set {override.text}",
+                )
             node = child
         node[override.path[-1]] = override.value
     return out
 
 
 # -- locating errors ---------------------------------------------------------------------------
+
 
 def _split(key_path: str | None) -> KeyPath:
     return tuple(key_path.split(".")) if key_path else ()
@@ -208,18 +215,24 @@ def _locate(error: ConfigError, doc: YamlDoc, overrides: Sequence[_Override]) ->
     # section the file does not have belongs to the override that created the section.
     for override in reversed(overrides):
         n = len(override.path)
-        created = bool(path) and override.path[:len(path)] == path and path not in doc.lines
+        created = bool(path) and override.path[: len(path)] == path and path not in doc.lines
         if path[:n] == override.path or created:
-            return ConfigError(error.message, key_path=error.key_path,
-                               file=f"--set {override.text}")
+            return ConfigError(
+                error.message, key_path=error.key_path, file=f"--set {override.text}"
+            )
     if error.file is not None and error.file != doc.file:
         return error
     line = doc.line_of(path) if path else None
-    return ConfigError(error.message, key_path=error.key_path, file=doc.file,
-                       line=error.line if error.line is not None else line)
+    return ConfigError(
+        error.message,
+        key_path=error.key_path,
+        file=doc.file,
+        line=error.line if error.line is not None else line,
+    )
 
 
 # -- loading -----------------------------------------------------------------------------------
+
 
 def load_scenario(path: str | Path, overrides: Sequence[str] = ()) -> Scenario:
     """Read a scenario file, apply ``--set`` overrides, and build each section.
@@ -239,8 +252,9 @@ def load_scenario(path: str | Path, overrides: Sequence[str] = ()) -> Scenario:
     return scenario_from_doc(doc, overrides, source=Path(path))
 
 
-def scenario_from_doc(doc: YamlDoc, overrides: Sequence[str] = (), *,
-                      source: Path | None = None) -> Scenario:
+def scenario_from_doc(
+    doc: YamlDoc, overrides: Sequence[str] = (), *, source: Path | None = None
+) -> Scenario:
     """Build a scenario from a parsed document (see :func:`load_scenario`)."""
     parsed = tuple(parse_override(text) for text in overrides)
     if not isinstance(doc.data, dict):
@@ -262,8 +276,16 @@ def _read(doc: YamlDoc, overrides: tuple[_Override, ...], source: Path | None) -
     training = _read_training(root.section("training"))
     parallel = _read_parallel(root.section("parallel", default_empty=True))
     root.finish()
-    return Scenario(name=name, cluster=cluster, model=model, training=training,
-                    parallel=parallel, source=source, doc=doc, overrides=overrides)
+    return Scenario(
+        name=name,
+        cluster=cluster,
+        model=model,
+        training=training,
+        parallel=parallel,
+        source=source,
+        doc=doc,
+        overrides=overrides,
+    )
 
 
 def _read_cluster(reader: ConfigReader, source: Path | None) -> ClusterSpec:
@@ -282,7 +304,7 @@ def _resolve_topology(spec: str, source: Path | None) -> str:
     return str(beside) if beside.exists() else spec
 
 
-def _read_model(reader: ConfigReader, scenario_name: str) -> "TransformerSpec":
+def _read_model(reader: ConfigReader, scenario_name: str) -> TransformerSpec:
     from collsim.workload import TransformerSpec, get_preset
 
     preset_name = reader.get("preset", str, default=None)
@@ -311,8 +333,9 @@ def _read_model(reader: ConfigReader, scenario_name: str) -> "TransformerSpec":
     if hidden % heads:
         raise reader.error(f"hidden ({hidden}) must be divisible by heads ({heads})", "heads")
     if kv_heads is not None and heads % kv_heads:
-        raise reader.error(f"heads ({heads}) must be divisible by kv_heads ({kv_heads})",
-                           "kv_heads")
+        raise reader.error(
+            f"heads ({heads}) must be divisible by kv_heads ({kv_heads})", "kv_heads"
+        )
     try:
         if base is None:
             values.setdefault("ffn_hidden", 4 * values["hidden"])
@@ -329,26 +352,46 @@ def _read_model(reader: ConfigReader, scenario_name: str) -> "TransformerSpec":
 
 def _read_training(reader: ConfigReader) -> TrainingConfig:
     kwargs: dict[str, Any] = {"global_batch": reader.get("global_batch", int)}
-    _copy_optional(reader, kwargs, {"micro_batch": int, "dtype": str, "optimizer": str,
-                                    "recompute": str})
+    _copy_optional(
+        reader, kwargs, {"micro_batch": int, "dtype": str, "optimizer": str, "recompute": str}
+    )
     reader.finish()
     return TrainingConfig(**kwargs)
 
 
 def _read_parallel(reader: ConfigReader) -> ParallelConfig:
     kwargs: dict[str, Any] = {}
-    _copy_optional(reader, kwargs, {"tp": int, "pp": int, "dp": int, "schedule": str,
-                                    "virtual_stages": int, "sequence_parallel": bool,
-                                    "zero": int})
+    _copy_optional(
+        reader,
+        kwargs,
+        {
+            "tp": int,
+            "pp": int,
+            "dp": int,
+            "schedule": str,
+            "virtual_stages": int,
+            "sequence_parallel": bool,
+            "zero": int,
+        },
+    )
     ddp = reader.section("ddp", default_empty=True)
     ddp_kwargs: dict[str, Any] = {}
-    _copy_optional(ddp, ddp_kwargs, {"bucket_mb": float, "first_bucket_mb": float,
-                                     "overlap": bool, "gradient_as_bucket_view": bool})
+    _copy_optional(
+        ddp,
+        ddp_kwargs,
+        {
+            "bucket_mb": float,
+            "first_bucket_mb": float,
+            "overlap": bool,
+            "gradient_as_bucket_view": bool,
+        },
+    )
     ddp.finish()
     fsdp = reader.section("fsdp", default_empty=True)
     fsdp_kwargs: dict[str, Any] = {}
-    _copy_optional(fsdp, fsdp_kwargs, {"prefetch": int, "reshard_after_forward": bool,
-                                       "offload": bool})
+    _copy_optional(
+        fsdp, fsdp_kwargs, {"prefetch": int, "reshard_after_forward": bool, "offload": bool}
+    )
     fsdp.finish()
     kwargs["ddp"] = DDPConfig(**ddp_kwargs)
     kwargs["fsdp"] = FSDPConfig(**fsdp_kwargs)

@@ -94,43 +94,64 @@ class Candidate:
         """``tp8 pp8 dp16 mb1 interleaved v2 zero1 rc=full sp``."""
         parts = [f"tp{self.tp}", f"pp{self.pp}", f"dp{self.dp}", f"mb{self.micro_batch}"]
         if self.pp > 1:
-            parts.append(self.schedule + (f" v{self.virtual_stages}"
-                                          if self.virtual_stages > 1 else ""))
+            parts.append(
+                self.schedule + (f" v{self.virtual_stages}" if self.virtual_stages > 1 else "")
+            )
         parts += [f"zero{self.zero}", f"rc={self.recompute}"]
         if self.sequence_parallel:
             parts.append("sp")
         return " ".join(parts)
 
-    def configs(self, base_training: TrainingConfig, base_parallel: ParallelConfig
-                ) -> tuple[TrainingConfig, ParallelConfig]:
+    def configs(
+        self, base_training: TrainingConfig, base_parallel: ParallelConfig
+    ) -> tuple[TrainingConfig, ParallelConfig]:
         """The scenario's training and parallel sections with this plan's knobs."""
         import dataclasses
 
         from collsim.parallel.config import Recompute, ScheduleKind
 
-        training = dataclasses.replace(base_training, micro_batch=self.micro_batch,
-                                       recompute=Recompute(self.recompute))
+        training = dataclasses.replace(
+            base_training, micro_batch=self.micro_batch, recompute=Recompute(self.recompute)
+        )
         parallel = dataclasses.replace(
-            base_parallel, tp=self.tp, pp=self.pp, dp=self.dp,
+            base_parallel,
+            tp=self.tp,
+            pp=self.pp,
+            dp=self.dp,
             schedule=ScheduleKind(self.schedule),
-            virtual_stages=self.virtual_stages, zero=self.zero,
-            sequence_parallel=self.sequence_parallel)
+            virtual_stages=self.virtual_stages,
+            zero=self.zero,
+            sequence_parallel=self.sequence_parallel,
+        )
         return training, parallel
 
     def as_dict(self) -> dict[str, Any]:
-        return {"plan": self.label, "tp": self.tp, "pp": self.pp, "dp": self.dp,
-                "micro_batch": self.micro_batch, "schedule": self.schedule,
-                "virtual_stages": self.virtual_stages, "zero": self.zero,
-                "recompute": self.recompute, "sequence_parallel": self.sequence_parallel}
+        return {
+            "plan": self.label,
+            "tp": self.tp,
+            "pp": self.pp,
+            "dp": self.dp,
+            "micro_batch": self.micro_batch,
+            "schedule": self.schedule,
+            "virtual_stages": self.virtual_stages,
+            "zero": self.zero,
+            "recompute": self.recompute,
+            "sequence_parallel": self.sequence_parallel,
+        }
 
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def enumerate_plans(spec: TransformerSpec, num_gpus: int, gpus_per_node: int,
-                    global_batch: int, space: SearchSpace | None = None,
-                    rejected: Counter[str] | None = None) -> Iterator[Candidate]:
+def enumerate_plans(
+    spec: TransformerSpec,
+    num_gpus: int,
+    gpus_per_node: int,
+    global_batch: int,
+    space: SearchSpace | None = None,
+    rejected: Counter[str] | None = None,
+) -> Iterator[Candidate]:
     """Every buildable plan of ``spec`` on ``num_gpus`` GPUs; the others are counted by reason
     in ``rejected`` (one count per plan of the full grid that is dropped)."""
     space = space or SearchSpace()
@@ -141,9 +162,15 @@ def enumerate_plans(spec: TransformerSpec, num_gpus: int, gpus_per_node: int,
         sps = [sp for sp in space.sequence_parallel if tp > 1 or not sp] or [False]
         for pp in _divisors(num_gpus // tp):
             dp = num_gpus // (tp * pp)
-            scheds: list[tuple[str, int]] = [("1f1b", 1)] if pp == 1 else [
-                (s, v) for s in space.schedules
-                for v in (space.virtual_stages if s == "interleaved" else (1,))]
+            scheds: list[tuple[str, int]] = (
+                [("1f1b", 1)]
+                if pp == 1
+                else [
+                    (s, v)
+                    for s in space.schedules
+                    for v in (space.virtual_stages if s == "interleaved" else (1,))
+                ]
+            )
             grid = len(space.micro_batches) * len(scheds) * per_variant * len(sps)
             if tp > max_tp:
                 rejected["tp_node"] += grid
@@ -174,9 +201,17 @@ def enumerate_plans(spec: TransformerSpec, num_gpus: int, gpus_per_node: int,
                             continue
                         for recompute in space.recomputes:
                             for sp in sps:
-                                yield Candidate(tp=tp, pp=pp, dp=dp, micro_batch=mb,
-                                                schedule=schedule, virtual_stages=v, zero=zero,
-                                                recompute=recompute, sequence_parallel=sp)
+                                yield Candidate(
+                                    tp=tp,
+                                    pp=pp,
+                                    dp=dp,
+                                    micro_batch=mb,
+                                    schedule=schedule,
+                                    virtual_stages=v,
+                                    zero=zero,
+                                    recompute=recompute,
+                                    sequence_parallel=sp,
+                                )
 
 
 @dataclass(slots=True)
@@ -221,10 +256,17 @@ class SearchResult:
         return self.ranked[0] if self.ranked and not self.simulated else None
 
 
-def search_plans(topology: Topology, spec: TransformerSpec, training: TrainingConfig,
-                 parallel: ParallelConfig, *, space: SearchSpace | None = None,
-                 top_k: int = 3, simulate: Callable[..., StepResult] | None = None,
-                 progress: Callable[[str, int], None] | None = None) -> SearchResult:
+def search_plans(
+    topology: Topology,
+    spec: TransformerSpec,
+    training: TrainingConfig,
+    parallel: ParallelConfig,
+    *,
+    space: SearchSpace | None = None,
+    top_k: int = 3,
+    simulate: Callable[..., StepResult] | None = None,
+    progress: Callable[[str, int], None] | None = None,
+) -> SearchResult:
     """Enumerate, estimate and rank the plans; re-simulate the ``top_k`` best.
 
     Args:
@@ -249,8 +291,9 @@ def search_plans(topology: Topology, spec: TransformerSpec, training: TrainingCo
     pending = 0
     total = 0
     dropped: Counter[str] = Counter()
-    for candidate in enumerate_plans(spec, num_gpus, topology.gpus_per_node,
-                                     training.global_batch, space, dropped):
+    for candidate in enumerate_plans(
+        spec, num_gpus, topology.gpus_per_node, training.global_batch, space, dropped
+    ):
         total += 1
         train_c, par_c = candidate.configs(training, parallel)
         try:
@@ -275,7 +318,7 @@ def search_plans(topology: Topology, spec: TransformerSpec, training: TrainingCo
 
     simulated: list[Ranked] = []
     sim_started = time.perf_counter()
-    for entry in ranked[:max(0, top_k)]:
+    for entry in ranked[: max(0, top_k)]:
         train_c, par_c = entry.candidate.configs(training, parallel)
         t0 = time.perf_counter()
         try:
@@ -295,14 +338,21 @@ def search_plans(topology: Topology, spec: TransformerSpec, training: TrainingCo
             rejected["memory (DES)"] += 1
     simulated.sort(key=lambda r: (r.reason is not None, r.step_time_s))
     considered = total + structural
-    return SearchResult(num_gpus=num_gpus, considered=considered, ranked=ranked,
-                        simulated=simulated, rejected=rejected, estimated=total,
-                        estimate_s=estimate_s,
-                        simulate_s=time.perf_counter() - sim_started)
+    return SearchResult(
+        num_gpus=num_gpus,
+        considered=considered,
+        ranked=ranked,
+        simulated=simulated,
+        rejected=rejected,
+        estimated=total,
+        estimate_s=estimate_s,
+        simulate_s=time.perf_counter() - sim_started,
+    )
 
 
-def _simulate(topology: Topology, spec: TransformerSpec, training: TrainingConfig,
-              parallel: ParallelConfig) -> StepResult:
+def _simulate(
+    topology: Topology, spec: TransformerSpec, training: TrainingConfig, parallel: ParallelConfig
+) -> StepResult:
     from collsim.engine import simulate_step
 
     return simulate_step(topology, spec, training, parallel)
@@ -319,10 +369,14 @@ def search_frame(result: SearchResult, *, limit: int | None = None) -> pd.DataFr
     rows = []
     for index, entry in enumerate(result.ranked[:limit] if limit else result.ranked):
         est = entry.estimate
-        row: dict[str, Any] = {"rank_estimate": index + 1, **entry.candidate.as_dict(),
-                               "num_microbatches": est.num_microbatches,
-                               "est_step_time_s": est.step_time_s,
-                               "est_tokens_per_s": est.tokens_per_s, "est_mfu": est.mfu}
+        row: dict[str, Any] = {
+            "rank_estimate": index + 1,
+            **entry.candidate.as_dict(),
+            "num_microbatches": est.num_microbatches,
+            "est_step_time_s": est.step_time_s,
+            "est_tokens_per_s": est.tokens_per_s,
+            "est_mfu": est.mfu,
+        }
         for key in BREAKDOWN_KEYS:
             row[f"est_{key}_s"] = est.breakdown_s[key]
         row["est_memory_peak_bytes"] = est.memory_peak_bytes
@@ -336,8 +390,6 @@ def search_frame(result: SearchResult, *, limit: int | None = None) -> pd.DataFr
         row["sim_memory_peak_bytes"] = res.memory_peak_bytes if res is not None else float("nan")
         row["sim_fits"] = res.fits if res is not None else pd.NA
         for key in BREAKDOWN_KEYS:
-            row[f"sim_{key}_s"] = res.breakdown_s.get(key, 0.0) if res is not None else float(
-                "nan")
+            row[f"sim_{key}_s"] = res.breakdown_s.get(key, 0.0) if res is not None else float("nan")
         rows.append(row)
     return pd.DataFrame.from_records(rows)
-

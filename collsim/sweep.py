@@ -102,33 +102,42 @@ def parse_gpus(text: str) -> list[int]:
     """
     parts = [p.strip() for p in str(text).split(",") if p.strip()]
     if not parts:
-        raise ConfigError("expected a comma-separated list of GPU counts, e.g. 64,128,...,4096",
-                          key_path="--gpus")
+        raise ConfigError(
+            "expected a comma-separated list of GPU counts, e.g. 64,128,...,4096", key_path="--gpus"
+        )
     out: list[int] = []
     i = 0
     while i < len(parts):
         part = parts[i]
         if part in ("...", "…"):
             if len(out) < 2 or i + 1 >= len(parts) or not _INT.match(parts[i + 1]):
-                raise ConfigError(f"'...' needs two counts before it and one after, got {text!r}",
-                                  key_path="--gpus")
+                raise ConfigError(
+                    f"'...' needs two counts before it and one after, got {text!r}",
+                    key_path="--gpus",
+                )
             first, second, last = out[-2], out[-1], int(parts[i + 1])
             if second % first or second <= first:
-                raise ConfigError(f"'...' continues a geometric progression; {first},{second} is "
-                                  "not one (use e.g. 64,128,...,4096)", key_path="--gpus")
+                raise ConfigError(
+                    f"'...' continues a geometric progression; {first},{second} is "
+                    "not one (use e.g. 64,128,...,4096)",
+                    key_path="--gpus",
+                )
             factor = second // first
             value = second
             while value < last:
                 value *= factor
                 out.append(value)
             if value != last:
-                raise ConfigError(f"{first},{second},...,{last}: {last} is not {first} x "
-                                  f"{factor}^k", key_path="--gpus")
+                raise ConfigError(
+                    f"{first},{second},...,{last}: {last} is not {first} x {factor}^k",
+                    key_path="--gpus",
+                )
             i += 2
             continue
         if not _INT.match(part) or int(part) <= 0:
-            raise ConfigError(f"GPU counts must be positive integers, got {part!r}",
-                              key_path="--gpus")
+            raise ConfigError(
+                f"GPU counts must be positive integers, got {part!r}", key_path="--gpus"
+            )
         out.append(int(part))
         i += 1
     return list(dict.fromkeys(out))
@@ -167,8 +176,9 @@ def parse_set(text: str) -> tuple[str, list[str]]:
     key, sep, raw = str(text).partition("=")
     key = key.strip()
     if not sep or not key:
-        raise ConfigError("expected KEY.PATH=V1,V2,..., e.g. parallel.zero=0,1,2,3",
-                          file=f"--set {text}")
+        raise ConfigError(
+            "expected KEY.PATH=V1,V2,..., e.g. parallel.zero=0,1,2,3", file=f"--set {text}"
+        )
     values = _split_values(raw)
     if any(not v for v in values):
         raise ConfigError(f"empty value in {raw!r}", key_path=key, file=f"--set {text}")
@@ -184,9 +194,11 @@ def parse_plan(text: str) -> tuple[str, list[str]]:
     name, sep, rest = str(text).partition(":")
     name = name.strip()
     if not sep or not name:
-        raise ConfigError("expected NAME: KEY=VALUE, KEY=VALUE, e.g. "
-                          "'DDP + overlap: parallel.zero=0, parallel.ddp.overlap=true'",
-                          file=f"--plan {text}")
+        raise ConfigError(
+            "expected NAME: KEY=VALUE, KEY=VALUE, e.g. "
+            "'DDP + overlap: parallel.zero=0, parallel.ddp.overlap=true'",
+            file=f"--plan {text}",
+        )
     overrides = [item for item in _split_values(rest) if item]
     bad = [item for item in overrides if "=" not in item]
     if bad:
@@ -194,9 +206,14 @@ def parse_plan(text: str) -> tuple[str, list[str]]:
     return name, overrides
 
 
-def check_overrides(path: str | Path, sets: Sequence[tuple[str, Sequence[str]]], *,
-                    gpus: Sequence[int] | None = None, grow: str = "dp",
-                    plans: Mapping[str, Sequence[str]] | None = None) -> None:
+def check_overrides(
+    path: str | Path,
+    sets: Sequence[tuple[str, Sequence[str]]],
+    *,
+    gpus: Sequence[int] | None = None,
+    grow: str = "dp",
+    plans: Mapping[str, Sequence[str]] | None = None,
+) -> None:
     """Load the scenario with each ``--set`` value so that an unknown key or a bad value fails
     before anything runs, with the scenario loader's own one-line error. A value that only
     works together with another swept value (``virtual_stages=2`` with
@@ -210,19 +227,21 @@ def check_overrides(path: str | Path, sets: Sequence[tuple[str, Sequence[str]]],
     from collsim.scenario import load_scenario
 
     if grow not in GROW_AXES:
-        raise ConfigError(f"must be one of {', '.join(GROW_AXES)}; got {grow!r}",
-                          key_path="--grow")
+        raise ConfigError(f"must be one of {', '.join(GROW_AXES)}; got {grow!r}", key_path="--grow")
     for key, _ in sets:
         if gpus and key == f"parallel.{grow}":
-            raise ConfigError(f"is set by --gpus (the {grow} axis grows with the GPU count); "
-                              "sweep another key or pick the growing axis with --grow",
-                              key_path=key, file=f"--set {key}")
+            raise ConfigError(
+                f"is set by --gpus (the {grow} axis grows with the GPU count); "
+                "sweep another key or pick the growing axis with --grow",
+                key_path=key,
+                file=f"--set {key}",
+            )
     base = load_scenario(path)
     try:
-        cluster_for(base.cluster.topology, None, 1)      # an unknown topology is bad input
+        cluster_for(base.cluster.topology, None, 1)  # an unknown topology is bad input
     except ConfigError as exc:
         if exc.file is not None:
-            raise                                        # a malformed topology file: its line
+            raise  # a malformed topology file: its line
         raise base.locate(ConfigError(exc.message, key_path="cluster.topology")) from None
     for name, overrides in (plans or {}).items():
         try:
@@ -251,6 +270,7 @@ def check_overrides(path: str | Path, sets: Sequence[tuple[str, Sequence[str]]],
 
 # -- points ----------------------------------------------------------------------------------
 
+
 def _short_keys(keys: Sequence[str]) -> dict[str, str]:
     """Shortest unambiguous suffix of each dotted key (``parallel.zero`` -> ``zero``)."""
     out = {}
@@ -266,9 +286,12 @@ def _short_keys(keys: Sequence[str]) -> dict[str, str]:
     return out
 
 
-def build_points(*, gpus: Sequence[int] | None = None,
-                 sets: Sequence[tuple[str, Sequence[str]]] = (),
-                 plans: Mapping[str, Sequence[str]] | None = None) -> list[SweepPoint]:
+def build_points(
+    *,
+    gpus: Sequence[int] | None = None,
+    sets: Sequence[tuple[str, Sequence[str]]] = (),
+    plans: Mapping[str, Sequence[str]] | None = None,
+) -> list[SweepPoint]:
     """The grid: every plan (or ``--set`` combination) at every GPU count.
 
     Args:
@@ -286,18 +309,19 @@ def build_points(*, gpus: Sequence[int] | None = None,
     for plan_name, plan_overrides in plan_items:
         for combo in combos:
             pairs = tuple(zip(keys, combo))
-            label_parts = ([plan_name] if plan_name else []) + [
-                f"{short[k]}={v}" for k, v in pairs]
+            label_parts = ([plan_name] if plan_name else []) + [f"{short[k]}={v}" for k, v in pairs]
             label = ", ".join(label_parts)
             overrides = tuple(plan_overrides) + tuple(f"{k}={v}" for k, v in pairs)
             for count in counts:
-                points.append(SweepPoint(label=label, num_gpus=count, overrides=overrides,
-                                         values=pairs))
+                points.append(
+                    SweepPoint(label=label, num_gpus=count, overrides=overrides, values=pairs)
+                )
     return points
 
 
-def _gpu_overrides(scenario: Scenario, num_gpus: int, *, grow: str, strong: bool,
-                   touched: set[str]) -> list[str]:
+def _gpu_overrides(
+    scenario: Scenario, num_gpus: int, *, grow: str, strong: bool, touched: set[str]
+) -> list[str]:
     """Overrides that put ``scenario`` on ``num_gpus`` GPUs by changing the ``grow`` axis.
 
     With weak scaling the global batch of the scenario (after its ``--set`` overrides) is the
@@ -309,11 +333,13 @@ def _gpu_overrides(scenario: Scenario, num_gpus: int, *, grow: str, strong: bool
         ConfigError: the grown axis is also swept with ``--set``.
     """
     if grow not in GROW_AXES:
-        raise ConfigError(f"must be one of {', '.join(GROW_AXES)}; got {grow!r}",
-                          key_path="--grow")
+        raise ConfigError(f"must be one of {', '.join(GROW_AXES)}; got {grow!r}", key_path="--grow")
     if f"parallel.{grow}" in touched:
-        raise ConfigError(f"parallel.{grow} is set by --gpus (it grows with the GPU count); "
-                          "sweep another key or use --grow", key_path=f"parallel.{grow}")
+        raise ConfigError(
+            f"parallel.{grow} is set by --gpus (it grows with the GPU count); "
+            "sweep another key or use --grow",
+            key_path=f"parallel.{grow}",
+        )
     par = scenario.parallel
     sizes = {"tp": par.tp, "pp": par.pp, "dp": par.dp}
     others = 1
@@ -322,8 +348,9 @@ def _gpu_overrides(scenario: Scenario, num_gpus: int, *, grow: str, strong: bool
             others *= size
     if num_gpus % others:
         other_text = " x ".join(f"{a} {s}" for a, s in sizes.items() if a != grow)
-        raise InfeasibleError(f"{num_gpus} GPUs do not split into {other_text} x {grow}",
-                              reason="gpus")
+        raise InfeasibleError(
+            f"{num_gpus} GPUs do not split into {other_text} x {grow}", reason="gpus"
+        )
     new = num_gpus // others
     out = [f"parallel.{grow}={new}"]
     if grow == "dp" and not strong:
@@ -331,7 +358,9 @@ def _gpu_overrides(scenario: Scenario, num_gpus: int, *, grow: str, strong: bool
         if batch % par.dp:
             raise InfeasibleError(
                 f"weak scaling: global batch {scenario.training.global_batch} x {new} / "
-                f"{par.dp} is not whole", reason="gpus")
+                f"{par.dp} is not whole",
+                reason="gpus",
+            )
         out.append(f"training.global_batch={batch // par.dp}")
     return out
 
@@ -356,20 +385,22 @@ def cluster_for(spec: str, num_gpus: int | None, nodes: int | None) -> Topology:
     elif num_gpus < per_node:
         count_nodes, count_gpn = 1, num_gpus
     elif num_gpus % per_node:
-        raise InfeasibleError(f"{num_gpus} GPUs is not a whole number of {per_node}-GPU nodes",
-                              reason="gpus")
+        raise InfeasibleError(
+            f"{num_gpus} GPUs is not a whole number of {per_node}-GPU nodes", reason="gpus"
+        )
     else:
         count_nodes, count_gpn = num_gpus // per_node, per_node
     key = (spec, count_nodes, count_gpn)
     if key not in _TOPOLOGIES:
         _TOPOLOGIES[key] = load_topology(
-            spec, nodes=count_nodes, gpus_per_node=None if count_gpn == per_node else count_gpn)
+            spec, nodes=count_nodes, gpus_per_node=None if count_gpn == per_node else count_gpn
+        )
     return _TOPOLOGIES[key]
 
 
-def resolve_point(path: str | Path, point: SweepPoint, *, grow: str = "dp",
-                  strong: bool = False
-                  ) -> tuple[Scenario, Topology, dict[str, Any]]:
+def resolve_point(
+    path: str | Path, point: SweepPoint, *, grow: str = "dp", strong: bool = False
+) -> tuple[Scenario, Topology, dict[str, Any]]:
     """The scenario, cluster and coordinates of one point.
 
     Raises:
@@ -381,18 +412,22 @@ def resolve_point(path: str | Path, point: SweepPoint, *, grow: str = "dp",
     scenario = load_scenario(path, list(point.overrides))
     if point.num_gpus is not None:
         touched = {text.partition("=")[0].strip() for text in point.overrides}
-        extra = _gpu_overrides(scenario, point.num_gpus, grow=grow, strong=strong,
-                               touched=touched)
+        extra = _gpu_overrides(scenario, point.num_gpus, grow=grow, strong=strong, touched=touched)
         scenario = load_scenario(path, [*point.overrides, *extra])
     topology = cluster_for(scenario.cluster.topology, point.num_gpus, scenario.cluster.nodes)
     par, train = scenario.parallel, scenario.training
     params: dict[str, Any] = {
         "plan": point.label,
         "num_gpus": topology.num_ranks,
-        "tp": par.tp, "pp": par.pp, "dp": par.dp,
-        "schedule": str(par.schedule), "virtual_stages": par.virtual_stages,
-        "zero": par.zero, "sequence_parallel": par.sequence_parallel,
-        "global_batch": train.global_batch, "micro_batch": train.micro_batch,
+        "tp": par.tp,
+        "pp": par.pp,
+        "dp": par.dp,
+        "schedule": str(par.schedule),
+        "virtual_stages": par.virtual_stages,
+        "zero": par.zero,
+        "sequence_parallel": par.sequence_parallel,
+        "global_batch": train.global_batch,
+        "micro_batch": train.micro_batch,
         "recompute": str(train.recompute),
     }
     for key, value in point.values:
@@ -400,12 +435,19 @@ def resolve_point(path: str | Path, point: SweepPoint, *, grow: str = "dp",
     return scenario, topology, params
 
 
-def _default_simulate(topology: Topology, scenario: Scenario, *, trace: bool = False,
-                      all_ranks: bool = False) -> StepResult:
+def _default_simulate(
+    topology: Topology, scenario: Scenario, *, trace: bool = False, all_ranks: bool = False
+) -> StepResult:
     from collsim.engine import simulate_step
 
-    return simulate_step(topology, scenario.model, scenario.training, scenario.parallel,
-                         all_ranks=all_ranks, trace=trace)
+    return simulate_step(
+        topology,
+        scenario.model,
+        scenario.training,
+        scenario.parallel,
+        all_ranks=all_ranks,
+        trace=trace,
+    )
 
 
 def _scenario_gpus(path: str | Path) -> int | None:
@@ -418,9 +460,16 @@ def _scenario_gpus(path: str | Path) -> int | None:
         return None
 
 
-def run_point(path: str | Path, point: SweepPoint, *, grow: str = "dp", strong: bool = False,
-              trace: bool = False, all_ranks: bool = False,
-              simulate: Simulate | None = None) -> SweepOutcome:
+def run_point(
+    path: str | Path,
+    point: SweepPoint,
+    *,
+    grow: str = "dp",
+    strong: bool = False,
+    trace: bool = False,
+    all_ranks: bool = False,
+    simulate: Simulate | None = None,
+) -> SweepOutcome:
     """Resolve and simulate one point; infeasibility becomes the outcome's reason."""
     started = time.perf_counter()
     simulate = simulate or _default_simulate
@@ -450,15 +499,24 @@ def run_point(path: str | Path, point: SweepPoint, *, grow: str = "dp", strong: 
             warnings.warn_explicit(other.message, other.category, other.filename, other.lineno)
     reason = None
     if not result.fits:
-        reason = (f"memory: peak {result.memory_peak_bytes / 1e9:.1f} GB > "
-                  f"{result.memory_capacity_bytes / 1e9:.1f} GB")
+        reason = (
+            f"memory: peak {result.memory_peak_bytes / 1e9:.1f} GB > "
+            f"{result.memory_capacity_bytes / 1e9:.1f} GB"
+        )
     return SweepOutcome(point, result, reason, params, time.perf_counter() - started, messages)
 
 
-def run_sweep(path: str | Path, points: Sequence[SweepPoint], *, grow: str = "dp",
-              strong: bool = False, trace: bool = False, all_ranks: bool = False,
-              simulate: Simulate | None = None,
-              progress: Callable[[SweepOutcome], None] | None = None) -> list[SweepOutcome]:
+def run_sweep(
+    path: str | Path,
+    points: Sequence[SweepPoint],
+    *,
+    grow: str = "dp",
+    strong: bool = False,
+    trace: bool = False,
+    all_ranks: bool = False,
+    simulate: Simulate | None = None,
+    progress: Callable[[SweepOutcome], None] | None = None,
+) -> list[SweepOutcome]:
     """Simulate every point in order; ``progress`` is called after each one.
 
     Check the overrides first with :func:`check_overrides`: here a point whose overrides do not
@@ -466,8 +524,15 @@ def run_sweep(path: str | Path, points: Sequence[SweepPoint], *, grow: str = "dp
     """
     outcomes = []
     for point in points:
-        outcome = run_point(path, point, grow=grow, strong=strong, trace=trace,
-                            all_ranks=all_ranks, simulate=simulate)
+        outcome = run_point(
+            path,
+            point,
+            grow=grow,
+            strong=strong,
+            trace=trace,
+            all_ranks=all_ranks,
+            simulate=simulate,
+        )
         outcomes.append(outcome)
         if progress is not None:
             progress(outcome)
@@ -480,11 +545,14 @@ def sweep_frame(outcomes: Sequence[SweepOutcome]) -> pd.DataFrame:
     with ``; ``) and ``elapsed_s`` (wall seconds of the point)."""
     from collsim.report.frames import results_frame
 
-    frame = results_frame([(o.params, o.result) for o in outcomes],
-                          reasons=[o.reason for o in outcomes])
-    frame["warnings"] = ["; ".join(dict.fromkeys(
-        [*o.warnings, *(o.result.warnings if o.result is not None else [])]))
-        for o in outcomes]
+    frame = results_frame(
+        [(o.params, o.result) for o in outcomes], reasons=[o.reason for o in outcomes]
+    )
+    frame["warnings"] = [
+        "; ".join(
+            dict.fromkeys([*o.warnings, *(o.result.warnings if o.result is not None else [])])
+        )
+        for o in outcomes
+    ]
     frame["elapsed_s"] = [o.elapsed_s for o in outcomes]
     return frame
-

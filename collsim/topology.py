@@ -47,11 +47,27 @@ from collsim.hardware import Device, get_device
 from collsim.units import US, gbit_to_bps, gbps_to_bps
 from collsim.yamlio import ConfigReader, YamlDoc, load_yaml, non_negative, one_of, positive
 
-__all__ = ["Link", "LinkKind", "Interconnect", "CollectiveSettings", "Topology",
-           "load_topology", "parse_topology", "topology_dirs", "resolve_topology_path"]
+__all__ = [
+    "Link",
+    "LinkKind",
+    "Interconnect",
+    "CollectiveSettings",
+    "Topology",
+    "load_topology",
+    "parse_topology",
+    "topology_dirs",
+    "resolve_topology_path",
+]
 
-_COLLECTIVE_OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce",
-                   "all_to_all", "send_recv")
+_COLLECTIVE_OPS = (
+    "all_reduce",
+    "reduce_scatter",
+    "all_gather",
+    "broadcast",
+    "reduce",
+    "all_to_all",
+    "send_recv",
+)
 _ALGORITHMS = ("auto", "ring", "tree", "halving_doubling", "direct", "hierarchical", "nvls")
 
 
@@ -75,8 +91,11 @@ class Interconnect(StrEnum):
     LOOPBACK = "loopback"
 
 
-_INTRA_KIND = {Interconnect.NVSWITCH: LinkKind.NVLINK, Interconnect.PCIE_SWITCH: LinkKind.PCIE,
-               Interconnect.LOOPBACK: LinkKind.LOOPBACK}
+_INTRA_KIND = {
+    Interconnect.NVSWITCH: LinkKind.NVLINK,
+    Interconnect.PCIE_SWITCH: LinkKind.PCIE,
+    Interconnect.LOOPBACK: LinkKind.LOOPBACK,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,10 +177,20 @@ class Topology:
     rank = node x gpus_per_node + local_rank.
     """
 
-    def __init__(self, *, name: str, device: Device, num_nodes: int, gpus_per_node: int,
-                 intra: _IntraSpec, nics: _NicSpec | None, fabric: _FabricSpec,
-                 host_bandwidth_bps: float, collectives: CollectiveSettings,
-                 source: str = "") -> None:
+    def __init__(
+        self,
+        *,
+        name: str,
+        device: Device,
+        num_nodes: int,
+        gpus_per_node: int,
+        intra: _IntraSpec,
+        nics: _NicSpec | None,
+        fabric: _FabricSpec,
+        host_bandwidth_bps: float,
+        collectives: CollectiveSettings,
+        source: str = "",
+    ) -> None:
         self.name = name
         self.device = device
         self.num_nodes = num_nodes
@@ -183,14 +212,22 @@ class Topology:
         """Achievable bytes/s of every link, by index."""
         self.link_latency_s = np.array([link.latency_s for link in self.links], dtype=float)
         """Latency of every link, by index."""
-        self.link_kind_code = np.array([_KIND_CODES.index(link.kind) for link in self.links],
-                                       dtype=np.int64)
+        self.link_kind_code = np.array(
+            [_KIND_CODES.index(link.kind) for link in self.links], dtype=np.int64
+        )
         """``_KIND_CODES`` index of every link's kind (see :meth:`kinds_of`)."""
         self._index_arrays()
 
     # -- graph ----------------------------------------------------------------------------
-    def _add(self, name: str, bandwidth_bps: float, latency_s: float, tier: int, kind: LinkKind,
-             efficiency: float) -> int:
+    def _add(
+        self,
+        name: str,
+        bandwidth_bps: float,
+        latency_s: float,
+        tier: int,
+        kind: LinkKind,
+        efficiency: float,
+    ) -> int:
         index = len(self.links)
         self.links.append(Link(index, name, bandwidth_bps, latency_s, tier, kind, efficiency))
         return index
@@ -198,12 +235,28 @@ class Topology:
     def _build(self) -> None:
         intra = self.intra
         kind = _INTRA_KIND[intra.interconnect]
-        self.gpu_tx = [self._add(f"n{r // self.gpus_per_node}.g{r % self.gpus_per_node}.tx",
-                                 intra.bandwidth_bps, intra.latency_s, 0, kind, intra.efficiency)
-                       for r in range(self.num_ranks)]
-        self.gpu_rx = [self._add(f"n{r // self.gpus_per_node}.g{r % self.gpus_per_node}.rx",
-                                 intra.bandwidth_bps, intra.latency_s, 0, kind, intra.efficiency)
-                       for r in range(self.num_ranks)]
+        self.gpu_tx = [
+            self._add(
+                f"n{r // self.gpus_per_node}.g{r % self.gpus_per_node}.tx",
+                intra.bandwidth_bps,
+                intra.latency_s,
+                0,
+                kind,
+                intra.efficiency,
+            )
+            for r in range(self.num_ranks)
+        ]
+        self.gpu_rx = [
+            self._add(
+                f"n{r // self.gpus_per_node}.g{r % self.gpus_per_node}.rx",
+                intra.bandwidth_bps,
+                intra.latency_s,
+                0,
+                kind,
+                intra.efficiency,
+            )
+            for r in range(self.num_ranks)
+        ]
         self.nic_tx: list[list[int]] = []
         self.nic_rx: list[list[int]] = []
         self.leaf_up: dict[tuple[int, int], int] = {}
@@ -212,28 +265,53 @@ class Topology:
         if nics is None:
             return
         for node in range(self.num_nodes):
-            self.nic_tx.append([self._add(f"n{node}.nic{k}.tx", nics.bandwidth_bps,
-                                          nics.latency_s, 1, LinkKind.NETWORK, nics.efficiency)
-                                for k in range(nics.count)])
-            self.nic_rx.append([self._add(f"n{node}.nic{k}.rx", nics.bandwidth_bps,
-                                          nics.latency_s, 1, LinkKind.NETWORK, nics.efficiency)
-                                for k in range(nics.count)])
+            self.nic_tx.append(
+                [
+                    self._add(
+                        f"n{node}.nic{k}.tx",
+                        nics.bandwidth_bps,
+                        nics.latency_s,
+                        1,
+                        LinkKind.NETWORK,
+                        nics.efficiency,
+                    )
+                    for k in range(nics.count)
+                ]
+            )
+            self.nic_rx.append(
+                [
+                    self._add(
+                        f"n{node}.nic{k}.rx",
+                        nics.bandwidth_bps,
+                        nics.latency_s,
+                        1,
+                        LinkKind.NETWORK,
+                        nics.efficiency,
+                    )
+                    for k in range(nics.count)
+                ]
+            )
         fab = self.fabric
         num_groups = -(-self.num_nodes // fab.nodes_per_leaf)
         if num_groups <= 1:
-            return      # every leaf holds all nodes: no uplink is ever used
-        leaves = ([(k, g) for k in range(nics.count) for g in range(num_groups)] if fab.rails
-                  else [(0, g) for g in range(num_groups)])
+            return  # every leaf holds all nodes: no uplink is ever used
+        leaves = (
+            [(k, g) for k in range(nics.count) for g in range(num_groups)]
+            if fab.rails
+            else [(0, g) for g in range(num_groups)]
+        )
         for leaf in leaves:
             group = leaf[1]
             nodes_here = min(fab.nodes_per_leaf, self.num_nodes - group * fab.nodes_per_leaf)
             ports = nodes_here * (1 if fab.rails else nics.count)
             up_bps = ports * nics.bandwidth_bps / fab.oversubscription
             label = f"rail{leaf[0]}.leaf{group}" if fab.rails else f"leaf{group}"
-            self.leaf_up[leaf] = self._add(f"{label}.up", up_bps, fab.latency_s, 2,
-                                           LinkKind.NETWORK, nics.efficiency)
-            self.leaf_down[leaf] = self._add(f"{label}.down", up_bps, fab.latency_s, 2,
-                                             LinkKind.NETWORK, nics.efficiency)
+            self.leaf_up[leaf] = self._add(
+                f"{label}.up", up_bps, fab.latency_s, 2, LinkKind.NETWORK, nics.efficiency
+            )
+            self.leaf_down[leaf] = self._add(
+                f"{label}.down", up_bps, fab.latency_s, 2, LinkKind.NETWORK, nics.efficiency
+            )
 
     def kinds_of(self, links: Any) -> frozenset[LinkKind]:
         """The kinds of the links with indices ``links`` (an integer array), vectorised."""
@@ -277,8 +355,10 @@ class Topology:
 
     def _check_rank(self, rank: int) -> None:
         if not 0 <= rank < self.num_ranks:
-            raise ConfigError(f"rank {rank} out of range 0..{self.num_ranks - 1} "
-                              f"({self.num_nodes} nodes x {self.gpus_per_node})")
+            raise ConfigError(
+                f"rank {rank} out of range 0..{self.num_ranks - 1} "
+                f"({self.num_nodes} nodes x {self.gpus_per_node})"
+            )
 
     def path(self, src: int, dst: int) -> tuple[int, ...]:
         """Link indices from ``src`` to ``dst`` (empty for src == dst), cached.
@@ -329,12 +409,20 @@ class Topology:
 
     def describe(self) -> str:
         """One line: name, nodes x GPUs, device, interconnect, NICs."""
-        nic = "no NICs" if self.nics is None else (
-            f"{self.nics.count} x {self.nics.bandwidth_bps * 8 / 1e9:g} Gb/s NICs"
-            f"{', rails' if self.fabric.rails else ''}"
-            f"{f', {self.fabric.oversubscription:g}:1' if self.fabric.oversubscription != 1 else ''}")
-        return (f"{self.name}: {self.num_nodes} x {self.gpus_per_node} {self.device.name}, "
-                f"{self.intra.interconnect} {self.intra.bandwidth_bps / 1e9:g} GB/s, {nic}")
+        oversub = self.fabric.oversubscription
+        nic = (
+            "no NICs"
+            if self.nics is None
+            else (
+                f"{self.nics.count} x {self.nics.bandwidth_bps * 8 / 1e9:g} Gb/s NICs"
+                f"{', rails' if self.fabric.rails else ''}"
+                f"{f', {oversub:g}:1' if oversub != 1 else ''}"
+            )
+        )
+        return (
+            f"{self.name}: {self.num_nodes} x {self.gpus_per_node} {self.device.name}, "
+            f"{self.intra.interconnect} {self.intra.bandwidth_bps / 1e9:g} GB/s, {nic}"
+        )
 
     def __repr__(self) -> str:
         return f"Topology({self.describe()})"
@@ -361,12 +449,14 @@ def resolve_topology_path(spec: str | Path) -> Path:
             if candidate.is_file():
                 return candidate
     known = sorted({p.stem for d in topology_dirs() if d.is_dir() for p in d.glob("*.yaml")})
-    raise ConfigError(f"no topology file or name {str(spec)!r} (known names: "
-                      f"{', '.join(known) or 'none'})")
+    raise ConfigError(
+        f"no topology file or name {str(spec)!r} (known names: {', '.join(known) or 'none'})"
+    )
 
 
-def load_topology(spec: str | Path, *, nodes: int | None = None,
-                  gpus_per_node: int | None = None) -> Topology:
+def load_topology(
+    spec: str | Path, *, nodes: int | None = None, gpus_per_node: int | None = None
+) -> Topology:
     """Load a topology from a YAML file or a name in ``topologies/``.
 
     Args:
@@ -381,8 +471,9 @@ def load_topology(spec: str | Path, *, nodes: int | None = None,
     return parse_topology(doc, nodes=nodes, gpus_per_node=gpus_per_node)
 
 
-def parse_topology(doc: YamlDoc, *, nodes: int | None = None,
-                   gpus_per_node: int | None = None) -> Topology:
+def parse_topology(
+    doc: YamlDoc, *, nodes: int | None = None, gpus_per_node: int | None = None
+) -> Topology:
     """Build a Topology from a parsed document (see the module docstring for the schema)."""
     root = ConfigReader(doc.data, doc=doc)
     name = root.get("name", str)
@@ -397,8 +488,9 @@ def parse_topology(doc: YamlDoc, *, nodes: int | None = None,
 
     sec = root.section("intra_node")
     intra = _IntraSpec(
-        interconnect=Interconnect(sec.get("interconnect", str,
-                                          check=one_of(*[i.value for i in Interconnect]))),
+        interconnect=Interconnect(
+            sec.get("interconnect", str, check=one_of(*[i.value for i in Interconnect]))
+        ),
         bandwidth_bps=gbps_to_bps(sec.get("bandwidth_gbps", float, check=positive)),
         **_efficiency_and_latency(sec),
         nvls=sec.get("nvls", bool, default=False),
@@ -460,20 +552,33 @@ def parse_topology(doc: YamlDoc, *, nodes: int | None = None,
         raise ConfigError(f"gpus_per_node must be >= 1, got {ranks_per_node}")
     if num_nodes > 1 and nics is None:
         raise root.error(f"{num_nodes} nodes asked but the topology has no 'nics' section")
-    return Topology(name=name, device=device, num_nodes=num_nodes, gpus_per_node=ranks_per_node,
-                    intra=intra, nics=nics, fabric=fabric, host_bandwidth_bps=host_bps,
-                    collectives=CollectiveSettings(library=library, overhead_s=overhead_s,
-                                                   algorithms=overrides,
-                                                   op_overhead_s=op_overhead_s,
-                                                   op_efficiency=op_efficiency,
-                                                   op_knee=op_knee),
-                    source=doc.file)
+    return Topology(
+        name=name,
+        device=device,
+        num_nodes=num_nodes,
+        gpus_per_node=ranks_per_node,
+        intra=intra,
+        nics=nics,
+        fabric=fabric,
+        host_bandwidth_bps=host_bps,
+        collectives=CollectiveSettings(
+            library=library,
+            overhead_s=overhead_s,
+            algorithms=overrides,
+            op_overhead_s=op_overhead_s,
+            op_efficiency=op_efficiency,
+            op_knee=op_knee,
+        ),
+        source=doc.file,
+    )
 
 
 def _efficiency_and_latency(sec: ConfigReader) -> dict[str, float]:
     """The ``efficiency`` and ``latency_us`` keys every link class has."""
-    return {"efficiency": sec.get("efficiency", float, default=1.0, check=_fraction),
-            "latency_s": sec.get("latency_us", float, default=0.0, check=non_negative) * US}
+    return {
+        "efficiency": sec.get("efficiency", float, default=1.0, check=_fraction),
+        "latency_s": sec.get("latency_us", float, default=0.0, check=non_negative) * US,
+    }
 
 
 def _op_keys(sec: ConfigReader) -> list[str]:
@@ -493,8 +598,9 @@ def _knee(one: ConfigReader, efficiency: float) -> tuple[float, float]:
     knee_bytes = one.get("knee_bytes", (int, float), check=non_negative)
     knee_eff = one.get("knee_efficiency", float, check=_fraction)
     if knee_eff > efficiency:
-        raise one.error(f"must be <= the op's efficiency ({efficiency}), got {knee_eff}",
-                        "knee_efficiency")
+        raise one.error(
+            f"must be <= the op's efficiency ({efficiency}), got {knee_eff}", "knee_efficiency"
+        )
     return float(knee_bytes), knee_eff
 
 

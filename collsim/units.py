@@ -13,10 +13,22 @@ from __future__ import annotations
 import re
 
 __all__ = [
-    "KB", "MB", "GB", "TB", "KiB", "MiB", "GiB", "TiB",
-    "US", "MS", "NS",
-    "gbps_to_bps", "gbit_to_bps", "tflops_to_flops",
-    "parse_size", "format_size",
+    "KB",
+    "MB",
+    "GB",
+    "TB",
+    "KiB",
+    "MiB",
+    "GiB",
+    "TiB",
+    "US",
+    "MS",
+    "NS",
+    "gbps_to_bps",
+    "gbit_to_bps",
+    "tflops_to_flops",
+    "parse_size",
+    "format_size",
 ]
 
 KB = 1e3
@@ -78,7 +90,7 @@ def format_size(size_bytes: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(value) < 1024 or unit == "TiB":
             if unit == "B":
-                return f"{value:.0f} B"       # rounded, like the larger units
+                return f"{value:.0f} B"  # rounded, like the larger units
             return f"{value:.4g} {unit}"
         value /= 1024
     raise AssertionError("unreachable")

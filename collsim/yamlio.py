@@ -14,16 +14,25 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import yaml
 
 from collsim.errors import ConfigError
 
-__all__ = ["YamlDoc", "load_yaml", "parse_yaml_text", "ConfigReader", "REQUIRED",
-           "positive", "non_negative", "one_of"]
+__all__ = [
+    "YamlDoc",
+    "load_yaml",
+    "parse_yaml_text",
+    "ConfigReader",
+    "REQUIRED",
+    "positive",
+    "non_negative",
+    "one_of",
+]
 
 KeyPath = tuple[str | int, ...]
 
@@ -50,8 +59,9 @@ class _LineLoader(yaml.SafeLoader):
     """SafeLoader; line numbers are read from the composed node tree."""
 
 
-def _construct(node: yaml.Node, path: KeyPath, lines: dict[KeyPath, int],
-               loader: yaml.SafeLoader) -> Any:
+def _construct(
+    node: yaml.Node, path: KeyPath, lines: dict[KeyPath, int], loader: yaml.SafeLoader
+) -> Any:
     lines.setdefault(path, node.start_mark.line + 1)
     if isinstance(node, yaml.MappingNode):
         out: dict[Any, Any] = {}
@@ -59,9 +69,11 @@ def _construct(node: yaml.Node, path: KeyPath, lines: dict[KeyPath, int],
         for key_node, value_node in node.value:
             key = loader.construct_object(key_node, deep=True)
             if key in out:
-                raise ConfigError(f"duplicate key {key!r}",
-                                  key_path=_dotted(path + (key,)),
-                                  line=key_node.start_mark.line + 1)
+                raise ConfigError(
+                    f"duplicate key {key!r}",
+                    key_path=_dotted(path + (key,)),
+                    line=key_node.start_mark.line + 1,
+                )
             lines[path + (key,)] = key_node.start_mark.line + 1
             out[key] = _construct(value_node, path + (key,), lines, loader)
         return out
@@ -137,15 +149,23 @@ def non_negative(value: Any) -> str | None:
 
 def one_of(*choices: Any) -> Check:
     """Rule: value is one of ``choices``."""
+
     def check(value: Any) -> str | None:
         if value in choices:
             return None
         return f"must be one of {', '.join(map(str, choices))}; got {value!r}"
+
     return check
 
 
-_TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false",
-               dict: "a mapping", list: "a list"}
+_TYPE_NAMES = {
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    bool: "true or false",
+    dict: "a mapping",
+    list: "a list",
+}
 
 
 class ConfigReader:
@@ -157,8 +177,9 @@ class ConfigReader:
         path: key path of ``data`` inside ``doc``.
     """
 
-    def __init__(self, data: Any, *, doc: YamlDoc | None = None, path: KeyPath = (),
-                 file: str | None = None) -> None:
+    def __init__(
+        self, data: Any, *, doc: YamlDoc | None = None, path: KeyPath = (), file: str | None = None
+    ) -> None:
         self.doc = doc
         self.path = tuple(path)
         self.file = file if file is not None else (doc.file if doc is not None else None)
@@ -178,8 +199,13 @@ class ConfigReader:
     def has(self, key: str) -> bool:
         return key in self.data
 
-    def get(self, key: str, kind: type | tuple[type, ...], default: Any = REQUIRED,
-            check: Check | None = None) -> Any:
+    def get(
+        self,
+        key: str,
+        kind: type | tuple[type, ...],
+        default: Any = REQUIRED,
+        check: Check | None = None,
+    ) -> Any:
         """Read ``key`` as ``kind`` (int accepted where float is asked), apply ``check``."""
         self._seen.add(key)
         if key not in self.data or self.data[key] is None and default is not REQUIRED:
@@ -200,7 +226,7 @@ class ConfigReader:
                 raise self.error(problem, key)
         return value
 
-    def section(self, key: str, default_empty: bool = False) -> "ConfigReader":
+    def section(self, key: str, default_empty: bool = False) -> ConfigReader:
         """A reader over the mapping under ``key``."""
         self._seen.add(key)
         if key not in self.data or self.data[key] is None:
@@ -224,9 +250,15 @@ class ConfigReader:
 
 
 def _type_name(value: Any) -> str:
-    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean",
-            int: "an integer", float: "a number", type(None): "nothing"}.get(type(value),
-                                                                               type(value).__name__)
+    return {
+        dict: "a mapping",
+        list: "a list",
+        str: "a string",
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        type(None): "nothing",
+    }.get(type(value), type(value).__name__)
 
 
 def _kinds_name(kinds: tuple[type, ...]) -> str:

@@ -39,15 +39,20 @@ def scaling() -> Path:
         "FSDP / ZeRO-3": ["parallel.zero=3"],
         "DDP + comm overlap": ["parallel.zero=0", "parallel.ddp.overlap=true"],
     }
-    common = ["cluster.topology=dgx_a100", "model.preset=gpt3-2.7b",
-              "training.global_batch=8", "training.micro_batch=1",
-              "training.recompute=selective"]
+    common = [
+        "cluster.topology=dgx_a100",
+        "model.preset=gpt3-2.7b",
+        "training.global_batch=8",
+        "training.micro_batch=1",
+        "training.recompute=selective",
+    ]
     plans = {name: common + over for name, over in plans.items()}
     points = build_points(gpus=parse_gpus("1,2,...,512"), plans=plans)
     frame = sweep_frame(run_sweep(SCENARIOS / "ddp_gpt3_1.3b.yaml", points))
     frame.to_csv(OUT / "scaling.csv", index=False)
-    fig = plot_scaling(frame, title="GPT-3 2.7B on DGX A100, one sequence per GPU "
-                                    "(simulated, weak scaling)")
+    fig = plot_scaling(
+        frame, title="GPT-3 2.7B on DGX A100, one sequence per GPU (simulated, weak scaling)"
+    )
     return save_figure(fig, OUT / "scaling.png")
 
 
@@ -56,13 +61,18 @@ def memory() -> Path:
     from collsim.report.plots import plot_memory, save_figure
     from collsim.sweep import build_points, parse_gpus, run_sweep, sweep_frame
 
-    plans = {"DDP": ["parallel.zero=0"], "ZeRO-1": ["parallel.zero=1"],
-             "ZeRO-2": ["parallel.zero=2"], "ZeRO-3 / FSDP": ["parallel.zero=3"]}
+    plans = {
+        "DDP": ["parallel.zero=0"],
+        "ZeRO-1": ["parallel.zero=1"],
+        "ZeRO-2": ["parallel.zero=2"],
+        "ZeRO-3 / FSDP": ["parallel.zero=3"],
+    }
     points = build_points(gpus=parse_gpus("8,16,...,64"), plans=plans)
     frame = sweep_frame(run_sweep(SCENARIOS / "seed_7b_fp32_ddp.yaml", points))
     frame.to_csv(OUT / "memory.csv", index=False)
-    fig = plot_memory(frame, title="Llama-2 7B, fp32 Adam, DGX A100 80GB: peak memory per GPU "
-                                   "(simulated)")
+    fig = plot_memory(
+        frame, title="Llama-2 7B, fp32 Adam, DGX A100 80GB: peak memory per GPU (simulated)"
+    )
     return save_figure(fig, OUT / "memory.png")
 
 
@@ -73,9 +83,11 @@ def timeline() -> Path:
 
     outcome = run_point(SCENARIOS / "fsdp_llama2_7b.yaml", SweepPoint("", None), trace=True)
     assert outcome.result is not None, outcome.reason
-    fig = plot_memory_timeline(outcome.result, rank=0,
-                               title="FSDP (ZeRO-3) Llama-2 7B on 16 H100: memory of rank 0 "
-                                     "over one step")
+    fig = plot_memory_timeline(
+        outcome.result,
+        rank=0,
+        title="FSDP (ZeRO-3) Llama-2 7B on 16 H100: memory of rank 0 over one step",
+    )
     return save_figure(fig, OUT / "memory_timeline.png")
 
 
@@ -85,11 +97,15 @@ def step() -> Path:
     from collsim.report.plots import plot_step, save_figure
     from collsim.sweep import SweepPoint, run_point
 
-    outcome = run_point(SCENARIOS / "pipeline_13b_interleaved.yaml", SweepPoint("", None),
-                        trace=True)
+    outcome = run_point(
+        SCENARIOS / "pipeline_13b_interleaved.yaml", SweepPoint("", None), trace=True
+    )
     assert outcome.result is not None, outcome.reason
-    fig = plot_step(outcome.result, stage_of=lambda rank: (rank // 8) % 4,
-                    title="GPT-3 13B, TP 8 x PP 4, interleaved 1F1B on 32 A100 (simulated)")
+    fig = plot_step(
+        outcome.result,
+        stage_of=lambda rank: (rank // 8) % 4,
+        title="GPT-3 13B, TP 8 x PP 4, interleaved 1F1B on 32 A100 (simulated)",
+    )
     return save_figure(fig, OUT / "step.png")
 
 
@@ -99,16 +115,28 @@ def pipeline() -> Path:
     from collsim.sweep import SweepPoint, run_point
 
     results = {}
-    for kind, label, v in (("gpipe", "GPipe", 1), ("1f1b", "1F1B", 1),
-                           ("interleaved", "interleaved 1F1B (v=2)", 2)):
-        point = SweepPoint("", None, (f"parallel.schedule={kind}",
-                                      f"parallel.virtual_stages={v}",
-                                      "training.global_batch=8"))
+    for kind, label, v in (
+        ("gpipe", "GPipe", 1),
+        ("1f1b", "1F1B", 1),
+        ("interleaved", "interleaved 1F1B (v=2)", 2),
+    ):
+        point = SweepPoint(
+            "",
+            None,
+            (
+                f"parallel.schedule={kind}",
+                f"parallel.virtual_stages={v}",
+                "training.global_batch=8",
+            ),
+        )
         outcome = run_point(SCENARIOS / "pipeline_13b_1f1b.yaml", point, trace=True)
         assert outcome.result is not None, outcome.reason
         results[label] = outcome.result
-    fig = plot_pipeline(results, stage_of=lambda rank: (rank // 8) % 4,
-                        title="GPT-3 13B, TP 8 x PP 4 on 32 A100, 8 micro-batches (simulated)")
+    fig = plot_pipeline(
+        results,
+        stage_of=lambda rank: (rank // 8) % 4,
+        title="GPT-3 13B, TP 8 x PP 4 on 32 A100, 8 micro-batches (simulated)",
+    )
     return save_figure(fig, OUT / "pipeline.png")
 
 
@@ -125,19 +153,20 @@ def breakdown() -> Path:
 
     scenario = load_scenario(SCENARIOS / "3d_175b.yaml")
     topology = scenario.cluster.load()
-    found = search_plans(topology, scenario.model, scenario.training, scenario.parallel,
-                         top_k=3)
+    found = search_plans(topology, scenario.model, scenario.training, scenario.parallel, top_k=3)
     rows = []
     for entry in found.simulated:
         rows.append(({"plan": "search: " + entry.candidate.label}, entry.result))
     megatron8 = dataclasses.replace(scenario.parallel, schedule="interleaved", virtual_stages=2)
     megatron16 = dataclasses.replace(megatron8, pp=16, dp=8)
     for label, parallel in (
-            ("scenario: tp8 pp8 dp16 mb1 1f1b zero1 rc=full", scenario.parallel),
-            ("Megatron-like: tp8 pp8 dp16 mb1 interleaved v2 zero1 rc=full", megatron8),
-            ("Megatron-like: tp8 pp16 dp8 mb1 interleaved v2 zero1 rc=full", megatron16)):
-        rows.append(({"plan": label}, simulate_step(topology, scenario.model,
-                                                    scenario.training, parallel)))
+        ("scenario: tp8 pp8 dp16 mb1 1f1b zero1 rc=full", scenario.parallel),
+        ("Megatron-like: tp8 pp8 dp16 mb1 interleaved v2 zero1 rc=full", megatron8),
+        ("Megatron-like: tp8 pp16 dp8 mb1 interleaved v2 zero1 rc=full", megatron16),
+    ):
+        rows.append(
+            ({"plan": label}, simulate_step(topology, scenario.model, scenario.training, parallel))
+        )
     frame = results_frame(rows)
     frame.to_csv(OUT / "breakdown.csv", index=False)
     fig = plot_breakdown(frame, title="GPT-3 175B on 1024 A100, global batch 1536 (simulated)")
@@ -156,8 +185,12 @@ def collectives() -> Path:
 
     topology = load_topology("dgx_h100", nodes=1)
     sizes = [1 << k for k in range(10, 35)]
-    frame = collective_cost_frame("all_reduce", sizes, Group.all(topology),
-                                  ["ring", "tree", "halving_doubling", "direct", "nvls", "auto"])
+    frame = collective_cost_frame(
+        "all_reduce",
+        sizes,
+        Group.all(topology),
+        ["ring", "tree", "halving_doubling", "direct", "nvls", "auto"],
+    )
     frame["algorithm"] = frame["algorithm"].replace({"auto": "auto (NCCL-like choice)"})
     frames = [frame]
     if NCCL_REFERENCE.exists():
@@ -165,22 +198,32 @@ def collectives() -> Path:
         measured = measured[measured["size_bytes"] >= sizes[0]]
         measured["algorithm"] = "nccl-tests measured (DGX H100)"
         frames.append(measured)
-    fig = plot_collectives(pd.concat(frames, ignore_index=True),
-                           title="all_reduce on 8 x H100 (NVLink4 + NVSwitch): closed form vs "
-                                 "nccl-tests")
+    fig = plot_collectives(
+        pd.concat(frames, ignore_index=True),
+        title="all_reduce on 8 x H100 (NVLink4 + NVSwitch): closed form vs nccl-tests",
+    )
     return save_figure(fig, OUT / "collectives.png")
 
 
-FIGURES = {"scaling": scaling, "memory": memory, "timeline": timeline, "step": step,
-           "pipeline": pipeline, "breakdown": breakdown, "collectives": collectives}
+FIGURES = {
+    "scaling": scaling,
+    "memory": memory,
+    "timeline": timeline,
+    "step": step,
+    "pipeline": pipeline,
+    "breakdown": breakdown,
+    "collectives": collectives,
+}
 
 
 def main(argv: list[str]) -> int:
     names = argv or list(FIGURES)
     unknown = [n for n in names if n not in FIGURES]
     if unknown:
-        print(f"unknown figure(s) {', '.join(unknown)}; choose from {', '.join(FIGURES)}",
-              file=sys.stderr)
+        print(
+            f"unknown figure(s) {', '.join(unknown)}; choose from {', '.join(FIGURES)}",
+            file=sys.stderr,
+        )
         return 2
     OUT.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings():

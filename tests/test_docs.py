@@ -113,7 +113,7 @@ def parse_console(text: str) -> list[Step]:
         match = _EXIT.search(command)
         if match:
             code = int(match.group(1))
-            command = command[:match.start()]
+            command = command[: match.start()]
         expected = []
         while i < len(lines) and not lines[i].startswith("$ "):
             line = lines[i].rstrip()
@@ -165,8 +165,12 @@ def _prepare(folder: Path, doc: str) -> None:
 
 
 @pytest.mark.parametrize("block", CONSOLE, ids=[b.id for b in CONSOLE])
-def test_console_example(block: Block, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_console_example(
+    block: Block,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     _prepare(tmp_path, block.doc)
     monkeypatch.chdir(tmp_path)
     for step in parse_console(block.text):
@@ -191,8 +195,9 @@ NORUN = [b for b in ALL_BLOCKS if b.lang == "console" and "norun" in b.options]
 
 
 @pytest.mark.parametrize("block", NORUN, ids=[b.id for b in NORUN])
-def test_shown_example_parses(block: Block, tmp_path: Path,
-                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_shown_example_parses(
+    block: Block, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Examples that are only shown (torch, slow) still name real commands and valid flags."""
     from collsim.cli import cli
 
@@ -208,7 +213,7 @@ def test_shown_example_parses(block: Block, tmp_path: Path,
             found = command.get_command(ctx, name)
             assert found is not None, f"no command {name!r} in {step.argv}"
             command, parent = found, ctx
-        command.make_context(name, args, parent=parent)    # UsageError on a bad flag
+        command.make_context(name, args, parent=parent)  # UsageError on a bad flag
         # what this step would write exists for the next ones (plot breakdown plans.csv)
         for flag, value in zip(step.argv, step.argv[1:]):
             target = Path(value).resolve()
@@ -237,8 +242,7 @@ def _load(path: Path) -> None:
 
 
 @pytest.mark.parametrize("block", YAML, ids=[b.id for b in YAML])
-def test_yaml_example_loads(block: Block, tmp_path: Path,
-                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_yaml_example_loads(block: Block, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _prepare(tmp_path, block.doc)
     monkeypatch.chdir(tmp_path)
     path = tmp_path / "example.yaml"
@@ -263,8 +267,11 @@ def test_presets_table_matches_the_code() -> None:
 
     text = (DOCS / "scenarios.md").read_text(encoding="utf-8")
     table = text.split("<!-- presets-table: begin -->\n")[1].split("<!-- presets-table: end -->")[0]
-    script = next(b.text for b in ALL_BLOCKS
-                  if b.doc == "scenarios.md" and b.lang == "python" and "PRESETS" in b.text)
+    script = next(
+        b.text
+        for b in ALL_BLOCKS
+        if b.doc == "scenarios.md" and b.lang == "python" and "PRESETS" in b.text
+    )
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         exec(compile(script, "docs/scenarios.md", "exec"), {})
@@ -273,8 +280,16 @@ def test_presets_table_matches_the_code() -> None:
     assert [r[0].strip().strip("`") for r in rows] == list(PRESETS)
     for row, spec in zip(rows, PRESETS.values()):
         cells = [int(c.strip().replace(",", "")) for c in row[1:]]
-        assert cells == [spec.num_layers, spec.hidden, spec.num_heads, spec.kv_heads,
-                         spec.ffn_hidden, spec.seq_len, spec.vocab, spec.num_parameters()]
+        assert cells == [
+            spec.num_layers,
+            spec.hidden,
+            spec.num_heads,
+            spec.kv_heads,
+            spec.ffn_hidden,
+            spec.seq_len,
+            spec.vocab,
+            spec.num_parameters(),
+        ]
 
 
 def _commands() -> list[tuple[str, click.Command]]:
@@ -296,8 +311,9 @@ def test_every_command_and_option_is_documented() -> None:
 
     def section(name: str) -> str | None:
         """The text under the heading that names `collsim NAME`, up to the next heading."""
-        found = re.search(rf"^#+ [^\n]*`collsim {re.escape(name)}`.*?(?=^#+ |\Z)",
-                          text, re.M | re.S)
+        found = re.search(
+            rf"^#+ [^\n]*`collsim {re.escape(name)}`.*?(?=^#+ |\Z)", text, re.M | re.S
+        )
         return found.group(0) if found else None
 
     missing = []

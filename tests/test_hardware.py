@@ -13,15 +13,16 @@ def test_catalogue_has_the_issue_devices() -> None:
 @pytest.mark.parametrize(
     ("name", "full", "bf16_tflops", "memory_gb", "hbm_tbps"),
     [
-        ("a100", "A100 SXM 80GB", 312, 80, 2.0),      # reference/hardware.yaml
+        ("a100", "A100 SXM 80GB", 312, 80, 2.0),  # reference/hardware.yaml
         ("h100", "H100 SXM", 989, 80, 3.35),
         ("h200", "H200 SXM", 989, 141, 4.8),
         ("b200", "B200 SXM", 2250, 180, 8.0),
     ],
     ids=["a100", "h100", "h200", "b200"],
 )
-def test_gpu_figures_match_the_reference(name: str, full: str, bf16_tflops: float,
-                                         memory_gb: float, hbm_tbps: float) -> None:
+def test_gpu_figures_match_the_reference(
+    name: str, full: str, bf16_tflops: float, memory_gb: float, hbm_tbps: float
+) -> None:
     device = get_device(name)
     assert device.name == full
     assert device.peak_flops_for("bf16") == pytest.approx(bf16_tflops * 1e12)
@@ -58,13 +59,20 @@ def test_unknown_dtype_is_a_config_error() -> None:
 
 def test_efficiency_out_of_range_is_rejected() -> None:
     with pytest.raises(ConfigError, match="matmul_efficiency"):
-        Device(name="x", peak_flops={"bf16": 1.0}, matmul_efficiency=1.5, memory_bytes=1.0,
-               memory_bandwidth_bps=1.0)
+        Device(
+            name="x",
+            peak_flops={"bf16": 1.0},
+            matmul_efficiency=1.5,
+            memory_bytes=1.0,
+            memory_bandwidth_bps=1.0,
+        )
 
 
 def test_missing_dtype_names_the_training_key() -> None:
     from collsim.errors import ConfigError
     from collsim.hardware import get_device
 
-    with pytest.raises(ConfigError, match=r"^training\.dtype: A100 .* no peak FLOP/s for dtype 'fp8'"):
+    with pytest.raises(
+        ConfigError, match=r"^training\.dtype: A100 .* no peak FLOP/s for dtype 'fp8'"
+    ):
         get_device("a100").peak_flops_for("fp8")

@@ -85,7 +85,7 @@ def test_transfers_started_together_are_one_recomputation() -> None:
     net = FlowNetwork(env, topo)
     events = [net.transfer(s, d, 1e6) for s in range(4) for d in range(4) if s != d]
     env.run(simpy.AllOf(env, events))
-    assert net.num_recomputes == 1         # 12 equal flows all end together
+    assert net.num_recomputes == 1  # 12 equal flows all end together
     # each rank sends 3 MB through its 100 GB/s link, plus 2 us of latency
     assert env.now == pytest.approx(3e6 / GBPS + 2e-6)
 

@@ -36,7 +36,7 @@ parallel:
 
 @pytest.fixture(autouse=True)
 def _in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(tmp_path)     # errors then name the file as "s.yaml"
+    monkeypatch.chdir(tmp_path)  # errors then name the file as "s.yaml"
 
 
 def write(tmp_path: Path, text: str, name: str = "s.yaml") -> Path:
@@ -54,23 +54,27 @@ def test_loads_every_section(tmp_path: Path) -> None:
     assert (s.parallel.tp, s.parallel.pp, s.parallel.dp, s.parallel.zero) == (2, 2, 4, 1)
     assert s.parallel.schedule is ScheduleKind.GPIPE
     assert s.parallel.ddp.bucket_mb == 50.0 and s.parallel.ddp.overlap is False
-    assert s.parallel.fsdp.prefetch == 1          # default of the section left out
+    assert s.parallel.fsdp.prefetch == 1  # default of the section left out
     assert s.source == Path("s.yaml")
 
 
 def test_explicit_model_keys_override_the_preset(tmp_path: Path) -> None:
-    text = BASE.replace("  preset: gpt3-1.3b\n", "  preset: gpt3-1.3b\n  layers: 4\n"
-                                                 "  seq_len: 1024\n  kv_heads: 4\n")
+    text = BASE.replace(
+        "  preset: gpt3-1.3b\n",
+        "  preset: gpt3-1.3b\n  layers: 4\n  seq_len: 1024\n  kv_heads: 4\n",
+    )
     s = load_scenario(write(tmp_path, text))
     preset = get_preset("gpt3-1.3b")
     assert (s.model.num_layers, s.model.seq_len, s.model.num_kv_heads) == (4, 1024, 4)
     assert s.model.hidden == preset.hidden and s.model.vocab == preset.vocab
-    assert s.model.name != preset.name            # a modified preset is not named as the preset
+    assert s.model.name != preset.name  # a modified preset is not named as the preset
 
 
 def test_model_without_preset_needs_the_shape(tmp_path: Path) -> None:
-    model = ("model:\n  layers: 2\n  hidden: 64\n  heads: 4\n  seq_len: 128\n  vocab: 1000\n"
-             "  norm: rmsnorm\n  gated_mlp: true\n")
+    model = (
+        "model:\n  layers: 2\n  hidden: 64\n  heads: 4\n  seq_len: 128\n  vocab: 1000\n"
+        "  norm: rmsnorm\n  gated_mlp: true\n"
+    )
     s = load_scenario(write(tmp_path, BASE.replace("model:\n  preset: gpt3-1.3b\n", model)))
     assert (s.model.num_layers, s.model.hidden, s.model.ffn_hidden) == (2, 64, 256)
     assert s.model.norm == "rmsnorm" and s.model.gated_mlp is True
@@ -80,12 +84,20 @@ def test_model_without_preset_needs_the_shape(tmp_path: Path) -> None:
 
 
 def test_set_overrides_any_key_with_yaml_values(tmp_path: Path) -> None:
-    s = load_scenario(write(tmp_path, BASE), [
-        "parallel.tp=4", "parallel.dp=2", "parallel.sequence_parallel=true",
-        "parallel.fsdp.offload=yes",            # YAML 1.1 boolean
-        "training.dtype=fp32", "model.layers=8", "cluster.nodes=1", "name=renamed",
-        "parallel.tp=8",                        # the last one wins
-    ])
+    s = load_scenario(
+        write(tmp_path, BASE),
+        [
+            "parallel.tp=4",
+            "parallel.dp=2",
+            "parallel.sequence_parallel=true",
+            "parallel.fsdp.offload=yes",  # YAML 1.1 boolean
+            "training.dtype=fp32",
+            "model.layers=8",
+            "cluster.nodes=1",
+            "name=renamed",
+            "parallel.tp=8",  # the last one wins
+        ],
+    )
     assert (s.parallel.tp, s.parallel.dp, s.parallel.sequence_parallel) == (8, 2, True)
     assert s.parallel.fsdp.offload is True
     assert s.training.dtype == "fp32" and s.model.num_layers == 8
@@ -98,60 +110,122 @@ def test_set_creates_missing_sections(tmp_path: Path) -> None:
     assert s.parallel.ddp.bucket_mb == 100.0
 
 
-@pytest.mark.parametrize("text, pattern", [
-    # unknown key, with the line and the keys that are known there
-    (BASE.replace("  tp: 2\n", "  tp: 2\n  tpp: 3\n"),
-     r"^s.yaml:13: parallel.tpp: unknown key \(known keys here: .*tp"),
-    # wrong type
-    (BASE.replace("  tp: 2\n", "  tp: two\n"), r"^s.yaml:12: parallel.tp: must be an integer"),
-    (BASE.replace("optimizer: adam", "optimizer: 3"),
-     r"^s.yaml:9: training.optimizer: must be a string"),
-    (BASE.replace("overlap: false", "overlap: 2"),
-     r"^s.yaml:17: parallel.ddp.overlap: must be true or false"),
-    # a value rejected by the config dataclass gets the file and line added
-    (BASE.replace("recompute: selective", "recompute: sometimes"),
-     r"^s.yaml:10: training.recompute: must be one of none, selective, full; got 'sometimes'"),
-    (BASE.replace("zero: 1", "zero: 4"), r"^s.yaml:16: parallel.zero: must be one of 0, 1, 2, 3"),
-    (BASE.replace("micro_batch: 2", "micro_batch: 0"),
-     r"^s.yaml:7: training.micro_batch: must be > 0, got 0"),
-    # unknown preset
-    (BASE.replace("gpt3-1.3b", "gpt5"), r"^s.yaml:4: model.preset: unknown model preset 'gpt5'"),
-    # model shape rules
-    (BASE.replace("  preset: gpt3-1.3b\n", "  preset: gpt3-1.3b\n  heads: 15\n"),
-     r"^s.yaml:5: model.heads: hidden \(2048\) must be divisible by heads \(15\)"),
-    (BASE.replace("  preset: gpt3-1.3b\n", "  preset: gpt3-1.3b\n  kv_heads: 3\n"),
-     r"^s.yaml:5: model.kv_heads: heads \(16\) must be divisible by kv_heads \(3\)"),
-    # a missing section, a section that is not a mapping, an unknown top-level key
-    (BASE.replace("training:", "trainin:"), r"^s.yaml:6: trainin: unknown key|training: missing"),
-    (BASE.replace("cluster: {topology: dgx_h100, nodes: 2}", "cluster: dgx_h100"),
-     r"^s.yaml:2: cluster: must be a mapping"),
-    # YAML syntax error, with its line
-    (BASE.replace("  tp: 2\n", "  tp: [2\n"), r"^s.yaml:\d+: YAML syntax error"),
-    ("", r"^s.yaml.*cluster: missing required section"),
-    ("- 1\n- 2\n", r"^s.yaml:1: a scenario must be a mapping"),
-], ids=["unknown-key", "tp-not-int", "optimizer-not-str", "overlap-not-bool", "bad-enum",
-        "bad-zero", "micro-batch-0", "unknown-preset", "heads-vs-hidden", "kv-heads",
-        "unknown-section", "section-not-mapping", "yaml-syntax", "empty-file", "list-file"])
+@pytest.mark.parametrize(
+    "text, pattern",
+    [
+        # unknown key, with the line and the keys that are known there
+        (
+            BASE.replace("  tp: 2\n", "  tp: 2\n  tpp: 3\n"),
+            r"^s.yaml:13: parallel.tpp: unknown key \(known keys here: .*tp",
+        ),
+        # wrong type
+        (BASE.replace("  tp: 2\n", "  tp: two\n"), r"^s.yaml:12: parallel.tp: must be an integer"),
+        (
+            BASE.replace("optimizer: adam", "optimizer: 3"),
+            r"^s.yaml:9: training.optimizer: must be a string",
+        ),
+        (
+            BASE.replace("overlap: false", "overlap: 2"),
+            r"^s.yaml:17: parallel.ddp.overlap: must be true or false",
+        ),
+        # a value rejected by the config dataclass gets the file and line added
+        (
+            BASE.replace("recompute: selective", "recompute: sometimes"),
+            r"^s.yaml:10: training.recompute: must be one of none, selective, full; "
+            r"got 'sometimes'",
+        ),
+        (
+            BASE.replace("zero: 1", "zero: 4"),
+            r"^s.yaml:16: parallel.zero: must be one of 0, 1, 2, 3",
+        ),
+        (
+            BASE.replace("micro_batch: 2", "micro_batch: 0"),
+            r"^s.yaml:7: training.micro_batch: must be > 0, got 0",
+        ),
+        # unknown preset
+        (
+            BASE.replace("gpt3-1.3b", "gpt5"),
+            r"^s.yaml:4: model.preset: unknown model preset 'gpt5'",
+        ),
+        # model shape rules
+        (
+            BASE.replace("  preset: gpt3-1.3b\n", "  preset: gpt3-1.3b\n  heads: 15\n"),
+            r"^s.yaml:5: model.heads: hidden \(2048\) must be divisible by heads \(15\)",
+        ),
+        (
+            BASE.replace("  preset: gpt3-1.3b\n", "  preset: gpt3-1.3b\n  kv_heads: 3\n"),
+            r"^s.yaml:5: model.kv_heads: heads \(16\) must be divisible by kv_heads \(3\)",
+        ),
+        # a missing section, a section that is not a mapping, an unknown top-level key
+        (
+            BASE.replace("training:", "trainin:"),
+            r"^s.yaml:6: trainin: unknown key|training: missing",
+        ),
+        (
+            BASE.replace("cluster: {topology: dgx_h100, nodes: 2}", "cluster: dgx_h100"),
+            r"^s.yaml:2: cluster: must be a mapping",
+        ),
+        # YAML syntax error, with its line
+        (BASE.replace("  tp: 2\n", "  tp: [2\n"), r"^s.yaml:\d+: YAML syntax error"),
+        ("", r"^s.yaml.*cluster: missing required section"),
+        ("- 1\n- 2\n", r"^s.yaml:1: a scenario must be a mapping"),
+    ],
+    ids=[
+        "unknown-key",
+        "tp-not-int",
+        "optimizer-not-str",
+        "overlap-not-bool",
+        "bad-enum",
+        "bad-zero",
+        "micro-batch-0",
+        "unknown-preset",
+        "heads-vs-hidden",
+        "kv-heads",
+        "unknown-section",
+        "section-not-mapping",
+        "yaml-syntax",
+        "empty-file",
+        "list-file",
+    ],
+)
 def test_bad_files_name_file_line_and_key(tmp_path: Path, text: str, pattern: str) -> None:
     with pytest.raises(ConfigError, match=pattern) as err:
         load_scenario(write(tmp_path, text))
     assert "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("override, pattern", [
-    ("parallel.tp", r"^--set parallel.tp: expected KEY.PATH=VALUE"),
-    ("=4", r"^--set =4: expected KEY.PATH=VALUE"),
-    ("parallel..tp=4", r"^--set parallel..tp=4: parallel..tp: empty part in key path"),
-    ("parallel.tp=", r"^--set parallel.tp=: parallel.tp: missing value"),
-    ("parallel.tp=[4", r"^--set parallel.tp=\[4: parallel.tp: cannot parse value"),
-    ("parallel.tp=four", r"^--set parallel.tp=four: parallel.tp: must be an integer, got 'four'"),
-    ("parallel.tp=0", r"^--set parallel.tp=0: parallel.tp: must be > 0, got 0"),
-    ("parallel.tq=4", r"^--set parallel.tq=4: parallel.tq: unknown key"),
-    ("training.dtype=fp64", r"^--set training.dtype=fp64: training.dtype: must be one of"),
-    ("model.preset=gpt5", r"^--set model.preset=gpt5: model.preset: unknown model preset"),
-    ("name.first=x", r"^--set name.first=x: name.first: name is not a section"),
-], ids=["no-equals", "no-key", "empty-part", "no-value", "bad-yaml", "wrong-type", "bad-value",
-        "unknown-key", "bad-enum", "unknown-preset", "not-a-section"])
+@pytest.mark.parametrize(
+    "override, pattern",
+    [
+        ("parallel.tp", r"^--set parallel.tp: expected KEY.PATH=VALUE"),
+        ("=4", r"^--set =4: expected KEY.PATH=VALUE"),
+        ("parallel..tp=4", r"^--set parallel..tp=4: parallel..tp: empty part in key path"),
+        ("parallel.tp=", r"^--set parallel.tp=: parallel.tp: missing value"),
+        ("parallel.tp=[4", r"^--set parallel.tp=\[4: parallel.tp: cannot parse value"),
+        (
+            "parallel.tp=four",
+            r"^--set parallel.tp=four: parallel.tp: must be an integer, got 'four'",
+        ),
+        ("parallel.tp=0", r"^--set parallel.tp=0: parallel.tp: must be > 0, got 0"),
+        ("parallel.tq=4", r"^--set parallel.tq=4: parallel.tq: unknown key"),
+        ("training.dtype=fp64", r"^--set training.dtype=fp64: training.dtype: must be one of"),
+        ("model.preset=gpt5", r"^--set model.preset=gpt5: model.preset: unknown model preset"),
+        ("name.first=x", r"^--set name.first=x: name.first: name is not a section"),
+    ],
+    ids=[
+        "no-equals",
+        "no-key",
+        "empty-part",
+        "no-value",
+        "bad-yaml",
+        "wrong-type",
+        "bad-value",
+        "unknown-key",
+        "bad-enum",
+        "unknown-preset",
+        "not-a-section",
+    ],
+)
 def test_bad_set_names_the_override_and_key(tmp_path: Path, override: str, pattern: str) -> None:
     with pytest.raises(ConfigError, match=pattern) as err:
         load_scenario(write(tmp_path, BASE), [override])
@@ -162,9 +236,11 @@ def test_later_errors_are_located_in_the_file_or_at_set(tmp_path: Path) -> None:
     s = load_scenario(write(tmp_path, BASE), ["parallel.pp=1"])
     plan_error = ConfigError("heads (16) must be divisible by tp, got 3", key_path="parallel.tp")
     assert str(s.locate(plan_error)) == (
-        "s.yaml:12: parallel.tp: heads (16) must be divisible by tp, got 3")
+        "s.yaml:12: parallel.tp: heads (16) must be divisible by tp, got 3"
+    )
     assert str(s.locate(ConfigError("x", key_path="parallel.pp"))) == (
-        "--set parallel.pp=1: parallel.pp: x")
+        "--set parallel.pp=1: parallel.pp: x"
+    )
     # A key path the file does not have points at its nearest ancestor.
     assert s.locate(ConfigError("x", key_path="parallel")).line == 11
 
@@ -199,9 +275,16 @@ SCENARIOS = sorted((Path(__file__).resolve().parents[1] / "scenarios").glob("*.y
 
 def test_scenarios_are_shipped() -> None:
     names = {p.name for p in SCENARIOS}
-    assert {"3d_175b.yaml", "ddp_gpt3_1.3b.yaml", "fsdp_llama2_7b.yaml",
-            "pipeline_13b_gpipe.yaml", "pipeline_13b_1f1b.yaml", "pipeline_13b_interleaved.yaml",
-            "seed_7b_fp32_ddp.yaml", "seed_7b_fp32_fsdp.yaml"} <= names
+    assert {
+        "3d_175b.yaml",
+        "ddp_gpt3_1.3b.yaml",
+        "fsdp_llama2_7b.yaml",
+        "pipeline_13b_gpipe.yaml",
+        "pipeline_13b_1f1b.yaml",
+        "pipeline_13b_interleaved.yaml",
+        "seed_7b_fp32_ddp.yaml",
+        "seed_7b_fp32_fsdp.yaml",
+    } <= names
 
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
@@ -234,5 +317,7 @@ def test_3d_175b_is_the_design_example() -> None:
     assert (s.cluster.topology, s.cluster.nodes, s.model.name) == ("dgx_a100", 128, "gpt3-175b")
     assert (s.parallel.tp, s.parallel.pp, s.parallel.dp, s.parallel.zero) == (8, 8, 16, 1)
     assert (s.training.global_batch, s.training.micro_batch) == (1536, 1)
-    assert s.training.recompute is Recompute.FULL and s.parallel.schedule is ScheduleKind.ONE_F_ONE_B
+    assert (
+        s.training.recompute is Recompute.FULL and s.parallel.schedule is ScheduleKind.ONE_F_ONE_B
+    )
     assert (s.parallel.ddp.bucket_mb, s.parallel.ddp.overlap) == (25.0, True)

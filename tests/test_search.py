@@ -22,8 +22,9 @@ from collsim.workload import (
     parameters_per_rank,
 )
 
-TINY = TransformerSpec(name="tiny", num_layers=8, hidden=512, num_heads=8, ffn_hidden=2048,
-                       seq_len=256, vocab=4096)
+TINY = TransformerSpec(
+    name="tiny", num_layers=8, hidden=512, num_heads=8, ffn_hidden=2048, seq_len=256, vocab=4096
+)
 
 
 @pytest.fixture(scope="module")
@@ -40,11 +41,21 @@ def _brute_grid_size(spec: TransformerSpec, gpus: int, per_node: int, space: Sea
         for pp in range(1, gpus // tp + 1):
             if (gpus // tp) % pp:
                 continue
-            scheds = 1 if pp == 1 else sum(
-                len(space.virtual_stages) if s == "interleaved" else 1 for s in space.schedules)
+            scheds = (
+                1
+                if pp == 1
+                else sum(
+                    len(space.virtual_stages) if s == "interleaved" else 1 for s in space.schedules
+                )
+            )
             sps = 2 if tp > 1 else 1
-            total += (len(space.micro_batches) * scheds * len(space.zero_stages)
-                      * len(space.recomputes) * sps)
+            total += (
+                len(space.micro_batches)
+                * scheds
+                * len(space.zero_stages)
+                * len(space.recomputes)
+                * sps
+            )
     return total
 
 
@@ -79,9 +90,14 @@ def test_estimate_of_pure_data_parallel_adds_up(h100x16) -> None:
     model = ComputeModel(h100x16.device, "bf16")
     layer = model.layer_times(TINY, micro_batch=2)
     emb, head = model.embedding_times(TINY, micro_batch=2), model.head_times(TINY, micro_batch=2)
-    per_mb = (8 * (layer.forward_s + layer.backward_s) + emb.forward_s + emb.backward_s
-              + head.forward_s + head.backward_s)
-    assert est.num_microbatches == 2          # 64 / (16 x 2)
+    per_mb = (
+        8 * (layer.forward_s + layer.backward_s)
+        + emb.forward_s
+        + emb.backward_s
+        + head.forward_s
+        + head.backward_s
+    )
+    assert est.num_microbatches == 2  # 64 / (16 x 2)
     assert est.breakdown_s["compute"] == pytest.approx(2 * per_mb)
     assert est.breakdown_s["bubble"] == 0 and est.breakdown_s["tp_exposed"] == 0
     from collsim.collectives import Group, cost
@@ -90,8 +106,10 @@ def test_estimate_of_pure_data_parallel_adds_up(h100x16) -> None:
     bucket = float(1 << 20)
     full, rest = divmod(grad_bytes, bucket)
     group = Group(h100x16, tuple(range(16)))
-    want = full * cost("all_reduce", int(bucket), group).time_s + cost(
-        "all_reduce", int(rest), group).time_s
+    want = (
+        full * cost("all_reduce", int(bucket), group).time_s
+        + cost("all_reduce", int(rest), group).time_s
+    )
     assert est.breakdown_s["dp_exposed"] == pytest.approx(want)
     assert est.step_time_s == pytest.approx(sum(est.breakdown_s.values()))
 
@@ -100,27 +118,33 @@ def test_interleaving_divides_the_bubble_and_zero3_shards_parameters(h100x16) ->
     estimator = Estimator(h100x16, TINY)
     training = TrainingConfig(global_batch=64, micro_batch=1)
     one = estimator.estimate(training, ParallelConfig(tp=2, pp=4, dp=2, schedule="1f1b"))
-    two = estimator.estimate(training, ParallelConfig(tp=2, pp=4, dp=2, schedule="interleaved",
-                                                      virtual_stages=2))
+    two = estimator.estimate(
+        training, ParallelConfig(tp=2, pp=4, dp=2, schedule="interleaved", virtual_stages=2)
+    )
     assert two.breakdown_s["bubble"] == pytest.approx(one.breakdown_s["bubble"] / 2)
     assert one.breakdown_s["bubble"] > 0
     zero3 = estimator.estimate(training, ParallelConfig(dp=16, zero=3))
     psi = parameters_per_rank(TINY)
     assert zero3.memory_bytes["parameters"] == pytest.approx(
-        model_state_bytes(psi, zero=3, dp=16).parameters)
+        model_state_bytes(psi, zero=3, dp=16).parameters
+    )
     assert zero3.memory_bytes["parameters"] == pytest.approx(2 * psi / 16)
     with pytest.raises(InfeasibleError, match="is not 16 GPUs"):
         estimator.estimate(training, ParallelConfig(dp=8))
 
 
-@pytest.mark.parametrize("knobs", [
-    dict(dp=16, micro_batch=4),
-    dict(tp=2, pp=2, dp=4, micro_batch=2, zero=1),
-    dict(tp=4, pp=1, dp=4, micro_batch=1, zero=2, recompute="selective"),
-    dict(tp=2, pp=4, dp=2, micro_batch=1, schedule="interleaved", virtual_stages=2, zero=1),
-    dict(tp=2, pp=8, dp=1, micro_batch=2, schedule="gpipe", recompute="full"),
-    dict(tp=8, pp=2, dp=1, micro_batch=8, sequence_parallel=True),
-], ids=["ddp", "3d", "zero2-tp", "interleaved", "gpipe-full", "tp8-sp"])
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        dict(dp=16, micro_batch=4),
+        dict(tp=2, pp=2, dp=4, micro_batch=2, zero=1),
+        dict(tp=4, pp=1, dp=4, micro_batch=1, zero=2, recompute="selective"),
+        dict(tp=2, pp=4, dp=2, micro_batch=1, schedule="interleaved", virtual_stages=2, zero=1),
+        dict(tp=2, pp=8, dp=1, micro_batch=2, schedule="gpipe", recompute="full"),
+        dict(tp=8, pp=2, dp=1, micro_batch=8, sequence_parallel=True),
+    ],
+    ids=["ddp", "3d", "zero2-tp", "interleaved", "gpipe-full", "tp8-sp"],
+)
 def test_estimate_agrees_with_the_engine(h100x16, knobs) -> None:
     training, parallel = _configs(**knobs)
     est = Estimator(h100x16, TINY).estimate(training, parallel)
@@ -146,29 +170,43 @@ def test_search_ranks_by_estimate_and_resimulates_the_best(h100x16) -> None:
     frame = search_frame(result)
     assert len(frame) == len(result.ranked)
     assert frame["simulated"].sum() == 2
-    assert {"est_step_time_s", "sim_step_time_s", "est_mem_activations_bytes",
-            "sim_mfu", "plan"} <= set(frame.columns)
+    assert {
+        "est_step_time_s",
+        "sim_step_time_s",
+        "est_mem_activations_bytes",
+        "sim_mfu",
+        "plan",
+    } <= set(frame.columns)
 
 
 def test_search_counts_plans_that_do_not_fit() -> None:
     # GPT-3 175B on 64 A100s: DDP replicas (16 x 175e9 bytes / (tp x pp)) mostly do not fit.
     topology = load_topology("dgx_a100", nodes=8)
     training = TrainingConfig(global_batch=64, micro_batch=1, recompute="full")
-    result = search_plans(topology, get_preset("gpt3-175b"), training, ParallelConfig(dp=64),
-                          space=SearchSpace(micro_batches=(1,), recomputes=("full",)),
-                          top_k=0)
+    result = search_plans(
+        topology,
+        get_preset("gpt3-175b"),
+        training,
+        ParallelConfig(dp=64),
+        space=SearchSpace(micro_batches=(1,), recomputes=("full",)),
+        top_k=0,
+    )
     assert result.rejected["memory"] > 0
     assert result.ranked, "some plan of 175B fits on 64 A100 80GB"
     for entry in result.ranked:
         assert entry.estimate.memory_peak_bytes <= topology.device.memory_bytes
 
 
-@pytest.mark.parametrize("knobs", [
-    dict(tp=4, pp=4, dp=2, micro_batch=4, sequence_parallel=True),
-    dict(tp=1, pp=4, dp=8, micro_batch=8, zero=1, recompute="selective"),
-    dict(tp=2, pp=2, dp=8, micro_batch=2, schedule="gpipe", zero=1, recompute="full"),
-    dict(tp=2, pp=1, dp=16, micro_batch=2, zero=3),
-], ids=["3d-sp", "pp-zero1", "gpipe-full", "zero3"])
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        dict(tp=4, pp=4, dp=2, micro_batch=4, sequence_parallel=True),
+        dict(tp=1, pp=4, dp=8, micro_batch=8, zero=1, recompute="selective"),
+        dict(tp=2, pp=2, dp=8, micro_batch=2, schedule="gpipe", zero=1, recompute="full"),
+        dict(tp=2, pp=1, dp=16, micro_batch=2, zero=3),
+    ],
+    ids=["3d-sp", "pp-zero1", "gpipe-full", "zero3"],
+)
 def test_estimated_memory_agrees_with_the_engine(knobs) -> None:
     # GPT-3 13B on 4 DGX A100 nodes, global batch 64: the ZeRO and Korthikanti closed forms
     # against the engine's memory timeline peak.

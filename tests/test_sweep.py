@@ -42,32 +42,48 @@ def fake_simulate(topology, scenario, *, trace=False, all_ranks=False) -> StepRe
     peak = 100e9 / par.dp if par.zero == 3 else 10e9
     assert topology.num_ranks == par.world_size
     return StepResult(
-        step_time_s=step, tokens_per_s=train.global_batch * 128 / step,
-        model_tflops_per_gpu=1.0, hardware_tflops_per_gpu=1.0, mfu=0.1, hfu=0.1,
-        breakdown_s={"compute": step}, memory_peak_bytes=peak,
-        memory_bytes={"parameters": peak}, memory_capacity_bytes=80e9, fits=peak <= 80e9,
-        num_gpus=topology.num_ranks)
+        step_time_s=step,
+        tokens_per_s=train.global_batch * 128 / step,
+        model_tflops_per_gpu=1.0,
+        hardware_tflops_per_gpu=1.0,
+        mfu=0.1,
+        hfu=0.1,
+        breakdown_s={"compute": step},
+        memory_peak_bytes=peak,
+        memory_bytes={"parameters": peak},
+        memory_capacity_bytes=80e9,
+        fits=peak <= 80e9,
+        num_gpus=topology.num_ranks,
+    )
 
 
-@pytest.mark.parametrize("text, want", [
-    ("64,128,...,4096", [64, 128, 256, 512, 1024, 2048, 4096]),   # the doubling shorthand
-    ("8", [8]),
-    ("1,2,...,8,24", [1, 2, 4, 8, 24]),                           # more after the progression
-    ("4,12,...,108", [4, 12, 36, 108]),                           # factor 3
-    ("16, 8, 16", [16, 8]),                                       # order kept, repeats dropped
-], ids=["doubling", "one", "tail", "tripling", "dedup"])
+@pytest.mark.parametrize(
+    "text, want",
+    [
+        ("64,128,...,4096", [64, 128, 256, 512, 1024, 2048, 4096]),  # the doubling shorthand
+        ("8", [8]),
+        ("1,2,...,8,24", [1, 2, 4, 8, 24]),  # more after the progression
+        ("4,12,...,108", [4, 12, 36, 108]),  # factor 3
+        ("16, 8, 16", [16, 8]),  # order kept, repeats dropped
+    ],
+    ids=["doubling", "one", "tail", "tripling", "dedup"],
+)
 def test_parse_gpus(text: str, want: list[int]) -> None:
     assert parse_gpus(text) == want
 
 
-@pytest.mark.parametrize("text, match", [
-    ("64,...,4096", "two counts before"),
-    ("64,128,...", "two counts before it and one after"),
-    ("64,128,...,1000", "1000 is not 64 x 2"),
-    ("64,96,...,4096", "not one"),
-    ("0,8", "positive integers"),
-    ("eight", "positive integers"),
-], ids=["one-before", "none-after", "unreached", "not-geometric", "zero", "word"])
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("64,...,4096", "two counts before"),
+        ("64,128,...", "two counts before it and one after"),
+        ("64,128,...,1000", "1000 is not 64 x 2"),
+        ("64,96,...,4096", "not one"),
+        ("0,8", "positive integers"),
+        ("eight", "positive integers"),
+    ],
+    ids=["one-before", "none-after", "unreached", "not-geometric", "zero", "word"],
+)
 def test_parse_gpus_rejects(text: str, match: str) -> None:
     with pytest.raises(ConfigError, match=match) as info:
         parse_gpus(text)
@@ -83,12 +99,16 @@ def test_parse_set_splits_outside_brackets() -> None:
         parse_set("parallel.zero=0,,1")
 
 
-@pytest.mark.parametrize("sets, key", [
-    ([("parallel.zerro", ["1"])], "parallel.zerro"),          # unknown key
-    ([("parallel.zero", ["0", "7"])], "parallel.zero"),        # bad value
-    ([("parallel.schedule", ["1f1b", "zigzag"])], "parallel.schedule"),
-    ([("parallel.dp", ["2"])], "parallel.dp"),                  # dp grows with --gpus
-], ids=["unknown-key", "bad-zero", "bad-schedule", "grown-axis"])
+@pytest.mark.parametrize(
+    "sets, key",
+    [
+        ([("parallel.zerro", ["1"])], "parallel.zerro"),  # unknown key
+        ([("parallel.zero", ["0", "7"])], "parallel.zero"),  # bad value
+        ([("parallel.schedule", ["1f1b", "zigzag"])], "parallel.schedule"),
+        ([("parallel.dp", ["2"])], "parallel.dp"),  # dp grows with --gpus
+    ],
+    ids=["unknown-key", "bad-zero", "bad-schedule", "grown-axis"],
+)
 def test_check_overrides_names_the_key(scenario: Path, sets, key: str) -> None:
     with pytest.raises(ConfigError) as info:
         check_overrides(scenario, sets, gpus=[8, 16])
@@ -113,8 +133,15 @@ def test_weak_scaling_grows_dp_and_the_batch(scenario: Path) -> None:
     assert zero3.loc[2, "reason"] == "memory: peak 100.0 GB > 80.0 GB"
     assert zero3.loc[2, "memory_peak_bytes"] == 100e9
     assert list(frame.columns[:3]) == ["plan", "num_gpus", "tp"]
-    assert {"step_time_s", "compute_s", "mem_parameters_bytes", "mfu", "fits",
-            "elapsed_s", "parallel.zero"} <= set(frame.columns)
+    assert {
+        "step_time_s",
+        "compute_s",
+        "mem_parameters_bytes",
+        "mfu",
+        "fits",
+        "elapsed_s",
+        "parallel.zero",
+    } <= set(frame.columns)
 
 
 def test_strong_scaling_keeps_the_batch_and_lists_what_cannot_split(scenario: Path) -> None:
@@ -131,11 +158,12 @@ def test_strong_scaling_keeps_the_batch_and_lists_what_cannot_split(scenario: Pa
 
 def test_combinations_that_do_not_build_are_infeasible_points(scenario: Path) -> None:
     sets = [("parallel.schedule", ["1f1b", "interleaved"]), ("parallel.virtual_stages", ["1", "2"])]
-    check_overrides(scenario, sets)   # virtual_stages=2 is fine: it works with interleaved
+    check_overrides(scenario, sets)  # virtual_stages=2 is fine: it works with interleaved
     with pytest.raises(ConfigError, match="parallel.virtual_stages"):
         check_overrides(scenario, [sets[0], ("parallel.virtual_stages", ["1", "0"])])
-    points = build_points(sets=[("parallel.schedule", ["1f1b", "gpipe"]),
-                                ("parallel.virtual_stages", ["1", "2"])])
+    points = build_points(
+        sets=[("parallel.schedule", ["1f1b", "gpipe"]), ("parallel.virtual_stages", ["1", "2"])]
+    )
     frame = sweep_frame(run_sweep(scenario, points, simulate=fake_simulate))
     bad = frame[~frame["feasible"]]
     assert len(bad) == 2
@@ -161,7 +189,9 @@ def test_parse_plan() -> None:
     from collsim.sweep import parse_plan
 
     assert parse_plan("DDP + overlap: parallel.zero=0, parallel.ddp.overlap=true") == (
-        "DDP + overlap", ["parallel.zero=0", "parallel.ddp.overlap=true"])
+        "DDP + overlap",
+        ["parallel.zero=0", "parallel.ddp.overlap=true"],
+    )
     assert parse_plan("base:") == ("base", [])
     with pytest.raises(ConfigError, match="expected NAME: KEY=VALUE"):
         parse_plan("no colon")
@@ -176,7 +206,10 @@ def test_named_plans_cross_the_sets(scenario: Path) -> None:
         check_overrides(scenario, [], plans={"bad": ["parallel.zerro=1"]})
     points = build_points(gpus=[4, 8], sets=[("parallel.tp", ["1", "2"])], plans=plans)
     assert [(p.label, p.num_gpus) for p in points[:3]] == [
-        ("DDP, tp=1", 4), ("DDP, tp=1", 8), ("DDP, tp=2", 4)]
+        ("DDP, tp=1", 4),
+        ("DDP, tp=1", 8),
+        ("DDP, tp=2", 4),
+    ]
     frame = sweep_frame(run_sweep(scenario, points, simulate=fake_simulate))
     assert list(frame["zero"]) == [0] * 4 + [3] * 4
     assert list(frame["tp"]) == [1, 1, 2, 2] * 2
@@ -185,6 +218,9 @@ def test_named_plans_cross_the_sets(scenario: Path) -> None:
 def test_check_overrides_rejects_an_unknown_topology_with_its_line(tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text(SCENARIO.replace("topology: dgx_h100", "topology: dgx_h999"))
-    with pytest.raises(ConfigError, match=r"bad.yaml:2: cluster.topology: no topology file or "
-                                          r"name 'dgx_h999'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"bad.yaml:2: cluster.topology: no topology file or "
+        r"name 'dgx_h999'",
+    ):
         check_overrides(path, [])

@@ -29,8 +29,9 @@ def test_every_shipped_topology_loads(name: str) -> None:
     ],
     ids=["a100", "h100", "h200", "b200"],
 )
-def test_dgx_figures(name: str, device: str, nvlink_gbps: float, nic_gbit: float,
-                     nvls: bool) -> None:
+def test_dgx_figures(
+    name: str, device: str, nvlink_gbps: float, nic_gbit: float, nvls: bool
+) -> None:
     topo = load_topology(name, nodes=2)
     assert topo.device.name == device
     assert topo.nvls is nvls
@@ -44,8 +45,9 @@ def test_dgx_figures(name: str, device: str, nvlink_gbps: float, nic_gbit: float
 def test_h200_is_h100_with_more_memory() -> None:
     h100, h200 = load_topology("dgx_h100"), load_topology("dgx_h200")
     assert h200.device.memory_bytes == pytest.approx(141e9)
-    assert [(l.bandwidth_bps, l.efficiency) for l in h100.links] == \
-        [(l.bandwidth_bps, l.efficiency) for l in h200.links]
+    assert [(l.bandwidth_bps, l.efficiency) for l in h100.links] == [
+        (l.bandwidth_bps, l.efficiency) for l in h200.links
+    ]
 
 
 def test_nodes_are_set_by_the_caller() -> None:
@@ -56,8 +58,10 @@ def test_nodes_are_set_by_the_caller() -> None:
 def test_name_resolves_to_repo_folder_and_path_works(repo: Path) -> None:
     by_name = load_topology("dgx_a100")
     by_path = load_topology(repo / "topologies" / "dgx_a100.yaml")
-    assert by_name.source == by_path.source or Path(by_name.source).resolve() == \
-        Path(by_path.source).resolve()
+    assert (
+        by_name.source == by_path.source
+        or Path(by_name.source).resolve() == Path(by_path.source).resolve()
+    )
 
 
 def test_paths() -> None:
@@ -66,7 +70,7 @@ def test_paths() -> None:
     assert topo.path(0, 5) == (topo.gpu_tx[0], topo.gpu_rx[5])
     # rank 3 -> rank 11: NIC 3 of node 0 to NIC 3 of node 1 (same rail leaf, no uplink)
     assert topo.path(3, 11) == (topo.nic_tx[0][3], topo.nic_rx[1][3])
-    assert topo.path(3, 11) is topo.path(3, 11)     # cached
+    assert topo.path(3, 11) is topo.path(3, 11)  # cached
 
 
 def test_rails_cross_leaves_through_the_spine() -> None:
@@ -82,12 +86,14 @@ def test_rails_cross_leaves_through_the_spine() -> None:
 
 
 def test_oversubscribed_tor_uplink_is_shared_by_all_nics() -> None:
-    text = (_DOC.replace("rails: true", "rails: false")
-            .replace("nodes_per_leaf: 32", "nodes_per_leaf: 1")
-            .replace("oversubscription: 1.0", "oversubscription: 4.0"))
+    text = (
+        _DOC.replace("rails: true", "rails: false")
+        .replace("nodes_per_leaf: 32", "nodes_per_leaf: 1")
+        .replace("oversubscription: 1.0", "oversubscription: 4.0")
+    )
     topo = parse_topology(parse_yaml_text(text, "t.yaml"), nodes=2)
     up = {topo.path(r, 8 + r)[1] for r in range(8)}
-    assert len(up) == 1                                  # one ToR uplink for all 8 NICs
+    assert len(up) == 1  # one ToR uplink for all 8 NICs
     assert topo.links[up.pop()].bandwidth_bps == pytest.approx(8 * 50e9 / 4)
 
 
@@ -107,8 +113,11 @@ def test_no_nic_path_is_infeasible() -> None:
 
 
 def test_algorithm_override_and_overhead() -> None:
-    text = _DOC.replace("library: nccl", "library: gloo\n  overhead_us: 30\n"
-                        "  algorithms: {all_reduce: ring, reduce_scatter: direct}")
+    text = _DOC.replace(
+        "library: nccl",
+        "library: gloo\n  overhead_us: 30\n"
+        "  algorithms: {all_reduce: ring, reduce_scatter: direct}",
+    )
     topo = parse_topology(parse_yaml_text(text, "t.yaml"))
     assert topo.collectives.library == "gloo"
     assert topo.collectives.overhead_s == pytest.approx(30e-6)
@@ -141,11 +150,17 @@ collectives:
     ("old", "new", "message"),
     [
         # unknown key, with its line
-        ("  rate_gbit: 400\n", "  rate_gbit: 400\n  speed: 3\n",
-         r"t\.yaml:11: nics\.speed: unknown key"),
+        (
+            "  rate_gbit: 400\n",
+            "  rate_gbit: 400\n  speed: 3\n",
+            r"t\.yaml:11: nics\.speed: unknown key",
+        ),
         # negative bandwidth
-        ("bandwidth_gbps: 450", "bandwidth_gbps: -5",
-         r"t\.yaml:6: intra_node\.bandwidth_gbps: must be > 0, got -5"),
+        (
+            "bandwidth_gbps: 450",
+            "bandwidth_gbps: -5",
+            r"t\.yaml:6: intra_node\.bandwidth_gbps: must be > 0, got -5",
+        ),
         # missing field (reported at its section)
         ("  rate_gbit: 400\n", "", r"t\.yaml:8: nics\.rate_gbit: missing required key"),
         # YAML syntax error
@@ -153,18 +168,37 @@ collectives:
         # wrong type
         ("rails: true", "rails: 3", r"t\.yaml:14: fabric\.rails: must be true or false"),
         # oversubscription below 1
-        ("oversubscription: 1.0", "oversubscription: 0.5", r"fabric\.oversubscription: must be >= 1"),
+        (
+            "oversubscription: 1.0",
+            "oversubscription: 0.5",
+            r"fabric\.oversubscription: must be >= 1",
+        ),
         # unknown device
         ("device: h100", "device: v100", r"t\.yaml:2: device: unknown device 'v100'"),
         # unknown algorithm in an override
-        ("library: nccl", "library: nccl\n  algorithms: {all_reduce: magic}",
-         r"collectives\.algorithms\.all_reduce: must be one of"),
+        (
+            "library: nccl",
+            "library: nccl\n  algorithms: {all_reduce: magic}",
+            r"collectives\.algorithms\.all_reduce: must be one of",
+        ),
         # unknown op in an override
-        ("library: nccl", "library: nccl\n  algorithms: {allreduce: ring}",
-         r"collectives\.algorithms\.allreduce: unknown op"),
+        (
+            "library: nccl",
+            "library: nccl\n  algorithms: {allreduce: ring}",
+            r"collectives\.algorithms\.allreduce: unknown op",
+        ),
     ],
-    ids=["unknown-key", "negative-bandwidth", "missing-field", "yaml-syntax", "wrong-type",
-         "oversubscription", "unknown-device", "unknown-algorithm", "unknown-op"],
+    ids=[
+        "unknown-key",
+        "negative-bandwidth",
+        "missing-field",
+        "yaml-syntax",
+        "wrong-type",
+        "oversubscription",
+        "unknown-device",
+        "unknown-algorithm",
+        "unknown-op",
+    ],
 )
 def test_malformed_topology_names_file_line_and_key(old: str, new: str, message: str) -> None:
     assert old in _DOC

@@ -7,9 +7,18 @@ from collsim.units import GiB, MiB, parse_size
 from collsim.yamlio import ConfigReader, parse_yaml_text, positive
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("8", 8), ("1K", 1024), ("16M", 16 * MiB), ("8G", 8 * GiB), ("1KiB", 1024), ("2kb", 2048),
-], ids=["bytes", "K", "M", "G", "KiB", "kb"])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("8", 8),
+        ("1K", 1024),
+        ("16M", 16 * MiB),
+        ("8G", 8 * GiB),
+        ("1KiB", 1024),
+        ("2kb", 2048),
+    ],
+    ids=["bytes", "K", "M", "G", "KiB", "kb"],
+)
 def test_parse_size(text: str, expected: int) -> None:
     assert parse_size(text) == expected
 
@@ -55,6 +64,6 @@ def test_load_yaml_rejects_unreadable_files(tmp_path) -> None:
     with pytest.raises(ConfigError, match=r"b.yaml: not UTF-8 text \(byte 3\)"):
         load_yaml(binary)
     with pytest.raises(ConfigError, match=r"cannot read"):
-        load_yaml(tmp_path)                                    # a folder
+        load_yaml(tmp_path)  # a folder
     with pytest.raises(ConfigError, match=r"missing.yaml: file not found"):
         load_yaml(tmp_path / "missing.yaml")

@@ -20,14 +20,18 @@ __all__ = ["main", "cli"]
 
 #: subcommand name -> "module:attribute" of its click command.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "collective": ("collsim.cli.collective:collective",
-                   "Time one collective over a size sweep (nccl-tests style)."),
+    "collective": (
+        "collsim.cli.collective:collective",
+        "Time one collective over a size sweep (nccl-tests style).",
+    ),
     "run": ("collsim.cli.run:run", "Simulate one training step of a scenario."),
     "sweep": ("collsim.cli.sweep:sweep", "Sweep GPU count or scenario keys."),
     "search": ("collsim.cli.search:search", "Search feasible parallel plans."),
     "plot": ("collsim.cli.plot:plot", "Draw scaling, memory, pipeline and collective plots."),
-    "validate": ("collsim.cli.validate:validate",
-                 "Measure collectives and steps with torch.distributed and compare."),
+    "validate": (
+        "collsim.cli.validate:validate",
+        "Measure collectives and steps with torch.distributed and compare.",
+    ),
 }
 
 
@@ -58,11 +62,15 @@ class LazyGroup(click.Group):
 
 
 def _not_yet(name: str, help_text: str) -> click.Command:
-    @click.command(name=name, help=help_text,
-                   context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+    @click.command(
+        name=name,
+        help=help_text,
+        context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+    )
     def stub() -> None:
         click.echo(f"collsim {name}: not yet available in this version", err=True)
         sys.exit(3)
+
     return stub
 
 

@@ -19,9 +19,23 @@ from collsim.units import GB, parse_size
 __all__ = ["collective", "sweep_sizes", "build_group"]
 
 #: nccl-tests type names and their sizes in bytes.
-DTYPES = {"int8": 1, "uint8": 1, "char": 1, "int32": 4, "uint32": 4, "int": 4, "int64": 8,
-          "uint64": 8, "half": 2, "float16": 2, "float": 4, "float32": 4, "double": 8,
-          "float64": 8, "bfloat16": 2}
+DTYPES = {
+    "int8": 1,
+    "uint8": 1,
+    "char": 1,
+    "int32": 4,
+    "uint32": 4,
+    "int": 4,
+    "int64": 8,
+    "uint64": 8,
+    "half": 2,
+    "float16": 2,
+    "float": 4,
+    "float32": 4,
+    "double": 8,
+    "float64": 8,
+    "bfloat16": 2,
+}
 _REDUCING = {"all_reduce", "reduce_scatter", "reduce"}
 _ROOTED = {"broadcast", "reduce"}
 _PER_RANK_COUNT = {"all_gather", "reduce_scatter", "all_to_all"}
@@ -59,15 +73,19 @@ def build_group(topology_spec: str, gpus: int | None, nodes: int | None) -> Any:
     else:
         num_nodes = nodes or -(-gpus // per_node_max)
     if gpus % num_nodes:
-        raise click.BadParameter(f"{gpus} GPUs do not spread evenly over {num_nodes} nodes",
-                                 param_hint="--gpus")
+        raise click.BadParameter(
+            f"{gpus} GPUs do not spread evenly over {num_nodes} nodes", param_hint="--gpus"
+        )
     per_node = gpus // num_nodes
     if per_node > per_node_max:
-        raise click.BadParameter(f"{per_node} GPUs per node asked, a {probe.name} node has "
-                                 f"{per_node_max}", param_hint="--gpus")
+        raise click.BadParameter(
+            f"{per_node} GPUs per node asked, a {probe.name} node has {per_node_max}",
+            param_hint="--gpus",
+        )
     topo = load_topology(topology_spec, nodes=num_nodes, gpus_per_node=per_node_max)
-    ranks = tuple(node * per_node_max + local for node in range(num_nodes)
-                  for local in range(per_node))
+    ranks = tuple(
+        node * per_node_max + local for node in range(num_nodes) for local in range(per_node)
+    )
     return Group(topo, ranks)
 
 
@@ -79,37 +97,129 @@ def _size(ctx: click.Context, param: click.Parameter, value: str) -> int:
 
 
 @click.command(name="collective", cls=OneLineCommand)
-@click.option("--topology", "-t", "topology_spec", required=True,
-              help="Topology YAML file or name in topologies/ (dgx_h100, localhost, ...).")
-@click.option("--nodes", "-N", type=click.IntRange(min=1), default=None,
-              help="Nodes the group spans (default: as few as hold --gpus).")
-@click.option("--gpus", "-g", type=click.IntRange(min=1), default=None,
-              help="Ranks in the group (default: every GPU of --nodes nodes).")
-@click.option("--op", "-o", "op_name", default="all_reduce", show_default=True,
-              type=click.Choice(["all_reduce", "reduce_scatter", "all_gather", "broadcast",
-                                 "reduce", "all_to_all", "send_recv"]))
-@click.option("--algo", "-a", "algo_name", default="auto", show_default=True,
-              type=click.Choice(["auto", "ring", "tree", "halving_doubling", "direct",
-                                 "hierarchical", "nvls"]))
-@click.option("--protocol", "-p", "protocol_name", default=None,
-              type=click.Choice(["ll", "ll128", "simple"]), help="Force a protocol.")
-@click.option("--dtype", "-d", default="float", show_default=True,
-              type=click.Choice(sorted(DTYPES)))
-@click.option("--minbytes", "-b", default="8", callback=_size, show_default=True,
-              help="Smallest size (binary K/M/G).")
-@click.option("--maxbytes", "-e", default="128M", callback=_size, show_default=True,
-              help="Largest size (binary K/M/G).")
-@click.option("--stepfactor", "-f", default=2.0, type=click.FloatRange(min=1.0),
-              show_default=True, help="Multiply the size by this at each step.")
-@click.option("--stepbytes", "-i", default="1M", callback=_size, show_default=True,
-              help="Add this at each step when -f is 1.")
-@click.option("--mode", "-m", default="closed", show_default=True,
-              type=click.Choice(["closed", "des"]), help="Closed form or discrete-event run.")
-@click.option("--format", "-F", "fmt", default="table", show_default=True,
-              type=click.Choice(["table", "csv", "json"]))
-def collective(topology_spec: str, nodes: int | None, gpus: int | None, op_name: str,
-               algo_name: str, protocol_name: str | None, dtype: str, minbytes: int,
-               maxbytes: int, stepfactor: float, stepbytes: int, mode: str, fmt: str) -> None:
+@click.option(
+    "--topology",
+    "-t",
+    "topology_spec",
+    required=True,
+    help="Topology YAML file or name in topologies/ (dgx_h100, localhost, ...).",
+)
+@click.option(
+    "--nodes",
+    "-N",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Nodes the group spans (default: as few as hold --gpus).",
+)
+@click.option(
+    "--gpus",
+    "-g",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Ranks in the group (default: every GPU of --nodes nodes).",
+)
+@click.option(
+    "--op",
+    "-o",
+    "op_name",
+    default="all_reduce",
+    show_default=True,
+    type=click.Choice(
+        [
+            "all_reduce",
+            "reduce_scatter",
+            "all_gather",
+            "broadcast",
+            "reduce",
+            "all_to_all",
+            "send_recv",
+        ]
+    ),
+)
+@click.option(
+    "--algo",
+    "-a",
+    "algo_name",
+    default="auto",
+    show_default=True,
+    type=click.Choice(
+        ["auto", "ring", "tree", "halving_doubling", "direct", "hierarchical", "nvls"]
+    ),
+)
+@click.option(
+    "--protocol",
+    "-p",
+    "protocol_name",
+    default=None,
+    type=click.Choice(["ll", "ll128", "simple"]),
+    help="Force a protocol.",
+)
+@click.option(
+    "--dtype", "-d", default="float", show_default=True, type=click.Choice(sorted(DTYPES))
+)
+@click.option(
+    "--minbytes",
+    "-b",
+    default="8",
+    callback=_size,
+    show_default=True,
+    help="Smallest size (binary K/M/G).",
+)
+@click.option(
+    "--maxbytes",
+    "-e",
+    default="128M",
+    callback=_size,
+    show_default=True,
+    help="Largest size (binary K/M/G).",
+)
+@click.option(
+    "--stepfactor",
+    "-f",
+    default=2.0,
+    type=click.FloatRange(min=1.0),
+    show_default=True,
+    help="Multiply the size by this at each step.",
+)
+@click.option(
+    "--stepbytes",
+    "-i",
+    default="1M",
+    callback=_size,
+    show_default=True,
+    help="Add this at each step when -f is 1.",
+)
+@click.option(
+    "--mode",
+    "-m",
+    default="closed",
+    show_default=True,
+    type=click.Choice(["closed", "des"]),
+    help="Closed form or discrete-event run.",
+)
+@click.option(
+    "--format",
+    "-F",
+    "fmt",
+    default="table",
+    show_default=True,
+    type=click.Choice(["table", "csv", "json"]),
+)
+def collective(
+    topology_spec: str,
+    nodes: int | None,
+    gpus: int | None,
+    op_name: str,
+    algo_name: str,
+    protocol_name: str | None,
+    dtype: str,
+    minbytes: int,
+    maxbytes: int,
+    stepfactor: float,
+    stepbytes: int,
+    mode: str,
+    fmt: str,
+) -> None:
     """Time one collective over a size sweep (nccl-tests style)."""
     import simpy
 
@@ -117,11 +227,9 @@ def collective(topology_spec: str, nodes: int | None, gpus: int | None, op_name:
     from collsim.network import FlowNetwork
 
     if minbytes > maxbytes:
-        raise click.BadParameter(f"-b {minbytes} is larger than -e {maxbytes}",
-                                 param_hint="-b/-e")
+        raise click.BadParameter(f"-b {minbytes} is larger than -e {maxbytes}", param_hint="-b/-e")
     if not math.isfinite(stepfactor):
-        raise click.BadParameter(f"must be a finite number >= 1, got {stepfactor}",
-                                 param_hint="-f")
+        raise click.BadParameter(f"must be a finite number >= 1, got {stepfactor}", param_hint="-f")
     if stepfactor == 1 and stepbytes == 0:
         raise click.BadParameter("must be > 0 when -f is 1", param_hint="-i")
     group = build_group(topology_spec, gpus, nodes)
@@ -139,40 +247,67 @@ def collective(topology_spec: str, nodes: int | None, gpus: int | None, op_name:
             net = FlowNetwork(env, topo)
             proc = simulate(env, net, op_name, size, group, algo_name, protocol=protocol_name)
             env.run(proc)
-            result = cast(CollectiveCost, proc.value)    # the process returns its cost
+            result = cast(CollectiveCost, proc.value)  # the process returns its cost
         count = size // word // (n if op_name in _PER_RANK_COUNT else 1)
-        rows.append({
-            "size_bytes": size, "count": count, "type": dtype,
-            "redop": "sum" if op_name in _REDUCING else "none",
-            "root": 0 if op_name in _ROOTED else -1,
-            "time_us": result.time_s * 1e6, "algbw_GBps": result.algbw_bps / GB,
-            "busbw_GBps": result.busbw_bps / GB, "algorithm": result.label,
-        })
-    click.echo(f"collsim collective: {op_name}, {n} ranks on {topo.describe()}, "
-               f"{'closed form' if mode == 'closed' else 'discrete-event simulation'}", err=True)
+        rows.append(
+            {
+                "size_bytes": size,
+                "count": count,
+                "type": dtype,
+                "redop": "sum" if op_name in _REDUCING else "none",
+                "root": 0 if op_name in _ROOTED else -1,
+                "time_us": result.time_s * 1e6,
+                "algbw_GBps": result.algbw_bps / GB,
+                "busbw_GBps": result.busbw_bps / GB,
+                "algorithm": result.label,
+            }
+        )
+    click.echo(
+        f"collsim collective: {op_name}, {n} ranks on {topo.describe()}, "
+        f"{'closed form' if mode == 'closed' else 'discrete-event simulation'}",
+        err=True,
+    )
     if fmt == "csv":
         click.echo("size_bytes,time_us,algbw_GBps,busbw_GBps,algorithm")
         for r in rows:
-            click.echo(f"{r['size_bytes']},{r['time_us']:.3f},{r['algbw_GBps']:.3f},"
-                       f"{r['busbw_GBps']:.3f},{r['algorithm']}")
+            click.echo(
+                f"{r['size_bytes']},{r['time_us']:.3f},{r['algbw_GBps']:.3f},"
+                f"{r['busbw_GBps']:.3f},{r['algorithm']}"
+            )
     elif fmt == "json":
-        click.echo(json.dumps({"op": op_name, "topology": topo.name, "nodes": topo.num_nodes,
-                               "ranks": n, "mode": mode, "algorithm": algo_name,
-                               "rows": rows}, indent=2))
+        click.echo(
+            json.dumps(
+                {
+                    "op": op_name,
+                    "topology": topo.name,
+                    "nodes": topo.num_nodes,
+                    "ranks": n,
+                    "mode": mode,
+                    "algorithm": algo_name,
+                    "rows": rows,
+                },
+                indent=2,
+            )
+        )
     else:
         click.echo(_table(rows, op_name, n, topo.describe()))
 
 
 def _table(rows: list[dict[str, Any]], op_name: str, n: int, where: str) -> str:
-    lines = [f"# collsim collective: {op_name}, {n} ranks, {where}", "#",
-             f"# {'size':>12} {'count':>12} {'type':>8} {'redop':>6} {'root':>6} "
-             f"{'time':>10} {'algbw':>8} {'busbw':>8}  algorithm",
-             f"# {'(B)':>12} {'(elements)':>12} {'':>8} {'':>6} {'':>6} "
-             f"{'(us)':>10} {'(GB/s)':>8} {'(GB/s)':>8}"]
+    lines = [
+        f"# collsim collective: {op_name}, {n} ranks, {where}",
+        "#",
+        f"# {'size':>12} {'count':>12} {'type':>8} {'redop':>6} {'root':>6} "
+        f"{'time':>10} {'algbw':>8} {'busbw':>8}  algorithm",
+        f"# {'(B)':>12} {'(elements)':>12} {'':>8} {'':>6} {'':>6} "
+        f"{'(us)':>10} {'(GB/s)':>8} {'(GB/s)':>8}",
+    ]
     for r in rows:
-        lines.append(f"  {r['size_bytes']:>12} {r['count']:>12} {r['type']:>8} {r['redop']:>6} "
-                     f"{r['root']:>6} {r['time_us']:>10.2f} {r['algbw_GBps']:>8.2f} "
-                     f"{r['busbw_GBps']:>8.2f}  {r['algorithm']}")
+        lines.append(
+            f"  {r['size_bytes']:>12} {r['count']:>12} {r['type']:>8} {r['redop']:>6} "
+            f"{r['root']:>6} {r['time_us']:>10.2f} {r['algbw_GBps']:>8.2f} "
+            f"{r['busbw_GBps']:>8.2f}  {r['algorithm']}"
+        )
     avg = sum(r["busbw_GBps"] for r in rows) / len(rows) if rows else 0.0
     lines.append(f"# Avg bus bandwidth    : {avg:.3f}")
     return "\n".join(lines)

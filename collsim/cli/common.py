@@ -8,8 +8,9 @@ error (click then prints the message alone) while keeping click's exit code 2.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import click
 
@@ -49,8 +50,9 @@ class OneLineGroup(click.Group):
         with _usage_error_alone():
             return super().parse_args(ctx, args)
 
-    def resolve_command(self, ctx: click.Context,
-                        args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
         with _usage_error_alone():
             return super().resolve_command(ctx, args)
 

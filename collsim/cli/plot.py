@@ -35,11 +35,19 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["plot"]
 
-_OUTPUT = click.option("-o", "--output", required=True,
-                       type=click.Path(dir_okay=False, path_type=Path),
-                       help="Image to write: .png or .svg.")
-_SERIES = click.option("--series", default="plan", show_default=True,
-                       help="CSV column that names the series (one line / panel each).")
+_OUTPUT = click.option(
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Image to write: .png or .svg.",
+)
+_SERIES = click.option(
+    "--series",
+    default="plan",
+    show_default=True,
+    help="CSV column that names the series (one line / panel each).",
+)
 _TITLE = click.option("--title", help="Figure title.")
 
 
@@ -53,8 +61,7 @@ def _fail(exc: ConfigError | InfeasibleError) -> None:
 
 def _check_suffix(path: Path) -> None:
     if path.suffix.lower() not in (".png", ".svg"):
-        raise ConfigError(f"image must end in .png or .svg, got {path.name!r}",
-                          key_path="--output")
+        raise ConfigError(f"image must end in .png or .svg, got {path.name!r}", key_path="--output")
     check_output_path(path, "--output")
 
 
@@ -70,10 +77,10 @@ def _read_csv(path: Path) -> pd.DataFrame:
 
     try:
         return pd.read_csv(path, keep_default_na=True)
-    except (OSError, UnicodeDecodeError, pd.errors.ParserError,
-            pd.errors.EmptyDataError) as exc:
-        raise ConfigError(f"cannot read CSV: {' '.join(str(exc).split())}",
-                          file=str(path)) from None
+    except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+        raise ConfigError(
+            f"cannot read CSV: {' '.join(str(exc).split())}", file=str(path)
+        ) from None
 
 
 def _sweep_frame(path: Path, series: str) -> pd.DataFrame:
@@ -83,8 +90,10 @@ def _sweep_frame(path: Path, series: str) -> pd.DataFrame:
         renamed = {c: c[4:] for c in frame.columns if c.startswith("est_")}
         frame = frame.rename(columns=renamed)
     if series not in frame.columns:
-        raise ConfigError(f"no column {series!r} in {path.name}; columns: "
-                          f"{', '.join(map(str, frame.columns))}", key_path="--series")
+        raise ConfigError(
+            f"no column {series!r} in {path.name}; columns: {', '.join(map(str, frame.columns))}",
+            key_path="--series",
+        )
     values = frame[series].astype(object)
     frame[series] = values.where(values.notna(), "").astype(str)
     if (frame[series] == "").all():
@@ -92,7 +101,9 @@ def _sweep_frame(path: Path, series: str) -> pd.DataFrame:
     return frame
 
 
-@click.group(name="plot", cls=OneLineGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(
+    name="plot", cls=OneLineGroup, context_settings={"help_option_names": ["-h", "--help"]}
+)
 def plot() -> None:
     """Draw scaling, memory, timeline, pipeline, breakdown and collective plots."""
 
@@ -134,8 +145,13 @@ def memory_cmd(csv: Path, output: Path, series: str, title: str | None) -> None:
 @_OUTPUT
 @_SERIES
 @_TITLE
-@click.option("--limit", type=click.IntRange(min=1), default=12, show_default=True,
-              help="At most this many rows (the first ones).")
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=12,
+    show_default=True,
+    help="At most this many rows (the first ones).",
+)
 def breakdown_cmd(csv: Path, output: Path, series: str, title: str | None, limit: int) -> None:
     """Stacked bars of compute / exposed comm / bubble / optimizer per plan (sweep or search
     CSV)."""
@@ -157,8 +173,9 @@ def _simulate(scenario: Path, overrides: list[str], *, trace: bool = True) -> An
     point = SweepPoint(label="", num_gpus=None, overrides=tuple(overrides))
     outcome = run_point(scenario, point, trace=trace)
     if outcome.result is None:
-        raise InfeasibleError(outcome.reason or "cannot simulate",
-                              reason=(outcome.reason or "x").split(":")[0])
+        raise InfeasibleError(
+            outcome.reason or "cannot simulate", reason=(outcome.reason or "x").split(":")[0]
+        )
     return outcome.result
 
 
@@ -167,10 +184,12 @@ def _simulate(scenario: Path, overrides: list[str], *, trace: bool = True) -> An
 @_OUTPUT
 @_TITLE
 @click.option("--rank", type=int, help="Rank to draw (default: the first simulated rank).")
-@click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
-              help="Override a scenario key.")
-def timeline_cmd(scenario: Path, output: Path, title: str | None, rank: int | None,
-                 overrides: tuple[str, ...]) -> None:
+@click.option(
+    "--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE", help="Override a scenario key."
+)
+def timeline_cmd(
+    scenario: Path, output: Path, title: str | None, rank: int | None, overrides: tuple[str, ...]
+) -> None:
     """Memory in use over one simulated step of SCENARIO for one rank, with the HBM line."""
     from collsim.report.plots import plot_memory_timeline
     from collsim.scenario import load_scenario
@@ -189,10 +208,12 @@ def timeline_cmd(scenario: Path, output: Path, title: str | None, rank: int | No
 @_OUTPUT
 @_TITLE
 @click.option("--rank", type=int, help="Rank whose memory is drawn (default: the first).")
-@click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
-              help="Override a scenario key.")
-def step_cmd(scenario: Path, output: Path, title: str | None, rank: int | None,
-             overrides: tuple[str, ...]) -> None:
+@click.option(
+    "--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE", help="Override a scenario key."
+)
+def step_cmd(
+    scenario: Path, output: Path, title: str | None, rank: int | None, overrides: tuple[str, ...]
+) -> None:
     """One simulated step of SCENARIO: compute Gantt per stage and memory over time."""
     from collsim.report.plots import plot_step
     from collsim.scenario import load_scenario
@@ -202,8 +223,12 @@ def step_cmd(scenario: Path, output: Path, title: str | None, rank: int | None,
         base = load_scenario(scenario, list(overrides))
         result = _simulate(scenario, list(overrides))
         tp, pp = base.parallel.tp, base.parallel.pp
-        _save(plot_step(result, rank=rank, title=title or base.name,
-                        stage_of=lambda r: (r // tp) % pp), output)
+        _save(
+            plot_step(
+                result, rank=rank, title=title or base.name, stage_of=lambda r: (r // tp) % pp
+            ),
+            output,
+        )
     except (ConfigError, InfeasibleError) as exc:
         _fail(exc)
 
@@ -212,14 +237,30 @@ def step_cmd(scenario: Path, output: Path, title: str | None, rank: int | None,
 @click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))
 @_OUTPUT
 @_TITLE
-@click.option("--schedules", default="gpipe,1f1b,interleaved", show_default=True,
-              help="Schedules to draw, one panel each.")
-@click.option("--virtual-stages", type=click.IntRange(min=2), default=2, show_default=True,
-              help="Model chunks per stage for the interleaved schedule.")
-@click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
-              help="Override a scenario key.")
-def pipeline_cmd(scenario: Path, output: Path, title: str | None, schedules: str,
-                 virtual_stages: int, overrides: tuple[str, ...]) -> None:
+@click.option(
+    "--schedules",
+    default="gpipe,1f1b,interleaved",
+    show_default=True,
+    help="Schedules to draw, one panel each.",
+)
+@click.option(
+    "--virtual-stages",
+    type=click.IntRange(min=2),
+    default=2,
+    show_default=True,
+    help="Model chunks per stage for the interleaved schedule.",
+)
+@click.option(
+    "--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE", help="Override a scenario key."
+)
+def pipeline_cmd(
+    scenario: Path,
+    output: Path,
+    title: str | None,
+    schedules: str,
+    virtual_stages: int,
+    overrides: tuple[str, ...],
+) -> None:
     """Gantt chart per pipeline stage (forward, backward, bubble) for each schedule."""
     from collsim.report.plots import plot_pipeline
     from collsim.scenario import load_scenario
@@ -229,25 +270,27 @@ def pipeline_cmd(scenario: Path, output: Path, title: str | None, schedules: str
         kinds = [s.strip() for s in schedules.split(",") if s.strip()]
         bad = [k for k in kinds if k not in ("gpipe", "1f1b", "interleaved")]
         if bad or not kinds:
-            raise ConfigError(f"must be some of gpipe, 1f1b, interleaved; got {schedules!r}",
-                              key_path="--schedules")
+            raise ConfigError(
+                f"must be some of gpipe, 1f1b, interleaved; got {schedules!r}",
+                key_path="--schedules",
+            )
         base = load_scenario(scenario, list(overrides))
         results = {}
         for kind in kinds:
-            extra = [f"parallel.schedule={kind}",
-                     f"parallel.virtual_stages={virtual_stages if kind == 'interleaved' else 1}"]
+            extra = [
+                f"parallel.schedule={kind}",
+                f"parallel.virtual_stages={virtual_stages if kind == 'interleaved' else 1}",
+            ]
             label = kind if kind != "interleaved" else f"interleaved (v={virtual_stages})"
             results[label] = _simulate(scenario, [*overrides, *extra])
         tp, pp = base.parallel.tp, base.parallel.pp
-        _save(plot_pipeline(results, title=title,
-                            stage_of=lambda rank: (rank // tp) % pp), output)
+        _save(plot_pipeline(results, title=title, stage_of=lambda rank: (rank // tp) % pp), output)
     except (ConfigError, InfeasibleError) as exc:
         _fail(exc)
 
 
 @plot.command("collectives", short_help="Bus bandwidth vs size per algorithm.")
-@click.argument("csv_files", nargs=-1, type=click.Path(exists=True, dir_okay=False,
-                                                       path_type=Path))
+@click.argument("csv_files", nargs=-1, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @_OUTPUT
 @_TITLE
 @click.option("--topology", help="Evaluate the closed form on this topology instead of CSVs.")
@@ -255,12 +298,23 @@ def pipeline_cmd(scenario: Path, output: Path, title: str | None, schedules: str
 @click.option("--op", default="all_reduce", show_default=True, help="Collective op.")
 @click.option("-b", "--minbytes", default="1K", show_default=True, help="Smallest size.")
 @click.option("-e", "--maxbytes", default="4G", show_default=True, help="Largest size.")
-@click.option("--algorithms", default="ring,tree,halving_doubling,direct,hierarchical,nvls",
-              show_default=True, help="Algorithms to draw (closed form; inapplicable ones "
-                                      "are left out).")
-def collectives_cmd(csv_files: tuple[Path, ...], output: Path, title: str | None,
-                    topology: str | None, gpus: int, op: str, minbytes: str, maxbytes: str,
-                    algorithms: str) -> None:
+@click.option(
+    "--algorithms",
+    default="ring,tree,halving_doubling,direct,hierarchical,nvls",
+    show_default=True,
+    help="Algorithms to draw (closed form; inapplicable ones are left out).",
+)
+def collectives_cmd(
+    csv_files: tuple[Path, ...],
+    output: Path,
+    title: str | None,
+    topology: str | None,
+    gpus: int,
+    op: str,
+    minbytes: str,
+    maxbytes: str,
+    algorithms: str,
+) -> None:
     """Bus bandwidth vs message size per algorithm, from `collsim collective` CSVs or from the
     closed form on --topology."""
     import pandas as pd
@@ -280,8 +334,9 @@ def collectives_cmd(csv_files: tuple[Path, ...], output: Path, title: str | None
                     seen[name] = seen.get(name, 0) + 1
             for path, frame in zip(csv_files, frames):
                 # the same algorithm from two files (measured vs simulated): name the file
-                frame["algorithm"] = [f"{a} ({path.stem})" if seen[a] > 1 else a
-                                      for a in frame["algorithm"]]
+                frame["algorithm"] = [
+                    f"{a} ({path.stem})" if seen[a] > 1 else a for a in frame["algorithm"]
+                ]
             data = pd.concat(frames, ignore_index=True)
         else:
             data = _closed_form(topology or "", gpus, op, minbytes, maxbytes, algorithms)
@@ -290,8 +345,9 @@ def collectives_cmd(csv_files: tuple[Path, ...], output: Path, title: str | None
         _fail(exc)
 
 
-def _closed_form(topology: str, gpus: int, op: str, minbytes: str, maxbytes: str,
-                 algorithms: str) -> pd.DataFrame:
+def _closed_form(
+    topology: str, gpus: int, op: str, minbytes: str, maxbytes: str, algorithms: str
+) -> pd.DataFrame:
     from collsim.collectives import Algorithm, CollectiveOp, Group
     from collsim.report.frames import collective_cost_frame
     from collsim.sweep import cluster_for
@@ -302,20 +358,26 @@ def _closed_form(topology: str, gpus: int, op: str, minbytes: str, maxbytes: str
     except ValueError as exc:
         raise ConfigError(str(exc), key_path="--minbytes/--maxbytes") from None
     if low <= 0 or high < low:
-        raise ConfigError(f"need 0 < minbytes <= maxbytes, got {minbytes}, {maxbytes}",
-                          key_path="--minbytes/--maxbytes")
+        raise ConfigError(
+            f"need 0 < minbytes <= maxbytes, got {minbytes}, {maxbytes}",
+            key_path="--minbytes/--maxbytes",
+        )
     try:
         CollectiveOp(op)
     except ValueError:
-        raise ConfigError(f"must be one of {', '.join(o.value for o in CollectiveOp)}; "
-                          f"got {op!r}", key_path="--op") from None
+        raise ConfigError(
+            f"must be one of {', '.join(o.value for o in CollectiveOp)}; got {op!r}",
+            key_path="--op",
+        ) from None
     names = [a.strip() for a in algorithms.split(",") if a.strip()]
     for name in names:
         try:
             Algorithm(name)
         except ValueError:
-            raise ConfigError(f"must be one of {', '.join(a.value for a in Algorithm)}; got "
-                              f"{name!r}", key_path="--algorithms") from None
+            raise ConfigError(
+                f"must be one of {', '.join(a.value for a in Algorithm)}; got {name!r}",
+                key_path="--algorithms",
+            ) from None
     try:
         topo = cluster_for(topology, gpus, None)
     except InfeasibleError as exc:
@@ -329,6 +391,7 @@ def _closed_form(topology: str, gpus: int, op: str, minbytes: str, maxbytes: str
         warnings.simplefilter("ignore", CollsimWarning)
         frame = collective_cost_frame(op, sizes, Group.all(topo), names)
     if frame.empty:
-        raise ConfigError(f"none of {algorithms} applies to {op} on {topo.name}",
-                          key_path="--algorithms")
+        raise ConfigError(
+            f"none of {algorithms} applies to {op} on {topo.name}", key_path="--algorithms"
+        )
     return frame

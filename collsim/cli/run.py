@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 import sys
 import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -48,32 +49,77 @@ PLOT_SUFFIXES = (".png", ".svg")
 
 @click.command(name="run", epilog=_EPILOG, cls=OneLineCommand)
 @click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
-              help="Override a scenario key (value read as YAML), e.g. parallel.tp=4. Repeatable.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write the result summary as JSON to this file.")
-@click.option("--all-ranks", is_flag=True,
-              help="Simulate every rank instead of one per symmetry class (slow on big jobs).")
-@click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write a Perfetto / chrome://tracing timeline of the step to this file.")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Draw the step (compute streams and memory) to this .png or .svg file.")
-@click.option("--fidelity", type=click.Choice(FIDELITY_CHOICES), default="auto",
-              show_default=True,
-              help="fused: closed-form communication; layer: every layer step and collective "
-                   "on the flow-level network; auto: layer only where links are shared.")
-def run(scenario: Path, overrides: tuple[str, ...], json_path: Path | None, all_ranks: bool,
-        trace_path: Path | None, plot_path: Path | None, fidelity: str) -> None:
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY.PATH=VALUE",
+    help="Override a scenario key (value read as YAML), e.g. parallel.tp=4. Repeatable.",
+)
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the result summary as JSON to this file.",
+)
+@click.option(
+    "--all-ranks",
+    is_flag=True,
+    help="Simulate every rank instead of one per symmetry class (slow on big jobs).",
+)
+@click.option(
+    "--trace",
+    "trace_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write a Perfetto / chrome://tracing timeline of the step to this file.",
+)
+@click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Draw the step (compute streams and memory) to this .png or .svg file.",
+)
+@click.option(
+    "--fidelity",
+    type=click.Choice(FIDELITY_CHOICES),
+    default="auto",
+    show_default=True,
+    help="fused: closed-form communication; layer: every layer step and collective "
+    "on the flow-level network; auto: layer only where links are shared.",
+)
+def run(
+    scenario: Path,
+    overrides: tuple[str, ...],
+    json_path: Path | None,
+    all_ranks: bool,
+    trace_path: Path | None,
+    plot_path: Path | None,
+    fidelity: str,
+) -> None:
     """Simulate one training step of SCENARIO (a YAML file) and print the report."""
-    code = run_scenario(scenario, overrides, json_path=json_path, all_ranks=all_ranks,
-                        trace_path=trace_path, plot_path=plot_path, fidelity=fidelity)
+    code = run_scenario(
+        scenario,
+        overrides,
+        json_path=json_path,
+        all_ranks=all_ranks,
+        trace_path=trace_path,
+        plot_path=plot_path,
+        fidelity=fidelity,
+    )
     if code:
         sys.exit(code)
 
 
-def run_scenario(path: Path, overrides: Sequence[str] = (), *, json_path: Path | None = None,
-                 all_ranks: bool = False, trace_path: Path | None = None,
-                 plot_path: Path | None = None, fidelity: str = "auto") -> int:
+def run_scenario(
+    path: Path,
+    overrides: Sequence[str] = (),
+    *,
+    json_path: Path | None = None,
+    all_ranks: bool = False,
+    trace_path: Path | None = None,
+    plot_path: Path | None = None,
+    fidelity: str = "auto",
+) -> int:
     """The body of ``collsim run``; returns the exit code and prints what it has to say."""
     if plot_path is not None and Path(plot_path).suffix.lower() not in PLOT_SUFFIXES:
         _error(f"--plot: the image must end in .png or .svg, got {Path(plot_path).name!r}")
@@ -91,8 +137,12 @@ def run_scenario(path: Path, overrides: Sequence[str] = (), *, json_path: Path |
         scenario = load_scenario(path, overrides)
         topology = _load_topology(scenario)
         result, caught = _simulate_capturing(
-            scenario, topology, all_ranks=all_ranks,
-            trace=trace_path is not None or plot_path is not None, fidelity=fidelity)
+            scenario,
+            topology,
+            all_ranks=all_ranks,
+            trace=trace_path is not None or plot_path is not None,
+            fidelity=fidelity,
+        )
     except ConfigError as exc:
         _error(str(exc))
         return 2
@@ -102,8 +152,13 @@ def run_scenario(path: Path, overrides: Sequence[str] = (), *, json_path: Path |
 
     from collsim.report.tables import format_run_report, memory_verdict
 
-    click.echo(format_run_report(result, title=f"collsim run: {scenario.name}",
-                                 context=describe_scenario(scenario, topology)))
+    click.echo(
+        format_run_report(
+            result,
+            title=f"collsim run: {scenario.name}",
+            context=describe_scenario(scenario, topology),
+        )
+    )
     for message in _warning_messages(caught, result):
         click.echo(f"warning: {message}", err=True)
     if json_path is not None:
@@ -127,6 +182,7 @@ def run_scenario(path: Path, overrides: Sequence[str] = (), *, json_path: Path |
 
 # -- steps (module-level so tests can stand in for layers that are not there) ---------------------
 
+
 def _trace_writer() -> TraceWriter | None:
     """``collsim.report.trace.write_trace`` if that module exists, else None."""
     try:
@@ -136,7 +192,7 @@ def _trace_writer() -> TraceWriter | None:
     return getattr(trace, "write_trace", None)
 
 
-def _load_topology(scenario: "Scenario") -> "Topology":
+def _load_topology(scenario: Scenario) -> Topology:
     """The scenario's cluster; topology errors without a file are pointed at ``cluster``."""
     try:
         return scenario.cluster.load()
@@ -149,15 +205,28 @@ def _load_topology(scenario: "Scenario") -> "Topology":
         raise scenario.locate(ConfigError(exc.message, key_path=key)) from None
 
 
-def _simulate(scenario: "Scenario", topology: "Topology", *, all_ranks: bool,
-              trace: bool, fidelity: str = "auto") -> "StepResult":
+def _simulate(
+    scenario: Scenario,
+    topology: Topology,
+    *,
+    all_ranks: bool,
+    trace: bool,
+    fidelity: str = "auto",
+) -> StepResult:
     from collsim.engine import simulate_step
 
-    return simulate_step(topology, scenario.model, scenario.training, scenario.parallel,
-                         all_ranks=all_ranks, trace=trace, fidelity=fidelity)
+    return simulate_step(
+        topology,
+        scenario.model,
+        scenario.training,
+        scenario.parallel,
+        all_ranks=all_ranks,
+        trace=trace,
+        fidelity=fidelity,
+    )
 
 
-def _write_plot(scenario: "Scenario", result: "StepResult", path: Path) -> None:
+def _write_plot(scenario: Scenario, result: StepResult, path: Path) -> None:
     """``plot_step`` of the traced result, rows labelled by pipeline stage, saved by suffix."""
     from collsim.report.plots import plot_step, save_figure
 
@@ -169,9 +238,14 @@ def _write_plot(scenario: "Scenario", result: "StepResult", path: Path) -> None:
         raise click.FileError(str(path), hint=exc.strerror) from None
 
 
-def _simulate_capturing(scenario: "Scenario", topology: "Topology", *, all_ranks: bool,
-                        trace: bool, fidelity: str = "auto"
-                        ) -> tuple["StepResult", list[warnings.WarningMessage]]:
+def _simulate_capturing(
+    scenario: Scenario,
+    topology: Topology,
+    *,
+    all_ranks: bool,
+    trace: bool,
+    fidelity: str = "auto",
+) -> tuple[StepResult, list[warnings.WarningMessage]]:
     """Run the engine, collecting the CollsimWarnings it raises (other warnings pass through).
 
     Plan errors come back from the engine with a key path only; they are located in the
@@ -180,8 +254,9 @@ def _simulate_capturing(scenario: "Scenario", topology: "Topology", *, all_ranks
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", CollsimWarning)
         try:
-            result = _simulate(scenario, topology, all_ranks=all_ranks, trace=trace,
-                               fidelity=fidelity)
+            result = _simulate(
+                scenario, topology, all_ranks=all_ranks, trace=trace, fidelity=fidelity
+            )
         except ConfigError as exc:
             raise scenario.locate(exc) from None
     ours = [w for w in caught if issubclass(w.category, CollsimWarning)]
@@ -191,8 +266,7 @@ def _simulate_capturing(scenario: "Scenario", topology: "Topology", *, all_ranks
     return result, ours
 
 
-def _warning_messages(caught: Sequence[warnings.WarningMessage],
-                      result: "StepResult") -> list[str]:
+def _warning_messages(caught: Sequence[warnings.WarningMessage], result: StepResult) -> list[str]:
     """Captured warnings then the result's own, each once, in order.
 
     When the plan does not fit, the verdict is printed last in its own words; a warning that
@@ -222,17 +296,21 @@ def _error(message: str, prefix: str = "error: ") -> None:
 
 # -- report context ------------------------------------------------------------------------------
 
-def describe_scenario(scenario: "Scenario", topology: "Topology") -> list[tuple[str, str]]:
+
+def describe_scenario(scenario: Scenario, topology: Topology) -> list[tuple[str, str]]:
     """Label/text lines that say what was simulated: model, cluster, plan, batch."""
     spec, train, par = scenario.model, scenario.training, scenario.parallel
     params_b = spec.num_parameters() / 1e9
     kv = f" ({spec.kv_heads} kv)" if spec.kv_heads != spec.num_heads else ""
-    model = (f"{spec.name}: {params_b:.2f} B params, {spec.num_layers} layers, hidden "
-             f"{spec.hidden}, {spec.num_heads} heads{kv}, seq {spec.seq_len}")
+    model = (
+        f"{spec.name}: {params_b:.2f} B params, {spec.num_layers} layers, hidden "
+        f"{spec.hidden}, {spec.num_heads} heads{kv}, seq {spec.seq_len}"
+    )
     device = getattr(getattr(topology, "device", None), "name", "GPU")
     gpus = topology.num_ranks
-    cluster = (f"{topology.num_nodes} x {topology.gpus_per_node} {device} = {gpus} GPUs "
-               f"({topology.name})")
+    cluster = (
+        f"{topology.num_nodes} x {topology.gpus_per_node} {device} = {gpus} GPUs ({topology.name})"
+    )
     plan = f"tp {par.tp} x pp {par.pp} x dp {par.dp}"
     if par.pp > 1:
         plan += f", {par.schedule}"
@@ -247,12 +325,16 @@ def describe_scenario(scenario: "Scenario", topology: "Topology") -> list[tuple[
     elif par.zero in (1, 2):
         plan += f", ZeRO-{par.zero}, buckets {par.ddp.bucket_mb:g} MiB"
     else:
-        plan += (f", ZeRO-3/FSDP, prefetch {par.fsdp.prefetch}, reshard "
-                 f"{_on(par.fsdp.reshard_after_forward)}, offload {_on(par.fsdp.offload)}")
+        plan += (
+            f", ZeRO-3/FSDP, prefetch {par.fsdp.prefetch}, reshard "
+            f"{_on(par.fsdp.reshard_after_forward)}, offload {_on(par.fsdp.offload)}"
+        )
     micro = train.global_batch // (train.micro_batch * par.dp) if par.dp else 0
-    batch = (f"global {train.global_batch} = dp {par.dp} x {micro} micro-batches x "
-             f"{train.micro_batch}; {train.dtype}, {train.optimizer}, recompute "
-             f"{train.recompute}")
+    batch = (
+        f"global {train.global_batch} = dp {par.dp} x {micro} micro-batches x "
+        f"{train.micro_batch}; {train.dtype}, {train.optimizer}, recompute "
+        f"{train.recompute}"
+    )
     return [("model", model), ("cluster", cluster), ("plan", plan), ("batch", batch)]
 
 

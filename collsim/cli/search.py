@@ -37,8 +37,9 @@ def _int_list(text: str | None, key: str) -> tuple[int, ...] | None:
     try:
         values = tuple(int(v) for v in text.split(",") if v.strip())
     except ValueError:
-        raise ConfigError(f"expected comma-separated integers, got {text!r}",
-                          key_path=key) from None
+        raise ConfigError(
+            f"expected comma-separated integers, got {text!r}", key_path=key
+        ) from None
     if not values or any(v < 0 for v in values):
         raise ConfigError(f"expected non-negative integers, got {text!r}", key_path=key)
     return values
@@ -47,27 +48,64 @@ def _int_list(text: str | None, key: str) -> tuple[int, ...] | None:
 @click.command(name="search", epilog=_EPILOG, cls=OneLineCommand)
 @click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--gpus", type=int, help="GPU count to plan for (default: the scenario's).")
-@click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
-              help="Override a scenario key first (e.g. training.global_batch=1024).")
-@click.option("--top", "top_n", type=click.IntRange(min=1), default=10, show_default=True,
-              help="How many plans to print.")
-@click.option("--simulate", "top_k", type=click.IntRange(min=0), default=3, show_default=True,
-              help="How many of the best estimates to re-simulate with the engine.")
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY.PATH=VALUE",
+    help="Override a scenario key first (e.g. training.global_batch=1024).",
+)
+@click.option(
+    "--top",
+    "top_n",
+    type=click.IntRange(min=1),
+    default=10,
+    show_default=True,
+    help="How many plans to print.",
+)
+@click.option(
+    "--simulate",
+    "top_k",
+    type=click.IntRange(min=0),
+    default=3,
+    show_default=True,
+    help="How many of the best estimates to re-simulate with the engine.",
+)
 @click.option("--micro-batch", "micro_text", metavar="LIST", help="Micro-batch sizes to try.")
 @click.option("--zero", "zero_text", metavar="LIST", help="ZeRO stages to try (0-3).")
-@click.option("--recompute", "recompute_text", metavar="LIST",
-              help="Recompute modes to try (none,selective,full).")
-@click.option("--schedule", "schedule_text", metavar="LIST",
-              help="Pipeline schedules to try (gpipe,1f1b,interleaved).")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write every feasible plan (estimate and simulation columns) to this CSV.")
-def search(scenario: Path, gpus: int | None, overrides: tuple[str, ...], top_n: int,
-           top_k: int, micro_text: str | None, zero_text: str | None,
-           recompute_text: str | None, schedule_text: str | None,
-           output: Path | None) -> None:
+@click.option(
+    "--recompute",
+    "recompute_text",
+    metavar="LIST",
+    help="Recompute modes to try (none,selective,full).",
+)
+@click.option(
+    "--schedule",
+    "schedule_text",
+    metavar="LIST",
+    help="Pipeline schedules to try (gpipe,1f1b,interleaved).",
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write every feasible plan (estimate and simulation columns) to this CSV.",
+)
+def search(
+    scenario: Path,
+    gpus: int | None,
+    overrides: tuple[str, ...],
+    top_n: int,
+    top_k: int,
+    micro_text: str | None,
+    zero_text: str | None,
+    recompute_text: str | None,
+    schedule_text: str | None,
+    output: Path | None,
+) -> None:
     """Enumerate the plans of SCENARIO's model on --gpus GPUs, rank them, re-simulate the best."""
     from collsim.scenario import load_scenario
-    from collsim.search import SearchSpace, search_plans, search_frame
+    from collsim.search import SearchSpace, search_frame, search_plans
     from collsim.sweep import cluster_for
 
     try:
@@ -85,15 +123,19 @@ def search(scenario: Path, gpus: int | None, overrides: tuple[str, ...], top_n: 
             modes = tuple(v.strip() for v in recompute_text.split(",") if v.strip())
             bad = [m for m in modes if m not in ("none", "selective", "full")]
             if bad or not modes:
-                raise ConfigError(f"must be some of none, selective, full; got {recompute_text}",
-                                  key_path="--recompute")
+                raise ConfigError(
+                    f"must be some of none, selective, full; got {recompute_text}",
+                    key_path="--recompute",
+                )
             space_kwargs["recomputes"] = modes
         if schedule_text is not None:
             kinds = tuple(v.strip() for v in schedule_text.split(",") if v.strip())
             bad = [k for k in kinds if k not in ("gpipe", "1f1b", "interleaved")]
             if bad or not kinds:
-                raise ConfigError(f"must be some of gpipe, 1f1b, interleaved; got "
-                                  f"{schedule_text}", key_path="--schedule")
+                raise ConfigError(
+                    f"must be some of gpipe, 1f1b, interleaved; got {schedule_text}",
+                    key_path="--schedule",
+                )
             space_kwargs["schedules"] = kinds
         check_output_path(output, "--output")
         if gpus is not None and gpus <= 0:
@@ -101,13 +143,16 @@ def search(scenario: Path, gpus: int | None, overrides: tuple[str, ...], top_n: 
         from collsim.errors import InfeasibleError
 
         try:
-            topology = (cluster_for(base.cluster.topology, gpus, None) if gpus is not None
-                        else base.cluster.load())
+            topology = (
+                cluster_for(base.cluster.topology, gpus, None)
+                if gpus is not None
+                else base.cluster.load()
+            )
         except InfeasibleError as exc:
             raise ConfigError(str(exc), key_path="--gpus") from None
         except ConfigError as exc:
             if exc.file is not None:
-                raise                                # a malformed topology file: its line
+                raise  # a malformed topology file: its line
             raise base.locate(ConfigError(exc.message, key_path="cluster.topology")) from None
     except ConfigError as exc:
         click.echo("error: " + " ".join(str(exc).split()), err=True)
@@ -115,12 +160,16 @@ def search(scenario: Path, gpus: int | None, overrides: tuple[str, ...], top_n: 
 
     space = SearchSpace(**space_kwargs)
     result = _run_with_progress(topology, base, space, top_k, search_plans)
-    click.echo(f"collsim search: {base.model.name} on {topology.num_ranks} x "
-               f"{topology.device.name} ({topology.name}), global batch "
-               f"{base.training.global_batch}")
-    click.echo(f"  {result.considered:,} plans in the grid, {result.estimated:,} buildable and "
-               f"estimated, {len(result.ranked):,} fit by estimate ({result.estimate_s:.1f} s), "
-               f"{len(result.simulated)} re-simulated ({result.simulate_s:.1f} s)")
+    click.echo(
+        f"collsim search: {base.model.name} on {topology.num_ranks} x "
+        f"{topology.device.name} ({topology.name}), global batch "
+        f"{base.training.global_batch}"
+    )
+    click.echo(
+        f"  {result.considered:,} plans in the grid, {result.estimated:,} buildable and "
+        f"estimated, {len(result.ranked):,} fit by estimate ({result.estimate_s:.1f} s), "
+        f"{len(result.simulated)} re-simulated ({result.simulate_s:.1f} s)"
+    )
     click.echo(search_table(result, top_n))
     _report_rejected(result)
     if output is not None:
@@ -132,24 +181,42 @@ def search(scenario: Path, gpus: int | None, overrides: tuple[str, ...], top_n: 
         sys.exit(1)
 
 
-def _run_with_progress(topology: Any, base: Any, space: Any, top_k: int,
-                       search_plans: Callable[..., SearchResult]) -> SearchResult:
+def _run_with_progress(
+    topology: Any, base: Any, space: Any, top_k: int, search_plans: Callable[..., SearchResult]
+) -> SearchResult:
     """Run the search with a progress bar on a terminal (plans estimated, then simulated)."""
     from collsim.search import enumerate_plans
 
     if not sys.stderr.isatty():
-        return search_plans(topology, base.model, base.training, base.parallel, space=space,
-                            top_k=top_k)
-    total = sum(1 for _ in enumerate_plans(base.model, topology.num_ranks,
-                                           topology.gpus_per_node, base.training.global_batch,
-                                           space))
-    with click.progressbar(length=total + top_k, label="search", file=sys.stderr,
-                           show_pos=True) as bar:
+        return search_plans(
+            topology, base.model, base.training, base.parallel, space=space, top_k=top_k
+        )
+    total = sum(
+        1
+        for _ in enumerate_plans(
+            base.model,
+            topology.num_ranks,
+            topology.gpus_per_node,
+            base.training.global_batch,
+            space,
+        )
+    )
+    with click.progressbar(
+        length=total + top_k, label="search", file=sys.stderr, show_pos=True
+    ) as bar:
+
         def progress(phase: str, n: int) -> None:
             bar.update(n)
 
-        return search_plans(topology, base.model, base.training, base.parallel, space=space,
-                            top_k=top_k, progress=progress)
+        return search_plans(
+            topology,
+            base.model,
+            base.training,
+            base.parallel,
+            space=space,
+            top_k=top_k,
+            progress=progress,
+        )
 
 
 def _row(index: int, entry: Ranked) -> list[str]:
@@ -161,8 +228,15 @@ def _row(index: int, entry: Ranked) -> list[str]:
     mfu = res.mfu if res is not None else est.mfu
     peak = res.memory_peak_bytes if res is not None else est.memory_peak_bytes
     status = "" if res is None else ("simulated" if entry.reason is None else entry.reason)
-    return [str(index), entry.candidate.label, format_seconds(est.step_time_s), sim,
-            f"{100 * mfu:.1f}", f"{peak / 1e9:.1f}", status]
+    return [
+        str(index),
+        entry.candidate.label,
+        format_seconds(est.step_time_s),
+        sim,
+        f"{100 * mfu:.1f}",
+        f"{peak / 1e9:.1f}",
+        status,
+    ]
 
 
 def search_table(result: SearchResult, top_n: int = 10) -> str:
@@ -176,8 +250,9 @@ def search_table(result: SearchResult, top_n: int = 10) -> str:
         if entry.result is None and entry not in shown:
             shown.append(entry)
     rows = [_row(i + 1, entry) for i, entry in enumerate(shown[:top_n])]
-    return format_table(["#", "plan", "estimate", "simulated", "MFU %", "peak GB", "status"],
-                        rows, align="rlrrrrl")
+    return format_table(
+        ["#", "plan", "estimate", "simulated", "MFU %", "peak GB", "status"], rows, align="rlrrrrl"
+    )
 
 
 def _report_rejected(result: SearchResult) -> None:

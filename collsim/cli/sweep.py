@@ -42,28 +42,72 @@ Examples:
 
 @click.command(name="sweep", epilog=_EPILOG, cls=OneLineCommand)
 @click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--gpus", "gpus_text", metavar="LIST",
-              help="GPU counts, e.g. 64,128,...,4096 (a literal ... continues the doubling).")
-@click.option("--strong", is_flag=True,
-              help="Strong scaling: keep the global batch (default: weak, it grows with dp).")
-@click.option("--grow", type=click.Choice(["dp", "tp", "pp"]), default="dp", show_default=True,
-              help="The parallel axis that grows with the GPU count.")
-@click.option("--set", "set_texts", multiple=True, metavar="KEY.PATH=V1,V2,...",
-              help="Sweep a scenario key over values, e.g. parallel.zero=0,1,2,3. Repeatable: "
-                   "the product is taken.")
-@click.option("--plan", "plan_texts", multiple=True, metavar="'NAME: KEY=V, KEY=V'",
-              help="A named plan (a series in tables and plots), e.g. 'DDP + overlap: "
-                   "parallel.zero=0, parallel.ddp.overlap=true'. Repeatable; crossed with --set.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write every result field of every point to this CSV file.")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Draw the sweep (PNG or SVG): scaling when GPUs vary, else the breakdown.")
-@click.option("--plot-kind", type=click.Choice(["auto", "scaling", "memory", "breakdown"]),
-              default="auto", show_default=True, help="What --plot draws.")
+@click.option(
+    "--gpus",
+    "gpus_text",
+    metavar="LIST",
+    help="GPU counts, e.g. 64,128,...,4096 (a literal ... continues the doubling).",
+)
+@click.option(
+    "--strong",
+    is_flag=True,
+    help="Strong scaling: keep the global batch (default: weak, it grows with dp).",
+)
+@click.option(
+    "--grow",
+    type=click.Choice(["dp", "tp", "pp"]),
+    default="dp",
+    show_default=True,
+    help="The parallel axis that grows with the GPU count.",
+)
+@click.option(
+    "--set",
+    "set_texts",
+    multiple=True,
+    metavar="KEY.PATH=V1,V2,...",
+    help="Sweep a scenario key over values, e.g. parallel.zero=0,1,2,3. Repeatable: "
+    "the product is taken.",
+)
+@click.option(
+    "--plan",
+    "plan_texts",
+    multiple=True,
+    metavar="'NAME: KEY=V, KEY=V'",
+    help="A named plan (a series in tables and plots), e.g. 'DDP + overlap: "
+    "parallel.zero=0, parallel.ddp.overlap=true'. Repeatable; crossed with --set.",
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write every result field of every point to this CSV file.",
+)
+@click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Draw the sweep (PNG or SVG): scaling when GPUs vary, else the breakdown.",
+)
+@click.option(
+    "--plot-kind",
+    type=click.Choice(["auto", "scaling", "memory", "breakdown"]),
+    default="auto",
+    show_default=True,
+    help="What --plot draws.",
+)
 @click.option("--all-ranks", is_flag=True, help="Simulate every rank (slow on big jobs).")
-def sweep(scenario: Path, gpus_text: str | None, strong: bool, grow: str,
-          set_texts: tuple[str, ...], plan_texts: tuple[str, ...], output: Path | None,
-          plot_path: Path | None, plot_kind: str, all_ranks: bool) -> None:
+def sweep(
+    scenario: Path,
+    gpus_text: str | None,
+    strong: bool,
+    grow: str,
+    set_texts: tuple[str, ...],
+    plan_texts: tuple[str, ...],
+    output: Path | None,
+    plot_path: Path | None,
+    plot_kind: str,
+    all_ranks: bool,
+) -> None:
     """Simulate SCENARIO at every GPU count of --gpus and every --set combination."""
     from collsim.sweep import (
         build_points,
@@ -79,8 +123,9 @@ def sweep(scenario: Path, gpus_text: str | None, strong: bool, grow: str,
         sets = [parse_set(text) for text in set_texts]
         plans = dict(parse_plan(text) for text in plan_texts) or None
         if plot_path is not None and plot_path.suffix.lower() not in (".png", ".svg"):
-            raise ConfigError(f"image must end in .png or .svg, got {plot_path.name!r}",
-                              key_path="--plot")
+            raise ConfigError(
+                f"image must end in .png or .svg, got {plot_path.name!r}", key_path="--plot"
+            )
         check_output_path(output, "--output")
         check_output_path(plot_path, "--plot")
         check_overrides(scenario, sets, gpus=gpus, grow=grow, plans=plans)
@@ -88,8 +133,9 @@ def sweep(scenario: Path, gpus_text: str | None, strong: bool, grow: str,
         _fail(exc)
     points = build_points(gpus=gpus, sets=sets, plans=plans)
     with progress_reporter(len(points), "sweep") as tick:
-        outcomes = run_sweep(scenario, points, grow=grow, strong=strong, all_ranks=all_ranks,
-                             progress=tick)
+        outcomes = run_sweep(
+            scenario, points, grow=grow, strong=strong, all_ranks=all_ranks, progress=tick
+        )
 
     from collsim.sweep import sweep_frame
 
@@ -107,7 +153,10 @@ def sweep(scenario: Path, gpus_text: str | None, strong: bool, grow: str,
             kind = "scaling" if gpus and len(gpus) > 1 else "breakdown"
         try:
             drawers: dict[str, Callable[[pd.DataFrame], Figure]] = {
-                "scaling": plot_scaling, "memory": plot_memory, "breakdown": plot_breakdown}
+                "scaling": plot_scaling,
+                "memory": plot_memory,
+                "breakdown": plot_breakdown,
+            }
             figure = drawers[kind](_with_plan_labels(frame, scenario.stem))
             save_figure(figure, plot_path)
         except ConfigError as exc:
@@ -136,8 +185,9 @@ class _Progress:
     def __init__(self, total: int, label: str) -> None:
         self.bar: Any = None
         if sys.stderr.isatty():
-            self.bar = click.progressbar(length=total, label=label, file=sys.stderr,
-                                         show_pos=True, show_eta=True)
+            self.bar = click.progressbar(
+                length=total, label=label, file=sys.stderr, show_pos=True, show_eta=True
+            )
 
     def __enter__(self) -> Any:
         if self.bar is not None:
@@ -184,16 +234,35 @@ def sweep_table(frame: pd.DataFrame) -> str:
 
     show_plan = frame["plan"].astype(str).str.len().gt(0).any()
     headers = (["plan"] if show_plan else []) + [
-        "GPUs", "tp", "pp", "dp", "batch", "step time", "tokens/s", "MFU %", "peak GB",
-        "status"]
+        "GPUs",
+        "tp",
+        "pp",
+        "dp",
+        "batch",
+        "step time",
+        "tokens/s",
+        "MFU %",
+        "peak GB",
+        "status",
+    ]
     rows = []
     for r in frame.to_dict("records"):
         status = "ok" if r["feasible"] else str(r["reason"]).split(":", 1)[0]
-        rows.append(([str(r["plan"])] if show_plan else []) + [
-            _fmt(r["num_gpus"], "count"), _fmt(r.get("tp"), "int"), _fmt(r.get("pp"), "int"),
-            _fmt(r.get("dp"), "int"), _fmt(r.get("global_batch"), "int"),
-            _fmt(r["step_time_s"], "time"), _fmt(r["tokens_per_s"], "count"),
-            _fmt(r["mfu"], "pct"), _fmt(r["memory_peak_bytes"], "gb"), status])
+        rows.append(
+            ([str(r["plan"])] if show_plan else [])
+            + [
+                _fmt(r["num_gpus"], "count"),
+                _fmt(r.get("tp"), "int"),
+                _fmt(r.get("pp"), "int"),
+                _fmt(r.get("dp"), "int"),
+                _fmt(r.get("global_batch"), "int"),
+                _fmt(r["step_time_s"], "time"),
+                _fmt(r["tokens_per_s"], "count"),
+                _fmt(r["mfu"], "pct"),
+                _fmt(r["memory_peak_bytes"], "gb"),
+                status,
+            ]
+        )
     align = ("l" if show_plan else "") + "r" * 9 + "l"
     return format_table(headers, rows, align=align)
 

@@ -7,8 +7,9 @@ ranks. A rank that fails ends the command with exit code 1 and a message naming 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import click
 
@@ -30,6 +31,7 @@ def _rank_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             return fn(*args, **kwargs)
         except RankFailure as exc:
             raise click.ClickException(str(exc)) from None
+
     return wrapper
 
 
@@ -50,8 +52,9 @@ def _ops(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, .
         return OPS
     bad = [o for o in ops if o not in OPS]
     if bad or not ops:
-        raise click.BadParameter(f"unknown op(s) {', '.join(bad) or '(none)'}; "
-                                 f"choose from {', '.join(OPS)} or 'all'")
+        raise click.BadParameter(
+            f"unknown op(s) {', '.join(bad) or '(none)'}; choose from {', '.join(OPS)} or 'all'"
+        )
     return ops
 
 
@@ -82,33 +85,77 @@ def validate() -> None:
 
 @validate.command()
 @click.option("--backend", type=click.Choice(["gloo", "nccl"]), default="gloo", show_default=True)
-@click.option("--world-size", "-n", type=click.IntRange(1, 1024), default=None,
-              help="Local ranks to spawn (default 2); ignored under torchrun.")
-@click.option("--ops", default="all_reduce,all_gather,reduce_scatter,broadcast,all_to_all,"
-              "send_recv", callback=_ops, show_default=True, help="Comma-separated, or 'all'.")
+@click.option(
+    "--world-size",
+    "-n",
+    type=click.IntRange(1, 1024),
+    default=None,
+    help="Local ranks to spawn (default 2); ignored under torchrun.",
+)
+@click.option(
+    "--ops",
+    default="all_reduce,all_gather,reduce_scatter,broadcast,all_to_all,send_recv",
+    callback=_ops,
+    show_default=True,
+    help="Comma-separated, or 'all'.",
+)
 @click.option("-b", "--minbytes", default="1K", callback=_size, show_default=True)
 @click.option("-e", "--maxbytes", default="64M", callback=_size, show_default=True)
 @click.option("-f", "--stepfactor", type=click.IntRange(2), default=2, show_default=True)
 @click.option("--iters", type=click.IntRange(1), default=20, show_default=True)
 @click.option("--warmup", type=click.IntRange(0), default=5, show_default=True)
-@click.option("--rounds", type=click.IntRange(1), default=1, show_default=True,
-              help="Sweep everything this many times, iters/rounds timed iterations each "
-                   "(spreads bursts of load from other processes over many points).")
-@click.option("--back-to-back", is_flag=True,
-              help="One barrier, then back-to-back timed iterations (default: a barrier "
-                   "before each).")
-@click.option("--realtime", is_flag=True, callback=_realtime,
-              help="Run the ranks under SCHED_RR (Linux; root or CAP_SYS_NICE): a woken rank "
-                   "thread no longer waits out another thread's time slice, which on a small "
-                   "shared machine adds milliseconds to some iterations.")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=900.0,
-              show_default=True, help="Seconds for the whole run; also the collective timeout.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
-              help="Write the points and metadata (.csv or .json).")
+@click.option(
+    "--rounds",
+    type=click.IntRange(1),
+    default=1,
+    show_default=True,
+    help="Sweep everything this many times, iters/rounds timed iterations each "
+    "(spreads bursts of load from other processes over many points).",
+)
+@click.option(
+    "--back-to-back",
+    is_flag=True,
+    help="One barrier, then back-to-back timed iterations (default: a barrier before each).",
+)
+@click.option(
+    "--realtime",
+    is_flag=True,
+    callback=_realtime,
+    help="Run the ranks under SCHED_RR (Linux; root or CAP_SYS_NICE): a woken rank "
+    "thread no longer waits out another thread's time slice, which on a small "
+    "shared machine adds milliseconds to some iterations.",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=1),
+    default=900.0,
+    show_default=True,
+    help="Seconds for the whole run; also the collective timeout.",
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write the points and metadata (.csv or .json).",
+)
 @_rank_errors
-def bench(backend: str, world_size: int | None, ops: tuple[str, ...], minbytes: int,
-          maxbytes: int, stepfactor: int, iters: int, warmup: int, rounds: int,
-          back_to_back: bool, realtime: bool, timeout_s: float, output: str | None) -> None:
+def bench(
+    backend: str,
+    world_size: int | None,
+    ops: tuple[str, ...],
+    minbytes: int,
+    maxbytes: int,
+    stepfactor: int,
+    iters: int,
+    warmup: int,
+    rounds: int,
+    back_to_back: bool,
+    realtime: bool,
+    timeout_s: float,
+    output: str | None,
+) -> None:
     """Time collectives like nccl-tests (median of the slowest rank) and check every result."""
     from collsim.validate.bench import BenchConfig, run_bench, sizes_between
     from collsim.validate.dataset import format_table, write_measurements
@@ -121,12 +168,20 @@ def bench(backend: str, world_size: int | None, ops: tuple[str, ...], minbytes: 
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="-b/--minbytes, -e/--maxbytes") from None
     if rounds > iters:
-        raise click.BadParameter(f"must be <= --iters ({iters}), got {rounds}",
-                                 param_hint="--rounds")
-    config = BenchConfig(ops=ops, sizes_bytes=sizes, iters=iters, warmup=warmup, rounds=rounds,
-                         barrier_each=not back_to_back)
-    result, is_reporter = run_bench(config, world_size=world_size, backend=backend,
-                                    timeout_s=timeout_s, realtime=realtime)
+        raise click.BadParameter(
+            f"must be <= --iters ({iters}), got {rounds}", param_hint="--rounds"
+        )
+    config = BenchConfig(
+        ops=ops,
+        sizes_bytes=sizes,
+        iters=iters,
+        warmup=warmup,
+        rounds=rounds,
+        barrier_each=not back_to_back,
+    )
+    result, is_reporter = run_bench(
+        config, world_size=world_size, backend=backend, timeout_s=timeout_s, realtime=realtime
+    )
     if not is_reporter:
         return
     rows = result.rows()
@@ -138,12 +193,14 @@ def bench(backend: str, world_size: int | None, ops: tuple[str, ...], minbytes: 
         raise click.ClickException("some results were wrong (see #wrong)")
 
 
-def _run_sketch(parts: tuple[str, ...], world_size: int, steps: int, timeout_s: float,
-                output: str | None) -> None:
+def _run_sketch(
+    parts: tuple[str, ...], world_size: int, steps: int, timeout_s: float, output: str | None
+) -> None:
     from collsim.validate.sketch import SketchConfig, check_report, run_sketch
 
-    report = run_sketch(SketchConfig(parts=parts, steps=steps), world_size=world_size,
-                        timeout_s=timeout_s)
+    report = run_sketch(
+        SketchConfig(parts=parts, steps=steps), world_size=world_size, timeout_s=timeout_s
+    )
     rows = check_report(report)
     click.echo(f"# {', '.join(parts)} from scratch on {world_size} {report['backend']} ranks")
     for name, ok, figure in rows:
@@ -158,13 +215,20 @@ def _run_sketch(parts: tuple[str, ...], world_size: int, steps: int, timeout_s: 
 
 
 _SKETCH_OPTIONS = [
-    click.option("--world-size", "-n", type=click.Choice(["2", "4"]), default="2",
-                  show_default=True),
+    click.option(
+        "--world-size", "-n", type=click.Choice(["2", "4"]), default="2", show_default=True
+    ),
     click.option("--steps", type=click.IntRange(1), default=5, show_default=True),
-    click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=300.0,
-                 show_default=True),
-    click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
-                 help="Write the JSON report here."),
+    click.option(
+        "--timeout", "timeout_s", type=click.FloatRange(min=1), default=300.0, show_default=True
+    ),
+    click.option(
+        "-o",
+        "--output",
+        type=click.Path(dir_okay=False),
+        default=None,
+        help="Write the JSON report here.",
+    ),
 ]
 
 
@@ -195,23 +259,59 @@ _SUBSET = click.Choice(["all", "even", "odd"])
 
 @validate.command()
 @click.argument("measured", type=click.Path(exists=True, dir_okay=False))
-@click.option("-o", "--output", type=click.Path(dir_okay=False), required=True,
-              help="Topology file to write (e.g. topologies/my_laptop.yaml).")
-@click.option("--base", default="localhost", show_default=True,
-              help="Topology whose shape is kept (file or name).")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False),
+    required=True,
+    help="Topology file to write (e.g. topologies/my_laptop.yaml).",
+)
+@click.option(
+    "--base",
+    default="localhost",
+    show_default=True,
+    help="Topology whose shape is kept (file or name).",
+)
 @click.option("--name", default=None, help="Topology name (default: the file's stem).")
-@click.option("--subset", type=_SUBSET, default="all", show_default=True,
-              help="Fit on all sizes, or every other power of two (even: 1K, 4K, ...).")
+@click.option(
+    "--subset",
+    type=_SUBSET,
+    default="all",
+    show_default=True,
+    help="Fit on all sizes, or every other power of two (even: 1K, 4K, ...).",
+)
 @click.option("--min-size", "min_size", default="0", callback=_size, show_default=True)
-@click.option("--max-size", "max_size", default=None,
-              callback=lambda c, p, v: None if v is None else _size(c, p, v))
-@click.option("--algorithm", "pins", multiple=True, metavar="OP=ALG",
-              help="Pin an op's algorithm (e.g. broadcast=tree); repeatable.")
-@click.option("--knees/--no-knees", default=True, show_default=True,
-              help="Let an op have a second regime above a size (kept only when it halves "
-                   "the line's median |residual|).")
-def calibrate(measured: str, output: str, base: str, name: str | None, subset: str,
-              min_size: int, max_size: int | None, pins: tuple[str, ...], knees: bool) -> None:
+@click.option(
+    "--max-size",
+    "max_size",
+    default=None,
+    callback=lambda c, p, v: None if v is None else _size(c, p, v),
+)
+@click.option(
+    "--algorithm",
+    "pins",
+    multiple=True,
+    metavar="OP=ALG",
+    help="Pin an op's algorithm (e.g. broadcast=tree); repeatable.",
+)
+@click.option(
+    "--knees/--no-knees",
+    default=True,
+    show_default=True,
+    help="Let an op have a second regime above a size (kept only when it halves "
+    "the line's median |residual|).",
+)
+def calibrate(
+    measured: str,
+    output: str,
+    base: str,
+    name: str | None,
+    subset: str,
+    min_size: int,
+    max_size: int | None,
+    pins: tuple[str, ...],
+    knees: bool,
+) -> None:
     """Fit link latency, bandwidth and per-op algorithm/overhead/efficiency to a measurement."""
     from collsim.validate.calibrate import calibrate as fit
     from collsim.validate.calibrate import write_topology
@@ -224,24 +324,39 @@ def calibrate(measured: str, output: str, base: str, name: str | None, subset: s
             raise click.BadParameter(f"expected OP=ALG, got {pin!r}", param_hint="--algorithm")
         pinned[op.strip()] = alg.strip()
     meas = read_measurements(measured)
-    cal = fit(meas, base=base, subset=subset, min_bytes=min_size, max_bytes=max_size,
-              algorithms=pinned, knees=knees)
+    cal = fit(
+        meas,
+        base=base,
+        subset=subset,
+        min_bytes=min_size,
+        max_bytes=max_size,
+        algorithms=pinned,
+        knees=knees,
+    )
     path = write_topology(cal, output, name)
-    click.echo(f"# calibrated {meas.metadata.get('backend')} world size {cal.world_size} on "
-               f"{subset} sizes: link latency {cal.link_latency_s * 1e6:.1f} us, "
-               f"bandwidth {cal.link_bandwidth_bps / 1e9:.3f} GB/s")
-    click.echo(f"# {'op':<15} {'algorithm':<17} {'a(us)':>8} {'b(ns/B)':>8} "
-               f"{'overhead(us)':>12} {'efficiency':>10} {'fit|err|':>8}  kernels")
+    click.echo(
+        f"# calibrated {meas.metadata.get('backend')} world size {cal.world_size} on "
+        f"{subset} sizes: link latency {cal.link_latency_s * 1e6:.1f} us, "
+        f"bandwidth {cal.link_bandwidth_bps / 1e9:.3f} GB/s"
+    )
+    click.echo(
+        f"# {'op':<15} {'algorithm':<17} {'a(us)':>8} {'b(ns/B)':>8} "
+        f"{'overhead(us)':>12} {'efficiency':>10} {'fit|err|':>8}  kernels"
+    )
     for op, f in cal.ops.items():
-        click.echo(f"  {op:<15} {f.algorithm:<17} {f.intercept_s * 1e6:>8.1f} "
-                   f"{f.seconds_per_byte * 1e9:>8.3f} {f.overhead_s * 1e6:>12.1f} "
-                   f"{f.efficiency:>10.3f} {f.fit_median_abs_error * 100:>7.1f}%  "
-                   f"{', '.join(f.kernels)}")
+        click.echo(
+            f"  {op:<15} {f.algorithm:<17} {f.intercept_s * 1e6:>8.1f} "
+            f"{f.seconds_per_byte * 1e9:>8.3f} {f.overhead_s * 1e6:>12.1f} "
+            f"{f.efficiency:>10.3f} {f.fit_median_abs_error * 100:>7.1f}%  "
+            f"{', '.join(f.kernels)}"
+        )
         if f.knee_bytes is not None and f.knee_efficiency is not None:
-            click.echo(f"  {'':<15} knee above {f.knee_bytes / 2**20:.3g} MiB: "
-                       f"+{f.extra_seconds_per_byte * 1e9:.3f} ns/B, efficiency "
-                       f"{f.knee_efficiency:.3f} (the line alone: median |err| "
-                       f"{f.line_median_abs_error * 100:.1f}%)")
+            click.echo(
+                f"  {'':<15} knee above {f.knee_bytes / 2**20:.3g} MiB: "
+                f"+{f.extra_seconds_per_byte * 1e9:.3f} ns/B, efficiency "
+                f"{f.knee_efficiency:.3f} (the line alone: median |err| "
+                f"{f.line_median_abs_error * 100:.1f}%)"
+            )
     for note in cal.notes:
         click.echo(f"# note: {note}")
     click.echo(f"# wrote {path}")
@@ -251,17 +366,33 @@ def calibrate(measured: str, output: str, base: str, name: str | None, subset: s
 @click.argument("measured", type=click.Path(exists=True, dir_okay=False))
 @click.option("--topology", "-t", required=True, help="Topology file or name to simulate on.")
 @click.option("--subset", type=_SUBSET, default="all", show_default=True)
-@click.option("--min-size", "min_size", default="0", callback=_size, show_default=True,
-              help="Summarise only sizes >= this.")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
-              help="Write the log-log plot here (default: beside the measurement, .png).")
+@click.option(
+    "--min-size",
+    "min_size",
+    default="0",
+    callback=_size,
+    show_default=True,
+    help="Summarise only sizes >= this.",
+)
+@click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write the log-log plot here (default: beside the measurement, .png).",
+)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None)
-def compare(measured: str, topology: str, subset: str, min_size: int, plot_path: str | None,
-            json_path: str | None) -> None:
+def compare(
+    measured: str,
+    topology: str,
+    subset: str,
+    min_size: int,
+    plot_path: str | None,
+    json_path: str | None,
+) -> None:
     """Simulate exactly the measured points and print the error of each, plus a summary."""
     from collsim.validate.compare import compare as run_compare
-    from collsim.validate.compare import format_comparison, plot_comparison, summarize, \
-        topology_for
+    from collsim.validate.compare import format_comparison, plot_comparison, summarize, topology_for
     from collsim.validate.dataset import read_measurements
 
     meas = read_measurements(measured)
@@ -270,20 +401,46 @@ def compare(measured: str, topology: str, subset: str, min_size: int, plot_path:
     if not points:
         raise ConfigError("no measured points in the selected sizes", file=measured)
     summary = summarize(points)
-    click.echo(format_comparison(points, summary, header=(
-        f"{measured} (world size {meas.world_size}) vs {topo.name}, {subset} sizes "
-        f">= {min_size} B; error = (simulated - measured) / measured")))
+    click.echo(
+        format_comparison(
+            points,
+            summary,
+            header=(
+                f"{measured} (world size {meas.world_size}) vs {topo.name}, {subset} sizes "
+                f">= {min_size} B; error = (simulated - measured) / measured"
+            ),
+        )
+    )
     out_plot = plot_path or str(Path(measured).with_suffix(".png"))
-    plot_comparison(points, topo, out_plot,
-                    title=f"{Path(measured).name} vs {topo.name} (n={meas.world_size})")
+    plot_comparison(
+        points, topo, out_plot, title=f"{Path(measured).name} vs {topo.name} (n={meas.world_size})"
+    )
     click.echo(f"# wrote {out_plot}")
     if json_path:
-        Path(json_path).write_text(json.dumps({
-            "measured": measured, "topology": topology, "subset": subset, "min_bytes": min_size,
-            "points": [{"op": p.op, "size_bytes": p.size_bytes, "measured_s": p.measured_s,
-                        "simulated_s": p.simulated_s, "error": p.error,
-                        "algorithm": p.algorithm} for p in points],
-            "summary": [vars_of(s) for s in summary]}, indent=1) + "\n")
+        Path(json_path).write_text(
+            json.dumps(
+                {
+                    "measured": measured,
+                    "topology": topology,
+                    "subset": subset,
+                    "min_bytes": min_size,
+                    "points": [
+                        {
+                            "op": p.op,
+                            "size_bytes": p.size_bytes,
+                            "measured_s": p.measured_s,
+                            "simulated_s": p.simulated_s,
+                            "error": p.error,
+                            "algorithm": p.algorithm,
+                        }
+                        for p in points
+                    ],
+                    "summary": [vars_of(s) for s in summary],
+                },
+                indent=1,
+            )
+            + "\n"
+        )
         click.echo(f"# wrote {json_path}")
 
 
@@ -295,21 +452,43 @@ def vars_of(obj: Any) -> dict[str, Any]:
 
 
 @validate.command()
-@click.argument("measured", nargs=-1, required=True,
-                type=click.Path(exists=True, dir_okay=False))
+@click.argument("measured", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("--min-size", "min_size", default="256K", callback=_size, show_default=True)
-@click.option("--target", type=click.FloatRange(0, 1), default=0.10, show_default=True,
-              help="Median |error| each checked op must stay within.")
-@click.option("--ops", "check_ops", default="all_reduce,all_gather,broadcast", show_default=True,
-              help="Ops held to the target (the others are reported on their own).")
-@click.option("--across-runs", is_flag=True,
-              help="Judge each op at each world size by its typical run (the median over the "
-                   "files of that world size of their median |error|) instead of every file "
-                   "on its own.")
-@click.option("--out-dir", type=click.Path(file_okay=False), default=None,
-              help="Keep the calibrated topologies and plots here.")
-def holdout(measured: tuple[str, ...], min_size: int, target: float, check_ops: str,
-            across_runs: bool, out_dir: str | None) -> None:
+@click.option(
+    "--target",
+    type=click.FloatRange(0, 1),
+    default=0.10,
+    show_default=True,
+    help="Median |error| each checked op must stay within.",
+)
+@click.option(
+    "--ops",
+    "check_ops",
+    default="all_reduce,all_gather,broadcast",
+    show_default=True,
+    help="Ops held to the target (the others are reported on their own).",
+)
+@click.option(
+    "--across-runs",
+    is_flag=True,
+    help="Judge each op at each world size by its typical run (the median over the "
+    "files of that world size of their median |error|) instead of every file "
+    "on its own.",
+)
+@click.option(
+    "--out-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Keep the calibrated topologies and plots here.",
+)
+def holdout(
+    measured: tuple[str, ...],
+    min_size: int,
+    target: float,
+    check_ops: str,
+    across_runs: bool,
+    out_dir: str | None,
+) -> None:
     """Calibrate on every other power of two, compare on the others (per measurement file)."""
     import tempfile
 
@@ -324,10 +503,14 @@ def holdout(measured: tuple[str, ...], min_size: int, target: float, check_ops: 
     folder = Path(out_dir or tempfile.mkdtemp(prefix="collsim-holdout-"))
     failures = []
     per_run = []
-    click.echo(f"# calibrate on even powers of two (1K, 4K, ...), compare on odd ones "
-               f">= {min_size} B; target median |error| <= {target:.0%} for {', '.join(held)}")
-    click.echo(f"# {'file':<40} {'n':>2} {'op':<15} {'points':>6} {'median|err|':>11} "
-               f"{'p90|err|':>9} {'max|err|':>9}  verdict")
+    click.echo(
+        f"# calibrate on even powers of two (1K, 4K, ...), compare on odd ones "
+        f">= {min_size} B; target median |error| <= {target:.0%} for {', '.join(held)}"
+    )
+    click.echo(
+        f"# {'file':<40} {'n':>2} {'op':<15} {'points':>6} {'median|err|':>11} "
+        f"{'p90|err|':>9} {'max|err|':>9}  verdict"
+    )
     for path in measured:
         meas = read_measurements(path)
         stem = Path(path).stem
@@ -345,18 +528,27 @@ def holdout(measured: tuple[str, ...], min_size: int, target: float, check_ops: 
             if checked and not ok:
                 failures.append(f"{stem} {s.op}")
             op_fit = cal.ops.get(s.op)
-            knee = ("" if op_fit is None or op_fit.knee_bytes is None
-                    else f"  (knee at {op_fit.knee_bytes / 2**20:.3g} MiB)")
-            click.echo(f"  {Path(path).name:<40} {meas.world_size:>2} {s.op:<15} {s.count:>6} "
-                       f"{s.median_abs_error * 100:>10.1f}% {s.p90_abs_error * 100:>8.1f}% "
-                       f"{s.max_abs_error * 100:>8.1f}%  {verdict}{knee}")
+            knee = (
+                ""
+                if op_fit is None or op_fit.knee_bytes is None
+                else f"  (knee at {op_fit.knee_bytes / 2**20:.3g} MiB)"
+            )
+            click.echo(
+                f"  {Path(path).name:<40} {meas.world_size:>2} {s.op:<15} {s.count:>6} "
+                f"{s.median_abs_error * 100:>10.1f}% {s.p90_abs_error * 100:>8.1f}% "
+                f"{s.max_abs_error * 100:>8.1f}%  {verdict}{knee}"
+            )
     runs = group_runs(per_run)
     if across_runs or any(len(r.run_errors) > 1 for r in runs):
-        click.echo(f"# across runs: per world size and op, the median |error| of each file, "
-                   f"their median (the typical run){' = the verdict' if across_runs else ''}, "
-                   f"and the runs within {target:.0%}")
-        click.echo(f"# {'n':>2} {'op':<15} {'runs':>4} {'median':>7} {'worst':>7} "
-                   f"{'within':>6}  per run (%)")
+        click.echo(
+            f"# across runs: per world size and op, the median |error| of each file, "
+            f"their median (the typical run){' = the verdict' if across_runs else ''}, "
+            f"and the runs within {target:.0%}"
+        )
+        click.echo(
+            f"# {'n':>2} {'op':<15} {'runs':>4} {'median':>7} {'worst':>7} "
+            f"{'within':>6}  per run (%)"
+        )
         typical_failures = []
         for r in runs:
             checked = r.op in held
@@ -366,54 +558,92 @@ def holdout(measured: tuple[str, ...], min_size: int, target: float, check_ops: 
             verdict = ""
             if across_runs:
                 verdict = ("PASS" if ok else "FAIL") if checked else "(reported)"
-            click.echo(f"  {r.world_size:>2} {r.op:<15} {len(r.run_errors):>4} "
-                       f"{r.median * 100:>6.1f}% {r.worst * 100:>6.1f}% "
-                       f"{r.passing(target):>3}/{len(r.run_errors):<2}  "
-                       + " ".join(f"{e * 100:.1f}" for e in r.run_errors)
-                       + (f"  {verdict}" if verdict else ""))
+            click.echo(
+                f"  {r.world_size:>2} {r.op:<15} {len(r.run_errors):>4} "
+                f"{r.median * 100:>6.1f}% {r.worst * 100:>6.1f}% "
+                f"{r.passing(target):>3}/{len(r.run_errors):<2}  "
+                + " ".join(f"{e * 100:.1f}" for e in r.run_errors)
+                + (f"  {verdict}" if verdict else "")
+            )
         if across_runs:
             failures = typical_failures
     click.echo(f"# topologies and plots in {folder}")
     if failures:
         what = "typical-run " if across_runs else ""
-        raise click.ClickException(f"{what}median |error| above {target:.0%}: "
-                                   f"{', '.join(failures)}")
+        raise click.ClickException(
+            f"{what}median |error| above {target:.0%}: {', '.join(failures)}"
+        )
 
 
 @validate.command()
-@click.option("--world-sizes", default="2,4", show_default=True, callback=_world_sizes,
-              help="Comma-separated world sizes to measure and simulate.")
+@click.option(
+    "--world-sizes",
+    default="2,4",
+    show_default=True,
+    callback=_world_sizes,
+    help="Comma-separated world sizes to measure and simulate.",
+)
 @click.option("--backend", type=click.Choice(["gloo", "nccl"]), default="gloo", show_default=True)
-@click.option("--topology", "-t", default=None,
-              help="Calibrated topology to simulate on; default: measure collectives at each "
-                   "world size and calibrate first (in this command).")
+@click.option(
+    "--topology",
+    "-t",
+    default=None,
+    help="Calibrated topology to simulate on; default: measure collectives at each "
+    "world size and calibrate first (in this command).",
+)
 @click.option("--iters", type=click.IntRange(1), default=10, show_default=True)
 @click.option("--warmup", type=click.IntRange(0), default=3, show_default=True)
 @click.option("--layers", type=click.IntRange(1), default=4, show_default=True)
 @click.option("--hidden", type=click.IntRange(8), default=256, show_default=True)
 @click.option("--micro-batch", type=click.IntRange(1), default=2, show_default=True)
-@click.option("--target", type=click.FloatRange(0, 1), default=0.15, show_default=True,
-              help="|simulated - measured| / measured allowed for DDP steps.")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=900.0,
-              show_default=True)
-@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
-              help="JSON report (measured, profiled, simulated).")
+@click.option(
+    "--target",
+    type=click.FloatRange(0, 1),
+    default=0.15,
+    show_default=True,
+    help="|simulated - measured| / measured allowed for DDP steps.",
+)
+@click.option(
+    "--timeout", "timeout_s", type=click.FloatRange(min=1), default=900.0, show_default=True
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="JSON report (measured, profiled, simulated).",
+)
 @_rank_errors
-def step(world_sizes: list[int], backend: str, topology: str | None, iters: int, warmup: int,
-         layers: int, hidden: int, micro_batch: int, target: float, timeout_s: float,
-         output: str | None) -> None:
+def step(
+    world_sizes: list[int],
+    backend: str,
+    topology: str | None,
+    iters: int,
+    warmup: int,
+    layers: int,
+    hidden: int,
+    micro_batch: int,
+    target: float,
+    timeout_s: float,
+    output: str | None,
+) -> None:
     """Time real DDP (bucket 1 and 25 MB) and FSDP-sketch steps of a small GPT; simulate them."""
     import tempfile
 
-    from collsim.validate.step import StepConfig, run_step, simulate_modes
-
     from collsim.validate.launch import in_torchrun
+    from collsim.validate.step import StepConfig, run_step, simulate_modes
 
     sizes: list[int | None] = list(world_sizes)
     if in_torchrun():
-        sizes = [None]          # the job's own world size
-    cfg = StepConfig(num_layers=layers, hidden=hidden, ffn_hidden=4 * hidden,
-                     micro_batch=micro_batch, iters=iters, warmup=warmup)
+        sizes = [None]  # the job's own world size
+    cfg = StepConfig(
+        num_layers=layers,
+        hidden=hidden,
+        ffn_hidden=4 * hidden,
+        micro_batch=micro_batch,
+        iters=iters,
+        warmup=warmup,
+    )
     folder = Path(tempfile.mkdtemp(prefix="collsim-step-"))
     reports = []
     failures = []
@@ -439,21 +669,32 @@ def step(world_sizes: list[int], backend: str, topology: str | None, iters: int,
         report["ddp_overlap_simulated"] = overlap
         report["simulated"] = {m: vars_of(s) for m, s in simulated.items()}
         report["simulated_other_overlap"] = {m: vars_of(s) for m, s in other.items()}
-        click.echo(f"# DDP all-reduces simulated {'overlapping' if overlap else 'after'} "
-                   f"backward ({report['world_size']} ranks x {report.get('threads_per_rank')} "
-                   f"thread(s) on {report.get('cpu_count')} cores); the other choice gives "
-                   + ", ".join(f"{m} {o.step_time_s * 1e3:.1f} ms" for m, o in other.items()
-                               if m.startswith("ddp")))
-        click.echo(f"# world size {n}, {report['num_parameters']} parameters, micro-batch "
-                   f"{micro_batch} x seq {cfg.seq_len}, topology {topo_spec}")
-        click.echo("# profiled per block (ms): " + ", ".join(
-            f"{k} {v * 1e3:.2f}" for k, v in sorted(report["profile"].items())))
-        click.echo(f"# a whole step without communication: {report['local_step_s'] * 1e3:.1f} "
-                   f"ms (slowest rank, median); the profiled blocks add up to "
-                   f"{report['profile_sum_s'] * 1e3:.1f} ms, so the simulated compute is "
-                   f"scaled by {report['compute_scale']:.3f}")
-        click.echo(f"# {'mode':<9} {'measured(ms)':>12} {'min(ms)':>8} {'simulated(ms)':>13} "
-                   f"{'error':>7}  simulated breakdown (ms)")
+        click.echo(
+            f"# DDP all-reduces simulated {'overlapping' if overlap else 'after'} "
+            f"backward ({report['world_size']} ranks x {report.get('threads_per_rank')} "
+            f"thread(s) on {report.get('cpu_count')} cores); the other choice gives "
+            + ", ".join(
+                f"{m} {o.step_time_s * 1e3:.1f} ms" for m, o in other.items() if m.startswith("ddp")
+            )
+        )
+        click.echo(
+            f"# world size {n}, {report['num_parameters']} parameters, micro-batch "
+            f"{micro_batch} x seq {cfg.seq_len}, topology {topo_spec}"
+        )
+        click.echo(
+            "# profiled per block (ms): "
+            + ", ".join(f"{k} {v * 1e3:.2f}" for k, v in sorted(report["profile"].items()))
+        )
+        click.echo(
+            f"# a whole step without communication: {report['local_step_s'] * 1e3:.1f} "
+            f"ms (slowest rank, median); the profiled blocks add up to "
+            f"{report['profile_sum_s'] * 1e3:.1f} ms, so the simulated compute is "
+            f"scaled by {report['compute_scale']:.3f}"
+        )
+        click.echo(
+            f"# {'mode':<9} {'measured(ms)':>12} {'min(ms)':>8} {'simulated(ms)':>13} "
+            f"{'error':>7}  simulated breakdown (ms)"
+        )
         for mode, meas in report["modes"].items():
             sim = simulated[mode]
             err = (sim.step_time_s - meas["median_s"]) / meas["median_s"]
@@ -464,18 +705,25 @@ def step(world_sizes: list[int], backend: str, topology: str | None, iters: int,
                 if verdict == "FAIL":
                     failures.append(f"n={n} {mode}")
             parts = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in sim.breakdown_s.items() if v)
-            click.echo(f"  {mode:<9} {meas['median_s'] * 1e3:>12.1f} {meas['min_s'] * 1e3:>8.1f} "
-                       f"{sim.step_time_s * 1e3:>13.1f} {err * 100:>6.1f}%  {verdict:<4} {parts}")
+            click.echo(
+                f"  {mode:<9} {meas['median_s'] * 1e3:>12.1f} {meas['min_s'] * 1e3:>8.1f} "
+                f"{sim.step_time_s * 1e3:>13.1f} {err * 100:>6.1f}%  {verdict:<4} {parts}"
+            )
         modes = report["modes"]
         if "ddp_b1" in modes and "ddp_b25" in modes:
             measured_delta = modes["ddp_b25"]["median_s"] - modes["ddp_b1"]["median_s"]
             simulated_delta = simulated["ddp_b25"].step_time_s - simulated["ddp_b1"].step_time_s
             same = (measured_delta > 0) == (simulated_delta > 0)
-            report["bucket_effect"] = {"measured_s": measured_delta,
-                                       "simulated_s": simulated_delta, "same_sign": same}
-            click.echo(f"# bucket 25 MB minus bucket 1 MB: measured {measured_delta * 1e3:+.1f} "
-                       f"ms, simulated {simulated_delta * 1e3:+.1f} ms -> "
-                       f"{'same sign' if same else 'OPPOSITE SIGN'}")
+            report["bucket_effect"] = {
+                "measured_s": measured_delta,
+                "simulated_s": simulated_delta,
+                "same_sign": same,
+            }
+            click.echo(
+                f"# bucket 25 MB minus bucket 1 MB: measured {measured_delta * 1e3:+.1f} "
+                f"ms, simulated {simulated_delta * 1e3:+.1f} ms -> "
+                f"{'same sign' if same else 'OPPOSITE SIGN'}"
+            )
             if not same:
                 failures.append(f"n={n} bucket effect sign")
         reports.append(report)
@@ -487,18 +735,20 @@ def step(world_sizes: list[int], backend: str, topology: str | None, iters: int,
         raise click.ClickException(f"outside the target: {', '.join(failures)}")
 
 
-def _calibrate_here(world_size: int | None, backend: str, timeout_s: float,
-                    folder: Path) -> Path:
+def _calibrate_here(world_size: int | None, backend: str, timeout_s: float, folder: Path) -> Path:
     """Measure the collectives a step uses at this world size and calibrate a topology."""
     from collsim.validate.bench import BenchConfig, run_bench, sizes_between
     from collsim.validate.calibrate import calibrate as fit
     from collsim.validate.calibrate import write_topology
     from collsim.validate.dataset import read_measurements, write_measurements
 
-    config = BenchConfig(ops=("all_reduce", "all_gather", "reduce_scatter", "broadcast",
-                              "send_recv"),
-                         sizes_bytes=tuple(sizes_between("64K", "16M", 2)), iters=10,
-                         warmup=2, rounds=2)
+    config = BenchConfig(
+        ops=("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv"),
+        sizes_bytes=tuple(sizes_between("64K", "16M", 2)),
+        iters=10,
+        warmup=2,
+        rounds=2,
+    )
     result, _ = run_bench(config, world_size=world_size, backend=backend, timeout_s=timeout_s)
     n = result.metadata["world_size"]
     csv_path = write_measurements(folder / f"bench_n{n}.csv", result.rows(), result.metadata)

@@ -19,11 +19,30 @@ from __future__ import annotations
 
 from collsim.collectives.schedule import LoadPhase, Phase, Schedule, Timing, Transfer
 from collsim.collectives.select import choose, cost, schedule_for, simulate, supported
-from collsim.collectives.types import (Algorithm, CollectiveCost, CollectiveOp, Group, Protocol,
-                                       busbw_factor)
+from collsim.collectives.types import (
+    Algorithm,
+    CollectiveCost,
+    CollectiveOp,
+    Group,
+    Protocol,
+    busbw_factor,
+)
 
 __all__ = [
-    "CollectiveOp", "Algorithm", "Protocol", "Group", "CollectiveCost", "busbw_factor",
-    "cost", "simulate", "choose", "schedule_for", "supported",
-    "Phase", "LoadPhase", "Schedule", "Timing", "Transfer",
+    "CollectiveOp",
+    "Algorithm",
+    "Protocol",
+    "Group",
+    "CollectiveCost",
+    "busbw_factor",
+    "cost",
+    "simulate",
+    "choose",
+    "schedule_for",
+    "supported",
+    "Phase",
+    "LoadPhase",
+    "Schedule",
+    "Timing",
+    "Transfer",
 ]

@@ -29,8 +29,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from collsim.collectives.schedule import (LoadPhase, Phase, PhaseLoad, Transfer,
-                                          equal_weights_per_link, make_transfer, one_step_phase)
+from collsim.collectives.schedule import (
+    LoadPhase,
+    Phase,
+    PhaseLoad,
+    Transfer,
+    equal_weights_per_link,
+    make_transfer,
+    one_step_phase,
+)
 from collsim.collectives.types import Algorithm, CollectiveOp, Group
 from collsim.topology import LinkKind, Topology
 
@@ -80,7 +87,7 @@ def all_pairs_load(group: Group) -> PhaseLoad:
         kinds = frozenset(topo.links[i].kind for i in path)
     used_nodes = np.flatnonzero(m)
     if len(used_nodes) > 1:
-        assert topo.nics is not None      # Topology refuses several nodes without NICs
+        assert topo.nics is not None  # Topology refuses several nodes without NICs
         k_count = topo.nics.count
         c = np.bincount(nodes * k_count + nics, minlength=topo.num_nodes * k_count)
         c = c.reshape(topo.num_nodes, k_count).astype(float)
@@ -88,8 +95,10 @@ def all_pairs_load(group: Group) -> PhaseLoad:
         nic_tx, nic_rx = np.asarray(topo.nic_tx), np.asarray(topo.nic_rx)
         sub = c[used_nodes]
         index += [nic_tx[used_nodes].ravel(), nic_rx[used_nodes].ravel()]
-        weight += [(sub * (n - m[used_nodes])[:, None]).ravel(),
-                   (m[used_nodes][:, None] * (c_k[None, :] - sub)).ravel()]
+        weight += [
+            (sub * (n - m[used_nodes])[:, None]).ravel(),
+            (m[used_nodes][:, None] * (c_k[None, :] - sub)).ravel(),
+        ]
         per_leaf = topo.fabric.nodes_per_leaf
         leaf_of_rank = nodes // per_leaf
         num_leaves = -(-topo.num_nodes // per_leaf)
@@ -98,8 +107,9 @@ def all_pairs_load(group: Group) -> PhaseLoad:
         if crossing:
             used_leaves = np.flatnonzero(big_m)
             if topo.fabric.rails:
-                s = np.bincount(leaf_of_rank * k_count + nics,
-                                minlength=num_leaves * k_count).reshape(num_leaves, k_count)
+                s = np.bincount(
+                    leaf_of_rank * k_count + nics, minlength=num_leaves * k_count
+                ).reshape(num_leaves, k_count)
                 s = s[used_leaves].astype(float)
                 up = s * (n - big_m[used_leaves])[:, None]
                 down = (c_k[None, :] - s) * big_m[used_leaves][:, None]
@@ -109,10 +119,12 @@ def all_pairs_load(group: Group) -> PhaseLoad:
                 up = (mg * (n - mg))[:, None]
                 down = up
                 rails = range(1)
-            index += [np.array([[topo.leaf_up[(k, int(g))] for k in rails]
-                                for g in used_leaves]).ravel(),
-                      np.array([[topo.leaf_down[(k, int(g))] for k in rails]
-                                for g in used_leaves]).ravel()]
+            index += [
+                np.array([[topo.leaf_up[(k, int(g))] for k in rails] for g in used_leaves]).ravel(),
+                np.array(
+                    [[topo.leaf_down[(k, int(g))] for k in rails] for g in used_leaves]
+                ).ravel(),
+            ]
             weight += [up.ravel(), down.ravel()]
         # the longest inter-node path: one that crosses leaves if any does
         first = int(ranks[0])
@@ -148,7 +160,7 @@ def _aggregated_pairs(group: Group, topo: Topology) -> list[Transfer]:
         out += [make_transfer(topo, s, d) for s in members for d in members if s != d]
     if len(by_node) < 2:
         return out
-    senders: list[tuple[int, int, int]] = []      # (node, nic, senders behind it)
+    senders: list[tuple[int, int, int]] = []  # (node, nic, senders behind it)
     for node, members in by_node:
         per_nic: dict[int, int] = {}
         for r in members:
@@ -157,8 +169,15 @@ def _aggregated_pairs(group: Group, topo: Topology) -> list[Transfer]:
     for node_a, k, count in senders:
         for node_b, members in by_node:
             if node_b != node_a:
-                out.append(Transfer(topo.net_path(node_a, node_b, k), None, None, True,
-                                    float(count * len(members))))
+                out.append(
+                    Transfer(
+                        topo.net_path(node_a, node_b, k),
+                        None,
+                        None,
+                        True,
+                        float(count * len(members)),
+                    )
+                )
     return out
 
 
@@ -172,7 +191,7 @@ def build(op: CollectiveOp, group: Group) -> list[Phase | LoadPhase]:
     match op:
         case CollectiveOp.ALL_TO_ALL | CollectiveOp.REDUCE_SCATTER | CollectiveOp.ALL_GATHER:
             return [_all_pairs_phase(group)]
-        case CollectiveOp.ALL_REDUCE:          # reduce-scatter, then all-gather
+        case CollectiveOp.ALL_REDUCE:  # reduce-scatter, then all-gather
             return [_all_pairs_phase(group)] * 2
         case CollectiveOp.BROADCAST:
             return [one_step_phase(topo, [(root, d) for d in ranks[1:]], 1.0)]
@@ -187,6 +206,10 @@ def build(op: CollectiveOp, group: Group) -> list[Phase | LoadPhase]:
 
 def _all_pairs_phase(group: Group) -> LoadPhase:
     inter = group.num_nodes > 1
-    return LoadPhase(load=all_pairs_load(group), size_factor=1.0 / group.size,
-                     intra_steps=0 if inter else 1, inter_steps=1 if inter else 0,
-                     make_transfers=lambda: all_pairs_transfers(group))
+    return LoadPhase(
+        load=all_pairs_load(group),
+        size_factor=1.0 / group.size,
+        intra_steps=0 if inter else 1,
+        inter_steps=1 if inter else 0,
+        make_transfers=lambda: all_pairs_transfers(group),
+    )

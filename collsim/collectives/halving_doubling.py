@@ -16,8 +16,9 @@ from collsim.errors import ConfigError
 __all__ = ["ALGORITHM", "SUPPORTED", "build"]
 
 ALGORITHM = Algorithm.HALVING_DOUBLING
-SUPPORTED = frozenset({CollectiveOp.ALL_REDUCE, CollectiveOp.REDUCE_SCATTER,
-                       CollectiveOp.ALL_GATHER})
+SUPPORTED = frozenset(
+    {CollectiveOp.ALL_REDUCE, CollectiveOp.REDUCE_SCATTER, CollectiveOp.ALL_GATHER}
+)
 
 
 def _exchange(group: Group, distance: int, factor: float) -> LoadPhase:

@@ -18,16 +18,24 @@ from collsim.errors import ConfigError
 __all__ = ["ALGORITHM", "SUPPORTED", "build"]
 
 ALGORITHM = Algorithm.HIERARCHICAL
-SUPPORTED = frozenset({CollectiveOp.ALL_REDUCE, CollectiveOp.REDUCE_SCATTER,
-                       CollectiveOp.ALL_GATHER})
+SUPPORTED = frozenset(
+    {CollectiveOp.ALL_REDUCE, CollectiveOp.REDUCE_SCATTER, CollectiveOp.ALL_GATHER}
+)
 
 
-def _rings(group: Group, orders: list[list[int]], size_factor: float, intra_steps: int,
-           inter_steps: int) -> LoadPhase:
+def _rings(
+    group: Group, orders: list[list[int]], size_factor: float, intra_steps: int, inter_steps: int
+) -> LoadPhase:
     src = [r for o in orders if len(o) > 1 for r in o]
     dst = [r for o in orders if len(o) > 1 for r in o[1:] + o[:1]]
-    return pairs_phase(group.topology, np.asarray(src, dtype=np.int64),
-                       np.asarray(dst, dtype=np.int64), size_factor, intra_steps, inter_steps)
+    return pairs_phase(
+        group.topology,
+        np.asarray(src, dtype=np.int64),
+        np.asarray(dst, dtype=np.int64),
+        size_factor,
+        intra_steps,
+        inter_steps,
+    )
 
 
 def build(op: CollectiveOp, group: Group) -> list[LoadPhase]:
@@ -37,20 +45,21 @@ def build(op: CollectiveOp, group: Group) -> list[LoadPhase]:
     nodes = [members for _, members in group.by_node()]
     g = len(nodes[0])
     if any(len(m) != g for m in nodes):
-        raise ConfigError("hierarchical needs the same number of ranks on every node, got "
-                          f"{[len(m) for m in nodes]}")
+        raise ConfigError(
+            "hierarchical needs the same number of ranks on every node, got "
+            f"{[len(m) for m in nodes]}"
+        )
     num_nodes = len(nodes)
     rails = [[m[j] for m in nodes] for j in range(g)]
     intra = _rings(group, nodes, (g - 1) / g, g - 1, 0)
     match op:
         case CollectiveOp.ALL_REDUCE:
-            return [intra,
-                    _rings(group, rails, 2.0 * (num_nodes - 1) / num_nodes / g, 0,
-                           2 * (num_nodes - 1)),
-                    intra]
+            return [
+                intra,
+                _rings(group, rails, 2.0 * (num_nodes - 1) / num_nodes / g, 0, 2 * (num_nodes - 1)),
+                intra,
+            ]
         case CollectiveOp.REDUCE_SCATTER:
-            return [intra,
-                    _rings(group, rails, (num_nodes - 1) / num_nodes / g, 0, num_nodes - 1)]
+            return [intra, _rings(group, rails, (num_nodes - 1) / num_nodes / g, 0, num_nodes - 1)]
         case _:
-            return [_rings(group, rails, (num_nodes - 1) / num_nodes / g, 0, num_nodes - 1),
-                    intra]
+            return [_rings(group, rails, (num_nodes - 1) / num_nodes / g, 0, num_nodes - 1), intra]

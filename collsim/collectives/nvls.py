@@ -24,7 +24,7 @@ with size.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from collsim.collectives.schedule import Phase, Transfer
 from collsim.collectives.types import Algorithm, CollectiveOp, Group
@@ -33,12 +33,13 @@ from collsim.errors import ConfigError
 __all__ = ["ALGORITHM", "SUPPORTED", "NVLS_CHANNELS", "build", "chunk_bytes", "loop_bytes_for"]
 
 ALGORITHM = Algorithm.NVLS
-SUPPORTED = frozenset({CollectiveOp.ALL_REDUCE, CollectiveOp.REDUCE_SCATTER,
-                       CollectiveOp.ALL_GATHER})
+SUPPORTED = frozenset(
+    {CollectiveOp.ALL_REDUCE, CollectiveOp.REDUCE_SCATTER, CollectiveOp.ALL_GATHER}
+)
 
 NVLS_CHANNELS = 16
 """NCCL_NVLS_NCHANNELS default ("NVLS should not need more than 16 channels", enqueue.cc)."""
-_MAX_CHUNK = 128 << 10       # NCCL_NVLS_CHUNKSIZE default
+_MAX_CHUNK = 128 << 10  # NCCL_NVLS_CHUNKSIZE default
 
 
 def chunk_bytes(size_bytes: float, num_ranks: int) -> int:
@@ -60,8 +61,11 @@ def loop_bytes_for(group: Group) -> Callable[[float], float]:
     """
     ops = NVLS_CHANNELS * group.size
     below_64k, below_32k, below_16k = 64 * ops * _MAX_CHUNK, 8 * ops * 65536, 2 * ops * 32768
-    loops = ((below_16k, float(ops * 16384)), (below_32k, float(ops * 32768)),
-             (below_64k, float(ops * 65536)))
+    loops = (
+        (below_16k, float(ops * 16384)),
+        (below_32k, float(ops * 32768)),
+        (below_64k, float(ops * 65536)),
+    )
     largest = float(ops * _MAX_CHUNK)
 
     def bytes_per_loop(size_bytes: float) -> float:
@@ -81,14 +85,18 @@ def build(op: CollectiveOp, group: Group) -> list[Phase]:
     if not topo.nvls:
         raise ConfigError(f"topology {topo.name} has no in-switch reduction (intra_node.nvls)")
     if group.num_nodes != 1:
-        raise ConfigError("nvls runs inside one node; this group spans "
-                          f"{group.num_nodes} nodes (use hierarchical or ring)")
+        raise ConfigError(
+            "nvls runs inside one node; this group spans "
+            f"{group.num_nodes} nodes (use hierarchical or ring)"
+        )
     n = group.size
     if n < 2:
         return []
-    out_w, in_w = {CollectiveOp.ALL_REDUCE: (1.0 + 1.0 / n, 1.0 + 1.0 / n),
-                   CollectiveOp.REDUCE_SCATTER: (1.0, 1.0 / n),
-                   CollectiveOp.ALL_GATHER: (1.0 / n, 1.0)}[op]
+    out_w, in_w = {
+        CollectiveOp.ALL_REDUCE: (1.0 + 1.0 / n, 1.0 + 1.0 / n),
+        CollectiveOp.REDUCE_SCATTER: (1.0, 1.0 / n),
+        CollectiveOp.ALL_GATHER: (1.0 / n, 1.0),
+    }[op]
     transfers = [Transfer((topo.gpu_tx[r],), r, None, False, out_w) for r in group.ranks]
     transfers += [Transfer((topo.gpu_rx[r],), None, r, False, in_w) for r in group.ranks]
     return [Phase(tuple(transfers), 1.0, 1, 0)]

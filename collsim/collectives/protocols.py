@@ -74,8 +74,7 @@ def base_latency_s(algorithm: Algorithm, protocol: Protocol, library: str) -> fl
     return _BASE_US[_table(algorithm)][protocol] * 1e-6
 
 
-def hop_latency_s(algorithm: Algorithm, protocol: Protocol, kind: LinkKind,
-                  library: str) -> float:
+def hop_latency_s(algorithm: Algorithm, protocol: Protocol, kind: LinkKind, library: str) -> float:
     """Software latency of one step over a link of class ``kind``, seconds."""
     if library == "gloo" or kind is LinkKind.LOOPBACK:
         return 0.0

@@ -17,7 +17,7 @@ reduce_scatter / all_gather / broadcast / reduce n-1 steps, N-1 across the netwo
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -28,8 +28,15 @@ from collsim.errors import ConfigError
 __all__ = ["ALGORITHM", "SUPPORTED", "ring_orders", "build"]
 
 ALGORITHM = Algorithm.RING
-SUPPORTED = frozenset({CollectiveOp.ALL_REDUCE, CollectiveOp.REDUCE_SCATTER,
-                       CollectiveOp.ALL_GATHER, CollectiveOp.BROADCAST, CollectiveOp.REDUCE})
+SUPPORTED = frozenset(
+    {
+        CollectiveOp.ALL_REDUCE,
+        CollectiveOp.REDUCE_SCATTER,
+        CollectiveOp.ALL_GATHER,
+        CollectiveOp.BROADCAST,
+        CollectiveOp.REDUCE,
+    }
+)
 
 
 def ring_orders(group: Group) -> list[list[int]]:
@@ -43,13 +50,14 @@ def ring_orders(group: Group) -> list[list[int]]:
         order: list[int] = []
         for _, members in nodes:
             start = (channel + 1) % len(members)
-            order += members[start:] + members[:start]     # leaves the node from members[c]
+            order += members[start:] + members[:start]  # leaves the node from members[c]
         rings.append(order)
     return rings
 
 
-def _edges(orders: Sequence[Sequence[int]], *, chain_root: int | None = None,
-           reverse: bool = False) -> tuple[list[int], list[int]]:
+def _edges(
+    orders: Sequence[Sequence[int]], *, chain_root: int | None = None, reverse: bool = False
+) -> tuple[list[int], list[int]]:
     """(senders, receivers) of every ring edge (or chain edge from ``chain_root``)."""
     src: list[int] = []
     dst: list[int] = []
@@ -71,8 +79,10 @@ def _edges(orders: Sequence[Sequence[int]], *, chain_root: int | None = None,
 def build(op: CollectiveOp, group: Group) -> list[LoadPhase]:
     """Phases of ring ``op`` on ``group`` (one pipelined phase)."""
     if op not in SUPPORTED:
-        raise ConfigError(f"ring does not implement {op.value}; it implements "
-                          f"{', '.join(sorted(o.value for o in SUPPORTED))}")
+        raise ConfigError(
+            f"ring does not implement {op.value}; it implements "
+            f"{', '.join(sorted(o.value for o in SUPPORTED))}"
+        )
     n, num_nodes = group.size, group.num_nodes
     if n < 2:
         return []
@@ -87,12 +97,12 @@ def build(op: CollectiveOp, group: Group) -> list[LoadPhase]:
             src, dst = _edges(orders)
         case CollectiveOp.BROADCAST | CollectiveOp.REDUCE:
             factor, steps, inter = 1.0, n - 1, num_nodes - 1
-            src, dst = _edges(orders, chain_root=group.ranks[0],
-                              reverse=op is CollectiveOp.REDUCE)
+            src, dst = _edges(orders, chain_root=group.ranks[0], reverse=op is CollectiveOp.REDUCE)
         case _:
             raise ConfigError(f"ring does not implement {op.value}")
-    return [pairs_phase(group.topology, _ints(src), _ints(dst), factor / channels,
-                        steps - inter, inter)]
+    return [
+        pairs_phase(group.topology, _ints(src), _ints(dst), factor / channels, steps - inter, inter)
+    ]
 
 
 def _ints(values: list[int]) -> np.ndarray:

@@ -30,8 +30,8 @@ keeps max-min sharing at the load bound); otherwise every transfer runs.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import Callable, Generator, Sequence
 
 import numpy as np
 import simpy
@@ -42,10 +42,21 @@ from collsim.errors import ConfigError
 from collsim.network import FlowNetwork
 from collsim.topology import CollectiveSettings, LinkKind, Topology
 
-__all__ = ["Transfer", "Phase", "LoadPhase", "PhaseLoad", "Schedule", "Timing", "make_transfer",
-           "one_step_phase", "phase_load", "aggregate_transfers", "equal_weights_per_link",
-           "run_phases",
-           "AGGREGATE_ABOVE"]
+__all__ = [
+    "Transfer",
+    "Phase",
+    "LoadPhase",
+    "PhaseLoad",
+    "Schedule",
+    "Timing",
+    "make_transfer",
+    "one_step_phase",
+    "phase_load",
+    "aggregate_transfers",
+    "equal_weights_per_link",
+    "run_phases",
+    "AGGREGATE_ABOVE",
+]
 
 AGGREGATE_ABOVE = 16384
 """A phase with more transfers than this runs in the DES with the transfers that share a path
@@ -112,8 +123,15 @@ class LoadPhase:
 
     __slots__ = ("size_factor", "intra_steps", "inter_steps", "load", "_make", "_transfers")
 
-    def __init__(self, *, load: PhaseLoad, size_factor: float, intra_steps: int,
-                 inter_steps: int, make_transfers: Callable[[], Sequence[Transfer]]) -> None:
+    def __init__(
+        self,
+        *,
+        load: PhaseLoad,
+        size_factor: float,
+        intra_steps: int,
+        inter_steps: int,
+        make_transfers: Callable[[], Sequence[Transfer]],
+    ) -> None:
         self.load = load
         self.size_factor = size_factor
         self.intra_steps = intra_steps
@@ -139,8 +157,9 @@ def phase_load(phase: AnyPhase, topology: Topology) -> PhaseLoad:
     transfers = phase.transfers
     count = len(transfers)
     lengths = np.fromiter((len(t.path) for t in transfers), dtype=np.int64, count=count)
-    entries = np.fromiter((link for t in transfers for link in t.path), dtype=np.int64,
-                          count=int(lengths.sum()))
+    entries = np.fromiter(
+        (link for t in transfers for link in t.path), dtype=np.int64, count=int(lengths.sum())
+    )
     owner = np.repeat(np.arange(count), lengths)
     weights = np.fromiter((t.weight for t in transfers), dtype=float, count=count)
     load = np.bincount(entries, weights=weights[owner], minlength=len(topology.links))
@@ -149,9 +168,13 @@ def phase_load(phase: AnyPhase, topology: Topology) -> PhaseLoad:
     inter = np.fromiter((t.inter for t in transfers), dtype=bool, count=count)
     intra_entries = entries[~inter[owner]]
     kinds = topology.kinds_of(intra_entries)
-    return PhaseLoad(used, load[used],
-                     float(latency[~inter].max()) if (~inter).any() else 0.0,
-                     float(latency[inter].max()) if inter.any() else 0.0, kinds)
+    return PhaseLoad(
+        used,
+        load[used],
+        float(latency[~inter].max()) if (~inter).any() else 0.0,
+        float(latency[inter].max()) if inter.any() else 0.0,
+        kinds,
+    )
 
 
 def aggregate_transfers(transfers: Sequence[Transfer]) -> tuple[Transfer, ...]:
@@ -164,8 +187,9 @@ def aggregate_transfers(transfers: Sequence[Transfer]) -> tuple[Transfer, ...]:
     for t in transfers:
         key = (t.path, t.src, t.dst)
         old = merged.get(key)
-        merged[key] = t if old is None else Transfer(t.path, t.src, t.dst, t.inter,
-                                                     old.weight + t.weight)
+        merged[key] = (
+            t if old is None else Transfer(t.path, t.src, t.dst, t.inter, old.weight + t.weight)
+        )
     return tuple(merged.values())
 
 
@@ -174,12 +198,13 @@ def equal_weights_per_link(transfers: Sequence[Transfer], num_links: int) -> boo
     under which max-min sharing finishes at the closed form's load bound)."""
     if not transfers:
         return True
-    lengths = np.fromiter((len(t.path) for t in transfers), dtype=np.int64,
-                          count=len(transfers))
-    entries = np.fromiter((link for t in transfers for link in t.path), dtype=np.int64,
-                          count=int(lengths.sum()))
-    weights = np.repeat(np.fromiter((t.weight for t in transfers), dtype=float,
-                                    count=len(transfers)), lengths)
+    lengths = np.fromiter((len(t.path) for t in transfers), dtype=np.int64, count=len(transfers))
+    entries = np.fromiter(
+        (link for t in transfers for link in t.path), dtype=np.int64, count=int(lengths.sum())
+    )
+    weights = np.repeat(
+        np.fromiter((t.weight for t in transfers), dtype=float, count=len(transfers)), lengths
+    )
     high = np.full(num_links, -np.inf)
     low = np.full(num_links, np.inf)
     np.maximum.at(high, entries, weights)
@@ -192,8 +217,9 @@ def equal_weights_per_link(transfers: Sequence[Transfer], num_links: int) -> boo
 LoopBytes = Callable[[float], float]
 
 
-def one_step_phase(topology: Topology, pairs: Sequence[tuple[int, int]],
-                   size_factor: float) -> LoadPhase:
+def one_step_phase(
+    topology: Topology, pairs: Sequence[tuple[int, int]], size_factor: float
+) -> LoadPhase:
     """All ``pairs`` at once, one step: a network step if any pair crosses nodes."""
     src = np.fromiter((p[0] for p in pairs), dtype=np.int64, count=len(pairs))
     dst = np.fromiter((p[1] for p in pairs), dtype=np.int64, count=len(pairs))
@@ -201,8 +227,14 @@ def one_step_phase(topology: Topology, pairs: Sequence[tuple[int, int]],
     return pairs_phase(topology, src, dst, size_factor, 0 if inter else 1, 1 if inter else 0)
 
 
-def pairs_phase(topology: Topology, src: np.ndarray, dst: np.ndarray, size_factor: float,
-                intra_steps: int, inter_steps: int) -> LoadPhase:
+def pairs_phase(
+    topology: Topology,
+    src: np.ndarray,
+    dst: np.ndarray,
+    size_factor: float,
+    intra_steps: int,
+    inter_steps: int,
+) -> LoadPhase:
     """A phase of rank-to-rank transfers ``src[i] -> dst[i]`` (weight 1 each), its load worked
     out with array operations (:func:`pair_load`); the Transfer objects are built for the DES
     only."""
@@ -212,8 +244,13 @@ def pairs_phase(topology: Topology, src: np.ndarray, dst: np.ndarray, size_facto
     def make() -> list[Transfer]:
         return [make_transfer(topology, s, d) for s, d in zip(src.tolist(), dst.tolist())]
 
-    return LoadPhase(load=pair_load(topology, src, dst), size_factor=size_factor,
-                     intra_steps=intra_steps, inter_steps=inter_steps, make_transfers=make)
+    return LoadPhase(
+        load=pair_load(topology, src, dst),
+        size_factor=size_factor,
+        intra_steps=intra_steps,
+        inter_steps=inter_steps,
+        make_transfers=make,
+    )
 
 
 def pair_load(topology: Topology, src: np.ndarray, dst: np.ndarray) -> PhaseLoad:
@@ -313,8 +350,14 @@ class Timing:
 class Schedule:
     """Phases of one (op, algorithm) on one group, with its closed-form timings per protocol."""
 
-    def __init__(self, op: CollectiveOp, algorithm: Algorithm, topology: Topology,
-                 phases: Sequence[AnyPhase], loop_bytes: LoopBytes | None = None) -> None:
+    def __init__(
+        self,
+        op: CollectiveOp,
+        algorithm: Algorithm,
+        topology: Topology,
+        phases: Sequence[AnyPhase],
+        loop_bytes: LoopBytes | None = None,
+    ) -> None:
         self.op = op
         self.loop_bytes = loop_bytes
         self.algorithm = algorithm
@@ -324,34 +367,49 @@ class Schedule:
         for p in phases:
             if id(p) not in seen:
                 seen[id(p)] = phase_load(p, topology)
-        self.phases = tuple(p for p in phases
-                            if (len(seen[id(p)].link_index) if isinstance(p, LoadPhase)
-                                else p.transfers))
+        self.phases = tuple(
+            p
+            for p in phases
+            if (len(seen[id(p)].link_index) if isinstance(p, LoadPhase) else p.transfers)
+        )
         loads = [seen[id(p)] for p in self.phases]
         capacity = topology.link_capacity_bps
         self.phase_s_per_byte = [
             p.size_factor * float((load.link_weight / capacity[load.link_index]).max())
-            if len(load.link_index) else 0.0
-            for p, load in zip(self.phases, loads)]
+            if len(load.link_index)
+            else 0.0
+            for p, load in zip(self.phases, loads)
+        ]
         self.intra_path_latency_s = max((load.intra_latency_s for load in loads), default=0.0)
         self.inter_path_latency_s = max((load.inter_latency_s for load in loads), default=0.0)
         kinds = {kind for load in loads for kind in load.intra_kinds}
         self._des: dict[int, tuple[Transfer, ...]] = {}
-        self.intra_kind = (LinkKind.LOOPBACK if LinkKind.LOOPBACK in kinds else
-                           LinkKind.PCIE if LinkKind.PCIE in kinds else LinkKind.NVLINK)
+        self.intra_kind = (
+            LinkKind.LOOPBACK
+            if LinkKind.LOOPBACK in kinds
+            else LinkKind.PCIE
+            if LinkKind.PCIE in kinds
+            else LinkKind.NVLINK
+        )
         library = topology.collectives.library
         self.timings: tuple[Timing, ...] = tuple(
-            self._timing(p, library) for p in protocols.protocols_for(algorithm, library))
+            self._timing(p, library) for p in protocols.protocols_for(algorithm, library)
+        )
 
     def _timing(self, protocol: Protocol, library: str) -> Timing:
         alg = self.algorithm
-        intra_hop = max(protocols.hop_latency_s(alg, protocol, self.intra_kind, library),
-                        self.intra_path_latency_s)
-        inter_hop = max(protocols.hop_latency_s(alg, protocol, LinkKind.NETWORK, library),
-                        self.inter_path_latency_s)
+        intra_hop = max(
+            protocols.hop_latency_s(alg, protocol, self.intra_kind, library),
+            self.intra_path_latency_s,
+        )
+        inter_hop = max(
+            protocols.hop_latency_s(alg, protocol, LinkKind.NETWORK, library),
+            self.inter_path_latency_s,
+        )
         settings = self.topology.collectives
-        eff = (protocols.bandwidth_efficiency(alg, protocol, library)
-               * settings.op_efficiency.get(self.op.value, 1.0))
+        eff = protocols.bandwidth_efficiency(alg, protocol, library) * settings.op_efficiency.get(
+            self.op.value, 1.0
+        )
         latency = settings.op_overhead_s.get(self.op.value, settings.overhead_s)
         if self.phases:
             latency += protocols.base_latency_s(alg, protocol, library)
@@ -359,14 +417,21 @@ class Schedule:
         loop_step = 0.0
         if self.loop_bytes is not None and self.phases:
             # one NVLink step handshake per loop, at NCCL's Simple step latency (tuning.cc)
-            loop_step = max(protocols.hop_latency_s(Algorithm.RING, Protocol.SIMPLE,
-                                                    self.intra_kind, library),
-                            self.intra_path_latency_s)
-        return Timing(protocol=protocol, latency_s=latency,
-                      seconds_per_byte=sum(self.phase_s_per_byte) / eff, efficiency=eff,
-                      intra_hop_s=intra_hop, inter_hop_s=inter_hop, loop_step_s=loop_step,
-                      loop_bytes=self.loop_bytes if loop_step > 0 else None,
-                      **self._knee(eff, settings))
+            loop_step = max(
+                protocols.hop_latency_s(Algorithm.RING, Protocol.SIMPLE, self.intra_kind, library),
+                self.intra_path_latency_s,
+            )
+        return Timing(
+            protocol=protocol,
+            latency_s=latency,
+            seconds_per_byte=sum(self.phase_s_per_byte) / eff,
+            efficiency=eff,
+            intra_hop_s=intra_hop,
+            inter_hop_s=inter_hop,
+            loop_step_s=loop_step,
+            loop_bytes=self.loop_bytes if loop_step > 0 else None,
+            **self._knee(eff, settings),
+        )
 
     def des_transfers(self, phase: AnyPhase) -> tuple[Transfer, ...]:
         """The flows the DES runs for ``phase``: its transfers, merged by
@@ -391,7 +456,7 @@ class Schedule:
         if knee is None or not self.phases:
             return {}
         knee_bytes, knee_eff = knee
-        ratio = settings.op_efficiency.get(self.op.value, 1.0) / knee_eff    # >= 1
+        ratio = settings.op_efficiency.get(self.op.value, 1.0) / knee_eff  # >= 1
         per_byte = sum(self.phase_s_per_byte) / eff
         return {"knee_bytes": knee_bytes, "knee_s_per_byte": per_byte * (ratio - 1.0)}
 
@@ -400,31 +465,44 @@ class Schedule:
         for timing in self.timings:
             if timing.protocol is protocol:
                 return timing
-        raise ConfigError(f"{self.algorithm.value} has no protocol {protocol.value} here; "
-                          f"choose from {', '.join(t.protocol.value for t in self.timings)}")
+        raise ConfigError(
+            f"{self.algorithm.value} has no protocol {protocol.value} here; "
+            f"choose from {', '.join(t.protocol.value for t in self.timings)}"
+        )
 
 
-def run_phases(env: simpy.Environment, net: FlowNetwork, schedule: Schedule, timing: Timing,
-               size_bytes: float) -> Generator[simpy.Event, object, float]:
+def run_phases(
+    env: simpy.Environment, net: FlowNetwork, schedule: Schedule, timing: Timing, size_bytes: float
+) -> Generator[simpy.Event, object, float]:
     """SimPy process body: the schedule's phases one after another on ``net``.
 
     Returns the elapsed simulated time in seconds.
     """
     start = env.now
-    fixed = timing.latency_s - sum(p.intra_steps * timing.intra_hop_s
-                                   + p.inter_steps * timing.inter_hop_s for p in schedule.phases)
+    fixed = timing.latency_s - sum(
+        p.intra_steps * timing.intra_hop_s + p.inter_steps * timing.inter_hop_s
+        for p in schedule.phases
+    )
     if fixed > 0:
         yield env.timeout(fixed)
     for phase in schedule.phases:
         per_transfer = phase.size_factor * size_bytes
-        events = [net.transfer_path(t.path, per_transfer * t.weight, src=t.src, dst=t.dst,
-                                    efficiency=timing.efficiency, latency_s=0.0)
-                  for t in schedule.des_transfers(phase)]
+        events = [
+            net.transfer_path(
+                t.path,
+                per_transfer * t.weight,
+                src=t.src,
+                dst=t.dst,
+                efficiency=timing.efficiency,
+                latency_s=0.0,
+            )
+            for t in schedule.des_transfers(phase)
+        ]
         yield simpy.AllOf(env, events)
         latency = phase.intra_steps * timing.intra_hop_s + phase.inter_steps * timing.inter_hop_s
         if latency > 0:
             yield env.timeout(latency)
-    loops = timing.extra_s(size_bytes)     # loop handshakes and a calibrated knee
+    loops = timing.extra_s(size_bytes)  # loop handshakes and a calibrated knee
     if loops > 0:
         yield env.timeout(loops)
     return env.now - start

@@ -12,29 +12,45 @@ evaluation is a dictionary lookup and a few multiply-adds.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Generator, Sequence
 from math import inf
 from types import ModuleType
-from typing import Callable, Generator, Sequence
 
 import simpy
 
 from collsim.collectives import direct, halving_doubling, hierarchical, nvls, ring, tree
 from collsim.collectives.schedule import Schedule, Timing, run_phases
-from collsim.collectives.types import (Algorithm, CollectiveCost, CollectiveOp, Group, Protocol,
-                                       busbw_factor, parse_enum)
+from collsim.collectives.types import (
+    Algorithm,
+    CollectiveCost,
+    CollectiveOp,
+    Group,
+    Protocol,
+    busbw_factor,
+    parse_enum,
+)
 from collsim.errors import ConfigError
 from collsim.network import FlowNetwork
 
 __all__ = ["ALGORITHM_MODULES", "schedule_for", "choose", "cost", "simulate", "supported"]
 
 ALGORITHM_MODULES: dict[Algorithm, ModuleType] = {
-    Algorithm.RING: ring, Algorithm.TREE: tree, Algorithm.HALVING_DOUBLING: halving_doubling,
-    Algorithm.DIRECT: direct, Algorithm.HIERARCHICAL: hierarchical, Algorithm.NVLS: nvls,
+    Algorithm.RING: ring,
+    Algorithm.TREE: tree,
+    Algorithm.HALVING_DOUBLING: halving_doubling,
+    Algorithm.DIRECT: direct,
+    Algorithm.HIERARCHICAL: hierarchical,
+    Algorithm.NVLS: nvls,
 }
 
 _NCCL_AUTO = (Algorithm.RING, Algorithm.TREE, Algorithm.NVLS)
-_GLOO_AUTO = (Algorithm.RING, Algorithm.TREE, Algorithm.HALVING_DOUBLING, Algorithm.HIERARCHICAL,
-              Algorithm.DIRECT)
+_GLOO_AUTO = (
+    Algorithm.RING,
+    Algorithm.TREE,
+    Algorithm.HALVING_DOUBLING,
+    Algorithm.HIERARCHICAL,
+    Algorithm.DIRECT,
+)
 _DIRECT_ONLY = frozenset({CollectiveOp.ALL_TO_ALL, CollectiveOp.SEND_RECV})
 
 
@@ -57,8 +73,13 @@ def schedule_for(op: CollectiveOp, group: Group, algorithm: Algorithm) -> Schedu
             raise ConfigError("auto is not a schedule; use choose()")
         module = ALGORITHM_MODULES[algorithm]
         loop_bytes_for = getattr(module, "loop_bytes_for", None)
-        found = Schedule(op, algorithm, group.topology, module.build(op, group),
-                         None if loop_bytes_for is None else loop_bytes_for(group))
+        found = Schedule(
+            op,
+            algorithm,
+            group.topology,
+            module.build(op, group),
+            None if loop_bytes_for is None else loop_bytes_for(group),
+        )
         cache[key] = found
     return found
 
@@ -83,18 +104,24 @@ def _candidates(op: CollectiveOp, group: Group) -> list[tuple[Schedule, Timing]]
             try:
                 schedule = schedule_for(op, group, algorithm)
             except ConfigError:
-                continue        # not applicable to this group (e.g. NVLS across nodes)
+                continue  # not applicable to this group (e.g. NVLS across nodes)
             found += [(schedule, timing) for timing in schedule.timings]
         if not found:
-            raise ConfigError(f"no algorithm implements {op.value} on this group "
-                              f"({group.size} ranks on {group.num_nodes} nodes)")
+            raise ConfigError(
+                f"no algorithm implements {op.value} on this group "
+                f"({group.size} ranks on {group.num_nodes} nodes)"
+            )
         cache[key] = found
     return found
 
 
-def choose(op: CollectiveOp | str, size_bytes: float, group: Group,
-           algorithm: Algorithm | str = Algorithm.AUTO,
-           protocol: Protocol | str | None = None) -> tuple[Schedule, Timing]:
+def choose(
+    op: CollectiveOp | str,
+    size_bytes: float,
+    group: Group,
+    algorithm: Algorithm | str = Algorithm.AUTO,
+    protocol: Protocol | str | None = None,
+) -> tuple[Schedule, Timing]:
     """The (schedule, timing) that :func:`cost` and :func:`simulate` use.
 
     With ``algorithm=auto`` the cheapest (algorithm, protocol) in closed form; with a named
@@ -110,16 +137,29 @@ def choose(op: CollectiveOp | str, size_bytes: float, group: Group,
     return best
 
 
-def _result(op: CollectiveOp, schedule: Schedule, timing: Timing, size_bytes: float,
-            time_s: float, n: int) -> CollectiveCost:
+def _result(
+    op: CollectiveOp, schedule: Schedule, timing: Timing, size_bytes: float, time_s: float, n: int
+) -> CollectiveCost:
     algbw = size_bytes / time_s if time_s > 0 else 0.0
-    return CollectiveCost(op, schedule.algorithm, timing.protocol, int(size_bytes), time_s,
-                          algbw, algbw * busbw_factor(op, n), n)
+    return CollectiveCost(
+        op,
+        schedule.algorithm,
+        timing.protocol,
+        int(size_bytes),
+        time_s,
+        algbw,
+        algbw * busbw_factor(op, n),
+        n,
+    )
 
 
-def cost(op: CollectiveOp | str, size_bytes: float, group: Group,
-         algorithm: Algorithm | str = Algorithm.AUTO,
-         protocol: Protocol | str | None = None) -> CollectiveCost:
+def cost(
+    op: CollectiveOp | str,
+    size_bytes: float,
+    group: Group,
+    algorithm: Algorithm | str = Algorithm.AUTO,
+    protocol: Protocol | str | None = None,
+) -> CollectiveCost:
     """Closed-form time of one collective on an otherwise idle network.
 
     Args:
@@ -145,7 +185,7 @@ def cost(op: CollectiveOp | str, size_bytes: float, group: Group,
         entry = cache[key] = _fast_entry(op, group, algorithm, protocol)
     candidates, parsed_op, factor, n = entry
     best_s = inf
-    best_alg, best_proto = candidates[0][3], candidates[0][4]   # never empty (_candidates)
+    best_alg, best_proto = candidates[0][3], candidates[0][4]  # never empty (_candidates)
     for latency_s, s_per_byte, loop, alg, proto in candidates:
         t = latency_s + size_bytes * s_per_byte
         if loop is not None:
@@ -153,26 +193,40 @@ def cost(op: CollectiveOp | str, size_bytes: float, group: Group,
         if t < best_s:
             best_s, best_alg, best_proto = t, alg, proto
     algbw = size_bytes / best_s if best_s > 0 else 0.0
-    return CollectiveCost.fast(parsed_op, best_alg, best_proto, int(size_bytes), best_s, algbw,
-                               algbw * factor, n)
+    return CollectiveCost.fast(
+        parsed_op, best_alg, best_proto, int(size_bytes), best_s, algbw, algbw * factor, n
+    )
 
 
 _Candidate = tuple[float, float, Callable[[float], float] | None, Algorithm, Protocol]
 
 
-def _fast_entry(op: CollectiveOp | str, group: Group, algorithm: Algorithm | str,
-                protocol: Protocol | str | None
-                ) -> tuple[list[_Candidate], CollectiveOp, float, int]:
+def _fast_entry(
+    op: CollectiveOp | str,
+    group: Group,
+    algorithm: Algorithm | str,
+    protocol: Protocol | str | None,
+) -> tuple[list[_Candidate], CollectiveOp, float, int]:
     parsed_op = parse_enum(CollectiveOp, op, "op")
-    candidates: list[_Candidate] = [(t.latency_s, t.seconds_per_byte,
-                   t.extra_s if t.has_extra else None,
-                   schedule.algorithm, t.protocol)
-                  for schedule, t in _options(op, group, algorithm, protocol)]
+    candidates: list[_Candidate] = [
+        (
+            t.latency_s,
+            t.seconds_per_byte,
+            t.extra_s if t.has_extra else None,
+            schedule.algorithm,
+            t.protocol,
+        )
+        for schedule, t in _options(op, group, algorithm, protocol)
+    ]
     return candidates, parsed_op, busbw_factor(parsed_op, group.size), group.size
 
 
-def _options(op: CollectiveOp | str, group: Group, algorithm: Algorithm | str,
-             protocol: Protocol | str | None) -> list[tuple[Schedule, Timing]]:
+def _options(
+    op: CollectiveOp | str,
+    group: Group,
+    algorithm: Algorithm | str,
+    protocol: Protocol | str | None,
+) -> list[tuple[Schedule, Timing]]:
     parsed_op = parse_enum(CollectiveOp, op, "op")
     parsed_alg = parse_enum(Algorithm, algorithm, "algorithm")
     if parsed_alg is Algorithm.AUTO:
@@ -184,15 +238,24 @@ def _options(op: CollectiveOp | str, group: Group, algorithm: Algorithm | str,
         parsed_proto = parse_enum(Protocol, protocol, "protocol")
         options = [o for o in options if o[1].protocol is parsed_proto]
         if not options:
-            raise ConfigError(f"protocol {parsed_proto.value} is not available for "
-                              f"{parsed_alg.value} {parsed_op.value} here")
+            raise ConfigError(
+                f"protocol {parsed_proto.value} is not available for "
+                f"{parsed_alg.value} {parsed_op.value} here"
+            )
     return options
 
 
-def simulate(env: simpy.Environment, net: FlowNetwork, op: CollectiveOp | str,
-             size_bytes: float, group: Group, algorithm: Algorithm | str = Algorithm.AUTO,
-             *, peers: Sequence[Group] = (),
-             protocol: Protocol | str | None = None) -> simpy.Process:
+def simulate(
+    env: simpy.Environment,
+    net: FlowNetwork,
+    op: CollectiveOp | str,
+    size_bytes: float,
+    group: Group,
+    algorithm: Algorithm | str = Algorithm.AUTO,
+    *,
+    peers: Sequence[Group] = (),
+    protocol: Protocol | str | None = None,
+) -> simpy.Process:
     """Run one collective on ``net`` as a SimPy process.
 
     The (algorithm, protocol) is chosen as :func:`cost` chooses it. ``peers`` run the same
@@ -205,12 +268,19 @@ def simulate(env: simpy.Environment, net: FlowNetwork, op: CollectiveOp | str,
     schedule, timing = choose(op, size_bytes, group, algorithm, protocol)
     for peer in peers:
         peer_schedule = schedule_for(schedule.op, peer, schedule.algorithm)
-        env.process(run_phases(env, net, peer_schedule, peer_schedule.timing(timing.protocol),
-                               size_bytes))
+        env.process(
+            run_phases(env, net, peer_schedule, peer_schedule.timing(timing.protocol), size_bytes)
+        )
     return env.process(_follow(env, net, schedule, timing, size_bytes, group.size))
 
 
-def _follow(env: simpy.Environment, net: FlowNetwork, schedule: Schedule, timing: Timing,
-            size_bytes: float, n: int) -> Generator[simpy.Event, object, CollectiveCost]:
+def _follow(
+    env: simpy.Environment,
+    net: FlowNetwork,
+    schedule: Schedule,
+    timing: Timing,
+    size_bytes: float,
+    n: int,
+) -> Generator[simpy.Event, object, CollectiveCost]:
     elapsed = yield from run_phases(env, net, schedule, timing, size_bytes)
     return _result(schedule.op, schedule, timing, size_bytes, float(elapsed), n)

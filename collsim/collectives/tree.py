@@ -61,14 +61,16 @@ def build(op: CollectiveOp, group: Group) -> list[LoadPhase]:
     src: list[int] = []
     dst: list[int] = []
     parents = dtree_parents(len(nodes))
-    tree_edges = [[(child, parent) for child, parent in enumerate(parent_of)
-                   if parent is not None] for parent_of in parents]
+    tree_edges = [
+        [(child, parent) for child, parent in enumerate(parent_of) if parent is not None]
+        for parent_of in parents
+    ]
     per_node = max(len(m) for m in nodes)
     channels = per_node if len(nodes) > 1 else 1
     for channel in range(channels):
-        chains = [m[channel % len(m):] + m[:channel % len(m)] for m in nodes]
+        chains = [m[channel % len(m) :] + m[: channel % len(m)] for m in nodes]
         heads = [chain[0] for chain in chains]
-        chain_up: list[int] = []        # b -> a along every chain (a before b)
+        chain_up: list[int] = []  # b -> a along every chain (a before b)
         chain_down: list[int] = []
         for chain in chains:
             chain_up += chain[1:]
@@ -82,8 +84,16 @@ def build(op: CollectiveOp, group: Group) -> list[LoadPhase]:
                 src += [heads[child], heads[parent]]
                 dst += [heads[parent], heads[child]]
     log_nodes = len(nodes).bit_length() - 1
-    return [pairs_phase(group.topology, _ints(src), _ints(dst), 0.5 / channels,
-                        2 * (per_node - 1), 2 * log_nodes)]
+    return [
+        pairs_phase(
+            group.topology,
+            _ints(src),
+            _ints(dst),
+            0.5 / channels,
+            2 * (per_node - 1),
+            2 * log_nodes,
+        )
+    ]
 
 
 def _ints(values: list[int]) -> np.ndarray:

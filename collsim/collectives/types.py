@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
 from enum import StrEnum
-from typing import Any, TypeVar
+from functools import cached_property
+from typing import TypeVar
 
 from collsim.errors import ConfigError
 from collsim.topology import Topology
 
-__all__ = ["CollectiveOp", "Algorithm", "Protocol", "Group", "CollectiveCost", "busbw_factor",
-           "parse_enum"]
+__all__ = [
+    "CollectiveOp",
+    "Algorithm",
+    "Protocol",
+    "Group",
+    "CollectiveCost",
+    "busbw_factor",
+    "parse_enum",
+]
 
 
 class CollectiveOp(StrEnum):
@@ -31,11 +38,11 @@ class Algorithm(StrEnum):
 
     AUTO = "auto"
     RING = "ring"
-    TREE = "tree"                          # double binary tree (NCCL), intra-node chains
+    TREE = "tree"  # double binary tree (NCCL), intra-node chains
     HALVING_DOUBLING = "halving_doubling"  # recursive halving / doubling (Rabenseifner)
-    DIRECT = "direct"                      # every rank to every peer at once
-    HIERARCHICAL = "hierarchical"          # intra-node, then inter-node, then intra-node
-    NVLS = "nvls"                          # in-switch reduction (NVLink SHARP)
+    DIRECT = "direct"  # every rank to every peer at once
+    HIERARCHICAL = "hierarchical"  # intra-node, then inter-node, then intra-node
+    NVLS = "nvls"  # in-switch reduction (NVLink SHARP)
 
 
 class Protocol(StrEnum):
@@ -62,6 +69,7 @@ def parse_enum(enum_cls: type[_E], value: object, what: str) -> _E:
 
 _new = object.__new__
 _setattr = object.__setattr__
+
 
 def busbw_factor(op: CollectiveOp, num_ranks: int) -> float:
     """nccl-tests busbw / algbw (doc/PERFORMANCE.md): 2(n-1)/n all_reduce, (n-1)/n gathers."""
@@ -100,14 +108,16 @@ class Group:
             raise ConfigError(f"group ranks repeat: {ranks}")
         for rank in ranks:
             if not 0 <= rank < self.topology.num_ranks:
-                raise ConfigError(f"rank {rank} not in topology {self.topology.name} "
-                                  f"(0..{self.topology.num_ranks - 1})")
+                raise ConfigError(
+                    f"rank {rank} not in topology {self.topology.name} "
+                    f"(0..{self.topology.num_ranks - 1})"
+                )
         key = (id(self.topology), ranks)
         object.__setattr__(self, "_key", key)
         object.__setattr__(self, "_hash", hash(key))
 
     @classmethod
-    def all(cls, topology: Topology) -> "Group":
+    def all(cls, topology: Topology) -> Group:
         """Every rank of the topology."""
         return cls(topology, tuple(range(topology.num_ranks)))
 
@@ -158,13 +168,31 @@ class CollectiveCost:
         return f"{self.algorithm.value}/{self.protocol.value}"
 
     @classmethod
-    def fast(cls, op: CollectiveOp, algorithm: Algorithm, protocol: Protocol, size_bytes: int,
-             time_s: float, algbw_bps: float, busbw_bps: float,
-             num_ranks: int) -> "CollectiveCost":
+    def fast(
+        cls,
+        op: CollectiveOp,
+        algorithm: Algorithm,
+        protocol: Protocol,
+        size_bytes: int,
+        time_s: float,
+        algbw_bps: float,
+        busbw_bps: float,
+        num_ranks: int,
+    ) -> CollectiveCost:
         """Same as the constructor, without the frozen ``__init__``'s per-field setattr."""
         obj = _new(cls)
-        _setattr(obj, "__dict__", {
-            "op": op, "algorithm": algorithm, "protocol": protocol, "size_bytes": size_bytes,
-            "time_s": time_s, "algbw_bps": algbw_bps, "busbw_bps": busbw_bps,
-            "num_ranks": num_ranks})
+        _setattr(
+            obj,
+            "__dict__",
+            {
+                "op": op,
+                "algorithm": algorithm,
+                "protocol": protocol,
+                "size_bytes": size_bytes,
+                "time_s": time_s,
+                "algbw_bps": algbw_bps,
+                "busbw_bps": busbw_bps,
+                "num_ranks": num_ranks,
+            },
+        )
         return obj

@@ -36,14 +36,24 @@ def _collectives(engine: Engine) -> list[CollectiveStat]:
     for key, (count, time_s, busbw) in sorted(merged.items(), key=lambda kv: kv[0][:2]):
         axis, op, size, n, algo = key
         issuers = len(ranks_of[key])
-        out.append(CollectiveStat(axis=axis, op=op, group_size=n, algorithm=algo,
-                                  count=round(count / issuers), size_bytes=float(size),
-                                  time_s=time_s / issuers, busbw_bps=busbw))
+        out.append(
+            CollectiveStat(
+                axis=axis,
+                op=op,
+                group_size=n,
+                algorithm=algo,
+                count=round(count / issuers),
+                size_bytes=float(size),
+                time_s=time_s / issuers,
+                busbw_bps=busbw,
+            )
+        )
     return out
 
 
-def assemble(plan: Plan, engine: Engine, *, layer_mode: bool, contended: list[str],
-             zero_communication: bool) -> StepResult:
+def assemble(
+    plan: Plan, engine: Engine, *, layer_mode: bool, contended: list[str], zero_communication: bool
+) -> StepResult:
     from collsim.workload import flops
 
     programs = engine.programs
@@ -67,8 +77,9 @@ def assemble(plan: Plan, engine: Engine, *, layer_mode: bool, contended: list[st
     warnings_out = list(plan.warnings)
     fits = top.total_bytes <= capacity
     if not fits:
-        warnings_out.append(f"does not fit: {top.total_bytes / GiB:.1f} GiB needed of "
-                            f"{capacity / GiB:.1f} GiB")
+        warnings_out.append(
+            f"does not fit: {top.total_bytes / GiB:.1f} GiB needed of {capacity / GiB:.1f} GiB"
+        )
     details: dict[str, Any] = {
         "num_microbatches": plan.num_microbatches,
         "critical_rank": critical.rank,
@@ -78,13 +89,20 @@ def assemble(plan: Plan, engine: Engine, *, layer_mode: bool, contended: list[st
         "des_axes": sorted(engine.des_axes),
         "zero_communication": zero_communication,
         "simulated_ranks": sorted(programs),
-        "stage_end_s": {prog.coords.pp: prog.end_s for prog in programs.values()
-                        if prog.coords.dp == 0 and prog.coords.tp == 0},
-        "breakdown_by_stage_s": {prog.coords.pp: dict(prog.acct) for prog in programs.values()
-                                 if prog.coords.dp == 0 and prog.coords.tp == 0},
+        "stage_end_s": {
+            prog.coords.pp: prog.end_s
+            for prog in programs.values()
+            if prog.coords.dp == 0 and prog.coords.tp == 0
+        },
+        "breakdown_by_stage_s": {
+            prog.coords.pp: dict(prog.acct)
+            for prog in programs.values()
+            if prog.coords.dp == 0 and prog.coords.tp == 0
+        },
         "memory_peak_bytes_by_rank": {r: p.total_bytes for r, p in peaks.items()},
-        "activation_peak_bytes_by_rank": {r: prog.ledger.category_peak("activations")
-                                          for r, prog in programs.items()},
+        "activation_peak_bytes_by_rank": {
+            r: prog.ledger.category_peak("activations") for r, prog in programs.items()
+        },
     }
     return StepResult(
         step_time_s=step,

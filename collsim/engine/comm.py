@@ -49,8 +49,13 @@ def axis_contends(topology: Topology, groups: Sequence[tuple[int, ...]]) -> bool
     paths: list[tuple[int, ...]] = []
     for group in groups:
         n = len(group)
-        pairs = [(group[0], group[1])] if n == 2 else [(group[i], group[(i + 1) % n])
-                                                        for i in range(n)] if n > 2 else []
+        pairs = (
+            [(group[0], group[1])]
+            if n == 2
+            else [(group[i], group[(i + 1) % n]) for i in range(n)]
+            if n > 2
+            else []
+        )
         for src, dst in pairs:
             path = topology.path(src, dst)
             if path:
@@ -77,8 +82,9 @@ def _group_links(topology: Topology, group: tuple[int, ...]) -> set[int]:
     return links
 
 
-def linked_peers(topology: Topology, group: tuple[int, ...],
-                 peers: Sequence[tuple[int, ...]]) -> list[tuple[int, ...]]:
+def linked_peers(
+    topology: Topology, group: tuple[int, ...], peers: Sequence[tuple[int, ...]]
+) -> list[tuple[int, ...]]:
     """The peers that can affect ``group``: those connected to it through shared links.
 
     Max-min fair shares only couple flows that share links, directly or through a chain of
@@ -115,9 +121,14 @@ class CommPricer:
         network: the FlowNetwork when the DES is used for some axes (None: closed form only).
     """
 
-    def __init__(self, topology: Topology, *, zero: bool = False,
-                 network: FlowNetwork | None = None,
-                 env: simpy.Environment | None = None) -> None:
+    def __init__(
+        self,
+        topology: Topology,
+        *,
+        zero: bool = False,
+        network: FlowNetwork | None = None,
+        env: simpy.Environment | None = None,
+    ) -> None:
         self.topology = topology
         self.zero = zero
         self.network = network
@@ -140,9 +151,16 @@ class CommPricer:
         self._cache[key] = result
         return result
 
-    def work(self, op: str, size_bytes: float, ranks: tuple[int, ...], *,
-             peers: Sequence[tuple[int, ...]] = (), des: bool = False,
-             extra_s: float = 0.0) -> Work:
+    def work(
+        self,
+        op: str,
+        size_bytes: float,
+        ranks: tuple[int, ...],
+        *,
+        peers: Sequence[tuple[int, ...]] = (),
+        des: bool = False,
+        extra_s: float = 0.0,
+    ) -> Work:
         """What a stream runs for this call: a duration, or a DES process factory.
 
         Args:
@@ -165,9 +183,14 @@ class CommPricer:
             def body() -> Any:
                 if extra_s:
                     yield env.timeout(extra_s)
-                value = yield simulate(env, net, CollectiveOp(op), int(size_bytes),
-                                       Group(topo, ranks),
-                                       peers=[Group(topo, p) for p in peers])
+                value = yield simulate(
+                    env,
+                    net,
+                    CollectiveOp(op),
+                    int(size_bytes),
+                    Group(topo, ranks),
+                    peers=[Group(topo, p) for p in peers],
+                )
                 return value
 
             return env.process(body())

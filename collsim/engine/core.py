@@ -58,12 +58,23 @@ class Engine(DataParallelMixin):
         zero_communication: communication is priced at 0 s (reported in the details).
     """
 
-    def __init__(self, plan: Plan, stages: dict[int, StageModel], pricer: CommPricer, *,
-                 all_ranks: bool, layer_mode: bool, trace: bool,
-                 des_axes: frozenset[str] = frozenset(),
-                 optimizer_time: Callable[[float, bool], float], bytes_per: dict[str, float],
-                 host_bps: float, env: simpy.Environment | None = None,
-                 contended: Sequence[str] = (), zero_communication: bool = False) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        stages: dict[int, StageModel],
+        pricer: CommPricer,
+        *,
+        all_ranks: bool,
+        layer_mode: bool,
+        trace: bool,
+        des_axes: frozenset[str] = frozenset(),
+        optimizer_time: Callable[[float, bool], float],
+        bytes_per: dict[str, float],
+        host_bps: float,
+        env: simpy.Environment | None = None,
+        contended: Sequence[str] = (),
+        zero_communication: bool = False,
+    ) -> None:
         self.plan = plan
         self.env = env if env is not None else simpy.Environment()
         pricer.env = self.env
@@ -95,9 +106,13 @@ class Engine(DataParallelMixin):
         self.programs: dict[int, RankProgram] = {}
         for rank in ranks:
             s = plan.coords(rank).pp
-            ops = stage_schedule(par.schedule, num_stages=plan.pp,
-                                 num_microbatches=plan.num_microbatches, stage=s,
-                                 virtual_stages=plan.virtual_stages)
+            ops = stage_schedule(
+                par.schedule,
+                num_stages=plan.pp,
+                num_microbatches=plan.num_microbatches,
+                stage=s,
+                virtual_stages=plan.virtual_stages,
+            )
             self.programs[rank] = RankProgram(self, rank, stages[s], ops)
         self._tp_cache: dict[tuple[int, str, float], float] = {}
         self._p2p_peers: dict[tuple[int, int], list[tuple[int, ...]]] = {}
@@ -134,8 +149,7 @@ class Engine(DataParallelMixin):
         found = self._peers[key] = linked_peers(p.topology, self.group(rank, axis), peers)
         return found
 
-    def stream(self, rank: int, axis: str,
-               group: tuple[int, ...] | None = None) -> GroupStream:
+    def stream(self, rank: int, axis: str, group: tuple[int, ...] | None = None) -> GroupStream:
         """The stream of ``rank``'s group on ``axis`` (pp: the rank's own send stream; an
         explicit ``group`` for other groups, e.g. the embedding group)."""
         if group is None:
@@ -163,30 +177,53 @@ class Engine(DataParallelMixin):
                 stat[2] = busbw
                 if self.trace_on:
                     self.add_trace(m, axis, record.name, record.start_s, record.end_s, args)
+
         return done
 
-    def add_trace(self, rank: int, stream: str, name: str, start: float, end: float,
-                  args: dict[str, Any]) -> None:
+    def add_trace(
+        self, rank: int, stream: str, name: str, start: float, end: float, args: dict[str, Any]
+    ) -> None:
         self.trace_events.append(TraceEvent(rank, stream, name, start, end, dict(args)))
 
-    def _call(self, rank: int, axis: str, op: str, size: float, ranks: tuple[int, ...],
-              name: str, *, ready_s: float | None = None, extra_s: float = 0.0,
-              peers: list[tuple[int, ...]] | None = None,
-              stream_group: tuple[int, ...] | None = None) -> simpy.Event:
+    def _call(
+        self,
+        rank: int,
+        axis: str,
+        op: str,
+        size: float,
+        ranks: tuple[int, ...],
+        name: str,
+        *,
+        ready_s: float | None = None,
+        extra_s: float = 0.0,
+        peers: list[tuple[int, ...]] | None = None,
+        stream_group: tuple[int, ...] | None = None,
+    ) -> simpy.Event:
         des = axis in self.des_axes
         key = (op, size, ranks, extra_s)
         hit = None if des else self._calls.get(key)
         if hit is None:
             cost = self.pricer.cost(op, size, ranks)
-            work = self.pricer.work(op, size, ranks, des=des, extra_s=extra_s,
-                                    peers=peers if peers is not None else [])
-            hit = (work, {"op": op, "size_bytes": size, "bytes": size, "group_size": len(ranks),
-                          "algorithm": cost.algorithm, "busbw_bps": cost.busbw_bps})
+            work = self.pricer.work(
+                op, size, ranks, des=des, extra_s=extra_s, peers=peers if peers is not None else []
+            )
+            hit = (
+                work,
+                {
+                    "op": op,
+                    "size_bytes": size,
+                    "bytes": size,
+                    "group_size": len(ranks),
+                    "algorithm": cost.algorithm,
+                    "busbw_bps": cost.busbw_bps,
+                },
+            )
             if not des:
                 self._calls[key] = hit
         work, args = hit
-        return self.stream(rank, axis, stream_group).submit(rank, name, work, ready_s=ready_s,
-                                                            args=args)
+        return self.stream(rank, axis, stream_group).submit(
+            rank, name, work, ready_s=ready_s, args=args
+        )
 
     # ---- tensor parallel --------------------------------------------------------------------
     def tp_time(self, rank: int, op: str, size: float) -> float:
@@ -219,11 +256,18 @@ class Engine(DataParallelMixin):
         """Trace args of a closed-form TP collective (what ``_call`` records on a stream)."""
         group = self.group(rank, "tp")
         cost = self.pricer.cost(op, size, group)
-        return {"op": op, "size_bytes": size, "bytes": size, "group_size": len(group),
-                "algorithm": cost.algorithm, "busbw_bps": cost.busbw_bps}
+        return {
+            "op": op,
+            "size_bytes": size,
+            "bytes": size,
+            "group_size": len(group),
+            "algorithm": cost.algorithm,
+            "busbw_bps": cost.busbw_bps,
+        }
 
-    def tp_slices(self, rank: int, segs: list[Segment]) -> list[tuple[float, float, str,
-                                                                          dict[str, Any]]]:
+    def tp_slices(
+        self, rank: int, segs: list[Segment]
+    ) -> list[tuple[float, float, str, dict[str, Any]]]:
         """The TP collectives inside fused segments run back to back from time 0, as
         (start_s, end_s, name, args): each at its exact offset, lasting its link time (an
         overlapped one starts with the compute it overlaps). Only for traces."""
@@ -261,18 +305,21 @@ class Engine(DataParallelMixin):
             for step in (st for seg in segs for st in seg.steps):
                 if step.op:
                     cost = self.pricer.cost(step.op, step.size_bytes, group)
-                    stat = self.stats[(rank, "tp", step.op, step.size_bytes, len(group),
-                                       cost.algorithm)]
+                    stat = self.stats[
+                        (rank, "tp", step.op, step.size_bytes, len(group), cost.algorithm)
+                    ]
                     stat[0] += runs
                     stat[1] += runs * cost.time_s
                     stat[2] = cost.busbw_bps
         self.seg_runs.clear()
 
-    def tp_call(self, prog: RankProgram, op: str, size: float,
-                name: str | None = None) -> simpy.Event:
+    def tp_call(
+        self, prog: RankProgram, op: str, size: float, name: str | None = None
+    ) -> simpy.Event:
         group = self.group(prog.rank, "tp")
-        return self._call(prog.rank, "tp", op, size, group, name or f"{op} tp",
-                          peers=self.peers(prog.rank, "tp"))
+        return self._call(
+            prog.rank, "tp", op, size, group, name or f"{op} tp", peers=self.peers(prog.rank, "tp")
+        )
 
     def pp_gather(self, prog: RankProgram, op: PipeOp) -> simpy.Event | None:
         """The all-gather that completes a received pipeline message (None when there is none).
@@ -285,8 +332,11 @@ class Engine(DataParallelMixin):
         """
         if self.plan.tp < 2 or self.plan.parallel.sequence_parallel:
             return None
-        name = (f"all_gather pp recv {op.phase.value} mb{op.microbatch} c{op.chunk}"
-                if self.trace_on else "all_gather pp recv")
+        name = (
+            f"all_gather pp recv {op.phase.value} mb{op.microbatch} c{op.chunk}"
+            if self.trace_on
+            else "all_gather pp recv"
+        )
         return self.tp_call(prog, "all_gather", self._p2p_size * self.plan.tp, name)
 
     def pp_gather_s(self, prog: RankProgram, op: PipeOp) -> float | None:
@@ -308,9 +358,14 @@ class Engine(DataParallelMixin):
         stat[2] = cost.busbw_bps
         if self.trace_on:
             now = self.env.now
-            self.add_trace(prog.rank, "tp",
-                           f"all_gather pp recv {op.phase.value} mb{op.microbatch} c{op.chunk}",
-                           now, now + cost.time_s, self.tp_args(prog.rank, "all_gather", size))
+            self.add_trace(
+                prog.rank,
+                "tp",
+                f"all_gather pp recv {op.phase.value} mb{op.microbatch} c{op.chunk}",
+                now,
+                now + cost.time_s,
+                self.tp_args(prog.rank, "all_gather", size),
+            )
         return cost.time_s
 
     # ---- pipeline ---------------------------------------------------------------------------
@@ -343,8 +398,9 @@ class Engine(DataParallelMixin):
 
     def inbox(self, rank: int, op: PipeOp) -> Mail | None:
         s = self.plan.coords(rank).pp
-        src = input_of(op, stage=s, num_stages=self.plan.pp,
-                       virtual_stages=self.plan.virtual_stages)
+        src = input_of(
+            op, stage=s, num_stages=self.plan.pp, virtual_stages=self.plan.virtual_stages
+        )
         if src is None or src[0] == s:
             return None
         return self._mailbox(rank, op)
@@ -359,8 +415,13 @@ class Engine(DataParallelMixin):
     def p2p_bytes(self) -> float:
         """Per TP rank: b s h / t activations (Megatron's scatter-gather of pipeline sends)."""
         spec, tr = self.plan.spec, self.plan.training
-        return tr.micro_batch * spec.seq_len * spec.hidden * self.bytes_per["activation"] / \
-            self.plan.tp
+        return (
+            tr.micro_batch
+            * spec.seq_len
+            * spec.hidden
+            * self.bytes_per["activation"]
+            / self.plan.tp
+        )
 
     def send_output(self, prog: RankProgram, op: PipeOp) -> None:
         dest = self._dest(prog.rank, op)
@@ -372,13 +433,25 @@ class Engine(DataParallelMixin):
         key = (src, stage)
         peers = self._p2p_peers.get(key)
         if peers is None:
-            peers = [] if self.all_ranks or "pp" not in self.des_axes else [
-                (self.plan.rank(dp=d, pp=prog.coords.pp, tp=t),
-                 self.plan.rank(dp=d, pp=stage, tp=t))
-                for d in range(self.plan.dp) for t in range(self.plan.tp) if d or t]
+            peers = (
+                []
+                if self.all_ranks or "pp" not in self.des_axes
+                else [
+                    (
+                        self.plan.rank(dp=d, pp=prog.coords.pp, tp=t),
+                        self.plan.rank(dp=d, pp=stage, tp=t),
+                    )
+                    for d in range(self.plan.dp)
+                    for t in range(self.plan.tp)
+                    if d or t
+                ]
+            )
             peers = self._p2p_peers[key] = linked_peers(self.plan.topology, (src, dst), peers)
-        name = (f"send {op.phase.value} mb{op.microbatch} c{op.chunk} -> stage {stage}"
-                if self.trace_on else "send")
+        name = (
+            f"send {op.phase.value} mb{op.microbatch} c{op.chunk} -> stage {stage}"
+            if self.trace_on
+            else "send"
+        )
         done = self._call(src, "pp", "send_recv", size, (src, dst), name, peers=peers)
         mail = self._mailbox(dst, dst_op)
         mail.produced_s = self.env.now
@@ -390,11 +463,17 @@ class Engine(DataParallelMixin):
                 receiver.ledger.alloc(self.env.now, "buffers", size, "pp recv")
                 record = ev.value
                 if self.trace_on and isinstance(record, CallRecord):
-                    self.add_trace(dst, RECV_STREAM,
-                                   f"recv {op.phase.value} mb{op.microbatch} c{op.chunk} "
-                                   f"<- stage {prog.coords.pp}", record.start_s, record.end_s,
-                                   {**record.args, "src_rank": src})
+                    self.add_trace(
+                        dst,
+                        RECV_STREAM,
+                        f"recv {op.phase.value} mb{op.microbatch} c{op.chunk} "
+                        f"<- stage {prog.coords.pp}",
+                        record.start_s,
+                        record.end_s,
+                        {**record.args, "src_rank": src},
+                    )
             mail.event.succeed()
+
         done.callbacks.append(deliver)
 
     # ---- run --------------------------------------------------------------------------------
@@ -402,9 +481,12 @@ class Engine(DataParallelMixin):
         procs = [self.env.process(prog.run()) for prog in self.programs.values()]
         try:
             self.env.run(self.env.all_of(procs))
-        except RuntimeError as exc:       # SimPy: no events left, some rank still waiting
-            stuck = [prog.rank for prog, proc in zip(self.programs.values(), procs)
-                     if not proc.processed]
-            raise SimulationError(f"ranks {stuck[:8]} never finished the step ({exc}): a "
-                                  "dependency or rendezvous was never satisfied") from exc
+        except RuntimeError as exc:  # SimPy: no events left, some rank still waiting
+            stuck = [
+                prog.rank for prog, proc in zip(self.programs.values(), procs) if not proc.processed
+            ]
+            raise SimulationError(
+                f"ranks {stuck[:8]} never finished the step ({exc}): a "
+                "dependency or rendezvous was never satisfied"
+            ) from exc
         self.flush_tp_stats()

@@ -91,8 +91,9 @@ class DataParallelMixin:
             return False
         return self.zero == 2 or microbatch == self.plan.num_microbatches - 1
 
-    def launch_bucket(self, prog: RankProgram, op: PipeOp, chunk: ChunkModel, bucket: Bucket,
-                      ready: float) -> None:
+    def launch_bucket(
+        self, prog: RankProgram, op: PipeOp, chunk: ChunkModel, bucket: Bucket, ready: float
+    ) -> None:
         """Issue a bucket's reduction on the dp stream at its ready time.
 
         Without overlap the reductions wait for the end of the rank's whole backward (all
@@ -103,9 +104,16 @@ class DataParallelMixin:
             return
         verb = "all_reduce" if self.zero == 0 else "reduce_scatter"
         group = self.group(prog.rank, "dp")
-        ev = self._call(prog.rank, "dp", verb, bucket.size_bytes, group,
-                        f"{verb} bucket {bucket.index} c{chunk.index} mb{op.microbatch}",
-                        ready_s=ready, peers=self.peers(prog.rank, "dp"))
+        ev = self._call(
+            prog.rank,
+            "dp",
+            verb,
+            bucket.size_bytes,
+            group,
+            f"{verb} bucket {bucket.index} c{chunk.index} mb{op.microbatch}",
+            ready_s=ready,
+            peers=self.peers(prog.rank, "dp"),
+        )
         prog.dp_events.append(ev)
         if self.zero == 2:
             prog.ledger.alloc(ready, "buffers", bucket.size_bytes, "zero2 bucket")
@@ -119,20 +127,28 @@ class DataParallelMixin:
             if overlap:  # pragma: no cover - deferred only without overlap
                 raise SimulationError("deferred buckets with overlap on")
             verb = "all_reduce" if self.zero == 0 else "reduce_scatter"
-            ev = self._call(prog.rank, "dp", verb, bucket.size_bytes, self.group(prog.rank, "dp"),
-                            f"{verb} bucket {bucket.index} c{chunk.index} mb{op.microbatch}",
-                            peers=self.peers(prog.rank, "dp"))
+            ev = self._call(
+                prog.rank,
+                "dp",
+                verb,
+                bucket.size_bytes,
+                self.group(prog.rank, "dp"),
+                f"{verb} bucket {bucket.index} c{chunk.index} mb{op.microbatch}",
+                peers=self.peers(prog.rank, "dp"),
+            )
             prog.dp_events.append(ev)
             if self.zero == 2:
                 prog.ledger.alloc(self.env.now, "buffers", bucket.size_bytes, "zero2 bucket")
-                ev.callbacks.append(self._freer(prog, "buffers", bucket.size_bytes,
-                                                "zero2 bucket"))
+                ev.callbacks.append(self._freer(prog, "buffers", bucket.size_bytes, "zero2 bucket"))
 
-    def _freer(self, prog: RankProgram, category: str, size_bytes: float,
-               label: str) -> Callable[[simpy.Event], None]:
+    def _freer(
+        self, prog: RankProgram, category: str, size_bytes: float, label: str
+    ) -> Callable[[simpy.Event], None]:
         """A SimPy callback that frees ``size_bytes`` of ``category`` when its event fires."""
+
         def free(_event: simpy.Event) -> None:
             prog.ledger.free(self.env.now, category, size_bytes, label)
+
         return free
 
     @staticmethod
@@ -154,26 +170,32 @@ class DataParallelMixin:
         ukey = self.unit_key(chunk, seg)
         key = (prog.rank, chunk.index, ukey)
         if key in self.unit_events:
-            return   # still gathered (root, no reshard after forward), or in flight
+            return  # still gathered (root, no reshard after forward), or in flight
         size = self.unit_numel(chunk, ukey) * self.bytes_per["param"]
         prog.ledger.alloc(self.env.now, "parameters", size, f"gathered {ukey}")
         extra = size / self.plan.dp / self.host_bps if self.offload else 0.0
         self.unit_events[key] = self._call(
-            prog.rank, "dp", "all_gather", size, self.group(prog.rank, "dp"),
+            prog.rank,
+            "dp",
+            "all_gather",
+            size,
+            self.group(prog.rank, "dp"),
             f"all_gather {ukey} c{chunk.index} mb{op.microbatch} {op.phase.value}",
-            extra_s=extra, peers=self.peers(prog.rank, "dp"))
+            extra_s=extra,
+            peers=self.peers(prog.rank, "dp"),
+        )
 
-    def unit_ready(self, prog: RankProgram, op: PipeOp, chunk: ChunkModel,
-                   seg: Segment) -> simpy.Event | None:
+    def unit_ready(
+        self, prog: RankProgram, op: PipeOp, chunk: ChunkModel, seg: Segment
+    ) -> simpy.Event | None:
         return self.unit_events.get((prog.rank, chunk.index, self.unit_key(chunk, seg)))
 
-    def release_unit(self, prog: RankProgram, op: PipeOp, chunk: ChunkModel,
-                     seg: Segment) -> None:
+    def release_unit(self, prog: RankProgram, op: PipeOp, chunk: ChunkModel, seg: Segment) -> None:
         """After a unit's forward: reshard. After its backward: reduce-scatter, reshard."""
         forward = op.phase is Phase.FORWARD
         ukey = self.unit_key(chunk, seg)
         if ukey == "root" and (forward or seg.key != "embedding"):
-            return   # the root stays gathered until its last backward segment
+            return  # the root stays gathered until its last backward segment
         if forward and not self.plan.parallel.fsdp.reshard_after_forward:
             return
         numel = self.unit_numel(chunk, ukey)
@@ -183,17 +205,24 @@ class DataParallelMixin:
             prog.ledger.alloc(self.env.now, "buffers", gsize, label)
             if self.plan.dp > 1 or self.offload:
                 extra = gsize / self.plan.dp / self.host_bps if self.offload else 0.0
-                ev = self._call(prog.rank, "dp", "reduce_scatter", gsize,
-                                self.group(prog.rank, "dp"),
-                                f"reduce_scatter {ukey} c{chunk.index} mb{op.microbatch}",
-                                extra_s=extra, peers=self.peers(prog.rank, "dp"))
+                ev = self._call(
+                    prog.rank,
+                    "dp",
+                    "reduce_scatter",
+                    gsize,
+                    self.group(prog.rank, "dp"),
+                    f"reduce_scatter {ukey} c{chunk.index} mb{op.microbatch}",
+                    extra_s=extra,
+                    peers=self.peers(prog.rank, "dp"),
+                )
                 prog.dp_events.append(ev)
                 ev.callbacks.append(self._freer(prog, "buffers", gsize, label))
             else:
                 prog.ledger.free(self.env.now, "buffers", gsize, label)
         del self.unit_events[(prog.rank, chunk.index, ukey)]
-        prog.ledger.free(self.env.now, "parameters", numel * self.bytes_per["param"],
-                         f"reshard {ukey}")
+        prog.ledger.free(
+            self.env.now, "parameters", numel * self.bytes_per["param"], f"reshard {ukey}"
+        )
 
     def embedding_sync(self, prog: RankProgram) -> simpy.Event | None:
         """Tied embeddings with pp > 1: all-reduce the word-embedding gradient between the
@@ -205,12 +234,30 @@ class DataParallelMixin:
         c = prog.coords
         pair = (self.plan.rank(dp=c.dp, pp=0, tp=c.tp), self.plan.rank(dp=c.dp, pp=p - 1, tp=c.tp))
         size = self.plan.spec.vocab / self.plan.tp * self.plan.spec.hidden * self.bytes_per["grad"]
-        peers = [] if self.all_ranks or "pp" not in self.des_axes else linked_peers(
-            self.plan.topology, pair,
-            [(self.plan.rank(dp=d, pp=0, tp=t), self.plan.rank(dp=d, pp=p - 1, tp=t))
-             for d in range(self.plan.dp) for t in range(self.plan.tp) if d or t])
-        return self._call(prog.rank, "pp", "all_reduce", size, pair, "all_reduce embedding grad",
-                          peers=peers, stream_group=pair)
+        peers = (
+            []
+            if self.all_ranks or "pp" not in self.des_axes
+            else linked_peers(
+                self.plan.topology,
+                pair,
+                [
+                    (self.plan.rank(dp=d, pp=0, tp=t), self.plan.rank(dp=d, pp=p - 1, tp=t))
+                    for d in range(self.plan.dp)
+                    for t in range(self.plan.tp)
+                    if d or t
+                ],
+            )
+        )
+        return self._call(
+            prog.rank,
+            "pp",
+            "all_reduce",
+            size,
+            pair,
+            "all_reduce embedding grad",
+            peers=peers,
+            stream_group=pair,
+        )
 
     def optimizer_s(self, prog: RankProgram) -> float:
         local = prog.stage.numel / (self.plan.dp if self.zero >= 1 else 1)
@@ -224,8 +271,13 @@ class DataParallelMixin:
         group = self.group(prog.rank, "dp")
         for chunk in prog.stage.chunks:
             for bucket in chunk.buckets:
-                last = self._call(prog.rank, "dp", "all_gather",
-                                  bucket.numel * self.bytes_per["param"], group,
-                                  f"all_gather params bucket {bucket.index} c{chunk.index}",
-                                  peers=self.peers(prog.rank, "dp"))
+                last = self._call(
+                    prog.rank,
+                    "dp",
+                    "all_gather",
+                    bucket.numel * self.bytes_per["param"],
+                    group,
+                    f"all_gather params bucket {bucket.index} c{chunk.index}",
+                    peers=self.peers(prog.rank, "dp"),
+                )
         return last

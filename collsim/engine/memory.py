@@ -89,7 +89,7 @@ class MemoryLedger:
         current = dict.fromkeys(MEMORY_KEYS, 0.0)
         if not totals:
             return MemoryPeak(0.0, 0.0, current)
-        top = max(range(len(totals)), key=totals.__getitem__)   # first index of the maximum
+        top = max(range(len(totals)), key=totals.__getitem__)  # first index of the maximum
         if totals[top] <= 0:
             return MemoryPeak(0.0, 0.0, current)
         for ev in events[: top + 1]:

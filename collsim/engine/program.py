@@ -72,8 +72,9 @@ class RankProgram:
         self.stage = stage
         self.ops = ops
         self.ledger = MemoryLedger(rank)
-        self.acct = dict.fromkeys(("compute", "tp_exposed", "pp_exposed", "dp_exposed", "bubble",
-                                   "optimizer"), 0.0)
+        self.acct = dict.fromkeys(
+            ("compute", "tp_exposed", "pp_exposed", "dp_exposed", "bubble", "optimizer"), 0.0
+        )
         self.dp_events: list[simpy.Event] = []
         self.end_s = 0.0
         self.deferred: list[Any] = []
@@ -94,7 +95,7 @@ class RankProgram:
     def _grad_window(self, seg: Segment) -> tuple[float, float]:
         """(offset, duration) of the gradient-producing steps of a backward segment."""
         pre = seg.steps[: seg.grad_from]
-        post = seg.steps[seg.grad_from:]
+        post = seg.steps[seg.grad_from :]
         step_s, rank = self.e.step_s, self.rank
         off = sum(step_s(rank, s) for s in pre)
         dur = sum(step_s(rank, s) for s in post)
@@ -120,7 +121,7 @@ class RankProgram:
         chunks = self.stage.chunks
         for op in self.ops:
             mail = e.inbox(self.rank, op)
-            if mail is not None:            # wait for the previous / next stage's output
+            if mail is not None:  # wait for the previous / next stage's output
                 if not mail.event.processed:
                     w0 = env.now
                     yield mail.event
@@ -153,8 +154,14 @@ class RankProgram:
                 acct["compute"] += plan.compute
                 acct["tp_exposed"] += plan.tp
             if e.trace_on:
-                self._trace("compute", f"{op.phase.value} mb{op.microbatch} c{op.chunk}",
-                            start, env.now, microbatch=op.microbatch, chunk=op.chunk)
+                self._trace(
+                    "compute",
+                    f"{op.phase.value} mb{op.microbatch} c{op.chunk}",
+                    start,
+                    env.now,
+                    microbatch=op.microbatch,
+                    chunk=op.chunk,
+                )
             e.send_output(self, op)
         e.launch_deferred(self)
         # wait for every gradient reduction, then the optimizer step
@@ -202,8 +209,9 @@ class RankProgram:
                 if seg.transient_bytes:
                     plan.mem.append((t, seg.transient_bytes, "recompute", seg.key))
                 if seg.transient_bytes + seg.stored_bytes:
-                    plan.mem.append((t + dur, -(seg.transient_bytes + seg.stored_bytes), "free",
-                                     seg.key))
+                    plan.mem.append(
+                        (t + dur, -(seg.transient_bytes + seg.stored_bytes), "free", seg.key)
+                    )
                 off, gdur = self._grad_window(seg)
                 for bucket in chunk.buckets:
                     if bucket.ready_segment == seg.key:
@@ -217,10 +225,13 @@ class RankProgram:
         """Memory events and bucket launches of a fused op starting at ``t0`` (now or later)."""
         e = self.e
         mb, c = op.microbatch, op.chunk
-        new = tuple.__new__      # NamedTuple construction without its keyword-argument layer
-        self.ledger.events.extend([new(MemoryEvent, (t0 + rel, "activations", delta,
-                                                     (kind, key, mb, c)))
-                                   for rel, delta, kind, key in plan.mem])
+        new = tuple.__new__  # NamedTuple construction without its keyword-argument layer
+        self.ledger.events.extend(
+            [
+                new(MemoryEvent, (t0 + rel, "activations", delta, (kind, key, mb, c)))
+                for rel, delta, kind, key in plan.mem
+            ]
+        )
         if plan.buckets and e.zero in (0, 1, 2) and e.reduces_in(mb):
             for bucket, rel in plan.buckets:
                 e.launch_bucket(self, op, chunk, bucket, t0 + rel)
@@ -234,14 +245,19 @@ class RankProgram:
         if op.phase is Phase.FORWARD:
             return
         start = self.env.now
-        self.ledger.alloc(start, "activations", seg.transient_bytes,
-                          ("recompute", seg.key, op.microbatch, op.chunk))
+        self.ledger.alloc(
+            start,
+            "activations",
+            seg.transient_bytes,
+            ("recompute", seg.key, op.microbatch, op.chunk),
+        )
         if self.e.zero in (0, 1, 2) and self.e.reduces_in(op.microbatch):
             off, gdur = self._grad_window(seg)
             for bucket in chunk.buckets:
                 if bucket.ready_segment == seg.key:
-                    self.e.launch_bucket(self, op, chunk, bucket,
-                                         start + off + bucket.ready_fraction * gdur)
+                    self.e.launch_bucket(
+                        self, op, chunk, bucket, start + off + bucket.ready_fraction * gdur
+                    )
 
     def _segment_end(self, op: PipeOp, seg: Segment) -> None:
         """At a segment's end: keep its activations (forward) or free them (backward)."""
@@ -249,8 +265,12 @@ class RankProgram:
         if op.phase is Phase.FORWARD:
             self.ledger.alloc(self.env.now, "activations", seg.stored_bytes, ("act",) + label)
         else:
-            self.ledger.free(self.env.now, "activations",
-                             seg.transient_bytes + seg.stored_bytes, ("free",) + label)
+            self.ledger.free(
+                self.env.now,
+                "activations",
+                seg.transient_bytes + seg.stored_bytes,
+                ("free",) + label,
+            )
 
     # ---- segment by segment (ZeRO-3 units, layer fidelity) ---------------------------------
     def _run_segments(self, op: PipeOp, chunk: ChunkModel) -> Any:
@@ -272,9 +292,10 @@ class RankProgram:
             if e.layer_mode:
                 for step in seg.steps:
                     t0 = env.now
-                    if step.op and step.overlap_s:   # the collective beside its compute
-                        yield env.all_of([e.tp_call(self, step.op, step.size_bytes),
-                                          env.timeout(step.overlap_s)])
+                    if step.op and step.overlap_s:  # the collective beside its compute
+                        yield env.all_of(
+                            [e.tp_call(self, step.op, step.size_bytes), env.timeout(step.overlap_s)]
+                        )
                         self.acct["compute"] += step.overlap_s
                         self.acct["tp_exposed"] += env.now - t0 - step.overlap_s
                     elif step.op:
@@ -293,7 +314,14 @@ class RankProgram:
                 self.acct["tp_exposed"] += dur - seg.compute_s
             self._segment_end(op, seg)
             if self.e.trace_on:
-                self._trace("compute", f"{op.phase.value} mb{op.microbatch} {seg.key}", start,
-                            env.now, microbatch=op.microbatch, chunk=op.chunk, segment=seg.key)
+                self._trace(
+                    "compute",
+                    f"{op.phase.value} mb{op.microbatch} {seg.key}",
+                    start,
+                    env.now,
+                    microbatch=op.microbatch,
+                    chunk=op.chunk,
+                    segment=seg.key,
+                )
             if issue is not None:
                 e.release_unit(self, op, chunk, seg)

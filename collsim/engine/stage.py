@@ -32,15 +32,13 @@ Tensor-parallel messages are ``micro_batch x seq x hidden`` activations in the c
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from collsim.parallel.buckets import Bucket, build_buckets
 from collsim.parallel.fsdp import FSDPUnit, build_units
 from collsim.parallel.params import ParamTensor, chunk_tensors
 from collsim.parallel.plan import Plan
 
-__all__ = ["Step", "Segment", "ChunkModel", "StageModel", "build_stage", "BlockTimes",
-           "loss_bytes"]
+__all__ = ["Step", "Segment", "ChunkModel", "StageModel", "build_stage", "BlockTimes", "loss_bytes"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,8 +118,9 @@ class BlockTimes:
     order (layer: MLP up, then QKV; head: the LM head): what hides the SP all-gather."""
 
 
-def _split(seconds: float, tp_comm: bool, size: float, *, sp: bool,
-           dgrad_s: tuple[float, ...] = ()) -> list[Step]:
+def _split(
+    seconds: float, tp_comm: bool, size: float, *, sp: bool, dgrad_s: tuple[float, ...] = ()
+) -> list[Step]:
     """Two halves of compute (attention, MLP), each followed by its TP all-reduce, or with SP
     preceded by an all-gather and followed by a reduce-scatter.
 
@@ -135,13 +134,19 @@ def _split(seconds: float, tp_comm: bool, size: float, *, sp: bool,
         out: list[Step] = []
         for d in dgrad_s:
             d = min(max(d, 0.0), half)
-            out += [Step(op="all_gather", size_bytes=size), Step(half - d),
-                    Step(op="all_gather", size_bytes=size, overlap_s=d),
-                    Step(op="reduce_scatter", size_bytes=size)]
+            out += [
+                Step(op="all_gather", size_bytes=size),
+                Step(half - d),
+                Step(op="all_gather", size_bytes=size, overlap_s=d),
+                Step(op="reduce_scatter", size_bytes=size),
+            ]
         return out
     if sp:
-        return [Step(op="all_gather", size_bytes=size), Step(half),
-                Step(op="reduce_scatter", size_bytes=size)] * 2
+        return [
+            Step(op="all_gather", size_bytes=size),
+            Step(half),
+            Step(op="reduce_scatter", size_bytes=size),
+        ] * 2
     return [Step(half), Step(op="all_reduce", size_bytes=size)] * 2
 
 
@@ -151,8 +156,16 @@ def loss_bytes(plan: Plan) -> float:
     return float(plan.training.micro_batch * plan.spec.seq_len * 4)
 
 
-def build_stage(plan: Plan, stage: int, *, layer: BlockTimes, embedding: BlockTimes,
-                head: BlockTimes, grad_bytes: int, act_element_bytes: int) -> StageModel:
+def build_stage(
+    plan: Plan,
+    stage: int,
+    *,
+    layer: BlockTimes,
+    embedding: BlockTimes,
+    head: BlockTimes,
+    grad_bytes: int,
+    act_element_bytes: int,
+) -> StageModel:
     """The chunks of ``stage`` with their segments, tensors, DDP buckets and FSDP units."""
     spec = plan.spec
     tp, sp = plan.tp, plan.parallel.sequence_parallel
@@ -173,15 +186,34 @@ def build_stage(plan: Plan, stage: int, *, layer: BlockTimes, embedding: BlockTi
                 steps.append(Step(op="reduce_scatter" if sp else "all_reduce", size_bytes=size))
             fwd.append(Segment("embedding", steps, stored_bytes=embedding.stored_bytes))
         for index in layers:
-            fwd.append(Segment(index, _split(layer.forward_s, comm, size, sp=sp),
-                               stored_bytes=layer.stored_bytes))
-            pre = (_split(layer.recompute_s, comm, size, sp=sp) if full
-                   else ([Step(layer.recompute_s)] if layer.recompute_s else []))
-            bsteps = _split(layer.backward_s, comm, size, sp=sp,
-                            dgrad_s=(layer.column_dgrad_s or (0.0, 0.0)) if sp else ())
-            bwd.append(Segment(index, pre + bsteps,
-                               grad_from=len(pre), stored_bytes=layer.stored_bytes,
-                               transient_bytes=layer.transient_bytes))
+            fwd.append(
+                Segment(
+                    index,
+                    _split(layer.forward_s, comm, size, sp=sp),
+                    stored_bytes=layer.stored_bytes,
+                )
+            )
+            pre = (
+                _split(layer.recompute_s, comm, size, sp=sp)
+                if full
+                else ([Step(layer.recompute_s)] if layer.recompute_s else [])
+            )
+            bsteps = _split(
+                layer.backward_s,
+                comm,
+                size,
+                sp=sp,
+                dgrad_s=(layer.column_dgrad_s or (0.0, 0.0)) if sp else (),
+            )
+            bwd.append(
+                Segment(
+                    index,
+                    pre + bsteps,
+                    grad_from=len(pre),
+                    stored_bytes=layer.stored_bytes,
+                    transient_bytes=layer.transient_bytes,
+                )
+            )
         if last:
             fsteps = [Step(head.forward_s)]
             bsteps = [Step(head.backward_s)]
@@ -189,25 +221,39 @@ def build_stage(plan: Plan, stage: int, *, layer: BlockTimes, embedding: BlockTi
                 if sp:
                     fsteps.insert(0, Step(op="all_gather", size_bytes=size))
                     d = min(sum(head.column_dgrad_s), head.backward_s)
-                    bsteps = [Step(head.backward_s - d),
-                              Step(op="all_gather", size_bytes=size, overlap_s=d)]
+                    bsteps = [
+                        Step(head.backward_s - d),
+                        Step(op="all_gather", size_bytes=size, overlap_s=d),
+                    ]
                 fsteps += [Step(op="all_reduce", size_bytes=loss_bytes(plan))] * 3
                 bsteps.append(Step(op="reduce_scatter" if sp else "all_reduce", size_bytes=size))
             fwd.append(Segment("head", fsteps, stored_bytes=head.stored_bytes))
             bwd.insert(0, Segment("head", bsteps, stored_bytes=head.stored_bytes))
         if first:
-            bwd.append(Segment("embedding", [Step(embedding.backward_s)],
-                               stored_bytes=embedding.stored_bytes))
+            bwd.append(
+                Segment(
+                    "embedding", [Step(embedding.backward_s)], stored_bytes=embedding.stored_bytes
+                )
+            )
         # layers run high to low in backward
         layer_bwd = sorted((s for s in bwd if isinstance(s.key, int)), key=lambda s: -int(s.key))
         head_seg = [s for s in bwd if s.key == "head"]
         emb_seg = [s for s in bwd if s.key == "embedding"]
         tensors = chunk_tensors(spec, layers, tp=tp, first=first, last=last, pp=plan.pp)
-        chunk = ChunkModel(index=c, layers=layers, tensors=tensors, forward=fwd,
-                           backward=head_seg + layer_bwd + emb_seg)
+        chunk = ChunkModel(
+            index=c,
+            layers=layers,
+            tensors=tensors,
+            forward=fwd,
+            backward=head_seg + layer_bwd + emb_seg,
+        )
         ddp = plan.parallel.ddp
-        chunk.buckets = build_buckets(tensors, bucket_mb=ddp.bucket_mb,
-                                      first_bucket_mb=ddp.first_bucket_mb, grad_bytes=grad_bytes)
+        chunk.buckets = build_buckets(
+            tensors,
+            bucket_mb=ddp.bucket_mb,
+            first_bucket_mb=ddp.first_bucket_mb,
+            grad_bytes=grad_bytes,
+        )
         chunk.units = build_units(tensors)
         chunks.append(chunk)
     return StageModel(stage=stage, chunks=chunks)

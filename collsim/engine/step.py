@@ -7,7 +7,7 @@ Narayanan et al. 2021 (``collsim.workload.flops``); memory is read from the engi
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from collsim.engine.comm import CommPricer, axis_contends
 from collsim.engine.core import Engine
@@ -30,9 +30,16 @@ FIDELITIES = ("auto", "fused", "layer")
 all communication on the FlowNetwork DES. auto: fused, except that the axes whose concurrent
 groups share a link run on the DES (and a contended tp axis runs layer by layer)."""
 
-BLOCK_OVERRIDE_KEYS = ("layer.forward", "layer.backward", "layer.recompute",
-                       "embedding.forward", "embedding.backward", "head.forward",
-                       "head.backward", "optimizer")
+BLOCK_OVERRIDE_KEYS = (
+    "layer.forward",
+    "layer.backward",
+    "layer.recompute",
+    "embedding.forward",
+    "embedding.backward",
+    "head.forward",
+    "head.backward",
+    "optimizer",
+)
 """Override keys for whole blocks (seconds per micro-batch; optimizer: per step). Any other key
 is an op name of the workload (``qkv_proj``, ``softmax.backward``, ...)."""
 
@@ -49,19 +56,29 @@ def _bytes_per(training: TrainingConfig) -> dict[str, float]:
         opt = 8.0 if str(training.optimizer) == "adam" else 4.0
     from collsim.workload.ops import activation_element_bytes
 
-    return {"param": param, "grad": grad, "optimizer": opt,
-            "activation": float(activation_element_bytes(dtype.value))}
+    return {
+        "param": param,
+        "grad": grad,
+        "optimizer": opt,
+        "activation": float(activation_element_bytes(dtype.value)),
+    }
 
 
-def _blocks(plan: Plan, device: Device, overrides: dict[str, float]) -> tuple[
-        BlockTimes, BlockTimes, BlockTimes, ComputeModel]:
+def _blocks(
+    plan: Plan, device: Device, overrides: dict[str, float]
+) -> tuple[BlockTimes, BlockTimes, BlockTimes, ComputeModel]:
     from collsim.workload.compute import ComputeModel
 
     op_over = {k: v for k, v in overrides.items() if k not in BLOCK_OVERRIDE_KEYS}
     model = ComputeModel(device, str(plan.training.dtype), overrides=op_over)
     mb, tp, sp = plan.training.micro_batch, plan.tp, plan.parallel.sequence_parallel
-    lt = model.layer_times(plan.spec, micro_batch=mb, tp=tp, sequence_parallel=sp,
-                           recompute=str(plan.training.recompute))
+    lt = model.layer_times(
+        plan.spec,
+        micro_batch=mb,
+        tp=tp,
+        sequence_parallel=sp,
+        recompute=str(plan.training.recompute),
+    )
     et = model.embedding_times(plan.spec, micro_batch=mb, tp=tp, sequence_parallel=sp)
     ht = model.head_times(plan.spec, micro_batch=mb, tp=tp, sequence_parallel=sp)
 
@@ -77,22 +94,36 @@ def _blocks(plan: Plan, device: Device, overrides: dict[str, float]) -> tuple[
 
     layer_bwd = pick("layer.backward", lt.backward_s)
     head_bwd = pick("head.backward", ht.backward_s)
-    layer = BlockTimes(pick("layer.forward", lt.forward_s), layer_bwd,
-                       pick("layer.recompute", lt.recompute_s), lt.activation_bytes,
-                       lt.transient_bytes,
-                       column_dgrad_s=dgrad(lt, ("mlp_up", "qkv_proj"), layer_bwd))
-    emb = BlockTimes(pick("embedding.forward", et.forward_s),
-                     pick("embedding.backward", et.backward_s), 0.0, et.activation_bytes)
-    head = BlockTimes(pick("head.forward", ht.forward_s), head_bwd, 0.0, ht.activation_bytes,
-                      column_dgrad_s=dgrad(ht, ("lm_head",), head_bwd))
+    layer = BlockTimes(
+        pick("layer.forward", lt.forward_s),
+        layer_bwd,
+        pick("layer.recompute", lt.recompute_s),
+        lt.activation_bytes,
+        lt.transient_bytes,
+        column_dgrad_s=dgrad(lt, ("mlp_up", "qkv_proj"), layer_bwd),
+    )
+    emb = BlockTimes(
+        pick("embedding.forward", et.forward_s),
+        pick("embedding.backward", et.backward_s),
+        0.0,
+        et.activation_bytes,
+    )
+    head = BlockTimes(
+        pick("head.forward", ht.forward_s),
+        head_bwd,
+        0.0,
+        ht.activation_bytes,
+        column_dgrad_s=dgrad(ht, ("lm_head",), head_bwd),
+    )
     return layer, emb, head, model
 
 
 def _contended_axes(plan: Plan, fidelity: str) -> list[str]:
     """Axes whose groups, all active at once, would slow each other down on shared links."""
     if fidelity not in FIDELITIES:
-        raise ConfigError(f"must be one of {', '.join(FIDELITIES)}; got {fidelity!r}",
-                          key_path="fidelity")
+        raise ConfigError(
+            f"must be one of {', '.join(FIDELITIES)}; got {fidelity!r}", key_path="fidelity"
+        )
     if fidelity != "auto":
         return []
     topo = plan.topology
@@ -106,8 +137,12 @@ def _contended_axes(plan: Plan, fidelity: str) -> list[str]:
     stage_groups: dict[str, list[tuple[int, ...]]] = {
         "tp": plan.groups("tp"),
         "dp": plan.groups("dp"),
-        "pp": [(plan.rank(dp=d, pp=s, tp=t), plan.rank(dp=d, pp=s + 1, tp=t))
-               for d in range(plan.dp) for s in range(plan.pp - 1) for t in range(plan.tp)],
+        "pp": [
+            (plan.rank(dp=d, pp=s, tp=t), plan.rank(dp=d, pp=s + 1, tp=t))
+            for d in range(plan.dp)
+            for s in range(plan.pp - 1)
+            for t in range(plan.tp)
+        ],
     }
     for axis, groups in stage_groups.items():
         if groups and len(groups[0]) > 1 and axis_contends(topo, groups):
@@ -117,10 +152,18 @@ def _contended_axes(plan: Plan, fidelity: str) -> list[str]:
     return contended
 
 
-def simulate_step(topology: Topology, spec: TransformerSpec, training: TrainingConfig, parallel: ParallelConfig,
-                  *, all_ranks: bool = False, trace: bool = False,
-                  op_time_overrides: dict[str, float] | None = None,
-                  fidelity: str = "auto", zero_communication: bool = False) -> StepResult:
+def simulate_step(
+    topology: Topology,
+    spec: TransformerSpec,
+    training: TrainingConfig,
+    parallel: ParallelConfig,
+    *,
+    all_ranks: bool = False,
+    trace: bool = False,
+    op_time_overrides: dict[str, float] | None = None,
+    fidelity: str = "auto",
+    zero_communication: bool = False,
+) -> StepResult:
     """Simulate one training step and report its time, breakdown, memory and collectives.
 
     Args:
@@ -137,20 +180,41 @@ def simulate_step(topology: Topology, spec: TransformerSpec, training: TrainingC
     Raises:
         ConfigError: the plan does not match the model or the cluster (see build_plan).
     """
-    engine = prepare_step(topology, spec, training, parallel, all_ranks=all_ranks, trace=trace,
-                          op_time_overrides=op_time_overrides, fidelity=fidelity,
-                          zero_communication=zero_communication)
+    engine = prepare_step(
+        topology,
+        spec,
+        training,
+        parallel,
+        all_ranks=all_ranks,
+        trace=trace,
+        op_time_overrides=op_time_overrides,
+        fidelity=fidelity,
+        zero_communication=zero_communication,
+    )
     engine.run()
     from collsim.engine.assemble import assemble
 
-    return assemble(engine.plan, engine, layer_mode=engine.layer_mode,
-                    contended=engine.contended, zero_communication=zero_communication)
+    return assemble(
+        engine.plan,
+        engine,
+        layer_mode=engine.layer_mode,
+        contended=engine.contended,
+        zero_communication=zero_communication,
+    )
 
 
-def prepare_step(topology: Topology, spec: TransformerSpec, training: TrainingConfig, parallel: ParallelConfig,
-                 *, all_ranks: bool = False, trace: bool = False,
-                 op_time_overrides: dict[str, float] | None = None,
-                 fidelity: str = "auto", zero_communication: bool = False) -> Engine:
+def prepare_step(
+    topology: Topology,
+    spec: TransformerSpec,
+    training: TrainingConfig,
+    parallel: ParallelConfig,
+    *,
+    all_ranks: bool = False,
+    trace: bool = False,
+    op_time_overrides: dict[str, float] | None = None,
+    fidelity: str = "auto",
+    zero_communication: bool = False,
+) -> Engine:
     """The wired, not yet run, :class:`~collsim.engine.core.Engine` of ``simulate_step``.
 
     Tests and tools use it to inspect a run beyond the StepResult (memory ledgers with labels,
@@ -171,12 +235,15 @@ def prepare_step(topology: Topology, spec: TransformerSpec, training: TrainingCo
         des_axes = frozenset()
     net = None
     if des_axes:
-        from collsim.network import FlowNetwork
         import simpy
+
+        from collsim.network import FlowNetwork
+
         env = simpy.Environment()
         net = FlowNetwork(env, topology)
     else:
         import simpy
+
         env = simpy.Environment()
     pricer = CommPricer(topology, zero=zero_communication, network=net, env=env)
     cpu_model: ComputeModel | None = None
@@ -189,15 +256,35 @@ def prepare_step(topology: Topology, spec: TransformerSpec, training: TrainingCo
             if cpu_model is None:
                 from collsim.hardware import get_device
                 from collsim.workload.compute import ComputeModel
+
                 cpu_model = ComputeModel(get_device("cpu"), "fp32")
             return cpu_model.optimizer_time_s(local_params, str(training.optimizer))
         return model.optimizer_time_s(local_params, str(training.optimizer))
 
-    stages = {s: build_stage(plan, s, layer=layer, embedding=emb, head=head,
-                             grad_bytes=int(bytes_per["grad"]),
-                             act_element_bytes=int(bytes_per["activation"]))
-              for s in range(plan.pp)}
-    return Engine(plan, stages, pricer, all_ranks=all_ranks, layer_mode=layer_mode,
-                  des_axes=des_axes, trace=trace, optimizer_time=optimizer_time,
-                  bytes_per=bytes_per, host_bps=float(topology.host_bandwidth_bps), env=env,
-                  contended=contended, zero_communication=zero_communication)
+    stages = {
+        s: build_stage(
+            plan,
+            s,
+            layer=layer,
+            embedding=emb,
+            head=head,
+            grad_bytes=int(bytes_per["grad"]),
+            act_element_bytes=int(bytes_per["activation"]),
+        )
+        for s in range(plan.pp)
+    }
+    return Engine(
+        plan,
+        stages,
+        pricer,
+        all_ranks=all_ranks,
+        layer_mode=layer_mode,
+        des_axes=des_axes,
+        trace=trace,
+        optimizer_time=optimizer_time,
+        bytes_per=bytes_per,
+        host_bps=float(topology.host_bandwidth_bps),
+        env=env,
+        contended=contended,
+        zero_communication=zero_communication,
+    )

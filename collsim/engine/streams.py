@@ -58,8 +58,13 @@ class GroupStream:
         on_done: called with (member ranks, record) when a call finishes (traces, stats).
     """
 
-    def __init__(self, env: simpy.Environment, members: tuple[int, ...], stream: str,
-                 on_done: Callable[[list[int], CallRecord], None] | None = None) -> None:
+    def __init__(
+        self,
+        env: simpy.Environment,
+        members: tuple[int, ...],
+        stream: str,
+        on_done: Callable[[list[int], CallRecord], None] | None = None,
+    ) -> None:
         self.env = env
         self.members = members
         self.stream = stream
@@ -70,8 +75,15 @@ class GroupStream:
         self.free_at = 0.0
         self._queue: simpy.Store | None = None
 
-    def submit(self, member: int, name: str, work: Work, *, ready_s: float | None = None,
-               args: dict[str, Any] | None = None) -> simpy.Event:
+    def submit(
+        self,
+        member: int,
+        name: str,
+        work: Work,
+        *,
+        ready_s: float | None = None,
+        args: dict[str, Any] | None = None,
+    ) -> simpy.Event:
         """Issue the member's next call; the returned event fires when the call ends.
 
         Args:
@@ -89,8 +101,9 @@ class GroupStream:
         self._issued[member] = seq + 1
         pending = self._pending.get(seq)
         if pending is None:
-            pending = _Pending(CallRecord(name, args if args is not None else {}, ready_s=ready),
-                               work)
+            pending = _Pending(
+                CallRecord(name, args if args is not None else {}, ready_s=ready), work
+            )
             pending.event = self.env.event()
             self._pending[seq] = pending
         else:

@@ -12,16 +12,43 @@
 from __future__ import annotations
 
 from collsim.parallel.buckets import Bucket, build_buckets
-from collsim.parallel.config import (DDPConfig, Dtype, FSDPConfig, Optimizer, ParallelConfig,
-                                     Recompute, ScheduleKind, TrainingConfig)
+from collsim.parallel.config import (
+    DDPConfig,
+    Dtype,
+    FSDPConfig,
+    Optimizer,
+    ParallelConfig,
+    Recompute,
+    ScheduleKind,
+    TrainingConfig,
+)
 from collsim.parallel.fsdp import FSDPUnit, build_units, issue_schedule
 from collsim.parallel.params import ParamTensor, chunk_tensors
 from collsim.parallel.plan import ParallelAxis, Plan, RankCoords, build_plan
 from collsim.parallel.schedules import Phase, PipeOp, input_of, stage_schedule
 
 __all__ = [
-    "Dtype", "Optimizer", "Recompute", "ScheduleKind", "TrainingConfig", "DDPConfig",
-    "FSDPConfig", "ParallelConfig", "ParallelAxis", "RankCoords", "Plan", "build_plan",
-    "Phase", "PipeOp", "stage_schedule", "input_of", "ParamTensor", "chunk_tensors", "Bucket",
-    "build_buckets", "FSDPUnit", "build_units", "issue_schedule",
+    "Dtype",
+    "Optimizer",
+    "Recompute",
+    "ScheduleKind",
+    "TrainingConfig",
+    "DDPConfig",
+    "FSDPConfig",
+    "ParallelConfig",
+    "ParallelAxis",
+    "RankCoords",
+    "Plan",
+    "build_plan",
+    "Phase",
+    "PipeOp",
+    "stage_schedule",
+    "input_of",
+    "ParamTensor",
+    "chunk_tensors",
+    "Bucket",
+    "build_buckets",
+    "FSDPUnit",
+    "build_units",
+    "issue_schedule",
 ]

@@ -68,8 +68,13 @@ def grad_ready_fraction(tensors: Sequence[ParamTensor]) -> dict[str, float]:
     return out
 
 
-def build_buckets(tensors: Sequence[ParamTensor], *, bucket_mb: float,
-                  first_bucket_mb: float = 1.0, grad_bytes: int = 2) -> list[Bucket]:
+def build_buckets(
+    tensors: Sequence[ParamTensor],
+    *,
+    bucket_mb: float,
+    first_bucket_mb: float = 1.0,
+    grad_bytes: int = 2,
+) -> list[Bucket]:
     """Pack the gradients of ``tensors`` (registration order) into DDP buckets.
 
     Args:
@@ -96,9 +101,16 @@ def build_buckets(tensors: Sequence[ParamTensor], *, bucket_mb: float,
     def close() -> None:
         nonlocal current, size
         last = current[-1]
-        buckets.append(Bucket(index=len(buckets), tensors=tuple(t.name for t in current),
-                              numel=sum(t.numel for t in current), size_bytes=size,
-                              ready_segment=last.segment, ready_fraction=frac[last.name]))
+        buckets.append(
+            Bucket(
+                index=len(buckets),
+                tensors=tuple(t.name for t in current),
+                numel=sum(t.numel for t in current),
+                size_bytes=size,
+                ready_segment=last.segment,
+                ready_fraction=frac[last.name],
+            )
+        )
         current, size = [], 0.0
 
     for t in reversed(tensors):

@@ -15,8 +15,14 @@ from enum import StrEnum
 from collsim.errors import ConfigError
 
 __all__ = [
-    "Dtype", "Optimizer", "Recompute", "ScheduleKind",
-    "TrainingConfig", "DDPConfig", "FSDPConfig", "ParallelConfig",
+    "Dtype",
+    "Optimizer",
+    "Recompute",
+    "ScheduleKind",
+    "TrainingConfig",
+    "DDPConfig",
+    "FSDPConfig",
+    "ParallelConfig",
 ]
 
 
@@ -32,8 +38,8 @@ class Dtype(StrEnum):
 
 
 class Optimizer(StrEnum):
-    ADAM = "adam"        # Adam / AdamW: fp32 master + m + v
-    SGD = "sgd"          # SGD with momentum: fp32 master + momentum
+    ADAM = "adam"  # Adam / AdamW: fp32 master + m + v
+    SGD = "sgd"  # SGD with momentum: fp32 master + momentum
 
 
 class Recompute(StrEnum):
@@ -78,8 +84,12 @@ class TrainingConfig:
         _positive(self.global_batch, "training.global_batch")
         _positive(self.micro_batch, "training.micro_batch")
         object.__setattr__(self, "dtype", _enum(Dtype, self.dtype, "training.dtype"))
-        object.__setattr__(self, "optimizer", _enum(Optimizer, self.optimizer, "training.optimizer"))
-        object.__setattr__(self, "recompute", _enum(Recompute, self.recompute, "training.recompute"))
+        object.__setattr__(
+            self, "optimizer", _enum(Optimizer, self.optimizer, "training.optimizer")
+        )
+        object.__setattr__(
+            self, "recompute", _enum(Recompute, self.recompute, "training.recompute")
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -114,7 +124,9 @@ class FSDPConfig:
 
     def __post_init__(self) -> None:
         if self.prefetch < 0:
-            raise ConfigError(f"must be >= 0, got {self.prefetch}", key_path="parallel.fsdp.prefetch")
+            raise ConfigError(
+                f"must be >= 0, got {self.prefetch}", key_path="parallel.fsdp.prefetch"
+            )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -129,20 +141,26 @@ class ParallelConfig:
     """Model chunks per pipeline stage (interleaved 1F1B); 1 otherwise."""
     sequence_parallel: bool = False
     zero: int = 0
-    """0 = DDP, 1 = optimizer states sharded, 2 = + gradients, 3 = + parameters (FSDP full shard)."""
+    """0 = DDP, 1 = optimizer states sharded, 2 = + gradients, 3 = + parameters (FSDP full
+    shard)."""
     ddp: DDPConfig = field(default_factory=DDPConfig)
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
 
     def __post_init__(self) -> None:
         for key in ("tp", "pp", "dp", "virtual_stages"):
             _positive(getattr(self, key), f"parallel.{key}")
-        object.__setattr__(self, "schedule", _enum(ScheduleKind, self.schedule, "parallel.schedule"))
+        object.__setattr__(
+            self, "schedule", _enum(ScheduleKind, self.schedule, "parallel.schedule")
+        )
         if self.zero not in (0, 1, 2, 3):
-            raise ConfigError(f"must be one of 0, 1, 2, 3; got {self.zero!r}", key_path="parallel.zero")
+            raise ConfigError(
+                f"must be one of 0, 1, 2, 3; got {self.zero!r}", key_path="parallel.zero"
+            )
         if self.virtual_stages > 1 and self.schedule is not ScheduleKind.INTERLEAVED:
             raise ConfigError(
                 f"virtual_stages > 1 needs schedule: interleaved, got schedule: {self.schedule}",
-                key_path="parallel.virtual_stages")
+                key_path="parallel.virtual_stages",
+            )
 
     @property
     def world_size(self) -> int:

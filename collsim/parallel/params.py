@@ -43,15 +43,19 @@ def layer_tensors(spec: TransformerSpec, layer: int, tp: int) -> list[ParamTenso
     norm = spec.norm_parameters() // h  # 2 (LN) or 1 (RMS)
     bias = spec.bias
     p = f"L{layer}."
-    out: list[ParamTensor] = [ParamTensor(p + "attn_norm", norm * h, layer),
-                              ParamTensor(p + "qkv.weight", h * qkv // tp, layer)]
+    out: list[ParamTensor] = [
+        ParamTensor(p + "attn_norm", norm * h, layer),
+        ParamTensor(p + "qkv.weight", h * qkv // tp, layer),
+    ]
     if bias:
         out.append(ParamTensor(p + "qkv.bias", qkv // tp, layer))
     out.append(ParamTensor(p + "out_proj.weight", h * h // tp, layer))
     if bias:
         out.append(ParamTensor(p + "out_proj.bias", h, layer))
-    out += [ParamTensor(p + "mlp_norm", norm * h, layer),
-            ParamTensor(p + "mlp_up.weight", h * up // tp, layer)]
+    out += [
+        ParamTensor(p + "mlp_norm", norm * h, layer),
+        ParamTensor(p + "mlp_up.weight", h * up // tp, layer),
+    ]
     if bias:
         out.append(ParamTensor(p + "mlp_up.bias", up // tp, layer))
     out.append(ParamTensor(p + "mlp_down.weight", f * h // tp, layer))
@@ -66,8 +70,9 @@ def _vocab_rows(spec: TransformerSpec, tp: int) -> float:
     return spec.vocab / tp
 
 
-def chunk_tensors(spec: TransformerSpec, layers: range, *, tp: int, first: bool,
-                  last: bool, pp: int) -> list[ParamTensor]:
+def chunk_tensors(
+    spec: TransformerSpec, layers: range, *, tp: int, first: bool, last: bool, pp: int
+) -> list[ParamTensor]:
     """All tensors of one model chunk on one TP rank, in registration order.
 
     Args:
@@ -83,8 +88,7 @@ def chunk_tensors(spec: TransformerSpec, layers: range, *, tp: int, first: bool,
     if first:
         out.append(ParamTensor("embedding.word", _vocab_rows(spec, tp) * h, "embedding"))
         if spec.position_embedding == "learned":
-            out.append(ParamTensor("embedding.position", spec.seq_len * h,
-                                   "embedding"))
+            out.append(ParamTensor("embedding.position", spec.seq_len * h, "embedding"))
     for layer in layers:
         out += layer_tensors(spec, layer, tp)
     if last:

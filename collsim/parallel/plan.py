@@ -120,10 +120,15 @@ class Plan:
         """All groups along ``axis``, each once, ordered by their first rank."""
         axis = ParallelAxis(axis)
         tp, pp, dp = self.tp, self.pp, self.dp
-        firsts = [self.rank(dp=d, pp=s, tp=t) for d in range(dp) for s in range(pp)
-                  for t in range(tp)
-                  if (axis is ParallelAxis.TP and t == 0) or (axis is ParallelAxis.PP and s == 0)
-                  or (axis is ParallelAxis.DP and d == 0)]
+        firsts = [
+            self.rank(dp=d, pp=s, tp=t)
+            for d in range(dp)
+            for s in range(pp)
+            for t in range(tp)
+            if (axis is ParallelAxis.TP and t == 0)
+            or (axis is ParallelAxis.PP and s == 0)
+            or (axis is ParallelAxis.DP and d == 0)
+        ]
         return sorted((self.group_of(r, axis) for r in firsts), key=lambda g: g[0])
 
     def stage_ranks(self, stage: int) -> list[int]:
@@ -153,14 +158,18 @@ class Plan:
         for axis in ParallelAxis:
             groups = self.groups(axis)
             g = groups[0]
-            lines.append(f"{axis.value} groups: {len(groups)} of {len(g)}; first {_ranks(g)} "
-                         f"on node(s) {nodes(g)}")
+            lines.append(
+                f"{axis.value} groups: {len(groups)} of {len(g)}; first {_ranks(g)} "
+                f"on node(s) {nodes(g)}"
+            )
         for stage in range(self.pp):
             ranks = self.stage_ranks(stage)
             layers = [list(self.chunk_layers(stage, c)) for c in range(self.virtual_stages)]
             spans = ", ".join(f"{ls[0]}-{ls[-1]}" for ls in layers)
-            lines.append(f"stage {stage}: layers {spans}; ranks {_ranks(ranks[: self.tp])}"
-                         f"{' + dp replicas' if self.dp > 1 else ''}; nodes {nodes(ranks)}")
+            lines.append(
+                f"stage {stage}: layers {spans}; ranks {_ranks(ranks[: self.tp])}"
+                f"{' + dp replicas' if self.dp > 1 else ''}; nodes {nodes(ranks)}"
+            )
         return "\n".join(lines)
 
 
@@ -181,8 +190,9 @@ def _ranks(ranks: tuple[int, ...] | list[int]) -> str:
     return f"[{ranks[0]}, {ranks[1]}, ..., {ranks[-1]}]"
 
 
-def build_plan(topology: Topology, spec: TransformerSpec, training: TrainingConfig,
-               parallel: ParallelConfig) -> Plan:
+def build_plan(
+    topology: Topology, spec: TransformerSpec, training: TrainingConfig, parallel: ParallelConfig
+) -> Plan:
     """Check a plan against the model and the cluster, and map its ranks.
 
     Raises:
@@ -201,34 +211,56 @@ def build_plan(topology: Topology, spec: TransformerSpec, training: TrainingConf
         raise ConfigError(
             f"tp x pp x dp = {tp} x {pp} x {dp} = {tp * pp * dp} must equal the GPUs of the "
             f"cluster (cluster.nodes x gpus per node = {topology.num_nodes} x "
-            f"{topology.gpus_per_node} = {gpus})", key_path="parallel")
+            f"{topology.gpus_per_node} = {gpus})",
+            key_path="parallel",
+        )
     if spec.num_heads % tp:
-        raise ConfigError(f"model heads ({spec.num_heads}) must be divisible by tp, got {tp}",
-                          key_path="parallel.tp")
+        raise ConfigError(
+            f"model heads ({spec.num_heads}) must be divisible by tp, got {tp}",
+            key_path="parallel.tp",
+        )
     if spec.ffn_hidden % tp:
-        raise ConfigError(f"model ffn_hidden ({spec.ffn_hidden}) must be divisible by tp, "
-                          f"got {tp}", key_path="parallel.tp")
+        raise ConfigError(
+            f"model ffn_hidden ({spec.ffn_hidden}) must be divisible by tp, got {tp}",
+            key_path="parallel.tp",
+        )
     if spec.num_layers % (pp * v):
         key = "parallel.virtual_stages" if v > 1 else "parallel.pp"
-        raise ConfigError(f"model layers ({spec.num_layers}) must be divisible by "
-                          f"pp x virtual_stages = {pp} x {v}", key_path=key)
+        raise ConfigError(
+            f"model layers ({spec.num_layers}) must be divisible by "
+            f"pp x virtual_stages = {pp} x {v}",
+            key_path=key,
+        )
     if training.global_batch % (training.micro_batch * dp):
         raise ConfigError(
             f"global batch ({training.global_batch}) must be divisible by micro_batch x dp = "
-            f"{training.micro_batch} x {dp}", key_path="training.global_batch")
+            f"{training.micro_batch} x {dp}",
+            key_path="training.global_batch",
+        )
     m = training.global_batch // (training.micro_batch * dp)
     if parallel.schedule is ScheduleKind.INTERLEAVED and pp > 1 and m % pp:
         raise ConfigError(
             f"interleaved 1F1B needs the number of micro-batches ({m}) divisible by pp ({pp})",
-            key_path="parallel.schedule")
+            key_path="parallel.schedule",
+        )
     notes: list[str] = []
     if tp > topology.gpus_per_node:
-        notes.append(f"tp ({tp}) is larger than a node ({topology.gpus_per_node} GPUs): "
-                     "tensor-parallel collectives cross the network")
+        notes.append(
+            f"tp ({tp}) is larger than a node ({topology.gpus_per_node} GPUs): "
+            "tensor-parallel collectives cross the network"
+        )
     if m < pp:
-        notes.append(f"fewer micro-batches ({m}) than pipeline stages ({pp}): most of the step "
-                     "is pipeline bubble")
+        notes.append(
+            f"fewer micro-batches ({m}) than pipeline stages ({pp}): most of the step "
+            "is pipeline bubble"
+        )
     for note in notes:
         warnings.warn(note, CollsimWarning, stacklevel=2)
-    return Plan(topology=topology, spec=spec, training=training, parallel=parallel,
-                num_microbatches=m, warnings=tuple(notes))
+    return Plan(
+        topology=topology,
+        spec=spec,
+        training=training,
+        parallel=parallel,
+        num_microbatches=m,
+        warnings=tuple(notes),
+    )

@@ -36,8 +36,14 @@ class PipeOp:
     chunk: int = 0
 
 
-def stage_schedule(kind: ScheduleKind | str, *, num_stages: int, num_microbatches: int,
-                   stage: int, virtual_stages: int = 1) -> list[PipeOp]:
+def stage_schedule(
+    kind: ScheduleKind | str,
+    *,
+    num_stages: int,
+    num_microbatches: int,
+    stage: int,
+    virtual_stages: int = 1,
+) -> list[PipeOp]:
     """The op order of one pipeline stage.
 
     Args:
@@ -59,8 +65,9 @@ def stage_schedule(kind: ScheduleKind | str, *, num_stages: int, num_microbatche
             return [PipeOp(F, i) for i in range(m)] + [PipeOp(B, i) for i in range(m)]
         case ScheduleKind.ONE_F_ONE_B:
             warmup = min(p - stage - 1, m)
-            return _one_f_one_b([PipeOp(F, i) for i in range(m)],
-                                [PipeOp(B, i) for i in range(m)], warmup)
+            return _one_f_one_b(
+                [PipeOp(F, i) for i in range(m)], [PipeOp(B, i) for i in range(m)], warmup
+            )
         case ScheduleKind.INTERLEAVED:
             total = m * v
             if v == 1:
@@ -69,10 +76,12 @@ def stage_schedule(kind: ScheduleKind | str, *, num_stages: int, num_microbatche
                 warmup = total
             else:
                 warmup = min((p - stage - 1) * 2 + (v - 1) * p, total)
-            fwd = [PipeOp(F, _mb_id(k, p, v), _chunk_id(k, p, v, forward=True))
-                   for k in range(total)]
-            bwd = [PipeOp(B, _mb_id(k, p, v), _chunk_id(k, p, v, forward=False))
-                   for k in range(total)]
+            fwd = [
+                PipeOp(F, _mb_id(k, p, v), _chunk_id(k, p, v, forward=True)) for k in range(total)
+            ]
+            bwd = [
+                PipeOp(B, _mb_id(k, p, v), _chunk_id(k, p, v, forward=False)) for k in range(total)
+            ]
             return _one_f_one_b(fwd, bwd, warmup)
         case _:  # pragma: no cover
             raise ConfigError(f"unknown schedule {kind!r}", key_path="parallel.schedule")
@@ -99,8 +108,9 @@ def _mb_id(k: int, p: int, v: int) -> int:
     return (k // (p * v)) * p + k % p
 
 
-def input_of(op: PipeOp, *, stage: int, num_stages: int,
-             virtual_stages: int) -> tuple[int, PipeOp] | None:
+def input_of(
+    op: PipeOp, *, stage: int, num_stages: int, virtual_stages: int
+) -> tuple[int, PipeOp] | None:
     """The (stage, op) whose output this op consumes across stages, or None.
 
     A forward of chunk c on stage s reads the forward of (s - 1, c), or of (p - 1, c - 1) on

@@ -45,11 +45,22 @@ MEMORY_COLUMNS: dict[str, str] = {key: f"mem_{key}_bytes" for key in MEMORY_KEYS
 
 #: Every scalar field of a StepResult, flattened, in the order they appear in a results frame.
 RESULT_COLUMNS: tuple[str, ...] = (
-    "step_time_s", "tokens_per_s", "model_tflops_per_gpu", "hardware_tflops_per_gpu",
-    "mfu", "hfu",
+    "step_time_s",
+    "tokens_per_s",
+    "model_tflops_per_gpu",
+    "hardware_tflops_per_gpu",
+    "mfu",
+    "hfu",
     *BREAKDOWN_COLUMNS.values(),
-    "memory_peak_bytes", *MEMORY_COLUMNS.values(), "memory_capacity_bytes", "fits",
-    "num_gpus", "comm_bytes_tp", "comm_bytes_pp", "comm_bytes_dp", "num_warnings",
+    "memory_peak_bytes",
+    *MEMORY_COLUMNS.values(),
+    "memory_capacity_bytes",
+    "fits",
+    "num_gpus",
+    "comm_bytes_tp",
+    "comm_bytes_pp",
+    "comm_bytes_dp",
+    "num_warnings",
 )
 
 
@@ -77,13 +88,17 @@ def result_record(result: StepResult) -> dict[str, Any]:
     row["num_gpus"] = int(result.num_gpus)
     for axis in ("tp", "pp", "dp"):
         row[f"comm_bytes_{axis}"] = float(
-            sum(stat.total_bytes for stat in result.collectives if stat.axis == axis))
+            sum(stat.total_bytes for stat in result.collectives if stat.axis == axis)
+        )
     row["num_warnings"] = len(result.warnings)
     return row
 
 
-def results_frame(rows: Iterable[tuple[Mapping[str, Any], StepResult | None]],
-                  *, reasons: Sequence[str | None] | None = None) -> pd.DataFrame:
+def results_frame(
+    rows: Iterable[tuple[Mapping[str, Any], StepResult | None]],
+    *,
+    reasons: Sequence[str | None] | None = None,
+) -> pd.DataFrame:
     """One row per simulated point: the point's parameters, then every result field.
 
     Args:
@@ -113,27 +128,42 @@ def results_frame(rows: Iterable[tuple[Mapping[str, Any], StepResult | None]],
         record["feasible"] = result is not None and reason is None
         record["reason"] = reason if reason is not None else ""
         records.append(record)
-    columns = param_order + ["feasible", "reason"] + [
-        c for c in RESULT_COLUMNS if c not in param_order]
+    columns = (
+        param_order + ["feasible", "reason"] + [c for c in RESULT_COLUMNS if c not in param_order]
+    )
     return pd.DataFrame.from_records(records, columns=columns)
 
 
 def collectives_frame(result: StepResult) -> pd.DataFrame:
     """One row per kind of collective in the step (nccl-tests style fields, SI units)."""
-    records = [{
-        "axis": stat.axis,
-        "op": stat.op,
-        "group_size": int(stat.group_size),
-        "algorithm": stat.algorithm,
-        "count": int(stat.count),
-        "size_bytes": float(stat.size_bytes),
-        "total_bytes": float(stat.total_bytes),
-        "time_s": float(stat.time_s),
-        "busbw_bps": float(stat.busbw_bps),
-    } for stat in result.collectives]
-    return pd.DataFrame.from_records(records, columns=[
-        "axis", "op", "group_size", "algorithm", "count", "size_bytes", "total_bytes",
-        "time_s", "busbw_bps"])
+    records = [
+        {
+            "axis": stat.axis,
+            "op": stat.op,
+            "group_size": int(stat.group_size),
+            "algorithm": stat.algorithm,
+            "count": int(stat.count),
+            "size_bytes": float(stat.size_bytes),
+            "total_bytes": float(stat.total_bytes),
+            "time_s": float(stat.time_s),
+            "busbw_bps": float(stat.busbw_bps),
+        }
+        for stat in result.collectives
+    ]
+    return pd.DataFrame.from_records(
+        records,
+        columns=[
+            "axis",
+            "op",
+            "group_size",
+            "algorithm",
+            "count",
+            "size_bytes",
+            "total_bytes",
+            "time_s",
+            "busbw_bps",
+        ],
+    )
 
 
 def trace_frame(result: StepResult) -> pd.DataFrame:
@@ -144,20 +174,33 @@ def trace_frame(result: StepResult) -> pd.DataFrame:
     records = []
     for event in result.trace_events:
         args = event.args or {}
-        records.append({
-            "rank": int(event.rank),
-            "stream": str(event.stream),
-            "name": str(event.name),
-            "start_s": float(event.start_s),
-            "end_s": float(event.end_s),
-            "duration_s": float(event.end_s - event.start_s),
-            "phase": event_phase(event.stream, event.name, args),
-            "stage": args.get("stage", pd.NA),
-            "microbatch": args.get("microbatch", args.get("mb", pd.NA)),
-        })
-    return pd.DataFrame.from_records(records, columns=[
-        "rank", "stream", "name", "start_s", "end_s", "duration_s", "phase", "stage",
-        "microbatch"])
+        records.append(
+            {
+                "rank": int(event.rank),
+                "stream": str(event.stream),
+                "name": str(event.name),
+                "start_s": float(event.start_s),
+                "end_s": float(event.end_s),
+                "duration_s": float(event.end_s - event.start_s),
+                "phase": event_phase(event.stream, event.name, args),
+                "stage": args.get("stage", pd.NA),
+                "microbatch": args.get("microbatch", args.get("mb", pd.NA)),
+            }
+        )
+    return pd.DataFrame.from_records(
+        records,
+        columns=[
+            "rank",
+            "stream",
+            "name",
+            "start_s",
+            "end_s",
+            "duration_s",
+            "phase",
+            "stage",
+            "microbatch",
+        ],
+    )
 
 
 def event_phase(stream: str, name: str, args: Mapping[str, Any] | None = None) -> str:
@@ -197,11 +240,15 @@ def memory_timeline_frame(result: StepResult, rank: int | None = None) -> pd.Dat
     timeline = result.memory_timeline
     if rank is not None and rank not in timeline:
         known = ", ".join(str(r) for r in sorted(timeline)) or "none"
-        raise ConfigError(f"rank {rank} has no memory timeline; simulated ranks: {known}",
-                          key_path="rank")
+        raise ConfigError(
+            f"rank {rank} has no memory timeline; simulated ranks: {known}", key_path="rank"
+        )
     ranks = [rank] if rank is not None else sorted(timeline)
-    records = [{"rank": int(r), "time_s": float(t), "memory_bytes": float(b)}
-               for r in ranks for t, b in timeline[r]]
+    records = [
+        {"rank": int(r), "time_s": float(t), "memory_bytes": float(b)}
+        for r in ranks
+        for t, b in timeline[r]
+    ]
     return pd.DataFrame.from_records(records, columns=["rank", "time_s", "memory_bytes"])
 
 
@@ -231,23 +278,24 @@ def read_collective_csv(path: str | Path) -> pd.DataFrame:
     try:
         frame = pd.read_csv(path, comment="#")
     except pd.errors.EmptyDataError:
-        raise ConfigError("empty file, expected a collsim collective CSV",
-                          file=str(path)) from None
+        raise ConfigError("empty file, expected a collsim collective CSV", file=str(path)) from None
     except (OSError, UnicodeDecodeError, pd.errors.ParserError) as exc:
-        raise ConfigError(f"cannot read CSV: {' '.join(str(exc).split())}",
-                          file=str(path)) from None
+        raise ConfigError(
+            f"cannot read CSV: {' '.join(str(exc).split())}", file=str(path)
+        ) from None
     missing = [c for c in _COLLECTIVE_CSV if c not in frame.columns]
     if missing:
         raise ConfigError(
             f"missing column(s) {', '.join(missing)}; expected "
-            "size_bytes,time_us,algbw_GBps,busbw_GBps,algorithm", file=str(path))
+            "size_bytes,time_us,algbw_GBps,busbw_GBps,algorithm",
+            file=str(path),
+        )
     out = frame.rename(columns={k: v for k, (v, _) in _COLLECTIVE_CSV.items()})
     for given, (column, factor) in _COLLECTIVE_CSV.items():
         try:
             out[column] = out[column].astype(float) * factor
         except ValueError:
-            raise ConfigError(f"column {given!r} must hold numbers",
-                              file=str(path)) from None
+            raise ConfigError(f"column {given!r} must hold numbers", file=str(path)) from None
     if "algorithm" in out.columns:
         # `collsim collective` writes the NCCL-style choice, e.g. ``ring/ll128``.
         parts = out["algorithm"].astype(str).str.split("/", n=1, expand=True)
@@ -259,8 +307,9 @@ def read_collective_csv(path: str | Path) -> pd.DataFrame:
     return out
 
 
-def collective_cost_frame(op: str, sizes_bytes: Iterable[int], group: Any,
-                          algorithms: Iterable[str]) -> pd.DataFrame:
+def collective_cost_frame(
+    op: str, sizes_bytes: Iterable[int], group: Any, algorithms: Iterable[str]
+) -> pd.DataFrame:
     """Closed-form cost (``collsim.collectives.cost``) of ``op`` for every size and algorithm.
 
     Algorithms that do not apply to the group (``nvls`` without NVSwitch reduction, ...) raise
@@ -281,10 +330,18 @@ def collective_cost_frame(op: str, sizes_bytes: Iterable[int], group: Any,
                 result = cost(CollectiveOp(op), int(size), group, algorithm)
             except CollsimError:
                 break
-            records.append({
-                "op": str(op), "algorithm": str(algorithm), "protocol": str(result.protocol),
-                "size_bytes": float(result.size_bytes), "time_s": float(result.time_s),
-                "algbw_bps": float(result.algbw_bps), "busbw_bps": float(result.busbw_bps),
-            })
-    return pd.DataFrame.from_records(records, columns=[
-        "op", "algorithm", "protocol", "size_bytes", "time_s", "algbw_bps", "busbw_bps"])
+            records.append(
+                {
+                    "op": str(op),
+                    "algorithm": str(algorithm),
+                    "protocol": str(result.protocol),
+                    "size_bytes": float(result.size_bytes),
+                    "time_s": float(result.time_s),
+                    "algbw_bps": float(result.algbw_bps),
+                    "busbw_bps": float(result.busbw_bps),
+                }
+            )
+    return pd.DataFrame.from_records(
+        records,
+        columns=["op", "algorithm", "protocol", "size_bytes", "time_s", "algbw_bps", "busbw_bps"],
+    )

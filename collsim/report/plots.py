@@ -46,20 +46,46 @@ __all__ = [
 IMAGE_SUFFIXES = (".png", ".svg")
 
 #: Line colours for series, in order (colour-blind-safe Okabe-Ito palette).
-SERIES_COLORS = ("#D55E00", "#E69F00", "#009E73", "#0072B2", "#CC79A7", "#56B4E9", "#F0E442",
-                 "#000000")
+SERIES_COLORS = (
+    "#D55E00",
+    "#E69F00",
+    "#009E73",
+    "#0072B2",
+    "#CC79A7",
+    "#56B4E9",
+    "#F0E442",
+    "#000000",
+)
 SERIES_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 #: Fill colour of each memory category and step-time part.
 CATEGORY_COLORS = {
-    "parameters": "#0072B2", "gradients": "#56B4E9", "optimizer": "#009E73",
-    "activations": "#E69F00", "buffers": "#CC79A7",
-    "compute": "#0072B2", "tp_exposed": "#E69F00", "pp_exposed": "#CC79A7",
-    "dp_exposed": "#D55E00", "bubble": "#999999", "optimizer_step": "#009E73",
+    "parameters": "#0072B2",
+    "gradients": "#56B4E9",
+    "optimizer": "#009E73",
+    "activations": "#E69F00",
+    "buffers": "#CC79A7",
+    "compute": "#0072B2",
+    "tp_exposed": "#E69F00",
+    "pp_exposed": "#CC79A7",
+    "dp_exposed": "#D55E00",
+    "bubble": "#999999",
+    "optimizer_step": "#009E73",
 }
-PHASE_COLORS = {"forward": "#56B4E9", "backward": "#0072B2", "recompute": "#E69F00",
-                "optimizer": "#009E73", "other": "#CC79A7", "bubble": "#DDDDDD"}
-IDEAL_STYLE: dict[str, Any] = {"color": "black", "linestyle": "--", "linewidth": 1.3, "zorder": 5,
-                               "alpha": 0.6}
+PHASE_COLORS = {
+    "forward": "#56B4E9",
+    "backward": "#0072B2",
+    "recompute": "#E69F00",
+    "optimizer": "#009E73",
+    "other": "#CC79A7",
+    "bubble": "#DDDDDD",
+}
+IDEAL_STYLE: dict[str, Any] = {
+    "color": "black",
+    "linestyle": "--",
+    "linewidth": 1.3,
+    "zorder": 5,
+    "alpha": 0.6,
+}
 HBM_STYLE: dict[str, Any] = {"color": "#B00020", "linestyle": "--", "linewidth": 1.5}
 
 
@@ -87,16 +113,20 @@ def save_figure(fig: Figure, path: str | Path, *, dpi: int = 150) -> Path:
     try:
         fig.savefig(path, dpi=dpi, format=suffix[1:], facecolor="white")
     except OSError as exc:
-        raise ConfigError(f"cannot write {str(path)!r}: {exc.strerror or exc}",
-                          key_path="plot") from None
+        raise ConfigError(
+            f"cannot write {str(path)!r}: {exc.strerror or exc}", key_path="plot"
+        ) from None
     return path
 
 
 def _need(frame: pd.DataFrame, columns: Sequence[str], what: str) -> None:
     missing = [c for c in columns if c not in frame.columns]
     if missing:
-        raise ConfigError(f"{what} needs column(s) {', '.join(missing)}; "
-                          f"have {', '.join(map(str, frame.columns))}", key_path="plot")
+        raise ConfigError(
+            f"{what} needs column(s) {', '.join(missing)}; "
+            f"have {', '.join(map(str, frame.columns))}",
+            key_path="plot",
+        )
 
 
 def _feasible(frame: pd.DataFrame) -> pd.DataFrame:
@@ -110,8 +140,13 @@ def _series_values(frame: pd.DataFrame, series: str) -> list[Any]:
     return list(dict.fromkeys(frame[series].tolist()))
 
 
-def scaling_table(frame: pd.DataFrame, *, series: str = "plan", x: str = "num_gpus",
-                  throughput: str = "tokens_per_s") -> pd.DataFrame:
+def scaling_table(
+    frame: pd.DataFrame,
+    *,
+    series: str = "plan",
+    x: str = "num_gpus",
+    throughput: str = "tokens_per_s",
+) -> pd.DataFrame:
     """Speedup and efficiency per series and GPU count (what :func:`plot_scaling` draws).
 
     Speedup at N GPUs is throughput(N) / throughput(N0), times N_first / N0 where N0 is the
@@ -139,14 +174,28 @@ def scaling_table(frame: pd.DataFrame, *, series: str = "plan", x: str = "num_gp
         for gpus, rate in zip(part[x].astype(float), part[throughput].astype(float)):
             speedup = rate / first_rate * first_gpus / base_gpus
             ideal = gpus / base_gpus
-            rows.append({"series": label, "num_gpus": gpus, "throughput": rate,
-                         "speedup": speedup, "ideal": ideal, "efficiency": speedup / ideal,
-                         "from_gpus": first_gpus})
+            rows.append(
+                {
+                    "series": label,
+                    "num_gpus": gpus,
+                    "throughput": rate,
+                    "speedup": speedup,
+                    "ideal": ideal,
+                    "efficiency": speedup / ideal,
+                    "from_gpus": first_gpus,
+                }
+            )
     return pd.DataFrame.from_records(rows)
 
 
-def plot_scaling(frame: pd.DataFrame, *, series: str = "plan", x: str = "num_gpus",
-                 throughput: str = "tokens_per_s", title: str | None = None) -> Figure:
+def plot_scaling(
+    frame: pd.DataFrame,
+    *,
+    series: str = "plan",
+    x: str = "num_gpus",
+    throughput: str = "tokens_per_s",
+    title: str | None = None,
+) -> Figure:
     """Speedup (left) and scaling efficiency in percent (right) vs GPUs, one line per series.
 
     The ideal (linear speedup, 100 % efficiency) is a dashed black line labelled ``ideal`` on
@@ -166,9 +215,12 @@ def plot_scaling(frame: pd.DataFrame, *, series: str = "plan", x: str = "num_gpu
     ax_eff.plot(gpus, np.full(len(gpus), 100.0), label="ideal (100 %)", **IDEAL_STYLE)
     for index, label in enumerate(_series_values(table, "series")):
         part = table[table["series"] == label]
-        style = {"color": SERIES_COLORS[index % len(SERIES_COLORS)],
-                 "marker": SERIES_MARKERS[index % len(SERIES_MARKERS)], "linewidth": 2,
-                 "markersize": 6}
+        style = {
+            "color": SERIES_COLORS[index % len(SERIES_COLORS)],
+            "marker": SERIES_MARKERS[index % len(SERIES_MARKERS)],
+            "linewidth": 2,
+            "markersize": 6,
+        }
         ax_speed.plot(part["num_gpus"], part["speedup"], label=str(label), **style)
         ax_eff.plot(part["num_gpus"], part["efficiency"] * 100.0, label=str(label), **style)
     base_text = f"{int(base)} GPU" + ("s" if base != 1 else "")
@@ -200,8 +252,14 @@ def _gb(values: Any) -> Any:
     return np.asarray(values, dtype=float) / 1e9
 
 
-def plot_memory(frame: pd.DataFrame, *, series: str = "plan", x: str = "num_gpus",
-                capacity_bytes: float | None = None, title: str | None = None) -> Figure:
+def plot_memory(
+    frame: pd.DataFrame,
+    *,
+    series: str = "plan",
+    x: str = "num_gpus",
+    capacity_bytes: float | None = None,
+    title: str | None = None,
+) -> Figure:
     """Per-GPU memory at the peak vs GPUs: one panel per series (DDP, ZeRO-1/2/3 ...), bars
     stacked by category (parameters, gradients, optimizer, activations, buffers) and the HBM
     capacity as a dashed red line (``capacity_bytes``, default ``memory_capacity_bytes``).
@@ -228,22 +286,40 @@ def plot_memory(frame: pd.DataFrame, *, series: str = "plan", x: str = "num_gpus
         bottom = np.zeros(len(part))
         for key in MEMORY_KEYS:
             heights = _gb(part[MEMORY_COLUMNS[key]])
-            ax.bar(positions, heights, bottom=bottom, width=0.7, label=key,
-                   color=CATEGORY_COLORS[key], edgecolor="white", linewidth=0.5)
+            ax.bar(
+                positions,
+                heights,
+                bottom=bottom,
+                width=0.7,
+                label=key,
+                color=CATEGORY_COLORS[key],
+                edgecolor="white",
+                linewidth=0.5,
+            )
             bottom = bottom + heights
         if capacity_bytes:
-            ax.axhline(capacity_bytes / 1e9, label=f"HBM {capacity_bytes / 1e9:.0f} GB",
-                       **HBM_STYLE)
+            ax.axhline(
+                capacity_bytes / 1e9, label=f"HBM {capacity_bytes / 1e9:.0f} GB", **HBM_STYLE
+            )
             for x_pos, top in zip(positions, bottom):
                 if top * 1e9 > capacity_bytes:
-                    ax.text(x_pos, top, "does not fit", ha="center", va="bottom", fontsize=7,
-                            color=HBM_STYLE["color"])
+                    ax.text(
+                        x_pos,
+                        top,
+                        "does not fit",
+                        ha="center",
+                        va="bottom",
+                        fontsize=7,
+                        color=HBM_STYLE["color"],
+                    )
         ax.set_xticks(range(len(all_gpus)), [str(g) for g in all_gpus])
         ax.set_title(str(label))
         ax.set_xlabel("Number of GPUs")
         ax.grid(True, axis="y", alpha=0.25, linestyle="--")
-    y_max = max(float(_gb(data["memory_peak_bytes"]).max()) if "memory_peak_bytes" in data
-                else 0.0, (capacity_bytes or 0.0) / 1e9)
+    y_max = max(
+        float(_gb(data["memory_peak_bytes"]).max()) if "memory_peak_bytes" in data else 0.0,
+        (capacity_bytes or 0.0) / 1e9,
+    )
     if y_max > 0:
         axes[0].set_ylim(0, y_max * 1.12)
     axes[0].set_ylabel("Peak memory per GPU (GB)")
@@ -254,14 +330,16 @@ def plot_memory(frame: pd.DataFrame, *, series: str = "plan", x: str = "num_gpus
     return fig
 
 
-def plot_memory_timeline(result: StepResult, *, rank: int | None = None,
-                         title: str | None = None) -> Figure:
+def plot_memory_timeline(
+    result: StepResult, *, rank: int | None = None, title: str | None = None
+) -> Figure:
     """Memory in use over one step for ``rank`` (default: the first simulated rank), as a step
     line in GB over milliseconds, with the HBM capacity dashed."""
     if rank is None:
         if not result.memory_timeline:
-            raise ConfigError("the result has no memory timeline (simulate with trace=True)",
-                              key_path="plot")
+            raise ConfigError(
+                "the result has no memory timeline (simulate with trace=True)", key_path="plot"
+            )
         rank = min(result.memory_timeline)
     fig = _new_figure(9.0, 4.2)
     ax = fig.subplots()
@@ -280,12 +358,21 @@ def _draw_memory(ax: Any, result: StepResult, rank: int) -> None:
     if len(times_ms) and result.step_time_s * 1e3 > times_ms[-1]:
         times_ms = np.append(times_ms, result.step_time_s * 1e3)
         values_gb = np.append(values_gb, values_gb[-1])
-    ax.step(times_ms, values_gb, where="post", color="#0072B2", linewidth=1.6,
-            label=f"rank {rank} in use")
+    ax.step(
+        times_ms,
+        values_gb,
+        where="post",
+        color="#0072B2",
+        linewidth=1.6,
+        label=f"rank {rank} in use",
+    )
     ax.fill_between(times_ms, values_gb, step="post", color="#0072B2", alpha=0.15)
     if result.memory_capacity_bytes:
-        ax.axhline(result.memory_capacity_bytes / 1e9,
-                   label=f"HBM {result.memory_capacity_bytes / 1e9:.0f} GB", **HBM_STYLE)
+        ax.axhline(
+            result.memory_capacity_bytes / 1e9,
+            label=f"HBM {result.memory_capacity_bytes / 1e9:.0f} GB",
+            **HBM_STYLE,
+        )
     ax.set_xlabel("Time in step (ms)")
     ax.set_ylabel("Memory in use (GB)")
     ax.set_ylim(bottom=0)
@@ -293,8 +380,14 @@ def _draw_memory(ax: Any, result: StepResult, rank: int) -> None:
     ax.legend(fontsize=9, loc="center right")
 
 
-def plot_step(result: StepResult, *, rank: int | None = None, title: str | None = None,
-              stage_of: Callable[[int], int] | None = None, max_rows: int = 16) -> Figure:
+def plot_step(
+    result: StepResult,
+    *,
+    rank: int | None = None,
+    title: str | None = None,
+    stage_of: Callable[[int], int] | None = None,
+    max_rows: int = 16,
+) -> Figure:
     """One simulated step at a glance (what ``collsim run --plot FILE`` draws): the compute
     stream of every simulated rank as a Gantt chart (forward, backward, bubble) on top, and the
     memory in use of ``rank`` (default: the first simulated) below, on one time axis.
@@ -307,22 +400,25 @@ def plot_step(result: StepResult, *, rank: int | None = None, title: str | None 
 
     frame = trace_frame(result)
     if frame.empty or not (frame["stream"] == "compute").any():
-        raise ConfigError("no compute events in the trace (simulate with trace=True)",
-                          key_path="plot")
+        raise ConfigError(
+            "no compute events in the trace (simulate with trace=True)", key_path="plot"
+        )
     if rank is None:
         rank = min(result.memory_timeline) if result.memory_timeline else None
     rows = _stage_rows(frame, max_rows, stage_of)
     step_ms = float(result.step_time_s) * 1e3
     fig = _new_figure(12.0, 2.6 + 0.42 * len(rows) + (3.0 if rank is not None else 0.0))
     if rank is not None:
-        ax_gantt, ax_mem = fig.subplots(2, 1, sharex=True,
-                                        height_ratios=[len(rows) + 1.5, 4.0])
+        ax_gantt, ax_mem = fig.subplots(2, 1, sharex=True, height_ratios=[len(rows) + 1.5, 4.0])
     else:
         ax_gantt, ax_mem = fig.subplots(), None
     share = _draw_gantt(ax_gantt, frame, rows, step_ms, step_ms)
     ax_gantt.set_ylabel("Stage / rank")
-    ax_gantt.set_title(f"step {step_ms:.1f} ms, compute stream idle {share * 100:.0f} % "
-                       "of the step", fontsize=10, loc="left")
+    ax_gantt.set_title(
+        f"step {step_ms:.1f} ms, compute stream idle {share * 100:.0f} % of the step",
+        fontsize=10,
+        loc="left",
+    )
     ax_gantt.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     if ax_mem is not None and rank is not None:
         _draw_memory(ax_mem, result, rank)
@@ -334,8 +430,9 @@ def plot_step(result: StepResult, *, rank: int | None = None, title: str | None 
     return fig
 
 
-def _stage_rows(frame: pd.DataFrame, max_rows: int,
-                stage_of: Callable[[int], int] | None = None) -> list[tuple[str, int]]:
+def _stage_rows(
+    frame: pd.DataFrame, max_rows: int, stage_of: Callable[[int], int] | None = None
+) -> list[tuple[str, int]]:
     """(label, rank) of the rows of a Gantt chart: one rank per pipeline stage.
 
     The stage of a rank comes from the events' ``stage`` arg, else from ``stage_of(rank)``;
@@ -345,8 +442,7 @@ def _stage_rows(frame: pd.DataFrame, max_rows: int,
     ranks = sorted(set(int(r) for r in compute["rank"]))
     if "stage" in compute.columns and compute["stage"].notna().any():
         first = compute.dropna(subset=["stage"]).groupby("stage")["rank"].min()
-        rows = [(f"stage {int(s)}", int(r))
-                for s, r in zip(first.index.tolist(), first.tolist())]
+        rows = [(f"stage {int(s)}", int(r)) for s, r in zip(first.index.tolist(), first.tolist())]
     elif stage_of is not None:
         seen: dict[int, int] = {}
         for rank in ranks:
@@ -357,8 +453,9 @@ def _stage_rows(frame: pd.DataFrame, max_rows: int,
     return rows[:max_rows]
 
 
-def _draw_gantt(ax: Any, frame: pd.DataFrame, rows: list[tuple[str, int]], step_ms: float,
-                end_ms: float) -> float:
+def _draw_gantt(
+    ax: Any, frame: pd.DataFrame, rows: list[tuple[str, int]], step_ms: float, end_ms: float
+) -> float:
     """Draw the compute stream of each row's rank on ``ax``; return the idle share of the step.
 
     Bubble: every moment of the step the stage's compute stream is idle (before its first op,
@@ -380,20 +477,37 @@ def _draw_gantt(ax: Any, frame: pd.DataFrame, rows: list[tuple[str, int]], step_
             gaps.append((cursor, step_ms - cursor))
         idle_total += sum(width for _, width in gaps)
         busy_total += step_ms
-        ax.broken_barh(gaps, (y - 0.4, 0.8), facecolors=PHASE_COLORS["bubble"],
-                       label="bubble (idle)" if y == 0 else None)
+        ax.broken_barh(
+            gaps,
+            (y - 0.4, 0.8),
+            facecolors=PHASE_COLORS["bubble"],
+            label="bubble (idle)" if y == 0 else None,
+        )
         for phase in ("forward", "backward", "recompute", "optimizer", "other"):
             sel = (ops["phase"] == phase).to_numpy()
             if not sel.any():
                 continue
             bars = list(zip(start_ms[sel], (stop_ms - start_ms)[sel]))
-            ax.broken_barh(bars, (y - 0.4, 0.8), facecolors=PHASE_COLORS[phase],
-                           edgecolor="white", linewidth=0.4, label=phase if y == 0 else None)
+            ax.broken_barh(
+                bars,
+                (y - 0.4, 0.8),
+                facecolors=PHASE_COLORS[phase],
+                edgecolor="white",
+                linewidth=0.4,
+                label=phase if y == 0 else None,
+            )
             if len(rows) <= 8 and len(bars) <= 64:
                 for (s, w), mb in zip(bars, ops.loc[sel, "microbatch"]):
                     if _present(mb) and w > end_ms / 80:
-                        ax.text(s + w / 2, y, str(mb), ha="center", va="center", fontsize=6,
-                                color="white" if phase == "backward" else "black")
+                        ax.text(
+                            s + w / 2,
+                            y,
+                            str(mb),
+                            ha="center",
+                            va="center",
+                            fontsize=6,
+                            color="white" if phase == "backward" else "black",
+                        )
     ax.set_yticks(range(len(rows)), [name for name, _ in rows])
     ax.set_ylim(len(rows) - 0.5, -0.5)
     ax.set_xlim(0, end_ms)
@@ -401,9 +515,13 @@ def _draw_gantt(ax: Any, frame: pd.DataFrame, rows: list[tuple[str, int]], step_
     return idle_total / busy_total if busy_total else 0.0
 
 
-def plot_pipeline(results: Mapping[str, StepResult], *, max_stages: int = 16,
-                  title: str | None = None,
-                  stage_of: Callable[[int], int] | None = None) -> Figure:
+def plot_pipeline(
+    results: Mapping[str, StepResult],
+    *,
+    max_stages: int = 16,
+    title: str | None = None,
+    stage_of: Callable[[int], int] | None = None,
+) -> Figure:
     """Gantt chart of the compute stream of each pipeline stage, one panel per schedule
     (GPipe, 1F1B, interleaved side by side, top to bottom), on a common time axis.
 
@@ -423,18 +541,27 @@ def plot_pipeline(results: Mapping[str, StepResult], *, max_stages: int = 16,
     frames = {label: trace_frame(result) for label, result in results.items()}
     for label, frame in frames.items():
         if frame.empty or not (frame["stream"] == "compute").any():
-            raise ConfigError(f"{label}: no compute events in the trace (simulate with trace=True)",
-                              key_path="plot")
+            raise ConfigError(
+                f"{label}: no compute events in the trace (simulate with trace=True)",
+                key_path="plot",
+            )
     end_ms = max(float(r.step_time_s) for r in results.values()) * 1e3
     heights = [len(_stage_rows(f, max_stages, stage_of)) for f in frames.values()]
     fig = _new_figure(12.0, 1.2 + sum(0.42 * h + 0.9 for h in heights))
-    axes = np.atleast_1d(fig.subplots(len(frames), 1, sharex=True, squeeze=False,
-                                      height_ratios=[h + 1.5 for h in heights])[:, 0])
+    axes = np.atleast_1d(
+        fig.subplots(
+            len(frames), 1, sharex=True, squeeze=False, height_ratios=[h + 1.5 for h in heights]
+        )[:, 0]
+    )
     for ax, (label, frame) in zip(axes, frames.items()):
         rows = _stage_rows(frame, max_stages, stage_of)
         share = _draw_gantt(ax, frame, rows, float(results[label].step_time_s) * 1e3, end_ms)
-        ax.set_title(f"{label}: step {results[label].step_time_s * 1e3:.1f} ms, "
-                     f"idle {share * 100:.0f} % of stage time", fontsize=10, loc="left")
+        ax.set_title(
+            f"{label}: step {results[label].step_time_s * 1e3:.1f} ms, "
+            f"idle {share * 100:.0f} % of stage time",
+            fontsize=10,
+            loc="left",
+        )
         ax.set_ylabel("Pipeline stage")
     axes[-1].set_xlabel("Time in step (ms)")
     handles, names = axes[0].get_legend_handles_labels()
@@ -451,8 +578,9 @@ def _present(value: Any) -> bool:
     return value is not None and not bool(pd.isna(value))
 
 
-def plot_breakdown(frame: pd.DataFrame, *, series: str = "plan",
-                   title: str | None = None) -> Figure:
+def plot_breakdown(
+    frame: pd.DataFrame, *, series: str = "plan", title: str | None = None
+) -> Figure:
     """Stacked horizontal bars of the step time per plan: compute, exposed TP / PP / DP
     communication, pipeline bubble, optimizer (in ms, or in s when a step takes 10 s or more).
     One bar per row of ``frame``."""
@@ -469,14 +597,27 @@ def plot_breakdown(frame: pd.DataFrame, *, series: str = "plan",
     left = np.zeros(len(labels))
     totals_s = sum(np.asarray(data[c], dtype=float) for c in BREAKDOWN_COLUMNS.values())
     scale, unit = (1.0, "s") if float(np.max(totals_s)) >= 10.0 else (1e3, "ms")
-    names = {"compute": "compute", "tp_exposed": "TP comm (exposed)",
-             "pp_exposed": "PP comm (exposed)", "dp_exposed": "DP comm (exposed)",
-             "bubble": "pipeline bubble", "optimizer": "optimizer"}
+    names = {
+        "compute": "compute",
+        "tp_exposed": "TP comm (exposed)",
+        "pp_exposed": "PP comm (exposed)",
+        "dp_exposed": "DP comm (exposed)",
+        "bubble": "pipeline bubble",
+        "optimizer": "optimizer",
+    }
     for key in BREAKDOWN_KEYS:
         widths = np.asarray(data[BREAKDOWN_COLUMNS[key]], dtype=float) * scale
         color = CATEGORY_COLORS["optimizer_step" if key == "optimizer" else key]
-        ax.barh(positions, widths, left=left, height=0.65, color=color, label=names[key],
-                edgecolor="white", linewidth=0.5)
+        ax.barh(
+            positions,
+            widths,
+            left=left,
+            height=0.65,
+            color=color,
+            label=names[key],
+            edgecolor="white",
+            linewidth=0.5,
+        )
         left = left + widths
     ax.set_yticks(positions, labels)
     ax.invert_yaxis()
@@ -489,9 +630,13 @@ def plot_breakdown(frame: pd.DataFrame, *, series: str = "plan",
     return fig
 
 
-def plot_collectives(frame: pd.DataFrame, *, series: str = "algorithm",
-                     title: str | None = None,
-                     reference_bps: float | None = None) -> Figure:
+def plot_collectives(
+    frame: pd.DataFrame,
+    *,
+    series: str = "algorithm",
+    title: str | None = None,
+    reference_bps: float | None = None,
+) -> Figure:
     """Bus bandwidth (GB/s) vs message size, one line per algorithm (nccl-tests convention,
     log2 size axis). ``reference_bps`` draws a dashed line (a link's rate) for comparison.
 
@@ -506,15 +651,17 @@ def plot_collectives(frame: pd.DataFrame, *, series: str = "algorithm",
     ax = fig.subplots()
     for index, label in enumerate(_series_values(frame, series)):
         part = frame[frame[series] == label].sort_values("size_bytes")
-        style: dict[str, Any] = {"color": SERIES_COLORS[index % len(SERIES_COLORS)],
-                                 "marker": SERIES_MARKERS[index % len(SERIES_MARKERS)],
-                                 "markersize": 4, "linewidth": 1.8}
+        style: dict[str, Any] = {
+            "color": SERIES_COLORS[index % len(SERIES_COLORS)],
+            "marker": SERIES_MARKERS[index % len(SERIES_MARKERS)],
+            "markersize": 4,
+            "linewidth": 1.8,
+        }
         if "measured" in str(label):  # measurements stand out from the model's curves
             style.update(color="black", marker="o", markersize=3, linewidth=2.4)
         ax.plot(part["size_bytes"], _gb(part["busbw_bps"]), label=str(label), **style)
     if reference_bps:
-        ax.axhline(reference_bps / 1e9, label=f"link {reference_bps / 1e9:.0f} GB/s",
-                   **IDEAL_STYLE)
+        ax.axhline(reference_bps / 1e9, label=f"link {reference_bps / 1e9:.0f} GB/s", **IDEAL_STYLE)
     ax.set_xscale("log", base=2)
     sizes = sorted(set(frame["size_bytes"].astype(float)))
     ticks = [s for s in sizes if s > 0 and np.log2(s) % 4 == 0] or sizes

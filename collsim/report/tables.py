@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import textwrap
-from typing import Sequence
+from collections.abc import Sequence
 
 from collsim.engine.result import BREAKDOWN_KEYS, MEMORY_KEYS, CollectiveStat, StepResult
 from collsim.units import GB, GiB, format_size
@@ -51,8 +51,14 @@ _WIDTH = 96
 _BREAKDOWN_SLACK = 1e-3
 
 
-def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *,
-                 align: str | None = None, indent: int = 2, gap: int = 2) -> str:
+def format_table(
+    headers: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    *,
+    align: str | None = None,
+    indent: int = 2,
+    gap: int = 2,
+) -> str:
     """Columns padded to their widest cell, a dashed rule under the header.
 
     Args:
@@ -89,7 +95,7 @@ def format_seconds(time_s: float) -> str:
         return "0 s"
     if not math.isfinite(time_s):
         return f"{time_s} s"
-    rounded = float(f"{time_s:.4g}")      # so that 999.99 ms is shown as 1.000 s
+    rounded = float(f"{time_s:.4g}")  # so that 999.99 ms is shown as 1.000 s
     for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "us"), (1e-9, "ns")):
         if abs(rounded) >= scale or unit == "ns":
             value = rounded / scale
@@ -134,8 +140,9 @@ def breakdown_table(result: StepResult) -> str:
         total += value
         rows.append([BREAKDOWN_LABELS.get(key, key), format_seconds(value), _share(value, step)])
     if step > 0 and abs(step - total) > _BREAKDOWN_SLACK * step:
-        rows.append(["other (unaccounted)", format_seconds(step - total),
-                     _share(step - total, step)])
+        rows.append(
+            ["other (unaccounted)", format_seconds(step - total), _share(step - total, step)]
+        )
     rows.append(["step time", format_seconds(step), _share(step, step)])
     return format_table(["time per step", "time", "share"], rows)
 
@@ -148,8 +155,9 @@ def memory_table(result: StepResult) -> str:
     for key in names:
         value = float(result.memory_bytes.get(key, 0.0))
         rows.append([key, format_gib(value), _share(value, capacity)])
-    rows.append(["peak", format_gib(result.memory_peak_bytes),
-                 _share(result.memory_peak_bytes, capacity)])
+    rows.append(
+        ["peak", format_gib(result.memory_peak_bytes), _share(result.memory_peak_bytes, capacity)]
+    )
     rows.append(["HBM capacity", format_gib(capacity), _share(capacity, capacity)])
     return format_table(["memory per GPU (at peak)", "GiB", "of HBM"], rows)
 
@@ -170,11 +178,23 @@ def merge_collectives(stats: Sequence[CollectiveStat]) -> list[CollectiveStat]:
         count = sum(s.count for s in group)
         total_bytes = sum(s.total_bytes for s in group)
         time_s = sum(s.time_s for s in group)
-        busbw = (sum(s.busbw_bps * s.time_s for s in group) / time_s if time_s > 0
-                 else max(s.busbw_bps for s in group))
-        out.append(CollectiveStat(axis=axis, op=op, algorithm=algorithm, group_size=group_size,
-                                  count=count, size_bytes=total_bytes / count if count else 0.0,
-                                  time_s=time_s, busbw_bps=busbw))
+        busbw = (
+            sum(s.busbw_bps * s.time_s for s in group) / time_s
+            if time_s > 0
+            else max(s.busbw_bps for s in group)
+        )
+        out.append(
+            CollectiveStat(
+                axis=axis,
+                op=op,
+                algorithm=algorithm,
+                group_size=group_size,
+                count=count,
+                size_bytes=total_bytes / count if count else 0.0,
+                time_s=time_s,
+                busbw_bps=busbw,
+            )
+        )
     return out
 
 
@@ -185,12 +205,35 @@ def collectives_table(stats: Sequence[CollectiveStat]) -> str:
     ``size`` is the mean nccl-tests size of one call, ``total`` the bytes of all calls, ``time``
     the total link time of all calls (not the exposed time), ``busbw`` in GB/s.
     """
-    rows = [[s.axis, s.op, s.algorithm, str(s.group_size), format_count(s.count),
-             format_size_binary(s.size_bytes), format_size_binary(s.total_bytes),
-             format_seconds(s.time_s), format_bandwidth(s.busbw_bps)]
-            for s in merge_collectives(stats)]
-    return format_table(["axis", "op", "algorithm", "ranks", "calls", "size/call", "total",
-                         "link time", "busbw GB/s"], rows, align="lllrrrrrr")
+    rows = [
+        [
+            s.axis,
+            s.op,
+            s.algorithm,
+            str(s.group_size),
+            format_count(s.count),
+            format_size_binary(s.size_bytes),
+            format_size_binary(s.total_bytes),
+            format_seconds(s.time_s),
+            format_bandwidth(s.busbw_bps),
+        ]
+        for s in merge_collectives(stats)
+    ]
+    return format_table(
+        [
+            "axis",
+            "op",
+            "algorithm",
+            "ranks",
+            "calls",
+            "size/call",
+            "total",
+            "link time",
+            "busbw GB/s",
+        ],
+        rows,
+        align="lllrrrrrr",
+    )
 
 
 def memory_verdict(result: StepResult) -> str:
@@ -202,9 +245,13 @@ def memory_verdict(result: StepResult) -> str:
     return f"does not fit: {needed} GiB needed of {capacity} GiB"
 
 
-def format_run_report(result: StepResult, *, title: str = "",
-                      context: Sequence[tuple[str, str]] = (),
-                      max_mapping_lines: int = 8) -> str:
+def format_run_report(
+    result: StepResult,
+    *,
+    title: str = "",
+    context: Sequence[tuple[str, str]] = (),
+    max_mapping_lines: int = 8,
+) -> str:
     """The text report of ``collsim run``.
 
     Args:
@@ -230,10 +277,14 @@ def format_run_report(result: StepResult, *, title: str = "",
     summary = [
         ("step time", format_seconds(result.step_time_s)),
         ("tokens/s", format_count(result.tokens_per_s) + per_gpu),
-        ("model TFLOP/s per GPU", f"{result.model_tflops_per_gpu:.1f}"
-                                  f"   MFU {format_percent(result.mfu)}"),
-        ("hardware TFLOP/s per GPU", f"{result.hardware_tflops_per_gpu:.1f}"
-                                     f"   HFU {format_percent(result.hfu)}"),
+        (
+            "model TFLOP/s per GPU",
+            f"{result.model_tflops_per_gpu:.1f}   MFU {format_percent(result.mfu)}",
+        ),
+        (
+            "hardware TFLOP/s per GPU",
+            f"{result.hardware_tflops_per_gpu:.1f}   HFU {format_percent(result.hfu)}",
+        ),
         ("memory", memory_verdict(result)),
     ]
     width = max(len(label) for label, _ in summary)
@@ -241,19 +292,22 @@ def format_run_report(result: StepResult, *, title: str = "",
 
     out += ["", breakdown_table(result), "", memory_table(result)]
     if result.collectives:
-        out += ["", "collectives per rank per step (link time of all calls, not exposed time)",
-                collectives_table(result.collectives)]
+        out += [
+            "",
+            "collectives per rank per step (link time of all calls, not exposed time)",
+            collectives_table(result.collectives),
+        ]
     if result.mapping:
         lines = result.mapping.rstrip("\n").splitlines()
         shown = lines[:max_mapping_lines]
         out += ["", "rank mapping"]
         for line in shown:
-            out += textwrap.wrap(line, width=_WIDTH, initial_indent="  ",
-                                 subsequent_indent="      ") or [""]
+            out += textwrap.wrap(
+                line, width=_WIDTH, initial_indent="  ", subsequent_indent="      "
+            ) or [""]
         hidden = len(lines) - len(shown)
         if hidden:
-            out.append(f"  ... ({hidden} more line{'s' if hidden > 1 else ''} in --json "
-                       "'mapping')")
+            out.append(f"  ... ({hidden} more line{'s' if hidden > 1 else ''} in --json 'mapping')")
     return "\n".join(out)
 
 

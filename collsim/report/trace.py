@@ -38,6 +38,7 @@ __all__ = ["STREAM_TIDS", "to_chrome_trace", "write_trace"]
 #: Thread id of each known stream; unknown streams get ids after these, in order of appearance.
 STREAM_TIDS: dict[str, int] = {"compute": 1, "tp": 2, "pp": 3, "dp": 4, "offload": 5}
 
+
 def _jsonable(value: Any) -> Any:
     """Args as JSON values: enums by value, numpy scalars as Python numbers, NaN as None."""
     if isinstance(value, Enum):
@@ -115,17 +116,34 @@ def to_chrome_trace(result: StepResult, *, name: str | None = None) -> dict[str,
         return extra_tids[stream]
 
     for rank in ranks:
-        trace.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0,
-                      "args": {"name": f"rank {rank}"}})
-        trace.append({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0,
-                      "args": {"sort_index": rank}})
+        trace.append(
+            {
+                "ph": "M",
+                "name": "process_name",
+                "pid": rank,
+                "tid": 0,
+                "args": {"name": f"rank {rank}"},
+            }
+        )
+        trace.append(
+            {
+                "ph": "M",
+                "name": "process_sort_index",
+                "pid": rank,
+                "tid": 0,
+                "args": {"sort_index": rank},
+            }
+        )
 
     threads: dict[tuple[int, int], str] = {}
     slices: list[dict[str, Any]] = []
-    for (rank, stream), events in sorted(by_stream.items(), key=lambda kv: (kv[0][0],
-                                                                             tid_of(kv[0][1]))):
-        spans = sorted(((_ns(e.start_s), max(_ns(e.start_s), _ns(e.end_s)), i)
-                        for i, e in enumerate(events)), key=lambda t: (t[0], t[0] - t[1], t[2]))
+    for (rank, stream), events in sorted(
+        by_stream.items(), key=lambda kv: (kv[0][0], tid_of(kv[0][1]))
+    ):
+        spans = sorted(
+            ((_ns(e.start_s), max(_ns(e.start_s), _ns(e.end_s)), i) for i, e in enumerate(events)),
+            key=lambda t: (t[0], t[0] - t[1], t[2]),
+        )
         lanes = _lanes([(start, end) for start, end, _ in spans])
         for (start_ns, end_ns, index), lane in zip(spans, lanes):
             event = events[index]
@@ -134,23 +152,44 @@ def to_chrome_trace(result: StepResult, *, name: str | None = None) -> dict[str,
             tid = base if lane == 0 else tid_of(label)
             threads[(rank, tid)] = label
             args = _jsonable(dict(event.args or {}))
-            slices.append({
-                "ph": "X", "name": str(event.name), "cat": stream, "pid": rank, "tid": tid,
-                "ts": start_ns / 1e3,
-                "dur": (end_ns - start_ns) / 1e3,
-                "args": args,
-            })
+            slices.append(
+                {
+                    "ph": "X",
+                    "name": str(event.name),
+                    "cat": stream,
+                    "pid": rank,
+                    "tid": tid,
+                    "ts": start_ns / 1e3,
+                    "dur": (end_ns - start_ns) / 1e3,
+                    "args": args,
+                }
+            )
     for (rank, tid), label in sorted(threads.items()):
-        trace.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid,
-                      "args": {"name": label}})
-        trace.append({"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": tid,
-                      "args": {"sort_index": tid}})
+        trace.append(
+            {"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": label}}
+        )
+        trace.append(
+            {
+                "ph": "M",
+                "name": "thread_sort_index",
+                "pid": rank,
+                "tid": tid,
+                "args": {"sort_index": tid},
+            }
+        )
     trace.extend(slices)
     for rank in sorted(result.memory_timeline):
         for time_s, size_bytes in result.memory_timeline[rank]:
-            trace.append({"ph": "C", "name": "memory", "pid": int(rank), "tid": 0,
-                          "ts": _ns(float(time_s)) / 1e3,
-                          "args": {"GB": float(size_bytes) / 1e9}})
+            trace.append(
+                {
+                    "ph": "C",
+                    "name": "memory",
+                    "pid": int(rank),
+                    "tid": 0,
+                    "ts": _ns(float(time_s)) / 1e3,
+                    "args": {"GB": float(size_bytes) / 1e9},
+                }
+            )
     other = {
         "generator": "collsim",
         "step_time_s": float(result.step_time_s),
@@ -177,6 +216,7 @@ def write_trace(result: StepResult, path: str | Path, *, name: str | None = None
         with path.open("w") as handle:
             json.dump(data, handle, separators=(",", ":"), allow_nan=False)
     except OSError as exc:
-        raise ConfigError(f"cannot write {str(path)!r}: {exc.strerror or exc}",
-                          key_path="trace") from None
+        raise ConfigError(
+            f"cannot write {str(path)!r}: {exc.strerror or exc}", key_path="trace"
+        ) from None
     return path

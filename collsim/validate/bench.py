@@ -27,8 +27,9 @@ import platform
 import socket
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from collsim.units import parse_size
 
@@ -121,8 +122,10 @@ class BenchConfig:
         if unknown:
             raise ValueError(f"unknown op(s) {', '.join(unknown)}; choose from {', '.join(OPS)}")
         if self.iters < 1 or self.warmup < 0 or not 1 <= self.rounds <= self.iters:
-            raise ValueError(f"need iters >= 1, warmup >= 0 and 1 <= rounds <= iters, got "
-                             f"{self.iters}, {self.warmup}, {self.rounds}")
+            raise ValueError(
+                f"need iters >= 1, warmup >= 0 and 1 <= rounds <= iters, got "
+                f"{self.iters}, {self.warmup}, {self.rounds}"
+            )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -182,8 +185,9 @@ def _single(dist: Any, name: str, legacy: str) -> Callable[..., Any]:
 class _OpCase:
     """Buffers, the op call and the expected result of one op at one size on one rank."""
 
-    def __init__(self, torch: Any, dist: Any, op: str, count: int, rank: int, n: int,
-                 device: str, root: int) -> None:
+    def __init__(
+        self, torch: Any, dist: Any, op: str, count: int, rank: int, n: int, device: str, root: int
+    ) -> None:
         self.torch, self.dist, self.op = torch, dist, op
         self.count, self.rank, self.n, self.device, self.root = count, rank, n, device, root
         chunk = count // n if op in _SPLIT_OPS else count
@@ -231,6 +235,7 @@ class _OpCase:
                     works = [dist.isend(inp, dst), dist.irecv(out, src)]
                     for work in works:
                         work.wait()
+
                 return shift
 
     def __call__(self) -> None:
@@ -261,8 +266,9 @@ class _OpCase:
             case "reduce_scatter":
                 expected = sum(_values(torch, q, self.rank * chunk, chunk, dev) for q in range(n))
             case "all_to_all":
-                expected = torch.cat([_values(torch, q, self.rank * chunk, chunk, dev)
-                                      for q in range(n)])
+                expected = torch.cat(
+                    [_values(torch, q, self.rank * chunk, chunk, dev) for q in range(n)]
+                )
             case _:
                 expected = _values(torch, (self.rank - 1) % n, 0, count, dev)
         if count == 0:
@@ -270,8 +276,9 @@ class _OpCase:
         return int((self.out != expected).sum().item())
 
 
-def _probe_kernels(torch: Any, dist: Any, ctx: Any, ops: tuple[str, ...],
-                   root: int) -> dict[str, list[str]]:
+def _probe_kernels(
+    torch: Any, dist: Any, ctx: Any, ops: tuple[str, ...], root: int
+) -> dict[str, list[str]]:
     """Names of the backend events (``gloo:...``/``nccl:...``) each op emits under the profiler.
 
     This is how the bench sees what the backend really runs, e.g. that gloo in torch 2.13
@@ -282,8 +289,10 @@ def _probe_kernels(torch: Any, dist: Any, ctx: Any, ops: tuple[str, ...],
     from torch.profiler import ProfilerActivity, profile, record_function
 
     n = ctx.world_size
-    cases = {op: _OpCase(torch, dist, op, element_count(op, 4096, n), ctx.rank, n, ctx.device,
-                         root) for op in ops}
+    cases = {
+        op: _OpCase(torch, dist, op, element_count(op, 4096, n), ctx.rank, n, ctx.device, root)
+        for op in ops
+    }
     # The profiler prints start/stop lines on stderr; keep them off the user's terminal.
     saved = os.dup(2)
     try:
@@ -299,8 +308,11 @@ def _probe_kernels(torch: Any, dist: Any, ctx: Any, ops: tuple[str, ...],
         os.dup2(saved, 2)
         os.close(saved)
     events = list(prof.events())
-    ranges = [(e.name.split(":", 1)[1], e.time_range.start, e.time_range.end)
-              for e in events if e.name.startswith("collsim:")]
+    ranges = [
+        (e.name.split(":", 1)[1], e.time_range.start, e.time_range.end)
+        for e in events
+        if e.name.startswith("collsim:")
+    ]
     found: dict[str, set[str]] = {op: set() for op in ops}
     for e in events:
         if not e.name.startswith(f"{ctx.backend}:"):
@@ -311,8 +323,9 @@ def _probe_kernels(torch: Any, dist: Any, ctx: Any, ops: tuple[str, ...],
     return {op: sorted(names) for op, names in found.items()}
 
 
-def _time_iterations(torch: Any, dist: Any, ctx: Any, fn: Callable[[], None],
-                     iters: int, barrier_each: bool = True) -> list[float]:
+def _time_iterations(
+    torch: Any, dist: Any, ctx: Any, fn: Callable[[], None], iters: int, barrier_each: bool = True
+) -> list[float]:
     """Per-iteration time in seconds of the slowest rank.
 
     With ``barrier_each`` (default) a barrier precedes every iteration and only the op is
@@ -388,7 +401,8 @@ def bench_rank(ctx: Any, config: BenchConfig) -> dict[str, Any]:
                 ctx.sync()
                 todo = min(per_round, config.iters - len(samples.get(key, [])))
                 samples.setdefault(key, []).extend(
-                    _time_iterations(torch, dist, ctx, case, todo, config.barrier_each))
+                    _time_iterations(torch, dist, ctx, case, todo, config.barrier_each)
+                )
                 del case
     for op in config.ops:
         for size_bytes in config.sizes_bytes:
@@ -397,13 +411,24 @@ def bench_rank(ctx: Any, config: BenchConfig) -> dict[str, Any]:
             count = counts[key]
             real_bytes = count * _ELEMENT_BYTES
             algbw = real_bytes / median_s / 1e9 if median_s > 0 else 0.0
-            points.append(BenchPoint(
-                op=op, size_bytes=real_bytes, count=count, type="float",
-                redop="sum" if op in ("all_reduce", "reduce_scatter") else "none",
-                root=config.root if op == "broadcast" else -1,
-                time_us=median_s * 1e6, min_us=min_s * 1e6, p90_us=p90_s * 1e6,
-                algbw_gbps=algbw, busbw_gbps=algbw * bus_factor(op, n),
-                wrong=wrong[key], world_size=n, iters=len(samples[key])))
+            points.append(
+                BenchPoint(
+                    op=op,
+                    size_bytes=real_bytes,
+                    count=count,
+                    type="float",
+                    redop="sum" if op in ("all_reduce", "reduce_scatter") else "none",
+                    root=config.root if op == "broadcast" else -1,
+                    time_us=median_s * 1e6,
+                    min_us=min_s * 1e6,
+                    p90_us=p90_s * 1e6,
+                    algbw_gbps=algbw,
+                    busbw_gbps=algbw * bus_factor(op, n),
+                    wrong=wrong[key],
+                    world_size=n,
+                    iters=len(samples[key]),
+                )
+            )
     overhead = _overhead(torch, dist, ctx, config.iters)
     return {
         "points": points,
@@ -423,8 +448,10 @@ def _overhead(torch: Any, dist: Any, ctx: Any, iters: int) -> dict[str, float]:
     noop = _time_iterations(torch, dist, ctx, lambda: None, max(iters, 10), barrier_each=True)
     one = torch.zeros(1, dtype=torch.float32, device=ctx.device)
     tiny = _time_iterations(torch, dist, ctx, lambda: dist.all_reduce(one), max(iters, 10))
-    return {"noop_us": statistics.median(noop) * 1e6,
-            "all_reduce_4B_us": statistics.median(tiny) * 1e6}
+    return {
+        "noop_us": statistics.median(noop) * 1e6,
+        "all_reduce_4B_us": statistics.median(tiny) * 1e6,
+    }
 
 
 # -------------------------------------------------------------------------------- parent side
@@ -449,7 +476,7 @@ def _cpu_jiffies() -> tuple[int, int] | None:
     if not fields or fields[0] != "cpu" or len(fields) < 9:
         return None
     values = [int(v) for v in fields[1:]]
-    return values[7], sum(values[:8])    # guest time is already inside user time
+    return values[7], sum(values[:8])  # guest time is already inside user time
 
 
 def steal_share(start: tuple[int, int] | None, end: tuple[int, int] | None) -> float | None:
@@ -460,8 +487,14 @@ def steal_share(start: tuple[int, int] | None, end: tuple[int, int] | None) -> f
     return round((end[0] - start[0]) / (end[1] - start[1]), 4)
 
 
-def run_bench(config: BenchConfig, *, world_size: int | None, backend: str = "gloo",
-              timeout_s: float = 600.0, realtime: bool = False) -> tuple[BenchResult, bool]:
+def run_bench(
+    config: BenchConfig,
+    *,
+    world_size: int | None,
+    backend: str = "gloo",
+    timeout_s: float = 600.0,
+    realtime: bool = False,
+) -> tuple[BenchResult, bool]:
     """Run the bench on local spawned ranks, or on this torchrun job.
 
     Args:
@@ -480,11 +513,17 @@ def run_bench(config: BenchConfig, *, world_size: int | None, backend: str = "gl
     """
     from collsim.validate.launch import run_distributed
 
-    started = _dt.datetime.now(_dt.timezone.utc)
+    started = _dt.datetime.now(_dt.UTC)
     load_start = _load_average()
     jiffies_start = _cpu_jiffies()
-    out, is_reporter = run_distributed(bench_rank, world_size, args=(config,), backend=backend,
-                                       timeout_s=timeout_s, realtime=realtime)
+    out, is_reporter = run_distributed(
+        bench_rank,
+        world_size,
+        args=(config,),
+        backend=backend,
+        timeout_s=timeout_s,
+        realtime=realtime,
+    )
     n = out["points"][0].world_size if out["points"] else (world_size or 0)
     metadata: dict[str, Any] = {
         "tool": "collsim validate bench",
@@ -503,14 +542,19 @@ def run_bench(config: BenchConfig, *, world_size: int | None, backend: str = "gl
         "iters": config.iters,
         "warmup": config.warmup,
         "rounds": config.rounds,
-        "timing": ("median over iterations of the slowest rank; "
-                   + ("barrier before each iteration" if config.barrier_each else
-                      "one barrier, then back-to-back iterations")),
+        "timing": (
+            "median over iterations of the slowest rank; "
+            + (
+                "barrier before each iteration"
+                if config.barrier_each
+                else "one barrier, then back-to-back iterations"
+            )
+        ),
         "dtype": "float32",
         "kernels": out["kernels"],
         "overhead_noop_us": round(out["overhead"]["noop_us"], 3),
         "overhead_all_reduce_4B_us": round(out["overhead"]["all_reduce_4B_us"], 3),
-        "duration_s": round((_dt.datetime.now(_dt.timezone.utc) - started).total_seconds(), 1),
+        "duration_s": round((_dt.datetime.now(_dt.UTC) - started).total_seconds(), 1),
         "load_average_start": load_start,
         "load_average_end": _load_average(),
         "cpu_steal_share": steal_share(jiffies_start, _cpu_jiffies()),

@@ -58,9 +58,23 @@ from typing import Any
 from collsim.errors import ConfigError
 from collsim.validate.dataset import Measurements
 
-__all__ = ["OpFit", "Calibration", "fit_line", "fit_hinge", "fit_two_regime", "select_rows",
-           "calibrate", "topology_yaml", "write_topology", "SUBSETS", "KNEE_ALPHA", "best_knee",
-           "KNEE_GRID_PER_OCTAVE", "knee_candidates", "f_critical"]
+__all__ = [
+    "OpFit",
+    "Calibration",
+    "fit_line",
+    "fit_hinge",
+    "fit_two_regime",
+    "select_rows",
+    "calibrate",
+    "topology_yaml",
+    "write_topology",
+    "SUBSETS",
+    "KNEE_ALPHA",
+    "best_knee",
+    "KNEE_GRID_PER_OCTAVE",
+    "knee_candidates",
+    "f_critical",
+]
 
 #: ``all`` sizes, or every other power of two: ``even`` (2^10, 2^12, ...) or ``odd``.
 SUBSETS = ("all", "even", "odd")
@@ -129,22 +143,28 @@ def _log2_parity(size_bytes: int) -> int | None:
     exp = math.log2(size_bytes)
     nearest = round(exp)
     # Split ops round the count down to a multiple of n: still within 1% of the power of two.
-    if abs(size_bytes - 2 ** nearest) > 0.01 * 2 ** nearest:
+    if abs(size_bytes - 2**nearest) > 0.01 * 2**nearest:
         return None
     return nearest % 2
 
 
-def select_rows(rows: list[dict[str, Any]], subset: str = "all", *, min_bytes: int = 0,
-                max_bytes: int | None = None, ops: tuple[str, ...] | None = None
-                ) -> list[dict[str, Any]]:
+def select_rows(
+    rows: list[dict[str, Any]],
+    subset: str = "all",
+    *,
+    min_bytes: int = 0,
+    max_bytes: int | None = None,
+    ops: tuple[str, ...] | None = None,
+) -> list[dict[str, Any]]:
     """Rows whose size is in ``subset`` and [min_bytes, max_bytes], for ``ops`` (all if None).
 
     Raises:
         ConfigError: unknown subset.
     """
     if subset not in SUBSETS:
-        raise ConfigError(f"must be one of {', '.join(SUBSETS)}; got {subset!r}",
-                          key_path="--subset")
+        raise ConfigError(
+            f"must be one of {', '.join(SUBSETS)}; got {subset!r}", key_path="--subset"
+        )
     out = []
     for row in rows:
         size = int(row["size_bytes"])
@@ -160,8 +180,9 @@ def select_rows(rows: list[dict[str, Any]], subset: str = "all", *, min_bytes: i
     return out
 
 
-def _fit_arrays(sizes_bytes: list[float], times_s: list[float], minimum: int,
-                what: str) -> tuple[Any, Any]:
+def _fit_arrays(
+    sizes_bytes: list[float], times_s: list[float], minimum: int, what: str
+) -> tuple[Any, Any]:
     """Sizes and times as float arrays, checked: at least ``minimum`` points, times > 0."""
     import numpy as np
 
@@ -188,8 +209,9 @@ def _huber_weights(resid: Any) -> Any | None:
     return np.sqrt(np.minimum(1.0, k / np.maximum(np.abs(resid), 1e-300)))
 
 
-def fit_line(sizes_bytes: list[float], times_s: list[float], *,
-             iterations: int = 20) -> tuple[float, float, float]:
+def fit_line(
+    sizes_bytes: list[float], times_s: list[float], *, iterations: int = 20
+) -> tuple[float, float, float]:
     """Robust fit of time = a + b x size minimising relative residuals; a >= 0, b > 0.
 
     Iteratively reweighted least squares with Huber weights (k = 1.345 robust sigmas, sigma
@@ -209,7 +231,7 @@ def fit_line(sizes_bytes: list[float], times_s: list[float], *,
     def solve(w: Any) -> tuple[float, float]:
         rows = np.stack([w / t, w * s / t], axis=1)
         (a, b), *_ = np.linalg.lstsq(rows, w, rcond=None)
-        if a < 0:   # through the origin
+        if a < 0:  # through the origin
             a = 0.0
             b = float(np.sum(w * w * s / t) / np.sum((w * s / t) ** 2))
         if b <= 0:  # flat: all latency
@@ -250,7 +272,7 @@ def _solve_nonnegative(rows: Any, target: Any) -> Any:
         loss = float(np.sum((rows @ x - target) ** 2))
         if best is None or loss < best[0]:
             best = (loss, x)
-    if best is None:        # no admissible slope: all latency, as fit_line does
+    if best is None:  # no admissible slope: all latency, as fit_line does
         x = np.zeros(3)
         x[1] = 1e-18
         x[0] = float(np.sum(rows[:, 0] * target) / np.sum(rows[:, 0] ** 2))
@@ -258,8 +280,9 @@ def _solve_nonnegative(rows: Any, target: Any) -> Any:
     return best[1]
 
 
-def fit_hinge(sizes_bytes: list[float], times_s: list[float], knee_bytes: float, *,
-              iterations: int = 20) -> tuple[float, float, float, float]:
+def fit_hinge(
+    sizes_bytes: list[float], times_s: list[float], knee_bytes: float, *, iterations: int = 20
+) -> tuple[float, float, float, float]:
     """Robust fit of time = a + b x size + c x max(0, size - knee); a, c >= 0, b > 0.
 
     Relative residuals with Huber weights, as :func:`fit_line` (IRLS, Holland & Welsch 1977);
@@ -279,7 +302,7 @@ def fit_hinge(sizes_bytes: list[float], times_s: list[float], knee_bytes: float,
     weights = np.ones_like(t)
     x = _solve_nonnegative(base, weights)
     for _ in range(iterations):
-        resid = (base @ x - 1.0)
+        resid = base @ x - 1.0
         weights = _huber_weights(resid)
         if weights is None:
             break
@@ -305,13 +328,17 @@ class RegimeFit:
 
     def time_s(self, size_bytes: float) -> float:
         """The fitted time of one size: a + b x size (+ c x max(0, size - knee))."""
-        extra = 0.0 if self.knee_bytes is None else \
-            self.extra_seconds_per_byte * max(0.0, size_bytes - self.knee_bytes)
+        extra = (
+            0.0
+            if self.knee_bytes is None
+            else self.extra_seconds_per_byte * max(0.0, size_bytes - self.knee_bytes)
+        )
         return self.intercept_s + self.seconds_per_byte * size_bytes + extra
 
 
-def knee_candidates(sizes_bytes: list[float],
-                    per_octave: int = KNEE_GRID_PER_OCTAVE) -> list[float]:
+def knee_candidates(
+    sizes_bytes: list[float], per_octave: int = KNEE_GRID_PER_OCTAVE
+) -> list[float]:
     """Knee positions to try: a geometric grid of ``per_octave`` points per factor of two from
     the third-smallest distinct size up to (not including) the second-largest, so that every
     candidate leaves at least 3 sizes at or below it and 2 above. Empty below 5 sizes."""
@@ -332,11 +359,12 @@ def f_critical(d2: int, alpha: float) -> float:
     """
     if d2 < 1 or not 0 < alpha <= 1:
         raise ValueError(f"need d2 >= 1 and 0 < alpha <= 1, got {d2}, {alpha}")
-    return d2 / 2.0 * (alpha ** (-2.0 / d2) - 1.0)
+    return d2 / 2.0 * (float(alpha ** (-2.0 / d2)) - 1.0)
 
 
-def best_knee(sizes_bytes: list[float], times_s: list[float], *,
-              line_median_abs_error: float = float("nan")) -> tuple[float, RegimeFit] | None:
+def best_knee(
+    sizes_bytes: list[float], times_s: list[float], *, line_median_abs_error: float = float("nan")
+) -> tuple[float, RegimeFit] | None:
     """The hinge with the least sum of squared relative residuals over the knees of
     :func:`knee_candidates`, with that sum; None when no knee gets an extra slope > 0."""
     import numpy as np
@@ -355,8 +383,9 @@ def best_knee(sizes_bytes: list[float], times_s: list[float], *,
     return best
 
 
-def fit_two_regime(sizes_bytes: list[float], times_s: list[float], *,
-                   alpha: float = KNEE_ALPHA) -> RegimeFit:
+def fit_two_regime(
+    sizes_bytes: list[float], times_s: list[float], *, alpha: float = KNEE_ALPHA
+) -> RegimeFit:
     """The line, or the line with one knee when an F-test rejects the line at ``alpha``.
 
     Knees are tried on the grid of :func:`knee_candidates`; the one whose hinge has the smallest
@@ -378,7 +407,7 @@ def fit_two_regime(sizes_bytes: list[float], times_s: list[float], *,
     rss_hinge, hinge = best
     gained = rss_line - rss_hinge
     if gained <= 1e-12 * max(rss_line, 1e-300) or gained <= 1e-24:
-        return line                     # no real improvement (an exact line, or round-off)
+        return line  # no real improvement (an exact line, or round-off)
     d2 = len(s) - 4
     if rss_hinge <= 0.0:
         return hinge
@@ -399,8 +428,9 @@ def _probe_topology(base: str, ranks_per_node: int, num_nodes: int) -> Any:
 
 def _probe_data(data: dict[str, Any]) -> dict[str, Any]:
     intra = dict(data["intra_node"])
-    intra.update(bandwidth_gbps=_PROBE_BANDWIDTH_BPS / 1e9, latency_us=_PROBE_LATENCY_S * 1e6,
-                 efficiency=1.0)
+    intra.update(
+        bandwidth_gbps=_PROBE_BANDWIDTH_BPS / 1e9, latency_us=_PROBE_LATENCY_S * 1e6, efficiency=1.0
+    )
     data["intra_node"] = intra
     coll = dict(data.get("collectives") or {})
     coll["overhead_us"] = 0.0
@@ -422,9 +452,11 @@ def _coefficients(topology: Any, op: str) -> dict[str, tuple[float, float]]:
         try:
             timing = schedule_for(CollectiveOp(op), group, algorithm).timings[0]
         except ConfigError:
-            continue    # not on this group
-        out[algorithm.value] = (timing.latency_s / _PROBE_LATENCY_S,
-                                timing.seconds_per_byte * _PROBE_BANDWIDTH_BPS)
+            continue  # not on this group
+        out[algorithm.value] = (
+            timing.latency_s / _PROBE_LATENCY_S,
+            timing.seconds_per_byte * _PROBE_BANDWIDTH_BPS,
+        )
     return out
 
 
@@ -440,10 +472,17 @@ def _preferred(op: str, options: dict[str, float]) -> str:
     return next(iter(options))
 
 
-def calibrate(meas: Measurements, *, base: str = "localhost", subset: str = "all",
-              min_bytes: int = 0, max_bytes: int | None = None,
-              algorithms: dict[str, str] | None = None, knees: bool = True,
-              knee_alpha: float = KNEE_ALPHA) -> Calibration:
+def calibrate(
+    meas: Measurements,
+    *,
+    base: str = "localhost",
+    subset: str = "all",
+    min_bytes: int = 0,
+    max_bytes: int | None = None,
+    algorithms: dict[str, str] | None = None,
+    knees: bool = True,
+    knee_alpha: float = KNEE_ALPHA,
+) -> Calibration:
     """Fit the topology ``base`` to the measurements (see the module docstring).
 
     Args:
@@ -463,12 +502,16 @@ def calibrate(meas: Measurements, *, base: str = "localhost", subset: str = "all
     rows = select_rows(meas.rows, subset, min_bytes=min_bytes, max_bytes=max_bytes)
     sizes = {int(r["world_size"]) for r in rows}
     if len(sizes) != 1:
-        raise ConfigError(f"need one world size per calibration, got {sorted(sizes)}",
-                          file=meas.path)
+        raise ConfigError(
+            f"need one world size per calibration, got {sorted(sizes)}", file=meas.path
+        )
     bad = [r for r in rows if int(r["wrong"]) > 0]
     if bad:
-        raise ConfigError(f"{len(bad)} measured point(s) have wrong results "
-                          f"(e.g. {bad[0]['op']} {bad[0]['size_bytes']} B)", file=meas.path)
+        raise ConfigError(
+            f"{len(bad)} measured point(s) have wrong results "
+            f"(e.g. {bad[0]['op']} {bad[0]['size_bytes']} B)",
+            file=meas.path,
+        )
     n = sizes.pop()
     ranks_per_node = int(meas.metadata.get("ranks_per_node", n))
     num_nodes = max(1, n // ranks_per_node)
@@ -491,18 +534,22 @@ def calibrate(meas: Measurements, *, base: str = "localhost", subset: str = "all
         coeffs[op] = _coefficients(probe, op)
     if not lines:
         raise ConfigError("no measured points in the selected sizes", file=meas.path)
-    implied = {op: {alg: kb / lines[op][1] for alg, (_, kb) in algs.items()}
-               for op, algs in coeffs.items()}
+    implied = {
+        op: {alg: kb / lines[op][1] for alg, (_, kb) in algs.items()} for op, algs in coeffs.items()
+    }
     chosen: dict[str, str] = {}
     for op, options in implied.items():
         pinned = (algorithms or {}).get(op)
         if pinned is not None and pinned not in options:
-            raise ConfigError(f"{pinned} cannot run {op} on {n} ranks; choose from "
-                              f"{', '.join(options)}", key_path=f"--algorithm {op}")
+            raise ConfigError(
+                f"{pinned} cannot run {op} on {n} ranks; choose from {', '.join(options)}",
+                key_path=f"--algorithm {op}",
+            )
         chosen[op] = pinned or _preferred(op, options)
     bandwidth = max(implied[op][chosen[op]] for op in chosen)
-    with_steps = [lines[op][0] / coeffs[op][chosen[op]][0] for op in chosen
-                  if coeffs[op][chosen[op]][0] > 0]
+    with_steps = [
+        lines[op][0] / coeffs[op][chosen[op]][0] for op in chosen if coeffs[op][chosen[op]][0] > 0
+    ]
     latency = min(with_steps) if with_steps else 0.0
     fits: dict[str, OpFit] = {}
     for op, alg in chosen.items():
@@ -510,34 +557,61 @@ def calibrate(meas: Measurements, *, base: str = "localhost", subset: str = "all
         k_lat, k_bw = coeffs[op][alg]
         regime = regimes[op]
         efficiency = min(1.0, implied[op][alg] / bandwidth)
-        fits[op] = OpFit(op=op, algorithm=alg, intercept_s=a, seconds_per_byte=b,
-                         overhead_s=max(0.0, a - k_lat * latency),
-                         efficiency=efficiency,
-                         latency_steps=k_lat, bytes_factor=k_bw, num_points=count,
-                         fit_median_abs_error=err, kernels=tuple(kernels.get(op, ())),
-                         line_median_abs_error=regime.line_median_abs_error,
-                         knee_bytes=regime.knee_bytes,
-                         extra_seconds_per_byte=regime.extra_seconds_per_byte,
-                         knee_efficiency=(None if regime.knee_bytes is None else
-                                          efficiency * b / (b + regime.extra_seconds_per_byte)))
+        fits[op] = OpFit(
+            op=op,
+            algorithm=alg,
+            intercept_s=a,
+            seconds_per_byte=b,
+            overhead_s=max(0.0, a - k_lat * latency),
+            efficiency=efficiency,
+            latency_steps=k_lat,
+            bytes_factor=k_bw,
+            num_points=count,
+            fit_median_abs_error=err,
+            kernels=tuple(kernels.get(op, ())),
+            line_median_abs_error=regime.line_median_abs_error,
+            knee_bytes=regime.knee_bytes,
+            extra_seconds_per_byte=regime.extra_seconds_per_byte,
+            knee_efficiency=(
+                None
+                if regime.knee_bytes is None
+                else efficiency * b / (b + regime.extra_seconds_per_byte)
+            ),
+        )
     notes = _notes(fits, kernels)
-    return Calibration(world_size=n, ranks_per_node=ranks_per_node, link_latency_s=latency,
-                       link_bandwidth_bps=bandwidth, ops=fits, base=base, subset=subset,
-                       source=meas.path, metadata=dict(meas.metadata), notes=notes)
+    return Calibration(
+        world_size=n,
+        ranks_per_node=ranks_per_node,
+        link_latency_s=latency,
+        link_bandwidth_bps=bandwidth,
+        ops=fits,
+        base=base,
+        subset=subset,
+        source=meas.path,
+        metadata=dict(meas.metadata),
+        notes=notes,
+    )
 
 
 def _notes(fits: dict[str, OpFit], kernels: dict[str, list[str]]) -> list[str]:
     notes = []
     for op, names in kernels.items():
         ran = sorted({name.split(":", 1)[-1] for name in names})
-        if op in ("reduce_scatter", "all_gather", "broadcast", "all_reduce", "all_to_all") \
-                and ran and op not in ran:
-            notes.append(f"{op}: the backend ran {', '.join(names)} (the profiler shows no "
-                         f"{op} kernel), so its fitted efficiency covers that extra traffic")
+        if (
+            op in ("reduce_scatter", "all_gather", "broadcast", "all_reduce", "all_to_all")
+            and ran
+            and op not in ran
+        ):
+            notes.append(
+                f"{op}: the backend ran {', '.join(names)} (the profiler shows no "
+                f"{op} kernel), so its fitted efficiency covers that extra traffic"
+            )
     if "reduce_scatter" in fits and "all_reduce" in fits:
         rs, ar = fits["reduce_scatter"], fits["all_reduce"]
-        notes.append(f"reduce_scatter takes {rs.seconds_per_byte / ar.seconds_per_byte:.2f} x "
-                     f"all_reduce's time per byte of the same input")
+        notes.append(
+            f"reduce_scatter takes {rs.seconds_per_byte / ar.seconds_per_byte:.2f} x "
+            f"all_reduce's time per byte of the same input"
+        )
     return notes
 
 
@@ -579,18 +653,23 @@ def topology_yaml(cal: Calibration, name: str) -> str:
         lines += ["host:", f"  bandwidth_gbps: {base['host'].get('bandwidth_gbps', 32.0)}"]
     overheads = [f.overhead_s for f in cal.ops.values()]
     library = (base.get("collectives") or {}).get("library", "gloo")
-    lines += ["collectives:", f"  library: {library}",
-              f"  overhead_us: {min(overheads) * 1e6:.6g}", "  algorithms:"]
+    lines += [
+        "collectives:",
+        f"  library: {library}",
+        f"  overhead_us: {min(overheads) * 1e6:.6g}",
+        "  algorithms:",
+    ]
     lines += [f"    {op}: {fit.algorithm}" for op, fit in cal.ops.items()]
     lines.append("  ops:")
     for op, fit in cal.ops.items():
         kern = f"  # ran {', '.join(fit.kernels)}" if fit.kernels else ""
         knee = ""
         if fit.knee_bytes is not None and fit.knee_efficiency is not None:
-            knee = (f", knee_bytes: {fit.knee_bytes:.0f}, "
-                    f"knee_efficiency: {fit.knee_efficiency:.6g}")
-        lines.append(f"    {op}: {{overhead_us: {fit.overhead_s * 1e6:.6g}, "
-                     f"efficiency: {fit.efficiency:.6g}{knee}}}{kern}")
+            knee = f", knee_bytes: {fit.knee_bytes:.0f}, knee_efficiency: {fit.knee_efficiency:.6g}"
+        lines.append(
+            f"    {op}: {{overhead_us: {fit.overhead_s * 1e6:.6g}, "
+            f"efficiency: {fit.efficiency:.6g}{knee}}}{kern}"
+        )
     return "\n".join(lines) + "\n"
 
 

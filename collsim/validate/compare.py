@@ -18,8 +18,17 @@ from collsim.errors import ConfigError
 from collsim.validate.calibrate import select_rows
 from collsim.validate.dataset import Measurements
 
-__all__ = ["ComparedPoint", "OpSummary", "RunsSummary", "compare", "summarize", "across_runs",
-           "format_comparison", "plot_comparison", "topology_for"]
+__all__ = [
+    "ComparedPoint",
+    "OpSummary",
+    "RunsSummary",
+    "compare",
+    "summarize",
+    "across_runs",
+    "format_comparison",
+    "plot_comparison",
+    "topology_for",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,9 +67,15 @@ def topology_for(spec: str | Path, meas: Measurements) -> Any:
     return load_topology(spec, nodes=max(1, n // per_node), gpus_per_node=per_node)
 
 
-def compare(meas: Measurements, topology: Any, *, subset: str = "all", min_bytes: int = 0,
-            max_bytes: int | None = None,
-            ops: tuple[str, ...] | None = None) -> list[ComparedPoint]:
+def compare(
+    meas: Measurements,
+    topology: Any,
+    *,
+    subset: str = "all",
+    min_bytes: int = 0,
+    max_bytes: int | None = None,
+    ops: tuple[str, ...] | None = None,
+) -> list[ComparedPoint]:
     """Simulate every selected measured point on ``topology``.
 
     Raises:
@@ -69,14 +84,24 @@ def compare(meas: Measurements, topology: Any, *, subset: str = "all", min_bytes
     from collsim.collectives import Group, cost
 
     if topology.num_ranks != meas.world_size:
-        raise ConfigError(f"topology {topology.name} has {topology.num_ranks} ranks, the "
-                          f"measurement {meas.world_size}", file=meas.path)
+        raise ConfigError(
+            f"topology {topology.name} has {topology.num_ranks} ranks, the "
+            f"measurement {meas.world_size}",
+            file=meas.path,
+        )
     group = Group.all(topology)
     out = []
     for row in select_rows(meas.rows, subset, min_bytes=min_bytes, max_bytes=max_bytes, ops=ops):
         sim = cost(row["op"], int(row["size_bytes"]), group)
-        out.append(ComparedPoint(row["op"], int(row["size_bytes"]), float(row["time_us"]) * 1e-6,
-                                 sim.time_s, sim.algorithm.value))
+        out.append(
+            ComparedPoint(
+                row["op"],
+                int(row["size_bytes"]),
+                float(row["time_us"]) * 1e-6,
+                sim.time_s,
+                sim.algorithm.value,
+            )
+        )
     return out
 
 
@@ -135,26 +160,33 @@ def across_runs(per_run: list[tuple[int, list[OpSummary]]]) -> list[RunsSummary]
     return [RunsSummary(n, op, tuple(errs)) for (n, op), errs in grouped.items()]
 
 
-def format_comparison(points: list[ComparedPoint], summary: list[OpSummary],
-                      header: str = "") -> str:
+def format_comparison(
+    points: list[ComparedPoint], summary: list[OpSummary], header: str = ""
+) -> str:
     """Table of measured vs simulated per point, then the summary."""
     lines = [f"# {header}"] if header else []
-    lines.append(f"# {'op':<15} {'size(B)':>12} {'measured(us)':>13} {'simulated(us)':>14} "
-                 f"{'error':>8}  algorithm")
+    lines.append(
+        f"# {'op':<15} {'size(B)':>12} {'measured(us)':>13} {'simulated(us)':>14} "
+        f"{'error':>8}  algorithm"
+    )
     for p in points:
-        lines.append(f"  {p.op:<15} {p.size_bytes:>12} {p.measured_s * 1e6:>13.1f} "
-                     f"{p.simulated_s * 1e6:>14.1f} {p.error * 100:>7.1f}%  {p.algorithm}")
+        lines.append(
+            f"  {p.op:<15} {p.size_bytes:>12} {p.measured_s * 1e6:>13.1f} "
+            f"{p.simulated_s * 1e6:>14.1f} {p.error * 100:>7.1f}%  {p.algorithm}"
+        )
     lines.append("#")
-    lines.append(f"# {'op':<15} {'points':>6} {'median|err|':>12} {'p90|err|':>9} "
-                 f"{'max|err|':>9}")
+    lines.append(f"# {'op':<15} {'points':>6} {'median|err|':>12} {'p90|err|':>9} {'max|err|':>9}")
     for s in summary:
-        lines.append(f"  {s.op:<15} {s.count:>6} {s.median_abs_error * 100:>11.1f}% "
-                     f"{s.p90_abs_error * 100:>8.1f}% {s.max_abs_error * 100:>8.1f}%")
+        lines.append(
+            f"  {s.op:<15} {s.count:>6} {s.median_abs_error * 100:>11.1f}% "
+            f"{s.p90_abs_error * 100:>8.1f}% {s.max_abs_error * 100:>8.1f}%"
+        )
     return "\n".join(lines)
 
 
-def plot_comparison(points: list[ComparedPoint], topology: Any, path: str | Path,
-                    title: str = "") -> Path:
+def plot_comparison(
+    points: list[ComparedPoint], topology: Any, path: str | Path, title: str = ""
+) -> Path:
     """Log-log time vs size: measured points, simulated lines (one colour per op)."""
     import matplotlib
 
@@ -173,11 +205,21 @@ def plot_comparison(points: list[ComparedPoint], topology: Any, path: str | Path
     for i, op in enumerate(ops):
         color = f"C{i % 10}"
         pts = [p for p in points if p.op == op]
-        ax.plot([p.size_bytes for p in pts], [p.measured_s * 1e6 for p in pts], "o",
-                color=color, label=f"{op} measured")
+        ax.plot(
+            [p.size_bytes for p in pts],
+            [p.measured_s * 1e6 for p in pts],
+            "o",
+            color=color,
+            label=f"{op} measured",
+        )
         grid = np.geomspace(min(p.size_bytes for p in pts), max(p.size_bytes for p in pts), 64)
-        ax.plot(grid, [cost(op, float(s), group).time_s * 1e6 for s in grid], "-", color=color,
-                label=f"{op} simulated")
+        ax.plot(
+            grid,
+            [cost(op, float(s), group).time_s * 1e6 for s in grid],
+            "-",
+            color=color,
+            label=f"{op} simulated",
+        )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("size (bytes)")

@@ -29,8 +29,22 @@ __all__ = [
 ]
 
 #: Columns of a measured CSV, in order (BenchPoint's fields).
-COLUMNS = ("op", "size_bytes", "count", "type", "redop", "root", "time_us", "min_us", "p90_us",
-           "algbw_gbps", "busbw_gbps", "wrong", "world_size", "iters")
+COLUMNS = (
+    "op",
+    "size_bytes",
+    "count",
+    "type",
+    "redop",
+    "root",
+    "time_us",
+    "min_us",
+    "p90_us",
+    "algbw_gbps",
+    "busbw_gbps",
+    "wrong",
+    "world_size",
+    "iters",
+)
 _INT_COLUMNS = {"size_bytes", "count", "root", "wrong", "world_size", "iters"}
 _STR_COLUMNS = {"op", "type", "redop"}
 
@@ -59,8 +73,9 @@ class Measurements:
         return int(self.rows[0]["world_size"])
 
 
-def write_measurements(path: str | Path, rows: list[dict[str, Any]],
-                       metadata: dict[str, Any]) -> Path:
+def write_measurements(
+    path: str | Path, rows: list[dict[str, Any]], metadata: dict[str, Any]
+) -> Path:
     """Write rows and metadata as CSV (``.csv``) or JSON (``.json``).
 
     Raises:
@@ -79,8 +94,9 @@ def write_measurements(path: str | Path, rows: list[dict[str, Any]],
         writer = csv.DictWriter(handle, fieldnames=list(COLUMNS), extrasaction="ignore")
         writer.writeheader()
         for row in rows:
-            writer.writerow({k: (f"{row[k]:.9g}" if isinstance(row[k], float) else row[k])
-                             for k in COLUMNS})
+            writer.writerow(
+                {k: (f"{row[k]:.9g}" if isinstance(row[k], float) else row[k]) for k in COLUMNS}
+            )
     return out
 
 
@@ -91,8 +107,9 @@ def _convert(row: dict[str, str], path: Path, line: int) -> dict[str, Any]:
             raise ConfigError(f"missing column {key!r}", file=str(path), line=line)
         text = row[key]
         try:
-            out[key] = (text if key in _STR_COLUMNS else
-                        int(text) if key in _INT_COLUMNS else float(text))
+            out[key] = (
+                text if key in _STR_COLUMNS else int(text) if key in _INT_COLUMNS else float(text)
+            )
         except ValueError:
             raise ConfigError(f"{key}: not a number: {text!r}", file=str(path), line=line) from None
     return out
@@ -109,8 +126,10 @@ def read_measurements(path: str | Path) -> Measurements:
         raise ConfigError("no such measurement file", file=str(src))
     if src.suffix == ".json":
         doc = json.loads(src.read_text())
-        rows = [_convert({k: str(v) for k, v in r.items()}, src, i + 1)
-                for i, r in enumerate(doc.get("points", []))]
+        rows = [
+            _convert({k: str(v) for k, v in r.items()}, src, i + 1)
+            for i, r in enumerate(doc.get("points", []))
+        ]
         return Measurements(rows=rows, metadata=dict(doc.get("metadata", {})), path=str(src))
     metadata: dict[str, Any] = {}
     body: list[str] = []
@@ -148,8 +167,10 @@ def format_table(rows: list[dict[str, Any]], metadata: dict[str, Any]) -> str:
     for row in rows:
         if row["op"] not in ops:
             ops.append(row["op"])
-    header = (f"# {'size(B)':>12} {'count(elements)':>15} {'type':>6} {'redop':>6} {'root':>5}"
-              f" {'time(us)':>11} {'algbw(GB/s)':>11} {'busbw(GB/s)':>11} {'#wrong':>7}")
+    header = (
+        f"# {'size(B)':>12} {'count(elements)':>15} {'type':>6} {'redop':>6} {'root':>5}"
+        f" {'time(us)':>11} {'algbw(GB/s)':>11} {'busbw(GB/s)':>11} {'#wrong':>7}"
+    )
     for op in ops:
         lines += ["#", f"# {op}", header]
         op_rows = [r for r in rows if r["op"] == op]
@@ -157,23 +178,36 @@ def format_table(rows: list[dict[str, Any]], metadata: dict[str, Any]) -> str:
             lines.append(
                 f"  {r['size_bytes']:>12} {r['count']:>15} {r['type']:>6} {r['redop']:>6} "
                 f"{r['root']:>5} {r['time_us']:>11.1f} {r['algbw_gbps']:>11.3f} "
-                f"{r['busbw_gbps']:>11.3f} {r['wrong']:>7}")
+                f"{r['busbw_gbps']:>11.3f} {r['wrong']:>7}"
+            )
         mean_bus = sum(r["busbw_gbps"] for r in op_rows) / len(op_rows)
-        lines.append(f"# Out of bounds values : {sum(1 for r in op_rows if r['wrong'])} "
-                     f"{'OK' if not any(r['wrong'] for r in op_rows) else 'FAILED'}")
+        lines.append(
+            f"# Out of bounds values : {sum(1 for r in op_rows if r['wrong'])} "
+            f"{'OK' if not any(r['wrong'] for r in op_rows) else 'FAILED'}"
+        )
         lines.append(f"# Avg bus bandwidth    : {mean_bus:.4g}")
     if "overhead_noop_us" in metadata:
-        lines += ["#", f"# bench overhead: timing loop around nothing "
-                       f"{metadata['overhead_noop_us']:.1f} us; 4-byte all_reduce "
-                       f"{metadata['overhead_all_reduce_4B_us']:.1f} us"]
+        lines += [
+            "#",
+            f"# bench overhead: timing loop around nothing "
+            f"{metadata['overhead_noop_us']:.1f} us; 4-byte all_reduce "
+            f"{metadata['overhead_all_reduce_4B_us']:.1f} us",
+        ]
     if metadata.get("load_average_start") is not None:
-        lines.append(f"# load average (1, 5, 15 min): {metadata['load_average_start']} at the "
-                     f"start, {metadata.get('load_average_end')} at the end, "
-                     f"{metadata.get('duration_s')} s"
-                     + (f"; CPU time stolen by the hypervisor {metadata['cpu_steal_share']:.1%}"
-                        if metadata.get("cpu_steal_share") is not None else ""))
+        lines.append(
+            f"# load average (1, 5, 15 min): {metadata['load_average_start']} at the "
+            f"start, {metadata.get('load_average_end')} at the end, "
+            f"{metadata.get('duration_s')} s"
+            + (
+                f"; CPU time stolen by the hypervisor {metadata['cpu_steal_share']:.1%}"
+                if metadata.get("cpu_steal_share") is not None
+                else ""
+            )
+        )
     kernels = metadata.get("kernels") or {}
     if kernels:
-        lines.append("# backend kernels per op: " + "; ".join(
-            f"{op} -> {', '.join(names) or '?'}" for op, names in kernels.items()))
+        lines.append(
+            "# backend kernels per op: "
+            + "; ".join(f"{op} -> {', '.join(names) or '?'}" for op, names in kernels.items())
+        )
     return "\n".join(lines)

@@ -36,9 +36,10 @@ import socket
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from collsim.errors import CollsimError
 
@@ -139,9 +140,11 @@ def realtime_problem() -> str | None:
         try:
             os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(REALTIME_PRIORITY))
         except OSError as exc:
-            problems.append(f"cannot run ranks under SCHED_RR priority {REALTIME_PRIORITY}: "
-                            f"{exc.strerror}; it needs root, CAP_SYS_NICE or "
-                            f"'ulimit -r {REALTIME_PRIORITY}'")
+            problems.append(
+                f"cannot run ranks under SCHED_RR priority {REALTIME_PRIORITY}: "
+                f"{exc.strerror}; it needs root, CAP_SYS_NICE or "
+                f"'ulimit -r {REALTIME_PRIORITY}'"
+            )
 
     thread = threading.Thread(target=probe, name="collsim-rt-probe")
     thread.start()
@@ -160,8 +163,11 @@ def current_scheduling() -> str:
     if not hasattr(os, "sched_getscheduler"):
         return "unknown"
     policy = os.sched_getscheduler(0)
-    names = {getattr(os, n): n for n in ("SCHED_OTHER", "SCHED_BATCH", "SCHED_IDLE",
-                                          "SCHED_FIFO", "SCHED_RR") if hasattr(os, n)}
+    names = {
+        getattr(os, n): n
+        for n in ("SCHED_OTHER", "SCHED_BATCH", "SCHED_IDLE", "SCHED_FIFO", "SCHED_RR")
+        if hasattr(os, n)
+    }
     name = names.get(policy, f"policy {policy}")
     if name in ("SCHED_FIFO", "SCHED_RR"):
         return f"{name} priority {os.sched_getparam(0).sched_priority}"
@@ -191,9 +197,16 @@ def _init_group(backend: str, timeout_s: float, **kwargs: Any) -> None:
     dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s), **kwargs)
 
 
-def _rank_entry(fn: Callable[..., Any], rank: int, world_size: int, run_dir: str,
-                backend: str, timeout_s: float, args: tuple[Any, ...],
-                realtime: bool = False) -> None:
+def _rank_entry(
+    fn: Callable[..., Any],
+    rank: int,
+    world_size: int,
+    run_dir: str,
+    backend: str,
+    timeout_s: float,
+    args: tuple[Any, ...],
+    realtime: bool = False,
+) -> None:
     """Body of one spawned rank: join the group, run ``fn``, leave the result in ``run_dir``."""
     _limit_threads()
     out = Path(run_dir)
@@ -210,9 +223,15 @@ def _rank_entry(fn: Callable[..., Any], rank: int, world_size: int, run_dir: str
             import torch
 
             torch.cuda.set_device(rank)
-        ctx = RankContext(rank=rank, world_size=world_size, local_rank=rank,
-                          local_world_size=world_size, backend=backend,
-                          device=_device_for(backend, rank), launcher="spawn")
+        ctx = RankContext(
+            rank=rank,
+            world_size=world_size,
+            local_rank=rank,
+            local_world_size=world_size,
+            backend=backend,
+            device=_device_for(backend, rank),
+            launcher="spawn",
+        )
         result = fn(ctx, *args)
         tmp = out / f"result_{rank}.tmp"
         tmp.write_bytes(pickle.dumps(result))
@@ -254,9 +273,15 @@ def _kill_all(procs: list[Any]) -> None:
         proc.join(timeout=5.0)
 
 
-def spawn_ranks(fn: Callable[..., Any], world_size: int, *, args: tuple[Any, ...] = (),
-                backend: str = "gloo", timeout_s: float = 120.0,
-                realtime: bool = False) -> list[Any]:
+def spawn_ranks(
+    fn: Callable[..., Any],
+    world_size: int,
+    *,
+    args: tuple[Any, ...] = (),
+    backend: str = "gloo",
+    timeout_s: float = 120.0,
+    realtime: bool = False,
+) -> list[Any]:
     """Run ``fn(ctx, *args)`` on ``world_size`` fresh local processes and return their results.
 
     Args:
@@ -283,7 +308,6 @@ def spawn_ranks(fn: Callable[..., Any], world_size: int, *, args: tuple[Any, ...
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
     import multiprocessing
-
     import signal
     import threading
 
@@ -293,14 +317,19 @@ def spawn_ranks(fn: Callable[..., Any], world_size: int, *, args: tuple[Any, ...
     deadline = time.monotonic() + timeout_s
     previous = None
     if threading.current_thread() is threading.main_thread():
+
         def on_term(signum: int, frame: Any) -> None:
             raise _Terminated(f"signal {signum}")
+
         previous = signal.signal(signal.SIGTERM, on_term)
     try:
         for rank in range(world_size):
-            proc = ctx.Process(target=_rank_entry, name=f"collsim-rank-{rank}", daemon=True,
-                               args=(fn, rank, world_size, run_dir, backend, timeout_s, args,
-                                     realtime))
+            proc = ctx.Process(
+                target=_rank_entry,
+                name=f"collsim-rank-{rank}",
+                daemon=True,
+                args=(fn, rank, world_size, run_dir, backend, timeout_s, args, realtime),
+            )
             proc.start()
             procs.append(proc)
         _watch(procs, Path(run_dir), deadline, timeout_s)
@@ -309,8 +338,9 @@ def spawn_ranks(fn: Callable[..., Any], world_size: int, *, args: tuple[Any, ...
             results.append(pickle.loads((Path(run_dir) / f"result_{rank}.pkl").read_bytes()))
         return results
     except _Terminated:
-        raise RankFailure("terminated by a signal; all ranks were stopped", ranks=(),
-                          reason="terminated") from None
+        raise RankFailure(
+            "terminated by a signal; all ranks were stopped", ranks=(), reason="terminated"
+        ) from None
     finally:
         _kill_all(procs)
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -319,8 +349,16 @@ def spawn_ranks(fn: Callable[..., Any], world_size: int, *, args: tuple[Any, ...
 
 
 #: Error texts that mean "a peer went away", i.e. a consequence of another rank's failure.
-_PEER_SYMPTOMS = ("Connection reset", "Connection closed", "Broken pipe", "Timed out",
-                  "timed out", "Timeout", "peer", "EOF")
+_PEER_SYMPTOMS = (
+    "Connection reset",
+    "Connection closed",
+    "Broken pipe",
+    "Timed out",
+    "timed out",
+    "Timeout",
+    "peer",
+    "EOF",
+)
 
 
 def _diagnose(procs: list[Any], run_dir: Path) -> RankFailure:
@@ -330,7 +368,7 @@ def _diagnose(procs: list[Any], run_dir: Path) -> RankFailure:
     rank whose error is not a lost-peer symptom; otherwise the lowest rank with an error.
     """
     time.sleep(0.5)  # let the other ranks' reports of the same event arrive
-    exit_codes = [proc.exitcode for proc in procs]   # before our kills
+    exit_codes = [proc.exitcode for proc in procs]  # before our kills
     _kill_all(procs)
     errors: dict[int, str] = {}
     died: dict[int, str] = {}
@@ -339,16 +377,19 @@ def _diagnose(procs: list[Any], run_dir: Path) -> RankFailure:
         if path.exists():
             errors[rank] = path.read_text().strip()
         elif code is not None and not (run_dir / f"result_{rank}.pkl").exists():
-            died[rank] = (f"was killed by signal {-code}" if code < 0
-                          else f"exited with code {code}")
+            died[rank] = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
 
     def first_line(text: str) -> str:
         return text.splitlines()[0] if text else text
+
     if died:
         rank = min(died)
         others = "".join(f"; rank {r} then failed: {first_line(t)}" for r, t in errors.items())
-        return RankFailure(f"rank {rank} {died[rank]} before finishing{others}; all ranks "
-                           f"were stopped", ranks=(rank,), reason="died")
+        return RankFailure(
+            f"rank {rank} {died[rank]} before finishing{others}; all ranks were stopped",
+            ranks=(rank,),
+            reason="died",
+        )
     causes = [r for r, t in errors.items() if not any(s in first_line(t) for s in _PEER_SYMPTOMS)]
     rank = min(causes) if causes else min(errors)
     return RankFailure(f"rank {rank} raised: {errors[rank]}", ranks=(rank,), reason="error")
@@ -378,14 +419,24 @@ def _watch(procs: list[Any], run_dir: Path, deadline: float, timeout_s: float) -
             late = tuple(r for r in range(world_size) if r not in done_at)
             _kill_all(procs)
             names = ", ".join(str(r) for r in late)
-            raise RankFailure(f"rank(s) {names} did not finish within the {timeout_s:g} s "
-                              f"timeout; all ranks were stopped", ranks=late, reason="timeout")
+            raise RankFailure(
+                f"rank(s) {names} did not finish within the {timeout_s:g} s "
+                f"timeout; all ranks were stopped",
+                ranks=late,
+                reason="timeout",
+            )
         time.sleep(_POLL_S)
 
 
-def run_distributed(fn: Callable[..., Any], world_size: int | None, *,
-                    args: tuple[Any, ...] = (), backend: str = "gloo",
-                    timeout_s: float = 120.0, realtime: bool = False) -> tuple[Any, bool]:
+def run_distributed(
+    fn: Callable[..., Any],
+    world_size: int | None,
+    *,
+    args: tuple[Any, ...] = (),
+    backend: str = "gloo",
+    timeout_s: float = 120.0,
+    realtime: bool = False,
+) -> tuple[Any, bool]:
     """Run ``fn`` under torchrun if this process is a torchrun rank, else spawn local ranks.
 
     Args:
@@ -421,9 +472,15 @@ def run_distributed(fn: Callable[..., Any], world_size: int | None, *,
         _init_group(backend, timeout_s, init_method="env://")
         import torch.distributed as dist
 
-        ctx = RankContext(rank=rank, world_size=size, local_rank=local_rank,
-                          local_world_size=local_size, backend=backend,
-                          device=_device_for(backend, local_rank), launcher="torchrun")
+        ctx = RankContext(
+            rank=rank,
+            world_size=size,
+            local_rank=local_rank,
+            local_world_size=local_size,
+            backend=backend,
+            device=_device_for(backend, local_rank),
+            launcher="torchrun",
+        )
         try:
             result = fn(ctx, *args)
         finally:
@@ -431,5 +488,6 @@ def run_distributed(fn: Callable[..., Any], world_size: int | None, *,
         return result, rank == 0
     if world_size is None:
         raise ValueError("world_size is required outside torchrun")
-    return spawn_ranks(fn, world_size, args=args, backend=backend, timeout_s=timeout_s,
-                       realtime=realtime)[0], True
+    return spawn_ranks(
+        fn, world_size, args=args, backend=backend, timeout_s=timeout_s, realtime=realtime
+    )[0], True

@@ -25,8 +25,16 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["SketchConfig", "MinimalDDP", "FlatShard", "sketch_rank", "run_sketch", "check_report",
-           "GRAD_TOLERANCE", "DIVERGENCE_TOLERANCE"]
+__all__ = [
+    "SketchConfig",
+    "MinimalDDP",
+    "FlatShard",
+    "sketch_rank",
+    "run_sketch",
+    "check_report",
+    "GRAD_TOLERANCE",
+    "DIVERGENCE_TOLERANCE",
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,38 +68,71 @@ def check_report(report: dict[str, Any]) -> list[tuple[str, bool, str]]:
     rows: list[tuple[str, bool, str]] = []
     n = report["world_size"]
     if "grad_max_abs_diff" in report:
-        rows.append(("broadcast at construction makes replicas equal",
-                     report["divergence_after_broadcast"] == 0.0,
-                     f"{report['divergence_before_broadcast']:.3g} -> "
-                     f"{report['divergence_after_broadcast']:.3g}"))
-        rows.append(("all-reduced gradient == one process on the N*B batch (< 1e-3)",
-                     report["grad_max_abs_diff"] < GRAD_TOLERANCE,
-                     f"max |diff| {report['grad_max_abs_diff']:.3g}"))
-        rows.append((f"parameters in sync over {len(report['divergence_per_step'])} steps "
-                     f"(< 1e-3)", report["divergence_max"] < DIVERGENCE_TOLERANCE,
-                     f"max divergence {report['divergence_max']:.3g}"))
+        rows.append(
+            (
+                "broadcast at construction makes replicas equal",
+                report["divergence_after_broadcast"] == 0.0,
+                f"{report['divergence_before_broadcast']:.3g} -> "
+                f"{report['divergence_after_broadcast']:.3g}",
+            )
+        )
+        rows.append(
+            (
+                "all-reduced gradient == one process on the N*B batch (< 1e-3)",
+                report["grad_max_abs_diff"] < GRAD_TOLERANCE,
+                f"max |diff| {report['grad_max_abs_diff']:.3g}",
+            )
+        )
+        rows.append(
+            (
+                f"parameters in sync over {len(report['divergence_per_step'])} steps (< 1e-3)",
+                report["divergence_max"] < DIVERGENCE_TOLERANCE,
+                f"max divergence {report['divergence_max']:.3g}",
+            )
+        )
     if "fsdp" in report:
         f = report["fsdp"]
         ideal = -(-f["full_parameter_bytes"] // (4 * n)) * 4
-        rows.append(("FSDP round trip (flatten, pad, shard, all-gather) is bit-exact",
-                     f["round_trip_bit_exact"], str(f["round_trip_bit_exact"])))
-        rows.append((f"per-rank parameter bytes ~ 1/N (N={n}) at rest",
-                     f["resting_parameter_bytes_per_rank"] <= ideal + 4 * n,
-                     f"{f['resting_parameter_bytes_per_rank']} of {f['full_parameter_bytes']} B "
-                     f"({f['resting_fraction']:.3f})"))
-        rows.append(("reduce-scattered shard gradient == one process (< 1e-3)",
-                     f["shard_grad_max_abs_diff"] < GRAD_TOLERANCE,
-                     f"max |diff| {f['shard_grad_max_abs_diff']:.3g}"))
+        rows.append(
+            (
+                "FSDP round trip (flatten, pad, shard, all-gather) is bit-exact",
+                f["round_trip_bit_exact"],
+                str(f["round_trip_bit_exact"]),
+            )
+        )
+        rows.append(
+            (
+                f"per-rank parameter bytes ~ 1/N (N={n}) at rest",
+                f["resting_parameter_bytes_per_rank"] <= ideal + 4 * n,
+                f"{f['resting_parameter_bytes_per_rank']} of {f['full_parameter_bytes']} B "
+                f"({f['resting_fraction']:.3f})",
+            )
+        )
+        rows.append(
+            (
+                "reduce-scattered shard gradient == one process (< 1e-3)",
+                f["shard_grad_max_abs_diff"] < GRAD_TOLERANCE,
+                f"max |diff| {f['shard_grad_max_abs_diff']:.3g}",
+            )
+        )
     if "timing" in report:
         t = report["timing"]
-        rows.append(("AVG gives the same gradients as SUM/N",
-                     t["avg_vs_sum_div_max_abs_diff"] < GRAD_TOLERANCE,
-                     f"all_reduce SUM/N {t['all_reduce_sum_div_s'] * 1e3:.2f} ms, "
-                     f"AVG {t['all_reduce_avg_s'] * 1e3:.2f} ms"))
-        rows.append(("overlapped hook all-reduce gives the same gradients",
-                     t["overlap_vs_sum_div_max_abs_diff"] < GRAD_TOLERANCE,
-                     f"step after-backward {t['sum_div_step_s'] * 1e3:.2f} ms, overlapped "
-                     f"{t['overlap_step_s'] * 1e3:.2f} ms (x{t['overlap_speedup']:.2f})"))
+        rows.append(
+            (
+                "AVG gives the same gradients as SUM/N",
+                t["avg_vs_sum_div_max_abs_diff"] < GRAD_TOLERANCE,
+                f"all_reduce SUM/N {t['all_reduce_sum_div_s'] * 1e3:.2f} ms, "
+                f"AVG {t['all_reduce_avg_s'] * 1e3:.2f} ms",
+            )
+        )
+        rows.append(
+            (
+                "overlapped hook all-reduce gives the same gradients",
+                t["overlap_vs_sum_div_max_abs_diff"] < GRAD_TOLERANCE,
+                f"step after-backward {t['sum_div_step_s'] * 1e3:.2f} ms, overlapped "
+                f"{t['overlap_step_s'] * 1e3:.2f} ms (x{t['overlap_speedup']:.2f})",
+            )
+        )
     return rows
 
 
@@ -201,7 +242,7 @@ class FlatShard:
         flat = torch.zeros(self.padded, dtype=self.params[0].dtype, device=self.device)
         flat[: self.numel] = torch.cat([p.detach().reshape(-1) for p in self.params])
         lo = self.rank * self.shard_numel
-        self.shard = flat[lo: lo + self.shard_numel].clone()
+        self.shard = flat[lo : lo + self.shard_numel].clone()
         self.shard_grad = torch.zeros_like(self.shard)
         self.full: Any = None
         self.reshard()
@@ -217,7 +258,7 @@ class FlatShard:
         self.full = full
         offset = 0
         for param, shape, numel in zip(self.params, self.shapes, self.numels):
-            param.data = full[offset: offset + numel].view(shape)
+            param.data = full[offset : offset + numel].view(shape)
             offset += numel
         return full
 
@@ -230,7 +271,7 @@ class FlatShard:
         offset = 0
         for param, numel in zip(self.params, self.numels):
             if param.grad is not None:
-                flat_grad[offset: offset + numel] = param.grad.reshape(-1)
+                flat_grad[offset : offset + numel] = param.grad.reshape(-1)
             offset += numel
         scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
         scatter(self.shard_grad, flat_grad)
@@ -305,8 +346,9 @@ def sketch_rank(ctx: Any, cfg: SketchConfig) -> dict[str, Any]:
     return report
 
 
-def _ddp_checks(torch: Any, dist: Any, cfg: SketchConfig, rank: int, n: int,
-                sizes: list[int]) -> dict[str, Any]:
+def _ddp_checks(
+    torch: Any, dist: Any, cfg: SketchConfig, rank: int, n: int, sizes: list[int]
+) -> dict[str, Any]:
     import copy
 
     report: dict[str, Any] = {}
@@ -322,13 +364,16 @@ def _ddp_checks(torch: Any, dist: Any, cfg: SketchConfig, rank: int, n: int,
     reference = copy.deepcopy(model)
     x, y = _global_batch(torch, cfg, n, 0)
     lo = rank * cfg.batch_per_rank
-    loss = torch.nn.functional.mse_loss(ddp(x[lo: lo + cfg.batch_per_rank]),
-                                        y[lo: lo + cfg.batch_per_rank])
+    loss = torch.nn.functional.mse_loss(
+        ddp(x[lo : lo + cfg.batch_per_rank]), y[lo : lo + cfg.batch_per_rank]
+    )
     loss.backward()
     ddp.finish()
     torch.nn.functional.mse_loss(reference(x), y).backward()
-    grad_diff = max(float((p.grad - q.grad).abs().max())
-                    for p, q in zip(model.parameters(), reference.parameters()))
+    grad_diff = max(
+        float((p.grad - q.grad).abs().max())
+        for p, q in zip(model.parameters(), reference.parameters())
+    )
     worst = torch.tensor([grad_diff], dtype=torch.float64)
     dist.all_reduce(worst, op=dist.ReduceOp.MAX)
     report["grad_max_abs_diff"] = float(worst.item())
@@ -339,8 +384,8 @@ def _ddp_checks(torch: Any, dist: Any, cfg: SketchConfig, rank: int, n: int,
     for step in range(cfg.steps):
         opt.zero_grad()
         x, y = _global_batch(torch, cfg, n, step + 1)
-        out = ddp(x[lo: lo + cfg.batch_per_rank])
-        torch.nn.functional.mse_loss(out, y[lo: lo + cfg.batch_per_rank]).backward()
+        out = ddp(x[lo : lo + cfg.batch_per_rank])
+        torch.nn.functional.mse_loss(out, y[lo : lo + cfg.batch_per_rank]).backward()
         ddp.finish()
         opt.step()
         divergence.append(_divergence(torch, dist, model))
@@ -349,8 +394,9 @@ def _ddp_checks(torch: Any, dist: Any, cfg: SketchConfig, rank: int, n: int,
     return report
 
 
-def _fsdp_checks(torch: Any, dist: Any, cfg: SketchConfig, rank: int, n: int,
-                 sizes: list[int]) -> dict[str, Any]:
+def _fsdp_checks(
+    torch: Any, dist: Any, cfg: SketchConfig, rank: int, n: int, sizes: list[int]
+) -> dict[str, Any]:
     lo = rank * cfg.batch_per_rank
     # 4. FSDP sketch: round trip bit-exact, parameter bytes ~ 1/N, a step equal to DDP's.
     torch.manual_seed(cfg.seed)
@@ -363,8 +409,9 @@ def _fsdp_checks(torch: Any, dist: Any, cfg: SketchConfig, rank: int, n: int,
     exact = all(torch.equal(p.data, o) for p, o in zip(fsdp_model.parameters(), original))
     gathered_bytes = shard.parameter_bytes()
     x, y = _global_batch(torch, cfg, n, 0)
-    torch.nn.functional.mse_loss(fsdp_model(x[lo: lo + cfg.batch_per_rank]),
-                                 y[lo: lo + cfg.batch_per_rank]).backward()
+    torch.nn.functional.mse_loss(
+        fsdp_model(x[lo : lo + cfg.batch_per_rank]), y[lo : lo + cfg.batch_per_rank]
+    ).backward()
     shard.reduce_grads()
     shard.reshard()
     # The reference gradient of the same parameters on the whole batch, one process.
@@ -374,9 +421,11 @@ def _fsdp_checks(torch: Any, dist: Any, cfg: SketchConfig, rank: int, n: int,
     torch.nn.functional.mse_loss(single(x), y).backward()
     flat_ref = torch.zeros(shard.padded)
     flat_ref[: shard.numel] = torch.cat([p.grad.reshape(-1) for p in single.parameters()])
-    ref_shard = flat_ref[rank * shard.shard_numel: (rank + 1) * shard.shard_numel]
-    flags = torch.tensor([0.0 if exact else 1.0,
-                          float((shard.shard_grad - ref_shard).abs().max())], dtype=torch.float64)
+    ref_shard = flat_ref[rank * shard.shard_numel : (rank + 1) * shard.shard_numel]
+    flags = torch.tensor(
+        [0.0 if exact else 1.0, float((shard.shard_grad - ref_shard).abs().max())],
+        dtype=torch.float64,
+    )
     dist.all_reduce(flags, op=dist.ReduceOp.MAX)
     return {
         "round_trip_bit_exact": bool(flags[0].item() == 0.0),
@@ -396,8 +445,11 @@ def _timings(torch: Any, dist: Any, cfg: SketchConfig, rank: int, n: int) -> dic
     x = torch.randn(cfg.batch_per_rank, cfg.timing_hidden)
     out: dict[str, Any] = {"model_parameters": 0}
     grads: dict[str, list[Any]] = {}
-    for name, average, overlap in (("sum_div", "sum_div", False), ("avg", "avg", False),
-                                   ("overlap", "sum_div", True)):
+    for name, average, overlap in (
+        ("sum_div", "sum_div", False),
+        ("avg", "avg", False),
+        ("overlap", "sum_div", True),
+    ):
         torch.manual_seed(cfg.seed)
         model = _mlp(torch, sizes)
         out["model_parameters"] = sum(p.numel() for p in model.parameters())
@@ -419,18 +471,22 @@ def _timings(torch: Any, dist: Any, cfg: SketchConfig, rank: int, n: int) -> dic
         flat.div_(n)
 
     out["all_reduce_sum_div_s"] = _timed(sum_div, cfg.timing_iters, dist)
-    out["all_reduce_avg_s"] = _timed(lambda: dist.all_reduce(flat, op=dist.ReduceOp.AVG),
-                                     cfg.timing_iters, dist)
+    out["all_reduce_avg_s"] = _timed(
+        lambda: dist.all_reduce(flat, op=dist.ReduceOp.AVG), cfg.timing_iters, dist
+    )
     out["avg_vs_sum_div_max_abs_diff"] = max(
-        float((a - b).abs().max()) for a, b in zip(grads["avg"], grads["sum_div"]))
+        float((a - b).abs().max()) for a, b in zip(grads["avg"], grads["sum_div"])
+    )
     out["overlap_vs_sum_div_max_abs_diff"] = max(
-        float((a - b).abs().max()) for a, b in zip(grads["overlap"], grads["sum_div"]))
+        float((a - b).abs().max()) for a, b in zip(grads["overlap"], grads["sum_div"])
+    )
     out["overlap_speedup"] = out["sum_div_step_s"] / out["overlap_step_s"]
     return out
 
 
-def run_sketch(cfg: SketchConfig, *, world_size: int, backend: str = "gloo",
-               timeout_s: float = 120.0) -> dict[str, Any]:
+def run_sketch(
+    cfg: SketchConfig, *, world_size: int, backend: str = "gloo", timeout_s: float = 120.0
+) -> dict[str, Any]:
     """Run :func:`sketch_rank` on ``world_size`` spawned ranks; rank 0's report.
 
     Raises:
@@ -438,6 +494,7 @@ def run_sketch(cfg: SketchConfig, *, world_size: int, backend: str = "gloo",
     """
     from collsim.validate.launch import run_distributed
 
-    report, _ = run_distributed(sketch_rank, world_size, args=(cfg,), backend=backend,
-                                timeout_s=timeout_s)
+    report, _ = run_distributed(
+        sketch_rank, world_size, args=(cfg,), backend=backend, timeout_s=timeout_s
+    )
     return dict(report)

@@ -42,8 +42,17 @@ from typing import Any
 #: The name of the no-communication step timed beside the modes.
 LOCAL = "local"
 
-__all__ = ["StepConfig", "model_spec", "build_gpt", "step_rank", "run_step",
-           "simulate_modes", "cores_busy", "ddp_bucket_count", "MODES"]
+__all__ = [
+    "StepConfig",
+    "model_spec",
+    "build_gpt",
+    "step_rank",
+    "run_step",
+    "simulate_modes",
+    "cores_busy",
+    "ddp_bucket_count",
+    "MODES",
+]
 
 #: Modes of a measured step: DDP with a bucket size in MB, or the FSDP sketch.
 MODES = ("ddp_b1", "ddp_b25", "fsdp")
@@ -77,9 +86,16 @@ def model_spec(cfg: StepConfig) -> Any:
     """The collsim spec of the measured model."""
     from collsim.workload.model import TransformerSpec
 
-    return TransformerSpec(name="validate-gpt", num_layers=cfg.num_layers, hidden=cfg.hidden,
-                           num_heads=cfg.num_heads, ffn_hidden=cfg.ffn_hidden,
-                           seq_len=cfg.seq_len, vocab=cfg.vocab, dropout=False)
+    return TransformerSpec(
+        name="validate-gpt",
+        num_layers=cfg.num_layers,
+        hidden=cfg.hidden,
+        num_heads=cfg.num_heads,
+        ffn_hidden=cfg.ffn_hidden,
+        seq_len=cfg.seq_len,
+        vocab=cfg.vocab,
+        dropout=False,
+    )
 
 
 def build_gpt(torch: Any, cfg: StepConfig) -> Any:
@@ -120,7 +136,7 @@ def build_gpt(torch: Any, cfg: StepConfig) -> Any:
             return self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
 
         def head_loss(self, x: Any, targets: Any) -> Any:
-            logits = self.ln_f(x) @ self.tok.weight.t()     # tied LM head
+            logits = self.ln_f(x) @ self.tok.weight.t()  # tied LM head
             return F.cross_entropy(logits.reshape(-1, cfg.vocab), targets.reshape(-1))
 
         def forward(self, idx: Any, targets: Any) -> Any:
@@ -138,8 +154,9 @@ def _batch(torch: Any, cfg: StepConfig, rank: int, device: str = "cpu") -> tuple
     return idx.to(device), torch.roll(idx, -1, dims=1).to(device)
 
 
-def _profile_once(torch: Any, model: Any, cfg: StepConfig, idx: Any, targets: Any,
-                  sync: Any = lambda: None) -> dict[str, float]:
+def _profile_once(
+    torch: Any, model: Any, cfg: StepConfig, idx: Any, targets: Any, sync: Any = lambda: None
+) -> dict[str, float]:
     """One pass of per-block forward/backward timings (seconds) on this rank.
 
     ``sync`` waits for the device (cuda.synchronize with nccl) before each clock reading.
@@ -207,8 +224,7 @@ def _ddp_step(torch: Any, cfg: StepConfig, ctx: Any, bucket_mb: int) -> tuple[An
     from torch.nn.parallel import DistributedDataParallel
 
     torch.manual_seed(cfg.seed)
-    model = DistributedDataParallel(build_gpt(torch, cfg).to(ctx.device),
-                                    bucket_cap_mb=bucket_mb)
+    model = DistributedDataParallel(build_gpt(torch, cfg).to(ctx.device), bucket_cap_mb=bucket_mb)
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
     idx, targets = _batch(torch, cfg, ctx.rank, ctx.device)
 
@@ -312,15 +328,20 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
     # a whole step (tens of blocks) always is; the mean keeps the preemptions in.
     means = {k: statistics.fmean(v) for k, v in columns.items() if k not in timed}
     profile = {k: means[k] for k in means if not k.startswith("layer")}
-    profile["layer.forward"] = statistics.fmean(means[f"layer{i}.forward"]
-                                                for i in range(cfg.num_layers))
-    profile["layer.backward"] = statistics.fmean(means[f"layer{i}.backward"]
-                                                 for i in range(cfg.num_layers))
+    profile["layer.forward"] = statistics.fmean(
+        means[f"layer{i}.forward"] for i in range(cfg.num_layers)
+    )
+    profile["layer.backward"] = statistics.fmean(
+        means[f"layer{i}.backward"] for i in range(cfg.num_layers)
+    )
     block_medians = {k: v for k, v in medians.items() if k not in timed}
     modes: dict[str, Any] = {}
     for mode in cfg.modes:
-        entry: dict[str, Any] = {"median_s": medians[mode], "min_s": min(columns[mode]),
-                                 "times_s": columns[mode]}
+        entry: dict[str, Any] = {
+            "median_s": medians[mode],
+            "min_s": min(columns[mode]),
+            "times_s": columns[mode],
+        }
         if mode in ddp_modules:
             count, reason = ddp_bucket_count(ddp_modules[mode])
             if cfg.warmup + cfg.iters < 2:
@@ -333,28 +354,37 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
 
     from collsim.validate.launch import current_scheduling
 
-    profile_sum = (sum(profile[k] for k in profile if not k.startswith("layer"))
-                   + cfg.num_layers * (profile["layer.forward"] + profile["layer.backward"]))
-    return {"world_size": ctx.world_size, "local_world_size": ctx.local_world_size,
-            "cpu_count": os.cpu_count(), "threads_per_rank": torch.get_num_threads(),
-            "scheduling": current_scheduling(),
-            "block_medians_s": block_medians,
-            "backend": ctx.backend,
-            "torch_version": torch.__version__, "profile": profile,
-            "profile_sum_s": profile_sum,
-            "local_step_s": medians[LOCAL], "local_step_min_s": min(columns[LOCAL]),
-            "compute_scale": medians[LOCAL] / profile_sum,
-            "modes": modes,
-            "num_parameters": sum(p.numel() for p in prof_model.parameters())}
+    profile_sum = sum(profile[k] for k in profile if not k.startswith("layer")) + cfg.num_layers * (
+        profile["layer.forward"] + profile["layer.backward"]
+    )
+    return {
+        "world_size": ctx.world_size,
+        "local_world_size": ctx.local_world_size,
+        "cpu_count": os.cpu_count(),
+        "threads_per_rank": torch.get_num_threads(),
+        "scheduling": current_scheduling(),
+        "block_medians_s": block_medians,
+        "backend": ctx.backend,
+        "torch_version": torch.__version__,
+        "profile": profile,
+        "profile_sum_s": profile_sum,
+        "local_step_s": medians[LOCAL],
+        "local_step_min_s": min(columns[LOCAL]),
+        "compute_scale": medians[LOCAL] / profile_sum,
+        "modes": modes,
+        "num_parameters": sum(p.numel() for p in prof_model.parameters()),
+    }
 
 
-def run_step(cfg: StepConfig, *, world_size: int | None, backend: str = "gloo",
-             timeout_s: float = 600.0) -> tuple[dict[str, Any], bool]:
+def run_step(
+    cfg: StepConfig, *, world_size: int | None, backend: str = "gloo", timeout_s: float = 600.0
+) -> tuple[dict[str, Any], bool]:
     """Measure on spawned ranks (or this torchrun job); the report and whether to print it."""
     from collsim.validate.launch import run_distributed
 
-    report, is_reporter = run_distributed(step_rank, world_size, args=(cfg,), backend=backend,
-                                          timeout_s=timeout_s)
+    report, is_reporter = run_distributed(
+        step_rank, world_size, args=(cfg,), backend=backend, timeout_s=timeout_s
+    )
     report = dict(report)
     report["config"] = asdict(cfg)
     return report, is_reporter
@@ -370,8 +400,9 @@ class SimulatedMode:
     num_collectives: int = 0
 
 
-def simulate_modes(report: dict[str, Any], topology: Any, overlap: bool | None = None,
-                   scale_compute: bool = True) -> dict[str, SimulatedMode]:
+def simulate_modes(
+    report: dict[str, Any], topology: Any, overlap: bool | None = None, scale_compute: bool = True
+) -> dict[str, SimulatedMode]:
     """Simulate every measured mode of ``report`` on ``topology`` with the profiled compute.
 
     Args:
@@ -382,16 +413,27 @@ def simulate_modes(report: dict[str, Any], topology: Any, overlap: bool | None =
             measured local step over the sum of the blocks; see the module docstring).
     """
     from collsim.engine.step import simulate_step
-    from collsim.parallel.config import (DDPConfig, Dtype, FSDPConfig, Optimizer,
-                                         ParallelConfig, TrainingConfig)
+    from collsim.parallel.config import (
+        DDPConfig,
+        Dtype,
+        FSDPConfig,
+        Optimizer,
+        ParallelConfig,
+        TrainingConfig,
+    )
 
-    fields: dict[str, Any] = {k: (tuple(v) if k == "modes" else v)
-                              for k, v in report["config"].items()}
+    fields: dict[str, Any] = {
+        k: (tuple(v) if k == "modes" else v) for k, v in report["config"].items()
+    }
     cfg = StepConfig(**fields)
     spec = model_spec(cfg)
     n = int(report["world_size"])
-    training = TrainingConfig(global_batch=cfg.micro_batch * n, micro_batch=cfg.micro_batch,
-                              dtype=Dtype.FP32, optimizer=Optimizer.SGD)
+    training = TrainingConfig(
+        global_batch=cfg.micro_batch * n,
+        micro_batch=cfg.micro_batch,
+        dtype=Dtype.FP32,
+        optimizer=Optimizer.SGD,
+    )
     scale = float(report.get("compute_scale", 1.0)) if scale_compute else 1.0
     overrides = {k: float(v) * scale for k, v in report["profile"].items()}
     if overlap is None:
@@ -399,14 +441,20 @@ def simulate_modes(report: dict[str, Any], topology: Any, overlap: bool | None =
     out: dict[str, SimulatedMode] = {}
     for mode in report["modes"]:
         if mode == "fsdp":
-            parallel = ParallelConfig(dp=n, zero=3, fsdp=FSDPConfig(
-                prefetch=0, reshard_after_forward=False))
+            parallel = ParallelConfig(
+                dp=n, zero=3, fsdp=FSDPConfig(prefetch=0, reshard_after_forward=False)
+            )
         else:
-            parallel = ParallelConfig(dp=n, ddp=DDPConfig(bucket_mb=float(mode[5:]),
-                                                          overlap=overlap))
+            parallel = ParallelConfig(
+                dp=n, ddp=DDPConfig(bucket_mb=float(mode[5:]), overlap=overlap)
+            )
         result = simulate_step(topology, spec, training, parallel, op_time_overrides=overrides)
-        out[mode] = SimulatedMode(mode, result.step_time_s, dict(result.breakdown_s),
-                                  sum(c.count for c in result.collectives))
+        out[mode] = SimulatedMode(
+            mode,
+            result.step_time_s,
+            dict(result.breakdown_s),
+            sum(c.count for c in result.collectives),
+        )
     return out
 
 

@@ -11,21 +11,44 @@ from __future__ import annotations
 
 from collsim.workload.compute import ComputeModel, LayerTimes, OpCost, shape_efficiency
 from collsim.workload.flops import (
-    hardware_flops_per_step, hfu, mfu, model_flops_per_step, model_tflops_per_gpu,
-    narayanan_hardware_flops, narayanan_model_flops,
+    hardware_flops_per_step,
+    hfu,
+    mfu,
+    model_flops_per_step,
+    model_tflops_per_gpu,
+    narayanan_hardware_flops,
+    narayanan_model_flops,
 )
 from collsim.workload.memory import (
-    ModelStateBytes, activation_bytes_per_layer, korthikanti_activation_bytes,
-    model_state_bytes, parameters_per_rank,
+    ModelStateBytes,
+    activation_bytes_per_layer,
+    korthikanti_activation_bytes,
+    model_state_bytes,
+    parameters_per_rank,
 )
 from collsim.workload.model import PRESETS, TransformerSpec, get_preset, preset_names
 from collsim.workload.ops import RecomputeMode
 
 __all__ = [
-    "TransformerSpec", "PRESETS", "get_preset", "preset_names",
-    "ComputeModel", "LayerTimes", "OpCost", "shape_efficiency", "RecomputeMode",
-    "model_flops_per_step", "hardware_flops_per_step", "narayanan_model_flops",
-    "narayanan_hardware_flops", "model_tflops_per_gpu", "mfu", "hfu",
-    "ModelStateBytes", "model_state_bytes", "parameters_per_rank",
-    "activation_bytes_per_layer", "korthikanti_activation_bytes",
+    "TransformerSpec",
+    "PRESETS",
+    "get_preset",
+    "preset_names",
+    "ComputeModel",
+    "LayerTimes",
+    "OpCost",
+    "shape_efficiency",
+    "RecomputeMode",
+    "model_flops_per_step",
+    "hardware_flops_per_step",
+    "narayanan_model_flops",
+    "narayanan_hardware_flops",
+    "model_tflops_per_gpu",
+    "mfu",
+    "hfu",
+    "ModelStateBytes",
+    "model_state_bytes",
+    "parameters_per_rank",
+    "activation_bytes_per_layer",
+    "korthikanti_activation_bytes",
 ]

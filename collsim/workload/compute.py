@@ -42,12 +42,28 @@ from typing import Protocol
 from collsim.errors import ConfigError
 from collsim.workload.model import TransformerSpec
 from collsim.workload.ops import (
-    OP_NAMES, SELECTIVE_OPS, Gemm, Op, OpKind, RecomputeMode, embedding_ops, head_ops, kept_bytes,
-    layer_ops, parse_recompute,
+    OP_NAMES,
+    SELECTIVE_OPS,
+    Gemm,
+    Op,
+    OpKind,
+    RecomputeMode,
+    embedding_ops,
+    head_ops,
+    kept_bytes,
+    layer_ops,
+    parse_recompute,
 )
 
-__all__ = ["DeviceLike", "OpCost", "LayerTimes", "ComputeModel", "shape_efficiency",
-           "optimizer_bytes_per_param", "SM_COUNTS"]
+__all__ = [
+    "DeviceLike",
+    "OpCost",
+    "LayerTimes",
+    "ComputeModel",
+    "shape_efficiency",
+    "optimizer_bytes_per_param",
+    "SM_COUNTS",
+]
 
 TILE = 128
 K_OVERHEAD = 128
@@ -59,8 +75,17 @@ FLASH_BACKWARD_EFFICIENCY = 0.72
 """FlashAttention-2 backward rate over MAMF: up to 63 % of the A100 peak (Dao 2023)."""
 
 SM_COUNTS: dict[str, int] = {
-    "a100": 108, "h100": 132, "h200": 132, "gh200": 132, "b200": 148, "b300": 148,
-    "gb200": 148, "mi300x": 304, "v100": 80, "h100 pcie": 114, "generic cpu": 32,
+    "a100": 108,
+    "h100": 132,
+    "h200": 132,
+    "gh200": 132,
+    "b200": 148,
+    "b300": 148,
+    "gb200": 148,
+    "mi300x": 304,
+    "v100": 80,
+    "h100 pcie": 114,
+    "generic cpu": 32,
 }
 """Streaming multiprocessors (compute units) per GPU, by lower-case name prefix (datasheets);
 for the generic CPU, its 32 cores."""
@@ -109,11 +134,11 @@ def optimizer_bytes_per_param(optimizer: str, dtype: str) -> float:
     """
     opt = str(optimizer).lower()
     mixed = str(dtype).lower() != "fp32"
-    table = {("adam", True): 30.0, ("adam", False): 28.0, ("sgd", True): 22.0,
-             ("sgd", False): 20.0}
+    table = {("adam", True): 30.0, ("adam", False): 28.0, ("sgd", True): 22.0, ("sgd", False): 20.0}
     if (opt, mixed) not in table:
-        raise ConfigError(f"must be one of adam, sgd; got {optimizer!r}",
-                          key_path="training.optimizer")
+        raise ConfigError(
+            f"must be one of adam, sgd; got {optimizer!r}", key_path="training.optimizer"
+        )
     return table[(opt, mixed)]
 
 
@@ -174,29 +199,41 @@ class ComputeModel:
         >>> model.layer_times(get_preset("megatron-22b"), micro_batch=4, tp=8).forward_s
     """
 
-    def __init__(self, device: DeviceLike, dtype: str = "bf16", *,
-                 overrides: dict[str, float] | None = None, launch_s: float = 4e-6,
-                 memory_efficiency: float = 0.85, num_sms: int | None = None) -> None:
+    def __init__(
+        self,
+        device: DeviceLike,
+        dtype: str = "bf16",
+        *,
+        overrides: dict[str, float] | None = None,
+        launch_s: float = 4e-6,
+        memory_efficiency: float = 0.85,
+        num_sms: int | None = None,
+    ) -> None:
         self.device = device
         self.dtype = str(dtype).lower()
         if self.dtype not in ("bf16", "fp16", "fp32", "fp8"):
-            raise ConfigError(f"must be one of bf16, fp16, fp32, fp8; got {dtype!r}",
-                              key_path="training.dtype")
+            raise ConfigError(
+                f"must be one of bf16, fp16, fp32, fp8; got {dtype!r}", key_path="training.dtype"
+            )
         if not 0 < memory_efficiency <= 1:
-            raise ConfigError(f"must be in (0, 1], got {memory_efficiency}",
-                              key_path="memory_efficiency")
+            raise ConfigError(
+                f"must be in (0, 1], got {memory_efficiency}", key_path="memory_efficiency"
+            )
         if launch_s < 0:
             raise ConfigError(f"must be >= 0, got {launch_s}", key_path="launch_s")
         self.overrides = dict(overrides or {})
         for key, value in self.overrides.items():
             base = key.removesuffix(".backward")
             if base not in OP_NAMES:
-                raise ConfigError(f"unknown op {base!r}; valid ops: {', '.join(OP_NAMES)} "
-                                  f"(add .backward for the backward time)",
-                                  key_path=f"op_time_overrides.{key}")
+                raise ConfigError(
+                    f"unknown op {base!r}; valid ops: {', '.join(OP_NAMES)} "
+                    f"(add .backward for the backward time)",
+                    key_path=f"op_time_overrides.{key}",
+                )
             if value < 0:
-                raise ConfigError(f"must be >= 0 seconds, got {value}",
-                                  key_path=f"op_time_overrides.{key}")
+                raise ConfigError(
+                    f"must be >= 0 seconds, got {value}", key_path=f"op_time_overrides.{key}"
+                )
         self.launch_s = launch_s
         self.num_sms = num_sms if num_sms is not None else _sm_count(device.name)
         self.matmul_peak_flops = device.peak_flops_for(self.dtype) * device.matmul_efficiency
@@ -224,8 +261,15 @@ class ComputeModel:
         size = op.backward_bytes if backward else op.size_bytes
         key = f"{op.name}.backward" if backward else op.name
         if key in self.overrides:
-            return OpCost(name=op.name, phase=phase, kind=op.kind, flops=flops, size_bytes=size,
-                          time_s=self.overrides[key], bound="override")
+            return OpCost(
+                name=op.name,
+                phase=phase,
+                kind=op.kind,
+                flops=flops,
+                size_bytes=size,
+                time_s=self.overrides[key],
+                bound="override",
+            )
         if op.kind is OpKind.MATMUL:
             gemms = op.backward_gemms if backward else op.gemms
             time, bound = 0.0, "compute"
@@ -238,15 +282,29 @@ class ComputeModel:
             if floor > time:
                 time, bound = floor, "memory"
             peak = self.matmul_peak_flops / self.device.matmul_efficiency
-            return OpCost(name=op.name, phase=phase, kind=op.kind, flops=flops, size_bytes=size,
-                          time_s=time, bound=bound, matmul_efficiency=flops / time / peak)
+            return OpCost(
+                name=op.name,
+                phase=phase,
+                kind=op.kind,
+                flops=flops,
+                size_bytes=size,
+                time_s=time,
+                bound=bound,
+                matmul_efficiency=flops / time / peak,
+            )
         if op.kind is OpKind.FUSED_ATTENTION:
             return self._flash_cost(op, phase, flops, size)
         compute = flops / self.vector_peak_flops
         memory = size / self.bandwidth_bps
-        return OpCost(name=op.name, phase=phase, kind=op.kind, flops=flops, size_bytes=size,
-                      time_s=max(compute, memory) + self.launch_s,
-                      bound="compute" if compute > memory else "memory")
+        return OpCost(
+            name=op.name,
+            phase=phase,
+            kind=op.kind,
+            flops=flops,
+            size_bytes=size,
+            time_s=max(compute, memory) + self.launch_s,
+            bound="compute" if compute > memory else "memory",
+        )
 
     def _flash_cost(self, op: Op, phase: str, flops: float, size: float) -> OpCost:
         """FlashAttention: a fixed share of MAMF, times the wave efficiency of its CTAs.
@@ -263,9 +321,16 @@ class ComputeModel:
         memory = size / self.bandwidth_bps
         time = max(compute, memory) + self.launch_s
         peak = self.matmul_peak_flops / self.device.matmul_efficiency
-        return OpCost(name=op.name, phase=phase, kind=op.kind, flops=flops, size_bytes=size,
-                      time_s=time, bound="compute" if compute >= memory else "memory",
-                      matmul_efficiency=flops / time / peak)
+        return OpCost(
+            name=op.name,
+            phase=phase,
+            kind=op.kind,
+            flops=flops,
+            size_bytes=size,
+            time_s=time,
+            bound="compute" if compute >= memory else "memory",
+            matmul_efficiency=flops / time / peak,
+        )
 
     # ---- whole blocks ----------------------------------------------------------------------
     def _times(self, ops: list[Op], recompute: RecomputeMode, layer: bool) -> LayerTimes:
@@ -281,23 +346,45 @@ class ComputeModel:
             fwd_flops += op.flops
             bwd_flops += op.backward_flops
             if recompute is RecomputeMode.FULL or (
-                    recompute is RecomputeMode.SELECTIVE and op.name in SELECTIVE_OPS):
-                rc = OpCost(name=fc.name, phase="recompute", kind=fc.kind, flops=fc.flops,
-                            size_bytes=fc.size_bytes, time_s=fc.time_s, bound=fc.bound,
-                            matmul_efficiency=fc.matmul_efficiency)
+                recompute is RecomputeMode.SELECTIVE and op.name in SELECTIVE_OPS
+            ):
+                rc = OpCost(
+                    name=fc.name,
+                    phase="recompute",
+                    kind=fc.kind,
+                    flops=fc.flops,
+                    size_bytes=fc.size_bytes,
+                    time_s=fc.time_s,
+                    bound=fc.bound,
+                    matmul_efficiency=fc.matmul_efficiency,
+                )
                 costs.append(rc)
                 again += rc.time_s
                 re_flops += op.flops
-        kept, transient = (kept_bytes(ops, recompute) if layer
-                           else (float(sum(op.saved_bytes for op in ops)), 0.0))
-        return LayerTimes(forward_s=forward, backward_s=backward, recompute_s=again,
-                          ops=tuple(costs),
-                          activation_bytes=kept, transient_bytes=transient,
-                          forward_flops=fwd_flops, backward_flops=bwd_flops,
-                          recompute_flops=re_flops)
+        kept, transient = (
+            kept_bytes(ops, recompute) if layer else (float(sum(op.saved_bytes for op in ops)), 0.0)
+        )
+        return LayerTimes(
+            forward_s=forward,
+            backward_s=backward,
+            recompute_s=again,
+            ops=tuple(costs),
+            activation_bytes=kept,
+            transient_bytes=transient,
+            forward_flops=fwd_flops,
+            backward_flops=bwd_flops,
+            recompute_flops=re_flops,
+        )
 
-    def layer_times(self, spec: TransformerSpec, *, micro_batch: int, tp: int = 1,
-                    sequence_parallel: bool = False, recompute: str = "none") -> LayerTimes:
+    def layer_times(
+        self,
+        spec: TransformerSpec,
+        *,
+        micro_batch: int,
+        tp: int = 1,
+        sequence_parallel: bool = False,
+        recompute: str = "none",
+    ) -> LayerTimes:
         """Forward, backward and recompute times of ONE transformer layer on one rank.
 
         Excludes tensor-parallel communication (2 all-reduces forward and 2 backward, or their
@@ -313,28 +400,55 @@ class ComputeModel:
         mode = parse_recompute(recompute)
         key = ("layer", spec, micro_batch, tp, bool(sequence_parallel), mode)
         if key not in self._memo:
-            ops = layer_ops(spec, micro_batch=micro_batch, tp=tp,
-                            sequence_parallel=sequence_parallel, dtype=self.dtype)
+            ops = layer_ops(
+                spec,
+                micro_batch=micro_batch,
+                tp=tp,
+                sequence_parallel=sequence_parallel,
+                dtype=self.dtype,
+            )
             self._memo[key] = self._times(ops, mode, layer=True)
         return self._memo[key]
 
-    def embedding_times(self, spec: TransformerSpec, *, micro_batch: int, tp: int = 1,
-                        sequence_parallel: bool = False) -> LayerTimes:
+    def embedding_times(
+        self,
+        spec: TransformerSpec,
+        *,
+        micro_batch: int,
+        tp: int = 1,
+        sequence_parallel: bool = False,
+    ) -> LayerTimes:
         """Input embedding (lookup, position add, dropout) on one rank; never recomputed."""
         key = ("embedding", spec, micro_batch, tp, bool(sequence_parallel))
         if key not in self._memo:
-            ops = embedding_ops(spec, micro_batch=micro_batch, tp=tp,
-                                sequence_parallel=sequence_parallel, dtype=self.dtype)
+            ops = embedding_ops(
+                spec,
+                micro_batch=micro_batch,
+                tp=tp,
+                sequence_parallel=sequence_parallel,
+                dtype=self.dtype,
+            )
             self._memo[key] = self._times(ops, RecomputeMode.NONE, layer=False)
         return self._memo[key]
 
-    def head_times(self, spec: TransformerSpec, *, micro_batch: int, tp: int = 1,
-                   sequence_parallel: bool = False) -> LayerTimes:
+    def head_times(
+        self,
+        spec: TransformerSpec,
+        *,
+        micro_batch: int,
+        tp: int = 1,
+        sequence_parallel: bool = False,
+    ) -> LayerTimes:
         """Final norm, LM head and cross-entropy loss on one rank; never recomputed."""
         key = ("head", spec, micro_batch, tp, bool(sequence_parallel))
         if key not in self._memo:
-            ops = head_ops(spec, micro_batch=micro_batch, tp=tp,
-                           sequence_parallel=sequence_parallel, dtype=self.dtype)
+            ops = head_ops(
+                spec,
+                micro_batch=micro_batch,
+                tp=tp,
+                sequence_parallel=sequence_parallel,
+                dtype=self.dtype,
+            )
             self._memo[key] = self._times(ops, RecomputeMode.NONE, layer=False)
         return self._memo[key]
 

@@ -29,9 +29,15 @@ from collsim.workload.model import TransformerSpec
 from collsim.workload.ops import SELECTIVE_OPS, Op, OpKind, head_ops, layer_ops
 
 __all__ = [
-    "narayanan_model_flops", "narayanan_hardware_flops", "forward_matmul_flops",
-    "model_flops_per_step", "hardware_flops_per_step", "model_tflops_per_gpu",
-    "hardware_tflops_per_gpu", "mfu", "hfu",
+    "narayanan_model_flops",
+    "narayanan_hardware_flops",
+    "forward_matmul_flops",
+    "model_flops_per_step",
+    "hardware_flops_per_step",
+    "model_tflops_per_gpu",
+    "hardware_tflops_per_gpu",
+    "mfu",
+    "hfu",
 ]
 
 
@@ -48,8 +54,13 @@ def narayanan_hardware_flops(spec: TransformerSpec, global_batch: int) -> float:
 
 
 def _matmul_flops(ops: list[Op], names: tuple[str, ...] | None = None) -> float:
-    return float(sum(op.flops for op in ops
-                     if op.kind is OpKind.MATMUL and (names is None or op.name in names)))
+    return float(
+        sum(
+            op.flops
+            for op in ops
+            if op.kind is OpKind.MATMUL and (names is None or op.name in names)
+        )
+    )
 
 
 def _unfused(spec: TransformerSpec) -> TransformerSpec:
@@ -70,8 +81,9 @@ def model_flops_per_step(spec: TransformerSpec, global_batch: int) -> float:
     return 3.0 * (spec.num_layers * layer + head)
 
 
-def hardware_flops_per_step(spec: TransformerSpec, global_batch: int,
-                            recompute: str = "none") -> float:
+def hardware_flops_per_step(
+    spec: TransformerSpec, global_batch: int, recompute: str = "none"
+) -> float:
     """Model FLOPs plus the recomputed forward FLOPs (none / selective / full)."""
     _check_batch(global_batch)
     mode = str(recompute).lower()
@@ -83,8 +95,9 @@ def hardware_flops_per_step(spec: TransformerSpec, global_batch: int,
         return model + spec.num_layers * _matmul_flops(ops)
     if mode == "selective":
         return model + spec.num_layers * _matmul_flops(ops, SELECTIVE_OPS)
-    raise ConfigError(f"must be one of none, selective, full; got {recompute!r}",
-                      key_path="training.recompute")
+    raise ConfigError(
+        f"must be one of none, selective, full; got {recompute!r}", key_path="training.recompute"
+    )
 
 
 def _check_batch(global_batch: int) -> None:
@@ -94,32 +107,47 @@ def _check_batch(global_batch: int) -> None:
 
 def _per_gpu(flops: float, step_time_s: float, num_gpus: int) -> float:
     if step_time_s <= 0 or num_gpus <= 0:
-        raise ConfigError(f"step_time_s and num_gpus must be > 0, got {step_time_s}, "
-                          f"{num_gpus}")
+        raise ConfigError(f"step_time_s and num_gpus must be > 0, got {step_time_s}, {num_gpus}")
     return flops / step_time_s / num_gpus
 
 
-def model_tflops_per_gpu(spec: TransformerSpec, global_batch: int, step_time_s: float,
-                         num_gpus: int) -> float:
+def model_tflops_per_gpu(
+    spec: TransformerSpec, global_batch: int, step_time_s: float, num_gpus: int
+) -> float:
     """Model TFLOP/s per GPU (Narayanan's "achieved teraFLOP/s per GPU" without recompute)."""
     return _per_gpu(model_flops_per_step(spec, global_batch), step_time_s, num_gpus) / 1e12
 
 
-def hardware_tflops_per_gpu(spec: TransformerSpec, global_batch: int, step_time_s: float,
-                            num_gpus: int, recompute: str = "none") -> float:
+def hardware_tflops_per_gpu(
+    spec: TransformerSpec,
+    global_batch: int,
+    step_time_s: float,
+    num_gpus: int,
+    recompute: str = "none",
+) -> float:
     """Hardware TFLOP/s per GPU: recomputed FLOPs count too (Narayanan's Table 1 figures)."""
     flops = hardware_flops_per_step(spec, global_batch, recompute)
     return _per_gpu(flops, step_time_s, num_gpus) / 1e12
 
 
-def mfu(spec: TransformerSpec, global_batch: int, step_time_s: float, num_gpus: int,
-        peak_flops: float) -> float:
+def mfu(
+    spec: TransformerSpec, global_batch: int, step_time_s: float, num_gpus: int, peak_flops: float
+) -> float:
     """Model FLOPs utilization: model FLOP/s per GPU over the peak FLOP/s (PaLM App. B)."""
     return model_tflops_per_gpu(spec, global_batch, step_time_s, num_gpus) * 1e12 / peak_flops
 
 
-def hfu(spec: TransformerSpec, global_batch: int, step_time_s: float, num_gpus: int,
-        peak_flops: float, recompute: str = "none") -> float:
+def hfu(
+    spec: TransformerSpec,
+    global_batch: int,
+    step_time_s: float,
+    num_gpus: int,
+    peak_flops: float,
+    recompute: str = "none",
+) -> float:
     """Hardware FLOPs utilization: hardware FLOP/s per GPU over the peak FLOP/s."""
-    return hardware_tflops_per_gpu(spec, global_batch, step_time_s, num_gpus,
-                                   recompute) * 1e12 / peak_flops
+    return (
+        hardware_tflops_per_gpu(spec, global_batch, step_time_s, num_gpus, recompute)
+        * 1e12
+        / peak_flops
+    )

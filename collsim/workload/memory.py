@@ -33,9 +33,13 @@ from collsim.workload.model import TransformerSpec
 from collsim.workload.ops import RecomputeMode, kept_bytes, layer_ops, parse_recompute
 
 __all__ = [
-    "ModelStateBytes", "model_state_bytes", "layers_per_stage", "parameters_per_rank",
+    "ModelStateBytes",
+    "model_state_bytes",
+    "layers_per_stage",
+    "parameters_per_rank",
     "layer_parameters_per_rank",
-    "korthikanti_activation_bytes", "activation_bytes_per_layer",
+    "korthikanti_activation_bytes",
+    "activation_bytes_per_layer",
 ]
 
 
@@ -52,8 +56,14 @@ class ModelStateBytes:
         return self.parameters + self.gradients + self.optimizer
 
 
-def model_state_bytes(num_params: float, *, zero: int = 0, dp: int = 1,
-                      optimizer: str = "adam", mixed_precision: bool = True) -> ModelStateBytes:
+def model_state_bytes(
+    num_params: float,
+    *,
+    zero: int = 0,
+    dp: int = 1,
+    optimizer: str = "adam",
+    mixed_precision: bool = True,
+) -> ModelStateBytes:
     """Bytes of parameters, gradients and optimizer state per GPU (ZeRO table above).
 
     Args:
@@ -76,8 +86,9 @@ def model_state_bytes(num_params: float, *, zero: int = 0, dp: int = 1,
         raise ConfigError(f"must be >= 0, got {num_params}", key_path="num_params")
     opt = str(optimizer).lower()
     if opt not in ("adam", "sgd"):
-        raise ConfigError(f"must be one of adam, sgd; got {optimizer!r}",
-                          key_path="training.optimizer")
+        raise ConfigError(
+            f"must be one of adam, sgd; got {optimizer!r}", key_path="training.optimizer"
+        )
     if mixed_precision:
         param_b, grad_b = 2.0, 2.0
         state_b = 12.0 if opt == "adam" else 8.0
@@ -88,15 +99,17 @@ def model_state_bytes(num_params: float, *, zero: int = 0, dp: int = 1,
     params = param_b / n if zero >= 3 else param_b
     grads = grad_b / n if zero >= 2 else grad_b
     states = state_b / n if zero >= 1 else state_b
-    return ModelStateBytes(parameters=params * num_params, gradients=grads * num_params,
-                           optimizer=states * num_params)
+    return ModelStateBytes(
+        parameters=params * num_params, gradients=grads * num_params, optimizer=states * num_params
+    )
 
 
 def layers_per_stage(num_layers: int, pp: int) -> list[int]:
     """Layers on each pipeline stage: l // pp each, the first l % pp stages get one more."""
     if pp <= 0 or pp > num_layers:
-        raise ConfigError(f"must be in 1..num_layers ({num_layers}), got {pp}",
-                          key_path="parallel.pp")
+        raise ConfigError(
+            f"must be in 1..num_layers ({num_layers}), got {pp}", key_path="parallel.pp"
+        )
     base, extra = divmod(num_layers, pp)
     return [base + (1 if i < extra else 0) for i in range(pp)]
 
@@ -118,8 +131,9 @@ def layer_parameters_per_rank(spec: TransformerSpec, tp: int) -> float:
     return weights + biases + 2 * spec.norm_parameters()
 
 
-def parameters_per_rank(spec: TransformerSpec, *, tp: int = 1, pp: int = 1,
-                        stage: int = 0) -> float:
+def parameters_per_rank(
+    spec: TransformerSpec, *, tp: int = 1, pp: int = 1, stage: int = 0
+) -> float:
     """Parameters held by one rank of pipeline ``stage`` under TP size ``tp``.
 
     Split (Megatron-LM): transformer layers as :func:`layers_per_stage`; the word embedding is
@@ -132,8 +146,11 @@ def parameters_per_rank(spec: TransformerSpec, *, tp: int = 1, pp: int = 1,
         ConfigError: stage out of range, or heads/ffn not divisible by tp.
     """
     if tp <= 0 or spec.num_heads % tp or spec.ffn_hidden % tp:
-        raise ConfigError(f"tp ({tp}) must divide num_heads ({spec.num_heads}) and ffn_hidden "
-                          f"({spec.ffn_hidden})", key_path="parallel.tp")
+        raise ConfigError(
+            f"tp ({tp}) must divide num_heads ({spec.num_heads}) and ffn_hidden "
+            f"({spec.ffn_hidden})",
+            key_path="parallel.tp",
+        )
     counts = layers_per_stage(spec.num_layers, pp)
     if not 0 <= stage < pp:
         raise ConfigError(f"must be in 0..{pp - 1}, got {stage}", key_path="stage")
@@ -150,9 +167,16 @@ def parameters_per_rank(spec: TransformerSpec, *, tp: int = 1, pp: int = 1,
     return total
 
 
-def korthikanti_activation_bytes(*, seq_len: int, micro_batch: int, hidden: int,
-                                 num_heads: int, tp: int = 1, sequence_parallel: bool = False,
-                                 recompute: str = "none") -> float:
+def korthikanti_activation_bytes(
+    *,
+    seq_len: int,
+    micro_batch: int,
+    hidden: int,
+    num_heads: int,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+    recompute: str = "none",
+) -> float:
     """Activation bytes of one GPT layer per rank, Korthikanti 2022 (16-bit activations).
 
     ==========================  ==============================
@@ -177,14 +201,21 @@ def korthikanti_activation_bytes(*, seq_len: int, micro_batch: int, hidden: int,
     return sbh * (10 + 24 / t + attention)
 
 
-def activation_bytes_per_layer(spec: TransformerSpec, *, micro_batch: int, tp: int = 1,
-                               sequence_parallel: bool = False, recompute: str = "none",
-                               dtype: str = "bf16") -> float:
+def activation_bytes_per_layer(
+    spec: TransformerSpec,
+    *,
+    micro_batch: int,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+    recompute: str = "none",
+    dtype: str = "bf16",
+) -> float:
     """Bytes one layer keeps from forward to backward on one rank: the sum over its ops.
 
     none: every tensor an op saves; selective: without the softmax output, its dropout mask and
     the dropout output; full: only the layer input (split by t with SP).
     """
-    ops = layer_ops(spec, micro_batch=micro_batch, tp=tp, sequence_parallel=sequence_parallel,
-                    dtype=dtype)
+    ops = layer_ops(
+        spec, micro_batch=micro_batch, tp=tp, sequence_parallel=sequence_parallel, dtype=dtype
+    )
     return kept_bytes(ops, parse_recompute(recompute))[0]

@@ -78,25 +78,30 @@ class TransformerSpec:
         for key in ("num_layers", "hidden", "num_heads", "ffn_hidden", "seq_len", "vocab"):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ConfigError(f"must be a positive integer, got {value!r}",
-                                  key_path=f"model.{key}")
+                raise ConfigError(
+                    f"must be a positive integer, got {value!r}", key_path=f"model.{key}"
+                )
         if self.hidden % self.num_heads:
             raise ConfigError(
                 f"hidden ({self.hidden}) must be divisible by num_heads ({self.num_heads})",
-                key_path="model.num_heads")
+                key_path="model.num_heads",
+            )
         kv = self.num_kv_heads
         if kv is not None:
             if not isinstance(kv, int) or isinstance(kv, bool) or kv <= 0 or self.num_heads % kv:
                 raise ConfigError(
                     f"must be a positive divisor of num_heads ({self.num_heads}), got {kv!r}",
-                    key_path="model.num_kv_heads")
+                    key_path="model.num_kv_heads",
+                )
         if self.norm not in _NORMS:
-            raise ConfigError(f"must be one of {', '.join(_NORMS)}; got {self.norm!r}",
-                              key_path="model.norm")
+            raise ConfigError(
+                f"must be one of {', '.join(_NORMS)}; got {self.norm!r}", key_path="model.norm"
+            )
         if self.position_embedding not in _POSITIONS:
             raise ConfigError(
                 f"must be one of {', '.join(_POSITIONS)}; got {self.position_embedding!r}",
-                key_path="model.position_embedding")
+                key_path="model.position_embedding",
+            )
 
     # ---- derived sizes -------------------------------------------------------------------
     @property
@@ -140,27 +145,57 @@ class TransformerSpec:
 
     def num_parameters(self) -> int:
         """Total unique parameters: layers + embedding + final norm + untied LM head."""
-        return (self.num_layers * self.layer_parameters() + self.embedding_parameters()
-                + self.head_parameters())
+        return (
+            self.num_layers * self.layer_parameters()
+            + self.embedding_parameters()
+            + self.head_parameters()
+        )
 
 
 def _gpt3(name: str, layers: int, hidden: int, heads: int) -> TransformerSpec:
-    return TransformerSpec(name=name, num_layers=layers, hidden=hidden, num_heads=heads,
-                           ffn_hidden=4 * hidden, seq_len=2048, vocab=50257)
+    return TransformerSpec(
+        name=name,
+        num_layers=layers,
+        hidden=hidden,
+        num_heads=heads,
+        ffn_hidden=4 * hidden,
+        seq_len=2048,
+        vocab=50257,
+    )
 
 
 def _megatron(name: str, layers: int, hidden: int, heads: int) -> TransformerSpec:
-    return TransformerSpec(name=name, num_layers=layers, hidden=hidden, num_heads=heads,
-                           ffn_hidden=4 * hidden, seq_len=2048, vocab=51200)
+    return TransformerSpec(
+        name=name,
+        num_layers=layers,
+        hidden=hidden,
+        num_heads=heads,
+        ffn_hidden=4 * hidden,
+        seq_len=2048,
+        vocab=51200,
+    )
 
 
-def _llama(name: str, layers: int, hidden: int, heads: int, kv_heads: int, ffn: int,
-           vocab: int, seq: int) -> TransformerSpec:
-    return TransformerSpec(name=name, num_layers=layers, hidden=hidden, num_heads=heads,
-                           num_kv_heads=kv_heads, ffn_hidden=ffn, seq_len=seq, vocab=vocab,
-                           gated_mlp=True, norm="rmsnorm", bias=False,
-                           position_embedding="rotary", tied_embeddings=False, dropout=False,
-                           flash_attention=True)
+def _llama(
+    name: str, layers: int, hidden: int, heads: int, kv_heads: int, ffn: int, vocab: int, seq: int
+) -> TransformerSpec:
+    return TransformerSpec(
+        name=name,
+        num_layers=layers,
+        hidden=hidden,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        ffn_hidden=ffn,
+        seq_len=seq,
+        vocab=vocab,
+        gated_mlp=True,
+        norm="rmsnorm",
+        bias=False,
+        position_embedding="rotary",
+        tied_embeddings=False,
+        dropout=False,
+        flash_attention=True,
+    )
 
 
 _ALL = [
@@ -168,10 +203,10 @@ _ALL = [
     _gpt3("gpt3-125m", 12, 768, 12),
     _gpt3("gpt3-350m", 24, 1024, 16),
     _gpt3("gpt3-760m", 24, 1536, 16),
-    _gpt3("gpt3-1.3b", 24, 2048, 16),      # table: 24 heads of 128, inconsistent with 2048
+    _gpt3("gpt3-1.3b", 24, 2048, 16),  # table: 24 heads of 128, inconsistent with 2048
     _gpt3("gpt3-2.7b", 32, 2560, 32),
     _gpt3("gpt3-6.7b", 32, 4096, 32),
-    _gpt3("gpt3-13b", 40, 5120, 40),       # table: d_model 5140, not divisible by 40
+    _gpt3("gpt3-13b", 40, 5120, 40),  # table: d_model 5140, not divisible by 40
     _gpt3("gpt3-175b", 96, 12288, 96),
     # Megatron-LM, Narayanan 2021 Table 1 and Korthikanti 2022 Table 3
     _megatron("megatron-1.7b", 24, 2304, 24),
@@ -218,14 +253,18 @@ def get_preset(name: str, **overrides: Any) -> TransformerSpec:
     """
     key = str(name).strip().lower()
     if key not in PRESETS:
-        raise ConfigError(f"unknown model preset {name!r}; valid presets: "
-                          f"{', '.join(PRESETS)}", key_path="model.preset")
+        raise ConfigError(
+            f"unknown model preset {name!r}; valid presets: {', '.join(PRESETS)}",
+            key_path="model.preset",
+        )
     spec = PRESETS[key]
     if not overrides:
         return spec
     fields = {f.name for f in dataclasses.fields(TransformerSpec)}
     for key_name in overrides:
         if key_name not in fields:
-            raise ConfigError(f"unknown model field {key_name!r}; valid fields: "
-                              f"{', '.join(sorted(fields))}", key_path=f"model.{key_name}")
+            raise ConfigError(
+                f"unknown model field {key_name!r}; valid fields: {', '.join(sorted(fields))}",
+                key_path=f"model.{key_name}",
+            )
     return dataclasses.replace(spec, **overrides)

@@ -33,9 +33,19 @@ from collsim.errors import ConfigError
 from collsim.workload.model import TransformerSpec
 
 __all__ = [
-    "OpKind", "RecomputeMode", "Gemm", "Op", "activation_element_bytes",
-    "layer_ops", "embedding_ops", "head_ops", "SELECTIVE_OPS", "SELECTIVE_TENSORS",
-    "parse_recompute", "kept_bytes", "OP_NAMES",
+    "OpKind",
+    "RecomputeMode",
+    "Gemm",
+    "Op",
+    "activation_element_bytes",
+    "layer_ops",
+    "embedding_ops",
+    "head_ops",
+    "SELECTIVE_OPS",
+    "SELECTIVE_TENSORS",
+    "parse_recompute",
+    "kept_bytes",
+    "OP_NAMES",
 ]
 
 
@@ -58,10 +68,29 @@ SELECTIVE_OPS = ("attn_scores", "softmax", "attn_dropout", "attn_values")
 """Ops re-run in backward with selective recompute: QK^T, softmax, its dropout, attention over V."""
 
 OP_NAMES = (
-    "attn_norm", "qkv_proj", "rotary", "attn_scores", "softmax", "attn_dropout", "attn_values",
-    "flash_attention", "out_proj", "attn_dropout_add", "attn_residual_add", "mlp_norm",
-    "mlp_up", "activation", "mlp_down", "mlp_dropout_add", "mlp_residual_add",
-    "embedding", "position_add", "embedding_dropout", "final_norm", "lm_head", "loss",
+    "attn_norm",
+    "qkv_proj",
+    "rotary",
+    "attn_scores",
+    "softmax",
+    "attn_dropout",
+    "attn_values",
+    "flash_attention",
+    "out_proj",
+    "attn_dropout_add",
+    "attn_residual_add",
+    "mlp_norm",
+    "mlp_up",
+    "activation",
+    "mlp_down",
+    "mlp_dropout_add",
+    "mlp_residual_add",
+    "embedding",
+    "position_add",
+    "embedding_dropout",
+    "final_norm",
+    "lm_head",
+    "loss",
 )
 """Every op name the layer, embedding and head can contain (keys of time overrides)."""
 
@@ -69,8 +98,17 @@ SELECTIVE_TENSORS = ("softmax.output", "attn_dropout.mask", "attn_dropout.output
 """Tensors selective recompute does not keep (the 5as^2b term); Q, K, V stay as its inputs."""
 
 _ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}
-_FLOPS_PER_ELEMENT = {"norm": 5.0, "softmax": 5.0, "dropout": 3.0, "add": 1.0, "gelu": 8.0,
-                      "swiglu": 6.0, "rotary": 3.0, "embedding": 0.0, "loss": 5.0}
+_FLOPS_PER_ELEMENT = {
+    "norm": 5.0,
+    "softmax": 5.0,
+    "dropout": 3.0,
+    "add": 1.0,
+    "gelu": 8.0,
+    "swiglu": 6.0,
+    "rotary": 3.0,
+    "embedding": 0.0,
+    "loss": 5.0,
+}
 
 
 def activation_element_bytes(dtype: str) -> int:
@@ -84,8 +122,9 @@ def activation_element_bytes(dtype: str) -> int:
     """
     key = str(dtype).lower()
     if key not in _ELEMENT_BYTES:
-        raise ConfigError(f"must be one of {', '.join(_ELEMENT_BYTES)}; got {dtype!r}",
-                          key_path="training.dtype")
+        raise ConfigError(
+            f"must be one of {', '.join(_ELEMENT_BYTES)}; got {dtype!r}", key_path="training.dtype"
+        )
     return _ELEMENT_BYTES[key]
 
 
@@ -104,8 +143,9 @@ class Gemm:
 
     def bytes(self, element_bytes: int) -> float:
         """Minimum traffic: read A and B once, write C once."""
-        return float(element_bytes * self.batch * (self.m * self.k + self.k * self.n
-                                                   + self.m * self.n))
+        return float(
+            element_bytes * self.batch * (self.m * self.k + self.k * self.n + self.m * self.n)
+        )
 
     def backward(self) -> tuple[Gemm, Gemm]:
         """dA[m, k] = dC[m, n] B^T[n, k] and dB[k, n] = A^T[k, m] dC[m, n]."""
@@ -145,17 +185,32 @@ class Op:
 
 def _matmul(name: str, gemm: Gemm, e: int, saved: dict[str, float]) -> Op:
     back = gemm.backward()
-    return Op(name=name, kind=OpKind.MATMUL, gemms=(gemm,), flops=gemm.flops,
-              size_bytes=gemm.bytes(e), backward_gemms=back,
-              backward_flops=sum(g.flops for g in back),
-              backward_bytes=sum(g.bytes(e) for g in back), saved=saved)
+    return Op(
+        name=name,
+        kind=OpKind.MATMUL,
+        gemms=(gemm,),
+        flops=gemm.flops,
+        size_bytes=gemm.bytes(e),
+        backward_gemms=back,
+        backward_flops=sum(g.flops for g in back),
+        backward_bytes=sum(g.bytes(e) for g in back),
+        saved=saved,
+    )
 
 
-def _elementwise(name: str, kind: str, elements: float, size_bytes: float,
-                 saved: dict[str, float]) -> Op:
+def _elementwise(
+    name: str, kind: str, elements: float, size_bytes: float, saved: dict[str, float]
+) -> Op:
     flops = _FLOPS_PER_ELEMENT[kind] * elements
-    return Op(name=name, kind=OpKind.ELEMENTWISE, flops=flops, size_bytes=size_bytes,
-              backward_flops=2.0 * flops, backward_bytes=2.0 * size_bytes, saved=saved)
+    return Op(
+        name=name,
+        kind=OpKind.ELEMENTWISE,
+        flops=flops,
+        size_bytes=size_bytes,
+        backward_flops=2.0 * flops,
+        backward_bytes=2.0 * size_bytes,
+        saved=saved,
+    )
 
 
 def _residual(block: str, dropout: bool, elements: float, e: int) -> Op:
@@ -163,8 +218,13 @@ def _residual(block: str, dropout: bool, elements: float, e: int) -> Op:
     reads the block output and the residual, writes the sum and a 1-byte mask (3e + 1 bytes
     per element); without dropout a plain residual add (3e)."""
     if dropout:
-        return _elementwise(f"{block}_dropout_add", "dropout", elements,
-                            (3 * e + 1) * elements, {f"{block}_dropout_add.mask": elements})
+        return _elementwise(
+            f"{block}_dropout_add",
+            "dropout",
+            elements,
+            (3 * e + 1) * elements,
+            {f"{block}_dropout_add.mask": elements},
+        )
     return _elementwise(f"{block}_residual_add", "add", elements, 3 * e * elements, {})
 
 
@@ -172,15 +232,23 @@ def _check_tp(spec: TransformerSpec, tp: int) -> None:
     if not isinstance(tp, int) or tp <= 0:
         raise ConfigError(f"must be a positive integer, got {tp!r}", key_path="parallel.tp")
     if spec.num_heads % tp:
-        raise ConfigError(f"num_heads ({spec.num_heads}) must be divisible by tp ({tp})",
-                          key_path="parallel.tp")
+        raise ConfigError(
+            f"num_heads ({spec.num_heads}) must be divisible by tp ({tp})", key_path="parallel.tp"
+        )
     if spec.ffn_hidden % tp:
-        raise ConfigError(f"ffn_hidden ({spec.ffn_hidden}) must be divisible by tp ({tp})",
-                          key_path="parallel.tp")
+        raise ConfigError(
+            f"ffn_hidden ({spec.ffn_hidden}) must be divisible by tp ({tp})", key_path="parallel.tp"
+        )
 
 
-def layer_ops(spec: TransformerSpec, *, micro_batch: int, tp: int = 1,
-              sequence_parallel: bool = False, dtype: str = "bf16") -> list[Op]:
+def layer_ops(
+    spec: TransformerSpec,
+    *,
+    micro_batch: int,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+    dtype: str = "bf16",
+) -> list[Op]:
     """The forward ops of one transformer layer on one tensor-parallel rank, in order.
 
     Args:
@@ -200,17 +268,22 @@ def layer_ops(spec: TransformerSpec, *, micro_batch: int, tp: int = 1,
     b, s, h, d = micro_batch, spec.seq_len, spec.hidden, spec.head_dim
     tokens = b * s
     sp_div = tp if sequence_parallel else 1
-    ew = tokens * h / sp_div                          # elements of an SP-region tensor
+    ew = tokens * h / sp_div  # elements of an SP-region tensor
     heads = spec.num_heads // tp
-    kv_heads = math.ceil(spec.kv_heads / tp)          # kv heads are replicated when tp > kv
+    kv_heads = math.ceil(spec.kv_heads / tp)  # kv heads are replicated when tp > kv
     ffn = spec.ffn_hidden // tp
     norm_flops = "norm"
 
     ops: list[Op] = []
-    ops.append(_elementwise("attn_norm", norm_flops, ew, 2 * e * ew,
-                            {"attn_norm.input": e * ew}))
-    ops.append(_matmul("qkv_proj", Gemm(tokens, (heads + 2 * kv_heads) * d, h), e,
-                       {"qkv_proj.input": e * tokens * h / sp_div}))
+    ops.append(_elementwise("attn_norm", norm_flops, ew, 2 * e * ew, {"attn_norm.input": e * ew}))
+    ops.append(
+        _matmul(
+            "qkv_proj",
+            Gemm(tokens, (heads + 2 * kv_heads) * d, h),
+            e,
+            {"qkv_proj.input": e * tokens * h / sp_div},
+        )
+    )
     if spec.position_embedding == "rotary":
         qk = tokens * (heads + kv_heads) * d
         ops.append(_elementwise("rotary", "rotary", qk, 2 * e * qk, {}))
@@ -218,50 +291,81 @@ def layer_ops(spec: TransformerSpec, *, micro_batch: int, tp: int = 1,
         ops.append(_flash_attention(b, s, d, heads, kv_heads, e))
     else:
         ops += _core_attention(b, s, d, heads, kv_heads, e, spec.dropout)
-    ops.append(_matmul("out_proj", Gemm(tokens, h, heads * d), e,
-                       {"out_proj.input": e * tokens * heads * d}))
+    ops.append(
+        _matmul(
+            "out_proj", Gemm(tokens, h, heads * d), e, {"out_proj.input": e * tokens * heads * d}
+        )
+    )
     ops.append(_residual("attn", spec.dropout, ew, e))
     ops.append(_elementwise("mlp_norm", norm_flops, ew, 2 * e * ew, {"mlp_norm.input": e * ew}))
     width = 2 * ffn if spec.gated_mlp else ffn
-    ops.append(_matmul("mlp_up", Gemm(tokens, width, h), e,
-                       {"mlp_up.input": e * tokens * h / sp_div}))
+    ops.append(
+        _matmul("mlp_up", Gemm(tokens, width, h), e, {"mlp_up.input": e * tokens * h / sp_div})
+    )
     act = float(tokens * ffn)
     if spec.gated_mlp:
-        ops.append(_elementwise("activation", "swiglu", act, 3 * e * act,
-                                {"activation.input": 2 * e * act}))
+        ops.append(
+            _elementwise(
+                "activation", "swiglu", act, 3 * e * act, {"activation.input": 2 * e * act}
+            )
+        )
     else:
-        ops.append(_elementwise("activation", "gelu", act, 2 * e * act,
-                                {"activation.input": e * act}))
+        ops.append(
+            _elementwise("activation", "gelu", act, 2 * e * act, {"activation.input": e * act})
+        )
     ops.append(_matmul("mlp_down", Gemm(tokens, h, ffn), e, {"mlp_down.input": e * act}))
     ops.append(_residual("mlp", spec.dropout, ew, e))
     return ops
 
 
-def _core_attention(b: int, s: int, d: int, heads: int, kv_heads: int, e: int,
-                    dropout: bool) -> list[Op]:
+def _core_attention(
+    b: int, s: int, d: int, heads: int, kv_heads: int, e: int, dropout: bool
+) -> list[Op]:
     """Unfused core attention (Megatron-LM 2021-22): QK^T, softmax, dropout, AV kernels."""
     tokens = b * s
     probs = float(b * heads * s * s)
     out: list[Op] = []
     scores = Gemm(s, s, d, b * heads)
     scores_bytes = e * (b * heads * s * d + b * kv_heads * s * d + probs)
-    out.append(Op(name="attn_scores", kind=OpKind.MATMUL, gemms=(scores,), flops=scores.flops,
-                  size_bytes=scores_bytes, backward_gemms=scores.backward(),
-                  backward_flops=2 * scores.flops, backward_bytes=2 * scores_bytes,
-                  saved={"q": e * tokens * heads * d, "k": e * tokens * kv_heads * d}))
-    out.append(_elementwise("softmax", "softmax", probs, 2 * e * probs,
-                            {"softmax.output": e * probs}))
+    out.append(
+        Op(
+            name="attn_scores",
+            kind=OpKind.MATMUL,
+            gemms=(scores,),
+            flops=scores.flops,
+            size_bytes=scores_bytes,
+            backward_gemms=scores.backward(),
+            backward_flops=2 * scores.flops,
+            backward_bytes=2 * scores_bytes,
+            saved={"q": e * tokens * heads * d, "k": e * tokens * kv_heads * d},
+        )
+    )
+    out.append(
+        _elementwise("softmax", "softmax", probs, 2 * e * probs, {"softmax.output": e * probs})
+    )
     values_saved: dict[str, float] = {"v": e * tokens * kv_heads * d}
     if dropout:
-        out.append(_elementwise("attn_dropout", "dropout", probs, (2 * e + 1) * probs,
-                                {"attn_dropout.mask": probs}))
+        out.append(
+            _elementwise(
+                "attn_dropout", "dropout", probs, (2 * e + 1) * probs, {"attn_dropout.mask": probs}
+            )
+        )
         values_saved["attn_dropout.output"] = e * probs
     values = Gemm(s, d, s, b * heads)
     values_bytes = e * (probs + b * kv_heads * s * d + b * heads * s * d)
-    out.append(Op(name="attn_values", kind=OpKind.MATMUL, gemms=(values,), flops=values.flops,
-                  size_bytes=values_bytes, backward_gemms=values.backward(),
-                  backward_flops=2 * values.flops, backward_bytes=2 * values_bytes,
-                  saved=values_saved))
+    out.append(
+        Op(
+            name="attn_values",
+            kind=OpKind.MATMUL,
+            gemms=(values,),
+            flops=values.flops,
+            size_bytes=values_bytes,
+            backward_gemms=values.backward(),
+            backward_flops=2 * values.flops,
+            backward_bytes=2 * values_bytes,
+            saved=values_saved,
+        )
+    )
     return out
 
 
@@ -282,15 +386,26 @@ def _flash_attention(b: int, s: int, d: int, heads: int, kv_heads: int, e: int) 
     q = float(tokens * heads * d)
     kv = float(tokens * kv_heads * d)
     lse = 4.0 * b * heads * s
-    return Op(name="flash_attention", kind=OpKind.FUSED_ATTENTION, flops=flops,
-              size_bytes=e * (2 * q + 2 * kv) + lse, backward_flops=2.5 * flops,
-              backward_bytes=e * (4 * q + 4 * kv) + lse,
-              gemms=(Gemm(s, s, d, b * heads),),
-              saved={"q": e * q, "k": e * kv, "v": e * kv, "flash_attention.lse": lse})
+    return Op(
+        name="flash_attention",
+        kind=OpKind.FUSED_ATTENTION,
+        flops=flops,
+        size_bytes=e * (2 * q + 2 * kv) + lse,
+        backward_flops=2.5 * flops,
+        backward_bytes=e * (4 * q + 4 * kv) + lse,
+        gemms=(Gemm(s, s, d, b * heads),),
+        saved={"q": e * q, "k": e * kv, "v": e * kv, "flash_attention.lse": lse},
+    )
 
 
-def embedding_ops(spec: TransformerSpec, *, micro_batch: int, tp: int = 1,
-                  sequence_parallel: bool = False, dtype: str = "bf16") -> list[Op]:
+def embedding_ops(
+    spec: TransformerSpec,
+    *,
+    micro_batch: int,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+    dtype: str = "bf16",
+) -> list[Op]:
     """Forward ops of the (vocab-parallel) input embedding on one rank.
 
     The lookup writes b s h elements on every rank (rows outside the rank's vocab shard are
@@ -302,18 +417,30 @@ def embedding_ops(spec: TransformerSpec, *, micro_batch: int, tp: int = 1,
     tokens = micro_batch * spec.seq_len
     full = float(tokens * spec.hidden)
     ew = full / (tp if sequence_parallel else 1)
-    ops = [_elementwise("embedding", "embedding", full, 2 * e * full,
-                        {"embedding.token_ids": 8.0 * tokens})]
+    ops = [
+        _elementwise(
+            "embedding", "embedding", full, 2 * e * full, {"embedding.token_ids": 8.0 * tokens}
+        )
+    ]
     if spec.position_embedding == "learned":
         ops.append(_elementwise("position_add", "add", full, 3 * e * full, {}))
     if spec.dropout:
-        ops.append(_elementwise("embedding_dropout", "dropout", ew, (2 * e + 1) * ew,
-                                {"embedding_dropout.mask": ew}))
+        ops.append(
+            _elementwise(
+                "embedding_dropout", "dropout", ew, (2 * e + 1) * ew, {"embedding_dropout.mask": ew}
+            )
+        )
     return ops
 
 
-def head_ops(spec: TransformerSpec, *, micro_batch: int, tp: int = 1,
-             sequence_parallel: bool = False, dtype: str = "bf16") -> list[Op]:
+def head_ops(
+    spec: TransformerSpec,
+    *,
+    micro_batch: int,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+    dtype: str = "bf16",
+) -> list[Op]:
     """Forward ops of the final norm, the (vocab-parallel) LM head and the loss on one rank.
 
     The cross-entropy follows Megatron's vocab-parallel loss: logits are upcast to fp32 and the
@@ -342,8 +469,10 @@ def parse_recompute(recompute: str) -> RecomputeMode:
     try:
         return RecomputeMode(str(recompute).lower())
     except ValueError:
-        raise ConfigError(f"must be one of none, selective, full; got {recompute!r}",
-                          key_path="training.recompute") from None
+        raise ConfigError(
+            f"must be one of none, selective, full; got {recompute!r}",
+            key_path="training.recompute",
+        ) from None
 
 
 def kept_bytes(ops: list[Op], mode: RecomputeMode) -> tuple[float, float]:

@@ -22,25 +22,38 @@ def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, 
 
 
 def test_table_has_nccl_tests_columns_and_the_algorithm(capsys) -> None:
-    code, out, err = run(["--topology", "topologies/dgx_h100.yaml", "--gpus", "8",
-                          "--op", "all_reduce", "-b", "1M", "-e", "4M", "-f", "2"], capsys)
+    code, out, err = run(
+        [
+            "--topology",
+            "topologies/dgx_h100.yaml",
+            "--gpus",
+            "8",
+            "--op",
+            "all_reduce",
+            "-b",
+            "1M",
+            "-e",
+            "4M",
+            "-f",
+            "2",
+        ],
+        capsys,
+    )
     assert code == 0
     lines = out.splitlines()
     header = next(line for line in lines if "size" in line and "busbw" in line)
-    for column in ("size", "count", "type", "redop", "root", "time", "algbw", "busbw",
-                   "algorithm"):
+    for column in ("size", "count", "type", "redop", "root", "time", "algbw", "busbw", "algorithm"):
         assert column in header
     data = [line.split() for line in lines if not line.startswith("#")]
     assert [row[0] for row in data] == ["1048576", "2097152", "4194304"]
-    assert data[0][1:5] == ["262144", "float", "sum", "-1"]       # 1 MiB / 4 B
+    assert data[0][1:5] == ["262144", "float", "sum", "-1"]  # 1 MiB / 4 B
     assert data[0][-1] == "ring/ll"
     assert lines[-1].startswith("# Avg bus bandwidth")
-    assert "dgx_h100" in err and "closed form" in err              # messages on stderr
+    assert "dgx_h100" in err and "closed form" in err  # messages on stderr
 
 
 def test_csv_columns_and_values(capsys) -> None:
-    code, out, _ = run(["-t", "dgx_h100", "-g", "8", "-b", "1G", "-e", "1G", "-F", "csv"],
-                       capsys)
+    code, out, _ = run(["-t", "dgx_h100", "-g", "8", "-b", "1G", "-e", "1G", "-F", "csv"], capsys)
     assert code == 0
     header, row = out.strip().splitlines()
     assert header == "size_bytes,time_us,algbw_GBps,busbw_GBps,algorithm"
@@ -52,20 +65,33 @@ def test_csv_columns_and_values(capsys) -> None:
 
 
 def test_des_mode_matches_closed_form(capsys) -> None:
-    args = ["-t", "dgx_a100", "-N", "2", "-o", "all_gather", "-b", "1M", "-e", "64M", "-f", "8",
-            "-F", "json"]
+    args = [
+        "-t",
+        "dgx_a100",
+        "-N",
+        "2",
+        "-o",
+        "all_gather",
+        "-b",
+        "1M",
+        "-e",
+        "64M",
+        "-f",
+        "8",
+        "-F",
+        "json",
+    ]
     _, closed, _ = run(args, capsys)
     _, des, _ = run([*args, "--mode", "des"], capsys)
     closed_rows, des_rows = json.loads(closed)["rows"], json.loads(des)["rows"]
     assert len(closed_rows) == len(des_rows) == 3
     for a, b in zip(closed_rows, des_rows):
         assert b["time_us"] == pytest.approx(a["time_us"], rel=0.01)
-        assert a["count"] == a["size_bytes"] // 4 // 16          # per-rank count, nccl-tests
+        assert a["count"] == a["size_bytes"] // 4 // 16  # per-rank count, nccl-tests
 
 
 def test_localhost_takes_the_rank_count_from_gpus(capsys) -> None:
-    code, out, _ = run(["-t", "localhost", "-g", "3", "-b", "1K", "-e", "1K", "-F", "json"],
-                       capsys)
+    code, out, _ = run(["-t", "localhost", "-g", "3", "-b", "1K", "-e", "1K", "-F", "json"], capsys)
     assert code == 0
     assert json.loads(out)["ranks"] == 3
 
@@ -85,11 +111,20 @@ def test_sweep_sizes_follow_nccl_tests() -> None:
         (["-t", "dgx_h100", "-g", "12", "-N", "5"], "do not spread evenly"),
         (["-t", "no_such_topology"], "no topology file or name 'no_such_topology'"),
         (["-t", "dgx_a100", "-a", "nvls"], "no in-switch reduction"),
-        (["-t", "dgx_h100", "-f", "nan"], "finite"),                # nan passes FloatRange
+        (["-t", "dgx_h100", "-f", "nan"], "finite"),  # nan passes FloatRange
         (["-t", "dgx_h100", "-f", "inf"], "finite"),
     ],
-    ids=["bad-size", "b-gt-e", "bad-op", "too-many-per-node", "uneven", "unknown-topology",
-         "nvls-on-a100", "nan-factor", "inf-factor"],
+    ids=[
+        "bad-size",
+        "b-gt-e",
+        "bad-op",
+        "too-many-per-node",
+        "uneven",
+        "unknown-topology",
+        "nvls-on-a100",
+        "nan-factor",
+        "inf-factor",
+    ],
 )
 def test_bad_flags_exit_2_with_one_line(args: list[str], message: str, capsys) -> None:
     code, out, err = run(args, capsys)
@@ -102,15 +137,18 @@ def test_bad_flags_exit_2_with_one_line(args: list[str], message: str, capsys) -
     ("edit", "expected"),
     [
         (("rate_gbit: 400", "rate_gbit: 400\n  colour: red"), r":\d+: nics\.colour: unknown key"),
-        (("bandwidth_gbps: 450", "bandwidth_gbps: -450"),
-         r":\d+: intra_node\.bandwidth_gbps: must be > 0, got -450"),
+        (
+            ("bandwidth_gbps: 450", "bandwidth_gbps: -450"),
+            r":\d+: intra_node\.bandwidth_gbps: must be > 0, got -450",
+        ),
         (("device: h100\n", ""), r":\d+: device: missing required key"),
         (("  count: 8", "  count: [8"), r":\d+: YAML syntax error"),
     ],
     ids=["unknown-key", "negative-bandwidth", "missing-field", "yaml-syntax"],
 )
-def test_malformed_topology_file_exits_2(edit: tuple[str, str], expected: str, tmp_path: Path,
-                                         repo: Path, capsys) -> None:
+def test_malformed_topology_file_exits_2(
+    edit: tuple[str, str], expected: str, tmp_path: Path, repo: Path, capsys
+) -> None:
     import re
 
     text = (repo / "topologies" / "dgx_h100.yaml").read_text()

@@ -37,16 +37,27 @@ def rows(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(handle))
 
 
-@pytest.mark.parametrize("args, key", [
-    (["--set", "parallel.zerro=1,2"], "parallel.zerro"),
-    (["--set", "parallel.zero=0,9"], "parallel.zero"),
-    (["--set", "training.recompute=full,sometimes"], "training.recompute"),
-    (["--gpus", "8,16,...,100"], "--gpus"),
-    (["--gpus", "8,16", "--set", "parallel.dp=2,4"], "parallel.dp"),
-    (["-o", "/no/such/folder/x.csv"], "--output"),             # before the sweep runs
-    (["--plot", "/no/such/folder/x.png"], "--plot"),
-], ids=["unknown-key", "bad-value", "bad-enum", "bad-gpus", "grown-axis", "output-folder",
-        "plot-folder"])
+@pytest.mark.parametrize(
+    "args, key",
+    [
+        (["--set", "parallel.zerro=1,2"], "parallel.zerro"),
+        (["--set", "parallel.zero=0,9"], "parallel.zero"),
+        (["--set", "training.recompute=full,sometimes"], "training.recompute"),
+        (["--gpus", "8,16,...,100"], "--gpus"),
+        (["--gpus", "8,16", "--set", "parallel.dp=2,4"], "parallel.dp"),
+        (["-o", "/no/such/folder/x.csv"], "--output"),  # before the sweep runs
+        (["--plot", "/no/such/folder/x.png"], "--plot"),
+    ],
+    ids=[
+        "unknown-key",
+        "bad-value",
+        "bad-enum",
+        "bad-gpus",
+        "grown-axis",
+        "output-folder",
+        "plot-folder",
+    ],
+)
 def test_sweep_bad_input_is_one_line_exit_2(scenario: Path, args, key: str) -> None:
     result = invoke("sweep", scenario, *args)
     assert result.exit_code == 2
@@ -57,16 +68,38 @@ def test_sweep_bad_input_is_one_line_exit_2(scenario: Path, args, key: str) -> N
 
 def test_sweep_table_csv_and_plot(scenario: Path, tmp_path: Path) -> None:
     out, image = tmp_path / "sweep.csv", tmp_path / "scaling.png"
-    result = invoke("sweep", scenario, "--gpus", "4,8,...,32", "--set", "parallel.zero=0,1",
-                    "-o", out, "--plot", image)
+    result = invoke(
+        "sweep",
+        scenario,
+        "--gpus",
+        "4,8,...,32",
+        "--set",
+        "parallel.zero=0,1",
+        "-o",
+        out,
+        "--plot",
+        image,
+    )
     assert result.exit_code == 0, result.stderr
     table = rows(out)
     assert len(table) == 8
     assert [(r["plan"], r["num_gpus"], r["dp"]) for r in table[:4]] == [
-        ("zero=0", "4", "1"), ("zero=0", "8", "2"), ("zero=0", "16", "4"), ("zero=0", "32", "8")]
+        ("zero=0", "4", "1"),
+        ("zero=0", "8", "2"),
+        ("zero=0", "16", "4"),
+        ("zero=0", "32", "8"),
+    ]
     assert all(r["feasible"] == "True" for r in table)
-    assert {"step_time_s", "tokens_per_s", "mfu", "compute_s", "dp_exposed_s",
-            "mem_optimizer_bytes", "memory_peak_bytes", "comm_bytes_dp"} <= set(table[0])
+    assert {
+        "step_time_s",
+        "tokens_per_s",
+        "mfu",
+        "compute_s",
+        "dp_exposed_s",
+        "mem_optimizer_bytes",
+        "memory_peak_bytes",
+        "comm_bytes_dp",
+    } <= set(table[0])
     # weak scaling: the global batch follows dp (32 sequences per dp 2 at the scenario's 8 GPUs)
     assert [r["global_batch"] for r in table[:4]] == ["16", "32", "64", "128"]
     assert image.read_bytes()[:8] == PNG_MAGIC
@@ -77,13 +110,25 @@ def test_sweep_table_csv_and_plot(scenario: Path, tmp_path: Path) -> None:
 
 def test_sweep_named_plans(scenario: Path, tmp_path: Path) -> None:
     out = tmp_path / "plans.csv"
-    result = invoke("sweep", scenario, "--gpus", "4,8", "-o", out,
-                    "--plan", "DDP: parallel.zero=0, parallel.ddp.overlap=false",
-                    "--plan", "FSDP / ZeRO-3: parallel.zero=3")
+    result = invoke(
+        "sweep",
+        scenario,
+        "--gpus",
+        "4,8",
+        "-o",
+        out,
+        "--plan",
+        "DDP: parallel.zero=0, parallel.ddp.overlap=false",
+        "--plan",
+        "FSDP / ZeRO-3: parallel.zero=3",
+    )
     assert result.exit_code == 0, result.stderr
     assert [(r["plan"], r["num_gpus"], r["zero"]) for r in rows(out)] == [
-        ("DDP", "4", "0"), ("DDP", "8", "0"), ("FSDP / ZeRO-3", "4", "3"),
-        ("FSDP / ZeRO-3", "8", "3")]
+        ("DDP", "4", "0"),
+        ("DDP", "8", "0"),
+        ("FSDP / ZeRO-3", "4", "3"),
+        ("FSDP / ZeRO-3", "8", "3"),
+    ]
     bad = invoke("sweep", scenario, "--plan", "DDP: parallel.ddp.overlapp=true")
     assert bad.exit_code == 2 and "parallel.ddp.overlapp" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
@@ -101,8 +146,20 @@ def test_sweep_lists_infeasible_points(scenario: Path, tmp_path: Path) -> None:
 
 def test_search_prints_best_plans_and_counts_rejections(scenario: Path, tmp_path: Path) -> None:
     out = tmp_path / "plans.csv"
-    result = invoke("search", scenario, "--gpus", "8", "--top", "5", "--simulate", "2",
-                    "--micro-batch", "1,2", "-o", out)
+    result = invoke(
+        "search",
+        scenario,
+        "--gpus",
+        "8",
+        "--top",
+        "5",
+        "--simulate",
+        "2",
+        "--micro-batch",
+        "1,2",
+        "-o",
+        out,
+    )
     assert result.exit_code == 0, result.stderr
     lines = result.stdout.splitlines()
     assert "8 x H100" in lines[0]
@@ -125,14 +182,18 @@ def test_plot_scaling_of_a_plain_sweep(scenario: Path, tmp_path: Path) -> None:
     assert (tmp_path / "plain.png").read_bytes()[:8] == PNG_MAGIC
 
 
-@pytest.mark.parametrize("args, key", [
-    (["--gpus", "12"], "--gpus"),                               # not whole 8-GPU nodes
-    (["--set", "training.global_bach=8"], "training.global_bach"),
-    (["--set", "training.dtype=fp12"], "training.dtype"),
-    (["--zero", "0,4"], "--zero"),
-    (["--recompute", "some"], "--recompute"),
-    (["-o", "/no/such/folder/x.csv"], "--output"),
-], ids=["gpus", "unknown-key", "bad-value", "zero", "recompute", "output-folder"])
+@pytest.mark.parametrize(
+    "args, key",
+    [
+        (["--gpus", "12"], "--gpus"),  # not whole 8-GPU nodes
+        (["--set", "training.global_bach=8"], "training.global_bach"),
+        (["--set", "training.dtype=fp12"], "training.dtype"),
+        (["--zero", "0,4"], "--zero"),
+        (["--recompute", "some"], "--recompute"),
+        (["-o", "/no/such/folder/x.csv"], "--output"),
+    ],
+    ids=["gpus", "unknown-key", "bad-value", "zero", "recompute", "output-folder"],
+)
 def test_search_bad_input_is_one_line_exit_2(scenario: Path, args, key: str) -> None:
     result = invoke("search", scenario, *args)
     assert result.exit_code == 2
@@ -141,8 +202,12 @@ def test_search_bad_input_is_one_line_exit_2(scenario: Path, args, key: str) -> 
 
 def test_plot_commands_write_images(scenario: Path, tmp_path: Path) -> None:
     sweep_csv = tmp_path / "sweep.csv"
-    assert invoke("sweep", scenario, "--gpus", "4,8", "--set", "parallel.zero=0,1,3",
-                  "-o", sweep_csv).exit_code == 0
+    assert (
+        invoke(
+            "sweep", scenario, "--gpus", "4,8", "--set", "parallel.zero=0,1,3", "-o", sweep_csv
+        ).exit_code
+        == 0
+    )
     for kind, name in (("scaling", "a.png"), ("memory", "b.svg"), ("breakdown", "c.png")):
         result = invoke("plot", kind, sweep_csv, "-o", tmp_path / name)
         assert result.exit_code == 0, result.stderr
@@ -152,30 +217,62 @@ def test_plot_commands_write_images(scenario: Path, tmp_path: Path) -> None:
     assert result.exit_code == 0, result.stderr
     result = invoke("plot", "step", scenario, "-o", tmp_path / "s.png")
     assert result.exit_code == 0, result.stderr
-    result = invoke("plot", "pipeline", scenario, "-o", tmp_path / "p.png",
-                    "--set", "training.global_batch=16")
+    result = invoke(
+        "plot", "pipeline", scenario, "-o", tmp_path / "p.png", "--set", "training.global_batch=16"
+    )
     assert result.exit_code == 0, result.stderr
     coll = tmp_path / "coll.csv"
-    coll.write_text("size_bytes,time_us,algbw_GBps,busbw_GBps,algorithm\n"
-                    "1024,10,0.1,0.175,ring\n1048576,50,20.9,36.7,ring\n")
+    coll.write_text(
+        "size_bytes,time_us,algbw_GBps,busbw_GBps,algorithm\n"
+        "1024,10,0.1,0.175,ring\n1048576,50,20.9,36.7,ring\n"
+    )
     assert invoke("plot", "collectives", coll, "-o", tmp_path / "c1.png").exit_code == 0
-    result = invoke("plot", "collectives", "--topology", "dgx_h100", "--gpus", "8",
-                    "-b", "1K", "-e", "1M", "-o", tmp_path / "c2.png")
+    result = invoke(
+        "plot",
+        "collectives",
+        "--topology",
+        "dgx_h100",
+        "--gpus",
+        "8",
+        "-b",
+        "1K",
+        "-e",
+        "1M",
+        "-o",
+        tmp_path / "c2.png",
+    )
     assert result.exit_code == 0, result.stderr
     for name in ("a.png", "c.png", "t.png", "s.png", "p.png", "c1.png", "c2.png"):
         assert (tmp_path / name).read_bytes()[:8] == PNG_MAGIC
 
 
-@pytest.mark.parametrize("args, key", [
-    (["plot", "scaling", "{csv}", "-o", "{tmp}/x.jpg"], "--output"),
-    (["plot", "scaling", "{csv}", "-o", "{tmp}/x.png", "--series", "nope"], "--series"),
-    (["plot", "timeline", "{scenario}", "-o", "{tmp}/x.png", "--set", "parallel.tq=2"],
-     "parallel.tq"),
-    (["plot", "collectives", "--topology", "dgx_h100", "--op", "all_reduse", "-o",
-      "{tmp}/x.png"], "--op"),
-    (["plot", "scaling", "{csv}", "-o", "/no/such/folder/x.png"], "--output"),
-    (["plot", "scaling", "{scenario}.bin", "-o", "{tmp}/x.png"], "cannot read CSV"),
-], ids=["suffix", "series", "set-key", "op", "output-folder", "binary-csv"])
+@pytest.mark.parametrize(
+    "args, key",
+    [
+        (["plot", "scaling", "{csv}", "-o", "{tmp}/x.jpg"], "--output"),
+        (["plot", "scaling", "{csv}", "-o", "{tmp}/x.png", "--series", "nope"], "--series"),
+        (
+            ["plot", "timeline", "{scenario}", "-o", "{tmp}/x.png", "--set", "parallel.tq=2"],
+            "parallel.tq",
+        ),
+        (
+            [
+                "plot",
+                "collectives",
+                "--topology",
+                "dgx_h100",
+                "--op",
+                "all_reduse",
+                "-o",
+                "{tmp}/x.png",
+            ],
+            "--op",
+        ),
+        (["plot", "scaling", "{csv}", "-o", "/no/such/folder/x.png"], "--output"),
+        (["plot", "scaling", "{scenario}.bin", "-o", "{tmp}/x.png"], "cannot read CSV"),
+    ],
+    ids=["suffix", "series", "set-key", "op", "output-folder", "binary-csv"],
+)
 def test_plot_bad_input_exit_2(scenario: Path, tmp_path: Path, args, key: str) -> None:
     sweep_csv = tmp_path / "s.csv"
     sweep_csv.write_text("plan,num_gpus,tokens_per_s\na,8,1.0\n")
@@ -205,12 +302,16 @@ def test_progress_bar_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> Non
         assert bool(stream.getvalue()) is drawn
 
 
-@pytest.mark.parametrize("args", [
-    ["sweep", "{tmp}"],                                       # a folder, not a file
-    ["search", "{scenario}", "--top", "0"],
-    ["plot", "scaling", "{tmp}/missing.csv", "-o", "{tmp}/x.png"],
-    ["plot", "no-such-kind"],
-], ids=["sweep-folder", "search-top", "plot-missing-csv", "plot-kind"])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["sweep", "{tmp}"],  # a folder, not a file
+        ["search", "{scenario}", "--top", "0"],
+        ["plot", "scaling", "{tmp}/missing.csv", "-o", "{tmp}/x.png"],
+        ["plot", "no-such-kind"],
+    ],
+    ids=["sweep-folder", "search-top", "plot-missing-csv", "plot-kind"],
+)
 def test_usage_errors_are_one_line_exit_2(scenario: Path, tmp_path: Path, args) -> None:
     result = invoke(*[a.format(tmp=tmp_path, scenario=scenario) for a in args])
     assert result.exit_code == 2

@@ -21,8 +21,14 @@ def topo(name: str, nodes: int = 1, gpus_per_node: int | None = None) -> Topolog
     return _CACHE[key]
 
 
-def run_des(group: Group, op: str, size: float, algorithm: str = "auto",
-            peers: tuple[Group, ...] = (), **kwargs: Any) -> tuple[Any, FlowNetwork]:
+def run_des(
+    group: Group,
+    op: str,
+    size: float,
+    algorithm: str = "auto",
+    peers: tuple[Group, ...] = (),
+    **kwargs: Any,
+) -> tuple[Any, FlowNetwork]:
     """Simulate one collective on a fresh network; return (CollectiveCost, network)."""
     env = simpy.Environment()
     net = FlowNetwork(env, group.topology)

@@ -41,7 +41,7 @@ def _cases() -> list[tuple[str, str, str]]:
                 try:
                     schedule_for(op, make_group(shape), algorithm)
                 except ConfigError:
-                    continue          # e.g. halving_doubling on 6 ranks, nvls across nodes
+                    continue  # e.g. halving_doubling on 6 ranks, nvls across nodes
                 cases.append((op.value, algorithm.value, shape))
     return cases
 
@@ -55,8 +55,9 @@ def test_every_op_algorithm_pair_is_covered() -> None:
     assert covered == expected
 
 
-@pytest.mark.parametrize(("op", "algorithm", "shape"), CASES,
-                         ids=[f"{o}-{a}-{s}" for o, a, s in CASES])
+@pytest.mark.parametrize(
+    ("op", "algorithm", "shape"), CASES, ids=[f"{o}-{a}-{s}" for o, a, s in CASES]
+)
 def test_des_matches_closed_form(op: str, algorithm: str, shape: str) -> None:
     group = make_group(shape)
     for size in SIZES:

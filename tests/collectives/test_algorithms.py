@@ -7,8 +7,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collsim.collectives import CollectiveOp, Group, cost, schedule_for, supported
-from collsim.collectives import halving_doubling, hierarchical, ring, tree
+from collsim.collectives import (
+    CollectiveOp,
+    Group,
+    cost,
+    halving_doubling,
+    hierarchical,
+    ring,
+    schedule_for,
+    supported,
+    tree,
+)
 from collsim.errors import ConfigError
 from tests.collectives.helpers import run_des, topo
 
@@ -17,11 +26,11 @@ def test_ring_channels_leave_each_node_from_a_different_rank() -> None:
     t = topo("dgx_h100", 2)
     group = Group(t, (0, 1, 2, 8, 9, 10))
     assert ring.ring_orders(group) == [
-        [1, 2, 0, 9, 10, 8],        # channel 0 leaves node 0 from rank 0, node 1 from rank 8
+        [1, 2, 0, 9, 10, 8],  # channel 0 leaves node 0 from rank 0, node 1 from rank 8
         [2, 0, 1, 10, 8, 9],
         [0, 1, 2, 8, 9, 10],
     ]
-    assert ring.ring_orders(Group(t, (4, 2, 7))) == [[4, 2, 7]]      # one node: one ring
+    assert ring.ring_orders(Group(t, (4, 2, 7))) == [[4, 2, 7]]  # one node: one ring
 
 
 def test_nccl_double_binary_tree() -> None:
@@ -40,8 +49,16 @@ def test_nccl_double_binary_tree() -> None:
 def test_halving_doubling_steps() -> None:
     group = Group(topo("dgx_h100", 2), tuple(range(16)))
     phases = halving_doubling.build(CollectiveOp.ALL_REDUCE, group)
-    assert [p.size_factor for p in phases] == [1 / 2, 1 / 4, 1 / 8, 1 / 16,
-                                               1 / 16, 1 / 8, 1 / 4, 1 / 2]
+    assert [p.size_factor for p in phases] == [
+        1 / 2,
+        1 / 4,
+        1 / 8,
+        1 / 16,
+        1 / 16,
+        1 / 8,
+        1 / 4,
+        1 / 2,
+    ]
     # distances 1, 2, 4 stay inside a node; distance 8 crosses: the small blocks go on the NICs
     assert [p.inter_steps for p in phases] == [0, 0, 0, 1, 1, 0, 0, 0]
     assert {(t.src, t.dst) for t in phases[1].transfers} == {(r, r ^ 2) for r in range(16)}
@@ -53,7 +70,7 @@ def test_hierarchical_phases() -> None:
     # intra reduce-scatter 7/8, inter all_reduce of 1/8 over 4 nodes, intra all-gather 7/8
     assert [p.size_factor for p in phases] == pytest.approx([7 / 8, 2 * 3 / 4 / 8, 7 / 8])
     assert [(p.intra_steps, p.inter_steps) for p in phases] == [(7, 0), (0, 6), (7, 0)]
-    assert len(phases[1].transfers) == 8 * 4          # 8 rail rings of 4 nodes
+    assert len(phases[1].transfers) == 8 * 4  # 8 rail rings of 4 nodes
 
 
 def test_golden_loopback_ring_time() -> None:
@@ -71,10 +88,13 @@ _ALL = [(op, alg) for op in CollectiveOp for alg in supported(op)]
 
 
 @settings(max_examples=40, deadline=None)
-@given(pair=st.sampled_from(_ALL), first=st.integers(0, 62), count=st.integers(2, 64),
-       size=st.integers(1 << 10, 1 << 30))
-def test_des_matches_closed_form_on_random_groups(pair, first: int, count: int,
-                                                  size: int) -> None:
+@given(
+    pair=st.sampled_from(_ALL),
+    first=st.integers(0, 62),
+    count=st.integers(2, 64),
+    size=st.integers(1 << 10, 1 << 30),
+)
+def test_des_matches_closed_form_on_random_groups(pair, first: int, count: int, size: int) -> None:
     # Any contiguous run of 2..64 ranks of an 8-node DGX H100, any size 1 KiB..1 GiB.
     op, algorithm = pair
     ranks = tuple(range(first, min(64, first + count)))
@@ -84,7 +104,7 @@ def test_des_matches_closed_form_on_random_groups(pair, first: int, count: int,
     try:
         schedule_for(op, group, algorithm)
     except ConfigError:
-        return                          # not applicable to this group (asserted elsewhere)
+        return  # not applicable to this group (asserted elsewhere)
     closed = cost(op, size, group, algorithm)
     simulated, _ = run_des(group, op, size, algorithm)
     assert simulated.time_s == pytest.approx(closed.time_s, rel=1e-9)

@@ -25,7 +25,7 @@ def test_auto_is_never_slower_than_any_nccl_choice(size: int, op: str) -> None:
     for algorithm in (Algorithm.RING, Algorithm.TREE, Algorithm.NVLS):
         if CollectiveOp(op) not in {CollectiveOp.ALL_REDUCE} and algorithm is Algorithm.TREE:
             continue
-        for protocol in ([Protocol.SIMPLE] if algorithm is Algorithm.NVLS else list(Protocol)):
+        for protocol in [Protocol.SIMPLE] if algorithm is Algorithm.NVLS else list(Protocol):
             other = cost(op, size, group, algorithm, protocol)
             assert best.time_s <= other.time_s * (1 + 1e-12)
 
@@ -46,7 +46,7 @@ def test_ring_all_reduce_moves_reduce_scatter_plus_all_gather(size: int) -> None
     ar = cost("all_reduce", size, group, "ring", "simple")
     rs = cost("reduce_scatter", size, group, "ring", "simple")
     ag = cost("all_gather", size, group, "ring", "simple")
-    base = 8.4e-6      # NCCL Ring Simple base latency, paid once per call
+    base = 8.4e-6  # NCCL Ring Simple base latency, paid once per call
     assert ar.time_s == pytest.approx(rs.time_s + ag.time_s - base, rel=1e-9)
 
 
@@ -72,18 +72,22 @@ def test_ring_large_message_busbw_is_the_link_capacity() -> None:
     # 8 GPUs on NVSwitch: busbw -> 450 GB/s x 0.824 as the size grows.
     group = Group.all(topo("dgx_h100"))
     assert cost("all_reduce", 1 << 40, group, "ring").busbw_bps == pytest.approx(
-        450e9 * 0.824, rel=1e-3)
+        450e9 * 0.824, rel=1e-3
+    )
 
 
 def test_topology_can_pin_the_algorithm() -> None:
-    text = Path(topo("dgx_h100").source).read_text().replace("  library: nccl", "  library: nccl\n  algorithms: {all_reduce: tree}")
+    text = (
+        Path(topo("dgx_h100").source)
+        .read_text()
+        .replace("  library: nccl", "  library: nccl\n  algorithms: {all_reduce: tree}")
+    )
     pinned = parse_topology(parse_yaml_text(text, "pinned.yaml"))
     assert cost("all_reduce", 1 << 30, Group.all(pinned)).algorithm is Algorithm.TREE
 
 
 def test_overhead_is_added_once() -> None:
-    text = Path(topo("dgx_h100").source).read_text().replace("overhead_us: 0.0",
-                                                             "overhead_us: 7.0")
+    text = Path(topo("dgx_h100").source).read_text().replace("overhead_us: 0.0", "overhead_us: 7.0")
     slow = parse_topology(parse_yaml_text(text, "slow.yaml"))
     base = cost("all_reduce", 1 << 20, Group.all(topo("dgx_h100")), "ring", "ll")
     more = cost("all_reduce", 1 << 20, Group.all(slow), "ring", "ll")
@@ -107,8 +111,16 @@ def test_single_rank_costs_only_overhead() -> None:
         ("all_reduce", "magic", range(8), "unknown algorithm 'magic'; choose from auto, ring"),
         ("allreduce", "auto", range(8), "unknown op 'allreduce'"),
     ],
-    ids=["ring-a2a", "tree-rs", "hd-6", "nvls-2nodes", "nvls-bcast", "hier-uneven",
-         "bad-algorithm", "bad-op"],
+    ids=[
+        "ring-a2a",
+        "tree-rs",
+        "hd-6",
+        "nvls-2nodes",
+        "nvls-bcast",
+        "hier-uneven",
+        "bad-algorithm",
+        "bad-op",
+    ],
 )
 def test_impossible_requests_are_config_errors(op: str, algorithm: str, ranks, message: str):
     group = Group(topo("dgx_h100", 2), tuple(ranks))
@@ -143,9 +155,15 @@ def test_nvls_loop_sizes_follow_nccls_chunk_rule(num_ranks: int) -> None:
     ops = 16 * num_ranks
     # chunk 16 KiB below 2 x ops x 32 KiB, 32 KiB below 8 x ops x 64 KiB, 64 KiB below
     # 64 x ops x 128 KiB, else 128 KiB (NCCL enqueue.cc)
-    for size, chunk in [(1, 16384), (2 * ops * 32768 - 1, 16384), (2 * ops * 32768, 32768),
-                        (8 * ops * 65536, 65536), (64 * ops * 131072 - 1, 65536),
-                        (64 * ops * 131072, 131072), (1 << 40, 131072)]:
+    for size, chunk in [
+        (1, 16384),
+        (2 * ops * 32768 - 1, 16384),
+        (2 * ops * 32768, 32768),
+        (8 * ops * 65536, 65536),
+        (64 * ops * 131072 - 1, 65536),
+        (64 * ops * 131072, 131072),
+        (1 << 40, 131072),
+    ]:
         assert chunk_bytes(size, num_ranks) == chunk
         assert fast(size) == ops * chunk
 

@@ -10,13 +10,20 @@ from tests.collectives.helpers import run_des, topo
 M = float(1 << 26)
 
 
-@pytest.mark.parametrize(("name", "nodes"), [("dgx_h100", 1), ("dgx_a100", 2), ("localhost", 1)],
-                         ids=["8r-1node", "16r-2nodes", "4r-loopback"])
-@pytest.mark.parametrize(("op", "factor"), [
-    ("all_reduce", lambda n: 2 * (n - 1) / n),
-    ("reduce_scatter", lambda n: (n - 1) / n),
-    ("all_gather", lambda n: (n - 1) / n),
-], ids=["all_reduce", "reduce_scatter", "all_gather"])
+@pytest.mark.parametrize(
+    ("name", "nodes"),
+    [("dgx_h100", 1), ("dgx_a100", 2), ("localhost", 1)],
+    ids=["8r-1node", "16r-2nodes", "4r-loopback"],
+)
+@pytest.mark.parametrize(
+    ("op", "factor"),
+    [
+        ("all_reduce", lambda n: 2 * (n - 1) / n),
+        ("reduce_scatter", lambda n: (n - 1) / n),
+        ("all_gather", lambda n: (n - 1) / n),
+    ],
+    ids=["all_reduce", "reduce_scatter", "all_gather"],
+)
 def test_ring_bytes_per_rank(name: str, nodes: int, op: str, factor) -> None:
     group = Group.all(topo(name, nodes))
     n = group.size
@@ -45,8 +52,9 @@ def test_nvls_port_carries_one_plus_one_over_n() -> None:
         assert net.link_bytes[t.gpu_rx[rank]] == pytest.approx((1 + 1 / 8) * M)
 
 
-@pytest.mark.parametrize("algorithm", ["ring", "tree", "halving_doubling", "direct",
-                                       "hierarchical"])
+@pytest.mark.parametrize(
+    "algorithm", ["ring", "tree", "halving_doubling", "direct", "hierarchical"]
+)
 def test_bytes_sent_equal_bytes_received(algorithm: str) -> None:
     group = Group.all(topo("dgx_a100", 2))
     _, net = run_des(group, "all_reduce", M, algorithm)

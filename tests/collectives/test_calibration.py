@@ -18,7 +18,7 @@ from tests.collectives.helpers import topo
 
 REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference"
 SWEEP = REFERENCE / "nccl_allreduce_dgx_h100_8gpu.csv"
-LARGE = 16 << 30          # "large messages": the H200 figures are at 16 GiB
+LARGE = 16 << 30  # "large messages": the H200 figures are at 16 GiB
 
 
 def sweep_errors() -> list[tuple[int, float, float, str]]:
@@ -31,23 +31,26 @@ def sweep_errors() -> list[tuple[int, float, float, str]]:
             if size < 1 << 20:
                 continue
             predicted = cost("all_reduce", size, group)
-            rows.append((size, float(row["busbw_GBps"]), predicted.busbw_bps / 1e9,
-                         predicted.label))
+            rows.append(
+                (size, float(row["busbw_GBps"]), predicted.busbw_bps / 1e9, predicted.label)
+            )
     return rows
 
 
 def format_sweep(rows: list[tuple[int, float, float, str]]) -> str:
     lines = [f"{'size':>12} {'measured':>9} {'predicted':>9} {'error':>7}  algorithm"]
     for size, measured, predicted, label in rows:
-        lines.append(f"{size:>12} {measured:>9.1f} {predicted:>9.1f} "
-                     f"{predicted / measured - 1:>+7.1%}  {label}")
+        lines.append(
+            f"{size:>12} {measured:>9.1f} {predicted:>9.1f} "
+            f"{predicted / measured - 1:>+7.1%}  {label}"
+        )
     return "\n".join(lines)
 
 
 @pytest.mark.skipif(not SWEEP.is_file(), reason=f"reference sweep not found at {SWEEP}")
 def test_dgx_h100_allreduce_sweep_median_error() -> None:
     rows = sweep_errors()
-    assert len(rows) == 15                     # 1 MiB .. 16 GiB by powers of two
+    assert len(rows) == 15  # 1 MiB .. 16 GiB by powers of two
     errors = [abs(p / m - 1) for _, m, p, _ in rows]
     median = statistics.median(errors)
     assert median <= 0.10, f"median |busbw error| {median:.1%}\n{format_sweep(rows)}"

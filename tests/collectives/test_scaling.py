@@ -9,9 +9,15 @@ import pytest
 
 from collsim.collectives import Algorithm, CollectiveOp, Group, cost, schedule_for
 from collsim.collectives.direct import EXACT_PAIRS_UP_TO, all_pairs_load
-from collsim.collectives.schedule import (AGGREGATE_ABOVE, Phase, aggregate_transfers,
-                                          equal_weights_per_link, make_transfer, pair_load,
-                                          phase_load)
+from collsim.collectives.schedule import (
+    AGGREGATE_ABOVE,
+    Phase,
+    aggregate_transfers,
+    equal_weights_per_link,
+    make_transfer,
+    pair_load,
+    phase_load,
+)
 from collsim.topology import Topology, parse_topology
 from collsim.yamlio import parse_yaml_text
 from tests.collectives.helpers import run_des, topo
@@ -47,14 +53,14 @@ GROUPS = [tuple(range(20)), (19, 0, 1, 2, 5, 9, 10, 11, 12, 17, 6), (4, 5, 6, 7)
 @pytest.mark.parametrize("rails", [True, False])
 @pytest.mark.parametrize("nics", [1, 2, 4])
 @pytest.mark.parametrize("ranks", GROUPS)
-def test_analytic_all_pairs_load_equals_enumeration(rails: bool, nics: int,
-                                                    ranks: tuple[int, ...]) -> None:
+def test_analytic_all_pairs_load_equals_enumeration(
+    rails: bool, nics: int, ranks: tuple[int, ...]
+) -> None:
     t = _fabric(rails, nics)
     pairs = [(s, d) for s in ranks for d in ranks if s != d]
     want = _enumerated(t, pairs)
     got = all_pairs_load(Group(t, ranks))
-    assert _as_dict(got.link_index, got.link_weight) == _as_dict(want.link_index,
-                                                                 want.link_weight)
+    assert _as_dict(got.link_index, got.link_weight) == _as_dict(want.link_index, want.link_weight)
     assert got.intra_latency_s == pytest.approx(want.intra_latency_s, rel=1e-12)
     assert got.inter_latency_s == pytest.approx(want.inter_latency_s, rel=1e-12)
     assert got.intra_kinds == want.intra_kinds
@@ -70,13 +76,12 @@ def test_vectorised_pair_load_equals_paths(rails: bool) -> None:
     pairs = list(zip(src[keep].tolist(), dst[keep].tolist()))
     want = _enumerated(t, pairs)
     got = pair_load(t, src[keep], dst[keep])
-    assert _as_dict(got.link_index, got.link_weight) == _as_dict(want.link_index,
-                                                                 want.link_weight)
+    assert _as_dict(got.link_index, got.link_weight) == _as_dict(want.link_index, want.link_weight)
     assert got.inter_latency_s == pytest.approx(want.inter_latency_s, rel=1e-12)
 
 
 def test_4096_ranks_closed_form_matches_per_link_expectation() -> None:
-    t = topo("dgx_h100", 512)                  # 4,096 GPUs, 16 leaf groups per rail
+    t = topo("dgx_h100", 512)  # 4,096 GPUs, 16 leaf groups per rail
     group = Group.all(t)
     n, g = t.num_ranks, t.gpus_per_node
     nic_bps = t.links[t.nic_tx[0][0]].capacity_bps
@@ -94,30 +99,36 @@ def test_4096_ranks_closed_form_matches_per_link_expectation() -> None:
     assert loads[t.nic_rx[7][2]] == n - g
     assert loads[t.gpu_tx[9]] == g - 1
     assert loads[t.leaf_up[(4, 2)]] == per_leaf * (n - per_leaf * g)
-    expected = max((n - g) / nic_bps, (g - 1) / gpu_bps,
-                   per_leaf * (n - per_leaf * g) / up_bps) / n
+    expected = max((n - g) / nic_bps, (g - 1) / gpu_bps, per_leaf * (n - per_leaf * g) / up_bps) / n
     assert a2a.phase_s_per_byte[0] == pytest.approx(expected, rel=1e-12)
     size = 1 << 30
     result = cost("all_to_all", size, group)
     timing = a2a.timing(result.protocol)
-    assert result.time_s == pytest.approx(timing.latency_s + size * expected / timing.efficiency,
-                                          rel=1e-12)
+    assert result.time_s == pytest.approx(
+        timing.latency_s + size * expected / timing.efficiency, rel=1e-12
+    )
 
     # all_reduce ring: g rings, each rank sends 2(n-1)/n x M/g per ring; a rank's NVLink tx
     # carries g - 1 rings, each node's NIC k one (ring k leaves the node there).
     ring = schedule_for(CollectiveOp.ALL_REDUCE, group, Algorithm.RING)
     share = 2 * (n - 1) / n / g
     assert ring.phase_s_per_byte[0] == pytest.approx(
-        share * max(1 / nic_bps, (g - 1) / gpu_bps), rel=1e-12)
+        share * max(1 / nic_bps, (g - 1) / gpu_bps), rel=1e-12
+    )
     auto = cost("all_reduce", size, group)
     options = [cost("all_reduce", size, group, alg) for alg in (Algorithm.RING, Algorithm.TREE)]
     assert auto.time_s == min(o.time_s for o in options)
     assert auto.algorithm in (Algorithm.RING, Algorithm.TREE)
 
 
-@pytest.mark.parametrize("ranks", [tuple(range(128)),
-                                   tuple(r for r in range(128) if r % 8 not in (3, 6)),
-                                   tuple(r for r in range(128) if r < 64 or r % 8 < 4)])
+@pytest.mark.parametrize(
+    "ranks",
+    [
+        tuple(range(128)),
+        tuple(r for r in range(128) if r % 8 not in (3, 6)),
+        tuple(r for r in range(128) if r < 64 or r % 8 < 4),
+    ],
+)
 def test_large_direct_des_within_one_percent(ranks: tuple[int, ...]) -> None:
     # Above EXACT_PAIRS_UP_TO ranks the DES merges the pairs that share a path into one flow.
     t = topo("dgx_h100", 16)
@@ -149,7 +160,7 @@ def test_merging_is_refused_when_it_would_unbalance_a_link() -> None:
 
 
 def test_large_ring_des_merged_within_one_percent() -> None:
-    t = topo("dgx_h100", 512)                  # 4,096 GPUs: 32,768 ring transfers, merged
+    t = topo("dgx_h100", 512)  # 4,096 GPUs: 32,768 ring transfers, merged
     group = Group.all(t)
     schedule = schedule_for(CollectiveOp.ALL_REDUCE, group, Algorithm.RING)
     assert len(schedule.phases[0].transfers) > AGGREGATE_ABOVE

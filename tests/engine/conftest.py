@@ -10,7 +10,7 @@ from collsim.topology import load_topology
 from collsim.workload.model import TransformerSpec
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def topology(name: str = "dgx_a100", nodes: int = 1):
     """A cached cluster (topologies/<name>.yaml with ``nodes`` nodes)."""
     return load_topology(name, nodes=nodes)
@@ -19,5 +19,12 @@ def topology(name: str = "dgx_a100", nodes: int = 1):
 @pytest.fixture
 def small_spec() -> TransformerSpec:
     """A 16-layer GPT small enough for fast steps (ffn 4h, MHA, dropout: Korthikanti's layer)."""
-    return TransformerSpec(name="small", num_layers=16, hidden=512, num_heads=8,
-                           ffn_hidden=2048, seq_len=256, vocab=4096)
+    return TransformerSpec(
+        name="small",
+        num_layers=16,
+        hidden=512,
+        num_heads=8,
+        ffn_hidden=2048,
+        seq_len=256,
+        vocab=4096,
+    )

@@ -37,13 +37,25 @@ def megatron_step(row: dict[str, str]):
     tp, pp, gpus = int(row["tp"]), int(row["pp"]), int(row["num_gpus"])
     spec = get_preset(f"megatron-{row['params_billion']}b")
     assert (spec.num_layers, spec.hidden, spec.num_heads) == (
-        int(row["num_layers"]), int(row["hidden_size"]), int(row["attention_heads"]))
-    par = ParallelConfig(tp=tp, pp=pp, dp=gpus // (tp * pp),
-                         schedule="interleaved" if pp > 1 else "1f1b",
-                         virtual_stages=2 if pp > 1 else 1, zero=0,
-                         ddp=DDPConfig(overlap=False))
-    tr = TrainingConfig(global_batch=int(row["global_batch_size"]), micro_batch=MICRO_BATCH,
-                        dtype="fp16", recompute="full")
+        int(row["num_layers"]),
+        int(row["hidden_size"]),
+        int(row["attention_heads"]),
+    )
+    par = ParallelConfig(
+        tp=tp,
+        pp=pp,
+        dp=gpus // (tp * pp),
+        schedule="interleaved" if pp > 1 else "1f1b",
+        virtual_stages=2 if pp > 1 else 1,
+        zero=0,
+        ddp=DDPConfig(overlap=False),
+    )
+    tr = TrainingConfig(
+        global_batch=int(row["global_batch_size"]),
+        micro_batch=MICRO_BATCH,
+        dtype="fp16",
+        recompute="full",
+    )
     return simulate_step(topology("dgx_a100", gpus // 8), spec, tr, par)
 
 

@@ -9,23 +9,31 @@ import pytest
 
 from collsim.engine import simulate_step
 from collsim.engine.step import prepare_step
-from collsim.parallel.config import FSDPConfig, ParallelConfig, TrainingConfig
+from collsim.parallel.config import ParallelConfig, TrainingConfig
 from collsim.units import GB
-from collsim.workload.memory import (korthikanti_activation_bytes, model_state_bytes,
-                                     parameters_per_rank)
+from collsim.workload.memory import (
+    korthikanti_activation_bytes,
+    model_state_bytes,
+    parameters_per_rank,
+)
 from collsim.workload.model import get_preset
 
 from .conftest import topology
 
-STATE_LABELS = {"parameters": "parameters", "gradients": "gradients",
-                "optimizer": "optimizer state"}
+STATE_LABELS = {
+    "parameters": "parameters",
+    "gradients": "gradients",
+    "optimizer": "optimizer state",
+}
 
 
 def _states(engine, rank: int) -> dict[str, float]:
     """Model-state bytes the rank allocated for the step (the labelled t = 0 allocations)."""
     ledger = engine.programs[rank].ledger
-    return {cat: sum(e.delta_bytes for e in ledger.events if e.label == label)
-            for cat, label in STATE_LABELS.items()}
+    return {
+        cat: sum(e.delta_bytes for e in ledger.events if e.label == label)
+        for cat, label in STATE_LABELS.items()
+    }
 
 
 @pytest.mark.parametrize("zero", [0, 1, 2, 3])
@@ -33,22 +41,25 @@ def _states(engine, rank: int) -> dict[str, float]:
 def test_model_states_follow_zero_formulas(small_spec, zero: int, dtype: str) -> None:
     tr = TrainingConfig(global_batch=8, micro_batch=1, dtype=dtype)
     for tp, pp, dp in [(1, 1, 8), (2, 2, 2)]:
-        engine = prepare_step(topology(), small_spec, tr,
-                              ParallelConfig(tp=tp, pp=pp, dp=dp, zero=zero))
+        engine = prepare_step(
+            topology(), small_spec, tr, ParallelConfig(tp=tp, pp=pp, dp=dp, zero=zero)
+        )
         engine.run()
         for rank, prog in engine.programs.items():
             stage = prog.coords.pp
             psi = parameters_per_rank(small_spec, tp=tp, pp=pp, stage=stage)
             want = model_state_bytes(psi, zero=zero, dp=dp, mixed_precision=dtype != "fp32")
             got = _states(engine, rank)
-            assert got == {"parameters": pytest.approx(want.parameters, rel=1e-12),
-                           "gradients": pytest.approx(want.gradients, rel=1e-12),
-                           "optimizer": pytest.approx(want.optimizer, rel=1e-12)}
+            assert got == {
+                "parameters": pytest.approx(want.parameters, rel=1e-12),
+                "gradients": pytest.approx(want.gradients, rel=1e-12),
+                "optimizer": pytest.approx(want.optimizer, rel=1e-12),
+            }
 
 
 def test_seed_7b_fp32_adam_ddp_and_fsdp() -> None:
     spec = get_preset("llama2-7b")
-    psi = spec.num_parameters()                          # 6.74e9
+    psi = spec.num_parameters()  # 6.74e9
     tr = TrainingConfig(global_batch=8, micro_batch=1, dtype="fp32", recompute="full")
     ddp = prepare_step(topology(), spec, tr, ParallelConfig(dp=8, zero=0))
     ddp.run()
@@ -68,18 +79,27 @@ def test_seed_7b_fp32_adam_ddp_and_fsdp() -> None:
 
 
 @pytest.mark.parametrize("recompute", ["none", "selective", "full"])
-@pytest.mark.parametrize("tp, sp", [(1, False), (2, False), (2, True), (8, False), (8, True)],
-                         ids=["t1", "t2", "t2-sp", "t8", "t8-sp"])
-def test_layer_activations_equal_korthikanti(small_spec, recompute: str, tp: int,
-                                             sp: bool) -> None:
+@pytest.mark.parametrize(
+    "tp, sp",
+    [(1, False), (2, False), (2, True), (8, False), (8, True)],
+    ids=["t1", "t2", "t2-sp", "t8", "t8-sp"],
+)
+def test_layer_activations_equal_korthikanti(small_spec, recompute: str, tp: int, sp: bool) -> None:
     b = 2
     tr = TrainingConfig(global_batch=b * (8 // tp), micro_batch=b, recompute=recompute)
-    engine = prepare_step(topology(), small_spec, tr,
-                          ParallelConfig(tp=tp, dp=8 // tp, sequence_parallel=sp))
+    engine = prepare_step(
+        topology(), small_spec, tr, ParallelConfig(tp=tp, dp=8 // tp, sequence_parallel=sp)
+    )
     engine.run()
     events = engine.programs[0].ledger.events
-    kw = dict(seq_len=small_spec.seq_len, micro_batch=b, hidden=small_spec.hidden,
-              num_heads=small_spec.num_heads, tp=tp, sequence_parallel=sp)
+    kw = dict(
+        seq_len=small_spec.seq_len,
+        micro_batch=b,
+        hidden=small_spec.hidden,
+        num_heads=small_spec.num_heads,
+        tp=tp,
+        sequence_parallel=sp,
+    )
     kept = korthikanti_activation_bytes(recompute=recompute, **kw)
     everything = korthikanti_activation_bytes(recompute="none", **kw)
     for layer in range(small_spec.num_layers):
@@ -93,9 +113,12 @@ def test_layer_activations_equal_korthikanti(small_spec, recompute: str, tp: int
 
 
 def test_peak_split_adds_up(small_spec) -> None:
-    r = simulate_step(topology(nodes=2), small_spec,
-                      TrainingConfig(global_batch=32, micro_batch=2, recompute="selective"),
-                      ParallelConfig(tp=2, pp=2, dp=4, zero=1))
+    r = simulate_step(
+        topology(nodes=2),
+        small_spec,
+        TrainingConfig(global_batch=32, micro_batch=2, recompute="selective"),
+        ParallelConfig(tp=2, pp=2, dp=4, zero=1),
+    )
     assert sum(r.memory_bytes.values()) == pytest.approx(r.memory_peak_bytes, rel=1e-12)
     assert r.memory_peak_bytes == max(max(b for _, b in tl) for tl in r.memory_timeline.values())
     assert r.memory_capacity_bytes == topology().device.memory_bytes

@@ -18,17 +18,27 @@ from collsim.parallel.params import chunk_tensors, layer_tensors
 
 from .conftest import topology
 
-TIMES = {"layer.forward": 1e-3, "layer.backward": 2e-3, "layer.recompute": 0.0,
-         "embedding.forward": 0.2e-3, "embedding.backward": 0.3e-3, "head.forward": 0.5e-3,
-         "head.backward": 1e-3, "optimizer": 1e-3}
+TIMES = {
+    "layer.forward": 1e-3,
+    "layer.backward": 2e-3,
+    "layer.recompute": 0.0,
+    "embedding.forward": 0.2e-3,
+    "embedding.backward": 0.3e-3,
+    "head.forward": 0.5e-3,
+    "head.backward": 1e-3,
+    "optimizer": 1e-3,
+}
 
 
 def _ddp(spec, overlap: bool, m: int = 2, bucket_mb: float = 4):
     topo = topology(nodes=2)
-    return simulate_step(topo, spec, TrainingConfig(global_batch=16 * m, micro_batch=1),
-                         ParallelConfig(dp=16, zero=0,
-                                        ddp=DDPConfig(bucket_mb=bucket_mb, overlap=overlap)),
-                         op_time_overrides=TIMES)
+    return simulate_step(
+        topo,
+        spec,
+        TrainingConfig(global_batch=16 * m, micro_batch=1),
+        ParallelConfig(dp=16, zero=0, ddp=DDPConfig(bucket_mb=bucket_mb, overlap=overlap)),
+        op_time_overrides=TIMES,
+    )
 
 
 def _independent_exposed(spec, m: int, bucket_mb: float, overlap: bool) -> float:
@@ -37,7 +47,7 @@ def _independent_exposed(spec, m: int, bucket_mb: float, overlap: bool) -> float
     L = spec.num_layers
     fwd = TIMES["embedding.forward"] + L * TIMES["layer.forward"] + TIMES["head.forward"]
     bwd = TIMES["head.backward"] + L * TIMES["layer.backward"] + TIMES["embedding.backward"]
-    t0 = m * fwd + (m - 1) * bwd                      # pp = 1: F0 B0 F1 B1 ...
+    t0 = m * fwd + (m - 1) * bwd  # pp = 1: F0 B0 F1 B1 ...
     seg_start = {"head": t0}
     seg_len = {"head": TIMES["head.backward"], "embedding": TIMES["embedding.backward"]}
     t = t0 + TIMES["head.backward"]
@@ -71,8 +81,10 @@ def test_overlap_hides_most_of_the_all_reduce(small_spec) -> None:
     assert on.step_time_s < off.step_time_s
     # gradient accumulation (no_sync): only the last micro-batch's backward all-reduces,
     # so the all-reduce count does not grow with the micro-batch count
-    calls = {m: sum(c.count for c in _ddp(small_spec, True, m=m).collectives
-                    if c.op == "all_reduce") for m in (1, 3)}
+    calls = {
+        m: sum(c.count for c in _ddp(small_spec, True, m=m).collectives if c.op == "all_reduce")
+        for m in (1, 3)
+    }
     assert calls[1] == calls[3] > 1
 
 
@@ -81,13 +93,14 @@ def test_fsdp_prefetch_faster_and_one_unit_higher(small_spec) -> None:
     tr = TrainingConfig(global_batch=32, micro_batch=2)
 
     def run(prefetch: int):
-        return simulate_step(topo, small_spec, tr,
-                             ParallelConfig(dp=16, zero=3, fsdp=FSDPConfig(prefetch=prefetch)))
+        return simulate_step(
+            topo, small_spec, tr, ParallelConfig(dp=16, zero=3, fsdp=FSDPConfig(prefetch=prefetch))
+        )
 
     lazy, eager = run(0), run(1)
     assert eager.step_time_s < lazy.step_time_s
     assert eager.breakdown_s["dp_exposed"] < lazy.breakdown_s["dp_exposed"]
-    unit = sum(t.numel for t in layer_tensors(small_spec, 0, 1)) * 2       # one bf16 layer
+    unit = sum(t.numel for t in layer_tensors(small_spec, 0, 1)) * 2  # one bf16 layer
     assert eager.memory_peak_bytes - lazy.memory_peak_bytes == pytest.approx(unit, rel=1e-9)
     # ZeRO-3 collectives per step: gathers in forward and backward, reduce-scatters
     ops = {c.op for c in eager.collectives if c.axis == "dp"}
@@ -96,7 +109,7 @@ def test_fsdp_prefetch_faster_and_one_unit_higher(small_spec) -> None:
 
 def test_zero_stages_traffic(small_spec) -> None:
     topo = topology(nodes=2)
-    tr = TrainingConfig(global_batch=48, micro_batch=1)                  # 3 micro-batches
+    tr = TrainingConfig(global_batch=48, micro_batch=1)  # 3 micro-batches
 
     def dp_ops(zero: int) -> dict[str, int]:
         r = simulate_step(topo, small_spec, tr, ParallelConfig(dp=16, zero=zero))

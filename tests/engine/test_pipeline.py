@@ -25,16 +25,28 @@ from collsim.workload.ops import embedding_ops
 from .conftest import topology
 
 LAYER_F, LAYER_B = 1e-3, 2e-3
-NO_EDGES = {"layer.forward": LAYER_F, "layer.backward": LAYER_B, "layer.recompute": 0.0,
-            "embedding.forward": 0.0, "embedding.backward": 0.0, "head.forward": 0.0,
-            "head.backward": 0.0, "optimizer": 0.0}
+NO_EDGES = {
+    "layer.forward": LAYER_F,
+    "layer.backward": LAYER_B,
+    "layer.recompute": 0.0,
+    "embedding.forward": 0.0,
+    "embedding.backward": 0.0,
+    "head.forward": 0.0,
+    "head.backward": 0.0,
+    "optimizer": 0.0,
+}
 
 
 def _step(spec, p: int, m: int, schedule: str, v: int = 1, overrides=NO_EDGES):
     dp = 8 // p
-    return simulate_step(topology(), spec, TrainingConfig(global_batch=m * dp, micro_batch=1),
-                         ParallelConfig(tp=1, pp=p, dp=dp, schedule=schedule, virtual_stages=v),
-                         op_time_overrides=overrides, zero_communication=True)
+    return simulate_step(
+        topology(),
+        spec,
+        TrainingConfig(global_batch=m * dp, micro_batch=1),
+        ParallelConfig(tp=1, pp=p, dp=dp, schedule=schedule, virtual_stages=v),
+        op_time_overrides=overrides,
+        zero_communication=True,
+    )
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
@@ -44,8 +56,7 @@ def test_step_and_bubble_share(small_spec, schedule: str, p: int, m: int) -> Non
     layers = small_spec.num_layers // p
     t_f, t_b = layers * LAYER_F, layers * LAYER_B
     assert r.step_time_s == pytest.approx((m + p - 1) * (t_f + t_b), rel=1e-9)
-    assert r.breakdown_s["bubble"] / r.step_time_s == pytest.approx((p - 1) / (m + p - 1),
-                                                                     rel=1e-9)
+    assert r.breakdown_s["bubble"] / r.step_time_s == pytest.approx((p - 1) / (m + p - 1), rel=1e-9)
     assert r.breakdown_s["compute"] == pytest.approx(m * (t_f + t_b), rel=1e-9)
     assert r.breakdown_s["pp_exposed"] == 0.0
 
@@ -58,7 +69,7 @@ def test_interleaving_divides_bubble_by_v(small_spec, p: int, m: int, v: int) ->
     assert inter.breakdown_s["bubble"] == pytest.approx(base.breakdown_s["bubble"] / v, rel=1e-9)
     assert inter.breakdown_s["compute"] == pytest.approx(base.breakdown_s["compute"], rel=1e-9)
     layers = small_spec.num_layers // p
-    bubble = (p - 1) * layers * (LAYER_F + LAYER_B) / v           # (1/v)(p-1)(t_f + t_b)
+    bubble = (p - 1) * layers * (LAYER_F + LAYER_B) / v  # (1/v)(p-1)(t_f + t_b)
     assert inter.breakdown_s["bubble"] == pytest.approx(bubble, rel=1e-9)
 
 
@@ -72,25 +83,32 @@ def test_activations_in_flight_on_stage_0(small_spec, schedule: str) -> None:
     layer = activation_bytes_per_layer(small_spec, micro_batch=1)
     per_mb = emb + (small_spec.num_layers // p) * layer
     in_flight = p if schedule == "1f1b" else m
-    assert r.details["activation_peak_bytes_by_rank"][0] == pytest.approx(in_flight * per_mb,
-                                                                          rel=1e-12)
+    assert r.details["activation_peak_bytes_by_rank"][0] == pytest.approx(
+        in_flight * per_mb, rel=1e-12
+    )
 
 
 @settings(max_examples=25, deadline=None)
-@given(p=st.sampled_from([1, 2, 4, 8]), m=st.integers(1, 12),
-       schedule=st.sampled_from(["gpipe", "1f1b"]),
-       t_f=st.floats(1e-4, 1e-2), ratio=st.floats(1.0, 3.0))
+@given(
+    p=st.sampled_from([1, 2, 4, 8]),
+    m=st.integers(1, 12),
+    schedule=st.sampled_from(["gpipe", "1f1b"]),
+    t_f=st.floats(1e-4, 1e-2),
+    ratio=st.floats(1.0, 3.0),
+)
 def test_bubble_share_property(p: int, m: int, schedule: str, t_f: float, ratio: float) -> None:
-    spec = TransformerSpec(name="p", num_layers=8, hidden=256, num_heads=4, ffn_hidden=1024,
-                           seq_len=64, vocab=512)
+    spec = TransformerSpec(
+        name="p", num_layers=8, hidden=256, num_heads=4, ffn_hidden=1024, seq_len=64, vocab=512
+    )
     times = dict(NO_EDGES, **{"layer.forward": t_f, "layer.backward": ratio * t_f})
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", CollsimWarning)      # m < p: bubble warning
+        warnings.simplefilter("ignore", CollsimWarning)  # m < p: bubble warning
         r = _step(spec, p, m, schedule, overrides=times)
     per_stage = spec.num_layers // p * t_f * (1 + ratio)
     assert r.step_time_s == pytest.approx((m + p - 1) * per_stage, rel=1e-9)
-    assert r.breakdown_s["bubble"] / r.step_time_s == pytest.approx((p - 1) / (m + p - 1),
-                                                                     rel=1e-9, abs=1e-12)
+    assert r.breakdown_s["bubble"] / r.step_time_s == pytest.approx(
+        (p - 1) / (m + p - 1), rel=1e-9, abs=1e-12
+    )
 
 
 def test_interleaved_holds_more_in_flight_on_stage_0(small_spec) -> None:
@@ -108,8 +126,9 @@ def test_interleaved_holds_more_in_flight_on_stage_0(small_spec) -> None:
     # the same peak replayed from the schedule alone: a forward keeps its chunk's activations
     # (chunk 0 also the embedding's), its backward frees them
     live = peak = 0.0
-    for op in stage_schedule("interleaved", num_stages=p, num_microbatches=m, stage=0,
-                             virtual_stages=v):
+    for op in stage_schedule(
+        "interleaved", num_stages=p, num_microbatches=m, stage=0, virtual_stages=v
+    ):
         kept = per_chunk + (emb if op.chunk == 0 else 0.0)
         live += kept if op.phase is Phase.FORWARD else -kept
         peak = max(peak, live)

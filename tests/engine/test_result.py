@@ -20,8 +20,16 @@ PAR = ParallelConfig(tp=2, pp=2, dp=4, zero=1, schedule="interleaved", virtual_s
 @pytest.fixture(scope="module")
 def result():
     from .conftest import TransformerSpec
-    spec = TransformerSpec(name="small", num_layers=16, hidden=512, num_heads=8,
-                           ffn_hidden=2048, seq_len=256, vocab=4096)
+
+    spec = TransformerSpec(
+        name="small",
+        num_layers=16,
+        hidden=512,
+        num_heads=8,
+        ffn_hidden=2048,
+        seq_len=256,
+        vocab=4096,
+    )
     return spec, simulate_step(topology(nodes=2), spec, TR, PAR, trace=True)
 
 
@@ -37,7 +45,7 @@ def test_fields_are_filled_and_consistent(result) -> None:
     peak = topology().device.peak_flops_for("bf16")
     assert r.mfu == pytest.approx(r.model_tflops_per_gpu * 1e12 / peak)
     assert r.hfu == pytest.approx(r.hardware_tflops_per_gpu * 1e12 / peak)
-    assert r.hardware_tflops_per_gpu > r.model_tflops_per_gpu > 0       # selective recompute
+    assert r.hardware_tflops_per_gpu > r.model_tflops_per_gpu > 0  # selective recompute
     assert set(r.memory_bytes) == set(MEMORY_KEYS) and r.fits
     assert {c.axis for c in r.collectives} == {"tp", "pp", "dp"}
     for c in r.collectives:
@@ -66,13 +74,16 @@ def test_trace_has_one_event_per_op(result) -> None:
     _, r = result
     m, v = 4, 2
     for rank in (0, 2):
-        ops = [e for e in r.trace_events if e.rank == rank and e.stream == "compute"
-               and e.name[0] in "FB"]
+        ops = [
+            e
+            for e in r.trace_events
+            if e.rank == rank and e.stream == "compute" and e.name[0] in "FB"
+        ]
         assert len(ops) == 2 * m * v
         assert all(e.end_s > e.start_s for e in ops)
         starts = [e.start_s for e in ops]
         assert starts == sorted(starts)
-        for a, b in zip(ops, ops[1:]):          # one compute stream: no overlap
+        for a, b in zip(ops, ops[1:]):  # one compute stream: no overlap
             assert b.start_s >= a.end_s - 1e-12
     streams = {e.stream for e in r.trace_events}
     assert {"compute", "pp", "dp"} <= streams
@@ -80,8 +91,7 @@ def test_trace_has_one_event_per_op(result) -> None:
 
 
 def test_no_trace_by_default(small_spec) -> None:
-    r = simulate_step(topology(), small_spec, TrainingConfig(global_batch=8),
-                      ParallelConfig(dp=8))
+    r = simulate_step(topology(), small_spec, TrainingConfig(global_batch=8), ParallelConfig(dp=8))
     assert r.trace_events == []
 
 
@@ -91,9 +101,13 @@ def test_op_time_overrides(small_spec) -> None:
     slow = simulate_step(topology(), small_spec, tr, par, op_time_overrides={"qkv_proj": 1e-3})
     # one extra millisecond forward per layer (16 layers, one micro-batch)
     assert slow.breakdown_s["compute"] > base.breakdown_s["compute"] + 16 * 0.9e-3
-    fixed = simulate_step(topology(), small_spec, tr, par,
-                          op_time_overrides={"layer.forward": 1e-3, "layer.backward": 2e-3,
-                                             "optimizer": 5e-3})
+    fixed = simulate_step(
+        topology(),
+        small_spec,
+        tr,
+        par,
+        op_time_overrides={"layer.forward": 1e-3, "layer.backward": 2e-3, "optimizer": 5e-3},
+    )
     assert fixed.breakdown_s["optimizer"] == pytest.approx(5e-3, rel=1e-9)
     with pytest.raises(ConfigError):
         simulate_step(topology(), small_spec, tr, par, op_time_overrides={"no_such_op": 1.0})
@@ -103,6 +117,7 @@ def test_op_time_overrides(small_spec) -> None:
 
 def test_plan_errors_surface(small_spec) -> None:
     with pytest.raises(ConfigError) as info:
-        simulate_step(topology(), small_spec, TrainingConfig(global_batch=8),
-                      ParallelConfig(tp=2, dp=2))
+        simulate_step(
+            topology(), small_spec, TrainingConfig(global_batch=8), ParallelConfig(tp=2, dp=2)
+        )
     assert info.value.key_path == "parallel"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 import simpy
 
 from collsim.engine import simulate_step
@@ -16,13 +15,16 @@ from .conftest import topology
 def test_group_stream_rendezvous_and_fifo() -> None:
     env = simpy.Environment()
     log: list[tuple[str, float, float]] = []
-    stream = GroupStream(env, (0, 1), "dp",
-                         on_done=lambda members, rec: log.append((rec.name, rec.start_s,
-                                                                  rec.end_s)))
+    stream = GroupStream(
+        env,
+        (0, 1),
+        "dp",
+        on_done=lambda members, rec: log.append((rec.name, rec.start_s, rec.end_s)),
+    )
 
     def member(rank: int, arrive: float) -> object:
         yield env.timeout(arrive)
-        first = stream.submit(rank, "a", 2.0)                    # ready now
+        first = stream.submit(rank, "a", 2.0)  # ready now
         second = stream.submit(rank, "b", 1.0, ready_s=env.now + 5.0)
         yield first & second
 
@@ -52,17 +54,18 @@ def test_contention_detection_from_topology() -> None:
     shared = topology("pcie_8gpu", 2)
     # the data-parallel groups of two tp ranks, each spanning the two nodes
     groups = [(0, 8), (1, 9)]
-    assert not axis_contends(rail, groups)          # one NIC per GPU: rails
-    assert axis_contends(shared, groups)            # one NIC per node, shared
-    assert not axis_contends(shared, [(0, 8)])      # alone on the NIC
+    assert not axis_contends(rail, groups)  # one NIC per GPU: rails
+    assert axis_contends(shared, groups)  # one NIC per node, shared
+    assert not axis_contends(shared, [(0, 8)])  # alone on the NIC
 
 
 def test_fsdp_offload_moves_states_to_host(small_spec) -> None:
     topo = topology("dgx_a100", 2)
     tr = TrainingConfig(global_batch=16, micro_batch=1)
     gpu = simulate_step(topo, small_spec, tr, ParallelConfig(dp=16, zero=3))
-    host = simulate_step(topo, small_spec, tr,
-                         ParallelConfig(dp=16, zero=3, fsdp=FSDPConfig(offload=True)))
+    host = simulate_step(
+        topo, small_spec, tr, ParallelConfig(dp=16, zero=3, fsdp=FSDPConfig(offload=True))
+    )
     assert host.memory_peak_bytes < gpu.memory_peak_bytes
     assert host.memory_bytes["optimizer"] == 0 and host.memory_bytes["gradients"] == 0
     # PCIe copies before gathers and after reduce-scatters, and the CPU optimizer cost time
@@ -75,9 +78,9 @@ def test_group_stream_process_work_waits_for_a_closed_form_call_before_it() -> N
     starts only once the closed-form call issued before it has ended."""
     env = simpy.Environment()
     log: list[tuple[str, float, float]] = []
-    stream = GroupStream(env, (0,), "dp",
-                         on_done=lambda members, rec: log.append((rec.name, rec.start_s,
-                                                                  rec.end_s)))
+    stream = GroupStream(
+        env, (0,), "dp", on_done=lambda members, rec: log.append((rec.name, rec.start_s, rec.end_s))
+    )
     stream.submit(0, "closed", 2.0)
     stream.submit(0, "process", lambda: env.timeout(1.0))
     env.run()

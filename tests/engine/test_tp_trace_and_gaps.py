@@ -25,33 +25,38 @@ from collsim.workload.compute import ComputeModel
 
 from .conftest import topology
 
-ACT_BYTES = 2   # bf16
+ACT_BYTES = 2  # bf16
 
 
 def expected_tp_calls(spec, *, stage: int, pp: int, m: int, sp: bool, recompute: str) -> int:
     """TP collectives of one rank in one step, counted from the plan (1F1B, one chunk)."""
     layers = spec.num_layers // pp
-    fwd = 4 if sp else 2                   # (AG + RS) x 2 with SP, else 2 all-reduces
-    bwd = 6 if sp else 2                   # the conjugates, + 2 input re-gathers with SP
+    fwd = 4 if sp else 2  # (AG + RS) x 2 with SP, else 2 all-reduces
+    bwd = 6 if sp else 2  # the conjugates, + 2 input re-gathers with SP
     per_mb = layers * (fwd + bwd + (fwd if recompute == "full" else 0))
     if stage == 0:
-        per_mb += 1                        # embedding: all-reduce (reduce-scatter with SP)
+        per_mb += 1  # embedding: all-reduce (reduce-scatter with SP)
     if stage == pp - 1:
-        per_mb += 3                        # vocab-parallel cross-entropy
-        per_mb += 1                        # LM head backward: input-gradient AR (RS with SP)
-        per_mb += 2 if sp else 0           # LM head: forward input AG, backward re-gather
-    gathers = 0 if sp else m * ((stage > 0) + (stage < pp - 1))   # pipeline scatter/gather
+        per_mb += 3  # vocab-parallel cross-entropy
+        per_mb += 1  # LM head backward: input-gradient AR (RS with SP)
+        per_mb += 2 if sp else 0  # LM head: forward input AG, backward re-gather
+    gathers = 0 if sp else m * ((stage > 0) + (stage < pp - 1))  # pipeline scatter/gather
     return m * per_mb + gathers
 
 
-CASES = [(False, "none", "auto"), (False, "full", "auto"), (True, "full", "auto"),
-         (True, "none", "layer"), (False, "selective", "layer")]
+CASES = [
+    (False, "none", "auto"),
+    (False, "full", "auto"),
+    (True, "full", "auto"),
+    (True, "none", "layer"),
+    (False, "selective", "layer"),
+]
 
 
 @pytest.mark.parametrize("sp, recompute, fidelity", CASES)
-def test_tp_slices_per_rank_match_the_plan_and_the_statistics(small_spec, sp: bool,
-                                                              recompute: str,
-                                                              fidelity: str) -> None:
+def test_tp_slices_per_rank_match_the_plan_and_the_statistics(
+    small_spec, sp: bool, recompute: str, fidelity: str
+) -> None:
     tp, pp, dp, m = 2, 2, 2, 4
     tr = TrainingConfig(global_batch=m * dp, micro_batch=1, recompute=recompute)
     par = ParallelConfig(tp=tp, pp=pp, dp=dp, sequence_parallel=sp)
@@ -61,8 +66,9 @@ def test_tp_slices_per_rank_match_the_plan_and_the_statistics(small_spec, sp: bo
     tp_events = [e for e in r.trace_events if e.stream == "tp"]
     for rank in ranks:
         mine = [e for e in tp_events if e.rank == rank]
-        want = expected_tp_calls(small_spec, stage=rank // tp, pp=pp, m=m, sp=sp,
-                                 recompute=recompute)
+        want = expected_tp_calls(
+            small_spec, stage=rank // tp, pp=pp, m=m, sp=sp, recompute=recompute
+        )
         assert len(mine) == want
         for e in mine:
             assert e.end_s > e.start_s
@@ -79,8 +85,11 @@ def test_tp_slices_per_rank_match_the_plan_and_the_statistics(small_spec, sp: bo
     for key, (count, time_s, issuers) in by_kind.items():
         assert stats[key].count == round(count / len(issuers))
         assert stats[key].time_s == pytest.approx(time_s / len(issuers), rel=1e-9)
-    total_link = sum(c.time_s * len(by_kind[(c.op, c.size_bytes, c.algorithm)][2])
-                     for c in r.collectives if c.axis == "tp")
+    total_link = sum(
+        c.time_s * len(by_kind[(c.op, c.size_bytes, c.algorithm)][2])
+        for c in r.collectives
+        if c.axis == "tp"
+    )
     assert sum(e.end_s - e.start_s for e in tp_events) == pytest.approx(total_link, rel=1e-9)
 
 
@@ -91,22 +100,29 @@ def test_tp_slices_nest_in_their_ops_and_never_overlap(small_spec, sp: bool) -> 
     r = simulate_step(topology(), small_spec, tr, par, trace=True)
     eps = 1e-12
     for rank in r.details["simulated_ranks"]:
-        ops = sorted((e for e in r.trace_events if e.rank == rank and e.stream == "compute"),
-                     key=lambda e: e.start_s)
-        tps = sorted((e for e in r.trace_events if e.rank == rank and e.stream == "tp"),
-                     key=lambda e: e.start_s)
+        ops = sorted(
+            (e for e in r.trace_events if e.rank == rank and e.stream == "compute"),
+            key=lambda e: e.start_s,
+        )
+        tps = sorted(
+            (e for e in r.trace_events if e.rank == rank and e.stream == "tp"),
+            key=lambda e: e.start_s,
+        )
         for a, b in zip(tps, tps[1:]):
             assert b.start_s >= a.end_s - eps
         for e in tps:
             inside = [o for o in ops if o.start_s - eps <= e.start_s and e.end_s <= o.end_s + eps]
             if e.name.startswith("all_gather pp recv"):
-                assert not inside          # before the op it feeds, which waits for it
+                assert not inside  # before the op it feeds, which waits for it
                 nxt = [o for o in ops if o.start_s >= e.end_s - eps]
                 assert nxt and nxt[0].start_s == pytest.approx(e.end_s, abs=1e-12)
             else:
                 assert len(inside) == 1
-    threads = {ev["args"]["name"] for ev in to_chrome_trace(r)["traceEvents"]
-               if ev["ph"] == "M" and ev["name"] == "thread_name"}
+    threads = {
+        ev["args"]["name"]
+        for ev in to_chrome_trace(r)["traceEvents"]
+        if ev["ph"] == "M" and ev["name"] == "thread_name"
+    }
     assert "tp" in threads and not any("#" in t for t in threads)
 
 
@@ -142,14 +158,20 @@ def test_sequence_parallel_backward_regathers_and_hides_behind_dgrad(small_spec)
 
     ag, rs = t("all_gather", size), t("reduce_scatter", size)
     loss = 3 * t("all_reduce", small_spec.seq_len * 4)
-    layer = 4 * (ag + rs) + sum(max(0.0, ag - min(dgrad(lt, n), lt.backward_s / 2))
-                                for n in ("qkv_proj", "mlp_up"))
+    layer = 4 * (ag + rs) + sum(
+        max(0.0, ag - min(dgrad(lt, n), lt.backward_s / 2)) for n in ("qkv_proj", "mlp_up")
+    )
     head = ag + loss + rs + max(0.0, ag - dgrad(ht, "lm_head"))
     want = m * (small_spec.num_layers * layer + rs + head)
     assert r.breakdown_s["tp_exposed"] == pytest.approx(want, rel=1e-9)
     # the overlapped dgrad is compute, counted once
-    compute = m * (small_spec.num_layers * (lt.forward_s + lt.backward_s) + et.forward_s
-                   + et.backward_s + ht.forward_s + ht.backward_s)
+    compute = m * (
+        small_spec.num_layers * (lt.forward_s + lt.backward_s)
+        + et.forward_s
+        + et.backward_s
+        + ht.forward_s
+        + ht.backward_s
+    )
     assert r.breakdown_s["compute"] == pytest.approx(compute, rel=1e-9)
     gathers = next(c for c in r.collectives if c.axis == "tp" and c.op == "all_gather")
     assert gathers.count == m * (6 * small_spec.num_layers + 2)
@@ -157,7 +179,7 @@ def test_sequence_parallel_backward_regathers_and_hides_behind_dgrad(small_spec)
     blocking = m * (small_spec.num_layers * 4 * (ag + rs) + rs + ag + loss + rs)
     regathers_exposed = r.breakdown_s["tp_exposed"] - blocking
     regathers_link = m * (2 * small_spec.num_layers + 1) * ag
-    assert 0 <= regathers_exposed < regathers_link      # the dgrad GEMMs hide part of them
+    assert 0 <= regathers_exposed < regathers_link  # the dgrad GEMMs hide part of them
 
 
 def test_vocab_parallel_loss_all_reduces_on_the_last_stage_only(small_spec) -> None:
@@ -166,14 +188,20 @@ def test_vocab_parallel_loss_all_reduces_on_the_last_stage_only(small_spec) -> N
     engine = prepare_step(topology(), small_spec, tr, par)
     engine.run()
     m = 8 // (2 * 2)
-    loss_size = 2 * small_spec.seq_len * 4.0          # micro-batch x seq fp32
+    loss_size = 2 * small_spec.seq_len * 4.0  # micro-batch x seq fp32
     for rank in (0, 2):
-        calls = sum(v[0] for k, v in engine.stats.items()
-                    if k[0] == rank and k[1] == "tp" and k[2] == "all_reduce"
-                    and k[3] == loss_size)
+        calls = sum(
+            v[0]
+            for k, v in engine.stats.items()
+            if k[0] == rank and k[1] == "tp" and k[2] == "all_reduce" and k[3] == loss_size
+        )
         assert calls == (3 * m if rank == 2 else 0)
-    no_tp = simulate_step(topology(), small_spec, TrainingConfig(global_batch=16, micro_batch=2),
-                          ParallelConfig(pp=2, dp=4))
+    no_tp = simulate_step(
+        topology(),
+        small_spec,
+        TrainingConfig(global_batch=16, micro_batch=2),
+        ParallelConfig(pp=2, dp=4),
+    )
     assert not [c for c in no_tp.collectives if c.axis == "tp"]
 
 
@@ -184,22 +212,26 @@ def test_pipeline_gather_blocks_the_receiver(small_spec) -> None:
     topo = topology()
     r = simulate_step(topo, small_spec, tr, ParallelConfig(tp=4, pp=2), trace=True)
     gathers = [e for e in r.trace_events if e.name.startswith("all_gather pp recv")]
-    assert len(gathers) == 2 * 4                       # stage 1: 4 forwards, stage 0: 4 backwards
+    assert len(gathers) == 2 * 4  # stage 1: 4 forwards, stage 0: 4 backwards
     full = small_spec.seq_len * small_spec.hidden * ACT_BYTES
     one = cost(CollectiveOp.ALL_GATHER, full, Group(topo, (0, 1, 2, 3))).time_s
     for e in gathers:
         assert e.args["bytes"] == full and e.end_s - e.start_s == pytest.approx(one)
     last = r.details["breakdown_by_stage_s"][1]
     assert last["pp_exposed"] >= 4 * one - 1e-12
-    sp = simulate_step(topo, small_spec, tr, ParallelConfig(tp=4, pp=2, sequence_parallel=True),
-                       trace=True)
+    sp = simulate_step(
+        topo, small_spec, tr, ParallelConfig(tp=4, pp=2, sequence_parallel=True), trace=True
+    )
     assert not [e for e in sp.trace_events if e.name.startswith("all_gather pp recv")]
 
 
-@pytest.mark.parametrize("view, zero, dp, extra", [
-    (False, 0, 8, True), (True, 0, 8, False), (False, 1, 8, False), (False, 0, 1, False)])
-def test_ddp_bucket_tensors_double_the_gradients(small_spec, view: bool, zero: int, dp: int,
-                                                 extra: bool) -> None:
+@pytest.mark.parametrize(
+    "view, zero, dp, extra",
+    [(False, 0, 8, True), (True, 0, 8, False), (False, 1, 8, False), (False, 0, 1, False)],
+)
+def test_ddp_bucket_tensors_double_the_gradients(
+    small_spec, view: bool, zero: int, dp: int, extra: bool
+) -> None:
     tr = TrainingConfig(global_batch=8, micro_batch=1)
     pp = 8 // dp
     par = ParallelConfig(pp=pp, dp=dp, zero=zero, ddp=DDPConfig(gradient_as_bucket_view=view))
@@ -210,8 +242,12 @@ def test_ddp_bucket_tensors_double_the_gradients(small_spec, view: bool, zero: i
         assert got == (prog.stage.numel * 2.0 if extra else 0.0)
     if extra:
         r = simulate_step(topology(), small_spec, tr, par)
-        viewed = simulate_step(topology(), small_spec, tr, ParallelConfig(
-            pp=pp, dp=dp, zero=zero, ddp=DDPConfig(gradient_as_bucket_view=True)))
+        viewed = simulate_step(
+            topology(),
+            small_spec,
+            tr,
+            ParallelConfig(pp=pp, dp=dp, zero=zero, ddp=DDPConfig(gradient_as_bucket_view=True)),
+        )
         numel = engine.programs[0].stage.numel
         assert r.memory_peak_bytes - viewed.memory_peak_bytes == pytest.approx(2.0 * numel)
         assert r.memory_bytes["buffers"] >= 2.0 * numel
@@ -221,12 +257,18 @@ def test_scenario_reads_gradient_as_bucket_view(tmp_path: Path) -> None:
     from collsim.scenario import load_scenario
 
     path = tmp_path / "s.yaml"
-    path.write_text("name: s\ncluster: {topology: dgx_a100, nodes: 1}\n"
-                    "model: {preset: gpt3-125m}\ntraining: {global_batch: 8}\n"
-                    "parallel: {dp: 8, ddp: {gradient_as_bucket_view: true}}\n")
+    path.write_text(
+        "name: s\ncluster: {topology: dgx_a100, nodes: 1}\n"
+        "model: {preset: gpt3-125m}\ntraining: {global_batch: 8}\n"
+        "parallel: {dp: 8, ddp: {gradient_as_bucket_view: true}}\n"
+    )
     assert load_scenario(path).parallel.ddp.gradient_as_bucket_view is True
-    assert load_scenario(path, ["parallel.ddp.gradient_as_bucket_view=false"]
-                         ).parallel.ddp.gradient_as_bucket_view is False
+    assert (
+        load_scenario(
+            path, ["parallel.ddp.gradient_as_bucket_view=false"]
+        ).parallel.ddp.gradient_as_bucket_view
+        is False
+    )
 
 
 @pytest.mark.parametrize("zero", [0, 3])
@@ -235,16 +277,18 @@ def test_pipeline_and_data_parallel_traffic_is_on_its_threads(small_spec, zero: 
     thread, DP / FSDP collectives on dp: each with bytes and algorithm."""
     tp, pp, dp, m = 2, 2, 2, 4
     tr = TrainingConfig(global_batch=m * dp, micro_batch=1)
-    r = simulate_step(topology(), small_spec, tr, ParallelConfig(tp=tp, pp=pp, dp=dp, zero=zero),
-                      trace=True)
+    r = simulate_step(
+        topology(), small_spec, tr, ParallelConfig(tp=tp, pp=pp, dp=dp, zero=zero), trace=True
+    )
     p2p = small_spec.seq_len * small_spec.hidden * ACT_BYTES / tp
     sends = [e for e in r.trace_events if e.stream == "pp" and e.name.startswith("send")]
     recvs = [e for e in r.trace_events if e.stream == "pp recv"]
-    assert len(sends) == len(recvs) == 2 * m                  # m forwards 0->1, m backwards 1->0
+    assert len(sends) == len(recvs) == 2 * m  # m forwards 0->1, m backwards 1->0
     for e in sends + recvs:
         assert e.args["bytes"] == p2p and e.args["algorithm"] == "direct"
-    assert sorted((e.start_s, e.end_s) for e in sends) == sorted((e.start_s, e.end_s)
-                                                                 for e in recvs)
+    assert sorted((e.start_s, e.end_s) for e in sends) == sorted(
+        (e.start_s, e.end_s) for e in recvs
+    )
     assert {e.rank for e in recvs if e.name.startswith("recv F")} == {2}
     assert {e.rank for e in recvs if e.name.startswith("recv B")} == {0}
     dps = [e for e in r.trace_events if e.stream == "dp"]

@@ -25,7 +25,8 @@ def test_buckets_match_torch_reducer(bucket_mb: float) -> None:
     rev = list(reversed(tensors))
     fake = [torch.empty(int(t.numel), dtype=torch.bfloat16, device="meta") for t in rev]
     groups, _ = dist._compute_bucket_assignment_by_size(
-        fake, [dist._DEFAULT_FIRST_BUCKET_BYTES, int(bucket_mb * 2**20)])
+        fake, [dist._DEFAULT_FIRST_BUCKET_BYTES, int(bucket_mb * 2**20)]
+    )
     theirs = [tuple(rev[i].name for i in g) for g in groups]
     assert [b.tensors for b in ours] == theirs
     assert len(ours) > 2
@@ -34,7 +35,7 @@ def test_buckets_match_torch_reducer(bucket_mb: float) -> None:
 def test_first_bucket_is_small_and_ready_points_move_backward() -> None:
     tensors = chunk_tensors(GPT, range(GPT.num_layers), tp=1, first=True, last=True, pp=1)
     buckets = build_buckets(tensors, bucket_mb=25, grad_bytes=2)
-    assert buckets[0].tensors[0] == "head.final_norm"          # last registered, first reduced
+    assert buckets[0].tensors[0] == "head.final_norm"  # last registered, first reduced
     assert buckets[0].size_bytes < buckets[1].size_bytes
     assert sum(b.numel for b in buckets) == sum(t.numel for t in tensors)
     order = ["head"] + list(range(GPT.num_layers - 1, -1, -1)) + ["embedding"]
@@ -48,14 +49,22 @@ def test_grad_ready_fraction_follows_reverse_order() -> None:
     assert grad_ready_fraction(ts) == {"b": 0.75, "a": 1.0}
 
 
-@pytest.mark.parametrize("name, tp, pp", [("gpt3-125m", 1, 1), ("gpt3-1.3b", 4, 2),
-                                          ("llama2-7b", 2, 4), ("megatron-39.1b", 8, 2)])
+@pytest.mark.parametrize(
+    "name, tp, pp",
+    [("gpt3-125m", 1, 1), ("gpt3-1.3b", 4, 2), ("llama2-7b", 2, 4), ("megatron-39.1b", 8, 2)],
+)
 def test_tensors_sum_to_parameters_per_rank(name: str, tp: int, pp: int) -> None:
     spec = get_preset(name)
     per = spec.num_layers // pp
     for stage in range(pp):
-        ts = chunk_tensors(spec, range(stage * per, (stage + 1) * per), tp=tp,
-                           first=stage == 0, last=stage == pp - 1, pp=pp)
+        ts = chunk_tensors(
+            spec,
+            range(stage * per, (stage + 1) * per),
+            tp=tp,
+            first=stage == 0,
+            last=stage == pp - 1,
+            pp=pp,
+        )
         assert sum(t.numel for t in ts) == parameters_per_rank(spec, tp=tp, pp=pp, stage=stage)
 
 

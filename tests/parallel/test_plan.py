@@ -12,36 +12,55 @@ from collsim.parallel.plan import ParallelAxis, build_plan
 from collsim.topology import load_topology
 from collsim.workload.model import TransformerSpec
 
-SPEC = TransformerSpec(name="t", num_layers=8, hidden=256, num_heads=8, ffn_hidden=1024,
-                       seq_len=128, vocab=1000)
+SPEC = TransformerSpec(
+    name="t", num_layers=8, hidden=256, num_heads=8, ffn_hidden=1024, seq_len=128, vocab=1000
+)
 
 
 @pytest.fixture(scope="module")
 def two_nodes():
-    return load_topology("dgx_a100", nodes=2)          # 16 GPUs, 8 per node
+    return load_topology("dgx_a100", nodes=2)  # 16 GPUs, 8 per node
 
 
 def _plan(topo, *, gb=32, mb=1, **par):
-    return build_plan(topo, SPEC, TrainingConfig(global_batch=gb, micro_batch=mb),
-                      ParallelConfig(**par))
+    return build_plan(
+        topo, SPEC, TrainingConfig(global_batch=gb, micro_batch=mb), ParallelConfig(**par)
+    )
 
 
-@pytest.mark.parametrize("par, gb, key, match", [
-    # 2 x 2 x 2 = 8 GPUs on a 16-GPU cluster
-    (dict(tp=2, pp=2, dp=2), 32, "parallel", r"tp x pp x dp = 2 x 2 x 2 = 8 must equal .* 16"),
-    # 8 heads are not divisible by tp = 16... use 3 x 1 x ... impossible: heads 8 % 16 == 8
-    (dict(tp=16, pp=1, dp=1), 32, "parallel.tp", r"heads \(8\) must be divisible by tp"),
-    # 8 layers over pp 16
-    (dict(tp=1, pp=16, dp=1), 32, "parallel.pp", r"layers \(8\) .* pp x virtual_stages = 16 x 1"),
-    # 8 layers over pp 4 x 4 chunks
-    (dict(tp=1, pp=4, dp=4, schedule="interleaved", virtual_stages=4), 32,
-     "parallel.virtual_stages", r"pp x virtual_stages = 4 x 4"),
-    # 30 sequences over micro-batch 1 x dp 16
-    (dict(tp=1, pp=1, dp=16), 30, "training.global_batch", r"30.*micro_batch x dp = 1 x 16"),
-    # interleaved, m = 32 / 4 = 8... use dp 2 -> m = 6 not divisible by pp 4
-    (dict(tp=2, pp=4, dp=2, schedule="interleaved", virtual_stages=2), 12,
-     "parallel.schedule", r"micro-batches \(6\) divisible by pp \(4\)"),
-], ids=["world", "heads", "layers", "chunks", "batch", "interleaved-m"])
+@pytest.mark.parametrize(
+    "par, gb, key, match",
+    [
+        # 2 x 2 x 2 = 8 GPUs on a 16-GPU cluster
+        (dict(tp=2, pp=2, dp=2), 32, "parallel", r"tp x pp x dp = 2 x 2 x 2 = 8 must equal .* 16"),
+        # 8 heads are not divisible by tp = 16... use 3 x 1 x ... impossible: heads 8 % 16 == 8
+        (dict(tp=16, pp=1, dp=1), 32, "parallel.tp", r"heads \(8\) must be divisible by tp"),
+        # 8 layers over pp 16
+        (
+            dict(tp=1, pp=16, dp=1),
+            32,
+            "parallel.pp",
+            r"layers \(8\) .* pp x virtual_stages = 16 x 1",
+        ),
+        # 8 layers over pp 4 x 4 chunks
+        (
+            dict(tp=1, pp=4, dp=4, schedule="interleaved", virtual_stages=4),
+            32,
+            "parallel.virtual_stages",
+            r"pp x virtual_stages = 4 x 4",
+        ),
+        # 30 sequences over micro-batch 1 x dp 16
+        (dict(tp=1, pp=1, dp=16), 30, "training.global_batch", r"30.*micro_batch x dp = 1 x 16"),
+        # interleaved, m = 32 / 4 = 8... use dp 2 -> m = 6 not divisible by pp 4
+        (
+            dict(tp=2, pp=4, dp=2, schedule="interleaved", virtual_stages=2),
+            12,
+            "parallel.schedule",
+            r"micro-batches \(6\) divisible by pp \(4\)",
+        ),
+    ],
+    ids=["world", "heads", "layers", "chunks", "batch", "interleaved-m"],
+)
 def test_plan_errors_name_the_key(two_nodes, par, gb, key, match) -> None:
     with pytest.raises(ConfigError, match=match) as info:
         with warnings.catch_warnings():
@@ -63,9 +82,20 @@ def test_bubble_and_wide_tp_warn(two_nodes) -> None:
         plan = _plan(two_nodes, gb=2, tp=2, pp=8, dp=1)
     assert any("bubble" in w for w in plan.warnings)
     with pytest.warns(CollsimWarning, match=r"tp \(16\) is larger than a node \(8 GPUs\)"):
-        build_plan(two_nodes, TransformerSpec(name="w", num_layers=2, hidden=256, num_heads=16,
-                                              ffn_hidden=1024, seq_len=64, vocab=100),
-                   TrainingConfig(global_batch=4), ParallelConfig(tp=16))
+        build_plan(
+            two_nodes,
+            TransformerSpec(
+                name="w",
+                num_layers=2,
+                hidden=256,
+                num_heads=16,
+                ffn_hidden=1024,
+                seq_len=64,
+                vocab=100,
+            ),
+            TrainingConfig(global_batch=4),
+            ParallelConfig(tp=16),
+        )
 
 
 def test_mapping_tp_inside_node_pp_then_dp(two_nodes) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -37,25 +36,30 @@ def test_gpipe_is_all_forward_then_all_backward() -> None:
 def test_interleaved_order_matches_megatron() -> None:
     # p = 2, v = 2, m = 4, stage 0: warm-up (p - 1) * 2 + (v - 1) * p = 4 forwards:
     # mb 0, 1 of chunk 0, then mb 0, 1 of chunk 1 (groups of p micro-batches per chunk)
-    ops = stage_schedule("interleaved", num_stages=2, num_microbatches=4, stage=0,
-                         virtual_stages=2)
+    ops = stage_schedule("interleaved", num_stages=2, num_microbatches=4, stage=0, virtual_stages=2)
     text = " ".join(f"{o.phase.value}{o.microbatch}.{o.chunk}" for o in ops)
-    assert text == ("F0.0 F1.0 F0.1 F1.1 F2.0 B0.1 F3.0 B1.1 F2.1 B0.0 F3.1 B1.0 "
-                    "B2.1 B3.1 B2.0 B3.0")
+    assert text == (
+        "F0.0 F1.0 F0.1 F1.1 F2.0 B0.1 F3.0 B1.1 F2.1 B0.0 F3.1 B1.0 B2.1 B3.1 B2.0 B3.0"
+    )
 
 
 @settings(max_examples=60, deadline=None)
-@given(p=st.integers(1, 6), k=st.integers(1, 4), v=st.integers(1, 3),
-       kind=st.sampled_from(["gpipe", "1f1b", "interleaved"]))
+@given(
+    p=st.integers(1, 6),
+    k=st.integers(1, 4),
+    v=st.integers(1, 3),
+    kind=st.sampled_from(["gpipe", "1f1b", "interleaved"]),
+)
 def test_every_op_once_and_bounded_in_flight(p: int, k: int, v: int, kind: str) -> None:
     m = p * k
     v = v if kind == "interleaved" else 1
     for s in range(p):
         ops = stage_schedule(kind, num_stages=p, num_microbatches=m, stage=s, virtual_stages=v)
         assert sorted((o.phase.value, o.microbatch, o.chunk) for o in ops) == sorted(
-            (ph, i, c) for ph in "FB" for i in range(m) for c in range(v))
+            (ph, i, c) for ph in "FB" for i in range(m) for c in range(v)
+        )
         seen = set()
-        for o in ops:          # a backward follows its own forward on the same stage
+        for o in ops:  # a backward follows its own forward on the same stage
             if o.phase is B:
                 assert (o.microbatch, o.chunk) in seen
             else:
@@ -69,9 +73,15 @@ def test_every_op_once_and_bounded_in_flight(p: int, k: int, v: int, kind: str) 
 def test_inputs_cross_stages_and_chunks() -> None:
     assert input_of(PipeOp(F, 3, 0), stage=0, num_stages=4, virtual_stages=2) is None
     assert input_of(PipeOp(F, 3, 1), stage=0, num_stages=4, virtual_stages=2) == (
-        3, PipeOp(F, 3, 0))
+        3,
+        PipeOp(F, 3, 0),
+    )
     assert input_of(PipeOp(B, 3, 0), stage=3, num_stages=4, virtual_stages=2) == (
-        0, PipeOp(B, 3, 1))
+        0,
+        PipeOp(B, 3, 1),
+    )
     assert input_of(PipeOp(B, 3, 1), stage=3, num_stages=4, virtual_stages=2) is None
     assert input_of(PipeOp(B, 2, 0), stage=1, num_stages=4, virtual_stages=1) == (
-        2, PipeOp(B, 2, 0))
+        2,
+        PipeOp(B, 2, 0),
+    )

@@ -9,8 +9,15 @@ import pytest
 from collsim.engine.result import CollectiveStat, StepResult, TraceEvent
 
 
-def pipeline_events(schedule: str, *, stages: int, microbatches: int, fwd_s: float = 1e-3,
-                    bwd_s: float = 2e-3, p2p_s: float = 1e-4) -> list[TraceEvent]:
+def pipeline_events(
+    schedule: str,
+    *,
+    stages: int,
+    microbatches: int,
+    fwd_s: float = 1e-3,
+    bwd_s: float = 2e-3,
+    p2p_s: float = 1e-4,
+) -> list[TraceEvent]:
     """Compute and pp-stream events of a GPipe or 1F1B pipeline, list-scheduled by dependency:
     forward k on stage s waits for forward k on s-1 (+ p2p), backward k on s waits for
     backward k on s+1 (+ p2p) and forward k on s. One rank per stage (rank = stage)."""
@@ -45,19 +52,37 @@ def pipeline_events(schedule: str, *, stages: int, microbatches: int, fwd_s: flo
             else:
                 up = done.get(("B", s + 1, k)) if s < stages - 1 else 0.0
                 mine = done.get(("F", s, k))
-                dep = None if up is None or mine is None else max(
-                    up + (p2p_s if s < stages - 1 else 0.0), mine)
+                dep = (
+                    None
+                    if up is None or mine is None
+                    else max(up + (p2p_s if s < stages - 1 else 0.0), mine)
+                )
             if dep is None:
                 continue
             start = max(free[s], dep)
             end = start + (fwd_s if phase == "F" else bwd_s)
             name = f"{'fwd' if phase == 'F' else 'bwd'} mb{k}"
-            events.append(TraceEvent(rank=s, stream="compute", name=name, start_s=start,
-                                     end_s=end, args={"stage": s, "microbatch": k}))
+            events.append(
+                TraceEvent(
+                    rank=s,
+                    stream="compute",
+                    name=name,
+                    start_s=start,
+                    end_s=end,
+                    args={"stage": s, "microbatch": k},
+                )
+            )
             if (phase == "F" and s < stages - 1) or (phase == "B" and s > 0):
-                events.append(TraceEvent(rank=s, stream="pp", name=f"send mb{k}", start_s=end,
-                                         end_s=end + p2p_s,
-                                         args={"bytes": 1 << 20, "algorithm": "direct"}))
+                events.append(
+                    TraceEvent(
+                        rank=s,
+                        stream="pp",
+                        name=f"send mb{k}",
+                        start_s=end,
+                        end_s=end + p2p_s,
+                        args={"bytes": 1 << 20, "algorithm": "direct"},
+                    )
+                )
             done[(phase, s, k)] = end
             free[s] = end
             pos[s] += 1
@@ -66,36 +91,74 @@ def pipeline_events(schedule: str, *, stages: int, microbatches: int, fwd_s: flo
     return events
 
 
-def make_result(*, events: list[TraceEvent] | None = None, step_time_s: float | None = None,
-                num_gpus: int = 8, memory_timeline: dict[int, list[tuple[float, float]]]
-                | None = None, zero: int = 0, tokens_per_s: float = 1e5,
-                capacity_bytes: float = 80e9) -> StepResult:
+def make_result(
+    *,
+    events: list[TraceEvent] | None = None,
+    step_time_s: float | None = None,
+    num_gpus: int = 8,
+    memory_timeline: dict[int, list[tuple[float, float]]] | None = None,
+    zero: int = 0,
+    tokens_per_s: float = 1e5,
+    capacity_bytes: float = 80e9,
+) -> StepResult:
     events = events or []
     end = max((e.end_s for e in events), default=0.01)
     step = step_time_s if step_time_s is not None else end
     params = 16e9 / (num_gpus if zero == 3 else 1)
-    memory = {"parameters": 2e9 / (num_gpus if zero == 3 else 1),
-              "gradients": 2e9 / (num_gpus if zero >= 2 else 1),
-              "optimizer": 12e9 / (num_gpus if zero >= 1 else 1),
-              "activations": 5e9, "buffers": 0.5e9}
+    memory = {
+        "parameters": 2e9 / (num_gpus if zero == 3 else 1),
+        "gradients": 2e9 / (num_gpus if zero >= 2 else 1),
+        "optimizer": 12e9 / (num_gpus if zero >= 1 else 1),
+        "activations": 5e9,
+        "buffers": 0.5e9,
+    }
     peak = sum(memory.values())
     del params
     return StepResult(
-        step_time_s=step, tokens_per_s=tokens_per_s, model_tflops_per_gpu=150.0,
-        hardware_tflops_per_gpu=190.0, mfu=0.48, hfu=0.61,
-        breakdown_s={"compute": 0.7 * step, "tp_exposed": 0.05 * step,
-                     "pp_exposed": 0.02 * step, "dp_exposed": 0.08 * step,
-                     "bubble": 0.1 * step, "optimizer": 0.05 * step},
-        memory_peak_bytes=peak, memory_bytes=memory, memory_capacity_bytes=capacity_bytes,
-        fits=peak <= capacity_bytes, num_gpus=num_gpus,
-        collectives=[CollectiveStat(axis="dp", op="all_reduce", group_size=num_gpus,
-                                    algorithm="ring", count=4, size_bytes=25 * 2**20,
-                                    time_s=0.004, busbw_bps=180e9),
-                     CollectiveStat(axis="tp", op="all_reduce", group_size=8,
-                                    algorithm="nvls", count=96, size_bytes=2**24,
-                                    time_s=0.01, busbw_bps=300e9)],
-        memory_timeline=memory_timeline if memory_timeline is not None else {
-            0: [(0.0, 20e9), (0.2 * step, 24e9), (0.5 * step, 26e9), (0.8 * step, 21e9)]},
+        step_time_s=step,
+        tokens_per_s=tokens_per_s,
+        model_tflops_per_gpu=150.0,
+        hardware_tflops_per_gpu=190.0,
+        mfu=0.48,
+        hfu=0.61,
+        breakdown_s={
+            "compute": 0.7 * step,
+            "tp_exposed": 0.05 * step,
+            "pp_exposed": 0.02 * step,
+            "dp_exposed": 0.08 * step,
+            "bubble": 0.1 * step,
+            "optimizer": 0.05 * step,
+        },
+        memory_peak_bytes=peak,
+        memory_bytes=memory,
+        memory_capacity_bytes=capacity_bytes,
+        fits=peak <= capacity_bytes,
+        num_gpus=num_gpus,
+        collectives=[
+            CollectiveStat(
+                axis="dp",
+                op="all_reduce",
+                group_size=num_gpus,
+                algorithm="ring",
+                count=4,
+                size_bytes=25 * 2**20,
+                time_s=0.004,
+                busbw_bps=180e9,
+            ),
+            CollectiveStat(
+                axis="tp",
+                op="all_reduce",
+                group_size=8,
+                algorithm="nvls",
+                count=96,
+                size_bytes=2**24,
+                time_s=0.01,
+                busbw_bps=300e9,
+            ),
+        ],
+        memory_timeline=memory_timeline
+        if memory_timeline is not None
+        else {0: [(0.0, 20e9), (0.2 * step, 24e9), (0.5 * step, 26e9), (0.8 * step, 21e9)]},
         trace_events=events,
     )
 

@@ -32,9 +32,13 @@ def test_result_record_flattens_every_field(result_factory) -> None:
 
 
 def test_results_frame_keeps_infeasible_rows(result_factory) -> None:
-    frame = results_frame([({"plan": "a", "num_gpus": 8}, result_factory()),
-                           ({"plan": "b", "num_gpus": 16, "extra": 1}, None)],
-                          reasons=[None, "gpus: 16 GPUs do not split"])
+    frame = results_frame(
+        [
+            ({"plan": "a", "num_gpus": 8}, result_factory()),
+            ({"plan": "b", "num_gpus": 16, "extra": 1}, None),
+        ],
+        reasons=[None, "gpus: 16 GPUs do not split"],
+    )
     assert list(frame.columns[:5]) == ["plan", "num_gpus", "extra", "feasible", "reason"]
     assert list(frame["feasible"]) == [True, False]
     assert frame.loc[1, "reason"] == "gpus: 16 GPUs do not split"
@@ -44,8 +48,10 @@ def test_results_frame_keeps_infeasible_rows(result_factory) -> None:
 
 
 def test_collectives_trace_and_timeline_frames(pipeline, result_factory) -> None:
-    result = result_factory(events=pipeline("1f1b", stages=2, microbatches=2),
-                            memory_timeline={3: [(0.0, 1e9), (0.5, 2e9)]})
+    result = result_factory(
+        events=pipeline("1f1b", stages=2, microbatches=2),
+        memory_timeline={3: [(0.0, 1e9), (0.5, 2e9)]},
+    )
     coll = collectives_frame(result)
     assert list(coll["axis"]) == ["dp", "tp"]
     assert list(coll["total_bytes"]) == [4 * 25 * 2**20, 96 * 2**24]
@@ -60,16 +66,20 @@ def test_collectives_trace_and_timeline_frames(pipeline, result_factory) -> None
         memory_timeline_frame(result, 0)
 
 
-@pytest.mark.parametrize("stream, name, args, want", [
-    ("compute", "F mb0 c0", {}, "forward"),          # the engine's names
-    ("compute", "B mb3 c1", {}, "backward"),
-    ("compute", "fwd mb3 L12", {}, "forward"),
-    ("compute", "recompute mb1", {}, "recompute"),
-    ("compute", "optimizer", {}, "optimizer"),
-    ("compute", "embedding", {}, "other"),
-    ("dp", "all_reduce bucket 4", {}, "comm"),
-    ("compute", "F mb0", {"phase": "backward"}, "backward"),   # args win
-], ids=["F", "B", "fwd", "recompute", "optimizer", "other", "comm", "args"])
+@pytest.mark.parametrize(
+    "stream, name, args, want",
+    [
+        ("compute", "F mb0 c0", {}, "forward"),  # the engine's names
+        ("compute", "B mb3 c1", {}, "backward"),
+        ("compute", "fwd mb3 L12", {}, "forward"),
+        ("compute", "recompute mb1", {}, "recompute"),
+        ("compute", "optimizer", {}, "optimizer"),
+        ("compute", "embedding", {}, "other"),
+        ("dp", "all_reduce bucket 4", {}, "comm"),
+        ("compute", "F mb0", {"phase": "backward"}, "backward"),  # args win
+    ],
+    ids=["F", "B", "fwd", "recompute", "optimizer", "other", "comm", "args"],
+)
 def test_event_phase(stream: str, name: str, args: dict, want: str) -> None:
     assert event_phase(stream, name, args) == want
     TraceEvent(rank=0, stream=stream, name=name, start_s=0.0, end_s=1.0, args=args)

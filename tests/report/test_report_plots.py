@@ -47,8 +47,9 @@ def scaling_frame(result_factory) -> pd.DataFrame:
         for i, gpus in enumerate((8, 16, 32, 64)):
             # throughput grows with GPUs, efficiency falls by `loss` per doubling
             rate = 1000.0 * gpus * (1 - loss) ** i
-            rows.append(({"plan": plan, "num_gpus": gpus},
-                         result_factory(num_gpus=gpus, tokens_per_s=rate)))
+            rows.append(
+                ({"plan": plan, "num_gpus": gpus}, result_factory(num_gpus=gpus, tokens_per_s=rate))
+            )
     return results_frame(rows)
 
 
@@ -87,8 +88,11 @@ def test_scaling_plot(result_factory, tmp_path: Path) -> None:
 
 
 def test_memory_plot(result_factory, tmp_path: Path) -> None:
-    rows = [({"plan": f"ZeRO-{z}" if z else "DDP", "num_gpus": g},
-             result_factory(num_gpus=g, zero=z)) for z in (0, 1, 2, 3) for g in (8, 64)]
+    rows = [
+        ({"plan": f"ZeRO-{z}" if z else "DDP", "num_gpus": g}, result_factory(num_gpus=g, zero=z))
+        for z in (0, 1, 2, 3)
+        for g in (8, 64)
+    ]
     frame = results_frame(rows)
     fig = plot_memory(frame)
     assert len(fig.axes) == 4
@@ -99,8 +103,10 @@ def test_memory_plot(result_factory, tmp_path: Path) -> None:
         containers = [c for c in ax.containers if isinstance(c, BarContainer)]
         assert [c.get_label() for c in containers] == list(MEMORY_COLUMNS)
         # stacked bars reach the peak of each point
-        tops = [containers[-1].patches[i].get_y() + containers[-1].patches[i].get_height()
-                for i in range(2)]
+        tops = [
+            containers[-1].patches[i].get_y() + containers[-1].patches[i].get_height()
+            for i in range(2)
+        ]
         want = frame[frame["plan"] == ax.get_title()]["memory_peak_bytes"] / 1e9
         assert tops == pytest.approx(list(want))
         hbm = [line for line in ax.get_lines() if line.get_label().startswith("HBM")]
@@ -110,8 +116,10 @@ def test_memory_plot(result_factory, tmp_path: Path) -> None:
 
 
 def test_memory_timeline_plot(result_factory, tmp_path: Path) -> None:
-    result = result_factory(step_time_s=0.1, memory_timeline={
-        0: [(0.0, 10e9), (0.05, 30e9)], 5: [(0.0, 2e9), (0.02, 4e9), (0.06, 3e9)]})
+    result = result_factory(
+        step_time_s=0.1,
+        memory_timeline={0: [(0.0, 10e9), (0.05, 30e9)], 5: [(0.0, 2e9), (0.02, 4e9), (0.06, 3e9)]},
+    )
     fig = plot_memory_timeline(result, rank=5)
     (ax,) = fig.axes
     assert ax.get_xlabel() == "Time in step (ms)" and ax.get_ylabel() == "Memory in use (GB)"
@@ -125,8 +133,10 @@ def test_memory_timeline_plot(result_factory, tmp_path: Path) -> None:
 
 
 def test_pipeline_plot(pipeline, result_factory, tmp_path: Path) -> None:
-    results = {name: result_factory(events=pipeline(name, stages=4, microbatches=8, p2p_s=0.0))
-               for name in ("gpipe", "1f1b")}
+    results = {
+        name: result_factory(events=pipeline(name, stages=4, microbatches=8, p2p_s=0.0))
+        for name in ("gpipe", "1f1b")
+    }
     fig = plot_pipeline(results)
     assert len(fig.axes) == 2
     for ax, name in zip(fig.axes, results):
@@ -147,8 +157,12 @@ def test_pipeline_plot(pipeline, result_factory, tmp_path: Path) -> None:
 
 
 def test_breakdown_plot(result_factory, tmp_path: Path) -> None:
-    frame = results_frame([({"plan": "a"}, result_factory(step_time_s=0.2)),
-                           ({"plan": "b"}, result_factory(step_time_s=0.3))])
+    frame = results_frame(
+        [
+            ({"plan": "a"}, result_factory(step_time_s=0.2)),
+            ({"plan": "b"}, result_factory(step_time_s=0.3)),
+        ]
+    )
     fig = plot_breakdown(frame)
     (ax,) = fig.axes
     assert ax.get_xlabel() == "Step time (ms)" and ax.get_ylabel() == "Plan"
@@ -162,9 +176,11 @@ def test_breakdown_plot(result_factory, tmp_path: Path) -> None:
 
 def test_collectives_plot(tmp_path: Path) -> None:
     csv = tmp_path / "coll.csv"
-    csv.write_text("size_bytes,time_us,algbw_GBps,busbw_GBps,algorithm\n"
-                   "1024,10,0.1,0.175,ring/ll\n1048576,50,20.9,36.7,ring/simple\n"
-                   "1024,8,0.128,0.224,tree/ll\n1048576,70,15.0,26.2,tree/ll128\n")
+    csv.write_text(
+        "size_bytes,time_us,algbw_GBps,busbw_GBps,algorithm\n"
+        "1024,10,0.1,0.175,ring/ll\n1048576,50,20.9,36.7,ring/simple\n"
+        "1024,8,0.128,0.224,tree/ll\n1048576,70,15.0,26.2,tree/ll128\n"
+    )
     from collsim.report.frames import read_collective_csv
 
     frame = read_collective_csv(csv)
@@ -209,14 +225,17 @@ def test_bad_inputs_are_config_errors(tmp_path: Path, result_factory) -> None:
 def test_step_plot(pipeline, result_factory, tmp_path: Path) -> None:
     from collsim.report.plots import plot_step
 
-    result = result_factory(events=pipeline("1f1b", stages=4, microbatches=4, p2p_s=0.0),
-                            memory_timeline={0: [(0.0, 10e9), (0.004, 12e9)]})
+    result = result_factory(
+        events=pipeline("1f1b", stages=4, microbatches=4, p2p_s=0.0),
+        memory_timeline={0: [(0.0, 10e9), (0.004, 12e9)]},
+    )
     for event in result.trace_events:  # like the engine: no stage in args, rank r = stage r
         event.args.pop("stage", None)
     fig = plot_step(result, stage_of=lambda rank: rank)
     gantt, memory = fig.axes
     assert [t.get_text() for t in gantt.get_yticklabels()] == [
-        f"stage {s} (rank {s})" for s in range(4)]
+        f"stage {s} (rank {s})" for s in range(4)
+    ]
     labels = [c.get_label() for c in gantt.collections if not c.get_label().startswith("_")]
     assert labels == ["bubble (idle)", "forward", "backward"]
     # 1F1B, p = 4, m = 4, equal op times: (p-1)/(m+p-1) = 3/7 of the step is idle

@@ -20,8 +20,12 @@ def check_chrome_trace(data: dict[str, Any]) -> list[dict[str, Any]]:
         assert event["ph"] in ("X", "M", "C"), event
         assert isinstance(event["pid"], int) and isinstance(event["tid"], int)
         if event["ph"] == "M":
-            assert event["name"] in ("process_name", "thread_name", "process_sort_index",
-                                     "thread_sort_index")
+            assert event["name"] in (
+                "process_name",
+                "thread_name",
+                "process_sort_index",
+                "thread_sort_index",
+            )
             if event["name"] == "process_name":
                 named_pids.add(event["pid"])
                 assert event["args"]["name"]
@@ -36,8 +40,7 @@ def check_chrome_trace(data: dict[str, Any]) -> list[dict[str, Any]]:
             slices.append(event)
         else:
             assert isinstance(event["ts"], float | int)
-            assert event["args"] and all(isinstance(v, float | int)
-                                         for v in event["args"].values())
+            assert event["args"] and all(isinstance(v, float | int) for v in event["args"].values())
     for event in slices:
         assert event["pid"] in named_pids
         assert (event["pid"], event["tid"]) in named_threads
@@ -61,39 +64,66 @@ def check_chrome_trace(data: dict[str, Any]) -> list[dict[str, Any]]:
 
 def test_trace_has_every_op_with_its_facts(pipeline, result_factory, tmp_path: Path) -> None:
     events = pipeline("1f1b", stages=4, microbatches=8)
-    result = result_factory(events=events, memory_timeline={
-        0: [(0.0, 1e9), (0.004, 3e9), (0.02, 2e9)], 3: [(0.0, 1e9), (0.01, 1.5e9)]})
+    result = result_factory(
+        events=events,
+        memory_timeline={
+            0: [(0.0, 1e9), (0.004, 3e9), (0.02, 2e9)],
+            3: [(0.0, 1e9), (0.01, 1.5e9)],
+        },
+    )
     path = write_trace(result, tmp_path / "step.json", name="tiny")
     data = json.loads(path.read_text())
     slices = check_chrome_trace(data)
     assert len(slices) == len(events)
     got = sorted((s["pid"], s["name"], round(s["ts"], 3), round(s["dur"], 3)) for s in slices)
-    want = sorted((e.rank, e.name, round(e.start_s * 1e6, 3), round((e.end_s - e.start_s) * 1e6, 3))
-                  for e in events)
+    want = sorted(
+        (e.rank, e.name, round(e.start_s * 1e6, 3), round((e.end_s - e.start_s) * 1e6, 3))
+        for e in events
+    )
     assert got == want
     # collectives keep bytes and algorithm; streams land on their own threads
     sends = [s for s in slices if s["name"].startswith("send")]
-    assert sends and all(s["args"]["bytes"] == 1 << 20 and s["args"]["algorithm"] == "direct"
-                         for s in sends)
+    assert sends and all(
+        s["args"]["bytes"] == 1 << 20 and s["args"]["algorithm"] == "direct" for s in sends
+    )
     assert {s["tid"] for s in sends} == {STREAM_TIDS["pp"]}
     assert {s["tid"] for s in slices if s["name"].startswith(("fwd", "bwd"))} == {
-        STREAM_TIDS["compute"]}
-    names = {(e["pid"], e["args"]["name"]) for e in data["traceEvents"]
-             if e["ph"] == "M" and e["name"] == "process_name"}
+        STREAM_TIDS["compute"]
+    }
+    names = {
+        (e["pid"], e["args"]["name"])
+        for e in data["traceEvents"]
+        if e["ph"] == "M" and e["name"] == "process_name"
+    }
     assert names == {(r, f"rank {r}") for r in range(4)}
     counters = [e for e in data["traceEvents"] if e["ph"] == "C"]
     assert [(c["pid"], c["ts"], c["args"]["GB"]) for c in counters if c["pid"] == 0] == [
-        (0, 0.0, 1.0), (0, 4000.0, 3.0), (0, 20000.0, 2.0)]
+        (0, 0.0, 1.0),
+        (0, 4000.0, 3.0),
+        (0, 20000.0, 2.0),
+    ]
     assert data["otherData"]["scenario"] == "tiny"
 
 
 def test_overlapping_events_on_one_stream_move_to_an_extra_thread(result_factory) -> None:
     # Two dp collectives in flight at once (0-10 us and 5-15 us) plus one nested slice.
     events = [
-        TraceEvent(rank=0, stream="dp", name="all_reduce bucket 0", start_s=0.0, end_s=10e-6,
-                   args={"bytes": 100, "algorithm": "ring"}),
-        TraceEvent(rank=0, stream="dp", name="all_reduce bucket 1", start_s=5e-6, end_s=15e-6,
-                   args={"bytes": 200, "algorithm": "tree"}),
+        TraceEvent(
+            rank=0,
+            stream="dp",
+            name="all_reduce bucket 0",
+            start_s=0.0,
+            end_s=10e-6,
+            args={"bytes": 100, "algorithm": "ring"},
+        ),
+        TraceEvent(
+            rank=0,
+            stream="dp",
+            name="all_reduce bucket 1",
+            start_s=5e-6,
+            end_s=15e-6,
+            args={"bytes": 200, "algorithm": "tree"},
+        ),
         TraceEvent(rank=0, stream="dp", name="nested", start_s=1e-6, end_s=2e-6),
         TraceEvent(rank=0, stream="custom", name="other stream", start_s=0.0, end_s=1e-6),
     ]
@@ -103,8 +133,11 @@ def test_overlapping_events_on_one_stream_move_to_an_extra_thread(result_factory
     tids = {s["name"]: s["tid"] for s in slices}
     assert tids["all_reduce bucket 0"] == tids["nested"] == STREAM_TIDS["dp"]
     assert tids["all_reduce bucket 1"] not in set(STREAM_TIDS.values())
-    thread_names = {e["tid"]: e["args"]["name"] for e in data["traceEvents"]
-                    if e["ph"] == "M" and e["name"] == "thread_name"}
+    thread_names = {
+        e["tid"]: e["args"]["name"]
+        for e in data["traceEvents"]
+        if e["ph"] == "M" and e["name"] == "thread_name"
+    }
     assert thread_names[tids["all_reduce bucket 1"]] == "dp #2"
     assert thread_names[tids["other stream"]] == "custom"
 
@@ -114,9 +147,21 @@ def test_args_become_plain_json(result_factory, tmp_path: Path) -> None:
 
     from collsim.parallel.config import ScheduleKind
 
-    events = [TraceEvent(rank=1, stream="tp", name="all_reduce", start_s=0.0, end_s=1e-3,
-                         args={"bytes": np.int64(64), "bw": np.float64(1.5),
-                               "schedule": ScheduleKind.GPIPE, "nan": float("nan")})]
+    events = [
+        TraceEvent(
+            rank=1,
+            stream="tp",
+            name="all_reduce",
+            start_s=0.0,
+            end_s=1e-3,
+            args={
+                "bytes": np.int64(64),
+                "bw": np.float64(1.5),
+                "schedule": ScheduleKind.GPIPE,
+                "nan": float("nan"),
+            },
+        )
+    ]
     path = write_trace(result_factory(events=events, memory_timeline={}), tmp_path / "t.json")
     (slice_,) = check_chrome_trace(json.loads(path.read_text()))
     assert slice_["args"] == {"bytes": 64, "bw": 1.5, "schedule": "gpipe", "nan": None}
@@ -140,22 +185,30 @@ def test_trace_of_a_simulated_step_has_every_op(tmp_path: Path) -> None:
     from collsim.topology import load_topology
     from collsim.workload import TransformerSpec
 
-    spec = TransformerSpec(name="tiny", num_layers=4, hidden=256, num_heads=8, ffn_hidden=1024,
-                           seq_len=128, vocab=1000)
+    spec = TransformerSpec(
+        name="tiny", num_layers=4, hidden=256, num_heads=8, ffn_hidden=1024, seq_len=128, vocab=1000
+    )
     topology = load_topology("dgx_h100", nodes=1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CollsimWarning)
-        result = simulate_step(topology, spec, TrainingConfig(global_batch=8, micro_batch=1),
-                               ParallelConfig(tp=2, pp=2, dp=2, zero=1), trace=True)
+        result = simulate_step(
+            topology,
+            spec,
+            TrainingConfig(global_batch=8, micro_batch=1),
+            ParallelConfig(tp=2, pp=2, dp=2, zero=1),
+            trace=True,
+        )
     data = json.loads(write_trace(result, tmp_path / "step.json").read_text())
     slices = check_chrome_trace(data)
     assert len(result.trace_events) > 0
     assert sorted((s["pid"], s["cat"], s["name"], s["ts"]) for s in slices) == sorted(
-        (e.rank, e.stream, e.name, round(e.start_s * 1e9) / 1e3) for e in result.trace_events)
+        (e.rank, e.stream, e.name, round(e.start_s * 1e9) / 1e3) for e in result.trace_events
+    )
     # every stage runs a forward and a backward of each of the 8 / (1 x 2) = 4 micro-batches
     for rank in {e.rank for e in result.trace_events}:
-        compute = [s["name"].split()[:2] for s in slices
-                   if s["pid"] == rank and s["cat"] == "compute"]
+        compute = [
+            s["name"].split()[:2] for s in slices if s["pid"] == rank and s["cat"] == "compute"
+        ]
         assert sorted(c for c in compute if c[0] == "F") == [["F", f"mb{k}"] for k in range(4)]
         assert sorted(c for c in compute if c[0] == "B") == [["B", f"mb{k}"] for k in range(4)]
     counters = [e for e in data["traceEvents"] if e["ph"] == "C"]
@@ -167,9 +220,12 @@ def test_run_import_path_stays_light() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, collsim.report.trace, collsim.sweep, collsim.search, collsim.estimate; "
-            "heavy = [m for m in ('pandas', 'matplotlib') if m in sys.modules]; "
-            "print(','.join(heavy))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120, check=True)
+    code = (
+        "import sys, collsim.report.trace, collsim.sweep, collsim.search, collsim.estimate; "
+        "heavy = [m for m in ('pandas', 'matplotlib') if m in sys.modules]; "
+        "print(','.join(heavy))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
     assert out.stdout.strip() == ""

@@ -29,7 +29,7 @@ def rank1_raises(ctx: Any, pid_dir: str) -> None:
     _note_pid(ctx, pid_dir)
     if ctx.rank == 1:
         raise ValueError("boom on purpose")
-    dist.barrier()   # rank 0 waits for a peer that will never come
+    dist.barrier()  # rank 0 waits for a peer that will never come
 
 
 def rank1_killed(ctx: Any, pid_dir: str) -> None:
@@ -67,7 +67,7 @@ def ddp_buckets(ctx: Any, caps_mb: tuple[float, ...]) -> list[int | None]:
     for cap in caps_mb:
         model = torch.nn.Sequential(*(torch.nn.Linear(512, 512, bias=False) for _ in range(3)))
         ddp = DistributedDataParallel(model, bucket_cap_mb=cap)
-        for _ in range(2):      # the reducer rebuilds its buckets after the first backward
+        for _ in range(2):  # the reducer rebuilds its buckets after the first backward
             ddp(torch.ones(2, 512)).sum().backward()
         counts.append(ddp_bucket_count(ddp)[0])
     return counts

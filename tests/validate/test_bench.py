@@ -17,11 +17,15 @@ def test_sizes_between_like_nccl_tests() -> None:
     assert sizes_between(8, 100, 4) == [8, 32]
 
 
-@pytest.mark.parametrize("lo, hi, factor, pattern", [
-    ("8K", "1K", 2, "min <= max"),     # reversed range
-    ("1K", "8K", 1, "factor"),         # factor 1 never ends
-    ("1Q", "8K", 2, "not a size"),     # not a size
-], ids=["reversed", "factor1", "garbage"])
+@pytest.mark.parametrize(
+    "lo, hi, factor, pattern",
+    [
+        ("8K", "1K", 2, "min <= max"),  # reversed range
+        ("1K", "8K", 1, "factor"),  # factor 1 never ends
+        ("1Q", "8K", 2, "not a size"),  # not a size
+    ],
+    ids=["reversed", "factor1", "garbage"],
+)
 def test_sizes_between_rejects(lo: str, hi: str, factor: int, pattern: str) -> None:
     with pytest.raises(ValueError, match=pattern):
         sizes_between(lo, hi, factor)
@@ -36,7 +40,7 @@ def test_bus_factor_matches_the_simulator(op: str, n: int) -> None:
 
 
 def test_element_count_rounds_split_ops_to_world_size() -> None:
-    assert element_count("all_gather", 1000, 3) == 249     # 250 floats -> 249 = 3 x 83
+    assert element_count("all_gather", 1000, 3) == 249  # 250 floats -> 249 = 3 x 83
     assert element_count("all_reduce", 1000, 3) == 250
 
 
@@ -48,12 +52,40 @@ def test_config_rejects_unknown_op_and_bad_rounds() -> None:
 
 
 def _rows() -> list[dict]:
-    return [dict(op="all_reduce", size_bytes=1024, count=256, type="float", redop="sum",
-                 root=-1, time_us=100.0, min_us=90.0, p90_us=120.0, algbw_gbps=0.01024,
-                 busbw_gbps=0.01024, wrong=0, world_size=2, iters=5),
-            dict(op="broadcast", size_bytes=2048, count=512, type="float", redop="none",
-                 root=0, time_us=50.0, min_us=40.0, p90_us=60.0, algbw_gbps=0.04096,
-                 busbw_gbps=0.04096, wrong=3, world_size=2, iters=5)]
+    return [
+        dict(
+            op="all_reduce",
+            size_bytes=1024,
+            count=256,
+            type="float",
+            redop="sum",
+            root=-1,
+            time_us=100.0,
+            min_us=90.0,
+            p90_us=120.0,
+            algbw_gbps=0.01024,
+            busbw_gbps=0.01024,
+            wrong=0,
+            world_size=2,
+            iters=5,
+        ),
+        dict(
+            op="broadcast",
+            size_bytes=2048,
+            count=512,
+            type="float",
+            redop="none",
+            root=0,
+            time_us=50.0,
+            min_us=40.0,
+            p90_us=60.0,
+            algbw_gbps=0.04096,
+            busbw_gbps=0.04096,
+            wrong=3,
+            world_size=2,
+            iters=5,
+        ),
+    ]
 
 
 @pytest.mark.parametrize("suffix", [".csv", ".json"])
@@ -81,13 +113,23 @@ def test_table_is_nccl_tests_style() -> None:
     text = format_table(_rows(), {"backend": "gloo", "world_size": 2, "ranks_per_node": 2})
     assert "size(B) count(elements)   type  redop  root" in text
     assert "#wrong" in text and "# Avg bus bandwidth" in text
-    assert "# Out of bounds values : 1 FAILED" in text      # the broadcast row had 3 wrong
+    assert "# Out of bounds values : 1 FAILED" in text  # the broadcast row had 3 wrong
     assert "load average" not in text
-    text = format_table(_rows(), {"backend": "gloo", "world_size": 2, "ranks_per_node": 2,
-                                  "load_average_start": [0.5, 0.7, 1.2],
-                                  "load_average_end": [0.9, 0.8, 1.2], "duration_s": 61.0})
-    assert "# load average (1, 5, 15 min): [0.5, 0.7, 1.2] at the start, [0.9, 0.8, 1.2] at " \
-           "the end, 61.0 s" in text
+    text = format_table(
+        _rows(),
+        {
+            "backend": "gloo",
+            "world_size": 2,
+            "ranks_per_node": 2,
+            "load_average_start": [0.5, 0.7, 1.2],
+            "load_average_end": [0.9, 0.8, 1.2],
+            "duration_s": 61.0,
+        },
+    )
+    assert (
+        "# load average (1, 5, 15 min): [0.5, 0.7, 1.2] at the start, [0.9, 0.8, 1.2] at "
+        "the end, 61.0 s" in text
+    )
 
 
 @pytest.mark.torch
@@ -99,8 +141,8 @@ def test_wrong_results_are_counted() -> None:
 
     case = _OpCase(torch, None, "all_reduce", 64, rank=0, n=2, device="cpu", root=0)
     case.fill_check()
-    assert case.count_wrong() == 64          # the input alone is not the sum over 2 ranks
-    case.out.copy_(case.inp * 0 + torch.arange(64) % 5 * 2 + 3)   # sum of rank+1+(i%5), 2 ranks
+    assert case.count_wrong() == 64  # the input alone is not the sum over 2 ranks
+    case.out.copy_(case.inp * 0 + torch.arange(64) % 5 * 2 + 3)  # sum of rank+1+(i%5), 2 ranks
     assert case.count_wrong() == 0
 
 
@@ -135,8 +177,13 @@ def two_rank_bench() -> dict:
     # Under SCHED_RR where the host allows it: the scheduling noise that makes single timings
     # on two shared cores swing by 2-5x is then gone (validate/README.md).
     config = BenchConfig(ops=OPS, sizes_bytes=(4096, 1 << 20), iters=6, warmup=2)
-    return spawn_ranks(_plain_then_bench, 2, args=(1 << 20, 21, config), timeout_s=180,
-                       realtime=realtime_problem() is None)[0]
+    return spawn_ranks(
+        _plain_then_bench,
+        2,
+        args=(1 << 20, 21, config),
+        timeout_s=180,
+        realtime=realtime_problem() is None,
+    )[0]
 
 
 @pytest.mark.torch
@@ -144,7 +191,8 @@ def test_bench_two_ranks_all_ops_correct(two_rank_bench: dict) -> None:
     out = two_rank_bench["bench"]
     points = out["points"]
     assert [(p.op, p.size_bytes) for p in points] == [
-        (op, size) for op in OPS for size in (4096, 1 << 20)]
+        (op, size) for op in OPS for size in (4096, 1 << 20)
+    ]
     assert all(p.wrong == 0 and p.time_us > 0 and p.iters == 6 for p in points)
     # What gloo really runs, seen by the profiler (torch 2.13): reduce_scatter is an all_reduce.
     assert out["kernels"]["reduce_scatter"] == ["gloo:all_reduce"]
@@ -156,8 +204,11 @@ def test_bench_two_ranks_all_ops_correct(two_rank_bench: dict) -> None:
 @pytest.mark.torch
 def test_bench_busbw_close_to_a_plain_loop(two_rank_bench: dict) -> None:
     """The bench's own overhead: its all_reduce time vs a plain loop at 1 MiB, 2 ranks."""
-    point = next(p for p in two_rank_bench["bench"]["points"]
-                 if p.op == "all_reduce" and p.size_bytes == 1 << 20)
+    point = next(
+        p
+        for p in two_rank_bench["bench"]["points"]
+        if p.op == "all_reduce" and p.size_bytes == 1 << 20
+    )
     ratio = two_rank_bench["plain_s"] / (point.time_us * 1e-6)
     # Same op, same size: the bench may not report a very different bandwidth. Loose bounds:
     # two cores shared with other work make single timings swing by 2x.
@@ -171,5 +222,5 @@ def test_steal_share() -> None:
     assert steal_share(None, (40, 2000)) is None
     assert steal_share((10, 1000), (10, 1000)) is None
     now = _cpu_jiffies()
-    if now is not None:                      # Linux: steal <= total
+    if now is not None:  # Linux: steal <= total
         assert 0 <= now[0] <= now[1]

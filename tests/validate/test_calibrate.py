@@ -10,8 +10,16 @@ import yaml
 from click.testing import CliRunner
 
 from collsim.errors import ConfigError
-from collsim.validate.calibrate import (KNEE_ALPHA, f_critical, calibrate, fit_hinge, fit_line,
-                                        fit_two_regime, select_rows, write_topology)
+from collsim.validate.calibrate import (
+    KNEE_ALPHA,
+    calibrate,
+    f_critical,
+    fit_hinge,
+    fit_line,
+    fit_two_regime,
+    select_rows,
+    write_topology,
+)
 from collsim.validate.compare import compare, summarize, topology_for
 from collsim.validate.dataset import Measurements, read_measurements, write_measurements
 
@@ -29,14 +37,19 @@ TRUE_OPS = {  # op: (overhead_us, efficiency)
 
 def _true_topology(tmp_path: Path, n: int) -> Path:
     doc = {
-        "name": "truth", "device": "cpu", "gpus_per_node": n,
-        "intra_node": {"interconnect": "loopback", "bandwidth_gbps": TRUE_BANDWIDTH_GBPS,
-                       "latency_us": TRUE_LATENCY_US},
-        "collectives": {"library": "gloo",
-                        "algorithms": {op: "direct" if op == "send_recv" else "ring"
-                                       for op in TRUE_OPS},
-                        "ops": {
-            op: {"overhead_us": o, "efficiency": e} for op, (o, e) in TRUE_OPS.items()}},
+        "name": "truth",
+        "device": "cpu",
+        "gpus_per_node": n,
+        "intra_node": {
+            "interconnect": "loopback",
+            "bandwidth_gbps": TRUE_BANDWIDTH_GBPS,
+            "latency_us": TRUE_LATENCY_US,
+        },
+        "collectives": {
+            "library": "gloo",
+            "algorithms": {op: "direct" if op == "send_recv" else "ring" for op in TRUE_OPS},
+            "ops": {op: {"overhead_us": o, "efficiency": e} for op, (o, e) in TRUE_OPS.items()},
+        },
     }
     path = tmp_path / "truth.yaml"
     path.write_text(yaml.safe_dump(doc))
@@ -51,42 +64,61 @@ def _synthetic(tmp_path: Path, n: int = 2, noise: float = 0.0, seed: int = 1) ->
     rng = random.Random(seed)
     rows = []
     for op in TRUE_OPS:
-        for exp in range(10, 25):       # 1 KiB .. 16 MiB
-            size = 2 ** exp
+        for exp in range(10, 25):  # 1 KiB .. 16 MiB
+            size = 2**exp
             t = cost(op, size, Group.all(topo)).time_s * (1 + rng.uniform(-noise, noise))
-            rows.append(dict(op=op, size_bytes=size, count=size // 4, type="float",
-                             redop="sum", root=-1, time_us=t * 1e6, min_us=t * 1e6,
-                             p90_us=t * 1e6, algbw_gbps=size / t / 1e9,
-                             busbw_gbps=size / t / 1e9, wrong=0, world_size=n, iters=5))
-    meta = {"backend": "gloo", "world_size": n, "ranks_per_node": n,
-            "kernels": {"reduce_scatter": ["gloo:all_reduce"]}}
+            rows.append(
+                dict(
+                    op=op,
+                    size_bytes=size,
+                    count=size // 4,
+                    type="float",
+                    redop="sum",
+                    root=-1,
+                    time_us=t * 1e6,
+                    min_us=t * 1e6,
+                    p90_us=t * 1e6,
+                    algbw_gbps=size / t / 1e9,
+                    busbw_gbps=size / t / 1e9,
+                    wrong=0,
+                    world_size=n,
+                    iters=5,
+                )
+            )
+    meta = {
+        "backend": "gloo",
+        "world_size": n,
+        "ranks_per_node": n,
+        "kernels": {"reduce_scatter": ["gloo:all_reduce"]},
+    }
     path = write_measurements(tmp_path / f"synthetic_n{n}.csv", rows, meta)
     return read_measurements(path)
 
 
 def test_fit_line_exact_and_robust() -> None:
-    sizes = [2.0 ** k for k in range(10, 20)]
+    sizes = [2.0**k for k in range(10, 20)]
     times = [50e-6 + s * 1e-9 for s in sizes]
     a, b, err = fit_line(sizes, times)
     assert a == pytest.approx(50e-6, rel=1e-6) and b == pytest.approx(1e-9, rel=1e-6)
     assert err < 1e-9
-    times[3] *= 5.0                                  # one wild point (a burst of load)
+    times[3] *= 5.0  # one wild point (a burst of load)
     a, b, _ = fit_line(sizes, times)
     assert a == pytest.approx(50e-6, rel=0.02) and b == pytest.approx(1e-9, rel=0.02)
     with pytest.raises(ConfigError, match="at least 2"):
         fit_line([1.0], [1.0])
 
 
-EVEN_SIZES = [4.0 ** k for k in range(5, 13)]      # 1 KiB .. 16 MiB, as a holdout calibrates
+EVEN_SIZES = [4.0**k for k in range(5, 13)]  # 1 KiB .. 16 MiB, as a holdout calibrates
 
 
-def _hinge_times(sizes: list[float], knee: float, a: float = 80e-6, b: float = 0.5e-9,
-                 c: float = 0.6e-9) -> list[float]:
+def _hinge_times(
+    sizes: list[float], knee: float, a: float = 80e-6, b: float = 0.5e-9, c: float = 0.6e-9
+) -> list[float]:
     return [a + b * s + c * max(0.0, s - knee) for s in sizes]
 
 
 def test_fit_hinge_exact() -> None:
-    knee = EVEN_SIZES[5]                               # 1 MiB
+    knee = EVEN_SIZES[5]  # 1 MiB
     a, b, c, err = fit_hinge(EVEN_SIZES, _hinge_times(EVEN_SIZES, knee), knee)
     assert (a, b, c) == pytest.approx((80e-6, 0.5e-9, 0.6e-9), rel=1e-6)
     assert err < 1e-9
@@ -106,7 +138,7 @@ def test_two_regimes_found_where_there_are_two() -> None:
 def test_no_knee_on_a_noisy_line(seed: int) -> None:
     """+-10 % noise on one line: the best knee does not pass the F-test."""
     rng = random.Random(seed)
-    sizes = [2.0 ** k for k in range(10, 25)]
+    sizes = [2.0**k for k in range(10, 25)]
     times = [(80e-6 + 0.5e-9 * s) * (1 + rng.uniform(-0.1, 0.1)) for s in sizes]
     fit = fit_two_regime(sizes, times)
     assert fit.knee_bytes is None
@@ -121,8 +153,10 @@ def test_no_knee_on_an_exact_line() -> None:
 def test_knee_alpha_is_the_gate() -> None:
     """A mild knee under noise: kept or not by the test's level alone, never by held-out sizes."""
     rng = random.Random(3)
-    times = [t * (1 + rng.uniform(-0.05, 0.05))
-             for t in _hinge_times(EVEN_SIZES, EVEN_SIZES[5], c=0.2e-9)]
+    times = [
+        t * (1 + rng.uniform(-0.05, 0.05))
+        for t in _hinge_times(EVEN_SIZES, EVEN_SIZES[5], c=0.2e-9)
+    ]
     assert fit_two_regime(EVEN_SIZES, times, alpha=1.0).knee_bytes is not None
     assert fit_two_regime(EVEN_SIZES, times, alpha=1e-12).knee_bytes is None
     assert 0 < KNEE_ALPHA < 1
@@ -139,9 +173,9 @@ def test_f_critical_closed_form() -> None:
 
 
 def test_select_rows_every_other_power_of_two() -> None:
-    rows = [{"op": "all_reduce", "size_bytes": 2 ** k} for k in range(10, 16)]
-    rows.append({"op": "all_reduce", "size_bytes": 3 * 1024})     # not a power of two
-    rows.append({"op": "all_gather", "size_bytes": 4095})           # 2^12 rounded down to n
+    rows = [{"op": "all_reduce", "size_bytes": 2**k} for k in range(10, 16)]
+    rows.append({"op": "all_reduce", "size_bytes": 3 * 1024})  # not a power of two
+    rows.append({"op": "all_gather", "size_bytes": 4095})  # 2^12 rounded down to n
     even = [r["size_bytes"] for r in select_rows(rows, "even")]
     odd = [r["size_bytes"] for r in select_rows(rows, "odd", min_bytes=4096)]
     assert even == [1024, 4096, 16384, 4095] and odd == [8192, 32768]
@@ -155,7 +189,8 @@ def test_calibration_recovers_the_truth(tmp_path: Path, n: int) -> None:
     cal = calibrate(meas, subset="even")
     # The fit names the same algorithm the simulator used and explains the data exactly.
     assert {op: f.algorithm for op, f in cal.ops.items()} == {
-        op: "ring" if op not in ("send_recv",) else "direct" for op in TRUE_OPS}
+        op: "ring" if op not in ("send_recv",) else "direct" for op in TRUE_OPS
+    }
     for fit in cal.ops.values():
         assert fit.fit_median_abs_error < 1e-6
     ratios = {op: f.efficiency / TRUE_OPS[op][1] for op, f in cal.ops.items()}
@@ -172,7 +207,7 @@ def test_noisy_calibration_and_summary(tmp_path: Path) -> None:
     cal = calibrate(meas, subset="even")
     topo = topology_for(write_topology(cal, tmp_path / "fitted.yaml"), meas)
     summary = {s.op: s for s in summarize(compare(meas, topo, subset="odd"))}
-    assert summary["all"].count == 5 * 7              # 5 ops x 7 odd powers of two in 2^11..2^23
+    assert summary["all"].count == 5 * 7  # 5 ops x 7 odd powers of two in 2^11..2^23
     assert 0 < summary["all"].median_abs_error < 0.05  # noise of +-5% cannot be fitted away
     assert summary["all"].max_abs_error >= summary["all"].p90_abs_error
 
@@ -202,14 +237,26 @@ def test_cli_calibrate_compare_holdout(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     assert "reduce_scatter" in res.output and out.exists()
     plot = tmp_path / "cmp.png"
-    res = runner.invoke(validate, ["compare", meas.path, "--topology", str(out), "--subset",
-                                   "odd", "--plot", str(plot), "--json",
-                                   str(tmp_path / "c.json")])
+    res = runner.invoke(
+        validate,
+        [
+            "compare",
+            meas.path,
+            "--topology",
+            str(out),
+            "--subset",
+            "odd",
+            "--plot",
+            str(plot),
+            "--json",
+            str(tmp_path / "c.json"),
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert plot.stat().st_size > 1000 and "median|err|" in res.output
     res = runner.invoke(validate, ["holdout", meas.path, "--out-dir", str(tmp_path / "ho")])
     assert res.exit_code == 0, res.output
-    assert res.output.count("PASS") == 3           # all_reduce, all_gather, broadcast
+    assert res.output.count("PASS") == 3  # all_reduce, all_gather, broadcast
     res = runner.invoke(validate, ["holdout", meas.path, "--target", "0.0001"])
     assert res.exit_code == 1 and "median |error| above" in res.output
 
@@ -222,7 +269,7 @@ def _with_held_out_off(meas: Measurements, path: Path, factor: float) -> str:
             continue
         row = dict(r)
         size = int(row["size_bytes"])
-        if size >= 2 ** 18 and (size.bit_length() - 1) % 2 == 1:
+        if size >= 2**18 and (size.bit_length() - 1) % 2 == 1:
             row["time_us"] = float(row["time_us"]) * factor
         rows.append(row)
     return str(write_measurements(path, rows, dict(meas.metadata)))
@@ -232,22 +279,22 @@ def test_holdout_across_runs_judges_the_typical_run(tmp_path: Path) -> None:
     from collsim.cli.validate import validate
 
     meas = _synthetic(tmp_path, 2, noise=0.01)
-    files = [_with_held_out_off(meas, tmp_path / f"{name}.csv", factor)
-             for name, factor in (("a", 1.0), ("b", 1.02), ("c", 1.5))]
+    files = [
+        _with_held_out_off(meas, tmp_path / f"{name}.csv", factor)
+        for name, factor in (("a", 1.0), ("b", 1.02), ("c", 1.5))
+    ]
     runner = CliRunner()
     # every file on its own: the one bad run fails the check
     res = runner.invoke(validate, ["holdout", *files])
     assert res.exit_code == 1 and "c all_reduce" in res.output
-    assert "# across runs" in res.output              # 3 files of one world size: shown
-    row = next(line for line in res.output.splitlines()
-               if line.split()[:2] == ["2", "all_reduce"])
-    assert row.split()[2] == "3" and "2/3" in row     # 3 runs, 2 within 10 %
+    assert "# across runs" in res.output  # 3 files of one world size: shown
+    row = next(line for line in res.output.splitlines() if line.split()[:2] == ["2", "all_reduce"])
+    assert row.split()[2] == "3" and "2/3" in row  # 3 runs, 2 within 10 %
     assert not row.rstrip().endswith(("PASS", "FAIL"))  # no verdict without --across-runs
     # the typical run (the median of the three) passes
     res = runner.invoke(validate, ["holdout", *files, "--across-runs"])
     assert res.exit_code == 0, res.output
-    row = next(line for line in res.output.splitlines()
-               if line.split()[:2] == ["2", "all_reduce"])
+    row = next(line for line in res.output.splitlines() if line.split()[:2] == ["2", "all_reduce"])
     assert row.rstrip().endswith("PASS")
 
 
@@ -259,6 +306,8 @@ def test_across_runs_median_and_passing() -> None:
 
     runs = across_runs([run(2, 0.05), run(4, 0.30), run(2, 0.12), run(2, 0.11)])
     assert [(r.world_size, r.op, r.run_errors) for r in runs] == [
-        (2, "broadcast", (0.05, 0.12, 0.11)), (4, "broadcast", (0.30,))]
+        (2, "broadcast", (0.05, 0.12, 0.11)),
+        (4, "broadcast", (0.30,)),
+    ]
     assert runs[0].median == pytest.approx(0.11) and runs[0].worst == 0.12
     assert runs[0].passing(0.10) == 1 and runs[1].passing(0.10) == 0

@@ -22,9 +22,13 @@ BAD = [
 
 
 @pytest.mark.parametrize("args, names", BAD, ids=[" ".join(a) for a, _ in BAD])
-def test_usage_errors_are_one_line(args: list[str], names: str, tmp_path: Path,
-                                   monkeypatch: pytest.MonkeyPatch,
-                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_usage_errors_are_one_line(
+    args: list[str],
+    names: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as exc:
         main(["validate", *args])
@@ -34,15 +38,23 @@ def test_usage_errors_are_one_line(args: list[str], names: str, tmp_path: Path,
     assert len(lines) == 1, lines
     assert lines[0].startswith("Error:") and names in lines[0]
     assert "Usage:" not in out + err and "Traceback" not in out + err
-    assert list(tmp_path.iterdir()) == []          # nothing written
+    assert list(tmp_path.iterdir()) == []  # nothing written
 
 
-def test_bad_algorithm_pin_is_one_line(tmp_path: Path,
-                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_algorithm_pin_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     data = Path(__file__).resolve().parents[2] / "validate" / "data" / "localhost_gloo_n2.csv"
     with pytest.raises(SystemExit) as exc:
-        main(["validate", "calibrate", str(data), "-o", str(tmp_path / "t.yaml"),
-              "--algorithm", "broadcast"])
+        main(
+            [
+                "validate",
+                "calibrate",
+                str(data),
+                "-o",
+                str(tmp_path / "t.yaml"),
+                "--algorithm",
+                "broadcast",
+            ]
+        )
     out, err = capsys.readouterr()
     assert exc.value.code == 2
     assert (out + err).strip().count("\n") == 0 and "--algorithm" in err

@@ -34,16 +34,21 @@ def _alive(pid: int) -> bool:
 
 
 def test_two_ranks_sum(tmp_path: Path) -> None:
-    assert spawn_ranks(helpers_ranks.sum_of_ranks, 2, args=(str(tmp_path), 0.5),
-                       timeout_s=60) == [2.0, 2.0]     # (0 + .5) + (1 + .5)
+    assert spawn_ranks(helpers_ranks.sum_of_ranks, 2, args=(str(tmp_path), 0.5), timeout_s=60) == [
+        2.0,
+        2.0,
+    ]  # (0 + .5) + (1 + .5)
 
 
-@pytest.mark.parametrize("fn, reason, pattern", [
-    (helpers_ranks.rank1_raises, "error", r"rank 1 raised: ValueError: boom on purpose"),
-    (helpers_ranks.rank1_killed, "died", r"rank 1 was killed by signal 9"),
-], ids=["raises", "killed"])
-def test_failing_rank_ends_run_and_is_named(tmp_path: Path, fn, reason: str,
-                                            pattern: str) -> None:
+@pytest.mark.parametrize(
+    "fn, reason, pattern",
+    [
+        (helpers_ranks.rank1_raises, "error", r"rank 1 raised: ValueError: boom on purpose"),
+        (helpers_ranks.rank1_killed, "died", r"rank 1 was killed by signal 9"),
+    ],
+    ids=["raises", "killed"],
+)
+def test_failing_rank_ends_run_and_is_named(tmp_path: Path, fn, reason: str, pattern: str) -> None:
     start = time.monotonic()
     with pytest.raises(RankFailure, match=pattern) as info:
         spawn_ranks(fn, 2, args=(str(tmp_path),), timeout_s=60)
@@ -67,8 +72,9 @@ def test_two_benches_at_once_do_not_collide() -> None:
     """Each run has its own FileStore (no fixed port): two benches at once both succeed."""
     from collsim.validate.bench import BenchConfig, run_bench
 
-    config = BenchConfig(ops=("all_reduce",), sizes_bytes=(4096,), iters=2, warmup=1,
-                         probe_backend=False)
+    config = BenchConfig(
+        ops=("all_reduce",), sizes_bytes=(4096,), iters=2, warmup=1, probe_backend=False
+    )
     results: dict[int, object] = {}
 
     def run(k: int) -> None:
@@ -103,8 +109,12 @@ def test_torchrun_env_detected(monkeypatch: pytest.MonkeyPatch) -> None:
     for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(key, raising=False)
     assert not in_torchrun()
-    for key, value in (("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "127.0.0.1"),
-                       ("MASTER_PORT", "1")):
+    for key, value in (
+        ("RANK", "0"),
+        ("WORLD_SIZE", "2"),
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", "1"),
+    ):
         monkeypatch.setenv(key, value)
     assert in_torchrun()
 
@@ -113,27 +123,51 @@ def test_bench_under_torchrun(tmp_path: Path) -> None:
     """The same bench command runs under torchrun (env:// rendezvous), rank 0 writes the CSV."""
     out = tmp_path / "m.csv"
     collsim = Path(sys.executable).with_name("collsim")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(collsim), "validate", "bench", "--ops", "all_reduce", "-b", "4K", "-e", "4K",
-           "--iters", "3", "--warmup", "1", "--timeout", "60", "-o", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(collsim),
+        "validate",
+        "bench",
+        "--ops",
+        "all_reduce",
+        "-b",
+        "4K",
+        "-e",
+        "4K",
+        "--iters",
+        "3",
+        "--warmup",
+        "1",
+        "--timeout",
+        "60",
+        "-o",
+        str(out),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     text = out.read_text()
     assert '# launcher: "torchrun"' in text and "# world_size: 2" in text
     assert "# load_average_start: [" in text and "# load_average_end: [" in text
-    assert '# scheduling: "SCHED_OTHER"' in text          # read back from the kernel
+    assert '# scheduling: "SCHED_OTHER"' in text  # read back from the kernel
     assert "# cpu_steal_share: " in text
-    assert proc.stdout.count("# Avg bus bandwidth") == 1    # only rank 0 prints
+    assert proc.stdout.count("# Avg bus bandwidth") == 1  # only rank 0 prints
 
 
 def test_ranks_die_with_a_killed_parent(tmp_path: Path) -> None:
     """A parent killed outright (no cleanup possible) still leaves no rank behind."""
-    code = ("import sys; sys.path.insert(0, %r)\n"
-            "import helpers_ranks\n"
-            "from collsim.validate.launch import spawn_ranks\n"
-            "if __name__ == '__main__':\n"
-            "    spawn_ranks(helpers_ranks.both_sleep, 2, args=(%r,), timeout_s=600)\n"
-            % (str(Path(__file__).parent), str(tmp_path)))
+    code = (
+        "import sys; sys.path.insert(0, %r)\n"
+        "import helpers_ranks\n"
+        "from collsim.validate.launch import spawn_ranks\n"
+        "if __name__ == '__main__':\n"
+        "    spawn_ranks(helpers_ranks.both_sleep, 2, args=(%r,), timeout_s=600)\n"
+        % (str(Path(__file__).parent), str(tmp_path))
+    )
     script = tmp_path / "parent.py"
     script.write_text(code)
     parent = subprocess.Popen([sys.executable, str(script)])
@@ -153,8 +187,7 @@ def test_ranks_die_with_a_killed_parent(tmp_path: Path) -> None:
 def test_realtime_ranks_run_under_sched_rr() -> None:
     """``realtime=True``: every rank and the threads it starts run under SCHED_RR; the probe and
     the run leave the launching process's own policy as it was."""
-    from collsim.validate.launch import (REALTIME_PRIORITY, current_scheduling,
-                                         realtime_problem)
+    from collsim.validate.launch import REALTIME_PRIORITY, current_scheduling, realtime_problem
 
     before = current_scheduling()
     problem = realtime_problem()
@@ -169,15 +202,20 @@ def test_realtime_ranks_run_under_sched_rr() -> None:
     assert current_scheduling() == before
 
 
-def test_realtime_refused_is_one_line(monkeypatch: pytest.MonkeyPatch,
-                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_realtime_refused_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Where the host refuses SCHED_RR, ``--realtime`` is a usage error (exit 2) naming why."""
     import collsim.validate.launch as launch
     from collsim.cli import main
 
-    monkeypatch.setattr(launch, "realtime_problem",
-                        lambda: "cannot run ranks under SCHED_RR priority 10: Operation not "
-                                "permitted; it needs root")
+    monkeypatch.setattr(
+        launch,
+        "realtime_problem",
+        lambda: (
+            "cannot run ranks under SCHED_RR priority 10: Operation not permitted; it needs root"
+        ),
+    )
     with pytest.raises(SystemExit) as exc:
         main(["validate", "bench", "--realtime"])
     out, err = capsys.readouterr()

@@ -8,7 +8,7 @@ import sys
 
 def test_validate_modules_import_without_torch() -> None:
     code = (
-        "import sys; sys.modules['torch'] = None\n"     # any 'import torch' now fails
+        "import sys; sys.modules['torch'] = None\n"  # any 'import torch' now fails
         "import collsim.validate.launch, collsim.validate.bench, collsim.validate.dataset\n"
         "import collsim.validate.calibrate, collsim.validate.compare, collsim.validate.sketch\n"
         "import collsim.validate.step, collsim.cli.validate\n"
@@ -16,7 +16,7 @@ def test_validate_modules_import_without_torch() -> None:
         "from collsim.cli import cli\n"
         "r = CliRunner().invoke(cli, ['validate', '--help'])\n"
         "assert r.exit_code == 0 and 'holdout' in r.output, r.output\n"
-        "print('ok')\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60)
+        "print('ok')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr

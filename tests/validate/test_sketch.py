@@ -9,8 +9,11 @@ from collsim.validate.sketch import SketchConfig, check_report, run_sketch
 
 @pytest.mark.torch
 def test_ddp_and_fsdp_from_scratch_two_ranks() -> None:
-    report = run_sketch(SketchConfig(steps=3, timing_iters=3, timing_layers=3,
-                                     timing_hidden=128), world_size=2, timeout_s=120)
+    report = run_sketch(
+        SketchConfig(steps=3, timing_iters=3, timing_layers=3, timing_hidden=128),
+        world_size=2,
+        timeout_s=120,
+    )
     rows = check_report(report)
     assert len(rows) == 8 and all(ok for _, ok, _ in rows), rows
     # Replicas start apart (different seeds) and the construction broadcast makes them equal.
@@ -33,10 +36,17 @@ def test_fsdp_four_ranks_quarter_memory() -> None:
 
 
 def test_check_report_can_fail() -> None:
-    report = {"world_size": 2, "divergence_before_broadcast": 0.3,
-              "divergence_after_broadcast": 0.0, "grad_max_abs_diff": 5e-3,
-              "divergence_per_step": [0.0, 2e-3], "divergence_max": 2e-3}
+    report = {
+        "world_size": 2,
+        "divergence_before_broadcast": 0.3,
+        "divergence_after_broadcast": 0.0,
+        "grad_max_abs_diff": 5e-3,
+        "divergence_per_step": [0.0, 2e-3],
+        "divergence_max": 2e-3,
+    }
     verdicts = {name.split(" (")[0]: ok for name, ok, _ in check_report(report)}
-    assert verdicts == {"broadcast at construction makes replicas equal": True,
-                        "all-reduced gradient == one process on the N*B batch": False,
-                        "parameters in sync over 2 steps": False}
+    assert verdicts == {
+        "broadcast at construction makes replicas equal": True,
+        "all-reduced gradient == one process on the N*B batch": False,
+        "parameters in sync over 2 steps": False,
+    }

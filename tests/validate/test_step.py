@@ -27,8 +27,9 @@ def test_step_measured_and_simulated(tmp_path) -> None:
     from collsim.topology import load_topology
     from collsim.validate.step import run_step, simulate_modes
 
-    cfg = StepConfig(num_layers=2, hidden=64, ffn_hidden=256, vocab=256, seq_len=16,
-                     iters=2, warmup=1)
+    cfg = StepConfig(
+        num_layers=2, hidden=64, ffn_hidden=256, vocab=256, seq_len=16, iters=2, warmup=1
+    )
     report, _ = run_step(cfg, world_size=2, timeout_s=120)
     assert set(report["profile"]) == set(BLOCK_OVERRIDE_KEYS) - {"layer.recompute"}
     assert all(v > 0 for v in report["profile"].values())
@@ -36,12 +37,13 @@ def test_step_measured_and_simulated(tmp_path) -> None:
     assert set(modes) == {"ddp_b1", "ddp_b25", "fsdp"}
     assert all(len(m["times_s"]) == 2 and m["median_s"] > 0 for m in modes.values())
     # ~0.11 M parameters = 0.44 MB of fp32 gradients: one bucket either way, as torch builds it.
-    assert isinstance(modes["ddp_b1"]["buckets"], int)       # obtained, not "unknown"
+    assert isinstance(modes["ddp_b1"]["buckets"], int)  # obtained, not "unknown"
     assert modes["ddp_b1"]["buckets"] >= modes["ddp_b25"]["buckets"] >= 1
     # The whole step without communication is timed like the modes, and sets the scale.
     assert report["local_step_s"] >= report["local_step_min_s"] > 0
     assert report["compute_scale"] == pytest.approx(
-        report["local_step_s"] / report["profile_sum_s"], rel=1e-12)
+        report["local_step_s"] / report["profile_sum_s"], rel=1e-12
+    )
     topo = load_topology("localhost", gpus_per_node=2)
     sim = simulate_modes(report, topo)
     raw = simulate_modes(report, topo, scale_compute=False)
@@ -53,16 +55,29 @@ def test_step_measured_and_simulated(tmp_path) -> None:
         # Scaling multiplies the compute and optimizer parts by compute_scale exactly.
         for part in ("compute", "optimizer"):
             assert sim[mode].breakdown_s[part] == pytest.approx(
-                raw[mode].breakdown_s[part] * report["compute_scale"], rel=1e-9)
+                raw[mode].breakdown_s[part] * report["compute_scale"], rel=1e-9
+            )
 
 
-@pytest.mark.parametrize("report, busy", [
-    ({"backend": "gloo", "world_size": 2, "cpu_count": 2, "threads_per_rank": 1}, True),
-    ({"backend": "gloo", "world_size": 2, "cpu_count": 8, "threads_per_rank": 1}, False),
-    ({"backend": "gloo", "world_size": 4, "local_world_size": 2, "cpu_count": 4,
-      "threads_per_rank": 2}, True),                                   # 2 ranks x 2 threads
-    ({"backend": "nccl", "world_size": 8, "cpu_count": 2, "threads_per_rank": 1}, False),
-], ids=["2-on-2", "2-on-8", "2x2-on-4", "gpu"])
+@pytest.mark.parametrize(
+    "report, busy",
+    [
+        ({"backend": "gloo", "world_size": 2, "cpu_count": 2, "threads_per_rank": 1}, True),
+        ({"backend": "gloo", "world_size": 2, "cpu_count": 8, "threads_per_rank": 1}, False),
+        (
+            {
+                "backend": "gloo",
+                "world_size": 4,
+                "local_world_size": 2,
+                "cpu_count": 4,
+                "threads_per_rank": 2,
+            },
+            True,
+        ),  # 2 ranks x 2 threads
+        ({"backend": "nccl", "world_size": 8, "cpu_count": 2, "threads_per_rank": 1}, False),
+    ],
+    ids=["2-on-2", "2-on-8", "2x2-on-4", "gpu"],
+)
 def test_cores_busy(report: dict, busy: bool) -> None:
     from collsim.validate.step import cores_busy
 
@@ -80,8 +95,7 @@ def test_ddp_bucket_count_follows_the_cap() -> None:
     sys.path.insert(0, str(Path(__file__).parent))
     import helpers_ranks
 
-    big, small = spawn_ranks(helpers_ranks.ddp_buckets, 1, args=((25.0, 1.0),),
-                             timeout_s=60)[0]
+    big, small = spawn_ranks(helpers_ranks.ddp_buckets, 1, args=((25.0, 1.0),), timeout_s=60)[0]
     assert big == 1
     assert small is not None and small >= 3
 

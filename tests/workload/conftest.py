@@ -13,9 +13,10 @@ class FakeDevice:
     """Same fields as collsim.hardware.Device (docs/internals.md)."""
 
     name: str = "A100 SXM"
-    peak_flops: dict[str, float] = field(default_factory=lambda: {
-        "bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12})
-    matmul_efficiency: float = 271.2 / 312          # MAMF, hardware.yaml
+    peak_flops: dict[str, float] = field(
+        default_factory=lambda: {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12}
+    )
+    matmul_efficiency: float = 271.2 / 312  # MAMF, hardware.yaml
     memory_bytes: float = 80e9
     memory_bandwidth_bps: float = 2.039e12
 

@@ -30,7 +30,7 @@ DATA = Path(__file__).parent / "data" / "korthikanti_22b_layer_ms.csv"
 TOLERANCE = 0.15
 MICRO_BATCH, TP = 4, 8
 
-SETTINGS = {                          # experiment -> (sequence_parallel, recompute)
+SETTINGS = {  # experiment -> (sequence_parallel, recompute)
     "Baseline no recompute": (False, "none"),
     "Sequence Parallelism": (True, "none"),
     "Baseline with recompute": (False, "full"),
@@ -42,8 +42,10 @@ SETTINGS = {                          # experiment -> (sequence_parallel, recomp
 def _measured() -> dict[str, tuple[float, float]]:
     with DATA.open() as handle:
         rows = csv.DictReader(line for line in handle if not line.startswith("#"))
-        return {r["experiment"]: (float(r["forward_ms"]) * 1e-3, float(r["backward_ms"]) * 1e-3)
-                for r in rows}
+        return {
+            r["experiment"]: (float(r["forward_ms"]) * 1e-3, float(r["backward_ms"]) * 1e-3)
+            for r in rows
+        }
 
 
 def _modelled() -> dict[str, tuple[float, float]]:
@@ -54,12 +56,15 @@ def _modelled() -> dict[str, tuple[float, float]]:
     model = ComputeModel(topology.device, "bf16")
     size_bytes = spec.seq_len * MICRO_BATCH * spec.hidden * 2
     all_reduce = cost("all_reduce", size_bytes, group).time_s
-    split = (cost("reduce_scatter", size_bytes, group).time_s
-             + cost("all_gather", size_bytes, group).time_s)
+    split = (
+        cost("reduce_scatter", size_bytes, group).time_s
+        + cost("all_gather", size_bytes, group).time_s
+    )
     out = {}
     for name, (sp, recompute) in SETTINGS.items():
-        layer = model.layer_times(spec, micro_batch=MICRO_BATCH, tp=TP, sequence_parallel=sp,
-                                  recompute=recompute)
+        layer = model.layer_times(
+            spec, micro_batch=MICRO_BATCH, tp=TP, sequence_parallel=sp, recompute=recompute
+        )
         comm = 2 * (split if sp else all_reduce)
         forward = layer.forward_s + comm
         backward = layer.backward_s + layer.recompute_s + comm
@@ -81,12 +86,15 @@ def test_22b_layer_times_within_15_percent() -> None:
         for i, phase in enumerate(("forward", "backward")):
             got, want = modelled[name][i], measured[name][i]
             errors[name, phase] = got / want - 1
-            lines.append(f"{name:26s} {phase:8s} {got * 1e3:9.2f} {want * 1e3:9.2f} "
-                         f"{errors[name, phase]:+7.1%}")
+            lines.append(
+                f"{name:26s} {phase:8s} {got * 1e3:9.2f} {want * 1e3:9.2f} "
+                f"{errors[name, phase]:+7.1%}"
+            )
     print("\n" + "\n".join(lines))
     worst = max(errors, key=lambda k: abs(errors[k]))
     assert all(abs(e) <= TOLERANCE for e in errors.values()), (
-        f"worst: {worst} off by {errors[worst]:+.1%}")
+        f"worst: {worst} off by {errors[worst]:+.1%}"
+    )
 
 
 def test_recompute_and_sp_effects_have_the_measured_sign() -> None:

@@ -20,15 +20,15 @@ def test_shape_efficiency_formula() -> None:
 
 
 def test_wave_quantization_halves_one_tile_over() -> None:
-    full_wave = Gemm(128 * 108, 128, 4096)        # exactly 108 tiles: one full wave
-    one_over = Gemm(128 * 109, 128, 4096)         # 109 tiles: a second, almost empty wave
+    full_wave = Gemm(128 * 108, 128, 4096)  # exactly 108 tiles: one full wave
+    one_over = Gemm(128 * 109, 128, 4096)  # 109 tiles: a second, almost empty wave
     ratio = shape_efficiency(one_over, 108) / shape_efficiency(full_wave, 108)
     assert ratio == pytest.approx(109 / 216, rel=1e-12)
 
 
 def test_thin_gemm_runs_below_mamf() -> None:
-    assert shape_efficiency(Gemm(2048, 2048, 64), 108) < 0.35     # k = head_dim 64
-    assert shape_efficiency(Gemm(100, 4096, 4096), 108) < 0.8      # m = 100 pads to 128
+    assert shape_efficiency(Gemm(2048, 2048, 64), 108) < 0.35  # k = head_dim 64
+    assert shape_efficiency(Gemm(100, 4096, 4096), 108) < 0.8  # m = 100 pads to 128
 
 
 def test_elementwise_op_is_bytes_over_bandwidth_plus_launch(a100: FakeDevice) -> None:
@@ -61,8 +61,10 @@ def test_backward_is_twice_the_matmul_flops(a100: FakeDevice) -> None:
 
 def test_per_rank_matmul_flops_split_by_tp() -> None:
     def total(tp: int) -> float:
-        return sum(o.flops for o in layer_ops(SPEC, micro_batch=1, tp=tp)
-                   if o.kind is OpKind.MATMUL)
+        return sum(
+            o.flops for o in layer_ops(SPEC, micro_batch=1, tp=tp) if o.kind is OpKind.MATMUL
+        )
+
     assert total(8) * 8 == pytest.approx(total(1), rel=1e-12)
 
 
@@ -70,8 +72,7 @@ def test_per_rank_matmul_flops_split_by_tp() -> None:
 def test_recompute_modes(a100: FakeDevice, sp: bool) -> None:
     model = ComputeModel(a100, "bf16")
     none = model.layer_times(SPEC, micro_batch=4, tp=8, sequence_parallel=sp)
-    sel = model.layer_times(SPEC, micro_batch=4, tp=8, sequence_parallel=sp,
-                            recompute="selective")
+    sel = model.layer_times(SPEC, micro_batch=4, tp=8, sequence_parallel=sp, recompute="selective")
     full = model.layer_times(SPEC, micro_batch=4, tp=8, sequence_parallel=sp, recompute="full")
     assert none.recompute_s == 0
     assert full.recompute_s == pytest.approx(full.forward_s, rel=1e-12)
@@ -89,8 +90,12 @@ def test_sequence_parallel_splits_the_norms(a100: FakeDevice) -> None:
     split = model.layer_times(SPEC, micro_batch=4, tp=8, sequence_parallel=True)
 
     def norm(times: object) -> float:
-        return next(c.time_s for c in times.ops  # type: ignore[attr-defined]
-                    if c.name == "attn_norm" and c.phase == "forward")
+        return next(
+            c.time_s
+            for c in times.ops  # type: ignore[attr-defined]
+            if c.name == "attn_norm" and c.phase == "forward"
+        )
+
     assert norm(split) == pytest.approx(norm(plain) / 8, rel=1e-12)
     assert split.forward_s < plain.forward_s
 
@@ -106,25 +111,28 @@ def test_overrides_replace_modelled_times(a100: FakeDevice) -> None:
     assert by_key["qkv_proj", "recompute"].time_s == 1e-3
     assert by_key["mlp_up", "backward"].time_s == 2e-3
     assert times.forward_s == pytest.approx(
-        base.forward_s - old["qkv_proj", "forward"].time_s + 1e-3, rel=1e-12)
+        base.forward_s - old["qkv_proj", "forward"].time_s + 1e-3, rel=1e-12
+    )
     assert times.backward_s == pytest.approx(
-        base.backward_s - old["mlp_up", "backward"].time_s + 2e-3, rel=1e-12)
+        base.backward_s - old["mlp_up", "backward"].time_s + 2e-3, rel=1e-12
+    )
 
 
 def test_op_names_cover_every_op() -> None:
     from collsim.workload.ops import OP_NAMES, embedding_ops, head_ops
+
     seen = set()
     for spec in (SPEC, get_preset("llama3-8b")):
         for build in (layer_ops, embedding_ops, head_ops):
             seen |= {op.name for op in build(spec, micro_batch=1, tp=8)}
-    assert seen == set(OP_NAMES)         # GPT (unfused, dropout) and Llama (flash, rotary)
+    assert seen == set(OP_NAMES)  # GPT (unfused, dropout) and Llama (flash, rotary)
 
 
 def test_gated_mlp_is_three_matrices() -> None:
     spec = get_preset("llama3-8b")
     ops = {o.name: o for o in layer_ops(spec, micro_batch=1, tp=1)}
     tokens, h, f = spec.seq_len, spec.hidden, spec.ffn_hidden
-    assert ops["mlp_up"].flops == 2 * tokens * h * 2 * f       # gate and up, one fused GEMM
+    assert ops["mlp_up"].flops == 2 * tokens * h * 2 * f  # gate and up, one fused GEMM
     assert ops["mlp_down"].flops == 2 * tokens * f * h
     # GQA: q has 32 heads of 128, k and v 8 each
     assert ops["qkv_proj"].flops == 2 * tokens * h * (32 + 16) * 128
@@ -145,28 +153,41 @@ def test_optimizer_time_is_adam_bytes_over_bandwidth(a100: FakeDevice) -> None:
     model = ComputeModel(a100, "bf16", launch_s=0.0)
     # mixed-precision Adam moves 30 bytes per parameter (see optimizer_bytes_per_param)
     assert model.optimizer_time_s(7e9) == pytest.approx(7e9 * 30 / (2.039e12 * 0.85))
-    assert ComputeModel(a100, "fp32", launch_s=0.0).optimizer_time_s(7e9, "adam") == \
-        pytest.approx(7e9 * 28 / (2.039e12 * 0.85))
+    assert ComputeModel(a100, "fp32", launch_s=0.0).optimizer_time_s(7e9, "adam") == pytest.approx(
+        7e9 * 28 / (2.039e12 * 0.85)
+    )
     assert model.optimizer_time_s(0) == 0.0
 
 
-@pytest.mark.parametrize(("call", "match"), [
-    (lambda d: ComputeModel(d, "int4"), "bf16, fp16, fp32, fp8"),
-    (lambda d: ComputeModel(d).layer_times(SPEC, micro_batch=1, recompute="half"),
-     "none, selective, full"),
-    (lambda d: ComputeModel(d).layer_times(SPEC, micro_batch=1, tp=5), "divisible by tp"),
-    (lambda d: ComputeModel(d).optimizer_time_s(1e9, "lion"), "adam, sgd"),
-    (lambda d: ComputeModel(d, overrides={"softmax": -1.0}), ">= 0 seconds"),
-    (lambda d: ComputeModel(d, overrides={"qkv": 1.0}), "unknown op 'qkv'; valid ops: attn_norm"),
-], ids=["dtype", "recompute", "tp", "optimizer", "override", "override-name"])
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda d: ComputeModel(d, "int4"), "bf16, fp16, fp32, fp8"),
+        (
+            lambda d: ComputeModel(d).layer_times(SPEC, micro_batch=1, recompute="half"),
+            "none, selective, full",
+        ),
+        (lambda d: ComputeModel(d).layer_times(SPEC, micro_batch=1, tp=5), "divisible by tp"),
+        (lambda d: ComputeModel(d).optimizer_time_s(1e9, "lion"), "adam, sgd"),
+        (lambda d: ComputeModel(d, overrides={"softmax": -1.0}), ">= 0 seconds"),
+        (
+            lambda d: ComputeModel(d, overrides={"qkv": 1.0}),
+            "unknown op 'qkv'; valid ops: attn_norm",
+        ),
+    ],
+    ids=["dtype", "recompute", "tp", "optimizer", "override", "override-name"],
+)
 def test_bad_input_raises_config_error(a100: FakeDevice, call, match: str) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ConfigError, match=match):
         call(a100)
 
 
 def test_fp8_halves_gemm_time_of_large_matmuls() -> None:
-    device = FakeDevice(peak_flops={"bf16": 989e12, "fp8": 1979e12, "fp32": 67e12},
-                        name="H100 SXM", matmul_efficiency=0.8)
+    device = FakeDevice(
+        peak_flops={"bf16": 989e12, "fp8": 1979e12, "fp32": 67e12},
+        name="H100 SXM",
+        matmul_efficiency=0.8,
+    )
     bf16 = ComputeModel(device, "bf16", launch_s=0.0).gemm_time_s(Gemm(8192, 8192, 8192))[0]
     fp8 = ComputeModel(device, "fp8", launch_s=0.0).gemm_time_s(Gemm(8192, 8192, 8192))[0]
     assert fp8 == pytest.approx(bf16 * 989 / 1979, rel=1e-9)
@@ -175,25 +196,27 @@ def test_fp8_halves_gemm_time_of_large_matmuls() -> None:
 
 def test_flash_attention_time(a100: FakeDevice) -> None:
     from collsim.workload.compute import FLASH_BACKWARD_EFFICIENCY, FLASH_FORWARD_EFFICIENCY
-    spec = get_preset("llama2-7b")        # 32 heads of 128, seq 4096
+
+    spec = get_preset("llama2-7b")  # 32 heads of 128, seq 4096
     model = ComputeModel(a100, "bf16", launch_s=0.0)
     times = model.layer_times(spec, micro_batch=1, tp=1, recompute="selective")
     fwd = next(c for c in times.ops if c.name == "flash_attention" and c.phase == "forward")
     bwd = next(c for c in times.ops if c.name == "flash_attention" and c.phase == "backward")
-    flops = 4 * 32 * 4096**2 * 128 / 2                 # causal half of QK^T and AV
-    ctas = 32 * 4096 // 128                            # 1024 CTAs in 10 waves of 108
+    flops = 4 * 32 * 4096**2 * 128 / 2  # causal half of QK^T and AV
+    ctas = 32 * 4096 // 128  # 1024 CTAs in 10 waves of 108
     wave = 1024 / 1080
     mamf = 312e12 * a100.matmul_efficiency
     assert fwd.flops == flops and bwd.flops == 2.5 * flops
     assert fwd.time_s == pytest.approx(flops / (mamf * FLASH_FORWARD_EFFICIENCY * wave))
     assert bwd.time_s == pytest.approx(2.5 * flops / (mamf * FLASH_BACKWARD_EFFICIENCY * wave))
     assert ctas == 1024
-    assert times.recompute_s == 0           # nothing to recompute selectively with flash
+    assert times.recompute_s == 0  # nothing to recompute selectively with flash
 
 
 @pytest.mark.parametrize("key", ["a100", "h100", "h200", "b200", "cpu"])
 def test_catalogue_devices(key: str) -> None:
     from collsim.hardware import get_device
+
     device = get_device(key)
     model = ComputeModel(device, "bf16")
     times = model.layer_times(get_preset("gpt3-1.3b"), micro_batch=1, tp=1)
@@ -204,7 +227,9 @@ def test_catalogue_devices(key: str) -> None:
 
 def test_accepts_the_config_enums(a100: FakeDevice) -> None:
     from collsim.parallel.config import Dtype, Recompute
-    by_enum = ComputeModel(a100, Dtype.BF16).layer_times(SPEC, micro_batch=1, tp=8,
-                                                         recompute=Recompute.FULL)
+
+    by_enum = ComputeModel(a100, Dtype.BF16).layer_times(
+        SPEC, micro_batch=1, tp=8, recompute=Recompute.FULL
+    )
     by_str = ComputeModel(a100, "bf16").layer_times(SPEC, micro_batch=1, tp=8, recompute="full")
     assert by_enum == by_str

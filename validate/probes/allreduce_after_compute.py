@@ -56,11 +56,16 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=12)
     parser.add_argument("--timeout", type=float, default=300.0)
     args = parser.parse_args()
-    result = spawn_ranks(_rank, args.world_size, args=(parse_size(args.size),
-                                                       args.compute_ms / 1e3, args.iters),
-                         timeout_s=args.timeout)[0]
-    print(f"# all_reduce of {parse_size(args.size)} B on {args.world_size} gloo ranks, median "
-          f"of {args.iters} (slowest rank), ms")
+    result = spawn_ranks(
+        _rank,
+        args.world_size,
+        args=(parse_size(args.size), args.compute_ms / 1e3, args.iters),
+        timeout_s=args.timeout,
+    )[0]
+    print(
+        f"# all_reduce of {parse_size(args.size)} B on {args.world_size} gloo ranks, median "
+        f"of {args.iters} (slowest rank), ms"
+    )
     for mode in MODES:
         print(f"{mode:<26} {result[mode]:8.1f}")
 

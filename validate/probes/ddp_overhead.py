@@ -43,9 +43,12 @@ def _rank(ctx: Any, cfg: StepConfig, bucket_mb: int) -> dict[str, float]:
     rows = []
     for it in range(cfg.warmup + cfg.iters):
         row = []
-        for part, fn in (("local", local), ("all_reduce", lambda: dist.all_reduce(flat)),
-                         ("ddp", ddp_step)):
-            if part != "all_reduce":          # the all_reduce follows the local step directly
+        for part, fn in (
+            ("local", local),
+            ("all_reduce", lambda: dist.all_reduce(flat)),
+            ("ddp", ddp_step),
+        ):
+            if part != "all_reduce":  # the all_reduce follows the local step directly
                 dist.barrier()
             start = time.perf_counter()
             fn()
@@ -66,10 +69,11 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=600.0)
     args = parser.parse_args()
     cfg = StepConfig(iters=args.iters, warmup=args.warmup)
-    out = spawn_ranks(_rank, args.world_size, args=(cfg, args.bucket_mb),
-                      timeout_s=args.timeout)[0]
-    print(f"# {args.world_size} gloo ranks, DDP bucket {args.bucket_mb} MB, median of "
-          f"{args.iters} (slowest rank), ms")
+    out = spawn_ranks(_rank, args.world_size, args=(cfg, args.bucket_mb), timeout_s=args.timeout)[0]
+    print(
+        f"# {args.world_size} gloo ranks, DDP bucket {args.bucket_mb} MB, median of "
+        f"{args.iters} (slowest rank), ms"
+    )
     for part in PARTS:
         print(f"{part:<12} {out[part]:8.1f}")
     print(f"{'ddp - local - all_reduce':<12} {out['ddp'] - out['local'] - out['all_reduce']:8.1f}")

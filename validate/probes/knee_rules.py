@@ -31,8 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from collsim.units import parse_size
-from collsim.validate.calibrate import (RegimeFit, best_knee, fit_line, fit_two_regime,
-                                        select_rows)
+from collsim.validate.calibrate import RegimeFit, best_knee, fit_line, fit_two_regime, select_rows
 from collsim.validate.dataset import read_measurements
 
 CHECKED = ("all_reduce", "all_gather", "broadcast")
@@ -66,15 +65,16 @@ def leave_one_out(interior: bool) -> Rule:
             return straight
         m = len(sizes)
         loss_line = loss_hinge = 0.0
-        for i in (range(1, m - 1) if interior else range(m)):
-            s = sizes[:i] + sizes[i + 1:]
-            t = times[:i] + times[i + 1:]
+        for i in range(1, m - 1) if interior else range(m):
+            s = sizes[:i] + sizes[i + 1 :]
+            t = times[:i] + times[i + 1 :]
             p_line = line(s, t).time_s(sizes[i])
             h = best_hinge(s, t)
             p_hinge = p_line if h is None else h.time_s(sizes[i])
             loss_line += ((p_line - times[i]) / times[i]) ** 2
             loss_hinge += ((p_hinge - times[i]) / times[i]) ** 2
         return hinge if loss_hinge < loss_line else straight
+
     return rule
 
 
@@ -102,9 +102,16 @@ def relative_standard_error(row: dict[str, object]) -> float:
     return max(se / median, 1e-3)
 
 
-RULES: dict[str, Rule] = {"F0.05": f_test(0.05), "F0.10": f_test(0.10), "F0.20": f_test(0.20),
-                          "always": always, "line": line, "loo": leave_one_out(False),
-                          "loo_interior": leave_one_out(True), "spread": spread_gate}
+RULES: dict[str, Rule] = {
+    "F0.05": f_test(0.05),
+    "F0.10": f_test(0.10),
+    "F0.20": f_test(0.20),
+    "always": always,
+    "line": line,
+    "loo": leave_one_out(False),
+    "loo_interior": leave_one_out(True),
+    "spread": spread_gate,
+}
 
 
 def held_out_errors(path: str, rule: Rule, min_bytes: int) -> dict[str, float]:
@@ -115,11 +122,16 @@ def held_out_errors(path: str, rule: Rule, min_bytes: int) -> dict[str, float]:
     out: dict[str, float] = {}
     for op in meas.ops():
         pts = [r for r in fitted if r["op"] == op]
-        fit = rule([float(r["size_bytes"]) for r in pts],
-                   [float(r["time_us"]) * 1e-6 for r in pts],
-                   [relative_standard_error(r) for r in pts])
-        errs = [abs(fit.time_s(float(r["size_bytes"])) / (float(r["time_us"]) * 1e-6) - 1)
-                for r in held if r["op"] == op]
+        fit = rule(
+            [float(r["size_bytes"]) for r in pts],
+            [float(r["time_us"]) * 1e-6 for r in pts],
+            [relative_standard_error(r) for r in pts],
+        )
+        errs = [
+            abs(fit.time_s(float(r["size_bytes"])) / (float(r["time_us"]) * 1e-6) - 1)
+            for r in held
+            if r["op"] == op
+        ]
         if errs:
             out[op] = statistics.median(errs)
     return out
@@ -128,8 +140,9 @@ def held_out_errors(path: str, rule: Rule, min_bytes: int) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("files", nargs="+")
-    parser.add_argument("--rules", default=",".join(RULES),
-                        help="comma-separated, from " + ", ".join(RULES))
+    parser.add_argument(
+        "--rules", default=",".join(RULES), help="comma-separated, from " + ", ".join(RULES)
+    )
     parser.add_argument("--min-size", default="256K")
     parser.add_argument("--target", type=float, default=0.10)
     args = parser.parse_args()
@@ -145,13 +158,17 @@ def main() -> None:
         for rule in rules:
             errs = held_out_errors(path, RULES[rule], min_bytes)
             checked[rule] += [errs[op] for op in CHECKED if op in errs]
-            print(f"{Path(path).parent.name}/{Path(path).name} n={n} {rule:<12} "
-                  + " ".join(f"{op}={e * 100:.1f}" for op, e in errs.items()))
+            print(
+                f"{Path(path).parent.name}/{Path(path).name} n={n} {rule:<12} "
+                + " ".join(f"{op}={e * 100:.1f}" for op, e in errs.items())
+            )
     print(f"# rule          worst   mean  misses (checked ops: {', '.join(CHECKED)})")
     for rule in rules:
         vals = checked[rule]
-        print(f"  {rule:<12} {max(vals) * 100:6.1f} {statistics.mean(vals) * 100:6.2f}  "
-              f"{sum(v > args.target for v in vals)}/{len(vals)}")
+        print(
+            f"  {rule:<12} {max(vals) * 100:6.1f} {statistics.mean(vals) * 100:6.2f}  "
+            f"{sum(v > args.target for v in vals)}/{len(vals)}"
+        )
 
 
 if __name__ == "__main__":

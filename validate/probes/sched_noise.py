@@ -34,9 +34,11 @@ def _rank(ctx: Any, op: str, sizes: list[int], iters: int) -> dict[int, dict[str
         count = size // 4 // n * n
         x = torch.ones(count)
         gathered = torch.empty(count)
-        fns = {"all_reduce": lambda: dist.all_reduce(x),
-               "broadcast": lambda: dist.broadcast(x, 0),
-               "all_gather": lambda: dist.all_gather_into_tensor(gathered, x[:count // n])}
+        fns = {
+            "all_reduce": lambda: dist.all_reduce(x),
+            "broadcast": lambda: dist.broadcast(x, 0),
+            "all_gather": lambda: dist.all_gather_into_tensor(gathered, x[: count // n]),
+        }
         fn = fns[op]
         for _ in range(3):
             fn()
@@ -52,9 +54,11 @@ def _rank(ctx: Any, op: str, sizes: list[int], iters: int) -> dict[int, dict[str
         dist.all_gather(starts, start)
         dist.all_gather(ends, end)
         s, e = torch.stack(starts), torch.stack(ends)
-        out[size] = {"slowest": sorted((e - s).max(0).values.tolist()),
-                     "op": sorted((e.max(0).values - s.max(0).values).tolist()),
-                     "skew": sorted((s.max(0).values - s.min(0).values).tolist())}
+        out[size] = {
+            "slowest": sorted((e - s).max(0).values.tolist()),
+            "op": sorted((e.max(0).values - s.max(0).values).tolist()),
+            "skew": sorted((s.max(0).values - s.min(0).values).tolist()),
+        }
     return out
 
 
@@ -65,8 +69,9 @@ def _quantile(values: list[float], q: float) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", "--world-size", type=int, default=2)
-    parser.add_argument("--op", choices=("all_reduce", "broadcast", "all_gather"),
-                        default="all_reduce")
+    parser.add_argument(
+        "--op", choices=("all_reduce", "broadcast", "all_gather"), default="all_reduce"
+    )
     parser.add_argument("--sizes", default="16K,256K,1M")
     parser.add_argument("--iters", type=int, default=60)
     parser.add_argument("--realtime", action="store_true")
@@ -75,16 +80,22 @@ def main() -> None:
     if args.realtime and (problem := realtime_problem()):
         parser.error(problem)
     sizes = [parse_size(s) for s in args.sizes.split(",")]
-    result = spawn_ranks(_rank, args.world_size, args=(args.op, sizes, args.iters),
-                         timeout_s=args.timeout, realtime=args.realtime)[0]
+    result = spawn_ranks(
+        _rank,
+        args.world_size,
+        args=(args.op, sizes, args.iters),
+        timeout_s=args.timeout,
+        realtime=args.realtime,
+    )[0]
     policy = "SCHED_RR" if args.realtime else "default policy"
     print(f"# {args.op}, {args.world_size} gloo ranks, {args.iters} iterations, {policy}; ms")
     for size, parts in result.items():
-        cells = "  ".join(f"{k} median {_quantile(v, .5):6.2f} p90 {_quantile(v, .9):6.2f}"
-                          for k, v in parts.items())
+        cells = "  ".join(
+            f"{k} median {_quantile(v, 0.5):6.2f} p90 {_quantile(v, 0.9):6.2f}"
+            for k, v in parts.items()
+        )
         print(f"{size:>10} B  {cells}")
-        print("            sorted slowest: "
-              + " ".join(f"{v * 1e3:.1f}" for v in parts["slowest"]))
+        print("            sorted slowest: " + " ".join(f"{v * 1e3:.1f}" for v in parts["slowest"]))
 
 
 if __name__ == "__main__":
