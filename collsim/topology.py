@@ -429,9 +429,16 @@ class Topology:
 
 
 # -- loading ------------------------------------------------------------------------------
+PRESET_DIR = Path(collsim.__file__).resolve().parent / "data" / "topologies"
+"""The shipped topology presets, inside the package (found after any install). The repository's
+top-level ``topologies/`` holds the same files for users to read and copy (a test keeps the two
+identical)."""
+
+
 def topology_dirs() -> list[Path]:
-    """Folders searched for topology names: the repo's ``topologies/``, then the cwd's."""
-    return [Path(collsim.__file__).resolve().parents[1] / "topologies", Path.cwd() / "topologies"]
+    """Folders searched for topology names: the package's presets, then the cwd's
+    ``topologies/``."""
+    return [PRESET_DIR, Path.cwd() / "topologies"]
 
 
 def resolve_topology_path(spec: str | Path) -> Path:

@@ -13,11 +13,24 @@ SHARED = REPO.parent / "shared"
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--run-slow",
+        action="store_true",
+        default=False,
+        help="also run the tests marked slow (the wheel install, long fuzz and sweep jobs)",
+    )
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     skip_torch = pytest.mark.skip(reason="torch is not installed (the validate extra)")
+    skip_slow = pytest.mark.skip(reason="slow: run with --run-slow")
+    run_slow = config.getoption("--run-slow")
     for item in items:
         if "torch" in item.keywords and not HAS_TORCH:
             item.add_marker(skip_torch)
+        if "slow" in item.keywords and not run_slow:
+            item.add_marker(skip_slow)
 
 
 @pytest.fixture
