@@ -55,13 +55,14 @@ def test_nodes_are_set_by_the_caller() -> None:
     assert load_topology("localhost", gpus_per_node=6).num_ranks == 6
 
 
-def test_name_resolves_to_repo_folder_and_path_works(repo: Path) -> None:
+def test_name_resolves_to_the_package_presets_and_path_works(repo: Path) -> None:
+    from collsim.topology import PRESET_DIR
+
     by_name = load_topology("dgx_a100")
     by_path = load_topology(repo / "topologies" / "dgx_a100.yaml")
-    assert (
-        by_name.source == by_path.source
-        or Path(by_name.source).resolve() == Path(by_path.source).resolve()
-    )
+    assert Path(by_name.source).resolve() == (PRESET_DIR / "dgx_a100.yaml").resolve()
+    assert Path(by_name.source).read_bytes() == Path(by_path.source).read_bytes()
+    assert by_name.describe() == by_path.describe()
 
 
 def test_paths() -> None:
