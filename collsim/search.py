@@ -32,9 +32,9 @@ from collsim.errors import CollsimWarning, ConfigError, InfeasibleError
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
-    from collsim.engine.result import StepResult
     from collsim.estimate import Estimate
     from collsim.parallel.config import ParallelConfig, TrainingConfig
+    from collsim.schedule.result import StepResult
     from collsim.topology import Topology
     from collsim.workload.model import TransformerSpec
 
@@ -364,7 +364,7 @@ def search_frame(result: SearchResult, *, limit: int | None = None) -> pd.DataFr
     re-simulated ones (NaN otherwise)."""
     import pandas as pd
 
-    from collsim.engine.result import BREAKDOWN_KEYS, MEMORY_KEYS
+    from collsim.schedule.result import BREAKDOWN_KEYS, MEMORY_KEYS
 
     rows = []
     for index, entry in enumerate(result.ranked[:limit] if limit else result.ranked):

@@ -30,8 +30,8 @@ from collsim.errors import CollsimWarning, ConfigError, InfeasibleError
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
-    from collsim.engine.result import StepResult
     from collsim.scenario import Scenario
+    from collsim.schedule.result import StepResult
     from collsim.topology import Topology
 
 __all__ = [

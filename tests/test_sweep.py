@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from collsim.engine.result import StepResult
 from collsim.errors import ConfigError, InfeasibleError
+from collsim.schedule.result import StepResult
 from collsim.sweep import (
     build_points,
     check_overrides,

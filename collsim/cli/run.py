@@ -21,8 +21,8 @@ from collsim.cli.common import OneLineCommand, check_output_path
 from collsim.errors import CollsimWarning, ConfigError, InfeasibleError
 
 if TYPE_CHECKING:
-    from collsim.engine.result import StepResult
     from collsim.scenario import Scenario
+    from collsim.schedule.result import StepResult
     from collsim.topology import Topology
 
 __all__ = ["run", "run_scenario"]

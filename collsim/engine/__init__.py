@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from collsim.engine.result import CollectiveStat, StepResult, TraceEvent
 from collsim.engine.step import prepare_step, simulate_step
+from collsim.schedule.result import CollectiveStat, StepResult, TraceEvent
 
 __all__ = ["simulate_step", "prepare_step", "StepResult", "CollectiveStat", "TraceEvent"]

@@ -1,4 +1,4 @@
-"""Turn a finished engine run into a :class:`~collsim.engine.result.StepResult`.
+"""Turn a finished engine run into a :class:`~collsim.schedule.result.StepResult`.
 
 Step time is the latest end over the simulated ranks; its breakdown is that rank's compute
 stream account (compute, tp_exposed, pp_exposed, dp_exposed, bubble, optimizer), which adds up
@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
-from collsim.engine.result import BREAKDOWN_KEYS, MEMORY_KEYS, CollectiveStat, StepResult
 from collsim.errors import SimulationError
 from collsim.parallel.plan import Plan
+from collsim.schedule.result import BREAKDOWN_KEYS, MEMORY_KEYS, CollectiveStat, StepResult
 from collsim.units import GiB
 
 if TYPE_CHECKING:
@@ -26,12 +26,12 @@ def _collectives(engine: Engine) -> list[CollectiveStat]:
     """Per (axis, op, size, group, algorithm): calls per issuing rank and their link time."""
     merged: dict[tuple[Any, ...], list[Any]] = {}
     ranks_of: dict[tuple[Any, ...], set[int]] = defaultdict(set)
-    for (rank, axis, op, size, n, algo), (count, time_s, busbw) in engine.stats.items():
-        key = (axis, op, size, n, algo)
-        slot = merged.setdefault(key, [0, 0.0, busbw])
-        slot[0] += count
-        slot[1] += time_s
-        ranks_of[key].add(rank)
+    for k, tally in engine.stats.items():
+        key = (k.axis, k.op, k.size_bytes, k.group_size, k.algorithm)
+        slot = merged.setdefault(key, [0, 0.0, tally.busbw_bps])
+        slot[0] += tally.count
+        slot[1] += tally.time_s
+        ranks_of[key].add(k.rank)
     out = []
     for key, (count, time_s, busbw) in sorted(merged.items(), key=lambda kv: kv[0][:2]):
         axis, op, size, n, algo = key

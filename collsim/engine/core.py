@@ -13,91 +13,88 @@ Data-parallel work (model states, buckets, FSDP units, optimizer) is in
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import simpy
 
 from collsim.engine.comm import CommPricer, linked_peers
-from collsim.engine.dataparallel import DataParallelMixin
+from collsim.engine.dataparallel import DataParallel
 from collsim.engine.program import Mail, RankProgram
-from collsim.engine.result import TraceEvent
-from collsim.engine.stage import Segment, StageModel, Step
+from collsim.engine.stats import CallKey, CallStats
 from collsim.engine.streams import CallRecord, GroupStream
 from collsim.errors import SimulationError
-from collsim.parallel.plan import Plan
-from collsim.parallel.schedules import Phase, PipeOp, input_of, stage_schedule
+from collsim.parallel.schedules import Phase, PipeOp, input_of
+from collsim.schedule.build import StepSchedule
+from collsim.schedule.ops import Segment, Step
+from collsim.schedule.result import TraceEvent
 
-__all__ = ["Engine", "RECV_STREAM"]
+__all__ = ["Engine", "EngineOptions", "RECV_STREAM"]
 
 RECV_STREAM = "pp recv"
 """Trace stream of a rank's pipeline receives (the same transfers as the sender's ``pp``
 slices, seen from the receiver; a thread of its own, as receives overlap the rank's sends)."""
 
 
-class Engine(DataParallelMixin):
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineOptions:
+    """How the engine plays a schedule."""
+
+    all_ranks: bool = False
+    """Simulate every rank (else one representative per pipeline stage)."""
+    layer_mode: bool = False
+    """Run every layer step as its own event (TP collectives on the tp stream)."""
+    des_axes: frozenset[str] = frozenset()
+    """Axes whose calls run on the FlowNetwork DES (with peers) instead of the closed form:
+    all of them at layer fidelity, the contended ones under ``auto``; none: every call is
+    priced in closed form (no contention), as the closed form prices it."""
+    trace: bool = False
+    """Record one trace event per op and per communication call."""
+    contended: tuple[str, ...] = ()
+    """The axes found contended (reported in ``StepResult.details``)."""
+    zero_communication: bool = False
+    """Communication is priced at 0 s (reported in the details)."""
+
+
+class Engine:
     """Wires rank programs, streams and mailboxes for one step, and runs it.
 
     Args:
-        plan: the checked plan.
-        stages: the work of each pipeline stage.
+        schedule: the step schedule (what every rank runs).
         pricer: communication pricing.
-        all_ranks: simulate every rank (else one per stage).
-        layer_mode: run every layer step as its own event (TP collectives on the tp stream).
-        des_axes: axes whose calls run on the FlowNetwork DES (with peers) instead of the
-            closed form: all of them at layer fidelity, the contended ones under ``auto``.
-        trace: record one trace event per op and per communication call.
-        optimizer_time: ``(local_params, on_cpu) -> seconds`` of the optimizer step for
-            ``local_params`` parameters on the GPU (or the CPU, with offload).
-        bytes_per: dict with ``param``, ``grad``, ``optimizer`` bytes per parameter and
-            ``activation`` bytes per element.
-        host_bps: GPU <-> host memory bandwidth (bytes/s), for offload copies.
+        options: how to play it.
         env: the simulation environment (a new one by default).
-        contended: the axes found contended (reported in ``StepResult.details``).
-        zero_communication: communication is priced at 0 s (reported in the details).
     """
 
     def __init__(
         self,
-        plan: Plan,
-        stages: dict[int, StageModel],
+        schedule: StepSchedule,
         pricer: CommPricer,
+        options: EngineOptions,
         *,
-        all_ranks: bool,
-        layer_mode: bool,
-        trace: bool,
-        des_axes: frozenset[str] = frozenset(),
-        optimizer_time: Callable[[float, bool], float],
-        bytes_per: dict[str, float],
-        host_bps: float,
         env: simpy.Environment | None = None,
-        contended: Sequence[str] = (),
-        zero_communication: bool = False,
     ) -> None:
+        plan = schedule.plan
+        self.schedule = schedule
         self.plan = plan
+        self.options = options
         self.env = env if env is not None else simpy.Environment()
         pricer.env = self.env
-        self.stages = stages
+        self.stages = schedule.stages
         self.pricer = pricer
-        self.all_ranks = all_ranks
-        self.layer_mode = layer_mode
-        self.des_axes = des_axes
-        self.trace_on = trace
-        self.optimizer_time = optimizer_time
-        self.bytes_per = bytes_per
-        self.host_bps = host_bps
-        self.contended = list(contended)
-        self.zero_communication = zero_communication
-        self._p2p_cached: float | None = None
-        par = plan.parallel
-        self.zero = par.zero
-        self.prefetch = par.fsdp.prefetch
-        self.offload = par.zero == 3 and par.fsdp.offload
+        self.all_ranks = options.all_ranks
+        self.layer_mode = options.layer_mode
+        self.des_axes = options.des_axes
+        self.trace_on = options.trace
+        self.contended = list(options.contended)
+        self.zero_communication = options.zero_communication
+        self.zero = schedule.dp.zero
+        self.prefetch = schedule.dp.prefetch
+        self.dp = DataParallel(plan, schedule.dp, self, self.env)
         self.trace_events: list[TraceEvent] = []
-        self.stats: dict[tuple[Any, ...], list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
+        self.stats = CallStats()
         self.mail: dict[tuple[int, Phase, int, int], Mail] = {}
-        if all_ranks:
+        if self.all_ranks:
             ranks = list(range(plan.num_gpus))
         else:
             ranks = [plan.rank(dp=0, pp=s, tp=0) for s in range(plan.pp)]
@@ -106,14 +103,9 @@ class Engine(DataParallelMixin):
         self.programs: dict[int, RankProgram] = {}
         for rank in ranks:
             s = plan.coords(rank).pp
-            ops = stage_schedule(
-                par.schedule,
-                num_stages=plan.pp,
-                num_microbatches=plan.num_microbatches,
-                stage=s,
-                virtual_stages=plan.virtual_stages,
+            self.programs[rank] = RankProgram(
+                self, rank, self.stages[s], list(schedule.pipeline[s])
             )
-            self.programs[rank] = RankProgram(self, rank, stages[s], ops)
         self._tp_cache: dict[tuple[int, str, float], float] = {}
         self._p2p_peers: dict[tuple[int, int], list[tuple[int, ...]]] = {}
         self._peers: dict[tuple[int, str], list[tuple[int, ...]]] = {}
@@ -121,7 +113,6 @@ class Engine(DataParallelMixin):
         self._groups: dict[tuple[int, str], tuple[int, ...]] = {}
         self._seg_tp: dict[tuple[int, int], float] = {}
         self.seg_runs: dict[tuple[int, int], list[Any]] = {}
-        self.unit_events: dict[tuple[int, int, Any], simpy.Event] = {}
 
     # ---- groups, peers and streams ----------------------------------------------------------
     def group(self, rank: int, axis: str) -> tuple[int, ...]:
@@ -170,11 +161,10 @@ class Engine(DataParallelMixin):
             busbw = float(getattr(result, "busbw_bps", args.get("busbw_bps", 0.0)))
             duration = record.end_s - record.start_s
             for m in members:
-                key = (m, axis, args["op"], args["size_bytes"], args["group_size"], algorithm)
-                stat = self.stats[key]
-                stat[0] += 1
-                stat[1] += duration
-                stat[2] = busbw
+                key = CallKey(
+                    m, axis, args["op"], args["size_bytes"], args["group_size"], algorithm
+                )
+                self.stats.add(key, duration, busbw)
                 if self.trace_on:
                     self.add_trace(m, axis, record.name, record.start_s, record.end_s, args)
 
@@ -185,7 +175,15 @@ class Engine(DataParallelMixin):
     ) -> None:
         self.trace_events.append(TraceEvent(rank, stream, name, start, end, dict(args)))
 
-    def _call(
+    def pair_peers(
+        self, pair: tuple[int, int], peers: list[tuple[int, ...]]
+    ) -> list[tuple[int, ...]]:
+        """Peers of a pair on the pp axis that share its links (none unless pp is on the DES)."""
+        if self.all_ranks or "pp" not in self.des_axes:
+            return []
+        return linked_peers(self.plan.topology, pair, peers)
+
+    def call(
         self,
         rank: int,
         axis: str,
@@ -305,19 +303,15 @@ class Engine(DataParallelMixin):
             for step in (st for seg in segs for st in seg.steps):
                 if step.op:
                     cost = self.pricer.cost(step.op, step.size_bytes, group)
-                    stat = self.stats[
-                        (rank, "tp", step.op, step.size_bytes, len(group), cost.algorithm)
-                    ]
-                    stat[0] += runs
-                    stat[1] += runs * cost.time_s
-                    stat[2] = cost.busbw_bps
+                    key = CallKey(rank, "tp", step.op, step.size_bytes, len(group), cost.algorithm)
+                    self.stats.add(key, runs * cost.time_s, cost.busbw_bps, count=runs)
         self.seg_runs.clear()
 
     def tp_call(
         self, prog: RankProgram, op: str, size: float, name: str | None = None
     ) -> simpy.Event:
         group = self.group(prog.rank, "tp")
-        return self._call(
+        return self.call(
             prog.rank, "tp", op, size, group, name or f"{op} tp", peers=self.peers(prog.rank, "tp")
         )
 
@@ -352,10 +346,8 @@ class Engine(DataParallelMixin):
         size = self._p2p_size * self.plan.tp
         group = self.group(prog.rank, "tp")
         cost = self.pricer.cost("all_gather", size, group)
-        stat = self.stats[(prog.rank, "tp", "all_gather", size, len(group), cost.algorithm)]
-        stat[0] += 1
-        stat[1] += cost.time_s
-        stat[2] = cost.busbw_bps
+        key = CallKey(prog.rank, "tp", "all_gather", size, len(group), cost.algorithm)
+        self.stats.add(key, cost.time_s, cost.busbw_bps)
         if self.trace_on:
             now = self.env.now
             self.add_trace(
@@ -407,21 +399,8 @@ class Engine(DataParallelMixin):
 
     @property
     def _p2p_size(self) -> float:
-        size = self._p2p_cached
-        if size is None:
-            size = self._p2p_cached = self.p2p_bytes()
-        return size
-
-    def p2p_bytes(self) -> float:
         """Per TP rank: b s h / t activations (Megatron's scatter-gather of pipeline sends)."""
-        spec, tr = self.plan.spec, self.plan.training
-        return (
-            tr.micro_batch
-            * spec.seq_len
-            * spec.hidden
-            * self.bytes_per["activation"]
-            / self.plan.tp
-        )
+        return self.schedule.p2p_bytes
 
     def send_output(self, prog: RankProgram, op: PipeOp) -> None:
         dest = self._dest(prog.rank, op)
@@ -452,7 +431,7 @@ class Engine(DataParallelMixin):
             if self.trace_on
             else "send"
         )
-        done = self._call(src, "pp", "send_recv", size, (src, dst), name, peers=peers)
+        done = self.call(src, "pp", "send_recv", size, (src, dst), name, peers=peers)
         mail = self._mailbox(dst, dst_op)
         mail.produced_s = self.env.now
         mail.size_bytes = size

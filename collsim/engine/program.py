@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING, Any
 
 import simpy
 
-from collsim.engine.memory import MemoryEvent, MemoryLedger
-from collsim.engine.stage import ChunkModel, Segment, StageModel
 from collsim.parallel.fsdp import issue_schedule
 from collsim.parallel.schedules import Phase, PipeOp
+from collsim.schedule.memory import MemoryEvent, MemoryLedger
+from collsim.schedule.ops import ChunkModel, Segment, StageModel
 
 if TYPE_CHECKING:
     from collsim.engine.core import Engine
@@ -115,7 +115,7 @@ class RankProgram:
     # ---- the process ------------------------------------------------------------------------
     def run(self) -> Any:
         e, env = self.e, self.env
-        e.allocate_states(self)
+        e.dp.allocate_states(self)
         acct = self.acct
         by_segment = e.zero == 3 or e.layer_mode
         chunks = self.stage.chunks
@@ -163,24 +163,24 @@ class RankProgram:
                     chunk=op.chunk,
                 )
             e.send_output(self, op)
-        e.launch_deferred(self)
+        e.dp.launch_deferred(self)
         # wait for every gradient reduction, then the optimizer step
         pending = [ev for ev in self.dp_events if not ev.processed]
         if pending:
             t0 = env.now
             yield env.all_of(pending)
             self.acct["dp_exposed"] += env.now - t0
-        sync = e.embedding_sync(self)
+        sync = e.dp.embedding_sync(self)
         if sync is not None:
             t0 = env.now
             yield sync
             self.acct["pp_exposed"] += env.now - t0
         t0 = env.now
-        yield env.timeout(e.optimizer_s(self))
+        yield env.timeout(e.schedule.optimizer_s[self.coords.pp])
         self.acct["optimizer"] += env.now - t0
         if e.trace_on:
             self._trace("compute", "optimizer", t0, env.now)
-        last = e.after_optimizer(self)
+        last = e.dp.after_optimizer(self)
         if last is not None:
             t0 = env.now
             yield last
@@ -232,9 +232,9 @@ class RankProgram:
                 for rel, delta, kind, key in plan.mem
             ]
         )
-        if plan.buckets and e.zero in (0, 1, 2) and e.reduces_in(mb):
+        if plan.buckets and e.dp.rules.uses_buckets and e.dp.rules.reduces_in(mb):
             for bucket, rel in plan.buckets:
-                e.launch_bucket(self, op, chunk, bucket, t0 + rel)
+                e.dp.launch_bucket(self, op, chunk, bucket, t0 + rel)
         e.count_op(self.rank, plan)
         if e.trace_on:
             self._trace_tp(plan.segs, t0, (c, op.phase))
@@ -251,11 +251,12 @@ class RankProgram:
             seg.transient_bytes,
             ("recompute", seg.key, op.microbatch, op.chunk),
         )
-        if self.e.zero in (0, 1, 2) and self.e.reduces_in(op.microbatch):
+        rules = self.e.dp.rules
+        if rules.uses_buckets and rules.reduces_in(op.microbatch):
             off, gdur = self._grad_window(seg)
             for bucket in chunk.buckets:
                 if bucket.ready_segment == seg.key:
-                    self.e.launch_bucket(
+                    self.e.dp.launch_bucket(
                         self, op, chunk, bucket, start + off + bucket.ready_fraction * gdur
                     )
 
@@ -281,8 +282,8 @@ class RankProgram:
         for i, seg in enumerate(segs):
             if issue is not None:
                 for j in issue[i]:
-                    e.gather_unit(self, op, chunk, segs[j])
-                ev = e.unit_ready(self, op, chunk, seg)
+                    e.dp.gather_unit(self, op, chunk, segs[j])
+                ev = e.dp.unit_ready(self, chunk, seg)
                 if ev is not None and not ev.processed:
                     t0 = env.now
                     yield ev
@@ -324,4 +325,4 @@ class RankProgram:
                     segment=seg.key,
                 )
             if issue is not None:
-                e.release_unit(self, op, chunk, seg)
+                e.dp.release_unit(self, op, chunk, seg)

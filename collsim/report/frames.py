@@ -1,7 +1,7 @@
 """Results as tidy pandas frames, one fact per row, units in the column names.
 
 Sweeps, searches, plots and the CLI read simulated steps through these functions, never through
-the :class:`~collsim.engine.result.StepResult` fields directly, so that a CSV written by
+the :class:`~collsim.schedule.result.StepResult` fields directly, so that a CSV written by
 ``collsim sweep -o`` can be plotted again later by ``collsim plot`` without re-simulating.
 
 Column conventions (STYLE.md section 7): ``*_s`` seconds, ``*_bytes`` bytes, ``*_bps`` bytes per
@@ -21,8 +21,8 @@ from typing import Any
 
 import pandas as pd
 
-from collsim.engine.result import BREAKDOWN_KEYS, MEMORY_KEYS, StepResult
 from collsim.errors import ConfigError
+from collsim.schedule.result import BREAKDOWN_KEYS, MEMORY_KEYS, StepResult
 
 __all__ = [
     "BREAKDOWN_COLUMNS",

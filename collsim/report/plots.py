@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from collsim.engine.result import BREAKDOWN_KEYS, MEMORY_KEYS, StepResult
 from collsim.errors import ConfigError
+from collsim.schedule.result import BREAKDOWN_KEYS, MEMORY_KEYS, StepResult
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd

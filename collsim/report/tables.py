@@ -14,7 +14,7 @@ import math
 import textwrap
 from collections.abc import Sequence
 
-from collsim.engine.result import BREAKDOWN_KEYS, MEMORY_KEYS, CollectiveStat, StepResult
+from collsim.schedule.result import BREAKDOWN_KEYS, MEMORY_KEYS, CollectiveStat, StepResult
 from collsim.units import GB, GiB, format_size
 
 __all__ = [

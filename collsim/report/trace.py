@@ -30,8 +30,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from collsim.engine.result import StepResult, TraceEvent
 from collsim.errors import ConfigError
+from collsim.schedule.result import StepResult, TraceEvent
 
 __all__ = ["STREAM_TIDS", "to_chrome_trace", "write_trace"]
 

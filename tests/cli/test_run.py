@@ -18,7 +18,6 @@ from click.testing import CliRunner
 
 import collsim.cli.run as run_mod
 from collsim.cli import cli, main
-from collsim.engine.result import BREAKDOWN_KEYS, MEMORY_KEYS, CollectiveStat, StepResult
 from collsim.errors import CollsimWarning, ConfigError
 from collsim.parallel.plan import build_plan
 from collsim.report.tables import (
@@ -28,6 +27,7 @@ from collsim.report.tables import (
     memory_verdict,
     merge_collectives,
 )
+from collsim.schedule.result import BREAKDOWN_KEYS, MEMORY_KEYS, CollectiveStat, StepResult
 from collsim.units import GB, GiB
 
 REPO = Path(__file__).resolve().parents[2]

@@ -7,9 +7,9 @@ import json
 import pytest
 
 from collsim.engine import simulate_step
-from collsim.engine.result import BREAKDOWN_KEYS, MEMORY_KEYS
 from collsim.errors import ConfigError
 from collsim.parallel.config import ParallelConfig, TrainingConfig
+from collsim.schedule.result import BREAKDOWN_KEYS, MEMORY_KEYS
 
 from .conftest import topology
 

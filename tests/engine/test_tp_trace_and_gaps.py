@@ -191,9 +191,12 @@ def test_vocab_parallel_loss_all_reduces_on_the_last_stage_only(small_spec) -> N
     loss_size = 2 * small_spec.seq_len * 4.0  # micro-batch x seq fp32
     for rank in (0, 2):
         calls = sum(
-            v[0]
+            v.count
             for k, v in engine.stats.items()
-            if k[0] == rank and k[1] == "tp" and k[2] == "all_reduce" and k[3] == loss_size
+            if k.rank == rank
+            and k.axis == "tp"
+            and k.op == "all_reduce"
+            and k.size_bytes == loss_size
         )
         assert calls == (3 * m if rank == 2 else 0)
     no_tp = simulate_step(

@@ -6,7 +6,6 @@ import math
 
 import pytest
 
-from collsim.engine.result import TraceEvent
 from collsim.errors import ConfigError
 from collsim.report.frames import (
     RESULT_COLUMNS,
@@ -17,6 +16,7 @@ from collsim.report.frames import (
     results_frame,
     trace_frame,
 )
+from collsim.schedule.result import TraceEvent
 
 
 def test_result_record_flattens_every_field(result_factory) -> None:

@@ -7,8 +7,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from collsim.engine.result import TraceEvent
 from collsim.report.trace import STREAM_TIDS, to_chrome_trace, write_trace
+from collsim.schedule.result import TraceEvent
 
 
 def check_chrome_trace(data: dict[str, Any]) -> list[dict[str, Any]]:

@@ -14,8 +14,8 @@ from itertools import accumulate
 from operator import itemgetter
 from typing import Any, NamedTuple
 
-from collsim.engine.result import MEMORY_KEYS
 from collsim.errors import SimulationError
+from collsim.schedule.result import MEMORY_KEYS
 
 __all__ = ["MemoryEvent", "MemoryLedger", "MemoryPeak"]
 

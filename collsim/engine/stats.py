@@ -1,0 +1,58 @@
+"""Per-call statistics of a run: how often each collective ran and for how long.
+
+A typed accumulator in place of positional lists: one :class:`CallTally` per
+(issuing rank, axis, op, size, group size, algorithm).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+__all__ = ["CallKey", "CallStats", "CallTally"]
+
+
+@dataclass(frozen=True, slots=True)
+class CallKey:
+    rank: int
+    axis: str
+    op: str
+    size_bytes: float
+    group_size: int
+    algorithm: str
+
+
+@dataclass(slots=True)
+class CallTally:
+    count: int = 0
+    time_s: float = 0.0
+    busbw_bps: float = 0.0
+
+
+class CallStats:
+    """Tallies by :class:`CallKey`."""
+
+    def __init__(self) -> None:
+        self._tallies: dict[CallKey, CallTally] = {}
+
+    def add(
+        self,
+        key: CallKey,
+        time_s: float,
+        busbw_bps: float,
+        *,
+        count: int = 1,
+    ) -> None:
+        """Record ``count`` calls of ``key`` lasting ``time_s`` in all."""
+        tally = self._tallies.get(key)
+        if tally is None:
+            tally = self._tallies[key] = CallTally()
+        tally.count += count
+        tally.time_s += time_s
+        tally.busbw_bps = busbw_bps
+
+    def items(self) -> Iterator[tuple[CallKey, CallTally]]:
+        return iter(self._tallies.items())
+
+    def __len__(self) -> int:
+        return len(self._tallies)

@@ -1,0 +1,244 @@
+"""The step schedule: built once per plan, played by the engine and walked by the closed form.
+
+:func:`build_schedule` turns (topology, model, training, parallel) into a
+:class:`StepSchedule`: per symmetry class (a pipeline stage; every TP rank and DP replica of a
+stage runs the same program) the typed operations a rank runs, as data:
+
+- ``stages[s]``: the stage's model chunks, each a list of forward and backward segments
+  (embedding, layers, head) whose steps are compute (seconds, from the workload's compute
+  model) or blocking tensor-parallel collectives (op, bytes, what compute they overlap);
+  the chunk's parameter tensors, DDP buckets (ready at a fraction of a backward segment) and
+  FSDP units (:mod:`collsim.schedule.ops`);
+- ``pipeline[s]``: the order of (phase, micro-batch, chunk) ops on the stage's compute stream
+  (GPipe / 1F1B / interleaved, :func:`collsim.parallel.schedules.stage_schedule`); an op waits
+  for its input from the neighbouring stage (:func:`collsim.parallel.schedules.input_of`);
+- ``dp``: the data-parallel rules (:class:`~collsim.schedule.dataparallel.DataParallelRules`):
+  which collectives each micro-batch's backward issues, when, and what memory they hold;
+- ``optimizer_s[s]``, ``p2p_bytes``: the optimizer step of the stage and the pipeline message.
+
+Both fidelities read only this object: the SimPy engine plays it on streams with shared links
+(:mod:`collsim.engine`), the closed form walks it with the same rules and closed-form
+collective costs (:mod:`collsim.estimate`). On an uncontended network they agree (a test).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from collsim.parallel.config import Dtype, ParallelConfig, TrainingConfig
+from collsim.parallel.plan import Plan, build_plan
+from collsim.parallel.schedules import PipeOp, stage_schedule
+from collsim.schedule.dataparallel import BytesPer, DataParallelRules
+from collsim.schedule.ops import BlockTimes, StageModel, build_stage
+
+if TYPE_CHECKING:
+    from collsim.hardware import Device
+    from collsim.topology import Topology
+    from collsim.workload.compute import ComputeModel, LayerTimes
+    from collsim.workload.model import TransformerSpec
+
+__all__ = ["BLOCK_OVERRIDE_KEYS", "StepSchedule", "build_schedule", "bytes_per"]
+
+BLOCK_OVERRIDE_KEYS = (
+    "layer.forward",
+    "layer.backward",
+    "layer.recompute",
+    "embedding.forward",
+    "embedding.backward",
+    "head.forward",
+    "head.backward",
+    "optimizer",
+)
+"""Override keys for whole blocks (seconds per micro-batch; optimizer: per step). Any other key
+is an op name of the workload (``qkv_proj``, ``softmax.backward``, ...)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepSchedule:
+    """What every simulated rank of one step runs (see the module docstring)."""
+
+    plan: Plan
+    stages: dict[int, StageModel]
+    """Per pipeline stage: chunks, segments, tensors, buckets, units."""
+    pipeline: dict[int, tuple[PipeOp, ...]]
+    """Per pipeline stage: the ops of its compute stream, in order."""
+    dp: DataParallelRules
+    optimizer_s: dict[int, float]
+    """Per pipeline stage: seconds of the optimizer step (on the CPU with offload)."""
+    p2p_bytes: float
+    """One pipeline message per TP rank: b s h / t activations (Megatron's scatter-gather)."""
+    layer: BlockTimes
+    embedding: BlockTimes
+    head: BlockTimes
+    compute: ComputeModel
+
+    @property
+    def num_microbatches(self) -> int:
+        return self.plan.num_microbatches
+
+
+def bytes_per(training: TrainingConfig) -> BytesPer:
+    """Bytes per parameter (ZeRO paper, mixed-precision Adam K = 12) and per activation."""
+    from collsim.workload.ops import activation_element_bytes
+
+    dtype = Dtype(training.dtype)
+    adam = str(training.optimizer) == "adam"
+    if dtype is not Dtype.FP32:
+        param = grad = 2.0
+        opt = 12.0 if adam else 8.0
+    else:
+        param = grad = 4.0
+        opt = 8.0 if adam else 4.0
+    return BytesPer(
+        param=param,
+        grad=grad,
+        optimizer=opt,
+        activation=float(activation_element_bytes(dtype.value)),
+    )
+
+
+def _blocks(
+    plan: Plan, device: Device, overrides: dict[str, float]
+) -> tuple[BlockTimes, BlockTimes, BlockTimes, ComputeModel]:
+    """Seconds of one layer, the embedding and the head per micro-batch (compute model or
+    overrides), with the dgrad time of their column-parallel linears."""
+    from collsim.workload.compute import ComputeModel
+
+    op_over = {k: v for k, v in overrides.items() if k not in BLOCK_OVERRIDE_KEYS}
+    model = ComputeModel(device, str(plan.training.dtype), overrides=op_over)
+    mb, tp, sp = plan.training.micro_batch, plan.tp, plan.parallel.sequence_parallel
+    lt = model.layer_times(
+        plan.spec,
+        micro_batch=mb,
+        tp=tp,
+        sequence_parallel=sp,
+        recompute=str(plan.training.recompute),
+    )
+    et = model.embedding_times(plan.spec, micro_batch=mb, tp=tp, sequence_parallel=sp)
+    ht = model.head_times(plan.spec, micro_batch=mb, tp=tp, sequence_parallel=sp)
+
+    def pick(key: str, value: float) -> float:
+        return float(overrides.get(key, value))
+
+    def dgrad(times: LayerTimes, names: tuple[str, ...], backward_s: float) -> tuple[float, ...]:
+        """Half the backward of each named linear (its dgrad GEMM: 2 of its 4 backward FLOPs
+        per weight element), scaled like the block when a block override replaced it."""
+        scale = backward_s / times.backward_s if times.backward_s > 0 else 0.0
+        by_name = {o.name: o.time_s for o in times.ops if o.phase == "backward"}
+        return tuple(by_name.get(n, 0.0) / 2 * scale for n in names)
+
+    layer_bwd = pick("layer.backward", lt.backward_s)
+    head_bwd = pick("head.backward", ht.backward_s)
+    layer = BlockTimes(
+        pick("layer.forward", lt.forward_s),
+        layer_bwd,
+        pick("layer.recompute", lt.recompute_s),
+        lt.activation_bytes,
+        lt.transient_bytes,
+        column_dgrad_s=dgrad(lt, ("mlp_up", "qkv_proj"), layer_bwd),
+    )
+    emb = BlockTimes(
+        pick("embedding.forward", et.forward_s),
+        pick("embedding.backward", et.backward_s),
+        0.0,
+        et.activation_bytes,
+    )
+    head = BlockTimes(
+        pick("head.forward", ht.forward_s),
+        head_bwd,
+        0.0,
+        ht.activation_bytes,
+        column_dgrad_s=dgrad(ht, ("lm_head",), head_bwd),
+    )
+    return layer, emb, head, model
+
+
+def _optimizer_s(
+    plan: Plan,
+    stage: StageModel,
+    model: ComputeModel,
+    overrides: dict[str, float],
+    cpu: list[ComputeModel],
+) -> float:
+    """The optimizer step over the parameters this rank updates (its ZeRO shard); on the CPU
+    with FSDP offload (``cpu`` caches the CPU compute model)."""
+    if "optimizer" in overrides:
+        return float(overrides["optimizer"])
+    par = plan.parallel
+    local = stage.numel / (plan.dp if par.zero >= 1 else 1)
+    optimizer = str(plan.training.optimizer)
+    if par.zero == 3 and par.fsdp.offload:
+        if not cpu:
+            from collsim.hardware import get_device
+            from collsim.workload.compute import ComputeModel
+
+            cpu.append(ComputeModel(get_device("cpu"), "fp32"))
+        return cpu[0].optimizer_time_s(local, optimizer)
+    return model.optimizer_time_s(local, optimizer)
+
+
+def build_schedule(
+    topology: Topology,
+    spec: TransformerSpec,
+    training: TrainingConfig,
+    parallel: ParallelConfig,
+    *,
+    op_time_overrides: dict[str, float] | None = None,
+    plan: Plan | None = None,
+) -> StepSchedule:
+    """The step schedule of a plan (see the module docstring).
+
+    Args:
+        topology, spec, training, parallel: the scenario.
+        op_time_overrides: measured seconds by workload op name or by block
+            (:data:`BLOCK_OVERRIDE_KEYS`).
+        plan: an already checked plan of the same arguments (skips :func:`build_plan`).
+
+    Raises:
+        ConfigError: the plan does not match the model or the cluster (see build_plan).
+    """
+    if plan is None:
+        plan = build_plan(topology, spec, training, parallel)
+    overrides = dict(op_time_overrides or {})
+    layer, emb, head, model = _blocks(plan, topology.device, overrides)
+    per = bytes_per(training)
+    stages = {
+        s: build_stage(
+            plan,
+            s,
+            layer=layer,
+            embedding=emb,
+            head=head,
+            grad_bytes=int(per.grad),
+            act_element_bytes=int(per.activation),
+        )
+        for s in range(plan.pp)
+    }
+    pipeline = {
+        s: tuple(
+            stage_schedule(
+                parallel.schedule,
+                num_stages=plan.pp,
+                num_microbatches=plan.num_microbatches,
+                stage=s,
+                virtual_stages=plan.virtual_stages,
+            )
+        )
+        for s in range(plan.pp)
+    }
+    cpu: list[ComputeModel] = []
+    optimizer_s = {s: _optimizer_s(plan, st, model, overrides, cpu) for s, st in stages.items()}
+    p2p = training.micro_batch * spec.seq_len * spec.hidden * per.activation / plan.tp
+    return StepSchedule(
+        plan=plan,
+        stages=stages,
+        pipeline=pipeline,
+        dp=DataParallelRules.from_plan(plan, per, host_bps=float(topology.host_bandwidth_bps)),
+        optimizer_s=optimizer_s,
+        p2p_bytes=float(p2p),
+        layer=layer,
+        embedding=emb,
+        head=head,
+        compute=model,
+    )
