@@ -1,85 +1,480 @@
-"""Closed-form step time and memory of a parallel plan, for ranking plans in a search.
+"""The closed form of a step: the schedule walked as a critical path, without SimPy.
 
-The estimate is a sum of named parts, in the decomposition of Narayanan et al. 2021
-("Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", SC21,
-sections 2-3) and of Calculon (Isaev et al. 2023, ``get_total_time``: compute + exposed TP / PP /
-DP communication + bubble + optimizer):
+The engine plays a :class:`~collsim.schedule.StepSchedule` on SimPy streams; this module walks
+the same schedule with the same rules and closed-form collective costs
+(:class:`~collsim.schedule.pricing.ClosedPricer`: each group alone on its links). Every time is
+a max-plus expression over the schedule's dependencies, in the manner of Calculon's sum of named
+parts (Isaev et al. 2023, ``get_total_time``) but over the real op order:
 
-- **compute** = m x (t_f + t_b) of the slowest pipeline stage, where t_f and t_b are one
-  micro-batch's forward and backward (+ recompute) through the stage's layers, from the
-  workload layer's roofline :class:`~collsim.workload.ComputeModel`; the first stage adds the
-  embedding, the last the LM head and loss.
-- **bubble** = (p - 1) / v x (t_f + t_b) (GPipe and 1F1B: v = 1; interleaved 1F1B with v model
-  chunks per stage divides it by v; Narayanan 2021 section 2.2).
-- **tp_exposed**: Megatron TP does 2 all-reduces of s b h activations per layer in forward and 2
-  in backward (+2 in a fully recomputed forward); with sequence parallelism each becomes a
-  reduce-scatter + all-gather (Korthikanti 2022). They block compute, so all of it is exposed.
-- **pp_exposed**: 2 point-to-point sends of s b h / t bytes (Megatron's scatter-gather over TP)
-  per micro-batch and model chunk, blocking in 1F1B, plus 2 (p - 1) on the fill and drain.
-- **dp_exposed**: gradients of the stage's parameters (the dtype's bytes each): all-reduce in
-  buckets for DDP (ZeRO-0), reduce-scatter in buckets + all-gather of the updated parameters for
-  ZeRO-1/2, and per micro-batch all-gather (forward and backward) + reduce-scatter for ZeRO-3.
-  Bucketed gradient traffic overlaps the backward of the last micro-batch when
-  ``ddp.overlap`` (all but the last bucket can hide); ZeRO-3 traffic of each layer overlaps
-  the compute of the layer before it (prefetch), forward and backward separately, and only
-  what exceeds it is exposed.
-- **optimizer** = the memory-bound optimizer step over the parameters this GPU updates.
+- a rank's compute stream runs its pipeline ops in order; an op starts at
+  ``max(stream free, input delivered)`` where the input of a forward (backward) is the previous
+  (next) stage's op, sent on the producer's pp stream at ``max(op end, pp stream free)`` and
+  lasting the send's closed form; a wait before the producer ended counts as ``bubble``, after
+  it as ``pp_exposed``; the receiving TP group's all-gather (Megatron's scatter-gather) adds to
+  ``pp_exposed``;
+- an op lasts its segments' compute plus their blocking TP collectives (``tp_exposed``; a
+  collective overlapped with a dgrad GEMM is exposed only beyond it);
+- DDP / ZeRO-1/2 buckets enter the dp stream at their ready time (a fraction of the backward
+  segment that produces their last gradient) and run one after another; ZeRO-3 gathers units
+  ``prefetch`` ahead at segment starts, a segment waits for its unit (``dp_exposed``) and its
+  gradient is reduce-scattered after its backward;
+- after the last op: deferred buckets (no overlap), the wait for every dp call
+  (``dp_exposed``), the tied-embedding all-reduce between the first and last stage (both wait
+  for each other, ``pp_exposed``), the optimizer, the ZeRO-1/2 parameter all-gathers.
 
-Every collective is timed by the closed form of :func:`collsim.collectives.cost` on the real
-ranks of the group (TP innermost, then PP, then DP, as the engine maps them), so NVLink vs
-network and hierarchical algorithms come from the topology.
-
-Memory per GPU (first stage, the one holding the most activations): model states from the ZeRO
-table (:func:`collsim.workload.model_state_bytes`), activations per layer from Korthikanti 2022
-(:func:`collsim.workload.activation_bytes_per_layer`) x layers per stage x micro-batches in
-flight (GPipe m, 1F1B min(p, m), interleaved p (1 + (p - 1) / (p v)); Narayanan 2021 section
-2.2.2), plus the full-recompute rebuild of one layer, ZeRO-3 gathered units and DDP buckets.
-
-The estimate ignores contention between concurrent collectives, link sharing between TP, PP and
-DP traffic, stragglers and the memory timeline: the discrete-event engine re-simulates the best
-plans for that.
+Memory is the same ledger of allocations and frees the engine keeps (states at time 0,
+activations at segment ends, recompute buffers, gathered units, gradient and pipeline buffers),
+so peak memory is identical; step times agree with the engine whenever the engine prices every
+call in closed form (``--fidelity fused`` with nothing contended; a test checks every shipped
+scenario and generated plans). What this form cannot see: links shared by concurrent groups
+(the engine's DES axes), stragglers, and the all-ranks rendezvous.
 """
 
 from __future__ import annotations
 
-import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from collsim.errors import InfeasibleError
+from collsim.errors import SimulationError
+from collsim.parallel.fsdp import issue_schedule
+from collsim.parallel.plan import ParallelAxis, RankCoords
+from collsim.parallel.schedules import Phase, PipeOp, input_of
+from collsim.schedule.assemble import assemble
+from collsim.schedule.memory import MemoryLedger
+from collsim.schedule.ops import ChunkModel, Segment, Step
+from collsim.schedule.pricing import ClosedPricer
+from collsim.schedule.result import BREAKDOWN_KEYS, StepResult, TraceEvent
+from collsim.schedule.stats import CallKey, CallStats, CallTally
 
-if TYPE_CHECKING:  # pragma: no cover
+if TYPE_CHECKING:
     from collsim.parallel.config import ParallelConfig, TrainingConfig
+    from collsim.schedule.build import StepSchedule
     from collsim.topology import Topology
     from collsim.workload.model import TransformerSpec
 
-__all__ = ["Estimate", "Estimator", "estimate_step"]
+__all__ = ["Estimator", "estimate_step", "walk"]
 
-_MB_TORCH = float(1 << 20)  # torch's bucket_cap_mb counts MiB
+TP, PP, DP = ParallelAxis.TP, ParallelAxis.PP, ParallelAxis.DP
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Estimate:
-    """Closed-form figures of one plan (seconds, bytes, FLOP/s)."""
+@dataclass(slots=True)
+class _Rank:
+    """One walked rank: its streams' free times, account and ledger."""
 
-    step_time_s: float
-    breakdown_s: dict[str, float]
-    """compute, tp_exposed, pp_exposed, dp_exposed, bubble, optimizer (sum = step time)."""
-    memory_bytes: dict[str, float]
-    """parameters, gradients, optimizer, activations, buffers on the first-stage GPU."""
-    memory_peak_bytes: float
-    memory_capacity_bytes: float
-    fits: bool
-    num_gpus: int
-    num_microbatches: int
-    tokens_per_s: float
-    model_tflops_per_gpu: float
-    mfu: float
-    details: dict[str, Any] = field(default_factory=dict)
+    rank: int
+    coords: RankCoords
+    ledger: MemoryLedger
+    acct: dict[str, float] = field(default_factory=lambda: dict.fromkeys(BREAKDOWN_KEYS, 0.0))
+    now: float = 0.0
+    end_s: float = 0.0
+    next_op: int = 0
+    pp_free: float = 0.0
+    dp_free: float = 0.0
+    dp_last_end: float = 0.0
+    deferred: list[tuple[PipeOp, ChunkModel, float]] = field(default_factory=list)
+    gathered: dict[tuple[int, str | int], float] = field(default_factory=dict)
+    """ZeRO-3 units gathered or in flight: (chunk, unit) -> when the gather ends."""
+
+
+@dataclass(slots=True)
+class _Mail:
+    produced_s: float
+    delivered_s: float
+    size_bytes: float
+
+
+class _Walk:
+    """The closed-form walk of one schedule (representative rank per stage)."""
+
+    def __init__(self, schedule: StepSchedule, pricer: ClosedPricer) -> None:
+        self.s = schedule
+        self.plan = schedule.plan
+        self.rules = schedule.dp
+        self.pricer = pricer
+        self.stats = CallStats()
+        self.des_axes: frozenset[str] = frozenset()
+        self.trace_events: list[TraceEvent] = []
+        plan = self.plan
+        self.programs: dict[int, _Rank] = {}
+        for st in range(plan.pp):
+            r = plan.rank(dp=0, pp=st, tp=0)
+            self.programs[r] = _Rank(r, plan.coords(r), MemoryLedger(r))
+        self.by_stage = {p.coords.pp: p for p in self.programs.values()}
+        self.mail: dict[tuple[int, Phase, int, int], _Mail] = {}
+        self._groups: dict[tuple[int, str], tuple[int, ...]] = {}
+        self._seg_tp: dict[tuple[int, int], float] = {}
+        self._op_plans: dict[tuple[int, int, Phase], _OpPlan] = {}
+        self.gather_pp = plan.tp > 1 and not plan.parallel.sequence_parallel
+        self._runs: dict[tuple[int, int], list[Any]] = {}
+
+    def stat_items(self) -> Iterator[tuple[CallKey, CallTally]]:
+        return self.stats.items()
+
+    # ---- prices -------------------------------------------------------------------------------
+    def group(self, rank: int, axis: str) -> tuple[int, ...]:
+        key = (rank, axis)
+        hit = self._groups.get(key)
+        if hit is None:
+            hit = self._groups[key] = self.plan.group_of(rank, axis)
+        return hit
+
+    def price(
+        self, rank: int, axis: str, op: str, size: float, ranks: tuple[int, ...], extra_s: float
+    ) -> float:
+        """Seconds of one call, tallied as the engine tallies it."""
+        cost = self.pricer.cost(op, size, ranks)
+        time_s = extra_s + cost.time_s
+        self.stats.add(
+            CallKey(rank, axis, op, size, len(ranks), cost.algorithm), time_s, cost.busbw_bps
+        )
+        return time_s
+
+    def step_s(self, rank: int, step: Step) -> float:
+        if not step.op:
+            return step.seconds
+        t = self.pricer.cost(step.op, step.size_bytes, self.group(rank, TP)).time_s
+        return t if t > step.overlap_s else step.overlap_s
+
+    def seg_tp_s(self, rank: int, seg: Segment) -> float:
+        key = (rank, id(seg))
+        hit = self._seg_tp.get(key)
+        if hit is None:
+            hit = sum(self.step_s(rank, s) - s.overlap_s for s in seg.steps if s.op)
+            self._seg_tp[key] = hit
+        return hit
+
+    def tally_tp(self, rank: int, segs: list[Segment]) -> None:
+        """Count one run of these segments' TP collectives (tallied in :meth:`flush_tp`)."""
+        key = (rank, id(segs[0]) if len(segs) == 1 else id(segs))
+        slot = self._runs.get(key)
+        if slot is None:
+            self._runs[key] = [segs, 1]
+        else:
+            slot[1] += 1
+
+    def flush_tp(self) -> None:
+        for (rank, _), (segs, runs) in self._runs.items():
+            group = self.group(rank, TP)
+            if len(group) < 2:
+                continue
+            for step in (st for seg in segs for st in seg.steps):
+                if step.op:
+                    cost = self.pricer.cost(step.op, step.size_bytes, group)
+                    key = CallKey(rank, TP, step.op, step.size_bytes, len(group), cost.algorithm)
+                    self.stats.add(key, runs * cost.time_s, cost.busbw_bps, count=runs)
+        self._runs.clear()
+
+    def grad_window(self, rank: int, seg: Segment) -> tuple[float, float]:
+        off = sum(self.step_s(rank, s) for s in seg.steps[: seg.grad_from])
+        dur = sum(self.step_s(rank, s) for s in seg.steps[seg.grad_from :])
+        return off, dur
+
+    # ---- the walk -----------------------------------------------------------------------------
+    def run(self) -> None:
+        for prog in self.programs.values():
+            st = self.rules.state_bytes(prog_stage := self.s.stages[prog.coords.pp])
+            del prog_stage
+            prog.ledger.alloc(0.0, "parameters", st.parameters, "parameters")
+            prog.ledger.alloc(0.0, "gradients", st.gradients, "gradients")
+            prog.ledger.alloc(0.0, "optimizer", st.optimizer, "optimizer state")
+            prog.ledger.alloc(0.0, "buffers", st.ddp_buckets, "ddp buckets")
+        pending = list(self.programs.values())
+        while pending:
+            progressed = False
+            for prog in pending:
+                progressed |= self.advance(prog)
+            left = [p for p in pending if p.next_op < len(self.s.pipeline[p.coords.pp])]
+            if left and not progressed:
+                raise SimulationError(
+                    f"ranks {[p.rank for p in left][:8]} wait for inputs never sent "
+                    "(the pipeline order has a cycle)"
+                )
+            pending = left
+        self.finish()
+        self.flush_tp()
+
+    def inbox(self, prog: _Rank, op: PipeOp) -> tuple[int, Phase, int, int] | None:
+        plan = self.plan
+        src = input_of(
+            op, stage=prog.coords.pp, num_stages=plan.pp, virtual_stages=plan.virtual_stages
+        )
+        if src is None or src[0] == prog.coords.pp:
+            return None
+        return (prog.rank, op.phase, op.microbatch, op.chunk)
+
+    def advance(self, prog: _Rank) -> bool:
+        """Run the rank's ops while their inputs have been sent; True if any ran."""
+        ops = self.s.pipeline[prog.coords.pp]
+        ran = False
+        while prog.next_op < len(ops):
+            op = ops[prog.next_op]
+            key = self.inbox(prog, op)
+            folded = 0.0
+            if key is not None:
+                mail = self.mail.get(key)
+                if mail is None:
+                    return ran  # its input is not sent yet
+                w0 = prog.now
+                if mail.delivered_s > w0:
+                    w1 = mail.delivered_s
+                    produced = min(max(mail.produced_s, w0), w1)
+                    prog.acct["bubble"] += produced - w0
+                    prog.acct["pp_exposed"] += w1 - produced
+                    prog.now = w1
+                prog.ledger.free(prog.now, "buffers", mail.size_bytes, "pp recv")
+                if self.gather_pp:
+                    size = self.s.p2p_bytes * self.plan.tp
+                    folded = self.price(
+                        prog.rank, TP, "all_gather", size, self.group(prog.rank, TP), 0.0
+                    )
+            prog.now += folded
+            prog.acct["pp_exposed"] += folded
+            chunk = self.s.stages[prog.coords.pp].chunks[op.chunk]
+            if self.rules.zero == 3:
+                self.run_segments(prog, op, chunk)
+            else:
+                self.run_fused(prog, op, chunk)
+            self.send_output(prog, op)
+            prog.next_op += 1
+            ran = True
+        return ran
+
+    def op_plan(self, prog: _Rank, chunk: ChunkModel, phase: Phase) -> _OpPlan:
+        key = (prog.rank, chunk.index, phase)
+        hit = self._op_plans.get(key)
+        if hit is not None:
+            return hit
+        segs = chunk.forward if phase is Phase.FORWARD else chunk.backward
+        plan = _OpPlan(segs)
+        t = 0.0
+        for seg in segs:
+            d_tp = self.seg_tp_s(prog.rank, seg)
+            dur = seg.compute_s + d_tp
+            plan.compute += seg.compute_s
+            plan.tp += d_tp
+            if phase is Phase.FORWARD:
+                if seg.stored_bytes:
+                    plan.mem.append((t + dur, seg.stored_bytes))
+            else:
+                if seg.transient_bytes:
+                    plan.mem.append((t, seg.transient_bytes))
+                if seg.transient_bytes + seg.stored_bytes:
+                    plan.mem.append((t + dur, -(seg.transient_bytes + seg.stored_bytes)))
+                off, gdur = self.grad_window(prog.rank, seg)
+                for bucket in chunk.buckets:
+                    if bucket.ready_segment == seg.key:
+                        ready = t + off + bucket.ready_fraction * gdur
+                        plan.buckets.append((bucket.size_bytes, ready))
+            t += dur
+        plan.duration = t
+        self._op_plans[key] = plan
+        return plan
+
+    def run_fused(self, prog: _Rank, op: PipeOp, chunk: ChunkModel) -> None:
+        plan = self.op_plan(prog, chunk, op.phase)
+        t0 = prog.now
+        for rel, delta in plan.mem:
+            if delta > 0:
+                prog.ledger.alloc(t0 + rel, "activations", delta)
+            else:
+                prog.ledger.free(t0 + rel, "activations", -delta)
+        if plan.buckets and self.rules.uses_buckets and self.rules.reduces_in(op.microbatch):
+            for size, rel in plan.buckets:
+                if self.rules.overlap:
+                    self.reduce_bucket(prog, size, t0 + rel)
+                else:
+                    prog.deferred.append((op, chunk, size))
+        self.tally_tp(prog.rank, plan.segs)
+        prog.now = t0 + plan.duration
+        prog.acct["compute"] += plan.compute
+        prog.acct["tp_exposed"] += plan.tp
+
+    def dp_call(self, prog: _Rank, op: str, size: float, ready: float, extra_s: float) -> float:
+        """A call on the rank's dp stream, ready at ``ready``: returns its end."""
+        t = self.price(prog.rank, DP, op, size, self.group(prog.rank, DP), extra_s)
+        start = max(ready, prog.dp_free)
+        prog.dp_free = start + t
+        prog.dp_last_end = max(prog.dp_last_end, prog.dp_free)
+        return prog.dp_free
+
+    def reduce_bucket(self, prog: _Rank, size: float, ready: float) -> None:
+        end = self.dp_call(prog, self.rules.bucket_op, size, ready, 0.0)
+        if self.rules.holds_bucket_buffer:
+            prog.ledger.alloc(ready, "buffers", size, "zero2 bucket")
+            prog.ledger.free(end, "buffers", size, "zero2 bucket")
+
+    def run_segments(self, prog: _Rank, op: PipeOp, chunk: ChunkModel) -> None:
+        """ZeRO-3: segment by segment, each waiting for its gathered unit."""
+        rules = self.rules
+        forward = op.phase is Phase.FORWARD
+        segs = chunk.forward if forward else chunk.backward
+        issue = issue_schedule(len(segs), rules.prefetch)
+        for i, seg in enumerate(segs):
+            for j in issue[i]:
+                ukey = rules.unit_key(chunk, segs[j])
+                if (chunk.index, ukey) in prog.gathered:
+                    continue
+                size = rules.gather_bytes(chunk, ukey)
+                prog.ledger.alloc(prog.now, "parameters", size, f"gathered {ukey}")
+                end = self.dp_call(prog, "all_gather", size, prog.now, rules.offload_s(size))
+                prog.gathered[(chunk.index, ukey)] = end
+            ready = prog.gathered.get((chunk.index, rules.unit_key(chunk, seg)))
+            if ready is not None and ready > prog.now:
+                prog.acct["dp_exposed"] += ready - prog.now
+                prog.now = ready
+            if not forward:
+                prog.ledger.alloc(prog.now, "activations", seg.transient_bytes)
+            d_tp = self.seg_tp_s(prog.rank, seg)
+            self.tally_tp(prog.rank, [seg])
+            prog.now += seg.compute_s + d_tp
+            prog.acct["compute"] += seg.compute_s
+            prog.acct["tp_exposed"] += d_tp
+            if forward:
+                prog.ledger.alloc(prog.now, "activations", seg.stored_bytes)
+            else:
+                prog.ledger.free(prog.now, "activations", seg.transient_bytes + seg.stored_bytes)
+            self.release_unit(prog, chunk, seg, forward=forward)
+
+    def release_unit(self, prog: _Rank, chunk: ChunkModel, seg: Segment, *, forward: bool) -> None:
+        rules = self.rules
+        if not rules.releases(chunk, seg, forward=forward):
+            return
+        ukey = rules.unit_key(chunk, seg)
+        if not forward:
+            gsize = rules.grad_bytes(chunk, ukey)
+            prog.ledger.alloc(prog.now, "buffers", gsize, f"grad {ukey}")
+            if rules.reduces_units:
+                end = self.dp_call(prog, "reduce_scatter", gsize, prog.now, rules.offload_s(gsize))
+                prog.ledger.free(end, "buffers", gsize, f"grad {ukey}")
+            else:
+                prog.ledger.free(prog.now, "buffers", gsize, f"grad {ukey}")
+        del prog.gathered[(chunk.index, ukey)]
+        prog.ledger.free(prog.now, "parameters", rules.gather_bytes(chunk, ukey), "reshard")
+
+    def send_output(self, prog: _Rank, op: PipeOp) -> None:
+        plan = self.plan
+        p, v = plan.pp, plan.virtual_stages
+        s = prog.coords.pp
+        dest: tuple[int, PipeOp] | None
+        if op.phase is Phase.FORWARD:
+            if s < p - 1:
+                dest = (s + 1, op)
+            elif op.chunk < v - 1:
+                dest = (0, PipeOp(Phase.FORWARD, op.microbatch, op.chunk + 1))
+            else:
+                dest = None
+        elif s > 0:
+            dest = (s - 1, op)
+        elif op.chunk > 0:
+            dest = (p - 1, PipeOp(Phase.BACKWARD, op.microbatch, op.chunk - 1))
+        else:
+            dest = None
+        if dest is None or dest[0] == s:
+            return
+        stage, dst_op = dest
+        dst = self.by_stage[stage]
+        size = self.s.p2p_bytes
+        t = self.price(prog.rank, PP, "send_recv", size, (prog.rank, dst.rank), 0.0)
+        start = max(prog.now, prog.pp_free)
+        prog.pp_free = start + t
+        self.mail[(dst.rank, dst_op.phase, dst_op.microbatch, dst_op.chunk)] = _Mail(
+            prog.now, prog.pp_free, size
+        )
+        dst.ledger.alloc(prog.pp_free, "buffers", size, "pp recv")
+
+    def finish(self) -> None:
+        """Deferred buckets, the dp wait, the embedding sync, the optimizer, ZeRO-1/2 gathers."""
+        plan = self.plan
+        for prog in self.programs.values():
+            for _op, _chunk, size in prog.deferred:
+                self.reduce_bucket(prog, size, prog.now)
+            prog.deferred = []
+            if prog.dp_last_end > prog.now:
+                prog.acct["dp_exposed"] += prog.dp_last_end - prog.now
+                prog.now = prog.dp_last_end
+        p = plan.pp
+        if p > 1 and plan.spec.tied_embeddings:
+            first, last = self.by_stage[0], self.by_stage[p - 1]
+            size = plan.spec.vocab / plan.tp * plan.spec.hidden * self.rules.bytes_per.grad
+            pair = (first.rank, last.rank)
+            t = self.pricer.cost("all_reduce", size, pair)
+            for prog in (first, last):
+                self.stats.add(
+                    CallKey(prog.rank, PP, "all_reduce", size, 2, t.algorithm),
+                    t.time_s,
+                    t.busbw_bps,
+                )
+            end = max(first.now, last.now) + t.time_s
+            for prog in (first, last):
+                prog.acct["pp_exposed"] += end - prog.now
+                prog.now = end
+        for prog in self.programs.values():
+            stage = self.s.stages[prog.coords.pp]
+            opt = self.s.optimizer_s[prog.coords.pp]
+            prog.now += opt
+            prog.acct["optimizer"] += opt
+            sizes = self.rules.gathers_after_optimizer(stage)
+            if sizes:
+                t0 = prog.now
+                for size in sizes:
+                    end = self.dp_call(prog, "all_gather", size, prog.now, 0.0)
+                prog.acct["dp_exposed"] += end - t0
+                prog.now = end
+            prog.end_s = prog.now
+
+
+@dataclass(slots=True)
+class _OpPlan:
+    segs: list[Segment]
+    duration: float = 0.0
+    compute: float = 0.0
+    tp: float = 0.0
+    mem: list[tuple[float, float]] = field(default_factory=list)
+    buckets: list[tuple[float, float]] = field(default_factory=list)
+
+
+def walk(
+    schedule: StepSchedule, pricer: ClosedPricer | None = None, *, timeline: bool = True
+) -> StepResult:
+    """The closed form of one step (see the module docstring).
+
+    Args:
+        schedule: the step schedule.
+        pricer: the closed-form price cache to use (a new one by default; share one across
+            the plans of a search).
+        timeline: keep each rank's memory timeline in the result (a search does not).
+    """
+    plan = schedule.plan
+    if pricer is None:
+        pricer = ClosedPricer(plan.topology)
+    w = _Walk(schedule, pricer)
+    w.run()
+    return assemble(
+        plan, w, fidelity="closed", contended=[], zero_communication=pricer.zero, timeline=timeline
+    )
+
+
+def estimate_step(
+    topology: Topology,
+    spec: TransformerSpec,
+    training: TrainingConfig,
+    parallel: ParallelConfig,
+    *,
+    op_time_overrides: dict[str, float] | None = None,
+    zero_communication: bool = False,
+) -> StepResult:
+    """``simulate_step``'s closed-form twin: build the schedule, walk it."""
+    from collsim.schedule.build import build_schedule
+
+    schedule = build_schedule(
+        topology, spec, training, parallel, op_time_overrides=op_time_overrides
+    )
+    return walk(schedule, ClosedPricer(topology, zero=zero_communication))
 
 
 class Estimator:
-    """Estimates plans of one model on one cluster; caches compute and collective costs.
+    """Closed-form estimates of many plans of one model on one cluster, sharing one price cache.
 
     Args:
         topology: the cluster (its GPU count is the plans' tp x pp x dp).
@@ -87,280 +482,22 @@ class Estimator:
     """
 
     def __init__(self, topology: Topology, spec: TransformerSpec) -> None:
-        from collsim.workload import ComputeModel
-
         self.topology = topology
         self.spec = spec
-        self._compute: dict[str, Any] = {}
-        self._compute_model: dict[str, ComputeModel] = {}
-        self._layer: dict[tuple[Any, ...], Any] = {}
-        self._coll: dict[tuple[Any, ...], float] = {}
-        self._groups: dict[tuple[int, ...], Any] = {}
-        self._ComputeModel = ComputeModel
-        self._flops: dict[int, float] = {}
+        self.pricer = ClosedPricer(topology)
 
-    # -- cached building blocks ----------------------------------------------------------------
-    def _model(self, dtype: str) -> Any:
-        if dtype not in self._compute_model:
-            self._compute_model[dtype] = self._ComputeModel(self.topology.device, dtype)
-        return self._compute_model[dtype]
-
-    def _times(
-        self, kind: str, dtype: str, micro_batch: int, tp: int, sp: bool, recompute: str
-    ) -> Any:
-        key = (kind, dtype, micro_batch, tp, sp, recompute)
-        if key not in self._layer:
-            model = self._model(dtype)
-            if kind == "layer":
-                value = model.layer_times(
-                    self.spec,
-                    micro_batch=micro_batch,
-                    tp=tp,
-                    sequence_parallel=sp,
-                    recompute=recompute,
-                )
-            elif kind == "embedding":
-                value = model.embedding_times(
-                    self.spec, micro_batch=micro_batch, tp=tp, sequence_parallel=sp
-                )
-            else:
-                value = model.head_times(
-                    self.spec, micro_batch=micro_batch, tp=tp, sequence_parallel=sp
-                )
-            self._layer[key] = value
-        return self._layer[key]
-
-    def _group(self, ranks: tuple[int, ...]) -> Any:
-        if ranks not in self._groups:
-            from collsim.collectives import Group
-
-            self._groups[ranks] = Group(self.topology, ranks)
-        return self._groups[ranks]
-
-    def collective_s(self, op: str, size_bytes: float, ranks: tuple[int, ...]) -> float:
-        """Closed-form time of one collective on these ranks (0 for a group of one)."""
-        if len(ranks) < 2 or size_bytes <= 0:
-            return 0.0
-        size = int(size_bytes)
-        key = (op, size, ranks)
-        if key not in self._coll:
-            from collsim.collectives import CollectiveOp, cost
-
-            self._coll[key] = float(cost(CollectiveOp(op), size, self._group(ranks)).time_s)
-        return self._coll[key]
-
-    def _model_flops(self, global_batch: int) -> float:
-        if global_batch not in self._flops:
-            from collsim.workload import model_flops_per_step
-
-            self._flops[global_batch] = model_flops_per_step(self.spec, global_batch)
-        return self._flops[global_batch]
-
-    # -- the estimate --------------------------------------------------------------------------
-    def estimate(self, training: TrainingConfig, parallel: ParallelConfig) -> Estimate:
-        """Step time, breakdown and memory of one plan (see the module docstring).
+    def estimate(self, training: TrainingConfig, parallel: ParallelConfig) -> StepResult:
+        """The closed form of one plan.
 
         Raises:
-            InfeasibleError: tp x pp x dp is not the cluster's size (reason ``world_size``), or
-                the global batch does not split into dp x micro-batch (reason ``batch``).
+            ConfigError: the plan does not match the model or the cluster (see build_plan).
         """
-        from collsim.workload import activation_bytes_per_layer, model_state_bytes
-        from collsim.workload.memory import layers_per_stage, parameters_per_rank
+        import warnings
 
-        spec, topo = self.spec, self.topology
-        tp, pp, dp, v = parallel.tp, parallel.pp, parallel.dp, parallel.virtual_stages
-        num_gpus = tp * pp * dp
-        if num_gpus != topo.num_ranks:
-            raise InfeasibleError(
-                f"tp x pp x dp = {num_gpus} is not {topo.num_ranks} GPUs", reason="world_size"
-            )
-        b = training.micro_batch
-        if training.global_batch % (b * dp):
-            raise InfeasibleError(
-                f"global batch {training.global_batch} does not split into "
-                f"dp {dp} x micro-batch {b}",
-                reason="batch",
-            )
-        m = training.global_batch // (b * dp)
-        dtype = str(training.dtype)
-        recompute = str(training.recompute)
-        sp = bool(parallel.sequence_parallel and tp > 1)
-        elem = 2 if dtype in ("bf16", "fp16", "fp8") else 4
-        s, h = spec.seq_len, spec.hidden
+        from collsim.errors import CollsimWarning
+        from collsim.schedule.build import build_schedule
 
-        layer = self._times("layer", dtype, b, tp, sp, recompute)
-        emb = self._times("embedding", dtype, b, tp, sp, recompute)
-        head = self._times("head", dtype, b, tp, sp, recompute)
-        counts = layers_per_stage(spec.num_layers, pp)
-
-        # Per micro-batch forward / backward of the first and last stage (same stage if pp = 1).
-        def stage_times(stage: int) -> tuple[float, float]:
-            n = counts[stage]
-            fwd = n * layer.forward_s
-            bwd = n * (layer.backward_s + layer.recompute_s)
-            if stage == 0:
-                fwd += emb.forward_s
-                bwd += emb.backward_s
-            if stage == pp - 1:
-                fwd += head.forward_s
-                bwd += head.backward_s
-            return fwd, bwd
-
-        # TP collectives per layer per micro-batch (ranks 0..tp-1 of the first node).
-        tp_ranks = tuple(range(tp))
-        act_bytes = s * b * h * elem
-        if tp > 1:
-            if sp:
-                per_call = self.collective_s(
-                    "reduce_scatter", act_bytes, tp_ranks
-                ) + self.collective_s("all_gather", act_bytes, tp_ranks)
-            else:
-                per_call = self.collective_s("all_reduce", act_bytes, tp_ranks)
-            calls = 4 + (2 if recompute == "full" else 0)
-            tp_layer_s = calls * per_call
-            tp_embed_s = self.collective_s("all_reduce", act_bytes, tp_ranks)
-        else:
-            tp_layer_s = tp_embed_s = 0.0
-
-        slowest = 0
-        stage_total = []
-        for stage in {0, pp - 1}:
-            fwd, bwd = stage_times(stage)
-            tp_s = counts[stage] * tp_layer_s + (tp_embed_s if stage == 0 else 0.0)
-            stage_total.append((fwd + bwd + tp_s, stage, fwd, bwd, tp_s))
-        _, slowest, t_f, t_b, tp_mb_s = max(stage_total)
-
-        # Pipeline: p2p between consecutive stages (rank 0 -> rank tp).
-        if pp > 1:
-            p2p_bytes = act_bytes / tp if tp > 1 else act_bytes
-            t_p2p = self.collective_s("send_recv", p2p_bytes, (0, tp))
-            pp_exposed = 2 * t_p2p * (v * m + pp - 1)
-        else:
-            t_p2p = pp_exposed = 0.0
-        compute = m * (t_f + t_b)
-        bubble = (pp - 1) / v * (t_f + t_b + tp_mb_s)
-        tp_exposed = m * tp_mb_s
-
-        # Data parallel: ranks with stride tp x pp.
-        params_local = max(parameters_per_rank(spec, tp=tp, pp=pp, stage=st) for st in {0, pp - 1})
-        dp_ranks = tuple(range(0, num_gpus, tp * pp))
-        grad_bytes = params_local * elem
-        bucket_bytes = parallel.ddp.bucket_mb * _MB_TORCH
-        num_buckets = max(1, math.ceil(grad_bytes / bucket_bytes))
-        last_bucket = grad_bytes - (num_buckets - 1) * bucket_bytes
-        dp_link = dp_exposed = 0.0
-        zero = parallel.zero
-        if dp > 1:
-            if zero == 3:
-                # Per micro-batch and unit (layer): an all-gather in forward, an all-gather and
-                # a reduce-scatter in backward. With prefetch, a unit's traffic hides behind
-                # the compute of the unit before it, phase by phase: forward exposes
-                # max(0, AG - t_f), backward max(0, AG + RS - t_b) per layer; without
-                # prefetch all of it is exposed. The first gather is never hidden.
-                n_units = counts[slowest]
-                unit_bytes = grad_bytes / max(1, n_units)
-                gather = self.collective_s("all_gather", unit_bytes, dp_ranks)
-                scatter = self.collective_s("reduce_scatter", unit_bytes, dp_ranks)
-                dp_link = m * n_units * (2 * gather + scatter)
-                if parallel.fsdp.prefetch > 0:
-                    fwd_unit = layer.forward_s
-                    bwd_unit = layer.backward_s + layer.recompute_s
-                    per_mb = n_units * (
-                        max(0.0, gather - fwd_unit) + max(0.0, gather + scatter - bwd_unit)
-                    )
-                else:
-                    per_mb = n_units * (2 * gather + scatter)
-                dp_exposed = m * per_mb + gather
-            else:
-                op = "all_reduce" if zero == 0 else "reduce_scatter"
-                full = self.collective_s(op, bucket_bytes, dp_ranks)
-                tail = self.collective_s(op, last_bucket, dp_ranks)
-                grads = (num_buckets - 1) * full + tail
-                if parallel.ddp.overlap:
-                    grads_exposed = max(tail, grads - t_b)
-                else:
-                    grads_exposed = grads
-                gather = (
-                    self.collective_s("all_gather", grad_bytes, dp_ranks) if zero in (1, 2) else 0.0
-                )
-                dp_link = grads + gather
-                dp_exposed = grads_exposed + gather
-
-        updated = params_local / (dp if zero >= 1 else 1)
-        optimizer_s = self._model(dtype).optimizer_time_s(updated, str(training.optimizer))
-        breakdown = {
-            "compute": compute,
-            "tp_exposed": tp_exposed,
-            "pp_exposed": pp_exposed,
-            "dp_exposed": dp_exposed,
-            "bubble": bubble,
-            "optimizer": optimizer_s,
-        }
-        step = sum(breakdown.values())
-
-        # Memory on the first stage.
-        states = model_state_bytes(
-            parameters_per_rank(spec, tp=tp, pp=pp, stage=0),
-            zero=zero,
-            dp=dp,
-            optimizer=str(training.optimizer),
-            mixed_precision=dtype != "fp32",
-        )
-        per_layer = activation_bytes_per_layer(
-            spec, micro_batch=b, tp=tp, sequence_parallel=sp, recompute=recompute, dtype=dtype
-        )
-        match str(parallel.schedule):
-            case "gpipe":
-                in_flight = float(m)
-            case "interleaved" if v > 1:
-                in_flight = pp * (1 + (pp - 1) / (pp * v))
-            case _:
-                in_flight = float(min(pp, m))
-        activations = per_layer * counts[0] * in_flight + layer.transient_bytes
-        if zero == 3:
-            unit = grad_bytes / max(1, counts[0])
-            buffers = (1 + parallel.fsdp.prefetch) * unit  # gathered layers in flight
-        else:
-            buffers = 2 * min(bucket_bytes, grad_bytes)
-        memory = {
-            "parameters": states.parameters,
-            "gradients": states.gradients,
-            "optimizer": states.optimizer,
-            "activations": activations,
-            "buffers": buffers,
-        }
-        peak = sum(memory.values())
-        capacity = float(topo.device.memory_bytes)
-
-        flops = self._model_flops(training.global_batch)
-        peak_flops = topo.device.peak_flops_for(dtype)
-        tflops = flops / step / num_gpus / 1e12
-        return Estimate(
-            step_time_s=step,
-            breakdown_s=breakdown,
-            memory_bytes=memory,
-            memory_peak_bytes=peak,
-            memory_capacity_bytes=capacity,
-            fits=peak <= capacity,
-            num_gpus=num_gpus,
-            num_microbatches=m,
-            tokens_per_s=training.global_batch * s / step,
-            model_tflops_per_gpu=tflops,
-            mfu=tflops * 1e12 / peak_flops,
-            details={
-                "t_forward_s": t_f,
-                "t_backward_s": t_b,
-                "t_p2p_s": t_p2p,
-                "dp_link_s": dp_link,
-                "slowest_stage": slowest,
-                "params_per_gpu": params_local,
-                "in_flight_microbatches": in_flight,
-            },
-        )
-
-
-def estimate_step(
-    topology: Topology, spec: TransformerSpec, training: TrainingConfig, parallel: ParallelConfig
-) -> Estimate:
-    """One-off :meth:`Estimator.estimate` (build an :class:`Estimator` to estimate many)."""
-    return Estimator(topology, spec).estimate(training, parallel)
+        with warnings.catch_warnings():  # kept in the plan's warnings, not raised per plan
+            warnings.simplefilter("ignore", CollsimWarning)
+            schedule = build_schedule(self.topology, self.spec, training, parallel)
+        return walk(schedule, self.pricer, timeline=False)

@@ -20,6 +20,7 @@ Nothing here prints; a callback reports progress.
 
 from __future__ import annotations
 
+import heapq
 import time
 import warnings
 from collections import Counter
@@ -32,8 +33,8 @@ from collsim.errors import CollsimWarning, ConfigError, InfeasibleError
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
-    from collsim.estimate import Estimate
     from collsim.parallel.config import ParallelConfig, TrainingConfig
+    from collsim.schedule.pricing import ClosedPricer
     from collsim.schedule.result import StepResult
     from collsim.topology import Topology
     from collsim.workload.model import TransformerSpec
@@ -57,6 +58,7 @@ REASONS = {
     "zero_pp": "ZeRO-2/3 with pipeline parallelism (unsupported)",
     "memory": "estimated memory exceeds the GPU",
     "memory (DES)": "simulated memory exceeds the GPU",
+    "bound": "pruned: its lower bound (the compute stream's own work) cannot beat the best kept",
 }
 
 
@@ -219,7 +221,7 @@ class Ranked:
     """A plan with its estimate and, for the best few, its simulation."""
 
     candidate: Candidate
-    estimate: Estimate
+    estimate: StepResult
     result: StepResult | None = None
     reason: str | None = None
     """Why the simulation could not run or the plan does not fit (None when fine)."""
@@ -244,7 +246,9 @@ class SearchResult:
     """The re-simulated best plans, by simulated step time (those that fit first)."""
     rejected: Counter[str] = field(default_factory=Counter)
     estimated: int = 0
-    """Plans the closed form was evaluated for (buildable ones)."""
+    """Plans the closed form was evaluated for (buildable, not dropped by a bound)."""
+    buildable: int = 0
+    """Plans that passed the structural checks (estimated + dropped by a bound)."""
     estimate_s: float = 0.0
     simulate_s: float = 0.0
 
@@ -263,11 +267,20 @@ def search_plans(
     parallel: ParallelConfig,
     *,
     space: SearchSpace | None = None,
-    top_k: int = 3,
+    top_k: int = 10,
     simulate: Callable[..., StepResult] | None = None,
     progress: Callable[[str, int], None] | None = None,
+    prune_keep: int = 10,
 ) -> SearchResult:
-    """Enumerate, estimate and rank the plans; re-simulate the ``top_k`` best.
+    """Enumerate, bound, estimate and rank the plans; re-simulate the ``top_k`` best.
+
+    Plans whose model states alone exceed the GPU are dropped before any estimate (counted as
+    ``memory``). The rest are estimated best-first by a lower bound on their step (the compute
+    stream's own work: every micro-batch's forward, backward and recompute of the busiest
+    stage, and its optimizer step); once that bound cannot beat the ``max(top_k,
+    prune_keep)``-th best estimate, the remaining plans are counted as ``bound`` and not
+    estimated. The best ``max(top_k, prune_keep)`` plans are exactly those a full
+    enumeration finds (a test checks it); ``prune_keep=0`` estimates every plan.
 
     Args:
         topology: the cluster with the GPU count to search (tp x pp x dp = its ranks).
@@ -276,6 +289,7 @@ def search_plans(
             the DDP/FSDP knobs are kept, the plan knobs replaced.
         space: what to vary.
         top_k: how many of the best estimates the engine re-simulates (0: none).
+        prune_keep: how many best plans the bound must keep exact (0: no pruning).
         simulate: ``simulate(topology, spec, training, parallel) -> StepResult``; default the
             engine's ``simulate_step``.
         progress: called as ``progress(phase, n)`` with phase ``estimate`` (n plans done since
@@ -287,15 +301,35 @@ def search_plans(
     num_gpus = topology.num_ranks
     rejected: Counter[str] = Counter()
     estimator = Estimator(topology, spec)
-    ranked: list[Ranked] = []
-    pending = 0
-    total = 0
+    bounds = _Bounds(topology, spec, training)
     dropped: Counter[str] = Counter()
+    # 1. cheap bounds for every buildable plan: model states alone must fit, and the compute
+    #    stream's own work is a lower bound on the step
+    candidates: list[tuple[float, int, Candidate]] = []
+    total = 0
     for candidate in enumerate_plans(
         spec, num_gpus, topology.gpus_per_node, training.global_batch, space, dropped
     ):
         total += 1
+        if bounds.states_bytes(candidate) > topology.device.memory_bytes:
+            rejected["memory"] += 1
+            continue
+        candidates.append((bounds.step_s(candidate), total, candidate))
+    # 2. best-first: estimate in increasing lower bound; once the bound cannot beat the
+    #    keep-th best estimate, no later plan can (branch and bound: same top plans as
+    #    estimating all of them)
+    candidates.sort(key=lambda c: (c[0], c[1]))
+    keep = max(top_k, prune_keep) if prune_keep > 0 else 0
+    best: list[float] = []  # the keep best estimated step times, max-heap by negation
+    ranked: list[Ranked] = []
+    pending = 0
+    evaluated = 0
+    for index, (bound, _, candidate) in enumerate(candidates):
+        if keep and len(best) >= keep and bound >= -best[0]:
+            rejected["bound"] += len(candidates) - index
+            break
         train_c, par_c = candidate.configs(training, parallel)
+        evaluated += 1
         try:
             estimate = estimator.estimate(train_c, par_c)
         except (InfeasibleError, ConfigError) as exc:
@@ -305,6 +339,10 @@ def search_plans(
             rejected["memory"] += 1
         else:
             ranked.append(Ranked(candidate, estimate))
+            if keep:
+                heapq.heappush(best, -estimate.step_time_s)
+                if len(best) > keep:
+                    heapq.heappop(best)
         pending += 1
         if progress is not None and pending >= 200:
             progress("estimate", pending)
@@ -344,10 +382,114 @@ def search_plans(
         ranked=ranked,
         simulated=simulated,
         rejected=rejected,
-        estimated=total,
+        estimated=evaluated,
+        buildable=total,
         estimate_s=estimate_s,
         simulate_s=time.perf_counter() - sim_started,
     )
+
+
+class _Bounds:
+    """Cheap bounds of a candidate from the workload layer alone (no schedule).
+
+    ``states_bytes``: the model states every rank holds for the whole step (ZeRO table; the
+    schedule allocates them at time 0, so the peak is at least this). ``step_s``: the compute
+    stream's own work on the busiest stage, m micro-batches x (layers x (forward + backward +
+    recompute) + embedding / head), plus its optimizer step; the stream runs them one after
+    another, so no plan's step is shorter (communication, bubble and waits only add).
+    """
+
+    def __init__(self, topology: Topology, spec: TransformerSpec, training: TrainingConfig):
+        from collsim.schedule.build import bytes_per
+
+        self.topology = topology
+        self.spec = spec
+        self.training = training
+        self.per = bytes_per(training)
+        self._models: dict[str, Any] = {}
+        self._pricer: ClosedPricer | None = None
+
+    def _stage_params(self, c: Candidate) -> list[float]:
+        from collsim.workload.memory import parameters_per_rank
+
+        return [
+            float(parameters_per_rank(self.spec, tp=c.tp, pp=c.pp, stage=s))
+            for s in sorted({0, c.pp - 1})
+        ]
+
+    def states_bytes(self, c: Candidate) -> float:
+        n, per = float(c.dp), self.per
+        out = 0.0
+        for numel in self._stage_params(c):
+            params = numel * per.param / (n if c.zero >= 3 else 1.0)
+            grads = numel * per.grad / (n if c.zero >= 2 else 1.0)
+            states = numel * per.optimizer / (n if c.zero >= 1 else 1.0)
+            out = max(out, params + grads + states)
+        return out * (1 - 1e-9)
+
+    def step_s(self, c: Candidate) -> float:
+        from collsim.workload.compute import ComputeModel
+        from collsim.workload.memory import layers_per_stage
+
+        dtype = str(self.training.dtype)
+        model = self._models.get(dtype)
+        if model is None:
+            model = self._models[dtype] = ComputeModel(self.topology.device, dtype)
+        spec, mb, sp = self.spec, c.micro_batch, c.sequence_parallel and c.tp > 1
+        lt = model.layer_times(
+            spec, micro_batch=mb, tp=c.tp, sequence_parallel=sp, recompute=c.recompute
+        )
+        et = model.embedding_times(spec, micro_batch=mb, tp=c.tp, sequence_parallel=sp)
+        ht = model.head_times(spec, micro_batch=mb, tp=c.tp, sequence_parallel=sp)
+        fwd = lt.forward_s + self._tp_s(c, 2)
+        bwd = lt.backward_s + lt.recompute_s + self._tp_s(c, 4 if c.recompute == "full" else 2)
+        counts = layers_per_stage(spec.num_layers, c.pp)
+        m = self.training.global_batch // (mb * c.dp)
+        v = c.virtual_stages if c.schedule == "interleaved" else 1
+
+        def work(s: int) -> tuple[float, float]:
+            f, b = counts[s] * fwd, counts[s] * bwd
+            if s == 0:
+                f, b = f + et.forward_s, b + et.backward_s
+            if s == c.pp - 1:
+                f, b = f + ht.forward_s, b + ht.backward_s
+            return f, b
+
+        last = c.pp - 1
+        f_last, b_last = work(last)
+        params = self._stage_params(c)
+        opts = [
+            model.optimizer_time_s(n / (c.dp if c.zero >= 1 else 1), str(self.training.optimizer))
+            for n in params
+        ]
+        # the last stage waits for the first micro-batch's first chunk to cross the stages
+        # before it, and stage 0 finishes the last one's backward (then its optimizer step)
+        # after the last stage is done
+        fill = sum(sum(work(s)) for s in range(last)) / v
+        bound = m * (f_last + b_last) + fill + min(opts)
+        f0, b0 = work(0)
+        bound = max(bound, m * (f0 + b0) + opts[0])
+        return bound * (1 - 1e-9)
+
+    def _tp_s(self, c: Candidate, calls: int) -> float:
+        """Blocking TP collectives of one layer's forward or backward (closed form)."""
+        if c.tp < 2:
+            return 0.0
+        if self._pricer is None:
+            from collsim.schedule.pricing import ClosedPricer as Pricer
+
+            self._pricer = Pricer(self.topology)
+        size = float(c.micro_batch * self.spec.seq_len * self.spec.hidden * self.per.activation)
+        group = tuple(range(c.tp))
+        if c.sequence_parallel:
+            one = (
+                self._pricer.cost("all_gather", size, group).time_s
+                + self._pricer.cost("reduce_scatter", size, group).time_s
+            )
+        else:
+            one = self._pricer.cost("all_reduce", size, group).time_s
+        # the SP re-gathers in backward overlap their dgrad GEMMs: counted once per half
+        return calls * one
 
 
 def _simulate(

@@ -39,9 +39,10 @@ Exit status: 0 done, 1 the plan does not fit in memory, 2 bad input.
 
 TraceWriter = Callable[..., Any]
 
-#: ``--fidelity`` choices (``collsim.engine.step.FIDELITIES``, kept here so that ``--help``
-#: does not import the engine).
-FIDELITY_CHOICES = ("auto", "fused", "layer")
+#: ``--fidelity`` choices: the engine's granularities (``collsim.engine.step.FIDELITIES``, kept
+#: here so that ``--help`` does not import the engine) and ``closed``, the closed form of the
+#: same schedule (``collsim.estimate``).
+FIDELITY_CHOICES = ("auto", "fused", "layer", "closed")
 
 #: ``--plot`` suffixes (``collsim.report.plots.save_figure`` writes these).
 PLOT_SUFFIXES = (".png", ".svg")
@@ -85,7 +86,8 @@ PLOT_SUFFIXES = (".png", ".svg")
     default="auto",
     show_default=True,
     help="fused: closed-form communication; layer: every layer step and collective "
-    "on the flow-level network; auto: layer only where links are shared.",
+    "on the flow-level network; auto: layer only where links are shared; closed: the "
+    "schedule walked in closed form, without the DES (no contention, no trace).",
 )
 def run(
     scenario: Path,
@@ -213,6 +215,16 @@ def _simulate(
     trace: bool,
     fidelity: str = "auto",
 ) -> StepResult:
+    if fidelity == "closed":
+        if all_ranks or trace:
+            raise ConfigError(
+                "the closed form walks one rank per stage and keeps no trace; use --fidelity "
+                "auto, fused or layer with --all-ranks, --trace or --plot",
+                key_path="--fidelity",
+            )
+        from collsim.estimate import estimate_step
+
+        return estimate_step(topology, scenario.model, scenario.training, scenario.parallel)
     from collsim.engine import simulate_step
 
     return simulate_step(

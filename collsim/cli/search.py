@@ -67,7 +67,7 @@ def _int_list(text: str | None, key: str) -> tuple[int, ...] | None:
     "--simulate",
     "top_k",
     type=click.IntRange(min=0),
-    default=3,
+    default=10,
     show_default=True,
     help="How many of the best estimates to re-simulate with the engine.",
 )
@@ -166,8 +166,9 @@ def search(
         f"{base.training.global_batch}"
     )
     click.echo(
-        f"  {result.considered:,} plans in the grid, {result.estimated:,} buildable and "
-        f"estimated, {len(result.ranked):,} fit by estimate ({result.estimate_s:.1f} s), "
+        f"  {result.considered:,} plans in the grid, {result.buildable:,} buildable, "
+        f"{result.estimated:,} estimated (the rest pruned by a bound), "
+        f"{len(result.ranked):,} fit by estimate ({result.estimate_s:.1f} s), "
         f"{len(result.simulated)} re-simulated ({result.simulate_s:.1f} s)"
     )
     click.echo(search_table(result, top_n))

@@ -14,7 +14,6 @@ shares, :func:`collsim.network.max_min_rates`), nothing contends and the closed 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -22,21 +21,13 @@ import simpy
 
 from collsim.engine.streams import Work
 from collsim.errors import SimulationError
+from collsim.schedule.pricing import CallCost, ClosedPricer
 
 if TYPE_CHECKING:
     from collsim.network import FlowNetwork
     from collsim.topology import Topology
 
 __all__ = ["CallCost", "CommPricer", "axis_contends", "linked_peers"]
-
-
-@dataclass(frozen=True, slots=True)
-class CallCost:
-    """Closed-form facts of one call: seconds, algorithm, busbw."""
-
-    time_s: float
-    algorithm: str
-    busbw_bps: float
 
 
 def axis_contends(topology: Topology, groups: Sequence[tuple[int, ...]]) -> bool:
@@ -112,8 +103,9 @@ def linked_peers(
     return [g for g in peers if g in set(kept)]
 
 
-class CommPricer:
-    """Prices TP, DP and pipeline calls for the engine.
+class CommPricer(ClosedPricer):
+    """Prices TP, DP and pipeline calls for the engine: the closed form of
+    :class:`~collsim.schedule.pricing.ClosedPricer`, or the flow-level DES with peers.
 
     Args:
         topology: the cluster.
@@ -129,27 +121,9 @@ class CommPricer:
         network: FlowNetwork | None = None,
         env: simpy.Environment | None = None,
     ) -> None:
-        self.topology = topology
-        self.zero = zero
+        super().__init__(topology, zero=zero)
         self.network = network
         self.env = env
-        self._cache: dict[tuple[str, float, tuple[int, ...]], CallCost] = {}
-
-    def cost(self, op: str, size_bytes: float, ranks: tuple[int, ...]) -> CallCost:
-        """Closed-form cost of ``op`` of ``size_bytes`` on the group ``ranks`` (cached)."""
-        key = (op, size_bytes, ranks)
-        hit = self._cache.get(key)
-        if hit is not None:
-            return hit
-        if self.zero or len(ranks) < 2 or size_bytes <= 0:
-            result = CallCost(0.0, "none", 0.0)
-        else:
-            from collsim.collectives import CollectiveOp, Group, cost
-
-            c = cost(CollectiveOp(op), int(size_bytes), Group(self.topology, ranks))
-            result = CallCost(float(c.time_s), str(c.algorithm), float(c.busbw_bps))
-        self._cache[key] = result
-        return result
 
     def work(
         self,

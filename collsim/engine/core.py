@@ -13,6 +13,7 @@ Data-parallel work (model states, buckets, FSDP units, optimizer) is in
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,13 +22,13 @@ import simpy
 from collsim.engine.comm import CommPricer, linked_peers
 from collsim.engine.dataparallel import DataParallel
 from collsim.engine.program import Mail, RankProgram
-from collsim.engine.stats import CallKey, CallStats
 from collsim.engine.streams import CallRecord, GroupStream
 from collsim.errors import SimulationError
 from collsim.parallel.schedules import Phase, PipeOp, input_of
 from collsim.schedule.build import StepSchedule
 from collsim.schedule.ops import Segment, Step
 from collsim.schedule.result import TraceEvent
+from collsim.schedule.stats import CallKey, CallStats, CallTally
 
 __all__ = ["Engine", "EngineOptions", "RECV_STREAM"]
 
@@ -113,6 +114,9 @@ class Engine:
         self._groups: dict[tuple[int, str], tuple[int, ...]] = {}
         self._seg_tp: dict[tuple[int, int], float] = {}
         self.seg_runs: dict[tuple[int, int], list[Any]] = {}
+
+    def stat_items(self) -> Iterator[tuple[CallKey, CallTally]]:
+        return self.stats.items()
 
     # ---- groups, peers and streams ----------------------------------------------------------
     def group(self, rank: int, axis: str) -> tuple[int, ...]:

@@ -103,12 +103,12 @@ def simulate_step(
         zero_communication=zero_communication,
     )
     engine.run()
-    from collsim.engine.assemble import assemble
+    from collsim.schedule.assemble import assemble
 
     return assemble(
         engine.plan,
         engine,
-        layer_mode=engine.layer_mode,
+        fidelity="layer" if engine.layer_mode else "fused",
         contended=engine.contended,
         zero_communication=zero_communication,
     )

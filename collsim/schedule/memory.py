@@ -2,8 +2,11 @@
 
 Every tensor the engine allocates is an event ``(time_s, category, delta_bytes, label)``.
 Events may be recorded ahead of simulated time (a fused op knows when each of its layers ends),
-so they are sorted by time at the end (stable: at equal times, recording order is kept, and the
-engine records a free before the next allocation). Peak memory and the category split at the
+so they are sorted by time at the end; at equal times by signed size, so frees come before
+allocations (memory released at an instant is reusable at that instant, as a caching allocator
+reuses a freed block). The timeline therefore does not depend on the order in which
+simultaneous events were recorded, so the engine and the closed form, which record them in
+different orders, read the same peak. Peak memory and the category split at the
 peak are read from the sorted timeline; the closed forms (ZeRO, Korthikanti) are only tests.
 """
 
@@ -61,9 +64,10 @@ class MemoryLedger:
             self.events.append(MemoryEvent(time_s, category, -float(size_bytes), label))
 
     def sorted_events(self) -> list[MemoryEvent]:
-        """Events by time; at equal times in recording order (cached until the next event)."""
+        """Events by time; at equal times by signed size (frees first), ties in recording order
+        (cached until the next event)."""
         if self._sorted is None or self._sorted_n != len(self.events):
-            self._sorted = sorted(self.events, key=itemgetter(0))
+            self._sorted = sorted(self.events, key=itemgetter(0, 2))
             self._sorted_n = len(self.events)
         return self._sorted
 

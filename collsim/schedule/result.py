@@ -86,6 +86,11 @@ class StepResult:
     details: dict[str, Any] = field(default_factory=dict)
     """Anything else worth keeping (per-stage times, number of micro-batches, ...)."""
 
+    @property
+    def num_microbatches(self) -> int:
+        """Micro-batches per replica (``details["num_microbatches"]``)."""
+        return int(self.details.get("num_microbatches", 0))
+
     def to_dict(self) -> dict[str, Any]:
         """The JSON-ready summary (no timeline or trace events)."""
         return {

@@ -323,7 +323,7 @@ def test_plot_and_fidelity_reach_the_engine(
     assert res.exit_code == 2 and fake_engine["calls"][-1]["fidelity"] == "auto"
     from collsim.engine.step import FIDELITIES
 
-    assert run_mod.FIDELITY_CHOICES == FIDELITIES
+    assert run_mod.FIDELITY_CHOICES == (*FIDELITIES, "closed")
 
 
 @pytest.mark.parametrize(

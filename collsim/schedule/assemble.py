@@ -9,7 +9,7 @@ to its end time by construction (checked). FLOP/s, MFU and HFU follow Narayanan 
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from collsim.errors import SimulationError
 from collsim.parallel.plan import Plan
@@ -17,16 +17,47 @@ from collsim.schedule.result import BREAKDOWN_KEYS, MEMORY_KEYS, CollectiveStat,
 from collsim.units import GiB
 
 if TYPE_CHECKING:
-    from collsim.engine.core import Engine
+    from collections.abc import Iterable, Mapping
+
+    from collsim.parallel.plan import RankCoords
+    from collsim.schedule.memory import MemoryLedger
+    from collsim.schedule.result import TraceEvent
+    from collsim.schedule.stats import CallKey, CallTally
+
+
+class RankRecord(Protocol):
+    """What one played rank leaves behind."""
+
+    rank: int
+    coords: RankCoords
+    end_s: float
+    acct: dict[str, float]
+    ledger: MemoryLedger
+
+
+class PlayedStep(Protocol):
+    """A step played by either fidelity: its ranks, call tallies and trace."""
+
+    @property
+    def programs(self) -> Mapping[int, RankRecord]: ...
+
+    @property
+    def des_axes(self) -> frozenset[str]: ...
+
+    @property
+    def trace_events(self) -> list[TraceEvent]: ...
+
+    def stat_items(self) -> Iterable[tuple[CallKey, CallTally]]: ...
+
 
 __all__ = ["assemble"]
 
 
-def _collectives(engine: Engine) -> list[CollectiveStat]:
+def _collectives(engine: PlayedStep) -> list[CollectiveStat]:
     """Per (axis, op, size, group, algorithm): calls per issuing rank and their link time."""
     merged: dict[tuple[Any, ...], list[Any]] = {}
     ranks_of: dict[tuple[Any, ...], set[int]] = defaultdict(set)
-    for k, tally in engine.stats.items():
+    for k, tally in engine.stat_items():
         key = (k.axis, k.op, k.size_bytes, k.group_size, k.algorithm)
         slot = merged.setdefault(key, [0, 0.0, tally.busbw_bps])
         slot[0] += tally.count
@@ -52,7 +83,13 @@ def _collectives(engine: Engine) -> list[CollectiveStat]:
 
 
 def assemble(
-    plan: Plan, engine: Engine, *, layer_mode: bool, contended: list[str], zero_communication: bool
+    plan: Plan,
+    engine: PlayedStep,
+    *,
+    fidelity: str,
+    contended: list[str],
+    zero_communication: bool,
+    timeline: bool = True,
 ) -> StepResult:
     from collsim.workload import flops
 
@@ -84,7 +121,7 @@ def assemble(
         "num_microbatches": plan.num_microbatches,
         "critical_rank": critical.rank,
         "peak_memory_rank": top_rank,
-        "fidelity": "layer" if layer_mode else "fused",
+        "fidelity": fidelity,
         "contended_axes": list(contended),
         "des_axes": sorted(engine.des_axes),
         "zero_communication": zero_communication,
@@ -120,7 +157,9 @@ def assemble(
         collectives=_collectives(engine),
         warnings=warnings_out,
         mapping=plan.describe_mapping(),
-        memory_timeline={rank: prog.ledger.timeline() for rank, prog in programs.items()},
+        memory_timeline=(
+            {rank: prog.ledger.timeline() for rank, prog in programs.items()} if timeline else {}
+        ),
         trace_events=sorted(engine.trace_events, key=lambda e: (e.start_s, e.rank)),
         details=details,
     )
