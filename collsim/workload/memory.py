@@ -110,14 +110,43 @@ def model_state_bytes(
     )
 
 
-def layers_per_stage(num_layers: int, pp: int) -> list[int]:
-    """Layers on each pipeline stage: l // pp each, the first l % pp stages get one more."""
+def layers_per_stage(
+    num_layers: int,
+    pp: int,
+    *,
+    virtual_stages: int = 1,
+    first_offset: float = 0.0,
+    last_offset: float = 0.0,
+    chunk_sizes: Sequence[int] | None = None,
+) -> list[int]:
+    """Layers on each pipeline stage.
+
+    Without keywords: l // pp each, the first l % pp stages get one more. With virtual
+    stages, offsets or explicit ``chunk_sizes`` (virtual-stage order, as
+    ``parallel.layers_per_stage``): the sum over each stage's chunks of
+    :func:`balanced_chunk_layers` (or of the given sizes), the split ``Plan.chunk_layers``
+    uses.
+    """
     if pp <= 0 or pp > num_layers:
         raise ConfigError(
             f"must be in 1..num_layers ({num_layers}), got {pp}", key_path="parallel.pp"
         )
-    base, extra = divmod(num_layers, pp)
-    return [base + (1 if i < extra else 0) for i in range(pp)]
+    if chunk_sizes is None and virtual_stages == 1 and not first_offset and not last_offset:
+        base, extra = divmod(num_layers, pp)
+        return [base + (1 if i < extra else 0) for i in range(pp)]
+    sizes = (
+        list(chunk_sizes)
+        if chunk_sizes is not None
+        else balanced_chunk_layers(
+            num_layers, pp * virtual_stages, first_offset=first_offset, last_offset=last_offset
+        )
+    )
+    if len(sizes) % pp:
+        raise ConfigError(
+            f"{len(sizes)} chunk sizes do not split over pp = {pp}",
+            key_path="parallel.layers_per_stage",
+        )
+    return [sum(sizes[s::pp]) for s in range(pp)]
 
 
 def balanced_chunk_layers(
@@ -127,10 +156,10 @@ def balanced_chunk_layers(
     even as possible, where the first and the last chunk count ``first_offset`` and
     ``last_offset`` layers' worth of extra work (the embedding and the LM head + loss).
 
-    Each chunk gets round(cumulative target) - round(previous target) layers over the
-    ``num_layers + first_offset + last_offset`` layer-equivalents, so the split is even when
-    it can be (l divisible by the chunks and no offsets: l / chunks each, as Megatron) and
-    otherwise differs by at most one layer between interior chunks. Llama 3 405B on PP 16
+    Without offsets: l // chunks each, the first l % chunks chunks one more (l / chunks each
+    when it divides, as Megatron). With offsets each chunk gets round(cumulative target) -
+    round(previous target) layers over the ``num_layers + first_offset + last_offset``
+    layer-equivalents, so interior chunks differ by at most one layer. Llama 3 405B on PP 16
     ("The Llama 3 Herd of Models", arXiv 2407.21783, section 3.3.2: "we remove one Transformer
     layer each from the first and the last stages") is ``first_offset = last_offset = 1``:
     126 layers -> 7 on the first and last stages, 8 on the 14 others. Megatron-LM's
@@ -145,6 +174,9 @@ def balanced_chunk_layers(
             f"pp x virtual_stages ({chunks}) must be in 1..layers ({num_layers})",
             key_path="parallel.pp",
         )
+    if not first_offset and not last_offset:
+        base, extra = divmod(num_layers, chunks)
+        return [base + (1 if i < extra else 0) for i in range(chunks)]
     total = num_layers + first_offset + last_offset
     per = total / chunks
     bounds = [0]
