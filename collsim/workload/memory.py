@@ -221,7 +221,7 @@ def attention_parameters_per_rank(spec: TransformerSpec, tp: int) -> float:
         else:
             q = h * a * qk / tp
         kv_lora = spec.kv_lora_rank
-        kv = h * (kv_lora + spec.qk_rope_head_dim) + kv_lora
+        kv: float = h * (kv_lora + spec.qk_rope_head_dim) + kv_lora
         kv += kv_lora * a * (spec.qk_nope_head_dim + spec.value_head_dim) / tp
         return q + kv + out + (h if spec.bias else 0)
     d = spec.head_dim
