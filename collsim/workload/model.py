@@ -618,6 +618,7 @@ _MODERN = [
         sliding_window_layers=tuple(range(0, 36, 2)),
         num_experts=128,
         moe_top_k=4,
+        moe_ffn_hidden=2880,
         router_bias=True,
     ),
 ]
