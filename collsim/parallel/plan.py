@@ -429,6 +429,12 @@ def _check_experts_and_context(
                 f"expert ffn ({spec.expert_ffn_hidden}) must be divisible by etp, got {etp}",
                 key_path="parallel.etp",
             )
+        if tp > 1 and ep > 1 and not parallel.sequence_parallel:
+            raise ConfigError(
+                f"tp {tp} with ep {ep} needs sequence_parallel: true (Megatron-Core's rule for "
+                "expert parallelism under tensor parallelism)",
+                key_path="parallel.sequence_parallel",
+            )
         if spec.shared_ffn_hidden % tp:
             raise ConfigError(
                 f"shared-expert ffn ({spec.shared_ffn_hidden}) must be divisible by tp, got {tp}",
