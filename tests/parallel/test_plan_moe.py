@@ -76,13 +76,13 @@ def test_cp_sits_between_tp_and_pp(two_nodes) -> None:  # type: ignore[no-untype
 
 def test_expert_groups_fold_tp_cp_dp(two_nodes) -> None:  # type: ignore[no-untyped-def]
     # 16 GPUs: tp 2 x cp 2 x dp 4, pp 1; experts etp 1 x ep 8 x edp 2 over the 16 ranks.
-    plan = _plan(two_nodes, tp=2, cp=2, dp=4, ep=8)
+    plan = _plan(two_nodes, tp=2, cp=2, dp=4, ep=8, sequence_parallel=True)
     assert plan.edp == 2
     assert plan.group_of(0, "ep") == tuple(range(8))
     assert plan.group_of(3, "edp") == (3, 11)
     assert len(plan.groups("ep")) == 2
     # etp 2: etp groups are consecutive pairs, ep strides by 2
-    plan = _plan(two_nodes, tp=2, dp=8, ep=4, etp=2)
+    plan = _plan(two_nodes, tp=2, dp=8, ep=4, etp=2, sequence_parallel=True)
     assert plan.group_of(0, "etp") == (0, 1)
     assert plan.group_of(0, "ep") == (0, 2, 4, 6)
     assert plan.group_of(0, "edp") == (0, 8)
@@ -115,6 +115,7 @@ def test_hsdp_groups(two_nodes) -> None:  # type: ignore[no-untyped-def]
     [
         (MOE, dict(dp=16, ep=3), "parallel.ep", r"experts \(16\) must be divisible by ep"),
         (MOE, dict(tp=2, dp=8, ep=8, etp=4), "parallel.ep", r"ep x etp = 8 x 4 must divide"),
+        (MOE, dict(tp=2, dp=8, ep=4), "parallel.sequence_parallel", "needs sequence_parallel"),
         (MOE, dict(dp=4, cp=2, pp=2, ep=16), "parallel.ep", "must divide tp x cp x dp"),
         (
             get_preset("llama2-7b", seq_len=100, num_layers=4),
@@ -230,3 +231,52 @@ def test_moe_model_state_equals_its_formula() -> None:
     same = moe_model_state_bytes(dense, experts, zero=1, dp_cp=8, edp=8)
     assert same.total == pytest.approx(model_state_bytes(dense + experts, zero=1, dp=8).total)
     assert parameters_per_rank(spec, pp=4, stage=1, ep=64) == pytest.approx(dense + experts)
+
+
+def test_rank_model_states_by_hand(two_nodes) -> None:  # type: ignore[no-untyped-def]
+    from collsim.parallel.states import rank_model_states
+
+    # MOE on 16 GPUs: tp 2, dp 8, ep 4 -> edp = 2 x 8 / 4 = 4; ZeRO-1, bf16 Adam.
+    plan = _plan(two_nodes, tp=2, dp=8, ep=4, zero=1, sequence_parallel=True)
+    r = rank_model_states(plan)
+    dense, experts = stage_parameter_split(MOE, tp=2, ep=4)
+    assert (r.dense_params, r.expert_params) == (dense, experts)
+    assert (r.shard_group, r.expert_shard_group) == (8, 4)
+    assert r.total == pytest.approx(4 * (dense + experts) + 12 * (dense / 8 + experts / 4))
+    # HSDP: shard groups of 4 dp ranks, 2 replicas; experts over edp / 2 = 2
+    plan = _plan(
+        two_nodes,
+        tp=2,
+        dp=8,
+        ep=4,
+        zero=3,
+        sequence_parallel=True,
+        fsdp={"shard_group_size": 4, "reshard_after_forward": False},
+    )
+    r = rank_model_states(plan)
+    assert (r.shard_group, r.expert_shard_group) == (4, 2)
+    sharded = 16 * (dense / 4 + experts / 2)
+    assert r.states.total == pytest.approx(sharded)
+    # parameters kept gathered after forward: 2 bytes each, less the sharded copy
+    assert r.kept_gathered_bytes == pytest.approx(
+        2 * (dense + experts) - 2 * (dense / 4 + experts / 2)
+    )
+
+
+def test_rank_model_states_fp8_copies(two_nodes) -> None:  # type: ignore[no-untyped-def]
+    from collsim.parallel.sharding import fp8_weight_bytes
+    from collsim.parallel.states import rank_model_states
+
+    spec = get_preset("llama2-7b", num_layers=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CollsimWarning)
+        plan = build_plan(
+            two_nodes,
+            spec,
+            TrainingConfig(global_batch=16, dtype="fp8", fp8_recipe="blockwise"),
+            ParallelConfig(dp=16, zero=1),
+            for_simulation=False,
+        )
+    r = rank_model_states(plan)
+    gemm = r.dense_params - 2 * spec.vocab * spec.hidden  # both vocab matrices stay bf16
+    assert r.fp8_copy_bytes == pytest.approx(fp8_weight_bytes(gemm, "blockwise"))
