@@ -7,8 +7,12 @@ TP / EP / PP split, :func:`collsim.workload.memory.stage_parameter_split`):
 - the ZeRO table of :func:`collsim.workload.memory.moe_model_state_bytes` with the non-expert
   states sharded over N = dp x cp (Megatron-Core's ``dp-cp`` group; torchtitan folds cp into
   the FSDP shard dimension likewise) and the routed-expert states over N_e = edp =
-  tp x cp x dp / (ep x etp). With HSDP (``fsdp.shard_group_size`` = g) the shard groups shrink
-  to N = g x cp and N_e = edp x g / dp: states are replicated across the dp / g groups.
+  tp x cp x dp / (ep x etp). With HSDP (``fsdp.shard_group_size`` = g) the non-expert shard
+  group shrinks to N = g x cp (the dp_shard group x the cp ranks) and the expert shard group
+  to the ranks of a rank's edp group that are also in its shard group (torchtitan's
+  ``efsdp`` mesh: experts shard where their data-parallel group meets the FSDP shard
+  dimension): N_e = |edp group ∩ shard group|, 1 when the EP group already spans the shard
+  group; states are replicated across the rest.
 - FP8 weight copies (zero < 3; :func:`collsim.parallel.sharding.fp8_weight_bytes`): TE keeps an
   FP8 copy (and its transpose) of every local GEMM weight for the step. With zero 3 the copy is
   made from each gathered unit and freed with it, a transient the step's buffers carry, not a
@@ -27,7 +31,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from collsim.errors import ConfigError
 from collsim.parallel.sharding import fp8_weight_bytes
 from collsim.workload.memory import ModelStateBytes, moe_model_state_bytes, stage_parameter_split
 
@@ -65,11 +68,7 @@ class RankStates:
 
 
 def rank_model_states(plan: Plan, stage: int = 0) -> RankStates:
-    """Model-state bytes of a rank of ``stage`` (formulas in the module docstring).
-
-    Raises:
-        ConfigError: an HSDP group size that does not split the expert data-parallel group.
-    """
+    """Model-state bytes of a rank of ``stage`` (formulas in the module docstring)."""
     spec, par, training = plan.spec, plan.parallel, plan.training
     dense, experts = stage_parameter_split(
         spec,
@@ -80,16 +79,7 @@ def rank_model_states(plan: Plan, stage: int = 0) -> RankStates:
         etp=plan.etp,
         stage_layers=plan.stage_layers(stage),
     )
-    g = plan.shard_group_size
-    n = g * plan.cp
-    replicas = plan.dp // g
-    if plan.edp % replicas:
-        raise ConfigError(
-            f"{g}: the expert data-parallel group ({plan.edp}) must split into dp / "
-            f"shard_group_size = {replicas} replicas",
-            key_path="parallel.fsdp.shard_group_size",
-        )
-    n_e = plan.edp // replicas
+    n, n_e = _shard_groups(plan, stage)
     fp32 = str(training.dtype) == "fp32"
     states = moe_model_state_bytes(
         dense,
@@ -122,6 +112,20 @@ def rank_model_states(plan: Plan, stage: int = 0) -> RankStates:
         fp8_copy_bytes=copies,
         kept_gathered_bytes=max(0.0, kept),
     )
+
+
+def _shard_groups(plan: Plan, stage: int) -> tuple[int, int]:
+    """(N, N_e): the non-expert and expert shard group sizes of the first rank of ``stage``."""
+    from collsim.parallel.plan import ParallelAxis
+
+    rank = plan.stage_ranks(stage)[0]
+    shard = {
+        r
+        for d in plan.group_of(rank, ParallelAxis.DP_SHARD)
+        for r in plan.group_of(d, ParallelAxis.CP)
+    }
+    edp = set(plan.group_of(rank, ParallelAxis.EDP))
+    return len(shard), len(shard & edp)
 
 
 def _embeddings(plan: Plan, stage: int) -> int:
