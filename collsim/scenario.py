@@ -43,6 +43,7 @@ unit where they have one; unknown keys are rejected with ``file:line: key.path``
       ep: 1                    # expert parallel (folded over tp x cp x dp), etp: 1
       cp: 1                    # context parallel; cp_algorithm: ring | all_gather,
                                # cp_load_balance: true (2 x cp chunks)
+      pipeline_split: even     # even (layers must divide) | balanced (uneven when not)
       layers_per_stage: null   # [n, ...] per virtual stage; account_for_embedding,
                                # account_for_loss: balanced split counts them as a layer
 
@@ -474,6 +475,7 @@ def _read_parallel(reader: ConfigReader) -> ParallelConfig:
             "cp": int,
             "cp_algorithm": str,
             "cp_load_balance": bool,
+            "pipeline_split": str,
             "account_for_embedding": bool,
             "account_for_loss": bool,
         },

@@ -226,10 +226,14 @@ class ParallelConfig:
     2 cp - 1 - i (Megatron-Core / TE), so every rank has the same causal work."""
     layers_per_stage: tuple[int, ...] | None = None
     """Explicit layers per virtual pipeline stage (pp x virtual_stages entries, in virtual-stage
-    order c x pp + s); None: even, or balanced when the layers do not divide."""
+    order c x pp + s); None: as ``pipeline_split`` says."""
+    pipeline_split: str = "even"
+    """``even``: layers / (pp x virtual_stages) per chunk, which must divide (as Megatron
+    without first/last-stage layer counts); ``balanced``: as even as possible when they do
+    not divide (``collsim.workload.memory.balanced_chunk_layers``)."""
     account_for_embedding: bool = False
-    """Balanced split counts the input embedding as one layer on the first stage (Megatron
-    ``--account-for-embedding-in-pipeline-split``)."""
+    """The split counts the input embedding as one layer on the first stage (Megatron
+    ``--account-for-embedding-in-pipeline-split``); implies a balanced split."""
     account_for_loss: bool = False
     """Balanced split counts the LM head and loss as one layer on the last stage (Megatron
     ``--account-for-loss-in-pipeline-split``)."""
@@ -240,6 +244,11 @@ class ParallelConfig:
         object.__setattr__(
             self, "cp_algorithm", _enum(CPAlgorithm, self.cp_algorithm, "parallel.cp_algorithm")
         )
+        if self.pipeline_split not in ("even", "balanced"):
+            raise ConfigError(
+                f"must be one of even, balanced; got {self.pipeline_split!r}",
+                key_path="parallel.pipeline_split",
+            )
         if self.layers_per_stage is not None:
             layers = tuple(self.layers_per_stage)
             if len(layers) != self.pp * self.virtual_stages or any(

@@ -25,8 +25,9 @@ with the same index in each shard group.
 Pipeline layers: with interleaved 1F1B each stage holds ``virtual_stages`` model chunks; chunk
 ``c`` of stage ``s`` is virtual stage ``c * pp + s`` and holds contiguous layers (Megatron's
 ``get_num_layers_to_build`` with a virtual pipeline). Layers that divide evenly go l / (pp x v)
-per chunk, as before; otherwise (or with ``account_for_embedding`` / ``account_for_loss``)
-:func:`collsim.workload.memory.balanced_chunk_layers` splits them, or
+per chunk, as before, and must divide unless asked otherwise: with ``pipeline_split:
+balanced`` (or ``account_for_embedding`` / ``account_for_loss``)
+:func:`collsim.workload.memory.balanced_chunk_layers` splits them unevenly, or
 ``parallel.layers_per_stage`` lists them.
 """
 
@@ -397,8 +398,17 @@ def _chunk_sizes(spec: TransformerSpec, parallel: ParallelConfig) -> tuple[int, 
         )
     first = 1.0 if parallel.account_for_embedding else 0.0
     last = 1.0 if parallel.account_for_loss else 0.0
-    if spec.num_layers % n == 0 and first == 0 and last == 0:
+    balanced = parallel.pipeline_split == "balanced" or first or last
+    if spec.num_layers % n == 0 and not first and not last:
         return (spec.num_layers // n,) * n
+    if not balanced:
+        key = "parallel.virtual_stages" if v > 1 else "parallel.pp"
+        raise ConfigError(
+            f"model layers ({spec.num_layers}) must be divisible by "
+            f"pp x virtual_stages = {pp} x {v} (or set parallel.pipeline_split: balanced, or "
+            "list parallel.layers_per_stage)",
+            key_path=key,
+        )
     return tuple(balanced_chunk_layers(spec.num_layers, n, first_offset=first, last_offset=last))
 
 

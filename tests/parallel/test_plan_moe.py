@@ -179,9 +179,12 @@ def test_llama3_405b_balanced_split() -> None:
 
 def test_deepseek_61_layers_on_4x8() -> None:
     topo = load_topology("dgx_h100", nodes=4)
-    plan = _plan(
-        topo, get_preset("deepseek-v3"), gb=64, pp=4, dp=8, schedule="interleaved", virtual_stages=8
-    )
+    spec = get_preset("deepseek-v3")
+    par = dict(pp=4, dp=8, schedule="interleaved", virtual_stages=8)
+    with pytest.raises(ConfigError, match="pipeline_split: balanced") as info:
+        _plan(topo, spec, gb=64, **par)  # the default even split must divide
+    assert info.value.key_path == "parallel.virtual_stages"
+    plan = _plan(topo, spec, gb=64, pipeline_split="balanced", **par)
     layers = sorted(i for s in range(4) for i in plan.stage_layers(s))
     assert layers == list(range(61))
     assert (
