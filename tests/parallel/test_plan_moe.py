@@ -283,3 +283,14 @@ def test_rank_model_states_fp8_copies(two_nodes) -> None:  # type: ignore[no-unt
     r = rank_model_states(plan)
     gemm = r.dense_params - 2 * spec.vocab * spec.hidden  # both vocab matrices stay bf16
     assert r.fp8_copy_bytes == pytest.approx(fp8_weight_bytes(gemm, "blockwise"))
+
+
+def test_unpriced_options_warn(two_nodes) -> None:  # type: ignore[no-untyped-def]
+    spec = get_preset("llama2-7b", num_layers=4)
+    with pytest.warns(CollsimWarning, match="reduce_dtype: fp32 is not priced yet"):
+        build_plan(
+            two_nodes,
+            spec,
+            TrainingConfig(global_batch=16),
+            ParallelConfig(dp=16, zero=3, fsdp=FSDPConfig(reduce_dtype="fp32")),
+        )
