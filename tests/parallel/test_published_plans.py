@@ -86,16 +86,25 @@ def test_run_refuses_unpriced_axes(name: str, key: str) -> None:
     assert "\n" not in line and key in line and "not simulated yet" in line
 
 
+DS = "moe_deepseek_v3_h100_256.yaml"
+L70 = "cp_llama3_70b_h100_64.yaml"
+
+
 @pytest.mark.parametrize(
-    ("sets", "key", "match"),
+    ("base", "sets", "key", "match"),
     [
-        (["parallel.ep=48"], "parallel.ep", "divisible by ep"),
-        (["parallel.ep=64", "parallel.dp=32", "cluster.nodes=16"], "parallel.ep", "must divide"),
-        (["model.seq_len=4002"], "parallel.cp", "2 x cp"),
+        (DS, ["parallel.ep=48"], "parallel.ep", "divisible by ep"),
+        (
+            DS,
+            ["parallel.ep=64", "parallel.dp=32", "cluster.nodes=16"],
+            "parallel.ep",
+            "must divide",
+        ),
+        (L70, ["model.seq_len=4002"], "parallel.cp", "2 x cp"),
+        (L70, ["model.kv_heads=3"], "model.kv_heads", "divisible by kv_heads"),
     ],
 )
-def test_bad_plans_exit_2_with_the_key(sets: list[str], key: str, match: str) -> None:
-    base = "moe_deepseek_v3_h100_256.yaml" if "parallel.cp" != key else "cp_llama3_70b_h100_64.yaml"
+def test_bad_plans_exit_2_with_the_key(base: str, sets: list[str], key: str, match: str) -> None:
     args = ["run", str(ROOT / "scenarios" / "published" / base)]
     for s in sets:
         args += ["--set", s]
