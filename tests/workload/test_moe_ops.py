@@ -150,3 +150,20 @@ def test_model_flops_ignore_padding_and_imbalance() -> None:
     spec = get_preset("mixtral-8x7b", seq_len=512)
     padded = dataclasses.replace(spec, capacity_factor=2.0, load_imbalance=1.3)
     assert model_flops_per_step(padded, 4) == model_flops_per_step(spec, 4)
+
+
+def test_window_and_mla_model_flops() -> None:
+    # GPT-OSS: model FLOPs of the attention core count s x s on full layers and s x w on
+    # the 18 windowed ones (QK^T and AV: 2 x 2 x s x keys x d per head).
+    oss = get_preset("gpt-oss-120b", seq_len=1024)
+    core = forward_layers_flops(oss, 1, ("attn_scores", "attn_values"))
+    s, w, d, a = 1024, 128, 64, 64
+    assert core == pytest.approx(18 * 4 * a * s * s * d + 18 * 4 * a * s * w * d)
+    # DeepSeek-V3: q/k width 192 and v width 128 in the core, every projection counted once.
+    ds = get_preset("deepseek-v3", seq_len=512)
+    core = forward_layers_flops(ds, 1, ("attn_scores", "attn_values"))
+    assert core == pytest.approx(61 * 2 * 128 * 512 * 512 * (192 + 128))
+    proj = forward_layers_flops(ds, 1, ("q_down", "q_up", "kv_down", "kv_up", "out_proj"))
+    q = 7168 * 1536 + 1536 * 128 * 192
+    kv = 7168 * 576 + 512 * 128 * 256
+    assert proj == pytest.approx(61 * 2 * 512 * (q + kv + 128 * 128 * 7168))
