@@ -35,8 +35,10 @@ field names and defaults read in transformers 5.24.0, ``models/*/configuration_*
   module (``num_nextn_predict_layers`` = 1) is not part of the model here: 671 B total and
   37 B active in the report count the main model only.
 - mixtral-8x7b / 8x22b: Jiang et al. 2024 "Mixtral of Experts" (arXiv 2401.04088) Table 1 and
-  ``MixtralConfig`` (8x7B: 32 x 4096, ffn 14336, 32 q / 8 kv heads, vocab 32000; 8x22B: 56 x
-  6144, ffn 16384, 48 q / 8 kv heads, vocab 32768); 8 experts, top-2, every layer MoE.
+  ``MixtralConfig`` defaults (the 8x7B: 32 x 4096, ffn 14336, 32 q / 8 kv heads, vocab 32000);
+  8x22B as Mistral AI's Mixtral-8x22B-v0.1 release (56 x 6144, ffn 16384, 48 q / 8 kv heads,
+  vocab 32000, context 65536; Cerebras modelzoo's Mixtral 8x22B config restates the vocab and
+  context; the later v0.3 tokenizer has 32768 tokens); 8 experts, top-2, every layer MoE.
 - qwen3-30b-a3b / qwen3-235b-a22b: Qwen Team 2025 "Qwen3 Technical Report" (arXiv 2505.09388)
   Table 2 and ``Qwen3MoeConfig`` field names (30B-A3B: 48 x 2048, 32 q / 4 kv heads of 128,
   128 experts of 768, top-8; 235B-A22B: 94 x 4096, 64 q / 4 kv heads of 128, 128 experts of
@@ -563,7 +565,7 @@ _MODERN = [
         num_kv_heads=8,
         ffn_hidden=16384,
         seq_len=65536,
-        vocab=32768,
+        vocab=32000,
         num_experts=8,
         moe_top_k=2,
     ),
