@@ -20,7 +20,15 @@ unit where they have one; unknown keys are rejected with ``file:line: key.path``
       dropout: true
       seq_len: 2048
       vocab: 51200
+      # or hf_config: path/config.json (relative to the scenario file), keys above override it
+      # attention variants: head_dim, qkv_bias, qk_norm, attention_sinks, flash_attention,
+      #   q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim (MLA),
+      #   sliding_window, sliding_window_layers: all | even | odd | [0, 2, ...]
+      # mixture of experts: experts, top_k, shared_experts, expert_ffn_hidden,
+      #   shared_expert_ffn_hidden, first_k_dense, capacity_factor (null = dropless),
+      #   router: softmax | sigmoid, router_bias, load_imbalance
     training: {global_batch: 1536, micro_batch: 1, dtype: bf16, optimizer: adam, recompute: full}
+      # fp8_recipe: tensorwise | delayed | blockwise | mxfp8 (with dtype: fp8)
     parallel:
       tp: 8
       pp: 8
@@ -30,7 +38,14 @@ unit where they have one; unknown keys are rejected with ``file:line: key.path``
       sequence_parallel: false
       zero: 1                  # 0 = DDP, 1, 2, 3 (= FSDP full shard)
       ddp: {bucket_mb: 25, first_bucket_mb: 1, overlap: true, gradient_as_bucket_view: false}
-      fsdp: {prefetch: 1, reshard_after_forward: true, offload: false}
+      fsdp: {prefetch: 1, reshard_after_forward: true, offload: false,
+             shard_group_size: null, reduce_dtype: null, fp8_all_gather: false}
+      ep: 1                    # expert parallel (folded over tp x cp x dp), etp: 1
+      cp: 1                    # context parallel; cp_algorithm: ring | all_gather,
+                               # cp_load_balance: true (2 x cp chunks)
+      pipeline_split: even     # even (layers must divide) | balanced (uneven when not)
+      layers_per_stage: null   # [n, ...] per virtual stage; account_for_embedding,
+                               # account_for_loss: balanced split counts them as a layer
 
 ``--set key.path=value`` overrides (the value is parsed as YAML) are applied to the document
 before it is read, so they go through the same checks; their errors are located at ``--set``.
@@ -55,7 +70,7 @@ import yaml
 
 from collsim.errors import ConfigError
 from collsim.parallel.config import DDPConfig, FSDPConfig, ParallelConfig, TrainingConfig
-from collsim.yamlio import ConfigReader, YamlDoc, load_yaml, positive
+from collsim.yamlio import ConfigReader, YamlDoc, load_yaml, non_negative, positive
 
 if TYPE_CHECKING:
     from collsim.topology import Topology
@@ -80,7 +95,23 @@ MODEL_KEYS: dict[str, str] = {
     "ffn_hidden": "ffn_hidden",
     "seq_len": "seq_len",
     "vocab": "vocab",
+    "head_dim": "head_size",
+    "q_lora_rank": "q_lora_rank",
+    "kv_lora_rank": "kv_lora_rank",
+    "qk_nope_head_dim": "qk_nope_head_dim",
+    "qk_rope_head_dim": "qk_rope_head_dim",
+    "v_head_dim": "v_head_dim",
+    "sliding_window": "sliding_window",
+    "experts": "num_experts",
+    "top_k": "moe_top_k",
+    "shared_experts": "num_shared_experts",
+    "expert_ffn_hidden": "moe_ffn_hidden",
+    "shared_expert_ffn_hidden": "shared_expert_ffn_hidden",
+    "first_k_dense": "first_k_dense",
 }
+
+#: MODEL_KEYS that may be 0 (the others must be > 0).
+_ZERO_OK = ("qk_rope_head_dim", "shared_experts", "first_k_dense", "experts")
 
 #: further TransformerSpec fields a scenario may set, with their YAML type.
 MODEL_STYLE_KEYS: dict[str, type] = {
@@ -90,9 +121,18 @@ MODEL_STYLE_KEYS: dict[str, type] = {
     "position_embedding": str,
     "tied_embeddings": bool,
     "dropout": bool,
+    "flash_attention": bool,
+    "qkv_bias": bool,
+    "qk_norm": bool,
+    "attention_sinks": bool,
+    "router": str,
+    "router_bias": bool,
+    "load_imbalance": float,
 }
 
 _FIELD_TO_KEY = {attr: key for key, attr in MODEL_KEYS.items()}
+_FIELD_TO_KEY["sliding_window_layers"] = "sliding_window_layers"
+_FIELD_TO_KEY["capacity_factor"] = "capacity_factor"
 
 _REQUIRED_WITHOUT_PRESET = ("layers", "hidden", "heads", "seq_len", "vocab")
 
@@ -272,7 +312,7 @@ def _read(doc: YamlDoc, overrides: tuple[_Override, ...], source: Path | None) -
     default_name = source.stem if source is not None else "scenario"
     name = root.get("name", str, default=default_name)
     cluster = _read_cluster(root.section("cluster"), source)
-    model = _read_model(root.section("model"), name)
+    model = _read_model(root.section("model"), name, source)
     training = _read_training(root.section("training"))
     parallel = _read_parallel(root.section("parallel", default_empty=True))
     root.finish()
@@ -304,19 +344,62 @@ def _resolve_topology(spec: str, source: Path | None) -> str:
     return str(beside) if beside.exists() else spec
 
 
-def _read_model(reader: ConfigReader, scenario_name: str) -> TransformerSpec:
+def _window_layers(reader: ConfigReader, values: dict[str, Any], base: Any) -> None:
+    """``sliding_window_layers``: all | even | odd | a list of layer indices."""
+    raw = reader.get("sliding_window_layers", (str, list), default=None)
+    if raw is None:
+        return
+    layers = values.get("num_layers", base.num_layers if base is not None else 0)
+    if isinstance(raw, str):
+        choice = raw.lower()
+        if choice == "all":
+            values["sliding_window_layers"] = None
+        elif choice in ("even", "odd"):
+            values["sliding_window_layers"] = tuple(range(0 if choice == "even" else 1, layers, 2))
+        else:
+            raise reader.error(
+                f"must be all, even, odd or a list of layer indices; got {raw!r}",
+                "sliding_window_layers",
+            )
+        return
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in raw):
+        raise reader.error(f"must list integer layer indices, got {raw!r}", "sliding_window_layers")
+    values["sliding_window_layers"] = tuple(raw)
+
+
+def _read_hf_base(reader: ConfigReader, source: Path | None) -> Any:
+    from collsim.workload.hf_config import spec_from_hf_config
+
+    path = reader.get("hf_config", str, default=None)
+    if path is None:
+        return None
+    p = Path(path)
+    if not p.is_absolute() and source is not None and (source.parent / p).exists():
+        p = source.parent / p
+    seq = reader.data.get("seq_len") if isinstance(reader.data.get("seq_len"), int) else None
+    return spec_from_hf_config(p, seq_len=seq)
+
+
+def _read_model(
+    reader: ConfigReader, scenario_name: str, source: Path | None = None
+) -> TransformerSpec:
     from collsim.workload import TransformerSpec, get_preset
 
     preset_name = reader.get("preset", str, default=None)
     base = None
     if preset_name is not None:
+        if reader.has("hf_config"):
+            raise reader.error("give model.preset or model.hf_config, not both", "hf_config")
         try:
             base = get_preset(preset_name)
         except ConfigError as exc:
             raise reader.error(exc.message, "preset") from None
+    else:
+        base = _read_hf_base(reader, source)
     values: dict[str, Any] = {}
     for key, attr in MODEL_KEYS.items():
-        value = reader.get(key, int, default=None, check=positive)
+        check = non_negative if key in _ZERO_OK else positive
+        value = reader.get(key, int, default=None, check=check)
         if value is not None:
             values[attr] = value
         elif base is None and key in _REQUIRED_WITHOUT_PRESET:
@@ -325,12 +408,19 @@ def _read_model(reader: ConfigReader, scenario_name: str) -> TransformerSpec:
         value = reader.get(key, kind, default=None)
         if value is not None:
             values[key] = value
+    if reader.has("capacity_factor"):
+        values["capacity_factor"] = reader.get(
+            "capacity_factor", float, default=None, check=positive
+        )
+    _window_layers(reader, values, base)
     reader.finish()
 
     heads = values.get("num_heads", base.num_heads if base is not None else 0)
     hidden = values.get("hidden", base.hidden if base is not None else 0)
     kv_heads = values.get("num_kv_heads", base.num_kv_heads if base is not None else None)
-    if hidden % heads:
+    explicit_dim = values.get("head_size", base.head_size if base is not None else None)
+    mla = values.get("kv_lora_rank", base.kv_lora_rank if base is not None else None)
+    if explicit_dim is None and mla is None and hidden % heads:
         raise reader.error(f"hidden ({hidden}) must be divisible by heads ({heads})", "heads")
     if kv_heads is not None and heads % kv_heads:
         raise reader.error(
@@ -353,7 +443,15 @@ def _read_model(reader: ConfigReader, scenario_name: str) -> TransformerSpec:
 def _read_training(reader: ConfigReader) -> TrainingConfig:
     kwargs: dict[str, Any] = {"global_batch": reader.get("global_batch", int)}
     _copy_optional(
-        reader, kwargs, {"micro_batch": int, "dtype": str, "optimizer": str, "recompute": str}
+        reader,
+        kwargs,
+        {
+            "micro_batch": int,
+            "dtype": str,
+            "optimizer": str,
+            "recompute": str,
+            "fp8_recipe": str,
+        },
     )
     reader.finish()
     return TrainingConfig(**kwargs)
@@ -372,8 +470,19 @@ def _read_parallel(reader: ConfigReader) -> ParallelConfig:
             "virtual_stages": int,
             "sequence_parallel": bool,
             "zero": int,
+            "ep": int,
+            "etp": int,
+            "cp": int,
+            "cp_algorithm": str,
+            "cp_load_balance": bool,
+            "pipeline_split": str,
+            "account_for_embedding": bool,
+            "account_for_loss": bool,
         },
     )
+    split = reader.get("layers_per_stage", list, default=None)
+    if split is not None:
+        kwargs["layers_per_stage"] = tuple(split)
     ddp = reader.section("ddp", default_empty=True)
     ddp_kwargs: dict[str, Any] = {}
     _copy_optional(
@@ -390,7 +499,16 @@ def _read_parallel(reader: ConfigReader) -> ParallelConfig:
     fsdp = reader.section("fsdp", default_empty=True)
     fsdp_kwargs: dict[str, Any] = {}
     _copy_optional(
-        fsdp, fsdp_kwargs, {"prefetch": int, "reshard_after_forward": bool, "offload": bool}
+        fsdp,
+        fsdp_kwargs,
+        {
+            "prefetch": int,
+            "reshard_after_forward": bool,
+            "offload": bool,
+            "shard_group_size": int,
+            "reduce_dtype": str,
+            "fp8_all_gather": bool,
+        },
     )
     fsdp.finish()
     kwargs["ddp"] = DDPConfig(**ddp_kwargs)

@@ -1,12 +1,18 @@
-"""The parallel plan: TP x PP x DP sizes, rank mapping, pipeline schedules, DDP buckets, FSDP.
+"""The parallel plan: TP x CP x PP x DP (+ EP) sizes, rank mapping, pipeline schedules, DDP
+buckets, FSDP, and the EP / CP / HSDP / FP8 volumes.
 
 - :mod:`~collsim.parallel.config`: the ``training`` and ``parallel`` sections (frozen dataclasses).
 - :mod:`~collsim.parallel.plan`: ``build_plan`` checks a plan and maps ranks (TP inside a node,
-  then PP, DP outermost).
+  then CP, then PP, DP outermost; experts folded over tp x cp x dp).
 - :mod:`~collsim.parallel.schedules`: GPipe, 1F1B, interleaved 1F1B op order (Narayanan 2021).
 - :mod:`~collsim.parallel.params`: a rank's parameter tensors per model chunk.
 - :mod:`~collsim.parallel.buckets`: torch DDP gradient buckets.
 - :mod:`~collsim.parallel.fsdp`: FSDP / ZeRO-3 units and prefetch order.
+- :mod:`~collsim.parallel.moe`: expert-parallel dispatch and combine volumes.
+- :mod:`~collsim.parallel.context`: ring attention and all-gather-KV volumes.
+- :mod:`~collsim.parallel.sharding`: HSDP reduce-scatter + all-reduce, FSDP all-gather, FP8 copies.
+- :mod:`~collsim.parallel.layer_comms`: where the EP and CP collectives sit in a layer.
+- :mod:`~collsim.parallel.states`: model-state bytes of a rank of a plan (MoE, HSDP, FP8).
 """
 
 from __future__ import annotations

@@ -23,6 +23,8 @@ __all__ = [
     "DDPConfig",
     "FSDPConfig",
     "ParallelConfig",
+    "CPAlgorithm",
+    "FP8Recipe",
 ]
 
 
@@ -46,6 +48,38 @@ class Recompute(StrEnum):
     NONE = "none"
     SELECTIVE = "selective"
     FULL = "full"
+
+
+class CPAlgorithm(StrEnum):
+    """How context-parallel ranks exchange keys and values.
+
+    ``ring``: KV blocks passed around the CP ring, one step per peer, overlapped with the
+    attention blocks (Liu et al. 2023 "Ring Attention", Megatron-Core / Transformer Engine
+    ``cp_comm_type: p2p``). ``all_gather``: every rank all-gathers the whole sequence's K and
+    V before attention ("The Llama 3 Herd of Models", arXiv 2407.21783, section 3.3.2; TE
+    ``cp_comm_type: all_gather``).
+    """
+
+    RING = "ring"
+    ALL_GATHER = "all_gather"
+
+
+class FP8Recipe(StrEnum):
+    """FP8 scaling recipes (Transformer Engine ``transformer_engine.common.recipe``).
+
+    ``tensorwise``: one scale per tensor from its current amax (TE ``Float8CurrentScaling``,
+    torchao ``Float8LinearConfig`` tensorwise, the torchtitan default); ``delayed``: one scale
+    per tensor from an amax history (TE ``DelayedScaling``, history length 1024 by default);
+    ``blockwise``: 128 x 128 weight blocks and 1 x 128 activation tiles, one fp32 scale each
+    (DeepSeek-V3 report section 3.3.2; TE ``Float8BlockScaling``); ``mxfp8``: 32-element blocks
+    with an E8M0 (1-byte) scale (OCP Microscaling Formats spec v1.0; TE ``MXFP8BlockScaling``,
+    Blackwell).
+    """
+
+    TENSORWISE = "tensorwise"
+    DELAYED = "delayed"
+    BLOCKWISE = "blockwise"
+    MXFP8 = "mxfp8"
 
 
 class ScheduleKind(StrEnum):
@@ -79,10 +113,21 @@ class TrainingConfig:
     """Compute and activation dtype (mixed precision keeps fp32 master weights with Adam)."""
     optimizer: Optimizer = Optimizer.ADAM
     recompute: Recompute = Recompute.NONE
+    fp8_recipe: FP8Recipe | None = None
+    """FP8 scaling recipe (needs ``dtype: fp8``); None with fp8 means ``tensorwise``."""
 
     def __post_init__(self) -> None:
         _positive(self.global_batch, "training.global_batch")
         _positive(self.micro_batch, "training.micro_batch")
+        if self.fp8_recipe is not None:
+            object.__setattr__(
+                self, "fp8_recipe", _enum(FP8Recipe, self.fp8_recipe, "training.fp8_recipe")
+            )
+            if str(self.dtype).lower() != "fp8":
+                raise ConfigError(
+                    f"an fp8 recipe needs dtype: fp8, got dtype: {self.dtype}",
+                    key_path="training.fp8_recipe",
+                )
         object.__setattr__(self, "dtype", _enum(Dtype, self.dtype, "training.dtype"))
         object.__setattr__(
             self, "optimizer", _enum(Optimizer, self.optimizer, "training.optimizer")
@@ -119,14 +164,37 @@ class FSDPConfig:
     prefetch: int = 1
     """How many units ahead the all-gather is issued (0 = no prefetch), forward and backward."""
     reshard_after_forward: bool = True
+    """False keeps the all-gathered parameters from forward to backward (no second
+    all-gather; the Llama 3 405B choice, arXiv 2407.21783 section 3.3.2)."""
     offload: bool = False
     """Keep sharded parameters, gradients and optimizer state in CPU memory (PCIe traffic)."""
+    shard_group_size: int | None = None
+    """HSDP (torch FSDP2 ``HYBRID_SHARD`` / a 2-D device mesh ``(replicate, shard)``): shard
+    inside groups of this many consecutive data-parallel ranks and replicate across the
+    dp / size groups; gradients reduce-scatter inside a group, then all-reduce across. None
+    shards over the whole data-parallel group."""
+    reduce_dtype: Dtype | None = None
+    """Gradient reduction dtype (FSDP2 ``MixedPrecisionPolicy.reduce_dtype``): ``fp32`` as in
+    Llama 3 405B; None reduces in the training dtype."""
+    fp8_all_gather: bool = False
+    """All-gather the FP8 copies of the weights instead of bf16 (torchao
+    ``enable_fsdp_float8_all_gather``; Megatron ``--fp8-param-gather``): half the bytes."""
 
     def __post_init__(self) -> None:
         if self.prefetch < 0:
             raise ConfigError(
                 f"must be >= 0, got {self.prefetch}", key_path="parallel.fsdp.prefetch"
             )
+        if self.shard_group_size is not None:
+            _positive(self.shard_group_size, "parallel.fsdp.shard_group_size")
+        if self.reduce_dtype is not None:
+            value = _enum(Dtype, self.reduce_dtype, "parallel.fsdp.reduce_dtype")
+            if value not in (Dtype.BF16, Dtype.FP32, Dtype.FP16):
+                raise ConfigError(
+                    f"must be one of bf16, fp16, fp32; got {self.reduce_dtype!r}",
+                    key_path="parallel.fsdp.reduce_dtype",
+                )
+            object.__setattr__(self, "reduce_dtype", value)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -145,10 +213,53 @@ class ParallelConfig:
     shard)."""
     ddp: DDPConfig = field(default_factory=DDPConfig)
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
+    ep: int = 1
+    """Expert-parallel size: routed experts split over ep ranks (folded over tp x cp x dp)."""
+    etp: int = 1
+    """Expert tensor-parallel size: each expert's inner width split over etp ranks."""
+    cp: int = 1
+    """Context-parallel size: the sequence split over cp ranks (tp x cp x pp x dp GPUs)."""
+    cp_algorithm: CPAlgorithm = CPAlgorithm.RING
+    """``ring`` (Megatron-Core's default p2p exchange) or ``all_gather`` (Llama 3)."""
+    cp_load_balance: bool = True
+    """Causal load balancing: the sequence in 2 x cp chunks, rank i holding chunks i and
+    2 cp - 1 - i (Megatron-Core / TE), so every rank has the same causal work."""
+    layers_per_stage: tuple[int, ...] | None = None
+    """Explicit layers per virtual pipeline stage (pp x virtual_stages entries, in virtual-stage
+    order c x pp + s); None: as ``pipeline_split`` says."""
+    pipeline_split: str = "even"
+    """``even``: layers / (pp x virtual_stages) per chunk, which must divide (as Megatron
+    without first/last-stage layer counts); ``balanced``: as even as possible when they do
+    not divide (``collsim.workload.memory.balanced_chunk_layers``)."""
+    account_for_embedding: bool = False
+    """The split counts the input embedding as one layer on the first stage (Megatron
+    ``--account-for-embedding-in-pipeline-split``); implies a balanced split."""
+    account_for_loss: bool = False
+    """Balanced split counts the LM head and loss as one layer on the last stage (Megatron
+    ``--account-for-loss-in-pipeline-split``)."""
 
     def __post_init__(self) -> None:
-        for key in ("tp", "pp", "dp", "virtual_stages"):
+        for key in ("tp", "pp", "dp", "virtual_stages", "ep", "etp", "cp"):
             _positive(getattr(self, key), f"parallel.{key}")
+        object.__setattr__(
+            self, "cp_algorithm", _enum(CPAlgorithm, self.cp_algorithm, "parallel.cp_algorithm")
+        )
+        if self.pipeline_split not in ("even", "balanced"):
+            raise ConfigError(
+                f"must be one of even, balanced; got {self.pipeline_split!r}",
+                key_path="parallel.pipeline_split",
+            )
+        if self.layers_per_stage is not None:
+            layers = tuple(self.layers_per_stage)
+            if len(layers) != self.pp * self.virtual_stages or any(
+                not isinstance(n, int) or isinstance(n, bool) or n <= 0 for n in layers
+            ):
+                raise ConfigError(
+                    f"must list pp x virtual_stages = {self.pp * self.virtual_stages} positive "
+                    f"layer counts, got {list(layers)}",
+                    key_path="parallel.layers_per_stage",
+                )
+            object.__setattr__(self, "layers_per_stage", layers)
         object.__setattr__(
             self, "schedule", _enum(ScheduleKind, self.schedule, "parallel.schedule")
         )
@@ -164,4 +275,4 @@ class ParallelConfig:
 
     @property
     def world_size(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.cp * self.pp * self.dp

@@ -10,6 +10,7 @@ tied LM head with pp > 1 keeps a copy of the embedding matrix on the last stage 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -35,32 +36,56 @@ class ParamTensor:
     segment: str | int
 
 
-def layer_tensors(spec: TransformerSpec, layer: int, tp: int) -> list[ParamTensor]:
-    """The tensors of one transformer layer on one TP rank, in forward registration order."""
+def layer_tensors(
+    spec: TransformerSpec, layer: int, tp: int, *, ep: int = 1, etp: int = 1
+) -> list[ParamTensor]:
+    """The tensors of one transformer layer on one TP rank, in forward registration order.
+
+    Their sum is ``collsim.workload.memory.layer_parameters_per_rank(spec, tp, layer=layer,
+    ep=ep, etp=etp)``: MLA projections, routed experts (E / ep per rank, width / etp, as one
+    grouped tensor per projection), shared experts and the router where the model has them.
+    """
+    from collsim.workload.memory import attention_parameters_per_rank
+
     h, f = spec.hidden, spec.ffn_hidden
-    qkv = spec.qkv_width
-    up = (2 if spec.gated_mlp else 1) * f
     norm = spec.norm_parameters() // h  # 2 (LN) or 1 (RMS)
     bias = spec.bias
     p = f"L{layer}."
-    out: list[ParamTensor] = [
-        ParamTensor(p + "attn_norm", norm * h, layer),
-        ParamTensor(p + "qkv.weight", h * qkv // tp, layer),
-    ]
-    if bias:
-        out.append(ParamTensor(p + "qkv.bias", qkv // tp, layer))
-    out.append(ParamTensor(p + "out_proj.weight", h * h // tp, layer))
-    if bias:
-        out.append(ParamTensor(p + "out_proj.bias", h, layer))
-    out += [
-        ParamTensor(p + "mlp_norm", norm * h, layer),
-        ParamTensor(p + "mlp_up.weight", h * up // tp, layer),
-    ]
-    if bias:
-        out.append(ParamTensor(p + "mlp_up.bias", up // tp, layer))
-    out.append(ParamTensor(p + "mlp_down.weight", f * h // tp, layer))
-    if bias:
-        out.append(ParamTensor(p + "mlp_down.bias", h, layer))
+    out: list[ParamTensor] = [ParamTensor(p + "attn_norm", norm * h, layer)]
+    if spec.is_mla or spec.qkv_bias is not None or spec.qk_norm or spec.attention_sinks:
+        out.append(ParamTensor(p + "attention", attention_parameters_per_rank(spec, tp), layer))
+    else:
+        qkv = spec.qkv_width
+        out.append(ParamTensor(p + "qkv.weight", h * qkv // tp, layer))
+        if bias:
+            out.append(ParamTensor(p + "qkv.bias", qkv // tp, layer))
+        out.append(ParamTensor(p + "out_proj.weight", spec.attention_width * h // tp, layer))
+        if bias:
+            out.append(ParamTensor(p + "out_proj.bias", h, layer))
+    out.append(ParamTensor(p + "mlp_norm", norm * h, layer))
+    if spec.is_moe_layer(layer):
+        out.append(ParamTensor(p + "router", spec.router_parameters(), layer))
+        out += _mlp_tensors(spec, p + "experts.", spec.expert_ffn_hidden, etp, layer, ep=ep)
+        if spec.shared_ffn_hidden:
+            out += _mlp_tensors(spec, p + "shared.", spec.shared_ffn_hidden, tp, layer)
+        return out
+    return out + _mlp_tensors(spec, p + "mlp_", f, tp, layer)
+
+
+def _mlp_tensors(
+    spec: TransformerSpec, prefix: str, width: int, split: int, layer: int, *, ep: int = 0
+) -> list[ParamTensor]:
+    """Up (and gate) and down of an MLP of inner ``width`` split over ``split`` ranks; with
+    ``ep`` the E / ep routed experts of the rank stacked in one tensor per projection."""
+    h = spec.hidden
+    up = (2 if spec.gated_mlp else 1) * width
+    many = spec.num_experts / ep if ep else 1
+    out = [ParamTensor(f"{prefix}up.weight", many * h * up / split, layer)]
+    if spec.bias:
+        out.append(ParamTensor(f"{prefix}up.bias", many * up / split, layer))
+    out.append(ParamTensor(f"{prefix}down.weight", many * width * h / split, layer))
+    if spec.bias:
+        out.append(ParamTensor(f"{prefix}down.bias", many * h, layer))
     return out
 
 
@@ -71,7 +96,15 @@ def _vocab_rows(spec: TransformerSpec, tp: int) -> float:
 
 
 def chunk_tensors(
-    spec: TransformerSpec, layers: range, *, tp: int, first: bool, last: bool, pp: int
+    spec: TransformerSpec,
+    layers: range | Sequence[int],
+    *,
+    tp: int,
+    first: bool,
+    last: bool,
+    pp: int,
+    ep: int = 1,
+    etp: int = 1,
 ) -> list[ParamTensor]:
     """All tensors of one model chunk on one TP rank, in registration order.
 
@@ -90,7 +123,7 @@ def chunk_tensors(
         if spec.position_embedding == "learned":
             out.append(ParamTensor("embedding.position", spec.seq_len * h, "embedding"))
     for layer in layers:
-        out += layer_tensors(spec, layer, tp)
+        out += layer_tensors(spec, layer, tp, ep=ep, etp=etp)
     if last:
         out.append(ParamTensor("head.final_norm", spec.norm_parameters(), "head"))
         if not spec.tied_embeddings or pp > 1:

@@ -1,15 +1,34 @@
-"""The parallel plan: checks a TP x PP x DP combination and maps ranks onto the cluster.
+"""The parallel plan: checks a TP x CP x PP x DP combination (with EP folded in) and maps
+ranks onto the cluster.
 
 Rank layout follows Megatron-LM's default order (Narayanan et al. 2021, section 3.3: "tensor
 model parallelism within a multi-GPU server, pipeline model parallelism across servers"):
-tensor parallel is innermost (consecutive ranks, inside a node), then pipeline, then data
-parallel outermost::
+tensor parallel is innermost (consecutive ranks, inside a node), then context parallel (next
+to TP, as Megatron-Core's ``tp-cp-ep-dp-pp`` order puts it, so that the CP exchange stays in
+the node when tp x cp fits), then pipeline, then data parallel outermost::
 
-    rank = dp_index * (pp * tp) + pp_index * tp + tp_index
+    rank = ((dp_index * pp + pp_index) * cp + cp_index) * tp + tp_index
 
-With interleaved 1F1B each stage holds ``virtual_stages`` model chunks; chunk ``c`` of stage
-``s`` is virtual stage ``c * pp + s`` and holds the contiguous layers of that virtual stage
-(Megatron's ``get_num_layers_to_build`` with a virtual pipeline).
+With cp = 1 this is the TP x PP x DP mapping ``dp_index * (pp * tp) + pp_index * tp +
+tp_index``.
+
+Experts (Megatron-Core ``RankGenerator`` with ``expert_tensor_parallel_size``): the tp x cp x
+dp ranks of one pipeline stage, taken in the order above (tp fastest, then cp, then dp), are
+refolded as etp x ep x edp (etp fastest), edp = tp x cp x dp / (ep x etp). An EP group is the
+ep ranks with the same etp and edp index; the expert data-parallel group (edp), which reduces
+the experts' gradients, the edp ranks with the same etp and ep index.
+
+HSDP (``fsdp.shard_group_size`` = g): the dp ranks of a (pp, cp, tp) position split into dp /
+g shard groups of g consecutive dp indices (``dp_shard``); ``dp_replicate`` links the ranks
+with the same index in each shard group.
+
+Pipeline layers: with interleaved 1F1B each stage holds ``virtual_stages`` model chunks; chunk
+``c`` of stage ``s`` is virtual stage ``c * pp + s`` and holds contiguous layers (Megatron's
+``get_num_layers_to_build`` with a virtual pipeline). Layers that divide evenly go l / (pp x v)
+per chunk, as before, and must divide unless asked otherwise: with ``pipeline_split:
+balanced`` (or ``account_for_embedding`` / ``account_for_loss``)
+:func:`collsim.workload.memory.balanced_chunk_layers` splits them unevenly, or
+``parallel.layers_per_stage`` lists them.
 """
 
 from __future__ import annotations
@@ -26,24 +45,47 @@ if TYPE_CHECKING:
     from collsim.topology import Topology
     from collsim.workload.model import TransformerSpec
 
-__all__ = ["ParallelAxis", "RankCoords", "Plan", "build_plan"]
+__all__ = [
+    "ParallelAxis",
+    "RankCoords",
+    "Plan",
+    "build_plan",
+    "refuse_axes_not_simulated_yet",
+    "options_not_priced_yet",
+]
 
 
 class ParallelAxis(StrEnum):
-    """A parallelism axis (``dp`` also carries ZeRO / FSDP traffic)."""
+    """A parallelism axis (``dp`` also carries ZeRO / FSDP traffic).
+
+    ``ep``, ``etp``, ``edp``: the expert grid of a stage (see the module docstring); ``dp_cp``:
+    the dp x cp ranks that reduce the non-expert gradients (Megatron's ``dp-cp`` group);
+    ``dp_shard`` / ``dp_replicate``: the HSDP split of ``dp``.
+    """
 
     TP = "tp"
     PP = "pp"
     DP = "dp"
+    CP = "cp"
+    EP = "ep"
+    ETP = "etp"
+    EDP = "edp"
+    DP_CP = "dp_cp"
+    DP_SHARD = "dp_shard"
+    DP_REPLICATE = "dp_replicate"
+
+
+_BASE_AXES = (ParallelAxis.TP, ParallelAxis.PP, ParallelAxis.DP)
 
 
 @dataclass(frozen=True, slots=True)
 class RankCoords:
-    """Where a rank sits in the TP x PP x DP grid."""
+    """Where a rank sits in the TP x CP x PP x DP grid."""
 
     dp: int
     pp: int
     tp: int
+    cp: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -79,66 +121,158 @@ class Plan:
     def virtual_stages(self) -> int:
         return self.parallel.virtual_stages
 
+    chunk_sizes: tuple[int, ...] = ()
+    """Layers of each virtual stage, in virtual-stage order (c x pp + s); set by build_plan."""
+
+    @property
+    def cp(self) -> int:
+        return self.parallel.cp
+
+    @property
+    def ep(self) -> int:
+        return self.parallel.ep
+
+    @property
+    def etp(self) -> int:
+        return self.parallel.etp
+
+    @property
+    def edp(self) -> int:
+        """Expert data-parallel size: tp x cp x dp / (ep x etp)."""
+        return self.tp * self.cp * self.dp // (self.ep * self.etp)
+
+    @property
+    def shard_group_size(self) -> int:
+        """FSDP shard group size (the whole dp group without HSDP)."""
+        g = self.parallel.fsdp.shard_group_size
+        return self.dp if g is None else g
+
     @property
     def num_gpus(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.cp * self.pp * self.dp
+
+    def _sizes(self) -> tuple[int, ...]:
+        if self.chunk_sizes:
+            return self.chunk_sizes
+        n = self.pp * self.virtual_stages
+        return (self.spec.num_layers // n,) * n
+
+    @property
+    def even_split(self) -> bool:
+        """Every virtual stage holds the same number of layers."""
+        return len(set(self._sizes())) == 1
 
     @property
     def layers_per_chunk(self) -> int:
-        return self.spec.num_layers // (self.pp * self.virtual_stages)
+        """Layers per model chunk (the largest chunk when the split is uneven)."""
+        return max(self._sizes())
 
     @property
     def layers_per_stage(self) -> int:
-        return self.spec.num_layers // self.pp
+        """Layers per pipeline stage (the largest stage when the split is uneven)."""
+        return max(len(self.stage_layers(s)) for s in range(self.pp))
 
     # ---- mapping ---------------------------------------------------------------------------
-    def rank(self, *, dp: int, pp: int, tp: int) -> int:
-        """Global rank of grid position (dp, pp, tp)."""
-        return (dp * self.pp + pp) * self.tp + tp
+    def rank(self, *, dp: int, pp: int, tp: int, cp: int = 0) -> int:
+        """Global rank of grid position (dp, pp, cp, tp)."""
+        return ((dp * self.pp + pp) * self.cp + cp) * self.tp + tp
 
     def coords(self, rank: int) -> RankCoords:
         """Grid position of a global rank."""
         tp = rank % self.tp
-        pp = (rank // self.tp) % self.pp
-        dp = rank // (self.tp * self.pp)
-        return RankCoords(dp=dp, pp=pp, tp=tp)
+        cp = (rank // self.tp) % self.cp
+        pp = (rank // (self.tp * self.cp)) % self.pp
+        dp = rank // (self.tp * self.cp * self.pp)
+        return RankCoords(dp=dp, pp=pp, tp=tp, cp=cp)
+
+    def _stage_index(self, c: RankCoords) -> int:
+        """Position of a rank among the tp x cp x dp ranks of its stage (tp fastest)."""
+        return (c.dp * self.cp + c.cp) * self.tp + c.tp
+
+    def _from_stage_index(self, pp: int, j: int) -> int:
+        tp = j % self.tp
+        cp = (j // self.tp) % self.cp
+        dp = j // (self.tp * self.cp)
+        return self.rank(dp=dp, pp=pp, tp=tp, cp=cp)
+
+    def expert_coords(self, rank: int) -> tuple[int, int, int]:
+        """(etp, ep, edp) index of a rank in its stage's expert grid."""
+        j = self._stage_index(self.coords(rank))
+        return j % self.etp, (j // self.etp) % self.ep, j // (self.etp * self.ep)
 
     def group_of(self, rank: int, axis: ParallelAxis | str) -> tuple[int, ...]:
         """The ranks of ``rank``'s group along ``axis``, in group order."""
         c = self.coords(rank)
         match ParallelAxis(axis):
             case ParallelAxis.TP:
-                return tuple(self.rank(dp=c.dp, pp=c.pp, tp=i) for i in range(self.tp))
+                return tuple(self.rank(dp=c.dp, pp=c.pp, tp=i, cp=c.cp) for i in range(self.tp))
             case ParallelAxis.PP:
-                return tuple(self.rank(dp=c.dp, pp=i, tp=c.tp) for i in range(self.pp))
+                return tuple(self.rank(dp=c.dp, pp=i, tp=c.tp, cp=c.cp) for i in range(self.pp))
             case ParallelAxis.DP:
-                return tuple(self.rank(dp=i, pp=c.pp, tp=c.tp) for i in range(self.dp))
+                return tuple(self.rank(dp=i, pp=c.pp, tp=c.tp, cp=c.cp) for i in range(self.dp))
+            case ParallelAxis.CP:
+                return tuple(self.rank(dp=c.dp, pp=c.pp, tp=c.tp, cp=i) for i in range(self.cp))
+            case ParallelAxis.DP_CP:
+                return tuple(
+                    self.rank(dp=d, pp=c.pp, tp=c.tp, cp=k)
+                    for d in range(self.dp)
+                    for k in range(self.cp)
+                )
+            case ParallelAxis.DP_SHARD:
+                g = self.shard_group_size
+                first = c.dp - c.dp % g
+                return tuple(self.rank(dp=first + i, pp=c.pp, tp=c.tp, cp=c.cp) for i in range(g))
+            case ParallelAxis.DP_REPLICATE:
+                g = self.shard_group_size
+                return tuple(
+                    self.rank(dp=c.dp % g + i * g, pp=c.pp, tp=c.tp, cp=c.cp)
+                    for i in range(self.dp // g)
+                )
+            case ParallelAxis.ETP | ParallelAxis.EP | ParallelAxis.EDP as ax:
+                t, e, d = self.expert_coords(rank)
+                et, ep = self.etp, self.ep
+                if ax is ParallelAxis.ETP:
+                    idx = [(d * ep + e) * et + i for i in range(et)]
+                elif ax is ParallelAxis.EP:
+                    idx = [(d * ep + i) * et + t for i in range(ep)]
+                else:
+                    idx = [(i * ep + e) * et + t for i in range(self.edp)]
+                return tuple(self._from_stage_index(c.pp, j) for j in idx)
             case _:  # pragma: no cover - StrEnum conversion already rejects others
                 raise ConfigError(f"unknown axis {axis!r}")
 
     def groups(self, axis: ParallelAxis | str) -> list[tuple[int, ...]]:
         """All groups along ``axis``, each once, ordered by their first rank."""
         axis = ParallelAxis(axis)
-        tp, pp, dp = self.tp, self.pp, self.dp
-        firsts = [
-            self.rank(dp=d, pp=s, tp=t)
-            for d in range(dp)
-            for s in range(pp)
-            for t in range(tp)
-            if (axis is ParallelAxis.TP and t == 0)
-            or (axis is ParallelAxis.PP and s == 0)
-            or (axis is ParallelAxis.DP and d == 0)
-        ]
-        return sorted((self.group_of(r, axis) for r in firsts), key=lambda g: g[0])
+        seen: set[int] = set()
+        out: list[tuple[int, ...]] = []
+        for r in range(self.num_gpus):
+            if r in seen:
+                continue
+            g = self.group_of(r, axis)
+            seen.update(g)
+            out.append(g)
+        return sorted(out, key=lambda g: g[0])
 
     def stage_ranks(self, stage: int) -> list[int]:
-        """All ranks that run pipeline stage ``stage`` (every tp and dp index)."""
-        return [self.rank(dp=d, pp=stage, tp=t) for d in range(self.dp) for t in range(self.tp)]
+        """All ranks that run pipeline stage ``stage`` (every tp, cp and dp index)."""
+        return [
+            self.rank(dp=d, pp=stage, tp=t, cp=k)
+            for d in range(self.dp)
+            for k in range(self.cp)
+            for t in range(self.tp)
+        ]
 
     def chunk_layers(self, stage: int, chunk: int) -> range:
         """Global layer indices of model chunk ``chunk`` on ``stage`` (virtual stage c*pp+s)."""
-        first = (chunk * self.pp + stage) * self.layers_per_chunk
-        return range(first, first + self.layers_per_chunk)
+        sizes = self._sizes()
+        v = chunk * self.pp + stage
+        first = sum(sizes[:v])
+        return range(first, first + sizes[v])
+
+    def stage_layers(self, stage: int) -> list[int]:
+        """Global layer indices of every chunk of ``stage``, in chunk order."""
+        return [i for c in range(self.virtual_stages) for i in self.chunk_layers(stage, c)]
 
     def describe_mapping(self) -> str:
         """A readable account of the rank layout and of one group of each axis."""
@@ -149,13 +283,30 @@ class Plan:
             ids = sorted({r // gpn for r in ranks})
             return _span(ids)
 
-        lines = [
-            f"{self.num_gpus} GPUs = tp {self.tp} x pp {self.pp} x dp {self.dp} "
-            f"on {topo.num_nodes} node{'s' if topo.num_nodes != 1 else ''} x {gpn} GPUs",
-            f"rank = dp_index * {self.pp * self.tp} + pp_index * {self.tp} + tp_index "
-            "(tp innermost, then pp, dp outermost)",
-        ]
-        for axis in ParallelAxis:
+        plural = "s" if topo.num_nodes != 1 else ""
+        if self.cp == 1:
+            lines = [
+                f"{self.num_gpus} GPUs = tp {self.tp} x pp {self.pp} x dp {self.dp} "
+                f"on {topo.num_nodes} node{plural} x {gpn} GPUs",
+                f"rank = dp_index * {self.pp * self.tp} + pp_index * {self.tp} + tp_index "
+                "(tp innermost, then pp, dp outermost)",
+            ]
+        else:
+            lines = [
+                f"{self.num_gpus} GPUs = tp {self.tp} x cp {self.cp} x pp {self.pp} x dp "
+                f"{self.dp} on {topo.num_nodes} node{plural} x {gpn} GPUs",
+                f"rank = dp_index * {self.pp * self.cp * self.tp} + pp_index * "
+                f"{self.cp * self.tp} + cp_index * {self.tp} + tp_index "
+                "(tp innermost, then cp, then pp, dp outermost)",
+            ]
+        axes = list(_BASE_AXES)
+        if self.cp > 1:
+            axes.append(ParallelAxis.CP)
+        if self.ep > 1 or self.etp > 1:
+            axes += [ParallelAxis.EP, ParallelAxis.ETP, ParallelAxis.EDP]
+        if self.shard_group_size != self.dp:
+            axes += [ParallelAxis.DP_SHARD, ParallelAxis.DP_REPLICATE]
+        for axis in axes:
             groups = self.groups(axis)
             g = groups[0]
             lines.append(
@@ -167,7 +318,7 @@ class Plan:
             layers = [list(self.chunk_layers(stage, c)) for c in range(self.virtual_stages)]
             spans = ", ".join(f"{ls[0]}-{ls[-1]}" for ls in layers)
             lines.append(
-                f"stage {stage}: layers {spans}; ranks {_ranks(ranks[: self.tp])}"
+                f"stage {stage}: layers {spans}; ranks {_ranks(ranks[: self.tp * self.cp])}"
                 f"{' + dp replicas' if self.dp > 1 else ''}; nodes {nodes(ranks)}"
             )
         return "\n".join(lines)
@@ -190,26 +341,201 @@ def _ranks(ranks: tuple[int, ...] | list[int]) -> str:
     return f"[{ranks[0]}, {ranks[1]}, ..., {ranks[-1]}]"
 
 
+def refuse_axes_not_simulated_yet(parallel: ParallelConfig) -> None:
+    """Refuse plans whose traffic the step engine does not price yet: expert parallelism
+    (ep, etp), context parallelism (cp) and HSDP (fsdp.shard_group_size).
+
+    The plan layer checks, maps and sizes these axes (groups, memory, op shapes, the volumes
+    of :mod:`collsim.parallel.moe` and :mod:`collsim.parallel.context`), but until the step
+    schedule issues their all-to-alls, KV exchanges and two-level gradient reductions a
+    simulated step would leave them out silently. Remove this function (and its call in
+    :func:`build_plan`) once the engine prices them.
+
+    Raises:
+        ConfigError: one line naming the first such key.
+    """
+    checks = (
+        ("parallel.ep", parallel.ep, "expert-parallel all-to-all"),
+        ("parallel.etp", parallel.etp, "expert tensor-parallel collectives"),
+        ("parallel.cp", parallel.cp, "context-parallel KV exchange"),
+    )
+    for key, value, what in checks:
+        if value > 1:
+            raise ConfigError(
+                f"{value} > 1: the {what} is not simulated yet (the plan checks and its "
+                "volumes are in collsim.parallel; collsim run does not price it)",
+                key_path=key,
+            )
+    g = parallel.fsdp.shard_group_size
+    if g is not None and g != parallel.dp:
+        raise ConfigError(
+            f"{g}: HSDP (reduce-scatter inside a shard group, all-reduce across) is not "
+            "simulated yet (collsim run prices a single-level FSDP only)",
+            key_path="parallel.fsdp.shard_group_size",
+        )
+
+
+def options_not_priced_yet(parallel: ParallelConfig) -> list[str]:
+    """Warnings for keys a simulated step does not price yet: an fp32 gradient reduction
+    (the engine moves gradients in the training dtype) and the FP8 all-gather of FSDP
+    weights (the engine gathers 2-byte weights). The volumes are in
+    :mod:`collsim.parallel.sharding`; remove this function (and its call in
+    :func:`build_plan`) once the engine prices them."""
+    notes = []
+    fsdp = parallel.fsdp
+    if fsdp.reduce_dtype is not None and str(fsdp.reduce_dtype) == "fp32":
+        notes.append(
+            "parallel.fsdp.reduce_dtype: fp32 is not priced yet: gradient collectives are "
+            "simulated in the training dtype"
+        )
+    if fsdp.fp8_all_gather:
+        notes.append(
+            "parallel.fsdp.fp8_all_gather is not priced yet: parameter all-gathers are "
+            "simulated at 2 bytes per parameter"
+        )
+    return notes
+
+
+def _chunk_sizes(spec: TransformerSpec, parallel: ParallelConfig) -> tuple[int, ...]:
+    """Layers per virtual stage: explicit, even, or balanced (see the module docstring)."""
+    from collsim.workload.memory import balanced_chunk_layers
+
+    pp, v = parallel.pp, parallel.virtual_stages
+    n = pp * v
+    if parallel.layers_per_stage is not None:
+        total = sum(parallel.layers_per_stage)
+        if total != spec.num_layers:
+            raise ConfigError(
+                f"layer counts {list(parallel.layers_per_stage)} sum to {total}, the model has "
+                f"{spec.num_layers} layers",
+                key_path="parallel.layers_per_stage",
+            )
+        return parallel.layers_per_stage
+    if spec.num_layers < n:
+        key = "parallel.virtual_stages" if v > 1 else "parallel.pp"
+        raise ConfigError(
+            f"model layers ({spec.num_layers}) must be at least "
+            f"pp x virtual_stages = {pp} x {v} (one layer per chunk)",
+            key_path=key,
+        )
+    first = 1.0 if parallel.account_for_embedding else 0.0
+    last = 1.0 if parallel.account_for_loss else 0.0
+    balanced = parallel.pipeline_split == "balanced" or first or last
+    if spec.num_layers % n == 0 and not first and not last:
+        return (spec.num_layers // n,) * n
+    if not balanced:
+        key = "parallel.virtual_stages" if v > 1 else "parallel.pp"
+        raise ConfigError(
+            f"model layers ({spec.num_layers}) must be divisible by "
+            f"pp x virtual_stages = {pp} x {v} (or set parallel.pipeline_split: balanced, or "
+            "list parallel.layers_per_stage)",
+            key_path=key,
+        )
+    return tuple(balanced_chunk_layers(spec.num_layers, n, first_offset=first, last_offset=last))
+
+
+def _check_experts_and_context(
+    spec: TransformerSpec, training: TrainingConfig, parallel: ParallelConfig
+) -> None:
+    tp, cp, dp, ep, etp = parallel.tp, parallel.cp, parallel.dp, parallel.ep, parallel.etp
+    if (ep > 1 or etp > 1) and not spec.is_moe:
+        key = "parallel.ep" if ep > 1 else "parallel.etp"
+        raise ConfigError(
+            f"{ep if ep > 1 else etp} > 1 needs a model with routed experts (model.num_experts)",
+            key_path=key,
+        )
+    if spec.is_moe:
+        if spec.num_experts % ep:
+            raise ConfigError(
+                f"model experts ({spec.num_experts}) must be divisible by ep, got {ep}",
+                key_path="parallel.ep",
+            )
+        if (tp * cp * dp) % (ep * etp):
+            raise ConfigError(
+                f"ep x etp = {ep} x {etp} must divide tp x cp x dp = {tp} x {cp} x {dp} "
+                f"= {tp * cp * dp} (experts are folded over the ranks of a stage)",
+                key_path="parallel.ep",
+            )
+        if spec.expert_ffn_hidden % etp:
+            raise ConfigError(
+                f"expert ffn ({spec.expert_ffn_hidden}) must be divisible by etp, got {etp}",
+                key_path="parallel.etp",
+            )
+        if tp > 1 and ep > 1 and not parallel.sequence_parallel:
+            raise ConfigError(
+                f"tp {tp} with ep {ep} needs sequence_parallel: true (Megatron-Core's rule for "
+                "expert parallelism under tensor parallelism)",
+                key_path="parallel.sequence_parallel",
+            )
+        if spec.shared_ffn_hidden % tp:
+            raise ConfigError(
+                f"shared-expert ffn ({spec.shared_ffn_hidden}) must be divisible by tp, got {tp}",
+                key_path="parallel.tp",
+            )
+    if not spec.is_mla and spec.num_heads % spec.kv_heads:
+        raise ConfigError(
+            f"model heads ({spec.num_heads}) must be divisible by kv_heads ({spec.kv_heads})",
+            key_path="model.kv_heads",
+        )
+    chunks = 2 * cp if (cp > 1 and parallel.cp_load_balance) else cp
+    if spec.seq_len % chunks:
+        rule = f"2 x cp = {chunks} (causal load balancing)" if chunks != cp else f"cp = {cp}"
+        raise ConfigError(
+            f"model seq_len ({spec.seq_len}) must be divisible by {rule}",
+            key_path="parallel.cp",
+        )
+    g = parallel.fsdp.shard_group_size
+    if g is not None and dp % g:
+        raise ConfigError(
+            f"{g} must divide dp ({dp}) (shard inside groups, replicate across)",
+            key_path="parallel.fsdp.shard_group_size",
+        )
+    fp8 = str(training.dtype) == "fp8"
+    if parallel.fsdp.fp8_all_gather and not fp8:
+        raise ConfigError(
+            f"fp8_all_gather needs training.dtype: fp8, got {training.dtype}",
+            key_path="parallel.fsdp.fp8_all_gather",
+        )
+
+
 def build_plan(
-    topology: Topology, spec: TransformerSpec, training: TrainingConfig, parallel: ParallelConfig
+    topology: Topology,
+    spec: TransformerSpec,
+    training: TrainingConfig,
+    parallel: ParallelConfig,
+    *,
+    for_simulation: bool = True,
 ) -> Plan:
     """Check a plan against the model and the cluster, and map its ranks.
 
+    Args:
+        for_simulation: also refuse the axes the step engine does not price yet
+            (:func:`refuse_axes_not_simulated_yet`); False builds the plan for the memory,
+            volume and mapping functions.
+
     Raises:
-        ConfigError: tp x pp x dp is not the cluster's GPU count (``parallel``), heads not
-            divisible by tp (``parallel.tp``), layers not divisible by pp x virtual_stages
-            (``parallel.pp``), global batch not divisible by micro_batch x dp
+        ConfigError: tp x cp x pp x dp is not the cluster's GPU count (``parallel``), heads
+            not divisible by tp (``parallel.tp``), fewer layers than pp x virtual_stages or
+            explicit layer counts that do not add up (``parallel.pp``,
+            ``parallel.layers_per_stage``), experts not divisible by ep or ep x etp not
+            dividing tp x cp x dp (``parallel.ep``), the sequence not divisible by cp (2 x cp
+            with load balancing, ``parallel.cp``), kv_heads not dividing heads
+            (``model.kv_heads``), global batch not divisible by micro_batch x dp
             (``training.global_batch``), interleaving with a micro-batch count that is not a
             multiple of pp (``parallel.schedule``, Megatron's rule).
 
     Warns:
         CollsimWarning: tp larger than a node; fewer micro-batches than stages (bubble).
     """
-    tp, pp, dp, v = parallel.tp, parallel.pp, parallel.dp, parallel.virtual_stages
+    tp, pp, dp, cp = parallel.tp, parallel.pp, parallel.dp, parallel.cp
     gpus = topology.num_ranks
-    if tp * pp * dp != gpus:
+    if tp * cp * pp * dp != gpus:
+        if cp == 1:
+            sizes = f"tp x pp x dp = {tp} x {pp} x {dp} = {tp * pp * dp}"
+        else:
+            sizes = f"tp x cp x pp x dp = {tp} x {cp} x {pp} x {dp} = {tp * cp * pp * dp}"
         raise ConfigError(
-            f"tp x pp x dp = {tp} x {pp} x {dp} = {tp * pp * dp} must equal the GPUs of the "
+            f"{sizes} must equal the GPUs of the "
             f"cluster (cluster.nodes x gpus per node = {topology.num_nodes} x "
             f"{topology.gpus_per_node} = {gpus})",
             key_path="parallel",
@@ -224,13 +550,8 @@ def build_plan(
             f"model ffn_hidden ({spec.ffn_hidden}) must be divisible by tp, got {tp}",
             key_path="parallel.tp",
         )
-    if spec.num_layers % (pp * v):
-        key = "parallel.virtual_stages" if v > 1 else "parallel.pp"
-        raise ConfigError(
-            f"model layers ({spec.num_layers}) must be divisible by "
-            f"pp x virtual_stages = {pp} x {v}",
-            key_path=key,
-        )
+    sizes_per_chunk = _chunk_sizes(spec, parallel)
+    _check_experts_and_context(spec, training, parallel)
     if training.global_batch % (training.micro_batch * dp):
         raise ConfigError(
             f"global batch ({training.global_batch}) must be divisible by micro_batch x dp = "
@@ -244,6 +565,9 @@ def build_plan(
             key_path="parallel.schedule",
         )
     notes: list[str] = []
+    if for_simulation:
+        refuse_axes_not_simulated_yet(parallel)
+        notes += options_not_priced_yet(parallel)
     if tp > topology.gpus_per_node:
         notes.append(
             f"tp ({tp}) is larger than a node ({topology.gpus_per_node} GPUs): "
@@ -254,6 +578,10 @@ def build_plan(
             f"fewer micro-batches ({m}) than pipeline stages ({pp}): most of the step "
             "is pipeline bubble"
         )
+    if len(set(sizes_per_chunk)) > 1:
+        notes.append(
+            f"uneven pipeline split: {_span_counts(sizes_per_chunk)} layers per virtual stage"
+        )
     for note in notes:
         warnings.warn(note, CollsimWarning, stacklevel=2)
     return Plan(
@@ -263,4 +591,11 @@ def build_plan(
         parallel=parallel,
         num_microbatches=m,
         warnings=tuple(notes),
+        chunk_sizes=tuple(sizes_per_chunk),
     )
+
+
+def _span_counts(sizes: tuple[int, ...]) -> str:
+    if len(sizes) <= 16:
+        return str(list(sizes))
+    return f"{list(sizes[:4])} ... {list(sizes[-4:])} ({len(sizes)} chunks)"

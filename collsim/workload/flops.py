@@ -32,6 +32,7 @@ __all__ = [
     "narayanan_model_flops",
     "narayanan_hardware_flops",
     "forward_matmul_flops",
+    "forward_layers_flops",
     "model_flops_per_step",
     "hardware_flops_per_step",
     "model_tflops_per_gpu",
@@ -64,21 +65,53 @@ def _matmul_flops(ops: list[Op], names: tuple[str, ...] | None = None) -> float:
 
 
 def _unfused(spec: TransformerSpec) -> TransformerSpec:
-    return dataclasses.replace(spec, flash_attention=False) if spec.flash_attention else spec
+    """The spec as model FLOPs count it: unfused attention, and for MoE balanced dropless
+    routing (model FLOPs are the useful ones: neither capacity padding nor the busiest
+    rank's excess count)."""
+    changes: dict[str, object] = {}
+    if spec.flash_attention:
+        changes["flash_attention"] = False
+    if spec.is_moe and (spec.capacity_factor is not None or spec.load_imbalance != 1.0):
+        changes["capacity_factor"] = None
+        changes["load_imbalance"] = 1.0
+    return dataclasses.replace(spec, **changes) if changes else spec  # type: ignore[arg-type]
 
 
 def forward_matmul_flops(spec: TransformerSpec, sequences: int = 1) -> tuple[float, float]:
-    """(one layer, LM head) forward matmul FLOPs for ``sequences`` sequences, whole model."""
+    """(one layer, LM head) forward matmul FLOPs for ``sequences`` sequences, whole model.
+
+    The layer is the most common kind (an MoE layer of an MoE model); see
+    :func:`forward_layers_flops` for the sum over all layers."""
     layer = _matmul_flops(layer_ops(_unfused(spec), micro_batch=sequences))
     head = _matmul_flops(head_ops(spec, micro_batch=sequences))
     return layer, head
 
 
+def forward_layers_flops(
+    spec: TransformerSpec, sequences: int = 1, names: tuple[str, ...] | None = None
+) -> float:
+    """Forward matmul FLOPs of all transformer layers for ``sequences`` sequences.
+
+    Layers differ (dense-first and MoE layers, full and sliding-window attention): each kind
+    is counted once and multiplied by its number of layers. MoE layers count the router, the
+    top-k routed experts of every token (E x (k tokens / E) rows) and the shared experts, so
+    the MLP FLOPs are 2 x tokens x active MLP parameters (Kaplan 2020's 2 N per token with N
+    the active parameters, as the DeepSeek-V3 and Megatron-Core MoE FLOPs counts do); MLA
+    counts its down and up projections; sliding-window layers attend to min(w, s) keys.
+    """
+    base = _unfused(spec)
+    return sum(
+        n * _matmul_flops(layer_ops(base, micro_batch=sequences, layer=i), names)
+        for i, n in spec.layer_kinds()
+    )
+
+
 def model_flops_per_step(spec: TransformerSpec, global_batch: int) -> float:
-    """Model FLOPs of one training step: 3 x (l x layer + LM head) forward matmul FLOPs."""
+    """Model FLOPs of one training step: 3 x (all layers + LM head) forward matmul FLOPs
+    (3 x (l x layer + LM head) for a model whose layers are all alike)."""
     _check_batch(global_batch)
-    layer, head = forward_matmul_flops(spec, global_batch)
-    return 3.0 * (spec.num_layers * layer + head)
+    head = _matmul_flops(head_ops(spec, micro_batch=global_batch))
+    return 3.0 * (forward_layers_flops(spec, global_batch) + head)
 
 
 def hardware_flops_per_step(
@@ -90,11 +123,10 @@ def hardware_flops_per_step(
     model = model_flops_per_step(spec, global_batch)
     if mode == "none":
         return model
-    ops = layer_ops(_unfused(spec), micro_batch=global_batch)
     if mode == "full":
-        return model + spec.num_layers * _matmul_flops(ops)
+        return model + forward_layers_flops(spec, global_batch)
     if mode == "selective":
-        return model + spec.num_layers * _matmul_flops(ops, SELECTIVE_OPS)
+        return model + forward_layers_flops(spec, global_batch, SELECTIVE_OPS)
     raise ConfigError(
         f"must be one of none, selective, full; got {recompute!r}", key_path="training.recompute"
     )

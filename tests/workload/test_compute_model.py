@@ -122,10 +122,11 @@ def test_op_names_cover_every_op() -> None:
     from collsim.workload.ops import OP_NAMES, embedding_ops, head_ops
 
     seen = set()
-    for spec in (SPEC, get_preset("llama3-8b")):
+    for spec in (SPEC, get_preset("llama3-8b"), get_preset("deepseek-v3")):
         for build in (layer_ops, embedding_ops, head_ops):
             seen |= {op.name for op in build(spec, micro_batch=1, tp=8)}
-    assert seen == set(OP_NAMES)  # GPT (unfused, dropout) and Llama (flash, rotary)
+    # GPT (unfused, dropout), Llama (flash, rotary), DeepSeek-V3 (MLA, routed + shared experts)
+    assert seen == set(OP_NAMES)
 
 
 def test_gated_mlp_is_three_matrices() -> None:

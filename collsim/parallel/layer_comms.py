@@ -1,0 +1,158 @@
+"""Where the expert-parallel and context-parallel collectives sit in a layer.
+
+For wiring into the step schedule: per layer, the collectives each micro-batch issues on one
+rank, with the op they follow in the layer's op list (:func:`collsim.workload.ops.layer_ops`),
+their size in the nccl-tests convention (``collsim.collectives.cost``: the per-rank buffer for
+all_to_all, the gathered output for all_gather, the input for reduce_scatter, the message for
+send_recv), the plan axis of their group and whether compute can hide them. The byte counts
+are those of :mod:`collsim.parallel.moe` and :mod:`collsim.parallel.context` (tested against
+each other).
+
+MoE layer (Megatron-Core all-to-all dispatcher): forward ``ep_dispatch`` after
+``moe_permute``, [``etp_gather`` (all_gather over etp)], experts, [``etp_scatter``
+(reduce_scatter over etp)], ``ep_combine`` before ``moe_unpermute``; backward the same
+collectives in reverse order (the gradient of a combine is a dispatch). These sit on the
+critical path of the layer unless the stack overlaps them with another micro-batch's compute
+(DeepEP / Megatron's 1F1B A2A overlap), so ``overlappable`` is False here.
+
+Attention with CP: ``all_gather`` gathers K and V before the attention (not overlapped; Llama
+3) and reduce-scatters dK, dV after its backward; ``ring`` sends cp - 1 KV blocks, each step
+overlapped with the attention of the block already held (``overlappable``), and cp - 1 steps of
+KV plus dKV in backward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from collsim.parallel.context import kv_block_bytes
+from collsim.workload.ops import activation_element_bytes
+
+if TYPE_CHECKING:
+    from collsim.parallel.plan import Plan
+
+__all__ = ["LayerComm", "layer_comms"]
+
+
+@dataclass(frozen=True, slots=True)
+class LayerComm:
+    """One collective of one layer and micro-batch on one rank.
+
+    Attributes:
+        name: ``ep_dispatch``, ``ep_combine``, ``etp_gather``, ``etp_scatter``,
+            ``cp_kv_all_gather``, ``cp_dkv_reduce_scatter``, ``cp_ring_step``.
+        op: a ``collsim.collectives.CollectiveOp`` value.
+        size_bytes: nccl-tests size of one call.
+        axis: the plan axis of its group (``ep``, ``etp``, ``cp``).
+        phase: ``forward`` or ``backward``.
+        after: the op of the layer it follows (forward order; in backward it precedes that
+            op's backward).
+        calls: how many times it runs (ring steps), each of ``size_bytes``.
+        overlappable: compute of the same layer can hide it.
+    """
+
+    name: str
+    op: str
+    size_bytes: float
+    axis: str
+    phase: str
+    after: str
+    calls: int = 1
+    overlappable: bool = False
+
+
+def layer_comms(plan: Plan, layer: int | None = None) -> list[LayerComm]:
+    """The EP and CP collectives of ``layer`` (None: the most common layer kind) for one
+    micro-batch on one rank of ``plan``, forward then backward."""
+    spec, par, training = plan.spec, plan.parallel, plan.training
+    e = activation_element_bytes(str(training.dtype))
+    b = training.micro_batch
+    fwd: list[LayerComm] = []
+    bwd: list[LayerComm] = []
+    if par.cp > 1:
+        block = kv_block_bytes(
+            micro_batch=b,
+            seq_len=spec.seq_len,
+            cp=par.cp,
+            kv_heads=spec.num_heads if spec.is_mla else spec.kv_heads,
+            key_dim=spec.qk_head_dim,
+            value_dim=spec.value_head_dim,
+            element_bytes=e,
+            tp=par.tp,
+        )
+        attn = "flash_attention" if spec.flash_attention else "attn_scores"
+        before = "kv_up" if spec.is_mla else "qkv_proj"
+        if spec.position_embedding == "rotary":
+            before = "rotary"
+        if str(par.cp_algorithm) == "all_gather":
+            fwd.append(
+                LayerComm("cp_kv_all_gather", "all_gather", par.cp * block, "cp", "forward", before)
+            )
+            bwd.append(
+                LayerComm(
+                    "cp_dkv_reduce_scatter",
+                    "reduce_scatter",
+                    par.cp * block,
+                    "cp",
+                    "backward",
+                    before,
+                )
+            )
+        else:
+            fwd.append(
+                LayerComm(
+                    "cp_ring_step",
+                    "send_recv",
+                    block,
+                    "cp",
+                    "forward",
+                    attn,
+                    calls=par.cp - 1,
+                    overlappable=True,
+                )
+            )
+            bwd.append(
+                LayerComm(
+                    "cp_ring_step",
+                    "send_recv",
+                    2 * block,
+                    "cp",
+                    "backward",
+                    attn,
+                    calls=par.cp - 1,
+                    overlappable=True,
+                )
+            )
+    if spec.is_moe_layer(layer) and (par.ep > 1 or par.etp > 1):
+        tokens = b * (spec.seq_len // par.cp) / (par.tp if par.sequence_parallel else 1)
+        size = tokens * spec.moe_top_k * spec.hidden * e
+        if par.ep > 1:
+            fwd.append(LayerComm("ep_dispatch", "all_to_all", size, "ep", "forward", "moe_permute"))
+        if par.etp > 1:
+            gathered = size * par.etp
+            fwd.append(
+                LayerComm("etp_gather", "all_gather", gathered, "etp", "forward", "moe_permute")
+            )
+            fwd.append(
+                LayerComm(
+                    "etp_scatter", "reduce_scatter", gathered, "etp", "forward", "expert_down"
+                )
+            )
+        if par.ep > 1:
+            fwd.append(LayerComm("ep_combine", "all_to_all", size, "ep", "forward", "expert_down"))
+        bwd += [
+            LayerComm(
+                c.name, c.op, c.size_bytes, c.axis, "backward", c.after, c.calls, c.overlappable
+            )
+            for c in reversed(fwd)
+            if c.axis in ("ep", "etp")
+        ]
+    return fwd + _backward_order(bwd)
+
+
+def _backward_order(bwd: list[LayerComm]) -> list[LayerComm]:
+    """Backward runs the layer in reverse: MoE collectives (later in forward) come first."""
+    moe = [c for c in bwd if c.axis in ("ep", "etp")]
+    rest = [c for c in bwd if c.axis not in ("ep", "etp")]
+    return moe + rest

@@ -1,0 +1,138 @@
+"""Model-state memory of one rank of a checked plan (MoE, CP, HSDP, FP8 included).
+
+The closed form the engine's memory ledger must agree with, for plans it cannot simulate yet.
+For a rank of pipeline stage s (Psi_d non-expert and Psi_e routed-expert parameters after the
+TP / EP / PP split, :func:`collsim.workload.memory.stage_parameter_split`):
+
+- the ZeRO table of :func:`collsim.workload.memory.moe_model_state_bytes` with the non-expert
+  states sharded over N = dp x cp (Megatron-Core's ``dp-cp`` group; torchtitan folds cp into
+  the FSDP shard dimension likewise) and the routed-expert states over N_e = edp =
+  tp x cp x dp / (ep x etp). With HSDP (``fsdp.shard_group_size`` = g) the non-expert shard
+  group shrinks to N = g x cp (the dp_shard group x the cp ranks) and the expert shard group
+  to the ranks of a rank's edp group that are also in its shard group (torchtitan's
+  ``efsdp`` mesh: experts shard where their data-parallel group meets the FSDP shard
+  dimension): N_e = |edp group ∩ shard group|, 1 when the EP group already spans the shard
+  group; states are replicated across the rest.
+- FP8 weight copies (zero < 3; :func:`collsim.parallel.sharding.fp8_weight_bytes`): TE keeps an
+  FP8 copy (and its transpose) of every local GEMM weight for the step. With zero 3 the copy is
+  made from each gathered unit and freed with it, a transient the step's buffers carry, not a
+  model state. The vocab-sized matrices stay bf16 (TE runs the embedding lookup and, in
+  Megatron-Core, the output layer outside FP8); per-tensor scales count 4 tensors per layer
+  (qkv, out, up, down), a few bytes each.
+- ``reshard_after_forward: false`` with zero 3: every unit's gathered parameters stay from its
+  forward to its backward, so at the start of backward the stage holds its parameters
+  unsharded: (Psi_d + Psi_e) x e_w - the sharded parameters already counted, e_w = 2 bytes
+  (1 with ``fp8_all_gather``). Zhao et al. 2023 ("PyTorch FSDP") section 3.2.1 for the
+  trade; the Llama 3 405B plan (arXiv 2407.21783 section 3.3.2) for the choice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from collsim.parallel.sharding import fp8_weight_bytes
+from collsim.workload.memory import ModelStateBytes, moe_model_state_bytes, stage_parameter_split
+
+if TYPE_CHECKING:
+    from collsim.parallel.plan import Plan
+
+__all__ = ["RankStates", "rank_model_states"]
+
+
+@dataclass(frozen=True, slots=True)
+class RankStates:
+    """Model-state bytes of one rank (see the module docstring).
+
+    Attributes:
+        dense_params: non-expert parameters on the rank (unsharded).
+        expert_params: routed-expert parameters on the rank (unsharded).
+        shard_group: N, the ranks the non-expert states are sharded over.
+        expert_shard_group: N_e, the same for the routed experts.
+        states: parameters, gradients and optimizer states.
+        fp8_copy_bytes: FP8 weight copies and their scales.
+        kept_gathered_bytes: gathered parameters kept from forward to backward.
+    """
+
+    dense_params: float
+    expert_params: float
+    shard_group: int
+    expert_shard_group: float
+    states: ModelStateBytes
+    fp8_copy_bytes: float
+    kept_gathered_bytes: float
+
+    @property
+    def total(self) -> float:
+        return self.states.total + self.fp8_copy_bytes + self.kept_gathered_bytes
+
+
+def rank_model_states(plan: Plan, stage: int = 0) -> RankStates:
+    """Model-state bytes of a rank of ``stage`` (formulas in the module docstring)."""
+    spec, par, training = plan.spec, plan.parallel, plan.training
+    dense, experts = stage_parameter_split(
+        spec,
+        tp=plan.tp,
+        pp=plan.pp,
+        stage=stage,
+        ep=plan.ep,
+        etp=plan.etp,
+        stage_layers=plan.stage_layers(stage),
+    )
+    n, n_e = _shard_groups(plan, stage)
+    fp32 = str(training.dtype) == "fp32"
+    states = moe_model_state_bytes(
+        dense,
+        experts,
+        zero=par.zero,
+        dp_cp=n,
+        edp=n_e,
+        optimizer=str(training.optimizer),
+        mixed_precision=not fp32,
+    )
+    fp8 = str(training.dtype) == "fp8"
+    copies = 0.0
+    if fp8 and par.zero < 3:
+        recipe = str(training.fp8_recipe) if training.fp8_recipe is not None else "tensorwise"
+        gemm_weights = (
+            dense + experts - spec.vocab * spec.hidden / plan.tp * _embeddings(plan, stage)
+        )
+        layers = len(plan.stage_layers(stage))
+        copies = fp8_weight_bytes(gemm_weights, recipe, num_tensors=max(1, 4 * layers))
+    kept = 0.0
+    if par.zero == 3 and not par.fsdp.reshard_after_forward:
+        e_w = 1.0 if par.fsdp.fp8_all_gather else 2.0
+        kept = (dense + experts) * e_w - states.parameters
+    return RankStates(
+        dense_params=dense,
+        expert_params=experts,
+        shard_group=n,
+        expert_shard_group=n_e,
+        states=states,
+        fp8_copy_bytes=copies,
+        kept_gathered_bytes=max(0.0, kept),
+    )
+
+
+def _shard_groups(plan: Plan, stage: int) -> tuple[int, int]:
+    """(N, N_e): the non-expert and expert shard group sizes of the first rank of ``stage``."""
+    from collsim.parallel.plan import ParallelAxis
+
+    rank = plan.stage_ranks(stage)[0]
+    shard = {
+        r
+        for d in plan.group_of(rank, ParallelAxis.DP_SHARD)
+        for r in plan.group_of(d, ParallelAxis.CP)
+    }
+    edp = set(plan.group_of(rank, ParallelAxis.EDP))
+    return len(shard), len(shard & edp)
+
+
+def _embeddings(plan: Plan, stage: int) -> int:
+    """Vocab-sized matrices on the stage that are not FP8 GEMM weights (the input embedding is
+    a lookup; TE keeps the LM head in bf16 as well)."""
+    spec = plan.spec
+    count = 1 if stage == 0 else 0
+    if stage == plan.pp - 1 and (not spec.tied_embeddings or plan.pp > 1):
+        count += 1
+    return count

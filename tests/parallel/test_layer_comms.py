@@ -1,0 +1,92 @@
+"""The EP / CP collectives of a layer agree with the volume formulas."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from collsim.collectives import CollectiveOp
+from collsim.errors import CollsimWarning
+from collsim.parallel.config import ParallelConfig, TrainingConfig
+from collsim.parallel.context import cp_volumes, kv_block_bytes
+from collsim.parallel.layer_comms import layer_comms
+from collsim.parallel.moe import ep_volumes
+from collsim.parallel.plan import build_plan
+from collsim.topology import load_topology
+from collsim.workload import get_preset
+
+
+def _plan(spec, nodes, **par):  # type: ignore[no-untyped-def]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CollsimWarning)
+        return build_plan(
+            load_topology("dgx_h100", nodes=nodes),
+            spec,
+            TrainingConfig(global_batch=64, micro_batch=1),
+            ParallelConfig(**par),
+            for_simulation=False,
+        )
+
+
+def test_moe_layer_collectives_match_ep_volumes() -> None:
+    spec = get_preset("qwen3-30b-a3b")
+    plan = _plan(spec, 2, tp=2, dp=8, ep=4, etp=2, sequence_parallel=True)
+    comms = layer_comms(plan)
+    names = [(c.name, c.phase) for c in comms]
+    assert names[:4] == [
+        ("ep_dispatch", "forward"),
+        ("etp_gather", "forward"),
+        ("etp_scatter", "forward"),
+        ("ep_combine", "forward"),
+    ]
+    assert [n for n, p in names if p == "backward"] == [
+        "ep_combine",
+        "etp_scatter",
+        "etp_gather",
+        "ep_dispatch",
+    ]
+    tokens = 4096 / 2  # SP: s / tp tokens per rank
+    v = ep_volumes(tokens=tokens, top_k=8, hidden=2048, element_bytes=2, ep=4, etp=2)
+    dispatch = comms[0]
+    assert dispatch.size_bytes == v.all_to_all_size_bytes
+    # what an all_to_all of that size sends per rank: (n - 1) / n of the buffer
+    assert dispatch.size_bytes * 3 / 4 == v.dispatch_bytes
+    assert {c.op for c in comms} <= {op.value for op in CollectiveOp}
+    assert layer_comms(plan, layer=0)[0].name == "ep_dispatch"  # every Qwen3 layer is MoE
+
+
+def test_dense_first_layer_has_no_ep_traffic() -> None:
+    spec = get_preset("deepseek-v3", num_layers=8)
+    plan = _plan(spec, 2, dp=16, ep=16)
+    assert layer_comms(plan, layer=0) == []
+    assert len(layer_comms(plan, layer=5)) == 4
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "all_gather"])
+def test_cp_collectives_match_cp_volumes(algorithm: str) -> None:
+    spec = get_preset("llama3-8b", num_layers=4)
+    plan = _plan(spec, 2, tp=2, cp=4, dp=2, cp_algorithm=algorithm, sequence_parallel=True)
+    comms = layer_comms(plan)
+    block = kv_block_bytes(
+        micro_batch=1,
+        seq_len=8192,
+        cp=4,
+        kv_heads=8,
+        key_dim=128,
+        value_dim=128,
+        element_bytes=2,
+        tp=2,
+    )
+    v = cp_volumes(block, cp=4, algorithm=algorithm)
+    fwd = [c for c in comms if c.phase == "forward"]
+    bwd = [c for c in comms if c.phase == "backward"]
+    if algorithm == "ring":
+        assert sum(c.size_bytes * c.calls for c in fwd) == v.forward_bytes
+        assert sum(c.size_bytes * c.calls for c in bwd) == v.backward_bytes
+        assert all(c.overlappable and c.op == "send_recv" for c in comms)
+    else:
+        (ag,) = fwd
+        (rs,) = bwd
+        assert ag.op == "all_gather" and ag.size_bytes == v.collective_size_bytes
+        assert rs.op == "reduce_scatter" and rs.size_bytes * 3 / 4 == v.backward_bytes
