@@ -39,17 +39,23 @@ def _agree(topology, spec, training, parallel) -> None:
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
 def test_every_shipped_scenario(path: Path) -> None:
-    sc = load_scenario(path)
-    try:
-        topology = sc.cluster.load()
-        _agree(topology, sc.model, sc.training, sc.parallel)
-    except Exception as exc:  # a scenario the engine rejects must be rejected by both
-        from collsim.errors import CollsimError
+    from collsim.errors import CollsimError, ConfigError
 
-        if not isinstance(exc, CollsimError):
-            raise
-        with pytest.raises(type(exc)):
+    try:
+        sc = load_scenario(path)
+        topology = sc.cluster.load()
+    except ConfigError:
+        return  # a scenario whose cluster is not there yet: nothing to play (tested elsewhere)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", CollsimWarning)
+            simulate_step(topology, sc.model, sc.training, sc.parallel, fidelity="fused")
+    except CollsimError as exc:  # a plan the engine refuses, the closed form refuses too
+        with pytest.raises(type(exc)), warnings.catch_warnings():
+            warnings.simplefilter("ignore", CollsimWarning)
             estimate_step(topology, sc.model, sc.training, sc.parallel)
+        return
+    _agree(topology, sc.model, sc.training, sc.parallel)
 
 
 PLANS = st.fixed_dictionaries(
