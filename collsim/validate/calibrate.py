@@ -190,8 +190,8 @@ def _fit_arrays(
         raise ConfigError(f"need at least {minimum} sizes to fit {what}, got {len(sizes_bytes)}")
     s = np.asarray(sizes_bytes, dtype=float)
     t = np.asarray(times_s, dtype=float)
-    if (t <= 0).any():
-        raise ConfigError("measured times must be > 0")
+    if not np.isfinite(t).all() or (t <= 0).any():
+        raise ConfigError("measured times must be finite numbers > 0")
     return s, t
 
 
@@ -505,7 +505,7 @@ def calibrate(
         raise ConfigError(
             f"need one world size per calibration, got {sorted(sizes)}", file=meas.path
         )
-    bad = [r for r in rows if int(r["wrong"]) > 0]
+    bad = [r for r in rows if int(r.get("wrong", 0) or 0) > 0]
     if bad:
         raise ConfigError(
             f"{len(bad)} measured point(s) have wrong results "
