@@ -185,3 +185,51 @@ def test_malformed_topology_file_exits_2(
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in err
     assert re.search(re.escape(str(bad)) + expected, lines[0]), lines[0]
+
+
+def test_short_flags_mean_what_they_mean_in_nccl_tests(capsys) -> None:
+    """-o is the reduction op and -r the root (nccl-tests src/common.cu getopt string)."""
+    code, out, _ = run(["--topology", "dgx_h100", "-o", "max", "-b", "1M", "-e", "1M"], capsys)
+    assert code == 0
+    row = next(line.split() for line in out.splitlines() if not line.startswith("#"))
+    assert row[3] == "max"
+    code, out, _ = run(
+        ["--topology", "dgx_h100", "--op", "broadcast", "-r", "3", "-b", "1M", "-e", "1M"], capsys
+    )
+    assert code == 0
+    row = next(line.split() for line in out.splitlines() if not line.startswith("#"))
+    assert (row[3], row[4]) == ("none", "3")
+    code, _, err = run(["--topology", "dgx_h100", "-o", "all_gather"], capsys)
+    assert code == 2 and "all_gather" in err and "sum" in err  # -o is no longer the collective
+    code, _, err = run(["--topology", "dgx_h100", "--op", "reduce", "-r", "8"], capsys)
+    assert code == 2 and "-r/--root" in err
+
+
+@pytest.mark.parametrize("letter", ["-t", "-N", "-g", "-a", "-p", "-m"])
+def test_letters_nccl_tests_uses_otherwise_are_gone(letter: str, capsys) -> None:
+    """nccl-tests: -t threads, -N run cycles, -g GPUs per thread, -a average mode, -p parallel
+    init, -m aggregated iterations; collsim's long names keep their meaning."""
+    code, out, err = run(["--topology", "dgx_h100", letter, "1"], capsys)
+    assert code == 2 and out == ""
+    assert f"No such option '{letter}'" in err and len(err.strip().splitlines()) == 1
+
+
+def test_validate_bench_short_flags_follow_nccl_tests() -> None:
+    """validate bench: -n iterations and -w warm-up, as nccl-tests; the world size is long."""
+    import click
+
+    from collsim.cli.validate import bench
+
+    ctx = bench.make_context("bench", ["-n", "7", "-w", "3", "-b", "1K", "-e", "4K"])
+    assert ctx.params["iters"] == 7 and ctx.params["warmup"] == 3
+    assert ctx.params["world_size"] is None
+    ctx = bench.make_context("bench", ["--world-size", "4"])
+    assert ctx.params["world_size"] == 4
+    for command in ("bench", "compare", "step", "ddp", "fsdp"):
+        from collsim.cli import validate as module
+
+        options = {o for p in getattr(module, command).params for o in p.opts}
+        assert "-t" not in options, command
+        if command != "bench":
+            assert "-n" not in options, command
+    assert isinstance(bench, click.Command)
