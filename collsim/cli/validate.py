@@ -266,6 +266,14 @@ _SUBSET = click.Choice(["all", "even", "odd"])
 _FABRIC_KINDS = ("nccl-tests", "nccl-tests-json", "rccl-tests")
 
 
+def _check_output(path: str | None, hint: str) -> None:
+    """An output file's folder must exist (checked before any work; none is created)."""
+    if path is not None and not Path(path).resolve().parent.is_dir():
+        raise click.BadParameter(
+            f"folder {str(Path(path).parent)!r} does not exist", param_hint=hint
+        )
+
+
 def _read_all(paths: tuple[str, ...]) -> list[Any]:
     from collsim.validate.dataset import read_measurements
 
@@ -339,6 +347,7 @@ def calibrate(
         if not sep:
             raise click.BadParameter(f"expected OP=ALG, got {pin!r}", param_hint="--algorithm")
         pinned[op.strip()] = alg.strip()
+    _check_output(output, "-o/--output")
     files = _read_all(measured)
     for meas in files:
         meas.rows = select_rows(meas.rows, subset, min_bytes=min_size, max_bytes=max_size)
@@ -487,6 +496,8 @@ def compare(
         raise click.BadParameter(
             "give one measurement with --plot, --json or --csv", param_hint="MEASURED"
         )
+    for path, hint in ((plot_path, "--plot"), (json_path, "--json"), (csv_path, "--csv")):
+        _check_output(path, hint)
     for meas in _read_all(measured):
         topo = topology_for(topology, meas)
         points = run_compare(meas, topo, subset=subset, min_bytes=min_size)

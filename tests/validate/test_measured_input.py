@@ -238,3 +238,84 @@ def test_old_collective_csv_is_refused_by_compare_with_a_hint(
     old.write_text("size_bytes,time_us,algbw_GBps,busbw_GBps,algorithm\n1024,10,0.1,0.17,ring/ll\n")
     code, out, err = run(["validate", "compare", str(old), "--topology", "dgx_h100"], capsys)
     _one_line_exit_2(code, out, err, re.escape(f"{old}:1: ") + "no 'op' column")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["calibrate", str(DATA / "all_reduce_perf_1node.log"), "-o", "{tmp}/no/such/t.yaml"],
+        ["compare", str(BENCH), "--topology", "localhost", "--csv", "{tmp}/no/such/c.csv"],
+        ["compare", str(BENCH), "--topology", "localhost", "--plot", "{tmp}/no/such/c.png"],
+    ],
+    ids=["calibrate", "compare-csv", "compare-plot"],
+)
+def test_missing_output_folder_is_refused_before_the_work(
+    args: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    filled = [a.format(tmp=tmp_path) for a in args]
+    code, out, err = run(["validate", *filled], capsys)
+    _one_line_exit_2(code, out, err, r"does not exist")
+    assert list(tmp_path.iterdir()) == []
+
+
+# ----------------------------------------------------------------------------- fuzzing
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_CELLS = st.one_of(
+    st.sampled_from(["nan", "-nan", "inf", "-1", "0", "1e400", "", "N/A", "x", "1.5", " 7 ", "-0"]),
+    st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=8),
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+)
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    which=st.sampled_from(["csv", "log", "json"]),
+    row=st.integers(min_value=0, max_value=40),
+    field=st.integers(min_value=0, max_value=30),
+    value=_CELLS,
+)
+def test_fuzzed_cells_read_or_give_one_config_error(
+    which: str, row: int, field: int, value: str, tmp_path: Path
+) -> None:
+    """A cell of a measured file replaced by anything: the file reads (every value checked)
+    or the reader raises ConfigError naming the file; never another exception."""
+    source = {
+        "csv": BENCH,
+        "log": DATA / "all_reduce_perf_2node.log",
+        "json": DATA / "all_reduce_perf_2node.json",
+    }[which]
+    text = source.read_text()
+    if which == "json":
+        numbers = list(re.finditer(r'":(-?[\d.]+|"[^"]*")', text))
+        match = numbers[(row * 31 + field) % len(numbers)]
+        text = text[: match.start(1)] + json_token(value) + text[match.end(1) :]
+    else:
+        lines = text.splitlines()
+        body = [i for i, line in enumerate(lines) if line and not line.startswith(("#", "op,"))]
+        index = body[row % len(body)]
+        sep = "," if which == "csv" else None
+        cells = lines[index].split(sep)
+        cells[field % len(cells)] = value.replace("\n", " ")
+        lines[index] = (sep or "  ").join(cells)
+        text = "\n".join(lines) + "\n"
+    path = tmp_path / f"fuzz_{source.name}"
+    path.write_text(text)
+    try:
+        meas = read_measurements(path)
+    except ConfigError as exc:
+        assert str(path) in str(exc) and "\n" not in str(exc).strip()
+        return
+    for r in meas.rows:
+        t = float(r["time_us"])
+        assert t > 0 and t == t and t != float("inf")
+
+
+def json_token(value: str) -> str:
+    import json
+
+    return json.dumps(value)
