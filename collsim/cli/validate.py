@@ -347,7 +347,6 @@ def calibrate(
         if not sep:
             raise click.BadParameter(f"expected OP=ALG, got {pin!r}", param_hint="--algorithm")
         pinned[op.strip()] = alg.strip()
-    _check_output(output, "-o/--output")
     files = _read_all(measured)
     for meas in files:
         meas.rows = select_rows(meas.rows, subset, min_bytes=min_size, max_bytes=max_size)
@@ -496,8 +495,7 @@ def compare(
         raise click.BadParameter(
             "give one measurement with --plot, --json or --csv", param_hint="MEASURED"
         )
-    for path, hint in ((plot_path, "--plot"), (json_path, "--json"), (csv_path, "--csv")):
-        _check_output(path, hint)
+    _check_output(csv_path, "--csv")
     for meas in _read_all(measured):
         topo = topology_for(topology, meas)
         points = run_compare(meas, topo, subset=subset, min_bytes=min_size)

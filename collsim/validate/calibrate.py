@@ -1104,6 +1104,7 @@ def write_fabric_topology(
     from collsim.topology import load_topology
 
     out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)  # as write_topology does
     out.write_text(fabric_yaml(cal, name or out.stem))
     load_topology(out)
     return out
