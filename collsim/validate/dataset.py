@@ -462,6 +462,8 @@ def _read_json(text: str, path: str) -> Measurements:
                 raise ConfigError("expected an object", key_path=f"rows[{i}]", file=path)
             cells = {_ALIASES.get(str(k), str(k)): _json_cell(v) for k, v in point.items()}
             cells.setdefault("op", str(doc["op"]))
+            if "/" in cells.get("algorithm", ""):  # the label, algorithm/protocol
+                cells["algorithm"], cells["protocol"] = cells["algorithm"].split("/", 1)
             rows.append(_convert(cells, path, _json_line(text, "rows", i), metadata))
         return _finish(rows, metadata, path, "collective-json", {})
     points = doc.get("points")

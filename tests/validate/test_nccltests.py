@@ -304,3 +304,48 @@ def test_calibrate_needs_a_machine_it_knows(
     )
     assert code == 0, err
     assert "no multi-node file" in out
+
+
+def _variant(tmp_path: Path, header: str, row_of: Any, name: str = "all_reduce_perf.log") -> Path:
+    """The 1-node fixture with its column header replaced and each row rewritten."""
+    lines = (DATA / "all_reduce_perf_1node.log").read_text().splitlines()
+    out = []
+    for line in lines:
+        if "out-of-place" in line and line.startswith("#"):
+            out.append(header)
+        elif line and not line.startswith("#"):
+            out.append(row_of(line.split()))
+        else:
+            out.append(line)
+    path = tmp_path / name
+    path.write_text("\n".join(out) + "\n")
+    return path
+
+
+def test_per_iteration_timestamp_unchecked_and_in_place_only_variants(tmp_path: Path) -> None:
+    """-I 1 (four more columns per block), -S 1 (a timestamp), -c 0 (#wrong N/A), and a table
+    with the in-place block only (rccl-tests without out-of-place; nccl-tests' trace replay)."""
+    per_iter = _variant(
+        tmp_path,
+        "#                                                   out-of-place (+ per-iteration)"
+        "                                in-place (+ per-iteration)",
+        lambda f: (
+            "  ".join(f[:9] + ["1.0", "2.0", "2.0", "3.1"] + f[9:] + ["1.0", "2.0", "2.0", "3.1"])
+            + "  2026-01-01 00:00:01"
+        ),
+    )
+    rows = read_measurements(per_iter).rows
+    plain = read_measurements(DATA / "all_reduce_perf_1node.log").rows
+    assert [r["time_us"] for r in rows] == [r["time_us"] for r in plain]
+    assert [r["in_place_time_us"] for r in rows] == [r["in_place_time_us"] for r in plain]
+    unchecked = _variant(
+        tmp_path,
+        "#   out-of-place   in-place",
+        lambda f: "  ".join(f[:8] + ["N/A"] + f[9:12] + ["N/A"]),
+    )
+    rows = read_measurements(unchecked).rows
+    assert all("wrong" not in r and "in_place_wrong" not in r for r in rows)
+    only = _variant(tmp_path, "#            in-place          ", lambda f: "  ".join(f[:5] + f[9:]))
+    meas = read_measurements(only)
+    assert meas.metadata["blocks"] == ["in_place"]
+    assert [r["time_us"] for r in meas.rows] == [r["in_place_time_us"] for r in plain]
