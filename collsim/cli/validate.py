@@ -666,11 +666,16 @@ def holdout(
         f"# {'file':<40} {'n':>2} {'op':<15} {'points':>6} {'median|err|':>11} "
         f"{'p90|err|':>9} {'max|err|':>9}  verdict"
     )
+    fabric_path = _holdout_fabric(files, folder) if _is_fabric(files, None) else None
     for path, meas in zip(measured, files):
         stem = Path(path).stem
-        cal = fit(meas, subset="even")
-        topo_path = write_topology(cal, folder / f"{stem}_even.yaml")
-        topo = topology_for(topo_path, meas)
+        knees: dict[str, Any] = {}
+        if fabric_path is not None:  # nccl-tests: one NCCL fit on every file's even sizes
+            topo = topology_for(fabric_path, meas)
+        else:
+            cal = fit(meas, subset="even")
+            knees = dict(cal.ops)
+            topo = topology_for(write_topology(cal, folder / f"{stem}_even.yaml"), meas)
         points = run_compare(meas, topo, subset="odd", min_bytes=min_size)
         plot_comparison(points, topo, folder / f"{stem}_odd.png")
         summary = summarize(points)
@@ -681,7 +686,7 @@ def holdout(
             verdict = ("PASS" if ok else "FAIL") if checked else "(reported)"
             if checked and not ok:
                 failures.append(f"{stem} {s.op}")
-            op_fit = cal.ops.get(s.op)
+            op_fit = knees.get(s.op)
             knee = (
                 ""
                 if op_fit is None or op_fit.knee_bytes is None
@@ -886,6 +891,22 @@ def step(
         click.echo(f"# wrote {output}")
     if failures:
         raise click.ClickException(f"outside the target: {', '.join(failures)}")
+
+
+def _holdout_fabric(files: list[Any], folder: Path) -> Path:
+    """The NCCL fit (calibrate_fabric) of every file's even powers of two, written to folder."""
+    import copy
+
+    from collsim.validate.calibrate import calibrate_fabric, select_rows, write_fabric_topology
+
+    evens = []
+    for meas in files:
+        even = copy.copy(meas)
+        even.rows = select_rows(meas.rows, "even")
+        if not even.rows:
+            raise ConfigError("no even power-of-two sizes to calibrate on", file=meas.path)
+        evens.append(even)
+    return write_fabric_topology(calibrate_fabric(evens), folder / "nccl_even.yaml")
 
 
 def _calibrate_here(world_size: int | None, backend: str, timeout_s: float, folder: Path) -> Path:

@@ -349,3 +349,30 @@ def test_per_iteration_timestamp_unchecked_and_in_place_only_variants(tmp_path: 
     meas = read_measurements(only)
     assert meas.metadata["blocks"] == ["in_place"]
     assert [r["time_us"] for r in meas.rows] == [r["in_place_time_us"] for r in plain]
+
+
+def test_holdout_on_nccl_tests_logs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """holdout on nccl-tests logs: one NCCL fit on the even powers of two of every file, each
+    file judged on its odd ones."""
+    logs = [str(DATA / n) for n in ("all_reduce_perf_1node.log", "all_reduce_perf_2node.log")]
+    code, out, err = run(
+        [
+            "validate",
+            "holdout",
+            *logs,
+            "--ops",
+            "all_reduce",
+            "--min-size",
+            "0",
+            "--out-dir",
+            str(tmp_path),
+        ],
+        capsys,
+    )
+    assert code == 0, err
+    verdicts = re.findall(
+        r"all_reduce_perf_(\d)node.log\s+(\d+) all_reduce\s+16\s+([\d.]+)%.*PASS", out
+    )
+    assert [(n, ranks) for n, ranks, _ in verdicts] == [("1", "8"), ("2", "16")]
+    assert all(float(e) < 5 for _, _, e in verdicts)
+    assert (tmp_path / "nccl_even.yaml").exists()
