@@ -115,11 +115,15 @@ _RCCL = re.compile(r"^rccl-tests: Version\s*(?P<version>\S*)")
 _FOOTER_BW = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*(?P<value>\S+)")
 _FOOTER_OOB = re.compile(r"^#\s*Out of bounds values\s*:\s*(?P<value>\S+)")
 _TIMESTAMP = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+#: What launchers put in front of every line: OpenMPI's ``--tag-output`` (``[1,0]<stdout>:``)
+#: and Slurm's ``srun -l`` (``0: ``).
+_PREFIX = re.compile(r"^(?:\[\d+,\d+\]<std(?:out|err)>:|\s*\d+: )")
 
 
 def looks_like_log(text: str) -> bool:
     """True when ``text`` is the output of an nccl-tests or rccl-tests binary."""
-    for line in text.splitlines()[:400]:
+    for raw in text.splitlines()[:400]:
+        line = _PREFIX.sub("", raw).lstrip()
         if (
             _VERSION.match(line)
             or _STARTING.match(line)
@@ -257,10 +261,12 @@ def parse_log(text: str, path: str) -> Measurements:
     ranks_seen: list[int] = []
     width = 4
     blocks: list[str] = ["out_of_place", "in_place"]
-    raw_rows: list[tuple[int, list[str], list[list[str]]]] = []
+    raw_rows: list[tuple[int, list[str], list[list[str]], str | None]] = []
+    programs: list[str] = []
+    earlier: list[tuple[int, int, int]] = []  # (line, ranks, hosts) of runs appended before
     first_rank_line: int | None = None
     for number, line in enumerate(text.splitlines(), start=1):
-        stripped = line.strip()
+        stripped = _PREFIX.sub("", line).strip()
         if not stripped:
             continue
         if stripped.startswith("#"):
@@ -270,6 +276,7 @@ def parse_log(text: str, path: str) -> Measurements:
                     meta["nccl_version"] = int(m["library"])
             elif m := _STARTING.match(stripped):
                 meta["program"] = m["program"]
+                programs.append(m["program"])
             elif m := _CONFIG.match(stripped):
                 meta.update(
                     nthreads=int(m["nthreads"]),
@@ -283,6 +290,11 @@ def parse_log(text: str, path: str) -> Measurements:
                     graph=int(m["graph"]),
                 )
                 meta["step_factor" if m["steptype"] == "factor" else "step_bytes"] = int(m["step"])
+            elif re.match(r"^#\s*Using devices", stripped):
+                if ranks_seen:  # another run's output appended: its own rank lines follow
+                    assert first_rank_line is not None
+                    earlier.append((first_rank_line, len(ranks_seen), len(set(hosts))))
+                ranks_seen, hosts, devices, first_rank_line = [], [], [], None
             elif m := _RANK.match(stripped):
                 if first_rank_line is None:
                     first_rank_line = number
@@ -317,7 +329,7 @@ def parse_log(text: str, path: str) -> Measurements:
         if not re.fullmatch(r"\d+", tokens[0]):
             continue  # NCCL INFO / WARN lines, launcher messages, an error string
         preamble, row_blocks = _parse_row(tokens, width, path, number)
-        raw_rows.append((number, preamble, row_blocks))
+        raw_rows.append((number, preamble, row_blocks, meta.get("program")))
     if not raw_rows:
         raise ConfigError("no result rows in this nccl-tests log", file=path)
     if not ranks_seen:
@@ -329,6 +341,15 @@ def parse_log(text: str, path: str) -> Measurements:
         raise ConfigError("a rank is listed twice", file=path, line=first_rank_line)
     world = len(ranks_seen)
     nodes, per_node, order = _group(hosts, world, path, first_rank_line)
+    for line_no, ranks, num_hosts in earlier:
+        if (ranks, num_hosts) != (world, nodes):
+            raise ConfigError(
+                f"runs of {ranks} ranks on {num_hosts} host(s) and of {world} on {nodes} are "
+                "appended in one log; give each shape its own file",
+                file=path,
+                line=line_no,
+            )
+    ops = {program: _op_for(program, path) for program in programs}
     op = _op_for(meta.get("program"), path)
     meta.update(
         op=op,
@@ -339,9 +360,10 @@ def parse_log(text: str, path: str) -> Measurements:
         device=devices[0] if devices else "",
     )
     rows = []
-    for number, pre, row_blocks in raw_rows:
+    for number, pre, row_blocks, program in raw_rows:
         names = blocks if len(row_blocks) == len(blocks) else ["in_place"]
-        row = _row(op, pre, row_blocks, names, world, nodes, meta, path, number)
+        row_op = ops.get(program, op) if program else op  # logs of several binaries, appended
+        row = _row(row_op, pre, row_blocks, names, world, nodes, meta, path, number)
         rows.append(row)
     meta["blocks"] = (
         ["out_of_place", "in_place"]

@@ -376,3 +376,24 @@ def test_holdout_on_nccl_tests_logs(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert [(n, ranks) for n, ranks, _ in verdicts] == [("1", "8"), ("2", "16")]
     assert all(float(e) < 5 for _, _, e in verdicts)
     assert (tmp_path / "nccl_even.yaml").exists()
+
+
+def test_launcher_prefixes_and_appended_logs(tmp_path: Path) -> None:
+    """mpirun --tag-output and srun -l prefix every line; several binaries' logs appended in
+    one file keep each row's own op."""
+    text = (DATA / "all_reduce_perf_2node.log").read_text()
+    tagged = tmp_path / "tagged.log"
+    tagged.write_text("".join(f"[1,0]<stdout>:{line}\n" for line in text.splitlines()))
+    srun = tmp_path / "srun.log"
+    srun.write_text("".join(f"0: {line}\n" for line in text.splitlines()))
+    plain = read_measurements(DATA / "all_reduce_perf_2node.log").rows
+    assert read_measurements(tagged).rows == plain == read_measurements(srun).rows
+    both = tmp_path / "both.log"
+    both.write_text(text + (DATA / "all_gather_perf_2node.log").read_text())
+    meas = read_measurements(both)
+    assert meas.ops() == ["all_reduce", "all_gather"]
+    assert len(meas.rows) == 31 + 24
+    mixed = tmp_path / "mixed.log"
+    mixed.write_text((DATA / "all_reduce_perf_1node.log").read_text() + text)
+    with pytest.raises(ConfigError, match=r"mixed.log:9: runs of 8 ranks on 1 host\(s\) and of 16"):
+        read_measurements(mixed)
