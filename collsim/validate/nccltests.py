@@ -103,8 +103,8 @@ _RANK = re.compile(
 _CONFIG = re.compile(
     r"^#\s*nThread\s+(?P<nthreads>\d+)\s+nGpus\s+(?P<ngpus>\d+)\s+minBytes\s+(?P<min>\d+)\s+"
     r"maxBytes\s+(?P<max>\d+)\s+step:\s*(?P<step>\d+)\((?P<steptype>\w+)\)\s+warmup iters:\s*"
-    r"(?P<warmup>\d+)\s+iters:\s*(?P<iters>\d+)\s+agg iters:\s*(?P<agg>\d+)\s+validation:\s*"
-    r"(?P<check>\d+)\s+graph:\s*(?P<graph>\d+)(?:\s+unalign:\s*(?P<unalign>\d+))?"
+    r"(?P<warmup>\d+)\s+iters:\s*(?P<iters>\d+)(?:\s+agg iters:\s*(?P<agg>\d+))?\s+"
+    r"validation:\s*(?P<check>\d+)(?:\s+graph:\s*(?P<graph>\d+))?(?:\s+unalign:\s*\d+)?"
 )
 _VERSION = re.compile(
     r"^#\s*nccl-tests version\s+(?P<version>\S+)(?:\s+nccl-headers=(?P<headers>\d+))?"
@@ -285,9 +285,9 @@ def parse_log(text: str, path: str) -> Measurements:
                     max_bytes=int(m["max"]),
                     warmup=int(m["warmup"]),
                     iters=int(m["iters"]),
-                    agg_iters=int(m["agg"]),
+                    agg_iters=int(m["agg"] or 1),
                     validation=int(m["check"]),
-                    graph=int(m["graph"]),
+                    graph=int(m["graph"] or 0),
                 )
                 meta["step_factor" if m["steptype"] == "factor" else "step_bytes"] = int(m["step"])
             elif re.match(r"^#\s*Using devices", stripped):
