@@ -714,7 +714,7 @@ def format_json(
 ) -> str:
     """nccl-tests ``-J`` output of ``rows`` as src/util.cu writes it: one line, no spaces,
     ``%lf`` numbers, one device entry per process (one process per rank here, as under
-    ``mpirun -np RANKS ... -g 1``)."""
+    ``mpirun -np RANKS ... -g 1``), and ``errors`` holding ncclGetLastError's empty string."""
     op = _op_for(program, program)
     ranks = len(hosts) * ranks_per_node
     parts = [
@@ -763,6 +763,6 @@ def format_json(
     parts.append(
         f'],"out_of_bounds":{{"count":{wrong_total},"okay":"{str(wrong_total == 0).lower()}"}},'
         f'"average_bus_bandwidth":{{"bandwidth":{_jnum(avg)},"okay":"unchecked"}},'
-        f'"errors":[],"end_time":"{end_time}"}}'
+        f'"errors":[""],"end_time":"{end_time}"}}'
     )
     return "".join(parts)
