@@ -3,7 +3,7 @@ groups, the ``collsim collective`` sweep at 8,192 GPUs, and a 1,024-GPU DES.
 
 Run: ``python benchmarks/bench_collectives.py`` (prints medians of several repeats).
 Targets: closed-form cost >= 100,000 evaluations/s on cached groups (8 to 8,192 GPUs);
-``collsim collective -t dgx_h100 --nodes 1024 -b 1K -e 1G`` under 2 s for every op (auto);
+``collsim collective --topology dgx_h100 --nodes 1024 -b 1K -e 1G`` under 2 s for every op (auto);
 setting up all_reduce auto on 16,384 GPUs under 0.5 s; DES of one ring all_reduce over 1,024
 GPUs (128 DGX H100 nodes) under 1 s.
 """
@@ -47,11 +47,11 @@ def cli_sweep_seconds(op: str, nodes: int = 1024) -> float:
         [
             str(exe),
             "collective",
-            "-t",
+            "--topology",
             "dgx_h100",
             "--nodes",
             str(nodes),
-            "-o",
+            "--op",
             op,
             "-b",
             "1K",
@@ -150,7 +150,7 @@ def main() -> int:
         wall = statistics.median(cli_sweep_seconds(op) for _ in range(CLI_REPEATS))
         ok &= wall < 2.0
         print(
-            f"collsim collective -t dgx_h100 --nodes 1024 -o {op:<14} -b 1K -e 1G: "
+            f"collsim collective --topology dgx_h100 --nodes 1024 --op {op:<14} -b 1K -e 1G: "
             f"{wall:.2f} s (median of {CLI_REPEATS}; target < 2 s: "
             f"{'met' if wall < 2.0 else 'NOT met'})"
         )

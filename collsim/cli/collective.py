@@ -36,6 +36,8 @@ DTYPES = {
     "float64": 8,
     "bfloat16": 2,
 }
+#: nccl-tests' reduction ops (src/common.cu ``test_opnames``, nccl-tests 2.19.6).
+REDOPS = ("sum", "prod", "max", "min", "avg", "mulsum")
 _REDUCING = {"all_reduce", "reduce_scatter", "reduce"}
 _ROOTED = {"broadcast", "reduce"}
 _PER_RANK_COUNT = {"all_gather", "reduce_scatter", "all_to_all"}
@@ -99,28 +101,24 @@ def _size(ctx: click.Context, param: click.Parameter, value: str) -> int:
 @click.command(name="collective", cls=OneLineCommand)
 @click.option(
     "--topology",
-    "-t",
     "topology_spec",
     required=True,
     help="Topology YAML file or name in topologies/ (dgx_h100, localhost, ...).",
 )
 @click.option(
     "--nodes",
-    "-N",
     type=click.IntRange(min=1),
     default=None,
     help="Nodes the group spans (default: as few as hold --gpus).",
 )
 @click.option(
     "--gpus",
-    "-g",
     type=click.IntRange(min=1),
     default=None,
     help="Ranks in the group (default: every GPU of --nodes nodes).",
 )
 @click.option(
     "--op",
-    "-o",
     "op_name",
     default="all_reduce",
     show_default=True,
@@ -138,7 +136,6 @@ def _size(ctx: click.Context, param: click.Parameter, value: str) -> int:
 )
 @click.option(
     "--algo",
-    "-a",
     "algo_name",
     default="auto",
     show_default=True,
@@ -148,7 +145,6 @@ def _size(ctx: click.Context, param: click.Parameter, value: str) -> int:
 )
 @click.option(
     "--protocol",
-    "-p",
     "protocol_name",
     default=None,
     type=click.Choice(["ll", "ll128", "simple"]),
@@ -156,6 +152,22 @@ def _size(ctx: click.Context, param: click.Parameter, value: str) -> int:
 )
 @click.option(
     "--dtype", "-d", default="float", show_default=True, type=click.Choice(sorted(DTYPES))
+)
+@click.option(
+    "--redop",
+    "-o",
+    default="sum",
+    show_default=True,
+    type=click.Choice(list(REDOPS)),
+    help="Reduction op, as nccl-tests -o (printed; every reduction costs the same here).",
+)
+@click.option(
+    "--root",
+    "-r",
+    default=0,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Root rank of broadcast and reduce, as nccl-tests -r.",
 )
 @click.option(
     "--minbytes",
@@ -191,7 +203,6 @@ def _size(ctx: click.Context, param: click.Parameter, value: str) -> int:
 )
 @click.option(
     "--mode",
-    "-m",
     default="closed",
     show_default=True,
     type=click.Choice(["closed", "des"]),
@@ -213,6 +224,8 @@ def collective(
     algo_name: str,
     protocol_name: str | None,
     dtype: str,
+    redop: str,
+    root: int,
     minbytes: int,
     maxbytes: int,
     stepfactor: float,
@@ -235,6 +248,8 @@ def collective(
     group = build_group(topology_spec, gpus, nodes)
     topo = group.topology
     n = group.size
+    if op_name in _ROOTED and root >= n:
+        raise click.BadParameter(f"must be < the {n} ranks, got {root}", param_hint="-r/--root")
     word = DTYPES[dtype]
     align = word * (n if op_name in _PER_RANK_COUNT else 1)
     rows = []
@@ -254,12 +269,13 @@ def collective(
                 "size_bytes": size,
                 "count": count,
                 "type": dtype,
-                "redop": "sum" if op_name in _REDUCING else "none",
-                "root": 0 if op_name in _ROOTED else -1,
+                "redop": redop if op_name in _REDUCING else "none",
+                "root": root if op_name in _ROOTED else -1,
                 "time_us": result.time_s * 1e6,
                 "algbw_GBps": result.algbw_bps / GB,
                 "busbw_GBps": result.busbw_bps / GB,
                 "algorithm": result.label,
+                "protocol": result.label.partition("/")[2],
             }
         )
     click.echo(
@@ -268,12 +284,7 @@ def collective(
         err=True,
     )
     if fmt == "csv":
-        click.echo("size_bytes,time_us,algbw_GBps,busbw_GBps,algorithm")
-        for r in rows:
-            click.echo(
-                f"{r['size_bytes']},{r['time_us']:.3f},{r['algbw_GBps']:.3f},"
-                f"{r['busbw_GBps']:.3f},{r['algorithm']}"
-            )
+        click.echo(_csv(rows, op_name, n, topo, mode), nl=False)
     elif fmt == "json":
         click.echo(
             json.dumps(
@@ -291,6 +302,43 @@ def collective(
         )
     else:
         click.echo(_table(rows, op_name, n, topo.describe()))
+
+
+def _csv(rows: list[dict[str, Any]], op_name: str, n: int, topo: Any, mode: str) -> str:
+    """The rows in the collective CSV schema (:mod:`collsim.validate.dataset`)."""
+    from collsim.validate.dataset import csv_preamble, csv_row
+
+    metadata = {
+        "tool": "collsim collective",
+        "topology": topo.name,
+        "mode": mode,
+        "op": op_name,
+        "world_size": n,
+        "num_nodes": topo.num_nodes,
+        "ranks_per_node": n // topo.num_nodes,
+    }
+    out = [csv_preamble(metadata)]
+    for r in rows:
+        out.append(
+            csv_row(
+                {
+                    "op": op_name,
+                    "size_bytes": r["size_bytes"],
+                    "count": r["count"],
+                    "type": r["type"],
+                    "redop": r["redop"],
+                    "root": r["root"],
+                    "world_size": n,
+                    "nodes": topo.num_nodes,
+                    "algorithm": r["algorithm"].partition("/")[0],
+                    "protocol": r["protocol"],
+                    "time_us": round(r["time_us"], 3),
+                    "algbw_gbps": round(r["algbw_GBps"], 4),
+                    "busbw_gbps": round(r["busbw_GBps"], 4),
+                }
+            )
+        )
+    return "".join(out)
 
 
 def _table(rows: list[dict[str, Any]], op_name: str, n: int, where: str) -> str:

@@ -315,11 +315,11 @@ def collectives_cmd(
     maxbytes: str,
     algorithms: str,
 ) -> None:
-    """Bus bandwidth vs message size per algorithm, from `collsim collective` CSVs or from the
-    closed form on --topology."""
+    """Bus bandwidth vs message size per algorithm, from collective tables (`collsim collective
+    -F csv`, `validate bench`, `validate compare --csv`, nccl-tests logs or -J JSON) or from
+    the closed form on --topology."""
     import pandas as pd
 
-    from collsim.report.frames import read_collective_csv
     from collsim.report.plots import plot_collectives
 
     try:
@@ -327,7 +327,7 @@ def collectives_cmd(
         if bool(csv_files) == bool(topology):
             raise ConfigError("give either CSV files or --topology", key_path="collectives")
         if csv_files:
-            frames = [read_collective_csv(path) for path in csv_files]
+            frames = [collective_frame(path) for path in csv_files]
             seen: dict[str, int] = {}
             for frame in frames:
                 for name in frame["algorithm"].unique():
@@ -343,6 +343,56 @@ def collectives_cmd(
         _save(plot_collectives(data, title=title), output)
     except ConfigError as exc:
         _fail(exc)
+
+
+def collective_frame(path: Path) -> pd.DataFrame:
+    """A collective table as the plot's frame (``op, size_bytes, time_s, algbw_bps,
+    busbw_bps, algorithm, protocol``), whatever wrote it: the CSV schema, a bench CSV, an
+    nccl-tests or rccl-tests log, -J JSON (told apart by content), or a ``collective -F csv``
+    file from before the schema. A measurement without an algorithm is one series named
+    after the file ("... measured").
+
+    Raises:
+        ConfigError: the file cannot be read, or a value is bad (``file:line: column: ...``).
+    """
+    import pandas as pd
+
+    from collsim.validate.dataset import read_measurements, read_text, sniff
+
+    text = read_text(path)
+    if sniff(text) == "csv":
+        header = next(
+            (line for line in text.splitlines() if line.strip() and not line.startswith("#")), ""
+        )
+        if "op" not in [c.strip() for c in header.split(",")]:
+            from collsim.report.frames import read_collective_csv
+
+            return read_collective_csv(path)  # `collective -F csv` before the schema
+    meas = read_measurements(path)
+    from collsim.validate.nccltests import bus_factor
+
+    records = []
+    for row in meas.rows:
+        time_s = float(row["time_us"]) * 1e-6
+        algbw = float(row.get("algbw_gbps", row["size_bytes"] / time_s / 1e9)) * 1e9
+        busbw = row.get("busbw_gbps")
+        busbw_bps = (
+            float(busbw) * 1e9
+            if busbw is not None
+            else algbw * bus_factor(row["op"], int(row["world_size"]))
+        )
+        records.append(
+            {
+                "op": row["op"],
+                "size_bytes": int(row["size_bytes"]),
+                "time_s": time_s,
+                "algbw_bps": algbw,
+                "busbw_bps": busbw_bps,
+                "algorithm": row.get("algorithm") or f"{path.stem} measured",
+                "protocol": row.get("protocol", ""),
+            }
+        )
+    return pd.DataFrame.from_records(records)
 
 
 def _closed_form(

@@ -87,7 +87,6 @@ def validate() -> None:
 @click.option("--backend", type=click.Choice(["gloo", "nccl"]), default="gloo", show_default=True)
 @click.option(
     "--world-size",
-    "-n",
     type=click.IntRange(1, 1024),
     default=None,
     help="Local ranks to spawn (default 2); ignored under torchrun.",
@@ -102,8 +101,17 @@ def validate() -> None:
 @click.option("-b", "--minbytes", default="1K", callback=_size, show_default=True)
 @click.option("-e", "--maxbytes", default="64M", callback=_size, show_default=True)
 @click.option("-f", "--stepfactor", type=click.IntRange(2), default=2, show_default=True)
-@click.option("--iters", type=click.IntRange(1), default=20, show_default=True)
-@click.option("--warmup", type=click.IntRange(0), default=5, show_default=True)
+@click.option(
+    "-n", "--iters", type=click.IntRange(1), default=20, show_default=True, help="As nccl-tests -n."
+)
+@click.option(
+    "-w",
+    "--warmup",
+    type=click.IntRange(0),
+    default=5,
+    show_default=True,
+    help="Warm-up iterations, as nccl-tests -w.",
+)
 @click.option(
     "--rounds",
     type=click.IntRange(1),
@@ -215,9 +223,7 @@ def _run_sketch(
 
 
 _SKETCH_OPTIONS = [
-    click.option(
-        "--world-size", "-n", type=click.Choice(["2", "4"]), default="2", show_default=True
-    ),
+    click.option("--world-size", type=click.Choice(["2", "4"]), default="2", show_default=True),
     click.option("--steps", type=click.IntRange(1), default=5, show_default=True),
     click.option(
         "--timeout", "timeout_s", type=click.FloatRange(min=1), default=300.0, show_default=True
@@ -257,8 +263,25 @@ def fsdp(world_size: str, steps: int, timeout_s: float, output: str | None) -> N
 _SUBSET = click.Choice(["all", "even", "odd"])
 
 
+_FABRIC_KINDS = ("nccl-tests", "nccl-tests-json", "rccl-tests")
+
+
+def _check_output(path: str | None, hint: str) -> None:
+    """An output file's folder must exist (checked before any work; none is created)."""
+    if path is not None and not Path(path).resolve().parent.is_dir():
+        raise click.BadParameter(
+            f"folder {str(Path(path).parent)!r} does not exist", param_hint=hint
+        )
+
+
+def _read_all(paths: tuple[str, ...]) -> list[Any]:
+    from collsim.validate.dataset import read_measurements
+
+    return [read_measurements(path) for path in paths]
+
+
 @validate.command()
-@click.argument("measured", type=click.Path(exists=True, dir_okay=False))
+@click.argument("measured", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option(
     "-o",
     "--output",
@@ -268,9 +291,9 @@ _SUBSET = click.Choice(["all", "even", "odd"])
 )
 @click.option(
     "--base",
-    default="localhost",
-    show_default=True,
-    help="Topology whose shape is kept (file or name).",
+    default=None,
+    help="Topology whose shape is kept (file or name); default: localhost for a gloo bench, "
+    "the shipped file of the GPU an nccl-tests log names (dgx_h100, ...).",
 )
 @click.option("--name", default=None, help="Topology name (default: the file's stem).")
 @click.option(
@@ -292,19 +315,19 @@ _SUBSET = click.Choice(["all", "even", "odd"])
     "pins",
     multiple=True,
     metavar="OP=ALG",
-    help="Pin an op's algorithm (e.g. broadcast=tree); repeatable.",
+    help="Pin an op's algorithm (e.g. broadcast=tree); repeatable (gloo fit).",
 )
 @click.option(
     "--knees/--no-knees",
     default=True,
     show_default=True,
     help="Let an op have a second regime above a size (kept only when it halves "
-    "the line's median |residual|).",
+    "the line's median |residual|; gloo fit).",
 )
 def calibrate(
-    measured: str,
+    measured: tuple[str, ...],
     output: str,
-    base: str,
+    base: str | None,
     name: str | None,
     subset: str,
     min_size: int,
@@ -312,10 +335,11 @@ def calibrate(
     pins: tuple[str, ...],
     knees: bool,
 ) -> None:
-    """Fit link latency, bandwidth and per-op algorithm/overhead/efficiency to a measurement."""
+    """Fit a topology to measurements: a gloo bench (link latency, bandwidth, per-op
+    algorithm/overhead/efficiency), or nccl-tests logs of one and more nodes (NVLink and NIC
+    efficiency, latencies, fixed cost of a multi-node NCCL topology)."""
     from collsim.validate.calibrate import calibrate as fit
-    from collsim.validate.calibrate import write_topology
-    from collsim.validate.dataset import read_measurements
+    from collsim.validate.calibrate import select_rows, write_topology
 
     pinned = {}
     for pin in pins:
@@ -323,16 +347,33 @@ def calibrate(
         if not sep:
             raise click.BadParameter(f"expected OP=ALG, got {pin!r}", param_hint="--algorithm")
         pinned[op.strip()] = alg.strip()
-    meas = read_measurements(measured)
+    files = _read_all(measured)
+    for meas in files:
+        meas.rows = select_rows(meas.rows, subset, min_bytes=min_size, max_bytes=max_size)
+        if not meas.rows:
+            raise ConfigError("no measured points in the selected sizes", file=meas.path)
+    base = base or _recorded_base(files)
+    if _is_fabric(files, base):
+        if pinned:
+            raise click.BadParameter(
+                "pins are for a gloo fit; an NCCL fit keeps NCCL's own choice",
+                param_hint="--algorithm",
+            )
+        _calibrate_fabric(files, base, output, name)
+        return
+    if len(files) != 1:
+        raise click.BadParameter(
+            f"a gloo fit takes one measurement, got {len(files)}", param_hint="MEASURED"
+        )
+    meas = files[0]
     cal = fit(
         meas,
-        base=base,
-        subset=subset,
-        min_bytes=min_size,
-        max_bytes=max_size,
+        base=base or "localhost",
+        subset="all",
         algorithms=pinned,
         knees=knees,
     )
+    cal.subset = subset
     path = write_topology(cal, output, name)
     click.echo(
         f"# calibrated {meas.metadata.get('backend')} world size {cal.world_size} on "
@@ -362,9 +403,57 @@ def calibrate(
     click.echo(f"# wrote {path}")
 
 
+def _is_fabric(files: list[Any], base: str | None) -> bool:
+    """An NCCL multi-node fit: nccl-tests input, or an NCCL base topology."""
+    if any(m.kind in _FABRIC_KINDS for m in files):
+        return True
+    if base is None:
+        return False
+    return _library(base) == "nccl"
+
+
+def _library(base: str) -> str:
+    from collsim.topology import resolve_topology_path
+    from collsim.yamlio import load_yaml
+
+    doc = load_yaml(resolve_topology_path(base))
+    return str((doc.data.get("collectives") or {}).get("library", "nccl"))
+
+
+def _recorded_base(files: list[Any]) -> str | None:
+    """The topology a simulated table names (``collective -F csv``, ``compare --csv``)."""
+    names = {str(m.metadata["topology"]) for m in files if m.metadata.get("topology")}
+    return names.pop() if len(names) == 1 else None
+
+
+def _calibrate_fabric(files: list[Any], base: str | None, output: str, name: str | None) -> None:
+    from collsim.validate.calibrate import calibrate_fabric, write_fabric_topology
+
+    cal = calibrate_fabric(files, base=base)
+    path = write_fabric_topology(cal, output, name)
+    click.echo(
+        f"# calibrated {cal.base} on {len(files)} file(s), up to {cal.nodes} nodes x "
+        f"{cal.gpus_per_node} GPUs: " + ", ".join(f"{k} {v:.4g}" for k, v in cal.values.items())
+    )
+    click.echo(
+        f"# {'file':<44} {'ranks':>5} {'nodes':>5} {'points':>6} {'base|err|':>9} "
+        f"{'fit|err|':>8} {'max|err|':>8}  per algorithm/protocol: points median|err|"
+    )
+    for f in cal.files:
+        choices = ", ".join(f"{k} {n} {e:.1%}" for k, (n, e) in f.by_choice.items())
+        click.echo(
+            f"  {f.path:<44} {f.ranks:>5} {f.nodes:>5} {f.points:>6} "
+            f"{f.median_abs_error_before:>8.1%} {f.median_abs_error:>7.1%} "
+            f"{f.max_abs_error:>7.1%}  {choices}"
+        )
+    for note in cal.notes:
+        click.echo(f"# note: {note}")
+    click.echo(f"# wrote {path}")
+
+
 @validate.command()
-@click.argument("measured", type=click.Path(exists=True, dir_okay=False))
-@click.option("--topology", "-t", required=True, help="Topology file or name to simulate on.")
+@click.argument("measured", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--topology", required=True, help="Topology file or name to simulate on.")
 @click.option("--subset", type=_SUBSET, default="all", show_default=True)
 @click.option(
     "--min-size",
@@ -379,69 +468,121 @@ def calibrate(
     "plot_path",
     type=click.Path(dir_okay=False),
     default=None,
-    help="Write the log-log plot here (default: beside the measurement, .png).",
+    help="Write the log-log plot here (default: beside each measurement, .png).",
 )
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None)
+@click.option(
+    "--csv",
+    "csv_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write the points in the collective CSV schema, with simulated_us and error.",
+)
 def compare(
-    measured: str,
+    measured: tuple[str, ...],
     topology: str,
     subset: str,
     min_size: int,
     plot_path: str | None,
     json_path: str | None,
+    csv_path: str | None,
 ) -> None:
     """Simulate exactly the measured points and print the error of each, plus a summary."""
     from collsim.validate.compare import compare as run_compare
     from collsim.validate.compare import format_comparison, plot_comparison, summarize, topology_for
-    from collsim.validate.dataset import read_measurements
 
-    meas = read_measurements(measured)
-    topo = topology_for(topology, meas)
-    points = run_compare(meas, topo, subset=subset, min_bytes=min_size)
-    if not points:
-        raise ConfigError("no measured points in the selected sizes", file=measured)
-    summary = summarize(points)
-    click.echo(
-        format_comparison(
-            points,
-            summary,
-            header=(
-                f"{measured} (world size {meas.world_size}) vs {topo.name}, {subset} sizes "
-                f">= {min_size} B; error = (simulated - measured) / measured"
-            ),
+    if len(measured) > 1 and (plot_path or json_path or csv_path):
+        raise click.BadParameter(
+            "give one measurement with --plot, --json or --csv", param_hint="MEASURED"
         )
-    )
-    out_plot = plot_path or str(Path(measured).with_suffix(".png"))
-    plot_comparison(
-        points, topo, out_plot, title=f"{Path(measured).name} vs {topo.name} (n={meas.world_size})"
-    )
-    click.echo(f"# wrote {out_plot}")
-    if json_path:
-        Path(json_path).write_text(
-            json.dumps(
-                {
-                    "measured": measured,
-                    "topology": topology,
-                    "subset": subset,
-                    "min_bytes": min_size,
-                    "points": [
-                        {
-                            "op": p.op,
-                            "size_bytes": p.size_bytes,
-                            "measured_s": p.measured_s,
-                            "simulated_s": p.simulated_s,
-                            "error": p.error,
-                            "algorithm": p.algorithm,
-                        }
-                        for p in points
-                    ],
-                    "summary": [vars_of(s) for s in summary],
-                },
-                indent=1,
+    _check_output(csv_path, "--csv")
+    for meas in _read_all(measured):
+        topo = topology_for(topology, meas)
+        points = run_compare(meas, topo, subset=subset, min_bytes=min_size)
+        if not points:
+            raise ConfigError("no measured points in the selected sizes", file=meas.path)
+        summary = summarize(points)
+        click.echo(
+            format_comparison(
+                points,
+                summary,
+                header=(
+                    f"{meas.path} (world size {meas.world_size}, {meas.num_nodes} node(s)) vs "
+                    f"{topo.name}, {subset} sizes >= {min_size} B; error = (simulated - "
+                    f"measured) / measured"
+                ),
             )
-            + "\n"
         )
-        click.echo(f"# wrote {json_path}")
+        out_plot = plot_path or str(Path(meas.path).with_suffix(".png"))
+        plot_comparison(
+            points,
+            topo,
+            out_plot,
+            title=f"{Path(meas.path).name} vs {topo.name} (n={meas.world_size})",
+        )
+        click.echo(f"# wrote {out_plot}")
+        if csv_path:
+            _write_compared_csv(csv_path, meas, points, topology)
+            click.echo(f"# wrote {csv_path}")
+        if json_path:
+            Path(json_path).write_text(
+                json.dumps(
+                    {
+                        "measured": meas.path,
+                        "topology": topology,
+                        "subset": subset,
+                        "min_bytes": min_size,
+                        "points": [
+                            {
+                                "op": p.op,
+                                "size_bytes": p.size_bytes,
+                                "measured_s": p.measured_s,
+                                "simulated_s": p.simulated_s,
+                                "error": p.error,
+                                "algorithm": p.algorithm,
+                            }
+                            for p in points
+                        ],
+                        "summary": [vars_of(s) for s in summary],
+                    },
+                    indent=1,
+                )
+                + "\n"
+            )
+            click.echo(f"# wrote {json_path}")
+
+
+def _write_compared_csv(path: str, meas: Any, points: list[Any], topology: str) -> None:
+    """The compared points as schema rows: the measured row, the simulator's choice as
+    algorithm/protocol, simulated_us and error."""
+    from collsim.validate.dataset import write_measurements
+
+    rows = []
+    by_key: dict[tuple[str, int], dict[str, Any]] = {}
+    for row in meas.rows:
+        by_key.setdefault((row["op"], int(row["size_bytes"])), row)
+    for p in points:
+        row = dict(by_key[(p.op, p.size_bytes)])
+        row["time_us"] = p.measured_s * 1e6
+        row.update(
+            algorithm=p.algorithm,
+            protocol=p.protocol,
+            simulated_us=p.simulated_s * 1e6,
+            error=p.error,
+        )
+        row.setdefault("nodes", meas.num_nodes)
+        rows.append(row)
+    metadata = {
+        "tool": "collsim validate compare",
+        "measured": meas.path,
+        "topology": topology,
+        "world_size": meas.world_size,
+        "ranks_per_node": meas.ranks_per_node,
+        "num_nodes": meas.num_nodes,
+    }
+    if not path.endswith(".csv"):
+        raise ConfigError(f"must end in .csv, got {Path(path).name!r}", key_path="--csv")
+    write_measurements(path, rows, metadata)
 
 
 def vars_of(obj: Any) -> dict[str, Any]:
@@ -497,9 +638,23 @@ def holdout(
     from collsim.validate.compare import across_runs as group_runs
     from collsim.validate.compare import compare as run_compare
     from collsim.validate.compare import plot_comparison, summarize, topology_for
-    from collsim.validate.dataset import read_measurements
+    from collsim.validate.dataset import OPS, canonical_op, read_measurements
 
     held = tuple(o.strip() for o in check_ops.split(",") if o.strip())
+    unknown = [o for o in held if canonical_op(o) != o]
+    if unknown or not held:
+        raise click.BadParameter(
+            f"unknown op(s) {', '.join(unknown) or '(none)'}; choose from {', '.join(OPS)}",
+            param_hint="--ops",
+        )
+    files = [read_measurements(path) for path in measured]
+    present = {op for meas in files for op in meas.ops()}
+    if not present & set(held):
+        raise click.BadParameter(
+            f"none of {', '.join(held)} is in the measurements (they hold "
+            f"{', '.join(sorted(present))}): nothing would be checked",
+            param_hint="--ops",
+        )
     folder = Path(out_dir or tempfile.mkdtemp(prefix="collsim-holdout-"))
     failures = []
     per_run = []
@@ -511,12 +666,16 @@ def holdout(
         f"# {'file':<40} {'n':>2} {'op':<15} {'points':>6} {'median|err|':>11} "
         f"{'p90|err|':>9} {'max|err|':>9}  verdict"
     )
-    for path in measured:
-        meas = read_measurements(path)
+    fabric_path = _holdout_fabric(files, folder) if _is_fabric(files, None) else None
+    for path, meas in zip(measured, files):
         stem = Path(path).stem
-        cal = fit(meas, subset="even")
-        topo_path = write_topology(cal, folder / f"{stem}_even.yaml")
-        topo = topology_for(topo_path, meas)
+        knees: dict[str, Any] = {}
+        if fabric_path is not None:  # nccl-tests: one NCCL fit on every file's even sizes
+            topo = topology_for(fabric_path, meas)
+        else:
+            cal = fit(meas, subset="even")
+            knees = dict(cal.ops)
+            topo = topology_for(write_topology(cal, folder / f"{stem}_even.yaml"), meas)
         points = run_compare(meas, topo, subset="odd", min_bytes=min_size)
         plot_comparison(points, topo, folder / f"{stem}_odd.png")
         summary = summarize(points)
@@ -527,7 +686,7 @@ def holdout(
             verdict = ("PASS" if ok else "FAIL") if checked else "(reported)"
             if checked and not ok:
                 failures.append(f"{stem} {s.op}")
-            op_fit = cal.ops.get(s.op)
+            op_fit = knees.get(s.op)
             knee = (
                 ""
                 if op_fit is None or op_fit.knee_bytes is None
@@ -586,7 +745,6 @@ def holdout(
 @click.option("--backend", type=click.Choice(["gloo", "nccl"]), default="gloo", show_default=True)
 @click.option(
     "--topology",
-    "-t",
     default=None,
     help="Calibrated topology to simulate on; default: measure collectives at each "
     "world size and calibrate first (in this command).",
@@ -733,6 +891,22 @@ def step(
         click.echo(f"# wrote {output}")
     if failures:
         raise click.ClickException(f"outside the target: {', '.join(failures)}")
+
+
+def _holdout_fabric(files: list[Any], folder: Path) -> Path:
+    """The NCCL fit (calibrate_fabric) of every file's even powers of two, written to folder."""
+    import copy
+
+    from collsim.validate.calibrate import calibrate_fabric, select_rows, write_fabric_topology
+
+    evens = []
+    for meas in files:
+        even = copy.copy(meas)
+        even.rows = select_rows(meas.rows, "even")
+        if not even.rows:
+            raise ConfigError("no even power-of-two sizes to calibrate on", file=meas.path)
+        evens.append(even)
+    return write_fabric_topology(calibrate_fabric(evens), folder / "nccl_even.yaml")
 
 
 def _calibrate_here(world_size: int | None, backend: str, timeout_s: float, folder: Path) -> Path:

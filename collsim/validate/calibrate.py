@@ -190,8 +190,8 @@ def _fit_arrays(
         raise ConfigError(f"need at least {minimum} sizes to fit {what}, got {len(sizes_bytes)}")
     s = np.asarray(sizes_bytes, dtype=float)
     t = np.asarray(times_s, dtype=float)
-    if (t <= 0).any():
-        raise ConfigError("measured times must be > 0")
+    if not np.isfinite(t).all() or (t <= 0).any():
+        raise ConfigError("measured times must be finite numbers > 0")
     return s, t
 
 
@@ -505,7 +505,7 @@ def calibrate(
         raise ConfigError(
             f"need one world size per calibration, got {sorted(sizes)}", file=meas.path
         )
-    bad = [r for r in rows if int(r["wrong"]) > 0]
+    bad = [r for r in rows if int(r.get("wrong", 0) or 0) > 0]
     if bad:
         raise ConfigError(
             f"{len(bad)} measured point(s) have wrong results "
@@ -680,5 +680,431 @@ def write_topology(cal: Calibration, path: str | Path, name: str | None = None) 
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(topology_yaml(cal, name or out.stem))
+    load_topology(out)
+    return out
+
+
+# ----------------------------------------------------------- multi-node (NCCL) calibration
+
+#: Figures a fabric calibration fits, by stage: one-node data fit the NVLink (or PCIe) link
+#: and the library's fixed cost; multi-node data fit the NICs. Each is a (section, key) of the
+#: topology file.
+INTRA_PARAMETERS = (
+    ("intra_node", "efficiency"),
+    ("intra_node", "latency_us"),
+    ("collectives", "overhead_us"),
+)
+NETWORK_PARAMETERS = (("nics", "efficiency"), ("nics", "latency_us"))
+
+#: Relative residual at which the loss turns from quadratic to linear (pseudo-Huber on the
+#: log ratio): a few points far off (a congested size) do not drag the rest.
+FABRIC_HUBER_DELTA = 0.05
+
+#: Evaluations of the simplex search per stage (each evaluates every point once).
+FABRIC_MAX_EVALUATIONS = 240
+
+#: Restarts of the simplex from its best point (a simplex that has collapsed along a kink of
+#: the loss, where a latency floor switches, stops early; a new one moves on).
+FABRIC_RESTARTS = 6
+
+#: Efficiencies and latencies each staged search also starts from, every combination with
+#: the base's figures added (search grids, not figures of a machine); the
+#: ``FABRIC_STARTS_KEPT`` starts with the lowest loss are searched from.
+FABRIC_START_EFFICIENCIES = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+FABRIC_START_LATENCIES_US = (1.0, 3.0, 10.0)
+FABRIC_STARTS_KEPT = 4
+
+#: Device names in nccl-tests' rank lines -> the shipped topology of that machine.
+_DEVICE_BASES = (
+    ("H200", "dgx_h200"),
+    ("H100", "dgx_h100"),
+    ("B200", "dgx_b200"),
+    ("A100", "dgx_a100"),
+)
+
+
+def base_for_device(device: str) -> str | None:
+    """The shipped topology for a GPU named as nccl-tests prints it (``NVIDIA H100 80GB
+    HBM3`` -> ``dgx_h100``), or None."""
+    for needle, base in _DEVICE_BASES:
+        if needle in device.upper():
+            return base
+    return None
+
+
+@dataclass
+class FileFit:
+    """How the fitted topology reproduces one input file."""
+
+    path: str
+    nodes: int
+    ranks: int
+    points: int
+    median_abs_error_before: float
+    median_abs_error: float
+    max_abs_error: float
+    by_choice: dict[str, tuple[int, float]]
+    """Per (algorithm/protocol) the simulator chose: points and median |error| after the fit."""
+
+
+@dataclass
+class FabricCalibration:
+    """A fitted multi-node topology: the base file with fitted link figures."""
+
+    base: str
+    values: dict[str, float]
+    """``section.key`` -> fitted value."""
+    fitted: list[str]
+    """The keys fitted (a stage without data leaves its keys at the base's values)."""
+    data: dict[str, Any]
+    """The topology document (the base's, with the fitted values)."""
+    files: list[FileFit]
+    nodes: int
+    gpus_per_node: int
+    notes: list[str] = field(default_factory=list)
+
+
+def _fabric_data(base_data: dict[str, Any], values: dict[str, float]) -> dict[str, Any]:
+    data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in base_data.items()}
+    for dotted, value in values.items():
+        section, key = dotted.split(".")
+        data.setdefault(section, {})[key] = value
+    return data
+
+
+def _encode(key: str, value: float) -> float:
+    """Search coordinate of a figure: the logit of an efficiency, a latency in us as it is
+    (decoded as its absolute value, so that the search space has no edge and no flat part)."""
+    if key.endswith("efficiency"):
+        v = min(max(value, 1e-4), 1 - 1e-6)
+        return math.log(v / (1 - v))
+    return value
+
+
+def _decode(key: str, x: float) -> float:
+    if key.endswith("efficiency"):
+        return 1.0 / (1.0 + math.exp(-max(min(x, 50.0), -50.0)))
+    return abs(x)
+
+
+def _steps(keys: list[str], x0: list[float]) -> list[float]:
+    """First simplex steps: 0.5 in logit, or half a latency (at least 0.5 us)."""
+    return [0.5 if k.endswith("efficiency") else max(0.5, 0.5 * abs(x)) for k, x in zip(keys, x0)]
+
+
+def nelder_mead(
+    fun: Any, x0: list[float], *, steps: list[float] | None = None, max_evaluations: int = 240
+) -> tuple[list[float], float]:
+    """Minimise ``fun`` from ``x0`` by the downhill simplex (Nelder & Mead 1965, with the
+    standard coefficients: reflection 1, expansion 2, contraction 0.5, shrink 0.5).
+
+    Returns:
+        The best point and its value.
+    """
+    import numpy as np
+
+    n = len(x0)
+    simplex = [np.asarray(x0, dtype=float)]
+    for i in range(n):
+        p = np.asarray(x0, dtype=float).copy()
+        p[i] += 0.5 if steps is None else steps[i]
+        simplex.append(p)
+    values = [float(fun(p)) for p in simplex]
+    evaluations = n + 1
+    while evaluations < max_evaluations:
+        order = np.argsort(values)
+        simplex = [simplex[i] for i in order]
+        values = [values[i] for i in order]
+        if abs(values[-1] - values[0]) <= 1e-10 * (abs(values[0]) + 1e-12):
+            break
+        centroid = np.mean(simplex[:-1], axis=0)
+        reflected = centroid + (centroid - simplex[-1])
+        f_r = float(fun(reflected))
+        evaluations += 1
+        if f_r < values[0]:
+            expanded = centroid + 2.0 * (centroid - simplex[-1])
+            f_e = float(fun(expanded))
+            evaluations += 1
+            simplex[-1], values[-1] = (expanded, f_e) if f_e < f_r else (reflected, f_r)
+        elif f_r < values[-2]:
+            simplex[-1], values[-1] = reflected, f_r
+        else:
+            inside = f_r >= values[-1]
+            target = simplex[-1] if inside else reflected
+            contracted = centroid + 0.5 * (target - centroid)
+            f_c = float(fun(contracted))
+            evaluations += 1
+            if f_c < min(f_r, values[-1]):
+                simplex[-1], values[-1] = contracted, f_c
+            else:
+                for i in range(1, n + 1):
+                    simplex[i] = simplex[0] + 0.5 * (simplex[i] - simplex[0])
+                    values[i] = float(fun(simplex[i]))
+                evaluations += n
+    best = int(np.argmin(values))
+    return [float(v) for v in simplex[best]], values[best]
+
+
+def _points(meas: Measurements) -> list[tuple[str, int, float]]:
+    out = []
+    for row in meas.rows:
+        if int(row.get("wrong", 0) or 0) > 0:
+            raise ConfigError(
+                f"{row['op']} {row['size_bytes']} B has #wrong {row['wrong']}: wrong results "
+                "are not a measurement",
+                file=meas.path,
+            )
+        out.append((str(row["op"]), int(row["size_bytes"]), float(row["time_us"]) * 1e-6))
+    return out
+
+
+def _simulate_files(
+    base_doc: Any, values: dict[str, float], files: list[Measurements]
+) -> list[list[tuple[float, str]]]:
+    """Simulated (time, algorithm/protocol) of every point of every file."""
+    from collsim.collectives import Group, cost
+    from collsim.topology import parse_topology
+
+    data = _fabric_data(base_doc.data, values)
+    doc = type(base_doc)(data=data, file=base_doc.file, lines=base_doc.lines)
+    groups: dict[tuple[int, int], Any] = {}
+    out = []
+    for meas in files:
+        shape = (meas.num_nodes, meas.ranks_per_node)
+        if shape not in groups:
+            groups[shape] = Group.all(parse_topology(doc, nodes=shape[0], gpus_per_node=shape[1]))
+        group = groups[shape]
+        sims = []
+        for op, size, _ in _points(meas):
+            result = cost(op, size, group)
+            sims.append((result.time_s, result.label))
+        out.append(sims)
+    return out
+
+
+def _loss(base_doc: Any, values: dict[str, float], files: list[Measurements]) -> float:
+    total = 0.0
+    for meas, sims in zip(files, _simulate_files(base_doc, values, files)):
+        for (_, _, measured), (simulated, _) in zip(_points(meas), sims):
+            r = math.log(simulated / measured) / FABRIC_HUBER_DELTA
+            total += math.sqrt(1.0 + r * r) - 1.0
+    return total
+
+
+def _file_fits(
+    base_doc: Any,
+    before: dict[str, float],
+    after: dict[str, float],
+    files: list[Measurements],
+) -> list[FileFit]:
+    import statistics
+
+    out = []
+    sims_before = _simulate_files(base_doc, before, files)
+    sims_after = _simulate_files(base_doc, after, files)
+    for meas, sb, sa in zip(files, sims_before, sims_after):
+        pts = _points(meas)
+        err_b = [abs(s - t) / t for (_, _, t), (s, _) in zip(pts, sb)]
+        err_a = [abs(s - t) / t for (_, _, t), (s, _) in zip(pts, sa)]
+        by: dict[str, list[float]] = {}
+        for e, (_, label) in zip(err_a, sa):
+            by.setdefault(label, []).append(e)
+        out.append(
+            FileFit(
+                path=meas.path,
+                nodes=meas.num_nodes,
+                ranks=meas.world_size,
+                points=len(pts),
+                median_abs_error_before=statistics.median(err_b),
+                median_abs_error=statistics.median(err_a),
+                max_abs_error=max(err_a),
+                by_choice={k: (len(v), statistics.median(v)) for k, v in by.items()},
+            )
+        )
+    return out
+
+
+def calibrate_fabric(files: list[Measurements], *, base: str | None = None) -> FabricCalibration:
+    """Fit a multi-node NCCL topology to nccl-tests measurements of one and more nodes.
+
+    The base topology (``base``, else the shipped file of the GPU the logs name) keeps its
+    shape and NCCL's own per-protocol tables (:mod:`collsim.collectives.protocols`); what is
+    fitted are the figures of the topology file, by minimising the pseudo-Huber loss of
+    log(simulated / measured) over every point with a downhill simplex, each figure searched
+    in an unbounded transform (logit of an efficiency, log of a latency):
+
+    1. on the one-node files: ``intra_node.efficiency`` (NVLink), ``intra_node.latency_us``
+       and ``collectives.overhead_us``;
+    2. on the multi-node files, with those held: ``nics.efficiency`` and ``nics.latency_us``
+       (the network latency per hop, NIC to NIC);
+    3. all of them together on every file, from where 1 and 2 ended.
+
+    A stage without files keeps the base's figures and says so in the notes. NCCL's
+    per-protocol latencies (tuning.cc) are not keys of a topology file, so the fit is per
+    link, and each point's error is reported per (algorithm, protocol) the simulator chose.
+
+    Raises:
+        ConfigError: no files, a #wrong > 0, no base topology for the device, or a file whose
+            op the base cannot run.
+    """
+    from collsim.topology import resolve_topology_path
+    from collsim.yamlio import load_yaml
+
+    if not files:
+        raise ConfigError("no measurement files")
+    for meas in files:
+        for row in meas.rows:
+            t = float(row["time_us"])
+            if not (math.isfinite(t) and t > 0):
+                raise ConfigError(f"measured times must be finite and > 0, got {t}", file=meas.path)
+    if base is None:
+        devices = {str(m.metadata.get("device", "")) for m in files}
+        guesses = {base_for_device(d) for d in devices}
+        if len(guesses) != 1 or None in guesses:
+            raise ConfigError(
+                f"cannot tell the machine from the device names {sorted(devices)}; name the "
+                "base topology (a file or a shipped name such as dgx_h100)",
+                key_path="--base",
+            )
+        base = str(guesses.pop())
+    base_doc = load_yaml(resolve_topology_path(base))
+    library = (base_doc.data.get("collectives") or {}).get("library", "nccl")
+    if library != "nccl":
+        raise ConfigError(
+            f"the base topology {base} is a {library} topology; a multi-node fit needs an NCCL one",
+            key_path="--base",
+        )
+    one = [m for m in files if m.num_nodes == 1]
+    many = [m for m in files if m.num_nodes > 1]
+    if many and "nics" not in base_doc.data:
+        raise ConfigError(f"the base topology {base} has no nics section", key_path="--base")
+    start: dict[str, float] = {}
+    for section, key in INTRA_PARAMETERS + NETWORK_PARAMETERS:
+        sec = base_doc.data.get(section) or {}
+        start[f"{section}.{key}"] = float(sec.get(key, 1.0 if key == "efficiency" else 0.0))
+    values = dict(start)
+    notes = []
+    fitted: list[str] = []
+
+    def stage(keys: list[str], data: list[Measurements], multistart: bool) -> None:
+        x0 = [_encode(k, values[k]) for k in keys]
+
+        def fun(x: Any) -> float:
+            trial = dict(values)
+            trial.update({k: _decode(k, float(v)) for k, v in zip(keys, x)})
+            return _loss(base_doc, trial, data)
+
+        starts = [x0]
+        if multistart:  # the auto choice of algorithm switches with the figures: local minima
+            import itertools
+
+            grids = [
+                (
+                    FABRIC_START_EFFICIENCIES
+                    if key.endswith("efficiency")
+                    else FABRIC_START_LATENCIES_US
+                )
+                + (values[key],)
+                for key in keys
+            ]
+            starts += [
+                [_encode(k, v) for k, v in zip(keys, combo)] for combo in itertools.product(*grids)
+            ]
+        ranked = sorted(starts, key=fun)[:FABRIC_STARTS_KEPT]
+        found = []
+        for start in ranked:
+            best, f_best = nelder_mead(
+                fun, start, steps=_steps(keys, start), max_evaluations=FABRIC_MAX_EVALUATIONS
+            )
+            for _ in range(FABRIC_RESTARTS):  # a fresh simplex where the last one stopped
+                again, f_again = nelder_mead(
+                    fun, best, steps=_steps(keys, best), max_evaluations=FABRIC_MAX_EVALUATIONS
+                )
+                if f_again >= f_best - 1e-9 * max(f_best, 1e-12):
+                    break
+                best, f_best = again, f_again
+            found.append((f_best, best))
+        best = min(found, key=lambda pair: pair[0])[1]
+        values.update({k: _decode(k, v) for k, v in zip(keys, best)})
+        for k in keys:
+            if k not in fitted:
+                fitted.append(k)
+
+    intra_keys = [f"{s}.{k}" for s, k in INTRA_PARAMETERS]
+    net_keys = [f"{s}.{k}" for s, k in NETWORK_PARAMETERS]
+    if one:
+        stage(intra_keys, one, True)
+    else:
+        notes.append("no one-node file: NVLink figures and the fixed cost kept from the base")
+    if many:
+        stage(net_keys, many, True)
+    else:
+        notes.append("no multi-node file: NIC figures kept from the base")
+    if one and many:
+        stage(intra_keys + net_keys, files, False)
+    notes.append(
+        "NCCL's per-protocol base and per-hop latencies (src/graph/tuning.cc) are the "
+        "simulator's tables, not topology keys: the fit sets the physical link figures only"
+    )
+    data = _fabric_data(base_doc.data, {k: values[k] for k in fitted})
+    nodes = max(m.num_nodes for m in files)
+    per_node = {m.ranks_per_node for m in files}
+    if len(per_node) != 1:
+        raise ConfigError(
+            f"the files have {sorted(per_node)} ranks per node; calibrate one node shape at a time"
+        )
+    gpus = per_node.pop()
+    data["nodes"] = nodes
+    data["gpus_per_node"] = gpus
+    return FabricCalibration(
+        base=base,
+        values={k: values[k] for k in fitted},
+        fitted=fitted,
+        data=data,
+        files=_file_fits(base_doc, start, values, files),
+        nodes=nodes,
+        gpus_per_node=gpus,
+        notes=notes,
+    )
+
+
+def fabric_yaml(cal: FabricCalibration, name: str) -> str:
+    """The calibrated topology as YAML text, with the fit in its header comments."""
+    import yaml
+
+    lines = [
+        f"# Calibrated by `collsim validate calibrate` from {', '.join(f.path for f in cal.files)}",
+        f"# base topology {cal.base}; fitted (pseudo-Huber on log(simulated/measured), "
+        f"downhill simplex): " + ", ".join(f"{k} = {v:.6g}" for k, v in cal.values.items()),
+    ]
+    for f in cal.files:
+        lines.append(
+            f"# {f.path}: {f.ranks} ranks on {f.nodes} node(s), {f.points} points, median "
+            f"|error| {f.median_abs_error_before:.1%} with the base -> {f.median_abs_error:.1%} "
+            f"(max {f.max_abs_error:.1%})"
+        )
+    lines += [f"# note: {note}" for note in cal.notes]
+    data = dict(cal.data)
+    data["name"] = name
+    data["description"] = f"{data.get('description', '')} (calibrated)".strip()
+    rounded = {}
+    for section, value in data.items():
+        if isinstance(value, dict):
+            value = {
+                k: (float(f"{v:.6g}") if isinstance(v, float) else v) for k, v in value.items()
+            }
+        rounded[section] = value
+    return "\n".join(lines) + "\n" + yaml.safe_dump(rounded, sort_keys=False)
+
+
+def write_fabric_topology(
+    cal: FabricCalibration, path: str | Path, name: str | None = None
+) -> Path:
+    """Write the calibrated multi-node topology and check that it loads back."""
+    from collsim.topology import load_topology
+
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)  # as write_topology does
+    out.write_text(fabric_yaml(cal, name or out.stem))
     load_topology(out)
     return out

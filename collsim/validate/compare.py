@@ -40,6 +40,8 @@ class ComparedPoint:
     measured_s: float
     simulated_s: float
     algorithm: str
+    protocol: str = ""
+    """The protocol the simulator chose (NCCL: ll, ll128, simple; gloo: simple)."""
 
     @property
     def error(self) -> float:
@@ -62,9 +64,8 @@ def topology_for(spec: str | Path, meas: Measurements) -> Any:
     """The topology ``spec`` sized to the measurement's ranks per node and node count."""
     from collsim.topology import load_topology
 
-    n = meas.world_size
-    per_node = int(meas.metadata.get("ranks_per_node", n))
-    return load_topology(spec, nodes=max(1, n // per_node), gpus_per_node=per_node)
+    per_node = meas.ranks_per_node
+    return load_topology(spec, nodes=max(1, meas.world_size // per_node), gpus_per_node=per_node)
 
 
 def compare(
@@ -79,8 +80,11 @@ def compare(
     """Simulate every selected measured point on ``topology``.
 
     Raises:
-        ConfigError: the topology's rank count differs from the measurement's world size.
+        ConfigError: the topology's rank count differs from the measurement's world size, or
+            a measured time is not a finite number > 0 (as calibrate refuses it).
     """
+    import math
+
     from collsim.collectives import Group, cost
 
     if topology.num_ranks != meas.world_size:
@@ -92,6 +96,14 @@ def compare(
     group = Group.all(topology)
     out = []
     for row in select_rows(meas.rows, subset, min_bytes=min_bytes, max_bytes=max_bytes, ops=ops):
+        measured_us = float(row["time_us"])
+        if not (math.isfinite(measured_us) and measured_us > 0):
+            raise ConfigError(
+                f"must be a finite number > 0, got {measured_us} ({row['op']} "
+                f"{row['size_bytes']} B)",
+                key_path="time_us",
+                file=meas.path,
+            )
         sim = cost(row["op"], int(row["size_bytes"]), group)
         out.append(
             ComparedPoint(
@@ -100,6 +112,7 @@ def compare(
                 float(row["time_us"]) * 1e-6,
                 sim.time_s,
                 sim.algorithm.value,
+                sim.protocol.value,
             )
         )
     return out

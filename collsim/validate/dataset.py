@@ -1,20 +1,47 @@
-"""Measured datasets on disk: CSV with ``# key: value`` metadata lines, or JSON; and the table.
+"""Measured and simulated collective tables on disk: one CSV schema, JSON, nccl-tests logs.
 
-A CSV written here starts with metadata lines (``# backend: gloo``, values in JSON), then one row
-per measured point with the columns of :class:`~collsim.validate.bench.BenchPoint`. pandas reads
-it with ``comment='#'``; :func:`read_measurements` returns the rows and the metadata. The same
-content as JSON is ``{"metadata": {...}, "points": [{...}, ...]}``.
+Every collective table collsim writes (``collective -F csv``, ``validate bench -o x.csv``,
+``validate compare --csv``) uses one CSV schema, :data:`COLUMNS`, and every command that reads
+one (``validate calibrate``, ``validate compare``, ``validate holdout``, ``plot collectives``)
+reads any of them, plus the text log of any nccl-tests or rccl-tests ``*_perf`` binary and
+nccl-tests' ``-J`` JSON (:mod:`collsim.validate.nccltests`). What a file is, is told from its
+content (:func:`sniff`), not its suffix.
 
-The printed table follows nccl-tests (``size(B) count(elements) type redop root | time(us)
-algbw(GB/s) busbw(GB/s) #wrong``, ``#``-prefixed headers, ``# Avg bus bandwidth`` footer), one
-block per op, so a real nccl-tests log can be read beside it.
+A CSV starts with ``# key: value`` metadata lines (values in JSON), among them ``# schema:``
+(:data:`SCHEMA`) and ``# units:`` (:data:`UNITS`), then a header row and one row per point.
+pandas reads it with ``comment='#'``. Units are nccl-tests': size in bytes, time in
+microseconds, algbw and busbw in GB/s (1e9 B/s). Columns, in order:
+
+- ``op`` (collsim's names: all_reduce, all_gather, reduce_scatter, broadcast, reduce,
+  all_to_all, send_recv), ``size_bytes`` (nccl-tests' size: the larger of the send and receive
+  buffers), ``count`` (elements), ``dtype``, ``redop``, ``root``;
+- ``ranks``, ``nodes``: the group;
+- ``algorithm``, ``protocol``: what ran or what the simulator chose (empty when not known, as
+  in a measurement);
+- ``time_us``, ``algbw_gbps``, ``busbw_gbps``, ``wrong``: nccl-tests' out-of-place block (or
+  the only block); ``in_place_time_us``, ``in_place_algbw_gbps``, ``in_place_busbw_gbps``,
+  ``in_place_wrong``: the in-place block when there is one;
+- ``min_us``, ``p90_us``, ``iters``: spread and iterations (``validate bench``);
+- ``simulated_us``, ``error``: a comparison (``validate compare --csv``).
+
+Required: ``op``, ``size_bytes``, ``time_us`` and the rank count (a ``ranks`` column or a
+``world_size`` metadata line); the others may be missing or empty. Older bench CSVs (columns
+``type`` and ``world_size``) and ``collective -F csv`` files from before the schema
+(``size_bytes,time_us,algbw_GBps,busbw_GBps,algorithm``, no op) still read. Every value is
+checked: a bad one is ``file:line: column: rule, got value`` (ConfigError, exit 2).
+
+In memory a row is a dict keyed by the bench's field names (``type`` for dtype, ``world_size``
+for ranks) plus the optional columns it has; empty cells are left out.
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import json
-from dataclasses import dataclass
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,40 +49,216 @@ from collsim.errors import ConfigError
 
 __all__ = [
     "COLUMNS",
+    "SCHEMA",
+    "UNITS",
+    "OPS",
     "Measurements",
     "write_measurements",
     "read_measurements",
+    "read_text",
+    "sniff",
+    "canonical_op",
+    "check_value",
+    "csv_preamble",
+    "csv_row",
     "format_table",
 ]
 
-#: Columns of a measured CSV, in order (BenchPoint's fields).
+#: The schema's name and version, written as ``# schema:``.
+SCHEMA = "collsim-collectives/2"
+
+#: Columns of the CSV schema, in order.
 COLUMNS = (
     "op",
     "size_bytes",
     "count",
-    "type",
+    "dtype",
     "redop",
     "root",
+    "ranks",
+    "nodes",
+    "algorithm",
+    "protocol",
     "time_us",
-    "min_us",
-    "p90_us",
     "algbw_gbps",
     "busbw_gbps",
     "wrong",
-    "world_size",
+    "in_place_time_us",
+    "in_place_algbw_gbps",
+    "in_place_busbw_gbps",
+    "in_place_wrong",
+    "min_us",
+    "p90_us",
     "iters",
+    "simulated_us",
+    "error",
 )
-_INT_COLUMNS = {"size_bytes", "count", "root", "wrong", "world_size", "iters"}
-_STR_COLUMNS = {"op", "type", "redop"}
+
+#: Units of the columns, written as ``# units:`` (nccl-tests' units; GB = 1e9 bytes).
+UNITS = {
+    "size_bytes": "bytes",
+    "count": "elements",
+    "time_us": "microseconds",
+    "algbw_gbps": "GB/s (1e9 bytes/s), size / time",
+    "busbw_gbps": "GB/s (1e9 bytes/s), algbw x nccl-tests' bus factor of op and ranks",
+    "in_place_time_us": "microseconds",
+    "min_us": "microseconds",
+    "p90_us": "microseconds",
+    "simulated_us": "microseconds",
+    "error": "(simulated - measured) / measured",
+}
+
+#: Ops collsim models (nccl-tests' collectives under collsim's names).
+OPS = (
+    "all_reduce",
+    "all_gather",
+    "reduce_scatter",
+    "broadcast",
+    "reduce",
+    "all_to_all",
+    "send_recv",
+)
+
+#: Other spellings of the ops: nccl-tests' binary names and their stems.
+_OP_ALIASES = {
+    "allreduce": "all_reduce",
+    "allgather": "all_gather",
+    "reducescatter": "reduce_scatter",
+    "alltoall": "all_to_all",
+    "sendrecv": "send_recv",
+}
+
+#: nccl-tests collectives collsim does not model (src/*.cu of nccl-tests 2.19.6).
+_UNMODELLED = ("gather", "scatter", "hypercube", "alltoallv")
+
+#: Header names of older files, mapped to the schema's.
+_ALIASES = {
+    "type": "dtype",
+    "world_size": "ranks",
+    "algbw_GBps": "algbw_gbps",
+    "busbw_GBps": "busbw_gbps",
+}
+
+#: Schema column -> key of the in-memory row (the bench's field names).
+_ROW_KEY = {"dtype": "type", "ranks": "world_size"}
+_KEY_COLUMN = {v: k for k, v in _ROW_KEY.items()}
+
+
+def canonical_op(text: str) -> str | None:
+    """collsim's name of an op written as collsim or nccl-tests does (``allreduce``,
+    ``all_reduce_perf``, ``alltoall``), or None."""
+    name = text.strip().lower()
+    name = name.removesuffix("_perf").removesuffix("_mpi")
+    if name in OPS:
+        return name
+    return _OP_ALIASES.get(name.replace("_", ""))
+
+
+def _unknown_op(text: str) -> str:
+    name = text.strip().lower().removesuffix("_perf")
+    if name in _UNMODELLED:
+        return f"nccl-tests' {name} is not modelled by collsim (modelled: {', '.join(OPS)})"
+    return f"unknown op {text!r} (choose from {', '.join(OPS)})"
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError
+    return value
+
+
+def _integer(text: str) -> int:
+    value = float(text)
+    if not math.isfinite(value) or value != int(value):
+        raise ValueError
+    return int(value)
+
+
+def _positive(text: str) -> str | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return "not a number"
+    return None if math.isfinite(value) and value > 0 else "must be a finite number > 0"
+
+
+def _non_negative(text: str) -> str | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return "not a number"
+    return None if math.isfinite(value) and value >= 0 else "must be a finite number >= 0"
+
+
+_Check = tuple[Callable[[str], Any], Callable[[str], str | None] | None, str]
+
+#: Per column: how the text converts, the rule it must pass, and the rule in words.
+_CHECKS: dict[str, _Check] = {
+    "size_bytes": (_integer, lambda t: None if float(t) >= 0 else "must be >= 0", "an integer"),
+    "count": (_integer, lambda t: None if float(t) >= 0 else "must be >= 0", "an integer"),
+    "root": (_integer, None, "an integer"),
+    "ranks": (_integer, lambda t: None if float(t) >= 1 else "must be >= 1", "an integer"),
+    "nodes": (_integer, lambda t: None if float(t) >= 1 else "must be >= 1", "an integer"),
+    "wrong": (_integer, lambda t: None if float(t) >= 0 else "must be >= 0", "an integer"),
+    "in_place_wrong": (_integer, lambda t: None if float(t) >= 0 else "must be >= 0", "an integer"),
+    "iters": (_integer, lambda t: None if float(t) >= 1 else "must be >= 1", "an integer"),
+    "time_us": (_finite, _positive, "a number"),
+    "in_place_time_us": (_finite, _positive, "a number"),
+    "min_us": (_finite, _positive, "a number"),
+    "p90_us": (_finite, _positive, "a number"),
+    "simulated_us": (_finite, _positive, "a number"),
+    "algbw_gbps": (_finite, _non_negative, "a number"),
+    "busbw_gbps": (_finite, _non_negative, "a number"),
+    "in_place_algbw_gbps": (_finite, _non_negative, "a number"),
+    "in_place_busbw_gbps": (_finite, _non_negative, "a number"),
+    "error": (_finite, None, "a number"),
+}
+_TEXT_COLUMNS = {"op", "dtype", "redop", "algorithm", "protocol"}
+
+
+def check_value(column: str, text: str, *, file: str, line: int) -> Any:
+    """The value of one cell, checked against its column's rule.
+
+    Raises:
+        ConfigError: ``file:line: column: rule, got text``.
+    """
+    raw = text.strip()
+    if column == "op":
+        op = canonical_op(raw)
+        if op is None:
+            raise ConfigError(_unknown_op(raw), key_path="op", file=file, line=line)
+        return op
+    if column in _TEXT_COLUMNS:
+        return raw
+    convert, rule, kind = _CHECKS[column]
+    try:
+        float(raw)
+    except ValueError:
+        raise ConfigError(f"not a number: {raw!r}", key_path=column, file=file, line=line) from None
+    problem = rule(raw) if rule is not None else None
+    if problem is None:
+        try:
+            return convert(raw)
+        except (ValueError, OverflowError):
+            problem = f"must be {kind}"
+    raise ConfigError(f"{problem}, got {raw}", key_path=column, file=file, line=line)
 
 
 @dataclass
 class Measurements:
-    """Rows of a measured dataset (dicts keyed by :data:`COLUMNS`) and its metadata."""
+    """Rows of a collective table (dicts, see the module docstring) and its metadata.
+
+    ``kind`` says what the file was: ``csv``, ``json``, ``nccl-tests`` (a text log),
+    ``nccl-tests-json`` (``-J``), ``rccl-tests`` or ``collective-json``.
+    """
 
     rows: list[dict[str, Any]]
     metadata: dict[str, Any]
     path: str = ""
+    kind: str = "csv"
+    header: dict[str, Any] = field(default_factory=dict)
+    """``schema`` and ``units`` lines of the file (kept apart from the metadata)."""
 
     def ops(self) -> list[str]:
         """Ops present, in first-seen order."""
@@ -72,11 +275,60 @@ class Measurements:
             return int(self.metadata["world_size"])
         return int(self.rows[0]["world_size"])
 
+    @property
+    def num_nodes(self) -> int:
+        """Nodes of the measurement (metadata ``num_nodes``, else the rows' ``nodes``, else 1)."""
+        if "num_nodes" in self.metadata:
+            return int(self.metadata["num_nodes"])
+        return int(self.rows[0].get("nodes", 1))
+
+    @property
+    def ranks_per_node(self) -> int:
+        """Ranks per node (metadata, else world size / nodes)."""
+        if "ranks_per_node" in self.metadata:
+            return int(self.metadata["ranks_per_node"])
+        return max(1, self.world_size // self.num_nodes)
+
+
+def _cell(row: dict[str, Any], column: str, metadata: dict[str, Any]) -> str:
+    key = _ROW_KEY.get(column, column)
+    value = row.get(key)
+    if value is None and column == "nodes":
+        value = metadata.get("num_nodes")
+    if value is None and column == "ranks":
+        value = metadata.get("world_size")
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.9g}"
+    return str(value)
+
+
+def csv_preamble(metadata: dict[str, Any]) -> str:
+    """The ``#`` lines and the header row of a CSV (for writers that append rows as they go)."""
+    lines = [f"# schema: {json.dumps(SCHEMA)}", f"# units: {json.dumps(UNITS)}"]
+    lines += [f"# {key}: {json.dumps(value)}" for key, value in metadata.items()]
+    lines.append(",".join(COLUMNS))
+    return "\n".join(lines) + "\n"
+
+
+def csv_row(row: dict[str, Any], metadata: dict[str, Any] | None = None) -> str:
+    """One row of the schema as a CSV line (with its newline)."""
+    buffer = io.StringIO()
+    csv.writer(buffer, lineterminator="\n").writerow(
+        [_cell(row, column, metadata or {}) for column in COLUMNS]
+    )
+    return buffer.getvalue()
+
+
+def _schema_row(row: dict[str, Any]) -> dict[str, Any]:
+    return {_KEY_COLUMN.get(k, k): v for k, v in row.items()}
+
 
 def write_measurements(
     path: str | Path, rows: list[dict[str, Any]], metadata: dict[str, Any]
 ) -> Path:
-    """Write rows and metadata as CSV (``.csv``) or JSON (``.json``).
+    """Write rows and metadata as CSV (``.csv``) or JSON (``.json``), in the schema.
 
     Raises:
         ConfigError: the suffix is neither .csv nor .json.
@@ -84,72 +336,240 @@ def write_measurements(
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.suffix == ".json":
-        out.write_text(json.dumps({"metadata": metadata, "points": rows}, indent=1) + "\n")
+        doc = {
+            "schema": SCHEMA,
+            "units": UNITS,
+            "metadata": metadata,
+            "points": [_schema_row(r) for r in rows],
+        }
+        out.write_text(json.dumps(doc, indent=1) + "\n")
         return out
     if out.suffix != ".csv":
         raise ConfigError(f"output must end in .csv or .json, got {out.name!r}", key_path="-o")
     with out.open("w", newline="") as handle:
-        for key, value in metadata.items():
-            handle.write(f"# {key}: {json.dumps(value)}\n")
-        writer = csv.DictWriter(handle, fieldnames=list(COLUMNS), extrasaction="ignore")
-        writer.writeheader()
+        handle.write(csv_preamble(metadata))
         for row in rows:
-            writer.writerow(
-                {k: (f"{row[k]:.9g}" if isinstance(row[k], float) else row[k]) for k in COLUMNS}
-            )
+            handle.write(csv_row(row, metadata))
     return out
 
 
-def _convert(row: dict[str, str], path: Path, line: int) -> dict[str, Any]:
+def _convert(
+    cells: dict[str, str], path: str, line: int, metadata: dict[str, Any]
+) -> dict[str, Any]:
+    """One row of text cells (schema names) as a checked row dict."""
     out: dict[str, Any] = {}
-    for key in COLUMNS:
-        if key not in row or row[key] is None:
-            raise ConfigError(f"missing column {key!r}", file=str(path), line=line)
-        text = row[key]
-        try:
-            out[key] = (
-                text if key in _STR_COLUMNS else int(text) if key in _INT_COLUMNS else float(text)
+    for column in COLUMNS:
+        text = cells.get(column)
+        if text is None or not str(text).strip() or str(text).strip().upper() == "N/A":
+            continue
+        out[_ROW_KEY.get(column, column)] = check_value(column, str(text), file=path, line=line)
+    for column in ("op", "size_bytes", "time_us"):
+        if _ROW_KEY.get(column, column) not in out:
+            raise ConfigError("missing value", key_path=column, file=path, line=line)
+    if "world_size" not in out:
+        if "world_size" not in metadata:
+            raise ConfigError(
+                "missing value (no 'ranks' column and no '# world_size:' line)",
+                key_path="ranks",
+                file=path,
+                line=line,
             )
-        except ValueError:
-            raise ConfigError(f"{key}: not a number: {text!r}", file=str(path), line=line) from None
+        out["world_size"] = check_value("ranks", str(metadata["world_size"]), file=path, line=line)
     return out
 
 
-def read_measurements(path: str | Path) -> Measurements:
-    """Read a dataset written by :func:`write_measurements`.
+def sniff(text: str) -> str:
+    """What a decoded file holds: ``json``, ``nccl-tests`` (an nccl-tests or rccl-tests text
+    log) or ``csv``."""
+    from collsim.validate.nccltests import looks_like_log
+
+    head = text.lstrip()
+    if head.startswith("{"):
+        return "json"
+    if looks_like_log(text):
+        return "nccl-tests"
+    return "csv"
+
+
+def read_text(path: str | Path) -> str:
+    """A measurement file's text.
 
     Raises:
-        ConfigError: the file is missing, or a row is malformed (with its line).
+        ConfigError: missing, unreadable, or binary (NUL bytes or not UTF-8), with the line of
+            the first bad byte.
     """
     src = Path(path)
     if not src.exists():
         raise ConfigError("no such measurement file", file=str(src))
-    if src.suffix == ".json":
-        doc = json.loads(src.read_text())
-        rows = [
-            _convert({k: str(v) for k, v in r.items()}, src, i + 1)
-            for i, r in enumerate(doc.get("points", []))
-        ]
-        return Measurements(rows=rows, metadata=dict(doc.get("metadata", {})), path=str(src))
+    try:
+        data = src.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc.strerror}", file=str(src)) from None
+    what = "a binary file, not a CSV, JSON or nccl-tests log"
+    nul = data.find(b"\x00")
+    if nul >= 0:
+        line = data.count(b"\n", 0, nul) + 1
+        raise ConfigError(f"{what} (NUL byte at offset {nul})", file=str(src), line=line)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(
+            f"{what} (byte 0x{data[exc.start]:02x} at offset {exc.start} is not UTF-8)",
+            file=str(src),
+            line=line,
+        ) from None
+
+
+def read_measurements(path: str | Path) -> Measurements:
+    """Read a collective table: schema CSV or JSON, an older bench CSV, ``collective -F csv``
+    or ``-F json``, an nccl-tests or rccl-tests log, or nccl-tests ``-J`` JSON.
+
+    Raises:
+        ConfigError: the file is missing, binary, not one of those, or holds a bad value
+            (``file:line: column: message``).
+    """
+    src = Path(path)
+    text = read_text(src)
+    kind = sniff(text)
+    if kind == "nccl-tests":
+        from collsim.validate.nccltests import parse_log
+
+        return parse_log(text, str(src))
+    if kind == "json":
+        return _read_json(text, str(src))
+    return _read_csv(text, str(src))
+
+
+def _read_json(text: str, path: str) -> Measurements:
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"JSON syntax error: {exc.msg}", file=path, line=exc.lineno) from None
+    if not isinstance(doc, dict):
+        raise ConfigError("expected a JSON object", file=path)
+    if "results" in doc and ("nccl_version" in doc or "config" in doc):
+        from collsim.validate.nccltests import parse_json
+
+        return parse_json(doc, text, path)
+    if "rows" in doc and "op" in doc:  # collsim collective -F json
+        metadata = {k: v for k, v in doc.items() if k != "rows"}
+        metadata.setdefault("world_size", doc.get("ranks"))
+        metadata.setdefault("num_nodes", doc.get("nodes"))
+        rows = []
+        for i, point in enumerate(doc["rows"]):
+            if not isinstance(point, dict):
+                raise ConfigError("expected an object", key_path=f"rows[{i}]", file=path)
+            cells = {_ALIASES.get(str(k), str(k)): _json_cell(v) for k, v in point.items()}
+            cells.setdefault("op", str(doc["op"]))
+            if "/" in cells.get("algorithm", ""):  # the label, algorithm/protocol
+                cells["algorithm"], cells["protocol"] = cells["algorithm"].split("/", 1)
+            rows.append(_convert(cells, path, _json_line(text, "rows", i), metadata))
+        return _finish(rows, metadata, path, "collective-json", {})
+    points = doc.get("points")
+    if not isinstance(points, list):
+        raise ConfigError(
+            "expected a collsim table ('points'), `collsim collective -F json` ('rows') or "
+            "nccl-tests -J output ('results')",
+            file=path,
+        )
+    metadata = dict(doc.get("metadata") or {})
+    rows = []
+    for i, point in enumerate(points):
+        if not isinstance(point, dict):
+            raise ConfigError("expected an object", key_path=f"points[{i}]", file=path)
+        cells = {_ALIASES.get(str(k), str(k)): _json_cell(v) for k, v in point.items()}
+        rows.append(_convert(cells, path, _json_line(text, "points", i), metadata))
+    header = {k: doc[k] for k in ("schema", "units") if k in doc}
+    return _finish(rows, metadata, path, "json", header)
+
+
+def _json_cell(value: Any) -> str:
+    if value is None:
+        return ""
+    return str(value)
+
+
+def _json_line(text: str, key: str, index: int) -> int:
+    """Line of the ``index``-th object of the list under ``key`` (for messages)."""
+    start = text.find(f'"{key}"')
+    if start < 0:
+        return 1
+    pos = start
+    depth = 0
+    count = -1
+    for i in range(start, len(text)):
+        ch = text[i]
+        if ch == "{":
+            depth += 1
+            if depth == 1:
+                count += 1
+                if count == index:
+                    pos = i
+                    break
+        elif ch == "}":
+            depth -= 1
+    return text.count("\n", 0, pos) + 1
+
+
+def _read_csv(text: str, path: str) -> Measurements:
     metadata: dict[str, Any] = {}
-    body: list[str] = []
-    first_body_line = 1
-    for number, line in enumerate(src.read_text().splitlines(), start=1):
+    header: dict[str, Any] = {}
+    body: list[tuple[int, str]] = []
+    for number, line in enumerate(text.splitlines(), start=1):
         if line.startswith("#"):
             key, sep, value = line[1:].partition(":")
             if sep:
                 try:
-                    metadata[key.strip()] = json.loads(value.strip())
+                    parsed = json.loads(value.strip())
                 except json.JSONDecodeError:
-                    metadata[key.strip()] = value.strip()
-            first_body_line = number + 1
+                    parsed = value.strip()
+                target = header if key.strip() in ("schema", "units") else metadata
+                target[key.strip()] = parsed
         elif line.strip():
-            body.append(line)
-    reader = csv.DictReader(body)
-    rows = [_convert(r, src, first_body_line + i + 1) for i, r in enumerate(reader)]
+            body.append((number, line))
+    if not body:
+        raise ConfigError("no header row and no measured rows", file=path)
+    head_line, head = body[0]
+    names = [_ALIASES.get(n.strip(), n.strip()) for n in next(csv.reader([head]))]
+    if "op" not in names and "op" not in metadata:
+        raise ConfigError(
+            f"no 'op' column (header {head.strip()!r}); expected the collsim CSV schema "
+            f"({','.join(COLUMNS[:11])},...) or an nccl-tests log",
+            file=path,
+            line=head_line,
+        )
+    for required in ("size_bytes", "time_us"):
+        if required not in names:
+            raise ConfigError(
+                f"missing column {required!r} (header {head.strip()!r})",
+                file=path,
+                line=head_line,
+            )
+    rows = []
+    for number, line in body[1:]:
+        values = next(csv.reader([line]))
+        if len(values) != len(names):
+            raise ConfigError(
+                f"{len(values)} fields, the header has {len(names)}", file=path, line=number
+            )
+        cells = dict(zip(names, values))
+        if "op" not in cells:
+            cells["op"] = str(metadata["op"])
+        rows.append(_convert(cells, path, number, metadata))
+    return _finish(rows, metadata, path, "csv", header)
+
+
+def _finish(
+    rows: list[dict[str, Any]],
+    metadata: dict[str, Any],
+    path: str,
+    kind: str,
+    header: dict[str, Any],
+) -> Measurements:
     if not rows:
-        raise ConfigError("no measured rows", file=str(src))
-    return Measurements(rows=rows, metadata=metadata, path=str(src))
+        raise ConfigError("no measured rows", file=path)
+    return Measurements(rows=rows, metadata=metadata, path=path, kind=kind, header=header)
 
 
 def format_table(rows: list[dict[str, Any]], metadata: dict[str, Any]) -> str:

@@ -53,24 +53,47 @@ def test_table_has_nccl_tests_columns_and_the_algorithm(capsys) -> None:
 
 
 def test_csv_columns_and_values(capsys) -> None:
-    code, out, _ = run(["-t", "dgx_h100", "-g", "8", "-b", "1G", "-e", "1G", "-F", "csv"], capsys)
+    code, out, _ = run(
+        ["--topology", "dgx_h100", "--gpus", "8", "-b", "1G", "-e", "1G", "-F", "csv"], capsys
+    )
     assert code == 0
-    header, row = out.strip().splitlines()
-    assert header == "size_bytes,time_us,algbw_GBps,busbw_GBps,algorithm"
-    size, time_us, algbw, busbw, algorithm = row.split(",")
-    assert int(size) == 1 << 30
-    assert float(algbw) == pytest.approx((1 << 30) / float(time_us) / 1e3, rel=1e-3)
-    assert float(busbw) == pytest.approx(float(algbw) * 2 * 7 / 8, rel=1e-3)
-    assert algorithm == "nvls/simple"
+    lines = out.strip().splitlines()
+    assert '# units: {"size_bytes": "bytes"' in out  # units stated in the header
+    header, row = [line for line in lines if not line.startswith("#")]
+    assert header.split(",")[:11] == [
+        "op",
+        "size_bytes",
+        "count",
+        "dtype",
+        "redop",
+        "root",
+        "ranks",
+        "nodes",
+        "algorithm",
+        "protocol",
+        "time_us",
+    ]
+    cells = dict(zip(header.split(","), row.split(",")))
+    assert (cells["op"], cells["ranks"], cells["nodes"], cells["dtype"]) == (
+        "all_reduce",
+        "8",
+        "1",
+        "float",
+    )
+    assert int(cells["size_bytes"]) == 1 << 30
+    time_us, algbw, busbw = (float(cells[k]) for k in ("time_us", "algbw_gbps", "busbw_gbps"))
+    assert algbw == pytest.approx((1 << 30) / time_us / 1e3, rel=1e-3)
+    assert busbw == pytest.approx(algbw * 2 * 7 / 8, rel=1e-3)
+    assert (cells["algorithm"], cells["protocol"]) == ("nvls", "simple")
 
 
 def test_des_mode_matches_closed_form(capsys) -> None:
     args = [
-        "-t",
+        "--topology",
         "dgx_a100",
-        "-N",
+        "--nodes",
         "2",
-        "-o",
+        "--op",
         "all_gather",
         "-b",
         "1M",
@@ -91,7 +114,9 @@ def test_des_mode_matches_closed_form(capsys) -> None:
 
 
 def test_localhost_takes_the_rank_count_from_gpus(capsys) -> None:
-    code, out, _ = run(["-t", "localhost", "-g", "3", "-b", "1K", "-e", "1K", "-F", "json"], capsys)
+    code, out, _ = run(
+        ["--topology", "localhost", "--gpus", "3", "-b", "1K", "-e", "1K", "-F", "json"], capsys
+    )
     assert code == 0
     assert json.loads(out)["ranks"] == 3
 
@@ -104,15 +129,15 @@ def test_sweep_sizes_follow_nccl_tests() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["-t", "dgx_h100", "-b", "1Q"], "not a size"),
-        (["-t", "dgx_h100", "-b", "4M", "-e", "1M"], "larger than -e"),
-        (["-t", "dgx_h100", "--op", "allreduce"], "allreduce"),
-        (["-t", "dgx_h100", "-g", "12", "-N", "1"], "12 GPUs per node asked"),
-        (["-t", "dgx_h100", "-g", "12", "-N", "5"], "do not spread evenly"),
-        (["-t", "no_such_topology"], "no topology file or name 'no_such_topology'"),
-        (["-t", "dgx_a100", "-a", "nvls"], "no in-switch reduction"),
-        (["-t", "dgx_h100", "-f", "nan"], "finite"),  # nan passes FloatRange
-        (["-t", "dgx_h100", "-f", "inf"], "finite"),
+        (["--topology", "dgx_h100", "-b", "1Q"], "not a size"),
+        (["--topology", "dgx_h100", "-b", "4M", "-e", "1M"], "larger than -e"),
+        (["--topology", "dgx_h100", "--op", "allreduce"], "allreduce"),
+        (["--topology", "dgx_h100", "--gpus", "12", "--nodes", "1"], "12 GPUs per node asked"),
+        (["--topology", "dgx_h100", "--gpus", "12", "--nodes", "5"], "do not spread evenly"),
+        (["--topology", "no_such_topology"], "no topology file or name 'no_such_topology'"),
+        (["--topology", "dgx_a100", "--algo", "nvls"], "no in-switch reduction"),
+        (["--topology", "dgx_h100", "-f", "nan"], "finite"),  # nan passes FloatRange
+        (["--topology", "dgx_h100", "-f", "inf"], "finite"),
     ],
     ids=[
         "bad-size",
@@ -160,3 +185,51 @@ def test_malformed_topology_file_exits_2(
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in err
     assert re.search(re.escape(str(bad)) + expected, lines[0]), lines[0]
+
+
+def test_short_flags_mean_what_they_mean_in_nccl_tests(capsys) -> None:
+    """-o is the reduction op and -r the root (nccl-tests src/common.cu getopt string)."""
+    code, out, _ = run(["--topology", "dgx_h100", "-o", "max", "-b", "1M", "-e", "1M"], capsys)
+    assert code == 0
+    row = next(line.split() for line in out.splitlines() if not line.startswith("#"))
+    assert row[3] == "max"
+    code, out, _ = run(
+        ["--topology", "dgx_h100", "--op", "broadcast", "-r", "3", "-b", "1M", "-e", "1M"], capsys
+    )
+    assert code == 0
+    row = next(line.split() for line in out.splitlines() if not line.startswith("#"))
+    assert (row[3], row[4]) == ("none", "3")
+    code, _, err = run(["--topology", "dgx_h100", "-o", "all_gather"], capsys)
+    assert code == 2 and "all_gather" in err and "sum" in err  # -o is no longer the collective
+    code, _, err = run(["--topology", "dgx_h100", "--op", "reduce", "-r", "8"], capsys)
+    assert code == 2 and "-r/--root" in err
+
+
+@pytest.mark.parametrize("letter", ["-t", "-N", "-g", "-a", "-p", "-m"])
+def test_letters_nccl_tests_uses_otherwise_are_gone(letter: str, capsys) -> None:
+    """nccl-tests: -t threads, -N run cycles, -g GPUs per thread, -a average mode, -p parallel
+    init, -m aggregated iterations; collsim's long names keep their meaning."""
+    code, out, err = run(["--topology", "dgx_h100", letter, "1"], capsys)
+    assert code == 2 and out == ""
+    assert f"No such option '{letter}'" in err and len(err.strip().splitlines()) == 1
+
+
+def test_validate_bench_short_flags_follow_nccl_tests() -> None:
+    """validate bench: -n iterations and -w warm-up, as nccl-tests; the world size is long."""
+    import click
+
+    from collsim.cli.validate import bench
+
+    ctx = bench.make_context("bench", ["-n", "7", "-w", "3", "-b", "1K", "-e", "4K"])
+    assert ctx.params["iters"] == 7 and ctx.params["warmup"] == 3
+    assert ctx.params["world_size"] is None
+    ctx = bench.make_context("bench", ["--world-size", "4"])
+    assert ctx.params["world_size"] == 4
+    for command in ("bench", "compare", "step", "ddp", "fsdp"):
+        from collsim.cli import validate as module
+
+        options = {o for p in getattr(module, command).params for o in p.opts}
+        assert "-t" not in options, command
+        if command != "bench":
+            assert "-n" not in options, command
+    assert isinstance(bench, click.Command)

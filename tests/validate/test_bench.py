@@ -103,7 +103,7 @@ def test_read_measurements_names_the_bad_line(tmp_path: Path) -> None:
     write_measurements(path, _rows(), {"backend": "gloo"})
     text = path.read_text().replace(",100,", ",fast,")
     path.write_text(text)
-    with pytest.raises(ConfigError, match=r"bad.csv:3: time_us: not a number"):
+    with pytest.raises(ConfigError, match=r"bad.csv:5: time_us: not a number"):
         read_measurements(path)
     with pytest.raises(ConfigError, match="no such"):
         read_measurements(tmp_path / "missing.csv")

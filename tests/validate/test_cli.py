@@ -10,7 +10,7 @@ from collsim.cli import main
 
 BAD = [
     (["bench", "--backend", "nope"], "--backend"),
-    (["compare", "missing.csv", "-t", "localhost"], "MEASURED"),
+    (["compare", "missing.csv", "--topology", "localhost"], "MEASURED"),
     (["bench", "-b", "1M", "-e", "1K"], "-b/--minbytes"),
     (["bench", "--iters", "2", "--rounds", "5"], "--rounds"),
     (["bench", "--ops", "all_reduce,nope"], "--ops"),
