@@ -236,9 +236,8 @@ def format_goodput_report(result: GoodputResult, scenario: Scenario, topology: T
     lines = [title, "=" * len(title)]
     gpus = scenario.parallel.world_size
     lines.append(
-        f"job          {c.num_nodes} nodes, {gpus:,} GPUs; step {format_duration(c.step_time_s)}, "
-        f"{c.tokens_per_step:,.0f} tokens per step ({_tokens(c.tokens_per_s * 86400)} per day "
-        "without failures)"
+        f"job          {c.num_nodes} nodes, {gpus:,} GPUs; step {format_duration(c.step_time_s)} "
+        f"of {c.tokens_per_step:,.0f} tokens: {_tokens(c.tokens_per_s * 86400)} tokens per day"
     )
     if rel is not None:
         total = sum(x.per_1000_node_days for x in rel.components) or 1.0
@@ -307,23 +306,25 @@ def format_goodput_report(result: GoodputResult, scenario: Scenario, topology: T
     if b is not None and mc is not None:
         lines.append("")
         lines.append(
-            f"best interval  exact {format_duration(b.closed_form_s)}, Daly "
-            f"{format_duration(b.daly_s)}, Young {format_duration(b.young_s)}; Monte Carlo "
-            f"{format_duration(b.monte_carlo_s)} (bootstrap 95 % CI "
-            f"{format_duration(b.ci95_low_s)} - {format_duration(b.ci95_high_s)}; "
-            f"{mc.runs} runs, seed {mc.seed})"
+            f"best interval  exact {format_duration(b.closed_form_s)}, Daly (higher order) "
+            f"{format_duration(b.daly_s)}, Young (first order) {format_duration(b.young_s)}"
+        )
+        lines.append(
+            f"               Monte Carlo {format_duration(b.monte_carlo_s)}, bootstrap 95 % CI "
+            f"{format_duration(b.ci95_low_s)} - {format_duration(b.ci95_high_s)} "
+            f"({mc.runs} runs, seed {mc.seed})"
         )
     return "\n".join(lines)
 
 
 def one_line(result: GoodputResult) -> str:
-    """``collsim run``'s goodput line (closed form)."""
+    """``collsim run``'s goodput line: the closed form's expectations (ETTR = effective training
+    time ratio)."""
     cf = result.closed_form
     return (
-        f"goodput      {_tokens(cf.goodput_tokens_per_day)} tokens per day: effective training "
-        f"time ratio {cf.effective_training_time_ratio:.3f}, {cf.interruptions:,.1f} "
-        f"interruptions over {result.days:g} days, checkpoint every "
-        f"{format_duration(result.interval_s)} (closed form; collsim goodput for the spread)"
+        f"goodput      {_tokens(cf.goodput_tokens_per_day)} tokens per day, ETTR "
+        f"{cf.effective_training_time_ratio:.3f}, {cf.interruptions:,.1f} interruptions in "
+        f"{result.days:g} days, checkpoint every {format_duration(result.interval_s)}"
     )
 
 

@@ -228,7 +228,7 @@ def test_run_prints_a_goodput_line() -> None:
     assert res.exit_code == 0, res.output
     lines = [line for line in res.stdout.splitlines() if line.startswith("goodput")]
     assert len(lines) == 1
-    assert "effective training time ratio 0.9" in lines[0] and "over 30 days" in lines[0]
+    assert "ETTR 0.9" in lines[0] and "interruptions in 30 days" in lines[0]
     plain = CliRunner().invoke(cli, ["run", str(REPO / "scenarios" / "3d_175b.yaml")])
     assert not any(line.startswith("goodput") for line in plain.stdout.splitlines())
 
