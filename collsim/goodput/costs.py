@@ -7,7 +7,9 @@ and spreads the writes over the ranks). Per rank the closed forms of
 :mod:`collsim.workload.memory` give the bytes: :func:`parameters_per_rank` for the TP x PP
 split, :func:`model_state_bytes` (ZeRO table, Rajbhandari et al. 2020) for the bytes per
 parameter. Summed over one replica (every stage, every TP rank) that is the unique state;
-sharded over all ranks it is what each GPU writes.
+sharded over all ranks it is what each GPU writes. Small tensors each TP rank holds whole
+(norms, biases, a learned position table) are counted once per TP rank, as Megatron-LM's
+per-rank checkpoint files hold them, and so is the last stage's copy of a tied embedding.
 
 Storage time (writers contending for shared storage): ``n`` writers of ``S`` bytes in all take
 ``S / min(B_aggregate, n x b_writer)`` - the file system's aggregate bandwidth is shared, and
