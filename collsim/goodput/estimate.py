@@ -317,11 +317,14 @@ def estimate_goodput(
             warnings=warnings,
         )
     rng = np.random.default_rng(seed)
+    floor_s = max(costs.background_s, costs.step_time_s)
+    longest_s = max(interval_s, best_s, floor_s * GRID_SPAN) * GRID_SPAN * FINE_SPAN
     timelines = sample_timelines(
         costs,
         horizon_s=horizon_s,
         runs=runs,
         rng=rng,
+        lookahead_s=longest_s + costs.stall_s + costs.background_s,
         components=reliability.components,
         spares=reliability.spares,
     )

@@ -5,17 +5,26 @@ form leaves out: which component failed, correlated events that take many nodes 
 finite pool of spare nodes (a failed node comes back after its repair time; a restart that
 needs more spares than the pool holds waits for repairs).
 
+Each run is a window of ``H`` seconds of a job that has been running for long (a stationary
+window): the state of the job at any instant depends only on the time since its last failure
+(it is recovering if that was less than ``D + R`` ago, else it has trained since that failure
++ ``D + R``), and looking back from any instant that time is ``Exp(lam)``; so each run draws it,
+then the failures of the window as a Poisson process. Training done inside the window counts
+as kept when it reaches a safe checkpoint, even one written after the window closes (the
+failures of a look-ahead of one period past ``H`` are drawn for that). With this, the expected
+kept training of any window is the closed form's ratio times ``H`` exactly, with no edge term
+from a fresh start or a cut end (the spare pool, which starts full, is the one exception).
+
 The sampling is split in two so that every checkpoint interval sees the same failures (common
 random numbers, which makes the best interval far less noisy):
 
-1. :func:`sample_timelines` draws, per run, the failure times (a Poisson process of rate lam
-   over the horizon: a Poisson count, then sorted uniform times), the failed component, the
-   spare waits, and from them when the job was up. Whether a failure strikes while the job
-   trains or while it recovers does not depend on the interval, because a recovery always
-   takes ``D + R`` (plus any wait for spares) from the failure that started it.
-2. :func:`evaluate_intervals` cuts each up period into ``tau`` of training and ``s`` of stall;
-   a checkpoint is safe ``W`` after its stall; a failure keeps only the safe checkpoints. The
-   up period cut by the horizon keeps all its training (the job saves when it ends).
+1. :func:`sample_timelines` draws, per run, the failure times, the failed component, the spare
+   waits, and from them when the job was up. Whether a failure strikes while the job trains or
+   while it recovers does not depend on the interval, because a recovery always takes
+   ``D + R`` (plus any wait for spares) from the failure that started it.
+2. :func:`evaluate_intervals` cuts each up period into ``tau`` of training and ``s`` of stall
+   from its start; a checkpoint is safe ``W`` after its stall; a failure keeps only the safe
+   checkpoints.
 
 Randomness comes only from the ``numpy.random.Generator`` passed in.
 """
@@ -51,27 +60,30 @@ class Timelines:
     """When each run was up; independent of the checkpoint interval."""
 
     horizon_s: float
+    lookahead_s: float
+    """Failures are drawn up to ``horizon_s + lookahead_s`` to settle the window's last work."""
     failure_times_s: FloatArray
-    """(runs, max failures): sorted failure times, +inf past a run's last failure."""
+    """(runs, max failures): sorted failure times in [0, H + look-ahead), +inf past the last."""
     component: IntArray
     """(runs, max failures): index of the failed component (-1 past the last failure)."""
-    up_s: FloatArray
-    """(runs, max failures): length of the up period the failure ended (0 if it struck a
-    recovery)."""
-    final_up_s: FloatArray
-    """(runs,): the up period the horizon cut (0 when the run ends while recovering)."""
+    up_start_s: FloatArray
+    """(runs, max failures + 1): start of each up period (it may precede 0); column j is the
+    period that failure j ended, the last column the one the look-ahead cuts; 0-length where
+    there is none."""
+    up_end_s: FloatArray
+    """(runs, max failures + 1): end of each up period."""
     interruptions: IntArray
-    """(runs,): failures that struck the job (training or recovering)."""
+    """(runs,): failures inside the window (training or recovering)."""
     recovery_failures: IntArray
-    """(runs,): failures that struck during a recovery."""
+    """(runs,): failures inside the window that struck during a recovery."""
     spare_wait_s: FloatArray
-    """(runs,): time recoveries waited for spare nodes."""
+    """(runs,): time the window's recoveries waited for spare nodes."""
     spare_shortages: IntArray
-    """(runs,): recoveries that had to wait for a spare."""
+    """(runs,): recoveries in the window that had to wait for a spare."""
 
     @property
     def runs(self) -> int:
-        return int(self.up_s.shape[0])
+        return int(self.up_start_s.shape[0])
 
 
 def sample_timelines(
@@ -80,19 +92,24 @@ def sample_timelines(
     horizon_s: float,
     runs: int,
     rng: np.random.Generator,
+    lookahead_s: float = 0.0,
     components: Sequence[ComponentRate] = (),
     spares: SparesConfig | None = None,
 ) -> Timelines:
-    """Draw ``runs`` timelines of ``horizon_s`` seconds (module docstring, step 1).
+    """Draw ``runs`` stationary windows of ``horizon_s`` seconds (module docstring, step 1).
 
     Args:
         costs: failure rate and recovery time of the job.
-        horizon_s: length of each run.
+        horizon_s: length of each window.
         runs: number of independent runs.
         rng: the only source of randomness.
+        lookahead_s: failures are also drawn this long past the window, so that the window's
+            last training is known to be kept or lost; it must cover the longest interval
+            evaluated plus its stall and background write (:func:`evaluate_intervals` checks).
         components: the failure sources (their rates give each event's component); empty
             means one anonymous source that needs no spares.
-        spares: the spare pool; None or ``nodes=None`` never runs out.
+        spares: the spare pool (full at the window's start); None or ``nodes=None`` never
+            runs out.
 
     Raises:
         ConfigError: ``runs`` < 1 or a non-positive horizon.
@@ -102,12 +119,21 @@ def sample_timelines(
     if not horizon_s > 0:
         raise ConfigError(f"must be > 0, got {horizon_s}", key_path="days")
     lam = costs.failure_rate_per_s
-    counts = rng.poisson(lam * horizon_s, size=runs) if lam > 0 else np.zeros(runs, np.int64)
-    width = int(counts.max()) if runs else 0
-    times = rng.uniform(0.0, horizon_s, size=(runs, width))
+    span = horizon_s + max(lookahead_s, 0.0)
+    rt = costs.recovery_s
+    if lam > 0:
+        since_last = rng.exponential(1.0 / lam, size=runs)
+        counts = rng.poisson(lam * span, size=runs)
+        rec_end = rt - since_last
+    else:
+        counts = np.zeros(runs, dtype=np.int64)
+        rec_end = np.zeros(runs)
+    width = int(counts.max())
+    times = rng.uniform(0.0, span, size=(runs, width))
     column = np.arange(width)[None, :]
     present = column < counts[:, None]
     times = np.sort(np.where(present, times, np.inf), axis=1)
+    inside = times < horizon_s
 
     comp = np.full((runs, width), -1, dtype=np.int64)
     needs = np.zeros((runs, width), dtype=np.int64)
@@ -124,28 +150,31 @@ def sample_timelines(
     if spares is not None and spares.nodes is not None:
         waits = _spare_waits(times, needs, counts, spares.nodes, spares.repair_hours * 3600.0)
 
-    rt = costs.recovery_s
-    rec_end = np.zeros(runs)
-    up = np.zeros((runs, width))
+    starts = np.zeros((runs, width + 1))
+    ends = np.zeros((runs, width + 1))
     rec_fail = np.zeros(runs, dtype=np.int64)
     for j in range(width):
         t = times[:, j]
-        valid = t < horizon_s
+        valid = t < span
         is_up = valid & (t >= rec_end)
-        up[:, j] = np.where(is_up, t - rec_end, 0.0)
-        rec_fail += valid & ~is_up
+        starts[:, j] = np.where(is_up, rec_end, 0.0)
+        ends[:, j] = np.where(is_up, t, 0.0)
+        rec_fail += inside[:, j] & ~is_up
         rec_end = np.where(valid, t + waits[:, j] + rt, rec_end)
-    final = np.clip(horizon_s - rec_end, 0.0, None)
+    open_end = rec_end < span
+    starts[:, width] = np.where(open_end, rec_end, 0.0)
+    ends[:, width] = np.where(open_end, span, 0.0)
     return Timelines(
         horizon_s=horizon_s,
+        lookahead_s=span - horizon_s,
         failure_times_s=times,
         component=comp,
-        up_s=up,
-        final_up_s=final,
-        interruptions=counts.astype(np.int64),
+        up_start_s=starts,
+        up_end_s=ends,
+        interruptions=inside.sum(axis=1).astype(np.int64),
         recovery_failures=rec_fail,
-        spare_wait_s=waits.sum(axis=1),
-        spare_shortages=(waits > 0).sum(axis=1).astype(np.int64),
+        spare_wait_s=np.where(inside, waits, 0.0).sum(axis=1),
+        spare_shortages=(inside & (waits > 0)).sum(axis=1).astype(np.int64),
     )
 
 
@@ -189,47 +218,61 @@ class IntervalMetrics:
         return self.useful_s / self.horizon_s
 
 
-def _split_period(
-    length: FloatArray, tau: float, stall: float
+def _phases(
+    u: FloatArray, tau: float, stall: float, kept_max: FloatArray
 ) -> tuple[FloatArray, FloatArray, FloatArray]:
-    """Whole periods, training time and stall time inside ``length`` seconds of up time."""
+    """Training, stall and kept training in the first ``u`` seconds of an up period."""
     period = tau + stall
-    whole = np.floor(length / period)
-    rest = length - whole * period
+    whole = np.floor(u / period)
+    rest = u - whole * period
     trained = whole * tau + np.minimum(rest, tau)
     stalled = whole * stall + np.clip(rest - tau, 0.0, stall)
-    return whole, trained, stalled
+    return trained, stalled, np.minimum(trained, kept_max)
 
 
 def evaluate_intervals(
     timelines: Timelines, costs: JobCosts, intervals_s: Sequence[float] | FloatArray
 ) -> IntervalMetrics:
-    """Useful, checkpointing, lost and recovering time of every run at every interval."""
+    """Useful (kept), checkpointing, lost and recovering time of every run at every interval,
+    counted inside the window [0, H].
+
+    Raises:
+        ConfigError: an interval <= 0.
+        ValueError: an interval longer than the look-ahead the timelines were drawn with allows.
+    """
     grid = np.asarray(intervals_s, dtype=np.float64)
     if grid.ndim != 1 or not np.all(grid > 0):
         raise ConfigError("intervals must be > 0", key_path="reliability.checkpoint.interval_s")
-    s, w = costs.stall_s, costs.background_s
-    x, f = timelines.up_s, timelines.final_up_s
-    up_total = x.sum(axis=1) + f
+    s, w, h = costs.stall_s, costs.background_s, timelines.horizon_s
+    if grid.size and float(grid.max()) + s + w > timelines.lookahead_s + 1e-9:
+        raise ValueError(
+            f"interval {float(grid.max()):g} s + stall + write needs a look-ahead of "
+            f"{float(grid.max()) + s + w:g} s, the timelines have {timelines.lookahead_s:g} s"
+        )
+    start, end = timelines.up_start_s, timelines.up_end_s
+    length = end - start
+    u0 = np.clip(-start, 0.0, length)
+    u1 = np.clip(h - start, 0.0, length)
+    up_in_window = (u1 - u0).sum(axis=1)
     shape = (timelines.runs, grid.size)
     useful, ckpt, lost = np.zeros(shape), np.zeros(shape), np.zeros(shape)
     for i, tau in enumerate(grid):
-        period = tau + s
-        safe = np.floor(np.clip(x - w, 0.0, None) / period)
-        kept = tau * safe.sum(axis=1)
-        _, trained, stalled = _split_period(x, float(tau), s)
-        _, f_trained, f_stalled = _split_period(f, float(tau), s)
-        useful[:, i] = kept + f_trained
-        ckpt[:, i] = stalled.sum(axis=1) + f_stalled
-        lost[:, i] = trained.sum(axis=1) - kept
-    recovering = np.repeat((timelines.horizon_s - up_total)[:, None], grid.size, axis=1)
+        period = float(tau) + s
+        safe = np.floor(np.clip(length - w, 0.0, None) / period) * tau
+        t0, s0, k0 = _phases(u0, float(tau), s, safe)
+        t1, s1, k1 = _phases(u1, float(tau), s, safe)
+        kept = (k1 - k0).sum(axis=1)
+        useful[:, i] = kept
+        ckpt[:, i] = (s1 - s0).sum(axis=1)
+        lost[:, i] = (t1 - t0).sum(axis=1) - kept
+    recovering = np.repeat((h - up_in_window)[:, None], grid.size, axis=1)
     return IntervalMetrics(
         intervals_s=grid,
         useful_s=useful,
         checkpointing_s=ckpt,
         lost_s=lost,
         recovering_s=recovering,
-        horizon_s=timelines.horizon_s,
+        horizon_s=h,
     )
 
 
@@ -251,46 +294,42 @@ class SampledRun:
 def sampled_run(
     timelines: Timelines, costs: JobCosts, interval_s: float, run: int = 0
 ) -> SampledRun:
-    """The up periods, failures and kept training of run ``run`` (module docstring, step 2)."""
-    tau, s, w = interval_s, costs.stall_s, costs.background_s
+    """The up periods, failures and kept training of run ``run`` inside its window.
+
+    Each safe checkpoint adds the training of its compute phase that lies in the window, at the
+    moment it is safe (a checkpoint safe after the window closes is drawn at its end).
+    """
+    tau, s, w, h = interval_s, costs.stall_s, costs.background_s, timelines.horizon_s
     period = tau + s
-    times = timelines.failure_times_s[run]
-    times = times[np.isfinite(times)]
-    lengths = timelines.up_s[run, : times.size]
+    starts, ends = timelines.up_start_s[run], timelines.up_end_s[run]
     periods: list[tuple[float, float]] = []
     pt: list[float] = [0.0]
     pu: list[float] = [0.0]
     kept = 0.0
-    for t, length in zip(times, lengths, strict=True):
-        if length <= 0:
+    for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+        if b <= a or b <= 0.0 or a >= h:
             continue
-        start = float(t - length)
-        periods.append((start, float(t)))
-        n = int(np.floor(max(length - w, 0.0) / period))
-        commits = start + w + period * np.arange(1, n + 1)
-        pt.extend(commits.tolist())
-        pu.extend((kept + tau * np.arange(1, n + 1)).tolist())
-        kept += tau * n
-        pt.append(float(t))
-        pu.append(kept)
-    final = float(timelines.final_up_s[run])
-    if final > 0:
-        start = timelines.horizon_s - final
-        periods.append((start, timelines.horizon_s))
-        n = int(np.floor(final / period))
-        pt.extend((start + period * np.arange(1, n + 1)).tolist())
-        pu.extend((kept + tau * np.arange(1, n + 1)).tolist())
-        kept += tau * n + min(final - n * period, tau)
-        pt.append(timelines.horizon_s)
-        pu.append(kept)
-    else:
-        pt.append(timelines.horizon_s)
-        pu.append(kept)
+        periods.append((max(a, 0.0), min(b, h)))
+        n = int(np.floor(max(b - a - w, 0.0) / period))
+        for k in range(n):
+            phase_start = a + k * period
+            share = min(phase_start + tau, h) - max(phase_start, 0.0)
+            if share <= 0.0:
+                continue
+            kept += share
+            pt.append(min(max(phase_start + period + w, 0.0), h))
+            pu.append(kept)
+        if b < h:
+            pt.append(b)
+            pu.append(kept)
+    pt.append(h)
+    pu.append(kept)
+    times = timelines.failure_times_s[run]
     return SampledRun(
-        horizon_s=timelines.horizon_s,
+        horizon_s=h,
         interval_s=interval_s,
         up_periods_s=tuple(periods),
-        failure_times_s=tuple(float(t) for t in times),
+        failure_times_s=tuple(float(t) for t in times[times < h]),
         progress_time_s=np.asarray(pt),
         progress_useful_s=np.asarray(pu),
     )
