@@ -29,11 +29,14 @@ Hence the effective training time ratio (useful training time over elapsed time)
 
     ETTR(tau) = lam tau e^(-lam (W + D + R)) / (e^(lam (tau + s)) - 1)
 
-exact in the long run (a run of ``H`` seconds differs by O(E[X + Y] / H), from its fresh start
-and its cut end). For ``W`` = 0 it is the reciprocal of Daly's complete model,
+exact in the long run, and exact in expectation over any window of a long-running job: the
+job's state at an instant depends only on the time since its last failure, so every instant
+is alike (the Monte Carlo samples such windows; a job that starts fresh at 0 and keeps all its
+training at the end differs by O(E[X + Y] / H)). For ``W`` = 0 it is the reciprocal of Daly's
+complete model (failures also during restarts),
 ``T_w / T_s = M e^(R/M) (e^((tau + delta)/M) - 1) / tau`` with ``M = 1/lam``, ``delta = s``
 (J. T. Daly, "A higher order estimate of the optimum checkpoint interval for restart dumps",
-Future Generation Computer Systems 22 (2006) 303-312, section 3). The rest of each piece is
+Future Generation Computer Systems 22 (2006) 303-312). The rest of each piece is
 split the same way: time stalled for checkpoints ``E[S] = e^(-lam tau) (1 - e^(-lam s)) /
 (lam (1 - e^(-lam P)))``, work rolled back ``E[X] - E[S] - tau E[N]``, recovering ``E[Y]``.
 
@@ -42,8 +45,8 @@ The optimum: ``W``, ``D`` and ``R`` only scale ETTR, so the best ``tau`` maximis
 ``e^u (1 - u + lam s) = 1`` on ``(lam s, 1 + lam s)``, found here by bisection. Beside it:
 Young's first order ``sqrt(2 s M)`` (J. W. Young, "A first order approximation to the optimum
 checkpoint interval", CACM 17(9), 1974) and Daly's higher order estimate
-``sqrt(2 s M) (1 + sqrt(s / 2M) / 3 + (s / 2M) / 9) - s`` for ``s < 2M``, else ``M`` (Daly 2006,
-section 4).
+``sqrt(2 s M) (1 + sqrt(s / 2M) / 3 + (s / 2M) / 9) - s`` for ``s < 2M``, else ``M`` (Daly
+2006, the same paper).
 """
 
 from __future__ import annotations
