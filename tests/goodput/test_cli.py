@@ -54,6 +54,16 @@ def test_section_is_read_with_defaults() -> None:
     assert load_text(BASE.split("reliability:")[0]).reliability is None
 
 
+def test_software_restarts_in_place_hardware_is_replaced() -> None:
+    s = load_text(BASE, ["reliability.components.software={per_1000_node_days: 1}"])
+    assert s.reliability is not None
+    by_name = {c.name: c for c in s.reliability.components}
+    assert by_name["software"].replace_fraction == 0.0
+    assert by_name["gpu"].replace_fraction == 1.0
+    # the job's rate: nodes x the sum over components, per second
+    assert s.reliability.failure_rate_per_s(10) == pytest.approx(10 * 6 / 1000 / 86400)
+
+
 def test_mtbf_hours_is_converted_to_per_1000_node_days() -> None:
     s = load_text(BASE, ["reliability.components.gpu={mtbf_hours: 48000}"])
     assert s.reliability is not None
