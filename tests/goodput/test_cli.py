@@ -264,3 +264,17 @@ def test_published_llama3_file_loads_with_its_plan_and_state() -> None:
     assert 1e6 <= per_gpu <= 4e9  # reliability.md E3: 1 MB to 4 GB per GPU
     # 405 B parameters x (2 B bf16 + 12 B Adam state)
     assert state.total_bytes == pytest.approx(s.model.num_parameters() * 14, rel=0.01)
+
+
+def test_published_llama3_file_repeats_the_modern_plans_8k_plan() -> None:
+    # The modern-plans scenario of the same job (scenarios/published/
+    # cp_llama3_405b_h100_16384_8k.yaml) lands on another branch; once both are in the tree,
+    # the two must describe the same cluster, model, batch and plan.
+    other = REPO / "scenarios" / "published" / "cp_llama3_405b_h100_16384_8k.yaml"
+    if not other.exists():
+        pytest.skip(f"{other.name} is not in this tree yet")
+    ours, theirs = load_scenario(PUBLISHED), load_scenario(other)
+    assert ours.cluster == theirs.cluster
+    assert ours.model == theirs.model
+    assert ours.training == theirs.training
+    assert ours.parallel == theirs.parallel
