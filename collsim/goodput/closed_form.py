@@ -96,7 +96,7 @@ def optimal_interval_s(costs: JobCosts) -> float:
     lo, hi = a, 1.0 + a  # f(lo) = e^a - 1 > 0 > f(hi) = -1, f decreasing on (a, inf)
     for _ in range(200):
         mid = 0.5 * (lo + hi)
-        if math.exp(mid) * (1.0 - mid + a) - 1.0 > 0.0:
+        if 1.0 - mid + a > math.exp(-mid):  # e^u (1 - u + a) > 1, without overflow
             lo = mid
         else:
             hi = mid
@@ -151,18 +151,25 @@ def renewal_breakdown(costs: JobCosts, interval_s: float) -> RenewalBreakdown:
             failures_per_s=0.0,
             recovery_failures_per_s=0.0,
         )
+    # Shares of a piece of mean length e^(lam Rt) / lam, written so that nothing overflows
+    # when lam Rt or lam P is large (the job then barely trains).
     rt = costs.recovery_s
-    cycle = math.exp(lam * rt) / lam
-    committed = tau * math.exp(-lam * w) / math.expm1(lam * period)
-    stalled = math.exp(-lam * tau) * (-math.expm1(-lam * s)) / (lam * (-math.expm1(-lam * period)))
-    recovering = math.expm1(lam * rt) / lam
-    lost = 1.0 / lam - stalled - committed
+    survive = math.exp(-lam * rt)  # E[X] / E[X + Y]
+    useful = lam * tau * math.exp(-lam * (w + rt) - _log_expm1(lam * period))
+    stalled = math.exp(-lam * tau) * (-math.expm1(-lam * s)) / (-math.expm1(-lam * period))
+    checkpointing = stalled * survive
+    recovering = -math.expm1(-lam * rt)
     return RenewalBreakdown(
         interval_s=tau,
-        useful=committed / cycle,
-        checkpointing=stalled / cycle,
-        lost=lost / cycle,
-        recovering=recovering / cycle,
+        useful=useful,
+        checkpointing=checkpointing,
+        lost=max(0.0, survive - checkpointing - useful),
+        recovering=recovering,
         failures_per_s=lam,
-        recovery_failures_per_s=math.expm1(lam * rt) / cycle,
+        recovery_failures_per_s=lam * recovering,
     )
+
+
+def _log_expm1(x: float) -> float:
+    """``log(e^x - 1)`` for x > 0, without overflow."""
+    return math.log(math.expm1(x)) if x < 30.0 else x + math.log1p(-math.exp(-x))

@@ -54,6 +54,9 @@ __all__ = [
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
 
+#: Most failure events drawn in one call (a few hundred MB of arrays).
+MAX_EVENTS = 2e7
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Timelines:
@@ -121,6 +124,12 @@ def sample_timelines(
     lam = costs.failure_rate_per_s
     span = horizon_s + max(lookahead_s, 0.0)
     rt = costs.recovery_s
+    if lam * span * runs > MAX_EVENTS:
+        raise ConfigError(
+            f"{lam * span:.3g} failures per run x {runs} runs is more than the "
+            f"{MAX_EVENTS:.0e} events the Monte Carlo draws at once; use fewer runs or days",
+            key_path="runs",
+        )
     if lam > 0:
         since_last = rng.exponential(1.0 / lam, size=runs)
         counts = rng.poisson(lam * span, size=runs)
