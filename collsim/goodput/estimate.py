@@ -19,7 +19,7 @@ percentiles.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -94,6 +94,8 @@ class ClosedFormGoodput:
     lost_s: float
     checkpointing_s: float
     recovering_s: float
+    interruptions_by_component: dict[str, float] = field(default_factory=dict)
+    """Expected failures of each component over the run (its share of lam H)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -112,6 +114,8 @@ class MonteCarloGoodput:
     recovering_s: Spread
     spare_wait_s: Spread
     spare_shortages: Spread
+    interruptions_by_component: dict[str, float] = field(default_factory=dict)
+    """Mean failures per run of each component."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -304,6 +308,15 @@ def estimate_goodput(
     if not math.isfinite(interval_s):
         interval_s = horizon_s
     closed = closed_form_goodput(costs, interval_s, horizon_s)
+    total_rate = sum(c.rate_per_node_s for c in reliability.components)
+    if total_rate > 0:
+        closed = replace(
+            closed,
+            interruptions_by_component={
+                c.name: closed.interruptions * c.rate_per_node_s / total_rate
+                for c in reliability.components
+            },
+        )
     warnings = _spare_warnings(costs, reliability)
     if not monte_carlo or costs.failure_rate_per_s <= 0:
         return GoodputResult(
@@ -329,6 +342,15 @@ def estimate_goodput(
         spares=reliability.spares,
     )
     mc = _monte_carlo(timelines, costs, interval_s, runs=runs, seed=seed)
+    names = [c.name for c in reliability.components]
+    inside = timelines.failure_times_s < horizon_s
+    mc = replace(
+        mc,
+        interruptions_by_component={
+            name: float((inside & (timelines.component == i)).sum()) / runs
+            for i, name in enumerate(names)
+        },
+    )
     best = _best_interval(timelines, costs, best_s, rng, resamples=resamples)
     return GoodputResult(
         days=days,

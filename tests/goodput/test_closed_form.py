@@ -207,3 +207,11 @@ def test_optimum_is_a_maximum_and_young_daly_approach_it(mtbf_h: float) -> None:
 
 def test_daly_returns_mtbf_when_the_stall_exceeds_twice_it() -> None:
     assert daly_interval_s(500.0, 200.0) == 200.0
+
+
+def test_no_overflow_when_the_job_barely_trains() -> None:
+    # a failure a minute against a 14-hour recovery: e^(lam Rt) would overflow a float
+    c = costs(1.0 / 60.0, stall_s=3000.0, recovery_s=50_000.0)
+    b = renewal_breakdown(c, 1.0e5)
+    assert b.useful == 0.0 and b.recovering == pytest.approx(1.0)
+    assert math.isfinite(optimal_interval_s(c))

@@ -180,3 +180,18 @@ def test_bootstrap_interval_covers_the_exact_optimum_about_95_percent_of_the_tim
         assert b is not None
         hits += b.ci95_low_s <= b.closed_form_s <= b.ci95_high_s
     assert hits >= 10
+
+
+def test_failures_by_component_follow_their_rates() -> None:
+    c = costs(1.0)
+    rel = reliability(
+        ComponentRate(name="gpu", per_1000_node_days=6.0),
+        ComponentRate(name="software", per_1000_node_days=2.0),
+    )
+    r = estimate_goodput(c, rel, days=30, runs=300, seed=8, resamples=20)
+    assert r.monte_carlo is not None
+    cf, mc = r.closed_form.interruptions_by_component, r.monte_carlo.interruptions_by_component
+    assert cf["gpu"] == pytest.approx(3 * cf["software"])
+    assert cf["gpu"] + cf["software"] == pytest.approx(r.closed_form.interruptions)
+    for name in ("gpu", "software"):
+        assert mc[name] == pytest.approx(cf[name], rel=0.03)
