@@ -46,6 +46,7 @@ unit where they have one; unknown keys are rejected with ``file:line: key.path``
       pipeline_split: even     # even (layers must divide) | balanced (uneven when not)
       layers_per_stage: null   # [n, ...] per virtual stage; account_for_embedding,
                                # account_for_loss: balanced split counts them as a layer
+    reliability: {...}         # optional: failure rates, restarts, checkpoints (collsim.goodput)
 
 ``--set key.path=value`` overrides (the value is parsed as YAML) are applied to the document
 before it is read, so they go through the same checks; their errors are located at ``--set``.
@@ -73,6 +74,7 @@ from collsim.parallel.config import DDPConfig, FSDPConfig, ParallelConfig, Train
 from collsim.yamlio import ConfigReader, YamlDoc, load_yaml, non_negative, positive
 
 if TYPE_CHECKING:
+    from collsim.goodput.config import ReliabilityConfig
     from collsim.topology import Topology
     from collsim.workload import TransformerSpec
 
@@ -170,6 +172,8 @@ class Scenario:
     model: TransformerSpec
     training: TrainingConfig
     parallel: ParallelConfig
+    reliability: ReliabilityConfig | None = None
+    """The optional ``reliability`` section (``collsim goodput``)."""
     source: Path | None = None
     """The scenario file (None when built from a string)."""
     doc: YamlDoc | None = field(default=None, repr=False, compare=False)
@@ -315,6 +319,7 @@ def _read(doc: YamlDoc, overrides: tuple[_Override, ...], source: Path | None) -
     model = _read_model(root.section("model"), name, source)
     training = _read_training(root.section("training"))
     parallel = _read_parallel(root.section("parallel", default_empty=True))
+    reliability = _read_reliability(root)
     root.finish()
     return Scenario(
         name=name,
@@ -322,10 +327,20 @@ def _read(doc: YamlDoc, overrides: tuple[_Override, ...], source: Path | None) -
         model=model,
         training=training,
         parallel=parallel,
+        reliability=reliability,
         source=source,
         doc=doc,
         overrides=overrides,
     )
+
+
+def _read_reliability(root: ConfigReader) -> ReliabilityConfig | None:
+    """The optional ``reliability`` section, read by :func:`collsim.goodput.read_reliability`."""
+    if root.get("reliability", dict, default=None) is None:
+        return None
+    from collsim.goodput.config import read_reliability
+
+    return read_reliability(root.section("reliability"))
 
 
 def _read_cluster(reader: ConfigReader, source: Path | None) -> ClusterSpec:

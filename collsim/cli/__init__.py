@@ -27,6 +27,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": ("collsim.cli.run:run", "Simulate one training step of a scenario."),
     "sweep": ("collsim.cli.sweep:sweep", "Sweep GPU count or scenario keys."),
     "search": ("collsim.cli.search:search", "Search feasible parallel plans."),
+    "goodput": (
+        "collsim.cli.goodput:goodput",
+        "Goodput of a long run: failures, checkpoints, restarts (closed form + Monte Carlo).",
+    ),
     "plot": ("collsim.cli.plot:plot", "Draw scaling, memory, pipeline and collective plots."),
     "validate": (
         "collsim.cli.validate:validate",

@@ -161,6 +161,11 @@ def run_scenario(
             context=describe_scenario(scenario, topology),
         )
     )
+    if scenario.reliability is not None:
+        line = _goodput_line(scenario, topology, result)
+        if line is None:
+            return 2
+        click.echo(line)
     for message in _warning_messages(caught, result):
         click.echo(f"warning: {message}", err=True)
     if json_path is not None:
@@ -183,6 +188,23 @@ def run_scenario(
 
 
 # -- steps (module-level so tests can stand in for layers that are not there) ---------------------
+
+
+def _goodput_line(scenario: Scenario, topology: Topology, result: StepResult) -> str | None:
+    """The closed-form goodput line of a scenario with a reliability section (None: error shown)."""
+    from collsim.cli.goodput import DEFAULT_DAYS, one_line, scenario_costs
+    from collsim.goodput.estimate import estimate_goodput
+
+    reliability = scenario.reliability
+    if reliability is None:
+        return None
+    try:
+        costs = scenario_costs(scenario, topology, result)
+        days = reliability.duration_days or DEFAULT_DAYS
+        return one_line(estimate_goodput(costs, reliability, days=days, monte_carlo=False))
+    except ConfigError as exc:
+        _error(str(exc))
+        return None
 
 
 def _trace_writer() -> TraceWriter | None:

@@ -1,0 +1,337 @@
+"""``collsim goodput SCENARIO``: how much a long run really trains, given failures and checkpoints.
+
+The step is simulated as ``collsim run`` does (step time, tokens per step); the scenario's
+``reliability`` section gives failure rates, restart costs, spares and checkpointing. The report
+sets the closed form (exact renewal ratio, Young / Daly intervals) beside a seeded Monte Carlo
+of the job's timeline, with its 5th and 95th percentiles. Exit codes: 0 ok; 1 the plan is
+infeasible; 2 bad input (one line naming the key); 3 a needed part is not available.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from collsim.cli.common import OneLineCommand, check_output_path
+from collsim.errors import ConfigError, InfeasibleError
+
+if TYPE_CHECKING:
+    from collsim.engine.result import StepResult
+    from collsim.goodput.costs import JobCosts
+    from collsim.goodput.estimate import GoodputResult, Spread
+    from collsim.scenario import Scenario
+    from collsim.topology import Topology
+
+__all__ = ["goodput", "goodput_scenario", "scenario_costs", "format_goodput_report", "one_line"]
+
+_EPILOG = """\b
+Examples:
+  collsim goodput tests/goodput/data/goodput_gpt3_175b_1024.yaml
+  collsim goodput SCENARIO --days 54 --runs 2000 --seed 1 --json goodput.json
+  collsim goodput SCENARIO --set reliability.checkpoint.interval_s=600 --plot goodput.png
+
+Exit status: 0 done, 1 the plan is infeasible, 2 bad input.
+"""
+
+#: Monte Carlo runs when ``--runs`` is not given.
+DEFAULT_RUNS = 1000
+#: Run length when neither ``--days`` nor ``reliability.duration_days`` is given (issue 14).
+DEFAULT_DAYS = 30.0
+PLOT_SUFFIXES = (".png", ".svg")
+
+
+@click.command(name="goodput", epilog=_EPILOG, cls=OneLineCommand)
+@click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--days",
+    type=click.FloatRange(min=0.0, min_open=True),
+    default=None,
+    help="Length of the run (default: reliability.duration_days, else 30).",
+)
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the result as JSON to this file.",
+)
+@click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Draw goodput against the checkpoint interval and one sampled timeline (.png/.svg).",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Monte Carlo seed.")
+@click.option(
+    "--runs",
+    type=click.IntRange(min=1),
+    default=DEFAULT_RUNS,
+    show_default=True,
+    help="Monte Carlo runs.",
+)
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY.PATH=VALUE",
+    help="Override a scenario key (value read as YAML). Repeatable.",
+)
+def goodput(
+    scenario: Path,
+    days: float | None,
+    json_path: Path | None,
+    plot_path: Path | None,
+    seed: int,
+    runs: int,
+    overrides: tuple[str, ...],
+) -> None:
+    """Expected interruptions, effective training time and goodput of SCENARIO over a run."""
+    code = goodput_scenario(
+        scenario,
+        overrides,
+        days=days,
+        json_path=json_path,
+        plot_path=plot_path,
+        seed=seed,
+        runs=runs,
+    )
+    if code:
+        sys.exit(code)
+
+
+def goodput_scenario(
+    path: Path,
+    overrides: tuple[str, ...] | list[str] = (),
+    *,
+    days: float | None = None,
+    json_path: Path | None = None,
+    plot_path: Path | None = None,
+    seed: int = 0,
+    runs: int = DEFAULT_RUNS,
+) -> int:
+    """The body of ``collsim goodput``; returns the exit code."""
+    from collsim.cli.run import _error, _load_topology, _simulate_capturing
+
+    if plot_path is not None and Path(plot_path).suffix.lower() not in PLOT_SUFFIXES:
+        _error(f"--plot: the image must end in .png or .svg, got {Path(plot_path).name!r}")
+        return 2
+    try:
+        check_output_path(json_path, "--json")
+        check_output_path(plot_path, "--plot")
+        from collsim.scenario import load_scenario
+
+        scenario = load_scenario(path, list(overrides))
+        if scenario.reliability is None:
+            raise ConfigError(
+                "missing required section (collsim goodput needs it)",
+                key_path="reliability",
+                file=str(path),
+            )
+        topology = _load_topology(scenario)
+        result, caught = _simulate_capturing(scenario, topology, all_ranks=False, trace=False)
+        costs = scenario_costs(scenario, topology, result)
+        run_days = days or scenario.reliability.duration_days or DEFAULT_DAYS
+        from collsim.goodput.estimate import estimate_goodput
+
+        estimate = estimate_goodput(
+            costs, scenario.reliability, days=run_days, runs=runs, seed=seed
+        )
+    except ConfigError as exc:
+        _error(str(exc))
+        return 2
+    except InfeasibleError as exc:
+        _error(f"infeasible: {exc}", prefix="")
+        return 1
+
+    click.echo(format_goodput_report(estimate, scenario, topology))
+    for w in caught:
+        click.echo(f"warning: {' '.join(str(w.message).split())}", err=True)
+    for message in estimate.warnings:
+        click.echo(f"warning: {message}", err=True)
+    if not result.fits:
+        click.echo("warning: the plan does not fit in memory (collsim run says more)", err=True)
+    if json_path is not None:
+        data = estimate.to_dict()
+        data["scenario"] = scenario.name
+        _write_json(json_path, data)
+        click.echo(f"wrote {json_path}", err=True)
+    if plot_path is not None:
+        from collsim.report.goodput_plots import plot_goodput
+        from collsim.report.plots import save_figure
+
+        fig = plot_goodput(estimate, title=f"{scenario.name}: {run_days:g} days")
+        try:
+            save_figure(fig, plot_path)
+        except ConfigError as exc:
+            _error(str(exc))
+            return 2
+        click.echo(f"wrote {plot_path}", err=True)
+    return 0
+
+
+def scenario_costs(scenario: Scenario, topology: Topology, result: StepResult) -> JobCosts:
+    """The job's goodput inputs: the reliability section, the plan's state, the simulated step.
+
+    Raises:
+        ConfigError: no reliability section, or an interval shorter than a checkpoint write
+            (located in the scenario file).
+    """
+    from collsim.goodput.costs import checkpoint_state, job_costs
+
+    reliability = scenario.reliability
+    if reliability is None:
+        raise scenario.locate(ConfigError("missing required section", key_path="reliability"))
+    gpus_per_node = max(1, int(topology.gpus_per_node))
+    num_nodes = math.ceil(scenario.parallel.world_size / gpus_per_node)
+    try:
+        return job_costs(
+            reliability,
+            state=checkpoint_state(scenario.model, scenario.training, scenario.parallel),
+            num_nodes=num_nodes,
+            step_time_s=result.step_time_s,
+            tokens_per_step=float(scenario.training.global_batch * scenario.model.seq_len),
+        )
+    except ConfigError as exc:
+        raise scenario.locate(exc) from None
+
+
+# -- text ----------------------------------------------------------------------------------------
+
+
+def format_duration(time_s: float) -> str:
+    """Seconds as s, min, h or days with three significant figures."""
+    if not math.isfinite(time_s):
+        return "inf"
+    for scale, unit in ((86400.0, "d"), (3600.0, "h"), (60.0, "min")):
+        if abs(time_s) >= 2 * scale:
+            return f"{time_s / scale:.3g} {unit}"
+    return f"{time_s:.3g} s"
+
+
+def _tokens(value: float) -> str:
+    for scale, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M")):
+        if abs(value) >= scale:
+            return f"{value / scale:.4g} {unit}"
+    return f"{value:,.0f}"
+
+
+def _bytes(value: float) -> str:
+    for scale, unit in ((1e12, "TB"), (1e9, "GB"), (1e6, "MB")):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g} {unit}"
+    return f"{value:,.0f} B"
+
+
+def format_goodput_report(result: GoodputResult, scenario: Scenario, topology: Topology) -> str:
+    """The text report of ``collsim goodput``."""
+    from collsim.report.tables import format_table
+
+    c, cf, mc = result.costs, result.closed_form, result.monte_carlo
+    rel = scenario.reliability
+    title = f"collsim goodput: {scenario.name} ({result.days:g} days)"
+    lines = [title, "=" * len(title)]
+    gpus = scenario.parallel.world_size
+    lines.append(
+        f"job          {c.num_nodes} nodes, {gpus:,} GPUs; step {format_duration(c.step_time_s)} "
+        f"of {c.tokens_per_step:,.0f} tokens: {_tokens(c.tokens_per_s * 86400)} tokens per day"
+    )
+    if rel is not None:
+        total = sum(x.per_1000_node_days for x in rel.components) or 1.0
+        shares = ", ".join(
+            f"{x.name} {100 * x.per_1000_node_days / total:.0f} %" for x in rel.components
+        )
+        lines.append(
+            f"failures     {c.failure_rate_per_s * 86400:.3g} per day (job MTBF "
+            f"{format_duration(c.mtbf_s)}): {shares}"
+        )
+    if c.state is not None and rel is not None:
+        mode = "sharded" if rel.checkpoint.sharded else "one writer"
+        sync = "async, snapshot" if rel.checkpoint.asynchronous else "sync"
+        lines.append(
+            f"checkpoint   {_bytes(c.state.total_bytes)} ({_bytes(c.state.max_rank_bytes)} per "
+            f"GPU, {mode}); write {format_duration(c.write_s)}, stall "
+            f"{format_duration(c.stall_s)} ({sync}); load {format_duration(c.load_s)}"
+        )
+    lines.append(
+        f"recovery     detection {format_duration(c.detection_s)} + restart "
+        f"{format_duration(c.restart_s)} (incl. load and warm-up)"
+    )
+    source = "from the scenario" if result.interval_source == "scenario" else "auto: optimum"
+    lines.append(f"interval     {format_duration(result.interval_s)} of training ({source})")
+    lines.append("")
+
+    def spread(s: Spread | None, fmt: Any) -> list[str]:
+        if s is None:
+            return ["-", "-", "-"]
+        return [fmt(s.mean), fmt(s.p5), fmt(s.p95)]
+
+    def count(v: float) -> str:
+        return f"{v:,.1f}"
+
+    def ratio(v: float) -> str:
+        return f"{v:.4f}"
+
+    rows = [
+        ["interruptions", count(cf.interruptions)]
+        + spread(mc.interruptions if mc else None, count),
+        ["  struck during a recovery", count(cf.interruptions_in_recovery)]
+        + spread(mc.interruptions_in_recovery if mc else None, count),
+        ["effective training time ratio", ratio(cf.effective_training_time_ratio)]
+        + spread(mc.effective_training_time_ratio if mc else None, ratio),
+        ["goodput, tokens per day", _tokens(cf.goodput_tokens_per_day)]
+        + spread(mc.goodput_tokens_per_day if mc else None, _tokens),
+        ["training lost to rollbacks", format_duration(cf.lost_s)]
+        + spread(mc.lost_s if mc else None, format_duration),
+        ["time checkpointing", format_duration(cf.checkpointing_s)]
+        + spread(mc.checkpointing_s if mc else None, format_duration),
+        ["time recovering", format_duration(cf.recovering_s)]
+        + spread(mc.recovering_s if mc else None, format_duration),
+    ]
+    if mc is not None and rel is not None and rel.spares.nodes is not None:
+        rows.append(
+            ["waiting for spares (MC only)", "-"] + spread(mc.spare_wait_s, format_duration)
+        )
+    lines.append(
+        format_table(
+            ["over the run", "closed form", "MC mean", "MC 5th pct", "MC 95th pct"],
+            rows,
+            align="lrrrr",
+        )
+    )
+    b = result.best_interval
+    if b is not None and mc is not None:
+        lines.append("")
+        lines.append(
+            f"best interval  exact {format_duration(b.closed_form_s)}, Daly (higher order) "
+            f"{format_duration(b.daly_s)}, Young (first order) {format_duration(b.young_s)}"
+        )
+        lines.append(
+            f"               Monte Carlo {format_duration(b.monte_carlo_s)}, bootstrap 95 % CI "
+            f"{format_duration(b.ci95_low_s)} - {format_duration(b.ci95_high_s)} "
+            f"({mc.runs} runs, seed {mc.seed})"
+        )
+    return "\n".join(lines)
+
+
+def one_line(result: GoodputResult) -> str:
+    """``collsim run``'s goodput line: the closed form's expectations (ETTR = effective training
+    time ratio)."""
+    cf = result.closed_form
+    return (
+        f"goodput      {_tokens(cf.goodput_tokens_per_day)} tokens per day, ETTR "
+        f"{cf.effective_training_time_ratio:.3f}, {cf.interruptions:,.1f} interruptions in "
+        f"{result.days:g} days, checkpoint every {format_duration(result.interval_s)}"
+    )
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    try:
+        with Path(path).open("w", encoding="utf-8") as handle:
+            json.dump(data, handle, indent=2, default=str)
+            handle.write("\n")
+    except OSError as exc:
+        raise click.FileError(str(path), hint=exc.strerror) from None

@@ -1,0 +1,175 @@
+"""Closed forms of goodput: the checkpoint interval (Young, Daly) and the exact renewal ratio.
+
+Model (the Monte Carlo of :mod:`collsim.goodput.montecarlo` makes the same assumptions):
+
+1. Failures strike the job as one Poisson process of rate ``lam`` (events per second, all
+   components of all its nodes; a correlated event that takes many nodes is one event), in
+   wall-clock time, whatever the job is doing: computing, checkpointing or recovering.
+2. Training alternates ``tau`` seconds of compute with a stall of ``s`` seconds for each
+   checkpoint. The checkpoint is safe ``W`` seconds after its stall ends (``W`` = 0 when the
+   write is synchronous; the background write time when asynchronous, which needs tau >= W).
+3. A failure during training rolls the job back to its last safe checkpoint and starts a
+   recovery of ``Rt = D + R`` seconds (detection, then restart). A failure during a recovery
+   starts the recovery again from that failure.
+4. Spare nodes never run out (the Monte Carlo can drop this; the closed form is then an upper
+   bound).
+
+Derivation (renewal-reward theorem; S. M. Ross, "Stochastic Processes", 2nd ed., 1996,
+section 3.6). Cut the timeline at the end of each recovery: the pieces are i.i.d. because the
+Poisson process has no memory. Each piece is an up period ``X ~ Exp(lam)`` then a recovery ``Y``.
+
+- ``E[Y]``: the recovery succeeds when ``Rt`` seconds pass without a failure; conditioning on
+  the first failure, ``E[Y] = Rt e^(-lam Rt) + int_0^Rt (y + E[Y]) lam e^(-lam y) dy``, so
+  ``E[Y] = (e^(lam Rt) - 1) / lam`` and ``E[X + Y] = e^(lam Rt) / lam``.
+- Useful work: with period ``P = tau + s``, checkpoint ``k`` is safe at ``W + k P`` after the
+  up period began, so ``E[N] = sum_k P(X >= W + k P) = e^(-lam W) / (e^(lam P) - 1)`` safe
+  checkpoints, each worth ``tau`` of training.
+
+Hence the effective training time ratio (useful training time over elapsed time)::
+
+    ETTR(tau) = lam tau e^(-lam (W + D + R)) / (e^(lam (tau + s)) - 1)
+
+exact in the long run, and exact in expectation over any window of a long-running job: the
+job's state at an instant depends only on the time since its last failure, so every instant
+is alike (the Monte Carlo samples such windows; a job that starts fresh at 0 and keeps all its
+training at the end differs by O(E[X + Y] / H)). For ``W`` = 0 it is the reciprocal of Daly's
+complete model (failures also during restarts),
+``T_w / T_s = M e^(R/M) (e^((tau + delta)/M) - 1) / tau`` with ``M = 1/lam``, ``delta = s``
+(J. T. Daly, "A higher order estimate of the optimum checkpoint interval for restart dumps",
+Future Generation Computer Systems 22 (2006) 303-312). The rest of each piece is
+split the same way: time stalled for checkpoints ``E[S] = e^(-lam tau) (1 - e^(-lam s)) /
+(lam (1 - e^(-lam P)))``, work rolled back ``E[X] - E[S] - tau E[N]``, recovering ``E[Y]``.
+
+The optimum: ``W``, ``D`` and ``R`` only scale ETTR, so the best ``tau`` maximises
+``tau / (e^(lam (tau + s)) - 1)``; with ``u = lam (tau + s)`` the stationary point solves
+``e^u (1 - u + lam s) = 1`` on ``(lam s, 1 + lam s)``, found here by bisection. Beside it:
+Young's first order ``sqrt(2 s M)`` (J. W. Young, "A first order approximation to the optimum
+checkpoint interval", CACM 17(9), 1974) and Daly's higher order estimate
+``sqrt(2 s M) (1 + sqrt(s / 2M) / 3 + (s / 2M) / 9) - s`` for ``s < 2M``, else ``M`` (Daly
+2006, the same paper).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from collsim.errors import ConfigError
+from collsim.goodput.costs import JobCosts
+
+__all__ = [
+    "RenewalBreakdown",
+    "young_interval_s",
+    "daly_interval_s",
+    "optimal_interval_s",
+    "effective_training_time_ratio",
+    "renewal_breakdown",
+]
+
+
+def young_interval_s(stall_s: float, mtbf_s: float) -> float:
+    """Young (1974) first order optimum: ``sqrt(2 s M)``."""
+    return math.sqrt(2.0 * stall_s * mtbf_s)
+
+
+def daly_interval_s(stall_s: float, mtbf_s: float) -> float:
+    """Daly (2006) higher order optimum; ``M`` when the stall reaches ``2 M``."""
+    if stall_s >= 2.0 * mtbf_s:
+        return mtbf_s
+    x = stall_s / (2.0 * mtbf_s)
+    return math.sqrt(2.0 * stall_s * mtbf_s) * (1.0 + math.sqrt(x) / 3.0 + x / 9.0) - stall_s
+
+
+def optimal_interval_s(costs: JobCosts) -> float:
+    """The ``tau`` that maximises :func:`effective_training_time_ratio` (exact, bisection).
+
+    Clamped below at the background write time (an asynchronous write must end before the
+    next snapshot) and at one step.
+    """
+    lam, s = costs.failure_rate_per_s, costs.stall_s
+    floor_s = max(costs.background_s, costs.step_time_s)
+    if lam <= 0:
+        return math.inf
+    a = lam * s
+    if a <= 0:
+        return floor_s
+    lo, hi = a, 1.0 + a  # f(lo) = e^a - 1 > 0 > f(hi) = -1, f decreasing on (a, inf)
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if 1.0 - mid + a > math.exp(-mid):  # e^u (1 - u + a) > 1, without overflow
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-15 * max(1.0, hi):
+            break
+    tau = 0.5 * (lo + hi) / lam - s
+    return max(tau, floor_s)
+
+
+def effective_training_time_ratio(costs: JobCosts, interval_s: float) -> float:
+    """``lam tau e^(-lam (W + D + R)) / (e^(lam (tau + s)) - 1)`` (module docstring)."""
+    return renewal_breakdown(costs, interval_s).useful
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RenewalBreakdown:
+    """Long-run shares of elapsed time (they sum to 1) and the failure counts per second."""
+
+    interval_s: float
+    useful: float
+    """Training that is kept: the effective training time ratio."""
+    checkpointing: float
+    """Stalled for checkpoint writes or snapshots."""
+    lost: float
+    """Training done and rolled back."""
+    recovering: float
+    """Detecting, restarting, loading, warming up (and recoveries cut short by failures)."""
+    failures_per_s: float
+    """All interruptions (= lam)."""
+    recovery_failures_per_s: float
+    """Interruptions that struck during a recovery."""
+
+
+def renewal_breakdown(costs: JobCosts, interval_s: float) -> RenewalBreakdown:
+    """The long-run split of time of the model in the module docstring.
+
+    Raises:
+        ConfigError: a non-positive interval.
+    """
+    tau = interval_s
+    if not tau > 0:
+        raise ConfigError(f"must be > 0, got {tau}", key_path="reliability.checkpoint.interval_s")
+    lam, s, w = costs.failure_rate_per_s, costs.stall_s, costs.background_s
+    period = tau + s
+    if lam <= 0:
+        return RenewalBreakdown(
+            interval_s=tau,
+            useful=tau / period,
+            checkpointing=s / period,
+            lost=0.0,
+            recovering=0.0,
+            failures_per_s=0.0,
+            recovery_failures_per_s=0.0,
+        )
+    # Shares of a piece of mean length e^(lam Rt) / lam, written so that nothing overflows
+    # when lam Rt or lam P is large (the job then barely trains).
+    rt = costs.recovery_s
+    survive = math.exp(-lam * rt)  # E[X] / E[X + Y]
+    useful = lam * tau * math.exp(-lam * (w + rt) - _log_expm1(lam * period))
+    stalled = math.exp(-lam * tau) * (-math.expm1(-lam * s)) / (-math.expm1(-lam * period))
+    checkpointing = stalled * survive
+    recovering = -math.expm1(-lam * rt)
+    return RenewalBreakdown(
+        interval_s=tau,
+        useful=useful,
+        checkpointing=checkpointing,
+        lost=max(0.0, survive - checkpointing - useful),
+        recovering=recovering,
+        failures_per_s=lam,
+        recovery_failures_per_s=lam * recovering,
+    )
+
+
+def _log_expm1(x: float) -> float:
+    """``log(e^x - 1)`` for x > 0, without overflow."""
+    return math.log(math.expm1(x)) if x < 30.0 else x + math.log1p(-math.exp(-x))
