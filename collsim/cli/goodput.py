@@ -21,10 +21,10 @@ from collsim.cli.common import OneLineCommand, check_output_path
 from collsim.errors import ConfigError, InfeasibleError
 
 if TYPE_CHECKING:
-    from collsim.engine.result import StepResult
     from collsim.goodput.costs import JobCosts
     from collsim.goodput.estimate import GoodputResult, Spread
     from collsim.scenario import Scenario
+    from collsim.schedule.result import StepResult
     from collsim.topology import Topology
 
 __all__ = ["goodput", "goodput_scenario", "scenario_costs", "format_goodput_report", "one_line"]
