@@ -37,13 +37,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from collsim.errors import SimulationError
+from collsim.parallel.buckets import Bucket
 from collsim.parallel.fsdp import issue_schedule
 from collsim.parallel.plan import ParallelAxis, RankCoords
 from collsim.parallel.schedules import Phase, PipeOp, input_of
 from collsim.schedule.assemble import assemble
+from collsim.schedule.dataparallel import DPCall
 from collsim.schedule.memory import MemoryLedger
 from collsim.schedule.ops import ChunkModel, Segment, Step
-from collsim.schedule.pricing import ClosedPricer
+from collsim.schedule.pricing import EXPOSED_KEY, ClosedPricer
 from collsim.schedule.result import BREAKDOWN_KEYS, StepResult, TraceEvent
 from collsim.schedule.stats import CallKey, CallStats, CallTally
 
@@ -72,7 +74,7 @@ class _Rank:
     pp_free: float = 0.0
     dp_free: float = 0.0
     dp_last_end: float = 0.0
-    deferred: list[tuple[PipeOp, ChunkModel, float]] = field(default_factory=list)
+    deferred: list[tuple[PipeOp, ChunkModel, Bucket]] = field(default_factory=list)
     gathered: dict[tuple[int, str | int], float] = field(default_factory=dict)
     """ZeRO-3 units gathered or in flight: (chunk, unit) -> when the gather ends."""
 
@@ -103,7 +105,7 @@ class _Walk:
         self.by_stage = {p.coords.pp: p for p in self.programs.values()}
         self.mail: dict[tuple[int, Phase, int, int], _Mail] = {}
         self._groups: dict[tuple[int, str], tuple[int, ...]] = {}
-        self._seg_tp: dict[tuple[int, int], float] = {}
+        self._seg_tp: dict[tuple[int, int], dict[str, float]] = {}
         self._op_plans: dict[tuple[int, int, Phase], _OpPlan] = {}
         self.gather_pp = plan.tp > 1 and not plan.parallel.sequence_parallel
         self._runs: dict[tuple[int, int], list[Any]] = {}
@@ -130,19 +132,34 @@ class _Walk:
         )
         return time_s
 
+    def step_group(self, rank: int, step: Step) -> tuple[int, ...]:
+        """The group of a segment step's axis (a ring step: its slowest neighbour pair)."""
+        group = self.group(rank, step.axis)
+        if step.op == "send_recv":
+            return self.pricer.ring_pair(step.op, step.size_bytes, group)
+        return group
+
     def step_s(self, rank: int, step: Step) -> float:
         if not step.op:
             return step.seconds
-        t = self.pricer.cost(step.op, step.size_bytes, self.group(rank, TP)).time_s
+        t = self.pricer.cost(step.op, step.size_bytes, self.step_group(rank, step)).time_s
         return t if t > step.overlap_s else step.overlap_s
 
-    def seg_tp_s(self, rank: int, seg: Segment) -> float:
+    def seg_comm_s(self, rank: int, seg: Segment) -> dict[str, float]:
+        """Exposed collective seconds of a segment by breakdown key (cached)."""
         key = (rank, id(seg))
         hit = self._seg_tp.get(key)
         if hit is None:
-            hit = sum(self.step_s(rank, s) - s.overlap_s for s in seg.steps if s.op)
+            hit = {}
+            for st in seg.steps:
+                if st.op:
+                    k = EXPOSED_KEY[st.axis]
+                    hit[k] = hit.get(k, 0.0) + self.step_s(rank, st) - st.overlap_s
             self._seg_tp[key] = hit
         return hit
+
+    def seg_tp_s(self, rank: int, seg: Segment) -> float:
+        return sum(self.seg_comm_s(rank, seg).values())
 
     def tally_tp(self, rank: int, segs: list[Segment]) -> None:
         """Count one run of these segments' TP collectives (tallied in :meth:`flush_tp`)."""
@@ -155,13 +172,15 @@ class _Walk:
 
     def flush_tp(self) -> None:
         for (rank, _), (segs, runs) in self._runs.items():
-            group = self.group(rank, TP)
-            if len(group) < 2:
-                continue
             for step in (st for seg in segs for st in seg.steps):
                 if step.op:
+                    group = self.step_group(rank, step)
+                    if len(group) < 2:
+                        continue
                     cost = self.pricer.cost(step.op, step.size_bytes, group)
-                    key = CallKey(rank, TP, step.op, step.size_bytes, len(group), cost.algorithm)
+                    key = CallKey(
+                        rank, step.axis, step.op, step.size_bytes, len(group), cost.algorithm
+                    )
                     self.stats.add(key, runs * cost.time_s, cost.busbw_bps, count=runs)
         self._runs.clear()
 
@@ -253,6 +272,8 @@ class _Walk:
             dur = seg.compute_s + d_tp
             plan.compute += seg.compute_s
             plan.tp += d_tp
+            for k, v in self.seg_comm_s(prog.rank, seg).items():
+                plan.comm[k] = plan.comm.get(k, 0.0) + v
             if phase is Phase.FORWARD:
                 if seg.stored_bytes:
                     plan.mem.append((t + dur, seg.stored_bytes))
@@ -265,7 +286,7 @@ class _Walk:
                 for bucket in chunk.buckets:
                     if bucket.ready_segment == seg.key:
                         ready = t + off + bucket.ready_fraction * gdur
-                        plan.buckets.append((bucket.size_bytes, ready))
+                        plan.buckets.append((bucket, ready))
             t += dur
         plan.duration = t
         self._op_plans[key] = plan
@@ -280,26 +301,40 @@ class _Walk:
             else:
                 prog.ledger.free(t0 + rel, "activations", -delta)
         if plan.buckets and self.rules.uses_buckets and self.rules.reduces_in(op.microbatch):
-            for size, rel in plan.buckets:
+            for bucket, rel in plan.buckets:
                 if self.rules.overlap:
-                    self.reduce_bucket(prog, size, t0 + rel)
+                    self.reduce_bucket(prog, bucket, t0 + rel)
                 else:
-                    prog.deferred.append((op, chunk, size))
+                    prog.deferred.append((op, chunk, bucket))
         self.tally_tp(prog.rank, plan.segs)
         prog.now = t0 + plan.duration
         prog.acct["compute"] += plan.compute
-        prog.acct["tp_exposed"] += plan.tp
+        for k, v in plan.comm.items():
+            prog.acct[k] += v
 
     def dp_call(self, prog: _Rank, op: str, size: float, ready: float, extra_s: float) -> float:
         """A call on the rank's dp stream, ready at ``ready``: returns its end."""
-        t = self.price(prog.rank, DP, op, size, self.group(prog.rank, DP), extra_s)
-        start = max(ready, prog.dp_free)
-        prog.dp_free = start + t
-        prog.dp_last_end = max(prog.dp_last_end, prog.dp_free)
-        return prog.dp_free
+        return self.dp_calls(prog, [DPCall(op, size, DP)], ready, extra_s)
 
-    def reduce_bucket(self, prog: _Rank, size: float, ready: float) -> None:
-        end = self.dp_call(prog, self.rules.bucket_op, size, ready, 0.0)
+    def dp_calls(self, prog: _Rank, calls: list[DPCall], ready: float, extra_s: float) -> float:
+        """Calls one after another on the rank's dp stream (each on its axis's group), ready
+        at ``ready``, the offload copy before the first: returns the last end (``ready``
+        when there is none)."""
+        end = ready
+        for i, c in enumerate(calls):
+            group = self.group(prog.rank, c.axis)
+            t = self.price(prog.rank, DP, c.op, c.size_bytes, group, extra_s if i == 0 else 0.0)
+            start = max(ready, prog.dp_free)
+            prog.dp_free = end = start + t
+            prog.dp_last_end = max(prog.dp_last_end, prog.dp_free)
+        return end
+
+    def reduce_bucket(self, prog: _Rank, bucket: Bucket, ready: float) -> None:
+        calls = self.rules.bucket_calls(bucket)
+        if not calls:
+            return
+        end = self.dp_calls(prog, calls, ready, 0.0)
+        size = bucket.size_bytes
         if self.rules.holds_bucket_buffer:
             prog.ledger.alloc(ready, "buffers", size, "zero2 bucket")
             prog.ledger.free(end, "buffers", size, "zero2 bucket")
@@ -317,7 +352,9 @@ class _Walk:
                     continue
                 size = rules.gather_bytes(chunk, ukey)
                 prog.ledger.alloc(prog.now, "parameters", size, f"gathered {ukey}")
-                end = self.dp_call(prog, "all_gather", size, prog.now, rules.offload_s(size))
+                end = self.dp_calls(
+                    prog, rules.unit_gathers(chunk, ukey), prog.now, rules.offload_s(size)
+                )
                 prog.gathered[(chunk.index, ukey)] = end
             ready = prog.gathered.get((chunk.index, rules.unit_key(chunk, seg)))
             if ready is not None and ready > prog.now:
@@ -329,7 +366,8 @@ class _Walk:
             self.tally_tp(prog.rank, [seg])
             prog.now += seg.compute_s + d_tp
             prog.acct["compute"] += seg.compute_s
-            prog.acct["tp_exposed"] += d_tp
+            for k, v in self.seg_comm_s(prog.rank, seg).items():
+                prog.acct[k] += v
             if forward:
                 prog.ledger.alloc(prog.now, "activations", seg.stored_bytes)
             else:
@@ -344,8 +382,9 @@ class _Walk:
         if not forward:
             gsize = rules.grad_bytes(chunk, ukey)
             prog.ledger.alloc(prog.now, "buffers", gsize, f"grad {ukey}")
-            if rules.reduces_units:
-                end = self.dp_call(prog, "reduce_scatter", gsize, prog.now, rules.offload_s(gsize))
+            calls = rules.unit_reductions(chunk, ukey) if rules.reduces_units else []
+            if calls:
+                end = self.dp_calls(prog, calls, prog.now, rules.offload_s(gsize))
                 prog.ledger.free(end, "buffers", gsize, f"grad {ukey}")
             else:
                 prog.ledger.free(prog.now, "buffers", gsize, f"grad {ukey}")
@@ -387,8 +426,8 @@ class _Walk:
         """Deferred buckets, the dp wait, the embedding sync, the optimizer, ZeRO-1/2 gathers."""
         plan = self.plan
         for prog in self.programs.values():
-            for _op, _chunk, size in prog.deferred:
-                self.reduce_bucket(prog, size, prog.now)
+            for _op, _chunk, bucket in prog.deferred:
+                self.reduce_bucket(prog, bucket, prog.now)
             prog.deferred = []
             if prog.dp_last_end > prog.now:
                 prog.acct["dp_exposed"] += prog.dp_last_end - prog.now
@@ -414,11 +453,10 @@ class _Walk:
             opt = self.s.optimizer_s[prog.coords.pp]
             prog.now += opt
             prog.acct["optimizer"] += opt
-            sizes = self.rules.gathers_after_optimizer(stage)
-            if sizes:
+            calls = self.rules.gathers_after_optimizer(stage)
+            if calls:
                 t0 = prog.now
-                for size in sizes:
-                    end = self.dp_call(prog, "all_gather", size, prog.now, 0.0)
+                end = self.dp_calls(prog, calls, prog.now, 0.0)
                 prog.acct["dp_exposed"] += end - t0
                 prog.now = end
             prog.end_s = prog.now
@@ -430,8 +468,9 @@ class _OpPlan:
     duration: float = 0.0
     compute: float = 0.0
     tp: float = 0.0
+    comm: dict[str, float] = field(default_factory=dict)
     mem: list[tuple[float, float]] = field(default_factory=list)
-    buckets: list[tuple[float, float]] = field(default_factory=list)
+    buckets: list[tuple[Bucket, float]] = field(default_factory=list)
 
 
 def walk(

@@ -27,6 +27,7 @@ from collsim.errors import SimulationError
 from collsim.parallel.schedules import Phase, PipeOp, input_of
 from collsim.schedule.build import StepSchedule
 from collsim.schedule.ops import Segment, Step
+from collsim.schedule.pricing import EXPOSED_KEY
 from collsim.schedule.result import TraceEvent
 from collsim.schedule.stats import CallKey, CallStats, CallTally
 
@@ -55,6 +56,12 @@ class EngineOptions:
     """The axes found contended (reported in ``StepResult.details``)."""
     zero_communication: bool = False
     """Communication is priced at 0 s (reported in the details)."""
+
+
+DP_AXES = frozenset(
+    ("dp", "dp_cp", "edp", "dp_cp_shard", "dp_replicate", "edp_shard", "edp_replicate")
+)
+"""Axes of data-parallel groups: their calls run on the rank's dp stream."""
 
 
 class Engine:
@@ -107,12 +114,12 @@ class Engine:
             self.programs[rank] = RankProgram(
                 self, rank, self.stages[s], list(schedule.pipeline[s])
             )
-        self._tp_cache: dict[tuple[int, str, float], float] = {}
+        self._tp_cache: dict[tuple[int, str, str, float], float] = {}
         self._p2p_peers: dict[tuple[int, int], list[tuple[int, ...]]] = {}
         self._peers: dict[tuple[int, str], list[tuple[int, ...]]] = {}
         self._calls: dict[tuple[Any, ...], tuple[Any, dict[str, Any]]] = {}
         self._groups: dict[tuple[int, str], tuple[int, ...]] = {}
-        self._seg_tp: dict[tuple[int, int], float] = {}
+        self._seg_tp: dict[tuple[int, int], dict[str, float]] = {}
         self.seg_runs: dict[tuple[int, int], list[Any]] = {}
 
     def stat_items(self) -> Iterator[tuple[CallKey, CallTally]]:
@@ -126,22 +133,36 @@ class Engine:
             found = self._groups[key] = self.plan.group_of(rank, axis)
         return found
 
-    def peers(self, rank: int, axis: str) -> list[tuple[int, ...]]:
-        """Groups of the replicas of ``rank``'s group that run at the same time (symmetry)."""
-        if self.all_ranks or axis not in self.des_axes:
+    def peers(self, rank: int, axis: str, *, pairs: bool = False) -> list[tuple[int, ...]]:
+        """Groups of the replicas of ``rank``'s group that run at the same time (symmetry):
+        the other groups of ``axis`` among the ranks of the same pipeline stage (for tp: one
+        per dp and cp index; for dp: one per tp and cp index). ``pairs``: their ring pairs
+        (context-parallel ring steps)."""
+        gate = "dp" if axis in DP_AXES else axis
+        if self.all_ranks or gate not in self.des_axes:
             return []
-        key = (rank, axis)
+        key = (rank, axis if not pairs else axis + " pairs")
         found = self._peers.get(key)
         if found is not None:
             return found
         p, c = self.plan, self.plan.coords(rank)
-        if axis == "tp":
-            peers = [p.group_of(p.rank(dp=d, pp=c.pp, tp=0), "tp") for d in range(p.dp) if d]
-        elif axis == "dp":
-            peers = [p.group_of(p.rank(dp=0, pp=c.pp, tp=t), "dp") for t in range(p.tp) if t]
+        own = self.group(rank, axis)
+        seen = set(own)
+        others: list[tuple[int, ...]] = []
+        for r in p.stage_ranks(c.pp):
+            if r in seen:
+                continue
+            g = p.group_of(r, axis)
+            seen.update(g)
+            if pairs:
+                n = len(g)
+                others += [(g[i], g[(i + 1) % n]) for i in range(n if n > 2 else 1)]
+            else:
+                others.append(g)
+        if pairs:
+            found = self._peers[key] = others
         else:
-            raise SimulationError(f"no peers for axis {axis!r}")
-        found = self._peers[key] = linked_peers(p.topology, self.group(rank, axis), peers)
+            found = self._peers[key] = linked_peers(p.topology, own, others)
         return found
 
     def stream(self, rank: int, axis: str, group: tuple[int, ...] | None = None) -> GroupStream:
@@ -227,69 +248,91 @@ class Engine:
             rank, name, work, ready_s=ready_s, args=args
         )
 
-    # ---- tensor parallel --------------------------------------------------------------------
-    def tp_time(self, rank: int, op: str, size: float) -> float:
-        key = (rank, op, size)
+    # ---- segment collectives (tp, ep, etp, cp) -----------------------------------------------
+    def step_group(self, rank: int, step: Step) -> tuple[int, ...]:
+        """The ranks a segment step's collective runs on: the group of its axis, or for a
+        ring step (``send_recv`` on cp) the slowest neighbour pair of the ring."""
+        group = self.group(rank, step.axis)
+        if step.op == "send_recv":
+            return self.pricer.ring_pair(step.op, step.size_bytes, group)
+        return group
+
+    def axis_time(self, rank: int, step: Step) -> float:
+        key = (rank, step.axis, step.op, step.size_bytes)
         hit = self._tp_cache.get(key)
         if hit is None:
-            hit = self.pricer.cost(op, size, self.group(rank, "tp")).time_s
+            hit = self.pricer.cost(step.op, step.size_bytes, self.step_group(rank, step)).time_s
             self._tp_cache[key] = hit
         return hit
 
+    def tp_time(self, rank: int, op: str, size: float) -> float:
+        return self.axis_time(rank, Step(op=op, size_bytes=size))
+
     def step_s(self, rank: int, step: Step) -> float:
-        """Seconds the compute stream spends on one step: its compute, or its TP collective
+        """Seconds the compute stream spends on one step: its compute, or its collective
         (closed form), or both side by side for an overlapped collective."""
         if not step.op:
             return step.seconds
-        t = self.tp_time(rank, step.op, step.size_bytes)
+        t = self.axis_time(rank, step)
         return t if t > step.overlap_s else step.overlap_s
 
-    def seg_tp_s(self, rank: int, seg: Segment) -> float:
-        """Closed-form seconds of the TP collectives of one segment that the compute stream
-        waits for (an overlapped collective only beyond its overlapped compute; cached)."""
+    def seg_comm_s(self, rank: int, seg: Segment) -> dict[str, float]:
+        """Closed-form seconds of one segment's collectives that the compute stream waits
+        for, by breakdown key (an overlapped collective only beyond its compute; cached)."""
         key = (rank, id(seg))
         hit = self._seg_tp.get(key)
         if hit is None:
-            hit = sum(self.step_s(rank, s) - s.overlap_s for s in seg.steps if s.op)
+            hit = {}
+            for st in seg.steps:
+                if st.op:
+                    k = EXPOSED_KEY[st.axis]
+                    hit[k] = hit.get(k, 0.0) + self.step_s(rank, st) - st.overlap_s
             self._seg_tp[key] = hit
         return hit
 
-    def tp_args(self, rank: int, op: str, size: float) -> dict[str, Any]:
-        """Trace args of a closed-form TP collective (what ``_call`` records on a stream)."""
-        group = self.group(rank, "tp")
-        cost = self.pricer.cost(op, size, group)
+    def seg_tp_s(self, rank: int, seg: Segment) -> float:
+        """All exposed collective seconds of one segment (see :meth:`seg_comm_s`)."""
+        return sum(self.seg_comm_s(rank, seg).values())
+
+    def step_args(self, rank: int, step: Step) -> dict[str, Any]:
+        """Trace args of a closed-form segment collective (what ``call`` records)."""
+        group = self.step_group(rank, step)
+        cost = self.pricer.cost(step.op, step.size_bytes, group)
         return {
-            "op": op,
-            "size_bytes": size,
-            "bytes": size,
+            "op": step.op,
+            "size_bytes": step.size_bytes,
+            "bytes": step.size_bytes,
             "group_size": len(group),
             "algorithm": cost.algorithm,
             "busbw_bps": cost.busbw_bps,
         }
 
+    def tp_args(self, rank: int, op: str, size: float) -> dict[str, Any]:
+        return self.step_args(rank, Step(op=op, size_bytes=size))
+
     def tp_slices(
         self, rank: int, segs: list[Segment]
-    ) -> list[tuple[float, float, str, dict[str, Any]]]:
-        """The TP collectives inside fused segments run back to back from time 0, as
-        (start_s, end_s, name, args): each at its exact offset, lasting its link time (an
+    ) -> list[tuple[float, float, str, dict[str, Any], str]]:
+        """The collectives inside fused segments run back to back from time 0, as
+        (start_s, end_s, name, args, axis): each at its exact offset, lasting its link time (an
         overlapped one starts with the compute it overlaps). Only for traces."""
         out = []
         t = 0.0
         for seg in segs:
             for step in seg.steps:
                 if step.op:
-                    link = self.tp_time(rank, step.op, step.size_bytes)
+                    link = self.axis_time(rank, step)
                     if link > 0:
-                        args = self.tp_args(rank, step.op, step.size_bytes)
+                        args = self.step_args(rank, step)
                         if step.overlap_s:
                             args["overlapped_compute_s"] = step.overlap_s
                         where = f"L{seg.key}" if isinstance(seg.key, int) else seg.key
-                        out.append((t, t + link, f"{step.op} tp {where}", args))
+                        out.append((t, t + link, f"{step.op} {step.axis} {where}", args, step.axis))
                 t += self.step_s(rank, step)
         return out
 
     def count_op(self, rank: int, work: Any) -> None:
-        """Count one run of a fused op (or segment): its TP collectives, for flush_tp_stats."""
+        """Count one run of a fused op (or segment): its collectives, for flush_tp_stats."""
         key = (rank, id(work))
         slot = self.seg_runs.get(key)
         if slot is None:
@@ -300,16 +343,48 @@ class Engine:
     def flush_tp_stats(self) -> None:
         """Turn the counted fused-segment runs into per-collective statistics."""
         for (rank, _), (work, runs) in self.seg_runs.items():
-            group = self.group(rank, "tp")
-            if len(group) < 2:
-                continue
             segs = work.segs if hasattr(work, "segs") else [work]
             for step in (st for seg in segs for st in seg.steps):
                 if step.op:
+                    group = self.step_group(rank, step)
+                    if len(group) < 2:
+                        continue
                     cost = self.pricer.cost(step.op, step.size_bytes, group)
-                    key = CallKey(rank, "tp", step.op, step.size_bytes, len(group), cost.algorithm)
+                    key = CallKey(
+                        rank, step.axis, step.op, step.size_bytes, len(group), cost.algorithm
+                    )
                     self.stats.add(key, runs * cost.time_s, cost.busbw_bps, count=runs)
         self.seg_runs.clear()
+
+    def step_call(self, prog: RankProgram, step: Step) -> simpy.Event:
+        """A segment step's collective on the stream of its axis (layer fidelity)."""
+        axis = step.axis
+        group = self.step_group(prog.rank, step)
+        if step.op == "send_recv":
+            ring = self.group(prog.rank, axis)
+            n = len(ring)
+            others = [(ring[i], ring[(i + 1) % n]) for i in range(n if n > 2 else 1)]
+            peers = [p for p in others if p != group] + self.peers(prog.rank, axis, pairs=True)
+            peers = self.pair_peers_of(axis, group, peers)
+        else:
+            peers = self.peers(prog.rank, axis)
+        return self.call(
+            prog.rank,
+            axis,
+            step.op,
+            step.size_bytes,
+            group,
+            f"{step.op} {axis}",
+            peers=peers,
+            stream_group=self.group(prog.rank, axis),
+        )
+
+    def pair_peers_of(
+        self, axis: str, pair: tuple[int, ...], peers: list[tuple[int, ...]]
+    ) -> list[tuple[int, ...]]:
+        if self.all_ranks or axis not in self.des_axes:
+            return []
+        return linked_peers(self.plan.topology, pair, peers)
 
     def tp_call(
         self, prog: RankProgram, op: str, size: float, name: str | None = None

@@ -17,7 +17,7 @@ from collsim.errors import SimulationError
 from collsim.parallel.buckets import Bucket
 from collsim.parallel.plan import ParallelAxis, Plan
 from collsim.parallel.schedules import Phase, PipeOp
-from collsim.schedule.dataparallel import DataParallelRules
+from collsim.schedule.dataparallel import DataParallelRules, DPCall
 from collsim.schedule.ops import ChunkModel, Segment
 
 if TYPE_CHECKING:
@@ -75,6 +75,34 @@ class DataParallel:
         self.env = env
         self.unit_events: dict[tuple[int, int, Any], simpy.Event] = {}
 
+    def issue(
+        self,
+        prog: RankProgram,
+        calls: list[DPCall],
+        name: str,
+        *,
+        ready: float | None = None,
+        extra_s: float = 0.0,
+    ) -> simpy.Event | None:
+        """Issue ``calls`` one after another on the rank's dp stream (each on the group of its
+        axis; the offload copy before the first); the last call's event, None if none."""
+        last = None
+        stream = self.site.group(prog.rank, DP)
+        for i, c in enumerate(calls):
+            last = self.site.call(
+                prog.rank,
+                DP,
+                c.op,
+                c.size_bytes,
+                self.site.group(prog.rank, c.axis),
+                name if len(calls) == 1 else f"{name} ({c.axis})",
+                ready_s=ready,
+                extra_s=extra_s if i == 0 else 0.0,
+                peers=self.site.peers(prog.rank, c.axis),
+                stream_group=stream,
+            )
+        return last
+
     def allocate_states(self, prog: RankProgram) -> None:
         states = self.rules.state_bytes(prog.stage)
         prog.ledger.alloc(0.0, "parameters", states.parameters, "parameters")
@@ -105,16 +133,15 @@ class DataParallel:
         ready: float | None,
     ) -> None:
         verb = self.rules.bucket_op
-        ev = self.site.call(
-            prog.rank,
-            DP,
-            verb,
-            bucket.size_bytes,
-            self.site.group(prog.rank, DP),
-            f"{verb} bucket {bucket.index} c{chunk.index} mb{op.microbatch}",
-            ready_s=ready,
-            peers=self.site.peers(prog.rank, DP),
+        kind = "expert bucket" if bucket.expert else "bucket"
+        ev = self.issue(
+            prog,
+            self.rules.bucket_calls(bucket),
+            f"{verb} {kind} {bucket.index} c{chunk.index} mb{op.microbatch}",
+            ready=ready,
         )
+        if ev is None:
+            return
         prog.dp_events.append(ev)
         if self.rules.holds_bucket_buffer:
             at = self.env.now if ready is None else ready
@@ -147,16 +174,16 @@ class DataParallel:
             return  # still gathered (root, no reshard after forward), or in flight
         size = self.rules.gather_bytes(chunk, ukey)
         prog.ledger.alloc(self.env.now, "parameters", size, f"gathered {ukey}")
-        self.unit_events[key] = self.site.call(
-            prog.rank,
-            DP,
-            "all_gather",
-            size,
-            self.site.group(prog.rank, DP),
+        ev = self.issue(
+            prog,
+            self.rules.unit_gathers(chunk, ukey),
             f"all_gather {ukey} c{chunk.index} mb{op.microbatch} {op.phase.value}",
             extra_s=self.rules.offload_s(size),
-            peers=self.site.peers(prog.rank, DP),
         )
+        if ev is None:
+            ev = self.env.event()
+            ev.succeed()
+        self.unit_events[key] = ev
 
     def unit_ready(self, prog: RankProgram, chunk: ChunkModel, seg: Segment) -> simpy.Event | None:
         return self.unit_events.get((prog.rank, chunk.index, self.rules.unit_key(chunk, seg)))
@@ -171,17 +198,17 @@ class DataParallel:
             gsize = self.rules.grad_bytes(chunk, ukey)
             label = f"grad {ukey}"
             prog.ledger.alloc(self.env.now, "buffers", gsize, label)
-            if self.rules.reduces_units:
-                ev = self.site.call(
-                    prog.rank,
-                    DP,
-                    "reduce_scatter",
-                    gsize,
-                    self.site.group(prog.rank, DP),
+            ev = (
+                self.issue(
+                    prog,
+                    self.rules.unit_reductions(chunk, ukey),
                     f"reduce_scatter {ukey} c{chunk.index} mb{op.microbatch}",
                     extra_s=self.rules.offload_s(gsize),
-                    peers=self.site.peers(prog.rank, DP),
                 )
+                if self.rules.reduces_units
+                else None
+            )
+            if ev is not None:
                 prog.dp_events.append(ev)
                 ev.callbacks.append(self._freer(prog, "buffers", gsize, label))
             else:
@@ -222,20 +249,7 @@ class DataParallel:
 
     def after_optimizer(self, prog: RankProgram) -> simpy.Event | None:
         """ZeRO-1/2: all-gather the updated parameters, bucket by bucket (None otherwise)."""
-        sizes = self.rules.gathers_after_optimizer(prog.stage)
-        if not sizes:
+        calls = self.rules.gathers_after_optimizer(prog.stage)
+        if not calls:
             return None
-        buckets = [(chunk, bucket) for chunk in prog.stage.chunks for bucket in chunk.buckets]
-        group = self.site.group(prog.rank, DP)
-        last = None
-        for (chunk, bucket), size in zip(buckets, sizes):
-            last = self.site.call(
-                prog.rank,
-                DP,
-                "all_gather",
-                size,
-                group,
-                f"all_gather params bucket {bucket.index} c{chunk.index}",
-                peers=self.site.peers(prog.rank, DP),
-            )
-        return last
+        return self.issue(prog, calls, "all_gather params")

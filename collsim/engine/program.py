@@ -32,6 +32,7 @@ from collsim.parallel.fsdp import issue_schedule
 from collsim.parallel.schedules import Phase, PipeOp
 from collsim.schedule.memory import MemoryEvent, MemoryLedger
 from collsim.schedule.ops import ChunkModel, Segment, StageModel
+from collsim.schedule.pricing import EXPOSED_KEY
 
 if TYPE_CHECKING:
     from collsim.engine.core import Engine
@@ -48,6 +49,8 @@ class _OpPlan:
     duration: float = 0.0
     compute: float = 0.0
     tp: float = 0.0
+    comm: dict[str, float] = field(default_factory=dict)
+    """Exposed collective seconds by breakdown key (tp_exposed, ep_exposed, cp_exposed)."""
     mem: list[tuple[float, float, str, Any]] = field(default_factory=list)
     buckets: list[tuple[Any, float]] = field(default_factory=list)
 
@@ -73,7 +76,17 @@ class RankProgram:
         self.ops = ops
         self.ledger = MemoryLedger(rank)
         self.acct = dict.fromkeys(
-            ("compute", "tp_exposed", "pp_exposed", "dp_exposed", "bubble", "optimizer"), 0.0
+            (
+                "compute",
+                "tp_exposed",
+                "pp_exposed",
+                "dp_exposed",
+                "ep_exposed",
+                "cp_exposed",
+                "bubble",
+                "optimizer",
+            ),
+            0.0,
         )
         self.dp_events: list[simpy.Event] = []
         self.end_s = 0.0
@@ -109,8 +122,8 @@ class RankProgram:
             if cache_key is not None:
                 self._tp_traced[cache_key] = slices
         add = self.e.add_trace
-        for start, end, name, args in slices:
-            add(self.rank, "tp", name, t0 + start, t0 + end, args)
+        for start, end, name, args, axis in slices:
+            add(self.rank, axis, name, t0 + start, t0 + end, args)
 
     # ---- the process ------------------------------------------------------------------------
     def run(self) -> Any:
@@ -152,7 +165,8 @@ class RankProgram:
                 yield env.timeout(folded + plan.duration)
                 acct["pp_exposed"] += folded
                 acct["compute"] += plan.compute
-                acct["tp_exposed"] += plan.tp
+                for k, v in plan.comm.items():
+                    acct[k] += v
             if e.trace_on:
                 self._trace(
                     "compute",
@@ -202,6 +216,8 @@ class RankProgram:
             dur = seg.compute_s + d_tp
             plan.compute += seg.compute_s
             plan.tp += d_tp
+            for k, v in self.e.seg_comm_s(self.rank, seg).items():
+                plan.comm[k] = plan.comm.get(k, 0.0) + v
             if phase is Phase.FORWARD:
                 if seg.stored_bytes:
                     plan.mem.append((t + dur, seg.stored_bytes, "act", seg.key))
@@ -294,14 +310,12 @@ class RankProgram:
                 for step in seg.steps:
                     t0 = env.now
                     if step.op and step.overlap_s:  # the collective beside its compute
-                        yield env.all_of(
-                            [e.tp_call(self, step.op, step.size_bytes), env.timeout(step.overlap_s)]
-                        )
+                        yield env.all_of([e.step_call(self, step), env.timeout(step.overlap_s)])
                         self.acct["compute"] += step.overlap_s
-                        self.acct["tp_exposed"] += env.now - t0 - step.overlap_s
+                        self.acct[EXPOSED_KEY[step.axis]] += env.now - t0 - step.overlap_s
                     elif step.op:
-                        yield e.tp_call(self, step.op, step.size_bytes)
-                        self.acct["tp_exposed"] += env.now - t0
+                        yield e.step_call(self, step)
+                        self.acct[EXPOSED_KEY[step.axis]] += env.now - t0
                     else:
                         yield env.timeout(step.seconds)
                         self.acct["compute"] += step.seconds
@@ -312,7 +326,8 @@ class RankProgram:
                     self._trace_tp([seg], start, (op.chunk, op.phase, seg.key))
                 yield env.timeout(dur)
                 self.acct["compute"] += seg.compute_s
-                self.acct["tp_exposed"] += dur - seg.compute_s
+                for k, v in self.e.seg_comm_s(self.rank, seg).items():
+                    self.acct[k] += v
             self._segment_end(op, seg)
             if self.e.trace_on:
                 self._trace(

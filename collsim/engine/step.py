@@ -25,8 +25,11 @@ __all__ = ["simulate_step", "prepare_step", "FIDELITIES", "BLOCK_OVERRIDE_KEYS"]
 
 FIDELITIES = ("auto", "fused", "layer")
 """fused: one event per op, communication in closed form. layer: every layer step an event,
-all communication on the FlowNetwork DES. auto: fused, except that the axes whose concurrent
-groups share a link run on the DES (and a contended tp axis runs layer by layer)."""
+all communication on the FlowNetwork DES (tp, ep, etp and cp collectives of the segments on
+their groups' streams). auto: fused, except that the tp, pp and dp axes whose concurrent
+groups share a link run on the DES (and a contended tp axis runs layer by layer); the expert-
+and context-parallel collectives stay in closed form under auto (``--fidelity layer`` puts
+them on the DES with their peers)."""
 
 
 def _contended_axes(plan: Plan, fidelity: str) -> list[str]:
@@ -137,10 +140,10 @@ def prepare_step(
     plan = schedule.plan
     contended = _contended_axes(plan, fidelity)
     if fidelity == "layer":
-        des_axes = frozenset(("tp", "pp", "dp"))
+        des_axes = frozenset(("tp", "pp", "dp", "ep", "etp", "cp"))
     else:
         des_axes = frozenset(contended)
-    layer_mode = fidelity == "layer" or "tp" in des_axes
+    layer_mode = fidelity == "layer" or bool(des_axes & {"tp", "ep", "etp", "cp"})
     if zero_communication:
         des_axes = frozenset()
     import simpy

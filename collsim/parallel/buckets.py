@@ -44,6 +44,8 @@ class Bucket:
     size_bytes: float
     ready_segment: str | int
     ready_fraction: float
+    expert: bool = False
+    """Holds routed-expert gradients (reduced over the expert data-parallel group)."""
 
 
 def backward_segments(tensors: Sequence[ParamTensor]) -> list[str | int]:
@@ -74,6 +76,7 @@ def build_buckets(
     bucket_mb: float,
     first_bucket_mb: float = 1.0,
     grad_bytes: int = 2,
+    expert: bool | None = None,
 ) -> list[Bucket]:
     """Pack the gradients of ``tensors`` (registration order) into DDP buckets.
 
@@ -82,6 +85,9 @@ def build_buckets(
         bucket_mb: torch's ``bucket_cap_mb`` (MiB).
         first_bucket_mb: the first bucket's limit (MiB), torch's 1 MiB default.
         grad_bytes: bytes per gradient element (2 for bf16/fp16, 4 for fp32).
+        expert: pack only the routed-expert (True) or only the other (False) tensors, as
+            Megatron-Core keeps separate gradient buffers for each; ready points are still
+            those of the whole segment. None packs all.
 
     Returns:
         Buckets in launch order.
@@ -109,11 +115,14 @@ def build_buckets(
                 size_bytes=size,
                 ready_segment=last.segment,
                 ready_fraction=frac[last.name],
+                expert=bool(expert),
             )
         )
         current, size = [], 0.0
 
     for t in reversed(tensors):
+        if expert is not None and t.expert != expert:
+            continue
         current.append(t)
         size += t.numel * grad_bytes
         limit = limits[0] if not buckets else limits[1]

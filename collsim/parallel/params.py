@@ -34,6 +34,9 @@ class ParamTensor:
     name: str
     numel: float
     segment: str | int
+    expert: bool = False
+    """A routed-expert tensor: its gradient is reduced over the expert data-parallel group
+    (edp), not dp x cp (Megatron-Core's separate expert buffers)."""
 
 
 def layer_tensors(
@@ -80,12 +83,13 @@ def _mlp_tensors(
     h = spec.hidden
     up = (2 if spec.gated_mlp else 1) * width
     many = spec.num_experts / ep if ep else 1
-    out = [ParamTensor(f"{prefix}up.weight", many * h * up / split, layer)]
+    x = bool(ep)
+    out = [ParamTensor(f"{prefix}up.weight", many * h * up / split, layer, x)]
     if spec.bias:
-        out.append(ParamTensor(f"{prefix}up.bias", many * up / split, layer))
-    out.append(ParamTensor(f"{prefix}down.weight", many * width * h / split, layer))
+        out.append(ParamTensor(f"{prefix}up.bias", many * up / split, layer, x))
+    out.append(ParamTensor(f"{prefix}down.weight", many * width * h / split, layer, x))
     if spec.bias:
-        out.append(ParamTensor(f"{prefix}down.bias", many * h, layer))
+        out.append(ParamTensor(f"{prefix}down.bias", many * h, layer, x))
     return out
 
 

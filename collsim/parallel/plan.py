@@ -50,8 +50,6 @@ __all__ = [
     "RankCoords",
     "Plan",
     "build_plan",
-    "refuse_axes_not_simulated_yet",
-    "options_not_priced_yet",
 ]
 
 
@@ -60,7 +58,10 @@ class ParallelAxis(StrEnum):
 
     ``ep``, ``etp``, ``edp``: the expert grid of a stage (see the module docstring); ``dp_cp``:
     the dp x cp ranks that reduce the non-expert gradients (Megatron's ``dp-cp`` group);
-    ``dp_shard`` / ``dp_replicate``: the HSDP split of ``dp``.
+    ``dp_shard`` / ``dp_replicate``: the HSDP split of ``dp``; ``dp_cp_shard``: a shard group
+    with its cp ranks (dp_shard x cp, what the non-expert states are sharded over under
+    HSDP); ``edp_shard``: the ranks of the edp group inside that shard group (torchtitan's
+    ``efsdp``), ``edp_replicate``: the edp ranks at the same place in the other shard groups.
     """
 
     TP = "tp"
@@ -73,6 +74,9 @@ class ParallelAxis(StrEnum):
     DP_CP = "dp_cp"
     DP_SHARD = "dp_shard"
     DP_REPLICATE = "dp_replicate"
+    DP_CP_SHARD = "dp_cp_shard"
+    EDP_SHARD = "edp_shard"
+    EDP_REPLICATE = "edp_replicate"
 
 
 _BASE_AXES = (ParallelAxis.TP, ParallelAxis.PP, ParallelAxis.DP)
@@ -228,6 +232,26 @@ class Plan:
                     self.rank(dp=c.dp % g + i * g, pp=c.pp, tp=c.tp, cp=c.cp)
                     for i in range(self.dp // g)
                 )
+            case ParallelAxis.DP_CP_SHARD:
+                return tuple(
+                    sorted(
+                        r
+                        for d in self.group_of(rank, ParallelAxis.DP_SHARD)
+                        for r in self.group_of(d, ParallelAxis.CP)
+                    )
+                )
+            case ParallelAxis.EDP_SHARD:
+                shard = set(self.group_of(rank, ParallelAxis.DP_CP_SHARD))
+                return tuple(r for r in self.group_of(rank, ParallelAxis.EDP) if r in shard)
+            case ParallelAxis.EDP_REPLICATE:
+                mine = self.group_of(rank, ParallelAxis.EDP_SHARD)
+                pos = mine.index(rank)
+                out = []
+                for r in self.group_of(rank, ParallelAxis.EDP):
+                    block = self.group_of(r, ParallelAxis.EDP_SHARD)
+                    if block.index(r) == pos:
+                        out.append(r)
+                return tuple(out)
             case ParallelAxis.ETP | ParallelAxis.EP | ParallelAxis.EDP as ax:
                 t, e, d = self.expert_coords(rank)
                 et, ep = self.etp, self.ep
@@ -339,61 +363,6 @@ def _ranks(ranks: tuple[int, ...] | list[int]) -> str:
     if len(ranks) <= 8:
         return "[" + ", ".join(map(str, ranks)) + "]"
     return f"[{ranks[0]}, {ranks[1]}, ..., {ranks[-1]}]"
-
-
-def refuse_axes_not_simulated_yet(parallel: ParallelConfig) -> None:
-    """Refuse plans whose traffic the step engine does not price yet: expert parallelism
-    (ep, etp), context parallelism (cp) and HSDP (fsdp.shard_group_size).
-
-    The plan layer checks, maps and sizes these axes (groups, memory, op shapes, the volumes
-    of :mod:`collsim.parallel.moe` and :mod:`collsim.parallel.context`), but until the step
-    schedule issues their all-to-alls, KV exchanges and two-level gradient reductions a
-    simulated step would leave them out silently. Remove this function (and its call in
-    :func:`build_plan`) once the engine prices them.
-
-    Raises:
-        ConfigError: one line naming the first such key.
-    """
-    checks = (
-        ("parallel.ep", parallel.ep, "expert-parallel all-to-all"),
-        ("parallel.etp", parallel.etp, "expert tensor-parallel collectives"),
-        ("parallel.cp", parallel.cp, "context-parallel KV exchange"),
-    )
-    for key, value, what in checks:
-        if value > 1:
-            raise ConfigError(
-                f"{value} > 1: the {what} is not simulated yet (the plan checks and its "
-                "volumes are in collsim.parallel; collsim run does not price it)",
-                key_path=key,
-            )
-    g = parallel.fsdp.shard_group_size
-    if g is not None and g != parallel.dp:
-        raise ConfigError(
-            f"{g}: HSDP (reduce-scatter inside a shard group, all-reduce across) is not "
-            "simulated yet (collsim run prices a single-level FSDP only)",
-            key_path="parallel.fsdp.shard_group_size",
-        )
-
-
-def options_not_priced_yet(parallel: ParallelConfig) -> list[str]:
-    """Warnings for keys a simulated step does not price yet: an fp32 gradient reduction
-    (the engine moves gradients in the training dtype) and the FP8 all-gather of FSDP
-    weights (the engine gathers 2-byte weights). The volumes are in
-    :mod:`collsim.parallel.sharding`; remove this function (and its call in
-    :func:`build_plan`) once the engine prices them."""
-    notes = []
-    fsdp = parallel.fsdp
-    if fsdp.reduce_dtype is not None and str(fsdp.reduce_dtype) == "fp32":
-        notes.append(
-            "parallel.fsdp.reduce_dtype: fp32 is not priced yet: gradient collectives are "
-            "simulated in the training dtype"
-        )
-    if fsdp.fp8_all_gather:
-        notes.append(
-            "parallel.fsdp.fp8_all_gather is not priced yet: parameter all-gathers are "
-            "simulated at 2 bytes per parameter"
-        )
-    return notes
 
 
 def _chunk_sizes(spec: TransformerSpec, parallel: ParallelConfig) -> tuple[int, ...]:
@@ -509,9 +478,8 @@ def build_plan(
     """Check a plan against the model and the cluster, and map its ranks.
 
     Args:
-        for_simulation: also refuse the axes the step engine does not price yet
-            (:func:`refuse_axes_not_simulated_yet`); False builds the plan for the memory,
-            volume and mapping functions.
+        for_simulation: kept for callers (every checked plan can be simulated: the step
+            schedule prices EP, etp, CP and HSDP traffic); no effect.
 
     Raises:
         ConfigError: tp x cp x pp x dp is not the cluster's GPU count (``parallel``), heads
@@ -565,9 +533,6 @@ def build_plan(
             key_path="parallel.schedule",
         )
     notes: list[str] = []
-    if for_simulation:
-        refuse_axes_not_simulated_yet(parallel)
-        notes += options_not_priced_yet(parallel)
     if tp > topology.gpus_per_node:
         notes.append(
             f"tp ({tp}) is larger than a node ({topology.gpus_per_node} GPUs): "

@@ -68,6 +68,8 @@ CATEGORY_COLORS = {
     "tp_exposed": "#E69F00",
     "pp_exposed": "#CC79A7",
     "dp_exposed": "#D55E00",
+    "ep_exposed": "#F0E442",
+    "cp_exposed": "#000000",
     "bubble": "#999999",
     "optimizer_step": "#009E73",
 }
@@ -602,6 +604,8 @@ def plot_breakdown(
         "tp_exposed": "TP comm (exposed)",
         "pp_exposed": "PP comm (exposed)",
         "dp_exposed": "DP comm (exposed)",
+        "ep_exposed": "EP comm (exposed)",
+        "cp_exposed": "CP comm (exposed)",
         "bubble": "pipeline bubble",
         "optimizer": "optimizer",
     }

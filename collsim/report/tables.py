@@ -40,6 +40,8 @@ BREAKDOWN_LABELS: dict[str, str] = {
     "tp_exposed": "exposed TP comm",
     "pp_exposed": "exposed PP comm",
     "dp_exposed": "exposed DP comm",
+    "ep_exposed": "exposed EP comm",
+    "cp_exposed": "exposed CP comm",
     "bubble": "pipeline bubble",
     "optimizer": "optimizer",
 }

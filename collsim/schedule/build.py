@@ -34,6 +34,7 @@ from collsim.schedule.ops import BlockTimes, StageModel, build_stage
 
 if TYPE_CHECKING:
     from collsim.hardware import Device
+    from collsim.parallel.layer_comms import LayerComm
     from collsim.topology import Topology
     from collsim.workload.compute import ComputeModel, LayerTimes
     from collsim.workload.model import TransformerSpec
@@ -67,11 +68,15 @@ class StepSchedule:
     optimizer_s: dict[int, float]
     """Per pipeline stage: seconds of the optimizer step (on the CPU with offload)."""
     p2p_bytes: float
-    """One pipeline message per TP rank: b s h / t activations (Megatron's scatter-gather)."""
+    """One pipeline message per TP rank: b s h / (t cp) activations (Megatron's
+    scatter-gather; each CP rank sends its part of the sequence)."""
     layer: BlockTimes
+    """The most common layer kind (see ``layers`` for each kind)."""
     embedding: BlockTimes
     head: BlockTimes
     compute: ComputeModel
+    layers: dict[int, BlockTimes] | None = None
+    """Block times of each layer kind, by its representative layer index."""
 
     @property
     def num_microbatches(self) -> int:
@@ -98,25 +103,38 @@ def bytes_per(training: TrainingConfig) -> BytesPer:
     )
 
 
+_ATTENTION_OPS = frozenset(
+    ("flash_attention", "attn_scores", "softmax", "attn_dropout", "attn_values")
+)
+"""Core-attention ops of the workload (what a CP ring step overlaps)."""
+_EXPERT_OPS = frozenset(("expert_up", "expert_activation", "expert_down"))
+"""Routed-expert GEMMs of the workload (between the EP dispatch and combine)."""
+
+
+def layer_kind_of(spec: TransformerSpec) -> dict[int, int]:
+    """Each layer index -> the representative layer of its kind (``spec.layer_kinds()``:
+    dense / MoE MLP, full / sliding-window attention)."""
+    reps = {(spec.is_moe_layer(r), spec.is_window_layer(r)): r for r, _ in spec.layer_kinds()}
+    return {
+        i: reps[(spec.is_moe_layer(i), spec.is_window_layer(i))] for i in range(spec.num_layers)
+    }
+
+
 def _blocks(
     plan: Plan, device: Device, overrides: dict[str, float]
-) -> tuple[BlockTimes, BlockTimes, BlockTimes, ComputeModel]:
-    """Seconds of one layer, the embedding and the head per micro-batch (compute model or
-    overrides), with the dgrad time of their column-parallel linears."""
+) -> tuple[dict[int, BlockTimes], BlockTimes, BlockTimes, ComputeModel]:
+    """Seconds of each layer kind (by its representative layer index), the embedding and the
+    head per micro-batch (compute model or overrides), with the dgrad time of their
+    column-parallel linears and the core-attention / expert seconds of a layer."""
     from collsim.workload.compute import ComputeModel
 
     op_over = {k: v for k, v in overrides.items() if k not in BLOCK_OVERRIDE_KEYS}
     model = ComputeModel(device, str(plan.training.dtype), overrides=op_over)
     mb, tp, sp = plan.training.micro_batch, plan.tp, plan.parallel.sequence_parallel
-    lt = model.layer_times(
-        plan.spec,
-        micro_batch=mb,
-        tp=tp,
-        sequence_parallel=sp,
-        recompute=str(plan.training.recompute),
-    )
-    et = model.embedding_times(plan.spec, micro_batch=mb, tp=tp, sequence_parallel=sp)
-    ht = model.head_times(plan.spec, micro_batch=mb, tp=tp, sequence_parallel=sp)
+    spec = plan.spec
+    variant = spec.is_moe or spec.is_mla or spec.sliding_window is not None or plan.cp > 1
+    et = model.embedding_times(spec, micro_batch=mb, tp=tp, sequence_parallel=sp)
+    ht = model.head_times(spec, micro_batch=mb, tp=tp, sequence_parallel=sp)
 
     def pick(key: str, value: float) -> float:
         return float(overrides.get(key, value))
@@ -128,30 +146,56 @@ def _blocks(
         by_name = {o.name: o.time_s for o in times.ops if o.phase == "backward"}
         return tuple(by_name.get(n, 0.0) / 2 * scale for n in names)
 
-    layer_bwd = pick("layer.backward", lt.backward_s)
-    head_bwd = pick("head.backward", ht.backward_s)
-    layer = BlockTimes(
-        pick("layer.forward", lt.forward_s),
-        layer_bwd,
-        pick("layer.recompute", lt.recompute_s),
-        lt.activation_bytes,
-        lt.transient_bytes,
-        column_dgrad_s=dgrad(lt, ("mlp_up", "qkv_proj"), layer_bwd),
-    )
+    def part(
+        times: LayerTimes, names: frozenset[str], fwd: float, bwd: float
+    ) -> tuple[float, float]:
+        f = sum(o.time_s for o in times.ops if o.phase == "forward" and o.name in names)
+        b = sum(o.time_s for o in times.ops if o.phase == "backward" and o.name in names)
+        fs = fwd / times.forward_s if times.forward_s > 0 else 0.0
+        bs = bwd / times.backward_s if times.backward_s > 0 else 0.0
+        return (f * fs, b * bs)
+
+    reps = [r for r, _ in spec.layer_kinds()] if variant else [0]
+    layers: dict[int, BlockTimes] = {}
+    for rep in reps:
+        lt = model.layer_times(
+            spec,
+            micro_batch=mb,
+            tp=tp,
+            sequence_parallel=sp,
+            recompute=str(plan.training.recompute),
+            **({"layer": rep, "ep": plan.ep, "etp": plan.etp, "cp": plan.cp} if variant else {}),
+        )
+        fwd = pick("layer.forward", lt.forward_s)
+        bwd = pick("layer.backward", lt.backward_s)
+        layers[rep] = BlockTimes(
+            fwd,
+            bwd,
+            pick("layer.recompute", lt.recompute_s),
+            lt.activation_bytes,
+            lt.transient_bytes,
+            column_dgrad_s=dgrad(lt, ("mlp_up", "qkv_proj"), bwd),
+            attention_s=part(lt, _ATTENTION_OPS, fwd, bwd),
+            experts_s=part(lt, _EXPERT_OPS, fwd, bwd),
+        )
+    # a CP rank embeds and scores its s / cp tokens: the embedding and head ops are linear in
+    # the tokens (lookup, LM-head GEMM rows, loss), so their times and activations scale 1 / cp
+    k = 1.0 / plan.cp
+    head_bwd = pick("head.backward", ht.backward_s * k)
     emb = BlockTimes(
-        pick("embedding.forward", et.forward_s),
-        pick("embedding.backward", et.backward_s),
+        pick("embedding.forward", et.forward_s * k),
+        pick("embedding.backward", et.backward_s * k),
         0.0,
-        et.activation_bytes,
+        et.activation_bytes * k,
     )
     head = BlockTimes(
-        pick("head.forward", ht.forward_s),
+        pick("head.forward", ht.forward_s * k),
         head_bwd,
         0.0,
-        ht.activation_bytes,
+        ht.activation_bytes * k,
         column_dgrad_s=dgrad(ht, ("lm_head",), head_bwd),
     )
-    return layer, emb, head, model
+    return layers, emb, head, model
 
 
 def _optimizer_s(
@@ -160,13 +204,19 @@ def _optimizer_s(
     model: ComputeModel,
     overrides: dict[str, float],
     cpu: list[ComputeModel],
+    rules: DataParallelRules,
 ) -> float:
     """The optimizer step over the parameters this rank updates (its ZeRO shard); on the CPU
     with FSDP offload (``cpu`` caches the CPU compute model)."""
     if "optimizer" in overrides:
         return float(overrides["optimizer"])
     par = plan.parallel
-    local = stage.numel / (plan.dp if par.zero >= 1 else 1)
+    if par.zero >= 1:  # the shard: non-expert states over N, routed experts over N_e
+        n, n_e = rules.shard_sizes
+        expert = sum(t.numel for c in stage.chunks for t in c.tensors if t.expert)
+        local = (stage.numel - expert) / n + expert / n_e
+    else:
+        local = stage.numel
     optimizer = str(plan.training.optimizer)
     if par.zero == 3 and par.fsdp.offload:
         if not cpu:
@@ -201,8 +251,26 @@ def build_schedule(
     if plan is None:
         plan = build_plan(topology, spec, training, parallel)
     overrides = dict(op_time_overrides or {})
-    layer, emb, head, model = _blocks(plan, topology.device, overrides)
+    layers, emb, head, model = _blocks(plan, topology.device, overrides)
     per = bytes_per(training)
+    if len(layers) == 1:
+        layer = next(iter(layers.values()))
+        layer_of = None
+    else:
+        kind_of = layer_kind_of(spec)
+        layer = layers[kind_of[spec.num_layers // 2]]
+        by_index = {i: layers[r] for i, r in kind_of.items()}
+        layer_of = by_index.__getitem__
+    comms_of = None
+    if plan.cp > 1 or plan.ep > 1 or plan.etp > 1:
+        from collsim.parallel.layer_comms import layer_comms
+
+        kinds = layer_kind_of(spec)
+        by_kind = {r: layer_comms(plan, r) for r in set(kinds.values())}
+
+        def comms_of(index: int) -> list[LayerComm]:
+            return by_kind[kinds[index]]
+
     stages = {
         s: build_stage(
             plan,
@@ -212,6 +280,8 @@ def build_schedule(
             head=head,
             grad_bytes=int(per.grad),
             act_element_bytes=int(per.activation),
+            layer_of=layer_of,
+            comms_of=comms_of,
         )
         for s in range(plan.pp)
     }
@@ -228,17 +298,22 @@ def build_schedule(
         for s in range(plan.pp)
     }
     cpu: list[ComputeModel] = []
-    optimizer_s = {s: _optimizer_s(plan, st, model, overrides, cpu) for s, st in stages.items()}
-    p2p = training.micro_batch * spec.seq_len * spec.hidden * per.activation / plan.tp
+    rules = DataParallelRules.from_plan(plan, per, host_bps=float(topology.host_bandwidth_bps))
+    optimizer_s = {
+        s: _optimizer_s(plan, st, model, overrides, cpu, rules) for s, st in stages.items()
+    }
+    # a CP rank sends its s / cp tokens
+    p2p = training.micro_batch * spec.seq_len * spec.hidden * per.activation / plan.tp / plan.cp
     return StepSchedule(
         plan=plan,
         stages=stages,
         pipeline=pipeline,
-        dp=DataParallelRules.from_plan(plan, per, host_bps=float(topology.host_bandwidth_bps)),
+        dp=rules,
         optimizer_s=optimizer_s,
         p2p_bytes=float(p2p),
         layer=layer,
         embedding=emb,
         head=head,
         compute=model,
+        layers=layers,
     )

@@ -13,6 +13,18 @@ from stage 1. With ``fsdp.offload`` the shards live in host memory: each gather 
 the shard over PCIe (``topology.host_bandwidth_bps``), each reduce-scatter copies the gradient
 shard back, and the optimizer runs on the CPU.
 
+Groups (Megatron-Core's gradient buffers; torchtitan's FSDP2 meshes): non-expert gradients
+are reduced over the dp x cp ranks (``dp``, or ``dp_cp`` with context parallelism), routed-
+expert gradients over the expert data-parallel group (``edp``); each part of an FSDP unit is
+gathered over its own group. HSDP (``fsdp.shard_group_size`` g) shards inside a group of g x cp
+ranks (``dp_cp_shard``; experts: ``edp_shard``) and replicates across: a gradient is
+reduce-scattered inside (input P e) and its shard all-reduced across the replicas
+(``dp_replicate`` / ``edp_replicate``, P e / shard), :mod:`collsim.parallel.sharding`.
+``fsdp.reduce_dtype: fp32`` moves 4-byte gradients (twice the bf16 reduce-scatter bytes) and
+``fsdp.fp8_all_gather`` gathers 1-byte weights. Model states follow
+:func:`collsim.parallel.states.rank_model_states` (the shard groups N and N_e, FP8 weight
+copies with zero < 3).
+
 These are plain rules over the schedule's data (no SimPy): the engine's
 :class:`~collsim.engine.dataparallel.DataParallel` plays them on the dp stream, the closed form
 (:mod:`collsim.estimate`) walks them.
@@ -22,10 +34,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from collsim.parallel.buckets import Bucket
 from collsim.parallel.plan import Plan
 from collsim.schedule.ops import ChunkModel, Segment, StageModel
 
-__all__ = ["BytesPer", "DataParallelRules", "StateBytes"]
+__all__ = ["BytesPer", "DPCall", "DataParallelRules", "StateBytes"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -36,6 +49,15 @@ class BytesPer:
     grad: float
     optimizer: float
     activation: float
+
+
+@dataclass(frozen=True, slots=True)
+class DPCall:
+    """One data-parallel collective: op, nccl-tests size and the plan axis of its group."""
+
+    op: str
+    size_bytes: float
+    axis: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,9 +87,42 @@ class DataParallelRules:
     bytes_per: BytesPer
     host_bps: float
 
+    dense_groups: tuple[tuple[str, int], ...] = (("dp", 1), ("dp", 1), ("", 1))
+    """Non-expert gradients: (axis, size) of the whole reduction group, of the shard group and
+    of the replicate group ("" when there is none)."""
+    expert_groups: tuple[tuple[str, int], ...] = (("edp", 1), ("edp", 1), ("", 1))
+    """The same for the routed-expert gradients."""
+    reduce_element_bytes: float = 0.0
+    """Bytes per gradient element on the wire (fsdp.reduce_dtype; 0: the gradient dtype)."""
+    gather_element_bytes: float = 0.0
+    """Bytes per gathered weight element (1 with fp8_all_gather; 0: the parameter dtype)."""
+    shard_sizes: tuple[int, int] = (1, 1)
+    """(N, N_e): the shard groups of the non-expert and expert states (states.py)."""
+    extra_parameter_bytes: tuple[float, ...] = ()
+    """Per stage: FP8 weight copies and scales (zero < 3)."""
+
     @classmethod
     def from_plan(cls, plan: Plan, bytes_per: BytesPer, *, host_bps: float) -> DataParallelRules:
+        from collsim.parallel.states import rank_model_states
+
         par = plan.parallel
+        full = "dp" if plan.cp == 1 else "dp_cp"
+        hsdp = plan.shard_group_size != plan.dp
+        n_full = plan.dp * plan.cp
+        states = [rank_model_states(plan, s) for s in range(plan.pp)]
+        n, n_e = states[0].shard_group, max(1, int(states[0].expert_shard_group))
+        edp = plan.edp if plan.spec.is_moe else 1
+        if not plan.spec.is_moe:
+            n_e = 1
+        dense: tuple[tuple[str, int], ...]
+        expert: tuple[tuple[str, int], ...]
+        if hsdp:
+            dense = ((full, n_full), ("dp_cp_shard", n), ("dp_replicate", n_full // n))
+            expert = (("edp", edp), ("edp_shard", n_e), ("edp_replicate", edp // n_e))
+        else:
+            dense = ((full, n_full), (full, n_full), ("", 1))
+            expert = (("edp", edp), ("edp", edp), ("", 1))
+        reduce = par.fsdp.reduce_dtype
         return cls(
             dp=plan.dp,
             zero=par.zero,
@@ -79,16 +134,83 @@ class DataParallelRules:
             num_microbatches=plan.num_microbatches,
             bytes_per=bytes_per,
             host_bps=host_bps,
+            dense_groups=dense,
+            expert_groups=expert,
+            reduce_element_bytes=4.0 if reduce is not None and str(reduce) == "fp32" else 0.0,
+            gather_element_bytes=1.0 if par.fsdp.fp8_all_gather else 0.0,
+            shard_sizes=(n, n_e),
+            extra_parameter_bytes=tuple(st.fp8_copy_bytes for st in states),
         )
+
+    # ---- sizes ---------------------------------------------------------------------------------
+    @property
+    def reduce_bytes(self) -> float:
+        """Bytes per gradient element in a reduction."""
+        return self.reduce_element_bytes or self.bytes_per.grad
+
+    @property
+    def gather_bytes_per(self) -> float:
+        """Bytes per weight element in a parameter all-gather."""
+        return self.gather_element_bytes or self.bytes_per.param
+
+    @property
+    def any_group(self) -> int:
+        """The largest gradient-reduction group (1: nothing to reduce)."""
+        return max(self.dense_groups[0][1], self.expert_groups[0][1])
+
+    def _groups(self, expert: bool) -> tuple[tuple[str, int], ...]:
+        return self.expert_groups if expert else self.dense_groups
+
+    def reduce_calls(self, numel: float, *, expert: bool, shard: bool) -> list[DPCall]:
+        """The collectives reducing ``numel`` gradient elements of one kind: an all-reduce
+        over the whole group (``shard`` False: DDP), or a reduce-scatter inside the shard
+        group then an all-reduce of the shard across the replicas (ZeRO / FSDP / HSDP)."""
+        size = numel * self.reduce_bytes
+        (full, n_full), (sh, n_sh), (rep, n_rep) = self._groups(expert)
+        if size <= 0:
+            return []
+        if not shard:
+            return [DPCall("all_reduce", size, full)] if n_full > 1 else []
+        out = []
+        if n_sh > 1:
+            out.append(DPCall("reduce_scatter", size, sh))
+        if n_rep > 1:
+            out.append(DPCall("all_reduce", size / n_sh, rep))
+        return out
+
+    def gather_calls(self, numel: float, *, expert: bool) -> list[DPCall]:
+        """The all-gather of ``numel`` sharded weight elements of one kind (inside its shard
+        group)."""
+        _, (sh, n_sh), _ = self._groups(expert)
+        size = numel * self.gather_bytes_per
+        return [DPCall("all_gather", size, sh)] if n_sh > 1 and size > 0 else []
 
     # ---- memory ------------------------------------------------------------------------------
     def state_bytes(self, stage: StageModel) -> StateBytes:
-        n = float(self.dp)
-        numel = float(stage.numel)
+        """Model states of a rank of ``stage``: the ZeRO table with non-expert states sharded
+        over N and routed-expert states over N_e
+        (:func:`collsim.parallel.states.rank_model_states`), FP8 weight copies counted with
+        the parameters."""
+        n, n_e = (float(x) for x in self.shard_sizes)
+        dense = expert = 0.0
+        for chunk in stage.chunks:
+            for t in chunk.tensors:
+                if t.expert:
+                    expert += t.numel
+                else:
+                    dense += t.numel
         b = self.bytes_per
-        params = numel * b.param / (n if self.zero >= 3 else 1.0)
-        grads = numel * b.grad / (n if self.zero >= 2 else 1.0)
-        states = numel * b.optimizer / (n if self.zero >= 1 else 1.0)
+
+        def part(per: float, from_zero: int) -> float:
+            if self.zero >= from_zero:
+                return dense * per / n + expert * per / n_e
+            return (dense + expert) * per
+
+        params = part(b.param, 3)
+        grads = part(b.grad, 2)
+        states = part(b.optimizer, 1)
+        if self.extra_parameter_bytes:
+            params += self.extra_parameter_bytes[stage.stage]
         if self.offload:
             params = grads = states = 0.0
         return StateBytes(
@@ -107,7 +229,7 @@ class DataParallelRules:
         so the gradients are held twice; with True, ``param.grad`` is a view into its bucket
         and nothing is added. Only plain DDP (ZeRO 0) over more than one replica builds them.
         """
-        if self.zero != 0 or self.dp < 2 or self.gradient_as_bucket_view:
+        if self.zero != 0 or self.any_group < 2 or self.gradient_as_bucket_view:
             return 0.0
         return float(stage.numel) * self.bytes_per.grad
 
@@ -118,7 +240,7 @@ class DataParallelRules:
 
     def reduces_in(self, microbatch: int) -> bool:
         """Does this micro-batch's backward reduce gradients? (no_sync before the last)."""
-        if self.dp < 2:
+        if self.any_group < 2:
             return False
         return self.zero == 2 or microbatch == self.num_microbatches - 1
 
@@ -131,14 +253,20 @@ class DataParallelRules:
         """ZeRO-2 keeps a reduced bucket's buffer until its reduce-scatter ends."""
         return self.zero == 2
 
-    def gathers_after_optimizer(self, stage: StageModel) -> list[float]:
-        """ZeRO-1/2: the all-gathers of the updated parameters, bucket by bucket (bytes)."""
-        if self.zero not in (1, 2) or self.dp < 2:
+    def bucket_calls(self, bucket: Bucket) -> list[DPCall]:
+        """The reduction of one bucket: DDP all-reduce, or ZeRO-1/2 reduce-scatter (+ the
+        all-reduce across HSDP replicas), over the group of its kind."""
+        return self.reduce_calls(bucket.numel, expert=bucket.expert, shard=self.zero != 0)
+
+    def gathers_after_optimizer(self, stage: StageModel) -> list[DPCall]:
+        """ZeRO-1/2: the all-gathers of the updated parameters, bucket by bucket."""
+        if self.zero not in (1, 2):
             return []
         return [
-            bucket.numel * self.bytes_per.param
+            call
             for chunk in stage.chunks
             for bucket in chunk.buckets
+            for call in self.gather_calls(bucket.numel, expert=bucket.expert)
         ]
 
     # ---- FSDP units (ZeRO 3) -----------------------------------------------------------------
@@ -153,20 +281,46 @@ class DataParallelRules:
         return seg.key
 
     @staticmethod
-    def unit_numel(chunk: ChunkModel, key: str | int) -> float:
+    def unit_numel(chunk: ChunkModel, key: str | int, expert: bool | None = None) -> float:
         keys = ("embedding", "head") if key == "root" else (key,)
-        return float(sum(t.numel for t in chunk.tensors if t.segment in keys))
+        return float(
+            sum(
+                t.numel
+                for t in chunk.tensors
+                if t.segment in keys and (expert is None or t.expert == expert)
+            )
+        )
 
     def gather_bytes(self, chunk: ChunkModel, key: str | int) -> float:
-        return self.unit_numel(chunk, key) * self.bytes_per.param
+        """Memory of a gathered unit (in the gathered dtype)."""
+        return self.unit_numel(chunk, key) * self.gather_bytes_per
 
     def grad_bytes(self, chunk: ChunkModel, key: str | int) -> float:
-        return self.unit_numel(chunk, key) * self.bytes_per.grad
+        """Memory of a unit's unsharded gradient before its reduce-scatter (reduce dtype)."""
+        return self.unit_numel(chunk, key) * self.reduce_bytes
+
+    def unit_gathers(self, chunk: ChunkModel, key: str | int) -> list[DPCall]:
+        """A unit's all-gathers: its non-expert part, then its routed experts."""
+        return [
+            c
+            for expert in (False, True)
+            for c in self.gather_calls(self.unit_numel(chunk, key, expert), expert=expert)
+        ]
+
+    def unit_reductions(self, chunk: ChunkModel, key: str | int) -> list[DPCall]:
+        """A unit's gradient reductions: its non-expert part, then its routed experts."""
+        return [
+            c
+            for expert in (False, True)
+            for c in self.reduce_calls(
+                self.unit_numel(chunk, key, expert), expert=expert, shard=True
+            )
+        ]
 
     def offload_s(self, size_bytes: float) -> float:
         """PCIe copy of this rank's shard of ``size_bytes`` before a gather / after a
         reduce-scatter (FSDP CPU offload), else 0."""
-        return size_bytes / self.dp / self.host_bps if self.offload else 0.0
+        return size_bytes / self.shard_sizes[0] / self.host_bps if self.offload else 0.0
 
     def releases(self, chunk: ChunkModel, seg: Segment, *, forward: bool) -> bool:
         """Is the unit of ``seg`` released after it (resharded, and reduced in backward)?"""
@@ -178,4 +332,4 @@ class DataParallelRules:
     @property
     def reduces_units(self) -> bool:
         """ZeRO-3 reduce-scatters a unit's gradient (or copies it to the host with offload)."""
-        return self.dp > 1 or self.offload
+        return self.any_group > 1 or self.offload

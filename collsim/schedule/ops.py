@@ -26,24 +26,51 @@ collectives. Megatron-LM places them (Shoeybi et al. 2019; Korthikanti et al. 20
   three all-reduces over the TP group of ``micro_batch x seq`` fp32 values in the loss forward
   (the logit maximum, the predicted logit, the sum of exponentials).
 
-Tensor-parallel messages are ``micro_batch x seq x hidden`` activations in the compute dtype.
+Tensor-parallel messages are ``micro_batch x seq / cp x hidden`` activations in the compute
+dtype.
+
+Expert- and context-parallel collectives (:func:`collsim.parallel.layer_comms.layer_comms`)
+are steps of the same segments, on the group of their axis (``Step.axis``):
+
+- MoE layer: the MLP half runs router and permute, the EP dispatch all-to-all, [the etp
+  all-gather], the expert GEMMs, [the etp reduce-scatter], the EP combine all-to-all (blocking:
+  Megatron-Core's all-to-all dispatcher); backward the same in reverse (the gradient of the
+  combine is a dispatch), then the rest of the MLP backward;
+- CP all-gather (Llama 3, TE ``all_gather``): the attention half starts with the KV
+  all-gather and its backward ends with the dK/dV reduce-scatter, both blocking;
+- CP ring (TE ``p2p``): cp - 1 KV sends, each overlapped with the attention of one of the cp
+  blocks (``overlap_s`` = core attention / cp), then the last block; backward the same with KV
+  plus dKV;
+- without causal load balancing the busiest CP rank (the last chunk) does (2 cp - 1) / cp
+  times the mean core attention (its queries see every earlier chunk), and every layer waits
+  for it: the extra compute is added to the attention half. With balancing (2 cp chunks, rank
+  i holding i and 2 cp - 1 - i) every rank does the mean.
+
+A full recompute repeats the forward's collectives (three passes of the all-to-alls, as in
+:func:`collsim.parallel.moe.ep_step_bytes_per_rank`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from collsim.parallel.buckets import Bucket, build_buckets
 from collsim.parallel.fsdp import FSDPUnit, build_units
 from collsim.parallel.params import ParamTensor, chunk_tensors
 from collsim.parallel.plan import Plan
 
+if TYPE_CHECKING:
+    from collsim.parallel.layer_comms import LayerComm
+
 __all__ = ["Step", "Segment", "ChunkModel", "StageModel", "build_stage", "BlockTimes", "loss_bytes"]
 
 
 @dataclass(frozen=True, slots=True)
 class Step:
-    """One compute step (``op`` empty) or one blocking TP collective (``op`` set)."""
+    """One compute step (``op`` empty) or one blocking collective (``op`` set) on the group of
+    ``axis`` (tp, ep, etp or cp)."""
 
     seconds: float = 0.0
     op: str = ""
@@ -51,6 +78,8 @@ class Step:
     overlap_s: float = 0.0
     """Compute that runs alongside this collective (``op`` set): the compute stream is busy for
     max(collective, overlap_s) and the collective is exposed only beyond ``overlap_s``."""
+    axis: str = "tp"
+    """The plan axis of the collective's group (``send_recv`` on cp: one ring step)."""
 
 
 @dataclass(slots=True)
@@ -116,6 +145,10 @@ class BlockTimes:
     column_dgrad_s: tuple[float, ...] = ()
     """Input-gradient (dgrad) seconds of the block's column-parallel linears in backward
     order (layer: MLP up, then QKV; head: the LM head): what hides the SP all-gather."""
+    attention_s: tuple[float, float] = (0.0, 0.0)
+    """Core attention seconds (forward, backward): what hides the CP ring steps."""
+    experts_s: tuple[float, float] = (0.0, 0.0)
+    """Routed-expert GEMM seconds (forward, backward): between dispatch and combine."""
 
 
 def _split(
@@ -150,10 +183,96 @@ def _split(
     return [Step(half), Step(op="all_reduce", size_bytes=size)] * 2
 
 
+def _halves(steps: list[Step], seconds: float) -> tuple[list[Step], list[int]]:
+    """The steps of a layer pass and the indices of its two compute halves (the single
+    compute step of a pass without TP collectives is split in two)."""
+    idx = [i for i, st in enumerate(steps) if not st.op]
+    if len(idx) >= 2:
+        return steps, idx[:2]
+    return [Step(seconds / 2), Step(seconds / 2)], [0, 1]
+
+
+def _cp_steps(
+    seconds: float, comms: list[LayerComm], attn_s: float, extra_s: float, *, forward: bool
+) -> list[Step]:
+    """The attention half with its CP collectives (module docstring)."""
+    total = seconds + extra_s
+    attn = min(attn_s + extra_s, total)
+    out: list[Step] = []
+    for c in comms:
+        if c.op == "send_recv":
+            block = attn / (c.calls + 1)
+            ring = [
+                Step(op="send_recv", size_bytes=c.size_bytes, overlap_s=block, axis=c.axis)
+            ] * c.calls + [Step(block)]
+            rest = Step(total - attn)
+            return [rest, *ring] if forward else [*ring, rest]
+        out.append(Step(op=c.op, size_bytes=c.size_bytes, axis=c.axis))
+    return [*out, Step(total)] if forward else [Step(total), *out]
+
+
+def _ep_steps(
+    seconds: float, comms: list[LayerComm], experts_s: float, *, forward: bool
+) -> list[Step]:
+    """The MLP half of an MoE layer with its EP / etp collectives (module docstring)."""
+    x = min(experts_s, seconds)
+    coll = [Step(op=c.op, size_bytes=c.size_bytes, axis=c.axis) for c in comms]
+    k = len(
+        [
+            c
+            for c in comms
+            if c.name
+            in (("ep_dispatch", "etp_gather") if forward else ("ep_combine", "etp_scatter"))
+        ]
+    )
+    body = [*coll[:k], Step(x), *coll[k:]]
+    return [Step(seconds - x), *body] if forward else [*body, Step(seconds - x)]
+
+
+def _with_comms(
+    steps: list[Step],
+    seconds: float,
+    comms: list[LayerComm],
+    block: BlockTimes,
+    *,
+    forward: bool,
+    cp_extra: tuple[float, float],
+) -> list[Step]:
+    """Insert a layer's EP and CP collectives into one pass (forward or backward)."""
+    cp = [c for c in comms if c.axis == "cp"]
+    ep = [c for c in comms if c.axis != "cp"]
+    if not cp and not ep:
+        return steps
+    steps, (first, second) = _halves(steps, seconds)
+    attn_i, mlp_i = (first, second) if forward else (second, first)
+    phase = 0 if forward else 1
+    out: list[Step] = []
+    for i, st in enumerate(steps):
+        if i == attn_i and (cp or cp_extra[phase]):
+            out += _cp_steps(
+                st.seconds, cp, block.attention_s[phase], cp_extra[phase], forward=forward
+            )
+        elif i == mlp_i and ep:
+            out += _ep_steps(st.seconds, ep, block.experts_s[phase], forward=forward)
+        else:
+            out.append(st)
+    return [st for st in out if st.op or st.seconds > 0]
+
+
+def _cp_imbalance(plan: Plan, block: BlockTimes) -> tuple[float, float]:
+    """Extra core-attention seconds (forward, backward) of the busiest CP rank without causal
+    load balancing: (2 cp - 1) / cp times the mean, minus the mean (module docstring)."""
+    cp = plan.cp
+    if cp < 2 or plan.parallel.cp_load_balance:
+        return (0.0, 0.0)
+    f = (cp - 1) / cp
+    return (block.attention_s[0] * f, block.attention_s[1] * f)
+
+
 def loss_bytes(plan: Plan) -> float:
-    """One vocab-parallel cross-entropy all-reduce: ``micro_batch x seq`` fp32 values
+    """One vocab-parallel cross-entropy all-reduce: ``micro_batch x seq / cp`` fp32 values
     (Megatron-LM ``_VocabParallelCrossEntropy``: max, predicted logit, sum of exponentials)."""
-    return float(plan.training.micro_batch * plan.spec.seq_len * 4)
+    return float(plan.training.micro_batch * plan.spec.seq_len // plan.cp * 4)
 
 
 def build_stage(
@@ -165,11 +284,19 @@ def build_stage(
     head: BlockTimes,
     grad_bytes: int,
     act_element_bytes: int,
+    layer_of: Callable[[int], BlockTimes] | None = None,
+    comms_of: Callable[[int], list[LayerComm]] | None = None,
 ) -> StageModel:
-    """The chunks of ``stage`` with their segments, tensors, DDP buckets and FSDP units."""
+    """The chunks of ``stage`` with their segments, tensors, DDP buckets and FSDP units.
+
+    ``layer_of`` gives the block times of a layer index (its kind; default ``layer`` for
+    all), ``comms_of`` its EP / CP collectives (default none)."""
     spec = plan.spec
     tp, sp = plan.tp, plan.parallel.sequence_parallel
-    size = float(plan.training.micro_batch * spec.seq_len * spec.hidden * act_element_bytes)
+    # a CP rank holds s / cp tokens: its TP messages are b (s / cp) h
+    size = float(
+        plan.training.micro_batch * spec.seq_len // plan.cp * spec.hidden * act_element_bytes
+    )
     comm = tp > 1
     full = str(plan.training.recompute) == "full"
     chunks: list[ChunkModel] = []
@@ -186,32 +313,53 @@ def build_stage(
                 steps.append(Step(op="reduce_scatter" if sp else "all_reduce", size_bytes=size))
             fwd.append(Segment("embedding", steps, stored_bytes=embedding.stored_bytes))
         for index in layers:
-            fwd.append(
-                Segment(
-                    index,
-                    _split(layer.forward_s, comm, size, sp=sp),
-                    stored_bytes=layer.stored_bytes,
-                )
+            blk = layer if layer_of is None else layer_of(index)
+            comms = comms_of(index) if comms_of is not None else []
+            f_comms = [c for c in comms if c.phase == "forward"]
+            b_comms = [c for c in comms if c.phase == "backward"]
+            extra = _cp_imbalance(plan, blk)
+            fsteps_l = _with_comms(
+                _split(blk.forward_s, comm, size, sp=sp),
+                blk.forward_s,
+                f_comms,
+                blk,
+                forward=True,
+                cp_extra=extra,
             )
+            fwd.append(Segment(index, fsteps_l, stored_bytes=blk.stored_bytes))
             pre = (
-                _split(layer.recompute_s, comm, size, sp=sp)
+                _with_comms(
+                    _split(blk.recompute_s, comm, size, sp=sp),
+                    blk.recompute_s,
+                    f_comms,
+                    blk,
+                    forward=True,
+                    cp_extra=extra,
+                )
                 if full
-                else ([Step(layer.recompute_s)] if layer.recompute_s else [])
+                else ([Step(blk.recompute_s)] if blk.recompute_s else [])
             )
-            bsteps = _split(
-                layer.backward_s,
-                comm,
-                size,
-                sp=sp,
-                dgrad_s=(layer.column_dgrad_s or (0.0, 0.0)) if sp else (),
+            bsteps_l = _with_comms(
+                _split(
+                    blk.backward_s,
+                    comm,
+                    size,
+                    sp=sp,
+                    dgrad_s=(blk.column_dgrad_s or (0.0, 0.0)) if sp else (),
+                ),
+                blk.backward_s,
+                b_comms,
+                blk,
+                forward=False,
+                cp_extra=extra,
             )
             bwd.append(
                 Segment(
                     index,
-                    pre + bsteps,
+                    pre + bsteps_l,
                     grad_from=len(pre),
-                    stored_bytes=layer.stored_bytes,
-                    transient_bytes=layer.transient_bytes,
+                    stored_bytes=blk.stored_bytes,
+                    transient_bytes=blk.transient_bytes,
                 )
             )
         if last:
@@ -239,7 +387,9 @@ def build_stage(
         layer_bwd = sorted((s for s in bwd if isinstance(s.key, int)), key=lambda s: -int(s.key))
         head_seg = [s for s in bwd if s.key == "head"]
         emb_seg = [s for s in bwd if s.key == "embedding"]
-        tensors = chunk_tensors(spec, layers, tp=tp, first=first, last=last, pp=plan.pp)
+        tensors = chunk_tensors(
+            spec, layers, tp=tp, first=first, last=last, pp=plan.pp, ep=plan.ep, etp=plan.etp
+        )
         chunk = ChunkModel(
             index=c,
             layers=layers,
@@ -248,12 +398,20 @@ def build_stage(
             backward=head_seg + layer_bwd + emb_seg,
         )
         ddp = plan.parallel.ddp
-        chunk.buckets = build_buckets(
-            tensors,
-            bucket_mb=ddp.bucket_mb,
-            first_bucket_mb=ddp.first_bucket_mb,
-            grad_bytes=grad_bytes,
+        kinds: tuple[bool | None, ...] = (
+            (False, True) if any(t.expert for t in tensors) else (None,)
         )
+        chunk.buckets = [
+            b
+            for kind in kinds
+            for b in build_buckets(
+                tensors,
+                bucket_mb=ddp.bucket_mb,
+                first_bucket_mb=ddp.first_bucket_mb,
+                grad_bytes=grad_bytes,
+                expert=kind,
+            )
+        ]
         chunk.units = build_units(tensors)
         chunks.append(chunk)
     return StageModel(stage=stage, chunks=chunks)

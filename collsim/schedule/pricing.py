@@ -14,7 +14,11 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from collsim.topology import Topology
 
-__all__ = ["CallCost", "ClosedPricer"]
+__all__ = ["CallCost", "ClosedPricer", "EXPOSED_KEY"]
+
+EXPOSED_KEY = {"tp": "tp_exposed", "ep": "ep_exposed", "etp": "ep_exposed", "cp": "cp_exposed"}
+"""The breakdown key a blocking collective of a segment step is exposed in, by its axis
+(expert tensor parallelism counts with expert parallelism)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +46,7 @@ class ClosedPricer:
         self.topology = topology
         self.zero = zero
         self._cache: dict[tuple[str, float, tuple[int, ...]], CallCost] = {}
+        self._rings: dict[tuple[str, float, tuple[int, ...]], tuple[int, int]] = {}
 
     def cost(self, op: str, size_bytes: float, ranks: tuple[int, ...]) -> CallCost:
         """Closed-form cost of ``op`` of ``size_bytes`` on the group ``ranks`` (cached)."""
@@ -58,3 +63,17 @@ class ClosedPricer:
             result = CallCost(float(c.time_s), str(c.algorithm), float(c.busbw_bps))
         self._cache[key] = result
         return result
+
+    def ring_pair(self, op: str, size_bytes: float, group: tuple[int, ...]) -> tuple[int, int]:
+        """The slowest neighbour pair of a ring over ``group`` (a context-parallel KV step: every
+        rank sends to the next at once, and the step ends with the slowest transfer)."""
+        n = len(group)
+        if n < 2:
+            return (group[0], group[0]) if group else (0, 0)
+        key = ("ring", size_bytes, group)
+        hit = self._rings.get(key)
+        if hit is None:
+            pairs = [(group[i], group[(i + 1) % n]) for i in range(n if n > 2 else 1)]
+            hit = max(pairs, key=lambda p: self.cost(op, size_bytes, p).time_s)
+            self._rings[key] = hit
+        return hit

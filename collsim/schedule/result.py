@@ -12,7 +12,18 @@ from typing import Any
 __all__ = ["BREAKDOWN_KEYS", "MEMORY_KEYS", "CollectiveStat", "TraceEvent", "StepResult"]
 
 #: Parts of the step time, in seconds. They add up to ``step_time_s`` for the critical rank.
-BREAKDOWN_KEYS = ("compute", "tp_exposed", "pp_exposed", "dp_exposed", "bubble", "optimizer")
+BREAKDOWN_KEYS = (
+    "compute",
+    "tp_exposed",
+    "pp_exposed",
+    "dp_exposed",
+    "ep_exposed",
+    "cp_exposed",
+    "bubble",
+    "optimizer",
+)
+"""ep_exposed: expert-parallel (and expert tensor-parallel) collectives the compute stream
+waits for; cp_exposed: context-parallel KV exchange beyond the attention it overlaps."""
 
 #: Categories of memory per GPU, in bytes, at the moment of the peak.
 MEMORY_KEYS = ("parameters", "gradients", "optimizer", "activations", "buffers")

@@ -384,6 +384,10 @@ class ComputeModel:
         tp: int = 1,
         sequence_parallel: bool = False,
         recompute: str = "none",
+        layer: int | None = None,
+        ep: int = 1,
+        etp: int = 1,
+        cp: int = 1,
     ) -> LayerTimes:
         """Forward, backward and recompute times of ONE transformer layer on one rank.
 
@@ -396,9 +400,12 @@ class ComputeModel:
             tp: tensor-parallel size.
             sequence_parallel: Megatron sequence parallelism.
             recompute: ``none``, ``selective`` (core attention) or ``full`` (whole layer).
+            layer, ep, etp, cp: which layer (its kind: dense / MoE, full / windowed
+                attention; None the most common) and the expert / context split, passed to
+                :func:`collsim.workload.ops.layer_ops`.
         """
         mode = parse_recompute(recompute)
-        key = ("layer", spec, micro_batch, tp, bool(sequence_parallel), mode)
+        key = ("layer", spec, micro_batch, tp, bool(sequence_parallel), mode, layer, ep, etp, cp)
         if key not in self._memo:
             ops = layer_ops(
                 spec,
@@ -406,6 +413,10 @@ class ComputeModel:
                 tp=tp,
                 sequence_parallel=sequence_parallel,
                 dtype=self.dtype,
+                layer=layer,
+                ep=ep,
+                etp=etp,
+                cp=cp,
             )
             self._memo[key] = self._times(ops, mode, layer=True)
         return self._memo[key]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import pytest
@@ -145,18 +146,25 @@ def test_bad_plans_name_the_key(two_nodes, spec, par, key, match) -> None:  # ty
     assert "\n" not in str(info.value)
 
 
-def test_unsimulated_axes_are_refused(two_nodes) -> None:  # type: ignore[no-untyped-def]
-    for par, key in (
-        (dict(dp=16, ep=8), "parallel.ep"),
-        (dict(tp=2, dp=8, etp=2), "parallel.etp"),
-        (dict(dp=8, cp=2), "parallel.cp"),
+def test_expert_context_and_hsdp_plans_are_simulated(two_nodes) -> None:  # type: ignore[no-untyped-def]
+    """The refusal gate is gone: EP, etp, CP and HSDP plans build for simulation and run."""
+    from collsim.engine import simulate_step
+
+    spec = dataclasses.replace(MOE, num_layers=2, seq_len=512)
+    for par in (
+        dict(dp=16, ep=8),
+        dict(tp=2, dp=8, etp=2, sequence_parallel=True),
+        dict(dp=8, cp=2),
+        dict(dp=16, zero=3, fsdp={"shard_group_size": 8}),
     ):
-        with pytest.raises(ConfigError, match="not simulated yet") as info:
-            _plan(two_nodes, sim=True, **par)
-        assert info.value.key_path == key
-    with pytest.raises(ConfigError, match="HSDP .* not simulated yet"):
-        _plan(two_nodes, sim=True, dp=16, zero=3, fsdp={"shard_group_size": 8})
-    _plan(two_nodes, sim=True, dp=16)  # an MoE model without EP is simulated
+        plan = _plan(two_nodes, spec, sim=True, **par)
+        assert plan.num_gpus == 16
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", CollsimWarning)
+            result = simulate_step(
+                two_nodes, spec, plan.training, plan.parallel, fidelity="fused"
+            )
+        assert result.step_time_s > 0
 
 
 def test_llama3_405b_balanced_split() -> None:
@@ -285,12 +293,14 @@ def test_rank_model_states_fp8_copies(two_nodes) -> None:  # type: ignore[no-unt
     assert r.fp8_copy_bytes == pytest.approx(fp8_weight_bytes(gemm, "blockwise"))
 
 
-def test_unpriced_options_warn(two_nodes) -> None:  # type: ignore[no-untyped-def]
+def test_fp32_reduce_and_fp8_gather_no_longer_warn(two_nodes) -> None:  # type: ignore[no-untyped-def]
     spec = get_preset("llama2-7b", num_layers=4)
-    with pytest.warns(CollsimWarning, match="reduce_dtype: fp32 is not priced yet"):
-        build_plan(
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CollsimWarning)
+        plan = build_plan(
             two_nodes,
             spec,
             TrainingConfig(global_batch=16),
             ParallelConfig(dp=16, zero=3, fsdp=FSDPConfig(reduce_dtype="fp32")),
         )
+    assert not plan.warnings

@@ -1,5 +1,5 @@
-"""The published plans of scenarios/published/: each loads, its plan checks pass, and
-``collsim run`` refuses the axes it does not price yet with a one-line error (exit 2)."""
+"""The published plans of scenarios/published/: each loads, its plan checks pass, and bad
+plans exit 2 naming the key (``collsim run`` of each plan: tests/schedule/test_published_runs.py)."""
 
 from __future__ import annotations
 
@@ -35,13 +35,17 @@ NAMES = {
     "hsdp_qwen3_30b_a3b_h100_64_hsdp.yaml",
 }
 MISSING_TOPOLOGY = {"dgx_h100_96gb"}
+ROWS = [p for p in PUBLISHED if p.name in NAMES]
 
 
 def test_every_row_has_its_file() -> None:
-    assert {p.name for p in PUBLISHED} == NAMES
+    names = {p.name for p in PUBLISHED}
+    assert NAMES <= names
+    # other published files (the goodput study's) are not rows of modern_plans.md
+    assert all(n.startswith("goodput_") for n in names - NAMES)
 
 
-@pytest.mark.parametrize("path", PUBLISHED, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", ROWS, ids=lambda p: p.stem)
 def test_published_plan_checks_pass(path: Path) -> None:
     scenario = load_scenario(path)
     text = path.read_text()
@@ -70,20 +74,6 @@ def test_deepseek_plan_groups() -> None:
     ep = plan.group_of(0, "ep")
     assert len(ep) == 64 and plan.edp == 1
     assert ep == plan.group_of(0, "dp")  # tp 1, cp 1: the EP group is the stage's dp ranks
-
-
-@pytest.mark.parametrize(
-    ("name", "key"),
-    [
-        ("moe_deepseek_v3_h100_1024.yaml", "parallel.ep"),
-        ("cp_llama3_405b_h100_16384.yaml", "parallel.cp"),
-    ],
-)
-def test_run_refuses_unpriced_axes(name: str, key: str) -> None:
-    res = CliRunner().invoke(cli, ["run", str(ROOT / "scenarios" / "published" / name)])
-    assert res.exit_code == 2
-    line = res.output.strip()
-    assert "\n" not in line and key in line and "not simulated yet" in line
 
 
 DS = "moe_deepseek_v3_h100_256.yaml"
