@@ -161,9 +161,7 @@ def test_expert_context_and_hsdp_plans_are_simulated(two_nodes) -> None:  # type
         assert plan.num_gpus == 16
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", CollsimWarning)
-            result = simulate_step(
-                two_nodes, spec, plan.training, plan.parallel, fidelity="fused"
-            )
+            result = simulate_step(two_nodes, spec, plan.training, plan.parallel, fidelity="fused")
         assert result.step_time_s > 0
 
 

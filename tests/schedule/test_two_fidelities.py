@@ -113,3 +113,77 @@ def test_a_16384_gpu_plan() -> None:
     training = TrainingConfig(global_batch=1536 * 16, micro_batch=1, recompute="full")
     parallel = ParallelConfig(tp=8, pp=8, dp=256, zero=1)
     _agree(load_topology("dgx_a100", nodes=2048), spec, training, parallel)
+
+
+MODERN = st.fixed_dictionaries(
+    {
+        "model": st.sampled_from(["qwen3-30b-a3b", "deepseek-v3", "gpt-oss-120b", "llama2-7b"]),
+        "tp": st.sampled_from([1, 2]),
+        "cp": st.sampled_from([1, 2, 4]),
+        "pp": st.sampled_from([1, 2]),
+        "ep": st.sampled_from([1, 2, 4, 8]),
+        "etp": st.sampled_from([1, 2]),
+        "m": st.sampled_from([1, 2, 4]),
+        "schedule": st.sampled_from(["1f1b", "interleaved"]),
+        "zero": st.sampled_from([0, 1, 2, 3]),
+        "shard": st.sampled_from([None, 2, 4]),
+        "cp_algorithm": st.sampled_from(["ring", "all_gather"]),
+        "balance": st.booleans(),
+        "recompute": st.sampled_from(["none", "selective", "full"]),
+        "overlap": st.booleans(),
+        "reshard": st.booleans(),
+        "fp32_reduce": st.booleans(),
+    }
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(MODERN)
+def test_generated_modern_plans(knobs: dict) -> None:
+    """MoE (EP, etp, dense-first layers), MLA, sliding-window, CP (ring / all-gather, with or
+    without causal balancing) and HSDP plans: the two fidelities agree."""
+    from collsim.errors import ConfigError
+
+    extra = {"sliding_window_layers": (0, 2)} if knobs["model"] == "gpt-oss-120b" else {}
+    spec = get_preset(knobs["model"], num_layers=4, seq_len=1024, **extra)
+    gpus = 16
+    tp, cp, pp = knobs["tp"], knobs["cp"], knobs["pp"]
+    dp = gpus // (tp * cp * pp)
+    moe = spec.is_moe
+    ep, etp = (knobs["ep"], knobs["etp"]) if moe else (1, 1)
+    schedule = knobs["schedule"] if pp > 1 else "1f1b"
+    v = 2 if schedule == "interleaved" else 1
+    m = knobs["m"] * (pp if schedule == "interleaved" else 1)
+    shard = knobs["shard"] if knobs["shard"] and dp % knobs["shard"] == 0 else None
+    zero = 3 if shard else knobs["zero"]
+    training = TrainingConfig(global_batch=m * dp, micro_batch=1, recompute=knobs["recompute"])
+    try:
+        parallel = ParallelConfig(
+            tp=tp,
+            cp=cp,
+            pp=pp,
+            dp=dp,
+            ep=ep,
+            etp=etp,
+            schedule=schedule,
+            virtual_stages=v,
+            zero=zero,
+            sequence_parallel=tp > 1,
+            cp_algorithm=knobs["cp_algorithm"],
+            cp_load_balance=knobs["balance"],
+            ddp=DDPConfig(overlap=knobs["overlap"]),
+            fsdp=FSDPConfig(
+                reshard_after_forward=knobs["reshard"],
+                shard_group_size=shard,
+                reduce_dtype="fp32" if knobs["fp32_reduce"] else None,
+            ),
+        )
+        topology = load_topology("dgx_h100", nodes=2)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", CollsimWarning)
+            from collsim.parallel.plan import build_plan
+
+            build_plan(topology, spec, training, parallel)
+    except ConfigError:
+        return  # a combination the plan checks refuse (ep x etp not dividing, ...)
+    _agree(topology, spec, training, parallel)
