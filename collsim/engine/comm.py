@@ -8,7 +8,8 @@ the groups that run the same collective at the same time — so that shared link
 Whether the closed form is exact for an axis is decided from the topology and the mapping
 (:func:`axis_contends`): one ring step of the representative's group and of all its peers is
 laid on the links; if every flow still gets the bandwidth it would get alone (max-min fair
-shares, :func:`collsim.network.max_min_rates`), nothing contends and the closed form holds.
+shares, as :func:`collsim.network.max_min_rates` computes them: equivalently, no link carries
+more than its capacity at the flows' solo rates), nothing contends and the closed form holds.
 """
 
 from __future__ import annotations
@@ -53,14 +54,16 @@ def axis_contends(topology: Topology, groups: Sequence[tuple[int, ...]]) -> bool
                 paths.append(tuple(path))
     if len(paths) < 2:
         return False
-    from collsim.network import max_min_rates
-
     capacity = np.array([link.capacity_bps for link in topology.links], dtype=float)
     flow_of = np.array([i for i, p in enumerate(paths) for _ in p])
     link_of = np.array([link for p in paths for link in p])
-    shared = max_min_rates(flow_of, link_of, len(paths), capacity)
-    solo = np.array([min(capacity[list(p)]) for p in paths])
-    return bool(np.any(shared < solo * (1 - 1e-9)))
+    solo = np.minimum.reduceat(capacity[link_of], np.r_[0, np.cumsum([len(p) for p in paths])[:-1]])
+    # max-min fair shares give every flow its solo rate exactly when no link carries more than
+    # its capacity at solo rates (an oversubscribed link cannot; otherwise the solo rates are
+    # feasible, and a flow below its solo rate would need a saturated bottleneck link on which
+    # some other flow exceeds its own solo rate, which no flow can)
+    load = np.bincount(link_of, weights=solo[flow_of], minlength=len(capacity))
+    return bool(np.any(load > capacity * (1 + 1e-9)))
 
 
 def _group_links(topology: Topology, group: tuple[int, ...]) -> set[int]:

@@ -42,19 +42,21 @@ def _contended_axes(plan: Plan, fidelity: str) -> list[str]:
         return []
     topo = plan.topology
     cache = getattr(topo, "cache", None)
-    key = ("collsim.engine.contended_axes", plan.tp, plan.pp, plan.dp)
+    key = ("collsim.engine.contended_axes", plan.tp, plan.pp, plan.dp, plan.cp)
     if cache is not None and key in cache:
         return list(cache[key])
     contended: list[str] = []
     # every group of an axis may be active at once: all stages compute layers together, send
     # to their neighbours in the steady state, and reduce gradients near the end of the step
+    # (with context parallelism the dense gradients are reduced over dp x cp)
     stage_groups: dict[str, list[tuple[int, ...]]] = {
-        "tp": plan.groups("tp"),
-        "dp": plan.groups("dp"),
+        "tp": _node_local(plan, plan.groups("tp")),
+        "dp": _node_local(plan, plan.groups("dp" if plan.cp == 1 else "dp_cp")),
         "pp": [
-            (plan.rank(dp=d, pp=s, tp=t), plan.rank(dp=d, pp=s + 1, tp=t))
+            (plan.rank(dp=d, pp=s, tp=t, cp=k), plan.rank(dp=d, pp=s + 1, tp=t, cp=k))
             for d in range(plan.dp)
             for s in range(plan.pp - 1)
+            for k in range(plan.cp)
             for t in range(plan.tp)
         ],
     }
@@ -64,6 +66,18 @@ def _contended_axes(plan: Plan, fidelity: str) -> list[str]:
     if cache is not None:
         cache[key] = tuple(contended)
     return contended
+
+
+def _node_local(plan: Plan, groups: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """When every group lies inside one node, only the groups of the first node: transfers
+    inside a node use that node's links only, and the nodes are alike, so groups on other
+    nodes neither slow these down nor contend differently among themselves."""
+    gpn = plan.topology.gpus_per_node
+    if all(g[0] // gpn == g[-1] // gpn for g in groups) and all(
+        len({r // gpn for r in g}) == 1 for g in groups
+    ):
+        return [g for g in groups if g[0] // gpn == 0]
+    return groups
 
 
 def simulate_step(

@@ -32,7 +32,8 @@ These are plain rules over the schedule's data (no SimPy): the engine's
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from collsim.parallel.buckets import Bucket
 from collsim.parallel.plan import Plan
@@ -100,6 +101,11 @@ class DataParallelRules:
     """(N, N_e): the shard groups of the non-expert and expert states (states.py)."""
     extra_parameter_bytes: tuple[float, ...] = ()
     """Per stage: FP8 weight copies and scales (zero < 3)."""
+    _units: dict[tuple[int, str | int, str], Any] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+    """Per (chunk, unit, what): the unit's calls and sizes, computed once (a step issues them
+    for every micro-batch)."""
 
     @classmethod
     def from_plan(cls, plan: Plan, bytes_per: BytesPer, *, host_bps: float) -> DataParallelRules:
@@ -109,8 +115,13 @@ class DataParallelRules:
         full = "dp" if plan.cp == 1 else "dp_cp"
         hsdp = plan.shard_group_size != plan.dp
         n_full = plan.dp * plan.cp
-        states = [rank_model_states(plan, s) for s in range(plan.pp)]
-        n, n_e = states[0].shard_group, max(1, int(states[0].expert_shard_group))
+        fp8_copies = str(plan.training.dtype) == "fp8" and par.zero < 3
+        if plan.spec.is_moe or fp8_copies:
+            states = [rank_model_states(plan, s) for s in range(plan.pp if fp8_copies else 1)]
+            n, n_e = states[0].shard_group, max(1, int(states[0].expert_shard_group))
+            extra = tuple(st.fp8_copy_bytes for st in states) if fp8_copies else ()
+        else:  # rank_model_states' shard group without experts: dp_shard x cp
+            n, n_e, extra = plan.shard_group_size * plan.cp, 1, ()
         edp = plan.edp if plan.spec.is_moe else 1
         if not plan.spec.is_moe:
             n_e = 1
@@ -139,7 +150,7 @@ class DataParallelRules:
             reduce_element_bytes=4.0 if reduce is not None and str(reduce) == "fp32" else 0.0,
             gather_element_bytes=1.0 if par.fsdp.fp8_all_gather else 0.0,
             shard_sizes=(n, n_e),
-            extra_parameter_bytes=tuple(st.fp8_copy_bytes for st in states),
+            extra_parameter_bytes=extra,
         )
 
     # ---- sizes ---------------------------------------------------------------------------------
@@ -291,31 +302,46 @@ class DataParallelRules:
             )
         )
 
+    def _unit(self, chunk: ChunkModel, key: str | int, what: str) -> Any:
+        slot = (id(chunk), key, what)
+        hit = self._units.get(slot)
+        if hit is None:
+            if what == "numel":
+                hit = self.unit_numel(chunk, key)
+            elif what == "gathers":
+                hit = [
+                    c
+                    for expert in (False, True)
+                    for c in self.gather_calls(self.unit_numel(chunk, key, expert), expert=expert)
+                ]
+            else:
+                hit = [
+                    c
+                    for expert in (False, True)
+                    for c in self.reduce_calls(
+                        self.unit_numel(chunk, key, expert), expert=expert, shard=True
+                    )
+                ]
+            self._units[slot] = hit
+        return hit
+
     def gather_bytes(self, chunk: ChunkModel, key: str | int) -> float:
         """Memory of a gathered unit (in the gathered dtype)."""
-        return self.unit_numel(chunk, key) * self.gather_bytes_per
+        return float(self._unit(chunk, key, "numel")) * self.gather_bytes_per
 
     def grad_bytes(self, chunk: ChunkModel, key: str | int) -> float:
         """Memory of a unit's unsharded gradient before its reduce-scatter (reduce dtype)."""
-        return self.unit_numel(chunk, key) * self.reduce_bytes
+        return float(self._unit(chunk, key, "numel")) * self.reduce_bytes
 
     def unit_gathers(self, chunk: ChunkModel, key: str | int) -> list[DPCall]:
         """A unit's all-gathers: its non-expert part, then its routed experts."""
-        return [
-            c
-            for expert in (False, True)
-            for c in self.gather_calls(self.unit_numel(chunk, key, expert), expert=expert)
-        ]
+        out: list[DPCall] = self._unit(chunk, key, "gathers")
+        return out
 
     def unit_reductions(self, chunk: ChunkModel, key: str | int) -> list[DPCall]:
         """A unit's gradient reductions: its non-expert part, then its routed experts."""
-        return [
-            c
-            for expert in (False, True)
-            for c in self.reduce_calls(
-                self.unit_numel(chunk, key, expert), expert=expert, shard=True
-            )
-        ]
+        out: list[DPCall] = self._unit(chunk, key, "reductions")
+        return out
 
     def offload_s(self, size_bytes: float) -> float:
         """PCIe copy of this rank's shard of ``size_bytes`` before a gather / after a

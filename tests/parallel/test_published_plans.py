@@ -1,5 +1,5 @@
 """The published plans of scenarios/published/: each loads, its plan checks pass, and bad
-plans exit 2 naming the key (``collsim run`` of each plan: tests/schedule/test_published_runs.py)."""
+plans exit 2 naming the key (``collsim run`` of each: tests/schedule/test_published_runs.py)."""
 
 from __future__ import annotations
 
