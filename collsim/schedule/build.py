@@ -228,6 +228,19 @@ def _optimizer_s(
     return model.optimizer_time_s(local, optimizer)
 
 
+def _imbalanced(spec: TransformerSpec, comms: list[LayerComm]) -> list[LayerComm]:
+    """The EP all-to-alls under a routing imbalance: the busiest rank receives
+    ``load_imbalance`` times the balanced share and every rank of the group waits for it, so
+    the call is priced at that many times its balanced buffer (the balanced bytes are what
+    :mod:`collsim.parallel.moe` counts; with 1, the default, nothing changes)."""
+    k = spec.load_imbalance
+    if k == 1.0:
+        return comms
+    from dataclasses import replace
+
+    return [replace(c, size_bytes=c.size_bytes * k) if c.op == "all_to_all" else c for c in comms]
+
+
 def build_schedule(
     topology: Topology,
     spec: TransformerSpec,
@@ -266,7 +279,7 @@ def build_schedule(
         from collsim.parallel.layer_comms import layer_comms
 
         kinds = layer_kind_of(spec)
-        by_kind = {r: layer_comms(plan, r) for r in set(kinds.values())}
+        by_kind = {r: _imbalanced(spec, layer_comms(plan, r)) for r in set(kinds.values())}
 
         def comms_of(index: int) -> list[LayerComm]:
             return by_kind[kinds[index]]
