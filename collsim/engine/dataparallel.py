@@ -74,6 +74,9 @@ class DataParallel:
         self.site = site
         self.env = env
         self.unit_events: dict[tuple[int, int, Any], simpy.Event] = {}
+        self.meet_on_group = bool(getattr(site, "all_ranks", False)) and "dp" in getattr(
+            site, "des_axes", ()
+        )
 
     def issue(
         self,
@@ -89,17 +92,21 @@ class DataParallel:
         last = None
         stream = self.site.group(prog.rank, DP)
         for i, c in enumerate(calls):
+            group = self.site.group(prog.rank, c.axis)
             last = self.site.call(
                 prog.rank,
                 DP,
                 c.op,
                 c.size_bytes,
-                self.site.group(prog.rank, c.axis),
+                group,
                 name if len(calls) == 1 else f"{name} ({c.axis})",
                 ready_s=ready,
                 extra_s=extra_s if i == 0 else 0.0,
                 peers=self.site.peers(prog.rank, c.axis),
-                stream_group=stream,
+                # all of a rank's dp calls in order on one stream; with every rank simulated
+                # and dp on the DES, the members of the call's group meet on its own stream
+                # (else each dp stream of the group would move the bytes again)
+                stream_group=group if self.meet_on_group else stream,
             )
         return last
 
