@@ -457,7 +457,7 @@ class Engine:
 
     def _stage_rank(self, rank: int, stage: int) -> int:
         c = self.plan.coords(rank)
-        return self.plan.rank(dp=c.dp, pp=stage, tp=c.tp)
+        return self.plan.rank(dp=c.dp, pp=stage, tp=c.tp, cp=c.cp)
 
     def _mailbox(self, dst: int, op: PipeOp) -> Mail:
         key = (dst, op.phase, op.microbatch, op.chunk)
@@ -496,12 +496,13 @@ class Engine:
                 if self.all_ranks or "pp" not in self.des_axes
                 else [
                     (
-                        self.plan.rank(dp=d, pp=prog.coords.pp, tp=t),
-                        self.plan.rank(dp=d, pp=stage, tp=t),
+                        self.plan.rank(dp=d, pp=prog.coords.pp, tp=t, cp=k),
+                        self.plan.rank(dp=d, pp=stage, tp=t, cp=k),
                     )
                     for d in range(self.plan.dp)
+                    for k in range(self.plan.cp)
                     for t in range(self.plan.tp)
-                    if d or t
+                    if d or t or k
                 ]
             )
             peers = self._p2p_peers[key] = linked_peers(self.plan.topology, (src, dst), peers)

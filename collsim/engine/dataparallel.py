@@ -229,19 +229,23 @@ class DataParallel:
     def embedding_sync(self, prog: RankProgram) -> simpy.Event | None:
         """Tied embeddings with pp > 1: all-reduce the word-embedding gradient between the
         first and the last stage before the optimizer (Megatron-LM ``allreduce_embedding_grads``;
-        the group is each (dp, tp) pair of stage 0 and stage p - 1)."""
+        the group is each (dp, cp, tp) pair of stage 0 and stage p - 1)."""
         plan = self.plan
         p = plan.pp
         if p < 2 or not plan.spec.tied_embeddings or prog.coords.pp not in (0, p - 1):
             return None
         c = prog.coords
-        pair = (plan.rank(dp=c.dp, pp=0, tp=c.tp), plan.rank(dp=c.dp, pp=p - 1, tp=c.tp))
+        pair = (
+            plan.rank(dp=c.dp, pp=0, tp=c.tp, cp=c.cp),
+            plan.rank(dp=c.dp, pp=p - 1, tp=c.tp, cp=c.cp),
+        )
         size = plan.spec.vocab / plan.tp * plan.spec.hidden * self.rules.bytes_per.grad
         others: list[tuple[int, ...]] = [
-            (plan.rank(dp=d, pp=0, tp=t), plan.rank(dp=d, pp=p - 1, tp=t))
+            (plan.rank(dp=d, pp=0, tp=t, cp=k), plan.rank(dp=d, pp=p - 1, tp=t, cp=k))
             for d in range(plan.dp)
+            for k in range(plan.cp)
             for t in range(plan.tp)
-            if d or t
+            if d or t or k
         ]
         return self.site.call(
             prog.rank,

@@ -18,6 +18,7 @@ PLANS = [
     dict(tp=2, cp=2, dp=2, ep=4, sequence_parallel=True, zero=1),
     dict(pp=2, dp=4, ep=4, zero=3, fsdp=FSDPConfig(shard_group_size=2)),
     dict(cp=4, dp=2, ep=2, zero=0),
+    dict(cp=2, pp=2, dp=2, ep=2, zero=1),  # pipeline messages between same-cp ranks
 ]
 
 
