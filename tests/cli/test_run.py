@@ -62,7 +62,14 @@ def fake_topology(scenario: Any) -> SimpleNamespace:
 
 def make_result(*, fits: bool = True, peak_bytes: float = 40 * GiB) -> StepResult:
     breakdown = dict(
-        compute=1.5, tp_exposed=0.1, pp_exposed=0.05, dp_exposed=0.2, bubble=0.1, optimizer=0.05
+        compute=1.5,
+        tp_exposed=0.1,
+        pp_exposed=0.05,
+        dp_exposed=0.2,
+        ep_exposed=0.0,
+        cp_exposed=0.0,
+        bubble=0.1,
+        optimizer=0.05,
     )  # sums to 2.0 s
     memory = dict(
         parameters=10 * GiB,

@@ -126,6 +126,8 @@ def make_result(
             "tp_exposed": 0.05 * step,
             "pp_exposed": 0.02 * step,
             "dp_exposed": 0.08 * step,
+            "ep_exposed": 0.0,
+            "cp_exposed": 0.0,
             "bubble": 0.1 * step,
             "optimizer": 0.05 * step,
         },
