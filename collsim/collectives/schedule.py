@@ -49,6 +49,7 @@ __all__ = [
     "PhaseLoad",
     "Schedule",
     "Timing",
+    "ProtocolCap",
     "make_transfer",
     "one_step_phase",
     "phase_load",
@@ -318,6 +319,9 @@ class Timing:
     """Bytes above which each byte costs ``knee_s_per_byte`` more (a calibrated knee,
     ``collectives.ops.<op>.knee_bytes``); None: one regime."""
     knee_s_per_byte: float = 0.0
+    channel_s: Callable[[float], float] | None = None
+    """Extra time when a call runs on fewer channels than the line assumes (NCCL cuts the
+    channel count for small sizes, src/enqueue.cc ``topoGetAlgoInfo``); None: never."""
 
     def knee_s(self, size_bytes: float) -> float:
         """The extra time of the bytes above the knee (0 without a knee or below it)."""
@@ -326,13 +330,19 @@ class Timing:
         return (size_bytes - self.knee_bytes) * self.knee_s_per_byte
 
     def extra_s(self, size_bytes: float) -> float:
-        """The size-dependent terms beyond the line: loop handshakes and the knee."""
-        return self.loop_overhead_s(size_bytes) + self.knee_s(size_bytes)
+        """The size-dependent terms beyond the line: loop handshakes, the knee and the
+        channels a small call leaves idle."""
+        extra = self.loop_overhead_s(size_bytes) + self.knee_s(size_bytes)
+        if self.channel_s is not None:
+            extra += self.channel_s(size_bytes)
+        return extra
 
     @property
     def has_extra(self) -> bool:
         """Whether :meth:`extra_s` can be non-zero (the fast paths skip it otherwise)."""
-        return self.loop_bytes is not None or self.knee_bytes is not None
+        return (
+            self.loop_bytes is not None or self.knee_bytes is not None or self.channel_s is not None
+        )
 
     def loop_overhead_s(self, size_bytes: float) -> float:
         """Handshake time of the loops a collective of ``size_bytes`` is cut into."""
@@ -347,6 +357,34 @@ class Timing:
         return self.latency_s + size_bytes * self.seconds_per_byte + self.extra_s(size_bytes)
 
 
+@dataclass(frozen=True, slots=True)
+class ProtocolCap:
+    """NCCL's ceiling on a protocol's algorithm bandwidth (src/graph/tuning.cc) and how it
+    scales with the channels a call of a given size runs on (src/enqueue.cc)."""
+
+    total_bps: float
+    """Ceiling with every channel busy, bytes/s of algorithm bandwidth."""
+    per_channel_bps: float
+    """One channel's share of it (the ceiling over the graph's channels)."""
+    channels: Callable[[float], int]
+    """Channels a call of ``size_bytes`` runs on."""
+
+
+def _channel_term(cap: ProtocolCap, s_per_byte: float) -> Callable[[float], float]:
+    """Extra seconds of a call on fewer channels: size / (channels x per-channel rate), less
+    what the line already charges, when positive."""
+    per_channel = cap.per_channel_bps
+    channels = cap.channels
+
+    def extra_s(size_bytes: float) -> float:
+        if size_bytes <= 0:
+            return 0.0
+        slow = size_bytes / (channels(size_bytes) * per_channel) - size_bytes * s_per_byte
+        return slow if slow > 0 else 0.0
+
+    return extra_s
+
+
 class Schedule:
     """Phases of one (op, algorithm) on one group, with its closed-form timings per protocol."""
 
@@ -357,9 +395,23 @@ class Schedule:
         topology: Topology,
         phases: Sequence[AnyPhase],
         loop_bytes: LoopBytes | None = None,
+        *,
+        latency_for: Callable[[Protocol], float] | None = None,
+        cap_for: Callable[[Protocol], ProtocolCap | None] | None = None,
+        loop_step_s: float | None = None,
     ) -> None:
+        """``latency_for(protocol)`` replaces the step-count latency (seconds, base and hops
+        included) where an algorithm's latency is not steps x hops (PAT, CollNet);
+        ``cap_for(protocol)`` is a ceiling on the algorithm bandwidth in bytes/s (NCCL's
+        LL / LL128 limits, :func:`collsim.collectives.tuner.TunerTable`), folded into the
+        timing's efficiency so that the DES runs at the same rate; ``loop_step_s`` is the
+        handshake that ends each loop of ``loop_bytes`` (default: one NVLink step at NCCL's
+        Simple step latency)."""
         self.op = op
         self.loop_bytes = loop_bytes
+        self._latency_for = latency_for
+        self._cap_for = cap_for
+        self.loop_step_override_s = loop_step_s
         self.algorithm = algorithm
         self.topology = topology
         # Phases repeat (all_reduce = the same phase twice): summarise each object once.
@@ -398,38 +450,69 @@ class Schedule:
 
     def _timing(self, protocol: Protocol, library: str) -> Timing:
         alg = self.algorithm
+        topo = self.topology
+        spans_nodes = any(p.inter_steps for p in self.phases) or self.inter_path_latency_s > 0
         intra_hop = max(
             protocols.hop_latency_s(alg, protocol, self.intra_kind, library),
             self.intra_path_latency_s,
         )
+        if alg is Algorithm.RING and spans_nodes and library == "nccl":
+            # "inter-node rings still have to launch nsteps * net overhead" (tuning.cc)
+            intra_hop = max(
+                intra_hop, protocols.net_overhead_s(protocol, topo.host_cpu_vendor == "amd")
+            )
         inter_hop = max(
-            protocols.hop_latency_s(alg, protocol, LinkKind.NETWORK, library),
+            protocols.hop_latency_s(
+                alg,
+                protocol,
+                LinkKind.NETWORK,
+                library,
+                topo.fabric.net_latency_s,
+                topo.fabric.net_simple_latency_s,
+            ),
             self.inter_path_latency_s,
         )
-        settings = self.topology.collectives
+        settings = topo.collectives
         eff = protocols.bandwidth_efficiency(alg, protocol, library) * settings.op_efficiency.get(
             self.op.value, 1.0
         )
+        link_s_per_byte = sum(self.phase_s_per_byte)
+        cap = self._cap_for(protocol) if self._cap_for is not None else None
+        channel_s: Callable[[float], float] | None = None
+        if cap is not None and link_s_per_byte > 0:
+            if 1.0 / cap.total_bps > link_s_per_byte / eff:
+                eff = link_s_per_byte * cap.total_bps  # the protocol's ceiling binds
+            channel_s = _channel_term(cap, link_s_per_byte / eff)
         latency = settings.op_overhead_s.get(self.op.value, settings.overhead_s)
-        if self.phases:
-            latency += protocols.base_latency_s(alg, protocol, library)
-        latency += sum(p.intra_steps * intra_hop + p.inter_steps * inter_hop for p in self.phases)
+        if self.phases and self._latency_for is not None:
+            latency += self._latency_for(protocol)
+            intra_hop = inter_hop = 0.0  # the hook's latency already holds the steps
+        else:
+            if self.phases:
+                latency += protocols.base_latency_s(alg, protocol, library)
+            latency += sum(
+                p.intra_steps * intra_hop + p.inter_steps * inter_hop for p in self.phases
+            )
         loop_step = 0.0
         if self.loop_bytes is not None and self.phases:
-            # one NVLink step handshake per loop, at NCCL's Simple step latency (tuning.cc)
+            # one NVLink step handshake per loop at NCCL's Simple step latency (tuning.cc),
+            # unless the algorithm gives its own (NVLS: fitted, see collectives.nvls)
             loop_step = max(
                 protocols.hop_latency_s(Algorithm.RING, Protocol.SIMPLE, self.intra_kind, library),
                 self.intra_path_latency_s,
             )
+            if self.loop_step_override_s is not None:
+                loop_step = max(self.loop_step_override_s, self.intra_path_latency_s)
         return Timing(
             protocol=protocol,
             latency_s=latency,
-            seconds_per_byte=sum(self.phase_s_per_byte) / eff,
+            seconds_per_byte=link_s_per_byte / eff,
             efficiency=eff,
             intra_hop_s=intra_hop,
             inter_hop_s=inter_hop,
             loop_step_s=loop_step,
             loop_bytes=self.loop_bytes if loop_step > 0 else None,
+            channel_s=channel_s,
             **self._knee(eff, settings),
         )
 
