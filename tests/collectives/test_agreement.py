@@ -2,7 +2,8 @@
 same phases, so they agree to float round-off (docs/internals.md), not just within a percent.
 
 Sizes 1 KiB, 1 MiB and 1 GiB; groups of 2 to 64 ranks on one or several nodes, NVLink, PCIe
-and loopback, one rank per node (PAT) and fabrics with in-network reduction (CollNet). The protocol is the one the closed form picks for the algorithm at that size.
+and loopback, one rank per node (PAT) and fabrics with in-network reduction (CollNet). The
+protocol is the one the closed form picks for the algorithm at that size.
 """
 
 from __future__ import annotations
