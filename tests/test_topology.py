@@ -191,7 +191,7 @@ collectives:
         (
             "kind: fat_tree",
             "kind: omnipath",
-            r"t\.yaml:14: fabric\.kind: must be one of .*infiniband.*roce.*efa.*tcpxo",
+            r"t\.yaml:13: fabric\.kind: must be one of .*infiniband.*roce.*efa.*tcpxo",
         ),
         # a transport latency below 0
         (
