@@ -127,15 +127,17 @@ def schedule_for(op: CollectiveOp, group: Group, algorithm: Algorithm) -> Schedu
 def _protocol_cap(
     op: CollectiveOp, group: Group, algorithm: Algorithm
 ) -> Callable[[Protocol], ProtocolCap | None] | None:
-    """NCCL's LL / LL128 ceilings for (op, algorithm) on ``group`` (tuning.cc: ``llMaxBws``,
-    ``perChMaxRingLL128Bws``, ``perChMaxTreeLL128Bws``, LL's 0.5 and LL128's 0.92 of the
-    graph's bandwidth), in algorithm bandwidth, shared evenly by the graph's channels, with the
-    channels a call runs on (enqueue.cc ``topoGetAlgoInfo``); None where NCCL has no such
-    limit (Simple, and the algorithms that are not NCCL's)."""
+    """NCCL's ceilings for (op, algorithm) on ``group``, in algorithm bandwidth (tuning.cc):
+    LL / LL128 on rings and trees (``llMaxBws``, ``perChMaxRingLL128Bws``,
+    ``perChMaxTreeLL128Bws``, LL's 0.5 and LL128's 0.92 of the graph's bandwidth), shared
+    evenly by the graph's channels, with the channels a call runs on (enqueue.cc
+    ``topoGetAlgoInfo``); and NVLS-tree's whole tuner bandwidth (``perChMaxNVLSTreeBws`` and
+    ``nvlsEfficiency``), its kernel's measured ceiling. None where NCCL has no such limit
+    (Simple rings and trees, and the algorithms that are not NCCL's)."""
     if (
         group.topology.collectives.library != "nccl"
         or op not in _TUNED_OPS
-        or algorithm not in (Algorithm.RING, Algorithm.TREE)
+        or algorithm not in (Algorithm.RING, Algorithm.TREE, Algorithm.NVLS_TREE)
         or group.size < 2
     ):
         return None
@@ -144,6 +146,12 @@ def _protocol_cap(
     graph_channels = tuner.graphs_for(topo, num_nodes)[algorithm].num_channels
 
     def cap(protocol: Protocol) -> ProtocolCap | None:
+        if algorithm is Algorithm.NVLS_TREE:
+            # perChMaxNVLSTreeBws: NCCL's measured per-channel ceiling of the NVLS-tree kernel
+            bw = table.bandwidth_gbps.get((op, algorithm, protocol), 0.0) * 1e9
+            if bw <= 0:
+                return None
+            return ProtocolCap(bw, bw / graph_channels, lambda _size: graph_channels)
         if protocol is Protocol.SIMPLE:
             return None
         bw = table.bandwidth_gbps.get((op, algorithm, protocol), 0.0) * 1e9
