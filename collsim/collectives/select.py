@@ -1,13 +1,16 @@
 """Entry points: closed-form :func:`cost` and DES :func:`simulate`, with ``auto`` selection.
 
-``auto`` works as NCCL's tuner (src/graph/tuning.cc, enqueue.cc): evaluate the closed-form time
-of every (algorithm, protocol) the library offers for the op and pick the cheapest; the result
-names the choice. A topology may pin the algorithm per op (``collectives.algorithms``), as a
-calibrated topology does. NCCL offers ring, tree and NVLS for reductions and direct send/recv
-for all_to_all and send_recv; gloo offers everything except NVLS.
+``auto`` with ``library: nccl`` takes the (algorithm, protocol) NCCL's own tuner picks
+(:mod:`collsim.collectives.tuner`, NCCL 2.30.7 src/graph/tuning.cc and src/enqueue.cc) for the
+ops NCCL tunes (all_reduce, reduce_scatter, all_gather, broadcast, reduce); the time is
+collsim's for that choice, and the result names it. Where the tuner has no say (gloo, a forced
+protocol, all_to_all and send_recv, which NCCL runs point to point) ``auto`` evaluates the
+closed-form time of every (algorithm, protocol) available and takes the cheapest. A topology
+may pin the algorithm per op (``collectives.algorithms``), as a calibrated topology does.
 
-Schedules and their timings are cached per (group, op, algorithm) on the topology, so a cost
-evaluation is a dictionary lookup and a few multiply-adds.
+Schedules and their timings are cached per (group, op, algorithm) on the topology, and the
+tuner's pick per size per (group, op), so a cost evaluation is a dictionary lookup and a few
+multiply-adds.
 """
 
 from __future__ import annotations
