@@ -23,8 +23,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
+
 from collsim.collectives import nvls, tuner
-from collsim.collectives.schedule import Phase, Transfer, make_transfer
+from collsim.collectives.schedule import LoadPhase, PhaseLoad, Transfer, make_transfer, pair_load
 from collsim.collectives.tree import dtree_parents
 from collsim.collectives.types import Algorithm, CollectiveOp, Group
 from collsim.errors import ConfigError
@@ -53,28 +55,59 @@ def _members(group: Group) -> list[list[int]]:
     return nodes
 
 
-def build(op: CollectiveOp, group: Group) -> list[Phase]:
-    """One pipelined phase: the GPU ports' NVLS traffic and the trees' NIC traffic."""
+def build(op: CollectiveOp, group: Group) -> list[LoadPhase]:
+    """One pipelined phase: the GPU ports' NVLS traffic and the trees' NIC traffic.
+
+    The load is worked out with array operations (ports: one weight per GPU link; trees:
+    :func:`~collsim.collectives.schedule.pair_load` over the head pairs); the transfers are
+    built only when the DES runs the phase."""
     if op not in SUPPORTED:
         raise ConfigError(f"nvls_tree implements all_reduce only, not {op.value}")
     nodes = _members(group)
     topo = group.topology
     g = len(nodes[0])
     port = 1.0 + 1.0 / g
-    transfers = [Transfer((topo.gpu_tx[r],), r, None, False, port) for m in nodes for r in m]
-    transfers += [Transfer((topo.gpu_rx[r],), None, r, False, port) for m in nodes for r in m]
     share = 0.5 / g  # half of a GPU's M/g slice per tree
+    members = np.asarray(nodes, dtype=np.int64)  # [node, local]
+    src_parts, dst_parts = [], []
     for parents in dtree_parents(len(nodes)):
-        for child, parent in enumerate(parents):
-            if parent is None:
-                continue
-            for j in range(g):
-                a, b = nodes[child][j], nodes[parent][j]
-                for src, dst in ((a, b), (b, a)):
-                    t = make_transfer(topo, src, dst)
-                    transfers.append(Transfer(t.path, src, dst, True, share))
+        child = np.asarray([c for c, p in enumerate(parents) if p is not None], dtype=np.int64)
+        parent = np.asarray([p for p in parents if p is not None], dtype=np.int64)
+        a, b = members[child].ravel(), members[parent].ravel()
+        src_parts += [a, b]
+        dst_parts += [b, a]
+    src = np.concatenate(src_parts)
+    dst = np.concatenate(dst_parts)
+    tree = pair_load(topo, src, dst)
+    ranks = members.ravel()
+    ports = np.concatenate([topo.gpu_tx_index[ranks], topo.gpu_rx_index[ranks]])
+    latency = topo.link_latency_s
+    load = PhaseLoad(
+        np.concatenate([ports, tree.link_index]),
+        np.concatenate([np.full(len(ports), port), tree.link_weight * share]),
+        float(latency[ports].max()),
+        tree.inter_latency_s,
+        topo.kinds_of(ports),
+    )
+
+    def make() -> list[Transfer]:
+        out = [Transfer((topo.gpu_tx[r],), r, None, False, port) for r in ranks.tolist()]
+        out += [Transfer((topo.gpu_rx[r],), None, r, False, port) for r in ranks.tolist()]
+        for s_rank, d_rank in zip(src.tolist(), dst.tolist()):
+            t = make_transfer(topo, s_rank, d_rank)
+            out.append(Transfer(t.path, s_rank, d_rank, True, share))
+        return out
+
     log_nodes = len(nodes).bit_length() - 1
-    return [Phase(tuple(transfers), 1.0, 1, 2 * log_nodes)]
+    return [
+        LoadPhase(
+            load=load,
+            size_factor=1.0,
+            intra_steps=1,
+            inter_steps=2 * log_nodes,
+            make_transfers=make,
+        )
+    ]
 
 
 def chunk_bytes(size_bytes: float, concurrent_ops: int, num_nodes: int) -> int:

@@ -366,20 +366,30 @@ class ProtocolCap:
     """Ceiling with every channel busy, bytes/s of algorithm bandwidth."""
     per_channel_bps: float
     """One channel's share of it (the ceiling over the graph's channels)."""
-    channels: Callable[[float], int]
-    """Channels a call of ``size_bytes`` runs on."""
+    full_channels: int
+    """Channels of a large call (``comm->nChannels``)."""
+    min_bytes_per_channel: float
+    """Bytes below which NCCL drops a channel (threads x thread threshold, enqueue.cc
+    ``topoGetAlgoInfo``); 0: the channel count does not depend on the size."""
 
 
 def _channel_term(cap: ProtocolCap, s_per_byte: float) -> Callable[[float], float]:
-    """Extra seconds of a call on fewer channels: size / (channels x per-channel rate), less
-    what the line already charges, when positive."""
+    """Extra seconds of a call on fewer channels, less what the line already charges.
+
+    NCCL runs floor(bytes / min_bytes_per_channel) channels (at least 1, at most all), so
+    each carries between one and two times ``min_bytes_per_channel``; collsim takes the
+    power-of-two value, exactly that minimum (bytes / channels = min_bytes_per_channel), which
+    keeps the time non-decreasing in size: a call below the full channel count costs
+    min(bytes, min_bytes_per_channel) / per-channel rate."""
     per_channel = cap.per_channel_bps
-    channels = cap.channels
+    floor_bytes = cap.min_bytes_per_channel
+    full = cap.full_channels
 
     def extra_s(size_bytes: float) -> float:
-        if size_bytes <= 0:
+        if size_bytes <= 0 or floor_bytes <= 0:
             return 0.0
-        slow = size_bytes / (channels(size_bytes) * per_channel) - size_bytes * s_per_byte
+        channels = min(float(full), max(1.0, size_bytes / floor_bytes))
+        slow = size_bytes / (channels * per_channel) - size_bytes * s_per_byte
         return slow if slow > 0 else 0.0
 
     return extra_s

@@ -154,14 +154,17 @@ def _protocol_cap(
             bw = table.bandwidth_gbps.get((op, algorithm, protocol), 0.0) * 1e9
             if bw <= 0:
                 return None
-            return ProtocolCap(bw, bw / graph_channels, lambda _size: graph_channels)
+            return ProtocolCap(bw, bw / graph_channels, graph_channels, 0.0)
         if protocol is Protocol.SIMPLE:
             return None
         bw = table.bandwidth_gbps.get((op, algorithm, protocol), 0.0) * 1e9
         if bw <= 0:
             return None
         return ProtocolCap(
-            bw, bw / graph_channels, tuner.channel_counter(topo, num_nodes, algorithm, protocol, n)
+            bw,
+            bw / graph_channels,
+            tuner.runtime_channels(topo, num_nodes),
+            tuner.min_bytes_per_channel(algorithm, protocol, n),
         )
 
     return cap

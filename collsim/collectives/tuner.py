@@ -47,6 +47,7 @@ __all__ = [
     "pick",
     "runtime_channels",
     "channel_counter",
+    "min_bytes_per_channel",
     "channels_for_size",
     "nvls_channels",
     "table_for",
@@ -376,6 +377,16 @@ def channels_for_size(
         while size_bytes < nc * nt * threshold and nc > 1:
             nc -= 1
     return nc
+
+
+def min_bytes_per_channel(algorithm: Algorithm, protocol: Protocol, num_ranks: int) -> float:
+    """Bytes per channel below which ``topoGetAlgoInfo`` drops a channel (ring and tree):
+    maximum threads x thread threshold, the ring's LL threshold x ranks (src/enqueue.cc,
+    src/graph/tuning.cc threadThresholds)."""
+    threshold = _THREAD_THRESHOLD[protocol]
+    if algorithm is Algorithm.RING and protocol is _LL:
+        threshold *= num_ranks
+    return float(_MAX_THREADS[protocol] * threshold)
 
 
 def channel_counter(
