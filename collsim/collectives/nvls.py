@@ -34,7 +34,7 @@ from collections.abc import Callable
 
 from collsim.collectives import tuner
 from collsim.collectives.schedule import Phase, Transfer
-from collsim.collectives.types import Algorithm, CollectiveOp, Group
+from collsim.collectives.types import Algorithm, CollectiveOp, Group, Protocol
 from collsim.errors import ConfigError
 
 __all__ = [
@@ -78,14 +78,20 @@ def loop_bytes_for(op: CollectiveOp, group: Group) -> Callable[[float], float]:
     """Bytes of the buffer one NVLS loop covers (channels x heads x :func:`chunk_bytes`), as a
     function of the collective's size, with the group's thresholds worked out once (hot path).
     """
-    ops = tuner.nvls_channels(group.topology, group.num_nodes) * group.size
-    below_64k, below_32k, below_16k = 64 * ops * _MAX_CHUNK, 8 * ops * 65536, 2 * ops * 32768
-    loops = (
-        (below_16k, float(ops * 16384)),
-        (below_32k, float(ops * 32768)),
-        (below_64k, float(ops * 65536)),
-    )
-    largest = float(ops * _MAX_CHUNK)
+    heads = group.size // group.num_nodes  # one head per GPU of a node
+    ops = tuner.nvls_channels(group.topology, group.num_nodes) * heads
+    biggest = _MAX_CHUNK
+    if group.num_nodes > 1:
+        # across nodes the chunk is capped at 32 KiB when NVLS's bandwidth in the tuner's
+        # table is below 150 GB/s (enqueue.cc calcCollChunking)
+        table = tuner.table_for(group)
+        key = (CollectiveOp.ALL_REDUCE, Algorithm.NVLS, Protocol.SIMPLE)
+        if table.bandwidth_gbps.get(key, 0.0) < 150:
+            biggest = 32768
+    sizes = [c for c in (16384, 32768, 65536) if c <= biggest]
+    thresholds = {16384: 2 * ops * 32768, 32768: 8 * ops * 65536, 65536: 64 * ops * _MAX_CHUNK}
+    loops = tuple((thresholds[c], float(ops * c)) for c in sizes if c < biggest)
+    largest = float(ops * biggest)
 
     def bytes_per_loop(size_bytes: float) -> float:
         for threshold, loop in loops:
@@ -97,25 +103,41 @@ def loop_bytes_for(op: CollectiveOp, group: Group) -> Callable[[float], float]:
 
 
 def build(op: CollectiveOp, group: Group) -> list[Phase]:
-    """Phases of NVLS ``op`` on ``group`` (one phase of port transfers)."""
+    """Phases of NVLS ``op`` on ``group`` (one phase of port transfers).
+
+    Across nodes NVLS needs in-network reduction (NCCL's NVLS with CollNet, "NVLink SHARP
+    within the node and CollNet between nodes"; tuning.cc disables NVLS across nodes without
+    CollNet): all_reduce only, each GPU the head of its slice, which goes up its NIC to the
+    switch and comes back reduced (M/g per NIC and direction, as for collnet_direct)."""
     topo = group.topology
     if op not in SUPPORTED:
         raise ConfigError(f"nvls does not implement {op.value}")
     if not topo.nvls:
         raise ConfigError(f"topology {topo.name} has no in-switch reduction (intra_node.nvls)")
-    if group.num_nodes != 1:
+    multi = group.num_nodes != 1
+    if multi and not (topo.fabric.collnet and op is CollectiveOp.ALL_REDUCE):
         raise ConfigError(
             "nvls runs inside one node; this group spans "
-            f"{group.num_nodes} nodes (use hierarchical or ring)"
+            f"{group.num_nodes} nodes (use nvls_tree, hierarchical or ring; across nodes NVLS "
+            "needs in-network reduction, fabric.sharp, and all_reduce)"
         )
     n = group.size
     if n < 2:
         return []
+    g = n // group.num_nodes
+    if multi and any(len(m) != g for _, m in group.by_node()):
+        raise ConfigError("nvls across nodes needs the same number of ranks on every node")
     out_w, in_w = {
-        CollectiveOp.ALL_REDUCE: (1.0 + 1.0 / n, 1.0 + 1.0 / n),
+        CollectiveOp.ALL_REDUCE: (1.0 + 1.0 / g, 1.0 + 1.0 / g),
         CollectiveOp.REDUCE_SCATTER: (1.0, 1.0 / n),
         CollectiveOp.ALL_GATHER: (1.0 / n, 1.0),
     }[op]
     transfers = [Transfer((topo.gpu_tx[r],), r, None, False, out_w) for r in group.ranks]
     transfers += [Transfer((topo.gpu_rx[r],), None, r, False, in_w) for r in group.ranks]
+    if multi:
+        for r in group.ranks:
+            node, nic = topo.node_of(r), topo.nic_of(r)
+            path = (topo.nic_tx[node][nic], topo.nic_rx[node][nic])
+            transfers.append(Transfer(path, r, r, True, 1.0 / g))
+        return [Phase(tuple(transfers), 1.0, 1, 1)]
     return [Phase(tuple(transfers), 1.0, 1, 0)]

@@ -86,6 +86,8 @@ HEADLINES = [
     ("h200-8gpu-reduce_scatter", "dgx_h200", 1, "reduce_scatter", "auto", 363),
     ("a100-4nodes", "dgx_a100", 4, "all_reduce", "auto", 192),
     ("h100-4nodes", "dgx_h100", 4, "all_reduce", "auto", 370),
+    # "with SHARP 480": in-network reduction across nodes (fabric.sharp), NVLS + CollNet
+    ("h100-4nodes-sharp", "dgx_h100+sharp", 4, "all_reduce", "auto", 480),
     # also in the README's list: PCIe Gen4 8 GPUs, and NVLink5 SHARP (NVLS on B200; the model
     # applies NCCL's Hopper NVLS efficiency 0.85, the only one in the reference set)
     ("pcie-gen4-8gpu", "pcie_8gpu", 1, "all_reduce", "auto", 24),
