@@ -586,11 +586,13 @@ def _tune(topo: Topology, num_ranks: int, num_nodes: int) -> TunerTable:
                         bus_bw /= factor
                         if arch >= 90:
                             bus_bw *= 0.85
+                # all_gather / reduce_scatter through the switch across nodes needs the CollNet
+                # plugin's iallgather / ireducescatter (tuning.cc); collsim's CollNet is
+                # all_reduce only, so they stay off
                 if (
                     a in (Algorithm.NVLS, Algorithm.COLLNET_DIRECT)
                     and op in gathers
                     and num_nodes > 1
-                    and (not collnet or ppn > _DIRECT_ARITY + 1)
                 ):
                     bus_bw = 0.0
                 # enable / disable (tuning.cc, after the table)

@@ -199,3 +199,18 @@ def test_small_calls_run_on_fewer_channels() -> None:
         assert got == channels
         count = tuner.channel_counter(t, 1, Algorithm.RING, tuner.Protocol.LL, 8)
         assert count(size) == channels
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["dgx_a100", "dgx_h100", "dgx_b200", "dgx_h100+sharp", "gcp_a3_mega", "pcie_8gpu"],
+)
+def test_every_pick_of_the_tuner_has_a_schedule(name: str) -> None:
+    # auto reports the tuner's pick itself, never a fallback, on every shipped node type.
+    for nodes in (1, 2, 16):
+        group = Group.all(topo(name, nodes))
+        for op in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce"):
+            for k in range(3, 35, 3):
+                picked = tuner.pick(CollectiveOp(op), 1 << k, group)
+                result = cost(op, 1 << k, group)
+                assert picked == (result.algorithm, result.protocol), (nodes, op, k)
