@@ -21,7 +21,10 @@ transfer list. Algorithms build :class:`LoadPhase` objects whose load is derived
 operations over the ranks (:func:`pair_load`) or analytically from the topology's structure
 (the direct all-pairs pattern, :func:`collsim.collectives.direct.all_pairs_load`), so setting
 up a group costs O(ranks) and an evaluation O(1). The Transfer objects are built only when the
-DES runs the phase; above :data:`AGGREGATE_ABOVE` transfers (and for direct all-pairs above 64
+DES runs the phase, all of a phase's flows start in one :meth:`FlowNetwork.send_all`, and
+identical transfers (same path, ranks and bytes, as a ring's or tree's channels repeat them)
+run as one flow of that multiplicity (:func:`merge_identical`, exact under max-min sharing);
+above :data:`AGGREGATE_ABOVE` transfers (and for direct all-pairs above 64
 ranks) transfers that share a path run as one flow with the summed bytes, provided the merged
 flows still carry equal bytes on every link they share (:func:`equal_weights_per_link`, which
 keeps max-min sharing at the load bound); otherwise every transfer runs.
@@ -54,6 +57,7 @@ __all__ = [
     "one_step_phase",
     "phase_load",
     "aggregate_transfers",
+    "merge_identical",
     "equal_weights_per_link",
     "run_phases",
     "AGGREGATE_ABOVE",
@@ -75,6 +79,8 @@ class Transfer:
     """True if the path crosses the network (charged the network hop latency)."""
     weight: float = 1.0
     """Bytes of this transfer relative to the phase's ``size_factor`` (1 for almost all)."""
+    count: int = 1
+    """Identical transfers (same path, ranks and weight) this one stands for in the DES."""
 
 
 def make_transfer(topology: Topology, src: int, dst: int) -> Transfer:
@@ -178,6 +184,23 @@ def phase_load(phase: AnyPhase, topology: Topology) -> PhaseLoad:
     )
 
 
+def merge_identical(transfers: Sequence[Transfer]) -> tuple[Transfer, ...]:
+    """Transfers with the same (path, src, dst, weight) as one with a ``count``: exact for the
+    DES, where the network gives such a flow its members' summed rate (weighted max-min,
+    :func:`collsim.network.max_min_rates`). A ring's or tree's channels repeat the same
+    rank-to-rank edges, so this runs them in a fraction of the flows."""
+    counts: dict[tuple[tuple[int, ...], int | None, int | None, float, bool], int] = {}
+    for t in transfers:
+        key = (t.path, t.src, t.dst, t.weight, t.inter)
+        counts[key] = counts.get(key, 0) + t.count
+    if len(counts) == len(transfers):
+        return tuple(transfers)
+    return tuple(
+        Transfer(path, src, dst, inter, weight, count)
+        for (path, src, dst, weight, inter), count in counts.items()
+    )
+
+
 def aggregate_transfers(transfers: Sequence[Transfer]) -> tuple[Transfer, ...]:
     """Merge transfers with the same (path, src, dst) into one with the summed weight.
 
@@ -189,7 +212,9 @@ def aggregate_transfers(transfers: Sequence[Transfer]) -> tuple[Transfer, ...]:
         key = (t.path, t.src, t.dst)
         old = merged.get(key)
         merged[key] = (
-            t if old is None else Transfer(t.path, t.src, t.dst, t.inter, old.weight + t.weight)
+            Transfer(t.path, t.src, t.dst, t.inter, t.weight * t.count)
+            if old is None
+            else Transfer(t.path, t.src, t.dst, t.inter, old.weight + t.weight * t.count)
         )
     return tuple(merged.values())
 
@@ -531,7 +556,7 @@ class Schedule:
         :func:`aggregate_transfers` when there are more than :data:`AGGREGATE_ABOVE`."""
         found = self._des.get(id(phase))
         if found is None:
-            found = phase.transfers
+            found = merge_identical(phase.transfers)
             if len(found) > AGGREGATE_ABOVE:
                 merged = aggregate_transfers(found)
                 if equal_weights_per_link(merged, len(self.topology.links)):
@@ -580,18 +605,13 @@ def run_phases(
         yield env.timeout(fixed)
     for phase in schedule.phases:
         per_transfer = phase.size_factor * size_bytes
-        events = [
-            net.transfer_path(
-                t.path,
-                per_transfer * t.weight,
-                src=t.src,
-                dst=t.dst,
-                efficiency=timing.efficiency,
-                latency_s=0.0,
-            )
-            for t in schedule.des_transfers(phase)
-        ]
-        yield simpy.AllOf(env, events)
+        yield net.send_all(
+            [
+                (t.path, per_transfer * t.weight, t.src, t.dst, t.count)
+                for t in schedule.des_transfers(phase)
+            ],
+            efficiency=timing.efficiency,
+        )
         latency = phase.intra_steps * timing.intra_hop_s + phase.inter_steps * timing.inter_hop_s
         if latency > 0:
             yield env.timeout(latency)
