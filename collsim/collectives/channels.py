@@ -19,7 +19,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from collsim.collectives.types import Algorithm, Protocol
@@ -29,6 +29,7 @@ __all__ = [
     "NcclGraph",
     "arch_of",
     "graphs_for",
+    "node_shape",
     "runtime_channels",
     "nvls_channels",
     "channels_for_size",
@@ -116,16 +117,20 @@ def _fit(
 
 
 def _search(
-    topology: Topology, pattern: Algorithm, max_channels: int, multi_node: bool
+    topology: Topology,
+    pattern: Algorithm,
+    max_channels: int,
+    multi_node: bool,
+    gpus: int,
+    num_nics: int,
 ) -> NcclGraph:
-    """Emulation of ``ncclTopoCompute`` pass 1, ``ncclTopoDupChannels`` and pass 2."""
+    """Emulation of ``ncclTopoCompute`` pass 1, ``ncclTopoDupChannels`` and pass 2 for a
+    communicator with ``gpus`` GPUs on each node, reaching ``num_nics`` NICs."""
     arch = arch_of(topology)
     gpu_bw = _gpu_bw_gbps(topology)
     nics = topology.nics
     nic_bw = nics.bandwidth_bps / 1e9 if (multi_node and nics is not None) else None
-    num_nics = nics.count if nics is not None else 0
     speeds = _speeds(arch, multi_node)
-    gpus = topology.gpus_per_node
     nvls = pattern is Algorithm.NVLS
     # NVLS inside one node pulls evenly from every GPU (minChannels = maxChannels).
     min_channels = max_channels if (nvls and not multi_node) else 1
@@ -224,25 +229,44 @@ def _gpu_bw_gbps(topology: Topology) -> float:
     return line_gbps * intra.efficiency
 
 
-def graphs_for(topology: Topology, num_nodes: int) -> dict[Algorithm, NcclGraph]:
-    """Ring, tree and NVLS graphs NCCL builds for ``num_nodes`` nodes of this topology.
+def node_shape(topology: Topology, ranks: Sequence[int]) -> tuple[int, int]:
+    """(GPUs per node, NICs per node) a communicator over ``ranks`` sees: the most ranks it
+    has on a node, and the distinct NICs nearest to that node's ranks."""
+    per_node: dict[int, list[int]] = {}
+    for rank in ranks:
+        per_node.setdefault(topology.node_of(rank), []).append(rank)
+    members = max(per_node.values(), key=len)
+    nics = len({topology.nic_of(r) for r in members}) if topology.nics is not None else 0
+    return len(members), nics
+
+
+def graphs_for(
+    topology: Topology,
+    num_nodes: int,
+    gpus: int | None = None,
+    num_nics: int | None = None,
+) -> dict[Algorithm, NcclGraph]:
+    """Ring, tree and NVLS graphs NCCL builds for a communicator of ``gpus`` GPUs (default:
+    all) on each of ``num_nodes`` nodes, reaching ``num_nics`` NICs per node (default: all).
 
     Ring first with ``maxChannels = MAXCHANNELS / 2``; tree with at most the ring's channels;
     NVLS with at most ``min(NCCL_MAX_NVLS_ARITY, GPUs)`` (src/init.cc graph setup).
     """
+    gpus = topology.gpus_per_node if gpus is None else gpus
+    if num_nics is None:
+        num_nics = topology.nics.count if topology.nics is not None else 0
     cache = topology.cache
-    key = ("nccl-graphs", num_nodes)
+    key = ("nccl-graphs", num_nodes, gpus, num_nics)
     found = cache.get(key)
     if found is not None:
         return dict(found)
     multi = num_nodes > 1
-    ring = _search(topology, Algorithm.RING, _MAXCHANNELS // 2, multi)
-    tree = _search(topology, Algorithm.TREE, ring.num_channels, multi)
+    ring = _search(topology, Algorithm.RING, _MAXCHANNELS // 2, multi, gpus, num_nics)
+    tree = _search(topology, Algorithm.TREE, ring.num_channels, multi, gpus, num_nics)
     graphs = {Algorithm.RING: ring, Algorithm.TREE: tree, Algorithm.PAT: tree}
     graphs[Algorithm.COLLNET_CHAIN] = tree
-    gpus = topology.gpus_per_node
-    if topology.nvls and arch_of(topology) >= 90:
-        nvls = _search(topology, Algorithm.NVLS, min(_NVLS_ARITY, gpus), multi)
+    if topology.nvls and arch_of(topology) >= 90 and gpus > 1:
+        nvls = _search(topology, Algorithm.NVLS, min(_NVLS_ARITY, gpus), multi, gpus, num_nics)
         graphs[Algorithm.NVLS] = nvls
         graphs[Algorithm.NVLS_TREE] = nvls
     if topology.intra.interconnect is Interconnect.NVSWITCH:
@@ -253,10 +277,12 @@ def graphs_for(topology: Topology, num_nodes: int) -> dict[Algorithm, NcclGraph]
     return dict(graphs)
 
 
-def runtime_channels(topology: Topology, num_nodes: int) -> int:
+def runtime_channels(
+    topology: Topology, num_nodes: int, gpus: int | None = None, num_nics: int | None = None
+) -> int:
     """``comm->nChannels``: twice the ring graph's channels (src/graph/connect.cc), doubled
     again on Hopper+ across nodes when the ring runs above 45 GB/s with fewer than 16."""
-    ring = graphs_for(topology, num_nodes)[Algorithm.RING]
+    ring = graphs_for(topology, num_nodes, gpus, num_nics)[Algorithm.RING]
     channels = min(_MAXCHANNELS, 2 * ring.num_channels)
     if arch_of(topology) >= 90 and num_nodes > 1 and ring.bw_intra_gbps > 45.0 and channels < 16:
         channels *= 2
@@ -278,11 +304,13 @@ def channels_for_size(
     protocol: Protocol,
     size_bytes: float,
     num_ranks: int,
+    gpus: int | None = None,
+    num_nics: int | None = None,
 ) -> int:
     """Channels a call of ``size_bytes`` runs on (src/enqueue.cc ``topoGetAlgoInfo``): ring and
     tree drop channels while bytes < channels x threads x threshold; NVLS runs
     ``nvlsChannels``."""
-    nc = runtime_channels(topology, num_nodes)
+    nc = runtime_channels(topology, num_nodes, gpus, num_nics)
     if algorithm in (Algorithm.NVLS, Algorithm.NVLS_TREE):
         nvls = nvls_channels(topology, num_nodes)
         return min(nvls, nc) if (num_nodes > 1 and algorithm is Algorithm.NVLS) else nvls
@@ -312,11 +340,13 @@ def channel_counter(
     algorithm: Algorithm,
     protocol: Protocol,
     num_ranks: int,
+    gpus: int | None = None,
+    num_nics: int | None = None,
 ) -> Callable[[float], int]:
     """:func:`channels_for_size` as a closed form for ring and tree: the loop "drop a channel
     while bytes < channels x threads x threshold" ends at clamp(bytes // (threads x
     threshold), 1, channels)."""
-    full = runtime_channels(topology, num_nodes)
+    full = runtime_channels(topology, num_nodes, gpus, num_nics)
     threshold = _THREAD_THRESHOLD[protocol]
     if algorithm is Algorithm.RING and protocol is _LL:
         threshold *= num_ranks

@@ -146,7 +146,8 @@ def _protocol_cap(
         return None
     table = tuner.table_for(group)
     topo, num_nodes, n = group.topology, group.num_nodes, group.size
-    graph_channels = tuner.graphs_for(topo, num_nodes)[algorithm].num_channels
+    gpus, nics = tuner.node_shape(topo, group.ranks)
+    graph_channels = tuner.graphs_for(topo, num_nodes, gpus, nics)[algorithm].num_channels
 
     def cap(protocol: Protocol) -> ProtocolCap | None:
         if algorithm is Algorithm.NVLS_TREE:
@@ -163,7 +164,7 @@ def _protocol_cap(
         return ProtocolCap(
             bw,
             bw / graph_channels,
-            tuner.runtime_channels(topo, num_nodes),
+            tuner.runtime_channels(topo, num_nodes, gpus, nics),
             tuner.min_bytes_per_channel(algorithm, protocol, n),
         )
 

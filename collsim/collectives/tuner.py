@@ -36,6 +36,7 @@ from collsim.collectives.channels import (
     channels_for_size,
     graphs_for,
     min_bytes_per_channel,
+    node_shape,
     nvls_channels,
     runtime_channels,
 )
@@ -53,6 +54,7 @@ __all__ = [
     "min_bytes_per_channel",
     "channels_for_size",
     "nvls_channels",
+    "node_shape",
     "table_for",
     "NCCL_RELEASE",
 ]
@@ -186,18 +188,19 @@ def _log2i(n: int) -> int:
 def table_for(group: Group) -> TunerTable:
     """The tuning table of ``group``'s communicator (cached on the topology)."""
     topo = group.topology
-    key = ("nccl-tuner", group.size, group.num_nodes)
+    gpus, nics = node_shape(topo, group.ranks)
+    key = ("nccl-tuner", group.size, group.num_nodes, gpus, nics)
     found = topo.cache.get(key)
     if found is None:
-        found = topo.cache[key] = _tune(topo, group.size, group.num_nodes)
+        found = topo.cache[key] = _tune(topo, group.size, group.num_nodes, gpus, nics)
     return found
 
 
-def _tune(topo: Topology, num_ranks: int, num_nodes: int) -> TunerTable:
+def _tune(topo: Topology, num_ranks: int, num_nodes: int, gpus: int, num_nics: int) -> TunerTable:
     """``ncclTopoTuneModel`` (src/graph/tuning.cc) for ``num_ranks`` over ``num_nodes``."""
     arch = arch_of(topo)
     cc = _arch_index(arch)
-    graphs = graphs_for(topo, num_nodes)
+    graphs = graphs_for(topo, num_nodes, gpus, num_nics)
     fabric = topo.fabric
     amd = topo.host_cpu_vendor == "amd"
     index2 = num_nodes - 1 if num_nodes <= 2 else 2
@@ -340,7 +343,15 @@ def _tune(topo: Topology, num_ranks: int, num_nodes: int) -> TunerTable:
                     net_latency[1] if p is _SIMPLE else net_latency[0],
                     amd,
                 )
-    return TunerTable(lat, bws, bus, num_nodes, num_ranks, runtime_channels(topo, num_nodes), arch)
+    return TunerTable(
+        lat,
+        bws,
+        bus,
+        num_nodes,
+        num_ranks,
+        runtime_channels(topo, num_nodes, gpus, num_nics),
+        arch,
+    )
 
 
 def _ll128_enabled(topo: Topology, arch: int, num_nodes: int) -> bool:

@@ -214,3 +214,20 @@ def test_every_pick_of_the_tuner_has_a_schedule(name: str) -> None:
                 picked = tuner.pick(CollectiveOp(op), 1 << k, group)
                 result = cost(op, 1 << k, group)
                 assert picked == (result.algorithm, result.protocol), (nodes, op, k)
+
+
+def test_a_communicator_sees_only_its_own_gpus_and_nics() -> None:
+    # One GPU per node (a data-parallel group of a TP x DP plan): the search has one NIC
+    # (50 GB/s) per node: 1 channel x 48 first, then DupChannels (48 >= 25 and only 1 channel)
+    # -> 2 x 24; NCCL's ring bus bandwidth is 48 GB/s, not the full node's 8 x 48 = 384.
+    t = topo("dgx_h100", 4)
+    dp = Group(t, (0, 8, 16, 24))
+    assert tuner.node_shape(t, dp.ranks) == (1, 1)
+    ring = tuner.graphs_for(t, 4, 1, 1)[Algorithm.RING]
+    assert (ring.num_channels, ring.bw_intra_gbps) == (2, 24.0)
+    table = tuner.table_for(dp)
+    assert table.bus_bandwidth_gbps[(AR, Algorithm.RING, tuner.Protocol.SIMPLE)] == 48.0
+    # 4 GPUs of one node (a TP group): NVLS with 4 heads, (4 + 1) x 60 = 300 <= 370.8
+    tp = Group(topo("dgx_h100"), (0, 1, 2, 3))
+    nvls = tuner.graphs_for(tp.topology, 1, *tuner.node_shape(tp.topology, tp.ranks))
+    assert (nvls[Algorithm.NVLS].num_channels, nvls[Algorithm.NVLS].bw_intra_gbps) == (4, 60.0)
