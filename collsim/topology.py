@@ -247,8 +247,10 @@ FABRIC_DEFAULTS: dict[FabricKind, FabricDefaults] = {
         ll128=False,
         source="fitted to the two-node GCP A3 Mega all_reduce sweep "
         "(tests/data/nccl_allreduce_h100_2node_a3mega.csv), sizes <= 4 MiB and >= 1 GiB "
-        "only: the small sizes grow at NCCL's LL cap (LL128 not used across TCPXO), the "
-        "large ones give the rate; see topologies/gcp_a3_mega.yaml",
+        "only, least squares of log time: the small sizes grow at NCCL's LL cap (LL128 not "
+        "used across TCPXO) and give the LL latency, 1-8 GiB the Simple latency and the "
+        "rate (at its bound, 1.0 of 200 Gb/s: the tree keeps NCCL's 0.92 factor); see "
+        "topologies/gcp_a3_mega.yaml and tests/collectives/test_a3mega.py",
     ),
     FabricKind.FAT_TREE: FabricDefaults(
         nic_efficiency=1.0,
