@@ -242,43 +242,50 @@ class FlowNetwork:
 
     def send_all(
         self,
-        transfers: Sequence[tuple[Sequence[int], float, int | None, int | None, int]],
+        transfers: Sequence[tuple[tuple[int, ...], float, int | None, int | None, int]],
         *,
         efficiency: float = 1.0,
+        scale: float = 1.0,
     ) -> simpy.Event:
         """Start many transfers at once, delivered without propagation latency; one event
         fires when the last of them is delivered.
 
         Each transfer is ``(path, size_bytes, src, dst, count)`` as for :meth:`transfer_path`
-        with ``latency_s=0``. Same sharing as one call per transfer, without one SimPy event
-        each (a collective phase of tens of thousands of flows).
+        with ``latency_s=0``, its size multiplied by ``scale``. Same sharing as one call per
+        transfer, without one SimPy event each (a collective phase of tens of thousands of
+        flows).
         """
         if not 0 < efficiency <= 1:
             raise ConfigError(f"efficiency must be in (0, 1], got {efficiency}")
+        if scale < 0:
+            raise ConfigError(f"scale must be >= 0, got {scale}")
         done = self.env.event()
-        batch = _Batch(0, done)
+        batch = _Batch(len(transfers), done)
         self._advance()
+        wire_scale = scale / efficiency
         started: list[_Flow] = []
+        append = started.append
         for path, size_bytes, src, dst, count in transfers:
-            if size_bytes < 0:
-                raise ConfigError(f"size_bytes must be >= 0, got {size_bytes}")
-            if count < 1:
-                raise ConfigError(f"count must be >= 1, got {count}")
-            wire = count * size_bytes / efficiency
-            flow = _Flow(
-                path=tuple(path),
-                wire_bytes=wire,
-                remaining=wire,
-                latency_s=0.0,
-                done=done,
-                src=src,
-                dst=dst,
-                size_bytes=count * size_bytes,
-                count=float(count),
-                batch=batch,
+            if size_bytes < 0 or count < 1:
+                raise ConfigError(
+                    f"size_bytes must be >= 0 and count >= 1, got {size_bytes} and {count}"
+                )
+            wire = count * size_bytes * wire_scale
+            append(
+                _Flow(
+                    path if type(path) is tuple else tuple(path),
+                    wire,
+                    wire,
+                    0.0,
+                    done,
+                    src,
+                    dst,
+                    count * size_bytes * scale,
+                    0.0,
+                    float(count),
+                    batch,
+                )
             )
-            batch.pending += 1
-            started.append(flow)
         if batch.pending == 0:
             done.succeed()
             return done

@@ -187,5 +187,5 @@ def test_send_all_matches_one_transfer_per_flow() -> None:
     assert net.bytes_received[1] == pytest.approx(5 * size)
     assert net.link_bytes[topo.gpu_rx[1]] == pytest.approx(5 * size)
     assert net.bytes_sent.get(3, 0.0) == 0.0  # a rank to itself is no traffic
-    with pytest.raises(ConfigError, match="count must be >= 1"):
+    with pytest.raises(ConfigError, match="count >= 1, got 1000000000.0 and 0"):
         net.send_all([(path01, size, 0, 1, 0)])

@@ -471,6 +471,9 @@ class Schedule:
         self.inter_path_latency_s = max((load.inter_latency_s for load in loads), default=0.0)
         kinds = {kind for load in loads for kind in load.intra_kinds}
         self._des: dict[int, tuple[Transfer, ...]] = {}
+        self._sends: dict[
+            int, list[tuple[tuple[int, ...], float, int | None, int | None, int]]
+        ] = {}
         self.intra_kind = (
             LinkKind.LOOPBACK
             if LinkKind.LOOPBACK in kinds
@@ -551,6 +554,17 @@ class Schedule:
             **self._knee(eff, settings),
         )
 
+    def des_sends(
+        self, phase: AnyPhase
+    ) -> list[tuple[tuple[int, ...], float, int | None, int | None, int]]:
+        """:meth:`des_transfers` as :meth:`FlowNetwork.send_all` takes them, bytes per byte of
+        the phase's size (cached)."""
+        found = self._sends.get(id(phase))
+        if found is None:
+            found = [(t.path, t.weight, t.src, t.dst, t.count) for t in self.des_transfers(phase)]
+            self._sends[id(phase)] = found
+        return found
+
     def des_transfers(self, phase: AnyPhase) -> tuple[Transfer, ...]:
         """The flows the DES runs for ``phase``: its transfers, merged by
         :func:`aggregate_transfers` when there are more than :data:`AGGREGATE_ABOVE`."""
@@ -604,13 +618,10 @@ def run_phases(
     if fixed > 0:
         yield env.timeout(fixed)
     for phase in schedule.phases:
-        per_transfer = phase.size_factor * size_bytes
         yield net.send_all(
-            [
-                (t.path, per_transfer * t.weight, t.src, t.dst, t.count)
-                for t in schedule.des_transfers(phase)
-            ],
+            schedule.des_sends(phase),
             efficiency=timing.efficiency,
+            scale=phase.size_factor * size_bytes,
         )
         latency = phase.intra_steps * timing.intra_hop_s + phase.inter_steps * timing.inter_hop_s
         if latency > 0:
