@@ -8,7 +8,16 @@ from collsim.errors import ConfigError, InfeasibleError
 from collsim.topology import FABRIC_DEFAULTS, LinkKind, load_topology, parse_topology
 from collsim.yamlio import parse_yaml_text
 
-NAMES = ["dgx_a100", "dgx_h100", "dgx_h200", "dgx_b200", "pcie_8gpu", "localhost", "gcp_a3_mega"]
+NAMES = [
+    "dgx_a100",
+    "dgx_h100",
+    "dgx_h200",
+    "dgx_b200",
+    "pcie_8gpu",
+    "localhost",
+    "gcp_a3_mega",
+    "oci_bm_gpu4_8",
+]
 
 
 @pytest.mark.parametrize("name", NAMES)
