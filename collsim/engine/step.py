@@ -228,12 +228,25 @@ def straggler_details(engine: Engine, result: StepResult, baseline: StepResult) 
     """What the stragglers cost and who waited for whom (``details["stragglers"]``).
 
     ``waits`` lists, per stream with two or more simulated members, the call whose rendezvous
-    waited longest (:meth:`Engine.rendezvous_waits`); ``longest_wait`` is the first of them.
+    waited longest (:meth:`Engine.rendezvous_waits`): first those where a rank outside the
+    slowed pipelines (same dp index as a straggler) waited for one inside them
+    (``for_straggler``), longest first, then the others (e.g. the first and last stage waiting
+    for each other at the tied-embedding all-reduce, as they do without stragglers);
+    ``longest_wait`` is the first of them.
     """
     plan = engine.plan
     st = engine.stragglers
     assert st is not None
-    waits = engine.rendezvous_waits()
+    slowed = {plan.coords(r).dp for r in [*engine.pace, *st.link_ranks] if r < plan.num_gpus}
+
+    def for_straggler(wait: dict[str, Any]) -> bool:
+        """A rank outside the slowed pipelines waited for one inside them."""
+        inside = plan.coords(wait["waited_for"]).dp in slowed
+        return inside and any(plan.coords(r).dp not in slowed for r in wait["waits_s"])
+
+    waits = sorted(engine.rendezvous_waits(), key=lambda w: not for_straggler(w))
+    for wait in waits:
+        wait["for_straggler"] = for_straggler(wait)
     base = baseline.step_time_s
     return {
         "clock_factors": dict(sorted(st.compute_factors.items())),
