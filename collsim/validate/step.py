@@ -30,6 +30,18 @@ ranks (``validate/data/step_localhost_gloo.json``). The simulator therefore gets
 blocks scaled by ``compute_scale`` = local step / sum of the profiled blocks and optimizer, so
 that its compute adds up to the measured local step and the communication is what the
 comparison tests.
+
+A straggler on purpose (``straggler_rank``): beside every DDP mode, ``<mode>+straggler`` is
+timed, in which that rank first runs ``straggler_repeat - 1`` whole local steps (the ``local``
+step above: forward, loss, backward and SGD step of its own model copy, no communication) and
+then the mode's step, inside the timed region; the other ranks run the mode's step and wait for
+it at the gradient all-reduces. Its compute is then ``straggler_repeat`` times the others', the
+measured counterpart of a GPU at clock factor ``1 / straggler_repeat``, which
+:func:`simulate_modes` simulates with the ``stragglers`` of :mod:`collsim.stragglers` (same
+rank, that factor). The comparison is the slowdown ratio, straggler step over normal step, of
+the measurement and of the simulation (:func:`straggler_ratios`). With ``progress_path`` set,
+each rank appends every iteration's own timings to ``<progress_path>.rank<r>.jsonl`` as they
+are taken.
 """
 
 from __future__ import annotations
@@ -51,8 +63,13 @@ __all__ = [
     "simulate_modes",
     "cores_busy",
     "ddp_bucket_count",
+    "straggler_ratios",
     "MODES",
+    "STRAGGLER_SUFFIX",
 ]
+
+#: Suffix of a mode timed with one rank slowed on purpose (``ddp_b25+straggler``).
+STRAGGLER_SUFFIX = "+straggler"
 
 #: Modes of a measured step: DDP with a bucket size in MB, or the FSDP sketch.
 MODES = ("ddp_b1", "ddp_b25", "fsdp")
@@ -75,11 +92,28 @@ class StepConfig:
     modes: tuple[str, ...] = MODES
     lr: float = 1e-3
     seed: int = 0
+    straggler_rank: int | None = None
+    """A rank slowed on purpose in the ``<ddp mode>+straggler`` modes (None: none timed)."""
+    straggler_repeat: int = 2
+    """The slowed rank runs its compute this many times (clock factor 1 / repeat)."""
+    progress_path: str | None = None
+    """Each rank appends its per-iteration timings to ``<path>.rank<r>.jsonl`` as taken."""
 
     def __post_init__(self) -> None:
         for mode in self.modes:
             if mode != "fsdp" and not (mode.startswith("ddp_b") and mode[5:].isdigit()):
                 raise ValueError(f"unknown mode {mode!r}: ddp_b<MB> or fsdp")
+        if self.straggler_rank is not None and self.straggler_rank < 0:
+            raise ValueError(f"straggler_rank must be >= 0, got {self.straggler_rank}")
+        if self.straggler_repeat < 2:
+            raise ValueError(f"straggler_repeat must be >= 2, got {self.straggler_repeat}")
+
+    @property
+    def straggler_modes(self) -> tuple[str, ...]:
+        """The modes timed with the straggler (every DDP mode, when a rank is named)."""
+        if self.straggler_rank is None:
+            return ()
+        return tuple(m + STRAGGLER_SUFFIX for m in self.modes if m.startswith("ddp"))
 
 
 def model_spec(cfg: StepConfig) -> Any:
@@ -295,7 +329,20 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
         ctx.sync()
 
     steps[LOCAL] = local_step
-    timed = [LOCAL, *cfg.modes]
+    if cfg.straggler_rank is not None and cfg.straggler_rank >= ctx.world_size:
+        raise ValueError(
+            f"straggler_rank {cfg.straggler_rank} is not a rank of {ctx.world_size} ranks"
+        )
+    for slowed in cfg.straggler_modes:
+        steps[slowed] = _straggler_step(
+            steps[slowed.removesuffix(STRAGGLER_SUFFIX)],
+            local_step,
+            cfg.straggler_repeat - 1 if rank == cfg.straggler_rank else 0,
+        )
+    timed = [LOCAL, *cfg.modes, *cfg.straggler_modes]
+    progress = None
+    if cfg.progress_path is not None:
+        progress = open(f"{cfg.progress_path}.rank{rank}.jsonl", "a")  # noqa: SIM115
     rows: list[list[float]] = []
     keys: list[str] = []
     for it in range(cfg.warmup + cfg.iters):
@@ -308,8 +355,15 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
             start = time.perf_counter()
             steps[mode]()
             row.append(time.perf_counter() - start)
+        if progress is not None:
+            import json
+
+            progress.write(json.dumps({"iteration": it, **dict(zip(keys, row))}) + "\n")
+            progress.flush()
         if it >= cfg.warmup:
             rows.append(row)
+    if progress is not None:
+        progress.close()
     table = torch.tensor(rows, dtype=torch.float64, device=ctx.device)
     num_prof = len(keys) - len(timed)
     # Steps: the slowest rank. Profiled blocks: the mean over ranks (a per-block max over ranks
@@ -336,7 +390,7 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
     )
     block_medians = {k: v for k, v in medians.items() if k not in timed}
     modes: dict[str, Any] = {}
-    for mode in cfg.modes:
+    for mode in (*cfg.modes, *cfg.straggler_modes):
         entry: dict[str, Any] = {
             "median_s": medians[mode],
             "min_s": min(columns[mode]),
@@ -374,6 +428,17 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
         "modes": modes,
         "num_parameters": sum(p.numel() for p in prof_model.parameters()),
     }
+
+
+def _straggler_step(step: Any, local_step: Any, extra: int) -> Any:
+    """``step`` preceded by ``extra`` local steps (the slowed rank's extra compute)."""
+
+    def slowed() -> None:
+        for _ in range(extra):
+            local_step()
+        step()
+
+    return slowed
 
 
 def run_step(
@@ -435,26 +500,76 @@ def simulate_modes(
         optimizer=Optimizer.SGD,
     )
     scale = float(report.get("compute_scale", 1.0)) if scale_compute else 1.0
+    stragglers = None
+    if cfg.straggler_rank is not None:
+        from collsim.stragglers import SlowGPU, StragglerConfig
+
+        stragglers = StragglerConfig(
+            slow_gpu=SlowGPU(ranks=(cfg.straggler_rank,), clock_factor=1 / cfg.straggler_repeat)
+        )
     overrides = {k: float(v) * scale for k, v in report["profile"].items()}
     if overlap is None:
         overlap = not cores_busy(report)
     out: dict[str, SimulatedMode] = {}
     for mode in report["modes"]:
-        if mode == "fsdp":
+        slowed = mode.endswith(STRAGGLER_SUFFIX)
+        base_mode = mode.removesuffix(STRAGGLER_SUFFIX)
+        if base_mode == "fsdp":
             parallel = ParallelConfig(
                 dp=n, zero=3, fsdp=FSDPConfig(prefetch=0, reshard_after_forward=False)
             )
         else:
             parallel = ParallelConfig(
-                dp=n, ddp=DDPConfig(bucket_mb=float(mode[5:]), overlap=overlap)
+                dp=n, ddp=DDPConfig(bucket_mb=float(base_mode[5:]), overlap=overlap)
             )
-        result = simulate_step(topology, spec, training, parallel, op_time_overrides=overrides)
+        result = simulate_step(
+            topology,
+            spec,
+            training,
+            parallel,
+            op_time_overrides=overrides,
+            stragglers=stragglers if slowed else None,
+        )
         out[mode] = SimulatedMode(
             mode,
             result.step_time_s,
             dict(result.breakdown_s),
             sum(c.count for c in result.collectives),
         )
+    return out
+
+
+def straggler_ratios(
+    report: dict[str, Any], simulated: dict[str, SimulatedMode]
+) -> dict[str, dict[str, float]]:
+    """Per DDP mode timed with a straggler: the slowdown ratio measured and simulated, and the
+    ratio's relative error (simulated - measured) / measured.
+
+    The measured ratio is the median over iterations of the paired ratio, straggler step over
+    normal step of the same iteration (the two are timed back to back, so that a burst of load
+    from other processes falls on both); the ratio of the two medians is kept beside it
+    (``measured_ratio_of_medians``)."""
+    out: dict[str, dict[str, float]] = {}
+    modes = report["modes"]
+    for slowed, meas in modes.items():
+        if not slowed.endswith(STRAGGLER_SUFFIX):
+            continue
+        base = slowed.removesuffix(STRAGGLER_SUFFIX)
+        paired = [a / b for a, b in zip(meas["times_s"], modes[base]["times_s"])]
+        measured = statistics.median(paired)
+        sim = simulated[slowed].step_time_s / simulated[base].step_time_s
+        out[base] = {
+            "measured_ratio": measured,
+            "simulated_ratio": sim,
+            "error": (sim - measured) / measured,
+            "measured_ratio_of_medians": meas["median_s"] / modes[base]["median_s"],
+            "measured_ratio_min": min(paired),
+            "measured_ratio_max": max(paired),
+            "measured_straggler_s": meas["median_s"],
+            "measured_normal_s": modes[base]["median_s"],
+            "simulated_straggler_s": simulated[slowed].step_time_s,
+            "simulated_normal_s": simulated[base].step_time_s,
+        }
     return out
 
 
