@@ -32,14 +32,16 @@ that its compute adds up to the measured local step and the communication is wha
 comparison tests.
 
 A straggler on purpose (``straggler_rank``): beside every DDP mode, ``<mode>+straggler`` is
-timed, in which that rank first runs ``straggler_repeat - 1`` whole local steps (the ``local``
-step above: forward, loss, backward and SGD step of its own model copy, no communication) and
-then the mode's step, inside the timed region; the other ranks run the mode's step and wait for
-it at the gradient all-reduces. Its compute is then ``straggler_repeat`` times the others', the
-measured counterpart of a GPU at clock factor ``1 / straggler_repeat``, which
-:func:`simulate_modes` simulates with the ``stragglers`` of :mod:`collsim.stragglers` (same
-rank, that factor). The comparison is the slowdown ratio, straggler step over normal step, of
-the measurement and of the simulation (:func:`straggler_ratios`). With ``progress_path`` set,
+timed, in which that rank first runs extra compute and then the mode's step, inside the timed
+region; the other ranks run the mode's step and wait for it at the gradient all-reduces. The
+extra compute is ``straggler_repeat - 1`` whole local steps (the ``local`` step above: forward,
+loss, backward and SGD step of its own model copy, no communication), or with
+``straggler_delay_s`` a busy loop of that many seconds on the wall clock. The slowed rank's
+extra seconds are timed too; :func:`simulate_modes` simulates the mode with the ``stragglers``
+of :mod:`collsim.stragglers` on that rank, at the nominal clock factor ``1 / straggler_repeat``
+or (``measured_factor``) at its measured speed, local step / (local step + extra seconds).
+The comparison is the slowdown ratio, straggler step over normal step, of the measurement and
+of the simulation (:func:`straggler_ratios`). With ``progress_path`` set,
 each rank appends every iteration's own timings to ``<progress_path>.rank<r>.jsonl`` as they
 are taken.
 """
@@ -71,6 +73,9 @@ __all__ = [
 #: Suffix of a mode timed with one rank slowed on purpose (``ddp_b25+straggler``).
 STRAGGLER_SUFFIX = "+straggler"
 
+#: Column of the slowed rank's extra seconds in a straggler mode (``ddp_b25+straggler.extra``).
+EXTRA_SUFFIX = ".extra"
+
 #: Modes of a measured step: DDP with a bucket size in MB, or the FSDP sketch.
 MODES = ("ddp_b1", "ddp_b25", "fsdp")
 
@@ -96,6 +101,9 @@ class StepConfig:
     """A rank slowed on purpose in the ``<ddp mode>+straggler`` modes (None: none timed)."""
     straggler_repeat: int = 2
     """The slowed rank runs its compute this many times (clock factor 1 / repeat)."""
+    straggler_delay_s: float = 0.0
+    """If > 0: the slowed rank instead spins on the wall clock for this long before its step
+    (a busy loop of known duration, whatever share of the cores it gets)."""
     progress_path: str | None = None
     """Each rank appends its per-iteration timings to ``<path>.rank<r>.jsonl`` as taken."""
 
@@ -105,6 +113,8 @@ class StepConfig:
                 raise ValueError(f"unknown mode {mode!r}: ddp_b<MB> or fsdp")
         if self.straggler_rank is not None and self.straggler_rank < 0:
             raise ValueError(f"straggler_rank must be >= 0, got {self.straggler_rank}")
+        if self.straggler_delay_s < 0:
+            raise ValueError(f"straggler_delay_s must be >= 0, got {self.straggler_delay_s}")
         if self.straggler_repeat < 2:
             raise ValueError(f"straggler_repeat must be >= 2, got {self.straggler_repeat}")
 
@@ -333,13 +343,16 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
         raise ValueError(
             f"straggler_rank {cfg.straggler_rank} is not a rank of {ctx.world_size} ranks"
         )
+    extra_s: dict[str, list[float]] = {}
     for slowed in cfg.straggler_modes:
-        steps[slowed] = _straggler_step(
+        steps[slowed], extra_s[slowed] = _straggler_step(
             steps[slowed.removesuffix(STRAGGLER_SUFFIX)],
             local_step,
             cfg.straggler_repeat - 1 if rank == cfg.straggler_rank else 0,
+            cfg.straggler_delay_s if rank == cfg.straggler_rank else 0.0,
         )
     timed = [LOCAL, *cfg.modes, *cfg.straggler_modes]
+    extra_keys = [m + EXTRA_SUFFIX for m in cfg.straggler_modes]
     progress = None
     if cfg.progress_path is not None:
         progress = open(f"{cfg.progress_path}.rank{rank}.jsonl", "a")  # noqa: SIM115
@@ -355,6 +368,8 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
             start = time.perf_counter()
             steps[mode]()
             row.append(time.perf_counter() - start)
+        row += [extra_s[m][-1] for m in cfg.straggler_modes]
+        keys += extra_keys
         if progress is not None:
             import json
 
@@ -365,7 +380,7 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
     if progress is not None:
         progress.close()
     table = torch.tensor(rows, dtype=torch.float64, device=ctx.device)
-    num_prof = len(keys) - len(timed)
+    num_prof = len(keys) - len(timed) - len(extra_keys)
     # Steps: the slowest rank. Profiled blocks: the mean over ranks (a per-block max over ranks
     # would add up the noise of every block; the step's own max is taken once, in the engine's
     # synchronisation points).
@@ -380,7 +395,9 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
     # Blocks: the mean over iterations. A block lasts a few ms, about one scheduler time slice
     # on a shared machine, so its median is an iteration in which it was not preempted, while
     # a whole step (tens of blocks) always is; the mean keeps the preemptions in.
-    means = {k: statistics.fmean(v) for k, v in columns.items() if k not in timed}
+    means = {
+        k: statistics.fmean(v) for k, v in columns.items() if k not in timed and k not in extra_keys
+    }
     profile = {k: means[k] for k in means if not k.startswith("layer")}
     profile["layer.forward"] = statistics.fmean(
         means[f"layer{i}.forward"] for i in range(cfg.num_layers)
@@ -388,7 +405,7 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
     profile["layer.backward"] = statistics.fmean(
         means[f"layer{i}.backward"] for i in range(cfg.num_layers)
     )
-    block_medians = {k: v for k, v in medians.items() if k not in timed}
+    block_medians = {k: v for k, v in medians.items() if k not in timed and k not in extra_keys}
     modes: dict[str, Any] = {}
     for mode in (*cfg.modes, *cfg.straggler_modes):
         entry: dict[str, Any] = {
@@ -403,6 +420,9 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
             entry["buckets"] = "unknown" if count is None else count
             if count is None:
                 entry["buckets_unknown_reason"] = reason
+        if mode in extra_s:
+            entry["extra_median_s"] = medians[mode + EXTRA_SUFFIX]
+            entry["extra_times_s"] = columns[mode + EXTRA_SUFFIX]
         modes[mode] = entry
     import os
 
@@ -430,15 +450,26 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
     }
 
 
-def _straggler_step(step: Any, local_step: Any, extra: int) -> Any:
-    """``step`` preceded by ``extra`` local steps (the slowed rank's extra compute)."""
+def _straggler_step(
+    step: Any, local_step: Any, extra: int, delay_s: float = 0.0
+) -> tuple[Any, list[float]]:
+    """``step`` preceded by the slowed rank's extra compute: a busy loop of ``delay_s`` on the
+    wall clock when > 0, else ``extra`` local steps; and the list the extra seconds of each
+    call are appended to (0 on the other ranks)."""
+    times: list[float] = []
 
     def slowed() -> None:
-        for _ in range(extra):
-            local_step()
+        t0 = time.perf_counter()
+        if delay_s > 0:
+            while time.perf_counter() - t0 < delay_s:
+                pass
+        else:
+            for _ in range(extra):
+                local_step()
+        times.append(time.perf_counter() - t0)
         step()
 
-    return slowed
+    return slowed, times
 
 
 def run_step(
@@ -463,10 +494,16 @@ class SimulatedMode:
     step_time_s: float
     breakdown_s: dict[str, float] = field(default_factory=dict)
     num_collectives: int = 0
+    clock_factor: float = 1.0
+    """The simulated clock factor of the slowed rank (``+straggler`` modes; 1 otherwise)."""
 
 
 def simulate_modes(
-    report: dict[str, Any], topology: Any, overlap: bool | None = None, scale_compute: bool = True
+    report: dict[str, Any],
+    topology: Any,
+    overlap: bool | None = None,
+    scale_compute: bool = True,
+    measured_factor: bool = False,
 ) -> dict[str, SimulatedMode]:
     """Simulate every measured mode of ``report`` on ``topology`` with the profiled compute.
 
@@ -476,6 +513,9 @@ def simulate_modes(
         overlap: DDP all-reduces overlap backward; None decides by :func:`cores_busy`.
         scale_compute: scale the profiled blocks by the report's ``compute_scale`` (the
             measured local step over the sum of the blocks; see the module docstring).
+        measured_factor: simulate a ``+straggler`` mode's slowed rank at its measured speed
+            (local step over local step plus its measured extra seconds) instead of the
+            nominal 1 / ``straggler_repeat``.
     """
     from collsim.engine.step import simulate_step
     from collsim.parallel.config import (
@@ -500,13 +540,23 @@ def simulate_modes(
         optimizer=Optimizer.SGD,
     )
     scale = float(report.get("compute_scale", 1.0)) if scale_compute else 1.0
-    stragglers = None
-    if cfg.straggler_rank is not None:
+
+    def stragglers_for(mode: str) -> Any:
+        """The simulated straggler of a ``+straggler`` mode: the nominal clock factor
+        1 / repeat, or (``measured_factor``) the slowed rank's measured speed, local step /
+        (local step + its measured extra seconds)."""
         from collsim.stragglers import SlowGPU, StragglerConfig
 
-        stragglers = StragglerConfig(
-            slow_gpu=SlowGPU(ranks=(cfg.straggler_rank,), clock_factor=1 / cfg.straggler_repeat)
-        )
+        assert cfg.straggler_rank is not None
+        local = float(report["local_step_s"])
+        factor = 1 / cfg.straggler_repeat
+        if cfg.straggler_delay_s > 0:  # nominally: the delay added to a local step
+            factor = local / (local + cfg.straggler_delay_s)
+        extra = report["modes"][mode].get("extra_median_s")
+        if measured_factor and extra:
+            factor = local / (local + float(extra))
+        return StragglerConfig(slow_gpu=SlowGPU(ranks=(cfg.straggler_rank,), clock_factor=factor))
+
     overrides = {k: float(v) * scale for k, v in report["profile"].items()}
     if overlap is None:
         overlap = not cores_busy(report)
@@ -522,19 +572,21 @@ def simulate_modes(
             parallel = ParallelConfig(
                 dp=n, ddp=DDPConfig(bucket_mb=float(base_mode[5:]), overlap=overlap)
             )
+        straggler = stragglers_for(mode) if slowed else None
         result = simulate_step(
             topology,
             spec,
             training,
             parallel,
             op_time_overrides=overrides,
-            stragglers=stragglers if slowed else None,
+            stragglers=straggler,
         )
         out[mode] = SimulatedMode(
             mode,
             result.step_time_s,
             dict(result.breakdown_s),
             sum(c.count for c in result.collectives),
+            straggler.slow_gpu.clock_factor if straggler is not None else 1.0,
         )
     return out
 
@@ -569,6 +621,8 @@ def straggler_ratios(
             "measured_normal_s": modes[base]["median_s"],
             "simulated_straggler_s": simulated[slowed].step_time_s,
             "simulated_normal_s": simulated[base].step_time_s,
+            "simulated_clock_factor": simulated[slowed].clock_factor,
+            "measured_extra_s": float(meas.get("extra_median_s", 0.0)),
         }
     return out
 
