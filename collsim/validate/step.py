@@ -351,7 +351,12 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
             cfg.straggler_repeat - 1 if rank == cfg.straggler_rank else 0,
             cfg.straggler_delay_s if rank == cfg.straggler_rank else 0.0,
         )
-    timed = [LOCAL, *cfg.modes, *cfg.straggler_modes]
+    # each straggler mode right after its normal mode: the paired ratio sees the same load
+    timed = [LOCAL]
+    for mode in cfg.modes:
+        timed.append(mode)
+        if mode + STRAGGLER_SUFFIX in cfg.straggler_modes:
+            timed.append(mode + STRAGGLER_SUFFIX)
     extra_keys = [m + EXTRA_SUFFIX for m in cfg.straggler_modes]
     progress = None
     if cfg.progress_path is not None:
