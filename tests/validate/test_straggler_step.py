@@ -117,9 +117,7 @@ def test_live_straggler_ratio_within_15_percent() -> None:
     from collsim.topology import load_topology
     from collsim.validate.step import run_step
 
-    cfg = StepConfig(
-        iters=15, warmup=3, modes=("ddp_b1",), straggler_rank=1, straggler_delay_s=0.1
-    )
+    cfg = StepConfig(iters=15, warmup=3, modes=("ddp_b1",), straggler_rank=1, straggler_delay_s=0.1)
     report, _ = run_step(cfg, world_size=2, timeout_s=600)
     topo = load_topology("localhost_gloo_n2", nodes=1, gpus_per_node=2)
     r = straggler_ratios(report, simulate_modes(report, topo, measured_factor=True))["ddp_b1"]
