@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from collsim.network import FlowNetwork
     from collsim.topology import Topology
 
-__all__ = ["CallCost", "CommPricer", "axis_contends", "linked_peers"]
+__all__ = ["CallCost", "CommPricer", "axis_contends", "linked_peers", "shared_links"]
 
 
 def axis_contends(topology: Topology, groups: Sequence[tuple[int, ...]]) -> bool:
@@ -61,6 +61,40 @@ def axis_contends(topology: Topology, groups: Sequence[tuple[int, ...]]) -> bool
     shared = max_min_rates(flow_of, link_of, len(paths), capacity)
     solo = np.array([min(capacity[list(p)]) for p in paths])
     return bool(np.any(shared < solo * (1 - 1e-9)))
+
+
+def shared_links(topology: Topology, groups: Sequence[tuple[int, ...]]) -> list[str]:
+    """Names of the links that one ring step of ``groups`` (run together) oversubscribes.
+
+    A set of flows gets its solo rates (each its path's slowest link) at once exactly when no
+    link carries more than its capacity in solo rates (then that vector is feasible and
+    max-min fair); so the links where the solo rates add up beyond the capacity are the ones
+    whose sharing slows the step.
+    """
+    paths: list[tuple[int, ...]] = []
+    for group in groups:
+        n = len(group)
+        pairs = (
+            [(group[0], group[1])]
+            if n == 2
+            else [(group[i], group[(i + 1) % n]) for i in range(n)]
+            if n > 2
+            else []
+        )
+        for src, dst in pairs:
+            path = topology.path(src, dst)
+            if path:
+                paths.append(tuple(path))
+    if len(paths) < 2:
+        return []
+    capacity = np.array([link.capacity_bps for link in topology.links], dtype=float)
+    solo = np.array([min(capacity[list(p)]) for p in paths])
+    flow_of = np.array([i for i, p in enumerate(paths) for _ in p])
+    link_of = np.array([link for p in paths for link in p])
+    load = np.bincount(link_of, weights=solo[flow_of], minlength=len(capacity))
+    over = np.flatnonzero(load > capacity * (1 + 1e-9))
+    names = sorted({topology.links[i].name for i in over})
+    return names
 
 
 def _group_links(topology: Topology, group: tuple[int, ...]) -> set[int]:

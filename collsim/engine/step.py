@@ -39,28 +39,12 @@ def _contended_axes(plan: Plan, fidelity: str) -> list[str]:
     if fidelity != "auto":
         return []
     topo = plan.topology
-    cache = getattr(topo, "cache", None)
-    key = ("collsim.engine.contended_axes", plan.tp, plan.pp, plan.dp)
-    if cache is not None and key in cache:
-        return list(cache[key])
     contended: list[str] = []
     # every group of an axis may be active at once: all stages compute layers together, send
     # to their neighbours in the steady state, and reduce gradients near the end of the step
-    stage_groups: dict[str, list[tuple[int, ...]]] = {
-        "tp": plan.groups("tp"),
-        "dp": plan.groups("dp"),
-        "pp": [
-            (plan.rank(dp=d, pp=s, tp=t), plan.rank(dp=d, pp=s + 1, tp=t))
-            for d in range(plan.dp)
-            for s in range(plan.pp - 1)
-            for t in range(plan.tp)
-        ],
-    }
-    for axis, groups in stage_groups.items():
+    for axis, groups in _axis_groups(plan).items():
         if groups and len(groups[0]) > 1 and axis_contends(topo, groups):
             contended.append(axis)
-    if cache is not None:
-        cache[key] = tuple(contended)
     return contended
 
 
@@ -147,13 +131,114 @@ def simulate_step(
     engine.run()
     from collsim.schedule.assemble import assemble
 
-    return assemble(
+    result = assemble(
         engine.plan,
         engine,
         fidelity="layer" if engine.layer_mode else "fused",
         contended=engine.contended,
         zero_communication=zero_communication,
     )
+    if engine.contended and fidelity == "auto" and not all_ranks and not zero_communication:
+        result.details["contention"] = contention_effects(
+            topology, spec, training, parallel, result, op_time_overrides=op_time_overrides
+        )
+    return result
+
+
+def contention_effects(
+    topology: Topology,
+    spec: TransformerSpec,
+    training: TrainingConfig,
+    parallel: ParallelConfig,
+    result: StepResult,
+    *,
+    op_time_overrides: dict[str, float] | None = None,
+) -> list[dict[str, object]]:
+    """What link sharing adds to the step, axis by axis, with the links shared.
+
+    The closed form of the schedule prices every call alone on its links; the engine puts the
+    contended axes on the flow-level DES. The gap is attributed by adding the contended axes to
+    the DES one at a time, in the order tp, pp, dp: each axis's effect is the step with it (and
+    the axes before it) on the DES minus the step without it, so the effects add up to the gap
+    between the closed form and the engine exactly. An axis on the DES also runs its layers
+    step by step (tp: layer granularity), which is part of its effect.
+
+    Returns:
+        One dict per contended axis: ``axis``, ``delta_s``, ``links`` (names of the links a
+        ring step of all its groups oversubscribes) and ``closed_s`` / ``des_s`` on the first.
+    """
+    import warnings
+
+    from collsim.engine.comm import shared_links
+    from collsim.errors import CollsimWarning
+    from collsim.estimate import estimate_step
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CollsimWarning)
+        closed = estimate_step(
+            topology, spec, training, parallel, op_time_overrides=op_time_overrides
+        )
+    contended = list(result.details.get("contended_axes", []))
+    order = [a for a in ("tp", "pp", "dp") if a in contended]
+    plan = build_plan_for(topology, spec, training, parallel)
+    groups = _axis_groups(plan)
+    out: list[dict[str, object]] = []
+    previous = closed.step_time_s
+    for k, axis in enumerate(order):
+        if k == len(order) - 1:
+            step = result.step_time_s
+        else:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", CollsimWarning)
+                engine = prepare_step(
+                    topology,
+                    spec,
+                    training,
+                    parallel,
+                    op_time_overrides=op_time_overrides,
+                    des_axes=frozenset(order[: k + 1]),
+                )
+                engine.run()
+            step = max(p.end_s for p in engine.programs.values())
+        out.append(
+            {
+                "axis": axis,
+                "delta_s": step - previous,
+                "links": shared_links(topology, groups[axis]),
+            }
+        )
+        previous = step
+    if out:
+        out[0]["closed_s"] = closed.step_time_s
+        out[0]["des_s"] = result.step_time_s
+    return out
+
+
+def build_plan_for(
+    topology: Topology, spec: TransformerSpec, training: TrainingConfig, parallel: ParallelConfig
+) -> Plan:
+    import warnings
+
+    from collsim.errors import CollsimWarning
+    from collsim.parallel.plan import build_plan
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CollsimWarning)
+        return build_plan(topology, spec, training, parallel)
+
+
+def _axis_groups(plan: Plan) -> dict[str, list[tuple[int, ...]]]:
+    """Every group of each axis that may be active at once (as in :func:`_contended_axes`)."""
+    return {
+        "tp": plan.groups("tp"),
+        "dp": plan.groups("dp"),
+        "pp": [
+            (plan.rank(dp=d, pp=s, tp=t), plan.rank(dp=d, pp=s + 1, tp=t))
+            for d in range(plan.dp)
+            for s in range(plan.pp - 1)
+            for t in range(plan.tp)
+        ],
+    }
 
 
 def prepare_step(
@@ -167,6 +252,7 @@ def prepare_step(
     op_time_overrides: dict[str, float] | None = None,
     fidelity: str = "auto",
     zero_communication: bool = False,
+    des_axes: frozenset[str] | None = None,
     stragglers: StragglerConfig | StragglerPlan | None = None,
 ) -> Engine:
     """The wired, not yet run, :class:`~collsim.engine.core.Engine` of ``simulate_step``.
@@ -184,7 +270,9 @@ def prepare_step(
     )
     plan = schedule.plan
     contended = _contended_axes(plan, fidelity)
-    if fidelity == "layer":
+    if des_axes is not None:  # forced (the contention attribution of simulate_step)
+        pass
+    elif fidelity == "layer":
         des_axes = frozenset(("tp", "pp", "dp"))
     else:
         des_axes = frozenset(contended)

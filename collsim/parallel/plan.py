@@ -307,10 +307,9 @@ class Plan:
         if self.shard_group_size != self.dp:
             axes += [ParallelAxis.DP_SHARD, ParallelAxis.DP_REPLICATE]
         for axis in axes:
-            groups = self.groups(axis)
-            g = groups[0]
+            g = self.group_of(0, axis)  # the first group (the groups partition the ranks)
             lines.append(
-                f"{axis.value} groups: {len(groups)} of {len(g)}; first {_ranks(g)} "
+                f"{axis.value} groups: {self.num_gpus // len(g)} of {len(g)}; first {_ranks(g)} "
                 f"on node(s) {nodes(g)}"
             )
         for stage in range(self.pp):

@@ -290,7 +290,24 @@ def format_run_report(
     width = max(len(label) for label, _ in summary)
     out += [f"{label.ljust(width)}  {text}" for label, text in summary]
 
-    out += ["", breakdown_table(result), "", memory_table(result)]
+    out += ["", breakdown_table(result)]
+    effects = result.details.get("contention") or []
+    if effects:
+        first = effects[0]
+        gap = float(first["des_s"]) - float(first["closed_s"])
+        out.append(
+            f"  link sharing adds {format_seconds(gap)} to the closed form's "
+            f"{format_seconds(float(first['closed_s']))}:"
+        )
+        for eff in effects:
+            names = [str(n) for n in eff["links"]]
+            more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+            listed = ", ".join(names[:3]) + more
+            out.append(
+                f"    {eff['axis']:<3} {format_seconds(float(eff['delta_s'])):>10}"
+                f"  (shared: {listed or 'none found by a ring step'})"
+            )
+    out += ["", memory_table(result)]
     if result.collectives:
         out += [
             "",

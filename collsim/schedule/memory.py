@@ -13,7 +13,6 @@ peak are read from the sorted timeline; the closed forms (ZeRO, Korthikanti) are
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import accumulate
 from operator import itemgetter
 from typing import Any, NamedTuple
 
@@ -33,6 +32,13 @@ class MemoryEvent(NamedTuple):
     """What it is: a string, or a tuple such as ("act", layer, microbatch, chunk)."""
 
 
+class _Sorted(NamedTuple):
+    times: Any
+    deltas: Any
+    cats: Any
+    totals: Any
+
+
 @dataclass(slots=True)
 class MemoryPeak:
     """The peak of a timeline and what was allocated at that moment."""
@@ -50,6 +56,8 @@ class MemoryLedger:
     events: list[MemoryEvent] = field(default_factory=list)
     _sorted: list[MemoryEvent] | None = None
     _sorted_n: int = 0
+    _arr: _Sorted | None = None
+    _arr_n: int = -1
 
     def alloc(self, time_s: float, category: str, size_bytes: float, label: Any = "") -> None:
         """Record ``size_bytes`` of ``category`` allocated at ``time_s``."""
@@ -71,48 +79,68 @@ class MemoryLedger:
             self._sorted_n = len(self.events)
         return self._sorted
 
-    def _totals(self) -> list[float]:
-        """Bytes in use after each sorted event."""
-        return list(accumulate(ev[2] for ev in self.sorted_events()))
+    def _arrays(self) -> _Sorted:
+        """The sorted events as arrays, with the running total after each (cached).
+
+        Same order as :meth:`sorted_events` (``numpy.lexsort`` is stable), and the same sums:
+        ``numpy.cumsum`` adds one element after another, as a Python running sum does.
+        """
+        n = len(self.events)
+        if self._arr is not None and self._arr_n == n:
+            return self._arr
+        import numpy as np
+
+        times = np.fromiter((ev[0] for ev in self.events), dtype=float, count=n)
+        deltas = np.fromiter((ev[2] for ev in self.events), dtype=float, count=n)
+        index = {k: i for i, k in enumerate(MEMORY_KEYS)}
+        cats = np.fromiter((index[ev[1]] for ev in self.events), dtype=np.int8, count=n)
+        order = np.lexsort((deltas, times))
+        times, deltas, cats = times[order], deltas[order], cats[order]
+        self._arr = _Sorted(times, deltas, cats, np.cumsum(deltas))
+        self._arr_n = n
+        return self._arr
 
     def timeline(self) -> list[tuple[float, float]]:
         """Step-wise ``(time_s, bytes in use)`` after each distinct event time."""
-        events = self.sorted_events()
-        out: list[tuple[float, float]] = []
-        for ev, total in zip(events, self._totals()):
-            if out and out[-1][0] == ev.time_s:
-                out[-1] = (ev.time_s, total)
-            else:
-                out.append((ev.time_s, total))
-        return out
+        import numpy as np
+
+        arr = self._arrays()
+        if not len(arr.times):
+            return []
+        last = np.flatnonzero(np.append(arr.times[1:] != arr.times[:-1], True))
+        return list(zip(arr.times[last].tolist(), arr.totals[last].tolist()))
 
     def peak(self) -> MemoryPeak:
         """Highest total in use (checked after every event) and its category split."""
-        events = self.sorted_events()
-        totals = self._totals()
+        import numpy as np
+
+        arr = self._arrays()
         current = dict.fromkeys(MEMORY_KEYS, 0.0)
-        if not totals:
+        if not len(arr.totals):
             return MemoryPeak(0.0, 0.0, current)
-        top = max(range(len(totals)), key=totals.__getitem__)  # first index of the maximum
-        if totals[top] <= 0:
+        top = int(np.argmax(arr.totals))  # first index of the maximum
+        total = float(arr.totals[top])
+        if total <= 0:
             return MemoryPeak(0.0, 0.0, current)
-        for ev in events[: top + 1]:
-            current[ev.category] += ev.delta_bytes
         final = dict.fromkeys(MEMORY_KEYS, 0.0)
-        for ev in events:
-            final[ev.category] += ev.delta_bytes
-        if min(final.values()) < -1e-6 * max(1.0, totals[top]):
+        for i, key in enumerate(MEMORY_KEYS):
+            mine = arr.deltas[arr.cats == i]
+            if len(mine):
+                running = np.cumsum(mine)
+                upto = int(np.count_nonzero(arr.cats[: top + 1] == i))
+                current[key] = float(running[upto - 1]) if upto else 0.0
+                final[key] = float(running[-1])
+        if min(final.values()) < -1e-6 * max(1.0, total):
             raise SimulationError(f"rank {self.rank}: memory freed more than allocated: {final}")
-        return MemoryPeak(events[top].time_s, totals[top], current)
+        return MemoryPeak(float(arr.times[top]), total, current)
 
     def category_peak(self, category: str) -> float:
         """Highest bytes in use of one category over the step."""
-        current = best = 0.0
-        for ev in self.sorted_events():
-            if ev.category == category:
-                current += ev.delta_bytes
-                best = max(best, current)
-        return best
+        arr = self._arrays()
+        mine = arr.deltas[arr.cats == MEMORY_KEYS.index(category)]
+        if not len(mine):
+            return 0.0
+        return max(0.0, float(mine.cumsum().max()))
 
     def in_use(self, time_s: float, category: str | None = None) -> float:
         """Bytes in use just after all events at ``time_s`` (of one category, or all)."""

@@ -1,0 +1,147 @@
+"""Speed targets of the step-schedule work, measured as ratios in one run.
+
+Run: ``python benchmarks/bench_step_schedule.py [--repeats 7] [--skip-des-collective]``.
+
+Every figure is a median over ``--repeats`` interleaved repeats (each repeat runs every case
+once, in turn, so a burst of load hits all of them alike). CPU seconds (user + system of the
+child process) are the measure: wall time on a shared two-core machine moves with the load.
+Bytecode is written and warmed first (``PYTHONDONTWRITEBYTECODE`` is removed for the children),
+as on a user's machine.
+
+Targets (ratio <= 1 meets the target):
+
+1. ``collsim run scenarios/3d_175b.yaml``, whole process, at most 1.5 x
+   ``python -c 'import numpy, simpy, click, yaml'`` in the same environment;
+2. the engine, from a loaded scenario to the result, at most 30 ms CPU for 3d_175b;
+3. the 3d_175b plan at 65,536 GPUs with the same 96 micro-batches per replica, whole process, at
+   most 1.3 x the CPU of the 1,024-GPU run;
+4. ``collsim collective --topology dgx_h100 --nodes 1024 --gpus 8192 --op all_reduce -b 1K
+   -e 1G --mode des`` under 4 s CPU (one repeat: it is long);
+5. ``collsim search scenarios/3d_175b.yaml --gpus 1024``: at least 1,000,000 plans in the
+   space, at least 100,000 estimated or pruned by a bound, under 60 s (one repeat).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PY = sys.executable
+COLLSIM = str(Path(PY).parent / "collsim")
+SCENARIO = str(REPO / "scenarios" / "3d_175b.yaml")
+BIG = ["--set", "cluster.nodes=8192", "--set", "parallel.dp=1024"]
+BIG += ["--set", "training.global_batch=98304"]
+TIMEOUT_S = 600
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
+def cpu_of(cmd: list[str]) -> tuple[float, float]:
+    """(CPU seconds, peak RSS MB) of one child process."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    done = subprocess.run(
+        cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S, check=False
+    )
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode not in (0, 1):
+        raise SystemExit(f"{' '.join(cmd)} exited {done.returncode}:\n{done.stderr[-2000:]}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return cpu, after.ru_maxrss / 1024
+
+
+ENGINE_CHILD = r"""
+import json, sys, time
+from collsim.scenario import load_scenario
+from collsim.engine import simulate_step
+sc = load_scenario(sys.argv[1]); topo = sc.cluster.load()
+simulate_step(topo, sc.model, sc.training, sc.parallel)  # warm (imports, first costs)
+times = []
+for _ in range(int(sys.argv[2])):
+    sc = load_scenario(sys.argv[1]); topo = sc.cluster.load()
+    t0 = time.process_time()
+    simulate_step(topo, sc.model, sc.training, sc.parallel)
+    times.append(time.process_time() - t0)
+print(json.dumps(times))
+"""
+
+
+def engine_seconds(repeats: int) -> list[float]:
+    done = subprocess.run(
+        [PY, "-c", ENGINE_CHILD, SCENARIO, str(repeats)],
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        check=True,
+    )
+    times: list[float] = json.loads(done.stdout.strip().splitlines()[-1])
+    return times
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--skip-des-collective", action="store_true")
+    parser.add_argument("--skip-search", action="store_true")
+    args = parser.parse_args()
+    floor_cmd = [PY, "-c", "import numpy, simpy, click, yaml"]
+    run_cmd = [COLLSIM, "run", SCENARIO]
+    big_cmd = [COLLSIM, "run", SCENARIO, *BIG]
+    for cmd in (floor_cmd, run_cmd, big_cmd):  # warm bytecode and the page cache
+        cpu_of(cmd)
+    floor, run, big = [], [], []
+    for _ in range(args.repeats):
+        floor.append(cpu_of(floor_cmd)[0])
+        run.append(cpu_of(run_cmd)[0])
+        big.append(cpu_of(big_cmd)[0])
+    engine = engine_seconds(args.repeats)
+    med = statistics.median
+    print(f"load average {os.getloadavg()[0]:.2f}; {args.repeats} interleaved repeats, medians")
+    rows = [
+        ("import floor (numpy, simpy, click, yaml)", med(floor), None, None),
+        ("collsim run 3d_175b, whole process", med(run), med(run) / med(floor), 1.5),
+        ("engine alone, loaded scenario -> result", med(engine), med(engine) / 0.030, None),
+        ("3d_175b at 65,536 GPUs, whole process", med(big), med(big) / med(run), 1.3),
+    ]
+    if not args.skip_des_collective:
+        des_cmd = [COLLSIM, "collective", "--topology", "dgx_h100", "--nodes", "1024"]
+        des_cmd += ["--gpus", "8192", "--op", "all_reduce", "-b", "1K", "-e", "1G", "--mode", "des"]
+        cpu, rss = cpu_of(des_cmd)
+        rows.append((f"collective DES 8,192 ranks (peak {rss:.0f} MB)", cpu, cpu / 4.0, None))
+    for name, value, ratio, target in rows:
+        extra = ""
+        if ratio is not None:
+            extra = f"  ratio {ratio:.2f}" + (f" (target {target})" if target else " of target")
+        print(f"  {name:<48} {value:8.3f} s CPU{extra}")
+    if not args.skip_search:
+        t0 = time.perf_counter()
+        done = subprocess.run(
+            [COLLSIM, "search", SCENARIO, "--gpus", "1024"],
+            cwd=REPO,
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+            check=False,
+        )
+        wall = time.perf_counter() - t0
+        grid = [line for line in done.stdout.splitlines() if "plans in the grid" in line]
+        print(f"  search 3d_175b --gpus 1024: {wall:.1f} s wall; {grid[0].strip() if grid else ''}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
