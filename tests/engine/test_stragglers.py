@@ -163,17 +163,25 @@ CASES = [  # (topology, nodes, tp, pp, dp, zero, stragglers)
 ]
 
 
+SCHEDULES = {  # case index -> (schedule, virtual stages), 1F1B otherwise
+    2: ("interleaved", 2),
+    5: ("gpipe", 1),
+}
+
+
 @pytest.mark.parametrize("case", CASES, ids=[f"case{i}" for i in range(len(CASES))])
 def test_reduced_ranks_match_all_ranks(small_spec, case) -> None:
     name, nodes, tp, pp, dp, zero, stragglers = case
     topo = topology(name, nodes)
     tr = TrainingConfig(global_batch=4 * dp, micro_batch=1, recompute="selective")
-    par = ParallelConfig(tp=tp, pp=pp, dp=dp, zero=zero)
+    schedule, virtual = SCHEDULES.get(CASES.index(case), ("1f1b", 1))
+    par = ParallelConfig(tp=tp, pp=pp, dp=dp, zero=zero, schedule=schedule, virtual_stages=virtual)
     few = simulate_step(topo, small_spec, tr, par, stragglers=stragglers)
     every = simulate_step(topo, small_spec, tr, par, stragglers=stragglers, all_ranks=True)
     assert len(few.details["simulated_ranks"]) < tp * pp * dp
     assert few.details["stragglers"]["slowdown"] > 1.0
     assert few.step_time_s == pytest.approx(every.step_time_s, rel=1e-9)
+    assert few.memory_peak_bytes == every.memory_peak_bytes
     for key, value in few.breakdown_s.items():
         assert value == pytest.approx(every.breakdown_s[key], rel=1e-9, abs=1e-12)
 
