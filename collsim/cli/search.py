@@ -1,8 +1,8 @@
 """``collsim search SCENARIO --gpus N``: find the fastest parallel plan that fits.
 
 Data (the table of best plans) goes to stdout; the progress bar (terminal only), the counts of
-plans set aside (infeasible or pruned) by reason and "wrote FILE" lines go to stderr. Exit codes: 0 a plan was found;
-1 no plan fits; 2 bad input.
+plans set aside (infeasible or pruned) by reason and "wrote FILE" lines go to stderr. Exit
+codes: 0 a plan was found; 1 no plan fits; 2 bad input.
 """
 
 from __future__ import annotations
