@@ -27,7 +27,17 @@ activations at segment ends, recompute buffers, gathered units, gradient and pip
 so peak memory is identical; step times agree with the engine whenever the engine prices every
 call in closed form (``--fidelity fused`` with nothing contended; a test checks every shipped
 scenario and generated plans). What this form cannot see: links shared by concurrent groups
-(the engine's DES axes), stragglers, and the all-ranks rendezvous.
+(the engine's DES axes) and the all-ranks rendezvous.
+
+Stragglers (slow GPUs and nodes, :mod:`collsim.stragglers`): the walk follows the slowed
+pipeline, its stages' compute and optimizer stretched by their TP-paced clock factors
+(:func:`collsim.stragglers.stretch_schedule`). Every event of a slowed pipeline is at least as
+late as the same event of an unslowed replica (a max-plus system is monotone in its
+durations), so each data-parallel rendezvous starts when the slowed pipeline is ready and the
+slowed pipeline's critical path is the step. That holds when the slowed stages lie in one
+pipeline (or in several with the same factors); otherwise, and for degraded links (whose
+groups are not the representative's), the closed form refuses with a ConfigError that points
+to the DES fidelities.
 """
 
 from __future__ import annotations
@@ -52,6 +62,7 @@ from collsim.schedule.stats import CallKey, CallStats, CallTally
 if TYPE_CHECKING:
     from collsim.parallel.config import ParallelConfig, TrainingConfig
     from collsim.schedule.build import StepSchedule
+    from collsim.stragglers import StragglerConfig
     from collsim.topology import Topology
     from collsim.workload.model import TransformerSpec
 
@@ -502,14 +513,73 @@ def estimate_step(
     *,
     op_time_overrides: dict[str, float] | None = None,
     zero_communication: bool = False,
+    stragglers: StragglerConfig | None = None,
 ) -> StepResult:
-    """``simulate_step``'s closed-form twin: build the schedule, walk it."""
+    """``simulate_step``'s closed-form twin: build the schedule, walk it (the slowed pipeline's
+    when ``stragglers`` slow some GPUs; see the module docstring).
+
+    Raises:
+        ConfigError: stragglers the closed form cannot walk (degraded links, slowed stages in
+            pipelines that differ), or a bad plan.
+    """
     from collsim.schedule.build import build_schedule
 
     schedule = build_schedule(
         topology, spec, training, parallel, op_time_overrides=op_time_overrides
     )
-    return walk(schedule, ClosedPricer(topology, zero=zero_communication))
+    pricer = ClosedPricer(topology, zero=zero_communication)
+    if stragglers is None:
+        return walk(schedule, pricer)
+    slowed = _straggler_schedule(schedule, stragglers)
+    if slowed is schedule:
+        return walk(schedule, pricer)
+    baseline = walk(schedule, pricer)
+    result = walk(slowed, pricer)
+    resolved = stragglers.resolve(topology)
+    result.details["stragglers"] = {
+        "clock_factors": dict(sorted(resolved.compute_factors.items())),
+        "tp_paced_ranks": sorted(resolved.tp_pace(schedule.plan)),
+        "stage_factors": {
+            f"dp{d}.pp{s}": f for (d, s), f in sorted(resolved.stage_factors(schedule.plan).items())
+        },
+        "degraded_links": {},
+        "baseline_step_time_s": baseline.step_time_s,
+        "step_time_s": result.step_time_s,
+        "slowdown": result.step_time_s / baseline.step_time_s,
+        "extra_s": result.step_time_s - baseline.step_time_s,
+        "critical_rank": result.details.get("critical_rank"),
+        "longest_wait": None,
+        "waits": [],
+    }
+    return result
+
+
+def _straggler_schedule(schedule: StepSchedule, stragglers: StragglerConfig) -> StepSchedule:
+    """The schedule of the slowed pipeline (stages stretched), or a ConfigError."""
+    from collsim.errors import ConfigError
+    from collsim.stragglers import stretch_schedule
+
+    plan = schedule.plan
+    resolved = stragglers.resolve(plan.topology)
+    if resolved.link_factors:
+        raise ConfigError(
+            "the closed form prices one representative group per axis and cannot place a "
+            "degraded link; use --fidelity auto, fused or layer",
+            key_path="stragglers.slow_link",
+        )
+    pipelines: dict[int, dict[int, float]] = {}
+    for (d, s), f in resolved.stage_factors(plan).items():
+        pipelines.setdefault(d, {})[s] = f
+    patterns = {tuple(sorted(p.items())) for p in pipelines.values()}
+    if len(patterns) > 1:
+        raise ConfigError(
+            "the closed form walks one slowed pipeline; these stragglers slow different stages "
+            f"in data-parallel replicas {sorted(pipelines)}; use --fidelity auto, fused or layer",
+            key_path="stragglers",
+        )
+    if not patterns:
+        return schedule
+    return stretch_schedule(schedule, dict(patterns.pop()))
 
 
 class Estimator:

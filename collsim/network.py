@@ -39,30 +39,45 @@ _FINISH_RTOL = 1e-9
 
 
 def max_min_rates(
-    flow_of_entry: np.ndarray, link_of_entry: np.ndarray, num_flows: int, capacity_bps: np.ndarray
+    flow_of_entry: np.ndarray,
+    link_of_entry: np.ndarray,
+    num_flows: int,
+    capacity_bps: np.ndarray,
+    multiplicity: np.ndarray | None = None,
 ) -> np.ndarray:
     """Max-min fair rates by progressive filling.
 
     Every unfrozen flow's rate rises at the same pace; when a link saturates, the flows through
     it freeze. Repeats until every flow is frozen.
 
+    A flow of ``multiplicity`` k stands for k identical flows (same path, same bytes): it
+    counts k times on each of its links and gets k times the member rate, which is exactly what
+    the k flows would get one by one (they are never told apart by max-min sharing).
+
     Args:
         flow_of_entry: flow index of each (flow, link) incidence entry.
         link_of_entry: link index of each entry (same length).
         num_flows: number of flows; every flow must have at least one entry.
         capacity_bps: capacity of every link of the network.
+        multiplicity: identical flows each flow stands for (default 1 each).
 
     Returns:
-        rate of each flow, bytes/s.
+        rate of each flow (all its members together), bytes/s.
     """
     rates = np.zeros(num_flows)
     cap_left = capacity_bps.astype(float).copy()
     num_links = len(capacity_bps)
     live = np.ones(len(flow_of_entry), dtype=bool)
     frozen = np.zeros(num_flows, dtype=bool)
+    entry_weight = None if multiplicity is None else multiplicity[flow_of_entry]
     level = 0.0
     while live.any():
-        counts = np.bincount(link_of_entry[live], minlength=num_links)
+        if entry_weight is None:
+            counts = np.bincount(link_of_entry[live], minlength=num_links).astype(float)
+        else:
+            counts = np.bincount(
+                link_of_entry[live], weights=entry_weight[live], minlength=num_links
+            )
         used = counts > 0
         share = np.full(num_links, np.inf)
         share[used] = cap_left[used] / counts[used]
@@ -71,7 +86,7 @@ def max_min_rates(
         cap_left[used] -= increment * counts[used]
         saturated = used & (share <= increment * (1 + 1e-12))
         hit = np.unique(flow_of_entry[live & saturated[link_of_entry]])
-        rates[hit] = level
+        rates[hit] = level if multiplicity is None else level * multiplicity[hit]
         frozen[hit] = True
         live &= ~frozen[flow_of_entry]
     return rates
@@ -110,6 +125,18 @@ class _Flow:
     dst: int | None
     size_bytes: float
     rate: float = 0.0
+    count: float = 1.0
+    """Identical transfers this flow stands for (bytes and rate are their sum)."""
+    batch: _Batch | None = None
+    """The batch whose single event this flow's delivery counts towards (None: ``done``)."""
+
+
+@dataclass(slots=True, eq=False)
+class _Batch:
+    """Flows started together that share one completion event (:meth:`FlowNetwork.send_all`)."""
+
+    pending: int
+    done: simpy.Event
 
 
 class FlowNetwork:
@@ -176,13 +203,18 @@ class FlowNetwork:
         dst: int | None = None,
         efficiency: float = 1.0,
         latency_s: float | None = None,
+        count: int = 1,
     ) -> simpy.Event:
         """Send over an explicit list of link indices (e.g. a GPU's port into a switch).
 
         ``src`` / ``dst`` name the ranks whose counters the bytes go to (None: a switch).
+        ``count`` > 1 sends that many identical transfers of ``size_bytes`` each as one flow
+        (same path and ranks; exact under max-min sharing, see :func:`max_min_rates`).
         """
         if size_bytes < 0:
             raise ConfigError(f"size_bytes must be >= 0, got {size_bytes}")
+        if count < 1:
+            raise ConfigError(f"count must be >= 1, got {count}")
         if not 0 < efficiency <= 1:
             raise ConfigError(f"efficiency must be in (0, 1], got {efficiency}")
         path = tuple(path)
@@ -191,13 +223,14 @@ class FlowNetwork:
         done = self.env.event()
         flow = _Flow(
             path=path,
-            wire_bytes=size_bytes / efficiency,
-            remaining=size_bytes / efficiency,
+            wire_bytes=count * size_bytes / efficiency,
+            remaining=count * size_bytes / efficiency,
             latency_s=latency_s,
             done=done,
             src=src,
             dst=dst,
-            size_bytes=size_bytes,
+            size_bytes=count * size_bytes,
+            count=float(count),
         )
         if not path or size_bytes == 0:
             self._deliver(flow)
@@ -205,6 +238,63 @@ class FlowNetwork:
         self._advance()
         self._flows.append(flow)
         self._request_update()
+        return done
+
+    def send_all(
+        self,
+        transfers: Sequence[tuple[tuple[int, ...], float, int | None, int | None, int]],
+        *,
+        efficiency: float = 1.0,
+        scale: float = 1.0,
+    ) -> simpy.Event:
+        """Start many transfers at once, delivered without propagation latency; one event
+        fires when the last of them is delivered.
+
+        Each transfer is ``(path, size_bytes, src, dst, count)`` as for :meth:`transfer_path`
+        with ``latency_s=0``, its size multiplied by ``scale``. Same sharing as one call per
+        transfer, without one SimPy event each (a collective phase of tens of thousands of
+        flows).
+        """
+        if not 0 < efficiency <= 1:
+            raise ConfigError(f"efficiency must be in (0, 1], got {efficiency}")
+        if scale < 0:
+            raise ConfigError(f"scale must be >= 0, got {scale}")
+        done = self.env.event()
+        batch = _Batch(len(transfers), done)
+        self._advance()
+        wire_scale = scale / efficiency
+        started: list[_Flow] = []
+        append = started.append
+        for path, size_bytes, src, dst, count in transfers:
+            if size_bytes < 0 or count < 1:
+                raise ConfigError(
+                    f"size_bytes must be >= 0 and count >= 1, got {size_bytes} and {count}"
+                )
+            wire = count * size_bytes * wire_scale
+            append(
+                _Flow(
+                    path if type(path) is tuple else tuple(path),
+                    wire,
+                    wire,
+                    0.0,
+                    done,
+                    src,
+                    dst,
+                    count * size_bytes * scale,
+                    0.0,
+                    float(count),
+                    batch,
+                )
+            )
+        if batch.pending == 0:
+            done.succeed()
+            return done
+        empty = [f for f in started if not f.path or f.size_bytes == 0]
+        self._flows.extend(f for f in started if f.path and f.size_bytes != 0)
+        if empty:
+            self._deliver_all(empty)
+        if batch.pending > 0:
+            self._request_update()
         return done
 
     @property
@@ -245,7 +335,14 @@ class FlowNetwork:
             (link for f in flows for link in f.path), dtype=np.int64, count=int(lengths.sum())
         )
         flow_of_entry = np.repeat(np.arange(len(flows)), lengths)
-        rates = max_min_rates(flow_of_entry, link_of_entry, len(flows), self.capacity_bps)
+        counts = np.fromiter((f.count for f in flows), dtype=float, count=len(flows))
+        rates = max_min_rates(
+            flow_of_entry,
+            link_of_entry,
+            len(flows),
+            self.capacity_bps,
+            None if bool((counts == 1.0).all()) else counts,
+        )
         remaining = np.fromiter((f.remaining for f in flows), dtype=float, count=len(flows))
         for flow, rate in zip(flows, rates.tolist()):
             flow.rate = rate
@@ -275,23 +372,46 @@ class FlowNetwork:
         if not finished:
             raise SimulationError("completion event with no finished flow")
         self._flows = still
-        for flow in finished:
-            self._deliver(flow)
+        self._deliver_all(finished)
         self._recompute()
 
     def _deliver(self, flow: _Flow) -> None:
-        if flow.path:  # a rank sending to itself is no network traffic
+        self._deliver_all([flow])
+
+    def _deliver_all(self, flows: Sequence[_Flow]) -> None:
+        """Count the flows' bytes (links in one vectorised update) and fire their events."""
+        sent, received = self.bytes_sent, self.bytes_received
+        with_path = [f for f in flows if f.path]
+        for flow in with_path:  # a rank sending to itself is no network traffic
             if flow.src is not None:
-                self.bytes_sent[flow.src] += flow.size_bytes
+                sent[flow.src] += flow.size_bytes
             if flow.dst is not None:
-                self.bytes_received[flow.dst] += flow.size_bytes
-        for link in flow.path:
-            self.link_bytes[link] += flow.size_bytes
-        if flow.latency_s > 0:
-            delay = self.env.timeout(flow.latency_s, value=flow.done)
-            delay.callbacks.append(_fire_delivery)
-        else:
-            flow.done.succeed()
+                received[flow.dst] += flow.size_bytes
+        if len(with_path) == 1:
+            flow = with_path[0]
+            self.link_bytes[list(flow.path)] += flow.size_bytes
+        elif with_path:
+            lengths = np.fromiter(
+                (len(f.path) for f in with_path), dtype=np.int64, count=len(with_path)
+            )
+            entries = np.fromiter(
+                (link for f in with_path for link in f.path),
+                dtype=np.int64,
+                count=int(lengths.sum()),
+            )
+            sizes = np.fromiter((f.size_bytes for f in with_path), dtype=float, count=len(lengths))
+            np.add.at(self.link_bytes, entries, np.repeat(sizes, lengths))
+        for flow in flows:
+            batch = flow.batch
+            if batch is not None:  # latency 0 by construction (send_all)
+                batch.pending -= 1
+                if batch.pending == 0:
+                    batch.done.succeed()
+            elif flow.latency_s > 0:
+                delay = self.env.timeout(flow.latency_s, value=flow.done)
+                delay.callbacks.append(_fire_delivery)
+            else:
+                flow.done.succeed()
 
 
 def _fire_delivery(delay: simpy.Event) -> None:

@@ -47,6 +47,8 @@ unit where they have one; unknown keys are rejected with ``file:line: key.path``
       layers_per_stage: null   # [n, ...] per virtual stage; account_for_embedding,
                                # account_for_loss: balanced split counts them as a layer
     reliability: {...}         # optional: failure rates, restarts, checkpoints (collsim.goodput)
+    stragglers:                # optional: slow GPUs / nodes / links (collsim.stragglers)
+      slow_gpu: {ranks: [5], clock_factor: 0.9}
 
 ``--set key.path=value`` overrides (the value is parsed as YAML) are applied to the document
 before it is read, so they go through the same checks; their errors are located at ``--set``.
@@ -75,6 +77,7 @@ from collsim.yamlio import ConfigReader, YamlDoc, load_yaml, non_negative, posit
 
 if TYPE_CHECKING:
     from collsim.goodput.config import ReliabilityConfig
+    from collsim.stragglers import StragglerConfig
     from collsim.topology import Topology
     from collsim.workload import TransformerSpec
 
@@ -174,6 +177,8 @@ class Scenario:
     parallel: ParallelConfig
     reliability: ReliabilityConfig | None = None
     """The optional ``reliability`` section (``collsim goodput``)."""
+    stragglers: StragglerConfig | None = None
+    """The optional ``stragglers`` section (slow GPUs, nodes, links; ``collsim run``)."""
     source: Path | None = None
     """The scenario file (None when built from a string)."""
     doc: YamlDoc | None = field(default=None, repr=False, compare=False)
@@ -320,6 +325,7 @@ def _read(doc: YamlDoc, overrides: tuple[_Override, ...], source: Path | None) -
     training = _read_training(root.section("training"))
     parallel = _read_parallel(root.section("parallel", default_empty=True))
     reliability = _read_reliability(root)
+    stragglers = _read_stragglers(root)
     root.finish()
     return Scenario(
         name=name,
@@ -328,6 +334,7 @@ def _read(doc: YamlDoc, overrides: tuple[_Override, ...], source: Path | None) -
         training=training,
         parallel=parallel,
         reliability=reliability,
+        stragglers=stragglers,
         source=source,
         doc=doc,
         overrides=overrides,
@@ -341,6 +348,15 @@ def _read_reliability(root: ConfigReader) -> ReliabilityConfig | None:
     from collsim.goodput.config import read_reliability
 
     return read_reliability(root.section("reliability"))
+
+
+def _read_stragglers(root: ConfigReader) -> StragglerConfig | None:
+    """The optional ``stragglers`` section, read by :func:`collsim.stragglers.read_stragglers`."""
+    if root.get("stragglers", dict, default=None) is None:
+        return None
+    from collsim.stragglers import read_stragglers
+
+    return read_stragglers(root.section("stragglers"))
 
 
 def _read_cluster(reader: ConfigReader, source: Path | None) -> ClusterSpec:

@@ -51,11 +51,12 @@ __all__ = [
 
 REASONS = {
     "tp_heads": "heads or ffn_hidden not divisible by tp",
-    "tp_node": "tp larger than a node",
+    "tp_node": "tp larger than the space's max_tp",
     "pp_layers": "layers not divisible by pp x virtual stages",
     "batch": "global batch not divisible by dp x micro-batch",
     "interleaved_m": "interleaved needs micro-batches divisible by pp",
-    "zero_pp": "ZeRO-2/3 with pipeline parallelism (unsupported)",
+    "zero_pp": "ZeRO-2/3 with pipeline parallelism (left out of this space)",
+    "no_dp": "a bucket size other than the first without data parallelism (same plan)",
     "memory": "estimated memory exceeds the GPU",
     "memory (DES)": "simulated memory exceeds the GPU",
     "bound": "pruned: its lower bound (the compute stream's own work) cannot beat the best kept",
@@ -66,15 +67,63 @@ REASONS = {
 class SearchSpace:
     """What the search varies. Defaults cover what Megatron-LM and DeepSpeed offer."""
 
-    micro_batches: tuple[int, ...] = (1, 2, 4, 8)
+    micro_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
     schedules: tuple[str, ...] = ("gpipe", "1f1b", "interleaved")
-    virtual_stages: tuple[int, ...] = (2, 3, 4, 6, 8)
+    virtual_stages: tuple[int, ...] = (2, 3, 4, 6, 8, 12, 16, 24)
     """Chunks per stage tried with the interleaved schedule."""
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)
     recomputes: tuple[str, ...] = ("none", "selective", "full")
     sequence_parallel: tuple[bool, ...] = (False, True)
+    bucket_mbs: tuple[float, ...] = (10.0, 25.0, 100.0, 400.0)
+    """DDP / ZeRO-1/2 bucket sizes tried (MiB; torch's default is 25)."""
+    overlaps: tuple[bool, ...] = (True, False)
+    """DDP / ZeRO-1/2 gradient reduction overlapped with backward, or after it."""
+    bucket_views: tuple[bool, ...] = (False, True)
+    """DDP (ZeRO 0): torch's ``gradient_as_bucket_view`` (gradients not held twice)."""
+    prefetches: tuple[int, ...] = (0, 1, 2, 4)
+    """ZeRO-3 / FSDP prefetch depths tried."""
+    offloads: tuple[bool, ...] = (False, True)
+    """ZeRO-3 with and without CPU offload of the shards."""
+    reshards: tuple[bool, ...] = (True, False)
+    """ZeRO-3 parameters resharded after forward (FULL_SHARD) or kept (SHARD_GRAD_OP)."""
     max_tp: int | None = None
-    """Largest tp; None = the GPUs of one node (Megatron keeps TP inside NVLink)."""
+    """Largest tp; None = any (TP across nodes is tried too; the network prices it)."""
+    zero_with_pp: bool = True
+    """Try ZeRO-2/3 with pipeline parallelism (the engine reduces per micro-batch)."""
+
+    def dp_variants(self) -> list[DPVariant]:
+        """Data-parallel knob combinations: buckets and overlap for ZeRO 0-2, prefetch,
+        offload and resharding for ZeRO-3."""
+        out: list[DPVariant] = []
+        for zero in self.zero_stages:
+            if zero < 3:
+                out += [
+                    DPVariant(zero=zero, bucket_mb=b, overlap=o, bucket_view=view)
+                    for b in self.bucket_mbs
+                    for o in self.overlaps
+                    for view in (self.bucket_views if zero == 0 else (False,))
+                ]
+            else:
+                out += [
+                    DPVariant(zero=zero, prefetch=p, offload=f, reshard=r)
+                    for p in self.prefetches
+                    for f in self.offloads
+                    for r in self.reshards
+                ]
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class DPVariant:
+    """One combination of the data-parallel knobs."""
+
+    zero: int
+    bucket_mb: float = 25.0
+    overlap: bool = True
+    bucket_view: bool = False
+    prefetch: int = 1
+    offload: bool = False
+    reshard: bool = True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -90,10 +139,17 @@ class Candidate:
     zero: int
     recompute: str
     sequence_parallel: bool
+    bucket_mb: float = 25.0
+    overlap: bool = True
+    bucket_view: bool = False
+    prefetch: int = 1
+    offload: bool = False
+    reshard: bool = True
 
     @property
     def label(self) -> str:
-        """``tp8 pp8 dp16 mb1 interleaved v2 zero1 rc=full sp``."""
+        """``tp8 pp8 dp16 mb1 interleaved v2 zero1 rc=full sp``, plus the non-default
+        bucket size (``b100``), prefetch depth (``pf2``) or ``offload``."""
         parts = [f"tp{self.tp}", f"pp{self.pp}", f"dp{self.dp}", f"mb{self.micro_batch}"]
         if self.pp > 1:
             parts.append(
@@ -102,6 +158,18 @@ class Candidate:
         parts += [f"zero{self.zero}", f"rc={self.recompute}"]
         if self.sequence_parallel:
             parts.append("sp")
+        if self.zero < 3 and self.bucket_mb != 25.0:
+            parts.append(f"b{self.bucket_mb:g}")
+        if self.zero < 3 and not self.overlap:
+            parts.append("no-overlap")
+        if self.bucket_view:
+            parts.append("grad-view")
+        if self.zero == 3 and self.prefetch != 1:
+            parts.append(f"pf{self.prefetch}")
+        if self.offload:
+            parts.append("offload")
+        if self.zero == 3 and not self.reshard:
+            parts.append("keep-params")
         return " ".join(parts)
 
     def configs(
@@ -124,6 +192,18 @@ class Candidate:
             virtual_stages=self.virtual_stages,
             zero=self.zero,
             sequence_parallel=self.sequence_parallel,
+            ddp=dataclasses.replace(
+                base_parallel.ddp,
+                bucket_mb=self.bucket_mb,
+                overlap=self.overlap,
+                gradient_as_bucket_view=self.bucket_view,
+            ),
+            fsdp=dataclasses.replace(
+                base_parallel.fsdp,
+                prefetch=self.prefetch,
+                offload=self.offload,
+                reshard_after_forward=self.reshard,
+            ),
         )
         return training, parallel
 
@@ -139,6 +219,12 @@ class Candidate:
             "zero": self.zero,
             "recompute": self.recompute,
             "sequence_parallel": self.sequence_parallel,
+            "bucket_mb": self.bucket_mb,
+            "overlap": self.overlap,
+            "gradient_as_bucket_view": self.bucket_view,
+            "prefetch": self.prefetch,
+            "offload": self.offload,
+            "reshard_after_forward": self.reshard,
         }
 
 
@@ -158,8 +244,9 @@ def enumerate_plans(
     in ``rejected`` (one count per plan of the full grid that is dropped)."""
     space = space or SearchSpace()
     rejected = rejected if rejected is not None else Counter()
-    max_tp = space.max_tp or gpus_per_node
-    per_variant = len(space.zero_stages) * len(space.recomputes)
+    max_tp = space.max_tp or num_gpus
+    variants = space.dp_variants()
+    per_variant = len(variants) * len(space.recomputes)
     for tp in _divisors(num_gpus):
         sps = [sp for sp in space.sequence_parallel if tp > 1 or not sp] or [False]
         for pp in _divisors(num_gpus // tp):
@@ -197,9 +284,18 @@ def enumerate_plans(
                     if schedule == "interleaved" and m % pp:
                         rejected["interleaved_m"] += per_sched
                         continue
-                    for zero in space.zero_stages:
-                        if zero >= 2 and pp > 1:
+                    for var in variants:
+                        zero = var.zero
+                        if zero >= 2 and pp > 1 and not space.zero_with_pp:
                             rejected["zero_pp"] += len(space.recomputes) * len(sps)
+                            continue
+                        if dp == 1 and (var.bucket_mb, var.overlap, var.bucket_view) != (
+                            variants[0].bucket_mb,
+                            variants[0].overlap,
+                            variants[0].bucket_view,
+                        ):
+                            # no data parallelism: buckets and their overlap change nothing
+                            rejected["no_dp"] += len(space.recomputes) * len(sps)
                             continue
                         for recompute in space.recomputes:
                             for sp in sps:
@@ -213,6 +309,12 @@ def enumerate_plans(
                                     zero=zero,
                                     recompute=recompute,
                                     sequence_parallel=sp,
+                                    bucket_mb=var.bucket_mb,
+                                    overlap=var.overlap,
+                                    bucket_view=var.bucket_view,
+                                    prefetch=var.prefetch,
+                                    offload=var.offload,
+                                    reshard=var.reshard,
                                 )
 
 
@@ -408,6 +510,7 @@ class _Bounds:
         self.per = bytes_per(training)
         self._models: dict[str, Any] = {}
         self._pricer: ClosedPricer | None = None
+        self._step: dict[tuple[Any, ...], float] = {}
 
     def _stage_params(self, c: Candidate) -> list[float]:
         from collsim.workload.memory import parameters_per_rank
@@ -418,6 +521,8 @@ class _Bounds:
         ]
 
     def states_bytes(self, c: Candidate) -> float:
+        if c.offload:
+            return 0.0  # the shards live in host memory
         n, per = float(c.dp), self.per
         out = 0.0
         for numel in self._stage_params(c):
@@ -428,6 +533,14 @@ class _Bounds:
         return out * (1 - 1e-9)
 
     def step_s(self, c: Candidate) -> float:
+        key: tuple[Any, ...] = (c.tp, c.pp, c.dp, c.micro_batch, c.schedule, c.virtual_stages)
+        key += (c.zero, c.recompute, c.sequence_parallel)
+        hit = self._step.get(key)
+        if hit is None:
+            hit = self._step[key] = self._step_s(c)
+        return hit
+
+    def _step_s(self, c: Candidate) -> float:
         from collsim.workload.compute import ComputeModel
         from collsim.workload.memory import layers_per_stage
 

@@ -447,6 +447,7 @@ def _default_simulate(
         scenario.parallel,
         all_ranks=all_ranks,
         trace=trace,
+        stragglers=scenario.stragglers,
     )
 
 

@@ -23,9 +23,16 @@ Schema (units in key names; ``bandwidth_gbps`` is GB/s per direction, ``rate_gbi
     intra_node: {interconnect: nvswitch, bandwidth_gbps: 450, efficiency: 0.824,
                  latency_us: 0.5, nvls: true}
     nics: {count: 8, rate_gbit: 400, efficiency: 0.96, latency_us: 2.0}
-    fabric: {kind: fat_tree, rails: true, oversubscription: 1.0, nodes_per_leaf: 32,
-             latency_us: 0.5}
-    host: {bandwidth_gbps: 64}
+    fabric: {kind: infiniband, rails: true, oversubscription: 1.0, nodes_per_leaf: 32,
+             latency_us: 0.5,             # per leaf <-> spine direction
+             net_latency_us: 0.0,         # per LL/LL128 network step, added by the transport
+             net_simple_latency_us: 0.0,  # per Simple network step
+             ll128: true, sharp: false}   # LL128 across nodes; CollNet in-network reduction
+    host: {bandwidth_gbps: 64, cpu_vendor: intel}
+
+``fabric.kind`` is the transport (:class:`FabricKind`: infiniband, roce, efa, tcpxo); each kind
+sets sourced defaults for ``nics.efficiency``, ``net_latency_us`` and ``ll128``
+(:data:`FABRIC_DEFAULTS`), which the file's own keys override.
     collectives: {library: nccl, overhead_us: 0.0, algorithms: {all_reduce: ring},
                   ops: {all_reduce: {overhead_us: 30.0, efficiency: 0.6}}}   # per-op, optional
 
@@ -34,7 +41,7 @@ Schema (units in key names; ``bandwidth_gbps`` is GB/s per direction, ``rate_gbi
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -51,6 +58,9 @@ __all__ = [
     "Link",
     "LinkKind",
     "Interconnect",
+    "FabricKind",
+    "FabricDefaults",
+    "FABRIC_DEFAULTS",
     "CollectiveSettings",
     "Topology",
     "load_topology",
@@ -68,7 +78,19 @@ _COLLECTIVE_OPS = (
     "all_to_all",
     "send_recv",
 )
-_ALGORITHMS = ("auto", "ring", "tree", "halving_doubling", "direct", "hierarchical", "nvls")
+_ALGORITHMS = (
+    "auto",
+    "ring",
+    "tree",
+    "halving_doubling",
+    "direct",
+    "hierarchical",
+    "nvls",
+    "nvls_tree",
+    "collnet_direct",
+    "collnet_chain",
+    "pat",
+)
 
 
 class LinkKind(StrEnum):
@@ -162,12 +184,99 @@ class _NicSpec:
     latency_s: float
 
 
+class FabricKind(StrEnum):
+    """The transport between nodes (``fabric.kind``); each has sourced defaults
+    (:data:`FABRIC_DEFAULTS`). ``fat_tree`` is the older spelling: InfiniBand's shape, no
+    transport defaults."""
+
+    INFINIBAND = "infiniband"
+    ROCE = "roce"
+    EFA = "efa"
+    TCPXO = "tcpxo"
+    FAT_TREE = "fat_tree"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FabricDefaults:
+    """What a fabric kind sets unless the topology file says otherwise."""
+
+    nic_efficiency: float
+    """Achievable share of a NIC's line rate for NCCL traffic (``nics.efficiency``)."""
+    net_latency_us: float
+    """Latency the transport adds to every LL / LL128 network step, us: NCCL's
+    ``graph->latencyInter`` (the network plugin's, src/graph/tuning.cc adds it to the NET hop
+    latency); 0 where NCCL's own NET row was measured (InfiniBand verbs)."""
+    net_simple_latency_us: float
+    """The same for a Simple network step, us (tuning.cc adds ``latencyInter`` twice for Simple,
+    "the flush extra latency"; a transport that stages Simple data differently, as TCPXO's
+    receive-side unpack does, has its own figure)."""
+    ll128: bool
+    """Whether NCCL runs LL128 across this fabric."""
+    source: str
+
+
+FABRIC_DEFAULTS: dict[FabricKind, FabricDefaults] = {
+    FabricKind.INFINIBAND: FabricDefaults(
+        nic_efficiency=0.96,
+        net_latency_us=0.0,
+        net_simple_latency_us=0.0,
+        ll128=True,
+        source="one 400 Gb/s RDMA NIC: nccl busbw 48 of 50 GB/s (NVIDIA GTC24 S62129); NCCL's "
+        "NET latencies (tuning.cc) are the IB verbs figures, the IB plugin adds none",
+    ),
+    FabricKind.ROCE: FabricDefaults(
+        nic_efficiency=0.96,
+        net_latency_us=0.0,
+        net_simple_latency_us=0.0,
+        ll128=True,
+        source="RoCE runs NCCL's IB verbs plugin (src/transport/net_ib): InfiniBand's figures; "
+        "no separate RoCE figure in the reference set",
+    ),
+    FabricKind.EFA: FabricDefaults(
+        nic_efficiency=0.96,
+        net_latency_us=0.0,
+        net_simple_latency_us=0.0,
+        ll128=True,
+        source="no EFA figure in the reference set: InfiniBand's defaults, to be replaced by "
+        "a calibration (collsim validate calibrate) on EFA logs",
+    ),
+    FabricKind.TCPXO: FabricDefaults(
+        nic_efficiency=1.0,
+        net_latency_us=54.0,
+        net_simple_latency_us=420.0,
+        ll128=False,
+        source="fitted to the two-node GCP A3 Mega all_reduce sweep "
+        "(tests/data/nccl_allreduce_h100_2node_a3mega.csv), sizes <= 4 MiB and >= 1 GiB "
+        "only, least squares of log time: the small sizes grow at NCCL's LL cap (LL128 not "
+        "used across TCPXO) and give the LL latency, 1-8 GiB the Simple latency and the "
+        "rate (at its bound, 1.0 of 200 Gb/s: the tree keeps NCCL's 0.92 factor); see "
+        "topologies/gcp_a3_mega.yaml and tests/collectives/test_a3mega.py",
+    ),
+    FabricKind.FAT_TREE: FabricDefaults(
+        nic_efficiency=1.0,
+        net_latency_us=0.0,
+        net_simple_latency_us=0.0,
+        ll128=True,
+        source="no transport defaults",
+    ),
+}
+"""Per-kind defaults, each with its source."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class _FabricSpec:
     rails: bool
     oversubscription: float
     nodes_per_leaf: int
     latency_s: float
+    kind: FabricKind = FabricKind.FAT_TREE
+    net_latency_s: float = 0.0
+    """Per LL / LL128 network step latency the transport adds (see :class:`FabricDefaults`)."""
+    net_simple_latency_s: float = 0.0
+    """Per Simple network step latency the transport adds."""
+    ll128: bool = True
+    collnet: bool = False
+    """In-network reduction (SHARP) reachable through NCCL's CollNet (``fabric.sharp``)."""
 
 
 class Topology:
@@ -189,6 +298,7 @@ class Topology:
         fabric: _FabricSpec,
         host_bandwidth_bps: float,
         collectives: CollectiveSettings,
+        host_cpu_vendor: str = "intel",
         source: str = "",
     ) -> None:
         self.name = name
@@ -201,6 +311,9 @@ class Topology:
         self.fabric = fabric
         self.nvls = intra.nvls
         self.host_bandwidth_bps = host_bandwidth_bps
+        self.host_cpu_vendor = host_cpu_vendor
+        """``intel`` or ``amd``: NCCL's LL cap across nodes and its network post overhead
+        depend on it (src/graph/tuning.cc llMaxBws, getNetOverhead)."""
         self.collectives = collectives
         self.source = source
         self.links: list[Link] = []
@@ -505,8 +618,10 @@ def parse_topology(
     sec.finish()
 
     nics: _NicSpec | None = None
+    nics_has_efficiency = False
     if root.has("nics"):
         sec = root.section("nics")
+        nics_has_efficiency = sec.has("efficiency")
         nics = _NicSpec(
             count=sec.get("count", int, check=positive),
             bandwidth_bps=gbit_to_bps(sec.get("rate_gbit", float, check=positive)),
@@ -515,17 +630,37 @@ def parse_topology(
         sec.finish()
 
     sec = root.section("fabric", default_empty=True)
-    sec.get("kind", str, default="fat_tree", check=one_of("fat_tree"))
+    kind = FabricKind(
+        sec.get("kind", str, default="fat_tree", check=one_of(*[k.value for k in FabricKind]))
+    )
+    kind_defaults = FABRIC_DEFAULTS[kind]
     fabric = _FabricSpec(
         rails=sec.get("rails", bool, default=False),
         oversubscription=sec.get("oversubscription", float, default=1.0, check=_at_least_one),
         nodes_per_leaf=sec.get("nodes_per_leaf", int, default=1 << 30, check=positive),
         latency_s=sec.get("latency_us", float, default=0.0, check=non_negative) * US,
+        kind=kind,
+        net_latency_s=sec.get(
+            "net_latency_us", float, default=kind_defaults.net_latency_us, check=non_negative
+        )
+        * US,
+        net_simple_latency_s=sec.get(
+            "net_simple_latency_us",
+            float,
+            default=kind_defaults.net_simple_latency_us,
+            check=non_negative,
+        )
+        * US,
+        ll128=sec.get("ll128", bool, default=kind_defaults.ll128),
+        collnet=sec.get("sharp", bool, default=False),
     )
     sec.finish()
+    if nics is not None and not nics_has_efficiency and kind is not FabricKind.FAT_TREE:
+        nics = replace(nics, efficiency=kind_defaults.nic_efficiency)
 
     sec = root.section("host", default_empty=True)
     host_bps = gbps_to_bps(sec.get("bandwidth_gbps", float, default=32.0, check=positive))
+    cpu_vendor = sec.get("cpu_vendor", str, default="intel", check=one_of("intel", "amd"))
     sec.finish()
 
     sec = root.section("collectives", default_empty=True)
@@ -568,6 +703,7 @@ def parse_topology(
         nics=nics,
         fabric=fabric,
         host_bandwidth_bps=host_bps,
+        host_cpu_vendor=cpu_vendor,
         collectives=CollectiveSettings(
             library=library,
             overhead_s=overhead_s,

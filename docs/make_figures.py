@@ -3,6 +3,7 @@
     .venv/bin/python docs/make_figures.py            # all figures, about a minute on one core
     .venv/bin/python docs/make_figures.py scaling    # only some: scaling memory timeline
                                                      # step pipeline breakdown collectives
+                                                     # algorithms
 
 Every number drawn comes from collsim itself: the discrete-event engine for steps, the closed
 form of collectives.cost for the collective curves (with the published nccl-tests sweep of a
@@ -205,6 +206,41 @@ def collectives() -> Path:
     return save_figure(fig, OUT / "collectives.png")
 
 
+def algorithms() -> Path:
+    """all_reduce bus bandwidth vs size per NCCL algorithm across two nodes (closed form):
+    GCP A3 Mega (8 x 200 Gb/s GPUDirect-TCPXO per node) with its published nccl-tests sweep,
+    and what ``auto`` (NCCL 2.30.7's tuner) picks at each size."""
+    import pandas as pd
+
+    from collsim.collectives import Group
+    from collsim.report.frames import collective_cost_frame, read_collective_csv
+    from collsim.report.plots import plot_collectives, save_figure
+    from collsim.topology import load_topology
+
+    sizes = [1 << k for k in range(10, 34)]
+    frames = []
+    a3 = Group.all(load_topology("gcp_a3_mega", nodes=2))
+    frame = collective_cost_frame("all_reduce", sizes, a3, ["ring", "tree", "auto"])
+    frame["algorithm"] = frame["algorithm"].replace({"auto": "auto (NCCL 2.30.7 tuner)"})
+    frame["algorithm"] = "A3 Mega x2: " + frame["algorithm"].astype(str)
+    frames.append(frame)
+    measured_path = REPO / "tests" / "data" / "nccl_allreduce_h100_2node_a3mega.csv"
+    measured = read_collective_csv(measured_path)
+    measured = measured[measured["size_bytes"] >= sizes[0]]
+    measured["algorithm"] = "A3 Mega x2: nccl-tests measured"
+    frames.append(measured)
+    dgx = Group.all(load_topology("dgx_h100", nodes=2))
+    frame = collective_cost_frame("all_reduce", sizes, dgx, ["ring", "nvls_tree", "auto"])
+    frame["algorithm"] = "DGX H100 x2: " + frame["algorithm"].astype(str)
+    frames.append(frame)
+    fig = plot_collectives(
+        pd.concat(frames, ignore_index=True),
+        title="all_reduce on 2 nodes x 8 H100 per algorithm (closed form) vs nccl-tests",
+    )
+    pd.concat(frames, ignore_index=True).to_csv(OUT / "algorithms.csv", index=False)
+    return save_figure(fig, OUT / "algorithms.png")
+
+
 FIGURES = {
     "scaling": scaling,
     "memory": memory,
@@ -213,6 +249,7 @@ FIGURES = {
     "pipeline": pipeline,
     "breakdown": breakdown,
     "collectives": collectives,
+    "algorithms": algorithms,
 }
 
 

@@ -153,3 +153,39 @@ def test_many_small_transfers_at_a_large_clock_all_complete() -> None:
     env.run(simpy.AllOf(env, [env.process(worker()) for _ in range(4)]))
     assert net.active_flows == 0
     assert sum(net.bytes_sent.values()) == pytest.approx(sum(sent))
+
+
+def test_a_flow_of_multiplicity_k_is_k_identical_flows() -> None:
+    # links: 0 cap 10, 1 cap 4. A (x3) on 0; B on 0 and 1; C on 1. One by one: link 1 gives
+    # B and C 2 each, the three A's share the remaining 8 of link 0: 8/3 each, 8 together.
+    flows = np.array([0, 1, 1, 2])
+    links = np.array([0, 0, 1, 1])
+    rates = max_min_rates(flows, links, 3, np.array([10.0, 4.0]), np.array([3.0, 1.0, 1.0]))
+    assert rates.tolist() == pytest.approx([8.0, 2.0, 2.0])
+    # and with the three A's as separate flows
+    split = max_min_rates(
+        np.array([0, 1, 2, 3, 3, 4]), np.array([0, 0, 0, 0, 1, 1]), 5, np.array([10.0, 4.0])
+    )
+    assert sum(split[:3]) == pytest.approx(rates[0]) and split[3] == pytest.approx(rates[1])
+
+
+def test_send_all_matches_one_transfer_per_flow() -> None:
+    # Four equal transfers 0->1 (two of them as one flow of count 2) and 2->1: link rx of
+    # rank 1 is shared by all, so they finish together at 5 x size / 100 GB/s.
+    topo = toy()
+    env = simpy.Environment()
+    net = FlowNetwork(env, topo)
+    size = 1e9
+    path01, path21 = topo.path(0, 1), topo.path(2, 1)
+    done = net.send_all(
+        [(path01, size, 0, 1, 2), (path01, size, 0, 1, 1), (path21, size, 2, 1, 1)]
+        + [(path01, size, 0, 1, 1), ((), size, 3, 3, 1)],
+    )
+    env.run(done)
+    assert env.now == pytest.approx(5 * size / GBPS)
+    assert net.bytes_sent[0] == pytest.approx(4 * size)
+    assert net.bytes_received[1] == pytest.approx(5 * size)
+    assert net.link_bytes[topo.gpu_rx[1]] == pytest.approx(5 * size)
+    assert net.bytes_sent.get(3, 0.0) == 0.0  # a rank to itself is no traffic
+    with pytest.raises(ConfigError, match="count >= 1, got 1000000000.0 and 0"):
+        net.send_all([(path01, size, 0, 1, 0)])

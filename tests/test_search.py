@@ -27,6 +27,17 @@ TINY = TransformerSpec(
 )
 
 
+# the data-parallel knobs at one value each (the plan knobs as in the default space)
+SMALL = SearchSpace(
+    bucket_mbs=(25.0,),
+    overlaps=(True,),
+    bucket_views=(False,),
+    prefetches=(1,),
+    offloads=(False,),
+    reshards=(True,),
+)
+
+
 @pytest.fixture(scope="module")
 def h100x16():
     return load_topology("dgx_h100", nodes=2)
@@ -49,18 +60,14 @@ def _brute_grid_size(spec: TransformerSpec, gpus: int, per_node: int, space: Sea
                 )
             )
             sps = 2 if tp > 1 else 1
-            total += (
-                len(space.micro_batches)
-                * scheds
-                * len(space.zero_stages)
-                * len(space.recomputes)
-                * sps
-            )
+            variants = len(space.dp_variants())
+            total += len(space.micro_batches) * scheds * variants * len(space.recomputes) * sps
     return total
 
 
 def test_every_plan_of_the_grid_is_kept_or_counted(h100x16) -> None:
-    space = SearchSpace()
+    # a space kept inside a node and without ZeRO-2/3 under pipelines: both rules counted
+    space = SearchSpace(max_tp=8, zero_with_pp=False)
     rejected: Counter[str] = Counter()
     plans = list(enumerate_plans(TINY, 16, 8, 64, space, rejected))
     assert len(plans) + sum(rejected.values()) == _brute_grid_size(TINY, 16, 8, space)
@@ -219,7 +226,7 @@ def test_search_counts_plans_that_do_not_fit() -> None:
         get_preset("gpt3-175b"),
         training,
         ParallelConfig(dp=64),
-        space=SearchSpace(micro_batches=(1,), recomputes=("full",)),
+        space=dataclasses.replace(SMALL, micro_batches=(1,), recomputes=("full",)),
         top_k=0,
     )
     assert result.rejected["memory"] > 0
@@ -256,7 +263,7 @@ def test_estimated_memory_agrees_with_the_engine(knobs) -> None:
 def test_pruning_by_bound_returns_the_same_best_plans(h100x16) -> None:
     # branch and bound against estimating every plan of the grid (a tiny model on 16 GPUs)
     training = TrainingConfig(global_batch=64, micro_batch=1)
-    space = SearchSpace(micro_batches=(1, 2, 4))
+    space = dataclasses.replace(SMALL, micro_batches=(1, 2, 4))
     args = (h100x16, TINY, training, ParallelConfig(dp=16))
     pruned = search_plans(*args, space=space, top_k=0, prune_keep=10)
     full = search_plans(*args, space=space, top_k=0, prune_keep=0)
@@ -265,3 +272,12 @@ def test_pruning_by_bound_returns_the_same_best_plans(h100x16) -> None:
     assert full.rejected["bound"] == 0 and full.estimated == full.buildable
     best = [(r.candidate, r.estimate.step_time_s) for r in full.ranked[:10]]
     assert [(r.candidate, r.estimate.step_time_s) for r in pruned.ranked[:10]] == best
+
+
+def test_the_default_space_of_gpt3_175b_on_1024_gpus_is_large() -> None:
+    # TP across nodes, ZeRO-1/2/3 with pipelines, bucket sizes, prefetch depths, offload
+    rejected: Counter[str] = Counter()
+    spec = get_preset("gpt3-175b")
+    plans = sum(1 for _ in enumerate_plans(spec, 1024, 8, 1536, SearchSpace(), rejected))
+    assert plans + sum(rejected.values()) >= 1_000_000
+    assert any(p.tp > 8 for p in enumerate_plans(spec, 1024, 8, 1536, SearchSpace()))

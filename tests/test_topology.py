@@ -5,10 +5,19 @@ from pathlib import Path
 import pytest
 
 from collsim.errors import ConfigError, InfeasibleError
-from collsim.topology import LinkKind, load_topology, parse_topology
+from collsim.topology import FABRIC_DEFAULTS, LinkKind, load_topology, parse_topology
 from collsim.yamlio import parse_yaml_text
 
-NAMES = ["dgx_a100", "dgx_h100", "dgx_h200", "dgx_b200", "pcie_8gpu", "localhost"]
+NAMES = [
+    "dgx_a100",
+    "dgx_h100",
+    "dgx_h200",
+    "dgx_b200",
+    "pcie_8gpu",
+    "localhost",
+    "gcp_a3_mega",
+    "oci_bm_gpu4_8",
+]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -188,6 +197,20 @@ collectives:
             "library: nccl\n  algorithms: {allreduce: ring}",
             r"collectives\.algorithms\.allreduce: unknown op",
         ),
+        # unknown fabric kind, the choices listed
+        (
+            "kind: fat_tree",
+            "kind: omnipath",
+            r"t\.yaml:13: fabric\.kind: must be one of .*infiniband.*roce.*efa.*tcpxo",
+        ),
+        # a transport latency below 0
+        (
+            "  rails: true\n",
+            "  rails: true\n  net_latency_us: -1\n",
+            r"fabric\.net_latency_us: must be >= 0",
+        ),
+        # an unknown CPU vendor
+        ("collectives:\n", "host: {cpu_vendor: arm}\ncollectives:\n", r"host\.cpu_vendor"),
     ],
     ids=[
         "unknown-key",
@@ -199,6 +222,9 @@ collectives:
         "unknown-device",
         "unknown-algorithm",
         "unknown-op",
+        "unknown-fabric-kind",
+        "net-latency-negative",
+        "cpu-vendor",
     ],
 )
 def test_malformed_topology_names_file_line_and_key(old: str, new: str, message: str) -> None:
@@ -210,3 +236,64 @@ def test_malformed_topology_names_file_line_and_key(old: str, new: str, message:
 def test_unknown_name_lists_known_topologies() -> None:
     with pytest.raises(ConfigError, match="known names: .*dgx_h100.*localhost"):
         load_topology("dgx_z100")
+
+
+def _with_kind(kind: str, extra: str = "") -> str:
+    return _DOC.replace("kind: fat_tree\n", f"kind: {kind}\n{extra}")
+
+
+@pytest.mark.parametrize(
+    ("kind", "efficiency", "ll_us", "simple_us", "ll128"),
+    [
+        # NCCL's NET latencies were measured on IB verbs: the transport adds nothing
+        ("infiniband", 0.96, 0.0, 0.0, True),
+        ("roce", 0.96, 0.0, 0.0, True),
+        ("efa", 0.96, 0.0, 0.0, True),
+        # fitted to the A3 Mega sweep (tests/collectives/test_a3mega.py)
+        ("tcpxo", 1.0, 54.0, 420.0, False),
+        # the older spelling: no transport defaults at all
+        ("fat_tree", 1.0, 0.0, 0.0, True),
+    ],
+)
+def test_fabric_kind_sets_sourced_defaults(
+    kind: str, efficiency: float, ll_us: float, simple_us: float, ll128: bool
+) -> None:
+    topo = parse_topology(parse_yaml_text(_with_kind(kind), "t.yaml"), nodes=2)
+    assert topo.fabric.kind.value == kind
+    assert topo.nics is not None and topo.nics.efficiency == efficiency
+    assert topo.fabric.net_latency_s == pytest.approx(ll_us * 1e-6)
+    assert topo.fabric.net_simple_latency_s == pytest.approx(simple_us * 1e-6)
+    assert topo.fabric.ll128 is ll128
+    assert FABRIC_DEFAULTS[topo.fabric.kind].source  # every kind names its source
+
+
+def test_topology_keys_override_the_fabric_kind() -> None:
+    doc = _with_kind("tcpxo", "  net_latency_us: 7\n  ll128: true\n  sharp: true\n")
+    doc = doc.replace("  rate_gbit: 400\n", "  rate_gbit: 400\n  efficiency: 0.5\n")
+    topo = parse_topology(parse_yaml_text(doc, "t.yaml"), nodes=2)
+    assert topo.nics is not None and topo.nics.efficiency == 0.5
+    assert topo.fabric.net_latency_s == pytest.approx(7e-6)
+    assert topo.fabric.net_simple_latency_s == pytest.approx(420e-6)  # still the kind's
+    assert topo.fabric.ll128 and topo.fabric.collnet
+
+
+def test_transport_latency_reaches_the_network_hops() -> None:
+    # NCCL adds the transport's latency to every network hop (tuning.cc latencyInter): a
+    # 2-node ring Simple all_reduce on 16 ranks has 2 network steps, so 2 x 420 us more.
+    from collsim.collectives import Group, cost
+
+    ib = parse_topology(parse_yaml_text(_with_kind("infiniband"), "t.yaml"), nodes=2)
+    xo = parse_topology(
+        parse_yaml_text(_with_kind("infiniband", "  net_simple_latency_us: 420\n"), "t.yaml"),
+        nodes=2,
+    )
+    slow = cost("all_reduce", 1 << 20, Group.all(xo), "ring", "simple").time_s
+    fast = cost("all_reduce", 1 << 20, Group.all(ib), "ring", "simple").time_s
+    assert slow - fast == pytest.approx(2 * 420e-6, rel=1e-9)
+
+
+def test_gcp_a3_mega_preset() -> None:
+    topo = load_topology("gcp_a3_mega")
+    assert topo.num_nodes == 2 and topo.nics is not None and topo.nics.count == 8
+    assert topo.links[topo.nic_tx[0][0]].bandwidth_bps == pytest.approx(200e9 / 8)
+    assert topo.fabric.kind.value == "tcpxo" and topo.fabric.rails and not topo.nvls

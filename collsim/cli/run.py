@@ -161,6 +161,8 @@ def run_scenario(
             context=describe_scenario(scenario, topology),
         )
     )
+    for text in straggler_lines(result):
+        click.echo(text)
     if scenario.reliability is not None:
         line = _goodput_line(scenario, topology, result)
         if line is None:
@@ -246,7 +248,13 @@ def _simulate(
             )
         from collsim.estimate import estimate_step
 
-        return estimate_step(topology, scenario.model, scenario.training, scenario.parallel)
+        return estimate_step(
+            topology,
+            scenario.model,
+            scenario.training,
+            scenario.parallel,
+            stragglers=scenario.stragglers,
+        )
     from collsim.engine import simulate_step
 
     return simulate_step(
@@ -257,7 +265,42 @@ def _simulate(
         all_ranks=all_ranks,
         trace=trace,
         fidelity=fidelity,
+        stragglers=scenario.stragglers,
     )
+
+
+def straggler_lines(result: StepResult) -> list[str]:
+    """The report lines of a straggler step: its cost against the step without stragglers,
+    and the rendezvous that waited longest (``details["stragglers"]``; none without it)."""
+    st = result.details.get("stragglers")
+    if not st:
+        return []
+    what = [f"rank {r} at {f:g}x clock" for r, f in st["clock_factors"].items()][:4]
+    what += [f"{name} at {f:g}x bandwidth" for name, f in st["degraded_links"].items()][:4]
+    lines = [
+        f"stragglers: {', '.join(what)}",
+        f"  step {st['step_time_s'] * 1e3:.2f} ms vs {st['baseline_step_time_s'] * 1e3:.2f} ms "
+        f"without stragglers: {st['slowdown']:.4f}x (+{st['extra_s'] * 1e3:.2f} ms); "
+        f"critical rank {st['critical_rank']}",
+    ]
+    if st["tp_paced_ranks"]:
+        lines.append(
+            f"  TP groups at their slowest member's pace: ranks {_ranks(st['tp_paced_ranks'])}"
+        )
+    for wait in st["waits"][:3]:
+        waiting = ", ".join(f"{r} {w * 1e3:.2f} ms" for r, w in sorted(wait["waits_s"].items()))
+        lines.append(
+            f"  {wait['axis']} group {_ranks(wait['group'])}: {wait['call']!r} waited "
+            f"{wait['wait_s'] * 1e3:.2f} ms for rank {wait['waited_for']} (waiting: {waiting})"
+        )
+    if result.details.get("fidelity") == "closed":
+        lines.append("  closed form: the slowed pipeline's critical path (waits: use the DES)")
+    return lines
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    shown = ", ".join(str(r) for r in list(ranks)[:8])
+    return f"[{shown}{', ...' if len(ranks) > 8 else ''}]"
 
 
 def _write_plot(scenario: Scenario, result: StepResult, path: Path) -> None:

@@ -1,8 +1,8 @@
 """``collsim search SCENARIO --gpus N``: find the fastest parallel plan that fits.
 
 Data (the table of best plans) goes to stdout; the progress bar (terminal only), the counts of
-infeasible plans by reason and "wrote FILE" lines go to stderr. Exit codes: 0 a plan was found;
-1 no plan fits; 2 bad input.
+plans set aside (infeasible or pruned) by reason and "wrote FILE" lines go to stderr. Exit
+codes: 0 a plan was found; 1 no plan fits; 2 bad input.
 """
 
 from __future__ import annotations
@@ -262,6 +262,6 @@ def _report_rejected(result: SearchResult) -> None:
     if not result.rejected:
         return
     total = sum(result.rejected.values())
-    click.echo(f"infeasible plans: {total:,}", err=True)
+    click.echo(f"plans set aside: {total:,}", err=True)
     for reason, count in result.rejected.most_common():
         click.echo(f"  {count:>8,}  {reason}: {REASONS.get(reason, reason)}", err=True)

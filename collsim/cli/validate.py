@@ -771,6 +771,29 @@ def holdout(
     default=None,
     help="JSON report (measured, profiled, simulated).",
 )
+@click.option(
+    "--straggler-rank",
+    type=click.IntRange(0),
+    default=None,
+    help="Slow this rank on purpose: every DDP mode is also timed with it running its "
+    "compute --straggler-repeat times, and simulated with that rank at clock 1/repeat.",
+)
+@click.option("--straggler-repeat", type=click.IntRange(2), default=2, show_default=True)
+@click.option(
+    "--straggler-delay-ms",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    help="Slow the rank with a busy loop of this many ms on the wall clock instead of "
+    "repeated compute (0: repeat).",
+)
+@click.option(
+    "--progress",
+    "progress_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Append every iteration's timings to PATH.rank<r>.jsonl as they are taken.",
+)
 @_rank_errors
 def step(
     world_sizes: list[int],
@@ -784,6 +807,10 @@ def step(
     target: float,
     timeout_s: float,
     output: str | None,
+    straggler_rank: int | None,
+    straggler_repeat: int,
+    straggler_delay_ms: float,
+    progress_path: str | None,
 ) -> None:
     """Time real DDP (bucket 1 and 25 MB) and FSDP-sketch steps of a small GPT; simulate them."""
     import tempfile
@@ -801,6 +828,10 @@ def step(
         micro_batch=micro_batch,
         iters=iters,
         warmup=warmup,
+        straggler_rank=straggler_rank,
+        straggler_repeat=straggler_repeat,
+        straggler_delay_s=straggler_delay_ms / 1e3,
+        progress_path=progress_path,
     )
     folder = Path(tempfile.mkdtemp(prefix="collsim-step-"))
     reports = []
@@ -858,7 +889,7 @@ def step(
             err = (sim.step_time_s - meas["median_s"]) / meas["median_s"]
             meas["error"] = err
             verdict = ""
-            if mode.startswith("ddp"):
+            if mode.startswith("ddp") and not mode.endswith("+straggler"):
                 verdict = "PASS" if abs(err) <= target else "FAIL"
                 if verdict == "FAIL":
                     failures.append(f"n={n} {mode}")
@@ -866,6 +897,41 @@ def step(
             click.echo(
                 f"  {mode:<9} {meas['median_s'] * 1e3:>12.1f} {meas['min_s'] * 1e3:>8.1f} "
                 f"{sim.step_time_s * 1e3:>13.1f} {err * 100:>6.1f}%  {verdict:<4} {parts}"
+            )
+        from collsim.validate.step import straggler_ratios
+
+        ratios = straggler_ratios(
+            report, simulate_modes(report, topo, overlap=overlap, measured_factor=True)
+        )
+        nominal = straggler_ratios(report, simulated)
+        if ratios:
+            report["straggler"] = ratios
+            report["straggler_nominal_factor"] = nominal
+            click.echo(
+                f"# straggler: rank {straggler_rank} "
+                + (
+                    f"spins {straggler_delay_ms:g} ms before its step; "
+                    if straggler_delay_ms
+                    else f"runs its compute {straggler_repeat}x; "
+                )
+                + "slowdown = straggler step / normal step of the same iteration (median over "
+                "iterations); simulated with the slowed rank at its measured speed, local step "
+                "/ (local step + its extra seconds), and at the nominal 1/repeat"
+            )
+        for base, r in ratios.items():
+            ok = abs(r["error"]) <= target
+            if not ok:
+                failures.append(f"n={n} {base} straggler ratio")
+            nom = nominal[base]
+            click.echo(
+                f"  {base:<9} measured {r['measured_ratio']:.3f}x (iterations "
+                f"{r['measured_ratio_min']:.2f}-{r['measured_ratio_max']:.2f}; medians "
+                f"{r['measured_straggler_s'] * 1e3:.1f} / {r['measured_normal_s'] * 1e3:.1f} ms;"
+                f" extra {r['measured_extra_s'] * 1e3:.1f} ms), simulated "
+                f"{r['simulated_ratio']:.3f}x at clock {r['simulated_clock_factor']:.3f}: "
+                f"{r['error'] * 100:+.1f}% {'PASS' if ok else 'FAIL'}; at clock "
+                f"{nom['simulated_clock_factor']:.3f}: {nom['simulated_ratio']:.3f}x "
+                f"({nom['error'] * 100:+.1f}%)"
             )
         modes = report["modes"]
         if "ddp_b1" in modes and "ddp_b25" in modes:

@@ -2,8 +2,10 @@
 
 Ops: all_reduce, reduce_scatter, all_gather, broadcast, reduce, all_to_all, send_recv.
 Algorithms (one module each): ring, tree (double binary tree), halving_doubling, direct,
-hierarchical, nvls (in-switch reduction); ``auto`` picks the cheapest (algorithm, protocol) as
-NCCL's tuner does and reports it.
+hierarchical, nvls (in-switch reduction), nvls_tree (NVLS inside nodes, trees across),
+collnet_direct / collnet_chain (in-network reduction, ``fabric.sharp``), pat (one rank per
+node). With NCCL, ``auto`` picks the (algorithm, protocol) NCCL 2.30.7's own tuner picks
+(:mod:`collsim.collectives.tuner`) and reports it; with gloo, the cheapest.
 
 Example::
 

@@ -9,42 +9,61 @@ reduced shard once, the switch multicasts it). Per GPU port, pipelined:
   in M/n (reduced shard) + M (multicast shards) = (1 + 1/n) M.
 - reduce_scatter: out M, in M/n.  all_gather: out M/n, in M.
 
-The bandwidth efficiency is NCCL's NVLS factor, 0.85 on Hopper (tuning.cc); the latency is
-NCCL's NVLS NVLink hop, 25 us, paid once.
+No bandwidth factor beyond the links' own (NCCL's NVLS efficiency, 0.85 on Hopper, scales the
+tuner's graph bandwidth, src/graph/tuning.cc; the links here already run at NCCL's per-link
+NVLink figure). The latency is NCCL's NVLS NVLink hop, 25 us, paid once (tuning.cc).
 
-Chunking (NCCL enqueue.cc, calcCollChunking for NVLS): the buffer is processed in loops of
-nChannels x nHeads x chunk bytes, with NCCL_NVLS_NCHANNELS = 16 channels, one head per rank,
+Chunking (NCCL 2.30.7 src/enqueue.cc, calcCollChunking for NVLS): the buffer is processed in
+loops of nChannels x nHeads x chunk bytes, with nChannels = ``nvlsChannels`` (src/transport/
+nvls.cc: 16 on Hopper, 24 on one Blackwell node, 32 across Blackwell nodes), one head per rank,
 and a chunk of 128 KiB (NCCL_NVLS_CHUNKSIZE) cut to 64 KiB below 64 x ops x 128 KiB, 32 KiB
 below 8 x ops x 64 KiB and 16 KiB below 2 x ops x 32 KiB (ops = channels x heads). Each loop's
 switch reduction reads every GPU's slot, so a loop ends in a cross-GPU handshake that other
-slots cannot hide (unlike a ring's point-to-point flags); it is charged one NVLink step at
-NCCL's Simple step latency (3.4 us, tuning.cc). Small chunks are what makes NVLS ramp up slowly
-with size.
+slots cannot hide (unlike a ring's point-to-point flags). That handshake, :data:`LOOP_STEP_S`,
+is the one fitted figure here: 11.8 us, fitted to the DGX H100 all_reduce sweep
+(tests/data/nccl_allreduce_dgx_h100_8gpu.csv, 2 MiB to 16 GiB, NCCL's NVLS sizes), least
+maximum busbw error (12 %) with median 2.5 %; NCCL's own Simple NVLink step is 3.4 us
+(tuning.cc), so a loop costs about three and a half of them. Small chunks are what makes NVLS
+ramp up slowly with size (about 210 GB/s algbw with 32 KiB chunks, 255 with 64 KiB, 285 with
+128 KiB on the sweep).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from collsim.collectives import tuner
 from collsim.collectives.schedule import Phase, Transfer
-from collsim.collectives.types import Algorithm, CollectiveOp, Group
+from collsim.collectives.types import Algorithm, CollectiveOp, Group, Protocol
 from collsim.errors import ConfigError
 
-__all__ = ["ALGORITHM", "SUPPORTED", "NVLS_CHANNELS", "build", "chunk_bytes", "loop_bytes_for"]
+__all__ = [
+    "ALGORITHM",
+    "SUPPORTED",
+    "LOOP_STEP_S",
+    "NVLS_CHANNELS",
+    "build",
+    "chunk_bytes",
+    "loop_bytes_for",
+]
 
 ALGORITHM = Algorithm.NVLS
 SUPPORTED = frozenset(
     {CollectiveOp.ALL_REDUCE, CollectiveOp.REDUCE_SCATTER, CollectiveOp.ALL_GATHER}
 )
 
+LOOP_STEP_S = 11.8e-6
+"""Handshake that ends each NVLS loop, seconds (fitted; see the module docstring)."""
+
 NVLS_CHANNELS = 16
-"""NCCL_NVLS_NCHANNELS default ("NVLS should not need more than 16 channels", enqueue.cc)."""
+"""NVLS_NCHANNELS_SM90, Hopper's ``nvlsChannels`` (src/transport/nvls.cc); other
+architectures take theirs from :func:`collsim.collectives.tuner.nvls_channels`."""
 _MAX_CHUNK = 128 << 10  # NCCL_NVLS_CHUNKSIZE default
 
 
-def chunk_bytes(size_bytes: float, num_ranks: int) -> int:
+def chunk_bytes(size_bytes: float, num_ranks: int, num_channels: int = NVLS_CHANNELS) -> int:
     """NCCL's NVLS chunk for a collective of ``size_bytes`` on ``num_ranks`` heads."""
-    ops = NVLS_CHANNELS * num_ranks
+    ops = num_channels * num_ranks
     chunk = _MAX_CHUNK
     if size_bytes < 64 * ops * chunk and chunk > 65536:
         chunk = 65536
@@ -55,18 +74,24 @@ def chunk_bytes(size_bytes: float, num_ranks: int) -> int:
     return chunk
 
 
-def loop_bytes_for(group: Group) -> Callable[[float], float]:
+def loop_bytes_for(op: CollectiveOp, group: Group) -> Callable[[float], float]:
     """Bytes of the buffer one NVLS loop covers (channels x heads x :func:`chunk_bytes`), as a
     function of the collective's size, with the group's thresholds worked out once (hot path).
     """
-    ops = NVLS_CHANNELS * group.size
-    below_64k, below_32k, below_16k = 64 * ops * _MAX_CHUNK, 8 * ops * 65536, 2 * ops * 32768
-    loops = (
-        (below_16k, float(ops * 16384)),
-        (below_32k, float(ops * 32768)),
-        (below_64k, float(ops * 65536)),
-    )
-    largest = float(ops * _MAX_CHUNK)
+    heads = group.size // group.num_nodes  # one head per GPU of a node
+    ops = tuner.nvls_channels(group.topology, group.num_nodes) * heads
+    biggest = _MAX_CHUNK
+    if group.num_nodes > 1:
+        # across nodes the chunk is capped at 32 KiB when NVLS's bandwidth in the tuner's
+        # table is below 150 GB/s (enqueue.cc calcCollChunking)
+        table = tuner.table_for(group)
+        key = (CollectiveOp.ALL_REDUCE, Algorithm.NVLS, Protocol.SIMPLE)
+        if table.bandwidth_gbps.get(key, 0.0) < 150:
+            biggest = 32768
+    sizes = [c for c in (16384, 32768, 65536) if c <= biggest]
+    thresholds = {16384: 2 * ops * 32768, 32768: 8 * ops * 65536, 65536: 64 * ops * _MAX_CHUNK}
+    loops = tuple((thresholds[c], float(ops * c)) for c in sizes if c < biggest)
+    largest = float(ops * biggest)
 
     def bytes_per_loop(size_bytes: float) -> float:
         for threshold, loop in loops:
@@ -78,25 +103,41 @@ def loop_bytes_for(group: Group) -> Callable[[float], float]:
 
 
 def build(op: CollectiveOp, group: Group) -> list[Phase]:
-    """Phases of NVLS ``op`` on ``group`` (one phase of port transfers)."""
+    """Phases of NVLS ``op`` on ``group`` (one phase of port transfers).
+
+    Across nodes NVLS needs in-network reduction (NCCL's NVLS with CollNet, "NVLink SHARP
+    within the node and CollNet between nodes"; tuning.cc disables NVLS across nodes without
+    CollNet): all_reduce only, each GPU the head of its slice, which goes up its NIC to the
+    switch and comes back reduced (M/g per NIC and direction, as for collnet_direct)."""
     topo = group.topology
     if op not in SUPPORTED:
         raise ConfigError(f"nvls does not implement {op.value}")
     if not topo.nvls:
         raise ConfigError(f"topology {topo.name} has no in-switch reduction (intra_node.nvls)")
-    if group.num_nodes != 1:
+    multi = group.num_nodes != 1
+    if multi and not (topo.fabric.collnet and op is CollectiveOp.ALL_REDUCE):
         raise ConfigError(
             "nvls runs inside one node; this group spans "
-            f"{group.num_nodes} nodes (use hierarchical or ring)"
+            f"{group.num_nodes} nodes (use nvls_tree, hierarchical or ring; across nodes NVLS "
+            "needs in-network reduction, fabric.sharp, and all_reduce)"
         )
     n = group.size
     if n < 2:
         return []
+    g = n // group.num_nodes
+    if multi and any(len(m) != g for _, m in group.by_node()):
+        raise ConfigError("nvls across nodes needs the same number of ranks on every node")
     out_w, in_w = {
-        CollectiveOp.ALL_REDUCE: (1.0 + 1.0 / n, 1.0 + 1.0 / n),
+        CollectiveOp.ALL_REDUCE: (1.0 + 1.0 / g, 1.0 + 1.0 / g),
         CollectiveOp.REDUCE_SCATTER: (1.0, 1.0 / n),
         CollectiveOp.ALL_GATHER: (1.0 / n, 1.0),
     }[op]
     transfers = [Transfer((topo.gpu_tx[r],), r, None, False, out_w) for r in group.ranks]
     transfers += [Transfer((topo.gpu_rx[r],), None, r, False, in_w) for r in group.ranks]
+    if multi:
+        for r in group.ranks:
+            node, nic = topo.node_of(r), topo.nic_of(r)
+            path = (topo.nic_tx[node][nic], topo.nic_rx[node][nic])
+            transfers.append(Transfer(path, r, r, True, 1.0 / g))
+        return [Phase(tuple(transfers), 1.0, 1, 1)]
     return [Phase(tuple(transfers), 1.0, 1, 0)]

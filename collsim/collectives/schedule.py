@@ -21,7 +21,10 @@ transfer list. Algorithms build :class:`LoadPhase` objects whose load is derived
 operations over the ranks (:func:`pair_load`) or analytically from the topology's structure
 (the direct all-pairs pattern, :func:`collsim.collectives.direct.all_pairs_load`), so setting
 up a group costs O(ranks) and an evaluation O(1). The Transfer objects are built only when the
-DES runs the phase; above :data:`AGGREGATE_ABOVE` transfers (and for direct all-pairs above 64
+DES runs the phase, all of a phase's flows start in one :meth:`FlowNetwork.send_all`, and
+identical transfers (same path, ranks and bytes, as a ring's or tree's channels repeat them)
+run as one flow of that multiplicity (:func:`merge_identical`, exact under max-min sharing);
+above :data:`AGGREGATE_ABOVE` transfers (and for direct all-pairs above 64
 ranks) transfers that share a path run as one flow with the summed bytes, provided the merged
 flows still carry equal bytes on every link they share (:func:`equal_weights_per_link`, which
 keeps max-min sharing at the load bound); otherwise every transfer runs.
@@ -49,10 +52,12 @@ __all__ = [
     "PhaseLoad",
     "Schedule",
     "Timing",
+    "ProtocolCap",
     "make_transfer",
     "one_step_phase",
     "phase_load",
     "aggregate_transfers",
+    "merge_identical",
     "equal_weights_per_link",
     "run_phases",
     "AGGREGATE_ABOVE",
@@ -74,6 +79,8 @@ class Transfer:
     """True if the path crosses the network (charged the network hop latency)."""
     weight: float = 1.0
     """Bytes of this transfer relative to the phase's ``size_factor`` (1 for almost all)."""
+    count: int = 1
+    """Identical transfers (same path, ranks and weight) this one stands for in the DES."""
 
 
 def make_transfer(topology: Topology, src: int, dst: int) -> Transfer:
@@ -177,6 +184,23 @@ def phase_load(phase: AnyPhase, topology: Topology) -> PhaseLoad:
     )
 
 
+def merge_identical(transfers: Sequence[Transfer]) -> tuple[Transfer, ...]:
+    """Transfers with the same (path, src, dst, weight) as one with a ``count``: exact for the
+    DES, where the network gives such a flow its members' summed rate (weighted max-min,
+    :func:`collsim.network.max_min_rates`). A ring's or tree's channels repeat the same
+    rank-to-rank edges, so this runs them in a fraction of the flows."""
+    counts: dict[tuple[tuple[int, ...], int | None, int | None, float, bool], int] = {}
+    for t in transfers:
+        key = (t.path, t.src, t.dst, t.weight, t.inter)
+        counts[key] = counts.get(key, 0) + t.count
+    if len(counts) == len(transfers):
+        return tuple(transfers)
+    return tuple(
+        Transfer(path, src, dst, inter, weight, count)
+        for (path, src, dst, weight, inter), count in counts.items()
+    )
+
+
 def aggregate_transfers(transfers: Sequence[Transfer]) -> tuple[Transfer, ...]:
     """Merge transfers with the same (path, src, dst) into one with the summed weight.
 
@@ -188,7 +212,9 @@ def aggregate_transfers(transfers: Sequence[Transfer]) -> tuple[Transfer, ...]:
         key = (t.path, t.src, t.dst)
         old = merged.get(key)
         merged[key] = (
-            t if old is None else Transfer(t.path, t.src, t.dst, t.inter, old.weight + t.weight)
+            Transfer(t.path, t.src, t.dst, t.inter, t.weight * t.count)
+            if old is None
+            else Transfer(t.path, t.src, t.dst, t.inter, old.weight + t.weight * t.count)
         )
     return tuple(merged.values())
 
@@ -318,6 +344,9 @@ class Timing:
     """Bytes above which each byte costs ``knee_s_per_byte`` more (a calibrated knee,
     ``collectives.ops.<op>.knee_bytes``); None: one regime."""
     knee_s_per_byte: float = 0.0
+    channel_s: Callable[[float], float] | None = None
+    """Extra time when a call runs on fewer channels than the line assumes (NCCL cuts the
+    channel count for small sizes, src/enqueue.cc ``topoGetAlgoInfo``); None: never."""
 
     def knee_s(self, size_bytes: float) -> float:
         """The extra time of the bytes above the knee (0 without a knee or below it)."""
@@ -326,13 +355,19 @@ class Timing:
         return (size_bytes - self.knee_bytes) * self.knee_s_per_byte
 
     def extra_s(self, size_bytes: float) -> float:
-        """The size-dependent terms beyond the line: loop handshakes and the knee."""
-        return self.loop_overhead_s(size_bytes) + self.knee_s(size_bytes)
+        """The size-dependent terms beyond the line: loop handshakes, the knee and the
+        channels a small call leaves idle."""
+        extra = self.loop_overhead_s(size_bytes) + self.knee_s(size_bytes)
+        if self.channel_s is not None:
+            extra += self.channel_s(size_bytes)
+        return extra
 
     @property
     def has_extra(self) -> bool:
         """Whether :meth:`extra_s` can be non-zero (the fast paths skip it otherwise)."""
-        return self.loop_bytes is not None or self.knee_bytes is not None
+        return (
+            self.loop_bytes is not None or self.knee_bytes is not None or self.channel_s is not None
+        )
 
     def loop_overhead_s(self, size_bytes: float) -> float:
         """Handshake time of the loops a collective of ``size_bytes`` is cut into."""
@@ -347,6 +382,44 @@ class Timing:
         return self.latency_s + size_bytes * self.seconds_per_byte + self.extra_s(size_bytes)
 
 
+@dataclass(frozen=True, slots=True)
+class ProtocolCap:
+    """NCCL's ceiling on a protocol's algorithm bandwidth (src/graph/tuning.cc) and how it
+    scales with the channels a call of a given size runs on (src/enqueue.cc)."""
+
+    total_bps: float
+    """Ceiling with every channel busy, bytes/s of algorithm bandwidth."""
+    per_channel_bps: float
+    """One channel's share of it (the ceiling over the graph's channels)."""
+    full_channels: int
+    """Channels of a large call (``comm->nChannels``)."""
+    min_bytes_per_channel: float
+    """Bytes below which NCCL drops a channel (threads x thread threshold, enqueue.cc
+    ``topoGetAlgoInfo``); 0: the channel count does not depend on the size."""
+
+
+def _channel_term(cap: ProtocolCap, s_per_byte: float) -> Callable[[float], float]:
+    """Extra seconds of a call on fewer channels, less what the line already charges.
+
+    NCCL runs floor(bytes / min_bytes_per_channel) channels (at least 1, at most all), so
+    each carries between one and two times ``min_bytes_per_channel``; collsim takes the
+    power-of-two value, exactly that minimum (bytes / channels = min_bytes_per_channel), which
+    keeps the time non-decreasing in size: a call below the full channel count costs
+    min(bytes, min_bytes_per_channel) / per-channel rate."""
+    per_channel = cap.per_channel_bps
+    floor_bytes = cap.min_bytes_per_channel
+    full = cap.full_channels
+
+    def extra_s(size_bytes: float) -> float:
+        if size_bytes <= 0 or floor_bytes <= 0:
+            return 0.0
+        channels = min(float(full), max(1.0, size_bytes / floor_bytes))
+        slow = size_bytes / (channels * per_channel) - size_bytes * s_per_byte
+        return slow if slow > 0 else 0.0
+
+    return extra_s
+
+
 class Schedule:
     """Phases of one (op, algorithm) on one group, with its closed-form timings per protocol."""
 
@@ -357,9 +430,23 @@ class Schedule:
         topology: Topology,
         phases: Sequence[AnyPhase],
         loop_bytes: LoopBytes | None = None,
+        *,
+        latency_for: Callable[[Protocol], float] | None = None,
+        cap_for: Callable[[Protocol], ProtocolCap | None] | None = None,
+        loop_step_s: float | None = None,
     ) -> None:
+        """``latency_for(protocol)`` replaces the step-count latency (seconds, base and hops
+        included) where an algorithm's latency is not steps x hops (PAT, CollNet);
+        ``cap_for(protocol)`` is a ceiling on the algorithm bandwidth in bytes/s (NCCL's
+        LL / LL128 limits, :func:`collsim.collectives.tuner.TunerTable`), folded into the
+        timing's efficiency so that the DES runs at the same rate; ``loop_step_s`` is the
+        handshake that ends each loop of ``loop_bytes`` (default: one NVLink step at NCCL's
+        Simple step latency)."""
         self.op = op
         self.loop_bytes = loop_bytes
+        self._latency_for = latency_for
+        self._cap_for = cap_for
+        self.loop_step_override_s = loop_step_s
         self.algorithm = algorithm
         self.topology = topology
         # Phases repeat (all_reduce = the same phase twice): summarise each object once.
@@ -384,6 +471,9 @@ class Schedule:
         self.inter_path_latency_s = max((load.inter_latency_s for load in loads), default=0.0)
         kinds = {kind for load in loads for kind in load.intra_kinds}
         self._des: dict[int, tuple[Transfer, ...]] = {}
+        self._sends: dict[
+            int, list[tuple[tuple[int, ...], float, int | None, int | None, int]]
+        ] = {}
         self.intra_kind = (
             LinkKind.LOOPBACK
             if LinkKind.LOOPBACK in kinds
@@ -398,47 +488,89 @@ class Schedule:
 
     def _timing(self, protocol: Protocol, library: str) -> Timing:
         alg = self.algorithm
+        topo = self.topology
+        spans_nodes = any(p.inter_steps for p in self.phases) or self.inter_path_latency_s > 0
         intra_hop = max(
             protocols.hop_latency_s(alg, protocol, self.intra_kind, library),
             self.intra_path_latency_s,
         )
+        if alg is Algorithm.RING and spans_nodes and library == "nccl":
+            # "inter-node rings still have to launch nsteps * net overhead" (tuning.cc)
+            intra_hop = max(
+                intra_hop, protocols.net_overhead_s(protocol, topo.host_cpu_vendor == "amd")
+            )
         inter_hop = max(
-            protocols.hop_latency_s(alg, protocol, LinkKind.NETWORK, library),
+            protocols.hop_latency_s(
+                alg,
+                protocol,
+                LinkKind.NETWORK,
+                library,
+                topo.fabric.net_latency_s,
+                topo.fabric.net_simple_latency_s,
+            ),
             self.inter_path_latency_s,
         )
-        settings = self.topology.collectives
+        settings = topo.collectives
         eff = protocols.bandwidth_efficiency(alg, protocol, library) * settings.op_efficiency.get(
             self.op.value, 1.0
         )
+        link_s_per_byte = sum(self.phase_s_per_byte)
+        cap = self._cap_for(protocol) if self._cap_for is not None else None
+        channel_s: Callable[[float], float] | None = None
+        if cap is not None and link_s_per_byte > 0:
+            if 1.0 / cap.total_bps > link_s_per_byte / eff:
+                eff = link_s_per_byte * cap.total_bps  # the protocol's ceiling binds
+            channel_s = _channel_term(cap, link_s_per_byte / eff)
         latency = settings.op_overhead_s.get(self.op.value, settings.overhead_s)
-        if self.phases:
-            latency += protocols.base_latency_s(alg, protocol, library)
-        latency += sum(p.intra_steps * intra_hop + p.inter_steps * inter_hop for p in self.phases)
+        if self.phases and self._latency_for is not None:
+            latency += self._latency_for(protocol)
+            intra_hop = inter_hop = 0.0  # the hook's latency already holds the steps
+        else:
+            if self.phases:
+                latency += protocols.base_latency_s(alg, protocol, library)
+            latency += sum(
+                p.intra_steps * intra_hop + p.inter_steps * inter_hop for p in self.phases
+            )
         loop_step = 0.0
         if self.loop_bytes is not None and self.phases:
-            # one NVLink step handshake per loop, at NCCL's Simple step latency (tuning.cc)
+            # one NVLink step handshake per loop at NCCL's Simple step latency (tuning.cc),
+            # unless the algorithm gives its own (NVLS: fitted, see collectives.nvls)
             loop_step = max(
                 protocols.hop_latency_s(Algorithm.RING, Protocol.SIMPLE, self.intra_kind, library),
                 self.intra_path_latency_s,
             )
+            if self.loop_step_override_s is not None:
+                loop_step = max(self.loop_step_override_s, self.intra_path_latency_s)
         return Timing(
             protocol=protocol,
             latency_s=latency,
-            seconds_per_byte=sum(self.phase_s_per_byte) / eff,
+            seconds_per_byte=link_s_per_byte / eff,
             efficiency=eff,
             intra_hop_s=intra_hop,
             inter_hop_s=inter_hop,
             loop_step_s=loop_step,
             loop_bytes=self.loop_bytes if loop_step > 0 else None,
+            channel_s=channel_s,
             **self._knee(eff, settings),
         )
+
+    def des_sends(
+        self, phase: AnyPhase
+    ) -> list[tuple[tuple[int, ...], float, int | None, int | None, int]]:
+        """:meth:`des_transfers` as :meth:`FlowNetwork.send_all` takes them, bytes per byte of
+        the phase's size (cached)."""
+        found = self._sends.get(id(phase))
+        if found is None:
+            found = [(t.path, t.weight, t.src, t.dst, t.count) for t in self.des_transfers(phase)]
+            self._sends[id(phase)] = found
+        return found
 
     def des_transfers(self, phase: AnyPhase) -> tuple[Transfer, ...]:
         """The flows the DES runs for ``phase``: its transfers, merged by
         :func:`aggregate_transfers` when there are more than :data:`AGGREGATE_ABOVE`."""
         found = self._des.get(id(phase))
         if found is None:
-            found = phase.transfers
+            found = merge_identical(phase.transfers)
             if len(found) > AGGREGATE_ABOVE:
                 merged = aggregate_transfers(found)
                 if equal_weights_per_link(merged, len(self.topology.links)):
@@ -486,19 +618,11 @@ def run_phases(
     if fixed > 0:
         yield env.timeout(fixed)
     for phase in schedule.phases:
-        per_transfer = phase.size_factor * size_bytes
-        events = [
-            net.transfer_path(
-                t.path,
-                per_transfer * t.weight,
-                src=t.src,
-                dst=t.dst,
-                efficiency=timing.efficiency,
-                latency_s=0.0,
-            )
-            for t in schedule.des_transfers(phase)
-        ]
-        yield simpy.AllOf(env, events)
+        yield net.send_all(
+            schedule.des_sends(phase),
+            efficiency=timing.efficiency,
+            scale=phase.size_factor * size_bytes,
+        )
         latency = phase.intra_steps * timing.intra_hop_s + phase.inter_steps * timing.inter_hop_s
         if latency > 0:
             yield env.timeout(latency)

@@ -1,13 +1,16 @@
 """Entry points: closed-form :func:`cost` and DES :func:`simulate`, with ``auto`` selection.
 
-``auto`` works as NCCL's tuner (src/graph/tuning.cc, enqueue.cc): evaluate the closed-form time
-of every (algorithm, protocol) the library offers for the op and pick the cheapest; the result
-names the choice. A topology may pin the algorithm per op (``collectives.algorithms``), as a
-calibrated topology does. NCCL offers ring, tree and NVLS for reductions and direct send/recv
-for all_to_all and send_recv; gloo offers everything except NVLS.
+``auto`` with ``library: nccl`` takes the (algorithm, protocol) NCCL's own tuner picks
+(:mod:`collsim.collectives.tuner`, NCCL 2.30.7 src/graph/tuning.cc and src/enqueue.cc) for the
+ops NCCL tunes (all_reduce, reduce_scatter, all_gather, broadcast, reduce); the time is
+collsim's for that choice, and the result names it. Where the tuner has no say (gloo, a forced
+protocol, all_to_all and send_recv, which NCCL runs point to point) ``auto`` evaluates the
+closed-form time of every (algorithm, protocol) available and takes the cheapest. A topology
+may pin the algorithm per op (``collectives.algorithms``), as a calibrated topology does.
 
-Schedules and their timings are cached per (group, op, algorithm) on the topology, so a cost
-evaluation is a dictionary lookup and a few multiply-adds.
+Schedules and their timings are cached per (group, op, algorithm) on the topology, and the
+tuner's pick per size per (group, op), so a cost evaluation is a dictionary lookup and a few
+multiply-adds.
 """
 
 from __future__ import annotations
@@ -18,8 +21,19 @@ from types import ModuleType
 
 import simpy
 
-from collsim.collectives import direct, halving_doubling, hierarchical, nvls, ring, tree
-from collsim.collectives.schedule import Schedule, Timing, run_phases
+from collsim.collectives import (
+    collnet,
+    direct,
+    halving_doubling,
+    hierarchical,
+    nvls,
+    nvls_tree,
+    pat,
+    ring,
+    tree,
+    tuner,
+)
+from collsim.collectives.schedule import ProtocolCap, Schedule, Timing, run_phases
 from collsim.collectives.types import (
     Algorithm,
     CollectiveCost,
@@ -41,9 +55,32 @@ ALGORITHM_MODULES: dict[Algorithm, ModuleType] = {
     Algorithm.DIRECT: direct,
     Algorithm.HIERARCHICAL: hierarchical,
     Algorithm.NVLS: nvls,
+    Algorithm.NVLS_TREE: nvls_tree,
+    Algorithm.COLLNET_DIRECT: collnet,
+    Algorithm.COLLNET_CHAIN: collnet,
+    Algorithm.PAT: pat,
 }
 
-_NCCL_AUTO = (Algorithm.RING, Algorithm.TREE, Algorithm.NVLS)
+_NCCL_AUTO = (
+    Algorithm.RING,
+    Algorithm.TREE,
+    Algorithm.NVLS,
+    Algorithm.NVLS_TREE,
+    Algorithm.COLLNET_DIRECT,
+    Algorithm.COLLNET_CHAIN,
+    Algorithm.PAT,
+)
+_TUNED_OPS = frozenset(
+    {
+        CollectiveOp.ALL_REDUCE,
+        CollectiveOp.REDUCE_SCATTER,
+        CollectiveOp.ALL_GATHER,
+        CollectiveOp.BROADCAST,
+        CollectiveOp.REDUCE,
+    }
+)
+"""Ops NCCL's tuner chooses an (algorithm, protocol) for (tuning.cc); the others are
+point-to-point in NCCL."""
 _GLOO_AUTO = (
     Algorithm.RING,
     Algorithm.TREE,
@@ -73,15 +110,65 @@ def schedule_for(op: CollectiveOp, group: Group, algorithm: Algorithm) -> Schedu
             raise ConfigError("auto is not a schedule; use choose()")
         module = ALGORITHM_MODULES[algorithm]
         loop_bytes_for = getattr(module, "loop_bytes_for", None)
+        latency_for = getattr(module, "latency_for", None)
+        build = module.build
+        phases = build(op, group, algorithm) if module is collnet else build(op, group)
         found = Schedule(
             op,
             algorithm,
             group.topology,
-            module.build(op, group),
-            None if loop_bytes_for is None else loop_bytes_for(group),
+            phases,
+            None if loop_bytes_for is None else loop_bytes_for(op, group),
+            latency_for=None if latency_for is None else latency_for(op, group, algorithm),
+            cap_for=_protocol_cap(op, group, algorithm),
+            loop_step_s=getattr(module, "LOOP_STEP_S", None),
         )
         cache[key] = found
     return found
+
+
+def _protocol_cap(
+    op: CollectiveOp, group: Group, algorithm: Algorithm
+) -> Callable[[Protocol], ProtocolCap | None] | None:
+    """NCCL's ceilings for (op, algorithm) on ``group``, in algorithm bandwidth (tuning.cc):
+    LL / LL128 on rings and trees (``llMaxBws``, ``perChMaxRingLL128Bws``,
+    ``perChMaxTreeLL128Bws``, LL's 0.5 and LL128's 0.92 of the graph's bandwidth), shared
+    evenly by the graph's channels, with the channels a call runs on (enqueue.cc
+    ``topoGetAlgoInfo``); and NVLS-tree's whole tuner bandwidth (``perChMaxNVLSTreeBws`` and
+    ``nvlsEfficiency``), its kernel's measured ceiling. None where NCCL has no such limit
+    (Simple rings and trees, and the algorithms that are not NCCL's)."""
+    if (
+        group.topology.collectives.library != "nccl"
+        or op not in _TUNED_OPS
+        or algorithm not in (Algorithm.RING, Algorithm.TREE, Algorithm.NVLS_TREE)
+        or group.size < 2
+    ):
+        return None
+    table = tuner.table_for(group)
+    topo, num_nodes, n = group.topology, group.num_nodes, group.size
+    gpus, nics = tuner.node_shape(topo, group.ranks)
+    graph_channels = tuner.graphs_for(topo, num_nodes, gpus, nics)[algorithm].num_channels
+
+    def cap(protocol: Protocol) -> ProtocolCap | None:
+        if algorithm is Algorithm.NVLS_TREE:
+            # perChMaxNVLSTreeBws: NCCL's measured per-channel ceiling of the NVLS-tree kernel
+            bw = table.bandwidth_gbps.get((op, algorithm, protocol), 0.0) * 1e9
+            if bw <= 0:
+                return None
+            return ProtocolCap(bw, bw / graph_channels, graph_channels, 0.0)
+        if protocol is Protocol.SIMPLE:
+            return None
+        bw = table.bandwidth_gbps.get((op, algorithm, protocol), 0.0) * 1e9
+        if bw <= 0:
+            return None
+        return ProtocolCap(
+            bw,
+            bw / graph_channels,
+            tuner.runtime_channels(topo, num_nodes, gpus, nics),
+            tuner.min_bytes_per_channel(algorithm, protocol, n),
+        )
+
+    return cap
 
 
 def _candidates(op: CollectiveOp, group: Group) -> list[tuple[Schedule, Timing]]:
@@ -128,6 +215,9 @@ def choose(
     algorithm, its cheapest protocol (or ``protocol`` if given).
     """
     options = _options(op, group, algorithm, protocol)
+    picked = _tuner_pick(op, size_bytes, group, algorithm, protocol, options)
+    if picked is not None:
+        return picked
     best = options[0]
     best_s = best[1].time_s(size_bytes)
     for option in options[1:]:
@@ -135,6 +225,45 @@ def choose(
         if t < best_s:
             best, best_s = option, t
     return best
+
+
+def _uses_tuner(
+    op: CollectiveOp, group: Group, algorithm: Algorithm | str, protocol: Protocol | str | None
+) -> bool:
+    """Whether ``auto`` follows NCCL's tuner here: library nccl, an op NCCL tunes, no pinned
+    algorithm or forced protocol, more than one rank."""
+    settings = group.topology.collectives
+    pinned = settings.algorithms.get(str(op))
+    return (
+        settings.library == "nccl"
+        and parse_enum(Algorithm, algorithm, "algorithm") is Algorithm.AUTO
+        and protocol is None
+        and op in _TUNED_OPS
+        and (pinned is None or pinned == Algorithm.AUTO.value)
+        and group.size > 1
+    )
+
+
+def _tuner_pick(
+    op: CollectiveOp | str,
+    size_bytes: float,
+    group: Group,
+    algorithm: Algorithm | str,
+    protocol: Protocol | str | None,
+    options: Sequence[tuple[Schedule, Timing]],
+) -> tuple[Schedule, Timing] | None:
+    """The option NCCL's tuner picks (:func:`collsim.collectives.tuner.pick`), or None when
+    the tuner does not decide here or picks something this group has no schedule for."""
+    parsed = parse_enum(CollectiveOp, op, "op")
+    if not _uses_tuner(parsed, group, algorithm, protocol):
+        return None
+    choice = tuner.pick(parsed, size_bytes, group)
+    if choice is None:
+        return None
+    for option in options:
+        if option[0].algorithm is choice[0] and option[1].protocol is choice[1]:
+            return option
+    return None
 
 
 def _result(
@@ -183,7 +312,22 @@ def cost(
     entry = cache.get(key)
     if entry is None:
         entry = cache[key] = _fast_entry(op, group, algorithm, protocol)
-    candidates, parsed_op, factor, n = entry
+    candidates, parsed_op, factor, n, picks = entry
+    if picks is not None:
+        index = picks.get(size_bytes)
+        if index is None:
+            if len(picks) >= _PICK_MEMO:
+                picks.clear()
+            index = picks[size_bytes] = _pick_index(parsed_op, size_bytes, group, candidates)
+        if index >= 0:
+            latency_s, s_per_byte, loop, alg, proto = candidates[index]
+            t = latency_s + size_bytes * s_per_byte
+            if loop is not None:
+                t += loop(size_bytes)
+            algbw = size_bytes / t if t > 0 else 0.0
+            return CollectiveCost.fast(
+                parsed_op, alg, proto, int(size_bytes), t, algbw, algbw * factor, n
+            )
     best_s = inf
     best_alg, best_proto = candidates[0][3], candidates[0][4]  # never empty (_candidates)
     for latency_s, s_per_byte, loop, alg, proto in candidates:
@@ -201,12 +345,32 @@ def cost(
 _Candidate = tuple[float, float, Callable[[float], float] | None, Algorithm, Protocol]
 
 
+_PICK_MEMO = 4096
+"""Sizes remembered per (group, op) for the tuner's pick (sweeps repeat the same sizes)."""
+
+
+_Picks = dict[float, int]
+"""Memo of the tuner's pick per size: index into the candidate list (-1: none)."""
+
+
+def _pick_index(
+    op: CollectiveOp, size_bytes: float, group: Group, candidates: Sequence[_Candidate]
+) -> int:
+    choice = tuner.pick(op, size_bytes, group)
+    if choice is None:
+        return -1
+    for index, candidate in enumerate(candidates):
+        if candidate[3] is choice[0] and candidate[4] is choice[1]:
+            return index
+    return -1
+
+
 def _fast_entry(
     op: CollectiveOp | str,
     group: Group,
     algorithm: Algorithm | str,
     protocol: Protocol | str | None,
-) -> tuple[list[_Candidate], CollectiveOp, float, int]:
+) -> tuple[list[_Candidate], CollectiveOp, float, int, _Picks | None]:
     parsed_op = parse_enum(CollectiveOp, op, "op")
     candidates: list[_Candidate] = [
         (
@@ -218,7 +382,8 @@ def _fast_entry(
         )
         for schedule, t in _options(op, group, algorithm, protocol)
     ]
-    return candidates, parsed_op, busbw_factor(parsed_op, group.size), group.size
+    picks: _Picks | None = {} if _uses_tuner(parsed_op, group, algorithm, protocol) else None
+    return candidates, parsed_op, busbw_factor(parsed_op, group.size), group.size, picks
 
 
 def _options(

@@ -43,6 +43,10 @@ class Algorithm(StrEnum):
     DIRECT = "direct"  # every rank to every peer at once
     HIERARCHICAL = "hierarchical"  # intra-node, then inter-node, then intra-node
     NVLS = "nvls"  # in-switch reduction (NVLink SHARP)
+    NVLS_TREE = "nvls_tree"  # NVLS inside each node, double binary tree across nodes
+    COLLNET_DIRECT = "collnet_direct"  # all-to-all to NIC heads, in-network (SHARP) reduction
+    COLLNET_CHAIN = "collnet_chain"  # chain to the head, in-network (SHARP) reduction
+    PAT = "pat"  # parallel aggregated trees (NCCL 2.23+): all_gather / reduce_scatter
 
 
 class Protocol(StrEnum):

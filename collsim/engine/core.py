@@ -7,6 +7,18 @@ they carry as ``peers`` the groups of the other replicas running at the same mom
 links are still loaded. ``all_ranks=True`` simulates every rank: each group's calls then
 rendezvous over all its members (:class:`~collsim.engine.streams.GroupStream`).
 
+Stragglers (:mod:`collsim.stragglers`) break the symmetry only where they must
+(:func:`simulated_ranks`). A straggler's tensor-parallel group runs at its slowest member's pace
+(every layer ends in a blocking TP collective that waits for it), so the group's tp-index-0
+rank stands for it with its compute stretched; its pipeline (the same dp index, every stage) is
+simulated, so that the slowed stage delays the stages downstream and upstream of it; and the
+data-parallel streams of every stage then have two or more simulated members, which
+rendezvous: the representative pipeline (dp 0) waits there for the slow one. A degraded link
+adds the tp indices of the ranks it serves. Replicas that are not simulated run as the
+representative does; only the representatives carry DES peers (the other simulated groups load
+the network themselves, at their own times). Each stream records the call whose rendezvous
+waited longest and who it waited for (:meth:`Engine.rendezvous_waits`).
+
 Data-parallel work (model states, buckets, FSDP units, optimizer) is in
 :mod:`collsim.engine.dataparallel`.
 """
@@ -30,8 +42,9 @@ from collsim.schedule.ops import Segment, Step
 from collsim.schedule.pricing import EXPOSED_KEY
 from collsim.schedule.result import TraceEvent
 from collsim.schedule.stats import CallKey, CallStats, CallTally
+from collsim.stragglers import StragglerPlan, stretch_stage
 
-__all__ = ["Engine", "EngineOptions", "RECV_STREAM"]
+__all__ = ["Engine", "EngineOptions", "RECV_STREAM", "simulated_ranks"]
 
 RECV_STREAM = "pp recv"
 """Trace stream of a rank's pipeline receives (the same transfers as the sender's ``pp``
@@ -56,6 +69,36 @@ class EngineOptions:
     """The axes found contended (reported in ``StepResult.details``)."""
     zero_communication: bool = False
     """Communication is priced at 0 s (reported in the details)."""
+    stragglers: StragglerPlan | None = None
+    """Slow ranks and degraded links (the topology already carries the degraded links)."""
+
+
+def simulated_ranks(plan: Any, stragglers: StragglerPlan | None) -> list[int]:
+    """The ranks the engine simulates without ``all_ranks`` (see the module docstring).
+
+    Without stragglers: one per pipeline stage, (dp 0, tp 0). With them: every stage of the
+    pipelines D = {0} + the dp indices of the slowed TP groups and of the ranks behind degraded
+    links (+ the first unaffected dp index when dp 0 is itself affected, so that an unaffected
+    replica's waits are seen), at the tp indices T = {0} + the tp indices of the ranks behind
+    degraded links.
+    """
+    if stragglers is None or not stragglers.active:
+        return [plan.rank(dp=0, pp=s, tp=0) for s in range(plan.pp)]
+    paced = stragglers.tp_pace(plan)
+    dps = (
+        {0}
+        | {plan.coords(r).dp for r in paced}
+        | {plan.coords(r).dp for r in stragglers.link_ranks if r < plan.num_gpus}
+    )
+    tps = {0} | {plan.coords(r).tp for r in stragglers.link_ranks if r < plan.num_gpus}
+    spare = [d for d in range(plan.dp) if d not in dps]
+    if spare and 0 in {plan.coords(r).dp for r in paced} | {
+        plan.coords(r).dp for r in stragglers.link_ranks if r < plan.num_gpus
+    }:
+        dps.add(spare[0])
+    return sorted(
+        plan.rank(dp=d, pp=s, tp=t) for d in sorted(dps) for s in range(plan.pp) for t in tps
+    )
 
 
 DP_AXES = frozenset(
@@ -102,17 +145,24 @@ class Engine:
         self.trace_events: list[TraceEvent] = []
         self.stats = CallStats()
         self.mail: dict[tuple[int, Phase, int, int], Mail] = {}
+        self.stragglers = options.stragglers
+        self.pace = self.stragglers.tp_pace(plan) if self.stragglers is not None else {}
+        """Rank -> clock factor of its TP group (only the slowed ones)."""
         if self.all_ranks:
             ranks = list(range(plan.num_gpus))
         else:
-            ranks = [plan.rank(dp=0, pp=s, tp=0) for s in range(plan.pp)]
+            ranks = simulated_ranks(plan, self.stragglers)
         self.simulated = set(ranks)
+        self.representatives = {plan.rank(dp=0, pp=s, tp=0) for s in range(plan.pp)}
+        self.broken = not self.all_ranks and self.simulated != self.representatives
+        """Symmetry broken by stragglers: more than one simulated rank per stage."""
+        self._stretched: dict[tuple[int, float], Any] = {}
         self.streams: dict[tuple[str, tuple[int, ...]], GroupStream] = {}
         self.programs: dict[int, RankProgram] = {}
         for rank in ranks:
             s = plan.coords(rank).pp
             self.programs[rank] = RankProgram(
-                self, rank, self.stages[s], list(schedule.pipeline[s])
+                self, rank, self.stage_model(rank), list(schedule.pipeline[s])
             )
         self._tp_cache: dict[tuple[int, str, str, float], float] = {}
         self._p2p_peers: dict[tuple[int, int], list[tuple[int, ...]]] = {}
@@ -124,6 +174,51 @@ class Engine:
 
     def stat_items(self) -> Iterator[tuple[CallKey, CallTally]]:
         return self.stats.items()
+
+    # ---- stragglers -------------------------------------------------------------------------
+    def stage_model(self, rank: int) -> Any:
+        """The stage ``rank`` runs: the schedule's, with compute stretched by its TP group's
+        clock factor when the group has a straggler (one stretched copy per stage and factor)."""
+        s = self.plan.coords(rank).pp
+        factor = self.pace.get(rank, 1.0)
+        if factor >= 1.0:
+            return self.stages[s]
+        key = (s, factor)
+        found = self._stretched.get(key)
+        if found is None:
+            found = self._stretched[key] = stretch_stage(self.stages[s], factor)
+        return found
+
+    def optimizer_s(self, rank: int) -> float:
+        """Seconds of ``rank``'s optimizer step (stretched like its compute)."""
+        return self.schedule.optimizer_s[self.plan.coords(rank).pp] / self.pace.get(rank, 1.0)
+
+    def _unsimulated(self, groups: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+        """The groups with no simulated member (the others load the network themselves)."""
+        if not self.broken:
+            return groups
+        return [g for g in groups if not any(r in self.simulated for r in g)]
+
+    def rendezvous_waits(self) -> list[dict[str, Any]]:
+        """Per stream with two or more simulated members: the call whose rendezvous waited
+        longest, who it waited for and how long each member waited; longest first."""
+        out = []
+        for (axis, group), stream in self.streams.items():
+            hit = stream.longest
+            if hit is None or len(stream.members) < 2:
+                continue
+            out.append(
+                {
+                    "axis": axis,
+                    "group": list(group),
+                    "call": hit.call,
+                    "wait_s": hit.wait_s,
+                    "waited_for": hit.waited_for,
+                    "waits_s": dict(hit.waits_s),
+                    "total_wait_s": {m: w for m, w in stream.wait_s.items() if w},
+                }
+            )
+        return sorted(out, key=lambda w: (-w["wait_s"], w["axis"], w["group"]))
 
     # ---- groups, peers and streams ----------------------------------------------------------
     def group(self, rank: int, axis: str) -> tuple[int, ...]:
@@ -141,6 +236,11 @@ class Engine:
         gate = "dp" if axis in DP_AXES else axis
         if self.all_ranks or gate not in self.des_axes:
             return []
+        if self.broken and rank not in self.representatives:
+            # the group's calls carry the peers its representative gives them (whichever
+            # member issues first); groups without one load the network only themselves
+            rep = next((r for r in self.group(rank, axis) if r in self.representatives), None)
+            return [] if rep is None else self.peers(rep, axis, pairs=pairs)
         key = (rank, axis if not pairs else axis + " pairs")
         found = self._peers.get(key)
         if found is not None:
@@ -160,9 +260,9 @@ class Engine:
             else:
                 others.append(g)
         if pairs:
-            found = self._peers[key] = others
+            found = self._peers[key] = self._unsimulated(others)
         else:
-            found = self._peers[key] = linked_peers(p.topology, own, others)
+            found = self._peers[key] = linked_peers(p.topology, own, self._unsimulated(others))
         return found
 
     def stream(self, rank: int, axis: str, group: tuple[int, ...] | None = None) -> GroupStream:
@@ -206,7 +306,9 @@ class Engine:
         """Peers of a pair on the pp axis that share its links (none unless pp is on the DES)."""
         if self.all_ranks or "pp" not in self.des_axes:
             return []
-        return linked_peers(self.plan.topology, pair, peers)
+        if self.broken and not set(pair) & self.representatives:
+            return []
+        return linked_peers(self.plan.topology, pair, self._unsimulated(peers))
 
     def call(
         self,
@@ -422,6 +524,8 @@ class Engine:
             return 0.0
         if self.all_ranks or "tp" in self.des_axes:
             return None
+        if self.broken and len(self.stream(prog.rank, "tp").members) > 1:
+            return None  # simulated TP peers: they rendezvous on the tp stream
         size = self._p2p_size * self.plan.tp
         group = self.group(prog.rank, "tp")
         cost = self.pricer.cost("all_gather", size, group)
@@ -493,7 +597,9 @@ class Engine:
         if peers is None:
             peers = (
                 []
-                if self.all_ranks or "pp" not in self.des_axes
+                if self.all_ranks
+                or "pp" not in self.des_axes
+                or (self.broken and prog.rank not in self.representatives)
                 else [
                     (
                         self.plan.rank(dp=d, pp=prog.coords.pp, tp=t, cp=k),
@@ -505,7 +611,9 @@ class Engine:
                     if d or t or k
                 ]
             )
-            peers = self._p2p_peers[key] = linked_peers(self.plan.topology, (src, dst), peers)
+            peers = self._p2p_peers[key] = linked_peers(
+                self.plan.topology, (src, dst), self._unsimulated(peers)
+            )
         name = (
             f"send {op.phase.value} mb{op.microbatch} c{op.chunk} -> stage {stage}"
             if self.trace_on

@@ -190,7 +190,7 @@ class RankProgram:
             yield sync
             self.acct["pp_exposed"] += env.now - t0
         t0 = env.now
-        yield env.timeout(e.schedule.optimizer_s[self.coords.pp])
+        yield env.timeout(e.optimizer_s(self.rank))
         self.acct["optimizer"] += env.now - t0
         if e.trace_on:
             self._trace("compute", "optimizer", t0, env.now)

@@ -7,7 +7,7 @@ Narayanan et al. 2021 (``collsim.workload.flops``); memory is read from the engi
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from collsim.engine.comm import CommPricer, axis_contends
 from collsim.engine.core import Engine, EngineOptions
@@ -18,6 +18,7 @@ from collsim.schedule.build import BLOCK_OVERRIDE_KEYS, build_schedule
 from collsim.schedule.result import StepResult
 
 if TYPE_CHECKING:
+    from collsim.stragglers import StragglerConfig, StragglerPlan
     from collsim.topology import Topology
     from collsim.workload.model import TransformerSpec
 
@@ -73,6 +74,7 @@ def simulate_step(
     op_time_overrides: dict[str, float] | None = None,
     fidelity: str = "auto",
     zero_communication: bool = False,
+    stragglers: StragglerConfig | StragglerPlan | None = None,
 ) -> StepResult:
     """Simulate one training step and report its time, breakdown, memory and collectives.
 
@@ -86,10 +88,50 @@ def simulate_step(
         op_time_overrides: measured seconds by op name, or by block (BLOCK_OVERRIDE_KEYS).
         fidelity: ``auto``, ``fused`` or ``layer`` (see FIDELITIES).
         zero_communication: price every communication at 0 s (an ideal network).
+        stragglers: slow ranks and degraded links (the ``stragglers`` section). The step is
+            then simulated twice, without and with them, and ``details["stragglers"]`` holds
+            the baseline step, the slowdown and who waited for whom (:func:`straggler_details`).
 
     Raises:
-        ConfigError: the plan does not match the model or the cluster (see build_plan).
+        ConfigError: the plan does not match the model or the cluster (see build_plan), or a
+            straggler names a rank, node or link the cluster does not have.
     """
+    resolved = _resolve(stragglers, topology)
+    if resolved is not None:
+        baseline = simulate_step(
+            topology,
+            spec,
+            training,
+            parallel,
+            all_ranks=all_ranks,
+            op_time_overrides=op_time_overrides,
+            fidelity=fidelity,
+            zero_communication=zero_communication,
+        )
+        engine = prepare_step(
+            topology,
+            spec,
+            training,
+            parallel,
+            all_ranks=all_ranks,
+            trace=trace,
+            op_time_overrides=op_time_overrides,
+            fidelity=fidelity,
+            zero_communication=zero_communication,
+            stragglers=resolved,
+        )
+        engine.run()
+        from collsim.schedule.assemble import assemble
+
+        result = assemble(
+            engine.plan,
+            engine,
+            fidelity="layer" if engine.layer_mode else "fused",
+            contended=engine.contended,
+            zero_communication=zero_communication,
+        )
+        result.details["stragglers"] = straggler_details(engine, result, baseline)
+        return result
     engine = prepare_step(
         topology,
         spec,
@@ -234,12 +276,18 @@ def prepare_step(
     fidelity: str = "auto",
     zero_communication: bool = False,
     des_axes: frozenset[str] | None = None,
+    stragglers: StragglerConfig | StragglerPlan | None = None,
 ) -> Engine:
     """The wired, not yet run, :class:`~collsim.engine.core.Engine` of ``simulate_step``.
 
     Tests and tools use it to inspect a run beyond the StepResult (memory ledgers with labels,
     per-rank accounts): ``engine = prepare_step(...); engine.run()``.
     """
+    resolved = _resolve(stragglers, topology)
+    if resolved is not None and resolved.link_factors:
+        from collsim.stragglers import degrade_topology
+
+        topology = degrade_topology(topology, resolved.link_factors)
     schedule = build_schedule(
         topology, spec, training, parallel, op_time_overrides=op_time_overrides
     )
@@ -270,5 +318,61 @@ def prepare_step(
         trace=trace,
         contended=tuple(contended),
         zero_communication=zero_communication,
+        stragglers=resolved,
     )
     return Engine(schedule, pricer, options, env=env)
+
+
+def _resolve(
+    stragglers: StragglerConfig | StragglerPlan | None, topology: Topology
+) -> StragglerPlan | None:
+    """The stragglers resolved on ``topology``; None when there are none (all factors 1)."""
+    if stragglers is None:
+        return None
+    from collsim.stragglers import StragglerConfig
+
+    plan = stragglers.resolve(topology) if isinstance(stragglers, StragglerConfig) else stragglers
+    return plan if plan.active else None
+
+
+def straggler_details(engine: Engine, result: StepResult, baseline: StepResult) -> dict[str, Any]:
+    """What the stragglers cost and who waited for whom (``details["stragglers"]``).
+
+    ``waits`` lists, per stream with two or more simulated members, the call whose rendezvous
+    waited longest (:meth:`Engine.rendezvous_waits`): first those where a rank outside the
+    slowed pipelines (same dp index as a straggler) waited for one inside them
+    (``for_straggler``), longest first, then the others (e.g. the first and last stage waiting
+    for each other at the tied-embedding all-reduce, as they do without stragglers);
+    ``longest_wait`` is the first of them.
+    """
+    plan = engine.plan
+    st = engine.stragglers
+    assert st is not None
+    slowed = {plan.coords(r).dp for r in [*engine.pace, *st.link_ranks] if r < plan.num_gpus}
+
+    def for_straggler(wait: dict[str, Any]) -> bool:
+        """A rank outside the slowed pipelines waited for one inside them."""
+        inside = plan.coords(wait["waited_for"]).dp in slowed
+        return inside and any(plan.coords(r).dp not in slowed for r in wait["waits_s"])
+
+    waits = sorted(engine.rendezvous_waits(), key=lambda w: not for_straggler(w))
+    for wait in waits:
+        wait["for_straggler"] = for_straggler(wait)
+    base = baseline.step_time_s
+    return {
+        "clock_factors": dict(sorted(st.compute_factors.items())),
+        "tp_paced_ranks": sorted(engine.pace),
+        "stage_factors": {
+            f"dp{d}.pp{s}": f for (d, s), f in sorted(st.stage_factors(plan).items())
+        },
+        "degraded_links": {
+            plan.topology.links[i].name: f for i, f in sorted(st.link_factors.items())
+        },
+        "baseline_step_time_s": base,
+        "step_time_s": result.step_time_s,
+        "slowdown": result.step_time_s / base,
+        "extra_s": result.step_time_s - base,
+        "critical_rank": result.details.get("critical_rank"),
+        "longest_wait": waits[0] if waits else None,
+        "waits": waits[:16],
+    }

@@ -22,7 +22,7 @@ import simpy
 
 from collsim.errors import SimulationError
 
-__all__ = ["Work", "CallRecord", "GroupStream"]
+__all__ = ["Work", "CallRecord", "GroupStream", "RendezvousWait"]
 
 Work = float | Callable[[], Any]
 """A closed-form duration (seconds) or a zero-argument factory of a SimPy process/event."""
@@ -46,6 +46,21 @@ class _Pending:
     arrived: int = 0
     event: simpy.Event | None = None
     members: list[int] = field(default_factory=list)
+    arrive_s: dict[int, float] = field(default_factory=dict)
+    """When each member was ready to start the call (issue time, or its ``ready_s``)."""
+
+
+@dataclass(slots=True)
+class RendezvousWait:
+    """The call of a stream whose rendezvous waited longest: who came last, who waited."""
+
+    call: str
+    wait_s: float
+    """Last member's arrival minus the first's."""
+    waited_for: int
+    """The member that arrived last."""
+    waits_s: dict[int, float]
+    """Per member: how long it waited for the last one."""
 
 
 class GroupStream:
@@ -74,6 +89,10 @@ class GroupStream:
         self._next = 0
         self.free_at = 0.0
         self._queue: simpy.Store | None = None
+        self.wait_s = dict.fromkeys(members, 0.0)
+        """Per member: seconds spent waiting for the other members at rendezvous."""
+        self.longest: RendezvousWait | None = None
+        """The call whose rendezvous waited longest (None: no member ever waited)."""
 
     def submit(
         self,
@@ -110,6 +129,8 @@ class GroupStream:
             pending.record.ready_s = max(pending.record.ready_s, ready)
         pending.arrived += 1
         pending.members.append(member)
+        if len(self.members) > 1:
+            pending.arrive_s[member] = ready
         event = pending.event
         self._resolve()
         assert event is not None
@@ -122,6 +143,8 @@ class GroupStream:
                 return
             del self._pending[self._next]
             self._next += 1
+            if pending.arrive_s:
+                self._note_waits(pending)
             if callable(pending.work) or self._queue is not None:
                 if self._queue is None:
                     self._queue = simpy.Store(self.env)
@@ -134,6 +157,20 @@ class GroupStream:
             self.free_at = record.end_s
             timer = self.env.timeout(record.end_s - self.env.now)
             timer.callbacks.append(partial(self._finish, pending))
+
+    def _note_waits(self, pending: _Pending) -> None:
+        """Account the rendezvous of one call: every member waits for the last to arrive."""
+        arrive = pending.arrive_s
+        last_member = max(arrive, key=lambda m: (arrive[m], -m))
+        last = arrive[last_member]
+        waits = {m: last - t for m, t in arrive.items()}
+        for m, w in waits.items():
+            self.wait_s[m] += w
+        spread = last - min(arrive.values())
+        if spread > 0 and (self.longest is None or spread > self.longest.wait_s):
+            self.longest = RendezvousWait(
+                pending.record.name, spread, last_member, {m: w for m, w in waits.items() if w}
+            )
 
     def _finish(self, pending: _Pending, _event: simpy.Event | None = None) -> None:
         """Close a call (``_event``: the timer that ended it, when called back by SimPy)."""

@@ -30,6 +30,20 @@ ranks (``validate/data/step_localhost_gloo.json``). The simulator therefore gets
 blocks scaled by ``compute_scale`` = local step / sum of the profiled blocks and optimizer, so
 that its compute adds up to the measured local step and the communication is what the
 comparison tests.
+
+A straggler on purpose (``straggler_rank``): beside every DDP mode, ``<mode>+straggler`` is
+timed, in which that rank first runs extra compute and then the mode's step, inside the timed
+region; the other ranks run the mode's step and wait for it at the gradient all-reduces. The
+extra compute is ``straggler_repeat - 1`` whole local steps (the ``local`` step above: forward,
+loss, backward and SGD step of its own model copy, no communication), or with
+``straggler_delay_s`` a busy loop of that many seconds on the wall clock. The slowed rank's
+extra seconds are timed too; :func:`simulate_modes` simulates the mode with the ``stragglers``
+of :mod:`collsim.stragglers` on that rank, at the nominal clock factor ``1 / straggler_repeat``
+or (``measured_factor``) at its measured speed, local step / (local step + extra seconds).
+The comparison is the slowdown ratio, straggler step over normal step, of the measurement and
+of the simulation (:func:`straggler_ratios`). With ``progress_path`` set,
+each rank appends every iteration's own timings to ``<progress_path>.rank<r>.jsonl`` as they
+are taken.
 """
 
 from __future__ import annotations
@@ -51,8 +65,16 @@ __all__ = [
     "simulate_modes",
     "cores_busy",
     "ddp_bucket_count",
+    "straggler_ratios",
     "MODES",
+    "STRAGGLER_SUFFIX",
 ]
+
+#: Suffix of a mode timed with one rank slowed on purpose (``ddp_b25+straggler``).
+STRAGGLER_SUFFIX = "+straggler"
+
+#: Column of the slowed rank's extra seconds in a straggler mode (``ddp_b25+straggler.extra``).
+EXTRA_SUFFIX = ".extra"
 
 #: Modes of a measured step: DDP with a bucket size in MB, or the FSDP sketch.
 MODES = ("ddp_b1", "ddp_b25", "fsdp")
@@ -75,11 +97,33 @@ class StepConfig:
     modes: tuple[str, ...] = MODES
     lr: float = 1e-3
     seed: int = 0
+    straggler_rank: int | None = None
+    """A rank slowed on purpose in the ``<ddp mode>+straggler`` modes (None: none timed)."""
+    straggler_repeat: int = 2
+    """The slowed rank runs its compute this many times (clock factor 1 / repeat)."""
+    straggler_delay_s: float = 0.0
+    """If > 0: the slowed rank instead spins on the wall clock for this long before its step
+    (a busy loop of known duration, whatever share of the cores it gets)."""
+    progress_path: str | None = None
+    """Each rank appends its per-iteration timings to ``<path>.rank<r>.jsonl`` as taken."""
 
     def __post_init__(self) -> None:
         for mode in self.modes:
             if mode != "fsdp" and not (mode.startswith("ddp_b") and mode[5:].isdigit()):
                 raise ValueError(f"unknown mode {mode!r}: ddp_b<MB> or fsdp")
+        if self.straggler_rank is not None and self.straggler_rank < 0:
+            raise ValueError(f"straggler_rank must be >= 0, got {self.straggler_rank}")
+        if self.straggler_delay_s < 0:
+            raise ValueError(f"straggler_delay_s must be >= 0, got {self.straggler_delay_s}")
+        if self.straggler_repeat < 2:
+            raise ValueError(f"straggler_repeat must be >= 2, got {self.straggler_repeat}")
+
+    @property
+    def straggler_modes(self) -> tuple[str, ...]:
+        """The modes timed with the straggler (every DDP mode, when a rank is named)."""
+        if self.straggler_rank is None:
+            return ()
+        return tuple(m + STRAGGLER_SUFFIX for m in self.modes if m.startswith("ddp"))
 
 
 def model_spec(cfg: StepConfig) -> Any:
@@ -295,7 +339,28 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
         ctx.sync()
 
     steps[LOCAL] = local_step
-    timed = [LOCAL, *cfg.modes]
+    if cfg.straggler_rank is not None and cfg.straggler_rank >= ctx.world_size:
+        raise ValueError(
+            f"straggler_rank {cfg.straggler_rank} is not a rank of {ctx.world_size} ranks"
+        )
+    extra_s: dict[str, list[float]] = {}
+    for slowed in cfg.straggler_modes:
+        steps[slowed], extra_s[slowed] = _straggler_step(
+            steps[slowed.removesuffix(STRAGGLER_SUFFIX)],
+            local_step,
+            cfg.straggler_repeat - 1 if rank == cfg.straggler_rank else 0,
+            cfg.straggler_delay_s if rank == cfg.straggler_rank else 0.0,
+        )
+    # each straggler mode right after its normal mode: the paired ratio sees the same load
+    timed = [LOCAL]
+    for mode in cfg.modes:
+        timed.append(mode)
+        if mode + STRAGGLER_SUFFIX in cfg.straggler_modes:
+            timed.append(mode + STRAGGLER_SUFFIX)
+    extra_keys = [m + EXTRA_SUFFIX for m in cfg.straggler_modes]
+    progress = None
+    if cfg.progress_path is not None:
+        progress = open(f"{cfg.progress_path}.rank{rank}.jsonl", "a")  # noqa: SIM115
     rows: list[list[float]] = []
     keys: list[str] = []
     for it in range(cfg.warmup + cfg.iters):
@@ -308,10 +373,19 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
             start = time.perf_counter()
             steps[mode]()
             row.append(time.perf_counter() - start)
+        row += [extra_s[m][-1] for m in cfg.straggler_modes]
+        keys += extra_keys
+        if progress is not None:
+            import json
+
+            progress.write(json.dumps({"iteration": it, **dict(zip(keys, row))}) + "\n")
+            progress.flush()
         if it >= cfg.warmup:
             rows.append(row)
+    if progress is not None:
+        progress.close()
     table = torch.tensor(rows, dtype=torch.float64, device=ctx.device)
-    num_prof = len(keys) - len(timed)
+    num_prof = len(keys) - len(timed) - len(extra_keys)
     # Steps: the slowest rank. Profiled blocks: the mean over ranks (a per-block max over ranks
     # would add up the noise of every block; the step's own max is taken once, in the engine's
     # synchronisation points).
@@ -326,7 +400,9 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
     # Blocks: the mean over iterations. A block lasts a few ms, about one scheduler time slice
     # on a shared machine, so its median is an iteration in which it was not preempted, while
     # a whole step (tens of blocks) always is; the mean keeps the preemptions in.
-    means = {k: statistics.fmean(v) for k, v in columns.items() if k not in timed}
+    means = {
+        k: statistics.fmean(v) for k, v in columns.items() if k not in timed and k not in extra_keys
+    }
     profile = {k: means[k] for k in means if not k.startswith("layer")}
     profile["layer.forward"] = statistics.fmean(
         means[f"layer{i}.forward"] for i in range(cfg.num_layers)
@@ -334,9 +410,9 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
     profile["layer.backward"] = statistics.fmean(
         means[f"layer{i}.backward"] for i in range(cfg.num_layers)
     )
-    block_medians = {k: v for k, v in medians.items() if k not in timed}
+    block_medians = {k: v for k, v in medians.items() if k not in timed and k not in extra_keys}
     modes: dict[str, Any] = {}
-    for mode in cfg.modes:
+    for mode in (*cfg.modes, *cfg.straggler_modes):
         entry: dict[str, Any] = {
             "median_s": medians[mode],
             "min_s": min(columns[mode]),
@@ -349,6 +425,9 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
             entry["buckets"] = "unknown" if count is None else count
             if count is None:
                 entry["buckets_unknown_reason"] = reason
+        if mode in extra_s:
+            entry["extra_median_s"] = medians[mode + EXTRA_SUFFIX]
+            entry["extra_times_s"] = columns[mode + EXTRA_SUFFIX]
         modes[mode] = entry
     import os
 
@@ -376,6 +455,28 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
     }
 
 
+def _straggler_step(
+    step: Any, local_step: Any, extra: int, delay_s: float = 0.0
+) -> tuple[Any, list[float]]:
+    """``step`` preceded by the slowed rank's extra compute: a busy loop of ``delay_s`` on the
+    wall clock when > 0, else ``extra`` local steps; and the list the extra seconds of each
+    call are appended to (0 on the other ranks)."""
+    times: list[float] = []
+
+    def slowed() -> None:
+        t0 = time.perf_counter()
+        if delay_s > 0:
+            while time.perf_counter() - t0 < delay_s:
+                pass
+        else:
+            for _ in range(extra):
+                local_step()
+        times.append(time.perf_counter() - t0)
+        step()
+
+    return slowed, times
+
+
 def run_step(
     cfg: StepConfig, *, world_size: int | None, backend: str = "gloo", timeout_s: float = 600.0
 ) -> tuple[dict[str, Any], bool]:
@@ -398,10 +499,16 @@ class SimulatedMode:
     step_time_s: float
     breakdown_s: dict[str, float] = field(default_factory=dict)
     num_collectives: int = 0
+    clock_factor: float = 1.0
+    """The simulated clock factor of the slowed rank (``+straggler`` modes; 1 otherwise)."""
 
 
 def simulate_modes(
-    report: dict[str, Any], topology: Any, overlap: bool | None = None, scale_compute: bool = True
+    report: dict[str, Any],
+    topology: Any,
+    overlap: bool | None = None,
+    scale_compute: bool = True,
+    measured_factor: bool = False,
 ) -> dict[str, SimulatedMode]:
     """Simulate every measured mode of ``report`` on ``topology`` with the profiled compute.
 
@@ -411,6 +518,9 @@ def simulate_modes(
         overlap: DDP all-reduces overlap backward; None decides by :func:`cores_busy`.
         scale_compute: scale the profiled blocks by the report's ``compute_scale`` (the
             measured local step over the sum of the blocks; see the module docstring).
+        measured_factor: simulate a ``+straggler`` mode's slowed rank at its measured speed
+            (local step over local step plus its measured extra seconds) instead of the
+            nominal 1 / ``straggler_repeat``.
     """
     from collsim.engine.step import simulate_step
     from collsim.parallel.config import (
@@ -435,26 +545,90 @@ def simulate_modes(
         optimizer=Optimizer.SGD,
     )
     scale = float(report.get("compute_scale", 1.0)) if scale_compute else 1.0
+
+    def stragglers_for(mode: str) -> Any:
+        """The simulated straggler of a ``+straggler`` mode: the nominal clock factor
+        1 / repeat, or (``measured_factor``) the slowed rank's measured speed, local step /
+        (local step + its measured extra seconds)."""
+        from collsim.stragglers import SlowGPU, StragglerConfig
+
+        assert cfg.straggler_rank is not None
+        local = float(report["local_step_s"])
+        factor = 1 / cfg.straggler_repeat
+        if cfg.straggler_delay_s > 0:  # nominally: the delay added to a local step
+            factor = local / (local + cfg.straggler_delay_s)
+        extra = report["modes"][mode].get("extra_median_s")
+        if measured_factor and extra:
+            factor = local / (local + float(extra))
+        return StragglerConfig(slow_gpu=SlowGPU(ranks=(cfg.straggler_rank,), clock_factor=factor))
+
     overrides = {k: float(v) * scale for k, v in report["profile"].items()}
     if overlap is None:
         overlap = not cores_busy(report)
     out: dict[str, SimulatedMode] = {}
     for mode in report["modes"]:
-        if mode == "fsdp":
+        slowed = mode.endswith(STRAGGLER_SUFFIX)
+        base_mode = mode.removesuffix(STRAGGLER_SUFFIX)
+        if base_mode == "fsdp":
             parallel = ParallelConfig(
                 dp=n, zero=3, fsdp=FSDPConfig(prefetch=0, reshard_after_forward=False)
             )
         else:
             parallel = ParallelConfig(
-                dp=n, ddp=DDPConfig(bucket_mb=float(mode[5:]), overlap=overlap)
+                dp=n, ddp=DDPConfig(bucket_mb=float(base_mode[5:]), overlap=overlap)
             )
-        result = simulate_step(topology, spec, training, parallel, op_time_overrides=overrides)
+        straggler = stragglers_for(mode) if slowed else None
+        result = simulate_step(
+            topology,
+            spec,
+            training,
+            parallel,
+            op_time_overrides=overrides,
+            stragglers=straggler,
+        )
         out[mode] = SimulatedMode(
             mode,
             result.step_time_s,
             dict(result.breakdown_s),
             sum(c.count for c in result.collectives),
+            straggler.slow_gpu.clock_factor if straggler is not None else 1.0,
         )
+    return out
+
+
+def straggler_ratios(
+    report: dict[str, Any], simulated: dict[str, SimulatedMode]
+) -> dict[str, dict[str, float]]:
+    """Per DDP mode timed with a straggler: the slowdown ratio measured and simulated, and the
+    ratio's relative error (simulated - measured) / measured.
+
+    The measured ratio is the median over iterations of the paired ratio, straggler step over
+    normal step of the same iteration (the two are timed back to back, so that a burst of load
+    from other processes falls on both); the ratio of the two medians is kept beside it
+    (``measured_ratio_of_medians``)."""
+    out: dict[str, dict[str, float]] = {}
+    modes = report["modes"]
+    for slowed, meas in modes.items():
+        if not slowed.endswith(STRAGGLER_SUFFIX):
+            continue
+        base = slowed.removesuffix(STRAGGLER_SUFFIX)
+        paired = [a / b for a, b in zip(meas["times_s"], modes[base]["times_s"])]
+        measured = statistics.median(paired)
+        sim = simulated[slowed].step_time_s / simulated[base].step_time_s
+        out[base] = {
+            "measured_ratio": measured,
+            "simulated_ratio": sim,
+            "error": (sim - measured) / measured,
+            "measured_ratio_of_medians": meas["median_s"] / modes[base]["median_s"],
+            "measured_ratio_min": min(paired),
+            "measured_ratio_max": max(paired),
+            "measured_straggler_s": meas["median_s"],
+            "measured_normal_s": modes[base]["median_s"],
+            "simulated_straggler_s": simulated[slowed].step_time_s,
+            "simulated_normal_s": simulated[base].step_time_s,
+            "simulated_clock_factor": simulated[slowed].clock_factor,
+            "measured_extra_s": float(meas.get("extra_median_s", 0.0)),
+        }
     return out
 
 

@@ -2,22 +2,36 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import simpy
 
 from collsim.collectives import Group, simulate
 from collsim.network import FlowNetwork
-from collsim.topology import Topology, load_topology
+from collsim.topology import Topology, load_topology, parse_topology, resolve_topology_path
+from collsim.yamlio import parse_yaml_text
 
 _CACHE: dict[tuple[str, int, int | None], Topology] = {}
 
 
 def topo(name: str, nodes: int = 1, gpus_per_node: int | None = None) -> Topology:
-    """A shared (cached) topology: per-group schedules are cached on it."""
+    """A shared (cached) topology: per-group schedules are cached on it.
+
+    ``NAME+sharp`` is the preset with in-network reduction (``fabric.sharp: true``)."""
     key = (name, nodes, gpus_per_node)
     if key not in _CACHE:
-        _CACHE[key] = load_topology(name, nodes=nodes, gpus_per_node=gpus_per_node)
+        if name.endswith("+sharp"):
+            base = name.removesuffix("+sharp")
+            text = Path(resolve_topology_path(base)).read_text()
+            text = text.replace("\nfabric:\n", "\nfabric:\n  sharp: true\n", 1)
+            _CACHE[key] = parse_topology(
+                parse_yaml_text(text, f"{base}+sharp.yaml"),
+                nodes=nodes,
+                gpus_per_node=gpus_per_node,
+            )
+        else:
+            _CACHE[key] = load_topology(name, nodes=nodes, gpus_per_node=gpus_per_node)
     return _CACHE[key]
 
 

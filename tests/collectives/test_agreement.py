@@ -2,7 +2,8 @@
 same phases, so they agree to float round-off (docs/internals.md), not just within a percent.
 
 Sizes 1 KiB, 1 MiB and 1 GiB; groups of 2 to 64 ranks on one or several nodes, NVLink, PCIe
-and loopback. The protocol is the one the closed form picks for the algorithm at that size.
+and loopback, one rank per node (PAT) and fabrics with in-network reduction (CollNet). The
+protocol is the one the closed form picks for the algorithm at that size.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ SHAPES = {
     "16r-2nodes": ("dgx_a100", 2, 8, None),
     "12r-3nodes": ("dgx_b200", 3, 4, None),
     "64r-8nodes": ("dgx_h100", 8, 8, None),
+    "4r-4nodes-1pernode": ("dgx_h100", 4, 1, None),  # PAT's scope: one rank per node
+    "16r-2nodes-sharp": ("dgx_h100+sharp", 2, 8, None),  # CollNet: in-network reduction
+    "12r-3nodes-sharp": ("dgx_a100+sharp", 3, 4, None),
 }
 
 

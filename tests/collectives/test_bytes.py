@@ -67,3 +67,40 @@ def test_send_recv_between_two_ranks_is_one_message() -> None:
     assert dict(net.bytes_sent) == {3: M} and dict(net.bytes_received) == {11: M}
     # one NIC at 400 Gb/s x 0.96, plus the Simple network hop (14 us) and base latency (8.4 us)
     assert result.time_s == pytest.approx(M / (50e9 * 0.96) + 14e-6 + 8.4e-6, rel=1e-6)
+
+
+def test_nvls_tree_bytes_on_ports_and_nics() -> None:
+    # Per GPU port (1 + 1/g) M each way; two nodes: each NIC sends and receives M/g (one edge
+    # per tree, half the GPU's M/g slice each way per tree).
+    t = topo("dgx_h100", 2)
+    _, net = run_des(Group.all(t), "all_reduce", M, "nvls_tree")
+    for rank in range(16):
+        assert net.link_bytes[t.gpu_tx[rank]] == pytest.approx((1 + 1 / 8) * M)
+    for node in range(2):
+        for k in range(8):
+            assert net.link_bytes[t.nic_tx[node][k]] == pytest.approx(M / 8, rel=1e-12)
+            assert net.link_bytes[t.nic_rx[node][k]] == pytest.approx(M / 8, rel=1e-12)
+
+
+@pytest.mark.parametrize("algorithm", ["collnet_direct", "collnet_chain", "nvls"])
+def test_in_network_reduction_sends_each_slice_up_once(algorithm: str) -> None:
+    # With SHARP the switch reduces across nodes: every NIC carries M/g up and M/g down, at any
+    # node count (the network half of a ring's 2(N-1)/N x M/g).
+    t = topo("dgx_h100+sharp", 4)
+    _, net = run_des(Group.all(t), "all_reduce", M, algorithm)
+    for node in range(4):
+        for k in range(8):
+            assert net.link_bytes[t.nic_tx[node][k]] == pytest.approx(M / 8, rel=1e-12)
+            assert net.link_bytes[t.nic_rx[node][k]] == pytest.approx(M / 8, rel=1e-12)
+
+
+@pytest.mark.parametrize("op", ["all_gather", "reduce_scatter"])
+@pytest.mark.parametrize("nodes", [4, 6])
+def test_pat_moves_what_a_ring_moves(op: str, nodes: int) -> None:
+    # (n-1)/n x M per rank in ceil(log2 n) steps, one rank per node (NCCL 2.30.7's scope).
+    t = topo("dgx_h100", nodes)
+    group = Group(t, tuple(8 * k for k in range(nodes)))
+    _, net = run_des(group, op, M, "pat")
+    for rank in group.ranks:
+        assert net.bytes_sent[rank] == pytest.approx((nodes - 1) / nodes * M, rel=1e-12)
+        assert net.bytes_received[rank] == pytest.approx((nodes - 1) / nodes * M, rel=1e-12)

@@ -1,0 +1,128 @@
+"""A straggler on purpose: one of 2 gloo ranks slowed, measured, and simulated as a straggler.
+
+The recorded runs (``data/straggler_localhost_gloo_n2.json``, written by ``collsim validate step
+--world-sizes 2 --topology localhost_gloo_n2 --straggler-rank 1 --straggler-delay-ms 100 -o``
+on the 2-core development machine, shared with other jobs: see its ``note``) are simulated
+again here; the live runs need torch and spawn real ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from collsim.validate.step import (
+    STRAGGLER_SUFFIX,
+    StepConfig,
+    simulate_modes,
+    straggler_ratios,
+)
+
+DATA = Path(__file__).parent / "data" / "straggler_localhost_gloo_n2.json"
+
+
+def test_bad_straggler_settings() -> None:
+    with pytest.raises(ValueError, match="straggler_rank"):
+        StepConfig(straggler_rank=-1)
+    with pytest.raises(ValueError, match="straggler_repeat"):
+        StepConfig(straggler_rank=1, straggler_repeat=1)
+    with pytest.raises(ValueError, match="straggler_delay_s"):
+        StepConfig(straggler_rank=1, straggler_delay_s=-0.1)
+    cfg = StepConfig(straggler_rank=1, modes=("ddp_b1", "fsdp"))
+    assert cfg.straggler_modes == ("ddp_b1" + STRAGGLER_SUFFIX,)
+    assert StepConfig().straggler_modes == ()
+
+
+def _recorded() -> list[dict]:
+    runs = json.loads(DATA.read_text())["runs"]
+    assert runs
+    return runs
+
+
+def test_recorded_straggler_ratio_is_predicted_within_15_percent() -> None:
+    """Every recorded run re-simulated: the median over runs and modes of |ratio error| is
+    within 15 %, and so is every run of ddp_b1. ddp_b25 came out at +11.6 to +17.9 %: under
+    that load its normal step measured 11-30 % above its simulation (the straggler step
+    itself within 6 %), and the ratio inherits it."""
+    from collsim.topology import load_topology
+
+    errors = []
+    for report in _recorded():
+        topo = load_topology(report["topology"], nodes=1, gpus_per_node=2)
+        sim = simulate_modes(report, topo, measured_factor=True)
+        ratios = straggler_ratios(report, sim)
+        assert ratios
+        for base, r in ratios.items():
+            # the stored comparison is what the simulator gives today
+            assert r["simulated_ratio"] == pytest.approx(
+                report["straggler"][base]["simulated_ratio"], rel=1e-6
+            )
+            assert r["measured_ratio"] > 1.2  # a 100 ms spin on a ~100 ms step shows
+            assert r["simulated_ratio"] > 1.2
+            errors.append(abs(r["error"]))
+            if base == "ddp_b1":
+                assert abs(r["error"]) <= 0.15, r
+    assert len(errors) == 6
+    assert statistics.median(errors) <= 0.15, errors
+
+
+@pytest.mark.torch
+def test_live_straggler_step_is_measured_and_simulated(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from collsim.topology import load_topology
+    from collsim.validate.step import run_step
+
+    cfg = StepConfig(
+        num_layers=2,
+        hidden=64,
+        ffn_hidden=256,
+        vocab=256,
+        seq_len=16,
+        iters=2,
+        warmup=1,
+        modes=("ddp_b25",),
+        straggler_rank=1,
+        straggler_delay_s=0.05,
+        progress_path=str(tmp_path / "prog"),
+    )
+    report, _ = run_step(cfg, world_size=2, timeout_s=120)
+    slowed = report["modes"]["ddp_b25" + STRAGGLER_SUFFIX]
+    assert len(slowed["times_s"]) == 2
+    assert slowed["extra_median_s"] >= 0.05  # the spin ran on rank 1 (MAX over ranks)
+    assert min(slowed["times_s"]) >= 0.05
+    # every iteration (warm-up included) was written by each rank as it was taken
+    for rank in (0, 1):
+        lines = (tmp_path / f"prog.rank{rank}.jsonl").read_text().splitlines()
+        assert [json.loads(x)["iteration"] for x in lines] == [0, 1, 2]
+    extra_on = [json.loads(x)["ddp_b25+straggler.extra"] for x in lines]
+    assert min(extra_on) >= 0.05  # rank 1's own extra seconds
+    topo = load_topology("localhost_gloo_n2", nodes=1, gpus_per_node=2)
+    sim = simulate_modes(report, topo, measured_factor=True)
+    local = report["local_step_s"]
+    assert sim["ddp_b25" + STRAGGLER_SUFFIX].clock_factor == pytest.approx(
+        local / (local + slowed["extra_median_s"]), rel=1e-12
+    )
+    r = straggler_ratios(report, sim)["ddp_b25"]
+    assert r["simulated_ratio"] > 1.0 and r["measured_ratio"] > 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+def test_live_straggler_ratio_within_15_percent() -> None:
+    """The must-show on this machine: 2 gloo ranks, rank 1 spinning 100 ms before its step.
+
+    Load from other processes decides it: with a 1-minute load average of 7.6-11.5 on the 2
+    cores it passed 2 of 4 tries (one failure at +24 %: the normal step's median moves with
+    the load more than the straggler step's)."""
+    pytest.importorskip("torch")
+    from collsim.topology import load_topology
+    from collsim.validate.step import run_step
+
+    cfg = StepConfig(iters=15, warmup=3, modes=("ddp_b1",), straggler_rank=1, straggler_delay_s=0.1)
+    report, _ = run_step(cfg, world_size=2, timeout_s=600)
+    topo = load_topology("localhost_gloo_n2", nodes=1, gpus_per_node=2)
+    r = straggler_ratios(report, simulate_modes(report, topo, measured_factor=True))["ddp_b1"]
+    assert abs(r["error"]) <= 0.15, r
