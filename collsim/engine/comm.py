@@ -31,7 +31,9 @@ if TYPE_CHECKING:
 __all__ = ["CallCost", "CommPricer", "axis_contends", "linked_peers", "shared_links"]
 
 
-def axis_contends(topology: Topology, groups: Sequence[tuple[int, ...]]) -> bool:
+def axis_contends(
+    topology: Topology, groups: Sequence[tuple[int, ...]], *, capacity: np.ndarray | None = None
+) -> bool:
     """True when one ring step of ``groups`` (run together) slows some flow below its solo rate.
 
     Each group contributes the flows rank[i] -> rank[i+1] (a ring step; for two ranks, one
@@ -54,7 +56,8 @@ def axis_contends(topology: Topology, groups: Sequence[tuple[int, ...]]) -> bool
                 paths.append(tuple(path))
     if len(paths) < 2:
         return False
-    capacity = np.array([link.capacity_bps for link in topology.links], dtype=float)
+    if capacity is None:  # every link's capacity (pass it in to check several axes)
+        capacity = np.array([link.capacity_bps for link in topology.links], dtype=float)
     flow_of = np.array([i for i, p in enumerate(paths) for _ in p])
     link_of = np.array([link for p in paths for link in p])
     solo = np.minimum.reduceat(capacity[link_of], np.r_[0, np.cumsum([len(p) for p in paths])[:-1]])

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from collsim.engine.comm import CommPricer, axis_contends
 from collsim.engine.core import Engine, EngineOptions
 from collsim.errors import ConfigError
@@ -45,8 +47,9 @@ def _contended_axes(plan: Plan, fidelity: str) -> list[str]:
     contended: list[str] = []
     # every group of an axis may be active at once: all stages compute layers together, send
     # to their neighbours in the steady state, and reduce gradients near the end of the step
+    capacity = np.array([link.capacity_bps for link in topo.links], dtype=float)
     for axis, groups in _axis_groups(plan, node_local=True).items():
-        if groups and len(groups[0]) > 1 and axis_contends(topo, groups):
+        if groups and len(groups[0]) > 1 and axis_contends(topo, groups, capacity=capacity):
             contended.append(axis)
     return contended
 
@@ -249,17 +252,16 @@ def _axis_groups(plan: Plan, *, node_local: bool = False) -> dict[str, list[tupl
     (:func:`_node_local`; enough to decide contention, not to name every shared link)."""
     tp = plan.groups("tp")
     dp = plan.groups("dp" if plan.cp == 1 else "dp_cp")
+    inner = plan.tp * plan.cp
     if node_local:
         tp, dp = _node_local(plan, tp), _node_local(plan, dp)
     return {
         "tp": tp,
         "dp": dp,
+        # (dp d, pp s, cp k, tp t) -> (d, s + 1, k, t): rank + cp x tp (the module's mapping),
+        # in the order of (d, s, k, t)
         "pp": [
-            (plan.rank(dp=d, pp=s, tp=t, cp=k), plan.rank(dp=d, pp=s + 1, tp=t, cp=k))
-            for d in range(plan.dp)
-            for s in range(plan.pp - 1)
-            for k in range(plan.cp)
-            for t in range(plan.tp)
+            (r, r + inner) for r in range(plan.num_gpus) if (r // inner) % plan.pp != plan.pp - 1
         ],
     }
 
