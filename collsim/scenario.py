@@ -5,6 +5,7 @@ unit where they have one; unknown keys are rejected with ``file:line: key.path``
 
     name: gpt3-175b-3d
     cluster: {topology: dgx_a100, nodes: 128}   # a name in topologies/ or a path to a YAML file
+      # device: h800 | path/profile.yaml  (optional: replaces the topology's device)
     model:
       preset: gpt3-175b        # optional; the keys below override it (all needed without a preset)
       layers: 96
@@ -21,6 +22,12 @@ unit where they have one; unknown keys are rejected with ``file:line: key.path``
       seq_len: 2048
       vocab: 51200
     training: {global_batch: 1536, micro_batch: 1, dtype: bf16, optimizer: adam, recompute: full}
+      # stack: megatron_te | torchtitan | llm_foundry | fsdp | deepspeed  (sets the keys below)
+      # attention_kernel: flash2 | flash3 | cudnn | triton | eager
+      # execution: eager | compiled | cuda_graphs; fused_kernels: true | false
+      # grad_reduce_dtype: fp32 | bf16; grad_clip: true | false
+      # optimizer_implementation: fused | foreach; fsdp_version: 1 | 2
+      # (collsim.parallel.config.STACKS and TrainingConfig document the defaults)
     parallel:
       tp: 8
       pp: 8
@@ -96,6 +103,18 @@ _FIELD_TO_KEY = {attr: key for key, attr in MODEL_KEYS.items()}
 
 _REQUIRED_WITHOUT_PRESET = ("layers", "hidden", "heads", "seq_len", "vocab")
 
+#: ``training`` keys of the framework stack (see ``collsim.parallel.config.STACKS``).
+TRAINING_STACK_KEYS: dict[str, type] = {
+    "stack": str,
+    "attention_kernel": str,
+    "execution": str,
+    "fused_kernels": bool,
+    "grad_reduce_dtype": str,
+    "grad_clip": bool,
+    "optimizer_implementation": str,
+    "fsdp_version": int,
+}
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ClusterSpec:
@@ -105,12 +124,25 @@ class ClusterSpec:
     """A topology name in ``topologies/`` (``dgx_a100``) or a path to a topology YAML file."""
     nodes: int | None = None
     """Number of nodes; None keeps the topology file's own count."""
+    device: str | None = None
+    """A device key or a device file (a measured profile from ``collsim validate compute``)
+    that replaces the topology's device; None keeps it."""
 
     def load(self) -> Topology:
         """Build the topology (imports the topology layer on first use)."""
         from collsim.topology import load_topology
 
-        return load_topology(self.topology, nodes=self.nodes)
+        topology = load_topology(self.topology, nodes=self.nodes)
+        if self.device is not None:
+            from collsim.hardware import get_device
+
+            try:
+                topology.device = get_device(self.device)
+            except ConfigError as exc:
+                if exc.file is not None:
+                    raise
+                raise ConfigError(exc.message, key_path="cluster.device") from None
+        return topology
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,6 +308,10 @@ def _read(doc: YamlDoc, overrides: tuple[_Override, ...], source: Path | None) -
     training = _read_training(root.section("training"))
     parallel = _read_parallel(root.section("parallel", default_empty=True))
     root.finish()
+    kernel = training.attention_kernel
+    if kernel is not None and (kernel != "eager") != model.flash_attention:
+        # the attention kernel decides activation memory: fused kernels keep no s x s scores
+        model = dataclasses.replace(model, flash_attention=kernel != "eager")
     return Scenario(
         name=name,
         cluster=cluster,
@@ -291,8 +327,11 @@ def _read(doc: YamlDoc, overrides: tuple[_Override, ...], source: Path | None) -
 def _read_cluster(reader: ConfigReader, source: Path | None) -> ClusterSpec:
     topology = reader.get("topology", str)
     nodes = reader.get("nodes", int, default=None, check=positive)
+    device = reader.get("device", str, default=None)
     reader.finish()
-    return ClusterSpec(topology=_resolve_topology(topology, source), nodes=nodes)
+    if device is not None:
+        device = _resolve_topology(device, source)
+    return ClusterSpec(topology=_resolve_topology(topology, source), nodes=nodes, device=device)
 
 
 def _resolve_topology(spec: str, source: Path | None) -> str:
@@ -353,7 +392,15 @@ def _read_model(reader: ConfigReader, scenario_name: str) -> TransformerSpec:
 def _read_training(reader: ConfigReader) -> TrainingConfig:
     kwargs: dict[str, Any] = {"global_batch": reader.get("global_batch", int)}
     _copy_optional(
-        reader, kwargs, {"micro_batch": int, "dtype": str, "optimizer": str, "recompute": str}
+        reader,
+        kwargs,
+        {
+            "micro_batch": int,
+            "dtype": str,
+            "optimizer": str,
+            "recompute": str,
+            **TRAINING_STACK_KEYS,
+        },
     )
     reader.finish()
     return TrainingConfig(**kwargs)

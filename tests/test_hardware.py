@@ -7,7 +7,17 @@ from collsim.hardware import Device, get_device, list_devices
 
 
 def test_catalogue_has_the_issue_devices() -> None:
-    assert list_devices() == ["a100", "b200", "cpu", "h100", "h200"]
+    assert list_devices() == [
+        "a100",
+        "b200",
+        "cpu",
+        "gb200",
+        "h100",
+        "h100_96gb",
+        "h200",
+        "h800",
+        "mi300x",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -48,7 +58,7 @@ def test_dtype_aliases() -> None:
 
 
 def test_unknown_device_lists_choices() -> None:
-    with pytest.raises(ConfigError, match="unknown device 'v100'.*a100, b200, cpu, h100, h200"):
+    with pytest.raises(ConfigError, match="unknown device 'v100'.*a100, b200, cpu, gb200, h100, h100_96gb, h200, h800, mi300x"):
         get_device("v100")
 
 

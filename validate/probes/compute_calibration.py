@@ -1,0 +1,141 @@
+"""The seven llm-foundry rows and the three Megatron Table 1 rows: ``collsim run`` as it stands
+(the engine without framework costs and interference) and an ESTIMATE with those parts added
+here by hand, the way the engine is to add them once wired.
+
+    PYTHONPATH=$PWD python validate/probes/compute_calibration.py [--loo]
+
+The estimate (labelled "wired est."), per step on the critical rank:
+- gradient reduce-scatter bytes x grad_reduce_bytes_per_element / 2 (fp32 doubles it): the
+  extra link time of the dp reduce-scatters;
+- interference: the dp collectives' link time W (capped at the compute time) slows the
+  compute under it by overlap_slowdown(device, busbw, memory-bound share):
+  extra = W x (1 - 1/factor) (collsim.workload.interference.slowed_compute_s);
+- framework costs (collsim.workload.framework): FSDP copy-in per unit per all-gather
+  (2 per micro-batch with reshard), grad cast + copy-out per unit per reduce-scatter, the
+  gradient-norm pass, the optimizer at the stack's implementation (replacing the engine's
+  fused one), the per-step host cost.
+"""
+
+from __future__ import annotations
+
+import csv
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from collsim.engine import simulate_step  # noqa: E402
+from collsim.scenario import load_scenario  # noqa: E402
+from collsim.workload.compute import ComputeModel  # noqa: E402
+from collsim.workload.interference import overlap_slowdown  # noqa: E402
+from collsim.workload.memory import layer_parameters_per_rank  # noqa: E402
+
+DATA = ROOT / "tests" / "workload" / "data" / "training_calibration.csv"
+
+
+def rows() -> list[dict[str, str]]:
+    with DATA.open() as handle:
+        return list(csv.DictReader(line for line in handle if not line.startswith("#")))
+
+
+def estimate(path: Path) -> dict[str, float]:
+    sc = load_scenario(path)
+    topo = sc.cluster.load()
+    tr, par, spec = sc.training, sc.parallel, sc.model
+    res = simulate_step(topo, spec, tr, par)
+    n = par.world_size
+    tokens = tr.global_batch * spec.seq_len
+    model = ComputeModel(
+        topo.device,
+        str(tr.dtype),
+        attention_kernel=tr.attention_kernel,
+        execution=str(tr.execution),
+        fused_kernels=bool(tr.fused_kernels),
+    )
+    micro = tr.global_batch // (tr.micro_batch * par.dp)
+    unit = float(layer_parameters_per_rank(spec, par.tp))
+    local = spec.num_parameters() / (par.tp * par.pp * (par.dp if par.zero >= 1 else 1))
+    fw = model.framework_costs(
+        unit_params=unit,
+        local_params=local,
+        dp=par.dp,
+        zero=par.zero,
+        fsdp_version=int(tr.fsdp_version or 1),
+        grad_reduce_dtype=str(tr.grad_reduce_dtype),
+        grad_clip=bool(tr.grad_clip),
+        optimizer=str(tr.optimizer),
+        optimizer_implementation=str(tr.optimizer_implementation),
+    )
+    lt = model.layer_times(spec, micro_batch=tr.micro_batch, recompute=str(tr.recompute))
+    block = lt.forward_s + lt.backward_s + lt.recompute_s
+    mem_share = lt.memory_bound_s / block if block else 0.0
+    compute = res.breakdown_s.get("compute", 0.0)
+    dp_link = rs_extra = 0.0
+    busbw = 0.0
+    for c in res.collectives:
+        if c.axis != "dp":
+            continue
+        t = c.time_s
+        if c.op == "reduce_scatter":
+            extra = t * (fw.grad_reduce_bytes_per_element / 2.0 - 1.0)
+            rs_extra += extra
+            t += extra
+        dp_link += t
+        busbw = max(busbw, c.busbw_bps)
+    window = min(dp_link, compute)
+    factor = overlap_slowdown(topo.device, busbw_bps=busbw, memory_bound_share=mem_share)
+    interference = window * (1.0 - 1.0 / factor) if par.zero >= 3 or par.ddp.overlap else 0.0
+    units = spec.num_layers
+    ag_per_unit = micro * (2 if par.fsdp.reshard_after_forward else 1)
+    framework = fw.per_step_s(
+        units=units if par.zero >= 3 else 0,
+        all_gathers_per_unit=ag_per_unit,
+        reduce_scatters_per_unit=micro,
+    ) - res.breakdown_s.get("optimizer", 0.0)
+    exposed_rs = max(0.0, dp_link - compute) - res.breakdown_s.get("dp_exposed", 0.0)
+    wired = res.step_time_s + interference + framework + max(0.0, exposed_rs)
+    return {
+        "run_tok": tokens / res.step_time_s / n,
+        "wired_tok": tokens / wired / n,
+        "step_s": res.step_time_s,
+        "compute_s": compute,
+        "interference_s": interference,
+        "framework_s": framework,
+        "rs_extra_s": rs_extra,
+        "factor": factor,
+        "mfu": res.mfu,
+    }
+
+
+def main() -> None:
+    print(f"{'row':26s} {'published':>9s} {'run':>7s} {'err':>7s} {'wired est.':>10s} {'err':>7s}"
+          f"  compute  interf.  framew.  factor")
+    errs_run, errs_wired = [], []
+    for r in rows():
+        e = estimate(ROOT / "scenarios" / "published" / f"{r['id']}.yaml")
+        pub = float(r["published_tokens_per_s_per_gpu"])
+        a, b = e["run_tok"] / pub - 1, e["wired_tok"] / pub - 1
+        errs_run.append(a)
+        errs_wired.append(b)
+        print(f"{r['id']:26s} {pub:9.0f} {e['run_tok']:7.0f} {a:+7.1%} {e['wired_tok']:10.0f} {b:+7.1%}"
+              f"  {e['compute_s']:7.3f}  {e['interference_s']:7.3f}  {e['framework_s']:7.3f}  {e['factor']:.3f}")
+    for name, errs in (("run", errs_run), ("wired est.", errs_wired)):
+        mean_abs = sum(abs(x) for x in errs) / len(errs)
+        print(f"{name}: mean |error| {mean_abs:.1%}, signed mean {sum(errs) / len(errs):+.1%}, "
+              f"worst {max(errs, key=abs):+.1%}")
+    sys.path.insert(0, str(ROOT / "tests" / "engine"))
+    from tests.engine.test_calibration_megatron import ROWS, megatron_step
+
+    meg = []
+    for row in ROWS:
+        got = megatron_step(row).hardware_tflops_per_gpu
+        meg.append(got / float(row["tflops_per_gpu"]) - 1)
+        print(f"megatron {row['params_billion']:>5s}B  {got:6.1f} vs {row['tflops_per_gpu']} TFLOP/s {meg[-1]:+.1%}")
+    for name, errs in (("run", errs_run), ("wired est.", errs_wired)):
+        allr = errs + meg
+        print(f"signed mean over 7 + 3 rows ({name}): {sum(allr) / len(allr):+.1%}")
+
+
+if __name__ == "__main__":
+    main()
