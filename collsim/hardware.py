@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from collsim.errors import ConfigError
-from collsim.units import GB, GiB, TB, tflops_to_flops
+from collsim.units import GB, TB, GiB, tflops_to_flops
 from collsim.yamlio import ConfigReader, YamlDoc, load_yaml, non_negative, positive
 
 __all__ = [
@@ -219,7 +219,9 @@ def device_from_reader(entry: ConfigReader, default_key: str = "", source: str =
     entry.get("description", str, default="")
     generation = entry.get("generation", str, default="generic")
     if generation not in GENERATIONS:
-        raise entry.error(f"must be one of {', '.join(GENERATIONS)}; got {generation!r}", "generation")
+        raise entry.error(
+            f"must be one of {', '.join(GENERATIONS)}; got {generation!r}", "generation"
+        )
     peak = entry.section("peak_tflops")
     peak_flops = {
         _DTYPE_ALIASES.get(str(k), str(k)): tflops_to_flops(peak.get(str(k), float, check=positive))

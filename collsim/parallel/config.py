@@ -211,7 +211,9 @@ class TrainingConfig:
                 object.__setattr__(self, key, base[key])
             elif key in _CHOICES and value not in _CHOICES[key]:
                 choices = ", ".join(map(str, _CHOICES[key]))
-                raise ConfigError(f"must be one of {choices}; got {value!r}", key_path=f"training.{key}")
+                raise ConfigError(
+                    f"must be one of {choices}; got {value!r}", key_path=f"training.{key}"
+                )
         if self.attention_kernel is None and self.stack is None:
             pass  # the model decides (ComputeModel reads spec.flash_attention)
         _positive(self.global_batch, "training.global_batch")

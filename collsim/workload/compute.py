@@ -601,7 +601,9 @@ class ComputeModel:
     def _spec_for(self, spec: TransformerSpec) -> tuple[TransformerSpec, str]:
         """The spec with ``flash_attention`` as the attention kernel decides, and the kernel."""
         if self.attention_kernel is None:
-            return spec, self._kernel_name(spec.flash_attention) if spec.flash_attention else "eager"
+            return spec, self._kernel_name(
+                spec.flash_attention
+            ) if spec.flash_attention else "eager"
         fused = self.attention_kernel != "eager"
         if fused != spec.flash_attention:
             spec = dataclasses.replace(spec, flash_attention=fused)

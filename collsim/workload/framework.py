@@ -83,7 +83,9 @@ class FrameworkCosts:
     def as_dict(self) -> dict[str, float]:
         return {k: float(v) for k, v in asdict(self).items()}
 
-    def per_step_s(self, *, units: int, all_gathers_per_unit: int, reduce_scatters_per_unit: int) -> float:
+    def per_step_s(
+        self, *, units: int, all_gathers_per_unit: int, reduce_scatters_per_unit: int
+    ) -> float:
         """Total over a step for ``units`` units with the given collective counts per unit
         (embedding and loss excluded: they are already inside the compute blocks)."""
         return (
@@ -99,7 +101,9 @@ def _dtype_bytes(dtype: str) -> float:
     table = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
     key = str(dtype).lower()
     if key not in table:
-        raise ConfigError(f"must be one of fp32, bf16; got {dtype!r}", key_path="training.grad_reduce_dtype")
+        raise ConfigError(
+            f"must be one of fp32, bf16; got {dtype!r}", key_path="training.grad_reduce_dtype"
+        )
     return table[key]
 
 
@@ -155,7 +159,9 @@ def framework_costs(
         emb = model.embedding_times(
             spec, micro_batch=micro_batch, tp=tp, sequence_parallel=sequence_parallel
         )
-        head = model.head_times(spec, micro_batch=micro_batch, tp=tp, sequence_parallel=sequence_parallel)
+        head = model.head_times(
+            spec, micro_batch=micro_batch, tp=tp, sequence_parallel=sequence_parallel
+        )
         embedding_s = emb.forward_s + emb.backward_s
         loss_s = sum(c.time_s for c in head.ops if c.name == "loss")
     return FrameworkCosts(
@@ -166,7 +172,9 @@ def framework_costs(
         fsdp_copy_bytes=copy_in_b + copy_out_b,
         fsdp_grad_bytes=grad_cast_b + grad_out_b,
         grad_reduce_bytes_per_element=reduce_bytes,
-        grad_clip_s=model.memory_time_s(GRAD_CLIP_BYTES_PER_PARAM * local_params, 3) if grad_clip else 0.0,
+        grad_clip_s=model.memory_time_s(GRAD_CLIP_BYTES_PER_PARAM * local_params, 3)
+        if grad_clip
+        else 0.0,
         optimizer_s=model.optimizer_time_s(local_params, optimizer, optimizer_implementation),
         host_step_s=HOST_STEP_S[model.execution],
         embedding_s=embedding_s,

@@ -57,7 +57,9 @@ def overlap_slowdown(
         reduction: all-reduce / reduce-scatter (3 HBM bytes per bus byte) or a copy (2).
     """
     if not 0.0 <= memory_bound_share <= 1.0:
-        raise ConfigError(f"must be in [0, 1], got {memory_bound_share}", key_path="memory_bound_share")
+        raise ConfigError(
+            f"must be in [0, 1], got {memory_bound_share}", key_path="memory_bound_share"
+        )
     if busbw_bps < 0:
         raise ConfigError(f"must be >= 0, got {busbw_bps}", key_path="busbw_bps")
     if busbw_bps == 0:

@@ -141,7 +141,7 @@ def _interp_log(xs: Sequence[float], ys: Sequence[float | None], x: float) -> fl
         (x0, y0), (x1, y1) = pts[-2], pts[-1]
         nearest = y1
     else:
-        for (x0, y0), (x1, y1) in zip(pts, pts[1:], strict=False):
+        for (x0, y0), (x1, y1) in zip(pts, pts[1:], strict=False):  # noqa: B007 (used after the break)
             if x0 <= lx <= x1:
                 break
         nearest = None
@@ -407,7 +407,9 @@ class MeasuredTables:
         extra = reader.get("notes", dict, default={})
         reader.finish()
         try:
-            gemm = tuple((int(r[0]), int(r[1]), int(r[2]), str(r[3]), float(r[4])) for r in gemm_rows)
+            gemm = tuple(
+                (int(r[0]), int(r[1]), int(r[2]), str(r[3]), float(r[4])) for r in gemm_rows
+            )
             att = tuple(
                 (str(r[0]), bool(r[1]), int(r[2]), int(r[3]), float(r[4]), float(r[5]))
                 for r in att_rows
@@ -425,9 +427,9 @@ class MeasuredTables:
         lm, ln, lk = math.log(m), math.log(n), math.log(k)
 
         def dist(r: tuple[int, int, int, str, float]) -> float:
-            return (math.log(r[0]) - lm) ** 2 + (math.log(r[1]) - ln) ** 2 + (
-                math.log(r[2]) - lk
-            ) ** 2
+            return (
+                (math.log(r[0]) - lm) ** 2 + (math.log(r[1]) - ln) ** 2 + (math.log(r[2]) - lk) ** 2
+            )
 
         best = sorted(rows, key=dist)[:4]
         # inverse-distance weighting of the nearest four, in log rate

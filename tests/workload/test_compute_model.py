@@ -157,9 +157,7 @@ def test_optimizer_time_is_adam_bytes_over_bandwidth(a100: FakeDevice) -> None:
     # mixed-precision Adam moves 30 bytes per parameter (see optimizer_bytes_per_param)
     assert model.optimizer_time_s(7e9) == pytest.approx(7e9 * 30 / (2.039e12 * 0.85))
     fp32 = ComputeModel(a100, "fp32", launch_s=0.0, memory_efficiency=0.85)
-    assert fp32.optimizer_time_s(7e9, "adam") == pytest.approx(
-        7e9 * 28 / (2.039e12 * 0.85)
-    )
+    assert fp32.optimizer_time_s(7e9, "adam") == pytest.approx(7e9 * 28 / (2.039e12 * 0.85))
     assert model.optimizer_time_s(0) == 0.0
 
 

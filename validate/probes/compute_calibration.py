@@ -109,8 +109,10 @@ def estimate(path: Path) -> dict[str, float]:
 
 
 def main() -> None:
-    print(f"{'row':26s} {'published':>9s} {'run':>7s} {'err':>7s} {'wired est.':>10s} {'err':>7s}"
-          f"  compute  interf.  framew.  factor")
+    print(
+        f"{'row':26s} {'published':>9s} {'run':>7s} {'err':>7s} {'wired est.':>10s} {'err':>7s}"
+        f"  compute  interf.  framew.  factor"
+    )
     errs_run, errs_wired = [], []
     for r in rows():
         e = estimate(ROOT / "scenarios" / "published" / f"{r['id']}.yaml")
@@ -118,12 +120,17 @@ def main() -> None:
         a, b = e["run_tok"] / pub - 1, e["wired_tok"] / pub - 1
         errs_run.append(a)
         errs_wired.append(b)
-        print(f"{r['id']:26s} {pub:9.0f} {e['run_tok']:7.0f} {a:+7.1%} {e['wired_tok']:10.0f} {b:+7.1%}"
-              f"  {e['compute_s']:7.3f}  {e['interference_s']:7.3f}  {e['framework_s']:7.3f}  {e['factor']:.3f}")
+        print(
+            f"{r['id']:26s} {pub:9.0f} {e['run_tok']:7.0f} {a:+7.1%} "
+            f"{e['wired_tok']:10.0f} {b:+7.1%}  {e['compute_s']:7.3f}  "
+            f"{e['interference_s']:7.3f}  {e['framework_s']:7.3f}  {e['factor']:.3f}"
+        )
     for name, errs in (("run", errs_run), ("wired est.", errs_wired)):
         mean_abs = sum(abs(x) for x in errs) / len(errs)
-        print(f"{name}: mean |error| {mean_abs:.1%}, signed mean {sum(errs) / len(errs):+.1%}, "
-              f"worst {max(errs, key=abs):+.1%}")
+        print(
+            f"{name}: mean |error| {mean_abs:.1%}, signed mean {sum(errs) / len(errs):+.1%}, "
+            f"worst {max(errs, key=abs):+.1%}"
+        )
     sys.path.insert(0, str(ROOT / "tests" / "engine"))
     from tests.engine.test_calibration_megatron import ROWS, megatron_step
 
@@ -131,7 +138,10 @@ def main() -> None:
     for row in ROWS:
         got = megatron_step(row).hardware_tflops_per_gpu
         meg.append(got / float(row["tflops_per_gpu"]) - 1)
-        print(f"megatron {row['params_billion']:>5s}B  {got:6.1f} vs {row['tflops_per_gpu']} TFLOP/s {meg[-1]:+.1%}")
+        print(
+            f"megatron {row['params_billion']:>5s}B  {got:6.1f} vs "
+            f"{row['tflops_per_gpu']} TFLOP/s {meg[-1]:+.1%}"
+        )
     for name, errs in (("run", errs_run), ("wired est.", errs_wired)):
         allr = errs + meg
         print(f"signed mean over 7 + 3 rows ({name}): {sum(allr) / len(allr):+.1%}")
