@@ -410,7 +410,7 @@ class ComputeModel:
         eff = shape_efficiency(gemm, self.num_sms)
         achievable = rate * eff
         if self.measured is not None:
-            measured = self.measured.gemm_rate(gemm.m, gemm.n, gemm.k * gemm.batch, dt)
+            measured = self.measured.gemm_rate(gemm.m, gemm.n, gemm.k, dt)
             if measured is not None:
                 achievable = float(measured)
         compute = gemm.flops / achievable

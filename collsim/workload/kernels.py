@@ -419,6 +419,25 @@ class MeasuredTables:
             raise reader.error(f"malformed table row ({exc})") from None
         return cls(gemm, att, bw, opt, launch, host, dict(extra))
 
+    def shared(self, factor: float) -> MeasuredTables:
+        """The tables of a rank that gets 1/``factor`` of the cores the profile was timed on:
+        every rate divided by ``factor``, the host cost multiplied by it."""
+        if factor <= 0:
+            raise ConfigError(f"must be > 0, got {factor}", key_path="cpu_share")
+        return MeasuredTables(
+            gemm=tuple((m, n, k, d, r / factor) for m, n, k, d, r in self.gemm),
+            attention=tuple(
+                (a, c, d, s, f / factor, b / factor) for a, c, d, s, f, b in self.attention
+            ),
+            bandwidth=tuple((x, y / factor) for x, y in self.bandwidth),
+            optimizer_bytes_per_s=None
+            if self.optimizer_bytes_per_s is None
+            else self.optimizer_bytes_per_s / factor,
+            launch_us=None if self.launch_us is None else self.launch_us * factor,
+            host_us=None if self.host_us is None else self.host_us * factor,
+            extra=dict(self.extra, cpu_share=factor),
+        )
+
     def gemm_rate(self, m: int, n: int, k: int, dtype: str) -> float | None:
         """FLOP/s of the nearest measured GEMM shape (log distance) of ``dtype``."""
         rows = [r for r in self.gemm if r[3] == dtype] or [r for r in self.gemm]
