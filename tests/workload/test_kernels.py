@@ -134,3 +134,14 @@ def test_framework_costs_fp32_reduction_and_fsdp_terms() -> None:
     assert ddp.fsdp_copy_in_s == 0 and ddp.fsdp_grad_cast_s == 0
     foreach = model.optimizer_time_s(1e9, "adam", "foreach")
     assert foreach > 2.5 * model.optimizer_time_s(1e9, "adam", "fused")
+
+
+def test_slowest_gpu_factor() -> None:
+    from collsim.workload.kernels import slowest_gpu_factor
+
+    assert slowest_gpu_factor(1) == 1.0
+    # 8 GPUs over a 5 % band: the slowest at 1/9 of it, 0.05 x (1/2 - 1/9) = 1.94 % below typical
+    assert slowest_gpu_factor(8) == pytest.approx(1 / (1 - 0.05 * (0.5 - 1 / 9)))
+    assert slowest_gpu_factor(8) < slowest_gpu_factor(512) < 1 / (1 - 0.025)
+    with pytest.raises(ConfigError):
+        slowest_gpu_factor(0)
