@@ -156,7 +156,8 @@ def leave_one_out() -> None:
         ins = estimate(ROOT / "scenarios" / "published" / f"{held['id']}.yaml")
         err_in = ins["wired_tok"] / float(held["published_tokens_per_s_per_gpu"]) - 1
         print(
-            f"{held['id']:26s} fit on the other: {x:.4f}  held-out {err:+.1%}  in-sample {err_in:+.1%}"
+            f"{held['id']:26s} fit on the other: {x:.4f}  held-out {err:+.1%}  "
+            f"in-sample {err_in:+.1%}"
         )
 
 
