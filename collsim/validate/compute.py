@@ -73,6 +73,49 @@ def _median_time(fn: Callable[[], Any], reps: int, sync: Callable[[], None]) -> 
     return statistics.median(times)
 
 
+COLD_BYTES = 64 * 2**20
+"""Operand bytes cycled through per GEMM shape, above a CPU's last-level cache and a GPU's L2:
+in training a GEMM's operands (a weight used once per micro-batch, an activation written by
+other kernels in between) are not cache-resident as a benchmark that reuses one pair is (on
+the 2-core development machine a 64 x 768 x 256 fp32 GEMM ran at 95 GFLOP/s hot, 80 cold)."""
+
+
+def _gemm_time(
+    torch: Any,
+    dev: Any,
+    dtype: Any,
+    m: int,
+    n: int,
+    k: int,
+    reps: int,
+    sync: Callable[[], None],
+) -> float:
+    """Mean time of one GEMM of this shape over the three layouts training runs (forward
+    A @ B, dgrad A @ B^T, wgrad A^T @ B), each on cold operands (:data:`COLD_BYTES`)."""
+    size = (m * k + k * n) * torch.finfo(dtype).bits // 8
+    copies = max(2, min(64, COLD_BYTES // max(1, size)))
+    pairs = [
+        (torch.randn(m, k, device=dev, dtype=dtype), torch.randn(k, n, device=dev, dtype=dtype))
+        for _ in range(copies)
+    ]
+    layouts = [
+        [(a, b) for a, b in pairs],
+        [(a, b.t().contiguous().t()) for a, b in pairs],  # B stored transposed
+        [(a.t().contiguous().t(), b) for a, b in pairs],  # A stored transposed
+    ]
+    total = 0.0
+    for ops in layouts:
+        state = {"i": 0}
+
+        def run(ops: list[tuple[Any, Any]] = ops, state: dict[str, int] = state) -> None:
+            state["i"] = (state["i"] + 1) % len(ops)
+            a, b = ops[state["i"]]
+            torch.mm(a, b)
+
+        total += _median_time(run, reps, sync)
+    return total / len(layouts)
+
+
 def _dtypes(torch: Any, device: str) -> list[tuple[str, Any]]:
     if device == "cpu":
         return [("fp32", torch.float32), ("bf16", torch.bfloat16)]
@@ -108,9 +151,7 @@ def measure_profile(grid: ComputeGrid, device: str = "cpu") -> dict[str, Any]:
                     flops = 2.0 * m * n * k
                     if flops > grid.gemm_max_flops:
                         continue
-                    a = torch.randn(m, k, device=dev, dtype=dtype)
-                    b = torch.randn(k, n, device=dev, dtype=dtype)
-                    t = _median_time(partial(torch.mm, a, b), grid.reps, sync)
+                    t = _gemm_time(torch, dev, dtype, m, n, k, grid.reps, sync)
                     gemm.append([m, n, k, name, round(flops / t / 1e12, 6)])
     attention: list[list[Any]] = []
     heads = 4

@@ -48,7 +48,8 @@ with ``work_s`` by op kind (the rates are in :mod:`collsim.workload.kernels` wit
 Launch and host: the 4 us floor is part of each kernel (serial on its stream, so it adds);
 the host issue cost (eager 10 us, compiled 5 us, CUDA graphs 0; ASSUMPTION, measured by
 ``collsim validate compute``) runs ahead of the GPU asynchronously and only shows when a
-kernel is shorter than it, hence ``max``.
+kernel is shorter than it, hence ``max`` (on a CPU device the issuing thread also computes,
+so there the host cost adds).
 
 Shape efficiency of a GEMM C[m, n] = A[m, k] B[k, n] (batch of them), after NVIDIA's
 "Matrix Multiplication Background User's Guide" (tile and wave quantization)::
@@ -397,7 +398,13 @@ class ComputeModel:
         return kernels * max(device_s, self.host_s)
 
     def _kernel(self, device_s: float) -> tuple[float, bool]:
-        """(time, host-bound) of one kernel whose device time is ``device_s``."""
+        """(time, host-bound) of one kernel whose device time is ``device_s``.
+
+        An accelerator runs its kernels asynchronously behind the host, so only the longer of
+        the two shows (max); a CPU device computes on the thread that issues the op, so the
+        host cost adds (sum)."""
+        if self.generation == "cpu":
+            return device_s + self.host_s, False
         if self.host_s > device_s:
             return self.host_s, True
         return device_s, False
