@@ -25,7 +25,14 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ComputeGrid", "GEMM_DIMS", "measure_profile", "write_profile", "cpu_share"]
+__all__ = [
+    "ComputeGrid",
+    "GEMM_DIMS",
+    "measure_profile",
+    "write_profile",
+    "cpu_share",
+    "concurrency_slowdown",
+]
 
 GEMM_DIMS = (64, 160, 400, 1000, 2500, 4096)
 """GEMM dimensions of the default grid (about x2.5 apart from 64 to 4096)."""
@@ -228,7 +235,12 @@ def measure_profile(grid: ComputeGrid, device: str = "cpu") -> dict[str, Any]:
     from collsim.workload.compute import optimizer_bytes_per_param
 
     opt_bps = grid.optimizer_params * optimizer_bytes_per_param("sgd", "fp32") / t_opt
+    import os
+
+    cores = os.cpu_count() or 1
+    slowdown = round(concurrency_slowdown(cores), 4) if dev.type == "cpu" and cores > 1 else 1.0
     return {
+        "concurrent_slowdown": slowdown,
         "gemm": gemm,
         "attention": attention,
         "bandwidth": bandwidth,
@@ -242,6 +254,49 @@ def measure_profile(grid: ComputeGrid, device: str = "cpu") -> dict[str, Any]:
             "measured_at_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         },
     }
+
+
+def _probe_worker(iters: int, start: Any, out: Any) -> None:
+    """A fixed mix of a GEMM and a memory-bound add, timed (runs in its own process)."""
+    import torch
+
+    torch.set_num_threads(1)
+    a, b = torch.randn(400, 400), torch.randn(400, 400)
+    x, y, z = torch.randn(1 << 20), torch.randn(1 << 20), torch.empty(1 << 20)
+    start.wait()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        torch.mm(a, b)
+        torch.add(x, y, out=z)
+    out.put(time.perf_counter() - t0)
+
+
+def concurrency_slowdown(processes: int, iters: int = 400, timeout_s: float = 120.0) -> float:
+    """How much slower one process of ``processes`` running the same kernel mix at once is than
+    one running alone (shared last-level cache, memory bandwidth and, on a VM, whatever the
+    vCPUs share underneath): median concurrent time over the solo time. Measured, not assumed;
+    ``validate step`` applies it to ranks that run at the same time on separate cores."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+
+    def run(n: int) -> list[float]:
+        start, out = ctx.Event(), ctx.Queue()
+        procs = [ctx.Process(target=_probe_worker, args=(iters, start, out)) for _ in range(n)]
+        for p in procs:
+            p.start()
+        time.sleep(2.0)  # let every process import torch before the start signal
+        start.set()
+        times = [out.get(timeout=timeout_s) for _ in procs]
+        for p in procs:
+            p.join(timeout=timeout_s)
+            if p.is_alive():
+                p.terminate()
+        return times
+
+    solo = statistics.median(run(1) + run(1))
+    together = statistics.median(run(processes))
+    return max(1.0, together / solo)
 
 
 def write_profile(path: str | Path, measured: dict[str, Any], *, device: str = "cpu") -> Path:
@@ -286,11 +341,17 @@ def write_profile(path: str | Path, measured: dict[str, Any], *, device: str = "
 
 
 def cpu_share(
-    ranks_per_node: int, threads_per_rank: int, cores: int, profile_threads: int
+    ranks_per_node: int,
+    threads_per_rank: int,
+    cores: int,
+    profile_threads: int,
+    concurrent_slowdown: float = 1.0,
 ) -> float:
     """How much slower each rank computes than the profile measured: the ranks' threads over
     the cores when they exceed them (the OS time-slices the cores evenly), else 1; relative to
-    the threads the profile was timed with (its rates are per ``profile_threads`` threads)::
+    the threads the profile was timed with (its rates are per ``profile_threads`` threads);
+    and, when more than one thread is busy, x the profile's measured ``concurrent_slowdown``
+    (threads on separate cores share the last-level cache and the memory bandwidth)::
 
         share = max(1, ranks_per_node x threads_per_rank / cores)
                 x profile_threads / threads_per_rank   (only when the rank has fewer threads)
@@ -299,4 +360,8 @@ def cpu_share(
     share = max(1.0, busy / max(1, cores))
     if threads_per_rank < profile_threads:
         share *= profile_threads / threads_per_rank
+    if busy > 1:
+        # threads on separate cores still share the cache and memory: the measured slowdown
+        # of ``cores`` concurrent processes (a profile's ``concurrent_slowdown``)
+        share *= concurrent_slowdown
     return share

@@ -485,8 +485,9 @@ def profile_device(report: dict[str, Any], device_profile: str) -> tuple[Any, fl
     cores = int(report.get("cpu_count") or os.cpu_count() or 1)
     ranks = int(report.get("local_world_size", report["world_size"]))
     threads = int(report.get("threads_per_rank", 1))
+    slowdown = float(device.measured.extra.get("concurrent_slowdown", 1.0))
     share = (
-        cpu_share(ranks, threads, cores, profile_threads)
+        cpu_share(ranks, threads, cores, profile_threads, slowdown)
         if report.get("backend") == "gloo"
         else 1.0
     )

@@ -432,7 +432,13 @@ class MeasuredTables:
         opt = reader.get("optimizer_bytes_per_s", float, default=None)
         launch = reader.get("launch_us", float, default=None)
         host = reader.get("host_us", float, default=None)
-        extra = reader.get("notes", dict, default={})
+        extra = dict(reader.get("notes", dict, default={}))
+        extra["concurrent_slowdown"] = reader.get(
+            "concurrent_slowdown",
+            float,
+            default=1.0,
+            check=lambda v: None if v >= 1 else "must be >= 1",
+        )
         reader.finish()
         try:
             gemm = tuple(

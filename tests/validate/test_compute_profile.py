@@ -87,3 +87,9 @@ def test_validate_compute_quick_writes_a_profile(tmp_path: Path) -> None:
     assert {r[0] for r in tables.attention} >= {"flash2"}
     assert len(tables.bandwidth) >= 4 and tables.optimizer_bytes_per_s > 0
     assert tables.host_us is not None and tables.host_us > 0
+
+
+def test_cpu_share_applies_the_measured_concurrency_slowdown() -> None:
+    assert cpu_share(2, 1, 2, 1, 1.5) == 1.5  # two ranks on two cores, each 1.5x slower
+    assert cpu_share(4, 1, 2, 1, 1.5) == 3.0
+    assert cpu_share(1, 1, 2, 1, 1.5) == 1.0  # one thread alone: as profiled
