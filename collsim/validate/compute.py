@@ -52,6 +52,8 @@ class ComputeGrid:
     optimizer_params: int = 4_000_000
     reps: int = 3
     threads: int = 1
+    concurrency: bool = True
+    """Measure ``concurrent_slowdown`` (CPU only; spawns one process per core, ~15 s)."""
 
     @classmethod
     def quick(cls) -> ComputeGrid:
@@ -65,6 +67,7 @@ class ComputeGrid:
             mem_max_bytes=16 * 2**20,
             optimizer_params=500_000,
             reps=2,
+            concurrency=False,
         )
 
 
