@@ -90,6 +90,19 @@ other kernels in between) are not cache-resident as a benchmark that reuses one 
 the 2-core development machine a 64 x 768 x 256 fp32 GEMM ran at 95 GFLOP/s hot, 80 cold)."""
 
 
+_POOLS: dict[tuple[str, str], Any] = {}
+
+
+def _pool(torch: Any, dev: Any, dtype: Any) -> Any:
+    """One flat random buffer of :data:`COLD_BYTES` per device and dtype; GEMM operands are
+    views into it, so that no shape pays for filling its own buffers."""
+    key = (str(dev), str(dtype))
+    if key not in _POOLS:
+        elems = COLD_BYTES // (torch.finfo(dtype).bits // 8)
+        _POOLS[key] = torch.randn(elems, device=dev, dtype=dtype)
+    return _POOLS[key]
+
+
 def _gemm_time(
     torch: Any,
     dev: Any,
@@ -101,20 +114,22 @@ def _gemm_time(
     sync: Callable[[], None],
 ) -> float:
     """Mean time of one GEMM of this shape over the three layouts training runs (forward
-    A @ B, dgrad A @ B^T, wgrad A^T @ B), each on cold operands (:data:`COLD_BYTES`)."""
-    size = (m * k + k * n) * torch.finfo(dtype).bits // 8
-    copies = max(2, min(64, COLD_BYTES // max(1, size)))
-    pairs = [
-        (torch.randn(m, k, device=dev, dtype=dtype), torch.randn(k, n, device=dev, dtype=dtype))
-        for _ in range(copies)
-    ]
-    layouts = [
-        [(a, b) for a, b in pairs],
-        [(a, b.t().contiguous().t()) for a, b in pairs],  # B stored transposed
-        [(a.t().contiguous().t(), b) for a, b in pairs],  # A stored transposed
-    ]
+    A @ B, dgrad A @ B^T, wgrad A^T @ B), each on cold operands: views cycling through
+    :data:`COLD_BYTES` of memory."""
+    pool = _pool(torch, dev, dtype)
+    per = m * k + k * n
+    copies = max(1, min(64, pool.numel() // per))
+
+    def operands(i: int, layout: int) -> tuple[Any, Any]:
+        base = i * per
+        a_flat, b_flat = pool[base : base + m * k], pool[base + m * k : base + per]
+        a = a_flat.view(k, m).t() if layout == 2 else a_flat.view(m, k)
+        b = b_flat.view(n, k).t() if layout == 1 else b_flat.view(k, n)
+        return a, b
+
     total = 0.0
-    for ops in layouts:
+    for layout in range(3):
+        ops = [operands(i, layout) for i in range(copies)]
         state = {"i": 0}
 
         def run(ops: list[tuple[Any, Any]] = ops, state: dict[str, int] = state) -> None:
@@ -123,7 +138,7 @@ def _gemm_time(
             torch.mm(a, b)
 
         total += _median_time(run, reps, sync)
-    return total / len(layouts)
+    return total / 3
 
 
 def _dtypes(torch: Any, device: str) -> list[tuple[str, Any]]:
@@ -241,7 +256,8 @@ def measure_profile(grid: ComputeGrid, device: str = "cpu") -> dict[str, Any]:
     import os
 
     cores = os.cpu_count() or 1
-    slowdown = round(concurrency_slowdown(cores), 4) if dev.type == "cpu" and cores > 1 else 1.0
+    probe = grid.concurrency and dev.type == "cpu" and cores > 1
+    slowdown = round(concurrency_slowdown(cores), 4) if probe else 1.0
     return {
         "concurrent_slowdown": slowdown,
         "gemm": gemm,
@@ -280,6 +296,7 @@ def concurrency_slowdown(processes: int, iters: int = 400, timeout_s: float = 12
     vCPUs share underneath): median concurrent time over the solo time. Measured, not assumed;
     ``validate step`` applies it to ranks that run at the same time on separate cores."""
     import multiprocessing as mp
+    import queue
 
     ctx = mp.get_context("spawn")
 
@@ -290,11 +307,23 @@ def concurrency_slowdown(processes: int, iters: int = 400, timeout_s: float = 12
             p.start()
         time.sleep(2.0)  # let every process import torch before the start signal
         start.set()
-        times = [out.get(timeout=timeout_s) for _ in procs]
-        for p in procs:
-            p.join(timeout=timeout_s)
-            if p.is_alive():
-                p.terminate()
+        times: list[float] = []
+        deadline = time.monotonic() + timeout_s
+        try:
+            while len(times) < n:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"concurrency probe: no result within {timeout_s} s")
+                if any(p.exitcode not in (None, 0) for p in procs):
+                    raise RuntimeError("concurrency probe: a worker process failed")
+                try:
+                    times.append(out.get(timeout=1.0))
+                except queue.Empty:
+                    continue
+        finally:
+            for p in procs:
+                p.join(timeout=5.0)
+                if p.is_alive():
+                    p.terminate()
         return times
 
     solo = statistics.median(run(1) + run(1))
