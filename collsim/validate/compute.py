@@ -116,8 +116,10 @@ def _gemm_time(
     """Mean time of one GEMM of this shape over the three layouts training runs (forward
     A @ B, dgrad A @ B^T, wgrad A^T @ B), each on cold operands: views cycling through
     :data:`COLD_BYTES` of memory."""
-    pool = _pool(torch, dev, dtype)
     per = m * k + k * n
+    pool = _pool(torch, dev, dtype)
+    if pool.numel() < per:  # one pair larger than the pool: a pool of its own
+        pool = torch.randn(per, device=dev, dtype=dtype)
     copies = max(1, min(64, pool.numel() // per))
 
     def operands(i: int, layout: int) -> tuple[Any, Any]:
