@@ -1,13 +1,39 @@
-"""Hardware catalogue: GPUs and a generic CPU as data (``collsim/data/hardware.yaml``).
+"""Devices as data: one device schema for the catalogue, measured profiles and user files.
 
-Figures come from /work/shared/reference/hardware.yaml (vendor datasheets as reproduced by
-torchtitan and the ml-engineering handbook). ``matmul_efficiency`` is the measured best-shape
-matmul rate (MAMF, ml-engineering) over the bf16 peak; the compute model multiplies it in.
+Every device is a YAML mapping in the same schema. The built-in catalogue is one file per device
+in ``collsim/data/devices/*.yaml``; a measured profile (``collsim validate compute -o P.yaml``), a
+user's device file, or a mapping written inline in a topology file (``device: {...}``) use the
+same keys. Schema (units in key names; TFLOP/s dense, GB = 1e9 bytes)::
+
+    key: h100                          # catalogue key (optional in a user file: the file stem)
+    name: H100 SXM
+    aliases: [h100_sxm]                # optional
+    generation: hopper                 # ampere | hopper | blackwell | cdna3 | cpu | generic:
+                                       # picks the attention-kernel tables of compute.md
+    peak_tflops: {bf16: 989, fp8: 1979, fp32: 67}   # bf16 required
+    mamf_tflops: {bf16: 794.5, fp8: 1402.6}         # measured best-shape matmul rate; bf16 required
+    sm_count: 132                      # SMs / compute units / CPU cores (wave quantization)
+    clocks: {boost_mhz: 1980, sustained_mhz: 1305}  # optional: the clock MAMF ran at and the
+                                       # clock sustained under the power limit in training
+    power_w: 500                       # optional: the power limit the device runs at
+    reference_power_w: 700             # optional: the power its MAMF was measured at
+    memory_gb: 80                      # datasheet capacity
+    memory_bandwidth_tbps: 3.35
+    reported_memory_gib: 79.65         # optional: the capacity PyTorch / nvidia-smi report
+    reserve_gib: 2.0                   # optional: CUDA context + NCCL buffers + fragmentation
+    interference: {nccl_sms: 16}       # optional: SMs NCCL holds while a collective runs
+    measured: {...}                    # optional: a profile's kernel tables (see
+                                       # collsim.workload.kernels.MeasuredTables)
+
+``matmul_efficiency`` = MAMF / peak (bf16). Peaks and HBM come from
+/work/shared/reference/hardware.yaml; MAMF, clocks and power from reference/compute.md; each
+file names its sources.
 
 Example::
 
     h100 = get_device("h100")
     h100.peak_flops_for("bf16")      # 9.89e14
+    load_device_file("profile.yaml") # a measured profile
 """
 
 from __future__ import annotations
@@ -15,14 +41,31 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from collsim.errors import ConfigError
-from collsim.units import GB, TB, tflops_to_flops
-from collsim.yamlio import ConfigReader, load_yaml, positive
+from collsim.units import GB, TB, GiB, tflops_to_flops
+from collsim.yamlio import ConfigReader, YamlDoc, load_yaml, non_negative, positive
 
-__all__ = ["Device", "get_device", "list_devices", "CATALOGUE_PATH"]
+__all__ = [
+    "Device",
+    "get_device",
+    "list_devices",
+    "load_device_file",
+    "device_from_reader",
+    "CATALOGUE_DIR",
+    "CATALOGUE_PATH",
+    "CUDA_CONTEXT_BYTES",
+    "NCCL_BUFFER_BYTES",
+    "FRAGMENTATION_SHARE",
+    "GENERATIONS",
+]
 
-CATALOGUE_PATH = Path(__file__).parent / "data" / "hardware.yaml"
+CATALOGUE_DIR = Path(__file__).parent / "data" / "devices"
+CATALOGUE_PATH = CATALOGUE_DIR
+"""Kept for callers of the single-file catalogue: now the directory of device files."""
+
+GENERATIONS = ("ampere", "hopper", "blackwell", "cdna3", "cpu", "generic")
 
 _DTYPE_ALIASES = {
     "bfloat16": "bf16",
@@ -33,10 +76,25 @@ _DTYPE_ALIASES = {
     "float8": "fp8",
 }
 
+CUDA_CONTEXT_BYTES = 0.75 * GiB
+"""CUDA context with the cuBLAS / cuDNN handles and workspaces a training process creates.
+ASSUMPTION, not a published figure: the context alone takes 300-600 MiB on recent drivers and
+cuBLAS keeps a workspace per stream (PyTorch's CUBLAS_WORKSPACE_CONFIG default ":4096:8" = 32 MiB
+per handle); 0.75 GiB covers both. Replace with a measured ``reserve_gib``."""
+NCCL_BUFFER_BYTES = 0.5 * GiB
+"""NCCL communication buffers: NCCL_BUFFSIZE defaults to 4 MiB per channel and peer for the
+Simple protocol (NCCL environment-variable documentation), a ring has 2 peers and up to 32
+channels on NVLink, so ~0.25 GiB per communicator; a data-parallel and a tensor- or
+pipeline-parallel communicator make 0.5 GiB. Derived from the documented default."""
+FRAGMENTATION_SHARE = 0.03
+"""Share of the reported capacity the caching allocator cannot hand out (reserved but not
+allocated blocks). ASSUMPTION: PyTorch's caching allocator rounds blocks to 512 B and splits
+2 MiB / 20 MiB segments; 3 % is a middle reading of reserved-minus-allocated in long runs."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Device:
-    """One accelerator (or CPU socket) of the catalogue."""
+    """One accelerator (or CPU socket): the figures the compute and memory models read."""
 
     name: str
     """Full name, e.g. ``"H100 SXM"``."""
@@ -45,11 +103,36 @@ class Device:
     matmul_efficiency: float
     """Measured best-shape matmul rate (MAMF) over the bf16 peak, in (0, 1]."""
     memory_bytes: float
-    """Memory (HBM) capacity in bytes."""
+    """Memory (HBM) capacity in bytes (datasheet)."""
     memory_bandwidth_bps: float
-    """Memory bandwidth in bytes/s."""
+    """Memory bandwidth in bytes/s (datasheet)."""
     key: str = ""
     """Catalogue key (``"h100"``)."""
+    generation: str = "generic"
+    """``ampere``, ``hopper``, ``blackwell``, ``cdna3``, ``cpu`` or ``generic``."""
+    mamf_flops: dict[str, float] = field(default_factory=dict, hash=False)
+    """Measured best-shape matmul FLOP/s by dtype (bf16 always; fp8 where published)."""
+    sm_count: int | None = None
+    """SMs (compute units, CPU cores); None: the compute model's default."""
+    boost_clock_mhz: float | None = None
+    """The clock the MAMF burst runs at (the device's max boost clock)."""
+    sustained_clock_mhz: float | None = None
+    """The SM clock sustained under the power limit in long GEMM-heavy runs; None: see
+    :attr:`sustained_clock_fraction`."""
+    power_w: float | None = None
+    """Power limit the device runs at."""
+    reference_power_w: float | None = None
+    """Power limit its MAMF was measured at (None: ``power_w``)."""
+    reported_memory_bytes: float | None = None
+    """Capacity as PyTorch / nvidia-smi report it (ECC and driver take the rest)."""
+    reserve_bytes: float | None = None
+    """Memory the framework cannot use for tensors; None: the documented default."""
+    nccl_sms: int = 16
+    """SMs a running NCCL collective holds (NVIDIA/nccl#689: 16 on an 8-NIC DGX)."""
+    measured: Any = field(default=None, hash=False, compare=False)
+    """Kernel tables of a measured profile (``collsim.workload.kernels.MeasuredTables``)."""
+    source: str = ""
+    """The file the device was read from."""
 
     def __post_init__(self) -> None:
         if not 0 < self.matmul_efficiency <= 1:
@@ -75,40 +158,142 @@ class Device:
                 key_path="training.dtype",
             ) from None
 
+    def mamf_for(self, dtype: str) -> float:
+        """Best-shape matmul FLOP/s for ``dtype``: the measured figure where there is one,
+        else the dtype's peak x the bf16 MAMF share (``matmul_efficiency``)."""
+        key = _DTYPE_ALIASES.get(str(dtype).lower(), str(dtype).lower())
+        if key in self.mamf_flops:
+            return self.mamf_flops[key]
+        return self.peak_flops_for(key) * self.matmul_efficiency
+
+    @property
+    def sustained_clock_fraction(self) -> float:
+        """Sustained training clock over the MAMF burst clock, in (0, 1].
+
+        ``sustained_clock_mhz / boost_clock_mhz`` where both are given (A100: the HPL Rpeak
+        clock 1305 of 1410 MHz, compute.md 1b). Otherwise the generation's default from
+        :data:`collsim.workload.kernels.SUSTAINED_CLOCK_FRACTION`. A device run below the
+        power its MAMF was measured at (``power_w < reference_power_w``) runs a further
+        ``(power_w / reference_power_w) ** (1/3)`` slower: dynamic power ~ f V^2 with V ~ f in
+        the DVFS range, so f ~ P^(1/3) (a modelling assumption; H100 96GB at 500 W of 700 W:
+        0.894).
+        """
+        from collsim.workload.kernels import SUSTAINED_CLOCK_FRACTION
+
+        if self.sustained_clock_mhz and self.boost_clock_mhz:
+            base = min(1.0, self.sustained_clock_mhz / self.boost_clock_mhz)
+        else:
+            base = SUSTAINED_CLOCK_FRACTION.get(self.generation, 1.0)
+        if self.power_w and self.reference_power_w and self.power_w < self.reference_power_w:
+            base *= (self.power_w / self.reference_power_w) ** (1.0 / 3.0)
+        return base
+
+    @property
+    def memory_reserve_bytes(self) -> float:
+        """Bytes the framework cannot use: the file's ``reserve_gib``, else
+        :data:`CUDA_CONTEXT_BYTES` + :data:`NCCL_BUFFER_BYTES` + :data:`FRAGMENTATION_SHARE`
+        of the reported capacity."""
+        if self.reserve_bytes is not None:
+            return self.reserve_bytes
+        capacity = self.reported_capacity_bytes
+        return CUDA_CONTEXT_BYTES + NCCL_BUFFER_BYTES + FRAGMENTATION_SHARE * capacity
+
+    @property
+    def reported_capacity_bytes(self) -> float:
+        """The capacity PyTorch reports (the datasheet's where the file gives none)."""
+        if self.reported_memory_bytes is not None:
+            return self.reported_memory_bytes
+        return self.memory_bytes
+
+    @property
+    def usable_memory_bytes(self) -> float:
+        """Reported capacity minus :attr:`memory_reserve_bytes`: what tensors can fill."""
+        return max(0.0, self.reported_capacity_bytes - self.memory_reserve_bytes)
+
+
+def device_from_reader(entry: ConfigReader, default_key: str = "", source: str = "") -> Device:
+    """Build a Device from a reader over one device mapping (the schema above)."""
+    key = str(entry.get("key", str, default=default_key) or default_key)
+    name = entry.get("name", str)
+    entry.get("aliases", list, default=[])
+    entry.get("description", str, default="")
+    generation = entry.get("generation", str, default="generic")
+    if generation not in GENERATIONS:
+        raise entry.error(
+            f"must be one of {', '.join(GENERATIONS)}; got {generation!r}", "generation"
+        )
+    peak = entry.section("peak_tflops")
+    peak_flops = {
+        _DTYPE_ALIASES.get(str(k), str(k)): tflops_to_flops(peak.get(str(k), float, check=positive))
+        for k, _ in list(peak.items())
+    }
+    peak.finish()
+    bf16 = peak_flops.get("bf16")
+    if bf16 is None:
+        raise entry.error("peak_tflops.bf16 is required (MAMF is a bf16 rate)", "peak_tflops")
+    mamf_flops: dict[str, float] = {}
+    if isinstance(entry.data.get("mamf_tflops"), (int, float)):
+        mamf_flops["bf16"] = tflops_to_flops(entry.get("mamf_tflops", float, check=positive))
+    else:
+        mamf = entry.section("mamf_tflops")
+        for k, _ in list(mamf.items()):
+            mamf_flops[_DTYPE_ALIASES.get(str(k), str(k))] = tflops_to_flops(
+                mamf.get(str(k), float, check=positive)
+            )
+        mamf.finish()
+    if "bf16" not in mamf_flops:
+        raise entry.error("mamf_tflops.bf16 is required", "mamf_tflops")
+    clocks = entry.section("clocks", default_empty=True)
+    boost = clocks.get("boost_mhz", float, default=None, check=positive)
+    sustained = clocks.get("sustained_mhz", float, default=None, check=positive)
+    clocks.finish()
+    interference = entry.section("interference", default_empty=True)
+    nccl_sms = interference.get("nccl_sms", int, default=16, check=non_negative)
+    interference.finish()
+    reported = entry.get("reported_memory_gib", float, default=None, check=positive)
+    reserve = entry.get("reserve_gib", float, default=None, check=non_negative)
+    measured = None
+    if entry.has("measured"):
+        from collsim.workload.kernels import MeasuredTables
+
+        measured = MeasuredTables.from_reader(entry.section("measured"))
+    device = Device(
+        key=key,
+        name=name,
+        generation=generation,
+        peak_flops=peak_flops,
+        mamf_flops=mamf_flops,
+        matmul_efficiency=min(1.0, mamf_flops["bf16"] / bf16),
+        memory_bytes=entry.get("memory_gb", float, check=positive) * GB,
+        memory_bandwidth_bps=entry.get("memory_bandwidth_tbps", float, check=positive) * TB,
+        sm_count=entry.get("sm_count", int, default=None, check=positive),
+        boost_clock_mhz=boost,
+        sustained_clock_mhz=sustained,
+        power_w=entry.get("power_w", float, default=None, check=positive),
+        reference_power_w=entry.get("reference_power_w", float, default=None, check=positive),
+        reported_memory_bytes=None if reported is None else reported * GiB,
+        reserve_bytes=None if reserve is None else reserve * GiB,
+        nccl_sms=nccl_sms,
+        measured=measured,
+        source=source,
+    )
+    entry.finish()
+    return device
+
+
+def _aliases(doc: YamlDoc) -> list[str]:
+    data = doc.data if isinstance(doc.data, dict) else {}
+    return [str(a) for a in data.get("aliases", []) or []]
+
 
 @lru_cache(maxsize=1)
 def _catalogue() -> dict[str, Device]:
-    doc = load_yaml(CATALOGUE_PATH)
-    root = ConfigReader(doc.data, doc=doc)
-    devices = root.section("devices")
     out: dict[str, Device] = {}
-    for key, _ in list(devices.items()):
-        entry = devices.section(key)
-        peak = entry.section("peak_tflops")
-        peak_flops = {
-            str(k): tflops_to_flops(peak.get(k, float, check=positive))
-            for k, _ in list(peak.items())
-        }
-        peak.finish()
-        name = entry.get("name", str)
-        aliases = entry.get("aliases", list, default=[])
-        mamf = entry.get("mamf_tflops", float, check=positive)
-        bf16 = peak_flops.get("bf16")
-        if bf16 is None:
-            raise entry.error("peak_tflops.bf16 is required (MAMF is a bf16 rate)")
-        device = Device(
-            key=str(key),
-            name=name,
-            peak_flops=peak_flops,
-            matmul_efficiency=min(1.0, tflops_to_flops(mamf) / bf16),
-            memory_bytes=entry.get("memory_gb", float, check=positive) * GB,
-            memory_bandwidth_bps=entry.get("memory_bandwidth_tbps", float, check=positive) * TB,
-        )
-        entry.finish()
-        for alias in [str(key), name, *aliases]:
+    for path in sorted(CATALOGUE_DIR.glob("*.yaml")):
+        doc = load_yaml(path)
+        device = device_from_reader(ConfigReader(doc.data, doc=doc), path.stem, str(path))
+        for alias in [device.key, device.name, *_aliases(doc)]:
             out[_norm(str(alias))] = device
-    devices.finish()
-    root.finish()
     return out
 
 
@@ -116,17 +301,36 @@ def _norm(name: str) -> str:
     return " ".join(name.lower().replace("_", " ").replace("-", " ").split())
 
 
+@lru_cache(maxsize=32)
+def _load_file(path: str) -> Device:
+    doc = load_yaml(path)
+    return device_from_reader(ConfigReader(doc.data, doc=doc), Path(path).stem, path)
+
+
+def load_device_file(path: str | Path) -> Device:
+    """Read a device file (a user's device or a measured profile) in the device schema.
+
+    Raises:
+        ConfigError: a missing file or a bad key, located as ``file:line: key: message``.
+    """
+    return _load_file(str(Path(path)))
+
+
 def get_device(name: str) -> Device:
-    """Look up a device by key (``"a100"``, ``"h100"``, ``"h200"``, ``"b200"``, ``"cpu"``) or name.
+    """Look up a device by key (``"a100"``, ``"h100"``, ``"h800"``, ``"cpu"``...), by name, or
+    by the path of a device file (``*.yaml``).
 
     Raises:
         ConfigError: no such device; the message lists the keys.
     """
+    if str(name).endswith((".yaml", ".yml")):
+        return load_device_file(name)
     try:
         return _catalogue()[_norm(name)]
     except KeyError:
         raise ConfigError(
-            f"unknown device {name!r}; choose from {', '.join(list_devices())}"
+            f"unknown device {name!r}; choose from {', '.join(list_devices())} "
+            f"or give a device file (*.yaml)"
         ) from None
 
 

@@ -5,6 +5,7 @@ unit where they have one; unknown keys are rejected with ``file:line: key.path``
 
     name: gpt3-175b-3d
     cluster: {topology: dgx_a100, nodes: 128}   # a name in topologies/ or a path to a YAML file
+      # device: h800 | path/profile.yaml  (optional: replaces the topology's device)
     model:
       preset: gpt3-175b        # optional; the keys below override it (all needed without a preset)
       layers: 96
@@ -29,6 +30,12 @@ unit where they have one; unknown keys are rejected with ``file:line: key.path``
       #   router: softmax | sigmoid, router_bias, load_imbalance
     training: {global_batch: 1536, micro_batch: 1, dtype: bf16, optimizer: adam, recompute: full}
       # fp8_recipe: tensorwise | delayed | blockwise | mxfp8 (with dtype: fp8)
+      # stack: megatron_te | torchtitan | llm_foundry | fsdp | deepspeed  (sets the keys below)
+      # attention_kernel: flash2 | flash3 | cudnn | triton | eager
+      # execution: eager | compiled | cuda_graphs; fused_kernels: true | false
+      # grad_reduce_dtype: fp32 | bf16; grad_clip: true | false
+      # optimizer_implementation: fused | foreach; fsdp_version: 1 | 2
+      # (collsim.parallel.config.STACKS and TrainingConfig document the defaults)
     parallel:
       tp: 8
       pp: 8
@@ -141,6 +148,18 @@ _FIELD_TO_KEY["capacity_factor"] = "capacity_factor"
 
 _REQUIRED_WITHOUT_PRESET = ("layers", "hidden", "heads", "seq_len", "vocab")
 
+#: ``training`` keys of the framework stack (see ``collsim.parallel.config.STACKS``).
+TRAINING_STACK_KEYS: dict[str, type] = {
+    "stack": str,
+    "attention_kernel": str,
+    "execution": str,
+    "fused_kernels": bool,
+    "grad_reduce_dtype": str,
+    "grad_clip": bool,
+    "optimizer_implementation": str,
+    "fsdp_version": int,
+}
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ClusterSpec:
@@ -150,12 +169,25 @@ class ClusterSpec:
     """A topology name in ``topologies/`` (``dgx_a100``) or a path to a topology YAML file."""
     nodes: int | None = None
     """Number of nodes; None keeps the topology file's own count."""
+    device: str | None = None
+    """A device key or a device file (a measured profile from ``collsim validate compute``)
+    that replaces the topology's device; None keeps it."""
 
     def load(self) -> Topology:
         """Build the topology (imports the topology layer on first use)."""
         from collsim.topology import load_topology
 
-        return load_topology(self.topology, nodes=self.nodes)
+        topology = load_topology(self.topology, nodes=self.nodes)
+        if self.device is not None:
+            from collsim.hardware import get_device
+
+            try:
+                topology.device = get_device(self.device)
+            except ConfigError as exc:
+                if exc.file is not None:
+                    raise
+                raise ConfigError(exc.message, key_path="cluster.device") from None
+        return topology
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,6 +359,10 @@ def _read(doc: YamlDoc, overrides: tuple[_Override, ...], source: Path | None) -
     reliability = _read_reliability(root)
     stragglers = _read_stragglers(root)
     root.finish()
+    kernel = training.attention_kernel
+    if kernel is not None and (kernel != "eager") != model.flash_attention:
+        # the attention kernel decides activation memory: fused kernels keep no s x s scores
+        model = dataclasses.replace(model, flash_attention=kernel != "eager")
     return Scenario(
         name=name,
         cluster=cluster,
@@ -362,8 +398,11 @@ def _read_stragglers(root: ConfigReader) -> StragglerConfig | None:
 def _read_cluster(reader: ConfigReader, source: Path | None) -> ClusterSpec:
     topology = reader.get("topology", str)
     nodes = reader.get("nodes", int, default=None, check=positive)
+    device = reader.get("device", str, default=None)
     reader.finish()
-    return ClusterSpec(topology=_resolve_topology(topology, source), nodes=nodes)
+    if device is not None:
+        device = _resolve_topology(device, source)
+    return ClusterSpec(topology=_resolve_topology(topology, source), nodes=nodes, device=device)
 
 
 def _resolve_topology(spec: str, source: Path | None) -> str:
@@ -482,6 +521,7 @@ def _read_training(reader: ConfigReader) -> TrainingConfig:
             "optimizer": str,
             "recompute": str,
             "fp8_recipe": str,
+            **TRAINING_STACK_KEYS,
         },
     )
     reader.finish()

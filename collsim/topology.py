@@ -17,7 +17,8 @@ NIC and arrives on the same rail index of the receiving node (NCCL's PXN keeps t
 Schema (units in key names; ``bandwidth_gbps`` is GB/s per direction, ``rate_gbit`` Gb/s)::
 
     name: dgx_h100
-    device: h100                     # hardware catalogue key
+    device: h100                     # catalogue key, a device file (*.yaml), or an inline
+                                     # mapping in the device schema (collsim.hardware)
     nodes: 1                         # default; load_topology(..., nodes=N) overrides
     gpus_per_node: 8
     intra_node: {interconnect: nvswitch, bandwidth_gbps: 450, efficiency: 0.824,
@@ -591,6 +592,25 @@ def load_topology(
     return parse_topology(doc, nodes=nodes, gpus_per_node=gpus_per_node)
 
 
+def _read_device(root: ConfigReader, doc: YamlDoc) -> Device:
+    """``device``: a catalogue key, a device file (``*.yaml``, relative to the topology file
+    when it exists there) or an inline mapping in the device schema (collsim.hardware)."""
+    if isinstance(root.data.get("device"), dict):
+        from collsim.hardware import device_from_reader
+
+        return device_from_reader(root.section("device"), "inline", doc.file)
+    key = root.get("device", str)
+    if key.endswith((".yaml", ".yml")) and not Path(key).is_absolute() and doc.file:
+        beside = Path(doc.file).parent / key
+        key = str(beside) if beside.exists() else key
+    try:
+        return get_device(key)
+    except ConfigError as exc:
+        if exc.file is not None:
+            raise
+        raise root.error(exc.message, "device") from None
+
+
 def parse_topology(
     doc: YamlDoc, *, nodes: int | None = None, gpus_per_node: int | None = None
 ) -> Topology:
@@ -598,11 +618,7 @@ def parse_topology(
     root = ConfigReader(doc.data, doc=doc)
     name = root.get("name", str)
     root.get("description", str, default="")
-    device_key = root.get("device", str)
-    try:
-        device = get_device(device_key)
-    except ConfigError as exc:
-        raise root.error(exc.message, "device") from None
+    device = _read_device(root, doc)
     file_nodes = root.get("nodes", int, default=1, check=positive)
     file_gpus = root.get("gpus_per_node", int, check=positive)
 

@@ -7,7 +7,17 @@ from collsim.hardware import Device, get_device, list_devices
 
 
 def test_catalogue_has_the_issue_devices() -> None:
-    assert list_devices() == ["a100", "b200", "cpu", "h100", "h200"]
+    assert list_devices() == [
+        "a100",
+        "b200",
+        "cpu",
+        "gb200",
+        "h100",
+        "h100_96gb",
+        "h200",
+        "h800",
+        "mi300x",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -48,7 +58,10 @@ def test_dtype_aliases() -> None:
 
 
 def test_unknown_device_lists_choices() -> None:
-    with pytest.raises(ConfigError, match="unknown device 'v100'.*a100, b200, cpu, h100, h200"):
+    with pytest.raises(
+        ConfigError,
+        match="unknown device 'v100'.*a100, b200, cpu, gb200, h100, h100_96gb, h200, h800, mi300x",
+    ):
         get_device("v100")
 
 
@@ -76,3 +89,44 @@ def test_missing_dtype_names_the_training_key() -> None:
         ConfigError, match=r"^training\.dtype: A100 .* no peak FLOP/s for dtype 'fp8'"
     ):
         get_device("a100").peak_flops_for("fp8")
+
+
+def test_new_devices_and_memory_reserve() -> None:
+    h800 = get_device("h800")
+    assert h800.peak_flops_for("bf16") == pytest.approx(989e12)
+    h96 = get_device("h100_96gb")
+    assert h96.memory_bandwidth_bps == pytest.approx(2.4e12)  # torchtitan benchmark file
+    # 500 W of the 700 W its MAMF ran at: f ~ P^(1/3) below the Hopper sustained clock
+    assert h96.sustained_clock_fraction == pytest.approx(
+        get_device("h100").sustained_clock_fraction * (500 / 700) ** (1 / 3)
+    )
+    h100 = get_device("h100")
+    # nvidia-smi 81559 MiB = 79.65 GiB, not 80e9 bytes = 74.5 GiB
+    assert h100.reported_capacity_bytes / 2**30 == pytest.approx(79.65)
+    assert h100.usable_memory_bytes == pytest.approx(
+        h100.reported_capacity_bytes - h100.memory_reserve_bytes
+    )
+    assert 1.0 * 2**30 < h100.memory_reserve_bytes < 0.1 * h100.reported_capacity_bytes
+    assert get_device("a100").sustained_clock_fraction == pytest.approx(1305 / 1410)
+
+
+def test_device_file_and_inline_topology_device(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from collsim.topology import load_topology
+
+    text = (
+        "name: my gpu\ngeneration: hopper\npeak_tflops: {bf16: 500}\nmamf_tflops: {bf16: 400}\n"
+        "sm_count: 100\nmemory_gb: 64\nmemory_bandwidth_tbps: 2.0\n"
+    )
+    (tmp_path / "gpu.yaml").write_text(text)
+    dev = get_device(str(tmp_path / "gpu.yaml"))
+    assert dev.name == "my gpu" and dev.matmul_efficiency == pytest.approx(0.8)
+    inline = "  " + text.replace("\n", "\n  ")
+    topo = (
+        "name: t\ndevice:\n" + inline + "\ngpus_per_node: 2\n"
+        "intra_node: {interconnect: nvswitch, bandwidth_gbps: 100}\n"
+    )
+    (tmp_path / "t.yaml").write_text(topo)
+    assert load_topology(str(tmp_path / "t.yaml")).device.sm_count == 100
+    (tmp_path / "bad.yaml").write_text(text.replace("sm_count: 100", "sm_count: -1"))
+    with pytest.raises(ConfigError, match=r"bad.yaml:5: sm_count: must be > 0"):
+        get_device(str(tmp_path / "bad.yaml"))

@@ -321,3 +321,34 @@ def test_3d_175b_is_the_design_example() -> None:
         s.training.recompute is Recompute.FULL and s.parallel.schedule is ScheduleKind.ONE_F_ONE_B
     )
     assert (s.parallel.ddp.bucket_mb, s.parallel.ddp.overlap) == (25.0, True)
+
+
+def test_stack_shortcut_and_explicit_override() -> None:
+    from collsim.parallel.config import STACKS, TrainingConfig
+
+    tr = TrainingConfig(global_batch=8, stack="torchtitan", grad_reduce_dtype="bf16")
+    assert tr.fsdp_version == 2 and tr.attention_kernel == STACKS["torchtitan"]["attention_kernel"]
+    assert tr.grad_reduce_dtype == "bf16"  # explicit key wins over the stack
+    plain = TrainingConfig(global_batch=8)
+    assert plain.attention_kernel is None and plain.grad_reduce_dtype == "bf16"
+    with pytest.raises(ConfigError, match=r"training.stack: must be one of megatron_te"):
+        TrainingConfig(global_batch=8, stack="nemo")
+    with pytest.raises(ConfigError, match=r"training.execution: must be one of eager"):
+        TrainingConfig(global_batch=8, execution="jit")
+
+
+def test_attention_kernel_key_decides_a_hand_written_model(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from collsim.scenario import load_scenario
+
+    text = (
+        "cluster: {topology: dgx_h100, device: h800}\n"
+        "model: {layers: 2, hidden: 512, heads: 8, seq_len: 1024, vocab: 1000}\n"
+        "training: {global_batch: 8, attention_kernel: flash3}\nparallel: {dp: 8}\n"
+    )
+    (tmp_path / "s.yaml").write_text(text)
+    sc = load_scenario(tmp_path / "s.yaml")
+    assert sc.model.flash_attention  # a hand-written model gets the kernel the scenario names
+    assert sc.cluster.load().device.key == "h800"
+    (tmp_path / "b.yaml").write_text(text.replace("flash3", "flash9"))
+    with pytest.raises(ConfigError, match=r"b.yaml:3: training.attention_kernel: must be one of"):
+        load_scenario(tmp_path / "b.yaml")

@@ -794,6 +794,14 @@ def holdout(
     default=None,
     help="Append every iteration's timings to PATH.rank<r>.jsonl as they are taken.",
 )
+@click.option(
+    "--device-profile",
+    "device_profile",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="Device profile from `collsim validate compute`: simulate the compute with the "
+    "compute model fed by it (no block profile of this model, no scaling to the step).",
+)
 @_rank_errors
 def step(
     world_sizes: list[int],
@@ -811,6 +819,7 @@ def step(
     straggler_repeat: int,
     straggler_delay_ms: float,
     progress_path: str | None,
+    device_profile: str | None,
 ) -> None:
     """Time real DDP (bucket 1 and 25 MB) and FSDP-sketch steps of a small GPT; simulate them."""
     import tempfile
@@ -852,8 +861,14 @@ def step(
         from collsim.validate.step import cores_busy
 
         overlap = not cores_busy(report)
-        simulated = simulate_modes(report, topo, overlap=overlap)
-        other = simulate_modes(report, topo, overlap=not overlap)
+        simulated = simulate_modes(report, topo, overlap=overlap, device_profile=device_profile)
+        other = simulate_modes(report, topo, overlap=not overlap, device_profile=device_profile)
+        if device_profile is not None:
+            from collsim.validate.step import profile_device
+
+            _, share = profile_device(report, device_profile)
+            report["device_profile"] = device_profile
+            report["cpu_share"] = share
         report["topology"] = topo_spec
         report["ddp_overlap_simulated"] = overlap
         report["simulated"] = {m: vars_of(s) for m, s in simulated.items()}
@@ -874,12 +889,20 @@ def step(
             "# profiled per block (ms): "
             + ", ".join(f"{k} {v * 1e3:.2f}" for k, v in sorted(report["profile"].items()))
         )
-        click.echo(
-            f"# a whole step without communication: {report['local_step_s'] * 1e3:.1f} "
-            f"ms (slowest rank, median); the profiled blocks add up to "
-            f"{report['profile_sum_s'] * 1e3:.1f} ms, so the simulated compute is "
-            f"scaled by {report['compute_scale']:.3f}"
-        )
+        if device_profile is None:
+            click.echo(
+                f"# a whole step without communication: {report['local_step_s'] * 1e3:.1f} "
+                f"ms (slowest rank, median); the profiled blocks add up to "
+                f"{report['profile_sum_s'] * 1e3:.1f} ms, so the simulated compute is "
+                f"scaled by {report['compute_scale']:.3f}"
+            )
+        else:
+            click.echo(
+                f"# compute from the model fed by {device_profile} (rates / CPU share "
+                f"{report['cpu_share']:.2f}); for reference, a whole step without "
+                f"communication measured {report['local_step_s'] * 1e3:.1f} ms, the profiled "
+                f"blocks {report['profile_sum_s'] * 1e3:.1f} ms (neither used)"
+            )
         click.echo(
             f"# {'mode':<9} {'measured(ms)':>12} {'min(ms)':>8} {'simulated(ms)':>13} "
             f"{'error':>7}  simulated breakdown (ms)"
@@ -973,6 +996,48 @@ def _holdout_fabric(files: list[Any], folder: Path) -> Path:
             raise ConfigError("no even power-of-two sizes to calibrate on", file=meas.path)
         evens.append(even)
     return write_fabric_topology(calibrate_fabric(evens), folder / "nccl_even.yaml")
+
+
+@validate.command()
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False),
+    required=True,
+    help="Device profile to write (device schema; name it in a scenario's cluster.device).",
+)
+@click.option("--device", default="cpu", show_default=True, help="torch device: cpu or cuda.")
+@click.option("--quick", is_flag=True, help="The small test grid (seconds, not minutes).")
+@click.option(
+    "--threads",
+    type=click.IntRange(1),
+    default=1,
+    show_default=True,
+    help="torch threads to time with (validate step's ranks run with 1).",
+)
+def compute(output: str, device: str, quick: bool, threads: int) -> None:
+    """Time a generic kernel grid (GEMMs, attention, memory-bound ops, optimizer) on the local
+    device and write a device profile that `collsim run` can use in place of the catalogue."""
+    import dataclasses
+
+    from collsim.validate.compute import ComputeGrid, measure_profile, write_profile
+
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise click.ClickException("validate compute needs torch (pip install torch)") from None
+    grid = ComputeGrid.quick() if quick else ComputeGrid()
+    grid = dataclasses.replace(grid, threads=threads)
+    measured = measure_profile(grid, device)
+    path = write_profile(output, measured, device=device)
+    best = max(r[4] for r in measured["gemm"])
+    click.echo(
+        f"# {len(measured['gemm'])} GEMMs (best {best * 1e3:.1f} GFLOP/s), "
+        f"{len(measured['attention'])} attention points, {len(measured['bandwidth'])} "
+        f"bandwidth points (best {max(r[1] for r in measured['bandwidth']):.1f} GB/s), "
+        f"host {measured['host_us']:.2f} us per op, {threads} thread(s)"
+    )
+    click.echo(f"wrote {path}")
 
 
 def _calibrate_here(world_size: int | None, backend: str, timeout_s: float, folder: Path) -> Path:

@@ -15,6 +15,8 @@ from enum import StrEnum
 from collsim.errors import ConfigError
 
 __all__ = [
+    "STACKS",
+    "STACK_KEYS",
     "Dtype",
     "Optimizer",
     "Recompute",
@@ -101,6 +103,104 @@ def _positive(value: float, key: str) -> None:
         raise ConfigError(f"must be > 0, got {value}", key_path=key)
 
 
+STACK_KEYS = (
+    "attention_kernel",
+    "execution",
+    "fused_kernels",
+    "grad_reduce_dtype",
+    "grad_clip",
+    "optimizer_implementation",
+    "fsdp_version",
+)
+"""Training keys a ``stack:`` sets (explicit keys override them)."""
+
+STACKS: dict[str, dict[str, object]] = {
+    # Megatron-Core with Transformer Engine: TE's fused attention (cuDNN backend on Hopper;
+    # FlashAttention-2 on Ampere, which the tables give for "cudnn" there), apex/TE fused
+    # LayerNorm / bias-dropout-add / softmax kernels, main gradients accumulated and reduced in
+    # fp32 (--accumulate-allreduce-grads-in-fp32, required with bf16), --clip-grad 1.0,
+    # FusedAdam.
+    "megatron_te": {
+        "attention_kernel": "cudnn",
+        "execution": "eager",
+        "fused_kernels": True,
+        "grad_reduce_dtype": "fp32",
+        "grad_clip": True,
+        "optimizer_implementation": "fused",
+        "fsdp_version": 1,
+    },
+    # torchtitan (FSDP2): SDPA (its flash backend is FlashAttention-2), eager by default
+    # (compile is opt-in), RMSNorm in eager PyTorch, mixed_precision_reduce = float32,
+    # max_norm 1.0, AdamW implementation "fused", fully_shard per block.
+    "torchtitan": {
+        "attention_kernel": "flash2",
+        "execution": "eager",
+        "fused_kernels": False,
+        "grad_reduce_dtype": "fp32",
+        "grad_clip": True,
+        "optimizer_implementation": "fused",
+        "fsdp_version": 2,
+    },
+    # MosaicML llm-foundry (Composer + torch FSDP1): flash attention (attn_impl flash; the
+    # 2023 benchmark tables ran triton), PyTorch eager, FSDP mixed precision DEFAULT (gradients
+    # reduced in fp32), clipping_threshold 1.0, Composer's DecoupledAdamW (a per-parameter
+    # loop: foreach traffic).
+    "llm_foundry": {
+        "attention_kernel": "flash2",
+        "execution": "eager",
+        "fused_kernels": False,
+        "grad_reduce_dtype": "fp32",
+        "grad_clip": True,
+        "optimizer_implementation": "foreach",
+        "fsdp_version": 1,
+    },
+    # plain torch FSDP / DDP with SDPA: FSDP without a reduce_dtype reduces in the fp32
+    # parameter dtype, torch AdamW's foreach default, clip_grad_norm_.
+    "fsdp": {
+        "attention_kernel": "flash2",
+        "execution": "eager",
+        "fused_kernels": False,
+        "grad_reduce_dtype": "fp32",
+        "grad_clip": True,
+        "optimizer_implementation": "foreach",
+        "fsdp_version": 1,
+    },
+    # DeepSpeed ZeRO: communication_data_type defaults to the model dtype (bf16),
+    # gradient_clipping 1.0, DeepSpeed's FusedAdam, flat partitioned buffers.
+    "deepspeed": {
+        "attention_kernel": "flash2",
+        "execution": "eager",
+        "fused_kernels": False,
+        "grad_reduce_dtype": "bf16",
+        "grad_clip": True,
+        "optimizer_implementation": "fused",
+        "fsdp_version": 1,
+    },
+}
+"""What each ``training.stack`` sets (sources in the comments; keys in STACK_KEYS)."""
+
+_NO_STACK: dict[str, object] = {
+    "attention_kernel": None,
+    "execution": "eager",
+    "fused_kernels": True,
+    "grad_reduce_dtype": "bf16",
+    "grad_clip": False,
+    "optimizer_implementation": "fused",
+    "fsdp_version": 1,
+}
+"""Defaults without a stack: the model's own attention choice (``flash_attention`` of its
+preset; unfused for a hand-written model), fused kernels as Megatron counts them, gradients
+reduced in the compute dtype, no clipping, a fused optimizer."""
+
+_CHOICES: dict[str, tuple[object, ...]] = {
+    "attention_kernel": ("flash2", "flash3", "cudnn", "triton", "eager"),
+    "execution": ("eager", "compiled", "cuda_graphs"),
+    "grad_reduce_dtype": ("fp32", "bf16"),
+    "optimizer_implementation": ("fused", "foreach"),
+    "fsdp_version": (1, 2),
+}
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrainingConfig:
     """The ``training`` section."""
@@ -115,8 +215,43 @@ class TrainingConfig:
     recompute: Recompute = Recompute.NONE
     fp8_recipe: FP8Recipe | None = None
     """FP8 scaling recipe (needs ``dtype: fp8``); None with fp8 means ``tensorwise``."""
+    stack: str | None = None
+    """``megatron_te``, ``torchtitan``, ``llm_foundry``, ``fsdp`` or ``deepspeed``: sets the keys
+    below as that stack does (:data:`STACKS`); explicit keys override it."""
+    attention_kernel: str | None = None
+    """``flash2``, ``flash3``, ``cudnn``, ``triton`` or ``eager``; None: the stack's, else the
+    model's own (its preset's ``flash_attention``). Decides time and activation memory."""
+    execution: str | None = None
+    """``eager``, ``compiled`` (torch.compile) or ``cuda_graphs``: host issue cost per kernel."""
+    fused_kernels: bool | None = None
+    """Hand-fused norm / bias-dropout-add / softmax kernels (Megatron, TE, apex, a compiler)."""
+    grad_reduce_dtype: str | None = None
+    """``fp32`` or ``bf16``: the dtype gradients are reduced in (fp32 doubles the bytes)."""
+    grad_clip: bool | None = None
+    """Clip gradients by their global norm (a norm pass and a scalar all-reduce per step)."""
+    optimizer_implementation: str | None = None
+    """``fused`` (one kernel per tensor chunk) or ``foreach`` (torch's multi-tensor default)."""
+    fsdp_version: int | None = None
+    """1 (torch FSDP flat parameters) or 2 (FSDP2 per-parameter: adds a copy-out per
+    all-gather)."""
 
     def __post_init__(self) -> None:
+        if self.stack is not None and self.stack not in STACKS:
+            raise ConfigError(
+                f"must be one of {', '.join(STACKS)}; got {self.stack!r}", key_path="training.stack"
+            )
+        base = STACKS[self.stack] if self.stack is not None else _NO_STACK
+        for key in STACK_KEYS:
+            value = getattr(self, key)
+            if value is None:
+                object.__setattr__(self, key, base[key])
+            elif key in _CHOICES and value not in _CHOICES[key]:
+                choices = ", ".join(map(str, _CHOICES[key]))
+                raise ConfigError(
+                    f"must be one of {choices}; got {value!r}", key_path=f"training.{key}"
+                )
+        if self.attention_kernel is None and self.stack is None:
+            pass  # the model decides (ComputeModel reads spec.flash_attention)
         _positive(self.global_batch, "training.global_batch")
         _positive(self.micro_batch, "training.micro_batch")
         if self.fp8_recipe is not None:

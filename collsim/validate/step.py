@@ -509,19 +509,28 @@ def simulate_modes(
     overlap: bool | None = None,
     scale_compute: bool = True,
     measured_factor: bool = False,
+    device_profile: str | None = None,
 ) -> dict[str, SimulatedMode]:
-    """Simulate every measured mode of ``report`` on ``topology`` with the profiled compute.
+    """Simulate every measured mode of ``report`` on ``topology``.
 
     Args:
         report: a :func:`run_step` report.
         topology: the calibrated topology.
         overlap: DDP all-reduces overlap backward; None decides by :func:`cores_busy`.
-        scale_compute: scale the profiled blocks by the report's ``compute_scale`` (the
-            measured local step over the sum of the blocks; see the module docstring).
+        scale_compute: (without a profile) scale the profiled blocks by the report's
+            ``compute_scale`` (the measured local step over the sum of the blocks).
+        device_profile: a device profile from ``collsim validate compute``: compute comes
+            from the compute MODEL fed by that profile (its generic kernel grid, none of this
+            model's shapes), not from the blocks profiled on this model and with no scaling
+            to the measured step. When the ranks' threads exceed the cores, every rate is
+            divided by :func:`collsim.validate.compute.cpu_share` (the OS shares the cores
+            evenly between the busy threads).
         measured_factor: simulate a ``+straggler`` mode's slowed rank at its measured speed
             (local step over local step plus its measured extra seconds) instead of the
             nominal 1 / ``straggler_repeat``.
     """
+    if device_profile is not None:
+        return _simulate_from_profile(report, topology, overlap, device_profile)
     from collsim.engine.step import simulate_step
     from collsim.parallel.config import (
         DDPConfig,
@@ -629,6 +638,86 @@ def straggler_ratios(
             "simulated_clock_factor": simulated[slowed].clock_factor,
             "measured_extra_s": float(meas.get("extra_median_s", 0.0)),
         }
+    return out
+
+
+def profile_device(report: dict[str, Any], device_profile: str) -> tuple[Any, float]:
+    """The profile's device as one rank of ``report`` sees it, and the CPU share applied."""
+    import dataclasses
+    import os
+
+    from collsim.hardware import get_device
+    from collsim.validate.compute import cpu_share
+
+    device = get_device(device_profile)
+    if device.measured is None:
+        raise ValueError(f"{device_profile}: not a measured profile (no 'measured' section)")
+    profile_threads = int(device.measured.extra.get("threads", 1))
+    cores = int(report.get("cpu_count") or os.cpu_count() or 1)
+    ranks = int(report.get("local_world_size", report["world_size"]))
+    threads = int(report.get("threads_per_rank", 1))
+    slowdown = float(device.measured.extra.get("concurrent_slowdown", 1.0))
+    share = (
+        cpu_share(ranks, threads, cores, profile_threads, slowdown)
+        if report.get("backend") == "gloo"
+        else 1.0
+    )
+    if share != 1.0:
+        device = dataclasses.replace(device, measured=device.measured.shared(share))
+    return device, share
+
+
+def _simulate_from_profile(
+    report: dict[str, Any], topology: Any, overlap: bool | None, device_profile: str
+) -> dict[str, SimulatedMode]:
+    import copy
+    import dataclasses
+
+    from collsim.engine.step import simulate_step
+    from collsim.parallel.config import (
+        DDPConfig,
+        Dtype,
+        FSDPConfig,
+        Optimizer,
+        ParallelConfig,
+        TrainingConfig,
+    )
+
+    fields: dict[str, Any] = {
+        k: (tuple(v) if k == "modes" else v) for k, v in report["config"].items()
+    }
+    cfg = StepConfig(**fields)
+    # the measured model runs F.scaled_dot_product_attention: a fused attention kernel
+    spec = dataclasses.replace(model_spec(cfg), flash_attention=True)
+    n = int(report["world_size"])
+    training = TrainingConfig(
+        global_batch=cfg.micro_batch * n,
+        micro_batch=cfg.micro_batch,
+        dtype=Dtype.FP32,
+        optimizer=Optimizer.SGD,
+    )
+    device, _ = profile_device(report, device_profile)
+    topo = copy.copy(topology)
+    topo.device = device
+    if overlap is None:
+        overlap = not cores_busy(report)
+    out: dict[str, SimulatedMode] = {}
+    for mode in report["modes"]:
+        if mode == "fsdp":
+            parallel = ParallelConfig(
+                dp=n, zero=3, fsdp=FSDPConfig(prefetch=0, reshard_after_forward=False)
+            )
+        else:
+            parallel = ParallelConfig(
+                dp=n, ddp=DDPConfig(bucket_mb=float(mode[5:]), overlap=overlap)
+            )
+        result = simulate_step(topo, spec, training, parallel)
+        out[mode] = SimulatedMode(
+            mode,
+            result.step_time_s,
+            dict(result.breakdown_s),
+            sum(c.count for c in result.collectives),
+        )
     return out
 
 

@@ -1,21 +1,58 @@
-"""Compute-time model: a roofline per op with a shape-dependent matmul efficiency.
+"""Compute-time model: kernel-level rates per device, per op, per phase.
 
-For every op (see :mod:`collsim.workload.ops`)::
+For every op of :mod:`collsim.workload.ops` on one rank, one kernel at a time::
 
-    time_s = max(flops / achievable_flops, size_bytes / achievable_bandwidth) + launch_s
+    device_s = work_s + launch_s                  # launch floor (4 us) added to every kernel
+    time_s   = max(device_s, host_s)              # host issue cost per kernel (execution mode)
 
-per kernel (a matmul's backward is two GEMM kernels). The rates:
+with ``work_s`` by op kind (the rates are in :mod:`collsim.workload.kernels` with sources):
 
-- achievable matmul FLOP/s = peak(dtype) x device.matmul_efficiency (MAMF / peak: the best-shape
-  rate measured by the ml-engineering "maximum achievable matmul FLOPS" benchmark, see
-  reference/hardware.yaml) x shape_efficiency(GEMM);
-- achievable memory bandwidth = HBM bandwidth x ``memory_efficiency`` (default 0.85: streaming
-  kernels such as BabelStream reach 80-90 % of the datasheet HBM bandwidth on A100/H100);
-- element-wise FLOPs run at the fp32 (non-tensor-core) peak when the device lists one.
+- **GEMM** (matmul ops; a matmul's backward is two GEMM kernels)::
+
+      work_s = max(flops / (MAMF(dtype) x clock x shape_efficiency), bytes / (HBM x eff(bytes)))
+
+  MAMF is the device's measured best-shape rate for the dtype (compute.md 1a; fp8 where
+  published, else peak(fp8) x the bf16 MAMF share); ``clock`` = ``Device.sustained_clock_fraction``
+  (the clock sustained under the power limit over the clock of the short MAMF burst);
+  shape efficiency is the tile x wave x k-prologue formula below. **max, not sum**: MAMF is
+  itself the time of a whole GEMM including its operand traffic; at the H100 best shape
+  (2048 x 2048 x 13312: 117 MB, 0.11 TFLOP) a sum with the HBM time would need a compute rate
+  of 1085 TFLOP/s, above the 989 peak, so the memory time of a large GEMM is hidden under its
+  compute. FP8 GEMMs add their casts and scales (:func:`~collsim.workload.kernels.fp8_cast_bytes`)
+  as separate memory-bound kernels, so FP8 speeds large linears up (~1.4x) and slows small
+  ones down, as the torchao float8 microbenchmarks show (compute.md 1c: 1.39x and 0.80x).
+  Attention, the LM head and the loss stay in 16-bit under fp8 (Transformer Engine's recipe).
+- **Fused attention** (``flash2``, ``flash3``, ``cudnn``, ``triton``)::
+
+      work_s = flops / (table_rate(kernel, phase, causal, head_dim, seq) x clock x wave_ratio)
+
+  from the published kernel tables of the device's generation (compute.md 2a-2c), which time
+  whole kernels (their memory traffic included); ``wave_ratio`` is the wave efficiency of the
+  op's CTAs (batch x heads x ceil(s/128)) over the benchmarks' full waves. Generations without
+  tables fall back to a share of MAMF (FlashAttention-2 on A100: 0.84 forward, 0.72 backward).
+  ``eager`` (unfused) attention runs as GEMMs plus softmax/dropout kernels and keeps the
+  s x s scores for backward: the kernel decides activation memory too.
+- **Memory-bound ops** (norms, activations, softmax, dropout, residual adds, casts,
+  optimizer)::
+
+      work_s = max(bytes / (HBM x eff(bytes)), flops / fp32_peak)
+
+  ``eff(bytes)`` is the achievable share of HBM by access size (Calculon's curve: 0.3 below
+  100 kB ... 0.9 from 100 MB; compute.md 3), or a measured profile's curve. **max**: a
+  streaming kernel's few FLOPs per element (<= 8 here) issue while the next loads are in
+  flight; their share of the fp32 ridge (A100 19.5 TFLOP/s over 2 TB/s ~ 10 FLOP/byte) is
+  far from the bound. Without hand-fused kernels (``fused_kernels=False``: PyTorch eager)
+  the ops that eager PyTorch runs as several kernels move more bytes
+  (:data:`~collsim.workload.kernels.EAGER_PASSES`).
+
+Launch and host: the 4 us floor is part of each kernel (serial on its stream, so it adds);
+the host issue cost (eager 10 us, compiled 5 us, CUDA graphs 0; ASSUMPTION, measured by
+``collsim validate compute``) runs ahead of the GPU asynchronously and only shows when a
+kernel is shorter than it, hence ``max`` (on a CPU device the issuing thread also computes,
+so there the host cost adds).
 
 Shape efficiency of a GEMM C[m, n] = A[m, k] B[k, n] (batch of them), after NVIDIA's
-"Matrix Multiplication Background User's Guide" (Deep Learning Performance documentation,
-sections on tile quantization and wave quantization)::
+"Matrix Multiplication Background User's Guide" (tile and wave quantization)::
 
     tiles      = batch * ceil(m / 128) * ceil(n / 128)          # 128 x 128 output tiles
     tile_eff   = m * n / (ceil(m / 128) * 128 * ceil(n / 128) * 128)
@@ -23,23 +60,30 @@ sections on tile quantization and wave quantization)::
     k_eff      = k / (k + 128)                                   # per-tile prologue/epilogue
     shape_efficiency = tile_eff * wave_eff * k_eff
 
-The k term charges each output tile a fixed cost equal to 128 elements of the reduction
-dimension (filling the multistage shared-memory pipeline and writing the tile back), so thin
-GEMMs with a short reduction (attention with head_dim 64-128, small micro-batch wgrads) fall
-below MAMF while large square GEMMs stay within 2 % of it. This is our modelling assumption, not
-a measured curve; per-op ``overrides`` replace any modelled time with a measured one.
-
-Fused (Flash) attention runs at a fixed share of MAMF (:data:`FLASH_FORWARD_EFFICIENCY`,
-:data:`FLASH_BACKWARD_EFFICIENCY`) times the wave efficiency of its thread blocks.
+The k term is our modelling assumption (not a measured curve). A measured device profile
+(``Device.measured``) replaces the GEMM rate, the attention rates, the bandwidth curve, the
+launch floor and the host cost where it has them; per-op ``overrides`` replace any time.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from collsim.errors import ConfigError
+from collsim.workload.kernels import (
+    ATTENTION_KERNELS,
+    EAGER_PASSES,
+    EXECUTIONS,
+    FP8_CAST_KERNELS,
+    HOST_OVERHEAD_S,
+    attention_rate_flops,
+    default_attention_kernel,
+    fp8_cast_bytes,
+    hbm_efficiency,
+)
 from collsim.workload.model import TransformerSpec
 from collsim.workload.ops import (
     OP_NAMES,
@@ -63,21 +107,30 @@ __all__ = [
     "shape_efficiency",
     "optimizer_bytes_per_param",
     "SM_COUNTS",
+    "FP8_LINEAR_OPS",
 ]
 
 TILE = 128
 K_OVERHEAD = 128
 
 FLASH_FORWARD_EFFICIENCY = 0.84
-"""FlashAttention-2 forward rate over MAMF: Dao 2023 reports up to 73 % of the A100 peak
-(head_dim 128, long sequences), i.e. 0.73 / 0.869 of the A100 MAMF."""
+"""Generic fused-attention forward rate over MAMF where a generation has no kernel table:
+FlashAttention-2 reaches up to 73 % of the A100 peak (Dao 2023), i.e. 0.73 / 0.869 of MAMF."""
 FLASH_BACKWARD_EFFICIENCY = 0.72
-"""FlashAttention-2 backward rate over MAMF: up to 63 % of the A100 peak (Dao 2023)."""
+"""Generic fused-attention backward rate over MAMF: up to 63 % of the A100 peak (Dao 2023)."""
+TABLE_CTAS = 2048
+"""CTAs of the published attention benchmarks: batch 16k / s, 16 heads of 128 (or 32 of 64),
+s / 128 query blocks each (flash-attention README): 2048, full waves on any GPU here."""
+
+FP8_LINEAR_OPS = frozenset({"qkv_proj", "out_proj", "mlp_up", "mlp_down"})
+"""Linears that run in FP8 under ``dtype: fp8`` (Transformer Engine / torchao recipes keep the
+attention core, the LM head and the loss in 16-bit)."""
 
 SM_COUNTS: dict[str, int] = {
     "a100": 108,
     "h100": 132,
     "h200": 132,
+    "h800": 132,
     "gh200": 132,
     "b200": 148,
     "b300": 148,
@@ -87,14 +140,17 @@ SM_COUNTS: dict[str, int] = {
     "h100 pcie": 114,
     "generic cpu": 32,
 }
-"""Streaming multiprocessors (compute units) per GPU, by lower-case name prefix (datasheets);
-for the generic CPU, its 32 cores."""
+"""Streaming multiprocessors (compute units) per GPU by lower-case name prefix (datasheets),
+used when the device gives no ``sm_count``; for the generic CPU, its 32 cores."""
 _DEFAULT_SMS = 108
 _GEMM_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
 
+_NORM_OPS = ("attn_norm", "mlp_norm", "final_norm")
+
 
 class DeviceLike(Protocol):
-    """What the compute model needs from ``collsim.hardware.Device``."""
+    """What the compute model needs from ``collsim.hardware.Device`` (other fields optional:
+    ``generation``, ``sm_count``, ``sustained_clock_fraction``, ``mamf_for``, ``measured``)."""
 
     @property
     def name(self) -> str: ...
@@ -106,8 +162,11 @@ class DeviceLike(Protocol):
     def peak_flops_for(self, dtype: str) -> float: ...
 
 
-def _sm_count(name: str) -> int:
-    key = name.lower()
+def _sm_count(device: DeviceLike) -> int:
+    count = getattr(device, "sm_count", None)
+    if count:
+        return int(count)
+    key = device.name.lower()
     for prefix in sorted(SM_COUNTS, key=len, reverse=True):
         if key.startswith(prefix):
             return SM_COUNTS[prefix]
@@ -124,22 +183,41 @@ def shape_efficiency(gemm: Gemm, num_sms: int) -> float:
     return tile_eff * wave_eff * k_eff
 
 
-def optimizer_bytes_per_param(optimizer: str, dtype: str) -> float:
-    """HBM bytes one optimizer step moves per parameter.
+OPTIMIZER_BYTES_PER_PARAM: dict[tuple[str, bool, str], float] = {
+    ("adam", True, "fused"): 30.0,
+    ("adam", False, "fused"): 28.0,
+    ("sgd", True, "fused"): 22.0,
+    ("sgd", False, "fused"): 20.0,
+    ("adam", True, "foreach"): 82.0,
+    ("adam", False, "foreach"): 80.0,
+    ("sgd", True, "foreach"): 30.0,
+    ("sgd", False, "foreach"): 28.0,
+}
+"""HBM bytes per parameter of one optimizer step (fp32 state), by (optimizer, mixed precision,
+implementation). fused (one kernel reading and writing each state once; apex / TE / torch
+``fused=True``): Adam reads master, grad, m, v (16) and writes master, m, v (12) = 28, + the
+16-bit model copy (2) = 30 in mixed precision; SGD with momentum 20 / 22. foreach (torch's
+multi-tensor default, and per-parameter loops): counted from torch.optim.adam
+``_multi_tensor_adam`` for AdamW: p.mul_ (8), m.lerp_ (12), v.mul_ + addcmul_ (20),
+sqrt / div_ / add_ for the denominator (24), p.addcdiv_ (16) = 80 bytes (+2 for a 16-bit
+copy); SGD momentum: buf.mul_().add_() (20) + p.add_ (8) = 28 (+2)."""
 
-    Adam, mixed precision (Megatron: fp32 master weights and fp32 main gradients): read master 4,
-    grad 4, m 4, v 4; write master 4, m 4, v 4 and the 16-bit model copy 2 = 30 bytes.
-    Adam, fp32: read param, grad, m, v (16); write param, m, v (12) = 28 bytes.
-    SGD with momentum: mixed 22 (read 12, write 4 + 4 + 2), fp32 20 (read 12, write 8).
-    """
+
+def optimizer_bytes_per_param(optimizer: str, dtype: str, implementation: str = "fused") -> float:
+    """HBM bytes one optimizer step moves per parameter (:data:`OPTIMIZER_BYTES_PER_PARAM`)."""
     opt = str(optimizer).lower()
     mixed = str(dtype).lower() != "fp32"
-    table = {("adam", True): 30.0, ("adam", False): 28.0, ("sgd", True): 22.0, ("sgd", False): 20.0}
-    if (opt, mixed) not in table:
+    key = (opt, mixed, str(implementation).lower())
+    if key not in OPTIMIZER_BYTES_PER_PARAM:
+        if (opt, mixed, "fused") not in OPTIMIZER_BYTES_PER_PARAM:
+            raise ConfigError(
+                f"must be one of adam, sgd; got {optimizer!r}", key_path="training.optimizer"
+            )
         raise ConfigError(
-            f"must be one of adam, sgd; got {optimizer!r}", key_path="training.optimizer"
+            f"must be one of fused, foreach; got {implementation!r}",
+            key_path="training.optimizer_implementation",
         )
-    return table[(opt, mixed)]
+    return OPTIMIZER_BYTES_PER_PARAM[key]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -154,7 +232,7 @@ class OpCost:
     size_bytes: float
     time_s: float
     bound: str
-    """``compute``, ``memory`` or ``override`` (a measured time replaced the model)."""
+    """``compute``, ``memory``, ``host`` (the host issue cost) or ``override``."""
     matmul_efficiency: float = 0.0
     """Achieved fraction of the dtype's peak FLOP/s (matmuls; 0 for element-wise ops)."""
 
@@ -179,20 +257,33 @@ class LayerTimes:
     forward_flops: float = 0.0
     backward_flops: float = 0.0
     recompute_flops: float = 0.0
+    attention_kernel: str = ""
+    """The attention kernel the times assume (``flash2``... or ``eager``; empty outside layers)."""
+    memory_bound_s: float = 0.0
+    """Time of the memory-bound ops (all phases): the share ``overlap_slowdown`` weights by HBM
+    contention rather than SM loss."""
 
 
 class ComputeModel:
-    """Roofline compute times of transformer ops on one device.
+    """Kernel-level compute times of transformer ops on one device.
 
     Args:
         device: a ``collsim.hardware.Device`` (anything with name, peak_flops_for(dtype),
-            matmul_efficiency and memory_bandwidth_bps).
+            matmul_efficiency and memory_bandwidth_bps; the other Device fields are optional).
         dtype: ``bf16``, ``fp16``, ``fp32`` or ``fp8`` (GEMM dtype; activations 16-bit for fp8).
         overrides: measured times by op name; ``name`` sets the forward (and recompute) time
             of that op, ``name.backward`` its backward time, in seconds.
-        launch_s: fixed cost per kernel (launch and tail), seconds.
-        memory_efficiency: achievable fraction of the HBM bandwidth.
-        num_sms: SM count for wave quantization (default: from the device name, else 108).
+        launch_s: fixed cost per kernel (launch and tail), seconds (a measured profile's
+            ``launch_us`` replaces the default).
+        memory_efficiency: a constant achievable fraction of the HBM bandwidth; None (default):
+            the access-size curve (or the profile's measured bandwidths).
+        num_sms: SM count for wave quantization (default: the device's ``sm_count``).
+        attention_kernel: ``flash2``, ``flash3``, ``cudnn``, ``triton`` or ``eager``; None:
+            the spec's ``flash_attention`` flag picks the generation's fused kernel or eager.
+        execution: ``eager``, ``compiled`` or ``cuda_graphs`` (host issue cost per kernel).
+        fused_kernels: hand-fused norm / bias-dropout-add / softmax kernels (Megatron, TE,
+            apex, or a compiler); False: PyTorch eager op by op (:data:`EAGER_PASSES`).
+        causal: causal attention (the fused kernels compute the lower triangle only).
 
     Example:
         >>> model = ComputeModel(get_device("a100"), "bf16")            # doctest: +SKIP
@@ -205,9 +296,13 @@ class ComputeModel:
         dtype: str = "bf16",
         *,
         overrides: dict[str, float] | None = None,
-        launch_s: float = 4e-6,
-        memory_efficiency: float = 0.85,
+        launch_s: float | None = None,
+        memory_efficiency: float | None = None,
         num_sms: int | None = None,
+        attention_kernel: str | None = None,
+        execution: str = "eager",
+        fused_kernels: bool = True,
+        causal: bool = True,
     ) -> None:
         self.device = device
         self.dtype = str(dtype).lower()
@@ -215,12 +310,26 @@ class ComputeModel:
             raise ConfigError(
                 f"must be one of bf16, fp16, fp32, fp8; got {dtype!r}", key_path="training.dtype"
             )
-        if not 0 < memory_efficiency <= 1:
+        if memory_efficiency is not None and not 0 < memory_efficiency <= 1:
             raise ConfigError(
                 f"must be in (0, 1], got {memory_efficiency}", key_path="memory_efficiency"
             )
+        self.measured: Any = getattr(device, "measured", None)
+        if launch_s is None:
+            measured_launch = getattr(self.measured, "launch_us", None)
+            launch_s = measured_launch * 1e-6 if measured_launch is not None else 4e-6
         if launch_s < 0:
             raise ConfigError(f"must be >= 0, got {launch_s}", key_path="launch_s")
+        if attention_kernel is not None and str(attention_kernel) not in ATTENTION_KERNELS:
+            raise ConfigError(
+                f"must be one of {', '.join(ATTENTION_KERNELS)}; got {attention_kernel!r}",
+                key_path="training.attention_kernel",
+            )
+        if str(execution) not in EXECUTIONS:
+            raise ConfigError(
+                f"must be one of {', '.join(EXECUTIONS)}; got {execution!r}",
+                key_path="training.execution",
+            )
         self.overrides = dict(overrides or {})
         for key, value in self.overrides.items():
             base = key.removesuffix(".backward")
@@ -235,24 +344,88 @@ class ComputeModel:
                     f"must be >= 0 seconds, got {value}", key_path=f"op_time_overrides.{key}"
                 )
         self.launch_s = launch_s
-        self.num_sms = num_sms if num_sms is not None else _sm_count(device.name)
-        self.matmul_peak_flops = device.peak_flops_for(self.dtype) * device.matmul_efficiency
+        self.attention_kernel = None if attention_kernel is None else str(attention_kernel)
+        self.execution = str(execution)
+        self.fused_kernels = bool(fused_kernels)
+        self.causal = bool(causal)
+        measured_host = getattr(self.measured, "host_us", None)
+        self.host_s = (
+            measured_host * 1e-6
+            if measured_host is not None and self.execution == "eager"
+            else HOST_OVERHEAD_S[self.execution]
+        )
+        self.generation = str(getattr(device, "generation", "generic"))
+        self.num_sms = num_sms if num_sms is not None else _sm_count(device)
+        self.clock = float(getattr(device, "sustained_clock_fraction", 1.0))
+        self.matmul_peak_flops = self._mamf(self.dtype) * self.clock
+        self._mamf16 = self._mamf("fp16" if self.dtype == "fp16" else "bf16") * self.clock
         try:
             self.vector_peak_flops = device.peak_flops_for("fp32")
         except ConfigError:  # a device without an fp32 entry
             self.vector_peak_flops = device.peak_flops_for(self.dtype)
-        self.bandwidth_bps = device.memory_bandwidth_bps * memory_efficiency
+        self.memory_efficiency = memory_efficiency
+        self.bandwidth_bps = device.memory_bandwidth_bps * (memory_efficiency or 0.9)
+        """The large-access bandwidth (0.9 x HBM by default)."""
         self._memo: dict[tuple[object, ...], LayerTimes] = {}
 
+    # ---- rates -----------------------------------------------------------------------------
+    def _mamf(self, dtype: str) -> float:
+        mamf_for = getattr(self.device, "mamf_for", None)
+        if mamf_for is not None:
+            return float(mamf_for(dtype))
+        return self.device.peak_flops_for(dtype) * self.device.matmul_efficiency
+
+    def _peak(self, dtype: str) -> float:
+        return self.device.peak_flops_for(dtype)
+
+    def memory_bandwidth_at(self, size_bytes: float) -> float:
+        """Achievable bytes/s of one memory-bound kernel moving ``size_bytes``."""
+        if self.memory_efficiency is not None:
+            return self.device.memory_bandwidth_bps * self.memory_efficiency
+        if self.measured is not None:
+            measured = self.measured.bandwidth_bps(size_bytes)
+            if measured is not None:
+                return float(measured)
+        return self.device.memory_bandwidth_bps * hbm_efficiency(size_bytes)
+
+    def memory_time_s(self, size_bytes: float, kernels: int = 1) -> float:
+        """Time of ``kernels`` memory-bound kernels moving ``size_bytes`` in all: bytes at the
+        per-kernel access size's bandwidth + launch floor, each at least its host cost."""
+        if size_bytes <= 0:
+            return 0.0
+        per = size_bytes / kernels
+        device_s = per / self.memory_bandwidth_at(per) + self.launch_s
+        return kernels * max(device_s, self.host_s)
+
+    def _kernel(self, device_s: float) -> tuple[float, bool]:
+        """(time, host-bound) of one kernel whose device time is ``device_s``.
+
+        An accelerator runs its kernels asynchronously behind the host, so only the longer of
+        the two shows (max); a CPU device computes on the thread that issues the op, so the
+        host cost adds (sum)."""
+        if self.generation == "cpu":
+            return device_s + self.host_s, False
+        if self.host_s > device_s:
+            return self.host_s, True
+        return device_s, False
+
     # ---- one kernel / one op -------------------------------------------------------------
-    def gemm_time_s(self, gemm: Gemm) -> tuple[float, str, float]:
+    def gemm_time_s(self, gemm: Gemm, dtype: str | None = None) -> tuple[float, str, float]:
         """(time_s, bound, achieved fraction of peak) of one GEMM kernel (any batch)."""
+        dt = self.dtype if dtype is None else dtype
+        rate = self.matmul_peak_flops if dt == self.dtype else self._mamf(dt) * self.clock
         eff = shape_efficiency(gemm, self.num_sms)
-        compute = gemm.flops / (self.matmul_peak_flops * eff)
-        memory = gemm.bytes(_GEMM_BYTES[self.dtype]) / self.bandwidth_bps
-        time = max(compute, memory) + self.launch_s
-        peak = self.matmul_peak_flops / self.device.matmul_efficiency
-        return time, ("compute" if compute >= memory else "memory"), gemm.flops / time / peak
+        achievable = rate * eff
+        if self.measured is not None:
+            measured = self.measured.gemm_rate(gemm.m, gemm.n, gemm.k, dt)
+            if measured is not None:
+                achievable = float(measured)
+        compute = gemm.flops / achievable
+        size = gemm.bytes(_GEMM_BYTES[dt])
+        memory = size / self.memory_bandwidth_at(size)
+        time, host = self._kernel(max(compute, memory) + self.launch_s)
+        bound = "host" if host else ("compute" if compute >= memory else "memory")
+        return time, bound, gemm.flops / time / self._peak(dt)
 
     def op_cost(self, op: Op, phase: str) -> OpCost:
         """Cost of ``op`` in ``phase`` (forward, backward or recompute)."""
@@ -271,56 +444,13 @@ class ComputeModel:
                 bound="override",
             )
         if op.kind is OpKind.MATMUL:
-            gemms = op.backward_gemms if backward else op.gemms
-            time, bound = 0.0, "compute"
-            for gemm in gemms:
-                t, b, _ = self.gemm_time_s(gemm)
-                time += t
-                bound = "memory" if b == "memory" else bound
-            # The op's own byte count (e.g. 16-bit score matrices under fp8) is a floor too.
-            floor = size / self.bandwidth_bps + self.launch_s * len(gemms)
-            if floor > time:
-                time, bound = floor, "memory"
-            peak = self.matmul_peak_flops / self.device.matmul_efficiency
-            return OpCost(
-                name=op.name,
-                phase=phase,
-                kind=op.kind,
-                flops=flops,
-                size_bytes=size,
-                time_s=time,
-                bound=bound,
-                matmul_efficiency=flops / time / peak,
-            )
+            return self._matmul_cost(op, phase, flops, size, backward)
         if op.kind is OpKind.FUSED_ATTENTION:
             return self._flash_cost(op, phase, flops, size)
-        compute = flops / self.vector_peak_flops
-        memory = size / self.bandwidth_bps
-        return OpCost(
-            name=op.name,
-            phase=phase,
-            kind=op.kind,
-            flops=flops,
-            size_bytes=size,
-            time_s=max(compute, memory) + self.launch_s,
-            bound="compute" if compute > memory else "memory",
-        )
-
-    def _flash_cost(self, op: Op, phase: str, flops: float, size: float) -> OpCost:
-        """FlashAttention: a fixed share of MAMF, times the wave efficiency of its CTAs.
-
-        One CTA per 128 queries of one head (FlashAttention-2 parallelises over batch, heads
-        and query blocks), so ``ctas = batch * heads * ceil(s / 128)`` fill ``num_sms`` slots
-        in waves as a GEMM's tiles do.
-        """
-        gemm = op.gemms[0]
-        ctas = gemm.batch * math.ceil(gemm.m / TILE)
-        wave_eff = ctas / (math.ceil(ctas / self.num_sms) * self.num_sms)
-        share = FLASH_BACKWARD_EFFICIENCY if phase == "backward" else FLASH_FORWARD_EFFICIENCY
-        compute = flops / (self.matmul_peak_flops * share * wave_eff)
-        memory = size / self.bandwidth_bps
-        time = max(compute, memory) + self.launch_s
-        peak = self.matmul_peak_flops / self.device.matmul_efficiency
+        size *= self._eager_passes(op.name)
+        memory_s = size / self.memory_bandwidth_at(size)
+        compute_s = flops / self.vector_peak_flops
+        time, host = self._kernel(max(compute_s, memory_s) + self.launch_s)
         return OpCost(
             name=op.name,
             phase=phase,
@@ -328,15 +458,115 @@ class ComputeModel:
             flops=flops,
             size_bytes=size,
             time_s=time,
-            bound="compute" if compute >= memory else "memory",
+            bound="host" if host else ("compute" if compute_s > memory_s else "memory"),
+        )
+
+    def _matmul_cost(self, op: Op, phase: str, flops: float, size: float, backward: bool) -> OpCost:
+        gemms = op.backward_gemms if backward else op.gemms
+        fp8 = self.dtype == "fp8" and op.name in FP8_LINEAR_OPS
+        dtype = self.dtype if fp8 or self.dtype != "fp8" else "bf16"
+        time, bound = 0.0, "compute"
+        for gemm in gemms:
+            t, b, _ = self.gemm_time_s(gemm, dtype)
+            time += t
+            bound = b if b != "compute" else bound
+        # The op's own byte count (e.g. 16-bit score matrices) is a floor too.
+        floor = size / self.memory_bandwidth_at(size) + self.launch_s * len(gemms)
+        if floor > time:
+            time, bound = floor, "memory"
+        if fp8:
+            g = op.gemms[0]
+            fwd_bytes, bwd_bytes = fp8_cast_bytes(g.m, g.n, g.k, g.batch)
+            kernels = FP8_CAST_KERNELS[1] if backward else FP8_CAST_KERNELS[0]
+            time += self.memory_time_s(bwd_bytes if backward else fwd_bytes, kernels)
+        peak = self._peak(dtype)
+        return OpCost(
+            name=op.name,
+            phase=phase,
+            kind=op.kind,
+            flops=flops,
+            size_bytes=size,
+            time_s=time,
+            bound=bound,
+            matmul_efficiency=flops / time / peak,
+        )
+
+    def _eager_passes(self, name: str) -> float:
+        if self.fused_kernels:
+            return 1.0
+        if name in _NORM_OPS:
+            return EAGER_PASSES["rmsnorm"] if self._norm == "rmsnorm" else 1.0
+        if name == "rotary":
+            return EAGER_PASSES["rotary"]
+        if name == "activation":
+            return EAGER_PASSES["swiglu"] if self._gated else 1.0
+        if name.endswith("_dropout_add"):
+            return EAGER_PASSES["dropout_add"]
+        if name in ("loss", "softmax"):
+            return EAGER_PASSES[name]
+        return 1.0
+
+    _norm = "layernorm"
+    _gated = False
+
+    def attention_rate_flops(self, phase: str, *, head_dim: int, seq_len: int) -> float | None:
+        """FLOP/s of this model's fused attention kernel in ``phase`` (``fwd``/``bwd``) at full
+        waves, sustained clock applied; None where neither a profile nor a table covers it."""
+        kernel = self._kernel_name(True)
+        if self.measured is not None:
+            rate = self.measured.attention_rate(
+                kernel, phase, causal=self.causal, head_dim=head_dim, seq_len=seq_len
+            )
+            if rate is not None:
+                return float(rate)
+        rate = attention_rate_flops(
+            self.generation, kernel, phase, causal=self.causal, head_dim=head_dim, seq_len=seq_len
+        )
+        return None if rate is None else rate * self.clock
+
+    def _kernel_name(self, fused: bool) -> str:
+        if self.attention_kernel is not None and self.attention_kernel != "eager":
+            return self.attention_kernel
+        return default_attention_kernel(self.generation, fused)
+
+    def _flash_cost(self, op: Op, phase: str, flops: float, size: float) -> OpCost:
+        """Fused attention: the kernel table's rate x the wave ratio of its CTAs (one CTA per
+        128 queries of one head: ``ctas = batch * heads * ceil(s / 128)``, in waves of
+        ``num_sms``), or the generic share of MAMF where no table covers the device."""
+        gemm = op.gemms[0]
+        ctas = gemm.batch * math.ceil(gemm.m / TILE)
+        wave_eff = ctas / (math.ceil(ctas / self.num_sms) * self.num_sms)
+        table_wave = TABLE_CTAS / (math.ceil(TABLE_CTAS / self.num_sms) * self.num_sms)
+        key = "bwd" if phase == "backward" else "fwd"
+        rate = self.attention_rate_flops(key, head_dim=gemm.k, seq_len=gemm.m)
+        if rate is not None:
+            compute = flops / (rate * wave_eff / table_wave)
+            memory = 0.0
+        else:
+            share = FLASH_BACKWARD_EFFICIENCY if phase == "backward" else FLASH_FORWARD_EFFICIENCY
+            compute = flops / (self._mamf16 * share * wave_eff)
+            memory = size / self.memory_bandwidth_at(size)
+        time, host = self._kernel(max(compute, memory) + self.launch_s)
+        peak = self._peak("fp16" if self.dtype == "fp16" else "bf16")
+        return OpCost(
+            name=op.name,
+            phase=phase,
+            kind=op.kind,
+            flops=flops,
+            size_bytes=size,
+            time_s=time,
+            bound="host" if host else ("compute" if compute >= memory else "memory"),
             matmul_efficiency=flops / time / peak,
         )
 
     # ---- whole blocks ----------------------------------------------------------------------
-    def _times(self, ops: list[Op], recompute: RecomputeMode, layer: bool) -> LayerTimes:
+    def _times(
+        self, ops: list[Op], recompute: RecomputeMode, layer: bool, kernel: str = ""
+    ) -> LayerTimes:
         costs: list[OpCost] = []
         forward = backward = again = 0.0
         fwd_flops = bwd_flops = re_flops = 0.0
+        memory_s = 0.0
         for op in ops:
             fc = self.op_cost(op, "forward")
             bc = self.op_cost(op, "backward")
@@ -345,22 +575,19 @@ class ComputeModel:
             backward += bc.time_s
             fwd_flops += op.flops
             bwd_flops += op.backward_flops
+            if fc.bound == "memory":
+                memory_s += fc.time_s
+            if bc.bound == "memory":
+                memory_s += bc.time_s
             if recompute is RecomputeMode.FULL or (
                 recompute is RecomputeMode.SELECTIVE and op.name in SELECTIVE_OPS
             ):
-                rc = OpCost(
-                    name=fc.name,
-                    phase="recompute",
-                    kind=fc.kind,
-                    flops=fc.flops,
-                    size_bytes=fc.size_bytes,
-                    time_s=fc.time_s,
-                    bound=fc.bound,
-                    matmul_efficiency=fc.matmul_efficiency,
-                )
+                rc = dataclasses.replace(fc, phase="recompute")
                 costs.append(rc)
                 again += rc.time_s
                 re_flops += op.flops
+                if rc.bound == "memory":
+                    memory_s += rc.time_s
         kept, transient = (
             kept_bytes(ops, recompute) if layer else (float(sum(op.saved_bytes for op in ops)), 0.0)
         )
@@ -374,7 +601,24 @@ class ComputeModel:
             forward_flops=fwd_flops,
             backward_flops=bwd_flops,
             recompute_flops=re_flops,
+            attention_kernel=kernel,
+            memory_bound_s=memory_s,
         )
+
+    def _spec_for(self, spec: TransformerSpec) -> tuple[TransformerSpec, str]:
+        """The spec with ``flash_attention`` as the attention kernel decides, and the kernel."""
+        if self.attention_kernel is None:
+            return spec, self._kernel_name(
+                spec.flash_attention
+            ) if spec.flash_attention else "eager"
+        fused = self.attention_kernel != "eager"
+        if fused != spec.flash_attention:
+            spec = dataclasses.replace(spec, flash_attention=fused)
+        return spec, self.attention_kernel if fused else "eager"
+
+    def _with_style(self, spec: TransformerSpec) -> None:
+        self._norm = spec.norm
+        self._gated = spec.gated_mlp
 
     def layer_times(
         self,
@@ -407,8 +651,10 @@ class ComputeModel:
         mode = parse_recompute(recompute)
         key = ("layer", spec, micro_batch, tp, bool(sequence_parallel), mode, layer, ep, etp, cp)
         if key not in self._memo:
+            run_spec, kernel = self._spec_for(spec)
+            self._with_style(run_spec)
             ops = layer_ops(
-                spec,
+                run_spec,
                 micro_batch=micro_batch,
                 tp=tp,
                 sequence_parallel=sequence_parallel,
@@ -418,7 +664,7 @@ class ComputeModel:
                 etp=etp,
                 cp=cp,
             )
-            self._memo[key] = self._times(ops, mode, layer=True)
+            self._memo[key] = self._times(ops, mode, layer=True, kernel=kernel)
         return self._memo[key]
 
     def embedding_times(
@@ -432,6 +678,7 @@ class ComputeModel:
         """Input embedding (lookup, position add, dropout) on one rank; never recomputed."""
         key = ("embedding", spec, micro_batch, tp, bool(sequence_parallel))
         if key not in self._memo:
+            self._with_style(spec)
             ops = embedding_ops(
                 spec,
                 micro_batch=micro_batch,
@@ -453,6 +700,7 @@ class ComputeModel:
         """Final norm, LM head and cross-entropy loss on one rank; never recomputed."""
         key = ("head", spec, micro_batch, tp, bool(sequence_parallel))
         if key not in self._memo:
+            self._with_style(spec)
             ops = head_ops(
                 spec,
                 micro_batch=micro_batch,
@@ -463,15 +711,32 @@ class ComputeModel:
             self._memo[key] = self._times(ops, RecomputeMode.NONE, layer=False)
         return self._memo[key]
 
-    def optimizer_time_s(self, num_params_local: float, optimizer: str = "adam") -> float:
+    def optimizer_time_s(
+        self, num_params_local: float, optimizer: str = "adam", implementation: str = "fused"
+    ) -> float:
         """Time of one optimizer step over ``num_params_local`` parameters: bytes / bandwidth.
 
-        Bytes per parameter from :func:`optimizer_bytes_per_param` (fused multi-tensor kernels,
-        memory bound; the launch cost is charged once).
+        Bytes per parameter from :func:`optimizer_bytes_per_param` (``fused``: one kernel per
+        chunk of tensors; ``foreach``: torch's multi-tensor default, five passes); memory
+        bound at the access-size bandwidth; the launch cost is charged once (fused) or once
+        per pass (foreach). A measured profile's optimizer bandwidth replaces the HBM curve.
         """
         if num_params_local < 0:
             raise ConfigError(f"must be >= 0, got {num_params_local}", key_path="num_params")
         if num_params_local == 0:
             return 0.0
-        per_param = optimizer_bytes_per_param(optimizer, self.dtype)
-        return num_params_local * per_param / self.bandwidth_bps + self.launch_s
+        per_param = optimizer_bytes_per_param(optimizer, self.dtype, implementation)
+        size = num_params_local * per_param
+        measured = getattr(self.measured, "optimizer_bytes_per_s", None)
+        passes = 1 if implementation == "fused" else 5
+        if measured:
+            return size / float(measured) + self.launch_s * passes
+        bandwidth = self.memory_bandwidth_at(size / passes)
+        return size / bandwidth + self.launch_s * passes
+
+    def framework_costs(self, **kwargs: Any) -> Any:
+        """Framework costs of a plan on this device: see
+        :func:`collsim.workload.framework.framework_costs` (same keyword arguments)."""
+        from collsim.workload.framework import framework_costs
+
+        return framework_costs(self, **kwargs)

@@ -85,7 +85,10 @@ def test_recompute_modes(a100: FakeDevice, sp: bool) -> None:
 
 
 def test_sequence_parallel_splits_the_norms(a100: FakeDevice) -> None:
-    model = ComputeModel(a100, "bf16", launch_s=0.0)
+    # a constant bandwidth share and no host floor, so that bytes / 8 is time / 8
+    model = ComputeModel(
+        a100, "bf16", launch_s=0.0, memory_efficiency=0.85, execution="cuda_graphs"
+    )
     plain = model.layer_times(SPEC, micro_batch=4, tp=8)
     split = model.layer_times(SPEC, micro_batch=4, tp=8, sequence_parallel=True)
 
@@ -151,12 +154,11 @@ def test_embedding_and_head_times(a100: FakeDevice) -> None:
 
 
 def test_optimizer_time_is_adam_bytes_over_bandwidth(a100: FakeDevice) -> None:
-    model = ComputeModel(a100, "bf16", launch_s=0.0)
+    model = ComputeModel(a100, "bf16", launch_s=0.0, memory_efficiency=0.85)
     # mixed-precision Adam moves 30 bytes per parameter (see optimizer_bytes_per_param)
     assert model.optimizer_time_s(7e9) == pytest.approx(7e9 * 30 / (2.039e12 * 0.85))
-    assert ComputeModel(a100, "fp32", launch_s=0.0).optimizer_time_s(7e9, "adam") == pytest.approx(
-        7e9 * 28 / (2.039e12 * 0.85)
-    )
+    fp32 = ComputeModel(a100, "fp32", launch_s=0.0, memory_efficiency=0.85)
+    assert fp32.optimizer_time_s(7e9, "adam") == pytest.approx(7e9 * 28 / (2.039e12 * 0.85))
     assert model.optimizer_time_s(0) == 0.0
 
 

@@ -1,0 +1,401 @@
+"""``collsim validate compute``: time a generic grid of kernels on the local device and write a
+device profile (the device schema of :mod:`collsim.hardware`, with a ``measured:`` section).
+
+The grid is generic, not the shapes of any model: GEMMs with each dimension in
+:data:`GEMM_DIMS` (64 ... 4096, none of 256 / 768 / 1024, so that the small GPT of
+``validate step`` is never in it) for each dtype the device runs, up to a FLOP cap; fused
+attention (PyTorch SDPA, each backend the device has: ``flash`` as ``flash2``, ``math`` as
+``eager``; on CUDA also ``cudnn``) over sequence lengths 128-4096 and head dims 64 / 128, causal,
+forward and backward; a memory-bound kernel (``torch.add(a, b, out=c)``: 3 tensors) from 64 KiB
+to 256 MiB; the optimizer step (torch SGD over a list of tensors, as ``validate step`` trains);
+and the host cost of one tiny op. Each point is the median of ``reps`` timings after one warm-up.
+
+Threads: the ranks of ``validate step`` run with one thread each (``validate.launch``), so the
+profile is timed with ``threads`` (default 1) threads and says so; ``validate step`` divides its
+rates by ``ranks x threads / cores`` when the ranks share the cores (see ``cpu_share``).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "ComputeGrid",
+    "GEMM_DIMS",
+    "measure_profile",
+    "write_profile",
+    "cpu_share",
+    "concurrency_slowdown",
+]
+
+GEMM_DIMS = (64, 160, 400, 1000, 2500, 4096)
+"""GEMM dimensions of the default grid (about x2.5 apart from 64 to 4096)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ComputeGrid:
+    """What to time. ``quick()`` is the test grid (well under 20 s on a 2-core machine)."""
+
+    gemm_dims: tuple[int, ...] = GEMM_DIMS
+    gemm_max_flops: float = 4e9
+    seqs: tuple[int, ...] = (128, 512, 2048, 4096)
+    head_dims: tuple[int, ...] = (64, 128)
+    attention_max_flops: float = 2e10
+    mem_sizes_bytes: tuple[int, ...] = tuple(64 * 1024 * 4**i for i in range(8))  # 64K..1G cap
+    mem_max_bytes: int = 256 * 2**20
+    optimizer_params: int = 4_000_000
+    reps: int = 3
+    threads: int = 1
+    concurrency: bool = True
+    """Measure ``concurrent_slowdown`` (CPU only; spawns one process per core, ~15 s)."""
+
+    @classmethod
+    def quick(cls) -> ComputeGrid:
+        return cls(
+            gemm_dims=(64, 400, 2500),
+            gemm_max_flops=4e8,
+            seqs=(128, 512),
+            head_dims=(64,),
+            attention_max_flops=5e8,
+            mem_sizes_bytes=tuple(64 * 1024 * 4**i for i in range(5)),
+            mem_max_bytes=16 * 2**20,
+            optimizer_params=500_000,
+            reps=2,
+            concurrency=False,
+        )
+
+
+def _median_time(fn: Callable[[], Any], reps: int, sync: Callable[[], None]) -> float:
+    fn()
+    sync()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+COLD_BYTES = 64 * 2**20
+"""Operand bytes cycled through per GEMM shape, above a CPU's last-level cache and a GPU's L2:
+in training a GEMM's operands (a weight used once per micro-batch, an activation written by
+other kernels in between) are not cache-resident as a benchmark that reuses one pair is (on
+the 2-core development machine a 64 x 768 x 256 fp32 GEMM ran at 95 GFLOP/s hot, 80 cold)."""
+
+
+_POOLS: dict[tuple[str, str], Any] = {}
+
+
+def _pool(torch: Any, dev: Any, dtype: Any) -> Any:
+    """One flat random buffer of :data:`COLD_BYTES` per device and dtype; GEMM operands are
+    views into it, so that no shape pays for filling its own buffers."""
+    key = (str(dev), str(dtype))
+    if key not in _POOLS:
+        elems = COLD_BYTES // (torch.finfo(dtype).bits // 8)
+        _POOLS[key] = torch.randn(elems, device=dev, dtype=dtype)
+    return _POOLS[key]
+
+
+def _gemm_time(
+    torch: Any,
+    dev: Any,
+    dtype: Any,
+    m: int,
+    n: int,
+    k: int,
+    reps: int,
+    sync: Callable[[], None],
+) -> float:
+    """Mean time of one GEMM of this shape over the three layouts training runs (forward
+    A @ B, dgrad A @ B^T, wgrad A^T @ B), each on cold operands: views cycling through
+    :data:`COLD_BYTES` of memory."""
+    per = m * k + k * n
+    pool = _pool(torch, dev, dtype)
+    if pool.numel() < per:  # one pair larger than the pool: a pool of its own
+        pool = torch.randn(per, device=dev, dtype=dtype)
+    copies = max(1, min(64, pool.numel() // per))
+
+    def operands(i: int, layout: int) -> tuple[Any, Any]:
+        base = i * per
+        a_flat, b_flat = pool[base : base + m * k], pool[base + m * k : base + per]
+        a = a_flat.view(k, m).t() if layout == 2 else a_flat.view(m, k)
+        b = b_flat.view(n, k).t() if layout == 1 else b_flat.view(k, n)
+        return a, b
+
+    total = 0.0
+    for layout in range(3):
+        ops = [operands(i, layout) for i in range(copies)]
+        state = {"i": 0}
+
+        def run(ops: list[tuple[Any, Any]] = ops, state: dict[str, int] = state) -> None:
+            state["i"] = (state["i"] + 1) % len(ops)
+            a, b = ops[state["i"]]
+            torch.mm(a, b)
+
+        total += _median_time(run, reps, sync)
+    return total / 3
+
+
+def _dtypes(torch: Any, device: str) -> list[tuple[str, Any]]:
+    if device == "cpu":
+        return [("fp32", torch.float32), ("bf16", torch.bfloat16)]
+    return [("bf16", torch.bfloat16), ("fp16", torch.float16), ("fp32", torch.float32)]
+
+
+def _sdpa_backends(torch: Any, device: str) -> list[tuple[str, Any]]:
+    from torch.nn.attention import SDPBackend
+
+    out = [("flash2", SDPBackend.FLASH_ATTENTION), ("eager", SDPBackend.MATH)]
+    if device != "cpu" and hasattr(SDPBackend, "CUDNN_ATTENTION"):
+        out.append(("cudnn", SDPBackend.CUDNN_ATTENTION))
+    return out
+
+
+def measure_profile(grid: ComputeGrid, device: str = "cpu") -> dict[str, Any]:
+    """Time the grid on ``device`` (``cpu`` or ``cuda``); the ``measured`` section's data."""
+    import torch
+    from torch.nn.attention import sdpa_kernel
+
+    torch.set_num_threads(grid.threads)
+    dev = torch.device(device)
+
+    def sync() -> None:
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+
+    gemm: list[list[Any]] = []
+    for name, dtype in _dtypes(torch, dev.type):
+        for m in grid.gemm_dims:
+            for n in grid.gemm_dims:
+                for k in grid.gemm_dims:
+                    flops = 2.0 * m * n * k
+                    if flops > grid.gemm_max_flops:
+                        continue
+                    t = _gemm_time(torch, dev, dtype, m, n, k, grid.reps, sync)
+                    gemm.append([m, n, k, name, round(flops / t / 1e12, 6)])
+    attention: list[list[Any]] = []
+    heads = 4
+    for kernel, backend in _sdpa_backends(torch, dev.type):
+        for d in grid.head_dims:
+            for s in grid.seqs:
+                fwd_flops = 4.0 * heads * s * s * d / 2  # causal half, as the tables count
+                if 3.5 * fwd_flops > grid.attention_max_flops:
+                    continue
+                q, k_, v = (
+                    torch.randn(1, heads, s, d, device=dev, requires_grad=True) for _ in range(3)
+                )
+                try:
+                    with sdpa_kernel(backend):
+
+                        def fwd(q: Any = q, k_: Any = k_, v: Any = v) -> Any:
+                            return torch.nn.functional.scaled_dot_product_attention(
+                                q, k_, v, is_causal=True
+                            )
+
+                        t_f = _median_time(fwd, grid.reps, sync)
+                        out = fwd()
+                        grad = torch.randn_like(out)
+
+                        def both(q: Any = q, k_: Any = k_, v: Any = v, g: Any = grad) -> None:
+                            o = torch.nn.functional.scaled_dot_product_attention(
+                                q, k_, v, is_causal=True
+                            )
+                            o.backward(g)  # type: ignore[no-untyped-call]
+
+                        t_fb = _median_time(both, grid.reps, sync)
+                except RuntimeError:  # the backend does not run here
+                    break
+                t_b = max(t_fb - t_f, 1e-9)
+                attention.append(
+                    [
+                        kernel,
+                        True,
+                        d,
+                        s,
+                        round(fwd_flops / t_f / 1e12, 6),
+                        round(2.5 * fwd_flops / t_b / 1e12, 6),
+                    ]
+                )
+    bandwidth: list[list[float]] = []
+    for size in grid.mem_sizes_bytes:
+        if size > grid.mem_max_bytes:
+            continue
+        elems = max(1, size // 12)  # three fp32 tensors of size / 3 bytes
+        a = torch.randn(elems, device=dev)
+        b = torch.randn(elems, device=dev)
+        c = torch.empty(elems, device=dev)
+        t = _median_time(partial(torch.add, a, b, out=c), max(grid.reps, 5), sync)
+        bandwidth.append([float(12 * elems), round(12 * elems / t / 1e9, 4)])
+    # host cost per kernel in training: a forward + backward through 50 tiny autograd ops
+    # (100 kernels), so that autograd's recording and its backward engine are counted
+    tiny = torch.ones(4, device=dev, requires_grad=True)
+
+    def chain() -> None:
+        x = tiny
+        for _ in range(50):
+            x = x * 1.0001
+        x.sum().backward()  # type: ignore[no-untyped-call]
+
+    host_s = _median_time(chain, 7, sync) / 100
+    params = [
+        torch.nn.Parameter(torch.randn(grid.optimizer_params // 8, device=dev)) for _ in range(8)
+    ]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = torch.optim.SGD(params, lr=1e-3)
+    t_opt = _median_time(opt.step, max(grid.reps, 3), sync)
+    # bytes as collsim counts an SGD step in fp32 (optimizer_bytes_per_param("sgd", "fp32"))
+    from collsim.workload.compute import optimizer_bytes_per_param
+
+    opt_bps = grid.optimizer_params * optimizer_bytes_per_param("sgd", "fp32") / t_opt
+    import os
+
+    cores = os.cpu_count() or 1
+    probe = grid.concurrency and dev.type == "cpu" and cores > 1
+    slowdown = round(concurrency_slowdown(cores), 4) if probe else 1.0
+    return {
+        "concurrent_slowdown": slowdown,
+        "gemm": gemm,
+        "attention": attention,
+        "bandwidth": bandwidth,
+        "optimizer_bytes_per_s": round(opt_bps, 1),
+        "launch_us": 0.0 if dev.type == "cpu" else None,
+        "host_us": round(host_s * 1e6, 3),
+        "notes": {
+            "torch": str(torch.__version__),
+            "threads": grid.threads,
+            "device": device,
+            "measured_at_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        },
+    }
+
+
+def _probe_worker(iters: int, start: Any, out: Any) -> None:
+    """A fixed mix of a GEMM and a memory-bound add, timed (runs in its own process)."""
+    import torch
+
+    torch.set_num_threads(1)
+    a, b = torch.randn(400, 400), torch.randn(400, 400)
+    x, y, z = torch.randn(1 << 20), torch.randn(1 << 20), torch.empty(1 << 20)
+    start.wait()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        torch.mm(a, b)
+        torch.add(x, y, out=z)
+    out.put(time.perf_counter() - t0)
+
+
+def concurrency_slowdown(processes: int, iters: int = 400, timeout_s: float = 120.0) -> float:
+    """How much slower one process of ``processes`` running the same kernel mix at once is than
+    one running alone (shared last-level cache, memory bandwidth and, on a VM, whatever the
+    vCPUs share underneath): median concurrent time over the solo time. Measured, not assumed;
+    ``validate step`` applies it to ranks that run at the same time on separate cores."""
+    import multiprocessing as mp
+    import queue
+
+    ctx = mp.get_context("spawn")
+
+    def run(n: int) -> list[float]:
+        start, out = ctx.Event(), ctx.Queue()
+        procs = [ctx.Process(target=_probe_worker, args=(iters, start, out)) for _ in range(n)]
+        for p in procs:
+            p.start()
+        time.sleep(2.0)  # let every process import torch before the start signal
+        start.set()
+        times: list[float] = []
+        deadline = time.monotonic() + timeout_s
+        try:
+            while len(times) < n:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"concurrency probe: no result within {timeout_s} s")
+                if any(p.exitcode not in (None, 0) for p in procs):
+                    raise RuntimeError("concurrency probe: a worker process failed")
+                try:
+                    times.append(out.get(timeout=1.0))
+                except queue.Empty:
+                    continue
+        finally:
+            for p in procs:
+                p.join(timeout=5.0)
+                if p.is_alive():
+                    p.terminate()
+        return times
+
+    solo = statistics.median(run(1) + run(1))
+    together = statistics.median(run(processes))
+    return max(1.0, together / solo)
+
+
+def write_profile(path: str | Path, measured: dict[str, Any], *, device: str = "cpu") -> Path:
+    """Write a device file (catalogue schema + ``measured``) that ``get_device(path)`` reads."""
+    import os
+
+    import yaml
+
+    from collsim.hardware import get_device
+
+    base = get_device("cpu")
+    cores = os.cpu_count() or 1
+    best = max((r[4] for r in measured["gemm"] if r[3] == "fp32"), default=1e-3)
+    bw = max((r[1] for r in measured["bandwidth"]), default=1.0)
+    tables: dict[str, Any] = {k: v for k, v in measured.items() if v is not None}
+    if device == "cpu":
+        tables["launch_us"] = 0.0
+    doc: dict[str, Any] = {
+        "key": Path(path).stem,
+        "name": f"measured {device} ({cores} cores, {measured['notes']['threads']} thread(s))",
+        "generation": "cpu" if device == "cpu" else "generic",
+        # peak := the best measured rate (the profile's tables carry the shape dependence)
+        "peak_tflops": {"fp32": best, "bf16": best, "fp16": best},
+        "mamf_tflops": {"bf16": best},
+        "sm_count": int(measured["notes"]["threads"]),
+        "memory_gb": base.memory_bytes / 1e9,
+        "memory_bandwidth_tbps": bw / 1e3,
+        "reserve_gib": 0.0,
+        "measured": tables,
+    }
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    header = (
+        "# Device profile written by `collsim validate compute` (the device schema of\n"
+        "# collsim.hardware):\n"
+        "# measured kernel tables replace the catalogue figures where they cover an op.\n"
+    )
+    out.write_text(
+        header + yaml.safe_dump(doc, sort_keys=False, width=100, default_flow_style=None)
+    )
+    return out
+
+
+def cpu_share(
+    ranks_per_node: int,
+    threads_per_rank: int,
+    cores: int,
+    profile_threads: int,
+    concurrent_slowdown: float = 1.0,
+) -> float:
+    """How much slower each rank computes than the profile measured: the ranks' threads over
+    the cores when they exceed them (the OS time-slices the cores evenly), else 1; relative to
+    the threads the profile was timed with (its rates are per ``profile_threads`` threads);
+    and, when more than one thread is busy, x the profile's measured ``concurrent_slowdown``
+    (threads on separate cores share the last-level cache and the memory bandwidth)::
+
+        share = max(1, ranks_per_node x threads_per_rank / cores)
+                x profile_threads / threads_per_rank   (only when the rank has fewer threads)
+    """
+    busy = ranks_per_node * threads_per_rank
+    share = max(1.0, busy / max(1, cores))
+    if threads_per_rank < profile_threads:
+        share *= profile_threads / threads_per_rank
+    if busy > 1:
+        # threads on separate cores still share the cache and memory: the measured slowdown
+        # of ``cores`` concurrent processes (a profile's ``concurrent_slowdown``)
+        share *= concurrent_slowdown
+    return share

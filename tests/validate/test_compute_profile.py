@@ -1,0 +1,95 @@
+"""``collsim validate compute`` (a device profile from a generic kernel grid) and the step
+prediction from the compute model fed by such a profile."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from collsim.hardware import get_device
+from collsim.validate.compute import GEMM_DIMS, cpu_share, write_profile
+from collsim.validate.step import StepConfig, model_spec, simulate_modes
+
+# a synthetic profile: rates that do not depend on shape, so the expected times are by hand
+MEASURED = {
+    "gemm": [[m, n, k, "fp32", 0.05] for m in (64, 4096) for n in (64, 4096) for k in (64, 4096)],
+    "attention": [["flash2", True, 64, s, 0.02, 0.02] for s in (128, 4096)],
+    "bandwidth": [[65536.0, 10.0], [268435456.0, 10.0]],
+    "optimizer_bytes_per_s": 1e10,
+    "launch_us": 0.0,
+    "host_us": 0.0,
+    "notes": {"threads": 1, "torch": "none", "device": "cpu", "measured_at_utc": "-"},
+}
+
+
+def test_grid_avoids_the_validated_model_shapes() -> None:
+    spec = model_spec(StepConfig())
+    model_dims = {spec.hidden, 3 * spec.hidden, spec.ffn_hidden, spec.vocab}
+    assert not model_dims & set(GEMM_DIMS)
+    assert min(GEMM_DIMS) == 64 and max(GEMM_DIMS) == 4096
+
+
+def test_cpu_share_counts_threads_over_cores() -> None:
+    assert cpu_share(2, 1, 2, 1) == 1.0
+    assert cpu_share(4, 1, 2, 1) == 2.0
+    assert cpu_share(4, 2, 2, 1) == 4.0
+    assert cpu_share(1, 1, 2, 2) == 2.0  # the profile had two threads, the rank one
+
+
+def _report(world: int, cores: int) -> dict:  # type: ignore[type-arg]
+    cfg = StepConfig(modes=("ddp_b25",))
+    return {
+        "config": asdict(cfg),
+        "world_size": world,
+        "local_world_size": world,
+        "cpu_count": cores,
+        "threads_per_rank": 1,
+        "backend": "gloo",
+        "modes": {"ddp_b25": {"median_s": 1.0}},
+        # no "profile" (per-block timings) and no "compute_scale": the prediction must not
+        # need them
+    }
+
+
+def test_prediction_uses_the_profile_and_the_cpu_share(tmp_path: Path) -> None:
+    from collsim.topology import load_topology
+
+    path = write_profile(tmp_path / "p.yaml", MEASURED)
+    assert get_device(str(path)).measured is not None
+    topo = load_topology("localhost", gpus_per_node=4)
+    quiet = simulate_modes(_report(4, 4), topo, overlap=False, device_profile=str(path))
+    shared = simulate_modes(_report(4, 2), topo, overlap=False, device_profile=str(path))
+    c_quiet = quiet["ddp_b25"].breakdown_s["compute"]
+    c_shared = shared["ddp_b25"].breakdown_s["compute"]
+    assert c_quiet > 0
+    assert c_shared == pytest.approx(2 * c_quiet, rel=1e-9)  # 4 ranks on 2 cores: half a core
+
+
+def test_validate_compute_quick_writes_a_profile(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from click.testing import CliRunner
+
+    from collsim.cli import cli
+
+    start = time.perf_counter()
+    result = CliRunner().invoke(
+        cli, ["validate", "compute", "--quick", "-o", str(tmp_path / "q.yaml")]
+    )
+    elapsed = time.perf_counter() - start
+    assert result.exit_code == 0, result.output
+    assert elapsed < 20
+    device = get_device(str(tmp_path / "q.yaml"))
+    tables = device.measured
+    assert {r[3] for r in tables.gemm} >= {"fp32"}
+    assert {r[0] for r in tables.attention} >= {"flash2"}
+    assert len(tables.bandwidth) >= 4 and tables.optimizer_bytes_per_s > 0
+    assert tables.host_us is not None and tables.host_us > 0
+
+
+def test_cpu_share_applies_the_measured_concurrency_slowdown() -> None:
+    assert cpu_share(2, 1, 2, 1, 1.5) == 1.5  # two ranks on two cores, each 1.5x slower
+    assert cpu_share(4, 1, 2, 1, 1.5) == 3.0
+    assert cpu_share(1, 1, 2, 1, 1.5) == 1.0  # one thread alone: as profiled
