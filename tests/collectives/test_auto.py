@@ -73,7 +73,8 @@ def test_time_never_decreases_with_size(a: int, b: int, op: str) -> None:
             continue
         for protocol in protocols:
             low = cost(op, small, group, algorithm, protocol).time_s
-            assert low <= cost(op, large, group, algorithm, protocol).time_s
+            # equal times computed along different float paths may differ in the last bit
+            assert low <= cost(op, large, group, algorithm, protocol).time_s * (1 + 1e-12)
     gloo = Group.all(topo("localhost", 1, 4))
     assert cost(op, small, gloo).time_s <= cost(op, large, gloo).time_s
 

@@ -212,7 +212,8 @@ def test_each_command_reads_the_others_output(
     assert code == 0, err
     assert "calibrated dgx_h100" in out
     compared = read_measurements(tmp_path / "compared.csv")
-    assert {r["algorithm"] for r in compared.rows} <= {"ring", "tree", "nvls"}
+    known = {"ring", "tree", "nvls", "nvls_tree", "collnet_direct", "collnet_chain", "pat"}
+    assert {r["algorithm"] for r in compared.rows} <= known
     assert all("simulated_us" in r and "error" in r for r in compared.rows)
     for inputs in (
         [coll, tmp_path / "compared.csv"],

@@ -178,6 +178,13 @@ def _edit(tmp_path: Path, name: str, line_no: int, new: str) -> tuple[Path, int]
     return path, line_no
 
 
+def _time(row: str, value: str) -> str:
+    """The row with its out-of-place time (the 6th field) replaced, widths kept."""
+    old = row.split()[5]
+    at = row.index(" " + old + " ") + 1
+    return row[:at] + value.rjust(len(old)) + row[at + len(old) :]
+
+
 def _first_row(name: str) -> tuple[int, str]:
     lines = (DATA / name).read_text().splitlines()
     index = next(i for i, line in enumerate(lines) if line and not line.startswith("#"))
@@ -188,10 +195,10 @@ def _first_row(name: str) -> tuple[int, str]:
     ("change", "expected"),
     [
         (lambda row: row[: row.rindex("0")], r"malformed nccl-tests row: expected 5 fields"),
-        (lambda row: row.replace("36.77", "  fast", 1), r"time_us: not a number: 'fast'"),
-        (lambda row: row.replace("36.77", "  -nan", 1), r"time_us: must be a finite number > 0"),
-        (lambda row: row.replace("36.77", "   inf", 1), r"time_us: must be a finite number > 0"),
-        (lambda row: row.replace("36.77", "  0.00", 1), r"time_us: must be a finite number > 0"),
+        (lambda row: _time(row, "fast"), r"time_us: not a number: 'fast'"),
+        (lambda row: _time(row, "-nan"), r"time_us: must be a finite number > 0"),
+        (lambda row: _time(row, "inf"), r"time_us: must be a finite number > 0"),
+        (lambda row: _time(row, "0.00"), r"time_us: must be a finite number > 0"),
         (lambda row: row[:-6] + "    -3", r"in_place_wrong: must be >= 0, got -3"),
     ],
     ids=["short-row", "word", "nan", "inf", "zero", "negative-wrong"],

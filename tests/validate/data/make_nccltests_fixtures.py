@@ -19,11 +19,11 @@ HERE = Path(__file__).resolve().parent
 
 #: The made-up cluster's figures that differ from topologies/dgx_h100.yaml.
 TRUTH = {
-    "intra_node.efficiency": 0.70,
+    "intra_node.efficiency": 0.60,
     "intra_node.latency_us": 0.5,
-    "nics.efficiency": 0.80,
-    "nics.latency_us": 3.0,
-    "collectives.overhead_us": 4.0,
+    "nics.efficiency": 0.65,
+    "nics.latency_us": 6.0,
+    "collectives.overhead_us": 8.0,
 }
 
 #: Host names of the two nodes (nccl-tests prints the short host name, %10s).
