@@ -57,7 +57,7 @@ from collsim.schedule.memory import MemoryLedger
 from collsim.schedule.ops import ChunkModel, Segment, Step
 from collsim.schedule.pricing import EXPOSED_KEY, ClosedPricer
 from collsim.schedule.result import BREAKDOWN_KEYS, StepResult, TraceEvent
-from collsim.schedule.stats import CallKey, CallStats, CallTally
+from collsim.schedule.stats import CallKey, CallStats, CallTally, dp_link
 
 if TYPE_CHECKING:
     from collsim.parallel.config import ParallelConfig, TrainingConfig
@@ -280,11 +280,13 @@ class _Walk:
         t = 0.0
         for seg in segs:
             d_tp = self.seg_tp_s(prog.rank, seg)
-            dur = seg.compute_s + d_tp
+            dur = seg.compute_s + d_tp + seg.framework_s
             plan.compute += seg.compute_s
             plan.tp += d_tp
             for k, v in self.seg_comm_s(prog.rank, seg).items():
                 plan.comm[k] = plan.comm.get(k, 0.0) + v
+            if seg.framework_s:
+                plan.comm["framework"] = plan.comm.get("framework", 0.0) + seg.framework_s
             if phase is Phase.FORWARD:
                 if seg.stored_bytes:
                     plan.mem.append((t + dur, seg.stored_bytes))
@@ -314,7 +316,7 @@ class _Walk:
         if plan.buckets and self.rules.uses_buckets and self.rules.reduces_in(op.microbatch):
             for bucket, rel in plan.buckets:
                 if self.rules.overlap:
-                    self.reduce_bucket(prog, bucket, t0 + rel)
+                    self.reduce_bucket(prog, bucket, t0 + rel, t0)
                 else:
                     prog.deferred.append((op, chunk, bucket))
         self.tally_tp(prog.rank, plan.segs)
@@ -327,24 +329,35 @@ class _Walk:
         """A call on the rank's dp stream, ready at ``ready``: returns its end."""
         return self.dp_calls(prog, [DPCall(op, size, DP)], ready, extra_s)
 
-    def dp_calls(self, prog: _Rank, calls: list[DPCall], ready: float, extra_s: float) -> float:
+    def dp_calls(
+        self,
+        prog: _Rank,
+        calls: list[DPCall],
+        ready: float,
+        extra_s: float,
+        issued: float | None = None,
+    ) -> float:
         """Calls one after another on the rank's dp stream (each on its axis's group), ready
-        at ``ready``, the offload copy before the first: returns the last end (``ready``
-        when there is none)."""
-        end = ready
+        at ``ready`` and issued at ``issued`` (default: ``ready``), the offload copy before
+        the first: returns when the last one's event fires (``ready`` when there is none)."""
+        issued = ready if issued is None else issued
+        fired = ready
         for i, c in enumerate(calls):
             group = self.group(prog.rank, c.axis)
             t = self.price(prog.rank, DP, c.op, c.size_bytes, group, extra_s if i == 0 else 0.0)
             start = max(ready, prog.dp_free)
-            prog.dp_free = end = start + t
-            prog.dp_last_end = max(prog.dp_last_end, prog.dp_free)
-        return end
+            prog.dp_free = start + t
+            fired = _fires(issued, prog.dp_free)
+            prog.dp_last_end = max(prog.dp_last_end, fired)
+        return fired
 
-    def reduce_bucket(self, prog: _Rank, bucket: Bucket, ready: float) -> None:
+    def reduce_bucket(
+        self, prog: _Rank, bucket: Bucket, ready: float, issued: float | None = None
+    ) -> None:
         calls = self.rules.bucket_calls(bucket)
         if not calls:
             return
-        end = self.dp_calls(prog, calls, ready, 0.0)
+        end = self.dp_calls(prog, calls, ready, 0.0, issued)
         size = bucket.size_bytes
         if self.rules.holds_bucket_buffer:
             prog.ledger.alloc(ready, "buffers", size, "zero2 bucket")
@@ -375,8 +388,9 @@ class _Walk:
                 prog.ledger.alloc(prog.now, "activations", seg.transient_bytes)
             d_tp = self.seg_tp_s(prog.rank, seg)
             self.tally_tp(prog.rank, [seg])
-            prog.now += seg.compute_s + d_tp
+            prog.now += seg.compute_s + d_tp + seg.framework_s
             prog.acct["compute"] += seg.compute_s
+            prog.acct["framework"] += seg.framework_s
             for k, v in self.seg_comm_s(prog.rank, seg).items():
                 prog.acct[k] += v
             if forward:
@@ -428,10 +442,11 @@ class _Walk:
         t = self.price(prog.rank, PP, "send_recv", size, (prog.rank, dst.rank), 0.0)
         start = max(prog.now, prog.pp_free)
         prog.pp_free = start + t
+        delivered = _fires(prog.now, prog.pp_free)
         self.mail[(dst.rank, dst_op.phase, dst_op.microbatch, dst_op.chunk)] = _Mail(
-            prog.now, prog.pp_free, size
+            prog.now, delivered, size
         )
-        dst.ledger.alloc(prog.pp_free, "buffers", size, "pp recv")
+        dst.ledger.alloc(delivered, "buffers", size, "pp recv")
 
     def finish(self) -> None:
         """Deferred buckets, the dp wait, the embedding sync, the optimizer, ZeRO-1/2 gathers."""
@@ -461,6 +476,14 @@ class _Walk:
                 prog.now = end
         for prog in self.programs.values():
             stage = self.s.stages[prog.coords.pp]
+            framework = self.s.framework_step_s.get(prog.coords.pp, 0.0)
+            link, busbw = dp_link(self.stats.items(), prog.rank)
+            interference = self.s.interference_s(
+                dp_link_s=link, busbw_bps=busbw, compute_s=prog.acct["compute"]
+            )
+            prog.now += framework + interference
+            prog.acct["framework"] += framework
+            prog.acct["interference"] += interference
             opt = self.s.optimizer_s[prog.coords.pp]
             prog.now += opt
             prog.acct["optimizer"] += opt
@@ -471,6 +494,13 @@ class _Walk:
                 prog.acct["dp_exposed"] += end - t0
                 prog.now = end
             prog.end_s = prog.now
+
+
+def _fires(issued_s: float, end_s: float) -> float:
+    """When an event issued at ``issued_s`` to end at ``end_s`` fires in the engine: SimPy
+    schedules a timeout of ``end_s - issued_s`` from ``issued_s`` (the same float rounding, so
+    that both fidelities record memory at the very same instants)."""
+    return issued_s + (end_s - issued_s)
 
 
 @dataclass(slots=True)

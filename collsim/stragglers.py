@@ -302,7 +302,11 @@ def _stretch_step(step: Step, factor: float) -> Step:
 
 
 def _stretch_segment(seg: Segment, factor: float) -> Segment:
-    return dataclasses.replace(seg, steps=[_stretch_step(s, factor) for s in seg.steps])
+    return dataclasses.replace(
+        seg,
+        steps=[_stretch_step(s, factor) for s in seg.steps],
+        framework_s=seg.framework_s / factor,
+    )
 
 
 def stretch_stage(stage: StageModel, factor: float) -> StageModel:
@@ -326,4 +330,7 @@ def stretch_schedule(schedule: StepSchedule, stage_factors: dict[int, float]) ->
     compute steps and optimizer step last ``1 / factor`` as long."""
     stages = {s: stretch_stage(m, stage_factors.get(s, 1.0)) for s, m in schedule.stages.items()}
     optimizer = {s: t / stage_factors.get(s, 1.0) for s, t in schedule.optimizer_s.items()}
-    return dataclasses.replace(schedule, stages=stages, optimizer_s=optimizer)
+    framework = {s: t / stage_factors.get(s, 1.0) for s, t in schedule.framework_step_s.items()}
+    return dataclasses.replace(
+        schedule, stages=stages, optimizer_s=optimizer, framework_step_s=framework
+    )

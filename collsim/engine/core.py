@@ -41,7 +41,7 @@ from collsim.schedule.build import StepSchedule
 from collsim.schedule.ops import Segment, Step
 from collsim.schedule.pricing import EXPOSED_KEY
 from collsim.schedule.result import TraceEvent
-from collsim.schedule.stats import CallKey, CallStats, CallTally
+from collsim.schedule.stats import CallKey, CallStats, CallTally, dp_link
 from collsim.stragglers import StragglerPlan, stretch_stage
 
 __all__ = ["Engine", "EngineOptions", "RECV_STREAM", "simulated_ranks"]
@@ -175,6 +175,14 @@ class Engine:
     def stat_items(self) -> Iterator[tuple[CallKey, CallTally]]:
         return self.stats.items()
 
+    def interference_s(self, prog: RankProgram) -> float:
+        """The schedule's first-order interference for this rank, from its data-parallel call
+        tallies so far (every gradient reduction has ended when this is asked)."""
+        link, busbw = dp_link(self.stats.items(), prog.rank)
+        return self.schedule.interference_s(
+            dp_link_s=link, busbw_bps=busbw, compute_s=prog.acct["compute"]
+        )
+
     # ---- stragglers -------------------------------------------------------------------------
     def stage_model(self, rank: int) -> Any:
         """The stage ``rank`` runs: the schedule's, with compute stretched by its TP group's
@@ -188,6 +196,11 @@ class Engine:
         if found is None:
             found = self._stretched[key] = stretch_stage(self.stages[s], factor)
         return found
+
+    def framework_step_s(self, rank: int) -> float:
+        """Seconds of ``rank``'s per-step framework work (stretched like its compute)."""
+        stage = self.plan.coords(rank).pp
+        return self.schedule.framework_step_s.get(stage, 0.0) / self.pace.get(rank, 1.0)
 
     def optimizer_s(self, rank: int) -> float:
         """Seconds of ``rank``'s optimizer step (stretched like its compute)."""

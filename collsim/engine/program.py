@@ -84,6 +84,8 @@ class RankProgram:
                 "ep_exposed",
                 "cp_exposed",
                 "bubble",
+                "framework",
+                "interference",
                 "optimizer",
             ),
             0.0,
@@ -103,7 +105,7 @@ class RankProgram:
         return self.e.seg_tp_s(self.rank, seg)
 
     def _seg_duration(self, seg: Segment) -> float:
-        return seg.compute_s + self._seg_tp_s(seg)
+        return seg.compute_s + self._seg_tp_s(seg) + seg.framework_s
 
     def _grad_window(self, seg: Segment) -> tuple[float, float]:
         """(offset, duration) of the gradient-producing steps of a backward segment."""
@@ -189,6 +191,12 @@ class RankProgram:
             t0 = env.now
             yield sync
             self.acct["pp_exposed"] += env.now - t0
+        framework = e.framework_step_s(self.rank)
+        interference = e.interference_s(self)
+        if framework + interference > 0:
+            yield env.timeout(framework + interference)
+            self.acct["framework"] += framework
+            self.acct["interference"] += interference
         t0 = env.now
         yield env.timeout(e.optimizer_s(self.rank))
         self.acct["optimizer"] += env.now - t0
@@ -213,11 +221,13 @@ class RankProgram:
         t = 0.0
         for seg in segs:
             d_tp = self._seg_tp_s(seg)
-            dur = seg.compute_s + d_tp
+            dur = seg.compute_s + d_tp + seg.framework_s
             plan.compute += seg.compute_s
             plan.tp += d_tp
             for k, v in self.e.seg_comm_s(self.rank, seg).items():
                 plan.comm[k] = plan.comm.get(k, 0.0) + v
+            if seg.framework_s:
+                plan.comm["framework"] = plan.comm.get("framework", 0.0) + seg.framework_s
             if phase is Phase.FORWARD:
                 if seg.stored_bytes:
                     plan.mem.append((t + dur, seg.stored_bytes, "act", seg.key))
@@ -319,6 +329,9 @@ class RankProgram:
                     else:
                         yield env.timeout(step.seconds)
                         self.acct["compute"] += step.seconds
+                if seg.framework_s:
+                    yield env.timeout(seg.framework_s)
+                    self.acct["framework"] += seg.framework_s
             else:
                 dur = self._seg_duration(seg)
                 e.count_op(self.rank, seg)
@@ -326,6 +339,7 @@ class RankProgram:
                     self._trace_tp([seg], start, (op.chunk, op.phase, seg.key))
                 yield env.timeout(dur)
                 self.acct["compute"] += seg.compute_s
+                self.acct["framework"] += seg.framework_s
                 for k, v in self.e.seg_comm_s(self.rank, seg).items():
                     self.acct[k] += v
             self._segment_end(op, seg)

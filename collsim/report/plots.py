@@ -70,6 +70,8 @@ CATEGORY_COLORS = {
     "dp_exposed": "#D55E00",
     "ep_exposed": "#F0E442",
     "cp_exposed": "#000000",
+    "framework": "#BBBBBB",
+    "interference": "#882255",
     "bubble": "#999999",
     "optimizer_step": "#009E73",
 }
@@ -607,6 +609,8 @@ def plot_breakdown(
         "ep_exposed": "EP comm (exposed)",
         "cp_exposed": "CP comm (exposed)",
         "bubble": "pipeline bubble",
+        "framework": "framework",
+        "interference": "comm interference",
         "optimizer": "optimizer",
     }
     for key in BREAKDOWN_KEYS:

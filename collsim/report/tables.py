@@ -43,6 +43,8 @@ BREAKDOWN_LABELS: dict[str, str] = {
     "ep_exposed": "exposed EP comm",
     "cp_exposed": "exposed CP comm",
     "bubble": "pipeline bubble",
+    "framework": "framework",
+    "interference": "comm interference",
     "optimizer": "optimizer",
 }
 

@@ -23,8 +23,8 @@ collective costs (:mod:`collsim.estimate`). On an uncontended network they agree
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 from collsim.parallel.config import Dtype, ParallelConfig, TrainingConfig
 from collsim.parallel.plan import Plan, build_plan
@@ -76,6 +76,37 @@ class StepSchedule:
     head: BlockTimes
     compute: ComputeModel
     layers: dict[int, BlockTimes] | None = None
+    framework_step_s: dict[int, float] = field(default_factory=dict)
+    """Per pipeline stage: framework work once per step before the optimizer (gradient-norm
+    pass, host time)."""
+    interference: bool = False
+    """Collectives overlap compute in this plan (ZeRO-3, or overlapped DDP buckets), so the
+    compute they overlap runs slower (:meth:`interference_s`)."""
+    memory_bound_share: float = 0.0
+    """Share of a layer's compute time in memory-bound kernels (for the HBM part of the
+    interference)."""
+
+    def interference_s(self, *, dp_link_s: float, busbw_bps: float, compute_s: float) -> float:
+        """Seconds the compute of one rank loses to the data-parallel collectives it overlaps.
+
+        First order (``collsim.workload.interference``): while a collective runs, the compute
+        beside it runs ``factor`` times slower (NCCL's SMs and HBM traffic,
+        :func:`~collsim.workload.interference.overlap_slowdown` at the collectives' bus
+        bandwidth); the overlap window is at most the shorter of the rank's data-parallel
+        link time and its compute time; so the step grows by ``window x (1 - 1/factor)``.
+        Both fidelities add it before the optimizer, from their own call tallies.
+        """
+        if not self.interference or dp_link_s <= 0 or compute_s <= 0:
+            return 0.0
+        from collsim.workload.interference import overlap_slowdown
+
+        factor = overlap_slowdown(
+            self.plan.topology.device,
+            busbw_bps=busbw_bps,
+            memory_bound_share=self.memory_bound_share,
+        )
+        return min(dp_link_s, compute_s) * (1.0 - 1.0 / factor)
+
     """Block times of each layer kind, by its representative layer index."""
 
     @property
@@ -129,7 +160,15 @@ def _blocks(
     from collsim.workload.compute import ComputeModel
 
     op_over = {k: v for k, v in overrides.items() if k not in BLOCK_OVERRIDE_KEYS}
-    model = ComputeModel(device, str(plan.training.dtype), overrides=op_over)
+    tr = plan.training
+    model = ComputeModel(
+        device,
+        str(tr.dtype),
+        overrides=op_over,
+        attention_kernel=tr.attention_kernel,
+        execution=str(tr.execution),
+        fused_kernels=bool(tr.fused_kernels),
+    )
     mb, tp, sp = plan.training.micro_batch, plan.tp, plan.parallel.sequence_parallel
     spec = plan.spec
     variant = spec.is_moe or spec.is_mla or spec.sliding_window is not None or plan.cp > 1
@@ -198,6 +237,19 @@ def _blocks(
     return layers, emb, head, model
 
 
+def _paced(block: BlockTimes, factor: float) -> BlockTimes:
+    """A block's compute seconds times ``factor`` (activations unchanged)."""
+    return replace(
+        block,
+        forward_s=block.forward_s * factor,
+        backward_s=block.backward_s * factor,
+        recompute_s=block.recompute_s * factor,
+        column_dgrad_s=tuple(d * factor for d in block.column_dgrad_s),
+        attention_s=(block.attention_s[0] * factor, block.attention_s[1] * factor),
+        experts_s=(block.experts_s[0] * factor, block.experts_s[1] * factor),
+    )
+
+
 def _optimizer_s(
     plan: Plan,
     stage: StageModel,
@@ -225,7 +277,59 @@ def _optimizer_s(
 
             cpu.append(ComputeModel(get_device("cpu"), "fp32"))
         return cpu[0].optimizer_time_s(local, optimizer)
-    return model.optimizer_time_s(local, optimizer)
+    return model.optimizer_time_s(local, optimizer, str(plan.training.optimizer_implementation))
+
+
+def _framework(
+    plan: Plan, stages: dict[int, StageModel], model: ComputeModel, rules: DataParallelRules
+) -> dict[int, float]:
+    """Put the training stack's own work into the schedule (``collsim.workload.framework``):
+    FSDP / ZeRO-3 copy-in (and FSDP2 copy-out) of every gathered unit in the segment that
+    gathers it, the gradient cast and copy-out of every reduced unit in its backward segment
+    (``Segment.framework_s``); returns per stage the per-step part (the gradient-norm pass of
+    the clipping, the host time of a step), run before the optimizer."""
+    tr, par = plan.training, plan.parallel
+    cache: dict[tuple[float, float], Any] = {}
+
+    def costs(unit: float, local: float) -> Any:
+        key = (unit, local)
+        hit = cache.get(key)
+        if hit is None:
+            hit = cache[key] = model.framework_costs(
+                unit_params=unit,
+                local_params=local,
+                dp=max(1, plan.dp),
+                zero=par.zero,
+                fsdp_version=int(tr.fsdp_version or 1),
+                grad_reduce_dtype=str(tr.grad_reduce_dtype or "bf16"),
+                grad_clip=bool(tr.grad_clip),
+                optimizer=str(tr.optimizer),
+                optimizer_implementation=str(tr.optimizer_implementation),
+            )
+        return hit
+
+    per_step: dict[int, float] = {}
+    for s, stage in stages.items():
+        local = stage.numel / (plan.dp if par.zero >= 1 else 1)
+        whole = costs(0.0, local)
+        per_step[s] = whole.grad_clip_s + whole.host_step_s
+        if par.zero != 3 or plan.dp < 2:
+            continue
+        for chunk in stage.chunks:
+            for seg in chunk.forward + chunk.backward:
+                forward = seg in chunk.forward
+                ukey = rules.unit_key(chunk, seg)
+                if ukey == "root" and seg.key != "embedding":
+                    continue  # the root unit is gathered and reduced once, at the embedding
+                fw = costs(rules.unit_numel(chunk, ukey), local)
+                gather = fw.fsdp_copy_in_s + fw.fsdp_copy_out_s
+                if forward:
+                    seg.framework_s += gather
+                else:
+                    if rules.reshard_after_forward and ukey != "root":
+                        seg.framework_s += gather
+                    seg.framework_s += fw.fsdp_grad_cast_s + fw.fsdp_grad_copy_out_s
+    return per_step
 
 
 def _imbalanced(spec: TransformerSpec, comms: list[LayerComm]) -> list[LayerComm]:
@@ -265,6 +369,13 @@ def build_schedule(
         plan = build_plan(topology, spec, training, parallel)
     overrides = dict(op_time_overrides or {})
     layers, emb, head, model = _blocks(plan, topology.device, overrides)
+    if not overrides:
+        # the slowest GPU of a synchronous step sets its pace (compute.md 1a: 5 % MAMF spread)
+        from collsim.workload.kernels import slowest_gpu_factor
+
+        pace = slowest_gpu_factor(plan.num_gpus)
+        layers = {r: _paced(b, pace) for r, b in layers.items()}
+        emb, head = _paced(emb, pace), _paced(head, pace)
     per = bytes_per(training)
     if len(layers) == 1:
         layer = next(iter(layers.values()))
@@ -312,9 +423,28 @@ def build_schedule(
     }
     cpu: list[ComputeModel] = []
     rules = DataParallelRules.from_plan(plan, per, host_bps=float(topology.host_bandwidth_bps))
+    if (
+        par_zero3(parallel)
+        and parallel.fsdp.reduce_dtype is None
+        and str(training.grad_reduce_dtype) == "fp32"
+    ):
+        # FSDP's default mixed precision reduces gradients in fp32 (twice the bytes)
+        rules = replace(rules, reduce_element_bytes=4.0)
     optimizer_s = {
         s: _optimizer_s(plan, st, model, overrides, cpu, rules) for s, st in stages.items()
     }
+    framework_step_s = (
+        {s: 0.0 for s in stages} if overrides else _framework(plan, stages, model, rules)
+    )
+    lt0 = model.layer_times(
+        spec,
+        micro_batch=training.micro_batch,
+        tp=plan.tp,
+        sequence_parallel=parallel.sequence_parallel,
+        recompute=str(training.recompute),
+    )
+    block = lt0.forward_s + lt0.backward_s + lt0.recompute_s
+    memory_bound_share = min(1.0, lt0.memory_bound_s / block) if block > 0 else 0.0
     # a CP rank sends its s / cp tokens
     p2p = training.micro_batch * spec.seq_len * spec.hidden * per.activation / plan.tp / plan.cp
     return StepSchedule(
@@ -329,4 +459,11 @@ def build_schedule(
         head=head,
         compute=model,
         layers=layers,
+        framework_step_s=framework_step_s,
+        interference=not overrides and plan.dp > 1 and (parallel.zero == 3 or parallel.ddp.overlap),
+        memory_bound_share=memory_bound_share,
     )
+
+
+def par_zero3(parallel: ParallelConfig) -> bool:
+    return parallel.zero == 3

@@ -94,6 +94,9 @@ class Segment:
     """Activations kept from this segment's forward until its backward, per micro-batch."""
     transient_bytes: float = 0.0
     """Activations rebuilt during this segment's backward (recompute), freed at its end."""
+    framework_s: float = 0.0
+    """Framework work on the compute stream in this segment (FSDP copy-in / copy-out of the
+    gathered unit, gradient cast and copy-out of its reduced shard), accounted apart."""
 
     @property
     def compute_s(self) -> float:

@@ -20,10 +20,16 @@ BREAKDOWN_KEYS = (
     "ep_exposed",
     "cp_exposed",
     "bubble",
+    "framework",
+    "interference",
     "optimizer",
 )
-"""ep_exposed: expert-parallel (and expert tensor-parallel) collectives the compute stream
-waits for; cp_exposed: context-parallel KV exchange beyond the attention it overlaps."""
+"""framework: work of the training stack beside the model's kernels (FSDP copy-in and
+copy-out, gradient casts, the gradient-norm pass, host time per step; see
+:mod:`collsim.workload.framework`); interference: compute slowed while collectives share the
+GPU (:mod:`collsim.workload.interference`); ep_exposed: expert-parallel (and expert
+tensor-parallel) collectives the compute stream waits for; cp_exposed: context-parallel KV
+exchange beyond the attention it overlaps."""
 
 #: Categories of memory per GPU, in bytes, at the moment of the peak.
 MEMORY_KEYS = ("parameters", "gradients", "optimizer", "activations", "buffers")

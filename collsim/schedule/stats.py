@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-__all__ = ["CallKey", "CallStats", "CallTally"]
+__all__ = ["CallKey", "CallStats", "CallTally", "dp_link"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,3 +56,14 @@ class CallStats:
 
     def __len__(self) -> int:
         return len(self._tallies)
+
+
+def dp_link(items: Iterator[tuple[CallKey, CallTally]], rank: int) -> tuple[float, float]:
+    """(link seconds, highest busbw) of ``rank``'s data-parallel calls (every dp-family axis:
+    dp, dp x cp, the expert and the HSDP shard / replicate groups)."""
+    link = busbw = 0.0
+    for key, tally in items:
+        if key.rank == rank and str(key.axis).startswith(("dp", "edp")):
+            link += tally.time_s
+            busbw = max(busbw, tally.busbw_bps)
+    return link, busbw

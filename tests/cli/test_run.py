@@ -69,6 +69,8 @@ def make_result(*, fits: bool = True, peak_bytes: float = 40 * GiB) -> StepResul
         ep_exposed=0.0,
         cp_exposed=0.0,
         bubble=0.1,
+        framework=0.0,
+        interference=0.0,
         optimizer=0.05,
     )  # sums to 2.0 s
     memory = dict(

@@ -65,7 +65,11 @@ def _critical_path_s(schedule, factors: dict[int, float]) -> float:
         assert progressed, "the schedule's op order deadlocks"
     if p > 1 and schedule.plan.spec.tied_embeddings:
         free[0] = free[p - 1] = max(free[0], free[p - 1])
-    return max(free[s] + schedule.optimizer_s[s] / factors.get(s, 1.0) for s in range(p))
+    return max(
+        free[s]
+        + (schedule.framework_step_s.get(s, 0.0) + schedule.optimizer_s[s]) / factors.get(s, 1.0)
+        for s in range(p)
+    )
 
 
 # -- must show 4: a 0.9x GPU in a 3D job ------------------------------------------------------

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from pathlib import Path
 
@@ -149,9 +150,22 @@ def test_sequence_parallel_backward_regathers_and_hides_behind_dgrad(small_spec)
 
     model = ComputeModel(topo.device, "bf16")
     kw = dict(micro_batch=1, tp=tp, sequence_parallel=True)
-    lt = model.layer_times(small_spec, **kw)
-    et = model.embedding_times(small_spec, **kw)
-    ht = model.head_times(small_spec, **kw)
+    # the slowest of the 8 GPUs sets the pace of every compute step (compute.md 1a)
+    from collsim.workload.kernels import slowest_gpu_factor
+
+    pace = slowest_gpu_factor(tp)
+
+    def paced(times):
+        return dataclasses.replace(
+            times,
+            forward_s=times.forward_s * pace,
+            backward_s=times.backward_s * pace,
+            ops=tuple(dataclasses.replace(o, time_s=o.time_s * pace) for o in times.ops),
+        )
+
+    lt = paced(model.layer_times(small_spec, **kw))
+    et = paced(model.embedding_times(small_spec, **kw))
+    ht = paced(model.head_times(small_spec, **kw))
 
     def dgrad(times, name: str) -> float:
         return next(o.time_s for o in times.ops if o.name == name and o.phase == "backward") / 2

@@ -129,6 +129,8 @@ def make_result(
             "ep_exposed": 0.0,
             "cp_exposed": 0.0,
             "bubble": 0.1 * step,
+            "framework": 0.0,
+            "interference": 0.0,
             "optimizer": 0.05 * step,
         },
         memory_peak_bytes=peak,

@@ -169,7 +169,7 @@ def test_breakdown_plot(result_factory, tmp_path: Path) -> None:
     containers = [c for c in ax.containers if isinstance(c, BarContainer)]
     from collsim.schedule.result import BREAKDOWN_KEYS
 
-    assert len(containers) == len(BREAKDOWN_KEYS) == 8  # one bar per part of the step
+    assert len(containers) == len(BREAKDOWN_KEYS) == 10  # one bar per part of the step
     assert all(len(c.patches) == 2 for c in containers)
     last = containers[-1].patches
     assert [p.get_x() + p.get_width() for p in last] == pytest.approx([200.0, 300.0])
