@@ -244,9 +244,11 @@ def memory_verdict(result: StepResult) -> str:
     """``fits: 35.20 GiB of 74.51 GiB`` or ``does not fit: 104.31 GiB needed of 74.51 GiB``."""
     needed = format_gib(result.memory_peak_bytes)
     capacity = format_gib(result.memory_capacity_bytes)
+    reserve = float(result.details.get("memory_reserve_bytes", 0.0))
+    usable = f" usable ({format_gib(reserve)} GiB reserved)" if reserve > 0 else ""
     if result.fits:
-        return f"fits: {needed} GiB of {capacity} GiB"
-    return f"does not fit: {needed} GiB needed of {capacity} GiB"
+        return f"fits: {needed} GiB of {capacity} GiB{usable}"
+    return f"does not fit: {needed} GiB needed of {capacity} GiB{usable}"
 
 
 def format_run_report(

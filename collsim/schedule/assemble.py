@@ -110,7 +110,10 @@ def assemble(
     peaks = {rank: prog.ledger.peak() for rank, prog in programs.items()}
     top_rank = max(peaks, key=lambda r: (peaks[r].total_bytes, -r))
     top = peaks[top_rank]
-    capacity = float(plan.topology.device.memory_bytes)
+    # what PyTorch reports minus the CUDA context, NCCL buffers and fragmentation
+    device = plan.topology.device
+    capacity = float(getattr(device, "usable_memory_bytes", device.memory_bytes))
+    reserve = float(getattr(device, "memory_reserve_bytes", 0.0))
     warnings_out = list(plan.warnings)
     fits = top.total_bytes <= capacity
     if not fits:
@@ -118,6 +121,8 @@ def assemble(
             f"does not fit: {top.total_bytes / GiB:.1f} GiB needed of {capacity / GiB:.1f} GiB"
         )
     details: dict[str, Any] = {
+        "memory_reserve_bytes": reserve,
+        "memory_datasheet_bytes": float(device.memory_bytes),
         "num_microbatches": plan.num_microbatches,
         "critical_rank": critical.rank,
         "peak_memory_rank": top_rank,
