@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from collsim.errors import ConfigError
+from collsim.errors import ConfigError, ConfigErrors
 from collsim.parallel.config import DDPConfig, FSDPConfig, ParallelConfig, TrainingConfig
 from collsim.yamlio import ConfigReader, YamlDoc, load_yaml, positive
 
@@ -210,6 +210,8 @@ def _split(key_path: str | None) -> KeyPath:
 
 
 def _locate(error: ConfigError, doc: YamlDoc, overrides: Sequence[_Override]) -> ConfigError:
+    if isinstance(error, ConfigErrors):
+        return ConfigErrors([_locate(e, doc, overrides) for e in error.errors])
     path = _split(error.key_path)
     # The last override that set the key (or a section above it) wins. An error about a
     # section the file does not have belongs to the override that created the section.
@@ -217,14 +219,11 @@ def _locate(error: ConfigError, doc: YamlDoc, overrides: Sequence[_Override]) ->
         n = len(override.path)
         created = bool(path) and override.path[: len(path)] == path and path not in doc.lines
         if path[:n] == override.path or created:
-            return ConfigError(
-                error.message, key_path=error.key_path, file=f"--set {override.text}"
-            )
+            return error.at(key_path=error.key_path, file=f"--set {override.text}", line=None)
     if error.file is not None and error.file != doc.file:
         return error
     line = doc.line_of(path) if path else None
-    return ConfigError(
-        error.message,
+    return error.at(
         key_path=error.key_path,
         file=doc.file,
         line=error.line if error.line is not None else line,

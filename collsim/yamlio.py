@@ -14,6 +14,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -206,7 +207,11 @@ class ConfigReader:
         default: Any = REQUIRED,
         check: Check | None = None,
     ) -> Any:
-        """Read ``key`` as ``kind`` (int accepted where float is asked), apply ``check``."""
+        """Read ``key`` as ``kind`` (int accepted where float is asked), apply ``check``.
+
+        A float must be finite: YAML's ``.nan``, ``.inf`` and ``-.inf`` are refused for every
+        numeric key, before ``check`` (a NaN passes every comparison-based range check).
+        """
         self._seen.add(key)
         if key not in self.data or self.data[key] is None and default is not REQUIRED:
             if default is REQUIRED:
@@ -220,6 +225,8 @@ class ConfigReader:
             raise self.error(f"must be {_kinds_name(kinds)}, got {value!r}", key)
         if not isinstance(value, kinds):
             raise self.error(f"must be {_kinds_name(kinds)}, got {value!r}", key)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise self.error(f"must be a finite number, got {value!r}", key)
         if check is not None:
             problem = check(value)
             if problem:

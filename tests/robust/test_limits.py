@@ -1,0 +1,163 @@
+"""Resource bounds decided from the plan before any topology is built or any event runs.
+
+The inputs are the ones that took the machine down before: each must now stop at once with one
+line that names the --max-* option raising the limit, exit 2.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from collsim.cli import cli
+from collsim.errors import ConfigError, LimitError
+from collsim.limits import Limits, check_scenario, estimate_needs
+from collsim.scenario import load_scenario
+
+REPO = Path(__file__).resolve().parents[2]
+DDP = REPO / "scenarios" / "ddp_gpt3_1.3b.yaml"
+BIG = REPO / "scenarios" / "3d_175b.yaml"
+
+
+def run(*args: str) -> tuple[int, str, float]:
+    started = time.perf_counter()
+    res = CliRunner().invoke(cli, ["run", *args])
+    return res.exit_code, res.stderr, time.perf_counter() - started
+
+
+@pytest.mark.parametrize(
+    "overrides, option",
+    [
+        (["training.global_batch=640000000000", "training.micro_batch=4"], "--max-microbatches"),
+        (["model.layers=10000000"], "--max-layers"),
+        (["cluster.nodes=125000000"], "--max-gpus"),
+    ],
+    ids=["global-batch-640e9", "layers-1e7", "nodes-125e6"],
+)
+def test_runaway_plans_stop_at_once(overrides: list[str], option: str) -> None:
+    args = [str(DDP)]
+    for text in overrides:
+        args += ["--set", text]
+    code, err, elapsed_s = run(*args)
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("error: --set ")
+    assert option in err
+    assert elapsed_s < 5.0
+
+
+def test_the_issue_files_as_written(tmp_path: Path) -> None:
+    """The same three inputs as scenario files (not --set), located at their lines."""
+    text = DDP.read_text()
+    cases = {
+        "batch.yaml": text.replace("global_batch: 128", "global_batch: 640000000000").replace(
+            "micro_batch: 2", "micro_batch: 4"
+        ),
+        "layers.yaml": text.replace(
+            "model: {preset: gpt3-1.3b}", "model: {preset: gpt3-1.3b, layers: 10000000}"
+        ),
+        "nodes.yaml": text.replace("nodes: 1}", "nodes: 125000000}"),
+    }
+    for name, body in cases.items():
+        path = tmp_path / name
+        path.write_text(body)
+        code, err, _ = run(str(path))
+        assert code == 2, (name, err)
+        assert err.startswith(f"error: {path}:") and "--max-" in err, err
+
+
+def test_a_limit_option_raises_the_limit() -> None:
+    code, err, _ = run(str(DDP), "--set", "model.layers=240", "--max-layers", "100")
+    assert code == 2 and "--max-layers" in err
+    code, err, _ = run(str(DDP), "--set", "model.layers=240", "--max-layers", "1000")
+    assert code == 1 and err.startswith("does not fit"), err  # simulated: it is too big
+
+
+def test_65536_gpu_plan_fails_its_batch_check_before_the_topology(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import collsim.topology
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the topology was built")
+
+    monkeypatch.setattr(collsim.topology, "load_topology", refuse)
+    monkeypatch.setattr(collsim.topology.Topology, "__init__", refuse)
+    code, err, elapsed_s = run(
+        str(BIG),
+        "--set",
+        "cluster.nodes=8192",
+        "--set",
+        "parallel.dp=1024",
+        "--set",
+        "training.global_batch=98305",
+    )
+    assert code == 2, err
+    assert "must be divisible by micro_batch x dp" in err and err.count("\n") == 1
+    assert elapsed_s < 2.0
+
+
+def test_defaults_admit_what_collsim_runs() -> None:
+    # 65,536 GPUs with the 3d_175b plan (issue 10's benchmark) and a million-token sequence
+    big = load_scenario(
+        BIG, ["cluster.nodes=8192", "parallel.dp=1024", "training.global_batch=98304"]
+    )
+    needs = check_scenario(big)
+    assert needs.gpus == 65_536 and needs.microbatches == 96
+    long = load_scenario(DDP, ["model.seq_len=1048576"])
+    check_scenario(long)
+    for path in sorted((REPO / "scenarios").rglob("*.yaml")):
+        check_scenario(load_scenario(path))
+
+
+def test_event_estimate_bounds_the_engine() -> None:
+    """The estimate is an upper bound of the SimPy events the engine schedules."""
+    from collsim.engine.step import prepare_step
+
+    for path, overrides in [
+        (DDP, []),
+        (DDP, ["training.global_batch=12800"]),
+        (DDP, ["model.layers=240"]),
+        (BIG, []),
+    ]:
+        sc = load_scenario(path, overrides)
+        needs = check_scenario(sc)
+        engine = prepare_step(sc.cluster.load(), sc.model, sc.training, sc.parallel)
+        engine.run()
+        events = next(engine.env._eid)
+        assert events <= needs.events, (path, overrides, events, needs.events)
+
+
+def test_limits_reject_bad_values() -> None:
+    with pytest.raises(ConfigError, match="--max-events"):
+        Limits(max_events=0)
+    with pytest.raises(ConfigError, match="--max-memory-gib"):
+        Limits(max_memory_gib=float("nan"))
+    sc = load_scenario(DDP)
+    with pytest.raises(LimitError, match="--max-memory-gib"):
+        check_scenario(sc, Limits(max_memory_gib=0.01))
+    with pytest.raises(LimitError, match="--max-events"):
+        check_scenario(sc, Limits(max_events=10))
+    assert estimate_needs(gpus=8, layers=24, microbatches=8, tp=1, pp=1, dp=8).events == 400
+
+
+@pytest.mark.parametrize(
+    "text",
+    [".nan", ".inf", "-.inf", ".NaN"],
+)
+def test_numeric_fields_reject_nan_and_infinity(text: str) -> None:
+    code, err, _ = run(str(DDP), "--set", f"parallel.ddp.bucket_mb={text}")
+    assert code == 2 and "must be a finite number" in err and err.count("\n") == 1
+
+
+def test_topology_numbers_reject_nan(tmp_path: Path) -> None:
+    from collsim.topology import load_topology
+
+    src = (REPO / "topologies" / "dgx_h100.yaml").read_text()
+    assert "bandwidth_gbps:" in src
+    bad = tmp_path / "t.yaml"
+    bad.write_text(src.replace("bandwidth_gbps: ", "bandwidth_gbps: .nan #", 1))
+    with pytest.raises(ConfigError, match="must be a finite number"):
+        load_topology(bad)
