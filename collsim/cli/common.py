@@ -8,7 +8,6 @@ error (click then prints the message alone) while keeping click's exit code 2.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -78,8 +77,9 @@ def check_output_path(
 ) -> None:
     """Fail before any work if ``path`` cannot be written as a file.
 
-    The rules: its folder exists (no command creates folders the user did not ask for) and is
-    writable; the path itself is not a folder, and if it exists it is a writable file; its
+    The rules: its folder exists (no command creates folders the user did not ask for) and a
+    file can be made in it; the path itself is not a folder, and if it exists it can be
+    opened for writing; its
     suffix is one of ``suffixes`` when given (``.json.gz`` counts as ``.gz``). Used by every
     command that writes a file (``run --json/--trace/--plot``, ``sweep -o``, ``search -o``,
     ``plot -o``, ``validate bench -o``, ``calibrate -o``, ``compare -o``).
@@ -99,11 +99,23 @@ def check_output_path(
         raise ConfigError(f"folder {str(parent)!r} does not exist", key_path=key_path)
     if target.is_dir():
         raise ConfigError(f"{str(target)!r} is a folder, not a file", key_path=key_path)
-    if target.exists():
-        if not os.access(target, os.W_OK):
-            raise ConfigError(f"{str(target)!r} is not writable", key_path=key_path)
-    elif not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"folder {str(parent)!r} is not writable", key_path=key_path)
+    # Permission bits do not tell (root may write anywhere, /proc refuses everyone): try it.
+    # An existing file is opened for appending (not truncated); otherwise a scratch file is
+    # made in the folder and removed.
+    try:
+        if target.exists():
+            with target.open("a"):
+                pass
+        else:
+            import tempfile
+
+            with tempfile.NamedTemporaryFile(dir=parent, prefix=".collsim-probe-"):
+                pass
+    except OSError as exc:
+        where = str(target) if target.exists() else f"folder {str(parent)!r}"
+        raise ConfigError(
+            f"cannot write to {where}: {exc.strerror or exc}", key_path=key_path
+        ) from None
 
 
 def limit_options(fn: Callable[..., Any]) -> Callable[..., Any]:
