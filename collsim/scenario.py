@@ -245,7 +245,9 @@ def load_scenario(path: str | Path, overrides: Sequence[str] = ()) -> Scenario:
 
     Raises:
         ConfigError: a missing file, a YAML syntax error, an unknown key, a wrong type or a bad
-            value, located as ``file:line: key.path: message`` (or ``--set key=value: ...``).
+            value, located as ``file:line: key.path: message`` (or ``--set key=value: ...``);
+            :class:`~collsim.errors.ConfigErrors` with every such error of the file when there
+            is more than one (:func:`collsim.schema.check`).
     """
     doc = load_yaml(path)
     return scenario_from_doc(doc, overrides, source=Path(path))
@@ -260,6 +262,9 @@ def scenario_from_doc(
         raise ConfigError("a scenario must be a mapping of sections", file=doc.file, line=1)
     data = apply_overrides(doc.data, parsed)
     view = YamlDoc(data=data, file=doc.file, lines=doc.lines)
+    from collsim.schema import SCENARIO, check, raise_errors
+
+    raise_errors([_locate(e, view, parsed) for e in check(view, SCENARIO)])  # all at once
     try:
         return _read(view, parsed, source)
     except ConfigError as exc:

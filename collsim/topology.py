@@ -474,7 +474,14 @@ def load_topology(
 def parse_topology(
     doc: YamlDoc, *, nodes: int | None = None, gpus_per_node: int | None = None
 ) -> Topology:
-    """Build a Topology from a parsed document (see the module docstring for the schema)."""
+    """Build a Topology from a parsed document (see the module docstring for the schema).
+
+    Every schema error of the file is reported at once (:func:`collsim.schema.check`), before
+    the rules between keys are checked.
+    """
+    from collsim.schema import TOPOLOGY, check, raise_errors
+
+    raise_errors(check(doc, TOPOLOGY))
     root = ConfigReader(doc.data, doc=doc)
     name = root.get("name", str)
     root.get("description", str, default="")

@@ -32,6 +32,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sweep": ("collsim.cli.sweep:sweep", "Sweep GPU count or scenario keys."),
     "search": ("collsim.cli.search:search", "Search feasible parallel plans."),
     "plot": ("collsim.cli.plot:plot", "Draw scaling, memory, pipeline and collective plots."),
+    "schema": (
+        "collsim.cli.schema:schema",
+        "Print the JSON Schema of scenario or topology files.",
+    ),
     "validate": (
         "collsim.cli.validate:validate",
         "Measure collectives and steps with torch.distributed and compare.",
