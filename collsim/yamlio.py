@@ -85,7 +85,12 @@ def _construct(
 
 def parse_yaml_text(text: str, file: str = "<string>") -> YamlDoc:
     """Parse YAML text, keeping key lines. Syntax errors become ConfigError with the line."""
-    loader = _LineLoader(text)
+    try:
+        loader = _LineLoader(text)
+    except yaml.reader.ReaderError as exc:  # a control character, not text YAML can hold
+        raise ConfigError(
+            f"not YAML text: character {exc.character!r} at offset {exc.position}", file=file
+        ) from None
     try:
         node = loader.get_single_node()
         lines: dict[KeyPath, int] = {}

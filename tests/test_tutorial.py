@@ -9,7 +9,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from test_docs import read_blocks
 
 REPO = Path(__file__).resolve().parents[1]
