@@ -125,18 +125,26 @@ def estimate_needs(
 
 
 def check_ranks(
-    gpus: int, limits: Limits | None = None, *, key_path: str = "cluster.nodes"
+    gpus: int,
+    limits: Limits | None = None,
+    *,
+    key_path: str = "cluster.nodes",
+    option: str | None = "--max-gpus",
 ) -> None:
     """Refuse a cluster of more than ``limits.max_gpus`` ranks before it is built.
 
+    Args:
+        option: the option of the command that raises the limit (None: it has none).
+
     Raises:
-        LimitError: too many ranks; the message names ``--max-gpus``.
+        LimitError: too many ranks; the message names ``option``.
     """
     lim = limits or Limits()
     if gpus > lim.max_gpus:
+        how = f", or raise the limit with {option}" if option else ""
         raise LimitError(
             f"the cluster has {gpus:,} GPUs, more than the limit of {lim.max_gpus:,}; use "
-            f"fewer nodes, or raise the limit with --max-gpus",
+            f"fewer nodes{how}",
             key_path=key_path,
         )
 
@@ -159,7 +167,7 @@ def check_scenario(
         LimitError: a figure beyond its limit; the message says which option raises it.
     """
     lim = limits or Limits()
-    par, train, spec = scenario.parallel, scenario.training, scenario.model
+    par = scenario.parallel
     shape = _cluster_shape(scenario)
     gpus = shape[0] * shape[1] if shape is not None else None
     if gpus is not None:
@@ -167,6 +175,31 @@ def check_scenario(
             check_ranks(gpus, lim)
         except LimitError as exc:
             raise scenario.locate(exc) from None
+    if shape is not None and par.world_size != shape[0] * shape[1]:
+        raise scenario.locate(
+            ConfigError(
+                f"tp x pp x dp = {par.tp} x {par.pp} x {par.dp} = {par.world_size} must equal "
+                f"the GPUs of the cluster (cluster.nodes x gpus per node = {shape[0]} x "
+                f"{shape[1]} = {shape[0] * shape[1]})",
+                key_path="parallel",
+            )
+        )
+    return check_plan(scenario, lim, gpus=gpus, all_ranks=all_ranks)
+
+
+def check_plan(
+    scenario: Scenario, limits: Limits | None = None, *, gpus: int | None, all_ranks: bool = False
+) -> Needs:
+    """The plan's own figures against ``limits``: layers, micro-batches, events and memory
+    (``gpus``: the cluster's ranks, None for tp x pp x dp). Used as is where the cluster is
+    already built (each point of a sweep).
+
+    Raises:
+        ConfigError: the batch does not split into micro-batches.
+        LimitError: a figure beyond its limit; the message says which option raises it.
+    """
+    lim = limits or Limits()
+    par, train, spec = scenario.parallel, scenario.training, scenario.model
     if spec.num_layers > lim.max_layers:
         raise scenario.locate(
             LimitError(
@@ -182,15 +215,6 @@ def check_scenario(
                 f"global batch ({train.global_batch}) must be divisible by micro_batch x dp = "
                 f"{train.micro_batch} x {par.dp}",
                 key_path="training.global_batch",
-            )
-        )
-    if shape is not None and par.world_size != shape[0] * shape[1]:
-        raise scenario.locate(
-            ConfigError(
-                f"tp x pp x dp = {par.tp} x {par.pp} x {par.dp} = {par.world_size} must equal "
-                f"the GPUs of the cluster (cluster.nodes x gpus per node = {shape[0]} x "
-                f"{shape[1]} = {shape[0] * shape[1]})",
-                key_path="parallel",
             )
         )
     m = train.global_batch // per_replica

@@ -102,6 +102,11 @@ def build_group(topology_spec: str, gpus: int | None, nodes: int | None) -> Any:
             f"{per_node} GPUs per node asked, a {probe.name} node has {per_node_max}",
             param_hint="--gpus",
         )
+    from collsim.limits import check_ranks
+
+    check_ranks(
+        num_nodes * per_node_max, key_path="--nodes/--gpus", option=None
+    )  # before building it
     topo = load_topology(topology_spec, nodes=num_nodes, gpus_per_node=per_node_max)
     ranks = tuple(
         node * per_node_max + local for node in range(num_nodes) for local in range(per_node)

@@ -366,6 +366,9 @@ def _closed_form(
                 f"must be one of {', '.join(a.value for a in Algorithm)}; got {name!r}",
                 key_path="--algorithms",
             ) from None
+    from collsim.limits import check_ranks
+
+    check_ranks(gpus, key_path="--gpus", option=None)
     try:
         topo = cluster_for(topology, gpus, None)
     except InfeasibleError as exc:

@@ -143,7 +143,7 @@ def search(
     if gpus is not None:
         from collsim.limits import check_ranks
 
-        check_ranks(gpus, key_path="--gpus")
+        check_ranks(gpus, key_path="--gpus", option=None)
     try:
         topology = (
             cluster_for(base.cluster.topology, gpus, None)

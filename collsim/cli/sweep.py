@@ -15,7 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from collsim.cli.common import OneLineCommand, check_frame_path, check_output_path, write_frame
+from collsim.cli.common import (
+    OneLineCommand,
+    check_frame_path,
+    check_output_path,
+    limit_options,
+    limits_from_options,
+    write_frame,
+)
 from collsim.errors import ConfigError, InfeasibleError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -98,6 +105,7 @@ Examples:
     help="What --plot draws.",
 )
 @click.option("--all-ranks", is_flag=True, help="Simulate every rank (slow on big jobs).")
+@limit_options
 def sweep(
     scenario: Path,
     gpus_text: str | None,
@@ -109,6 +117,7 @@ def sweep(
     plot_path: Path | None,
     plot_kind: str,
     all_ranks: bool,
+    limit_values: dict[str, Any],
 ) -> None:
     """Simulate SCENARIO at every GPU count of --gpus and every --set combination."""
     from collsim.sweep import (
@@ -129,11 +138,22 @@ def sweep(
         )
     check_frame_path(output, "--output")
     check_output_path(plot_path, "--plot")
+    limits = limits_from_options(limit_values)
+    from collsim.limits import check_ranks
+
+    for count in gpus or ():
+        check_ranks(count, limits, key_path="--gpus")
     check_overrides(scenario, sets, gpus=gpus, grow=grow, plans=plans)
     points = build_points(gpus=gpus, sets=sets, plans=plans)
     with progress_reporter(len(points), "sweep") as tick:
         outcomes = run_sweep(
-            scenario, points, grow=grow, strong=strong, all_ranks=all_ranks, progress=tick
+            scenario,
+            points,
+            grow=grow,
+            strong=strong,
+            all_ranks=all_ranks,
+            progress=tick,
+            simulate=_bounded(limits),
         )
 
     from collsim.sweep import sweep_frame
@@ -160,6 +180,29 @@ def sweep(
         click.echo(f"wrote {plot_path}", err=True)
     if not any(o.feasible for o in outcomes):
         raise InfeasibleError("no point of the sweep can run", reason="sweep", prefix="")
+
+
+def _bounded(limits: Any) -> Callable[..., Any]:
+    """The engine behind a resource check: a point beyond a limit is infeasible (its reason
+    is the limit's message) instead of running for hours (:func:`collsim.limits.check_plan`)."""
+
+    def simulate(
+        topology: Any, scenario: Any, *, trace: bool = False, all_ranks: bool = False
+    ) -> Any:
+        from collsim.engine import simulate_step
+        from collsim.limits import check_plan
+
+        check_plan(scenario, limits, gpus=topology.num_ranks, all_ranks=all_ranks)
+        return simulate_step(
+            topology,
+            scenario.model,
+            scenario.training,
+            scenario.parallel,
+            all_ranks=all_ranks,
+            trace=trace,
+        )
+
+    return simulate
 
 
 def _with_plan_labels(frame: pd.DataFrame, name: str) -> pd.DataFrame:

@@ -161,3 +161,36 @@ def test_topology_numbers_reject_nan(tmp_path: Path) -> None:
     bad.write_text(src.replace("bandwidth_gbps: ", "bandwidth_gbps: .nan #", 1))
     with pytest.raises(ConfigError, match="must be a finite number"):
         load_topology(bad)
+
+
+def test_collective_and_search_refuse_huge_clusters_before_building_them() -> None:
+    for args in (
+        ["collective", "-t", "dgx_h100", "--nodes", "125000000", "-b", "1K", "-e", "1K"],
+        ["search", str(BIG), "--gpus", "10000000"],
+        ["plot", "collectives", "--topology", "dgx_h100", "--gpus", "10000000", "-o", "x.png"],
+    ):
+        started = time.perf_counter()
+        res = CliRunner().invoke(cli, args)
+        assert res.exit_code == 2, (args, res.output)
+        assert "more than the limit of 262,144" in res.stderr and res.stderr.count("\n") == 1
+        assert time.perf_counter() - started < 5.0
+
+
+def test_a_32768_rank_collective_is_admitted() -> None:
+    res = CliRunner().invoke(
+        cli, ["collective", "-t", "dgx_h100", "--nodes", "4096", "-b", "1M", "-e", "1M"]
+    )
+    assert res.exit_code == 0, res.output
+    assert "32768 ranks on dgx_h100" in res.output
+
+
+def test_a_sweep_point_beyond_a_limit_is_infeasible_not_a_hang() -> None:
+    started = time.perf_counter()
+    res = CliRunner().invoke(
+        cli, ["sweep", str(DDP), "--set", "training.global_batch=128,640000000000"]
+    )
+    assert time.perf_counter() - started < 5.0
+    assert res.exit_code == 0, res.output  # the first point runs
+    assert "infeasible points: 1 of 2" in res.stderr and "--max-microbatches" in res.stderr
+    res = CliRunner().invoke(cli, ["sweep", str(DDP), "--gpus", "8,1048576"])
+    assert res.exit_code == 2 and "--max-gpus" in res.stderr
