@@ -191,6 +191,8 @@ def bench(
     )
     if not is_reporter:
         return
+    if config.skip:
+        result.metadata["resumed"] = f"{len(config.skip)} point(s) measured by an earlier run"
     rows = _in_order(earlier + result.rows(), ops)
     click.echo(format_table(rows, result.metadata))
     if output:

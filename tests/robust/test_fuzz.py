@@ -145,6 +145,35 @@ def mutated(draw: st.DrawFn, base: dict[str, Any], paths: list[tuple[str, ...]])
     return text
 
 
+@st.composite
+def plans(draw: st.DrawFn) -> str:
+    """A plausible plan (every key of the right type and sign), most of them runnable: what
+    reaches the engine, where the resource limits must keep time and memory bounded."""
+    doc = json.loads(json.dumps(draw(st.sampled_from([BASE_SCENARIO, BASE_PIPELINE]))))
+    tp = draw(st.sampled_from([1, 2, 4, 8]))
+    pp = draw(st.sampled_from([1, 2, 4, 8]))
+    dp = draw(st.sampled_from([1, 2, 4, 16, 64, 1024, 8192]))
+    micro = draw(st.sampled_from([1, 2, 4]))
+    doc["cluster"]["nodes"] = max(1, tp * pp * dp // 8)
+    doc["parallel"].update(
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        zero=draw(st.integers(0, 3)),
+        schedule=draw(st.sampled_from(["gpipe", "1f1b"])),
+    )
+    per_replica = draw(st.sampled_from([1, 2, 8, 64, 1000, 100_000, 10**9]))
+    doc["training"].update(
+        micro_batch=micro,
+        global_batch=micro * dp * per_replica,
+        recompute=draw(st.sampled_from(["none", "selective", "full"])),
+    )
+    model = doc["model"]
+    model["layers"] = pp * draw(st.sampled_from([1, 2, 12, 100, 5000, 10**6]))
+    model["seq_len"] = draw(st.sampled_from([128, 2048, 32768, 2**20]))
+    return yaml.safe_dump(doc)
+
+
 SET_KEYS = st.one_of(
     st.sampled_from([".".join(p) for p in SCENARIO_PATHS]),
     st.text(alphabet="abcdefghijklmnopqrstuvwxyz._", max_size=20),
@@ -295,9 +324,15 @@ def _settings(n: int, shrink: bool = True) -> Any:
 # -- the default suite: 300 examples ---------------------------------------------------------------
 
 
-@_settings(130)
+@_settings(90)
 @given(text=mutated(BASE_SCENARIO, SCENARIO_PATHS))
 def test_fuzz_scenario_files(folder: Path, text: str) -> None:
+    _scenario(folder)(text)
+
+
+@_settings(40)
+@given(text=plans())
+def test_fuzz_plans(folder: Path, text: str) -> None:
     _scenario(folder)(text)
 
 
@@ -340,6 +375,7 @@ def _only_when_asked(request: pytest.FixtureRequest) -> None:
     case=st.one_of(
         st.tuples(st.just("scenario"), mutated(BASE_SCENARIO, SCENARIO_PATHS)),
         st.tuples(st.just("pipeline"), mutated(BASE_PIPELINE, SCENARIO_PATHS)),
+        st.tuples(st.just("plan"), plans()),
         st.tuples(st.just("topology"), mutated(BASE_TOPOLOGY, TOPOLOGY_PATHS)),
         st.tuples(st.just("set"), st.lists(SET_TEXTS, min_size=1, max_size=3)),
     )
@@ -349,7 +385,7 @@ def test_fuzz_inputs_4000(
 ) -> None:
     _only_when_asked(request)
     kind, value = case
-    if kind in ("scenario", "pipeline"):
+    if kind in ("scenario", "pipeline", "plan"):
         _scenario(folder)(value)
     elif kind == "topology":
         _topology(folder)(value)

@@ -52,7 +52,7 @@ def _doc_blocks(name: str, invalid: bool) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("name", ["scenarios.md", "topologies.md"])
+@pytest.mark.parametrize("name", ["scenarios.md", "topologies.md", "commands.md"])
 def test_schema_rejects_the_malformed_examples_of_the_docs(name: str) -> None:
     schemas = {"scenario": _schema("scenario"), "topology": _schema("topology")}
     bad = _doc_blocks(name, invalid=True)
