@@ -15,7 +15,16 @@ with ``resource.getrusage``; the figures are in docs/commands.md, "Resource limi
     stage classes S   = pp x virtual_stages  (x tp x dp with --all-ranks: every rank)
     layers per stage  = layers / pp
     events           <= S x m x (2 + layers per stage) + 8 x layers
+    work              = events + k x m x layers**2   (k = 0.25 with ZeRO-3/FSDP, else 0.001)
     memory           <= 64 MiB + 2.5 KiB x ranks + 2 KiB x events
+
+``work`` counts event-equivalents (the engine plays about 100,000 SimPy events per second, so
+``--max-events 4000000`` is about 40 s): besides its events, today's engine scans every layer's
+buckets or FSDP units for each layer of each micro-batch, a cost in m x layers**2. Measured
+with ``collsim run scenarios/ddp_gpt3_1.3b.yaml`` on 16 GPUs, global batch 16 (m = 1): ZeRO-3
+with 1,000 / 2,000 / 5,000 layers took 2.4 / 9.6 / 56 s (2.2e-6 s per m x layers**2; 4 x the
+micro-batches, 4 x the time: 30 s), DDP with 24,000 layers and m = 8 took 35 s (7.6e-9 s per
+m x layers**2). k is those seconds x 100,000 events/s, rounded up.
 
 The event bound is an upper bound in the runs measured: 168 events against 400 estimated
 (1.3B DDP, 8 micro-batches), 16,152 against 208,192 (8,000 micro-batches), 144,024 against
@@ -55,6 +64,12 @@ MEMORY_PER_RANK_BYTES = int(2.5 * KIB)
 MEMORY_PER_EVENT_BYTES = 2 * KIB
 
 
+#: Event-equivalents per (micro-batch x layers**2) of the engine's per-layer scans, with
+#: ZeRO-3/FSDP units and with DDP/ZeRO-1/2 buckets (measurements in the module docstring).
+SCAN_WORK_FSDP = 0.25
+SCAN_WORK_DDP = 0.001
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Limits:
     """What one simulated step may need. Each field has a ``--max-...`` option of the same name.
@@ -73,8 +88,8 @@ class Limits:
     max_microbatches: int = 1_000_000
     """Micro-batches per data-parallel replica in one step."""
     max_events: int = 4_000_000
-    """Estimated simulation events (see the module docstring); the engine plays about
-    100,000 events per second."""
+    """Estimated simulation work in events (``work`` in the module docstring); the engine
+    plays about 100,000 events per second."""
     max_memory_gib: float = 8.0
     """Estimated memory of the simulation process, in GiB (2**30 bytes)."""
 
@@ -100,6 +115,8 @@ class Needs:
     layers: int
     microbatches: int
     events: int
+    work: int
+    """Events plus the engine's per-layer scans, in event-equivalents."""
     memory_bytes: int
 
 
@@ -113,14 +130,21 @@ def estimate_needs(
     dp: int,
     virtual_stages: int = 1,
     all_ranks: bool = False,
+    zero: int = 0,
 ) -> Needs:
     """Upper bounds of events and memory from the plan's counts (formula in the module doc)."""
     classes = pp * max(1, virtual_stages) * (tp * dp if all_ranks else 1)
     per_stage = -(-layers // max(1, pp))
     events = classes * microbatches * (2 + per_stage) + 8 * layers
+    scans = (SCAN_WORK_FSDP if zero == 3 else SCAN_WORK_DDP) * microbatches * layers**2
     memory = BASE_MEMORY_BYTES + MEMORY_PER_RANK_BYTES * gpus + MEMORY_PER_EVENT_BYTES * events
     return Needs(
-        gpus=gpus, layers=layers, microbatches=microbatches, events=events, memory_bytes=memory
+        gpus=gpus,
+        layers=layers,
+        microbatches=microbatches,
+        events=events,
+        work=events + int(scans),
+        memory_bytes=memory,
     )
 
 
@@ -237,14 +261,15 @@ def check_plan(
         dp=par.dp,
         virtual_stages=par.virtual_stages,
         all_ranks=all_ranks,
+        zero=par.zero,
     )
     hint = "fewer micro-batches (training.global_batch) or layers" + (
         ", or drop --all-ranks" if all_ranks else ""
     )
-    if needs.events > lim.max_events:
+    if needs.work > lim.max_events:
         raise scenario.locate(
             LimitError(
-                f"the step needs about {needs.events:,} simulation events, more than the limit "
+                f"the step needs about {needs.work:,} simulation events, more than the limit "
                 f"of {lim.max_events:,}; use {hint}, or raise the limit with --max-events",
                 key_path="training.global_batch",
             )

@@ -194,3 +194,20 @@ def test_a_sweep_point_beyond_a_limit_is_infeasible_not_a_hang() -> None:
     assert "infeasible points: 1 of 2" in res.stderr and "--max-microbatches" in res.stderr
     res = CliRunner().invoke(cli, ["sweep", str(DDP), "--gpus", "8,1048576"])
     assert res.exit_code == 2 and "--max-gpus" in res.stderr
+
+
+def test_fsdp_layer_scans_count_as_work() -> None:
+    """ZeRO-3 with 5,000 layers took 56 s in the engine (found by the fuzzer): refused now."""
+    overrides = [
+        "model.layers=5000",
+        "cluster.nodes=2",
+        "parallel.dp=16",
+        "training.global_batch=16",
+        "training.micro_batch=1",
+        "parallel.zero=3",
+        "model.seq_len=128",
+    ]
+    with pytest.raises(LimitError, match="--max-events"):
+        check_scenario(load_scenario(DDP, overrides))
+    ddp = check_scenario(load_scenario(DDP, [*overrides[:-2], "parallel.zero=0"]))
+    assert ddp.work < Limits().max_events  # the same plan under DDP buckets: 2 s, admitted
