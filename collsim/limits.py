@@ -14,22 +14,29 @@ with ``resource.getrusage``; the figures are in docs/commands.md, "Resource limi
     micro-batches m   = global_batch / (micro_batch x dp)       (an integer, else ConfigError)
     stage classes S   = pp x virtual_stages  (x tp x dp with --all-ranks: every rank)
     layers per stage  = layers / pp
-    events           <= S x m x (2 + layers per stage) + 8 x layers
-    work              = events + k x m x layers**2   (k = 0.25 with ZeRO-3/FSDP, else 0.001)
+    events           <= S x m x (20 + c x layers per stage) + 16 x layers
+                        (c = 10 with ZeRO-3/FSDP: a gather per layer and micro-batch; else 2)
+    work              = events + k x (m + 1) x layers**2 + 5 x GPUs   (see below)
     memory           <= 64 MiB + 2.5 KiB x ranks + 2 KiB x events
 
 ``work`` counts event-equivalents (the engine plays about 100,000 SimPy events per second, so
 ``--max-events 4000000`` is about 40 s): besides its events, today's engine scans every layer's
-buckets or FSDP units for each layer of each micro-batch, a cost in m x layers**2. Measured
-with ``collsim run scenarios/ddp_gpt3_1.3b.yaml`` on 16 GPUs, global batch 16 (m = 1): ZeRO-3
-with 1,000 / 2,000 / 5,000 layers took 2.4 / 9.6 / 56 s (2.2e-6 s per m x layers**2; 4 x the
-micro-batches, 4 x the time: 30 s), DDP with 24,000 layers and m = 8 took 35 s (7.6e-9 s per
-m x layers**2). k is those seconds x 100,000 events/s, rounded up.
+buckets or FSDP units, a cost in (m + 1) x layers**2, and sets up every rank of the cluster.
+Measured with ``collsim run scenarios/ddp_gpt3_1.3b.yaml`` (seq_len 128, micro-batch 1, CPU
+seconds on the development machine): ZeRO-3 on 16 GPUs, m = 1, with 1,000 / 2,000 / 5,000
+layers took 2.4 / 9.6 / 56 s, and 30 s with 2,000 layers and m = 4; 4,000 layers on 8 GPUs took
+1.1-1.6 s (DDP), 1.4-2.4 s (ZeRO-1/2, pp 1-4) and 4.0 s (ZeRO-2, pp 2, m = 4); 10,000 layers,
+ZeRO-2, pp 2 on 4,096 GPUs 9.4 s. Plans of 65,536 to 131,072 GPUs spent 4-6 s in set-up. So::
 
-The event bound is an upper bound in the runs measured: 168 events against 400 estimated
-(1.3B DDP, 8 micro-batches), 16,152 against 208,192 (8,000 micro-batches), 144,024 against
-384,208 (24,000 layers), 7,180 against 11,520 (175B 3D, 96 micro-batches) and 57,292 against
-107,520 (960 micro-batches). The memory terms: 65,536 ranks took 140 MB over the 1,024-rank
+    work = events + k x (m + 1) x layers**2 + 5 x GPUs    (k = 0.25 with ZeRO-3/FSDP, else 0.01)
+
+which is above every one of those runs at 100,000 events per second.
+
+The event bound is an upper bound in the runs measured: 168 events against 928 estimated
+(1.3B DDP, 8 micro-batches), 16,152 against 544,384 (8,000 micro-batches), 14,424 against
+76,960 (2,400 layers), 7,180 against 35,328 (175B 3D, 96 micro-batches), 57,292 against
+339,456 (960 micro-batches), and at most 0.89 of the estimate over a grid of 324 plans (see
+``EVENTS_PER_MICROBATCH``). The memory terms: 65,536 ranks took 140 MB over the 1,024-rank
 run (about 2.2 KB per rank), and the runs above 0.5 to 1.8 KB per measured event.
 
 The default limits admit every plan the other parts of collsim run (65,536 GPUs, a million
@@ -64,10 +71,21 @@ MEMORY_PER_RANK_BYTES = int(2.5 * KIB)
 MEMORY_PER_EVENT_BYTES = 2 * KIB
 
 
-#: Event-equivalents per (micro-batch x layers**2) of the engine's per-layer scans, with
+#: Events per (stage, micro-batch), and per layer of a stage and micro-batch: a grid of 324 plans
+#: (pp 1/2/8, gpipe/1f1b/interleaved, m 1/8/200, 8/64 layers, tp 1/8, ZeRO 0/1/3) counted at
+#: most 17.5 per micro-batch and stage (pp 8, 1 layer per stage) and 8.1 per layer and
+#: micro-batch with ZeRO-3 (pp 1, 64 layers, m 200); ``tests/robust/test_limits.py`` checks the
+#: bound on a sample of that grid.
+EVENTS_PER_MICROBATCH = 20
+EVENTS_PER_LAYER = 2
+EVENTS_PER_LAYER_FSDP = 10
+
+#: Event-equivalents per ((micro-batches + 1) x layers**2) of the engine's per-layer scans, with
 #: ZeRO-3/FSDP units and with DDP/ZeRO-1/2 buckets (measurements in the module docstring).
 SCAN_WORK_FSDP = 0.25
-SCAN_WORK_DDP = 0.001
+SCAN_WORK_DDP = 0.01
+#: Event-equivalents of setting up one rank (4-6 s for 65,536-131,072 GPUs, module docstring).
+RANK_WORK = 5
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -135,15 +153,16 @@ def estimate_needs(
     """Upper bounds of events and memory from the plan's counts (formula in the module doc)."""
     classes = pp * max(1, virtual_stages) * (tp * dp if all_ranks else 1)
     per_stage = -(-layers // max(1, pp))
-    events = classes * microbatches * (2 + per_stage) + 8 * layers
-    scans = (SCAN_WORK_FSDP if zero == 3 else SCAN_WORK_DDP) * microbatches * layers**2
+    per_layer = EVENTS_PER_LAYER_FSDP if zero == 3 else EVENTS_PER_LAYER
+    events = classes * microbatches * (EVENTS_PER_MICROBATCH + per_layer * per_stage) + 16 * layers
+    scans = (SCAN_WORK_FSDP if zero == 3 else SCAN_WORK_DDP) * (microbatches + 1) * layers**2
     memory = BASE_MEMORY_BYTES + MEMORY_PER_RANK_BYTES * gpus + MEMORY_PER_EVENT_BYTES * events
     return Needs(
         gpus=gpus,
         layers=layers,
         microbatches=microbatches,
         events=events,
-        work=events + int(scans),
+        work=events + int(scans) + RANK_WORK * gpus,
         memory_bytes=memory,
     )
 
