@@ -268,6 +268,24 @@ def check_run(args: list[str]) -> None:
     assert peak_rss_bytes() < MEMORY_LIMIT_BYTES, f"peak RSS {peak_rss_bytes():,} B after {args}"
 
 
+@pytest.fixture(scope="module", autouse=True)
+def address_space_cap() -> Iterator[None]:
+    """Cap this process's address space while fuzzing (4 GiB above what it maps now): an
+    input that would grow without bound fails as a MemoryError traceback in its example,
+    which the fuzzer reports, instead of the kernel killing the test run."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    with open("/proc/self/statm") as statm:
+        mapped = int(statm.read().split()[0]) * resource.getpagesize()
+    cap = mapped + 4 * 2**30
+    if hard != resource.RLIM_INFINITY:
+        cap = min(cap, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("fuzz")

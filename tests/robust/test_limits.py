@@ -232,3 +232,24 @@ def test_fsdp_layer_scans_count_as_work() -> None:
         check_scenario(load_scenario(DDP, overrides))
     ddp = check_scenario(load_scenario(DDP, [*overrides[:-2], "parallel.zero=0"]))
     assert ddp.work < Limits().max_events  # the same plan under DDP buckets: 2 s, admitted
+
+
+@pytest.mark.parametrize(
+    "old, new, key",
+    [
+        ("gpus_per_node: 8", "gpus_per_node: 100000000", "gpus_per_node"),
+        ("count: 8", "count: 100000000", "nics.count"),
+    ],
+)
+def test_a_topology_file_cannot_ask_for_a_billion_links(
+    old: str, new: str, key: str, tmp_path: Path
+) -> None:
+    """Found by the fuzzer: these built links until the kernel killed the process (23 GB)."""
+    src = (REPO / "topologies" / "dgx_h100.yaml").read_text()
+    assert old in src
+    path = tmp_path / "t.yaml"
+    path.write_text(src.replace(old, new, 1))
+    started = time.perf_counter()
+    res = CliRunner().invoke(cli, ["collective", "-t", str(path), "--gpus", "8", "-e", "1K"])
+    assert res.exit_code == 2 and f"{key}: 1 node(s) x 100,000,000" in res.stderr
+    assert time.perf_counter() - started < 5.0
