@@ -78,7 +78,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from collsim.errors import ConfigError
+from collsim.errors import ConfigError, ConfigErrors
 from collsim.parallel.config import DDPConfig, FSDPConfig, ParallelConfig, TrainingConfig
 from collsim.yamlio import ConfigReader, YamlDoc, load_yaml, non_negative, positive
 
@@ -291,6 +291,8 @@ def _split(key_path: str | None) -> KeyPath:
 
 
 def _locate(error: ConfigError, doc: YamlDoc, overrides: Sequence[_Override]) -> ConfigError:
+    if isinstance(error, ConfigErrors):
+        return ConfigErrors([_locate(e, doc, overrides) for e in error.errors])
     path = _split(error.key_path)
     # The last override that set the key (or a section above it) wins. An error about a
     # section the file does not have belongs to the override that created the section.
@@ -298,14 +300,11 @@ def _locate(error: ConfigError, doc: YamlDoc, overrides: Sequence[_Override]) ->
         n = len(override.path)
         created = bool(path) and override.path[: len(path)] == path and path not in doc.lines
         if path[:n] == override.path or created:
-            return ConfigError(
-                error.message, key_path=error.key_path, file=f"--set {override.text}"
-            )
+            return error.at(key_path=error.key_path, file=f"--set {override.text}", line=None)
     if error.file is not None and error.file != doc.file:
         return error
     line = doc.line_of(path) if path else None
-    return ConfigError(
-        error.message,
+    return error.at(
         key_path=error.key_path,
         file=doc.file,
         line=error.line if error.line is not None else line,
@@ -327,7 +326,9 @@ def load_scenario(path: str | Path, overrides: Sequence[str] = ()) -> Scenario:
 
     Raises:
         ConfigError: a missing file, a YAML syntax error, an unknown key, a wrong type or a bad
-            value, located as ``file:line: key.path: message`` (or ``--set key=value: ...``).
+            value, located as ``file:line: key.path: message`` (or ``--set key=value: ...``);
+            :class:`~collsim.errors.ConfigErrors` with every such error of the file when there
+            is more than one (:func:`collsim.schema.check`).
     """
     doc = load_yaml(path)
     return scenario_from_doc(doc, overrides, source=Path(path))
@@ -342,6 +343,9 @@ def scenario_from_doc(
         raise ConfigError("a scenario must be a mapping of sections", file=doc.file, line=1)
     data = apply_overrides(doc.data, parsed)
     view = YamlDoc(data=data, file=doc.file, lines=doc.lines)
+    from collsim.schema import SCENARIO, check, raise_errors
+
+    raise_errors([_locate(e, view, parsed) for e in check(view, SCENARIO)])  # all at once
     try:
         return _read(view, parsed, source)
     except ConfigError as exc:

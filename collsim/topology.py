@@ -614,7 +614,14 @@ def _read_device(root: ConfigReader, doc: YamlDoc) -> Device:
 def parse_topology(
     doc: YamlDoc, *, nodes: int | None = None, gpus_per_node: int | None = None
 ) -> Topology:
-    """Build a Topology from a parsed document (see the module docstring for the schema)."""
+    """Build a Topology from a parsed document (see the module docstring for the schema).
+
+    Every schema error of the file is reported at once (:func:`collsim.schema.check`), before
+    the rules between keys are checked.
+    """
+    from collsim.schema import TOPOLOGY, check, raise_errors
+
+    raise_errors(check(doc, TOPOLOGY))
     root = ConfigReader(doc.data, doc=doc)
     name = root.get("name", str)
     root.get("description", str, default="")
@@ -710,6 +717,7 @@ def parse_topology(
         raise ConfigError(f"gpus_per_node must be >= 1, got {ranks_per_node}")
     if num_nodes > 1 and nics is None:
         raise root.error(f"{num_nodes} nodes asked but the topology has no 'nics' section")
+    _check_size(root, num_nodes, ranks_per_node, nics.count if nics is not None else 0)
     return Topology(
         name=name,
         device=device,
@@ -730,6 +738,27 @@ def parse_topology(
         ),
         source=doc.file,
     )
+
+
+def _check_size(root: ConfigReader, num_nodes: int, ranks_per_node: int, nics: int) -> None:
+    """Refuse, before any link is built, a cluster whose ranks or NIC ports pass
+    :data:`collsim.limits.TOPOLOGY_MAX_RANKS` (the graph holds links per rank and per NIC:
+    ``gpus_per_node: 100000000`` was a MemoryError)."""
+    from collsim.limits import TOPOLOGY_MAX_RANKS
+
+    limit = TOPOLOGY_MAX_RANKS
+    for what, path, count in (
+        ("GPUs", ("gpus_per_node",), num_nodes * ranks_per_node),
+        ("NIC ports", ("nics", "count"), num_nodes * nics),
+    ):
+        if count > limit:
+            raise ConfigError(
+                f"{num_nodes:,} node(s) x {count // num_nodes:,} = {count:,} {what}, more than "
+                f"the limit of {limit:,}; use fewer",
+                key_path=".".join(path),
+                file=root.file,
+                line=root.doc.line_of(path) if root.doc is not None else None,
+            )
 
 
 def _efficiency_and_latency(sec: ConfigReader) -> dict[str, float]:

@@ -14,6 +14,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,7 +85,12 @@ def _construct(
 
 def parse_yaml_text(text: str, file: str = "<string>") -> YamlDoc:
     """Parse YAML text, keeping key lines. Syntax errors become ConfigError with the line."""
-    loader = _LineLoader(text)
+    try:
+        loader = _LineLoader(text)
+    except yaml.reader.ReaderError as exc:  # a control character, not text YAML can hold
+        raise ConfigError(
+            f"not YAML text: character {exc.character!r} at offset {exc.position}", file=file
+        ) from None
     try:
         node = loader.get_single_node()
         lines: dict[KeyPath, int] = {}
@@ -206,7 +212,11 @@ class ConfigReader:
         default: Any = REQUIRED,
         check: Check | None = None,
     ) -> Any:
-        """Read ``key`` as ``kind`` (int accepted where float is asked), apply ``check``."""
+        """Read ``key`` as ``kind`` (int accepted where float is asked), apply ``check``.
+
+        A float must be finite: YAML's ``.nan``, ``.inf`` and ``-.inf`` are refused for every
+        numeric key, before ``check`` (a NaN passes every comparison-based range check).
+        """
         self._seen.add(key)
         if key not in self.data or self.data[key] is None and default is not REQUIRED:
             if default is REQUIRED:
@@ -220,6 +230,8 @@ class ConfigReader:
             raise self.error(f"must be {_kinds_name(kinds)}, got {value!r}", key)
         if not isinstance(value, kinds):
             raise self.error(f"must be {_kinds_name(kinds)}, got {value!r}", key)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise self.error(f"must be a finite number, got {value!r}", key)
         if check is not None:
             problem = check(value)
             if problem:

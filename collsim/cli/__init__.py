@@ -2,7 +2,11 @@
 
 Subcommands live in their own modules under ``collsim.cli`` and are imported only when used, so
 that ``collsim run`` does not pay for matplotlib or torch. Errors are mapped to exit codes here,
-at the edge, and nowhere else: ConfigError -> 2, InfeasibleError -> 1, click usage errors -> 2.
+at the edge, and nowhere else: every :class:`~collsim.errors.CollsimError` declares its own
+``exit_code`` (ConfigError 2, InfeasibleError 1, UnavailableError 3, ...), which
+:class:`LazyGroup` turns into a click exception that prints the error's lines and exits with
+that code, whether the group runs from :func:`main` or from click's test runner. Click usage
+errors exit 2.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from typing import Any
 import click
 
 from collsim import __version__
-from collsim.errors import ConfigError, InfeasibleError
+from collsim.errors import CollsimError, SimulationError, UnavailableError
 
 __all__ = ["main", "cli"]
 
@@ -32,6 +36,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "Goodput of a long run: failures, checkpoints, restarts (closed form + Monte Carlo).",
     ),
     "plot": ("collsim.cli.plot:plot", "Draw scaling, memory, pipeline and collective plots."),
+    "schema": (
+        "collsim.cli.schema:schema",
+        "Print the JSON Schema of scenario or topology files.",
+    ),
     "validate": (
         "collsim.cli.validate:validate",
         "Measure collectives and steps with torch.distributed and compare.",
@@ -39,8 +47,31 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class CollsimExit(click.ClickException):
+    """A :class:`CollsimError` as click sees it: its lines on stderr, its own exit code."""
+
+    def __init__(self, error: CollsimError) -> None:
+        super().__init__(str(error))
+        self.error = error
+        object.__setattr__(self, "exit_code", error.exit_code)  # click's is a ClassVar
+
+    def show(self, file: Any = None) -> None:
+        for line in self.error.lines():
+            click.echo(line, err=True, file=file)
+
+
 class LazyGroup(click.Group):
     """A click group whose subcommands are imported on first use."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        """Run the subcommand; a CollsimError becomes its exit code (a SimulationError, a bug,
+        keeps its traceback)."""
+        try:
+            return super().invoke(ctx)
+        except SimulationError:
+            raise
+        except CollsimError as exc:
+            raise CollsimExit(exc) from None
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(SUBCOMMANDS)
@@ -72,8 +103,7 @@ def _not_yet(name: str, help_text: str) -> click.Command:
         context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
     )
     def stub() -> None:
-        click.echo(f"collsim {name}: not yet available in this version", err=True)
-        sys.exit(3)
+        raise UnavailableError(f"collsim {name}: not yet available in this version")
 
     return stub
 
@@ -85,7 +115,7 @@ def cli() -> None:
 
 
 def main(argv: list[str] | None = None) -> Any:
-    """Console entry point: runs the group and maps collsim errors to exit codes."""
+    """Console entry point: runs the group; errors leave with their class's exit code."""
     try:
         return cli.main(args=argv, prog_name="collsim", standalone_mode=False)
     except click.exceptions.Abort:
@@ -94,11 +124,10 @@ def main(argv: list[str] | None = None) -> Any:
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
-    except ConfigError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
-    except InfeasibleError as exc:
-        click.echo(f"infeasible: {exc}", err=True)
-        sys.exit(1)
+    except SimulationError:
+        raise
+    except CollsimError as exc:  # raised outside a subcommand (a library call): the same map
+        CollsimExit(exc).show()
+        sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)

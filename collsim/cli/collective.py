@@ -56,6 +56,26 @@ def sweep_sizes(begin: int, end: int, factor: float, increment: int) -> list[int
     return sizes
 
 
+def _say_why_the_sweep_stops(
+    sizes: list[int], maxbytes: int, factor: float, increment: int
+) -> None:
+    """A note on stderr when the sizes stop growing before -e (``-f 1.5 -b 1``: 1 x 1.5 rounds
+    down to 1 byte), so that a short table is not a surprise."""
+    if not sizes or sizes[-1] >= maxbytes:
+        return
+    last = sizes[-1]
+    if factor == 1 or last == 0:
+        return
+    nxt = int(last * factor)
+    if nxt <= last:
+        click.echo(
+            f"note: the sweep stops at {last} B, before -e {maxbytes}: the next size, "
+            f"{last} x {factor:g} = {last * factor:g} B, rounds down to {nxt} B and does not "
+            f"grow (use a larger -b, or -f 2)",
+            err=True,
+        )
+
+
 def build_group(topology_spec: str, gpus: int | None, nodes: int | None) -> Any:
     """Load the topology for the requested shape and return the group of ranks.
 
@@ -84,6 +104,11 @@ def build_group(topology_spec: str, gpus: int | None, nodes: int | None) -> Any:
             f"{per_node} GPUs per node asked, a {probe.name} node has {per_node_max}",
             param_hint="--gpus",
         )
+    from collsim.limits import check_ranks
+
+    check_ranks(
+        num_nodes * per_node_max, key_path="--nodes/--gpus", option=None
+    )  # before building it
     topo = load_topology(topology_spec, nodes=num_nodes, gpus_per_node=per_node_max)
     ranks = tuple(
         node * per_node_max + local for node in range(num_nodes) for local in range(per_node)
@@ -253,7 +278,9 @@ def collective(
     word = DTYPES[dtype]
     align = word * (n if op_name in _PER_RANK_COUNT else 1)
     rows = []
-    for requested in sweep_sizes(minbytes, maxbytes, stepfactor, stepbytes):
+    sizes = sweep_sizes(minbytes, maxbytes, stepfactor, stepbytes)
+    _say_why_the_sweep_stops(sizes, maxbytes, stepfactor, stepbytes)
+    for requested in sizes:
         size = requested // align * align
         if mode == "closed":
             result = cost(op_name, size, group, algo_name, protocol_name)

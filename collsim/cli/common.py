@@ -8,15 +8,30 @@ error (click then prints the message alone) while keeping click's exit code 2.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from collsim.errors import ConfigError
 
-__all__ = ["OneLineCommand", "OneLineGroup", "check_output_path"]
+if TYPE_CHECKING:
+    from collsim.limits import Limits
+
+__all__ = [
+    "OneLineCommand",
+    "OneLineGroup",
+    "check_output_path",
+    "limit_options",
+    "limits_from_options",
+    "FRAME_SUFFIXES",
+    "check_frame_path",
+    "write_frame",
+]
+
+#: What ``-o`` of a table-writing command (sweep, search) may end in.
+FRAME_SUFFIXES = (".csv", ".json", ".parquet")
 
 
 @contextlib.contextmanager
@@ -57,14 +72,129 @@ class OneLineGroup(click.Group):
             return super().resolve_command(ctx, args)
 
 
-def check_output_path(path: Path | None, key_path: str) -> None:
-    """Fail before any work if ``path`` cannot be written: its folder must exist.
+def check_output_path(
+    path: str | Path | None, key_path: str, *, suffixes: tuple[str, ...] = ()
+) -> None:
+    """Fail before any work if ``path`` cannot be written as a file.
+
+    The rules: its folder exists (no command creates folders the user did not ask for) and a
+    file can be made in it; the path itself is not a folder, and if it exists it can be
+    opened for writing; its
+    suffix is one of ``suffixes`` when given (``.json.gz`` counts as ``.gz``). Used by every
+    command that writes a file (``run --json/--trace/--plot``, ``sweep -o``, ``search -o``,
+    ``plot -o``, ``validate bench -o``, ``calibrate -o``, ``compare -o``).
 
     Raises:
-        ConfigError: the parent of ``path`` is not an existing directory.
+        ConfigError: one of the rules is broken (exit 2), naming the option.
     """
     if path is None:
         return
-    parent = path.resolve().parent
+    target = Path(path)
+    if suffixes and target.suffix.lower() not in suffixes:
+        raise ConfigError(
+            f"must end in {' or '.join(suffixes)}, got {target.name!r}", key_path=key_path
+        )
+    parent = target.resolve().parent
     if not parent.is_dir():
         raise ConfigError(f"folder {str(parent)!r} does not exist", key_path=key_path)
+    if target.is_dir():
+        raise ConfigError(f"{str(target)!r} is a folder, not a file", key_path=key_path)
+    # Permission bits do not tell (root may write anywhere, /proc refuses everyone): try it.
+    # An existing file is opened for appending (not truncated); otherwise a scratch file is
+    # made in the folder and removed.
+    try:
+        if target.exists():
+            with target.open("a"):
+                pass
+        else:
+            import tempfile
+
+            with tempfile.NamedTemporaryFile(dir=parent, prefix=".collsim-probe-"):
+                pass
+    except OSError as exc:
+        where = str(target) if target.exists() else f"folder {str(parent)!r}"
+        raise ConfigError(
+            f"cannot write to {where}: {exc.strerror or exc}", key_path=key_path
+        ) from None
+
+
+def limit_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Add the ``--max-gpus/--max-layers/--max-microbatches/--max-events/--max-memory-gib``
+    options (:class:`collsim.limits.Limits`), passed to the command as ``limit_values``."""
+    specs: list[tuple[str, type, str]] = [
+        ("max_gpus", int, "Refuse clusters of more GPUs (default 262,144)."),
+        ("max_layers", int, "Refuse models of more layers (default 10,000)."),
+        ("max_microbatches", int, "Refuse more micro-batches per replica (default 1,000,000)."),
+        ("max_events", int, "Refuse steps estimated at more simulation events (default 4e6)."),
+        ("max_memory_gib", float, "Refuse runs estimated to need more GiB (default 8)."),
+    ]
+
+    def collect(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        ctx.meta.setdefault("collsim.limits", {})[param.name] = value
+        return value
+
+    for name, kind, text in reversed(specs):
+        fn = click.option(
+            "--" + name.replace("_", "-"),
+            name,
+            type=click.IntRange(min=1) if kind is int else click.FloatRange(min=0, min_open=True),
+            default=None,
+            expose_value=False,
+            callback=collect,
+            help=text,
+        )(fn)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        ctx = click.get_current_context()
+        kwargs["limit_values"] = dict(ctx.meta.get("collsim.limits", {}))
+        return fn(*args, **kwargs)
+
+    import functools
+
+    return functools.wraps(fn)(wrapper)
+
+
+def limits_from_options(values: dict[str, Any] | None) -> Limits:
+    """The :class:`~collsim.limits.Limits` of the ``--max-*`` options (unset ones default)."""
+    from collsim.limits import Limits
+
+    given = {k: v for k, v in (values or {}).items() if v is not None}
+    return Limits(**given)
+
+
+def check_frame_path(path: str | Path | None, key_path: str) -> None:
+    """:func:`check_output_path` for a table: ``.csv``, ``.json`` or ``.parquet`` (this one
+    only where pyarrow is installed).
+
+    Raises:
+        ConfigError: another suffix, a missing folder, or parquet without pyarrow (exit 2).
+    """
+    check_output_path(path, key_path, suffixes=FRAME_SUFFIXES)
+    if path is not None and Path(path).suffix.lower() == ".parquet":
+        import importlib.util
+
+        if importlib.util.find_spec("pyarrow") is None:
+            raise ConfigError(
+                "writing .parquet needs pyarrow: pip install pyarrow (or use .csv or .json)",
+                key_path=key_path,
+            )
+
+
+def write_frame(frame: Any, path: str | Path) -> None:
+    """Write a pandas frame as its suffix says: CSV, JSON (records, one object per row, the
+    units of the column names: seconds, bytes) or Parquet.
+
+    Raises:
+        ConfigError: the file cannot be written.
+    """
+    target = Path(path)
+    suffix = target.suffix.lower()
+    try:
+        if suffix == ".json":
+            frame.to_json(target, orient="records", indent=1)
+        elif suffix == ".parquet":
+            frame.to_parquet(target, index=False)
+        else:
+            frame.to_csv(target, index=False)
+    except OSError as exc:
+        raise ConfigError(f"cannot write: {exc.strerror}", file=str(target)) from None

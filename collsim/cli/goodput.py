@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from collsim.cli.common import OneLineCommand, check_output_path
-from collsim.errors import ConfigError, InfeasibleError
+from collsim.errors import ConfigError
 
 if TYPE_CHECKING:
     from collsim.goodput.costs import JobCosts
@@ -90,7 +89,7 @@ def goodput(
     overrides: tuple[str, ...],
 ) -> None:
     """Expected interruptions, effective training time and goodput of SCENARIO over a run."""
-    code = goodput_scenario(
+    goodput_scenario(
         scenario,
         overrides,
         days=days,
@@ -99,8 +98,6 @@ def goodput(
         seed=seed,
         runs=runs,
     )
-    if code:
-        sys.exit(code)
 
 
 def goodput_scenario(
@@ -113,39 +110,33 @@ def goodput_scenario(
     seed: int = 0,
     runs: int = DEFAULT_RUNS,
 ) -> int:
-    """The body of ``collsim goodput``; returns the exit code."""
-    from collsim.cli.run import _error, _load_topology, _simulate_capturing
+    """The body of ``collsim goodput``; returns 0 (errors raise: ConfigError exit 2,
+    InfeasibleError exit 1, mapped once by the command group)."""
+    from collsim.cli.run import _load_topology, _simulate_capturing
 
     if plot_path is not None and Path(plot_path).suffix.lower() not in PLOT_SUFFIXES:
-        _error(f"--plot: the image must end in .png or .svg, got {Path(plot_path).name!r}")
-        return 2
-    try:
-        check_output_path(json_path, "--json")
-        check_output_path(plot_path, "--plot")
-        from collsim.scenario import load_scenario
-
-        scenario = load_scenario(path, list(overrides))
-        if scenario.reliability is None:
-            raise ConfigError(
-                "missing required section (collsim goodput needs it)",
-                key_path="reliability",
-                file=str(path),
-            )
-        topology = _load_topology(scenario)
-        result, caught = _simulate_capturing(scenario, topology, all_ranks=False, trace=False)
-        costs = scenario_costs(scenario, topology, result)
-        run_days = days or scenario.reliability.duration_days or DEFAULT_DAYS
-        from collsim.goodput.estimate import estimate_goodput
-
-        estimate = estimate_goodput(
-            costs, scenario.reliability, days=run_days, runs=runs, seed=seed
+        raise ConfigError(
+            f"the image must end in .png or .svg, got {Path(plot_path).name!r}",
+            key_path="--plot",
         )
-    except ConfigError as exc:
-        _error(str(exc))
-        return 2
-    except InfeasibleError as exc:
-        _error(f"infeasible: {exc}", prefix="")
-        return 1
+    check_output_path(json_path, "--json")
+    check_output_path(plot_path, "--plot")
+    from collsim.scenario import load_scenario
+
+    scenario = load_scenario(path, list(overrides))
+    if scenario.reliability is None:
+        raise ConfigError(
+            "missing required section (collsim goodput needs it)",
+            key_path="reliability",
+            file=str(path),
+        )
+    topology = _load_topology(scenario)
+    result, caught = _simulate_capturing(scenario, topology, all_ranks=False, trace=False)
+    costs = scenario_costs(scenario, topology, result)
+    run_days = days or scenario.reliability.duration_days or DEFAULT_DAYS
+    from collsim.goodput.estimate import estimate_goodput
+
+    estimate = estimate_goodput(costs, scenario.reliability, days=run_days, runs=runs, seed=seed)
 
     click.echo(format_goodput_report(estimate, scenario, topology))
     for w in caught:
@@ -164,11 +155,7 @@ def goodput_scenario(
         from collsim.report.plots import save_figure
 
         fig = plot_goodput(estimate, title=f"{scenario.name}: {run_days:g} days")
-        try:
-            save_figure(fig, plot_path)
-        except ConfigError as exc:
-            _error(str(exc))
-            return 2
+        save_figure(fig, plot_path)
         click.echo(f"wrote {plot_path}", err=True)
     return 0
 

@@ -14,19 +14,25 @@ Kinds that simulate a scenario (or evaluate the closed form) first:
 - ``pipeline SCENARIO``: Gantt chart per stage for several schedules side by side;
 - ``collectives --topology T --gpus N``: busbw vs size from ``collectives.cost``.
 
-Exit codes: 0 written; 1 the scenario is infeasible; 2 bad input (one line naming the key).
+Exit codes: 0 written; 1 the scenario is infeasible; 2 bad input (one line naming the key),
+the same code ``collsim run`` gives for the same scenario (the plan is built the same way, by
+:func:`collsim.api.simulate`); errors map to codes once, in ``collsim.cli``.
 """
 
 from __future__ import annotations
 
-import sys
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from collsim.cli.common import OneLineGroup, check_output_path
+from collsim.cli.common import (
+    OneLineGroup,
+    check_output_path,
+    limit_options,
+    limits_from_options,
+)
 from collsim.errors import CollsimWarning, ConfigError, InfeasibleError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -49,14 +55,6 @@ _SERIES = click.option(
     help="CSV column that names the series (one line / panel each).",
 )
 _TITLE = click.option("--title", help="Figure title.")
-
-
-def _fail(exc: ConfigError | InfeasibleError) -> None:
-    if isinstance(exc, InfeasibleError):
-        click.echo("infeasible: " + " ".join(str(exc).split()), err=True)
-        sys.exit(1)
-    click.echo("error: " + " ".join(str(exc).split()), err=True)
-    sys.exit(2)
 
 
 def _check_suffix(path: Path) -> None:
@@ -117,11 +115,8 @@ def scaling_cmd(csv: Path, output: Path, series: str, title: str | None) -> None
     """Speedup and scaling efficiency vs GPUs from a `collsim sweep -o` CSV."""
     from collsim.report.plots import plot_scaling
 
-    try:
-        _check_suffix(output)
-        _save(plot_scaling(_sweep_frame(csv, series), series=series, title=title), output)
-    except ConfigError as exc:
-        _fail(exc)
+    _check_suffix(output)
+    _save(plot_scaling(_sweep_frame(csv, series), series=series, title=title), output)
 
 
 @plot.command("memory", short_help="Per-GPU memory vs GPUs, HBM line (sweep CSV).")
@@ -133,11 +128,8 @@ def memory_cmd(csv: Path, output: Path, series: str, title: str | None) -> None:
     """Per-GPU memory vs GPUs, stacked by category, with the HBM line (sweep CSV)."""
     from collsim.report.plots import plot_memory
 
-    try:
-        _check_suffix(output)
-        _save(plot_memory(_sweep_frame(csv, series), series=series, title=title), output)
-    except ConfigError as exc:
-        _fail(exc)
+    _check_suffix(output)
+    _save(plot_memory(_sweep_frame(csv, series), series=series, title=title), output)
 
 
 @plot.command("breakdown", short_help="Step-time parts per plan (sweep/search CSV).")
@@ -157,26 +149,20 @@ def breakdown_cmd(csv: Path, output: Path, series: str, title: str | None, limit
     CSV)."""
     from collsim.report.plots import plot_breakdown
 
-    try:
-        _check_suffix(output)
-        frame = _sweep_frame(csv, series)
-        if "feasible" in frame.columns:
-            frame = frame[frame["feasible"].astype(bool)]
-        _save(plot_breakdown(frame.head(limit), series=series, title=title), output)
-    except ConfigError as exc:
-        _fail(exc)
+    _check_suffix(output)
+    frame = _sweep_frame(csv, series)
+    if "feasible" in frame.columns:
+        frame = frame[frame["feasible"].astype(bool)]
+    _save(plot_breakdown(frame.head(limit), series=series, title=title), output)
 
 
-def _simulate(scenario: Path, overrides: list[str], *, trace: bool = True) -> Any:
-    from collsim.sweep import SweepPoint, run_point
+def _simulate(
+    scenario: Path, overrides: list[str], *, trace: bool = True, limits: Any = None
+) -> Any:
+    """The step as ``collsim run`` simulates it (same checks, same exit codes)."""
+    from collsim.api import simulate
 
-    point = SweepPoint(label="", num_gpus=None, overrides=tuple(overrides))
-    outcome = run_point(scenario, point, trace=trace)
-    if outcome.result is None:
-        raise InfeasibleError(
-            outcome.reason or "cannot simulate", reason=(outcome.reason or "x").split(":")[0]
-        )
-    return outcome.result
+    return simulate(scenario, overrides, trace=trace, limits=limits).result
 
 
 @plot.command("timeline", short_help="Memory over one step for one rank.")
@@ -187,20 +173,23 @@ def _simulate(scenario: Path, overrides: list[str], *, trace: bool = True) -> An
 @click.option(
     "--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE", help="Override a scenario key."
 )
+@limit_options
 def timeline_cmd(
-    scenario: Path, output: Path, title: str | None, rank: int | None, overrides: tuple[str, ...]
+    scenario: Path,
+    output: Path,
+    title: str | None,
+    rank: int | None,
+    overrides: tuple[str, ...],
+    limit_values: dict[str, Any],
 ) -> None:
     """Memory in use over one simulated step of SCENARIO for one rank, with the HBM line."""
     from collsim.report.plots import plot_memory_timeline
     from collsim.scenario import load_scenario
 
-    try:
-        _check_suffix(output)
-        load_scenario(scenario, list(overrides))  # bad keys: exit 2 before simulating
-        result = _simulate(scenario, list(overrides))
-        _save(plot_memory_timeline(result, rank=rank, title=title), output)
-    except (ConfigError, InfeasibleError) as exc:
-        _fail(exc)
+    _check_suffix(output)
+    load_scenario(scenario, list(overrides))  # bad keys: exit 2 before simulating
+    result = _simulate(scenario, list(overrides), limits=limits_from_options(limit_values))
+    _save(plot_memory_timeline(result, rank=rank, title=title), output)
 
 
 @plot.command("step", short_help="One step: compute Gantt and memory.")
@@ -211,26 +200,27 @@ def timeline_cmd(
 @click.option(
     "--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE", help="Override a scenario key."
 )
+@limit_options
 def step_cmd(
-    scenario: Path, output: Path, title: str | None, rank: int | None, overrides: tuple[str, ...]
+    scenario: Path,
+    output: Path,
+    title: str | None,
+    rank: int | None,
+    overrides: tuple[str, ...],
+    limit_values: dict[str, Any],
 ) -> None:
     """One simulated step of SCENARIO: compute Gantt per stage and memory over time."""
     from collsim.report.plots import plot_step
     from collsim.scenario import load_scenario
 
-    try:
-        _check_suffix(output)
-        base = load_scenario(scenario, list(overrides))
-        result = _simulate(scenario, list(overrides))
-        tp, pp = base.parallel.tp, base.parallel.pp
-        _save(
-            plot_step(
-                result, rank=rank, title=title or base.name, stage_of=lambda r: (r // tp) % pp
-            ),
-            output,
-        )
-    except (ConfigError, InfeasibleError) as exc:
-        _fail(exc)
+    _check_suffix(output)
+    base = load_scenario(scenario, list(overrides))
+    result = _simulate(scenario, list(overrides), limits=limits_from_options(limit_values))
+    tp, pp = base.parallel.tp, base.parallel.pp
+    _save(
+        plot_step(result, rank=rank, title=title or base.name, stage_of=lambda r: (r // tp) % pp),
+        output,
+    )
 
 
 @plot.command("pipeline", short_help="Gantt per stage, schedules side by side.")
@@ -253,6 +243,7 @@ def step_cmd(
 @click.option(
     "--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE", help="Override a scenario key."
 )
+@limit_options
 def pipeline_cmd(
     scenario: Path,
     output: Path,
@@ -260,33 +251,33 @@ def pipeline_cmd(
     schedules: str,
     virtual_stages: int,
     overrides: tuple[str, ...],
+    limit_values: dict[str, Any],
 ) -> None:
     """Gantt chart per pipeline stage (forward, backward, bubble) for each schedule."""
     from collsim.report.plots import plot_pipeline
     from collsim.scenario import load_scenario
 
-    try:
-        _check_suffix(output)
-        kinds = [s.strip() for s in schedules.split(",") if s.strip()]
-        bad = [k for k in kinds if k not in ("gpipe", "1f1b", "interleaved")]
-        if bad or not kinds:
-            raise ConfigError(
-                f"must be some of gpipe, 1f1b, interleaved; got {schedules!r}",
-                key_path="--schedules",
-            )
-        base = load_scenario(scenario, list(overrides))
-        results = {}
-        for kind in kinds:
-            extra = [
-                f"parallel.schedule={kind}",
-                f"parallel.virtual_stages={virtual_stages if kind == 'interleaved' else 1}",
-            ]
-            label = kind if kind != "interleaved" else f"interleaved (v={virtual_stages})"
-            results[label] = _simulate(scenario, [*overrides, *extra])
-        tp, pp = base.parallel.tp, base.parallel.pp
-        _save(plot_pipeline(results, title=title, stage_of=lambda rank: (rank // tp) % pp), output)
-    except (ConfigError, InfeasibleError) as exc:
-        _fail(exc)
+    _check_suffix(output)
+    kinds = [s.strip() for s in schedules.split(",") if s.strip()]
+    bad = [k for k in kinds if k not in ("gpipe", "1f1b", "interleaved")]
+    if bad or not kinds:
+        raise ConfigError(
+            f"must be some of gpipe, 1f1b, interleaved; got {schedules!r}",
+            key_path="--schedules",
+        )
+    base = load_scenario(scenario, list(overrides))
+    results = {}
+    for kind in kinds:
+        extra = [
+            f"parallel.schedule={kind}",
+            f"parallel.virtual_stages={virtual_stages if kind == 'interleaved' else 1}",
+        ]
+        label = kind if kind != "interleaved" else f"interleaved (v={virtual_stages})"
+        results[label] = _simulate(
+            scenario, [*overrides, *extra], limits=limits_from_options(limit_values)
+        )
+    tp, pp = base.parallel.tp, base.parallel.pp
+    _save(plot_pipeline(results, title=title, stage_of=lambda rank: (rank // tp) % pp), output)
 
 
 @plot.command("collectives", short_help="Bus bandwidth vs size per algorithm.")
@@ -322,27 +313,24 @@ def collectives_cmd(
 
     from collsim.report.plots import plot_collectives
 
-    try:
-        _check_suffix(output)
-        if bool(csv_files) == bool(topology):
-            raise ConfigError("give either CSV files or --topology", key_path="collectives")
-        if csv_files:
-            frames = [collective_frame(path) for path in csv_files]
-            seen: dict[str, int] = {}
-            for frame in frames:
-                for name in frame["algorithm"].unique():
-                    seen[name] = seen.get(name, 0) + 1
-            for path, frame in zip(csv_files, frames):
-                # the same algorithm from two files (measured vs simulated): name the file
-                frame["algorithm"] = [
-                    f"{a} ({path.stem})" if seen[a] > 1 else a for a in frame["algorithm"]
-                ]
-            data = pd.concat(frames, ignore_index=True)
-        else:
-            data = _closed_form(topology or "", gpus, op, minbytes, maxbytes, algorithms)
-        _save(plot_collectives(data, title=title), output)
-    except ConfigError as exc:
-        _fail(exc)
+    _check_suffix(output)
+    if bool(csv_files) == bool(topology):
+        raise ConfigError("give either CSV files or --topology", key_path="collectives")
+    if csv_files:
+        frames = [collective_frame(path) for path in csv_files]
+        seen: dict[str, int] = {}
+        for frame in frames:
+            for name in frame["algorithm"].unique():
+                seen[name] = seen.get(name, 0) + 1
+        for path, frame in zip(csv_files, frames):
+            # the same algorithm from two files (measured vs simulated): name the file
+            frame["algorithm"] = [
+                f"{a} ({path.stem})" if seen[a] > 1 else a for a in frame["algorithm"]
+            ]
+        data = pd.concat(frames, ignore_index=True)
+    else:
+        data = _closed_form(topology or "", gpus, op, minbytes, maxbytes, algorithms)
+    _save(plot_collectives(data, title=title), output)
 
 
 def collective_frame(path: Path) -> pd.DataFrame:
@@ -428,6 +416,9 @@ def _closed_form(
                 f"must be one of {', '.join(a.value for a in Algorithm)}; got {name!r}",
                 key_path="--algorithms",
             ) from None
+    from collsim.limits import check_ranks
+
+    check_ranks(gpus, key_path="--gpus", option=None)
     try:
         topo = cluster_for(topology, gpus, None)
     except InfeasibleError as exc:

@@ -9,7 +9,6 @@ this command needs is not available yet.
 from __future__ import annotations
 
 import json
-import sys
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -17,10 +16,16 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from collsim.cli.common import OneLineCommand, check_output_path
-from collsim.errors import CollsimWarning, ConfigError, InfeasibleError
+from collsim.cli.common import (
+    OneLineCommand,
+    check_output_path,
+    limit_options,
+    limits_from_options,
+)
+from collsim.errors import CollsimWarning, ConfigError, InfeasibleError, UnavailableError
 
 if TYPE_CHECKING:
+    from collsim.limits import Limits
     from collsim.scenario import Scenario
     from collsim.schedule.result import StepResult
     from collsim.topology import Topology
@@ -34,7 +39,8 @@ Examples:
   collsim run scenarios/ddp_gpt3_1.3b.yaml --json result.json --trace step.json
   collsim run scenarios/pipeline_13b_1f1b.yaml --plot step.png --fidelity layer
 
-Exit status: 0 done, 1 the plan does not fit in memory, 2 bad input.
+Exit status: 0 done, 1 the plan does not fit in memory, 2 bad input (or a plan beyond
+a resource limit: the message names the --max-* option that raises it).
 """
 
 TraceWriter = Callable[..., Any]
@@ -89,6 +95,7 @@ PLOT_SUFFIXES = (".png", ".svg")
     "on the flow-level network; auto: layer only where links are shared; closed: the "
     "schedule walked in closed form, without the DES (no contention, no trace).",
 )
+@limit_options
 def run(
     scenario: Path,
     overrides: tuple[str, ...],
@@ -97,9 +104,10 @@ def run(
     trace_path: Path | None,
     plot_path: Path | None,
     fidelity: str,
+    limit_values: dict[str, int | None],
 ) -> None:
     """Simulate one training step of SCENARIO (a YAML file) and print the report."""
-    code = run_scenario(
+    run_scenario(
         scenario,
         overrides,
         json_path=json_path,
@@ -107,9 +115,8 @@ def run(
         trace_path=trace_path,
         plot_path=plot_path,
         fidelity=fidelity,
+        limits=limits_from_options(limit_values),
     )
-    if code:
-        sys.exit(code)
 
 
 def run_scenario(
@@ -121,36 +128,38 @@ def run_scenario(
     trace_path: Path | None = None,
     plot_path: Path | None = None,
     fidelity: str = "auto",
-) -> int:
-    """The body of ``collsim run``; returns the exit code and prints what it has to say."""
-    if plot_path is not None and Path(plot_path).suffix.lower() not in PLOT_SUFFIXES:
-        _error(f"--plot: the image must end in .png or .svg, got {Path(plot_path).name!r}")
-        return 2
-    try:
-        check_output_path(json_path, "--json")
-        check_output_path(trace_path, "--trace")
-        check_output_path(plot_path, "--plot")
-        write_trace = _trace_writer() if trace_path is not None else None
-        if trace_path is not None and write_trace is None:
-            _error("--trace: the trace writer is not yet available in this version")
-            return 3
-        from collsim.scenario import load_scenario
+    limits: Limits | None = None,
+) -> None:
+    """The body of ``collsim run``: prints the report, writes the files asked for.
 
-        scenario = load_scenario(path, overrides)
-        topology = _load_topology(scenario)
-        result, caught = _simulate_capturing(
-            scenario,
-            topology,
-            all_ranks=all_ranks,
-            trace=trace_path is not None or plot_path is not None,
-            fidelity=fidelity,
+    Raises:
+        ConfigError: bad input (exit 2), before any simulation.
+        InfeasibleError: the plan cannot run, or does not fit in memory (after the report).
+        UnavailableError: a part of collsim this command needs is missing (exit 3).
+    """
+    if plot_path is not None and Path(plot_path).suffix.lower() not in PLOT_SUFFIXES:
+        raise ConfigError(
+            f"the image must end in .png or .svg, got {Path(plot_path).name!r}", key_path="--plot"
         )
-    except ConfigError as exc:
-        _error(str(exc))
-        return 2
-    except InfeasibleError as exc:
-        _error(f"infeasible: {exc}", prefix="")
-        return 1
+    check_output_path(json_path, "--json")
+    check_output_path(trace_path, "--trace")
+    check_output_path(plot_path, "--plot")
+    write_trace = _trace_writer() if trace_path is not None else None
+    if trace_path is not None and write_trace is None:
+        raise UnavailableError("--trace: the trace writer is not yet available in this version")
+    from collsim.limits import check_scenario
+    from collsim.scenario import load_scenario
+
+    scenario = load_scenario(path, overrides)
+    check_scenario(scenario, limits, all_ranks=all_ranks)
+    topology = _load_topology(scenario)
+    result, caught = _simulate_capturing(
+        scenario,
+        topology,
+        all_ranks=all_ranks,
+        trace=trace_path is not None or plot_path is not None,
+        fidelity=fidelity,
+    )
 
     from collsim.report.tables import format_run_report, memory_verdict
 
@@ -165,9 +174,8 @@ def run_scenario(
         click.echo(text)
     if scenario.reliability is not None:
         line = _goodput_line(scenario, topology, result)
-        if line is None:
-            return 2
-        click.echo(line)
+        if line is not None:
+            click.echo(line)
     for message in _warning_messages(caught, result):
         click.echo(f"warning: {message}", err=True)
     if json_path is not None:
@@ -177,16 +185,10 @@ def run_scenario(
         write_trace(result, trace_path, name=scenario.name)
         click.echo(f"wrote {trace_path}", err=True)
     if plot_path is not None:
-        try:
-            _write_plot(scenario, result, plot_path)
-        except ConfigError as exc:
-            _error(str(exc))
-            return 2
+        _write_plot(scenario, result, plot_path)
         click.echo(f"wrote {plot_path}", err=True)
     if not result.fits:
-        click.echo(memory_verdict(result), err=True)
-        return 1
-    return 0
+        raise InfeasibleError(memory_verdict(result), reason="memory", prefix="")
 
 
 # -- steps (module-level so tests can stand in for layers that are not there) ---------------------
@@ -205,7 +207,7 @@ def _goodput_line(scenario: Scenario, topology: Topology, result: StepResult) ->
         days = reliability.duration_days or DEFAULT_DAYS
         return one_line(estimate_goodput(costs, reliability, days=days, monte_carlo=False))
     except ConfigError as exc:
-        _error(str(exc))
+        click.echo(f"warning: no goodput estimate: {exc}", err=True)
         return None
 
 
@@ -312,7 +314,7 @@ def _write_plot(scenario: Scenario, result: StepResult, path: Path) -> None:
     try:
         save_figure(fig, path)
     except OSError as exc:
-        raise click.FileError(str(path), hint=exc.strerror) from None
+        raise ConfigError(f"cannot write: {exc.strerror}", file=str(path)) from None
 
 
 def _simulate_capturing(
@@ -363,12 +365,7 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
             json.dump(data, handle, indent=2, default=str)
             handle.write("\n")
     except OSError as exc:
-        raise click.FileError(str(path), hint=exc.strerror) from None
-
-
-def _error(message: str, prefix: str = "error: ") -> None:
-    """One line on stderr, whatever the message held."""
-    click.echo(prefix + " ".join(message.split()), err=True)
+        raise ConfigError(f"cannot write: {exc.strerror}", file=str(path)) from None
 
 
 # -- report context ------------------------------------------------------------------------------

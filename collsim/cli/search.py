@@ -2,7 +2,8 @@
 
 Data (the table of best plans) goes to stdout; the progress bar (terminal only), the counts of
 plans set aside (infeasible or pruned) by reason and "wrote FILE" lines go to stderr. Exit
-codes: 0 a plan was found; 1 no plan fits; 2 bad input.
+codes: 0 a plan was found; 1 no plan fits; 2 bad input. Memory in the table is in GiB (2**30
+bytes).
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from collsim.cli.common import OneLineCommand, check_output_path
-from collsim.errors import ConfigError
+from collsim.cli.common import OneLineCommand, check_frame_path, write_frame
+from collsim.errors import ConfigError, InfeasibleError
 
 if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Callable
@@ -89,7 +90,8 @@ def _int_list(text: str | None, key: str) -> tuple[int, ...] | None:
     "-o",
     "--output",
     type=click.Path(dir_okay=False, path_type=Path),
-    help="Write every feasible plan (estimate and simulation columns) to this CSV.",
+    help="Write every feasible plan (estimate and simulation columns) to this .csv, .json "
+    "or .parquet (needs pyarrow) file.",
 )
 def search(
     scenario: Path,
@@ -108,55 +110,53 @@ def search(
     from collsim.search import SearchSpace, search_frame, search_plans
     from collsim.sweep import cluster_for
 
-    try:
-        base = load_scenario(scenario, list(overrides))
-        space_kwargs: dict[str, Any] = {}
-        if (mbs := _int_list(micro_text, "--micro-batch")) is not None:
-            if 0 in mbs:
-                raise ConfigError("micro-batch sizes must be > 0", key_path="--micro-batch")
-            space_kwargs["micro_batches"] = mbs
-        if (zeros := _int_list(zero_text, "--zero")) is not None:
-            if any(z > 3 for z in zeros):
-                raise ConfigError(f"ZeRO stages are 0-3, got {zero_text}", key_path="--zero")
-            space_kwargs["zero_stages"] = zeros
-        if recompute_text is not None:
-            modes = tuple(v.strip() for v in recompute_text.split(",") if v.strip())
-            bad = [m for m in modes if m not in ("none", "selective", "full")]
-            if bad or not modes:
-                raise ConfigError(
-                    f"must be some of none, selective, full; got {recompute_text}",
-                    key_path="--recompute",
-                )
-            space_kwargs["recomputes"] = modes
-        if schedule_text is not None:
-            kinds = tuple(v.strip() for v in schedule_text.split(",") if v.strip())
-            bad = [k for k in kinds if k not in ("gpipe", "1f1b", "interleaved")]
-            if bad or not kinds:
-                raise ConfigError(
-                    f"must be some of gpipe, 1f1b, interleaved; got {schedule_text}",
-                    key_path="--schedule",
-                )
-            space_kwargs["schedules"] = kinds
-        check_output_path(output, "--output")
-        if gpus is not None and gpus <= 0:
-            raise ConfigError(f"must be > 0, got {gpus}", key_path="--gpus")
-        from collsim.errors import InfeasibleError
-
-        try:
-            topology = (
-                cluster_for(base.cluster.topology, gpus, None)
-                if gpus is not None
-                else base.cluster.load()
+    check_frame_path(output, "--output")
+    base = load_scenario(scenario, list(overrides))
+    space_kwargs: dict[str, Any] = {}
+    if (mbs := _int_list(micro_text, "--micro-batch")) is not None:
+        if 0 in mbs:
+            raise ConfigError("micro-batch sizes must be > 0", key_path="--micro-batch")
+        space_kwargs["micro_batches"] = mbs
+    if (zeros := _int_list(zero_text, "--zero")) is not None:
+        if any(z > 3 for z in zeros):
+            raise ConfigError(f"ZeRO stages are 0-3, got {zero_text}", key_path="--zero")
+        space_kwargs["zero_stages"] = zeros
+    if recompute_text is not None:
+        modes = tuple(v.strip() for v in recompute_text.split(",") if v.strip())
+        bad = [m for m in modes if m not in ("none", "selective", "full")]
+        if bad or not modes:
+            raise ConfigError(
+                f"must be some of none, selective, full; got {recompute_text}",
+                key_path="--recompute",
             )
-        except InfeasibleError as exc:
-            raise ConfigError(str(exc), key_path="--gpus") from None
-        except ConfigError as exc:
-            if exc.file is not None:
-                raise  # a malformed topology file: its line
-            raise base.locate(ConfigError(exc.message, key_path="cluster.topology")) from None
+        space_kwargs["recomputes"] = modes
+    if schedule_text is not None:
+        kinds = tuple(v.strip() for v in schedule_text.split(",") if v.strip())
+        bad = [k for k in kinds if k not in ("gpipe", "1f1b", "interleaved")]
+        if bad or not kinds:
+            raise ConfigError(
+                f"must be some of gpipe, 1f1b, interleaved; got {schedule_text}",
+                key_path="--schedule",
+            )
+        space_kwargs["schedules"] = kinds
+    if gpus is not None and gpus <= 0:
+        raise ConfigError(f"must be > 0, got {gpus}", key_path="--gpus")
+    if gpus is not None:
+        from collsim.limits import check_ranks
+
+        check_ranks(gpus, key_path="--gpus", option=None)
+    try:
+        topology = (
+            cluster_for(base.cluster.topology, gpus, None)
+            if gpus is not None
+            else base.cluster.load()
+        )
+    except InfeasibleError as exc:
+        raise ConfigError(str(exc), key_path="--gpus") from None
     except ConfigError as exc:
-        click.echo("error: " + " ".join(str(exc).split()), err=True)
-        sys.exit(2)
+        if exc.file is not None:
+            raise  # a malformed topology file: its line
+        raise base.locate(ConfigError(exc.message, key_path="cluster.topology")) from None
 
     space = SearchSpace(**space_kwargs)
     result = _run_with_progress(topology, base, space, top_k, search_plans)
@@ -174,12 +174,11 @@ def search(
     click.echo(search_table(result, top_n))
     _report_rejected(result)
     if output is not None:
-        search_frame(result).to_csv(output, index=False)
+        write_frame(search_frame(result), output)
         click.echo(f"wrote {output}", err=True)
     best = result.best
     if best is None:
-        click.echo("no plan fits", err=True)
-        sys.exit(1)
+        raise InfeasibleError("no plan fits", reason="memory", prefix="")
 
 
 def _run_with_progress(
@@ -235,7 +234,7 @@ def _row(index: int, entry: Ranked) -> list[str]:
         format_seconds(est.step_time_s),
         sim,
         f"{100 * mfu:.1f}",
-        f"{peak / 1e9:.1f}",
+        f"{peak / 2**30:.1f}",
         status,
     ]
 
@@ -252,7 +251,7 @@ def search_table(result: SearchResult, top_n: int = 10) -> str:
             shown.append(entry)
     rows = [_row(i + 1, entry) for i, entry in enumerate(shown[:top_n])]
     return format_table(
-        ["#", "plan", "estimate", "simulated", "MFU %", "peak GB", "status"], rows, align="rlrrrrl"
+        ["#", "plan", "estimate", "simulated", "MFU %", "peak GiB", "status"], rows, align="rlrrrrl"
     )
 
 

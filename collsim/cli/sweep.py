@@ -2,7 +2,8 @@
 
 Data (the table) goes to stdout; the progress bar (only on a terminal), the list of infeasible
 points and "wrote FILE" lines go to stderr. Exit codes: 0 at least one point ran and fits;
-1 no point could run; 2 bad input (one line naming the key).
+1 no point could run; 2 bad input (one line naming the key). Memory in the table is in GiB
+(2**30 bytes), as ``collsim run`` reports it; ``-o`` writes bytes and seconds.
 """
 
 from __future__ import annotations
@@ -14,8 +15,15 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from collsim.cli.common import OneLineCommand, check_output_path
-from collsim.errors import ConfigError
+from collsim.cli.common import (
+    OneLineCommand,
+    check_frame_path,
+    check_output_path,
+    limit_options,
+    limits_from_options,
+    write_frame,
+)
+from collsim.errors import ConfigError, InfeasibleError
 
 if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Callable
@@ -80,7 +88,8 @@ Examples:
     "-o",
     "--output",
     type=click.Path(dir_okay=False, path_type=Path),
-    help="Write every result field of every point to this CSV file.",
+    help="Write every result field of every point (seconds, bytes) to this .csv, .json "
+    "(records) or .parquet (needs pyarrow) file.",
 )
 @click.option(
     "--plot",
@@ -96,6 +105,7 @@ Examples:
     help="What --plot draws.",
 )
 @click.option("--all-ranks", is_flag=True, help="Simulate every rank (slow on big jobs).")
+@limit_options
 def sweep(
     scenario: Path,
     gpus_text: str | None,
@@ -107,6 +117,7 @@ def sweep(
     plot_path: Path | None,
     plot_kind: str,
     all_ranks: bool,
+    limit_values: dict[str, Any],
 ) -> None:
     """Simulate SCENARIO at every GPU count of --gpus and every --set combination."""
     from collsim.sweep import (
@@ -118,23 +129,31 @@ def sweep(
         run_sweep,
     )
 
-    try:
-        gpus = parse_gpus(gpus_text) if gpus_text else None
-        sets = [parse_set(text) for text in set_texts]
-        plans = dict(parse_plan(text) for text in plan_texts) or None
-        if plot_path is not None and plot_path.suffix.lower() not in (".png", ".svg"):
-            raise ConfigError(
-                f"image must end in .png or .svg, got {plot_path.name!r}", key_path="--plot"
-            )
-        check_output_path(output, "--output")
-        check_output_path(plot_path, "--plot")
-        check_overrides(scenario, sets, gpus=gpus, grow=grow, plans=plans)
-    except ConfigError as exc:
-        _fail(exc)
+    gpus = parse_gpus(gpus_text) if gpus_text else None
+    sets = [parse_set(text) for text in set_texts]
+    plans = dict(parse_plan(text) for text in plan_texts) or None
+    if plot_path is not None and plot_path.suffix.lower() not in (".png", ".svg"):
+        raise ConfigError(
+            f"image must end in .png or .svg, got {plot_path.name!r}", key_path="--plot"
+        )
+    check_frame_path(output, "--output")
+    check_output_path(plot_path, "--plot")
+    limits = limits_from_options(limit_values)
+    from collsim.limits import check_ranks
+
+    for count in gpus or ():
+        check_ranks(count, limits, key_path="--gpus")
+    check_overrides(scenario, sets, gpus=gpus, grow=grow, plans=plans)
     points = build_points(gpus=gpus, sets=sets, plans=plans)
     with progress_reporter(len(points), "sweep") as tick:
         outcomes = run_sweep(
-            scenario, points, grow=grow, strong=strong, all_ranks=all_ranks, progress=tick
+            scenario,
+            points,
+            grow=grow,
+            strong=strong,
+            all_ranks=all_ranks,
+            progress=tick,
+            simulate=_bounded(limits),
         )
 
     from collsim.sweep import sweep_frame
@@ -143,7 +162,7 @@ def sweep(
     click.echo(sweep_table(frame))
     _report_infeasible(outcomes)
     if output is not None:
-        frame.to_csv(output, index=False)
+        write_frame(frame, output)
         click.echo(f"wrote {output}", err=True)
     if plot_path is not None:
         from collsim.report.plots import plot_breakdown, plot_memory, plot_scaling, save_figure
@@ -151,20 +170,39 @@ def sweep(
         kind = plot_kind
         if kind == "auto":
             kind = "scaling" if gpus and len(gpus) > 1 else "breakdown"
-        try:
-            drawers: dict[str, Callable[[pd.DataFrame], Figure]] = {
-                "scaling": plot_scaling,
-                "memory": plot_memory,
-                "breakdown": plot_breakdown,
-            }
-            figure = drawers[kind](_with_plan_labels(frame, scenario.stem))
-            save_figure(figure, plot_path)
-        except ConfigError as exc:
-            _fail(exc)
+        drawers: dict[str, Callable[[pd.DataFrame], Figure]] = {
+            "scaling": plot_scaling,
+            "memory": plot_memory,
+            "breakdown": plot_breakdown,
+        }
+        figure = drawers[kind](_with_plan_labels(frame, scenario.stem))
+        save_figure(figure, plot_path)
         click.echo(f"wrote {plot_path}", err=True)
     if not any(o.feasible for o in outcomes):
-        click.echo("no point of the sweep can run", err=True)
-        sys.exit(1)
+        raise InfeasibleError("no point of the sweep can run", reason="sweep", prefix="")
+
+
+def _bounded(limits: Any) -> Callable[..., Any]:
+    """The engine behind a resource check: a point beyond a limit is infeasible (its reason
+    is the limit's message) instead of running for hours (:func:`collsim.limits.check_plan`)."""
+
+    def simulate(
+        topology: Any, scenario: Any, *, trace: bool = False, all_ranks: bool = False
+    ) -> Any:
+        from collsim.engine import simulate_step
+        from collsim.limits import check_plan
+
+        check_plan(scenario, limits, gpus=topology.num_ranks, all_ranks=all_ranks)
+        return simulate_step(
+            topology,
+            scenario.model,
+            scenario.training,
+            scenario.parallel,
+            all_ranks=all_ranks,
+            trace=trace,
+        )
+
+    return simulate
 
 
 def _with_plan_labels(frame: pd.DataFrame, name: str) -> pd.DataFrame:
@@ -172,11 +210,6 @@ def _with_plan_labels(frame: pd.DataFrame, name: str) -> pd.DataFrame:
     out = frame.copy()
     out["plan"] = [label or name for label in out["plan"]]
     return out
-
-
-def _fail(exc: ConfigError) -> None:
-    click.echo("error: " + " ".join(str(exc).split()), err=True)
-    sys.exit(2)
 
 
 class _Progress:
@@ -220,8 +253,8 @@ def _fmt(value: Any, kind: str) -> str:
             return format_count(float(value))
         case "pct":
             return f"{100 * float(value):.1f}"
-        case "gb":
-            return f"{float(value) / 1e9:.1f}"
+        case "gib":
+            return f"{float(value) / 2**30:.1f}"
         case "int":
             return str(int(value))
         case _:
@@ -242,7 +275,7 @@ def sweep_table(frame: pd.DataFrame) -> str:
         "step time",
         "tokens/s",
         "MFU %",
-        "peak GB",
+        "peak GiB",
         "status",
     ]
     rows = []
@@ -259,7 +292,7 @@ def sweep_table(frame: pd.DataFrame) -> str:
                 _fmt(r["step_time_s"], "time"),
                 _fmt(r["tokens_per_s"], "count"),
                 _fmt(r["mfu"], "pct"),
-                _fmt(r["memory_peak_bytes"], "gb"),
+                _fmt(r["memory_peak_bytes"], "gib"),
                 status,
             ]
         )

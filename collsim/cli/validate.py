@@ -1,11 +1,15 @@
 """``collsim validate``: measure with torch.distributed, calibrate a topology, compare.
 
 Thin wrappers over :mod:`collsim.validate`; torch is imported only by the subcommands that run
-ranks. A rank that fails ends the command with exit code 1 and a message naming the rank.
+ranks. A rank that fails ends the command with exit code 1 and a message naming the rank
+(:class:`~collsim.validate.launch.RankFailure` carries its code; ``collsim.cli`` maps it). Every
+output path is checked before anything is measured; no command creates a folder it was not
+given (``holdout --out-dir`` creates that one folder, inside an existing one).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -13,26 +17,10 @@ from typing import Any
 
 import click
 
-from collsim.cli.common import OneLineGroup
+from collsim.cli.common import OneLineGroup, check_output_path
 from collsim.errors import ConfigError
 
 __all__ = ["validate"]
-
-
-def _rank_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn a RankFailure into a one-line click error (exit 1) instead of a traceback."""
-    import functools
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from collsim.validate.launch import RankFailure
-
-        try:
-            return fn(*args, **kwargs)
-        except RankFailure as exc:
-            raise click.ClickException(str(exc)) from None
-
-    return wrapper
 
 
 def _size(ctx: click.Context, param: click.Parameter, value: str) -> int:
@@ -146,9 +134,15 @@ def validate() -> None:
     "--output",
     type=click.Path(dir_okay=False),
     default=None,
-    help="Write the points and metadata (.csv or .json).",
+    help="Write the points and metadata (.csv or .json). A .csv gets each point as soon as "
+    "it is measured, so a bench that is stopped keeps what it finished.",
 )
-@_rank_errors
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="Measure only the points the -o CSV does not have yet (same options as the run "
+    "that wrote it), then rewrite it whole.",
+)
 def bench(
     backend: str,
     world_size: int | None,
@@ -163,11 +157,16 @@ def bench(
     realtime: bool,
     timeout_s: float,
     output: str | None,
+    resume: bool,
 ) -> None:
     """Time collectives like nccl-tests (median of the slowest rank) and check every result."""
-    from collsim.validate.bench import BenchConfig, run_bench, sizes_between
-    from collsim.validate.dataset import format_table, write_measurements
+    from collsim.validate.bench import BenchConfig, resume_state, run_bench, sizes_between
+    from collsim.validate.dataset import format_table
     from collsim.validate.launch import in_torchrun
+
+    check_output_path(output, "-o/--output", suffixes=(".csv", ".json"))
+    if resume and (output is None or not output.lower().endswith(".csv")):
+        raise click.BadParameter("needs -o FILE.csv (the file to finish)", param_hint="--resume")
 
     if world_size is None and not in_torchrun():
         world_size = 2
@@ -186,19 +185,53 @@ def bench(
         warmup=warmup,
         rounds=rounds,
         barrier_each=not back_to_back,
+        output=output if output is not None and output.lower().endswith(".csv") else None,
+        progress=True,
     )
+    earlier: list[dict[str, Any]] = []
+    if resume and output is not None:
+        skip, earlier = resume_state(output, config, backend=backend, world_size=world_size)
+        config = dataclasses.replace(config, skip=skip)
+        if skip:
+            click.echo(f"# resuming {output}: {len(skip)} point(s) already measured", err=True)
     result, is_reporter = run_bench(
         config, world_size=world_size, backend=backend, timeout_s=timeout_s, realtime=realtime
     )
     if not is_reporter:
         return
-    rows = result.rows()
+    if config.skip:
+        result.metadata["resumed"] = f"{len(config.skip)} point(s) measured by an earlier run"
+    rows = _in_order(earlier + result.rows(), ops)
     click.echo(format_table(rows, result.metadata))
     if output:
-        path = write_measurements(output, rows, result.metadata)
+        path = _replace_file(output, rows, result.metadata)
         click.echo(f"# wrote {path}")
     if any(r["wrong"] for r in rows):
         raise click.ClickException("some results were wrong (see #wrong)")
+
+
+def _in_order(rows: list[dict[str, Any]], ops: tuple[str, ...]) -> list[dict[str, Any]]:
+    """Rows by op (in --ops order), then size; a point measured twice keeps the later row."""
+    latest = {(r["op"], int(r["size_bytes"])): r for r in rows}
+    rank = {op: i for i, op in enumerate(ops)}
+    return sorted(latest.values(), key=lambda r: (rank.get(r["op"], len(rank)), r["size_bytes"]))
+
+
+def _replace_file(output: str, rows: list[dict[str, Any]], metadata: dict[str, Any]) -> Path:
+    """Write the finished measurement beside ``output``, then move it over (atomic on POSIX):
+    the partial file stays whole until the complete one is there."""
+    import os
+
+    from collsim.validate.dataset import write_measurements
+
+    target = Path(output)
+    tmp = target.with_name(f".{target.stem}.writing{target.suffix}")
+    try:
+        write_measurements(tmp, rows, metadata)
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return target
 
 
 def _run_sketch(
@@ -206,6 +239,7 @@ def _run_sketch(
 ) -> None:
     from collsim.validate.sketch import SketchConfig, check_report, run_sketch
 
+    check_output_path(output, "-o/--output")
     report = run_sketch(
         SketchConfig(parts=parts, steps=steps), world_size=world_size, timeout_s=timeout_s
     )
@@ -215,7 +249,6 @@ def _run_sketch(
         click.echo(f"{'PASS' if ok else 'FAIL'}  {name}: {figure}")
     report["checks"] = [{"check": n, "passed": ok, "figure": f} for n, ok, f in rows]
     if output:
-        Path(output).parent.mkdir(parents=True, exist_ok=True)
         Path(output).write_text(json.dumps(report, indent=1) + "\n")
         click.echo(f"# wrote {output}")
     if not all(ok for _, ok, _ in rows):
@@ -246,7 +279,6 @@ def _with_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 @validate.command()
 @_with_options
-@_rank_errors
 def ddp(world_size: str, steps: int, timeout_s: float, output: str | None) -> None:
     """DDP from scratch on real gloo ranks: equivalence, sync, AVG vs SUM/N, overlap (timed)."""
     _run_sketch(("ddp", "timing"), int(world_size), steps, timeout_s, output)
@@ -254,7 +286,6 @@ def ddp(world_size: str, steps: int, timeout_s: float, output: str | None) -> No
 
 @validate.command()
 @_with_options
-@_rank_errors
 def fsdp(world_size: str, steps: int, timeout_s: float, output: str | None) -> None:
     """FSDP sketch on real gloo ranks: bit-exact round trip, 1/N parameter bytes, shard grads."""
     _run_sketch(("fsdp",), int(world_size), steps, timeout_s, output)
@@ -341,6 +372,7 @@ def calibrate(
     from collsim.validate.calibrate import calibrate as fit
     from collsim.validate.calibrate import select_rows, write_topology
 
+    check_output_path(output, "-o/--output", suffixes=(".yaml", ".yml"))
     pinned = {}
     for pin in pins:
         op, sep, alg = pin.partition("=")
@@ -495,7 +527,9 @@ def compare(
         raise click.BadParameter(
             "give one measurement with --plot, --json or --csv", param_hint="MEASURED"
         )
-    _check_output(csv_path, "--csv")
+    check_output_path(csv_path, "--csv", suffixes=(".csv",))
+    check_output_path(plot_path, "--plot", suffixes=(".png", ".svg"))
+    check_output_path(json_path, "--json", suffixes=(".json",))
     for meas in _read_all(measured):
         topo = topology_for(topology, meas)
         points = run_compare(meas, topo, subset=subset, min_bytes=min_size)
@@ -655,7 +689,15 @@ def holdout(
             f"{', '.join(sorted(present))}): nothing would be checked",
             param_hint="--ops",
         )
-    folder = Path(out_dir or tempfile.mkdtemp(prefix="collsim-holdout-"))
+    if out_dir is not None:
+        folder = Path(out_dir)
+        if not folder.is_dir():
+            check_output_path(folder, "--out-dir")  # inside an existing, writable folder
+            folder.mkdir()
+    else:
+        # removed when the command ends, however it ends (click closes the context)
+        ctx = click.get_current_context()
+        folder = Path(ctx.with_resource(tempfile.TemporaryDirectory(prefix="collsim-holdout-")))
     failures = []
     per_run = []
     click.echo(
@@ -726,7 +768,10 @@ def holdout(
             )
         if across_runs:
             failures = typical_failures
-    click.echo(f"# topologies and plots in {folder}")
+    if out_dir is not None:
+        click.echo(f"# topologies and plots in {folder}")
+    else:
+        click.echo("# topologies and plots were temporary (keep them with --out-dir)")
     if failures:
         what = "typical-run " if across_runs else ""
         raise click.ClickException(
@@ -802,7 +847,6 @@ def holdout(
     help="Device profile from `collsim validate compute`: simulate the compute with the "
     "compute model fed by it (no block profile of this model, no scaling to the step).",
 )
-@_rank_errors
 def step(
     world_sizes: list[int],
     backend: str,
@@ -842,7 +886,10 @@ def step(
         straggler_delay_s=straggler_delay_ms / 1e3,
         progress_path=progress_path,
     )
-    folder = Path(tempfile.mkdtemp(prefix="collsim-step-"))
+    check_output_path(output, "-o/--output", suffixes=(".json",))
+    # removed when the command ends, however it ends (click closes the context)
+    ctx = click.get_current_context()
+    folder = Path(ctx.with_resource(tempfile.TemporaryDirectory(prefix="collsim-step-")))
     reports = []
     failures = []
     for n in sizes:
@@ -975,7 +1022,6 @@ def step(
                 failures.append(f"n={n} bucket effect sign")
         reports.append(report)
     if output and reports:
-        Path(output).parent.mkdir(parents=True, exist_ok=True)
         Path(output).write_text(json.dumps(reports, indent=1) + "\n")
         click.echo(f"# wrote {output}")
     if failures:

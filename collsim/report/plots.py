@@ -57,6 +57,9 @@ SERIES_COLORS = (
     "#000000",
 )
 SERIES_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+#: Bytes per GiB: memory is drawn in GiB (2**30 bytes), as ``collsim run`` reports it.
+GIB = 2**30
+
 #: Fill colour of each memory category and step-time part.
 CATEGORY_COLORS = {
     "parameters": "#0072B2",
@@ -252,7 +255,13 @@ def plot_scaling(
     return fig
 
 
-def _gb(values: Any) -> Any:
+def _gib(values: Any) -> Any:
+    """Bytes as GiB (2**30 bytes): the unit of memory in every collsim table and plot."""
+    return np.asarray(values, dtype=float) / GIB
+
+
+def _gbps(values: Any) -> Any:
+    """Bytes/s as GB/s (10**9 bytes/s): the unit of bandwidth (nccl-tests' convention)."""
     return np.asarray(values, dtype=float) / 1e9
 
 
@@ -289,7 +298,7 @@ def plot_memory(
         positions = [all_gpus.index(int(g)) for g in part[x]]
         bottom = np.zeros(len(part))
         for key in MEMORY_KEYS:
-            heights = _gb(part[MEMORY_COLUMNS[key]])
+            heights = _gib(part[MEMORY_COLUMNS[key]])
             ax.bar(
                 positions,
                 heights,
@@ -303,10 +312,10 @@ def plot_memory(
             bottom = bottom + heights
         if capacity_bytes:
             ax.axhline(
-                capacity_bytes / 1e9, label=f"HBM {capacity_bytes / 1e9:.0f} GB", **HBM_STYLE
+                capacity_bytes / GIB, label=f"HBM {capacity_bytes / GIB:.1f} GiB", **HBM_STYLE
             )
             for x_pos, top in zip(positions, bottom):
-                if top * 1e9 > capacity_bytes:
+                if top * GIB > capacity_bytes:
                     ax.text(
                         x_pos,
                         top,
@@ -321,12 +330,12 @@ def plot_memory(
         ax.set_xlabel("Number of GPUs")
         ax.grid(True, axis="y", alpha=0.25, linestyle="--")
     y_max = max(
-        float(_gb(data["memory_peak_bytes"]).max()) if "memory_peak_bytes" in data else 0.0,
-        (capacity_bytes or 0.0) / 1e9,
+        float(_gib(data["memory_peak_bytes"]).max()) if "memory_peak_bytes" in data else 0.0,
+        (capacity_bytes or 0.0) / GIB,
     )
     if y_max > 0:
         axes[0].set_ylim(0, y_max * 1.12)
-    axes[0].set_ylabel("Peak memory per GPU (GB)")
+    axes[0].set_ylabel("Peak memory per GPU (GiB)")
     handles, names = axes[0].get_legend_handles_labels()
     fig.legend(handles, names, loc="outside right center", fontsize=9)
     if title:
@@ -338,7 +347,7 @@ def plot_memory_timeline(
     result: StepResult, *, rank: int | None = None, title: str | None = None
 ) -> Figure:
     """Memory in use over one step for ``rank`` (default: the first simulated rank), as a step
-    line in GB over milliseconds, with the HBM capacity dashed."""
+    line in GiB over milliseconds, with the HBM capacity dashed."""
     if rank is None:
         if not result.memory_timeline:
             raise ConfigError(
@@ -353,12 +362,12 @@ def plot_memory_timeline(
 
 
 def _draw_memory(ax: Any, result: StepResult, rank: int) -> None:
-    """Memory in use of ``rank`` over the step (GB vs ms) with the HBM line, on ``ax``."""
+    """Memory in use of ``rank`` over the step (GiB vs ms) with the HBM line, on ``ax``."""
     from collsim.report.frames import memory_timeline_frame
 
     frame = memory_timeline_frame(result, rank)
     times_ms = np.asarray(frame["time_s"], dtype=float) * 1e3
-    values_gb = _gb(frame["memory_bytes"])
+    values_gb = _gib(frame["memory_bytes"])
     if len(times_ms) and result.step_time_s * 1e3 > times_ms[-1]:
         times_ms = np.append(times_ms, result.step_time_s * 1e3)
         values_gb = np.append(values_gb, values_gb[-1])
@@ -373,12 +382,12 @@ def _draw_memory(ax: Any, result: StepResult, rank: int) -> None:
     ax.fill_between(times_ms, values_gb, step="post", color="#0072B2", alpha=0.15)
     if result.memory_capacity_bytes:
         ax.axhline(
-            result.memory_capacity_bytes / 1e9,
-            label=f"HBM {result.memory_capacity_bytes / 1e9:.0f} GB",
+            result.memory_capacity_bytes / GIB,
+            label=f"HBM {result.memory_capacity_bytes / GIB:.1f} GiB",
             **HBM_STYLE,
         )
     ax.set_xlabel("Time in step (ms)")
-    ax.set_ylabel("Memory in use (GB)")
+    ax.set_ylabel("Memory in use (GiB)")
     ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.25, linestyle="--")
     ax.legend(fontsize=9, loc="center right")
@@ -391,14 +400,19 @@ def plot_step(
     title: str | None = None,
     stage_of: Callable[[int], int] | None = None,
     max_rows: int = 16,
+    comm: bool = True,
 ) -> Figure:
     """One simulated step at a glance (what ``collsim run --plot FILE`` draws): the compute
-    stream of every simulated rank as a Gantt chart (forward, backward, bubble) on top, and the
-    memory in use of ``rank`` (default: the first simulated) below, on one time axis.
+    stream of every simulated rank as a Gantt chart (forward, backward, bubble) on top, with
+    a thin lane under each stage for each of its communication streams (``tp``, ``pp``, ``pp
+    recv``, ``dp``, ``offload``: when each transfer holds its stream), and the memory in use of
+    ``rank`` (default: the first simulated) below, on one time axis.
 
     Args:
         result: a StepResult simulated with ``trace=True``.
         stage_of: pipeline stage of a rank, for row labels (``(rank // tp) % pp``).
+        comm: draw the communication lanes (a lane whose transfers all take no time is left
+            out).
     """
     from collsim.report.frames import trace_frame
 
@@ -410,13 +424,22 @@ def plot_step(
     if rank is None:
         rank = min(result.memory_timeline) if result.memory_timeline else None
     rows = _stage_rows(frame, max_rows, stage_of)
+    lanes = _comm_lanes(frame, rows) if comm else []
     step_ms = float(result.step_time_s) * 1e3
-    fig = _new_figure(12.0, 2.6 + 0.42 * len(rows) + (3.0 if rank is not None else 0.0))
+    height = 2.6 + 0.42 * len(rows) + 0.22 * len(lanes) + (3.0 if rank is not None else 0.0)
+    fig = _new_figure(12.0, height)
     if rank is not None:
-        ax_gantt, ax_mem = fig.subplots(2, 1, sharex=True, height_ratios=[len(rows) + 1.5, 4.0])
+        ax_gantt, ax_mem = fig.subplots(
+            2, 1, sharex=True, height_ratios=[len(rows) + 0.5 * len(lanes) + 1.5, 4.0]
+        )
     else:
         ax_gantt, ax_mem = fig.subplots(), None
-    share = _draw_gantt(ax_gantt, frame, rows, step_ms, step_ms)
+    row_y, lane_y, ticks, bottom = _lane_layout(rows, lanes)
+    share = _draw_gantt(ax_gantt, frame, rows, step_ms, step_ms, row_y=row_y)
+    if lanes:
+        _draw_comm_lanes(ax_gantt, frame, rows, lanes, lane_y)
+        ax_gantt.set_yticks([y for y, _ in ticks], [name for _, name in ticks])
+        ax_gantt.set_ylim(bottom - 0.5, -0.5)
     ax_gantt.set_ylabel("Stage / rank")
     ax_gantt.set_title(
         f"step {step_ms:.1f} ms, compute stream idle {share * 100:.0f} % of the step",
@@ -432,6 +455,78 @@ def plot_step(
     if title:
         fig.suptitle(title)
     return fig
+
+
+#: Colour of each communication stream's lane in the step chart.
+COMM_COLORS = {
+    "tp": "#E69F00",
+    "pp": "#CC79A7",
+    "pp recv": "#F0A8D0",
+    "dp": "#D55E00",
+    "offload": "#009E73",
+}
+_COMM_ORDER = ("tp", "pp", "pp recv", "dp", "offload")
+
+
+def _comm_lanes(frame: pd.DataFrame, rows: list[tuple[str, int]]) -> list[tuple[int, str]]:
+    """(row index, stream) of each communication lane: the streams other than compute that
+    the row's rank used for some time, in a fixed order (tp, pp, pp recv, dp, offload, others)."""
+    comm = frame[(frame["stream"] != "compute") & (frame["end_s"] > frame["start_s"])]
+    lanes: list[tuple[int, str]] = []
+    for index, (_, rank) in enumerate(rows):
+        streams = set(comm.loc[comm["rank"] == rank, "stream"].astype(str))
+        ordered = [s for s in _COMM_ORDER if s in streams] + sorted(streams - set(_COMM_ORDER))
+        lanes += [(index, stream) for stream in ordered]
+    return lanes
+
+
+def _lane_layout(
+    rows: list[tuple[str, int]], lanes: list[tuple[int, str]]
+) -> tuple[list[float], list[float], list[tuple[float, str]], float]:
+    """y of each compute row, y of each lane, the tick labels, and the bottom of the chart.
+
+    A compute row is 1 high; each of its lanes, under it, 0.55.
+    """
+    row_y: list[float] = []
+    lane_y: list[float] = []
+    ticks: list[tuple[float, str]] = []
+    y = 0.0
+    for index, (name, _) in enumerate(rows):
+        row_y.append(y)
+        ticks.append((y, name))
+        y += 1.0
+        for lane_index, stream in lanes:
+            if lane_index == index:
+                lane_y.append(y - 0.15)
+                ticks.append((y - 0.15, f"  {stream}"))
+                y += 0.55
+    return row_y, lane_y, ticks, y
+
+
+def _draw_comm_lanes(
+    ax: Any,
+    frame: pd.DataFrame,
+    rows: list[tuple[str, int]],
+    lanes: list[tuple[int, str]],
+    lane_y: list[float],
+) -> None:
+    """Each lane's transfers as thin bars (one colour per stream), at ``lane_y``."""
+    seen: set[str] = set()
+    timed = frame[frame["end_s"] > frame["start_s"]]
+    for (index, stream), y_pos in zip(lanes, lane_y):
+        rank = rows[index][1]
+        part = timed[(timed["rank"] == rank) & (timed["stream"] == stream)]
+        bars = [
+            (float(start) * 1e3, (float(end) - float(start)) * 1e3)
+            for start, end in zip(part["start_s"], part["end_s"])
+        ]
+        ax.broken_barh(
+            bars,
+            (y_pos - 0.2, 0.4),
+            facecolors=COMM_COLORS.get(stream, "#777777"),
+            label=f"{stream} comm" if stream not in seen else None,
+        )
+        seen.add(stream)
 
 
 def _stage_rows(
@@ -458,16 +553,24 @@ def _stage_rows(
 
 
 def _draw_gantt(
-    ax: Any, frame: pd.DataFrame, rows: list[tuple[str, int]], step_ms: float, end_ms: float
+    ax: Any,
+    frame: pd.DataFrame,
+    rows: list[tuple[str, int]],
+    step_ms: float,
+    end_ms: float,
+    row_y: list[float] | None = None,
 ) -> float:
     """Draw the compute stream of each row's rank on ``ax``; return the idle share of the step.
+
+    Row ``i`` is drawn at y = ``row_y[i]`` (default ``i``).
 
     Bubble: every moment of the step the stage's compute stream is idle (before its first op,
     between ops, after its last op), drawn grey.
     """
     compute = frame[frame["stream"] == "compute"]
     idle_total = busy_total = 0.0
-    for y, (_, rank) in enumerate(rows):
+    for index, (_, rank) in enumerate(rows):
+        y = row_y[index] if row_y is not None else float(index)
         ops = compute[compute["rank"] == rank].sort_values("start_s")
         start_ms = ops["start_s"].to_numpy(dtype=float) * 1e3
         stop_ms = ops["end_s"].to_numpy(dtype=float) * 1e3
@@ -485,7 +588,7 @@ def _draw_gantt(
             gaps,
             (y - 0.4, 0.8),
             facecolors=PHASE_COLORS["bubble"],
-            label="bubble (idle)" if y == 0 else None,
+            label="bubble (idle)" if index == 0 else None,
         )
         for phase in ("forward", "backward", "recompute", "optimizer", "other"):
             sel = (ops["phase"] == phase).to_numpy()
@@ -498,7 +601,7 @@ def _draw_gantt(
                 facecolors=PHASE_COLORS[phase],
                 edgecolor="white",
                 linewidth=0.4,
-                label=phase if y == 0 else None,
+                label=phase if index == 0 else None,
             )
             if len(rows) <= 8 and len(bars) <= 64:
                 for (s, w), mb in zip(bars, ops.loc[sel, "microbatch"]):
@@ -512,8 +615,9 @@ def _draw_gantt(
                             fontsize=6,
                             color="white" if phase == "backward" else "black",
                         )
-    ax.set_yticks(range(len(rows)), [name for name, _ in rows])
-    ax.set_ylim(len(rows) - 0.5, -0.5)
+    ys = row_y if row_y is not None else [float(i) for i in range(len(rows))]
+    ax.set_yticks(ys, [name for name, _ in rows])
+    ax.set_ylim(ys[-1] + 0.5 if ys else 0.5, -0.5)
     ax.set_xlim(0, end_ms)
     ax.grid(True, axis="x", alpha=0.25, linestyle="--")
     return idle_total / busy_total if busy_total else 0.0
@@ -667,7 +771,7 @@ def plot_collectives(
         }
         if "measured" in str(label):  # measurements stand out from the model's curves
             style.update(color="black", marker="o", markersize=3, linewidth=2.4)
-        ax.plot(part["size_bytes"], _gb(part["busbw_bps"]), label=str(label), **style)
+        ax.plot(part["size_bytes"], _gbps(part["busbw_bps"]), label=str(label), **style)
     if reference_bps:
         ax.axhline(reference_bps / 1e9, label=f"link {reference_bps / 1e9:.0f} GB/s", **IDEAL_STYLE)
     ax.set_xscale("log", base=2)

@@ -10,21 +10,32 @@ chrome://tracing open:
 - every op as a complete slice (``ph: "X"``, ``ts``/``dur`` in microseconds, on a whole
   nanosecond grid) with its args:
   collectives carry ``bytes`` and ``algorithm`` as the engine recorded them;
-- memory in use as a counter track per rank (``ph: "C"``, name ``memory``, value in GB).
+- memory in use as a counter track per rank (``ph: "C"``, name ``memory``, value in GiB);
+- flow arrows (``ph: "s"`` then ``ph: "f"`` with ``bp: "e"``, one ``id`` per arrow): from each
+  pipeline ``send`` slice to the ``recv`` slice of the same transfer on the next stage
+  (category ``pp_flow``), and from the compute slice a collective waits on (the one running
+  when it starts, else the last one before it on that rank) to the collective
+  (``comm_flow``). Both ends of an arrow lie inside their slice, which is how viewers bind a
+  flow to a slice.
 
 A stream runs one op at a time, so slices on one thread never overlap. Should two events on one
 stream overlap anyway (engine data from a stream with concurrent ops), the later one moves to an
 extra thread ``<stream> #2`` rather than producing a partial overlap, which trace viewers draw
 wrongly.
 
+A path ending in ``.gz`` is written gzip-compressed (Perfetto and chrome://tracing open both).
+
 Reference: "Trace Event Format", Google, https://docs.google.com/document/d/
-1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU (ph X / M / C, ts and dur in us).
+1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU (ph X / M / C; flow events s / t / f with
+``id``, ``cat`` and ``bp``; ts and dur in us).
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
+import re
 from collections import defaultdict
 from enum import Enum
 from pathlib import Path
@@ -137,6 +148,7 @@ def to_chrome_trace(result: StepResult, *, name: str | None = None) -> dict[str,
 
     threads: dict[tuple[int, int], str] = {}
     slices: list[dict[str, Any]] = []
+    placed: list[tuple[TraceEvent, dict[str, Any]]] = []
     for (rank, stream), events in sorted(
         by_stream.items(), key=lambda kv: (kv[0][0], tid_of(kv[0][1]))
     ):
@@ -152,18 +164,18 @@ def to_chrome_trace(result: StepResult, *, name: str | None = None) -> dict[str,
             tid = base if lane == 0 else tid_of(label)
             threads[(rank, tid)] = label
             args = _jsonable(dict(event.args or {}))
-            slices.append(
-                {
-                    "ph": "X",
-                    "name": str(event.name),
-                    "cat": stream,
-                    "pid": rank,
-                    "tid": tid,
-                    "ts": start_ns / 1e3,
-                    "dur": (end_ns - start_ns) / 1e3,
-                    "args": args,
-                }
-            )
+            record = {
+                "ph": "X",
+                "name": str(event.name),
+                "cat": stream,
+                "pid": rank,
+                "tid": tid,
+                "ts": start_ns / 1e3,
+                "dur": (end_ns - start_ns) / 1e3,
+                "args": args,
+            }
+            slices.append(record)
+            placed.append((event, record))
     for (rank, tid), label in sorted(threads.items()):
         trace.append(
             {"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": label}}
@@ -178,6 +190,7 @@ def to_chrome_trace(result: StepResult, *, name: str | None = None) -> dict[str,
             }
         )
     trace.extend(slices)
+    trace.extend(_flows(placed))
     for rank in sorted(result.memory_timeline):
         for time_s, size_bytes in result.memory_timeline[rank]:
             trace.append(
@@ -187,7 +200,7 @@ def to_chrome_trace(result: StepResult, *, name: str | None = None) -> dict[str,
                     "pid": int(rank),
                     "tid": 0,
                     "ts": _ns(float(time_s)) / 1e3,
-                    "args": {"GB": float(size_bytes) / 1e9},
+                    "args": {"GiB": float(size_bytes) / 2**30},
                 }
             )
     other = {
@@ -202,8 +215,87 @@ def to_chrome_trace(result: StepResult, *, name: str | None = None) -> dict[str,
     return {"traceEvents": trace, "displayTimeUnit": "ms", "otherData": _jsonable(other)}
 
 
+_SEND = re.compile(r"^send (?P<label>.+) -> stage (?P<to>\d+)$")
+_RECV = re.compile(r"^recv (?P<label>.+) <- stage (?P<src>\d+)$")
+#: Streams whose slices are collectives that wait on compute.
+_COMM_STREAMS = ("tp", "dp", "pp")
+
+
+def _flow_pair(
+    flow_id: int, cat: str, name: str, src: dict[str, Any], src_ns: int, dst: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """An arrow from inside ``src`` (at ``src_ns``) to the start of ``dst``."""
+    dst_ns = round(dst["ts"] * 1e3)
+    common = {"name": name, "cat": cat, "id": flow_id}
+    return [
+        {**common, "ph": "s", "pid": src["pid"], "tid": src["tid"], "ts": src_ns / 1e3},
+        {
+            **common,
+            "ph": "f",
+            "bp": "e",
+            "pid": dst["pid"],
+            "tid": dst["tid"],
+            "ts": max(dst_ns, src_ns) / 1e3 if dst_ns >= src_ns else dst_ns / 1e3,
+        },
+    ]
+
+
+def _flows(placed: list[tuple[TraceEvent, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Flow arrows: pipeline send -> matching recv, and compute -> the collective after it.
+
+    A send ``send F mb3 c0 -> stage 2`` on a rank of stage 1 pairs with the receive ``recv F
+    mb3 c0 <- stage 1`` that starts at the same nanosecond on a rank of stage 2; when several
+    ranks of a stage send the same micro-batch at once (data-parallel replicas, ``--all-ranks``),
+    the k-th sender by rank pairs with the k-th receiver by rank.
+    """
+    out: list[dict[str, Any]] = []
+    next_id = 1
+    recvs: dict[tuple[str, int, int], list[dict[str, Any]]] = defaultdict(list)
+    sends: dict[tuple[str, int, int], list[dict[str, Any]]] = defaultdict(list)
+    for _, record in placed:
+        if (m := _RECV.match(record["name"])) is not None:
+            src = int(m["src"])
+            recvs[(m["label"], src, round(record["ts"] * 1e3))].append(record)
+    for _, record in placed:
+        if (m := _SEND.match(record["name"])) is not None:
+            to = int(m["to"])
+            here = to - 1 if m["label"].startswith("F") else to + 1
+            sends[(m["label"], here, round(record["ts"] * 1e3))].append(record)
+    for key, senders in sorted(sends.items(), key=lambda kv: (kv[0][2], kv[0][0], kv[0][1])):
+        receivers = recvs.get(key, [])
+        for send, recv in zip(
+            sorted(senders, key=lambda r: r["pid"]), sorted(receivers, key=lambda r: r["pid"])
+        ):
+            out += _flow_pair(next_id, "pp_flow", key[0], send, round(send["ts"] * 1e3), recv)
+            next_id += 1
+    computes: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for _, record in placed:
+        if record["cat"] == "compute":
+            computes[record["pid"]].append(record)
+    for rank_slices in computes.values():
+        rank_slices.sort(key=lambda r: (r["ts"], -r["dur"]))
+    for _, record in placed:
+        if record["cat"] not in _COMM_STREAMS or record["name"].startswith(("send ", "recv ")):
+            continue
+        start_ns = round(record["ts"] * 1e3)
+        before = [c for c in computes.get(record["pid"], []) if round(c["ts"] * 1e3) <= start_ns]
+        if not before:
+            continue
+        compute = before[-1]
+        c_start = round(compute["ts"] * 1e3)
+        c_end = c_start + round(compute["dur"] * 1e3)
+        if c_end <= c_start:
+            continue
+        # inside the compute slice: where the collective starts, or just before its end
+        at = start_ns if start_ns < c_end else c_end - 1
+        out += _flow_pair(next_id, "comm_flow", record["name"], compute, at, record)
+        next_id += 1
+    return out
+
+
 def write_trace(result: StepResult, path: str | Path, *, name: str | None = None) -> Path:
-    """Write the Chrome/Perfetto trace of ``result`` to ``path`` (JSON) and return the path.
+    """Write the Chrome/Perfetto trace of ``result`` to ``path`` (JSON, gzip-compressed when
+    the name ends in ``.gz``) and return the path.
 
     Open it at https://ui.perfetto.dev ("Open trace file") or in chrome://tracing.
 
@@ -213,8 +305,12 @@ def write_trace(result: StepResult, path: str | Path, *, name: str | None = None
     path = Path(path)
     data = to_chrome_trace(result, name=name)
     try:
-        with path.open("w") as handle:
-            json.dump(data, handle, separators=(",", ":"), allow_nan=False)
+        if path.suffix.lower() == ".gz":
+            with gzip.open(path, "wt", encoding="utf-8") as zipped:
+                json.dump(data, zipped, separators=(",", ":"), allow_nan=False)
+        else:
+            with path.open("w") as handle:
+                json.dump(data, handle, separators=(",", ":"), allow_nan=False)
     except OSError as exc:
         raise ConfigError(
             f"cannot write {str(path)!r}: {exc.strerror or exc}", key_path="trace"

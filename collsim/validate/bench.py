@@ -21,7 +21,10 @@ small integers, so that every sum is exact and a wrong element is an error, not 
 
 from __future__ import annotations
 
+import csv
 import datetime as _dt
+import io
+import json
 import os
 import platform
 import socket
@@ -44,6 +47,7 @@ __all__ = [
     "sizes_between",
     "bench_rank",
     "run_bench",
+    "resume_state",
 ]
 
 #: The ops the bench knows, in nccl-tests naming.
@@ -116,6 +120,14 @@ class BenchConfig:
     barrier, then back-to-back iterations, each timed from the end of the one before."""
     probe_backend: bool = True
     """Record which backend kernels each op runs (torch profiler event names), once per op."""
+    output: str | None = None
+    """A ``.csv`` file rank 0 writes as it goes: metadata lines first, then each point as soon
+    as it is measured (appended and flushed), so a bench that is killed keeps every finished
+    point. The parent rewrites it with the whole metadata at the end (:func:`run_bench`)."""
+    skip: tuple[tuple[str, int], ...] = ()
+    """(op, requested size) pairs already in ``output``: not measured again (``--resume``)."""
+    progress: bool = False
+    """Rank 0 draws a progress line (points done, ETA) on stderr if that is a terminal."""
 
     def __post_init__(self) -> None:
         unknown = [op for op in self.ops if op not in OPS]
@@ -354,6 +366,122 @@ def _summary(times_s: list[float]) -> tuple[float, float, float]:
     return statistics.median(ordered), ordered[0], p90
 
 
+def _point(op: str, count: int, times_s: list[float], wrong: int, n: int, root: int) -> BenchPoint:
+    """The reported figures of one (op, size) from its per-iteration times."""
+    median_s, min_s, p90_s = _summary(times_s)
+    real_bytes = count * _ELEMENT_BYTES
+    algbw = real_bytes / median_s / 1e9 if median_s > 0 else 0.0
+    return BenchPoint(
+        op=op,
+        size_bytes=real_bytes,
+        count=count,
+        type="float",
+        redop="sum" if op in ("all_reduce", "reduce_scatter") else "none",
+        root=root if op == "broadcast" else -1,
+        time_us=median_s * 1e6,
+        min_us=min_s * 1e6,
+        p90_us=p90_s * 1e6,
+        algbw_gbps=algbw,
+        busbw_gbps=algbw * bus_factor(op, n),
+        wrong=wrong,
+        world_size=n,
+        iters=len(times_s),
+    )
+
+
+def _csv_cell(value: Any) -> Any:
+    """A value as :func:`collsim.validate.dataset.write_measurements` writes it."""
+    return f"{value:.9g}" if isinstance(value, float) else value
+
+
+class _PointSink:
+    """Rank 0's side of incremental writing and of the progress line.
+
+    The file gets its metadata lines and the CSV header when the ranks start (unless it is
+    resumed: then rows are appended to what is there), and each point as one ``write`` of one
+    line on a file opened for appending, flushed at once: a SIGKILL leaves whole rows only.
+    """
+
+    def __init__(self, config: BenchConfig, ctx: Any, kernels: dict[str, list[str]], total: int):
+        import sys
+
+        from collsim.validate.dataset import COLUMNS
+
+        self.columns = list(COLUMNS)
+        self.total, self.finished = total, 0
+        self.started = time.monotonic()
+        self.tty = config.progress and sys.stderr.isatty()
+        self.fd: int | None = None
+        if config.output is not None:
+            path = config.output
+            fresh = not config.skip or not os.path.exists(path)
+            flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if fresh else os.O_APPEND)
+            self.fd = os.open(path, flags, 0o644)
+            if fresh:
+                meta = {
+                    "tool": "collsim validate bench",
+                    "status": "partial: the run has not finished (validate bench --resume)",
+                    "backend": ctx.backend,
+                    "world_size": ctx.world_size,
+                    "ranks_per_node": ctx.local_world_size,
+                    "launcher": ctx.launcher,
+                    "host": socket.gethostname(),
+                    "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+                    "iters": config.iters,
+                    "warmup": config.warmup,
+                    "rounds": config.rounds,
+                    "timing": _timing(config),
+                    "dtype": "float32",
+                    "kernels": kernels,
+                }
+                head = "".join(f"# {k}: {json.dumps(v)}\n" for k, v in meta.items())
+                self._write(head + ",".join(self.columns) + "\n")
+
+    def _write(self, text: str) -> None:
+        if self.fd is not None:
+            os.write(self.fd, text.encode())
+            os.fsync(self.fd)
+
+    def done(self, point: BenchPoint | None) -> None:
+        """One (round, op, size) finished; ``point`` is set when that point is final."""
+        self.finished += 1
+        if point is not None and self.fd is not None:
+            buffer = io.StringIO()
+            writer = csv.DictWriter(buffer, fieldnames=self.columns, extrasaction="ignore")
+            row = asdict(point)
+            writer.writerow({k: _csv_cell(row[k]) for k in self.columns})
+            self._write(buffer.getvalue())
+        if self.tty:
+            import sys
+
+            elapsed = time.monotonic() - self.started
+            left = elapsed / self.finished * (self.total - self.finished)
+            what = f"{point.op} {point.size_bytes} B" if point is not None else ""
+            sys.stderr.write(
+                f"\rbench: {self.finished}/{self.total} done, {elapsed:.0f} s, "
+                f"ETA {left:.0f} s  {what}\x1b[K"
+            )
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            import sys
+
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def _timing(config: BenchConfig) -> str:
+    return "median over iterations of the slowest rank; " + (
+        "barrier before each iteration"
+        if config.barrier_each
+        else "one barrier, then back-to-back iterations"
+    )
+
+
 def bench_rank(ctx: Any, config: BenchConfig) -> dict[str, Any]:
     """The per-rank body of the bench (every rank returns the same, already reduced, data).
 
@@ -375,60 +503,45 @@ def bench_rank(ctx: Any, config: BenchConfig) -> dict[str, Any]:
     kernels: dict[str, list[str]] = {}
     wrong: dict[tuple[str, int], int] = {}
     samples: dict[tuple[str, int], list[float]] = {}
-    counts: dict[tuple[str, int], int] = {}
     wrong_total = torch.zeros(1, dtype=torch.int64, device=ctx.device)
     per_round = -(-config.iters // config.rounds)
     if config.probe_backend:
         kernels = _probe_kernels(torch, dist, ctx, config.ops, config.root)
+    skip = set(config.skip)
+    todo_keys = [
+        (op, size) for op in config.ops for size in config.sizes_bytes if (op, size) not in skip
+    ]
+    sink = _PointSink(config, ctx, kernels, len(todo_keys) * config.rounds) if rank == 0 else None
     for round_index in range(config.rounds):
-        for op in config.ops:
-            for size_bytes in config.sizes_bytes:
-                key = (op, size_bytes)
-                count = element_count(op, size_bytes, n)
-                counts[key] = count
-                case = _OpCase(torch, dist, op, count, rank, n, ctx.device, config.root)
-                if round_index == 0:
-                    case.fill_check()
-                    dist.barrier()
-                    case()
-                    ctx.sync()
-                    wrong_total.fill_(case.count_wrong())
-                    dist.all_reduce(wrong_total)
-                    wrong[key] = int(wrong_total.item())
-                case.fill_timing()
-                for _ in range(config.warmup):
-                    case()
+        for key in todo_keys:
+            op, size_bytes = key
+            count = element_count(op, size_bytes, n)
+            case = _OpCase(torch, dist, op, count, rank, n, ctx.device, config.root)
+            if round_index == 0:
+                case.fill_check()
+                dist.barrier()
+                case()
                 ctx.sync()
-                todo = min(per_round, config.iters - len(samples.get(key, [])))
-                samples.setdefault(key, []).extend(
-                    _time_iterations(torch, dist, ctx, case, todo, config.barrier_each)
-                )
-                del case
-    for op in config.ops:
-        for size_bytes in config.sizes_bytes:
-            key = (op, size_bytes)
-            median_s, min_s, p90_s = _summary(samples[key])
-            count = counts[key]
-            real_bytes = count * _ELEMENT_BYTES
-            algbw = real_bytes / median_s / 1e9 if median_s > 0 else 0.0
-            points.append(
-                BenchPoint(
-                    op=op,
-                    size_bytes=real_bytes,
-                    count=count,
-                    type="float",
-                    redop="sum" if op in ("all_reduce", "reduce_scatter") else "none",
-                    root=config.root if op == "broadcast" else -1,
-                    time_us=median_s * 1e6,
-                    min_us=min_s * 1e6,
-                    p90_us=p90_s * 1e6,
-                    algbw_gbps=algbw,
-                    busbw_gbps=algbw * bus_factor(op, n),
-                    wrong=wrong[key],
-                    world_size=n,
-                    iters=len(samples[key]),
-                )
+                wrong_total.fill_(case.count_wrong())
+                dist.all_reduce(wrong_total)
+                wrong[key] = int(wrong_total.item())
+            case.fill_timing()
+            for _ in range(config.warmup):
+                case()
+            ctx.sync()
+            todo = min(per_round, config.iters - len(samples.get(key, [])))
+            samples.setdefault(key, []).extend(
+                _time_iterations(torch, dist, ctx, case, todo, config.barrier_each)
             )
+            del case
+            point = None
+            if round_index == config.rounds - 1:
+                point = _point(op, count, samples[key], wrong[key], n, config.root)
+                points.append(point)
+            if sink is not None:
+                sink.done(point)
+    if sink is not None:
+        sink.close()
     overhead = _overhead(torch, dist, ctx, config.iters)
     return {
         "points": points,
@@ -487,6 +600,56 @@ def steal_share(start: tuple[int, int] | None, end: tuple[int, int] | None) -> f
     return round((end[0] - start[0]) / (end[1] - start[1]), 4)
 
 
+def resume_state(
+    path: str, config: BenchConfig, *, backend: str, world_size: int | None
+) -> tuple[tuple[tuple[str, int], ...], list[dict[str, Any]]]:
+    """What a partial bench file already holds: the (op, size) pairs to skip, and its rows.
+
+    A missing file, or one without rows yet, resumes from nothing. The file must have been
+    measured the same way (backend, world size, iters, warmup, rounds, timing).
+
+    Raises:
+        ConfigError: the file was measured differently, or is not a bench CSV.
+    """
+    from collsim.errors import ConfigError
+    from collsim.validate.dataset import read_measurements
+
+    if not os.path.exists(path):
+        return (), []
+    try:
+        meas = read_measurements(path)
+    except ConfigError as exc:
+        if "no measured rows" in str(exc):
+            return (), []
+        raise
+    meta = meas.metadata
+    wanted: dict[str, Any] = {
+        "backend": backend,
+        "iters": config.iters,
+        "warmup": config.warmup,
+        "rounds": config.rounds,
+        "timing": _timing(config),
+    }
+    if world_size is not None:
+        wanted["world_size"] = world_size
+    for key, value in wanted.items():
+        if key in meta and meta[key] != value:
+            raise ConfigError(
+                f"cannot resume: it was measured with {key} {meta[key]!r}, this run asks "
+                f"for {value!r} (use the same options, or another -o)",
+                file=path,
+            )
+    n = meas.world_size
+    done = {(str(r["op"]), int(r["size_bytes"])) for r in meas.rows}
+    skip = tuple(
+        (op, size)
+        for op in config.ops
+        for size in config.sizes_bytes
+        if (op, element_count(op, size, n) * _ELEMENT_BYTES) in done
+    )
+    return skip, list(meas.rows)
+
+
 def run_bench(
     config: BenchConfig,
     *,
@@ -542,14 +705,7 @@ def run_bench(
         "iters": config.iters,
         "warmup": config.warmup,
         "rounds": config.rounds,
-        "timing": (
-            "median over iterations of the slowest rank; "
-            + (
-                "barrier before each iteration"
-                if config.barrier_each
-                else "one barrier, then back-to-back iterations"
-            )
-        ),
+        "timing": _timing(config),
         "dtype": "float32",
         "kernels": out["kernels"],
         "overhead_noop_us": round(out["overhead"]["noop_us"], 3),

@@ -56,6 +56,8 @@ __all__ = [
     "free_port",
     "realtime_problem",
     "current_scheduling",
+    "check_backend",
+    "TORCH_HINT",
     "REALTIME_PRIORITY",
 ]
 
@@ -65,6 +67,61 @@ _POLL_S = 0.05
 _EXIT_GRACE_S = 10.0
 
 
+#: How to get torch (the package requirement is ``torch>=2.2``, the ``validate`` extra; 2.13
+#: is the version this repository's measurements were taken with).
+TORCH_HINT = "pip install 'collsim[validate]' (or: pip install torch==2.13.0)"
+#: How to get a torch that has CUDA and NCCL (the PyTorch install selector's form).
+CUDA_HINT = (
+    "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128 "
+    "(a CUDA build), or use --backend gloo"
+)
+
+
+def check_backend(backend: str, world_size: int | None = None) -> None:
+    """Fail at once, in the parent, when the ranks could not start: no torch, or a backend
+    the installed torch lacks (``nccl`` in a CPU-only build), or fewer GPUs than ranks.
+
+    Raises:
+        ConfigError: one line with the install command (exit 2).
+    """
+    from collsim.errors import ConfigError
+
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError:
+        raise ConfigError(
+            f"torch is not installed; the validate commands need it: {TORCH_HINT}",
+            key_path="--backend",
+        ) from None
+
+    if not dist.is_available():
+        raise ConfigError(
+            f"the installed torch {torch.__version__} has no torch.distributed: {TORCH_HINT}",
+            key_path="--backend",
+        )
+    available = {
+        "gloo": dist.is_gloo_available(),
+        "nccl": dist.is_nccl_available() and torch.cuda.is_available(),
+    }
+    if backend not in available:
+        raise ConfigError(f"must be gloo or nccl, got {backend!r}", key_path="--backend")
+    if not available[backend]:
+        build = "CPU-only" if not torch.cuda.is_available() else "without NCCL"
+        hint = CUDA_HINT if backend == "nccl" else TORCH_HINT
+        raise ConfigError(
+            f"the installed torch {torch.__version__} ({build}) has no {backend} backend: {hint}",
+            key_path="--backend",
+        )
+    if backend == "nccl" and world_size is not None and not in_torchrun():
+        gpus = torch.cuda.device_count()
+        if world_size > gpus:
+            raise ConfigError(
+                f"{world_size} ranks need {world_size} GPUs, this machine has {gpus}",
+                key_path="--world-size",
+            )
+
+
 class RankFailure(CollsimError):
     """A rank raised, died, or the run passed its deadline. The message names the rank(s).
 
@@ -72,6 +129,8 @@ class RankFailure(CollsimError):
         ranks: the ranks that failed first (raised, died or did not finish in time).
         reason: ``"error"``, ``"died"``, ``"timeout"`` or ``"terminated"`` (SIGTERM).
     """
+
+    exit_code = 1
 
     def __init__(self, message: str, *, ranks: tuple[int, ...], reason: str) -> None:
         self.ranks = ranks
@@ -456,7 +515,9 @@ def run_distributed(
     Raises:
         RankFailure: see :func:`spawn_ranks`.
         ValueError: world_size is None outside torchrun.
+        ConfigError: no torch, or a backend it lacks (:func:`check_backend`).
     """
+    check_backend(backend, world_size)
     if in_torchrun():
         _limit_threads()
         if realtime:

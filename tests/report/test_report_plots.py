@@ -97,7 +97,7 @@ def test_memory_plot(result_factory, tmp_path: Path) -> None:
     fig = plot_memory(frame)
     assert len(fig.axes) == 4
     assert [ax.get_title() for ax in fig.axes] == ["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"]
-    assert fig.axes[0].get_ylabel() == "Peak memory per GPU (GB)"
+    assert fig.axes[0].get_ylabel() == "Peak memory per GPU (GiB)"
     for ax, zero in zip(fig.axes, (0, 1, 2, 3)):
         assert ax.get_xlabel() == "Number of GPUs"
         containers = [c for c in ax.containers if isinstance(c, BarContainer)]
@@ -107,10 +107,10 @@ def test_memory_plot(result_factory, tmp_path: Path) -> None:
             containers[-1].patches[i].get_y() + containers[-1].patches[i].get_height()
             for i in range(2)
         ]
-        want = frame[frame["plan"] == ax.get_title()]["memory_peak_bytes"] / 1e9
+        want = frame[frame["plan"] == ax.get_title()]["memory_peak_bytes"] / 2**30
         assert tops == pytest.approx(list(want))
         hbm = [line for line in ax.get_lines() if line.get_label().startswith("HBM")]
-        assert len(hbm) == 1 and hbm[0].get_ydata()[0] == pytest.approx(80.0)
+        assert len(hbm) == 1 and hbm[0].get_ydata()[0] == pytest.approx(80e9 / 2**30)
         assert hbm[0].get_linestyle() == "--"
     assert_png(save_figure(fig, tmp_path / "memory.png"))
 
@@ -122,11 +122,11 @@ def test_memory_timeline_plot(result_factory, tmp_path: Path) -> None:
     )
     fig = plot_memory_timeline(result, rank=5)
     (ax,) = fig.axes
-    assert ax.get_xlabel() == "Time in step (ms)" and ax.get_ylabel() == "Memory in use (GB)"
+    assert ax.get_xlabel() == "Time in step (ms)" and ax.get_ylabel() == "Memory in use (GiB)"
     use, hbm = ax.get_lines()
     assert list(use.get_xdata()) == pytest.approx([0.0, 20.0, 60.0, 100.0])
-    assert list(use.get_ydata()) == pytest.approx([2.0, 4.0, 3.0, 3.0])
-    assert hbm.get_label() == "HBM 80 GB" and hbm.get_linestyle() == "--"
+    assert list(use.get_ydata()) == pytest.approx([v / 2**30 for v in (2e9, 4e9, 3e9, 3e9)])
+    assert hbm.get_label() == "HBM 74.5 GiB" and hbm.get_linestyle() == "--"
     assert_svg(save_figure(fig, tmp_path / "timeline.svg"))
     with pytest.raises(ConfigError, match="rank 3 has no memory timeline; simulated ranks: 0, 5"):
         plot_memory_timeline(result, rank=3)
@@ -242,6 +242,35 @@ def test_step_plot(pipeline, result_factory, tmp_path: Path) -> None:
     assert labels == ["bubble (idle)", "forward", "backward"]
     # 1F1B, p = 4, m = 4, equal op times: (p-1)/(m+p-1) = 3/7 of the step is idle
     assert "idle 43 %" in gantt.get_title(loc="left")
-    assert memory.get_ylabel() == "Memory in use (GB)"
-    assert [line.get_label() for line in memory.get_lines()] == ["rank 0 in use", "HBM 80 GB"]
+    assert memory.get_ylabel() == "Memory in use (GiB)"
+    assert [line.get_label() for line in memory.get_lines()] == ["rank 0 in use", "HBM 74.5 GiB"]
     assert_svg(save_figure(fig, tmp_path / "step.svg"))
+
+
+def test_step_plot_has_communication_lanes(pipeline, result_factory, tmp_path: Path) -> None:
+    from collsim.report.plots import plot_step
+
+    result = result_factory(
+        events=pipeline("1f1b", stages=4, microbatches=4, p2p_s=0.001),
+        memory_timeline={0: [(0.0, 10e9), (0.004, 12e9)]},
+    )
+    for event in result.trace_events:
+        event.args.pop("stage", None)
+    fig = plot_step(result, stage_of=lambda rank: rank)
+    gantt = fig.axes[0]
+    ticks = [t.get_text() for t in gantt.get_yticklabels()]
+    streams = {(e.rank, e.stream) for e in result.trace_events if e.stream != "compute"}
+    assert streams  # the fixture's sends and receives
+    # every stage row, then under it one lane per communication stream its rank used
+    want = []
+    for stage in range(4):
+        want.append(f"stage {stage} (rank {stage})")
+        want += [
+            f"  {s}" for s in ("tp", "pp", "pp recv", "dp", "offload") if (stage, s) in streams
+        ]
+    assert ticks == want
+    labels = [c.get_label() for c in gantt.collections if not c.get_label().startswith("_")]
+    assert {"pp comm"} <= set(labels)
+    no_lanes = plot_step(result, stage_of=lambda rank: rank, comm=False)
+    assert len(no_lanes.axes[0].get_yticklabels()) == 4
+    assert_svg(save_figure(fig, tmp_path / "step_lanes.svg"))

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from click.testing import CliRunner
+
+import collsim
+from collsim.cli import cli
 from collsim.report.trace import STREAM_TIDS, to_chrome_trace, write_trace
 from collsim.schedule.result import TraceEvent
 
@@ -17,7 +22,9 @@ def check_chrome_trace(data: dict[str, Any]) -> list[dict[str, Any]]:
     named_pids, named_threads = set(), set()
     slices = []
     for event in data["traceEvents"]:
-        assert event["ph"] in ("X", "M", "C"), event
+        assert event["ph"] in ("X", "M", "C", "s", "t", "f"), event
+        if event["ph"] in ("s", "t", "f"):
+            continue  # flow events: check_flows
         assert isinstance(event["pid"], int) and isinstance(event["tid"], int)
         if event["ph"] == "M":
             assert event["name"] in (
@@ -59,7 +66,59 @@ def check_chrome_trace(data: dict[str, Any]) -> list[dict[str, Any]]:
             end = start + round(event["dur"] * 1000)
             assert not open_ends or end <= open_ends[-1], f"partial overlap at {event}"
             open_ends.append(end)
+    check_flows(data, slices)
     return slices
+
+
+def check_flows(data: dict[str, Any], slices: list[dict[str, Any]]) -> dict[Any, list[dict]]:
+    """The Trace Event Format's rules for flow events; returns the flows by (cat, id).
+
+    - ``ph`` is ``s`` (start), ``t`` (step) or ``f`` (end); ``id``, ``cat`` and ``name`` are
+      the same on every event of one flow; each flow has exactly one ``s`` and one ``f``, the
+      ``s`` first, then its ``t`` steps, then the ``f``, in non-decreasing ``ts``;
+    - ``pid``, ``tid`` and ``ts`` place each event on a thread; an ``s`` or ``t`` binds to the
+      slice of its thread that encloses its ``ts``, so one must; an ``f`` with ``bp: "e"``
+      binds to its enclosing slice too (without ``bp`` it would bind to the next slice that
+      starts after its ``ts``, so one must exist);
+    - ``bp``, if present, is ``"e"``.
+    """
+    by_thread: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)
+    for s in slices:
+        start = round(s["ts"] * 1000)
+        by_thread[(s["pid"], s["tid"])].append((start, start + round(s["dur"] * 1000)))
+
+    def encloses(event: dict[str, Any]) -> bool:
+        ts = round(event["ts"] * 1000)
+        return any(a <= ts <= b for a, b in by_thread.get((event["pid"], event["tid"]), []))
+
+    def next_slice(event: dict[str, Any]) -> bool:
+        ts = round(event["ts"] * 1000)
+        return any(a >= ts for a, _ in by_thread.get((event["pid"], event["tid"]), []))
+
+    flows: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+    for event in data["traceEvents"]:
+        if event["ph"] not in ("s", "t", "f"):
+            continue
+        assert isinstance(event["id"], int | str), event
+        assert isinstance(event["cat"], str) and event["cat"], event
+        assert isinstance(event["name"], str) and event["name"], event
+        assert isinstance(event["pid"], int) and isinstance(event["tid"], int)
+        assert isinstance(event["ts"], float | int) and event["ts"] >= 0
+        assert event.get("bp", "e") == "e", event
+        flows[(event["cat"], event["id"])].append(event)
+    for key, events in flows.items():
+        phases = [e["ph"] for e in events]
+        assert phases[0] == "s" and phases[-1] == "f", (key, phases)
+        assert phases.count("s") == 1 and phases.count("f") == 1, (key, phases)
+        assert len({e["name"] for e in events}) == 1, key
+        times = [e["ts"] for e in events]
+        assert times == sorted(times), (key, times)
+        for event in events:
+            if event["ph"] in ("s", "t") or event.get("bp") == "e":
+                assert encloses(event), f"flow {key} {event['ph']} not inside a slice"
+            else:
+                assert next_slice(event), f"flow {key} ends after every slice of its thread"
+    return flows
 
 
 def test_trace_has_every_op_with_its_facts(pipeline, result_factory, tmp_path: Path) -> None:
@@ -67,8 +126,8 @@ def test_trace_has_every_op_with_its_facts(pipeline, result_factory, tmp_path: P
     result = result_factory(
         events=events,
         memory_timeline={
-            0: [(0.0, 1e9), (0.004, 3e9), (0.02, 2e9)],
-            3: [(0.0, 1e9), (0.01, 1.5e9)],
+            0: [(0.0, 2**30), (0.004, 3 * 2**30), (0.02, 2 * 2**30)],
+            3: [(0.0, 2**30), (0.01, 1.5 * 2**30)],
         },
     )
     path = write_trace(result, tmp_path / "step.json", name="tiny")
@@ -97,7 +156,7 @@ def test_trace_has_every_op_with_its_facts(pipeline, result_factory, tmp_path: P
     }
     assert names == {(r, f"rank {r}") for r in range(4)}
     counters = [e for e in data["traceEvents"] if e["ph"] == "C"]
-    assert [(c["pid"], c["ts"], c["args"]["GB"]) for c in counters if c["pid"] == 0] == [
+    assert [(c["pid"], c["ts"], c["args"]["GiB"]) for c in counters if c["pid"] == 0] == [
         (0, 0.0, 1.0),
         (0, 4000.0, 3.0),
         (0, 20000.0, 2.0),
@@ -229,3 +288,46 @@ def test_run_import_path_stays_light() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     )
     assert out.stdout.strip() == ""
+
+
+REPO = Path(__file__).resolve().parents[2]
+PIPE = REPO / "scenarios" / "pipeline_13b_1f1b.yaml"
+
+
+def test_pipeline_sends_flow_to_their_receives() -> None:
+    sim = collsim.simulate(PIPE, {"training.global_batch": 8})
+    data = to_chrome_trace(sim.result, name="pp")
+    slices = check_chrome_trace(data)  # includes check_flows
+    flows = check_flows(data, slices)
+    pp = [events for (cat, _), events in flows.items() if cat == "pp_flow"]
+    sends = [s for s in slices if s["name"].startswith("send ")]
+    assert len(pp) == len(sends) == 48  # 8 micro-batches x 3 stage boundaries x F and B
+    by_pos = {(s["pid"], s["tid"], s["ts"]): s for s in slices}
+    for start, end in pp:
+        src = next(s for s in sends if (s["pid"], s["tid"], s["ts"]) == (start["pid"],
+                   start["tid"], start["ts"]))  # fmt: skip
+        dst = by_pos[(end["pid"], end["tid"], end["ts"])]
+        assert dst["name"].startswith("recv ") and dst["pid"] != src["pid"]
+        label = src["name"].split(" -> ")[0].removeprefix("send ")
+        assert dst["name"].split(" <- ")[0] == f"recv {label}"
+    comm = [events for (cat, _), events in flows.items() if cat == "comm_flow"]
+    collectives = [s for s in slices if s["cat"] in ("tp", "dp", "pp")
+                   and not s["name"].startswith(("send ", "recv "))]  # fmt: skip
+    assert comm and len(comm) <= len(collectives)
+    for start, end in comm:
+        assert start["tid"] == 1 and start["pid"] == end["pid"]  # from the rank's compute
+
+
+def test_trace_json_gz_is_gzip(tmp_path: Path) -> None:
+    path = tmp_path / "step.json.gz"
+    res = CliRunner().invoke(cli, ["run", str(PIPE), "--set", "training.global_batch=8",
+                                   "--trace", str(path)])  # fmt: skip
+    assert res.exit_code == 0, res.stderr
+    assert path.read_bytes()[:2] == b"\x1f\x8b"
+    with gzip.open(path, "rt") as handle:
+        data = json.load(handle)
+    check_chrome_trace(data)
+    plain = tmp_path / "step.json"
+    CliRunner().invoke(cli, ["run", str(PIPE), "--set", "training.global_batch=8",
+                             "--trace", str(plain)])  # fmt: skip
+    assert json.loads(plain.read_text())["traceEvents"] == data["traceEvents"]

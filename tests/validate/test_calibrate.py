@@ -233,6 +233,10 @@ def test_cli_calibrate_compare_holdout(tmp_path: Path) -> None:
     meas = _synthetic(tmp_path, 2, noise=0.02)
     runner = CliRunner()
     out = tmp_path / "topologies" / "mine.yaml"
+    # no command creates a folder it was not given (issue 15): -o needs an existing folder
+    res = runner.invoke(validate, ["calibrate", meas.path, "-o", str(out), "--subset", "even"])
+    assert res.exit_code != 0 and not out.parent.exists()
+    out.parent.mkdir()
     res = runner.invoke(validate, ["calibrate", meas.path, "-o", str(out), "--subset", "even"])
     assert res.exit_code == 0, res.output
     assert "reduce_scatter" in res.output and out.exists()

@@ -1,0 +1,27 @@
+"""``collsim schema KIND``: print the JSON Schema of scenario or topology files.
+
+The schema comes from :mod:`collsim.schema`, the same description the loaders check files
+against, so an editor that validates with it agrees with ``collsim run``::
+
+    collsim schema scenario > scenario.schema.json
+    collsim schema topology > topology.schema.json
+"""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from collsim.cli.common import OneLineCommand
+
+__all__ = ["schema"]
+
+
+@click.command(name="schema", cls=OneLineCommand)
+@click.argument("kind", type=click.Choice(["scenario", "topology"]))
+def schema(kind: str) -> None:
+    """Print the JSON Schema (draft 2020-12) of KIND files on stdout."""
+    from collsim.schema import json_schema
+
+    click.echo(json.dumps(json_schema(kind), indent=2))

@@ -1,0 +1,81 @@
+"""The notebook API: collsim.simulate / sweep / collective / goodput."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+import collsim
+from collsim.errors import ConfigError, LimitError, UnavailableError
+from collsim.limits import Limits
+
+REPO = Path(__file__).resolve().parents[2]
+DDP = REPO / "scenarios" / "ddp_gpt3_1.3b.yaml"
+
+
+def test_simulate_matches_the_cli_result() -> None:
+    from collsim.engine import simulate_step
+    from collsim.scenario import load_scenario
+
+    sim = collsim.simulate(DDP, overrides={"parallel.ddp.bucket_mb": 50})
+    sc = load_scenario(DDP, ["parallel.ddp.bucket_mb=50"])
+    direct = simulate_step(sc.cluster.load(), sc.model, sc.training, sc.parallel)
+    assert sim.step_time_s == pytest.approx(direct.step_time_s, rel=1e-12)
+    assert sim.scenario.parallel.ddp.bucket_mb == 50
+    assert set(sim.breakdown) == set(direct.breakdown_s)
+    assert sum(sim.breakdown.values()) == pytest.approx(sim.step_time_s, rel=1e-6)
+    frame = sim.to_frame()
+    assert len(frame) == 1 and frame.loc[0, "num_gpus"] == 8
+    assert frame.loc[0, "step_time_s"] == pytest.approx(sim.step_time_s)
+    timeline = sim.memory_timeline
+    assert {"rank", "time_s"} <= set(timeline.columns) and len(timeline) > 0
+
+
+def test_simulate_overrides_forms_and_errors() -> None:
+    a = collsim.simulate(DDP, ["parallel.zero=1"])
+    b = collsim.simulate(DDP, {"parallel.zero": 1})
+    assert a.step_time_s == b.step_time_s
+    with pytest.raises(ConfigError, match="parallel.zerro"):
+        collsim.simulate(DDP, {"parallel.zerro": 1})
+    with pytest.raises(LimitError, match="--max-layers"):
+        collsim.simulate(DDP, {"model.layers": 48}, limits=Limits(max_layers=30))
+    loaded = collsim.load(DDP)
+    again = collsim.simulate(loaded, {"parallel.zero": 1})
+    assert again.step_time_s == a.step_time_s
+
+
+def test_plot_returns_a_figure(tmp_path: Path) -> None:
+    sim = collsim.simulate(DDP)
+    fig = sim.plot("step", tmp_path / "s.png")
+    assert (tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"
+    assert fig.axes
+    with pytest.raises(ConfigError):
+        sim.plot("pie")
+
+
+def test_sweep_and_collective_frames() -> None:
+    frame = collsim.sweep(DDP, gpus=[8, 16])
+    assert list(frame["num_gpus"]) == [8, 16] and frame["feasible"].all()
+    coll = collsim.collective("all_reduce", [2**20, 2**24], gpus=8, algorithms=["ring"])
+    assert list(coll["size_bytes"]) == [2**20, 2**24]
+    assert (coll["busbw_bps"] > 0).all()
+    with pytest.raises(ConfigError, match="op"):
+        collsim.collective("all_reduse", 1024)
+
+
+def test_sweep_is_function_and_module() -> None:
+    import collsim.sweep
+    from collsim.sweep import parse_gpus
+
+    assert callable(collsim.sweep)
+    assert collsim.sweep.parse_gpus is parse_gpus  # the module's names read through
+
+
+def test_goodput_is_lazy() -> None:
+    if importlib.util.find_spec("collsim.goodput") is None:
+        with pytest.raises(UnavailableError, match="not available"):
+            collsim.goodput()
+    else:
+        assert callable(collsim.goodput)

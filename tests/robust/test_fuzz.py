@@ -1,0 +1,427 @@
+"""Property-based fuzzing of everything a user types: scenario files, topology files, ``--set``
+strings and measured-data CSVs.
+
+Each example runs the real command (click's runner, in this process) and must:
+
+- end with exit status 0, 1 or 2, never a traceback (any exception other than SystemExit);
+- finish within :data:`EXAMPLE_TIMEOUT_S` (a SIGALRM timer stops a hang and fails the test);
+- keep the process under 1 GB of memory (the peak RSS of this process, ``ru_maxrss``, is
+  checked after every example: it only grows, so no example went above it);
+- when it rejects the input (exit 2), say so on stderr with one line per error, each starting
+  ``error:`` (collsim's) or ``Error:`` (click's usage errors), nothing else on stderr.
+
+Simulations run with ``--max-events 200000 --max-memory-gib 0.75``: the resource limits
+(:mod:`collsim.limits`) are what keeps a valid but huge plan from taking the time or the
+memory, and the fuzzer checks that they do.
+
+The default suite runs 300 examples (under a minute); the ``slow`` tests run 5,000 (4,000
+configuration inputs, 1,000 CSVs) and only when asked for by marker
+(``python -m pytest -m slow tests/robust/test_fuzz.py``), so that the whole suite stays under
+ten minutes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import resource
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from click.testing import CliRunner
+from hypothesis import HealthCheck, Phase, event, given, settings
+from hypothesis import strategies as st
+
+from collsim.cli import cli
+
+REPO = Path(__file__).resolve().parents[2]
+BASE_SCENARIO = yaml.safe_load((REPO / "scenarios" / "ddp_gpt3_1.3b.yaml").read_text())
+BASE_PIPELINE = yaml.safe_load((REPO / "scenarios" / "pipeline_13b_1f1b.yaml").read_text())
+BASE_TOPOLOGY = yaml.safe_load((REPO / "topologies" / "dgx_h100.yaml").read_text())
+MEASURED = (REPO / "validate" / "data" / "localhost_gloo_n2.csv").read_text()
+
+EXAMPLE_TIMEOUT_S = 20.0
+MEMORY_LIMIT_BYTES = 10**9
+LIMITS = ["--max-events", "200000", "--max-memory-gib", "0.75"]
+
+# -- values ----------------------------------------------------------------------------------------
+
+NUMBERS = st.one_of(
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.sampled_from([0, 1, 2, 3, 4, 7, 8, 16, 64, 1024, 10**7, 10**12, -1]),
+    st.floats(allow_nan=True, allow_infinity=True),
+)
+SCALARS = st.one_of(
+    NUMBERS,
+    st.booleans(),
+    st.none(),
+    st.text(max_size=12),
+    st.sampled_from(["bf16", "fp8", "1f1b", "interleaved", "ring", "nvls", "full", "x" * 200]),
+)
+VALUES = st.recursive(
+    SCALARS,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+
+
+def _paths(doc: Any, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    out = []
+    if isinstance(doc, dict):
+        for key, value in doc.items():
+            out.append(prefix + (str(key),))
+            out += _paths(value, prefix + (str(key),))
+    return out
+
+
+SCENARIO_PATHS = sorted(set(_paths(BASE_SCENARIO) + _paths(BASE_PIPELINE))) + [
+    ("parallel", "fsdp", "prefetch"),
+    ("parallel", "virtual_stages"),
+    ("parallel", "sequence_parallel"),
+    ("model", "layers"),
+    ("model", "seq_len"),
+    ("model", "hidden"),
+    ("model", "heads"),
+    ("model", "kv_heads"),
+    ("cluster", "nodes"),
+    ("nope",),
+    ("parallel", "ddp", "bucket"),
+]
+TOPOLOGY_PATHS = sorted(set(_paths(BASE_TOPOLOGY))) + [
+    ("collectives", "algorithms", "all_reduce"),
+    ("collectives", "ops", "all_reduce", "efficiency"),
+    ("collectives", "ops", "all_reduce", "knee_bytes"),
+    ("fabric", "oversubscription"),
+    ("nics", "count"),
+]
+
+
+def _set(doc: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    node: Any = doc
+    for part in path[:-1]:
+        child = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[path[-1]] = value
+
+
+def _drop(doc: dict[str, Any], path: tuple[str, ...]) -> None:
+    node: Any = doc
+    for part in path[:-1]:
+        node = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(node, dict):
+            return
+    node.pop(path[-1], None)
+
+
+@st.composite
+def mutated(draw: st.DrawFn, base: dict[str, Any], paths: list[tuple[str, ...]]) -> str:
+    """A YAML document: ``base`` with a few keys set to odd values or dropped, or raw text."""
+    kind = draw(st.integers(0, 9))
+    if kind == 0:
+        raw = draw(st.binary(max_size=200))
+        return raw.decode("latin-1")
+    if kind == 1:
+        return draw(st.text(max_size=200))
+    doc = json.loads(json.dumps(base))
+    for _ in range(draw(st.integers(1, 4))):
+        path = draw(st.sampled_from(paths))
+        if draw(st.integers(0, 4)) == 0:
+            _drop(doc, path)
+        else:
+            _set(doc, path, draw(VALUES))
+    text = yaml.safe_dump(doc, allow_unicode=True)
+    if kind == 2 and text:  # a truncated file
+        text = text[: draw(st.integers(0, len(text)))]
+    return text
+
+
+@st.composite
+def plans(draw: st.DrawFn) -> str:
+    """A plausible plan (every key of the right type and sign), most of them runnable: what
+    reaches the engine, where the resource limits must keep time and memory bounded."""
+    doc = json.loads(json.dumps(draw(st.sampled_from([BASE_SCENARIO, BASE_PIPELINE]))))
+    tp = draw(st.sampled_from([1, 2, 4, 8]))
+    pp = draw(st.sampled_from([1, 2, 4, 8]))
+    dp = draw(st.sampled_from([1, 2, 4, 16, 64, 1024, 8192]))
+    micro = draw(st.sampled_from([1, 2, 4]))
+    doc["cluster"]["nodes"] = max(1, tp * pp * dp // 8)
+    doc["parallel"].update(
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        zero=draw(st.integers(0, 3)),
+        schedule=draw(st.sampled_from(["gpipe", "1f1b"])),
+    )
+    per_replica = draw(st.sampled_from([1, 2, 8, 64, 1000, 100_000, 10**9]))
+    doc["training"].update(
+        micro_batch=micro,
+        global_batch=micro * dp * per_replica,
+        recompute=draw(st.sampled_from(["none", "selective", "full"])),
+    )
+    model = doc["model"]
+    model["layers"] = pp * draw(st.sampled_from([1, 2, 12, 100, 5000, 10**6]))
+    model["seq_len"] = draw(st.sampled_from([128, 2048, 32768, 2**20]))
+    return yaml.safe_dump(doc)
+
+
+SET_KEYS = st.one_of(
+    st.sampled_from([".".join(p) for p in SCENARIO_PATHS]),
+    st.text(alphabet="abcdefghijklmnopqrstuvwxyz._", max_size=20),
+)
+SET_VALUES = st.one_of(
+    st.text(max_size=20),
+    st.sampled_from([".nan", ".inf", "-.inf", "1e400", "[1, 2", "{a: 1}", "null", "~", "0x10",
+                     "1_000", "true", "10000000", "640000000000", "-3", "2.5", "'4'"]),
+)  # fmt: skip
+SET_TEXTS = st.one_of(
+    st.builds(lambda k, v: f"{k}={v}", SET_KEYS, SET_VALUES),
+    st.text(max_size=30),
+)
+
+
+@st.composite
+def measured_csv(draw: st.DrawFn) -> str:
+    """A measured-data CSV: the shipped one with cells replaced, rows cut, or raw bytes."""
+    kind = draw(st.integers(0, 5))
+    if kind == 0:
+        return draw(st.binary(max_size=300)).decode("latin-1")
+    lines = MEASURED.splitlines()
+    head = [ln for ln in lines if ln.startswith("#")]
+    body = [ln for ln in lines if not ln.startswith("#")]
+    header, rows = body[0], body[1:]
+    if kind == 3:
+        rows = rows[: draw(st.integers(0, len(rows)))]
+    cells = [r.split(",") for r in rows]
+    for _ in range(draw(st.integers(0, 6))):
+        if not cells:
+            break
+        i = draw(st.integers(0, len(cells) - 1))
+        # the time columns (6-8) most often: what calibrate and compare compute with
+        j = draw(st.one_of(st.sampled_from([6, 6, 7, 8, 0, 1]), st.integers(0, len(cells[i]) - 1)))
+        j = min(j, len(cells[i]) - 1)
+        cells[i][j] = draw(
+            st.one_of(
+                st.sampled_from(["nan", "inf", "-5", "0", "1e308", "", "foo", "all_reducer"]),
+                st.text(alphabet="0123456789.-e", max_size=8),
+            )
+        )
+    if kind == 1 and cells:
+        cells = [c[: draw(st.integers(0, len(c)))] for c in cells]
+    if kind == 2:
+        head = []
+    return "\n".join(head + [header] + [",".join(c) for c in cells]) + "\n"
+
+
+# -- running ---------------------------------------------------------------------------------------
+
+
+class Hang(Exception):
+    """An example ran past EXAMPLE_TIMEOUT_S."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    def stop(signum: int, frame: Any) -> None:
+        raise Hang(f"an example ran past {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def peak_rss_bytes() -> int:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
+def check_run(args: list[str]) -> None:
+    """Run one command and check the rules of the module docstring."""
+    with time_limit(EXAMPLE_TIMEOUT_S):
+        res = CliRunner().invoke(cli, args)
+    if res.exception is not None and not isinstance(res.exception, SystemExit):
+        import traceback
+
+        trace = "".join(traceback.format_exception(res.exception))
+        raise AssertionError(f"traceback for {args}:\n{trace}")
+    assert res.exit_code in (0, 1, 2), (args, res.exit_code, res.output)
+    event(f"{args[0]}: exit {res.exit_code}")  # counted by --hypothesis-show-statistics
+    assert "Traceback" not in res.output, (args, res.output)
+    if res.exit_code == 2:
+        lines = res.stderr.splitlines()
+        assert lines, (args, "exit 2 with nothing on stderr")
+        for line in lines:
+            assert line.startswith(("error: ", "Error: ")), (args, res.stderr)
+    assert peak_rss_bytes() < MEMORY_LIMIT_BYTES, f"peak RSS {peak_rss_bytes():,} B after {args}"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def address_space_cap() -> Iterator[None]:
+    """Cap this process's address space while fuzzing (4 GiB above what it maps now): an
+    input that would grow without bound fails as a MemoryError traceback in its example,
+    which the fuzzer reports, instead of the kernel killing the test run."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    with open("/proc/self/statm") as statm:
+        mapped = int(statm.read().split()[0]) * resource.getpagesize()
+    cap = mapped + 4 * 2**30
+    if hard != resource.RLIM_INFINITY:
+        cap = min(cap, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("fuzz")
+
+
+def _scenario(folder: Path) -> Callable[[str], None]:
+    def one(text: str) -> None:
+        path = folder / "s.yaml"
+        path.write_text(text, encoding="utf-8", errors="surrogateescape")
+        check_run(["run", str(path), *LIMITS])
+
+    return one
+
+
+def _topology(folder: Path) -> Callable[[str], None]:
+    def one(text: str) -> None:
+        path = folder / "t.yaml"
+        path.write_text(text, encoding="utf-8", errors="surrogateescape")
+        check_run(["collective", "-t", str(path), "--gpus", "8", "-b", "1K", "-e", "1M"])
+
+    return one
+
+
+def _set_strings(texts: list[str]) -> None:
+    args = ["run", str(REPO / "scenarios" / "ddp_gpt3_1.3b.yaml"), *LIMITS]
+    for text in texts:
+        args += ["--set", text]
+    check_run(args)
+
+
+def _csv(folder: Path) -> Callable[[str], None]:
+    def one(text: str) -> None:
+        path = folder / "m.csv"
+        path.write_text(text, encoding="utf-8", errors="surrogateescape")
+        check_run(["validate", "calibrate", str(path), "-o", str(folder / "cal.yaml")])
+        check_run(
+            ["validate", "compare", str(path), "-t", "localhost", "--plot", str(folder / "c.png")]
+        )
+
+    return one
+
+
+def _settings(n: int, shrink: bool = True) -> Any:
+    # No "explain" phase: its line tracer makes the simulations ~10 x slower (a 2 s run of
+    # 5,000 layers passed the 20 s limit under it), so the time limit would measure the tracer.
+    skipped = {Phase.explain} | (set() if shrink else {Phase.shrink})
+    phases = [p for p in Phase if p not in skipped]
+    return settings(
+        max_examples=n,
+        phases=phases,
+        deadline=None,  # the SIGALRM timer bounds each example instead
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+        database=None,
+    )
+
+
+# -- the default suite: 300 examples ---------------------------------------------------------------
+
+
+@_settings(90)
+@given(text=mutated(BASE_SCENARIO, SCENARIO_PATHS))
+def test_fuzz_scenario_files(folder: Path, text: str) -> None:
+    _scenario(folder)(text)
+
+
+@_settings(40)
+@given(text=plans())
+def test_fuzz_plans(folder: Path, text: str) -> None:
+    _scenario(folder)(text)
+
+
+@_settings(50)
+@given(text=mutated(BASE_TOPOLOGY, TOPOLOGY_PATHS))
+def test_fuzz_topology_files(folder: Path, text: str) -> None:
+    _topology(folder)(text)
+
+
+@_settings(90)
+@given(texts=st.lists(SET_TEXTS, min_size=1, max_size=3))
+def test_fuzz_set_strings(texts: list[str]) -> None:
+    _set_strings(texts)
+
+
+@pytest.mark.xfail(
+    reason="the measured-data readers (NaN, zero and negative times, unknown ops, binary "
+    "files) are validated in a separate change of issue 15; until it is merged calibrate "
+    "raises LinAlgError on a NaN time",
+    strict=False,
+)
+@_settings(30, shrink=False)
+@given(text=measured_csv())
+def test_fuzz_measured_csv(folder: Path, text: str) -> None:
+    _csv(folder)(text)
+
+
+# -- the slow job: 5,000 examples (4,000 on the configuration inputs, 1,000 CSVs) ------------------
+
+
+def _only_when_asked(request: pytest.FixtureRequest) -> None:
+    if "slow" not in (request.config.option.markexpr or ""):
+        pytest.skip("part of the 5,000-example job, minutes long: run with -m slow")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+@_settings(4000)
+@given(
+    case=st.one_of(
+        st.tuples(st.just("scenario"), mutated(BASE_SCENARIO, SCENARIO_PATHS)),
+        st.tuples(st.just("pipeline"), mutated(BASE_PIPELINE, SCENARIO_PATHS)),
+        st.tuples(st.just("plan"), plans()),
+        st.tuples(st.just("topology"), mutated(BASE_TOPOLOGY, TOPOLOGY_PATHS)),
+        st.tuples(st.just("set"), st.lists(SET_TEXTS, min_size=1, max_size=3)),
+    )
+)
+def test_fuzz_inputs_4000(
+    folder: Path, case: tuple[str, Any], request: pytest.FixtureRequest
+) -> None:
+    _only_when_asked(request)
+    kind, value = case
+    if kind in ("scenario", "pipeline", "plan"):
+        _scenario(folder)(value)
+    elif kind == "topology":
+        _topology(folder)(value)
+    else:
+        _set_strings(value)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+@pytest.mark.xfail(
+    reason="the measured-data readers are validated in a separate change of issue 15",
+    strict=False,
+)
+@_settings(1000, shrink=False)
+@given(text=measured_csv())
+def test_fuzz_measured_csv_1000(folder: Path, text: str, request: pytest.FixtureRequest) -> None:
+    _only_when_asked(request)
+    _csv(folder)(text)
