@@ -235,9 +235,8 @@ TOPOLOGY = Section(
     fields={
         "name": Value(kind="string", required=True, description="Topology name."),
         "description": Value(kind="string", description="Free text."),
-        "device": Value(
-            kind="string", required=True, description="Hardware key.", choices=_devices
-        ),
+        # device: a catalogue key, a device file, or a device mapping inline (the topology
+        # reader checks it; open here)
         "nodes": _pos("integer", "Default node count."),
         "gpus_per_node": _pos("integer", "Ranks per node.", required=True),
         "intra_node": Section(
@@ -352,7 +351,7 @@ def _value_error(value: Any, spec: Value) -> str | None:
     problem = _type_error(value, spec.kind)
     if problem:
         return problem
-    if spec.enum is not None:
+    if spec.enum is not None and not OPEN:
         probe = value.lower() if isinstance(value, str) else value
         if probe not in spec.enum:
             return f"must be one of {', '.join(map(str, spec.enum))}; got {value!r}"
@@ -369,6 +368,14 @@ def _value_error(value: Any, spec: Value) -> str | None:
     if not (low_ok and high_ok):
         return spec.rule.format(value=value) if spec.rule else generic
     return None
+
+
+OPEN = True
+"""The readers (``collsim.scenario``, ``collsim.topology``) are the authority on which keys and
+values exist: sections here list the keys documented so far and are checked for types and
+ranges only (NaN, infinities, negative sizes, wrong types: every such error of a file at
+once); unknown keys, missing keys and enumerations are left to the readers, which name the
+key and the choices. The JSON Schema is open the same way (additional properties allowed)."""
 
 
 def check(doc: YamlDoc, schema: Section) -> list[ConfigError]:
@@ -393,7 +400,8 @@ def check(doc: YamlDoc, schema: Section) -> list[ConfigError]:
         if spec.values is not None:
             for key, value in data.items():
                 if key not in spec.keys:
-                    add(path + (key,), spec.key_rule)
+                    if not OPEN:
+                        add(path + (key,), spec.key_rule)
                 elif value is not None or isinstance(spec.values, Value):
                     walk(value, spec.values, path + (key,))
             return
@@ -412,6 +420,8 @@ def check(doc: YamlDoc, schema: Section) -> list[ConfigError]:
         ):
             missing += [k for k in spec.one_of_required[-1] if data.get(k) is None]
             rule = rule or spec.missing_rule
+        if OPEN:
+            return
         if missing:
             # Missing keys of one mapping are one error, naming the others; a misspelt key
             # there is what explains it, so it is named in the same line.
@@ -462,9 +472,9 @@ def _json(spec: Value | Section) -> dict[str, Any]:
         out: dict[str, Any] = {"type": spec.kind}
         if spec.description:
             out["description"] = spec.description
-        if spec.enum is not None:
+        if spec.enum is not None and not OPEN:
             out["enum"] = list(spec.enum)
-        if spec.choices is not None:
+        if spec.choices is not None and not OPEN:
             out["enum"] = list(spec.choices())
         if spec.exclusive_minimum is not None:
             out["exclusiveMinimum"] = spec.exclusive_minimum
@@ -481,11 +491,11 @@ def _json(spec: Value | Section) -> dict[str, Any]:
         out["additionalProperties"] = _json(spec.values)
         return out
     out["properties"] = {key: _json(sub) for key, sub in spec.fields.items()}
-    out["additionalProperties"] = False
+    out["additionalProperties"] = OPEN
     required = [key for key, sub in spec.fields.items() if sub.required]
-    if required:
+    if required and not OPEN:
         out["required"] = required
-    if spec.one_of_required:
+    if spec.one_of_required and not OPEN:
         out["anyOf"] = [{"required": list(group)} for group in spec.one_of_required]
     return out
 

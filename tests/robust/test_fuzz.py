@@ -304,7 +304,7 @@ def _topology(folder: Path) -> Callable[[str], None]:
     def one(text: str) -> None:
         path = folder / "t.yaml"
         path.write_text(text, encoding="utf-8", errors="surrogateescape")
-        check_run(["collective", "-t", str(path), "--gpus", "8", "-b", "1K", "-e", "1M"])
+        check_run(["collective", "--topology", str(path), "--gpus", "8", "-b", "1K", "-e", "1M"])
 
     return one
 
@@ -322,7 +322,15 @@ def _csv(folder: Path) -> Callable[[str], None]:
         path.write_text(text, encoding="utf-8", errors="surrogateescape")
         check_run(["validate", "calibrate", str(path), "-o", str(folder / "cal.yaml")])
         check_run(
-            ["validate", "compare", str(path), "-t", "localhost", "--plot", str(folder / "c.png")]
+            [
+                "validate",
+                "compare",
+                str(path),
+                "--topology",
+                "localhost",
+                "--plot",
+                str(folder / "c.png"),
+            ]
         )
 
     return one
@@ -369,12 +377,6 @@ def test_fuzz_set_strings(texts: list[str]) -> None:
     _set_strings(texts)
 
 
-@pytest.mark.xfail(
-    reason="the measured-data readers (NaN, zero and negative times, unknown ops, binary "
-    "files) are validated in a separate change of issue 15; until it is merged calibrate "
-    "raises LinAlgError on a NaN time",
-    strict=False,
-)
 @_settings(30, shrink=False)
 @given(text=measured_csv())
 def test_fuzz_measured_csv(folder: Path, text: str) -> None:
@@ -416,10 +418,6 @@ def test_fuzz_inputs_4000(
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
-@pytest.mark.xfail(
-    reason="the measured-data readers are validated in a separate change of issue 15",
-    strict=False,
-)
 @_settings(1000, shrink=False)
 @given(text=measured_csv())
 def test_fuzz_measured_csv_1000(folder: Path, text: str, request: pytest.FixtureRequest) -> None:

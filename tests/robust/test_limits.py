@@ -186,7 +186,7 @@ def test_topology_numbers_reject_nan(tmp_path: Path) -> None:
 
 def test_collective_and_search_refuse_huge_clusters_before_building_them() -> None:
     for args in (
-        ["collective", "-t", "dgx_h100", "--nodes", "125000000", "-b", "1K", "-e", "1K"],
+        ["collective", "--topology", "dgx_h100", "--nodes", "125000000", "-b", "1K", "-e", "1K"],
         ["search", str(BIG), "--gpus", "10000000"],
         ["plot", "collectives", "--topology", "dgx_h100", "--gpus", "10000000", "-o", "x.png"],
     ):
@@ -199,7 +199,7 @@ def test_collective_and_search_refuse_huge_clusters_before_building_them() -> No
 
 def test_a_32768_rank_collective_is_admitted() -> None:
     res = CliRunner().invoke(
-        cli, ["collective", "-t", "dgx_h100", "--nodes", "4096", "-b", "1M", "-e", "1M"]
+        cli, ["collective", "--topology", "dgx_h100", "--nodes", "4096", "-b", "1M", "-e", "1M"]
     )
     assert res.exit_code == 0, res.output
     assert "32768 ranks on dgx_h100" in res.output
@@ -250,6 +250,8 @@ def test_a_topology_file_cannot_ask_for_a_billion_links(
     path = tmp_path / "t.yaml"
     path.write_text(src.replace(old, new, 1))
     started = time.perf_counter()
-    res = CliRunner().invoke(cli, ["collective", "-t", str(path), "--gpus", "8", "-e", "1K"])
+    res = CliRunner().invoke(
+        cli, ["collective", "--topology", str(path), "--gpus", "8", "-e", "1K"]
+    )
     assert res.exit_code == 2 and f"{key}: 1 node(s) x 100,000,000" in res.stderr
     assert time.perf_counter() - started < 5.0

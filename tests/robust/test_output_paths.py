@@ -34,8 +34,8 @@ CASES = [
     (["search", DDP, "--gpus", "8", "-o"], ".csv", "--output"),
     (["validate", "bench", "-n", "2", "-o"], ".csv", "-o/--output"),
     (["validate", "calibrate", MEASURED, "-o"], ".yaml", "-o/--output"),
-    (["validate", "compare", MEASURED, "-t", "localhost", "--json"], ".json", "--json"),
-    (["validate", "compare", MEASURED, "-t", "localhost", "--plot"], ".png", "--plot"),
+    (["validate", "compare", MEASURED, "--topology", "localhost", "--json"], ".json", "--json"),
+    (["validate", "compare", MEASURED, "--topology", "localhost", "--plot"], ".png", "--plot"),
     (["validate", "step", "--world-sizes", "2", "-o"], ".json", "-o/--output"),
 ]
 
