@@ -416,7 +416,9 @@ def search_plans(
         if bounds.states_bytes(candidate) > usable_bytes(topology.device):
             rejected["memory"] += 1
             continue
-        candidates.append((bounds.step_s(candidate), total, candidate))
+        candidates.append(
+            (max(bounds.step_s(candidate), bounds.dp_stream_s(candidate)), total, candidate)
+        )
     # 2. best-first: estimate in increasing lower bound; once the bound cannot beat the
     #    keep-th best estimate, no later plan can (branch and bound: same top plans as
     #    estimating all of them)
@@ -511,6 +513,7 @@ class _Bounds:
         self._models: dict[str, Any] = {}
         self._pricer: ClosedPricer | None = None
         self._step: dict[tuple[Any, ...], float] = {}
+        self._dp: dict[tuple[Any, ...], float] = {}
 
     def _stage_params(self, c: Candidate) -> list[float]:
         from collsim.workload.memory import parameters_per_rank
@@ -538,6 +541,46 @@ class _Bounds:
         hit = self._step.get(key)
         if hit is None:
             hit = self._step[key] = self._step_s(c)
+        return hit
+
+    def dp_stream_s(self, c: Candidate) -> float:
+        """The data-parallel stream's own work: every gradient reduction (one call of all the
+        stage's gradients bounds the bucketed ones from below: a collective's closed form is
+        latency plus bytes over bandwidth, sub-additive in the bytes), and with ZeRO-3 every
+        unit's gathers and reduce-scatters of every micro-batch. The step ends after it."""
+        if c.dp < 2:
+            return 0.0
+        key = (c.tp, c.pp, c.dp, c.micro_batch, c.zero, c.reshard, c.offload)
+        hit = self._dp.get(key)
+        if hit is not None:
+            return hit
+        from collsim.workload.memory import layer_parameters_per_rank, layers_per_stage
+
+        if self._pricer is None:
+            from collsim.schedule.pricing import ClosedPricer as Pricer
+
+            self._pricer = Pricer(self.topology)
+        group = tuple(range(0, c.tp * c.pp * c.dp, c.tp * c.pp))
+        per = self.per
+        params = max(self._stage_params(c))
+        m = self.training.global_batch // (c.micro_batch * c.dp)
+        cost = self._pricer.cost
+        if c.zero == 3:
+            unit = float(layer_parameters_per_rank(self.spec, c.tp))
+            units = max(layers_per_stage(self.spec.num_layers, c.pp))
+            gathers = 2 if c.reshard else 1
+            per_mb = units * (
+                gathers * cost("all_gather", unit * per.param, group).time_s
+                + cost("reduce_scatter", unit * per.grad, group).time_s
+            )
+            work = m * per_mb
+        else:
+            op = "all_reduce" if c.zero == 0 else "reduce_scatter"
+            reductions = m if c.zero == 2 else 1
+            work = reductions * cost(op, params * per.grad, group).time_s
+            if c.zero in (1, 2):
+                work += cost("all_gather", params * per.param, group).time_s
+        hit = self._dp[key] = work * (1 - 1e-9)
         return hit
 
     def _step_s(self, c: Candidate) -> float:
