@@ -21,10 +21,7 @@ small integers, so that every sum is exact and a wrong element is an error, not 
 
 from __future__ import annotations
 
-import csv
 import datetime as _dt
-import io
-import json
 import os
 import platform
 import socket
@@ -434,8 +431,10 @@ class _PointSink:
                     "dtype": "float32",
                     "kernels": kernels,
                 }
-                head = "".join(f"# {k}: {json.dumps(v)}\n" for k, v in meta.items())
-                self._write(head + ",".join(self.columns) + "\n")
+                from collsim.validate.dataset import csv_preamble
+
+                self._write(csv_preamble(meta))
+            self.meta = {"world_size": ctx.world_size, "dtype": "float32", "backend": ctx.backend}
 
     def _write(self, text: str) -> None:
         if self.fd is not None:
@@ -446,11 +445,9 @@ class _PointSink:
         """One (round, op, size) finished; ``point`` is set when that point is final."""
         self.finished += 1
         if point is not None and self.fd is not None:
-            buffer = io.StringIO()
-            writer = csv.DictWriter(buffer, fieldnames=self.columns, extrasaction="ignore")
-            row = asdict(point)
-            writer.writerow({k: _csv_cell(row[k]) for k in self.columns})
-            self._write(buffer.getvalue())
+            from collsim.validate.dataset import csv_row
+
+            self._write(csv_row(asdict(point), self.meta))
         if self.tty:
             import sys
 

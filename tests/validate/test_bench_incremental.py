@@ -81,7 +81,7 @@ def test_killed_bench_keeps_its_points_and_resumes(tmp_path: Path) -> None:
 
     plot = tmp_path / "cmp.png"
     cmp = subprocess.run(
-        _collsim("validate", "compare", str(out), "-t", "localhost", "--plot", str(plot),
+        _collsim("validate", "compare", str(out), "--topology", "localhost", "--plot", str(plot),
                  cwd=tmp_path),
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
