@@ -6,6 +6,12 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# Property tests draw the same examples on every run (a run judges the code, not the draw);
+# tests that want fresh draws say so in their own settings.
+settings.register_profile("collsim", derandomize=True, database=None)
+settings.load_profile("collsim")
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"

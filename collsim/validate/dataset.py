@@ -175,12 +175,19 @@ def _integer(text: str) -> int:
     return int(value)
 
 
+MAX_TIME_US = 1e12
+"""Longest time one measured call may take (11.6 days): beyond it a value is a typo or a
+corrupt file, and its logarithm would overflow the plots."""
+
+
 def _positive(text: str) -> str | None:
     try:
         value = float(text)
     except ValueError:
         return "not a number"
-    return None if math.isfinite(value) and value > 0 else "must be a finite number > 0"
+    if not (math.isfinite(value) and value > 0):
+        return "must be a finite number > 0"
+    return None if value <= MAX_TIME_US else f"must be <= {MAX_TIME_US:g} us, got {value:g}"
 
 
 def _non_negative(text: str) -> str | None:
