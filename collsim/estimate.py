@@ -54,8 +54,8 @@ from collsim.parallel.schedules import Phase, PipeOp, input_of
 from collsim.schedule.assemble import assemble
 from collsim.schedule.dataparallel import DPCall
 from collsim.schedule.memory import MemoryLedger
-from collsim.schedule.ops import ChunkModel, Segment, Step
-from collsim.schedule.pricing import EXPOSED_KEY, ClosedPricer
+from collsim.schedule.ops import ChunkModel, Segment
+from collsim.schedule.pricing import ClosedPricer, SegmentPrices
 from collsim.schedule.result import BREAKDOWN_KEYS, StepResult, TraceEvent
 from collsim.schedule.stats import CallKey, CallStats, CallTally, dp_link
 
@@ -115,8 +115,10 @@ class _Walk:
             self.programs[r] = _Rank(r, plan.coords(r), MemoryLedger(r))
         self.by_stage = {p.coords.pp: p for p in self.programs.values()}
         self.mail: dict[tuple[int, Phase, int, int], _Mail] = {}
-        self._groups: dict[tuple[int, str], tuple[int, ...]] = {}
-        self._seg_tp: dict[tuple[int, int], dict[str, float]] = {}
+        self.prices = SegmentPrices(self.plan, pricer)
+        self.step_s = self.prices.step_s
+        self.seg_comm_s = self.prices.seg_comm_s
+        self.seg_tp_s = self.prices.seg_tp_s
         self._op_plans: dict[tuple[int, int, Phase], _OpPlan] = {}
         self.gather_pp = plan.tp > 1 and not plan.parallel.sequence_parallel
         self._runs: dict[tuple[int, int], list[Any]] = {}
@@ -126,11 +128,7 @@ class _Walk:
 
     # ---- prices -------------------------------------------------------------------------------
     def group(self, rank: int, axis: str) -> tuple[int, ...]:
-        key = (rank, axis)
-        hit = self._groups.get(key)
-        if hit is None:
-            hit = self._groups[key] = self.plan.group_of(rank, axis)
-        return hit
+        return self.prices.group(rank, axis)
 
     def price(
         self, rank: int, axis: str, op: str, size: float, ranks: tuple[int, ...], extra_s: float
@@ -142,35 +140,6 @@ class _Walk:
             CallKey(rank, axis, op, size, len(ranks), cost.algorithm), time_s, cost.busbw_bps
         )
         return time_s
-
-    def step_group(self, rank: int, step: Step) -> tuple[int, ...]:
-        """The group of a segment step's axis (a ring step: its slowest neighbour pair)."""
-        group = self.group(rank, step.axis)
-        if step.op == "send_recv":
-            return self.pricer.ring_pair(step.op, step.size_bytes, group)
-        return group
-
-    def step_s(self, rank: int, step: Step) -> float:
-        if not step.op:
-            return step.seconds
-        t = self.pricer.cost(step.op, step.size_bytes, self.step_group(rank, step)).time_s
-        return t if t > step.overlap_s else step.overlap_s
-
-    def seg_comm_s(self, rank: int, seg: Segment) -> dict[str, float]:
-        """Exposed collective seconds of a segment by breakdown key (cached)."""
-        key = (rank, id(seg))
-        hit = self._seg_tp.get(key)
-        if hit is None:
-            hit = {}
-            for st in seg.steps:
-                if st.op:
-                    k = EXPOSED_KEY[st.axis]
-                    hit[k] = hit.get(k, 0.0) + self.step_s(rank, st) - st.overlap_s
-            self._seg_tp[key] = hit
-        return hit
-
-    def seg_tp_s(self, rank: int, seg: Segment) -> float:
-        return sum(self.seg_comm_s(rank, seg).values())
 
     def tally_tp(self, rank: int, segs: list[Segment]) -> None:
         """Count one run of these segments' TP collectives (tallied in :meth:`flush_tp`)."""
@@ -185,7 +154,7 @@ class _Walk:
         for (rank, _), (segs, runs) in self._runs.items():
             for step in (st for seg in segs for st in seg.steps):
                 if step.op:
-                    group = self.step_group(rank, step)
+                    group = self.prices.step_group(rank, step)
                     if len(group) < 2:
                         continue
                     cost = self.pricer.cost(step.op, step.size_bytes, group)

@@ -413,7 +413,7 @@ def search_plans(
         spec, num_gpus, topology.gpus_per_node, training.global_batch, space, dropped
     ):
         total += 1
-        if bounds.states_bytes(candidate) > usable_bytes(topology.device):
+        if bounds.states_bytes(candidate) > topology.device.usable_memory_bytes:
             rejected["memory"] += 1
             continue
         candidates.append(
@@ -646,11 +646,6 @@ class _Bounds:
             one = self._pricer.cost("all_reduce", size, group).time_s
         # the SP re-gathers in backward overlap their dgrad GEMMs: counted once per half
         return calls * one
-
-
-def usable_bytes(device: Any) -> float:
-    """What the framework can fill on one GPU (``Device.usable_memory_bytes``)."""
-    return float(getattr(device, "usable_memory_bytes", device.memory_bytes))
 
 
 def _simulate(

@@ -39,7 +39,7 @@ from collsim.errors import SimulationError
 from collsim.parallel.schedules import Phase, PipeOp, input_of
 from collsim.schedule.build import StepSchedule
 from collsim.schedule.ops import Segment, Step
-from collsim.schedule.pricing import EXPOSED_KEY
+from collsim.schedule.pricing import SegmentPrices
 from collsim.schedule.result import TraceEvent
 from collsim.schedule.stats import CallKey, CallStats, CallTally, dp_link
 from collsim.stragglers import StragglerPlan, stretch_stage
@@ -164,12 +164,10 @@ class Engine:
             self.programs[rank] = RankProgram(
                 self, rank, self.stage_model(rank), list(schedule.pipeline[s])
             )
-        self._tp_cache: dict[tuple[int, str, str, float], float] = {}
         self._p2p_peers: dict[tuple[int, int], list[tuple[int, ...]]] = {}
         self._peers: dict[tuple[int, str], list[tuple[int, ...]]] = {}
         self._calls: dict[tuple[Any, ...], tuple[Any, dict[str, Any]]] = {}
-        self._groups: dict[tuple[int, str], tuple[int, ...]] = {}
-        self._seg_tp: dict[tuple[int, int], dict[str, float]] = {}
+        self.prices = SegmentPrices(plan, pricer)
         self.seg_runs: dict[tuple[int, int], list[Any]] = {}
 
     def stat_items(self) -> Iterator[tuple[CallKey, CallTally]]:
@@ -235,11 +233,7 @@ class Engine:
 
     # ---- groups, peers and streams ----------------------------------------------------------
     def group(self, rank: int, axis: str) -> tuple[int, ...]:
-        key = (rank, axis)
-        found = self._groups.get(key)
-        if found is None:
-            found = self._groups[key] = self.plan.group_of(rank, axis)
-        return found
+        return self.prices.group(rank, axis)
 
     def peers(self, rank: int, axis: str, *, pairs: bool = False) -> list[tuple[int, ...]]:
         """Groups of the replicas of ``rank``'s group that run at the same time (symmetry):
@@ -365,49 +359,19 @@ class Engine:
 
     # ---- segment collectives (tp, ep, etp, cp) -----------------------------------------------
     def step_group(self, rank: int, step: Step) -> tuple[int, ...]:
-        """The ranks a segment step's collective runs on: the group of its axis, or for a
-        ring step (``send_recv`` on cp) the slowest neighbour pair of the ring."""
-        group = self.group(rank, step.axis)
-        if step.op == "send_recv":
-            return self.pricer.ring_pair(step.op, step.size_bytes, group)
-        return group
-
-    def axis_time(self, rank: int, step: Step) -> float:
-        key = (rank, step.axis, step.op, step.size_bytes)
-        hit = self._tp_cache.get(key)
-        if hit is None:
-            hit = self.pricer.cost(step.op, step.size_bytes, self.step_group(rank, step)).time_s
-            self._tp_cache[key] = hit
-        return hit
+        return self.prices.step_group(rank, step)
 
     def tp_time(self, rank: int, op: str, size: float) -> float:
-        return self.axis_time(rank, Step(op=op, size_bytes=size))
+        return self.prices.collective_s(rank, Step(op=op, size_bytes=size))
 
     def step_s(self, rank: int, step: Step) -> float:
-        """Seconds the compute stream spends on one step: its compute, or its collective
-        (closed form), or both side by side for an overlapped collective."""
-        if not step.op:
-            return step.seconds
-        t = self.axis_time(rank, step)
-        return t if t > step.overlap_s else step.overlap_s
+        return self.prices.step_s(rank, step)
 
     def seg_comm_s(self, rank: int, seg: Segment) -> dict[str, float]:
-        """Closed-form seconds of one segment's collectives that the compute stream waits
-        for, by breakdown key (an overlapped collective only beyond its compute; cached)."""
-        key = (rank, id(seg))
-        hit = self._seg_tp.get(key)
-        if hit is None:
-            hit = {}
-            for st in seg.steps:
-                if st.op:
-                    k = EXPOSED_KEY[st.axis]
-                    hit[k] = hit.get(k, 0.0) + self.step_s(rank, st) - st.overlap_s
-            self._seg_tp[key] = hit
-        return hit
+        return self.prices.seg_comm_s(rank, seg)
 
     def seg_tp_s(self, rank: int, seg: Segment) -> float:
-        """All exposed collective seconds of one segment (see :meth:`seg_comm_s`)."""
-        return sum(self.seg_comm_s(rank, seg).values())
+        return self.prices.seg_tp_s(rank, seg)
 
     def step_args(self, rank: int, step: Step) -> dict[str, Any]:
         """Trace args of a closed-form segment collective (what ``call`` records)."""
@@ -436,7 +400,7 @@ class Engine:
         for seg in segs:
             for step in seg.steps:
                 if step.op:
-                    link = self.axis_time(rank, step)
+                    link = self.prices.collective_s(rank, step)
                     if link > 0:
                         args = self.step_args(rank, step)
                         if step.overlap_s:

@@ -16,7 +16,7 @@ from collsim.engine.core import Engine, EngineOptions
 from collsim.errors import ConfigError
 from collsim.parallel.config import ParallelConfig, TrainingConfig
 from collsim.parallel.plan import Plan
-from collsim.schedule.build import BLOCK_OVERRIDE_KEYS, build_schedule
+from collsim.schedule.build import BLOCK_OVERRIDE_KEYS, StepSchedule, build_schedule
 from collsim.schedule.result import StepResult
 
 if TYPE_CHECKING:
@@ -123,16 +123,7 @@ def simulate_step(
             zero_communication=zero_communication,
             stragglers=resolved,
         )
-        engine.run()
-        from collsim.schedule.assemble import assemble
-
-        result = assemble(
-            engine.plan,
-            engine,
-            fidelity="layer" if engine.layer_mode else "fused",
-            contended=engine.contended,
-            zero_communication=zero_communication,
-        )
+        result = _play(engine, zero_communication)
         result.details["stragglers"] = straggler_details(engine, result, baseline)
         return result
     engine = prepare_step(
@@ -146,28 +137,30 @@ def simulate_step(
         fidelity=fidelity,
         zero_communication=zero_communication,
     )
-    engine.run()
+    result = _play(engine, zero_communication)
+    if engine.contended and fidelity == "auto" and not all_ranks and not zero_communication:
+        result.details["contention"] = contention_effects(
+            engine.schedule, result, op_time_overrides=op_time_overrides
+        )
+    return result
+
+
+def _play(engine: Engine, zero_communication: bool) -> StepResult:
+    """Run a wired engine and turn it into its StepResult."""
     from collsim.schedule.assemble import assemble
 
-    result = assemble(
+    engine.run()
+    return assemble(
         engine.plan,
         engine,
         fidelity="layer" if engine.layer_mode else "fused",
         contended=engine.contended,
         zero_communication=zero_communication,
     )
-    if engine.contended and fidelity == "auto" and not all_ranks and not zero_communication:
-        result.details["contention"] = contention_effects(
-            topology, spec, training, parallel, result, op_time_overrides=op_time_overrides
-        )
-    return result
 
 
 def contention_effects(
-    topology: Topology,
-    spec: TransformerSpec,
-    training: TrainingConfig,
-    parallel: ParallelConfig,
+    schedule: StepSchedule,
     result: StepResult,
     *,
     op_time_overrides: dict[str, float] | None = None,
@@ -189,16 +182,14 @@ def contention_effects(
 
     from collsim.engine.comm import shared_links
     from collsim.errors import CollsimWarning
-    from collsim.estimate import estimate_step
+    from collsim.estimate import walk
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", CollsimWarning)
-        closed = estimate_step(
-            topology, spec, training, parallel, op_time_overrides=op_time_overrides
-        )
+    plan = schedule.plan
+    topology, spec = plan.topology, plan.spec
+    training, parallel = plan.training, plan.parallel
+    closed = walk(schedule)  # the closed form of the very schedule the engine played
     contended = list(result.details.get("contended_axes", []))
     order = [a for a in ("tp", "pp", "dp") if a in contended]
-    plan = build_plan_for(topology, spec, training, parallel)
     groups = _axis_groups(plan)
     out: list[dict[str, object]] = []
     previous = closed.step_time_s
@@ -230,19 +221,6 @@ def contention_effects(
         out[0]["closed_s"] = closed.step_time_s
         out[0]["des_s"] = result.step_time_s
     return out
-
-
-def build_plan_for(
-    topology: Topology, spec: TransformerSpec, training: TrainingConfig, parallel: ParallelConfig
-) -> Plan:
-    import warnings
-
-    from collsim.errors import CollsimWarning
-    from collsim.parallel.plan import build_plan
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", CollsimWarning)
-        return build_plan(topology, spec, training, parallel)
 
 
 def _axis_groups(plan: Plan, *, node_local: bool = False) -> dict[str, list[tuple[int, ...]]]:

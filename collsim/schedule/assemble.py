@@ -112,8 +112,8 @@ def assemble(
     top = peaks[top_rank]
     # what PyTorch reports minus the CUDA context, NCCL buffers and fragmentation
     device = plan.topology.device
-    capacity = float(getattr(device, "usable_memory_bytes", device.memory_bytes))
-    reserve = float(getattr(device, "memory_reserve_bytes", 0.0))
+    capacity = float(device.usable_memory_bytes)
+    reserve = float(device.memory_reserve_bytes)
     warnings_out = list(plan.warnings)
     fits = top.total_bytes <= capacity
     if not fits:

@@ -424,7 +424,7 @@ def build_schedule(
     cpu: list[ComputeModel] = []
     rules = DataParallelRules.from_plan(plan, per, host_bps=float(topology.host_bandwidth_bps))
     if (
-        par_zero3(parallel)
+        parallel.zero == 3
         and parallel.fsdp.reduce_dtype is None
         and str(training.grad_reduce_dtype) == "fp32"
     ):
@@ -463,7 +463,3 @@ def build_schedule(
         interference=not overrides and plan.dp > 1 and (parallel.zero == 3 or parallel.ddp.overlap),
         memory_bound_share=memory_bound_share,
     )
-
-
-def par_zero3(parallel: ParallelConfig) -> bool:
-    return parallel.zero == 3

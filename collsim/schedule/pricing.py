@@ -12,9 +12,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collsim.parallel.plan import Plan
+    from collsim.schedule.ops import Segment, Step
     from collsim.topology import Topology
 
-__all__ = ["CallCost", "ClosedPricer", "EXPOSED_KEY"]
+__all__ = ["CallCost", "ClosedPricer", "EXPOSED_KEY", "SegmentPrices"]
 
 EXPOSED_KEY = {"tp": "tp_exposed", "ep": "ep_exposed", "etp": "ep_exposed", "cp": "cp_exposed"}
 """The breakdown key a blocking collective of a segment step is exposed in, by its axis
@@ -77,3 +79,67 @@ class ClosedPricer:
             hit = max(pairs, key=lambda p: self.cost(op, size_bytes, p).time_s)
             self._rings[key] = hit
         return hit
+
+
+class SegmentPrices:
+    """Closed-form seconds of the schedule's segments on one plan, shared by both fidelities
+    (the engine in its closed-form axes, the walk everywhere), cached per rank and segment.
+
+    A step's collective runs on the group of its axis (a ring step, ``send_recv`` on cp: the
+    slowest neighbour pair of the ring); the compute stream spends max(collective, the compute
+    it overlaps) on it, and the collective is exposed only beyond that compute.
+    """
+
+    def __init__(self, plan: Plan, pricer: ClosedPricer) -> None:
+        self.plan = plan
+        self.pricer = pricer
+        self._groups: dict[tuple[int, str], tuple[int, ...]] = {}
+        self._step: dict[tuple[int, str, str, float], float] = {}
+        self._seg: dict[tuple[int, int], dict[str, float]] = {}
+
+    def group(self, rank: int, axis: str) -> tuple[int, ...]:
+        key = (rank, axis)
+        hit = self._groups.get(key)
+        if hit is None:
+            hit = self._groups[key] = self.plan.group_of(rank, axis)
+        return hit
+
+    def step_group(self, rank: int, step: Step) -> tuple[int, ...]:
+        """The ranks a segment step's collective runs on."""
+        group = self.group(rank, step.axis)
+        if step.op == "send_recv":
+            return self.pricer.ring_pair(step.op, step.size_bytes, group)
+        return group
+
+    def collective_s(self, rank: int, step: Step) -> float:
+        """Closed-form seconds of a step's collective (cached)."""
+        key = (rank, step.axis, step.op, step.size_bytes)
+        hit = self._step.get(key)
+        if hit is None:
+            hit = self.pricer.cost(step.op, step.size_bytes, self.step_group(rank, step)).time_s
+            self._step[key] = hit
+        return hit
+
+    def step_s(self, rank: int, step: Step) -> float:
+        """Seconds the compute stream spends on one step."""
+        if not step.op:
+            return step.seconds
+        t = self.collective_s(rank, step)
+        return t if t > step.overlap_s else step.overlap_s
+
+    def seg_comm_s(self, rank: int, seg: Segment) -> dict[str, float]:
+        """Exposed collective seconds of one segment by breakdown key (cached)."""
+        key = (rank, id(seg))
+        hit = self._seg.get(key)
+        if hit is None:
+            hit = {}
+            for st in seg.steps:
+                if st.op:
+                    k = EXPOSED_KEY[st.axis]
+                    hit[k] = hit.get(k, 0.0) + self.step_s(rank, st) - st.overlap_s
+            self._seg[key] = hit
+        return hit
+
+    def seg_tp_s(self, rank: int, seg: Segment) -> float:
+        """All exposed collective seconds of one segment."""
+        return sum(self.seg_comm_s(rank, seg).values())
