@@ -10,8 +10,10 @@ virtual stages, ZeRO stage, activation recompute and sequence parallelism.
    dp x micro-batch; ``interleaved_m``: Megatron's interleaving needs m divisible by pp;
    ``zero_pp``: ZeRO-2/3 with pipeline parallelism, which DeepSpeed and Megatron do not support
    because gradients are reduced once per step, not per micro-batch).
-2. Every remaining plan is ranked by the closed form (:mod:`collsim.estimate`); plans whose
-   estimated memory exceeds the GPU's are counted as ``memory``.
+2. Plans whose memory floor exceeds the GPU are dropped (``memory_bound``); the others are
+   estimated by the closed form (:mod:`collsim.estimate`) best-first by a floor on their step
+   time, until no floor left can beat the best kept (``bound``); estimated plans whose memory
+   exceeds the GPU's are counted as ``memory``. ``jobs`` processes estimate in parallel.
 3. The best ``top_k`` by estimate are simulated with the discrete-event engine, which has the
    last word on step time and memory (a simulated plan that does not fit is ``memory (DES)``).
 
@@ -58,8 +60,11 @@ REASONS = {
     "zero_pp": "ZeRO-2/3 with pipeline parallelism (left out of this space)",
     "no_dp": "a bucket size other than the first without data parallelism (same plan)",
     "memory": "estimated memory exceeds the GPU",
+    "memory_bound": "pruned: its memory floor (model states and the activations held at once) "
+    "exceeds the GPU",
     "memory (DES)": "simulated memory exceeds the GPU",
-    "bound": "pruned: its lower bound (the compute stream's own work) cannot beat the best kept",
+    "bound": "pruned: its step-time floor (compute stream, pipeline order, data-parallel calls) "
+    "cannot beat the best kept",
 }
 
 
@@ -373,16 +378,20 @@ def search_plans(
     simulate: Callable[..., StepResult] | None = None,
     progress: Callable[[str, int], None] | None = None,
     prune_keep: int = 10,
+    jobs: int = 1,
 ) -> SearchResult:
     """Enumerate, bound, estimate and rank the plans; re-simulate the ``top_k`` best.
 
-    Plans whose model states alone exceed the GPU are dropped before any estimate (counted as
-    ``memory``). The rest are estimated best-first by a lower bound on their step (the compute
-    stream's own work: every micro-batch's forward, backward and recompute of the busiest
-    stage, and its optimizer step); once that bound cannot beat the ``max(top_k,
-    prune_keep)``-th best estimate, the remaining plans are counted as ``bound`` and not
-    estimated. The best ``max(top_k, prune_keep)`` plans are exactly those a full
-    enumeration finds (a test checks it); ``prune_keep=0`` estimates every plan.
+    Plans whose memory floor (model states and the activations held at once,
+    :meth:`_Bounds.memory_bytes`) exceeds the GPU are dropped before any estimate (counted as
+    ``memory_bound``). The rest are estimated best-first by a lower bound on their step
+    (:meth:`_Bounds.step_s`: the compute stream's own work, the data-parallel calls, their
+    interference floor, the optimizer; at the front of the queue a plan's bound is tightened
+    by walking its pipeline schedule, :meth:`_Bounds.refined_s`); once the front's bound
+    cannot beat the ``max(top_k, prune_keep)``-th best estimate, the remaining plans are
+    counted as ``bound`` and not estimated. The best ``max(top_k, prune_keep)`` plans are
+    exactly those a full enumeration finds (a test checks it); ``prune_keep=0`` estimates
+    every plan (no bound of either kind).
 
     Args:
         topology: the cluster with the GPU count to search (tp x pp x dp = its ranks).
@@ -395,90 +404,101 @@ def search_plans(
         simulate: ``simulate(topology, spec, training, parallel) -> StepResult``; default the
             engine's ``simulate_step``.
         progress: called as ``progress(phase, n)`` with phase ``estimate`` (n plans done since
-            the last call) or ``simulate`` (1 per simulated plan).
+            the last call), ``bound`` (n plans dropped by a bound) or ``simulate`` (1 per
+            simulated plan).
+        jobs: processes that estimate and simulate (:class:`collsim.jobs.Workers`); with
+            more than one, plans are estimated in batches of ``2 x jobs`` from the front of
+            the queue (the best plans are the same; a few more may be estimated).
     """
-    from collsim.estimate import Estimator
+    from collsim.jobs import Workers
 
     started = time.perf_counter()
     num_gpus = topology.num_ranks
     rejected: Counter[str] = Counter()
-    estimator = Estimator(topology, spec)
     bounds = _Bounds(topology, spec, training)
     dropped: Counter[str] = Counter()
-    # 1. cheap bounds for every buildable plan: model states alone must fit, and the compute
+    # 1. cheap bounds for every buildable plan: its memory floor must fit, and the compute
     #    stream's own work is a lower bound on the step
     candidates: list[tuple[float, int, Candidate]] = []
     total = 0
+    capacity = topology.device.usable_memory_bytes
     for candidate in enumerate_plans(
         spec, num_gpus, topology.gpus_per_node, training.global_batch, space, dropped
     ):
         total += 1
-        if bounds.states_bytes(candidate) > topology.device.usable_memory_bytes:
-            rejected["memory"] += 1
+        if prune_keep > 0 and bounds.memory_bytes(candidate) > capacity:
+            rejected["memory_bound"] += 1
             continue
-        candidates.append(
-            (max(bounds.step_s(candidate), bounds.dp_stream_s(candidate)), total, candidate)
-        )
+        candidates.append((bounds.step_s(candidate), total, candidate))
+    if progress is not None and rejected["memory_bound"]:
+        progress("bound", rejected["memory_bound"])
     # 2. best-first: estimate in increasing lower bound; once the bound cannot beat the
     #    keep-th best estimate, no later plan can (branch and bound: same top plans as
-    #    estimating all of them)
-    candidates.sort(key=lambda c: (c[0], c[1]))
+    #    estimating all of them). A plan reaching the front is first given its tighter bound
+    #    (the pipeline schedule walked) and put back; it is estimated when it is still ahead.
+    heapq.heapify(candidates)
+    refined: set[int] = set()
     keep = max(top_k, prune_keep) if prune_keep > 0 else 0
     best: list[float] = []  # the keep best estimated step times, max-heap by negation
     ranked: list[Ranked] = []
-    pending = 0
     evaluated = 0
-    for index, (bound, _, candidate) in enumerate(candidates):
-        if keep and len(best) >= keep and bound >= -best[0]:
-            rejected["bound"] += len(candidates) - index
-            break
-        train_c, par_c = candidate.configs(training, parallel)
-        evaluated += 1
-        try:
-            estimate = estimator.estimate(train_c, par_c)
-        except (InfeasibleError, ConfigError) as exc:
-            rejected[getattr(exc, "reason", "config")] += 1
-            continue
-        if not estimate.fits:
-            rejected["memory"] += 1
-        else:
-            ranked.append(Ranked(candidate, estimate))
-            if keep:
-                heapq.heappush(best, -estimate.step_time_s)
-                if len(best) > keep:
-                    heapq.heappop(best)
-        pending += 1
-        if progress is not None and pending >= 200:
-            progress("estimate", pending)
-            pending = 0
-    if progress is not None and pending:
-        progress("estimate", pending)
-    structural = sum(dropped.values())
-    rejected.update(dropped)
-    ranked.sort(key=lambda r: (r.estimate.step_time_s, r.estimate.memory_peak_bytes))
-    estimate_s = time.perf_counter() - started
+    batch_size = 1 if jobs == 1 else 2 * jobs
+    with Workers(jobs, _SearchContext, (topology, spec)) as workers:
+        while candidates:
+            batch: list[Candidate] = []
+            while candidates and len(batch) < batch_size:
+                bound, order, candidate = candidates[0]
+                if keep and len(best) >= keep and bound >= -best[0]:
+                    break
+                if keep and order not in refined:
+                    refined.add(order)
+                    tight = bounds.refined_s(candidate)
+                    heapq.heapreplace(candidates, (tight, order, candidate))
+                    continue
+                heapq.heappop(candidates)
+                batch.append(candidate)
+            if not batch:
+                rejected["bound"] += len(candidates)
+                if progress is not None and candidates:
+                    progress("bound", len(candidates))
+                break
+            evaluated += len(batch)
+            configs = [c.configs(training, parallel) for c in batch]
+            for candidate, (estimate, reason) in zip(
+                batch, workers.map(_estimate_job, configs), strict=True
+            ):
+                if estimate is None:
+                    rejected[reason or "config"] += 1
+                elif not estimate.fits:
+                    rejected["memory"] += 1
+                else:
+                    ranked.append(Ranked(candidate, estimate))
+                    if keep:
+                        heapq.heappush(best, -estimate.step_time_s)
+                        if len(best) > keep:
+                            heapq.heappop(best)
+            if progress is not None:
+                progress("estimate", len(batch))
+        structural = sum(dropped.values())
+        rejected.update(dropped)
+        ranked.sort(key=lambda r: (r.estimate.step_time_s, r.estimate.memory_peak_bytes))
+        estimate_s = time.perf_counter() - started
 
-    simulated: list[Ranked] = []
-    sim_started = time.perf_counter()
-    for entry in ranked[: max(0, top_k)]:
-        train_c, par_c = entry.candidate.configs(training, parallel)
-        t0 = time.perf_counter()
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", CollsimWarning)
-                entry.result = (simulate or _simulate)(topology, spec, train_c, par_c)
-            if not entry.result.fits:
-                entry.reason = "memory (DES)"
-        except (InfeasibleError, ConfigError) as exc:
-            entry.reason = f"{getattr(exc, 'reason', 'config')}: {exc}"
-        entry.simulate_s = time.perf_counter() - t0
-        simulated.append(entry)
+        sim_started = time.perf_counter()
+        simulated = ranked[: max(0, top_k)]
+        configs = [entry.candidate.configs(training, parallel) for entry in simulated]
+        if simulate is None:
+            outcomes = workers.map(_simulate_job, configs)
+        else:
+            outcomes = [_simulate_job(_SearchContext(topology, spec, simulate), c) for c in configs]
+    for entry, (result, reason, seconds) in zip(simulated, outcomes, strict=True):
+        entry.result, entry.reason, entry.simulate_s = result, reason, seconds
         if progress is not None:
             progress("simulate", 1)
     for entry in simulated:
         if entry.reason and entry.reason.startswith("memory"):
             rejected["memory (DES)"] += 1
-    simulated.sort(key=lambda r: (r.reason is not None, r.step_time_s))
+    simulated = sorted(simulated, key=lambda r: (r.reason is not None, r.step_time_s))
     considered = total + structural
     return SearchResult(
         num_gpus=num_gpus,
@@ -491,6 +511,51 @@ def search_plans(
         estimate_s=estimate_s,
         simulate_s=time.perf_counter() - sim_started,
     )
+
+
+class _SearchContext:
+    """What a search worker keeps: the cluster, the model, one estimator (its price cache)."""
+
+    def __init__(
+        self,
+        topology: Topology,
+        spec: TransformerSpec,
+        simulate: Callable[..., StepResult] | None = None,
+    ) -> None:
+        from collsim.estimate import Estimator
+
+        self.topology = topology
+        self.spec = spec
+        self.estimator = Estimator(topology, spec)
+        self.simulate = simulate or _simulate
+
+
+def _estimate_job(
+    ctx: _SearchContext, configs: tuple[TrainingConfig, ParallelConfig]
+) -> tuple[StepResult | None, str | None]:
+    """The closed form of one plan, or why it cannot be built."""
+    try:
+        return ctx.estimator.estimate(*configs), None
+    except (InfeasibleError, ConfigError) as exc:
+        return None, str(getattr(exc, "reason", "config"))
+
+
+def _simulate_job(
+    ctx: _SearchContext, configs: tuple[TrainingConfig, ParallelConfig]
+) -> tuple[StepResult | None, str | None, float]:
+    """The engine's step of one plan: (result, why it failed or does not fit, seconds)."""
+    t0 = time.perf_counter()
+    result: StepResult | None = None
+    reason: str | None = None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", CollsimWarning)
+            result = ctx.simulate(ctx.topology, ctx.spec, *configs)
+        if not result.fits:
+            reason = "memory (DES)"
+    except (InfeasibleError, ConfigError) as exc:
+        reason = f"{getattr(exc, 'reason', 'config')}: {exc}"
+    return result, reason, time.perf_counter() - t0
 
 
 class _Bounds:
@@ -513,47 +578,237 @@ class _Bounds:
         self._models: dict[str, Any] = {}
         self._pricer: ClosedPricer | None = None
         self._step: dict[tuple[Any, ...], float] = {}
-        self._dp: dict[tuple[Any, ...], float] = {}
+        self._dp: dict[tuple[Any, ...], tuple[list[float], list[float]]] = {}
+        self._params: dict[tuple[int, int], list[float]] = {}
+        self._acts: dict[tuple[Any, ...], float] = {}
+        self._refined: dict[tuple[Any, ...], float] = {}
+        self._pipes: dict[tuple[Any, ...], list[float]] = {}
 
     def _stage_params(self, c: Candidate) -> list[float]:
-        from collsim.workload.memory import parameters_per_rank
+        """Parameters per rank of the first and the last stage (the others hold fewer)."""
+        key = (c.tp, c.pp)
+        hit = self._params.get(key)
+        if hit is None:
+            from collsim.workload.memory import parameters_per_rank
 
-        return [
-            float(parameters_per_rank(self.spec, tp=c.tp, pp=c.pp, stage=s))
-            for s in sorted({0, c.pp - 1})
-        ]
+            hit = self._params[key] = [
+                float(parameters_per_rank(self.spec, tp=c.tp, pp=c.pp, stage=s))
+                for s in sorted({0, c.pp - 1})
+            ]
+        return hit
 
-    def states_bytes(self, c: Candidate) -> float:
+    def _states(self, c: Candidate) -> list[float]:
+        """Model-state bytes per rank of the first and the last stage (ZeRO table)."""
         if c.offload:
-            return 0.0  # the shards live in host memory
+            return [0.0] * len(self._stage_params(c))  # the shards live in host memory
         n, per = float(c.dp), self.per
-        out = 0.0
+        out = []
         for numel in self._stage_params(c):
             params = numel * per.param / (n if c.zero >= 3 else 1.0)
             grads = numel * per.grad / (n if c.zero >= 2 else 1.0)
             states = numel * per.optimizer / (n if c.zero >= 1 else 1.0)
-            out = max(out, params + grads + states)
-        return out * (1 - 1e-9)
+            out.append(params + grads + states)
+        return out
 
-    def step_s(self, c: Candidate) -> float:
-        key: tuple[Any, ...] = (c.tp, c.pp, c.dp, c.micro_batch, c.schedule, c.virtual_stages)
-        key += (c.zero, c.recompute, c.sequence_parallel)
-        hit = self._step.get(key)
-        if hit is None:
-            hit = self._step[key] = self._step_s(c)
-        return hit
+    def states_bytes(self, c: Candidate) -> float:
+        return max(self._states(c)) * (1 - 1e-9)
 
-    def dp_stream_s(self, c: Candidate) -> float:
-        """The data-parallel stream's own work: every gradient reduction (one call of all the
-        stage's gradients bounds the bucketed ones from below: a collective's closed form is
-        latency plus bytes over bandwidth, sub-additive in the bytes), and with ZeRO-3 every
-        unit's gathers and reduce-scatters of every micro-batch. The step ends after it."""
-        if c.dp < 2:
-            return 0.0
-        key = (c.tp, c.pp, c.dp, c.micro_batch, c.zero, c.reshard, c.offload)
-        hit = self._dp.get(key)
+    def memory_bytes(self, c: Candidate) -> float:
+        """A lower bound on the peak: the model states plus the activations that are held at
+        once. A stage keeps every layer's activations of a micro-batch from its forward to its
+        backward; GPipe runs all m forwards first, 1F1B (Narayanan 2021, sec. 2.2) runs
+        ``min(pp - s, m)`` forwards on stage s before its first backward, and interleaving
+        runs more chunk forwards than that (warm-up ``2 (pp - s - 1) + (v - 1) pp`` chunks of
+        ``layers / (pp v)``), so ``min(pp - s, m)`` stage-sets of activations is a floor for
+        both. Transient buffers and gathered ZeRO-3 units only add."""
+        key: tuple[Any, ...] = (c.tp, c.pp, c.dp, c.micro_batch, c.schedule, c.zero)
+        key += (c.recompute, c.sequence_parallel, c.offload, c.reshard)
+        hit = self._acts.get(key)
         if hit is not None:
             return hit
+        from collsim.workload.memory import layers_per_stage
+
+        states = self._states(c)
+        if len(self.spec.layer_kinds()) > 1:
+            hit = self._acts[key] = max(states) * (1 - 1e-9)
+            return hit  # layer kinds keep different activations: states only
+        model = self._model()
+        mb, sp = c.micro_batch, c.sequence_parallel and c.tp > 1
+        per_layer = model.layer_times(
+            self.spec, micro_batch=mb, tp=c.tp, sequence_parallel=sp, recompute=c.recompute
+        ).activation_bytes
+        emb = model.embedding_times(
+            self.spec, micro_batch=mb, tp=c.tp, sequence_parallel=sp
+        ).activation_bytes
+        head = model.head_times(
+            self.spec, micro_batch=mb, tp=c.tp, sequence_parallel=sp
+        ).activation_bytes
+        counts = layers_per_stage(self.spec.num_layers, c.pp)
+        m = self.training.global_batch // (mb * c.dp)
+        gathered = 0.0
+        if c.zero == 3 and not c.reshard and c.dp > 1:
+            from collsim.workload.memory import layer_parameters_per_rank
+
+            # kept after forward: every layer unit stays gathered until its backward (the
+            # gather dtype may be fp8: one byte per element at least)
+            unit = float(layer_parameters_per_rank(self.spec, c.tp))
+            gathered = unit * min(self.per.param, 1.0)
+        out = 0.0
+        for state, s in zip(states, sorted({0, c.pp - 1}), strict=True):
+            held = m if c.schedule == "gpipe" else min(c.pp - s, m)
+            acts = counts[s] * per_layer + (emb if s == 0 else 0.0)
+            acts += head if s == c.pp - 1 else 0.0
+            out = max(out, state + held * acts + counts[s] * gathered)
+        hit = self._acts[key] = out * (1 - 1e-9)
+        return hit
+
+    def _model(self) -> Any:
+        from collsim.workload.compute import ComputeModel
+
+        dtype = str(self.training.dtype)
+        model = self._models.get(dtype)
+        if model is None:
+            model = self._models[dtype] = ComputeModel(self.topology.device, dtype)
+        return model
+
+    def step_s(self, c: Candidate) -> float:
+        """A lower bound on the step (seconds): the largest :meth:`stage_bounds`."""
+        key: tuple[Any, ...] = (c.tp, c.pp, c.dp, c.micro_batch, c.schedule, c.virtual_stages)
+        key += (c.zero, c.recompute, c.sequence_parallel, c.overlap, c.reshard, c.offload)
+        hit = self._step.get(key)
+        if hit is None:
+            hit = self._step[key] = max(self.stage_bounds(c)) * (1 - 1e-9)
+        return hit
+
+    def refined_s(self, c: Candidate) -> float:
+        """A tighter lower bound (seconds): :meth:`stage_bounds` with the compute stream's
+        end taken from a walk of the pipeline schedule itself (:meth:`_pipeline_ends`)."""
+        key: tuple[Any, ...] = (c.tp, c.pp, c.dp, c.micro_batch, c.schedule, c.virtual_stages)
+        key += (c.zero, c.recompute, c.sequence_parallel, c.overlap, c.reshard, c.offload)
+        hit = self._refined.get(key)
+        if hit is None:
+            stream = self._pipeline_ends(c)
+            hit = self._refined[key] = max(self.stage_bounds(c, stream)) * (1 - 1e-9)
+        return hit
+
+    def _pipeline_ends(self, c: Candidate) -> list[float]:
+        """When the first and the last stage finish their last op, walking the schedule's op
+        order (:func:`collsim.parallel.schedules.stage_schedule`) with each op's own work
+        (blocks and blocking TP collectives of its chunk, as in :meth:`_compute`), each op
+        starting after the op before it on its stage and after the op whose output it reads
+        (:func:`~collsim.parallel.schedules.input_of`); sends take no time. Both fidelities
+        run these ops in this order with these dependencies and more work, so they end
+        later."""
+        from collsim.parallel.schedules import Phase, input_of, stage_schedule
+        from collsim.workload.memory import layers_per_stage
+
+        p = c.pp
+        v = c.virtual_stages if c.schedule == "interleaved" else 1
+        m = self.training.global_batch // (c.micro_batch * c.dp)
+        fwd, bwd, emb, head = self._block_work(c)
+        counts = layers_per_stage(self.spec.num_layers, p)
+        key = (p, v, m, c.schedule, fwd, bwd, emb, head)
+        hit = self._pipes.get(key)
+        if hit is not None:
+            return hit
+
+        def duration(stage: int, phase: Phase, chunk: int) -> float:
+            forward = phase is Phase.FORWARD
+            out = counts[stage] / v * (fwd if forward else bwd)
+            if stage == 0 and chunk == 0:
+                out += emb[0] if forward else emb[1]
+            if stage == p - 1 and chunk == v - 1:
+                out += head[0] if forward else head[1]
+            return out
+
+        orders = [
+            stage_schedule(c.schedule, num_stages=p, num_microbatches=m, stage=s, virtual_stages=v)
+            for s in range(p)
+        ]
+        done: list[dict[Any, float]] = [{} for _ in range(p)]
+        clock = [0.0] * p
+        at = [0] * p
+        remaining = sum(len(o) for o in orders)
+        while remaining:
+            moved = 0
+            for s in range(p):
+                order, mine = orders[s], done[s]
+                i, now = at[s], clock[s]
+                while i < len(order):
+                    op = order[i]
+                    src = input_of(op, stage=s, num_stages=p, virtual_stages=v)
+                    if src is not None:
+                        ready = done[src[0]].get(src[1])
+                        if ready is None:
+                            break
+                        now = max(now, ready)
+                    now += duration(s, op.phase, op.chunk)
+                    mine[op] = now
+                    i += 1
+                moved += i - at[s]
+                at[s], clock[s] = i, now
+            if not moved:  # pragma: no cover - every schedule here is deadlock free
+                raise RuntimeError(f"pipeline walk stalled for {c.label}")
+            remaining -= moved
+        hit = self._pipes[key] = [clock[s] for s in sorted({0, p - 1})]
+        return hit
+
+    def stage_bounds(self, c: Candidate, stream: list[float] | None = None) -> list[float]:
+        """Per stage (the first and the last), a floor on when its rank ends the step.
+
+        The rank's compute stream runs its work one piece after another (:meth:`_compute`),
+        and its data-parallel calls one after another (:meth:`_dp_stage`); without overlap
+        the last gradient reduction starts after the last backward. After the walk both
+        fidelities add the interference of the overlapped data-parallel calls,
+        ``min(dp link, compute) x (1 - 1/factor)`` (:meth:`StepSchedule.interference_s`),
+        whose factor is at least its SM term ``(1 - m) / (1 - f_sm) + m`` (the HBM term only
+        adds, :func:`collsim.workload.interference.overlap_slowdown`), then the optimizer
+        step and ZeRO-1/2's all-gathers of the updated parameters. Without overlap every
+        reduction waits for the end of the rank's whole backward (``launch_deferred``)."""
+        floor, busy, share, opts = self._compute(c)
+        stream = (
+            floor if stream is None else [max(a, b) for a, b in zip(floor, stream, strict=True)]
+        )
+        before, after = self._dp_stage(c)
+        serial = c.zero < 3 and not c.overlap
+        interferes = c.dp > 1 and (c.zero == 3 or c.overlap)
+        factor = 1.0
+        if interferes:
+            # the SM term alone: busbw -> 0+ leaves f_hbm -> 0 (formula above)
+            device = self.topology.device
+            sms = int(getattr(device, "sm_count", None) or 108)
+            f_sm = min(0.9, max(0.0, getattr(device, "nccl_sms", 16) / sms))
+            factor = (1.0 - share) / (1.0 - f_sm) + share
+        out = []
+        for i in range(len(stream)):
+            walk = stream[i] + before[i] if serial else max(stream[i], before[i])
+            interference = min(before[i], busy[i]) * (1.0 - 1.0 / factor) if interferes else 0.0
+            out.append(walk + interference + opts[i] + after[i])
+        return out
+
+    def _reductions(self, c: Candidate) -> int:
+        """Gradient reductions per step: ZeRO-2 reduces per micro-batch, ZeRO-0/1 once."""
+        return self.training.global_batch // (c.micro_batch * c.dp) if c.zero == 2 else 1
+
+    def dp_stream_s(self, c: Candidate) -> float:
+        """The data-parallel stream's own work on the busiest stage (see :meth:`_dp_stage`)."""
+        before, after = self._dp_stage(c)
+        return max(b + a for b, a in zip(before, after, strict=True)) * (1 - 1e-9)
+
+    def _dp_stage(self, c: Candidate) -> tuple[list[float], list[float]]:
+        """Per stage (first, last): the data-parallel calls' seconds before the optimizer and
+        after it. Every gradient reduction: one call of all the stage's gradients bounds the
+        bucketed ones from below (a collective's closed form is latency plus bytes over
+        bandwidth, sub-additive in the bytes); with ZeRO-3 every unit's gathers and
+        reduce-scatters of every micro-batch; after the optimizer, ZeRO-1/2's all-gather of
+        the updated parameters."""
+        params = self._stage_params(c)
+        if c.dp < 2:
+            return [0.0] * len(params), [0.0] * len(params)
+        key = (c.tp, c.pp, c.dp, c.micro_batch, c.zero, c.reshard, c.offload)
+        cached = self._dp.get(key)
+        if cached is not None:
+            return cached
         from collsim.workload.memory import layer_parameters_per_rank, layers_per_stage
 
         if self._pricer is None:
@@ -562,35 +817,36 @@ class _Bounds:
             self._pricer = Pricer(self.topology)
         group = tuple(range(0, c.tp * c.pp * c.dp, c.tp * c.pp))
         per = self.per
-        params = max(self._stage_params(c))
         m = self.training.global_batch // (c.micro_batch * c.dp)
         cost = self._pricer.cost
-        if c.zero == 3:
-            unit = float(layer_parameters_per_rank(self.spec, c.tp))
-            units = max(layers_per_stage(self.spec.num_layers, c.pp))
-            gathers = 2 if c.reshard else 1
-            per_mb = units * (
-                gathers * cost("all_gather", unit * per.param, group).time_s
-                + cost("reduce_scatter", unit * per.grad, group).time_s
-            )
-            work = m * per_mb
-        else:
+        before: list[float] = []
+        after: list[float] = []
+        counts = layers_per_stage(self.spec.num_layers, c.pp)
+        for numel, s in zip(params, sorted({0, c.pp - 1}), strict=True):
+            if c.zero == 3:
+                unit = float(layer_parameters_per_rank(self.spec, c.tp))
+                gathers = 2 if c.reshard else 1
+                per_mb = counts[s] * (
+                    gathers * cost("all_gather", unit * per.param, group).time_s
+                    + cost("reduce_scatter", unit * per.grad, group).time_s
+                )
+                before.append(m * per_mb)
+                after.append(0.0)
+                continue
             op = "all_reduce" if c.zero == 0 else "reduce_scatter"
-            reductions = m if c.zero == 2 else 1
-            work = reductions * cost(op, params * per.grad, group).time_s
-            if c.zero in (1, 2):
-                work += cost("all_gather", params * per.param, group).time_s
-        hit = self._dp[key] = work * (1 - 1e-9)
-        return hit
+            before.append(self._reductions(c) * cost(op, numel * per.grad, group).time_s)
+            gather = cost("all_gather", numel * per.param, group).time_s if c.zero else 0.0
+            after.append(gather)
+        self._dp[key] = (before, after)
+        return before, after
 
-    def _step_s(self, c: Candidate) -> float:
-        from collsim.workload.compute import ComputeModel
-        from collsim.workload.memory import layers_per_stage
-
-        dtype = str(self.training.dtype)
-        model = self._models.get(dtype)
-        if model is None:
-            model = self._models[dtype] = ComputeModel(self.topology.device, dtype)
+    def _block_work(
+        self, c: Candidate
+    ) -> tuple[float, float, tuple[float, float], tuple[float, float]]:
+        """Compute-stream seconds of one micro-batch: a layer's forward and backward (with
+        recompute and the blocking TP collectives), the embedding's and the head's
+        (forward, backward)."""
+        model = self._model()
         spec, mb, sp = self.spec, c.micro_batch, c.sequence_parallel and c.tp > 1
         lt = model.layer_times(
             spec, micro_batch=mb, tp=c.tp, sequence_parallel=sp, recompute=c.recompute
@@ -599,6 +855,25 @@ class _Bounds:
         ht = model.head_times(spec, micro_batch=mb, tp=c.tp, sequence_parallel=sp)
         fwd = lt.forward_s + self._tp_s(c, 2)
         bwd = lt.backward_s + lt.recompute_s + self._tp_s(c, 4 if c.recompute == "full" else 2)
+        return fwd, bwd, (et.forward_s, et.backward_s), (ht.forward_s, ht.backward_s)
+
+    def _compute(self, c: Candidate) -> tuple[list[float], list[float], float, list[float]]:
+        """Per stage (first, last): the compute stream's own work (blocks and blocking TP
+        collectives of every micro-batch, and for the last stage the pipeline fill and drain
+        of the stages before it), the compute seconds alone, the memory-bound share of a
+        layer, and the optimizer step."""
+        from collsim.workload.memory import layers_per_stage
+
+        model = self._model()
+        spec, mb, sp = self.spec, c.micro_batch, c.sequence_parallel and c.tp > 1
+        lt = model.layer_times(
+            spec, micro_batch=mb, tp=c.tp, sequence_parallel=sp, recompute=c.recompute
+        )
+        et = model.embedding_times(spec, micro_batch=mb, tp=c.tp, sequence_parallel=sp)
+        ht = model.head_times(spec, micro_batch=mb, tp=c.tp, sequence_parallel=sp)
+        layer_s = lt.forward_s + lt.backward_s + lt.recompute_s
+        share = min(1.0, lt.memory_bound_s / layer_s) if layer_s > 0 else 0.0
+        fwd, bwd, _, _ = self._block_work(c)
         counts = layers_per_stage(spec.num_layers, c.pp)
         m = self.training.global_batch // (mb * c.dp)
         v = c.virtual_stages if c.schedule == "interleaved" else 1
@@ -611,21 +886,32 @@ class _Bounds:
                 f, b = f + ht.forward_s, b + ht.backward_s
             return f, b
 
+        def busy(s: int) -> float:
+            out: float = counts[s] * layer_s
+            out += et.forward_s + et.backward_s if s == 0 else 0.0
+            out += ht.forward_s + ht.backward_s if s == c.pp - 1 else 0.0
+            return m * out
+
+        stages = sorted({0, c.pp - 1})
+        # with offload the step runs on the host, slower than this GPU floor
+        optimizer = str(self.training.optimizer)
+        implementation = str(self.training.optimizer_implementation)
+        opts = [
+            model.optimizer_time_s(n / (c.dp if c.zero >= 1 else 1), optimizer, implementation)
+            for n in self._stage_params(c)
+        ]
+        # the last stage starts when the first micro-batch's first chunk has crossed the
+        # stages before it (fill), and stage 0 ends after the last micro-batch's last backward
+        # chunk has crossed them back (drain); a chunk is 1/v of a stage's layers
         last = c.pp - 1
         f_last, b_last = work(last)
-        params = self._stage_params(c)
-        opts = [
-            model.optimizer_time_s(n / (c.dp if c.zero >= 1 else 1), str(self.training.optimizer))
-            for n in params
-        ]
-        # the last stage waits for the first micro-batch's first chunk to cross the stages
-        # before it, and stage 0 finishes the last one's backward (then its optimizer step)
-        # after the last stage is done
-        fill = sum(sum(work(s)) for s in range(last)) / v
-        bound = m * (f_last + b_last) + fill + min(opts)
+        fill = sum(work(r)[0] for r in range(last)) / v
+        drain = sum(work(r)[1] for r in range(last)) / v
         f0, b0 = work(0)
-        bound = max(bound, m * (f0 + b0) + opts[0])
-        return bound * (1 - 1e-9)
+        stream = [max(m * (f0 + b0), fill + m * (f_last + b_last) + drain)]
+        if last:
+            stream.append(fill + m * (f_last + b_last))
+        return stream, [busy(s) for s in stages], share, opts
 
     def _tp_s(self, c: Candidate, calls: int) -> float:
         """Blocking TP collectives of one layer's forward or backward (closed form)."""

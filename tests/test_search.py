@@ -232,7 +232,11 @@ def test_search_counts_plans_that_do_not_fit() -> None:
         space=dataclasses.replace(SMALL, micro_batches=(1,), recomputes=("full",)),
         top_k=0,
     )
-    assert result.rejected["memory"] > 0
+    # most do not fit by their memory floor alone (never estimated), some only by estimate
+    assert result.rejected["memory_bound"] > 0
+    assert result.rejected["memory_bound"] + result.rejected["memory"] + len(result.ranked) == (
+        result.buildable - result.rejected["bound"]
+    )
     assert result.ranked, "some plan of 175B fits on 64 A100 80GB"
     for entry in result.ranked:
         assert entry.estimate.memory_peak_bytes <= topology.device.memory_bytes
@@ -284,3 +288,85 @@ def test_the_default_space_of_gpt3_175b_on_1024_gpus_is_large() -> None:
     plans = sum(1 for _ in enumerate_plans(spec, 1024, 8, 1536, SearchSpace(), rejected))
     assert plans + sum(rejected.values()) >= 1_000_000
     assert any(p.tp > 8 for p in enumerate_plans(spec, 1024, 8, 1536, SearchSpace()))
+
+
+def _every_nth(plans: list, n: int) -> list:
+    return plans[:: max(1, len(plans) // n)]
+
+
+@pytest.mark.parametrize(
+    ("preset", "nodes", "global_batch"),
+    [("tiny", 2, 64), ("gpt3-13b", 8, 256)],
+    ids=["tiny-16", "13b-64"],
+)
+def test_the_bounds_are_floors_of_the_estimate(preset, nodes, global_batch) -> None:
+    # Branch and bound is exact only if no bound exceeds what it bounds: a spread of plans of
+    # the whole default space (every knob), each estimated, none below its floors.
+    from collsim.search import _Bounds
+
+    topology = load_topology("dgx_h100", nodes=nodes)
+    spec = TINY if preset == "tiny" else get_preset(preset)
+    training = TrainingConfig(global_batch=global_batch, micro_batch=1)
+    plans = list(enumerate_plans(spec, topology.num_ranks, 8, global_batch, SearchSpace()))
+    bounds = _Bounds(topology, spec, training)
+    estimator = Estimator(topology, spec)
+    checked = tightest = 0
+    for plan in _every_nth(plans, 120):
+        est = estimator.estimate(*plan.configs(training, ParallelConfig(dp=topology.num_ranks)))
+        floor, refined = bounds.step_s(plan), bounds.refined_s(plan)
+        assert floor <= refined <= est.step_time_s, plan.label
+        assert bounds.memory_bytes(plan) <= est.memory_peak_bytes, plan.label
+        checked += 1
+        tightest = max(tightest, refined / est.step_time_s)
+    assert checked >= 100
+    assert tightest > 0.9  # the floors are close for some plans, not vacuous
+
+
+def test_the_memory_floor_is_below_the_engine_peak() -> None:
+    from collsim.search import Candidate, _Bounds
+
+    topology = load_topology("dgx_a100", nodes=4)
+    spec = get_preset("gpt3-13b")
+    training = TrainingConfig(global_batch=64, micro_batch=1)
+    bounds = _Bounds(topology, spec, training)
+    for knobs in (
+        dict(tp=4, pp=4, dp=2, micro_batch=4, schedule="1f1b", virtual_stages=1, zero=0),
+        dict(tp=2, pp=4, dp=4, micro_batch=2, schedule="interleaved", virtual_stages=2, zero=1),
+        dict(tp=2, pp=2, dp=8, micro_batch=2, schedule="gpipe", virtual_stages=1, zero=2),
+        dict(tp=2, pp=1, dp=16, micro_batch=2, schedule="1f1b", virtual_stages=1, zero=3),
+    ):
+        plan = Candidate(**knobs, recompute="selective", sequence_parallel=True, reshard=False)
+        train_c, par_c = plan.configs(training, ParallelConfig(dp=32))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", CollsimWarning)
+            sim = simulate_step(topology, spec, train_c, par_c)
+        assert bounds.memory_bytes(plan) <= sim.memory_peak_bytes, plan.label
+        assert bounds.refined_s(plan) <= sim.step_time_s, plan.label
+
+
+def test_jobs_find_the_same_best_plans(h100x16) -> None:
+    training = TrainingConfig(global_batch=64, micro_batch=1)
+    space = dataclasses.replace(SMALL, micro_batches=(1, 2))
+    args = (h100x16, TINY, training, ParallelConfig(dp=16))
+    one = search_plans(*args, space=space, top_k=2, jobs=1)
+    two = search_plans(*args, space=space, top_k=2, jobs=2)
+    assert [(r.candidate, r.estimate.step_time_s) for r in two.ranked[:10]] == [
+        (r.candidate, r.estimate.step_time_s) for r in one.ranked[:10]
+    ]
+    assert [(r.candidate, r.step_time_s) for r in two.simulated] == [
+        (r.candidate, r.step_time_s) for r in one.simulated
+    ]
+
+
+@pytest.mark.slow
+def test_pruning_on_a_space_of_20000_plans_returns_the_same_best_ten(h100x16) -> None:
+    # the whole default space (every data-parallel knob) of a tiny model on 16 GPUs
+    training = TrainingConfig(global_batch=64, micro_batch=1)
+    space = SearchSpace(micro_batches=(1, 2, 4, 8))
+    args = (h100x16, TINY, training, ParallelConfig(dp=16))
+    pruned = search_plans(*args, space=space, top_k=0, prune_keep=10, jobs=2)
+    full = search_plans(*args, space=space, top_k=0, prune_keep=0, jobs=2)
+    assert full.buildable >= 20_000 and full.estimated == full.buildable
+    assert pruned.estimated < full.estimated / 5
+    best = [(r.candidate, r.estimate.step_time_s) for r in full.ranked[:10]]
+    assert [(r.candidate, r.estimate.step_time_s) for r in pruned.ranked[:10]] == best

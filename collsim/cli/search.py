@@ -87,6 +87,13 @@ def _int_list(text: str | None, key: str) -> tuple[int, ...] | None:
     help="Pipeline schedules to try (gpipe,1f1b,interleaved).",
 )
 @click.option(
+    "--jobs",
+    "-j",
+    type=click.IntRange(min=1, max=256),
+    default=None,
+    help="Processes that estimate and simulate plans (default: the cores this process may use).",
+)
+@click.option(
     "-o",
     "--output",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -103,6 +110,7 @@ def search(
     zero_text: str | None,
     recompute_text: str | None,
     schedule_text: str | None,
+    jobs: int | None,
     output: Path | None,
 ) -> None:
     """Enumerate the plans of SCENARIO's model on --gpus GPUs, rank them, re-simulate the best."""
@@ -158,8 +166,10 @@ def search(
             raise  # a malformed topology file: its line
         raise base.locate(ConfigError(exc.message, key_path="cluster.topology")) from None
 
+    from collsim.jobs import default_jobs
+
     space = SearchSpace(**space_kwargs)
-    result = _run_with_progress(topology, base, space, top_k, search_plans)
+    result = _run_with_progress(topology, base, space, top_k, search_plans, jobs or default_jobs())
     click.echo(
         f"collsim search: {base.model.name} on {topology.num_ranks} x "
         f"{topology.device.name} ({topology.name}), global batch "
@@ -182,14 +192,19 @@ def search(
 
 
 def _run_with_progress(
-    topology: Any, base: Any, space: Any, top_k: int, search_plans: Callable[..., SearchResult]
+    topology: Any,
+    base: Any,
+    space: Any,
+    top_k: int,
+    search_plans: Callable[..., SearchResult],
+    jobs: int,
 ) -> SearchResult:
     """Run the search with a progress bar on a terminal (plans estimated, then simulated)."""
     from collsim.search import enumerate_plans
 
     if not sys.stderr.isatty():
         return search_plans(
-            topology, base.model, base.training, base.parallel, space=space, top_k=top_k
+            topology, base.model, base.training, base.parallel, space=space, top_k=top_k, jobs=jobs
         )
     total = sum(
         1
@@ -216,6 +231,7 @@ def _run_with_progress(
             space=space,
             top_k=top_k,
             progress=progress,
+            jobs=jobs,
         )
 
 
