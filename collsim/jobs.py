@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Generic, TypeVar
@@ -97,6 +97,29 @@ class Workers(Generic[C]):
             return [future.result() for future in futures]
         except BrokenProcessPool as exc:
             raise SimulationError(f"a worker process died: {exc}") from None
+
+    def imap(self, fn: Callable[[C, T], R], items: Iterable[T]) -> Iterator[R]:
+        """:meth:`map`, yielding each result as soon as it and those before it are done."""
+        items = list(items)
+        if self._pool is None:
+            for item in items:
+                yield fn(self._inline, item)  # type: ignore[arg-type]
+            return
+        futures = [self._pool.submit(_call, fn, item) for item in items]
+        try:
+            for future in futures:
+                try:
+                    yield future.result(timeout=self.timeout_s)
+                except TimeoutError:
+                    raise SimulationError(
+                        f"an evaluation did not finish in {self.timeout_s:g} s "
+                        f"on {self.jobs} processes"
+                    ) from None
+                except BrokenProcessPool as exc:
+                    raise SimulationError(f"a worker process died: {exc}") from None
+        finally:
+            for future in futures:
+                future.cancel()
 
     def close(self) -> None:
         if self._pool is not None:

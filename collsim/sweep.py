@@ -16,6 +16,7 @@ Nothing here prints; progress is reported through a callback.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 import time
@@ -45,6 +46,7 @@ __all__ = [
     "check_overrides",
     "resolve_point",
     "cluster_for",
+    "SweepSource",
     "run_point",
     "run_sweep",
     "sweep_frame",
@@ -207,7 +209,7 @@ def parse_plan(text: str) -> tuple[str, list[str]]:
 
 
 def check_overrides(
-    path: str | Path,
+    path: str | Path | SweepSource,
     sets: Sequence[tuple[str, Sequence[str]]],
     *,
     gpus: Sequence[int] | None = None,
@@ -224,8 +226,6 @@ def check_overrides(
             unknown ``grow`` axis, a ``--set`` of the axis that ``--gpus`` grows, or a
             topology that does not load.
     """
-    from collsim.scenario import load_scenario
-
     if grow not in GROW_AXES:
         raise ConfigError(f"must be one of {', '.join(GROW_AXES)}; got {grow!r}", key_path="--grow")
     for key, _ in sets:
@@ -236,16 +236,17 @@ def check_overrides(
                 key_path=key,
                 file=f"--set {key}",
             )
-    base = load_scenario(path)
+    source = _source(path)
+    base = source.scenario()
     try:
-        cluster_for(base.cluster.topology, None, 1)  # an unknown topology is bad input
+        source.cluster(base.cluster.topology, None, 1)  # an unknown topology is bad input
     except ConfigError as exc:
         if exc.file is not None:
             raise  # a malformed topology file: its line
         raise base.locate(ConfigError(exc.message, key_path="cluster.topology")) from None
     for name, overrides in (plans or {}).items():
         try:
-            load_scenario(path, list(overrides))
+            source.scenario(list(overrides))
         except ConfigError as exc:
             raise ConfigError(f"plan {name!r}: {' '.join(str(exc).split())}") from None
     for index, (key, values) in enumerate(sets):
@@ -253,14 +254,14 @@ def check_overrides(
         for value in values:
             mine = f"{key}={value}"
             try:
-                load_scenario(path, [mine])
+                source.scenario([mine])
                 continue
             except ConfigError as first:
                 # A value may need another swept value (virtual_stages=2 with
                 # schedule=interleaved): it is bad only if no combination accepts it.
                 for combo in itertools.product(*others):
                     try:
-                        load_scenario(path, [*combo, mine])
+                        source.scenario([*combo, mine])
                         break
                     except ConfigError:
                         continue
@@ -319,10 +320,10 @@ def build_points(
     return points
 
 
-def _gpu_overrides(
+def _grown(
     scenario: Scenario, num_gpus: int, *, grow: str, strong: bool, touched: set[str]
-) -> list[str]:
-    """Overrides that put ``scenario`` on ``num_gpus`` GPUs by changing the ``grow`` axis.
+) -> Scenario:
+    """``scenario`` on ``num_gpus`` GPUs by changing the ``grow`` axis (``dataclasses.replace``).
 
     With weak scaling the global batch of the scenario (after its ``--set`` overrides) is the
     batch at the scenario's dp; it is scaled by dp_new / dp.
@@ -340,7 +341,7 @@ def _gpu_overrides(
             "sweep another key or use --grow",
             key_path=f"parallel.{grow}",
         )
-    par = scenario.parallel
+    par, train = scenario.parallel, scenario.training
     sizes = {"tp": par.tp, "pp": par.pp, "dp": par.dp}
     others = 1
     for axis, size in sizes.items():
@@ -352,33 +353,73 @@ def _gpu_overrides(
             f"{num_gpus} GPUs do not split into {other_text} x {grow}", reason="gpus"
         )
     new = num_gpus // others
-    out = [f"parallel.{grow}={new}"]
     if grow == "dp" and not strong:
-        batch = scenario.training.global_batch * new
+        batch = train.global_batch * new
         if batch % par.dp:
             raise InfeasibleError(
-                f"weak scaling: global batch {scenario.training.global_batch} x {new} / "
-                f"{par.dp} is not whole",
+                f"weak scaling: global batch {train.global_batch} x {new} / {par.dp} is not whole",
                 reason="gpus",
             )
-        out.append(f"training.global_batch={batch // par.dp}")
-    return out
+        train = dataclasses.replace(train, global_batch=batch // par.dp)
+    if grow == "tp":
+        par = dataclasses.replace(par, tp=new)
+    elif grow == "pp":
+        par = dataclasses.replace(par, pp=new)
+    else:
+        par = dataclasses.replace(par, dp=new)
+    return dataclasses.replace(scenario, parallel=par, training=train)
 
 
-_TOPOLOGIES: dict[tuple[str, int, int], Topology] = {}
+class SweepSource:
+    """A scenario file read once: the variants of its points are built from the parsed
+    document (``--set`` overrides, :func:`collsim.scenario.scenario_from_doc`) and
+    ``dataclasses.replace`` (the grown axis), and the clusters are built once per size.
+
+    Args:
+        path: the scenario file.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        from collsim.yamlio import load_yaml
+
+        self.path = Path(path)
+        self.doc = load_yaml(self.path)
+        self.topologies: dict[tuple[str, int, int], Topology] = {}
+
+    def scenario(self, overrides: Sequence[str] = ()) -> Scenario:
+        """The scenario with ``overrides`` applied (each a ``key.path=value`` text)."""
+        from collsim.scenario import scenario_from_doc
+
+        return scenario_from_doc(self.doc, overrides, source=self.path)
+
+    def cluster(self, spec: str, num_gpus: int | None, nodes: int | None) -> Topology:
+        """:func:`cluster_for`, built once per (topology, nodes, GPUs per node)."""
+        return cluster_for(spec, num_gpus, nodes, cache=self.topologies)
 
 
-def cluster_for(spec: str, num_gpus: int | None, nodes: int | None) -> Topology:
+def _source(path: str | Path | SweepSource) -> SweepSource:
+    return path if isinstance(path, SweepSource) else SweepSource(path)
+
+
+def cluster_for(
+    spec: str,
+    num_gpus: int | None,
+    nodes: int | None,
+    *,
+    cache: dict[tuple[str, int, int], Topology] | None = None,
+) -> Topology:
     """The cluster for ``num_gpus`` GPUs: whole nodes, or one partly used node below a node.
 
-    Topologies are cached (a 512-node fat tree takes a while to build and is read-only).
+    ``cache`` (owned by the caller, e.g. :class:`SweepSource`) keeps the topologies built,
+    by (spec, nodes, GPUs per node): a 512-node fat tree takes a while to build and is
+    read-only.
     """
     from collsim.topology import load_topology
 
-    probe = _TOPOLOGIES.get((spec, 0, 0))
+    cache = {} if cache is None else cache
+    probe = cache.get((spec, 0, 0))
     if probe is None:
-        probe = load_topology(spec, nodes=1)
-        _TOPOLOGIES[(spec, 0, 0)] = probe
+        probe = cache[(spec, 0, 0)] = load_topology(spec, nodes=1)
     per_node = probe.gpus_per_node
     if num_gpus is None:
         count_nodes, count_gpn = (nodes or 1), per_node
@@ -391,15 +432,15 @@ def cluster_for(spec: str, num_gpus: int | None, nodes: int | None) -> Topology:
     else:
         count_nodes, count_gpn = num_gpus // per_node, per_node
     key = (spec, count_nodes, count_gpn)
-    if key not in _TOPOLOGIES:
-        _TOPOLOGIES[key] = load_topology(
+    if key not in cache:
+        cache[key] = load_topology(
             spec, nodes=count_nodes, gpus_per_node=None if count_gpn == per_node else count_gpn
         )
-    return _TOPOLOGIES[key]
+    return cache[key]
 
 
 def resolve_point(
-    path: str | Path, point: SweepPoint, *, grow: str = "dp", strong: bool = False
+    path: str | Path | SweepSource, point: SweepPoint, *, grow: str = "dp", strong: bool = False
 ) -> tuple[Scenario, Topology, dict[str, Any]]:
     """The scenario, cluster and coordinates of one point.
 
@@ -407,14 +448,12 @@ def resolve_point(
         InfeasibleError: the GPU count does not fit the plan (reason ``gpus``).
         ConfigError: a bad override (located at its ``--set``).
     """
-    from collsim.scenario import load_scenario
-
-    scenario = load_scenario(path, list(point.overrides))
+    source = _source(path)
+    scenario = source.scenario(point.overrides)
     if point.num_gpus is not None:
         touched = {text.partition("=")[0].strip() for text in point.overrides}
-        extra = _gpu_overrides(scenario, point.num_gpus, grow=grow, strong=strong, touched=touched)
-        scenario = load_scenario(path, [*point.overrides, *extra])
-    topology = cluster_for(scenario.cluster.topology, point.num_gpus, scenario.cluster.nodes)
+        scenario = _grown(scenario, point.num_gpus, grow=grow, strong=strong, touched=touched)
+    topology = source.cluster(scenario.cluster.topology, point.num_gpus, scenario.cluster.nodes)
     par, train = scenario.parallel, scenario.training
     params: dict[str, Any] = {
         "plan": point.label,
@@ -451,18 +490,16 @@ def _default_simulate(
     )
 
 
-def _scenario_gpus(path: str | Path) -> int | None:
+def _scenario_gpus(source: SweepSource) -> int | None:
     """tp x pp x dp of the scenario as written (for rows of points that could not be built)."""
-    from collsim.scenario import load_scenario
-
     try:
-        return load_scenario(path).parallel.world_size
+        return source.scenario().parallel.world_size
     except ConfigError:
         return None
 
 
 def run_point(
-    path: str | Path,
+    path: str | Path | SweepSource,
     point: SweepPoint,
     *,
     grow: str = "dp",
@@ -474,19 +511,20 @@ def run_point(
     """Resolve and simulate one point; infeasibility becomes the outcome's reason."""
     started = time.perf_counter()
     simulate = simulate or _default_simulate
+    source = _source(path)
 
     def failed(reason: str) -> SweepOutcome:
         # The point's own coordinates; the GPU count as written when --gpus did not set it.
         params: dict[str, Any] = {"plan": point.label, "num_gpus": point.num_gpus}
         params.update(dict(point.values))
         if point.num_gpus is None:
-            params["num_gpus"] = _scenario_gpus(path)
+            params["num_gpus"] = _scenario_gpus(source)
         return SweepOutcome(point, None, reason, params, time.perf_counter() - started)
 
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", CollsimWarning)
-            scenario, topology, params = resolve_point(path, point, grow=grow, strong=strong)
+            scenario, topology, params = resolve_point(source, point, grow=grow, strong=strong)
             result = simulate(topology, scenario, trace=trace, all_ranks=all_ranks)
     except InfeasibleError as exc:
         return failed(f"{exc.reason}: {' '.join(str(exc).split())}")
@@ -508,7 +546,7 @@ def run_point(
 
 
 def run_sweep(
-    path: str | Path,
+    path: str | Path | SweepSource,
     points: Sequence[SweepPoint],
     *,
     grow: str = "dp",
@@ -517,27 +555,40 @@ def run_sweep(
     all_ranks: bool = False,
     simulate: Simulate | None = None,
     progress: Callable[[SweepOutcome], None] | None = None,
+    jobs: int = 1,
 ) -> list[SweepOutcome]:
-    """Simulate every point in order; ``progress`` is called after each one.
+    """Simulate every point; ``progress`` is called after each one, in the points' order.
+
+    The scenario file is read once (:class:`SweepSource`). ``jobs`` processes run the points
+    (:class:`collsim.jobs.Workers`; each keeps its own source and clusters); the outcomes are
+    the same as with one.
 
     Check the overrides first with :func:`check_overrides`: here a point whose overrides do not
     combine is recorded as infeasible (reason ``config``), not raised.
     """
+    from collsim.jobs import Workers
+
+    options = dict(grow=grow, strong=strong, trace=trace, all_ranks=all_ranks, simulate=simulate)
+    source = path if isinstance(path, SweepSource) else str(path)
     outcomes = []
-    for point in points:
-        outcome = run_point(
-            path,
-            point,
-            grow=grow,
-            strong=strong,
-            trace=trace,
-            all_ranks=all_ranks,
-            simulate=simulate,
-        )
-        outcomes.append(outcome)
-        if progress is not None:
-            progress(outcome)
+    with Workers(min(jobs, max(1, len(points))), _SweepContext, (source, options)) as workers:
+        for outcome in workers.imap(_run_point_job, points):
+            outcomes.append(outcome)
+            if progress is not None:
+                progress(outcome)
     return outcomes
+
+
+class _SweepContext:
+    """What a sweep worker keeps: the scenario source and the point options."""
+
+    def __init__(self, source: str | SweepSource, options: dict[str, Any]) -> None:
+        self.source = source if isinstance(source, SweepSource) else SweepSource(source)
+        self.options = options
+
+
+def _run_point_job(ctx: _SweepContext, point: SweepPoint) -> SweepOutcome:
+    return run_point(ctx.source, point, **ctx.options)
 
 
 def sweep_frame(outcomes: Sequence[SweepOutcome]) -> pd.DataFrame:

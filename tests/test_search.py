@@ -359,6 +359,7 @@ def test_jobs_find_the_same_best_plans(h100x16) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)
 def test_pruning_on_a_space_of_20000_plans_returns_the_same_best_ten(h100x16) -> None:
     # the whole default space (every data-parallel knob) of a tiny model on 16 GPUs
     training = TrainingConfig(global_batch=64, micro_batch=1)

@@ -105,6 +105,13 @@ Examples:
     help="What --plot draws.",
 )
 @click.option("--all-ranks", is_flag=True, help="Simulate every rank (slow on big jobs).")
+@click.option(
+    "--jobs",
+    "-j",
+    type=click.IntRange(min=1, max=256),
+    default=None,
+    help="Processes that simulate points (default: the cores this process may use).",
+)
 @limit_options
 def sweep(
     scenario: Path,
@@ -117,9 +124,11 @@ def sweep(
     plot_path: Path | None,
     plot_kind: str,
     all_ranks: bool,
+    jobs: int | None,
     limit_values: dict[str, Any],
 ) -> None:
     """Simulate SCENARIO at every GPU count of --gpus and every --set combination."""
+    from collsim.jobs import default_jobs
     from collsim.sweep import (
         build_points,
         check_overrides,
@@ -153,7 +162,8 @@ def sweep(
             strong=strong,
             all_ranks=all_ranks,
             progress=tick,
-            simulate=_bounded(limits),
+            simulate=_Bounded(limits),
+            jobs=jobs or default_jobs(),
         )
 
     from collsim.sweep import sweep_frame
@@ -182,17 +192,21 @@ def sweep(
         raise InfeasibleError("no point of the sweep can run", reason="sweep", prefix="")
 
 
-def _bounded(limits: Any) -> Callable[..., Any]:
+class _Bounded:
     """The engine behind a resource check: a point beyond a limit is infeasible (its reason
-    is the limit's message) instead of running for hours (:func:`collsim.limits.check_plan`)."""
+    is the limit's message) instead of running for hours (:func:`collsim.limits.check_plan`).
+    A class, not a closure, so that worker processes can receive it."""
 
-    def simulate(
-        topology: Any, scenario: Any, *, trace: bool = False, all_ranks: bool = False
+    def __init__(self, limits: Any) -> None:
+        self.limits = limits
+
+    def __call__(
+        self, topology: Any, scenario: Any, *, trace: bool = False, all_ranks: bool = False
     ) -> Any:
         from collsim.engine import simulate_step
         from collsim.limits import check_plan
 
-        check_plan(scenario, limits, gpus=topology.num_ranks, all_ranks=all_ranks)
+        check_plan(scenario, self.limits, gpus=topology.num_ranks, all_ranks=all_ranks)
         return simulate_step(
             topology,
             scenario.model,
@@ -200,9 +214,8 @@ def _bounded(limits: Any) -> Callable[..., Any]:
             scenario.parallel,
             all_ranks=all_ranks,
             trace=trace,
+            stragglers=scenario.stragglers,
         )
-
-    return simulate
 
 
 def _with_plan_labels(frame: pd.DataFrame, name: str) -> pd.DataFrame:

@@ -318,3 +318,36 @@ def test_usage_errors_are_one_line_exit_2(scenario: Path, tmp_path: Path, args) 
     assert result.exit_code == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_sweep_honours_stragglers_on_any_number_of_processes(
+    scenario: Path, tmp_path: Path, jobs: str
+) -> None:
+    # the slowdown curve of one slow GPU: the CLI's engine gets the stragglers section too
+    out = tmp_path / "strag.csv"
+    result = invoke(
+        "sweep",
+        scenario,
+        "--set",
+        "stragglers.slow_gpu.ranks=[0]",
+        "--set",
+        "stragglers.slow_gpu.clock_factor=1.0,0.5",
+        "--jobs",
+        jobs,
+        "-o",
+        out,
+    )
+    assert result.exit_code == 0, result.stderr
+    normal, slowed = (float(r["step_time_s"]) for r in rows(out))
+    assert slowed > 1.2 * normal
+
+
+def test_sweep_on_two_processes_gives_the_same_table(scenario: Path, tmp_path: Path) -> None:
+    tables = []
+    for jobs in ("1", "2"):
+        out = tmp_path / f"sweep{jobs}.csv"
+        args = ("sweep", scenario, "--gpus", "4,8,16", "--set", "parallel.zero=0,3")
+        assert invoke(*args, "--jobs", jobs, "-o", out).exit_code == 0
+        tables.append([{k: v for k, v in r.items() if k != "elapsed_s"} for r in rows(out)])
+    assert tables[0] == tables[1] and len(tables[0]) == 6
