@@ -508,6 +508,44 @@ class Topology:
         links.append(self.nic_rx[dst_node][nic])
         return tuple(links)
 
+    def path_links(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        """The links of many transfers at once: row i holds the link indices of
+        ``path(src[i], dst[i])`` (the same rule, vectorised), padded with -1 (4 columns)."""
+        src = np.asarray(src, dtype=np.int64)
+        dst = np.asarray(dst, dtype=np.int64)
+        if src.size and (
+            min(src.min(), dst.min()) < 0 or max(src.max(), dst.max()) >= self.num_ranks
+        ):
+            bad = int(src.max() if src.max() >= self.num_ranks or src.min() < 0 else dst.max())
+            self._check_rank(bad)
+        out = np.full((src.size, 4), -1, dtype=np.int64)
+        gpn = self.gpus_per_node
+        src_node, dst_node = src // gpn, dst // gpn
+        intra = (src_node == dst_node) & (src != dst)
+        out[intra, 0] = self.gpu_tx_index[src[intra]]
+        out[intra, 1] = self.gpu_rx_index[dst[intra]]
+        inter = src_node != dst_node
+        if inter.any():
+            if self.nics is None:
+                raise InfeasibleError(f"topology {self.name} has no NICs", reason="topology")
+            nic = (src[inter] % gpn) * self.nics.count // gpn
+            sn, dn = src_node[inter], dst_node[inter]
+            out[inter, 0] = self.nic_tx_index[sn, nic]
+            rail = nic if self.fabric.rails else np.zeros_like(nic)
+            sg, dg = sn // self.fabric.nodes_per_leaf, dn // self.fabric.nodes_per_leaf
+            cross = sg != dg
+            rows = np.flatnonzero(inter)
+            up = np.full(rows.size, -1, dtype=np.int64)
+            down = np.full(rows.size, -1, dtype=np.int64)
+            up[cross] = self.leaf_up_index[rail[cross], sg[cross]]
+            down[cross] = self.leaf_down_index[rail[cross], dg[cross]]
+            rx = self.nic_rx_index[dn, nic]
+            # (tx, up, down, rx) across leaves; (tx, rx) under one leaf
+            out[rows, 1] = np.where(cross, up, rx)
+            out[rows, 2] = np.where(cross, down, -1)
+            out[rows, 3] = np.where(cross, rx, -1)
+        return out
+
     def path_latency_s(self, path: tuple[int, ...]) -> float:
         """Sum of the link latencies of ``path``."""
         return sum(self.links[i].latency_s for i in path)

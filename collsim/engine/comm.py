@@ -31,6 +31,44 @@ if TYPE_CHECKING:
 __all__ = ["CallCost", "CommPricer", "axis_contends", "linked_peers", "shared_links"]
 
 
+def _ring_steps(groups: Sequence[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
+    """(senders, receivers) of one ring step of every group: rank[i] -> rank[i+1]; a
+    two-rank group sends once."""
+    src: list[int] = []
+    dst: list[int] = []
+    for group in groups:
+        n = len(group)
+        if n == 2:
+            src.append(group[0])
+            dst.append(group[1])
+        elif n > 2:
+            src.extend(group)
+            dst.extend(group[1:])
+            dst.append(group[0])
+    return np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+
+
+def _solo_loads(
+    topology: Topology, groups: Sequence[tuple[int, ...]], capacity: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Every link's load when each flow of one ring step of ``groups`` runs at its solo rate
+    (its path's slowest link), and the capacities; None with fewer than two flows."""
+    src, dst = _ring_steps(groups)
+    links = topology.path_links(src, dst)
+    links = links[(links >= 0).any(axis=1)]  # flows to oneself move nothing
+    if len(links) < 2:
+        return None
+    if capacity is None:
+        capacity = topology.link_capacity_bps
+    on = links >= 0
+    caps = np.where(on, capacity[np.where(on, links, 0)], np.inf)
+    solo = caps.min(axis=1)
+    load = np.bincount(
+        links[on], weights=np.broadcast_to(solo[:, None], links.shape)[on], minlength=len(capacity)
+    )
+    return load, capacity
+
+
 def axis_contends(
     topology: Topology, groups: Sequence[tuple[int, ...]], *, capacity: np.ndarray | None = None
 ) -> bool:
@@ -38,35 +76,17 @@ def axis_contends(
 
     Each group contributes the flows rank[i] -> rank[i+1] (a ring step; for two ranks, one
     send). A flow's solo rate is its path's slowest link; its shared rate comes from max-min
-    fair sharing of every link by all flows of all groups.
+    fair sharing of every link by all flows of all groups. Max-min fair shares give every flow
+    its solo rate exactly when no link carries more than its capacity at solo rates (an
+    oversubscribed link cannot; otherwise the solo rates are feasible, and a flow below its
+    solo rate would need a saturated bottleneck link on which some other flow exceeds its own
+    solo rate, which no flow can).
     """
-    paths: list[tuple[int, ...]] = []
-    for group in groups:
-        n = len(group)
-        pairs = (
-            [(group[0], group[1])]
-            if n == 2
-            else [(group[i], group[(i + 1) % n]) for i in range(n)]
-            if n > 2
-            else []
-        )
-        for src, dst in pairs:
-            path = topology.path(src, dst)
-            if path:
-                paths.append(tuple(path))
-    if len(paths) < 2:
+    loads = _solo_loads(topology, groups, capacity)
+    if loads is None:
         return False
-    if capacity is None:  # every link's capacity (pass it in to check several axes)
-        capacity = np.array([link.capacity_bps for link in topology.links], dtype=float)
-    flow_of = np.array([i for i, p in enumerate(paths) for _ in p])
-    link_of = np.array([link for p in paths for link in p])
-    solo = np.minimum.reduceat(capacity[link_of], np.r_[0, np.cumsum([len(p) for p in paths])[:-1]])
-    # max-min fair shares give every flow its solo rate exactly when no link carries more than
-    # its capacity at solo rates (an oversubscribed link cannot; otherwise the solo rates are
-    # feasible, and a flow below its solo rate would need a saturated bottleneck link on which
-    # some other flow exceeds its own solo rate, which no flow can)
-    load = np.bincount(link_of, weights=solo[flow_of], minlength=len(capacity))
-    return bool(np.any(load > capacity * (1 + 1e-9)))
+    load, cap = loads
+    return bool(np.any(load > cap * (1 + 1e-9)))
 
 
 def shared_links(topology: Topology, groups: Sequence[tuple[int, ...]]) -> list[str]:
@@ -77,30 +97,12 @@ def shared_links(topology: Topology, groups: Sequence[tuple[int, ...]]) -> list[
     max-min fair); so the links where the solo rates add up beyond the capacity are the ones
     whose sharing slows the step.
     """
-    paths: list[tuple[int, ...]] = []
-    for group in groups:
-        n = len(group)
-        pairs = (
-            [(group[0], group[1])]
-            if n == 2
-            else [(group[i], group[(i + 1) % n]) for i in range(n)]
-            if n > 2
-            else []
-        )
-        for src, dst in pairs:
-            path = topology.path(src, dst)
-            if path:
-                paths.append(tuple(path))
-    if len(paths) < 2:
+    loads = _solo_loads(topology, groups, None)
+    if loads is None:
         return []
-    capacity = np.array([link.capacity_bps for link in topology.links], dtype=float)
-    solo = np.array([min(capacity[list(p)]) for p in paths])
-    flow_of = np.array([i for i, p in enumerate(paths) for _ in p])
-    link_of = np.array([link for p in paths for link in p])
-    load = np.bincount(link_of, weights=solo[flow_of], minlength=len(capacity))
-    over = np.flatnonzero(load > capacity * (1 + 1e-9))
-    names = sorted({topology.links[i].name for i in over})
-    return names
+    load, cap = loads
+    over = np.flatnonzero(load > cap * (1 + 1e-9))
+    return sorted({topology.links[i].name for i in over})
 
 
 def _group_links(topology: Topology, group: tuple[int, ...]) -> set[int]:

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from collsim.engine.comm import CommPricer, axis_contends
 from collsim.engine.core import Engine, EngineOptions
 from collsim.errors import ConfigError
@@ -47,7 +45,7 @@ def _contended_axes(plan: Plan, fidelity: str) -> list[str]:
     contended: list[str] = []
     # every group of an axis may be active at once: all stages compute layers together, send
     # to their neighbours in the steady state, and reduce gradients near the end of the step
-    capacity = np.array([link.capacity_bps for link in topo.links], dtype=float)
+    capacity = topo.link_capacity_bps
     for axis, groups in _axis_groups(plan, node_local=True).items():
         if groups and len(groups[0]) > 1 and axis_contends(topo, groups, capacity=capacity):
             contended.append(axis)
