@@ -152,8 +152,8 @@ class FlowNetwork:
     def __init__(self, env: simpy.Environment, topology: Topology) -> None:
         self.env = env
         self.topology = topology
-        self.capacity_bps = np.array([link.capacity_bps for link in topology.links], dtype=float)
-        self._latency_s = np.array([link.latency_s for link in topology.links], dtype=float)
+        self.capacity_bps = np.array(topology.link_capacity_bps, dtype=float)
+        self._latency_s = np.array(topology.link_latency_s, dtype=float)
         self.bytes_sent: dict[int, float] = defaultdict(float)
         self.bytes_received: dict[int, float] = defaultdict(float)
         self.link_bytes = np.zeros(len(topology.links))

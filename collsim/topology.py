@@ -42,10 +42,12 @@ sets sourced defaults for ``nics.efficiency``, ``net_latency_us`` and ``ll128``
 
 from __future__ import annotations
 
+import bisect
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -140,6 +142,78 @@ class Link:
     def capacity_bps(self) -> float:
         """Achievable bytes/s: line rate x efficiency."""
         return self.bandwidth_bps * self.efficiency
+
+
+class LinkTable(Sequence[Link]):
+    """The links of a topology held as columns; a :class:`Link` is made only when asked for.
+
+    A 65,536-GPU cluster has about 270,000 links; building them one object at a time cost
+    more than simulating the step on it. Blocks of alike links (every GPU's NVLink port, every
+    NIC) are added at once with a rule that names link i of the block.
+    """
+
+    def __init__(self) -> None:
+        self.bandwidth_bps: list[float] = []
+        self.latency_s: list[float] = []
+        self.tier: list[int] = []
+        self.kind: list[LinkKind] = []
+        self.efficiency: list[float] = []
+        self._starts: list[int] = []
+        self._namers: list[Callable[[int], str]] = []
+
+    def add_block(
+        self,
+        count: int,
+        name_of: Callable[[int], str],
+        bandwidth_bps: float,
+        latency_s: float,
+        tier: int,
+        kind: LinkKind,
+        efficiency: float,
+    ) -> range:
+        """``count`` alike links, link i named ``name_of(i)``; their indices."""
+        start = len(self.bandwidth_bps)
+        self.bandwidth_bps += [bandwidth_bps] * count
+        self.latency_s += [latency_s] * count
+        self.tier += [tier] * count
+        self.kind += [kind] * count
+        self.efficiency += [efficiency] * count
+        self._starts.append(start)
+        self._namers.append(name_of)
+        return range(start, start + count)
+
+    def name(self, index: int) -> str:
+        block = bisect.bisect_right(self._starts, index) - 1
+        return self._namers[block](index - self._starts[block])
+
+    def __len__(self) -> int:
+        return len(self.bandwidth_bps)
+
+    @overload
+    def __getitem__(self, index: int) -> Link: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Link]: ...
+
+    def __getitem__(self, index: int | slice) -> Link | list[Link]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(f"link {index} out of range")
+        return Link(
+            index,
+            self.name(index),
+            self.bandwidth_bps[index],
+            self.latency_s[index],
+            self.tier[index],
+            self.kind[index],
+            self.efficiency[index],
+        )
+
+    def __iter__(self) -> Iterator[Link]:
+        return (self[i] for i in range(len(self)))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -317,22 +391,28 @@ class Topology:
         depend on it (src/graph/tuning.cc llMaxBws, getNetOverhead)."""
         self.collectives = collectives
         self.source = source
-        self.links: list[Link] = []
+        self.links: Sequence[Link] = LinkTable()
         self._path_cache: dict[tuple[int, int], tuple[int, ...]] = {}
         self.cache: dict[Any, Any] = {}
         """Scratch space for layers above (per-group cost tables); cleared never."""
         self._build()
-        self.link_capacity_bps = np.array([link.capacity_bps for link in self.links], dtype=float)
+        table = self._table
+        self.link_capacity_bps = np.array(table.bandwidth_bps) * np.array(table.efficiency)
         """Achievable bytes/s of every link, by index."""
-        self.link_latency_s = np.array([link.latency_s for link in self.links], dtype=float)
+        self.link_latency_s = np.array(table.latency_s, dtype=float)
         """Latency of every link, by index."""
-        self.link_kind_code = np.array(
-            [_KIND_CODES.index(link.kind) for link in self.links], dtype=np.int64
-        )
+        codes = {kind: i for i, kind in enumerate(_KIND_CODES)}
+        self.link_kind_code = np.array([codes[k] for k in table.kind], dtype=np.int64)
         """``_KIND_CODES`` index of every link's kind (see :meth:`kinds_of`)."""
         self._index_arrays()
 
     # -- graph ----------------------------------------------------------------------------
+    @property
+    def _table(self) -> LinkTable:
+        table = self.links
+        assert isinstance(table, LinkTable)
+        return table
+
     def _add(
         self,
         name: str,
@@ -342,35 +422,38 @@ class Topology:
         kind: LinkKind,
         efficiency: float,
     ) -> int:
-        index = len(self.links)
-        self.links.append(Link(index, name, bandwidth_bps, latency_s, tier, kind, efficiency))
-        return index
+        block = self._table.add_block(
+            1, lambda _: name, bandwidth_bps, latency_s, tier, kind, efficiency
+        )
+        return block.start
 
     def _build(self) -> None:
         intra = self.intra
         kind = _INTRA_KIND[intra.interconnect]
-        self.gpu_tx = [
-            self._add(
-                f"n{r // self.gpus_per_node}.g{r % self.gpus_per_node}.tx",
+        table = self._table
+        gpn = self.gpus_per_node
+        self.gpu_tx = list(
+            table.add_block(
+                self.num_ranks,
+                lambda r: f"n{r // gpn}.g{r % gpn}.tx",
                 intra.bandwidth_bps,
                 intra.latency_s,
                 0,
                 kind,
                 intra.efficiency,
             )
-            for r in range(self.num_ranks)
-        ]
-        self.gpu_rx = [
-            self._add(
-                f"n{r // self.gpus_per_node}.g{r % self.gpus_per_node}.rx",
+        )
+        self.gpu_rx = list(
+            table.add_block(
+                self.num_ranks,
+                lambda r: f"n{r // gpn}.g{r % gpn}.rx",
                 intra.bandwidth_bps,
                 intra.latency_s,
                 0,
                 kind,
                 intra.efficiency,
             )
-            for r in range(self.num_ranks)
-        ]
+        )
         self.nic_tx: list[list[int]] = []
         self.nic_rx: list[list[int]] = []
         self.leaf_up: dict[tuple[int, int], int] = {}
@@ -378,33 +461,27 @@ class Topology:
         nics = self.nics
         if nics is None:
             return
-        for node in range(self.num_nodes):
-            self.nic_tx.append(
-                [
-                    self._add(
-                        f"n{node}.nic{k}.tx",
-                        nics.bandwidth_bps,
-                        nics.latency_s,
-                        1,
-                        LinkKind.NETWORK,
-                        nics.efficiency,
-                    )
-                    for k in range(nics.count)
-                ]
-            )
-            self.nic_rx.append(
-                [
-                    self._add(
-                        f"n{node}.nic{k}.rx",
-                        nics.bandwidth_bps,
-                        nics.latency_s,
-                        1,
-                        LinkKind.NETWORK,
-                        nics.efficiency,
-                    )
-                    for k in range(nics.count)
-                ]
-            )
+        count = nics.count
+
+        def nic_name(i: int) -> str:
+            node, j = divmod(i, 2 * count)
+            return f"n{node}.nic{j % count}.{'tx' if j < count else 'rx'}"
+
+        # node by node: its NICs' tx links, then their rx links
+        block = table.add_block(
+            2 * count * self.num_nodes,
+            nic_name,
+            nics.bandwidth_bps,
+            nics.latency_s,
+            1,
+            LinkKind.NETWORK,
+            nics.efficiency,
+        )
+        per_node = np.arange(block.start, block.stop, dtype=np.int64).reshape(
+            self.num_nodes, 2, count
+        )
+        self.nic_tx = per_node[:, 0, :].tolist()
+        self.nic_rx = per_node[:, 1, :].tolist()
         fab = self.fabric
         num_groups = -(-self.num_nodes // fab.nodes_per_leaf)
         if num_groups <= 1:

@@ -102,7 +102,7 @@ def shared_links(topology: Topology, groups: Sequence[tuple[int, ...]]) -> list[
         return []
     load, cap = loads
     over = np.flatnonzero(load > cap * (1 + 1e-9))
-    return sorted({topology.links[i].name for i in over})
+    return sorted({topology.links[int(i)].name for i in over})
 
 
 def _group_links(topology: Topology, group: tuple[int, ...]) -> set[int]:
