@@ -20,6 +20,7 @@ Example::
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ import simpy
 from collsim.errors import ConfigError, SimulationError
 from collsim.topology import Topology
 
-__all__ = ["FlowNetwork", "max_min_rates", "load_bound_time_s"]
+__all__ = ["FlowNetwork", "PackedSends", "max_min_rates", "load_bound_time_s"]
 
 #: A flow whose remaining wire bytes fall below this share of its size counts as finished
 #: (float round-off when several flows end at the same instant).
@@ -114,21 +115,59 @@ def load_bound_time_s(
     return float((counts[used] / capacity_bps[used]).max())
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class PackedSends:
+    """Transfers for :meth:`FlowNetwork.send_all` as columns, packed once and sent many times
+    (a collective's phase at every message size).
+
+    ``links`` holds every transfer's path one after another, ``lengths`` how many links each
+    has; ``sizes`` are bytes (multiplied by ``send_all``'s ``scale``), ``src`` / ``dst`` the
+    ranks (-1: none), ``counts`` the identical transfers each stands for.
+    """
+
+    links: np.ndarray
+    lengths: np.ndarray
+    sizes: np.ndarray
+    src: np.ndarray
+    dst: np.ndarray
+    counts: np.ndarray
+
+    @classmethod
+    def of(
+        cls, transfers: Sequence[tuple[Sequence[int], float, int | None, int | None, int]]
+    ) -> PackedSends:
+        """Pack ``(path, size_bytes, src, dst, count)`` tuples (checked: sizes >= 0, counts
+        >= 1)."""
+        if not transfers:
+            empty = np.zeros(0, dtype=np.int64)
+            return cls(empty, empty, np.zeros(0), empty, empty, np.zeros(0))
+        paths, sizes_in, srcs, dsts, counts_in = zip(*transfers)
+        sizes = np.asarray(sizes_in, dtype=float)
+        counts = np.asarray(counts_in, dtype=float)
+        bad = (sizes < 0) | (counts < 1)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ConfigError(
+                f"size_bytes must be >= 0 and count >= 1, got {sizes_in[i]} and {counts_in[i]}"
+            )
+        lengths = np.fromiter(map(len, paths), dtype=np.int64, count=len(paths))
+        links = np.fromiter(
+            itertools.chain.from_iterable(paths), dtype=np.int64, count=int(lengths.sum())
+        )
+        src = np.fromiter((-1 if x is None else x for x in srcs), dtype=np.int64)
+        dst = np.fromiter((-1 if x is None else x for x in dsts), dtype=np.int64)
+        return cls(links, lengths, sizes, src, dst, counts)
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+
 @dataclass(slots=True, eq=False)
-class _Flow:
-    path: tuple[int, ...]
-    wire_bytes: float  # bytes on the wire: payload / efficiency
-    remaining: float
-    latency_s: float
+class _Single:
+    """What a lone transfer (:meth:`FlowNetwork.transfer_path`) fires on delivery."""
+
     done: simpy.Event
-    src: int | None
-    dst: int | None
-    size_bytes: float
-    rate: float = 0.0
-    count: float = 1.0
-    """Identical transfers this flow stands for (bytes and rate are their sum)."""
-    batch: _Batch | None = None
-    """The batch whose single event this flow's delivery counts towards (None: ``done``)."""
+    latency_s: float
 
 
 @dataclass(slots=True, eq=False)
@@ -137,6 +176,26 @@ class _Batch:
 
     pending: int
     done: simpy.Event
+
+
+class _Pending:
+    """Flows added since the last rate computation, as columns (appended, then packed)."""
+
+    def __init__(self) -> None:
+        self.links: list[int] = []
+        self.lengths: list[int] = []
+        self.wire: list[float] = []
+        self.size: list[float] = []
+        self.count: list[float] = []
+        self.src: list[int] = []
+        self.dst: list[int] = []
+        self.owner: list[int] = []
+        self.chunks: list[tuple[np.ndarray, ...]] = []
+        """Packed batches: (links, lengths, wire, size, count, src, dst, owner) columns."""
+        self.chunk_flows = 0
+
+    def __len__(self) -> int:
+        return len(self.lengths) + self.chunk_flows
 
 
 class FlowNetwork:
@@ -158,7 +217,22 @@ class FlowNetwork:
         self.bytes_received: dict[int, float] = defaultdict(float)
         self.link_bytes = np.zeros(len(topology.links))
         self.num_recomputes = 0
-        self._flows: list[_Flow] = []
+        # the active flows as columns: per flow, and per (flow, link) incidence entry
+        self._id = np.zeros(0, dtype=np.int64)
+        self._rem = np.zeros(0)  # wire bytes left
+        self._wire = np.zeros(0)  # wire bytes in all (payload / efficiency)
+        self._rate = np.zeros(0)
+        self._count = np.zeros(0)  # identical transfers a flow stands for
+        self._size = np.zeros(0)  # payload bytes
+        self._src = np.zeros(0, dtype=np.int64)  # -1: no rank (a switch)
+        self._dst = np.zeros(0, dtype=np.int64)
+        self._owner = np.zeros(0, dtype=np.int64)  # index into _owners
+        self._entry_flow = np.zeros(0, dtype=np.int64)
+        self._entry_link = np.zeros(0, dtype=np.int64)
+        self._owners: dict[int, _Single | _Batch] = {}
+        self._next_owner = 0
+        self._next_id = 0
+        self._pending = _Pending()
         self._last_s = env.now
         self._update_pending = False
         self._token = 0
@@ -221,28 +295,21 @@ class FlowNetwork:
         if latency_s is None:
             latency_s = float(self._latency_s[list(path)].sum()) if path else 0.0
         done = self.env.event()
-        flow = _Flow(
-            path=path,
-            wire_bytes=count * size_bytes / efficiency,
-            remaining=count * size_bytes / efficiency,
-            latency_s=latency_s,
-            done=done,
-            src=src,
-            dst=dst,
-            size_bytes=count * size_bytes,
-            count=float(count),
-        )
+        owner = self._own(_Single(done, latency_s))
+        payload = count * size_bytes
         if not path or size_bytes == 0:
-            self._deliver(flow)
+            self._touch(path, src, dst)
+            self._fire(owner, 1)
             return done
         self._advance()
-        self._flows.append(flow)
+        self._add(path, payload / efficiency, payload, float(count), src, dst, owner)
         self._request_update()
         return done
 
     def send_all(
         self,
-        transfers: Sequence[tuple[tuple[int, ...], float, int | None, int | None, int]],
+        transfers: Sequence[tuple[tuple[int, ...], float, int | None, int | None, int]]
+        | PackedSends,
         *,
         efficiency: float = 1.0,
         scale: float = 1.0,
@@ -251,7 +318,8 @@ class FlowNetwork:
         fires when the last of them is delivered.
 
         Each transfer is ``(path, size_bytes, src, dst, count)`` as for :meth:`transfer_path`
-        with ``latency_s=0``, its size multiplied by ``scale``. Same sharing as one call per
+        with ``latency_s=0``, its size multiplied by ``scale`` (or the same as
+        :class:`PackedSends`, packed once for many calls). Same sharing as one call per
         transfer, without one SimPy event each (a collective phase of tens of thousands of
         flows).
         """
@@ -259,57 +327,125 @@ class FlowNetwork:
             raise ConfigError(f"efficiency must be in (0, 1], got {efficiency}")
         if scale < 0:
             raise ConfigError(f"scale must be >= 0, got {scale}")
+        packed = transfers if isinstance(transfers, PackedSends) else PackedSends.of(transfers)
         done = self.env.event()
-        batch = _Batch(len(transfers), done)
-        self._advance()
-        wire_scale = scale / efficiency
-        started: list[_Flow] = []
-        append = started.append
-        for path, size_bytes, src, dst, count in transfers:
-            if size_bytes < 0 or count < 1:
-                raise ConfigError(
-                    f"size_bytes must be >= 0 and count >= 1, got {size_bytes} and {count}"
-                )
-            wire = count * size_bytes * wire_scale
-            append(
-                _Flow(
-                    path if type(path) is tuple else tuple(path),
-                    wire,
-                    wire,
-                    0.0,
-                    done,
-                    src,
-                    dst,
-                    count * size_bytes * scale,
-                    0.0,
-                    float(count),
-                    batch,
-                )
-            )
-        if batch.pending == 0:
+        batch = _Batch(len(packed), done)
+        if not len(packed):
             done.succeed()
             return done
-        empty = [f for f in started if not f.path or f.size_bytes == 0]
-        self._flows.extend(f for f in started if f.path and f.size_bytes != 0)
-        if empty:
-            self._deliver_all(empty)
-        if batch.pending > 0:
+        owner = self._own(batch)
+        self._advance()
+        lengths = packed.lengths
+        payload = packed.counts * packed.sizes * scale
+        moving = (lengths > 0) & (payload != 0)
+        immediate = len(packed) - int(moving.sum())
+        if immediate:
+            for i in np.flatnonzero(~moving & (lengths > 0)).tolist():
+                s_rank, d_rank = int(packed.src[i]), int(packed.dst[i])
+                self._touch((0,), s_rank if s_rank >= 0 else None, d_rank if d_rank >= 0 else None)
+        if moving.any():
+            links, counts, src, dst = packed.links, packed.counts, packed.src, packed.dst
+            if immediate:
+                links = links[np.repeat(moving, lengths)]
+                lengths, payload = lengths[moving], payload[moving]
+                counts, src, dst = counts[moving], src[moving], dst[moving]
+            wire = payload / efficiency
+            owners = np.full(len(lengths), owner, dtype=np.int64)
+            pending = self._pending
+            pending.chunks.append((links, lengths, wire, payload, counts, src, dst, owners))
+            pending.chunk_flows += len(lengths)
+        if immediate:
+            self._fire(owner, immediate)
+        if moving.any():
             self._request_update()
         return done
 
     @property
     def active_flows(self) -> int:
         """Transfers currently serializing."""
-        return len(self._flows)
+        return len(self._id) + len(self._pending)
 
     # -- internals ----------------------------------------------------------------------
+    def _touch(self, path: Sequence[int], src: int | None, dst: int | None) -> None:
+        """A flow of no bytes over a path is delivered at once: its ranks are counted (0)."""
+        if path:
+            if src is not None:
+                self.bytes_sent[src] += 0.0
+            if dst is not None:
+                self.bytes_received[dst] += 0.0
+
+    def _own(self, owner: _Single | _Batch) -> int:
+        key = self._next_owner
+        self._next_owner += 1
+        self._owners[key] = owner
+        return key
+
+    def _add(
+        self,
+        path: tuple[int, ...],
+        wire: float,
+        payload: float,
+        count: float,
+        src: int | None,
+        dst: int | None,
+        owner: int,
+    ) -> None:
+        p = self._pending
+        p.links.extend(path)
+        p.lengths.append(len(path))
+        p.wire.append(wire)
+        p.size.append(payload)
+        p.count.append(count)
+        p.src.append(-1 if src is None else src)
+        p.dst.append(-1 if dst is None else dst)
+        p.owner.append(owner)
+
+    def _pack(self) -> None:
+        """Move the pending flows into the columns (rate 0 until the next computation)."""
+        p = self._pending
+        if not len(p):
+            return
+        chunks = list(p.chunks)
+        if p.lengths:
+            chunks.append(
+                (
+                    np.asarray(p.links, dtype=np.int64),
+                    np.asarray(p.lengths, dtype=np.int64),
+                    np.asarray(p.wire, dtype=float),
+                    np.asarray(p.size, dtype=float),
+                    np.asarray(p.count, dtype=float),
+                    np.asarray(p.src, dtype=np.int64),
+                    np.asarray(p.dst, dtype=np.int64),
+                    np.asarray(p.owner, dtype=np.int64),
+                )
+            )
+        links, lengths, wire, size, count, src, dst, owner = (
+            np.concatenate(column) for column in zip(*chunks)
+        )
+        n, base = len(lengths), len(self._id)
+        self._entry_flow = np.concatenate(
+            [self._entry_flow, np.repeat(np.arange(base, base + n, dtype=np.int64), lengths)]
+        )
+        self._entry_link = np.concatenate([self._entry_link, links])
+        ids = np.arange(self._next_id, self._next_id + n, dtype=np.int64)
+        self._next_id += n
+        self._id = np.concatenate([self._id, ids])
+        self._rem = np.concatenate([self._rem, wire])
+        self._wire = np.concatenate([self._wire, wire])
+        self._rate = np.concatenate([self._rate, np.zeros(n)])
+        self._count = np.concatenate([self._count, count])
+        self._size = np.concatenate([self._size, size])
+        self._src = np.concatenate([self._src, src])
+        self._dst = np.concatenate([self._dst, dst])
+        self._owner = np.concatenate([self._owner, owner])
+        self._pending = _Pending()
+
     def _advance(self) -> None:
         """Drain every active flow at its current rate up to now."""
         now = self.env.now
         elapsed = now - self._last_s
-        if elapsed > 0:
-            for flow in self._flows:
-                flow.remaining -= flow.rate * elapsed
+        if elapsed > 0 and len(self._rem):
+            self._rem -= self._rate * elapsed
         self._last_s = now
 
     def _request_update(self) -> None:
@@ -326,92 +462,86 @@ class FlowNetwork:
 
     def _recompute(self) -> None:
         self._token += 1
-        flows = self._flows
-        if not flows:
+        self._pack()
+        num = len(self._id)
+        if not num:
             return
         self.num_recomputes += 1
-        lengths = np.fromiter((len(f.path) for f in flows), dtype=np.int64, count=len(flows))
-        link_of_entry = np.fromiter(
-            (link for f in flows for link in f.path), dtype=np.int64, count=int(lengths.sum())
-        )
-        flow_of_entry = np.repeat(np.arange(len(flows)), lengths)
-        counts = np.fromiter((f.count for f in flows), dtype=float, count=len(flows))
+        counts = self._count
         rates = max_min_rates(
-            flow_of_entry,
-            link_of_entry,
-            len(flows),
+            self._entry_flow,
+            self._entry_link,
+            num,
             self.capacity_bps,
             None if bool((counts == 1.0).all()) else counts,
         )
-        remaining = np.fromiter((f.remaining for f in flows), dtype=float, count=len(flows))
-        for flow, rate in zip(flows, rates.tolist()):
-            flow.rate = rate
+        self._rate = rates
         if np.any(rates <= 0):
             raise SimulationError("a flow got a zero rate")
-        times = np.maximum(remaining, 0.0) / rates
+        times = np.maximum(self._rem, 0.0) / rates
         next_s = float(times.min())
         # The flows that end at the next event: decided now, so that clock round-off at a
         # large simulated time cannot leave a completion event without its flow.
-        ending = [flows[i] for i in np.flatnonzero(times <= next_s * (1 + 1e-9) + 1e-15)]
+        ending = self._id[times <= next_s * (1 + 1e-9) + 1e-15]
         token = self._token
         event = self.env.timeout(next_s)
         event.callbacks.append(lambda _e: self._on_finish(token, ending))
 
-    def _on_finish(self, token: int, ending: list[_Flow]) -> None:
+    def _on_finish(self, token: int, ending: np.ndarray) -> None:
         if token != self._token:
             return  # rates changed since this completion was scheduled
         self._advance()
-        done = {id(f) for f in ending}
-        still: list[_Flow] = []
-        finished: list[_Flow] = []
-        for flow in self._flows:
-            if id(flow) in done or flow.remaining <= _FINISH_RTOL * flow.wire_bytes:
-                finished.append(flow)
-            else:
-                still.append(flow)
-        if not finished:
+        finished = np.isin(self._id, ending) | (self._rem <= _FINISH_RTOL * self._wire)
+        if not finished.any():
             raise SimulationError("completion event with no finished flow")
-        self._flows = still
-        self._deliver_all(finished)
+        self._deliver(finished)
+        self._drop(finished)
         self._recompute()
 
-    def _deliver(self, flow: _Flow) -> None:
-        self._deliver_all([flow])
+    def _drop(self, finished: np.ndarray) -> None:
+        """Remove the finished flows from the columns (entries renumbered)."""
+        keep = ~finished
+        entry_keep = keep[self._entry_flow]
+        renumber = np.cumsum(keep) - 1
+        self._entry_flow = renumber[self._entry_flow[entry_keep]]
+        self._entry_link = self._entry_link[entry_keep]
+        for name in ("_id", "_rem", "_wire", "_rate", "_count", "_size", "_src", "_dst"):
+            setattr(self, name, getattr(self, name)[keep])
+        self._owner = self._owner[keep]
 
-    def _deliver_all(self, flows: Sequence[_Flow]) -> None:
-        """Count the flows' bytes (links in one vectorised update) and fire their events."""
-        sent, received = self.bytes_sent, self.bytes_received
-        with_path = [f for f in flows if f.path]
-        for flow in with_path:  # a rank sending to itself is no network traffic
-            if flow.src is not None:
-                sent[flow.src] += flow.size_bytes
-            if flow.dst is not None:
-                received[flow.dst] += flow.size_bytes
-        if len(with_path) == 1:
-            flow = with_path[0]
-            self.link_bytes[list(flow.path)] += flow.size_bytes
-        elif with_path:
-            lengths = np.fromiter(
-                (len(f.path) for f in with_path), dtype=np.int64, count=len(with_path)
-            )
-            entries = np.fromiter(
-                (link for f in with_path for link in f.path),
-                dtype=np.int64,
-                count=int(lengths.sum()),
-            )
-            sizes = np.fromiter((f.size_bytes for f in with_path), dtype=float, count=len(lengths))
-            np.add.at(self.link_bytes, entries, np.repeat(sizes, lengths))
-        for flow in flows:
-            batch = flow.batch
-            if batch is not None:  # latency 0 by construction (send_all)
-                batch.pending -= 1
-                if batch.pending == 0:
-                    batch.done.succeed()
-            elif flow.latency_s > 0:
-                delay = self.env.timeout(flow.latency_s, value=flow.done)
-                delay.callbacks.append(_fire_delivery)
-            else:
-                flow.done.succeed()
+    def _deliver(self, finished: np.ndarray) -> None:
+        """Count the finished flows' bytes (ranks and links, vectorised) and fire their
+        owners' events."""
+        size = self._size[finished]
+        for ranks, counter in ((self._src, self.bytes_sent), (self._dst, self.bytes_received)):
+            mine = ranks[finished]
+            named = mine >= 0
+            if named.any():
+                keys, where = np.unique(mine[named], return_inverse=True)
+                sums = np.bincount(where, weights=size[named])
+                for key, value in zip(keys.tolist(), sums.tolist()):
+                    counter[key] += value
+        entries = finished[self._entry_flow]
+        np.add.at(self.link_bytes, self._entry_link[entries], self._size[self._entry_flow[entries]])
+        owners, howmany = np.unique(self._owner[finished], return_counts=True)
+        for owner, n in zip(owners.tolist(), howmany.tolist()):
+            self._fire(owner, n)
+
+    def _fire(self, key: int, delivered: int) -> None:
+        """``delivered`` flows of owner ``key`` arrived: fire its event when all have."""
+        owner = self._owners[key]
+        if isinstance(owner, _Batch):  # latency 0 by construction (send_all)
+            owner.pending -= delivered
+            if owner.pending == 0:
+                del self._owners[key]
+                owner.done.succeed()
+            return
+        del self._owners[key]
+        if owner.latency_s > 0:
+            delay = self.env.timeout(owner.latency_s, value=owner.done)
+            delay.callbacks.append(_fire_delivery)
+        else:
+            owner.done.succeed()
 
 
 def _fire_delivery(delay: simpy.Event) -> None:

@@ -42,7 +42,7 @@ import simpy
 from collsim.collectives import protocols
 from collsim.collectives.types import Algorithm, CollectiveOp, Protocol
 from collsim.errors import ConfigError
-from collsim.network import FlowNetwork
+from collsim.network import FlowNetwork, PackedSends
 from collsim.topology import CollectiveSettings, LinkKind, Topology
 
 __all__ = [
@@ -471,9 +471,7 @@ class Schedule:
         self.inter_path_latency_s = max((load.inter_latency_s for load in loads), default=0.0)
         kinds = {kind for load in loads for kind in load.intra_kinds}
         self._des: dict[int, tuple[Transfer, ...]] = {}
-        self._sends: dict[
-            int, list[tuple[tuple[int, ...], float, int | None, int | None, int]]
-        ] = {}
+        self._sends: dict[int, PackedSends] = {}
         self.intra_kind = (
             LinkKind.LOOPBACK
             if LinkKind.LOOPBACK in kinds
@@ -554,14 +552,14 @@ class Schedule:
             **self._knee(eff, settings),
         )
 
-    def des_sends(
-        self, phase: AnyPhase
-    ) -> list[tuple[tuple[int, ...], float, int | None, int | None, int]]:
-        """:meth:`des_transfers` as :meth:`FlowNetwork.send_all` takes them, bytes per byte of
-        the phase's size (cached)."""
+    def des_sends(self, phase: AnyPhase) -> PackedSends:
+        """:meth:`des_transfers` packed for :meth:`FlowNetwork.send_all`, bytes per byte of
+        the phase's size (cached: every message size sends the same flows)."""
         found = self._sends.get(id(phase))
         if found is None:
-            found = [(t.path, t.weight, t.src, t.dst, t.count) for t in self.des_transfers(phase)]
+            found = PackedSends.of(
+                [(t.path, t.weight, t.src, t.dst, t.count) for t in self.des_transfers(phase)]
+            )
             self._sends[id(phase)] = found
         return found
 
