@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from collsim.collectives.types import Algorithm, Protocol
 from collsim.topology import Interconnect, Topology
 
@@ -232,12 +234,17 @@ def _gpu_bw_gbps(topology: Topology) -> float:
 def node_shape(topology: Topology, ranks: Sequence[int]) -> tuple[int, int]:
     """(GPUs per node, NICs per node) a communicator over ``ranks`` sees: the most ranks it
     has on a node, and the distinct NICs nearest to that node's ranks."""
-    per_node: dict[int, list[int]] = {}
-    for rank in ranks:
-        per_node.setdefault(topology.node_of(rank), []).append(rank)
-    members = max(per_node.values(), key=len)
-    nics = len({topology.nic_of(r) for r in members}) if topology.nics is not None else 0
-    return len(members), nics
+    members = np.asarray(ranks, dtype=np.int64)
+    gpn = topology.gpus_per_node
+    nodes = members // gpn
+    found, first, counts = np.unique(nodes, return_index=True, return_counts=True)
+    # the fullest node; among equals the one met first in ``ranks``
+    best = min(range(len(found)), key=lambda i: (-counts[i], first[i]))
+    on_node = members[nodes == found[best]]
+    if topology.nics is None:
+        return len(on_node), 0
+    nics = len(np.unique((on_node % gpn) * topology.nics.count // gpn))
+    return len(on_node), nics
 
 
 def graphs_for(

@@ -318,9 +318,9 @@ def pair_load(topology: Topology, src: np.ndarray, dst: np.ndarray) -> PhaseLoad
         inter_latency = float(hops.max())
     if not index:
         return PhaseLoad(np.zeros(0, dtype=np.int64), np.zeros(0), 0.0, 0.0, kinds)
-    load = np.bincount(np.concatenate(index), minlength=len(topo.links)).astype(float)
-    used = np.flatnonzero(load > 0)
-    return PhaseLoad(used, load[used], intra_latency, inter_latency, kinds)
+    # the used links only (a phase touches a few thousand of a large cluster's links)
+    used, counts = np.unique(np.concatenate(index), return_counts=True)
+    return PhaseLoad(used, counts.astype(float), intra_latency, inter_latency, kinds)
 
 
 @dataclass(frozen=True, slots=True)
