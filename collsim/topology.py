@@ -43,7 +43,6 @@ sets sourced defaults for ``nics.efficiency``, ``net_latency_us`` and ``ll128``
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +52,7 @@ import collsim
 from collsim.errors import ConfigError, InfeasibleError
 from collsim.hardware import Device, get_device
 from collsim.units import US, gbit_to_bps, gbps_to_bps
+from collsim.vocab import Algorithm, CollectiveOp, FabricKind, Interconnect, LinkKind
 from collsim.yamlio import ConfigReader, YamlDoc, load_yaml, non_negative, one_of, positive
 
 __all__ = [
@@ -70,48 +70,9 @@ __all__ = [
     "resolve_topology_path",
 ]
 
-_COLLECTIVE_OPS = (
-    "all_reduce",
-    "reduce_scatter",
-    "all_gather",
-    "broadcast",
-    "reduce",
-    "all_to_all",
-    "send_recv",
-)
-_ALGORITHMS = (
-    "auto",
-    "ring",
-    "tree",
-    "halving_doubling",
-    "direct",
-    "hierarchical",
-    "nvls",
-    "nvls_tree",
-    "collnet_direct",
-    "collnet_chain",
-    "pat",
-)
-
-
-class LinkKind(StrEnum):
-    """Class of a link, which decides the per-hop latency NCCL's cost model charges."""
-
-    NVLINK = "nvlink"
-    PCIE = "pcie"
-    LOOPBACK = "loopback"
-    NETWORK = "network"
-
-
 _KIND_CODES = tuple(LinkKind)
-
-
-class Interconnect(StrEnum):
-    """What connects the ranks inside a node."""
-
-    NVSWITCH = "nvswitch"
-    PCIE_SWITCH = "pcie_switch"
-    LOOPBACK = "loopback"
+_OP_NAMES = tuple(op.value for op in CollectiveOp)
+_ALGORITHM_NAMES = tuple(a.value for a in Algorithm)
 
 
 _INTRA_KIND = {
@@ -183,18 +144,6 @@ class _NicSpec:
     bandwidth_bps: float
     efficiency: float
     latency_s: float
-
-
-class FabricKind(StrEnum):
-    """The transport between nodes (``fabric.kind``); each has sourced defaults
-    (:data:`FABRIC_DEFAULTS`). ``fat_tree`` is the older spelling: InfiniBand's shape, no
-    transport defaults."""
-
-    INFINIBAND = "infiniband"
-    ROCE = "roce"
-    EFA = "efa"
-    TCPXO = "tcpxo"
-    FAT_TREE = "fat_tree"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -692,7 +641,7 @@ def parse_topology(
     algos = sec.section("algorithms", default_empty=True)
     overrides: dict[str, str] = {}
     for op in _op_keys(algos):
-        overrides[str(op)] = algos.get(op, str, check=one_of(*_ALGORITHMS))
+        overrides[str(op)] = algos.get(op, str, check=one_of(*_ALGORITHM_NAMES))
     op_overhead_s: dict[str, float] = {}
     op_efficiency: dict[str, float] = {}
     op_knee: dict[str, tuple[float, float]] = {}
@@ -773,8 +722,8 @@ def _op_keys(sec: ConfigReader) -> list[str]:
     """Keys of a per-op mapping, each checked to be a collective op."""
     keys = [str(op) for op, _ in list(sec.items())]
     for op in keys:
-        if op not in _COLLECTIVE_OPS:
-            raise sec.error(f"unknown op (choose from {', '.join(_COLLECTIVE_OPS)})", op)
+        if op not in _OP_NAMES:
+            raise sec.error(f"unknown op (choose from {', '.join(_OP_NAMES)})", op)
     return keys
 
 

@@ -83,7 +83,8 @@ def build_group(topology_spec: str, gpus: int | None, nodes: int | None) -> Any:
     (default: as few as hold them). On a loopback topology ``--gpus`` sets the rank count.
     """
     from collsim.collectives import Group
-    from collsim.topology import Interconnect, load_topology
+    from collsim.topology import load_topology
+    from collsim.vocab import Interconnect
 
     probe = load_topology(topology_spec, nodes=1)
     per_node_max = probe.gpus_per_node

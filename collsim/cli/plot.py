@@ -386,10 +386,11 @@ def collective_frame(path: Path) -> pd.DataFrame:
 def _closed_form(
     topology: str, gpus: int, op: str, minbytes: str, maxbytes: str, algorithms: str
 ) -> pd.DataFrame:
-    from collsim.collectives import Algorithm, CollectiveOp, Group
+    from collsim.collectives import Group
     from collsim.report.frames import collective_cost_frame
     from collsim.sweep import cluster_for
     from collsim.units import parse_size
+    from collsim.vocab import Algorithm, CollectiveOp
 
     try:
         low, high = parse_size(minbytes), parse_size(maxbytes)

@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from collsim.collectives.types import Algorithm, Protocol
-from collsim.topology import Interconnect, Topology
+from collsim.topology import Topology
+from collsim.vocab import Algorithm, Interconnect, Protocol
 
 __all__ = [
     "NcclGraph",

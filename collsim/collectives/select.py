@@ -34,17 +34,10 @@ from collsim.collectives import (
     tuner,
 )
 from collsim.collectives.schedule import ProtocolCap, Schedule, Timing, run_phases
-from collsim.collectives.types import (
-    Algorithm,
-    CollectiveCost,
-    CollectiveOp,
-    Group,
-    Protocol,
-    busbw_factor,
-    parse_enum,
-)
+from collsim.collectives.types import CollectiveCost, Group, busbw_factor
 from collsim.errors import ConfigError
 from collsim.network import FlowNetwork
+from collsim.vocab import Algorithm, CollectiveOp, Protocol, parse_enum
 
 __all__ = ["ALGORITHM_MODULES", "schedule_for", "choose", "cost", "simulate", "supported"]
 

@@ -40,8 +40,9 @@ from collsim.collectives.channels import (
     nvls_channels,
     runtime_channels,
 )
-from collsim.collectives.types import Algorithm, CollectiveOp, Group, Protocol
-from collsim.topology import Interconnect, Topology
+from collsim.collectives.types import Group
+from collsim.topology import Topology
+from collsim.vocab import Algorithm, CollectiveOp, Interconnect, Protocol
 
 __all__ = [
     "NcclGraph",

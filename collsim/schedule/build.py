@@ -26,11 +26,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from collsim.parallel.config import Dtype, ParallelConfig, TrainingConfig
+from collsim.parallel.config import ParallelConfig, TrainingConfig
 from collsim.parallel.plan import Plan, build_plan
 from collsim.parallel.schedules import PipeOp, stage_schedule
 from collsim.schedule.dataparallel import BytesPer, DataParallelRules
 from collsim.schedule.ops import BlockTimes, StageModel, build_stage
+from collsim.vocab import Dtype
 
 if TYPE_CHECKING:
     from collsim.hardware import Device

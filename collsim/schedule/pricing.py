@@ -59,7 +59,8 @@ class ClosedPricer:
         if self.zero or len(ranks) < 2 or size_bytes <= 0:
             result = _NONE
         else:
-            from collsim.collectives import CollectiveOp, Group, cost
+            from collsim.collectives import Group, cost
+            from collsim.vocab import CollectiveOp
 
             c = cost(CollectiveOp(op), int(size_bytes), Group(self.topology, ranks))
             result = CallCost(float(c.time_s), str(c.algorithm), float(c.busbw_bps))
