@@ -31,6 +31,7 @@ __all__ = [
     "Algorithm",
     "Protocol",
     "ParallelAxis",
+    "DATA_PARALLEL_AXES",
     "ScheduleKind",
     "PipelinePhase",
     "CPAlgorithm",
@@ -135,6 +136,13 @@ class ParallelAxis(StrEnum):
     DP_CP_SHARD = "dp_cp_shard"
     EDP_SHARD = "edp_shard"
     EDP_REPLICATE = "edp_replicate"
+
+
+DATA_PARALLEL_AXES = frozenset(
+    axis for axis in ParallelAxis if axis.value.startswith(("dp", "edp"))
+)
+"""The data-parallel family: dp, its cp, HSDP shard and replicate groups, and the expert
+data-parallel groups. Their calls share a rank's data-parallel stream."""
 
 
 class ScheduleKind(StrEnum):

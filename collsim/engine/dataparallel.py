@@ -75,7 +75,7 @@ class DataParallel:
         self.site = site
         self.env = env
         self.unit_events: dict[tuple[int, int, Any], simpy.Event] = {}
-        self.meet_on_group = bool(getattr(site, "all_ranks", False)) and "dp" in getattr(
+        self.meet_on_group = bool(getattr(site, "all_ranks", False)) and DP in getattr(
             site, "des_axes", ()
         )
 

@@ -60,6 +60,7 @@ from collsim.parallel.buckets import Bucket, build_buckets
 from collsim.parallel.fsdp import FSDPUnit, build_units
 from collsim.parallel.params import ParamTensor, chunk_tensors
 from collsim.parallel.plan import Plan
+from collsim.vocab import ParallelAxis
 
 if TYPE_CHECKING:
     from collsim.parallel.layer_comms import LayerComm
@@ -78,7 +79,7 @@ class Step:
     overlap_s: float = 0.0
     """Compute that runs alongside this collective (``op`` set): the compute stream is busy for
     max(collective, overlap_s) and the collective is exposed only beyond ``overlap_s``."""
-    axis: str = "tp"
+    axis: str = ParallelAxis.TP
     """The plan axis of the collective's group (``send_recv`` on cp: one ring step)."""
 
 
@@ -242,8 +243,8 @@ def _with_comms(
     cp_extra: tuple[float, float],
 ) -> list[Step]:
     """Insert a layer's EP and CP collectives into one pass (forward or backward)."""
-    cp = [c for c in comms if c.axis == "cp"]
-    ep = [c for c in comms if c.axis != "cp"]
+    cp = [c for c in comms if c.axis == ParallelAxis.CP]
+    ep = [c for c in comms if c.axis != ParallelAxis.CP]
     if not cp and not ep:
         return steps
     steps, (first, second) = _halves(steps, seconds)
