@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -54,6 +54,13 @@ from collsim.hardware import Device, get_device
 from collsim.units import US, gbit_to_bps, gbps_to_bps
 from collsim.vocab import Algorithm, CollectiveOp, FabricKind, Interconnect, LinkKind
 from collsim.yamlio import ConfigReader, YamlDoc, load_yaml, non_negative, one_of, positive
+
+if TYPE_CHECKING:  # the collective layer's types of CollectiveMemo (it imports this module)
+    from collsim.collectives.channels import NcclGraph
+    from collsim.collectives.schedule import Schedule, Timing
+    from collsim.collectives.select import CostEntry
+    from collsim.collectives.tuner import TunerTable
+    from collsim.collectives.types import Group
 
 __all__ = [
     "Link",
@@ -229,6 +236,32 @@ class _FabricSpec:
     """In-network reduction (SHARP) reachable through NCCL's CollNet (``fabric.sharp``)."""
 
 
+@dataclass(slots=True, eq=False)
+class CollectiveMemo:
+    """What :mod:`collsim.collectives` derives from one topology, computed once per key.
+
+    A topology is not changed after it is built (:func:`collsim.stragglers.degrade_topology`
+    makes a copy with a fresh memo), so entries are kept for the topology's life. Each field has
+    one writer, named in its docstring; groups key by (topology identity, ranks).
+    """
+
+    graphs: dict[tuple[int, int, int], dict[Algorithm, NcclGraph]] = field(default_factory=dict)
+    """NCCL's ring / tree / NVLS graphs per (nodes, GPUs per node, NICs per node)
+    (:func:`collsim.collectives.channels.graphs_for`)."""
+    tuner_tables: dict[tuple[int, int, int, int], TunerTable] = field(default_factory=dict)
+    """NCCL's tuning table per communicator shape (ranks, nodes, GPUs per node, NICs)
+    (:func:`collsim.collectives.tuner.table_for`)."""
+    schedules: dict[tuple[Group, str, str], Schedule] = field(default_factory=dict)
+    """The phases of one (group, op, algorithm)
+    (:func:`collsim.collectives.select.schedule_for`)."""
+    candidates: dict[tuple[Group, str], list[tuple[Schedule, Timing]]] = field(default_factory=dict)
+    """The (schedule, timing) options ``auto`` chooses among per (group, op)
+    (``collsim.collectives.select._candidates``)."""
+    costs: dict[tuple[Group, str, str, str | None], CostEntry] = field(default_factory=dict)
+    """The closed form's per-call table per (group, op, algorithm, protocol)
+    (:func:`collsim.collectives.select.cost`)."""
+
+
 class Topology:
     """A cluster of ``num_nodes`` identical nodes: ranks, links and paths.
 
@@ -268,8 +301,8 @@ class Topology:
         self.source = source
         self.links: list[Link] = []
         self._path_cache: dict[tuple[int, int], tuple[int, ...]] = {}
-        self.cache: dict[Any, Any] = {}
-        """Scratch space for layers above (per-group cost tables); cleared never."""
+        self.collective_memo = CollectiveMemo()
+        """What the collective layer derives from this topology (see :class:`CollectiveMemo`)."""
         self._build()
         self.link_capacity_bps = np.array([link.capacity_bps for link in self.links], dtype=float)
         """Achievable bytes/s of every link, by index."""

@@ -255,8 +255,8 @@ def graphs_for(
     gpus = topology.gpus_per_node if gpus is None else gpus
     if num_nics is None:
         num_nics = topology.nics.count if topology.nics is not None else 0
-    cache = topology.cache
-    key = ("nccl-graphs", num_nodes, gpus, num_nics)
+    cache = topology.collective_memo.graphs
+    key = (num_nodes, gpus, num_nics)
     found = cache.get(key)
     if found is not None:
         return dict(found)

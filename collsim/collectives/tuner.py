@@ -190,10 +190,11 @@ def table_for(group: Group) -> TunerTable:
     """The tuning table of ``group``'s communicator (cached on the topology)."""
     topo = group.topology
     gpus, nics = node_shape(topo, group.ranks)
-    key = ("nccl-tuner", group.size, group.num_nodes, gpus, nics)
-    found = topo.cache.get(key)
+    tables = topo.collective_memo.tuner_tables
+    key = (group.size, group.num_nodes, gpus, nics)
+    found = tables.get(key)
     if found is None:
-        found = topo.cache[key] = _tune(topo, group.size, group.num_nodes, gpus, nics)
+        found = tables[key] = _tune(topo, group.size, group.num_nodes, gpus, nics)
     return found
 
 
