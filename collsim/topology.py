@@ -611,6 +611,43 @@ def parse_topology(
     file_nodes = root.get("nodes", int, default=1, check=positive)
     file_gpus = root.get("gpus_per_node", int, check=positive)
 
+    intra = _read_intra(root)
+    nics, nics_has_efficiency = _read_nics(root)
+    fabric, kind_defaults = _read_fabric(root)
+    if nics is not None and not nics_has_efficiency and fabric.kind is not FabricKind.FAT_TREE:
+        nics = replace(nics, efficiency=kind_defaults.nic_efficiency)
+    sec = root.section("host", default_empty=True)
+    host_bps = gbps_to_bps(sec.get("bandwidth_gbps", float, default=32.0, check=positive))
+    cpu_vendor = sec.get("cpu_vendor", str, default="intel", check=one_of("intel", "amd"))
+    sec.finish()
+    collectives = _read_collectives(root)
+    root.finish()
+
+    num_nodes = file_nodes if nodes is None else nodes
+    if num_nodes < 1:
+        raise ConfigError(f"nodes must be >= 1, got {num_nodes}")
+    ranks_per_node = file_gpus if gpus_per_node is None else gpus_per_node
+    if ranks_per_node < 1:
+        raise ConfigError(f"gpus_per_node must be >= 1, got {ranks_per_node}")
+    if num_nodes > 1 and nics is None:
+        raise root.error(f"{num_nodes} nodes asked but the topology has no 'nics' section")
+    _check_size(root, num_nodes, ranks_per_node, nics.count if nics is not None else 0)
+    return Topology(
+        name=name,
+        device=device,
+        num_nodes=num_nodes,
+        gpus_per_node=ranks_per_node,
+        intra=intra,
+        nics=nics,
+        fabric=fabric,
+        host_bandwidth_bps=host_bps,
+        host_cpu_vendor=cpu_vendor,
+        collectives=collectives,
+        source=doc.file,
+    )
+
+
+def _read_intra(root: ConfigReader) -> _IntraSpec:
     sec = root.section("intra_node")
     intra = _IntraSpec(
         interconnect=Interconnect(
@@ -621,19 +658,26 @@ def parse_topology(
         nvls=sec.get("nvls", bool, default=False),
     )
     sec.finish()
+    return intra
 
-    nics: _NicSpec | None = None
-    nics_has_efficiency = False
-    if root.has("nics"):
-        sec = root.section("nics")
-        nics_has_efficiency = sec.has("efficiency")
-        nics = _NicSpec(
-            count=sec.get("count", int, check=positive),
-            bandwidth_bps=gbit_to_bps(sec.get("rate_gbit", float, check=positive)),
-            **_efficiency_and_latency(sec),
-        )
-        sec.finish()
 
+def _read_nics(root: ConfigReader) -> tuple[_NicSpec | None, bool]:
+    """The ``nics`` section (None without one) and whether it sets its own efficiency."""
+    if not root.has("nics"):
+        return None, False
+    sec = root.section("nics")
+    has_efficiency = sec.has("efficiency")
+    nics = _NicSpec(
+        count=sec.get("count", int, check=positive),
+        bandwidth_bps=gbit_to_bps(sec.get("rate_gbit", float, check=positive)),
+        **_efficiency_and_latency(sec),
+    )
+    sec.finish()
+    return nics, has_efficiency
+
+
+def _read_fabric(root: ConfigReader) -> tuple[_FabricSpec, FabricDefaults]:
+    """The ``fabric`` section, with its kind's defaults (which also set the NICs' efficiency)."""
     sec = root.section("fabric", default_empty=True)
     kind = FabricKind(
         sec.get("kind", str, default="fat_tree", check=one_of(*[k.value for k in FabricKind]))
@@ -660,14 +704,10 @@ def parse_topology(
         collnet=sec.get("sharp", bool, default=False),
     )
     sec.finish()
-    if nics is not None and not nics_has_efficiency and kind is not FabricKind.FAT_TREE:
-        nics = replace(nics, efficiency=kind_defaults.nic_efficiency)
+    return fabric, kind_defaults
 
-    sec = root.section("host", default_empty=True)
-    host_bps = gbps_to_bps(sec.get("bandwidth_gbps", float, default=32.0, check=positive))
-    cpu_vendor = sec.get("cpu_vendor", str, default="intel", check=one_of("intel", "amd"))
-    sec.finish()
 
+def _read_collectives(root: ConfigReader) -> CollectiveSettings:
     sec = root.section("collectives", default_empty=True)
     library = sec.get("library", str, default="nccl", check=one_of("nccl", "gloo"))
     overhead_s = sec.get("overhead_us", float, default=0.0, check=non_negative) * US
@@ -689,36 +729,13 @@ def parse_topology(
             op_knee[str(op)] = _knee(one, op_efficiency.get(str(op), 1.0))
         one.finish()
     sec.finish()
-    root.finish()
-
-    num_nodes = file_nodes if nodes is None else nodes
-    if num_nodes < 1:
-        raise ConfigError(f"nodes must be >= 1, got {num_nodes}")
-    ranks_per_node = file_gpus if gpus_per_node is None else gpus_per_node
-    if ranks_per_node < 1:
-        raise ConfigError(f"gpus_per_node must be >= 1, got {ranks_per_node}")
-    if num_nodes > 1 and nics is None:
-        raise root.error(f"{num_nodes} nodes asked but the topology has no 'nics' section")
-    _check_size(root, num_nodes, ranks_per_node, nics.count if nics is not None else 0)
-    return Topology(
-        name=name,
-        device=device,
-        num_nodes=num_nodes,
-        gpus_per_node=ranks_per_node,
-        intra=intra,
-        nics=nics,
-        fabric=fabric,
-        host_bandwidth_bps=host_bps,
-        host_cpu_vendor=cpu_vendor,
-        collectives=CollectiveSettings(
-            library=library,
-            overhead_s=overhead_s,
-            algorithms=overrides,
-            op_overhead_s=op_overhead_s,
-            op_efficiency=op_efficiency,
-            op_knee=op_knee,
-        ),
-        source=doc.file,
+    return CollectiveSettings(
+        library=library,
+        overhead_s=overhead_s,
+        algorithms=overrides,
+        op_overhead_s=op_overhead_s,
+        op_efficiency=op_efficiency,
+        op_knee=op_knee,
     )
 
 
