@@ -125,7 +125,10 @@ def _search(
     num_nics: int,
 ) -> NcclGraph:
     """Emulation of ``ncclTopoCompute`` pass 1, ``ncclTopoDupChannels`` and pass 2 for a
-    communicator with ``gpus`` GPUs on each node, reaching ``num_nics`` NICs."""
+    communicator with ``gpus`` GPUs on each node, reaching ``num_nics`` NICs.
+
+    Stays long: the three passes share the search state (speed index, best channels, the two
+    bandwidths) in the order src/graph/search.cc runs them, which one function keeps visible."""
     arch = arch_of(topology)
     gpu_bw = _gpu_bw_gbps(topology)
     nics = topology.nics

@@ -199,7 +199,10 @@ def table_for(group: Group) -> TunerTable:
 
 
 def _tune(topo: Topology, num_ranks: int, num_nodes: int, gpus: int, num_nics: int) -> TunerTable:
-    """``ncclTopoTuneModel`` (src/graph/tuning.cc) for ``num_ranks`` over ``num_nodes``."""
+    """``ncclTopoTuneModel`` (src/graph/tuning.cc) for ``num_ranks`` over ``num_nodes``.
+
+    Stays long: it follows ncclTopoTuneModel's one loop over (op, algorithm, protocol) line by
+    line, so that it can be read against tuning.cc and updated with it."""
     arch = arch_of(topo)
     cc = _arch_index(arch)
     graphs = graphs_for(topo, num_nodes, gpus, num_nics)
