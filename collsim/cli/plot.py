@@ -34,6 +34,7 @@ from collsim.cli.common import (
     limits_from_options,
 )
 from collsim.errors import CollsimWarning, ConfigError, InfeasibleError
+from collsim.vocab import ScheduleKind
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -259,10 +260,11 @@ def pipeline_cmd(
 
     _check_suffix(output)
     kinds = [s.strip() for s in schedules.split(",") if s.strip()]
-    bad = [k for k in kinds if k not in ("gpipe", "1f1b", "interleaved")]
+    choices = [k.value for k in ScheduleKind]
+    bad = [k for k in kinds if k not in choices]
     if bad or not kinds:
         raise ConfigError(
-            f"must be some of gpipe, 1f1b, interleaved; got {schedules!r}",
+            f"must be some of {', '.join(choices)}; got {schedules!r}",
             key_path="--schedules",
         )
     base = load_scenario(scenario, list(overrides))
