@@ -259,10 +259,11 @@ def collective(
         ``op, algorithm, protocol, size_bytes, time_s, algbw_bps, busbw_bps`` (nccl-tests
         conventions for the bandwidths).
     """
-    from collsim.collectives import Algorithm, CollectiveOp, Group
+    from collsim.collectives import Group
     from collsim.errors import InfeasibleError
     from collsim.report.frames import collective_cost_frame
     from collsim.sweep import cluster_for
+    from collsim.vocab import Algorithm, CollectiveOp
 
     try:
         CollectiveOp(op)

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 from collsim.errors import SimulationError
 from collsim.parallel.buckets import Bucket
 from collsim.parallel.fsdp import issue_schedule
-from collsim.parallel.plan import ParallelAxis, RankCoords
+from collsim.parallel.plan import RankCoords
 from collsim.parallel.schedules import Phase, PipeOp, input_of
 from collsim.schedule.assemble import assemble
 from collsim.schedule.dataparallel import DPCall
@@ -58,6 +58,7 @@ from collsim.schedule.ops import ChunkModel, Segment
 from collsim.schedule.pricing import ClosedPricer, SegmentPrices
 from collsim.schedule.result import BREAKDOWN_KEYS, StepResult, TraceEvent
 from collsim.schedule.stats import CallKey, CallStats, CallTally, dp_link
+from collsim.vocab import ParallelAxis
 
 if TYPE_CHECKING:
     from collsim.parallel.config import ParallelConfig, TrainingConfig

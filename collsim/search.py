@@ -183,7 +183,8 @@ class Candidate:
         """The scenario's training and parallel sections with this plan's knobs."""
         import dataclasses
 
-        from collsim.parallel.config import Recompute, ScheduleKind
+        from collsim.parallel.config import Recompute
+        from collsim.vocab import ScheduleKind
 
         training = dataclasses.replace(
             base_training, micro_batch=self.micro_batch, recompute=Recompute(self.recompute)

@@ -45,9 +45,8 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
 from pathlib import Path
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
@@ -55,7 +54,15 @@ import collsim
 from collsim.errors import ConfigError, InfeasibleError
 from collsim.hardware import Device, get_device
 from collsim.units import US, gbit_to_bps, gbps_to_bps
+from collsim.vocab import Algorithm, CollectiveOp, FabricKind, Interconnect, LinkKind
 from collsim.yamlio import ConfigReader, YamlDoc, load_yaml, non_negative, one_of, positive
+
+if TYPE_CHECKING:  # the collective layer's types of CollectiveMemo (it imports this module)
+    from collsim.collectives.channels import NcclGraph
+    from collsim.collectives.schedule import Schedule, Timing
+    from collsim.collectives.select import CostEntry
+    from collsim.collectives.tuner import TunerTable
+    from collsim.collectives.types import Group
 
 __all__ = [
     "Link",
@@ -72,48 +79,9 @@ __all__ = [
     "resolve_topology_path",
 ]
 
-_COLLECTIVE_OPS = (
-    "all_reduce",
-    "reduce_scatter",
-    "all_gather",
-    "broadcast",
-    "reduce",
-    "all_to_all",
-    "send_recv",
-)
-_ALGORITHMS = (
-    "auto",
-    "ring",
-    "tree",
-    "halving_doubling",
-    "direct",
-    "hierarchical",
-    "nvls",
-    "nvls_tree",
-    "collnet_direct",
-    "collnet_chain",
-    "pat",
-)
-
-
-class LinkKind(StrEnum):
-    """Class of a link, which decides the per-hop latency NCCL's cost model charges."""
-
-    NVLINK = "nvlink"
-    PCIE = "pcie"
-    LOOPBACK = "loopback"
-    NETWORK = "network"
-
-
 _KIND_CODES = tuple(LinkKind)
-
-
-class Interconnect(StrEnum):
-    """What connects the ranks inside a node."""
-
-    NVSWITCH = "nvswitch"
-    PCIE_SWITCH = "pcie_switch"
-    LOOPBACK = "loopback"
+_OP_NAMES = tuple(op.value for op in CollectiveOp)
+_ALGORITHM_NAMES = tuple(a.value for a in Algorithm)
 
 
 _INTRA_KIND = {
@@ -259,18 +227,6 @@ class _NicSpec:
     latency_s: float
 
 
-class FabricKind(StrEnum):
-    """The transport between nodes (``fabric.kind``); each has sourced defaults
-    (:data:`FABRIC_DEFAULTS`). ``fat_tree`` is the older spelling: InfiniBand's shape, no
-    transport defaults."""
-
-    INFINIBAND = "infiniband"
-    ROCE = "roce"
-    EFA = "efa"
-    TCPXO = "tcpxo"
-    FAT_TREE = "fat_tree"
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FabricDefaults:
     """What a fabric kind sets unless the topology file says otherwise."""
@@ -354,6 +310,32 @@ class _FabricSpec:
     """In-network reduction (SHARP) reachable through NCCL's CollNet (``fabric.sharp``)."""
 
 
+@dataclass(slots=True, eq=False)
+class CollectiveMemo:
+    """What :mod:`collsim.collectives` derives from one topology, computed once per key.
+
+    A topology is not changed after it is built (:func:`collsim.stragglers.degrade_topology`
+    makes a copy with a fresh memo), so entries are kept for the topology's life. Each field has
+    one writer, named in its docstring; groups key by (topology identity, ranks).
+    """
+
+    graphs: dict[tuple[int, int, int], dict[Algorithm, NcclGraph]] = field(default_factory=dict)
+    """NCCL's ring / tree / NVLS graphs per (nodes, GPUs per node, NICs per node)
+    (:func:`collsim.collectives.channels.graphs_for`)."""
+    tuner_tables: dict[tuple[int, int, int, int], TunerTable] = field(default_factory=dict)
+    """NCCL's tuning table per communicator shape (ranks, nodes, GPUs per node, NICs)
+    (:func:`collsim.collectives.tuner.table_for`)."""
+    schedules: dict[tuple[Group, str, str], Schedule] = field(default_factory=dict)
+    """The phases of one (group, op, algorithm)
+    (:func:`collsim.collectives.select.schedule_for`)."""
+    candidates: dict[tuple[Group, str], list[tuple[Schedule, Timing]]] = field(default_factory=dict)
+    """The (schedule, timing) options ``auto`` chooses among per (group, op)
+    (``collsim.collectives.select._candidates``)."""
+    costs: dict[tuple[Group, str, str, str | None], CostEntry] = field(default_factory=dict)
+    """The closed form's per-call table per (group, op, algorithm, protocol)
+    (:func:`collsim.collectives.select.cost`)."""
+
+
 class Topology:
     """A cluster of ``num_nodes`` identical nodes: ranks, links and paths.
 
@@ -393,8 +375,8 @@ class Topology:
         self.source = source
         self.links: Sequence[Link] = LinkTable()
         self._path_cache: dict[tuple[int, int], tuple[int, ...]] = {}
-        self.cache: dict[Any, Any] = {}
-        """Scratch space for layers above (per-group cost tables); cleared never."""
+        self.collective_memo = CollectiveMemo()
+        """What the collective layer derives from this topology (see :class:`CollectiveMemo`)."""
         self._build()
         table = self._table
         self.link_capacity_bps = np.array(table.bandwidth_bps) * np.array(table.efficiency)
@@ -744,6 +726,43 @@ def parse_topology(
     file_nodes = root.get("nodes", int, default=1, check=positive)
     file_gpus = root.get("gpus_per_node", int, check=positive)
 
+    intra = _read_intra(root)
+    nics, nics_has_efficiency = _read_nics(root)
+    fabric, kind_defaults = _read_fabric(root)
+    if nics is not None and not nics_has_efficiency and fabric.kind is not FabricKind.FAT_TREE:
+        nics = replace(nics, efficiency=kind_defaults.nic_efficiency)
+    sec = root.section("host", default_empty=True)
+    host_bps = gbps_to_bps(sec.get("bandwidth_gbps", float, default=32.0, check=positive))
+    cpu_vendor = sec.get("cpu_vendor", str, default="intel", check=one_of("intel", "amd"))
+    sec.finish()
+    collectives = _read_collectives(root)
+    root.finish()
+
+    num_nodes = file_nodes if nodes is None else nodes
+    if num_nodes < 1:
+        raise ConfigError(f"nodes must be >= 1, got {num_nodes}")
+    ranks_per_node = file_gpus if gpus_per_node is None else gpus_per_node
+    if ranks_per_node < 1:
+        raise ConfigError(f"gpus_per_node must be >= 1, got {ranks_per_node}")
+    if num_nodes > 1 and nics is None:
+        raise root.error(f"{num_nodes} nodes asked but the topology has no 'nics' section")
+    _check_size(root, num_nodes, ranks_per_node, nics.count if nics is not None else 0)
+    return Topology(
+        name=name,
+        device=device,
+        num_nodes=num_nodes,
+        gpus_per_node=ranks_per_node,
+        intra=intra,
+        nics=nics,
+        fabric=fabric,
+        host_bandwidth_bps=host_bps,
+        host_cpu_vendor=cpu_vendor,
+        collectives=collectives,
+        source=doc.file,
+    )
+
+
+def _read_intra(root: ConfigReader) -> _IntraSpec:
     sec = root.section("intra_node")
     intra = _IntraSpec(
         interconnect=Interconnect(
@@ -754,19 +773,26 @@ def parse_topology(
         nvls=sec.get("nvls", bool, default=False),
     )
     sec.finish()
+    return intra
 
-    nics: _NicSpec | None = None
-    nics_has_efficiency = False
-    if root.has("nics"):
-        sec = root.section("nics")
-        nics_has_efficiency = sec.has("efficiency")
-        nics = _NicSpec(
-            count=sec.get("count", int, check=positive),
-            bandwidth_bps=gbit_to_bps(sec.get("rate_gbit", float, check=positive)),
-            **_efficiency_and_latency(sec),
-        )
-        sec.finish()
 
+def _read_nics(root: ConfigReader) -> tuple[_NicSpec | None, bool]:
+    """The ``nics`` section (None without one) and whether it sets its own efficiency."""
+    if not root.has("nics"):
+        return None, False
+    sec = root.section("nics")
+    has_efficiency = sec.has("efficiency")
+    nics = _NicSpec(
+        count=sec.get("count", int, check=positive),
+        bandwidth_bps=gbit_to_bps(sec.get("rate_gbit", float, check=positive)),
+        **_efficiency_and_latency(sec),
+    )
+    sec.finish()
+    return nics, has_efficiency
+
+
+def _read_fabric(root: ConfigReader) -> tuple[_FabricSpec, FabricDefaults]:
+    """The ``fabric`` section, with its kind's defaults (which also set the NICs' efficiency)."""
     sec = root.section("fabric", default_empty=True)
     kind = FabricKind(
         sec.get("kind", str, default="fat_tree", check=one_of(*[k.value for k in FabricKind]))
@@ -793,21 +819,17 @@ def parse_topology(
         collnet=sec.get("sharp", bool, default=False),
     )
     sec.finish()
-    if nics is not None and not nics_has_efficiency and kind is not FabricKind.FAT_TREE:
-        nics = replace(nics, efficiency=kind_defaults.nic_efficiency)
+    return fabric, kind_defaults
 
-    sec = root.section("host", default_empty=True)
-    host_bps = gbps_to_bps(sec.get("bandwidth_gbps", float, default=32.0, check=positive))
-    cpu_vendor = sec.get("cpu_vendor", str, default="intel", check=one_of("intel", "amd"))
-    sec.finish()
 
+def _read_collectives(root: ConfigReader) -> CollectiveSettings:
     sec = root.section("collectives", default_empty=True)
     library = sec.get("library", str, default="nccl", check=one_of("nccl", "gloo"))
     overhead_s = sec.get("overhead_us", float, default=0.0, check=non_negative) * US
     algos = sec.section("algorithms", default_empty=True)
     overrides: dict[str, str] = {}
     for op in _op_keys(algos):
-        overrides[str(op)] = algos.get(op, str, check=one_of(*_ALGORITHMS))
+        overrides[str(op)] = algos.get(op, str, check=one_of(*_ALGORITHM_NAMES))
     op_overhead_s: dict[str, float] = {}
     op_efficiency: dict[str, float] = {}
     op_knee: dict[str, tuple[float, float]] = {}
@@ -822,36 +844,13 @@ def parse_topology(
             op_knee[str(op)] = _knee(one, op_efficiency.get(str(op), 1.0))
         one.finish()
     sec.finish()
-    root.finish()
-
-    num_nodes = file_nodes if nodes is None else nodes
-    if num_nodes < 1:
-        raise ConfigError(f"nodes must be >= 1, got {num_nodes}")
-    ranks_per_node = file_gpus if gpus_per_node is None else gpus_per_node
-    if ranks_per_node < 1:
-        raise ConfigError(f"gpus_per_node must be >= 1, got {ranks_per_node}")
-    if num_nodes > 1 and nics is None:
-        raise root.error(f"{num_nodes} nodes asked but the topology has no 'nics' section")
-    _check_size(root, num_nodes, ranks_per_node, nics.count if nics is not None else 0)
-    return Topology(
-        name=name,
-        device=device,
-        num_nodes=num_nodes,
-        gpus_per_node=ranks_per_node,
-        intra=intra,
-        nics=nics,
-        fabric=fabric,
-        host_bandwidth_bps=host_bps,
-        host_cpu_vendor=cpu_vendor,
-        collectives=CollectiveSettings(
-            library=library,
-            overhead_s=overhead_s,
-            algorithms=overrides,
-            op_overhead_s=op_overhead_s,
-            op_efficiency=op_efficiency,
-            op_knee=op_knee,
-        ),
-        source=doc.file,
+    return CollectiveSettings(
+        library=library,
+        overhead_s=overhead_s,
+        algorithms=overrides,
+        op_overhead_s=op_overhead_s,
+        op_efficiency=op_efficiency,
+        op_knee=op_knee,
     )
 
 
@@ -888,8 +887,8 @@ def _op_keys(sec: ConfigReader) -> list[str]:
     """Keys of a per-op mapping, each checked to be a collective op."""
     keys = [str(op) for op, _ in list(sec.items())]
     for op in keys:
-        if op not in _COLLECTIVE_OPS:
-            raise sec.error(f"unknown op (choose from {', '.join(_COLLECTIVE_OPS)})", op)
+        if op not in _OP_NAMES:
+            raise sec.error(f"unknown op (choose from {', '.join(_OP_NAMES)})", op)
     return keys
 
 

@@ -15,6 +15,7 @@ import click
 
 from collsim.cli.common import OneLineCommand
 from collsim.units import GB, parse_size
+from collsim.vocab import CollectiveOp, Protocol
 
 __all__ = ["collective", "sweep_sizes", "build_group"]
 
@@ -83,7 +84,8 @@ def build_group(topology_spec: str, gpus: int | None, nodes: int | None) -> Any:
     (default: as few as hold them). On a loopback topology ``--gpus`` sets the rank count.
     """
     from collsim.collectives import Group
-    from collsim.topology import Interconnect, load_topology
+    from collsim.topology import load_topology
+    from collsim.vocab import Interconnect
 
     probe = load_topology(topology_spec, nodes=1)
     per_node_max = probe.gpus_per_node
@@ -147,17 +149,7 @@ def _size(ctx: click.Context, param: click.Parameter, value: str) -> int:
     "op_name",
     default="all_reduce",
     show_default=True,
-    type=click.Choice(
-        [
-            "all_reduce",
-            "reduce_scatter",
-            "all_gather",
-            "broadcast",
-            "reduce",
-            "all_to_all",
-            "send_recv",
-        ]
-    ),
+    type=click.Choice([op.value for op in CollectiveOp]),
 )
 @click.option(
     "--algo",
@@ -172,7 +164,7 @@ def _size(ctx: click.Context, param: click.Parameter, value: str) -> int:
     "--protocol",
     "protocol_name",
     default=None,
-    type=click.Choice(["ll", "ll128", "simple"]),
+    type=click.Choice([p.value for p in Protocol]),
     help="Force a protocol.",
 )
 @click.option(

@@ -217,15 +217,39 @@ def format_goodput_report(result: GoodputResult, scenario: Scenario, topology: T
     """The text report of ``collsim goodput``."""
     from collsim.report.tables import format_table
 
-    c, cf, mc = result.costs, result.closed_form, result.monte_carlo
-    rel = scenario.reliability
     title = f"collsim goodput: {scenario.name} ({result.days:g} days)"
-    lines = [title, "=" * len(title)]
-    gpus = scenario.parallel.world_size
+    lines = [title, "=" * len(title), *_setting_lines(result, scenario), ""]
     lines.append(
+        format_table(
+            ["over the run", "closed form", "MC mean", "MC 5th pct", "MC 95th pct"],
+            _outcome_rows(result, scenario),
+            align="lrrrr",
+        )
+    )
+    b, mc = result.best_interval, result.monte_carlo
+    if b is not None and mc is not None:
+        lines.append("")
+        lines.append(
+            f"best interval  exact {format_duration(b.closed_form_s)}, Daly (higher order) "
+            f"{format_duration(b.daly_s)}, Young (first order) {format_duration(b.young_s)}"
+        )
+        lines.append(
+            f"               Monte Carlo {format_duration(b.monte_carlo_s)}, bootstrap 95 % CI "
+            f"{format_duration(b.ci95_low_s)} - {format_duration(b.ci95_high_s)} "
+            f"({mc.runs} runs, seed {mc.seed})"
+        )
+    return "\n".join(lines)
+
+
+def _setting_lines(result: GoodputResult, scenario: Scenario) -> list[str]:
+    """The job, its failure rate, checkpoint, recovery and checkpoint interval, one line each."""
+    c = result.costs
+    rel = scenario.reliability
+    gpus = scenario.parallel.world_size
+    lines = [
         f"job          {c.num_nodes} nodes, {gpus:,} GPUs; step {format_duration(c.step_time_s)} "
         f"of {c.tokens_per_step:,.0f} tokens: {_tokens(c.tokens_per_s * 86400)} tokens per day"
-    )
+    ]
     if rel is not None:
         total = sum(x.per_1000_node_days for x in rel.components) or 1.0
         shares = ", ".join(
@@ -249,59 +273,49 @@ def format_goodput_report(result: GoodputResult, scenario: Scenario, topology: T
     )
     source = "from the scenario" if result.interval_source == "scenario" else "auto: optimum"
     lines.append(f"interval     {format_duration(result.interval_s)} of training ({source})")
-    lines.append("")
+    return lines
 
-    def spread(s: Spread | None, fmt: Any) -> list[str]:
-        if s is None:
-            return ["-", "-", "-"]
-        return [fmt(s.mean), fmt(s.p5), fmt(s.p95)]
 
-    def count(v: float) -> str:
-        return f"{v:,.1f}"
+def _spread(s: Spread | None, fmt: Any) -> list[str]:
+    if s is None:
+        return ["-", "-", "-"]
+    return [fmt(s.mean), fmt(s.p5), fmt(s.p95)]
 
-    def ratio(v: float) -> str:
-        return f"{v:.4f}"
 
+def _count(v: float) -> str:
+    return f"{v:,.1f}"
+
+
+def _ratio(v: float) -> str:
+    return f"{v:.4f}"
+
+
+def _outcome_rows(result: GoodputResult, scenario: Scenario) -> list[list[str]]:
+    """Each outcome over the run: the closed form's expectation, then the Monte Carlo mean,
+    5th and 95th percentiles ("-" without a Monte Carlo run)."""
+    cf, mc = result.closed_form, result.monte_carlo
+    rel = scenario.reliability
     rows = [
-        ["interruptions", count(cf.interruptions)]
-        + spread(mc.interruptions if mc else None, count),
-        ["  struck during a recovery", count(cf.interruptions_in_recovery)]
-        + spread(mc.interruptions_in_recovery if mc else None, count),
-        ["effective training time ratio", ratio(cf.effective_training_time_ratio)]
-        + spread(mc.effective_training_time_ratio if mc else None, ratio),
+        ["interruptions", _count(cf.interruptions)]
+        + _spread(mc.interruptions if mc else None, _count),
+        ["  struck during a recovery", _count(cf.interruptions_in_recovery)]
+        + _spread(mc.interruptions_in_recovery if mc else None, _count),
+        ["effective training time ratio", _ratio(cf.effective_training_time_ratio)]
+        + _spread(mc.effective_training_time_ratio if mc else None, _ratio),
         ["goodput, tokens per day", _tokens(cf.goodput_tokens_per_day)]
-        + spread(mc.goodput_tokens_per_day if mc else None, _tokens),
+        + _spread(mc.goodput_tokens_per_day if mc else None, _tokens),
         ["training lost to rollbacks", format_duration(cf.lost_s)]
-        + spread(mc.lost_s if mc else None, format_duration),
+        + _spread(mc.lost_s if mc else None, format_duration),
         ["time checkpointing", format_duration(cf.checkpointing_s)]
-        + spread(mc.checkpointing_s if mc else None, format_duration),
+        + _spread(mc.checkpointing_s if mc else None, format_duration),
         ["time recovering", format_duration(cf.recovering_s)]
-        + spread(mc.recovering_s if mc else None, format_duration),
+        + _spread(mc.recovering_s if mc else None, format_duration),
     ]
     if mc is not None and rel is not None and rel.spares.nodes is not None:
         rows.append(
-            ["waiting for spares (MC only)", "-"] + spread(mc.spare_wait_s, format_duration)
+            ["waiting for spares (MC only)", "-"] + _spread(mc.spare_wait_s, format_duration)
         )
-    lines.append(
-        format_table(
-            ["over the run", "closed form", "MC mean", "MC 5th pct", "MC 95th pct"],
-            rows,
-            align="lrrrr",
-        )
-    )
-    b = result.best_interval
-    if b is not None and mc is not None:
-        lines.append("")
-        lines.append(
-            f"best interval  exact {format_duration(b.closed_form_s)}, Daly (higher order) "
-            f"{format_duration(b.daly_s)}, Young (first order) {format_duration(b.young_s)}"
-        )
-        lines.append(
-            f"               Monte Carlo {format_duration(b.monte_carlo_s)}, bootstrap 95 % CI "
-            f"{format_duration(b.ci95_low_s)} - {format_duration(b.ci95_high_s)} "
-            f"({mc.runs} runs, seed {mc.seed})"
-        )
-    return "\n".join(lines)
+    return rows
 
 
 def one_line(result: GoodputResult) -> str:

@@ -34,6 +34,7 @@ from collsim.cli.common import (
     limits_from_options,
 )
 from collsim.errors import CollsimWarning, ConfigError, InfeasibleError
+from collsim.vocab import ScheduleKind
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -259,10 +260,11 @@ def pipeline_cmd(
 
     _check_suffix(output)
     kinds = [s.strip() for s in schedules.split(",") if s.strip()]
-    bad = [k for k in kinds if k not in ("gpipe", "1f1b", "interleaved")]
+    choices = [k.value for k in ScheduleKind]
+    bad = [k for k in kinds if k not in choices]
     if bad or not kinds:
         raise ConfigError(
-            f"must be some of gpipe, 1f1b, interleaved; got {schedules!r}",
+            f"must be some of {', '.join(choices)}; got {schedules!r}",
             key_path="--schedules",
         )
     base = load_scenario(scenario, list(overrides))
@@ -386,10 +388,11 @@ def collective_frame(path: Path) -> pd.DataFrame:
 def _closed_form(
     topology: str, gpus: int, op: str, minbytes: str, maxbytes: str, algorithms: str
 ) -> pd.DataFrame:
-    from collsim.collectives import Algorithm, CollectiveOp, Group
+    from collsim.collectives import Group
     from collsim.report.frames import collective_cost_frame
     from collsim.sweep import cluster_for
     from collsim.units import parse_size
+    from collsim.vocab import Algorithm, CollectiveOp
 
     try:
         low, high = parse_size(minbytes), parse_size(maxbytes)

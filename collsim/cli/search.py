@@ -16,6 +16,7 @@ import click
 
 from collsim.cli.common import OneLineCommand, check_frame_path, write_frame
 from collsim.errors import ConfigError, InfeasibleError
+from collsim.vocab import RecomputeMode, ScheduleKind
 
 if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Callable
@@ -131,19 +132,21 @@ def search(
         space_kwargs["zero_stages"] = zeros
     if recompute_text is not None:
         modes = tuple(v.strip() for v in recompute_text.split(",") if v.strip())
-        bad = [m for m in modes if m not in ("none", "selective", "full")]
+        choices = [m.value for m in RecomputeMode]
+        bad = [m for m in modes if m not in choices]
         if bad or not modes:
             raise ConfigError(
-                f"must be some of none, selective, full; got {recompute_text}",
+                f"must be some of {', '.join(choices)}; got {recompute_text}",
                 key_path="--recompute",
             )
         space_kwargs["recomputes"] = modes
     if schedule_text is not None:
         kinds = tuple(v.strip() for v in schedule_text.split(",") if v.strip())
-        bad = [k for k in kinds if k not in ("gpipe", "1f1b", "interleaved")]
+        choices = [k.value for k in ScheduleKind]
+        bad = [k for k in kinds if k not in choices]
         if bad or not kinds:
             raise ConfigError(
-                f"must be some of gpipe, 1f1b, interleaved; got {schedule_text}",
+                f"must be some of {', '.join(choices)}; got {schedule_text}",
                 key_path="--schedule",
             )
         space_kwargs["schedules"] = kinds

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from collsim.collectives.types import Algorithm, Protocol
-from collsim.topology import Interconnect, Topology
+from collsim.topology import Topology
+from collsim.vocab import Algorithm, Interconnect, Protocol
 
 __all__ = [
     "NcclGraph",
@@ -127,7 +127,10 @@ def _search(
     num_nics: int,
 ) -> NcclGraph:
     """Emulation of ``ncclTopoCompute`` pass 1, ``ncclTopoDupChannels`` and pass 2 for a
-    communicator with ``gpus`` GPUs on each node, reaching ``num_nics`` NICs."""
+    communicator with ``gpus`` GPUs on each node, reaching ``num_nics`` NICs.
+
+    Stays long: the three passes share the search state (speed index, best channels, the two
+    bandwidths) in the order src/graph/search.cc runs them, which one function keeps visible."""
     arch = arch_of(topology)
     gpu_bw = _gpu_bw_gbps(topology)
     nics = topology.nics
@@ -262,8 +265,8 @@ def graphs_for(
     gpus = topology.gpus_per_node if gpus is None else gpus
     if num_nics is None:
         num_nics = topology.nics.count if topology.nics is not None else 0
-    cache = topology.cache
-    key = ("nccl-graphs", num_nodes, gpus, num_nics)
+    cache = topology.collective_memo.graphs
+    key = (num_nodes, gpus, num_nics)
     found = cache.get(key)
     if found is not None:
         return dict(found)

@@ -38,8 +38,9 @@ from collsim.collectives.schedule import (
     make_transfer,
     one_step_phase,
 )
-from collsim.collectives.types import Algorithm, CollectiveOp, Group
-from collsim.topology import LinkKind, Topology
+from collsim.collectives.types import Group
+from collsim.topology import Topology
+from collsim.vocab import Algorithm, CollectiveOp, LinkKind
 
 __all__ = ["ALGORITHM", "SUPPORTED", "EXACT_PAIRS_UP_TO", "build", "all_pairs_load"]
 

@@ -10,8 +10,9 @@ between near ranks (inside a node) and the network carries the small ones. Bytes
 from __future__ import annotations
 
 from collsim.collectives.schedule import LoadPhase, one_step_phase
-from collsim.collectives.types import Algorithm, CollectiveOp, Group
+from collsim.collectives.types import Group
 from collsim.errors import ConfigError
+from collsim.vocab import Algorithm, CollectiveOp
 
 __all__ = ["ALGORITHM", "SUPPORTED", "build"]
 

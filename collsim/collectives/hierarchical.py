@@ -12,8 +12,9 @@ from __future__ import annotations
 import numpy as np
 
 from collsim.collectives.schedule import LoadPhase, pairs_phase
-from collsim.collectives.types import Algorithm, CollectiveOp, Group
+from collsim.collectives.types import Group
 from collsim.errors import ConfigError
+from collsim.vocab import Algorithm, CollectiveOp
 
 __all__ = ["ALGORITHM", "SUPPORTED", "build"]
 

@@ -22,8 +22,9 @@ import numpy as np
 
 from collsim.collectives import tuner
 from collsim.collectives.schedule import LoadPhase, pairs_phase
-from collsim.collectives.types import Algorithm, CollectiveOp, Group, Protocol
+from collsim.collectives.types import Group
 from collsim.errors import ConfigError
+from collsim.vocab import Algorithm, CollectiveOp, Protocol
 
 __all__ = ["ALGORITHM", "SUPPORTED", "build", "latency_for"]
 

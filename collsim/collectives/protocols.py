@@ -34,8 +34,7 @@ when they are larger (a slow fabric, a calibrated loopback).
 from __future__ import annotations
 
 from collsim.collectives import tuner
-from collsim.collectives.types import Algorithm, Protocol
-from collsim.topology import LinkKind
+from collsim.vocab import Algorithm, LinkKind, Protocol
 
 __all__ = [
     "protocols_for",

@@ -22,8 +22,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from collsim.collectives.schedule import LoadPhase, pairs_phase
-from collsim.collectives.types import Algorithm, CollectiveOp, Group
+from collsim.collectives.types import Group
 from collsim.errors import ConfigError
+from collsim.vocab import Algorithm, CollectiveOp
 
 __all__ = ["ALGORITHM", "SUPPORTED", "ring_orders", "build"]
 

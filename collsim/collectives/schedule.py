@@ -40,10 +40,10 @@ import numpy as np
 import simpy
 
 from collsim.collectives import protocols
-from collsim.collectives.types import Algorithm, CollectiveOp, Protocol
 from collsim.errors import ConfigError
 from collsim.network import FlowNetwork, PackedSends
-from collsim.topology import CollectiveSettings, LinkKind, Topology
+from collsim.topology import CollectiveSettings, Topology
+from collsim.vocab import Algorithm, CollectiveOp, LinkKind, Protocol
 
 __all__ = [
     "Transfer",

@@ -34,17 +34,10 @@ from collsim.collectives import (
     tuner,
 )
 from collsim.collectives.schedule import ProtocolCap, Schedule, Timing, run_phases
-from collsim.collectives.types import (
-    Algorithm,
-    CollectiveCost,
-    CollectiveOp,
-    Group,
-    Protocol,
-    busbw_factor,
-    parse_enum,
-)
+from collsim.collectives.types import CollectiveCost, Group, busbw_factor
 from collsim.errors import ConfigError
 from collsim.network import FlowNetwork
+from collsim.vocab import Algorithm, CollectiveOp, Protocol, parse_enum
 
 __all__ = ["ALGORITHM_MODULES", "schedule_for", "choose", "cost", "simulate", "supported"]
 
@@ -102,8 +95,8 @@ def schedule_for(op: CollectiveOp, group: Group, algorithm: Algorithm) -> Schedu
     Raises:
         ConfigError: the algorithm does not implement the op, or not on this group.
     """
-    cache = group.topology.cache
-    key = ("schedule", group, op, algorithm)
+    cache = group.topology.collective_memo.schedules
+    key = (group, op, algorithm)
     found = cache.get(key)
     if found is None:
         if algorithm is Algorithm.AUTO:
@@ -172,8 +165,8 @@ def _protocol_cap(
 
 
 def _candidates(op: CollectiveOp, group: Group) -> list[tuple[Schedule, Timing]]:
-    cache = group.topology.cache
-    key = ("candidates", group, op)
+    cache = group.topology.collective_memo.candidates
+    key = (group, op)
     found = cache.get(key)
     if found is None:
         settings = group.topology.collectives
@@ -307,8 +300,8 @@ def cost(
         raise ConfigError(f"size_bytes must be >= 0, got {size_bytes}")
     # Hot path (sweeps and plan searches call this millions of times): one dictionary lookup
     # for the candidate timings, then a few multiply-adds per candidate.
-    cache = group.topology.cache
-    key = ("cost", group, op, algorithm, protocol)
+    cache = group.topology.collective_memo.costs
+    key = (group, op, algorithm, protocol)
     entry = cache.get(key)
     if entry is None:
         entry = cache[key] = _fast_entry(op, group, algorithm, protocol)
@@ -352,6 +345,11 @@ _PICK_MEMO = 4096
 _Picks = dict[float, int]
 """Memo of the tuner's pick per size: index into the candidate list (-1: none)."""
 
+CostEntry = tuple[list[_Candidate], CollectiveOp, float, int, _Picks | None]
+"""What :func:`cost` keeps per (group, op, algorithm, protocol): the candidates' (latency,
+seconds per byte, loop term, algorithm, protocol), the op, the busbw factor, the group size and
+the tuner's picks per size (None when the cheapest candidate is taken)."""
+
 
 def _pick_index(
     op: CollectiveOp, size_bytes: float, group: Group, candidates: Sequence[_Candidate]
@@ -370,7 +368,7 @@ def _fast_entry(
     group: Group,
     algorithm: Algorithm | str,
     protocol: Protocol | str | None,
-) -> tuple[list[_Candidate], CollectiveOp, float, int, _Picks | None]:
+) -> CostEntry:
     parsed_op = parse_enum(CollectiveOp, op, "op")
     candidates: list[_Candidate] = [
         (

@@ -17,8 +17,9 @@ from __future__ import annotations
 import numpy as np
 
 from collsim.collectives.schedule import LoadPhase, pairs_phase
-from collsim.collectives.types import Algorithm, CollectiveOp, Group
+from collsim.collectives.types import Group
 from collsim.errors import ConfigError
+from collsim.vocab import Algorithm, CollectiveOp
 
 __all__ = ["ALGORITHM", "SUPPORTED", "btree_parent", "dtree_parents", "build"]
 

@@ -40,8 +40,9 @@ from collsim.collectives.channels import (
     nvls_channels,
     runtime_channels,
 )
-from collsim.collectives.types import Algorithm, CollectiveOp, Group, Protocol
-from collsim.topology import Interconnect, Topology
+from collsim.collectives.types import Group
+from collsim.topology import Topology
+from collsim.vocab import Algorithm, CollectiveOp, Interconnect, Protocol
 
 __all__ = [
     "NcclGraph",
@@ -189,15 +190,19 @@ def table_for(group: Group) -> TunerTable:
     """The tuning table of ``group``'s communicator (cached on the topology)."""
     topo = group.topology
     gpus, nics = node_shape(topo, group.ranks)
-    key = ("nccl-tuner", group.size, group.num_nodes, gpus, nics)
-    found = topo.cache.get(key)
+    tables = topo.collective_memo.tuner_tables
+    key = (group.size, group.num_nodes, gpus, nics)
+    found = tables.get(key)
     if found is None:
-        found = topo.cache[key] = _tune(topo, group.size, group.num_nodes, gpus, nics)
+        found = tables[key] = _tune(topo, group.size, group.num_nodes, gpus, nics)
     return found
 
 
 def _tune(topo: Topology, num_ranks: int, num_nodes: int, gpus: int, num_nics: int) -> TunerTable:
-    """``ncclTopoTuneModel`` (src/graph/tuning.cc) for ``num_ranks`` over ``num_nodes``."""
+    """``ncclTopoTuneModel`` (src/graph/tuning.cc) for ``num_ranks`` over ``num_nodes``.
+
+    Stays long: it follows ncclTopoTuneModel's one loop over (op, algorithm, protocol) line by
+    line, so that it can be read against tuning.cc and updated with it."""
     arch = arch_of(topo)
     cc = _arch_index(arch)
     graphs = graphs_for(topo, num_nodes, gpus, num_nics)

@@ -1,74 +1,20 @@
-"""The vocabulary of collectives: ops, algorithms, protocols, groups and costs."""
+"""Groups of ranks and collective costs (the ops, algorithms and protocols are in
+:mod:`collsim.vocab`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
 from functools import cached_property
-from typing import TypeVar
 
 from collsim.errors import ConfigError
 from collsim.topology import Topology
+from collsim.vocab import Algorithm, CollectiveOp, Protocol
 
 __all__ = [
-    "CollectiveOp",
-    "Algorithm",
-    "Protocol",
     "Group",
     "CollectiveCost",
     "busbw_factor",
-    "parse_enum",
 ]
-
-
-class CollectiveOp(StrEnum):
-    """A collective operation (nccl-tests names)."""
-
-    ALL_REDUCE = "all_reduce"
-    REDUCE_SCATTER = "reduce_scatter"
-    ALL_GATHER = "all_gather"
-    BROADCAST = "broadcast"
-    REDUCE = "reduce"
-    ALL_TO_ALL = "all_to_all"
-    SEND_RECV = "send_recv"
-
-
-class Algorithm(StrEnum):
-    """How a collective moves its bytes. ``auto`` picks the cheapest, as NCCL does."""
-
-    AUTO = "auto"
-    RING = "ring"
-    TREE = "tree"  # double binary tree (NCCL), intra-node chains
-    HALVING_DOUBLING = "halving_doubling"  # recursive halving / doubling (Rabenseifner)
-    DIRECT = "direct"  # every rank to every peer at once
-    HIERARCHICAL = "hierarchical"  # intra-node, then inter-node, then intra-node
-    NVLS = "nvls"  # in-switch reduction (NVLink SHARP)
-    NVLS_TREE = "nvls_tree"  # NVLS inside each node, double binary tree across nodes
-    COLLNET_DIRECT = "collnet_direct"  # all-to-all to NIC heads, in-network (SHARP) reduction
-    COLLNET_CHAIN = "collnet_chain"  # chain to the head, in-network (SHARP) reduction
-    PAT = "pat"  # parallel aggregated trees (NCCL 2.23+): all_gather / reduce_scatter
-
-
-class Protocol(StrEnum):
-    """NCCL's wire protocols (gloo uses ``simple``)."""
-
-    LL = "ll"
-    LL128 = "ll128"
-    SIMPLE = "simple"
-
-
-_E = TypeVar("_E", bound=StrEnum)
-
-
-def parse_enum(enum_cls: type[_E], value: object, what: str) -> _E:
-    """``enum_cls(value)`` with a ConfigError listing the choices."""
-    if isinstance(value, enum_cls):
-        return value
-    try:
-        return enum_cls(str(value).lower())
-    except ValueError:
-        choices = ", ".join(e.value for e in enum_cls)
-        raise ConfigError(f"unknown {what} {value!r}; choose from {choices}") from None
 
 
 _new = object.__new__

@@ -194,7 +194,8 @@ class CommPricer(ClosedPricer):
             raise SimulationError("CommPricer: the DES needs the simulation environment (env)")
 
         def run() -> Any:
-            from collsim.collectives import CollectiveOp, Group, simulate
+            from collsim.collectives import Group, simulate
+            from collsim.vocab import CollectiveOp
 
             def body() -> Any:
                 if extra_s:

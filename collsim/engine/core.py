@@ -43,6 +43,7 @@ from collsim.schedule.pricing import SegmentPrices
 from collsim.schedule.result import TraceEvent
 from collsim.schedule.stats import CallKey, CallStats, CallTally, dp_link
 from collsim.stragglers import StragglerPlan, stretch_stage
+from collsim.vocab import DATA_PARALLEL_AXES, ParallelAxis
 
 __all__ = ["Engine", "EngineOptions", "RECV_STREAM", "simulated_ranks"]
 
@@ -101,10 +102,7 @@ def simulated_ranks(plan: Any, stragglers: StragglerPlan | None) -> list[int]:
     )
 
 
-DP_AXES = frozenset(
-    ("dp", "dp_cp", "edp", "dp_cp_shard", "dp_replicate", "edp_shard", "edp_replicate")
-)
-"""Axes of data-parallel groups: their calls run on the rank's dp stream."""
+TP, PP, DP = ParallelAxis.TP, ParallelAxis.PP, ParallelAxis.DP
 
 
 class Engine:
@@ -240,7 +238,7 @@ class Engine:
         the other groups of ``axis`` among the ranks of the same pipeline stage (for tp: one
         per dp and cp index; for dp: one per tp and cp index). ``pairs``: their ring pairs
         (context-parallel ring steps)."""
-        gate = "dp" if axis in DP_AXES else axis
+        gate = DP if axis in DATA_PARALLEL_AXES else axis
         if self.all_ranks or gate not in self.des_axes:
             return []
         if self.broken and rank not in self.representatives:
@@ -276,7 +274,7 @@ class Engine:
         """The stream of ``rank``'s group on ``axis`` (pp: the rank's own send stream; an
         explicit ``group`` for other groups, e.g. the embedding group)."""
         if group is None:
-            group = (rank,) if axis == "pp" else self.group(rank, axis)
+            group = (rank,) if axis == PP else self.group(rank, axis)
         key = (axis, group)
         found = self.streams.get(key)
         if found is None:
@@ -311,7 +309,7 @@ class Engine:
         self, pair: tuple[int, int], peers: list[tuple[int, ...]]
     ) -> list[tuple[int, ...]]:
         """Peers of a pair on the pp axis that share its links (none unless pp is on the DES)."""
-        if self.all_ranks or "pp" not in self.des_axes:
+        if self.all_ranks or PP not in self.des_axes:
             return []
         if self.broken and not set(pair) & self.representatives:
             return []
@@ -468,9 +466,9 @@ class Engine:
     def tp_call(
         self, prog: RankProgram, op: str, size: float, name: str | None = None
     ) -> simpy.Event:
-        group = self.group(prog.rank, "tp")
+        group = self.group(prog.rank, TP)
         return self.call(
-            prog.rank, "tp", op, size, group, name or f"{op} tp", peers=self.peers(prog.rank, "tp")
+            prog.rank, TP, op, size, group, name or f"{op} tp", peers=self.peers(prog.rank, TP)
         )
 
     def pp_gather(self, prog: RankProgram, op: PipeOp) -> simpy.Event | None:
@@ -499,20 +497,20 @@ class Engine:
         same timeout: the tp stream of a fused representative runs nothing else."""
         if self.plan.tp < 2 or self.plan.parallel.sequence_parallel:
             return 0.0
-        if self.all_ranks or "tp" in self.des_axes:
+        if self.all_ranks or TP in self.des_axes:
             return None
-        if self.broken and len(self.stream(prog.rank, "tp").members) > 1:
+        if self.broken and len(self.stream(prog.rank, TP).members) > 1:
             return None  # simulated TP peers: they rendezvous on the tp stream
         size = self._p2p_size * self.plan.tp
-        group = self.group(prog.rank, "tp")
+        group = self.group(prog.rank, TP)
         cost = self.pricer.cost("all_gather", size, group)
-        key = CallKey(prog.rank, "tp", "all_gather", size, len(group), cost.algorithm)
+        key = CallKey(prog.rank, TP, "all_gather", size, len(group), cost.algorithm)
         self.stats.add(key, cost.time_s, cost.busbw_bps)
         if self.trace_on:
             now = self.env.now
             self.add_trace(
                 prog.rank,
-                "tp",
+                TP,
                 f"all_gather pp recv {op.phase.value} mb{op.microbatch} c{op.chunk}",
                 now,
                 now + cost.time_s,
@@ -575,7 +573,7 @@ class Engine:
             peers = (
                 []
                 if self.all_ranks
-                or "pp" not in self.des_axes
+                or PP not in self.des_axes
                 or (self.broken and prog.rank not in self.representatives)
                 else [
                     (
@@ -596,7 +594,7 @@ class Engine:
             if self.trace_on
             else "send"
         )
-        done = self.call(src, "pp", "send_recv", size, (src, dst), name, peers=peers)
+        done = self.call(src, PP, "send_recv", size, (src, dst), name, peers=peers)
         mail = self._mailbox(dst, dst_op)
         mail.produced_s = self.env.now
         mail.size_bytes = size

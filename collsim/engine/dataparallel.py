@@ -15,10 +15,11 @@ import simpy
 
 from collsim.errors import SimulationError
 from collsim.parallel.buckets import Bucket
-from collsim.parallel.plan import ParallelAxis, Plan
+from collsim.parallel.plan import Plan
 from collsim.parallel.schedules import Phase, PipeOp
 from collsim.schedule.dataparallel import DataParallelRules, DPCall
 from collsim.schedule.ops import ChunkModel, Segment
+from collsim.vocab import ParallelAxis
 
 if TYPE_CHECKING:
     from collsim.engine.program import RankProgram
@@ -74,7 +75,7 @@ class DataParallel:
         self.site = site
         self.env = env
         self.unit_events: dict[tuple[int, int, Any], simpy.Event] = {}
-        self.meet_on_group = bool(getattr(site, "all_ranks", False)) and "dp" in getattr(
+        self.meet_on_group = bool(getattr(site, "all_ranks", False)) and DP in getattr(
             site, "des_axes", ()
         )
 

@@ -16,6 +16,11 @@ from collsim.parallel.config import ParallelConfig, TrainingConfig
 from collsim.parallel.plan import Plan
 from collsim.schedule.build import BLOCK_OVERRIDE_KEYS, StepSchedule, build_schedule
 from collsim.schedule.result import StepResult
+from collsim.vocab import ParallelAxis
+
+TP, PP, DP = ParallelAxis.TP, ParallelAxis.PP, ParallelAxis.DP
+_LAYER_AXES = frozenset((TP, ParallelAxis.EP, ParallelAxis.ETP, ParallelAxis.CP))
+"""Axes whose calls sit inside a layer: simulating one on the DES needs per-layer ops."""
 
 if TYPE_CHECKING:
     from collsim.stragglers import StragglerConfig, StragglerPlan
@@ -187,7 +192,7 @@ def contention_effects(
     training, parallel = plan.training, plan.parallel
     closed = walk(schedule)  # the closed form of the very schedule the engine played
     contended = list(result.details.get("contended_axes", []))
-    order = [a for a in ("tp", "pp", "dp") if a in contended]
+    order = [a for a in (TP, PP, DP) if a in contended]
     groups = _axis_groups(plan)
     out: list[dict[str, object]] = []
     previous = closed.step_time_s
@@ -221,24 +226,24 @@ def contention_effects(
     return out
 
 
-def _axis_groups(plan: Plan, *, node_local: bool = False) -> dict[str, list[tuple[int, ...]]]:
+def _axis_groups(
+    plan: Plan, *, node_local: bool = False
+) -> dict[ParallelAxis, list[tuple[int, ...]]]:
     """Every group of each axis that may be active at once (as in :func:`_contended_axes`);
     with context parallelism the dense gradients are reduced over dp x cp. ``node_local``:
     where every group of an axis lies inside one node, only those of the first node
     (:func:`_node_local`; enough to decide contention, not to name every shared link)."""
-    tp = plan.groups("tp")
-    dp = plan.groups("dp" if plan.cp == 1 else "dp_cp")
+    tp = plan.groups(TP)
+    dp = plan.groups(DP if plan.cp == 1 else ParallelAxis.DP_CP)
     inner = plan.tp * plan.cp
     if node_local:
         tp, dp = _node_local(plan, tp), _node_local(plan, dp)
     return {
-        "tp": tp,
-        "dp": dp,
+        TP: tp,
+        DP: dp,
         # (dp d, pp s, cp k, tp t) -> (d, s + 1, k, t): rank + cp x tp (the module's mapping),
         # in the order of (d, s, k, t)
-        "pp": [
-            (r, r + inner) for r in range(plan.num_gpus) if (r // inner) % plan.pp != plan.pp - 1
-        ],
+        PP: [(r, r + inner) for r in range(plan.num_gpus) if (r // inner) % plan.pp != plan.pp - 1],
     }
 
 
@@ -274,10 +279,10 @@ def prepare_step(
     if des_axes is not None:  # forced (the contention attribution of simulate_step)
         pass
     elif fidelity == "layer":
-        des_axes = frozenset(("tp", "pp", "dp", "ep", "etp", "cp"))
+        des_axes = frozenset((TP, PP, DP, ParallelAxis.EP, ParallelAxis.ETP, ParallelAxis.CP))
     else:
         des_axes = frozenset(contended)
-    layer_mode = fidelity == "layer" or bool(des_axes & {"tp", "ep", "etp", "cp"})
+    layer_mode = fidelity == "layer" or bool(des_axes & _LAYER_AXES)
     if zero_communication:
         des_axes = frozenset()
     import simpy

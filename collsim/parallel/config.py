@@ -10,92 +10,33 @@ plan that does not fit in memory raises InfeasibleError (exit 1).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
 
 from collsim.errors import ConfigError
+from collsim.vocab import (
+    CPAlgorithm,
+    Dtype,
+    FP8Recipe,
+    Optimizer,
+    RecomputeMode,
+    ScheduleKind,
+    parse_enum,
+)
+
+Recompute = RecomputeMode
+"""The older name of :class:`collsim.vocab.RecomputeMode`."""
 
 __all__ = [
     "STACKS",
     "STACK_KEYS",
-    "Dtype",
-    "Optimizer",
-    "Recompute",
-    "ScheduleKind",
     "TrainingConfig",
     "DDPConfig",
     "FSDPConfig",
     "ParallelConfig",
-    "CPAlgorithm",
-    "FP8Recipe",
+    # the glossary's names, re-exported for callers of this module (see collsim.vocab)
+    "Dtype",
+    "Recompute",
+    "ScheduleKind",
 ]
-
-
-class Dtype(StrEnum):
-    BF16 = "bf16"
-    FP16 = "fp16"
-    FP32 = "fp32"
-    FP8 = "fp8"
-
-    @property
-    def size_bytes(self) -> int:
-        return {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}[self.value]
-
-
-class Optimizer(StrEnum):
-    ADAM = "adam"  # Adam / AdamW: fp32 master + m + v
-    SGD = "sgd"  # SGD with momentum: fp32 master + momentum
-
-
-class Recompute(StrEnum):
-    NONE = "none"
-    SELECTIVE = "selective"
-    FULL = "full"
-
-
-class CPAlgorithm(StrEnum):
-    """How context-parallel ranks exchange keys and values.
-
-    ``ring``: KV blocks passed around the CP ring, one step per peer, overlapped with the
-    attention blocks (Liu et al. 2023 "Ring Attention", Megatron-Core / Transformer Engine
-    ``cp_comm_type: p2p``). ``all_gather``: every rank all-gathers the whole sequence's K and
-    V before attention ("The Llama 3 Herd of Models", arXiv 2407.21783, section 3.3.2; TE
-    ``cp_comm_type: all_gather``).
-    """
-
-    RING = "ring"
-    ALL_GATHER = "all_gather"
-
-
-class FP8Recipe(StrEnum):
-    """FP8 scaling recipes (Transformer Engine ``transformer_engine.common.recipe``).
-
-    ``tensorwise``: one scale per tensor from its current amax (TE ``Float8CurrentScaling``,
-    torchao ``Float8LinearConfig`` tensorwise, the torchtitan default); ``delayed``: one scale
-    per tensor from an amax history (TE ``DelayedScaling``, history length 1024 by default);
-    ``blockwise``: 128 x 128 weight blocks and 1 x 128 activation tiles, one fp32 scale each
-    (DeepSeek-V3 report section 3.3.2; TE ``Float8BlockScaling``); ``mxfp8``: 32-element blocks
-    with an E8M0 (1-byte) scale (OCP Microscaling Formats spec v1.0; TE ``MXFP8BlockScaling``,
-    Blackwell).
-    """
-
-    TENSORWISE = "tensorwise"
-    DELAYED = "delayed"
-    BLOCKWISE = "blockwise"
-    MXFP8 = "mxfp8"
-
-
-class ScheduleKind(StrEnum):
-    GPIPE = "gpipe"
-    ONE_F_ONE_B = "1f1b"
-    INTERLEAVED = "interleaved"
-
-
-def _enum(enum_cls: type[StrEnum], value: object, key: str) -> StrEnum:
-    try:
-        return enum_cls(str(value).lower())
-    except ValueError:
-        choices = ", ".join(e.value for e in enum_cls)
-        raise ConfigError(f"must be one of {choices}; got {value!r}", key_path=key) from None
 
 
 def _positive(value: float, key: str) -> None:
@@ -212,7 +153,7 @@ class TrainingConfig:
     dtype: Dtype = Dtype.BF16
     """Compute and activation dtype (mixed precision keeps fp32 master weights with Adam)."""
     optimizer: Optimizer = Optimizer.ADAM
-    recompute: Recompute = Recompute.NONE
+    recompute: RecomputeMode = RecomputeMode.NONE
     fp8_recipe: FP8Recipe | None = None
     """FP8 scaling recipe (needs ``dtype: fp8``); None with fp8 means ``tensorwise``."""
     stack: str | None = None
@@ -256,19 +197,23 @@ class TrainingConfig:
         _positive(self.micro_batch, "training.micro_batch")
         if self.fp8_recipe is not None:
             object.__setattr__(
-                self, "fp8_recipe", _enum(FP8Recipe, self.fp8_recipe, "training.fp8_recipe")
+                self,
+                "fp8_recipe",
+                parse_enum(FP8Recipe, self.fp8_recipe, key_path="training.fp8_recipe"),
             )
             if str(self.dtype).lower() != "fp8":
                 raise ConfigError(
                     f"an fp8 recipe needs dtype: fp8, got dtype: {self.dtype}",
                     key_path="training.fp8_recipe",
                 )
-        object.__setattr__(self, "dtype", _enum(Dtype, self.dtype, "training.dtype"))
+        object.__setattr__(self, "dtype", parse_enum(Dtype, self.dtype, key_path="training.dtype"))
         object.__setattr__(
-            self, "optimizer", _enum(Optimizer, self.optimizer, "training.optimizer")
+            self, "optimizer", parse_enum(Optimizer, self.optimizer, key_path="training.optimizer")
         )
         object.__setattr__(
-            self, "recompute", _enum(Recompute, self.recompute, "training.recompute")
+            self,
+            "recompute",
+            parse_enum(RecomputeMode, self.recompute, key_path="training.recompute"),
         )
 
 
@@ -323,7 +268,7 @@ class FSDPConfig:
         if self.shard_group_size is not None:
             _positive(self.shard_group_size, "parallel.fsdp.shard_group_size")
         if self.reduce_dtype is not None:
-            value = _enum(Dtype, self.reduce_dtype, "parallel.fsdp.reduce_dtype")
+            value = parse_enum(Dtype, self.reduce_dtype, key_path="parallel.fsdp.reduce_dtype")
             if value not in (Dtype.BF16, Dtype.FP32, Dtype.FP16):
                 raise ConfigError(
                     f"must be one of bf16, fp16, fp32; got {self.reduce_dtype!r}",
@@ -377,7 +322,9 @@ class ParallelConfig:
         for key in ("tp", "pp", "dp", "virtual_stages", "ep", "etp", "cp"):
             _positive(getattr(self, key), f"parallel.{key}")
         object.__setattr__(
-            self, "cp_algorithm", _enum(CPAlgorithm, self.cp_algorithm, "parallel.cp_algorithm")
+            self,
+            "cp_algorithm",
+            parse_enum(CPAlgorithm, self.cp_algorithm, key_path="parallel.cp_algorithm"),
         )
         if self.pipeline_split not in ("even", "balanced"):
             raise ConfigError(
@@ -396,7 +343,7 @@ class ParallelConfig:
                 )
             object.__setattr__(self, "layers_per_stage", layers)
         object.__setattr__(
-            self, "schedule", _enum(ScheduleKind, self.schedule, "parallel.schedule")
+            self, "schedule", parse_enum(ScheduleKind, self.schedule, key_path="parallel.schedule")
         )
         if self.zero not in (0, 1, 2, 3):
             raise ConfigError(

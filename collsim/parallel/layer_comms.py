@@ -27,12 +27,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from collsim.parallel.context import kv_block_bytes
+from collsim.vocab import ParallelAxis
 from collsim.workload.ops import activation_element_bytes
 
 if TYPE_CHECKING:
     from collsim.parallel.plan import Plan
 
 __all__ = ["LayerComm", "layer_comms"]
+
+CP, EP, ETP = ParallelAxis.CP, ParallelAxis.EP, ParallelAxis.ETP
+_MOE_AXES = (EP, ETP)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,94 +69,88 @@ class LayerComm:
 def layer_comms(plan: Plan, layer: int | None = None) -> list[LayerComm]:
     """The EP and CP collectives of ``layer`` (None: the most common layer kind) for one
     micro-batch on one rank of ``plan``, forward then backward."""
-    spec, par, training = plan.spec, plan.parallel, plan.training
-    e = activation_element_bytes(str(training.dtype))
-    b = training.micro_batch
+    e = activation_element_bytes(str(plan.training.dtype))
     fwd: list[LayerComm] = []
     bwd: list[LayerComm] = []
-    if par.cp > 1:
-        block = kv_block_bytes(
-            micro_batch=b,
-            seq_len=spec.seq_len,
-            cp=par.cp,
-            kv_heads=spec.num_heads if spec.is_mla else spec.kv_heads,
-            key_dim=spec.qk_head_dim,
-            value_dim=spec.value_head_dim,
-            element_bytes=e,
-            tp=par.tp,
-        )
-        attn = "flash_attention" if spec.flash_attention else "attn_scores"
-        before = "kv_up" if spec.is_mla else "qkv_proj"
-        if spec.position_embedding == "rotary":
-            before = "rotary"
-        if str(par.cp_algorithm) == "all_gather":
-            fwd.append(
-                LayerComm("cp_kv_all_gather", "all_gather", par.cp * block, "cp", "forward", before)
-            )
-            bwd.append(
-                LayerComm(
-                    "cp_dkv_reduce_scatter",
-                    "reduce_scatter",
-                    par.cp * block,
-                    "cp",
-                    "backward",
-                    before,
-                )
-            )
-        else:
-            fwd.append(
-                LayerComm(
-                    "cp_ring_step",
-                    "send_recv",
-                    block,
-                    "cp",
-                    "forward",
-                    attn,
-                    calls=par.cp - 1,
-                    overlappable=True,
-                )
-            )
-            bwd.append(
-                LayerComm(
-                    "cp_ring_step",
-                    "send_recv",
-                    2 * block,
-                    "cp",
-                    "backward",
-                    attn,
-                    calls=par.cp - 1,
-                    overlappable=True,
-                )
-            )
-    if spec.is_moe_layer(layer) and (par.ep > 1 or par.etp > 1):
-        tokens = b * (spec.seq_len // par.cp) / (par.tp if par.sequence_parallel else 1)
-        size = tokens * spec.moe_top_k * spec.hidden * e
-        if par.ep > 1:
-            fwd.append(LayerComm("ep_dispatch", "all_to_all", size, "ep", "forward", "moe_permute"))
-        if par.etp > 1:
-            gathered = size * par.etp
-            fwd.append(
-                LayerComm("etp_gather", "all_gather", gathered, "etp", "forward", "moe_permute")
-            )
-            fwd.append(
-                LayerComm(
-                    "etp_scatter", "reduce_scatter", gathered, "etp", "forward", "expert_down"
-                )
-            )
-        if par.ep > 1:
-            fwd.append(LayerComm("ep_combine", "all_to_all", size, "ep", "forward", "expert_down"))
+    if plan.parallel.cp > 1:
+        fwd, bwd = _cp_comms(plan, e)
+    if plan.spec.is_moe_layer(layer) and (plan.parallel.ep > 1 or plan.parallel.etp > 1):
+        fwd += _moe_forward(plan, e)
         bwd += [
             LayerComm(
                 c.name, c.op, c.size_bytes, c.axis, "backward", c.after, c.calls, c.overlappable
             )
             for c in reversed(fwd)
-            if c.axis in ("ep", "etp")
+            if c.axis in _MOE_AXES
         ]
     return fwd + _backward_order(bwd)
 
 
+def _cp_comms(plan: Plan, e: int) -> tuple[list[LayerComm], list[LayerComm]]:
+    """The context-parallel exchange of keys and values (forward) and of their gradients
+    (backward): one all-gather / reduce-scatter, or cp - 1 ring steps under attention."""
+    spec, par, b = plan.spec, plan.parallel, plan.training.micro_batch
+    block = kv_block_bytes(
+        micro_batch=b,
+        seq_len=spec.seq_len,
+        cp=par.cp,
+        kv_heads=spec.num_heads if spec.is_mla else spec.kv_heads,
+        key_dim=spec.qk_head_dim,
+        value_dim=spec.value_head_dim,
+        element_bytes=e,
+        tp=par.tp,
+    )
+    attn = "flash_attention" if spec.flash_attention else "attn_scores"
+    before = "kv_up" if spec.is_mla else "qkv_proj"
+    if spec.position_embedding == "rotary":
+        before = "rotary"
+    if str(par.cp_algorithm) == "all_gather":
+        return (
+            [LayerComm("cp_kv_all_gather", "all_gather", par.cp * block, CP, "forward", before)],
+            [
+                LayerComm(
+                    "cp_dkv_reduce_scatter",
+                    "reduce_scatter",
+                    par.cp * block,
+                    CP,
+                    "backward",
+                    before,
+                )
+            ],
+        )
+    steps = par.cp - 1
+    return (
+        [LayerComm("cp_ring_step", "send_recv", block, CP, "forward", attn, steps, True)],
+        [LayerComm("cp_ring_step", "send_recv", 2 * block, CP, "backward", attn, steps, True)],
+    )
+
+
+def _moe_forward(plan: Plan, e: int) -> list[LayerComm]:
+    """The forward expert-parallel dispatch and combine (all-to-all over ep) and the expert
+    tensor-parallel gather and scatter around the experts (etp)."""
+    spec, par = plan.spec, plan.parallel
+    tokens = (
+        plan.training.micro_batch
+        * (spec.seq_len // par.cp)
+        / (par.tp if par.sequence_parallel else 1)
+    )
+    size = tokens * spec.moe_top_k * spec.hidden * e
+    fwd: list[LayerComm] = []
+    if par.ep > 1:
+        fwd.append(LayerComm("ep_dispatch", "all_to_all", size, EP, "forward", "moe_permute"))
+    if par.etp > 1:
+        gathered = size * par.etp
+        fwd.append(LayerComm("etp_gather", "all_gather", gathered, ETP, "forward", "moe_permute"))
+        fwd.append(
+            LayerComm("etp_scatter", "reduce_scatter", gathered, ETP, "forward", "expert_down")
+        )
+    if par.ep > 1:
+        fwd.append(LayerComm("ep_combine", "all_to_all", size, EP, "forward", "expert_down"))
+    return fwd
+
+
 def _backward_order(bwd: list[LayerComm]) -> list[LayerComm]:
     """Backward runs the layer in reverse: MoE collectives (later in forward) come first."""
-    moe = [c for c in bwd if c.axis in ("ep", "etp")]
-    rest = [c for c in bwd if c.axis not in ("ep", "etp")]
+    moe = [c for c in bwd if c.axis in _MOE_AXES]
+    rest = [c for c in bwd if c.axis not in _MOE_AXES]
     return moe + rest

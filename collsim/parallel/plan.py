@@ -35,11 +35,11 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from collsim.errors import CollsimWarning, ConfigError
-from collsim.parallel.config import ParallelConfig, ScheduleKind, TrainingConfig
+from collsim.parallel.config import ParallelConfig, TrainingConfig
+from collsim.vocab import ParallelAxis, ScheduleKind
 
 if TYPE_CHECKING:
     from collsim.topology import Topology
@@ -51,32 +51,6 @@ __all__ = [
     "Plan",
     "build_plan",
 ]
-
-
-class ParallelAxis(StrEnum):
-    """A parallelism axis (``dp`` also carries ZeRO / FSDP traffic).
-
-    ``ep``, ``etp``, ``edp``: the expert grid of a stage (see the module docstring); ``dp_cp``:
-    the dp x cp ranks that reduce the non-expert gradients (Megatron's ``dp-cp`` group);
-    ``dp_shard`` / ``dp_replicate``: the HSDP split of ``dp``; ``dp_cp_shard``: a shard group
-    with its cp ranks (dp_shard x cp, what the non-expert states are sharded over under
-    HSDP); ``edp_shard``: the ranks of the edp group inside that shard group (torchtitan's
-    ``efsdp``), ``edp_replicate``: the edp ranks at the same place in the other shard groups.
-    """
-
-    TP = "tp"
-    PP = "pp"
-    DP = "dp"
-    CP = "cp"
-    EP = "ep"
-    ETP = "etp"
-    EDP = "edp"
-    DP_CP = "dp_cp"
-    DP_SHARD = "dp_shard"
-    DP_REPLICATE = "dp_replicate"
-    DP_CP_SHARD = "dp_cp_shard"
-    EDP_SHARD = "edp_shard"
-    EDP_REPLICATE = "edp_replicate"
 
 
 _BASE_AXES = (ParallelAxis.TP, ParallelAxis.PP, ParallelAxis.DP)

@@ -14,17 +14,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
 
 from collsim.errors import ConfigError
-from collsim.parallel.config import ScheduleKind
+from collsim.vocab import PipelinePhase, ScheduleKind
+
+Phase = PipelinePhase
+"""The name the schedules use for :class:`collsim.vocab.PipelinePhase`."""
 
 __all__ = ["Phase", "PipeOp", "stage_schedule", "input_of"]
-
-
-class Phase(StrEnum):
-    FORWARD = "F"
-    BACKWARD = "B"
 
 
 @dataclass(frozen=True, slots=True)

@@ -116,7 +116,7 @@ def rank_model_states(plan: Plan, stage: int = 0) -> RankStates:
 
 def _shard_groups(plan: Plan, stage: int) -> tuple[int, int]:
     """(N, N_e): the non-expert and expert shard group sizes of the first rank of ``stage``."""
-    from collsim.parallel.plan import ParallelAxis
+    from collsim.vocab import ParallelAxis
 
     rank = plan.stage_ranks(stage)[0]
     shard = {

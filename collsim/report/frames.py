@@ -318,8 +318,9 @@ def collective_cost_frame(
     Returns:
         ``op, algorithm, protocol, size_bytes, time_s, algbw_bps, busbw_bps``.
     """
-    from collsim.collectives import Algorithm, CollectiveOp, cost
+    from collsim.collectives import cost
     from collsim.errors import CollsimError
+    from collsim.vocab import Algorithm, CollectiveOp
 
     sizes = list(sizes_bytes)
     records = []

@@ -126,25 +126,7 @@ def to_chrome_trace(result: StepResult, *, name: str | None = None) -> dict[str,
             next_tid += 1
         return extra_tids[stream]
 
-    for rank in ranks:
-        trace.append(
-            {
-                "ph": "M",
-                "name": "process_name",
-                "pid": rank,
-                "tid": 0,
-                "args": {"name": f"rank {rank}"},
-            }
-        )
-        trace.append(
-            {
-                "ph": "M",
-                "name": "process_sort_index",
-                "pid": rank,
-                "tid": 0,
-                "args": {"sort_index": rank},
-            }
-        )
+    trace.extend(_process_metadata(ranks))
 
     threads: dict[tuple[int, int], str] = {}
     slices: list[dict[str, Any]] = []
@@ -176,33 +158,10 @@ def to_chrome_trace(result: StepResult, *, name: str | None = None) -> dict[str,
             }
             slices.append(record)
             placed.append((event, record))
-    for (rank, tid), label in sorted(threads.items()):
-        trace.append(
-            {"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": label}}
-        )
-        trace.append(
-            {
-                "ph": "M",
-                "name": "thread_sort_index",
-                "pid": rank,
-                "tid": tid,
-                "args": {"sort_index": tid},
-            }
-        )
+    trace.extend(_thread_metadata(threads))
     trace.extend(slices)
     trace.extend(_flows(placed))
-    for rank in sorted(result.memory_timeline):
-        for time_s, size_bytes in result.memory_timeline[rank]:
-            trace.append(
-                {
-                    "ph": "C",
-                    "name": "memory",
-                    "pid": int(rank),
-                    "tid": 0,
-                    "ts": _ns(float(time_s)) / 1e3,
-                    "args": {"GiB": float(size_bytes) / 2**30},
-                }
-            )
+    trace.extend(_memory_counters(result))
     other = {
         "generator": "collsim",
         "step_time_s": float(result.step_time_s),
@@ -213,6 +172,66 @@ def to_chrome_trace(result: StepResult, *, name: str | None = None) -> dict[str,
     if name:
         other["scenario"] = name
     return {"traceEvents": trace, "displayTimeUnit": "ms", "otherData": _jsonable(other)}
+
+
+def _process_metadata(ranks: list[int]) -> list[dict[str, Any]]:
+    """One process per rank, named ``rank N`` and sorted by rank."""
+    out: list[dict[str, Any]] = []
+    for rank in ranks:
+        out.append(
+            {
+                "ph": "M",
+                "name": "process_name",
+                "pid": rank,
+                "tid": 0,
+                "args": {"name": f"rank {rank}"},
+            }
+        )
+        out.append(
+            {
+                "ph": "M",
+                "name": "process_sort_index",
+                "pid": rank,
+                "tid": 0,
+                "args": {"sort_index": rank},
+            }
+        )
+    return out
+
+
+def _thread_metadata(threads: dict[tuple[int, int], str]) -> list[dict[str, Any]]:
+    """The name and sort index of every (rank, thread) that holds a slice."""
+    out: list[dict[str, Any]] = []
+    for (rank, tid), label in sorted(threads.items()):
+        out.append(
+            {"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": label}}
+        )
+        out.append(
+            {
+                "ph": "M",
+                "name": "thread_sort_index",
+                "pid": rank,
+                "tid": tid,
+                "args": {"sort_index": tid},
+            }
+        )
+    return out
+
+
+def _memory_counters(result: StepResult) -> list[dict[str, Any]]:
+    """A ``memory`` counter (GiB) per rank of the memory timeline."""
+    return [
+        {
+            "ph": "C",
+            "name": "memory",
+            "pid": int(rank),
+            "tid": 0,
+            "ts": _ns(float(time_s)) / 1e3,
+            "args": {"GiB": float(size_bytes) / 2**30},
+        }
+        for rank in sorted(result.memory_timeline)
+        for time_s, size_bytes in result.memory_timeline[rank]
+    ]
 
 
 _SEND = re.compile(r"^send (?P<label>.+) -> stage (?P<to>\d+)$")

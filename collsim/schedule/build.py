@@ -23,14 +23,16 @@ collective costs (:mod:`collsim.estimate`). On an uncontended network they agree
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from collsim.parallel.config import Dtype, ParallelConfig, TrainingConfig
+from collsim.parallel.config import ParallelConfig, TrainingConfig
 from collsim.parallel.plan import Plan, build_plan
 from collsim.parallel.schedules import PipeOp, stage_schedule
 from collsim.schedule.dataparallel import BytesPer, DataParallelRules
 from collsim.schedule.ops import BlockTimes, StageModel, build_stage
+from collsim.vocab import Dtype
 
 if TYPE_CHECKING:
     from collsim.hardware import Device
@@ -377,24 +379,8 @@ def build_schedule(
         layers = {r: _paced(b, pace) for r, b in layers.items()}
         emb, head = _paced(emb, pace), _paced(head, pace)
     per = bytes_per(training)
-    if len(layers) == 1:
-        layer = next(iter(layers.values()))
-        layer_of = None
-    else:
-        kind_of = layer_kind_of(spec)
-        layer = layers[kind_of[spec.num_layers // 2]]
-        by_index = {i: layers[r] for i, r in kind_of.items()}
-        layer_of = by_index.__getitem__
-    comms_of = None
-    if plan.cp > 1 or plan.ep > 1 or plan.etp > 1:
-        from collsim.parallel.layer_comms import layer_comms
-
-        kinds = layer_kind_of(spec)
-        by_kind = {r: _imbalanced(spec, layer_comms(plan, r)) for r in set(kinds.values())}
-
-        def comms_of(index: int) -> list[LayerComm]:
-            return by_kind[kinds[index]]
-
+    layer, layer_of = _layer_lookup(spec, layers)
+    comms_of = _comms_lookup(plan, spec)
     stages = {
         s: build_stage(
             plan,
@@ -436,15 +422,6 @@ def build_schedule(
     framework_step_s = (
         {s: 0.0 for s in stages} if overrides else _framework(plan, stages, model, rules)
     )
-    lt0 = model.layer_times(
-        spec,
-        micro_batch=training.micro_batch,
-        tp=plan.tp,
-        sequence_parallel=parallel.sequence_parallel,
-        recompute=str(training.recompute),
-    )
-    block = lt0.forward_s + lt0.backward_s + lt0.recompute_s
-    memory_bound_share = min(1.0, lt0.memory_bound_s / block) if block > 0 else 0.0
     # a CP rank sends its s / cp tokens
     p2p = training.micro_batch * spec.seq_len * spec.hidden * per.activation / plan.tp / plan.cp
     return StepSchedule(
@@ -461,5 +438,51 @@ def build_schedule(
         layers=layers,
         framework_step_s=framework_step_s,
         interference=not overrides and plan.dp > 1 and (parallel.zero == 3 or parallel.ddp.overlap),
-        memory_bound_share=memory_bound_share,
+        memory_bound_share=_memory_bound_share(plan, spec, training, parallel, model),
     )
+
+
+def _layer_lookup(
+    spec: TransformerSpec, layers: dict[int, BlockTimes]
+) -> tuple[BlockTimes, Callable[[int], BlockTimes] | None]:
+    """The representative layer's block times and, with several layer kinds, the block times
+    of each layer index (None when every layer is the same)."""
+    if len(layers) == 1:
+        return next(iter(layers.values())), None
+    kind_of = layer_kind_of(spec)
+    by_index = {i: layers[r] for i, r in kind_of.items()}
+    return layers[kind_of[spec.num_layers // 2]], by_index.__getitem__
+
+
+def _comms_lookup(plan: Plan, spec: TransformerSpec) -> Callable[[int], list[LayerComm]] | None:
+    """The EP / CP collectives of each layer index (None without EP, ETP or CP)."""
+    if not (plan.cp > 1 or plan.ep > 1 or plan.etp > 1):
+        return None
+    from collsim.parallel.layer_comms import layer_comms
+
+    kinds = layer_kind_of(spec)
+    by_kind = {r: _imbalanced(spec, layer_comms(plan, r)) for r in set(kinds.values())}
+
+    def comms_of(index: int) -> list[LayerComm]:
+        return by_kind[kinds[index]]
+
+    return comms_of
+
+
+def _memory_bound_share(
+    plan: Plan,
+    spec: TransformerSpec,
+    training: TrainingConfig,
+    parallel: ParallelConfig,
+    model: ComputeModel,
+) -> float:
+    """The memory-bound share of a dense layer's forward, backward and recompute time."""
+    lt0 = model.layer_times(
+        spec,
+        micro_batch=training.micro_batch,
+        tp=plan.tp,
+        sequence_parallel=parallel.sequence_parallel,
+        recompute=str(training.recompute),
+    )
+    block = lt0.forward_s + lt0.backward_s + lt0.recompute_s
+    return min(1.0, lt0.memory_bound_s / block) if block > 0 else 0.0

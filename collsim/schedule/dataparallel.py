@@ -38,6 +38,9 @@ from typing import Any
 from collsim.parallel.buckets import Bucket
 from collsim.parallel.plan import Plan
 from collsim.schedule.ops import ChunkModel, Segment, StageModel
+from collsim.vocab import ParallelAxis
+
+DP, EDP = ParallelAxis.DP, ParallelAxis.EDP
 
 __all__ = ["BytesPer", "DPCall", "DataParallelRules", "StateBytes"]
 
@@ -88,10 +91,10 @@ class DataParallelRules:
     bytes_per: BytesPer
     host_bps: float
 
-    dense_groups: tuple[tuple[str, int], ...] = (("dp", 1), ("dp", 1), ("", 1))
+    dense_groups: tuple[tuple[str, int], ...] = ((DP, 1), (DP, 1), ("", 1))
     """Non-expert gradients: (axis, size) of the whole reduction group, of the shard group and
     of the replicate group ("" when there is none)."""
-    expert_groups: tuple[tuple[str, int], ...] = (("edp", 1), ("edp", 1), ("", 1))
+    expert_groups: tuple[tuple[str, int], ...] = ((EDP, 1), (EDP, 1), ("", 1))
     """The same for the routed-expert gradients."""
     reduce_element_bytes: float = 0.0
     """Bytes per gradient element on the wire (fsdp.reduce_dtype; 0: the gradient dtype)."""
@@ -112,7 +115,7 @@ class DataParallelRules:
         from collsim.parallel.states import rank_model_states
 
         par = plan.parallel
-        full = "dp" if plan.cp == 1 else "dp_cp"
+        full = DP if plan.cp == 1 else ParallelAxis.DP_CP
         hsdp = plan.shard_group_size != plan.dp
         n_full = plan.dp * plan.cp
         fp8_copies = str(plan.training.dtype) == "fp8" and par.zero < 3
@@ -128,11 +131,19 @@ class DataParallelRules:
         dense: tuple[tuple[str, int], ...]
         expert: tuple[tuple[str, int], ...]
         if hsdp:
-            dense = ((full, n_full), ("dp_cp_shard", n), ("dp_replicate", n_full // n))
-            expert = (("edp", edp), ("edp_shard", n_e), ("edp_replicate", edp // n_e))
+            dense = (
+                (full, n_full),
+                (ParallelAxis.DP_CP_SHARD, n),
+                (ParallelAxis.DP_REPLICATE, n_full // n),
+            )
+            expert = (
+                (EDP, edp),
+                (ParallelAxis.EDP_SHARD, n_e),
+                (ParallelAxis.EDP_REPLICATE, edp // n_e),
+            )
         else:
             dense = ((full, n_full), (full, n_full), ("", 1))
-            expert = (("edp", edp), ("edp", edp), ("", 1))
+            expert = ((EDP, edp), (EDP, edp), ("", 1))
         reduce = par.fsdp.reduce_dtype
         return cls(
             dp=plan.dp,

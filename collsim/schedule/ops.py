@@ -60,6 +60,7 @@ from collsim.parallel.buckets import Bucket, build_buckets
 from collsim.parallel.fsdp import FSDPUnit, build_units
 from collsim.parallel.params import ParamTensor, chunk_tensors
 from collsim.parallel.plan import Plan
+from collsim.vocab import ParallelAxis
 
 if TYPE_CHECKING:
     from collsim.parallel.layer_comms import LayerComm
@@ -78,7 +79,7 @@ class Step:
     overlap_s: float = 0.0
     """Compute that runs alongside this collective (``op`` set): the compute stream is busy for
     max(collective, overlap_s) and the collective is exposed only beyond ``overlap_s``."""
-    axis: str = "tp"
+    axis: str = ParallelAxis.TP
     """The plan axis of the collective's group (``send_recv`` on cp: one ring step)."""
 
 
@@ -242,8 +243,8 @@ def _with_comms(
     cp_extra: tuple[float, float],
 ) -> list[Step]:
     """Insert a layer's EP and CP collectives into one pass (forward or backward)."""
-    cp = [c for c in comms if c.axis == "cp"]
-    ep = [c for c in comms if c.axis != "cp"]
+    cp = [c for c in comms if c.axis == ParallelAxis.CP]
+    ep = [c for c in comms if c.axis != ParallelAxis.CP]
     if not cp and not ep:
         return steps
     steps, (first, second) = _halves(steps, seconds)
@@ -318,68 +319,13 @@ def build_stage(
         for index in layers:
             blk = layer if layer_of is None else layer_of(index)
             comms = comms_of(index) if comms_of is not None else []
-            f_comms = [c for c in comms if c.phase == "forward"]
-            b_comms = [c for c in comms if c.phase == "backward"]
-            extra = _cp_imbalance(plan, blk)
-            fsteps_l = _with_comms(
-                _split(blk.forward_s, comm, size, sp=sp),
-                blk.forward_s,
-                f_comms,
-                blk,
-                forward=True,
-                cp_extra=extra,
-            )
-            fwd.append(Segment(index, fsteps_l, stored_bytes=blk.stored_bytes))
-            pre = (
-                _with_comms(
-                    _split(blk.recompute_s, comm, size, sp=sp),
-                    blk.recompute_s,
-                    f_comms,
-                    blk,
-                    forward=True,
-                    cp_extra=extra,
-                )
-                if full
-                else ([Step(blk.recompute_s)] if blk.recompute_s else [])
-            )
-            bsteps_l = _with_comms(
-                _split(
-                    blk.backward_s,
-                    comm,
-                    size,
-                    sp=sp,
-                    dgrad_s=(blk.column_dgrad_s or (0.0, 0.0)) if sp else (),
-                ),
-                blk.backward_s,
-                b_comms,
-                blk,
-                forward=False,
-                cp_extra=extra,
-            )
-            bwd.append(
-                Segment(
-                    index,
-                    pre + bsteps_l,
-                    grad_from=len(pre),
-                    stored_bytes=blk.stored_bytes,
-                    transient_bytes=blk.transient_bytes,
-                )
-            )
+            f_seg, b_seg = _layer_segments(plan, index, blk, comms, size, full=full)
+            fwd.append(f_seg)
+            bwd.append(b_seg)
         if last:
-            fsteps = [Step(head.forward_s)]
-            bsteps = [Step(head.backward_s)]
-            if comm:
-                if sp:
-                    fsteps.insert(0, Step(op="all_gather", size_bytes=size))
-                    d = min(sum(head.column_dgrad_s), head.backward_s)
-                    bsteps = [
-                        Step(head.backward_s - d),
-                        Step(op="all_gather", size_bytes=size, overlap_s=d),
-                    ]
-                fsteps += [Step(op="all_reduce", size_bytes=loss_bytes(plan))] * 3
-                bsteps.append(Step(op="reduce_scatter" if sp else "all_reduce", size_bytes=size))
-            fwd.append(Segment("head", fsteps, stored_bytes=head.stored_bytes))
-            bwd.insert(0, Segment("head", bsteps, stored_bytes=head.stored_bytes))
+            f_seg, b_seg = _head_segments(plan, head, size)
+            fwd.append(f_seg)
+            bwd.insert(0, b_seg)
         if first:
             bwd.append(
                 Segment(
@@ -400,21 +346,107 @@ def build_stage(
             forward=fwd,
             backward=head_seg + layer_bwd + emb_seg,
         )
-        ddp = plan.parallel.ddp
-        kinds: tuple[bool | None, ...] = (
-            (False, True) if any(t.expert for t in tensors) else (None,)
-        )
-        chunk.buckets = [
-            b
-            for kind in kinds
-            for b in build_buckets(
-                tensors,
-                bucket_mb=ddp.bucket_mb,
-                first_bucket_mb=ddp.first_bucket_mb,
-                grad_bytes=grad_bytes,
-                expert=kind,
-            )
-        ]
+        chunk.buckets = _buckets(plan, tensors, grad_bytes)
         chunk.units = build_units(tensors)
         chunks.append(chunk)
     return StageModel(stage=stage, chunks=chunks)
+
+
+def _layer_segments(
+    plan: Plan,
+    index: int,
+    blk: BlockTimes,
+    comms: list[LayerComm],
+    size: float,
+    *,
+    full: bool,
+) -> tuple[Segment, Segment]:
+    """The forward and backward segments of layer ``index``: its compute split around the TP
+    collectives of ``size`` bytes, its EP / CP ``comms`` inserted, and (``full`` recompute) the
+    forward re-run with its collectives before the backward."""
+    comm, sp = plan.tp > 1, plan.parallel.sequence_parallel
+    f_comms = [c for c in comms if c.phase == "forward"]
+    b_comms = [c for c in comms if c.phase == "backward"]
+    extra = _cp_imbalance(plan, blk)
+    fsteps_l = _with_comms(
+        _split(blk.forward_s, comm, size, sp=sp),
+        blk.forward_s,
+        f_comms,
+        blk,
+        forward=True,
+        cp_extra=extra,
+    )
+    pre = (
+        _with_comms(
+            _split(blk.recompute_s, comm, size, sp=sp),
+            blk.recompute_s,
+            f_comms,
+            blk,
+            forward=True,
+            cp_extra=extra,
+        )
+        if full
+        else ([Step(blk.recompute_s)] if blk.recompute_s else [])
+    )
+    bsteps_l = _with_comms(
+        _split(
+            blk.backward_s,
+            comm,
+            size,
+            sp=sp,
+            dgrad_s=(blk.column_dgrad_s or (0.0, 0.0)) if sp else (),
+        ),
+        blk.backward_s,
+        b_comms,
+        blk,
+        forward=False,
+        cp_extra=extra,
+    )
+    forward = Segment(index, fsteps_l, stored_bytes=blk.stored_bytes)
+    backward = Segment(
+        index,
+        pre + bsteps_l,
+        grad_from=len(pre),
+        stored_bytes=blk.stored_bytes,
+        transient_bytes=blk.transient_bytes,
+    )
+    return forward, backward
+
+
+def _head_segments(plan: Plan, head: BlockTimes, size: float) -> tuple[Segment, Segment]:
+    """The forward and backward segments of the LM head: with TP, the sequence gather (SP),
+    the three loss all-reduces and the input gradient's reduction."""
+    comm, sp = plan.tp > 1, plan.parallel.sequence_parallel
+    fsteps = [Step(head.forward_s)]
+    bsteps = [Step(head.backward_s)]
+    if comm:
+        if sp:
+            fsteps.insert(0, Step(op="all_gather", size_bytes=size))
+            d = min(sum(head.column_dgrad_s), head.backward_s)
+            bsteps = [
+                Step(head.backward_s - d),
+                Step(op="all_gather", size_bytes=size, overlap_s=d),
+            ]
+        fsteps += [Step(op="all_reduce", size_bytes=loss_bytes(plan))] * 3
+        bsteps.append(Step(op="reduce_scatter" if sp else "all_reduce", size_bytes=size))
+    return (
+        Segment("head", fsteps, stored_bytes=head.stored_bytes),
+        Segment("head", bsteps, stored_bytes=head.stored_bytes),
+    )
+
+
+def _buckets(plan: Plan, tensors: list[ParamTensor], grad_bytes: int) -> list[Bucket]:
+    """A chunk's DDP buckets: the dense and the expert gradients bucket apart."""
+    ddp = plan.parallel.ddp
+    kinds: tuple[bool | None, ...] = (False, True) if any(t.expert for t in tensors) else (None,)
+    return [
+        b
+        for kind in kinds
+        for b in build_buckets(
+            tensors,
+            bucket_mb=ddp.bucket_mb,
+            first_bucket_mb=ddp.first_bucket_mb,
+            grad_bytes=grad_bytes,
+            expert=kind,
+        )
+    ]

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from collsim.vocab import ParallelAxis
+
 if TYPE_CHECKING:
     from collsim.parallel.plan import Plan
     from collsim.schedule.ops import Segment, Step
@@ -18,7 +20,12 @@ if TYPE_CHECKING:
 
 __all__ = ["CallCost", "ClosedPricer", "EXPOSED_KEY", "SegmentPrices"]
 
-EXPOSED_KEY = {"tp": "tp_exposed", "ep": "ep_exposed", "etp": "ep_exposed", "cp": "cp_exposed"}
+EXPOSED_KEY: dict[str, str] = {
+    ParallelAxis.TP: "tp_exposed",
+    ParallelAxis.EP: "ep_exposed",
+    ParallelAxis.ETP: "ep_exposed",
+    ParallelAxis.CP: "cp_exposed",
+}
 """The breakdown key a blocking collective of a segment step is exposed in, by its axis
 (expert tensor parallelism counts with expert parallelism)."""
 
@@ -59,7 +66,8 @@ class ClosedPricer:
         if self.zero or len(ranks) < 2 or size_bytes <= 0:
             result = _NONE
         else:
-            from collsim.collectives import CollectiveOp, Group, cost
+            from collsim.collectives import Group, cost
+            from collsim.vocab import CollectiveOp
 
             c = cost(CollectiveOp(op), int(size_bytes), Group(self.topology, ranks))
             result = CallCost(float(c.time_s), str(c.algorithm), float(c.busbw_bps))

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from collsim.vocab import DATA_PARALLEL_AXES
+
 __all__ = ["CallKey", "CallStats", "CallTally", "dp_link"]
 
 
@@ -63,7 +65,7 @@ def dp_link(items: Iterator[tuple[CallKey, CallTally]], rank: int) -> tuple[floa
     dp, dp x cp, the expert and the HSDP shard / replicate groups)."""
     link = busbw = 0.0
     for key, tally in items:
-        if key.rank == rank and str(key.axis).startswith(("dp", "edp")):
+        if key.rank == rank and key.axis in DATA_PARALLEL_AXES:
             link += tally.time_s
             busbw = max(busbw, tally.busbw_bps)
     return link, busbw

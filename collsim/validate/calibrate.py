@@ -442,7 +442,8 @@ def _probe_data(data: dict[str, Any]) -> dict[str, Any]:
 
 def _coefficients(topology: Any, op: str) -> dict[str, tuple[float, float]]:
     """(k_lat, k_bw) per algorithm that can run ``op`` on the whole topology (gloo: no NVLS)."""
-    from collsim.collectives import Algorithm, CollectiveOp, Group, schedule_for, supported
+    from collsim.collectives import Group, schedule_for, supported
+    from collsim.vocab import Algorithm, CollectiveOp
 
     group = Group.all(topology)
     out: dict[str, tuple[float, float]] = {}

@@ -532,14 +532,8 @@ def simulate_modes(
     if device_profile is not None:
         return _simulate_from_profile(report, topology, overlap, device_profile)
     from collsim.engine.step import simulate_step
-    from collsim.parallel.config import (
-        DDPConfig,
-        Dtype,
-        FSDPConfig,
-        Optimizer,
-        ParallelConfig,
-        TrainingConfig,
-    )
+    from collsim.parallel.config import DDPConfig, FSDPConfig, ParallelConfig, TrainingConfig
+    from collsim.vocab import Dtype, Optimizer
 
     fields: dict[str, Any] = {
         k: (tuple(v) if k == "modes" else v) for k, v in report["config"].items()
@@ -674,14 +668,8 @@ def _simulate_from_profile(
     import dataclasses
 
     from collsim.engine.step import simulate_step
-    from collsim.parallel.config import (
-        DDPConfig,
-        Dtype,
-        FSDPConfig,
-        Optimizer,
-        ParallelConfig,
-        TrainingConfig,
-    )
+    from collsim.parallel.config import DDPConfig, FSDPConfig, ParallelConfig, TrainingConfig
+    from collsim.vocab import Dtype, Optimizer
 
     fields: dict[str, Any] = {
         k: (tuple(v) if k == "modes" else v) for k, v in report["config"].items()

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+from collsim.vocab import RecomputeMode
 from collsim.workload.compute import ComputeModel, LayerTimes, OpCost, shape_efficiency
 from collsim.workload.flops import (
     hardware_flops_per_step,
@@ -27,7 +28,6 @@ from collsim.workload.memory import (
     parameters_per_rank,
 )
 from collsim.workload.model import PRESETS, TransformerSpec, get_preset, preset_names
-from collsim.workload.ops import RecomputeMode
 
 __all__ = [
     "TransformerSpec",

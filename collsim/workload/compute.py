@@ -73,6 +73,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from collsim.errors import ConfigError
+from collsim.vocab import Dtype, OpKind, RecomputeMode, parse_enum
 from collsim.workload.kernels import (
     ATTENTION_KERNELS,
     EAGER_PASSES,
@@ -90,8 +91,6 @@ from collsim.workload.ops import (
     SELECTIVE_OPS,
     Gemm,
     Op,
-    OpKind,
-    RecomputeMode,
     embedding_ops,
     head_ops,
     kept_bytes,
@@ -143,7 +142,6 @@ SM_COUNTS: dict[str, int] = {
 """Streaming multiprocessors (compute units) per GPU by lower-case name prefix (datasheets),
 used when the device gives no ``sm_count``; for the generic CPU, its 32 cores."""
 _DEFAULT_SMS = 108
-_GEMM_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
 
 _NORM_OPS = ("attn_norm", "mlp_norm", "final_norm")
 
@@ -305,11 +303,7 @@ class ComputeModel:
         causal: bool = True,
     ) -> None:
         self.device = device
-        self.dtype = str(dtype).lower()
-        if self.dtype not in ("bf16", "fp16", "fp32", "fp8"):
-            raise ConfigError(
-                f"must be one of bf16, fp16, fp32, fp8; got {dtype!r}", key_path="training.dtype"
-            )
+        self.dtype: str = parse_enum(Dtype, dtype, key_path="training.dtype").value
         if memory_efficiency is not None and not 0 < memory_efficiency <= 1:
             raise ConfigError(
                 f"must be in (0, 1], got {memory_efficiency}", key_path="memory_efficiency"
@@ -421,7 +415,7 @@ class ComputeModel:
             if measured is not None:
                 achievable = float(measured)
         compute = gemm.flops / achievable
-        size = gemm.bytes(_GEMM_BYTES[dt])
+        size = gemm.bytes(Dtype(dt).size_bytes)
         memory = size / self.memory_bandwidth_at(size)
         time, host = self._kernel(max(compute, memory) + self.launch_s)
         bound = "host" if host else ("compute" if compute >= memory else "memory")

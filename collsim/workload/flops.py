@@ -25,8 +25,9 @@ from __future__ import annotations
 import dataclasses
 
 from collsim.errors import ConfigError
+from collsim.vocab import OpKind
 from collsim.workload.model import TransformerSpec
-from collsim.workload.ops import SELECTIVE_OPS, Op, OpKind, head_ops, layer_ops
+from collsim.workload.ops import SELECTIVE_OPS, Op, head_ops, layer_ops
 
 __all__ = [
     "narayanan_model_flops",

@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from collsim.errors import ConfigError
+from collsim.vocab import Dtype, parse_enum
 
 if TYPE_CHECKING:
     from collsim.workload.compute import ComputeModel
@@ -97,16 +98,6 @@ class FrameworkCosts:
         )
 
 
-def _dtype_bytes(dtype: str) -> float:
-    table = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
-    key = str(dtype).lower()
-    if key not in table:
-        raise ConfigError(
-            f"must be one of fp32, bf16; got {dtype!r}", key_path="training.grad_reduce_dtype"
-        )
-    return table[key]
-
-
 def framework_costs(
     model: ComputeModel,
     *,
@@ -142,8 +133,10 @@ def framework_costs(
         raise ConfigError(f"must be > 0, got {dp}", key_path="parallel.dp")
     if fsdp_version not in (1, 2):
         raise ConfigError(f"must be 1 or 2, got {fsdp_version}", key_path="training.fsdp_version")
-    reduce_bytes = _dtype_bytes(grad_reduce_dtype)
-    param_bytes = 1.0 if model.dtype == "fp8" else (4.0 if model.dtype == "fp32" else 2.0)
+    reduce_bytes = float(
+        parse_enum(Dtype, grad_reduce_dtype, key_path="training.grad_reduce_dtype").size_bytes
+    )
+    param_bytes = float(Dtype(model.dtype).size_bytes)
     shard = unit_params / dp
     copy_in_b = copy_out_b = grad_cast_b = grad_out_b = 0.0
     if zero >= 3:

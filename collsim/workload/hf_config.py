@@ -266,73 +266,90 @@ def _llama_like(f: _Fields, model_type: str) -> dict[str, Any]:
         if window is not None:
             out["sliding_window"] = window
     if model_type in ("qwen2", "qwen3", "qwen3_moe"):
-        if model_type == "qwen2":
-            out["qkv_bias"] = True
-        else:
-            out["qk_norm"] = True
-            if f.bool("attention_bias", False):
-                raise f.error(
-                    "attention_bias",
-                    "true puts biases on q, k, v and o but not the MLP, which the spec cannot "
-                    "express",
-                )
-        if f.bool("use_sliding_window", False):
-            window = f.int("sliding_window", 4096)
-            out["sliding_window"] = window
-            layer_set = _window_layers(f, layers, window)
-            if layer_set is None:
-                first = f.int("max_window_layers", 28)
-                layer_set = tuple(range(min(first, layers), layers))
-            out["sliding_window_layers"] = layer_set
+        _qwen_fields(f, model_type, layers, out)
     if model_type in ("mixtral", "gpt_oss"):
         out["num_experts"] = f.int("num_local_experts", 8)
         out["moe_top_k"] = f.int("num_experts_per_tok", 2)
     if model_type == "qwen3_moe":
-        out["num_experts"] = f.int("num_experts", 128)
-        out["moe_top_k"] = f.int("num_experts_per_tok", 8)
-        out["moe_ffn_hidden"] = f.int("moe_intermediate_size", 768)
-        step = f.int("decoder_sparse_step", 1)
-        if step != 1:
-            raise f.error("decoder_sparse_step", f"{step}: only every layer sparse (1) maps")
-        dense = f.data.get("mlp_only_layers") or []
-        if not isinstance(dense, list) or dense != list(range(len(dense))):
-            raise f.error(
-                "mlp_only_layers",
-                f"{dense!r}: only a prefix of dense layers (0, 1, ..., k-1) maps",
-            )
-        out["first_k_dense"] = len(dense)
+        _qwen3_moe_fields(f, out)
     if model_type == "gpt_oss":
-        out["head_size"] = f.int("head_dim", 64)
-        out["bias"] = f.bool("attention_bias", True)
-        out["attention_sinks"] = True
-        out["router_bias"] = True
-        out["moe_ffn_hidden"] = out["ffn_hidden"]
-        window = f.int("sliding_window", 128)
-        if window is not None:
-            types = _window_layers(f, layers, window)
-            out["sliding_window"] = window
-            # GptOssConfig.__post_init__: sliding on layers where (i + 1) % 2, when not given.
-            out["sliding_window_layers"] = (
-                types if types is not None else tuple(range(0, layers, 2))
-            )
+        _gpt_oss_fields(f, layers, out)
     if model_type == "deepseek_v3":
-        kv_lora = f.int("kv_lora_rank", 512)
-        out.update(
-            q_lora_rank=f.int("q_lora_rank", 1536),
-            kv_lora_rank=kv_lora,
-            qk_nope_head_dim=f.int("qk_nope_head_dim", 128),
-            qk_rope_head_dim=f.int("qk_rope_head_dim", 64),
-            v_head_dim=f.int("v_head_dim", 128),
-            num_experts=f.int("n_routed_experts", 256),
-            moe_top_k=f.int("num_experts_per_tok", 8),
-            num_shared_experts=f.data.get("n_shared_experts") or 0,
-            moe_ffn_hidden=f.int("moe_intermediate_size", 2048),
-            first_k_dense=f.data.get("first_k_dense_replace") or 0,
-            router="sigmoid" if f.str("scoring_func", "sigmoid") == "sigmoid" else "softmax",
-        )
-        freq = f.int("moe_layer_freq", 1)
-        if freq != 1:
-            raise f.error("moe_layer_freq", f"{freq}: only every layer after the dense ones maps")
-        if f.bool("attention_bias", False):
-            raise f.error("attention_bias", "true is not part of the MLA layout mapped here")
+        _deepseek_v3_fields(f, out)
     return out
+
+
+def _qwen_fields(f: _Fields, model_type: str, layers: int, out: dict[str, Any]) -> None:
+    """Qwen2 / Qwen3 (dense and MoE): q, k, v biases or q / k norms, sliding windows."""
+    if model_type == "qwen2":
+        out["qkv_bias"] = True
+    else:
+        out["qk_norm"] = True
+        if f.bool("attention_bias", False):
+            raise f.error(
+                "attention_bias",
+                "true puts biases on q, k, v and o but not the MLP, which the spec cannot express",
+            )
+    if f.bool("use_sliding_window", False):
+        window = f.int("sliding_window", 4096)
+        out["sliding_window"] = window
+        layer_set = _window_layers(f, layers, window)
+        if layer_set is None:
+            first = f.int("max_window_layers", 28)
+            layer_set = tuple(range(min(first, layers), layers))
+        out["sliding_window_layers"] = layer_set
+
+
+def _qwen3_moe_fields(f: _Fields, out: dict[str, Any]) -> None:
+    """Qwen3-MoE's experts and its leading dense layers."""
+    out["num_experts"] = f.int("num_experts", 128)
+    out["moe_top_k"] = f.int("num_experts_per_tok", 8)
+    out["moe_ffn_hidden"] = f.int("moe_intermediate_size", 768)
+    step = f.int("decoder_sparse_step", 1)
+    if step != 1:
+        raise f.error("decoder_sparse_step", f"{step}: only every layer sparse (1) maps")
+    dense = f.data.get("mlp_only_layers") or []
+    if not isinstance(dense, list) or dense != list(range(len(dense))):
+        raise f.error(
+            "mlp_only_layers",
+            f"{dense!r}: only a prefix of dense layers (0, 1, ..., k-1) maps",
+        )
+    out["first_k_dense"] = len(dense)
+
+
+def _gpt_oss_fields(f: _Fields, layers: int, out: dict[str, Any]) -> None:
+    """gpt-oss: 64-wide heads, biases, attention sinks, alternating sliding windows."""
+    out["head_size"] = f.int("head_dim", 64)
+    out["bias"] = f.bool("attention_bias", True)
+    out["attention_sinks"] = True
+    out["router_bias"] = True
+    out["moe_ffn_hidden"] = out["ffn_hidden"]
+    window = f.int("sliding_window", 128)
+    if window is not None:
+        types = _window_layers(f, layers, window)
+        out["sliding_window"] = window
+        # GptOssConfig.__post_init__: sliding on layers where (i + 1) % 2, when not given.
+        out["sliding_window_layers"] = types if types is not None else tuple(range(0, layers, 2))
+
+
+def _deepseek_v3_fields(f: _Fields, out: dict[str, Any]) -> None:
+    """DeepSeek-V3: multi-head latent attention and its routed and shared experts."""
+    kv_lora = f.int("kv_lora_rank", 512)
+    out.update(
+        q_lora_rank=f.int("q_lora_rank", 1536),
+        kv_lora_rank=kv_lora,
+        qk_nope_head_dim=f.int("qk_nope_head_dim", 128),
+        qk_rope_head_dim=f.int("qk_rope_head_dim", 64),
+        v_head_dim=f.int("v_head_dim", 128),
+        num_experts=f.int("n_routed_experts", 256),
+        moe_top_k=f.int("num_experts_per_tok", 8),
+        num_shared_experts=f.data.get("n_shared_experts") or 0,
+        moe_ffn_hidden=f.int("moe_intermediate_size", 2048),
+        first_k_dense=f.data.get("first_k_dense_replace") or 0,
+        router="sigmoid" if f.str("scoring_func", "sigmoid") == "sigmoid" else "softmax",
+    )
+    freq = f.int("moe_layer_freq", 1)
+    if freq != 1:
+        raise f.error("moe_layer_freq", f"{freq}: only every layer after the dense ones maps")
+    if f.bool("attention_bias", False):
+        raise f.error("attention_bias", "true is not part of the MLA layout mapped here")

@@ -30,8 +30,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from collsim.errors import ConfigError
+from collsim.vocab import RecomputeMode
 from collsim.workload.model import TransformerSpec
-from collsim.workload.ops import RecomputeMode, kept_bytes, layer_ops, parse_recompute
+from collsim.workload.ops import kept_bytes, layer_ops, parse_recompute
 
 __all__ = [
     "ModelStateBytes",

@@ -27,14 +27,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from enum import StrEnum
 
 from collsim.errors import ConfigError
+from collsim.vocab import Dtype, OpKind, RecomputeMode, parse_enum
 from collsim.workload.model import TransformerSpec
 
 __all__ = [
     "OpKind",
-    "RecomputeMode",
     "Gemm",
     "Op",
     "activation_element_bytes",
@@ -50,21 +49,6 @@ __all__ = [
     "routed_rows",
     "attended_keys",
 ]
-
-
-class OpKind(StrEnum):
-    MATMUL = "matmul"
-    ELEMENTWISE = "elementwise"
-    FUSED_ATTENTION = "fused_attention"
-    """FlashAttention: QK^T, softmax, dropout and AV in one kernel, timed by compute.py."""
-
-
-class RecomputeMode(StrEnum):
-    """Activation recomputation (Korthikanti 2022): none, selective (core attention), full."""
-
-    NONE = "none"
-    SELECTIVE = "selective"
-    FULL = "full"
 
 
 SELECTIVE_OPS = ("attn_scores", "softmax", "attn_dropout", "attn_values")
@@ -118,7 +102,6 @@ OP_NAMES = (
 SELECTIVE_TENSORS = ("softmax.output", "attn_dropout.mask", "attn_dropout.output")
 """Tensors selective recompute does not keep (the 5as^2b term); Q, K, V stay as its inputs."""
 
-_ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}
 _FLOPS_PER_ELEMENT = {
     "norm": 5.0,
     "softmax": 5.0,
@@ -136,17 +119,12 @@ def activation_element_bytes(dtype: str) -> int:
     """Bytes per stored activation element: 2 for bf16/fp16, 4 for fp32.
 
     fp8 training (Transformer Engine style) runs the GEMMs in fp8 but keeps activations in bf16,
-    so fp8 stores 2 bytes per element here.
+    so fp8 stores 2 bytes per element here (:attr:`collsim.vocab.Dtype.activation_dtype`).
 
     Raises:
         ConfigError: unknown dtype.
     """
-    key = str(dtype).lower()
-    if key not in _ELEMENT_BYTES:
-        raise ConfigError(
-            f"must be one of {', '.join(_ELEMENT_BYTES)}; got {dtype!r}", key_path="training.dtype"
-        )
-    return _ELEMENT_BYTES[key]
+    return parse_enum(Dtype, dtype, key_path="training.dtype").activation_dtype.size_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -877,13 +855,7 @@ def head_ops(
 
 def parse_recompute(recompute: str) -> RecomputeMode:
     """``none`` / ``selective`` / ``full`` (any case, or the config enum) as a RecomputeMode."""
-    try:
-        return RecomputeMode(str(recompute).lower())
-    except ValueError:
-        raise ConfigError(
-            f"must be one of none, selective, full; got {recompute!r}",
-            key_path="training.recompute",
-        ) from None
+    return parse_enum(RecomputeMode, recompute, key_path="training.recompute")
 
 
 def kept_bytes(ops: list[Op], mode: RecomputeMode) -> tuple[float, float]:

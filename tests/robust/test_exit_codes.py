@@ -91,3 +91,43 @@ def test_several_errors_print_one_line_each(capsys: pytest.CaptureFixture[str]) 
         "error: f.yaml:7: c: unknown key",
     ]
     assert isinstance(exc, errors.ConfigError) and exc.exit_code == 2
+
+
+def test_the_tree_in_errors_docstring_gives_each_class_its_code() -> None:
+    """The tree drawn in collsim/errors.py names every CollsimError class and its exit code."""
+    import re
+
+    drawn = {
+        m.group(1): int(m.group(2))
+        for m in re.finditer(
+            r"^\s*[│├└─ ]*(\w+Error\w*)\s.*?exit (\d+)\s*$", errors.__doc__ or "", re.M
+        )
+    }
+    classes = {
+        name: cls
+        for name, cls in vars(errors).items()
+        if isinstance(cls, type) and issubclass(cls, errors.CollsimError)
+    }
+    assert set(drawn) == set(classes)
+    assert {name: cls.exit_code for name, cls in classes.items()} == drawn
+
+
+def test_nothing_below_the_cli_edge_leaves_the_process() -> None:
+    """No SystemExit, click Exit or context exit outside collsim/cli/__init__.py either (the
+    ranks that collsim.validate.launch spawns are processes of their own: they end with
+    os._exit once their result is written)."""
+    child_exits = {"collsim/validate/launch.py"}
+    offenders = []
+    for path in sorted((REPO / "collsim").rglob("*.py")):
+        if path == REPO / "collsim" / "cli" / "__init__.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            name = node.id if isinstance(node, ast.Name) else None
+            attr = node.attr if isinstance(node, ast.Attribute) else None
+            if attr == "_exit" and str(path.relative_to(REPO)) in child_exits:
+                continue
+            if name in ("SystemExit", "exit", "quit") or attr in ("Exit", "_exit"):
+                offenders.append(f"{path.relative_to(REPO)}:{node.lineno}")
+            if attr == "exit" and not (isinstance(node.value, ast.Name) and node.value.id == "sys"):
+                offenders.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert offenders == []

@@ -1,0 +1,162 @@
+"""The import graph of collsim: no cycle between its modules, the glossary at the bottom.
+
+The graph is read from the source with :mod:`ast`: module-level imports only (those under
+``if TYPE_CHECKING:`` and inside functions run late or never, so they cannot make a module
+half-initialised). Importing ``a.b.c`` runs ``a/__init__.py`` and ``a/b/__init__.py`` first,
+so an import also depends on the packages above its target.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "collsim"
+
+
+def _module_names() -> dict[str, Path]:
+    names: dict[str, Path] = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        names[".".join(parts)] = path
+    return names
+
+
+MODULES = _module_names()
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _module_level_imports(body: list[ast.stmt]) -> list[ast.Import | ast.ImportFrom]:
+    """Imports that run when the module is imported: the module body and the branches of its
+    top-level ``if`` / ``try`` statements, except ``if TYPE_CHECKING:`` blocks."""
+    found: list[ast.Import | ast.ImportFrom] = []
+    for node in body:
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            found.append(node)
+        elif isinstance(node, ast.If):
+            if not _is_type_checking(node.test):
+                found += _module_level_imports(node.body)
+            found += _module_level_imports(node.orelse)
+        elif isinstance(node, ast.Try):
+            found += _module_level_imports(node.body)
+            for handler in node.handlers:
+                found += _module_level_imports(handler.body)
+            found += _module_level_imports(node.orelse) + _module_level_imports(node.finalbody)
+    return found
+
+
+def _known(name: str) -> str | None:
+    """The collsim module ``name`` names, or the module that defines it (``a.b.attr``)."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _targets(module: str, node: ast.Import | ast.ImportFrom) -> set[str]:
+    is_package = MODULES[module].name == "__init__.py"
+    if isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+    else:
+        base = node.module or ""
+        if node.level:
+            parts = module.split(".") if is_package else module.split(".")[:-1]
+            parts = parts[: len(parts) - node.level + 1]
+            base = ".".join(parts + ([node.module] if node.module else []))
+        # ``from pkg import sub`` imports the submodule; ``from mod import name`` the module
+        names = [f"{base}.{alias.name}" for alias in node.names]
+    out: set[str] = set()
+    for name in names:
+        target = _known(name)
+        if target is None or not target.startswith("collsim"):
+            continue
+        parts = target.split(".")
+        out.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
+    # a module's own package is already being imported when it runs
+    return {t for t in out if t != module and not module.startswith(t + ".")}
+
+
+def import_graph() -> dict[str, set[str]]:
+    """collsim module -> the collsim modules its import runs."""
+    graph: dict[str, set[str]] = {}
+    for module, path in MODULES.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        deps: set[str] = set()
+        for node in _module_level_imports(tree.body):
+            deps |= _targets(module, node)
+        graph[module] = deps
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as a path ``[a, b, ..., a]``, or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for dep in sorted(graph.get(node, ())):
+            if state.get(dep) == 1:
+                return path[path.index(dep) :] + [dep]
+            if dep not in state:
+                found = visit(dep)
+                if found:
+                    return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def test_the_walker_sees_the_imports() -> None:
+    graph = import_graph()
+    assert len(graph) > 50
+    # a plain import; ``from package import submodule``; a TYPE_CHECKING-only import
+    assert "collsim.topology" in graph["collsim.collectives.types"]
+    assert "collsim.collectives.tuner" in graph["collsim.collectives.nvls"]
+    assert "collsim.collectives.types" not in graph["collsim.topology"]
+    # an import of a submodule runs the packages above it; relative imports resolve
+    node = ast.parse("from collsim.collectives.select import cost").body[0]
+    assert isinstance(node, ast.ImportFrom)
+    assert _targets("collsim.engine.core", node) == {
+        "collsim.collectives",
+        "collsim.collectives.select",
+    }
+    node = ast.parse("from .streams import Work").body[0]
+    assert isinstance(node, ast.ImportFrom)
+    assert _targets("collsim.engine.core", node) == {"collsim.engine.streams"}
+    # a function-local import is not one the module runs
+    node = ast.parse("def f():\n    import collsim.api\n").body[0]
+    assert _module_level_imports([node]) == []
+
+
+def test_find_cycle_finds_one() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_import_cycle_inside_collsim() -> None:
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+@pytest.mark.parametrize("leaf", ["collsim.errors", "collsim.vocab"])
+def test_the_glossary_and_the_errors_sit_at_the_bottom(leaf: str) -> None:
+    # vocab names every enum and raises ConfigError on a bad name; errors imports nothing
+    allowed = {"collsim.errors": set(), "collsim.vocab": {"collsim.errors"}}[leaf]
+    assert import_graph()[leaf] == allowed
