@@ -146,6 +146,9 @@ _FIELD_TO_KEY = {attr: key for key, attr in MODEL_KEYS.items()}
 _FIELD_TO_KEY["sliding_window_layers"] = "sliding_window_layers"
 _FIELD_TO_KEY["capacity_factor"] = "capacity_factor"
 
+#: ``model.sliding_window_layers`` words (or a list of layer indices).
+WINDOW_LAYER_CHOICES = ("all", "even", "odd")
+
 _REQUIRED_WITHOUT_PRESET = ("layers", "hidden", "heads", "seq_len", "vocab")
 
 #: ``training`` keys of the framework stack (see ``collsim.parallel.config.STACKS``).

@@ -58,6 +58,8 @@ from collsim.yamlio import ConfigReader, YamlDoc, load_yaml, non_negative, one_o
 __all__ = [
     "Link",
     "LinkKind",
+    "CPU_VENDORS",
+    "LIBRARIES",
     "Interconnect",
     "FabricKind",
     "FabricDefaults",
@@ -92,6 +94,11 @@ _ALGORITHMS = (
     "collnet_chain",
     "pat",
 )
+
+CPU_VENDORS = ("intel", "amd")
+"""``host.cpu_vendor`` values."""
+LIBRARIES = ("nccl", "gloo")
+"""``collectives.library`` values."""
 
 
 class LinkKind(StrEnum):
@@ -683,11 +690,11 @@ def parse_topology(
 
     sec = root.section("host", default_empty=True)
     host_bps = gbps_to_bps(sec.get("bandwidth_gbps", float, default=32.0, check=positive))
-    cpu_vendor = sec.get("cpu_vendor", str, default="intel", check=one_of("intel", "amd"))
+    cpu_vendor = sec.get("cpu_vendor", str, default="intel", check=one_of(*CPU_VENDORS))
     sec.finish()
 
     sec = root.section("collectives", default_empty=True)
-    library = sec.get("library", str, default="nccl", check=one_of("nccl", "gloo"))
+    library = sec.get("library", str, default="nccl", check=one_of(*LIBRARIES))
     overhead_s = sec.get("overhead_us", float, default=0.0, check=non_negative) * US
     algos = sec.section("algorithms", default_empty=True)
     overrides: dict[str, str] = {}

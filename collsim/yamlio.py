@@ -15,7 +15,7 @@ Example::
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ __all__ = [
     "positive",
     "non_negative",
     "one_of",
+    "unknown_key_message",
 ]
 
 KeyPath = tuple[str | int, ...]
@@ -257,8 +258,18 @@ class ConfigReader:
         """Raise ConfigError naming the first key that nobody read."""
         for key in self.data:
             if key not in self._seen:
-                known = ", ".join(sorted(map(str, self._seen))) or "none"
-                raise self.error(f"unknown key (known keys here: {known})", key)
+                raise self.error(unknown_key_message(str(key), map(str, self._seen)), key)
+
+
+def unknown_key_message(key: str, known: Iterable[str]) -> str:
+    """``unknown key (known keys here: a, b); did you mean 'a'?``: the keys of the mapping,
+    and the closest one when it is close (:func:`difflib.get_close_matches`, ratio >= 0.75)."""
+    import difflib
+
+    names = sorted(set(known))
+    message = f"unknown key (known keys here: {', '.join(names) or 'none'})"
+    close = difflib.get_close_matches(key, names, n=1, cutoff=0.75)
+    return f"{message}; did you mean {close[0]!r}?" if close else message
 
 
 def _type_name(value: Any) -> str:
