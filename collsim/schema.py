@@ -421,6 +421,8 @@ _STRAGGLERS = Section(
         ),
         "slow_link": Section(
             description="Links at a share of their capacity: a port of named ranks, or links.",
+            one_of_required=(("ranks",), ("links",)),
+            missing_rule="name ranks (with a port) or links",
             fields={
                 "bandwidth_factor": _fraction(
                     "Share of the link's capacity left.", required=True, rule=_FACTOR_RULE

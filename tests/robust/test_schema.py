@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -13,16 +14,21 @@ from click.testing import CliRunner
 from collsim.cli import cli
 from collsim.errors import ConfigError, ConfigErrors
 from collsim.scenario import load_scenario
-from collsim.schema import SCENARIO, TOPOLOGY, Section
+from collsim.schema import DEVICE, SCENARIO, TOPOLOGY, check
 from collsim.topology import load_topology
+from collsim.yamlio import load_yaml
 
 REPO = Path(__file__).resolve().parents[2]
 SCENARIOS = sorted((REPO / "scenarios").rglob("*.yaml"))
-TOPOLOGIES = sorted((REPO / "topologies").glob("*.yaml"))
+TOPOLOGIES = sorted((REPO / "topologies").glob("*.yaml")) + sorted(
+    (REPO / "collsim" / "data" / "topologies").glob("*.yaml")
+)
+DEVICES = sorted((REPO / "collsim" / "data" / "devices").glob("*.yaml"))
 
 
-
+@functools.cache
 def _schema(kind: str) -> dict:
+    """The JSON Schema as ``collsim schema KIND`` prints it (checked against the metaschema)."""
     res = CliRunner().invoke(cli, ["schema", kind])
     assert res.exit_code == 0, res.output
     schema = json.loads(res.stdout)
@@ -30,14 +36,25 @@ def _schema(kind: str) -> dict:
     return schema
 
 
-@pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.name)
-def test_schema_validates_every_shipped_scenario(path: Path) -> None:
-    jsonschema.validate(yaml.safe_load(path.read_text()), _schema("scenario"))
+def _rel(path: Path) -> str:
+    return str(path.relative_to(REPO))
 
 
-@pytest.mark.parametrize("path", TOPOLOGIES, ids=lambda p: p.name)
-def test_schema_validates_every_shipped_topology(path: Path) -> None:
-    jsonschema.validate(yaml.safe_load(path.read_text()), _schema("topology"))
+@pytest.mark.parametrize(
+    ("path", "kind", "spec"),
+    [(p, "scenario", SCENARIO) for p in SCENARIOS]
+    + [(p, "topology", TOPOLOGY) for p in TOPOLOGIES]
+    + [(p, "device", DEVICE) for p in DEVICES],
+    ids=lambda v: _rel(v) if isinstance(v, Path) else (v if isinstance(v, str) else ""),
+)
+def test_schema_validates_every_shipped_file(path: Path, kind: str, spec: object) -> None:
+    """Every shipped scenario, topology and device passes both the JSON Schema and check()."""
+    jsonschema.validate(yaml.safe_load(path.read_text()), _schema(kind))
+    assert check(load_yaml(path), spec) == []  # type: ignore[arg-type]
+
+
+def test_every_kind_of_shipped_file_is_covered() -> None:
+    assert len(SCENARIOS) >= 30 and len(TOPOLOGIES) >= 26 and len(DEVICES) >= 9
 
 
 def _doc_blocks(name: str, invalid: bool) -> list[str]:
@@ -153,66 +170,94 @@ def test_a_misspelt_section_is_one_error(tmp_path: Path) -> None:
     )
 
 
-def _reader_keys(loader, text: str, section: tuple[str, ...]) -> set[str]:
-    """The keys a loader knows in one mapping, from its unknown-key message (schema off)."""
-    import collsim.schema as schema_module
-
-    saved = schema_module.check
-    schema_module.check = lambda doc, schema: []  # type: ignore[assignment]
-    try:
-        with pytest.raises(ConfigError) as info:
-            loader(text)
-    finally:
-        schema_module.check = saved
-    message = str(info.value)
-    assert "known keys here: " in message, message
-    return set(message.split("known keys here: ")[1].rstrip(")").split(", "))
+THREE = """\
+name: three
+cluster: {topology: dgx_h100, nodes: 1}
+model: {preset: gpt3-125m, norm: batchnorm}
+training: {global_batch: 64, micro_batch: 4}
+parallel: {dp: 8, fsdp: {prefetch: -1}, zerro: 1}
+"""
 
 
-def _section(schema: Section, path: tuple[str, ...]) -> Section:
-    for part in path:
-        sub = schema.fields[part]
-        assert isinstance(sub, Section)
-        schema = sub
-    return schema
+def test_three_distinct_errors_are_three_lines_and_exit_2(tmp_path: Path) -> None:
+    """A choice, a range and an unknown key (with its near miss) in one file: three lines on
+    stderr, in file order, nothing else, exit status 2; nothing is simulated."""
+    path = tmp_path / "three.yaml"
+    path.write_text(THREE)
+    res = CliRunner().invoke(cli, ["run", str(path)])
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.splitlines()
+    assert len(lines) == 3, lines
+    p = str(path)
+    assert (
+        lines[0] == f"error: {p}:3: model.norm: must be one of layernorm, rmsnorm; got 'batchnorm'"
+    )
+    assert lines[1] == f"error: {p}:5: parallel.fsdp.prefetch: must be >= 0, got -1"
+    assert lines[2].startswith(f"error: {p}:5: parallel.zerro: unknown key (known keys here: ")
+    assert lines[2].endswith("; did you mean 'zero'?")
+    assert res.stdout == ""
 
 
-@pytest.mark.parametrize(
-    "path",
-    [(), ("cluster",), ("model",), ("training",), ("parallel",), ("parallel", "ddp"),
-     ("parallel", "fsdp")],
-    ids=lambda p: ".".join(p) or "root",
-)  # fmt: skip
-def test_schema_knows_the_keys_the_scenario_loader_knows(
-    path: tuple[str, ...], tmp_path: Path
-) -> None:
-    from collsim.scenario import scenario_from_doc
-    from collsim.yamlio import parse_yaml_text
-
-    data = yaml.safe_load((REPO / "scenarios" / "ddp_gpt3_1.3b.yaml").read_text())
-    node = data
-    for part in path:
-        node = node.setdefault(part, {})
-    node["zz_not_a_key"] = 1
-    text = yaml.safe_dump(data)
-    known = _reader_keys(lambda t: scenario_from_doc(parse_yaml_text(t, "s.yaml")), text, path)
-    assert known - {"zz_not_a_key"} == set(_section(SCENARIO, path).fields)
+def test_topology_unknown_keys_all_reported_with_hints(tmp_path: Path) -> None:
+    path = tmp_path / "t.yaml"
+    path.write_text(
+        "name: t\ndevice: h100\ngpus_per_node: 8\n"
+        "intra_node: {interconnect: nvswitch, bandwidth_gbps: 450, latency: 1}\n"
+        "fabric: {kind: infiniband, shrap: true}\n"
+        "collectives: {ops: {all_reduce: {overhead_us: 5, eficiency: 0.5}}}\n"
+    )
+    with pytest.raises(ConfigErrors) as info:
+        load_topology(path)
+    got = [(e.key_path, e.message.rsplit("; ", 1)[-1]) for e in info.value.errors]
+    assert got == [
+        ("intra_node.latency", "did you mean 'latency_us'?"),
+        ("fabric.shrap", "did you mean 'sharp'?"),
+        ("collectives.ops.all_reduce.eficiency", "did you mean 'efficiency'?"),
+    ]
 
 
-@pytest.mark.parametrize(
-    "path",
-    [(), ("intra_node",), ("nics",), ("fabric",), ("host",), ("collectives",)],
-    ids=lambda p: ".".join(p) or "root",
-)
-def test_schema_knows_the_keys_the_topology_loader_knows(path: tuple[str, ...]) -> None:
-    from collsim.topology import parse_topology
-    from collsim.yamlio import parse_yaml_text
+def test_inline_device_errors_are_located_in_the_topology(tmp_path: Path) -> None:
+    path = tmp_path / "t.yaml"
+    path.write_text(
+        "name: t\ngpus_per_node: 8\nintra_node: {interconnect: nvswitch, bandwidth_gbps: 450}\n"
+        "device:\n  name: X\n  peak_tflops: {bf16: -1}\n  mamf_tflops: fast\n"
+        "  memory_gb: 80\n  memory_bandwidth_tbps: 3\n  generation: volta\n"
+    )
+    with pytest.raises(ConfigErrors) as info:
+        load_topology(path)
+    assert [str(e).removeprefix(str(path)) for e in info.value.errors] == [
+        ":6: device.peak_tflops.bf16: must be > 0, got -1",
+        ":7: device.mamf_tflops: must be a number or a mapping of dtype to TFLOP/s, got 'fast'",
+        ":10: device.generation: must be one of ampere, hopper, blackwell, cdna3, cpu, generic; "
+        "got 'volta'",
+    ]
 
-    data = yaml.safe_load((REPO / "topologies" / "dgx_h100.yaml").read_text())
-    node = data
-    for part in path:
-        node = node.setdefault(part, {})
-    node["zz_not_a_key"] = 1
-    text = yaml.safe_dump(data)
-    known = _reader_keys(lambda t: parse_topology(parse_yaml_text(t, "t.yaml")), text, path)
-    assert known - {"zz_not_a_key"} == set(_section(TOPOLOGY, path).fields)
+
+def test_set_errors_are_reported_together_at_their_overrides(tmp_path: Path) -> None:
+    res = CliRunner().invoke(
+        cli,
+        [
+            "run",
+            str(REPO / "scenarios" / "ddp_gpt3_1.3b.yaml"),
+            "--set",
+            "parallel.ddp.bucket_mb=.nan",
+            "--set",
+            "training.stack=megatron",
+            "--set",
+            "stragglers.slow_gpu.ranks=[1, 1]",
+        ],
+    )
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.splitlines()
+    assert sorted(lines) == sorted(
+        [
+            "error: --set parallel.ddp.bucket_mb=.nan: parallel.ddp.bucket_mb: must be a finite "
+            "number, got nan",
+            "error: --set training.stack=megatron: training.stack: must be one of megatron_te, "
+            "torchtitan, llm_foundry, fsdp, deepspeed; got 'megatron'",
+            "error: --set stragglers.slow_gpu.ranks=[1, 1]: stragglers.slow_gpu.clock_factor: "
+            "missing required key",
+            "error: --set stragglers.slow_gpu.ranks=[1, 1]: stragglers.slow_gpu.ranks: names an "
+            "entry twice: [1, 1]",
+        ]
+    )
