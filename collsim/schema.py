@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from collsim.errors import ConfigError
-from collsim.yamlio import YamlDoc, unknown_key_message
+from collsim.yamlio import YamlDoc, closest_key, unknown_key_message
 
 __all__ = [
     "Value",
@@ -962,10 +962,8 @@ def check(doc: YamlDoc, schema: Section) -> list[ConfigError]:
 
 
 def _with_hint(message: str, key: Any, allowed: Sequence[Any]) -> str:
-    import difflib
-
-    close = difflib.get_close_matches(str(key), [str(a) for a in allowed], n=1, cutoff=0.75)
-    return f"{message}; did you mean {close[0]!r}?" if close else message
+    close = closest_key(str(key), [str(a) for a in allowed])
+    return f"{message}; did you mean {close!r}?" if close else message
 
 
 def _missing(spec: Spec) -> str:

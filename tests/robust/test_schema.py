@@ -23,7 +23,9 @@ SCENARIOS = sorted((REPO / "scenarios").rglob("*.yaml"))
 TOPOLOGIES = sorted((REPO / "topologies").glob("*.yaml")) + sorted(
     (REPO / "collsim" / "data" / "topologies").glob("*.yaml")
 )
-DEVICES = sorted((REPO / "collsim" / "data" / "devices").glob("*.yaml"))
+DEVICES = sorted((REPO / "collsim" / "data" / "devices").glob("*.yaml")) + sorted(
+    (REPO / "validate" / "data").glob("*profile*.yaml")
+)
 
 
 @functools.cache
@@ -54,7 +56,7 @@ def test_schema_validates_every_shipped_file(path: Path, kind: str, spec: object
 
 
 def test_every_kind_of_shipped_file_is_covered() -> None:
-    assert len(SCENARIOS) >= 30 and len(TOPOLOGIES) >= 26 and len(DEVICES) >= 9
+    assert len(SCENARIOS) >= 30 and len(TOPOLOGIES) >= 26 and len(DEVICES) >= 11
 
 
 def _doc_blocks(name: str, invalid: bool) -> list[str]:
@@ -261,3 +263,44 @@ def test_set_errors_are_reported_together_at_their_overrides(tmp_path: Path) -> 
             "entry twice: [1, 1]",
         ]
     )
+
+
+def test_a_device_file_reports_every_error_at_once(tmp_path: Path) -> None:
+    from collsim.hardware import load_device_file
+
+    path = tmp_path / "dev.yaml"
+    path.write_text(
+        "name: X\npeak_tflops: {bf16: 100}\nmamf_tflops: {bf16: .inf}\n"
+        "memory_gb: 0\nmemory_bandwidth_tbps: 3\nclocks: {boost: 1980}\n"
+    )
+    with pytest.raises(ConfigErrors) as info:
+        load_device_file(path)
+    assert [str(e).removeprefix(str(path)) for e in info.value.errors] == [
+        ":3: mamf_tflops.bf16: must be a finite number, got inf",
+        ":4: memory_gb: must be > 0, got 0",
+        ":6: clocks.boost: unknown key (known keys here: boost_mhz, sustained_mhz); "
+        "did you mean 'boost_mhz'?",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("key", "known", "hint"),
+    [
+        ("overlapp", ["bucket_mb", "first_bucket_mb", "overlap"], "overlap"),
+        ("bucket", ["bucket_mb", "first_bucket_mb", "overlap"], "bucket_mb"),
+        ("boost", ["boost_mhz", "sustained_mhz"], "boost_mhz"),
+        ("zerro", ["dp", "pp", "tp", "zero"], "zero"),
+        ("colour", ["count", "efficiency", "latency_us", "rate_gbit"], None),
+        ("bucket_mb", ["dp", "ddp", "pp", "tp", "zero"], None),
+        ("p", ["pp", "tp"], None),
+    ],
+)
+def test_did_you_mean_only_where_a_key_is_close(
+    key: str, known: list[str], hint: str | None
+) -> None:
+    from collsim.yamlio import closest_key, unknown_key_message
+
+    assert closest_key(key, known) == hint
+    message = unknown_key_message(key, known)
+    assert message.startswith(f"unknown key (known keys here: {', '.join(sorted(known))})")
+    assert message.endswith(f"; did you mean {hint!r}?" if hint else ")")

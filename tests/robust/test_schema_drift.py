@@ -240,6 +240,7 @@ def _shipped() -> list[tuple[str, Path]]:
     out += [("topology", p) for p in sorted((REPO / "topologies").glob("*.yaml"))]
     out += [("topology", p) for p in sorted((REPO / "collsim/data/topologies").glob("*.yaml"))]
     out += [("device", p) for p in sorted((REPO / "collsim/data/devices").glob("*.yaml"))]
+    out += [("device", p) for p in sorted((REPO / "validate/data").glob("*profile*.yaml"))]
     return out
 
 
