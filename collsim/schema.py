@@ -928,24 +928,33 @@ def check(doc: YamlDoc, schema: Section) -> list[ConfigError]:
                 unknown.append(key)
                 continue
             walk(value, spec.fields[key], path + (key,))
+        if spec.exactly_one and sum(data.get(k) is not None for k in spec.exactly_one) != 1:
+            add(path, spec.exactly_one_rule)
+        # Missing keys of one mapping are one error, naming the others; a misspelt key there
+        # is what explains it, so it is named in the same line (and not reported again).
+        found = ", ".join(f"{k!r} at line {doc.line_of(path + (k,))}" for k in unknown)
+        hint = f"; unknown key(s) here: {found}" if unknown else ""
+        at = doc.line_of(path + (unknown[0],)) if unknown else None
         missing = [k for k, sub in spec.fields.items() if sub.required and data.get(k) is None]
-        rule = _missing(spec.fields[missing[0]]) if missing else ""
+        if missing:
+            also = f" (also missing: {', '.join(missing[1:])})" if missing[1:] else ""
+            add(path + (missing[0],), _missing(spec.fields[missing[0]]) + also + hint, at)
+        group_missing = []
         if spec.one_of_required and not any(
             all(data.get(k) is not None for k in group) for group in spec.one_of_required
         ):
-            missing += [k for k in spec.one_of_required[-1] if data.get(k) is None]
-            rule = rule or spec.missing_rule
-        if spec.exactly_one and sum(data.get(k) is not None for k in spec.exactly_one) != 1:
-            add(path, spec.exactly_one_rule)
-        if missing:
-            # Missing keys of one mapping are one error, naming the others; a misspelt key
-            # there is what explains it, so it is named in the same line.
-            also = f" (also missing: {', '.join(missing[1:])})" if missing[1:] else ""
-            found = ", ".join(f"{k!r} at line {doc.line_of(path + (k,))}" for k in unknown)
-            hint = f"; unknown key(s) here: {found}" if unknown else ""
-            at = doc.line_of(path + (unknown[0],)) if unknown else None
-            add(path + (missing[0],), rule + also + hint, at)
-        else:
+            # the last alternative is the spelled-out one (the model's shape keys): name its
+            # missing keys; a choice between single keys is an error of the mapping itself
+            last = spec.one_of_required[-1]
+            group_missing = [k for k in last if data.get(k) is None]
+            tail = hint if not missing else ""
+            if len(last) > 1:
+                rest = group_missing[1:]
+                also = f" (also missing: {', '.join(rest)})" if rest else ""
+                add(path + (group_missing[0],), spec.missing_rule + also + tail, at)
+            else:
+                add(path, spec.missing_rule + tail, at)
+        if not missing and not group_missing:
             for key in unknown:
                 add(path + (key,), unknown_key_message(str(key), spec.fields))
 
