@@ -23,9 +23,11 @@ the schema has passed. A key added to a reader must be added here too:
 ways (every key the readers read is listed here; an example of every key listed here is read
 without an unknown-key error).
 
-Where the readers are lenient the JSON Schema is strict: presets are listed in lower case and
-devices by their catalogue keys or a ``*.yaml`` path (the readers also accept ``GPT3-175B``
-and a device's full name; :func:`check` lets those through to the readers).
+Where the readers are lenient the JSON Schema is strict: choices the readers lower-case
+(``dtype: BF16``, ``preset: GPT3-175B``) are listed in lower case, and devices by their
+catalogue keys or a ``*.yaml`` path (the readers also accept a device's full name);
+:func:`check` lets those through to the readers. Where JSON Schema is lenient, :func:`check`
+is not: ``2.0`` is a JSON Schema integer, not a collsim one.
 """
 
 from __future__ import annotations

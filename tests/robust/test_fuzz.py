@@ -19,8 +19,8 @@ memory, and the fuzzer checks that they do.
 
 The default suite runs 300 examples (under a minute); the ``slow`` tests run 5,000 (4,000
 configuration inputs, 1,000 CSVs) and only when asked for by marker
-(``python -m pytest -m slow tests/robust/test_fuzz.py``), so that the whole suite stays under
-ten minutes.
+(``python -m pytest --run-slow -m slow tests/robust/test_fuzz.py``), so that the whole suite
+stays under ten minutes.
 """
 
 from __future__ import annotations
