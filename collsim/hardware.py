@@ -303,7 +303,10 @@ def _norm(name: str) -> str:
 
 @lru_cache(maxsize=32)
 def _load_file(path: str) -> Device:
+    from collsim.schema import DEVICE, check, raise_errors
+
     doc = load_yaml(path)
+    raise_errors(check(doc, DEVICE))  # every schema error of the file at once
     return device_from_reader(ConfigReader(doc.data, doc=doc), Path(path).stem, path)
 
 

@@ -146,6 +146,9 @@ _FIELD_TO_KEY = {attr: key for key, attr in MODEL_KEYS.items()}
 _FIELD_TO_KEY["sliding_window_layers"] = "sliding_window_layers"
 _FIELD_TO_KEY["capacity_factor"] = "capacity_factor"
 
+#: ``model.sliding_window_layers`` words (or a list of layer indices).
+WINDOW_LAYER_CHOICES = ("all", "even", "odd")
+
 _REQUIRED_WITHOUT_PRESET = ("layers", "hidden", "heads", "seq_len", "vocab")
 
 #: ``training`` keys of the framework stack (see ``collsim.parallel.config.STACKS``).
@@ -294,11 +297,14 @@ def _locate(error: ConfigError, doc: YamlDoc, overrides: Sequence[_Override]) ->
     if isinstance(error, ConfigErrors):
         return ConfigErrors([_locate(e, doc, overrides) for e in error.errors])
     path = _split(error.key_path)
-    # The last override that set the key (or a section above it) wins. An error about a
+    # The last override that set the key (or a section above it) wins. An error in a
     # section the file does not have belongs to the override that created the section.
     for override in reversed(overrides):
         n = len(override.path)
-        created = bool(path) and override.path[: len(path)] == path and path not in doc.lines
+        created = any(
+            path[:k] == override.path[:k] and path[:k] not in doc.lines
+            for k in range(1, min(len(path), n) + 1)
+        )
         if path[:n] == override.path or created:
             return error.at(key_path=error.key_path, file=f"--set {override.text}", line=None)
     if error.file is not None and error.file != doc.file:

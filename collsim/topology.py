@@ -67,6 +67,8 @@ if TYPE_CHECKING:  # the collective layer's types of CollectiveMemo (it imports 
 __all__ = [
     "Link",
     "LinkKind",
+    "CPU_VENDORS",
+    "LIBRARIES",
     "Interconnect",
     "FabricKind",
     "FabricDefaults",
@@ -78,6 +80,11 @@ __all__ = [
     "topology_dirs",
     "resolve_topology_path",
 ]
+
+CPU_VENDORS = ("intel", "amd")
+"""``host.cpu_vendor`` values."""
+LIBRARIES = ("nccl", "gloo")
+"""``collectives.library`` values."""
 
 _KIND_CODES = tuple(LinkKind)
 _OP_NAMES = tuple(op.value for op in CollectiveOp)
@@ -733,7 +740,7 @@ def parse_topology(
         nics = replace(nics, efficiency=kind_defaults.nic_efficiency)
     sec = root.section("host", default_empty=True)
     host_bps = gbps_to_bps(sec.get("bandwidth_gbps", float, default=32.0, check=positive))
-    cpu_vendor = sec.get("cpu_vendor", str, default="intel", check=one_of("intel", "amd"))
+    cpu_vendor = sec.get("cpu_vendor", str, default="intel", check=one_of(*CPU_VENDORS))
     sec.finish()
     collectives = _read_collectives(root)
     root.finish()
@@ -824,7 +831,7 @@ def _read_fabric(root: ConfigReader) -> tuple[_FabricSpec, FabricDefaults]:
 
 def _read_collectives(root: ConfigReader) -> CollectiveSettings:
     sec = root.section("collectives", default_empty=True)
-    library = sec.get("library", str, default="nccl", check=one_of("nccl", "gloo"))
+    library = sec.get("library", str, default="nccl", check=one_of(*LIBRARIES))
     overhead_s = sec.get("overhead_us", float, default=0.0, check=non_negative) * US
     algos = sec.section("algorithms", default_empty=True)
     overrides: dict[str, str] = {}

@@ -15,7 +15,7 @@ Example::
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,8 @@ __all__ = [
     "positive",
     "non_negative",
     "one_of",
+    "unknown_key_message",
+    "closest_key",
 ]
 
 KeyPath = tuple[str | int, ...]
@@ -257,8 +259,33 @@ class ConfigReader:
         """Raise ConfigError naming the first key that nobody read."""
         for key in self.data:
             if key not in self._seen:
-                known = ", ".join(sorted(map(str, self._seen))) or "none"
-                raise self.error(f"unknown key (known keys here: {known})", key)
+                raise self.error(unknown_key_message(str(key), map(str, self._seen)), key)
+
+
+def closest_key(key: str, known: Iterable[str]) -> str | None:
+    """The known key ``key`` is most likely a misspelling of, or None: the one known key that
+    extends it or that it extends (``boost`` / ``boost_mhz``, ``overlapp`` / ``overlap``; both
+    at least 3 characters), else the closest by :func:`difflib.get_close_matches` (ratio at
+    least 0.75)."""
+    import difflib
+
+    names = sorted(set(known))
+    stems = [
+        k for k in names if min(len(k), len(key)) >= 3 and (k.startswith(key) or key.startswith(k))
+    ]
+    if len(stems) == 1:
+        return stems[0]
+    close = difflib.get_close_matches(key, names, n=1, cutoff=0.75)
+    return close[0] if close else None
+
+
+def unknown_key_message(key: str, known: Iterable[str]) -> str:
+    """``unknown key (known keys here: a, b); did you mean 'a'?``: the keys of the mapping,
+    and the closest one where one is close (:func:`closest_key`)."""
+    names = sorted(set(known))
+    message = f"unknown key (known keys here: {', '.join(names) or 'none'})"
+    close = closest_key(key, names)
+    return f"{message}; did you mean {close!r}?" if close else message
 
 
 def _type_name(value: Any) -> str:

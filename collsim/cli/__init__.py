@@ -38,7 +38,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "plot": ("collsim.cli.plot:plot", "Draw scaling, memory, pipeline and collective plots."),
     "schema": (
         "collsim.cli.schema:schema",
-        "Print the JSON Schema of scenario or topology files.",
+        "Print the JSON Schema of scenario, topology or device files.",
     ),
     "validate": (
         "collsim.cli.validate:validate",

@@ -1,10 +1,11 @@
-"""``collsim schema KIND``: print the JSON Schema of scenario or topology files.
+"""``collsim schema KIND``: print the JSON Schema of scenario, topology or device files.
 
 The schema comes from :mod:`collsim.schema`, the same description the loaders check files
 against, so an editor that validates with it agrees with ``collsim run``::
 
     collsim schema scenario > scenario.schema.json
     collsim schema topology > topology.schema.json
+    collsim schema device > device.schema.json
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ __all__ = ["schema"]
 
 
 @click.command(name="schema", cls=OneLineCommand)
-@click.argument("kind", type=click.Choice(["scenario", "topology"]))
+@click.argument("kind", type=click.Choice(["scenario", "topology", "device"]))
 def schema(kind: str) -> None:
     """Print the JSON Schema (draft 2020-12) of KIND files on stdout."""
     from collsim.schema import json_schema

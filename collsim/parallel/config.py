@@ -36,6 +36,12 @@ __all__ = [
     "Dtype",
     "Recompute",
     "ScheduleKind",
+    "CPAlgorithm",
+    "FP8Recipe",
+    "STACK_CHOICES",
+    "ZERO_STAGES",
+    "PIPELINE_SPLITS",
+    "REDUCE_DTYPES",
 ]
 
 
@@ -133,13 +139,23 @@ _NO_STACK: dict[str, object] = {
 preset; unfused for a hand-written model), fused kernels as Megatron counts them, gradients
 reduced in the compute dtype, no clipping, a fused optimizer."""
 
-_CHOICES: dict[str, tuple[object, ...]] = {
+STACK_CHOICES: dict[str, tuple[object, ...]] = {
     "attention_kernel": ("flash2", "flash3", "cudnn", "triton", "eager"),
     "execution": ("eager", "compiled", "cuda_graphs"),
     "grad_reduce_dtype": ("fp32", "bf16"),
     "optimizer_implementation": ("fused", "foreach"),
     "fsdp_version": (1, 2),
 }
+
+
+"""Values of the stack keys that take a choice (``training.attention_kernel``, ...)."""
+
+ZERO_STAGES = (0, 1, 2, 3)
+"""``parallel.zero``: 0 = DDP, 1 optimizer states, 2 + gradients, 3 + parameters sharded."""
+PIPELINE_SPLITS = ("even", "balanced")
+"""``parallel.pipeline_split`` values (see :attr:`ParallelConfig.pipeline_split`)."""
+REDUCE_DTYPES = ("bf16", "fp16", "fp32")
+"""``parallel.fsdp.reduce_dtype`` values: the dtypes a gradient reduction runs in."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -186,8 +202,8 @@ class TrainingConfig:
             value = getattr(self, key)
             if value is None:
                 object.__setattr__(self, key, base[key])
-            elif key in _CHOICES and value not in _CHOICES[key]:
-                choices = ", ".join(map(str, _CHOICES[key]))
+            elif key in STACK_CHOICES and value not in STACK_CHOICES[key]:
+                choices = ", ".join(map(str, STACK_CHOICES[key]))
                 raise ConfigError(
                     f"must be one of {choices}; got {value!r}", key_path=f"training.{key}"
                 )
@@ -269,9 +285,9 @@ class FSDPConfig:
             _positive(self.shard_group_size, "parallel.fsdp.shard_group_size")
         if self.reduce_dtype is not None:
             value = parse_enum(Dtype, self.reduce_dtype, key_path="parallel.fsdp.reduce_dtype")
-            if value not in (Dtype.BF16, Dtype.FP32, Dtype.FP16):
+            if value not in REDUCE_DTYPES:
                 raise ConfigError(
-                    f"must be one of bf16, fp16, fp32; got {self.reduce_dtype!r}",
+                    f"must be one of {', '.join(REDUCE_DTYPES)}; got {self.reduce_dtype!r}",
                     key_path="parallel.fsdp.reduce_dtype",
                 )
             object.__setattr__(self, "reduce_dtype", value)
@@ -326,9 +342,9 @@ class ParallelConfig:
             "cp_algorithm",
             parse_enum(CPAlgorithm, self.cp_algorithm, key_path="parallel.cp_algorithm"),
         )
-        if self.pipeline_split not in ("even", "balanced"):
+        if self.pipeline_split not in PIPELINE_SPLITS:
             raise ConfigError(
-                f"must be one of even, balanced; got {self.pipeline_split!r}",
+                f"must be one of {', '.join(PIPELINE_SPLITS)}; got {self.pipeline_split!r}",
                 key_path="parallel.pipeline_split",
             )
         if self.layers_per_stage is not None:
@@ -345,9 +361,10 @@ class ParallelConfig:
         object.__setattr__(
             self, "schedule", parse_enum(ScheduleKind, self.schedule, key_path="parallel.schedule")
         )
-        if self.zero not in (0, 1, 2, 3):
+        if self.zero not in ZERO_STAGES:
             raise ConfigError(
-                f"must be one of 0, 1, 2, 3; got {self.zero!r}", key_path="parallel.zero"
+                f"must be one of {', '.join(map(str, ZERO_STAGES))}; got {self.zero!r}",
+                key_path="parallel.zero",
             )
         if self.virtual_stages > 1 and self.schedule is not ScheduleKind.INTERLEAVED:
             raise ConfigError(

@@ -334,7 +334,7 @@ def test_run_reports_the_straggler(scenario_file: Path, tmp_path: Path) -> None:
         ("stragglers.slow_gpu.ranks=[-1]", "stragglers.slow_gpu.ranks"),
         ("stragglers.slow_gpu.speed=0.5", "stragglers.slow_gpu.speed"),
         ("stragglers.slow_node.nodes=[3]", "stragglers.slow_node.clock_factor"),
-        ("stragglers.slow_link.port=pcie", "stragglers.slow_link"),
+        ("stragglers.slow_link={ranks: [1], port: pcie, bandwidth_factor: 0.5}", "slow_link.port"),
         ("stragglers.slow_link={links: [nowhere], bandwidth_factor: 0.5}", "slow_link.links"),
         ("stragglers.slow_link={bandwidth_factor: 0.5}", "stragglers.slow_link"),
         ("stragglers.slow_link={ranks: [1], bandwidth_factor: 2}", "slow_link.bandwidth_factor"),

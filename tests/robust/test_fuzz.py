@@ -10,14 +10,17 @@ Each example runs the real command (click's runner, in this process) and must:
 - when it rejects the input (exit 2), say so on stderr with one line per error, each starting
   ``error:`` (collsim's) or ``Error:`` (click's usage errors), nothing else on stderr.
 
+The mutated keys are those of the shipped base files and every key of :mod:`collsim.schema`
+(MoE, CP, stacks, stragglers, reliability, inline devices, ...).
+
 Simulations run with ``--max-events 200000 --max-memory-gib 0.75``: the resource limits
 (:mod:`collsim.limits`) are what keeps a valid but huge plan from taking the time or the
 memory, and the fuzzer checks that they do.
 
 The default suite runs 300 examples (under a minute); the ``slow`` tests run 5,000 (4,000
 configuration inputs, 1,000 CSVs) and only when asked for by marker
-(``python -m pytest -m slow tests/robust/test_fuzz.py``), so that the whole suite stays under
-ten minutes.
+(``python -m pytest --run-slow -m slow tests/robust/test_fuzz.py``), so that the whole suite
+stays under ten minutes.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 
 from collsim.cli import cli
+from collsim.schema import SCENARIO as SCHEMA_SCENARIO
+from collsim.schema import TOPOLOGY as SCHEMA_TOPOLOGY
 
 REPO = Path(__file__).resolve().parents[2]
 BASE_SCENARIO = yaml.safe_load((REPO / "scenarios" / "ddp_gpt3_1.3b.yaml").read_text())
@@ -81,7 +86,28 @@ def _paths(doc: Any, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
     return out
 
 
-SCENARIO_PATHS = sorted(set(_paths(BASE_SCENARIO) + _paths(BASE_PIPELINE))) + [
+def _schema_paths(spec: Any, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every key path of a :mod:`collsim.schema` section (a keyed mapping by its first key,
+    an Either by its mapping option), so that the fuzzer reaches every key the readers read."""
+    from collsim.schema import Either, Section, choices_of
+
+    if isinstance(spec, Either):
+        spec = next((o for o in spec.options if isinstance(o, Section)), None)
+    if not isinstance(spec, Section):
+        return []
+    if spec.values is not None:
+        key = str(choices_of(spec.keys)[0]) if spec.keys is not None else "bf16"
+        return [prefix + (key,), *_schema_paths(spec.values, prefix + (key,))]
+    out = []
+    for key, sub in spec.fields.items():
+        out.append(prefix + (key,))
+        out += _schema_paths(sub, prefix + (key,))
+    return out
+
+
+SCENARIO_PATHS = sorted(
+    set(_paths(BASE_SCENARIO) + _paths(BASE_PIPELINE) + _schema_paths(SCHEMA_SCENARIO))
+) + [
     ("parallel", "fsdp", "prefetch"),
     ("parallel", "virtual_stages"),
     ("parallel", "sequence_parallel"),
@@ -94,7 +120,7 @@ SCENARIO_PATHS = sorted(set(_paths(BASE_SCENARIO) + _paths(BASE_PIPELINE))) + [
     ("nope",),
     ("parallel", "ddp", "bucket"),
 ]
-TOPOLOGY_PATHS = sorted(set(_paths(BASE_TOPOLOGY))) + [
+TOPOLOGY_PATHS = sorted(set(_paths(BASE_TOPOLOGY) + _schema_paths(SCHEMA_TOPOLOGY))) + [
     ("collectives", "algorithms", "all_reduce"),
     ("collectives", "ops", "all_reduce", "efficiency"),
     ("collectives", "ops", "all_reduce", "knee_bytes"),
