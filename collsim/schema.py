@@ -854,7 +854,11 @@ def _value_error(value: Any, spec: Value) -> str | None:
 
 
 def check(doc: YamlDoc, schema: Section) -> list[ConfigError]:
-    """Every schema error of ``doc``, in file order, each with its file, line and key path."""
+    """Every schema error of ``doc``, in file order, each with its file, line and key path.
+
+    Stays long: one walk of the document as a few nested functions (value, list, section)
+    that share the error list and the document's line table.
+    """
     errors: list[tuple[int, int, ConfigError]] = []
 
     def add(path: KeyPath, message: str, line: int | None = None) -> None:
