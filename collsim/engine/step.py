@@ -230,17 +230,15 @@ def _axis_groups(plan: Plan, *, node_local: bool = False) -> dict[str, list[tupl
     (:func:`_node_local`; enough to decide contention, not to name every shared link)."""
     tp = plan.groups("tp")
     dp = plan.groups("dp" if plan.cp == 1 else "dp_cp")
-    inner = plan.tp * plan.cp
     if node_local:
         tp, dp = _node_local(plan, tp), _node_local(plan, dp)
+    # (dp d, pp s, cp k, tp t) -> (d, s + 1, k, t): the next stage is a fixed rank offset in
+    # either layout (cp x tp with dp outermost, dp x cp x tp with pp outermost)
+    step = plan.tp * plan.cp * (plan.dp if plan.pp_outer else 1)
     return {
         "tp": tp,
         "dp": dp,
-        # (dp d, pp s, cp k, tp t) -> (d, s + 1, k, t): rank + cp x tp (the module's mapping),
-        # in the order of (d, s, k, t)
-        "pp": [
-            (r, r + inner) for r in range(plan.num_gpus) if (r // inner) % plan.pp != plan.pp - 1
-        ],
+        "pp": [(r, r + step) for r in range(plan.num_gpus) if plan.coords(r).pp != plan.pp - 1],
     }
 
 

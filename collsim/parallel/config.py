@@ -27,6 +27,7 @@ __all__ = [
     "ParallelConfig",
     "CPAlgorithm",
     "FP8Recipe",
+    "RankOrder",
 ]
 
 
@@ -64,6 +65,23 @@ class CPAlgorithm(StrEnum):
 
     RING = "ring"
     ALL_GATHER = "all_gather"
+
+
+class RankOrder(StrEnum):
+    """How the parallel dimensions are laid out on the ranks, fastest-varying first
+    (Megatron-Core ``RankGenerator`` order strings; ``ep`` folds inside ``tp x cp x dp``).
+
+    ``tp-cp-ep-dp-pp``: pipeline outermost, so one stage's tp x cp x dp ranks are consecutive
+    and the EP groups folded over them are consecutive too (Megatron-Core's default,
+    ``initialize_model_parallel(order="tp-cp-ep-dp-pp")`` in megatron/core/parallel_state.py;
+    torchtitan's device mesh ``("pp", "dp_replicate", "dp_shard", "cp", "tp")``, outermost
+    first, in torchtitan/distributed/parallel_dims.py). ``tp-cp-ep-pp-dp``: data parallel
+    outermost, pp inside it (Megatron-LM ``--use-tp-pp-dp-mapping``; collsim's layout before
+    this key existed).
+    """
+
+    PP_OUTER = "tp-cp-ep-dp-pp"
+    DP_OUTER = "tp-cp-ep-pp-dp"
 
 
 class FP8Recipe(StrEnum):
@@ -352,6 +370,11 @@ class ParallelConfig:
     """Expert-parallel size: routed experts split over ep ranks (folded over tp x cp x dp)."""
     etp: int = 1
     """Expert tensor-parallel size: each expert's inner width split over etp ranks."""
+    ep_overlap: bool = False
+    """Hide the EP all-to-alls of the steady-state 1F1B ops behind compute (Megatron-Core
+    ``--overlap-moe-expert-parallel-comm``: a forward and a backward of two micro-batches run
+    layer by layer together, each one's dispatch and combine beside the other's compute;
+    DeepSeek-V3's DualPipe pairs chunks the same way); see :mod:`collsim.schedule.ops`."""
     cp: int = 1
     """Context-parallel size: the sequence split over cp ranks (tp x cp x pp x dp GPUs)."""
     cp_algorithm: CPAlgorithm = CPAlgorithm.RING
@@ -372,6 +395,9 @@ class ParallelConfig:
     account_for_loss: bool = False
     """Balanced split counts the LM head and loss as one layer on the last stage (Megatron
     ``--account-for-loss-in-pipeline-split``)."""
+    order: RankOrder | None = None
+    """Rank layout (:class:`RankOrder`); None: :data:`DEFAULT_ORDER` for the plan (see
+    :func:`default_order`)."""
 
     def __post_init__(self) -> None:
         for key in ("tp", "pp", "dp", "virtual_stages", "ep", "etp", "cp"):
@@ -379,6 +405,8 @@ class ParallelConfig:
         object.__setattr__(
             self, "cp_algorithm", _enum(CPAlgorithm, self.cp_algorithm, "parallel.cp_algorithm")
         )
+        if self.order is not None:
+            object.__setattr__(self, "order", _enum(RankOrder, self.order, "parallel.order"))
         if self.pipeline_split not in ("even", "balanced"):
             raise ConfigError(
                 f"must be one of even, balanced; got {self.pipeline_split!r}",

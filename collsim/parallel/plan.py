@@ -1,22 +1,30 @@
 """The parallel plan: checks a TP x CP x PP x DP combination (with EP folded in) and maps
 ranks onto the cluster.
 
-Rank layout follows Megatron-LM's default order (Narayanan et al. 2021, section 3.3: "tensor
-model parallelism within a multi-GPU server, pipeline model parallelism across servers"):
-tensor parallel is innermost (consecutive ranks, inside a node), then context parallel (next
-to TP, as Megatron-Core's ``tp-cp-ep-dp-pp`` order puts it, so that the CP exchange stays in
-the node when tp x cp fits), then pipeline, then data parallel outermost::
+Rank layout (``parallel.order``, :class:`~collsim.parallel.config.RankOrder`, Megatron-Core
+``RankGenerator`` order strings, fastest-varying first). Tensor parallel is innermost
+(consecutive ranks, inside a node; Narayanan et al. 2021, section 3.3), then context parallel
+(next to TP, so that the CP exchange stays in the node when tp x cp fits), then:
+
+- ``tp-cp-ep-dp-pp`` (the default; Megatron-Core's ``initialize_model_parallel`` default and
+  torchtitan's device mesh): data parallel, pipeline outermost. One stage's tp x cp x dp ranks
+  are consecutive, so the expert groups folded over them are consecutive too::
+
+    rank = ((pp_index * dp + dp_index) * cp + cp_index) * tp + tp_index
+
+- ``tp-cp-ep-pp-dp`` (Megatron-LM ``--use-tp-pp-dp-mapping``; collsim's only layout before the
+  key): pipeline, data parallel outermost::
 
     rank = ((dp_index * pp + pp_index) * cp + cp_index) * tp + tp_index
-
-With cp = 1 this is the TP x PP x DP mapping ``dp_index * (pp * tp) + pp_index * tp +
-tp_index``.
 
 Experts (Megatron-Core ``RankGenerator`` with ``expert_tensor_parallel_size``): the tp x cp x
 dp ranks of one pipeline stage, taken in the order above (tp fastest, then cp, then dp), are
 refolded as etp x ep x edp (etp fastest), edp = tp x cp x dp / (ep x etp). An EP group is the
 ep ranks with the same etp and edp index; the expert data-parallel group (edp), which reduces
-the experts' gradients, the edp ranks with the same etp and ep index.
+the experts' gradients, the edp ranks with the same etp and ep index. With pp outermost this is
+Megatron's expert generator (``tp-ep-dp-pp`` over etp, ep, edp, pp) exactly. With dp
+outermost and pp > 1 Megatron requires edp = dp (ep x etp = tp x cp); collsim also folds
+larger EP groups, whose ranks then stride over the pipeline stages (a warning says so).
 
 HSDP (``fsdp.shard_group_size`` = g): the dp ranks of a (pp, cp, tp) position split into dp /
 g shard groups of g consecutive dp indices (``dp_shard``); ``dp_replicate`` links the ranks
@@ -39,7 +47,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from collsim.errors import CollsimWarning, ConfigError
-from collsim.parallel.config import ParallelConfig, ScheduleKind, TrainingConfig
+from collsim.parallel.config import ParallelConfig, RankOrder, ScheduleKind, TrainingConfig
 
 if TYPE_CHECKING:
     from collsim.topology import Topology
@@ -50,6 +58,7 @@ __all__ = [
     "RankCoords",
     "Plan",
     "build_plan",
+    "default_order",
 ]
 
 
@@ -177,17 +186,30 @@ class Plan:
         return max(len(self.stage_layers(s)) for s in range(self.pp))
 
     # ---- mapping ---------------------------------------------------------------------------
+    @property
+    def order(self) -> RankOrder:
+        """The rank layout: ``parallel.order``, else :func:`default_order`."""
+        return self.parallel.order or default_order(self.spec, self.parallel)
+
+    @property
+    def pp_outer(self) -> bool:
+        """Pipeline outermost (``tp-cp-ep-dp-pp``): a stage's ranks are consecutive."""
+        return self.order is RankOrder.PP_OUTER
+
     def rank(self, *, dp: int, pp: int, tp: int, cp: int = 0) -> int:
-        """Global rank of grid position (dp, pp, cp, tp)."""
+        """Global rank of grid position (dp, pp, cp, tp) (module docstring)."""
+        if self.pp_outer:
+            return ((pp * self.dp + dp) * self.cp + cp) * self.tp + tp
         return ((dp * self.pp + pp) * self.cp + cp) * self.tp + tp
 
     def coords(self, rank: int) -> RankCoords:
         """Grid position of a global rank."""
         tp = rank % self.tp
         cp = (rank // self.tp) % self.cp
-        pp = (rank // (self.tp * self.cp)) % self.pp
-        dp = rank // (self.tp * self.cp * self.pp)
-        return RankCoords(dp=dp, pp=pp, tp=tp, cp=cp)
+        outer = rank // (self.tp * self.cp)
+        if self.pp_outer:
+            return RankCoords(dp=outer % self.dp, pp=outer // self.dp, tp=tp, cp=cp)
+        return RankCoords(dp=outer // self.pp, pp=outer % self.pp, tp=tp, cp=cp)
 
     def _stage_index(self, c: RankCoords) -> int:
         """Position of a rank among the tp x cp x dp ranks of its stage (tp fastest)."""
@@ -308,21 +330,23 @@ class Plan:
             return _span(ids)
 
         plural = "s" if topo.num_nodes != 1 else ""
-        if self.cp == 1:
-            lines = [
-                f"{self.num_gpus} GPUs = tp {self.tp} x pp {self.pp} x dp {self.dp} "
-                f"on {topo.num_nodes} node{plural} x {gpn} GPUs",
-                f"rank = dp_index * {self.pp * self.tp} + pp_index * {self.tp} + tp_index "
-                "(tp innermost, then pp, dp outermost)",
-            ]
+        head = f"{self.num_gpus} GPUs = tp {self.tp} x "
+        head += f"cp {self.cp} x " if self.cp > 1 else ""
+        head += f"pp {self.pp} x dp {self.dp} on {topo.num_nodes} node{plural} x {gpn} GPUs"
+        inner = self.cp * self.tp
+        cp_term = f"cp_index * {self.tp} + " if self.cp > 1 else ""
+        cp_word = "then cp, " if self.cp > 1 else ""
+        if self.pp_outer:
+            formula = (
+                f"rank = pp_index * {self.dp * inner} + dp_index * {inner} + {cp_term}tp_index "
+                f"(tp innermost, {cp_word}then dp, pp outermost)"
+            )
         else:
-            lines = [
-                f"{self.num_gpus} GPUs = tp {self.tp} x cp {self.cp} x pp {self.pp} x dp "
-                f"{self.dp} on {topo.num_nodes} node{plural} x {gpn} GPUs",
-                f"rank = dp_index * {self.pp * self.cp * self.tp} + pp_index * "
-                f"{self.cp * self.tp} + cp_index * {self.tp} + tp_index "
-                "(tp innermost, then cp, then pp, dp outermost)",
-            ]
+            formula = (
+                f"rank = dp_index * {self.pp * inner} + pp_index * {inner} + {cp_term}tp_index "
+                f"(tp innermost, {cp_word}then pp, dp outermost)"
+            )
+        lines = [head, f"order {self.order.value}: {formula}"]
         axes = list(_BASE_AXES)
         if self.cp > 1:
             axes.append(ParallelAxis.CP)
@@ -345,6 +369,16 @@ class Plan:
                 f"{' + dp replicas' if self.dp > 1 else ''}; nodes {nodes(ranks)}"
             )
         return "\n".join(lines)
+
+
+DEFAULT_ORDER = RankOrder.PP_OUTER
+"""The layout of every supported stack: Megatron-Core's default ``tp-cp-ep-dp-pp`` and
+torchtitan's device mesh (pp outermost, tp innermost); see :class:`RankOrder`."""
+
+
+def default_order(spec: TransformerSpec, parallel: ParallelConfig) -> RankOrder:
+    """The rank layout of a plan that does not set ``parallel.order``: :data:`DEFAULT_ORDER`."""
+    return DEFAULT_ORDER
 
 
 def _span(ids: list[int]) -> str:
@@ -541,6 +575,13 @@ def build_plan(
         notes.append(
             f"fewer micro-batches ({m}) than pipeline stages ({pp}): most of the step "
             "is pipeline bubble"
+        )
+    order = parallel.order or default_order(spec, parallel)
+    if order is RankOrder.DP_OUTER and pp > 1 and parallel.ep * parallel.etp > tp * cp:
+        notes.append(
+            f"order {order.value} with ep x etp = {parallel.ep * parallel.etp} > tp x cp = "
+            f"{tp * cp}: expert groups stride over the {pp} pipeline stages (Megatron-Core "
+            "requires edp = dp without pp outermost)"
         )
     if len(set(sizes_per_chunk)) > 1:
         notes.append(
