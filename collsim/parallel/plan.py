@@ -486,6 +486,26 @@ def _check_experts_and_context(
             f"model seq_len ({spec.seq_len}) must be divisible by {rule}",
             key_path="parallel.cp",
         )
+    if parallel.ep_overlap:
+        # Megatron-Core's rules for --overlap-moe-expert-parallel-comm
+        # (TransformerConfig.__post_init__, megatron/core/transformer/transformer_config.py)
+        if ep < 2:
+            raise ConfigError(
+                f"needs expert parallelism (parallel.ep > 1), got ep {ep}",
+                key_path="parallel.ep_overlap",
+            )
+        if parallel.pp > 1 and parallel.virtual_stages < 2:
+            raise ConfigError(
+                f"with pp {parallel.pp} needs schedule: interleaved with virtual_stages > 1 "
+                "(Megatron's combined 1F1B pairs the ops of the interleaved schedule)",
+                key_path="parallel.ep_overlap",
+            )
+        if str(training.recompute) == "full":
+            raise ConfigError(
+                "does not combine with training.recompute: full (Megatron refuses it: the "
+                "paired forward and backward cannot replay a recomputed layer)",
+                key_path="parallel.ep_overlap",
+            )
     g = parallel.fsdp.shard_group_size
     if g is not None and dp % g:
         raise ConfigError(

@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING, Any
 
 from collsim.parallel.config import Dtype, ParallelConfig, TrainingConfig
 from collsim.parallel.plan import Plan, build_plan
-from collsim.parallel.schedules import PipeOp, stage_schedule
+from collsim.parallel.schedules import Phase, PipeOp, paired_ops, stage_schedule
 from collsim.schedule.dataparallel import BytesPer, DataParallelRules
-from collsim.schedule.ops import BlockTimes, StageModel, build_stage
+from collsim.schedule.ops import BlockTimes, ChunkModel, Segment, StageModel, build_stage
 
 if TYPE_CHECKING:
     from collsim.hardware import Device
@@ -85,6 +85,15 @@ class StepSchedule:
     memory_bound_share: float = 0.0
     """Share of a layer's compute time in memory-bound kernels (for the HBM part of the
     interference)."""
+    paired: dict[int, frozenset[int]] = field(default_factory=dict)
+    """Per pipeline stage, with ``parallel.ep_overlap``: indices into ``pipeline[s]`` of the
+    ops that run their chunk's paired segments (:func:`collsim.parallel.schedules.paired_ops`)."""
+
+    def segments(self, stage: int, index: int, chunk: ChunkModel) -> list[Segment]:
+        """The segments the ``index``-th op of ``stage``'s pipeline runs on ``chunk``."""
+        op = self.pipeline[stage][index]
+        paired = index in self.paired.get(stage, ())
+        return chunk.segments(op.phase is Phase.FORWARD, paired)
 
     def interference_s(self, *, dp_link_s: float, busbw_bps: float, compute_s: float) -> float:
         """Seconds the compute of one rank loses to the data-parallel collectives it overlaps.
@@ -436,6 +445,23 @@ def build_schedule(
     framework_step_s = (
         {s: 0.0 for s in stages} if overrides else _framework(plan, stages, model, rules)
     )
+    paired: dict[int, frozenset[int]] = {}
+    if parallel.ep_overlap:
+        for s, st in stages.items():
+            for chunk in st.chunks:  # the paired segments do the same framework work
+                for normal, alt in (
+                    (chunk.forward, chunk.paired_forward),
+                    (chunk.backward, chunk.paired_backward),
+                ):
+                    for a, b in zip(normal, alt or (), strict=False):
+                        b.framework_s = a.framework_s
+            paired[s] = paired_ops(
+                parallel.schedule,
+                num_stages=plan.pp,
+                num_microbatches=plan.num_microbatches,
+                stage=s,
+                virtual_stages=plan.virtual_stages,
+            )
     lt0 = model.layer_times(
         spec,
         micro_batch=training.micro_batch,
@@ -462,4 +488,5 @@ def build_schedule(
         framework_step_s=framework_step_s,
         interference=not overrides and plan.dp > 1 and (parallel.zero == 3 or parallel.ddp.overlap),
         memory_bound_share=memory_bound_share,
+        paired=paired,
     )
