@@ -28,7 +28,14 @@ if TYPE_CHECKING:
     from collsim.network import FlowNetwork
     from collsim.topology import Topology
 
-__all__ = ["CallCost", "CommPricer", "axis_contends", "linked_peers", "shared_links"]
+__all__ = [
+    "CallCost",
+    "CommPricer",
+    "all_to_all_contends",
+    "axis_contends",
+    "linked_peers",
+    "shared_links",
+]
 
 
 def axis_contends(
@@ -67,6 +74,42 @@ def axis_contends(
     # some other flow exceeds its own solo rate, which no flow can)
     load = np.bincount(link_of, weights=solo[flow_of], minlength=len(capacity))
     return bool(np.any(load > capacity * (1 + 1e-9)))
+
+
+def all_to_all_contends(
+    topology: Topology, groups: Sequence[tuple[int, ...]], *, capacity: np.ndarray | None = None
+) -> bool:
+    """True when the all-to-alls of ``groups`` (run together, as the EP groups of a stage do)
+    slow one another down.
+
+    A ring step says little about an all-to-all, whose every rank sends to every other at
+    once. Each group's per-link load is the direct algorithm's all-pairs load
+    (:func:`collsim.collectives.direct.all_pairs_load`, equal transfers); alone, a group
+    takes as long as its busiest link (load / capacity), which its closed form prices. The
+    axis contends when some link a group uses carries, with every group's load on it, more
+    than that group's own busiest link: then the peers, not the group, set its time.
+    """
+    if len(groups) < 2:
+        return False
+    from collsim.collectives.direct import all_pairs_load
+    from collsim.collectives.types import Group
+
+    if capacity is None:
+        capacity = np.array([link.capacity_bps for link in topology.links], dtype=float)
+    loads = []
+    total = np.zeros(len(capacity))
+    for group in groups:
+        if len(group) < 2:
+            continue
+        load = all_pairs_load(Group(topology, tuple(group)))
+        loads.append(load)
+        np.add.at(total, load.link_index, load.link_weight)
+    for load in loads:
+        own = float(np.max(load.link_weight / capacity[load.link_index]))
+        shared = float(np.max(total[load.link_index] / capacity[load.link_index]))
+        if shared > own * (1 + 1e-9):
+            return True
+    return False
 
 
 def shared_links(topology: Topology, groups: Sequence[tuple[int, ...]]) -> list[str]:

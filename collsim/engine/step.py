@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from collsim.engine.comm import CommPricer, axis_contends
+from collsim.engine.comm import CommPricer, all_to_all_contends, axis_contends
 from collsim.engine.core import Engine, EngineOptions
 from collsim.errors import ConfigError
 from collsim.parallel.config import ParallelConfig, TrainingConfig
@@ -29,10 +29,12 @@ __all__ = ["simulate_step", "prepare_step", "FIDELITIES", "BLOCK_OVERRIDE_KEYS"]
 FIDELITIES = ("auto", "fused", "layer")
 """fused: one event per op, communication in closed form. layer: every layer step an event,
 all communication on the FlowNetwork DES (tp, ep, etp and cp collectives of the segments on
-their groups' streams). auto: fused, except that the tp, pp and dp axes whose concurrent
-groups share a link run on the DES (and a contended tp axis runs layer by layer); the expert-
-and context-parallel collectives stay in closed form under auto (``--fidelity layer`` puts
-them on the DES with their peers)."""
+their groups' streams). auto: fused, except that the axes whose concurrent groups share a link
+run on the DES: tp, pp, dp and the context-parallel groups (cp) when one ring step of all
+their groups oversubscribes a link (:func:`~collsim.engine.comm.axis_contends`), the expert
+groups (ep) when their all-to-alls together oversubscribe a link two of them share
+(:func:`~collsim.engine.comm.all_to_all_contends`); a contended tp, ep or cp axis runs layer
+by layer."""
 
 
 def _contended_axes(plan: Plan, fidelity: str) -> list[str]:
@@ -49,7 +51,8 @@ def _contended_axes(plan: Plan, fidelity: str) -> list[str]:
     # to their neighbours in the steady state, and reduce gradients near the end of the step
     capacity = np.array([link.capacity_bps for link in topo.links], dtype=float)
     for axis, groups in _axis_groups(plan, node_local=True).items():
-        if groups and len(groups[0]) > 1 and axis_contends(topo, groups, capacity=capacity):
+        check = all_to_all_contends if axis == "ep" else axis_contends
+        if groups and len(groups[0]) > 1 and check(topo, groups, capacity=capacity):
             contended.append(axis)
     return contended
 
@@ -169,7 +172,7 @@ def contention_effects(
 
     The closed form of the schedule prices every call alone on its links; the engine puts the
     contended axes on the flow-level DES. The gap is attributed by adding the contended axes to
-    the DES one at a time, in the order tp, pp, dp: each axis's effect is the step with it (and
+    the DES one at a time, in the order tp, pp, dp, ep, cp: each axis's effect is the step with it (and
     the axes before it) on the DES minus the step without it, so the effects add up to the gap
     between the closed form and the engine exactly. An axis on the DES also runs its layers
     step by step (tp: layer granularity), which is part of its effect.
@@ -189,7 +192,7 @@ def contention_effects(
     training, parallel = plan.training, plan.parallel
     closed = walk(schedule)  # the closed form of the very schedule the engine played
     contended = list(result.details.get("contended_axes", []))
-    order = [a for a in ("tp", "pp", "dp") if a in contended]
+    order = [a for a in ("tp", "pp", "dp", "ep", "cp") if a in contended]
     groups = _axis_groups(plan)
     out: list[dict[str, object]] = []
     previous = closed.step_time_s
@@ -235,11 +238,16 @@ def _axis_groups(plan: Plan, *, node_local: bool = False) -> dict[str, list[tupl
     # (dp d, pp s, cp k, tp t) -> (d, s + 1, k, t): the next stage is a fixed rank offset in
     # either layout (cp x tp with dp outermost, dp x cp x tp with pp outermost)
     step = plan.tp * plan.cp * (plan.dp if plan.pp_outer else 1)
-    return {
+    out = {
         "tp": tp,
         "dp": dp,
         "pp": [(r, r + step) for r in range(plan.num_gpus) if plan.coords(r).pp != plan.pp - 1],
     }
+    for axis, size in (("ep", plan.ep), ("cp", plan.cp)):
+        if size > 1:
+            groups = plan.groups(axis)
+            out[axis] = _node_local(plan, groups) if node_local else groups
+    return out
 
 
 def prepare_step(

@@ -172,3 +172,38 @@ def test_ep_inside_a_node_under_pp_outermost_costs_less() -> None:
             TOPO, spec, training, ParallelConfig(order="tp-cp-ep-pp-dp", **kw), fidelity=fidelity
         )
         assert a.breakdown_s["ep_exposed"] < 0.5 * b.breakdown_s["ep_exposed"]
+
+
+def _oversubscribed(tmp_path, nodes: int):  # type: ignore[no-untyped-def]
+    """dgx_h100 with every node on its own leaf and the spine 4:1 oversubscribed."""
+    import yaml
+
+    from collsim.topology import PRESET_DIR
+
+    doc = yaml.safe_load((PRESET_DIR / "dgx_h100.yaml").read_text())
+    doc["name"] = "dgx_h100_oversubscribed"
+    doc["fabric"].update(rails=False, oversubscription=4.0, nodes_per_leaf=1)
+    path = tmp_path / "over.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return load_topology(path, nodes=nodes)
+
+
+def test_auto_fidelity_puts_contended_ep_groups_on_the_des(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Two EP groups of 8 over 4 nodes (dp outermost, pp 2: each group on 4 nodes) share the
+    oversubscribed spine: auto runs ep on the DES, and the all-to-alls take longer than each
+    group alone (the closed form); on the non-blocking fabric nothing contends."""
+    spec = get_preset("qwen3-30b-a3b", num_layers=4, seq_len=1024)
+    training = TrainingConfig(global_batch=16 * 4, micro_batch=1)
+    par = ParallelConfig(
+        pp=2, dp=16, ep=16, schedule="interleaved", virtual_stages=2, order="tp-cp-ep-pp-dp"
+    )
+    over = _oversubscribed(tmp_path, 4)
+    auto = simulate_step(over, spec, training, par)
+    closed = estimate_step(over, spec, training, par)
+    assert "ep" in auto.details["contended_axes"] and "ep" in auto.details["des_axes"]
+    assert auto.breakdown_s["ep_exposed"] > 1.05 * closed.breakdown_s["ep_exposed"]
+    flat = load_topology("dgx_h100", nodes=4)
+    auto = simulate_step(flat, spec, training, par)
+    assert "ep" not in auto.details["contended_axes"]
+    closed = estimate_step(flat, spec, training, par)
+    assert auto.step_time_s == pytest.approx(closed.step_time_s, rel=1e-9)
