@@ -172,8 +172,9 @@ def contention_effects(
 
     The closed form of the schedule prices every call alone on its links; the engine puts the
     contended axes on the flow-level DES. The gap is attributed by adding the contended axes to
-    the DES one at a time, in the order tp, pp, dp, ep, cp: each axis's effect is the step with it (and
-    the axes before it) on the DES minus the step without it, so the effects add up to the gap
+    the DES one at a time, in the order tp, pp, dp, ep, cp: each axis's effect is the step with
+    it (and the axes before it) on the DES minus the step without it, so the effects add up to
+    the gap
     between the closed form and the engine exactly. An axis on the DES also runs its layers
     step by step (tp: layer granularity), which is part of its effect.
 
