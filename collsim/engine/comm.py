@@ -47,33 +47,75 @@ def axis_contends(
     send). A flow's solo rate is its path's slowest link; its shared rate comes from max-min
     fair sharing of every link by all flows of all groups.
     """
-    paths: list[tuple[int, ...]] = []
-    for group in groups:
-        n = len(group)
-        pairs = (
-            [(group[0], group[1])]
-            if n == 2
-            else [(group[i], group[(i + 1) % n]) for i in range(n)]
-            if n > 2
-            else []
-        )
-        for src, dst in pairs:
-            path = topology.path(src, dst)
-            if path:
-                paths.append(tuple(path))
-    if len(paths) < 2:
+    src, dst = _ring_step(groups)
+    if len(src) < 2:
         return False
     if capacity is None:  # every link's capacity (pass it in to check several axes)
         capacity = np.array([link.capacity_bps for link in topology.links], dtype=float)
-    flow_of = np.array([i for i, p in enumerate(paths) for _ in p])
-    link_of = np.array([link for p in paths for link in p])
-    solo = np.minimum.reduceat(capacity[link_of], np.r_[0, np.cumsum([len(p) for p in paths])[:-1]])
+    hops = _flow_links(topology, src, dst)  # [flows, 4] link indices, -1 where none
+    routed = (hops >= 0).any(axis=1)
+    if int(routed.sum()) < 2:
+        return False
+    hops = hops[routed]
+    cap = np.where(hops >= 0, capacity[np.maximum(hops, 0)], np.inf)
+    solo = cap.min(axis=1)
     # max-min fair shares give every flow its solo rate exactly when no link carries more than
     # its capacity at solo rates (an oversubscribed link cannot; otherwise the solo rates are
     # feasible, and a flow below its solo rate would need a saturated bottleneck link on which
     # some other flow exceeds its own solo rate, which no flow can)
-    load = np.bincount(link_of, weights=solo[flow_of], minlength=len(capacity))
+    used = hops >= 0
+    load = np.bincount(
+        hops[used],
+        weights=np.broadcast_to(solo[:, None], hops.shape)[used],
+        minlength=len(capacity),
+    )
     return bool(np.any(load > capacity * (1 + 1e-9)))
+
+
+def _ring_step(groups: Sequence[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
+    """The flows of one ring step of every group: rank[i] -> rank[i + 1] (one send for two
+    ranks, none for one), as source and destination arrays."""
+    src: list[int] = []
+    dst: list[int] = []
+    for group in groups:
+        n = len(group)
+        if n == 2:
+            src.append(group[0])
+            dst.append(group[1])
+        elif n > 2:
+            src.extend(group)
+            dst.extend(group[1:])
+            dst.append(group[0])
+    return np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+
+
+def _flow_links(topology: Topology, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """The links of :meth:`Topology.path` for each flow ``src[i] -> dst[i]``, vectorised, as
+    an [n, 4] array padded with -1 (inside a node: tx, rx; across: NIC tx, [leaf up, leaf
+    down when the leaves differ], NIC rx)."""
+    topo = topology
+    gpn = topo.gpus_per_node
+    out = np.full((len(src), 4), -1, dtype=np.int64)
+    sn, dn = src // gpn, dst // gpn
+    same = (sn == dn) & (src != dst)
+    out[same, 0] = topo.gpu_tx_index[src[same]]
+    out[same, 1] = topo.gpu_rx_index[dst[same]]
+    cross = sn != dn
+    if cross.any():
+        assert topo.nics is not None  # a multi-node topology has NICs
+        s, a, b = src[cross], sn[cross], dn[cross]
+        nic = (s % gpn) * topo.nics.count // gpn
+        rows = np.flatnonzero(cross)
+        out[rows, 0] = topo.nic_tx_index[a, nic]
+        out[rows, 3] = topo.nic_rx_index[b, nic]
+        per_leaf = topo.fabric.nodes_per_leaf
+        la, lb = a // per_leaf, b // per_leaf
+        diff = la != lb
+        if diff.any():
+            rail = nic[diff] if topo.fabric.rails else np.zeros(int(diff.sum()), dtype=np.int64)
+            out[rows[diff], 1] = topo.leaf_up_index[rail, la[diff]]
+            out[rows[diff], 2] = topo.leaf_down_index[rail, lb[diff]]
+    return out
 
 
 def all_to_all_contends(

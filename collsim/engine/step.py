@@ -237,12 +237,13 @@ def _axis_groups(plan: Plan, *, node_local: bool = False) -> dict[str, list[tupl
     if node_local:
         tp, dp = _node_local(plan, tp), _node_local(plan, dp)
     # (dp d, pp s, cp k, tp t) -> (d, s + 1, k, t): the next stage is a fixed rank offset in
-    # either layout (cp x tp with dp outermost, dp x cp x tp with pp outermost)
+    # either layout (cp x tp with dp outermost, dp x cp x tp with pp outermost), from every
+    # rank of the stages but the last (the grid's [pp, ...] rows), in rank order
     step = plan.tp * plan.cp * (plan.dp if plan.pp_outer else 1)
-    out = {
+    out: dict[str, list[tuple[int, ...]]] = {
         "tp": tp,
         "dp": dp,
-        "pp": [(r, r + step) for r in range(plan.num_gpus) if plan.coords(r).pp != plan.pp - 1],
+        "pp": [(r, r + step) for r in sorted(plan.grid()[:-1].ravel().tolist())],
     }
     for axis, size in (("ep", plan.ep), ("cp", plan.cp)):
         if size > 1:

@@ -46,6 +46,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from collsim.errors import CollsimWarning, ConfigError
 from collsim.parallel.config import ParallelConfig, RankOrder, ScheduleKind, TrainingConfig
 
@@ -89,6 +91,15 @@ class ParallelAxis(StrEnum):
 
 
 _BASE_AXES = (ParallelAxis.TP, ParallelAxis.PP, ParallelAxis.DP)
+_GRID_DIMS = {
+    ParallelAxis.PP: (0,),
+    ParallelAxis.DP: (1,),
+    ParallelAxis.CP: (2,),
+    ParallelAxis.TP: (3,),
+    ParallelAxis.DP_CP: (1, 2),
+}
+"""Axes whose groups are grid lines of :meth:`Plan.grid` ([pp, dp, cp, tp]): the dimensions a
+group spans, in group order (dp_cp: dp major, cp minor, as ``group_of``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +147,8 @@ class Plan:
 
     chunk_sizes: tuple[int, ...] = ()
     """Layers of each virtual stage, in virtual-stage order (c x pp + s); set by build_plan."""
+    order: RankOrder = RankOrder.PP_OUTER
+    """The rank layout: ``parallel.order``, else :func:`default_order` (set by build_plan)."""
 
     @property
     def cp(self) -> int:
@@ -187,29 +200,35 @@ class Plan:
 
     # ---- mapping ---------------------------------------------------------------------------
     @property
-    def order(self) -> RankOrder:
-        """The rank layout: ``parallel.order``, else :func:`default_order`."""
-        return self.parallel.order or default_order(self.spec, self.parallel)
-
-    @property
     def pp_outer(self) -> bool:
         """Pipeline outermost (``tp-cp-ep-dp-pp``): a stage's ranks are consecutive."""
         return self.order is RankOrder.PP_OUTER
 
     def rank(self, *, dp: int, pp: int, tp: int, cp: int = 0) -> int:
         """Global rank of grid position (dp, pp, cp, tp) (module docstring)."""
-        if self.pp_outer:
-            return ((pp * self.dp + dp) * self.cp + cp) * self.tp + tp
-        return ((dp * self.pp + pp) * self.cp + cp) * self.tp + tp
+        par = self.parallel
+        if self.order is RankOrder.PP_OUTER:
+            return ((pp * par.dp + dp) * par.cp + cp) * par.tp + tp
+        return ((dp * par.pp + pp) * par.cp + cp) * par.tp + tp
 
     def coords(self, rank: int) -> RankCoords:
         """Grid position of a global rank."""
-        tp = rank % self.tp
-        cp = (rank // self.tp) % self.cp
-        outer = rank // (self.tp * self.cp)
-        if self.pp_outer:
-            return RankCoords(dp=outer % self.dp, pp=outer // self.dp, tp=tp, cp=cp)
-        return RankCoords(dp=outer // self.pp, pp=outer % self.pp, tp=tp, cp=cp)
+        par = self.parallel
+        inner, tp = divmod(rank, par.tp)
+        outer, cp = divmod(inner, par.cp)
+        if self.order is RankOrder.PP_OUTER:
+            pp, dp = divmod(outer, par.dp)
+        else:
+            dp, pp = divmod(outer, par.pp)
+        return RankCoords(dp=dp, pp=pp, tp=tp, cp=cp)
+
+    def grid(self) -> np.ndarray:
+        """Every rank at its grid position, indexed ``[pp, dp, cp, tp]``."""
+        par = self.parallel
+        if self.order is RankOrder.PP_OUTER:
+            return np.arange(self.num_gpus).reshape(par.pp, par.dp, par.cp, par.tp)
+        ranks = np.arange(self.num_gpus).reshape(par.dp, par.pp, par.cp, par.tp)
+        return ranks.transpose(1, 0, 2, 3)
 
     def _stage_index(self, c: RankCoords) -> int:
         """Position of a rank among the tp x cp x dp ranks of its stage (tp fastest)."""
@@ -290,6 +309,14 @@ class Plan:
     def groups(self, axis: ParallelAxis | str) -> list[tuple[int, ...]]:
         """All groups along ``axis``, each once, ordered by their first rank."""
         axis = ParallelAxis(axis)
+        dims = _GRID_DIMS.get(axis)
+        if dims is not None:  # the plain axes, from the grid at once
+            grid = self.grid()
+            rest = [d for d in range(4) if d not in dims]
+            rows = grid.transpose(*rest, *dims).reshape(
+                -1, int(np.prod([grid.shape[d] for d in dims]))
+            )
+            return sorted(map(tuple, rows.tolist()), key=lambda g: g[0])
         seen: set[int] = set()
         out: list[tuple[int, ...]] = []
         for r in range(self.num_gpus):
@@ -617,6 +644,7 @@ def build_plan(
         num_microbatches=m,
         warnings=tuple(notes),
         chunk_sizes=tuple(sizes_per_chunk),
+        order=order,
     )
 
 
