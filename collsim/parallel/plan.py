@@ -360,6 +360,7 @@ class Plan:
         head = f"{self.num_gpus} GPUs = tp {self.tp} x "
         head += f"cp {self.cp} x " if self.cp > 1 else ""
         head += f"pp {self.pp} x dp {self.dp} on {topo.num_nodes} node{plural} x {gpn} GPUs"
+        head += f", order {self.order.value}"
         inner = self.cp * self.tp
         cp_term = f"cp_index * {self.tp} + " if self.cp > 1 else ""
         cp_word = "then cp, " if self.cp > 1 else ""
@@ -373,7 +374,7 @@ class Plan:
                 f"rank = dp_index * {self.pp * inner} + pp_index * {inner} + {cp_term}tp_index "
                 f"(tp innermost, {cp_word}then pp, dp outermost)"
             )
-        lines = [head, f"order {self.order.value}: {formula}"]
+        lines = [head, formula]
         axes = list(_BASE_AXES)
         if self.cp > 1:
             axes.append(ParallelAxis.CP)

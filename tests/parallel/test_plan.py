@@ -115,7 +115,7 @@ def test_mapping_tp_inside_node_pp_then_dp(two_nodes) -> None:
     assert "tp groups: 4 of 4; first [0, 1, 2, 3] on node(s) 0" in text
     assert "dp groups: 8 of 2; first [0, 8] on node(s) 0-1" in text
     assert "stage 1: layers 4-7" in text
-    assert "order tp-cp-ep-pp-dp: rank = dp_index * 8 + pp_index * 4 + tp_index" in text
+    assert "x 8 GPUs, order tp-cp-ep-pp-dp\nrank = dp_index * 8 + pp_index * 4 + tp_index" in text
 
 
 def test_default_mapping_puts_pp_outermost(two_nodes) -> None:
@@ -133,7 +133,7 @@ def test_default_mapping_puts_pp_outermost(two_nodes) -> None:
         groups = plan.groups(axis)
         assert sorted(r for g in groups for r in g) == list(range(16))
     text = plan.describe_mapping()
-    assert "order tp-cp-ep-dp-pp: rank = pp_index * 8 + dp_index * 4 + tp_index" in text
+    assert "x 8 GPUs, order tp-cp-ep-dp-pp\nrank = pp_index * 8 + dp_index * 4 + tp_index" in text
     assert "dp groups: 8 of 2; first [0, 4] on node(s) 0" in text
     with pytest.raises(ConfigError, match="must be one of tp-cp-ep-dp-pp, tp-cp-ep-pp-dp") as e:
         ParallelConfig(tp=4, pp=2, dp=2, order="pp-dp-tp")
