@@ -120,7 +120,7 @@ class _Walk:
         self.step_s = self.prices.step_s
         self.seg_comm_s = self.prices.seg_comm_s
         self.seg_tp_s = self.prices.seg_tp_s
-        self._op_plans: dict[tuple[int, int, Phase], _OpPlan] = {}
+        self._op_plans: dict[tuple[int, int, Phase, bool], _OpPlan] = {}
         self.gather_pp = plan.tp > 1 and not plan.parallel.sequence_parallel
         self._runs: dict[tuple[int, int], list[Any]] = {}
 
@@ -231,21 +231,24 @@ class _Walk:
             prog.now += folded
             prog.acct["pp_exposed"] += folded
             chunk = self.s.stages[prog.coords.pp].chunks[op.chunk]
+            paired = prog.next_op in self.s.paired.get(prog.coords.pp, ())
             if self.rules.zero == 3:
-                self.run_segments(prog, op, chunk)
+                self.run_segments(prog, op, chunk, paired)
             else:
-                self.run_fused(prog, op, chunk)
+                self.run_fused(prog, op, chunk, paired)
             self.send_output(prog, op)
             prog.next_op += 1
             ran = True
         return ran
 
-    def op_plan(self, prog: _Rank, chunk: ChunkModel, phase: Phase) -> _OpPlan:
-        key = (prog.rank, chunk.index, phase)
+    def op_plan(
+        self, prog: _Rank, chunk: ChunkModel, phase: Phase, paired: bool = False
+    ) -> _OpPlan:
+        key = (prog.rank, chunk.index, phase, paired)
         hit = self._op_plans.get(key)
         if hit is not None:
             return hit
-        segs = chunk.forward if phase is Phase.FORWARD else chunk.backward
+        segs = chunk.segments(phase is Phase.FORWARD, paired)
         plan = _OpPlan(segs)
         t = 0.0
         for seg in segs:
@@ -275,8 +278,8 @@ class _Walk:
         self._op_plans[key] = plan
         return plan
 
-    def run_fused(self, prog: _Rank, op: PipeOp, chunk: ChunkModel) -> None:
-        plan = self.op_plan(prog, chunk, op.phase)
+    def run_fused(self, prog: _Rank, op: PipeOp, chunk: ChunkModel, paired: bool) -> None:
+        plan = self.op_plan(prog, chunk, op.phase, paired)
         t0 = prog.now
         for rel, delta in plan.mem:
             if delta > 0:
@@ -333,11 +336,11 @@ class _Walk:
             prog.ledger.alloc(ready, "buffers", size, "zero2 bucket")
             prog.ledger.free(end, "buffers", size, "zero2 bucket")
 
-    def run_segments(self, prog: _Rank, op: PipeOp, chunk: ChunkModel) -> None:
+    def run_segments(self, prog: _Rank, op: PipeOp, chunk: ChunkModel, paired: bool) -> None:
         """ZeRO-3: segment by segment, each waiting for its gathered unit."""
         rules = self.rules
         forward = op.phase is Phase.FORWARD
-        segs = chunk.forward if forward else chunk.backward
+        segs = chunk.segments(forward, paired)
         issue = issue_schedule(len(segs), rules.prefetch)
         for i, seg in enumerate(segs):
             for j in issue[i]:

@@ -47,12 +47,14 @@ unit where they have one; unknown keys are rejected with ``file:line: key.path``
       ddp: {bucket_mb: 25, first_bucket_mb: 1, overlap: true, gradient_as_bucket_view: false}
       fsdp: {prefetch: 1, reshard_after_forward: true, offload: false,
              shard_group_size: null, reduce_dtype: null, fp8_all_gather: false}
-      ep: 1                    # expert parallel (folded over tp x cp x dp), etp: 1
+      ep: 1                    # expert parallel (folded over tp x cp x dp), etp: 1;
+                               # ep_overlap: false (1F1B all-to-all overlap)
       cp: 1                    # context parallel; cp_algorithm: ring | all_gather,
                                # cp_load_balance: true (2 x cp chunks)
       pipeline_split: even     # even (layers must divide) | balanced (uneven when not)
       layers_per_stage: null   # [n, ...] per virtual stage; account_for_embedding,
                                # account_for_loss: balanced split counts them as a layer
+      order: tp-cp-ep-dp-pp    # rank layout, fastest first (or tp-cp-ep-pp-dp: dp outermost)
     reliability: {...}         # optional: failure rates, restarts, checkpoints (collsim.goodput)
     stragglers:                # optional: slow GPUs / nodes / links (collsim.stragglers)
       slow_gpu: {ranks: [5], clock_factor: 0.9}
@@ -559,6 +561,8 @@ def _read_parallel(reader: ConfigReader) -> ParallelConfig:
             "pipeline_split": str,
             "account_for_embedding": bool,
             "account_for_loss": bool,
+            "order": str,
+            "ep_overlap": bool,
         },
     )
     split = reader.get("layers_per_stage", list, default=None)

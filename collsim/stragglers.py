@@ -310,6 +310,10 @@ def _stretch_segment(seg: Segment, factor: float) -> Segment:
     )
 
 
+def _stretch_list(segs: list[Segment] | None, factor: float) -> list[Segment] | None:
+    return None if segs is None else [_stretch_segment(s, factor) for s in segs]
+
+
 def stretch_stage(stage: StageModel, factor: float) -> StageModel:
     """``stage`` with every compute step lasting ``1 / factor`` as long (TP collectives
     unchanged; the compute an overlapped collective hides behind is stretched too)."""
@@ -320,6 +324,8 @@ def stretch_stage(stage: StageModel, factor: float) -> StageModel:
             chunk,
             forward=[_stretch_segment(s, factor) for s in chunk.forward],
             backward=[_stretch_segment(s, factor) for s in chunk.backward],
+            paired_forward=_stretch_list(chunk.paired_forward, factor),
+            paired_backward=_stretch_list(chunk.paired_backward, factor),
         )
         for chunk in stage.chunks
     ]

@@ -32,6 +32,7 @@ __all__ = [
     "Protocol",
     "ParallelAxis",
     "DATA_PARALLEL_AXES",
+    "RankOrder",
     "ScheduleKind",
     "PipelinePhase",
     "CPAlgorithm",
@@ -143,6 +144,23 @@ DATA_PARALLEL_AXES = frozenset(
 )
 """The data-parallel family: dp, its cp, HSDP shard and replicate groups, and the expert
 data-parallel groups. Their calls share a rank's data-parallel stream."""
+
+
+class RankOrder(StrEnum):
+    """How the parallel dimensions are laid out on the ranks, fastest-varying first
+    (Megatron-Core ``RankGenerator`` order strings; ``ep`` folds inside ``tp x cp x dp``).
+
+    ``tp-cp-ep-dp-pp``: pipeline outermost, so one stage's tp x cp x dp ranks are consecutive
+    and the EP groups folded over them are consecutive too (Megatron-Core's default,
+    ``initialize_model_parallel(order="tp-cp-ep-dp-pp")`` in megatron/core/parallel_state.py;
+    torchtitan's device mesh ``("pp", "dp_replicate", "dp_shard", "cp", "tp")``, outermost
+    first, in torchtitan/distributed/parallel_dims.py). ``tp-cp-ep-pp-dp``: data parallel
+    outermost, pp inside it (Megatron-LM ``--use-tp-pp-dp-mapping``; collsim's layout before
+    this key existed).
+    """
+
+    PP_OUTER = "tp-cp-ep-dp-pp"
+    DP_OUTER = "tp-cp-ep-pp-dp"
 
 
 class ScheduleKind(StrEnum):

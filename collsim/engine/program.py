@@ -93,7 +93,7 @@ class RankProgram:
         self.dp_events: list[simpy.Event] = []
         self.end_s = 0.0
         self.deferred: list[Any] = []
-        self._plans: dict[tuple[int, Phase], _OpPlan] = {}
+        self._plans: dict[tuple[int, Phase, bool], _OpPlan] = {}
         self._tp_traced: dict[Any, list[Any]] = {}
 
     # ---- helpers ----------------------------------------------------------------------------
@@ -134,7 +134,9 @@ class RankProgram:
         acct = self.acct
         by_segment = e.zero == 3 or e.layer_mode
         chunks = self.stage.chunks
-        for op in self.ops:
+        paired_ops = e.schedule.paired.get(self.stage.stage, frozenset())
+        for index, op in enumerate(self.ops):
+            paired = index in paired_ops
             mail = e.inbox(self.rank, op)
             if mail is not None:  # wait for the previous / next stage's output
                 if not mail.event.processed:
@@ -160,9 +162,11 @@ class RankProgram:
             chunk = chunks[op.chunk]
             start = env.now + folded
             if by_segment:
-                yield from self._run_segments(op, chunk)
+                yield from self._run_segments(op, chunk, paired)
             else:
-                plan = self._plans.get((op.chunk, op.phase)) or self._op_plan(chunk, op.phase)
+                plan = self._plans.get((op.chunk, op.phase, paired)) or self._op_plan(
+                    chunk, op.phase, paired
+                )
                 self._fused_facts(op, chunk, plan, start)
                 yield env.timeout(folded + plan.duration)
                 acct["pp_exposed"] += folded
@@ -210,13 +214,14 @@ class RankProgram:
         self.end_s = env.now
 
     # ---- fused: one timeout per op ---------------------------------------------------------
-    def _op_plan(self, chunk: ChunkModel, phase: Phase) -> _OpPlan:
-        """Durations and relative times of one (chunk, phase) op, computed once per rank."""
-        key = (chunk.index, phase)
+    def _op_plan(self, chunk: ChunkModel, phase: Phase, paired: bool = False) -> _OpPlan:
+        """Durations and relative times of one (chunk, phase) op, computed once per rank
+        (``paired``: a steady-state op under EP overlap)."""
+        key = (chunk.index, phase, paired)
         plan = self._plans.get(key)
         if plan is not None:
             return plan
-        segs = chunk.forward if phase is Phase.FORWARD else chunk.backward
+        segs = chunk.segments(phase is Phase.FORWARD, paired)
         plan = _OpPlan(segs=segs)
         t = 0.0
         for seg in segs:
@@ -263,7 +268,7 @@ class RankProgram:
                 e.dp.launch_bucket(self, op, chunk, bucket, t0 + rel)
         e.count_op(self.rank, plan)
         if e.trace_on:
-            self._trace_tp(plan.segs, t0, (c, op.phase))
+            self._trace_tp(plan.segs, t0, (c, op.phase, id(plan.segs)))
 
     def _segment_start(self, op: PipeOp, chunk: ChunkModel, seg: Segment) -> None:
         """At a segment's start: rebuilt activations, and DP launches at their ready times
@@ -300,10 +305,10 @@ class RankProgram:
             )
 
     # ---- segment by segment (ZeRO-3 units, layer fidelity) ---------------------------------
-    def _run_segments(self, op: PipeOp, chunk: ChunkModel) -> Any:
+    def _run_segments(self, op: PipeOp, chunk: ChunkModel, paired: bool = False) -> Any:
         env, e = self.env, self.e
         forward = op.phase is Phase.FORWARD
-        segs = chunk.forward if forward else chunk.backward
+        segs = chunk.segments(forward, paired)
         issue = issue_schedule(len(segs), e.prefetch) if e.zero == 3 else None
         for i, seg in enumerate(segs):
             if issue is not None:
@@ -336,7 +341,7 @@ class RankProgram:
                 dur = self._seg_duration(seg)
                 e.count_op(self.rank, seg)
                 if e.trace_on:
-                    self._trace_tp([seg], start, (op.chunk, op.phase, seg.key))
+                    self._trace_tp([seg], start, (op.chunk, op.phase, id(seg)))
                 yield env.timeout(dur)
                 self.acct["compute"] += seg.compute_s
                 self.acct["framework"] += seg.framework_s

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from collsim.engine.comm import CommPricer, axis_contends
+from collsim.engine.comm import CommPricer, all_to_all_contends, axis_contends
 from collsim.engine.core import Engine, EngineOptions
 from collsim.errors import ConfigError
 from collsim.parallel.config import ParallelConfig, TrainingConfig
@@ -32,10 +32,12 @@ __all__ = ["simulate_step", "prepare_step", "FIDELITIES", "BLOCK_OVERRIDE_KEYS"]
 FIDELITIES = ("auto", "fused", "layer")
 """fused: one event per op, communication in closed form. layer: every layer step an event,
 all communication on the FlowNetwork DES (tp, ep, etp and cp collectives of the segments on
-their groups' streams). auto: fused, except that the tp, pp and dp axes whose concurrent
-groups share a link run on the DES (and a contended tp axis runs layer by layer); the expert-
-and context-parallel collectives stay in closed form under auto (``--fidelity layer`` puts
-them on the DES with their peers)."""
+their groups' streams). auto: fused, except that the axes whose concurrent groups share a link
+run on the DES: tp, pp, dp and the context-parallel groups (cp) when one ring step of all
+their groups oversubscribes a link (:func:`~collsim.engine.comm.axis_contends`), the expert
+groups (ep) when their all-to-alls together oversubscribe a link two of them share
+(:func:`~collsim.engine.comm.all_to_all_contends`); a contended tp, ep or cp axis runs layer
+by layer."""
 
 
 def _contended_axes(plan: Plan, fidelity: str) -> list[str]:
@@ -52,7 +54,8 @@ def _contended_axes(plan: Plan, fidelity: str) -> list[str]:
     # to their neighbours in the steady state, and reduce gradients near the end of the step
     capacity = topo.link_capacity_bps
     for axis, groups in _axis_groups(plan, node_local=True).items():
-        if groups and len(groups[0]) > 1 and axis_contends(topo, groups, capacity=capacity):
+        check = all_to_all_contends if axis == "ep" else axis_contends
+        if groups and len(groups[0]) > 1 and check(topo, groups, capacity=capacity):
             contended.append(axis)
     return contended
 
@@ -172,8 +175,9 @@ def contention_effects(
 
     The closed form of the schedule prices every call alone on its links; the engine puts the
     contended axes on the flow-level DES. The gap is attributed by adding the contended axes to
-    the DES one at a time, in the order tp, pp, dp: each axis's effect is the step with it (and
-    the axes before it) on the DES minus the step without it, so the effects add up to the gap
+    the DES one at a time, in the order tp, pp, dp, ep, cp: each axis's effect is the step with
+    it (and the axes before it) on the DES minus the step without it, so the effects add up to
+    the gap
     between the closed form and the engine exactly. An axis on the DES also runs its layers
     step by step (tp: layer granularity), which is part of its effect.
 
@@ -192,7 +196,7 @@ def contention_effects(
     training, parallel = plan.training, plan.parallel
     closed = walk(schedule)  # the closed form of the very schedule the engine played
     contended = list(result.details.get("contended_axes", []))
-    order = [a for a in (TP, PP, DP) if a in contended]
+    order = [a for a in (TP, PP, DP, ParallelAxis.EP, ParallelAxis.CP) if a in contended]
     groups = _axis_groups(plan)
     out: list[dict[str, object]] = []
     previous = closed.step_time_s
@@ -235,16 +239,22 @@ def _axis_groups(
     (:func:`_node_local`; enough to decide contention, not to name every shared link)."""
     tp = plan.groups(TP)
     dp = plan.groups(DP if plan.cp == 1 else ParallelAxis.DP_CP)
-    inner = plan.tp * plan.cp
     if node_local:
         tp, dp = _node_local(plan, tp), _node_local(plan, dp)
-    return {
+    # (dp d, pp s, cp k, tp t) -> (d, s + 1, k, t): the next stage is a fixed rank offset in
+    # either layout (cp x tp with dp outermost, dp x cp x tp with pp outermost), from every
+    # rank of the stages but the last (the grid's [pp, ...] rows), in rank order
+    step = plan.tp * plan.cp * (plan.dp if plan.pp_outer else 1)
+    out: dict[ParallelAxis, list[tuple[int, ...]]] = {
         TP: tp,
         DP: dp,
-        # (dp d, pp s, cp k, tp t) -> (d, s + 1, k, t): rank + cp x tp (the module's mapping),
-        # in the order of (d, s, k, t)
-        PP: [(r, r + inner) for r in range(plan.num_gpus) if (r // inner) % plan.pp != plan.pp - 1],
+        PP: [(r, r + step) for r in sorted(plan.grid()[:-1].ravel().tolist())],
     }
+    for axis, size in ((ParallelAxis.EP, plan.ep), (ParallelAxis.CP, plan.cp)):
+        if size > 1:
+            groups = plan.groups(axis)
+            out[axis] = _node_local(plan, groups) if node_local else groups
+    return out
 
 
 def prepare_step(

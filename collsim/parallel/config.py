@@ -17,6 +17,7 @@ from collsim.vocab import (
     Dtype,
     FP8Recipe,
     Optimizer,
+    RankOrder,
     RecomputeMode,
     ScheduleKind,
     parse_enum,
@@ -42,6 +43,7 @@ __all__ = [
     "ZERO_STAGES",
     "PIPELINE_SPLITS",
     "REDUCE_DTYPES",
+    "RankOrder",
 ]
 
 
@@ -313,6 +315,11 @@ class ParallelConfig:
     """Expert-parallel size: routed experts split over ep ranks (folded over tp x cp x dp)."""
     etp: int = 1
     """Expert tensor-parallel size: each expert's inner width split over etp ranks."""
+    ep_overlap: bool = False
+    """Hide the EP all-to-alls of the steady-state 1F1B ops behind compute (Megatron-Core
+    ``--overlap-moe-expert-parallel-comm``: a forward and a backward of two micro-batches run
+    layer by layer together, each one's dispatch and combine beside the other's compute;
+    DeepSeek-V3's DualPipe pairs chunks the same way); see :mod:`collsim.schedule.ops`."""
     cp: int = 1
     """Context-parallel size: the sequence split over cp ranks (tp x cp x pp x dp GPUs)."""
     cp_algorithm: CPAlgorithm = CPAlgorithm.RING
@@ -333,6 +340,9 @@ class ParallelConfig:
     account_for_loss: bool = False
     """Balanced split counts the LM head and loss as one layer on the last stage (Megatron
     ``--account-for-loss-in-pipeline-split``)."""
+    order: RankOrder | None = None
+    """Rank layout (:class:`RankOrder`); None: :data:`DEFAULT_ORDER` for the plan (see
+    :func:`default_order`)."""
 
     def __post_init__(self) -> None:
         for key in ("tp", "pp", "dp", "virtual_stages", "ep", "etp", "cp"):
@@ -342,6 +352,10 @@ class ParallelConfig:
             "cp_algorithm",
             parse_enum(CPAlgorithm, self.cp_algorithm, key_path="parallel.cp_algorithm"),
         )
+        if self.order is not None:
+            object.__setattr__(
+                self, "order", parse_enum(RankOrder, self.order, key_path="parallel.order")
+            )
         if self.pipeline_split not in PIPELINE_SPLITS:
             raise ConfigError(
                 f"must be one of {', '.join(PIPELINE_SPLITS)}; got {self.pipeline_split!r}",

@@ -1,22 +1,30 @@
 """The parallel plan: checks a TP x CP x PP x DP combination (with EP folded in) and maps
 ranks onto the cluster.
 
-Rank layout follows Megatron-LM's default order (Narayanan et al. 2021, section 3.3: "tensor
-model parallelism within a multi-GPU server, pipeline model parallelism across servers"):
-tensor parallel is innermost (consecutive ranks, inside a node), then context parallel (next
-to TP, as Megatron-Core's ``tp-cp-ep-dp-pp`` order puts it, so that the CP exchange stays in
-the node when tp x cp fits), then pipeline, then data parallel outermost::
+Rank layout (``parallel.order``, :class:`~collsim.parallel.config.RankOrder`, Megatron-Core
+``RankGenerator`` order strings, fastest-varying first). Tensor parallel is innermost
+(consecutive ranks, inside a node; Narayanan et al. 2021, section 3.3), then context parallel
+(next to TP, so that the CP exchange stays in the node when tp x cp fits), then:
+
+- ``tp-cp-ep-dp-pp`` (the default; Megatron-Core's ``initialize_model_parallel`` default and
+  torchtitan's device mesh): data parallel, pipeline outermost. One stage's tp x cp x dp ranks
+  are consecutive, so the expert groups folded over them are consecutive too::
+
+    rank = ((pp_index * dp + dp_index) * cp + cp_index) * tp + tp_index
+
+- ``tp-cp-ep-pp-dp`` (Megatron-LM ``--use-tp-pp-dp-mapping``; collsim's only layout before the
+  key): pipeline, data parallel outermost::
 
     rank = ((dp_index * pp + pp_index) * cp + cp_index) * tp + tp_index
-
-With cp = 1 this is the TP x PP x DP mapping ``dp_index * (pp * tp) + pp_index * tp +
-tp_index``.
 
 Experts (Megatron-Core ``RankGenerator`` with ``expert_tensor_parallel_size``): the tp x cp x
 dp ranks of one pipeline stage, taken in the order above (tp fastest, then cp, then dp), are
 refolded as etp x ep x edp (etp fastest), edp = tp x cp x dp / (ep x etp). An EP group is the
 ep ranks with the same etp and edp index; the expert data-parallel group (edp), which reduces
-the experts' gradients, the edp ranks with the same etp and ep index.
+the experts' gradients, the edp ranks with the same etp and ep index. With pp outermost this is
+Megatron's expert generator (``tp-ep-dp-pp`` over etp, ep, edp, pp) exactly. With dp
+outermost and pp > 1 Megatron requires edp = dp (ep x etp = tp x cp); collsim also folds
+larger EP groups, whose ranks then stride over the pipeline stages (a warning says so).
 
 HSDP (``fsdp.shard_group_size`` = g): the dp ranks of a (pp, cp, tp) position split into dp /
 g shard groups of g consecutive dp indices (``dp_shard``); ``dp_replicate`` links the ranks
@@ -37,9 +45,11 @@ import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from collsim.errors import CollsimWarning, ConfigError
 from collsim.parallel.config import ParallelConfig, TrainingConfig
-from collsim.vocab import ParallelAxis, ScheduleKind
+from collsim.vocab import ParallelAxis, RankOrder, ScheduleKind
 
 if TYPE_CHECKING:
     from collsim.topology import Topology
@@ -50,10 +60,20 @@ __all__ = [
     "RankCoords",
     "Plan",
     "build_plan",
+    "default_order",
 ]
 
 
 _BASE_AXES = (ParallelAxis.TP, ParallelAxis.PP, ParallelAxis.DP)
+_GRID_DIMS = {
+    ParallelAxis.PP: (0,),
+    ParallelAxis.DP: (1,),
+    ParallelAxis.CP: (2,),
+    ParallelAxis.TP: (3,),
+    ParallelAxis.DP_CP: (1, 2),
+}
+"""Axes whose groups are grid lines of :meth:`Plan.grid` ([pp, dp, cp, tp]): the dimensions a
+group spans, in group order (dp_cp: dp major, cp minor, as ``group_of``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +121,8 @@ class Plan:
 
     chunk_sizes: tuple[int, ...] = ()
     """Layers of each virtual stage, in virtual-stage order (c x pp + s); set by build_plan."""
+    order: RankOrder = RankOrder.PP_OUTER
+    """The rank layout: ``parallel.order``, else :func:`default_order` (set by build_plan)."""
 
     @property
     def cp(self) -> int:
@@ -151,17 +173,36 @@ class Plan:
         return max(len(self.stage_layers(s)) for s in range(self.pp))
 
     # ---- mapping ---------------------------------------------------------------------------
+    @property
+    def pp_outer(self) -> bool:
+        """Pipeline outermost (``tp-cp-ep-dp-pp``): a stage's ranks are consecutive."""
+        return self.order is RankOrder.PP_OUTER
+
     def rank(self, *, dp: int, pp: int, tp: int, cp: int = 0) -> int:
-        """Global rank of grid position (dp, pp, cp, tp)."""
-        return ((dp * self.pp + pp) * self.cp + cp) * self.tp + tp
+        """Global rank of grid position (dp, pp, cp, tp) (module docstring)."""
+        par = self.parallel
+        if self.order is RankOrder.PP_OUTER:
+            return ((pp * par.dp + dp) * par.cp + cp) * par.tp + tp
+        return ((dp * par.pp + pp) * par.cp + cp) * par.tp + tp
 
     def coords(self, rank: int) -> RankCoords:
         """Grid position of a global rank."""
-        tp = rank % self.tp
-        cp = (rank // self.tp) % self.cp
-        pp = (rank // (self.tp * self.cp)) % self.pp
-        dp = rank // (self.tp * self.cp * self.pp)
+        par = self.parallel
+        inner, tp = divmod(rank, par.tp)
+        outer, cp = divmod(inner, par.cp)
+        if self.order is RankOrder.PP_OUTER:
+            pp, dp = divmod(outer, par.dp)
+        else:
+            dp, pp = divmod(outer, par.pp)
         return RankCoords(dp=dp, pp=pp, tp=tp, cp=cp)
+
+    def grid(self) -> np.ndarray:
+        """Every rank at its grid position, indexed ``[pp, dp, cp, tp]``."""
+        par = self.parallel
+        if self.order is RankOrder.PP_OUTER:
+            return np.arange(self.num_gpus).reshape(par.pp, par.dp, par.cp, par.tp)
+        ranks = np.arange(self.num_gpus).reshape(par.dp, par.pp, par.cp, par.tp)
+        return ranks.transpose(1, 0, 2, 3)
 
     def _stage_index(self, c: RankCoords) -> int:
         """Position of a rank among the tp x cp x dp ranks of its stage (tp fastest)."""
@@ -242,6 +283,14 @@ class Plan:
     def groups(self, axis: ParallelAxis | str) -> list[tuple[int, ...]]:
         """All groups along ``axis``, each once, ordered by their first rank."""
         axis = ParallelAxis(axis)
+        dims = _GRID_DIMS.get(axis)
+        if dims is not None:  # the plain axes, from the grid at once
+            grid = self.grid()
+            rest = [d for d in range(4) if d not in dims]
+            rows = grid.transpose(*rest, *dims).reshape(
+                -1, int(np.prod([grid.shape[d] for d in dims]))
+            )
+            return sorted(map(tuple, rows.tolist()), key=lambda g: g[0])
         seen: set[int] = set()
         out: list[tuple[int, ...]] = []
         for r in range(self.num_gpus):
@@ -282,21 +331,24 @@ class Plan:
             return _span(ids)
 
         plural = "s" if topo.num_nodes != 1 else ""
-        if self.cp == 1:
-            lines = [
-                f"{self.num_gpus} GPUs = tp {self.tp} x pp {self.pp} x dp {self.dp} "
-                f"on {topo.num_nodes} node{plural} x {gpn} GPUs",
-                f"rank = dp_index * {self.pp * self.tp} + pp_index * {self.tp} + tp_index "
-                "(tp innermost, then pp, dp outermost)",
-            ]
+        head = f"{self.num_gpus} GPUs = tp {self.tp} x "
+        head += f"cp {self.cp} x " if self.cp > 1 else ""
+        head += f"pp {self.pp} x dp {self.dp} on {topo.num_nodes} node{plural} x {gpn} GPUs"
+        head += f", order {self.order.value}"
+        inner = self.cp * self.tp
+        cp_term = f"cp_index * {self.tp} + " if self.cp > 1 else ""
+        cp_word = "then cp, " if self.cp > 1 else ""
+        if self.pp_outer:
+            formula = (
+                f"rank = pp_index * {self.dp * inner} + dp_index * {inner} + {cp_term}tp_index "
+                f"(tp innermost, {cp_word}then dp, pp outermost)"
+            )
         else:
-            lines = [
-                f"{self.num_gpus} GPUs = tp {self.tp} x cp {self.cp} x pp {self.pp} x dp "
-                f"{self.dp} on {topo.num_nodes} node{plural} x {gpn} GPUs",
-                f"rank = dp_index * {self.pp * self.cp * self.tp} + pp_index * "
-                f"{self.cp * self.tp} + cp_index * {self.tp} + tp_index "
-                "(tp innermost, then cp, then pp, dp outermost)",
-            ]
+            formula = (
+                f"rank = dp_index * {self.pp * inner} + pp_index * {inner} + {cp_term}tp_index "
+                f"(tp innermost, {cp_word}then pp, dp outermost)"
+            )
+        lines = [head, formula]
         axes = list(_BASE_AXES)
         if self.cp > 1:
             axes.append(ParallelAxis.CP)
@@ -319,6 +371,16 @@ class Plan:
                 f"{' + dp replicas' if self.dp > 1 else ''}; nodes {nodes(ranks)}"
             )
         return "\n".join(lines)
+
+
+DEFAULT_ORDER = RankOrder.PP_OUTER
+"""The layout of every supported stack: Megatron-Core's default ``tp-cp-ep-dp-pp`` and
+torchtitan's device mesh (pp outermost, tp innermost); see :class:`RankOrder`."""
+
+
+def default_order(spec: TransformerSpec, parallel: ParallelConfig) -> RankOrder:
+    """The rank layout of a plan that does not set ``parallel.order``: :data:`DEFAULT_ORDER`."""
+    return DEFAULT_ORDER
 
 
 def _span(ids: list[int]) -> str:
@@ -426,6 +488,26 @@ def _check_experts_and_context(
             f"model seq_len ({spec.seq_len}) must be divisible by {rule}",
             key_path="parallel.cp",
         )
+    if parallel.ep_overlap:
+        # Megatron-Core's rules for --overlap-moe-expert-parallel-comm
+        # (TransformerConfig.__post_init__, megatron/core/transformer/transformer_config.py)
+        if ep < 2:
+            raise ConfigError(
+                f"needs expert parallelism (parallel.ep > 1), got ep {ep}",
+                key_path="parallel.ep_overlap",
+            )
+        if parallel.pp > 1 and parallel.virtual_stages < 2:
+            raise ConfigError(
+                f"with pp {parallel.pp} needs schedule: interleaved with virtual_stages > 1 "
+                "(Megatron's combined 1F1B pairs the ops of the interleaved schedule)",
+                key_path="parallel.ep_overlap",
+            )
+        if str(training.recompute) == "full":
+            raise ConfigError(
+                "does not combine with training.recompute: full (Megatron refuses it: the "
+                "paired forward and backward cannot replay a recomputed layer)",
+                key_path="parallel.ep_overlap",
+            )
     g = parallel.fsdp.shard_group_size
     if g is not None and dp % g:
         raise ConfigError(
@@ -516,6 +598,13 @@ def build_plan(
             f"fewer micro-batches ({m}) than pipeline stages ({pp}): most of the step "
             "is pipeline bubble"
         )
+    order = parallel.order or default_order(spec, parallel)
+    if order is RankOrder.DP_OUTER and pp > 1 and parallel.ep * parallel.etp > tp * cp:
+        notes.append(
+            f"order {order.value} with ep x etp = {parallel.ep * parallel.etp} > tp x cp = "
+            f"{tp * cp}: expert groups stride over the {pp} pipeline stages (Megatron-Core "
+            "requires edp = dp without pp outermost)"
+        )
     if len(set(sizes_per_chunk)) > 1:
         notes.append(
             f"uneven pipeline split: {_span_counts(sizes_per_chunk)} layers per virtual stage"
@@ -530,6 +619,7 @@ def build_plan(
         num_microbatches=m,
         warnings=tuple(notes),
         chunk_sizes=tuple(sizes_per_chunk),
+        order=order,
     )
 
 

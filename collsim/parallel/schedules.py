@@ -21,7 +21,7 @@ from collsim.vocab import PipelinePhase, ScheduleKind
 Phase = PipelinePhase
 """The name the schedules use for :class:`collsim.vocab.PipelinePhase`."""
 
-__all__ = ["Phase", "PipeOp", "stage_schedule", "input_of"]
+__all__ = ["Phase", "PipeOp", "stage_schedule", "input_of", "warmup_forwards", "paired_ops"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,25 +54,17 @@ def stage_schedule(
         Every (phase, micro-batch, chunk) of the stage exactly once, in execution order.
     """
     p, m, v = num_stages, num_microbatches, virtual_stages
-    if not 0 <= stage < p:
-        raise ConfigError(f"stage must be in [0, {p}), got {stage}")
     F, B = Phase.FORWARD, Phase.BACKWARD
+    warmup = warmup_forwards(kind, num_stages=p, num_microbatches=m, stage=stage, virtual_stages=v)
     match ScheduleKind(kind):
         case ScheduleKind.GPIPE:
             return [PipeOp(F, i) for i in range(m)] + [PipeOp(B, i) for i in range(m)]
         case ScheduleKind.ONE_F_ONE_B:
-            warmup = min(p - stage - 1, m)
             return _one_f_one_b(
                 [PipeOp(F, i) for i in range(m)], [PipeOp(B, i) for i in range(m)], warmup
             )
         case ScheduleKind.INTERLEAVED:
             total = m * v
-            if v == 1:
-                warmup = min(p - stage - 1, m)
-            elif m == p:
-                warmup = total
-            else:
-                warmup = min((p - stage - 1) * 2 + (v - 1) * p, total)
             fwd = [
                 PipeOp(F, _mb_id(k, p, v), _chunk_id(k, p, v, forward=True)) for k in range(total)
             ]
@@ -82,6 +74,68 @@ def stage_schedule(
             return _one_f_one_b(fwd, bwd, warmup)
         case _:  # pragma: no cover
             raise ConfigError(f"unknown schedule {kind!r}", key_path="parallel.schedule")
+
+
+def warmup_forwards(
+    kind: ScheduleKind | str,
+    *,
+    num_stages: int,
+    num_microbatches: int,
+    stage: int,
+    virtual_stages: int = 1,
+) -> int:
+    """Forwards a stage runs before its first backward is due (GPipe: all of them)."""
+    p, m, v = num_stages, num_microbatches, virtual_stages
+    if not 0 <= stage < p:
+        raise ConfigError(f"stage must be in [0, {p}), got {stage}")
+    match ScheduleKind(kind):
+        case ScheduleKind.GPIPE:
+            return m
+        case ScheduleKind.ONE_F_ONE_B:
+            return min(p - stage - 1, m)
+        case ScheduleKind.INTERLEAVED:
+            total = m * v
+            if v == 1:
+                return min(p - stage - 1, m)
+            if m == p:
+                return total
+            return min((p - stage - 1) * 2 + (v - 1) * p, total)
+        case _:  # pragma: no cover
+            raise ConfigError(f"unknown schedule {kind!r}", key_path="parallel.schedule")
+
+
+def paired_ops(
+    kind: ScheduleKind | str,
+    *,
+    num_stages: int,
+    num_microbatches: int,
+    stage: int,
+    virtual_stages: int = 1,
+) -> frozenset[int]:
+    """Indices, in :func:`stage_schedule`'s order, of the ops that Megatron-Core's combined
+    1F1B (``--overlap-moe-expert-parallel-comm``, megatron/core/pipeline_parallel/
+    combined_1f1b.py) runs two at a time: each steady-state forward with the backward after
+    it. Without warm-up (pp = 1, or the last stage of plain 1F1B) the backward of micro-batch
+    i goes with the forward of i + 1, and the first forward and the last backward run alone
+    (``combined_1f1b_schedule_for_no_pipelining``). GPipe pairs nothing.
+
+    Example:
+        >>> sorted(paired_ops("1f1b", num_stages=1, num_microbatches=3, stage=0))
+        [1, 2, 3, 4]
+    """
+    if ScheduleKind(kind) is ScheduleKind.GPIPE:
+        return frozenset()
+    m = num_microbatches * (virtual_stages if ScheduleKind(kind) is ScheduleKind.INTERLEAVED else 1)
+    w = warmup_forwards(
+        kind,
+        num_stages=num_stages,
+        num_microbatches=num_microbatches,
+        stage=stage,
+        virtual_stages=virtual_stages,
+    )
+    if w == 0:
+        return frozenset(range(1, 2 * m - 1))
+    return frozenset(range(w, w + 2 * (m - w)))
 
 
 def _one_f_one_b(fwd: list[PipeOp], bwd: list[PipeOp], warmup: int) -> list[PipeOp]:

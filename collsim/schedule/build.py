@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any
 
 from collsim.parallel.config import ParallelConfig, TrainingConfig
 from collsim.parallel.plan import Plan, build_plan
-from collsim.parallel.schedules import PipeOp, stage_schedule
+from collsim.parallel.schedules import Phase, PipeOp, paired_ops, stage_schedule
 from collsim.schedule.dataparallel import BytesPer, DataParallelRules
-from collsim.schedule.ops import BlockTimes, StageModel, build_stage
+from collsim.schedule.ops import BlockTimes, ChunkModel, Segment, StageModel, build_stage
 from collsim.vocab import Dtype
 
 if TYPE_CHECKING:
@@ -87,6 +87,15 @@ class StepSchedule:
     memory_bound_share: float = 0.0
     """Share of a layer's compute time in memory-bound kernels (for the HBM part of the
     interference)."""
+    paired: dict[int, frozenset[int]] = field(default_factory=dict)
+    """Per pipeline stage, with ``parallel.ep_overlap``: indices into ``pipeline[s]`` of the
+    ops that run their chunk's paired segments (:func:`collsim.parallel.schedules.paired_ops`)."""
+
+    def segments(self, stage: int, index: int, chunk: ChunkModel) -> list[Segment]:
+        """The segments the ``index``-th op of ``stage``'s pipeline runs on ``chunk``."""
+        op = self.pipeline[stage][index]
+        paired = index in self.paired.get(stage, ())
+        return chunk.segments(op.phase is Phase.FORWARD, paired)
 
     def interference_s(self, *, dp_link_s: float, busbw_bps: float, compute_s: float) -> float:
         """Seconds the compute of one rank loses to the data-parallel collectives it overlaps.
@@ -439,6 +448,7 @@ def build_schedule(
         framework_step_s=framework_step_s,
         interference=not overrides and plan.dp > 1 and (parallel.zero == 3 or parallel.ddp.overlap),
         memory_bound_share=_memory_bound_share(plan, spec, training, parallel, model),
+        paired=_paired(plan, parallel, stages),
     )
 
 
@@ -467,6 +477,32 @@ def _comms_lookup(plan: Plan, spec: TransformerSpec) -> Callable[[int], list[Lay
         return by_kind[kinds[index]]
 
     return comms_of
+
+
+def _paired(
+    plan: Plan, parallel: ParallelConfig, stages: dict[int, StageModel]
+) -> dict[int, frozenset[int]]:
+    """With EP overlap, per stage the ops that run paired (:func:`paired_ops`); the paired
+    segments do the same framework work as the plain ones."""
+    paired: dict[int, frozenset[int]] = {}
+    if not parallel.ep_overlap:
+        return paired
+    for s, st in stages.items():
+        for chunk in st.chunks:
+            for normal, alt in (
+                (chunk.forward, chunk.paired_forward),
+                (chunk.backward, chunk.paired_backward),
+            ):
+                for a, b in zip(normal, alt or (), strict=False):
+                    b.framework_s = a.framework_s
+        paired[s] = paired_ops(
+            parallel.schedule,
+            num_stages=plan.pp,
+            num_microbatches=plan.num_microbatches,
+            stage=s,
+            virtual_stages=plan.virtual_stages,
+        )
+    return paired
 
 
 def _memory_bound_share(

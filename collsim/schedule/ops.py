@@ -48,6 +48,31 @@ are steps of the same segments, on the group of their axis (``Step.axis``):
 
 A full recompute repeats the forward's collectives (three passes of the all-to-alls, as in
 :func:`collsim.parallel.moe.ep_step_bytes_per_rank`).
+
+EP overlap (``parallel.ep_overlap``; Megatron-Core ``--overlap-moe-expert-parallel-comm``,
+``megatron/core/models/common/model_chunk_schedule_plan.py``
+``TransformerLayerSchedulePlan.run``): in the 1F1B steady state the forward of one micro-batch
+and the backward of another run layer by layer together on a compute and a communication
+stream::
+
+    comm:    combine_bwd      | dispatch_fwd, dispatch_bwd    | combine_fwd
+    compute: pre_dispatch_fwd | mlp_bwd (+ wgrad), mlp_fwd    | pre_dispatch_bwd
+
+so each of the four all-to-alls of a layer pair runs beside one compute piece: the pair lasts
+max(c_b, pre_f) + max(d_f, mlp_b) + max(d_b, mlp_f) + max(c_f, pre_b), where pre is the
+layer's compute before its dispatch (attention, router, permute; in backward the same pieces'
+backward) and mlp its expert GEMMs. Under balanced routing the four all-to-alls of a pair
+move the same bytes on the same group, so the sum is unchanged when each pass pairs its own
+all-to-alls with its own pieces: forward dispatch beside pre_f, forward combine beside mlp_f,
+backward combine beside mlp_b, backward dispatch beside pre_b. That is how the paired
+segments (``ChunkModel.paired_forward`` / ``paired_backward``) write it, one step
+``Step(all_to_all, overlap_s=piece)`` per all-to-all, so every segment keeps its own compute
+and bytes and the engine and the closed form price it like any overlapped step. Which ops are
+paired (:func:`collsim.parallel.schedules.paired_ops`): the steady-state ops of the stage;
+with no warm-up (pp = 1) the first forward and the last backward run alone, as Megatron's
+``combined_1f1b_schedule_for_no_pipelining``. Not modelled: the compute the overlap slows
+(the SMs the all-to-all kernels take), the finer dependencies inside a phase, and the etp
+collectives, which stay blocking.
 """
 
 from __future__ import annotations
@@ -65,7 +90,15 @@ from collsim.vocab import ParallelAxis
 if TYPE_CHECKING:
     from collsim.parallel.layer_comms import LayerComm
 
-__all__ = ["Step", "Segment", "ChunkModel", "StageModel", "build_stage", "BlockTimes", "loss_bytes"]
+__all__ = [
+    "Step",
+    "Segment",
+    "ChunkModel",
+    "StageModel",
+    "build_stage",
+    "BlockTimes",
+    "loss_bytes",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,10 +148,23 @@ class ChunkModel:
     backward: list[Segment]
     buckets: list[Bucket] = field(default_factory=list)
     units: list[FSDPUnit] = field(default_factory=list)
+    paired_forward: list[Segment] | None = None
+    """With ``parallel.ep_overlap``: the forward segments of a paired (steady-state) op, the
+    EP all-to-alls beside compute (module docstring); the other segments are shared."""
+    paired_backward: list[Segment] | None = None
 
     @property
     def numel(self) -> float:
         return sum(t.numel for t in self.tensors)
+
+    def segments(self, forward: bool, paired: bool = False) -> list[Segment]:
+        """The segments of one op of this chunk (``paired``: a steady-state op under EP
+        overlap)."""
+        if paired:
+            alt = self.paired_forward if forward else self.paired_backward
+            if alt is not None:
+                return alt
+        return self.forward if forward else self.backward
 
     @property
     def has_root(self) -> bool:
@@ -233,6 +279,58 @@ def _ep_steps(
     return [Step(seconds - x), *body] if forward else [*body, Step(seconds - x)]
 
 
+def _overlap_ep(steps: list[Step], *, forward: bool) -> list[Step]:
+    """One pass of an MoE layer with its EP all-to-alls beside its own compute (the paired
+    form of the module docstring): the combine beside the nearest compute run on its expert
+    side (the expert GEMMs: before it in forward, after it in backward), the dispatch beside
+    the largest remaining run on its other side (attention, router, permute). A run is a
+    stretch of consecutive compute steps; each run hides at most one all-to-all."""
+    out: list[Step | list[Step]] = []
+    for st in steps:  # runs of plain compute become lists
+        if not st.op and out and isinstance(out[-1], list):
+            out[-1].append(st)
+        elif not st.op:
+            out.append([st])
+        else:
+            out.append(st)
+    order = ("ep_combine", "ep_dispatch")
+    kinds = {
+        i: ("ep_combine" if (i > _first_ep(out)) == forward else "ep_dispatch")
+        for i, x in enumerate(out)
+        if isinstance(x, Step) and x.axis == "ep" and x.op == "all_to_all"
+    }
+    used: set[int] = set()
+    for name in order:
+        for i, kind in kinds.items():
+            if kind != name:
+                continue
+            side = range(i - 1, -1, -1) if forward else range(i + 1, len(out))
+            runs = {j: out[j] for j in side if j not in used}
+            runs_s = {j: sum(x.seconds for x in r) for j, r in runs.items() if isinstance(r, list)}
+            if not runs_s:
+                continue
+            j = next(iter(runs_s)) if name == "ep_combine" else max(runs_s, key=runs_s.__getitem__)
+            used.update((i, j))
+            a2a = out[i]
+            assert isinstance(a2a, Step)
+            run = out[j]
+            assert isinstance(run, list)
+            out[j] = [
+                Step(a2a.seconds, a2a.op, a2a.size_bytes, sum(x.seconds for x in run), a2a.axis)
+            ]
+            out[i] = []
+    flat: list[Step] = []
+    for x in out:
+        flat.extend(x if isinstance(x, list) else [x])
+    return flat
+
+
+def _first_ep(items: list[Step | list[Step]]) -> int:
+    """Index of the first EP all-to-all of a pass (its dispatch in forward, its combine in
+    backward)."""
+    return next(i for i, x in enumerate(items) if isinstance(x, Step) and x.axis == "ep" and x.op)
+
+
 def _with_comms(
     steps: list[Step],
     seconds: float,
@@ -305,7 +403,9 @@ def build_stage(
     full = str(plan.training.recompute) == "full"
     chunks: list[ChunkModel] = []
     v = plan.virtual_stages
+    overlap = plan.parallel.ep_overlap
     for c in range(v):
+        alt: dict[int, Segment] = {}  # a segment -> its paired form (EP overlap)
         layers = plan.chunk_layers(stage, c)
         first = stage == 0 and c == 0
         last = stage == plan.pp - 1 and c == v - 1
@@ -319,9 +419,13 @@ def build_stage(
         for index in layers:
             blk = layer if layer_of is None else layer_of(index)
             comms = comms_of(index) if comms_of is not None else []
-            f_seg, b_seg = _layer_segments(plan, index, blk, comms, size, full=full)
+            f_seg, b_seg, f_alt, b_alt = _layer_segments(
+                plan, index, blk, comms, size, full=full, overlap=overlap
+            )
             fwd.append(f_seg)
             bwd.append(b_seg)
+            if f_alt is not None and b_alt is not None:
+                alt[id(f_seg)], alt[id(b_seg)] = f_alt, b_alt
         if last:
             f_seg, b_seg = _head_segments(plan, head, size)
             fwd.append(f_seg)
@@ -346,6 +450,9 @@ def build_stage(
             forward=fwd,
             backward=head_seg + layer_bwd + emb_seg,
         )
+        if alt:
+            chunk.paired_forward = [alt.get(id(seg), seg) for seg in chunk.forward]
+            chunk.paired_backward = [alt.get(id(seg), seg) for seg in chunk.backward]
         chunk.buckets = _buckets(plan, tensors, grad_bytes)
         chunk.units = build_units(tensors)
         chunks.append(chunk)
@@ -360,10 +467,12 @@ def _layer_segments(
     size: float,
     *,
     full: bool,
-) -> tuple[Segment, Segment]:
+    overlap: bool = False,
+) -> tuple[Segment, Segment, Segment | None, Segment | None]:
     """The forward and backward segments of layer ``index``: its compute split around the TP
     collectives of ``size`` bytes, its EP / CP ``comms`` inserted, and (``full`` recompute) the
-    forward re-run with its collectives before the backward."""
+    forward re-run with its collectives before the backward; with EP ``overlap`` on an MoE
+    layer, their paired forms too (:func:`_overlap_ep`; else None)."""
     comm, sp = plan.tp > 1, plan.parallel.sequence_parallel
     f_comms = [c for c in comms if c.phase == "forward"]
     b_comms = [c for c in comms if c.phase == "backward"]
@@ -410,7 +519,19 @@ def _layer_segments(
         stored_bytes=blk.stored_bytes,
         transient_bytes=blk.transient_bytes,
     )
-    return forward, backward
+    if not (overlap and any(c.axis == "ep" for c in f_comms)):
+        return forward, backward, None, None
+    paired_forward = Segment(
+        index, _overlap_ep(fsteps_l, forward=True), stored_bytes=blk.stored_bytes
+    )
+    paired_backward = Segment(
+        index,
+        pre + _overlap_ep(bsteps_l, forward=False),
+        grad_from=len(pre),
+        stored_bytes=blk.stored_bytes,
+        transient_bytes=blk.transient_bytes,
+    )
+    return forward, backward, paired_forward, paired_backward
 
 
 def _head_segments(plan: Plan, head: BlockTimes, size: float) -> tuple[Segment, Segment]:

@@ -66,14 +66,15 @@ def test_fields_are_filled_and_consistent(result) -> None:
     gathers = 2 * m * v - m
     assert tp_calls == layer_and_ends + loss + gathers
     assert "tp groups: 8 of 2" in r.mapping
-    assert sorted(r.memory_timeline) == sorted(r.details["simulated_ranks"]) == [0, 2]
+    # one rank per stage: pp outermost (the default order), stage 1 starts at tp x dp = 8
+    assert sorted(r.memory_timeline) == sorted(r.details["simulated_ranks"]) == [0, 8]
     json.dumps(r.to_dict())
 
 
 def test_trace_has_one_event_per_op(result) -> None:
     _, r = result
     m, v = 4, 2
-    for rank in (0, 2):
+    for rank in (0, 8):  # the representatives of the two stages (pp outermost)
         ops = [
             e
             for e in r.trace_events

@@ -51,7 +51,8 @@ def test_representatives_match_all_ranks(
 def test_shared_nic_is_detected_and_slows_the_step(small_spec) -> None:
     topo = topology("pcie_8gpu", 2)
     tr = TrainingConfig(global_batch=16, micro_batch=1)
-    par = ParallelConfig(tp=2, pp=2, dp=4, zero=0)
+    # dp outermost: each node holds both stages, and the dp groups cross the nodes
+    par = ParallelConfig(tp=2, pp=2, dp=4, zero=0, order="tp-cp-ep-pp-dp")
     closed = simulate_step(topo, small_spec, tr, par, fidelity="fused")
     auto = simulate_step(topo, small_spec, tr, par)
     assert auto.details["contended_axes"] == ["dp"] == auto.details["des_axes"]
@@ -61,7 +62,7 @@ def test_shared_nic_is_detected_and_slows_the_step(small_spec) -> None:
     rail = simulate_step(topology("dgx_a100", 2), small_spec, tr, par)
     assert rail.details["contended_axes"] == [] and rail.details["fidelity"] == "fused"
     # one group per stage, but the stages of a node share its NIC at the end of the step
-    deep = simulate_step(topo, small_spec, tr, ParallelConfig(pp=8, dp=2))
+    deep = simulate_step(topo, small_spec, tr, ParallelConfig(pp=8, dp=2, order="tp-cp-ep-pp-dp"))
     assert deep.details["des_axes"] == ["dp"]
 
 

@@ -99,7 +99,7 @@ def test_bubble_and_wide_tp_warn(two_nodes) -> None:
 
 
 def test_mapping_tp_inside_node_pp_then_dp(two_nodes) -> None:
-    plan = _plan(two_nodes, tp=4, pp=2, dp=2)
+    plan = _plan(two_nodes, tp=4, pp=2, dp=2, order="tp-cp-ep-pp-dp")
     # rank = dp * 8 + pp * 4 + tp
     assert plan.group_of(0, "tp") == (0, 1, 2, 3)
     assert plan.group_of(5, "pp") == (1, 5)
@@ -115,6 +115,29 @@ def test_mapping_tp_inside_node_pp_then_dp(two_nodes) -> None:
     assert "tp groups: 4 of 4; first [0, 1, 2, 3] on node(s) 0" in text
     assert "dp groups: 8 of 2; first [0, 8] on node(s) 0-1" in text
     assert "stage 1: layers 4-7" in text
+    assert "x 8 GPUs, order tp-cp-ep-pp-dp\nrank = dp_index * 8 + pp_index * 4 + tp_index" in text
+
+
+def test_default_mapping_puts_pp_outermost(two_nodes) -> None:
+    # Megatron-Core's default order tp-cp-ep-dp-pp: rank = pp * 8 + dp * 4 + tp
+    plan = _plan(two_nodes, tp=4, pp=2, dp=2)
+    assert plan.order == "tp-cp-ep-dp-pp"
+    assert plan.group_of(0, "tp") == (0, 1, 2, 3)
+    assert plan.group_of(5, "pp") == (5, 13)
+    assert plan.group_of(6, "dp") == (2, 6)
+    assert plan.stage_ranks(1) == list(range(8, 16))
+    for rank in range(16):
+        c = plan.coords(rank)
+        assert plan.rank(dp=c.dp, pp=c.pp, tp=c.tp) == rank
+    for axis in ParallelAxis:
+        groups = plan.groups(axis)
+        assert sorted(r for g in groups for r in g) == list(range(16))
+    text = plan.describe_mapping()
+    assert "x 8 GPUs, order tp-cp-ep-dp-pp\nrank = pp_index * 8 + dp_index * 4 + tp_index" in text
+    assert "dp groups: 8 of 2; first [0, 4] on node(s) 0" in text
+    with pytest.raises(ConfigError, match="must be one of tp-cp-ep-dp-pp, tp-cp-ep-pp-dp") as e:
+        ParallelConfig(tp=4, pp=2, dp=2, order="pp-dp-tp")
+    assert e.value.key_path == "parallel.order"
 
 
 def test_interleaved_chunks_take_virtual_stages(two_nodes) -> None:

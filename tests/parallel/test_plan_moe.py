@@ -57,7 +57,7 @@ def _plan(topo, spec=MOE, *, gb=32, mb=1, sim=False, fsdp=None, **par):  # type:
 
 
 def test_mapping_without_cp_is_unchanged(two_nodes) -> None:  # type: ignore[no-untyped-def]
-    plan = _plan(two_nodes, tp=2, pp=2, dp=4)
+    plan = _plan(two_nodes, tp=2, pp=2, dp=4, order="tp-cp-ep-pp-dp")
     for r in range(16):
         c = plan.coords(r)
         assert r == c.dp * (2 * 2) + c.pp * 2 + c.tp and c.cp == 0
@@ -65,7 +65,7 @@ def test_mapping_without_cp_is_unchanged(two_nodes) -> None:  # type: ignore[no-
 
 
 def test_cp_sits_between_tp_and_pp(two_nodes) -> None:  # type: ignore[no-untyped-def]
-    plan = _plan(two_nodes, tp=2, cp=2, pp=2, dp=2)
+    plan = _plan(two_nodes, tp=2, cp=2, pp=2, dp=2, order="tp-cp-ep-pp-dp")
     assert plan.group_of(0, "tp") == (0, 1)
     assert plan.group_of(0, "cp") == (0, 2)
     assert plan.group_of(0, "pp") == (0, 4)
@@ -73,6 +73,39 @@ def test_cp_sits_between_tp_and_pp(two_nodes) -> None:  # type: ignore[no-untype
     assert plan.group_of(0, ParallelAxis.DP_CP) == (0, 2, 8, 10)
     assert len(plan.groups("cp")) == 8
     assert plan.stage_ranks(1) == [4, 5, 6, 7, 12, 13, 14, 15]
+    # the default (pp outermost): a stage's tp x cp x dp ranks are consecutive
+    plan = _plan(two_nodes, tp=2, cp=2, pp=2, dp=2)
+    assert plan.group_of(0, "cp") == (0, 2)
+    assert plan.group_of(0, "dp") == (0, 4)
+    assert plan.group_of(0, "pp") == (0, 8)
+    assert plan.group_of(0, ParallelAxis.DP_CP) == (0, 2, 4, 6)
+    assert plan.stage_ranks(1) == list(range(8, 16))
+
+
+def _nodes_of(topo, group):  # type: ignore[no-untyped-def]
+    return {topo.node_of(r) for r in group}
+
+
+def test_ep_groups_on_the_nodes_under_each_order() -> None:
+    # DeepSeek-V3's plan shape on 32 nodes: tp 1, pp 4, dp 64, ep 64 (edp 1). Pipeline
+    # outermost: each stage is 8 consecutive nodes and each EP group one stage (8 nodes, all 8
+    # GPUs of each); dp outermost: an EP group takes every 4th rank, 2 GPUs of 32 nodes.
+    topo = load_topology("dgx_h100", nodes=32)
+    spec = dataclasses.replace(MOE, num_experts=64, num_layers=8, first_k_dense=0)
+    outer = _plan(topo, spec, gb=256, tp=1, pp=4, dp=64, ep=64)
+    inner = _plan(topo, spec, gb=256, tp=1, pp=4, dp=64, ep=64, order="tp-cp-ep-pp-dp")
+    for g in outer.groups("ep"):
+        assert len(_nodes_of(topo, g)) == 8 and g == tuple(range(g[0], g[0] + 64))
+    for g in inner.groups("ep"):
+        assert len(_nodes_of(topo, g)) == 32
+        assert sorted(topo.local_rank(r) for r in g) == sorted([g[0] % 8, g[0] % 8 + 4] * 32)
+    # ep 8 over tp 1 x dp 64 with pp 4: intra-node groups with pp outermost only
+    outer8 = _plan(topo, spec, gb=256, tp=1, pp=4, dp=64, ep=8)
+    inner8 = _plan(topo, spec, gb=256, tp=1, pp=4, dp=64, ep=8, order="tp-cp-ep-pp-dp")
+    assert all(len(_nodes_of(topo, g)) == 1 for g in outer8.groups("ep"))
+    assert all(len(_nodes_of(topo, g)) == 4 for g in inner8.groups("ep"))
+    assert any("expert groups stride over the 4 pipeline stages" in w for w in inner8.warnings)
+    assert not outer8.warnings
 
 
 def test_expert_groups_fold_tp_cp_dp(two_nodes) -> None:  # type: ignore[no-untyped-def]

@@ -133,6 +133,8 @@ MODERN = st.fixed_dictionaries(
         "overlap": st.booleans(),
         "reshard": st.booleans(),
         "fp32_reduce": st.booleans(),
+        "ep_overlap": st.booleans(),
+        "order": st.sampled_from(["tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"]),
     }
 )
 
@@ -171,6 +173,8 @@ def test_generated_modern_plans(knobs: dict) -> None:
             sequence_parallel=tp > 1,
             cp_algorithm=knobs["cp_algorithm"],
             cp_load_balance=knobs["balance"],
+            ep_overlap=knobs["ep_overlap"],
+            order=knobs["order"],
             ddp=DDPConfig(overlap=knobs["overlap"]),
             fsdp=FSDPConfig(
                 reshard_after_forward=knobs["reshard"],
