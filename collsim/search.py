@@ -416,7 +416,7 @@ def search_plans(
     started = time.perf_counter()
     num_gpus = topology.num_ranks
     rejected: Counter[str] = Counter()
-    bounds = _Bounds(topology, spec, training)
+    bounds = _Bounds(topology, spec, training, parallel)
     dropped: Counter[str] = Counter()
     # 1. cheap bounds for every buildable plan: its memory floor must fit, and the compute
     #    stream's own work is a lower bound on the step
@@ -569,9 +569,23 @@ class _Bounds:
     another, so no plan's step is shorter (communication, bubble and waits only add).
     """
 
-    def __init__(self, topology: Topology, spec: TransformerSpec, training: TrainingConfig):
+    def __init__(
+        self,
+        topology: Topology,
+        spec: TransformerSpec,
+        training: TrainingConfig,
+        parallel: ParallelConfig | None = None,
+    ):
+        from collsim.parallel.config import ParallelConfig as Parallel
+        from collsim.parallel.plan import default_order
         from collsim.schedule.build import bytes_per
+        from collsim.vocab import RankOrder
 
+        base = parallel if parallel is not None else Parallel()
+        order = base.order or default_order(spec, base)
+        self.pp_outer = order is RankOrder.PP_OUTER
+        """The plans' rank layout (the scenario's ``parallel.order``): it places the dp
+        groups whose calls the bound prices."""
         self.topology = topology
         self.spec = spec
         self.training = training
@@ -816,7 +830,6 @@ class _Bounds:
             from collsim.schedule.pricing import ClosedPricer as Pricer
 
             self._pricer = Pricer(self.topology)
-        group = tuple(range(0, c.tp * c.pp * c.dp, c.tp * c.pp))
         per = self.per
         m = self.training.global_batch // (c.micro_batch * c.dp)
         cost = self._pricer.cost
@@ -824,6 +837,7 @@ class _Bounds:
         after: list[float] = []
         counts = layers_per_stage(self.spec.num_layers, c.pp)
         for numel, s in zip(params, sorted({0, c.pp - 1}), strict=True):
+            group = self._dp_group(c, s)
             if c.zero == 3:
                 unit = float(layer_parameters_per_rank(self.spec, c.tp))
                 gathers = 2 if c.reshard else 1
@@ -840,6 +854,13 @@ class _Bounds:
             after.append(gather)
         self._dp[key] = (before, after)
         return before, after
+
+    def _dp_group(self, c: Candidate, stage: int) -> tuple[int, ...]:
+        """The data-parallel group of stage ``stage``'s first tp rank (the plan's mapping,
+        :meth:`collsim.parallel.plan.Plan.rank`)."""
+        if self.pp_outer:  # tp-cp-ep-dp-pp
+            return tuple(stage * c.dp * c.tp + d * c.tp for d in range(c.dp))
+        return tuple(d * c.tp * c.pp + stage * c.tp for d in range(c.dp))  # tp-cp-ep-pp-dp
 
     def _block_work(
         self, c: Candidate

@@ -371,3 +371,24 @@ def test_pruning_on_a_space_of_20000_plans_returns_the_same_best_ten(h100x16) ->
     assert pruned.estimated < full.estimated / 5
     best = [(r.candidate, r.estimate.step_time_s) for r in full.ranked[:10]]
     assert [(r.candidate, r.estimate.step_time_s) for r in pruned.ranked[:10]] == best
+
+
+@pytest.mark.parametrize("order", ["tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"])
+def test_the_bound_prices_the_plans_own_data_parallel_groups(order: str) -> None:
+    from collsim.parallel.plan import build_plan
+    from collsim.search import Candidate, _Bounds
+
+    topology = load_topology("dgx_h100", nodes=4)
+    spec = get_preset("gpt3-13b")
+    training = TrainingConfig(global_batch=64, micro_batch=1)
+    parallel = ParallelConfig(dp=32, order=order)
+    bounds = _Bounds(topology, spec, training, parallel)
+    plan_c = Candidate(
+        tp=2, pp=4, dp=4, micro_batch=1, schedule="1f1b", virtual_stages=1, zero=1,
+        recompute="none", sequence_parallel=False,
+    )  # fmt: skip
+    train_c, par_c = plan_c.configs(training, parallel)
+    plan = build_plan(topology, spec, train_c, par_c)
+    for stage in (0, 3):
+        first = plan.rank(dp=0, pp=stage, tp=0)
+        assert bounds._dp_group(plan_c, stage) == plan.group_of(first, "dp")
