@@ -583,6 +583,15 @@ _PARALLEL = Section(
             "How CP ranks exchange K and V.", _enum_values(_CONFIG, "CPAlgorithm"), fold_case=True
         ),
         "cp_load_balance": _flag("Causal load balancing (2 x cp chunks)."),
+        "order": _choice(
+            "Rank layout, fastest-varying first (Megatron order strings; default "
+            "tp-cp-ep-dp-pp).",
+            _enum_values("collsim.vocab", "RankOrder"),
+        ),
+        "ep_overlap": _flag(
+            "Overlap EP all-to-alls with the compute of a paired op (Megatron's "
+            "--overlap-moe-expert-parallel-comm)."
+        ),
         "pipeline_split": _choice(
             "even (layers must divide) or balanced.", _enum_values(_CONFIG, "PIPELINE_SPLITS")
         ),

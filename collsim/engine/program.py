@@ -129,6 +129,11 @@ class RankProgram:
 
     # ---- the process ------------------------------------------------------------------------
     def run(self) -> Any:
+        """The rank's SimPy process: its ops in pipeline order, then the step's end.
+
+        Stays long: one generator on the engine's hot path (every op of every rank passes
+        here); each ``yield from`` helper split out would add a generator frame per op.
+        """
         e, env = self.e, self.env
         e.dp.allocate_states(self)
         acct = self.acct
