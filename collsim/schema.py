@@ -584,8 +584,7 @@ _PARALLEL = Section(
         ),
         "cp_load_balance": _flag("Causal load balancing (2 x cp chunks)."),
         "order": _choice(
-            "Rank layout, fastest-varying first (Megatron order strings; default "
-            "tp-cp-ep-dp-pp).",
+            "Rank layout, fastest-varying first (Megatron order strings; default tp-cp-ep-dp-pp).",
             _enum_values("collsim.vocab", "RankOrder"),
         ),
         "ep_overlap": _flag(
