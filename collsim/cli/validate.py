@@ -950,6 +950,19 @@ def step(
                 f"communication measured {report['local_step_s'] * 1e3:.1f} ms, the profiled "
                 f"blocks {report['profile_sum_s'] * 1e3:.1f} ms (neither used)"
             )
+        from collsim.validate.insitu import probe_summary
+
+        lines = probe_summary(report, topo)
+        if lines:
+            click.echo(
+                "# timed alone in the same loop (slowest rank, median): "
+                + "; ".join(lines)
+                + (
+                    "; collectives simulated on the topology fitted to these"
+                    if report.get("insitu_topology_yaml")
+                    else f" (not used: {report.get('insitu_note')})"
+                )
+            )
         click.echo(
             f"# {'mode':<9} {'measured(ms)':>12} {'min(ms)':>8} {'simulated(ms)':>13} "
             f"{'error':>7}  simulated breakdown (ms)"

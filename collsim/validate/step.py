@@ -358,6 +358,9 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
         if mode + STRAGGLER_SUFFIX in cfg.straggler_modes:
             timed.append(mode + STRAGGLER_SUFFIX)
     extra_keys = [m + EXTRA_SUFFIX for m in cfg.straggler_modes]
+    probes, copies = _probes(torch, dist, cfg, ctx, ddp_modules, prof_model)
+    probe_keys: list[str] = []
+    probe_sizes: dict[str, dict[str, list[int]]] = {}
     progress = None
     if cfg.progress_path is not None:
         progress = open(f"{cfg.progress_path}.rank{rank}.jsonl", "a")  # noqa: SIM115
@@ -375,6 +378,10 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
             row.append(time.perf_counter() - start)
         row += [extra_s[m][-1] for m in cfg.straggler_modes]
         keys += extra_keys
+        # the collectives of each mode alone, and DDP's gradient copies (collsim.validate.insitu)
+        probe_keys, probe_row = _run_probes(dist, probes, copies, probe_sizes)
+        row += probe_row
+        keys += probe_keys
         if progress is not None:
             import json
 
@@ -385,7 +392,7 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
     if progress is not None:
         progress.close()
     table = torch.tensor(rows, dtype=torch.float64, device=ctx.device)
-    num_prof = len(keys) - len(timed) - len(extra_keys)
+    num_prof = len(keys) - len(timed) - len(extra_keys) - len(probe_keys)
     # Steps: the slowest rank. Profiled blocks: the mean over ranks (a per-block max over ranks
     # would add up the noise of every block; the step's own max is taken once, in the engine's
     # synchronisation points).
@@ -400,9 +407,8 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
     # Blocks: the mean over iterations. A block lasts a few ms, about one scheduler time slice
     # on a shared machine, so its median is an iteration in which it was not preempted, while
     # a whole step (tens of blocks) always is; the mean keeps the preemptions in.
-    means = {
-        k: statistics.fmean(v) for k, v in columns.items() if k not in timed and k not in extra_keys
-    }
+    not_blocks = {*timed, *extra_keys, *probe_keys}
+    means = {k: statistics.fmean(v) for k, v in columns.items() if k not in not_blocks}
     profile = {k: means[k] for k in means if not k.startswith("layer")}
     profile["layer.forward"] = statistics.fmean(
         means[f"layer{i}.forward"] for i in range(cfg.num_layers)
@@ -410,7 +416,7 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
     profile["layer.backward"] = statistics.fmean(
         means[f"layer{i}.backward"] for i in range(cfg.num_layers)
     )
-    block_medians = {k: v for k, v in medians.items() if k not in timed and k not in extra_keys}
+    block_medians = {k: v for k, v in medians.items() if k not in not_blocks}
     modes: dict[str, Any] = {}
     for mode in (*cfg.modes, *cfg.straggler_modes):
         entry: dict[str, Any] = {
@@ -452,7 +458,99 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
         "compute_scale": medians[LOCAL] / profile_sum,
         "modes": modes,
         "num_parameters": sum(p.numel() for p in prof_model.parameters()),
+        **_probe_report(columns, probes, probe_sizes),
     }
+
+
+def _probes(
+    torch: Any, dist: Any, cfg: StepConfig, ctx: Any, ddp_modules: dict[str, Any], model: Any
+) -> tuple[dict[str, Any], Any]:
+    """The in-situ probes of :mod:`collsim.validate.insitu` for this rank's modes (gloo only:
+    on GPUs the collectives run on their own engines and the bench's calibration stands)."""
+    if ctx.backend != "gloo":
+        return {}, None
+    from collsim.validate.insitu import ddp_probe, fsdp_probe, time_ddp_copies
+
+    probes: dict[str, Any] = {}
+    for mode in cfg.modes:
+        if mode == "fsdp":
+            root = [model.tok, model.pos, model.ln_f]
+            units = [sum(p.numel() for m in root for p in m.parameters())]
+            units += [sum(p.numel() for p in block.parameters()) for block in model.blocks]
+            probes[mode] = fsdp_probe(torch, dist, units)
+        else:
+            probes[mode] = ddp_probe(torch, dist, ddp_modules[mode], int(mode[5:]))
+    ddp = any(m.startswith("ddp") for m in cfg.modes)
+    copies = time_ddp_copies(torch, list(model.parameters()), ctx.world_size) if ddp else None
+    return probes, copies
+
+
+def _run_probes(
+    dist: Any, probes: dict[str, Any], copies: Any, sizes: dict[str, dict[str, list[int]]]
+) -> tuple[list[str], list[float]]:
+    """One iteration of the probes, each after a barrier: column names and values (a DDP
+    mode's group time; each FSDP call's time; the copies). ``sizes`` gets each probe's call
+    sizes (bytes per call, per op) of this run."""
+    from collsim.validate.insitu import COPIES_KEY, PROBE_PREFIX
+
+    keys: list[str] = []
+    row: list[float] = []
+    for mode, probe in probes.items():
+        dist.barrier()
+        got = probe()
+        for op, value in got.items():
+            if mode.startswith("ddp"):
+                keys.append(f"{PROBE_PREFIX}{mode}:{op}")
+                row.append(value[0])
+            else:
+                for i, (t, _) in enumerate(value):
+                    keys.append(f"{PROBE_PREFIX}{mode}:{op}:{i}")
+                    row.append(t)
+        sizes[mode] = {
+            op: (value[1] if mode.startswith("ddp") else [b for _, b in value])
+            for op, value in got.items()
+        }
+    if copies is not None:
+        dist.barrier()
+        keys.append(COPIES_KEY)
+        row.append(copies())
+    return keys, row
+
+
+def _probe_report(
+    columns: dict[str, list[float]],
+    probes: dict[str, Any],
+    sizes: dict[str, dict[str, list[int]]],
+) -> dict[str, Any]:
+    """The probes' medians over iterations (slowest rank) for the report."""
+    from collsim.validate.insitu import COPIES_KEY, PROBE_PREFIX
+
+    if not probes:
+        return {}
+    out: dict[str, Any] = {}
+    for mode in probes:
+        entry: dict[str, Any] = {}
+        for op, call_sizes in sizes.get(mode, {}).items():
+            key = f"{PROBE_PREFIX}{mode}:{op}"
+            if mode.startswith("ddp"):
+                entry[op] = {
+                    "sizes_bytes": call_sizes,
+                    "median_s": statistics.median(columns[key]),
+                    "times_s": columns[key],
+                }
+            else:
+                calls = [columns[f"{key}:{i}"] for i in range(len(call_sizes))]
+                entry[op] = {
+                    "sizes_bytes": call_sizes,
+                    "call_median_s": [statistics.median(c) for c in calls],
+                    "median_s": statistics.median([sum(t) for t in zip(*calls)]),
+                }
+        out[mode] = entry
+    result: dict[str, Any] = {"comm_probe": out}
+    if COPIES_KEY in columns:
+        result["ddp_copies_s"] = statistics.median(columns[COPIES_KEY])
+        result["ddp_copies_times_s"] = columns[COPIES_KEY]
+    return result
 
 
 def _straggler_step(
@@ -510,6 +608,7 @@ def simulate_modes(
     scale_compute: bool = True,
     measured_factor: bool = False,
     device_profile: str | None = None,
+    insitu: bool = True,
 ) -> dict[str, SimulatedMode]:
     """Simulate every measured mode of ``report`` on ``topology``.
 
@@ -528,9 +627,12 @@ def simulate_modes(
         measured_factor: simulate a ``+straggler`` mode's slowed rank at its measured speed
             (local step over local step plus its measured extra seconds) instead of the
             nominal 1 / ``straggler_repeat``.
+        insitu: price the collectives on ``topology`` fitted to the collectives the report
+            timed in its own loop, and add DDP's measured gradient copies
+            (:func:`on_these_cores`); False: ``topology`` as given, no copies.
     """
     if device_profile is not None:
-        return _simulate_from_profile(report, topology, overlap, device_profile)
+        return _simulate_from_profile(report, topology, overlap, device_profile, insitu)
     from collsim.engine.step import simulate_step
     from collsim.parallel.config import (
         DDPConfig,
@@ -574,6 +676,7 @@ def simulate_modes(
     overrides = {k: float(v) * scale for k, v in report["profile"].items()}
     if overlap is None:
         overlap = not cores_busy(report)
+    topology, copies_s = on_these_cores(report, topology, insitu)
     out: dict[str, SimulatedMode] = {}
     for mode in report["modes"]:
         slowed = mode.endswith(STRAGGLER_SUFFIX)
@@ -595,14 +698,67 @@ def simulate_modes(
             op_time_overrides=overrides,
             stragglers=straggler,
         )
+        step_s, breakdown = _on_busy_cores(report, base_mode, result, copies_s)
         out[mode] = SimulatedMode(
             mode,
-            result.step_time_s,
-            dict(result.breakdown_s),
+            step_s,
+            breakdown,
             sum(c.count for c in result.collectives),
             straggler.slow_gpu.clock_factor if straggler is not None else 1.0,
         )
     return out
+
+
+def on_these_cores(report: dict[str, Any], topology: Any, insitu: bool = True) -> tuple[Any, float]:
+    """The topology and the DDP gradient copies' seconds a simulation of ``report`` uses.
+
+    With ``insitu`` and a report that timed its collectives in its own loop
+    (:mod:`collsim.validate.insitu`): ``topology`` fitted to those points, and the measured
+    copies; else ``topology`` itself and 0 (the report says why in ``insitu_note``)."""
+    if not insitu:
+        return topology, 0.0
+    from collsim.validate.insitu import insitu_topology
+
+    n = int(report["world_size"])
+    per_node = int(report.get("local_world_size", n))
+    base = str(getattr(topology, "name", "") or "localhost")
+    try:
+        from collsim.topology import resolve_topology_path
+
+        resolve_topology_path(base)
+    except Exception:  # a topology built in code, or from a file moved since: its shape only
+        base = "localhost"
+    fitted, text, why = insitu_topology(
+        report, base, nodes=max(1, n // per_node), gpus_per_node=per_node
+    )
+    report["insitu_note"] = why
+    if fitted is None:
+        return topology, 0.0
+    report["insitu_topology_yaml"] = text
+    return fitted, float(report.get("ddp_copies_s", 0.0))
+
+
+def _on_busy_cores(
+    report: dict[str, Any], base_mode: str, result: Any, copies_s: float
+) -> tuple[float, dict[str, float]]:
+    """The simulated step and breakdown of a mode on CPU ranks whose threads fill the cores
+    (:func:`cores_busy`): a DDP mode adds its gradient copies (``framework``); the FSDP step
+    adds the data-parallel link time the engine hid under compute (``dp_on_busy_cores``): a
+    collective's CPU work cannot run beside the compute without a free core."""
+    step_s = float(result.step_time_s)
+    breakdown = dict(result.breakdown_s)
+    if not cores_busy(report):
+        return step_s, breakdown
+    if base_mode.startswith("ddp") and copies_s > 0:
+        breakdown["framework"] = breakdown.get("framework", 0.0) + copies_s
+        step_s += copies_s
+    if base_mode == "fsdp":
+        link = sum(c.time_s for c in result.collectives if c.axis == "dp")
+        hidden = max(0.0, link - float(breakdown.get("dp_exposed", 0.0)))
+        if hidden > 0:
+            breakdown["dp_on_busy_cores"] = hidden
+            step_s += hidden
+    return step_s, breakdown
 
 
 def straggler_ratios(
@@ -668,7 +824,11 @@ def profile_device(report: dict[str, Any], device_profile: str) -> tuple[Any, fl
 
 
 def _simulate_from_profile(
-    report: dict[str, Any], topology: Any, overlap: bool | None, device_profile: str
+    report: dict[str, Any],
+    topology: Any,
+    overlap: bool | None,
+    device_profile: str,
+    insitu: bool = True,
 ) -> dict[str, SimulatedMode]:
     import copy
     import dataclasses
@@ -696,9 +856,22 @@ def _simulate_from_profile(
         dtype=Dtype.FP32,
         optimizer=Optimizer.SGD,
     )
-    device, _ = profile_device(report, device_profile)
-    topo = copy.copy(topology)
+    device, share = profile_device(report, device_profile)
+    fitted, _ = on_these_cores(report, topology, insitu)
+    topo = copy.copy(fitted)
     topo.device = device
+    # DDP's gradient copies from the profile, not from the probe timed on this model: 16
+    # bytes per parameter (collsim.validate.insitu) at the profile's memory-bound rate
+    copies_s = 0.0
+    if insitu and fitted is not topology:
+        from collsim.workload.compute import ComputeModel
+
+        # one kernel per gradient tensor each way: 12 per block (LayerNorm x 2, QKV, output
+        # projection, MLP up and down, weights and biases), 4 outside (embeddings, ln_f)
+        tensors = 12 * cfg.num_layers + 4
+        copies_s = ComputeModel(device, "fp32").memory_time_s(
+            16.0 * float(report["num_parameters"]), kernels=2 * tensors
+        )
     if overlap is None:
         overlap = not cores_busy(report)
     out: dict[str, SimulatedMode] = {}
@@ -712,12 +885,8 @@ def _simulate_from_profile(
                 dp=n, ddp=DDPConfig(bucket_mb=float(mode[5:]), overlap=overlap)
             )
         result = simulate_step(topo, spec, training, parallel)
-        out[mode] = SimulatedMode(
-            mode,
-            result.step_time_s,
-            dict(result.breakdown_s),
-            sum(c.count for c in result.collectives),
-        )
+        step_s, breakdown = _on_busy_cores(report, mode, result, copies_s)
+        out[mode] = SimulatedMode(mode, step_s, breakdown, sum(c.count for c in result.collectives))
     return out
 
 

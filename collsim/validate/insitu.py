@@ -1,0 +1,250 @@
+"""The collectives and the DDP gradient copies of a measured step, timed alone in the step's own
+loop, and the topology they calibrate ("in situ": under the scheduler and the load the step
+itself runs under).
+
+Why (measured on the 2-vCPU development VM, torch 2.13 gloo, 2 ranks x 1 thread): the shipped
+``localhost_gloo_n2`` topology is calibrated by ``collsim validate bench --realtime``, whose
+ranks run under ``SCHED_RR`` (``validate/README.md``, "Why --realtime"). ``validate step`` runs
+under the default policy, where every hand-off of a gloo collective (caller, process-group
+worker, transport loop) may wait out another thread's time slice: the same bench under the
+default policy (``validate/data/earlier/sched_other/localhost_gloo_n2*.csv``, loads 0-1) put a
+1 MiB all_reduce at 1.38-2.19 ms median against 0.69 ms under SCHED_RR
+(``validate/data/localhost_gloo_n2.csv``) and 16 MiB at 16.0-18.6 ms against 9.3 ms. Other
+processes on the machine stretch it further. On a quiet machine the DDP steps of ``validate
+step`` measured 17.7-19.9 ms above the no-communication step where the RR-calibrated topology
+prices their all-reduces at 8.0-9.1 ms. So the collectives are timed where the step runs:
+each iteration, after the modes, each mode's collectives alone, after a barrier, slowest rank:
+
+* a DDP mode: one all_reduce per gradient bucket of torch's reducer (the bucket sizes read back
+  from it, as :func:`collsim.validate.step.ddp_bucket_count` does), all issued at once and
+  waited for, as the reducer issues them; the time per call is the group's over the calls;
+* ``fsdp``: the sketch's collectives, one at a time as it runs them: each unit's all-gather,
+  then each unit's reduce-scatter in reverse order; each call timed.
+
+:func:`insitu_topology` fits the base topology to those points with
+:func:`collsim.validate.calibrate.calibrate` (one line per op, no knee: the points are the
+step's own sizes), so the simulated collectives cost what they cost beside this step.
+
+DDP's own gradient copies (torch ``reducer.cpp``, ``gradient_as_bucket_view=False``, torch's
+default): in backward each gradient is copied into its bucket with the division by the world
+size fused (``at::mul_out(bucket_view, grad, 1 / world_size)``), and after the bucket's
+all_reduce the bucket is copied back into the gradient (``copy_bucket_to_grad``): a read and a
+write of 4 bytes per parameter each way, 16 bytes per parameter on the rank's core, work the
+no-communication step does not do. :func:`time_ddp_copies` runs exactly those two passes over
+the model's gradients (the same tensors, a flat buffer of the model's size), in the same loop.
+
+On the CPU ranks every thread of a rank shares the cores with the compute (see
+:func:`collsim.validate.step.cores_busy`), so the simulated DDP step gets the copies added to
+its critical path (breakdown ``framework``), and the FSDP step's collectives are all exposed:
+the engine overlaps a unit's reduce-scatter with the backward of the units before it, which a
+CPU with no free core cannot do (breakdown ``dp_on_busy_cores``: the link time the engine hid).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+__all__ = [
+    "PROBE_PREFIX",
+    "COPIES_KEY",
+    "ddp_probe",
+    "fsdp_probe",
+    "time_ddp_copies",
+    "probe_points",
+    "insitu_topology",
+]
+
+#: Column prefix of a probe's per-iteration times (``comm:ddp_b1:all_reduce``).
+PROBE_PREFIX = "comm:"
+
+#: Column of the DDP gradient copies' per-iteration time.
+COPIES_KEY = "ddp_copies"
+
+
+def _bucket_numels(ddp: Any, bucket_mb: int, grads: list[Any]) -> list[int]:
+    """Elements of each bucket torch's reducer all-reduces (private accessor of torch 2.13,
+    see :func:`collsim.validate.step.ddp_bucket_count`); without it, the model's gradient
+    elements cut into ``bucket_mb`` MiB pieces (what the reducer's size cap makes)."""
+    reducer = getattr(ddp, "reducer", None)
+    get_buckets = getattr(reducer, "_get_zeros_like_grad_buckets", None)
+    if get_buckets is not None:
+        return [int(b.buffer().numel()) for b in get_buckets()]
+    total = sum(int(g.numel()) for g in grads)
+    cap = bucket_mb * 2**20 // 4
+    return [min(cap, total - i) for i in range(0, total, cap)]
+
+
+def ddp_probe(torch: Any, dist: Any, ddp: Any, bucket_mb: int) -> Any:
+    """A function that all-reduces one zero buffer per bucket of ``ddp`` (all issued, then
+    waited for) and returns ``{"all_reduce": (seconds, [bytes of each call])}``. The bucket
+    sizes are read again at each call (the reducer rebuilds its buckets after the first
+    backward); the buffers are allocated outside the timed part."""
+    buffers: list[Any] = []
+
+    def run() -> dict[str, tuple[float, list[int]]]:
+        numels = _bucket_numels(ddp, bucket_mb, [p for p in ddp.parameters()])
+        if [b.numel() for b in buffers] != numels:
+            buffers[:] = [torch.zeros(n) for n in numels]
+        start = time.perf_counter()
+        works = [dist.all_reduce(b, async_op=True) for b in buffers]
+        for w in works:
+            w.wait()
+        elapsed = time.perf_counter() - start
+        return {"all_reduce": (elapsed, [int(b.numel()) * 4 for b in buffers])}
+
+    return run
+
+
+def fsdp_probe(torch: Any, dist: Any, unit_numels: list[int]) -> Any:
+    """A function that runs the FSDP sketch's collectives for units of ``unit_numels``
+    elements (padded to the world size, as :class:`~collsim.validate.sketch.FlatShard` pads):
+    each unit's all-gather in order, then each unit's reduce-scatter in reverse order, one at a
+    time; returns per op the list of ``(seconds, nccl-tests bytes)`` of each call (the full
+    buffer's bytes for both, as nccl-tests sizes them)."""
+    n = dist.get_world_size()
+    padded = [-(-u // n) * n for u in unit_numels]
+    fulls = [torch.zeros(p) for p in padded]
+    shards = [torch.zeros(p // n) for p in padded]
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+    def run() -> dict[str, list[tuple[float, int]]]:
+        out: dict[str, list[tuple[float, int]]] = {"all_gather": [], "reduce_scatter": []}
+        for full, shard in zip(fulls, shards):
+            t0 = time.perf_counter()
+            gather(full, shard)
+            out["all_gather"].append((time.perf_counter() - t0, int(full.numel()) * 4))
+        for full, shard in zip(reversed(fulls), reversed(shards)):
+            t0 = time.perf_counter()
+            scatter(shard, full)
+            out["reduce_scatter"].append((time.perf_counter() - t0, int(full.numel()) * 4))
+        return out
+
+    return run
+
+
+def time_ddp_copies(torch: Any, params: list[Any], world_size: int) -> Any:
+    """A function that runs the reducer's two gradient passes over ``params``' gradients
+    (copy into a flat bucket scaled by 1 / world_size, then copy back) and returns seconds."""
+    total = sum(int(p.numel()) for p in params)
+    bucket = torch.zeros(total)
+    views = []
+    offset = 0
+    for p in params:
+        views.append(bucket[offset : offset + p.numel()].view_as(p))
+        offset += p.numel()
+    scale = 1.0 / world_size
+
+    def run() -> float:
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        start = time.perf_counter()
+        for view, grad in zip(views, grads):
+            torch.mul(grad, scale, out=view)
+        for view, grad in zip(views, grads):
+            grad.copy_(view)
+        return time.perf_counter() - start
+
+    return run
+
+
+def probe_points(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The in-situ points of a report as collective-table rows (``op``, ``size_bytes``,
+    ``time_us``, ...): per DDP mode one all_reduce point at the mean bucket size (the group's
+    median time over its calls), per FSDP call kind one point per distinct size (the median
+    over iterations of the slowest rank). Empty if the report has no probes."""
+    rows: list[dict[str, Any]] = []
+    n = int(report["world_size"])
+    for mode, probe in (report.get("comm_probe") or {}).items():
+        for op, entry in probe.items():
+            sizes = [int(s) for s in entry["sizes_bytes"]]
+            if not sizes:
+                continue
+            if mode.startswith("ddp"):
+                rows.append(
+                    _row(op, statistics.fmean(sizes), entry["median_s"] / len(sizes), n, mode)
+                )
+                continue
+            by_size: dict[int, list[float]] = {}
+            for size, t in zip(sizes, entry["call_median_s"]):
+                by_size.setdefault(size, []).append(float(t))
+            for size, ts in sorted(by_size.items()):
+                rows.append(_row(op, size, statistics.median(ts), n, mode))
+    return rows
+
+
+def _row(op: str, size: float, time_s: float, world_size: int, mode: str) -> dict[str, Any]:
+    return {
+        "op": op,
+        "size_bytes": int(round(size)),
+        "time_us": time_s * 1e6,
+        "world_size": world_size,
+        "wrong": 0,
+        "mode": mode,
+    }
+
+
+def insitu_topology(
+    report: dict[str, Any], base: str, *, nodes: int, gpus_per_node: int
+) -> tuple[Any, str, str]:
+    """The topology ``base`` fitted to the report's in-situ points.
+
+    Returns:
+        ``(topology, yaml_text, "")``, or ``(None, "", why not)`` when the report has no probes
+        or an op has fewer than two sizes (one DDP mode alone: a line needs two).
+    """
+    from collsim.errors import ConfigError
+    from collsim.topology import parse_topology
+    from collsim.validate.calibrate import calibrate, topology_yaml
+    from collsim.validate.dataset import Measurements
+    from collsim.yamlio import parse_yaml_text
+
+    rows = probe_points(report)
+    if not rows:
+        return None, "", "no collectives timed in the step's loop (an older report)"
+    for op in {r["op"] for r in rows}:
+        if len({r["size_bytes"] for r in rows if r["op"] == op}) < 2:
+            return None, "", f"{op} timed at one size only (a line needs two)"
+    meas = Measurements(
+        rows=rows,
+        metadata={
+            "backend": report.get("backend"),
+            "world_size": int(report["world_size"]),
+            "ranks_per_node": gpus_per_node,
+            "torch_version": report.get("torch_version"),
+            "host": "the step's own loop",
+            "date": report.get("config", {}).get("date", ""),
+        },
+        path="the collectives timed in the step's loop",
+    )
+    try:
+        cal = calibrate(meas, base=base, knees=False)
+    except ConfigError as err:
+        return None, "", f"in-situ calibration failed: {err}"
+    text = topology_yaml(cal, "insitu")
+    topo = parse_topology(parse_yaml_text(text), nodes=nodes, gpus_per_node=gpus_per_node)
+    return topo, text, ""
+
+
+def probe_summary(report: dict[str, Any], topology: Any) -> list[str]:
+    """One line per probed mode: its collectives' measured time in the step's loop beside
+    what ``topology`` prices them at, and the DDP copies."""
+    from collsim.schedule.pricing import ClosedPricer
+
+    pricer = ClosedPricer(topology)
+    ranks = tuple(range(int(report["world_size"])))
+    out = []
+    for mode, probe in (report.get("comm_probe") or {}).items():
+        parts = []
+        for op, entry in probe.items():
+            sizes = [int(s) for s in entry["sizes_bytes"]]
+            priced = sum(pricer.cost(op, s, ranks).time_s for s in sizes)
+            parts.append(
+                f"{op} {len(sizes)} x {statistics.fmean(sizes) / 1e6:.2f} MB "
+                f"{entry['median_s'] * 1e3:.1f} ms (topology {priced * 1e3:.1f})"
+            )
+        out.append(f"{mode}: " + ", ".join(parts))
+    if "ddp_copies_s" in report:
+        out.append(f"DDP gradient copies {report['ddp_copies_s'] * 1e3:.1f} ms")
+    return out

@@ -1,0 +1,136 @@
+"""The collectives timed in a step's own loop, the topology fitted to them, and the CPU-core
+rules of the simulated step (collsim.validate.insitu, collsim.validate.step)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from collsim.schedule.pricing import ClosedPricer
+from collsim.topology import load_topology
+from collsim.validate.insitu import insitu_topology, probe_points, probe_summary
+from collsim.validate.step import StepConfig, on_these_cores, simulate_modes
+
+# What step_rank writes (the figures are made up, sizes are those of the default GPT)
+PROBE: dict[str, Any] = {
+    "ddp_b1": {"all_reduce": {"sizes_bytes": [1051648] * 12 + [1083392], "median_s": 0.0195}},
+    "ddp_b25": {"all_reduce": {"sizes_bytes": [13719552], "median_s": 0.0160}},
+    "fsdp": {
+        "all_gather": {
+            "sizes_bytes": [1083392] + [3159040] * 4,
+            "call_median_s": [0.0012, 0.0031, 0.0030, 0.0032, 0.0031],
+            "median_s": 0.0136,
+        },
+        "reduce_scatter": {
+            "sizes_bytes": [3159040] * 4 + [1083392],
+            "call_median_s": [0.0052, 0.0050, 0.0051, 0.0049, 0.0021],
+            "median_s": 0.0223,
+        },
+    },
+}
+
+
+def _report() -> dict[str, Any]:
+    cfg = StepConfig(iters=3, warmup=1)
+    from dataclasses import asdict
+
+    profile = {
+        "embedding.forward": 2e-4,
+        "embedding.backward": 3e-4,
+        "layer.forward": 2.0e-3,
+        "layer.backward": 4.0e-3,
+        "head.forward": 1.0e-3,
+        "head.backward": 2.0e-3,
+        "optimizer": 2.0e-3,
+    }
+    modes = {
+        m: {"median_s": 0.045, "min_s": 0.04, "times_s": [0.045] * 3}
+        for m in ("ddp_b1", "ddp_b25", "fsdp")
+    }
+    return {
+        "world_size": 2,
+        "local_world_size": 2,
+        "cpu_count": 2,
+        "threads_per_rank": 1,
+        "backend": "gloo",
+        "torch_version": "2.13.0+cpu",
+        "profile": profile,
+        "compute_scale": 1.0,
+        "local_step_s": 0.0273,
+        "modes": modes,
+        "num_parameters": 3429888,
+        "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()},
+        "comm_probe": copy.deepcopy(PROBE),
+        "ddp_copies_s": 0.003,
+    }
+
+
+def test_probe_points_are_per_call_times() -> None:
+    rows = {(r["mode"], r["op"], r["size_bytes"]): r["time_us"] for r in probe_points(_report())}
+    # a DDP mode: its group time over its calls, at the mean bucket size
+    mean_b1 = round((12 * 1051648 + 1083392) / 13)
+    assert rows[("ddp_b1", "all_reduce", mean_b1)] == pytest.approx(19500 / 13)
+    assert rows[("ddp_b25", "all_reduce", 13719552)] == pytest.approx(16000)
+    # FSDP: one point per distinct size, the median of its calls
+    assert rows[("fsdp", "all_gather", 3159040)] == pytest.approx(3100)
+    assert rows[("fsdp", "reduce_scatter", 1083392)] == pytest.approx(2100)
+    assert probe_points({"world_size": 2}) == []
+
+
+def test_insitu_topology_reproduces_the_timed_collectives() -> None:
+    """Two sizes per op: the fitted line passes through both, so the simulator prices each
+    timed call at what it measured (within the fit's rounding to 6 digits)."""
+    topo, text, why = insitu_topology(_report(), "localhost_gloo_n2", nodes=1, gpus_per_node=2)
+    assert topo is not None and why == "" and "name: insitu" in text
+    pricer = ClosedPricer(topo)
+    for row in probe_points(_report()):
+        t = pricer.cost(row["op"], row["size_bytes"], (0, 1)).time_s
+        assert t == pytest.approx(row["time_us"] * 1e-6, rel=0.02), row
+    shipped = load_topology("localhost_gloo_n2", nodes=1, gpus_per_node=2)
+    # the step's all-reduce of 13.7 MB costs twice what the SCHED_RR bench priced it at
+    base = ClosedPricer(shipped).cost("all_reduce", 13719552, (0, 1)).time_s
+    assert pricer.cost("all_reduce", 13719552, (0, 1)).time_s > 1.5 * base
+    lines = probe_summary(_report(), shipped)
+    assert lines[0].startswith("ddp_b1: all_reduce 13 x 1.05 MB 19.5 ms (topology ")
+    assert lines[-1] == "DDP gradient copies 3.0 ms"
+
+
+def test_one_size_per_op_falls_back_to_the_given_topology() -> None:
+    report = _report()
+    del report["comm_probe"]["ddp_b1"]
+    shipped = load_topology("localhost_gloo_n2", nodes=1, gpus_per_node=2)
+    topo, copies = on_these_cores(report, shipped)
+    assert topo is shipped and copies == 0.0
+    assert "all_reduce timed at one size only" in report["insitu_note"]
+    old = _report()
+    del old["comm_probe"]
+    assert on_these_cores(old, shipped) == (shipped, 0.0)
+    assert "older report" in old["insitu_note"]
+
+
+def test_simulated_modes_on_busy_cores() -> None:
+    """DDP adds its gradient copies; FSDP exposes every collective (no free core to hide a
+    reduce-scatter under backward); both on the fitted topology."""
+    shipped = load_topology("localhost_gloo_n2", nodes=1, gpus_per_node=2)
+    report = _report()
+    sim = simulate_modes(report, shipped)
+    plain = simulate_modes(_report(), shipped, insitu=False)
+    b25 = sim["ddp_b25"]
+    assert b25.breakdown_s["framework"] == pytest.approx(0.003)
+    assert plain["ddp_b25"].breakdown_s.get("framework", 0.0) == 0.0
+    # the one bucket after backward: exposed at its timed 16.0 ms (the shipped topology: 8.0)
+    assert b25.breakdown_s["dp_exposed"] == pytest.approx(0.016, rel=0.05)
+    assert plain["ddp_b25"].breakdown_s["dp_exposed"] < 0.010
+    fsdp = sim["fsdp"]
+    exposed = fsdp.breakdown_s["dp_exposed"] + fsdp.breakdown_s.get("dp_on_busy_cores", 0.0)
+    timed = PROBE["fsdp"]["all_gather"]["median_s"] + PROBE["fsdp"]["reduce_scatter"]["median_s"]
+    assert exposed == pytest.approx(timed, rel=0.05)
+    assert fsdp.step_time_s == pytest.approx(sum(fsdp.breakdown_s.values()), rel=1e-9)
+    # on GPUs (or free cores) nothing is added
+    gpu = _report()
+    gpu["cpu_count"] = 8
+    free = simulate_modes(gpu, shipped)
+    assert free["ddp_b25"].breakdown_s.get("framework", 0.0) == 0.0
+    assert "dp_on_busy_cores" not in free["fsdp"].breakdown_s
