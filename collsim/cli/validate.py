@@ -920,6 +920,16 @@ def step(
         report["ddp_overlap_simulated"] = overlap
         report["simulated"] = {m: vars_of(s) for m, s in simulated.items()}
         report["simulated_other_overlap"] = {m: vars_of(s) for m, s in other.items()}
+        if report.get("insitu_topology_yaml"):
+            from collsim.validate.insitu import sharing_factor
+
+            click.echo(
+                "# DDP all-reduces simulated overlapping backward; the cores are shared by "
+                "every runnable thread: the local step's thread got "
+                f"{report.get('local_cpu_share', 1.0):.2f} of a core, so compute and a "
+                f"collective beside it each run {sharing_factor(report):.2f}x slower "
+                "(collsim.validate.insitu)"
+            )
         click.echo(
             f"# DDP all-reduces simulated {'overlapping' if overlap else 'after'} "
             f"backward ({report['world_size']} ranks x {report.get('threads_per_rank')} "

@@ -33,11 +33,12 @@ write of 4 bytes per parameter each way, 16 bytes per parameter on the rank's co
 no-communication step does not do. :func:`time_ddp_copies` runs exactly those two passes over
 the model's gradients (the same tensors, a flat buffer of the model's size), in the same loop.
 
-On the CPU ranks every thread of a rank shares the cores with the compute (see
-:func:`collsim.validate.step.cores_busy`), so the simulated DDP step gets the copies added to
-its critical path (breakdown ``framework``), and the FSDP step's collectives are all exposed:
-the engine overlaps a unit's reduce-scatter with the backward of the units before it, which a
-CPU with no free core cannot do (breakdown ``dp_on_busy_cores``: the link time the engine hid).
+On the CPU ranks a collective's CPU work (gloo's copies and reductions, the kernel's loopback
+copies) and the compute share the CPU the ranks get (:func:`sharing_factor`): the DDP modes are
+simulated with their buckets overlapping backward, and what the engine overlapped costs
+``(f - 1)`` x its link time more (breakdown ``dp_on_busy_cores``; f = 2 for 2 ranks of 1
+thread on 2 cores: nothing hides, quiet or, with Linux's per-session autogroup on, loaded);
+the DDP modes add their copies on the compute thread (breakdown ``framework``).
 """
 
 from __future__ import annotations
@@ -248,3 +249,57 @@ def probe_summary(report: dict[str, Any], topology: Any) -> list[str]:
     if "ddp_copies_s" in report:
         out.append(f"DDP gradient copies {report['ddp_copies_s'] * 1e3:.1f} ms")
     return out
+
+
+COMM_THREADS_PER_RANK = 1
+"""Runnable gloo threads of a rank while its collective runs: the process group's worker and
+the TCP transport loop hand each message to one another (torch ProcessGroupGloo, gloo
+``transport/tcp``), so about one of them runs at a time."""
+
+
+def sharing_factor(report: dict[str, Any]) -> float:
+    """How much slower a rank's compute and its collective run while they overlap than each
+    alone, when the CPU the ranks get is shared evenly by their runnable threads (Linux's fair
+    scheduler)::
+
+        s      = the share of a core the local step's compute thread got (CPU time / wall)
+        G      = CPU (in cores) the ranks' threads can have:
+                   C                         if s >= 0.95 (uncontended: every core)
+                   s R T                     with sched_autogroup on (the fair share is per
+                                             session: more threads do not get it more CPU)
+                   C R T / (R T + E),        else, E = C / s - max(R T, C) other runnable
+                   with E other threads      threads (the share is per thread)
+        f      = min(1, G_alone / (R T)) / min(1, G_both / (R (T + K)))
+
+    C cores, R ranks on the host, T compute threads and K comm threads per rank (G_both: G
+    with R K more threads of the ranks). f = 2 for 2 ranks of 1 thread on 2 cores, quiet or
+    (with autogroup) loaded: a collective beside the compute costs its whole time; with free
+    cores f = 1.
+    """
+    import os
+
+    cores = int(report.get("cpu_count") or os.cpu_count() or 1)
+    ranks = int(report.get("local_world_size", report["world_size"]))
+    threads = int(report.get("threads_per_rank", 1))
+    share = float(report.get("local_cpu_share", 1.0) or 1.0)
+    share = min(1.0, max(share, 1e-3))
+    alone_threads = ranks * threads
+    both_threads = alone_threads + ranks * COMM_THREADS_PER_RANK
+
+    def cpu_for(n: int) -> float:
+        if share >= UNCONTENDED_SHARE:
+            return float(cores)
+        if report.get("sched_autogroup"):
+            return share * alone_threads
+        others = max(0.0, cores / share - max(alone_threads, cores))
+        return cores * n / (n + others)
+
+    alone = min(1.0, cpu_for(alone_threads) / alone_threads)
+    both = min(1.0, cpu_for(both_threads) / both_threads)
+    return alone / both
+
+
+UNCONTENDED_SHARE = 0.95
+"""A local step whose thread got at least this share of a core ran uncontended. ASSUMPTION:
+on an idle core a single-threaded step's CPU time is within a few % of its wall time (page
+faults, interrupts); not measured on an idle host here (the development VM was loaded)."""

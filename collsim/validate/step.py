@@ -31,6 +31,14 @@ blocks scaled by ``compute_scale`` = local step / sum of the profiled blocks and
 that its compute adds up to the measured local step and the communication is what the
 comparison tests.
 
+On gloo the harness also times, in the same loop, each mode's collectives alone and DDP's
+gradient copies, and the share of a core the local step's thread got
+(:mod:`collsim.validate.insitu`): the simulated collectives are priced on the topology fitted to
+those (the shipped gloo topology is calibrated under SCHED_RR, the step runs under the default
+scheduler and whatever load the machine has), the DDP modes add their copies, and what the
+engine overlaps with compute costs ``(f - 1)`` x its time more, ``f`` the slowdown of compute
+and collective sharing the ranks' CPU (2 for 2 ranks of one thread on 2 cores: nothing hides).
+
 A straggler on purpose (``straggler_rank``): beside every DDP mode, ``<mode>+straggler`` is
 timed, in which that rank first runs extra compute and then the mode's step, inside the timed
 region; the other ranks run the mode's step and wait for it at the gradient all-reduces. The
@@ -41,7 +49,8 @@ extra seconds are timed too; :func:`simulate_modes` simulates the mode with the 
 of :mod:`collsim.stragglers` on that rank, at the nominal clock factor ``1 / straggler_repeat``
 or (``measured_factor``) at its measured speed, local step / (local step + extra seconds).
 The comparison is the slowdown ratio, straggler step over normal step, of the measurement and
-of the simulation (:func:`straggler_ratios`). With ``progress_path`` set,
+of the simulation (:func:`straggler_ratios`). The normal modes are timed first in each
+iteration, then the straggler modes. With ``progress_path`` set,
 each rank appends every iteration's own timings to ``<progress_path>.rank<r>.jsonl`` as they
 are taken.
 """
@@ -351,16 +360,17 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
             cfg.straggler_repeat - 1 if rank == cfg.straggler_rank else 0,
             cfg.straggler_delay_s if rank == cfg.straggler_rank else 0.0,
         )
-    # each straggler mode right after its normal mode: the paired ratio sees the same load
-    timed = [LOCAL]
-    for mode in cfg.modes:
-        timed.append(mode)
-        if mode + STRAGGLER_SUFFIX in cfg.straggler_modes:
-            timed.append(mode + STRAGGLER_SUFFIX)
+    # The normal modes first, then the straggler modes: the paired ratio (same iteration)
+    # still sees the same load. Timed each right after its normal mode, a normal mode that
+    # followed the previous straggler mode (rank 1 spinning 100 ms) came out slow under load
+    # (ddp_b25 after ddp_b1+straggler: straggler ratio +15 to +32 % in 4 runs at 1-min loads
+    # 6-10; in this order +10 % in the one run at load 9.6).
+    timed = [LOCAL, *cfg.modes, *cfg.straggler_modes]
     extra_keys = [m + EXTRA_SUFFIX for m in cfg.straggler_modes]
     probes, copies = _probes(torch, dist, cfg, ctx, ddp_modules, prof_model)
     probe_keys: list[str] = []
     probe_sizes: dict[str, dict[str, list[int]]] = {}
+    shares: list[float] = []
     progress = None
     if cfg.progress_path is not None:
         progress = open(f"{cfg.progress_path}.rank{rank}.jsonl", "a")  # noqa: SIM115
@@ -374,8 +384,12 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
         for mode in timed:
             dist.barrier()
             start = time.perf_counter()
+            cpu0 = time.thread_time()
             steps[mode]()
             row.append(time.perf_counter() - start)
+            if mode == LOCAL and it >= cfg.warmup:
+                # the share of a core this rank's one compute thread got (collsim.validate.insitu)
+                shares.append((time.thread_time() - cpu0) / max(row[-1], 1e-9))
         row += [extra_s[m][-1] for m in cfg.straggler_modes]
         keys += extra_keys
         # the collectives of each mode alone, and DDP's gradient copies (collsim.validate.insitu)
@@ -402,6 +416,9 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
     step_part = table[:, num_prof:].clone()
     dist.all_reduce(step_part, op=dist.ReduceOp.MAX)
     table = torch.cat([prof_part, step_part], dim=1).cpu()
+    share = torch.tensor([statistics.median(shares)], dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(share)
+    local_cpu_share = float(share[0]) / ctx.world_size
     columns = {k: [float(v) for v in table[:, j]] for j, k in enumerate(keys)}
     medians = {k: statistics.median(v) for k, v in columns.items()}
     # Blocks: the mean over iterations. A block lasts a few ms, about one scheduler time slice
@@ -458,8 +475,21 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
         "compute_scale": medians[LOCAL] / profile_sum,
         "modes": modes,
         "num_parameters": sum(p.numel() for p in prof_model.parameters()),
+        "local_cpu_share": local_cpu_share,
+        "sched_autogroup": _autogroup(),
         **_probe_report(columns, probes, probe_sizes),
     }
+
+
+def _autogroup() -> bool | None:
+    """Whether Linux groups the fair scheduler's share by session (``sched_autogroup``):
+    then the ranks of one command share one session's CPU whatever their thread count."""
+    from pathlib import Path
+
+    try:
+        return Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1"
+    except OSError:
+        return None
 
 
 def _probes(
@@ -677,6 +707,8 @@ def simulate_modes(
     if overlap is None:
         overlap = not cores_busy(report)
     topology, copies_s = on_these_cores(report, topology, insitu)
+    if copies_s > 0:  # the sharing of the cores prices the overlap (_on_busy_cores)
+        overlap = True
     out: dict[str, SimulatedMode] = {}
     for mode in report["modes"]:
         slowed = mode.endswith(STRAGGLER_SUFFIX)
@@ -741,23 +773,27 @@ def on_these_cores(report: dict[str, Any], topology: Any, insitu: bool = True) -
 def _on_busy_cores(
     report: dict[str, Any], base_mode: str, result: Any, copies_s: float
 ) -> tuple[float, dict[str, float]]:
-    """The simulated step and breakdown of a mode on CPU ranks whose threads fill the cores
-    (:func:`cores_busy`): a DDP mode adds its gradient copies (``framework``); the FSDP step
-    adds the data-parallel link time the engine hid under compute (``dp_on_busy_cores``): a
-    collective's CPU work cannot run beside the compute without a free core."""
+    """The simulated step and breakdown of a mode on CPU ranks (gloo) with in-situ data
+    (``copies_s`` > 0): a DDP mode adds its gradient copies (``framework``, on the compute
+    thread); every mode adds ``dp_on_busy_cores``, the data-parallel link time the engine hid
+    under compute times (f - 1), f of :func:`collsim.validate.insitu.sharing_factor`: while a
+    collective runs beside the compute, both share the cores with every other runnable thread
+    (f = 2 on a quiet host whose cores the ranks fill: nothing is hidden)."""
     step_s = float(result.step_time_s)
     breakdown = dict(result.breakdown_s)
-    if not cores_busy(report):
+    if report.get("backend") != "gloo" or copies_s <= 0:
         return step_s, breakdown
-    if base_mode.startswith("ddp") and copies_s > 0:
+    from collsim.validate.insitu import sharing_factor
+
+    if base_mode.startswith("ddp"):
         breakdown["framework"] = breakdown.get("framework", 0.0) + copies_s
         step_s += copies_s
-    if base_mode == "fsdp":
-        link = sum(c.time_s for c in result.collectives if c.axis == "dp")
-        hidden = max(0.0, link - float(breakdown.get("dp_exposed", 0.0)))
-        if hidden > 0:
-            breakdown["dp_on_busy_cores"] = hidden
-            step_s += hidden
+    link = sum(c.time_s for c in result.collectives if c.axis == "dp")
+    hidden = max(0.0, link - float(breakdown.get("dp_exposed", 0.0)))
+    extra = hidden * (sharing_factor(report) - 1.0)
+    if extra > 0:
+        breakdown["dp_on_busy_cores"] = extra
+        step_s += extra
     return step_s, breakdown
 
 
@@ -872,8 +908,8 @@ def _simulate_from_profile(
         copies_s = ComputeModel(device, "fp32").memory_time_s(
             16.0 * float(report["num_parameters"]), kernels=2 * tensors
         )
-    if overlap is None:
-        overlap = not cores_busy(report)
+    if overlap is None or copies_s > 0:
+        overlap = copies_s > 0 or not cores_busy(report)
     out: dict[str, SimulatedMode] = {}
     for mode in report["modes"]:
         if mode == "fsdp":

@@ -10,7 +10,7 @@ import pytest
 
 from collsim.schedule.pricing import ClosedPricer
 from collsim.topology import load_topology
-from collsim.validate.insitu import insitu_topology, probe_points, probe_summary
+from collsim.validate.insitu import insitu_topology, probe_points, probe_summary, sharing_factor
 from collsim.validate.step import StepConfig, on_these_cores, simulate_modes
 
 # What step_rank writes (the figures are made up, sizes are those of the default GPT)
@@ -120,17 +120,46 @@ def test_simulated_modes_on_busy_cores() -> None:
     b25 = sim["ddp_b25"]
     assert b25.breakdown_s["framework"] == pytest.approx(0.003)
     assert plain["ddp_b25"].breakdown_s.get("framework", 0.0) == 0.0
-    # the one bucket after backward: exposed at its timed 16.0 ms (the shipped topology: 8.0)
-    assert b25.breakdown_s["dp_exposed"] == pytest.approx(0.016, rel=0.05)
+    # the gradients' all-reduce at its timed 16.0 ms (the shipped topology: 8.0), all on the
+    # critical path (a quiet host: f = 2, what overlaps costs its whole time)
+    on_path = b25.breakdown_s["dp_exposed"] + b25.breakdown_s.get("dp_on_busy_cores", 0.0)
+    assert on_path == pytest.approx(0.016, rel=0.05)
     assert plain["ddp_b25"].breakdown_s["dp_exposed"] < 0.010
     fsdp = sim["fsdp"]
     exposed = fsdp.breakdown_s["dp_exposed"] + fsdp.breakdown_s.get("dp_on_busy_cores", 0.0)
     timed = PROBE["fsdp"]["all_gather"]["median_s"] + PROBE["fsdp"]["reduce_scatter"]["median_s"]
     assert exposed == pytest.approx(timed, rel=0.05)
     assert fsdp.step_time_s == pytest.approx(sum(fsdp.breakdown_s.values()), rel=1e-9)
-    # on GPUs (or free cores) nothing is added
-    gpu = _report()
-    gpu["cpu_count"] = 8
-    free = simulate_modes(gpu, shipped)
-    assert free["ddp_b25"].breakdown_s.get("framework", 0.0) == 0.0
+    # with free cores a collective runs beside the compute (the copies stay: compute thread)
+    wide = _report()
+    wide["cpu_count"] = 8
+    free = simulate_modes(wide, shipped)
+    assert free["ddp_b25"].breakdown_s["framework"] == pytest.approx(0.003)
     assert "dp_on_busy_cores" not in free["fsdp"].breakdown_s
+    # a GPU report: nothing added
+    gpu = _report()
+    gpu["backend"] = "nccl"
+    assert "dp_on_busy_cores" not in simulate_modes(gpu, shipped)["fsdp"].breakdown_s
+
+
+@pytest.mark.parametrize(
+    "cores, ranks, share, autogroup, factor",
+    [
+        (2, 2, 1.0, True, 2.0),  # quiet, the ranks fill the cores: overlap buys nothing
+        (2, 2, 0.25, True, 2.0),  # loaded, one session's share split by its own threads
+        (2, 2, 0.5, False, 1.5),  # per thread: 2 others, 4 runnable alone, 6 with comm
+        (2, 2, 0.25, False, 1.25),  # 6 others: 8 alone, 10 with
+        (8, 2, 1.0, True, 1.0),  # free cores: the comm threads run beside the compute
+    ],
+)
+def test_sharing_factor(
+    cores: int, ranks: int, share: float, autogroup: bool, factor: float
+) -> None:
+    report = {
+        "world_size": ranks,
+        "cpu_count": cores,
+        "threads_per_rank": 1,
+        "local_cpu_share": share,
+        "sched_autogroup": autogroup,
+    }
+    assert sharing_factor(report) == pytest.approx(factor, rel=1e-12)
