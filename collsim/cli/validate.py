@@ -923,9 +923,10 @@ def step(
         if report.get("insitu_topology_yaml"):
             from collsim.validate.insitu import sharing_factor
 
+            scope = "this session's" if report.get("sched_autogroup") else "every"
             click.echo(
-                "# DDP all-reduces simulated overlapping backward; the cores are shared by "
-                "every runnable thread: the local step's thread got "
+                "# DDP all-reduces simulated overlapping backward; the ranks' CPU is shared by "
+                f"{scope} runnable threads: the local step's thread got "
                 f"{report.get('local_cpu_share', 1.0):.2f} of a core, so compute and a "
                 f"collective beside it each run {sharing_factor(report):.2f}x slower "
                 "(collsim.validate.insitu)"
