@@ -186,14 +186,32 @@ def _row(op: str, size: float, time_s: float, world_size: int, mode: str) -> dic
     }
 
 
+def _second_point(row: dict[str, Any], base: str, nodes: int, gpus_per_node: int) -> dict[str, Any]:
+    """An op timed at one size only (one DDP mode): a line needs two points, so the second is
+    the base topology's time at twice the size, scaled by timed / base at the timed size (the
+    base's shape of the line, through the timed point)."""
+    from collsim.schedule.pricing import ClosedPricer
+    from collsim.topology import load_topology
+
+    pricer = ClosedPricer(load_topology(base, nodes=nodes, gpus_per_node=gpus_per_node))
+    ranks = tuple(range(int(row["world_size"])))
+    size = int(row["size_bytes"])
+    scale = row["time_us"] * 1e-6 / pricer.cost(row["op"], size, ranks).time_s
+    time_s = scale * pricer.cost(row["op"], 2 * size, ranks).time_s
+    return _row(row["op"], 2 * size, time_s, int(row["world_size"]), "base line")
+
+
 def insitu_topology(
     report: dict[str, Any], base: str, *, nodes: int, gpus_per_node: int
 ) -> tuple[Any, str, str]:
     """The topology ``base`` fitted to the report's in-situ points.
 
+    An op timed at one size only (one DDP mode alone) gets a second point from the base
+    topology's line through the timed one (:func:`_second_point`).
+
     Returns:
         ``(topology, yaml_text, "")``, or ``(None, "", why not)`` when the report has no probes
-        or an op has fewer than two sizes (one DDP mode alone: a line needs two).
+        or the fit fails.
     """
     from collsim.errors import ConfigError
     from collsim.topology import parse_topology
@@ -204,9 +222,10 @@ def insitu_topology(
     rows = probe_points(report)
     if not rows:
         return None, "", "no collectives timed in the step's loop (an older report)"
-    for op in {r["op"] for r in rows}:
-        if len({r["size_bytes"] for r in rows if r["op"] == op}) < 2:
-            return None, "", f"{op} timed at one size only (a line needs two)"
+    for op in sorted({r["op"] for r in rows}):
+        mine = [r for r in rows if r["op"] == op]
+        if len({r["size_bytes"] for r in mine}) < 2:
+            rows.append(_second_point(mine[0], base, nodes, gpus_per_node))
     meas = Measurements(
         rows=rows,
         metadata={

@@ -97,13 +97,21 @@ def test_insitu_topology_reproduces_the_timed_collectives() -> None:
     assert lines[-1] == "DDP gradient copies 3.0 ms"
 
 
-def test_one_size_per_op_falls_back_to_the_given_topology() -> None:
+def test_one_size_per_op_follows_the_base_line_through_the_timed_point() -> None:
     report = _report()
     del report["comm_probe"]["ddp_b1"]
     shipped = load_topology("localhost_gloo_n2", nodes=1, gpus_per_node=2)
     topo, copies = on_these_cores(report, shipped)
-    assert topo is shipped and copies == 0.0
-    assert "all_reduce timed at one size only" in report["insitu_note"]
+    assert topo is not shipped and copies == pytest.approx(0.003)
+    assert report["insitu_note"] == ""
+    fitted, base = ClosedPricer(topo), ClosedPricer(shipped)
+    timed = 0.016
+    # through the timed point, and at twice the size the base's time x timed / base
+    assert fitted.cost("all_reduce", 13719552, (0, 1)).time_s == pytest.approx(timed, rel=0.02)
+    scale = timed / base.cost("all_reduce", 13719552, (0, 1)).time_s
+    assert fitted.cost("all_reduce", 2 * 13719552, (0, 1)).time_s == pytest.approx(
+        scale * base.cost("all_reduce", 2 * 13719552, (0, 1)).time_s, rel=0.02
+    )
     old = _report()
     del old["comm_probe"]
     assert on_these_cores(old, shipped) == (shipped, 0.0)
