@@ -150,6 +150,63 @@ def time_ddp_copies(torch: Any, params: list[Any], world_size: int) -> Any:
     return run
 
 
+#: Columns of the overlap probe: a fixed compute alone, collectives alone, both at once.
+OVERLAP_KEYS = ("overlap:compute", "overlap:comm", "overlap:both")
+
+OVERLAP_GEMM = (512, 12)
+"""The overlap probe's compute: 12 fp32 GEMMs of 512 x 512 x 512 (3.2 GFLOP in all; a generic
+shape, not the validated model's), longer than the collectives beside it so that they can
+hide in it."""
+
+
+def overlap_probe(torch: Any, dist: Any, numel: int, piece_numel: int = 2**18) -> Any:
+    """A function that times, on this rank: the compute of :data:`OVERLAP_GEMM` alone; the
+    all-reduce of ``numel`` fp32 elements in pieces of ``piece_numel`` (1 MiB: DDP's bucket
+    at 1 MB) issued at once, alone; and both at once (the pieces issued, then the compute,
+    then the wait), each after a barrier. Returns the three seconds."""
+    dim, count = OVERLAP_GEMM
+    a, b = torch.randn(dim, dim), torch.randn(dim, dim)
+    pieces = [torch.zeros(min(piece_numel, numel - i)) for i in range(0, numel, piece_numel)]
+
+    def compute() -> None:
+        for _ in range(count):
+            torch.mm(a, b)
+
+    def comm() -> list[Any]:
+        return [dist.all_reduce(p, async_op=True) for p in pieces]
+
+    def run() -> tuple[float, float, float]:
+        dist.barrier()
+        t0 = time.perf_counter()
+        compute()
+        alone = time.perf_counter() - t0
+        dist.barrier()
+        t0 = time.perf_counter()
+        for w in comm():
+            w.wait()
+        comm_s = time.perf_counter() - t0
+        dist.barrier()
+        t0 = time.perf_counter()
+        works = comm()
+        compute()
+        for w in works:
+            w.wait()
+        both = time.perf_counter() - t0
+        return alone, comm_s, both
+
+    return run
+
+
+def measured_overlap_cost(report: dict[str, Any]) -> float | None:
+    """f - 1 measured by :func:`overlap_probe` (medians, slowest rank): what the collectives
+    added to the compute they ran beside, over their time alone, (both - compute) / comm,
+    at least 0; None without the probe. PS on one core gives 1, a free core 0."""
+    probe = report.get("overlap_probe")
+    if not probe or probe.get("comm_s", 0.0) <= 0:
+        return None
+    return max(0.0, (float(probe["both_s"]) - float(probe["compute_s"])) / float(probe["comm_s"]))
+
+
 def probe_points(report: dict[str, Any]) -> list[dict[str, Any]]:
     """The in-situ points of a report as collective-table rows (``op``, ``size_bytes``,
     ``time_us``, ...): per DDP mode one all_reduce point at the mean bucket size (the group's
@@ -277,7 +334,9 @@ the TCP transport loop hand each message to one another (torch ProcessGroupGloo,
 
 
 def sharing_factor(report: dict[str, Any]) -> float:
-    """How much slower a rank's compute and its collective run while they overlap than each
+    """1 + the measured overlap cost (:func:`measured_overlap_cost`) when the report has it;
+    else from the share of a core the local step got. How much slower a rank's compute and
+    its collective run while they overlap than each
     alone, when the CPU the ranks get is shared evenly by their runnable threads (Linux's fair
     scheduler)::
 
@@ -297,6 +356,9 @@ def sharing_factor(report: dict[str, Any]) -> float:
     """
     import os
 
+    measured = measured_overlap_cost(report)
+    if measured is not None:
+        return 1.0 + measured
     cores = int(report.get("cpu_count") or os.cpu_count() or 1)
     ranks = int(report.get("local_world_size", report["world_size"]))
     threads = int(report.get("threads_per_rank", 1))

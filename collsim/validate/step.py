@@ -512,6 +512,11 @@ def _probes(
             probes[mode] = ddp_probe(torch, dist, ddp_modules[mode], int(mode[5:]))
     ddp = any(m.startswith("ddp") for m in cfg.modes)
     copies = time_ddp_copies(torch, list(model.parameters()), ctx.world_size) if ddp else None
+    if probes:
+        from collsim.validate.insitu import overlap_probe
+
+        numel = sum(int(p.numel()) for p in model.parameters())
+        probes["overlap"] = overlap_probe(torch, dist, numel)
     return probes, copies
 
 
@@ -526,6 +531,12 @@ def _run_probes(
     keys: list[str] = []
     row: list[float] = []
     for mode, probe in probes.items():
+        if mode == "overlap":
+            from collsim.validate.insitu import OVERLAP_KEYS
+
+            keys += list(OVERLAP_KEYS)
+            row += list(probe())
+            continue
         dist.barrier()
         got = probe()
         for op, value in got.items():
@@ -558,7 +569,14 @@ def _probe_report(
     if not probes:
         return {}
     out: dict[str, Any] = {}
+    result: dict[str, Any] = {}
     for mode in probes:
+        if mode == "overlap":
+            from collsim.validate.insitu import OVERLAP_KEYS
+
+            c, m, b = (statistics.median(columns[k]) for k in OVERLAP_KEYS)
+            result["overlap_probe"] = {"compute_s": c, "comm_s": m, "both_s": b}
+            continue
         entry: dict[str, Any] = {}
         for op, call_sizes in sizes.get(mode, {}).items():
             key = f"{PROBE_PREFIX}{mode}:{op}"
@@ -576,7 +594,7 @@ def _probe_report(
                     "median_s": statistics.median([sum(t) for t in zip(*calls)]),
                 }
         out[mode] = entry
-    result: dict[str, Any] = {"comm_probe": out}
+    result["comm_probe"] = out
     if COPIES_KEY in columns:
         result["ddp_copies_s"] = statistics.median(columns[COPIES_KEY])
         result["ddp_copies_times_s"] = columns[COPIES_KEY]

@@ -171,3 +171,13 @@ def test_sharing_factor(
         "sched_autogroup": autogroup,
     }
     assert sharing_factor(report) == pytest.approx(factor, rel=1e-12)
+
+
+def test_measured_overlap_cost_sets_the_factor() -> None:
+    report = {"world_size": 2, "cpu_count": 2, "threads_per_rank": 1, "sched_autogroup": True}
+    assert sharing_factor(report) == pytest.approx(2.0)
+    # the collectives (20 ms alone) added 5 ms to a 40 ms compute they ran beside
+    report["overlap_probe"] = {"compute_s": 0.040, "comm_s": 0.020, "both_s": 0.045}
+    assert sharing_factor(report) == pytest.approx(1.25)
+    report["overlap_probe"] = {"compute_s": 0.040, "comm_s": 0.020, "both_s": 0.039}
+    assert sharing_factor(report) == pytest.approx(1.0)  # never below: nothing is gained
