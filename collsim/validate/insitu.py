@@ -384,3 +384,42 @@ UNCONTENDED_SHARE = 0.95
 """A local step whose thread got at least this share of a core ran uncontended. ASSUMPTION:
 on an idle core a single-threaded step's CPU time is within a few % of its wall time (page
 faults, interrupts); not measured on an idle host here (the development VM was loaded)."""
+
+
+def peer_idle_boost(report: dict[str, Any]) -> float:
+    """How much faster a rank's compute runs while the other ranks of its host wait for it
+    (a straggler's, once its peers have reached the gradient all-reduce) than in a step where
+    every rank computes (the local step, share ``s`` of a core)::
+
+        uncontended (s >= UNCONTENDED_SHARE)   1 (each rank had its core already)
+        sched_autogroup on                     min(1 / s, R)   the session's CPU, s R T
+                                               cores, now for one rank's T threads
+        per thread                             min(1, C / (E + T)) / s, E as in
+                                               :func:`sharing_factor`
+    """
+    import os
+
+    share = float(report.get("local_cpu_share", 1.0) or 1.0)
+    if share >= UNCONTENDED_SHARE:
+        return 1.0
+    share = max(share, 1e-3)
+    cores = int(report.get("cpu_count") or os.cpu_count() or 1)
+    ranks = int(report.get("local_world_size", report["world_size"]))
+    threads = int(report.get("threads_per_rank", 1))
+    if report.get("sched_autogroup"):
+        return max(1.0, min(1.0 / share, float(ranks)))
+    others = max(0.0, cores / share - max(ranks * threads, cores))
+    return max(1.0, min(1.0, cores / (others + threads)) / share)
+
+
+def straggler_span_s(local_s: float, extra_s: float, boost: float) -> float:
+    """The slowed rank's compute span in a straggler step: ``extra_s`` of its extra work (on
+    the wall clock), then a local step's compute, at the local step's speed while its peers
+    still compute (until ``local_s``), ``boost`` x faster after (:func:`peer_idle_boost`)::
+
+        local_s + extra_s / boost        if local_s > extra_s
+        extra_s + local_s / boost        otherwise
+    """
+    if local_s > extra_s:
+        return local_s + extra_s / boost
+    return extra_s + local_s / boost

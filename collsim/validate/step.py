@@ -719,14 +719,22 @@ def simulate_modes(
         extra = report["modes"][mode].get("extra_median_s")
         if measured_factor and extra:
             factor = local / (local + float(extra))
+        if boost > 1.0:  # its peers idle at the all-reduce: it gets their CPU (insitu)
+            from collsim.validate.insitu import straggler_span_s
+
+            factor = local / straggler_span_s(local, local / factor - local, boost)
         return StragglerConfig(slow_gpu=SlowGPU(ranks=(cfg.straggler_rank,), clock_factor=factor))
 
     overrides = {k: float(v) * scale for k, v in report["profile"].items()}
     if overlap is None:
         overlap = not cores_busy(report)
     topology, copies_s = on_these_cores(report, topology, insitu)
+    boost = 1.0
     if copies_s > 0:  # the sharing of the cores prices the overlap (_on_busy_cores)
+        from collsim.validate.insitu import peer_idle_boost
+
         overlap = True
+        boost = peer_idle_boost(report)
     out: dict[str, SimulatedMode] = {}
     for mode in report["modes"]:
         slowed = mode.endswith(STRAGGLER_SUFFIX)

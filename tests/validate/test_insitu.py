@@ -181,3 +181,18 @@ def test_measured_overlap_cost_sets_the_factor() -> None:
     assert sharing_factor(report) == pytest.approx(1.25)
     report["overlap_probe"] = {"compute_s": 0.040, "comm_s": 0.020, "both_s": 0.039}
     assert sharing_factor(report) == pytest.approx(1.0)  # never below: nothing is gained
+
+
+def test_peer_idle_boost_and_straggler_span() -> None:
+    from collsim.validate.insitu import peer_idle_boost, straggler_span_s
+
+    report = {"world_size": 2, "cpu_count": 2, "threads_per_rank": 1, "sched_autogroup": True}
+    assert peer_idle_boost({**report, "local_cpu_share": 1.0}) == 1.0  # its own core already
+    assert peer_idle_boost({**report, "local_cpu_share": 0.5}) == pytest.approx(2.0)
+    assert peer_idle_boost({**report, "local_cpu_share": 0.7}) == pytest.approx(1 / 0.7)
+    assert peer_idle_boost({**report, "local_cpu_share": 0.2}) == pytest.approx(2.0)  # R = 2
+    # a 100 ms spin, then a 60 ms local step's compute, all of it after the peer finished
+    assert straggler_span_s(0.060, 0.100, 2.0) == pytest.approx(0.100 + 0.030)
+    # a 200 ms local step: the peer computes until 200 ms, the last 100 ms of work go 2x
+    assert straggler_span_s(0.200, 0.100, 2.0) == pytest.approx(0.200 + 0.050)
+    assert straggler_span_s(0.200, 0.100, 1.0) == pytest.approx(0.300)  # no boost: the sum
