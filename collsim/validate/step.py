@@ -706,24 +706,11 @@ def simulate_modes(
     scale = float(report.get("compute_scale", 1.0)) if scale_compute else 1.0
 
     def stragglers_for(mode: str) -> Any:
-        """The simulated straggler of a ``+straggler`` mode: the nominal clock factor
-        1 / repeat, or (``measured_factor``) the slowed rank's measured speed, local step /
-        (local step + its measured extra seconds)."""
-        from collsim.stragglers import SlowGPU, StragglerConfig
-
-        assert cfg.straggler_rank is not None
-        local = float(report["local_step_s"])
-        factor = 1 / cfg.straggler_repeat
-        if cfg.straggler_delay_s > 0:  # nominally: the delay added to a local step
-            factor = local / (local + cfg.straggler_delay_s)
+        """The simulated straggler of a ``+straggler`` mode (:func:`_slowed_rank`), with the
+        slowed rank's measured extra seconds when ``measured_factor``."""
         extra = report["modes"][mode].get("extra_median_s")
-        if measured_factor and extra:
-            factor = local / (local + float(extra))
-        if boost > 1.0:  # its peers idle at the all-reduce: it gets their CPU (insitu)
-            from collsim.validate.insitu import straggler_span_s
-
-            factor = local / straggler_span_s(local, local / factor - local, boost)
-        return StragglerConfig(slow_gpu=SlowGPU(ranks=(cfg.straggler_rank,), clock_factor=factor))
+        measured = float(extra) if measured_factor and extra else None
+        return _slowed_rank(cfg, float(report["local_step_s"]), measured, boost)
 
     overrides = {k: float(v) * scale for k, v in report["profile"].items()}
     if overlap is None:
@@ -765,6 +752,27 @@ def simulate_modes(
             straggler.slow_gpu.clock_factor if straggler is not None else 1.0,
         )
     return out
+
+
+def _slowed_rank(cfg: StepConfig, local_s: float, extra_s: float | None, boost: float) -> Any:
+    """The ``stragglers`` of a ``+straggler`` mode: the slowed rank at the nominal clock
+    factor 1 / repeat, or with a delay the local step over local step + delay, or with
+    ``extra_s`` (measured) local step / (local step + extra); with ``boost`` > 1 the span is
+    :func:`collsim.validate.insitu.straggler_span_s` (its compute gets the CPU of its waiting
+    peers)."""
+    from collsim.stragglers import SlowGPU, StragglerConfig
+
+    assert cfg.straggler_rank is not None
+    factor = 1 / cfg.straggler_repeat
+    if cfg.straggler_delay_s > 0:  # nominally: the delay added to a local step
+        factor = local_s / (local_s + cfg.straggler_delay_s)
+    if extra_s:
+        factor = local_s / (local_s + extra_s)
+    if boost > 1.0:  # its peers idle at the all-reduce: it gets their CPU (insitu)
+        from collsim.validate.insitu import straggler_span_s
+
+        factor = local_s / straggler_span_s(local_s, local_s / factor - local_s, boost)
+    return StragglerConfig(slow_gpu=SlowGPU(ranks=(cfg.straggler_rank,), clock_factor=factor))
 
 
 def on_these_cores(report: dict[str, Any], topology: Any, insitu: bool = True) -> tuple[Any, float]:
@@ -936,20 +944,41 @@ def _simulate_from_profile(
         )
     if overlap is None or copies_s > 0:
         overlap = copies_s > 0 or not cores_busy(report)
+    boost = 1.0
+    if copies_s > 0:
+        from collsim.validate.insitu import peer_idle_boost
+
+        boost = peer_idle_boost(report)
     out: dict[str, SimulatedMode] = {}
-    for mode in report["modes"]:
-        if mode == "fsdp":
+    # the normal modes first: a straggler mode's slowed rank is relative to its simulated
+    # compute (the profile's, not the measured local step)
+    order = sorted(report["modes"], key=lambda m: m.endswith(STRAGGLER_SUFFIX))
+    for mode in order:
+        base_mode = mode.removesuffix(STRAGGLER_SUFFIX)
+        if base_mode == "fsdp":
             parallel = ParallelConfig(
                 dp=n, zero=3, fsdp=FSDPConfig(prefetch=0, reshard_after_forward=False)
             )
         else:
             parallel = ParallelConfig(
-                dp=n, ddp=DDPConfig(bucket_mb=float(mode[5:]), overlap=overlap)
+                dp=n, ddp=DDPConfig(bucket_mb=float(base_mode[5:]), overlap=overlap)
             )
-        result = simulate_step(topo, spec, training, parallel)
-        step_s, breakdown = _on_busy_cores(report, mode, result, copies_s)
-        out[mode] = SimulatedMode(mode, step_s, breakdown, sum(c.count for c in result.collectives))
-    return out
+        straggler = None
+        if mode != base_mode:
+            parts = out[base_mode].breakdown_s
+            local = parts.get("compute", 0.0) + parts.get("optimizer", 0.0)
+            extra = report["modes"][mode].get("extra_median_s")
+            straggler = _slowed_rank(cfg, local, float(extra) if extra else None, boost)
+        result = simulate_step(topo, spec, training, parallel, stragglers=straggler)
+        step_s, breakdown = _on_busy_cores(report, base_mode, result, copies_s)
+        out[mode] = SimulatedMode(
+            mode,
+            step_s,
+            breakdown,
+            sum(c.count for c in result.collectives),
+            straggler.slow_gpu.clock_factor if straggler is not None else 1.0,
+        )
+    return {m: out[m] for m in report["modes"]}
 
 
 def cores_busy(report: dict[str, Any]) -> bool:

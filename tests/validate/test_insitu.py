@@ -196,3 +196,40 @@ def test_peer_idle_boost_and_straggler_span() -> None:
     # a 200 ms local step: the peer computes until 200 ms, the last 100 ms of work go 2x
     assert straggler_span_s(0.200, 0.100, 2.0) == pytest.approx(0.200 + 0.050)
     assert straggler_span_s(0.200, 0.100, 1.0) == pytest.approx(0.300)  # no boost: the sum
+
+
+def test_profile_path_simulates_straggler_modes_on_the_fitted_topology(tmp_path) -> None:
+    """With a device profile (compute from the model): the in-situ topology and the copies
+    from the profile's memory-bound rate; a ``+straggler`` mode relative to the simulated
+    compute of its normal mode."""
+    from collsim.validate.compute import write_profile
+
+    # a synthetic profile, rates that do not depend on shape (as in test_compute_profile)
+    measured = {
+        "gemm": [
+            [m, n, k, "fp32", 0.05] for m in (64, 4096) for n in (64, 4096) for k in (64, 4096)
+        ],
+        "attention": [["flash2", True, 64, s, 0.02, 0.02] for s in (128, 4096)],
+        "bandwidth": [[65536.0, 10.0], [268435456.0, 10.0]],
+        "optimizer_bytes_per_s": 1e10,
+        "launch_us": 0.0,
+        "host_us": 0.0,
+        "notes": {"threads": 1, "torch": "none", "device": "cpu", "measured_at_utc": "-"},
+    }
+    path = write_profile(tmp_path / "p.yaml", measured)
+    shipped = load_topology("localhost_gloo_n2", nodes=1, gpus_per_node=2)
+    report = _report()
+    report["config"].update(straggler_rank=1, straggler_delay_s=0.1)
+    report["modes"]["ddp_b25+straggler"] = {"median_s": 0.15, "extra_median_s": 0.1}
+    sim = simulate_modes(report, shipped, device_profile=str(path))
+    plain = simulate_modes(report, shipped, device_profile=str(path), insitu=False)
+    # the copies: 16 B per parameter at the profile's 10 GB/s, beside the engine's own
+    # framework costs (its host step)
+    copies = sim["ddp_b25"].breakdown_s["framework"] - plain["ddp_b25"].breakdown_s["framework"]
+    assert copies == pytest.approx(16 * 3429888 / 10e9, rel=1e-6)
+    assert sim["ddp_b25"].step_time_s > plain["ddp_b25"].step_time_s
+    slowed = sim["ddp_b25+straggler"]
+    parts = sim["ddp_b25"].breakdown_s
+    local = parts["compute"] + parts["optimizer"]
+    assert slowed.clock_factor == pytest.approx(local / (local + 0.1), rel=1e-9)  # quiet
+    assert slowed.step_time_s > sim["ddp_b25"].step_time_s + 0.09
