@@ -931,14 +931,17 @@ def step(
                 f"collective beside it each run {sharing_factor(report):.2f}x slower "
                 "(collsim.validate.insitu)"
             )
-        click.echo(
-            f"# DDP all-reduces simulated {'overlapping' if overlap else 'after'} "
-            f"backward ({report['world_size']} ranks x {report.get('threads_per_rank')} "
-            f"thread(s) on {report.get('cpu_count')} cores); the other choice gives "
-            + ", ".join(
-                f"{m} {o.step_time_s * 1e3:.1f} ms" for m, o in other.items() if m.startswith("ddp")
+        else:
+            click.echo(
+                f"# DDP all-reduces simulated {'overlapping' if overlap else 'after'} "
+                f"backward ({report['world_size']} ranks x {report.get('threads_per_rank')} "
+                f"thread(s) on {report.get('cpu_count')} cores); the other choice gives "
+                + ", ".join(
+                    f"{m} {o.step_time_s * 1e3:.1f} ms"
+                    for m, o in other.items()
+                    if m.startswith("ddp")
+                )
             )
-        )
         click.echo(
             f"# world size {n}, {report['num_parameters']} parameters, micro-batch "
             f"{micro_batch} x seq {cfg.seq_len}, topology {topo_spec}"

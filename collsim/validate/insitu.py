@@ -10,9 +10,11 @@ worker, transport loop) may wait out another thread's time slice: the same bench
 default policy (``validate/data/earlier/sched_other/localhost_gloo_n2*.csv``, loads 0-1) put a
 1 MiB all_reduce at 1.38-2.19 ms median against 0.69 ms under SCHED_RR
 (``validate/data/localhost_gloo_n2.csv``) and 16 MiB at 16.0-18.6 ms against 9.3 ms. Other
-processes on the machine stretch it further. On a quiet machine the DDP steps of ``validate
-step`` measured 17.7-19.9 ms above the no-communication step where the RR-calibrated topology
-prices their all-reduces at 8.0-9.1 ms. So the collectives are timed where the step runs:
+processes on the machine stretch it further: in the step's loop at 1-minute loads 0.3-10 the
+13 all-reduces of ddp_b1 took 17.9-47.2 ms and the one of ddp_b25 13.3-44.3 ms, where the
+RR-calibrated topology prices them at 9.1 and 8.0 ms. On a quiet machine (2026-12-01) the DDP
+steps measured 17.7 (ddp_b25) and 19.9 ms (ddp_b1) above the no-communication step of 26.8 ms.
+So the collectives are timed where the step runs:
 each iteration, after the modes, each mode's collectives alone, after a barrier, slowest rank:
 
 * a DDP mode: one all_reduce per gradient bucket of torch's reducer (the bucket sizes read back
@@ -20,6 +22,10 @@ each iteration, after the modes, each mode's collectives alone, after a barrier,
   waited for, as the reducer issues them; the time per call is the group's over the calls;
 * ``fsdp``: the sketch's collectives, one at a time as it runs them: each unit's all-gather,
   then each unit's reduce-scatter in reverse order; each call timed.
+
+and a fixed compute (:data:`OVERLAP_GEMM`) alone, 1 MiB all-reduces of the model's gradient
+bytes alone, and both at once (:func:`overlap_probe`): what a collective beside compute costs
+on this host now (:func:`measured_overlap_cost`).
 
 :func:`insitu_topology` fits the base topology to those points with
 :func:`collsim.validate.calibrate.calibrate` (one line per op, no knee: the points are the
