@@ -920,14 +920,28 @@ def step(
         report["ddp_overlap_simulated"] = overlap
         report["simulated"] = {m: vars_of(s) for m, s in simulated.items()}
         report["simulated_other_overlap"] = {m: vars_of(s) for m, s in other.items()}
-        click.echo(
-            f"# DDP all-reduces simulated {'overlapping' if overlap else 'after'} "
-            f"backward ({report['world_size']} ranks x {report.get('threads_per_rank')} "
-            f"thread(s) on {report.get('cpu_count')} cores); the other choice gives "
-            + ", ".join(
-                f"{m} {o.step_time_s * 1e3:.1f} ms" for m, o in other.items() if m.startswith("ddp")
+        if report.get("insitu_topology_yaml"):
+            from collsim.validate.insitu import sharing_factor
+
+            scope = "this session's" if report.get("sched_autogroup") else "every"
+            click.echo(
+                "# DDP all-reduces simulated overlapping backward; the ranks' CPU is shared by "
+                f"{scope} runnable threads: the local step's thread got "
+                f"{report.get('local_cpu_share', 1.0):.2f} of a core, so compute and a "
+                f"collective beside it each run {sharing_factor(report):.2f}x slower "
+                "(collsim.validate.insitu)"
             )
-        )
+        else:
+            click.echo(
+                f"# DDP all-reduces simulated {'overlapping' if overlap else 'after'} "
+                f"backward ({report['world_size']} ranks x {report.get('threads_per_rank')} "
+                f"thread(s) on {report.get('cpu_count')} cores); the other choice gives "
+                + ", ".join(
+                    f"{m} {o.step_time_s * 1e3:.1f} ms"
+                    for m, o in other.items()
+                    if m.startswith("ddp")
+                )
+            )
         click.echo(
             f"# world size {n}, {report['num_parameters']} parameters, micro-batch "
             f"{micro_batch} x seq {cfg.seq_len}, topology {topo_spec}"
@@ -949,6 +963,19 @@ def step(
                 f"{report['cpu_share']:.2f}); for reference, a whole step without "
                 f"communication measured {report['local_step_s'] * 1e3:.1f} ms, the profiled "
                 f"blocks {report['profile_sum_s'] * 1e3:.1f} ms (neither used)"
+            )
+        from collsim.validate.insitu import probe_summary
+
+        lines = probe_summary(report, topo)
+        if lines:
+            click.echo(
+                "# timed alone in the same loop (slowest rank, median): "
+                + "; ".join(lines)
+                + (
+                    "; collectives simulated on the topology fitted to these"
+                    if report.get("insitu_topology_yaml")
+                    else f" (not used: {report.get('insitu_note')})"
+                )
             )
         click.echo(
             f"# {'mode':<9} {'measured(ms)':>12} {'min(ms)':>8} {'simulated(ms)':>13} "

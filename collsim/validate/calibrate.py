@@ -616,6 +616,15 @@ def _notes(fits: dict[str, OpFit], kernels: dict[str, list[str]]) -> list[str]:
     return notes
 
 
+def _yaml_float(value: float) -> str:
+    """``value`` to 6 significant digits as YAML reads a float back: ``5e+08`` is a string to
+    YAML 1.1 (PyYAML), ``5.0e+08`` a number."""
+    text = f"{value:.6g}"
+    if "e" in text and "." not in text:
+        text = text.replace("e", ".0e")
+    return text
+
+
 def topology_yaml(cal: Calibration, name: str) -> str:
     """The calibrated topology as YAML text (the base file's shape, fitted figures)."""
     import json
@@ -645,9 +654,9 @@ def topology_yaml(cal: Calibration, name: str) -> str:
         f"gpus_per_node: {cal.ranks_per_node}",
         "intra_node:",
         f"  interconnect: {intra['interconnect']}",
-        f"  bandwidth_gbps: {cal.link_bandwidth_bps / 1e9:.6g}",
+        f"  bandwidth_gbps: {_yaml_float(cal.link_bandwidth_bps / 1e9)}",
         "  efficiency: 1.0",
-        f"  latency_us: {cal.link_latency_s * 1e6:.6g}",
+        f"  latency_us: {_yaml_float(cal.link_latency_s * 1e6)}",
         f"  nvls: {str(bool(intra.get('nvls', False))).lower()}",
     ]
     if "host" in base:
@@ -657,7 +666,7 @@ def topology_yaml(cal: Calibration, name: str) -> str:
     lines += [
         "collectives:",
         f"  library: {library}",
-        f"  overhead_us: {min(overheads) * 1e6:.6g}",
+        f"  overhead_us: {_yaml_float(min(overheads) * 1e6)}",
         "  algorithms:",
     ]
     lines += [f"    {op}: {fit.algorithm}" for op, fit in cal.ops.items()]
@@ -666,10 +675,11 @@ def topology_yaml(cal: Calibration, name: str) -> str:
         kern = f"  # ran {', '.join(fit.kernels)}" if fit.kernels else ""
         knee = ""
         if fit.knee_bytes is not None and fit.knee_efficiency is not None:
-            knee = f", knee_bytes: {fit.knee_bytes:.0f}, knee_efficiency: {fit.knee_efficiency:.6g}"
+            knee_eff = _yaml_float(fit.knee_efficiency)
+            knee = f", knee_bytes: {fit.knee_bytes:.0f}, knee_efficiency: {knee_eff}"
         lines.append(
-            f"    {op}: {{overhead_us: {fit.overhead_s * 1e6:.6g}, "
-            f"efficiency: {fit.efficiency:.6g}{knee}}}{kern}"
+            f"    {op}: {{overhead_us: {_yaml_float(fit.overhead_s * 1e6)}, "
+            f"efficiency: {_yaml_float(fit.efficiency)}{knee}}}{kern}"
         )
     return "\n".join(lines) + "\n"
 

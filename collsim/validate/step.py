@@ -31,6 +31,14 @@ blocks scaled by ``compute_scale`` = local step / sum of the profiled blocks and
 that its compute adds up to the measured local step and the communication is what the
 comparison tests.
 
+On gloo the harness also times, in the same loop, each mode's collectives alone and DDP's
+gradient copies, and the share of a core the local step's thread got
+(:mod:`collsim.validate.insitu`): the simulated collectives are priced on the topology fitted to
+those (the shipped gloo topology is calibrated under SCHED_RR, the step runs under the default
+scheduler and whatever load the machine has), the DDP modes add their copies, and what the
+engine overlaps with compute costs ``(f - 1)`` x its time more, ``f`` the slowdown of compute
+and collective sharing the ranks' CPU (2 for 2 ranks of one thread on 2 cores: nothing hides).
+
 A straggler on purpose (``straggler_rank``): beside every DDP mode, ``<mode>+straggler`` is
 timed, in which that rank first runs extra compute and then the mode's step, inside the timed
 region; the other ranks run the mode's step and wait for it at the gradient all-reduces. The
@@ -41,7 +49,8 @@ extra seconds are timed too; :func:`simulate_modes` simulates the mode with the 
 of :mod:`collsim.stragglers` on that rank, at the nominal clock factor ``1 / straggler_repeat``
 or (``measured_factor``) at its measured speed, local step / (local step + extra seconds).
 The comparison is the slowdown ratio, straggler step over normal step, of the measurement and
-of the simulation (:func:`straggler_ratios`). With ``progress_path`` set,
+of the simulation (:func:`straggler_ratios`). The normal modes are timed first in each
+iteration, then the straggler modes. With ``progress_path`` set,
 each rank appends every iteration's own timings to ``<progress_path>.rank<r>.jsonl`` as they
 are taken.
 """
@@ -351,13 +360,17 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
             cfg.straggler_repeat - 1 if rank == cfg.straggler_rank else 0,
             cfg.straggler_delay_s if rank == cfg.straggler_rank else 0.0,
         )
-    # each straggler mode right after its normal mode: the paired ratio sees the same load
-    timed = [LOCAL]
-    for mode in cfg.modes:
-        timed.append(mode)
-        if mode + STRAGGLER_SUFFIX in cfg.straggler_modes:
-            timed.append(mode + STRAGGLER_SUFFIX)
+    # The normal modes first, then the straggler modes: the paired ratio (same iteration)
+    # still sees the same load. Timed each right after its normal mode, a normal mode that
+    # followed the previous straggler mode (rank 1 spinning 100 ms) came out slow under load
+    # (ddp_b25 after ddp_b1+straggler: straggler ratio +15 to +32 % in 4 runs at 1-min loads
+    # 6-10; in this order +10 % in the one run at load 9.6).
+    timed = [LOCAL, *cfg.modes, *cfg.straggler_modes]
     extra_keys = [m + EXTRA_SUFFIX for m in cfg.straggler_modes]
+    probes, copies = _probes(torch, dist, cfg, ctx, ddp_modules, prof_model)
+    probe_keys: list[str] = []
+    probe_sizes: dict[str, dict[str, list[int]]] = {}
+    shares: list[float] = []
     progress = None
     if cfg.progress_path is not None:
         progress = open(f"{cfg.progress_path}.rank{rank}.jsonl", "a")  # noqa: SIM115
@@ -371,10 +384,18 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
         for mode in timed:
             dist.barrier()
             start = time.perf_counter()
+            cpu0 = time.thread_time()
             steps[mode]()
             row.append(time.perf_counter() - start)
+            if mode == LOCAL and it >= cfg.warmup:
+                # the share of a core this rank's one compute thread got (collsim.validate.insitu)
+                shares.append((time.thread_time() - cpu0) / max(row[-1], 1e-9))
         row += [extra_s[m][-1] for m in cfg.straggler_modes]
         keys += extra_keys
+        # the collectives of each mode alone, and DDP's gradient copies (collsim.validate.insitu)
+        probe_keys, probe_row = _run_probes(dist, probes, copies, probe_sizes)
+        row += probe_row
+        keys += probe_keys
         if progress is not None:
             import json
 
@@ -385,7 +406,7 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
     if progress is not None:
         progress.close()
     table = torch.tensor(rows, dtype=torch.float64, device=ctx.device)
-    num_prof = len(keys) - len(timed) - len(extra_keys)
+    num_prof = len(keys) - len(timed) - len(extra_keys) - len(probe_keys)
     # Steps: the slowest rank. Profiled blocks: the mean over ranks (a per-block max over ranks
     # would add up the noise of every block; the step's own max is taken once, in the engine's
     # synchronisation points).
@@ -395,14 +416,16 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
     step_part = table[:, num_prof:].clone()
     dist.all_reduce(step_part, op=dist.ReduceOp.MAX)
     table = torch.cat([prof_part, step_part], dim=1).cpu()
+    share = torch.tensor([statistics.median(shares)], dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(share)
+    local_cpu_share = float(share[0]) / ctx.world_size
     columns = {k: [float(v) for v in table[:, j]] for j, k in enumerate(keys)}
     medians = {k: statistics.median(v) for k, v in columns.items()}
     # Blocks: the mean over iterations. A block lasts a few ms, about one scheduler time slice
     # on a shared machine, so its median is an iteration in which it was not preempted, while
     # a whole step (tens of blocks) always is; the mean keeps the preemptions in.
-    means = {
-        k: statistics.fmean(v) for k, v in columns.items() if k not in timed and k not in extra_keys
-    }
+    not_blocks = {*timed, *extra_keys, *probe_keys}
+    means = {k: statistics.fmean(v) for k, v in columns.items() if k not in not_blocks}
     profile = {k: means[k] for k in means if not k.startswith("layer")}
     profile["layer.forward"] = statistics.fmean(
         means[f"layer{i}.forward"] for i in range(cfg.num_layers)
@@ -410,7 +433,7 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
     profile["layer.backward"] = statistics.fmean(
         means[f"layer{i}.backward"] for i in range(cfg.num_layers)
     )
-    block_medians = {k: v for k, v in medians.items() if k not in timed and k not in extra_keys}
+    block_medians = {k: v for k, v in medians.items() if k not in not_blocks}
     modes: dict[str, Any] = {}
     for mode in (*cfg.modes, *cfg.straggler_modes):
         entry: dict[str, Any] = {
@@ -452,7 +475,130 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
         "compute_scale": medians[LOCAL] / profile_sum,
         "modes": modes,
         "num_parameters": sum(p.numel() for p in prof_model.parameters()),
+        "local_cpu_share": local_cpu_share,
+        "sched_autogroup": _autogroup(),
+        **_probe_report(columns, probes, probe_sizes),
     }
+
+
+def _autogroup() -> bool | None:
+    """Whether Linux groups the fair scheduler's share by session (``sched_autogroup``):
+    then the ranks of one command share one session's CPU whatever their thread count."""
+    from pathlib import Path
+
+    try:
+        return Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1"
+    except OSError:
+        return None
+
+
+def _probes(
+    torch: Any, dist: Any, cfg: StepConfig, ctx: Any, ddp_modules: dict[str, Any], model: Any
+) -> tuple[dict[str, Any], Any]:
+    """The in-situ probes of :mod:`collsim.validate.insitu` for this rank's modes (gloo only:
+    on GPUs the collectives run on their own engines and the bench's calibration stands)."""
+    if ctx.backend != "gloo":
+        return {}, None
+    from collsim.validate.insitu import ddp_probe, fsdp_probe, time_ddp_copies
+
+    probes: dict[str, Any] = {}
+    for mode in cfg.modes:
+        if mode == "fsdp":
+            root = [model.tok, model.pos, model.ln_f]
+            units = [sum(p.numel() for m in root for p in m.parameters())]
+            units += [sum(p.numel() for p in block.parameters()) for block in model.blocks]
+            probes[mode] = fsdp_probe(torch, dist, units)
+        else:
+            probes[mode] = ddp_probe(torch, dist, ddp_modules[mode], int(mode[5:]))
+    ddp = any(m.startswith("ddp") for m in cfg.modes)
+    copies = time_ddp_copies(torch, list(model.parameters()), ctx.world_size) if ddp else None
+    if probes:
+        from collsim.validate.insitu import overlap_probe
+
+        numel = sum(int(p.numel()) for p in model.parameters())
+        probes["overlap"] = overlap_probe(torch, dist, numel)
+    return probes, copies
+
+
+def _run_probes(
+    dist: Any, probes: dict[str, Any], copies: Any, sizes: dict[str, dict[str, list[int]]]
+) -> tuple[list[str], list[float]]:
+    """One iteration of the probes, each after a barrier: column names and values (a DDP
+    mode's group time; each FSDP call's time; the copies). ``sizes`` gets each probe's call
+    sizes (bytes per call, per op) of this run."""
+    from collsim.validate.insitu import COPIES_KEY, PROBE_PREFIX
+
+    keys: list[str] = []
+    row: list[float] = []
+    for mode, probe in probes.items():
+        if mode == "overlap":
+            from collsim.validate.insitu import OVERLAP_KEYS
+
+            keys += list(OVERLAP_KEYS)
+            row += list(probe())
+            continue
+        dist.barrier()
+        got = probe()
+        for op, value in got.items():
+            if mode.startswith("ddp"):
+                keys.append(f"{PROBE_PREFIX}{mode}:{op}")
+                row.append(value[0])
+            else:
+                for i, (t, _) in enumerate(value):
+                    keys.append(f"{PROBE_PREFIX}{mode}:{op}:{i}")
+                    row.append(t)
+        sizes[mode] = {
+            op: (value[1] if mode.startswith("ddp") else [b for _, b in value])
+            for op, value in got.items()
+        }
+    if copies is not None:
+        dist.barrier()
+        keys.append(COPIES_KEY)
+        row.append(copies())
+    return keys, row
+
+
+def _probe_report(
+    columns: dict[str, list[float]],
+    probes: dict[str, Any],
+    sizes: dict[str, dict[str, list[int]]],
+) -> dict[str, Any]:
+    """The probes' medians over iterations (slowest rank) for the report."""
+    from collsim.validate.insitu import COPIES_KEY, PROBE_PREFIX
+
+    if not probes:
+        return {}
+    out: dict[str, Any] = {}
+    result: dict[str, Any] = {}
+    for mode in probes:
+        if mode == "overlap":
+            from collsim.validate.insitu import OVERLAP_KEYS
+
+            c, m, b = (statistics.median(columns[k]) for k in OVERLAP_KEYS)
+            result["overlap_probe"] = {"compute_s": c, "comm_s": m, "both_s": b}
+            continue
+        entry: dict[str, Any] = {}
+        for op, call_sizes in sizes.get(mode, {}).items():
+            key = f"{PROBE_PREFIX}{mode}:{op}"
+            if mode.startswith("ddp"):
+                entry[op] = {
+                    "sizes_bytes": call_sizes,
+                    "median_s": statistics.median(columns[key]),
+                    "times_s": columns[key],
+                }
+            else:
+                calls = [columns[f"{key}:{i}"] for i in range(len(call_sizes))]
+                entry[op] = {
+                    "sizes_bytes": call_sizes,
+                    "call_median_s": [statistics.median(c) for c in calls],
+                    "median_s": statistics.median([sum(t) for t in zip(*calls)]),
+                }
+        out[mode] = entry
+    result["comm_probe"] = out
+    if COPIES_KEY in columns:
+        result["ddp_copies_s"] = statistics.median(columns[COPIES_KEY])
+        result["ddp_copies_times_s"] = columns[COPIES_KEY]
+    return result
 
 
 def _straggler_step(
@@ -510,6 +656,7 @@ def simulate_modes(
     scale_compute: bool = True,
     measured_factor: bool = False,
     device_profile: str | None = None,
+    insitu: bool = True,
 ) -> dict[str, SimulatedMode]:
     """Simulate every measured mode of ``report`` on ``topology``.
 
@@ -528,9 +675,12 @@ def simulate_modes(
         measured_factor: simulate a ``+straggler`` mode's slowed rank at its measured speed
             (local step over local step plus its measured extra seconds) instead of the
             nominal 1 / ``straggler_repeat``.
+        insitu: price the collectives on ``topology`` fitted to the collectives the report
+            timed in its own loop, and add DDP's measured gradient copies
+            (:func:`on_these_cores`); False: ``topology`` as given, no copies.
     """
     if device_profile is not None:
-        return _simulate_from_profile(report, topology, overlap, device_profile)
+        return _simulate_from_profile(report, topology, overlap, device_profile, insitu)
     from collsim.engine.step import simulate_step
     from collsim.parallel.config import DDPConfig, FSDPConfig, ParallelConfig, TrainingConfig
     from collsim.vocab import Dtype, Optimizer
@@ -550,24 +700,22 @@ def simulate_modes(
     scale = float(report.get("compute_scale", 1.0)) if scale_compute else 1.0
 
     def stragglers_for(mode: str) -> Any:
-        """The simulated straggler of a ``+straggler`` mode: the nominal clock factor
-        1 / repeat, or (``measured_factor``) the slowed rank's measured speed, local step /
-        (local step + its measured extra seconds)."""
-        from collsim.stragglers import SlowGPU, StragglerConfig
-
-        assert cfg.straggler_rank is not None
-        local = float(report["local_step_s"])
-        factor = 1 / cfg.straggler_repeat
-        if cfg.straggler_delay_s > 0:  # nominally: the delay added to a local step
-            factor = local / (local + cfg.straggler_delay_s)
+        """The simulated straggler of a ``+straggler`` mode (:func:`_slowed_rank`), with the
+        slowed rank's measured extra seconds when ``measured_factor``."""
         extra = report["modes"][mode].get("extra_median_s")
-        if measured_factor and extra:
-            factor = local / (local + float(extra))
-        return StragglerConfig(slow_gpu=SlowGPU(ranks=(cfg.straggler_rank,), clock_factor=factor))
+        measured = float(extra) if measured_factor and extra else None
+        return _slowed_rank(cfg, float(report["local_step_s"]), measured, boost)
 
     overrides = {k: float(v) * scale for k, v in report["profile"].items()}
     if overlap is None:
         overlap = not cores_busy(report)
+    topology, copies_s = on_these_cores(report, topology, insitu)
+    boost = 1.0
+    if copies_s > 0:  # the sharing of the cores prices the overlap (_on_busy_cores)
+        from collsim.validate.insitu import peer_idle_boost
+
+        overlap = True
+        boost = peer_idle_boost(report)
     out: dict[str, SimulatedMode] = {}
     for mode in report["modes"]:
         slowed = mode.endswith(STRAGGLER_SUFFIX)
@@ -589,14 +737,92 @@ def simulate_modes(
             op_time_overrides=overrides,
             stragglers=straggler,
         )
+        step_s, breakdown = _on_busy_cores(report, base_mode, result, copies_s)
         out[mode] = SimulatedMode(
             mode,
-            result.step_time_s,
-            dict(result.breakdown_s),
+            step_s,
+            breakdown,
             sum(c.count for c in result.collectives),
             straggler.slow_gpu.clock_factor if straggler is not None else 1.0,
         )
     return out
+
+
+def _slowed_rank(cfg: StepConfig, local_s: float, extra_s: float | None, boost: float) -> Any:
+    """The ``stragglers`` of a ``+straggler`` mode: the slowed rank at the nominal clock
+    factor 1 / repeat, or with a delay the local step over local step + delay, or with
+    ``extra_s`` (measured) local step / (local step + extra); with ``boost`` > 1 the span is
+    :func:`collsim.validate.insitu.straggler_span_s` (its compute gets the CPU of its waiting
+    peers)."""
+    from collsim.stragglers import SlowGPU, StragglerConfig
+
+    assert cfg.straggler_rank is not None
+    factor = 1 / cfg.straggler_repeat
+    if cfg.straggler_delay_s > 0:  # nominally: the delay added to a local step
+        factor = local_s / (local_s + cfg.straggler_delay_s)
+    if extra_s:
+        factor = local_s / (local_s + extra_s)
+    if boost > 1.0:  # its peers idle at the all-reduce: it gets their CPU (insitu)
+        from collsim.validate.insitu import straggler_span_s
+
+        factor = local_s / straggler_span_s(local_s, local_s / factor - local_s, boost)
+    return StragglerConfig(slow_gpu=SlowGPU(ranks=(cfg.straggler_rank,), clock_factor=factor))
+
+
+def on_these_cores(report: dict[str, Any], topology: Any, insitu: bool = True) -> tuple[Any, float]:
+    """The topology and the DDP gradient copies' seconds a simulation of ``report`` uses.
+
+    With ``insitu`` and a report that timed its collectives in its own loop
+    (:mod:`collsim.validate.insitu`): ``topology`` fitted to those points, and the measured
+    copies; else ``topology`` itself and 0 (the report says why in ``insitu_note``)."""
+    if not insitu:
+        return topology, 0.0
+    from collsim.validate.insitu import insitu_topology
+
+    n = int(report["world_size"])
+    per_node = int(report.get("local_world_size", n))
+    base = str(getattr(topology, "name", "") or "localhost")
+    try:
+        from collsim.topology import resolve_topology_path
+
+        resolve_topology_path(base)
+    except Exception:  # a topology built in code, or from a file moved since: its shape only
+        base = "localhost"
+    fitted, text, why = insitu_topology(
+        report, base, nodes=max(1, n // per_node), gpus_per_node=per_node
+    )
+    report["insitu_note"] = why
+    if fitted is None:
+        return topology, 0.0
+    report["insitu_topology_yaml"] = text
+    return fitted, float(report.get("ddp_copies_s", 0.0))
+
+
+def _on_busy_cores(
+    report: dict[str, Any], base_mode: str, result: Any, copies_s: float
+) -> tuple[float, dict[str, float]]:
+    """The simulated step and breakdown of a mode on CPU ranks (gloo) with in-situ data
+    (``copies_s`` > 0): a DDP mode adds its gradient copies (``framework``, on the compute
+    thread); every mode adds ``dp_on_busy_cores``, the data-parallel link time the engine hid
+    under compute times (f - 1), f of :func:`collsim.validate.insitu.sharing_factor`: while a
+    collective runs beside the compute, both share the cores with every other runnable thread
+    (f = 2 on a quiet host whose cores the ranks fill: nothing is hidden)."""
+    step_s = float(result.step_time_s)
+    breakdown = dict(result.breakdown_s)
+    if report.get("backend") != "gloo" or copies_s <= 0:
+        return step_s, breakdown
+    from collsim.validate.insitu import sharing_factor
+
+    if base_mode.startswith("ddp"):
+        breakdown["framework"] = breakdown.get("framework", 0.0) + copies_s
+        step_s += copies_s
+    link = sum(c.time_s for c in result.collectives if c.axis == "dp")
+    hidden = max(0.0, link - float(breakdown.get("dp_exposed", 0.0)))
+    extra = hidden * (sharing_factor(report) - 1.0)
+    if extra > 0:
+        breakdown["dp_on_busy_cores"] = extra
+        step_s += extra
+    return step_s, breakdown
 
 
 def straggler_ratios(
@@ -662,7 +888,11 @@ def profile_device(report: dict[str, Any], device_profile: str) -> tuple[Any, fl
 
 
 def _simulate_from_profile(
-    report: dict[str, Any], topology: Any, overlap: bool | None, device_profile: str
+    report: dict[str, Any],
+    topology: Any,
+    overlap: bool | None,
+    device_profile: str,
+    insitu: bool = True,
 ) -> dict[str, SimulatedMode]:
     import copy
     import dataclasses
@@ -684,29 +914,59 @@ def _simulate_from_profile(
         dtype=Dtype.FP32,
         optimizer=Optimizer.SGD,
     )
-    device, _ = profile_device(report, device_profile)
-    topo = copy.copy(topology)
+    device, share = profile_device(report, device_profile)
+    fitted, _ = on_these_cores(report, topology, insitu)
+    topo = copy.copy(fitted)
     topo.device = device
-    if overlap is None:
-        overlap = not cores_busy(report)
+    # DDP's gradient copies from the profile, not from the probe timed on this model: 16
+    # bytes per parameter (collsim.validate.insitu) at the profile's memory-bound rate
+    copies_s = 0.0
+    if insitu and fitted is not topology:
+        from collsim.workload.compute import ComputeModel
+
+        # one kernel per gradient tensor each way: 12 per block (LayerNorm x 2, QKV, output
+        # projection, MLP up and down, weights and biases), 4 outside (embeddings, ln_f)
+        tensors = 12 * cfg.num_layers + 4
+        copies_s = ComputeModel(device, "fp32").memory_time_s(
+            16.0 * float(report["num_parameters"]), kernels=2 * tensors
+        )
+    if overlap is None or copies_s > 0:
+        overlap = copies_s > 0 or not cores_busy(report)
+    boost = 1.0
+    if copies_s > 0:
+        from collsim.validate.insitu import peer_idle_boost
+
+        boost = peer_idle_boost(report)
     out: dict[str, SimulatedMode] = {}
-    for mode in report["modes"]:
-        if mode == "fsdp":
+    # the normal modes first: a straggler mode's slowed rank is relative to its simulated
+    # compute (the profile's, not the measured local step)
+    order = sorted(report["modes"], key=lambda m: m.endswith(STRAGGLER_SUFFIX))
+    for mode in order:
+        base_mode = mode.removesuffix(STRAGGLER_SUFFIX)
+        if base_mode == "fsdp":
             parallel = ParallelConfig(
                 dp=n, zero=3, fsdp=FSDPConfig(prefetch=0, reshard_after_forward=False)
             )
         else:
             parallel = ParallelConfig(
-                dp=n, ddp=DDPConfig(bucket_mb=float(mode[5:]), overlap=overlap)
+                dp=n, ddp=DDPConfig(bucket_mb=float(base_mode[5:]), overlap=overlap)
             )
-        result = simulate_step(topo, spec, training, parallel)
+        straggler = None
+        if mode != base_mode:
+            parts = out[base_mode].breakdown_s
+            local = parts.get("compute", 0.0) + parts.get("optimizer", 0.0)
+            extra = report["modes"][mode].get("extra_median_s")
+            straggler = _slowed_rank(cfg, local, float(extra) if extra else None, boost)
+        result = simulate_step(topo, spec, training, parallel, stragglers=straggler)
+        step_s, breakdown = _on_busy_cores(report, base_mode, result, copies_s)
         out[mode] = SimulatedMode(
             mode,
-            result.step_time_s,
-            dict(result.breakdown_s),
+            step_s,
+            breakdown,
             sum(c.count for c in result.collectives),
+            straggler.slow_gpu.clock_factor if straggler is not None else 1.0,
         )
-    return out
+    return {m: out[m] for m in report["modes"]}
 
 
 def cores_busy(report: dict[str, Any]) -> bool:
