@@ -217,7 +217,10 @@ def plot_comparison(
             ops.append(p.op)
     for i, op in enumerate(ops):
         color = f"C{i % 10}"
-        pts = [p for p in points if p.op == op]
+        # a log axis has no place for an empty message: those rows stay in the table only
+        pts = [p for p in points if p.op == op and p.size_bytes > 0]
+        if not pts:
+            continue
         ax.plot(
             [p.size_bytes for p in pts],
             [p.measured_s * 1e6 for p in pts],
