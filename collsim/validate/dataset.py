@@ -180,6 +180,18 @@ MAX_TIME_US = 1e12
 corrupt file, and its logarithm would overflow the plots."""
 
 
+MAX_SIZE_BYTES = 2**50
+"""Largest message one measured call may move (1 PiB, thousands of times any device's memory):
+beyond it a value is a typo or a corrupt file, and fits of time against size overflow."""
+
+
+def _size(text: str) -> str | None:
+    value = float(text)
+    if value < 0:
+        return "must be >= 0"
+    return None if value <= MAX_SIZE_BYTES else f"must be <= 2**50 bytes, got {value:g}"
+
+
 def _positive(text: str) -> str | None:
     try:
         value = float(text)
@@ -202,8 +214,8 @@ _Check = tuple[Callable[[str], Any], Callable[[str], str | None] | None, str]
 
 #: Per column: how the text converts, the rule it must pass, and the rule in words.
 _CHECKS: dict[str, _Check] = {
-    "size_bytes": (_integer, lambda t: None if float(t) >= 0 else "must be >= 0", "an integer"),
-    "count": (_integer, lambda t: None if float(t) >= 0 else "must be >= 0", "an integer"),
+    "size_bytes": (_integer, _size, "an integer"),
+    "count": (_integer, _size, "an integer"),
     "root": (_integer, None, "an integer"),
     "ranks": (_integer, lambda t: None if float(t) >= 1 else "must be >= 1", "an integer"),
     "nodes": (_integer, lambda t: None if float(t) >= 1 else "must be >= 1", "an integer"),

@@ -331,3 +331,14 @@ def test_compare_plots_a_table_with_an_empty_message(
     assert "Traceback" not in err
     assert image.exists() and image.stat().st_size > 0, err
     assert code in (0, 1), err  # 1: outside the target, never a crash
+
+
+def test_a_message_beyond_any_memory_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 1e308 parsed as an integer size once, and the calibration fit overflowed
+    path, line = _bench_with(tmp_path, "size_bytes", "1e308")
+    code, out, err = run(
+        ["validate", "calibrate", str(path), "-o", str(tmp_path / "c.yaml")], capsys
+    )
+    _one_line_exit_2(code, out, err, rf"{path.name}:{line}: size_bytes: must be <= 2\*\*50")
