@@ -242,7 +242,7 @@ def node_shape(topology: Topology, ranks: Sequence[int]) -> tuple[int, int]:
     nodes = members // gpn
     found, first, counts = np.unique(nodes, return_index=True, return_counts=True)
     # the fullest node; among equals the one met first in ``ranks``
-    best = min(range(len(found)), key=lambda i: (-counts[i], first[i]))
+    best = int(np.lexsort((first, -counts))[0])
     on_node = members[nodes == found[best]]
     if topology.nics is None:
         return len(on_node), 0

@@ -302,13 +302,10 @@ class Plan:
         return sorted(out, key=lambda g: g[0])
 
     def stage_ranks(self, stage: int) -> list[int]:
-        """All ranks that run pipeline stage ``stage`` (every tp, cp and dp index)."""
-        return [
-            self.rank(dp=d, pp=stage, tp=t, cp=k)
-            for d in range(self.dp)
-            for k in range(self.cp)
-            for t in range(self.tp)
-        ]
+        """All ranks that run pipeline stage ``stage`` (every tp, cp and dp index, in the
+        order (dp, cp, tp))."""
+        ranks: list[int] = self.grid()[stage].ravel().tolist()
+        return ranks
 
     def chunk_layers(self, stage: int, chunk: int) -> range:
         """Global layer indices of model chunk ``chunk`` on ``stage`` (virtual stage c*pp+s)."""
