@@ -59,6 +59,10 @@ REASONS = {
     "interleaved_m": "interleaved needs micro-batches divisible by pp",
     "zero_pp": "ZeRO-2/3 with pipeline parallelism (left out of this space)",
     "no_dp": "a bucket size other than the first without data parallelism (same plan)",
+    "cp_gpus": "cp does not divide the GPUs",
+    "cp_seq": "cp (2 x cp with load balancing) does not divide the sequence",
+    "ep_experts": "ep does not divide the routed experts",
+    "ep_fold": "ep x etp does not divide tp x cp x dp",
     "memory": "estimated memory exceeds the GPU",
     "memory_bound": "pruned: its memory floor (model states and the activations held at once) "
     "exceeds the GPU",
@@ -95,6 +99,10 @@ class SearchSpace:
     """Largest tp; None = any (TP across nodes is tried too; the network prices it)."""
     zero_with_pp: bool = True
     """Try ZeRO-2/3 with pipeline parallelism (the engine reduces per micro-batch)."""
+    cps: tuple[int, ...] | None = None
+    """Context-parallel sizes tried (None: the scenario's)."""
+    eps: tuple[int, ...] | None = None
+    """Expert-parallel sizes tried (None: the scenario's; MoE models only)."""
 
     def dp_variants(self) -> list[DPVariant]:
         """Data-parallel knob combinations: buckets and overlap for ZeRO 0-2, prefetch,
@@ -150,12 +158,16 @@ class Candidate:
     prefetch: int = 1
     offload: bool = False
     reshard: bool = True
+    cp: int = 1
+    ep: int = 1
 
     @property
     def label(self) -> str:
         """``tp8 pp8 dp16 mb1 interleaved v2 zero1 rc=full sp``, plus the non-default
         bucket size (``b100``), prefetch depth (``pf2``) or ``offload``."""
-        parts = [f"tp{self.tp}", f"pp{self.pp}", f"dp{self.dp}", f"mb{self.micro_batch}"]
+        parts = [f"tp{self.tp}"] + ([f"cp{self.cp}"] if self.cp > 1 else [])
+        parts += [f"pp{self.pp}", f"dp{self.dp}"] + ([f"ep{self.ep}"] if self.ep > 1 else [])
+        parts.append(f"mb{self.micro_batch}")
         if self.pp > 1:
             parts.append(
                 self.schedule + (f" v{self.virtual_stages}" if self.virtual_stages > 1 else "")
@@ -194,6 +206,8 @@ class Candidate:
             tp=self.tp,
             pp=self.pp,
             dp=self.dp,
+            cp=self.cp,
+            ep=self.ep,
             schedule=ScheduleKind(self.schedule),
             virtual_stages=self.virtual_stages,
             zero=self.zero,
@@ -231,6 +245,8 @@ class Candidate:
             "prefetch": self.prefetch,
             "offload": self.offload,
             "reshard_after_forward": self.reshard,
+            "cp": self.cp,
+            "ep": self.ep,
         }
 
 
@@ -245,11 +261,64 @@ def enumerate_plans(
     global_batch: int,
     space: SearchSpace | None = None,
     rejected: Counter[str] | None = None,
+    *,
+    base: ParallelConfig | None = None,
 ) -> Iterator[Candidate]:
     """Every buildable plan of ``spec`` on ``num_gpus`` GPUs; the others are counted by reason
-    in ``rejected`` (one count per plan of the full grid that is dropped)."""
+    in ``rejected`` (one count per plan of the full grid that is dropped). ``base`` (the
+    scenario's parallel section) gives the cp and ep sizes the space leaves unset, the
+    expert tensor-parallel size and CP's load balancing."""
+    from collsim.parallel.config import ParallelConfig as Parallel
+
     space = space or SearchSpace()
     rejected = rejected if rejected is not None else Counter()
+    base = base if base is not None else Parallel()
+    cps = space.cps or (base.cp,)
+    eps = (space.eps or (base.ep,)) if spec.num_experts else (1,)
+    for cp in cps:
+        chunks = 2 * cp if (cp > 1 and base.cp_load_balance) else cp
+        for ep in eps:
+            if num_gpus % cp or spec.seq_len % chunks:
+                rejected["cp_gpus" if num_gpus % cp else "cp_seq"] += _grid_size(
+                    num_gpus // cp if num_gpus % cp == 0 else num_gpus, space
+                )
+                continue
+            if spec.num_experts % ep:
+                rejected["ep_experts"] += _grid_size(num_gpus // cp, space)
+                continue
+            yield from _grid(spec, num_gpus // cp, global_batch, space, rejected, cp, ep, base)
+
+
+def _grid_size(num_gpus: int, space: SearchSpace) -> int:
+    """Plans of the tp x pp x dp grid on ``num_gpus`` GPUs, buildable or not."""
+    per_variant = len(space.dp_variants()) * len(space.recomputes)
+    total = 0
+    for tp in _divisors(num_gpus):
+        sps = len([sp for sp in space.sequence_parallel if tp > 1 or not sp] or [False])
+        for pp in _divisors(num_gpus // tp):
+            scheds = (
+                1
+                if pp == 1
+                else sum(
+                    len(space.virtual_stages) if k == "interleaved" else 1 for k in space.schedules
+                )
+            )
+            total += len(space.micro_batches) * scheds * per_variant * sps
+    return total
+
+
+def _grid(
+    spec: TransformerSpec,
+    num_gpus: int,
+    global_batch: int,
+    space: SearchSpace,
+    rejected: Counter[str],
+    cp: int,
+    ep: int,
+    base: ParallelConfig,
+) -> Iterator[Candidate]:
+    """The buildable plans of the tp x pp x dp grid on ``num_gpus`` (the GPUs of one cp
+    index) at fixed cp and ep; the others counted by reason."""
     max_tp = space.max_tp or num_gpus
     variants = space.dp_variants()
     per_variant = len(variants) * len(space.recomputes)
@@ -275,6 +344,9 @@ def enumerate_plans(
                 continue
             if pp > spec.num_layers:
                 rejected["pp_layers"] += grid
+                continue
+            if (tp * cp * dp) % (ep * base.etp):
+                rejected["ep_fold"] += grid
                 continue
             for mb in space.micro_batches:
                 per_mb = len(scheds) * per_variant * len(sps)
@@ -321,6 +393,8 @@ def enumerate_plans(
                                     prefetch=var.prefetch,
                                     offload=var.offload,
                                     reshard=var.reshard,
+                                    cp=cp,
+                                    ep=ep,
                                 )
 
 
@@ -424,7 +498,7 @@ def search_plans(
     total = 0
     capacity = topology.device.usable_memory_bytes
     for candidate in enumerate_plans(
-        spec, num_gpus, topology.gpus_per_node, training.global_batch, space, dropped
+        spec, num_gpus, topology.gpus_per_node, training.global_batch, space, dropped, base=parallel
     ):
         total += 1
         if prune_keep > 0 and bounds.memory_bytes(candidate) > capacity:
@@ -583,6 +657,7 @@ class _Bounds:
 
         base = parallel if parallel is not None else Parallel()
         order = base.order or default_order(spec, base)
+        self.etp = base.etp
         self.pp_outer = order is RankOrder.PP_OUTER
         """The plans' rank layout (the scenario's ``parallel.order``): it places the dp
         groups whose calls the bound prices."""
@@ -637,12 +712,15 @@ class _Bounds:
         ``layers / (pp v)``), so ``min(pp - s, m)`` stage-sets of activations is a floor for
         both. Transient buffers and gathered ZeRO-3 units only add."""
         key: tuple[Any, ...] = (c.tp, c.pp, c.dp, c.micro_batch, c.schedule, c.zero)
-        key += (c.recompute, c.sequence_parallel, c.offload, c.reshard)
+        key += (c.recompute, c.sequence_parallel, c.offload, c.reshard, c.cp, c.ep)
         hit = self._acts.get(key)
         if hit is not None:
             return hit
         from collsim.workload.memory import layers_per_stage
 
+        if self._variant(c):
+            self._acts[key] = 0.0
+            return 0.0
         states = self._states(c)
         if len(self.spec.layer_kinds()) > 1:
             hit = self._acts[key] = max(states) * (1 - 1e-9)
@@ -690,6 +768,7 @@ class _Bounds:
         """A lower bound on the step (seconds): the largest :meth:`stage_bounds`."""
         key: tuple[Any, ...] = (c.tp, c.pp, c.dp, c.micro_batch, c.schedule, c.virtual_stages)
         key += (c.zero, c.recompute, c.sequence_parallel, c.overlap, c.reshard, c.offload)
+        key += (c.cp, c.ep)
         hit = self._step.get(key)
         if hit is None:
             hit = self._step[key] = max(self.stage_bounds(c)) * (1 - 1e-9)
@@ -700,6 +779,7 @@ class _Bounds:
         end taken from a walk of the pipeline schedule itself (:meth:`_pipeline_ends`)."""
         key: tuple[Any, ...] = (c.tp, c.pp, c.dp, c.micro_batch, c.schedule, c.virtual_stages)
         key += (c.zero, c.recompute, c.sequence_parallel, c.overlap, c.reshard, c.offload)
+        key += (c.cp, c.ep)
         hit = self._refined.get(key)
         if hit is None:
             stream = self._pipeline_ends(c)
@@ -785,6 +865,8 @@ class _Bounds:
             floor if stream is None else [max(a, b) for a, b in zip(floor, stream, strict=True)]
         )
         before, after = self._dp_stage(c)
+        if self._variant(c):
+            return list(stream)
         serial = c.zero < 3 and not c.overlap
         interferes = c.dp > 1 and (c.zero == 3 or c.overlap)
         factor = 1.0
@@ -818,7 +900,7 @@ class _Bounds:
         reduce-scatters of every micro-batch; after the optimizer, ZeRO-1/2's all-gather of
         the updated parameters."""
         params = self._stage_params(c)
-        if c.dp < 2:
+        if c.dp < 2 or self._variant(c):
             return [0.0] * len(params), [0.0] * len(params)
         key = (c.tp, c.pp, c.dp, c.micro_batch, c.zero, c.reshard, c.offload)
         cached = self._dp.get(key)
@@ -855,6 +937,13 @@ class _Bounds:
         self._dp[key] = (before, after)
         return before, after
 
+    def _variant(self, c: Candidate) -> bool:
+        """Layer kinds, experts or context parallelism: only the compute stream is bounded
+        (per layer the cheapest kind; no memory, data-parallel or optimizer floor, whose
+        shard groups and expert states the simple tables here do not follow)."""
+        spec = self.spec
+        return bool(spec.is_moe or spec.is_mla or spec.sliding_window is not None or c.cp > 1)
+
     def _dp_group(self, c: Candidate, stage: int) -> tuple[int, ...]:
         """The data-parallel group of stage ``stage``'s first tp rank (the plan's mapping,
         :meth:`collsim.parallel.plan.Plan.rank`)."""
@@ -870,14 +959,30 @@ class _Bounds:
         (forward, backward)."""
         model = self._model()
         spec, mb, sp = self.spec, c.micro_batch, c.sequence_parallel and c.tp > 1
-        lt = model.layer_times(
-            spec, micro_batch=mb, tp=c.tp, sequence_parallel=sp, recompute=c.recompute
-        )
+        kinds: list[dict[str, int]] = [{}]
+        if self._variant(c):  # each layer kind as the schedule builds it; the cheapest bounds
+            kinds = [
+                {"layer": rep, "ep": c.ep, "etp": self.etp, "cp": c.cp}
+                for rep, _ in spec.layer_kinds()
+            ]
+        times = [
+            model.layer_times(
+                spec, micro_batch=mb, tp=c.tp, sequence_parallel=sp, recompute=c.recompute, **kw
+            )
+            for kw in kinds
+        ]
         et = model.embedding_times(spec, micro_batch=mb, tp=c.tp, sequence_parallel=sp)
         ht = model.head_times(spec, micro_batch=mb, tp=c.tp, sequence_parallel=sp)
-        fwd = lt.forward_s + self._tp_s(c, 2)
-        bwd = lt.backward_s + lt.recompute_s + self._tp_s(c, 4 if c.recompute == "full" else 2)
-        return fwd, bwd, (et.forward_s, et.backward_s), (ht.forward_s, ht.backward_s)
+        fwd = min(lt.forward_s for lt in times) + self._tp_s(c, 2)
+        calls = 4 if c.recompute == "full" else 2
+        bwd = min(lt.backward_s + lt.recompute_s for lt in times) + self._tp_s(c, calls)
+        k = 1.0 / c.cp  # a CP rank embeds and scores its s / cp tokens (schedule.build)
+        return (
+            fwd,
+            bwd,
+            (et.forward_s * k, et.backward_s * k),
+            (ht.forward_s * k, ht.backward_s * k),
+        )
 
     def _compute(self, c: Candidate) -> tuple[list[float], list[float], float, list[float]]:
         """Per stage (first, last): the compute stream's own work (blocks and blocking TP
@@ -943,7 +1048,9 @@ class _Bounds:
             from collsim.schedule.pricing import ClosedPricer as Pricer
 
             self._pricer = Pricer(self.topology)
-        size = float(c.micro_batch * self.spec.seq_len * self.spec.hidden * self.per.activation)
+        size = float(
+            c.micro_batch * (self.spec.seq_len // c.cp) * self.spec.hidden * self.per.activation
+        )
         group = tuple(range(c.tp))
         if c.sequence_parallel:
             one = (

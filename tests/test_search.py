@@ -392,3 +392,36 @@ def test_the_bound_prices_the_plans_own_data_parallel_groups(order: str) -> None
     for stage in (0, 3):
         first = plan.rank(dp=0, pp=stage, tp=0)
         assert bounds._dp_group(plan_c, stage) == plan.group_of(first, "dp")
+
+
+@pytest.mark.parametrize(
+    ("preset", "nodes", "space"),
+    [
+        ("tiny", 2, SearchSpace(cps=(1, 2, 4), micro_batches=(1, 2))),
+        ("qwen3-30b-a3b", 2, SearchSpace(eps=(1, 2, 8), micro_batches=(1,))),
+    ],
+    ids=["cp", "ep"],
+)
+def test_context_and_expert_parallel_plans_are_searched_under_floors(preset, nodes, space) -> None:
+    # the search varies cp and ep; for such plans only the compute stream is bounded (the
+    # cheapest layer kind), and that floor holds
+    from collsim.search import _Bounds
+
+    topology = load_topology("dgx_h100", nodes=nodes)
+    spec = TINY if preset == "tiny" else dataclasses.replace(get_preset(preset), seq_len=1024)
+    training = TrainingConfig(global_batch=32, micro_batch=1)
+    base = ParallelConfig(dp=topology.num_ranks)
+    plans = list(enumerate_plans(spec, topology.num_ranks, 8, 32, space, Counter(), base=base))
+    varied = {p.cp for p in plans} | {p.ep for p in plans}
+    assert varied >= ({1, 2, 4} if preset == "tiny" else {1, 2, 8})
+    bounds = _Bounds(topology, spec, training, base)
+    estimator = Estimator(topology, spec)
+    checked = 0
+    for plan in _every_nth([p for p in plans if p.cp > 1 or p.ep > 1], 25):
+        try:
+            est = estimator.estimate(*plan.configs(training, base))
+        except ConfigError:
+            continue
+        assert bounds.step_s(plan) <= bounds.refined_s(plan) <= est.step_time_s, plan.label
+        checked += 1
+    assert checked >= 10

@@ -87,6 +87,8 @@ def _int_list(text: str | None, key: str) -> tuple[int, ...] | None:
     metavar="LIST",
     help="Pipeline schedules to try (gpipe,1f1b,interleaved).",
 )
+@click.option("--cp", "cp_text", metavar="LIST", help="Context-parallel sizes to try.")
+@click.option("--ep", "ep_text", metavar="LIST", help="Expert-parallel sizes to try (MoE).")
 @click.option(
     "--jobs",
     "-j",
@@ -111,6 +113,8 @@ def search(
     zero_text: str | None,
     recompute_text: str | None,
     schedule_text: str | None,
+    cp_text: str | None,
+    ep_text: str | None,
     jobs: int | None,
     output: Path | None,
 ) -> None:
@@ -150,6 +154,11 @@ def search(
                 key_path="--schedule",
             )
         space_kwargs["schedules"] = kinds
+    for text, name, key in ((cp_text, "--cp", "cps"), (ep_text, "--ep", "eps")):
+        if (sizes := _int_list(text, name)) is not None:
+            if 0 in sizes:
+                raise ConfigError(f"sizes must be > 0, got {text}", key_path=name)
+            space_kwargs[key] = sizes
     if gpus is not None and gpus <= 0:
         raise ConfigError(f"must be > 0, got {gpus}", key_path="--gpus")
     if gpus is not None:
@@ -217,6 +226,7 @@ def _run_with_progress(
             topology.gpus_per_node,
             base.training.global_batch,
             space,
+            base=base.parallel,
         )
     )
     with click.progressbar(
