@@ -47,6 +47,52 @@ def _int_list(text: str | None, key: str) -> tuple[int, ...] | None:
     return values
 
 
+def _space_options(
+    micro_text: str | None,
+    zero_text: str | None,
+    recompute_text: str | None,
+    schedule_text: str | None,
+    cp_text: str | None,
+    ep_text: str | None,
+) -> dict[str, Any]:
+    """The SearchSpace fields the list options set, each checked (ConfigError, exit 2)."""
+    space_kwargs: dict[str, Any] = {}
+    if (mbs := _int_list(micro_text, "--micro-batch")) is not None:
+        if 0 in mbs:
+            raise ConfigError("micro-batch sizes must be > 0", key_path="--micro-batch")
+        space_kwargs["micro_batches"] = mbs
+    if (zeros := _int_list(zero_text, "--zero")) is not None:
+        if any(z > 3 for z in zeros):
+            raise ConfigError(f"ZeRO stages are 0-3, got {zero_text}", key_path="--zero")
+        space_kwargs["zero_stages"] = zeros
+    if recompute_text is not None:
+        modes = tuple(v.strip() for v in recompute_text.split(",") if v.strip())
+        choices = [m.value for m in RecomputeMode]
+        bad = [m for m in modes if m not in choices]
+        if bad or not modes:
+            raise ConfigError(
+                f"must be some of {', '.join(choices)}; got {recompute_text}",
+                key_path="--recompute",
+            )
+        space_kwargs["recomputes"] = modes
+    if schedule_text is not None:
+        kinds = tuple(v.strip() for v in schedule_text.split(",") if v.strip())
+        choices = [k.value for k in ScheduleKind]
+        bad = [k for k in kinds if k not in choices]
+        if bad or not kinds:
+            raise ConfigError(
+                f"must be some of {', '.join(choices)}; got {schedule_text}",
+                key_path="--schedule",
+            )
+        space_kwargs["schedules"] = kinds
+    for text, name, key in ((cp_text, "--cp", "cps"), (ep_text, "--ep", "eps")):
+        if (sizes := _int_list(text, name)) is not None:
+            if 0 in sizes:
+                raise ConfigError(f"sizes must be > 0, got {text}", key_path=name)
+            space_kwargs[key] = sizes
+    return space_kwargs
+
+
 @click.command(name="search", epilog=_EPILOG, cls=OneLineCommand)
 @click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--gpus", type=int, help="GPU count to plan for (default: the scenario's).")
@@ -125,40 +171,9 @@ def search(
 
     check_frame_path(output, "--output")
     base = load_scenario(scenario, list(overrides))
-    space_kwargs: dict[str, Any] = {}
-    if (mbs := _int_list(micro_text, "--micro-batch")) is not None:
-        if 0 in mbs:
-            raise ConfigError("micro-batch sizes must be > 0", key_path="--micro-batch")
-        space_kwargs["micro_batches"] = mbs
-    if (zeros := _int_list(zero_text, "--zero")) is not None:
-        if any(z > 3 for z in zeros):
-            raise ConfigError(f"ZeRO stages are 0-3, got {zero_text}", key_path="--zero")
-        space_kwargs["zero_stages"] = zeros
-    if recompute_text is not None:
-        modes = tuple(v.strip() for v in recompute_text.split(",") if v.strip())
-        choices = [m.value for m in RecomputeMode]
-        bad = [m for m in modes if m not in choices]
-        if bad or not modes:
-            raise ConfigError(
-                f"must be some of {', '.join(choices)}; got {recompute_text}",
-                key_path="--recompute",
-            )
-        space_kwargs["recomputes"] = modes
-    if schedule_text is not None:
-        kinds = tuple(v.strip() for v in schedule_text.split(",") if v.strip())
-        choices = [k.value for k in ScheduleKind]
-        bad = [k for k in kinds if k not in choices]
-        if bad or not kinds:
-            raise ConfigError(
-                f"must be some of {', '.join(choices)}; got {schedule_text}",
-                key_path="--schedule",
-            )
-        space_kwargs["schedules"] = kinds
-    for text, name, key in ((cp_text, "--cp", "cps"), (ep_text, "--ep", "eps")):
-        if (sizes := _int_list(text, name)) is not None:
-            if 0 in sizes:
-                raise ConfigError(f"sizes must be > 0, got {text}", key_path=name)
-            space_kwargs[key] = sizes
+    space_kwargs = _space_options(
+        micro_text, zero_text, recompute_text, schedule_text, cp_text, ep_text
+    )
     if gpus is not None and gpus <= 0:
         raise ConfigError(f"must be > 0, got {gpus}", key_path="--gpus")
     if gpus is not None:
