@@ -298,7 +298,8 @@ class FlowNetwork:
         owner = self._own(_Single(done, latency_s))
         payload = count * size_bytes
         if not path or size_bytes == 0:
-            self._touch(path, src, dst)
+            if path:
+                self._touch(src, dst)
             self._fire(owner, 1)
             return done
         self._advance()
@@ -342,7 +343,7 @@ class FlowNetwork:
         if immediate:
             for i in np.flatnonzero(~moving & (lengths > 0)).tolist():
                 s_rank, d_rank = int(packed.src[i]), int(packed.dst[i])
-                self._touch((0,), s_rank if s_rank >= 0 else None, d_rank if d_rank >= 0 else None)
+                self._touch(s_rank, d_rank)
         if moving.any():
             links, counts, src, dst = packed.links, packed.counts, packed.src, packed.dst
             if immediate:
@@ -366,13 +367,12 @@ class FlowNetwork:
         return len(self._id) + len(self._pending)
 
     # -- internals ----------------------------------------------------------------------
-    def _touch(self, path: Sequence[int], src: int | None, dst: int | None) -> None:
+    def _touch(self, src: int | None, dst: int | None) -> None:
         """A flow of no bytes over a path is delivered at once: its ranks are counted (0)."""
-        if path:
-            if src is not None:
-                self.bytes_sent[src] += 0.0
-            if dst is not None:
-                self.bytes_received[dst] += 0.0
+        if src is not None and src >= 0:
+            self.bytes_sent[src] += 0.0
+        if dst is not None and dst >= 0:
+            self.bytes_received[dst] += 0.0
 
     def _own(self, owner: _Single | _Batch) -> int:
         key = self._next_owner

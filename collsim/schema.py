@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from collsim.errors import ConfigError
-from collsim.yamlio import YamlDoc, closest_key, unknown_key_message
+from collsim.yamlio import YamlDoc, type_name, unknown_key_message, with_hint
 
 __all__ = [
     "Value",
@@ -904,7 +904,7 @@ def check(doc: YamlDoc, schema: Section) -> list[ConfigError]:
 
     def walk_list(data: Any, spec: ListOf, path: KeyPath) -> None:
         if not isinstance(data, list):
-            add(path, f"must be a list, got {_kind_of(data)}")
+            add(path, f"must be a list, got {type_name(data)}")
             return
         if len(data) < spec.min_items:
             add(path, _fmt(spec.min_rule, min_items=spec.min_items))
@@ -924,7 +924,7 @@ def check(doc: YamlDoc, schema: Section) -> list[ConfigError]:
 
     def walk_section(data: Any, spec: Section, path: KeyPath) -> None:
         if not isinstance(data, dict):
-            add(path, f"must be a mapping, got {_kind_of(data)}")
+            add(path, f"must be a mapping, got {type_name(data)}")
             return
         if spec.values is not None:
             allowed = choices_of(spec.keys) if spec.keys is not None else None
@@ -932,7 +932,7 @@ def check(doc: YamlDoc, schema: Section) -> list[ConfigError]:
                 if allowed is not None and key not in allowed:
                     choices = ", ".join(map(str, allowed))
                     message = _fmt(spec.key_rule, key=key, choices=choices)
-                    add(path + (key,), _with_hint(message, key, allowed))
+                    add(path + (key,), with_hint(message, key, allowed))
                 else:
                     walk(value, spec.values, path + (key,))
             return
@@ -984,25 +984,8 @@ def check(doc: YamlDoc, schema: Section) -> list[ConfigError]:
     return [err for _, _, err in sorted(errors, key=lambda t: (t[0], t[1]))]
 
 
-def _with_hint(message: str, key: Any, allowed: Sequence[Any]) -> str:
-    close = closest_key(str(key), [str(a) for a in allowed])
-    return f"{message}; did you mean {close!r}?" if close else message
-
-
 def _missing(spec: Spec) -> str:
     return "missing required section" if isinstance(spec, Section) else "missing required key"
-
-
-def _kind_of(value: Any) -> str:
-    return {
-        dict: "a mapping",
-        list: "a list",
-        str: "a string",
-        bool: "a boolean",
-        int: "an integer",
-        float: "a number",
-        type(None): "nothing",
-    }.get(type(value), type(value).__name__)
 
 
 def raise_errors(errors: list[ConfigError]) -> None:

@@ -565,7 +565,8 @@ def search_plans(
         if simulate is None:
             outcomes = workers.map(_simulate_job, configs)
         else:
-            outcomes = [_simulate_job(_SearchContext(topology, spec, simulate), c) for c in configs]
+            own = _SearchContext(topology, spec, simulate)
+            outcomes = [_simulate_job(own, c) for c in configs]
     for entry, (result, reason, seconds) in zip(simulated, outcomes, strict=True):
         entry.result, entry.reason, entry.simulate_s = result, reason, seconds
         if progress is not None:
@@ -653,12 +654,10 @@ class _Bounds:
         from collsim.parallel.config import ParallelConfig as Parallel
         from collsim.parallel.plan import default_order
         from collsim.schedule.build import bytes_per
-        from collsim.vocab import RankOrder
 
         base = parallel if parallel is not None else Parallel()
-        order = base.order or default_order(spec, base)
         self.etp = base.etp
-        self.pp_outer = order is RankOrder.PP_OUTER
+        self.order = base.order or default_order(spec, base)
         """The plans' rank layout (the scenario's ``parallel.order``): it places the dp
         groups whose calls the bound prices."""
         self.topology = topology
@@ -864,9 +863,9 @@ class _Bounds:
         stream = (
             floor if stream is None else [max(a, b) for a, b in zip(floor, stream, strict=True)]
         )
-        before, after = self._dp_stage(c)
         if self._variant(c):
             return list(stream)
+        before, after = self._dp_stage(c)
         serial = c.zero < 3 and not c.overlap
         interferes = c.dp > 1 and (c.zero == 3 or c.overlap)
         factor = 1.0
@@ -947,9 +946,10 @@ class _Bounds:
     def _dp_group(self, c: Candidate, stage: int) -> tuple[int, ...]:
         """The data-parallel group of stage ``stage``'s first tp rank (the plan's mapping,
         :meth:`collsim.parallel.plan.Plan.rank`)."""
-        if self.pp_outer:  # tp-cp-ep-dp-pp
-            return tuple(stage * c.dp * c.tp + d * c.tp for d in range(c.dp))
-        return tuple(d * c.tp * c.pp + stage * c.tp for d in range(c.dp))  # tp-cp-ep-pp-dp
+        from collsim.parallel.plan import grid_rank
+
+        sizes = (c.dp, c.pp, c.cp, c.tp)
+        return tuple(grid_rank(self.order, sizes, dp=d, pp=stage, tp=0) for d in range(c.dp))
 
     def _block_work(
         self, c: Candidate

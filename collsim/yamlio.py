@@ -35,6 +35,8 @@ __all__ = [
     "one_of",
     "unknown_key_message",
     "closest_key",
+    "with_hint",
+    "type_name",
 ]
 
 KeyPath = tuple[str | int, ...]
@@ -192,7 +194,7 @@ class ConfigReader:
         self.path = tuple(path)
         self.file = file if file is not None else (doc.file if doc is not None else None)
         if not isinstance(data, dict):
-            raise self.error(f"must be a mapping, got {_type_name(data)}")
+            raise self.error(f"must be a mapping, got {type_name(data)}")
         self.data: dict[Any, Any] = data
         self._seen: set[Any] = set()
 
@@ -283,12 +285,17 @@ def unknown_key_message(key: str, known: Iterable[str]) -> str:
     """``unknown key (known keys here: a, b); did you mean 'a'?``: the keys of the mapping,
     and the closest one where one is close (:func:`closest_key`)."""
     names = sorted(set(known))
-    message = f"unknown key (known keys here: {', '.join(names) or 'none'})"
-    close = closest_key(key, names)
+    return with_hint(f"unknown key (known keys here: {', '.join(names) or 'none'})", key, names)
+
+
+def with_hint(message: str, key: object, allowed: Iterable[object]) -> str:
+    """``message``, then ``; did you mean 'x'?`` when one of ``allowed`` is close to ``key``."""
+    close = closest_key(str(key), [str(a) for a in allowed])
     return f"{message}; did you mean {close!r}?" if close else message
 
 
-def _type_name(value: Any) -> str:
+def type_name(value: Any) -> str:
+    """The kind of a YAML value in words (``a mapping``, ``an integer``, ...)."""
     return {
         dict: "a mapping",
         list: "a list",

@@ -297,23 +297,3 @@ def test_gcp_a3_mega_preset() -> None:
     assert topo.num_nodes == 2 and topo.nics is not None and topo.nics.count == 8
     assert topo.links[topo.nic_tx[0][0]].bandwidth_bps == pytest.approx(200e9 / 8)
     assert topo.fabric.kind.value == "tcpxo" and topo.fabric.rails and not topo.nvls
-
-
-@pytest.mark.parametrize(
-    "name", ["dgx_h100", "dgx_a100", "gb200_nvl72", "gcp_a3_mega", "mi300x", "pcie_8gpu"]
-)
-def test_vectorised_paths_are_the_paths(name: str) -> None:
-    import random
-
-    import numpy as np
-
-    rng = random.Random(7)
-    for nodes in (1, 3, 40):
-        topo = load_topology(name, nodes=nodes)
-        n = topo.num_ranks
-        src = np.array([rng.randrange(n) for _ in range(400)])
-        dst = np.array([rng.randrange(n) for _ in range(400)])
-        dst[:20] = src[:20]
-        got = topo.path_links(src, dst)
-        for i in range(len(src)):
-            assert tuple(int(x) for x in got[i] if x >= 0) == topo.path(int(src[i]), int(dst[i]))

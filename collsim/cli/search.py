@@ -65,26 +65,18 @@ def _space_options(
         if any(z > 3 for z in zeros):
             raise ConfigError(f"ZeRO stages are 0-3, got {zero_text}", key_path="--zero")
         space_kwargs["zero_stages"] = zeros
-    if recompute_text is not None:
-        modes = tuple(v.strip() for v in recompute_text.split(",") if v.strip())
-        choices = [m.value for m in RecomputeMode]
-        bad = [m for m in modes if m not in choices]
-        if bad or not modes:
-            raise ConfigError(
-                f"must be some of {', '.join(choices)}; got {recompute_text}",
-                key_path="--recompute",
-            )
-        space_kwargs["recomputes"] = modes
-    if schedule_text is not None:
-        kinds = tuple(v.strip() for v in schedule_text.split(",") if v.strip())
-        choices = [k.value for k in ScheduleKind]
-        bad = [k for k in kinds if k not in choices]
-        if bad or not kinds:
-            raise ConfigError(
-                f"must be some of {', '.join(choices)}; got {schedule_text}",
-                key_path="--schedule",
-            )
-        space_kwargs["schedules"] = kinds
+    for text, enum, name, key in (
+        (recompute_text, RecomputeMode, "--recompute", "recomputes"),
+        (schedule_text, ScheduleKind, "--schedule", "schedules"),
+    ):
+        if text is not None:
+            values = tuple(v.strip() for v in text.split(",") if v.strip())
+            choices = [member.value for member in enum]
+            if not values or any(v not in choices for v in values):
+                raise ConfigError(
+                    f"must be some of {', '.join(choices)}; got {text}", key_path=name
+                )
+            space_kwargs[key] = values
     for text, name, key in ((cp_text, "--cp", "cps"), (ep_text, "--ep", "eps")):
         if (sizes := _int_list(text, name)) is not None:
             if 0 in sizes:

@@ -96,52 +96,6 @@ def axis_contends(
     return bool(np.any(load > cap * (1 + 1e-9)))
 
 
-def _ring_step(groups: Sequence[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
-    """The flows of one ring step of every group: rank[i] -> rank[i + 1] (one send for two
-    ranks, none for one), as source and destination arrays."""
-    src: list[int] = []
-    dst: list[int] = []
-    for group in groups:
-        n = len(group)
-        if n == 2:
-            src.append(group[0])
-            dst.append(group[1])
-        elif n > 2:
-            src.extend(group)
-            dst.extend(group[1:])
-            dst.append(group[0])
-    return np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
-
-
-def _flow_links(topology: Topology, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-    """The links of :meth:`Topology.path` for each flow ``src[i] -> dst[i]``, vectorised, as
-    an [n, 4] array padded with -1 (inside a node: tx, rx; across: NIC tx, [leaf up, leaf
-    down when the leaves differ], NIC rx)."""
-    topo = topology
-    gpn = topo.gpus_per_node
-    out = np.full((len(src), 4), -1, dtype=np.int64)
-    sn, dn = src // gpn, dst // gpn
-    same = (sn == dn) & (src != dst)
-    out[same, 0] = topo.gpu_tx_index[src[same]]
-    out[same, 1] = topo.gpu_rx_index[dst[same]]
-    cross = sn != dn
-    if cross.any():
-        assert topo.nics is not None  # a multi-node topology has NICs
-        s, a, b = src[cross], sn[cross], dn[cross]
-        nic = (s % gpn) * topo.nics.count // gpn
-        rows = np.flatnonzero(cross)
-        out[rows, 0] = topo.nic_tx_index[a, nic]
-        out[rows, 3] = topo.nic_rx_index[b, nic]
-        per_leaf = topo.fabric.nodes_per_leaf
-        la, lb = a // per_leaf, b // per_leaf
-        diff = la != lb
-        if diff.any():
-            rail = nic[diff] if topo.fabric.rails else np.zeros(int(diff.sum()), dtype=np.int64)
-            out[rows[diff], 1] = topo.leaf_up_index[rail, la[diff]]
-            out[rows[diff], 2] = topo.leaf_down_index[rail, lb[diff]]
-    return out
-
-
 def all_to_all_contends(
     topology: Topology, groups: Sequence[tuple[int, ...]], *, capacity: np.ndarray | None = None
 ) -> bool:
@@ -161,7 +115,7 @@ def all_to_all_contends(
     from collsim.collectives.types import Group
 
     if capacity is None:
-        capacity = np.array([link.capacity_bps for link in topology.links], dtype=float)
+        capacity = topology.link_capacity_bps
     loads = []
     total = np.zeros(len(capacity))
     for group in groups:

@@ -106,32 +106,6 @@ def simulate_step(
             straggler names a rank, node or link the cluster does not have.
     """
     resolved = _resolve(stragglers, topology)
-    if resolved is not None:
-        baseline = simulate_step(
-            topology,
-            spec,
-            training,
-            parallel,
-            all_ranks=all_ranks,
-            op_time_overrides=op_time_overrides,
-            fidelity=fidelity,
-            zero_communication=zero_communication,
-        )
-        engine = prepare_step(
-            topology,
-            spec,
-            training,
-            parallel,
-            all_ranks=all_ranks,
-            trace=trace,
-            op_time_overrides=op_time_overrides,
-            fidelity=fidelity,
-            zero_communication=zero_communication,
-            stragglers=resolved,
-        )
-        result = _play(engine, zero_communication)
-        result.details["stragglers"] = straggler_details(engine, result, baseline)
-        return result
     engine = prepare_step(
         topology,
         spec,
@@ -142,7 +116,22 @@ def simulate_step(
         op_time_overrides=op_time_overrides,
         fidelity=fidelity,
         zero_communication=zero_communication,
+        stragglers=resolved,
     )
+    if resolved is not None:
+        result = _play(engine, zero_communication)
+        baseline = simulate_step(
+            topology,
+            spec,
+            training,
+            parallel,
+            all_ranks=all_ranks,
+            op_time_overrides=op_time_overrides,
+            fidelity=fidelity,
+            zero_communication=zero_communication,
+        )
+        result.details["stragglers"] = straggler_details(engine, result, baseline)
+        return result
     result = _play(engine, zero_communication)
     if engine.contended and fidelity == "auto" and not all_ranks and not zero_communication:
         result.details["contention"] = contention_effects(

@@ -61,7 +61,19 @@ __all__ = [
     "Plan",
     "build_plan",
     "default_order",
+    "grid_rank",
 ]
+
+
+def grid_rank(
+    order: RankOrder, sizes: tuple[int, int, int, int], *, dp: int, pp: int, tp: int, cp: int = 0
+) -> int:
+    """Global rank of grid position (dp, pp, cp, tp) on a grid of ``sizes`` (dp, pp, cp, tp)
+    in the rank layout ``order`` (module docstring)."""
+    n_dp, n_pp, n_cp, n_tp = sizes
+    if order is RankOrder.PP_OUTER:
+        return ((pp * n_dp + dp) * n_cp + cp) * n_tp + tp
+    return ((dp * n_pp + pp) * n_cp + cp) * n_tp + tp
 
 
 _BASE_AXES = (ParallelAxis.TP, ParallelAxis.PP, ParallelAxis.DP)
@@ -181,9 +193,7 @@ class Plan:
     def rank(self, *, dp: int, pp: int, tp: int, cp: int = 0) -> int:
         """Global rank of grid position (dp, pp, cp, tp) (module docstring)."""
         par = self.parallel
-        if self.order is RankOrder.PP_OUTER:
-            return ((pp * par.dp + dp) * par.cp + cp) * par.tp + tp
-        return ((dp * par.pp + pp) * par.cp + cp) * par.tp + tp
+        return grid_rank(self.order, (par.dp, par.pp, par.cp, par.tp), dp=dp, pp=pp, tp=tp, cp=cp)
 
     def coords(self, rank: int) -> RankCoords:
         """Grid position of a global rank."""

@@ -210,14 +210,12 @@ def test_auto_fidelity_puts_contended_ep_groups_on_the_des(tmp_path) -> None:  #
 
 
 def test_vectorised_flow_links_follow_the_topology_paths() -> None:
-    """The contention check's vectorised paths equal Topology.path on every shipped topology
-    with several nodes (rails, leaves, NVL domains)."""
+    """The contention check's vectorised paths (Topology.path_links) equal Topology.path on
+    every shipped topology with several nodes (rails, leaves, NVL domains)."""
     import glob
     from pathlib import Path
 
     import numpy as np
-
-    from collsim.engine.comm import _flow_links
 
     repo = Path(__file__).resolve().parents[2]
     for path in sorted(glob.glob(str(repo / "topologies" / "*.yaml"))):
@@ -228,7 +226,7 @@ def test_vectorised_flow_links_follow_the_topology_paths() -> None:
         rng = np.random.default_rng(0)
         src = rng.integers(0, topo.num_ranks, 300)
         dst = rng.integers(0, topo.num_ranks, 300)
-        links = _flow_links(topo, src, dst)
+        links = topo.path_links(src, dst)
         for i in range(300):
             got = tuple(int(x) for x in links[i] if x >= 0)
             assert got == topo.path(int(src[i]), int(dst[i])), (path, src[i], dst[i])
