@@ -103,9 +103,10 @@ def test_recorded_steps_from_the_quiet_profile_are_within_15_percent() -> None:
     """The three recorded runs of ``collsim validate step --world-sizes 2,4 --iters 15
     --device-profile validate/data/cpu_profile.yaml`` (validate/README.md, "The step predicted
     from a device profile"), simulated again from the profile and the collectives each run
-    timed in its own loop with today's code: every DDP step and the median of each (world size, mode) are within 15 % of the measured median; FSDP is
-    reported, and its median error is held to the same 15 %. Nothing is scaled to a
-    measured step: the profile is a generic kernel grid taken before the runs."""
+    timed in its own loop with today's code: every DDP step and the median of each (world
+    size, mode) are within 15 % of the measured median; FSDP is reported, and its median error
+    is held to the same 15 %. Nothing is scaled to a measured step: the profile is a generic
+    kernel grid taken before the runs."""
     import statistics
 
     from collsim.topology import load_topology
