@@ -53,7 +53,7 @@ from collsim.parallel.plan import RankCoords
 from collsim.parallel.schedules import Phase, PipeOp, input_of
 from collsim.schedule.assemble import assemble
 from collsim.schedule.dataparallel import DPCall
-from collsim.schedule.memory import MemoryLedger
+from collsim.schedule.memory import MemoryLedger, MemoryPattern
 from collsim.schedule.ops import ChunkModel, Segment
 from collsim.schedule.pricing import ClosedPricer, SegmentPrices
 from collsim.schedule.result import BREAKDOWN_KEYS, StepResult, TraceEvent
@@ -275,17 +275,17 @@ class _Walk:
                         plan.buckets.append((bucket, ready))
             t += dur
         plan.duration = t
+        plan.pattern = MemoryPattern(
+            "activations", [(rel, delta, "act", None) for rel, delta in plan.mem]
+        )
         self._op_plans[key] = plan
         return plan
 
     def run_fused(self, prog: _Rank, op: PipeOp, chunk: ChunkModel, paired: bool) -> None:
         plan = self.op_plan(prog, chunk, op.phase, paired)
         t0 = prog.now
-        for rel, delta in plan.mem:
-            if delta > 0:
-                prog.ledger.alloc(t0 + rel, "activations", delta)
-            else:
-                prog.ledger.free(t0 + rel, "activations", -delta)
+        assert plan.pattern is not None
+        prog.ledger.place(t0, plan.pattern, op.microbatch, op.chunk)
         if plan.buckets and self.rules.uses_buckets and self.rules.reduces_in(op.microbatch):
             for bucket, rel in plan.buckets:
                 if self.rules.overlap:
@@ -484,6 +484,7 @@ class _OpPlan:
     tp: float = 0.0
     comm: dict[str, float] = field(default_factory=dict)
     mem: list[tuple[float, float]] = field(default_factory=list)
+    pattern: MemoryPattern | None = None
     buckets: list[tuple[Bucket, float]] = field(default_factory=list)
 
 
@@ -501,11 +502,19 @@ def walk(
     plan = schedule.plan
     if pricer is None:
         pricer = ClosedPricer(plan.topology)
-    w = _Walk(schedule, pricer)
-    w.run()
-    return assemble(
-        plan, w, fidelity="closed", contended=[], zero_communication=pricer.zero, timeline=timeline
-    )
+    from collsim.runtime import collector_paused
+
+    with collector_paused():
+        w = _Walk(schedule, pricer)
+        w.run()
+        return assemble(
+            plan,
+            w,
+            fidelity="closed",
+            contended=[],
+            zero_communication=pricer.zero,
+            timeline=timeline,
+        )
 
 
 def estimate_step(

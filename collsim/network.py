@@ -86,7 +86,7 @@ def max_min_rates(
         level += increment
         cap_left[used] -= increment * counts[used]
         saturated = used & (share <= increment * (1 + 1e-12))
-        hit = np.unique(flow_of_entry[live & saturated[link_of_entry]])
+        hit = flow_of_entry[live & saturated[link_of_entry]]  # repeats assign the same value
         rates[hit] = level if multiplicity is None else level * multiplicity[hit]
         frozen[hit] = True
         live &= ~frozen[flow_of_entry]

@@ -246,7 +246,7 @@ def node_shape(topology: Topology, ranks: Sequence[int]) -> tuple[int, int]:
     on_node = members[nodes == found[best]]
     if topology.nics is None:
         return len(on_node), 0
-    nics = len(np.unique((on_node % gpn) * topology.nics.count // gpn))
+    nics = len(set(((on_node % gpn) * topology.nics.count // gpn).tolist()))
     return len(on_node), nics
 
 

@@ -50,18 +50,16 @@ class Group:
     _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        ranks = tuple(int(r) for r in self.ranks)
+        ranks = tuple(map(int, self.ranks))
         object.__setattr__(self, "ranks", ranks)
         if not ranks:
             raise ConfigError("a group needs at least one rank")
         if len(set(ranks)) != len(ranks):
             raise ConfigError(f"group ranks repeat: {ranks}")
-        for rank in ranks:
-            if not 0 <= rank < self.topology.num_ranks:
-                raise ConfigError(
-                    f"rank {rank} not in topology {self.topology.name} "
-                    f"(0..{self.topology.num_ranks - 1})"
-                )
+        n = self.topology.num_ranks
+        if min(ranks) < 0 or max(ranks) >= n:
+            rank = next(r for r in ranks if not 0 <= r < n)
+            raise ConfigError(f"rank {rank} not in topology {self.topology.name} (0..{n - 1})")
         key = (id(self.topology), ranks)
         object.__setattr__(self, "_key", key)
         object.__setattr__(self, "_hash", hash(key))

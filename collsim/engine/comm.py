@@ -41,6 +41,15 @@ __all__ = [
 def _ring_steps(groups: Sequence[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
     """(senders, receivers) of one ring step of every group: rank[i] -> rank[i+1]; a
     two-rank group sends once."""
+    sizes = {len(g) for g in groups}
+    if len(sizes) == 1 and groups:  # groups of one size (every axis's groups): as an array
+        n = sizes.pop()
+        grid = np.asarray(groups, dtype=np.int64).reshape(len(groups), n)
+        if n == 2:
+            return grid[:, 0].copy(), grid[:, 1].copy()
+        if n < 2:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return grid.ravel(), np.roll(grid, -1, axis=1).ravel()
     src: list[int] = []
     dst: list[int] = []
     for group in groups:

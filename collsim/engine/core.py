@@ -165,6 +165,8 @@ class Engine:
         self._p2p_peers: dict[tuple[int, int], list[tuple[int, ...]]] = {}
         self._peers: dict[tuple[int, str], list[tuple[int, ...]]] = {}
         self._calls: dict[tuple[Any, ...], tuple[Any, dict[str, Any]]] = {}
+        self._gathers: dict[int, tuple[Any, CallKey, float]] = {}
+        """Per rank: the closed-form pipeline gather's cost, statistics key and size."""
         self.prices = SegmentPrices(plan, pricer)
         self.seg_runs: dict[tuple[int, int], list[Any]] = {}
 
@@ -501,10 +503,14 @@ class Engine:
             return None
         if self.broken and len(self.stream(prog.rank, TP).members) > 1:
             return None  # simulated TP peers: they rendezvous on the tp stream
-        size = self._p2p_size * self.plan.tp
-        group = self.group(prog.rank, TP)
-        cost = self.pricer.cost("all_gather", size, group)
-        key = CallKey(prog.rank, TP, "all_gather", size, len(group), cost.algorithm)
+        hit = self._gathers.get(prog.rank)
+        if hit is None:
+            size = self._p2p_size * self.plan.tp
+            group = self.group(prog.rank, TP)
+            cost = self.pricer.cost("all_gather", size, group)
+            key = CallKey(prog.rank, TP, "all_gather", size, len(group), cost.algorithm)
+            hit = self._gathers[prog.rank] = (cost, key, size)
+        cost, key, size = hit
         self.stats.add(key, cost.time_s, cost.busbw_bps)
         if self.trace_on:
             now = self.env.now

@@ -241,13 +241,11 @@ class DataParallel:
             plan.rank(dp=c.dp, pp=p - 1, tp=c.tp, cp=c.cp),
         )
         size = plan.spec.vocab / plan.tp * plan.spec.hidden * self.rules.bytes_per.grad
-        others: list[tuple[int, ...]] = [
-            (plan.rank(dp=d, pp=0, tp=t, cp=k), plan.rank(dp=d, pp=p - 1, tp=t, cp=k))
-            for d in range(plan.dp)
-            for k in range(plan.cp)
-            for t in range(plan.tp)
-            if d or t or k
-        ]
+        # every other (dp, cp, tp) pair of the two stages, dp outermost, tp innermost
+        grid = plan.grid()
+        others: list[tuple[int, ...]] = list(
+            zip(grid[0].ravel().tolist()[1:], grid[p - 1].ravel().tolist()[1:], strict=True)
+        )
         return self.site.call(
             prog.rank,
             PP,

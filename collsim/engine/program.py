@@ -30,7 +30,7 @@ import simpy
 
 from collsim.parallel.fsdp import issue_schedule
 from collsim.parallel.schedules import Phase, PipeOp
-from collsim.schedule.memory import MemoryEvent, MemoryLedger
+from collsim.schedule.memory import MemoryLedger, MemoryPattern
 from collsim.schedule.ops import ChunkModel, Segment, StageModel
 from collsim.schedule.pricing import EXPOSED_KEY
 
@@ -52,6 +52,8 @@ class _OpPlan:
     comm: dict[str, float] = field(default_factory=dict)
     """Exposed collective seconds by breakdown key (tp_exposed, ep_exposed, cp_exposed)."""
     mem: list[tuple[float, float, str, Any]] = field(default_factory=list)
+    pattern: MemoryPattern | None = None
+    """``mem`` as one pattern of activation events, placed at each run's start."""
     buckets: list[tuple[Any, float]] = field(default_factory=list)
 
 
@@ -254,6 +256,7 @@ class RankProgram:
                         plan.buckets.append((bucket, t + off + bucket.ready_fraction * gdur))
             t += dur
         plan.duration = t
+        plan.pattern = MemoryPattern("activations", plan.mem)
         self._plans[key] = plan
         return plan
 
@@ -261,13 +264,8 @@ class RankProgram:
         """Memory events and bucket launches of a fused op starting at ``t0`` (now or later)."""
         e = self.e
         mb, c = op.microbatch, op.chunk
-        new = tuple.__new__  # NamedTuple construction without its keyword-argument layer
-        self.ledger.events.extend(
-            [
-                new(MemoryEvent, (t0 + rel, "activations", delta, (kind, key, mb, c)))
-                for rel, delta, kind, key in plan.mem
-            ]
-        )
+        assert plan.pattern is not None
+        self.ledger.place(t0, plan.pattern, mb, c)
         if plan.buckets and e.dp.rules.uses_buckets and e.dp.rules.reduces_in(mb):
             for bucket, rel in plan.buckets:
                 e.dp.launch_bucket(self, op, chunk, bucket, t0 + rel)

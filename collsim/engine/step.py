@@ -105,6 +105,37 @@ def simulate_step(
         ConfigError: the plan does not match the model or the cluster (see build_plan), or a
             straggler names a rank, node or link the cluster does not have.
     """
+    from collsim.runtime import collector_paused
+
+    with collector_paused():
+        return _simulate_step(
+            topology,
+            spec,
+            training,
+            parallel,
+            all_ranks=all_ranks,
+            trace=trace,
+            op_time_overrides=op_time_overrides,
+            fidelity=fidelity,
+            zero_communication=zero_communication,
+            stragglers=stragglers,
+        )
+
+
+def _simulate_step(
+    topology: Topology,
+    spec: TransformerSpec,
+    training: TrainingConfig,
+    parallel: ParallelConfig,
+    *,
+    all_ranks: bool,
+    trace: bool,
+    op_time_overrides: dict[str, float] | None,
+    fidelity: str,
+    zero_communication: bool,
+    stragglers: StragglerConfig | StragglerPlan | None,
+) -> StepResult:
+    """:func:`simulate_step` with the collector paused."""
     resolved = _resolve(stragglers, topology)
     engine = prepare_step(
         topology,

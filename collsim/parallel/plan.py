@@ -114,6 +114,10 @@ class Plan:
     num_microbatches: int
     """Micro-batches per step on one data-parallel replica: global / (micro x dp)."""
     warnings: tuple[str, ...] = field(default=())
+    _coords: dict[int, RankCoords] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    """Ranks already placed on the grid (:meth:`coords`, asked for on every simulated op)."""
 
     @property
     def tp(self) -> int:
@@ -197,6 +201,13 @@ class Plan:
 
     def coords(self, rank: int) -> RankCoords:
         """Grid position of a global rank."""
+        hit = self._coords.get(rank)
+        if hit is not None:
+            return hit
+        hit = self._coords[rank] = self._place(rank)
+        return hit
+
+    def _place(self, rank: int) -> RankCoords:
         par = self.parallel
         inner, tp = divmod(rank, par.tp)
         outer, cp = divmod(inner, par.cp)
@@ -229,18 +240,31 @@ class Plan:
         j = self._stage_index(self.coords(rank))
         return j % self.etp, (j // self.etp) % self.ep, j // (self.etp * self.ep)
 
+    def _line(self, c: RankCoords, axis: str, size: int) -> tuple[int, ...]:
+        """The ranks of ``c``'s grid line along one grid axis (dp, pp, cp or tp), index 0
+        first: the rank is linear in each grid index (:func:`grid_rank`), so a line is a range
+        with the axis's stride."""
+        at = {"dp": c.dp, "pp": c.pp, "tp": c.tp, "cp": c.cp}
+        at[axis] = 0
+        first = self.rank(**at)
+        if size < 2:
+            return (first,)
+        at[axis] = 1
+        stride = self.rank(**at) - first
+        return tuple(range(first, first + size * stride, stride))
+
     def group_of(self, rank: int, axis: ParallelAxis | str) -> tuple[int, ...]:
         """The ranks of ``rank``'s group along ``axis``, in group order."""
         c = self.coords(rank)
         match ParallelAxis(axis):
             case ParallelAxis.TP:
-                return tuple(self.rank(dp=c.dp, pp=c.pp, tp=i, cp=c.cp) for i in range(self.tp))
+                return self._line(c, "tp", self.tp)
             case ParallelAxis.PP:
-                return tuple(self.rank(dp=c.dp, pp=i, tp=c.tp, cp=c.cp) for i in range(self.pp))
+                return self._line(c, "pp", self.pp)
             case ParallelAxis.DP:
-                return tuple(self.rank(dp=i, pp=c.pp, tp=c.tp, cp=c.cp) for i in range(self.dp))
+                return self._line(c, "dp", self.dp)
             case ParallelAxis.CP:
-                return tuple(self.rank(dp=c.dp, pp=c.pp, tp=c.tp, cp=i) for i in range(self.cp))
+                return self._line(c, "cp", self.cp)
             case ParallelAxis.DP_CP:
                 return tuple(
                     self.rank(dp=d, pp=c.pp, tp=c.tp, cp=k)

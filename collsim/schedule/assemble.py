@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from collsim.errors import SimulationError
 from collsim.parallel.plan import Plan
+from collsim.schedule.memory import Timelines
 from collsim.schedule.result import BREAKDOWN_KEYS, MEMORY_KEYS, CollectiveStat, StepResult
 from collsim.units import GiB
 
@@ -163,7 +164,7 @@ def assemble(
         warnings=warnings_out,
         mapping=plan.describe_mapping(),
         memory_timeline=(
-            {rank: prog.ledger.timeline() for rank, prog in programs.items()} if timeline else {}
+            Timelines({rank: prog.ledger for rank, prog in programs.items()}) if timeline else {}
         ),
         trace_events=sorted(engine.trace_events, key=lambda e: (e.start_s, e.rank)),
         details=details,

@@ -8,10 +8,16 @@ reuses a freed block). The timeline therefore does not depend on the order in wh
 simultaneous events were recorded, so the engine and the closed form, which record them in
 different orders, read the same peak. Peak memory and the category split at the
 peak are read from the sorted timeline; the closed forms (ZeRO, Korthikanti) are only tests.
+
+An op that repeats (the same chunk and phase, every micro-batch) records its activation events
+as one :class:`MemoryPattern` placed at the op's start (:meth:`MemoryLedger.place`): one append
+per op instead of one tuple per layer. The sorted arrays are built from the patterns with numpy;
+the event list (:attr:`MemoryLedger.events`, with labels) is expanded only when asked for.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any, NamedTuple
@@ -19,7 +25,7 @@ from typing import Any, NamedTuple
 from collsim.errors import SimulationError
 from collsim.schedule.result import MEMORY_KEYS
 
-__all__ = ["MemoryEvent", "MemoryLedger", "MemoryPeak"]
+__all__ = ["MemoryEvent", "MemoryLedger", "MemoryPattern", "MemoryPeak", "Timelines"]
 
 
 class MemoryEvent(NamedTuple):
@@ -30,6 +36,28 @@ class MemoryEvent(NamedTuple):
     delta_bytes: float
     label: Any
     """What it is: a string, or a tuple such as ("act", layer, microbatch, chunk)."""
+
+
+class MemoryPattern:
+    """The events of one op relative to its start, all of one category.
+
+    Args:
+        category: a MEMORY_KEYS category.
+        events: ``(offset_s, delta_bytes, kind, key)`` per event; zero deltas are dropped. A
+            placed event is labelled ``(kind, key, microbatch, chunk)``.
+    """
+
+    __slots__ = ("category", "events", "offsets", "deltas")
+
+    def __init__(self, category: str, events: list[tuple[float, float, str, Any]]) -> None:
+        import numpy as np
+
+        if category not in MEMORY_KEYS:
+            raise SimulationError(f"unknown memory category {category!r}")
+        self.category = category
+        self.events = [(float(t), float(d), kind, key) for t, d, kind, key in events if d]
+        self.offsets = np.array([e[0] for e in self.events], dtype=float)
+        self.deltas = np.array([e[1] for e in self.events], dtype=float)
 
 
 class _Sorted(NamedTuple):
@@ -53,23 +81,57 @@ class MemoryLedger:
     """The allocation events of one rank."""
 
     rank: int
-    events: list[MemoryEvent] = field(default_factory=list)
+    _events: list[MemoryEvent] = field(default_factory=list)
+    _placed: list[tuple[float, MemoryPattern, int, int, int]] = field(default_factory=list)
+    """Patterns placed at op starts, not yet expanded into ``_events``: (start, pattern,
+    micro-batch, chunk, how many single events were recorded before it)."""
     _sorted: list[MemoryEvent] | None = None
     _sorted_n: int = 0
     _arr: _Sorted | None = None
-    _arr_n: int = -1
+    _arr_n: tuple[int, int] = (-1, -1)
+
+    @property
+    def events(self) -> list[MemoryEvent]:
+        """Every event in recording order (placed patterns expanded, with their labels)."""
+        if self._placed:
+            self._expand()
+        return self._events
+
+    def _expand(self) -> None:
+        """Expand the placed patterns into events, in recording order."""
+        new = tuple.__new__  # NamedTuple construction without its keyword-argument layer
+        singles = self._events
+        out: list[MemoryEvent] = []
+        done = 0
+        for t0, pattern, mb, c, before in self._placed:
+            out.extend(singles[done:before])
+            done = before
+            cat = pattern.category
+            out.extend(
+                new(MemoryEvent, (t0 + rel, cat, delta, (kind, key, mb, c)))
+                for rel, delta, kind, key in pattern.events
+            )
+        out.extend(singles[done:])
+        self._placed.clear()
+        self._events = out
+
+    def place(self, time_s: float, pattern: MemoryPattern, microbatch: int, chunk: int) -> None:
+        """Record ``pattern``'s events for an op of ``microbatch`` / ``chunk`` starting at
+        ``time_s`` (now or later)."""
+        if pattern.events:
+            self._placed.append((time_s, pattern, microbatch, chunk, len(self._events)))
 
     def alloc(self, time_s: float, category: str, size_bytes: float, label: Any = "") -> None:
         """Record ``size_bytes`` of ``category`` allocated at ``time_s``."""
         if category not in MEMORY_KEYS:
             raise SimulationError(f"unknown memory category {category!r}")
         if size_bytes:
-            self.events.append(MemoryEvent(time_s, category, float(size_bytes), label))
+            self._events.append(MemoryEvent(time_s, category, float(size_bytes), label))
 
     def free(self, time_s: float, category: str, size_bytes: float, label: Any = "") -> None:
         """Record ``size_bytes`` of ``category`` freed at ``time_s``."""
         if size_bytes:
-            self.events.append(MemoryEvent(time_s, category, -float(size_bytes), label))
+            self._events.append(MemoryEvent(time_s, category, -float(size_bytes), label))
 
     def sorted_events(self) -> list[MemoryEvent]:
         """Events by time; at equal times by signed size (frees first), ties in recording order
@@ -82,22 +144,41 @@ class MemoryLedger:
     def _arrays(self) -> _Sorted:
         """The sorted events as arrays, with the running total after each (cached).
 
-        Same order as :meth:`sorted_events` (``numpy.lexsort`` is stable), and the same sums:
-        ``numpy.cumsum`` adds one element after another, as a Python running sum does.
+        Sorted by time, then signed size, as :meth:`sorted_events` (``numpy.lexsort``). The
+        single events come first and the placed patterns after them, grouped by pattern, so
+        events that tie on both time and size may sit in another order than recorded; such
+        ties have equal sizes, so the running totals (``numpy.cumsum`` adds one element after
+        another) and the category split at the peak (the peak never falls inside a run of
+        equal frees or equal allocations) are the same in any order.
         """
-        n = len(self.events)
-        if self._arr is not None and self._arr_n == n:
+        key = (len(self._events), len(self._placed))
+        if self._arr is not None and self._arr_n == key:
             return self._arr
         import numpy as np
 
-        times = np.fromiter((ev[0] for ev in self.events), dtype=float, count=n)
-        deltas = np.fromiter((ev[2] for ev in self.events), dtype=float, count=n)
+        events = self._events
+        n = len(events)
         index = {k: i for i, k in enumerate(MEMORY_KEYS)}
-        cats = np.fromiter((index[ev[1]] for ev in self.events), dtype=np.int8, count=n)
-        order = np.lexsort((deltas, times))
-        times, deltas, cats = times[order], deltas[order], cats[order]
-        self._arr = _Sorted(times, deltas, cats, np.cumsum(deltas))
-        self._arr_n = n
+        times = [np.fromiter((ev[0] for ev in events), dtype=float, count=n)]
+        deltas = [np.fromiter((ev[2] for ev in events), dtype=float, count=n)]
+        cats = [np.fromiter((index[ev[1]] for ev in events), dtype=np.int8, count=n)]
+        starts: dict[int, tuple[MemoryPattern, list[float]]] = {}
+        for t0, pattern, _, _, _ in self._placed:
+            hit = starts.get(id(pattern))
+            if hit is None:
+                starts[id(pattern)] = (pattern, [t0])
+            else:
+                hit[1].append(t0)
+        for pattern, t0s in starts.values():
+            at = np.asarray(t0s, dtype=float)
+            times.append((at[:, None] + pattern.offsets[None, :]).ravel())
+            deltas.append(np.tile(pattern.deltas, len(at)))
+            cats.append(np.full(len(at) * len(pattern.deltas), index[pattern.category], np.int8))
+        t, d, c = np.concatenate(times), np.concatenate(deltas), np.concatenate(cats)
+        order = np.lexsort((d, t))
+        t, d, c = t[order], d[order], c[order]
+        self._arr = _Sorted(t, d, c, np.cumsum(d))
+        self._arr_n = key
         return self._arr
 
     def timeline(self) -> list[tuple[float, float]]:
@@ -151,3 +232,31 @@ class MemoryLedger:
             if category is None or ev.category == category:
                 total += ev.delta_bytes
         return total
+
+
+class Timelines(Mapping[int, list[tuple[float, float]]]):
+    """Rank -> :meth:`MemoryLedger.timeline`, each built when first read (a step's result
+    keeps its ledgers' timelines without paying for the ones nobody draws). Pickles as a
+    plain dict."""
+
+    def __init__(self, ledgers: Mapping[int, MemoryLedger]) -> None:
+        self._ledgers = dict(ledgers)
+        self._built: dict[int, list[tuple[float, float]]] = {}
+
+    def __getitem__(self, rank: int) -> list[tuple[float, float]]:
+        hit = self._built.get(rank)
+        if hit is None:
+            hit = self._built[rank] = self._ledgers[rank].timeline()
+        return hit
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._ledgers)
+
+    def __len__(self) -> int:
+        return len(self._ledgers)
+
+    def __repr__(self) -> str:
+        return f"Timelines(ranks={sorted(self._ledgers)})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (dict, (dict(self.items()),))

@@ -6,6 +6,7 @@ the JSON that ``collsim run --json`` writes (keys are pinned by a test).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -97,7 +98,7 @@ class StepResult:
     warnings: list[str] = field(default_factory=list)
     mapping: str = ""
     """Human-readable rank mapping (which ranks form the tp / pp / dp groups)."""
-    memory_timeline: dict[int, list[tuple[float, float]]] = field(default_factory=dict)
+    memory_timeline: Mapping[int, list[tuple[float, float]]] = field(default_factory=dict)
     """rank -> [(time_s, bytes in use)], step-wise, for simulated ranks."""
     trace_events: list[TraceEvent] = field(default_factory=list)
     details: dict[str, Any] = field(default_factory=dict)

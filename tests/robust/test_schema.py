@@ -24,7 +24,7 @@ TOPOLOGIES = sorted((REPO / "topologies").glob("*.yaml")) + sorted(
     (REPO / "collsim" / "data" / "topologies").glob("*.yaml")
 )
 DEVICES = sorted((REPO / "collsim" / "data" / "devices").glob("*.yaml")) + sorted(
-    (REPO / "validate" / "data").glob("*profile*.yaml")
+    (REPO / "validate" / "data").rglob("*profile*.yaml")
 )
 
 
