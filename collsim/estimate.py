@@ -49,10 +49,10 @@ from typing import TYPE_CHECKING, Any
 from collsim.errors import SimulationError
 from collsim.parallel.buckets import Bucket
 from collsim.parallel.fsdp import issue_schedule
-from collsim.parallel.plan import RankCoords
+from collsim.parallel.plan import Plan, RankCoords
 from collsim.parallel.schedules import Phase, PipeOp, input_of
 from collsim.schedule.assemble import assemble
-from collsim.schedule.dataparallel import DPCall
+from collsim.schedule.dataparallel import GRAD_NORM_BYTES, DPCall, grad_norm_groups
 from collsim.schedule.memory import MemoryLedger, MemoryPattern
 from collsim.schedule.ops import ChunkModel, Segment
 from collsim.schedule.pricing import ClosedPricer, SegmentPrices
@@ -421,8 +421,25 @@ class _Walk:
         )
         dst.ledger.alloc(delivered, "buffers", size, "pp recv")
 
+    def grad_norm(self) -> None:
+        """The clipping's norm all-reduces, as the engine plays them: the walked members of a
+        group rendezvous (the early ones wait: ``bubble``), then the call (``dp_exposed``)."""
+        for groups in _norm_rounds(self.plan, list(self.programs)):
+            for group, members in groups.items():
+                progs = [self.programs[r] for r in members]
+                start = max(prog.now for prog in progs)
+                axis = grad_norm_groups(self.plan, members[0])
+                name = next(a for a, g in axis if g == group)
+                for prog in progs:
+                    t = self.price(prog.rank, name, "all_reduce", GRAD_NORM_BYTES, group, 0.0)
+                    end = _fires(start, start + t)
+                    prog.acct["bubble"] += start - prog.now
+                    prog.acct["dp_exposed"] += end - start
+                    prog.now = end
+
     def finish(self) -> None:
-        """Deferred buckets, the dp wait, the embedding sync, the optimizer, ZeRO-1/2 gathers."""
+        """Deferred buckets, the dp wait, the embedding sync, the gradient norm, the
+        optimizer, ZeRO-1/2 gathers."""
         plan = self.plan
         for prog in self.programs.values():
             for _op, _chunk, bucket in prog.deferred:
@@ -448,7 +465,6 @@ class _Walk:
                 prog.acct["pp_exposed"] += end - prog.now
                 prog.now = end
         for prog in self.programs.values():
-            stage = self.s.stages[prog.coords.pp]
             framework = self.s.framework_step_s.get(prog.coords.pp, 0.0)
             link, busbw = dp_link(self.stats.items(), prog.rank)
             interference = self.s.interference_s(
@@ -457,6 +473,9 @@ class _Walk:
             prog.now += framework + interference
             prog.acct["framework"] += framework
             prog.acct["interference"] += interference
+        self.grad_norm()
+        for prog in self.programs.values():
+            stage = self.s.stages[prog.coords.pp]
             opt = self.s.optimizer_s[prog.coords.pp]
             prog.now += opt
             prog.acct["optimizer"] += opt
@@ -467,6 +486,18 @@ class _Walk:
                 prog.acct["dp_exposed"] += end - t0
                 prog.now = end
             prog.end_s = prog.now
+
+
+def _norm_rounds(plan: Plan, ranks: list[int]) -> list[dict[tuple[int, ...], list[int]]]:
+    """Per round of the gradient-norm all-reduces (:func:`grad_norm_groups`): the walked ranks
+    of each group."""
+    rounds: list[dict[tuple[int, ...], list[int]]] = []
+    for rank in ranks:
+        for i, (_axis, group) in enumerate(grad_norm_groups(plan, rank)):
+            while len(rounds) <= i:
+                rounds.append({})
+            rounds[i].setdefault(group, []).append(rank)
+    return rounds
 
 
 def _fires(issued_s: float, end_s: float) -> float:

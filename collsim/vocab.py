@@ -121,7 +121,8 @@ class ParallelAxis(StrEnum):
     group); ``dp_shard`` / ``dp_replicate``: the HSDP split of ``dp``; ``dp_cp_shard``: a shard
     group with its cp ranks (dp_shard x cp, what the non-expert states are sharded over under
     HSDP); ``edp_shard``: the ranks of the edp group inside that shard group (torchtitan's
-    ``efsdp``), ``edp_replicate``: the edp ranks at the same place in the other shard groups.
+    ``efsdp``), ``edp_replicate``: the edp ranks at the same place in the other shard groups;
+    ``mp``: a replica's model-parallel ranks.
     """
 
     TP = "tp"
@@ -137,6 +138,9 @@ class ParallelAxis(StrEnum):
     DP_CP_SHARD = "dp_cp_shard"
     EDP_SHARD = "edp_shard"
     EDP_REPLICATE = "edp_replicate"
+    MP = "mp"
+    """The model-parallel ranks of one data-parallel replica (every tp, cp and pp index at one
+    dp index): the group of the gradient-norm all-reduce."""
 
 
 DATA_PARALLEL_AXES = frozenset(

@@ -30,6 +30,7 @@ import simpy
 
 from collsim.parallel.fsdp import issue_schedule
 from collsim.parallel.schedules import Phase, PipeOp
+from collsim.schedule.dataparallel import GRAD_NORM_BYTES, grad_norm_groups
 from collsim.schedule.memory import MemoryLedger, MemoryPattern
 from collsim.schedule.ops import ChunkModel, Segment, StageModel
 from collsim.schedule.pricing import EXPOSED_KEY
@@ -208,6 +209,21 @@ class RankProgram:
             yield env.timeout(framework + interference)
             self.acct["framework"] += framework
             self.acct["interference"] += interference
+        # the clipping's global norm: every model-parallel rank waits for the others
+        for axis, group in grad_norm_groups(e.plan, self.rank):
+            t0 = env.now
+            record = yield e.call(
+                self.rank,
+                axis,
+                "all_reduce",
+                GRAD_NORM_BYTES,
+                group,
+                "all_reduce grad norm",
+                peers=[],
+                stream_group=group,
+            )
+            self.acct["bubble"] += record.start_s - t0
+            self.acct["dp_exposed"] += env.now - record.start_s
         t0 = env.now
         yield env.timeout(e.optimizer_s(self.rank))
         self.acct["optimizer"] += env.now - t0

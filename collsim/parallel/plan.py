@@ -83,9 +83,11 @@ _GRID_DIMS = {
     ParallelAxis.CP: (2,),
     ParallelAxis.TP: (3,),
     ParallelAxis.DP_CP: (1, 2),
+    ParallelAxis.MP: (0, 2, 3),
 }
 """Axes whose groups are grid lines of :meth:`Plan.grid` ([pp, dp, cp, tp]): the dimensions a
-group spans, in group order (dp_cp: dp major, cp minor, as ``group_of``)."""
+group spans, in group order (dp_cp: dp major, cp minor, as ``group_of``; mp: pp, cp, tp,
+which is rank order in either layout)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,6 +273,8 @@ class Plan:
                     for d in range(self.dp)
                     for k in range(self.cp)
                 )
+            case ParallelAxis.MP:
+                return tuple(self.grid()[:, c.dp].ravel().tolist())
             case ParallelAxis.DP_SHARD:
                 g = self.shard_group_size
                 first = c.dp - c.dp % g

@@ -42,7 +42,43 @@ from collsim.vocab import ParallelAxis
 
 DP, EDP = ParallelAxis.DP, ParallelAxis.EDP
 
-__all__ = ["BytesPer", "DPCall", "DataParallelRules", "StateBytes"]
+__all__ = [
+    "BytesPer",
+    "DPCall",
+    "DataParallelRules",
+    "GRAD_NORM_BYTES",
+    "StateBytes",
+    "grad_norm_groups",
+]
+
+GRAD_NORM_BYTES = 4.0
+"""The global gradient norm travels as one fp32 scalar: Megatron-LM ``get_grad_norm_fp32``
+(megatron/core/optimizer/clip_grads.py) all-reduces a one-element float tensor of the summed
+squares; torch ``clip_grad_norm_`` reduces the local norms the same way (one value per call)."""
+
+
+def grad_norm_groups(plan: Plan, rank: int) -> list[tuple[ParallelAxis, tuple[int, ...]]]:
+    """The all-reduces of the global gradient norm before the clipped optimizer step, in
+    order (none without ``training.grad_clip``).
+
+    Every model-parallel rank of a replica (tp x cp x pp) holds other parameters, so the
+    squared norms are summed over the replica's ``mp`` group (Megatron's model-parallel group
+    in ``get_grad_norm_fp32``); when the gradients are sharded over data parallelism (ZeRO /
+    FSDP) or experts are split by expert parallelism, the data-parallel ranks hold different
+    pieces too and the sum also runs over the rank's dp group (Megatron's distributed
+    optimizer reduces over its grad-stats group, model x data parallel; FSDP's
+    ``clip_grad_norm_`` over the shard group). The world-wide sum is priced as these two
+    reductions. Groups of one rank are left out.
+    """
+    if not plan.training.grad_clip:
+        return []
+    out: list[tuple[ParallelAxis, tuple[int, ...]]] = []
+    mp = plan.group_of(rank, ParallelAxis.MP)
+    if len(mp) > 1:
+        out.append((ParallelAxis.MP, mp))
+    if plan.dp > 1 and (plan.parallel.zero >= 1 or plan.ep > 1):
+        out.append((ParallelAxis.DP, plan.group_of(rank, ParallelAxis.DP)))
+    return out
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
