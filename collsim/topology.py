@@ -120,49 +120,74 @@ class Link:
 
 
 class LinkTable(Sequence[Link]):
-    """The links of a topology held as columns; a :class:`Link` is made only when asked for.
+    """The links of a topology held as blocks of alike links; a :class:`Link` is made only
+    when asked for.
 
     A 65,536-GPU cluster has about 270,000 links; building them one object at a time cost
     more than simulating the step on it. Blocks of alike links (every GPU's NVLink port, every
-    NIC) are added at once with a rule that names link i of the block.
+    NIC, every leaf uplink) are added at once with a rule that names link i of the block; the
+    per-link columns are numpy arrays built from the blocks (:meth:`columns`).
     """
 
     def __init__(self) -> None:
-        self.bandwidth_bps: list[float] = []
-        self.latency_s: list[float] = []
-        self.tier: list[int] = []
-        self.kind: list[LinkKind] = []
-        self.efficiency: list[float] = []
         self._starts: list[int] = []
+        self._counts: list[int] = []
         self._namers: list[Callable[[int], str]] = []
+        self._rows: list[tuple[Any, float, int, LinkKind, float]] = []
+        """Per block: bandwidth (one value, or one per link), latency, tier, kind, efficiency."""
+        self._size = 0
 
     def add_block(
         self,
         count: int,
         name_of: Callable[[int], str],
-        bandwidth_bps: float,
+        bandwidth_bps: float | Sequence[float],
         latency_s: float,
         tier: int,
         kind: LinkKind,
         efficiency: float,
     ) -> range:
-        """``count`` alike links, link i named ``name_of(i)``; their indices."""
-        start = len(self.bandwidth_bps)
-        self.bandwidth_bps += [bandwidth_bps] * count
-        self.latency_s += [latency_s] * count
-        self.tier += [tier] * count
-        self.kind += [kind] * count
-        self.efficiency += [efficiency] * count
+        """``count`` alike links, link i named ``name_of(i)`` (``bandwidth_bps``: one rate for
+        all, or one per link); their indices."""
+        if not isinstance(bandwidth_bps, (int, float)) and len(bandwidth_bps) != count:
+            raise ValueError(f"{len(bandwidth_bps)} bandwidths for {count} links")
+        start = self._size
         self._starts.append(start)
+        self._counts.append(count)
         self._namers.append(name_of)
+        self._rows.append((bandwidth_bps, latency_s, tier, kind, efficiency))
+        self._size += count
         return range(start, start + count)
+
+    def columns(self, kind_codes: dict[LinkKind, int]) -> dict[str, np.ndarray]:
+        """Every link's ``bandwidth_bps``, ``latency_s``, ``efficiency`` and ``kind_code``
+        (``kind_codes`` of its kind), by index."""
+        counts = np.asarray(self._counts, dtype=np.int64)
+
+        def column(values: list[float]) -> np.ndarray:
+            return np.repeat(np.asarray(values, dtype=float), counts)
+
+        bandwidth = column(
+            [0.0 if not isinstance(r[0], (int, float)) else r[0] for r in self._rows]
+        )
+        for start, count, row in zip(self._starts, self._counts, self._rows, strict=True):
+            if not isinstance(row[0], (int, float)):
+                bandwidth[start : start + count] = np.asarray(row[0], dtype=float)
+        return {
+            "bandwidth_bps": bandwidth,
+            "latency_s": column([r[1] for r in self._rows]),
+            "efficiency": column([r[4] for r in self._rows]),
+            "kind_code": np.repeat(
+                np.asarray([kind_codes[r[3]] for r in self._rows], dtype=np.int64), counts
+            ),
+        }
 
     def name(self, index: int) -> str:
         block = bisect.bisect_right(self._starts, index) - 1
         return self._namers[block](index - self._starts[block])
 
     def __len__(self) -> int:
-        return len(self.bandwidth_bps)
+        return self._size
 
     @overload
     def __getitem__(self, index: int) -> Link: ...
@@ -177,14 +202,19 @@ class LinkTable(Sequence[Link]):
             index += len(self)
         if not 0 <= index < len(self):
             raise IndexError(f"link {index} out of range")
+        block = bisect.bisect_right(self._starts, index) - 1
+        bandwidth, latency, tier, kind, efficiency = self._rows[block]
+        offset = index - self._starts[block]
+        if not isinstance(bandwidth, (int, float)):
+            bandwidth = bandwidth[offset]
         return Link(
             index,
-            self.name(index),
-            self.bandwidth_bps[index],
-            self.latency_s[index],
-            self.tier[index],
-            self.kind[index],
-            self.efficiency[index],
+            self._namers[block](offset),
+            float(bandwidth),
+            latency,
+            tier,
+            kind,
+            efficiency,
         )
 
     def __iter__(self) -> Iterator[Link]:
@@ -341,6 +371,9 @@ class CollectiveMemo:
     costs: dict[tuple[Group, str, str, str | None], CostEntry] = field(default_factory=dict)
     """The closed form's per-call table per (group, op, algorithm, protocol)
     (:func:`collsim.collectives.select.cost`)."""
+    node_shapes: dict[tuple[int, ...], tuple[int, int]] = field(default_factory=dict)
+    """(GPUs per node, NICs per node) a communicator over these ranks sees
+    (:func:`collsim.collectives.channels.node_shape`)."""
 
 
 class Topology:
@@ -385,13 +418,12 @@ class Topology:
         self.collective_memo = CollectiveMemo()
         """What the collective layer derives from this topology (see :class:`CollectiveMemo`)."""
         self._build()
-        table = self._table
-        self.link_capacity_bps = np.array(table.bandwidth_bps) * np.array(table.efficiency)
+        columns = self._table.columns({kind: i for i, kind in enumerate(_KIND_CODES)})
+        self.link_capacity_bps = columns["bandwidth_bps"] * columns["efficiency"]
         """Achievable bytes/s of every link, by index."""
-        self.link_latency_s = np.array(table.latency_s, dtype=float)
+        self.link_latency_s = columns["latency_s"]
         """Latency of every link, by index."""
-        codes = {kind: i for i, kind in enumerate(_KIND_CODES)}
-        self.link_kind_code = np.array([codes[k] for k in table.kind], dtype=np.int64)
+        self.link_kind_code = columns["kind_code"]
         """``_KIND_CODES`` index of every link's kind (see :meth:`kinds_of`)."""
         self._index_arrays()
 
@@ -401,20 +433,6 @@ class Topology:
         table = self.links
         assert isinstance(table, LinkTable)
         return table
-
-    def _add(
-        self,
-        name: str,
-        bandwidth_bps: float,
-        latency_s: float,
-        tier: int,
-        kind: LinkKind,
-        efficiency: float,
-    ) -> int:
-        block = self._table.add_block(
-            1, lambda _: name, bandwidth_bps, latency_s, tier, kind, efficiency
-        )
-        return block.start
 
     def _build(self) -> None:
         intra = self.intra
@@ -443,8 +461,8 @@ class Topology:
                 intra.efficiency,
             )
         )
-        self.nic_tx: list[list[int]] = []
-        self.nic_rx: list[list[int]] = []
+        self._nic_index = np.zeros((0, 2, 0), dtype=np.int64)
+        self._nic_lists: tuple[list[list[int]], list[list[int]]] | None = None
         self.leaf_up: dict[tuple[int, int], int] = {}
         self.leaf_down: dict[tuple[int, int], int] = {}
         nics = self.nics
@@ -469,8 +487,11 @@ class Topology:
         per_node = np.arange(block.start, block.stop, dtype=np.int64).reshape(
             self.num_nodes, 2, count
         )
-        self.nic_tx = per_node[:, 0, :].tolist()
-        self.nic_rx = per_node[:, 1, :].tolist()
+        self._nic_index = per_node
+        self._build_leaves(table, nics)
+
+    def _build_leaves(self, table: LinkTable, nics: _NicSpec) -> None:
+        """Every leaf's uplink and downlink (one block), when the nodes span leaves."""
         fab = self.fabric
         num_groups = -(-self.num_nodes // fab.nodes_per_leaf)
         if num_groups <= 1:
@@ -480,18 +501,45 @@ class Topology:
             if fab.rails
             else [(0, g) for g in range(num_groups)]
         )
-        for leaf in leaves:
-            group = leaf[1]
+        # leaf by leaf: its uplink, then its downlink (one block)
+        rates: list[float] = []
+        for _, group in leaves:
             nodes_here = min(fab.nodes_per_leaf, self.num_nodes - group * fab.nodes_per_leaf)
             ports = nodes_here * (1 if fab.rails else nics.count)
             up_bps = ports * nics.bandwidth_bps / fab.oversubscription
-            label = f"rail{leaf[0]}.leaf{group}" if fab.rails else f"leaf{group}"
-            self.leaf_up[leaf] = self._add(
-                f"{label}.up", up_bps, fab.latency_s, 2, LinkKind.NETWORK, nics.efficiency
+            rates += [up_bps, up_bps]
+        rails = fab.rails
+
+        def leaf_name(i: int) -> str:
+            rail, group = leaves[i // 2]
+            label = f"rail{rail}.leaf{group}" if rails else f"leaf{group}"
+            return f"{label}.{'down' if i % 2 else 'up'}"
+
+        block = table.add_block(
+            2 * len(leaves), leaf_name, rates, fab.latency_s, 2, LinkKind.NETWORK, nics.efficiency
+        )
+        for i, leaf in enumerate(leaves):
+            self.leaf_up[leaf] = block.start + 2 * i
+            self.leaf_down[leaf] = block.start + 2 * i + 1
+
+    @property
+    def nic_tx(self) -> list[list[int]]:
+        """Per node, the link index of each NIC's transmit side (lists made when first read;
+        :attr:`nic_tx_index` is the same as an array)."""
+        return self._nic_link_lists()[0]
+
+    @property
+    def nic_rx(self) -> list[list[int]]:
+        """Per node, the link index of each NIC's receive side (see :attr:`nic_tx`)."""
+        return self._nic_link_lists()[1]
+
+    def _nic_link_lists(self) -> tuple[list[list[int]], list[list[int]]]:
+        if self._nic_lists is None:
+            self._nic_lists = (
+                self._nic_index[:, 0, :].tolist(),
+                self._nic_index[:, 1, :].tolist(),
             )
-            self.leaf_down[leaf] = self._add(
-                f"{label}.down", up_bps, fab.latency_s, 2, LinkKind.NETWORK, nics.efficiency
-            )
+        return self._nic_lists
 
     def kinds_of(self, links: Any) -> frozenset[LinkKind]:
         """The kinds of the links with indices ``links`` (an integer array), vectorised."""
@@ -503,8 +551,9 @@ class Topology:
         self.gpu_tx_index = np.asarray(self.gpu_tx, dtype=np.int64)
         self.gpu_rx_index = np.asarray(self.gpu_rx, dtype=np.int64)
         count = self.nics.count if self.nics is not None else 0
-        self.nic_tx_index = np.asarray(self.nic_tx, dtype=np.int64).reshape(len(self.nic_tx), count)
-        self.nic_rx_index = np.asarray(self.nic_rx, dtype=np.int64).reshape(len(self.nic_rx), count)
+        shape = (len(self._nic_index), count)
+        self.nic_tx_index = np.ascontiguousarray(self._nic_index[:, 0, :]).reshape(shape)
+        self.nic_rx_index = np.ascontiguousarray(self._nic_index[:, 1, :]).reshape(shape)
         num_groups = -(-self.num_nodes // self.fabric.nodes_per_leaf)
         rails = count if self.fabric.rails else 1
         self.leaf_up_index = np.full((max(rails, 1), num_groups), -1, dtype=np.int64)
@@ -568,10 +617,10 @@ class Topology:
             raise InfeasibleError(f"topology {self.name} has no NICs", reason="topology")
         src_leaf = self._leaf(src_node, nic)
         dst_leaf = self._leaf(dst_node, nic)
-        links = [self.nic_tx[src_node][nic]]
+        links = [int(self.nic_tx_index[src_node, nic])]
         if src_leaf != dst_leaf:
             links += [self.leaf_up[src_leaf], self.leaf_down[dst_leaf]]
-        links.append(self.nic_rx[dst_node][nic])
+        links.append(int(self.nic_rx_index[dst_node, nic]))
         return tuple(links)
 
     def path_links(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:

@@ -236,7 +236,17 @@ def _gpu_bw_gbps(topology: Topology) -> float:
 
 def node_shape(topology: Topology, ranks: Sequence[int]) -> tuple[int, int]:
     """(GPUs per node, NICs per node) a communicator over ``ranks`` sees: the most ranks it
-    has on a node, and the distinct NICs nearest to that node's ranks."""
+    has on a node, and the distinct NICs nearest to that node's ranks (kept per ranks in the
+    topology's memo)."""
+    key = tuple(ranks)
+    memo = topology.collective_memo.node_shapes
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = _node_shape(topology, key)
+    return hit
+
+
+def _node_shape(topology: Topology, ranks: tuple[int, ...]) -> tuple[int, int]:
     members = np.asarray(ranks, dtype=np.int64)
     gpn = topology.gpus_per_node
     nodes = members // gpn
