@@ -85,6 +85,7 @@ class GroupStream:
         self.stream = stream
         self.on_done = on_done
         self._issued = dict.fromkeys(members, 0)
+        self._solo = len(members) == 1
         self._pending: dict[int, _Pending] = {}
         self._next = 0
         self.free_at = 0.0
@@ -116,6 +117,8 @@ class GroupStream:
         ready = now if ready_s is None else ready_s
         if ready < now - 1e-12:
             raise SimulationError(f"{self.stream}: call {name!r} ready at {ready} before now {now}")
+        if self._solo and self._queue is None and not callable(work):
+            return self._solo_call(member, name, float(work), ready, args)
         seq = self._issued[member]
         self._issued[member] = seq + 1
         pending = self._pending.get(seq)
@@ -135,6 +138,25 @@ class GroupStream:
         self._resolve()
         assert event is not None
         return event
+
+    def _solo_call(
+        self, member: int, name: str, work_s: float, ready: float, args: dict[str, Any] | None
+    ) -> simpy.Event:
+        """A closed-form call of a one-member stream: no rendezvous, so it starts when it is
+        ready and the stream is free; the timer that ends it is the event returned (one event
+        per call)."""
+        record = CallRecord(name, args if args is not None else {}, ready_s=ready)
+        start = ready if ready > self.free_at else self.free_at
+        record.start_s = start
+        record.end_s = self.free_at = start + work_s
+        timer = self.env.timeout(record.end_s - self.env.now, record)
+        if self.on_done is not None:
+            timer.callbacks.append(partial(self._solo_done, member, record))
+        return timer
+
+    def _solo_done(self, member: int, record: CallRecord, _event: simpy.Event) -> None:
+        assert self.on_done is not None
+        self.on_done([member], record)
 
     def _resolve(self) -> None:
         while True:

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from collsim.vocab import DATA_PARALLEL_AXES
 
 __all__ = ["CallKey", "CallStats", "CallTally", "dp_link"]
 
 
-@dataclass(frozen=True, slots=True)
-class CallKey:
+class CallKey(NamedTuple):
+    """What a tally counts: one (issuing rank, axis, op, size, group size, algorithm) (a tuple:
+    made and hashed once per simulated call)."""
+
     rank: int
     axis: str
     op: str
