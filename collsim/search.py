@@ -690,7 +690,7 @@ class _Bounds:
         """Model-state bytes per rank of the first and the last stage (ZeRO table)."""
         if c.offload:
             return [0.0] * len(self._stage_params(c))  # the shards live in host memory
-        n, per = float(c.dp), self.per
+        n, per = float(c.dp * c.cp), self.per  # Megatron shards over the dp x cp ranks
         out = []
         for numel in self._stage_params(c):
             params = numel * per.param / (n if c.zero >= 3 else 1.0)
@@ -717,7 +717,7 @@ class _Bounds:
             return hit
         from collsim.workload.memory import layers_per_stage
 
-        if self._variant(c):
+        if self._variant(c) and (c.cp == 1 or self._kinds_vary()):
             self._acts[key] = 0.0
             return 0.0
         states = self._states(c)
@@ -727,14 +727,21 @@ class _Bounds:
         model = self._model()
         mb, sp = c.micro_batch, c.sequence_parallel and c.tp > 1
         per_layer = model.layer_times(
-            self.spec, micro_batch=mb, tp=c.tp, sequence_parallel=sp, recompute=c.recompute
+            self.spec,
+            micro_batch=mb,
+            tp=c.tp,
+            sequence_parallel=sp,
+            recompute=c.recompute,
+            cp=c.cp,
         ).activation_bytes
-        emb = model.embedding_times(
-            self.spec, micro_batch=mb, tp=c.tp, sequence_parallel=sp
-        ).activation_bytes
-        head = model.head_times(
-            self.spec, micro_batch=mb, tp=c.tp, sequence_parallel=sp
-        ).activation_bytes
+        emb = head = 0.0  # with context parallelism: a floor without them
+        if c.cp == 1:
+            emb = model.embedding_times(
+                self.spec, micro_batch=mb, tp=c.tp, sequence_parallel=sp
+            ).activation_bytes
+            head = model.head_times(
+                self.spec, micro_batch=mb, tp=c.tp, sequence_parallel=sp
+            ).activation_bytes
         counts = layers_per_stage(self.spec.num_layers, c.pp)
         m = self.training.global_batch // (mb * c.dp)
         gathered = 0.0
@@ -935,6 +942,11 @@ class _Bounds:
             after.append(gather)
         self._dp[key] = (before, after)
         return before, after
+
+    def _kinds_vary(self) -> bool:
+        """Experts, latent attention or windows: layers that the tables here do not follow."""
+        spec = self.spec
+        return bool(spec.is_moe or spec.is_mla or spec.sliding_window is not None)
 
     def _variant(self, c: Candidate) -> bool:
         """Layer kinds, experts or context parallelism: only the compute stream is bounded
