@@ -656,6 +656,7 @@ class _Bounds:
         from collsim.schedule.build import bytes_per
 
         base = parallel if parallel is not None else Parallel()
+        self.base = base
         self.etp = base.etp
         self.order = base.order or default_order(spec, base)
         """The plans' rank layout (the scenario's ``parallel.order``): it places the dp
@@ -670,6 +671,7 @@ class _Bounds:
         self._dp: dict[tuple[Any, ...], tuple[list[float], list[float]]] = {}
         self._params: dict[tuple[int, int], list[float]] = {}
         self._acts: dict[tuple[Any, ...], float] = {}
+        self._moe_states: dict[tuple[Any, ...], float] = {}
         self._refined: dict[tuple[Any, ...], float] = {}
         self._pipes: dict[tuple[Any, ...], list[float]] = {}
 
@@ -718,8 +720,8 @@ class _Bounds:
         from collsim.workload.memory import layers_per_stage
 
         if self._variant(c) and (c.cp == 1 or self._kinds_vary()):
-            self._acts[key] = 0.0
-            return 0.0
+            hit = self._acts[key] = self._plan_states(c) if self.spec.is_moe else 0.0
+            return hit
         states = self._states(c)
         if len(self.spec.layer_kinds()) > 1:
             hit = self._acts[key] = max(states) * (1 - 1e-9)
@@ -942,6 +944,35 @@ class _Bounds:
             after.append(gather)
         self._dp[key] = (before, after)
         return before, after
+
+    def _plan_states(self, c: Candidate) -> float:
+        """A mixture-of-experts plan's floor: the model states of its fullest stage as the
+        schedule allocates them (:func:`collsim.parallel.states.rank_model_states`: dense
+        states over the dp x cp shard group, routed experts over the expert data-parallel
+        one; FP8 copies and kept gathers left out), from the plan itself; 0 when no plan
+        builds. Kept per shape (the knobs the states depend on)."""
+        key = (c.tp, c.pp, c.dp, c.cp, c.ep, c.zero, c.offload, c.virtual_stages)
+        hit = self._moe_states.get(key)
+        if hit is not None:
+            return hit
+        from collsim.errors import ConfigError
+        from collsim.parallel.plan import build_plan
+        from collsim.parallel.states import rank_model_states
+
+        if c.offload:
+            hit = 0.0  # the shards live in host memory
+        else:
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    plan = build_plan(
+                        self.topology, self.spec, *c.configs(self.training, self.base)
+                    )
+                hit = max(rank_model_states(plan, s).states.total for s in range(plan.pp))
+            except ConfigError:
+                hit = 0.0
+        hit = self._moe_states[key] = hit * (1 - 1e-9)
+        return hit
 
     def _kinds_vary(self) -> bool:
         """Experts, latent attention or windows: layers that the tables here do not follow."""
