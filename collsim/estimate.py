@@ -116,7 +116,9 @@ class _Walk:
             self.programs[r] = _Rank(r, plan.coords(r), MemoryLedger(r))
         self.by_stage = {p.coords.pp: p for p in self.programs.values()}
         self.mail: dict[tuple[int, Phase, int, int], _Mail] = {}
-        self.prices = SegmentPrices(self.plan, pricer)
+        self.prices = SegmentPrices(
+            self.plan, pricer, schedule.overlap_factor if schedule.step_interference else None
+        )
         self.step_s = self.prices.step_s
         self.seg_comm_s = self.prices.seg_comm_s
         self.seg_tp_s = self.prices.seg_tp_s

@@ -167,7 +167,9 @@ class Engine:
         self._calls: dict[tuple[Any, ...], tuple[Any, dict[str, Any]]] = {}
         self._gathers: dict[int, tuple[Any, CallKey, float]] = {}
         """Per rank: the closed-form pipeline gather's cost, statistics key and size."""
-        self.prices = SegmentPrices(plan, pricer)
+        self.prices = SegmentPrices(
+            plan, pricer, schedule.overlap_factor if schedule.step_interference else None
+        )
         self.seg_runs: dict[tuple[int, int], list[Any]] = {}
 
     def stat_items(self) -> Iterator[tuple[CallKey, CallTally]]:

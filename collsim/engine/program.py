@@ -344,9 +344,21 @@ class RankProgram:
                 for step in seg.steps:
                     t0 = env.now
                     if step.op and step.overlap_s:  # the collective beside its compute
-                        yield env.all_of([e.step_call(self, step), env.timeout(step.overlap_s)])
+                        factor = e.prices.overlap_factor(self.rank, step)
+                        if factor > 1.0:  # slowed while the collective runs (step_s)
+                            yield e.step_call(self, step)
+                            t_c = env.now - t0
+                            rest = step.overlap_s - t_c / factor
+                            if rest > 0:
+                                yield env.timeout(rest)
+                            plain = max(t_c, step.overlap_s)
+                            self.acct["interference"] += env.now - t0 - plain
+                            exposed = plain - step.overlap_s
+                        else:
+                            yield env.all_of([e.step_call(self, step), env.timeout(step.overlap_s)])
+                            exposed = env.now - t0 - step.overlap_s
                         self.acct["compute"] += step.overlap_s
-                        self.acct[EXPOSED_KEY[step.axis]] += env.now - t0 - step.overlap_s
+                        self.acct[EXPOSED_KEY[step.axis]] += exposed
                     elif step.op:
                         yield e.step_call(self, step)
                         self.acct[EXPOSED_KEY[step.axis]] += env.now - t0

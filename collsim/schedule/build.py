@@ -87,6 +87,11 @@ class StepSchedule:
     memory_bound_share: float = 0.0
     """Share of a layer's compute time in memory-bound kernels (for the HBM part of the
     interference)."""
+    step_interference: bool = False
+    """Compute beside an overlapped segment step (a sequence-parallel re-gather beside its
+    dgrad GEMM, a context-parallel KV send beside an attention block, an all-to-all beside
+    its EP-overlap piece) runs slower while that collective runs (:meth:`overlap_factor`;
+    off when measured op times stand in for the compute)."""
     paired: dict[int, frozenset[int]] = field(default_factory=dict)
     """Per pipeline stage, with ``parallel.ep_overlap``: indices into ``pipeline[s]`` of the
     ops that run their chunk's paired segments (:func:`collsim.parallel.schedules.paired_ops`)."""
@@ -96,6 +101,26 @@ class StepSchedule:
         op = self.pipeline[stage][index]
         paired = index in self.paired.get(stage, ())
         return chunk.segments(op.phase is Phase.FORWARD, paired)
+
+    def overlap_factor(self, op: str, busbw_bps: float) -> float:
+        """Factor on the compute beside one overlapped segment step while its collective runs
+        (1 when :attr:`step_interference` is off).
+
+        :func:`~collsim.workload.interference.overlap_slowdown` with a memory-bound share of
+        0: the compute beside these collectives is GEMMs (dgrad, expert GEMMs) or attention
+        blocks, compute-bound kernels, so the factor is the SM term ``1 / (1 - f_sm)``
+        (compute.md 4: NCCL's 16 SMs of an 8-NIC node) and the HBM term does not enter.
+        """
+        if not self.step_interference or busbw_bps <= 0:
+            return 1.0
+        from collsim.workload.interference import overlap_slowdown
+
+        return overlap_slowdown(
+            self.plan.topology.device,
+            busbw_bps=busbw_bps,
+            memory_bound_share=0.0,
+            reduction=op in ("all_reduce", "reduce_scatter"),
+        )
 
     def interference_s(self, *, dp_link_s: float, busbw_bps: float, compute_s: float) -> float:
         """Seconds the compute of one rank loses to the data-parallel collectives it overlaps.
@@ -448,6 +473,7 @@ def build_schedule(
         framework_step_s=framework_step_s,
         interference=not overrides and plan.dp > 1 and (parallel.zero == 3 or parallel.ddp.overlap),
         memory_bound_share=_memory_bound_share(plan, spec, training, parallel, model),
+        step_interference=not overrides,
         paired=_paired(plan, parallel, stages),
     )
 

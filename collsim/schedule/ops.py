@@ -70,9 +70,10 @@ segments (``ChunkModel.paired_forward`` / ``paired_backward``) write it, one ste
 and bytes and the engine and the closed form price it like any overlapped step. Which ops are
 paired (:func:`collsim.parallel.schedules.paired_ops`): the steady-state ops of the stage;
 with no warm-up (pp = 1) the first forward and the last backward run alone, as Megatron's
-``combined_1f1b_schedule_for_no_pipelining``. Not modelled: the compute the overlap slows
-(the SMs the all-to-all kernels take), the finer dependencies inside a phase, and the etp
-collectives, which stay blocking.
+``combined_1f1b_schedule_for_no_pipelining``. The compute beside an all-to-all runs slower
+while it runs (the SMs its kernels take: ``SegmentPrices.step_s``, as for every overlapped
+step). Not modelled: the finer dependencies inside a phase, and the etp collectives, which
+stay blocking.
 """
 
 from __future__ import annotations

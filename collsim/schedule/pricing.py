@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 from collsim.vocab import ParallelAxis
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from collsim.parallel.plan import Plan
     from collsim.schedule.ops import Segment, Step
     from collsim.topology import Topology
@@ -98,9 +100,18 @@ class SegmentPrices:
     it overlaps) on it, and the collective is exposed only beyond that compute.
     """
 
-    def __init__(self, plan: Plan, pricer: ClosedPricer) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        pricer: ClosedPricer,
+        slowdown: Callable[[str, float], float] | None = None,
+    ) -> None:
         self.plan = plan
         self.pricer = pricer
+        self.slowdown = slowdown
+        """(op, busbw) -> the factor on the compute beside an overlapped step while its
+        collective runs (``StepSchedule.overlap_factor``); None: no slowdown."""
+        self._factors: dict[tuple[int, str, str, float], float] = {}
         self._groups: dict[tuple[int, str], tuple[int, ...]] = {}
         self._step: dict[tuple[int, str, str, float], float] = {}
         self._seg: dict[tuple[int, int], dict[str, float]] = {}
@@ -128,15 +139,42 @@ class SegmentPrices:
             self._step[key] = hit
         return hit
 
+    def overlap_factor(self, rank: int, step: Step) -> float:
+        """The slowdown of the compute beside an overlapped step while its collective runs
+        (1 for other steps, or without a slowdown), at the collective's closed-form busbw."""
+        if self.slowdown is None or not step.op or step.overlap_s <= 0:
+            return 1.0
+        key = (rank, step.axis, step.op, step.size_bytes)
+        hit = self._factors.get(key)
+        if hit is None:
+            busbw = self.pricer.cost(step.op, step.size_bytes, self.step_group(rank, step))
+            hit = self._factors[key] = self.slowdown(step.op, busbw.busbw_bps)
+        return hit
+
     def step_s(self, rank: int, step: Step) -> float:
-        """Seconds the compute stream spends on one step."""
+        """Seconds the compute stream spends on one step.
+
+        An overlapped step (``overlap_s`` = W of compute beside a collective of t seconds)
+        takes ``max(t, W)`` with compute at full speed. While the collective runs, the
+        compute beside it runs ``f`` times slower (:meth:`overlap_factor`): it does ``t / f``
+        of its work by the collective's end and the rest, ``W - t / f``, after it, so the step
+        takes ``t + max(0, W - t / f)`` (at least max(t, W) since f >= 1: the excess is the
+        interference)."""
         if not step.op:
             return step.seconds
         t = self.collective_s(rank, step)
-        return t if t > step.overlap_s else step.overlap_s
+        w = step.overlap_s
+        if w > 0:
+            f = self.overlap_factor(rank, step)
+            if f > 1.0:
+                rest = w - t / f
+                return t + rest if rest > 0 else t
+        return t if t > w else w
 
     def seg_comm_s(self, rank: int, seg: Segment) -> dict[str, float]:
-        """Exposed collective seconds of one segment by breakdown key (cached)."""
+        """Exposed collective seconds of one segment by breakdown key (cached): the part of a
+        step beyond its overlapped compute in its axis's key, what slowed compute adds to an
+        overlapped step in ``interference``."""
         key = (rank, id(seg))
         hit = self._seg.get(key)
         if hit is None:
@@ -144,7 +182,12 @@ class SegmentPrices:
             for st in seg.steps:
                 if st.op:
                     k = EXPOSED_KEY[st.axis]
-                    hit[k] = hit.get(k, 0.0) + self.step_s(rank, st) - st.overlap_s
+                    t, w = self.collective_s(rank, st), st.overlap_s
+                    plain = t if t > w else w
+                    hit[k] = hit.get(k, 0.0) + plain - w
+                    extra = self.step_s(rank, st) - plain
+                    if extra > 0:
+                        hit["interference"] = hit.get("interference", 0.0) + extra
             self._seg[key] = hit
         return hit
 
