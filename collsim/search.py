@@ -26,7 +26,7 @@ import heapq
 import time
 import warnings
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -494,17 +494,13 @@ def search_plans(
     dropped: Counter[str] = Counter()
     # 1. cheap bounds for every buildable plan: its memory floor must fit, and the compute
     #    stream's own work is a lower bound on the step
-    candidates: list[tuple[float, int, Candidate]] = []
-    total = 0
     capacity = topology.device.usable_memory_bytes
-    for candidate in enumerate_plans(
+    plans = enumerate_plans(
         spec, num_gpus, topology.gpus_per_node, training.global_batch, space, dropped, base=parallel
-    ):
-        total += 1
-        if prune_keep > 0 and bounds.memory_bytes(candidate) > capacity:
-            rejected["memory_bound"] += 1
-            continue
-        candidates.append((bounds.step_s(candidate), total, candidate))
+    )
+    candidates, total = _bounded_candidates(
+        plans, bounds, capacity if prune_keep > 0 else None, rejected
+    )
     if progress is not None and rejected["memory_bound"]:
         progress("bound", rejected["memory_bound"])
     # 2. best-first: estimate in increasing lower bound; once the bound cannot beat the
@@ -520,18 +516,7 @@ def search_plans(
     batch_size = 1 if jobs == 1 else 2 * jobs
     with Workers(jobs, _SearchContext, (topology, spec)) as workers:
         while candidates:
-            batch: list[Candidate] = []
-            while candidates and len(batch) < batch_size:
-                bound, order, candidate = candidates[0]
-                if keep and len(best) >= keep and bound >= -best[0]:
-                    break
-                if keep and order not in refined:
-                    refined.add(order)
-                    tight = bounds.refined_s(candidate)
-                    heapq.heapreplace(candidates, (tight, order, candidate))
-                    continue
-                heapq.heappop(candidates)
-                batch.append(candidate)
+            batch = _next_batch(candidates, refined, best, keep, bounds, batch_size)
             if not batch:
                 rejected["bound"] += len(candidates)
                 if progress is not None and candidates:
@@ -539,19 +524,8 @@ def search_plans(
                 break
             evaluated += len(batch)
             configs = [c.configs(training, parallel) for c in batch]
-            for candidate, (estimate, reason) in zip(
-                batch, workers.map(_estimate_job, configs), strict=True
-            ):
-                if estimate is None:
-                    rejected[reason or "config"] += 1
-                elif not estimate.fits:
-                    rejected["memory"] += 1
-                else:
-                    ranked.append(Ranked(candidate, estimate))
-                    if keep:
-                        heapq.heappush(best, -estimate.step_time_s)
-                        if len(best) > keep:
-                            heapq.heappop(best)
+            estimates = workers.map(_estimate_job, configs)
+            _record_estimates(batch, estimates, ranked, rejected, best, keep)
             if progress is not None:
                 progress("estimate", len(batch))
         structural = sum(dropped.values())
@@ -567,14 +541,7 @@ def search_plans(
         else:
             own = _SearchContext(topology, spec, simulate)
             outcomes = [_simulate_job(own, c) for c in configs]
-    for entry, (result, reason, seconds) in zip(simulated, outcomes, strict=True):
-        entry.result, entry.reason, entry.simulate_s = result, reason, seconds
-        if progress is not None:
-            progress("simulate", 1)
-    for entry in simulated:
-        if entry.reason and entry.reason.startswith("memory"):
-            rejected["memory (DES)"] += 1
-    simulated = sorted(simulated, key=lambda r: (r.reason is not None, r.step_time_s))
+    simulated = _record_simulated(simulated, outcomes, rejected, progress)
     considered = total + structural
     return SearchResult(
         num_gpus=num_gpus,
@@ -587,6 +554,94 @@ def search_plans(
         estimate_s=estimate_s,
         simulate_s=time.perf_counter() - sim_started,
     )
+
+
+def _bounded_candidates(
+    plans: Iterable[Candidate],
+    bounds: _Bounds,
+    capacity_bytes: float | None,
+    rejected: Counter[str],
+) -> tuple[list[tuple[float, int, Candidate]], int]:
+    """(step lower bound, order, plan) of every plan whose memory floor fits in
+    ``capacity_bytes`` (None: no memory bound), and the number of plans; the others are
+    counted as ``memory_bound``."""
+    candidates: list[tuple[float, int, Candidate]] = []
+    total = 0
+    for candidate in plans:
+        total += 1
+        if capacity_bytes is not None and bounds.memory_bytes(candidate) > capacity_bytes:
+            rejected["memory_bound"] += 1
+            continue
+        candidates.append((bounds.step_s(candidate), total, candidate))
+    return candidates, total
+
+
+def _next_batch(
+    candidates: list[tuple[float, int, Candidate]],
+    refined: set[int],
+    best: list[float],
+    keep: int,
+    bounds: _Bounds,
+    batch_size: int,
+) -> list[Candidate]:
+    """Up to ``batch_size`` plans popped from the front of the heap ``candidates``; a plan
+    reaching the front for the first time is given its tighter bound and put back, and none
+    is taken once the front's bound cannot beat the ``keep``-th best estimate (``best``, a
+    max-heap by negation)."""
+    batch: list[Candidate] = []
+    while candidates and len(batch) < batch_size:
+        bound, order, candidate = candidates[0]
+        if keep and len(best) >= keep and bound >= -best[0]:
+            break
+        if keep and order not in refined:
+            refined.add(order)
+            tight = bounds.refined_s(candidate)
+            heapq.heapreplace(candidates, (tight, order, candidate))
+            continue
+        heapq.heappop(candidates)
+        batch.append(candidate)
+    return batch
+
+
+def _record_estimates(
+    batch: list[Candidate],
+    estimates: list[tuple[StepResult | None, str | None]],
+    ranked: list[Ranked],
+    rejected: Counter[str],
+    best: list[float],
+    keep: int,
+) -> None:
+    """Rank the plans that were built and fit, count the others in ``rejected`` by why, and
+    keep the ``keep`` best step times in ``best``."""
+    for candidate, (estimate, reason) in zip(batch, estimates, strict=True):
+        if estimate is None:
+            rejected[reason or "config"] += 1
+        elif not estimate.fits:
+            rejected["memory"] += 1
+        else:
+            ranked.append(Ranked(candidate, estimate))
+            if keep:
+                heapq.heappush(best, -estimate.step_time_s)
+                if len(best) > keep:
+                    heapq.heappop(best)
+
+
+def _record_simulated(
+    simulated: list[Ranked],
+    outcomes: list[tuple[StepResult | None, str | None, float]],
+    rejected: Counter[str],
+    progress: Callable[[str, int], None] | None,
+) -> list[Ranked]:
+    """The simulated plans with their engine results, those that ran first and by step time;
+    plans the engine found out of memory are counted as ``memory (DES)``."""
+    for entry, (result, reason, seconds) in zip(simulated, outcomes, strict=True):
+        entry.result, entry.reason, entry.simulate_s = result, reason, seconds
+        if progress is not None:
+            progress("simulate", 1)
+    for entry in simulated:
+        if entry.reason and entry.reason.startswith("memory"):
+            rejected["memory (DES)"] += 1
+    return sorted(simulated, key=lambda r: (r.reason is not None, r.step_time_s))
 
 
 class _SearchContext:

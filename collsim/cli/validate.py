@@ -13,12 +13,15 @@ import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from collsim.cli.common import OneLineGroup, check_output_path
 from collsim.errors import ConfigError
+
+if TYPE_CHECKING:
+    from collsim.validate.step import StepConfig
 
 __all__ = ["validate"]
 
@@ -665,22 +668,10 @@ def holdout(
     out_dir: str | None,
 ) -> None:
     """Calibrate on every other power of two, compare on the others (per measurement file)."""
-    import tempfile
-
-    from collsim.validate.calibrate import calibrate as fit
-    from collsim.validate.calibrate import write_topology
     from collsim.validate.compare import across_runs as group_runs
-    from collsim.validate.compare import compare as run_compare
-    from collsim.validate.compare import plot_comparison, summarize, topology_for
-    from collsim.validate.dataset import OPS, canonical_op, read_measurements
+    from collsim.validate.dataset import read_measurements
 
-    held = tuple(o.strip() for o in check_ops.split(",") if o.strip())
-    unknown = [o for o in held if canonical_op(o) != o]
-    if unknown or not held:
-        raise click.BadParameter(
-            f"unknown op(s) {', '.join(unknown) or '(none)'}; choose from {', '.join(OPS)}",
-            param_hint="--ops",
-        )
+    held = _held_ops(check_ops)
     files = [read_measurements(path) for path in measured]
     present = {op for meas in files for op in meas.ops()}
     if not present & set(held):
@@ -689,16 +680,8 @@ def holdout(
             f"{', '.join(sorted(present))}): nothing would be checked",
             param_hint="--ops",
         )
-    if out_dir is not None:
-        folder = Path(out_dir)
-        if not folder.is_dir():
-            check_output_path(folder, "--out-dir")  # inside an existing, writable folder
-            folder.mkdir()
-    else:
-        # removed when the command ends, however it ends (click closes the context)
-        ctx = click.get_current_context()
-        folder = Path(ctx.with_resource(tempfile.TemporaryDirectory(prefix="collsim-holdout-")))
-    failures = []
+    folder = _holdout_folder(out_dir)
+    failures: list[str] = []
     per_run = []
     click.echo(
         f"# calibrate on even powers of two (1K, 4K, ...), compare on odd ones "
@@ -710,62 +693,12 @@ def holdout(
     )
     fabric_path = _holdout_fabric(files, folder) if _is_fabric(files, None) else None
     for path, meas in zip(measured, files):
-        stem = Path(path).stem
-        knees: dict[str, Any] = {}
-        if fabric_path is not None:  # nccl-tests: one NCCL fit on every file's even sizes
-            topo = topology_for(fabric_path, meas)
-        else:
-            cal = fit(meas, subset="even")
-            knees = dict(cal.ops)
-            topo = topology_for(write_topology(cal, folder / f"{stem}_even.yaml"), meas)
-        points = run_compare(meas, topo, subset="odd", min_bytes=min_size)
-        plot_comparison(points, topo, folder / f"{stem}_odd.png")
-        summary = summarize(points)
+        summary, knees = _holdout_one(path, meas, fabric_path, folder, min_size)
         per_run.append((meas.world_size, summary))
-        for s in summary:
-            checked = s.op in held
-            ok = s.median_abs_error <= target
-            verdict = ("PASS" if ok else "FAIL") if checked else "(reported)"
-            if checked and not ok:
-                failures.append(f"{stem} {s.op}")
-            op_fit = knees.get(s.op)
-            knee = (
-                ""
-                if op_fit is None or op_fit.knee_bytes is None
-                else f"  (knee at {op_fit.knee_bytes / 2**20:.3g} MiB)"
-            )
-            click.echo(
-                f"  {Path(path).name:<40} {meas.world_size:>2} {s.op:<15} {s.count:>6} "
-                f"{s.median_abs_error * 100:>10.1f}% {s.p90_abs_error * 100:>8.1f}% "
-                f"{s.max_abs_error * 100:>8.1f}%  {verdict}{knee}"
-            )
+        failures += _echo_holdout_rows(path, meas, summary, knees, held, target)
     runs = group_runs(per_run)
     if across_runs or any(len(r.run_errors) > 1 for r in runs):
-        click.echo(
-            f"# across runs: per world size and op, the median |error| of each file, "
-            f"their median (the typical run){' = the verdict' if across_runs else ''}, "
-            f"and the runs within {target:.0%}"
-        )
-        click.echo(
-            f"# {'n':>2} {'op':<15} {'runs':>4} {'median':>7} {'worst':>7} "
-            f"{'within':>6}  per run (%)"
-        )
-        typical_failures = []
-        for r in runs:
-            checked = r.op in held
-            ok = r.median <= target
-            if across_runs and checked and not ok:
-                typical_failures.append(f"n={r.world_size} {r.op}")
-            verdict = ""
-            if across_runs:
-                verdict = ("PASS" if ok else "FAIL") if checked else "(reported)"
-            click.echo(
-                f"  {r.world_size:>2} {r.op:<15} {len(r.run_errors):>4} "
-                f"{r.median * 100:>6.1f}% {r.worst * 100:>6.1f}% "
-                f"{r.passing(target):>3}/{len(r.run_errors):<2}  "
-                + " ".join(f"{e * 100:.1f}" for e in r.run_errors)
-                + (f"  {verdict}" if verdict else "")
-            )
+        typical_failures = _echo_across_runs(runs, held, target, across_runs)
         if across_runs:
             failures = typical_failures
     if out_dir is not None:
@@ -777,6 +710,124 @@ def holdout(
         raise click.ClickException(
             f"{what}median |error| above {target:.0%}: {', '.join(failures)}"
         )
+
+
+def _held_ops(check_ops: str) -> tuple[str, ...]:
+    """The ops of ``--ops`` (comma-separated), each a canonical op name."""
+    from collsim.validate.dataset import OPS, canonical_op
+
+    held = tuple(o.strip() for o in check_ops.split(",") if o.strip())
+    unknown = [o for o in held if canonical_op(o) != o]
+    if unknown or not held:
+        raise click.BadParameter(
+            f"unknown op(s) {', '.join(unknown) or '(none)'}; choose from {', '.join(OPS)}",
+            param_hint="--ops",
+        )
+    return held
+
+
+def _holdout_folder(out_dir: str | None) -> Path:
+    """``--out-dir`` (created inside an existing, writable folder), else a temporary folder
+    removed when the command ends."""
+    import tempfile
+
+    if out_dir is not None:
+        folder = Path(out_dir)
+        if not folder.is_dir():
+            check_output_path(folder, "--out-dir")  # inside an existing, writable folder
+            folder.mkdir()
+    else:
+        # removed when the command ends, however it ends (click closes the context)
+        ctx = click.get_current_context()
+        folder = Path(ctx.with_resource(tempfile.TemporaryDirectory(prefix="collsim-holdout-")))
+    return folder
+
+
+def _holdout_one(
+    path: str, meas: Any, fabric_path: Path | None, folder: Path, min_size: int
+) -> tuple[list[Any], dict[str, Any]]:
+    """One file calibrated on its even sizes (or simulated on the NCCL fit ``fabric_path``),
+    compared on its odd ones and plotted: the summary per op, and each op's fit (none with
+    the NCCL fit)."""
+    from collsim.validate.calibrate import calibrate as fit
+    from collsim.validate.calibrate import write_topology
+    from collsim.validate.compare import compare as run_compare
+    from collsim.validate.compare import plot_comparison, summarize, topology_for
+
+    stem = Path(path).stem
+    knees: dict[str, Any] = {}
+    if fabric_path is not None:  # nccl-tests: one NCCL fit on every file's even sizes
+        topo = topology_for(fabric_path, meas)
+    else:
+        cal = fit(meas, subset="even")
+        knees = dict(cal.ops)
+        topo = topology_for(write_topology(cal, folder / f"{stem}_even.yaml"), meas)
+    points = run_compare(meas, topo, subset="odd", min_bytes=min_size)
+    plot_comparison(points, topo, folder / f"{stem}_odd.png")
+    return summarize(points), knees
+
+
+def _echo_holdout_rows(
+    path: str,
+    meas: Any,
+    summary: list[Any],
+    knees: dict[str, Any],
+    held: tuple[str, ...],
+    target: float,
+) -> list[str]:
+    """Print one file's line per op; the ``stem op`` of each held op above ``target``."""
+    stem = Path(path).stem
+    failures = []
+    for s in summary:
+        checked = s.op in held
+        ok = s.median_abs_error <= target
+        verdict = ("PASS" if ok else "FAIL") if checked else "(reported)"
+        if checked and not ok:
+            failures.append(f"{stem} {s.op}")
+        op_fit = knees.get(s.op)
+        knee = (
+            ""
+            if op_fit is None or op_fit.knee_bytes is None
+            else f"  (knee at {op_fit.knee_bytes / 2**20:.3g} MiB)"
+        )
+        click.echo(
+            f"  {Path(path).name:<40} {meas.world_size:>2} {s.op:<15} {s.count:>6} "
+            f"{s.median_abs_error * 100:>10.1f}% {s.p90_abs_error * 100:>8.1f}% "
+            f"{s.max_abs_error * 100:>8.1f}%  {verdict}{knee}"
+        )
+    return failures
+
+
+def _echo_across_runs(
+    runs: list[Any], held: tuple[str, ...], target: float, across_runs: bool
+) -> list[str]:
+    """Print the across-runs table (per world size and op); with ``across_runs`` (the typical
+    run is the verdict), the ``n=N op`` of each held op whose typical run is above target."""
+    click.echo(
+        f"# across runs: per world size and op, the median |error| of each file, "
+        f"their median (the typical run){' = the verdict' if across_runs else ''}, "
+        f"and the runs within {target:.0%}"
+    )
+    click.echo(
+        f"# {'n':>2} {'op':<15} {'runs':>4} {'median':>7} {'worst':>7} {'within':>6}  per run (%)"
+    )
+    typical_failures = []
+    for r in runs:
+        checked = r.op in held
+        ok = r.median <= target
+        if across_runs and checked and not ok:
+            typical_failures.append(f"n={r.world_size} {r.op}")
+        verdict = ""
+        if across_runs:
+            verdict = ("PASS" if ok else "FAIL") if checked else "(reported)"
+        click.echo(
+            f"  {r.world_size:>2} {r.op:<15} {len(r.run_errors):>4} "
+            f"{r.median * 100:>6.1f}% {r.worst * 100:>6.1f}% "
+            f"{r.passing(target):>3}/{len(r.run_errors):<2}  "
+            + " ".join(f"{e * 100:.1f}" for e in r.run_errors)
+            + (f"  {verdict}" if verdict else "")
+        )
+    return typical_failures
 
 
 @validate.command()
@@ -869,7 +920,7 @@ def step(
     import tempfile
 
     from collsim.validate.launch import in_torchrun
-    from collsim.validate.step import StepConfig, run_step, simulate_modes
+    from collsim.validate.step import StepConfig, run_step
 
     sizes: list[int | None] = list(world_sizes)
     if in_torchrun():
@@ -891,7 +942,7 @@ def step(
     ctx = click.get_current_context()
     folder = Path(ctx.with_resource(tempfile.TemporaryDirectory(prefix="collsim-step-")))
     reports = []
-    failures = []
+    failures: list[str] = []
     for n in sizes:
         # Steps and their calibration run under the default policy: with more ranks than
         # cores, SCHED_RR lets a rank keep a core for a whole 100 ms quantum, so the profiled
@@ -900,159 +951,220 @@ def step(
         report, is_reporter = run_step(cfg, world_size=n, backend=backend, timeout_s=timeout_s)
         if not is_reporter:
             continue
-        from collsim.topology import load_topology
-
         n = int(report["world_size"])
-        per_node = int(report.get("local_world_size", n))
-        topo = load_topology(topo_spec, nodes=max(1, n // per_node), gpus_per_node=per_node)
-        from collsim.validate.step import cores_busy
-
-        overlap = not cores_busy(report)
-        simulated = simulate_modes(report, topo, overlap=overlap, device_profile=device_profile)
-        other = simulate_modes(report, topo, overlap=not overlap, device_profile=device_profile)
-        if device_profile is not None:
-            from collsim.validate.step import profile_device
-
-            _, share = profile_device(report, device_profile)
-            report["device_profile"] = device_profile
-            report["cpu_share"] = share
-        report["topology"] = topo_spec
-        report["ddp_overlap_simulated"] = overlap
-        report["simulated"] = {m: vars_of(s) for m, s in simulated.items()}
-        report["simulated_other_overlap"] = {m: vars_of(s) for m, s in other.items()}
-        if report.get("insitu_topology_yaml"):
-            from collsim.validate.insitu import sharing_factor
-
-            scope = "this session's" if report.get("sched_autogroup") else "every"
-            click.echo(
-                "# DDP all-reduces simulated overlapping backward; the ranks' CPU is shared by "
-                f"{scope} runnable threads: the local step's thread got "
-                f"{report.get('local_cpu_share', 1.0):.2f} of a core, so compute and a "
-                f"collective beside it each run {sharing_factor(report):.2f}x slower "
-                "(collsim.validate.insitu)"
-            )
-        else:
-            click.echo(
-                f"# DDP all-reduces simulated {'overlapping' if overlap else 'after'} "
-                f"backward ({report['world_size']} ranks x {report.get('threads_per_rank')} "
-                f"thread(s) on {report.get('cpu_count')} cores); the other choice gives "
-                + ", ".join(
-                    f"{m} {o.step_time_s * 1e3:.1f} ms"
-                    for m, o in other.items()
-                    if m.startswith("ddp")
-                )
-            )
-        click.echo(
-            f"# world size {n}, {report['num_parameters']} parameters, micro-batch "
-            f"{micro_batch} x seq {cfg.seq_len}, topology {topo_spec}"
+        topo, overlap, simulated, other = _simulate_step(report, topo_spec, device_profile)
+        _echo_step_notes(report, cfg, topo, topo_spec, overlap, other, device_profile)
+        failures += _echo_step_modes(report, simulated, target, n)
+        failures += _echo_straggler(
+            report, cfg, topo, overlap, simulated, target, n, straggler_delay_ms
         )
-        click.echo(
-            "# profiled per block (ms): "
-            + ", ".join(f"{k} {v * 1e3:.2f}" for k, v in sorted(report["profile"].items()))
-        )
-        if device_profile is None:
-            click.echo(
-                f"# a whole step without communication: {report['local_step_s'] * 1e3:.1f} "
-                f"ms (slowest rank, median); the profiled blocks add up to "
-                f"{report['profile_sum_s'] * 1e3:.1f} ms, so the simulated compute is "
-                f"scaled by {report['compute_scale']:.3f}"
-            )
-        else:
-            click.echo(
-                f"# compute from the model fed by {device_profile} (rates / CPU share "
-                f"{report['cpu_share']:.2f}); for reference, a whole step without "
-                f"communication measured {report['local_step_s'] * 1e3:.1f} ms, the profiled "
-                f"blocks {report['profile_sum_s'] * 1e3:.1f} ms (neither used)"
-            )
-        from collsim.validate.insitu import probe_summary
-
-        lines = probe_summary(report, topo)
-        if lines:
-            click.echo(
-                "# timed alone in the same loop (slowest rank, median): "
-                + "; ".join(lines)
-                + (
-                    "; collectives simulated on the topology fitted to these"
-                    if report.get("insitu_topology_yaml")
-                    else f" (not used: {report.get('insitu_note')})"
-                )
-            )
-        click.echo(
-            f"# {'mode':<9} {'measured(ms)':>12} {'min(ms)':>8} {'simulated(ms)':>13} "
-            f"{'error':>7}  simulated breakdown (ms)"
-        )
-        for mode, meas in report["modes"].items():
-            sim = simulated[mode]
-            err = (sim.step_time_s - meas["median_s"]) / meas["median_s"]
-            meas["error"] = err
-            verdict = ""
-            if mode.startswith("ddp") and not mode.endswith("+straggler"):
-                verdict = "PASS" if abs(err) <= target else "FAIL"
-                if verdict == "FAIL":
-                    failures.append(f"n={n} {mode}")
-            parts = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in sim.breakdown_s.items() if v)
-            click.echo(
-                f"  {mode:<9} {meas['median_s'] * 1e3:>12.1f} {meas['min_s'] * 1e3:>8.1f} "
-                f"{sim.step_time_s * 1e3:>13.1f} {err * 100:>6.1f}%  {verdict:<4} {parts}"
-            )
-        from collsim.validate.step import straggler_ratios
-
-        ratios = straggler_ratios(
-            report, simulate_modes(report, topo, overlap=overlap, measured_factor=True)
-        )
-        nominal = straggler_ratios(report, simulated)
-        if ratios:
-            report["straggler"] = ratios
-            report["straggler_nominal_factor"] = nominal
-            click.echo(
-                f"# straggler: rank {straggler_rank} "
-                + (
-                    f"spins {straggler_delay_ms:g} ms before its step; "
-                    if straggler_delay_ms
-                    else f"runs its compute {straggler_repeat}x; "
-                )
-                + "slowdown = straggler step / normal step of the same iteration (median over "
-                "iterations); simulated with the slowed rank at its measured speed, local step "
-                "/ (local step + its extra seconds), and at the nominal 1/repeat"
-            )
-        for base, r in ratios.items():
-            ok = abs(r["error"]) <= target
-            if not ok:
-                failures.append(f"n={n} {base} straggler ratio")
-            nom = nominal[base]
-            click.echo(
-                f"  {base:<9} measured {r['measured_ratio']:.3f}x (iterations "
-                f"{r['measured_ratio_min']:.2f}-{r['measured_ratio_max']:.2f}; medians "
-                f"{r['measured_straggler_s'] * 1e3:.1f} / {r['measured_normal_s'] * 1e3:.1f} ms;"
-                f" extra {r['measured_extra_s'] * 1e3:.1f} ms), simulated "
-                f"{r['simulated_ratio']:.3f}x at clock {r['simulated_clock_factor']:.3f}: "
-                f"{r['error'] * 100:+.1f}% {'PASS' if ok else 'FAIL'}; at clock "
-                f"{nom['simulated_clock_factor']:.3f}: {nom['simulated_ratio']:.3f}x "
-                f"({nom['error'] * 100:+.1f}%)"
-            )
-        modes = report["modes"]
-        if "ddp_b1" in modes and "ddp_b25" in modes:
-            measured_delta = modes["ddp_b25"]["median_s"] - modes["ddp_b1"]["median_s"]
-            simulated_delta = simulated["ddp_b25"].step_time_s - simulated["ddp_b1"].step_time_s
-            same = (measured_delta > 0) == (simulated_delta > 0)
-            report["bucket_effect"] = {
-                "measured_s": measured_delta,
-                "simulated_s": simulated_delta,
-                "same_sign": same,
-            }
-            click.echo(
-                f"# bucket 25 MB minus bucket 1 MB: measured {measured_delta * 1e3:+.1f} "
-                f"ms, simulated {simulated_delta * 1e3:+.1f} ms -> "
-                f"{'same sign' if same else 'OPPOSITE SIGN'}"
-            )
-            if not same:
-                failures.append(f"n={n} bucket effect sign")
+        failures += _echo_bucket_effect(report, simulated, n)
         reports.append(report)
     if output and reports:
         Path(output).write_text(json.dumps(reports, indent=1) + "\n")
         click.echo(f"# wrote {output}")
     if failures:
         raise click.ClickException(f"outside the target: {', '.join(failures)}")
+
+
+def _simulate_step(
+    report: dict[str, Any], topo_spec: str, device_profile: str | None
+) -> tuple[Any, bool, dict[str, Any], dict[str, Any]]:
+    """The measured step simulated on ``topo_spec``, DDP's all-reduces overlapping backward
+    or not as the cores allow, and the other choice; the report gets what was simulated.
+
+    Returns:
+        The topology, whether DDP overlaps, the simulated modes and the other choice's.
+    """
+    from collsim.topology import load_topology
+    from collsim.validate.step import cores_busy, simulate_modes
+
+    n = int(report["world_size"])
+    per_node = int(report.get("local_world_size", n))
+    topo = load_topology(topo_spec, nodes=max(1, n // per_node), gpus_per_node=per_node)
+    overlap = not cores_busy(report)
+    simulated = simulate_modes(report, topo, overlap=overlap, device_profile=device_profile)
+    other = simulate_modes(report, topo, overlap=not overlap, device_profile=device_profile)
+    if device_profile is not None:
+        from collsim.validate.step import profile_device
+
+        _, share = profile_device(report, device_profile)
+        report["device_profile"] = device_profile
+        report["cpu_share"] = share
+    report["topology"] = topo_spec
+    report["ddp_overlap_simulated"] = overlap
+    report["simulated"] = {m: vars_of(s) for m, s in simulated.items()}
+    report["simulated_other_overlap"] = {m: vars_of(s) for m, s in other.items()}
+    return topo, overlap, simulated, other
+
+
+def _echo_step_notes(
+    report: dict[str, Any],
+    cfg: StepConfig,
+    topo: Any,
+    topo_spec: str,
+    overlap: bool,
+    other: dict[str, Any],
+    device_profile: str | None,
+) -> None:
+    """Print what the simulation assumed: DDP's overlap (or the in-situ CPU sharing), the
+    model, the profiled blocks, where the compute comes from and the probes timed alone."""
+    n = int(report["world_size"])
+    if report.get("insitu_topology_yaml"):
+        from collsim.validate.insitu import sharing_factor
+
+        scope = "this session's" if report.get("sched_autogroup") else "every"
+        click.echo(
+            "# DDP all-reduces simulated overlapping backward; the ranks' CPU is shared by "
+            f"{scope} runnable threads: the local step's thread got "
+            f"{report.get('local_cpu_share', 1.0):.2f} of a core, so compute and a "
+            f"collective beside it each run {sharing_factor(report):.2f}x slower "
+            "(collsim.validate.insitu)"
+        )
+    else:
+        click.echo(
+            f"# DDP all-reduces simulated {'overlapping' if overlap else 'after'} "
+            f"backward ({report['world_size']} ranks x {report.get('threads_per_rank')} "
+            f"thread(s) on {report.get('cpu_count')} cores); the other choice gives "
+            + ", ".join(
+                f"{m} {o.step_time_s * 1e3:.1f} ms" for m, o in other.items() if m.startswith("ddp")
+            )
+        )
+    click.echo(
+        f"# world size {n}, {report['num_parameters']} parameters, micro-batch "
+        f"{cfg.micro_batch} x seq {cfg.seq_len}, topology {topo_spec}"
+    )
+    click.echo(
+        "# profiled per block (ms): "
+        + ", ".join(f"{k} {v * 1e3:.2f}" for k, v in sorted(report["profile"].items()))
+    )
+    if device_profile is None:
+        click.echo(
+            f"# a whole step without communication: {report['local_step_s'] * 1e3:.1f} "
+            f"ms (slowest rank, median); the profiled blocks add up to "
+            f"{report['profile_sum_s'] * 1e3:.1f} ms, so the simulated compute is "
+            f"scaled by {report['compute_scale']:.3f}"
+        )
+    else:
+        click.echo(
+            f"# compute from the model fed by {device_profile} (rates / CPU share "
+            f"{report['cpu_share']:.2f}); for reference, a whole step without "
+            f"communication measured {report['local_step_s'] * 1e3:.1f} ms, the profiled "
+            f"blocks {report['profile_sum_s'] * 1e3:.1f} ms (neither used)"
+        )
+    from collsim.validate.insitu import probe_summary
+
+    lines = probe_summary(report, topo)
+    if lines:
+        click.echo(
+            "# timed alone in the same loop (slowest rank, median): "
+            + "; ".join(lines)
+            + (
+                "; collectives simulated on the topology fitted to these"
+                if report.get("insitu_topology_yaml")
+                else f" (not used: {report.get('insitu_note')})"
+            )
+        )
+
+
+def _echo_step_modes(
+    report: dict[str, Any], simulated: dict[str, Any], target: float, n: int
+) -> list[str]:
+    """Print measured against simulated per mode (each mode's error goes into the report);
+    the DDP modes (without a straggler) outside ``target``."""
+    click.echo(
+        f"# {'mode':<9} {'measured(ms)':>12} {'min(ms)':>8} {'simulated(ms)':>13} "
+        f"{'error':>7}  simulated breakdown (ms)"
+    )
+    failures = []
+    for mode, meas in report["modes"].items():
+        sim = simulated[mode]
+        err = (sim.step_time_s - meas["median_s"]) / meas["median_s"]
+        meas["error"] = err
+        verdict = ""
+        if mode.startswith("ddp") and not mode.endswith("+straggler"):
+            verdict = "PASS" if abs(err) <= target else "FAIL"
+            if verdict == "FAIL":
+                failures.append(f"n={n} {mode}")
+        parts = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in sim.breakdown_s.items() if v)
+        click.echo(
+            f"  {mode:<9} {meas['median_s'] * 1e3:>12.1f} {meas['min_s'] * 1e3:>8.1f} "
+            f"{sim.step_time_s * 1e3:>13.1f} {err * 100:>6.1f}%  {verdict:<4} {parts}"
+        )
+    return failures
+
+
+def _echo_straggler(
+    report: dict[str, Any],
+    cfg: StepConfig,
+    topo: Any,
+    overlap: bool,
+    simulated: dict[str, Any],
+    target: float,
+    n: int,
+    straggler_delay_ms: float,
+) -> list[str]:
+    """Print the straggler slowdowns, measured and simulated (at the slowed rank's measured
+    speed and at the nominal one; both go into the report); the ratios outside ``target``."""
+    from collsim.validate.step import simulate_modes, straggler_ratios
+
+    ratios = straggler_ratios(
+        report, simulate_modes(report, topo, overlap=overlap, measured_factor=True)
+    )
+    nominal = straggler_ratios(report, simulated)
+    if ratios:
+        report["straggler"] = ratios
+        report["straggler_nominal_factor"] = nominal
+        click.echo(
+            f"# straggler: rank {cfg.straggler_rank} "
+            + (
+                f"spins {straggler_delay_ms:g} ms before its step; "
+                if straggler_delay_ms
+                else f"runs its compute {cfg.straggler_repeat}x; "
+            )
+            + "slowdown = straggler step / normal step of the same iteration (median over "
+            "iterations); simulated with the slowed rank at its measured speed, local step "
+            "/ (local step + its extra seconds), and at the nominal 1/repeat"
+        )
+    failures = []
+    for base, r in ratios.items():
+        ok = abs(r["error"]) <= target
+        if not ok:
+            failures.append(f"n={n} {base} straggler ratio")
+        nom = nominal[base]
+        click.echo(
+            f"  {base:<9} measured {r['measured_ratio']:.3f}x (iterations "
+            f"{r['measured_ratio_min']:.2f}-{r['measured_ratio_max']:.2f}; medians "
+            f"{r['measured_straggler_s'] * 1e3:.1f} / {r['measured_normal_s'] * 1e3:.1f} ms;"
+            f" extra {r['measured_extra_s'] * 1e3:.1f} ms), simulated "
+            f"{r['simulated_ratio']:.3f}x at clock {r['simulated_clock_factor']:.3f}: "
+            f"{r['error'] * 100:+.1f}% {'PASS' if ok else 'FAIL'}; at clock "
+            f"{nom['simulated_clock_factor']:.3f}: {nom['simulated_ratio']:.3f}x "
+            f"({nom['error'] * 100:+.1f}%)"
+        )
+    return failures
+
+
+def _echo_bucket_effect(report: dict[str, Any], simulated: dict[str, Any], n: int) -> list[str]:
+    """Print whether DDP's 25 MB buckets beat its 1 MB ones alike measured and simulated (into
+    the report too); a failure when the signs differ."""
+    modes = report["modes"]
+    if "ddp_b1" not in modes or "ddp_b25" not in modes:
+        return []
+    measured_delta = modes["ddp_b25"]["median_s"] - modes["ddp_b1"]["median_s"]
+    simulated_delta = simulated["ddp_b25"].step_time_s - simulated["ddp_b1"].step_time_s
+    same = (measured_delta > 0) == (simulated_delta > 0)
+    report["bucket_effect"] = {
+        "measured_s": measured_delta,
+        "simulated_s": simulated_delta,
+        "same_sign": same,
+    }
+    click.echo(
+        f"# bucket 25 MB minus bucket 1 MB: measured {measured_delta * 1e3:+.1f} "
+        f"ms, simulated {simulated_delta * 1e3:+.1f} ms -> "
+        f"{'same sign' if same else 'OPPOSITE SIGN'}"
+    )
+    return [] if same else [f"n={n} bucket effect sign"]
 
 
 def _holdout_fabric(files: list[Any], folder: Path) -> Path:

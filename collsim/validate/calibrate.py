@@ -473,6 +473,76 @@ def _preferred(op: str, options: dict[str, float]) -> str:
     return next(iter(options))
 
 
+def _world_size_of(meas: Measurements, rows: list[dict[str, Any]]) -> int:
+    """The one world size of the selected rows; none of them may have wrong results."""
+    sizes = {int(r["world_size"]) for r in rows}
+    if len(sizes) != 1:
+        raise ConfigError(
+            f"need one world size per calibration, got {sorted(sizes)}", file=meas.path
+        )
+    bad = [r for r in rows if int(r.get("wrong", 0) or 0) > 0]
+    if bad:
+        raise ConfigError(
+            f"{len(bad)} measured point(s) have wrong results "
+            f"(e.g. {bad[0]['op']} {bad[0]['size_bytes']} B)",
+            file=meas.path,
+        )
+    return sizes.pop()
+
+
+def _chosen_algorithms(
+    implied: dict[str, dict[str, float]], algorithms: dict[str, str] | None, n: int
+) -> dict[str, str]:
+    """Per op the pinned algorithm (checked against those that run it), else the preferred."""
+    chosen: dict[str, str] = {}
+    for op, options in implied.items():
+        pinned = (algorithms or {}).get(op)
+        if pinned is not None and pinned not in options:
+            raise ConfigError(
+                f"{pinned} cannot run {op} on {n} ranks; choose from {', '.join(options)}",
+                key_path=f"--algorithm {op}",
+            )
+        chosen[op] = pinned or _preferred(op, options)
+    return chosen
+
+
+def _op_fit(
+    op: str,
+    alg: str,
+    regime: RegimeFit,
+    count: int,
+    *,
+    k_lat: float,
+    k_bw: float,
+    latency_s: float,
+    efficiency: float,
+    kernels: tuple[str, ...],
+) -> OpFit:
+    """One op's fit: its line (and knee) and what the shared link figures leave to it."""
+    a, b, err = regime.intercept_s, regime.seconds_per_byte, regime.median_abs_error
+    return OpFit(
+        op=op,
+        algorithm=alg,
+        intercept_s=a,
+        seconds_per_byte=b,
+        overhead_s=max(0.0, a - k_lat * latency_s),
+        efficiency=efficiency,
+        latency_steps=k_lat,
+        bytes_factor=k_bw,
+        num_points=count,
+        fit_median_abs_error=err,
+        kernels=kernels,
+        line_median_abs_error=regime.line_median_abs_error,
+        knee_bytes=regime.knee_bytes,
+        extra_seconds_per_byte=regime.extra_seconds_per_byte,
+        knee_efficiency=(
+            None
+            if regime.knee_bytes is None
+            else efficiency * b / (b + regime.extra_seconds_per_byte)
+        ),
+    )
+
+
 def calibrate(
     meas: Measurements,
     *,
@@ -501,26 +571,14 @@ def calibrate(
             the data (a measurement with #wrong > 0 is not a measurement).
     """
     rows = select_rows(meas.rows, subset, min_bytes=min_bytes, max_bytes=max_bytes)
-    sizes = {int(r["world_size"]) for r in rows}
-    if len(sizes) != 1:
-        raise ConfigError(
-            f"need one world size per calibration, got {sorted(sizes)}", file=meas.path
-        )
-    bad = [r for r in rows if int(r.get("wrong", 0) or 0) > 0]
-    if bad:
-        raise ConfigError(
-            f"{len(bad)} measured point(s) have wrong results "
-            f"(e.g. {bad[0]['op']} {bad[0]['size_bytes']} B)",
-            file=meas.path,
-        )
-    n = sizes.pop()
+    n = _world_size_of(meas, rows)
     ranks_per_node = int(meas.metadata.get("ranks_per_node", n))
     num_nodes = max(1, n // ranks_per_node)
     probe = _probe_topology(base, ranks_per_node, num_nodes)
     kernels = meas.metadata.get("kernels") or {}
-    lines: dict[str, tuple[float, float, float, int]] = {}
     regimes: dict[str, RegimeFit] = {}
     coeffs: dict[str, dict[str, tuple[float, float]]] = {}
+    counts: dict[str, int] = {}
     for op in [o for o in meas.ops() if any(r["op"] == o for r in rows)]:
         pts = [r for r in rows if r["op"] == op]
         sizes_b = [float(r["size_bytes"]) for r in pts]
@@ -531,53 +589,35 @@ def calibrate(
             a, b, err = fit_line(sizes_b, times)
             fit = RegimeFit(a, b, err, err)
         regimes[op] = fit
-        lines[op] = (fit.intercept_s, fit.seconds_per_byte, fit.median_abs_error, len(pts))
+        counts[op] = len(pts)
         coeffs[op] = _coefficients(probe, op)
-    if not lines:
+    if not regimes:
         raise ConfigError("no measured points in the selected sizes", file=meas.path)
     implied = {
-        op: {alg: kb / lines[op][1] for alg, (_, kb) in algs.items()} for op, algs in coeffs.items()
+        op: {alg: kb / regimes[op].seconds_per_byte for alg, (_, kb) in algs.items()}
+        for op, algs in coeffs.items()
     }
-    chosen: dict[str, str] = {}
-    for op, options in implied.items():
-        pinned = (algorithms or {}).get(op)
-        if pinned is not None and pinned not in options:
-            raise ConfigError(
-                f"{pinned} cannot run {op} on {n} ranks; choose from {', '.join(options)}",
-                key_path=f"--algorithm {op}",
-            )
-        chosen[op] = pinned or _preferred(op, options)
+    chosen = _chosen_algorithms(implied, algorithms, n)
     bandwidth = max(implied[op][chosen[op]] for op in chosen)
     with_steps = [
-        lines[op][0] / coeffs[op][chosen[op]][0] for op in chosen if coeffs[op][chosen[op]][0] > 0
+        regimes[op].intercept_s / coeffs[op][chosen[op]][0]
+        for op in chosen
+        if coeffs[op][chosen[op]][0] > 0
     ]
     latency = min(with_steps) if with_steps else 0.0
     fits: dict[str, OpFit] = {}
     for op, alg in chosen.items():
-        a, b, err, count = lines[op]
         k_lat, k_bw = coeffs[op][alg]
-        regime = regimes[op]
-        efficiency = min(1.0, implied[op][alg] / bandwidth)
-        fits[op] = OpFit(
-            op=op,
-            algorithm=alg,
-            intercept_s=a,
-            seconds_per_byte=b,
-            overhead_s=max(0.0, a - k_lat * latency),
-            efficiency=efficiency,
-            latency_steps=k_lat,
-            bytes_factor=k_bw,
-            num_points=count,
-            fit_median_abs_error=err,
+        fits[op] = _op_fit(
+            op,
+            alg,
+            regimes[op],
+            counts[op],
+            k_lat=k_lat,
+            k_bw=k_bw,
+            latency_s=latency,
+            efficiency=min(1.0, implied[op][alg] / bandwidth),
             kernels=tuple(kernels.get(op, ())),
-            line_median_abs_error=regime.line_median_abs_error,
-            knee_bytes=regime.knee_bytes,
-            extra_seconds_per_byte=regime.extra_seconds_per_byte,
-            knee_efficiency=(
-                None
-                if regime.knee_bytes is None
-                else efficiency * b / (b + regime.extra_seconds_per_byte)
-            ),
         )
     notes = _notes(fits, kernels)
     return Calibration(
@@ -935,6 +975,87 @@ def _file_fits(
     return out
 
 
+def _fabric_base(files: list[Measurements], base: str | None) -> tuple[str, Any]:
+    """The base topology's name (``base``, else the shipped file of the GPU the logs name)
+    and its document, which must be an NCCL one."""
+    from collsim.topology import resolve_topology_path
+    from collsim.yamlio import load_yaml
+
+    if base is None:
+        devices = {str(m.metadata.get("device", "")) for m in files}
+        guesses = {base_for_device(d) for d in devices}
+        if len(guesses) != 1 or None in guesses:
+            raise ConfigError(
+                f"cannot tell the machine from the device names {sorted(devices)}; name the "
+                "base topology (a file or a shipped name such as dgx_h100)",
+                key_path="--base",
+            )
+        base = str(guesses.pop())
+    base_doc = load_yaml(resolve_topology_path(base))
+    library = (base_doc.data.get("collectives") or {}).get("library", "nccl")
+    if library != "nccl":
+        raise ConfigError(
+            f"the base topology {base} is a {library} topology; a multi-node fit needs an NCCL one",
+            key_path="--base",
+        )
+    return base, base_doc
+
+
+def _stage_starts(keys: list[str], values: dict[str, float], multistart: bool) -> list[list[float]]:
+    """Search coordinates to start a stage from: the current figures and, with
+    ``multistart``, every combination of the start grids (and the current figure) per key."""
+    starts = [[_encode(k, values[k]) for k in keys]]
+    if multistart:  # the auto choice of algorithm switches with the figures: local minima
+        import itertools
+
+        grids = [
+            (FABRIC_START_EFFICIENCIES if key.endswith("efficiency") else FABRIC_START_LATENCIES_US)
+            + (values[key],)
+            for key in keys
+        ]
+        starts += [
+            [_encode(k, v) for k, v in zip(keys, combo)] for combo in itertools.product(*grids)
+        ]
+    return starts
+
+
+def _fit_stage(
+    base_doc: Any,
+    values: dict[str, float],
+    fitted: list[str],
+    keys: list[str],
+    data: list[Measurements],
+    multistart: bool,
+) -> None:
+    """Fit ``keys`` on ``data`` with the other figures held: the best starts, each refined by
+    the simplex and restarted where it stopped; ``values`` gets the best, ``fitted`` the keys."""
+
+    def fun(x: Any) -> float:
+        trial = dict(values)
+        trial.update({k: _decode(k, float(v)) for k, v in zip(keys, x)})
+        return _loss(base_doc, trial, data)
+
+    ranked = sorted(_stage_starts(keys, values, multistart), key=fun)[:FABRIC_STARTS_KEPT]
+    found = []
+    for start in ranked:
+        best, f_best = nelder_mead(
+            fun, start, steps=_steps(keys, start), max_evaluations=FABRIC_MAX_EVALUATIONS
+        )
+        for _ in range(FABRIC_RESTARTS):  # a fresh simplex where the last one stopped
+            again, f_again = nelder_mead(
+                fun, best, steps=_steps(keys, best), max_evaluations=FABRIC_MAX_EVALUATIONS
+            )
+            if f_again >= f_best - 1e-9 * max(f_best, 1e-12):
+                break
+            best, f_best = again, f_again
+        found.append((f_best, best))
+    best = min(found, key=lambda pair: pair[0])[1]
+    values.update({k: _decode(k, v) for k, v in zip(keys, best)})
+    for k in keys:
+        if k not in fitted:
+            fitted.append(k)
+
+
 def calibrate_fabric(files: list[Measurements], *, base: str | None = None) -> FabricCalibration:
     """Fit a multi-node NCCL topology to nccl-tests measurements of one and more nodes.
 
@@ -958,9 +1079,6 @@ def calibrate_fabric(files: list[Measurements], *, base: str | None = None) -> F
         ConfigError: no files, a #wrong > 0, no base topology for the device, or a file whose
             op the base cannot run.
     """
-    from collsim.topology import resolve_topology_path
-    from collsim.yamlio import load_yaml
-
     if not files:
         raise ConfigError("no measurement files")
     for meas in files:
@@ -968,23 +1086,7 @@ def calibrate_fabric(files: list[Measurements], *, base: str | None = None) -> F
             t = float(row["time_us"])
             if not (math.isfinite(t) and t > 0):
                 raise ConfigError(f"measured times must be finite and > 0, got {t}", file=meas.path)
-    if base is None:
-        devices = {str(m.metadata.get("device", "")) for m in files}
-        guesses = {base_for_device(d) for d in devices}
-        if len(guesses) != 1 or None in guesses:
-            raise ConfigError(
-                f"cannot tell the machine from the device names {sorted(devices)}; name the "
-                "base topology (a file or a shipped name such as dgx_h100)",
-                key_path="--base",
-            )
-        base = str(guesses.pop())
-    base_doc = load_yaml(resolve_topology_path(base))
-    library = (base_doc.data.get("collectives") or {}).get("library", "nccl")
-    if library != "nccl":
-        raise ConfigError(
-            f"the base topology {base} is a {library} topology; a multi-node fit needs an NCCL one",
-            key_path="--base",
-        )
+    base, base_doc = _fabric_base(files, base)
     one = [m for m in files if m.num_nodes == 1]
     many = [m for m in files if m.num_nodes > 1]
     if many and "nics" not in base_doc.data:
@@ -996,63 +1098,18 @@ def calibrate_fabric(files: list[Measurements], *, base: str | None = None) -> F
     values = dict(start)
     notes = []
     fitted: list[str] = []
-
-    def stage(keys: list[str], data: list[Measurements], multistart: bool) -> None:
-        x0 = [_encode(k, values[k]) for k in keys]
-
-        def fun(x: Any) -> float:
-            trial = dict(values)
-            trial.update({k: _decode(k, float(v)) for k, v in zip(keys, x)})
-            return _loss(base_doc, trial, data)
-
-        starts = [x0]
-        if multistart:  # the auto choice of algorithm switches with the figures: local minima
-            import itertools
-
-            grids = [
-                (
-                    FABRIC_START_EFFICIENCIES
-                    if key.endswith("efficiency")
-                    else FABRIC_START_LATENCIES_US
-                )
-                + (values[key],)
-                for key in keys
-            ]
-            starts += [
-                [_encode(k, v) for k, v in zip(keys, combo)] for combo in itertools.product(*grids)
-            ]
-        ranked = sorted(starts, key=fun)[:FABRIC_STARTS_KEPT]
-        found = []
-        for start in ranked:
-            best, f_best = nelder_mead(
-                fun, start, steps=_steps(keys, start), max_evaluations=FABRIC_MAX_EVALUATIONS
-            )
-            for _ in range(FABRIC_RESTARTS):  # a fresh simplex where the last one stopped
-                again, f_again = nelder_mead(
-                    fun, best, steps=_steps(keys, best), max_evaluations=FABRIC_MAX_EVALUATIONS
-                )
-                if f_again >= f_best - 1e-9 * max(f_best, 1e-12):
-                    break
-                best, f_best = again, f_again
-            found.append((f_best, best))
-        best = min(found, key=lambda pair: pair[0])[1]
-        values.update({k: _decode(k, v) for k, v in zip(keys, best)})
-        for k in keys:
-            if k not in fitted:
-                fitted.append(k)
-
     intra_keys = [f"{s}.{k}" for s, k in INTRA_PARAMETERS]
     net_keys = [f"{s}.{k}" for s, k in NETWORK_PARAMETERS]
     if one:
-        stage(intra_keys, one, True)
+        _fit_stage(base_doc, values, fitted, intra_keys, one, True)
     else:
         notes.append("no one-node file: NVLink figures and the fixed cost kept from the base")
     if many:
-        stage(net_keys, many, True)
+        _fit_stage(base_doc, values, fitted, net_keys, many, True)
     else:
         notes.append("no multi-node file: NIC figures kept from the base")
     if one and many:
-        stage(intra_keys + net_keys, files, False)
+        _fit_stage(base_doc, values, fitted, intra_keys + net_keys, files, False)
     notes.append(
         "NCCL's per-protocol base and per-hop latencies (src/graph/tuning.cc) are the "
         "simulator's tables, not topology keys: the fit sets the physical link figures only"

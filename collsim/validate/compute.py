@@ -158,18 +158,10 @@ def _sdpa_backends(torch: Any, device: str) -> list[tuple[str, Any]]:
     return out
 
 
-def measure_profile(grid: ComputeGrid, device: str = "cpu") -> dict[str, Any]:
-    """Time the grid on ``device`` (``cpu`` or ``cuda``); the ``measured`` section's data."""
-    import torch
-    from torch.nn.attention import sdpa_kernel
-
-    torch.set_num_threads(grid.threads)
-    dev = torch.device(device)
-
-    def sync() -> None:
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-
+def _gemm_rates(
+    torch: Any, dev: Any, grid: ComputeGrid, sync: Callable[[], None]
+) -> list[list[Any]]:
+    """``[m, n, k, dtype, TFLOP/s]`` of every GEMM of the grid within its FLOP cap."""
     gemm: list[list[Any]] = []
     for name, dtype in _dtypes(torch, dev.type):
         for m in grid.gemm_dims:
@@ -180,6 +172,16 @@ def measure_profile(grid: ComputeGrid, device: str = "cpu") -> dict[str, Any]:
                         continue
                     t = _gemm_time(torch, dev, dtype, m, n, k, grid.reps, sync)
                     gemm.append([m, n, k, name, round(flops / t / 1e12, 6)])
+    return gemm
+
+
+def _attention_rates(
+    torch: Any, dev: Any, grid: ComputeGrid, sync: Callable[[], None]
+) -> list[list[Any]]:
+    """``[kernel, causal, head dim, seq, forward TFLOP/s, backward TFLOP/s]`` of causal
+    attention per SDPA backend that runs here, within the grid's FLOP cap."""
+    from torch.nn.attention import sdpa_kernel
+
     attention: list[list[Any]] = []
     heads = 4
     for kernel, backend in _sdpa_backends(torch, dev.type):
@@ -207,7 +209,7 @@ def measure_profile(grid: ComputeGrid, device: str = "cpu") -> dict[str, Any]:
                             o = torch.nn.functional.scaled_dot_product_attention(
                                 q, k_, v, is_causal=True
                             )
-                            o.backward(g)  # type: ignore[no-untyped-call]
+                            o.backward(g)
 
                         t_fb = _median_time(both, grid.reps, sync)
                 except RuntimeError:  # the backend does not run here
@@ -223,6 +225,13 @@ def measure_profile(grid: ComputeGrid, device: str = "cpu") -> dict[str, Any]:
                         round(2.5 * fwd_flops / t_b / 1e12, 6),
                     ]
                 )
+    return attention
+
+
+def _bandwidth_rates(
+    torch: Any, dev: Any, grid: ComputeGrid, sync: Callable[[], None]
+) -> list[list[float]]:
+    """``[bytes moved, GB/s]`` of an elementwise add per size of the grid within its cap."""
     bandwidth: list[list[float]] = []
     for size in grid.mem_sizes_bytes:
         if size > grid.mem_max_bytes:
@@ -233,17 +242,25 @@ def measure_profile(grid: ComputeGrid, device: str = "cpu") -> dict[str, Any]:
         c = torch.empty(elems, device=dev)
         t = _median_time(partial(torch.add, a, b, out=c), max(grid.reps, 5), sync)
         bandwidth.append([float(12 * elems), round(12 * elems / t / 1e9, 4)])
-    # host cost per kernel in training: a forward + backward through 50 tiny autograd ops
-    # (100 kernels), so that autograd's recording and its backward engine are counted
+    return bandwidth
+
+
+def _host_s(torch: Any, dev: Any, sync: Callable[[], None]) -> float:
+    """Host seconds per kernel in training: a forward + backward through 50 tiny autograd ops
+    (100 kernels), so that autograd's recording and its backward engine are counted."""
     tiny = torch.ones(4, device=dev, requires_grad=True)
 
     def chain() -> None:
         x = tiny
         for _ in range(50):
             x = x * 1.0001
-        x.sum().backward()  # type: ignore[no-untyped-call]
+        x.sum().backward()
 
-    host_s = _median_time(chain, 7, sync) / 100
+    return _median_time(chain, 7, sync) / 100
+
+
+def _optimizer_bps(torch: Any, dev: Any, grid: ComputeGrid, sync: Callable[[], None]) -> float:
+    """Bytes per second of an SGD step over ``grid.optimizer_params`` fp32 parameters."""
     params = [
         torch.nn.Parameter(torch.randn(grid.optimizer_params // 8, device=dev)) for _ in range(8)
     ]
@@ -254,7 +271,26 @@ def measure_profile(grid: ComputeGrid, device: str = "cpu") -> dict[str, Any]:
     # bytes as collsim counts an SGD step in fp32 (optimizer_bytes_per_param("sgd", "fp32"))
     from collsim.workload.compute import optimizer_bytes_per_param
 
-    opt_bps = grid.optimizer_params * optimizer_bytes_per_param("sgd", "fp32") / t_opt
+    bps: float = grid.optimizer_params * optimizer_bytes_per_param("sgd", "fp32") / t_opt
+    return bps
+
+
+def measure_profile(grid: ComputeGrid, device: str = "cpu") -> dict[str, Any]:
+    """Time the grid on ``device`` (``cpu`` or ``cuda``); the ``measured`` section's data."""
+    import torch
+
+    torch.set_num_threads(grid.threads)
+    dev = torch.device(device)
+
+    def sync() -> None:
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+
+    gemm = _gemm_rates(torch, dev, grid, sync)
+    attention = _attention_rates(torch, dev, grid, sync)
+    bandwidth = _bandwidth_rates(torch, dev, grid, sync)
+    host_s = _host_s(torch, dev, sync)
+    opt_bps = _optimizer_bps(torch, dev, grid, sync)
     import os
 
     cores = os.cpu_count() or 1

@@ -44,6 +44,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -244,6 +245,124 @@ def _parse_row(
     return tokens[:5], [rest[i : i + width] for i in range(0, len(rest), width)]
 
 
+@dataclass
+class _LogScan:
+    """What :func:`parse_log` has read of a text log so far."""
+
+    meta: dict[str, Any] = field(default_factory=lambda: {"tool": "nccl-tests"})
+    hosts: list[str] = field(default_factory=list)
+    devices: list[str] = field(default_factory=list)
+    ranks_seen: list[int] = field(default_factory=list)
+    width: int = 4
+    blocks: list[str] = field(default_factory=lambda: ["out_of_place", "in_place"])
+    raw_rows: list[tuple[int, list[str], list[list[str]], str | None]] = field(default_factory=list)
+    programs: list[str] = field(default_factory=list)
+    earlier: list[tuple[int, int, int]] = field(default_factory=list)
+    """(line, ranks, hosts) of runs appended before."""
+    first_rank_line: int | None = None
+
+
+def _scan_comment(scan: _LogScan, stripped: str, number: int, path: str) -> None:
+    """Read one ``#`` line: the version, the program, the config, a rank, the column header
+    or the footer."""
+    meta = scan.meta
+    if m := _VERSION.match(stripped):
+        meta["nccl_tests_version"] = m["version"]
+        if m["library"]:
+            meta["nccl_version"] = int(m["library"])
+    elif m := _STARTING.match(stripped):
+        meta["program"] = m["program"]
+        scan.programs.append(m["program"])
+    elif m := _CONFIG.match(stripped):
+        meta.update(
+            nthreads=int(m["nthreads"]),
+            ngpus=int(m["ngpus"]),
+            min_bytes=int(m["min"]),
+            max_bytes=int(m["max"]),
+            warmup=int(m["warmup"]),
+            iters=int(m["iters"]),
+            agg_iters=int(m["agg"] or 1),
+            validation=int(m["check"]),
+            graph=int(m["graph"] or 0),
+        )
+        meta["step_factor" if m["steptype"] == "factor" else "step_bytes"] = int(m["step"])
+    elif re.match(r"^#\s*Using devices", stripped):
+        if scan.ranks_seen:  # another run's output appended: its own rank lines follow
+            assert scan.first_rank_line is not None
+            scan.earlier.append((scan.first_rank_line, len(scan.ranks_seen), len(set(scan.hosts))))
+        scan.ranks_seen, scan.hosts, scan.devices, scan.first_rank_line = [], [], [], None
+    elif m := _RANK.match(stripped):
+        if scan.first_rank_line is None:
+            scan.first_rank_line = number
+        scan.ranks_seen.append(int(m["rank"]))
+        scan.hosts.append(m["host"])
+        scan.devices.append(m["name"].strip())
+    elif "out-of-place" in stripped or "in-place" in stripped:
+        scan.width = 8 if "per-iteration" in stripped else 4
+        scan.blocks = ["out_of_place", "in_place"] if "out-of-place" in stripped else ["in_place"]
+    elif "cputime" in stripped and "algbw" in stripped:
+        meta["timing"] = "cputime"
+    elif m := _FOOTER_BW.match(stripped):
+        meta["avg_busbw_gbps"] = _footer_number(m["value"], path, number)
+    elif m := _FOOTER_OOB.match(stripped):
+        try:
+            meta["out_of_bounds"] = int(m["value"])
+        except ValueError:
+            raise ConfigError(
+                f"not an integer: {m['value']!r}",
+                key_path="out_of_bounds",
+                file=path,
+                line=number,
+            ) from None
+
+
+def _scan_log(text: str, path: str) -> _LogScan:
+    """Every line of the log read: metadata, ranks and the raw result rows."""
+    scan = _LogScan()
+    for number, line in enumerate(text.splitlines(), start=1):
+        stripped = _PREFIX.sub("", line).strip()
+        if not stripped:
+            continue
+        if stripped.startswith("#"):
+            _scan_comment(scan, stripped, number, path)
+            continue
+        if m := _RCCL.match(stripped):
+            scan.meta["tool"] = "rccl-tests"
+            scan.meta["rccl_tests_version"] = m["version"]
+            continue
+        tokens = stripped.split()
+        if not re.fullmatch(r"\d+", tokens[0]):
+            continue  # NCCL INFO / WARN lines, launcher messages, an error string
+        preamble, row_blocks = _parse_row(tokens, scan.width, path, number)
+        scan.raw_rows.append((number, preamble, row_blocks, scan.meta.get("program")))
+    return scan
+
+
+def _log_shape(scan: _LogScan, path: str) -> tuple[int, int, int, list[str]]:
+    """(ranks, nodes, ranks per node, host names) of the log, checked: rows, rank lines, no
+    rank twice, and every appended run of the same shape."""
+    if not scan.raw_rows:
+        raise ConfigError("no result rows in this nccl-tests log", file=path)
+    if not scan.ranks_seen:
+        raise ConfigError(
+            "no '#  Rank N ... on HOST device D' lines: cannot tell the number of ranks",
+            file=path,
+        )
+    if len(set(scan.ranks_seen)) != len(scan.ranks_seen):
+        raise ConfigError("a rank is listed twice", file=path, line=scan.first_rank_line)
+    world = len(scan.ranks_seen)
+    nodes, per_node, order = _group(scan.hosts, world, path, scan.first_rank_line)
+    for line_no, ranks, num_hosts in scan.earlier:
+        if (ranks, num_hosts) != (world, nodes):
+            raise ConfigError(
+                f"runs of {ranks} ranks on {num_hosts} host(s) and of {world} on {nodes} are "
+                "appended in one log; give each shape its own file",
+                file=path,
+                line=line_no,
+            )
+    return world, nodes, per_node, order
+
+
 def parse_log(text: str, path: str) -> Measurements:
     """Rows and metadata of an nccl-tests or rccl-tests text log (see the module docstring).
 
@@ -255,101 +374,10 @@ def parse_log(text: str, path: str) -> Measurements:
         ConfigError: a malformed row, a bad value, no rows, or no way to tell the op or the
             rank count (``file:line: column: message``).
     """
-    meta: dict[str, Any] = {"tool": "nccl-tests"}
-    hosts: list[str] = []
-    devices: list[str] = []
-    ranks_seen: list[int] = []
-    width = 4
-    blocks: list[str] = ["out_of_place", "in_place"]
-    raw_rows: list[tuple[int, list[str], list[list[str]], str | None]] = []
-    programs: list[str] = []
-    earlier: list[tuple[int, int, int]] = []  # (line, ranks, hosts) of runs appended before
-    first_rank_line: int | None = None
-    for number, line in enumerate(text.splitlines(), start=1):
-        stripped = _PREFIX.sub("", line).strip()
-        if not stripped:
-            continue
-        if stripped.startswith("#"):
-            if m := _VERSION.match(stripped):
-                meta["nccl_tests_version"] = m["version"]
-                if m["library"]:
-                    meta["nccl_version"] = int(m["library"])
-            elif m := _STARTING.match(stripped):
-                meta["program"] = m["program"]
-                programs.append(m["program"])
-            elif m := _CONFIG.match(stripped):
-                meta.update(
-                    nthreads=int(m["nthreads"]),
-                    ngpus=int(m["ngpus"]),
-                    min_bytes=int(m["min"]),
-                    max_bytes=int(m["max"]),
-                    warmup=int(m["warmup"]),
-                    iters=int(m["iters"]),
-                    agg_iters=int(m["agg"] or 1),
-                    validation=int(m["check"]),
-                    graph=int(m["graph"] or 0),
-                )
-                meta["step_factor" if m["steptype"] == "factor" else "step_bytes"] = int(m["step"])
-            elif re.match(r"^#\s*Using devices", stripped):
-                if ranks_seen:  # another run's output appended: its own rank lines follow
-                    assert first_rank_line is not None
-                    earlier.append((first_rank_line, len(ranks_seen), len(set(hosts))))
-                ranks_seen, hosts, devices, first_rank_line = [], [], [], None
-            elif m := _RANK.match(stripped):
-                if first_rank_line is None:
-                    first_rank_line = number
-                ranks_seen.append(int(m["rank"]))
-                hosts.append(m["host"])
-                devices.append(m["name"].strip())
-            elif "out-of-place" in stripped or "in-place" in stripped:
-                width = 8 if "per-iteration" in stripped else 4
-                blocks = (
-                    ["out_of_place", "in_place"] if "out-of-place" in stripped else ["in_place"]
-                )
-            elif "cputime" in stripped and "algbw" in stripped:
-                meta["timing"] = "cputime"
-            elif m := _FOOTER_BW.match(stripped):
-                meta["avg_busbw_gbps"] = _footer_number(m["value"], path, number)
-            elif m := _FOOTER_OOB.match(stripped):
-                try:
-                    meta["out_of_bounds"] = int(m["value"])
-                except ValueError:
-                    raise ConfigError(
-                        f"not an integer: {m['value']!r}",
-                        key_path="out_of_bounds",
-                        file=path,
-                        line=number,
-                    ) from None
-            continue
-        if m := _RCCL.match(stripped):
-            meta["tool"] = "rccl-tests"
-            meta["rccl_tests_version"] = m["version"]
-            continue
-        tokens = stripped.split()
-        if not re.fullmatch(r"\d+", tokens[0]):
-            continue  # NCCL INFO / WARN lines, launcher messages, an error string
-        preamble, row_blocks = _parse_row(tokens, width, path, number)
-        raw_rows.append((number, preamble, row_blocks, meta.get("program")))
-    if not raw_rows:
-        raise ConfigError("no result rows in this nccl-tests log", file=path)
-    if not ranks_seen:
-        raise ConfigError(
-            "no '#  Rank N ... on HOST device D' lines: cannot tell the number of ranks",
-            file=path,
-        )
-    if len(set(ranks_seen)) != len(ranks_seen):
-        raise ConfigError("a rank is listed twice", file=path, line=first_rank_line)
-    world = len(ranks_seen)
-    nodes, per_node, order = _group(hosts, world, path, first_rank_line)
-    for line_no, ranks, num_hosts in earlier:
-        if (ranks, num_hosts) != (world, nodes):
-            raise ConfigError(
-                f"runs of {ranks} ranks on {num_hosts} host(s) and of {world} on {nodes} are "
-                "appended in one log; give each shape its own file",
-                file=path,
-                line=line_no,
-            )
-    ops = {program: _op_for(program, path) for program in programs}
+    scan = _scan_log(text, path)
+    world, nodes, per_node, order = _log_shape(scan, path)
+    meta, blocks, devices = scan.meta, scan.blocks, scan.devices
+    ops = {program: _op_for(program, path) for program in scan.programs}
     op = _op_for(meta.get("program"), path)
     meta.update(
         op=op,
@@ -360,7 +388,7 @@ def parse_log(text: str, path: str) -> Measurements:
         device=devices[0] if devices else "",
     )
     rows = []
-    for number, pre, row_blocks, program in raw_rows:
+    for number, pre, row_blocks, program in scan.raw_rows:
         names = blocks if len(row_blocks) == len(blocks) else ["in_place"]
         row_op = ops.get(program, op) if program else op  # logs of several binaries, appended
         row = _row(row_op, pre, row_blocks, names, world, nodes, meta, path, number)
@@ -557,6 +585,103 @@ def _g(value: float) -> str:
     return "%6g" % value
 
 
+def _log_device_lines(hosts: list[str], ranks_per_node: int, device_name: str) -> list[str]:
+    """The ``#  Rank ...`` lines of a log, ``ranks_per_node`` ranks on each host in turn."""
+    out = []
+    rank = 0
+    for node, host in enumerate(hosts):
+        for local in range(ranks_per_node):
+            out.append(
+                "#  Rank %2d Group %2d Pid %6d on %10s device %2d [%04x:%02x:%02x] %s"
+                % (
+                    rank,
+                    0,
+                    4000 + 97 * node + local,
+                    host,
+                    local,
+                    0,
+                    0x18 + 0x11 * local,
+                    0,
+                    device_name,
+                )
+            )
+            rank += 1
+    return out
+
+
+def _log_column_header() -> list[str]:
+    """The three lines above the result rows (block names, column names, units)."""
+    row = "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s %*s"
+    return [
+        "# %10s  %12s  %8s  %6s  %6s           out-of-place"
+        "                       in-place          " % ("", "", "", "", ""),
+        row
+        % (
+            "size",
+            "count",
+            "type",
+            "redop",
+            "root",
+            "time",
+            "algbw",
+            "busbw",
+            "#wrong",
+            "time",
+            "algbw",
+            "busbw",
+            "#wrong",
+            0,
+            "",
+        ),
+        row
+        % (
+            "(B)",
+            "(elements)",
+            "",
+            "",
+            "",
+            "(us)",
+            "(GB/s)",
+            "(GB/s)",
+            "",
+            "(us)",
+            "(GB/s)",
+            "(GB/s)",
+            "",
+            0,
+            "",
+        ),
+    ]
+
+
+def _log_row(r: dict[str, Any], op: str, ranks: int) -> tuple[str, list[float], list[int]]:
+    """One result row of a log, and the busbw and #wrong of its out-of-place and in-place
+    blocks (in that order)."""
+    line = "%12li  %12li  %8s  %6s  %6s" % (
+        r["size_bytes"],
+        r["count"],
+        r["type"],
+        r["redop"],
+        "%6i" % r["root"],
+    )
+    busbws: list[float] = []
+    wrongs: list[int] = []
+    for prefix in ("", "in_place_"):
+        t = float(r[f"{prefix}time_us"])
+        algbw = r["size_bytes"] / 1e9 / (t * 1e-6)
+        busbw = algbw * bus_factor(op, ranks)
+        wrong = int(r.get(f"{prefix}wrong", 0))
+        wrongs.append(wrong)
+        busbws.append(busbw)
+        line += "  %7s  %6s  %6s  %6s" % (
+            float_str(t, 7),
+            float_str(algbw, 6),
+            float_str(busbw, 6),
+            _g(wrong),
+        )
+    return line, busbws, wrongs
+
+
 def format_log(
     program: str,
     rows: list[dict[str, Any]],
@@ -592,92 +717,16 @@ def format_log(
     )
     out.append("#")
     out.append("# Using devices")
-    rank = 0
-    for node, host in enumerate(hosts):
-        for local in range(ranks_per_node):
-            out.append(
-                "#  Rank %2d Group %2d Pid %6d on %10s device %2d [%04x:%02x:%02x] %s"
-                % (
-                    rank,
-                    0,
-                    4000 + 97 * node + local,
-                    host,
-                    local,
-                    0,
-                    0x18 + 0x11 * local,
-                    0,
-                    device_name,
-                )
-            )
-            rank += 1
+    out += _log_device_lines(hosts, ranks_per_node, device_name)
     out.append("#")
-    out.append(
-        "# %10s  %12s  %8s  %6s  %6s           out-of-place"
-        "                       in-place          " % ("", "", "", "", "")
-    )
-    out.append(
-        "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s %*s"
-        % (
-            "size",
-            "count",
-            "type",
-            "redop",
-            "root",
-            "time",
-            "algbw",
-            "busbw",
-            "#wrong",
-            "time",
-            "algbw",
-            "busbw",
-            "#wrong",
-            0,
-            "",
-        )
-    )
-    out.append(
-        "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s %*s"
-        % (
-            "(B)",
-            "(elements)",
-            "",
-            "",
-            "",
-            "(us)",
-            "(GB/s)",
-            "(GB/s)",
-            "",
-            "(us)",
-            "(GB/s)",
-            "(GB/s)",
-            "",
-            0,
-            "",
-        )
-    )
+    out += _log_column_header()
     bw_sum = 0.0
     wrong_total = 0
     for r in rows:
-        line = "%12li  %12li  %8s  %6s  %6s" % (
-            r["size_bytes"],
-            r["count"],
-            r["type"],
-            r["redop"],
-            "%6i" % r["root"],
-        )
-        for prefix in ("", "in_place_"):
-            t = float(r[f"{prefix}time_us"])
-            algbw = r["size_bytes"] / 1e9 / (t * 1e-6)
-            busbw = algbw * bus_factor(op, ranks)
-            wrong = int(r.get(f"{prefix}wrong", 0))
+        line, busbws, wrongs = _log_row(r, op, ranks)
+        for busbw, wrong in zip(busbws, wrongs):
             wrong_total += wrong
             bw_sum += busbw
-            line += "  %7s  %6s  %6s  %6s" % (
-                float_str(t, 7),
-                float_str(algbw, 6),
-                float_str(busbw, 6),
-                _g(wrong),
-            )
         out.append(line)
     avg = bw_sum / (2 * len(rows)) if rows else 0.0
     out.append(

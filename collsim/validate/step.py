@@ -60,7 +60,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TextIO
 
 #: The name of the no-communication step timed beside the modes.
 LOCAL = "local"
@@ -315,6 +315,172 @@ def _fsdp_step(torch: Any, cfg: StepConfig, ctx: Any) -> Any:
     return step
 
 
+def _mode_steps(torch: Any, cfg: StepConfig, ctx: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One step function per mode of ``cfg``, and the DDP module of each DDP mode."""
+    steps: dict[str, Any] = {}
+    ddp_modules: dict[str, Any] = {}
+    for mode in cfg.modes:
+        if mode == "fsdp":
+            steps[mode] = _fsdp_step(torch, cfg, ctx)
+        else:
+            steps[mode], ddp = _ddp_step(torch, cfg, ctx, int(mode[5:]))
+            ddp_modules[mode] = ddp
+    return steps, ddp_modules
+
+
+def _local_model(torch: Any, cfg: StepConfig, ctx: Any) -> tuple[Any, Any, Any, Any]:
+    """The model this rank profiles, its batch (inputs, targets), and a step of it without
+    communication."""
+    torch.manual_seed(cfg.seed)
+    prof_model = build_gpt(torch, cfg).to(ctx.device)
+    idx, targets = _batch(torch, cfg, ctx.rank, ctx.device)
+    local_opt = torch.optim.SGD(prof_model.parameters(), lr=cfg.lr)
+
+    def local_step() -> None:
+        local_opt.zero_grad(set_to_none=False)
+        prof_model(idx, targets).backward()
+        local_opt.step()
+        ctx.sync()
+
+    return prof_model, idx, targets, local_step
+
+
+def _add_straggler_steps(
+    cfg: StepConfig, ctx: Any, steps: dict[str, Any], local_step: Any
+) -> dict[str, list[float]]:
+    """Add the straggler modes to ``steps``; per straggler mode, the list its extra seconds are
+    appended to.
+
+    Raises:
+        ValueError: the straggler rank is not a rank of this job.
+    """
+    rank = ctx.rank
+    if cfg.straggler_rank is not None and cfg.straggler_rank >= ctx.world_size:
+        raise ValueError(
+            f"straggler_rank {cfg.straggler_rank} is not a rank of {ctx.world_size} ranks"
+        )
+    extra_s: dict[str, list[float]] = {}
+    for slowed in cfg.straggler_modes:
+        steps[slowed], extra_s[slowed] = _straggler_step(
+            steps[slowed.removesuffix(STRAGGLER_SUFFIX)],
+            local_step,
+            cfg.straggler_repeat - 1 if rank == cfg.straggler_rank else 0,
+            cfg.straggler_delay_s if rank == cfg.straggler_rank else 0.0,
+        )
+    return extra_s
+
+
+def _time_modes(
+    dist: Any, steps: dict[str, Any], timed: list[str], shares: list[float] | None
+) -> list[float]:
+    """One step of each mode of ``timed``, each after a barrier: their wall-clock seconds.
+    ``shares`` (None in warmup) gets the share of a core the local step's thread got."""
+    row: list[float] = []
+    for mode in timed:
+        dist.barrier()
+        start = time.perf_counter()
+        cpu0 = time.thread_time()
+        steps[mode]()
+        row.append(time.perf_counter() - start)
+        if mode == LOCAL and shares is not None:
+            # the share of a core this rank's one compute thread got (collsim.validate.insitu)
+            shares.append((time.thread_time() - cpu0) / max(row[-1], 1e-9))
+    return row
+
+
+def _over_ranks(
+    torch: Any, dist: Any, ctx: Any, rows: list[list[float]], num_prof: int
+) -> list[list[float]]:
+    """Per column of ``rows``: the mean over ranks of the first ``num_prof`` (the profiled
+    blocks), the slowest rank of the others (steps and probes); one list per column."""
+    table = torch.tensor(rows, dtype=torch.float64, device=ctx.device)
+    # Steps: the slowest rank. Profiled blocks: the mean over ranks (a per-block max over ranks
+    # would add up the noise of every block; the step's own max is taken once, in the engine's
+    # synchronisation points).
+    prof_part = table[:, :num_prof].clone()
+    dist.all_reduce(prof_part)
+    prof_part /= ctx.world_size
+    step_part = table[:, num_prof:].clone()
+    dist.all_reduce(step_part, op=dist.ReduceOp.MAX)
+    table = torch.cat([prof_part, step_part], dim=1).cpu()
+    return [[float(v) for v in table[:, j]] for j in range(table.shape[1])]
+
+
+def _write_progress(progress: TextIO, it: int, keys: list[str], row: list[float]) -> None:
+    """Append iteration ``it``'s timings to the open progress file, one JSON line."""
+    import json
+
+    progress.write(json.dumps({"iteration": it, **dict(zip(keys, row))}) + "\n")
+    progress.flush()
+
+
+def _mean_over_ranks(torch: Any, dist: Any, ctx: Any, value: float) -> float:
+    """The mean over ranks of one number of each rank."""
+    share = torch.tensor([value], dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(share)
+    mean: float = float(share[0]) / ctx.world_size
+    return mean
+
+
+def _profile_sum(profile: dict[str, float], num_layers: int) -> float:
+    """The profiled blocks of one step added up: every non-layer block and ``num_layers``
+    layers' forward and backward."""
+    return sum(profile[k] for k in profile if not k.startswith("layer")) + num_layers * (
+        profile["layer.forward"] + profile["layer.backward"]
+    )
+
+
+def _block_profile(
+    columns: dict[str, list[float]], not_blocks: set[str], num_layers: int
+) -> dict[str, float]:
+    """Seconds per block (embedding, head, optimizer, and a layer's forward and backward as
+    the mean over layers): the mean over iterations.
+
+    A block lasts a few ms, about one scheduler time slice on a shared machine, so its median
+    is an iteration in which it was not preempted, while a whole step (tens of blocks) always
+    is; the mean keeps the preemptions in.
+    """
+    means = {k: statistics.fmean(v) for k, v in columns.items() if k not in not_blocks}
+    profile = {k: means[k] for k in means if not k.startswith("layer")}
+    profile["layer.forward"] = statistics.fmean(
+        means[f"layer{i}.forward"] for i in range(num_layers)
+    )
+    profile["layer.backward"] = statistics.fmean(
+        means[f"layer{i}.backward"] for i in range(num_layers)
+    )
+    return profile
+
+
+def _mode_entries(
+    cfg: StepConfig,
+    columns: dict[str, list[float]],
+    medians: dict[str, float],
+    ddp_modules: dict[str, Any],
+    extra_s: dict[str, list[float]],
+) -> dict[str, Any]:
+    """The report of each timed mode: its times, their median and minimum, a DDP mode's
+    bucket count and a straggler mode's extra seconds."""
+    modes: dict[str, Any] = {}
+    for mode in (*cfg.modes, *cfg.straggler_modes):
+        entry: dict[str, Any] = {
+            "median_s": medians[mode],
+            "min_s": min(columns[mode]),
+            "times_s": columns[mode],
+        }
+        if mode in ddp_modules:
+            count, reason = ddp_bucket_count(ddp_modules[mode])
+            if cfg.warmup + cfg.iters < 2:
+                count, reason = None, "read before the reducer rebuilt its buckets (1 step)"
+            entry["buckets"] = "unknown" if count is None else count
+            if count is None:
+                entry["buckets_unknown_reason"] = reason
+        if mode in extra_s:
+            entry["extra_median_s"] = medians[mode + EXTRA_SUFFIX]
+            entry["extra_times_s"] = columns[mode + EXTRA_SUFFIX]
+        modes[mode] = entry
+    return modes
+
+
 def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
     """Profile the blocks and time every mode, interleaved iteration by iteration.
 
@@ -328,38 +494,10 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
     import torch.distributed as dist
 
     rank = ctx.rank
-    steps: dict[str, Any] = {}
-    ddp_modules: dict[str, Any] = {}
-    for mode in cfg.modes:
-        if mode == "fsdp":
-            steps[mode] = _fsdp_step(torch, cfg, ctx)
-        else:
-            steps[mode], ddp = _ddp_step(torch, cfg, ctx, int(mode[5:]))
-            ddp_modules[mode] = ddp
-    torch.manual_seed(cfg.seed)
-    prof_model = build_gpt(torch, cfg).to(ctx.device)
-    idx, targets = _batch(torch, cfg, rank, ctx.device)
-    local_opt = torch.optim.SGD(prof_model.parameters(), lr=cfg.lr)
-
-    def local_step() -> None:
-        local_opt.zero_grad(set_to_none=False)
-        prof_model(idx, targets).backward()
-        local_opt.step()
-        ctx.sync()
-
+    steps, ddp_modules = _mode_steps(torch, cfg, ctx)
+    prof_model, idx, targets, local_step = _local_model(torch, cfg, ctx)
     steps[LOCAL] = local_step
-    if cfg.straggler_rank is not None and cfg.straggler_rank >= ctx.world_size:
-        raise ValueError(
-            f"straggler_rank {cfg.straggler_rank} is not a rank of {ctx.world_size} ranks"
-        )
-    extra_s: dict[str, list[float]] = {}
-    for slowed in cfg.straggler_modes:
-        steps[slowed], extra_s[slowed] = _straggler_step(
-            steps[slowed.removesuffix(STRAGGLER_SUFFIX)],
-            local_step,
-            cfg.straggler_repeat - 1 if rank == cfg.straggler_rank else 0,
-            cfg.straggler_delay_s if rank == cfg.straggler_rank else 0.0,
-        )
+    extra_s = _add_straggler_steps(cfg, ctx, steps, local_step)
     # The normal modes first, then the straggler modes: the paired ratio (same iteration)
     # still sees the same load. Timed each right after its normal mode, a normal mode that
     # followed the previous straggler mode (rank 1 spinning 100 ms) came out slow under load
@@ -381,15 +519,7 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
         prof = _profile_once(torch, prof_model, cfg, idx, targets, ctx.sync)
         row = [prof[k] for k in sorted(prof)]
         keys = sorted(prof) + timed
-        for mode in timed:
-            dist.barrier()
-            start = time.perf_counter()
-            cpu0 = time.thread_time()
-            steps[mode]()
-            row.append(time.perf_counter() - start)
-            if mode == LOCAL and it >= cfg.warmup:
-                # the share of a core this rank's one compute thread got (collsim.validate.insitu)
-                shares.append((time.thread_time() - cpu0) / max(row[-1], 1e-9))
+        row += _time_modes(dist, steps, timed, shares if it >= cfg.warmup else None)
         row += [extra_s[m][-1] for m in cfg.straggler_modes]
         keys += extra_keys
         # the collectives of each mode alone, and DDP's gradient copies (collsim.validate.insitu)
@@ -397,68 +527,25 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
         row += probe_row
         keys += probe_keys
         if progress is not None:
-            import json
-
-            progress.write(json.dumps({"iteration": it, **dict(zip(keys, row))}) + "\n")
-            progress.flush()
+            _write_progress(progress, it, keys, row)
         if it >= cfg.warmup:
             rows.append(row)
     if progress is not None:
         progress.close()
-    table = torch.tensor(rows, dtype=torch.float64, device=ctx.device)
     num_prof = len(keys) - len(timed) - len(extra_keys) - len(probe_keys)
-    # Steps: the slowest rank. Profiled blocks: the mean over ranks (a per-block max over ranks
-    # would add up the noise of every block; the step's own max is taken once, in the engine's
-    # synchronisation points).
-    prof_part = table[:, :num_prof].clone()
-    dist.all_reduce(prof_part)
-    prof_part /= ctx.world_size
-    step_part = table[:, num_prof:].clone()
-    dist.all_reduce(step_part, op=dist.ReduceOp.MAX)
-    table = torch.cat([prof_part, step_part], dim=1).cpu()
-    share = torch.tensor([statistics.median(shares)], dtype=torch.float64, device=ctx.device)
-    dist.all_reduce(share)
-    local_cpu_share = float(share[0]) / ctx.world_size
-    columns = {k: [float(v) for v in table[:, j]] for j, k in enumerate(keys)}
+    by_column = _over_ranks(torch, dist, ctx, rows, num_prof)
+    local_cpu_share = _mean_over_ranks(torch, dist, ctx, statistics.median(shares))
+    columns = dict(zip(keys, by_column))
     medians = {k: statistics.median(v) for k, v in columns.items()}
-    # Blocks: the mean over iterations. A block lasts a few ms, about one scheduler time slice
-    # on a shared machine, so its median is an iteration in which it was not preempted, while
-    # a whole step (tens of blocks) always is; the mean keeps the preemptions in.
     not_blocks = {*timed, *extra_keys, *probe_keys}
-    means = {k: statistics.fmean(v) for k, v in columns.items() if k not in not_blocks}
-    profile = {k: means[k] for k in means if not k.startswith("layer")}
-    profile["layer.forward"] = statistics.fmean(
-        means[f"layer{i}.forward"] for i in range(cfg.num_layers)
-    )
-    profile["layer.backward"] = statistics.fmean(
-        means[f"layer{i}.backward"] for i in range(cfg.num_layers)
-    )
+    profile = _block_profile(columns, not_blocks, cfg.num_layers)
     block_medians = {k: v for k, v in medians.items() if k not in not_blocks}
-    modes: dict[str, Any] = {}
-    for mode in (*cfg.modes, *cfg.straggler_modes):
-        entry: dict[str, Any] = {
-            "median_s": medians[mode],
-            "min_s": min(columns[mode]),
-            "times_s": columns[mode],
-        }
-        if mode in ddp_modules:
-            count, reason = ddp_bucket_count(ddp_modules[mode])
-            if cfg.warmup + cfg.iters < 2:
-                count, reason = None, "read before the reducer rebuilt its buckets (1 step)"
-            entry["buckets"] = "unknown" if count is None else count
-            if count is None:
-                entry["buckets_unknown_reason"] = reason
-        if mode in extra_s:
-            entry["extra_median_s"] = medians[mode + EXTRA_SUFFIX]
-            entry["extra_times_s"] = columns[mode + EXTRA_SUFFIX]
-        modes[mode] = entry
+    modes = _mode_entries(cfg, columns, medians, ddp_modules, extra_s)
     import os
 
     from collsim.validate.launch import current_scheduling
 
-    profile_sum = sum(profile[k] for k in profile if not k.startswith("layer")) + cfg.num_layers * (
-        profile["layer.forward"] + profile["layer.backward"]
-    )
+    profile_sum = _profile_sum(profile, cfg.num_layers)
     return {
         "world_size": ctx.world_size,
         "local_world_size": ctx.local_world_size,
