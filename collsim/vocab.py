@@ -37,6 +37,7 @@ __all__ = [
     "PipelinePhase",
     "CPAlgorithm",
     "Dtype",
+    "NCCL_TESTS_TYPE_BYTES",
     "Optimizer",
     "RecomputeMode",
     "FP8Recipe",
@@ -224,6 +225,32 @@ class Dtype(StrEnum):
         """The dtype activations are stored in: the compute dtype, except under fp8, where
         Transformer Engine runs the GEMMs in fp8 but keeps the activations in bf16."""
         return Dtype.BF16 if self is Dtype.FP8 else self
+
+
+NCCL_TESTS_TYPE_BYTES: dict[str, int] = {
+    # nccl-tests' -d names (src/common.cu ``test_typenames``, nccl-tests 2.19.6)
+    "int8": 1,
+    "uint8": 1,
+    "int32": 4,
+    "uint32": 4,
+    "int64": 8,
+    "uint64": 8,
+    "half": 2,
+    "float": 4,
+    "double": 8,
+    "bfloat16": 2,
+    "f8e4m3": 1,
+    "f8e5m2": 1,
+    # NCCL's own aliases (nccl.h ``ncclChar`` = ncclInt8, ``ncclInt`` = ncclInt32,
+    # ``ncclFloat16`` / ``ncclFloat32`` / ``ncclFloat64``)
+    "char": 1,
+    "int": 4,
+    "float16": 2,
+    "float32": 4,
+    "float64": 8,
+}
+"""Bytes per element of the element types nccl-tests runs (``-d``) and logs (its ``type``
+column), one table for ``collsim collective --dtype`` and the log reader."""
 
 
 class Optimizer(StrEnum):

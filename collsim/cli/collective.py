@@ -15,28 +15,12 @@ import click
 
 from collsim.cli.common import OneLineCommand
 from collsim.units import GB, parse_size
-from collsim.vocab import CollectiveOp, Protocol
+from collsim.vocab import NCCL_TESTS_TYPE_BYTES, CollectiveOp, Protocol
 
 __all__ = ["collective", "sweep_sizes", "build_group"]
 
 #: nccl-tests type names and their sizes in bytes.
-DTYPES = {
-    "int8": 1,
-    "uint8": 1,
-    "char": 1,
-    "int32": 4,
-    "uint32": 4,
-    "int": 4,
-    "int64": 8,
-    "uint64": 8,
-    "half": 2,
-    "float16": 2,
-    "float": 4,
-    "float32": 4,
-    "double": 8,
-    "float64": 8,
-    "bfloat16": 2,
-}
+DTYPES = NCCL_TESTS_TYPE_BYTES
 #: nccl-tests' reduction ops (src/common.cu ``test_opnames``, nccl-tests 2.19.6).
 REDOPS = ("sum", "prod", "max", "min", "avg", "mulsum")
 _REDUCING = {"all_reduce", "reduce_scatter", "reduce"}

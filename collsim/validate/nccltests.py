@@ -56,6 +56,7 @@ from collsim.validate.dataset import (
     canonical_op,
     check_value,
 )
+from collsim.vocab import NCCL_TESTS_TYPE_BYTES
 
 __all__ = [
     "looks_like_log",
@@ -79,23 +80,8 @@ _BUS: dict[str, Callable[[int], float]] = {
     "send_recv": lambda n: 1.0,
 }
 
-#: Bytes per element of nccl-tests' type names (src/common.cu ``test_typenames``).
-TYPE_BYTES = {
-    "int8": 1,
-    "uint8": 1,
-    "char": 1,
-    "int32": 4,
-    "uint32": 4,
-    "int": 4,
-    "int64": 8,
-    "uint64": 8,
-    "half": 2,
-    "float": 4,
-    "double": 8,
-    "bfloat16": 2,
-    "f8e4m3": 1,
-    "f8e5m2": 1,
-}
+TYPE_BYTES = NCCL_TESTS_TYPE_BYTES
+"""Bytes per element of nccl-tests' type names (:data:`collsim.vocab.NCCL_TESTS_TYPE_BYTES`)."""
 
 _RANK = re.compile(
     r"^#\s+Rank\s+(?P<rank>\d+)(?:\s+Group\s+(?P<group>\d+))?\s+Pid\s+(?P<pid>\d+)\s+on\s+"
