@@ -14,6 +14,7 @@ from collsim.engine.core import Engine, EngineOptions
 from collsim.errors import ConfigError
 from collsim.parallel.config import ParallelConfig, TrainingConfig
 from collsim.parallel.plan import Plan
+from collsim.runtime import collector_paused
 from collsim.schedule.build import BLOCK_OVERRIDE_KEYS, StepSchedule, build_schedule
 from collsim.schedule.result import StepResult
 from collsim.vocab import ParallelAxis
@@ -72,6 +73,7 @@ def _node_local(plan: Plan, groups: list[tuple[int, ...]]) -> list[tuple[int, ..
     return groups
 
 
+@collector_paused()
 def simulate_step(
     topology: Topology,
     spec: TransformerSpec,
@@ -105,37 +107,6 @@ def simulate_step(
         ConfigError: the plan does not match the model or the cluster (see build_plan), or a
             straggler names a rank, node or link the cluster does not have.
     """
-    from collsim.runtime import collector_paused
-
-    with collector_paused():
-        return _simulate_step(
-            topology,
-            spec,
-            training,
-            parallel,
-            all_ranks=all_ranks,
-            trace=trace,
-            op_time_overrides=op_time_overrides,
-            fidelity=fidelity,
-            zero_communication=zero_communication,
-            stragglers=stragglers,
-        )
-
-
-def _simulate_step(
-    topology: Topology,
-    spec: TransformerSpec,
-    training: TrainingConfig,
-    parallel: ParallelConfig,
-    *,
-    all_ranks: bool,
-    trace: bool,
-    op_time_overrides: dict[str, float] | None,
-    fidelity: str,
-    zero_communication: bool,
-    stragglers: StragglerConfig | StragglerPlan | None,
-) -> StepResult:
-    """:func:`simulate_step` with the collector paused."""
     resolved = _resolve(stragglers, topology)
     engine = prepare_step(
         topology,
