@@ -252,6 +252,8 @@ class _Walk:
             return hit
         segs = chunk.segments(phase is Phase.FORWARD, paired)
         plan = _OpPlan(segs)
+        forward = phase is Phase.FORWARD
+        mem: list[tuple[float, float, str, str | int]] = []
         t = 0.0
         for seg in segs:
             d_tp = self.seg_tp_s(prog.rank, seg)
@@ -262,14 +264,8 @@ class _Walk:
                 plan.comm[k] = plan.comm.get(k, 0.0) + v
             if seg.framework_s:
                 plan.comm["framework"] = plan.comm.get("framework", 0.0) + seg.framework_s
-            if phase is Phase.FORWARD:
-                if seg.stored_bytes:
-                    plan.mem.append((t + dur, seg.stored_bytes))
-            else:
-                if seg.transient_bytes:
-                    plan.mem.append((t, seg.transient_bytes))
-                if seg.transient_bytes + seg.stored_bytes:
-                    plan.mem.append((t + dur, -(seg.transient_bytes + seg.stored_bytes)))
+            mem += seg.activation_events(t, t + dur, forward=forward)
+            if not forward:
                 off, gdur = self.grad_window(prog.rank, seg)
                 for bucket in chunk.buckets:
                     if bucket.ready_segment == seg.key:
@@ -277,16 +273,13 @@ class _Walk:
                         plan.buckets.append((bucket, ready))
             t += dur
         plan.duration = t
-        plan.pattern = MemoryPattern(
-            "activations", [(rel, delta, "act", None) for rel, delta in plan.mem]
-        )
+        plan.pattern = MemoryPattern("activations", mem)
         self._op_plans[key] = plan
         return plan
 
     def run_fused(self, prog: _Rank, op: PipeOp, chunk: ChunkModel, paired: bool) -> None:
         plan = self.op_plan(prog, chunk, op.phase, paired)
         t0 = prog.now
-        assert plan.pattern is not None
         prog.ledger.place(t0, plan.pattern, op.microbatch, op.chunk)
         if plan.buckets and self.rules.uses_buckets and self.rules.reduces_in(op.microbatch):
             for bucket, rel in plan.buckets:
@@ -427,13 +420,11 @@ class _Walk:
         """The clipping's norm all-reduces, as the engine plays them: the walked members of a
         group rendezvous (the early ones wait: ``bubble``), then the call (``dp_exposed``)."""
         for groups in _norm_rounds(self.plan, list(self.programs)):
-            for group, members in groups.items():
+            for (axis, group), members in groups.items():
                 progs = [self.programs[r] for r in members]
                 start = max(prog.now for prog in progs)
-                axis = grad_norm_groups(self.plan, members[0])
-                name = next(a for a, g in axis if g == group)
                 for prog in progs:
-                    t = self.price(prog.rank, name, "all_reduce", GRAD_NORM_BYTES, group, 0.0)
+                    t = self.price(prog.rank, axis, "all_reduce", GRAD_NORM_BYTES, group, 0.0)
                     end = _fires(start, start + t)
                     prog.acct["bubble"] += start - prog.now
                     prog.acct["dp_exposed"] += end - start
@@ -490,15 +481,17 @@ class _Walk:
             prog.end_s = prog.now
 
 
-def _norm_rounds(plan: Plan, ranks: list[int]) -> list[dict[tuple[int, ...], list[int]]]:
+def _norm_rounds(
+    plan: Plan, ranks: list[int]
+) -> list[dict[tuple[str, tuple[int, ...]], list[int]]]:
     """Per round of the gradient-norm all-reduces (:func:`grad_norm_groups`): the walked ranks
-    of each group."""
-    rounds: list[dict[tuple[int, ...], list[int]]] = []
+    of each (axis, group)."""
+    rounds: list[dict[tuple[str, tuple[int, ...]], list[int]]] = []
     for rank in ranks:
-        for i, (_axis, group) in enumerate(grad_norm_groups(plan, rank)):
+        for i, call in enumerate(grad_norm_groups(plan, rank)):
             while len(rounds) <= i:
                 rounds.append({})
-            rounds[i].setdefault(group, []).append(rank)
+            rounds[i].setdefault(call, []).append(rank)
     return rounds
 
 
@@ -516,8 +509,7 @@ class _OpPlan:
     compute: float = 0.0
     tp: float = 0.0
     comm: dict[str, float] = field(default_factory=dict)
-    mem: list[tuple[float, float]] = field(default_factory=list)
-    pattern: MemoryPattern | None = None
+    pattern: MemoryPattern = field(default_factory=lambda: MemoryPattern("activations", []))
     buckets: list[tuple[Bucket, float]] = field(default_factory=list)
 
 

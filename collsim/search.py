@@ -1035,11 +1035,11 @@ class _Bounds:
         return bool(spec.is_moe or spec.is_mla or spec.sliding_window is not None)
 
     def _variant(self, c: Candidate) -> bool:
-        """Layer kinds, experts or context parallelism: only the compute stream is bounded
-        (per layer the cheapest kind; no memory, data-parallel or optimizer floor, whose
-        shard groups and expert states the simple tables here do not follow)."""
-        spec = self.spec
-        return bool(spec.is_moe or spec.is_mla or spec.sliding_window is not None or c.cp > 1)
+        """Layer kinds, experts or context parallelism: the step is bounded by the compute
+        stream only (per layer the cheapest kind; no data-parallel or optimizer floor, whose
+        shard groups the simple tables here do not follow); :meth:`memory_bytes` keeps a
+        narrower floor for them."""
+        return self._kinds_vary() or c.cp > 1
 
     def _dp_group(self, c: Candidate, stage: int) -> tuple[int, ...]:
         """The data-parallel group of stage ``stage``'s first tp rank (the plan's mapping,

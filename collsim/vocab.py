@@ -250,7 +250,7 @@ NCCL_TESTS_TYPE_BYTES: dict[str, int] = {
     "float64": 8,
 }
 """Bytes per element of the element types nccl-tests runs (``-d``) and logs (its ``type``
-column), one table for ``collsim collective --dtype`` and the log reader."""
+column): ``collsim collective --dtype`` and the nccl-tests fixtures' generator use it."""
 
 
 class Optimizer(StrEnum):

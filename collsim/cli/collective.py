@@ -19,8 +19,6 @@ from collsim.vocab import NCCL_TESTS_TYPE_BYTES, CollectiveOp, Protocol
 
 __all__ = ["collective", "sweep_sizes", "build_group"]
 
-#: nccl-tests type names and their sizes in bytes.
-DTYPES = NCCL_TESTS_TYPE_BYTES
 #: nccl-tests' reduction ops (src/common.cu ``test_opnames``, nccl-tests 2.19.6).
 REDOPS = ("sum", "prod", "max", "min", "avg", "mulsum")
 _REDUCING = {"all_reduce", "reduce_scatter", "reduce"}
@@ -152,7 +150,11 @@ def _size(ctx: click.Context, param: click.Parameter, value: str) -> int:
     help="Force a protocol.",
 )
 @click.option(
-    "--dtype", "-d", default="float", show_default=True, type=click.Choice(sorted(DTYPES))
+    "--dtype",
+    "-d",
+    default="float",
+    show_default=True,
+    type=click.Choice(sorted(NCCL_TESTS_TYPE_BYTES)),
 )
 @click.option(
     "--redop",
@@ -251,7 +253,7 @@ def collective(
     n = group.size
     if op_name in _ROOTED and root >= n:
         raise click.BadParameter(f"must be < the {n} ranks, got {root}", param_hint="-r/--root")
-    word = DTYPES[dtype]
+    word = NCCL_TESTS_TYPE_BYTES[dtype]
     align = word * (n if op_name in _PER_RANK_COUNT else 1)
     rows = []
     sizes = sweep_sizes(minbytes, maxbytes, stepfactor, stepbytes)

@@ -52,9 +52,8 @@ class _OpPlan:
     tp: float = 0.0
     comm: dict[str, float] = field(default_factory=dict)
     """Exposed collective seconds by breakdown key (tp_exposed, ep_exposed, cp_exposed)."""
-    mem: list[tuple[float, float, str, Any]] = field(default_factory=list)
-    pattern: MemoryPattern | None = None
-    """``mem`` as one pattern of activation events, placed at each run's start."""
+    pattern: MemoryPattern = field(default_factory=lambda: MemoryPattern("activations", []))
+    """The op's activation events relative to its start, placed at each run's start."""
     buckets: list[tuple[Any, float]] = field(default_factory=list)
 
 
@@ -244,8 +243,10 @@ class RankProgram:
         plan = self._plans.get(key)
         if plan is not None:
             return plan
-        segs = chunk.segments(phase is Phase.FORWARD, paired)
+        forward = phase is Phase.FORWARD
+        segs = chunk.segments(forward, paired)
         plan = _OpPlan(segs=segs)
+        mem: list[tuple[float, float, str, str | int]] = []
         t = 0.0
         for seg in segs:
             d_tp = self._seg_tp_s(seg)
@@ -256,23 +257,15 @@ class RankProgram:
                 plan.comm[k] = plan.comm.get(k, 0.0) + v
             if seg.framework_s:
                 plan.comm["framework"] = plan.comm.get("framework", 0.0) + seg.framework_s
-            if phase is Phase.FORWARD:
-                if seg.stored_bytes:
-                    plan.mem.append((t + dur, seg.stored_bytes, "act", seg.key))
-            else:
-                if seg.transient_bytes:
-                    plan.mem.append((t, seg.transient_bytes, "recompute", seg.key))
-                if seg.transient_bytes + seg.stored_bytes:
-                    plan.mem.append(
-                        (t + dur, -(seg.transient_bytes + seg.stored_bytes), "free", seg.key)
-                    )
+            mem += seg.activation_events(t, t + dur, forward=forward)
+            if not forward:
                 off, gdur = self._grad_window(seg)
                 for bucket in chunk.buckets:
                     if bucket.ready_segment == seg.key:
                         plan.buckets.append((bucket, t + off + bucket.ready_fraction * gdur))
             t += dur
         plan.duration = t
-        plan.pattern = MemoryPattern("activations", plan.mem)
+        plan.pattern = MemoryPattern("activations", mem)
         self._plans[key] = plan
         return plan
 
@@ -280,7 +273,6 @@ class RankProgram:
         """Memory events and bucket launches of a fused op starting at ``t0`` (now or later)."""
         e = self.e
         mb, c = op.microbatch, op.chunk
-        assert plan.pattern is not None
         self.ledger.place(t0, plan.pattern, mb, c)
         if plan.buckets and e.dp.rules.uses_buckets and e.dp.rules.reduces_in(mb):
             for bucket, rel in plan.buckets:

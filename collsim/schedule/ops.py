@@ -137,6 +137,21 @@ class Segment:
     def compute_s(self) -> float:
         return sum(s.overlap_s if s.op else s.seconds for s in self.steps)
 
+    def activation_events(
+        self, start_s: float, end_s: float, *, forward: bool
+    ) -> list[tuple[float, float, str, str | int]]:
+        """``(time_s, delta_bytes, kind, key)`` of this segment's activations when it runs
+        from ``start_s`` to ``end_s``: forward keeps its stored activations at its end;
+        backward rebuilds the transient ones at its start and frees both at its end."""
+        if forward:
+            return [(end_s, self.stored_bytes, "act", self.key)] if self.stored_bytes else []
+        out: list[tuple[float, float, str, str | int]] = []
+        if self.transient_bytes:
+            out.append((start_s, self.transient_bytes, "recompute", self.key))
+        if self.transient_bytes + self.stored_bytes:
+            out.append((end_s, -(self.transient_bytes + self.stored_bytes), "free", self.key))
+        return out
+
 
 @dataclass(slots=True)
 class ChunkModel:

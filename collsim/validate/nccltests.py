@@ -56,7 +56,6 @@ from collsim.validate.dataset import (
     canonical_op,
     check_value,
 )
-from collsim.vocab import NCCL_TESTS_TYPE_BYTES
 
 __all__ = [
     "looks_like_log",
@@ -66,7 +65,6 @@ __all__ = [
     "float_str",
     "format_log",
     "format_json",
-    "TYPE_BYTES",
 ]
 
 #: nccl-tests' busbw factor per op (src/<op>.cu ``*GetBw`` of nccl-tests 2.19.6).
@@ -79,9 +77,6 @@ _BUS: dict[str, Callable[[int], float]] = {
     "reduce": lambda n: 1.0,
     "send_recv": lambda n: 1.0,
 }
-
-TYPE_BYTES = NCCL_TESTS_TYPE_BYTES
-"""Bytes per element of nccl-tests' type names (:data:`collsim.vocab.NCCL_TESTS_TYPE_BYTES`)."""
 
 _RANK = re.compile(
     r"^#\s+Rank\s+(?P<rank>\d+)(?:\s+Group\s+(?P<group>\d+))?\s+Pid\s+(?P<pid>\d+)\s+on\s+"

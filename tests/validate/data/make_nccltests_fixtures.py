@@ -52,7 +52,7 @@ def truth_topology(nodes: int) -> Any:
 def rows_for(op: str, nodes: int, sizes: list[int], seed: int) -> list[dict[str, Any]]:
     """nccl-tests rows of ``op`` on ``nodes`` TRUTH nodes (float, sum or none)."""
     from collsim.collectives import Group, cost
-    from collsim.validate.nccltests import TYPE_BYTES
+    from collsim.vocab import NCCL_TESTS_TYPE_BYTES
 
     group = Group.all(truth_topology(nodes))
     n = group.size
@@ -64,7 +64,7 @@ def rows_for(op: str, nodes: int, sizes: list[int], seed: int) -> list[dict[str,
         rows.append(
             {
                 "size_bytes": size,
-                "count": size // TYPE_BYTES["float"] // (n if split else 1),
+                "count": size // NCCL_TESTS_TYPE_BYTES["float"] // (n if split else 1),
                 "type": "float",
                 "redop": "sum" if op in ("all_reduce", "reduce_scatter", "reduce") else "none",
                 "root": 0 if op in ("broadcast", "reduce") else -1,
