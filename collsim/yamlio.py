@@ -60,8 +60,18 @@ class YamlDoc:
         return self.lines.get((), None)
 
 
-class _LineLoader(yaml.SafeLoader):
+#: libyaml's parser where PyYAML was built with it (the wheels on PyPI are): it reads a file
+#: about ten times faster than the pure-Python one, with the same nodes and marks.
+_BaseLoader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _LineLoader(_BaseLoader):  # type: ignore[valid-type,misc]
     """SafeLoader; line numbers are read from the composed node tree."""
+
+
+def _reader_error(exc: yaml.reader.ReaderError, file: str) -> ConfigError:
+    char = chr(exc.character) if isinstance(exc.character, int) else exc.character
+    return ConfigError(f"not YAML text: character {char!r} at offset {exc.position}", file=file)
 
 
 def _construct(
@@ -92,13 +102,13 @@ def parse_yaml_text(text: str, file: str = "<string>") -> YamlDoc:
     try:
         loader = _LineLoader(text)
     except yaml.reader.ReaderError as exc:  # a control character, not text YAML can hold
-        raise ConfigError(
-            f"not YAML text: character {exc.character!r} at offset {exc.position}", file=file
-        ) from None
+        raise _reader_error(exc, file) from None
     try:
         node = loader.get_single_node()
         lines: dict[KeyPath, int] = {}
         data = {} if node is None else _construct(node, (), lines, loader)
+    except yaml.reader.ReaderError as exc:  # libyaml finds it while parsing
+        raise _reader_error(exc, file) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else None
