@@ -292,6 +292,7 @@ def degrade_topology(topology: Topology, link_factors: dict[int, float]) -> Topo
     for index, factor in link_factors.items():
         out.link_capacity_bps[index] *= factor
     out.collective_memo = CollectiveMemo()
+    out.symmetric = False  # the degraded links make some groups unlike their shifts
     out.name = f"{topology.name} (degraded links)"
     return out
 

@@ -371,6 +371,10 @@ class CollectiveMemo:
     costs: dict[tuple[Group, str, str, str | None], CostEntry] = field(default_factory=dict)
     """The closed form's per-call table per (group, op, algorithm, protocol)
     (:func:`collsim.collectives.select.cost`)."""
+    shared_costs: dict[tuple[Any, str, str, str | None], CostEntry] = field(default_factory=dict)
+    """The same tables per (:meth:`Topology.symmetry_key` of the group, op, algorithm,
+    protocol): groups that a shift by whole nodes maps onto each other share one
+    (:func:`collsim.collectives.select.cost`)."""
     node_shapes: dict[tuple[int, ...], tuple[int, int]] = field(default_factory=dict)
     """(GPUs per node, NICs per node) a communicator over these ranks sees
     (:func:`collsim.collectives.channels.node_shape`)."""
@@ -417,6 +421,9 @@ class Topology:
         self._path_cache: dict[tuple[int, int], tuple[int, ...]] = {}
         self.collective_memo = CollectiveMemo()
         """What the collective layer derives from this topology (see :class:`CollectiveMemo`)."""
+        self.symmetric = True
+        """Nodes alike, and leaves alike but for how many nodes each holds, as built from a
+        file (:meth:`symmetry_key`); a copy with degraded links is not."""
         self._build()
         columns = self._table.columns({kind: i for i, kind in enumerate(_KIND_CODES)})
         self.link_capacity_bps = columns["bandwidth_bps"] * columns["efficiency"]
@@ -564,6 +571,38 @@ class Topology:
             self.leaf_down_index[k, g] = link
 
     # -- queries --------------------------------------------------------------------------
+    def symmetry_key(self, ranks: tuple[int, ...]) -> tuple[Any, ...] | None:
+        """Equal for two rank tuples when shifting the nodes of one by a whole number of nodes
+        gives the other, and every link a transfer among them can use maps onto a link of the
+        same class, capacity and latency; None when the topology is not :attr:`symmetric`.
+
+        The key holds each rank's index in its node (its GPU links and its rail), its node
+        relative to the first rank's node, its leaf relative to the first rank's leaf and how
+        many nodes that leaf holds (a short last leaf has slower uplinks). A shift that keeps
+        these keeps the paths of :meth:`path` link for link (GPU, NIC and leaf links are alike
+        within their class but for the leaf's node count), so collective schedules on the two
+        are the same but for the link names.
+        """
+        if not self.symmetric or not ranks:
+            return None
+        gpn = self.gpus_per_node
+        per_leaf = self.fabric.nodes_per_leaf
+        nodes = [r // gpn for r in ranks]
+        first = nodes[0]
+        local = tuple(r % gpn for r in ranks)
+        relative = tuple(n - first for n in nodes)
+        if self.num_nodes <= per_leaf or self.nics is None:
+            return (local, relative)
+        leaves = [n // per_leaf for n in nodes]
+        first_leaf = leaves[0]
+        full = self.num_nodes // per_leaf  # leaves before this index hold per_leaf nodes
+        return (
+            local,
+            relative,
+            tuple(g - first_leaf for g in leaves),
+            tuple(g < full for g in leaves),
+        )
+
     def node_of(self, rank: int) -> int:
         """Node index of ``rank``."""
         return rank // self.gpus_per_node

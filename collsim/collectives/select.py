@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Sequence
 from math import inf
 from types import ModuleType
+from typing import Any
 
 import simpy
 
@@ -299,21 +300,21 @@ def cost(
     if size_bytes < 0:
         raise ConfigError(f"size_bytes must be >= 0, got {size_bytes}")
     # Hot path (sweeps and plan searches call this millions of times): one dictionary lookup
-    # for the candidate timings, then a few multiply-adds per candidate.
+    # for the entry, then the tuner's remembered pick (or the candidates) and a multiply-add.
     cache = group.topology.collective_memo.costs
     key = (group, op, algorithm, protocol)
     entry = cache.get(key)
     if entry is None:
-        entry = cache[key] = _fast_entry(op, group, algorithm, protocol)
-    candidates, parsed_op, factor, n, picks = entry
+        entry = cache[key] = _shared_entry(op, group, algorithm, protocol)
+    parsed_op, factor, n, picks = entry.op, entry.factor, entry.n, entry.picks
     if picks is not None:
-        index = picks.get(size_bytes)
-        if index is None:
+        picked = picks.get(size_bytes, _UNSEEN)
+        if picked is _UNSEEN:
             if len(picks) >= _PICK_MEMO:
                 picks.clear()
-            index = picks[size_bytes] = _pick_index(parsed_op, size_bytes, group, candidates)
-        if index >= 0:
-            latency_s, s_per_byte, loop, alg, proto = candidates[index]
+            picked = picks[size_bytes] = entry.tuner_pick(size_bytes, group)
+        if picked is not None:
+            latency_s, s_per_byte, loop, alg, proto = picked
             t = latency_s + size_bytes * s_per_byte
             if loop is not None:
                 t += loop(size_bytes)
@@ -321,6 +322,7 @@ def cost(
             return CollectiveCost.fast(
                 parsed_op, alg, proto, int(size_bytes), t, algbw, algbw * factor, n
             )
+    candidates = entry.all(group)
     best_s = inf
     best_alg, best_proto = candidates[0][3], candidates[0][4]  # never empty (_candidates)
     for latency_s, s_per_byte, loop, alg, proto in candidates:
@@ -336,52 +338,105 @@ def cost(
 
 
 _Candidate = tuple[float, float, Callable[[float], float] | None, Algorithm, Protocol]
+"""One (algorithm, protocol) of a group in closed form: latency, seconds per byte, loop term
+(or None), algorithm, protocol."""
 
 
 _PICK_MEMO = 4096
 """Sizes remembered per (group, op) for the tuner's pick (sweeps repeat the same sizes)."""
 
-
-_Picks = dict[float, int]
-"""Memo of the tuner's pick per size: index into the candidate list (-1: none)."""
-
-CostEntry = tuple[list[_Candidate], CollectiveOp, float, int, _Picks | None]
-"""What :func:`cost` keeps per (group, op, algorithm, protocol): the candidates' (latency,
-seconds per byte, loop term, algorithm, protocol), the op, the busbw factor, the group size and
-the tuner's picks per size (None when the cheapest candidate is taken)."""
+_UNSEEN: Any = object()
 
 
-def _pick_index(
-    op: CollectiveOp, size_bytes: float, group: Group, candidates: Sequence[_Candidate]
-) -> int:
-    choice = tuner.pick(op, size_bytes, group)
-    if choice is None:
-        return -1
-    for index, candidate in enumerate(candidates):
-        if candidate[3] is choice[0] and candidate[4] is choice[1]:
-            return index
-    return -1
-
-
-def _fast_entry(
+def _shared_entry(
     op: CollectiveOp | str,
     group: Group,
     algorithm: Algorithm | str,
     protocol: Protocol | str | None,
 ) -> CostEntry:
-    parsed_op = parse_enum(CollectiveOp, op, "op")
-    candidates: list[_Candidate] = [
-        (
-            t.latency_s,
-            t.seconds_per_byte,
-            t.extra_s if t.has_extra else None,
-            schedule.algorithm,
-            t.protocol,
-        )
-        for schedule, t in _options(op, group, algorithm, protocol)
-    ]
-    picks: _Picks | None = {} if _uses_tuner(parsed_op, group, algorithm, protocol) else None
-    return candidates, parsed_op, busbw_factor(parsed_op, group.size), group.size, picks
+    """The entry of ``group``, shared with every group its topology calls alike
+    (:meth:`collsim.topology.Topology.symmetry_key`): the stages of a pipeline have the same
+    data-parallel and tensor-parallel groups shifted by whole nodes, priced once."""
+    topology = group.topology
+    alike = topology.symmetry_key(group.ranks)
+    if alike is None:
+        return CostEntry(op, group, algorithm, protocol)
+    shared = topology.collective_memo.shared_costs
+    key = (alike, str(op), str(algorithm), None if protocol is None else str(protocol))
+    found = shared.get(key)
+    if found is None:
+        found = shared[key] = CostEntry(op, group, algorithm, protocol)
+    return found
+
+
+def _candidate(schedule: Schedule, t: Timing) -> _Candidate:
+    return (
+        t.latency_s,
+        t.seconds_per_byte,
+        t.extra_s if t.has_extra else None,
+        schedule.algorithm,
+        t.protocol,
+    )
+
+
+class CostEntry:
+    """What :func:`cost` keeps per (group, op, algorithm, protocol).
+
+    Where NCCL's tuner decides, only the schedules it picks are built, when it first picks
+    them (a step asks for a few sizes per group: most algorithms are never needed); every
+    candidate is built only where the cheapest must be found.
+    """
+
+    __slots__ = ("op", "factor", "n", "picks", "_key", "_all", "_chosen")
+
+    def __init__(
+        self,
+        op: CollectiveOp | str,
+        group: Group,
+        algorithm: Algorithm | str,
+        protocol: Protocol | str | None,
+    ) -> None:
+        self.op = parse_enum(CollectiveOp, op, "op")
+        self.factor = busbw_factor(self.op, group.size)
+        self.n = group.size
+        tuned = _uses_tuner(self.op, group, algorithm, protocol)
+        self.picks: dict[float, _Candidate | None] | None = {} if tuned else None
+        """The tuner's pick per size (None: it picks nothing this group has: the cheapest)."""
+        self._key = (algorithm, protocol)
+        self._all: list[_Candidate] | None = None
+        self._chosen: dict[tuple[Algorithm, Protocol], _Candidate | None] = {}
+        if not tuned:
+            self.all(group)  # a bad algorithm or protocol fails here, as it always did
+
+    def all(self, group: Group) -> list[_Candidate]:
+        """Every (algorithm, protocol) this entry chooses among."""
+        if self._all is None:
+            algorithm, protocol = self._key
+            self._all = [_candidate(s, t) for s, t in _options(self.op, group, algorithm, protocol)]
+        return self._all
+
+    def tuner_pick(self, size_bytes: float, group: Group) -> _Candidate | None:
+        """The candidate NCCL's tuner picks for ``size_bytes`` (None when it picks nothing
+        this group has a schedule for), its schedule built on first use."""
+        choice = tuner.pick(self.op, size_bytes, group)
+        if choice is None:
+            return None
+        if choice in self._chosen:
+            return self._chosen[choice]
+        found: _Candidate | None = None
+        algorithm, protocol = choice
+        if algorithm in _NCCL_AUTO and self.op in ALGORITHM_MODULES[algorithm].SUPPORTED:
+            try:
+                schedule = schedule_for(self.op, group, algorithm)
+            except ConfigError:
+                schedule = None  # not applicable to this group (e.g. NVLS across nodes)
+            if schedule is not None:
+                for t in schedule.timings:
+                    if t.protocol is protocol:
+                        found = _candidate(schedule, t)
+                        break
+        self._chosen[choice] = found
+        return found
 
 
 def _options(

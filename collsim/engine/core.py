@@ -33,7 +33,7 @@ import simpy
 
 from collsim.engine.comm import CommPricer, linked_peers
 from collsim.engine.dataparallel import DataParallel
-from collsim.engine.program import Mail, RankProgram
+from collsim.engine.program import Delivery, Mail, RankProgram
 from collsim.engine.streams import CallRecord, GroupStream
 from collsim.errors import SimulationError
 from collsim.parallel.schedules import Phase, PipeOp, input_of
@@ -45,7 +45,7 @@ from collsim.schedule.stats import CallKey, CallStats, CallTally, dp_link
 from collsim.stragglers import StragglerPlan, stretch_stage
 from collsim.vocab import DATA_PARALLEL_AXES, ParallelAxis
 
-__all__ = ["Engine", "EngineOptions", "RECV_STREAM", "simulated_ranks"]
+__all__ = ["Engine", "EngineOptions", "PipeRoute", "RECV_STREAM", "simulated_ranks"]
 
 RECV_STREAM = "pp recv"
 """Trace stream of a rank's pipeline receives (the same transfers as the sender's ``pp``
@@ -105,6 +105,20 @@ def simulated_ranks(plan: Any, stragglers: StragglerPlan | None) -> list[int]:
 TP, PP, DP = ParallelAxis.TP, ParallelAxis.PP, ParallelAxis.DP
 
 
+@dataclass(slots=True)
+class PipeRoute:
+    """Where a pipeline op's output goes (:meth:`Engine.outbox`)."""
+
+    stage: int
+    dst: int
+    """The receiving rank (the same grid position on ``stage``)."""
+    mail: Mail
+    peers: list[tuple[int, ...]]
+    """Pairs that share the send's links (DES only)."""
+    reserve: tuple[GroupStream, float, CallKey, float] | None = None
+    """Closed form on a one-member stream: (stream, seconds, statistics key, busbw)."""
+
+
 class Engine:
     """Wires rank programs, streams and mailboxes for one step, and runs it.
 
@@ -162,15 +176,17 @@ class Engine:
             self.programs[rank] = RankProgram(
                 self, rank, self.stage_model(rank), list(schedule.pipeline[s])
             )
-        self._p2p_peers: dict[tuple[int, int], list[tuple[int, ...]]] = {}
+        self._links: dict[tuple[int, int], Any] = {}
+        """Per (sending rank, receiving stage): :meth:`_pipe_link`."""
         self._peers: dict[tuple[int, str], list[tuple[int, ...]]] = {}
         self._calls: dict[tuple[Any, ...], tuple[Any, dict[str, Any]]] = {}
-        self._gathers: dict[int, tuple[Any, CallKey, float]] = {}
-        """Per rank: the closed-form pipeline gather's cost, statistics key and size."""
+        self._gathers: dict[int, tuple[float, CallKey | None, float]] = {}
+        """Per rank: the closed-form pipeline gather's seconds, statistics key and busbw."""
         self.prices = SegmentPrices(
             plan, pricer, schedule.overlap_factor if schedule.step_interference else None
         )
         self.seg_runs: dict[tuple[int, int], list[Any]] = {}
+        self._tallied: dict[CallKey, list[Any]] = {}
 
     def stat_items(self) -> Iterator[tuple[CallKey, CallTally]]:
         return self.stats.items()
@@ -333,7 +349,25 @@ class Engine:
         peers: list[tuple[int, ...]] | None = None,
         stream_group: tuple[int, ...] | None = None,
     ) -> simpy.Event:
-        des = axis in self.des_axes
+        work, args = self._priced(
+            op, size, ranks, des=axis in self.des_axes, extra_s=extra_s, peers=peers
+        )
+        return self.stream(rank, axis, stream_group).submit(
+            rank, name, work, ready_s=ready_s, args=args
+        )
+
+    def _priced(
+        self,
+        op: str,
+        size: float,
+        ranks: tuple[int, ...],
+        *,
+        des: bool = False,
+        extra_s: float = 0.0,
+        peers: list[tuple[int, ...]] | None = None,
+    ) -> tuple[Any, dict[str, Any]]:
+        """A call's work (seconds, or a DES process factory) and its statistics and trace
+        facts; cached per (op, size, ranks, extra) when priced in closed form."""
         key = (op, size, ranks, extra_s)
         hit = None if des else self._calls.get(key)
         if hit is None:
@@ -354,10 +388,7 @@ class Engine:
             )
             if not des:
                 self._calls[key] = hit
-        work, args = hit
-        return self.stream(rank, axis, stream_group).submit(
-            rank, name, work, ready_s=ready_s, args=args
-        )
+        return hit
 
     # ---- segment collectives (tp, ep, etp, cp) -----------------------------------------------
     def step_group(self, rank: int, step: Step) -> tuple[int, ...]:
@@ -412,17 +443,35 @@ class Engine:
                 t += self.step_s(rank, step)
         return out
 
-    def count_op(self, rank: int, work: Any) -> None:
-        """Count one run of a fused op (or segment): its collectives, for flush_tp_stats."""
+    def count_op(self, rank: int, work: Any, *, runs: int = 1) -> list[Any]:
+        """Count ``runs`` runs of a fused op (or segment): its collectives, for
+        flush_tp_stats. Returns the ``[work, runs]`` slot (a fused op counts its own runs in
+        it)."""
         key = (rank, id(work))
         slot = self.seg_runs.get(key)
         if slot is None:
-            self.seg_runs[key] = [work, 1]
+            slot = self.seg_runs[key] = [work, runs]
         else:
-            slot[1] += 1
+            slot[1] += runs
+        return slot
+
+    def tally(self, key: CallKey, time_s: float, busbw_bps: float, *, count: int = 1) -> None:
+        """``count`` closed-form calls lasting ``time_s`` in all, for the statistics, added to
+        them by :meth:`flush_tp_stats` (pipeline sends and gathers: the same few keys,
+        thousands of times)."""
+        slot = self._tallied.get(key)
+        if slot is None:
+            self._tallied[key] = [count, time_s, busbw_bps]
+        else:
+            slot[0] += count
+            slot[1] += time_s
 
     def flush_tp_stats(self) -> None:
-        """Turn the counted fused-segment runs into per-collective statistics."""
+        """Turn the counted fused-segment runs and the tallied calls into per-collective
+        statistics."""
+        for key, (count, time_s, busbw) in self._tallied.items():
+            self.stats.add(key, time_s, busbw, count=count)
+        self._tallied.clear()
         for (rank, _), (work, runs) in self.seg_runs.items():
             segs = work.segs if hasattr(work, "segs") else [work]
             for step in (st for seg in segs for st in seg.steps):
@@ -493,14 +542,12 @@ class Engine:
         )
         return self.tp_call(prog, "all_gather", self._p2p_size * self.plan.tp, name)
 
-    def pp_gather_s(self, prog: RankProgram, op: PipeOp) -> float | None:
-        """The pipeline gather of :meth:`pp_gather` in closed form, starting now: its seconds
-        (0 when there is none), recorded in the statistics and the trace as the tp stream
-        would record it; None when it must run on the tp stream (all ranks simulated, whose
-        members rendezvous, or a tp axis on the DES). A fused op then starts after it, in the
-        same timeout: the tp stream of a fused representative runs nothing else."""
+    def pp_gather_cost(self, prog: RankProgram) -> tuple[float, CallKey | None, float] | None:
+        """The closed-form pipeline gather of ``prog``'s received messages: (seconds,
+        statistics key or None when there is no gather, busbw); None when it must run on the tp
+        stream (all ranks simulated, whose members rendezvous, or a tp axis on the DES)."""
         if self.plan.tp < 2 or self.plan.parallel.sequence_parallel:
-            return 0.0
+            return 0.0, None, 0.0
         if self.all_ranks or TP in self.des_axes:
             return None
         if self.broken and len(self.stream(prog.rank, TP).members) > 1:
@@ -511,20 +558,34 @@ class Engine:
             group = self.group(prog.rank, TP)
             cost = self.pricer.cost("all_gather", size, group)
             key = CallKey(prog.rank, TP, "all_gather", size, len(group), cost.algorithm)
-            hit = self._gathers[prog.rank] = (cost, key, size)
-        cost, key, size = hit
-        self.stats.add(key, cost.time_s, cost.busbw_bps)
+            hit = self._gathers[prog.rank] = (cost.time_s, key, cost.busbw_bps)
+        return hit
+
+    def pp_gather_s(self, prog: RankProgram, op: PipeOp) -> float | None:
+        """The pipeline gather of :meth:`pp_gather` in closed form, starting now: its seconds
+        (0 when there is none), recorded in the statistics and the trace as the tp stream
+        would record it; None when it must run on the tp stream (:meth:`pp_gather_cost`). A
+        fused op then starts after it, in the same timeout: the tp stream of a fused
+        representative runs nothing else."""
+        found = self.pp_gather_cost(prog)
+        if found is None:
+            return None
+        time_s, key, busbw = found
+        if key is None:
+            return 0.0
+        self.tally(key, time_s, busbw)
         if self.trace_on:
             now = self.env.now
+            size = self._p2p_size * self.plan.tp
             self.add_trace(
                 prog.rank,
                 TP,
                 f"all_gather pp recv {op.phase.value} mb{op.microbatch} c{op.chunk}",
                 now,
-                now + cost.time_s,
+                now + time_s,
                 self.tp_args(prog.rank, "all_gather", size),
             )
-        return cost.time_s
+        return time_s
 
     # ---- pipeline ---------------------------------------------------------------------------
     def _dest(self, rank: int, op: PipeOp) -> tuple[int, PipeOp] | None:
@@ -550,7 +611,7 @@ class Engine:
         key = (dst, op.phase, op.microbatch, op.chunk)
         mail = self.mail.get(key)
         if mail is None:
-            mail = Mail(self.env.event())
+            mail = Mail(Delivery(self.env))
             self.mail[key] = mail
         return mail
 
@@ -568,45 +629,77 @@ class Engine:
         """Per TP rank: b s h / t activations (Megatron's scatter-gather of pipeline sends)."""
         return self.schedule.p2p_bytes
 
-    def send_output(self, prog: RankProgram, op: PipeOp) -> None:
+    def outbox(self, prog: RankProgram, op: PipeOp) -> PipeRoute | None:
+        """Where ``op``'s output goes (None: to no other stage): the next stage's rank and
+        mailbox, the pairs that share the send's links, and for a send priced in closed form on
+        a one-member stream without a trace, that stream with the send's seconds and
+        statistics key (the send is then reserved on it, not played)."""
         dest = self._dest(prog.rank, op)
         if dest is None or dest[0] == prog.coords.pp:
-            return
+            return None
         stage, dst_op = dest
+        link = self._links.get((prog.rank, stage))
+        if link is None:
+            link = self._links[(prog.rank, stage)] = self._pipe_link(prog, stage)
+        dst, peers, reserve = link
+        return PipeRoute(stage, dst, self._mailbox(dst, dst_op), peers, reserve)
+
+    def _pipe_link(
+        self, prog: RankProgram, stage: int
+    ) -> tuple[int, list[tuple[int, ...]], tuple[GroupStream, float, CallKey, float] | None]:
+        """What every send of ``prog`` to ``stage`` shares (:class:`PipeRoute`): the receiving
+        rank, the pairs on its links, and the closed-form reservation when there is one."""
         src, dst = prog.rank, self._stage_rank(prog.rank, stage)
         size = self._p2p_size
-        key = (src, stage)
-        peers = self._p2p_peers.get(key)
-        if peers is None:
-            peers = (
-                []
-                if self.all_ranks
-                or PP not in self.des_axes
-                or (self.broken and prog.rank not in self.representatives)
-                else [
-                    (
-                        self.plan.rank(dp=d, pp=prog.coords.pp, tp=t, cp=k),
-                        self.plan.rank(dp=d, pp=stage, tp=t, cp=k),
-                    )
-                    for d in range(self.plan.dp)
-                    for k in range(self.plan.cp)
-                    for t in range(self.plan.tp)
-                    if d or t or k
-                ]
-            )
-            peers = self._p2p_peers[key] = linked_peers(
-                self.plan.topology, (src, dst), self._unsimulated(peers)
-            )
+        pairs: list[tuple[int, ...]] = (
+            []
+            if self.all_ranks
+            or PP not in self.des_axes
+            or (self.broken and prog.rank not in self.representatives)
+            else [
+                (
+                    self.plan.rank(dp=d, pp=prog.coords.pp, tp=t, cp=k),
+                    self.plan.rank(dp=d, pp=stage, tp=t, cp=k),
+                )
+                for d in range(self.plan.dp)
+                for k in range(self.plan.cp)
+                for t in range(self.plan.tp)
+                if d or t or k
+            ]
+        )
+        peers = linked_peers(self.plan.topology, (src, dst), self._unsimulated(pairs))
+        reserve = None
+        if not self.trace_on and PP not in self.des_axes:
+            stream = self.stream(src, PP)
+            if stream.solo:
+                work, args = self._priced("send_recv", size, (src, dst), peers=peers)
+                call = CallKey(src, PP, "send_recv", size, 2, str(args["algorithm"]))
+                reserve = (stream, float(work), call, float(args["busbw_bps"]))
+        return dst, peers, reserve
+
+    def send_output(self, prog: RankProgram, op: PipeOp, route: PipeRoute) -> None:
+        """Send ``op``'s output along ``route`` (:meth:`outbox`) on the rank's pp stream."""
+        src, dst, stage = prog.rank, route.dst, route.stage
+        size = self._p2p_size
+        mail = route.mail
+        now = self.env.now
+        mail.produced_s = now
+        mail.size_bytes = size
+        receiver = self.programs.get(dst)
+        if route.reserve is not None:
+            stream, work_s, call, busbw = route.reserve
+            end = stream.reserve(work_s)
+            self.tally(call, work_s, busbw)
+            if receiver is not None:
+                receiver.ledger.alloc(end, "buffers", size, "pp recv")
+            mail.event.arrive_in(end - now)
+            return
         name = (
             f"send {op.phase.value} mb{op.microbatch} c{op.chunk} -> stage {stage}"
             if self.trace_on
             else "send"
         )
-        done = self.call(src, PP, "send_recv", size, (src, dst), name, peers=peers)
-        mail = self._mailbox(dst, dst_op)
-        mail.produced_s = self.env.now
-        mail.size_bytes = size
-        receiver = self.programs.get(dst)
+        done = self.call(src, PP, "send_recv", size, (src, dst), name, peers=route.peers)
 
         def deliver(ev: simpy.Event) -> None:
             if receiver is not None:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import simpy
+from simpy.events import NORMAL, PENDING
 
 from collsim.parallel.fsdp import issue_schedule
 from collsim.parallel.schedules import Phase, PipeOp
@@ -38,7 +39,7 @@ from collsim.schedule.pricing import EXPOSED_KEY
 if TYPE_CHECKING:
     from collsim.engine.core import Engine
 
-__all__ = ["Mail", "RankProgram"]
+__all__ = ["Delivery", "Mail", "RankProgram"]
 
 
 @dataclass(slots=True)
@@ -55,13 +56,33 @@ class _OpPlan:
     pattern: MemoryPattern = field(default_factory=lambda: MemoryPattern("activations", []))
     """The op's activation events relative to its start, placed at each run's start."""
     buckets: list[tuple[Any, float]] = field(default_factory=list)
+    runs: list[Any] = field(default_factory=list)
+    """The engine's run count of this op (``[plan, runs]``, read by ``flush_tp_stats``)."""
+
+
+class Delivery(simpy.Event):
+    """A pipeline message's arrival: triggered now (``succeed``) or, when the send is priced in
+    closed form, scheduled at once for the known arrival (:meth:`arrive_in`)."""
+
+    def arrive_in(self, delay_s: float) -> None:
+        """Arrive ``delay_s`` from now: the event schedules itself as SimPy's ``Timeout`` does
+        (one event, no timer and callback in between).
+
+        Raises:
+            RuntimeError: the message has already arrived.
+        """
+        if self._value is not PENDING:
+            raise RuntimeError(f"{self} has already been triggered")
+        self._ok = True
+        self._value = None
+        self.env.schedule(self, NORMAL, delay_s)
 
 
 @dataclass(slots=True)
 class Mail:
     """A pipeline message: fires on delivery; ``produced_s`` is when its producer op ended."""
 
-    event: simpy.Event
+    event: Delivery
     produced_s: float = -1.0
     size_bytes: float = 0.0
 
@@ -142,54 +163,61 @@ class RankProgram:
         by_segment = e.zero == 3 or e.layer_mode
         chunks = self.stage.chunks
         paired_ops = e.schedule.paired.get(self.stage.stage, frozenset())
-        for index, op in enumerate(self.ops):
-            paired = index in paired_ops
-            mail = e.inbox(self.rank, op)
-            if mail is not None:  # wait for the previous / next stage's output
-                if not mail.event.processed:
-                    w0 = env.now
-                    yield mail.event
-                    w1 = env.now
-                    produced = min(max(mail.produced_s, w0), w1)
-                    acct["bubble"] += produced - w0
-                    acct["pp_exposed"] += w1 - produced
-                self.ledger.free(env.now, "buffers", mail.size_bytes, "pp recv")
-                # the receiving TP group assembles the message (Megatron's scatter/gather):
-                # in closed form folded into a fused op's timeout, else on the tp stream
-                folded = None if by_segment else e.pp_gather_s(self, op)
-                if folded is None:
-                    gather = e.pp_gather(self, op)
-                    if gather is not None:
-                        t0 = env.now
-                        yield gather
-                        acct["pp_exposed"] += env.now - t0
+        inboxes = [e.inbox(self.rank, op) for op in self.ops]
+        outboxes = [e.outbox(self, op) for op in self.ops]
+        folded_s = 0.0  # closed-form pipeline gathers, in pp_exposed
+        gather = None if by_segment or e.trace_on else e.pp_gather_cost(self)
+        if gather is not None:
+            yield from self._play_fused(inboxes, outboxes, gather)
+        else:
+            for index, op in enumerate(self.ops):
+                paired = index in paired_ops
+                mail = inboxes[index]
+                if mail is not None:  # wait for the previous / next stage's output
+                    if not mail.event.processed:
+                        w0 = env.now
+                        yield mail.event
+                        w1 = env.now
+                        produced = min(max(mail.produced_s, w0), w1)
+                        acct["bubble"] += produced - w0
+                        acct["pp_exposed"] += w1 - produced
+                    self.ledger.free(env.now, "buffers", mail.size_bytes, "pp recv")
+                    # the receiving TP group assembles the message (Megatron's scatter/gather):
+                    # in closed form folded into a fused op's timeout, else on the tp stream
+                    folded = None if by_segment else e.pp_gather_s(self, op)
+                    if folded is None:
+                        gathering = e.pp_gather(self, op)
+                        if gathering is not None:
+                            t0 = env.now
+                            yield gathering
+                            acct["pp_exposed"] += env.now - t0
+                        folded = 0.0
+                else:
                     folded = 0.0
-            else:
-                folded = 0.0
-            chunk = chunks[op.chunk]
-            start = env.now + folded
-            if by_segment:
-                yield from self._run_segments(op, chunk, paired)
-            else:
-                plan = self._plans.get((op.chunk, op.phase, paired)) or self._op_plan(
-                    chunk, op.phase, paired
-                )
-                self._fused_facts(op, chunk, plan, start)
-                yield env.timeout(folded + plan.duration)
-                acct["pp_exposed"] += folded
-                acct["compute"] += plan.compute
-                for k, v in plan.comm.items():
-                    acct[k] += v
-            if e.trace_on:
-                self._trace(
-                    "compute",
-                    f"{op.phase.value} mb{op.microbatch} c{op.chunk}",
-                    start,
-                    env.now,
-                    microbatch=op.microbatch,
-                    chunk=op.chunk,
-                )
-            e.send_output(self, op)
+                chunk = chunks[op.chunk]
+                start = env.now + folded
+                if by_segment:
+                    yield from self._run_segments(op, chunk, paired)
+                else:
+                    plan = self._plans.get((op.chunk, op.phase, paired)) or self._op_plan(
+                        chunk, op.phase, paired
+                    )
+                    self._fused_facts(op, chunk, plan, start)
+                    yield env.timeout(folded + plan.duration)
+                    folded_s += folded
+                if e.trace_on:
+                    self._trace(
+                        "compute",
+                        f"{op.phase.value} mb{op.microbatch} c{op.chunk}",
+                        start,
+                        env.now,
+                        microbatch=op.microbatch,
+                        chunk=op.chunk,
+                    )
+                route = outboxes[index]
+                if route is not None:
+                    e.send_output(self, op, route)
+            self._account_fused(folded_s)
         e.dp.launch_deferred(self)
         # wait for every gradient reduction, then the optimizer step
         pending = [ev for ev in self.dp_events if not ev.processed]
@@ -236,6 +264,67 @@ class RankProgram:
         self.end_s = env.now
 
     # ---- fused: one timeout per op ---------------------------------------------------------
+    def _play_fused(
+        self,
+        inboxes: list[Mail | None],
+        outboxes: list[Any],
+        gather: tuple[float, Any, float],
+    ) -> Any:
+        """The ops of :meth:`run` when they are fused, untraced and their pipeline gathers
+        priced in closed form (``gather``: :meth:`Engine.pp_gather_cost`): what ``run`` does op
+        by op, with each op's plan, mailbox and route looked up once."""
+        e, env, acct = self.e, self.env, self.acct
+        chunks = self.stage.chunks
+        paired_ops = e.schedule.paired.get(self.stage.stage, frozenset())
+        plans = [
+            self._plans.get((op.chunk, op.phase, i in paired_ops))
+            or self._op_plan(chunks[op.chunk], op.phase, i in paired_ops)
+            for i, op in enumerate(self.ops)
+        ]
+        gather_s, gather_key, gather_busbw = gather
+        rules = e.dp.rules
+        buckets_on = rules.uses_buckets
+        free, place = self.ledger.free, self.ledger.place
+        timeout, send = env.timeout, e.send_output
+        received = 0
+        for op, mail, plan, route in zip(self.ops, inboxes, plans, outboxes):
+            folded = 0.0
+            if mail is not None:  # wait for the previous / next stage's output
+                event = mail.event
+                if not event.processed:
+                    w0 = env.now
+                    yield event
+                    w1 = env.now
+                    produced = min(max(mail.produced_s, w0), w1)
+                    acct["bubble"] += produced - w0
+                    acct["pp_exposed"] += w1 - produced
+                free(env.now, "buffers", mail.size_bytes, "pp recv")
+                folded = gather_s
+                received += 1
+            start = env.now + folded
+            place(start, plan.pattern, op.microbatch, op.chunk)
+            if plan.buckets and buckets_on and rules.reduces_in(op.microbatch):
+                for bucket, rel in plan.buckets:
+                    e.dp.launch_bucket(self, op, chunks[op.chunk], bucket, start + rel)
+            plan.runs[1] += 1
+            yield timeout(folded + plan.duration)
+            if route is not None:
+                send(self, op, route)
+        if gather_key is not None and received:
+            e.tally(gather_key, received * gather_s, gather_busbw, count=received)
+        self._account_fused(received * gather_s)
+
+    def _account_fused(self, folded_s: float) -> None:
+        """The fused ops' seconds by breakdown key (runs x each op's parts), and the pipeline
+        gathers folded into their timeouts."""
+        acct = self.acct
+        acct["pp_exposed"] += folded_s
+        for plan in self._plans.values():
+            runs = plan.runs[1]
+            acct["compute"] += runs * plan.compute
+            for k, v in plan.comm.items():
+                acct[k] += runs * v
+
     def _op_plan(self, chunk: ChunkModel, phase: Phase, paired: bool = False) -> _OpPlan:
         """Durations and relative times of one (chunk, phase) op, computed once per rank
         (``paired``: a steady-state op under EP overlap)."""
@@ -266,6 +355,7 @@ class RankProgram:
             t += dur
         plan.duration = t
         plan.pattern = MemoryPattern("activations", mem)
+        plan.runs = self.e.count_op(self.rank, plan, runs=0)
         self._plans[key] = plan
         return plan
 
@@ -277,7 +367,7 @@ class RankProgram:
         if plan.buckets and e.dp.rules.uses_buckets and e.dp.rules.reduces_in(mb):
             for bucket, rel in plan.buckets:
                 e.dp.launch_bucket(self, op, chunk, bucket, t0 + rel)
-        e.count_op(self.rank, plan)
+        plan.runs[1] += 1
         if e.trace_on:
             self._trace_tp(plan.segs, t0, (c, op.phase, id(plan.segs)))
 

@@ -139,6 +139,26 @@ class GroupStream:
         assert event is not None
         return event
 
+    def reserve(self, work_s: float) -> float:
+        """A closed-form call of a one-member stream, issued now, whose end is known at once
+        (a pipeline send): it starts when the stream is free and holds it for ``work_s``.
+        Nothing is scheduled; the caller delivers at the returned end and tallies the call.
+
+        Raises:
+            SimulationError: the stream rendezvous or runs SimPy work (use :meth:`submit`).
+        """
+        if not self._solo or self._queue is not None:
+            raise SimulationError(f"{self.stream}: reserve() needs a one-member closed-form stream")
+        now = self.env.now
+        start = now if now > self.free_at else self.free_at
+        self.free_at = start + work_s
+        return self.free_at
+
+    @property
+    def solo(self) -> bool:
+        """One member and no SimPy worker: calls are priced in closed form (:meth:`reserve`)."""
+        return self._solo and self._queue is None
+
     def _solo_call(
         self, member: int, name: str, work_s: float, ready: float, args: dict[str, Any] | None
     ) -> simpy.Event:
