@@ -327,7 +327,9 @@ def _tune(topo: Topology, num_ranks: int, num_nodes: int, gpus: int, num_nics: i
                 algo_bw = bus_bw
                 if not (a is not Algorithm.RING and op in gathers):
                     ratio = (
-                        num_ranks / nsteps
+                        # one rank has no steps (a local copy): tuning.cc's nRanks / nsteps
+                        # would divide by zero; its bandwidth is never used
+                        (num_ranks / nsteps if nsteps else 1.0)
                         if a in (Algorithm.RING, Algorithm.NVLS, Algorithm.NVLS_TREE)
                         else 0.5
                     )
