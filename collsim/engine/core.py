@@ -33,8 +33,8 @@ import simpy
 
 from collsim.engine.comm import CommPricer, linked_peers
 from collsim.engine.dataparallel import DataParallel
-from collsim.engine.program import Delivery, Mail, RankProgram
-from collsim.engine.streams import CallRecord, GroupStream
+from collsim.engine.program import Mail, RankProgram
+from collsim.engine.streams import CallRecord, GroupStream, ScheduledEvent
 from collsim.errors import SimulationError
 from collsim.parallel.schedules import Phase, PipeOp, input_of
 from collsim.schedule.build import StepSchedule
@@ -611,7 +611,7 @@ class Engine:
         key = (dst, op.phase, op.microbatch, op.chunk)
         mail = self.mail.get(key)
         if mail is None:
-            mail = Mail(Delivery(self.env))
+            mail = Mail(ScheduledEvent(self.env))
             self.mail[key] = mail
         return mail
 
@@ -692,7 +692,7 @@ class Engine:
             self.tally(call, work_s, busbw)
             if receiver is not None:
                 receiver.ledger.alloc(end, "buffers", size, "pp recv")
-            mail.event.arrive_in(end - now)
+            mail.event.fire_in(end - now)
             return
         name = (
             f"send {op.phase.value} mb{op.microbatch} c{op.chunk} -> stage {stage}"

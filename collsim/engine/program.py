@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import simpy
-from simpy.events import NORMAL, PENDING
 
+from collsim.engine.streams import ScheduledEvent
 from collsim.parallel.fsdp import issue_schedule
 from collsim.parallel.schedules import Phase, PipeOp
 from collsim.schedule.dataparallel import GRAD_NORM_BYTES, grad_norm_groups
@@ -39,7 +39,7 @@ from collsim.schedule.pricing import EXPOSED_KEY
 if TYPE_CHECKING:
     from collsim.engine.core import Engine
 
-__all__ = ["Delivery", "Mail", "RankProgram"]
+__all__ = ["Mail", "RankProgram"]
 
 
 @dataclass(slots=True)
@@ -60,29 +60,11 @@ class _OpPlan:
     """The engine's run count of this op (``[plan, runs]``, read by ``flush_tp_stats``)."""
 
 
-class Delivery(simpy.Event):
-    """A pipeline message's arrival: triggered now (``succeed``) or, when the send is priced in
-    closed form, scheduled at once for the known arrival (:meth:`arrive_in`)."""
-
-    def arrive_in(self, delay_s: float) -> None:
-        """Arrive ``delay_s`` from now: the event schedules itself as SimPy's ``Timeout`` does
-        (one event, no timer and callback in between).
-
-        Raises:
-            RuntimeError: the message has already arrived.
-        """
-        if self._value is not PENDING:
-            raise RuntimeError(f"{self} has already been triggered")
-        self._ok = True
-        self._value = None
-        self.env.schedule(self, NORMAL, delay_s)
-
-
 @dataclass(slots=True)
 class Mail:
     """A pipeline message: fires on delivery; ``produced_s`` is when its producer op ended."""
 
-    event: Delivery
+    event: ScheduledEvent
     produced_s: float = -1.0
     size_bytes: float = 0.0
 

@@ -19,13 +19,33 @@ from functools import partial
 from typing import Any
 
 import simpy
+from simpy.events import NORMAL, PENDING
 
 from collsim.errors import SimulationError
 
-__all__ = ["Work", "CallRecord", "GroupStream", "RendezvousWait"]
+__all__ = ["Work", "CallRecord", "GroupStream", "RendezvousWait", "ScheduledEvent"]
 
 Work = float | Callable[[], Any]
 """A closed-form duration (seconds) or a zero-argument factory of a SimPy process/event."""
+
+
+class ScheduledEvent(simpy.Event):
+    """An event triggered now (``succeed``) or, when the time it happens is known in advance,
+    scheduled at once for then (:meth:`fire_in`): a closed-form call's end, a pipeline
+    message's arrival."""
+
+    def fire_in(self, delay_s: float, value: Any = None) -> None:
+        """Happen ``delay_s`` from now with ``value``: the event schedules itself as SimPy's
+        ``Timeout`` does (one event, no timer and callback in between).
+
+        Raises:
+            RuntimeError: the event has already been triggered.
+        """
+        if self._value is not PENDING:
+            raise RuntimeError(f"{self} has already been triggered")
+        self._ok = True
+        self._value = value
+        self.env.schedule(self, NORMAL, delay_s)
 
 
 @dataclass(slots=True)
@@ -163,20 +183,18 @@ class GroupStream:
         self, member: int, name: str, work_s: float, ready: float, args: dict[str, Any] | None
     ) -> simpy.Event:
         """A closed-form call of a one-member stream: no rendezvous, so it starts when it is
-        ready and the stream is free; the timer that ends it is the event returned (one event
-        per call)."""
+        ready and the stream is free, and its record is complete when it is issued (``on_done``
+        is told then); the event returned fires at its end with the record (one event per
+        call)."""
         record = CallRecord(name, args if args is not None else {}, ready_s=ready)
         start = ready if ready > self.free_at else self.free_at
         record.start_s = start
         record.end_s = self.free_at = start + work_s
-        timer = self.env.timeout(record.end_s - self.env.now, record)
+        done = ScheduledEvent(self.env)
+        done.fire_in(record.end_s - self.env.now, record)
         if self.on_done is not None:
-            timer.callbacks.append(partial(self._solo_done, member, record))
-        return timer
-
-    def _solo_done(self, member: int, record: CallRecord, _event: simpy.Event) -> None:
-        assert self.on_done is not None
-        self.on_done([member], record)
+            self.on_done([member], record)
+        return done
 
     def _resolve(self) -> None:
         while True:
