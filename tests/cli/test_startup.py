@@ -59,14 +59,24 @@ def test_nothing_is_set_once_numpy_is_loaded(monkeypatch: pytest.MonkeyPatch) ->
     assert "OPENBLAS_NUM_THREADS" not in os.environ
 
 
-def test_the_console_process_freezes_the_collector_at_the_end() -> None:
+def _console(*argv: str) -> list[str]:
+    """The last line a ``collsim ARGV`` process prints at exit: whether the collector is frozen,
+    and its OPENBLAS_NUM_THREADS."""
     code = (
-        "import atexit, gc, sys\nsys.argv = ['collsim', '--version']\n"
-        "atexit.register(lambda: print('frozen', gc.get_freeze_count() > 0))\n"
+        f"import atexit, gc, os, sys\nsys.argv = ['collsim', *{list(argv)!r}]\n"
+        "atexit.register(lambda: print(gc.get_freeze_count() > 0, "
+        "os.environ.get('OPENBLAS_NUM_THREADS')))\n"
         "from collsim.cli import main\nmain()"
     )
-    out = _python(code).stdout
-    assert "collsim, version" in out and out.splitlines()[-1] == "frozen True"
+    return _python(code).stdout.splitlines()[-1].split()
+
+
+def test_the_console_process_freezes_the_collector_at_the_end() -> None:
+    assert _console("--version") == ["True", "1"]
+
+
+def test_validate_keeps_its_own_thread_counts() -> None:
+    assert _console("validate", "--help") == ["True", "None"]
 
 
 def test_a_call_with_arguments_leaves_the_collector_alone() -> None:
