@@ -127,9 +127,7 @@ def one_blas_thread() -> None:
     OpenBLAS starts one thread per core when numpy is imported; collsim's numpy work is
     element-wise on small arrays and never reaches a threaded BLAS kernel, while starting those
     threads cost a third of the CPU time of ``import numpy, simpy, click, yaml`` (2 cores,
-    OpenBLAS 0.3.31: 243 ms with them, 158 ms without). Child processes inherit
-    the setting. ``collsim validate`` is left alone: it times torch, which sets its own
-    thread counts (:mod:`collsim.validate.launch`, :mod:`collsim.validate.compute`).
+    OpenBLAS 0.3.31: 243 ms with them, 158 ms without). Child processes inherit the setting.
     """
     if "numpy" in sys.modules or any(name in os.environ for name in BLAS_THREAD_VARIABLES):
         return
@@ -140,16 +138,16 @@ def main(argv: list[str] | None = None) -> Any:
     """Console entry point: runs the group; errors leave with their class's exit code.
 
     Without ``argv`` it is the ``collsim`` process itself (arguments from ``sys.argv``): numpy
-    is asked for one BLAS thread (:func:`one_blas_thread`; not for ``collsim validate``) and,
-    once the command is done, the
+    is asked for one BLAS thread (:func:`one_blas_thread`) and, once the command is done, the
     garbage collector is frozen, so that the interpreter's shutdown does not walk every object
-    left (the process is ending; the memory goes back with it).
+    left (the process is ending; the memory goes back with it). ``collsim validate`` runs as
+    it is: it times torch, which sets its own thread counts (:mod:`collsim.validate.launch`,
+    :mod:`collsim.validate.compute`), and its ranks write files.
     """
-    if argv is not None:
-        return _main(argv)
     command = next((arg for arg in sys.argv[1:] if not arg.startswith("-")), None)
-    if command != "validate":
-        one_blas_thread()
+    if argv is not None or command == "validate":
+        return _main(argv)
+    one_blas_thread()
     try:
         return _main(None)
     finally:
