@@ -39,7 +39,7 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -286,15 +286,44 @@ def _aliases(doc: YamlDoc) -> list[str]:
     return [str(a) for a in data.get("aliases", []) or []]
 
 
+@cache
+def _catalogue_file(path: Path) -> tuple[Device, list[str]]:
+    """One catalogue file's device and the names it answers to (key, name, aliases)."""
+    doc = load_yaml(path)
+    device = device_from_reader(ConfigReader(doc.data, doc=doc), path.stem, str(path))
+    return device, [device.key, device.name, *_aliases(doc)]
+
+
+@lru_cache(maxsize=1)
+def _catalogue_paths() -> tuple[Path, ...]:
+    return tuple(sorted(CATALOGUE_DIR.glob("*.yaml")))
+
+
 @lru_cache(maxsize=1)
 def _catalogue() -> dict[str, Device]:
     out: dict[str, Device] = {}
-    for path in sorted(CATALOGUE_DIR.glob("*.yaml")):
-        doc = load_yaml(path)
-        device = device_from_reader(ConfigReader(doc.data, doc=doc), path.stem, str(path))
-        for alias in [device.key, device.name, *_aliases(doc)]:
+    for path in _catalogue_paths():
+        device, names = _catalogue_file(path)
+        for alias in names:
             out[_norm(str(alias))] = device
     return out
+
+
+def _by_file_stem(key: str) -> Device | None:
+    """The device of the one catalogue file named after ``key`` (normalised), when that file's
+    ``key`` is its name; None otherwise (the whole catalogue answers then).
+
+    Reading one file instead of all of them gives the same device as the catalogue as long as
+    no other file claims that key as a name or alias (``tests/test_hardware.py`` checks that no
+    name is claimed twice in the catalogue).
+    """
+    if _catalogue.cache_info().currsize:  # read already: one lookup
+        return None
+    paths = [path for path in _catalogue_paths() if _norm(path.stem) == key]
+    if len(paths) != 1:
+        return None
+    device, _ = _catalogue_file(paths[0])
+    return device if _norm(device.key) == key else None
 
 
 def _norm(name: str) -> str:
@@ -328,6 +357,9 @@ def get_device(name: str) -> Device:
     """
     if str(name).endswith((".yaml", ".yml")):
         return load_device_file(name)
+    device = _by_file_stem(_norm(name))
+    if device is not None:
+        return device
     try:
         return _catalogue()[_norm(name)]
     except KeyError:

@@ -130,3 +130,42 @@ def test_device_file_and_inline_topology_device(tmp_path) -> None:  # type: igno
     (tmp_path / "bad.yaml").write_text(text.replace("sm_count: 100", "sm_count: -1"))
     with pytest.raises(ConfigError, match=r"bad.yaml:5: sm_count: must be > 0"):
         get_device(str(tmp_path / "bad.yaml"))
+
+
+def test_no_name_is_claimed_by_two_catalogue_files() -> None:
+    from collsim import hardware
+
+    owner: dict[str, str] = {}
+    for path in hardware._catalogue_paths():
+        _, names = hardware._catalogue_file(path)
+        for name in {hardware._norm(n) for n in names}:
+            assert name not in owner, f"{name!r} in {owner.get(name)} and {path.name}"
+            owner[name] = path.name
+
+
+def test_a_key_reads_one_file_and_gives_the_catalogue_device(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from collsim import hardware
+
+    read: list[str] = []
+
+    def counting(path: object) -> object:
+        read.append(str(path))
+        return original(path)
+
+    original = hardware.load_yaml
+    monkeypatch.setattr(hardware, "load_yaml", counting)
+    hardware._catalogue.cache_clear()
+    hardware._catalogue_file.cache_clear()
+    try:
+        device = get_device("H100")
+        assert [p.rsplit("/", 1)[-1] for p in read] == ["h100.yaml"]
+        assert get_device("H100 SXM") is device  # by name: the whole catalogue, same object
+        assert len(read) == len(hardware._catalogue_paths())
+        assert all(
+            get_device(k) is hardware._catalogue()[hardware._norm(k)] for k in list_devices()
+        )
+    finally:
+        hardware._catalogue.cache_clear()
+        hardware._catalogue_file.cache_clear()

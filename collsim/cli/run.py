@@ -8,7 +8,6 @@ this command needs is not available yet.
 
 from __future__ import annotations
 
-import json
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -23,6 +22,7 @@ from collsim.cli.common import (
     limits_from_options,
 )
 from collsim.errors import CollsimWarning, ConfigError, InfeasibleError, UnavailableError
+from collsim.runtime import collector_paused
 
 if TYPE_CHECKING:
     from collsim.limits import Limits
@@ -119,6 +119,7 @@ def run(
     )
 
 
+@collector_paused()
 def run_scenario(
     path: Path,
     overrides: Sequence[str] = (),
@@ -131,6 +132,9 @@ def run_scenario(
     limits: Limits | None = None,
 ) -> None:
     """The body of ``collsim run``: prints the report, writes the files asked for.
+
+    The cyclic collector is paused over it (:func:`collsim.runtime.collector_paused`): the
+    modules it imports, the scenario and the topology stay alive to the end, as the step does.
 
     Raises:
         ConfigError: bad input (exit 2), before any simulation.
@@ -360,6 +364,8 @@ def _warning_messages(caught: Sequence[warnings.WarningMessage], result: StepRes
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
+    import json  # only for --json
+
     try:
         with Path(path).open("w", encoding="utf-8") as handle:
             json.dump(data, handle, indent=2, default=str)
