@@ -38,11 +38,14 @@ __all__ = [
 ]
 
 
-def _ring_steps(groups: Sequence[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
-    """(senders, receivers) of one ring step of every group: rank[i] -> rank[i+1]; a
-    two-rank group sends once."""
-    sizes = {len(g) for g in groups}
-    if len(sizes) == 1 and groups:  # groups of one size (every axis's groups): as an array
+def _ring_steps(groups: Sequence[tuple[int, ...]] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(senders, receivers) of one ring step of every group (a sequence of groups, or an array
+    with a group per row): rank[i] -> rank[i+1]; a two-rank group sends once."""
+    if isinstance(groups, np.ndarray):
+        sizes = {groups.shape[1]} if groups.ndim == 2 and len(groups) else set()
+    else:
+        sizes = {len(g) for g in groups}
+    if len(sizes) == 1:  # groups of one size (every axis's groups): as an array
         n = sizes.pop()
         grid = np.asarray(groups, dtype=np.int64).reshape(len(groups), n)
         if n == 2:
@@ -65,7 +68,9 @@ def _ring_steps(groups: Sequence[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarr
 
 
 def _solo_loads(
-    topology: Topology, groups: Sequence[tuple[int, ...]], capacity: np.ndarray | None
+    topology: Topology,
+    groups: Sequence[tuple[int, ...]] | np.ndarray,
+    capacity: np.ndarray | None,
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """Every link's load when each flow of one ring step of ``groups`` runs at its solo rate
     (its path's slowest link), and the capacities; None with fewer than two flows."""
@@ -86,7 +91,10 @@ def _solo_loads(
 
 
 def axis_contends(
-    topology: Topology, groups: Sequence[tuple[int, ...]], *, capacity: np.ndarray | None = None
+    topology: Topology,
+    groups: Sequence[tuple[int, ...]] | np.ndarray,
+    *,
+    capacity: np.ndarray | None = None,
 ) -> bool:
     """True when one ring step of ``groups`` (run together) slows some flow below its solo rate.
 
@@ -106,7 +114,10 @@ def axis_contends(
 
 
 def all_to_all_contends(
-    topology: Topology, groups: Sequence[tuple[int, ...]], *, capacity: np.ndarray | None = None
+    topology: Topology,
+    groups: Sequence[tuple[int, ...]] | np.ndarray,
+    *,
+    capacity: np.ndarray | None = None,
 ) -> bool:
     """True when the all-to-alls of ``groups`` (run together, as the EP groups of a stage do)
     slow one another down.
@@ -141,7 +152,7 @@ def all_to_all_contends(
     return False
 
 
-def shared_links(topology: Topology, groups: Sequence[tuple[int, ...]]) -> list[str]:
+def shared_links(topology: Topology, groups: Sequence[tuple[int, ...]] | np.ndarray) -> list[str]:
     """Names of the links that one ring step of ``groups`` (run together) oversubscribes.
 
     A set of flows gets its solo rates (each its path's slowest link) at once exactly when no

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from collsim.engine.comm import CommPricer, all_to_all_contends, axis_contends
 from collsim.engine.core import Engine, EngineOptions
 from collsim.errors import ConfigError
@@ -56,20 +58,20 @@ def _contended_axes(plan: Plan, fidelity: str) -> list[str]:
     capacity = topo.link_capacity_bps
     for axis, groups in _axis_groups(plan, node_local=True).items():
         check = all_to_all_contends if axis == "ep" else axis_contends
-        if groups and len(groups[0]) > 1 and check(topo, groups, capacity=capacity):
+        if len(groups) and len(groups[0]) > 1 and check(topo, groups, capacity=capacity):
             contended.append(axis)
     return contended
 
 
-def _node_local(plan: Plan, groups: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+def _node_local(plan: Plan, groups: np.ndarray) -> np.ndarray:
     """When every group lies inside one node, only the groups of the first node: transfers
     inside a node use that node's links only, and the nodes are alike, so groups on other
     nodes neither slow these down nor contend differently among themselves."""
     gpn = plan.topology.gpus_per_node
-    if all(g[0] // gpn == g[-1] // gpn for g in groups) and all(
-        len({r // gpn for r in g}) == 1 for g in groups
-    ):
-        return [g for g in groups if g[0] // gpn == 0]
+    nodes = groups // gpn
+    if len(groups) and bool((nodes == nodes[:, :1]).all()):
+        first: np.ndarray = groups[nodes[:, 0] == 0]
+        return first
     return groups
 
 
@@ -221,29 +223,75 @@ def contention_effects(
     return out
 
 
-def _axis_groups(
-    plan: Plan, *, node_local: bool = False
-) -> dict[ParallelAxis, list[tuple[int, ...]]]:
-    """Every group of each axis that may be active at once (as in :func:`_contended_axes`);
-    with context parallelism the dense gradients are reduced over dp x cp. ``node_local``:
-    where every group of an axis lies inside one node, only those of the first node
-    (:func:`_node_local`; enough to decide contention, not to name every shared link)."""
-    tp = plan.groups(TP)
-    dp = plan.groups(DP if plan.cp == 1 else ParallelAxis.DP_CP)
+def _rows_sorted(rows: np.ndarray) -> np.ndarray:
+    """The rows in lexicographic order (compares two arrays as multisets of rows)."""
+    if not len(rows):
+        return rows
+    ordered: np.ndarray = rows[np.lexsort(rows.T[::-1])]
+    return ordered
+
+
+def _one_rail(plan: Plan, groups: np.ndarray) -> np.ndarray:
+    """When each group keeps to one index inside its nodes (the GPU and NIC of that index,
+    so the rail of that NIC), and the groups of every other index are these moved to it, only
+    the groups of the first index: with one NIC per GPU on rails, the indices use disjoint
+    links (GPU links, NIC, rail leaves) that are alike, so the axis contends on all of them
+    exactly when it does on one."""
+    topo = plan.topology
+    gpn = topo.gpus_per_node
+    if (
+        not len(groups)
+        or not topo.symmetric
+        or topo.nics is None
+        or not topo.fabric.rails
+        or topo.nics.count != gpn
+        or gpn < 2
+    ):
+        return groups
+    local = groups % gpn
+    if not bool((local == local[:, :1]).all()):
+        return groups
+    index = local[:, 0]
+    first: np.ndarray = groups[index == index[0]]
+    counts = np.bincount(index, minlength=gpn)
+    present = counts[counts > 0]
+    if not bool((present == present[0]).all()):
+        return groups
+    # every other index's groups, moved to the first index, are the first index's groups
+    rest = groups[index != index[0]]
+    moved = rest - rest % gpn + index[0]
+    copies = np.tile(first, (len(present) - 1, 1))
+    if not np.array_equal(_rows_sorted(moved), _rows_sorted(copies)):
+        return groups
+    return first
+
+
+def _axis_groups(plan: Plan, *, node_local: bool = False) -> dict[ParallelAxis, np.ndarray]:
+    """Every group of each axis that may be active at once (as in :func:`_contended_axes`),
+    one per row; with context parallelism the dense gradients are reduced over dp x cp.
+    ``node_local``: where every group of an axis lies inside one node, only those of the first
+    node (:func:`_node_local`), and where the groups of each GPU index keep to its rail, only
+    those of the first index (:func:`_one_rail`): enough to decide contention, not to name
+    every shared link."""
+    tp = plan.group_rows(TP)
+    dp = plan.group_rows(DP if plan.cp == 1 else ParallelAxis.DP_CP)
     if node_local:
-        tp, dp = _node_local(plan, tp), _node_local(plan, dp)
+        tp, dp = _node_local(plan, tp), _one_rail(plan, _node_local(plan, dp))
     # (dp d, pp s, cp k, tp t) -> (d, s + 1, k, t): the next stage is a fixed rank offset in
     # either layout (cp x tp with dp outermost, dp x cp x tp with pp outermost), from every
     # rank of the stages but the last (the grid's [pp, ...] rows), in rank order
     step = plan.tp * plan.cp * (plan.dp if plan.pp_outer else 1)
-    out: dict[ParallelAxis, list[tuple[int, ...]]] = {
+    senders = np.sort(plan.grid()[:-1].ravel())
+    out: dict[ParallelAxis, np.ndarray] = {
         TP: tp,
         DP: dp,
-        PP: [(r, r + step) for r in sorted(plan.grid()[:-1].ravel().tolist())],
+        PP: np.stack([senders, senders + step], axis=1),
     }
+    if node_local:
+        out[PP] = _one_rail(plan, out[PP])
     for axis, size in ((ParallelAxis.EP, plan.ep), (ParallelAxis.CP, plan.cp)):
         if size > 1:
-            groups = plan.groups(axis)
+            groups = plan.group_rows(axis)
             out[axis] = _node_local(plan, groups) if node_local else groups
     return out
 

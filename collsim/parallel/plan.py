@@ -318,17 +318,23 @@ class Plan:
             case _:  # pragma: no cover - StrEnum conversion already rejects others
                 raise ConfigError(f"unknown axis {axis!r}")
 
+    def group_rows(self, axis: ParallelAxis | str) -> np.ndarray:
+        """All groups along ``axis`` as one array, a group per row, ordered by their first
+        rank (:meth:`groups` as an array; every group of an axis has the same size)."""
+        axis = ParallelAxis(axis)
+        dims = _GRID_DIMS.get(axis)
+        if dims is None:
+            return np.asarray(self.groups(axis), dtype=np.int64)
+        grid = self.grid()
+        rest = [d for d in range(4) if d not in dims]
+        rows = grid.transpose(*rest, *dims).reshape(-1, int(np.prod([grid.shape[d] for d in dims])))
+        return rows[np.argsort(rows[:, 0], kind="stable")]
+
     def groups(self, axis: ParallelAxis | str) -> list[tuple[int, ...]]:
         """All groups along ``axis``, each once, ordered by their first rank."""
         axis = ParallelAxis(axis)
-        dims = _GRID_DIMS.get(axis)
-        if dims is not None:  # the plain axes, from the grid at once
-            grid = self.grid()
-            rest = [d for d in range(4) if d not in dims]
-            rows = grid.transpose(*rest, *dims).reshape(
-                -1, int(np.prod([grid.shape[d] for d in dims]))
-            )
-            return sorted(map(tuple, rows.tolist()), key=lambda g: g[0])
+        if axis in _GRID_DIMS:  # the plain axes, from the grid at once
+            return list(map(tuple, self.group_rows(axis).tolist()))
         seen: set[int] = set()
         out: list[tuple[int, ...]] = []
         for r in range(self.num_gpus):
