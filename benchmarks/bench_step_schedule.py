@@ -63,6 +63,8 @@ def cpu_of(cmd: list[str]) -> tuple[float, float]:
 
 ENGINE_CHILD = r"""
 import json, sys, time
+from collsim.cli import one_blas_thread
+one_blas_thread()  # as the collsim command starts (numpy's BLAS threads never used)
 from collsim.scenario import load_scenario
 from collsim.engine import simulate_step
 sc = load_scenario(sys.argv[1]); topo = sc.cluster.load()

@@ -587,20 +587,20 @@ class Topology:
             return None
         gpn = self.gpus_per_node
         per_leaf = self.fabric.nodes_per_leaf
-        nodes = [r // gpn for r in ranks]
-        first = nodes[0]
-        local = tuple(r % gpn for r in ranks)
-        relative = tuple(n - first for n in nodes)
+        at = np.asarray(ranks, dtype=np.int64)
+        nodes = at // gpn
+        local = (at % gpn).tobytes()
+        relative = (nodes - nodes[0]).tobytes()
         if self.num_nodes <= per_leaf or self.nics is None:
-            return (local, relative)
-        leaves = [n // per_leaf for n in nodes]
-        first_leaf = leaves[0]
+            return (len(ranks), local, relative)
+        leaves = nodes // per_leaf
         full = self.num_nodes // per_leaf  # leaves before this index hold per_leaf nodes
         return (
+            len(ranks),
             local,
             relative,
-            tuple(g - first_leaf for g in leaves),
-            tuple(g < full for g in leaves),
+            (leaves - leaves[0]).tobytes(),
+            (leaves < full).tobytes(),
         )
 
     def node_of(self, rank: int) -> int:

@@ -223,14 +223,6 @@ def contention_effects(
     return out
 
 
-def _rows_sorted(rows: np.ndarray) -> np.ndarray:
-    """The rows in lexicographic order (compares two arrays as multisets of rows)."""
-    if not len(rows):
-        return rows
-    ordered: np.ndarray = rows[np.lexsort(rows.T[::-1])]
-    return ordered
-
-
 def _one_rail(plan: Plan, groups: np.ndarray) -> np.ndarray:
     """When each group keeps to one index inside its nodes (the GPU and NIC of that index,
     so the rail of that NIC), and the groups of every other index are these moved to it, only
@@ -253,16 +245,11 @@ def _one_rail(plan: Plan, groups: np.ndarray) -> np.ndarray:
         return groups
     index = local[:, 0]
     first: np.ndarray = groups[index == index[0]]
-    counts = np.bincount(index, minlength=gpn)
-    present = counts[counts > 0]
-    if not bool((present == present[0]).all()):
-        return groups
-    # every other index's groups, moved to the first index, are the first index's groups
-    rest = groups[index != index[0]]
-    moved = rest - rest % gpn + index[0]
-    copies = np.tile(first, (len(present) - 1, 1))
-    if not np.array_equal(_rows_sorted(moved), _rows_sorted(copies)):
-        return groups
+    # every other index's groups, moved to the first index, are the first index's groups (in
+    # the same order: the rows come ordered by first rank, which a move within nodes keeps)
+    for k in np.unique(index):
+        if k != index[0] and not np.array_equal(groups[index == k] - (k - index[0]), first):
+            return groups
     return first
 
 

@@ -98,10 +98,11 @@ def test_stages_of_a_pipeline_share_their_data_parallel_tables() -> None:
 
 def test_one_leaf_keys_on_local_ranks_and_relative_nodes() -> None:
     topo = load_topology("dgx_h100", nodes=2)
-    assert topo.symmetry_key((0, 1, 2, 3)) == ((0, 1, 2, 3), (0, 0, 0, 0))
     assert topo.symmetry_key((8, 9, 10, 11)) == topo.symmetry_key((0, 1, 2, 3))
     assert topo.symmetry_key((4, 5, 6, 7)) != topo.symmetry_key((0, 1, 2, 3))
-    assert topo.symmetry_key((0, 8)) == ((0, 0), (0, 1))
+    assert topo.symmetry_key((0, 8)) != topo.symmetry_key((0, 1))
+    assert topo.symmetry_key((0, 8)) != topo.symmetry_key((8, 0))
+    assert topo.symmetry_key((0, 8)) != topo.symmetry_key((1, 9))  # another GPU, another rail
 
 
 def test_a_one_rank_group_costs_nothing_on_a_multi_node_topology() -> None:
