@@ -446,28 +446,30 @@ class Topology:
         kind = _INTRA_KIND[intra.interconnect]
         table = self._table
         gpn = self.gpus_per_node
-        self.gpu_tx = list(
-            table.add_block(
-                self.num_ranks,
-                lambda r: f"n{r // gpn}.g{r % gpn}.tx",
-                intra.bandwidth_bps,
-                intra.latency_s,
-                0,
-                kind,
-                intra.efficiency,
-            )
+        tx = table.add_block(
+            self.num_ranks,
+            lambda r: f"n{r // gpn}.g{r % gpn}.tx",
+            intra.bandwidth_bps,
+            intra.latency_s,
+            0,
+            kind,
+            intra.efficiency,
         )
-        self.gpu_rx = list(
-            table.add_block(
-                self.num_ranks,
-                lambda r: f"n{r // gpn}.g{r % gpn}.rx",
-                intra.bandwidth_bps,
-                intra.latency_s,
-                0,
-                kind,
-                intra.efficiency,
-            )
+        rx = table.add_block(
+            self.num_ranks,
+            lambda r: f"n{r // gpn}.g{r % gpn}.rx",
+            intra.bandwidth_bps,
+            intra.latency_s,
+            0,
+            kind,
+            intra.efficiency,
         )
+        self.gpu_tx: Sequence[int] = tx
+        """Every GPU's transmit port to the node's switch, by rank (a range: one block)."""
+        self.gpu_rx: Sequence[int] = rx
+        """Every GPU's receive port, by rank."""
+        self.gpu_tx_index = np.arange(tx.start, tx.stop, dtype=np.int64)
+        self.gpu_rx_index = np.arange(rx.start, rx.stop, dtype=np.int64)
         self._nic_index = np.zeros((0, 2, 0), dtype=np.int64)
         self._nic_lists: tuple[list[list[int]], list[list[int]]] | None = None
         self.leaf_up: dict[tuple[int, int], int] = {}
@@ -555,8 +557,6 @@ class Topology:
 
     def _index_arrays(self) -> None:
         """Link indices as arrays, for vectorised path construction (``path_links``)."""
-        self.gpu_tx_index = np.asarray(self.gpu_tx, dtype=np.int64)
-        self.gpu_rx_index = np.asarray(self.gpu_rx, dtype=np.int64)
         count = self.nics.count if self.nics is not None else 0
         shape = (len(self._nic_index), count)
         self.nic_tx_index = np.ascontiguousarray(self._nic_index[:, 0, :]).reshape(shape)

@@ -75,8 +75,7 @@ def all_pairs_load(group: Group) -> PhaseLoad:
     weight: list[np.ndarray] = []
     m = np.bincount(nodes, minlength=topo.num_nodes)
     intra = (m[nodes] - 1).astype(float)
-    gpu_tx, gpu_rx = np.asarray(topo.gpu_tx), np.asarray(topo.gpu_rx)
-    index += [gpu_tx[ranks], gpu_rx[ranks]]
+    index += [topo.gpu_tx_index[ranks], topo.gpu_rx_index[ranks]]
     weight += [intra, intra]
     intra_latency = inter_latency = 0.0
     kinds: frozenset[LinkKind] = frozenset()
@@ -93,7 +92,7 @@ def all_pairs_load(group: Group) -> PhaseLoad:
         c = np.bincount(nodes * k_count + nics, minlength=topo.num_nodes * k_count)
         c = c.reshape(topo.num_nodes, k_count).astype(float)
         c_k = c.sum(axis=0)
-        nic_tx, nic_rx = np.asarray(topo.nic_tx), np.asarray(topo.nic_rx)
+        nic_tx, nic_rx = topo.nic_tx_index, topo.nic_rx_index
         sub = c[used_nodes]
         index += [nic_tx[used_nodes].ravel(), nic_rx[used_nodes].ravel()]
         weight += [
