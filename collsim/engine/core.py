@@ -720,6 +720,25 @@ class Engine:
         done.callbacks.append(deliver)
 
     # ---- run --------------------------------------------------------------------------------
+    def release(self) -> None:
+        """Drop what ties the engine to its programs, streams and messages once the step's
+        result is taken (the result keeps the ledgers it reads): without these cycles the
+        step's objects are freed as their last reference goes, not by a collection of the
+        cyclic garbage collector over every one of them (3d_175b: 17,000 objects, about a
+        quarter of the engine's CPU time). The engine cannot run again after it."""
+        if not hasattr(self, "dp"):
+            return  # released already
+        for prog in self.programs.values():
+            prog.release()
+        self.programs = {}
+        self.seg_runs = {}
+        self.streams = {}
+        self.mail = {}
+        self._links = {}
+        self._calls = {}
+        self.dp.unit_events = {}
+        del self.dp
+
     def run(self) -> None:
         procs = [self.env.process(prog.run()) for prog in self.programs.values()]
         try:

@@ -101,6 +101,16 @@ class RankProgram:
         self._plans: dict[tuple[int, Phase, bool], _OpPlan] = {}
         self._tp_traced: dict[Any, list[Any]] = {}
 
+    def release(self) -> None:
+        """Drop the fused ops' plans (each holds its run count's slot, which holds it) and
+        the trace slices once the step is over (:meth:`Engine.release`)."""
+        for plan in self._plans.values():
+            plan.runs = []
+        self._plans = {}
+        self._tp_traced = {}
+        self.deferred = []
+        self.dp_events = []
+
     # ---- helpers ----------------------------------------------------------------------------
     def _trace(self, stream: str, name: str, start: float, end: float, **args: Any) -> None:
         if self.e.trace_on:

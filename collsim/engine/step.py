@@ -135,12 +135,14 @@ def simulate_step(
             zero_communication=zero_communication,
         )
         result.details["stragglers"] = straggler_details(engine, result, baseline)
+        engine.release()
         return result
     result = _play(engine, zero_communication)
     if engine.contended and fidelity == "auto" and not all_ranks and not zero_communication:
         result.details["contention"] = contention_effects(
             engine.schedule, result, op_time_overrides=op_time_overrides
         )
+    engine.release()
     return result
 
 
