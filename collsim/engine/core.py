@@ -724,8 +724,10 @@ class Engine:
         """Drop what ties the engine to its programs, streams and messages once the step's
         result is taken (the result keeps the ledgers it reads): without these cycles the
         step's objects are freed as their last reference goes, not by a collection of the
-        cyclic garbage collector over every one of them (3d_175b: 17,000 objects, about a
-        quarter of the engine's CPU time). The engine cannot run again after it."""
+        cyclic garbage collector over every one of them (3d_175b: 17,441 objects of cyclic
+        garbage before, 30 after; the collections after a step, median of 9 on the 2-core
+        development machine, 4.2 ms before and 1.3 ms after). The engine cannot run again
+        after it."""
         if not hasattr(self, "dp"):
             return  # released already
         for prog in self.programs.values():
