@@ -726,7 +726,7 @@ class _Bounds:
         self._dp: dict[tuple[Any, ...], tuple[list[float], list[float]]] = {}
         self._params: dict[tuple[int, int], list[float]] = {}
         self._acts: dict[tuple[Any, ...], float] = {}
-        self._moe_states: dict[tuple[Any, ...], float] = {}
+        self._moe_states: dict[tuple[Any, ...], list[float]] = {}
         self._refined: dict[tuple[Any, ...], float] = {}
         self._pipes: dict[tuple[Any, ...], list[float]] = {}
 
@@ -775,7 +775,7 @@ class _Bounds:
         from collsim.workload.memory import layers_per_stage
 
         if self._variant(c) and (c.cp == 1 or self._kinds_vary()):
-            hit = self._acts[key] = self._plan_states(c) if self.spec.is_moe else 0.0
+            hit = self._acts[key] = self._moe_floor(c) if self.spec.is_moe else 0.0
             return hit
         states = self._states(c)
         if len(self.spec.layer_kinds()) > 1:
@@ -1000,12 +1000,48 @@ class _Bounds:
         self._dp[key] = (before, after)
         return before, after
 
-    def _plan_states(self, c: Candidate) -> float:
-        """A mixture-of-experts plan's floor: the model states of its fullest stage as the
-        schedule allocates them (:func:`collsim.parallel.states.rank_model_states`: dense
-        states over the dp x cp shard group, routed experts over the expert data-parallel
-        one; FP8 copies and kept gathers left out), from the plan itself; 0 when no plan
-        builds. Kept per shape (the knobs the states depend on)."""
+    def _moe_floor(self, c: Candidate) -> float:
+        """A mixture-of-experts plan's memory floor: per stage, its model states as the
+        schedule allocates them (:meth:`_plan_states`) plus the activations it holds at once
+        (as :meth:`memory_bytes`: ``min(pp - s, m)`` micro-batches of its layers, ``m`` with
+        GPipe), each layer at the smallest activation of the model's layer kinds (dense or
+        expert, as the schedule builds them: :meth:`_block_work`'s kinds); the embedding and
+        the head left out. The fullest stage bounds the peak."""
+        from collsim.workload.memory import layers_per_stage
+
+        states = self._plan_states(c)
+        if not states:
+            return 0.0
+        model = self._model()
+        sp = c.sequence_parallel and c.tp > 1
+        per_layer = min(
+            model.layer_times(
+                self.spec,
+                micro_batch=c.micro_batch,
+                tp=c.tp,
+                sequence_parallel=sp,
+                recompute=c.recompute,
+                layer=rep,
+                ep=c.ep,
+                etp=self.etp,
+                cp=c.cp,
+            ).activation_bytes
+            for rep, _ in self.spec.layer_kinds()
+        )
+        counts = layers_per_stage(self.spec.num_layers, c.pp)
+        m = self.training.global_batch // (c.micro_batch * c.dp)
+        out = 0.0
+        for s, state in enumerate(states):
+            held = m if c.schedule == "gpipe" else min(c.pp - s, m)
+            out = max(out, state + held * counts[s] * per_layer)
+        return out * (1 - 1e-9)
+
+    def _plan_states(self, c: Candidate) -> list[float]:
+        """A mixture-of-experts plan's model states per stage as the schedule allocates them
+        (:func:`collsim.parallel.states.rank_model_states`: dense states over the dp x cp
+        shard group, routed experts over the expert data-parallel one; FP8 copies and kept
+        gathers left out), from the plan itself; empty when no plan builds or the states live
+        in host memory (offload). Kept per shape (the knobs the states depend on)."""
         key = (c.tp, c.pp, c.dp, c.cp, c.ep, c.zero, c.offload, c.virtual_stages)
         hit = self._moe_states.get(key)
         if hit is not None:
@@ -1014,19 +1050,18 @@ class _Bounds:
         from collsim.parallel.plan import build_plan
         from collsim.parallel.states import rank_model_states
 
-        if c.offload:
-            hit = 0.0  # the shards live in host memory
-        else:
+        hit = []
+        if not c.offload:  # offloaded shards live in host memory
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     plan = build_plan(
                         self.topology, self.spec, *c.configs(self.training, self.base)
                     )
-                hit = max(rank_model_states(plan, s).states.total for s in range(plan.pp))
+                hit = [rank_model_states(plan, s).states.total for s in range(plan.pp)]
             except ConfigError:
-                hit = 0.0
-        hit = self._moe_states[key] = hit * (1 - 1e-9)
+                hit = []
+        self._moe_states[key] = hit
         return hit
 
     def _kinds_vary(self) -> bool:
