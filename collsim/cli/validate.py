@@ -1208,12 +1208,20 @@ def compute(output: str, device: str, quick: bool, threads: int) -> None:
     from collsim.validate.compute import ComputeGrid, measure_profile, write_profile
 
     try:
-        import torch  # noqa: F401
+        import torch
     except ImportError:
         raise click.ClickException("validate compute needs torch (pip install torch)") from None
-    grid = ComputeGrid.quick() if quick else ComputeGrid()
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"torch {torch.__version__} sees no CUDA device", key_path="--device")
+    grid = ComputeGrid.quick() if quick else ComputeGrid.full(device)
     grid = dataclasses.replace(grid, threads=threads)
-    measured = measure_profile(grid, device)
+
+    def checkpoint(partial: dict[str, Any]) -> None:
+        # each section is on disk before the next starts: a run that is stopped keeps them
+        write_profile(output, partial, device=device)
+        click.echo(f"# {partial['notes']['sections']} written to {output}", err=True)
+
+    measured = measure_profile(grid, device, on_section=checkpoint)
     path = write_profile(output, measured, device=device)
     best = max(r[4] for r in measured["gemm"])
     click.echo(
@@ -1223,6 +1231,66 @@ def compute(output: str, device: str, quick: bool, threads: int) -> None:
         f"host {measured['host_us']:.2f} us per op, {threads} thread(s)"
     )
     click.echo(f"wrote {path}")
+
+
+@validate.command()
+@click.argument("profile", type=click.Path(dir_okay=False))
+@click.option(
+    "--device",
+    required=True,
+    help="Device whose compute model to compare with: a catalogue key (h200, cpu...) or a "
+    "device file.",
+)
+@click.option(
+    "--execution",
+    type=click.Choice(["eager", "compiled", "cuda_graphs"]),
+    default="eager",
+    show_default=True,
+    help="Host issue cost per kernel the model charges (as training.execution).",
+)
+@click.option("--summary", is_flag=True, help="Print only the per-kind summary.")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write every row (measured and modelled rate and time, ratio) as CSV.",
+)
+def kernels(profile: str, device: str, execution: str, summary: bool, output: str | None) -> None:
+    """Compare a measured device profile, kernel by kernel, with a device's compute model:
+    measured and modelled time and rate, their ratio, and the median and worst ratio per
+    kernel kind (ratio = measured / modelled time)."""
+    from collsim.hardware import get_device, load_device_file
+    from collsim.validate.kernels import (
+        compare_kernels,
+        format_rows,
+        format_summary,
+        summarize,
+        write_csv,
+    )
+
+    check_output_path(output, "--output", suffixes=(".csv",))
+    if not Path(profile).is_file():
+        raise ConfigError("no such file", file=profile)
+    measured = load_device_file(profile)
+    model_device = get_device(device)
+    rows, skipped = compare_kernels(measured, model_device, execution=execution)
+    if not rows:
+        raise ConfigError("no measured kernel the model can price", file=profile)
+    header = (
+        f"{profile} ({measured.name}) vs the compute model of {model_device.name} "
+        f"({execution}); ratio = measured / modelled time"
+    )
+    click.echo(f"# {header}")
+    if not summary:
+        click.echo(format_rows(rows))
+        click.echo("")
+    click.echo(format_summary(summarize(rows)))
+    for note in skipped:
+        click.echo(f"# not compared: {note}")
+    if output:
+        write_csv(output, rows, header=[header, *(f"not compared: {n}" for n in skipped)])
+        click.echo(f"# wrote {output}")
 
 
 def _calibrate_here(world_size: int | None, backend: str, timeout_s: float, folder: Path) -> Path:

@@ -6,7 +6,9 @@ The grid is generic, not the shapes of any model: GEMMs with each dimension in
 ``validate step`` is never in it) for each dtype the device runs, up to a FLOP cap; fused
 attention (PyTorch SDPA, each backend the device has: ``flash`` as ``flash2``, ``math`` as
 ``eager``; on CUDA also ``cudnn``) over sequence lengths 128-4096 and head dims 64 / 128, causal,
-forward and backward; a memory-bound kernel (``torch.add(a, b, out=c)``: 3 tensors) from 64 KiB
+forward and backward (on a CPU one sequence of 4 heads in fp32; on CUDA in bf16, the layout of
+the FlashAttention benchmarks: 16k tokens of hidden 2048, see :func:`attention_shape`); a
+memory-bound kernel (``torch.add(a, b, out=c)``: 3 tensors) from 64 KiB
 to 256 MiB; the optimizer step (torch SGD over a list of tensors, as ``validate step`` trains);
 and the host cost of one tiny op. Each point is the median of ``reps`` timings after one warm-up.
 
@@ -32,10 +34,36 @@ __all__ = [
     "write_profile",
     "cpu_share",
     "concurrency_slowdown",
+    "attention_shape",
+    "CPU_ATTENTION_HEADS",
+    "CUDA_ATTENTION_TOKENS",
+    "CUDA_ATTENTION_HIDDEN",
 ]
 
 GEMM_DIMS = (64, 160, 400, 1000, 2500, 4096)
 """GEMM dimensions of the default grid (about x2.5 apart from 64 to 4096)."""
+
+CPU_ATTENTION_HEADS = 4
+"""Heads of the one sequence attention is timed on with a CPU (a profile without
+``attention_tokens`` in its notes was timed so)."""
+CUDA_ATTENTION_TOKENS = 16384
+CUDA_ATTENTION_HIDDEN = 2048
+"""On CUDA attention is timed as the FlashAttention benchmarks run it (flash-attention
+``benchmarks/benchmark_flash_attention.py``: batch 16k / seq, hidden 2048, i.e. 16 heads of 128
+or 32 of 64): full waves of CTAs on any GPU, as the compute model reads a table's rate
+(``collsim.workload.compute.TABLE_CTAS``); one sequence of 4 heads would fill 4 x s / 128 of
+an H100's 132 SMs."""
+
+
+def attention_shape(
+    seq_len: int, head_dim: int, tokens: int | None = None, hidden: int | None = None
+) -> tuple[int, int]:
+    """(batch, heads) attention is timed with: ``max(1, tokens // seq_len)`` sequences of
+    ``hidden // head_dim`` heads; without ``tokens`` (a CPU profile) one sequence of
+    :data:`CPU_ATTENTION_HEADS` heads."""
+    if not tokens:
+        return 1, CPU_ATTENTION_HEADS
+    return max(1, tokens // seq_len), max(1, (hidden or CUDA_ATTENTION_HIDDEN) // head_dim)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,6 +82,15 @@ class ComputeGrid:
     threads: int = 1
     concurrency: bool = True
     """Measure ``concurrent_slowdown`` (CPU only; spawns one process per core, ~15 s)."""
+
+    @classmethod
+    def full(cls, device: str = "cpu") -> ComputeGrid:
+        """The default grid; on CUDA with FLOP caps that let every GEMM of the grid (up to
+        2 x 4096^3 = 1.4e11 FLOPs) and every attention point (up to 3.5 x 2.7e11 FLOPs at
+        seq 4096 in the benchmark layout) run: well under a second each on a datacentre GPU."""
+        if device == "cpu":
+            return cls()
+        return cls(gemm_max_flops=2e11, attention_max_flops=1e12, concurrency=False)
 
     @classmethod
     def quick(cls) -> ComputeGrid:
@@ -179,19 +216,26 @@ def _attention_rates(
     torch: Any, dev: Any, grid: ComputeGrid, sync: Callable[[], None]
 ) -> list[list[Any]]:
     """``[kernel, causal, head dim, seq, forward TFLOP/s, backward TFLOP/s]`` of causal
-    attention per SDPA backend that runs here, within the grid's FLOP cap."""
+    attention per SDPA backend that runs here, within the grid's FLOP cap (shapes and dtype:
+    :func:`attention_shape`, :func:`attention_notes`)."""
     from torch.nn.attention import sdpa_kernel
 
     attention: list[list[Any]] = []
-    heads = 4
+    layout = attention_notes(dev.type)
+    dtype = torch.float32 if dev.type == "cpu" else torch.bfloat16
     for kernel, backend in _sdpa_backends(torch, dev.type):
         for d in grid.head_dims:
             for s in grid.seqs:
-                fwd_flops = 4.0 * heads * s * s * d / 2  # causal half, as the tables count
+                batch, heads = attention_shape(
+                    s, d, layout.get("attention_tokens"), layout.get("attention_hidden")
+                )
+                # causal half, as the tables count
+                fwd_flops = 4.0 * batch * heads * s * s * d / 2
                 if 3.5 * fwd_flops > grid.attention_max_flops:
                     continue
                 q, k_, v = (
-                    torch.randn(1, heads, s, d, device=dev, requires_grad=True) for _ in range(3)
+                    torch.randn(batch, heads, s, d, device=dev, dtype=dtype, requires_grad=True)
+                    for _ in range(3)
                 )
                 try:
                     with sdpa_kernel(backend):
@@ -226,6 +270,18 @@ def _attention_rates(
                     ]
                 )
     return attention
+
+
+def attention_notes(device: str) -> dict[str, Any]:
+    """What a profile's notes say about its attention timing (``collsim validate kernels``
+    reads them): the dtype, and on CUDA the benchmark layout's tokens and hidden size."""
+    if device == "cpu":
+        return {"attention_dtype": "fp32", "attention_heads": CPU_ATTENTION_HEADS}
+    return {
+        "attention_dtype": "bf16",
+        "attention_tokens": CUDA_ATTENTION_TOKENS,
+        "attention_hidden": CUDA_ATTENTION_HIDDEN,
+    }
 
 
 def _bandwidth_rates(
@@ -275,8 +331,18 @@ def _optimizer_bps(torch: Any, dev: Any, grid: ComputeGrid, sync: Callable[[], N
     return bps
 
 
-def measure_profile(grid: ComputeGrid, device: str = "cpu") -> dict[str, Any]:
-    """Time the grid on ``device`` (``cpu`` or ``cuda``); the ``measured`` section's data."""
+def measure_profile(
+    grid: ComputeGrid,
+    device: str = "cpu",
+    on_section: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Time the grid on ``device`` (``cpu`` or ``cuda``); the ``measured`` section's data.
+
+    ``on_section`` gets the tables measured so far after each section (GEMMs, attention,
+    bandwidth, host and optimizer, concurrency), with ``notes.sections`` naming those done, so
+    that a caller can write them before the next one starts."""
+    import os
+
     import torch
 
     torch.set_num_threads(grid.threads)
@@ -286,31 +352,47 @@ def measure_profile(grid: ComputeGrid, device: str = "cpu") -> dict[str, Any]:
         if dev.type == "cuda":
             torch.cuda.synchronize()
 
-    gemm = _gemm_rates(torch, dev, grid, sync)
-    attention = _attention_rates(torch, dev, grid, sync)
-    bandwidth = _bandwidth_rates(torch, dev, grid, sync)
-    host_s = _host_s(torch, dev, sync)
-    opt_bps = _optimizer_bps(torch, dev, grid, sync)
-    import os
-
-    cores = os.cpu_count() or 1
-    probe = grid.concurrency and dev.type == "cpu" and cores > 1
-    slowdown = round(concurrency_slowdown(cores), 4) if probe else 1.0
-    return {
-        "concurrent_slowdown": slowdown,
-        "gemm": gemm,
-        "attention": attention,
-        "bandwidth": bandwidth,
-        "optimizer_bytes_per_s": round(opt_bps, 1),
-        "launch_us": 0.0 if dev.type == "cpu" else None,
-        "host_us": round(host_s * 1e6, 3),
-        "notes": {
-            "torch": str(torch.__version__),
-            "threads": grid.threads,
-            "device": device,
-            "measured_at_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        },
+    notes: dict[str, Any] = {
+        "torch": str(torch.__version__),
+        "threads": grid.threads,
+        "device": device,
+        "measured_at_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "optimizer_params": grid.optimizer_params,
+        **attention_notes(dev.type),
     }
+    if dev.type == "cuda":
+        notes["gpu"] = str(torch.cuda.get_device_name(dev))
+    out: dict[str, Any] = {
+        "concurrent_slowdown": 1.0,
+        "gemm": [],
+        "attention": [],
+        "bandwidth": [],
+        "optimizer_bytes_per_s": None,
+        "launch_us": 0.0 if dev.type == "cpu" else None,
+        "host_us": None,
+        "notes": notes,
+    }
+    done: list[str] = []
+
+    def section(name: str) -> None:
+        done.append(name)
+        if on_section is not None:
+            on_section(dict(out, notes=dict(notes, sections=",".join(done))))
+
+    out["gemm"] = _gemm_rates(torch, dev, grid, sync)
+    section("gemm")
+    out["attention"] = _attention_rates(torch, dev, grid, sync)
+    section("attention")
+    out["bandwidth"] = _bandwidth_rates(torch, dev, grid, sync)
+    section("bandwidth")
+    out["host_us"] = round(_host_s(torch, dev, sync) * 1e6, 3)
+    out["optimizer_bytes_per_s"] = round(_optimizer_bps(torch, dev, grid, sync), 1)
+    section("host,optimizer")
+    cores = os.cpu_count() or 1
+    if grid.concurrency and dev.type == "cpu" and cores > 1:
+        out["concurrent_slowdown"] = round(concurrency_slowdown(cores), 4)
+        section("concurrency")
+    return out
 
 
 def _probe_worker(iters: int, start: Any, out: Any) -> None:
@@ -386,7 +468,8 @@ def write_profile(path: str | Path, measured: dict[str, Any], *, device: str = "
         tables["launch_us"] = 0.0
     doc: dict[str, Any] = {
         "key": Path(path).stem,
-        "name": f"measured {device} ({cores} cores, {measured['notes']['threads']} thread(s))",
+        "name": f"measured {measured['notes'].get('gpu', device)} ({cores} cores, "
+        f"{measured['notes']['threads']} thread(s))",
         "generation": "cpu" if device == "cpu" else "generic",
         # peak := the best measured rate (the profile's tables carry the shape dependence)
         "peak_tflops": {"fp32": best, "bf16": best, "fp16": best},
