@@ -23,11 +23,20 @@ def sum_of_ranks(ctx: Any, pid_dir: str, offset: float) -> float:
     return float(x.item())
 
 
+def _wait_for_rank0(pid_dir: str, timeout_s: float = 20.0) -> None:
+    """Rank 1 fails only once rank 0 has started its part too (on a loaded machine rank 0 may
+    still be joining the process group, and would then never note its pid)."""
+    deadline = time.monotonic() + timeout_s
+    while not Path(pid_dir, "rank0.pid").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def rank1_raises(ctx: Any, pid_dir: str) -> None:
     import torch.distributed as dist
 
     _note_pid(ctx, pid_dir)
     if ctx.rank == 1:
+        _wait_for_rank0(pid_dir)
         raise ValueError("boom on purpose")
     dist.barrier()  # rank 0 waits for a peer that will never come
 
@@ -37,6 +46,7 @@ def rank1_killed(ctx: Any, pid_dir: str) -> None:
 
     _note_pid(ctx, pid_dir)
     if ctx.rank == 1:
+        _wait_for_rank0(pid_dir)
         os.kill(os.getpid(), signal.SIGKILL)
     dist.barrier()
 
