@@ -727,6 +727,7 @@ class _Bounds:
         self._params: dict[tuple[int, int], list[float]] = {}
         self._acts: dict[tuple[Any, ...], float] = {}
         self._moe_states: dict[tuple[Any, ...], list[float]] = {}
+        self._moe_comms: dict[tuple[Any, ...], tuple[float, float]] = {}
         self._refined: dict[tuple[Any, ...], float] = {}
         self._pipes: dict[tuple[Any, ...], list[float]] = {}
 
@@ -1106,9 +1107,11 @@ class _Bounds:
         ]
         et = model.embedding_times(spec, micro_batch=mb, tp=c.tp, sequence_parallel=sp)
         ht = model.head_times(spec, micro_batch=mb, tp=c.tp, sequence_parallel=sp)
-        fwd = min(lt.forward_s for lt in times) + self._tp_s(c, 2)
+        comms = [self._moe_comm_s(c, kw.get("layer")) for kw in kinds]
+        fwd = min(lt.forward_s + cf for lt, (cf, _) in zip(times, comms)) + self._tp_s(c, 2)
         calls = 4 if c.recompute == "full" else 2
-        bwd = min(lt.backward_s + lt.recompute_s for lt in times) + self._tp_s(c, calls)
+        bwd = min(lt.backward_s + lt.recompute_s + cb for lt, (_, cb) in zip(times, comms))
+        bwd += self._tp_s(c, calls)
         k = 1.0 / c.cp  # a CP rank embeds and scores its s / cp tokens (schedule.build)
         return (
             fwd,
@@ -1116,6 +1119,51 @@ class _Bounds:
             (et.forward_s * k, et.backward_s * k),
             (ht.forward_s * k, ht.backward_s * k),
         )
+
+    def _moe_comm_s(self, c: Candidate, layer: int | None) -> tuple[float, float]:
+        """The expert-parallel collectives of one micro-batch of layer kind ``layer`` that
+        block the compute stream (forward, backward seconds): without EP overlap the schedule
+        runs each dispatch, combine, etp gather and scatter as a step of its own
+        (:func:`collsim.schedule.ops._ep_steps`), priced in closed form on the rank's group
+        at no less than the balanced size; here each at its balanced size (times the routing
+        imbalance when that is below 1) on the cheapest of the stages' groups. 0 for dense
+        layers, with EP overlap, or when no plan builds."""
+        if layer is None or not self.spec.is_moe or self.base.ep_overlap:
+            return 0.0, 0.0
+        key = (c.tp, c.pp, c.dp, c.cp, c.ep, c.micro_batch, c.sequence_parallel, layer)
+        hit = self._moe_comms.get(key)
+        if hit is not None:
+            return hit
+        from collsim.collectives import Group, cost
+        from collsim.errors import ConfigError
+        from collsim.parallel.layer_comms import layer_comms
+        from collsim.parallel.plan import build_plan
+
+        hit = (0.0, 0.0)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                plan = build_plan(self.topology, self.spec, *c.configs(self.training, self.base))
+        except ConfigError:
+            plan = None
+        if plan is not None:
+            scale = min(1.0, float(self.spec.load_imbalance))
+            out = {"forward": 0.0, "backward": 0.0}
+            for comm in layer_comms(plan, layer):
+                if comm.axis not in ("ep", "etp") or comm.overlappable:
+                    continue
+                size = comm.size_bytes * (scale if comm.op == "all_to_all" else 1.0)
+                groups = {
+                    plan.group_of(plan.rank(dp=0, pp=s, tp=0), comm.axis) for s in range(c.pp)
+                }
+                seconds = min(
+                    cost(comm.op, int(size), Group(self.topology, g)).time_s if len(g) > 1 else 0.0
+                    for g in groups
+                )
+                out[comm.phase] += comm.calls * seconds
+            hit = (out["forward"], out["backward"])
+        hit = self._moe_comms[key] = (hit[0] * (1 - 1e-9), hit[1] * (1 - 1e-9))
+        return hit
 
     def _compute(self, c: Candidate) -> tuple[list[float], list[float], float, list[float]]:
         """Per stage (first, last): the compute stream's own work (blocks and blocking TP

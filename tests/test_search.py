@@ -437,10 +437,11 @@ def test_context_and_expert_parallel_plans_are_searched_under_floors(preset, nod
 
 
 @pytest.mark.slow
-def test_expert_plans_memory_floor_holds_on_the_published_moe_run() -> None:
-    # Qwen3-30B-A3B at 4k tokens in fp8 on 16 H100 (scenarios/published): the floor (states
-    # plus the activations held at once) never exceeds the estimate's peak, and is tight
-    # enough to drop plans before they are estimated
+def test_expert_plans_floors_hold_on_the_published_moe_run() -> None:
+    # Qwen3-30B-A3B at 4k tokens in fp8 on 16 H100 (scenarios/published): the memory floor
+    # (states plus the activations held at once) never exceeds the estimate's peak, the step
+    # floor (compute and the blocking all-to-alls) never its step, and both are tight enough
+    # to drop plans before they are estimated
     from collsim.scenario import load_scenario
     from collsim.search import _Bounds
 
@@ -455,7 +456,7 @@ def test_expert_plans_memory_floor_holds_on_the_published_moe_run() -> None:
     )  # fmt: skip
     bounds = _Bounds(topology, sc.model, sc.training, sc.parallel)
     estimator = Estimator(topology, sc.model)
-    checked = tight = 0
+    checked = tight = fast = 0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for plan in _every_nth(plans, len(plans) // 120):
@@ -465,7 +466,12 @@ def test_expert_plans_memory_floor_holds_on_the_published_moe_run() -> None:
                 continue
             floor = bounds.memory_bytes(plan)
             assert floor <= est.memory_peak_bytes, plan.label
+            # the step floor holds the blocking expert all-to-alls as well as the compute
+            step = bounds.refined_s(plan)
+            assert bounds.step_s(plan) <= step <= est.step_time_s, plan.label
             tight += floor >= 0.5 * est.memory_peak_bytes
+            fast += step >= 0.8 * est.step_time_s
             checked += 1
     assert checked >= 40
     assert tight >= checked // 2
+    assert fast >= checked // 2
