@@ -132,3 +132,15 @@ def test_recorded_steps_from_the_quiet_profile_are_within_15_percent() -> None:
         if mode.startswith("ddp"):
             assert max(abs(e) for e in errs) <= 0.15, (n, mode, errs)
         assert abs(statistics.median(errs)) <= 0.15, (n, mode, errs)
+
+
+def test_a_gpu_profile_does_not_add_a_launch_floor_to_its_measured_times(tmp_path: Path) -> None:
+    # each grid point is timed as one kernel and a synchronize, so its time already holds the
+    # launch; the model's default 4 us floor on top would count small kernels twice
+    from collsim.workload.compute import ComputeModel
+
+    measured = dict(MEASURED, launch_us=None)
+    path = write_profile(tmp_path / "gpu.yaml", measured, device="cuda")
+    device = get_device(str(path))
+    assert device.measured is not None and device.measured.launch_us == 0.0
+    assert ComputeModel(device, "fp32").launch_s == 0.0
