@@ -1047,23 +1047,29 @@ class _Bounds:
         hit = self._moe_states.get(key)
         if hit is not None:
             return hit
-        from collsim.errors import ConfigError
-        from collsim.parallel.plan import build_plan
         from collsim.parallel.states import rank_model_states
 
-        hit = []
-        if not c.offload:  # offloaded shards live in host memory
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    plan = build_plan(
-                        self.topology, self.spec, *c.configs(self.training, self.base)
-                    )
-                hit = [rank_model_states(plan, s).states.total for s in range(plan.pp)]
-            except ConfigError:
-                hit = []
+        plan = None if c.offload else self._plan_of(c)  # offloaded shards live on the host
+        hit = (
+            []
+            if plan is None
+            else [rank_model_states(plan, s).states.total for s in range(plan.pp)]
+        )
         self._moe_states[key] = hit
         return hit
+
+    def _plan_of(self, c: Candidate) -> Any:
+        """The checked plan of ``c`` (``collsim.parallel.plan.Plan``; its warnings
+        silenced), or None when it does not build."""
+        from collsim.errors import ConfigError
+        from collsim.parallel.plan import build_plan
+
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return build_plan(self.topology, self.spec, *c.configs(self.training, self.base))
+        except ConfigError:
+            return None
 
     def _kinds_vary(self) -> bool:
         """Experts, latent attention or windows: layers that the tables here do not follow."""
@@ -1135,17 +1141,10 @@ class _Bounds:
         if hit is not None:
             return hit
         from collsim.collectives import Group, cost
-        from collsim.errors import ConfigError
         from collsim.parallel.layer_comms import layer_comms
-        from collsim.parallel.plan import build_plan
 
         hit = (0.0, 0.0)
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                plan = build_plan(self.topology, self.spec, *c.configs(self.training, self.base))
-        except ConfigError:
-            plan = None
+        plan = self._plan_of(c)
         if plan is not None:
             scale = min(1.0, float(self.spec.load_imbalance))
             out = {"forward": 0.0, "backward": 0.0}

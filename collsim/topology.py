@@ -592,11 +592,10 @@ class Topology:
         local = (at % gpn).tobytes()
         relative = (nodes - nodes[0]).tobytes()
         if self.num_nodes <= per_leaf or self.nics is None:
-            return (len(ranks), local, relative)
+            return (local, relative)
         leaves = nodes // per_leaf
         full = self.num_nodes // per_leaf  # leaves before this index hold per_leaf nodes
         return (
-            len(ranks),
             local,
             relative,
             (leaves - leaves[0]).tobytes(),

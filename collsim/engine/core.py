@@ -443,17 +443,15 @@ class Engine:
                 t += self.step_s(rank, step)
         return out
 
-    def count_op(self, rank: int, work: Any, *, runs: int = 1) -> list[Any]:
+    def count_op(self, rank: int, work: Any, *, runs: int = 1) -> None:
         """Count ``runs`` runs of a fused op (or segment): its collectives, for
-        flush_tp_stats. Returns the ``[work, runs]`` slot (a fused op counts its own runs in
-        it)."""
+        flush_tp_stats."""
         key = (rank, id(work))
         slot = self.seg_runs.get(key)
         if slot is None:
-            slot = self.seg_runs[key] = [work, runs]
+            self.seg_runs[key] = [work, runs]
         else:
             slot[1] += runs
-        return slot
 
     def tally(self, key: CallKey, time_s: float, busbw_bps: float, *, count: int = 1) -> None:
         """``count`` closed-form calls lasting ``time_s`` in all, for the statistics, added to
@@ -730,14 +728,10 @@ class Engine:
         after it."""
         if not hasattr(self, "dp"):
             return  # released already
-        for prog in self.programs.values():
-            prog.release()
         self.programs = {}
-        self.seg_runs = {}
         self.streams = {}
         self.mail = {}
         self._links = {}
-        self._calls = {}
         self.dp.unit_events = {}
         del self.dp
 

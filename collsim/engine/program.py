@@ -56,8 +56,9 @@ class _OpPlan:
     pattern: MemoryPattern = field(default_factory=lambda: MemoryPattern("activations", []))
     """The op's activation events relative to its start, placed at each run's start."""
     buckets: list[tuple[Any, float]] = field(default_factory=list)
-    runs: list[Any] = field(default_factory=list)
-    """The engine's run count of this op (``[plan, runs]``, read by ``flush_tp_stats``)."""
+    runs: int = 0
+    """How many times the op ran (its collectives go to the engine's statistics at the end:
+    :meth:`RankProgram._account_fused`)."""
 
 
 @dataclass(slots=True)
@@ -100,16 +101,6 @@ class RankProgram:
         self.deferred: list[Any] = []
         self._plans: dict[tuple[int, Phase, bool], _OpPlan] = {}
         self._tp_traced: dict[Any, list[Any]] = {}
-
-    def release(self) -> None:
-        """Drop the fused ops' plans (each holds its run count's slot, which holds it) and
-        the trace slices once the step is over (:meth:`Engine.release`)."""
-        for plan in self._plans.values():
-            plan.runs = []
-        self._plans = {}
-        self._tp_traced = {}
-        self.deferred = []
-        self.dp_events = []
 
     # ---- helpers ----------------------------------------------------------------------------
     def _trace(self, stream: str, name: str, start: float, end: float, **args: Any) -> None:
@@ -298,7 +289,7 @@ class RankProgram:
             if plan.buckets and buckets_on and rules.reduces_in(op.microbatch):
                 for bucket, rel in plan.buckets:
                     e.dp.launch_bucket(self, op, chunks[op.chunk], bucket, start + rel)
-            plan.runs[1] += 1
+            plan.runs += 1
             yield timeout(folded + plan.duration)
             if route is not None:
                 send(self, op, route)
@@ -307,12 +298,16 @@ class RankProgram:
         self._account_fused(received * gather_s)
 
     def _account_fused(self, folded_s: float) -> None:
-        """The fused ops' seconds by breakdown key (runs x each op's parts), and the pipeline
-        gathers folded into their timeouts."""
+        """The fused ops' seconds by breakdown key (runs x each op's parts), the pipeline
+        gathers folded into their timeouts, and the ops' runs counted for the engine's
+        statistics of their collectives."""
         acct = self.acct
         acct["pp_exposed"] += folded_s
         for plan in self._plans.values():
-            runs = plan.runs[1]
+            runs = plan.runs
+            if not runs:
+                continue
+            self.e.count_op(self.rank, plan, runs=runs)
             acct["compute"] += runs * plan.compute
             for k, v in plan.comm.items():
                 acct[k] += runs * v
@@ -347,7 +342,6 @@ class RankProgram:
             t += dur
         plan.duration = t
         plan.pattern = MemoryPattern("activations", mem)
-        plan.runs = self.e.count_op(self.rank, plan, runs=0)
         self._plans[key] = plan
         return plan
 
@@ -359,7 +353,7 @@ class RankProgram:
         if plan.buckets and e.dp.rules.uses_buckets and e.dp.rules.reduces_in(mb):
             for bucket, rel in plan.buckets:
                 e.dp.launch_bucket(self, op, chunk, bucket, t0 + rel)
-        plan.runs[1] += 1
+        plan.runs += 1
         if e.trace_on:
             self._trace_tp(plan.segs, t0, (c, op.phase, id(plan.segs)))
 
