@@ -318,9 +318,30 @@ def pair_load(topology: Topology, src: np.ndarray, dst: np.ndarray) -> PhaseLoad
         inter_latency = float(hops.max())
     if not index:
         return PhaseLoad(np.zeros(0, dtype=np.int64), np.zeros(0), 0.0, 0.0, kinds)
-    # the used links only (a phase touches a few thousand of a large cluster's links)
-    used, counts = np.unique(np.concatenate(index), return_counts=True)
-    return PhaseLoad(used, counts.astype(float), intra_latency, inter_latency, kinds)
+    used, counts = _link_counts(np.concatenate(index))
+    return PhaseLoad(used, counts, intra_latency, inter_latency, kinds)
+
+
+_SMALL_PHASE = 256
+"""Link entries up to which a phase's links are counted in Python (a dict beats
+``numpy.unique``'s sort and its calls on a few dozen entries: a tensor- or data-parallel group's
+ring step)."""
+
+
+def _link_counts(entries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The links used (ascending) and how many transfers each carries, as floats: the used
+    links only (a phase touches a few thousand of a large cluster's links)."""
+    if len(entries) <= _SMALL_PHASE:
+        tally: dict[int, int] = {}
+        for link in entries.tolist():
+            tally[link] = tally.get(link, 0) + 1
+        keys = sorted(tally)
+        return (
+            np.array(keys, dtype=np.int64),
+            np.array([tally[k] for k in keys], dtype=float),
+        )
+    used, counts = np.unique(entries, return_counts=True)
+    return used, counts.astype(float)
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,6 +48,18 @@ class CallSite(Protocol):
         stream_group: tuple[int, ...] | None = None,
     ) -> simpy.Event: ...
 
+    def reserve(
+        self,
+        rank: int,
+        axis: str,
+        op: str,
+        size: float,
+        ranks: tuple[int, ...],
+        *,
+        ready_s: float,
+        stream_group: tuple[int, ...] | None = None,
+    ) -> float | None: ...
+
     def group(self, rank: int, axis: str) -> tuple[int, ...]: ...
 
     def peers(self, rank: int, axis: str) -> list[tuple[int, ...]]: ...
@@ -111,6 +123,31 @@ class DataParallel:
             )
         return last
 
+    def reserve(self, prog: RankProgram, calls: list[DPCall], ready: float) -> float | None:
+        """``calls`` reserved one after another on the rank's dp stream from ``ready``, as
+        :meth:`issue` would run them, where nothing needs their events (gradient buckets
+        without a buffer to free, the parameter all-gathers after the optimizer): the last
+        one's end in seconds. None when they must be issued (:meth:`CallSite.reserve`); the
+        calls of one issue share the stream and axis, so either all or none are reserved."""
+        if self.meet_on_group or not calls:
+            return None
+        site, rank = self.site, prog.rank
+        stream = site.group(rank, DP)
+        end = None
+        for c in calls:
+            end = site.reserve(
+                rank,
+                DP,
+                c.op,
+                c.size_bytes,
+                site.group(rank, c.axis),
+                ready_s=ready,
+                stream_group=stream,
+            )
+            if end is None:
+                return None
+        return end
+
     def allocate_states(self, prog: RankProgram) -> None:
         states = self.rules.state_bytes(prog.stage)
         prog.ledger.alloc(0.0, "parameters", states.parameters, "parameters")
@@ -140,11 +177,17 @@ class DataParallel:
         bucket: Bucket,
         ready: float | None,
     ) -> None:
+        calls = self.rules.bucket_calls(bucket)
+        if not self.rules.holds_bucket_buffer:
+            end = self.reserve(prog, calls, self.env.now if ready is None else ready)
+            if end is not None:
+                prog.dp_done_s = max(prog.dp_done_s, end)
+                return
         verb = self.rules.bucket_op
         kind = "expert bucket" if bucket.expert else "bucket"
         ev = self.issue(
             prog,
-            self.rules.bucket_calls(bucket),
+            calls,
             f"{verb} {kind} {bucket.index} c{chunk.index} mb{op.microbatch}",
             ready=ready,
         )
@@ -257,9 +300,14 @@ class DataParallel:
             stream_group=pair,
         )
 
-    def after_optimizer(self, prog: RankProgram) -> simpy.Event | None:
-        """ZeRO-1/2: all-gather the updated parameters, bucket by bucket (None otherwise)."""
+    def after_optimizer(self, prog: RankProgram) -> simpy.Event | float | None:
+        """ZeRO-1/2: all-gather the updated parameters, bucket by bucket: the last one's
+        event, or its end in seconds when they are reserved (:meth:`reserve`); None when there
+        are none."""
         calls = self.rules.gathers_after_optimizer(prog.stage)
         if not calls:
             return None
+        end = self.reserve(prog, calls, self.env.now)
+        if end is not None:
+            return end
         return self.issue(prog, calls, "all_gather params")

@@ -37,7 +37,7 @@ from collsim.schedule.ops import ChunkModel, Segment, StageModel
 from collsim.schedule.pricing import EXPOSED_KEY
 
 if TYPE_CHECKING:
-    from collsim.engine.core import Engine
+    from collsim.engine.core import Engine, PipeRoute
 
 __all__ = ["Mail", "RankProgram"]
 
@@ -97,6 +97,8 @@ class RankProgram:
             0.0,
         )
         self.dp_events: list[simpy.Event] = []
+        self.dp_done_s = 0.0
+        """When the last reserved data-parallel call ends (:meth:`DataParallel.reserve`)."""
         self.end_s = 0.0
         self.deferred: list[Any] = []
         self._plans: dict[tuple[int, Phase, bool], _OpPlan] = {}
@@ -146,8 +148,7 @@ class RankProgram:
         by_segment = e.zero == 3 or e.layer_mode
         chunks = self.stage.chunks
         paired_ops = e.schedule.paired.get(self.stage.stage, frozenset())
-        inboxes = [e.inbox(self.rank, op) for op in self.ops]
-        outboxes = [e.outbox(self, op) for op in self.ops]
+        inboxes, outboxes = e.routes(self)
         folded_s = 0.0  # closed-form pipeline gathers, in pp_exposed
         gather = None if by_segment or e.trace_on else e.pp_gather_cost(self)
         if gather is not None:
@@ -204,9 +205,12 @@ class RankProgram:
         e.dp.launch_deferred(self)
         # wait for every gradient reduction, then the optimizer step
         pending = [ev for ev in self.dp_events if not ev.processed]
-        if pending:
+        if pending or self.dp_done_s > env.now:
             t0 = env.now
-            yield env.all_of(pending)
+            if pending:
+                yield env.all_of(pending)
+            if self.dp_done_s > env.now:
+                yield env.timeout(self.dp_done_s - env.now)
             self.acct["dp_exposed"] += env.now - t0
         sync = e.dp.embedding_sync(self)
         if sync is not None:
@@ -242,7 +246,7 @@ class RankProgram:
         last = e.dp.after_optimizer(self)
         if last is not None:
             t0 = env.now
-            yield last
+            yield env.timeout(last - t0) if isinstance(last, float) else last
             self.acct["dp_exposed"] += env.now - t0
         self.end_s = env.now
 
@@ -250,7 +254,7 @@ class RankProgram:
     def _play_fused(
         self,
         inboxes: list[Mail | None],
-        outboxes: list[Any],
+        outboxes: list[PipeRoute | None],
         gather: tuple[float, Any, float],
     ) -> Any:
         """The ops of :meth:`run` when they are fused, untraced and their pipeline gathers

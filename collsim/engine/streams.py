@@ -174,6 +174,24 @@ class GroupStream:
         self.free_at = start + work_s
         return self.free_at
 
+    def reserve_from(self, ready_s: float, work_s: float) -> tuple[float, float]:
+        """A closed-form call of a one-member stream whose inputs are ready at ``ready_s`` (now
+        or later), reserved as :meth:`reserve` does: it starts when it is ready and the stream
+        is free and holds the stream for ``work_s``; its (start, end) seconds. Nothing is
+        scheduled: the caller records the call and waits for its end when it needs it (a
+        gradient bucket: at the end of the step).
+
+        Raises:
+            SimulationError: the stream rendezvous or runs SimPy work (use :meth:`submit`).
+        """
+        if not self._solo or self._queue is not None:
+            raise SimulationError(
+                f"{self.stream}: reserve_from() needs a one-member closed-form stream"
+            )
+        start = ready_s if ready_s > self.free_at else self.free_at
+        self.free_at = start + work_s
+        return start, self.free_at
+
     @property
     def solo(self) -> bool:
         """One member and no SimPy worker: calls are priced in closed form (:meth:`reserve`)."""

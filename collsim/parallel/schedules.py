@@ -13,7 +13,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from collsim.errors import ConfigError
 from collsim.vocab import PipelinePhase, ScheduleKind
@@ -24,9 +24,12 @@ Phase = PipelinePhase
 __all__ = ["Phase", "PipeOp", "stage_schedule", "input_of", "warmup_forwards", "paired_ops"]
 
 
-@dataclass(frozen=True, slots=True)
-class PipeOp:
-    """One forward or backward of one micro-batch through one model chunk of a stage."""
+class PipeOp(NamedTuple):
+    """One forward or backward of one micro-batch through one model chunk of a stage.
+
+    A named tuple, not a frozen dataclass: a step builds one per op of every stage (1,536 for
+    3d_175b) and a frozen dataclass's ``__init__`` sets each field through
+    ``object.__setattr__``, about three times the cost."""
 
     phase: Phase
     microbatch: int

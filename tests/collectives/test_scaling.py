@@ -66,17 +66,20 @@ def test_analytic_all_pairs_load_equals_enumeration(
     assert got.intra_kinds == want.intra_kinds
 
 
+@pytest.mark.parametrize("num_pairs", [12, 300], ids=["counted-in-python", "numpy-unique"])
 @pytest.mark.parametrize("rails", [True, False])
-def test_vectorised_pair_load_equals_paths(rails: bool) -> None:
+def test_vectorised_pair_load_equals_paths(rails: bool, num_pairs: int) -> None:
     t = _fabric(rails, 2)
     rng = np.random.default_rng(7)
-    src = rng.integers(0, t.num_ranks, 300)
-    dst = rng.integers(0, t.num_ranks, 300)
+    src = rng.integers(0, t.num_ranks, num_pairs)
+    dst = rng.integers(0, t.num_ranks, num_pairs)
     keep = src != dst
     pairs = list(zip(src[keep].tolist(), dst[keep].tolist()))
     want = _enumerated(t, pairs)
     got = pair_load(t, src[keep], dst[keep])
     assert _as_dict(got.link_index, got.link_weight) == _as_dict(want.link_index, want.link_weight)
+    assert (np.diff(got.link_index) > 0).all()  # ascending, each link once
+    assert got.link_index.dtype == np.int64 and got.link_weight.dtype == np.float64
     assert got.inter_latency_s == pytest.approx(want.inter_latency_s, rel=1e-12)
 
 

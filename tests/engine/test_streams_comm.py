@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 import simpy
 
 from collsim.engine import simulate_step
 from collsim.engine.comm import axis_contends
 from collsim.engine.streams import GroupStream
+from collsim.errors import SimulationError
 from collsim.parallel.config import FSDPConfig, ParallelConfig, TrainingConfig
 
 from .conftest import topology
@@ -85,3 +87,48 @@ def test_group_stream_process_work_waits_for_a_closed_form_call_before_it() -> N
     stream.submit(0, "process", lambda: env.timeout(1.0))
     env.run()
     assert log == [("closed", 0.0, 2.0), ("process", 2.0, 3.0)]
+
+
+def test_reserve_from_keeps_the_stream_fifo_with_submitted_calls() -> None:
+    """A reserved call starts when it is ready and the stream is free, as a submitted one:
+    reserved and submitted calls share one queue."""
+    env = simpy.Environment()
+    log: list[tuple[str, float, float]] = []
+    stream = GroupStream(
+        env, (0,), "dp", on_done=lambda members, rec: log.append((rec.name, rec.start_s, rec.end_s))
+    )
+    assert stream.reserve_from(1.0, 2.0) == (1.0, 3.0)  # ready later than free: waits to 1
+    assert stream.reserve_from(0.0, 0.5) == (3.0, 3.5)  # ready at once: waits for the stream
+    stream.submit(0, "after", 1.0, ready_s=0.0)
+    assert log == [("after", 3.5, 4.5)]
+    two = GroupStream(env, (0, 1), "dp")
+    with pytest.raises(SimulationError, match="one-member"):
+        two.reserve_from(0.0, 1.0)
+
+
+@pytest.mark.parametrize(
+    "parallel",
+    [
+        ParallelConfig(tp=2, pp=2, dp=4, zero=1),  # buckets + gathers
+        ParallelConfig(dp=16, zero=0),  # DDP all-reduce buckets
+    ],
+    ids=["zero1-3d", "ddp"],
+)
+def test_reserved_data_parallel_calls_equal_issued_ones(small_spec, parallel) -> None:
+    """Gradient buckets and the parameter all-gathers are reserved on the dp stream unless a
+    trace needs their records: the step, its breakdown and every collective's statistics are
+    the same either way."""
+    topo = topology("dgx_a100", 2)
+    tr = TrainingConfig(global_batch=16, micro_batch=1)
+    reserved = simulate_step(topo, small_spec, tr, parallel)
+    issued = simulate_step(topo, small_spec, tr, parallel, trace=True)
+    assert reserved.step_time_s == issued.step_time_s
+    assert reserved.breakdown_s == issued.breakdown_s
+    # the same calls, counts and sizes; times to rounding (an untraced pipeline send's time
+    # is a tally's sum, a traced one's the sum of its records)
+    assert [(c.axis, c.op, c.size_bytes, c.count, c.algorithm) for c in reserved.collectives] == [
+        (c.axis, c.op, c.size_bytes, c.count, c.algorithm) for c in issued.collectives
+    ]
+    for a, b in zip(reserved.collectives, issued.collectives, strict=True):
+        assert a.time_s == pytest.approx(b.time_s, rel=1e-12)
+    assert any(c.axis == "dp" for c in reserved.collectives)
