@@ -283,8 +283,11 @@ def pair_load(topology: Topology, src: np.ndarray, dst: np.ndarray) -> PhaseLoad
     """Per-link load of transfers ``src[i] -> dst[i]`` along :meth:`Topology.path`, vectorised:
     inside a node the sender's tx and the receiver's rx link; across nodes NIC k of the sender
     (k = local rank x NICs / GPUs per node), the leaf uplink and downlink when the leaf groups
-    differ, and NIC k of the receiving node."""
+    differ, and NIC k of the receiving node. (Phases that stay inside nodes, or that all cross
+    them, skip the masks: most do.)"""
     topo = topology
+    if not len(src):
+        return PhaseLoad(np.zeros(0, dtype=np.int64), np.zeros(0), 0.0, 0.0, frozenset())
     gpn = topo.gpus_per_node
     latency = topo.link_latency_s
     src_node, dst_node = src // gpn, dst // gpn
@@ -292,16 +295,22 @@ def pair_load(topology: Topology, src: np.ndarray, dst: np.ndarray) -> PhaseLoad
     index: list[np.ndarray] = []
     intra_latency = inter_latency = 0.0
     kinds: frozenset[LinkKind] = frozenset()
-    if same.any():
-        tx, rx = topo.gpu_tx_index[src[same]], topo.gpu_rx_index[dst[same]]
+    all_same = bool(same.all())
+    any_same = all_same or bool(same.any())
+    if any_same:
+        s_in, d_in = (src, dst) if all_same else (src[same], dst[same])
+        tx, rx = topo.gpu_tx_index[s_in], topo.gpu_rx_index[d_in]
         index += [tx, rx]
         intra_latency = float((latency[tx] + latency[rx]).max())
         kinds = topo.kinds_of(np.concatenate([tx, rx]))
-    cross = ~same
-    if cross.any():
+    if not all_same:
         if topo.nics is None:
             raise ConfigError(f"topology {topo.name} has no NICs")
-        s, sn, dn = src[cross], src_node[cross], dst_node[cross]
+        if any_same:
+            cross = ~same
+            s, sn, dn = src[cross], src_node[cross], dst_node[cross]
+        else:
+            s, sn, dn = src, src_node, dst_node
         nic = (s % gpn) * topo.nics.count // gpn
         tx, rx = topo.nic_tx_index[sn, nic], topo.nic_rx_index[dn, nic]
         index += [tx, rx]

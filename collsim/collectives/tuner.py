@@ -27,7 +27,7 @@ NCCL_PROTO, ...) and symmetric kernels; see :mod:`collsim.collectives.channels` 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from collsim.collectives.channels import (
     NcclGraph,
@@ -141,6 +141,9 @@ class TunerTable:
     num_ranks: int
     num_channels: int
     arch: int
+    _options: dict[CollectiveOp, list[tuple[Algorithm, Protocol]]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     def time_us(
         self, op: CollectiveOp, algorithm: Algorithm, protocol: Protocol, size_bytes: float
@@ -173,13 +176,17 @@ class TunerTable:
         return lat + size_bytes / (1000.0 * bw)
 
     def options(self, op: CollectiveOp) -> list[tuple[Algorithm, Protocol]]:
-        """The enabled (algorithm, protocol) pairs for ``op``, in NCCL's loop order."""
-        return [
-            (a, p)
-            for a in _BASE_US
-            for p in _PROTOS
-            if self.bandwidth_gbps.get((op, a, p), 0.0) > 0
-        ]
+        """The enabled (algorithm, protocol) pairs for ``op``, in NCCL's loop order (made once
+        per op: the list is shared, callers only read it)."""
+        found = self._options.get(op)
+        if found is None:
+            found = self._options[op] = [
+                (a, p)
+                for a in _BASE_US
+                for p in _PROTOS
+                if self.bandwidth_gbps.get((op, a, p), 0.0) > 0
+            ]
+        return found
 
 
 def _log2i(n: int) -> int:

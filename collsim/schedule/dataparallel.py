@@ -145,6 +145,10 @@ class DataParallelRules:
     )
     """Per (chunk, unit, what): the unit's calls and sizes, computed once (a step issues them
     for every micro-batch)."""
+    _bucket_calls: dict[tuple[float, bool], list[DPCall]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+    """Per bucket shape (elements, expert): its reduction calls (:meth:`bucket_calls`)."""
 
     @classmethod
     def from_plan(cls, plan: Plan, bytes_per: BytesPer, *, host_bps: float) -> DataParallelRules:
@@ -313,8 +317,16 @@ class DataParallelRules:
 
     def bucket_calls(self, bucket: Bucket) -> list[DPCall]:
         """The reduction of one bucket: DDP all-reduce, or ZeRO-1/2 reduce-scatter (+ the
-        all-reduce across HSDP replicas), over the group of its kind."""
-        return self.reduce_calls(bucket.numel, expert=bucket.expert, shard=self.zero != 0)
+        all-reduce across HSDP replicas), over the group of its kind. Computed once per
+        bucket shape (a step reduces every bucket once per micro-batch or step): the list is
+        shared, callers only read it."""
+        key = (bucket.numel, bucket.expert)
+        found = self._bucket_calls.get(key)
+        if found is None:
+            found = self._bucket_calls[key] = self.reduce_calls(
+                bucket.numel, expert=bucket.expert, shard=self.zero != 0
+            )
+        return found
 
     def gathers_after_optimizer(self, stage: StageModel) -> list[DPCall]:
         """ZeRO-1/2: the all-gathers of the updated parameters, bucket by bucket."""

@@ -156,12 +156,12 @@ class MemoryLedger:
             return self._arr
         import numpy as np
 
-        events = self._events
-        n = len(events)
         index = {k: i for i, k in enumerate(MEMORY_KEYS)}
-        times = [np.fromiter((ev[0] for ev in events), dtype=float, count=n)]
-        deltas = [np.fromiter((ev[2] for ev in events), dtype=float, count=n)]
-        cats = [np.fromiter((index[ev[1]] for ev in events), dtype=np.int8, count=n)]
+        # the single events' columns in one transposition (zip(*) runs in C)
+        columns = list(zip(*self._events)) or [(), (), (), ()]
+        times = [np.array(columns[0], dtype=float)]
+        deltas = [np.array(columns[2], dtype=float)]
+        cats = [np.array(list(map(index.__getitem__, columns[1])), dtype=np.int8)]
         starts: dict[int, tuple[MemoryPattern, list[float]]] = {}
         for t0, pattern, _, _, _ in self._placed:
             hit = starts.get(id(pattern))

@@ -16,6 +16,7 @@ from collsim.vocab import ParallelAxis
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from collsim.collectives import Group
     from collsim.parallel.plan import Plan
     from collsim.schedule.ops import Segment, Step
     from collsim.topology import Topology
@@ -58,6 +59,7 @@ class ClosedPricer:
         self.zero = zero
         self._cache: dict[tuple[str, float, tuple[int, ...]], CallCost] = {}
         self._rings: dict[tuple[str, float, tuple[int, ...]], tuple[int, int]] = {}
+        self._groups: dict[tuple[int, ...], Group] = {}
 
     def cost(self, op: str, size_bytes: float, ranks: tuple[int, ...]) -> CallCost:
         """Closed-form cost of ``op`` of ``size_bytes`` on the group ``ranks`` (cached)."""
@@ -68,13 +70,23 @@ class ClosedPricer:
         if self.zero or len(ranks) < 2 or size_bytes <= 0:
             result = _NONE
         else:
-            from collsim.collectives import Group, cost
+            from collsim.collectives import cost
             from collsim.vocab import CollectiveOp
 
-            c = cost(CollectiveOp(op), int(size_bytes), Group(self.topology, ranks))
+            c = cost(CollectiveOp(op), int(size_bytes), self._group(ranks))
             result = CallCost(float(c.time_s), str(c.algorithm), float(c.busbw_bps))
         self._cache[key] = result
         return result
+
+    def _group(self, ranks: tuple[int, ...]) -> Group:
+        """The checked :class:`~collsim.collectives.Group` of ``ranks``, made once (a group is
+        priced at several sizes)."""
+        found = self._groups.get(ranks)
+        if found is None:
+            from collsim.collectives import Group
+
+            found = self._groups[ranks] = Group(self.topology, ranks)
+        return found
 
     def ring_pair(self, op: str, size_bytes: float, group: tuple[int, ...]) -> tuple[int, int]:
         """The slowest neighbour pair of a ring over ``group`` (a context-parallel KV step: every
