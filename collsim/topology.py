@@ -160,27 +160,24 @@ class LinkTable(Sequence[Link]):
         return range(start, start + count)
 
     def columns(self, kind_codes: dict[LinkKind, int]) -> dict[str, np.ndarray]:
-        """Every link's ``bandwidth_bps``, ``latency_s``, ``efficiency`` and ``kind_code``
-        (``kind_codes`` of its kind), by index."""
-        counts = np.asarray(self._counts, dtype=np.int64)
-
-        def column(values: list[float]) -> np.ndarray:
-            return np.repeat(np.asarray(values, dtype=float), counts)
-
-        bandwidth = column(
-            [0.0 if not isinstance(r[0], (int, float)) else r[0] for r in self._rows]
-        )
-        for start, count, row in zip(self._starts, self._counts, self._rows, strict=True):
-            if not isinstance(row[0], (int, float)):
-                bandwidth[start : start + count] = np.asarray(row[0], dtype=float)
-        return {
-            "bandwidth_bps": bandwidth,
-            "latency_s": column([r[1] for r in self._rows]),
-            "efficiency": column([r[4] for r in self._rows]),
-            "kind_code": np.repeat(
-                np.asarray([kind_codes[r[3]] for r in self._rows], dtype=np.int64), counts
-            ),
-        }
+        """Every link's achievable ``capacity_bps`` (rate x efficiency), ``latency_s`` and
+        ``kind_code`` (``kind_codes`` of its kind, int8), by index: filled block by block (a
+        few large blocks; a 65,536-GPU cluster has 268,704 links, and each full-length column
+        made and dropped costs its memory's first touch)."""
+        starts, counts, rows = self._starts, self._counts, self._rows
+        capacity = np.empty(self._size, dtype=float)
+        latency = np.empty(self._size, dtype=float)
+        kind = np.empty(self._size, dtype=np.int8)
+        for start, count, row in zip(starts, counts, rows, strict=True):
+            rate, latency_s, _, link_kind, efficiency = row
+            end = start + count
+            if isinstance(rate, (int, float)):
+                capacity[start:end] = rate * efficiency
+            else:
+                capacity[start:end] = np.asarray(rate, dtype=float) * efficiency
+            latency[start:end] = latency_s
+            kind[start:end] = kind_codes[link_kind]
+        return {"capacity_bps": capacity, "latency_s": latency, "kind_code": kind}
 
     def name(self, index: int) -> str:
         block = bisect.bisect_right(self._starts, index) - 1
@@ -426,7 +423,7 @@ class Topology:
         file (:meth:`symmetry_key`); a copy with degraded links is not."""
         self._build()
         columns = self._table.columns({kind: i for i, kind in enumerate(_KIND_CODES)})
-        self.link_capacity_bps = columns["bandwidth_bps"] * columns["efficiency"]
+        self.link_capacity_bps = columns["capacity_bps"]
         """Achievable bytes/s of every link, by index."""
         self.link_latency_s = columns["latency_s"]
         """Latency of every link, by index."""
@@ -474,6 +471,7 @@ class Topology:
         self._nic_lists: tuple[list[list[int]], list[list[int]]] | None = None
         self.leaf_up: dict[tuple[int, int], int] = {}
         self.leaf_down: dict[tuple[int, int], int] = {}
+        self._leaf_block: tuple[int, int, int] | None = None
         nics = self.nics
         if nics is None:
             return
@@ -505,18 +503,16 @@ class Topology:
         num_groups = -(-self.num_nodes // fab.nodes_per_leaf)
         if num_groups <= 1:
             return  # every leaf holds all nodes: no uplink is ever used
-        leaves = (
-            [(k, g) for k in range(nics.count) for g in range(num_groups)]
-            if fab.rails
-            else [(0, g) for g in range(num_groups)]
+        num_rails = nics.count if fab.rails else 1
+        leaves = [(k, g) for k in range(num_rails) for g in range(num_groups)]
+        # leaf by leaf: its uplink, then its downlink (one block); a leaf's rate from the
+        # nodes it holds (the last may hold fewer)
+        nodes_here = np.minimum(
+            fab.nodes_per_leaf, self.num_nodes - np.arange(num_groups) * fab.nodes_per_leaf
         )
-        # leaf by leaf: its uplink, then its downlink (one block)
-        rates: list[float] = []
-        for _, group in leaves:
-            nodes_here = min(fab.nodes_per_leaf, self.num_nodes - group * fab.nodes_per_leaf)
-            ports = nodes_here * (1 if fab.rails else nics.count)
-            up_bps = ports * nics.bandwidth_bps / fab.oversubscription
-            rates += [up_bps, up_bps]
+        ports = nodes_here * (1 if fab.rails else nics.count)
+        up_bps = ports * nics.bandwidth_bps / fab.oversubscription
+        rates = np.repeat(np.tile(up_bps, num_rails), 2)
         rails = fab.rails
 
         def leaf_name(i: int) -> str:
@@ -525,11 +521,18 @@ class Topology:
             return f"{label}.{'down' if i % 2 else 'up'}"
 
         block = table.add_block(
-            2 * len(leaves), leaf_name, rates, fab.latency_s, 2, LinkKind.NETWORK, nics.efficiency
+            2 * len(leaves),
+            leaf_name,
+            rates.tolist(),
+            fab.latency_s,
+            2,
+            LinkKind.NETWORK,
+            nics.efficiency,
         )
-        for i, leaf in enumerate(leaves):
-            self.leaf_up[leaf] = block.start + 2 * i
-            self.leaf_down[leaf] = block.start + 2 * i + 1
+        self.leaf_up = dict(zip(leaves, range(block.start, block.stop, 2), strict=True))
+        self.leaf_down = dict(zip(leaves, range(block.start + 1, block.stop, 2), strict=True))
+        # the same as arrays [rail, leaf group] (read by _index_arrays)
+        self._leaf_block = (block.start, num_rails, num_groups)
 
     @property
     def nic_tx(self) -> list[list[int]]:
@@ -565,10 +568,16 @@ class Topology:
         rails = count if self.fabric.rails else 1
         self.leaf_up_index = np.full((max(rails, 1), num_groups), -1, dtype=np.int64)
         self.leaf_down_index = np.full((max(rails, 1), num_groups), -1, dtype=np.int64)
-        for (k, g), link in self.leaf_up.items():
-            self.leaf_up_index[k, g] = link
-        for (k, g), link in self.leaf_down.items():
-            self.leaf_down_index[k, g] = link
+        if self._leaf_block is not None:  # leaf by leaf, rail-major: up, down
+            start, num_rails, groups = self._leaf_block
+            ups = np.arange(start, start + 2 * num_rails * groups, 2, dtype=np.int64)
+            self.leaf_up_index[:num_rails, :groups] = ups.reshape(num_rails, groups)
+            self.leaf_down_index[:num_rails, :groups] = (ups + 1).reshape(num_rails, groups)
+        else:  # leaves added by hand (a copy with degraded links keeps the dicts)
+            for (k, g), link in self.leaf_up.items():
+                self.leaf_up_index[k, g] = link
+            for (k, g), link in self.leaf_down.items():
+                self.leaf_down_index[k, g] = link
 
     # -- queries --------------------------------------------------------------------------
     def symmetry_key(self, ranks: tuple[int, ...]) -> tuple[Any, ...] | None:

@@ -225,22 +225,51 @@ def contention_effects(
     return out
 
 
+def _rails_alike(plan: Plan) -> bool:
+    """One NIC per GPU on rails of a symmetric cluster: each GPU index's GPU links, NIC and
+    rail leaves are alike and disjoint from the other indices' (:func:`_one_rail`)."""
+    topo = plan.topology
+    gpn = topo.gpus_per_node
+    return (
+        topo.symmetric
+        and topo.nics is not None
+        and topo.fabric.rails
+        and topo.nics.count == gpn
+        and gpn >= 2
+    )
+
+
+def _pp_rows(plan: Plan, *, node_local: bool) -> np.ndarray:
+    """The pipeline sends of every stage but the last to the next, one row (sender, receiver)
+    per rank, in rank order; with ``node_local``, those of the first GPU index only where
+    :func:`_one_rail` would keep them.
+
+    (dp d, pp s, cp k, tp t) -> (d, s + 1, k, t): the next stage is a fixed rank offset in
+    either layout (cp x tp with dp outermost, dp x cp x tp with pp outermost). With pp
+    outermost, a stage a whole number of nodes and that offset a whole number of nodes, every
+    send keeps its GPU index and the senders are the ranks below the last stage, so each
+    index's rows are the first index's moved to it: the first index's rows are made directly
+    (a 65,536-GPU plan's 57,344 rows are not built to keep 7,168 of them)."""
+    step = plan.tp * plan.cp * (plan.dp if plan.pp_outer else 1)
+    gpn = plan.topology.gpus_per_node
+    stage_size = plan.num_gpus // plan.pp
+    if node_local and plan.pp_outer and stage_size % gpn == 0 and step % gpn == 0:
+        if _rails_alike(plan):
+            first = np.arange(0, (plan.pp - 1) * stage_size, gpn, dtype=np.int64)
+            return np.stack([first, first + step], axis=1)
+    senders = np.sort(plan.grid()[:-1].ravel())
+    rows = np.stack([senders, senders + step], axis=1)
+    return _one_rail(plan, rows) if node_local else rows
+
+
 def _one_rail(plan: Plan, groups: np.ndarray) -> np.ndarray:
     """When each group keeps to one index inside its nodes (the GPU and NIC of that index,
     so the rail of that NIC), and the groups of every other index are these moved to it, only
     the groups of the first index: with one NIC per GPU on rails, the indices use disjoint
     links (GPU links, NIC, rail leaves) that are alike, so the axis contends on all of them
     exactly when it does on one."""
-    topo = plan.topology
-    gpn = topo.gpus_per_node
-    if (
-        not len(groups)
-        or not topo.symmetric
-        or topo.nics is None
-        or not topo.fabric.rails
-        or topo.nics.count != gpn
-        or gpn < 2
-    ):
+    gpn = plan.topology.gpus_per_node
+    if not len(groups) or not _rails_alike(plan):
         return groups
     local = groups % gpn
     if not bool((local == local[:, :1]).all()):
@@ -248,10 +277,15 @@ def _one_rail(plan: Plan, groups: np.ndarray) -> np.ndarray:
     index = local[:, 0]
     first: np.ndarray = groups[index == index[0]]
     # every other index's groups, moved to the first index, are the first index's groups (in
-    # the same order: the rows come ordered by first rank, which a move within nodes keeps)
-    for k in np.unique(index):
-        if k != index[0] and not np.array_equal(groups[index == k] - (k - index[0]), first):
-            return groups
+    # the same order: the rows come ordered by first rank, which a move within nodes keeps);
+    # all indices at once: the rows of each index in order, shifted, as blocks like the first
+    num_indices = len(np.unique(index))
+    if len(groups) != num_indices * len(first):
+        return groups
+    order = np.argsort(index, kind="stable")
+    moved = groups[order] - (index[order] - index[0])[:, None]
+    if not bool((moved.reshape(num_indices, *first.shape) == first).all()):
+        return groups
     return first
 
 
@@ -266,18 +300,11 @@ def _axis_groups(plan: Plan, *, node_local: bool = False) -> dict[ParallelAxis, 
     dp = plan.group_rows(DP if plan.cp == 1 else ParallelAxis.DP_CP)
     if node_local:
         tp, dp = _node_local(plan, tp), _one_rail(plan, _node_local(plan, dp))
-    # (dp d, pp s, cp k, tp t) -> (d, s + 1, k, t): the next stage is a fixed rank offset in
-    # either layout (cp x tp with dp outermost, dp x cp x tp with pp outermost), from every
-    # rank of the stages but the last (the grid's [pp, ...] rows), in rank order
-    step = plan.tp * plan.cp * (plan.dp if plan.pp_outer else 1)
-    senders = np.sort(plan.grid()[:-1].ravel())
     out: dict[ParallelAxis, np.ndarray] = {
         TP: tp,
         DP: dp,
-        PP: np.stack([senders, senders + step], axis=1),
+        PP: _pp_rows(plan, node_local=node_local),
     }
-    if node_local:
-        out[PP] = _one_rail(plan, out[PP])
     for axis, size in ((ParallelAxis.EP, plan.ep), (ParallelAxis.CP, plan.cp)):
         if size > 1:
             groups = plan.group_rows(axis)

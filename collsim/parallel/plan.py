@@ -367,8 +367,8 @@ class Plan:
         topo = self.topology
         gpn = topo.gpus_per_node
 
-        def nodes(ranks: tuple[int, ...] | list[int]) -> str:
-            ids = sorted({r // gpn for r in ranks})
+        def nodes(ranks: tuple[int, ...] | list[int] | np.ndarray) -> str:
+            ids: list[int] = np.unique(np.asarray(ranks) // gpn).tolist()
             return _span(ids)
 
         plural = "s" if topo.num_nodes != 1 else ""
@@ -403,12 +403,14 @@ class Plan:
                 f"{axis.value} groups: {self.num_gpus // len(g)} of {len(g)}; first "
                 f"{_ranks(g)} on node(s) {nodes(g)}"
             )
+        grid = self.grid()
         for stage in range(self.pp):
-            ranks = self.stage_ranks(stage)
+            ranks = grid[stage].ravel()  # stage_ranks(stage), kept as an array
             layers = [list(self.chunk_layers(stage, c)) for c in range(self.virtual_stages)]
             spans = ", ".join(f"{ls[0]}-{ls[-1]}" for ls in layers)
+            first = _ranks(ranks[: self.tp * self.cp].tolist())
             lines.append(
-                f"stage {stage}: layers {spans}; ranks {_ranks(ranks[: self.tp * self.cp])}"
+                f"stage {stage}: layers {spans}; ranks {first}"
                 f"{' + dp replicas' if self.dp > 1 else ''}; nodes {nodes(ranks)}"
             )
         return "\n".join(lines)

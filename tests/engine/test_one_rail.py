@@ -120,3 +120,21 @@ def test_pipeline_pairs_reduce_to_one_gpu_index(name: str) -> None:
     pairs = _axis_groups(plan)[PP]
     few = _axis_groups(plan, node_local=True)[PP]
     assert len(few) * 8 == len(pairs)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    name=st.sampled_from(["dgx_a100", "dgx_h100", "oversubscribed", "pcie_8gpu"]),
+    nodes=st.sampled_from([2, 8, 24]),
+    tp=st.sampled_from([1, 2, 4, 8]),
+    pp=st.sampled_from([2, 4]),
+    order=st.sampled_from(["tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"]),
+)
+def test_pipeline_rows_made_directly_are_the_one_rail_rows(
+    name: str, nodes: int, tp: int, pp: int, order: str
+) -> None:
+    """Where the first GPU index's pipeline sends are made without the others
+    (``_pp_rows``), they are the rows ``_one_rail`` keeps of all of them."""
+    plan = _plan(name, nodes, tp, pp, order)
+    every = _axis_groups(plan)[PP]
+    assert np.array_equal(_axis_groups(plan, node_local=True)[PP], _one_rail(plan, every))
