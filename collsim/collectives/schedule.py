@@ -509,10 +509,17 @@ class Schedule:
             if LinkKind.PCIE in kinds
             else LinkKind.NVLINK
         )
-        library = topology.collectives.library
-        self.timings: tuple[Timing, ...] = tuple(
-            self._timing(p, library) for p in protocols.protocols_for(algorithm, library)
+        self._library = topology.collectives.library
+        self.protocols: tuple[Protocol, ...] = tuple(
+            protocols.protocols_for(algorithm, self._library)
         )
+        """The protocols this algorithm runs with here, in NCCL's order."""
+        self._timings: dict[Protocol, Timing] = {}
+
+    @property
+    def timings(self) -> tuple[Timing, ...]:
+        """The closed form of every protocol (:attr:`protocols`, in order)."""
+        return tuple(self.timing(p) for p in self.protocols)
 
     def _timing(self, protocol: Protocol, library: str) -> Timing:
         alg = self.algorithm
@@ -621,14 +628,18 @@ class Schedule:
         return {"knee_bytes": knee_bytes, "knee_s_per_byte": per_byte * (ratio - 1.0)}
 
     def timing(self, protocol: Protocol) -> Timing:
-        """The timing of ``protocol``; ConfigError if the algorithm cannot use it here."""
-        for timing in self.timings:
-            if timing.protocol is protocol:
-                return timing
-        raise ConfigError(
-            f"{self.algorithm.value} has no protocol {protocol.value} here; "
-            f"choose from {', '.join(t.protocol.value for t in self.timings)}"
-        )
+        """The timing of ``protocol``, worked out when first asked for (NCCL's tuner picks one
+        protocol per size: the others of a schedule are often never needed); ConfigError if
+        the algorithm cannot use it here."""
+        found = self._timings.get(protocol)
+        if found is None:
+            if protocol not in self.protocols:
+                raise ConfigError(
+                    f"{self.algorithm.value} has no protocol {protocol.value} here; "
+                    f"choose from {', '.join(p.value for p in self.protocols)}"
+                )
+            found = self._timings[protocol] = self._timing(protocol, self._library)
+        return found
 
 
 def run_phases(

@@ -430,11 +430,8 @@ class CostEntry:
                 schedule = schedule_for(self.op, group, algorithm)
             except ConfigError:
                 schedule = None  # not applicable to this group (e.g. NVLS across nodes)
-            if schedule is not None:
-                for t in schedule.timings:
-                    if t.protocol is protocol:
-                        found = _candidate(schedule, t)
-                        break
+            if schedule is not None and protocol in schedule.protocols:
+                found = _candidate(schedule, schedule.timing(protocol))
         self._chosen[choice] = found
         return found
 
