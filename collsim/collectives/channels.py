@@ -247,17 +247,43 @@ def node_shape(topology: Topology, ranks: Sequence[int]) -> tuple[int, int]:
 
 
 def _node_shape(topology: Topology, ranks: tuple[int, ...]) -> tuple[int, int]:
-    members = np.asarray(ranks, dtype=np.int64)
+    local = (
+        _fullest_node_python(topology, ranks)
+        if len(ranks) <= _SMALL_GROUP
+        else _fullest_node_arrays(topology, ranks)
+    )
+    if topology.nics is None:
+        return len(local), 0
     gpn = topology.gpus_per_node
+    nics = len({g * topology.nics.count // gpn for g in local})
+    return len(local), nics
+
+
+_SMALL_GROUP = 64
+"""Ranks up to which :func:`_node_shape` counts in Python (numpy's unique and lexsort cost more
+on a tensor- or data-parallel group of a few dozen)."""
+
+
+def _fullest_node_python(topology: Topology, ranks: tuple[int, ...]) -> list[int]:
+    """The in-node indices of the ranks on the fullest node; among equals the node met first
+    in ``ranks`` (a dict keeps the order of first appearance, max the first of equals)."""
+    gpn = topology.gpus_per_node
+    counts: dict[int, int] = {}
+    for r in ranks:
+        counts[r // gpn] = counts.get(r // gpn, 0) + 1
+    best = max(counts, key=counts.__getitem__)
+    return [r % gpn for r in ranks if r // gpn == best]
+
+
+def _fullest_node_arrays(topology: Topology, ranks: tuple[int, ...]) -> list[int]:
+    """:func:`_fullest_node_python` with array operations (large groups)."""
+    gpn = topology.gpus_per_node
+    members = np.asarray(ranks, dtype=np.int64)
     nodes = members // gpn
     found, first, counts = np.unique(nodes, return_index=True, return_counts=True)
-    # the fullest node; among equals the one met first in ``ranks``
     best = int(np.lexsort((first, -counts))[0])
-    on_node = members[nodes == found[best]]
-    if topology.nics is None:
-        return len(on_node), 0
-    nics = len(set(((on_node % gpn) * topology.nics.count // gpn).tolist()))
-    return len(on_node), nics
+    local: list[int] = (members[nodes == found[best]] % gpn).tolist()
+    return local
 
 
 def graphs_for(

@@ -11,6 +11,8 @@ multiplies its latency by 1.4 (the "plateau" factor, sm80+).
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from collsim.collectives import CollectiveOp, Group, cost, tuner
 from collsim.collectives.types import Algorithm
@@ -231,3 +233,16 @@ def test_a_communicator_sees_only_its_own_gpus_and_nics() -> None:
     tp = Group(topo("dgx_h100"), (0, 1, 2, 3))
     nvls = tuner.graphs_for(tp.topology, 1, *tuner.node_shape(tp.topology, tp.ranks))
     assert (nvls[Algorithm.NVLS].num_channels, nvls[Algorithm.NVLS].bw_intra_gbps) == (4, 60.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(ranks=st.lists(st.integers(0, 63), min_size=1, max_size=40, unique=True))
+def test_fullest_node_counted_in_python_as_with_arrays(ranks: list[int]) -> None:
+    """A small group's fullest node (counted in Python) is the one the array path gives: the
+    most ranks on one node, the first met among equals, in the order given."""
+    from collsim.collectives import channels
+
+    t = topo("dgx_h100", 8)
+    got = channels._fullest_node_python(t, tuple(ranks))
+    assert got == channels._fullest_node_arrays(t, tuple(ranks))
+    assert len(got) == max(sum(1 for r in ranks if r // 8 == n) for n in range(8))
