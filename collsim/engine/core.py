@@ -34,7 +34,7 @@ import simpy
 from collsim.engine.comm import CommPricer, linked_peers
 from collsim.engine.dataparallel import DataParallel
 from collsim.engine.program import Mail, RankProgram
-from collsim.engine.streams import CallRecord, GroupStream, ScheduledEvent
+from collsim.engine.streams import CallRecord, GroupStream
 from collsim.errors import SimulationError
 from collsim.parallel.schedules import Phase, PipeOp
 from collsim.schedule.build import StepSchedule
@@ -663,7 +663,7 @@ class Engine:
                 key = (rank, phase, mb, c)
                 box = mail.get(key)
                 if box is None:
-                    box = mail[key] = Mail(ScheduledEvent(env))
+                    box = mail[key] = Mail(env)
                 inboxes.append(box)
             if stage < 0 or stage == s:
                 outboxes.append(None)
@@ -675,7 +675,7 @@ class Engine:
             key = (dst, dst_op.phase, dst_op.microbatch, dst_op.chunk)
             box = mail.get(key)
             if box is None:
-                box = mail[key] = Mail(ScheduledEvent(env))
+                box = mail[key] = Mail(env)
             outboxes.append(PipeRoute(stage, dst, box, peers, reserve))
         return inboxes, outboxes
 
@@ -727,7 +727,7 @@ class Engine:
             self.tally(call, work_s, busbw)
             if receiver is not None:
                 receiver.ledger.alloc(end, "buffers", size, "pp recv")
-            mail.event.fire_in(end - now)
+            mail.fire_in(end - now)
             return
         name = (
             f"send {op.phase.value} mb{op.microbatch} c{op.chunk} -> stage {stage}"
@@ -750,7 +750,7 @@ class Engine:
                         record.end_s,
                         {**record.args, "src_rank": src},
                     )
-            mail.event.succeed()
+            mail.succeed()
 
         done.callbacks.append(deliver)
 

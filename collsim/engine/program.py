@@ -61,11 +61,12 @@ class _OpPlan:
     :meth:`RankProgram._account_fused`)."""
 
 
-@dataclass(slots=True)
-class Mail:
-    """A pipeline message: fires on delivery; ``produced_s`` is when its producer op ended."""
+class Mail(ScheduledEvent):
+    """A pipeline message: an event that fires on delivery (:meth:`ScheduledEvent.fire_in` at
+    a closed-form send's end, or ``succeed`` when a played send ends), carrying when its
+    producer op ended (``produced_s``) and its size; both are set by the send (the class values
+    are what a message holds before it)."""
 
-    event: ScheduledEvent
     produced_s: float = -1.0
     size_bytes: float = 0.0
 
@@ -158,9 +159,9 @@ class RankProgram:
                 paired = index in paired_ops
                 mail = inboxes[index]
                 if mail is not None:  # wait for the previous / next stage's output
-                    if not mail.event.processed:
+                    if not mail.processed:
                         w0 = env.now
-                        yield mail.event
+                        yield mail
                         w1 = env.now
                         produced = min(max(mail.produced_s, w0), w1)
                         acct["bubble"] += produced - w0
@@ -277,10 +278,9 @@ class RankProgram:
         for op, mail, plan, route in zip(self.ops, inboxes, plans, outboxes):
             folded = 0.0
             if mail is not None:  # wait for the previous / next stage's output
-                event = mail.event
-                if not event.processed:
+                if not mail.processed:
                     w0 = env.now
-                    yield event
+                    yield mail
                     w1 = env.now
                     produced = min(max(mail.produced_s, w0), w1)
                     acct["bubble"] += produced - w0
