@@ -128,7 +128,10 @@ class Device:
     reserve_bytes: float | None = None
     """Memory the framework cannot use for tensors; None: the documented default."""
     nccl_sms: int = 16
-    """SMs a running NCCL collective holds (NVIDIA/nccl#689: 16 on an 8-NIC DGX)."""
+    """SMs a running NCCL collective holds (NVIDIA/nccl#689: 16 on an 8-NIC DGX); a device
+    file of generation ``cpu`` defaults to 0 (gloo runs on the cores, not on SMs: with
+    ``sm_count`` its thread count, the GPU formula would read 16 SMs held of 1 as a compute
+    ten times slower beside every collective)."""
     measured: Any = field(default=None, hash=False, compare=False)
     """Kernel tables of a measured profile (``collsim.workload.kernels.MeasuredTables``)."""
     source: str = ""
@@ -248,7 +251,11 @@ def device_from_reader(entry: ConfigReader, default_key: str = "", source: str =
     sustained = clocks.get("sustained_mhz", float, default=None, check=positive)
     clocks.finish()
     interference = entry.section("interference", default_empty=True)
-    nccl_sms = interference.get("nccl_sms", int, default=16, check=non_negative)
+    # a CPU holds no SMs for a collective: the sharing of its cores by gloo and the compute
+    # is measured where the steps run (collsim.validate.insitu), not this GPU formula
+    nccl_sms = interference.get(
+        "nccl_sms", int, default=0 if generation == "cpu" else 16, check=non_negative
+    )
     interference.finish()
     reported = entry.get("reported_memory_gib", float, default=None, check=positive)
     reserve = entry.get("reserve_gib", float, default=None, check=non_negative)

@@ -476,6 +476,8 @@ def write_profile(path: str | Path, measured: dict[str, Any], *, device: str = "
         "peak_tflops": {"fp32": best, "bf16": best, "fp16": best},
         "mamf_tflops": {"bf16": best},
         "sm_count": int(measured["notes"]["threads"]),
+        # gloo holds no SMs (collsim.hardware.Device.nccl_sms); a GPU's NCCL holds its default
+        **({"interference": {"nccl_sms": 0}} if device == "cpu" else {}),
         "memory_gb": base.memory_bytes / 1e9,
         "memory_bandwidth_tbps": bw / 1e3,
         "reserve_gib": 0.0,
