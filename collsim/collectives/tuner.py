@@ -144,6 +144,9 @@ class TunerTable:
     _options: dict[CollectiveOp, list[tuple[Algorithm, Protocol]]] = field(
         default_factory=dict, compare=False, repr=False
     )
+    _picks: dict[tuple[CollectiveOp, float], tuple[Algorithm, Protocol] | None] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     def time_us(
         self, op: CollectiveOp, algorithm: Algorithm, protocol: Protocol, size_bytes: float
@@ -442,10 +445,20 @@ def pick(op: CollectiveOp, size_bytes: float, group: Group) -> tuple[Algorithm, 
     """NCCL's choice for one call (``topoGetAlgoInfo``: the least ``ncclTopoGetAlgoTime``,
     first in (algorithm, protocol) order on ties); None if NCCL has nothing for ``op``."""
     table = table_for(group)
+    key = (op, size_bytes)
+    if key in table._picks:  # the choice depends on the table only: groups alike share it
+        return table._picks[key]
     best: tuple[Algorithm, Protocol] | None = None
     best_us = math.inf
     for a, p in table.options(op):
         t = table.time_us(op, a, p, size_bytes)
         if 0 <= t < best_us:
             best, best_us = (a, p), t
+    if len(table._picks) >= _PICKS_KEPT:
+        table._picks.clear()
+    table._picks[key] = best
     return best
+
+
+_PICKS_KEPT = 4096
+"""Choices a table remembers (by op and size; a sweep of sizes starts again after this)."""
