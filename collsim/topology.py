@@ -372,6 +372,9 @@ class CollectiveMemo:
     """The same tables per (:meth:`Topology.symmetry_key` of the group, op, algorithm,
     protocol): groups that a shift by whole nodes maps onto each other share one
     (:func:`collsim.collectives.select.cost`)."""
+    ring_gathers: dict[Group, list[Any]] = field(default_factory=dict)
+    """The one phase of a ring reduce-scatter or all-gather per group: both move the same
+    bytes over the same ring edges (:func:`collsim.collectives.ring.build`)."""
     node_shapes: dict[tuple[int, ...], tuple[int, int]] = field(default_factory=dict)
     """(GPUs per node, NICs per node) a communicator over these ranks sees
     (:func:`collsim.collectives.channels.node_shape`)."""

@@ -87,6 +87,9 @@ def build(op: CollectiveOp, group: Group) -> list[LoadPhase]:
     n, num_nodes = group.size, group.num_nodes
     if n < 2:
         return []
+    gathers = group.topology.collective_memo.ring_gathers
+    if op in (CollectiveOp.REDUCE_SCATTER, CollectiveOp.ALL_GATHER) and group in gathers:
+        return list(gathers[group])
     orders = ring_orders(group)
     channels = len(orders)
     match op:
@@ -101,9 +104,12 @@ def build(op: CollectiveOp, group: Group) -> list[LoadPhase]:
             src, dst = _edges(orders, chain_root=group.ranks[0], reverse=op is CollectiveOp.REDUCE)
         case _:
             raise ConfigError(f"ring does not implement {op.value}")
-    return [
+    phases = [
         pairs_phase(group.topology, _ints(src), _ints(dst), factor / channels, steps - inter, inter)
     ]
+    if op in (CollectiveOp.REDUCE_SCATTER, CollectiveOp.ALL_GATHER):
+        gathers[group] = phases
+    return phases
 
 
 def _ints(values: list[int]) -> np.ndarray:
