@@ -50,7 +50,7 @@ from collsim.errors import SimulationError
 from collsim.parallel.buckets import Bucket
 from collsim.parallel.fsdp import issue_schedule
 from collsim.parallel.plan import Plan, RankCoords
-from collsim.parallel.schedules import Phase, PipeOp, input_of
+from collsim.parallel.schedules import Phase, PipeOp, input_of, output_of
 from collsim.schedule.assemble import assemble
 from collsim.schedule.dataparallel import GRAD_NORM_BYTES, DPCall, grad_norm_groups
 from collsim.schedule.memory import MemoryLedger, MemoryPattern
@@ -386,22 +386,8 @@ class _Walk:
 
     def send_output(self, prog: _Rank, op: PipeOp) -> None:
         plan = self.plan
-        p, v = plan.pp, plan.virtual_stages
         s = prog.coords.pp
-        dest: tuple[int, PipeOp] | None
-        if op.phase is Phase.FORWARD:
-            if s < p - 1:
-                dest = (s + 1, op)
-            elif op.chunk < v - 1:
-                dest = (0, PipeOp(Phase.FORWARD, op.microbatch, op.chunk + 1))
-            else:
-                dest = None
-        elif s > 0:
-            dest = (s - 1, op)
-        elif op.chunk > 0:
-            dest = (p - 1, PipeOp(Phase.BACKWARD, op.microbatch, op.chunk - 1))
-        else:
-            dest = None
+        dest = output_of(op, stage=s, num_stages=plan.pp, virtual_stages=plan.virtual_stages)
         if dest is None or dest[0] == s:
             return
         stage, dst_op = dest

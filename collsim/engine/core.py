@@ -36,7 +36,7 @@ from collsim.engine.dataparallel import DataParallel
 from collsim.engine.program import Mail, RankProgram
 from collsim.engine.streams import CallRecord, GroupStream
 from collsim.errors import SimulationError
-from collsim.parallel.schedules import Phase, PipeOp
+from collsim.parallel.schedules import Phase, PipeOp, input_of, output_of
 from collsim.schedule.build import StepSchedule
 from collsim.schedule.ops import Segment, Step
 from collsim.schedule.pricing import SegmentPrices
@@ -624,9 +624,8 @@ class Engine:
     def routes(self, prog: RankProgram) -> tuple[list[Mail | None], list[PipeRoute | None]]:
         """Per op of ``prog``, in order: the mailbox its input arrives in (None: it reads
         nothing from another stage, :func:`~collsim.parallel.schedules.input_of`) and where its
-        output goes (None: to no other stage). A forward of chunk c on stage s sends to
-        (s + 1, c), or from the last stage to (0, c + 1); a backward to (s - 1, c), or from the
-        first stage to (p - 1, c - 1). The output route also carries the pairs that share the
+        output goes (None: to no other stage, :func:`~collsim.parallel.schedules.output_of`).
+        The output route also carries the pairs that share the
         send's links and, for a send priced in closed form on a one-member stream without a
         trace, that stream with the send's seconds and statistics key (the send is then
         reserved on it, not played).
@@ -637,42 +636,38 @@ class Engine:
         mail, env, links = self.mail, self.env, self._links
         inboxes: list[Mail | None] = []
         outboxes: list[PipeRoute | None] = []
-        fwd = Phase.FORWARD
+        # where an op's input comes from and its output goes depend on its phase and chunk
+        # only (the micro-batch passes through): worked out once per (phase, chunk)
+        shapes: dict[tuple[Phase, int], tuple[bool, tuple[int, Phase, int] | None]] = {}
         for op in prog.ops:
-            phase, mb, c = op.phase, op.microbatch, op.chunk
-            # where the input comes from (input_of), and where the output goes
-            if phase is fwd:
-                src = s - 1 if s > 0 else (p - 1 if c > 0 else -1)
-                if s < p - 1:
-                    stage, dst_op = s + 1, op
-                elif c < v - 1:
-                    stage, dst_op = 0, PipeOp(fwd, mb, c + 1)
-                else:
-                    stage, dst_op = -1, op
-            else:
-                src = s + 1 if s < p - 1 else (0 if c < v - 1 else -1)
-                if s > 0:
-                    stage, dst_op = s - 1, op
-                elif c > 0:
-                    stage, dst_op = p - 1, PipeOp(phase, mb, c - 1)
-                else:
-                    stage, dst_op = -1, op
-            if src < 0 or src == s:
-                inboxes.append(None)
-            else:
-                key = (rank, phase, mb, c)
+            shape = shapes.get((op.phase, op.chunk))
+            if shape is None:
+                src = input_of(op, stage=s, num_stages=p, virtual_stages=v)
+                dest = output_of(op, stage=s, num_stages=p, virtual_stages=v)
+                shape = shapes[(op.phase, op.chunk)] = (
+                    src is not None and src[0] != s,
+                    None
+                    if dest is None or dest[0] == s
+                    else (dest[0], dest[1].phase, dest[1].chunk),
+                )
+            remote_input, out = shape
+            if remote_input:
+                key = (rank, op.phase, op.microbatch, op.chunk)
                 box = mail.get(key)
                 if box is None:
                     box = mail[key] = Mail(env)
                 inboxes.append(box)
-            if stage < 0 or stage == s:
+            else:
+                inboxes.append(None)
+            if out is None:
                 outboxes.append(None)
                 continue
+            stage, dst_phase, dst_chunk = out
             link = links.get((rank, stage))
             if link is None:
                 link = links[(rank, stage)] = self._pipe_link(prog, stage)
             dst, peers, reserve = link
-            key = (dst, dst_op.phase, dst_op.microbatch, dst_op.chunk)
+            key = (dst, dst_phase, op.microbatch, dst_chunk)
             box = mail.get(key)
             if box is None:
                 box = mail[key] = Mail(env)

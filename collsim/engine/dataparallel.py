@@ -134,7 +134,7 @@ class DataParallel:
         site, rank = self.site, prog.rank
         stream = site.group(rank, DP)
         end = None
-        for c in calls:
+        for i, c in enumerate(calls):
             end = site.reserve(
                 rank,
                 DP,
@@ -145,6 +145,8 @@ class DataParallel:
                 stream_group=stream,
             )
             if end is None:
+                if i:  # the first was reserved: issuing them all now would run it twice
+                    raise SimulationError(f"rank {rank}: dp calls {calls} reserved in part")
                 return None
         return end
 

@@ -21,7 +21,15 @@ from collsim.vocab import PipelinePhase, ScheduleKind
 Phase = PipelinePhase
 """The name the schedules use for :class:`collsim.vocab.PipelinePhase`."""
 
-__all__ = ["Phase", "PipeOp", "stage_schedule", "input_of", "warmup_forwards", "paired_ops"]
+__all__ = [
+    "Phase",
+    "PipeOp",
+    "stage_schedule",
+    "input_of",
+    "output_of",
+    "warmup_forwards",
+    "paired_ops",
+]
 
 
 class PipeOp(NamedTuple):
@@ -160,6 +168,32 @@ def _chunk_id(k: int, p: int, v: int, *, forward: bool) -> int:
 def _mb_id(k: int, p: int, v: int) -> int:
     """Megatron's get_microbatch_id_in_model_chunk."""
     return (k // (p * v)) * p + k % p
+
+
+def output_of(
+    op: PipeOp, *, stage: int, num_stages: int, virtual_stages: int
+) -> tuple[int, PipeOp] | None:
+    """The (stage, op) that consumes this op's output across stages, or None: the dual of
+    :func:`input_of`.
+
+    A forward of chunk c on stage s feeds the forward of (s + 1, c), or from the last stage
+    the forward of (0, c + 1); a backward feeds the backward of (s - 1, c), or from the first
+    stage the backward of (p - 1, c - 1). The last chunk's forward on the last stage (the
+    loss follows on the same stage) and the first chunk's backward on the first stage feed
+    nothing remote.
+    """
+    p, v = num_stages, virtual_stages
+    if op.phase is Phase.FORWARD:
+        if stage < p - 1:
+            return stage + 1, op
+        if op.chunk < v - 1:
+            return 0, PipeOp(Phase.FORWARD, op.microbatch, op.chunk + 1)
+        return None
+    if stage > 0:
+        return stage - 1, op
+    if op.chunk > 0:
+        return p - 1, PipeOp(Phase.BACKWARD, op.microbatch, op.chunk - 1)
+    return None
 
 
 def input_of(

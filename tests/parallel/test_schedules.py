@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -85,3 +86,25 @@ def test_inputs_cross_stages_and_chunks() -> None:
         2,
         PipeOp(B, 2, 0),
     )
+
+
+@pytest.mark.parametrize("p, v", [(1, 1), (1, 3), (2, 1), (4, 1), (4, 2), (3, 3)])
+def test_output_of_is_the_dual_of_input_of(p: int, v: int) -> None:
+    """Every op's output goes to the op that reads it, and to no other: output_of(op on s) =
+    (s2, op2) exactly when input_of(op2 on s2) = (s, op)."""
+    from collsim.parallel.schedules import output_of
+
+    ops = [PipeOp(ph, mb, c) for ph in (F, B) for mb in range(2) for c in range(v)]
+    reads = {
+        (s, op): input_of(op, stage=s, num_stages=p, virtual_stages=v)
+        for s in range(p)
+        for op in ops
+    }
+    feeds = {
+        (s, op): output_of(op, stage=s, num_stages=p, virtual_stages=v)
+        for s in range(p)
+        for op in ops
+    }
+    assert {(s, op): dest for (s, op), dest in feeds.items() if dest is not None} == {
+        src: (s, op) for (s, op), src in reads.items() if src is not None
+    }
