@@ -571,16 +571,11 @@ class Topology:
         rails = count if self.fabric.rails else 1
         self.leaf_up_index = np.full((max(rails, 1), num_groups), -1, dtype=np.int64)
         self.leaf_down_index = np.full((max(rails, 1), num_groups), -1, dtype=np.int64)
-        if self._leaf_block is not None:  # leaf by leaf, rail-major: up, down
+        if self._leaf_block is not None:  # leaf by leaf, rail-major: up, down (None: no leaves)
             start, num_rails, groups = self._leaf_block
             ups = np.arange(start, start + 2 * num_rails * groups, 2, dtype=np.int64)
             self.leaf_up_index[:num_rails, :groups] = ups.reshape(num_rails, groups)
             self.leaf_down_index[:num_rails, :groups] = (ups + 1).reshape(num_rails, groups)
-        else:  # leaves added by hand (a copy with degraded links keeps the dicts)
-            for (k, g), link in self.leaf_up.items():
-                self.leaf_up_index[k, g] = link
-            for (k, g), link in self.leaf_down.items():
-                self.leaf_down_index[k, g] = link
 
     # -- queries --------------------------------------------------------------------------
     def symmetry_key(self, ranks: tuple[int, ...]) -> tuple[Any, ...] | None:

@@ -253,10 +253,10 @@ def _pp_rows(plan: Plan, *, node_local: bool) -> np.ndarray:
     step = plan.tp * plan.cp * (plan.dp if plan.pp_outer else 1)
     gpn = plan.topology.gpus_per_node
     stage_size = plan.num_gpus // plan.pp
-    if node_local and plan.pp_outer and stage_size % gpn == 0 and step % gpn == 0:
-        if _rails_alike(plan):
-            first = np.arange(0, (plan.pp - 1) * stage_size, gpn, dtype=np.int64)
-            return np.stack([first, first + step], axis=1)
+    whole_nodes = stage_size % gpn == 0 and step % gpn == 0
+    if node_local and plan.pp_outer and whole_nodes and _rails_alike(plan):
+        first = np.arange(0, (plan.pp - 1) * stage_size, gpn, dtype=np.int64)
+        return np.stack([first, first + step], axis=1)
     senders = np.sort(plan.grid()[:-1].ravel())
     rows = np.stack([senders, senders + step], axis=1)
     return _one_rail(plan, rows) if node_local else rows

@@ -215,15 +215,11 @@ def test_a_cpu_profile_adds_no_sm_interference() -> None:
     from collsim.hardware import get_device
     from collsim.topology import load_topology
 
+    report = json.loads((SECOND / "step_profile_run1.json").read_text())[0]
+    topo = load_topology("localhost", nodes=1, gpus_per_node=int(report["world_size"]))
     for profile in (QUIET / "cpu_profile.yaml", SECOND / "cpu_profile.yaml"):
         assert get_device(str(profile)).nccl_sms == 0
-        report = json.loads((SECOND / "step_profile_run1.json").read_text())[0]
-        n = int(report["world_size"])
-        sim = simulate_modes(
-            report,
-            load_topology("localhost", nodes=1, gpus_per_node=n),
-            device_profile=str(profile),
-        )
+        sim = simulate_modes(report, topo, device_profile=str(profile))
         for got in sim.values():
             assert got.breakdown_s["interference"] < 0.01 * got.step_time_s, got.breakdown_s
             assert got.breakdown_s["dp_on_busy_cores"] > 0
