@@ -3,7 +3,10 @@
 The model is built from a :class:`~collsim.workload.model.TransformerSpec` exactly as collsim
 counts it (token and learned position embeddings, ``num_layers`` pre-norm blocks of LayerNorm,
 fused QKV, output projection, LayerNorm, MLP up/down with biases, a final LayerNorm and an LM head
-tied to the token embedding; no dropout), in fp32, trained with SGD.
+tied to the token embedding; no dropout), in fp32, trained with SGD. It starts from GPT-2's
+initialisation (:func:`init_like_gpt2`) and every step begins with torch's default
+``zero_grad()`` (gradients set to None, so that backward writes them instead of adding into
+zeroed tensors), as real training loops do.
 
 Measured, on real ranks (gloo or nccl), per iteration after a barrier, the slowest rank:
 
@@ -57,6 +60,7 @@ are taken.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -184,6 +188,7 @@ def build_gpt(torch: Any, cfg: StepConfig) -> Any:
             self.pos = nn.Embedding(cfg.seq_len, h)
             self.blocks = nn.ModuleList(Block() for _ in range(cfg.num_layers))
             self.ln_f = nn.LayerNorm(h)
+            init_like_gpt2(torch, self, cfg.num_layers)
 
         def embed(self, idx: Any) -> Any:
             return self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
@@ -199,6 +204,36 @@ def build_gpt(torch: Any, cfg: StepConfig) -> Any:
             return self.head_loss(x, targets)
 
     return GPT()
+
+
+#: Standard deviation of GPT-2's initial weights (Radford et al. 2019, as in nanoGPT's
+#: ``_init_weights`` and Megatron-LM's ``--init-method-std`` default).
+GPT2_INIT_STD = 0.02
+
+
+def init_like_gpt2(torch: Any, model: Any, num_layers: int) -> None:
+    """GPT-2's initialisation: linear and embedding weights N(0, 0.02), biases zero, the
+    projections that end on the residual stream (attention output, MLP down) N(0, 0.02 /
+    sqrt(2 x layers)); LayerNorms keep (1, 0).
+
+    With PyTorch's module defaults instead (embeddings N(0, 1)), the tied LM head gives logits
+    of standard deviation sqrt(hidden) = 16 at hidden 256: the first loss is ~168 where
+    ln(vocab) = 6.9 is expected, and the softmax's exponentials underflow to subnormal floats.
+    An x86 core takes a microcode assist for each subnormal operand or result, so the step's
+    time then depends on how far training has gone: on a 2-core Xeon VM the step went
+    18 -> 42 -> 20 ms over the first 100 iterations, and stayed at 16-19 ms with this
+    initialisation or with subnormals flushed (see validate/README.md). No real training
+    starts there, and neither the compute model nor a GPU sees that effect.
+    """
+    residual = GPT2_INIT_STD / math.sqrt(2 * num_layers)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(".bias"):
+                param.zero_()
+            elif name.endswith(("proj.weight", "fc2.weight")):
+                param.normal_(0.0, residual)
+            elif name.endswith(".weight") and param.dim() == 2:
+                param.normal_(0.0, GPT2_INIT_STD)
 
 
 def _batch(torch: Any, cfg: StepConfig, rank: int, device: str = "cpu") -> tuple[Any, Any]:
@@ -221,6 +256,7 @@ def _profile_once(
         return time.perf_counter()
 
     out: dict[str, float] = {}
+    model.zero_grad()  # as a step starts: no gradients to accumulate into
     t0 = clock()
     emb = model.embed(idx)
     t1 = clock()
@@ -246,7 +282,7 @@ def _profile_once(
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
     t3 = clock()
     opt.step()
-    model.zero_grad(set_to_none=False)
+    model.zero_grad()
     out["optimizer"] = clock() - t3
     return out
 
@@ -282,7 +318,7 @@ def _ddp_step(torch: Any, cfg: StepConfig, ctx: Any, bucket_mb: int) -> tuple[An
     idx, targets = _batch(torch, cfg, ctx.rank, ctx.device)
 
     def step() -> None:
-        opt.zero_grad(set_to_none=False)
+        opt.zero_grad()  # torch's default since 2.0: set_to_none=True (see module docstring)
         model(idx, targets).backward()
         opt.step()
         ctx.sync()
@@ -337,7 +373,7 @@ def _local_model(torch: Any, cfg: StepConfig, ctx: Any) -> tuple[Any, Any, Any, 
     local_opt = torch.optim.SGD(prof_model.parameters(), lr=cfg.lr)
 
     def local_step() -> None:
-        local_opt.zero_grad(set_to_none=False)
+        local_opt.zero_grad()
         prof_model(idx, targets).backward()
         local_opt.step()
         ctx.sync()

@@ -110,3 +110,28 @@ def test_ddp_bucket_count_without_the_private_accessor() -> None:
     assert count is None and "_get_zeros_like_grad_buckets" in reason
     fake = SimpleNamespace(reducer=SimpleNamespace(_get_zeros_like_grad_buckets=lambda: [1, 2]))
     assert ddp_bucket_count(fake) == (2, "")
+
+
+def test_the_model_starts_from_gpt2_initialisation() -> None:
+    """The measured model starts as GPT-2 does: first loss ~ ln(vocab), not PyTorch's module
+    defaults (embeddings N(0, 1): logits of std sqrt(hidden) through the tied head, a first
+    loss of ~170 and subnormal softmax terms whose x86 microcode assists made the step's time
+    depend on how far training had gone)."""
+    import math
+
+    torch = pytest.importorskip("torch")
+    from collsim.validate.step import GPT2_INIT_STD, _batch, build_gpt
+
+    cfg = StepConfig()
+    torch.manual_seed(0)
+    model = build_gpt(torch, cfg)
+    idx, targets = _batch(torch, cfg, 0)
+    with torch.no_grad():
+        loss = float(model(idx, targets))
+    assert abs(loss - math.log(cfg.vocab)) < 0.1, loss
+    params = {name: p.detach() for name, p in model.named_parameters()}
+    assert float(params["tok.weight"].std()) == pytest.approx(GPT2_INIT_STD, rel=0.05)
+    residual = GPT2_INIT_STD / math.sqrt(2 * cfg.num_layers)
+    assert float(params["blocks.0.fc2.weight"].std()) == pytest.approx(residual, rel=0.05)
+    assert float(params["blocks.0.qkv.bias"].abs().max()) == 0.0
+    assert float(params["blocks.0.ln1.weight"].min()) == 1.0  # LayerNorms keep (1, 0)

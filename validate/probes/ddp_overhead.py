@@ -36,7 +36,7 @@ def _rank(ctx: Any, cfg: StepConfig, bucket_mb: int) -> dict[str, float]:
     flat = torch.zeros(sum(p.numel() for p in model.parameters()))
 
     def local() -> None:
-        opt.zero_grad(set_to_none=False)
+        opt.zero_grad()
         model(idx, targets).backward()
         opt.step()
 
