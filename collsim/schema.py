@@ -293,6 +293,9 @@ DEVICE = Section(
                 "optimizer_bytes_per_s": Value(kind="number", description="Optimizer rate."),
                 "launch_us": Value(kind="number", description="Kernel launch cost, us."),
                 "host_us": Value(kind="number", description="Host cost per op, us."),
+                "activation": ListOf(
+                    items=None, description="[kind, elements, fwd_gelem_s, bwd_gelem_s] rows."
+                ),
                 "notes": Anything(description="Free notes."),
                 "concurrent_slowdown": Value(
                     kind="number",

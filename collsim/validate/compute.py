@@ -77,6 +77,7 @@ class ComputeGrid:
     attention_max_flops: float = 2e10
     mem_sizes_bytes: tuple[int, ...] = tuple(64 * 1024 * 4**i for i in range(8))  # 64K..1G cap
     mem_max_bytes: int = 256 * 2**20
+    activation_elements: tuple[int, ...] = (2**14, 2**17, 2**20, 2**22)
     optimizer_params: int = 4_000_000
     reps: int = 3
     threads: int = 1
@@ -102,6 +103,7 @@ class ComputeGrid:
             attention_max_flops=5e8,
             mem_sizes_bytes=tuple(64 * 1024 * 4**i for i in range(5)),
             mem_max_bytes=16 * 2**20,
+            activation_elements=(2**14, 2**18),
             optimizer_params=500_000,
             reps=2,
             concurrency=False,
@@ -127,13 +129,14 @@ other kernels in between) are not cache-resident as a benchmark that reuses one 
 the 2-core development machine a 64 x 768 x 256 fp32 GEMM ran at 95 GFLOP/s hot, 80 cold)."""
 
 
-_POOLS: dict[tuple[str, str], Any] = {}
+_POOLS: dict[tuple[str, str, str], Any] = {}
 
 
-def _pool(torch: Any, dev: Any, dtype: Any) -> Any:
-    """One flat random buffer of :data:`COLD_BYTES` per device and dtype; GEMM operands are
-    views into it, so that no shape pays for filling its own buffers."""
-    key = (str(dev), str(dtype))
+def _pool(torch: Any, dev: Any, dtype: Any, role: str = "in") -> Any:
+    """One flat random buffer of :data:`COLD_BYTES` per device, dtype and role (``in``: GEMM
+    operands, ``out``: GEMM results); operands and results are views into it, so that no
+    shape pays for filling its own buffers."""
+    key = (str(dev), str(dtype), role)
     if key not in _POOLS:
         elems = COLD_BYTES // (torch.finfo(dtype).bits // 8)
         _POOLS[key] = torch.randn(elems, device=dev, dtype=dtype)
@@ -151,13 +154,24 @@ def _gemm_time(
     sync: Callable[[], None],
 ) -> float:
     """Mean time of one GEMM of this shape over the three layouts training runs (forward
-    A @ B, dgrad A @ B^T, wgrad A^T @ B), each on cold operands: views cycling through
-    :data:`COLD_BYTES` of memory."""
+    A @ B, dgrad A @ B^T, wgrad A^T @ B), each on cold operands and into a cold result: views
+    cycling through :data:`COLD_BYTES` of memory each.
+
+    The result is cold too: in a training step a GEMM writes into memory that other kernels
+    used last (the allocator hands back a block freed long before), not the block a benchmark
+    loop freed one call earlier. It matters most where the result is large beside the work,
+    the weight gradient with K = the tokens of a micro-batch: on the 2-core development VM
+    (Xeon, 2 MiB L2 per core) a 1024 x 256 x 64 fp32 wgrad took 198 us into a hot result and
+    559 us into results cycling through 64 buffers; inside a real step the same call took
+    612 us (torch profiler, validate/README.md)."""
     per = m * k + k * n
     pool = _pool(torch, dev, dtype)
     if pool.numel() < per:  # one pair larger than the pool: a pool of its own
         pool = torch.randn(per, device=dev, dtype=dtype)
-    copies = max(1, min(64, pool.numel() // per))
+    results = _pool(torch, dev, dtype, "out")
+    if results.numel() < m * n:
+        results = torch.empty(m * n, device=dev, dtype=dtype)
+    copies = max(1, min(64, pool.numel() // per, results.numel() // (m * n)))
 
     def operands(i: int, layout: int) -> tuple[Any, Any]:
         base = i * per
@@ -172,9 +186,9 @@ def _gemm_time(
         state = {"i": 0}
 
         def run(ops: list[tuple[Any, Any]] = ops, state: dict[str, int] = state) -> None:
-            state["i"] = (state["i"] + 1) % len(ops)
-            a, b = ops[state["i"]]
-            torch.mm(a, b)
+            state["i"] = i = (state["i"] + 1) % len(ops)
+            a, b = ops[i]
+            torch.mm(a, b, out=results[i * m * n : (i + 1) * m * n].view(m, n))
 
         total += _median_time(run, reps, sync)
     return total / 3
@@ -287,18 +301,97 @@ def attention_notes(device: str) -> dict[str, Any]:
 def _bandwidth_rates(
     torch: Any, dev: Any, grid: ComputeGrid, sync: Callable[[], None]
 ) -> list[list[float]]:
-    """``[bytes moved, GB/s]`` of an elementwise add per size of the grid within its cap."""
+    """``[bytes moved, GB/s]`` of an elementwise add per size of the grid within its cap, on
+    cold operands into a cold result as the GEMMs are (:func:`_gemm_time`): each call takes
+    the next three blocks of the :data:`COLD_BYTES` pool, where a size fits in it 4 times.
+
+    A step's memory-bound kernels read tensors written many kernels before (saved
+    activations in backward, gradients, parameters) and write into blocks the allocator
+    hands back cold; an add repeated on one triple of buffers finds them in the core's own
+    cache instead. On the 2-core development VM (2 MiB L2 per core) a 1 MiB add ran at 124
+    GB/s hot and 14 GB/s cold; at 4 MiB, 30 and 26 GB/s."""
     bandwidth: list[list[float]] = []
+    pool = _pool(torch, dev, torch.float32, "out")
     for size in grid.mem_sizes_bytes:
         if size > grid.mem_max_bytes:
             continue
         elems = max(1, size // 12)  # three fp32 tensors of size / 3 bytes
-        a = torch.randn(elems, device=dev)
-        b = torch.randn(elems, device=dev)
-        c = torch.empty(elems, device=dev)
-        t = _median_time(partial(torch.add, a, b, out=c), max(grid.reps, 5), sync)
+        blocks = min(64, pool.numel() // (3 * elems))
+        if blocks >= 4:
+            state = {"i": 0}
+
+            def run(e: int = elems, n: int = blocks, state: dict[str, int] = state) -> None:
+                state["i"] = i = (state["i"] + 1) % n
+                base = 3 * e * i
+                torch.add(
+                    pool[base : base + e],
+                    pool[base + e : base + 2 * e],
+                    out=pool[base + 2 * e : base + 3 * e],
+                )
+
+            t = _median_time(run, max(grid.reps, 5), sync)
+        else:  # as large as the pool: past any cache on its own
+            a = torch.randn(elems, device=dev)
+            b = torch.randn(elems, device=dev)
+            c = torch.empty(elems, device=dev)
+            t = _median_time(partial(torch.add, a, b, out=c), max(grid.reps, 5), sync)
         bandwidth.append([float(12 * elems), round(12 * elems / t / 1e9, 4)])
     return bandwidth
+
+
+def _activation_rates(
+    torch: Any, dev: Any, grid: ComputeGrid, sync: Callable[[], None]
+) -> list[list[Any]]:
+    """``[kind, elements, fwd_gelem_per_s, bwd_gelem_per_s]`` of the MLP activations as eager
+    PyTorch runs them, on cold operands cycling through the :data:`COLD_BYTES` pool (as
+    :func:`_bandwidth_rates`), in the device's first training dtype:
+
+    - ``gelu``: ``F.gelu`` (exact, erf) forward; ``aten.gelu_backward`` backward;
+    - ``swiglu``: ``F.silu(a) * b`` forward (2 kernels); backward ``g * silu(a)`` for b and
+      ``aten.silu_backward(g * b, a)`` for a (4 kernels).
+    """
+    F = torch.nn.functional
+    aten = torch.ops.aten
+    dtype = _dtypes(torch, dev.type)[0][1]
+    pool = _pool(torch, dev, dtype)
+    rows: list[list[Any]] = []
+    for kind, tensors in (("gelu", 2), ("swiglu", 3)):
+        for elems in grid.activation_elements:
+            blocks = max(1, min(64, pool.numel() // (tensors * elems)))
+            if pool.numel() < tensors * elems:
+                continue
+            state = {"i": 0}
+
+            def views(e: int = elems, n: int = blocks, t: int = tensors, st: Any = state) -> Any:
+                st["i"] = i = (st["i"] + 1) % n
+                return [pool[(t * i + j) * e : (t * i + j + 1) * e] for j in range(t)]
+
+            if kind == "gelu":
+
+                def fwd(views: Any = views) -> None:
+                    x, _ = views()
+                    F.gelu(x)
+
+                def bwd(views: Any = views) -> None:
+                    x, g = views()
+                    aten.gelu_backward(g, x)
+
+            else:
+
+                def fwd(views: Any = views) -> None:
+                    a, b, _ = views()
+                    F.silu(a) * b
+
+                def bwd(views: Any = views) -> None:
+                    a, b, g = views()
+                    g * F.silu(a)
+                    aten.silu_backward(g * b, a)
+
+            reps = max(grid.reps, 5)
+            t_fwd = _median_time(fwd, reps, sync)
+            t_bwd = _median_time(bwd, reps, sync)
+            rows.append([kind, elems, round(elems / t_fwd / 1e9, 6), round(elems / t_bwd / 1e9, 6)])
+    return rows
 
 
 def _host_s(torch: Any, dev: Any, sync: Callable[[], None]) -> float:
@@ -367,6 +460,7 @@ def measure_profile(
         "gemm": [],
         "attention": [],
         "bandwidth": [],
+        "activation": [],
         "optimizer_bytes_per_s": None,
         # each timed call is one kernel and a synchronize: its time holds the launch and the
         # tail the model's launch floor stands for, on either device (no second floor on top)
@@ -386,7 +480,8 @@ def measure_profile(
     out["attention"] = _attention_rates(torch, dev, grid, sync)
     section("attention")
     out["bandwidth"] = _bandwidth_rates(torch, dev, grid, sync)
-    section("bandwidth")
+    out["activation"] = _activation_rates(torch, dev, grid, sync)
+    section("bandwidth,activation")
     out["host_us"] = round(_host_s(torch, dev, sync) * 1e6, 3)
     out["optimizer_bytes_per_s"] = round(_optimizer_bps(torch, dev, grid, sync), 1)
     section("host,optimizer")

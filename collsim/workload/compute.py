@@ -87,6 +87,7 @@ from collsim.workload.kernels import (
 )
 from collsim.workload.model import TransformerSpec
 from collsim.workload.ops import (
+    FLOPS_PER_ELEMENT,
     OP_NAMES,
     SELECTIVE_OPS,
     Gemm,
@@ -441,6 +442,18 @@ class ComputeModel:
             return self._matmul_cost(op, phase, flops, size, backward)
         if op.kind is OpKind.FUSED_ATTENTION:
             return self._flash_cost(op, phase, flops, size)
+        measured_s = self._measured_activation_s(op, phase)
+        if measured_s is not None:
+            time, host = self._kernel(measured_s + self.launch_s)
+            return OpCost(
+                name=op.name,
+                phase=phase,
+                kind=op.kind,
+                flops=flops,
+                size_bytes=size,
+                time_s=time,
+                bound="host" if host else "measured",
+            )
         size *= self._eager_passes(op.name)
         memory_s = size / self.memory_bandwidth_at(size)
         compute_s = flops / self.vector_peak_flops
@@ -484,6 +497,19 @@ class ComputeModel:
             bound=bound,
             matmul_efficiency=flops / time / peak,
         )
+
+    def _measured_activation_s(self, op: Op, phase: str) -> float | None:
+        """A profile's measured time of the MLP activation ``op`` (GELU, or SwiGLU for a gated
+        MLP) in ``phase``; None where the profile has no such row (then bytes / bandwidth
+        against flops / vector peak, as for any element-wise op)."""
+        if not getattr(self.measured, "activation", ()) or not op.name.endswith("activation"):
+            return None
+        kind = "swiglu" if self._gated else "gelu"
+        elements = op.flops / FLOPS_PER_ELEMENT[kind]
+        out: float | None = self.measured.activation_time_s(
+            kind, elements, "backward" if phase == "backward" else "forward"
+        )
+        return out
 
     def _eager_passes(self, name: str) -> float:
         if self.fused_kernels:

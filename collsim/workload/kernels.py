@@ -399,6 +399,20 @@ kernel."""
 # ---- measured tables (device profiles) -----------------------------------------------------
 
 
+def _log_interp(points: list[tuple[float, float]], x: float) -> float:
+    """``y`` at ``x`` from sorted ``(x, y)`` points, linear in (log x, log y) between them,
+    the end values outside."""
+    if x <= points[0][0]:
+        return points[0][1]
+    if x >= points[-1][0]:
+        return points[-1][1]
+    for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False):
+        if x0 <= x <= x1:
+            t = (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0)) if x1 > x0 else 0.0
+            return math.exp(math.log(y0) + t * (math.log(y1) - math.log(y0)))
+    return points[-1][1]
+
+
 @dataclass(frozen=True, slots=True)
 class MeasuredTables:
     """Kernel tables of a device profile (``measured:`` in a device file), written by
@@ -413,7 +427,12 @@ class MeasuredTables:
     - ``bandwidth``: rows ``[size_bytes, gbps]`` of memory-bound kernels; a kernel's
       bandwidth is interpolated in log size;
     - ``optimizer_bytes_per_s``: the measured optimizer step's bytes / time (fused Adam/SGD);
-    - ``launch_us``, ``host_us``: the per-kernel floor and the per-op host cost measured.
+    - ``launch_us``, ``host_us``: the per-kernel floor and the per-op host cost measured;
+    - ``activation``: rows ``[kind, elements, fwd_gelem_per_s, bwd_gelem_per_s]`` of the MLP
+      activation (``gelu``: exact erf GELU; ``swiglu``: SiLU(a) x b), timed as the eager
+      kernels run it; a rate is interpolated in log elements. Exact GELU is not memory-bound
+      on a CPU (its erf costs tens of instructions per element): on the 2-core development
+      VM 64 x 1024 fp32 elements took 67 us forward where their 512 KiB move in about 6 us.
     """
 
     gemm: tuple[tuple[int, int, int, str, float], ...] = ()
@@ -423,6 +442,7 @@ class MeasuredTables:
     launch_us: float | None = None
     host_us: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    activation: tuple[tuple[str, float, float, float], ...] = ()
 
     @classmethod
     def from_reader(cls, reader: ConfigReader) -> MeasuredTables:
@@ -432,6 +452,7 @@ class MeasuredTables:
         opt = reader.get("optimizer_bytes_per_s", float, default=None)
         launch = reader.get("launch_us", float, default=None)
         host = reader.get("host_us", float, default=None)
+        act_rows = reader.get("activation", list, default=[])
         extra = dict(reader.get("notes", dict, default={}))
         extra["concurrent_slowdown"] = reader.get(
             "concurrent_slowdown",
@@ -449,9 +470,15 @@ class MeasuredTables:
                 for r in att_rows
             )
             bw = tuple(sorted((float(r[0]), float(r[1])) for r in bw_rows))
+            act = tuple(
+                sorted((str(r[0]), float(r[1]), float(r[2]), float(r[3])) for r in act_rows)
+            )
         except (TypeError, ValueError, IndexError) as exc:
             raise reader.error(f"malformed table row ({exc})") from None
-        return cls(gemm, att, bw, opt, launch, host, dict(extra))
+        for row in act:
+            if row[1] <= 0 or row[2] <= 0 or row[3] <= 0:
+                raise reader.error(f"activation row {list(row)}: elements and rates must be > 0")
+        return cls(gemm, att, bw, opt, launch, host, dict(extra), act)
 
     def shared(self, factor: float) -> MeasuredTables:
         """The tables of a rank that gets 1/``factor`` of the cores the profile was timed on:
@@ -470,7 +497,18 @@ class MeasuredTables:
             launch_us=None if self.launch_us is None else self.launch_us * factor,
             host_us=None if self.host_us is None else self.host_us * factor,
             extra=dict(self.extra, cpu_share=factor),
+            activation=tuple((k, e, f / factor, b / factor) for k, e, f, b in self.activation),
         )
+
+    def activation_time_s(self, kind: str, elements: float, phase: str) -> float | None:
+        """Seconds of the ``kind`` activation (``gelu`` / ``swiglu``) over ``elements`` in
+        ``phase`` (``forward`` / ``backward``) at the measured rate, interpolated in log
+        elements (the end rates outside the measured range); None: not measured."""
+        rows = [(e, f if phase == "forward" else b) for k, e, f, b in self.activation if k == kind]
+        if not rows or elements <= 0:
+            return None
+        rate = _log_interp(rows, elements)
+        return elements / (rate * 1e9)
 
     def gemm_rate(self, m: int, n: int, k: int, dtype: str) -> float | None:
         """FLOP/s of the nearest measured GEMM shape (log distance) of ``dtype``."""

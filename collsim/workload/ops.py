@@ -45,6 +45,7 @@ __all__ = [
     "parse_recompute",
     "kept_bytes",
     "OP_NAMES",
+    "FLOPS_PER_ELEMENT",
     "variant_layer_ops",
     "routed_rows",
     "attended_keys",
@@ -102,7 +103,7 @@ OP_NAMES = (
 SELECTIVE_TENSORS = ("softmax.output", "attn_dropout.mask", "attn_dropout.output")
 """Tensors selective recompute does not keep (the 5as^2b term); Q, K, V stay as its inputs."""
 
-_FLOPS_PER_ELEMENT = {
+FLOPS_PER_ELEMENT = {
     "norm": 5.0,
     "softmax": 5.0,
     "dropout": 3.0,
@@ -200,7 +201,7 @@ def _matmul(name: str, gemm: Gemm, e: int, saved: dict[str, float]) -> Op:
 def _elementwise(
     name: str, kind: str, elements: float, size_bytes: float, saved: dict[str, float]
 ) -> Op:
-    flops = _FLOPS_PER_ELEMENT[kind] * elements
+    flops = FLOPS_PER_ELEMENT[kind] * elements
     return Op(
         name=name,
         kind=OpKind.ELEMENTWISE,

@@ -88,6 +88,8 @@ def test_validate_compute_quick_writes_a_profile(tmp_path: Path) -> None:
     assert {r[0] for r in tables.attention} >= {"flash2"}
     assert len(tables.bandwidth) >= 4 and tables.optimizer_bytes_per_s > 0
     assert tables.host_us is not None and tables.host_us > 0
+    assert {r[0] for r in tables.activation} == {"gelu", "swiglu"}
+    assert all(r[2] > 0 and r[3] > 0 for r in tables.activation)
 
 
 def test_cpu_share_applies_the_measured_concurrency_slowdown() -> None:
@@ -235,3 +237,43 @@ def test_a_gpu_profile_does_not_add_a_launch_floor_to_its_measured_times(tmp_pat
     device = get_device(str(path))
     assert device.measured is not None and device.measured.launch_us == 0.0
     assert ComputeModel(device, "fp32").launch_s == 0.0
+
+
+def test_a_profile_prices_the_activation_at_its_measured_rate(tmp_path: Path) -> None:
+    """A profile's ``activation`` rows replace bytes / bandwidth for the MLP activation: GELU
+    (exact erf) is compute-bound on a CPU. Rates interpolate in log elements; a gated MLP
+    takes the SwiGLU rows; a shared core halves the rate."""
+    import dataclasses
+    import math
+
+    from collsim.workload.compute import ComputeModel
+
+    rows = [
+        ["gelu", 1e4, 0.5, 0.25],
+        ["gelu", 1e6, 1.0, 0.5],
+        ["swiglu", 1e4, 2.0, 1.0],
+        ["swiglu", 1e6, 2.0, 1.0],
+    ]
+    path = write_profile(tmp_path / "act.yaml", dict(MEASURED, activation=rows))
+    device = get_device(str(path))
+    spec = dataclasses.replace(model_spec(StepConfig()), flash_attention=True)
+    elements = 2 * spec.seq_len * spec.ffn_hidden  # micro-batch 2
+    t = math.log(elements / 1e4) / math.log(1e6 / 1e4)
+    fwd_rate = math.exp(math.log(0.5) + t * math.log(2.0)) * 1e9  # 0.5 -> 1.0 Gelem/s
+
+    def act(model: ComputeModel, s: object = spec) -> tuple[float, float]:
+        ops = model.layer_times(s, micro_batch=2).ops  # type: ignore[arg-type]
+        got = {c.phase: c.time_s for c in ops if c.name == "activation"}
+        return got["forward"], got["backward"]
+
+    fwd, bwd = act(ComputeModel(device, "fp32"))
+    assert fwd == pytest.approx(elements / fwd_rate, rel=1e-9)
+    assert bwd == pytest.approx(2 * elements / fwd_rate, rel=1e-9)  # half the rate
+    plain = get_device(str(write_profile(tmp_path / "plain.yaml", MEASURED)))
+    mem_fwd, _ = act(ComputeModel(plain, "fp32"))
+    assert mem_fwd == pytest.approx(2 * 4 * elements / 10e9, rel=1e-9)  # 8 B/element at 10 GB/s
+    gated = dataclasses.replace(spec, gated_mlp=True)
+    g_fwd, g_bwd = act(ComputeModel(device, "fp32"), gated)
+    assert (g_fwd, g_bwd) == pytest.approx((elements / 2e9, elements / 1e9), rel=1e-9)
+    shared = dataclasses.replace(device, measured=device.measured.shared(2.0))
+    assert act(ComputeModel(shared, "fp32"))[0] == pytest.approx(2 * fwd, rel=1e-9)
