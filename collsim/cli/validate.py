@@ -1228,6 +1228,7 @@ def compute(output: str, device: str, quick: bool, threads: int) -> None:
         f"# {len(measured['gemm'])} GEMMs (best {best * 1e3:.1f} GFLOP/s), "
         f"{len(measured['attention'])} attention points, {len(measured['bandwidth'])} "
         f"bandwidth points (best {max(r[1] for r in measured['bandwidth']):.1f} GB/s), "
+        f"{len(measured.get('activation') or [])} activation points, "
         f"host {measured['host_us']:.2f} us per op, {threads} thread(s)"
     )
     click.echo(f"wrote {path}")

@@ -102,11 +102,12 @@ QUIET = Path(__file__).resolve().parents[2] / "validate" / "data"
 
 
 CPU_COMPUTE_GAP = (
-    "not met: the compute model fed by a CPU profile under-predicts the validated model's "
-    "steps (its no-communication step measured 39-43 ms in the harness on the second host "
-    "against 14.5 ms modelled; 17-22 ms alone); a GPU SM-interference term misapplied to the "
-    "CPU device (sm_count 1, 16 SMs held: compute 10x slower beside every collective) had "
-    "hidden it; validate/README.md"
+    "not met on these earlier recordings (18-36 % fast): their model started from PyTorch's "
+    "module defaults, whose subnormal softmax terms made its no-communication step 39-43 ms "
+    "in the harness against 17-22 ms in a plain loop, and their profiles timed GEMM results "
+    "and memory-bound kernels hot and had no activation rows; a GPU SM-interference term "
+    "misapplied to the CPU device had hidden the gap. The third host's recording, with both "
+    "fixed, is held below (validate/README.md)"
 )
 
 
@@ -277,3 +278,34 @@ def test_a_profile_prices_the_activation_at_its_measured_rate(tmp_path: Path) ->
     assert (g_fwd, g_bwd) == pytest.approx((elements / 2e9, elements / 1e9), rel=1e-9)
     shared = dataclasses.replace(device, measured=device.measured.shared(2.0))
     assert act(ComputeModel(shared, "fp32"))[0] == pytest.approx(2 * fwd, rel=1e-9)
+
+
+THIRD = QUIET / "third_host"
+
+
+def test_third_host_medians_are_within_15_percent() -> None:
+    """The repeat protocol on a third host, after the harness and profile fixes
+    (validate/README.md, "A third host"): a profile taken there, then three step runs, each
+    started at a 1-min load under 1.0. The median over the three runs of every DDP (world
+    size, mode) is within 15 % of the measured step; nothing is scaled to a measured step.
+    As recorded, every DDP figure is below the measurement (-2 to -18 %; one of the 12, n=2
+    at 1 MB in run1, outside 15 %), and FSDP, reported only, is 20-29 % fast."""
+    import statistics
+
+    runs = [
+        _errors(
+            json.loads((THIRD / f"step_profile_run{i}.json").read_text()),
+            THIRD / "cpu_profile.yaml",
+        )
+        for i in (1, 2, 3)
+    ]
+    ddp = [k for k in runs[0] if k[1].startswith("ddp")]
+    assert len(ddp) == 4
+    for key in ddp:
+        errs = [run[key] for run in runs]
+        assert abs(statistics.median(errs)) <= 0.15, (key, errs)
+    # the profile has the activation rows the prediction used
+    assert {r[0] for r in get_device(str(THIRD / "cpu_profile.yaml")).measured.activation} == {
+        "gelu",
+        "swiglu",
+    }
