@@ -988,9 +988,10 @@ def _simulate_step(
     if device_profile is not None:
         from collsim.validate.step import profile_device
 
-        _, share = profile_device(report, device_profile)
+        _, share, memory_share = profile_device(report, device_profile)
         report["device_profile"] = device_profile
         report["cpu_share"] = share
+        report["cpu_share_memory"] = memory_share
     report["topology"] = topo_spec
     report["ddp_overlap_simulated"] = overlap
     report["simulated"] = {m: vars_of(s) for m, s in simulated.items()}
@@ -1048,7 +1049,9 @@ def _echo_step_notes(
     else:
         click.echo(
             f"# compute from the model fed by {device_profile} (rates / CPU share "
-            f"{report['cpu_share']:.2f}); for reference, a whole step without "
+            f"{report['cpu_share']:.2f}, memory-bound rates / "
+            f"{report.get('cpu_share_memory', report['cpu_share']):.2f}); for reference, a "
+            f"whole step without "
             f"communication measured {report['local_step_s'] * 1e3:.1f} ms, the profiled "
             f"blocks {report['profile_sum_s'] * 1e3:.1f} ms (neither used)"
         )

@@ -34,6 +34,7 @@ __all__ = [
     "write_profile",
     "cpu_share",
     "concurrency_slowdown",
+    "PROBE_KINDS",
     "attention_shape",
     "CPU_ATTENTION_HEADS",
     "CUDA_ATTENTION_TOKENS",
@@ -82,7 +83,8 @@ class ComputeGrid:
     reps: int = 3
     threads: int = 1
     concurrency: bool = True
-    """Measure ``concurrent_slowdown`` (CPU only; spawns one process per core, ~15 s)."""
+    """Measure ``concurrent_slowdown`` and ``concurrent_memory_slowdown`` (CPU only; spawns one
+    process per core, ~30 s)."""
 
     @classmethod
     def full(cls, device: str = "cpu") -> ComputeGrid:
@@ -457,6 +459,7 @@ def measure_profile(
         notes["gpu"] = str(torch.cuda.get_device_name(dev))
     out: dict[str, Any] = {
         "concurrent_slowdown": 1.0,
+        "concurrent_memory_slowdown": 1.0,
         "gemm": [],
         "attention": [],
         "bandwidth": [],
@@ -487,31 +490,63 @@ def measure_profile(
     section("host,optimizer")
     cores = os.cpu_count() or 1
     if grid.concurrency and dev.type == "cpu" and cores > 1:
-        out["concurrent_slowdown"] = round(concurrency_slowdown(cores), 4)
+        out["concurrent_slowdown"] = round(concurrency_slowdown(cores, "compute"), 4)
+        out["concurrent_memory_slowdown"] = round(concurrency_slowdown(cores, "memory"), 4)
         section("concurrency")
     return out
 
 
-def _probe_worker(iters: int, start: Any, out: Any) -> None:
-    """A fixed mix of a GEMM and a memory-bound add, timed (runs in its own process)."""
+PROBE_KINDS = ("compute", "memory")
+"""The concurrency probe's two kernel mixes: ``compute``, fp32 GEMMs of 400 x 400 x 400; and
+``memory``, a streaming add of 4 MiB vectors; each on cold operands into cold results."""
+
+
+def _probe_worker(kind: str, iters: int, start: Any, out: Any) -> None:
+    """One of :data:`PROBE_KINDS` on cold operands into cold results, as the rest of the
+    profile times its kernels (views cycling through pools past the core's own cache), timed
+    (runs in its own process).
+
+    Ranks on separate cores share the last-level cache and the memory bandwidth, so what they
+    cost one another depends on the traffic that reaches those, and differs between GEMMs
+    (operands reused from the core's cache) and streaming kernels. On the 2-core development
+    VM a mix of one GEMM and one add per iteration ran 1.01 x slower beside a second process on
+    one hot set of buffers, 1.08-1.17 x on cold blocks."""
     import torch
 
     torch.set_num_threads(1)
-    a, b = torch.randn(400, 400), torch.randn(400, 400)
-    x, y, z = torch.randn(1 << 20), torch.randn(1 << 20), torch.empty(1 << 20)
+    side, elems = 400, 1 << 20
+    mats = torch.randn(16 * 2**20 // 4)  # 16 MiB of 400 x 400 fp32 triples
+    vecs = torch.randn(COLD_BYTES // 4)  # 64 MiB of 4 MiB vector triples
+    n_mats, n_vecs = mats.numel() // (3 * side * side), vecs.numel() // (3 * elems)
+
+    def views(pool: Any, i: int, size: int) -> list[Any]:
+        return [pool[(3 * i + j) * size : (3 * i + j + 1) * size] for j in range(3)]
+
+    def once(i: int) -> None:
+        if kind == "compute":
+            a, b, c = (v.view(side, side) for v in views(mats, i % n_mats, side * side))
+            torch.mm(a, b, out=c)
+        else:
+            x, y, z = views(vecs, i % n_vecs, elems)
+            torch.add(x, y, out=z)
+
+    once(0)
     start.wait()
     t0 = time.perf_counter()
-    for _ in range(iters):
-        torch.mm(a, b)
-        torch.add(x, y, out=z)
+    for i in range(iters):
+        once(i)
     out.put(time.perf_counter() - t0)
 
 
-def concurrency_slowdown(processes: int, iters: int = 400, timeout_s: float = 120.0) -> float:
-    """How much slower one process of ``processes`` running the same kernel mix at once is than
-    one running alone (shared last-level cache, memory bandwidth and, on a VM, whatever the
-    vCPUs share underneath): median concurrent time over the solo time. Measured, not assumed;
-    ``validate step`` applies it to ranks that run at the same time on separate cores."""
+def concurrency_slowdown(
+    processes: int, kind: str = "compute", iters: int = 400, timeout_s: float = 120.0
+) -> float:
+    """How much slower one process of ``processes`` running the ``kind`` mix
+    (:data:`PROBE_KINDS`) at once is than one running alone (shared last-level cache, memory
+    bandwidth and, on a VM, whatever the vCPUs share underneath): median concurrent time over
+    the solo time. Measured, not assumed; ``validate step`` divides a profile's compute rates
+    by the ``compute`` one and its memory-bound rates by the ``memory`` one for ranks that run
+    at the same time on separate cores."""
     import multiprocessing as mp
     import queue
 
@@ -519,7 +554,9 @@ def concurrency_slowdown(processes: int, iters: int = 400, timeout_s: float = 12
 
     def run(n: int) -> list[float]:
         start, out = ctx.Event(), ctx.Queue()
-        procs = [ctx.Process(target=_probe_worker, args=(iters, start, out)) for _ in range(n)]
+        procs = [
+            ctx.Process(target=_probe_worker, args=(kind, iters, start, out)) for _ in range(n)
+        ]
         for p in procs:
             p.start()
         time.sleep(2.0)  # let every process import torch before the start signal

@@ -984,8 +984,9 @@ def straggler_ratios(
     return out
 
 
-def profile_device(report: dict[str, Any], device_profile: str) -> tuple[Any, float]:
-    """The profile's device as one rank of ``report`` sees it, and the CPU share applied."""
+def profile_device(report: dict[str, Any], device_profile: str) -> tuple[Any, float, float]:
+    """The profile's device as one rank of ``report`` sees it, and the CPU shares applied to
+    its compute and to its memory-bound rates."""
     import dataclasses
     import os
 
@@ -999,15 +1000,17 @@ def profile_device(report: dict[str, Any], device_profile: str) -> tuple[Any, fl
     cores = int(report.get("cpu_count") or os.cpu_count() or 1)
     ranks = int(report.get("local_world_size", report["world_size"]))
     threads = int(report.get("threads_per_rank", 1))
-    slowdown = float(device.measured.extra.get("concurrent_slowdown", 1.0))
-    share = (
-        cpu_share(ranks, threads, cores, profile_threads, slowdown)
-        if report.get("backend") == "gloo"
-        else 1.0
+    extra = device.measured.extra
+    slowdown = float(extra.get("concurrent_slowdown", 1.0))
+    memory_slowdown = float(extra.get("concurrent_memory_slowdown", slowdown))
+    gloo = report.get("backend") == "gloo"
+    share = cpu_share(ranks, threads, cores, profile_threads, slowdown) if gloo else 1.0
+    memory_share = (
+        cpu_share(ranks, threads, cores, profile_threads, memory_slowdown) if gloo else 1.0
     )
-    if share != 1.0:
-        device = dataclasses.replace(device, measured=device.measured.shared(share))
-    return device, share
+    if share != 1.0 or memory_share != 1.0:
+        device = dataclasses.replace(device, measured=device.measured.shared(share, memory_share))
+    return device, share, memory_share
 
 
 def _simulate_from_profile(
@@ -1037,7 +1040,7 @@ def _simulate_from_profile(
         dtype=Dtype.FP32,
         optimizer=Optimizer.SGD,
     )
-    device, share = profile_device(report, device_profile)
+    device, share, _ = profile_device(report, device_profile)
     fitted, _ = on_these_cores(report, topology, insitu)
     topo = copy.copy(fitted)
     topo.device = device

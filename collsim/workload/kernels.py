@@ -460,6 +460,13 @@ class MeasuredTables:
             default=1.0,
             check=lambda v: None if v >= 1 else "must be >= 1",
         )
+        # a profile from before the split measured one mix of both kinds: it serves for both
+        extra["concurrent_memory_slowdown"] = reader.get(
+            "concurrent_memory_slowdown",
+            float,
+            default=extra["concurrent_slowdown"],
+            check=lambda v: None if v >= 1 else "must be >= 1",
+        )
         reader.finish()
         try:
             gemm = tuple(
@@ -480,23 +487,27 @@ class MeasuredTables:
                 raise reader.error(f"activation row {list(row)}: elements and rates must be > 0")
         return cls(gemm, att, bw, opt, launch, host, dict(extra), act)
 
-    def shared(self, factor: float) -> MeasuredTables:
+    def shared(self, factor: float, memory_factor: float | None = None) -> MeasuredTables:
         """The tables of a rank that gets 1/``factor`` of the cores the profile was timed on:
-        every rate divided by ``factor``, the host cost multiplied by it."""
-        if factor <= 0:
-            raise ConfigError(f"must be > 0, got {factor}", key_path="cpu_share")
+        the compute rates (GEMMs, attention, the activation) divided by ``factor``, the host
+        cost multiplied by it, and the memory-bound rates (bandwidth, optimizer) divided by
+        ``memory_factor`` (default ``factor``)."""
+        mem = factor if memory_factor is None else memory_factor
+        for key, value in (("cpu_share", factor), ("cpu_share_memory", mem)):
+            if value <= 0:
+                raise ConfigError(f"must be > 0, got {value}", key_path=key)
         return MeasuredTables(
             gemm=tuple((m, n, k, d, r / factor) for m, n, k, d, r in self.gemm),
             attention=tuple(
                 (a, c, d, s, f / factor, b / factor) for a, c, d, s, f, b in self.attention
             ),
-            bandwidth=tuple((x, y / factor) for x, y in self.bandwidth),
+            bandwidth=tuple((x, y / mem) for x, y in self.bandwidth),
             optimizer_bytes_per_s=None
             if self.optimizer_bytes_per_s is None
-            else self.optimizer_bytes_per_s / factor,
+            else self.optimizer_bytes_per_s / mem,
             launch_us=None if self.launch_us is None else self.launch_us * factor,
             host_us=None if self.host_us is None else self.host_us * factor,
-            extra=dict(self.extra, cpu_share=factor),
+            extra=dict(self.extra, cpu_share=factor, cpu_share_memory=mem),
             activation=tuple((k, e, f / factor, b / factor) for k, e, f, b in self.activation),
         )
 

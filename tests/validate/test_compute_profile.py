@@ -309,3 +309,30 @@ def test_third_host_medians_are_within_15_percent() -> None:
         "gelu",
         "swiglu",
     }
+
+
+def test_memory_bound_rates_take_the_memory_slowdown(tmp_path: Path) -> None:
+    """Ranks on separate cores slow one another's streaming kernels (shared memory bandwidth)
+    more than their GEMMs: a profile's ``concurrent_memory_slowdown`` divides the bandwidth
+    and optimizer rates, ``concurrent_slowdown`` the compute rates; a profile from before
+    the split has one figure, used for both."""
+    from collsim.validate.step import profile_device
+
+    report = _report(2, 2)
+    both = dict(MEASURED, concurrent_slowdown=1.05, concurrent_memory_slowdown=1.2)
+    device, share, memory_share = profile_device(
+        report, str(write_profile(tmp_path / "both.yaml", both))
+    )
+    assert (share, memory_share) == pytest.approx((1.05, 1.2))
+    tables = device.measured
+    assert tables.gemm[0][4] == pytest.approx(0.05 / 1.05)
+    assert tables.bandwidth[0][1] == pytest.approx(10.0 / 1.2)
+    assert tables.optimizer_bytes_per_s == pytest.approx(1e10 / 1.2)
+    old = dict(MEASURED, concurrent_slowdown=1.1)
+    _, share, memory_share = profile_device(report, str(write_profile(tmp_path / "old.yaml", old)))
+    assert share == memory_share == pytest.approx(1.1)
+    # 4 ranks on 2 cores: half a core each, then the slowdowns on top
+    _, share, memory_share = profile_device(
+        _report(4, 2), str(write_profile(tmp_path / "both4.yaml", both))
+    )
+    assert (share, memory_share) == pytest.approx((2.1, 2.4))
