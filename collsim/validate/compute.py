@@ -453,6 +453,7 @@ def measure_profile(
         "device": device,
         "measured_at_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "optimizer_params": grid.optimizer_params,
+        "activation_dtype": _dtypes(torch, dev.type)[0][0],
         **attention_notes(dev.type),
     }
     if dev.type == "cuda":

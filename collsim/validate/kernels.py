@@ -14,6 +14,9 @@ kernel it timed is priced by :class:`collsim.workload.compute.ComputeModel` on t
 - memory-bound ``[size_bytes, gbps]``: the fp32 ``torch.add`` the profile timed as an
   element-wise op of those bytes (1 FLOP per element, as ops.py counts an add) through
   ``ComputeModel.op_cost``;
+- activation ``[kind, elements, fwd, bwd]``: the MLP ``activation`` op (GELU, or SwiGLU as
+  eager PyTorch runs it: ``fused_kernels=False``) of that many elements in the profile's
+  activation dtype, forward and backward, through ``ComputeModel.op_cost``;
 - optimizer: ``ComputeModel(device, "fp32").optimizer_time_s`` of the profile's SGD step
   (bytes counted as the profile counts them: ``optimizer_bytes_per_param("sgd", "fp32")``);
 - host: the measured host cost per kernel against the model's ``host_s``.
@@ -68,14 +71,16 @@ class KernelRow:
     """One measured kernel against the model: times in seconds, rates in ``unit``."""
 
     kind: str
-    """``gemm bf16``, ``attention flash2 fwd``, ``memory``, ``optimizer`` or ``host``."""
+    """``gemm bf16``, ``attention flash2 fwd``, ``memory``, ``gelu fwd`` / ``swiglu bwd``
+    (activations), ``optimizer`` or ``host``."""
     entry: str
     """The shape or size, e.g. ``m=64 n=400 k=2500``."""
     unit: str
-    """Unit of the rates: ``TFLOP/s``, ``GB/s`` or ``us`` (host: the time itself)."""
+    """Unit of the rates: ``TFLOP/s``, ``GB/s``, ``Gelem/s`` (activations) or ``us`` (host:
+    the time itself)."""
     work: float
-    """FLOPs (GEMM, attention) or bytes (memory, optimizer) as the profile counts them;
-    0 for the host cost."""
+    """FLOPs (GEMM, attention), bytes (memory, optimizer) or elements (activations) as the
+    profile counts them; 0 for the host cost."""
     measured_s: float
     model_s: float
 
@@ -87,7 +92,7 @@ class KernelRow:
     def rate(self, time_s: float) -> float:
         if self.unit == "TFLOP/s":
             return self.work / time_s / 1e12
-        if self.unit == "GB/s":
+        if self.unit in ("GB/s", "Gelem/s"):
             return self.work / time_s / 1e9
         return time_s * 1e6
 
@@ -258,6 +263,36 @@ def _memory_rows(
     return rows
 
 
+def _activation_rows(
+    profile: Any, models: Callable[..., Any], skipped: dict[str, int]
+) -> list[KernelRow]:
+    from collsim.workload.ops import activation_element_bytes, elementwise_op
+
+    dtype = str(_notes(profile).get("activation_dtype", "fp32"))
+    e = activation_element_bytes(dtype)
+    rows = []
+    for kind, elements, fwd, bwd in profile.measured.activation:
+        if kind not in ("gelu", "swiglu"):
+            _skip(skipped, f"activation {kind}")
+            continue
+        model = models(dtype, fused_kernels=False)
+        model._gated = kind == "swiglu"  # the op list's style (ComputeModel._with_style)
+        tensors = 3 if kind == "swiglu" else 2  # SwiGLU reads a and b, GELU x; each writes one
+        op = elementwise_op("activation", kind, elements, tensors * e * elements)
+        for phase, rate in (("forward", fwd), ("backward", bwd)):
+            rows.append(
+                KernelRow(
+                    kind=f"{kind} {'fwd' if phase == 'forward' else 'bwd'}",
+                    entry=f"{elements:.0f} elements",
+                    unit="Gelem/s",
+                    work=elements,
+                    measured_s=elements / (rate * 1e9),
+                    model_s=model.op_cost(op, phase).time_s,
+                )
+            )
+    return rows
+
+
 def _optimizer_rows(
     profile: Any, models: Callable[..., Any], skipped: dict[str, int]
 ) -> list[KernelRow]:
@@ -327,7 +362,15 @@ def compare_kernels(
 
     rows: list[KernelRow] = []
     skipped: dict[str, int] = {}
-    for part in (_gemm_rows, _attention_rows, _memory_rows, _optimizer_rows, _host_rows):
+    parts = (
+        _gemm_rows,
+        _attention_rows,
+        _memory_rows,
+        _activation_rows,
+        _optimizer_rows,
+        _host_rows,
+    )
+    for part in parts:
         rows += part(profile, models, skipped)
     return rows, [f"{n} x {what}" for what, n in skipped.items()]
 

@@ -46,6 +46,7 @@ __all__ = [
     "kept_bytes",
     "OP_NAMES",
     "FLOPS_PER_ELEMENT",
+    "elementwise_op",
     "variant_layer_ops",
     "routed_rows",
     "attended_keys",
@@ -211,6 +212,13 @@ def _elementwise(
         backward_bytes=2.0 * size_bytes,
         saved=saved,
     )
+
+
+def elementwise_op(name: str, kind: str, elements: float, size_bytes: float) -> Op:
+    """One element-wise op of ``kind`` (a key of :data:`FLOPS_PER_ELEMENT`) over ``elements``
+    moving ``size_bytes``, as the layer's op list builds it (backward: twice the FLOPs and
+    bytes); nothing saved for backward."""
+    return _elementwise(name, kind, elements, size_bytes, {})
 
 
 def _residual(block: str, dropout: bool, elements: float, e: int) -> Op:

@@ -215,3 +215,25 @@ def test_kernels_runs_without_torch() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+def test_activation_rows_against_the_model_by_hand(tmp_path: Path) -> None:
+    """A profile's GELU and SwiGLU rows against the generic CPU's model: memory-bound there
+    (8 FLOPs per element against 8 bytes of fp32 in and out), so bytes / (HBM x its
+    size efficiency) + the 4 us launch floor + the 10 us host cost of a CPU device; SwiGLU as
+    eager PyTorch runs it (silu then mul: 5 tensor passes for its 3)."""
+    notes = dict(NOTES, device="cpu", activation_dtype="fp32")
+    rows_in = [["gelu", 2.0**20, 0.5, 0.25], ["swiglu", 2.0**20, 1.0, 0.5]]
+    profile = _profile(tmp_path, dict(SEED, activation=rows_in, notes=notes), "act")
+    rows = {r.kind: r for r in compare_kernels(profile, get_device("cpu"))[0]}
+    assert {"gelu fwd", "gelu bwd", "swiglu fwd", "swiglu bwd"} <= set(rows)
+    elements = 2.0**20
+
+    def memory_s(size: float) -> float:
+        return size / (0.2e12 * hbm_efficiency(size)) + 4e-6 + 10e-6
+
+    assert rows["gelu fwd"].measured_s == pytest.approx(elements / 0.5e9)
+    assert rows["gelu fwd"].model_s == pytest.approx(memory_s(8 * elements), rel=1e-9)
+    assert rows["gelu bwd"].model_s == pytest.approx(memory_s(16 * elements), rel=1e-9)
+    assert rows["swiglu fwd"].model_s == pytest.approx(memory_s(5 / 3 * 12 * elements), rel=1e-9)
+    assert rows["gelu fwd"].measured_rate == pytest.approx(0.5)  # Gelem/s
