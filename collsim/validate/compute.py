@@ -23,7 +23,6 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -145,6 +144,34 @@ def _pool(torch: Any, dev: Any, dtype: Any, role: str = "in") -> Any:
     return _POOLS[key]
 
 
+_CURSOR = [0]
+
+
+def _next_slot(count: int) -> int:
+    """The next slot of ``count``, from one cursor every cold timing shares: consecutive
+    calls, across layouts, shapes and sections, take consecutive slots, so that none finds
+    what the call before it touched until a pool wraps."""
+    _CURSOR[0] += 1
+    return _CURSOR[0] % count
+
+
+MAX_COLD_BYTES = 3 * 2**30 // 2
+"""Largest pool a size gets of its own (1.5 GiB): 4 blocks of the largest memory-bound size."""
+
+
+def _cold_blocks(torch: Any, dev: Any, dtype: Any, block_elems: int) -> tuple[Any, int] | None:
+    """A pool of at least 4 blocks of ``block_elems`` (at most 64): the shared
+    :data:`COLD_BYTES` pool where it holds 4, else one of its own of 4 blocks (filled once,
+    outside any timing); None when 4 blocks exceed :data:`MAX_COLD_BYTES`."""
+    pool = _pool(torch, dev, dtype, "out")
+    if pool.numel() < 4 * block_elems:
+        itemsize = torch.finfo(dtype).bits // 8
+        if 4 * block_elems * itemsize > MAX_COLD_BYTES:
+            return None
+        pool = torch.empty(4 * block_elems, device=dev, dtype=dtype).uniform_(-1.0, 1.0)
+    return pool, min(64, pool.numel() // block_elems)
+
+
 def _gemm_time(
     torch: Any,
     dev: Any,
@@ -185,10 +212,9 @@ def _gemm_time(
     total = 0.0
     for layout in range(3):
         ops = [operands(i, layout) for i in range(copies)]
-        state = {"i": 0}
 
-        def run(ops: list[tuple[Any, Any]] = ops, state: dict[str, int] = state) -> None:
-            state["i"] = i = (state["i"] + 1) % len(ops)
+        def run(ops: list[tuple[Any, Any]] = ops) -> None:
+            i = _next_slot(len(ops))
             a, b = ops[i]
             torch.mm(a, b, out=results[i * m * n : (i + 1) * m * n].view(m, n))
 
@@ -305,7 +331,8 @@ def _bandwidth_rates(
 ) -> list[list[float]]:
     """``[bytes moved, GB/s]`` of an elementwise add per size of the grid within its cap, on
     cold operands into a cold result as the GEMMs are (:func:`_gemm_time`): each call takes
-    the next three blocks of the :data:`COLD_BYTES` pool, where a size fits in it 4 times.
+    the next triple of a pool of at least 4 (the shared :data:`COLD_BYTES` pool, or one of
+    the size's own up to :data:`MAX_COLD_BYTES`; a size past that is left out).
 
     A step's memory-bound kernels read tensors written many kernels before (saved
     activations in backward, gradients, parameters) and write into blocks the allocator
@@ -313,30 +340,25 @@ def _bandwidth_rates(
     cache instead. On the 2-core development VM (2 MiB L2 per core) a 1 MiB add ran at 124
     GB/s hot and 14 GB/s cold; at 4 MiB, 30 and 26 GB/s."""
     bandwidth: list[list[float]] = []
-    pool = _pool(torch, dev, torch.float32, "out")
     for size in grid.mem_sizes_bytes:
         if size > grid.mem_max_bytes:
             continue
         elems = max(1, size // 12)  # three fp32 tensors of size / 3 bytes
-        blocks = min(64, pool.numel() // (3 * elems))
-        if blocks >= 4:
-            state = {"i": 0}
+        cold = _cold_blocks(torch, dev, torch.float32, 3 * elems)
+        if cold is None:
+            continue
+        pool, blocks = cold
 
-            def run(e: int = elems, n: int = blocks, state: dict[str, int] = state) -> None:
-                state["i"] = i = (state["i"] + 1) % n
-                base = 3 * e * i
-                torch.add(
-                    pool[base : base + e],
-                    pool[base + e : base + 2 * e],
-                    out=pool[base + 2 * e : base + 3 * e],
-                )
+        def run(e: int = elems, n: int = blocks, pool: Any = pool) -> None:
+            base = 3 * e * _next_slot(n)
+            torch.add(
+                pool[base : base + e],
+                pool[base + e : base + 2 * e],
+                out=pool[base + 2 * e : base + 3 * e],
+            )
 
-            t = _median_time(run, max(grid.reps, 5), sync)
-        else:  # as large as the pool: past any cache on its own
-            a = torch.randn(elems, device=dev)
-            b = torch.randn(elems, device=dev)
-            c = torch.empty(elems, device=dev)
-            t = _median_time(partial(torch.add, a, b, out=c), max(grid.reps, 5), sync)
+        t = _median_time(run, max(grid.reps, 5), sync)
+        del pool
         bandwidth.append([float(12 * elems), round(12 * elems / t / 1e9, 4)])
     return bandwidth
 
@@ -345,28 +367,29 @@ def _activation_rates(
     torch: Any, dev: Any, grid: ComputeGrid, sync: Callable[[], None]
 ) -> list[list[Any]]:
     """``[kind, elements, fwd_gelem_per_s, bwd_gelem_per_s]`` of the MLP activations as eager
-    PyTorch runs them, on cold operands cycling through the :data:`COLD_BYTES` pool (as
-    :func:`_bandwidth_rates`), in the device's first training dtype:
+    PyTorch runs them, on cold operands cycling through a pool (as :func:`_bandwidth_rates`;
+    the results are fresh allocations), in the device's first training dtype:
 
     - ``gelu``: ``F.gelu`` (exact, erf) forward; ``aten.gelu_backward`` backward;
-    - ``swiglu``: ``F.silu(a) * b`` forward (2 kernels); backward ``g * silu(a)`` for b and
-      ``aten.silu_backward(g * b, a)`` for a (4 kernels).
+    - ``swiglu``: ``F.silu(a) * b`` forward (2 kernels); backward ``g * silu(a)`` for b (from
+      the saved ``silu(a)``, as autograd keeps it) and ``aten.silu_backward(g * b, a)`` for a
+      (3 kernels).
     """
     F = torch.nn.functional
     aten = torch.ops.aten
     dtype = _dtypes(torch, dev.type)[0][1]
-    pool = _pool(torch, dev, dtype)
     rows: list[list[Any]] = []
-    for kind, tensors in (("gelu", 2), ("swiglu", 3)):
+    # GELU: x, g; SwiGLU: a, b, g and silu(a) (autograd saves it: backward does not recompute)
+    for kind, tensors in (("gelu", 2), ("swiglu", 4)):
         for elems in grid.activation_elements:
-            blocks = max(1, min(64, pool.numel() // (tensors * elems)))
-            if pool.numel() < tensors * elems:
+            cold = _cold_blocks(torch, dev, dtype, tensors * elems)
+            if cold is None:
                 continue
-            state = {"i": 0}
+            pool, blocks = cold
 
-            def views(e: int = elems, n: int = blocks, t: int = tensors, st: Any = state) -> Any:
-                st["i"] = i = (st["i"] + 1) % n
-                return [pool[(t * i + j) * e : (t * i + j + 1) * e] for j in range(t)]
+            def views(e: int = elems, n: int = blocks, t: int = tensors, p: Any = pool) -> Any:
+                i = _next_slot(n)
+                return [p[(t * i + j) * e : (t * i + j + 1) * e] for j in range(t)]
 
             if kind == "gelu":
 
@@ -379,15 +402,21 @@ def _activation_rates(
                     aten.gelu_backward(g, x)
 
             else:
+                for i in range(blocks):  # each slot's saved silu(a), before any timing
+                    a, _, _, saved = (
+                        pool[(4 * i + j) * elems : (4 * i + j + 1) * elems] for j in range(4)
+                    )
+                    saved.copy_(F.silu(a))
 
                 def fwd(views: Any = views) -> None:
-                    a, b, _ = views()
+                    a, b, _, _ = views()
                     F.silu(a) * b
 
                 def bwd(views: Any = views) -> None:
-                    a, b, g = views()
-                    g * F.silu(a)
-                    aten.silu_backward(g * b, a)
+                    a, b, g, saved = views()
+                    gb = g * b
+                    g * saved
+                    aten.silu_backward(gb, a)
 
             reps = max(grid.reps, 5)
             t_fwd = _median_time(fwd, reps, sync)
@@ -551,6 +580,8 @@ def concurrency_slowdown(
     import multiprocessing as mp
     import queue
 
+    if kind not in PROBE_KINDS:
+        raise ValueError(f"kind must be one of {', '.join(PROBE_KINDS)}, got {kind!r}")
     ctx = mp.get_context("spawn")
 
     def run(n: int) -> list[float]:

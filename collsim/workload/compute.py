@@ -445,6 +445,7 @@ class ComputeModel:
         measured_s = self._measured_activation_s(op, phase)
         if measured_s is not None:
             time, host = self._kernel(measured_s + self.launch_s)
+            memory = size / self.memory_bandwidth_at(size) >= measured_s
             return OpCost(
                 name=op.name,
                 phase=phase,
@@ -452,7 +453,7 @@ class ComputeModel:
                 flops=flops,
                 size_bytes=size,
                 time_s=time,
-                bound="host" if host else "measured",
+                bound="host" if host else ("memory" if memory else "compute"),
             )
         size *= self._eager_passes(op.name)
         memory_s = size / self.memory_bandwidth_at(size)
@@ -499,10 +500,16 @@ class ComputeModel:
         )
 
     def _measured_activation_s(self, op: Op, phase: str) -> float | None:
-        """A profile's measured time of the MLP activation ``op`` (GELU, or SwiGLU for a gated
-        MLP) in ``phase``; None where the profile has no such row (then bytes / bandwidth
-        against flops / vector peak, as for any element-wise op)."""
-        if not getattr(self.measured, "activation", ()) or not op.name.endswith("activation"):
+        """A CPU profile's measured time of the dense MLP activation ``op`` (GELU, or SwiGLU
+        for a gated MLP, as eager PyTorch runs them) in ``phase``; None elsewhere (then bytes /
+        bandwidth against flops / vector peak, as for any element-wise op): on an accelerator
+        the activation is fused or memory-bound, MoE experts run one kernel each, and the
+        profile's grid stops at 4 Mi elements."""
+        if (
+            self.generation != "cpu"
+            or op.name != "activation"
+            or not getattr(self.measured, "activation", ())
+        ):
             return None
         kind = "swiglu" if self._gated else "gelu"
         elements = op.flops / FLOPS_PER_ELEMENT[kind]

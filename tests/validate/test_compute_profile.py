@@ -7,6 +7,7 @@ import json
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -336,3 +337,44 @@ def test_memory_bound_rates_take_the_memory_slowdown(tmp_path: Path) -> None:
         _report(4, 2), str(write_profile(tmp_path / "both4.yaml", both))
     )
     assert (share, memory_share) == pytest.approx((2.1, 2.4))
+
+
+def test_cold_gemm_timings_never_reuse_a_slot_until_the_pool_wraps() -> None:
+    """Consecutive timed GEMMs, across the three layouts and across shapes, write into
+    different result blocks (one cursor for every cold timing): a cursor restarted per
+    layout would send each layout's calls to the blocks the previous one just wrote."""
+    torch = pytest.importorskip("torch")
+    from collsim.validate import compute
+
+    seen: list[int] = []
+
+    class Recording:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(torch, name)
+
+        @staticmethod
+        def mm(a: Any, b: Any, out: Any) -> Any:
+            seen.append(out.data_ptr())
+            return torch.mm(a, b, out=out)
+
+    dev = torch.device("cpu")
+    for shape in ((64, 64, 64), (64, 160, 64)):
+        compute._gemm_time(Recording(), dev, torch.float32, *shape, 3, lambda: None)
+    # 2 shapes x 3 layouts x (1 warm-up + 3 timed) calls, all into different blocks
+    assert len(seen) == 24 and len(set(seen)) == 24
+
+
+def test_the_concurrency_probe_runs_both_kinds_in_process() -> None:
+    import queue
+    import threading
+
+    pytest.importorskip("torch")
+    from collsim.validate.compute import PROBE_KINDS, _probe_worker, concurrency_slowdown
+
+    for kind in PROBE_KINDS:
+        start, out = threading.Event(), queue.Queue()  # type: ignore[var-annotated]
+        start.set()
+        _probe_worker(kind, 2, start, out)
+        assert out.get_nowait() > 0
+    with pytest.raises(ValueError, match="kind must be one of"):
+        concurrency_slowdown(2, "disk")
