@@ -284,13 +284,13 @@ def test_a_profile_prices_the_activation_at_its_measured_rate(tmp_path: Path) ->
 THIRD = QUIET / "third_host"
 
 
-def test_third_host_medians_are_within_15_percent() -> None:
+def test_third_host_runs_from_its_own_profile_are_within_15_percent() -> None:
     """The repeat protocol on a third host, after the harness and profile fixes
     (validate/README.md, "A third host"): a profile taken there, then three step runs, each
-    started at a 1-min load under 1.0. The median over the three runs of every DDP (world
-    size, mode) is within 15 % of the measured step; nothing is scaled to a measured step.
-    As recorded, every DDP figure is below the measurement (-6.0 to -20.7 %; 4 of the 12
-    outside 15 %, the medians -9.3 to -14.7 %), and FSDP, reported only, is 9-27 % fast."""
+    started at a 1-min load under 1.0. The criterion of the earlier hosts' tests: every DDP
+    step and every median (FSDP's too) within 15 % of the measured step; nothing is scaled to
+    a measured step. As recorded: DDP -9.7 to +6.5 % (medians +0.8 / -5.8 / -4.6 / +3.0 %),
+    FSDP -10.4 to -23.4 % (medians -13.0 / -14.7 %)."""
     import statistics
 
     runs = [
@@ -300,10 +300,11 @@ def test_third_host_medians_are_within_15_percent() -> None:
         )
         for i in (1, 2, 3)
     ]
-    ddp = [k for k in runs[0] if k[1].startswith("ddp")]
-    assert len(ddp) == 4
-    for key in ddp:
+    assert len(runs[0]) == 6
+    for key in runs[0]:
         errs = [run[key] for run in runs]
+        if key[1].startswith("ddp"):
+            assert max(abs(e) for e in errs) <= 0.15, (key, errs)
         assert abs(statistics.median(errs)) <= 0.15, (key, errs)
     # the profile has the activation rows the prediction used
     assert {r[0] for r in get_device(str(THIRD / "cpu_profile.yaml")).measured.activation} == {
