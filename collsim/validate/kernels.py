@@ -268,7 +268,8 @@ def _activation_rows(
 ) -> list[KernelRow]:
     from collsim.workload.ops import activation_element_bytes, elementwise_op
 
-    dtype = str(_notes(profile).get("activation_dtype", "fp32"))
+    notes = _notes(profile)
+    dtype = str(notes.get("activation_dtype", "fp32" if notes.get("device") == "cpu" else "bf16"))
     e = activation_element_bytes(dtype)
     rows = []
     for kind, elements, fwd, bwd in profile.measured.activation:

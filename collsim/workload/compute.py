@@ -445,7 +445,8 @@ class ComputeModel:
         measured_s = self._measured_activation_s(op, phase)
         if measured_s is not None:
             time, host = self._kernel(measured_s + self.launch_s)
-            memory = size / self.memory_bandwidth_at(size) >= measured_s
+            moved = size * self._eager_passes(op.name)
+            memory = moved / self.memory_bandwidth_at(moved) >= measured_s
             return OpCost(
                 name=op.name,
                 phase=phase,

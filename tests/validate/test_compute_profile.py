@@ -369,13 +369,47 @@ def test_the_concurrency_probe_runs_both_kinds_in_process() -> None:
     import queue
     import threading
 
-    pytest.importorskip("torch")
+    torch = pytest.importorskip("torch")
     from collsim.validate.compute import PROBE_KINDS, _probe_worker, concurrency_slowdown
 
-    for kind in PROBE_KINDS:
-        start, out = threading.Event(), queue.Queue()  # type: ignore[var-annotated]
-        start.set()
-        _probe_worker(kind, 2, start, out)
-        assert out.get_nowait() > 0
+    threads = torch.get_num_threads()
+    try:
+        for kind in PROBE_KINDS:
+            start, out = threading.Event(), queue.Queue()  # type: ignore[var-annotated]
+            start.set()
+            _probe_worker(kind, 2, start, out)
+            assert out.get_nowait() > 0
+    finally:
+        torch.set_num_threads(threads)  # the worker sets 1 for its own process
     with pytest.raises(ValueError, match="kind must be one of"):
         concurrency_slowdown(2, "disk")
+
+
+def test_cold_adds_take_new_blocks_and_large_sizes_pools_of_their_own() -> None:
+    """The bandwidth table's adds share the GEMMs' cursor (consecutive calls write different
+    blocks), and a size whose 4 triples do not fit in the shared pool gets a pool of its own
+    rather than one hot triple."""
+    torch = pytest.importorskip("torch")
+    from collsim.validate import compute
+
+    outs: dict[int, list[int]] = {}
+
+    class Recording:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(torch, name)
+
+        @staticmethod
+        def add(a: Any, b: Any, out: Any) -> Any:
+            outs.setdefault(out.numel(), []).append(out.data_ptr())
+            return torch.add(a, b, out=out)
+
+    small, large = 64 * 1024, 32 * 2**20  # 4 triples of 32 MiB moved: 128 MiB > 64 MiB pool
+    grid = compute.ComputeGrid(mem_sizes_bytes=(small, large), mem_max_bytes=large, reps=5)
+    rows = compute._bandwidth_rates(Recording(), torch.device("cpu"), grid, lambda: None)
+    assert [r[0] for r in rows] == [float(12 * (small // 12)), float(12 * (large // 12))]
+    for ptrs in outs.values():  # 1 warm-up + 5 timed calls per size
+        assert len(ptrs) == 6 and len(set(ptrs)) >= 4, ptrs
+    shared = compute._pool(torch, torch.device("cpu"), torch.float32, "out")
+    lo, hi = shared.data_ptr(), shared.data_ptr() + shared.numel() * 4
+    assert all(not lo <= p < hi for p in outs[large // 12])  # its own pool
+    assert all(lo <= p < hi for p in outs[small // 12])
