@@ -155,6 +155,13 @@ def _next_slot(count: int) -> int:
     return _CURSOR[0] % count
 
 
+def _slot(pool: Any, slot: int, elems: int, count: int) -> list[Any]:
+    """The ``count`` consecutive views of ``elems`` each that make up block ``slot`` of a
+    flat pool (a kernel's operands and result)."""
+    base = slot * count * elems
+    return [pool[base + j * elems : base + (j + 1) * elems] for j in range(count)]
+
+
 MAX_COLD_BYTES = 3 * 2**30 // 2
 """Largest pool a size gets of its own (1.5 GiB): room for the 4 blocks of the largest default
 memory-bound size (256 MiB moved: 1 GiB); a size past it is left out of the table."""
@@ -351,12 +358,8 @@ def _bandwidth_rates(
         pool, blocks = cold
 
         def run(e: int = elems, n: int = blocks, pool: Any = pool) -> None:
-            base = 3 * e * _next_slot(n)
-            torch.add(
-                pool[base : base + e],
-                pool[base + e : base + 2 * e],
-                out=pool[base + 2 * e : base + 3 * e],
-            )
+            a, b, c = _slot(pool, _next_slot(n), e, 3)
+            torch.add(a, b, out=c)
 
         t = _median_time(run, max(grid.reps, 5), sync)
         del run, pool  # a size's own pool goes before the next size's is made
@@ -389,8 +392,7 @@ def _activation_rates(
             pool, blocks = cold
 
             def views(e: int = elems, n: int = blocks, t: int = tensors, p: Any = pool) -> Any:
-                i = _next_slot(n)
-                return [p[(t * i + j) * e : (t * i + j + 1) * e] for j in range(t)]
+                return _slot(p, _next_slot(n), e, t)
 
             if kind == "gelu":
 
@@ -404,9 +406,7 @@ def _activation_rates(
 
             else:
                 for i in range(blocks):  # each slot's saved silu(a), before any timing
-                    a, _, _, saved = (
-                        pool[(4 * i + j) * elems : (4 * i + j + 1) * elems] for j in range(4)
-                    )
+                    a, _, _, saved = _slot(pool, i, elems, 4)
                     saved.copy_(F.silu(a))
 
                 def fwd(views: Any = views) -> None:
@@ -550,15 +550,12 @@ def _probe_worker(kind: str, iters: int, start: Any, out: Any) -> None:
     vecs = torch.randn(COLD_BYTES // 4)  # 64 MiB of 4 MiB vector triples
     n_mats, n_vecs = mats.numel() // (3 * side * side), vecs.numel() // (3 * elems)
 
-    def views(pool: Any, i: int, size: int) -> list[Any]:
-        return [pool[(3 * i + j) * size : (3 * i + j + 1) * size] for j in range(3)]
-
     def once(i: int) -> None:
         if kind == "compute":
-            a, b, c = (v.view(side, side) for v in views(mats, i % n_mats, side * side))
+            a, b, c = (v.view(side, side) for v in _slot(mats, i % n_mats, side * side, 3))
             torch.mm(a, b, out=c)
         else:
-            x, y, z = views(vecs, i % n_vecs, elems)
+            x, y, z = _slot(vecs, i % n_vecs, elems, 3)
             torch.add(x, y, out=z)
 
     once(0)

@@ -1040,7 +1040,7 @@ def _simulate_from_profile(
         dtype=Dtype.FP32,
         optimizer=Optimizer.SGD,
     )
-    device, share, _ = profile_device(report, device_profile)
+    device, _, _ = profile_device(report, device_profile)
     fitted, _ = on_these_cores(report, topology, insitu)
     topo = copy.copy(fitted)
     topo.device = device

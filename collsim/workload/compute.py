@@ -442,30 +442,21 @@ class ComputeModel:
             return self._matmul_cost(op, phase, flops, size, backward)
         if op.kind is OpKind.FUSED_ATTENTION:
             return self._flash_cost(op, phase, flops, size)
+        moved = size * self._eager_passes(op.name)
+        memory_s = moved / self.memory_bandwidth_at(moved)
         measured_s = self._measured_activation_s(op, phase)
-        if measured_s is not None:
-            time, host = self._kernel(measured_s + self.launch_s)
-            moved = size * self._eager_passes(op.name)
-            memory = moved / self.memory_bandwidth_at(moved) >= measured_s
-            return OpCost(
-                name=op.name,
-                phase=phase,
-                kind=op.kind,
-                flops=flops,
-                size_bytes=size,
-                time_s=time,
-                bound="host" if host else ("memory" if memory else "compute"),
-            )
-        size *= self._eager_passes(op.name)
-        memory_s = size / self.memory_bandwidth_at(size)
-        compute_s = flops / self.vector_peak_flops
-        time, host = self._kernel(max(compute_s, memory_s) + self.launch_s)
+        if measured_s is None:
+            compute_s = flops / self.vector_peak_flops
+            device_s, reported = max(compute_s, memory_s), moved
+        else:  # a profile's time of the activation holds its memory traffic and its math
+            compute_s, device_s, reported = measured_s, measured_s, size
+        time, host = self._kernel(device_s + self.launch_s)
         return OpCost(
             name=op.name,
             phase=phase,
             kind=op.kind,
             flops=flops,
-            size_bytes=size,
+            size_bytes=reported,
             time_s=time,
             bound="host" if host else ("compute" if compute_s > memory_s else "memory"),
         )

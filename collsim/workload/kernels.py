@@ -399,9 +399,10 @@ kernel."""
 # ---- measured tables (device profiles) -----------------------------------------------------
 
 
-def _log_interp(points: list[tuple[float, float]], x: float) -> float:
+def _log_interp(points: Sequence[tuple[float, float]], x: float) -> float:
     """``y`` at ``x`` from sorted ``(x, y)`` points, linear in (log x, log y) between them,
-    the end values outside."""
+    the end values outside (a measured table is not extrapolated, unlike the published
+    attention tables of :func:`_interp_log`)."""
     if x <= points[0][0]:
         return points[0][1]
     if x >= points[-1][0]:
@@ -543,17 +544,7 @@ class MeasuredTables:
         """Bytes/s of a memory-bound kernel moving ``size_bytes`` (log-size interpolation)."""
         if not self.bandwidth:
             return None
-        pts = self.bandwidth
-        if size_bytes <= pts[0][0]:
-            return pts[0][1] * 1e9
-        if size_bytes >= pts[-1][0]:
-            return pts[-1][1] * 1e9
-        lx = math.log(size_bytes)
-        for (x0, y0), (x1, y1) in zip(pts, pts[1:], strict=False):
-            if x0 <= size_bytes <= x1:
-                t = (lx - math.log(x0)) / (math.log(x1) - math.log(x0))
-                return math.exp(math.log(y0) + t * (math.log(y1) - math.log(y0))) * 1e9
-        return pts[-1][1] * 1e9
+        return _log_interp(self.bandwidth, size_bytes) * 1e9
 
     def attention_rate(
         self, kernel: str, phase: str, *, causal: bool, head_dim: int, seq_len: int
