@@ -32,7 +32,7 @@ SCENARIO = REPO / "scenarios" / "3d_175b.yaml"
 
 def bench_sweep() -> tuple[float, int, int]:
     """Seconds for the 64..4096 weak-scaling sweep; points run and feasible."""
-    from collsim.sweep import build_points, parse_gpus, run_sweep
+    from collsim.study.sweep import build_points, parse_gpus, run_sweep
 
     start = time.perf_counter()
     outcomes = run_sweep(SCENARIO, build_points(gpus=parse_gpus("64,128,...,4096")))

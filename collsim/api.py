@@ -225,12 +225,10 @@ def sweep(
         strong: keep the global batch (strong scaling) instead of growing it with dp.
 
     Returns:
-        One row per point (``collsim.sweep.sweep_frame``): coordinates, ``feasible``,
+        One row per point (``collsim.study.sweep.sweep_frame``): coordinates, ``feasible``,
         ``reason`` and every result field, in seconds and bytes.
     """
-    import importlib
-
-    sweeping = importlib.import_module("collsim.sweep")  # the module, not collsim.sweep()
+    from collsim.study import sweep as sweeping
 
     pairs = [
         (key, [json.dumps(v) if not isinstance(v, str) else v for v in values])
@@ -262,7 +260,7 @@ def collective(
     from collsim.collectives import Group
     from collsim.errors import InfeasibleError
     from collsim.report.frames import collective_cost_frame
-    from collsim.sweep import cluster_for
+    from collsim.study.sweep import cluster_for
     from collsim.vocab import Algorithm, CollectiveOp
 
     try:

@@ -55,7 +55,7 @@ unit where they have one; unknown keys are rejected with ``file:line: key.path``
       layers_per_stage: null   # [n, ...] per virtual stage; account_for_embedding,
                                # account_for_loss: balanced split counts them as a layer
       order: tp-cp-ep-dp-pp    # rank layout, fastest first (or tp-cp-ep-pp-dp: dp outermost)
-    reliability: {...}         # optional: failure rates, restarts, checkpoints (collsim.goodput)
+    reliability: {...}         # optional: failure rates, restarts, checkpoints (collsim goodput)
     stragglers:                # optional: slow GPUs / nodes / links (collsim.stragglers)
       slow_gpu: {ranks: [5], clock_factor: 0.9}
 
@@ -85,8 +85,8 @@ from collsim.parallel.config import DDPConfig, FSDPConfig, ParallelConfig, Train
 from collsim.yamlio import ConfigReader, YamlDoc, load_yaml, non_negative, positive
 
 if TYPE_CHECKING:
-    from collsim.goodput.config import ReliabilityConfig
     from collsim.stragglers import StragglerConfig
+    from collsim.study.goodput.config import ReliabilityConfig
     from collsim.topology import Topology
     from collsim.workload import TransformerSpec
 
@@ -390,10 +390,10 @@ def _read(doc: YamlDoc, overrides: tuple[_Override, ...], source: Path | None) -
 
 
 def _read_reliability(root: ConfigReader) -> ReliabilityConfig | None:
-    """The optional ``reliability`` section, read by :func:`collsim.goodput.read_reliability`."""
+    """The optional ``reliability`` section (:func:`collsim.study.goodput.read_reliability`)."""
     if root.get("reliability", dict, default=None) is None:
         return None
-    from collsim.goodput.config import read_reliability
+    from collsim.study.goodput.config import read_reliability
 
     return read_reliability(root.section("reliability"))
 

@@ -326,7 +326,7 @@ _RELIABILITY = Section(
         "components": Section(
             required=True,
             description="Failure rate per component.",
-            keys=_enum_values("collsim.goodput.config", "COMPONENTS"),
+            keys=_enum_values("collsim.study.goodput.config", "COMPONENTS"),
             key_rule="unknown component {key!r}; must be one of {choices}",
             values=Section(
                 nullable=False,

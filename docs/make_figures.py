@@ -33,7 +33,7 @@ def scaling() -> Path:
     1 to 512 GPUs, weak scaling with one 2048-token sequence per GPU (small per-GPU work, so
     that communication matters)."""
     from collsim.report.plots import plot_scaling, save_figure
-    from collsim.sweep import build_points, parse_gpus, run_sweep, sweep_frame
+    from collsim.study.sweep import build_points, parse_gpus, run_sweep, sweep_frame
 
     plans = {
         "DDP": ["parallel.zero=0", "parallel.ddp.overlap=false"],
@@ -60,7 +60,7 @@ def scaling() -> Path:
 def memory() -> Path:
     """Per-GPU memory of a 7B model (fp32 Adam, as in the seed) for DDP and ZeRO-1/2/3."""
     from collsim.report.plots import plot_memory, save_figure
-    from collsim.sweep import build_points, parse_gpus, run_sweep, sweep_frame
+    from collsim.study.sweep import build_points, parse_gpus, run_sweep, sweep_frame
 
     plans = {
         "DDP": ["parallel.zero=0"],
@@ -80,7 +80,7 @@ def memory() -> Path:
 def timeline() -> Path:
     """Memory over one FSDP step of Llama-2 7B on 16 H100s, rank 0."""
     from collsim.report.plots import plot_memory_timeline, save_figure
-    from collsim.sweep import SweepPoint, run_point
+    from collsim.study.sweep import SweepPoint, run_point
 
     outcome = run_point(SCENARIOS / "fsdp_llama2_7b.yaml", SweepPoint("", None), trace=True)
     assert outcome.result is not None, outcome.reason
@@ -96,7 +96,7 @@ def step() -> Path:
     """One step at a glance (what `collsim plot step` draws): GPT-3 13B, TP 8 x PP 4,
     interleaved 1F1B with 2 chunks per stage, 16 micro-batches."""
     from collsim.report.plots import plot_step, save_figure
-    from collsim.sweep import SweepPoint, run_point
+    from collsim.study.sweep import SweepPoint, run_point
 
     outcome = run_point(
         SCENARIOS / "pipeline_13b_interleaved.yaml", SweepPoint("", None), trace=True
@@ -113,7 +113,7 @@ def step() -> Path:
 def pipeline() -> Path:
     """GPipe, 1F1B and interleaved 1F1B on GPT-3 13B, TP 8 x PP 4, 8 micro-batches."""
     from collsim.report.plots import plot_pipeline, save_figure
-    from collsim.sweep import SweepPoint, run_point
+    from collsim.study.sweep import SweepPoint, run_point
 
     results = {}
     for kind, label, v in (

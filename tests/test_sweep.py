@@ -9,7 +9,7 @@ import pytest
 
 from collsim.errors import ConfigError, InfeasibleError
 from collsim.schedule.result import StepResult
-from collsim.sweep import (
+from collsim.study.sweep import (
     build_points,
     check_overrides,
     parse_gpus,
@@ -186,7 +186,7 @@ def test_infeasible_error_becomes_a_reason(scenario: Path) -> None:
 
 
 def test_parse_plan() -> None:
-    from collsim.sweep import parse_plan
+    from collsim.study.sweep import parse_plan
 
     assert parse_plan("DDP + overlap: parallel.zero=0, parallel.ddp.overlap=true") == (
         "DDP + overlap",

@@ -20,10 +20,10 @@ from collsim.cli.common import OneLineCommand, check_output_path
 from collsim.errors import ConfigError
 
 if TYPE_CHECKING:
-    from collsim.goodput.costs import JobCosts
-    from collsim.goodput.estimate import GoodputResult, Spread
     from collsim.scenario import Scenario
     from collsim.schedule.result import StepResult
+    from collsim.study.goodput.costs import JobCosts
+    from collsim.study.goodput.estimate import GoodputResult, Spread
     from collsim.topology import Topology
 
 __all__ = ["goodput", "goodput_scenario", "scenario_costs", "format_goodput_report", "one_line"]
@@ -134,7 +134,7 @@ def goodput_scenario(
     result, caught = _simulate_capturing(scenario, topology, all_ranks=False, trace=False)
     costs = scenario_costs(scenario, topology, result)
     run_days = days or scenario.reliability.duration_days or DEFAULT_DAYS
-    from collsim.goodput.estimate import estimate_goodput
+    from collsim.study.goodput.estimate import estimate_goodput
 
     estimate = estimate_goodput(costs, scenario.reliability, days=run_days, runs=runs, seed=seed)
 
@@ -167,7 +167,7 @@ def scenario_costs(scenario: Scenario, topology: Topology, result: StepResult) -
         ConfigError: no reliability section, or an interval shorter than a checkpoint write
             (located in the scenario file).
     """
-    from collsim.goodput.costs import checkpoint_state, job_costs
+    from collsim.study.goodput.costs import checkpoint_state, job_costs
 
     reliability = scenario.reliability
     if reliability is None:

@@ -390,7 +390,7 @@ def _closed_form(
 ) -> pd.DataFrame:
     from collsim.collectives import Group
     from collsim.report.frames import collective_cost_frame
-    from collsim.sweep import cluster_for
+    from collsim.study.sweep import cluster_for
     from collsim.units import parse_size
     from collsim.vocab import Algorithm, CollectiveOp
 

@@ -159,7 +159,7 @@ def search(
     """Enumerate the plans of SCENARIO's model on --gpus GPUs, rank them, re-simulate the best."""
     from collsim.scenario import load_scenario
     from collsim.search import SearchSpace, search_frame, search_plans
-    from collsim.sweep import cluster_for
+    from collsim.study.sweep import cluster_for
 
     check_frame_path(output, "--output")
     base = load_scenario(scenario, list(overrides))

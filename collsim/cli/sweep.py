@@ -31,7 +31,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
     from matplotlib.figure import Figure
 
-    from collsim.sweep import SweepOutcome
+    from collsim.study.sweep import SweepOutcome
 
 __all__ = ["sweep", "sweep_table", "progress_reporter"]
 
@@ -129,7 +129,7 @@ def sweep(
 ) -> None:
     """Simulate SCENARIO at every GPU count of --gpus and every --set combination."""
     from collsim.jobs import default_jobs
-    from collsim.sweep import (
+    from collsim.study.sweep import (
         build_points,
         check_overrides,
         parse_gpus,
@@ -166,7 +166,7 @@ def sweep(
             jobs=jobs or default_jobs(),
         )
 
-    from collsim.sweep import sweep_frame
+    from collsim.study.sweep import sweep_frame
 
     frame = sweep_frame(outcomes)
     click.echo(sweep_table(frame))

@@ -1,8 +1,8 @@
 """matplotlib figures of goodput: tokens per day against the checkpoint interval, one timeline.
 
-:func:`plot_goodput` takes a :class:`collsim.goodput.estimate.GoodputResult` and returns a fresh
-:class:`matplotlib.figure.Figure` (no pyplot, Agg canvas, nothing shown); write it with
-:func:`collsim.report.plots.save_figure`.
+:func:`plot_goodput` takes a :class:`collsim.study.goodput.estimate.GoodputResult` and returns a
+fresh :class:`matplotlib.figure.Figure` (no pyplot, Agg canvas, nothing shown); write it
+with :func:`collsim.report.plots.save_figure`.
 
 - top: goodput (tokens per day) against the checkpoint interval, closed form as a line and the
   Monte Carlo mean as points, the exact optimum marked, Young's and Daly's estimates and the
@@ -22,7 +22,7 @@ from collsim.errors import ConfigError
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
 
-    from collsim.goodput.estimate import GoodputResult
+    from collsim.study.goodput.estimate import GoodputResult
 
 __all__ = ["plot_goodput"]
 
@@ -46,7 +46,7 @@ def plot_goodput(result: GoodputResult, *, title: str = "") -> Figure:
 
     grid = np.asarray(best.grid_s)
     fine = np.geomspace(grid[0], grid[-1], 200)
-    from collsim.goodput.closed_form import effective_training_time_ratio
+    from collsim.study.goodput.closed_form import effective_training_time_ratio
 
     closed = np.array([effective_training_time_ratio(result.costs, float(t)) for t in fine])
     top.plot(fine, closed * per_day, color="C0", label="closed form (renewal, exact)")

@@ -357,7 +357,7 @@ def test_bad_straggler_input_is_one_line_exit_2(
 
 
 def test_sweep_over_severity_gives_a_slowdown_curve(scenario_file: Path) -> None:
-    from collsim.sweep import build_points, run_sweep
+    from collsim.study.sweep import build_points, run_sweep
 
     factors = ["1.0", "0.95", "0.9", "0.8"]
     points = build_points(sets=[("stragglers.slow_gpu.clock_factor", factors)])

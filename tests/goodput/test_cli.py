@@ -10,8 +10,8 @@ from click.testing import CliRunner
 
 from collsim.cli import cli
 from collsim.errors import ConfigError
-from collsim.goodput.costs import checkpoint_state
 from collsim.scenario import load_scenario, scenario_from_doc
+from collsim.study.goodput.costs import checkpoint_state
 from collsim.yamlio import parse_yaml_text
 
 REPO = Path(__file__).resolve().parents[2]

@@ -14,15 +14,15 @@ import random
 import numpy as np
 import pytest
 
-from collsim.goodput.closed_form import (
+from collsim.study.goodput.closed_form import (
     daly_interval_s,
     effective_training_time_ratio,
     optimal_interval_s,
     renewal_breakdown,
     young_interval_s,
 )
-from collsim.goodput.costs import JobCosts
-from collsim.goodput.montecarlo import evaluate_intervals, sample_timelines
+from collsim.study.goodput.costs import JobCosts
+from collsim.study.goodput.montecarlo import evaluate_intervals, sample_timelines
 
 DAY_S = 86_400.0
 

@@ -7,15 +7,15 @@ import dataclasses
 import pytest
 
 from collsim.errors import ConfigError
-from collsim.goodput.config import (
+from collsim.parallel.config import ParallelConfig, TrainingConfig
+from collsim.study.goodput.config import (
     CheckpointConfig,
     ComponentRate,
     ReliabilityConfig,
     RestartConfig,
     StorageConfig,
 )
-from collsim.goodput.costs import checkpoint_state, job_costs, storage_time_s
-from collsim.parallel.config import ParallelConfig, TrainingConfig
+from collsim.study.goodput.costs import checkpoint_state, job_costs, storage_time_s
 from collsim.workload import get_preset
 
 

@@ -5,15 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from collsim.goodput.config import (
+from collsim.study.goodput.config import (
     ComponentRate,
     ReliabilityConfig,
     SparesConfig,
     StorageConfig,
 )
-from collsim.goodput.costs import JobCosts
-from collsim.goodput.estimate import estimate_goodput
-from collsim.goodput.montecarlo import evaluate_intervals, sample_timelines, sampled_run
+from collsim.study.goodput.costs import JobCosts
+from collsim.study.goodput.estimate import estimate_goodput
+from collsim.study.goodput.montecarlo import evaluate_intervals, sample_timelines, sampled_run
 
 DAY_S = 86_400.0
 

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import numpy as np
 
-from collsim.goodput.config import ComponentRate, ReliabilityConfig, StorageConfig
-from collsim.goodput.costs import JobCosts
-from collsim.goodput.estimate import estimate_goodput
 from collsim.report.goodput_plots import plot_goodput
 from collsim.report.plots import save_figure
+from collsim.study.goodput.config import ComponentRate, ReliabilityConfig, StorageConfig
+from collsim.study.goodput.costs import JobCosts
+from collsim.study.goodput.estimate import estimate_goodput
 
 
 def test_plot_goodput_marks_the_interior_optimum(tmp_path: Path) -> None:

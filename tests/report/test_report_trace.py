@@ -280,7 +280,7 @@ def test_run_import_path_stays_light() -> None:
     import sys
 
     code = (
-        "import sys, collsim.report.trace, collsim.sweep, collsim.search, collsim.estimate; "
+        "import sys, collsim.report.trace, collsim.study.sweep, collsim.search, collsim.estimate; "
         "heavy = [m for m in ('pandas', 'matplotlib') if m in sys.modules]; "
         "print(','.join(heavy))"
     )

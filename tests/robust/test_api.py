@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
 import collsim
-from collsim.errors import ConfigError, LimitError, UnavailableError
+from collsim.errors import ConfigError, LimitError
 from collsim.limits import Limits
 
 REPO = Path(__file__).resolve().parents[2]
@@ -65,17 +64,8 @@ def test_sweep_and_collective_frames() -> None:
         collsim.collective("all_reduse", 1024)
 
 
-def test_sweep_is_function_and_module() -> None:
-    import collsim.sweep
-    from collsim.sweep import parse_gpus
+def test_sweep_name_is_the_function_and_the_module_lives_in_study() -> None:
+    import collsim.study.sweep
 
-    assert callable(collsim.sweep)
-    assert collsim.sweep.parse_gpus is parse_gpus  # the module's names read through
-
-
-def test_goodput_is_lazy() -> None:
-    if importlib.util.find_spec("collsim.goodput") is None:
-        with pytest.raises(UnavailableError, match="not available"):
-            collsim.goodput()
-    else:
-        assert callable(collsim.goodput)
+    assert collsim.sweep is collsim.api.sweep
+    assert collsim.study.sweep.parse_gpus("8,16") == [8, 16]

@@ -25,8 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from collsim.errors import ConfigError
-from collsim.goodput.config import ReliabilityConfig
 from collsim.parallel.config import ParallelConfig, TrainingConfig
+from collsim.study.goodput.config import ReliabilityConfig
 from collsim.workload.memory import model_state_bytes, parameters_per_rank
 from collsim.workload.model import TransformerSpec
 

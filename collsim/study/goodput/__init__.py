@@ -1,18 +1,18 @@
 """Goodput of long training jobs: failures, checkpoints, restarts, spares.
 
-- :mod:`collsim.goodput.config`: the ``reliability`` scenario section (frozen dataclasses and
+- :mod:`collsim.study.goodput.config`: the ``reliability`` scenario section (frozen dataclasses and
   its reader over a :class:`collsim.yamlio.ConfigReader`);
-- :mod:`collsim.goodput.costs`: checkpoint size from the plan, write / load / restart times;
-- :mod:`collsim.goodput.closed_form`: Young and Daly intervals and the exact renewal ratio;
-- :mod:`collsim.goodput.montecarlo`: the seeded Monte Carlo of the job's timeline;
-- :mod:`collsim.goodput.estimate`: both side by side, with the best interval and its spread.
+- :mod:`collsim.study.goodput.costs`: checkpoint size from the plan, write / load / restart times;
+- :mod:`collsim.study.goodput.closed_form`: Young and Daly intervals and the exact renewal ratio;
+- :mod:`collsim.study.goodput.montecarlo`: the seeded Monte Carlo of the job's timeline;
+- :mod:`collsim.study.goodput.estimate`: both side by side, with the best interval and its spread.
 
 The package namespace holds the parts without numpy (the scenario loader imports the config);
-import :mod:`collsim.goodput.estimate` for the Monte Carlo.
+import :mod:`collsim.study.goodput.estimate` for the Monte Carlo.
 
 Example::
 
-    from collsim.goodput.estimate import estimate_goodput
+    from collsim.study.goodput.estimate import estimate_goodput
 
     costs = job_costs(reliability, state=checkpoint_state(spec, training, parallel),
                       num_nodes=2048, step_time_s=12.0, tokens_per_step=16.8e6)
@@ -22,14 +22,14 @@ Example::
 
 from __future__ import annotations
 
-from collsim.goodput.closed_form import (
+from collsim.study.goodput.closed_form import (
     daly_interval_s,
     effective_training_time_ratio,
     optimal_interval_s,
     renewal_breakdown,
     young_interval_s,
 )
-from collsim.goodput.config import (
+from collsim.study.goodput.config import (
     COMPONENTS,
     CheckpointConfig,
     ComponentRate,
@@ -39,7 +39,7 @@ from collsim.goodput.config import (
     StorageConfig,
     read_reliability,
 )
-from collsim.goodput.costs import CheckpointState, JobCosts, checkpoint_state, job_costs
+from collsim.study.goodput.costs import CheckpointState, JobCosts, checkpoint_state, job_costs
 
 __all__ = [
     "COMPONENTS",

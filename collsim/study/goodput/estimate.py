@@ -1,6 +1,6 @@
 """Goodput of a job over a run: the closed form and the Monte Carlo side by side.
 
-:func:`estimate_goodput` takes the job's costs (:func:`collsim.goodput.costs.job_costs`) and
+:func:`estimate_goodput` takes the job's costs (:func:`collsim.study.goodput.costs.job_costs`) and
 returns a :class:`GoodputResult`: interruptions over the run, effective training time ratio,
 goodput in tokens per day, work lost to rollbacks, time checkpointing and recovering, each as
 the closed form's expectation and the Monte Carlo's mean with its 5th and 95th percentiles; and
@@ -25,15 +25,15 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from collsim.goodput.closed_form import (
+from collsim.study.goodput.closed_form import (
     daly_interval_s,
     optimal_interval_s,
     renewal_breakdown,
     young_interval_s,
 )
-from collsim.goodput.config import SECONDS_PER_DAY, ReliabilityConfig
-from collsim.goodput.costs import JobCosts
-from collsim.goodput.montecarlo import (
+from collsim.study.goodput.config import SECONDS_PER_DAY, ReliabilityConfig
+from collsim.study.goodput.costs import JobCosts
+from collsim.study.goodput.montecarlo import (
     SampledRun,
     Timelines,
     evaluate_intervals,
@@ -84,7 +84,7 @@ class Spread:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ClosedFormGoodput:
-    """Expectations over the run from :mod:`collsim.goodput.closed_form`."""
+    """Expectations over the run from :mod:`collsim.study.goodput.closed_form`."""
 
     interval_s: float
     interruptions: float

@@ -1,6 +1,6 @@
 """Closed forms of goodput: the checkpoint interval (Young, Daly) and the exact renewal ratio.
 
-Model (the Monte Carlo of :mod:`collsim.goodput.montecarlo` makes the same assumptions):
+Model (the Monte Carlo of :mod:`collsim.study.goodput.montecarlo` makes the same assumptions):
 
 1. Failures strike the job as one Poisson process of rate ``lam`` (events per second, all
    components of all its nodes; a correlated event that takes many nodes is one event), in
@@ -55,7 +55,7 @@ import math
 from dataclasses import dataclass
 
 from collsim.errors import ConfigError
-from collsim.goodput.costs import JobCosts
+from collsim.study.goodput.costs import JobCosts
 
 __all__ = [
     "RenewalBreakdown",

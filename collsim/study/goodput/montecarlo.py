@@ -1,7 +1,7 @@
 """Seeded Monte Carlo of a training job's timeline: failures, detection, restart, rollback.
 
-It samples the model of :mod:`collsim.goodput.closed_form` event by event, plus what the closed
-form leaves out: which component failed, correlated events that take many nodes at once, and a
+It samples the model of :mod:`collsim.study.goodput.closed_form` event by event, plus what the
+closed form leaves out: which component failed, correlated events that take many nodes at once, and a
 finite pool of spare nodes (a failed node comes back after its repair time; a restart that
 needs more spares than the pool holds waits for repairs).
 
@@ -39,8 +39,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from collsim.errors import ConfigError
-from collsim.goodput.config import ComponentRate, SparesConfig
-from collsim.goodput.costs import JobCosts
+from collsim.study.goodput.config import ComponentRate, SparesConfig
+from collsim.study.goodput.costs import JobCosts
 
 __all__ = [
     "Timelines",
