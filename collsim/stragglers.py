@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from collsim.errors import ConfigError
-from collsim.topology import CollectiveMemo
 from collsim.yamlio import ConfigReader, one_of
 
 if TYPE_CHECKING:
@@ -291,7 +290,6 @@ def degrade_topology(topology: Topology, link_factors: dict[int, float]) -> Topo
     out.link_capacity_bps = topology.link_capacity_bps.copy()
     for index, factor in link_factors.items():
         out.link_capacity_bps[index] *= factor
-    out.collective_memo = CollectiveMemo()
     out.symmetric = False  # the degraded links make some groups unlike their shifts
     out.name = f"{topology.name} (degraded links)"
     return out

@@ -46,7 +46,7 @@ import bisect
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, overload
+from typing import Any, overload
 
 import numpy as np
 
@@ -56,13 +56,6 @@ from collsim.hardware import Device, get_device
 from collsim.units import US, gbit_to_bps, gbps_to_bps
 from collsim.vocab import Algorithm, CollectiveOp, FabricKind, Interconnect, LinkKind
 from collsim.yamlio import ConfigReader, YamlDoc, load_yaml, non_negative, one_of, positive
-
-if TYPE_CHECKING:  # the collective layer's types of CollectiveMemo (it imports this module)
-    from collsim.collectives.channels import NcclGraph
-    from collsim.collectives.schedule import Schedule, Timing
-    from collsim.collectives.select import CostEntry
-    from collsim.collectives.tuner import TunerTable
-    from collsim.collectives.types import Group
 
 __all__ = [
     "Link",
@@ -344,42 +337,6 @@ class _FabricSpec:
     """In-network reduction (SHARP) reachable through NCCL's CollNet (``fabric.sharp``)."""
 
 
-@dataclass(slots=True, eq=False)
-class CollectiveMemo:
-    """What :mod:`collsim.collectives` derives from one topology, computed once per key.
-
-    A topology is not changed after it is built (:func:`collsim.stragglers.degrade_topology`
-    makes a copy with a fresh memo), so entries are kept for the topology's life. Each field has
-    one writer, named in its docstring; groups key by (topology identity, ranks).
-    """
-
-    graphs: dict[tuple[int, int, int], dict[Algorithm, NcclGraph]] = field(default_factory=dict)
-    """NCCL's ring / tree / NVLS graphs per (nodes, GPUs per node, NICs per node)
-    (:func:`collsim.collectives.channels.graphs_for`)."""
-    tuner_tables: dict[tuple[int, int, int, int], TunerTable] = field(default_factory=dict)
-    """NCCL's tuning table per communicator shape (ranks, nodes, GPUs per node, NICs)
-    (:func:`collsim.collectives.tuner.table_for`)."""
-    schedules: dict[tuple[Group, str, str], Schedule] = field(default_factory=dict)
-    """The phases of one (group, op, algorithm)
-    (:func:`collsim.collectives.select.schedule_for`)."""
-    candidates: dict[tuple[Group, str], list[tuple[Schedule, Timing]]] = field(default_factory=dict)
-    """The (schedule, timing) options ``auto`` chooses among per (group, op)
-    (``collsim.collectives.select._candidates``)."""
-    costs: dict[tuple[Group, str, str, str | None], CostEntry] = field(default_factory=dict)
-    """The closed form's per-call table per (group, op, algorithm, protocol)
-    (:func:`collsim.collectives.select.cost`)."""
-    shared_costs: dict[tuple[Any, str, str, str | None], CostEntry] = field(default_factory=dict)
-    """The same tables per (:meth:`Topology.symmetry_key` of the group, op, algorithm,
-    protocol): groups that a shift by whole nodes maps onto each other share one
-    (:func:`collsim.collectives.select.cost`)."""
-    ring_gathers: dict[Group, list[Any]] = field(default_factory=dict)
-    """The one phase of a ring reduce-scatter or all-gather per group: both move the same
-    bytes over the same ring edges (:func:`collsim.collectives.ring.build`)."""
-    node_shapes: dict[tuple[int, ...], tuple[int, int]] = field(default_factory=dict)
-    """(GPUs per node, NICs per node) a communicator over these ranks sees
-    (:func:`collsim.collectives.channels.node_shape`)."""
-
-
 class Topology:
     """A cluster of ``num_nodes`` identical nodes: ranks, links and paths.
 
@@ -419,8 +376,6 @@ class Topology:
         self.source = source
         self.links: Sequence[Link] = LinkTable()
         self._path_cache: dict[tuple[int, int], tuple[int, ...]] = {}
-        self.collective_memo = CollectiveMemo()
-        """What the collective layer derives from this topology (see :class:`CollectiveMemo`)."""
         self.symmetric = True
         """Nodes alike, and leaves alike but for how many nodes each holds, as built from a
         file (:meth:`symmetry_key`); a copy with degraded links is not."""
