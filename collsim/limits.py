@@ -80,10 +80,6 @@ EVENTS_PER_MICROBATCH = 20
 EVENTS_PER_LAYER = 2
 EVENTS_PER_LAYER_FSDP = 10
 
-#: The most ranks (and NIC ports) a topology file may build, whatever ``--max-gpus`` says: 4 x
-#: the default limit (``collsim.topology`` checks it before it builds a link).
-TOPOLOGY_MAX_RANKS = 4 * 262_144
-
 #: Event-equivalents per ((micro-batches + 1) x layers**2) of the engine's per-layer scans, with
 #: ZeRO-3/FSDP units and with DDP/ZeRO-1/2 buckets (measurements in the module docstring).
 SCAN_WORK_FSDP = 0.25

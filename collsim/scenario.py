@@ -81,7 +81,42 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from collsim.errors import ConfigError, ConfigErrors
-from collsim.parallel.config import DDPConfig, FSDPConfig, ParallelConfig, TrainingConfig
+from collsim.hardware import list_devices
+from collsim.parallel.config import (
+    PIPELINE_SPLITS,
+    REDUCE_DTYPES,
+    STACK_CHOICES,
+    STACKS,
+    ZERO_STAGES,
+    CPAlgorithm,
+    DDPConfig,
+    Dtype,
+    FP8Recipe,
+    FSDPConfig,
+    ParallelConfig,
+    Recompute,
+    ScheduleKind,
+    TrainingConfig,
+)
+from collsim.schema import (
+    Either,
+    ListOf,
+    Section,
+    Value,
+    check,
+    choice_value,
+    flag_value,
+    fraction_value,
+    non_negative_value,
+    positive_value,
+    raise_errors,
+    text_value,
+    values_of,
+)
+from collsim.stragglers import PORTS
+from collsim.study.goodput.config import COMPONENTS
+from collsim.vocab import Optimizer, RankOrder
+from collsim.workload.model import _NORMS, _POSITIONS, _ROUTERS, preset_names
 from collsim.yamlio import ConfigReader, YamlDoc, load_yaml, non_negative, positive
 
 if TYPE_CHECKING:
@@ -91,6 +126,7 @@ if TYPE_CHECKING:
     from collsim.workload import TransformerSpec
 
 __all__ = [
+    "SCENARIO",
     "ClusterSpec",
     "Scenario",
     "load_scenario",
@@ -351,8 +387,6 @@ def scenario_from_doc(
         raise ConfigError("a scenario must be a mapping of sections", file=doc.file, line=1)
     data = apply_overrides(doc.data, parsed)
     view = YamlDoc(data=data, file=doc.file, lines=doc.lines)
-    from collsim.schema import SCENARIO, check, raise_errors
-
     raise_errors([_locate(e, view, parsed) for e in check(view, SCENARIO)])  # all at once
     try:
         return _read(view, parsed, source)
@@ -608,3 +642,384 @@ def _copy_optional(reader: ConfigReader, out: dict[str, Any], kinds: dict[str, t
         value = reader.get(key, kind, default=None)
         if value is not None:
             out[key] = value
+
+
+# -- scenario (collsim.scenario and the readers it calls) -----------------------------------------
+
+_MODEL_SHAPE = ("layers", "hidden", "heads", "seq_len", "vocab")
+
+_RELIABILITY = Section(
+    description="Failure rates, restarts, spares, checkpoints and storage (collsim goodput).",
+    fields={
+        "duration_days": positive_value("number", "Length of the run, days (default 30)."),
+        "detection_s": non_negative_value("number", "Failure to job declared dead, s."),
+        "components": Section(
+            required=True,
+            description="Failure rate per component.",
+            keys=values_of(COMPONENTS),
+            key_rule="unknown component {key!r}; must be one of {choices}",
+            values=Section(
+                nullable=False,
+                description="One failure source.",
+                exactly_one=("mtbf_hours", "per_1000_node_days"),
+                exactly_one_rule="give exactly one of mtbf_hours and per_1000_node_days",
+                fields={
+                    "mtbf_hours": positive_value(
+                        "number", "Mean time between failures per node, h."
+                    ),
+                    "per_1000_node_days": non_negative_value(
+                        "number", "Failures per 1,000 node-days."
+                    ),
+                    "nodes_affected": positive_value("integer", "Nodes one event takes out."),
+                    "replace_fraction": Value(
+                        kind="number",
+                        minimum=0,
+                        maximum=1,
+                        rule="must be in 0..1, got {value}",
+                        description="Share of events whose nodes are swapped for spares.",
+                    ),
+                },
+            ),
+        ),
+        "restart": Section(
+            description="What a restart costs beside loading the checkpoint.",
+            fields={
+                "reschedule_s": non_negative_value("number", "Re-allocating and relaunching, s."),
+                "process_start_s": non_negative_value("number", "Process start to first step, s."),
+                "warmup_steps": non_negative_value(
+                    "integer", "Steps after a restart counted as lost."
+                ),
+            },
+        ),
+        "spares": Section(
+            description="The pool of spare nodes.",
+            fields={
+                "nodes": non_negative_value(
+                    "integer", "Spare nodes at the start (default: unlimited)."
+                ),
+                "repair_hours": positive_value(
+                    "number", "A failed node returns after this long, h."
+                ),
+            },
+        ),
+        "checkpoint": Section(
+            description="How and how often the job saves its state.",
+            fields={
+                "interval_s": Either(
+                    description="Training time between checkpoints, s, or auto (the optimum).",
+                    options=(
+                        positive_value(
+                            "number", "Seconds.", rule="must be > 0 or auto, got {value}"
+                        ),
+                        choice_value(
+                            "auto",
+                            ("auto",),
+                            rule="must be a number of seconds or auto, got {value!r}",
+                        ),
+                    ),
+                    rule="must be a number of seconds or auto, got {value!r}",
+                ),
+                "sharded": flag_value("Every rank writes its own shard."),
+                "async": flag_value("Snapshot to host memory, write in the background."),
+                "snapshot_bandwidth_gbps": positive_value(
+                    "number", "Device-to-host copy per GPU, GB/s."
+                ),
+            },
+        ),
+        "storage": Section(
+            required=True,
+            description="The shared storage checkpoints go to.",
+            fields={
+                "write_bandwidth_gbps": positive_value(
+                    "number", "Aggregate write, GB/s.", required=True
+                ),
+                "read_bandwidth_gbps": positive_value(
+                    "number", "Aggregate read, GB/s (default: write)."
+                ),
+                "per_rank_write_bandwidth_gbps": positive_value(
+                    "number", "One writer's bandwidth, GB/s."
+                ),
+                "per_rank_read_bandwidth_gbps": positive_value(
+                    "number", "One reader's bandwidth, GB/s."
+                ),
+            },
+        ),
+    },
+)
+
+_INDEX_RULE = "must be non-negative integers, got {item!r}"
+
+
+def _indices(what: str, **kw: Any) -> ListOf:
+    """A list of distinct rank or node indices (collsim.stragglers)."""
+    return ListOf(
+        items=non_negative_value("integer", f"A {what}."),
+        description=f"{what.capitalize()}s.",
+        min_items=1,
+        unique=True,
+        min_rule="must name at least one",
+        item_rule=_INDEX_RULE,
+        **kw,
+    )
+
+
+_FACTOR_RULE = "must be in (0, 1] (1 = full speed), got {value}"
+
+_STRAGGLERS = Section(
+    description="Slow GPUs, nodes and links (collsim run, collsim sweep).",
+    fields={
+        "slow_gpu": Section(
+            description="GPUs whose compute runs slower.",
+            fields={
+                "ranks": _indices("rank", required=True),
+                "clock_factor": fraction_value(
+                    "Share of full speed.", required=True, rule=_FACTOR_RULE
+                ),
+            },
+        ),
+        "slow_node": Section(
+            description="Nodes whose every GPU computes slower.",
+            fields={
+                "nodes": _indices("node", required=True),
+                "clock_factor": fraction_value(
+                    "Share of full speed.", required=True, rule=_FACTOR_RULE
+                ),
+            },
+        ),
+        "slow_link": Section(
+            description="Links at a share of their capacity: a port of named ranks, or links.",
+            one_of_required=(("ranks",), ("links",)),
+            missing_rule="name ranks (with a port) or links",
+            fields={
+                "bandwidth_factor": fraction_value(
+                    "Share of the link's capacity left.", required=True, rule=_FACTOR_RULE
+                ),
+                "ranks": ListOf(
+                    items=non_negative_value("integer", "A rank."),
+                    description="These ranks' port runs at the factor.",
+                    unique=True,
+                    item_rule=_INDEX_RULE,
+                ),
+                "port": choice_value("nic or nvlink.", values_of(PORTS)),
+                "links": ListOf(
+                    items=text_value("A link name (n1.nic3.tx, rail0.leaf1.up)."),
+                    description="Links as the topology names them.",
+                ),
+            },
+        ),
+    },
+)
+
+_MODEL_INT_KEYS: dict[str, tuple[str, bool]] = {
+    # scenario key -> (description, zero allowed); the keys of collsim.scenario.MODEL_KEYS
+    "layers": ("Transformer layers.", False),
+    "hidden": ("Hidden size (model width).", False),
+    "heads": ("Attention heads.", False),
+    "kv_heads": ("Key/value heads (grouped-query attention; default = heads).", False),
+    "ffn_hidden": ("MLP inner size (default 4 x hidden without a preset).", False),
+    "seq_len": ("Sequence length in tokens.", False),
+    "vocab": ("Vocabulary size.", False),
+    "head_dim": ("Head size when not hidden / heads.", False),
+    "q_lora_rank": ("MLA query low-rank size.", False),
+    "kv_lora_rank": ("MLA key/value low-rank size.", False),
+    "qk_nope_head_dim": ("MLA query/key head size without rotary part.", False),
+    "qk_rope_head_dim": ("MLA rotary part of the query/key head.", True),
+    "v_head_dim": ("MLA value head size.", False),
+    "sliding_window": ("Sliding-window attention span, tokens.", False),
+    "experts": ("Routed experts per MoE layer (0 = dense).", True),
+    "top_k": ("Experts each token is routed to.", False),
+    "shared_experts": ("Shared experts per MoE layer.", True),
+    "expert_ffn_hidden": ("Inner size of a routed expert.", False),
+    "shared_expert_ffn_hidden": ("Inner size of a shared expert.", False),
+    "first_k_dense": ("Leading dense layers before the MoE layers.", True),
+}
+
+_MODEL = Section(
+    required=True,
+    description="The transformer: a preset or an hf_config, and/or its shape.",
+    one_of_required=(("preset",), ("hf_config",), _MODEL_SHAPE),
+    missing_rule="missing required key (or give model.preset)",
+    fields={
+        "preset": choice_value(
+            "A model preset name.",
+            preset_names,
+            fold_case=True,
+            rule="unknown model preset {value!r}; valid presets: {choices}",
+        ),
+        "hf_config": text_value("A Hugging Face config.json (relative to the scenario file)."),
+        **{
+            key: (non_negative_value if zero else positive_value)("integer", text)
+            for key, (text, zero) in _MODEL_INT_KEYS.items()
+        },
+        "gated_mlp": flag_value("SwiGLU-style MLP (three matrices)."),
+        "norm": choice_value("Normalisation.", values_of(_NORMS)),
+        "bias": flag_value("Linear layers carry biases."),
+        "position_embedding": choice_value("Positions.", values_of(_POSITIONS)),
+        "tied_embeddings": flag_value("The LM head shares the embedding matrix."),
+        "dropout": flag_value("Dropout layers present."),
+        "flash_attention": flag_value("Fused attention (no s x s scores kept)."),
+        "qkv_bias": flag_value("Bias on the q, k, v projections only."),
+        "qk_norm": flag_value("Norm on queries and keys."),
+        "attention_sinks": flag_value("Learned attention sinks per head."),
+        "router": choice_value("MoE router activation.", values_of(_ROUTERS)),
+        "router_bias": flag_value("The router linear carries a bias."),
+        "load_imbalance": Value(
+            kind="number",
+            minimum=1,
+            rule="must be >= 1 (busiest over mean), got {value}",
+            description="Busiest expert's tokens over the mean.",
+        ),
+        "capacity_factor": positive_value("number", "MoE capacity factor (null = dropless)."),
+        "sliding_window_layers": Either(
+            description="Layers with sliding-window attention: all, even, odd or a list.",
+            options=(
+                choice_value(
+                    "all, even or odd.",
+                    values_of(WINDOW_LAYER_CHOICES),
+                    fold_case=True,
+                    rule="must be all, even, odd or a list of layer indices; got {value!r}",
+                ),
+                ListOf(
+                    items=non_negative_value("integer", "A layer index."),
+                    description="Layer indices.",
+                    item_rule="must list integer layer indices, got {item!r}",
+                ),
+            ),
+            rule="must be all, even, odd or a list of layer indices; got {value!r}",
+        ),
+    },
+)
+
+_TRAINING = Section(
+    required=True,
+    description="Batch, precision, optimizer, recompute, framework stack.",
+    fields={
+        "global_batch": positive_value(
+            "integer", "Sequences per optimizer step, all replicas.", required=True
+        ),
+        "micro_batch": positive_value("integer", "Sequences per micro-batch."),
+        "dtype": choice_value("Compute dtype.", values_of(Dtype), fold_case=True),
+        "optimizer": choice_value("Optimizer.", values_of(Optimizer), fold_case=True),
+        "recompute": choice_value(
+            "Activation recomputation.", values_of(Recompute), fold_case=True
+        ),
+        "fp8_recipe": choice_value(
+            "FP8 scaling recipe (with dtype: fp8).",
+            values_of(FP8Recipe),
+            fold_case=True,
+        ),
+        "stack": choice_value("Framework stack (sets the keys below).", values_of(STACKS)),
+        "attention_kernel": choice_value(
+            "Attention kernel.", values_of(STACK_CHOICES["attention_kernel"])
+        ),
+        "execution": choice_value("Host issue mode.", values_of(STACK_CHOICES["execution"])),
+        "fused_kernels": flag_value("Hand-fused norm / bias-dropout-add / softmax kernels."),
+        "grad_reduce_dtype": choice_value(
+            "Dtype gradients are reduced in.", values_of(STACK_CHOICES["grad_reduce_dtype"])
+        ),
+        "grad_clip": flag_value("Clip gradients by their global norm."),
+        "optimizer_implementation": choice_value(
+            "fused or foreach.", values_of(STACK_CHOICES["optimizer_implementation"])
+        ),
+        "fsdp_version": choice_value(
+            "torch FSDP 1 or FSDP2.", values_of(STACK_CHOICES["fsdp_version"]), kind="integer"
+        ),
+    },
+)
+
+_PARALLEL = Section(
+    description="The parallel plan: TP x CP x PP x DP, EP, schedule, ZeRO, DDP and FSDP knobs.",
+    fields={
+        "tp": positive_value("integer", "Tensor-parallel degree."),
+        "pp": positive_value("integer", "Pipeline stages."),
+        "dp": positive_value("integer", "Data-parallel replicas."),
+        "cp": positive_value("integer", "Context-parallel degree."),
+        "ep": positive_value("integer", "Expert-parallel degree (folded over tp x cp x dp)."),
+        "etp": positive_value("integer", "Expert tensor-parallel degree."),
+        "schedule": choice_value("Pipeline schedule.", values_of(ScheduleKind), fold_case=True),
+        "virtual_stages": positive_value("integer", "Model chunks per stage (interleaved)."),
+        "sequence_parallel": flag_value("Megatron sequence parallelism."),
+        "zero": choice_value(
+            "0 = DDP, 1, 2, 3 (= FSDP full shard).",
+            values_of(ZERO_STAGES),
+            kind="integer",
+        ),
+        "cp_algorithm": choice_value(
+            "How CP ranks exchange K and V.", values_of(CPAlgorithm), fold_case=True
+        ),
+        "cp_load_balance": flag_value("Causal load balancing (2 x cp chunks)."),
+        "order": choice_value(
+            "Rank layout, fastest-varying first (Megatron order strings; default tp-cp-ep-dp-pp).",
+            values_of(RankOrder),
+        ),
+        "ep_overlap": flag_value(
+            "Overlap EP all-to-alls with the compute of a paired op (Megatron's "
+            "--overlap-moe-expert-parallel-comm)."
+        ),
+        "pipeline_split": choice_value(
+            "even (layers must divide) or balanced.", values_of(PIPELINE_SPLITS)
+        ),
+        "layers_per_stage": ListOf(
+            items=positive_value("integer", "Layers of one virtual stage."),
+            min_items=1,
+            description="Layers per virtual stage (pp x virtual_stages entries).",
+        ),
+        "account_for_embedding": flag_value("The split counts the embedding as a layer."),
+        "account_for_loss": flag_value("The split counts the LM head and loss as a layer."),
+        "ddp": Section(
+            description="Gradient buckets (torch DDP).",
+            fields={
+                "bucket_mb": positive_value("number", "Bucket capacity in MiB."),
+                "first_bucket_mb": positive_value("number", "First bucket in MiB."),
+                "overlap": flag_value("Overlap with backward."),
+                "gradient_as_bucket_view": flag_value("torch's gradient_as_bucket_view."),
+            },
+        ),
+        "fsdp": Section(
+            description="ZeRO-3 / FSDP units.",
+            fields={
+                "prefetch": non_negative_value("integer", "Units all-gathered ahead."),
+                "reshard_after_forward": flag_value("Reshard after forward."),
+                "offload": flag_value("Offload to CPU memory."),
+                "shard_group_size": positive_value(
+                    "integer", "HSDP: shard inside groups of this size."
+                ),
+                "reduce_dtype": choice_value(
+                    "Gradient reduction dtype.",
+                    values_of(REDUCE_DTYPES),
+                    fold_case=True,
+                ),
+                "fp8_all_gather": flag_value("All-gather FP8 weights."),
+            },
+        ),
+    },
+)
+
+SCENARIO = Section(
+    description="A collsim scenario: cluster, model, training and parallel plan "
+    "(docs/scenarios.md).",
+    fields={
+        "name": text_value("Scenario name (default: the file's stem)."),
+        "cluster": Section(
+            required=True,
+            description="The cluster to run on.",
+            fields={
+                "topology": text_value(
+                    "A topology name (dgx_h100, ...) or a path to a topology file.", required=True
+                ),
+                "nodes": positive_value(
+                    "integer", "Number of nodes (default: the topology file's)."
+                ),
+                "device": text_value(
+                    "A device key or a device file that replaces the topology's device.",
+                    json_choices=list_devices,
+                ),
+            },
+        ),
+        "model": _MODEL,
+        "training": _TRAINING,
+        "parallel": _PARALLEL,
+        "reliability": _RELIABILITY,
+        "stragglers": _STRAGGLERS,
+    },
+)

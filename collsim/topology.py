@@ -52,12 +52,28 @@ import numpy as np
 
 import collsim
 from collsim.errors import ConfigError, InfeasibleError
-from collsim.hardware import Device, get_device
+from collsim.hardware import DEVICE, Device, get_device, list_devices
+from collsim.schema import (
+    Either,
+    Section,
+    Spec,
+    Value,
+    check,
+    choice_value,
+    flag_value,
+    fraction_value,
+    non_negative_value,
+    positive_value,
+    raise_errors,
+    text_value,
+    values_of,
+)
 from collsim.units import US, gbit_to_bps, gbps_to_bps
 from collsim.vocab import Algorithm, CollectiveOp, FabricKind, Interconnect, LinkKind
 from collsim.yamlio import ConfigReader, YamlDoc, load_yaml, non_negative, one_of, positive
 
 __all__ = [
+    "TOPOLOGY",
     "Link",
     "LinkKind",
     "CPU_VENDORS",
@@ -80,6 +96,9 @@ LIBRARIES = ("nccl", "gloo")
 """``collectives.library`` values."""
 
 _KIND_CODES = tuple(LinkKind)
+TOPOLOGY_MAX_RANKS = 4 * 262_144
+"""The most ranks (and NIC ports) a topology file may build, whatever ``--max-gpus`` says: 4 x
+the default limit (:class:`collsim.limits.Limits`), checked before a link is built."""
 _OP_NAMES = tuple(op.value for op in CollectiveOp)
 _ALGORITHM_NAMES = tuple(a.value for a in Algorithm)
 
@@ -772,8 +791,6 @@ def parse_topology(
     Every schema error of the file is reported at once (:func:`collsim.schema.check`), before
     the rules between keys are checked.
     """
-    from collsim.schema import TOPOLOGY, check, raise_errors
-
     raise_errors(check(doc, TOPOLOGY))
     root = ConfigReader(doc.data, doc=doc)
     name = root.get("name", str)
@@ -912,10 +929,8 @@ def _read_collectives(root: ConfigReader) -> CollectiveSettings:
 
 def _check_size(root: ConfigReader, num_nodes: int, ranks_per_node: int, nics: int) -> None:
     """Refuse, before any link is built, a cluster whose ranks or NIC ports pass
-    :data:`collsim.limits.TOPOLOGY_MAX_RANKS` (the graph holds links per rank and per NIC:
+    :data:`TOPOLOGY_MAX_RANKS` (the graph holds links per rank and per NIC:
     ``gpus_per_node: 100000000`` was a MemoryError)."""
-    from collsim.limits import TOPOLOGY_MAX_RANKS
-
     limit = TOPOLOGY_MAX_RANKS
     for what, path, count in (
         ("GPUs", ("gpus_per_node",), num_nodes * ranks_per_node),
@@ -968,3 +983,134 @@ def _fraction(value: float) -> str | None:
 
 def _at_least_one(value: float) -> str | None:
     return None if value >= 1 else f"must be >= 1 (1 = non-blocking), got {value}"
+
+
+# -- topology (collsim.topology.parse_topology) ---------------------------------------------------
+
+
+def _link(extra: dict[str, Spec]) -> dict[str, Spec]:
+    return {
+        **extra,
+        "efficiency": fraction_value("Achievable / line rate."),
+        "latency_us": non_negative_value("number", "Per-hop latency in microseconds."),
+    }
+
+
+_OPS = values_of(_OP_NAMES)
+_OP_RULE = "unknown op (choose from {choices})"
+
+
+def _op_value(spec: Value) -> Value:
+    # per-op values are read when their key is present: null is refused there
+    return replace(spec, nullable=False)
+
+
+TOPOLOGY = Section(
+    description="A collsim topology: one node type and the fabric (docs/topologies.md).",
+    fields={
+        "name": text_value("Topology name.", required=True),
+        "description": text_value("Free text."),
+        "device": Either(
+            required=True,
+            description="A device key, a device file (*.yaml) or a device mapping.",
+            options=(text_value("A device key or file.", json_choices=list_devices), DEVICE),
+            rule="must be a device key, a device file or a device mapping, got {value!r}",
+        ),
+        "nodes": positive_value("integer", "Default node count."),
+        "gpus_per_node": positive_value("integer", "Ranks per node.", required=True),
+        "intra_node": Section(
+            required=True,
+            description="What connects the GPUs of a node.",
+            fields=_link(
+                {
+                    "interconnect": choice_value(
+                        "NVSwitch, a PCIe switch, or the kernel's loopback.",
+                        values_of(Interconnect),
+                        required=True,
+                    ),
+                    "bandwidth_gbps": positive_value(
+                        "number", "Per-direction bandwidth per GPU, GB/s.", required=True
+                    ),
+                    "nvls": flag_value("NVSwitch reduction (NVLS)."),
+                }
+            ),
+        ),
+        "nics": Section(
+            nullable=False,
+            description="Network interfaces of a node (needed for more than one node).",
+            fields=_link(
+                {
+                    "count": positive_value("integer", "NICs per node.", required=True),
+                    "rate_gbit": positive_value(
+                        "number", "Line rate per NIC, Gb/s.", required=True
+                    ),
+                }
+            ),
+        ),
+        "fabric": Section(
+            description="The network between nodes.",
+            fields={
+                "kind": choice_value("Transport (sets defaults).", values_of(FabricKind)),
+                "rails": flag_value("Rail-optimised."),
+                "oversubscription": Value(
+                    kind="number",
+                    minimum=1,
+                    rule="must be >= 1 (1 = non-blocking), got {value}",
+                    description="Leaf uplink oversubscription.",
+                ),
+                "nodes_per_leaf": positive_value("integer", "Nodes per leaf switch."),
+                "latency_us": non_negative_value("number", "Per leaf <-> spine direction, us."),
+                "net_latency_us": non_negative_value("number", "Per LL/LL128 network step, us."),
+                "net_simple_latency_us": non_negative_value(
+                    "number", "Per Simple network step, us."
+                ),
+                "ll128": flag_value("NCCL runs LL128 across nodes."),
+                "sharp": flag_value("CollNet / SHARP in-network reduction."),
+            },
+        ),
+        "host": Section(
+            description="Host memory link and CPU.",
+            fields={
+                "bandwidth_gbps": positive_value("number", "Host <-> GPU bandwidth, GB/s."),
+                "cpu_vendor": choice_value("Host CPU vendor.", values_of(CPU_VENDORS)),
+            },
+        ),
+        "collectives": Section(
+            description="Collective library settings.",
+            fields={
+                "library": choice_value("Library.", values_of(LIBRARIES)),
+                "overhead_us": non_negative_value(
+                    "number", "Launch overhead per call, microseconds."
+                ),
+                "algorithms": Section(
+                    description="Algorithm per op.",
+                    keys=_OPS,
+                    key_rule=_OP_RULE,
+                    values=choice_value("Algorithm.", values_of(_ALGORITHM_NAMES), nullable=False),
+                ),
+                "ops": Section(
+                    description="Per-op calibration.",
+                    keys=_OPS,
+                    key_rule=_OP_RULE,
+                    values=Section(
+                        nullable=False,
+                        fields={
+                            "overhead_us": _op_value(
+                                non_negative_value("number", "Overhead per call, us.")
+                            ),
+                            "efficiency": _op_value(
+                                fraction_value("Achievable / modelled bandwidth.")
+                            ),
+                            "knee_bytes": _op_value(
+                                non_negative_value("number", "Size above which the knee holds.")
+                            ),
+                            "knee_efficiency": _op_value(
+                                fraction_value("Efficiency above the knee.")
+                            ),
+                        },
+                    ),
+                ),
+            },
+        ),
+    },
+)

@@ -23,6 +23,11 @@ __all__ = ["schema"]
 @click.argument("kind", type=click.Choice(["scenario", "topology", "device"]))
 def schema(kind: str) -> None:
     """Print the JSON Schema (draft 2020-12) of KIND files on stdout."""
+    # the described modules import the model, plan and topology layers: only for this command
+    from collsim.hardware import DEVICE
+    from collsim.scenario import SCENARIO
     from collsim.schema import json_schema
+    from collsim.topology import TOPOLOGY
 
-    click.echo(json.dumps(json_schema(kind), indent=2))
+    spec = {"scenario": SCENARIO, "topology": TOPOLOGY, "device": DEVICE}[kind]
+    click.echo(json.dumps(json_schema(kind, spec), indent=2))
