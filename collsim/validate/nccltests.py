@@ -49,13 +49,13 @@ from pathlib import Path
 from typing import Any
 
 from collsim.errors import ConfigError
-from collsim.validate.dataset import (
-    _UNMODELLED,
+from collsim.validate.records import (
     OPS,
     Measurements,
     canonical_op,
     check_value,
 )
+from collsim.validate.records import UNMODELLED_OPS as _UNMODELLED
 
 __all__ = [
     "looks_like_log",
