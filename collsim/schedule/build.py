@@ -33,6 +33,7 @@ from collsim.parallel.schedules import Phase, PipeOp, paired_ops, stage_schedule
 from collsim.schedule.dataparallel import BytesPer, DataParallelRules
 from collsim.schedule.ops import BlockTimes, ChunkModel, Segment, StageModel, build_stage
 from collsim.vocab import Dtype
+from collsim.workload.framework import framework_costs
 
 if TYPE_CHECKING:
     from collsim.hardware import Device
@@ -331,7 +332,8 @@ def _framework(
         key = (unit, local)
         hit = cache.get(key)
         if hit is None:
-            hit = cache[key] = model.framework_costs(
+            hit = cache[key] = framework_costs(
+                model,
                 unit_params=unit,
                 local_params=local,
                 dp=max(1, plan.dp),

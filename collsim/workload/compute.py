@@ -752,10 +752,3 @@ class ComputeModel:
             return size / float(measured) + self.launch_s * passes
         bandwidth = self.memory_bandwidth_at(size / passes)
         return size / bandwidth + self.launch_s * passes
-
-    def framework_costs(self, **kwargs: Any) -> Any:
-        """Framework costs of a plan on this device: see
-        :func:`collsim.workload.framework.framework_costs` (same keyword arguments)."""
-        from collsim.workload.framework import framework_costs
-
-        return framework_costs(self, **kwargs)
