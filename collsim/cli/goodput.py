@@ -10,23 +10,27 @@ infeasible; 2 bad input (one line naming the key); 3 a needed part is not availa
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from collsim.cli.common import OneLineCommand, check_output_path
+from collsim.cli.common import (
+    DEFAULT_DAYS,
+    OneLineCommand,
+    check_output_path,
+    format_duration,
+    format_tokens,
+    scenario_costs,
+)
 from collsim.errors import ConfigError
 
 if TYPE_CHECKING:
     from collsim.scenario import Scenario
-    from collsim.schedule.result import StepResult
-    from collsim.study.goodput.costs import JobCosts
     from collsim.study.goodput.estimate import GoodputResult, Spread
     from collsim.topology import Topology
 
-__all__ = ["goodput", "goodput_scenario", "scenario_costs", "format_goodput_report", "one_line"]
+__all__ = ["goodput", "goodput_scenario", "format_goodput_report"]
 
 _EPILOG = """\b
 Examples:
@@ -40,7 +44,6 @@ Exit status: 0 done, 1 the plan is infeasible, 2 bad input.
 #: Monte Carlo runs when ``--runs`` is not given.
 DEFAULT_RUNS = 1000
 #: Run length when neither ``--days`` nor ``reliability.duration_days`` is given (issue 14).
-DEFAULT_DAYS = 30.0
 PLOT_SUFFIXES = (".png", ".svg")
 
 
@@ -160,50 +163,7 @@ def goodput_scenario(
     return 0
 
 
-def scenario_costs(scenario: Scenario, topology: Topology, result: StepResult) -> JobCosts:
-    """The job's goodput inputs: the reliability section, the plan's state, the simulated step.
-
-    Raises:
-        ConfigError: no reliability section, or an interval shorter than a checkpoint write
-            (located in the scenario file).
-    """
-    from collsim.study.goodput.costs import checkpoint_state, job_costs
-
-    reliability = scenario.reliability
-    if reliability is None:
-        raise scenario.locate(ConfigError("missing required section", key_path="reliability"))
-    gpus_per_node = max(1, int(topology.gpus_per_node))
-    num_nodes = math.ceil(scenario.parallel.world_size / gpus_per_node)
-    try:
-        return job_costs(
-            reliability,
-            state=checkpoint_state(scenario.model, scenario.training, scenario.parallel),
-            num_nodes=num_nodes,
-            step_time_s=result.step_time_s,
-            tokens_per_step=float(scenario.training.global_batch * scenario.model.seq_len),
-        )
-    except ConfigError as exc:
-        raise scenario.locate(exc) from None
-
-
 # -- text ----------------------------------------------------------------------------------------
-
-
-def format_duration(time_s: float) -> str:
-    """Seconds as s, min, h or days with three significant figures."""
-    if not math.isfinite(time_s):
-        return "inf"
-    for scale, unit in ((86400.0, "d"), (3600.0, "h"), (60.0, "min")):
-        if abs(time_s) >= 2 * scale:
-            return f"{time_s / scale:.3g} {unit}"
-    return f"{time_s:.3g} s"
-
-
-def _tokens(value: float) -> str:
-    for scale, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M")):
-        if abs(value) >= scale:
-            return f"{value / scale:.4g} {unit}"
-    return f"{value:,.0f}"
 
 
 def _bytes(value: float) -> str:
@@ -248,7 +208,8 @@ def _setting_lines(result: GoodputResult, scenario: Scenario) -> list[str]:
     gpus = scenario.parallel.world_size
     lines = [
         f"job          {c.num_nodes} nodes, {gpus:,} GPUs; step {format_duration(c.step_time_s)} "
-        f"of {c.tokens_per_step:,.0f} tokens: {_tokens(c.tokens_per_s * 86400)} tokens per day"
+        f"of {c.tokens_per_step:,.0f} tokens: "
+        f"{format_tokens(c.tokens_per_s * 86400)} tokens per day"
     ]
     if rel is not None:
         total = sum(x.per_1000_node_days for x in rel.components) or 1.0
@@ -302,8 +263,8 @@ def _outcome_rows(result: GoodputResult, scenario: Scenario) -> list[list[str]]:
         + _spread(mc.interruptions_in_recovery if mc else None, _count),
         ["effective training time ratio", _ratio(cf.effective_training_time_ratio)]
         + _spread(mc.effective_training_time_ratio if mc else None, _ratio),
-        ["goodput, tokens per day", _tokens(cf.goodput_tokens_per_day)]
-        + _spread(mc.goodput_tokens_per_day if mc else None, _tokens),
+        ["goodput, tokens per day", format_tokens(cf.goodput_tokens_per_day)]
+        + _spread(mc.goodput_tokens_per_day if mc else None, format_tokens),
         ["training lost to rollbacks", format_duration(cf.lost_s)]
         + _spread(mc.lost_s if mc else None, format_duration),
         ["time checkpointing", format_duration(cf.checkpointing_s)]
@@ -316,17 +277,6 @@ def _outcome_rows(result: GoodputResult, scenario: Scenario) -> list[list[str]]:
             ["waiting for spares (MC only)", "-"] + _spread(mc.spare_wait_s, format_duration)
         )
     return rows
-
-
-def one_line(result: GoodputResult) -> str:
-    """``collsim run``'s goodput line: the closed form's expectations (ETTR = effective training
-    time ratio)."""
-    cf = result.closed_form
-    return (
-        f"goodput      {_tokens(cf.goodput_tokens_per_day)} tokens per day, ETTR "
-        f"{cf.effective_training_time_ratio:.3f}, {cf.interruptions:,.1f} interruptions in "
-        f"{result.days:g} days, checkpoint every {format_duration(result.interval_s)}"
-    )
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:

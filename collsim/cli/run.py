@@ -200,7 +200,7 @@ def run_scenario(
 
 def _goodput_line(scenario: Scenario, topology: Topology, result: StepResult) -> str | None:
     """The closed-form goodput line of a scenario with a reliability section (None: error shown)."""
-    from collsim.cli.goodput import DEFAULT_DAYS, one_line, scenario_costs
+    from collsim.cli.common import DEFAULT_DAYS, one_line, scenario_costs
     from collsim.study.goodput.estimate import estimate_goodput
 
     reliability = scenario.reliability
