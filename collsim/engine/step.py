@@ -13,6 +13,7 @@ import numpy as np
 
 from collsim.engine.comm import CommPricer, all_to_all_contends, axis_contends
 from collsim.engine.core import Engine, EngineOptions
+from collsim.engine.program import RankProgram
 from collsim.errors import ConfigError
 from collsim.parallel.config import ParallelConfig, TrainingConfig
 from collsim.parallel.plan import Plan
@@ -368,7 +369,7 @@ def prepare_step(
         zero_communication=zero_communication,
         stragglers=resolved,
     )
-    return Engine(schedule, pricer, options, env=env)
+    return Engine(schedule, pricer, options, program=RankProgram, env=env)
 
 
 def _resolve(
