@@ -49,6 +49,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from collsim.errors import ConfigError, LimitError
+from collsim.topology import read_topology_file
 
 if TYPE_CHECKING:
     from collsim.scenario import Scenario
@@ -308,11 +309,9 @@ def check_plan(
 def _cluster_shape(scenario: Scenario) -> tuple[int, int] | None:
     """(nodes, gpus_per_node) from the topology file's header, or None if it cannot be read
     (the topology loader then reports the problem with its line)."""
-    from collsim.topology import resolve_topology_path
-    from collsim.yamlio import load_yaml
 
     try:
-        data: Any = load_yaml(resolve_topology_path(scenario.cluster.topology)).data
+        data: Any = read_topology_file(scenario.cluster.topology).data
     except ConfigError:
         return None
     if not isinstance(data, dict):

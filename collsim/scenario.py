@@ -81,7 +81,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from collsim.errors import ConfigError, ConfigErrors
-from collsim.hardware import list_devices
+from collsim.hardware import get_device, list_devices
 from collsim.parallel.config import (
     PIPELINE_SPLITS,
     REDUCE_DTYPES,
@@ -113,9 +113,12 @@ from collsim.schema import (
     text_value,
     values_of,
 )
-from collsim.stragglers import PORTS
-from collsim.study.goodput.config import COMPONENTS
+from collsim.stragglers import PORTS, read_stragglers
+from collsim.study.goodput.config import COMPONENTS, read_reliability
+from collsim.topology import load_topology
 from collsim.vocab import Optimizer, RankOrder
+from collsim.workload import TransformerSpec, get_preset
+from collsim.workload.hf_config import spec_from_hf_config
 from collsim.workload.model import _NORMS, _POSITIONS, _ROUTERS, preset_names
 from collsim.yamlio import ConfigReader, YamlDoc, load_yaml, non_negative, positive
 
@@ -215,20 +218,16 @@ class ClusterSpec:
     that replaces the topology's device; None keeps it."""
 
     def load(self) -> Topology:
-        """Build the topology (imports the topology layer on first use)."""
-        from collsim.topology import load_topology
-
-        topology = load_topology(self.topology, nodes=self.nodes)
+        """Build the topology, with the device ``device`` names in place of the file's."""
+        device = None
         if self.device is not None:
-            from collsim.hardware import get_device
-
             try:
-                topology.device = get_device(self.device)
+                device = get_device(self.device)
             except ConfigError as exc:
                 if exc.file is not None:
                     raise
                 raise ConfigError(exc.message, key_path="cluster.device") from None
-        return topology
+        return load_topology(self.topology, nodes=self.nodes, device=device)
 
 
 @dataclass(frozen=True, slots=True)
@@ -427,7 +426,6 @@ def _read_reliability(root: ConfigReader) -> ReliabilityConfig | None:
     """The optional ``reliability`` section (:func:`collsim.study.goodput.read_reliability`)."""
     if root.get("reliability", dict, default=None) is None:
         return None
-    from collsim.study.goodput.config import read_reliability
 
     return read_reliability(root.section("reliability"))
 
@@ -436,7 +434,6 @@ def _read_stragglers(root: ConfigReader) -> StragglerConfig | None:
     """The optional ``stragglers`` section, read by :func:`collsim.stragglers.read_stragglers`."""
     if root.get("stragglers", dict, default=None) is None:
         return None
-    from collsim.stragglers import read_stragglers
 
     return read_stragglers(root.section("stragglers"))
 
@@ -484,8 +481,6 @@ def _window_layers(reader: ConfigReader, values: dict[str, Any], base: Any) -> N
 
 
 def _read_hf_base(reader: ConfigReader, source: Path | None) -> Any:
-    from collsim.workload.hf_config import spec_from_hf_config
-
     path = reader.get("hf_config", str, default=None)
     if path is None:
         return None
@@ -499,8 +494,6 @@ def _read_hf_base(reader: ConfigReader, source: Path | None) -> Any:
 def _read_model(
     reader: ConfigReader, scenario_name: str, source: Path | None = None
 ) -> TransformerSpec:
-    from collsim.workload import TransformerSpec, get_preset
-
     preset_name = reader.get("preset", str, default=None)
     base = None
     if preset_name is not None:

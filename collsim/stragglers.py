@@ -29,7 +29,6 @@ resolve` (key paths ``stragglers.slow_gpu.ranks`` ...).
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -280,19 +279,20 @@ def degrade_topology(topology: Topology, link_factors: dict[int, float]) -> Topo
     (closed-form prices and the flow network both read the copy; its caches start empty)."""
     if not link_factors:
         return topology
-    out = copy.copy(topology)
-    out.links = [
-        dataclasses.replace(link, bandwidth_bps=link.bandwidth_bps * link_factors[link.index])
-        if link.index in link_factors
-        else link
-        for link in topology.links
-    ]
-    out.link_capacity_bps = topology.link_capacity_bps.copy()
+    capacity_bps = topology.link_capacity_bps.copy()
     for index, factor in link_factors.items():
-        out.link_capacity_bps[index] *= factor
-    out.symmetric = False  # the degraded links make some groups unlike their shifts
-    out.name = f"{topology.name} (degraded links)"
-    return out
+        capacity_bps[index] *= factor
+    return topology.replaced(
+        links=[
+            dataclasses.replace(link, bandwidth_bps=link.bandwidth_bps * link_factors[link.index])
+            if link.index in link_factors
+            else link
+            for link in topology.links
+        ],
+        link_capacity_bps=capacity_bps,
+        symmetric=False,  # the degraded links make some groups unlike their shifts
+        name=f"{topology.name} (degraded links)",
+    )
 
 
 def _stretch_step(step: Step, factor: float) -> Step:

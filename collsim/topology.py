@@ -43,8 +43,10 @@ sets sourced defaults for ``nics.efficiency``, ``net_latency_us`` and ``ll128``
 from __future__ import annotations
 
 import bisect
+import copy
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, overload
 
@@ -52,7 +54,7 @@ import numpy as np
 
 import collsim
 from collsim.errors import ConfigError, InfeasibleError
-from collsim.hardware import DEVICE, Device, get_device, list_devices
+from collsim.hardware import DEVICE, Device, device_from_reader, get_device, list_devices
 from collsim.schema import (
     Either,
     Section,
@@ -85,6 +87,7 @@ __all__ = [
     "CollectiveSettings",
     "Topology",
     "load_topology",
+    "read_topology_file",
     "parse_topology",
     "topology_dirs",
     "resolve_topology_path",
@@ -407,6 +410,31 @@ class Topology:
         self.link_kind_code = columns["kind_code"]
         """``_KIND_CODES`` index of every link's kind (see :meth:`kinds_of`)."""
         self._index_arrays()
+        self._built = True
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # a built topology is shared (collective tables per topology, sweep points, workers):
+        # it is not changed, only copied with changes (:meth:`replaced`); private caches fill
+        if name[0] != "_" and self.__dict__.get("_built", False):
+            raise AttributeError(
+                f"a built Topology is not changed (setting {name!r}); use replaced(...)"
+            )
+        object.__setattr__(self, name, value)
+
+    def replaced(self, **changes: Any) -> Topology:
+        """A copy of this topology with ``changes`` to its attributes (this one is unchanged).
+
+        The collectives' tables of the copy start empty (:mod:`collsim.collectives.memo`).
+
+        Raises:
+            AttributeError: a name that is not an attribute of a topology.
+        """
+        unknown = sorted(set(changes) - set(vars(self)))
+        if unknown:
+            raise AttributeError(f"a Topology has no attribute {', '.join(unknown)}")
+        out = copy.copy(self)
+        vars(out).update(changes)
+        return out
 
     # -- graph ----------------------------------------------------------------------------
     @property
@@ -748,7 +776,11 @@ def resolve_topology_path(spec: str | Path) -> Path:
 
 
 def load_topology(
-    spec: str | Path, *, nodes: int | None = None, gpus_per_node: int | None = None
+    spec: str | Path,
+    *,
+    nodes: int | None = None,
+    gpus_per_node: int | None = None,
+    device: Device | None = None,
 ) -> Topology:
     """Load a topology from a YAML file or a name in ``topologies/``.
 
@@ -756,20 +788,41 @@ def load_topology(
         spec: path to a YAML file, or a name such as ``"dgx_h100"``.
         nodes: node count; defaults to the file's ``nodes`` (1 if absent).
         gpus_per_node: ranks per node override (used for ``localhost``: N CPU ranks).
+        device: a device that replaces the file's (a scenario's ``cluster.device``).
 
     Raises:
         ConfigError: malformed file (``file:line: key.path: message``), or bad arguments.
     """
-    doc = load_yaml(resolve_topology_path(spec))
-    return parse_topology(doc, nodes=nodes, gpus_per_node=gpus_per_node)
+    return parse_topology(
+        read_topology_file(spec), nodes=nodes, gpus_per_node=gpus_per_node, device=device
+    )
+
+
+def read_topology_file(spec: str | Path) -> YamlDoc:
+    """The parsed topology file ``spec`` names (see :func:`load_topology`), read once per
+    process while the file is unchanged: the limits check before the build and the build
+    share it. The document is read, never changed.
+
+    Raises:
+        ConfigError: the file is missing or unreadable, or not YAML.
+    """
+    path = resolve_topology_path(spec)
+    try:
+        stat = Path(path).stat()
+    except OSError:
+        return load_yaml(path)  # reports the problem
+    return _read_file(str(path), stat.st_mtime_ns, stat.st_size)
+
+
+@lru_cache(maxsize=64)
+def _read_file(path: str, mtime_ns: int, size_bytes: int) -> YamlDoc:
+    return load_yaml(path)
 
 
 def _read_device(root: ConfigReader, doc: YamlDoc) -> Device:
     """``device``: a catalogue key, a device file (``*.yaml``, relative to the topology file
     when it exists there) or an inline mapping in the device schema (collsim.hardware)."""
     if isinstance(root.data.get("device"), dict):
-        from collsim.hardware import device_from_reader
-
         return device_from_reader(root.section("device"), "inline", doc.file)
     key = root.get("device", str)
     if key.endswith((".yaml", ".yml")) and not Path(key).is_absolute() and doc.file:
@@ -784,9 +837,14 @@ def _read_device(root: ConfigReader, doc: YamlDoc) -> Device:
 
 
 def parse_topology(
-    doc: YamlDoc, *, nodes: int | None = None, gpus_per_node: int | None = None
+    doc: YamlDoc,
+    *,
+    nodes: int | None = None,
+    gpus_per_node: int | None = None,
+    device: Device | None = None,
 ) -> Topology:
-    """Build a Topology from a parsed document (see the module docstring for the schema).
+    """Build a Topology from a parsed document (see the module docstring for the schema);
+    ``device`` replaces the file's (which is still checked).
 
     Every schema error of the file is reported at once (:func:`collsim.schema.check`), before
     the rules between keys are checked.
@@ -795,7 +853,8 @@ def parse_topology(
     root = ConfigReader(doc.data, doc=doc)
     name = root.get("name", str)
     root.get("description", str, default="")
-    device = _read_device(root, doc)
+    file_device = _read_device(root, doc)
+    device = file_device if device is None else device
     file_nodes = root.get("nodes", int, default=1, check=positive)
     file_gpus = root.get("gpus_per_node", int, check=positive)
 

@@ -60,11 +60,40 @@ are taken.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
+import os
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, TextIO
+
+from collsim.engine.step import simulate_step
+from collsim.hardware import get_device
+from collsim.parallel.config import DDPConfig, FSDPConfig, ParallelConfig, TrainingConfig
+from collsim.stragglers import SlowGPU, StragglerConfig
+from collsim.topology import resolve_topology_path
+from collsim.validate.compute import cpu_share
+from collsim.validate.insitu import (
+    COPIES_KEY,
+    OVERLAP_KEYS,
+    PROBE_PREFIX,
+    ddp_probe,
+    fsdp_probe,
+    insitu_topology,
+    overlap_probe,
+    peer_idle_boost,
+    sharing_factor,
+    straggler_span_s,
+    time_ddp_copies,
+)
+from collsim.validate.launch import current_scheduling, run_distributed
+from collsim.validate.sketch import FlatShard
+from collsim.vocab import Dtype, Optimizer
+from collsim.workload.compute import ComputeModel
+from collsim.workload.model import TransformerSpec
 
 #: The name of the no-communication step timed beside the modes.
 LOCAL = "local"
@@ -141,7 +170,6 @@ class StepConfig:
 
 def model_spec(cfg: StepConfig) -> Any:
     """The collsim spec of the measured model."""
-    from collsim.workload.model import TransformerSpec
 
     return TransformerSpec(
         name="validate-gpt",
@@ -310,6 +338,7 @@ def ddp_bucket_count(ddp: Any) -> tuple[int | None, str]:
 
 
 def _ddp_step(torch: Any, cfg: StepConfig, ctx: Any, bucket_mb: int) -> tuple[Any, Any]:
+    # torch is optional (the validate extra): imported where ranks run
     from torch.nn.parallel import DistributedDataParallel
 
     torch.manual_seed(cfg.seed)
@@ -327,8 +356,6 @@ def _ddp_step(torch: Any, cfg: StepConfig, ctx: Any, bucket_mb: int) -> tuple[An
 
 
 def _fsdp_step(torch: Any, cfg: StepConfig, ctx: Any) -> Any:
-    from collsim.validate.sketch import FlatShard
-
     torch.manual_seed(cfg.seed)
     model = build_gpt(torch, cfg).to(ctx.device)
     root = torch.nn.ModuleList([model.tok, model.pos, model.ln_f])
@@ -444,7 +471,6 @@ def _over_ranks(
 
 def _write_progress(progress: TextIO, it: int, keys: list[str], row: list[float]) -> None:
     """Append iteration ``it``'s timings to the open progress file, one JSON line."""
-    import json
 
     progress.write(json.dumps({"iteration": it, **dict(zip(keys, row))}) + "\n")
     progress.flush()
@@ -526,6 +552,7 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
     time is the mean over ranks; then the median over iterations. Every rank returns the
     same data.
     """
+    # torch is optional (the validate extra): imported where ranks run
     import torch
     import torch.distributed as dist
 
@@ -577,9 +604,6 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
     profile = _block_profile(columns, not_blocks, cfg.num_layers)
     block_medians = {k: v for k, v in medians.items() if k not in not_blocks}
     modes = _mode_entries(cfg, columns, medians, ddp_modules, extra_s)
-    import os
-
-    from collsim.validate.launch import current_scheduling
 
     profile_sum = _profile_sum(profile, cfg.num_layers)
     return {
@@ -607,7 +631,6 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
 def _autogroup() -> bool | None:
     """Whether Linux groups the fair scheduler's share by session (``sched_autogroup``):
     then the ranks of one command share one session's CPU whatever their thread count."""
-    from pathlib import Path
 
     try:
         return Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1"
@@ -622,7 +645,6 @@ def _probes(
     on GPUs the collectives run on their own engines and the bench's calibration stands)."""
     if ctx.backend != "gloo":
         return {}, None
-    from collsim.validate.insitu import ddp_probe, fsdp_probe, time_ddp_copies
 
     probes: dict[str, Any] = {}
     for mode in cfg.modes:
@@ -636,8 +658,6 @@ def _probes(
     ddp = any(m.startswith("ddp") for m in cfg.modes)
     copies = time_ddp_copies(torch, list(model.parameters()), ctx.world_size) if ddp else None
     if probes:
-        from collsim.validate.insitu import overlap_probe
-
         numel = sum(int(p.numel()) for p in model.parameters())
         probes["overlap"] = overlap_probe(torch, dist, numel)
     return probes, copies
@@ -649,14 +669,11 @@ def _run_probes(
     """One iteration of the probes, each after a barrier: column names and values (a DDP
     mode's group time; each FSDP call's time; the copies). ``sizes`` gets each probe's call
     sizes (bytes per call, per op) of this run."""
-    from collsim.validate.insitu import COPIES_KEY, PROBE_PREFIX
 
     keys: list[str] = []
     row: list[float] = []
     for mode, probe in probes.items():
         if mode == "overlap":
-            from collsim.validate.insitu import OVERLAP_KEYS
-
             keys += list(OVERLAP_KEYS)
             row += list(probe())
             continue
@@ -687,7 +704,6 @@ def _probe_report(
     sizes: dict[str, dict[str, list[int]]],
 ) -> dict[str, Any]:
     """The probes' medians over iterations (slowest rank) for the report."""
-    from collsim.validate.insitu import COPIES_KEY, PROBE_PREFIX
 
     if not probes:
         return {}
@@ -695,8 +711,6 @@ def _probe_report(
     result: dict[str, Any] = {}
     for mode in probes:
         if mode == "overlap":
-            from collsim.validate.insitu import OVERLAP_KEYS
-
             c, m, b = (statistics.median(columns[k]) for k in OVERLAP_KEYS)
             result["overlap_probe"] = {"compute_s": c, "comm_s": m, "both_s": b}
             continue
@@ -750,7 +764,6 @@ def run_step(
     cfg: StepConfig, *, world_size: int | None, backend: str = "gloo", timeout_s: float = 600.0
 ) -> tuple[dict[str, Any], bool]:
     """Measure on spawned ranks (or this torchrun job); the report and whether to print it."""
-    from collsim.validate.launch import run_distributed
 
     report, is_reporter = run_distributed(
         step_rank, world_size, args=(cfg,), backend=backend, timeout_s=timeout_s
@@ -804,9 +817,6 @@ def simulate_modes(
     """
     if device_profile is not None:
         return _simulate_from_profile(report, topology, overlap, device_profile, insitu)
-    from collsim.engine.step import simulate_step
-    from collsim.parallel.config import DDPConfig, FSDPConfig, ParallelConfig, TrainingConfig
-    from collsim.vocab import Dtype, Optimizer
 
     fields: dict[str, Any] = {
         k: (tuple(v) if k == "modes" else v) for k, v in report["config"].items()
@@ -835,8 +845,6 @@ def simulate_modes(
     topology, copies_s = on_these_cores(report, topology, insitu)
     boost = 1.0
     if copies_s > 0:  # the sharing of the cores prices the overlap (_on_busy_cores)
-        from collsim.validate.insitu import peer_idle_boost
-
         overlap = True
         boost = peer_idle_boost(report)
     out: dict[str, SimulatedMode] = {}
@@ -877,7 +885,6 @@ def _slowed_rank(cfg: StepConfig, local_s: float, extra_s: float | None, boost: 
     ``extra_s`` (measured) local step / (local step + extra); with ``boost`` > 1 the span is
     :func:`collsim.validate.insitu.straggler_span_s` (its compute gets the CPU of its waiting
     peers)."""
-    from collsim.stragglers import SlowGPU, StragglerConfig
 
     assert cfg.straggler_rank is not None
     factor = 1 / cfg.straggler_repeat
@@ -886,8 +893,6 @@ def _slowed_rank(cfg: StepConfig, local_s: float, extra_s: float | None, boost: 
     if extra_s:
         factor = local_s / (local_s + extra_s)
     if boost > 1.0:  # its peers idle at the all-reduce: it gets their CPU (insitu)
-        from collsim.validate.insitu import straggler_span_s
-
         factor = local_s / straggler_span_s(local_s, local_s / factor - local_s, boost)
     return StragglerConfig(slow_gpu=SlowGPU(ranks=(cfg.straggler_rank,), clock_factor=factor))
 
@@ -900,14 +905,11 @@ def on_these_cores(report: dict[str, Any], topology: Any, insitu: bool = True) -
     copies; else ``topology`` itself and 0 (the report says why in ``insitu_note``)."""
     if not insitu:
         return topology, 0.0
-    from collsim.validate.insitu import insitu_topology
 
     n = int(report["world_size"])
     per_node = int(report.get("local_world_size", n))
     base = str(getattr(topology, "name", "") or "localhost")
     try:
-        from collsim.topology import resolve_topology_path
-
         resolve_topology_path(base)
     except Exception:  # a topology built in code, or from a file moved since: its shape only
         base = "localhost"
@@ -934,7 +936,6 @@ def _on_busy_cores(
     breakdown = dict(result.breakdown_s)
     if report.get("backend") != "gloo" or copies_s <= 0:
         return step_s, breakdown
-    from collsim.validate.insitu import sharing_factor
 
     if base_mode.startswith("ddp"):
         breakdown["framework"] = breakdown.get("framework", 0.0) + copies_s
@@ -987,11 +988,6 @@ def straggler_ratios(
 def profile_device(report: dict[str, Any], device_profile: str) -> tuple[Any, float, float]:
     """The profile's device as one rank of ``report`` sees it, and the CPU shares applied to
     its compute and to its memory-bound rates."""
-    import dataclasses
-    import os
-
-    from collsim.hardware import get_device
-    from collsim.validate.compute import cpu_share
 
     device = get_device(device_profile)
     if device.measured is None:
@@ -1020,13 +1016,6 @@ def _simulate_from_profile(
     device_profile: str,
     insitu: bool = True,
 ) -> dict[str, SimulatedMode]:
-    import copy
-    import dataclasses
-
-    from collsim.engine.step import simulate_step
-    from collsim.parallel.config import DDPConfig, FSDPConfig, ParallelConfig, TrainingConfig
-    from collsim.vocab import Dtype, Optimizer
-
     fields: dict[str, Any] = {
         k: (tuple(v) if k == "modes" else v) for k, v in report["config"].items()
     }
@@ -1042,14 +1031,11 @@ def _simulate_from_profile(
     )
     device, _, _ = profile_device(report, device_profile)
     fitted, _ = on_these_cores(report, topology, insitu)
-    topo = copy.copy(fitted)
-    topo.device = device
+    topo = fitted.replaced(device=device)
     # DDP's gradient copies from the profile, not from the probe timed on this model: 16
     # bytes per parameter (collsim.validate.insitu) at the profile's memory-bound rate
     copies_s = 0.0
     if insitu and fitted is not topology:
-        from collsim.workload.compute import ComputeModel
-
         # one kernel per gradient tensor each way: 12 per block (LayerNorm x 2, QKV, output
         # projection, MLP up and down, weights and biases), 4 outside (embeddings, ln_f)
         tensors = 12 * cfg.num_layers + 4
@@ -1060,8 +1046,6 @@ def _simulate_from_profile(
         overlap = copies_s > 0 or not cores_busy(report)
     boost = 1.0
     if copies_s > 0:
-        from collsim.validate.insitu import peer_idle_boost
-
         boost = peer_idle_boost(report)
     out: dict[str, SimulatedMode] = {}
     # the normal modes first: a straggler mode's slowed rank is relative to its simulated
