@@ -68,6 +68,7 @@ def load(
 
     Overrides are applied as ``--set`` would (same checks, same error locations).
     """
+    # start-up: `import collsim` stays cheap; each layer loads on first use
     from collsim.scenario import Scenario, load_scenario, scenario_from_doc
     from collsim.yamlio import YamlDoc
 
@@ -113,12 +114,14 @@ class Simulation:
     @property
     def memory_timeline(self) -> pd.DataFrame:
         """Memory in use over the step: ``rank, time_s, bytes`` (simulated ranks)."""
+        # start-up: `import collsim` stays cheap; each layer loads on first use
         from collsim.report.frames import memory_timeline_frame
 
         return memory_timeline_frame(self.result)
 
     def to_frame(self) -> pd.DataFrame:
         """One row: the plan (``num_gpus, tp, pp, dp, ...``) then every result field."""
+        # start-up: `import collsim` stays cheap; each layer loads on first use
         from collsim.report.frames import results_frame
 
         par, train = self.scenario.parallel, self.scenario.training
@@ -138,6 +141,7 @@ class Simulation:
     def plot(self, kind: str = "step", path: str | Path | None = None, **kwargs: Any) -> Figure:
         """Draw the step (``"step"``: compute and communication lanes over memory) or the
         memory of one rank (``"timeline"``); save it too when ``path`` ends in .png or .svg."""
+        # start-up: `import collsim` stays cheap; each layer loads on first use
         from collsim.report import plots
 
         if kind == "step":
@@ -176,6 +180,7 @@ def simulate(
     Raises:
         ConfigError: bad input; LimitError: beyond a limit; InfeasibleError: cannot run.
     """
+    # start-up: `import collsim` stays cheap; each layer loads on first use
     from collsim.engine import simulate_step
     from collsim.limits import check_scenario
 
@@ -228,6 +233,7 @@ def sweep(
         One row per point (``collsim.study.sweep.sweep_frame``): coordinates, ``feasible``,
         ``reason`` and every result field, in seconds and bytes.
     """
+    # start-up: `import collsim` stays cheap; each layer loads on first use
     from collsim.study import sweep as sweeping
 
     pairs = [
@@ -257,6 +263,7 @@ def collective(
         ``op, algorithm, protocol, size_bytes, time_s, algbw_bps, busbw_bps`` (nccl-tests
         conventions for the bandwidths).
     """
+    # start-up: `import collsim` stays cheap; each layer loads on first use
     from collsim.collectives import Group
     from collsim.errors import InfeasibleError
     from collsim.report.frames import collective_cost_frame
@@ -296,6 +303,7 @@ def goodput(*args: Any, **kwargs: Any) -> Any:
     Raises:
         UnavailableError: this version has no goodput model.
     """
+    # start-up: `import collsim` stays cheap; each layer loads on first use
     import importlib
 
     try:

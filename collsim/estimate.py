@@ -42,22 +42,26 @@ to the DES fidelities.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from collsim.errors import SimulationError
+from collsim.errors import CollsimWarning, ConfigError, SimulationError
 from collsim.parallel.buckets import Bucket
 from collsim.parallel.fsdp import issue_schedule
 from collsim.parallel.plan import Plan, RankCoords
 from collsim.parallel.schedules import Phase, PipeOp, input_of, output_of
+from collsim.runtime import collector_paused
 from collsim.schedule.assemble import assemble
+from collsim.schedule.build import build_schedule
 from collsim.schedule.dataparallel import GRAD_NORM_BYTES, DPCall, grad_norm_groups
 from collsim.schedule.memory import MemoryLedger, MemoryPattern
 from collsim.schedule.ops import ChunkModel, Segment
 from collsim.schedule.pricing import ClosedPricer, SegmentPrices
 from collsim.schedule.result import BREAKDOWN_KEYS, StepResult, TraceEvent
 from collsim.schedule.stats import CallKey, CallStats, CallTally, dp_link
+from collsim.stragglers import stretch_schedule
 from collsim.vocab import ParallelAxis
 
 if TYPE_CHECKING:
@@ -513,7 +517,6 @@ def walk(
     plan = schedule.plan
     if pricer is None:
         pricer = ClosedPricer(plan.topology)
-    from collsim.runtime import collector_paused
 
     with collector_paused():
         w = _Walk(schedule, pricer)
@@ -545,7 +548,6 @@ def estimate_step(
         ConfigError: stragglers the closed form cannot walk (degraded links, slowed stages in
             pipelines that differ), or a bad plan.
     """
-    from collsim.schedule.build import build_schedule
 
     schedule = build_schedule(
         topology, spec, training, parallel, op_time_overrides=op_time_overrides
@@ -579,8 +581,6 @@ def estimate_step(
 
 def _straggler_schedule(schedule: StepSchedule, stragglers: StragglerConfig) -> StepSchedule:
     """The schedule of the slowed pipeline (stages stretched), or a ConfigError."""
-    from collsim.errors import ConfigError
-    from collsim.stragglers import stretch_schedule
 
     plan = schedule.plan
     resolved = stragglers.resolve(plan.topology)
@@ -624,10 +624,6 @@ class Estimator:
         Raises:
             ConfigError: the plan does not match the model or the cluster (see build_plan).
         """
-        import warnings
-
-        from collsim.errors import CollsimWarning
-        from collsim.schedule.build import build_schedule
 
         with warnings.catch_warnings():  # kept in the plan's warnings, not raised per plan
             warnings.simplefilter("ignore", CollsimWarning)

@@ -59,6 +59,7 @@ from collsim.schema import (
     values_of,
 )
 from collsim.units import GB, TB, GiB, tflops_to_flops
+from collsim.workload.kernels import SUSTAINED_CLOCK_FRACTION, MeasuredTables
 from collsim.yamlio import ConfigReader, YamlDoc, load_yaml, non_negative, positive
 
 __all__ = [
@@ -196,7 +197,6 @@ class Device:
         the DVFS range, so f ~ P^(1/3) (a modelling assumption; H100 96GB at 500 W of 700 W:
         0.894).
         """
-        from collsim.workload.kernels import SUSTAINED_CLOCK_FRACTION
 
         if self.sustained_clock_mhz and self.boost_clock_mhz:
             base = min(1.0, self.sustained_clock_mhz / self.boost_clock_mhz)
@@ -276,8 +276,6 @@ def device_from_reader(entry: ConfigReader, default_key: str = "", source: str =
     reserve = entry.get("reserve_gib", float, default=None, check=non_negative)
     measured = None
     if entry.has("measured"):
-        from collsim.workload.kernels import MeasuredTables
-
         measured = MeasuredTables.from_reader(entry.section("measured"))
     device = Device(
         key=key,

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from collsim.errors import ConfigError
+from collsim.errors import ConfigError, ConfigErrors
 from collsim.yamlio import YamlDoc, type_name, unknown_key_message, with_hint
 
 __all__ = [
@@ -396,7 +396,6 @@ def _missing(spec: Spec) -> str:
 
 def raise_errors(errors: list[ConfigError]) -> None:
     """Raise the one error, or all of them as :class:`~collsim.errors.ConfigErrors`."""
-    from collsim.errors import ConfigErrors
 
     if len(errors) == 1:
         raise errors[0]

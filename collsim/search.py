@@ -22,6 +22,7 @@ Nothing here prints; a callback reports progress.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import time
 import warnings
@@ -30,7 +31,25 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import pandas as pd
+
+from collsim.collectives import Group, cost
+from collsim.engine import simulate_step
 from collsim.errors import CollsimWarning, ConfigError, InfeasibleError
+from collsim.estimate import Estimator
+from collsim.jobs import Workers
+from collsim.parallel.config import ParallelConfig as Parallel
+from collsim.parallel.config import Recompute
+from collsim.parallel.layer_comms import layer_comms
+from collsim.parallel.plan import build_plan, default_order, grid_rank
+from collsim.parallel.schedules import Phase, input_of, stage_schedule
+from collsim.parallel.states import rank_model_states
+from collsim.schedule.build import bytes_per
+from collsim.schedule.pricing import ClosedPricer as Pricer
+from collsim.schedule.result import BREAKDOWN_KEYS, MEMORY_KEYS
+from collsim.vocab import ScheduleKind
+from collsim.workload.compute import ComputeModel
+from collsim.workload.memory import layer_parameters_per_rank, layers_per_stage, parameters_per_rank
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -193,10 +212,6 @@ class Candidate:
         self, base_training: TrainingConfig, base_parallel: ParallelConfig
     ) -> tuple[TrainingConfig, ParallelConfig]:
         """The scenario's training and parallel sections with this plan's knobs."""
-        import dataclasses
-
-        from collsim.parallel.config import Recompute
-        from collsim.vocab import ScheduleKind
 
         training = dataclasses.replace(
             base_training, micro_batch=self.micro_batch, recompute=Recompute(self.recompute)
@@ -268,7 +283,6 @@ def enumerate_plans(
     in ``rejected`` (one count per plan of the full grid that is dropped). ``base`` (the
     scenario's parallel section) gives the cp and ep sizes the space leaves unset, the
     expert tensor-parallel size and CP's load balancing."""
-    from collsim.parallel.config import ParallelConfig as Parallel
 
     space = space or SearchSpace()
     rejected = rejected if rejected is not None else Counter()
@@ -485,7 +499,6 @@ def search_plans(
             more than one, plans are estimated in batches of ``2 x jobs`` from the front of
             the queue (the best plans are the same; a few more may be estimated).
     """
-    from collsim.jobs import Workers
 
     started = time.perf_counter()
     num_gpus = topology.num_ranks
@@ -653,8 +666,6 @@ class _SearchContext:
         spec: TransformerSpec,
         simulate: Callable[..., StepResult] | None = None,
     ) -> None:
-        from collsim.estimate import Estimator
-
         self.topology = topology
         self.spec = spec
         self.estimator = Estimator(topology, spec)
@@ -706,10 +717,6 @@ class _Bounds:
         training: TrainingConfig,
         parallel: ParallelConfig | None = None,
     ):
-        from collsim.parallel.config import ParallelConfig as Parallel
-        from collsim.parallel.plan import default_order
-        from collsim.schedule.build import bytes_per
-
         base = parallel if parallel is not None else Parallel()
         self.base = base
         self.etp = base.etp
@@ -736,8 +743,6 @@ class _Bounds:
         key = (c.tp, c.pp)
         hit = self._params.get(key)
         if hit is None:
-            from collsim.workload.memory import parameters_per_rank
-
             hit = self._params[key] = [
                 float(parameters_per_rank(self.spec, tp=c.tp, pp=c.pp, stage=s))
                 for s in sorted({0, c.pp - 1})
@@ -773,7 +778,6 @@ class _Bounds:
         hit = self._acts.get(key)
         if hit is not None:
             return hit
-        from collsim.workload.memory import layers_per_stage
 
         if self._variant(c) and (c.cp == 1 or self._kinds_vary()):
             hit = self._acts[key] = self._moe_floor(c) if self.spec.is_moe else 0.0
@@ -804,8 +808,6 @@ class _Bounds:
         m = self.training.global_batch // (mb * c.dp)
         gathered = 0.0
         if c.zero == 3 and not c.reshard and c.dp > 1:
-            from collsim.workload.memory import layer_parameters_per_rank
-
             # kept after forward: every layer unit stays gathered until its backward (the
             # gather dtype may be fp8: one byte per element at least)
             unit = float(layer_parameters_per_rank(self.spec, c.tp))
@@ -820,8 +822,6 @@ class _Bounds:
         return hit
 
     def _model(self) -> Any:
-        from collsim.workload.compute import ComputeModel
-
         dtype = str(self.training.dtype)
         model = self._models.get(dtype)
         if model is None:
@@ -858,8 +858,6 @@ class _Bounds:
         (:func:`~collsim.parallel.schedules.input_of`); sends take no time. Both fidelities
         run these ops in this order with these dependencies and more work, so they end
         later."""
-        from collsim.parallel.schedules import Phase, input_of, stage_schedule
-        from collsim.workload.memory import layers_per_stage
 
         p = c.pp
         v = c.virtual_stages if c.schedule == "interleaved" else 1
@@ -970,11 +968,8 @@ class _Bounds:
         cached = self._dp.get(key)
         if cached is not None:
             return cached
-        from collsim.workload.memory import layer_parameters_per_rank, layers_per_stage
 
         if self._pricer is None:
-            from collsim.schedule.pricing import ClosedPricer as Pricer
-
             self._pricer = Pricer(self.topology)
         per = self.per
         m = self.training.global_batch // (c.micro_batch * c.dp)
@@ -1008,7 +1003,6 @@ class _Bounds:
         GPipe), each layer at the smallest activation of the model's layer kinds (dense or
         expert, as the schedule builds them: :meth:`_block_work`'s kinds); the embedding and
         the head left out. The fullest stage bounds the peak."""
-        from collsim.workload.memory import layers_per_stage
 
         states = self._plan_states(c)
         if not states:
@@ -1047,7 +1041,6 @@ class _Bounds:
         hit = self._moe_states.get(key)
         if hit is not None:
             return hit
-        from collsim.parallel.states import rank_model_states
 
         plan = None if c.offload else self._plan_of(c)  # offloaded shards live on the host
         hit = (
@@ -1061,8 +1054,6 @@ class _Bounds:
     def _plan_of(self, c: Candidate) -> Any:
         """The checked plan of ``c`` (``collsim.parallel.plan.Plan``; its warnings
         silenced), or None when it does not build."""
-        from collsim.errors import ConfigError
-        from collsim.parallel.plan import build_plan
 
         try:
             with warnings.catch_warnings():
@@ -1086,7 +1077,6 @@ class _Bounds:
     def _dp_group(self, c: Candidate, stage: int) -> tuple[int, ...]:
         """The data-parallel group of stage ``stage``'s first tp rank (the plan's mapping,
         :meth:`collsim.parallel.plan.Plan.rank`)."""
-        from collsim.parallel.plan import grid_rank
 
         sizes = (c.dp, c.pp, c.cp, c.tp)
         return tuple(grid_rank(self.order, sizes, dp=d, pp=stage, tp=0) for d in range(c.dp))
@@ -1140,8 +1130,6 @@ class _Bounds:
         hit = self._moe_comms.get(key)
         if hit is not None:
             return hit
-        from collsim.collectives import Group, cost
-        from collsim.parallel.layer_comms import layer_comms
 
         hit = (0.0, 0.0)
         plan = self._plan_of(c)
@@ -1169,7 +1157,6 @@ class _Bounds:
         collectives of every micro-batch, and for the last stage the pipeline fill and drain
         of the stages before it), the compute seconds alone, the memory-bound share of a
         layer, and the optimizer step."""
-        from collsim.workload.memory import layers_per_stage
 
         model = self._model()
         spec, mb, sp = self.spec, c.micro_batch, c.sequence_parallel and c.tp > 1
@@ -1225,8 +1212,6 @@ class _Bounds:
         if c.tp < 2:
             return 0.0
         if self._pricer is None:
-            from collsim.schedule.pricing import ClosedPricer as Pricer
-
             self._pricer = Pricer(self.topology)
         size = float(
             c.micro_batch * (self.spec.seq_len // c.cp) * self.spec.hidden * self.per.activation
@@ -1246,8 +1231,6 @@ class _Bounds:
 def _simulate(
     topology: Topology, spec: TransformerSpec, training: TrainingConfig, parallel: ParallelConfig
 ) -> StepResult:
-    from collsim.engine import simulate_step
-
     return simulate_step(topology, spec, training, parallel)
 
 
@@ -1255,9 +1238,6 @@ def search_frame(result: SearchResult, *, limit: int | None = None) -> pd.DataFr
     """One row per feasible plan, best estimate first: the plan's knobs, ``est_*`` columns of
     the closed form (step time, breakdown, memory, MFU) and ``sim_*`` columns for the
     re-simulated ones (NaN otherwise)."""
-    import pandas as pd
-
-    from collsim.schedule.result import BREAKDOWN_KEYS, MEMORY_KEYS
 
     rows = []
     for index, entry in enumerate(result.ranked[:limit] if limit else result.ranked):

@@ -145,3 +145,47 @@ def test_the_glossary_and_the_errors_sit_at_the_bottom(leaf: str) -> None:
     # vocab names every enum and raises ConfigError on a bad name; errors imports nothing
     allowed = {"collsim.errors": set(), "collsim.vocab": {"collsim.errors"}}[leaf]
     assert import_graph()[leaf] == allowed
+
+
+def _function_local_imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+    found: list[ast.Import | ast.ImportFrom] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            found += [n for n in ast.walk(node) if isinstance(n, ast.Import | ast.ImportFrom)]
+    return list({id(n): n for n in found}.values())  # nested functions are walked twice
+
+
+def _imports_torch(node: ast.Import | ast.ImportFrom) -> bool:
+    names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+    return all(name.split(".")[0] == "torch" for name in names)
+
+
+def _has_reason(lines: list[str], node: ast.stmt, run: dict[int, ast.stmt]) -> bool:
+    """A comment on the import, or on the line above the run of imports it belongs to."""
+    while True:
+        end = node.end_lineno or node.lineno
+        if any("#" in lines[i - 1] for i in range(node.lineno, end + 1)):
+            return True
+        above = node.lineno - 1
+        if above not in run:
+            return above >= 1 and lines[above - 1].strip().startswith("#")
+        node = run[above]
+
+
+def test_function_local_imports_are_for_start_up_or_torch_and_say_why() -> None:
+    # cli/ and api.py load layers late so that start-up stays cheap; torch is optional (the
+    # validate extra) and loads only where ranks run; everything else imports at the top
+    wrong: list[str] = []
+    for module, path in MODULES.items():
+        lines = path.read_text(encoding="utf-8").split("\n")
+        tree = ast.parse("\n".join(lines), filename=str(path))
+        late = _function_local_imports(tree)
+        run: dict[int, ast.stmt] = {(n.end_lineno or n.lineno): n for n in late}
+        for node in late:
+            where = f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {ast.unparse(node)}"
+            start_up = module in ("collsim.api", "collsim.cli") or module.startswith("collsim.cli.")
+            if not (start_up or _imports_torch(node)):
+                wrong.append(f"{where} (import it at the top)")
+            elif not _has_reason(lines, node, run):
+                wrong.append(f"{where} (say why it is late)")
+    assert not wrong, "\n".join(wrong)

@@ -118,6 +118,7 @@ def check_output_path(
             with target.open("a"):
                 pass
         else:
+            # start-up: loaded only when this runs (--help and bad input stay fast)
             import tempfile
 
             with tempfile.NamedTemporaryFile(dir=parent, prefix=".collsim-probe-"):
@@ -160,6 +161,7 @@ def limit_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         kwargs["limit_values"] = dict(ctx.meta.get("collsim.limits", {}))
         return fn(*args, **kwargs)
 
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     import functools
 
     return functools.wraps(fn)(wrapper)
@@ -167,6 +169,7 @@ def limit_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def limits_from_options(values: dict[str, Any] | None) -> Limits:
     """The :class:`~collsim.limits.Limits` of the ``--max-*`` options (unset ones default)."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.limits import Limits
 
     given = {k: v for k, v in (values or {}).items() if v is not None}
@@ -182,6 +185,7 @@ def check_frame_path(path: str | Path | None, key_path: str) -> None:
     """
     check_output_path(path, key_path, suffixes=FRAME_SUFFIXES)
     if path is not None and Path(path).suffix.lower() == ".parquet":
+        # start-up: loaded only when this runs (--help and bad input stay fast)
         import importlib.util
 
         if importlib.util.find_spec("pyarrow") is None:
@@ -224,6 +228,7 @@ def scenario_costs(scenario: Scenario, topology: Topology, result: StepResult) -
         ConfigError: no reliability section, or an interval shorter than a checkpoint write
             (located in the scenario file).
     """
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.study.goodput.costs import checkpoint_state, job_costs
 
     reliability = scenario.reliability

@@ -115,6 +115,7 @@ def goodput_scenario(
 ) -> int:
     """The body of ``collsim goodput``; returns 0 (errors raise: ConfigError exit 2,
     InfeasibleError exit 1, mapped once by the command group)."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.cli.run import _load_topology, _simulate_capturing
 
     if plot_path is not None and Path(plot_path).suffix.lower() not in PLOT_SUFFIXES:
@@ -124,6 +125,7 @@ def goodput_scenario(
         )
     check_output_path(json_path, "--json")
     check_output_path(plot_path, "--plot")
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.scenario import load_scenario
 
     scenario = load_scenario(path, list(overrides))
@@ -137,6 +139,7 @@ def goodput_scenario(
     result, caught = _simulate_capturing(scenario, topology, all_ranks=False, trace=False)
     costs = scenario_costs(scenario, topology, result)
     run_days = days or scenario.reliability.duration_days or DEFAULT_DAYS
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.study.goodput.estimate import estimate_goodput
 
     estimate = estimate_goodput(costs, scenario.reliability, days=run_days, runs=runs, seed=seed)
@@ -154,6 +157,7 @@ def goodput_scenario(
         _write_json(json_path, data)
         click.echo(f"wrote {json_path}", err=True)
     if plot_path is not None:
+        # start-up: loaded only when this runs (--help and bad input stay fast)
         from collsim.report.goodput_plots import plot_goodput
         from collsim.report.plots import save_figure
 
@@ -175,6 +179,7 @@ def _bytes(value: float) -> str:
 
 def format_goodput_report(result: GoodputResult, scenario: Scenario, topology: Topology) -> str:
     """The text report of ``collsim goodput``."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.report.tables import format_table
 
     title = f"collsim goodput: {scenario.name} ({result.days:g} days)"

@@ -151,6 +151,7 @@ def run_scenario(
     write_trace = _trace_writer() if trace_path is not None else None
     if trace_path is not None and write_trace is None:
         raise UnavailableError("--trace: the trace writer is not yet available in this version")
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.limits import check_scenario
     from collsim.scenario import load_scenario
 
@@ -165,6 +166,7 @@ def run_scenario(
         fidelity=fidelity,
     )
 
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.report.tables import format_run_report, memory_verdict
 
     click.echo(
@@ -200,6 +202,7 @@ def run_scenario(
 
 def _goodput_line(scenario: Scenario, topology: Topology, result: StepResult) -> str | None:
     """The closed-form goodput line of a scenario with a reliability section (None: error shown)."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.cli.common import DEFAULT_DAYS, one_line, scenario_costs
     from collsim.study.goodput.estimate import estimate_goodput
 
@@ -218,6 +221,7 @@ def _goodput_line(scenario: Scenario, topology: Topology, result: StepResult) ->
 def _trace_writer() -> TraceWriter | None:
     """``collsim.report.trace.write_trace`` if that module exists, else None."""
     try:
+        # start-up: loaded only when this runs (--help and bad input stay fast)
         from collsim.report import trace
     except ImportError:
         return None
@@ -252,6 +256,7 @@ def _simulate(
                 "auto, fused or layer with --all-ranks, --trace or --plot",
                 key_path="--fidelity",
             )
+        # start-up: loaded only when this runs (--help and bad input stay fast)
         from collsim.estimate import estimate_step
 
         return estimate_step(
@@ -261,6 +266,7 @@ def _simulate(
             scenario.parallel,
             stragglers=scenario.stragglers,
         )
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.engine import simulate_step
 
     return simulate_step(
@@ -311,6 +317,7 @@ def _ranks(ranks: Sequence[int]) -> str:
 
 def _write_plot(scenario: Scenario, result: StepResult, path: Path) -> None:
     """``plot_step`` of the traced result, rows labelled by pipeline stage, saved by suffix."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.report.plots import plot_step, save_figure
 
     par = scenario.parallel

@@ -157,6 +157,7 @@ def search(
     output: Path | None,
 ) -> None:
     """Enumerate the plans of SCENARIO's model on --gpus GPUs, rank them, re-simulate the best."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.scenario import load_scenario
     from collsim.search import SearchSpace, search_frame, search_plans
     from collsim.study.sweep import cluster_for
@@ -169,6 +170,7 @@ def search(
     if gpus is not None and gpus <= 0:
         raise ConfigError(f"must be > 0, got {gpus}", key_path="--gpus")
     if gpus is not None:
+        # start-up: loaded only when this runs (--help and bad input stay fast)
         from collsim.limits import check_ranks
 
         check_ranks(gpus, key_path="--gpus", option=None)
@@ -185,6 +187,7 @@ def search(
             raise  # a malformed topology file: its line
         raise base.locate(ConfigError(exc.message, key_path="cluster.topology")) from None
 
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.jobs import default_jobs
 
     space = SearchSpace(**space_kwargs)
@@ -219,6 +222,7 @@ def _run_with_progress(
     jobs: int,
 ) -> SearchResult:
     """Run the search with a progress bar on a terminal (plans estimated, then simulated)."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.search import enumerate_plans
 
     if not sys.stderr.isatty():
@@ -256,6 +260,7 @@ def _run_with_progress(
 
 
 def _row(index: int, entry: Ranked) -> list[str]:
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.report.tables import format_seconds
 
     est = entry.estimate
@@ -277,6 +282,7 @@ def _row(index: int, entry: Ranked) -> list[str]:
 
 def search_table(result: SearchResult, top_n: int = 10) -> str:
     """The best plans: re-simulated ones first (by simulated time), then the next estimates."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.report.tables import format_table
 
     shown = list(result.simulated)
@@ -292,6 +298,7 @@ def search_table(result: SearchResult, top_n: int = 10) -> str:
 
 
 def _report_rejected(result: SearchResult) -> None:
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.search import REASONS
 
     if not result.rejected:

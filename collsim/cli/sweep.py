@@ -128,6 +128,7 @@ def sweep(
     limit_values: dict[str, Any],
 ) -> None:
     """Simulate SCENARIO at every GPU count of --gpus and every --set combination."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.jobs import default_jobs
     from collsim.study.sweep import (
         build_points,
@@ -148,6 +149,7 @@ def sweep(
     check_frame_path(output, "--output")
     check_output_path(plot_path, "--plot")
     limits = limits_from_options(limit_values)
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.limits import check_ranks
 
     for count in gpus or ():
@@ -166,6 +168,7 @@ def sweep(
             jobs=jobs or default_jobs(),
         )
 
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.study.sweep import sweep_frame
 
     frame = sweep_frame(outcomes)
@@ -175,6 +178,7 @@ def sweep(
         write_frame(frame, output)
         click.echo(f"wrote {output}", err=True)
     if plot_path is not None:
+        # start-up: loaded only when this runs (--help and bad input stay fast)
         from collsim.report.plots import plot_breakdown, plot_memory, plot_scaling, save_figure
 
         kind = plot_kind
@@ -203,6 +207,7 @@ class _Bounded:
     def __call__(
         self, topology: Any, scenario: Any, *, trace: bool = False, all_ranks: bool = False
     ) -> Any:
+        # start-up: loaded only when this runs (--help and bad input stay fast)
         from collsim.engine import simulate_step
         from collsim.limits import check_plan
 
@@ -257,6 +262,7 @@ def progress_reporter(total: int, label: str) -> _Progress:
 def _fmt(value: Any, kind: str) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.report.tables import format_count, format_seconds
 
     match kind:
@@ -276,6 +282,7 @@ def _fmt(value: Any, kind: str) -> str:
 
 def sweep_table(frame: pd.DataFrame) -> str:
     """The sweep as a text table: one row per point, a status column (ok or the reason tag)."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.report.tables import format_table
 
     show_plan = frame["plan"].astype(str).str.len().gt(0).any()

@@ -27,6 +27,7 @@ __all__ = ["validate"]
 
 
 def _size(ctx: click.Context, param: click.Parameter, value: str) -> int:
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.units import parse_size
 
     try:
@@ -36,6 +37,7 @@ def _size(ctx: click.Context, param: click.Parameter, value: str) -> int:
 
 
 def _ops(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, ...]:
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.validate.bench import OPS
 
     ops = tuple(o.strip() for o in value.split(",") if o.strip())
@@ -51,6 +53,7 @@ def _ops(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, .
 
 def _realtime(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
     if value:
+        # start-up: loaded only when this runs (--help and bad input stay fast)
         from collsim.validate.launch import realtime_problem
 
         problem = realtime_problem()
@@ -163,6 +166,7 @@ def bench(
     resume: bool,
 ) -> None:
     """Time collectives like nccl-tests (median of the slowest rank) and check every result."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.validate.bench import BenchConfig, resume_state, run_bench, sizes_between
     from collsim.validate.dataset import format_table
     from collsim.validate.launch import in_torchrun
@@ -223,8 +227,10 @@ def _in_order(rows: list[dict[str, Any]], ops: tuple[str, ...]) -> list[dict[str
 def _replace_file(output: str, rows: list[dict[str, Any]], metadata: dict[str, Any]) -> Path:
     """Write the finished measurement beside ``output``, then move it over (atomic on POSIX):
     the partial file stays whole until the complete one is there."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     import os
 
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.validate.dataset import write_measurements
 
     target = Path(output)
@@ -240,6 +246,7 @@ def _replace_file(output: str, rows: list[dict[str, Any]], metadata: dict[str, A
 def _run_sketch(
     parts: tuple[str, ...], world_size: int, steps: int, timeout_s: float, output: str | None
 ) -> None:
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.validate.sketch import SketchConfig, check_report, run_sketch
 
     check_output_path(output, "-o/--output")
@@ -309,6 +316,7 @@ def _check_output(path: str | None, hint: str) -> None:
 
 
 def _read_all(paths: tuple[str, ...]) -> list[Any]:
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.validate.dataset import read_measurements
 
     return [read_measurements(path) for path in paths]
@@ -372,6 +380,7 @@ def calibrate(
     """Fit a topology to measurements: a gloo bench (link latency, bandwidth, per-op
     algorithm/overhead/efficiency), or nccl-tests logs of one and more nodes (NVLink and NIC
     efficiency, latencies, fixed cost of a multi-node NCCL topology)."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.validate.calibrate import calibrate as fit
     from collsim.validate.calibrate import select_rows, write_topology
 
@@ -448,6 +457,7 @@ def _is_fabric(files: list[Any], base: str | None) -> bool:
 
 
 def _library(base: str) -> str:
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.topology import resolve_topology_path
     from collsim.yamlio import load_yaml
 
@@ -462,6 +472,7 @@ def _recorded_base(files: list[Any]) -> str | None:
 
 
 def _calibrate_fabric(files: list[Any], base: str | None, output: str, name: str | None) -> None:
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.validate.calibrate import calibrate_fabric, write_fabric_topology
 
     cal = calibrate_fabric(files, base=base)
@@ -523,6 +534,7 @@ def compare(
     csv_path: str | None,
 ) -> None:
     """Simulate exactly the measured points and print the error of each, plus a summary."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.validate.compare import compare as run_compare
     from collsim.validate.compare import format_comparison, plot_comparison, summarize, topology_for
 
@@ -592,6 +604,7 @@ def compare(
 def _write_compared_csv(path: str, meas: Any, points: list[Any], topology: str) -> None:
     """The compared points as schema rows: the measured row, the simulator's choice as
     algorithm/protocol, simulated_us and error."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.validate.dataset import write_measurements
 
     rows = []
@@ -624,6 +637,7 @@ def _write_compared_csv(path: str, meas: Any, points: list[Any], topology: str) 
 
 def vars_of(obj: Any) -> dict[str, Any]:
     """A slotted dataclass as a dict."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from dataclasses import asdict
 
     return asdict(obj)
@@ -668,6 +682,7 @@ def holdout(
     out_dir: str | None,
 ) -> None:
     """Calibrate on every other power of two, compare on the others (per measurement file)."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.validate.compare import across_runs as group_runs
     from collsim.validate.dataset import read_measurements
 
@@ -714,6 +729,7 @@ def holdout(
 
 def _held_ops(check_ops: str) -> tuple[str, ...]:
     """The ops of ``--ops`` (comma-separated), each a canonical op name."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.validate.dataset import OPS, canonical_op
 
     held = tuple(o.strip() for o in check_ops.split(",") if o.strip())
@@ -729,6 +745,7 @@ def _held_ops(check_ops: str) -> tuple[str, ...]:
 def _holdout_folder(out_dir: str | None) -> Path:
     """``--out-dir`` (created inside an existing, writable folder), else a temporary folder
     removed when the command ends."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     import tempfile
 
     if out_dir is not None:
@@ -749,6 +766,7 @@ def _holdout_one(
     """One file calibrated on its even sizes (or simulated on the NCCL fit ``fabric_path``),
     compared on its odd ones and plotted: the summary per op, and each op's fit (none with
     the NCCL fit)."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.validate.calibrate import calibrate as fit
     from collsim.validate.calibrate import write_topology
     from collsim.validate.compare import compare as run_compare
@@ -917,8 +935,10 @@ def step(
     device_profile: str | None,
 ) -> None:
     """Time real DDP (bucket 1 and 25 MB) and FSDP-sketch steps of a small GPT; simulate them."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     import tempfile
 
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.validate.launch import in_torchrun
     from collsim.validate.step import StepConfig, run_step
 
@@ -976,6 +996,7 @@ def _simulate_step(
     Returns:
         The topology, whether DDP overlaps, the simulated modes and the other choice's.
     """
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.topology import load_topology
     from collsim.validate.step import cores_busy, simulate_modes
 
@@ -986,6 +1007,7 @@ def _simulate_step(
     simulated = simulate_modes(report, topo, overlap=overlap, device_profile=device_profile)
     other = simulate_modes(report, topo, overlap=not overlap, device_profile=device_profile)
     if device_profile is not None:
+        # start-up: loaded only when this runs (--help and bad input stay fast)
         from collsim.validate.step import profile_device
 
         _, share, memory_share = profile_device(report, device_profile)
@@ -1012,6 +1034,7 @@ def _echo_step_notes(
     model, the profiled blocks, where the compute comes from and the probes timed alone."""
     n = int(report["world_size"])
     if report.get("insitu_topology_yaml"):
+        # start-up: loaded only when this runs (--help and bad input stay fast)
         from collsim.validate.insitu import sharing_factor
 
         scope = "this session's" if report.get("sched_autogroup") else "every"
@@ -1055,6 +1078,7 @@ def _echo_step_notes(
             f"communication measured {report['local_step_s'] * 1e3:.1f} ms, the profiled "
             f"blocks {report['profile_sum_s'] * 1e3:.1f} ms (neither used)"
         )
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.validate.insitu import probe_summary
 
     lines = probe_summary(report, topo)
@@ -1109,6 +1133,7 @@ def _echo_straggler(
 ) -> list[str]:
     """Print the straggler slowdowns, measured and simulated (at the slowed rank's measured
     speed and at the nominal one; both go into the report); the ratios outside ``target``."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.validate.step import simulate_modes, straggler_ratios
 
     ratios = straggler_ratios(
@@ -1172,8 +1197,10 @@ def _echo_bucket_effect(report: dict[str, Any], simulated: dict[str, Any], n: in
 
 def _holdout_fabric(files: list[Any], folder: Path) -> Path:
     """The NCCL fit (calibrate_fabric) of every file's even powers of two, written to folder."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     import copy
 
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.validate.calibrate import calibrate_fabric, select_rows, write_fabric_topology
 
     evens = []
@@ -1206,11 +1233,14 @@ def _holdout_fabric(files: list[Any], folder: Path) -> Path:
 def compute(output: str, device: str, quick: bool, threads: int) -> None:
     """Time a generic kernel grid (GEMMs, attention, memory-bound ops, optimizer) on the local
     device and write a device profile that `collsim run` can use in place of the catalogue."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     import dataclasses
 
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.validate.compute import ComputeGrid, measure_profile, write_profile
 
     try:
+        # torch is optional (the validate extra): imported where ranks run
         import torch
     except ImportError:
         raise click.ClickException("validate compute needs torch (pip install torch)") from None
@@ -1264,6 +1294,7 @@ def kernels(profile: str, device: str, execution: str, summary: bool, output: st
     """Compare a measured device profile, kernel by kernel, with a device's compute model:
     measured and modelled time and rate, their ratio, and the median and worst ratio per
     kernel kind (ratio = measured / modelled time)."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.hardware import get_device, load_device_file
     from collsim.validate.kernels import (
         compare_kernels,
@@ -1299,6 +1330,7 @@ def kernels(profile: str, device: str, execution: str, summary: bool, output: st
 
 def _calibrate_here(world_size: int | None, backend: str, timeout_s: float, folder: Path) -> Path:
     """Measure the collectives a step uses at this world size and calibrate a topology."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.validate.bench import BenchConfig, run_bench, sizes_between
     from collsim.validate.calibrate import calibrate as fit
     from collsim.validate.calibrate import write_topology

@@ -7,19 +7,25 @@ Narayanan et al. 2021 (``collsim.workload.flops``); memory is read from the engi
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import simpy
 
-from collsim.engine.comm import CommPricer, all_to_all_contends, axis_contends
+from collsim.engine.comm import CommPricer, all_to_all_contends, axis_contends, shared_links
 from collsim.engine.core import Engine, EngineOptions
 from collsim.engine.program import RankProgram
-from collsim.errors import ConfigError
+from collsim.errors import CollsimWarning, ConfigError
+from collsim.estimate import walk
+from collsim.network import FlowNetwork
 from collsim.parallel.config import ParallelConfig, TrainingConfig
 from collsim.parallel.plan import Plan
 from collsim.runtime import collector_paused
+from collsim.schedule.assemble import assemble
 from collsim.schedule.build import BLOCK_OVERRIDE_KEYS, StepSchedule, build_schedule
 from collsim.schedule.result import StepResult
+from collsim.stragglers import StragglerConfig, degrade_topology
 from collsim.vocab import ParallelAxis
 
 TP, PP, DP = ParallelAxis.TP, ParallelAxis.PP, ParallelAxis.DP
@@ -149,7 +155,6 @@ def simulate_step(
 
 def _play(engine: Engine, zero_communication: bool) -> StepResult:
     """Run a wired engine and turn it into its StepResult."""
-    from collsim.schedule.assemble import assemble
 
     engine.run()
     return assemble(
@@ -181,11 +186,6 @@ def contention_effects(
         One dict per contended axis: ``axis``, ``delta_s``, ``links`` (names of the links a
         ring step of all its groups oversubscribes) and ``closed_s`` / ``des_s`` on the first.
     """
-    import warnings
-
-    from collsim.engine.comm import shared_links
-    from collsim.errors import CollsimWarning
-    from collsim.estimate import walk
 
     plan = schedule.plan
     topology, spec = plan.topology, plan.spec
@@ -334,8 +334,6 @@ def prepare_step(
     """
     resolved = _resolve(stragglers, topology)
     if resolved is not None and resolved.link_factors:
-        from collsim.stragglers import degrade_topology
-
         topology = degrade_topology(topology, resolved.link_factors)
     schedule = build_schedule(
         topology, spec, training, parallel, op_time_overrides=op_time_overrides
@@ -351,13 +349,10 @@ def prepare_step(
     layer_mode = fidelity == "layer" or bool(des_axes & _LAYER_AXES)
     if zero_communication:
         des_axes = frozenset()
-    import simpy
 
     env = simpy.Environment()
     net = None
     if des_axes:
-        from collsim.network import FlowNetwork
-
         net = FlowNetwork(env, topology)
     pricer = CommPricer(topology, zero=zero_communication, network=net, env=env)
     options = EngineOptions(
@@ -378,7 +373,6 @@ def _resolve(
     """The stragglers resolved on ``topology``; None when there are none (all factors 1)."""
     if stragglers is None:
         return None
-    from collsim.stragglers import StragglerConfig
 
     plan = stragglers.resolve(topology) if isinstance(stragglers, StragglerConfig) else stragglers
     return plan if plan.active else None

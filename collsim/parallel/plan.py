@@ -50,6 +50,7 @@ import numpy as np
 from collsim.errors import CollsimWarning, ConfigError
 from collsim.parallel.config import ParallelConfig, TrainingConfig
 from collsim.vocab import ParallelAxis, RankOrder, ScheduleKind
+from collsim.workload.memory import balanced_chunk_layers
 
 if TYPE_CHECKING:
     from collsim.topology import Topology
@@ -445,7 +446,6 @@ def _ranks(ranks: tuple[int, ...] | list[int]) -> str:
 
 def _chunk_sizes(spec: TransformerSpec, parallel: ParallelConfig) -> tuple[int, ...]:
     """Layers per virtual stage: explicit, even, or balanced (see the module docstring)."""
-    from collsim.workload.memory import balanced_chunk_layers
 
     pp, v = parallel.pp, parallel.virtual_stages
     n = pp * v

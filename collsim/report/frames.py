@@ -21,8 +21,10 @@ from typing import Any
 
 import pandas as pd
 
-from collsim.errors import ConfigError
+from collsim.collectives import cost
+from collsim.errors import CollsimError, ConfigError
 from collsim.schedule.result import BREAKDOWN_KEYS, MEMORY_KEYS, StepResult
+from collsim.vocab import Algorithm, CollectiveOp
 
 __all__ = [
     "BREAKDOWN_COLUMNS",
@@ -318,9 +320,6 @@ def collective_cost_frame(
     Returns:
         ``op, algorithm, protocol, size_bytes, time_s, algbw_bps, busbw_bps``.
     """
-    from collsim.collectives import cost
-    from collsim.errors import CollsimError
-    from collsim.vocab import Algorithm, CollectiveOp
 
     sizes = list(sizes_bytes)
     records = []

@@ -37,6 +37,7 @@ from typing import Any
 
 from collsim.parallel.buckets import Bucket
 from collsim.parallel.plan import Plan
+from collsim.parallel.states import rank_model_states
 from collsim.schedule.ops import ChunkModel, Segment, StageModel
 from collsim.vocab import ParallelAxis
 
@@ -152,8 +153,6 @@ class DataParallelRules:
 
     @classmethod
     def from_plan(cls, plan: Plan, bytes_per: BytesPer, *, host_bps: float) -> DataParallelRules:
-        from collsim.parallel.states import rank_model_states
-
         par = plan.parallel
         full = DP if plan.cp == 1 else ParallelAxis.DP_CP
         hsdp = plan.shard_group_size != plan.dp

@@ -26,7 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from collsim.engine import simulate_step
 from collsim.errors import CollsimWarning, ConfigError, InfeasibleError
+from collsim.jobs import Workers
+from collsim.report.frames import results_frame
+from collsim.scenario import scenario_from_doc
+from collsim.topology import load_topology
+from collsim.yamlio import load_yaml
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -380,15 +386,12 @@ class SweepSource:
     """
 
     def __init__(self, path: str | Path) -> None:
-        from collsim.yamlio import load_yaml
-
         self.path = Path(path)
         self.doc = load_yaml(self.path)
         self.topologies: dict[tuple[str, int, int], Topology] = {}
 
     def scenario(self, overrides: Sequence[str] = ()) -> Scenario:
         """The scenario with ``overrides`` applied (each a ``key.path=value`` text)."""
-        from collsim.scenario import scenario_from_doc
 
         return scenario_from_doc(self.doc, overrides, source=self.path)
 
@@ -414,7 +417,6 @@ def cluster_for(
     by (spec, nodes, GPUs per node): a 512-node fat tree takes a while to build and is
     read-only.
     """
-    from collsim.topology import load_topology
 
     cache = {} if cache is None else cache
     probe = cache.get((spec, 0, 0))
@@ -477,8 +479,6 @@ def resolve_point(
 def _default_simulate(
     topology: Topology, scenario: Scenario, *, trace: bool = False, all_ranks: bool = False
 ) -> StepResult:
-    from collsim.engine import simulate_step
-
     return simulate_step(
         topology,
         scenario.model,
@@ -566,7 +566,6 @@ def run_sweep(
     Check the overrides first with :func:`check_overrides`: here a point whose overrides do not
     combine is recorded as infeasible (reason ``config``), not raised.
     """
-    from collsim.jobs import Workers
 
     options = dict(grow=grow, strong=strong, trace=trace, all_ranks=all_ranks, simulate=simulate)
     source = path if isinstance(path, SweepSource) else str(path)
@@ -595,7 +594,6 @@ def sweep_frame(outcomes: Sequence[SweepOutcome]) -> pd.DataFrame:
     """The results frame of a sweep (:func:`collsim.report.frames.results_frame`): the point's
     coordinates, ``feasible``, ``reason``, every result field, the plan's ``warnings`` (joined
     with ``; ``) and ``elapsed_s`` (wall seconds of the point)."""
-    from collsim.report.frames import results_frame
 
     frame = results_frame(
         [(o.params, o.result) for o in outcomes], reasons=[o.reason for o in outcomes]

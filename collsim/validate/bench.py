@@ -26,12 +26,16 @@ import os
 import platform
 import socket
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from collsim.errors import ConfigError
 from collsim.units import parse_size
+from collsim.validate.dataset import COLUMNS, csv_preamble, csv_row, read_measurements
+from collsim.validate.launch import current_scheduling, run_distributed
 
 __all__ = [
     "OPS",
@@ -295,6 +299,7 @@ def _probe_kernels(
     profiler session covers every op (a small buffer each); events are attributed to the op
     whose ``collsim:<op>`` range encloses them.
     """
+    # torch is optional (the validate extra): imported where ranks run
     from torch.profiler import ProfilerActivity, profile, record_function
 
     n = ctx.world_size
@@ -400,10 +405,6 @@ class _PointSink:
     """
 
     def __init__(self, config: BenchConfig, ctx: Any, kernels: dict[str, list[str]], total: int):
-        import sys
-
-        from collsim.validate.dataset import COLUMNS
-
         self.columns = list(COLUMNS)
         self.total, self.finished = total, 0
         self.started = time.monotonic()
@@ -431,7 +432,6 @@ class _PointSink:
                     "dtype": "float32",
                     "kernels": kernels,
                 }
-                from collsim.validate.dataset import csv_preamble
 
                 self._write(csv_preamble(meta))
             self.meta = {"world_size": ctx.world_size, "dtype": "float32", "backend": ctx.backend}
@@ -445,12 +445,8 @@ class _PointSink:
         """One (round, op, size) finished; ``point`` is set when that point is final."""
         self.finished += 1
         if point is not None and self.fd is not None:
-            from collsim.validate.dataset import csv_row
-
             self._write(csv_row(asdict(point), self.meta))
         if self.tty:
-            import sys
-
             elapsed = time.monotonic() - self.started
             left = elapsed / self.finished * (self.total - self.finished)
             what = f"{point.op} {point.size_bytes} B" if point is not None else ""
@@ -462,8 +458,6 @@ class _PointSink:
 
     def close(self) -> None:
         if self.tty:
-            import sys
-
             sys.stderr.write("\n")
             sys.stderr.flush()
         if self.fd is not None:
@@ -490,10 +484,9 @@ def bench_rank(ctx: Any, config: BenchConfig) -> dict[str, Any]:
         ``{"points": [BenchPoint...], "kernels": {op: [event names]}, "overhead": {...},
         "host": ..., "torch_version": ..., ...}``.
     """
+    # torch is optional (the validate extra): imported where ranks run
     import torch
     import torch.distributed as dist
-
-    from collsim.validate.launch import current_scheduling
 
     n, rank = ctx.world_size, ctx.rank
     points: list[BenchPoint] = []
@@ -608,8 +601,6 @@ def resume_state(
     Raises:
         ConfigError: the file was measured differently, or is not a bench CSV.
     """
-    from collsim.errors import ConfigError
-    from collsim.validate.dataset import read_measurements
 
     if not os.path.exists(path):
         return (), []
@@ -671,7 +662,6 @@ def run_bench(
     Raises:
         RankFailure: a rank failed or the run timed out (the message names the rank).
     """
-    from collsim.validate.launch import run_distributed
 
     started = _dt.datetime.now(_dt.UTC)
     load_start = _load_average()

@@ -50,13 +50,23 @@ efficiency comes out about half that of a ring reduce_scatter would (twice the b
 
 from __future__ import annotations
 
+import itertools
+import json
 import math
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import yaml
+
+from collsim.collectives import Group, cost, schedule_for, supported
 from collsim.errors import ConfigError
+from collsim.topology import load_topology, parse_topology, resolve_topology_path
 from collsim.validate.dataset import Measurements
+from collsim.vocab import Algorithm, CollectiveOp
+from collsim.yamlio import load_yaml
 
 __all__ = [
     "OpFit",
@@ -184,7 +194,6 @@ def _fit_arrays(
     sizes_bytes: list[float], times_s: list[float], minimum: int, what: str
 ) -> tuple[Any, Any]:
     """Sizes and times as float arrays, checked: at least ``minimum`` points, times > 0."""
-    import numpy as np
 
     if len(sizes_bytes) < minimum:
         raise ConfigError(f"need at least {minimum} sizes to fit {what}, got {len(sizes_bytes)}")
@@ -200,7 +209,6 @@ def _huber_weights(resid: Any) -> Any | None:
 
     k = 1.345 robust sigmas, sigma = 1.4826 x median |residual| (Holland & Welsch 1977).
     """
-    import numpy as np
 
     sigma = 1.4826 * float(np.median(np.abs(resid)))
     if sigma <= 0:
@@ -223,7 +231,6 @@ def fit_line(
     Raises:
         ConfigError: fewer than two points, or a non-positive time.
     """
-    import numpy as np
 
     s, t = _fit_arrays(sizes_bytes, times_s, 2, "a line")
     weights = np.ones_like(t)
@@ -259,7 +266,6 @@ def _solve_nonnegative(rows: Any, target: Any) -> Any:
 
     Small enough to enumerate the active sets: every subset of {a, c} held at zero.
     """
-    import numpy as np
 
     best: tuple[float, Any] | None = None
     for free in ((0, 1, 2), (1, 2), (0, 1), (1,)):
@@ -294,7 +300,6 @@ def fit_hinge(
     Raises:
         ConfigError: fewer than three points, or a non-positive time.
     """
-    import numpy as np
 
     s, t = _fit_arrays(sizes_bytes, times_s, 3, "a knee")
     h = np.maximum(0.0, s - knee_bytes)
@@ -367,7 +372,6 @@ def best_knee(
 ) -> tuple[float, RegimeFit] | None:
     """The hinge with the least sum of squared relative residuals over the knees of
     :func:`knee_candidates`, with that sum; None when no knee gets an extra slope > 0."""
-    import numpy as np
 
     s = np.asarray(sizes_bytes, dtype=float)
     t = np.asarray(times_s, dtype=float)
@@ -394,7 +398,6 @@ def fit_two_regime(
     Raises:
         ConfigError: fewer than two points, or a non-positive time.
     """
-    import numpy as np
 
     a, b, err = fit_line(sizes_bytes, times_s)
     line = RegimeFit(a, b, err, err)
@@ -417,8 +420,6 @@ def fit_two_regime(
 
 def _probe_topology(base: str, ranks_per_node: int, num_nodes: int) -> Any:
     """The base topology with probe link figures, zero overhead and no per-op settings."""
-    from collsim.topology import parse_topology, resolve_topology_path
-    from collsim.yamlio import load_yaml
 
     doc = load_yaml(resolve_topology_path(base))
     data = _probe_data(dict(doc.data))
@@ -442,8 +443,6 @@ def _probe_data(data: dict[str, Any]) -> dict[str, Any]:
 
 def _coefficients(topology: Any, op: str) -> dict[str, tuple[float, float]]:
     """(k_lat, k_bw) per algorithm that can run ``op`` on the whole topology (gloo: no NVLS)."""
-    from collsim.collectives import Group, schedule_for, supported
-    from collsim.vocab import Algorithm, CollectiveOp
 
     group = Group.all(topology)
     out: dict[str, tuple[float, float]] = {}
@@ -667,10 +666,6 @@ def _yaml_float(value: float) -> str:
 
 def topology_yaml(cal: Calibration, name: str) -> str:
     """The calibrated topology as YAML text (the base file's shape, fitted figures)."""
-    import json
-
-    from collsim.topology import resolve_topology_path
-    from collsim.yamlio import load_yaml
 
     base = load_yaml(resolve_topology_path(cal.base)).data
     intra = dict(base["intra_node"])
@@ -726,7 +721,6 @@ def topology_yaml(cal: Calibration, name: str) -> str:
 
 def write_topology(cal: Calibration, path: str | Path, name: str | None = None) -> Path:
     """Write the calibrated topology and check that it loads back."""
-    from collsim.topology import load_topology
 
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -852,7 +846,6 @@ def nelder_mead(
     Returns:
         The best point and its value.
     """
-    import numpy as np
 
     n = len(x0)
     simplex = [np.asarray(x0, dtype=float)]
@@ -913,8 +906,6 @@ def _simulate_files(
     base_doc: Any, values: dict[str, float], files: list[Measurements]
 ) -> list[list[tuple[float, str]]]:
     """Simulated (time, algorithm/protocol) of every point of every file."""
-    from collsim.collectives import Group, cost
-    from collsim.topology import parse_topology
 
     data = _fabric_data(base_doc.data, values)
     doc = type(base_doc)(data=data, file=base_doc.file, lines=base_doc.lines)
@@ -948,8 +939,6 @@ def _file_fits(
     after: dict[str, float],
     files: list[Measurements],
 ) -> list[FileFit]:
-    import statistics
-
     out = []
     sims_before = _simulate_files(base_doc, before, files)
     sims_after = _simulate_files(base_doc, after, files)
@@ -978,8 +967,6 @@ def _file_fits(
 def _fabric_base(files: list[Measurements], base: str | None) -> tuple[str, Any]:
     """The base topology's name (``base``, else the shipped file of the GPU the logs name)
     and its document, which must be an NCCL one."""
-    from collsim.topology import resolve_topology_path
-    from collsim.yamlio import load_yaml
 
     if base is None:
         devices = {str(m.metadata.get("device", "")) for m in files}
@@ -1006,8 +993,6 @@ def _stage_starts(keys: list[str], values: dict[str, float], multistart: bool) -
     ``multistart``, every combination of the start grids (and the current figure) per key."""
     starts = [[_encode(k, values[k]) for k in keys]]
     if multistart:  # the auto choice of algorithm switches with the figures: local minima
-        import itertools
-
         grids = [
             (FABRIC_START_EFFICIENCIES if key.endswith("efficiency") else FABRIC_START_LATENCIES_US)
             + (values[key],)
@@ -1138,7 +1123,6 @@ def calibrate_fabric(files: list[Measurements], *, base: str | None = None) -> F
 
 def fabric_yaml(cal: FabricCalibration, name: str) -> str:
     """The calibrated topology as YAML text, with the fit in its header comments."""
-    import yaml
 
     lines = [
         f"# Calibrated by `collsim validate calibrate` from {', '.join(f.path for f in cal.files)}",
@@ -1169,7 +1153,6 @@ def write_fabric_topology(
     cal: FabricCalibration, path: str | Path, name: str | None = None
 ) -> Path:
     """Write the calibrated multi-node topology and check that it loads back."""
-    from collsim.topology import load_topology
 
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)  # as write_topology does

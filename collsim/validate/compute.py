@@ -19,12 +19,20 @@ rates by ``ranks x threads / cores`` when the ranks share the cores (see ``cpu_s
 
 from __future__ import annotations
 
+import multiprocessing as mp
+import os
+import queue
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import yaml
+
+from collsim.hardware import get_device
+from collsim.workload.compute import optimizer_bytes_per_param
 
 __all__ = [
     "ComputeGrid",
@@ -237,6 +245,7 @@ def _dtypes(torch: Any, device: str) -> list[tuple[str, Any]]:
 
 
 def _sdpa_backends(torch: Any, device: str) -> list[tuple[str, Any]]:
+    # torch is optional (the validate extra): imported where ranks run
     from torch.nn.attention import SDPBackend
 
     out = [("flash2", SDPBackend.FLASH_ATTENTION), ("eager", SDPBackend.MATH)]
@@ -268,6 +277,7 @@ def _attention_rates(
     """``[kernel, causal, head dim, seq, forward TFLOP/s, backward TFLOP/s]`` of causal
     attention per SDPA backend that runs here, within the grid's FLOP cap (shapes and dtype:
     :func:`attention_shape`, :func:`attention_notes`)."""
+    # torch is optional (the validate extra): imported where ranks run
     from torch.nn.attention import sdpa_kernel
 
     attention: list[list[Any]] = []
@@ -450,7 +460,6 @@ def _optimizer_bps(torch: Any, dev: Any, grid: ComputeGrid, sync: Callable[[], N
     opt = torch.optim.SGD(params, lr=1e-3)
     t_opt = _median_time(opt.step, max(grid.reps, 3), sync)
     # bytes as collsim counts an SGD step in fp32 (optimizer_bytes_per_param("sgd", "fp32"))
-    from collsim.workload.compute import optimizer_bytes_per_param
 
     bps: float = grid.optimizer_params * optimizer_bytes_per_param("sgd", "fp32") / t_opt
     return bps
@@ -466,8 +475,8 @@ def measure_profile(
     ``on_section`` gets the tables measured so far after each section (GEMMs, attention,
     bandwidth, host and optimizer, concurrency), with ``notes.sections`` naming those done, so
     that a caller can write them before the next one starts."""
-    import os
 
+    # torch is optional (the validate extra): imported where ranks run
     import torch
 
     torch.set_num_threads(grid.threads)
@@ -542,6 +551,7 @@ def _probe_worker(kind: str, iters: int, start: Any, out: Any) -> None:
     (operands reused from the core's cache) and streaming kernels. On the 2-core development
     VM a mix of one GEMM and one add per iteration ran 1.01 x slower beside a second process on
     one hot set of buffers, 1.08-1.17 x on cold blocks."""
+    # torch is optional (the validate extra): imported where ranks run
     import torch
 
     torch.set_num_threads(1)
@@ -575,8 +585,6 @@ def concurrency_slowdown(
     the solo time. Measured, not assumed; ``validate step`` divides a profile's compute rates
     by the ``compute`` one and its memory-bound rates by the ``memory`` one for ranks that run
     at the same time on separate cores."""
-    import multiprocessing as mp
-    import queue
 
     if kind not in PROBE_KINDS:
         raise ValueError(f"kind must be one of {', '.join(PROBE_KINDS)}, got {kind!r}")
@@ -617,11 +625,6 @@ def concurrency_slowdown(
 
 def write_profile(path: str | Path, measured: dict[str, Any], *, device: str = "cpu") -> Path:
     """Write a device file (catalogue schema + ``measured``) that ``get_device(path)`` reads."""
-    import os
-
-    import yaml
-
-    from collsim.hardware import get_device
 
     base = get_device("cpu")
     cores = os.cpu_count() or 1

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from collsim.errors import ConfigError
+from collsim.validate.nccltests import looks_like_log, parse_json, parse_log
 from collsim.validate.records import (
     COLUMN_ALIASES,
     COLUMNS,
@@ -165,7 +166,6 @@ def _convert(
 def sniff(text: str) -> str:
     """What a decoded file holds: ``json``, ``nccl-tests`` (an nccl-tests or rccl-tests text
     log) or ``csv``."""
-    from collsim.validate.nccltests import looks_like_log
 
     head = text.lstrip()
     if head.startswith("{"):
@@ -217,8 +217,6 @@ def read_measurements(path: str | Path) -> Measurements:
     text = read_text(src)
     kind = sniff(text)
     if kind == "nccl-tests":
-        from collsim.validate.nccltests import parse_log
-
         return parse_log(text, str(src))
     if kind == "json":
         return _read_json(text, str(src))
@@ -233,8 +231,6 @@ def _read_json(text: str, path: str) -> Measurements:
     if not isinstance(doc, dict):
         raise ConfigError("expected a JSON object", file=path)
     if "results" in doc and ("nccl_version" in doc or "config" in doc):
-        from collsim.validate.nccltests import parse_json
-
         return parse_json(doc, text, path)
     if "rows" in doc and "op" in doc:  # collsim collective -F json
         metadata = {k: v for k, v in doc.items() if k != "rows"}

@@ -49,9 +49,17 @@ the DDP modes add their copies on the compute thread (breakdown ``framework``).
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from typing import Any
+
+from collsim.errors import ConfigError
+from collsim.schedule.pricing import ClosedPricer
+from collsim.topology import load_topology, parse_topology
+from collsim.validate.calibrate import calibrate, topology_yaml
+from collsim.validate.dataset import Measurements
+from collsim.yamlio import parse_yaml_text
 
 __all__ = [
     "PROBE_PREFIX",
@@ -253,8 +261,6 @@ def _second_point(row: dict[str, Any], base: str, nodes: int, gpus_per_node: int
     """An op timed at one size only (one DDP mode): a line needs two points, so the second is
     the base topology's time at twice the size, scaled by timed / base at the timed size (the
     base's shape of the line, through the timed point)."""
-    from collsim.schedule.pricing import ClosedPricer
-    from collsim.topology import load_topology
 
     pricer = ClosedPricer(load_topology(base, nodes=nodes, gpus_per_node=gpus_per_node))
     ranks = tuple(range(int(row["world_size"])))
@@ -276,11 +282,6 @@ def insitu_topology(
         ``(topology, yaml_text, "")``, or ``(None, "", why not)`` when the report has no probes
         or the fit fails.
     """
-    from collsim.errors import ConfigError
-    from collsim.topology import parse_topology
-    from collsim.validate.calibrate import calibrate, topology_yaml
-    from collsim.validate.dataset import Measurements
-    from collsim.yamlio import parse_yaml_text
 
     rows = probe_points(report)
     if not rows:
@@ -313,7 +314,6 @@ def insitu_topology(
 def probe_summary(report: dict[str, Any], topology: Any) -> list[str]:
     """One line per probed mode: its collectives' measured time in the step's loop beside
     what ``topology`` prices them at, and the DDP copies."""
-    from collsim.schedule.pricing import ClosedPricer
 
     pricer = ClosedPricer(topology)
     ranks = tuple(range(int(report["world_size"])))
@@ -360,7 +360,6 @@ def sharing_factor(report: dict[str, Any]) -> float:
     (with autogroup) loaded: a collective beside the compute costs its whole time; with free
     cores f = 1.
     """
-    import os
 
     measured = measured_overlap_cost(report)
     if measured is not None:
@@ -403,7 +402,6 @@ def peer_idle_boost(report: dict[str, Any]) -> float:
         per thread                             min(1, C / (E + T)) / s, E as in
                                                :func:`sharing_factor`
     """
-    import os
 
     share = float(report.get("local_cpu_share", 1.0) or 1.0)
     if share >= UNCONTENDED_SHARE:

@@ -29,19 +29,23 @@ of the machine some time.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import pickle
 import shutil
+import signal
 import socket
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from collsim.errors import CollsimError
+from collsim.errors import CollsimError, ConfigError
 
 #: SCHED_RR priority of ranks started with ``realtime=True``: the low end of the real-time band
 #: (1-99), above every normal process and below the kernel's own real-time threads.
@@ -84,9 +88,9 @@ def check_backend(backend: str, world_size: int | None = None) -> None:
     Raises:
         ConfigError: one line with the install command (exit 2).
     """
-    from collsim.errors import ConfigError
 
     try:
+        # torch is optional (the validate extra): imported where ranks run
         import torch
         import torch.distributed as dist
     except ImportError:
@@ -163,6 +167,7 @@ class RankContext:
     def sync(self) -> None:
         """Wait for queued device work (a no-op on CPU; ``cuda.synchronize`` with nccl)."""
         if self.device.startswith("cuda"):
+            # torch is optional (the validate extra): imported where ranks run
             import torch
 
             torch.cuda.synchronize()
@@ -189,7 +194,6 @@ def realtime_problem() -> str | None:
     Probed on a short-lived thread (on Linux the policy belongs to the thread that sets it), so
     this process itself is left as it was.
     """
-    import threading
 
     if not hasattr(os, "sched_setscheduler") or not hasattr(os, "SCHED_RR"):
         return "real-time scheduling (SCHED_RR) needs Linux"
@@ -243,8 +247,7 @@ def _device_for(backend: str, local_rank: int) -> str:
 
 
 def _init_group(backend: str, timeout_s: float, **kwargs: Any) -> None:
-    from datetime import timedelta
-
+    # torch is optional (the validate extra): imported where ranks run
     import torch
     import torch.distributed as dist
 
@@ -273,12 +276,14 @@ def _rank_entry(
         if realtime:
             _enter_realtime()
         _exit_with_parent()
+        # torch is optional (the validate extra): imported where ranks run
         import torch.distributed as dist
 
         # torch re-exports FileStore from its C extension without listing it in __all__
         store = dist.FileStore(str(out / "store"), world_size)  # type: ignore[attr-defined]
         _init_group(backend, timeout_s, store=store, rank=rank, world_size=world_size)
         if backend == "nccl":
+            # torch is optional (the validate extra): imported where ranks run
             import torch
 
             torch.cuda.set_device(rank)
@@ -307,7 +312,6 @@ def _rank_entry(
 
 def _exit_with_parent() -> None:
     """End this rank as soon as the parent that spawned it is gone (killed, crashed)."""
-    import threading
 
     parent = os.getppid()
 
@@ -366,9 +370,6 @@ def spawn_ranks(
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-    import multiprocessing
-    import signal
-    import threading
 
     ctx = multiprocessing.get_context("spawn")
     run_dir = tempfile.mkdtemp(prefix="collsim-ranks-")
@@ -527,10 +528,12 @@ def run_distributed(
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         local_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(size)))
         if backend == "nccl":
+            # torch is optional (the validate extra): imported where ranks run
             import torch
 
             torch.cuda.set_device(local_rank)
         _init_group(backend, timeout_s, init_method="env://")
+        # torch is optional (the validate extra): imported where ranks run
         import torch.distributed as dist
 
         ctx = RankContext(
