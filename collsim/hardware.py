@@ -1,39 +1,6 @@
 """Devices as data: one device schema for the catalogue, measured profiles and user files.
 
-Every device is a YAML mapping in the same schema. The built-in catalogue is one file per device
-in ``collsim/data/devices/*.yaml``; a measured profile (``collsim validate compute -o P.yaml``), a
-user's device file, or a mapping written inline in a topology file (``device: {...}``) use the
-same keys. Schema (units in key names; TFLOP/s dense, GB = 1e9 bytes)::
-
-    key: h100                          # catalogue key (optional in a user file: the file stem)
-    name: H100 SXM
-    aliases: [h100_sxm]                # optional
-    generation: hopper                 # ampere | hopper | blackwell | cdna3 | cpu | generic:
-                                       # picks the attention-kernel tables of compute.md
-    peak_tflops: {bf16: 989, fp8: 1979, fp32: 67}   # bf16 required
-    mamf_tflops: {bf16: 794.5, fp8: 1402.6}         # measured best-shape matmul rate; bf16 required
-    sm_count: 132                      # SMs / compute units / CPU cores (wave quantization)
-    clocks: {boost_mhz: 1980, sustained_mhz: 1305}  # optional: the clock MAMF ran at and the
-                                       # clock sustained under the power limit in training
-    power_w: 500                       # optional: the power limit the device runs at
-    reference_power_w: 700             # optional: the power its MAMF was measured at
-    memory_gb: 80                      # datasheet capacity
-    memory_bandwidth_tbps: 3.35
-    reported_memory_gib: 79.65         # optional: the capacity PyTorch / nvidia-smi report
-    reserve_gib: 2.0                   # optional: CUDA context + NCCL buffers + fragmentation
-    interference: {nccl_sms: 16}       # optional: SMs NCCL holds while a collective runs
-    measured: {...}                    # optional: a profile's kernel tables (see
-                                       # collsim.workload.kernels.MeasuredTables)
-
-``matmul_efficiency`` = MAMF / peak (bf16). Peaks and HBM come from
-/work/shared/reference/hardware.yaml; MAMF, clocks and power from reference/compute.md; each
-file names its sources.
-
-Example::
-
-    h100 = get_device("h100")
-    h100.peak_flops_for("bf16")      # 9.89e14
-    load_device_file("profile.yaml") # a measured profile
+Derivations, measurements and sources: docs/derivations.md, ``collsim.hardware``.
 """
 
 from __future__ import annotations

@@ -1,43 +1,6 @@
 """Physical topology: ranks, nodes, NVSwitch / PCIe switch, NICs and the fabric, from YAML.
 
-A topology file (``topologies/*.yaml``) describes one node type and the fabric between nodes;
-the caller sets the node count. The graph built from it has one :class:`Link` per direction:
-
-- ``tier 0``: each rank has a tx link to its node's switch (NVSwitch, PCIe switch or the
-  kernel's loopback) and an rx link back;
-- ``tier 1``: each NIC has a tx link to its leaf switch and an rx link from it;
-- ``tier 2``: each leaf has an aggregated uplink to the spine and a downlink from it, of
-  capacity (sum of the leaf's NIC rates) / oversubscription.
-
-Rail-optimised fabrics put NIC k of every node on rail k's leaf (``nodes_per_leaf`` nodes per
-leaf); without rails, one leaf (top-of-rack) serves ``nodes_per_leaf`` whole nodes, so a node's
-NICs share its leaf's oversubscribed uplink. An inter-node transfer leaves through the sender's
-NIC and arrives on the same rail index of the receiving node (NCCL's PXN keeps traffic on a rail).
-
-Schema (units in key names; ``bandwidth_gbps`` is GB/s per direction, ``rate_gbit`` Gb/s)::
-
-    name: dgx_h100
-    device: h100                     # catalogue key, a device file (*.yaml), or an inline
-                                     # mapping in the device schema (collsim.hardware)
-    nodes: 1                         # default; load_topology(..., nodes=N) overrides
-    gpus_per_node: 8
-    intra_node: {interconnect: nvswitch, bandwidth_gbps: 450, efficiency: 0.824,
-                 latency_us: 0.5, nvls: true}
-    nics: {count: 8, rate_gbit: 400, efficiency: 0.96, latency_us: 2.0}
-    fabric: {kind: infiniband, rails: true, oversubscription: 1.0, nodes_per_leaf: 32,
-             latency_us: 0.5,             # per leaf <-> spine direction
-             net_latency_us: 0.0,         # per LL/LL128 network step, added by the transport
-             net_simple_latency_us: 0.0,  # per Simple network step
-             ll128: true, sharp: false}   # LL128 across nodes; CollNet in-network reduction
-    host: {bandwidth_gbps: 64, cpu_vendor: intel}
-
-``fabric.kind`` is the transport (:class:`FabricKind`: infiniband, roce, efa, tcpxo); each kind
-sets sourced defaults for ``nics.efficiency``, ``net_latency_us`` and ``ll128``
-(:data:`FABRIC_DEFAULTS`), which the file's own keys override.
-    collectives: {library: nccl, overhead_us: 0.0, algorithms: {all_reduce: ring},
-                  ops: {all_reduce: {overhead_us: 30.0, efficiency: 0.6}}}   # per-op, optional
-
-``efficiency`` is achievable / line rate for a link class (the topology files cite their source).
+Derivations, measurements and sources: docs/derivations.md, ``collsim.topology``.
 """
 
 from __future__ import annotations
@@ -843,7 +806,7 @@ def parse_topology(
     gpus_per_node: int | None = None,
     device: Device | None = None,
 ) -> Topology:
-    """Build a Topology from a parsed document (see the module docstring for the schema);
+    """Build a Topology from a parsed document (see docs/derivations.md for the schema);
     ``device`` replaces the file's (which is still checked).
 
     Every schema error of the file is reported at once (:func:`collsim.schema.check`), before

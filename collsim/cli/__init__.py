@@ -126,8 +126,8 @@ def one_blas_thread() -> None:
 
     OpenBLAS starts one thread per core when numpy is imported; collsim's numpy work is
     element-wise on small arrays and never reaches a threaded BLAS kernel, while starting those
-    threads cost a third of the CPU time of ``import numpy, simpy, click, yaml`` (2 cores,
-    OpenBLAS 0.3.31: 243 ms with them, 158 ms without). Child processes inherit the setting.
+    threads cost a third of the CPU time of ``import numpy, simpy, click, yaml`` (OpenBLAS
+    0.3.31; docs/derivations.md, measurements). Child processes inherit the setting.
     """
     if "numpy" in sys.modules or any(name in os.environ for name in BLAS_THREAD_VARIABLES):
         return

@@ -768,9 +768,8 @@ class Engine:
         result is taken (the result keeps the ledgers it reads): without these cycles the
         step's objects are freed as their last reference goes, not by a collection of the
         cyclic garbage collector over every one of them (3d_175b: 17,441 objects of cyclic
-        garbage before, 30 after; the collections after a step, median of 9 on the 2-core
-        development machine, 4.2 ms before and 1.3 ms after). The engine cannot run again
-        after it."""
+        garbage before, 30 after; the time of the collections in docs/derivations.md,
+        measurements). The engine cannot run again after it."""
         if not hasattr(self, "dp"):
             return  # released already
         self.programs = {}

@@ -3,8 +3,8 @@
 For each op and size: allocate the buffers, run the op once on known data and count the wrong
 elements (``#wrong``, summed over ranks), run the warm-ups, then time ``iters`` iterations,
 each right after a barrier so that no rank times its wait for a late peer (optionally spread
-over ``rounds`` sweeps; ``barrier_each=False`` times back-to-back iterations instead: on this
-2-core machine they showed a bimodal send_recv, 0.5 or 3.5 ms at 64 KiB). The time of an
+over ``rounds`` sweeps; ``barrier_each=False`` times back-to-back iterations instead, which
+can make a send_recv bimodal: docs/derivations.md, measurements). The time of an
 iteration is that of the slowest rank (an all-reduce MAX of the per-rank times), and the
 reported time of a size is the median over iterations.
 

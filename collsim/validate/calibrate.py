@@ -24,8 +24,8 @@ The fit, all by code:
 3. B = the largest chosen C, so that every efficiency C / B is in (0, 1]; L = the smallest
    a / k_lat over ops, so that every overhead a - k_lat x L is >= 0;
 4. per op, a knee: a second regime above a size K where each byte costs more (gloo's ops cost
-   1.2-2.4 x more per byte above 1-3 MiB on the development machine, where their buffers leave
-   the cache). The model is the continuous hinge ``time = a + b x size + c x max(0, size -
+   more per byte above a few MiB, where their buffers leave the cache: docs/derivations.md,
+   measurements). The model is the continuous hinge ``time = a + b x size + c x max(0, size -
    K)``, c >= 0 (segmented least squares with one breakpoint, Hudson 1966, same relative
    residuals and Huber weights as the line). K is a fitted parameter: it is searched on a grid
    of ``KNEE_GRID_PER_OCTAVE`` sizes per factor of two between the third-smallest and the

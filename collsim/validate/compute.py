@@ -76,7 +76,7 @@ def attention_shape(
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ComputeGrid:
-    """What to time. ``quick()`` is the test grid (well under 20 s on a 2-core machine)."""
+    """What to time. ``quick()`` is the small grid the tests time."""
 
     gemm_dims: tuple[int, ...] = GEMM_DIMS
     gemm_max_flops: float = 4e9
@@ -134,8 +134,8 @@ def _median_time(fn: Callable[[], Any], reps: int, sync: Callable[[], None]) -> 
 COLD_BYTES = 64 * 2**20
 """Operand bytes cycled through per GEMM shape, above a CPU's last-level cache and a GPU's L2:
 in training a GEMM's operands (a weight used once per micro-batch, an activation written by
-other kernels in between) are not cache-resident as a benchmark that reuses one pair is (on
-the 2-core development machine a 64 x 768 x 256 fp32 GEMM ran at 95 GFLOP/s hot, 80 cold)."""
+other kernels in between) are not cache-resident as a benchmark that reuses one pair is (hot
+and cold rates in docs/derivations.md, measurements)."""
 
 
 _POOLS: dict[tuple[str, str, str], Any] = {}
@@ -205,10 +205,8 @@ def _gemm_time(
     The result is cold too: in a training step a GEMM writes into memory that other kernels
     used last (the allocator hands back a block freed long before), not the block a benchmark
     loop freed one call earlier. It matters most where the result is large beside the work,
-    the weight gradient with K = the tokens of a micro-batch: on the 2-core development VM
-    (Xeon, 2 MiB L2 per core) a 1024 x 256 x 64 fp32 wgrad took 198 us into a hot result and
-    559 us into results cycling through 64 buffers; inside a real step the same call took
-    612 us (torch profiler, validate/README.md)."""
+    the weight gradient with K = the tokens of a micro-batch (a wgrad into a hot result and
+    into cycling results, and inside a real step: docs/derivations.md, measurements)."""
     per = m * k + k * n
     pool = _pool(torch, dev, dtype)
     if pool.numel() < per:  # one pair larger than the pool: a pool of its own
@@ -355,8 +353,7 @@ def _bandwidth_rates(
     A step's memory-bound kernels read tensors written many kernels before (saved
     activations in backward, gradients, parameters) and write into blocks the allocator
     hands back cold; an add repeated on one triple of buffers finds them in the core's own
-    cache instead. On the 2-core development VM (2 MiB L2 per core) a 1 MiB add ran at 124
-    GB/s hot and 14 GB/s cold; at 4 MiB, 30 and 26 GB/s."""
+    cache instead (hot and cold rates of an add: docs/derivations.md, measurements)."""
     bandwidth: list[list[float]] = []
     for size in grid.mem_sizes_bytes:
         if size > grid.mem_max_bytes:
@@ -548,9 +545,8 @@ def _probe_worker(kind: str, iters: int, start: Any, out: Any) -> None:
 
     Ranks on separate cores share the last-level cache and the memory bandwidth, so what they
     cost one another depends on the traffic that reaches those, and differs between GEMMs
-    (operands reused from the core's cache) and streaming kernels. On the 2-core development
-    VM a mix of one GEMM and one add per iteration ran 1.01 x slower beside a second process on
-    one hot set of buffers, 1.08-1.17 x on cold blocks."""
+    (operands reused from the core's cache) and streaming kernels (docs/derivations.md,
+    measurements)."""
     # torch is optional (the validate extra): imported where ranks run
     import torch
 

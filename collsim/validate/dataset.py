@@ -1,37 +1,6 @@
 """Measured and simulated collective tables on disk: one CSV schema, JSON, nccl-tests logs.
 
-Every collective table collsim writes (``collective -F csv``, ``validate bench -o x.csv``,
-``validate compare --csv``) uses one CSV schema, :data:`COLUMNS`, and every command that reads
-one (``validate calibrate``, ``validate compare``, ``validate holdout``, ``plot collectives``)
-reads any of them, plus the text log of any nccl-tests or rccl-tests ``*_perf`` binary and
-nccl-tests' ``-J`` JSON (:mod:`collsim.validate.nccltests`). What a file is, is told from its
-content (:func:`sniff`), not its suffix.
-
-A CSV starts with ``# key: value`` metadata lines (values in JSON), among them ``# schema:``
-(:data:`SCHEMA`) and ``# units:`` (:data:`UNITS`), then a header row and one row per point.
-pandas reads it with ``comment='#'``. Units are nccl-tests': size in bytes, time in
-microseconds, algbw and busbw in GB/s (1e9 B/s). Columns, in order:
-
-- ``op`` (collsim's names: all_reduce, all_gather, reduce_scatter, broadcast, reduce,
-  all_to_all, send_recv), ``size_bytes`` (nccl-tests' size: the larger of the send and receive
-  buffers), ``count`` (elements), ``dtype``, ``redop``, ``root``;
-- ``ranks``, ``nodes``: the group;
-- ``algorithm``, ``protocol``: what ran or what the simulator chose (empty when not known, as
-  in a measurement);
-- ``time_us``, ``algbw_gbps``, ``busbw_gbps``, ``wrong``: nccl-tests' out-of-place block (or
-  the only block); ``in_place_time_us``, ``in_place_algbw_gbps``, ``in_place_busbw_gbps``,
-  ``in_place_wrong``: the in-place block when there is one;
-- ``min_us``, ``p90_us``, ``iters``: spread and iterations (``validate bench``);
-- ``simulated_us``, ``error``: a comparison (``validate compare --csv``).
-
-Required: ``op``, ``size_bytes``, ``time_us`` and the rank count (a ``ranks`` column or a
-``world_size`` metadata line); the others may be missing or empty. Older bench CSVs (columns
-``type`` and ``world_size``) and ``collective -F csv`` files from before the schema
-(``size_bytes,time_us,algbw_GBps,busbw_GBps,algorithm``, no op) still read. Every value is
-checked: a bad one is ``file:line: column: rule, got value`` (ConfigError, exit 2).
-
-In memory a row is a dict keyed by the bench's field names (``type`` for dtype, ``world_size``
-for ranks) plus the optional columns it has; empty cells are left out.
+Derivations, measurements and sources: docs/derivations.md, ``collsim.validate.dataset``.
 """
 
 from __future__ import annotations

@@ -19,10 +19,9 @@ on a small machine do not oversubscribe its cores. torch is imported only inside
 threads inherit the policy), under the Linux ``SCHED_RR`` policy at priority
 :data:`REALTIME_PRIORITY`. On a small shared machine a gloo rank is a chain of hand-offs between
 threads (caller, process-group worker, transport loop); under the default policy a thread that
-wakes up may wait out the time slice of another runnable thread, and on the 2-core development
-VM that added 2-4 ms to a quarter to a half of the iterations of a 256 KiB all_reduce (fastest
-0.6 ms, medians 1.3 to 3.5 ms from one run to the next). Under SCHED_RR a woken rank thread
-runs at once: the same point measured 0.61-0.76 ms median, 0.67-0.86 ms p90 in two runs. The
+wakes up may wait out the time slice of another runnable thread, which added milliseconds to
+a large share of the iterations of a small all_reduce; under SCHED_RR a woken rank thread runs
+at once (the timings are in docs/derivations.md, measurements). The
 kernel's real-time throttling (``sched_rt_runtime_us``, 95 % by default) still leaves the rest
 of the machine some time.
 """

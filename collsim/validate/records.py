@@ -227,7 +227,7 @@ def check_value(column: str, text: str, *, file: str, line: int) -> Any:
 
 @dataclass
 class Measurements:
-    """Rows of a collective table (dicts, see the module docstring) and its metadata.
+    """Rows of a collective table (dicts, see docs/derivations.md) and its metadata.
 
     ``kind`` says what the file was: ``csv``, ``json``, ``nccl-tests`` (a text log),
     ``nccl-tests-json`` (``-J``), ``rccl-tests`` or ``collective-json``.

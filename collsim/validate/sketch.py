@@ -42,7 +42,7 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SketchConfig:
-    """Sizes of the checks (small, so that they run in seconds on two cores)."""
+    """Sizes of the checks (small: a check runs in seconds)."""
 
     batch_per_rank: int = 8
     in_features: int = 32

@@ -1,61 +1,6 @@
 """Step-level validation: time real training steps of a small GPT and simulate the same step.
 
-The model is built from a :class:`~collsim.workload.model.TransformerSpec` exactly as collsim
-counts it (token and learned position embeddings, ``num_layers`` pre-norm blocks of LayerNorm,
-fused QKV, output projection, LayerNorm, MLP up/down with biases, a final LayerNorm and an LM head
-tied to the token embedding; no dropout), in fp32, trained with SGD. It starts from GPT-2's
-initialisation (:func:`init_like_gpt2`) and every step begins with torch's default
-``zero_grad()`` (gradients set to None, so that backward writes them instead of adding into
-zeroed tensors), as real training loops do.
-
-Measured, on real ranks (gloo or nccl), per iteration after a barrier, the slowest rank:
-
-* ``ddp_b<MB>``: torch's ``DistributedDataParallel`` with ``bucket_cap_mb`` = MB (1 and 25 by
-  default): zero_grad, forward, loss, backward (bucketed all-reduces overlap it), SGD step;
-* ``fsdp``: the FSDP sketch of :mod:`collsim.validate.sketch`, one flat shard per unit (the
-  embeddings with the final norm, then each block): all-gather each unit just before its forward,
-  keep it through backward, then reduce-scatter every unit's gradient, free the full
-  parameters and step the shards.
-
-Profiled on the same ranks, interleaved with the steps iteration by iteration (so that they
-share the cores as in the step; mean over ranks): the forward and backward time of the
-embedding, of each block, and of the head with the loss, and the optimizer step; these become
-the simulator's per-block compute times (``op_time_overrides``). The simulated step is
-:func:`collsim.engine.step.simulate_step` on the calibrated topology with the same model, batch
-and DDP/FSDP settings.
-
-Also timed in the same loop, like a step (slowest rank): ``local``, a whole step of the same
-model with no communication at all (zero_grad, forward, loss, backward, SGD). Blocks timed one
-by one miss what a whole step adds between them (autograd bookkeeping, the glue between blocks,
-ranks that fall behind one another on shared cores): on the 2-core development machine the
-whole local step took 1.037 x the sum of its profiled blocks with 2 ranks and 1.086 x with 4
-ranks (``validate/data/step_localhost_gloo.json``). The simulator therefore gets the profiled
-blocks scaled by ``compute_scale`` = local step / sum of the profiled blocks and optimizer, so
-that its compute adds up to the measured local step and the communication is what the
-comparison tests.
-
-On gloo the harness also times, in the same loop, each mode's collectives alone and DDP's
-gradient copies, and the share of a core the local step's thread got
-(:mod:`collsim.validate.insitu`): the simulated collectives are priced on the topology fitted to
-those (the shipped gloo topology is calibrated under SCHED_RR, the step runs under the default
-scheduler and whatever load the machine has), the DDP modes add their copies, and what the
-engine overlaps with compute costs ``(f - 1)`` x its time more, ``f`` the slowdown of compute
-and collective sharing the ranks' CPU (2 for 2 ranks of one thread on 2 cores: nothing hides).
-
-A straggler on purpose (``straggler_rank``): beside every DDP mode, ``<mode>+straggler`` is
-timed, in which that rank first runs extra compute and then the mode's step, inside the timed
-region; the other ranks run the mode's step and wait for it at the gradient all-reduces. The
-extra compute is ``straggler_repeat - 1`` whole local steps (the ``local`` step above: forward,
-loss, backward and SGD step of its own model copy, no communication), or with
-``straggler_delay_s`` a busy loop of that many seconds on the wall clock. The slowed rank's
-extra seconds are timed too; :func:`simulate_modes` simulates the mode with the ``stragglers``
-of :mod:`collsim.stragglers` on that rank, at the nominal clock factor ``1 / straggler_repeat``
-or (``measured_factor``) at its measured speed, local step / (local step + extra seconds).
-The comparison is the slowdown ratio, straggler step over normal step, of the measurement and
-of the simulation (:func:`straggler_ratios`). The normal modes are timed first in each
-iteration, then the straggler modes. With ``progress_path`` set,
-each rank appends every iteration's own timings to ``<progress_path>.rank<r>.jsonl`` as they
-are taken.
+Derivations, measurements and sources: docs/derivations.md, ``collsim.validate.step``.
 """
 
 from __future__ import annotations
@@ -248,10 +193,9 @@ def init_like_gpt2(torch: Any, model: Any, num_layers: int) -> None:
     of standard deviation sqrt(hidden) = 16 at hidden 256: the first loss is ~168 where
     ln(vocab) = 6.9 is expected, and the softmax's exponentials underflow to subnormal floats.
     An x86 core takes a microcode assist for each subnormal operand or result, so the step's
-    time then depends on how far training has gone: on a 2-core Xeon VM the step went
-    18 -> 42 -> 20 ms over the first 100 iterations, and stayed at 16-19 ms with this
-    initialisation or with subnormals flushed (see validate/README.md). No real training
-    starts there, and neither the compute model nor a GPU sees that effect.
+    time then depends on how far training has gone (the step times with and without are in
+    docs/derivations.md, measurements, and validate/README.md). No real training starts
+    there, and neither the compute model nor a GPU sees that effect.
     """
     residual = GPT2_INIT_STD / math.sqrt(2 * num_layers)
     with torch.no_grad():
@@ -347,7 +291,7 @@ def _ddp_step(torch: Any, cfg: StepConfig, ctx: Any, bucket_mb: int) -> tuple[An
     idx, targets = _batch(torch, cfg, ctx.rank, ctx.device)
 
     def step() -> None:
-        opt.zero_grad()  # torch's default since 2.0: set_to_none=True (see module docstring)
+        opt.zero_grad()  # torch's default since 2.0: set_to_none=True (see docs/derivations.md)
         model(idx, targets).backward()
         opt.step()
         ctx.sync()
