@@ -1,42 +1,7 @@
 """The parallel plan: checks a TP x CP x PP x DP combination (with EP folded in) and maps
 ranks onto the cluster.
 
-Rank layout (``parallel.order``, :class:`~collsim.parallel.config.RankOrder`, Megatron-Core
-``RankGenerator`` order strings, fastest-varying first). Tensor parallel is innermost
-(consecutive ranks, inside a node; Narayanan et al. 2021, section 3.3), then context parallel
-(next to TP, so that the CP exchange stays in the node when tp x cp fits), then:
-
-- ``tp-cp-ep-dp-pp`` (the default; Megatron-Core's ``initialize_model_parallel`` default and
-  torchtitan's device mesh): data parallel, pipeline outermost. One stage's tp x cp x dp ranks
-  are consecutive, so the expert groups folded over them are consecutive too::
-
-    rank = ((pp_index * dp + dp_index) * cp + cp_index) * tp + tp_index
-
-- ``tp-cp-ep-pp-dp`` (Megatron-LM ``--use-tp-pp-dp-mapping``; collsim's only layout before the
-  key): pipeline, data parallel outermost::
-
-    rank = ((dp_index * pp + pp_index) * cp + cp_index) * tp + tp_index
-
-Experts (Megatron-Core ``RankGenerator`` with ``expert_tensor_parallel_size``): the tp x cp x
-dp ranks of one pipeline stage, taken in the order above (tp fastest, then cp, then dp), are
-refolded as etp x ep x edp (etp fastest), edp = tp x cp x dp / (ep x etp). An EP group is the
-ep ranks with the same etp and edp index; the expert data-parallel group (edp), which reduces
-the experts' gradients, the edp ranks with the same etp and ep index. With pp outermost this is
-Megatron's expert generator (``tp-ep-dp-pp`` over etp, ep, edp, pp) exactly. With dp
-outermost and pp > 1 Megatron requires edp = dp (ep x etp = tp x cp); collsim also folds
-larger EP groups, whose ranks then stride over the pipeline stages (a warning says so).
-
-HSDP (``fsdp.shard_group_size`` = g): the dp ranks of a (pp, cp, tp) position split into dp /
-g shard groups of g consecutive dp indices (``dp_shard``); ``dp_replicate`` links the ranks
-with the same index in each shard group.
-
-Pipeline layers: with interleaved 1F1B each stage holds ``virtual_stages`` model chunks; chunk
-``c`` of stage ``s`` is virtual stage ``c * pp + s`` and holds contiguous layers (Megatron's
-``get_num_layers_to_build`` with a virtual pipeline). Layers that divide evenly go l / (pp x v)
-per chunk, as before, and must divide unless asked otherwise: with ``pipeline_split:
-balanced`` (or ``account_for_embedding`` / ``account_for_loss``)
-:func:`collsim.workload.memory.balanced_chunk_layers` splits them unevenly, or
-``parallel.layers_per_stage`` lists them.
+Derivations, measurements and sources: docs/derivations.md, ``collsim.parallel.plan``.
 """
 
 from __future__ import annotations
@@ -70,7 +35,7 @@ def grid_rank(
     order: RankOrder, sizes: tuple[int, int, int, int], *, dp: int, pp: int, tp: int, cp: int = 0
 ) -> int:
     """Global rank of grid position (dp, pp, cp, tp) on a grid of ``sizes`` (dp, pp, cp, tp)
-    in the rank layout ``order`` (module docstring)."""
+    in the rank layout ``order`` (docs/derivations.md)."""
     n_dp, n_pp, n_cp, n_tp = sizes
     if order is RankOrder.PP_OUTER:
         return ((pp * n_dp + dp) * n_cp + cp) * n_tp + tp
@@ -198,7 +163,7 @@ class Plan:
         return self.order is RankOrder.PP_OUTER
 
     def rank(self, *, dp: int, pp: int, tp: int, cp: int = 0) -> int:
-        """Global rank of grid position (dp, pp, cp, tp) (module docstring)."""
+        """Global rank of grid position (dp, pp, cp, tp) (docs/derivations.md)."""
         par = self.parallel
         return grid_rank(self.order, (par.dp, par.pp, par.cp, par.tp), dp=dp, pp=pp, tp=tp, cp=cp)
 
@@ -445,7 +410,7 @@ def _ranks(ranks: tuple[int, ...] | list[int]) -> str:
 
 
 def _chunk_sizes(spec: TransformerSpec, parallel: ParallelConfig) -> tuple[int, ...]:
-    """Layers per virtual stage: explicit, even, or balanced (see the module docstring)."""
+    """Layers per virtual stage: explicit, even, or balanced (see docs/derivations.md)."""
 
     pp, v = parallel.pp, parallel.virtual_stages
     n = pp * v

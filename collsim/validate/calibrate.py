@@ -1,51 +1,7 @@
 """Fit a topology to measured collectives: link latency and bandwidth, and per op the algorithm,
 a fixed overhead and an efficiency, so that collsim's own cost formula reproduces the times.
 
-The closed form of every collective on a gloo topology is linear in the size (see
-:mod:`collsim.collectives.schedule`)::
-
-    time(S) = overhead_op + k_lat(op, alg, n) x L + S x k_bw(op, alg, n) / (B x eff_op)
-
-with L the link latency, B the link bandwidth and k_lat, k_bw the algorithm's latency steps and
-bytes per byte of size on the busiest link (ring all_reduce: 2(n-1) steps, 2(n-1)/n bytes). The
-coefficients k_lat and k_bw are read from the simulator itself, by building the schedule on a
-probe topology, so the fit matches whatever the collective code does.
-
-The fit, all by code:
-
-1. per op, a robust least-squares line ``time = a + b x size`` through the measured medians,
-   minimising relative residuals (each size counts alike) with Huber weights (iteratively
-   reweighted), a >= 0 and b > 0;
-2. per op, the algorithm: pinned by the caller, else gloo's own (ring for all_reduce,
-   all_gather, reduce_scatter and broadcast chains, direct for all_to_all and send_recv). One
-   world size cannot tell algorithms apart: their traffic differs by a constant factor, which
-   the per-op efficiency absorbs, and their latency steps by a constant, which the per-op
-   overhead absorbs. The link capacity each op implies is ``C = k_bw / b``;
-3. B = the largest chosen C, so that every efficiency C / B is in (0, 1]; L = the smallest
-   a / k_lat over ops, so that every overhead a - k_lat x L is >= 0;
-4. per op, a knee: a second regime above a size K where each byte costs more (gloo's ops cost
-   more per byte above a few MiB, where their buffers leave the cache: docs/derivations.md,
-   measurements). The model is the continuous hinge ``time = a + b x size + c x max(0, size -
-   K)``, c >= 0 (segmented least squares with one breakpoint, Hudson 1966, same relative
-   residuals and Huber weights as the line). K is a fitted parameter: it is searched on a grid
-   of ``KNEE_GRID_PER_OCTAVE`` sizes per factor of two between the third-smallest and the
-   second-largest fitted size (so at least 3 sizes lie at or below K and 2 above), and the K
-   whose hinge has the smallest sum of squared relative residuals wins. The breakpoint of a
-   cache effect falls between two measured sizes as often as on one: with K restricted to the
-   fitted sizes, a knee between 1 and 4 MiB had to sit on one of them. The knee is kept only if
-   an F-test of the nested models rejects the line at significance ``KNEE_ALPHA`` (0.05): F =
-   ((RSS_line - RSS_hinge) / 2) / (RSS_hinge / (m - 4)) over the m fitted sizes, RSS the sum of
-   squared relative residuals, 2 the parameters the hinge adds (c and K), compared with the
-   upper ``KNEE_ALPHA`` quantile of F(2, m - 4) (the standard test for an extra regime in
-   segmented regression; searching K makes it somewhat permissive, Davies 1987). A line that
-   already follows the points, or noise, gets no knee. An earlier rule (keep the knee if it
-   halves the line's *median* |residual|) could not see a knee when half of the fitted sizes
-   are flat latency points that both models fit alike. It is written as ``knee_bytes`` and
-   ``knee_efficiency`` = C' / B, with C' = k_bw / (b + c) the capacity implied above the knee.
-
-The backend's kernels, recorded by the bench with the torch profiler, are reported beside the
-fit: gloo in torch 2.13 runs reduce_scatter as a full all_reduce then keeps a slice, so its
-efficiency comes out about half that of a ring reduce_scatter would (twice the bytes).
+Derivations, measurements and sources: docs/derivations.md, ``collsim.validate.calibrate``.
 """
 
 from __future__ import annotations
@@ -322,7 +278,7 @@ def fit_hinge(
 
 @dataclass(frozen=True, slots=True)
 class RegimeFit:
-    """The line of an op and, if it earned its place, a knee (see the module docstring)."""
+    """The line of an op and, if it earned its place, a knee (see docs/derivations.md)."""
 
     intercept_s: float
     seconds_per_byte: float
@@ -393,7 +349,7 @@ def fit_two_regime(
     """The line, or the line with one knee when an F-test rejects the line at ``alpha``.
 
     Knees are tried on the grid of :func:`knee_candidates`; the one whose hinge has the smallest
-    sum of squared relative residuals is tested against the line (see the module docstring).
+    sum of squared relative residuals is tested against the line (see docs/derivations.md).
 
     Raises:
         ConfigError: fewer than two points, or a non-positive time.
@@ -553,7 +509,7 @@ def calibrate(
     knees: bool = True,
     knee_alpha: float = KNEE_ALPHA,
 ) -> Calibration:
-    """Fit the topology ``base`` to the measurements (see the module docstring).
+    """Fit the topology ``base`` to the measurements (see docs/derivations.md).
 
     Args:
         meas: measured points with metadata (one world size).
