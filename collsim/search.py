@@ -31,8 +31,6 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import pandas as pd
-
 from collsim.collectives import Group, cost
 from collsim.engine import simulate_step
 from collsim.errors import CollsimWarning, ConfigError, InfeasibleError
@@ -1238,6 +1236,8 @@ def search_frame(result: SearchResult, *, limit: int | None = None) -> pd.DataFr
     """One row per feasible plan, best estimate first: the plan's knobs, ``est_*`` columns of
     the closed form (step time, breakdown, memory, MFU) and ``sim_*`` columns for the
     re-simulated ones (NaN otherwise)."""
+    # start-up: pandas loads only when a frame is asked for (the run path stays light)
+    import pandas as pd
 
     rows = []
     for index, entry in enumerate(result.ranked[:limit] if limit else result.ranked):

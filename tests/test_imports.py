@@ -155,9 +155,15 @@ def _function_local_imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
     return list({id(n): n for n in found}.values())  # nested functions are walked twice
 
 
-def _imports_torch(node: ast.Import | ast.ImportFrom) -> bool:
+#: What a library module may import late: torch (optional, the validate extra), and pandas and
+#: matplotlib with the report modules built on them (the run path stays light without them:
+#: tests/report/test_report_trace.py).
+HEAVY = ("torch", "pandas", "matplotlib", "collsim.report.frames", "collsim.report.plots")
+
+
+def _imports_heavy(node: ast.Import | ast.ImportFrom) -> bool:
     names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
-    return all(name.split(".")[0] == "torch" for name in names)
+    return all(any(n == h or n.startswith(h + ".") for h in HEAVY) for n in names)
 
 
 def _has_reason(lines: list[str], node: ast.stmt, run: dict[int, ast.stmt]) -> bool:
@@ -172,9 +178,10 @@ def _has_reason(lines: list[str], node: ast.stmt, run: dict[int, ast.stmt]) -> b
         node = run[above]
 
 
-def test_function_local_imports_are_for_start_up_or_torch_and_say_why() -> None:
+def test_function_local_imports_are_for_start_up_and_say_why() -> None:
     # cli/ and api.py load layers late so that start-up stays cheap; torch is optional (the
-    # validate extra) and loads only where ranks run; everything else imports at the top
+    # validate extra) and loads only where ranks run, pandas and matplotlib only where a frame
+    # or a figure is made; everything else imports at the top
     wrong: list[str] = []
     for module, path in MODULES.items():
         lines = path.read_text(encoding="utf-8").split("\n")
@@ -184,7 +191,7 @@ def test_function_local_imports_are_for_start_up_or_torch_and_say_why() -> None:
         for node in late:
             where = f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {ast.unparse(node)}"
             start_up = module in ("collsim.api", "collsim.cli") or module.startswith("collsim.cli.")
-            if not (start_up or _imports_torch(node)):
+            if not (start_up or _imports_heavy(node)):
                 wrong.append(f"{where} (import it at the top)")
             elif not _has_reason(lines, node, run):
                 wrong.append(f"{where} (say why it is late)")

@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any
 from collsim.engine import simulate_step
 from collsim.errors import CollsimWarning, ConfigError, InfeasibleError
 from collsim.jobs import Workers
-from collsim.report.frames import results_frame
 from collsim.scenario import scenario_from_doc
 from collsim.topology import load_topology
 from collsim.yamlio import load_yaml
@@ -594,6 +593,8 @@ def sweep_frame(outcomes: Sequence[SweepOutcome]) -> pd.DataFrame:
     """The results frame of a sweep (:func:`collsim.report.frames.results_frame`): the point's
     coordinates, ``feasible``, ``reason``, every result field, the plan's ``warnings`` (joined
     with ``; ``) and ``elapsed_s`` (wall seconds of the point)."""
+    # start-up: the frames module loads pandas, only when a frame is asked for
+    from collsim.report.frames import results_frame
 
     frame = results_frame(
         [(o.params, o.result) for o in outcomes], reasons=[o.reason for o in outcomes]
