@@ -74,49 +74,41 @@ __all__ = [
 
 KeyPath = tuple[str, ...]
 
-#: scenario key -> TransformerSpec field, for the ``model`` section.
-MODEL_KEYS: dict[str, str] = {
-    "layers": "num_layers",
-    "hidden": "hidden",
-    "heads": "num_heads",
-    "kv_heads": "num_kv_heads",
-    "ffn_hidden": "ffn_hidden",
-    "seq_len": "seq_len",
-    "vocab": "vocab",
-    "head_dim": "head_size",
-    "q_lora_rank": "q_lora_rank",
-    "kv_lora_rank": "kv_lora_rank",
-    "qk_nope_head_dim": "qk_nope_head_dim",
-    "qk_rope_head_dim": "qk_rope_head_dim",
-    "v_head_dim": "v_head_dim",
-    "sliding_window": "sliding_window",
-    "experts": "num_experts",
-    "top_k": "moe_top_k",
-    "shared_experts": "num_shared_experts",
-    "expert_ffn_hidden": "moe_ffn_hidden",
-    "shared_expert_ffn_hidden": "shared_expert_ffn_hidden",
-    "first_k_dense": "first_k_dense",
+#: The ``model`` section's integer keys: scenario key -> (TransformerSpec field, description,
+#: whether 0 is allowed). The reader and the description (:data:`SCENARIO`) both follow it.
+MODEL_SHAPE_KEYS: dict[str, tuple[str, str, bool]] = {
+    "layers": ("num_layers", "Transformer layers.", False),
+    "hidden": ("hidden", "Hidden size (model width).", False),
+    "heads": ("num_heads", "Attention heads.", False),
+    "kv_heads": (
+        "num_kv_heads",
+        "Key/value heads (grouped-query attention; default = heads).",
+        False,
+    ),
+    "ffn_hidden": ("ffn_hidden", "MLP inner size (default 4 x hidden without a preset).", False),
+    "seq_len": ("seq_len", "Sequence length in tokens.", False),
+    "vocab": ("vocab", "Vocabulary size.", False),
+    "head_dim": ("head_size", "Head size when not hidden / heads.", False),
+    "q_lora_rank": ("q_lora_rank", "MLA query low-rank size.", False),
+    "kv_lora_rank": ("kv_lora_rank", "MLA key/value low-rank size.", False),
+    "qk_nope_head_dim": ("qk_nope_head_dim", "MLA query/key head size without rotary part.", False),
+    "qk_rope_head_dim": ("qk_rope_head_dim", "MLA rotary part of the query/key head.", True),
+    "v_head_dim": ("v_head_dim", "MLA value head size.", False),
+    "sliding_window": ("sliding_window", "Sliding-window attention span, tokens.", False),
+    "experts": ("num_experts", "Routed experts per MoE layer (0 = dense).", True),
+    "top_k": ("moe_top_k", "Experts each token is routed to.", False),
+    "shared_experts": ("num_shared_experts", "Shared experts per MoE layer.", True),
+    "expert_ffn_hidden": ("moe_ffn_hidden", "Inner size of a routed expert.", False),
+    "shared_expert_ffn_hidden": (
+        "shared_expert_ffn_hidden",
+        "Inner size of a shared expert.",
+        False,
+    ),
+    "first_k_dense": ("first_k_dense", "Leading dense layers before the MoE layers.", True),
 }
 
-#: MODEL_KEYS that may be 0 (the others must be > 0).
-_ZERO_OK = ("qk_rope_head_dim", "shared_experts", "first_k_dense", "experts")
-
-#: further TransformerSpec fields a scenario may set, with their YAML type.
-MODEL_STYLE_KEYS: dict[str, type] = {
-    "gated_mlp": bool,
-    "norm": str,
-    "bias": bool,
-    "position_embedding": str,
-    "tied_embeddings": bool,
-    "dropout": bool,
-    "flash_attention": bool,
-    "qkv_bias": bool,
-    "qk_norm": bool,
-    "attention_sinks": bool,
-    "router": str,
-    "router_bias": bool,
-    "load_imbalance": float,
-}
+#: scenario key -> TransformerSpec field, for the ``model`` section's integer keys.
+MODEL_KEYS: dict[str, str] = {key: field for key, (field, _, _) in MODEL_SHAPE_KEYS.items()}
 
 _FIELD_TO_KEY = {attr: key for key, attr in MODEL_KEYS.items()}
 _FIELD_TO_KEY["sliding_window_layers"] = "sliding_window_layers"
@@ -126,18 +118,6 @@ _FIELD_TO_KEY["capacity_factor"] = "capacity_factor"
 WINDOW_LAYER_CHOICES = ("all", "even", "odd")
 
 _REQUIRED_WITHOUT_PRESET = ("layers", "hidden", "heads", "seq_len", "vocab")
-
-#: ``training`` keys of the framework stack (see ``collsim.parallel.config.STACKS``).
-TRAINING_STACK_KEYS: dict[str, type] = {
-    "stack": str,
-    "attention_kernel": str,
-    "execution": str,
-    "fused_kernels": bool,
-    "grad_reduce_dtype": str,
-    "grad_clip": bool,
-    "optimizer_implementation": str,
-    "fsdp_version": int,
-}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -441,17 +421,16 @@ def _read_model(
     else:
         base = _read_hf_base(reader, source)
     values: dict[str, Any] = {}
-    for key, attr in MODEL_KEYS.items():
-        check = non_negative if key in _ZERO_OK else positive
+    for key, (attr, _, zero_ok) in MODEL_SHAPE_KEYS.items():
+        check = non_negative if zero_ok else positive
         value = reader.get(key, int, default=None, check=check)
         if value is not None:
             values[attr] = value
         elif base is None and key in _REQUIRED_WITHOUT_PRESET:
             raise reader.error("missing required key (or give model.preset)", key)
-    for key, kind in MODEL_STYLE_KEYS.items():
-        value = reader.get(key, kind, default=None)
-        if value is not None:
-            values[key] = value
+    # the other scalar keys the description lists are TransformerSpec fields of the same name
+    style = {k: v for k, v in _MODEL.fields.items() if k not in _MODEL_NOT_STYLE}
+    _copy_described(reader, values, Section(fields=style))
     if reader.has("capacity_factor"):
         values["capacity_factor"] = reader.get(
             "capacity_factor", float, default=None, check=positive
@@ -485,78 +464,25 @@ def _read_model(
 
 
 def _read_training(reader: ConfigReader) -> TrainingConfig:
-    kwargs: dict[str, Any] = {"global_batch": reader.get("global_batch", int)}
-    _copy_optional(
-        reader,
-        kwargs,
-        {
-            "micro_batch": int,
-            "dtype": str,
-            "optimizer": str,
-            "recompute": str,
-            "fp8_recipe": str,
-            **TRAINING_STACK_KEYS,
-        },
-    )
+    kwargs: dict[str, Any] = {}
+    _copy_described(reader, kwargs, _TRAINING)
     reader.finish()
     return TrainingConfig(**kwargs)
 
 
 def _read_parallel(reader: ConfigReader) -> ParallelConfig:
     kwargs: dict[str, Any] = {}
-    _copy_optional(
-        reader,
-        kwargs,
-        {
-            "tp": int,
-            "pp": int,
-            "dp": int,
-            "schedule": str,
-            "virtual_stages": int,
-            "sequence_parallel": bool,
-            "zero": int,
-            "ep": int,
-            "etp": int,
-            "cp": int,
-            "cp_algorithm": str,
-            "cp_load_balance": bool,
-            "pipeline_split": str,
-            "account_for_embedding": bool,
-            "account_for_loss": bool,
-            "order": str,
-            "ep_overlap": bool,
-        },
-    )
+    _copy_described(reader, kwargs, _PARALLEL)
     split = reader.get("layers_per_stage", list, default=None)
     if split is not None:
         kwargs["layers_per_stage"] = tuple(split)
     ddp = reader.section("ddp", default_empty=True)
     ddp_kwargs: dict[str, Any] = {}
-    _copy_optional(
-        ddp,
-        ddp_kwargs,
-        {
-            "bucket_mb": float,
-            "first_bucket_mb": float,
-            "overlap": bool,
-            "gradient_as_bucket_view": bool,
-        },
-    )
+    _copy_described(ddp, ddp_kwargs, _section(_PARALLEL, "ddp"))
     ddp.finish()
     fsdp = reader.section("fsdp", default_empty=True)
     fsdp_kwargs: dict[str, Any] = {}
-    _copy_optional(
-        fsdp,
-        fsdp_kwargs,
-        {
-            "prefetch": int,
-            "reshard_after_forward": bool,
-            "offload": bool,
-            "shard_group_size": int,
-            "reduce_dtype": str,
-            "fp8_all_gather": bool,
-        },
-    )
+    _copy_described(fsdp, fsdp_kwargs, _section(_PARALLEL, "fsdp"))
     fsdp.finish()
     kwargs["ddp"] = DDPConfig(**ddp_kwargs)
     kwargs["fsdp"] = FSDPConfig(**fsdp_kwargs)
@@ -564,10 +490,27 @@ def _read_parallel(reader: ConfigReader) -> ParallelConfig:
     return ParallelConfig(**kwargs)
 
 
-def _copy_optional(reader: ConfigReader, out: dict[str, Any], kinds: dict[str, type]) -> None:
-    """Copy the keys that are present; the dataclass defaults apply to the others."""
-    for key, kind in kinds.items():
-        value = reader.get(key, kind, default=None)
+_KINDS: dict[str, type] = {"integer": int, "number": float, "string": str, "boolean": bool}
+"""The Python type a described key of each JSON Schema type is read as."""
+
+
+def _section(parent: Section, key: str) -> Section:
+    spec = parent.fields[key]
+    assert isinstance(spec, Section)
+    return spec
+
+
+def _copy_described(reader: ConfigReader, out: dict[str, Any], section: Section) -> None:
+    """Read the scalar keys ``section`` describes, as the type it gives: a required one must be
+    there, an optional one is copied when present (the dataclass defaults apply to the others).
+    Ranges and choices were checked against the same description before (:func:`check`)."""
+    for key, spec in section.fields.items():
+        if not isinstance(spec, Value):
+            continue
+        if spec.required:
+            out[key] = reader.get(key, _KINDS[spec.kind])
+            continue
+        value = reader.get(key, _KINDS[spec.kind], default=None)
         if value is not None:
             out[key] = value
 
@@ -738,30 +681,6 @@ _STRAGGLERS = Section(
     },
 )
 
-_MODEL_INT_KEYS: dict[str, tuple[str, bool]] = {
-    # scenario key -> (description, zero allowed); the keys of collsim.scenario.MODEL_KEYS
-    "layers": ("Transformer layers.", False),
-    "hidden": ("Hidden size (model width).", False),
-    "heads": ("Attention heads.", False),
-    "kv_heads": ("Key/value heads (grouped-query attention; default = heads).", False),
-    "ffn_hidden": ("MLP inner size (default 4 x hidden without a preset).", False),
-    "seq_len": ("Sequence length in tokens.", False),
-    "vocab": ("Vocabulary size.", False),
-    "head_dim": ("Head size when not hidden / heads.", False),
-    "q_lora_rank": ("MLA query low-rank size.", False),
-    "kv_lora_rank": ("MLA key/value low-rank size.", False),
-    "qk_nope_head_dim": ("MLA query/key head size without rotary part.", False),
-    "qk_rope_head_dim": ("MLA rotary part of the query/key head.", True),
-    "v_head_dim": ("MLA value head size.", False),
-    "sliding_window": ("Sliding-window attention span, tokens.", False),
-    "experts": ("Routed experts per MoE layer (0 = dense).", True),
-    "top_k": ("Experts each token is routed to.", False),
-    "shared_experts": ("Shared experts per MoE layer.", True),
-    "expert_ffn_hidden": ("Inner size of a routed expert.", False),
-    "shared_expert_ffn_hidden": ("Inner size of a shared expert.", False),
-    "first_k_dense": ("Leading dense layers before the MoE layers.", True),
-}
-
 _MODEL = Section(
     required=True,
     description="The transformer: a preset or an hf_config, and/or its shape.",
@@ -777,7 +696,7 @@ _MODEL = Section(
         "hf_config": text_value("A Hugging Face config.json (relative to the scenario file)."),
         **{
             key: (non_negative_value if zero else positive_value)("integer", text)
-            for key, (text, zero) in _MODEL_INT_KEYS.items()
+            for key, (_, text, zero) in MODEL_SHAPE_KEYS.items()
         },
         "gated_mlp": flag_value("SwiGLU-style MLP (three matrices)."),
         "norm": choice_value("Normalisation.", values_of(_NORMS)),
@@ -817,6 +736,9 @@ _MODEL = Section(
         ),
     },
 )
+
+_MODEL_NOT_STYLE = {"preset", "hf_config", "capacity_factor", *MODEL_SHAPE_KEYS}
+"""``model`` keys read on their own (the rest are TransformerSpec flags and choices)."""
 
 _TRAINING = Section(
     required=True,
