@@ -354,13 +354,13 @@ def _read_stragglers(root: ConfigReader) -> StragglerConfig | None:
 
 
 def _read_cluster(reader: ConfigReader, source: Path | None) -> ClusterSpec:
-    topology = reader.get("topology", str)
-    nodes = reader.get("nodes", int, default=None, check=positive)
-    device = reader.get("device", str, default=None)
+    kwargs: dict[str, Any] = {}
+    _copy_described(reader, kwargs, _section(SCENARIO, "cluster"))
     reader.finish()
-    if device is not None:
-        device = _resolve_topology(device, source)
-    return ClusterSpec(topology=_resolve_topology(topology, source), nodes=nodes, device=device)
+    for key in ("topology", "device"):  # files are found beside the scenario first
+        if key in kwargs:
+            kwargs[key] = _resolve_topology(kwargs[key], source)
+    return ClusterSpec(**kwargs)
 
 
 def _resolve_topology(spec: str, source: Path | None) -> str:
