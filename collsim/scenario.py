@@ -41,14 +41,14 @@ from collsim.schema import (
     check,
     choice_value,
     flag_value,
-    fraction_value,
     non_negative_value,
     positive_value,
     raise_errors,
+    read_described,
     text_value,
     values_of,
 )
-from collsim.stragglers import PORTS, read_stragglers
+from collsim.stragglers import STRAGGLERS, read_stragglers
 from collsim.study.goodput.config import COMPONENTS, read_reliability
 from collsim.topology import load_topology
 from collsim.vocab import Optimizer, RankOrder
@@ -354,8 +354,7 @@ def _read_stragglers(root: ConfigReader) -> StragglerConfig | None:
 
 
 def _read_cluster(reader: ConfigReader, source: Path | None) -> ClusterSpec:
-    kwargs: dict[str, Any] = {}
-    _copy_described(reader, kwargs, _section(SCENARIO, "cluster"))
+    kwargs = read_described(reader, _section(SCENARIO, "cluster"))
     reader.finish()
     for key in ("topology", "device"):  # files are found beside the scenario first
         if key in kwargs:
@@ -430,7 +429,7 @@ def _read_model(
             raise reader.error("missing required key (or give model.preset)", key)
     # the other scalar keys the description lists are TransformerSpec fields of the same name
     style = {k: v for k, v in _MODEL.fields.items() if k not in _MODEL_NOT_STYLE}
-    _copy_described(reader, values, Section(fields=style))
+    values.update(read_described(reader, Section(fields=style)))
     if reader.has("capacity_factor"):
         values["capacity_factor"] = reader.get(
             "capacity_factor", float, default=None, check=positive
@@ -464,25 +463,18 @@ def _read_model(
 
 
 def _read_training(reader: ConfigReader) -> TrainingConfig:
-    kwargs: dict[str, Any] = {}
-    _copy_described(reader, kwargs, _TRAINING)
+    kwargs = read_described(reader, _TRAINING)
     reader.finish()
     return TrainingConfig(**kwargs)
 
 
 def _read_parallel(reader: ConfigReader) -> ParallelConfig:
-    kwargs: dict[str, Any] = {}
-    _copy_described(reader, kwargs, _PARALLEL)
-    split = reader.get("layers_per_stage", list, default=None)
-    if split is not None:
-        kwargs["layers_per_stage"] = tuple(split)
+    kwargs = read_described(reader, _PARALLEL)
     ddp = reader.section("ddp", default_empty=True)
-    ddp_kwargs: dict[str, Any] = {}
-    _copy_described(ddp, ddp_kwargs, _section(_PARALLEL, "ddp"))
+    ddp_kwargs = read_described(ddp, _section(_PARALLEL, "ddp"))
     ddp.finish()
     fsdp = reader.section("fsdp", default_empty=True)
-    fsdp_kwargs: dict[str, Any] = {}
-    _copy_described(fsdp, fsdp_kwargs, _section(_PARALLEL, "fsdp"))
+    fsdp_kwargs = read_described(fsdp, _section(_PARALLEL, "fsdp"))
     fsdp.finish()
     kwargs["ddp"] = DDPConfig(**ddp_kwargs)
     kwargs["fsdp"] = FSDPConfig(**fsdp_kwargs)
@@ -490,29 +482,10 @@ def _read_parallel(reader: ConfigReader) -> ParallelConfig:
     return ParallelConfig(**kwargs)
 
 
-_KINDS: dict[str, type] = {"integer": int, "number": float, "string": str, "boolean": bool}
-"""The Python type a described key of each JSON Schema type is read as."""
-
-
 def _section(parent: Section, key: str) -> Section:
     spec = parent.fields[key]
     assert isinstance(spec, Section)
     return spec
-
-
-def _copy_described(reader: ConfigReader, out: dict[str, Any], section: Section) -> None:
-    """Read the scalar keys ``section`` describes, as the type it gives: a required one must be
-    there, an optional one is copied when present (the dataclass defaults apply to the others).
-    Ranges and choices were checked against the same description before (:func:`check`)."""
-    for key, spec in section.fields.items():
-        if not isinstance(spec, Value):
-            continue
-        if spec.required:
-            out[key] = reader.get(key, _KINDS[spec.kind])
-            continue
-        value = reader.get(key, _KINDS[spec.kind], default=None)
-        if value is not None:
-            out[key] = value
 
 
 # -- scenario (collsim.scenario and the readers it calls) -----------------------------------------
@@ -612,69 +585,6 @@ _RELIABILITY = Section(
                 ),
                 "per_rank_read_bandwidth_gbps": positive_value(
                     "number", "One reader's bandwidth, GB/s."
-                ),
-            },
-        ),
-    },
-)
-
-_INDEX_RULE = "must be non-negative integers, got {item!r}"
-
-
-def _indices(what: str, **kw: Any) -> ListOf:
-    """A list of distinct rank or node indices (collsim.stragglers)."""
-    return ListOf(
-        items=non_negative_value("integer", f"A {what}."),
-        description=f"{what.capitalize()}s.",
-        min_items=1,
-        unique=True,
-        min_rule="must name at least one",
-        item_rule=_INDEX_RULE,
-        **kw,
-    )
-
-
-_FACTOR_RULE = "must be in (0, 1] (1 = full speed), got {value}"
-
-_STRAGGLERS = Section(
-    description="Slow GPUs, nodes and links (collsim run, collsim sweep).",
-    fields={
-        "slow_gpu": Section(
-            description="GPUs whose compute runs slower.",
-            fields={
-                "ranks": _indices("rank", required=True),
-                "clock_factor": fraction_value(
-                    "Share of full speed.", required=True, rule=_FACTOR_RULE
-                ),
-            },
-        ),
-        "slow_node": Section(
-            description="Nodes whose every GPU computes slower.",
-            fields={
-                "nodes": _indices("node", required=True),
-                "clock_factor": fraction_value(
-                    "Share of full speed.", required=True, rule=_FACTOR_RULE
-                ),
-            },
-        ),
-        "slow_link": Section(
-            description="Links at a share of their capacity: a port of named ranks, or links.",
-            one_of_required=(("ranks",), ("links",)),
-            missing_rule="name ranks (with a port) or links",
-            fields={
-                "bandwidth_factor": fraction_value(
-                    "Share of the link's capacity left.", required=True, rule=_FACTOR_RULE
-                ),
-                "ranks": ListOf(
-                    items=non_negative_value("integer", "A rank."),
-                    description="These ranks' port runs at the factor.",
-                    unique=True,
-                    item_rule=_INDEX_RULE,
-                ),
-                "port": choice_value("nic or nvlink.", values_of(PORTS)),
-                "links": ListOf(
-                    items=text_value("A link name (n1.nic3.tx, rail0.leaf1.up)."),
-                    description="Links as the topology names them.",
                 ),
             },
         ),
@@ -870,6 +780,6 @@ SCENARIO = Section(
         "training": _TRAINING,
         "parallel": _PARALLEL,
         "reliability": _RELIABILITY,
-        "stragglers": _STRAGGLERS,
+        "stragglers": STRAGGLERS,
     },
 )

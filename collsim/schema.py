@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from collsim.errors import ConfigError, ConfigErrors
-from collsim.yamlio import YamlDoc, type_name, unknown_key_message, with_hint
+from collsim.yamlio import ConfigReader, YamlDoc, type_name, unknown_key_message, with_hint
 
 __all__ = [
     "Value",
@@ -35,6 +35,7 @@ __all__ = [
     "fraction_value",
     "choice_value",
     "values_of",
+    "read_described",
 ]
 
 KeyPath = tuple[str | int, ...]
@@ -182,6 +183,29 @@ def choice_value(description: str, choices: Choices, **kw: Any) -> Value:
 def values_of(choices: Iterable[Any]) -> tuple[Any, ...]:
     """The values a schema lists for a StrEnum, a tuple, or a dict's keys."""
     return tuple(getattr(v, "value", v) for v in choices)
+
+
+_PY_TYPES: dict[str, type] = {"integer": int, "number": float, "string": str, "boolean": bool}
+"""The Python type a described key of each JSON Schema type is read as."""
+
+
+def read_described(reader: ConfigReader, section: Section) -> dict[str, Any]:
+    """The keys ``section`` describes that ``reader`` holds, each as its description says: a
+    scalar as its type, a list as a tuple; a required key must be there. Its range and choices
+    were checked against the same description before (:func:`check`); keys of other shapes
+    (mappings, either-ors) are left to the reader."""
+    out: dict[str, Any] = {}
+    for key, spec in section.fields.items():
+        if isinstance(spec, Value):
+            kind = _PY_TYPES[spec.kind]
+        elif isinstance(spec, ListOf):
+            kind = list
+        else:
+            continue
+        value = reader.get(key, kind) if spec.required else reader.get(key, kind, default=None)
+        if value is not None:
+            out[key] = tuple(value) if kind is list else value
+    return out
 
 
 # -- checking -------------------------------------------------------------------------------------

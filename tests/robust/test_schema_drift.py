@@ -1,8 +1,8 @@
 """The descriptions (SCENARIO, TOPOLOGY, DEVICE) and the readers know the same keys, both ways.
 
-The training, parallel, ddp, fsdp, cluster and model readers take their keys from SCENARIO
-itself; the others (reliability, stragglers, topology, device) still list their own, which
-this test holds equal to the descriptions.
+The training, parallel, ddp, fsdp, cluster, model and stragglers readers take their keys from
+SCENARIO itself (collsim.schema.read_described); the others (reliability, topology, device)
+still list their own, which this test holds equal to the descriptions.
 
 - Every key of every shipped scenario, topology and device file is a key of the schema.
 - For every key of the schema, an example document that uses it (generated from the schema,
