@@ -1,7 +1,8 @@
 """``collsim schema KIND``: print the JSON Schema of scenario, topology or device files.
 
-The schema comes from :mod:`collsim.schema`, the same description the loaders check files
-against, so an editor that validates with it agrees with ``collsim run``::
+The schema comes from the same description the loaders check files against (written out by
+:func:`collsim.schema.json_schema`), so an editor that validates with it agrees with
+``collsim run``::
 
     collsim schema scenario > scenario.schema.json
     collsim schema topology > topology.schema.json
