@@ -1086,10 +1086,10 @@ class _Bounds:
     def _dp_group(self, c: Candidate, stage: int) -> tuple[int, ...]:
         """The data-parallel group of stage ``stage``'s first tp rank (the plan's mapping,
         :meth:`collsim.parallel.plan.Plan.rank`)."""
-        from collsim.parallel.plan import grid_rank
+        from collsim.parallel.plan import grid_rank, rank_axes
 
-        sizes = (c.dp, c.pp, c.cp, c.tp)
-        return tuple(grid_rank(self.order, sizes, dp=d, pp=stage, tp=0) for d in range(c.dp))
+        axes = rank_axes(self.order, {"dp": c.dp, "pp": c.pp, "cp": c.cp, "tp": c.tp})
+        return tuple(grid_rank(axes, {"dp": d, "pp": stage}) for d in range(c.dp))
 
     def _block_work(
         self, c: Candidate
@@ -1246,9 +1246,11 @@ class _Bounds:
 def _simulate(
     topology: Topology, spec: TransformerSpec, training: TrainingConfig, parallel: ParallelConfig
 ) -> StepResult:
-    from collsim.engine import simulate_step
+    """The engine's step of one candidate, as every caller simulates one
+    (:mod:`collsim.study.job`; no stragglers: the candidates are the plans, not the job)."""
+    from collsim.study.job import StepInputs, simulate_inputs
 
-    return simulate_step(topology, spec, training, parallel)
+    return simulate_inputs(StepInputs(topology, spec, training, parallel))
 
 
 def search_frame(result: SearchResult, *, limit: int | None = None) -> pd.DataFrame:

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from collsim.engine.comm import CommPricer, all_to_all_contends, axis_contends
 from collsim.engine.core import Engine, EngineOptions
 from collsim.errors import ConfigError
@@ -56,23 +54,11 @@ def _contended_axes(plan: Plan, fidelity: str) -> list[str]:
     # every group of an axis may be active at once: all stages compute layers together, send
     # to their neighbours in the steady state, and reduce gradients near the end of the step
     capacity = topo.link_capacity_bps
-    for axis, groups in _axis_groups(plan, node_local=True).items():
+    for axis, groups in plan.active_groups(node_local=True).items():
         check = all_to_all_contends if axis == "ep" else axis_contends
         if len(groups) and len(groups[0]) > 1 and check(topo, groups, capacity=capacity):
             contended.append(axis)
     return contended
-
-
-def _node_local(plan: Plan, groups: np.ndarray) -> np.ndarray:
-    """When every group lies inside one node, only the groups of the first node: transfers
-    inside a node use that node's links only, and the nodes are alike, so groups on other
-    nodes neither slow these down nor contend differently among themselves."""
-    gpn = plan.topology.gpus_per_node
-    nodes = groups // gpn
-    if len(groups) and bool((nodes == nodes[:, :1]).all()):
-        first: np.ndarray = groups[nodes[:, 0] == 0]
-        return first
-    return groups
 
 
 @collector_paused()
@@ -192,7 +178,7 @@ def contention_effects(
     closed = walk(schedule)  # the closed form of the very schedule the engine played
     contended = list(result.details.get("contended_axes", []))
     order = [a for a in (TP, PP, DP, ParallelAxis.EP, ParallelAxis.CP) if a in contended]
-    groups = _axis_groups(plan)
+    groups = plan.active_groups()
     out: list[dict[str, object]] = []
     previous = closed.step_time_s
     for k, axis in enumerate(order):
@@ -222,93 +208,6 @@ def contention_effects(
     if out:
         out[0]["closed_s"] = closed.step_time_s
         out[0]["des_s"] = result.step_time_s
-    return out
-
-
-def _rails_alike(plan: Plan) -> bool:
-    """One NIC per GPU on rails of a symmetric cluster: each GPU index's GPU links, NIC and
-    rail leaves are alike and disjoint from the other indices' (:func:`_one_rail`)."""
-    topo = plan.topology
-    gpn = topo.gpus_per_node
-    return (
-        topo.symmetric
-        and topo.nics is not None
-        and topo.fabric.rails
-        and topo.nics.count == gpn
-        and gpn >= 2
-    )
-
-
-def _pp_rows(plan: Plan, *, node_local: bool) -> np.ndarray:
-    """The pipeline sends of every stage but the last to the next, one row (sender, receiver)
-    per rank, in rank order; with ``node_local``, those of the first GPU index only where
-    :func:`_one_rail` would keep them.
-
-    (dp d, pp s, cp k, tp t) -> (d, s + 1, k, t): the next stage is a fixed rank offset in
-    either layout (cp x tp with dp outermost, dp x cp x tp with pp outermost). With pp
-    outermost, a stage a whole number of nodes and that offset a whole number of nodes, every
-    send keeps its GPU index and the senders are the ranks below the last stage, so each
-    index's rows are the first index's moved to it: the first index's rows are made directly
-    (a 65,536-GPU plan's 57,344 rows are not built to keep 7,168 of them)."""
-    step = plan.tp * plan.cp * (plan.dp if plan.pp_outer else 1)
-    gpn = plan.topology.gpus_per_node
-    stage_size = plan.num_gpus // plan.pp
-    whole_nodes = stage_size % gpn == 0 and step % gpn == 0
-    if node_local and plan.pp_outer and whole_nodes and _rails_alike(plan):
-        first = np.arange(0, (plan.pp - 1) * stage_size, gpn, dtype=np.int64)
-        return np.stack([first, first + step], axis=1)
-    senders = np.sort(plan.grid()[:-1].ravel())
-    rows = np.stack([senders, senders + step], axis=1)
-    return _one_rail(plan, rows) if node_local else rows
-
-
-def _one_rail(plan: Plan, groups: np.ndarray) -> np.ndarray:
-    """When each group keeps to one index inside its nodes (the GPU and NIC of that index,
-    so the rail of that NIC), and the groups of every other index are these moved to it, only
-    the groups of the first index: with one NIC per GPU on rails, the indices use disjoint
-    links (GPU links, NIC, rail leaves) that are alike, so the axis contends on all of them
-    exactly when it does on one."""
-    gpn = plan.topology.gpus_per_node
-    if not len(groups) or not _rails_alike(plan):
-        return groups
-    local = groups % gpn
-    if not bool((local == local[:, :1]).all()):
-        return groups
-    index = local[:, 0]
-    first: np.ndarray = groups[index == index[0]]
-    # every other index's groups, moved to the first index, are the first index's groups (in
-    # the same order: the rows come ordered by first rank, which a move within nodes keeps);
-    # all indices at once: the rows of each index in order, shifted, as blocks like the first
-    num_indices = len(np.unique(index))
-    if len(groups) != num_indices * len(first):
-        return groups
-    order = np.argsort(index, kind="stable")
-    moved = groups[order] - (index[order] - index[0])[:, None]
-    if not bool((moved.reshape(num_indices, *first.shape) == first).all()):
-        return groups
-    return first
-
-
-def _axis_groups(plan: Plan, *, node_local: bool = False) -> dict[ParallelAxis, np.ndarray]:
-    """Every group of each axis that may be active at once (as in :func:`_contended_axes`),
-    one per row; with context parallelism the dense gradients are reduced over dp x cp.
-    ``node_local``: where every group of an axis lies inside one node, only those of the first
-    node (:func:`_node_local`), and where the groups of each GPU index keep to its rail, only
-    those of the first index (:func:`_one_rail`): enough to decide contention, not to name
-    every shared link."""
-    tp = plan.group_rows(TP)
-    dp = plan.group_rows(DP if plan.cp == 1 else ParallelAxis.DP_CP)
-    if node_local:
-        tp, dp = _node_local(plan, tp), _one_rail(plan, _node_local(plan, dp))
-    out: dict[ParallelAxis, np.ndarray] = {
-        TP: tp,
-        DP: dp,
-        PP: _pp_rows(plan, node_local=node_local),
-    }
-    for axis, size in ((ParallelAxis.EP, plan.ep), (ParallelAxis.CP, plan.cp)):
-        if size > 1:
-            groups = plan.group_rows(axis)
-            out[axis] = _node_local(plan, groups) if node_local else groups
     return out
 
 
