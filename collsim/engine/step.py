@@ -16,7 +16,7 @@ from collsim.parallel.config import ParallelConfig, TrainingConfig
 from collsim.parallel.plan import Plan
 from collsim.runtime import collector_paused
 from collsim.schedule.build import BLOCK_OVERRIDE_KEYS, StepSchedule, build_schedule
-from collsim.schedule.result import StepResult
+from collsim.schedule.result import ContentionEffect, StepResult, StragglerReport
 from collsim.vocab import ParallelAxis
 
 TP, PP, DP = ParallelAxis.TP, ParallelAxis.PP, ParallelAxis.DP
@@ -88,7 +88,7 @@ def simulate_step(
         fidelity: ``auto``, ``fused`` or ``layer`` (see FIDELITIES).
         zero_communication: price every communication at 0 s (an ideal network).
         stragglers: slow ranks and degraded links (the ``stragglers`` section). The step is
-            then simulated twice, without and with them, and ``details["stragglers"]`` holds
+            then simulated twice, without and with them, and ``StepResult.stragglers`` holds
             the baseline step, the slowdown and who waited for whom (:func:`straggler_details`).
 
     Raises:
@@ -120,12 +120,12 @@ def simulate_step(
             fidelity=fidelity,
             zero_communication=zero_communication,
         )
-        result.details["stragglers"] = straggler_details(engine, result, baseline)
+        result.stragglers = straggler_details(engine, result, baseline)
         engine.release()
         return result
     result = _play(engine, zero_communication)
     if engine.contended and fidelity == "auto" and not all_ranks and not zero_communication:
-        result.details["contention"] = contention_effects(
+        result.contention = contention_effects(
             engine.schedule, result, op_time_overrides=op_time_overrides
         )
     engine.release()
@@ -151,7 +151,7 @@ def contention_effects(
     result: StepResult,
     *,
     op_time_overrides: dict[str, float] | None = None,
-) -> list[dict[str, object]]:
+) -> list[ContentionEffect]:
     """What link sharing adds to the step, axis by axis, with the links shared.
 
     The closed form of the schedule prices every call alone on its links; the engine puts the
@@ -163,7 +163,7 @@ def contention_effects(
     step by step (tp: layer granularity), which is part of its effect.
 
     Returns:
-        One dict per contended axis: ``axis``, ``delta_s``, ``links`` (names of the links a
+        One effect per contended axis: ``axis``, ``delta_s``, ``links`` (names of the links a
         ring step of all its groups oversubscribes) and ``closed_s`` / ``des_s`` on the first.
     """
     import warnings
@@ -176,10 +176,10 @@ def contention_effects(
     topology, spec = plan.topology, plan.spec
     training, parallel = plan.training, plan.parallel
     closed = walk(schedule)  # the closed form of the very schedule the engine played
-    contended = list(result.details.get("contended_axes", []))
+    contended = list(result.contended_axes)
     order = [a for a in (TP, PP, DP, ParallelAxis.EP, ParallelAxis.CP) if a in contended]
     groups = plan.active_groups()
-    out: list[dict[str, object]] = []
+    out: list[ContentionEffect] = []
     previous = closed.step_time_s
     for k, axis in enumerate(order):
         if k == len(order) - 1:
@@ -197,17 +197,11 @@ def contention_effects(
                 )
                 engine.run()
             step = max(p.end_s for p in engine.programs.values())
-        out.append(
-            {
-                "axis": axis,
-                "delta_s": step - previous,
-                "links": shared_links(topology, groups[axis]),
-            }
-        )
+        out.append(ContentionEffect(axis, step - previous, shared_links(topology, groups[axis])))
         previous = step
     if out:
-        out[0]["closed_s"] = closed.step_time_s
-        out[0]["des_s"] = result.step_time_s
+        out[0].closed_s = closed.step_time_s
+        out[0].des_s = result.step_time_s
     return out
 
 
@@ -282,8 +276,8 @@ def _resolve(
     return plan if plan.active else None
 
 
-def straggler_details(engine: Engine, result: StepResult, baseline: StepResult) -> dict[str, Any]:
-    """What the stragglers cost and who waited for whom (``details["stragglers"]``).
+def straggler_details(engine: Engine, result: StepResult, baseline: StepResult) -> StragglerReport:
+    """What the stragglers cost and who waited for whom (``StepResult.stragglers``).
 
     ``waits`` lists, per stream with two or more simulated members, the call whose rendezvous
     waited longest (:meth:`Engine.rendezvous_waits`): first those where a rank outside the
@@ -306,20 +300,16 @@ def straggler_details(engine: Engine, result: StepResult, baseline: StepResult) 
     for wait in waits:
         wait["for_straggler"] = for_straggler(wait)
     base = baseline.step_time_s
-    return {
-        "clock_factors": dict(sorted(st.compute_factors.items())),
-        "tp_paced_ranks": sorted(engine.pace),
-        "stage_factors": {
-            f"dp{d}.pp{s}": f for (d, s), f in sorted(st.stage_factors(plan).items())
-        },
-        "degraded_links": {
-            plan.topology.links[i].name: f for i, f in sorted(st.link_factors.items())
-        },
-        "baseline_step_time_s": base,
-        "step_time_s": result.step_time_s,
-        "slowdown": result.step_time_s / base,
-        "extra_s": result.step_time_s - base,
-        "critical_rank": result.details.get("critical_rank"),
-        "longest_wait": waits[0] if waits else None,
-        "waits": waits[:16],
-    }
+    return StragglerReport(
+        clock_factors=dict(sorted(st.compute_factors.items())),
+        tp_paced_ranks=sorted(engine.pace),
+        stage_factors={f"dp{d}.pp{s}": f for (d, s), f in sorted(st.stage_factors(plan).items())},
+        degraded_links={plan.topology.links[i].name: f for i, f in sorted(st.link_factors.items())},
+        baseline_step_time_s=base,
+        step_time_s=result.step_time_s,
+        slowdown=result.step_time_s / base,
+        extra_s=result.step_time_s - base,
+        critical_rank=result.critical_rank,
+        longest_wait=waits[0] if waits else None,
+        waits=waits[:16],
+    )

@@ -61,29 +61,29 @@ def _on(flag: bool) -> str:
 
 def straggler_lines(result: StepResult) -> list[str]:
     """The report lines of a straggler step: its cost against the step without stragglers,
-    and the rendezvous that waited longest (``details["stragglers"]``; none without it)."""
-    st = result.details.get("stragglers")
-    if not st:
+    and the rendezvous that waited longest (:attr:`StepResult.stragglers`; none without it)."""
+    st = result.stragglers
+    if st is None:
         return []
-    what = [f"rank {r} at {f:g}x clock" for r, f in st["clock_factors"].items()][:4]
-    what += [f"{name} at {f:g}x bandwidth" for name, f in st["degraded_links"].items()][:4]
+    what = [f"rank {r} at {f:g}x clock" for r, f in st.clock_factors.items()][:4]
+    what += [f"{name} at {f:g}x bandwidth" for name, f in st.degraded_links.items()][:4]
     lines = [
         f"stragglers: {', '.join(what)}",
-        f"  step {st['step_time_s'] * 1e3:.2f} ms vs {st['baseline_step_time_s'] * 1e3:.2f} ms "
-        f"without stragglers: {st['slowdown']:.4f}x (+{st['extra_s'] * 1e3:.2f} ms); "
-        f"critical rank {st['critical_rank']}",
+        f"  step {st.step_time_s * 1e3:.2f} ms vs {st.baseline_step_time_s * 1e3:.2f} ms "
+        f"without stragglers: {st.slowdown:.4f}x (+{st.extra_s * 1e3:.2f} ms); "
+        f"critical rank {st.critical_rank}",
     ]
-    if st["tp_paced_ranks"]:
+    if st.tp_paced_ranks:
         lines.append(
-            f"  TP groups at their slowest member's pace: ranks {_ranks(st['tp_paced_ranks'])}"
+            f"  TP groups at their slowest member's pace: ranks {_ranks(st.tp_paced_ranks)}"
         )
-    for wait in st["waits"][:3]:
+    for wait in st.waits[:3]:
         waiting = ", ".join(f"{r} {w * 1e3:.2f} ms" for r, w in sorted(wait["waits_s"].items()))
         lines.append(
             f"  {wait['axis']} group {_ranks(wait['group'])}: {wait['call']!r} waited "
             f"{wait['wait_s'] * 1e3:.2f} ms for rank {wait['waited_for']} (waiting: {waiting})"
         )
-    if result.details.get("fidelity") == "closed":
+    if result.fidelity == "closed":
         lines.append("  closed form: the slowed pipeline's critical path (waits: use the DES)")
     return lines
 

@@ -67,7 +67,7 @@ def test_fields_are_filled_and_consistent(result) -> None:
     assert tp_calls == layer_and_ends + loss + gathers
     assert "tp groups: 8 of 2" in r.mapping
     # one rank per stage: pp outermost (the default order), stage 1 starts at tp x dp = 8
-    assert sorted(r.memory_timeline) == sorted(r.details["simulated_ranks"]) == [0, 8]
+    assert sorted(r.memory_timeline) == sorted(r.simulated_ranks) == [0, 8]
     json.dumps(r.to_dict())
 
 
