@@ -83,9 +83,7 @@ def test_activations_in_flight_on_stage_0(small_spec, schedule: str) -> None:
     layer = activation_bytes_per_layer(small_spec, micro_batch=1)
     per_mb = emb + (small_spec.num_layers // p) * layer
     in_flight = p if schedule == "1f1b" else m
-    assert r.activation_peak_bytes_by_rank[0] == pytest.approx(
-        in_flight * per_mb, rel=1e-12
-    )
+    assert r.activation_peak_bytes_by_rank[0] == pytest.approx(in_flight * per_mb, rel=1e-12)
 
 
 @settings(max_examples=25, deadline=None)
