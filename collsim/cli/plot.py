@@ -16,7 +16,7 @@ Kinds that simulate a scenario (or evaluate the closed form) first:
 
 Exit codes: 0 written; 1 the scenario is infeasible; 2 bad input (one line naming the key),
 the same code ``collsim run`` gives for the same scenario (the plan is built the same way, by
-:func:`collsim.api.simulate`); errors map to codes once, in ``collsim.cli``.
+:func:`collsim.study.job.run_job`); errors map to codes once, in ``collsim.cli``.
 """
 
 from __future__ import annotations

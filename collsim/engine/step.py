@@ -110,7 +110,10 @@ def simulate_step(
     )
     if resolved is not None:
         result = _play(engine, zero_communication)
-        baseline = simulate_step(
+        # the same step at full speed: the schedule built once is played again (a degraded
+        # link changed the topology it was priced on: then it is built on the cluster as is)
+        reuse = None if resolved.link_factors else engine.schedule
+        full_speed = prepare_step(
             topology,
             spec,
             training,
@@ -119,7 +122,10 @@ def simulate_step(
             op_time_overrides=op_time_overrides,
             fidelity=fidelity,
             zero_communication=zero_communication,
+            schedule=reuse,
         )
+        baseline = _play(full_speed, zero_communication)
+        full_speed.release()
         result.stragglers = straggler_details(engine, result, baseline)
         engine.release()
         return result
@@ -194,6 +200,7 @@ def contention_effects(
                     parallel,
                     op_time_overrides=op_time_overrides,
                     des_axes=frozenset(order[: k + 1]),
+                    schedule=schedule,
                 )
                 engine.run()
             step = max(p.end_s for p in engine.programs.values())
@@ -218,20 +225,24 @@ def prepare_step(
     zero_communication: bool = False,
     des_axes: frozenset[str] | None = None,
     stragglers: StragglerConfig | StragglerPlan | None = None,
+    schedule: StepSchedule | None = None,
 ) -> Engine:
     """The wired, not yet run, :class:`~collsim.engine.core.Engine` of ``simulate_step``.
 
     Tests and tools use it to inspect a run beyond the StepResult (memory ledgers with labels,
-    per-rank accounts): ``engine = prepare_step(...); engine.run()``.
+    per-rank accounts): ``engine = prepare_step(...); engine.run()``. ``schedule``: one built
+    already for these inputs on this very topology (a re-run with other pricing: the
+    contention attribution, the straggler baseline), played again instead of rebuilt.
     """
     resolved = _resolve(stragglers, topology)
     if resolved is not None and resolved.link_factors:
         from collsim.stragglers import degrade_topology
 
         topology = degrade_topology(topology, resolved.link_factors)
-    schedule = build_schedule(
-        topology, spec, training, parallel, op_time_overrides=op_time_overrides
-    )
+    if schedule is None:
+        schedule = build_schedule(
+            topology, spec, training, parallel, op_time_overrides=op_time_overrides
+        )
     plan = schedule.plan
     contended = _contended_axes(plan, fidelity)
     if des_axes is not None:  # forced (the contention attribution of simulate_step)
