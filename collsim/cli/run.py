@@ -168,7 +168,7 @@ def run_scenario(
         format_run_report(
             result,
             title=f"collsim run: {scenario.name}",
-            context=describe_scenario(scenario, job.topology),
+            context=describe_scenario(scenario, job.topology, result),
         )
     )
     for text in straggler_lines(result):

@@ -14,8 +14,11 @@ if TYPE_CHECKING:
 __all__ = ["describe_scenario", "straggler_lines"]
 
 
-def describe_scenario(scenario: Scenario, topology: Topology) -> list[tuple[str, str]]:
-    """Label/text lines that say what was simulated: model, cluster, plan, batch."""
+def describe_scenario(
+    scenario: Scenario, topology: Topology, result: StepResult
+) -> list[tuple[str, str]]:
+    """Label/text lines that say what was simulated: model, cluster, plan, batch (the
+    micro-batches per replica as the plan counted them)."""
     spec, train, par = scenario.model, scenario.training, scenario.parallel
     params_b = spec.num_parameters() / 1e9
     kv = f" ({spec.kv_heads} kv)" if spec.kv_heads != spec.num_heads else ""
@@ -46,7 +49,7 @@ def describe_scenario(scenario: Scenario, topology: Topology) -> list[tuple[str,
             f", ZeRO-3/FSDP, prefetch {par.fsdp.prefetch}, reshard "
             f"{_on(par.fsdp.reshard_after_forward)}, offload {_on(par.fsdp.offload)}"
         )
-    micro = train.global_batch // (train.micro_batch * par.dp) if par.dp else 0
+    micro = result.num_microbatches
     batch = (
         f"global {train.global_batch} = dp {par.dp} x {micro} micro-batches x "
         f"{train.micro_batch}; {train.dtype}, {train.optimizer}, recompute "
