@@ -47,11 +47,22 @@ class Simulation:
     topology: Topology
     result: StepResult
     warnings: list[str] = field(default_factory=list)
+    options: dict[str, Any] = field(default_factory=dict, repr=False)
+    """How the step was simulated (``fidelity``, ``all_ranks``, ``limits``), to trace it again."""
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_") or name in ("scenario", "topology", "result", "warnings"):
             raise AttributeError(name)
         return getattr(self.result, name)
+
+    def traced(self) -> StepResult:
+        """The step with its trace: this result when it kept one, else the same step simulated
+        again with ``trace=True`` (once; a trace changes no figure beyond rounding)."""
+        if not self.result.trace_events:
+            from collsim.study.job import run_job
+
+            self.result = run_job(self.scenario, trace=True, **self.options).result
+        return self.result
 
     @property
     def breakdown(self) -> dict[str, float]:
@@ -89,7 +100,7 @@ class Simulation:
         from collsim.report import plots
 
         if kind == "step":
-            fig = plots.plot_step(self.result, **{"title": self.scenario.name, **kwargs})
+            fig = plots.plot_step(self.traced(), **{"title": self.scenario.name, **kwargs})
         elif kind == "timeline":
             fig = plots.plot_memory_timeline(self.result, **kwargs)
         else:
@@ -105,13 +116,15 @@ def simulate(
     *,
     fidelity: str = "auto",
     all_ranks: bool = False,
-    trace: bool = True,
+    trace: bool = False,
     limits: Limits | None = None,
 ) -> Simulation:
-    """Simulate one training step as ``collsim run`` does (stragglers included).
+    """Simulate one training step as ``collsim run`` does (stragglers included): the same
+    figures as ``collsim run PATH --json`` (a kept trace sums some parts in another order).
 
     ``fidelity``: ``auto``, ``fused``, ``layer`` or ``closed``; ``trace`` keeps the per-op
-    trace that :meth:`Simulation.plot` draws; ``limits`` the resource limits.
+    trace (:meth:`Simulation.plot` traces the step when it needs to); ``limits`` the resource
+    limits.
 
     Raises:
         ConfigError: bad input; LimitError: beyond a limit; InfeasibleError: cannot run.
@@ -122,7 +135,8 @@ def simulate(
         scenario, overrides, fidelity=fidelity, all_ranks=all_ranks, trace=trace, limits=limits
     )
     messages = list(dict.fromkeys(job.warnings))
-    return Simulation(job.scenario, job.topology, job.result, messages)
+    options = {"fidelity": fidelity, "all_ranks": all_ranks, "limits": limits}
+    return Simulation(job.scenario, job.topology, job.result, messages, options)
 
 
 def goodput(

@@ -212,12 +212,12 @@ def step_cmd(
 ) -> None:
     """One simulated step of SCENARIO: compute Gantt per stage and memory over time."""
     from collsim.report.plots import plot_step
-    from collsim.scenario import load_scenario
+    from collsim.study.job import run_job
 
     _check_suffix(output)
-    base = load_scenario(scenario, list(overrides))
-    result = _simulate(scenario, list(overrides), limits=limits_from_options(limit_values))
-    _save(plot_step(result, rank=rank, title=title or base.name), output)
+    limits = limits_from_options(limit_values)
+    job = run_job(scenario, list(overrides), trace=True, limits=limits)
+    _save(plot_step(job.result, rank=rank, title=title or job.scenario.name), output)
 
 
 @plot.command("pipeline", short_help="Gantt per stage, schedules side by side.")

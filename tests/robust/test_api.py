@@ -47,7 +47,10 @@ def test_simulate_overrides_forms_and_errors() -> None:
 
 def test_plot_returns_a_figure(tmp_path: Path) -> None:
     sim = collsim.simulate(DDP)
+    step_s = sim.step_time_s
+    assert not sim.trace_events  # as collsim run keeps none without --trace
     fig = sim.plot("step", tmp_path / "s.png")
+    assert sim.trace_events and sim.step_time_s == pytest.approx(step_s, rel=1e-12)
     assert (tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"
     assert fig.axes
     with pytest.raises(ConfigError):
