@@ -17,6 +17,13 @@ NAMES = [
     "localhost",
     "gcp_a3_mega",
     "oci_bm_gpu4_8",
+    "aws_p4d",
+    "aws_p4de",
+    "aws_p5",
+    "aws_p5e",
+    "aws_p5en",
+    "azure_nd_h100_v5",
+    "oci_bm_gpu_h100_8",
 ]
 
 
