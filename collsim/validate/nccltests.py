@@ -34,8 +34,8 @@ Formats followed (read from the sources, not copied):
   threshold), and in-place only when out-of-place is disabled.
 
 The op is taken from ``Collective test starting: X_perf`` (or argv[0] in JSON), else from the
-caller's ``--op``, else from the file name (``all_reduce_perf.log``, ``allreduce-2node.txt``). Ranks are the rank lines (JSON:
-devices x nthreads x ngpus), nodes the distinct host names.
+caller's ``--op``, else from the file name (``all_reduce_perf.log``, ``allreduce-2node.txt``).
+Ranks are the rank lines (JSON: devices x nthreads x ngpus), nodes the distinct host names.
 """
 
 # ruff: noqa: UP031  (printf formats on purpose: they are nccl-tests' own, src/util.cu)
