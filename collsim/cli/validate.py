@@ -490,6 +490,11 @@ def _calibrate_fabric(files: list[Any], base: str | None, output: str, name: str
         f"# calibrated {cal.base} on {len(files)} file(s), up to {cal.nodes} nodes x "
         f"{cal.gpus_per_node} GPUs: " + ", ".join(f"{k} {v:.4g}" for k, v in cal.values.items())
     )
+    kept = [k for k in cal.fitted if k not in cal.decided]
+    click.echo(
+        f"# decided by the data: {', '.join(cal.decided) or 'none'}; kept from the base: "
+        f"{', '.join(kept) or 'none'}"
+    )
     click.echo(
         f"# {'file':<44} {'ranks':>5} {'nodes':>5} {'points':>6} {'base|err|':>9} "
         f"{'fit|err|':>8} {'max|err|':>8}  per algorithm/protocol: points median|err|"

@@ -729,12 +729,13 @@ def _polygon(vertices: tuple[_Vertex, ...], extended: dict[str, _Point]) -> list
         if value == "MAX_RANKS":
             return _MAX_RANKS
         name, _, which = value.partition(".")
-        return 2.0 ** extended[name][0 if which == "x" else 1]
+        return float(2.0 ** extended[name][0 if which == "x" else 1])
 
     out: list[_Point] = []
     for v in vertices:
         if isinstance(v, str):
-            out.append(_log2_point(2.0 ** extended[v][0], 2.0 ** extended[v][1]))
+            ext = extended[v]
+            out.append(_log2_point(float(2.0 ** ext[0]), float(2.0 ** ext[1])))
         else:
             out.append(_log2_point(coord(v[0], 0), coord(v[1], 1)))
     return out
