@@ -875,10 +875,8 @@ def _read_fabric(root: ConfigReader) -> tuple[_FabricSpec, FabricDefaults]:
     )
     platform: str | None = None
     if sec.has("platform"):
-        if kind is not FabricKind.EFA:
-            raise sec.error("platform is an EFA instance family; needs kind: efa", "platform")
         platform = sec.get("platform", str, check=one_of(*EFA_PLATFORMS))
-    transport = transport_for(kind, platform)
+    transport = transport_for(kind, platform if kind is FabricKind.EFA else None)
     kind_defaults = replace(
         FABRIC_DEFAULTS[kind],
         net_latency_us=transport.net_latency_us,
@@ -916,6 +914,8 @@ def _read_fabric(root: ConfigReader) -> tuple[_FabricSpec, FabricDefaults]:
         tuner=sec.get("tuner", str, default=transport.tuner, check=one_of(*TUNERS)),
     )
     sec.finish()
+    if platform is not None and kind is not FabricKind.EFA:
+        raise sec.error("platform is an EFA instance family; needs kind: efa", "platform")
     return fabric, kind_defaults
 
 
