@@ -1147,6 +1147,46 @@ def _fit_stage(
             fitted.append(k)
 
 
+def _written(
+    values: dict[str, float],
+    fitted: list[str],
+    decided: list[str],
+    transport: dict[str, float] | None,
+) -> dict[str, float]:
+    """The figures the calibrated file sets: the decided ones, and both transport terms when
+    one is (the Simple step is 2 x latency + completion)."""
+    written = {k for k in fitted if k in decided}
+    if transport is not None and written & set(transport):
+        written |= set(transport)
+    return {k: values[k] for k in sorted(written)}
+
+
+def _fit_transport(
+    base_doc: Any,
+    values: dict[str, float],
+    fitted: list[str],
+    keys: list[str],
+    many: list[Measurements],
+    notes: list[str],
+) -> list[str]:
+    """Fit the transport's ``keys`` with the rails' efficiency on the multi-node files; keep
+    them only when the F-test prefers them to the base's. Returns the keys kept fitted."""
+    held = dict(values)
+    _fit_stage(base_doc, values, fitted, keys + ["nics.efficiency"], many, True)
+    network = len(NETWORK_PARAMETERS) + len(keys)
+    if _transport_gains(base_doc, held, values, many, network):
+        return keys
+    values.update(held)  # the base's transport terms do as well
+    notes.append(
+        f"the fitted transport terms do not beat the base's (F-test at {TRANSPORT_ALPHA:.0%}): "
+        + ", ".join(f"{k} = {held[k]:.6g}" for k in keys)
+        + " kept"
+    )
+    for key in keys:
+        fitted.remove(key)
+    return []
+
+
 def calibrate_fabric(files: list[Measurements], *, base: str | None = None) -> FabricCalibration:
     """Fit a multi-node NCCL topology to nccl-tests measurements of one and more nodes.
 
@@ -1202,21 +1242,7 @@ def calibrate_fabric(files: list[Measurements], *, base: str | None = None) -> F
     if many:
         _fit_stage(base_doc, values, fitted, net_keys, many, True)
         if transport is not None:
-            held = dict(values)
-            keys = list(transport) + ["nics.efficiency"]
-            _fit_stage(base_doc, values, fitted, keys, many, True)
-            net_keys += list(transport)
-            if not _transport_gains(base_doc, held, values, many, len(net_keys)):
-                values.update(held)  # the base's transport terms do as well
-                notes.append(
-                    "the fitted transport terms do not beat the base's (F-test at "
-                    f"{TRANSPORT_ALPHA:.0%}): "
-                    + ", ".join(f"{k} = {held[k]:.6g}" for k in transport)
-                    + " kept"
-                )
-                for key in transport:
-                    fitted.remove(key)
-                net_keys = net_keys[: -len(transport)]
+            net_keys += _fit_transport(base_doc, values, fitted, list(transport), many, notes)
     else:
         notes.append("no multi-node file: NIC figures kept from the base")
     decided = _decided(base_doc, values, intra_keys, one) if one else []
@@ -1242,10 +1268,7 @@ def calibrate_fabric(files: list[Measurements], *, base: str | None = None) -> F
         "NCCL's per-protocol base and per-hop latencies (src/graph/tuning.cc) are the "
         "simulator's tables, not topology keys: the fit sets the link and transport figures"
     )
-    written = {k for k in fitted if k in decided}
-    if transport is not None and written & set(transport):  # the Simple step needs both
-        written |= set(transport)
-    data = _fabric_data(base_doc.data, {k: values[k] for k in sorted(written)})
+    data = _fabric_data(base_doc.data, _written(values, fitted, decided, transport))
     nodes = max(m.num_nodes for m in files)
     per_node = {m.ranks_per_node for m in files}
     if len(per_node) != 1:
