@@ -68,6 +68,28 @@ def _without_plugin(nodes: int) -> Group:
     return Group.all(parse_topology(parse_yaml_text(text, "p5_nccl.yaml"), nodes=nodes))
 
 
+# P5en, 8 ranks per node (src/tuner/nccl_ofi_regions.cpp region_init_internal_p5en), by hand:
+# tree LL up to x = log2 196608 = 17.58 (128 KiB). 4 nodes (y = 5): tree LL128's right edge
+# (13107200, 16) -> (129499136, 127) crosses y = 5 at x = 24.75 (to 16 MiB); ring LL128 to its
+# vertex (293601280, 32), x = 28.13 (to 256 MiB); ring Simple from its vertex (509607936, 32),
+# x = 28.92 (512 MiB on). 16 nodes (y = 7): tree LL128 to x = 26.95 (64 MiB); at 128 MiB the
+# point lies 0.011 above ring LL128's top edge (129499136, 127) -> (549453824, 128), inside
+# NVLS-tree; ring Simple's left edge (509607936, 32) -> (7516192768, 256) crosses y = 7 at
+# x = 31.51: NVLS-tree to 2 GiB, ring Simple from 4 GiB.
+P5EN_CHOICES = {
+    4: [(10, "tree/ll"), (18, "tree/ll128"), (25, "ring/ll128"), (29, "ring/simple")],
+    16: [(10, "tree/ll"), (18, "tree/ll128"), (27, "nvls_tree/simple"), (32, "ring/simple")],
+}
+
+
+@pytest.mark.parametrize("nodes", list(P5EN_CHOICES))
+def test_auto_on_p5en_follows_the_plugins_tuner(nodes: int) -> None:
+    group = Group.all(topo("aws_p5en", nodes))
+    got = {k: cost("all_reduce", 1 << k, group).label for k in range(10, 35)}
+    want = {k: _expected(P5EN_CHOICES[nodes], k) for k in range(10, 35)}
+    assert got == want
+
+
 def test_two_nodes_is_nccls_own_choice_and_more_nodes_is_not() -> None:
     sizes = [1 << k for k in range(10, 35)]
     for nodes, same in ((2, True), (4, False)):
