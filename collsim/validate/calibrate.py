@@ -758,10 +758,12 @@ TRANSPORT_ALPHA = 0.05
 FABRIC_START_NET_LATENCIES_US = (3.0, 30.0, 100.0)
 FABRIC_START_COMPLETIONS_US = (1.0, 10.0, 100.0)
 
-#: A term is decided by the data when moving it by ``DECIDED_STEP`` (relative; 1 us for a
-#: latency at 0) moves some point's simulated time by at least ``DECIDED_SHIFT``; a term
-#: that moves none is kept at the base's figure and reported so.
+#: A term is decided by the data when moving it by ``DECIDED_STEP`` (relative: an efficiency
+#: down, a latency or cost up, by ``DECIDED_FLOOR_US`` at least) moves some point's simulated
+#: time by at least ``DECIDED_SHIFT``; a term that moves none is kept at the base's figure and
+#: reported so.
 DECIDED_STEP = 0.10
+DECIDED_FLOOR_US = 1.0
 DECIDED_SHIFT = 0.005
 
 #: Relative residual at which the loss turns from quadratic to linear (pseudo-Huber on the
@@ -1096,14 +1098,17 @@ def _transport_gains(
 def _decided(
     base_doc: Any, values: dict[str, float], keys: list[str], data: list[Measurements]
 ) -> list[str]:
-    """The ``keys`` the points of ``data`` decide: moving one by DECIDED_STEP moves some
-    point's simulated time by DECIDED_SHIFT or more."""
+    """The ``keys`` the points of ``data`` decide: moving one by DECIDED_STEP (see there) moves
+    some point's simulated time by DECIDED_SHIFT or more."""
     at = [t for sims in _simulate_files(base_doc, values, data) for t, _ in sims]
     out = []
     for key in keys:
         value = values[key]
         trial = dict(values)
-        trial[key] = value * (1 - DECIDED_STEP) if value > 0 else 1.0
+        if key.endswith("efficiency"):
+            trial[key] = value * (1 - DECIDED_STEP)
+        else:  # a latency or cost: up, by at least DECIDED_FLOOR_US (it may sit at 0)
+            trial[key] = value + max(DECIDED_STEP * value, DECIDED_FLOOR_US)
         shifted = [t for sims in _simulate_files(base_doc, trial, data) for t, _ in sims]
         if max(abs(b / a - 1) for a, b in zip(at, shifted)) >= DECIDED_SHIFT:
             out.append(key)
@@ -1255,8 +1260,8 @@ def calibrate_fabric(files: list[Measurements], *, base: str | None = None) -> F
         _fit_stage(base_doc, values, fitted, joint, files, False)
     if kept:
         notes.append(
-            "kept from the base (no point moves by "
-            f"{DECIDED_SHIFT:.1%} when the figure moves by {DECIDED_STEP:.0%}): "
+            f"kept from the base (no point moves by {DECIDED_SHIFT:.1%} when the figure moves "
+            f"by {DECIDED_STEP:.0%}, a latency by {DECIDED_FLOOR_US:g} us at least): "
             + ", ".join(f"{k} = {start[k]:.6g}" for k in kept)
         )
     if many and transport is None:
