@@ -177,3 +177,20 @@ def test_nccl_version_is_a_checked_key() -> None:
     doc = _DOC + "collectives: {nccl_version: '2.18.1'}\n"
     with pytest.raises(ConfigError, match="nccl_version"):
         parse_topology(parse_yaml_text(doc, "t.yaml"), nodes=2)
+
+
+def test_a_transport_without_ll_has_no_ll_across_nodes() -> None:
+    from collsim.collectives import CollectiveOp, Group, tuner
+    from collsim.vocab import Protocol
+
+    with_ll = parse_topology(parse_yaml_text(_DOC, "t.yaml"), nodes=2)
+    without = parse_topology(parse_yaml_text(_DOC + "  ll: false\n", "t.yaml"), nodes=2)
+    sizes = [1 << k for k in range(3, 20)]
+    picks = [tuner.pick(CollectiveOp.ALL_REDUCE, s, Group.all(with_ll)) for s in sizes]
+    assert any(p is not None and p[1] is Protocol.LL for p in picks)  # small sizes run LL
+    for s in sizes:
+        pick = tuner.pick(CollectiveOp.ALL_REDUCE, s, Group.all(without))
+        assert pick is not None and pick[1] is not Protocol.LL
+    one_node = parse_topology(parse_yaml_text(_DOC + "  ll: false\n", "t.yaml"), nodes=1)
+    inside = tuner.pick(CollectiveOp.ALL_REDUCE, 1 << 10, Group.all(one_node))
+    assert inside is not None and inside[1] is Protocol.LL  # inside a node LL stays
