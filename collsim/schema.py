@@ -235,6 +235,7 @@ def _devices() -> list[str]:
 _CONFIG = "collsim.parallel.config"
 _SPEC_MODULE = "collsim.workload.model"
 _TOPO = "collsim.topology"
+_TRANSPORTS = "collsim.transports"
 
 # -- device (collsim.hardware.device_from_reader; collsim/data/devices/*.yaml) --------------------
 
@@ -740,6 +741,12 @@ TOPOLOGY = Section(
                 "net_latency_us": _nonneg("number", "Per LL/LL128 network step, us."),
                 "net_simple_latency_us": _nonneg("number", "Per Simple network step, us."),
                 "ll128": _flag("NCCL runs LL128 across nodes."),
+                "ll": _flag("NCCL runs LL across nodes."),
+                "completion_us": _nonneg("number", "Per Simple network step beyond the flush, us."),
+                "platform": _choice(
+                    "EFA instance family.", _enum_values(_TRANSPORTS, "EFA_PLATFORMS")
+                ),
+                "tuner": _choice("Whose choice auto follows.", _enum_values(_TRANSPORTS, "TUNERS")),
                 "sharp": _flag("CollNet / SHARP in-network reduction."),
             },
         ),
@@ -755,6 +762,9 @@ TOPOLOGY = Section(
             fields={
                 "library": _choice("Library.", _enum_values(_TOPO, "LIBRARIES")),
                 "overhead_us": _nonneg("number", "Launch overhead per call, microseconds."),
+                "nccl_version": _choice(
+                    "NCCL release assumed.", _enum_values(_TRANSPORTS, "NCCL_RELEASES")
+                ),
                 "algorithms": Section(
                     description="Algorithm per op.",
                     keys=_OPS,
