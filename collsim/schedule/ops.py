@@ -288,7 +288,11 @@ def _ep_steps(
             c
             for c in comms
             if c.name
-            in (("ep_dispatch", "etp_gather") if forward else ("ep_combine", "etp_scatter"))
+            in (
+                ("ep_dispatch", "ep_dispatch_nvl", "etp_gather")
+                if forward
+                else ("ep_combine", "ep_combine_nvl", "etp_scatter")
+            )
         ]
     )
     body = [*coll[:k], Step(x), *coll[k:]]
@@ -313,7 +317,7 @@ def _overlap_ep(steps: list[Step], *, forward: bool) -> list[Step]:
     kinds = {
         i: ("ep_combine" if (i > _first_ep(out)) == forward else "ep_dispatch")
         for i, x in enumerate(out)
-        if isinstance(x, Step) and x.axis == "ep" and x.op == "all_to_all"
+        if isinstance(x, Step) and x.axis in _PAIRED_AXES and x.op == "all_to_all"
     }
     used: set[int] = set()
     for name in order:
@@ -341,10 +345,19 @@ def _overlap_ep(steps: list[Step], *, forward: bool) -> list[Step]:
     return flat
 
 
+_PAIRED_AXES = ("ep", "ep_node")
+"""Axes of the all-to-alls the EP overlap hides: the whole exchange, or DeepEP's network leg
+(its NVLink forward on ``ep_local`` stays on the compute stream's path)."""
+
+
 def _first_ep(items: list[Step | list[Step]]) -> int:
     """Index of the first EP all-to-all of a pass (its dispatch in forward, its combine in
     backward)."""
-    return next(i for i, x in enumerate(items) if isinstance(x, Step) and x.axis == "ep" and x.op)
+    return next(
+        i
+        for i, x in enumerate(items)
+        if isinstance(x, Step) and x.axis in _PAIRED_AXES and x.op == "all_to_all"
+    )
 
 
 def _with_comms(
@@ -535,7 +548,7 @@ def _layer_segments(
         stored_bytes=blk.stored_bytes,
         transient_bytes=blk.transient_bytes,
     )
-    if not (overlap and any(c.axis == "ep" for c in f_comms)):
+    if not (overlap and any(c.axis in _PAIRED_AXES and c.op == "all_to_all" for c in f_comms)):
         return forward, backward, None, None
     paired_forward = Segment(
         index, _overlap_ep(fsteps_l, forward=True), stored_bytes=blk.stored_bytes
