@@ -610,7 +610,9 @@ def _read_parallel(reader: ConfigReader) -> ParallelConfig:
     return ParallelConfig(**kwargs)
 
 
-def _copy_optional(reader: ConfigReader, out: dict[str, Any], kinds: dict[str, type]) -> None:
+def _copy_optional(
+    reader: ConfigReader, out: dict[str, Any], kinds: dict[str, type | tuple[type, ...]]
+) -> None:
     """Copy the keys that are present; the dataclass defaults apply to the others."""
     for key, kind in kinds.items():
         value = reader.get(key, kind, default=None)

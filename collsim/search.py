@@ -1149,7 +1149,7 @@ class _Bounds:
             scale = min(1.0, float(self.spec.load_imbalance))
             out = {"forward": 0.0, "backward": 0.0}
             for comm in layer_comms(plan, layer):
-                if comm.axis not in ("ep", "etp") or comm.overlappable:
+                if comm.axis not in ("ep", "etp", "ep_node", "ep_local") or comm.overlappable:
                     continue
                 size = comm.size_bytes * (scale if comm.op == "all_to_all" else 1.0)
                 groups = {

@@ -81,13 +81,15 @@ STACK_DISPATCHER: dict[str, str] = {
     # (else uccl_ep, else "torch": DTensor all-gather / reduce-scatter), dispatcher_num_sms 20
     # (nemo_automodel/components/models/common/utils.py at 36044ad)
     "nemo_automodel": "deepep",
-    # torchtitan expert parallel: all_to_all_single dispatch
-    # (torchtitan/distributed/expert_parallel.py)
+    # torchtitan: moe_comm_backend "standard" by default (torchtitan/models/deepseek_v3/
+    # __init__.py at b5bcd76) -> AllToAllTokenDispatcher, all_to_all_single
+    # (torchtitan/models/common/config_utils.py, token_dispatcher.py)
     "torchtitan": "alltoall",
-    # llm-foundry MoE through MegaBlocks: all-to-all expert parallelism
+    # llm-foundry MoE (MegaBlocks), plain FSDP and DeepSpeed-MoE (_AllToAll in
+    # deepspeed/moe/sharded_moe.py): all-to-all expert parallelism; their sources are not
+    # stored here, so these three are assumptions until read
     "llm_foundry": "alltoall",
     "fsdp": "alltoall",
-    # DeepSpeed-MoE: _AllToAll in deepspeed/moe/sharded_moe.py
     "deepspeed": "alltoall",
 }
 """The dispatcher each ``training.stack`` runs when ``parallel.dispatcher`` is not given."""
@@ -267,7 +269,7 @@ def check_dispatch(plan: Plan) -> None:
     if par.ep_overlap and name == "allgather":
         raise ConfigError(
             "ep_overlap needs an all-to-all dispatcher (alltoall, deepep, hybridep), got "
-            "allgather (Megatron-Core's overlap pairs all-to-alls)",
+            "allgather (Megatron-Core: alltoall or flex only, transformer_config.py)",
             key_path="parallel.ep_overlap",
         )
     if not spec.is_moe:

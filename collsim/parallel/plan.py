@@ -308,10 +308,10 @@ class Plan:
             case ParallelAxis.EP_NODE | ParallelAxis.EP_LOCAL as ax:
                 gpn = self.topology.gpus_per_node
                 ep_group = self.group_of(rank, ParallelAxis.EP)
-                mine = [r for r in ep_group if r // gpn == rank // gpn]
+                local = [r for r in ep_group if r // gpn == rank // gpn]
                 if ax is ParallelAxis.EP_LOCAL:
-                    return tuple(mine)
-                pos = mine.index(rank)
+                    return tuple(local)
+                pos = local.index(rank)
                 by_node: dict[int, list[int]] = {}
                 for r in ep_group:
                     by_node.setdefault(r // gpn, []).append(r)

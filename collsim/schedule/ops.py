@@ -432,7 +432,7 @@ def build_stage(
     full = str(plan.training.recompute) == "full"
     chunks: list[ChunkModel] = []
     v = plan.virtual_stages
-    overlap = plan.parallel.ep_overlap
+    overlap = bool(plan.parallel.ep_overlap)
     for c in range(v):
         alt: dict[int, Segment] = {}  # a segment -> its paired form (EP overlap)
         layers = plan.chunk_layers(stage, c)
