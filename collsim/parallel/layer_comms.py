@@ -9,7 +9,7 @@ are those of :mod:`collsim.parallel.moe` and :mod:`collsim.parallel.context` (te
 each other).
 
 MoE layer: forward ``ep_dispatch`` after ``moe_permute`` (with DeepEP / HybridEP across nodes,
-the network leg on ``ep_node`` then ``ep_dispatch_nvl`` on ``ep_local``), [``etp_gather``
+the network leg on ``ep_node`` and beside it ``ep_dispatch_nvl`` on ``ep_local``), [``etp_gather``
 (all_gather over etp)], experts, [``etp_scatter`` (reduce_scatter over etp)], ``ep_combine``
 before ``moe_unpermute``; backward the same collectives in reverse order (the gradient of a
 combine is a dispatch). The dispatcher decides ops and bytes (:func:`_moe_forward`). These
@@ -138,8 +138,9 @@ def _moe_forward(plan: Plan, e: int) -> list[LayerComm]:
                    reduce_scatter of the same
         deepep / hybridep, one node: all_to_all over ep of T D_g h e (once per target GPU)
         deepep / hybridep, N > 1 nodes: all_to_all over ep_node of T D_n h e (once per target
-                   node, to the same in-node index), then all_to_all over ep_local of
-                   T D_g h e (NVLink forwarding per target GPU); the combine in reverse
+                   node, to the same in-node index) and, beside it, all_to_all over ep_local
+                   of T D_g h e (NVLink forwarding per target GPU; ``*_nvl``, run at the same
+                   time as the network leg: ``collsim.schedule.ops.Step.beside``)
 
     T tokens on the rank, D_n and D_g the expected distinct nodes and GPUs a token reaches
     under the plan's routing model (:func:`~collsim.parallel.dispatch.expected_reach`)."""

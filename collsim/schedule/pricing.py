@@ -168,12 +168,15 @@ class SegmentPrices:
         return group
 
     def collective_s(self, rank: int, step: Step) -> float:
-        """Closed-form seconds of a step's collective (cached)."""
+        """Closed-form seconds of a step's collective (cached); with collectives beside it,
+        the slowest of them."""
         key = (rank, step.axis, step.op, step.size_bytes)
         hit = self._step.get(key)
         if hit is None:
             hit = self.pricer.cost(step.op, step.size_bytes, self.step_group(rank, step)).time_s
             self._step[key] = hit
+        for other in step.beside:
+            hit = max(hit, self.collective_s(rank, other))
         return hit
 
     def overlap_factor(self, rank: int, step: Step) -> float:

@@ -189,3 +189,29 @@ def test_closed_form_equals_engine_on_new_dispatch(par: dict[str, object]) -> No
         closed = estimate_step(topo, spec, training, parallel)
     assert closed.step_time_s == pytest.approx(des.step_time_s, rel=0.01)
     assert des.breakdown_s["ep_exposed"] > 0
+
+
+def test_nvlink_leg_runs_beside_the_network_leg() -> None:
+    """The dispatch step of a two-node DeepEP plan carries its NVLink leg beside its network
+    leg, and lasts as long as the slower of the two (not their sum)."""
+    from collsim.schedule.build import build_schedule
+    from collsim.schedule.pricing import ClosedPricer, SegmentPrices
+
+    topo = load_topology("dgx_h100", nodes=2)
+    spec = replace(get_preset("deepseek-v3"), num_layers=4, first_k_dense=1)
+    training = TrainingConfig(global_batch=16, micro_batch=1)
+    parallel = ParallelConfig(dp=16, ep=16, zero=1, dispatcher="deepep")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CollsimWarning)
+        sched = build_schedule(topo, spec, training, parallel)
+    prices = SegmentPrices(sched.plan, ClosedPricer(topo))
+    layer = sched.stages[0].chunks[0].forward[-2]  # an MoE layer
+    legs = [st for st in layer.steps if st.op and st.axis == "ep_node"]
+    assert len(legs) == 2  # dispatch and combine
+    for st in legs:
+        (nvl,) = st.beside
+        assert nvl.axis == "ep_local"
+        net_s = prices.pricer.cost(st.op, st.size_bytes, prices.step_group(0, st)).time_s
+        nvl_s = prices.pricer.cost(nvl.op, nvl.size_bytes, prices.step_group(0, nvl)).time_s
+        assert net_s > 0 and nvl_s > 0
+        assert prices.collective_s(0, st) == pytest.approx(max(net_s, nvl_s))
