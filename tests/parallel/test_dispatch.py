@@ -215,3 +215,24 @@ def test_nvlink_leg_runs_beside_the_network_leg() -> None:
         nvl_s = prices.pricer.cost(nvl.op, nvl.size_bytes, prices.step_group(0, nvl)).time_s
         assert net_s > 0 and nvl_s > 0
         assert prices.collective_s(0, st) == pytest.approx(max(net_s, nvl_s))
+
+
+def test_overlap_hides_the_exchange_and_its_sms_slow_the_compute() -> None:
+    """DualPipeV pairing hides most of DeepEP's exchange; the compute beside it loses the SMs
+    the kernels hold: more SMs, more interference (1 / (1 - s / 132) on an H100)."""
+    topo = load_topology("dgx_h100", nodes=2)
+    spec = replace(get_preset("deepseek-v3"), num_layers=4, first_k_dense=1)
+    training = TrainingConfig(global_batch=64, micro_batch=1)
+
+    def run(**par: object):  # type: ignore[no-untyped-def]
+        parallel = ParallelConfig(dp=16, ep=16, zero=1, dispatcher="deepep", **par)  # type: ignore[arg-type]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", CollsimWarning)
+            return estimate_step(topo, spec, training, parallel).breakdown_s
+
+    plain = run()
+    paired = run(ep_overlap="dualpipev")
+    more_sms = run(ep_overlap="dualpipev", dispatch_sms=40)
+    assert paired["ep_exposed"] < 0.5 * plain["ep_exposed"]
+    assert paired["interference"] > plain["interference"]
+    assert more_sms["interference"] > paired["interference"]
