@@ -310,11 +310,7 @@ def _ep_steps(
             c
             for c in lead
             if c.name
-            in (
-                ("ep_dispatch", "ep_dispatch_nvl", "etp_gather")
-                if forward
-                else ("ep_combine", "ep_combine_nvl", "etp_scatter")
-            )
+            in (("ep_dispatch", "etp_gather") if forward else ("ep_combine", "etp_scatter"))
         ]
     )
     body = [*coll[:k], Step(x), *coll[k:]]
@@ -367,7 +363,7 @@ def _overlap_ep(steps: list[Step], *, forward: bool) -> list[Step]:
 
 _PAIRED_AXES = ("ep", "ep_node")
 """Axes of the all-to-alls the EP overlap hides: the whole exchange, or DeepEP's network leg
-(its NVLink forward on ``ep_local`` stays on the compute stream's path)."""
+(its NVLink leg on ``ep_local`` beside it, ``Step.beside``, is hidden with it)."""
 
 
 def _first_ep(items: list[Step | list[Step]]) -> int:
