@@ -236,3 +236,28 @@ def test_overlap_hides_the_exchange_and_its_sms_slow_the_compute() -> None:
     assert paired["ep_exposed"] < 0.5 * plain["ep_exposed"]
     assert paired["interference"] > plain["interference"]
     assert more_sms["interference"] > paired["interference"]
+
+
+@pytest.mark.parametrize(
+    ("stack", "explicit", "expected"),
+    [
+        ("megatron_te", None, "allgather"),  # TransformerConfig's default
+        ("nemo_automodel", None, "deepep"),  # BackendConfig's default with DeepEP installed
+        ("torchtitan", None, "alltoall"),
+        (None, None, "alltoall"),
+        ("nemo_automodel", "hybridep", "hybridep"),  # an explicit key overrides the stack
+    ],
+)
+def test_stack_sets_the_dispatcher(stack: str | None, explicit: str | None, expected: str) -> None:
+    from collsim.parallel.dispatch import dispatcher_of
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CollsimWarning)
+        plan = build_plan(
+            load_topology("dgx_h100", nodes=2),
+            get_preset("deepseek-v3"),
+            TrainingConfig(global_batch=16, micro_batch=1, stack=stack),
+            ParallelConfig(dp=16, ep=16, zero=3, dispatcher=explicit),
+            for_simulation=False,
+        )
+    assert dispatcher_of(plan) == expected
