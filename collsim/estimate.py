@@ -155,7 +155,7 @@ class _Walk:
 
     def flush_tp(self) -> None:
         for (rank, _), (segs, runs) in self._runs.items():
-            for step in (st for seg in segs for st in seg.steps):
+            for step in (c for seg in segs for st in seg.steps for c in st.calls()):
                 if step.op:
                     group = self.prices.step_group(rank, step)
                     if len(group) < 2:

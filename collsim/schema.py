@@ -597,10 +597,25 @@ _PARALLEL = Section(
             "Rank layout, fastest-varying first (Megatron order strings; default tp-cp-ep-dp-pp).",
             _enum_values("collsim.vocab", "RankOrder"),
         ),
-        "ep_overlap": _flag(
-            "Overlap EP all-to-alls with the compute of a paired op (Megatron's "
-            "--overlap-moe-expert-parallel-comm)."
+        "ep_overlap": Either(
+            options=(
+                _flag("true: a2a, false: none."),
+                _choice("Overlap mode.", _enum_values(_CONFIG, "EP_OVERLAP_MODES")),
+            ),
+            description="Overlap EP all-to-alls with the compute of a paired op (Megatron's "
+            "--overlap-moe-expert-parallel-comm; DualPipe / DualPipeV).",
+            rule="must be true, false, none, a2a, dualpipe or dualpipev; got {value!r}",
         ),
+        "dispatcher": _choice(
+            "MoE token dispatcher (default: the stack's, else alltoall).",
+            _enum_values("collsim.parallel.dispatch", "DISPATCHERS"),
+        ),
+        "routing": _choice(
+            "Routing model of the dispatch volumes.",
+            _enum_values("collsim.parallel.dispatch", "ROUTINGS"),
+        ),
+        "routing_nodes": _pos("integer", "M of node_limited routing (DeepSeek-V3: 4)."),
+        "dispatch_sms": _nonneg("integer", "SMs the dispatch kernels hold."),
         "pipeline_split": _choice(
             "even (layers must divide) or balanced.", _enum_values(_CONFIG, "PIPELINE_SPLITS")
         ),

@@ -1149,8 +1149,8 @@ class _Bounds:
             scale = min(1.0, float(self.spec.load_imbalance))
             out = {"forward": 0.0, "backward": 0.0}
             for comm in layer_comms(plan, layer):
-                if comm.axis not in ("ep", "etp") or comm.overlappable:
-                    continue
+                if comm.axis not in ("ep", "etp", "ep_node") or comm.overlappable:
+                    continue  # (DeepEP's NVLink leg runs beside its network leg)
                 size = comm.size_bytes * (scale if comm.op == "all_to_all" else 1.0)
                 groups = {
                     plan.group_of(plan.rank(dp=0, pp=s, tp=0), comm.axis) for s in range(c.pp)

@@ -348,6 +348,17 @@ class Plan:
                     if block.index(r) == pos:
                         out.append(r)
                 return tuple(out)
+            case ParallelAxis.EP_NODE | ParallelAxis.EP_LOCAL as ax:
+                gpn = self.topology.gpus_per_node
+                ep_group = self.group_of(rank, ParallelAxis.EP)
+                local = [r for r in ep_group if r // gpn == rank // gpn]
+                if ax is ParallelAxis.EP_LOCAL:
+                    return tuple(local)
+                pos = local.index(rank)
+                by_node: dict[int, list[int]] = {}
+                for r in ep_group:
+                    by_node.setdefault(r // gpn, []).append(r)
+                return tuple(m[pos] for m in by_node.values() if len(m) > pos)
             case ParallelAxis.ETP | ParallelAxis.EP | ParallelAxis.EDP as ax:
                 t, e, d = self.expert_coords(rank)
                 et, ep = self.etp, self.ep
@@ -679,7 +690,7 @@ def _check_experts_and_context(
                 f"needs expert parallelism (parallel.ep > 1), got ep {ep}",
                 key_path="parallel.ep_overlap",
             )
-        if parallel.pp > 1 and parallel.virtual_stages < 2:
+        if parallel.ep_overlap_mode == "a2a" and parallel.pp > 1 and parallel.virtual_stages < 2:
             raise ConfigError(
                 f"with pp {parallel.pp} needs schedule: interleaved with virtual_stages > 1 "
                 "(Megatron's combined 1F1B pairs the ops of the interleaved schedule)",
@@ -794,7 +805,7 @@ def build_plan(
         )
     for note in notes:
         warnings.warn(note, CollsimWarning, stacklevel=2)
-    return Plan(
+    plan = Plan(
         topology=topology,
         spec=spec,
         training=training,
@@ -804,6 +815,10 @@ def build_plan(
         chunk_sizes=tuple(sizes_per_chunk),
         order=order,
     )
+    from collsim.parallel.dispatch import check_dispatch
+
+    check_dispatch(plan)  # the dispatch keys against the EP groups' nodes
+    return plan
 
 
 def _span_counts(sizes: tuple[int, ...]) -> str:
