@@ -898,6 +898,14 @@ def _echo_across_runs(
     help="Device profile from `collsim validate compute`: simulate the compute with the "
     "compute model fed by it (no block profile of this model, no scaling to the step).",
 )
+@click.option(
+    "--profile-dir",
+    "profile_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="After the timed steps, trace 3 more steps of each mode with the torch profiler "
+    "(CPU activities, shapes): DIR/n<N>_<mode>_rank<r>.json.gz, for `validate trace`.",
+)
 def step(
     world_sizes: list[int],
     backend: str,
@@ -915,6 +923,7 @@ def step(
     straggler_delay_ms: float,
     progress_path: str | None,
     device_profile: str | None,
+    profile_dir: str | None,
 ) -> None:
     """Time real DDP (bucket 1 and 25 MB) and FSDP-sketch steps of a small GPT; simulate them."""
     import tempfile
@@ -936,6 +945,7 @@ def step(
         straggler_repeat=straggler_repeat,
         straggler_delay_s=straggler_delay_ms / 1e3,
         progress_path=progress_path,
+        profile_dir=None if profile_dir is None else str(Path(profile_dir).resolve()),
     )
     check_output_path(output, "-o/--output", suffixes=(".json",))
     # removed when the command ends, however it ends (click closes the context)
