@@ -1328,3 +1328,87 @@ def _calibrate_here(world_size: int | None, backend: str, timeout_s: float, fold
     path = write_topology(cal, folder / f"calibrated_n{n}.yaml")
     click.echo(f"# calibrated {path} from {csv_path}")
     return path
+
+
+# --- validate trace: a PyTorch profiler trace, broken down and compared --------------------
+
+
+@validate.command("trace")
+@click.argument("traces", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option(
+    "--scenario",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="Compare each traced step, per op kind, with this scenario's simulated step.",
+)
+@click.option(
+    "--trace-out",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="With --scenario: one Perfetto JSON with the traced and the simulated step side by side.",
+)
+@click.option(
+    "--profile-out",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="Write a device profile (the `validate compute` schema) learned from the traced kernels.",
+)
+@click.option(
+    "--base",
+    default=None,
+    help="With --profile-out: the device (catalogue key or profile) whose figures serve where "
+    "the trace saw nothing (default: cpu for a CPU trace, else h100).",
+)
+@click.option(
+    "--reader",
+    type=click.Choice(["json", "orjson", "ijson"]),
+    default=None,
+    help="JSON parser (default: orjson where installed, else json; ijson streams).",
+)
+@click.option("--top", type=click.IntRange(0), default=8, show_default=True)
+def trace_command(
+    traces: tuple[str, ...],
+    scenario: str | None,
+    trace_out: str | None,
+    profile_out: str | None,
+    base: str | None,
+    reader: str | None,
+    top: int,
+) -> None:
+    """Read PyTorch profiler (Kineto) traces, one per rank: steps, kernels by kind, collectives."""
+    from collsim.validate.traces.breakdown import breakdown, summarise
+    from collsim.validate.traces.reader import read_traces
+    from collsim.validate.traces.report import format_summary
+
+    if trace_out and not scenario:
+        raise ConfigError("--trace-out needs --scenario (the simulated step to set beside)")
+    check_output_path(trace_out, "--trace-out", suffixes=(".json", ".gz"))
+    check_output_path(profile_out, "--profile-out", suffixes=(".yaml", ".yml"))
+    loaded = None
+    if scenario:
+        from collsim.api import load
+
+        loaded = load(scenario)
+    read = read_traces(traces, reader=reader)
+    steps = [b for t in read for b in breakdown(t)]
+    if not steps:
+        raise ConfigError("no step holds any activity", file=read[0].path)
+    summary = summarise(steps)
+    click.echo(format_summary(read, summary, top=top))
+    if profile_out:
+        from collsim.validate.traces.profile import profile_from_traces, write_trace_profile
+
+        learned = profile_from_traces(read, base=base)
+        path = write_trace_profile(profile_out, learned)
+        click.echo(learned.describe())
+        click.echo(f"# wrote {path}")
+    if loaded is not None:
+        from collsim.validate.traces.compare import compare_steps, format_comparison
+
+        assert scenario is not None
+        compared = compare_steps(summary, loaded)
+        click.echo(format_comparison(compared))
+        if trace_out:
+            from collsim.validate.traces.compare import write_side_by_side
+
+            click.echo(f"# wrote {write_side_by_side(trace_out, read, compared)}")
