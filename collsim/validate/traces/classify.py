@@ -3,7 +3,8 @@ of cuBLAS / cuBLASLt (``sm90_xmma_gemm_*``, ``nvjet_*``, ``ampere_sgemm_*``), CU
 (``triton_tem_fused_mm*``, ``triton_poi_*``), rocBLAS / hipBLASLt (``Cijk_*``), FlashAttention,
 cuDNN, NCCL / RCCL, PyTorch's own ATen kernels and, on a CPU-only trace, the ``aten::`` ops.
 Rules are tried in order (:data:`RULES`: communication before GEMM so that ``ncclDevKernel_*``
-is not read as a copy; convolutions before GEMMs, since cuDNN's implicit-GEMM convolutions have
+is not read as a copy; attention before convolutions, as cuDNN's fused attention is
+an ``fprop``; convolutions before GEMMs, since cuDNN's implicit-GEMM convolutions have
 ``gemm`` in their names); a name no rule matches is ``unclassified``, counted and shown."""
 
 from __future__ import annotations
@@ -51,17 +52,17 @@ RULES: tuple[tuple[str, str], ...] = (
         r"nccl|rccl|^gloo:|^c10d::|record_param_comms|allreduce|all_reduce|allgather|"
         r"all_gather|reduce_scatter|reducescatter|alltoall|all_to_all|broadcast_|sendrecv",
     ),
-    # convolutions: cuDNN / MIOpen / CUTLASS conv kernels and the aten ops
-    (
-        "convolution",
-        r"conv(?!ert)|fprop|dgrad|wgrad|winograd|implicit_gemm|implicit_convolve|fft2d|"
-        r"miopen.*(fwd|bwd)|igemm",
-    ),
     # attention: FlashAttention 1-3, PyTorch's efficient / math SDPA, cuDNN's fused SDPA
     (
         "attention",
         r"flash|fmha|attention|attn|sdpa|scaled_dot_product|mem_eff|cutlassf_|"
         r"cudnn_generated_fort_native_sdpa",
+    ),
+    # convolutions: cuDNN / MIOpen / CUTLASS conv kernels and the aten ops
+    (
+        "convolution",
+        r"conv(?!ert)|fprop|dgrad|wgrad|winograd|implicit_gemm|implicit_convolve|fft2d|"
+        r"miopen.*(fwd|bwd)|igemm|scudnn|hcudnn|cask_cudnn|scalepackedtensor",
     ),
     # GEMMs: cuBLAS / cuBLASLt / CUTLASS / Triton / rocBLAS / hipBLASLt and the aten ops
     (

@@ -155,7 +155,7 @@ def _progress(label: str) -> Callable[[int, int], None]:
     return tick
 
 
-def _open(path: str, progress: bool) -> IO[bytes]:
+def _open(path: str, progress: bool) -> tuple[IO[bytes], IO[bytes]]:
     """The file's bytes, decompressed when it is gzip (by its magic, whatever its name)."""
     try:
         raw = open(path, "rb")  # noqa: SIM115 - closed by the caller through the wrapper
@@ -171,12 +171,12 @@ def _open(path: str, progress: bool) -> IO[bytes]:
     magic = raw.read(2)
     raw.seek(0)
     if magic == b"\x1f\x8b":
-        return gzip.GzipFile(fileobj=stream, mode="rb")  # type: ignore[return-value]
-    return stream
+        return gzip.GzipFile(fileobj=stream, mode="rb"), raw  # type: ignore[return-value]
+    return stream, raw
 
 
 def _read_bytes(path: str, progress: bool) -> bytes:
-    stream = _open(path, progress)
+    stream, raw = _open(path, progress)
     try:
         return stream.read()
     except EOFError:
@@ -185,6 +185,7 @@ def _read_bytes(path: str, progress: bool) -> bytes:
         raise _bad(path, f"not a readable gzip file ({exc})") from None
     finally:
         stream.close()
+        raw.close()
 
 
 def _doc_json(path: str, progress: bool) -> dict[str, Any]:
@@ -221,7 +222,7 @@ def _doc_ijson(path: str, progress: bool) -> dict[str, Any]:
     memory holds the kept events, never the whole document."""
     import ijson
 
-    stream = _open(path, progress)
+    stream, raw = _open(path, progress)
     doc: dict[str, Any] = {"traceEvents": []}
     kept: list[Event] = doc["traceEvents"]
     builder: Any = None
@@ -262,6 +263,7 @@ def _doc_ijson(path: str, progress: bool) -> dict[str, Any]:
         raise _bad(path, f"not valid JSON ({exc})") from None
     finally:
         stream.close()
+        raw.close()
     if not seen_events:
         _top(path, {})
     doc["_events_built"] = True
@@ -328,6 +330,14 @@ def read_trace(path: str | Path, *, reader: str | None = None, progress: bool = 
     how = reader or default_reader()
     if how not in READERS:
         raise ConfigError(f"unknown reader {how!r}; choose from {', '.join(READERS)}")
+    if how != "json":
+        import importlib.util
+
+        if importlib.util.find_spec(how) is None:
+            raise ConfigError(
+                f"reader {how!r} needs the {how} package (pip install 'collsim[traces]')",
+                key_path="--reader",
+            )
     doc = READERS[how](name, progress)
     events = list(_events(doc))
     dist = doc.get("distributedInfo") if isinstance(doc.get("distributedInfo"), dict) else {}
