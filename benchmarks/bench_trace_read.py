@@ -14,7 +14,6 @@ import argparse
 import gzip
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -95,7 +94,6 @@ def main() -> None:
                 f"{breakdown_s} s, peak RSS {peak_mb} MB, {events} events, {steps} steps "
                 f"(process {wall:.1f} s)"
             )
-    del resource
 
 
 if __name__ == "__main__":

@@ -613,7 +613,9 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
     }
 
 
-def _trace_modes(torch: Any, dist: Any, cfg: StepConfig, ctx: Any, steps: dict[str, Any]) -> list[str]:
+def _trace_modes(
+    torch: Any, dist: Any, cfg: StepConfig, ctx: Any, steps: dict[str, Any]
+) -> list[str]:
     """Trace ``cfg.trace_steps`` steps of every mode of ``cfg`` (and the local step) with the
     torch profiler, after the timed iterations so that the profiler's cost falls on none of
     them; each step after a barrier, inside a ``ProfilerStep#<i>`` annotation as

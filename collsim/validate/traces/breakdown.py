@@ -228,14 +228,20 @@ def _gpu_steps(trace: Trace) -> list[StepBreakdown]:
         lo = kernels[0].ts_us
         nxt = next((o[0].ts_us for o in owned[i + 1 :] if o), None)
         hi = nxt if nxt is not None else max(k.end_us for k in kernels)
-        near = device[bisect.bisect_left(dev_starts, lo - longest) : bisect.bisect_left(dev_starts, hi)]
+        near = device[
+            bisect.bisect_left(dev_starts, lo - longest) : bisect.bisect_left(dev_starts, hi)
+        ]
         intervals = [(k.ts_us, k.end_us, _kind(k)) for k in near if k.end_us > lo]
-        b = StepBreakdown(
-            trace.label, step.name, (hi - lo) * 1e-6, step.dur_us * 1e-6, on_gpu=True
-        )
+        b = StepBreakdown(trace.label, step.name, (hi - lo) * 1e-6, step.dur_us * 1e-6, on_gpu=True)
         b.exclusive_s = _sweep(intervals, lo, hi)
         _busy(b, kernels)
-        b.comms = [c for k in kernels if _kind(k) == "communication" for c in [_comm_of(k, k.dur_us * 1e-6)] if c]
+        b.comms = [
+            c
+            for k in kernels
+            if _kind(k) == "communication"
+            for c in [_comm_of(k, k.dur_us * 1e-6)]
+            if c
+        ]
         if b.comms and all(c.size_bytes is None for c in b.comms):
             # older traces: the sizes are on the host's record_param_comms, in launch order
             sized = [e for e in host_comms if step.ts_us <= e.ts_us <= step.end_us]

@@ -153,7 +153,9 @@ def format_comparison(c: Comparison) -> str:
             f"  {rank:<10} {step:<18} traced {step_s * 1e3:10.3f}  simulated "
             f"{c.simulated_step_s * 1e3:10.3f}  {diff:+.1%}"
         )
-    lines.append("# per op kind, mean traced step against the simulated step, largest difference first")
+    lines.append(
+        "# per op kind, mean traced step against the simulated step, largest difference first"
+    )
     lines.append(f"{'kind':<22} {'traced ms':>11} {'simulated ms':>13} {'diff ms':>10} {'diff':>8}")
     keys = [k for k in ROWS if k in c.traced_s or k in c.simulated_s]
     keys.sort(key=lambda k: -abs(c.simulated_s.get(k, 0.0) - c.traced_s.get(k, 0.0)))
@@ -197,7 +199,12 @@ def _traced_events(trace: Trace, step_index: int = 0) -> list[dict[str, Any]]:
         t0 = step.ts_us
     tids: dict[Any, int] = {}
     out: list[dict[str, Any]] = [
-        {"ph": "M", "name": "process_name", "pid": TRACED_PID, "args": {"name": f"traced {trace.label}"}},
+        {
+            "ph": "M",
+            "name": "process_name",
+            "pid": TRACED_PID,
+            "args": {"name": f"traced {trace.label}"},
+        },
         {"ph": "M", "name": "process_sort_index", "pid": TRACED_PID, "args": {"sort_index": -1}},
     ]
     for e in chosen:
@@ -218,7 +225,13 @@ def _traced_events(trace: Trace, step_index: int = 0) -> list[dict[str, Any]]:
     for track, tid in tids.items():
         label = f"stream {track}" if trace.on_gpu else f"thread {track}"
         out.append(
-            {"ph": "M", "name": "thread_name", "pid": TRACED_PID, "tid": tid, "args": {"name": label}}
+            {
+                "ph": "M",
+                "name": "thread_name",
+                "pid": TRACED_PID,
+                "tid": tid,
+                "args": {"name": label},
+            }
         )
     return out
 

@@ -1,16 +1,16 @@
 """A device profile learned from traced steps, in the schema ``collsim validate compute`` writes
 (:func:`collsim.validate.compute.write_profile`; read by :func:`collsim.hardware.get_device`):
-the GEMM rate of every shape the trace ran (``aten::mm`` / ``addmm`` / ``bmm`` / ``baddbmm`` with
-their recorded ``Input Dims``), the attention rate of the SDPA ops (forward and backward, by
-head dim and sequence length), the bandwidth of the memory-bound element-wise ops by size, the
-GELU rate, the optimizer's bytes per second (``Optimizer.step#<name>.step``) and the host cost
-of a tiny op. On a CPU-only trace an op's time is its host duration; on a GPU trace the summed
-duration of the kernels its launches ran (``External id`` -> launch -> ``correlation`` ->
+the GEMM rate of every shape the trace ran (``aten::mm`` / ``addmm`` / ``bmm`` / ``baddbmm``
+with their recorded ``Input Dims``), the attention rate of the SDPA ops (forward and backward,
+by head dim and sequence length), the bandwidth of the memory-bound element-wise ops by size,
+the GELU rate, the optimizer's bytes per second (``Optimizer.step#<name>.step``) and the host
+cost of a tiny op. On a CPU-only trace an op's time is its host duration; on a GPU trace the
+summed duration of the kernels its launches ran (``External id`` -> launch -> ``correlation`` ->
 kernel). Each point is its work over its time summed over its occurrences in the traced steps of
 every rank (not the median: an op the OS preempted costs the step that time too, and a step's
-prediction needs its mean). The rates are the ones the ranks got while they ran together, so the profile's
-``concurrent_slowdown`` is 1 (no further slowdown for neighbours). What the trace did not
-run comes from the ``base`` device: its measured rows where it is a profile (GEMM shapes
+prediction needs its mean). The rates are the ones the ranks got while they ran together, so the
+profile's ``concurrent_slowdown`` is 1 (no further slowdown for neighbours). What the trace did
+not run comes from the ``base`` device: its measured rows where it is a profile (GEMM shapes
 farther than a factor of 2 in some dimension from every traced shape; whole sections the trace
 lacks), else the catalogue model; :meth:`LearnedProfile.describe` says which."""
 
@@ -105,7 +105,7 @@ def _op_times(trace: Trace) -> list[tuple[Event, float]]:
     ]
     if not trace.on_gpu:
         return [(e, e.dur_us * 1e-6) for e in ops]
-    by_corr = defaultdict(float)
+    by_corr: dict[Any, float] = defaultdict(float)
     for k in trace.events:
         if k.cat in GPU_CATS and "correlation" in k.args:
             by_corr[k.args["correlation"]] += k.dur_us * 1e-6
@@ -113,7 +113,9 @@ def _op_times(trace: Trace) -> list[tuple[Event, float]]:
     for r in trace.events:
         if r.cat in ("cuda_runtime", "cuda_driver") and "External id" in r.args:
             by_ext[r.args["External id"]] += by_corr.get(r.args.get("correlation"), 0.0)
-    return [(e, by_ext[e.args["External id"]]) for e in ops if by_ext.get(e.args.get("External id"))]
+    return [
+        (e, by_ext[e.args["External id"]]) for e in ops if by_ext.get(e.args.get("External id"))
+    ]
 
 
 def _gemm_rows(timed: list[tuple[Event, float]]) -> list[list[Any]]:
@@ -247,9 +249,7 @@ def _host_us(trace: Trace) -> float | None:
     launch call on a GPU trace."""
     if trace.on_gpu:
         launches = [
-            e.dur_us
-            for e in trace.events
-            if e.cat == "cuda_runtime" and "LaunchKernel" in e.name
+            e.dur_us for e in trace.events if e.cat == "cuda_runtime" and "LaunchKernel" in e.name
         ]
         return statistics.median(launches) if launches else None
     tiny = [
@@ -265,9 +265,7 @@ def _host_us(trace: Trace) -> float | None:
 
 def _near(row: list[Any], rows: list[list[Any]]) -> bool:
     lim = math.log(SAME_SHAPE_FACTOR)
-    return any(
-        all(abs(math.log(row[i]) - math.log(r[i])) <= lim for i in range(3)) for r in rows
-    )
+    return any(all(abs(math.log(row[i]) - math.log(r[i])) <= lim for i in range(3)) for r in rows)
 
 
 def covered_gemm(shape: tuple[int, int, int], rows: list[list[Any]]) -> bool:

@@ -220,7 +220,7 @@ def _top(path: str, doc: Any) -> dict[str, Any]:
 def _doc_ijson(path: str, progress: bool) -> dict[str, Any]:
     """Stream the file: each event is built, filtered (:func:`_event`) and dropped, so that
     memory holds the kept events, never the whole document."""
-    import ijson
+    import ijson  # type: ignore[import-untyped,unused-ignore]
 
     stream, raw = _open(path, progress)
     doc: dict[str, Any] = {"traceEvents": []}

@@ -58,7 +58,9 @@ def format_summary(traces: list[Trace], summary: Summary, *, top: int = 8) -> st
     count = summary.mean("count")
     step_s = summary.step_s
     unit = "kernels" if first.on_gpu else "ops"
-    lines.append(f"{'kind':<14} {unit + '/step':>12} {'busy ms':>10} {'exclusive ms':>13} {'share':>7}")
+    lines.append(
+        f"{'kind':<14} {unit + '/step':>12} {'busy ms':>10} {'exclusive ms':>13} {'share':>7}"
+    )
     for kind in summary.kinds():
         lines.append(
             f"{kind:<14} {count.get(kind, 0.0):>12.0f} "
