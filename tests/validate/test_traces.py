@@ -225,3 +225,61 @@ def test_a_profile_learned_from_the_gloo_trace_is_a_device(tmp_path: Path) -> No
     assert all(r > 0 for *_, r in device.measured.gemm)
     assert device.measured.attention and device.measured.bandwidth
     assert learned.sources["gemm"].startswith("trace")
+
+
+def _trace_prediction_errors(run: Path) -> dict[tuple[int, str], float]:
+    """(world size, mode) -> error of the step simulated from the profile recorded beside
+    ``run``'s world-size-2 DDP trace, against the run's measured median."""
+    from collsim.topology import load_topology
+    from collsim.validate.step import simulate_modes
+
+    out = {}
+    for report in json.loads((run / f"step_trace_{run.name}.json").read_text()):
+        n = int(report["world_size"])
+        sim = simulate_modes(
+            report,
+            load_topology("localhost", nodes=1, gpus_per_node=n),
+            device_profile=str(run / "trace_profile.yaml"),
+        )
+        for mode, got in sim.items():
+            measured = float(report["modes"][mode]["median_s"])
+            out[(n, mode)] = (got.step_time_s - measured) / measured
+    return out
+
+
+RUNS = [GLOO / f"run{i}" for i in (1, 2, 3)]
+
+
+def test_the_recorded_trace_profiles_are_what_their_traces_give(tmp_path: Path) -> None:
+    """Each run's ``trace_profile.yaml`` is rebuilt from the two ranks' world-size-2 DDP traces
+    kept beside it (``collsim validate trace ... --profile-out``): the same GEMM rows."""
+    import yaml
+
+    from collsim.validate.traces.profile import profile_from_traces
+
+    for run in RUNS:
+        files = sorted(str(p) for p in run.glob("n2_ddp_b25_rank*.json.gz"))
+        learned = profile_from_traces(read_traces(files))
+        recorded = yaml.safe_load((run / "trace_profile.yaml").read_text())["measured"]
+        assert learned.measured["gemm"] == recorded["gemm"]
+        assert learned.measured["bandwidth"] == recorded["bandwidth"]
+
+
+TRACE_GAP = (
+    "recorded at 1-min loads of 4-26 on the shared 2-core host (validate/data/traces/README.md): "
+    "the traced steps and the timed ones saw different shares of the cores"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=TRACE_GAP)
+def test_world_size_4_ddp_from_the_world_size_2_trace_is_within_15_percent() -> None:
+    """The loop: trace ``validate step`` at world size 2, learn a profile from the trace,
+    predict the DDP steps at world size 4; the median over the three runs of the repeat
+    protocol (validate/README.md) within 15 % for each DDP mode."""
+    import statistics
+
+    runs = [_trace_prediction_errors(run) for run in RUNS]
+    for mode in ("ddp_b1", "ddp_b25"):
+        errs = [r[(4, mode)] for r in runs]
+        assert abs(statistics.median(errs)) <= 0.15, (mode, errs)
