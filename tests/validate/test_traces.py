@@ -315,3 +315,23 @@ def test_the_trace_profile_is_closer_than_the_generic_grid_on_the_same_runs() ->
         trace = statistics.median(r[(4, mode)] for r in trace_runs)
         grid = statistics.median(r[mode] for r in grid_runs)
         assert abs(trace) < abs(grid), (mode, trace, grid)
+
+
+@pytest.mark.slow
+def test_validate_step_profile_dir_writes_a_readable_trace_per_rank(tmp_path: Path) -> None:
+    """``validate step --profile-dir``: one gzipped Kineto trace per mode and rank, each with
+    its steps annotated, that ``validate trace`` reads as one job."""
+    pytest.importorskip("torch")
+    from collsim.validate.step import StepConfig, run_step
+
+    cfg = StepConfig(
+        iters=1, warmup=0, modes=("ddp_b25",), profile_dir=str(tmp_path), trace_steps=2
+    )
+    report, _ = run_step(cfg, world_size=2, timeout_s=600)
+    files = sorted(str(p) for p in tmp_path.glob("n2_ddp_b25_rank*.json.gz"))
+    assert len(files) == 2 and (tmp_path / "n2_local_rank0.json.gz").exists()
+    traces = read_traces(files)
+    assert [t.rank for t in traces] == [0, 1]
+    found = [b for t in traces for b in breakdown(t)]
+    assert len(found) == 4
+    assert any(c.collective == "all_reduce" for b in found for c in b.comms)

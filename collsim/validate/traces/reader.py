@@ -317,7 +317,9 @@ def _events(doc: dict[str, Any]) -> Iterator[Event]:
     if doc.get("_events_built"):
         yield from doc["traceEvents"]
         return
-    for raw in doc["traceEvents"]:
+    raws = doc["traceEvents"]
+    for i, raw in enumerate(raws):
+        raws[i] = None  # each parsed event goes as it is converted: the peak holds one copy
         event = _event(raw)
         if event is not None:
             yield event
