@@ -335,3 +335,21 @@ def test_validate_step_profile_dir_writes_a_readable_trace_per_rank(tmp_path: Pa
     found = [b for t in traces for b in breakdown(t)]
     assert len(found) == 4
     assert any(c.collective == "all_reduce" for b in found for c in b.comms)
+
+
+def test_the_reader_streams_when_the_parse_would_not_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """orjson (the fastest measured) unless its measured peak for the file would pass half
+    the memory available: then ijson, which streams."""
+    pytest.importorskip("orjson")
+    pytest.importorskip("ijson")
+    from collsim.validate.traces import reader
+
+    path = str(DATA / "hta_v100_single_rank.json.gz")
+    assert (
+        reader._uncompressed_bytes(path)
+        > 2 * (DATA / "hta_v100_single_rank.json.gz").stat().st_size
+    )
+    monkeypatch.setattr(reader, "_available_bytes", lambda: 64 << 30)
+    assert reader.default_reader(path) == "orjson"
+    monkeypatch.setattr(reader, "_available_bytes", lambda: 1 << 20)
+    assert reader.default_reader(path) == "ijson"

@@ -8,8 +8,8 @@ the ``distributedInfo`` and ``deviceProperties`` metadata. The format is Kineto'
 ``ChromeTraceLogger`` output as PyTorch writes it (``torch.profiler.profile.export_chrome_trace``)
 and as HolisticTraceAnalysis reads it (``hta/common/trace_parser.py``). Every malformed input
 raises one :class:`~collsim.errors.ConfigError` line naming the file (exit 2). The JSON parser is
-chosen in :data:`READERS` (see docs/commands.md, "validate trace", for the measurement that chose
-the default).
+chosen by :func:`default_reader` from :data:`READERS`, by the measurement in
+:data:`PEAK_BYTES_PER_TRACE_BYTE`.
 """
 
 from __future__ import annotations
@@ -279,15 +279,52 @@ READERS: dict[str, Callable[[str, bool], dict[str, Any]]] = {
 memory, fastest), ijson (streamed, memory bounded by the kept events)."""
 
 
-def default_reader() -> str:
-    """orjson where installed, else the standard library: the measurement in docs/commands.md
-    ("validate trace", reading a large trace) found orjson the fastest with the peak memory of
-    the standard library or below; ijson is bounded in memory but several times slower."""
+PEAK_BYTES_PER_TRACE_BYTE = {"json": 7.1, "orjson": 9.2, "ijson": 4.5}
+"""Peak resident memory per byte of uncompressed trace while reading, measured on a 259 MB
+trace of 330 CPU steps (``benchmarks/bench_trace_read.py``, 732,050 events; torch 2.13, Python
+3.11, orjson 3.13, ijson 3.6 with its yajl2_c backend): 1,829 / 2,378 / 1,162 MB. The same
+run timed the parse at 17-22 / 12.3 / 41.5 CPU seconds."""
+
+
+def _uncompressed_bytes(path: str) -> int:
+    """The trace's size once decompressed: a gzip's ISIZE trailer (its size modulo 2**32), or
+    the file's size."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        if f.read(2) != b"\x1f\x8b":
+            return size
+        f.seek(-4, os.SEEK_END)
+        isize = int.from_bytes(f.read(4), "little")
+    return isize if isize >= size else isize + (1 << 32)
+
+
+def _available_bytes() -> int | None:
     try:
-        import orjson  # noqa: F401
-    except ImportError:
-        return "json"
-    return "orjson"
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def default_reader(path: str | None = None) -> str:
+    """The parser a trace is read with when none is named: orjson where installed (the
+    fastest in the measurement of :data:`PEAK_BYTES_PER_TRACE_BYTE`), else the standard
+    library; ijson (streamed, bounded by the events kept) when that parser's measured peak
+    for this file would pass half the memory available and ijson is installed."""
+    import importlib.util
+
+    fast = "orjson" if importlib.util.find_spec("orjson") is not None else "json"
+    if path is None or importlib.util.find_spec("ijson") is None:
+        return fast
+    avail = _available_bytes()
+    try:
+        need = PEAK_BYTES_PER_TRACE_BYTE[fast] * _uncompressed_bytes(path)
+    except OSError:
+        return fast
+    return "ijson" if avail is not None and need > avail / 2 else fast
 
 
 def _event(raw: Any) -> Event | None:
@@ -329,7 +366,7 @@ def read_trace(path: str | Path, *, reader: str | None = None, progress: bool = 
     """One rank's trace; ConfigError (exit 2, one line naming the file) when it cannot be read,
     holds no ``traceEvents``, or no ``ProfilerStep#N`` annotation."""
     name = str(path)
-    how = reader or default_reader()
+    how = reader or default_reader(name)
     if how not in READERS:
         raise ConfigError(f"unknown reader {how!r}; choose from {', '.join(READERS)}")
     if how != "json":
