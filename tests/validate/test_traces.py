@@ -353,3 +353,14 @@ def test_the_reader_streams_when_the_parse_would_not_fit(monkeypatch: pytest.Mon
     assert reader.default_reader(path) == "orjson"
     monkeypatch.setattr(reader, "_available_bytes", lambda: 1 << 20)
     assert reader.default_reader(path) == "ijson"
+
+
+def test_nccl_collectives_carry_their_name_size_and_group() -> None:
+    """A trace whose NCCL collectives carry ``Collective name``, ``In msg nelems``, ``dtype``
+    and ``Group size``: each all-reduce of DDP's buckets with its size in bytes and its group."""
+    trace = read_trace(str(DATA / "hta_nccl_args_rank0.json.gz"))
+    rows = summarise(breakdown(trace)).comm_table()
+    reduces = [r for r in rows if r[0] == "allreduce"]
+    assert len(reduces) == 5
+    assert all(r[1] is not None and r[1] > 1 << 20 and r[2] == 2 for r in reduces)
+    assert any(r[0] == "broadcast" for r in rows)

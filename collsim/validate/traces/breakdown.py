@@ -362,17 +362,19 @@ class Summary:
         seen = set(self.mean("exclusive_s")) | set(self.mean("busy_s"))
         return [k for k in (*KINDS, IDLE) if k in seen]
 
-    def comm_table(self) -> list[tuple[str, int | None, int, float]]:
-        """(collective, size_bytes, calls per step, seconds per step), largest time first."""
-        calls: Counter[tuple[str, int | None]] = Counter()
-        time_s: dict[tuple[str, int | None], float] = defaultdict(float)
+    def comm_table(self) -> list[tuple[str, int | None, int | None, int, float]]:
+        """(collective, size_bytes, group size, calls per step, seconds per step), largest
+        time first."""
+        calls: Counter[tuple[str, int | None, int | None]] = Counter()
+        time_s: dict[tuple[str, int | None, int | None], float] = defaultdict(float)
         for b in self.steps:
             for c in b.comms:
-                calls[(c.collective, c.size_bytes)] += 1
-                time_s[(c.collective, c.size_bytes)] += c.time_s
+                key = (c.collective, c.size_bytes, c.group_size)
+                calls[key] += 1
+                time_s[key] += c.time_s
         n = len(self.steps)
-        rows = [(k[0], k[1], round(calls[k] / n), time_s[k] / n) for k in calls]
-        return sorted(rows, key=lambda r: -r[3])
+        rows = [(k[0], k[1], k[2], round(calls[k] / n), time_s[k] / n) for k in calls]
+        return sorted(rows, key=lambda r: -r[4])
 
     def unclassified(self) -> list[tuple[str, float]]:
         total: dict[str, float] = defaultdict(float)

@@ -283,7 +283,7 @@ PEAK_BYTES_PER_TRACE_BYTE = {"json": 7.1, "orjson": 9.2, "ijson": 4.5}
 """Peak resident memory per byte of uncompressed trace while reading, measured on a 259 MB
 trace of 330 CPU steps (``benchmarks/bench_trace_read.py``, 732,050 events; torch 2.13, Python
 3.11, orjson 3.13, ijson 3.6 with its yajl2_c backend): 1,829 / 2,378 / 1,162 MB. The same
-run timed the parse at 17-22 / 12.3 / 41.5 CPU seconds."""
+run timed the parse at 17-22 / 9-12 / 41.5 CPU seconds (two runs of the first two)."""
 
 
 def _uncompressed_bytes(path: str) -> int:

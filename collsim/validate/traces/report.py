@@ -81,9 +81,12 @@ def format_summary(traces: list[Trace], summary: Summary, *, top: int = 8) -> st
     comms = summary.comm_table()
     if comms:
         lines.append("# communication per step, by collective and size (busy time)")
-        lines.append(f"{'collective':<16} {'size':>11} {'calls':>6} {'ms':>10}")
-        for name, size, calls, time_s in comms[: max(top, 1) * 2]:
-            lines.append(f"{name:<16} {_size(size):>11} {calls:>6} {time_s * 1e3:>10.3f}")
+        lines.append(f"{'collective':<16} {'size':>11} {'group':>6} {'calls':>6} {'ms':>10}")
+        for name, size, group, calls, time_s in comms[: max(top, 1) * 2]:
+            ranks = "?" if group is None else str(group)
+            lines.append(
+                f"{name:<16} {_size(size):>11} {ranks:>6} {calls:>6} {time_s * 1e3:>10.3f}"
+            )
         if len(comms) > 2 * max(top, 1):
             lines.append(f"# ... {len(comms) - 2 * max(top, 1)} more (collective, size) rows")
     unknown = summary.unclassified()
