@@ -364,3 +364,26 @@ def test_nccl_collectives_carry_their_name_size_and_group() -> None:
     assert len(reduces) == 5
     assert all(r[1] is not None and r[1] > 1 << 20 and r[2] == 2 for r in reduces)
     assert any(r[0] == "broadcast" for r in rows)
+
+
+def test_against_a_scenario_with_the_side_by_side_trace(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--scenario``: each traced step and each kind against the simulated step, largest
+    difference first; ``--trace-out``: the traced step's ops and the simulated step's slices in
+    one Perfetto file, on separate processes."""
+    from collsim.validate.traces.compare import TRACED_PID
+
+    out_path = tmp_path / "side.json.gz"
+    scenario = str(GLOO / "step_gpt_ddp_n2.yaml")
+    code, out, _ = _run(
+        [*_gloo_trace(), "--scenario", scenario, "--trace-out", str(out_path)], capsys
+    )
+    assert code == 0, out
+    rows = out.split("largest difference first\n", 1)[1].splitlines()[1:11]
+    diffs = [abs(float(r.split()[-2])) for r in rows if not r.startswith("step")]
+    assert diffs == sorted(diffs, reverse=True) and len(diffs) >= 8
+    with gzip.open(out_path, "rt") as f:
+        events = json.load(f)["traceEvents"]
+    pids = {e.get("pid") for e in events if e.get("ph") == "X"}
+    assert TRACED_PID in pids and len(pids) >= 2
