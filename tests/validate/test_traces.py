@@ -387,3 +387,22 @@ def test_against_a_scenario_with_the_side_by_side_trace(
         events = json.load(f)["traceEvents"]
     pids = {e.get("pid") for e in events if e.get("ph") == "X"}
     assert TRACED_PID in pids and len(pids) >= 2
+
+
+def test_reading_a_trace_needs_no_torch(tmp_path: Path) -> None:
+    """``validate trace``, its scenario comparison and its profile run with torch unimportable."""
+    import subprocess
+    import sys
+
+    files = _gloo_trace()
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from collsim.cli import main\n"
+        f"main(['validate', 'trace', *{files!r}, '--profile-out', {str(tmp_path / 'p.yaml')!r},"
+        f" '--scenario', {str(GLOO / 'step_gpt_ddp_n2.yaml')!r}])\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "largest difference first" in proc.stdout and (tmp_path / "p.yaml").exists()
