@@ -1408,6 +1408,16 @@ def trace_command(
         assert scenario is not None
         compared = compare_steps(summary, loaded)
         click.echo(format_comparison(compared))
+        if profile_out:
+            from collsim.validate.traces.profile import gemm_coverage
+
+            seen, unseen = gemm_coverage(learned.measured["gemm"][: learned.traced_gemm], loaded)
+            click.echo(
+                f"# the scenario's GEMM shapes: {len(seen)} within 2x of a traced shape, "
+                f"{len(unseen)} not (priced from the nearest profile row"
+                + (f": {', '.join('x'.join(map(str, s)) for s in unseen[:8])}" if unseen else "")
+                + ")"
+            )
         if trace_out:
             from collsim.validate.traces.compare import write_side_by_side
 

@@ -61,6 +61,8 @@ class LearnedProfile:
     base: str
     sources: dict[str, str] = field(default_factory=dict)
     """Section -> ``trace (N points)`` or ``base`` / ``catalogue model``."""
+    traced_gemm: int = 0
+    """The first rows of ``measured["gemm"]`` that the trace gave (the rest: the base's)."""
 
     def describe(self) -> str:
         parts = [f"{k}: {v}" for k, v in self.sources.items()]
@@ -324,7 +326,9 @@ def profile_from_traces(traces: list[Trace], *, base: str | None = None) -> Lear
         "activation_dtype": "fp32" if not on_gpu else "bf16",
         **({"attention_dtype": "fp32"} if not on_gpu else {"attention_dtype": "bf16"}),
     }
-    return LearnedProfile(measured, "cuda" if on_gpu else "cpu", base, sources)
+    return LearnedProfile(
+        measured, "cuda" if on_gpu else "cpu", base, sources, len(learned["gemm"])
+    )
 
 
 def write_trace_profile(path: str | Path, learned: LearnedProfile) -> Path:
@@ -347,3 +351,27 @@ def write_trace_profile(path: str | Path, learned: LearnedProfile) -> Path:
     )
     out.write_text(text)
     return out
+
+
+def gemm_coverage(
+    rows: list[list[Any]], scenario: Any
+) -> tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]]:
+    """The GEMM shapes (m, n, k) of ``scenario``'s layers, embedding and head, forward and
+    backward: those within :data:`SAME_SHAPE_FACTOR` of a traced shape, and those not (a
+    profile prices them from the nearest measured row: its base's where it has one)."""
+    from collsim.workload.ops import head_ops, layer_ops
+
+    training, parallel, spec = scenario.training, scenario.parallel, scenario.model
+    tp = int(getattr(parallel, "tp", 1))
+    sp = bool(getattr(parallel, "sequence_parallel", False))
+    kw = {"micro_batch": training.micro_batch, "tp": tp, "sequence_parallel": sp}
+    ops = [
+        *layer_ops(spec, dtype=training.dtype, **kw),
+        *head_ops(spec, dtype=training.dtype, **kw),
+    ]
+    shapes = sorted(
+        {(g.m * g.batch, g.n, g.k) for op in ops for g in (*op.gemms, *op.backward_gemms)}
+    )
+    traced = [r for r in rows if r]
+    seen = [s for s in shapes if covered_gemm(s, traced)]
+    return seen, [s for s in shapes if s not in seen]
