@@ -1395,6 +1395,18 @@ def trace_command(
         raise ConfigError("no step holds any activity", file=read[0].path)
     summary = summarise(steps)
     click.echo(format_summary(read, summary, top=top))
+    from collsim.validate.traces.profile import gemm_shapes
+
+    shapes = gemm_shapes(read)
+    if shapes:
+        per_step = len(summary.steps)
+        click.echo("# GEMMs by shape (m x n x k, from the launching op's input dims), per step")
+        click.echo(f"{'shape':<22} {'dtype':>6} {'calls':>6} {'ms':>10} {'TFLOP/s':>9}")
+        for m, n, k, dtype, calls, time_s, rate in shapes[: max(top, 1)]:
+            click.echo(
+                f"{f'{m} x {n} x {k}':<22} {dtype:>6} {calls / per_step:>6.0f} "
+                f"{time_s / per_step * 1e3:>10.3f} {rate:>9.4f}"
+            )
     if profile_out:
         from collsim.validate.traces.profile import profile_from_traces, write_trace_profile
 

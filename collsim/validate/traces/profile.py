@@ -27,7 +27,13 @@ from collsim.validate.traces.breakdown import dtype_bytes
 from collsim.validate.traces.classify import classify
 from collsim.validate.traces.reader import GPU_CATS, STEP_PREFIX, Event, Trace
 
-__all__ = ["LearnedProfile", "profile_from_traces", "write_trace_profile", "covered_gemm"]
+__all__ = [
+    "LearnedProfile",
+    "profile_from_traces",
+    "write_trace_profile",
+    "covered_gemm",
+    "gemm_shapes",
+]
 
 GEMM_OPS = {"aten::mm": (0, 1), "aten::addmm": (1, 2), "aten::bmm": (0, 1), "aten::baddbmm": (1, 2)}
 """GEMM ops and the positions of their two matrix operands in ``Input Dims``."""
@@ -120,21 +126,42 @@ def _op_times(trace: Trace) -> list[tuple[Event, float]]:
     ]
 
 
+def gemm_shapes(traces: list[Trace]) -> list[tuple[int, int, int, str, int, float, float]]:
+    """The traced GEMMs by shape: (m, n, k, dtype, calls, seconds, TFLOP/s), most time first
+    (all traced steps of all ranks)."""
+    calls: dict[tuple[int, int, int, str], int] = defaultdict(int)
+    points: dict[tuple[int, int, int, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for e, t in (pair for trace in traces for pair in _op_times(trace)):
+        shape = _gemm_shape(e)
+        if shape is None or t <= 0:
+            continue
+        calls[shape] += 1
+        points[shape][0] += 2.0 * shape[0] * shape[1] * shape[2]
+        points[shape][1] += t
+    rows = [(*k, calls[k], v[1], v[0] / v[1] / 1e12) for k, v in points.items()]
+    return sorted(rows, key=lambda r: -r[5])
+
+
+def _gemm_shape(e: Event) -> tuple[int, int, int, str] | None:
+    where = GEMM_OPS.get(e.name)
+    dims = _dims(e)
+    if where is None or len(dims) <= max(where):
+        return None
+    a, b = dims[where[0]], dims[where[1]]
+    if not isinstance(a, list) or not isinstance(b, list) or len(a) < 2 or len(b) < 2:
+        return None
+    batch = _numel(a[:-2]) if len(a) > 2 else 1
+    return int(a[-2]) * max(batch, 1), int(b[-1]), int(a[-1]), _dtype(e)
+
+
 def _gemm_rows(timed: list[tuple[Event, float]]) -> list[list[Any]]:
     points: dict[tuple[int, int, int, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
     for e, t in timed:
-        where = GEMM_OPS.get(e.name)
-        dims = _dims(e)
-        if where is None or t <= 0 or len(dims) <= max(where):
+        shape = _gemm_shape(e)
+        if shape is None or t <= 0:
             continue
-        a, b = dims[where[0]], dims[where[1]]
-        if len(a) < 2 or len(b) < 2:
-            continue
-        batch = _numel(a[:-2]) if len(a) > 2 else 1
-        m, k, n = int(a[-2]) * max(batch, 1), int(a[-1]), int(b[-1])
-        acc = points[(m, n, k, _dtype(e))]
-        acc[0] += 2.0 * m * n * k
-        acc[1] += t
+        points[shape][0] += 2.0 * shape[0] * shape[1] * shape[2]
+        points[shape][1] += t
     return [[m, n, k, d, round(f / t / 1e12, 6)] for (m, n, k, d), (f, t) in sorted(points.items())]
 
 
