@@ -52,10 +52,15 @@ attention under ``eager``: collsim's kernel families have no entry of its own)."
 DTYPES = {"float": "fp32", "c10::bfloat16": "bf16", "c10::half": "fp16", "bfloat16": "bf16"}
 
 TINY_ELEMENTS = 4096
-"""An element-wise op on at most this many elements times the host cost of one op."""
+"""An element-wise op on at most this many elements times the host cost of one op: 4096 fp32
+elements (48 KiB moved by an add) take about 3 us at the slowest cold bandwidth of
+``validate/data/third_host/cpu_profile.yaml`` (6.3 GB/s at 64 KiB), the order of its measured
+host cost per op (3.3 us); the traced ones of ``validate step`` are 256-1024 elements."""
 
 SAME_SHAPE_FACTOR = 2.0
-"""A base GEMM row is dropped when a traced shape is within this factor in every dimension."""
+"""A base GEMM row is dropped when a traced shape is within this factor in every dimension
+(chosen: closer than the neighbours of ``validate compute``'s grid, x2.5 apart,
+:data:`collsim.validate.compute.GEMM_DIMS`)."""
 
 
 @dataclass
@@ -206,7 +211,7 @@ def _bandwidth_rows(timed: list[tuple[Event, float]]) -> list[list[float]]:
             continue
         width = dtype_bytes((e.args.get("Input type") or ["float"])[0]) or 4
         size = tensors * _numel(dims[0]) * width
-        if size < 64 * 1024:  # below 64 KiB an op times its host cost, not the memory
+        if size < 64 * 1024:  # the smallest size validate compute times (65,532 bytes)
             continue
         bins[round(math.log2(size))].append((size, t))
     return [
