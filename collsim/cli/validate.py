@@ -964,6 +964,12 @@ def step(
         n = int(report["world_size"])
         topo, overlap, simulated, other = _simulate_step(report, topo_spec, device_profile)
         _echo_step_notes(report, cfg, topo, topo_spec, overlap, other, device_profile)
+        if report.get("traces"):
+            shares = ", ".join(f"{m} {v:.2f}" for m, v in report["traces"]["cpu_share"].items())
+            click.echo(
+                f"# traced {cfg.trace_steps} steps per mode into {profile_dir} (rank 0's thread "
+                f"got {shares} of a core over them)"
+            )
         failures += _echo_step_modes(report, simulated, target, n)
         failures += _echo_straggler(
             report, cfg, topo, overlap, simulated, target, n, straggler_delay_ms

@@ -575,7 +575,7 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
             rows.append(row)
     if progress is not None:
         progress.close()
-    traces = _trace_modes(torch, dist, cfg, ctx, steps) if cfg.profile_dir else []
+    traces = _trace_modes(torch, dist, cfg, ctx, steps) if cfg.profile_dir else {}
     num_prof = len(keys) - len(timed) - len(extra_keys) - len(probe_keys)
     by_column = _over_ranks(torch, dist, ctx, rows, num_prof)
     local_cpu_share = _mean_over_ranks(torch, dist, ctx, statistics.median(shares))
@@ -615,12 +615,15 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
 
 def _trace_modes(
     torch: Any, dist: Any, cfg: StepConfig, ctx: Any, steps: dict[str, Any]
-) -> list[str]:
+) -> dict[str, Any]:
     """Trace ``cfg.trace_steps`` steps of every mode of ``cfg`` (and the local step) with the
     torch profiler, after the timed iterations so that the profiler's cost falls on none of
     them; each step after a barrier, inside a ``ProfilerStep#<i>`` annotation as
-    ``torch.profiler.profile.step`` names it. One gzipped Kineto trace per mode and rank; the
-    paths written by this rank."""
+    ``torch.profiler.profile.step`` names it. One gzipped Kineto trace per mode and rank.
+    Returns this rank's paths (``files``) and, per mode, the share of a core its thread got
+    over the traced steps (``cpu_share``: thread CPU time over wall time, as
+    :mod:`collsim.validate.insitu` measures the local step's), which tells whether the traced
+    steps ran under the load the timed ones did."""
     import gzip
     import os
     import shutil
@@ -632,21 +635,27 @@ def _trace_modes(
     folder = Path(cfg.profile_dir)
     folder.mkdir(parents=True, exist_ok=True)
     written: list[str] = []
+    shares: dict[str, float] = {}
     for mode in [LOCAL, *cfg.modes]:
         dist.barrier()
         steps[mode]()  # one untraced step: the profiler's own start-up stays out of the trace
+        wall = cpu = 0.0
         with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
             for i in range(cfg.trace_steps):
                 dist.barrier()
+                start, cpu0 = time.perf_counter(), time.thread_time()
                 with record_function(f"ProfilerStep#{i}"):
                     steps[mode]()
+                wall += time.perf_counter() - start
+                cpu += time.thread_time() - cpu0
+        shares[mode] = cpu / max(wall, 1e-9)
         path = folder / f"n{ctx.world_size}_{mode}_rank{ctx.rank}.json"
         prof.export_chrome_trace(str(path))
         with open(path, "rb") as src, gzip.open(f"{path}.gz", "wb") as dst:
             shutil.copyfileobj(src, dst)
         os.remove(path)
         written.append(f"{path}.gz")
-    return written
+    return {"files": written, "cpu_share": shares}
 
 
 def _autogroup() -> bool | None:

@@ -335,6 +335,8 @@ def test_validate_step_profile_dir_writes_a_readable_trace_per_rank(tmp_path: Pa
     found = [b for t in traces for b in breakdown(t)]
     assert len(found) == 4
     assert any(c.collective == "all_reduce" for b in found for c in b.comms)
+    shares = report["traces"]["cpu_share"]
+    assert set(shares) == {"local", "ddp_b25"} and all(0 < v <= 1.05 for v in shares.values())
 
 
 def test_the_reader_streams_when_the_parse_would_not_fit(monkeypatch: pytest.MonkeyPatch) -> None:
