@@ -18,8 +18,11 @@ import yaml
 from collsim.errors import ConfigError, ConfigErrors
 from collsim.hardware import get_device, list_devices
 from collsim.parallel.config import (
+    DISPATCHERS,
+    EP_OVERLAP_MODES,
     PIPELINE_SPLITS,
     REDUCE_DTYPES,
+    ROUTINGS,
     STACK_CHOICES,
     STACKS,
     ZERO_STAGES,
@@ -470,6 +473,9 @@ def _read_training(reader: ConfigReader) -> TrainingConfig:
 
 def _read_parallel(reader: ConfigReader) -> ParallelConfig:
     kwargs = read_described(reader, _PARALLEL)
+    ep_overlap = reader.get("ep_overlap", (bool, str), default=None)
+    if ep_overlap is not None:
+        kwargs["ep_overlap"] = ep_overlap
     ddp = reader.section("ddp", default_empty=True)
     ddp_kwargs = read_described(ddp, _section(_PARALLEL, "ddp"))
     ddp.finish()
@@ -712,10 +718,21 @@ _PARALLEL = Section(
             "Rank layout, fastest-varying first (Megatron order strings; default tp-cp-ep-dp-pp).",
             values_of(RankOrder),
         ),
-        "ep_overlap": flag_value(
-            "Overlap EP all-to-alls with the compute of a paired op (Megatron's "
-            "--overlap-moe-expert-parallel-comm)."
+        "ep_overlap": Either(
+            options=(
+                flag_value("true: a2a, false: none."),
+                choice_value("Overlap mode.", values_of(EP_OVERLAP_MODES)),
+            ),
+            description="Overlap EP all-to-alls with the compute of a paired op (Megatron's "
+            "--overlap-moe-expert-parallel-comm; DualPipe / DualPipeV).",
+            rule="must be true, false, none, a2a, dualpipe or dualpipev; got {value!r}",
         ),
+        "dispatcher": choice_value(
+            "MoE token dispatcher (default: the stack's, else alltoall).", values_of(DISPATCHERS)
+        ),
+        "routing": choice_value("Routing model of the dispatch volumes.", values_of(ROUTINGS)),
+        "routing_nodes": positive_value("integer", "M of node_limited routing (DeepSeek-V3: 4)."),
+        "dispatch_sms": non_negative_value("integer", "SMs the dispatch kernels hold."),
         "pipeline_split": choice_value(
             "even (layers must divide) or balanced.", values_of(PIPELINE_SPLITS)
         ),

@@ -32,19 +32,19 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from collsim.collectives import Group, cost
-from collsim.engine import simulate_step
 from collsim.errors import CollsimWarning, ConfigError, InfeasibleError
 from collsim.estimate import Estimator
 from collsim.jobs import Workers
 from collsim.parallel.config import ParallelConfig as Parallel
 from collsim.parallel.config import Recompute
 from collsim.parallel.layer_comms import layer_comms
-from collsim.parallel.plan import build_plan, default_order, grid_rank
+from collsim.parallel.plan import build_plan, default_order, grid_rank, rank_axes
 from collsim.parallel.schedules import Phase, input_of, stage_schedule
 from collsim.parallel.states import rank_model_states
 from collsim.schedule.build import bytes_per
 from collsim.schedule.pricing import ClosedPricer as Pricer
 from collsim.schedule.result import BREAKDOWN_KEYS, MEMORY_KEYS
+from collsim.study.job import StepInputs, simulate_inputs
 from collsim.vocab import ScheduleKind
 from collsim.workload.compute import ComputeModel
 from collsim.workload.memory import layer_parameters_per_rank, layers_per_stage, parameters_per_rank
@@ -1076,8 +1076,8 @@ class _Bounds:
         """The data-parallel group of stage ``stage``'s first tp rank (the plan's mapping,
         :meth:`collsim.parallel.plan.Plan.rank`)."""
 
-        sizes = (c.dp, c.pp, c.cp, c.tp)
-        return tuple(grid_rank(self.order, sizes, dp=d, pp=stage, tp=0) for d in range(c.dp))
+        axes = rank_axes(self.order, {"dp": c.dp, "pp": c.pp, "cp": c.cp, "tp": c.tp})
+        return tuple(grid_rank(axes, {"dp": d, "pp": stage}) for d in range(c.dp))
 
     def _block_work(
         self, c: Candidate
@@ -1135,8 +1135,8 @@ class _Bounds:
             scale = min(1.0, float(self.spec.load_imbalance))
             out = {"forward": 0.0, "backward": 0.0}
             for comm in layer_comms(plan, layer):
-                if comm.axis not in ("ep", "etp") or comm.overlappable:
-                    continue
+                if comm.axis not in ("ep", "etp", "ep_node") or comm.overlappable:
+                    continue  # (DeepEP's NVLink leg runs beside its network leg)
                 size = comm.size_bytes * (scale if comm.op == "all_to_all" else 1.0)
                 groups = {
                     plan.group_of(plan.rank(dp=0, pp=s, tp=0), comm.axis) for s in range(c.pp)
@@ -1229,7 +1229,9 @@ class _Bounds:
 def _simulate(
     topology: Topology, spec: TransformerSpec, training: TrainingConfig, parallel: ParallelConfig
 ) -> StepResult:
-    return simulate_step(topology, spec, training, parallel)
+    """The engine's step of one candidate, as every caller simulates one
+    (:mod:`collsim.study.job`; no stragglers: the candidates are the plans, not the job)."""
+    return simulate_inputs(StepInputs(topology, spec, training, parallel))
 
 
 def search_frame(result: SearchResult, *, limit: int | None = None) -> pd.DataFrame:

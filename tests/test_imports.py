@@ -157,8 +157,17 @@ def _function_local_imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
 
 #: What a library module may import late: torch (optional, the validate extra), and pandas and
 #: matplotlib with the report modules built on them (the run path stays light without them:
-#: tests/report/test_report_trace.py).
-HEAVY = ("torch", "pandas", "matplotlib", "collsim.report.frames", "collsim.report.plots")
+#: tests/report/test_report_trace.py); orjson and ijson, optional readers of large profiler
+#: traces (collsim.validate.traces.reader falls back to json without them).
+HEAVY = (
+    "torch",
+    "pandas",
+    "matplotlib",
+    "orjson",
+    "ijson",
+    "collsim.report.frames",
+    "collsim.report.plots",
+)
 
 
 def _imports_heavy(node: ast.Import | ast.ImportFrom) -> bool:

@@ -8,7 +8,6 @@ error (click then prints the message alone) while keeping click's exit code 2.
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,11 +18,6 @@ from collsim.errors import ConfigError
 
 if TYPE_CHECKING:
     from collsim.limits import Limits
-    from collsim.scenario import Scenario
-    from collsim.schedule.result import StepResult
-    from collsim.study.goodput.costs import JobCosts
-    from collsim.study.goodput.estimate import GoodputResult
-    from collsim.topology import Topology
 
 __all__ = [
     "OneLineCommand",
@@ -34,11 +28,6 @@ __all__ = [
     "FRAME_SUFFIXES",
     "check_frame_path",
     "write_frame",
-    "DEFAULT_DAYS",
-    "scenario_costs",
-    "format_duration",
-    "format_tokens",
-    "one_line",
 ]
 
 #: What ``-o`` of a table-writing command (sweep, search) may end in.
@@ -213,65 +202,3 @@ def write_frame(frame: Any, path: str | Path) -> None:
             frame.to_csv(target, index=False)
     except OSError as exc:
         raise ConfigError(f"cannot write: {exc.strerror}", file=str(target)) from None
-
-
-# -- the goodput line (collsim run and collsim goodput) -------------------------------------------
-
-DEFAULT_DAYS = 30.0
-"""Length of the run when the reliability section does not give ``duration_days``."""
-
-
-def scenario_costs(scenario: Scenario, topology: Topology, result: StepResult) -> JobCosts:
-    """The job's goodput inputs: the reliability section, the plan's state, the simulated step.
-
-    Raises:
-        ConfigError: no reliability section, or an interval shorter than a checkpoint write
-            (located in the scenario file).
-    """
-    # start-up: loaded only when this runs (--help and bad input stay fast)
-    from collsim.study.goodput.costs import checkpoint_state, job_costs
-
-    reliability = scenario.reliability
-    if reliability is None:
-        raise scenario.locate(ConfigError("missing required section", key_path="reliability"))
-    gpus_per_node = max(1, int(topology.gpus_per_node))
-    num_nodes = math.ceil(scenario.parallel.world_size / gpus_per_node)
-    try:
-        return job_costs(
-            reliability,
-            state=checkpoint_state(scenario.model, scenario.training, scenario.parallel),
-            num_nodes=num_nodes,
-            step_time_s=result.step_time_s,
-            tokens_per_step=float(scenario.training.global_batch * scenario.model.seq_len),
-        )
-    except ConfigError as exc:
-        raise scenario.locate(exc) from None
-
-
-def format_duration(time_s: float) -> str:
-    """Seconds as s, min, h or days with three significant figures."""
-    if not math.isfinite(time_s):
-        return "inf"
-    for scale, unit in ((86400.0, "d"), (3600.0, "h"), (60.0, "min")):
-        if abs(time_s) >= 2 * scale:
-            return f"{time_s / scale:.3g} {unit}"
-    return f"{time_s:.3g} s"
-
-
-def format_tokens(value: float) -> str:
-    """A token count with T, B or M and four significant figures."""
-    for scale, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M")):
-        if abs(value) >= scale:
-            return f"{value / scale:.4g} {unit}"
-    return f"{value:,.0f}"
-
-
-def one_line(result: GoodputResult) -> str:
-    """``collsim run``'s goodput line: the closed form's expectations (ETTR = effective training
-    time ratio)."""
-    cf = result.closed_form
-    return (
-        f"goodput      {format_tokens(cf.goodput_tokens_per_day)} tokens per day, ETTR "
-        f"{cf.effective_training_time_ratio:.3f}, {cf.interruptions:,.1f} interruptions in "
-        f"{result.days:g} days, checkpoint every {format_duration(result.interval_s)}"
-    )

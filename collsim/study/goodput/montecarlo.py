@@ -1,8 +1,8 @@
 """Seeded Monte Carlo of a training job's timeline: failures, detection, restart, rollback.
 
 It samples the model of :mod:`collsim.study.goodput.closed_form` event by event, plus what the
-closed form leaves out: which component failed, correlated events that take many nodes at once, and a
-finite pool of spare nodes (a failed node comes back after its repair time; a restart that
+closed form leaves out: which component failed, correlated events that take many nodes at once,
+and a finite pool of spare nodes (a failed node comes back after its repair time; a restart that
 needs more spares than the pool holds waits for repairs).
 
 Each run is a window of ``H`` seconds of a job that has been running for long (a stationary
