@@ -1,8 +1,8 @@
 """Helpers shared by the CLI subcommands: one-line usage errors, output paths checked early.
 
-click prints a usage block and a "Try --help" line before a usage error; collsim's rule for bad
-input at the CLI is one line naming the option, so these classes drop the context from the
-error (click then prints the message alone) while keeping click's exit code 2.
+click prints a usage block, a "Try --help" line and ``Error: ...`` for a usage error; collsim's
+rule for bad input is one ``error: ...`` line naming the option, exit 2, so these classes turn
+click's usage errors into :class:`OneLineUsageError`, which prints that line alone.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from collsim.limits import Limits
 
 __all__ = [
+    "OneLineUsageError",
+    "one_line_usage_errors",
     "OneLineCommand",
     "OneLineGroup",
     "check_output_path",
@@ -34,18 +36,36 @@ __all__ = [
 FRAME_SUFFIXES = (".csv", ".json", ".parquet")
 
 
+class OneLineUsageError(click.UsageError):
+    """A click usage error as collsim prints bad input: ``error: MESSAGE`` on stderr, exit 2."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, ctx=None)
+
+    def show(self, file: Any = None) -> None:
+        message = " ".join(self.format_message().split())
+        # click's messages start with a capital ("Invalid value for ..."); collsim's do not
+        if message[:1].isupper() and message[1:2].islower():
+            message = message[0].lower() + message[1:]
+        click.echo(f"error: {message}", err=True, file=file)
+
+
 @contextlib.contextmanager
-def _usage_error_alone() -> Iterator[None]:
-    """Let a click usage error through without its context, so click prints the message alone."""
+def one_line_usage_errors() -> Iterator[None]:
+    """Turn a click usage error raised inside into :class:`OneLineUsageError`."""
     try:
         yield
+    except (OneLineUsageError, click.exceptions.NoArgsIsHelpError):
+        raise  # the second: a group called bare prints its help, as click does
     except click.UsageError as exc:
-        exc.ctx = None
-        raise
+        raise OneLineUsageError(exc.format_message()) from None
+
+
+_usage_error_alone = one_line_usage_errors
 
 
 class OneLineCommand(click.Command):
-    """A command whose usage errors print as one ``Error: ...`` line, without the usage block."""
+    """A command whose usage errors print as one ``error: ...`` line, without the usage block."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         with _usage_error_alone():

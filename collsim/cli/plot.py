@@ -72,10 +72,15 @@ def _save(fig: Figure, path: Path) -> None:
 
 
 def _read_csv(path: Path) -> pd.DataFrame:
+    import io
+
     import pandas as pd
 
+    from collsim.yamlio import read_input_text
+
+    text = read_input_text(path, what="CSV file")
     try:
-        return pd.read_csv(path, keep_default_na=True)
+        return pd.read_csv(io.StringIO(text), keep_default_na=True)
     except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
         raise ConfigError(
             f"cannot read CSV: {' '.join(str(exc).split())}", file=str(path)
