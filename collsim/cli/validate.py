@@ -308,10 +308,25 @@ def _check_output(path: str | None, hint: str) -> None:
         )
 
 
-def _read_all(paths: tuple[str, ...]) -> list[Any]:
+#: The most rows one measured file may hold for calibrate, holdout and compare: every row is
+#: fitted (a robust line per knee candidate, time linear in the rows) or simulated. A bench of
+#: every op and 40 sizes has about 300 rows; 10,000 rows took 17 s to calibrate on 2 cores.
+MAX_MEASURED_ROWS = 5_000
+
+
+def _read_all(paths: tuple[str, ...] | list[str]) -> list[Any]:
+    """The measured files, each of at most :data:`MAX_MEASURED_ROWS` rows (ConfigError)."""
     from collsim.validate.dataset import read_measurements
 
-    return [read_measurements(path) for path in paths]
+    files = [read_measurements(path) for path in paths]
+    for meas in files:
+        if len(meas.rows) > MAX_MEASURED_ROWS:
+            raise ConfigError(
+                f"{len(meas.rows):,} measured rows, above the limit of {MAX_MEASURED_ROWS:,} "
+                "per file (a bench of every op and size has a few hundred); split the file",
+                file=meas.path,
+            )
+    return files
 
 
 @validate.command()
@@ -669,10 +684,9 @@ def holdout(
 ) -> None:
     """Calibrate on every other power of two, compare on the others (per measurement file)."""
     from collsim.validate.compare import across_runs as group_runs
-    from collsim.validate.dataset import read_measurements
 
     held = _held_ops(check_ops)
-    files = [read_measurements(path) for path in measured]
+    files = _read_all(measured)
     present = {op for meas in files for op in meas.ops()}
     if not present & set(held):
         raise click.BadParameter(
