@@ -25,6 +25,7 @@ __all__ = [
     "OneLineCommand",
     "OneLineGroup",
     "check_output_path",
+    "check_outputs",
     "limit_options",
     "limits_from_options",
     "FRAME_SUFFIXES",
@@ -114,7 +115,25 @@ def check_output_path(
         raise ConfigError(
             f"must end in {' or '.join(suffixes)}, got {target.name!r}", key_path=key_path
         )
+    try:
+        _check_writable(target, key_path)
+    except OSError as exc:  # a name too long, a loop of links, ... found on the way
+        raise ConfigError(
+            f"cannot write to {str(target)!r}: {exc.strerror or exc}", key_path=key_path
+        ) from None
+
+
+def _check_writable(target: Path, key_path: str) -> None:
+    import os
+
     parent = target.resolve().parent
+    name_max = os.pathconf(parent, "PC_NAME_MAX") if parent.is_dir() else 255
+    if len(os.fsencode(target.name)) > name_max:
+        raise ConfigError(
+            f"the file name is {len(os.fsencode(target.name))} bytes, longer than the "
+            f"{name_max} the file system allows",
+            key_path=key_path,
+        )
     if not parent.is_dir():
         raise ConfigError(f"folder {str(parent)!r} does not exist", key_path=key_path)
     if target.is_dir():
@@ -136,6 +155,49 @@ def check_output_path(
         raise ConfigError(
             f"cannot write to {where}: {exc.strerror or exc}", key_path=key_path
         ) from None
+
+
+def check_outputs(
+    outputs: dict[str, str | Path | None], *, inputs: tuple[str | Path, ...] | list[Any] = ()
+) -> None:
+    """Fail before any work if an output of a command is one of its inputs, or two of its
+    outputs are the same file (``run s.yaml --json s.yaml``, ``--json x --trace x``).
+
+    Args:
+        outputs: option -> path (None: not asked for).
+        inputs: the files the command reads.
+
+    Raises:
+        ConfigError: naming the option whose file would overwrite an input or another output.
+    """
+    taken: dict[Path, str] = {}
+    for given in inputs:
+        if given is not None:
+            taken.setdefault(_identity(given), f"the input {str(given)!r}")
+    for key_path, path in outputs.items():
+        if path is None:
+            continue
+        ident = _identity(path)
+        if ident in taken:
+            raise ConfigError(
+                f"{str(path)!r} is the same file as {taken[ident]}; writing it would "
+                "overwrite that: choose another name",
+                key_path=key_path,
+            )
+        taken[ident] = key_path
+
+
+def _identity(path: str | Path) -> Path:
+    """What names a file, however it is spelled: the real path, with links resolved (and the
+    device and inode of an existing file, so that hard links match too)."""
+    import os
+
+    target = Path(path)
+    try:
+        info = target.stat()
+        return Path(f"/inode/{info.st_dev}/{info.st_ino}")
+    except OSError:
+        return Path(os.path.realpath(target))
 
 
 def limit_options(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -952,6 +952,7 @@ def step(
         progress_path=progress_path,
     )
     check_output_path(output, "-o/--output", suffixes=(".json",))
+    _check_step_before_work(cfg, [n for n in sizes if n is not None])
     # removed when the command ends, however it ends (click closes the context)
     ctx = click.get_current_context()
     folder = Path(ctx.with_resource(tempfile.TemporaryDirectory(prefix="collsim-step-")))
@@ -979,6 +980,43 @@ def step(
         click.echo(f"# wrote {output}")
     if failures:
         raise click.ClickException(f"outside the target: {', '.join(failures)}")
+
+
+#: Copies of the parameters a rank of ``validate step`` holds at once: the parameters, their
+#: gradients, DDP's bucket views of them and FSDP's gathered copy (SGD keeps no state).
+_STEP_PARAMETER_COPIES = 4
+
+
+def _check_step_before_work(cfg: Any, world_sizes: list[int]) -> None:
+    """What ``validate step`` can refuse before it starts a rank: a slowed rank outside the
+    smallest world size, a hidden size the heads do not divide, a model the ranks cannot hold
+    in this machine's available memory."""
+    from collsim.validate.bench import RANK_BASE_BYTES, available_memory_bytes
+
+    if cfg.straggler_rank is not None and world_sizes and cfg.straggler_rank >= min(world_sizes):
+        raise click.BadParameter(
+            f"must be < the smallest world size ({min(world_sizes)}), got {cfg.straggler_rank}",
+            param_hint="--straggler-rank",
+        )
+    if cfg.hidden % cfg.num_heads:
+        raise click.BadParameter(
+            f"must be a multiple of the {cfg.num_heads} heads, got {cfg.hidden}",
+            param_hint="--hidden",
+        )
+    h, ffn = cfg.hidden, cfg.ffn_hidden
+    params = (
+        cfg.num_layers * (4 * h * h + 2 * h * ffn + 9 * h + ffn) + (cfg.vocab + cfg.seq_len) * h
+    )
+    per_rank = RANK_BASE_BYTES + _STEP_PARAMETER_COPIES * 4 * params
+    need = max(world_sizes, default=1) * per_rank
+    have = available_memory_bytes()
+    if have is not None and need > have:
+        raise click.BadParameter(
+            f"a model of {params:,} fp32 parameters needs about {need / 2**30:.1f} GiB on "
+            f"{max(world_sizes, default=1)} ranks ({_STEP_PARAMETER_COPIES} copies each), this "
+            f"machine has {have / 2**30:.1f} GiB available; use a smaller --hidden or --layers",
+            param_hint="--hidden/--layers",
+        )
 
 
 def _simulate_step(
@@ -1224,6 +1262,7 @@ def compute(output: str, device: str, quick: bool, threads: int) -> None:
 
     from collsim.validate.compute import ComputeGrid, measure_profile, write_profile
 
+    check_output_path(output, "-o/--output", suffixes=(".yaml", ".yml"))
     try:
         import torch
     except ImportError:
