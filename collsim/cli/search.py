@@ -166,6 +166,12 @@ def search(
     space_kwargs = _space_options(
         micro_text, zero_text, recompute_text, schedule_text, cp_text, ep_text
     )
+    if space_kwargs.get("eps", (1,)) != (1,) and not base.model.num_experts:
+        raise ConfigError(
+            f"expert parallelism needs a mixture-of-experts model; {base.model.name} is dense "
+            f"(no model.experts), got {ep_text}",
+            key_path="--ep",
+        )
     if gpus is not None and gpus <= 0:
         raise ConfigError(f"must be > 0, got {gpus}", key_path="--gpus")
     if gpus is not None:
