@@ -321,8 +321,6 @@ def collectives_cmd(
     """Bus bandwidth vs message size per algorithm, from collective tables (`collsim collective
     -F csv`, `validate bench`, `validate compare --csv`, nccl-tests logs or -J JSON) or from
     the closed form on --topology."""
-    import pandas as pd
-
     from collsim.report.plots import plot_collectives
 
     _check_suffix(output)
