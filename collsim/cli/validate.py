@@ -208,7 +208,7 @@ def bench(
     click.echo(format_table(rows, result.metadata))
     if output:
         path = _replace_file(output, rows, result.metadata)
-        click.echo(f"# wrote {path}")
+        click.echo(f"# wrote {path}", err=True)
     if any(r["wrong"] for r in rows):
         raise click.ClickException("some results were wrong (see #wrong)")
 
@@ -253,7 +253,7 @@ def _run_sketch(
     report["checks"] = [{"check": n, "passed": ok, "figure": f} for n, ok, f in rows]
     if output:
         Path(output).write_text(json.dumps(report, indent=1) + "\n")
-        click.echo(f"# wrote {output}")
+        click.echo(f"# wrote {output}", err=True)
     if not all(ok for _, ok, _ in rows):
         raise click.ClickException("some checks failed")
 
@@ -450,7 +450,7 @@ def calibrate(
             )
     for note in cal.notes:
         click.echo(f"# note: {note}")
-    click.echo(f"# wrote {path}")
+    click.echo(f"# wrote {path}", err=True)
 
 
 def _is_fabric(files: list[Any], base: str | None) -> bool:
@@ -498,7 +498,7 @@ def _calibrate_fabric(files: list[Any], base: str | None, output: str, name: str
         )
     for note in cal.notes:
         click.echo(f"# note: {note}")
-    click.echo(f"# wrote {path}")
+    click.echo(f"# wrote {path}", err=True)
 
 
 @validate.command()
@@ -572,10 +572,10 @@ def compare(
             out_plot,
             title=f"{Path(meas.path).name} vs {topo.name} (n={meas.world_size})",
         )
-        click.echo(f"# wrote {out_plot}")
+        click.echo(f"# wrote {out_plot}", err=True)
         if csv_path:
             _write_compared_csv(csv_path, meas, points, topology)
-            click.echo(f"# wrote {csv_path}")
+            click.echo(f"# wrote {csv_path}", err=True)
         if json_path:
             Path(json_path).write_text(
                 json.dumps(
@@ -601,7 +601,7 @@ def compare(
                 )
                 + "\n"
             )
-            click.echo(f"# wrote {json_path}")
+            click.echo(f"# wrote {json_path}", err=True)
 
 
 def _write_compared_csv(path: str, meas: Any, points: list[Any], topology: str) -> None:
@@ -1003,7 +1003,7 @@ def step(
         reports.append(report)
     if output and reports:
         Path(output).write_text(json.dumps(reports, indent=1) + "\n")
-        click.echo(f"# wrote {output}")
+        click.echo(f"# wrote {output}", err=True)
     if failures:
         raise click.ClickException(f"outside the target: {', '.join(failures)}")
 
@@ -1332,7 +1332,7 @@ def compute(output: str, device: str, quick: bool, threads: int) -> None:
         f"{len(measured.get('activation') or [])} activation points, "
         f"host {measured['host_us']:.2f} us per op, {threads} thread(s)"
     )
-    click.echo(f"wrote {path}")
+    click.echo(f"# wrote {path}", err=True)
 
 
 @validate.command()
@@ -1392,7 +1392,7 @@ def kernels(profile: str, device: str, execution: str, summary: bool, output: st
         click.echo(f"# not compared: {note}")
     if output:
         write_csv(output, rows, header=[header, *(f"not compared: {n}" for n in skipped)])
-        click.echo(f"# wrote {output}")
+        click.echo(f"# wrote {output}", err=True)
 
 
 def _calibrate_here(world_size: int | None, backend: str, timeout_s: float, folder: Path) -> Path:
