@@ -5,8 +5,9 @@ What is checked, in ``docs/scenarios.md``, ``docs/topologies.md`` and ``docs/com
 - every fenced ```` ```console ```` block: each ``$ collsim ...`` line runs through
   :func:`collsim.cli.main` in a fresh folder, must end with exit status 0 (or the status its
   trailing ``# exit status N`` comment gives), and every output line shown under it must appear
-  in its output, in the order shown (``...`` stands for lines left out). Blocks fenced ```` ```console norun ````
-  (torch runs, long runs) are only shown: their commands and flags are parsed, not run;
+  in its output, in the order shown (``...`` stands for lines left out). Blocks fenced
+  ```` ```console norun ```` (torch runs, long runs) are only shown: their commands and flags
+  are parsed, not run;
 - every ```` ```yaml ```` block loads with the real loader (:func:`load_scenario` or
   :func:`load_topology`, told apart by their sections); a block fenced ```` ```yaml invalid ````
   must raise ConfigError instead. ```` ```yaml file=NAME ```` blocks are also written to NAME in
