@@ -197,13 +197,31 @@ _CHECK_BLOCK = 1 << 20
 
 
 class _Buffers:
-    """The two buffers of a rank, sized for the largest point and reused by every (op, size):
-    a send and a receive buffer, as nccl-tests holds (its ``sendbuff`` and ``recvbuff``;
-    nccl-tests common.cu), so the bench's memory does not grow with the number of sizes."""
+    """The send and receive buffers of a rank for one op, sized for its largest point and
+    reused by each of its sizes, as nccl-tests holds them (``sendbuff`` and ``recvbuff``,
+    nccl-tests common.cu): the bench's memory does not grow with the number of sizes. An op
+    that works in place (all_reduce, broadcast) has no receive buffer."""
 
-    def __init__(self, torch: Any, max_count: int, device: str) -> None:
+    def __init__(
+        self, torch: Any, max_count: int, device: str, recv_count: int | None = None
+    ) -> None:
         self.send = torch.empty(max_count, dtype=torch.float32, device=device)
-        self.recv = torch.empty(max_count, dtype=torch.float32, device=device)
+        count = max_count if recv_count is None else recv_count
+        self.recv = torch.empty(count, dtype=torch.float32, device=device)
+
+    @classmethod
+    def for_op(cls, torch: Any, op: str, max_count: int, n: int, device: str) -> _Buffers:
+        """Buffers for ``op`` up to ``max_count`` elements: the input and the output sizes of
+        nccl-tests (all_gather sends a 1/n chunk, reduce_scatter receives one)."""
+        chunk = max_count // n if op in _SPLIT_OPS else max_count
+        match op:
+            case "all_reduce" | "broadcast":
+                return cls(torch, max_count, device, recv_count=0)
+            case "all_gather":
+                return cls(torch, chunk, device, recv_count=max_count)
+            case "reduce_scatter":
+                return cls(torch, max_count, device, recv_count=chunk)
+        return cls(torch, max_count, device)
 
 
 class _OpCase:
@@ -543,12 +561,20 @@ def bench_rank(ctx: Any, config: BenchConfig) -> dict[str, Any]:
         (op, size) for op in config.ops for size in config.sizes_bytes if (op, size) not in skip
     ]
     sink = _PointSink(config, ctx, kernels, len(todo_keys) * config.rounds) if rank == 0 else None
-    largest = max((element_count(op, size, n) for op, size in todo_keys), default=0)
-    buffers = _Buffers(torch, largest, ctx.device)
+    largest = {
+        op: max(element_count(op, size, n) for o, size in todo_keys if o == op)
+        for op, _ in todo_keys
+    }
+    buffers: _Buffers | None = None
+    held_for = ""
     for round_index in range(config.rounds):
         for key in todo_keys:
             op, size_bytes = key
             count = element_count(op, size_bytes, n)
+            if op != held_for:  # one op's buffers at a time: the last op's go first
+                buffers = None
+                buffers = _Buffers.for_op(torch, op, largest[op], n, ctx.device)
+                held_for = op
             case = _OpCase(torch, dist, op, count, rank, n, ctx.device, config.root, buffers)
             if round_index == 0:
                 case.fill_check()
@@ -691,25 +717,34 @@ RANK_BASE_BYTES_SOURCE = (
     "benchmarks/peak_rss.py -- collsim validate bench -b 1K -e 1K -n 2 -w 0 --ops all_reduce, "
     "torch 2.13.0+cpu: peak PSS of the process tree 0.43 / 0.62 / 1.02 GiB with 1 / 2 / 4 ranks"
 )
+#: Buffers of the op's size a gloo rank holds at its peak, with the backend's own copies, per
+#: op. Measured with benchmarks/peak_rss.py over 2 ranks, one op at a time (``validate bench
+#: --world-size 2 --ops OP -b 256M -e 256M -n 1 -w 0``, torch 2.13.0+cpu): peak PSS over a 1K
+#: run, per rank, in 256 MiB buffers: all_reduce 1.15, broadcast 1.26, all_gather 2.83 (a 1/2
+#: chunk, the output and gloo's flat copy of it), reduce_scatter 2.60, all_to_all 2.34,
+#: send_recv 2.24; rounded up to the half.
+_OP_BUFFERS: dict[str, float] = {
+    "all_reduce": 1.5,
+    "broadcast": 1.5,
+    "all_gather": 3.0,
+    "reduce_scatter": 3.0,
+    "all_to_all": 2.5,
+    "send_recv": 2.5,
+}
 #: Memory of the launching process (the same runs: what is left at 0 ranks, rounded up).
 PARENT_BYTES = 256 * 2**20
 
 
 def bench_memory_bytes(config: BenchConfig, world_size: int, backend: str = "gloo") -> int:
     """The host memory a local bench of ``world_size`` ranks needs at its peak: the launching
-    process, each rank's base and, on gloo (host tensors), each rank's two buffers sized for
-    the largest point (:class:`_Buffers`) and a few blocks of check data."""
+    process, each rank's base and, on gloo (host tensors), the largest over the ops of its
+    buffers (:meth:`_Buffers.for_op`) with the backend's own copies (:data:`_OP_BUFFERS`)
+    and a few blocks of check data."""
     per_rank = RANK_BASE_BYTES
-    if backend == "gloo":
-        largest = max(
-            (
-                element_count(op, size, world_size)
-                for op in config.ops
-                for size in config.sizes_bytes
-            ),
-            default=0,
-        )
-        per_rank += (2 * largest + 8 * _CHECK_BLOCK) * _ELEMENT_BYTES
+    if backend == "gloo" and config.sizes_bytes:
+        n, top = world_size, max(config.sizes_bytes)
+        held = max(_OP_BUFFERS[op] * element_count(op, top, n) for op in config.ops)
+        per_rank += int((held + 8 * _CHECK_BLOCK) * _ELEMENT_BYTES)
     return PARENT_BYTES + world_size * per_rank
 
 

@@ -309,3 +309,34 @@ def test_plot_collectives_one_line_per_file_op_and_ranks(tmp_path: Path) -> None
     assert len(styles) == 12 and len(set(styles)) == 12, styles
     only = _measured_series(frames, "all_gather")
     assert set(only["op"]) == {"all_gather"} and only["algorithm"].nunique() == 2
+
+
+@pytest.mark.torch
+def test_bench_ranks_beyond_this_machines_memory() -> None:
+    """1,024 local ranks (the option's range) need about 240 GiB before a buffer: refused
+    before a rank starts, naming the memory available."""
+    refused(
+        "validate", "bench", "--world-size", "1024", "-b", "1K", "-e", "1K",
+        match="1024 ranks need about",
+    )  # fmt: skip
+
+
+def test_bench_memory_estimate_follows_the_largest_op() -> None:
+    from collsim.validate.bench import (
+        PARENT_BYTES,
+        RANK_BASE_BYTES,
+        BenchConfig,
+        bench_memory_bytes,
+    )
+
+    sizes = (1024, 256 * 2**20)
+    reduce_only = BenchConfig(ops=("all_reduce",), sizes_bytes=sizes)
+    every_op = BenchConfig(
+        ops=("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send_recv"),
+        sizes_bytes=sizes,
+    )
+    base = PARENT_BYTES + 4 * RANK_BASE_BYTES
+    # all_reduce holds 1.5 buffers of 256 MiB per rank; all_gather 3 (its output, gloo's copy)
+    assert bench_memory_bytes(reduce_only, 4) - base == 4 * (384 * 2**20 + 32 * 2**20)
+    assert bench_memory_bytes(every_op, 4) - base == 4 * (768 * 2**20 + 32 * 2**20)
+    assert bench_memory_bytes(every_op, 4, backend="nccl") == base  # buffers on the GPU
