@@ -15,11 +15,12 @@ within one sampling period of allocation.
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
 
-import psutil
+import psutil  # type: ignore[import-untyped]  # pip install psutil (not a collsim dependency)
 
 
 def tree_bytes(root: psutil.Process) -> tuple[int, int]:
@@ -45,6 +46,14 @@ def main(argv: list[str]) -> int:
     child = subprocess.Popen(argv)
     proc = psutil.Process(child.pid)
     peak_rss = peak_pss = 0
+    stopped = []
+
+    def stop(signum: int, frame: object) -> None:
+        # a SIGTERM to this script: stop the command as Ctrl-C would, still report the peak
+        stopped.append(signum)
+        child.send_signal(signal.SIGINT)
+
+    signal.signal(signal.SIGTERM, stop)
     while child.poll() is None:
         try:
             rss, pss = tree_bytes(proc)
@@ -55,7 +64,8 @@ def main(argv: list[str]) -> int:
     wall_s = time.perf_counter() - start
     print(
         f"# peak over the process tree: {peak_pss / 2**30:.2f} GiB PSS, "
-        f"{peak_rss / 2**30:.2f} GiB RSS; {wall_s:.1f} s, exit {child.returncode}",
+        f"{peak_rss / 2**30:.2f} GiB RSS; {wall_s:.1f} s, exit {child.returncode}"
+        + (" (stopped by SIGTERM)" if stopped else ""),
         file=sys.stderr,
     )
     return int(child.returncode or 0)
