@@ -714,8 +714,8 @@ def resume_state(
 #: :data:`RANK_BASE_BYTES_SOURCE`).
 RANK_BASE_BYTES = 240 * 2**20
 RANK_BASE_BYTES_SOURCE = (
-    "benchmarks/peak_rss.py -- collsim validate bench -b 1K -e 1K -n 2 -w 0 --ops all_reduce, "
-    "torch 2.13.0+cpu: peak PSS of the process tree 0.43 / 0.62 / 1.02 GiB with 1 / 2 / 4 ranks"
+    "benchmarks/peak_rss.py -- collsim validate bench -b 1K -e 1K -n 1 -w 0 --ops all_reduce, "
+    "torch 2.13.0+cpu: peak PSS of the process tree 0.41 / 0.62 / 1.04 GiB with 1 / 2 / 4 ranks"
 )
 #: Buffers of the op's size a gloo rank holds at its peak, with the backend's own copies, per
 #: op. Measured with benchmarks/peak_rss.py over 2 ranks, one op at a time (``validate bench
