@@ -121,11 +121,23 @@ def check_output_path(
         raise ConfigError(
             f"cannot write to {str(target)!r}: {exc.strerror or exc}", key_path=key_path
         ) from None
+    except RuntimeError:  # pathlib's resolve() on a loop of symbolic links (Python < 3.13)
+        raise ConfigError(
+            f"cannot write to {str(target)!r}: a loop of symbolic links", key_path=key_path
+        ) from None
 
 
 def _check_writable(target: Path, key_path: str) -> None:
     import os
+    import stat
 
+    if target.exists() and not target.is_dir():
+        mode = target.stat().st_mode
+        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISBLK(mode):
+            # opening a named pipe for writing waits for a reader: never start that
+            raise ConfigError(
+                f"{str(target)!r} is a pipe, socket or block device, not a file", key_path=key_path
+            )
     parent = target.resolve().parent
     name_max = os.pathconf(parent, "PC_NAME_MAX") if parent.is_dir() else 255
     if len(os.fsencode(target.name)) > name_max:
