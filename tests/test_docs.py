@@ -37,7 +37,7 @@ DOCS = REPO / "docs"
 DOC_NAMES = ("scenarios.md", "topologies.md", "commands.md")
 
 #: read-only inputs the examples use, linked into each example's folder.
-LINKED = ("scenarios", "validate")
+LINKED = ("scenarios", "validate", "tests")
 
 _EXIT = re.compile(r"\s+#\s*exit status (\d+)\s*$")
 
