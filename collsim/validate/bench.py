@@ -718,18 +718,19 @@ RANK_BASE_BYTES_SOURCE = (
     "torch 2.13.0+cpu: peak PSS of the process tree 0.41 / 0.62 / 1.04 GiB with 1 / 2 / 4 ranks"
 )
 #: Buffers of the op's size a gloo rank holds at its peak, with the backend's own copies, per
-#: op. Measured with benchmarks/peak_rss.py over 2 ranks, one op at a time (``validate bench
-#: --world-size 2 --ops OP -b 256M -e 256M -n 1 -w 0``, torch 2.13.0+cpu): peak PSS over a 1K
-#: run, per rank, in 256 MiB buffers: all_reduce 1.15, broadcast 1.26, all_gather 2.83 (a 1/2
+#: op. Measured with benchmarks/peak_rss.py (torch 2.13.0+cpu), peak PSS over a 1K run, per
+#: rank, in 256 MiB buffers: one op at a time on 2 ranks (``validate bench --world-size 2 --ops
+#: OP -b 256M -e 256M -n 1 -w 0``): all_reduce 1.15, broadcast 1.26, all_gather 2.83 (a 1/2
 #: chunk, the output and gloo's flat copy of it), reduce_scatter 2.60, all_to_all 2.34,
-#: send_recv 2.24; rounded up to the half.
+#: send_recv 2.24; every op on 4 ranks (``validate bench --world-size 4 -b 1K -e 256M``): 3.55
+#: at the peak of the whole run (4.59 GiB against 1.04 GiB at 1K). Rounded up to the half.
 _OP_BUFFERS: dict[str, float] = {
     "all_reduce": 1.5,
     "broadcast": 1.5,
-    "all_gather": 3.0,
-    "reduce_scatter": 3.0,
-    "all_to_all": 2.5,
-    "send_recv": 2.5,
+    "all_gather": 4.0,
+    "reduce_scatter": 4.0,
+    "all_to_all": 4.0,
+    "send_recv": 4.0,
 }
 #: Memory of the launching process (the same runs: what is left at 0 ranks, rounded up).
 PARENT_BYTES = 256 * 2**20

@@ -336,7 +336,9 @@ def test_bench_memory_estimate_follows_the_largest_op() -> None:
         sizes_bytes=sizes,
     )
     base = PARENT_BYTES + 4 * RANK_BASE_BYTES
-    # all_reduce holds 1.5 buffers of 256 MiB per rank; all_gather 3 (its output, gloo's copy)
+    # all_reduce holds 1.5 buffers of 256 MiB per rank; the others up to 4 (their outputs and
+    # gloo's copies; 3.55 measured on 4 ranks, collsim.validate.bench._OP_BUFFERS)
     assert bench_memory_bytes(reduce_only, 4) - base == 4 * (384 * 2**20 + 32 * 2**20)
-    assert bench_memory_bytes(every_op, 4) - base == 4 * (768 * 2**20 + 32 * 2**20)
+    assert bench_memory_bytes(every_op, 4) - base == 4 * (1024 * 2**20 + 32 * 2**20)
+    assert bench_memory_bytes(every_op, 4) > 4.59 * 2**30  # the measured peak of that run
     assert bench_memory_bytes(every_op, 4, backend="nccl") == base  # buffers on the GPU
