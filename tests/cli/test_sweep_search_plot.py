@@ -270,7 +270,7 @@ def test_plot_commands_write_images(scenario: Path, tmp_path: Path) -> None:
             "--op",
         ),
         (["plot", "scaling", "{csv}", "-o", "/no/such/folder/x.png"], "--output"),
-        (["plot", "scaling", "{scenario}.bin", "-o", "{tmp}/x.png"], "cannot read CSV"),
+        (["plot", "scaling", "{scenario}.bin", "-o", "{tmp}/x.png"], "not UTF-8 text"),
     ],
     ids=["suffix", "series", "set-key", "op", "output-folder", "binary-csv"],
 )
