@@ -147,9 +147,7 @@ def run_scenario(
     check_output_path(json_path, "--json")
     check_output_path(trace_path, "--trace")
     check_output_path(plot_path, "--plot")
-    check_outputs(
-        {"--json": json_path, "--trace": trace_path, "--plot": plot_path}, inputs=[path]
-    )
+    check_outputs({"--json": json_path, "--trace": trace_path, "--plot": plot_path}, inputs=[path])
     write_trace = _trace_writer() if trace_path is not None else None
     if trace_path is not None and write_trace is None:
         raise UnavailableError("--trace: the trace writer is not yet available in this version")

@@ -1544,7 +1544,7 @@ def trace_command(
         learned = profile_from_traces(read, base=base)
         path = write_trace_profile(profile_out, learned)
         click.echo(learned.describe())
-        click.echo(f"# wrote {path}")
+        click.echo(f"# wrote {path}", err=True)
     if loaded is not None:
         from collsim.validate.traces.compare import compare_steps, format_comparison
 
@@ -1564,4 +1564,4 @@ def trace_command(
         if trace_out:
             from collsim.validate.traces.compare import write_side_by_side
 
-            click.echo(f"# wrote {write_side_by_side(trace_out, read, compared)}")
+            click.echo(f"# wrote {write_side_by_side(trace_out, read, compared)}", err=True)
