@@ -131,13 +131,6 @@ def _check_writable(target: Path, key_path: str) -> None:
     import os
     import stat
 
-    if target.exists() and not target.is_dir():
-        mode = target.stat().st_mode
-        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISBLK(mode):
-            # opening a named pipe for writing waits for a reader: never start that
-            raise ConfigError(
-                f"{str(target)!r} is a pipe, socket or block device, not a file", key_path=key_path
-            )
     parent = target.resolve().parent
     name_max = os.pathconf(parent, "PC_NAME_MAX") if parent.is_dir() else 255
     if len(os.fsencode(target.name)) > name_max:
@@ -146,6 +139,13 @@ def _check_writable(target: Path, key_path: str) -> None:
             f"{name_max} the file system allows",
             key_path=key_path,
         )
+    if target.exists() and not target.is_dir():
+        mode = target.stat().st_mode
+        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISBLK(mode):
+            # opening a named pipe for writing waits for a reader: never start that
+            raise ConfigError(
+                f"{str(target)!r} is a pipe, socket or block device, not a file", key_path=key_path
+            )
     if not parent.is_dir():
         raise ConfigError(f"folder {str(parent)!r} does not exist", key_path=key_path)
     if target.is_dir():
