@@ -25,11 +25,11 @@ from typing import Any, Generic, TypeVar
 
 from collsim.errors import ConfigError, SimulationError
 
-__all__ = ["Workers", "SchedulerLost", "default_jobs"]
+__all__ = ["Workers", "SchedulerLost", "check_scheduler", "default_jobs"]
 
 #: Seconds to reach a Dask scheduler before ``--scheduler`` is refused (the issue asks for one
 #: line within 10 s on an unreachable address).
-CONNECT_TIMEOUT_S = 4.0
+CONNECT_TIMEOUT_S = 3.0
 
 #: Times Dask reruns a batch whose task raised (a worker that dies is rescheduled by Dask
 #: itself, up to its ``distributed.scheduler.allowed-failures``, 3 by default).
@@ -85,6 +85,37 @@ def _dask_batch(
     return [fn(ctx, item) for item in items]
 
 
+def check_scheduler(address: str, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """Reach the Dask scheduler at ``address`` and let it go: done before long work, so that a
+    wrong ``--scheduler`` is one line within seconds.
+
+    Raises:
+        ConfigError: no ``distributed`` package, or no scheduler answers there (exit 2).
+    """
+    _connect(address, connect_timeout_s).close()
+
+
+def _connect(address: str, connect_timeout_s: float) -> Any:
+    """A ``distributed.Client`` on ``address`` (ConfigError naming ``--scheduler`` if none)."""
+    try:
+        from distributed import Client
+    except ImportError:
+        raise ConfigError(
+            "needs the distributed package (pip install 'collsim[cluster]')",
+            key_path="--scheduler",
+        ) from None
+    try:
+        return Client(  # type: ignore[no-untyped-call]
+            address, timeout=f"{connect_timeout_s}s", set_as_default=False
+        )
+    except Exception as exc:  # refused, timed out, a bad address, not a scheduler
+        why = " ".join(str(exc).split())[:200] or type(exc).__name__
+        raise ConfigError(
+            f"cannot reach the Dask scheduler {address!r} in {connect_timeout_s:g} s ({why})",
+            key_path="--scheduler",
+        ) from None
+
+
 class SchedulerLost(SimulationError):
     """The Dask scheduler went away (or stopped answering) during a map."""
 
@@ -101,27 +132,11 @@ class _Dask:
         timeout_s: float,
         connect_timeout_s: float,
     ) -> None:
-        try:
-            from distributed import Client
-        except ImportError:
-            raise ConfigError(
-                "needs the distributed package (pip install 'collsim[cluster]')",
-                key_path="--scheduler",
-            ) from None
         self.address = address
         self.factory, self.args = factory, args
         self.timeout_s = timeout_s
         self.token = uuid.uuid4().hex
-        try:
-            self.client: Any = Client(  # type: ignore[no-untyped-call]
-                address, timeout=f"{connect_timeout_s}s", set_as_default=False
-            )
-        except Exception as exc:  # refused, timed out, a bad address, not a scheduler
-            why = " ".join(str(exc).split())[:200] or type(exc).__name__
-            raise ConfigError(
-                f"cannot reach the Dask scheduler {address!r} in {connect_timeout_s:g} s ({why})",
-                key_path="--scheduler",
-            ) from None
+        self.client: Any = _connect(address, connect_timeout_s)
 
     def slots(self) -> int:
         """Worker threads the cluster has now (at least 1)."""
@@ -160,11 +175,10 @@ class _Dask:
         """A batch's results; a lost scheduler or a timeout is a :class:`SimulationError`."""
         from concurrent.futures import CancelledError
 
-        try:
-            from distributed import KilledWorker
-            from distributed.comm.core import CommClosedError
-        except ImportError:  # pragma: no cover - imported at construction
-            raise
+        from distributed import KilledWorker
+        from distributed.client import ClosedClientError
+        from distributed.comm.core import CommClosedError
+
         try:
             return list(future.result(timeout=timeout_s))
         except KilledWorker as exc:
@@ -175,7 +189,23 @@ class _Dask:
             raise SimulationError(
                 f"a batch did not finish in {timeout_s:g} s on the Dask cluster {self.address}"
             ) from None
-        except (CancelledError, CommClosedError, OSError) as exc:
+        except (CancelledError, ClosedClientError, CommClosedError, OSError) as exc:
+            raise SchedulerLost(
+                f"lost the Dask scheduler {self.address} ({type(exc).__name__})"
+            ) from None
+
+    def _submit(
+        self, fn: Callable[[Any, Any], Any], items: list[Any], *, batched: bool = True
+    ) -> list[tuple[Any, int]]:
+        """:meth:`submit`; a client that lost its scheduler is :class:`SchedulerLost`."""
+        from concurrent.futures import CancelledError
+
+        from distributed.client import ClosedClientError
+        from distributed.comm.core import CommClosedError
+
+        try:
+            return self.submit(fn, items, batched=batched)
+        except (ClosedClientError, CommClosedError, CancelledError, OSError) as exc:
             raise SchedulerLost(
                 f"lost the Dask scheduler {self.address} ({type(exc).__name__})"
             ) from None
@@ -184,7 +214,7 @@ class _Dask:
         import time
 
         deadline = time.monotonic() + self.timeout_s
-        batches = self.submit(fn, items)
+        batches = self._submit(fn, items)
         out: list[Any] = []
         try:
             for future, _ in batches:
@@ -195,7 +225,7 @@ class _Dask:
         return out
 
     def imap(self, fn: Callable[[Any, Any], Any], items: list[Any]) -> Iterator[Any]:
-        batches = self.submit(fn, items, batched=False)
+        batches = self._submit(fn, items, batched=False)
         try:
             for future, _ in batches:
                 yield from self.result(future, self.timeout_s)
@@ -305,6 +335,15 @@ class Workers(Generic[C]):
         finally:
             for future in futures:
                 future.cancel()
+
+    @property
+    def batch_size(self) -> int:
+        """Items worth sending in one :meth:`map` when the caller picks them a batch at a
+        time: 1 inline, two per process locally, eight per worker thread on Dask (whose
+        round trip costs tenths of a second on a loaded machine)."""
+        if self._dask is not None:
+            return 8 * self.jobs
+        return 1 if self.jobs == 1 else 2 * self.jobs
 
     @property
     def backend(self) -> str:

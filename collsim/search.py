@@ -52,6 +52,7 @@ __all__ = [
     "collapse",
     "shape_of",
     "MINOR_KNOBS",
+    "known_from_frame",
 ]
 
 REASONS = {
@@ -106,6 +107,11 @@ class SearchSpace:
     """Context-parallel sizes tried (None: the scenario's)."""
     eps: tuple[int, ...] | None = None
     """Expert-parallel sizes tried (None: the scenario's; MoE models only)."""
+    tps: tuple[int, ...] | None = None
+    """Tensor-parallel sizes tried (None: every divisor of the GPUs); others are outside the
+    space, not counted."""
+    pps: tuple[int, ...] | None = None
+    """Pipeline-parallel sizes tried (None: every divisor); others are outside the space."""
 
     def dp_variants(self) -> list[DPVariant]:
         """Data-parallel knob combinations: buckets and overlap for ZeRO 0-2, prefetch,
@@ -326,8 +332,12 @@ def _grid(
     variants = space.dp_variants()
     per_variant = len(variants) * len(space.recomputes)
     for tp in _divisors(num_gpus):
+        if space.tps is not None and tp not in space.tps:
+            continue
         sps = [sp for sp in space.sequence_parallel if tp > 1 or not sp] or [False]
         for pp in _divisors(num_gpus // tp):
+            if space.pps is not None and pp not in space.pps:
+                continue
             dp = num_gpus // (tp * pp)
             scheds: list[tuple[str, int]] = (
                 [("1f1b", 1)]
@@ -503,8 +513,9 @@ def search_plans(
             the last call), ``bound`` (n plans dropped by a bound) or ``simulate`` (1 per
             simulated plan).
         jobs: processes that estimate and simulate (:class:`collsim.jobs.Workers`); with
-            more than one, plans are estimated in batches of ``2 x jobs`` from the front of
-            the queue (the best plans are the same; a few more may be estimated).
+            more than one, plans are estimated in batches from the front of the queue
+            (:attr:`collsim.jobs.Workers.batch_size`; the best plans are the same, a few more
+            may be estimated).
         scheduler: a Dask scheduler's address: the batches go to its workers instead (the
             same results).
         tolerance: relative step-time difference under which plans alike are one row.
@@ -687,7 +698,7 @@ class _Loop:
         """Estimate until the bound stops it, the plans run out, Ctrl-C or a lost scheduler."""
         from collsim.jobs import SchedulerLost
 
-        batch_size = 1 if workers.jobs == 1 else 2 * workers.jobs
+        batch_size = workers.batch_size
         try:
             while self.candidates:
                 threshold = self._threshold()
@@ -1474,3 +1485,39 @@ def search_frame(result: SearchResult, *, limit: int | None = None) -> pd.DataFr
             row[f"sim_{key}_s"] = res.breakdown_s.get(key, 0.0) if res is not None else float("nan")
         rows.append(row)
     return pd.DataFrame.from_records(rows)
+
+
+def known_from_frame(frame: pd.DataFrame) -> dict[str, StepResult]:
+    """The estimates a :func:`search_frame` table holds, by plan label (``--resume``): each
+    rebuilt from its ``est_*`` columns (what the table and a new frame show of it), so that a
+    resumed search ranks and writes them as the earlier run did.
+
+    Raises:
+        ConfigError: the table lacks a column a search writes.
+    """
+    from collsim.schedule.result import BREAKDOWN_KEYS, MEMORY_KEYS
+    from collsim.schedule.result import StepResult as Result
+
+    needed = ["plan", "num_microbatches", "est_step_time_s", "est_tokens_per_s", "est_mfu"]
+    needed += [f"est_{key}_s" for key in BREAKDOWN_KEYS] + ["est_memory_peak_bytes"]
+    needed += [f"est_mem_{key}_bytes" for key in MEMORY_KEYS]
+    missing = [c for c in needed if c not in frame.columns]
+    if missing:
+        raise ConfigError(f"not a search table: no column {missing[0]!r}", key_path="--resume")
+    out: dict[str, StepResult] = {}
+    for row in frame.to_dict("records"):
+        out[str(row["plan"])] = Result(
+            step_time_s=float(row["est_step_time_s"]),
+            tokens_per_s=float(row["est_tokens_per_s"]),
+            model_tflops_per_gpu=float("nan"),
+            hardware_tflops_per_gpu=float("nan"),
+            mfu=float(row["est_mfu"]),
+            hfu=float("nan"),
+            breakdown_s={key: float(row[f"est_{key}_s"]) for key in BREAKDOWN_KEYS},
+            memory_peak_bytes=float(row["est_memory_peak_bytes"]),
+            memory_bytes={key: float(row[f"est_mem_{key}_bytes"]) for key in MEMORY_KEYS},
+            memory_capacity_bytes=float("nan"),
+            fits=True,
+            details={"num_microbatches": int(row["num_microbatches"])},
+        )
+    return out

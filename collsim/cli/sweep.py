@@ -145,6 +145,10 @@ def sweep(
 
     With -o, the file is rewritten as points finish (at most once a second) and kept on
     Ctrl-C; --resume continues it."""
+    if scheduler is not None:  # first: a wrong address is one line within seconds
+        from collsim.jobs import check_scheduler
+
+        check_scheduler(scheduler)
     from collsim.jobs import default_jobs
     from collsim.study.sweep import (
         build_points,
