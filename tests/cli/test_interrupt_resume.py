@@ -91,3 +91,42 @@ def test_resume_refuses_another_sweeps_file(tmp_path: Path) -> None:
     assert done.returncode == 2
     lines = done.stderr.decode().strip().splitlines()
     assert len(lines) == 1 and "--resume" in lines[0] and "row 1" in lines[0]
+
+
+SEARCH = [
+    "search",
+    "scenarios/ddp_gpt3_1.3b.yaml",
+    "--gpus",
+    "16",
+    "--simulate",
+    "2",
+    "--tolerance",
+    "0",
+    "-j",
+    "1",
+]
+
+
+@pytest.mark.slow
+def test_an_interrupted_search_keeps_its_plans_and_resume_continues(tmp_path: Path) -> None:
+    out = tmp_path / "plans.csv"
+    code = _interrupt_when([*SEARCH, "-o", str(out)], out, rows=5)
+    assert code == 130
+    kept = pd.read_csv(out)
+    assert len(kept) >= 5
+    done = subprocess.run(
+        CLI + [*SEARCH, "-o", str(out), "--resume"], cwd=REPO, env=ENV, capture_output=True
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    assert f"{len(kept):,} plans taken from" in done.stdout.decode()
+    resumed = pd.read_csv(out).set_index("plan")
+    full_path = tmp_path / "full.csv"
+    full = subprocess.run(CLI + [*SEARCH, "-o", str(full_path)], cwd=REPO, env=ENV)
+    assert full.returncode == 0
+    whole = pd.read_csv(full_path).set_index("plan")
+    # every plan the interrupted run estimated is in the finished table with the same estimate
+    est = [c for c in kept.columns if c.startswith("est_")]
+    pd.testing.assert_frame_equal(resumed.loc[kept["plan"], est], kept.set_index("plan")[est])
+    # and the best plans are those of a search that was never interrupted
+    assert list(resumed.index[:10]) == list(whole.index[:10])
+    assert list(resumed["est_step_time_s"][:10]) == list(whole["est_step_time_s"][:10])
