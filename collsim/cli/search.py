@@ -417,24 +417,26 @@ def _row(index: int, entry: Ranked) -> list[str]:
 
 
 def alike_text(entry: Ranked) -> str:
-    """What the plans collapsed into ``entry`` vary: ``+3: b10-400, overlap on/off``."""
+    """What the plans collapsed into ``entry`` vary: ``+3: bucket MiB 10-400, overlap on/off``."""
     from collsim.search import MINOR_KNOBS
 
     if not entry.alike:
         return ""
     group = [entry, *entry.alike]
+    names = {"bucket_mb": "bucket MiB", "bucket_view": "grad view", "sequence_parallel": "sp"}
     parts = []
     for knob in MINOR_KNOBS:
+        name = names.get(knob, knob)
         values = sorted({getattr(e.candidate, knob) for e in group}, key=str)
         if len(values) < 2:
             continue
         if all(isinstance(v, bool) for v in values):
-            parts.append(f"{knob.replace('_', ' ')} on/off")
+            parts.append(f"{name} on/off")
         elif all(isinstance(v, int | float) for v in values):
             nums = sorted(float(v) for v in values)
-            parts.append(f"{knob.replace('_', ' ')} {nums[0]:g}-{nums[-1]:g}")
+            parts.append(f"{name} {nums[0]:g}-{nums[-1]:g}")
         else:
-            parts.append(f"{knob.replace('_', ' ')} {'/'.join(str(v) for v in values)}")
+            parts.append(f"{name} {'/'.join(str(v) for v in values)}")
     return f"+{len(entry.alike)}: " + ", ".join(parts)
 
 
