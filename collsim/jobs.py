@@ -89,10 +89,39 @@ def check_scheduler(address: str, connect_timeout_s: float = CONNECT_TIMEOUT_S) 
     """Reach the Dask scheduler at ``address`` and let it go: done before long work, so that a
     wrong ``--scheduler`` is one line within seconds.
 
+    A ``tcp://HOST:PORT`` address is first tried with a plain socket, so that a port where
+    nothing listens is refused before ``distributed`` is even imported (seconds on a busy
+    machine).
+
     Raises:
         ConfigError: no ``distributed`` package, or no scheduler answers there (exit 2).
     """
+    _probe(address, connect_timeout_s)
     _connect(address, connect_timeout_s).close()
+
+
+def _probe(address: str, timeout_s: float) -> None:
+    """Open and close a TCP connection to a ``tcp://HOST:PORT`` address (others: nothing)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    if not address.startswith("tcp://"):
+        return
+    try:
+        parts = urlsplit(address)
+        host, port = parts.hostname, parts.port or 8786  # Dask's default port
+    except ValueError as exc:
+        raise ConfigError(f"not an address: {address!r} ({exc})", key_path="--scheduler") from None
+    if host is None or port is None:
+        raise ConfigError(f"expected tcp://HOST:PORT, got {address!r}", key_path="--scheduler")
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__
+        raise ConfigError(
+            f"cannot reach the Dask scheduler {address!r} in {timeout_s:g} s ({why})",
+            key_path="--scheduler",
+        ) from None
 
 
 def _connect(address: str, connect_timeout_s: float) -> Any:
@@ -149,11 +178,11 @@ class _Dask:
     def submit(
         self, fn: Callable[[Any, Any], Any], items: list[Any], *, batched: bool = True
     ) -> list[tuple[Any, int]]:
-        """The items in batches (about four per worker thread; one item each unless
-        ``batched``), one task per batch: (future, items in it)."""
+        """The items in batches (two per worker thread, so that one waits while the other
+        runs; one item each unless ``batched``), one task per batch: (future, items in it)."""
         if not items:
             return []
-        chunks = min(len(items), 4 * self.slots()) if batched else len(items)
+        chunks = min(len(items), 2 * self.slots()) if batched else len(items)
         size = math.ceil(len(items) / chunks)
         out = []
         for start in range(0, len(items), size):
@@ -339,10 +368,11 @@ class Workers(Generic[C]):
     @property
     def batch_size(self) -> int:
         """Items worth sending in one :meth:`map` when the caller picks them a batch at a
-        time: 1 inline, two per process locally, eight per worker thread on Dask (whose
-        round trip costs tenths of a second on a loaded machine)."""
+        time: 1 inline, two per process locally, sixteen per worker thread on Dask (a task
+        crosses the client, the scheduler and a worker: on a loaded machine tenths of a
+        second per task, as long as several closed-form estimates)."""
         if self._dask is not None:
-            return 8 * self.jobs
+            return 16 * self.jobs
         return 1 if self.jobs == 1 else 2 * self.jobs
 
     @property

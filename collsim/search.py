@@ -298,6 +298,11 @@ def enumerate_plans(
             yield from _grid(spec, num_gpus // cp, global_batch, space, rejected, cp, ep, base)
 
 
+def _within(sizes: list[int], allowed: tuple[int, ...] | None) -> list[int]:
+    """``sizes`` that the space allows (all when ``allowed`` is None)."""
+    return sizes if allowed is None else [n for n in sizes if n in allowed]
+
+
 def _grid_size(num_gpus: int, space: SearchSpace) -> int:
     """Plans of the tp x pp x dp grid on ``num_gpus`` GPUs, buildable or not."""
     per_variant = len(space.dp_variants()) * len(space.recomputes)
@@ -331,13 +336,9 @@ def _grid(
     max_tp = space.max_tp or num_gpus
     variants = space.dp_variants()
     per_variant = len(variants) * len(space.recomputes)
-    for tp in _divisors(num_gpus):
-        if space.tps is not None and tp not in space.tps:
-            continue
+    for tp in _within(_divisors(num_gpus), space.tps):
         sps = [sp for sp in space.sequence_parallel if tp > 1 or not sp] or [False]
-        for pp in _divisors(num_gpus // tp):
-            if space.pps is not None and pp not in space.pps:
-                continue
+        for pp in _within(_divisors(num_gpus // tp), space.pps):
             dp = num_gpus // (tp * pp)
             scheds: list[tuple[str, int]] = (
                 [("1f1b", 1)]

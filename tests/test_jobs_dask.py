@@ -174,3 +174,15 @@ def test_a_lost_scheduler_stops_the_search_with_what_it_has(h100x16) -> None:
         local.close(timeout=20)
     assert result.stopped is not None and "scheduler" in result.stopped
     assert len(result.ranked) >= 1 and result.simulated == []
+
+
+def test_a_sweep_on_the_cluster_gives_the_same_points(cluster) -> None:
+    from collsim.study.sweep import build_points, parse_gpus, parse_set, run_sweep
+
+    scenario = REPO / "scenarios" / "ddp_gpt3_1.3b.yaml"
+    points = build_points(gpus=parse_gpus("8,16"), sets=[parse_set("parallel.zero=0,3")])
+    local = run_sweep(scenario, points, jobs=1)
+    remote = run_sweep(scenario, points, scheduler=cluster.scheduler_address)
+    assert [(o.point, o.reason, o.result.step_time_s if o.result else None) for o in remote] == [
+        (o.point, o.reason, o.result.step_time_s if o.result else None) for o in local
+    ]

@@ -211,6 +211,12 @@ def goodput_scenario(
         fig = plot_goodput(estimate, title=f"{scenario.name}: {run_days:g} days")
         save_figure(fig, plot_path)
         click.echo(f"wrote {plot_path}", err=True)
+    _check_fits(result)
+    return 0
+
+
+def _check_fits(result: StepResult) -> None:
+    """An InfeasibleError (exit 1) when the plan does not fit in memory."""
     if not result.fits:
         from collsim.errors import InfeasibleError
 
@@ -219,7 +225,6 @@ def goodput_scenario(
             f"{result.memory_capacity_bytes / 2**30:.1f} GiB (collsim run says more)",
             reason="memory",
         )
-    return 0
 
 
 def _fleet_outcomes(

@@ -47,6 +47,11 @@ class FrameJournal:
         if time.monotonic() - self.last >= self.every_s:
             self.flush()
 
+    def finish(self, *, rows: bool = True) -> None:
+        """The last write, whatever the time since the one before (when there are ``rows``)."""
+        self.pending = rows
+        self.flush()
+
     def flush(self) -> None:
         """Write the table now (when rows arrived since the last write)."""
         if self.path is None or not self.pending:

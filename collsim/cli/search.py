@@ -261,21 +261,26 @@ def search(
     click.echo(search_table(result, top_n))
     _report_rejected(result)
     if output is not None:
-        run.journal.pending = True
         run.journal.build = lambda: search_frame(result)
-        run.journal.flush()
+        run.journal.finish()
         click.echo(f"wrote {output}", err=True)
-    if result.stopped is not None:
-        kept = f"; the plans estimated are in {output} (--resume continues)" if output else ""
-        click.echo(
-            f"search stopped: {result.stopped}: the best of {len(result.ranked):,} plans "
-            f"estimated so far above{kept}",
-            err=True,
-        )
-        raise click.exceptions.Exit(130 if result.stopped.startswith("interrupted") else 1)
+    _report_stop(result, output)
     best = result.best
     if best is None:
         raise InfeasibleError("no plan fits", reason="memory", prefix="")
+
+
+def _report_stop(result: SearchResult, output: Path | None) -> None:
+    """A search that stopped early: one line on stderr, exit 130 (Ctrl-C) or 1."""
+    if result.stopped is None:
+        return
+    kept = f"; the plans estimated are in {output} (--resume continues)" if output else ""
+    click.echo(
+        f"search stopped: {result.stopped}: the best of {len(result.ranked):,} plans "
+        f"estimated so far above{kept}",
+        err=True,
+    )
+    raise click.exceptions.Exit(130 if result.stopped.startswith("interrupted") else 1)
 
 
 def _known_plans(output: Path | None) -> dict[str, Any] | None:

@@ -200,13 +200,11 @@ def sweep(
             on_stop=stopped.append,
         )
     frame = _joined(prior, outcomes)
-    journal.pending = len(frame) > 0
-    journal.flush()
+    journal.finish(rows=len(frame) > 0)
     if len(frame):
         click.echo(sweep_table(frame))
     _report_infeasible(outcomes)
-    if stopped:
-        _stop_line(stopped[0], done + len(outcomes), len(points), output)
+    _stop_line(stopped, done + len(outcomes), len(points), output)
     if output is not None:
         click.echo(f"wrote {output}", err=True)
     if plot_path is not None:
@@ -279,8 +277,11 @@ def _resume_rows(output: Path | None, points: list[Any]) -> pd.DataFrame | None:
     return prior
 
 
-def _stop_line(why: str, done: int, total: int, output: Path | None) -> None:
-    """One line on stderr: why the sweep stopped, what it kept and how to go on."""
+def _stop_line(stopped: list[str], done: int, total: int, output: Path | None) -> None:
+    """When the sweep stopped early, one line on stderr: why, what it kept and how to go on."""
+    if not stopped:
+        return
+    why = stopped[0]
     kept = f"; kept in {output} (--resume continues)" if output is not None else ""
     click.echo(f"sweep stopped: {why}: {done} of {total} points done{kept}", err=True)
 
