@@ -105,6 +105,8 @@ def _probe(address: str, timeout_s: float) -> None:
     import socket
     from urllib.parse import urlsplit
 
+    if "://" not in address:  # Dask reads HOST:PORT as tcp://HOST:PORT
+        address = f"tcp://{address}"
     if not address.startswith("tcp://"):
         return
     try:
@@ -170,7 +172,7 @@ class _Dask:
     def slots(self) -> int:
         """Worker threads the cluster has now (at least 1)."""
         try:
-            nthreads: dict[str, int] = self.client.nthreads()
+            nthreads: dict[str, int] = self.client.nthreads(callback_timeout=CONNECT_TIMEOUT_S)
         except Exception:  # a cluster that does not answer has one slot
             return 1
         return max(1, sum(nthreads.values()))
@@ -260,7 +262,10 @@ class _Dask:
                 yield from self.result(future, self.timeout_s)
         finally:
             for future, _ in batches:
-                future.cancel()
+                try:
+                    future.cancel()
+                except Exception:  # a client without its scheduler has nothing to cancel
+                    pass
 
     def close(self) -> None:
         try:

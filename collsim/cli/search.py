@@ -271,16 +271,18 @@ def search(
 
 
 def _report_stop(result: SearchResult, output: Path | None) -> None:
-    """A search that stopped early: one line on stderr, exit 130 (Ctrl-C) or 1."""
+    """A search that stopped early: one line; exit 130 after Ctrl-C (click's abort), else 1."""
     if result.stopped is None:
         return
     kept = f"; the plans estimated are in {output} (--resume continues)" if output else ""
-    click.echo(
+    line = (
         f"search stopped: {result.stopped}: the best of {len(result.ranked):,} plans "
-        f"estimated so far above{kept}",
-        err=True,
+        f"estimated so far above{kept}"
     )
-    raise click.exceptions.Exit(130 if result.stopped.startswith("interrupted") else 1)
+    if result.stopped.startswith("interrupted"):
+        click.echo(line, err=True)
+        raise KeyboardInterrupt
+    raise InfeasibleError(line, reason="stopped", prefix="")
 
 
 def _known_plans(output: Path | None) -> dict[str, Any] | None:

@@ -221,8 +221,10 @@ def sweep(
         figure = drawers[kind](_with_plan_labels(frame, scenario.stem))
         save_figure(figure, plot_path)
         click.echo(f"wrote {plot_path}", err=True)
-    if stopped:
-        raise click.exceptions.Exit(130 if stopped[0].startswith("interrupted") else 1)
+    if stopped:  # Ctrl-C: click's abort (exit 130); a lost scheduler: exit 1
+        if stopped[0].startswith("interrupted"):
+            raise KeyboardInterrupt
+        raise InfeasibleError(stopped[0], reason="stopped", prefix="sweep stopped: ")
     if "feasible" not in frame or not frame["feasible"].astype(bool).any():
         raise InfeasibleError("no point of the sweep can run", reason="sweep", prefix="")
 
@@ -278,12 +280,14 @@ def _resume_rows(output: Path | None, points: list[Any]) -> pd.DataFrame | None:
 
 
 def _stop_line(stopped: list[str], done: int, total: int, output: Path | None) -> None:
-    """When the sweep stopped early, one line on stderr: why, what it kept and how to go on."""
+    """A sweep that stopped early: ``stopped[0]`` becomes its line (why, what it kept, how to
+    go on), printed here after Ctrl-C; a lost scheduler's is the error line."""
     if not stopped:
         return
-    why = stopped[0]
     kept = f"; kept in {output} (--resume continues)" if output is not None else ""
-    click.echo(f"sweep stopped: {why}: {done} of {total} points done{kept}", err=True)
+    stopped[0] = f"{stopped[0]}: {done} of {total} points done{kept}"
+    if stopped[0].startswith("interrupted"):
+        click.echo(f"sweep stopped: {stopped[0]}", err=True)
 
 
 class _Bounded:
