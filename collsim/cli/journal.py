@@ -29,7 +29,8 @@ class FrameJournal:
     Args:
         path: the output file (None: nothing is written).
         build: the table of the rows so far.
-        every_s: the shortest time between two writes while the run goes on.
+        every_s: the shortest time between two writes while the run goes on (longer when a
+            write takes more than a tenth of it).
     """
 
     def __init__(
@@ -39,12 +40,14 @@ class FrameJournal:
         self.build = build
         self.every_s = every_s
         self.last = float("-inf")
+        self.took_s = 0.0
         self.pending = False
 
     def update(self) -> None:
         """Rows arrived: write them unless the last write was under ``every_s`` ago."""
         self.pending = True
-        if time.monotonic() - self.last >= self.every_s:
+        # a table that takes long to write is written less often: at most a tenth of the time
+        if time.monotonic() - self.last >= max(self.every_s, 10 * self.took_s):
             self.flush()
 
     def finish(self, *, rows: bool = True) -> None:
@@ -58,6 +61,7 @@ class FrameJournal:
             return
         from collsim.cli.common import write_frame
 
+        started = time.monotonic()
         frame = self.build()
         partial = self.path.with_name(f".{self.path.name}.{os.getpid()}.part")
         try:
@@ -67,6 +71,7 @@ class FrameJournal:
             if partial.exists():
                 partial.unlink()
         self.last = time.monotonic()
+        self.took_s = self.last - started
         self.pending = False
 
 
