@@ -28,7 +28,13 @@ def _rows(path: Path) -> int:
 def _interrupt_when(args: list[str], out: Path, rows: int, timeout_s: float = 120.0) -> int:
     """Run ``collsim ARGS`` and send it SIGINT once ``out`` holds ``rows`` rows; its exit code."""
     proc = subprocess.Popen(
-        CLI + args, cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        CLI + args,
+        cwd=REPO,
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        # a shell without job control starts background commands with SIGINT ignored
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + timeout_s
     try:
@@ -54,7 +60,7 @@ SWEEP = [
     "--set",
     "parallel.zero=0,1,2,3",
     "--set",
-    "parallel.ddp.bucket_mb=10,25",
+    "parallel.ddp.bucket_mb=10,25,50,100",
     "-j",
     "1",
 ]
@@ -62,10 +68,10 @@ SWEEP = [
 
 def test_an_interrupted_sweep_keeps_its_rows_and_resume_finishes_them(tmp_path: Path) -> None:
     out = tmp_path / "sweep.csv"
-    code = _interrupt_when([*SWEEP, "-o", str(out)], out, rows=3)
+    code = _interrupt_when([*SWEEP, "-o", str(out)], out, rows=1)
     assert code == 130
     kept = pd.read_csv(out)
-    assert 3 <= len(kept) < 64
+    assert 1 <= len(kept) < 128
     done = subprocess.run(
         CLI + [*SWEEP, "-o", str(out), "--resume"], cwd=REPO, env=ENV, capture_output=True
     )
@@ -75,7 +81,7 @@ def test_an_interrupted_sweep_keeps_its_rows_and_resume_finishes_them(tmp_path: 
     full = subprocess.run(CLI + [*SWEEP, "-o", str(full_path)], cwd=REPO, env=ENV)
     assert full.returncode == 0
     whole = pd.read_csv(full_path)
-    assert len(resumed) == len(whole) == 64
+    assert len(resumed) == len(whole) == 128
     # the rows the interrupted run kept are the resumed file's first rows, unchanged
     pd.testing.assert_frame_equal(resumed.iloc[: len(kept)], kept, check_dtype=False)
     columns = [c for c in whole.columns if c != "elapsed_s"]
@@ -97,7 +103,7 @@ SEARCH = [
     "search",
     "scenarios/ddp_gpt3_1.3b.yaml",
     "--gpus",
-    "16",
+    "32",
     "--simulate",
     "2",
     "--tolerance",
@@ -110,10 +116,10 @@ SEARCH = [
 @pytest.mark.slow
 def test_an_interrupted_search_keeps_its_plans_and_resume_continues(tmp_path: Path) -> None:
     out = tmp_path / "plans.csv"
-    code = _interrupt_when([*SEARCH, "-o", str(out)], out, rows=5)
+    code = _interrupt_when([*SEARCH, "-o", str(out)], out, rows=1)
     assert code == 130
     kept = pd.read_csv(out)
-    assert len(kept) >= 5
+    assert len(kept) >= 1
     done = subprocess.run(
         CLI + [*SEARCH, "-o", str(out), "--resume"], cwd=REPO, env=ENV, capture_output=True
     )
