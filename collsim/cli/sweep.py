@@ -221,10 +221,7 @@ def sweep(
         figure = drawers[kind](_with_plan_labels(frame, scenario.stem))
         save_figure(figure, plot_path)
         click.echo(f"wrote {plot_path}", err=True)
-    if stopped:  # Ctrl-C: click's abort (exit 130); a lost scheduler: exit 1
-        if stopped[0].startswith("interrupted"):
-            raise KeyboardInterrupt
-        raise InfeasibleError(stopped[0], reason="stopped", prefix="sweep stopped: ")
+    _raise_stopped(stopped)
     if "feasible" not in frame or not frame["feasible"].astype(bool).any():
         raise InfeasibleError("no point of the sweep can run", reason="sweep", prefix="")
 
@@ -277,6 +274,16 @@ def _resume_rows(output: Path | None, points: list[Any]) -> pd.DataFrame | None:
                 key_path="--resume",
             )
     return prior
+
+
+def _raise_stopped(stopped: list[str]) -> None:
+    """A sweep that stopped early ends so: Ctrl-C as click's abort (exit 130), a lost
+    scheduler as an error line (exit 1)."""
+    if not stopped:
+        return
+    if stopped[0].startswith("interrupted"):
+        raise KeyboardInterrupt
+    raise InfeasibleError(stopped[0], reason="stopped", prefix="sweep stopped: ")
 
 
 def _stop_line(stopped: list[str], done: int, total: int, output: Path | None) -> None:
