@@ -135,6 +135,11 @@ def _connect(address: str, connect_timeout_s: float) -> Any:
             "needs the distributed package (pip install 'collsim[cluster]')",
             key_path="--scheduler",
         ) from None
+    import logging
+
+    # a lost scheduler is reported once, by the caller (SchedulerLost): not also as the
+    # client's own "Failed to reconnect" log record
+    logging.getLogger("distributed.client").setLevel(logging.CRITICAL)
     try:
         return Client(  # type: ignore[no-untyped-call]
             address, timeout=f"{connect_timeout_s}s", set_as_default=False
