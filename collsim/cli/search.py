@@ -252,7 +252,8 @@ def search(
     )
     click.echo(
         f"  {result.considered:,} plans in the grid, {result.buildable:,} buildable, "
-        f"{result.estimated:,} estimated (the rest pruned by a bound), "
+        f"{result.estimated:,} estimated "
+        f"({'then stopped' if result.stopped else 'the rest pruned by a bound'}), "
         f"{len(result.ranked):,} fit by estimate ({result.estimate_s:.1f} s), "
         f"{len(result.simulated)} re-simulated ({result.simulate_s:.1f} s)"
     )
