@@ -1286,10 +1286,10 @@ class _Bounds:
     def _dp_group(self, c: Candidate, stage: int) -> tuple[int, ...]:
         """The data-parallel group of stage ``stage``'s first tp rank (the plan's mapping,
         :meth:`collsim.parallel.plan.Plan.rank`)."""
-        from collsim.parallel.plan import grid_rank
+        from collsim.parallel.plan import grid_rank, rank_axes
 
-        sizes = (c.dp, c.pp, c.cp, c.tp)
-        return tuple(grid_rank(self.order, sizes, dp=d, pp=stage, tp=0) for d in range(c.dp))
+        axes = rank_axes(self.order, {"dp": c.dp, "pp": c.pp, "cp": c.cp, "tp": c.tp})
+        return tuple(grid_rank(axes, {"dp": d, "pp": stage}) for d in range(c.dp))
 
     def _block_work(
         self, c: Candidate
@@ -1349,8 +1349,8 @@ class _Bounds:
             scale = min(1.0, float(self.spec.load_imbalance))
             out = {"forward": 0.0, "backward": 0.0}
             for comm in layer_comms(plan, layer):
-                if comm.axis not in ("ep", "etp") or comm.overlappable:
-                    continue
+                if comm.axis not in ("ep", "etp", "ep_node") or comm.overlappable:
+                    continue  # (DeepEP's NVLink leg runs beside its network leg)
                 size = comm.size_bytes * (scale if comm.op == "all_to_all" else 1.0)
                 groups = {
                     plan.group_of(plan.rank(dp=0, pp=s, tp=0), comm.axis) for s in range(c.pp)
@@ -1446,9 +1446,11 @@ class _Bounds:
 def _simulate(
     topology: Topology, spec: TransformerSpec, training: TrainingConfig, parallel: ParallelConfig
 ) -> StepResult:
-    from collsim.engine import simulate_step
+    """The engine's step of one candidate, as every caller simulates one
+    (:mod:`collsim.study.job`; no stragglers: the candidates are the plans, not the job)."""
+    from collsim.study.job import StepInputs, simulate_inputs
 
-    return simulate_step(topology, spec, training, parallel)
+    return simulate_inputs(StepInputs(topology, spec, training, parallel))
 
 
 def search_frame(result: SearchResult, *, limit: int | None = None) -> pd.DataFrame:
@@ -1496,7 +1498,7 @@ def known_from_frame(frame: pd.DataFrame) -> dict[str, StepResult]:
     Raises:
         ConfigError: the table lacks a column a search writes.
     """
-    from collsim.schedule.result import BREAKDOWN_KEYS, MEMORY_KEYS
+    from collsim.schedule.result import BREAKDOWN_KEYS, MEMORY_KEYS, Breakdown
     from collsim.schedule.result import StepResult as Result
 
     needed = ["plan", "num_microbatches", "est_step_time_s", "est_tokens_per_s", "est_mfu"]
@@ -1514,11 +1516,11 @@ def known_from_frame(frame: pd.DataFrame) -> dict[str, StepResult]:
             hardware_tflops_per_gpu=float("nan"),
             mfu=float(row["est_mfu"]),
             hfu=float("nan"),
-            breakdown_s={key: float(row[f"est_{key}_s"]) for key in BREAKDOWN_KEYS},
+            breakdown_s=Breakdown.of({key: float(row[f"est_{key}_s"]) for key in BREAKDOWN_KEYS}),
             memory_peak_bytes=float(row["est_memory_peak_bytes"]),
             memory_bytes={key: float(row[f"est_mem_{key}_bytes"]) for key in MEMORY_KEYS},
             memory_capacity_bytes=float("nan"),
             fits=True,
-            details={"num_microbatches": int(row["num_microbatches"])},
+            num_microbatches=int(row["num_microbatches"]),
         )
     return out

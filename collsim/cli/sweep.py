@@ -151,6 +151,7 @@ def sweep(
         check_scheduler(scheduler)
     from collsim.jobs import default_jobs
     from collsim.study.sweep import (
+        LimitedSimulate,
         build_points,
         check_overrides,
         parse_gpus,
@@ -194,7 +195,7 @@ def sweep(
             strong=strong,
             all_ranks=all_ranks,
             progress=arrived,
-            simulate=_Bounded(limits),
+            simulate=LimitedSimulate(limits),
             jobs=jobs or default_jobs(),
             scheduler=scheduler,
             on_stop=stopped.append,
@@ -295,32 +296,6 @@ def _stop_line(stopped: list[str], done: int, total: int, output: Path | None) -
     stopped[0] = f"{stopped[0]}: {done} of {total} points done{kept}"
     if stopped[0].startswith("interrupted"):
         click.echo(f"sweep stopped: {stopped[0]}", err=True)
-
-
-class _Bounded:
-    """The engine behind a resource check: a point beyond a limit is infeasible (its reason
-    is the limit's message) instead of running for hours (:func:`collsim.limits.check_plan`).
-    A class, not a closure, so that worker processes can receive it."""
-
-    def __init__(self, limits: Any) -> None:
-        self.limits = limits
-
-    def __call__(
-        self, topology: Any, scenario: Any, *, trace: bool = False, all_ranks: bool = False
-    ) -> Any:
-        from collsim.engine import simulate_step
-        from collsim.limits import check_plan
-
-        check_plan(scenario, self.limits, gpus=topology.num_ranks, all_ranks=all_ranks)
-        return simulate_step(
-            topology,
-            scenario.model,
-            scenario.training,
-            scenario.parallel,
-            all_ranks=all_ranks,
-            trace=trace,
-            stragglers=scenario.stragglers,
-        )
 
 
 def _with_plan_labels(frame: pd.DataFrame, name: str) -> pd.DataFrame:

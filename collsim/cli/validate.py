@@ -308,10 +308,28 @@ def _check_output(path: str | None, hint: str) -> None:
         )
 
 
-def _read_all(paths: tuple[str, ...]) -> list[Any]:
+def _read_all(paths: tuple[str, ...], op: str | None = None) -> list[Any]:
     from collsim.validate.dataset import read_measurements
 
-    return [read_measurements(path) for path in paths]
+    return [read_measurements(path, op) for path in paths]
+
+
+def _op_option(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """``--op``: collsim's name of the collective (nccl-tests' spellings accepted)."""
+    if value is None:
+        return None
+    from collsim.validate.dataset import OPS, canonical_op
+
+    op = canonical_op(value)
+    if op is None:
+        raise click.BadParameter(f"unknown op {value!r} (choose from {', '.join(OPS)})")
+    return op
+
+
+_OP_HELP = (
+    "The collective of logs that do not say (rccl-tests and older nccl-tests print no "
+    "'Collective test starting' line), e.g. all_reduce."
+)
 
 
 @validate.command()
@@ -358,6 +376,7 @@ def _read_all(paths: tuple[str, ...]) -> list[Any]:
     help="Let an op have a second regime above a size (kept only when it halves "
     "the line's median |residual|; gloo fit).",
 )
+@click.option("--op", "op", default=None, callback=_op_option, help=_OP_HELP)
 def calibrate(
     measured: tuple[str, ...],
     output: str,
@@ -368,6 +387,7 @@ def calibrate(
     max_size: int | None,
     pins: tuple[str, ...],
     knees: bool,
+    op: str | None,
 ) -> None:
     """Fit a topology to measurements: a gloo bench (link latency, bandwidth, per-op
     algorithm/overhead/efficiency), or nccl-tests logs of one and more nodes (NVLink and NIC
@@ -382,7 +402,7 @@ def calibrate(
         if not sep:
             raise click.BadParameter(f"expected OP=ALG, got {pin!r}", param_hint="--algorithm")
         pinned[op.strip()] = alg.strip()
-    files = _read_all(measured)
+    files = _read_all(measured, op)
     for meas in files:
         meas.rows = select_rows(meas.rows, subset, min_bytes=min_size, max_bytes=max_size)
         if not meas.rows:
@@ -470,6 +490,11 @@ def _calibrate_fabric(files: list[Any], base: str | None, output: str, name: str
         f"# calibrated {cal.base} on {len(files)} file(s), up to {cal.nodes} nodes x "
         f"{cal.gpus_per_node} GPUs: " + ", ".join(f"{k} {v:.4g}" for k, v in cal.values.items())
     )
+    kept = [k for k in cal.fitted if k not in cal.decided]
+    click.echo(
+        f"# decided by the data: {', '.join(cal.decided) or 'none'}; kept from the base: "
+        f"{', '.join(kept) or 'none'}"
+    )
     click.echo(
         f"# {'file':<44} {'ranks':>5} {'nodes':>5} {'points':>6} {'base|err|':>9} "
         f"{'fit|err|':>8} {'max|err|':>8}  per algorithm/protocol: points median|err|"
@@ -513,6 +538,7 @@ def _calibrate_fabric(files: list[Any], base: str | None, output: str, name: str
     default=None,
     help="Write the points in the collective CSV schema, with simulated_us and error.",
 )
+@click.option("--op", "op", default=None, callback=_op_option, help=_OP_HELP)
 def compare(
     measured: tuple[str, ...],
     topology: str,
@@ -521,6 +547,7 @@ def compare(
     plot_path: str | None,
     json_path: str | None,
     csv_path: str | None,
+    op: str | None,
 ) -> None:
     """Simulate exactly the measured points and print the error of each, plus a summary."""
     from collsim.validate.compare import compare as run_compare
@@ -533,7 +560,7 @@ def compare(
     check_output_path(csv_path, "--csv", suffixes=(".csv",))
     check_output_path(plot_path, "--plot", suffixes=(".png", ".svg"))
     check_output_path(json_path, "--json", suffixes=(".json",))
-    for meas in _read_all(measured):
+    for meas in _read_all(measured, op):
         topo = topology_for(topology, meas)
         points = run_compare(meas, topo, subset=subset, min_bytes=min_size)
         if not points:
