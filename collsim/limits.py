@@ -38,7 +38,12 @@ MEMORY_PER_EVENT_BYTES = 2 * KIB
 #: micro-batch with ZeRO-3 (pp 1, 64 layers, m 200); ``tests/robust/test_limits.py`` checks the
 #: bound on a sample of that grid.
 EVENTS_PER_MICROBATCH = 20
+#: Per layer of a stage and micro-batch with experts or context parallelism (a dispatch or a
+#: ring attention per layer and micro-batch); dense plans other than ZeRO-3 have none.
 EVENTS_PER_LAYER = 2
+#: Per layer of a stage, once per step and class (gradient buckets, ZeRO shards, the optimizer
+#: of each layer): at most 8.4 in the all-ranks grid of docs/derivations.md (ZeRO-1).
+EVENTS_PER_LAYER_STEP = 10
 EVENTS_PER_LAYER_FSDP = 10
 
 #: Event-equivalents per ((micro-batches + 1) x layers**2) of the engine's per-layer scans, with
@@ -111,12 +116,20 @@ def estimate_needs(
     virtual_stages: int = 1,
     all_ranks: bool = False,
     zero: int = 0,
+    per_layer_exchanges: bool = True,
 ) -> Needs:
-    """Upper bounds of events and memory from the plan's counts (formula in the module doc)."""
+    """Upper bounds of events and memory from the plan's counts (formula in docs/derivations.md).
+
+    ``per_layer_exchanges``: the plan exchanges data per layer and micro-batch beyond
+    ZeRO-3 (experts, context parallelism); False for a dense plan."""
     classes = pp * max(1, virtual_stages) * (tp * dp if all_ranks else 1)
     per_stage = -(-layers // max(1, pp))
-    per_layer = EVENTS_PER_LAYER_FSDP if zero == 3 else EVENTS_PER_LAYER
-    events = classes * microbatches * (EVENTS_PER_MICROBATCH + per_layer * per_stage) + 16 * layers
+    if zero == 3:
+        per_layer = EVENTS_PER_LAYER_FSDP
+    else:
+        per_layer = EVENTS_PER_LAYER if per_layer_exchanges else 0
+    per_class = microbatches * (EVENTS_PER_MICROBATCH + per_layer * per_stage)
+    events = classes * (per_class + EVENTS_PER_LAYER_STEP * per_stage) + 16 * layers
     scans = (SCAN_WORK_FSDP if zero == 3 else SCAN_WORK_DDP) * (microbatches + 1) * layers**2
     memory = BASE_MEMORY_BYTES + MEMORY_PER_RANK_BYTES * gpus + MEMORY_PER_EVENT_BYTES * events
     return Needs(
@@ -243,6 +256,7 @@ def check_plan(
         virtual_stages=par.virtual_stages,
         all_ranks=all_ranks,
         zero=par.zero,
+        per_layer_exchanges=spec.num_experts > 0 or par.cp > 1,
     )
     hint = "fewer micro-batches (training.global_batch) or layers" + (
         ", or drop --all-ranks" if all_ranks else ""

@@ -37,8 +37,8 @@ from collsim.errors import ConfigError
 from collsim.schema import (
     ListOf,
     Section,
+    Value,
     choice_value,
-    fraction_value,
     non_negative_value,
     read_described,
     text_value,
@@ -76,9 +76,15 @@ def _err(message: str, key: str) -> ConfigError:
     return ConfigError(message, key_path=f"{_PREFIX}.{key}")
 
 
+#: The smallest clock or bandwidth factor: a part at a thousandth of full speed. Below it the
+#: step times run to hundreds of digits (1e-300 gives a step of 1e299 s) and say nothing a
+#: thousandth does not; a stopped part is a failure (``collsim goodput``), not a straggler.
+MIN_FACTOR = 0.001
+
+
 def _check_factor(value: float, key: str) -> None:
-    if not 0.0 < value <= 1.0:
-        raise _err(f"must be in (0, 1] (1 = full speed), got {value}", key)
+    if not MIN_FACTOR <= value <= 1.0:
+        raise _err(f"must be in [{MIN_FACTOR:g}, 1] (1 = full speed), got {value:g}", key)
 
 
 def _check_indices(values: tuple[int, ...], key: str) -> None:
@@ -273,7 +279,13 @@ def _indices(what: str, **kw: Any) -> ListOf:
     )
 
 
-_FACTOR_RULE = "must be in (0, 1] (1 = full speed), got {value}"
+_FACTOR_RULE = "must be in [0.001, 1] (1 = full speed), got {value}"
+
+
+def _factor(description: str, **kw: Any) -> Value:
+    """A straggler's share of full speed, in [:data:`MIN_FACTOR`, 1]."""
+    return Value(kind="number", description=description, minimum=MIN_FACTOR, maximum=1, **kw)
+
 
 STRAGGLERS = Section(
     description="Slow GPUs, nodes and links (collsim run, collsim sweep).",
@@ -282,18 +294,14 @@ STRAGGLERS = Section(
             description="GPUs whose compute runs slower.",
             fields={
                 "ranks": _indices("rank", required=True),
-                "clock_factor": fraction_value(
-                    "Share of full speed.", required=True, rule=_FACTOR_RULE
-                ),
+                "clock_factor": _factor("Share of full speed.", required=True, rule=_FACTOR_RULE),
             },
         ),
         "slow_node": Section(
             description="Nodes whose every GPU computes slower.",
             fields={
                 "nodes": _indices("node", required=True),
-                "clock_factor": fraction_value(
-                    "Share of full speed.", required=True, rule=_FACTOR_RULE
-                ),
+                "clock_factor": _factor("Share of full speed.", required=True, rule=_FACTOR_RULE),
             },
         ),
         "slow_link": Section(
@@ -301,7 +309,7 @@ STRAGGLERS = Section(
             one_of_required=(("ranks",), ("links",)),
             missing_rule="name ranks (with a port) or links",
             fields={
-                "bandwidth_factor": fraction_value(
+                "bandwidth_factor": _factor(
                     "Share of the link's capacity left.", required=True, rule=_FACTOR_RULE
                 ),
                 "ranks": ListOf(

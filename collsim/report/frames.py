@@ -14,6 +14,7 @@ pandas is imported here; ``collsim run`` must not import this module unless aske
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -25,6 +26,7 @@ from collsim.collectives import cost
 from collsim.errors import CollsimError, ConfigError
 from collsim.schedule.result import BREAKDOWN_KEYS, MEMORY_KEYS, StepResult
 from collsim.vocab import Algorithm, CollectiveOp
+from collsim.yamlio import read_input_text
 
 __all__ = [
     "BREAKDOWN_COLUMNS",
@@ -276,9 +278,11 @@ def read_collective_csv(path: str | Path) -> pd.DataFrame:
         ConfigError: the file cannot be read as CSV, a required column is missing or holds
             something that is not a number.
     """
+
     path = Path(path)
+    text = read_input_text(path, what="CSV file")
     try:
-        frame = pd.read_csv(path, comment="#")
+        frame = pd.read_csv(io.StringIO(text), comment="#")
     except pd.errors.EmptyDataError:
         raise ConfigError("empty file, expected a collsim collective CSV", file=str(path)) from None
     except (OSError, UnicodeDecodeError, pd.errors.ParserError) as exc:

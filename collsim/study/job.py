@@ -9,6 +9,7 @@ resource limits before its cluster is built, then its cluster, its validated ste
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import warnings
@@ -24,6 +25,7 @@ from collsim.limits import check_scenario
 from collsim.scenario import Scenario, load_scenario, scenario_from_doc
 from collsim.study.goodput.costs import checkpoint_state, job_costs
 from collsim.study.goodput.estimate import estimate_goodput
+from collsim.study.goodput.fleets import at_rate, levels
 from collsim.yamlio import YamlDoc
 
 if TYPE_CHECKING:
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
     from collsim.stragglers import StragglerConfig
     from collsim.study.goodput.costs import JobCosts
     from collsim.study.goodput.estimate import GoodputResult
+    from collsim.study.goodput.fleets import Fleet
     from collsim.topology import Topology
     from collsim.workload.model import TransformerSpec
 
@@ -51,6 +54,9 @@ __all__ = [
     "run_job",
     "scenario_costs",
     "job_goodput",
+    "require_reliability",
+    "job_at_rate",
+    "job_fleet_goodput",
 ]
 
 FIDELITIES = ("auto", "fused", "layer", "closed")
@@ -290,3 +296,40 @@ def require_reliability(scenario: Scenario) -> None:
             key_path="reliability",
             file=str(scenario.source) if scenario.source is not None else None,
         )
+
+
+def job_at_rate(job: Job, per_1000_node_days: float) -> Job:
+    """``job`` with its reliability section put at a fleet's failure rate
+    (:func:`collsim.study.goodput.fleets.at_rate`); the step does not depend on the rate.
+
+    Raises:
+        ConfigError: no reliability section, or components that add up to 0.
+    """
+
+    require_reliability(job.scenario)
+    assert job.scenario.reliability is not None
+    rel = at_rate(job.scenario.reliability, per_1000_node_days)
+    return dataclasses.replace(job, scenario=dataclasses.replace(job.scenario, reliability=rel))
+
+
+def job_fleet_goodput(
+    job: Job,
+    fleets: Sequence[Fleet],
+    *,
+    days: float | None = None,
+    runs: int = DEFAULT_RUNS,
+    seed: int = 0,
+) -> list[tuple[str, Fleet, GoodputResult]]:
+    """(level, fleet, goodput) of ``job`` at each fleet's rate, fleets ordered and named by
+    :func:`collsim.study.goodput.fleets.levels`, each with ``runs`` seeded Monte Carlo runs."""
+
+    return [
+        (
+            level,
+            fleet,
+            job_goodput(
+                job_at_rate(job, fleet.per_1000_node_days), days=days, runs=runs, seed=seed
+            ),
+        )
+        for level, fleet in levels(list(fleets))
+    ]

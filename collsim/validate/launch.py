@@ -274,7 +274,7 @@ def _rank_entry(
     try:
         if realtime:
             _enter_realtime()
-        _exit_with_parent()
+        _exit_with_parent(run_dir)
         # torch is optional (the validate extra): imported where ranks run
         import torch.distributed as dist
 
@@ -309,8 +309,9 @@ def _rank_entry(
         os._exit(1)
 
 
-def _exit_with_parent() -> None:
-    """End this rank as soon as the parent that spawned it is gone (killed, crashed)."""
+def _exit_with_parent(run_dir: str | None = None) -> None:
+    """End this rank as soon as the parent that spawned it is gone (killed, crashed), removing
+    the run's folder first: a parent killed with SIGKILL cannot remove it itself."""
 
     parent = os.getppid()
 
@@ -318,6 +319,8 @@ def _exit_with_parent() -> None:
         while True:
             time.sleep(0.5)
             if os.getppid() != parent:
+                if run_dir is not None:
+                    shutil.rmtree(run_dir, ignore_errors=True)
                 os._exit(1)
 
     threading.Thread(target=watch, name="collsim-parent-watch", daemon=True).start()

@@ -11,6 +11,7 @@ from typing import Any
 
 from collsim.errors import ConfigError
 from collsim.workload.model import TransformerSpec
+from collsim.yamlio import read_input_text
 
 __all__ = ["SUPPORTED_TYPES", "spec_from_hf_config", "spec_from_hf_dict"]
 
@@ -88,11 +89,9 @@ def spec_from_hf_config(
         ConfigError: missing or unreadable file, invalid JSON, unknown ``model_type``, a
             missing field or one that cannot be mapped (named in the message).
     """
+
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read HF config: {exc.strerror}", file=str(p)) from None
+    text = read_input_text(p, what="HF config")
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
