@@ -49,8 +49,8 @@ from typing import TYPE_CHECKING, Any
 from collsim.errors import SimulationError
 from collsim.parallel.buckets import Bucket
 from collsim.parallel.fsdp import issue_schedule
+from collsim.parallel.pipeline import GRADIENT_PHASES, Phase, PipeOp, flow
 from collsim.parallel.plan import Plan, RankCoords
-from collsim.parallel.schedules import Phase, PipeOp, input_of, output_of
 from collsim.schedule.assemble import assemble
 from collsim.schedule.dataparallel import GRAD_NORM_BYTES, DPCall, grad_norm_groups
 from collsim.schedule.memory import MemoryLedger, MemoryPattern
@@ -124,6 +124,7 @@ class _Walk:
         self.seg_tp_s = self.prices.seg_tp_s
         self._op_plans: dict[tuple[int, int, Phase, bool], _OpPlan] = {}
         self.gather_pp = plan.tp > 1 and not plan.parallel.sequence_parallel
+        self.pipeline = plan.pipeline_schedule
         self._runs: dict[tuple[int, int], list[Any]] = {}
 
     def stat_items(self) -> Iterator[tuple[CallKey, CallTally]]:
@@ -198,12 +199,12 @@ class _Walk:
 
     def inbox(self, prog: _Rank, op: PipeOp) -> tuple[int, Phase, int, int] | None:
         plan = self.plan
-        src = input_of(
+        src = self.pipeline.input_of(
             op, stage=prog.coords.pp, num_stages=plan.pp, virtual_stages=plan.virtual_stages
         )
         if src is None or src[0] == prog.coords.pp:
             return None
-        return (prog.rank, op.phase, op.microbatch, op.chunk)
+        return (prog.rank, flow(op.phase), op.microbatch, op.chunk)
 
     def advance(self, prog: _Rank) -> bool:
         """Run the rank's ops while their inputs have been sent; True if any ran."""
@@ -250,9 +251,10 @@ class _Walk:
         hit = self._op_plans.get(key)
         if hit is not None:
             return hit
-        segs = chunk.segments(phase is Phase.FORWARD, paired)
+        segs = chunk.segments(phase, paired)
         plan = _OpPlan(segs)
         forward = phase is Phase.FORWARD
+        gradients = phase in GRADIENT_PHASES
         mem: list[tuple[float, float, str, str | int]] = []
         t = 0.0
         for seg in segs:
@@ -265,7 +267,7 @@ class _Walk:
             if seg.framework_s:
                 plan.comm["framework"] = plan.comm.get("framework", 0.0) + seg.framework_s
             mem += seg.activation_events(t, t + dur, forward=forward)
-            if not forward:
+            if gradients:
                 off, gdur = self.grad_window(prog.rank, seg)
                 for bucket in chunk.buckets:
                     if bucket.ready_segment == seg.key:
@@ -335,7 +337,7 @@ class _Walk:
         """ZeRO-3: segment by segment, each waiting for its gathered unit."""
         rules = self.rules
         forward = op.phase is Phase.FORWARD
-        segs = chunk.segments(forward, paired)
+        segs = chunk.segments(op.phase, paired)
         issue = issue_schedule(len(segs), rules.prefetch)
         for i, seg in enumerate(segs):
             for j in issue[i]:
@@ -363,7 +365,7 @@ class _Walk:
                 prog.acct[k] += v
             if forward:
                 prog.ledger.alloc(prog.now, "activations", seg.stored_bytes)
-            else:
+            elif seg.frees:
                 prog.ledger.free(prog.now, "activations", seg.transient_bytes + seg.stored_bytes)
             self.release_unit(prog, chunk, seg, forward=forward)
 
@@ -387,7 +389,9 @@ class _Walk:
     def send_output(self, prog: _Rank, op: PipeOp) -> None:
         plan = self.plan
         s = prog.coords.pp
-        dest = output_of(op, stage=s, num_stages=plan.pp, virtual_stages=plan.virtual_stages)
+        dest = self.pipeline.output_of(
+            op, stage=s, num_stages=plan.pp, virtual_stages=plan.virtual_stages
+        )
         if dest is None or dest[0] == s:
             return
         stage, dst_op = dest
@@ -427,9 +431,9 @@ class _Walk:
             if prog.dp_last_end > prog.now:
                 prog.acct["dp_exposed"] += prog.dp_last_end - prog.now
                 prog.now = prog.dp_last_end
-        p = plan.pp
-        if p > 1 and plan.spec.tied_embeddings:
-            first, last = self.by_stage[0], self.by_stage[p - 1]
+        head = plan.head_stage
+        if head != 0 and plan.spec.tied_embeddings:
+            first, last = self.by_stage[0], self.by_stage[head]
             size = plan.spec.vocab / plan.tp * plan.spec.hidden * self.rules.bytes_per.grad
             pair = (first.rank, last.rank)
             t = self.pricer.cost("all_reduce", size, pair)

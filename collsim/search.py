@@ -858,7 +858,7 @@ class _Bounds:
         (:func:`~collsim.parallel.schedules.input_of`); sends take no time. Both fidelities
         run these ops in this order with these dependencies and more work, so they end
         later."""
-        from collsim.parallel.schedules import Phase, input_of, stage_schedule
+        from collsim.parallel.pipeline import Phase, input_of, stage_schedule
         from collsim.workload.memory import layers_per_stage
 
         p = c.pp

@@ -36,7 +36,7 @@ from collsim.engine.dataparallel import DataParallel
 from collsim.engine.program import Mail, RankProgram
 from collsim.engine.streams import CallRecord, GroupStream
 from collsim.errors import SimulationError
-from collsim.parallel.schedules import Phase, PipeOp, input_of, output_of
+from collsim.parallel.pipeline import Phase, PipeOp, flow
 from collsim.schedule.build import StepSchedule
 from collsim.schedule.ops import Segment, Step
 from collsim.schedule.pricing import SegmentPrices
@@ -623,8 +623,9 @@ class Engine:
 
     def routes(self, prog: RankProgram) -> tuple[list[Mail | None], list[PipeRoute | None]]:
         """Per op of ``prog``, in order: the mailbox its input arrives in (None: it reads
-        nothing from another stage, :func:`~collsim.parallel.schedules.input_of`) and where its
-        output goes (None: to no other stage, :func:`~collsim.parallel.schedules.output_of`).
+        nothing from another stage, the schedule's
+        :meth:`~collsim.parallel.pipeline.PipelineSchedule.input_of`) and where its output goes
+        (None: to no other stage, :meth:`~collsim.parallel.pipeline.PipelineSchedule.output_of`).
         The output route also carries the pairs that share the
         send's links and, for a send priced in closed form on a one-member stream without a
         trace, that stream with the send's seconds and statistics key (the send is then
@@ -632,6 +633,8 @@ class Engine:
 
         One pass over the ops (the engine's per-op set-up: 1,536 ops per 3d_175b step)."""
         p, v = self.plan.pp, self.plan.virtual_stages
+        input_of = self.plan.pipeline_schedule.input_of
+        output_of = self.plan.pipeline_schedule.output_of
         s, rank = prog.coords.pp, prog.rank
         mail, env, links = self.mail, self.env, self._links
         inboxes: list[Mail | None] = []
@@ -652,7 +655,7 @@ class Engine:
                 )
             remote_input, out = shape
             if remote_input:
-                key = (rank, op.phase, op.microbatch, op.chunk)
+                key = (rank, flow(op.phase), op.microbatch, op.chunk)
                 box = mail.get(key)
                 if box is None:
                     box = mail[key] = Mail(env)

@@ -15,8 +15,8 @@ import simpy
 
 from collsim.errors import SimulationError
 from collsim.parallel.buckets import Bucket
+from collsim.parallel.pipeline import Phase, PipeOp
 from collsim.parallel.plan import Plan
-from collsim.parallel.schedules import Phase, PipeOp
 from collsim.schedule.dataparallel import DataParallelRules, DPCall
 from collsim.schedule.ops import ChunkModel, Segment
 from collsim.vocab import ParallelAxis
@@ -277,19 +277,19 @@ class DataParallel:
         first and the last stage before the optimizer (Megatron-LM ``allreduce_embedding_grads``;
         the group is each (dp, cp, tp) pair of stage 0 and stage p - 1)."""
         plan = self.plan
-        p = plan.pp
-        if p < 2 or not plan.spec.tied_embeddings or prog.coords.pp not in (0, p - 1):
+        p = plan.head_stage  # the last stage, or the first with DualPipeV's V (no sync)
+        if p == 0 or not plan.spec.tied_embeddings or prog.coords.pp not in (0, p):
             return None
         c = prog.coords
         pair = (
             plan.rank(dp=c.dp, pp=0, tp=c.tp, cp=c.cp),
-            plan.rank(dp=c.dp, pp=p - 1, tp=c.tp, cp=c.cp),
+            plan.rank(dp=c.dp, pp=p, tp=c.tp, cp=c.cp),
         )
         size = plan.spec.vocab / plan.tp * plan.spec.hidden * self.rules.bytes_per.grad
         # every other (dp, cp, tp) pair of the two stages, dp outermost, tp innermost
         grid = plan.grid()
         others: list[tuple[int, ...]] = list(
-            zip(grid[0].ravel().tolist()[1:], grid[p - 1].ravel().tolist()[1:], strict=True)
+            zip(grid[0].ravel().tolist()[1:], grid[p].ravel().tolist()[1:], strict=True)
         )
         return self.site.call(
             prog.rank,

@@ -10,8 +10,8 @@ stage runs the same program) the typed operations a rank runs, as data:
   the chunk's parameter tensors, DDP buckets (ready at a fraction of a backward segment) and
   FSDP units (:mod:`collsim.schedule.ops`);
 - ``pipeline[s]``: the order of (phase, micro-batch, chunk) ops on the stage's compute stream
-  (GPipe / 1F1B / interleaved, :func:`collsim.parallel.schedules.stage_schedule`); an op waits
-  for its input from the neighbouring stage (:func:`collsim.parallel.schedules.input_of`);
+  (the plan's :class:`~collsim.parallel.pipeline.PipelineSchedule`); an op waits for its input
+  from the stage its schedule's placement names (:meth:`PipelineSchedule.input_of`);
 - ``dp``: the data-parallel rules (:class:`~collsim.schedule.dataparallel.DataParallelRules`):
   which collectives each micro-batch's backward issues, when, and what memory they hold;
 - ``optimizer_s[s]``, ``p2p_bytes``: the optimizer step of the stage and the pipeline message.
@@ -28,8 +28,8 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from collsim.parallel.config import ParallelConfig, TrainingConfig
+from collsim.parallel.pipeline import PipeOp
 from collsim.parallel.plan import Plan, build_plan
-from collsim.parallel.schedules import Phase, PipeOp, paired_ops, stage_schedule
 from collsim.schedule.dataparallel import BytesPer, DataParallelRules
 from collsim.schedule.ops import BlockTimes, ChunkModel, Segment, StageModel, build_stage
 from collsim.vocab import Dtype
@@ -100,7 +100,7 @@ class StepSchedule:
         """The segments the ``index``-th op of ``stage``'s pipeline runs on ``chunk``."""
         op = self.pipeline[stage][index]
         paired = index in self.paired.get(stage, ())
-        return chunk.segments(op.phase is Phase.FORWARD, paired)
+        return chunk.segments(op.phase, paired)
 
     def overlap_factor(self, op: str, busbw_bps: float) -> float:
         """Factor on the compute beside one overlapped segment step while its collective runs
@@ -252,6 +252,7 @@ def _blocks(
             column_dgrad_s=dgrad(lt, ("mlp_up", "qkv_proj"), bwd),
             attention_s=part(lt, _ATTENTION_OPS, fwd, bwd),
             experts_s=part(lt, _EXPERT_OPS, fwd, bwd),
+            wgrad_s=lt.wgrad_s * bwd / lt.backward_s if lt.backward_s > 0 else 0.0,
         )
     # a CP rank embeds and scores its s / cp tokens: the embedding and head ops are linear in
     # the tokens (lookup, LM-head GEMM rows, loss), so their times and activations scale 1 / cp
@@ -269,6 +270,7 @@ def _blocks(
         0.0,
         ht.activation_bytes * k,
         column_dgrad_s=dgrad(ht, ("lm_head",), head_bwd),
+        wgrad_s=ht.wgrad_s * k * head_bwd / (ht.backward_s * k) if ht.backward_s > 0 else 0.0,
     )
     return layers, emb, head, model
 
@@ -283,6 +285,7 @@ def _paced(block: BlockTimes, factor: float) -> BlockTimes:
         column_dgrad_s=tuple(d * factor for d in block.column_dgrad_s),
         attention_s=(block.attention_s[0] * factor, block.attention_s[1] * factor),
         experts_s=(block.experts_s[0] * factor, block.experts_s[1] * factor),
+        wgrad_s=block.wgrad_s * factor,
     )
 
 
@@ -429,10 +432,10 @@ def build_schedule(
         )
         for s in range(plan.pp)
     }
+    order = plan.pipeline_schedule.order
     pipeline = {
         s: tuple(
-            stage_schedule(
-                parallel.schedule,
+            order(
                 num_stages=plan.pp,
                 num_microbatches=plan.num_microbatches,
                 stage=s,
@@ -521,8 +524,7 @@ def _paired(
             ):
                 for a, b in zip(normal, alt or (), strict=False):
                     b.framework_s = a.framework_s
-        paired[s] = paired_ops(
-            parallel.schedule,
+        paired[s] = plan.pipeline_schedule.paired(
             num_stages=plan.pp,
             num_microbatches=plan.num_microbatches,
             stage=s,
