@@ -40,7 +40,7 @@ unit where they have one; unknown keys are rejected with ``file:line: key.path``
       tp: 8
       pp: 8
       dp: 16
-      schedule: 1f1b           # gpipe | 1f1b | interleaved
+      schedule: 1f1b           # gpipe | 1f1b | interleaved | zb_h1 | dualpipev
       virtual_stages: 1        # model chunks per stage (interleaved only)
       sequence_parallel: false
       zero: 1                  # 0 = DDP, 1, 2, 3 (= FSDP full shard)

@@ -639,9 +639,14 @@ def build_plan(
             key_path="training.global_batch",
         )
     m = training.global_batch // (training.micro_batch * dp)
-    get_schedule(parallel.schedule).check(
-        num_stages=pp, num_microbatches=m, virtual_stages=parallel.virtual_stages
-    )
+    pipeline = get_schedule(parallel.schedule)
+    pipeline.check(num_stages=pp, num_microbatches=m, virtual_stages=parallel.virtual_stages)
+    if pipeline.splits_backward and parallel.zero == 3:
+        raise ConfigError(
+            f"schedule {parallel.schedule} splits backward into input- and weight-gradient "
+            "ops; their FSDP / ZeRO-3 unit gathers are not modelled (use zero 0-2)",
+            key_path="parallel.zero",
+        )
     notes: list[str] = []
     if tp > topology.gpus_per_node:
         notes.append(

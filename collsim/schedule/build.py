@@ -47,14 +47,17 @@ BLOCK_OVERRIDE_KEYS = (
     "layer.forward",
     "layer.backward",
     "layer.recompute",
+    "layer.wgrad",
     "embedding.forward",
     "embedding.backward",
     "head.forward",
     "head.backward",
+    "head.wgrad",
     "optimizer",
 )
-"""Override keys for whole blocks (seconds per micro-batch; optimizer: per step). Any other key
-is an op name of the workload (``qkv_proj``, ``softmax.backward``, ...)."""
+"""Override keys for whole blocks (seconds per micro-batch; optimizer: per step; ``*.wgrad``:
+the weight-gradient part of that backward, what a split backward runs as its W op). Any other
+key is an op name of the workload (``qkv_proj``, ``softmax.backward``, ...)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -252,7 +255,9 @@ def _blocks(
             column_dgrad_s=dgrad(lt, ("mlp_up", "qkv_proj"), bwd),
             attention_s=part(lt, _ATTENTION_OPS, fwd, bwd),
             experts_s=part(lt, _EXPERT_OPS, fwd, bwd),
-            wgrad_s=lt.wgrad_s * bwd / lt.backward_s if lt.backward_s > 0 else 0.0,
+            wgrad_s=pick(
+                "layer.wgrad", lt.wgrad_s * bwd / lt.backward_s if lt.backward_s > 0 else 0.0
+            ),
         )
     # a CP rank embeds and scores its s / cp tokens: the embedding and head ops are linear in
     # the tokens (lookup, LM-head GEMM rows, loss), so their times and activations scale 1 / cp
@@ -270,7 +275,9 @@ def _blocks(
         0.0,
         ht.activation_bytes * k,
         column_dgrad_s=dgrad(ht, ("lm_head",), head_bwd),
-        wgrad_s=ht.wgrad_s * k * head_bwd / (ht.backward_s * k) if ht.backward_s > 0 else 0.0,
+        wgrad_s=pick(
+            "head.wgrad", ht.wgrad_s * head_bwd / ht.backward_s if ht.backward_s > 0 else 0.0
+        ),
     )
     return layers, emb, head, model
 
