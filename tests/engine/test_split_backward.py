@@ -18,8 +18,8 @@ from collsim.parallel.config import DDPConfig, ParallelConfig, TrainingConfig
 from collsim.schedule import build_schedule
 from collsim.topology import load_topology
 from collsim.workload import get_preset
-from collsim.workload.memory import activation_bytes_per_layer
 from collsim.workload.kernels import slowest_gpu_factor
+from collsim.workload.memory import activation_bytes_per_layer
 from collsim.workload.ops import head_ops, layer_ops
 
 from .conftest import topology
