@@ -338,7 +338,9 @@ class _Walk:
         rules = self.rules
         forward = op.phase is Phase.FORWARD
         segs = chunk.segments(op.phase, paired)
-        issue = issue_schedule(len(segs), rules.prefetch)
+        # every op but a weight-gradient one gathers its units (dB needs no weight)
+        gathers = op.phase is not Phase.BACKWARD_WEIGHT
+        issue = issue_schedule(len(segs), rules.prefetch) if gathers else [[] for _ in segs]
         for i, seg in enumerate(segs):
             for j in issue[i]:
                 ukey = rules.unit_key(chunk, segs[j])
@@ -351,7 +353,7 @@ class _Walk:
                 )
                 prog.gathered[(chunk.index, ukey)] = end
             ready = prog.gathered.get((chunk.index, rules.unit_key(chunk, seg)))
-            if ready is not None and ready > prog.now:
+            if gathers and ready is not None and ready > prog.now:
                 prog.acct["dp_exposed"] += ready - prog.now
                 prog.now = ready
             if not forward:
@@ -367,14 +369,16 @@ class _Walk:
                 prog.ledger.alloc(prog.now, "activations", seg.stored_bytes)
             elif seg.frees:
                 prog.ledger.free(prog.now, "activations", seg.transient_bytes + seg.stored_bytes)
-            self.release_unit(prog, chunk, seg, forward=forward)
+            self.release_unit(prog, chunk, seg, op.phase)
 
-    def release_unit(self, prog: _Rank, chunk: ChunkModel, seg: Segment, *, forward: bool) -> None:
+    def release_unit(self, prog: _Rank, chunk: ChunkModel, seg: Segment, phase: Phase) -> None:
+        """After a unit's forward: reshard. After its backward: reduce-scatter, reshard (a
+        split backward: the input-gradient op reshards, the weight-gradient op reduces)."""
         rules = self.rules
-        if not rules.releases(chunk, seg, forward=forward):
+        if not rules.releases(chunk, seg, forward=phase is Phase.FORWARD):
             return
         ukey = rules.unit_key(chunk, seg)
-        if not forward:
+        if phase is Phase.BACKWARD or phase is Phase.BACKWARD_WEIGHT:
             gsize = rules.grad_bytes(chunk, ukey)
             prog.ledger.alloc(prog.now, "buffers", gsize, f"grad {ukey}")
             calls = rules.unit_reductions(chunk, ukey) if rules.reduces_units else []
@@ -383,6 +387,8 @@ class _Walk:
                 prog.ledger.free(end, "buffers", gsize, f"grad {ukey}")
             else:
                 prog.ledger.free(prog.now, "buffers", gsize, f"grad {ukey}")
+        if phase is Phase.BACKWARD_WEIGHT:
+            return
         del prog.gathered[(chunk.index, ukey)]
         prog.ledger.free(prog.now, "parameters", rules.gather_bytes(chunk, ukey), "reshard")
 

@@ -59,7 +59,6 @@ REASONS = {
     "batch": "global batch not divisible by dp x micro-batch",
     "interleaved_m": "interleaved needs micro-batches divisible by pp",
     "schedule_m": "too few micro-batches for the schedule (DualPipeV: 2 x pp)",
-    "split_zero3": "a split-backward schedule (zb_h1, dualpipev) with ZeRO-3",
     "zero_pp": "ZeRO-2/3 with pipeline parallelism (left out of this space)",
     "no_dp": "a bucket size other than the first without data parallelism (same plan)",
     "cp_gpus": "cp does not divide the GPUs",
@@ -377,9 +376,6 @@ def _grid(
                         continue
                     for var in variants:
                         zero = var.zero
-                        if zero == 3 and pipeline.splits_backward:
-                            rejected["split_zero3"] += len(space.recomputes) * len(sps)
-                            continue
                         if zero >= 2 and pp > 1 and not space.zero_with_pp:
                             rejected["zero_pp"] += len(space.recomputes) * len(sps)
                             continue
@@ -872,12 +868,12 @@ class _Bounds:
 
     def _pipeline_ends(self, c: Candidate) -> list[float]:
         """When the first and the last stage finish their last op, walking the schedule's op
-        order (:func:`collsim.parallel.schedules.stage_schedule`) with each op's own work
+        order (:meth:`collsim.parallel.pipeline.PipelineSchedule.order`) with each op's own work
         (blocks and blocking TP collectives of its chunk, as in :meth:`_compute`), each op
         starting after the op before it on its stage and after the op whose output it reads
-        (:func:`~collsim.parallel.schedules.input_of`); sends take no time. Both fidelities
-        run these ops in this order with these dependencies and more work, so they end
-        later."""
+        (:meth:`~collsim.parallel.pipeline.PipelineSchedule.input_of`); sends take no time.
+        Both fidelities run these ops in this order with these dependencies and more work, so
+        they end later."""
         from collsim.workload.memory import layers_per_stage
 
         p = c.pp

@@ -242,12 +242,14 @@ class DataParallel:
         return self.unit_events.get((prog.rank, chunk.index, self.rules.unit_key(chunk, seg)))
 
     def release_unit(self, prog: RankProgram, op: PipeOp, chunk: ChunkModel, seg: Segment) -> None:
-        """After a unit's forward: reshard. After its backward: reduce-scatter, reshard."""
-        forward = op.phase is Phase.FORWARD
+        """After a unit's forward: reshard. After its backward: reduce-scatter, reshard (a
+        split backward: the input-gradient op reshards, the weight-gradient op reduces)."""
+        phase = op.phase
+        forward = phase is Phase.FORWARD
         if not self.rules.releases(chunk, seg, forward=forward):
             return
         ukey = self.rules.unit_key(chunk, seg)
-        if not forward:
+        if phase is Phase.BACKWARD or phase is Phase.BACKWARD_WEIGHT:
             gsize = self.rules.grad_bytes(chunk, ukey)
             label = f"grad {ukey}"
             prog.ledger.alloc(self.env.now, "buffers", gsize, label)
@@ -266,6 +268,8 @@ class DataParallel:
                 ev.callbacks.append(self._freer(prog, "buffers", gsize, label))
             else:
                 prog.ledger.free(self.env.now, "buffers", gsize, label)
+        if phase is Phase.BACKWARD_WEIGHT:
+            return
         del self.unit_events[(prog.rank, chunk.index, ukey)]
         prog.ledger.free(
             self.env.now, "parameters", self.rules.gather_bytes(chunk, ukey), f"reshard {ukey}"

@@ -400,7 +400,9 @@ class RankProgram:
     def _run_segments(self, op: PipeOp, chunk: ChunkModel, paired: bool = False) -> Any:
         env, e = self.env, self.e
         segs = chunk.segments(op.phase, paired)
-        issue = issue_schedule(len(segs), e.prefetch) if e.zero == 3 else None
+        # ZeRO-3: every op but a weight-gradient one gathers its units (dB needs no weight)
+        gathers = e.zero == 3 and op.phase is not Phase.BACKWARD_WEIGHT
+        issue = issue_schedule(len(segs), e.prefetch) if gathers else None
         for i, seg in enumerate(segs):
             if issue is not None:
                 for j in issue[i]:
@@ -461,5 +463,5 @@ class RankProgram:
                     chunk=op.chunk,
                     segment=seg.key,
                 )
-            if issue is not None:
+            if e.zero == 3:
                 e.dp.release_unit(self, op, chunk, seg)

@@ -4,7 +4,8 @@ buckets, FSDP, and the EP / CP / HSDP / FP8 volumes.
 - :mod:`~collsim.parallel.config`: the ``training`` and ``parallel`` sections (frozen dataclasses).
 - :mod:`~collsim.parallel.plan`: ``build_plan`` checks a plan and maps ranks (TP inside a node,
   then CP, then PP, DP outermost; experts folded over tp x cp x dp).
-- :mod:`~collsim.parallel.schedules`: GPipe, 1F1B, interleaved 1F1B op order (Narayanan 2021).
+- :mod:`~collsim.parallel.pipeline`: pipeline schedules as data (GPipe, 1F1B, interleaved,
+  ZB-H1, DualPipeV).
 - :mod:`~collsim.parallel.params`: a rank's parameter tensors per model chunk.
 - :mod:`~collsim.parallel.buckets`: torch DDP gradient buckets.
 - :mod:`~collsim.parallel.fsdp`: FSDP / ZeRO-3 units and prefetch order.

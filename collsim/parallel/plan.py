@@ -641,12 +641,6 @@ def build_plan(
     m = training.global_batch // (training.micro_batch * dp)
     pipeline = get_schedule(parallel.schedule)
     pipeline.check(num_stages=pp, num_microbatches=m, virtual_stages=parallel.virtual_stages)
-    if pipeline.splits_backward and parallel.zero == 3:
-        raise ConfigError(
-            f"schedule {parallel.schedule} splits backward into input- and weight-gradient "
-            "ops; their FSDP / ZeRO-3 unit gathers are not modelled (use zero 0-2)",
-            key_path="parallel.zero",
-        )
     notes: list[str] = []
     if tp > topology.gpus_per_node:
         notes.append(

@@ -97,7 +97,7 @@ class StepSchedule:
     off when measured op times stand in for the compute)."""
     paired: dict[int, frozenset[int]] = field(default_factory=dict)
     """Per pipeline stage, with ``parallel.ep_overlap``: indices into ``pipeline[s]`` of the
-    ops that run their chunk's paired segments (:func:`collsim.parallel.schedules.paired_ops`)."""
+    ops that run their chunk's paired segments (:func:`collsim.parallel.pipeline.paired_ops`)."""
 
     def segments(self, stage: int, index: int, chunk: ChunkModel) -> list[Segment]:
         """The segments the ``index``-th op of ``stage``'s pipeline runs on ``chunk``."""
@@ -375,6 +375,15 @@ def _framework(
                     if rules.reshard_after_forward and ukey != "root":
                         seg.framework_s += gather
                     seg.framework_s += fw.fsdp_grad_cast_s + fw.fsdp_grad_copy_out_s
+            # a split backward: the input-gradient op gathers, the weight-gradient op reduces
+            for i_seg, w_seg in zip(chunk.input_grad or [], chunk.weight_grad or [], strict=True):
+                ukey = rules.unit_key(chunk, i_seg)
+                if ukey == "root" and i_seg.key != "embedding":
+                    continue
+                fw = costs(rules.unit_numel(chunk, ukey), local)
+                if rules.reshard_after_forward and ukey != "root":
+                    i_seg.framework_s += fw.fsdp_copy_in_s + fw.fsdp_copy_out_s
+                w_seg.framework_s += fw.fsdp_grad_cast_s + fw.fsdp_grad_copy_out_s
     return per_step
 
 

@@ -68,7 +68,7 @@ backward combine beside mlp_b, backward dispatch beside pre_b. That is how the p
 segments (``ChunkModel.paired_forward`` / ``paired_backward``) write it, one step
 ``Step(all_to_all, overlap_s=piece)`` per all-to-all, so every segment keeps its own compute
 and bytes and the engine and the closed form price it like any overlapped step. Which ops are
-paired (:func:`collsim.parallel.schedules.paired_ops`): the steady-state ops of the stage;
+paired (:func:`collsim.parallel.pipeline.paired_ops`): the steady-state ops of the stage;
 with no warm-up (pp = 1) the first forward and the last backward run alone, as Megatron's
 ``combined_1f1b_schedule_for_no_pipelining``. The compute beside an all-to-all runs slower
 while it runs (the SMs its kernels take: ``SegmentPrices.step_s``, as for every overlapped

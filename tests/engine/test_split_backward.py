@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from collsim.engine import simulate_step
 from collsim.errors import CollsimWarning
 from collsim.estimate import estimate_step
-from collsim.parallel.config import DDPConfig, ParallelConfig, TrainingConfig
+from collsim.parallel.config import DDPConfig, FSDPConfig, ParallelConfig, TrainingConfig
 from collsim.schedule import build_schedule
 from collsim.topology import load_topology
 from collsim.workload import get_preset
@@ -111,7 +111,9 @@ PLANS = st.fixed_dictionaries(
         "mb": st.sampled_from([1, 2]),
         "extra": st.sampled_from([0, 1, 3]),
         "schedule": st.sampled_from(["zb_h1", "dualpipev"]),
-        "zero": st.sampled_from([0, 1, 2]),
+        "zero": st.sampled_from([0, 1, 2, 3]),
+        "prefetch": st.sampled_from([0, 1, 2]),
+        "reshard": st.booleans(),
         "sp": st.booleans(),
         "recompute": st.sampled_from(["none", "selective", "full"]),
         "overlap": st.booleans(),
@@ -121,7 +123,7 @@ PLANS = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(PLANS)
 def test_closed_form_equals_the_engine(knobs: dict) -> None:
     import dataclasses
@@ -145,10 +147,12 @@ def test_closed_form_equals_the_engine(knobs: dict) -> None:
         zero=knobs["zero"],
         sequence_parallel=knobs["sp"] and tp > 1,
         ddp=DDPConfig(bucket_mb=knobs["bucket_mb"], overlap=knobs["overlap"]),
+        fsdp=FSDPConfig(prefetch=knobs["prefetch"], reshard_after_forward=knobs["reshard"]),
     )
     _agree(load_topology("dgx_h100", nodes=knobs["nodes"]), spec, training, parallel)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule", ["zb_h1", "dualpipev"])
 def test_layer_fidelity_and_contention_agree(schedule: str) -> None:
     # a plan with TP, SP, DDP buckets and pipeline sends: layer by layer on the DES (every
@@ -189,3 +193,27 @@ def test_weight_gradient_ops_take_the_dgrad_and_wgrad_parts() -> None:
     assert layer.compute_s < 0.5 * whole[layer.key]  # attention and norms are input gradient
     emb = [w for w in chunk.weight_grad if w.key == "embedding"][0]
     assert emb.compute_s == pytest.approx(whole["embedding"], rel=1e-12)  # a lookup: all dW
+
+
+@pytest.mark.parametrize("schedule", ["zb_h1", "dualpipev"])
+def test_fsdp_reduces_after_the_weight_gradient_op(schedule: str) -> None:
+    # ZeRO-3: a unit is gathered for the forward and for the input-gradient op (dgrad needs
+    # the weight), resharded after it, and its gradient reduce-scattered after the
+    # weight-gradient op: as many gathers and reduce-scatters as with 1F1B, and the DES and
+    # the closed form agree
+    spec = get_preset("gpt3-350m")
+    topo = load_topology("dgx_h100", nodes=1)
+    training = TrainingConfig(global_batch=32, micro_batch=1)
+    counts = {}
+    for kind in ("1f1b", schedule):
+        parallel = ParallelConfig(pp=2, dp=4, zero=3, schedule=kind)
+        _agree(topo, spec, training, parallel)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", CollsimWarning)
+            result = estimate_step(topo, spec, training, parallel)
+        counts[kind] = {
+            op: sum(s.count for s in result.collectives if s.axis == "dp" and s.op == op)
+            for op in ("all_gather", "reduce_scatter")
+        }
+    assert counts[schedule] == counts["1f1b"]
+    assert counts["1f1b"]["reduce_scatter"] > 0
