@@ -255,9 +255,7 @@ def _blocks(
             column_dgrad_s=dgrad(lt, ("mlp_up", "qkv_proj"), bwd),
             attention_s=part(lt, _ATTENTION_OPS, fwd, bwd),
             experts_s=part(lt, _EXPERT_OPS, fwd, bwd),
-            wgrad_s=pick(
-                "layer.wgrad", lt.wgrad_s * bwd / lt.backward_s if lt.backward_s > 0 else 0.0
-            ),
+            wgrad_s=pick("layer.wgrad", _scaled_wgrad(lt, bwd)),
         )
     # a CP rank embeds and scores its s / cp tokens: the embedding and head ops are linear in
     # the tokens (lookup, LM-head GEMM rows, loss), so their times and activations scale 1 / cp
@@ -275,11 +273,15 @@ def _blocks(
         0.0,
         ht.activation_bytes * k,
         column_dgrad_s=dgrad(ht, ("lm_head",), head_bwd),
-        wgrad_s=pick(
-            "head.wgrad", ht.wgrad_s * head_bwd / ht.backward_s if ht.backward_s > 0 else 0.0
-        ),
+        wgrad_s=pick("head.wgrad", _scaled_wgrad(ht, head_bwd)),
     )
     return layers, emb, head, model
+
+
+def _scaled_wgrad(times: LayerTimes, backward_s: float) -> float:
+    """The weight-gradient part of a block's backward (compute model), scaled like the block
+    when an override replaced its backward."""
+    return times.wgrad_s * backward_s / times.backward_s if times.backward_s > 0 else 0.0
 
 
 def _paced(block: BlockTimes, factor: float) -> BlockTimes:
