@@ -91,6 +91,10 @@ class _Rank:
     """ZeRO-3 units gathered or in flight: (chunk, unit) -> when the gather ends."""
 
 
+_Link = tuple[bool, Phase, tuple[int, Phase, int] | None]
+"""An op's pipeline links (:meth:`_Walk.links`)."""
+
+
 @dataclass(slots=True)
 class _Mail:
     produced_s: float
@@ -125,6 +129,7 @@ class _Walk:
         self._op_plans: dict[tuple[int, int, Phase, bool], _OpPlan] = {}
         self.gather_pp = plan.tp > 1 and not plan.parallel.sequence_parallel
         self.pipeline = plan.pipeline_schedule
+        self._links: dict[int, list[_Link]] = {}
         self._runs: dict[tuple[int, int], list[Any]] = {}
 
     def stat_items(self) -> Iterator[tuple[CallKey, CallTally]]:
@@ -197,25 +202,44 @@ class _Walk:
         self.finish()
         self.flush_tp()
 
-    def inbox(self, prog: _Rank, op: PipeOp) -> tuple[int, Phase, int, int] | None:
-        plan = self.plan
-        src = self.pipeline.input_of(
-            op, stage=prog.coords.pp, num_stages=plan.pp, virtual_stages=plan.virtual_stages
-        )
-        if src is None or src[0] == prog.coords.pp:
-            return None
-        return (prog.rank, flow(op.phase), op.microbatch, op.chunk)
+    def links(self, stage: int) -> list[_Link]:
+        """Per op of ``stage``, in order: whether it reads a message from another stage, the
+        direction of that message (:func:`~collsim.parallel.pipeline.flow`) and where its own
+        output goes ((stage, direction, chunk) or None), from the schedule's dependencies
+        (worked out once per (phase, chunk): the micro-batch passes through)."""
+        hit = self._links.get(stage)
+        if hit is not None:
+            return hit
+        p, v = self.plan.pp, self.plan.virtual_stages
+        shapes: dict[tuple[Phase, int], _Link] = {}
+        out: list[_Link] = []
+        for op in self.s.pipeline[stage]:
+            shape = shapes.get((op.phase, op.chunk))
+            if shape is None:
+                src = self.pipeline.input_of(op, stage=stage, num_stages=p, virtual_stages=v)
+                dest = self.pipeline.output_of(op, stage=stage, num_stages=p, virtual_stages=v)
+                shape = shapes[(op.phase, op.chunk)] = (
+                    src is not None and src[0] != stage,
+                    flow(op.phase),
+                    None
+                    if dest is None or dest[0] == stage
+                    else (dest[0], dest[1].phase, dest[1].chunk),
+                )
+            out.append(shape)
+        self._links[stage] = out
+        return out
 
     def advance(self, prog: _Rank) -> bool:
         """Run the rank's ops while their inputs have been sent; True if any ran."""
         ops = self.s.pipeline[prog.coords.pp]
+        links = self.links(prog.coords.pp)
         ran = False
         while prog.next_op < len(ops):
             op = ops[prog.next_op]
-            key = self.inbox(prog, op)
+            remote, direction, dest = links[prog.next_op]
             folded = 0.0
-            if key is not None:
-                mail = self.mail.get(key)
+            if remote:
+                mail = self.mail.get((prog.rank, direction, op.microbatch, op.chunk))
                 if mail is None:
                     return ran  # its input is not sent yet
                 w0 = prog.now
@@ -239,7 +263,8 @@ class _Walk:
                 self.run_segments(prog, op, chunk, paired)
             else:
                 self.run_fused(prog, op, chunk, paired)
-            self.send_output(prog, op)
+            if dest is not None:
+                self.send_output(prog, op, dest)
             prog.next_op += 1
             ran = True
         return ran
@@ -392,22 +417,16 @@ class _Walk:
         del prog.gathered[(chunk.index, ukey)]
         prog.ledger.free(prog.now, "parameters", rules.gather_bytes(chunk, ukey), "reshard")
 
-    def send_output(self, prog: _Rank, op: PipeOp) -> None:
-        plan = self.plan
-        s = prog.coords.pp
-        dest = self.pipeline.output_of(
-            op, stage=s, num_stages=plan.pp, virtual_stages=plan.virtual_stages
-        )
-        if dest is None or dest[0] == s:
-            return
-        stage, dst_op = dest
+    def send_output(self, prog: _Rank, op: PipeOp, dest: tuple[int, Phase, int]) -> None:
+        """Send ``op``'s output to ``dest`` (stage, direction, chunk) on the pp stream."""
+        stage, dst_phase, dst_chunk = dest
         dst = self.by_stage[stage]
         size = self.s.p2p_bytes
         t = self.price(prog.rank, PP, "send_recv", size, (prog.rank, dst.rank), 0.0)
         start = max(prog.now, prog.pp_free)
         prog.pp_free = start + t
         delivered = _fires(prog.now, prog.pp_free)
-        self.mail[(dst.rank, dst_op.phase, dst_op.microbatch, dst_op.chunk)] = _Mail(
+        self.mail[(dst.rank, dst_phase, op.microbatch, dst_chunk)] = _Mail(
             prog.now, delivered, size
         )
         dst.ledger.alloc(delivered, "buffers", size, "pp recv")
