@@ -641,21 +641,22 @@ class Engine:
         outboxes: list[PipeRoute | None] = []
         # where an op's input comes from and its output goes depend on its phase and chunk
         # only (the micro-batch passes through): worked out once per (phase, chunk)
-        shapes: dict[tuple[Phase, int], tuple[bool, tuple[int, Phase, int] | None]] = {}
+        # (a backward's message is named by its direction, flow(): I sends what B sends)
+        shapes: dict[tuple[Phase, int], tuple[Phase | None, tuple[int, Phase, int] | None]] = {}
         for op in prog.ops:
             shape = shapes.get((op.phase, op.chunk))
             if shape is None:
                 src = input_of(op, stage=s, num_stages=p, virtual_stages=v)
                 dest = output_of(op, stage=s, num_stages=p, virtual_stages=v)
                 shape = shapes[(op.phase, op.chunk)] = (
-                    src is not None and src[0] != s,
+                    flow(op.phase) if src is not None and src[0] != s else None,
                     None
                     if dest is None or dest[0] == s
                     else (dest[0], dest[1].phase, dest[1].chunk),
                 )
-            remote_input, out = shape
-            if remote_input:
-                key = (rank, flow(op.phase), op.microbatch, op.chunk)
+            direction, out = shape
+            if direction is not None:
+                key = (rank, direction, op.microbatch, op.chunk)
                 box = mail.get(key)
                 if box is None:
                     box = mail[key] = Mail(env)
