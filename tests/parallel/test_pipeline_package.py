@@ -102,7 +102,9 @@ def test_placement_is_a_bijection_and_the_v_returns() -> None:
     )
 
 
+@pytest.mark.torch
 def test_dualpipev_order_is_torch_schedule_dualpipev() -> None:
+    # the real torch.distributed.pipelining (the validate extra), its op order unchanged
     schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
     ref = object.__new__(schedules.ScheduleDualPipeV)  # only its op-order method is used
     sched = get_schedule("dualpipev")
