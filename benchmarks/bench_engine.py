@@ -58,7 +58,7 @@ def main() -> None:
         print(
             f"{label:<18} {cold:8.3f} {median:9.3f} {statistics.median(cpu):7.3f} "
             f"{target:9.1f} {median / target:6.2f} {result.step_time_s:8.2f} "
-            f"{result.details['fidelity']:>8}"
+            f"{result.fidelity:>8}"
         )
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"peak RSS {rss_mb:.0f} MB (target 500 MB, ratio {rss_mb / 500:.2f})")

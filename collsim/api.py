@@ -1,28 +1,14 @@
-"""The notebook API: the commands of ``collsim`` as functions that return data.
+"""The notebook API: the commands of ``collsim`` as functions that return data, each a thin layer
+over the job every command runs (:mod:`collsim.study.job`), so that ``collsim.simulate(path)``
+and ``collsim run path`` give the same step. Units are collsim's (seconds, bytes, bytes per
+second); errors are the CLI's (:mod:`collsim.errors`). ``import collsim`` loads this module on
+first use of one of its names, so the command line stays fast::
 
-::
-
-    import collsim
-
-    sim = collsim.simulate("scenarios/3d_175b.yaml", overrides={"parallel.dp": 8,
-                                                                "cluster.nodes": 64})
-    sim.step_time_s                  # seconds (every StepResult field reads through)
-    sim.breakdown                    # {"compute": ..., "tp_exposed": ..., ...} in seconds
-    sim.memory_timeline              # DataFrame: rank, time_s, bytes
-    sim.to_frame()                   # one row: the plan, then every result field
-    fig = sim.plot("step")           # matplotlib Figure ("step" or "timeline")
-
-    collsim.sweep("scenarios/ddp_gpt3_1.3b.yaml", gpus=[8, 16, 32])     # DataFrame, one row a point
+    sim = collsim.simulate("scenarios/3d_175b.yaml", overrides={"parallel.dp": 8})
+    sim.step_time_s, sim.breakdown, sim.memory_timeline, sim.to_frame(), sim.plot("step")
+    collsim.sweep("scenarios/ddp_gpt3_1.3b.yaml", gpus=[8, 16, 32])
     collsim.collective("all_reduce", [2**20, 2**30], topology="dgx_h100", gpus=8)
-    collsim.goodput(...)             # collsim.goodput, where this version has it
-
-Units follow the rest of collsim: seconds, bytes, bytes per second in data; GiB and GB/s only
-in printed text. Errors are the CLI's (:mod:`collsim.errors`): a bad key is a ConfigError with
-its file and line, a plan beyond a resource limit a LimitError (pass ``limits=Limits(...)`` to
-raise it), an impossible plan an InfeasibleError.
-
-Nothing here is imported by ``import collsim``: the package's ``__getattr__`` loads this module
-the first time one of these names is used, so the command line stays as fast as before.
+    collsim.goodput("scenarios/published/goodput_llama3_405b_16384.yaml", days=30)
 """
 
 from __future__ import annotations
@@ -34,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from collsim.errors import CollsimWarning, ConfigError, UnavailableError
+from collsim.errors import CollsimWarning, ConfigError
+from collsim.study.job import DEFAULT_RUNS, Overrides, load
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -43,67 +30,39 @@ if TYPE_CHECKING:
     from collsim.limits import Limits
     from collsim.scenario import Scenario
     from collsim.schedule.result import StepResult
+    from collsim.study.goodput.estimate import GoodputResult
     from collsim.topology import Topology
 
 __all__ = ["Simulation", "load", "simulate", "sweep", "collective", "goodput"]
 
-Overrides = Mapping[str, Any] | Sequence[str] | None
-
-
-def _override_texts(overrides: Overrides) -> list[str]:
-    """``{"parallel.dp": 16}`` or ``["parallel.dp=16"]`` as ``--set`` strings."""
-    if overrides is None:
-        return []
-    if isinstance(overrides, Mapping):
-        return [f"{key}={json.dumps(value)}" for key, value in overrides.items()]
-    if isinstance(overrides, str):
-        raise ConfigError("give overrides as a mapping or a list of 'key=value' strings")
-    return [str(text) for text in overrides]
-
-
-def load(
-    scenario: str | Path | Scenario | Mapping[str, Any], overrides: Overrides = None
-) -> Scenario:
-    """A scenario from a file, a loaded :class:`~collsim.scenario.Scenario` or a mapping.
-
-    Overrides are applied as ``--set`` would (same checks, same error locations).
-    """
-    from collsim.scenario import Scenario, load_scenario, scenario_from_doc
-    from collsim.yamlio import YamlDoc
-
-    texts = _override_texts(overrides)
-    if isinstance(scenario, Scenario):
-        if not texts:
-            return scenario
-        if scenario.doc is None:
-            raise ConfigError("this scenario has no document to apply overrides to")
-        base = scenario.doc
-        texts = [o.text for o in scenario.overrides] + texts
-        return scenario_from_doc(base, texts, source=scenario.source)
-    if isinstance(scenario, Mapping):
-        doc = YamlDoc(data=dict(scenario), file="<scenario>")
-        return scenario_from_doc(doc, texts)
-    return load_scenario(scenario, texts)
+ScenarioLike = str | Path | Mapping[str, Any]
 
 
 @dataclass
 class Simulation:
-    """One simulated step: the scenario, its cluster and the engine's result.
-
-    Every field of :class:`~collsim.schedule.result.StepResult` reads through
-    (``sim.step_time_s``, ``sim.mfu``, ``sim.fits``, ...).
-    """
+    """One simulated step: the scenario, its cluster, the result (every field of
+    :class:`~collsim.schedule.result.StepResult` reads through) and the run's CollsimWarnings."""
 
     scenario: Scenario
     topology: Topology
     result: StepResult
     warnings: list[str] = field(default_factory=list)
-    """The CollsimWarnings of the run (poor but legal settings), each once."""
+    options: dict[str, Any] = field(default_factory=dict, repr=False)
+    """How the step was simulated (``fidelity``, ``all_ranks``, ``limits``), to trace it again."""
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_") or name in ("scenario", "topology", "result", "warnings"):
             raise AttributeError(name)
         return getattr(self.result, name)
+
+    def traced(self) -> StepResult:
+        """The step with its trace: this result when it kept one, else the same step simulated
+        again with ``trace=True`` (once; a trace changes no figure beyond rounding)."""
+        if not self.result.trace_events:
+            from collsim.study.job import run_job
+
+            self.result = run_job(self.scenario, trace=True, **self.options).result
+        return self.result
 
     @property
     def breakdown(self) -> dict[str, float]:
@@ -136,15 +95,12 @@ class Simulation:
         return results_frame([(params, self.result)])
 
     def plot(self, kind: str = "step", path: str | Path | None = None, **kwargs: Any) -> Figure:
-        """Draw the step (``"step"``: compute and communication lanes over memory) or the
-        memory of one rank (``"timeline"``); save it too when ``path`` ends in .png or .svg."""
+        """Draw the step (``"step"``: a row per pipeline stage over memory) or the memory of
+        one rank (``"timeline"``); save it too when ``path`` ends in .png or .svg."""
         from collsim.report import plots
 
         if kind == "step":
-            par = self.scenario.parallel
-            kwargs.setdefault("title", self.scenario.name)
-            kwargs.setdefault("stage_of", lambda r: (r // par.tp) % par.pp)
-            fig = plots.plot_step(self.result, **kwargs)
+            fig = plots.plot_step(self.traced(), **{"title": self.scenario.name, **kwargs})
         elif kind == "timeline":
             fig = plots.plot_memory_timeline(self.result, **kwargs)
         else:
@@ -155,56 +111,56 @@ class Simulation:
 
 
 def simulate(
-    scenario: str | Path | Scenario | Mapping[str, Any],
+    scenario: ScenarioLike | Scenario,
     overrides: Overrides = None,
     *,
     fidelity: str = "auto",
     all_ranks: bool = False,
-    trace: bool = True,
+    trace: bool = False,
     limits: Limits | None = None,
 ) -> Simulation:
-    """Simulate one training step, as ``collsim run`` does.
+    """Simulate one training step as ``collsim run`` does (stragglers included): the same
+    figures as ``collsim run PATH --json`` (a kept trace sums some parts in another order).
 
-    Args:
-        scenario: a scenario file, a loaded scenario, or the scenario as a mapping.
-        overrides: ``{"parallel.dp": 16}`` (or ``["parallel.dp=16"]``), applied as ``--set``.
-        fidelity: ``auto``, ``fused`` or ``layer`` (``collsim run --fidelity``).
-        all_ranks: simulate every rank, not one per symmetry class.
-        trace: keep the per-op trace (needed by :meth:`Simulation.plot` ``"step"``).
-        limits: resource limits (:class:`collsim.limits.Limits`; defaults otherwise).
+    ``fidelity``: ``auto``, ``fused``, ``layer`` or ``closed``; ``trace`` keeps the per-op
+    trace (:meth:`Simulation.plot` traces the step when it needs to); ``limits`` the resource
+    limits.
 
     Raises:
         ConfigError: bad input; LimitError: beyond a limit; InfeasibleError: cannot run.
     """
-    from collsim.engine import simulate_step
-    from collsim.limits import check_scenario
+    from collsim.study.job import run_job
+
+    job = run_job(
+        scenario, overrides, fidelity=fidelity, all_ranks=all_ranks, trace=trace, limits=limits
+    )
+    messages = list(dict.fromkeys(job.warnings))
+    options = {"fidelity": fidelity, "all_ranks": all_ranks, "limits": limits}
+    return Simulation(job.scenario, job.topology, job.result, messages, options)
+
+
+def goodput(
+    scenario: ScenarioLike | Scenario,
+    overrides: Overrides = None,
+    *,
+    days: float | None = None,
+    runs: int = DEFAULT_RUNS,
+    seed: int = 0,
+    monte_carlo: bool = True,
+    limits: Limits | None = None,
+) -> GoodputResult:
+    """Goodput of a scenario with a ``reliability`` section over ``days`` as ``collsim goodput``
+    computes it: the closed form and, with ``monte_carlo``, ``runs`` seeded runs.
+
+    Raises:
+        ConfigError: bad input, or no reliability section.
+    """
+    from collsim.study.job import job_goodput, require_reliability, run_job
 
     loaded = load(scenario, overrides)
-    check_scenario(loaded, limits, all_ranks=all_ranks)
-    try:
-        topology = loaded.cluster.load()
-    except ConfigError as exc:
-        if exc.file is not None:
-            raise
-        raise loaded.locate(ConfigError(exc.message, key_path="cluster.topology")) from None
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", CollsimWarning)
-        try:
-            result = simulate_step(
-                topology,
-                loaded.model,
-                loaded.training,
-                loaded.parallel,
-                all_ranks=all_ranks,
-                trace=trace,
-                fidelity=fidelity,
-            )
-        except ConfigError as exc:
-            raise loaded.locate(exc) from None
-    messages = list(
-        dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, CollsimWarning))
-    )
-    return Simulation(scenario=loaded, topology=topology, result=result, warnings=messages)
+    require_reliability(loaded)
+    job = run_job(loaded, limits=limits)
+    return job_goodput(job, days=days, runs=runs, seed=seed, monte_carlo=monte_carlo)
 
 
 def sweep(
@@ -215,23 +171,13 @@ def sweep(
     grow: str = "dp",
     strong: bool = False,
 ) -> pd.DataFrame:
-    """Simulate a scenario file over GPU counts and key values, as ``collsim sweep`` does.
-
-    Args:
-        scenario: the scenario file.
-        gpus: GPU counts (the parallel axis ``grow`` grows with them).
-        sets: ``{"parallel.zero": [0, 1, 3]}``: the product of the values is swept.
-        grow: ``dp``, ``tp`` or ``pp``.
-        strong: keep the global batch (strong scaling) instead of growing it with dp.
-
-    Returns:
-        One row per point (``collsim.study.sweep.sweep_frame``): coordinates, ``feasible``,
-        ``reason`` and every result field, in seconds and bytes.
-    """
+    """Simulate a scenario file over GPU counts (``grow``: the axis that grows with them) and
+    the product of ``sets`` (``{"parallel.zero": [0, 1, 3]}``), as ``collsim sweep`` does.
+    ``strong`` keeps the global batch. One row per point (``collsim.study.sweep.sweep_frame``)."""
     from collsim.study import sweep as sweeping
 
     pairs = [
-        (key, [json.dumps(v) if not isinstance(v, str) else v for v in values])
+        (key, [v if isinstance(v, str) else json.dumps(v) for v in values])
         for key, values in (sets or {}).items()
     ]
     gpu_list = list(gpus) if gpus is not None else None
@@ -251,35 +197,21 @@ def collective(
     nodes: int | None = None,
     algorithms: Sequence[str] | None = None,
 ) -> pd.DataFrame:
-    """Closed-form time of one collective over sizes, per algorithm that applies.
-
-    Returns:
-        ``op, algorithm, protocol, size_bytes, time_s, algbw_bps, busbw_bps`` (nccl-tests
-        conventions for the bandwidths).
-    """
+    """Closed-form time of one collective over sizes, per algorithm that applies:
+    ``op, algorithm, protocol, size_bytes, time_s, algbw_bps, busbw_bps`` (nccl-tests)."""
     from collsim.collectives import Group
     from collsim.errors import InfeasibleError
     from collsim.report.frames import collective_cost_frame
     from collsim.study.sweep import cluster_for
     from collsim.vocab import Algorithm, CollectiveOp
 
-    try:
-        CollectiveOp(op)
-    except ValueError:
-        choices = ", ".join(o.value for o in CollectiveOp)
-        raise ConfigError(f"must be one of {choices}; got {op!r}", key_path="op") from None
+    _choice(op, [o.value for o in CollectiveOp], "op")
     sizes = [sizes_bytes] if isinstance(sizes_bytes, int) else list(sizes_bytes)
     if not sizes or any(int(s) <= 0 for s in sizes):
         raise ConfigError(f"sizes must be > 0 bytes, got {sizes}", key_path="sizes_bytes")
     names = list(algorithms) if algorithms is not None else [a.value for a in Algorithm]
     for name in names:
-        try:
-            Algorithm(name)
-        except ValueError:
-            choices = ", ".join(a.value for a in Algorithm)
-            raise ConfigError(
-                f"must be one of {choices}; got {name!r}", key_path="algorithms"
-            ) from None
+        _choice(name, [a.value for a in Algorithm], "algorithms")
     try:
         topo = cluster_for(topology, gpus, nodes)
     except InfeasibleError as exc:
@@ -289,24 +221,6 @@ def collective(
         return collective_cost_frame(op, [int(s) for s in sizes], Group.all(topo), names)
 
 
-def goodput(*args: Any, **kwargs: Any) -> Any:
-    """``collsim.goodput.goodput(...)``: training goodput under failures, where this version
-    of collsim has the :mod:`collsim.goodput` module.
-
-    Raises:
-        UnavailableError: this version has no goodput model.
-    """
-    import importlib
-
-    try:
-        module = importlib.import_module("collsim.goodput")
-    except ModuleNotFoundError as exc:
-        if exc.name != "collsim.goodput":
-            raise
-        raise UnavailableError(
-            "collsim.goodput is not available in this version of collsim"
-        ) from None
-    function = getattr(module, "goodput", None)
-    if function is None or not callable(function):
-        raise UnavailableError("collsim.goodput has no goodput() function in this version")
-    return function(*args, **kwargs)
+def _choice(value: str, choices: list[str], key: str) -> None:
+    if value not in choices:
+        raise ConfigError(f"must be one of {', '.join(choices)}; got {value!r}", key_path=key)

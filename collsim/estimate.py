@@ -56,7 +56,7 @@ from collsim.schedule.dataparallel import GRAD_NORM_BYTES, DPCall, grad_norm_gro
 from collsim.schedule.memory import MemoryLedger, MemoryPattern
 from collsim.schedule.ops import ChunkModel, Segment
 from collsim.schedule.pricing import ClosedPricer, SegmentPrices
-from collsim.schedule.result import BREAKDOWN_KEYS, StepResult, TraceEvent
+from collsim.schedule.result import BREAKDOWN_KEYS, StepResult, StragglerReport, TraceEvent
 from collsim.schedule.stats import CallKey, CallStats, CallTally, dp_link
 from collsim.vocab import ParallelAxis
 
@@ -161,7 +161,7 @@ class _Walk:
 
     def flush_tp(self) -> None:
         for (rank, _), (segs, runs) in self._runs.items():
-            for step in (st for seg in segs for st in seg.steps):
+            for step in (c for seg in segs for st in seg.steps for c in st.calls()):
                 if step.op:
                     group = self.prices.step_group(rank, step)
                     if len(group) < 2:
@@ -588,21 +588,21 @@ def estimate_step(
     baseline = walk(schedule, pricer)
     result = walk(slowed, pricer)
     resolved = stragglers.resolve(topology)
-    result.details["stragglers"] = {
-        "clock_factors": dict(sorted(resolved.compute_factors.items())),
-        "tp_paced_ranks": sorted(resolved.tp_pace(schedule.plan)),
-        "stage_factors": {
+    result.stragglers = StragglerReport(
+        clock_factors=dict(sorted(resolved.compute_factors.items())),
+        tp_paced_ranks=sorted(resolved.tp_pace(schedule.plan)),
+        stage_factors={
             f"dp{d}.pp{s}": f for (d, s), f in sorted(resolved.stage_factors(schedule.plan).items())
         },
-        "degraded_links": {},
-        "baseline_step_time_s": baseline.step_time_s,
-        "step_time_s": result.step_time_s,
-        "slowdown": result.step_time_s / baseline.step_time_s,
-        "extra_s": result.step_time_s - baseline.step_time_s,
-        "critical_rank": result.details.get("critical_rank"),
-        "longest_wait": None,
-        "waits": [],
-    }
+        degraded_links={},
+        baseline_step_time_s=baseline.step_time_s,
+        step_time_s=result.step_time_s,
+        slowdown=result.step_time_s / baseline.step_time_s,
+        extra_s=result.step_time_s - baseline.step_time_s,
+        critical_rank=result.critical_rank,
+        longest_wait=None,
+        waits=[],
+    )
     return result
 
 

@@ -30,7 +30,8 @@ unit where they have one; unknown keys are rejected with ``file:line: key.path``
       #   router: softmax | sigmoid, router_bias, load_imbalance
     training: {global_batch: 1536, micro_batch: 1, dtype: bf16, optimizer: adam, recompute: full}
       # fp8_recipe: tensorwise | delayed | blockwise | mxfp8 (with dtype: fp8)
-      # stack: megatron_te | torchtitan | llm_foundry | fsdp | deepspeed  (sets the keys below)
+      # stack: megatron_te | nemo_automodel | torchtitan | llm_foundry | fsdp | deepspeed
+      #   (sets the keys below and the MoE dispatcher)
       # attention_kernel: flash2 | flash3 | cudnn | triton | eager
       # execution: eager | compiled | cuda_graphs; fused_kernels: true | false
       # grad_reduce_dtype: fp32 | bf16; grad_clip: true | false
@@ -48,7 +49,10 @@ unit where they have one; unknown keys are rejected with ``file:line: key.path``
       fsdp: {prefetch: 1, reshard_after_forward: true, offload: false,
              shard_group_size: null, reduce_dtype: null, fp8_all_gather: false}
       ep: 1                    # expert parallel (folded over tp x cp x dp), etp: 1;
-                               # ep_overlap: false (1F1B all-to-all overlap)
+                               # ep_overlap: false | true | a2a | dualpipe | dualpipev;
+                               # dispatcher: alltoall | deepep | hybridep | allgather,
+                               # routing: uniform | node_limited | balanced,
+                               # routing_nodes: M, dispatch_sms
       cp: 1                    # context parallel; cp_algorithm: ring | all_gather,
                                # cp_load_balance: true (2 x cp chunks)
       pipeline_split: even     # even (layers must divide) | balanced (uneven when not)
@@ -562,7 +566,11 @@ def _read_parallel(reader: ConfigReader) -> ParallelConfig:
             "account_for_embedding": bool,
             "account_for_loss": bool,
             "order": str,
-            "ep_overlap": bool,
+            "ep_overlap": (bool, str),
+            "dispatcher": str,
+            "routing": str,
+            "routing_nodes": int,
+            "dispatch_sms": int,
         },
     )
     split = reader.get("layers_per_stage", list, default=None)
@@ -602,7 +610,9 @@ def _read_parallel(reader: ConfigReader) -> ParallelConfig:
     return ParallelConfig(**kwargs)
 
 
-def _copy_optional(reader: ConfigReader, out: dict[str, Any], kinds: dict[str, type]) -> None:
+def _copy_optional(
+    reader: ConfigReader, out: dict[str, Any], kinds: dict[str, type | tuple[type, ...]]
+) -> None:
     """Copy the keys that are present; the dataclass defaults apply to the others."""
     for key, kind in kinds.items():
         value = reader.get(key, kind, default=None)

@@ -235,6 +235,7 @@ def _devices() -> list[str]:
 _CONFIG = "collsim.parallel.config"
 _SPEC_MODULE = "collsim.workload.model"
 _TOPO = "collsim.topology"
+_TRANSPORTS = "collsim.transports"
 
 # -- device (collsim.hardware.device_from_reader; collsim/data/devices/*.yaml) --------------------
 
@@ -596,10 +597,25 @@ _PARALLEL = Section(
             "Rank layout, fastest-varying first (Megatron order strings; default tp-cp-ep-dp-pp).",
             _enum_values("collsim.vocab", "RankOrder"),
         ),
-        "ep_overlap": _flag(
-            "Overlap EP all-to-alls with the compute of a paired op (Megatron's "
-            "--overlap-moe-expert-parallel-comm)."
+        "ep_overlap": Either(
+            options=(
+                _flag("true: a2a, false: none."),
+                _choice("Overlap mode.", _enum_values(_CONFIG, "EP_OVERLAP_MODES")),
+            ),
+            description="Overlap EP all-to-alls with the compute of a paired op (Megatron's "
+            "--overlap-moe-expert-parallel-comm; DualPipe / DualPipeV).",
+            rule="must be true, false, none, a2a, dualpipe or dualpipev; got {value!r}",
         ),
+        "dispatcher": _choice(
+            "MoE token dispatcher (default: the stack's, else alltoall).",
+            _enum_values("collsim.parallel.dispatch", "DISPATCHERS"),
+        ),
+        "routing": _choice(
+            "Routing model of the dispatch volumes.",
+            _enum_values("collsim.parallel.dispatch", "ROUTINGS"),
+        ),
+        "routing_nodes": _pos("integer", "M of node_limited routing (DeepSeek-V3: 4)."),
+        "dispatch_sms": _nonneg("integer", "SMs the dispatch kernels hold."),
         "pipeline_split": _choice(
             "even (layers must divide) or balanced.", _enum_values(_CONFIG, "PIPELINE_SPLITS")
         ),
@@ -740,6 +756,12 @@ TOPOLOGY = Section(
                 "net_latency_us": _nonneg("number", "Per LL/LL128 network step, us."),
                 "net_simple_latency_us": _nonneg("number", "Per Simple network step, us."),
                 "ll128": _flag("NCCL runs LL128 across nodes."),
+                "ll": _flag("NCCL runs LL across nodes."),
+                "completion_us": _nonneg("number", "Per Simple network step beyond the flush, us."),
+                "platform": _choice(
+                    "EFA instance family.", _enum_values(_TRANSPORTS, "EFA_PLATFORMS")
+                ),
+                "tuner": _choice("Whose choice auto follows.", _enum_values(_TRANSPORTS, "TUNERS")),
                 "sharp": _flag("CollNet / SHARP in-network reduction."),
             },
         ),
@@ -755,6 +777,9 @@ TOPOLOGY = Section(
             fields={
                 "library": _choice("Library.", _enum_values(_TOPO, "LIBRARIES")),
                 "overhead_us": _nonneg("number", "Launch overhead per call, microseconds."),
+                "nccl_version": _choice(
+                    "NCCL release assumed.", _enum_values(_TRANSPORTS, "NCCL_RELEASES")
+                ),
                 "algorithms": Section(
                     description="Algorithm per op.",
                     keys=_OPS,

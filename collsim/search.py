@@ -1139,10 +1139,10 @@ class _Bounds:
     def _dp_group(self, c: Candidate, stage: int) -> tuple[int, ...]:
         """The data-parallel group of stage ``stage``'s first tp rank (the plan's mapping,
         :meth:`collsim.parallel.plan.Plan.rank`)."""
-        from collsim.parallel.plan import grid_rank
+        from collsim.parallel.plan import grid_rank, rank_axes
 
-        sizes = (c.dp, c.pp, c.cp, c.tp)
-        return tuple(grid_rank(self.order, sizes, dp=d, pp=stage, tp=0) for d in range(c.dp))
+        axes = rank_axes(self.order, {"dp": c.dp, "pp": c.pp, "cp": c.cp, "tp": c.tp})
+        return tuple(grid_rank(axes, {"dp": d, "pp": stage}) for d in range(c.dp))
 
     def _block_work(
         self, c: Candidate
@@ -1202,8 +1202,8 @@ class _Bounds:
             scale = min(1.0, float(self.spec.load_imbalance))
             out = {"forward": 0.0, "backward": 0.0}
             for comm in layer_comms(plan, layer):
-                if comm.axis not in ("ep", "etp") or comm.overlappable:
-                    continue
+                if comm.axis not in ("ep", "etp", "ep_node") or comm.overlappable:
+                    continue  # (DeepEP's NVLink leg runs beside its network leg)
                 size = comm.size_bytes * (scale if comm.op == "all_to_all" else 1.0)
                 groups = {
                     plan.group_of(plan.rank(dp=0, pp=s, tp=0), comm.axis) for s in range(c.pp)
@@ -1306,9 +1306,11 @@ class _Bounds:
 def _simulate(
     topology: Topology, spec: TransformerSpec, training: TrainingConfig, parallel: ParallelConfig
 ) -> StepResult:
-    from collsim.engine import simulate_step
+    """The engine's step of one candidate, as every caller simulates one
+    (:mod:`collsim.study.job`; no stragglers: the candidates are the plans, not the job)."""
+    from collsim.study.job import StepInputs, simulate_inputs
 
-    return simulate_step(topology, spec, training, parallel)
+    return simulate_inputs(StepInputs(topology, spec, training, parallel))
 
 
 def search_frame(result: SearchResult, *, limit: int | None = None) -> pd.DataFrame:

@@ -53,8 +53,9 @@ import numpy as np
 import collsim
 from collsim.errors import ConfigError, InfeasibleError
 from collsim.hardware import Device, get_device
+from collsim.transports import EFA_PLATFORMS, NCCL_RELEASES, TRANSPORTS, TUNERS, transport_for
 from collsim.units import US, gbit_to_bps, gbps_to_bps
-from collsim.vocab import Algorithm, CollectiveOp, FabricKind, Interconnect, LinkKind
+from collsim.vocab import Algorithm, CollectiveOp, FabricKind, Interconnect, LinkKind, Protocol
 from collsim.yamlio import ConfigReader, YamlDoc, load_yaml, non_negative, one_of, positive
 
 if TYPE_CHECKING:  # the collective layer's types of CollectiveMemo (it imports this module)
@@ -242,6 +243,9 @@ class CollectiveSettings:
     calibrate`` when one line does not follow the measurement): the bytes of a collective above
     knee_bytes move at knee_efficiency instead of the op's efficiency (gloo's broadcast slows
     down once its buffers leave the cache). knee_efficiency <= the op's efficiency."""
+    nccl_version: str = NCCL_RELEASES[-1]
+    """The NCCL release the topology assumes (``collectives.nccl_version``), one of
+    :data:`collsim.transports.NCCL_RELEASES`."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -281,49 +285,14 @@ class FabricDefaults:
 
 
 FABRIC_DEFAULTS: dict[FabricKind, FabricDefaults] = {
-    FabricKind.INFINIBAND: FabricDefaults(
-        nic_efficiency=0.96,
-        net_latency_us=0.0,
-        net_simple_latency_us=0.0,
-        ll128=True,
-        source="one 400 Gb/s RDMA NIC: nccl busbw 48 of 50 GB/s (NVIDIA GTC24 S62129); NCCL's "
-        "NET latencies (tuning.cc) are the IB verbs figures, the IB plugin adds none",
-    ),
-    FabricKind.ROCE: FabricDefaults(
-        nic_efficiency=0.96,
-        net_latency_us=0.0,
-        net_simple_latency_us=0.0,
-        ll128=True,
-        source="RoCE runs NCCL's IB verbs plugin (src/transport/net_ib): InfiniBand's figures; "
-        "no separate RoCE figure in the reference set",
-    ),
-    FabricKind.EFA: FabricDefaults(
-        nic_efficiency=0.96,
-        net_latency_us=0.0,
-        net_simple_latency_us=0.0,
-        ll128=True,
-        source="no EFA figure in the reference set: InfiniBand's defaults, to be replaced by "
-        "a calibration (collsim validate calibrate) on EFA logs",
-    ),
-    FabricKind.TCPXO: FabricDefaults(
-        nic_efficiency=1.0,
-        net_latency_us=54.0,
-        net_simple_latency_us=420.0,
-        ll128=False,
-        source="fitted to the two-node GCP A3 Mega all_reduce sweep "
-        "(tests/data/nccl_allreduce_h100_2node_a3mega.csv), sizes <= 4 MiB and >= 1 GiB "
-        "only, least squares of log time: the small sizes grow at NCCL's LL cap (LL128 not "
-        "used across TCPXO) and give the LL latency, 1-8 GiB the Simple latency and the "
-        "rate (at its bound, 1.0 of 200 Gb/s: the tree keeps NCCL's 0.92 factor); see "
-        "topologies/gcp_a3_mega.yaml and tests/collectives/test_a3mega.py",
-    ),
-    FabricKind.FAT_TREE: FabricDefaults(
-        nic_efficiency=1.0,
-        net_latency_us=0.0,
-        net_simple_latency_us=0.0,
-        ll128=True,
-        source="no transport defaults",
-    ),
+    kind: FabricDefaults(
+        nic_efficiency=t.nic_efficiency,
+        net_latency_us=t.net_latency_us,
+        net_simple_latency_us=t.net_simple_latency_us,
+        ll128=t.ll128,
+        source=t.source,
+    )
+    for kind, t in TRANSPORTS.items()
 }
 """Per-kind defaults, each with its source."""
 
@@ -342,6 +311,12 @@ class _FabricSpec:
     ll128: bool = True
     collnet: bool = False
     """In-network reduction (SHARP) reachable through NCCL's CollNet (``fabric.sharp``)."""
+    ll: bool = True
+    """Whether NCCL runs LL across this fabric (``fabric.ll``)."""
+    platform: str | None = None
+    """The EFA instance family (``fabric.platform``, :data:`collsim.transports.EFA_PLATFORMS`)."""
+    tuner: str = "nccl"
+    """Whose choice ``auto`` follows: ``nccl`` or ``aws-ofi-nccl`` (``fabric.tuner``)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -898,34 +873,58 @@ def _read_fabric(root: ConfigReader) -> tuple[_FabricSpec, FabricDefaults]:
     kind = FabricKind(
         sec.get("kind", str, default="fat_tree", check=one_of(*[k.value for k in FabricKind]))
     )
-    kind_defaults = FABRIC_DEFAULTS[kind]
+    platform: str | None = None
+    if sec.has("platform"):
+        platform = sec.get("platform", str, check=one_of(*EFA_PLATFORMS))
+    transport = transport_for(kind, platform if kind is FabricKind.EFA else None)
+    kind_defaults = replace(
+        FABRIC_DEFAULTS[kind],
+        net_latency_us=transport.net_latency_us,
+        net_simple_latency_us=transport.net_simple_latency_us,
+        ll128=transport.ll128,
+        source=transport.source,
+    )
+    net_latency_us = sec.get(
+        "net_latency_us", float, default=kind_defaults.net_latency_us, check=non_negative
+    )
+    if sec.has("completion_us") and sec.has("net_simple_latency_us"):
+        raise sec.error("give completion_us or net_simple_latency_us, not both", "completion_us")
+    simple_us = (
+        2.0 * net_latency_us + sec.get("completion_us", float, check=non_negative)
+        if sec.has("completion_us")
+        else sec.get(
+            "net_simple_latency_us",
+            float,
+            default=kind_defaults.net_simple_latency_us,
+            check=non_negative,
+        )
+    )
     fabric = _FabricSpec(
         rails=sec.get("rails", bool, default=False),
         oversubscription=sec.get("oversubscription", float, default=1.0, check=_at_least_one),
         nodes_per_leaf=sec.get("nodes_per_leaf", int, default=1 << 30, check=positive),
         latency_s=sec.get("latency_us", float, default=0.0, check=non_negative) * US,
         kind=kind,
-        net_latency_s=sec.get(
-            "net_latency_us", float, default=kind_defaults.net_latency_us, check=non_negative
-        )
-        * US,
-        net_simple_latency_s=sec.get(
-            "net_simple_latency_us",
-            float,
-            default=kind_defaults.net_simple_latency_us,
-            check=non_negative,
-        )
-        * US,
+        net_latency_s=net_latency_us * US,
+        net_simple_latency_s=simple_us * US,
         ll128=sec.get("ll128", bool, default=kind_defaults.ll128),
         collnet=sec.get("sharp", bool, default=False),
+        ll=sec.get("ll", bool, default=Protocol.LL in transport.protocols),
+        platform=platform,
+        tuner=sec.get("tuner", str, default=transport.tuner, check=one_of(*TUNERS)),
     )
     sec.finish()
+    if platform is not None and kind is not FabricKind.EFA:
+        raise sec.error("platform is an EFA instance family; needs kind: efa", "platform")
     return fabric, kind_defaults
 
 
 def _read_collectives(root: ConfigReader) -> CollectiveSettings:
     sec = root.section("collectives", default_empty=True)
     library = sec.get("library", str, default="nccl", check=one_of(*LIBRARIES))
+    nccl_version = sec.get(
+        "nccl_version", str, default=NCCL_RELEASES[-1], check=one_of(*NCCL_RELEASES)
+    )
     overhead_s = sec.get("overhead_us", float, default=0.0, check=non_negative) * US
     algos = sec.section("algorithms", default_empty=True)
     overrides: dict[str, str] = {}
@@ -952,6 +951,7 @@ def _read_collectives(root: ConfigReader) -> CollectiveSettings:
         op_overhead_s=op_overhead_s,
         op_efficiency=op_efficiency,
         op_knee=op_knee,
+        nccl_version=nccl_version,
     )
 
 

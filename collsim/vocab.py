@@ -139,6 +139,11 @@ class ParallelAxis(StrEnum):
     DP_CP_SHARD = "dp_cp_shard"
     EDP_SHARD = "edp_shard"
     EDP_REPLICATE = "edp_replicate"
+    EP_NODE = "ep_node"
+    """The ranks of an EP group at the same place in their nodes, one per node the group spans
+    (the network leg of DeepEP / HybridEP: IB to the same in-node index)."""
+    EP_LOCAL = "ep_local"
+    """The ranks of an EP group on one node (the NVLink leg of DeepEP / HybridEP)."""
     MP = "mp"
     """The model-parallel ranks of one data-parallel replica (every tp, cp and pp index at one
     dp index): the group of the gradient-norm all-reduce."""

@@ -17,6 +17,13 @@ NAMES = [
     "localhost",
     "gcp_a3_mega",
     "oci_bm_gpu4_8",
+    "aws_p4d",
+    "aws_p4de",
+    "aws_p5",
+    "aws_p5e",
+    "aws_p5en",
+    "azure_nd_h100_v5",
+    "oci_bm_gpu_h100_8",
 ]
 
 
@@ -248,7 +255,9 @@ def _with_kind(kind: str, extra: str = "") -> str:
         # NCCL's NET latencies were measured on IB verbs: the transport adds nothing
         ("infiniband", 0.96, 0.0, 0.0, True),
         ("roce", 0.96, 0.0, 0.0, True),
-        ("efa", 0.96, 0.0, 0.0, True),
+        # aws-ofi-nccl reports 75 us to NCCL on p4d / p5 (src/platform-aws.cpp); Simple pays
+        # it twice (the flush) plus the 3 us completion (TUNER_NET_COMP_OVERHEAD)
+        ("efa", 0.96, 75.0, 153.0, True),
         # fitted to the A3 Mega sweep (tests/collectives/test_a3mega.py)
         ("tcpxo", 1.0, 54.0, 420.0, False),
         # the older spelling: no transport defaults at all

@@ -10,23 +10,15 @@ infeasible; 2 bad input (one line naming the key); 3 a needed part is not availa
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
 from collsim.cli.common import OneLineCommand, check_output_path
 from collsim.errors import ConfigError
 
-if TYPE_CHECKING:
-    from collsim.scenario import Scenario
-    from collsim.schedule.result import StepResult
-    from collsim.study.goodput.costs import JobCosts
-    from collsim.study.goodput.estimate import GoodputResult, Spread
-    from collsim.topology import Topology
-
-__all__ = ["goodput", "goodput_scenario", "scenario_costs", "format_goodput_report", "one_line"]
+__all__ = ["goodput", "goodput_scenario"]
 
 _EPILOG = """\b
 Examples:
@@ -37,10 +29,9 @@ Examples:
 Exit status: 0 done, 1 the plan is infeasible, 2 bad input.
 """
 
-#: Monte Carlo runs when ``--runs`` is not given.
+#: Monte Carlo runs when ``--runs`` is not given (``collsim.study.job.DEFAULT_RUNS``, kept
+#: here so that ``--help`` does not import the study).
 DEFAULT_RUNS = 1000
-#: Run length when neither ``--days`` nor ``reliability.duration_days`` is given (issue 14).
-DEFAULT_DAYS = 30.0
 PLOT_SUFFIXES = (".png", ".svg")
 
 
@@ -112,7 +103,8 @@ def goodput_scenario(
 ) -> int:
     """The body of ``collsim goodput``; returns 0 (errors raise: ConfigError exit 2,
     InfeasibleError exit 1, mapped once by the command group)."""
-    from collsim.cli.run import _load_topology, _simulate_capturing
+    from collsim.report.goodput_text import format_goodput_report
+    from collsim.study.job import job_goodput, load, require_reliability, run_job
 
     if plot_path is not None and Path(plot_path).suffix.lower() not in PLOT_SUFFIXES:
         raise ConfigError(
@@ -121,29 +113,17 @@ def goodput_scenario(
         )
     check_output_path(json_path, "--json")
     check_output_path(plot_path, "--plot")
-    from collsim.scenario import load_scenario
+    scenario = load(path, list(overrides))
+    require_reliability(scenario)
+    job = run_job(scenario)
+    estimate = job_goodput(job, days=days, runs=runs, seed=seed)
 
-    scenario = load_scenario(path, list(overrides))
-    if scenario.reliability is None:
-        raise ConfigError(
-            "missing required section (collsim goodput needs it)",
-            key_path="reliability",
-            file=str(path),
-        )
-    topology = _load_topology(scenario)
-    result, caught = _simulate_capturing(scenario, topology, all_ranks=False, trace=False)
-    costs = scenario_costs(scenario, topology, result)
-    run_days = days or scenario.reliability.duration_days or DEFAULT_DAYS
-    from collsim.study.goodput.estimate import estimate_goodput
-
-    estimate = estimate_goodput(costs, scenario.reliability, days=run_days, runs=runs, seed=seed)
-
-    click.echo(format_goodput_report(estimate, scenario, topology))
-    for w in caught:
-        click.echo(f"warning: {' '.join(str(w.message).split())}", err=True)
+    click.echo(format_goodput_report(estimate, scenario))
+    for message in job.warnings:
+        click.echo(f"warning: {' '.join(message.split())}", err=True)
     for message in estimate.warnings:
         click.echo(f"warning: {message}", err=True)
-    if not result.fits:
+    if not job.result.fits:
         click.echo("warning: the plan does not fit in memory (collsim run says more)", err=True)
     if json_path is not None:
         data = estimate.to_dict()
@@ -154,179 +134,10 @@ def goodput_scenario(
         from collsim.report.goodput_plots import plot_goodput
         from collsim.report.plots import save_figure
 
-        fig = plot_goodput(estimate, title=f"{scenario.name}: {run_days:g} days")
+        fig = plot_goodput(estimate, title=f"{scenario.name}: {estimate.days:g} days")
         save_figure(fig, plot_path)
         click.echo(f"wrote {plot_path}", err=True)
     return 0
-
-
-def scenario_costs(scenario: Scenario, topology: Topology, result: StepResult) -> JobCosts:
-    """The job's goodput inputs: the reliability section, the plan's state, the simulated step.
-
-    Raises:
-        ConfigError: no reliability section, or an interval shorter than a checkpoint write
-            (located in the scenario file).
-    """
-    from collsim.study.goodput.costs import checkpoint_state, job_costs
-
-    reliability = scenario.reliability
-    if reliability is None:
-        raise scenario.locate(ConfigError("missing required section", key_path="reliability"))
-    gpus_per_node = max(1, int(topology.gpus_per_node))
-    num_nodes = math.ceil(scenario.parallel.world_size / gpus_per_node)
-    try:
-        return job_costs(
-            reliability,
-            state=checkpoint_state(scenario.model, scenario.training, scenario.parallel),
-            num_nodes=num_nodes,
-            step_time_s=result.step_time_s,
-            tokens_per_step=float(scenario.training.global_batch * scenario.model.seq_len),
-        )
-    except ConfigError as exc:
-        raise scenario.locate(exc) from None
-
-
-# -- text ----------------------------------------------------------------------------------------
-
-
-def format_duration(time_s: float) -> str:
-    """Seconds as s, min, h or days with three significant figures."""
-    if not math.isfinite(time_s):
-        return "inf"
-    for scale, unit in ((86400.0, "d"), (3600.0, "h"), (60.0, "min")):
-        if abs(time_s) >= 2 * scale:
-            return f"{time_s / scale:.3g} {unit}"
-    return f"{time_s:.3g} s"
-
-
-def _tokens(value: float) -> str:
-    for scale, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M")):
-        if abs(value) >= scale:
-            return f"{value / scale:.4g} {unit}"
-    return f"{value:,.0f}"
-
-
-def _bytes(value: float) -> str:
-    for scale, unit in ((1e12, "TB"), (1e9, "GB"), (1e6, "MB")):
-        if abs(value) >= scale:
-            return f"{value / scale:.3g} {unit}"
-    return f"{value:,.0f} B"
-
-
-def format_goodput_report(result: GoodputResult, scenario: Scenario, topology: Topology) -> str:
-    """The text report of ``collsim goodput``."""
-    from collsim.report.tables import format_table
-
-    title = f"collsim goodput: {scenario.name} ({result.days:g} days)"
-    lines = [title, "=" * len(title), *_setting_lines(result, scenario), ""]
-    lines.append(
-        format_table(
-            ["over the run", "closed form", "MC mean", "MC 5th pct", "MC 95th pct"],
-            _outcome_rows(result, scenario),
-            align="lrrrr",
-        )
-    )
-    b, mc = result.best_interval, result.monte_carlo
-    if b is not None and mc is not None:
-        lines.append("")
-        lines.append(
-            f"best interval  exact {format_duration(b.closed_form_s)}, Daly (higher order) "
-            f"{format_duration(b.daly_s)}, Young (first order) {format_duration(b.young_s)}"
-        )
-        lines.append(
-            f"               Monte Carlo {format_duration(b.monte_carlo_s)}, bootstrap 95 % CI "
-            f"{format_duration(b.ci95_low_s)} - {format_duration(b.ci95_high_s)} "
-            f"({mc.runs} runs, seed {mc.seed})"
-        )
-    return "\n".join(lines)
-
-
-def _setting_lines(result: GoodputResult, scenario: Scenario) -> list[str]:
-    """The job, its failure rate, checkpoint, recovery and checkpoint interval, one line each."""
-    c = result.costs
-    rel = scenario.reliability
-    gpus = scenario.parallel.world_size
-    lines = [
-        f"job          {c.num_nodes} nodes, {gpus:,} GPUs; step {format_duration(c.step_time_s)} "
-        f"of {c.tokens_per_step:,.0f} tokens: {_tokens(c.tokens_per_s * 86400)} tokens per day"
-    ]
-    if rel is not None:
-        total = sum(x.per_1000_node_days for x in rel.components) or 1.0
-        shares = ", ".join(
-            f"{x.name} {100 * x.per_1000_node_days / total:.0f} %" for x in rel.components
-        )
-        lines.append(
-            f"failures     {c.failure_rate_per_s * 86400:.3g} per day (job MTBF "
-            f"{format_duration(c.mtbf_s)}): {shares}"
-        )
-    if c.state is not None and rel is not None:
-        mode = "sharded" if rel.checkpoint.sharded else "one writer"
-        sync = "async, snapshot" if rel.checkpoint.asynchronous else "sync"
-        lines.append(
-            f"checkpoint   {_bytes(c.state.total_bytes)} ({_bytes(c.state.max_rank_bytes)} per "
-            f"GPU, {mode}); write {format_duration(c.write_s)}, stall "
-            f"{format_duration(c.stall_s)} ({sync}); load {format_duration(c.load_s)}"
-        )
-    lines.append(
-        f"recovery     detection {format_duration(c.detection_s)} + restart "
-        f"{format_duration(c.restart_s)} (incl. load and warm-up)"
-    )
-    source = "from the scenario" if result.interval_source == "scenario" else "auto: optimum"
-    lines.append(f"interval     {format_duration(result.interval_s)} of training ({source})")
-    return lines
-
-
-def _spread(s: Spread | None, fmt: Any) -> list[str]:
-    if s is None:
-        return ["-", "-", "-"]
-    return [fmt(s.mean), fmt(s.p5), fmt(s.p95)]
-
-
-def _count(v: float) -> str:
-    return f"{v:,.1f}"
-
-
-def _ratio(v: float) -> str:
-    return f"{v:.4f}"
-
-
-def _outcome_rows(result: GoodputResult, scenario: Scenario) -> list[list[str]]:
-    """Each outcome over the run: the closed form's expectation, then the Monte Carlo mean,
-    5th and 95th percentiles ("-" without a Monte Carlo run)."""
-    cf, mc = result.closed_form, result.monte_carlo
-    rel = scenario.reliability
-    rows = [
-        ["interruptions", _count(cf.interruptions)]
-        + _spread(mc.interruptions if mc else None, _count),
-        ["  struck during a recovery", _count(cf.interruptions_in_recovery)]
-        + _spread(mc.interruptions_in_recovery if mc else None, _count),
-        ["effective training time ratio", _ratio(cf.effective_training_time_ratio)]
-        + _spread(mc.effective_training_time_ratio if mc else None, _ratio),
-        ["goodput, tokens per day", _tokens(cf.goodput_tokens_per_day)]
-        + _spread(mc.goodput_tokens_per_day if mc else None, _tokens),
-        ["training lost to rollbacks", format_duration(cf.lost_s)]
-        + _spread(mc.lost_s if mc else None, format_duration),
-        ["time checkpointing", format_duration(cf.checkpointing_s)]
-        + _spread(mc.checkpointing_s if mc else None, format_duration),
-        ["time recovering", format_duration(cf.recovering_s)]
-        + _spread(mc.recovering_s if mc else None, format_duration),
-    ]
-    if mc is not None and rel is not None and rel.spares.nodes is not None:
-        rows.append(
-            ["waiting for spares (MC only)", "-"] + _spread(mc.spare_wait_s, format_duration)
-        )
-    return rows
-
-
-def one_line(result: GoodputResult) -> str:
-    """``collsim run``'s goodput line: the closed form's expectations (ETTR = effective training
-    time ratio)."""
-    cf = result.closed_form
-    return (
-        f"goodput      {_tokens(cf.goodput_tokens_per_day)} tokens per day, ETTR "
-        f"{cf.effective_training_time_ratio:.3f}, {cf.interruptions:,.1f} interruptions in "
-        f"{result.days:g} days, checkpoint every {format_duration(result.interval_s)}"
-    )
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:

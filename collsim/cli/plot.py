@@ -16,7 +16,7 @@ Kinds that simulate a scenario (or evaluate the closed form) first:
 
 Exit codes: 0 written; 1 the scenario is infeasible; 2 bad input (one line naming the key),
 the same code ``collsim run`` gives for the same scenario (the plan is built the same way, by
-:func:`collsim.api.simulate`); errors map to codes once, in ``collsim.cli``.
+:func:`collsim.study.job.run_job`); errors map to codes once, in ``collsim.cli``.
 """
 
 from __future__ import annotations
@@ -161,9 +161,9 @@ def _simulate(
     scenario: Path, overrides: list[str], *, trace: bool = True, limits: Any = None
 ) -> Any:
     """The step as ``collsim run`` simulates it (same checks, same exit codes)."""
-    from collsim.api import simulate
+    from collsim.study.job import run_job
 
-    return simulate(scenario, overrides, trace=trace, limits=limits).result
+    return run_job(scenario, overrides, trace=trace, limits=limits).result
 
 
 @plot.command("timeline", short_help="Memory over one step for one rank.")
@@ -212,16 +212,12 @@ def step_cmd(
 ) -> None:
     """One simulated step of SCENARIO: compute Gantt per stage and memory over time."""
     from collsim.report.plots import plot_step
-    from collsim.scenario import load_scenario
+    from collsim.study.job import run_job
 
     _check_suffix(output)
-    base = load_scenario(scenario, list(overrides))
-    result = _simulate(scenario, list(overrides), limits=limits_from_options(limit_values))
-    tp, pp = base.parallel.tp, base.parallel.pp
-    _save(
-        plot_step(result, rank=rank, title=title or base.name, stage_of=lambda r: (r // tp) % pp),
-        output,
-    )
+    limits = limits_from_options(limit_values)
+    job = run_job(scenario, list(overrides), trace=True, limits=limits)
+    _save(plot_step(job.result, rank=rank, title=title or job.scenario.name), output)
 
 
 @plot.command("pipeline", short_help="Gantt per stage, schedules side by side.")
@@ -267,7 +263,7 @@ def pipeline_cmd(
             f"must be some of {', '.join(choices)}; got {schedules!r}",
             key_path="--schedules",
         )
-    base = load_scenario(scenario, list(overrides))
+    load_scenario(scenario, list(overrides))  # bad keys: exit 2 before simulating
     results = {}
     for kind in kinds:
         extra = [
@@ -278,8 +274,7 @@ def pipeline_cmd(
         results[label] = _simulate(
             scenario, [*overrides, *extra], limits=limits_from_options(limit_values)
         )
-    tp, pp = base.parallel.tp, base.parallel.pp
-    _save(plot_pipeline(results, title=title, stage_of=lambda rank: (rank // tp) % pp), output)
+    _save(plot_pipeline(results, title=title), output)
 
 
 @plot.command("collectives", short_help="Bus bandwidth vs size per algorithm.")

@@ -8,7 +8,6 @@ this command needs is not available yet.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,14 +20,13 @@ from collsim.cli.common import (
     limit_options,
     limits_from_options,
 )
-from collsim.errors import CollsimWarning, ConfigError, InfeasibleError, UnavailableError
+from collsim.errors import ConfigError, InfeasibleError, UnavailableError
 from collsim.runtime import collector_paused
 
 if TYPE_CHECKING:
     from collsim.limits import Limits
-    from collsim.scenario import Scenario
     from collsim.schedule.result import StepResult
-    from collsim.topology import Topology
+    from collsim.study.job import Job
 
 __all__ = ["run", "run_scenario"]
 
@@ -45,8 +43,8 @@ a resource limit: the message names the --max-* option that raises it).
 
 TraceWriter = Callable[..., Any]
 
-#: ``--fidelity`` choices: the engine's granularities (``collsim.engine.step.FIDELITIES``, kept
-#: here so that ``--help`` does not import the engine) and ``closed``, the closed form of the
+#: ``--fidelity`` choices (``collsim.study.job.FIDELITIES``, kept here so that ``--help`` does
+#: not import the study): the engine's granularities and ``closed``, the closed form of the
 #: same schedule (``collsim.estimate``).
 FIDELITY_CHOICES = ("auto", "fused", "layer", "closed")
 
@@ -151,36 +149,35 @@ def run_scenario(
     write_trace = _trace_writer() if trace_path is not None else None
     if trace_path is not None and write_trace is None:
         raise UnavailableError("--trace: the trace writer is not yet available in this version")
-    from collsim.limits import check_scenario
-    from collsim.scenario import load_scenario
+    from collsim.study.job import run_job
 
-    scenario = load_scenario(path, overrides)
-    check_scenario(scenario, limits, all_ranks=all_ranks)
-    topology = _load_topology(scenario)
-    result, caught = _simulate_capturing(
-        scenario,
-        topology,
+    job = run_job(
+        path,
+        list(overrides),
+        fidelity=fidelity,
         all_ranks=all_ranks,
         trace=trace_path is not None or plot_path is not None,
-        fidelity=fidelity,
+        limits=limits,
     )
+    scenario, result = job.scenario, job.result
 
+    from collsim.report.run_text import describe_scenario, straggler_lines
     from collsim.report.tables import format_run_report, memory_verdict
 
     click.echo(
         format_run_report(
             result,
             title=f"collsim run: {scenario.name}",
-            context=describe_scenario(scenario, topology),
+            context=describe_scenario(scenario, job.topology, result),
         )
     )
     for text in straggler_lines(result):
         click.echo(text)
     if scenario.reliability is not None:
-        line = _goodput_line(scenario, topology, result)
+        line = _goodput_line(job)
         if line is not None:
             click.echo(line)
-    for message in _warning_messages(caught, result):
+    for message in _warning_messages(job.warnings, result):
         click.echo(f"warning: {message}", err=True)
     if json_path is not None:
         _write_json(json_path, result.to_dict())
@@ -189,27 +186,19 @@ def run_scenario(
         write_trace(result, trace_path, name=scenario.name)
         click.echo(f"wrote {trace_path}", err=True)
     if plot_path is not None:
-        _write_plot(scenario, result, plot_path)
+        _write_plot(scenario.name, result, plot_path)
         click.echo(f"wrote {plot_path}", err=True)
     if not result.fits:
         raise InfeasibleError(memory_verdict(result), reason="memory", prefix="")
 
 
-# -- steps (module-level so tests can stand in for layers that are not there) ---------------------
-
-
-def _goodput_line(scenario: Scenario, topology: Topology, result: StepResult) -> str | None:
+def _goodput_line(job: Job) -> str | None:
     """The closed-form goodput line of a scenario with a reliability section (None: error shown)."""
-    from collsim.cli.goodput import DEFAULT_DAYS, one_line, scenario_costs
-    from collsim.study.goodput.estimate import estimate_goodput
+    from collsim.report.goodput_text import one_line
+    from collsim.study.job import job_goodput
 
-    reliability = scenario.reliability
-    if reliability is None:
-        return None
     try:
-        costs = scenario_costs(scenario, topology, result)
-        days = reliability.duration_days or DEFAULT_DAYS
-        return one_line(estimate_goodput(costs, reliability, days=days, monte_carlo=False))
+        return one_line(job_goodput(job, monte_carlo=False))
     except ConfigError as exc:
         click.echo(f"warning: no goodput estimate: {exc}", err=True)
         return None
@@ -224,140 +213,26 @@ def _trace_writer() -> TraceWriter | None:
     return getattr(trace, "write_trace", None)
 
 
-def _load_topology(scenario: Scenario) -> Topology:
-    """The scenario's cluster; topology errors without a file are pointed at ``cluster``."""
-    try:
-        return scenario.cluster.load()
-    except ConfigError as exc:
-        if exc.file is not None:
-            raise
-        key = exc.key_path or ""
-        if not key.startswith("cluster."):
-            key = "cluster.nodes" if key.endswith("nodes") else "cluster.topology"
-        raise scenario.locate(ConfigError(exc.message, key_path=key)) from None
-
-
-def _simulate(
-    scenario: Scenario,
-    topology: Topology,
-    *,
-    all_ranks: bool,
-    trace: bool,
-    fidelity: str = "auto",
-) -> StepResult:
-    if fidelity == "closed":
-        if all_ranks or trace:
-            raise ConfigError(
-                "the closed form walks one rank per stage and keeps no trace; use --fidelity "
-                "auto, fused or layer with --all-ranks, --trace or --plot",
-                key_path="--fidelity",
-            )
-        from collsim.estimate import estimate_step
-
-        return estimate_step(
-            topology,
-            scenario.model,
-            scenario.training,
-            scenario.parallel,
-            stragglers=scenario.stragglers,
-        )
-    from collsim.engine import simulate_step
-
-    return simulate_step(
-        topology,
-        scenario.model,
-        scenario.training,
-        scenario.parallel,
-        all_ranks=all_ranks,
-        trace=trace,
-        fidelity=fidelity,
-        stragglers=scenario.stragglers,
-    )
-
-
-def straggler_lines(result: StepResult) -> list[str]:
-    """The report lines of a straggler step: its cost against the step without stragglers,
-    and the rendezvous that waited longest (``details["stragglers"]``; none without it)."""
-    st = result.details.get("stragglers")
-    if not st:
-        return []
-    what = [f"rank {r} at {f:g}x clock" for r, f in st["clock_factors"].items()][:4]
-    what += [f"{name} at {f:g}x bandwidth" for name, f in st["degraded_links"].items()][:4]
-    lines = [
-        f"stragglers: {', '.join(what)}",
-        f"  step {st['step_time_s'] * 1e3:.2f} ms vs {st['baseline_step_time_s'] * 1e3:.2f} ms "
-        f"without stragglers: {st['slowdown']:.4f}x (+{st['extra_s'] * 1e3:.2f} ms); "
-        f"critical rank {st['critical_rank']}",
-    ]
-    if st["tp_paced_ranks"]:
-        lines.append(
-            f"  TP groups at their slowest member's pace: ranks {_ranks(st['tp_paced_ranks'])}"
-        )
-    for wait in st["waits"][:3]:
-        waiting = ", ".join(f"{r} {w * 1e3:.2f} ms" for r, w in sorted(wait["waits_s"].items()))
-        lines.append(
-            f"  {wait['axis']} group {_ranks(wait['group'])}: {wait['call']!r} waited "
-            f"{wait['wait_s'] * 1e3:.2f} ms for rank {wait['waited_for']} (waiting: {waiting})"
-        )
-    if result.details.get("fidelity") == "closed":
-        lines.append("  closed form: the slowed pipeline's critical path (waits: use the DES)")
-    return lines
-
-
-def _ranks(ranks: Sequence[int]) -> str:
-    shown = ", ".join(str(r) for r in list(ranks)[:8])
-    return f"[{shown}{', ...' if len(ranks) > 8 else ''}]"
-
-
-def _write_plot(scenario: Scenario, result: StepResult, path: Path) -> None:
-    """``plot_step`` of the traced result, rows labelled by pipeline stage, saved by suffix."""
+def _write_plot(name: str, result: StepResult, path: Path) -> None:
+    """``plot_step`` of the traced result, a row per pipeline stage, saved by suffix."""
     from collsim.report.plots import plot_step, save_figure
 
-    par = scenario.parallel
-    fig = plot_step(result, title=scenario.name, stage_of=lambda r: (r // par.tp) % par.pp)
+    fig = plot_step(result, title=name)
     try:
         save_figure(fig, path)
     except OSError as exc:
         raise ConfigError(f"cannot write: {exc.strerror}", file=str(path)) from None
 
 
-def _simulate_capturing(
-    scenario: Scenario,
-    topology: Topology,
-    *,
-    all_ranks: bool,
-    trace: bool,
-    fidelity: str = "auto",
-) -> tuple[StepResult, list[warnings.WarningMessage]]:
-    """Run the engine, collecting the CollsimWarnings it raises (other warnings pass through).
-
-    Plan errors come back from the engine with a key path only; they are located in the
-    scenario file (or at the ``--set`` that set the key).
-    """
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", CollsimWarning)
-        try:
-            result = _simulate(
-                scenario, topology, all_ranks=all_ranks, trace=trace, fidelity=fidelity
-            )
-        except ConfigError as exc:
-            raise scenario.locate(exc) from None
-    ours = [w for w in caught if issubclass(w.category, CollsimWarning)]
-    for other in caught:
-        if not issubclass(other.category, CollsimWarning):
-            warnings.warn_explicit(other.message, other.category, other.filename, other.lineno)
-    return result, ours
-
-
-def _warning_messages(caught: Sequence[warnings.WarningMessage], result: StepResult) -> list[str]:
+def _warning_messages(caught: Sequence[str], result: StepResult) -> list[str]:
     """Captured warnings then the result's own, each once, in order.
 
     When the plan does not fit, the verdict is printed last in its own words; a warning that
     says the same (``does not fit: ...``) is left out so that it is not said twice.
     """
     seen: dict[str, None] = {}
-    for w in caught:
-        seen.setdefault(" ".join(str(w.message).split()), None)
+    for message in caught:
+        seen.setdefault(" ".join(message.split()), None)
     for message in result.warnings:
         seen.setdefault(" ".join(str(message).split()), None)
     return [m for m in seen if result.fits or not m.startswith("does not fit")]
@@ -372,51 +247,3 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
             handle.write("\n")
     except OSError as exc:
         raise ConfigError(f"cannot write: {exc.strerror}", file=str(path)) from None
-
-
-# -- report context ------------------------------------------------------------------------------
-
-
-def describe_scenario(scenario: Scenario, topology: Topology) -> list[tuple[str, str]]:
-    """Label/text lines that say what was simulated: model, cluster, plan, batch."""
-    spec, train, par = scenario.model, scenario.training, scenario.parallel
-    params_b = spec.num_parameters() / 1e9
-    kv = f" ({spec.kv_heads} kv)" if spec.kv_heads != spec.num_heads else ""
-    model = (
-        f"{spec.name}: {params_b:.2f} B params, {spec.num_layers} layers, hidden "
-        f"{spec.hidden}, {spec.num_heads} heads{kv}, seq {spec.seq_len}"
-    )
-    device = getattr(getattr(topology, "device", None), "name", "GPU")
-    gpus = topology.num_ranks
-    cluster = (
-        f"{topology.num_nodes} x {topology.gpus_per_node} {device} = {gpus} GPUs ({topology.name})"
-    )
-    plan = f"tp {par.tp} x pp {par.pp} x dp {par.dp}"
-    if par.pp > 1:
-        plan += f", {par.schedule}"
-        if par.virtual_stages > 1:
-            plan += f" (virtual stages {par.virtual_stages})"
-    if par.sequence_parallel:
-        plan += ", sequence parallel"
-    if par.zero == 0:
-        plan += f", DDP buckets {par.ddp.bucket_mb:g} MiB, overlap {_on(par.ddp.overlap)}"
-        if par.ddp.gradient_as_bucket_view:
-            plan += ", gradients as bucket views"
-    elif par.zero in (1, 2):
-        plan += f", ZeRO-{par.zero}, buckets {par.ddp.bucket_mb:g} MiB"
-    else:
-        plan += (
-            f", ZeRO-3/FSDP, prefetch {par.fsdp.prefetch}, reshard "
-            f"{_on(par.fsdp.reshard_after_forward)}, offload {_on(par.fsdp.offload)}"
-        )
-    micro = train.global_batch // (train.micro_batch * par.dp) if par.dp else 0
-    batch = (
-        f"global {train.global_batch} = dp {par.dp} x {micro} micro-batches x "
-        f"{train.micro_batch}; {train.dtype}, {train.optimizer}, recompute "
-        f"{train.recompute}"
-    )
-    return [("model", model), ("cluster", cluster), ("plan", plan), ("batch", batch)]
-
-
-def _on(flag: bool) -> str:
-    return "on" if flag else "off"

@@ -130,6 +130,7 @@ def sweep(
     """Simulate SCENARIO at every GPU count of --gpus and every --set combination."""
     from collsim.jobs import default_jobs
     from collsim.study.sweep import (
+        LimitedSimulate,
         build_points,
         check_overrides,
         parse_gpus,
@@ -162,7 +163,7 @@ def sweep(
             strong=strong,
             all_ranks=all_ranks,
             progress=tick,
-            simulate=_Bounded(limits),
+            simulate=LimitedSimulate(limits),
             jobs=jobs or default_jobs(),
         )
 
@@ -190,32 +191,6 @@ def sweep(
         click.echo(f"wrote {plot_path}", err=True)
     if not any(o.feasible for o in outcomes):
         raise InfeasibleError("no point of the sweep can run", reason="sweep", prefix="")
-
-
-class _Bounded:
-    """The engine behind a resource check: a point beyond a limit is infeasible (its reason
-    is the limit's message) instead of running for hours (:func:`collsim.limits.check_plan`).
-    A class, not a closure, so that worker processes can receive it."""
-
-    def __init__(self, limits: Any) -> None:
-        self.limits = limits
-
-    def __call__(
-        self, topology: Any, scenario: Any, *, trace: bool = False, all_ranks: bool = False
-    ) -> Any:
-        from collsim.engine import simulate_step
-        from collsim.limits import check_plan
-
-        check_plan(scenario, self.limits, gpus=topology.num_ranks, all_ranks=all_ranks)
-        return simulate_step(
-            topology,
-            scenario.model,
-            scenario.training,
-            scenario.parallel,
-            all_ranks=all_ranks,
-            trace=trace,
-            stragglers=scenario.stragglers,
-        )
 
 
 def _with_plan_labels(frame: pd.DataFrame, name: str) -> pd.DataFrame:

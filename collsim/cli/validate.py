@@ -308,10 +308,28 @@ def _check_output(path: str | None, hint: str) -> None:
         )
 
 
-def _read_all(paths: tuple[str, ...]) -> list[Any]:
+def _read_all(paths: tuple[str, ...], op: str | None = None) -> list[Any]:
     from collsim.validate.dataset import read_measurements
 
-    return [read_measurements(path) for path in paths]
+    return [read_measurements(path, op) for path in paths]
+
+
+def _op_option(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """``--op``: collsim's name of the collective (nccl-tests' spellings accepted)."""
+    if value is None:
+        return None
+    from collsim.validate.dataset import OPS, canonical_op
+
+    op = canonical_op(value)
+    if op is None:
+        raise click.BadParameter(f"unknown op {value!r} (choose from {', '.join(OPS)})")
+    return op
+
+
+_OP_HELP = (
+    "The collective of logs that do not say (rccl-tests and older nccl-tests print no "
+    "'Collective test starting' line), e.g. all_reduce."
+)
 
 
 @validate.command()
@@ -358,6 +376,7 @@ def _read_all(paths: tuple[str, ...]) -> list[Any]:
     help="Let an op have a second regime above a size (kept only when it halves "
     "the line's median |residual|; gloo fit).",
 )
+@click.option("--op", "op", default=None, callback=_op_option, help=_OP_HELP)
 def calibrate(
     measured: tuple[str, ...],
     output: str,
@@ -368,6 +387,7 @@ def calibrate(
     max_size: int | None,
     pins: tuple[str, ...],
     knees: bool,
+    op: str | None,
 ) -> None:
     """Fit a topology to measurements: a gloo bench (link latency, bandwidth, per-op
     algorithm/overhead/efficiency), or nccl-tests logs of one and more nodes (NVLink and NIC
@@ -382,7 +402,7 @@ def calibrate(
         if not sep:
             raise click.BadParameter(f"expected OP=ALG, got {pin!r}", param_hint="--algorithm")
         pinned[op.strip()] = alg.strip()
-    files = _read_all(measured)
+    files = _read_all(measured, op)
     for meas in files:
         meas.rows = select_rows(meas.rows, subset, min_bytes=min_size, max_bytes=max_size)
         if not meas.rows:
@@ -470,6 +490,11 @@ def _calibrate_fabric(files: list[Any], base: str | None, output: str, name: str
         f"# calibrated {cal.base} on {len(files)} file(s), up to {cal.nodes} nodes x "
         f"{cal.gpus_per_node} GPUs: " + ", ".join(f"{k} {v:.4g}" for k, v in cal.values.items())
     )
+    kept = [k for k in cal.fitted if k not in cal.decided]
+    click.echo(
+        f"# decided by the data: {', '.join(cal.decided) or 'none'}; kept from the base: "
+        f"{', '.join(kept) or 'none'}"
+    )
     click.echo(
         f"# {'file':<44} {'ranks':>5} {'nodes':>5} {'points':>6} {'base|err|':>9} "
         f"{'fit|err|':>8} {'max|err|':>8}  per algorithm/protocol: points median|err|"
@@ -513,6 +538,7 @@ def _calibrate_fabric(files: list[Any], base: str | None, output: str, name: str
     default=None,
     help="Write the points in the collective CSV schema, with simulated_us and error.",
 )
+@click.option("--op", "op", default=None, callback=_op_option, help=_OP_HELP)
 def compare(
     measured: tuple[str, ...],
     topology: str,
@@ -521,6 +547,7 @@ def compare(
     plot_path: str | None,
     json_path: str | None,
     csv_path: str | None,
+    op: str | None,
 ) -> None:
     """Simulate exactly the measured points and print the error of each, plus a summary."""
     from collsim.validate.compare import compare as run_compare
@@ -533,7 +560,7 @@ def compare(
     check_output_path(csv_path, "--csv", suffixes=(".csv",))
     check_output_path(plot_path, "--plot", suffixes=(".png", ".svg"))
     check_output_path(json_path, "--json", suffixes=(".json",))
-    for meas in _read_all(measured):
+    for meas in _read_all(measured, op):
         topo = topology_for(topology, meas)
         points = run_compare(meas, topo, subset=subset, min_bytes=min_size)
         if not points:
@@ -898,6 +925,14 @@ def _echo_across_runs(
     help="Device profile from `collsim validate compute`: simulate the compute with the "
     "compute model fed by it (no block profile of this model, no scaling to the step).",
 )
+@click.option(
+    "--profile-dir",
+    "profile_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="After the timed steps, trace 3 more steps of each mode with the torch profiler "
+    "(CPU activities, shapes): DIR/n<N>_<mode>_rank<r>.json.gz, for `validate trace`.",
+)
 def step(
     world_sizes: list[int],
     backend: str,
@@ -915,6 +950,7 @@ def step(
     straggler_delay_ms: float,
     progress_path: str | None,
     device_profile: str | None,
+    profile_dir: str | None,
 ) -> None:
     """Time real DDP (bucket 1 and 25 MB) and FSDP-sketch steps of a small GPT; simulate them."""
     import tempfile
@@ -936,6 +972,7 @@ def step(
         straggler_repeat=straggler_repeat,
         straggler_delay_s=straggler_delay_ms / 1e3,
         progress_path=progress_path,
+        profile_dir=None if profile_dir is None else str(Path(profile_dir).resolve()),
     )
     check_output_path(output, "-o/--output", suffixes=(".json",))
     # removed when the command ends, however it ends (click closes the context)
@@ -954,6 +991,12 @@ def step(
         n = int(report["world_size"])
         topo, overlap, simulated, other = _simulate_step(report, topo_spec, device_profile)
         _echo_step_notes(report, cfg, topo, topo_spec, overlap, other, device_profile)
+        if report.get("traces"):
+            shares = ", ".join(f"{m} {v:.2f}" for m, v in report["traces"]["cpu_share"].items())
+            click.echo(
+                f"# traced {cfg.trace_steps} steps per mode into {profile_dir} (rank 0's thread "
+                f"got {shares} of a core over them)"
+            )
         failures += _echo_step_modes(report, simulated, target, n)
         failures += _echo_straggler(
             report, cfg, topo, overlap, simulated, target, n, straggler_delay_ms
@@ -1318,3 +1361,109 @@ def _calibrate_here(world_size: int | None, backend: str, timeout_s: float, fold
     path = write_topology(cal, folder / f"calibrated_n{n}.yaml")
     click.echo(f"# calibrated {path} from {csv_path}")
     return path
+
+
+# --- validate trace: a PyTorch profiler trace, broken down and compared --------------------
+
+
+@validate.command("trace")
+@click.argument("traces", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option(
+    "--scenario",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="Compare each traced step, per op kind, with this scenario's simulated step.",
+)
+@click.option(
+    "--trace-out",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="With --scenario: one Perfetto JSON with the traced and the simulated step side by side.",
+)
+@click.option(
+    "--profile-out",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="Write a device profile (the `validate compute` schema) learned from the traced kernels.",
+)
+@click.option(
+    "--base",
+    default=None,
+    help="With --profile-out: the device (catalogue key or profile) whose figures serve where "
+    "the trace saw nothing (default: cpu for a CPU trace, else h100).",
+)
+@click.option(
+    "--reader",
+    type=click.Choice(["json", "orjson", "ijson"]),
+    default=None,
+    help="JSON parser (default: orjson where installed, else json; ijson streams).",
+)
+@click.option("--top", type=click.IntRange(0), default=8, show_default=True)
+def trace_command(
+    traces: tuple[str, ...],
+    scenario: str | None,
+    trace_out: str | None,
+    profile_out: str | None,
+    base: str | None,
+    reader: str | None,
+    top: int,
+) -> None:
+    """Read PyTorch profiler (Kineto) traces, one per rank: steps, kernels by kind, collectives."""
+    from collsim.validate.traces.breakdown import breakdown, summarise
+    from collsim.validate.traces.reader import read_traces
+    from collsim.validate.traces.report import format_summary
+
+    if trace_out and not scenario:
+        raise ConfigError("--trace-out needs --scenario (the simulated step to set beside)")
+    check_output_path(trace_out, "--trace-out", suffixes=(".json", ".gz"))
+    check_output_path(profile_out, "--profile-out", suffixes=(".yaml", ".yml"))
+    loaded = None
+    if scenario:
+        from collsim.api import load
+
+        loaded = load(scenario)
+    read = read_traces(traces, reader=reader)
+    steps = [b for t in read for b in breakdown(t)]
+    if not steps:
+        raise ConfigError("no step holds any activity", file=read[0].path)
+    summary = summarise(steps)
+    click.echo(format_summary(read, summary, top=top))
+    from collsim.validate.traces.profile import gemm_shapes
+
+    shapes = gemm_shapes(read)
+    if shapes:
+        per_step = len(summary.steps)
+        click.echo("# GEMMs by shape (m x n x k, from the launching op's input dims), per step")
+        click.echo(f"{'shape':<22} {'dtype':>6} {'calls':>6} {'ms':>10} {'TFLOP/s':>9}")
+        for m, n, k, dtype, calls, time_s, rate in shapes[: max(top, 1)]:
+            click.echo(
+                f"{f'{m} x {n} x {k}':<22} {dtype:>6} {calls / per_step:>6.0f} "
+                f"{time_s / per_step * 1e3:>10.3f} {rate:>9.4f}"
+            )
+    if profile_out:
+        from collsim.validate.traces.profile import profile_from_traces, write_trace_profile
+
+        learned = profile_from_traces(read, base=base)
+        path = write_trace_profile(profile_out, learned)
+        click.echo(learned.describe())
+        click.echo(f"# wrote {path}")
+    if loaded is not None:
+        from collsim.validate.traces.compare import compare_steps, format_comparison
+
+        assert scenario is not None
+        compared = compare_steps(summary, loaded)
+        click.echo(format_comparison(compared))
+        if profile_out:
+            from collsim.validate.traces.profile import gemm_coverage
+
+            seen, unseen = gemm_coverage(learned.measured["gemm"][: learned.traced_gemm], loaded)
+            click.echo(
+                f"# the scenario's GEMM shapes: {len(seen)} within 2x of a traced shape, "
+                f"{len(unseen)} not (priced from the nearest profile row"
+                + (f": {', '.join('x'.join(map(str, s)) for s in unseen[:8])}" if unseen else "")
+                + ")"
+            )
+        if trace_out:
+            from collsim.validate.traces.compare import write_side_by_side
+
+            click.echo(f"# wrote {write_side_by_side(trace_out, read, compared)}")

@@ -20,7 +20,10 @@ Three steps, as NCCL takes them at communicator init and at each call:
    (algorithm, protocol) wins (:func:`pick`). ``topoGetAlgoInfo`` then cuts the channel count
    for small sizes (:func:`collsim.collectives.channels.channels_for_size`).
 
-What collsim does not emulate: a tuner plugin, user environment overrides (NCCL_ALGO,
+A topology with ``fabric.tuner: aws-ofi-nccl`` follows that plugin's region tuner where it has
+a region (:mod:`collsim.collectives.ofi_tuner`) and NCCL's choice elsewhere.
+
+What collsim does not emulate: other tuner plugins, user environment overrides (NCCL_ALGO,
 NCCL_PROTO, ...) and symmetric kernels; see :mod:`collsim.collectives.channels` for the search.
 """
 
@@ -29,6 +32,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from collsim.collectives import ofi_tuner
 from collsim.collectives.channels import (
     NcclGraph,
     arch_of,
@@ -42,6 +46,7 @@ from collsim.collectives.channels import (
 )
 from collsim.collectives.types import Group
 from collsim.topology import Topology
+from collsim.transports import EFA_PLATFORMS
 from collsim.vocab import Algorithm, CollectiveOp, Interconnect, Protocol
 
 __all__ = [
@@ -334,6 +339,8 @@ def _tune(topo: Topology, num_ranks: int, num_nodes: int, gpus: int, num_nics: i
                     bus_bw = 0.0
                 if p is _LL128 and not _ll128_enabled(topo, arch, num_nodes):
                     bus_bw = 0.0
+                if p is _LL and num_nodes > 1 and not fabric.ll:  # the transport has no LL
+                    bus_bw = 0.0
                 algo_bw = bus_bw
                 if not (a is not Algorithm.RING and op in gathers):
                     ratio = (
@@ -448,9 +455,9 @@ def pick(op: CollectiveOp, size_bytes: float, group: Group) -> tuple[Algorithm, 
     key = (op, size_bytes)
     if key in table._picks:  # the choice depends on the table only: groups alike share it
         return table._picks[key]
-    best: tuple[Algorithm, Protocol] | None = None
+    best = _plugin_pick(op, size_bytes, group, table)
     best_us = math.inf
-    for a, p in table.options(op):
+    for a, p in table.options(op) if best is None else ():
         t = table.time_us(op, a, p, size_bytes)
         if 0 <= t < best_us:
             best, best_us = (a, p), t
@@ -458,6 +465,27 @@ def pick(op: CollectiveOp, size_bytes: float, group: Group) -> tuple[Algorithm, 
         table._picks.clear()
     table._picks[key] = best
     return best
+
+
+def _plugin_pick(
+    op: CollectiveOp, size_bytes: float, group: Group, table: TunerTable
+) -> tuple[Algorithm, Protocol] | None:
+    """The transport plugin's choice where the topology follows one (``fabric.tuner:
+    aws-ofi-nccl`` on a platform it has regions for), else None (NCCL decides)."""
+    fabric = group.topology.fabric
+    if fabric.tuner != "aws-ofi-nccl" or fabric.platform is None:
+        return None
+    platform = EFA_PLATFORMS[fabric.platform].tuner_platform
+    if platform is None:
+        return None
+    return ofi_tuner.region_pick(
+        platform,
+        op,
+        size_bytes,
+        table.num_ranks,
+        table.num_nodes,
+        lambda a, p: table.bandwidth_gbps.get((op, a, p), 0.0) > 0,
+    )
 
 
 _PICKS_KEPT = 4096

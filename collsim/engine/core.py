@@ -498,7 +498,7 @@ class Engine:
         self._tallied.clear()
         for (rank, _), (work, runs) in self.seg_runs.items():
             segs = work.segs if hasattr(work, "segs") else [work]
-            for step in (st for seg in segs for st in seg.steps):
+            for step in (c for seg in segs for st in seg.steps for c in st.calls()):
                 if step.op:
                     group = self.step_group(rank, step)
                     if len(group) < 2:
@@ -511,7 +511,14 @@ class Engine:
         self.seg_runs.clear()
 
     def step_call(self, prog: RankProgram, step: Step) -> simpy.Event:
-        """A segment step's collective on the stream of its axis (layer fidelity)."""
+        """A segment step's collective on the stream of its axis (layer fidelity); with
+        collectives beside it, all of them at once."""
+        if step.beside:
+            calls = [self._step_call(prog, c) for c in step.calls()]
+            return self.env.all_of(calls)
+        return self._step_call(prog, step)
+
+    def _step_call(self, prog: RankProgram, step: Step) -> simpy.Event:
         axis = step.axis
         group = self.step_group(prog.rank, step)
         if step.op == "send_recv":

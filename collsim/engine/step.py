@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from collsim.engine.comm import CommPricer, all_to_all_contends, axis_contends
 from collsim.engine.core import Engine, EngineOptions
 from collsim.errors import ConfigError
@@ -18,7 +16,7 @@ from collsim.parallel.config import ParallelConfig, TrainingConfig
 from collsim.parallel.plan import Plan
 from collsim.runtime import collector_paused
 from collsim.schedule.build import BLOCK_OVERRIDE_KEYS, StepSchedule, build_schedule
-from collsim.schedule.result import StepResult
+from collsim.schedule.result import ContentionEffect, StepResult, StragglerReport
 from collsim.vocab import ParallelAxis
 
 TP, PP, DP = ParallelAxis.TP, ParallelAxis.PP, ParallelAxis.DP
@@ -56,23 +54,11 @@ def _contended_axes(plan: Plan, fidelity: str) -> list[str]:
     # every group of an axis may be active at once: all stages compute layers together, send
     # to their neighbours in the steady state, and reduce gradients near the end of the step
     capacity = topo.link_capacity_bps
-    for axis, groups in _axis_groups(plan, node_local=True).items():
+    for axis, groups in plan.active_groups(node_local=True).items():
         check = all_to_all_contends if axis == "ep" else axis_contends
         if len(groups) and len(groups[0]) > 1 and check(topo, groups, capacity=capacity):
             contended.append(axis)
     return contended
-
-
-def _node_local(plan: Plan, groups: np.ndarray) -> np.ndarray:
-    """When every group lies inside one node, only the groups of the first node: transfers
-    inside a node use that node's links only, and the nodes are alike, so groups on other
-    nodes neither slow these down nor contend differently among themselves."""
-    gpn = plan.topology.gpus_per_node
-    nodes = groups // gpn
-    if len(groups) and bool((nodes == nodes[:, :1]).all()):
-        first: np.ndarray = groups[nodes[:, 0] == 0]
-        return first
-    return groups
 
 
 @collector_paused()
@@ -102,7 +88,7 @@ def simulate_step(
         fidelity: ``auto``, ``fused`` or ``layer`` (see FIDELITIES).
         zero_communication: price every communication at 0 s (an ideal network).
         stragglers: slow ranks and degraded links (the ``stragglers`` section). The step is
-            then simulated twice, without and with them, and ``details["stragglers"]`` holds
+            then simulated twice, without and with them, and ``StepResult.stragglers`` holds
             the baseline step, the slowdown and who waited for whom (:func:`straggler_details`).
 
     Raises:
@@ -124,7 +110,10 @@ def simulate_step(
     )
     if resolved is not None:
         result = _play(engine, zero_communication)
-        baseline = simulate_step(
+        # the same step at full speed: the schedule built once is played again (a degraded
+        # link changed the topology it was priced on: then it is built on the cluster as is)
+        reuse = None if resolved.link_factors else engine.schedule
+        full_speed = prepare_step(
             topology,
             spec,
             training,
@@ -133,13 +122,16 @@ def simulate_step(
             op_time_overrides=op_time_overrides,
             fidelity=fidelity,
             zero_communication=zero_communication,
+            schedule=reuse,
         )
-        result.details["stragglers"] = straggler_details(engine, result, baseline)
+        baseline = _play(full_speed, zero_communication)
+        full_speed.release()
+        result.stragglers = straggler_details(engine, result, baseline)
         engine.release()
         return result
     result = _play(engine, zero_communication)
     if engine.contended and fidelity == "auto" and not all_ranks and not zero_communication:
-        result.details["contention"] = contention_effects(
+        result.contention = contention_effects(
             engine.schedule, result, op_time_overrides=op_time_overrides
         )
     engine.release()
@@ -165,7 +157,7 @@ def contention_effects(
     result: StepResult,
     *,
     op_time_overrides: dict[str, float] | None = None,
-) -> list[dict[str, object]]:
+) -> list[ContentionEffect]:
     """What link sharing adds to the step, axis by axis, with the links shared.
 
     The closed form of the schedule prices every call alone on its links; the engine puts the
@@ -177,7 +169,7 @@ def contention_effects(
     step by step (tp: layer granularity), which is part of its effect.
 
     Returns:
-        One dict per contended axis: ``axis``, ``delta_s``, ``links`` (names of the links a
+        One effect per contended axis: ``axis``, ``delta_s``, ``links`` (names of the links a
         ring step of all its groups oversubscribes) and ``closed_s`` / ``des_s`` on the first.
     """
     import warnings
@@ -190,10 +182,10 @@ def contention_effects(
     topology, spec = plan.topology, plan.spec
     training, parallel = plan.training, plan.parallel
     closed = walk(schedule)  # the closed form of the very schedule the engine played
-    contended = list(result.details.get("contended_axes", []))
+    contended = list(result.contended_axes)
     order = [a for a in (TP, PP, DP, ParallelAxis.EP, ParallelAxis.CP) if a in contended]
-    groups = _axis_groups(plan)
-    out: list[dict[str, object]] = []
+    groups = plan.active_groups()
+    out: list[ContentionEffect] = []
     previous = closed.step_time_s
     for k, axis in enumerate(order):
         if k == len(order) - 1:
@@ -208,107 +200,15 @@ def contention_effects(
                     parallel,
                     op_time_overrides=op_time_overrides,
                     des_axes=frozenset(order[: k + 1]),
+                    schedule=schedule,
                 )
                 engine.run()
             step = max(p.end_s for p in engine.programs.values())
-        out.append(
-            {
-                "axis": axis,
-                "delta_s": step - previous,
-                "links": shared_links(topology, groups[axis]),
-            }
-        )
+        out.append(ContentionEffect(axis, step - previous, shared_links(topology, groups[axis])))
         previous = step
     if out:
-        out[0]["closed_s"] = closed.step_time_s
-        out[0]["des_s"] = result.step_time_s
-    return out
-
-
-def _rails_alike(plan: Plan) -> bool:
-    """One NIC per GPU on rails of a symmetric cluster: each GPU index's GPU links, NIC and
-    rail leaves are alike and disjoint from the other indices' (:func:`_one_rail`)."""
-    topo = plan.topology
-    gpn = topo.gpus_per_node
-    return (
-        topo.symmetric
-        and topo.nics is not None
-        and topo.fabric.rails
-        and topo.nics.count == gpn
-        and gpn >= 2
-    )
-
-
-def _pp_rows(plan: Plan, *, node_local: bool) -> np.ndarray:
-    """The pipeline sends of every stage but the last to the next, one row (sender, receiver)
-    per rank, in rank order; with ``node_local``, those of the first GPU index only where
-    :func:`_one_rail` would keep them.
-
-    (dp d, pp s, cp k, tp t) -> (d, s + 1, k, t): the next stage is a fixed rank offset in
-    either layout (cp x tp with dp outermost, dp x cp x tp with pp outermost). With pp
-    outermost, a stage a whole number of nodes and that offset a whole number of nodes, every
-    send keeps its GPU index and the senders are the ranks below the last stage, so each
-    index's rows are the first index's moved to it: the first index's rows are made directly
-    (a 65,536-GPU plan's 57,344 rows are not built to keep 7,168 of them)."""
-    step = plan.tp * plan.cp * (plan.dp if plan.pp_outer else 1)
-    gpn = plan.topology.gpus_per_node
-    stage_size = plan.num_gpus // plan.pp
-    whole_nodes = stage_size % gpn == 0 and step % gpn == 0
-    if node_local and plan.pp_outer and whole_nodes and _rails_alike(plan):
-        first = np.arange(0, (plan.pp - 1) * stage_size, gpn, dtype=np.int64)
-        return np.stack([first, first + step], axis=1)
-    senders = np.sort(plan.grid()[:-1].ravel())
-    rows = np.stack([senders, senders + step], axis=1)
-    return _one_rail(plan, rows) if node_local else rows
-
-
-def _one_rail(plan: Plan, groups: np.ndarray) -> np.ndarray:
-    """When each group keeps to one index inside its nodes (the GPU and NIC of that index,
-    so the rail of that NIC), and the groups of every other index are these moved to it, only
-    the groups of the first index: with one NIC per GPU on rails, the indices use disjoint
-    links (GPU links, NIC, rail leaves) that are alike, so the axis contends on all of them
-    exactly when it does on one."""
-    gpn = plan.topology.gpus_per_node
-    if not len(groups) or not _rails_alike(plan):
-        return groups
-    local = groups % gpn
-    if not bool((local == local[:, :1]).all()):
-        return groups
-    index = local[:, 0]
-    first: np.ndarray = groups[index == index[0]]
-    # every other index's groups, moved to the first index, are the first index's groups (in
-    # the same order: the rows come ordered by first rank, which a move within nodes keeps);
-    # all indices at once: the rows of each index in order, shifted, as blocks like the first
-    num_indices = len(np.unique(index))
-    if len(groups) != num_indices * len(first):
-        return groups
-    order = np.argsort(index, kind="stable")
-    moved = groups[order] - (index[order] - index[0])[:, None]
-    if not bool((moved.reshape(num_indices, *first.shape) == first).all()):
-        return groups
-    return first
-
-
-def _axis_groups(plan: Plan, *, node_local: bool = False) -> dict[ParallelAxis, np.ndarray]:
-    """Every group of each axis that may be active at once (as in :func:`_contended_axes`),
-    one per row; with context parallelism the dense gradients are reduced over dp x cp.
-    ``node_local``: where every group of an axis lies inside one node, only those of the first
-    node (:func:`_node_local`), and where the groups of each GPU index keep to its rail, only
-    those of the first index (:func:`_one_rail`): enough to decide contention, not to name
-    every shared link."""
-    tp = plan.group_rows(TP)
-    dp = plan.group_rows(DP if plan.cp == 1 else ParallelAxis.DP_CP)
-    if node_local:
-        tp, dp = _node_local(plan, tp), _one_rail(plan, _node_local(plan, dp))
-    out: dict[ParallelAxis, np.ndarray] = {
-        TP: tp,
-        DP: dp,
-        PP: _pp_rows(plan, node_local=node_local),
-    }
-    for axis, size in ((ParallelAxis.EP, plan.ep), (ParallelAxis.CP, plan.cp)):
-        if size > 1:
-            groups = plan.group_rows(axis)
-            out[axis] = _node_local(plan, groups) if node_local else groups
+        out[0].closed_s = closed.step_time_s
+        out[0].des_s = result.step_time_s
     return out
 
 
@@ -325,20 +225,24 @@ def prepare_step(
     zero_communication: bool = False,
     des_axes: frozenset[str] | None = None,
     stragglers: StragglerConfig | StragglerPlan | None = None,
+    schedule: StepSchedule | None = None,
 ) -> Engine:
     """The wired, not yet run, :class:`~collsim.engine.core.Engine` of ``simulate_step``.
 
     Tests and tools use it to inspect a run beyond the StepResult (memory ledgers with labels,
-    per-rank accounts): ``engine = prepare_step(...); engine.run()``.
+    per-rank accounts): ``engine = prepare_step(...); engine.run()``. ``schedule``: one built
+    already for these inputs on this very topology (a re-run with other pricing: the
+    contention attribution, the straggler baseline), played again instead of rebuilt.
     """
     resolved = _resolve(stragglers, topology)
     if resolved is not None and resolved.link_factors:
         from collsim.stragglers import degrade_topology
 
         topology = degrade_topology(topology, resolved.link_factors)
-    schedule = build_schedule(
-        topology, spec, training, parallel, op_time_overrides=op_time_overrides
-    )
+    if schedule is None:
+        schedule = build_schedule(
+            topology, spec, training, parallel, op_time_overrides=op_time_overrides
+        )
     plan = schedule.plan
     contended = _contended_axes(plan, fidelity)
     if des_axes is not None:  # forced (the contention attribution of simulate_step)
@@ -383,8 +287,8 @@ def _resolve(
     return plan if plan.active else None
 
 
-def straggler_details(engine: Engine, result: StepResult, baseline: StepResult) -> dict[str, Any]:
-    """What the stragglers cost and who waited for whom (``details["stragglers"]``).
+def straggler_details(engine: Engine, result: StepResult, baseline: StepResult) -> StragglerReport:
+    """What the stragglers cost and who waited for whom (``StepResult.stragglers``).
 
     ``waits`` lists, per stream with two or more simulated members, the call whose rendezvous
     waited longest (:meth:`Engine.rendezvous_waits`): first those where a rank outside the
@@ -407,20 +311,16 @@ def straggler_details(engine: Engine, result: StepResult, baseline: StepResult) 
     for wait in waits:
         wait["for_straggler"] = for_straggler(wait)
     base = baseline.step_time_s
-    return {
-        "clock_factors": dict(sorted(st.compute_factors.items())),
-        "tp_paced_ranks": sorted(engine.pace),
-        "stage_factors": {
-            f"dp{d}.pp{s}": f for (d, s), f in sorted(st.stage_factors(plan).items())
-        },
-        "degraded_links": {
-            plan.topology.links[i].name: f for i, f in sorted(st.link_factors.items())
-        },
-        "baseline_step_time_s": base,
-        "step_time_s": result.step_time_s,
-        "slowdown": result.step_time_s / base,
-        "extra_s": result.step_time_s - base,
-        "critical_rank": result.details.get("critical_rank"),
-        "longest_wait": waits[0] if waits else None,
-        "waits": waits[:16],
-    }
+    return StragglerReport(
+        clock_factors=dict(sorted(st.compute_factors.items())),
+        tp_paced_ranks=sorted(engine.pace),
+        stage_factors={f"dp{d}.pp{s}": f for (d, s), f in sorted(st.stage_factors(plan).items())},
+        degraded_links={plan.topology.links[i].name: f for i, f in sorted(st.link_factors.items())},
+        baseline_step_time_s=base,
+        step_time_s=result.step_time_s,
+        slowdown=result.step_time_s / base,
+        extra_s=result.step_time_s - base,
+        critical_rank=result.critical_rank,
+        longest_wait=waits[0] if waits else None,
+        waits=waits[:16],
+    )

@@ -10,6 +10,7 @@ buckets, FSDP, and the EP / CP / HSDP / FP8 volumes.
 - :mod:`~collsim.parallel.buckets`: torch DDP gradient buckets.
 - :mod:`~collsim.parallel.fsdp`: FSDP / ZeRO-3 units and prefetch order.
 - :mod:`~collsim.parallel.moe`: expert-parallel dispatch and combine volumes.
+- :mod:`~collsim.parallel.dispatch`: dispatchers, routing models, distinct nodes and GPUs per token.
 - :mod:`~collsim.parallel.context`: ring attention and all-gather-KV volumes.
 - :mod:`~collsim.parallel.sharding`: HSDP reduce-scatter + all-reduce, FSDP all-gather, FP8 copies.
 - :mod:`~collsim.parallel.layer_comms`: where the EP and CP collectives sit in a layer.

@@ -43,6 +43,7 @@ __all__ = [
     "STACK_CHOICES",
     "ZERO_STAGES",
     "PIPELINE_SPLITS",
+    "EP_OVERLAP_MODES",
     "REDUCE_DTYPES",
     "RankOrder",
 ]
@@ -115,6 +116,19 @@ STACKS: dict[str, dict[str, object]] = {
         "optimizer_implementation": "foreach",
         "fsdp_version": 1,
     },
+    # NeMo Automodel (FSDP2, nemo_automodel/components/models/common/utils.py BackendConfig at
+    # 36044ad): attn "te" when Transformer Engine is installed on a GPU (TE fused attention,
+    # cuDNN on Hopper), rms_norm "torch_fp32" (unfused), FSDP2 with fp32 reduction as
+    # torchtitan, clip_grad_norm 1.0, fused AdamW.
+    "nemo_automodel": {
+        "attention_kernel": "cudnn",
+        "execution": "eager",
+        "fused_kernels": False,
+        "grad_reduce_dtype": "fp32",
+        "grad_clip": True,
+        "optimizer_implementation": "fused",
+        "fsdp_version": 2,
+    },
     # DeepSpeed ZeRO: communication_data_type defaults to the model dtype (bf16),
     # gradient_clipping 1.0, DeepSpeed's FusedAdam, flat partitioned buffers.
     "deepspeed": {
@@ -155,6 +169,8 @@ STACK_CHOICES: dict[str, tuple[object, ...]] = {
 
 ZERO_STAGES = (0, 1, 2, 3)
 """``parallel.zero``: 0 = DDP, 1 optimizer states, 2 + gradients, 3 + parameters sharded."""
+EP_OVERLAP_MODES = ("none", "a2a", "dualpipe", "dualpipev")
+"""``parallel.ep_overlap`` modes (true = ``a2a``, false = ``none``)."""
 PIPELINE_SPLITS = ("even", "balanced")
 """``parallel.pipeline_split`` values (see :attr:`ParallelConfig.pipeline_split`)."""
 REDUCE_DTYPES = ("bf16", "fp16", "fp32")
@@ -176,7 +192,8 @@ class TrainingConfig:
     fp8_recipe: FP8Recipe | None = None
     """FP8 scaling recipe (needs ``dtype: fp8``); None with fp8 means ``tensorwise``."""
     stack: str | None = None
-    """``megatron_te``, ``torchtitan``, ``llm_foundry``, ``fsdp`` or ``deepspeed``: sets the keys
+    """``megatron_te``, ``nemo_automodel``, ``torchtitan``, ``llm_foundry``, ``fsdp`` or
+    ``deepspeed``: sets the keys
     below as that stack does (:data:`STACKS`); explicit keys override it."""
     attention_kernel: str | None = None
     """``flash2``, ``flash3``, ``cudnn``, ``triton`` or ``eager``; None: the stack's, else the
@@ -316,7 +333,23 @@ class ParallelConfig:
     """Expert-parallel size: routed experts split over ep ranks (folded over tp x cp x dp)."""
     etp: int = 1
     """Expert tensor-parallel size: each expert's inner width split over etp ranks."""
-    ep_overlap: bool = False
+    dispatcher: str | None = None
+    """MoE token dispatcher (:data:`collsim.parallel.dispatch.DISPATCHERS`): ``alltoall`` (k
+    copies), ``deepep`` / ``hybridep`` (once per node over the network, then NVLink per GPU),
+    ``allgather``; None: the stack's (``collsim.parallel.dispatch.STACK_DISPATCHER``), else
+    ``alltoall``."""
+    routing: str = "uniform"
+    """Routing model of the dispatch volumes: ``uniform``, ``node_limited`` (with
+    ``routing_nodes``), ``balanced`` (consecutive experts); the measured imbalance factor is
+    ``model.load_imbalance``."""
+    routing_nodes: int | None = None
+    """M of node-limited routing: the nodes a token may reach (DeepSeek-V3: 4)."""
+    dispatch_sms: int | None = None
+    """SMs the dispatch kernels hold while they run beside compute (None: the dispatcher's)."""
+    ep_overlap_mode: str = "none"
+    """``none``, ``a2a`` (Megatron-Core --overlap-moe-expert-parallel-comm), ``dualpipe`` or
+    ``dualpipev``; set from ``ep_overlap`` (true means ``a2a``)."""
+    ep_overlap: bool | str = False
     """Hide the EP all-to-alls of the steady-state 1F1B ops behind compute (Megatron-Core
     ``--overlap-moe-expert-parallel-comm``: a forward and a backward of two micro-batches run
     layer by layer together, each one's dispatch and combine beside the other's compute;
@@ -348,6 +381,7 @@ class ParallelConfig:
     def __post_init__(self) -> None:
         for key in ("tp", "pp", "dp", "virtual_stages", "ep", "etp", "cp"):
             _positive(getattr(self, key), f"parallel.{key}")
+        self._check_dispatch_keys()
         object.__setattr__(
             self,
             "cp_algorithm",
@@ -391,6 +425,43 @@ class ParallelConfig:
                 key_path="parallel.virtual_stages",
             )
         object.__setattr__(self, "virtual_stages", chunks)
+
+    def _check_dispatch_keys(self) -> None:
+        """The MoE dispatch keys on their own (their fit to the cluster is checked with the
+        plan: :func:`collsim.parallel.dispatch.check_dispatch`)."""
+        from collsim.parallel.dispatch import DISPATCHERS, ROUTINGS
+
+        mode = self.ep_overlap
+        if isinstance(mode, bool):
+            mode = "a2a" if mode else "none"
+        if mode not in EP_OVERLAP_MODES:
+            raise ConfigError(
+                f"must be true, false or one of {', '.join(EP_OVERLAP_MODES)}; got {mode!r}",
+                key_path="parallel.ep_overlap",
+            )
+        object.__setattr__(self, "ep_overlap_mode", mode)
+        object.__setattr__(self, "ep_overlap", mode != "none")
+        if self.dispatcher is not None and self.dispatcher not in DISPATCHERS:
+            raise ConfigError(
+                f"must be one of {', '.join(DISPATCHERS)}; got {self.dispatcher!r}",
+                key_path="parallel.dispatcher",
+            )
+        if self.routing not in ROUTINGS:
+            raise ConfigError(
+                f"must be one of {', '.join(ROUTINGS)}; got {self.routing!r}",
+                key_path="parallel.routing",
+            )
+        if self.routing_nodes is not None:
+            _positive(self.routing_nodes, "parallel.routing_nodes")
+            if self.routing != "node_limited":
+                raise ConfigError(
+                    f"needs routing: node_limited, got routing: {self.routing}",
+                    key_path="parallel.routing_nodes",
+                )
+        if self.dispatch_sms is not None and self.dispatch_sms < 0:
+            raise ConfigError(
+                f"must be >= 0, got {self.dispatch_sms}", key_path="parallel.dispatch_sms"
+            )
 
     @property
     def world_size(self) -> int:

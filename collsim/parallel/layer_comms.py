@@ -8,12 +8,13 @@ send_recv), the plan axis of their group and whether compute can hide them. The 
 are those of :mod:`collsim.parallel.moe` and :mod:`collsim.parallel.context` (tested against
 each other).
 
-MoE layer (Megatron-Core all-to-all dispatcher): forward ``ep_dispatch`` after
-``moe_permute``, [``etp_gather`` (all_gather over etp)], experts, [``etp_scatter``
-(reduce_scatter over etp)], ``ep_combine`` before ``moe_unpermute``; backward the same
-collectives in reverse order (the gradient of a combine is a dispatch). These sit on the
-critical path of the layer unless the stack overlaps them with another micro-batch's compute
-(DeepEP / Megatron's 1F1B A2A overlap), so ``overlappable`` is False here.
+MoE layer: forward ``ep_dispatch`` after ``moe_permute`` (with DeepEP / HybridEP across nodes,
+the network leg on ``ep_node`` and beside it ``ep_dispatch_nvl`` on ``ep_local``), [``etp_gather``
+(all_gather over etp)], experts, [``etp_scatter`` (reduce_scatter over etp)], ``ep_combine``
+before ``moe_unpermute``; backward the same collectives in reverse order (the gradient of a
+combine is a dispatch). The dispatcher decides ops and bytes (:func:`_moe_forward`). These
+sit on the critical path of the layer unless the stack overlaps them with another
+micro-batch's compute (``parallel.ep_overlap``), so ``overlappable`` is False here.
 
 Attention with CP: ``all_gather`` gathers K and V before the attention (not overlapped; Llama
 3) and reduce-scatters dK, dV after its backward; ``ring`` sends cp - 1 KV blocks, each step
@@ -36,7 +37,8 @@ if TYPE_CHECKING:
 __all__ = ["LayerComm", "layer_comms"]
 
 CP, EP, ETP = ParallelAxis.CP, ParallelAxis.EP, ParallelAxis.ETP
-_MOE_AXES = (EP, ETP)
+EP_NODE, EP_LOCAL = ParallelAxis.EP_NODE, ParallelAxis.EP_LOCAL
+_MOE_AXES = (EP, ETP, EP_NODE, EP_LOCAL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,11 +46,12 @@ class LayerComm:
     """One collective of one layer and micro-batch on one rank.
 
     Attributes:
-        name: ``ep_dispatch``, ``ep_combine``, ``etp_gather``, ``etp_scatter``,
+        name: ``ep_dispatch``, ``ep_combine``, ``ep_dispatch_nvl``, ``ep_combine_nvl``,
+            ``etp_gather``, ``etp_scatter``,
             ``cp_kv_all_gather``, ``cp_dkv_reduce_scatter``, ``cp_ring_step``.
         op: a ``collsim.collectives.CollectiveOp`` value.
         size_bytes: nccl-tests size of one call.
-        axis: the plan axis of its group (``ep``, ``etp``, ``cp``).
+        axis: the plan axis of its group (``ep``, ``ep_node``, ``ep_local``, ``etp``, ``cp``).
         phase: ``forward`` or ``backward``.
         after: the op of the layer it follows (forward order; in backward it precedes that
             op's backward).
@@ -126,8 +129,23 @@ def _cp_comms(plan: Plan, e: int) -> tuple[list[LayerComm], list[LayerComm]]:
 
 
 def _moe_forward(plan: Plan, e: int) -> list[LayerComm]:
-    """The forward expert-parallel dispatch and combine (all-to-all over ep) and the expert
-    tensor-parallel gather and scatter around the experts (etp)."""
+    """The forward expert-parallel dispatch and combine and the expert tensor-parallel gather
+    and scatter around the experts (etp), as the plan's dispatcher runs them
+    (:mod:`collsim.parallel.dispatch`; docs/dispatch.md)::
+
+        alltoall:  all_to_all over ep of T k h e (k copies of every token)
+        allgather: all_gather over ep of ep T h e (every token to every rank), the combine a
+                   reduce_scatter of the same
+        deepep / hybridep, one node: all_to_all over ep of T D_g h e (once per target GPU)
+        deepep / hybridep, N > 1 nodes: all_to_all over ep_node of T D_n h e (once per target
+                   node, to the same in-node index) and, beside it, all_to_all over ep_local
+                   of T D_g h e (NVLink forwarding per target GPU; ``*_nvl``, run at the same
+                   time as the network leg: ``collsim.schedule.ops.Step.beside``)
+
+    T tokens on the rank, D_n and D_g the expected distinct nodes and GPUs a token reaches
+    under the plan's routing model (:func:`~collsim.parallel.dispatch.expected_reach`)."""
+    from collsim.parallel.dispatch import dispatcher_of, ep_layout, expected_reach
+
     spec, par = plan.spec, plan.parallel
     tokens = (
         plan.training.micro_batch
@@ -135,18 +153,76 @@ def _moe_forward(plan: Plan, e: int) -> list[LayerComm]:
         / (par.tp if par.sequence_parallel else 1)
     )
     size = tokens * spec.moe_top_k * spec.hidden * e
-    fwd: list[LayerComm] = []
-    if par.ep > 1:
-        fwd.append(LayerComm("ep_dispatch", "all_to_all", size, EP, "forward", "moe_permute"))
+    name = dispatcher_of(plan) if par.ep > 1 else "alltoall"
+    dispatch: list[LayerComm] = []
+    combine: list[LayerComm] = []
+    if name == "allgather":
+        gathered = par.ep * tokens * spec.hidden * e
+        dispatch = [LayerComm("ep_dispatch", "all_gather", gathered, EP, "forward", "moe_permute")]
+        combine = [
+            LayerComm("ep_combine", "reduce_scatter", gathered, EP, "forward", "expert_down")
+        ]
+    elif name in ("deepep", "hybridep"):
+        nodes, per_node = ep_layout(plan)
+        reach = expected_reach(
+            experts=spec.num_experts,
+            top_k=spec.moe_top_k,
+            gpus=par.ep,
+            nodes=nodes,
+            routing=par.routing,
+            limit_nodes=par.routing_nodes or 0,
+        )
+        gpu_bytes = tokens * reach.gpus * spec.hidden * e
+        if nodes == 1:
+            dispatch = [
+                LayerComm("ep_dispatch", "all_to_all", gpu_bytes, EP, "forward", "moe_permute")
+            ]
+            combine = [
+                LayerComm("ep_combine", "all_to_all", gpu_bytes, EP, "forward", "expert_down")
+            ]
+        else:
+            node_bytes = tokens * reach.nodes * spec.hidden * e
+            dispatch = [
+                LayerComm(
+                    "ep_dispatch", "all_to_all", node_bytes, EP_NODE, "forward", "moe_permute"
+                )
+            ]
+            combine = [
+                LayerComm("ep_combine", "all_to_all", node_bytes, EP_NODE, "forward", "expert_down")
+            ]
+            if per_node > 1:
+                dispatch.append(
+                    LayerComm(
+                        "ep_dispatch_nvl",
+                        "all_to_all",
+                        gpu_bytes,
+                        EP_LOCAL,
+                        "forward",
+                        "moe_permute",
+                    )
+                )
+                combine.insert(
+                    0,
+                    LayerComm(
+                        "ep_combine_nvl",
+                        "all_to_all",
+                        gpu_bytes,
+                        EP_LOCAL,
+                        "forward",
+                        "expert_down",
+                    ),
+                )
+    elif par.ep > 1:
+        dispatch = [LayerComm("ep_dispatch", "all_to_all", size, EP, "forward", "moe_permute")]
+        combine = [LayerComm("ep_combine", "all_to_all", size, EP, "forward", "expert_down")]
+    fwd: list[LayerComm] = list(dispatch)
     if par.etp > 1:
         gathered = size * par.etp
         fwd.append(LayerComm("etp_gather", "all_gather", gathered, ETP, "forward", "moe_permute"))
         fwd.append(
             LayerComm("etp_scatter", "reduce_scatter", gathered, ETP, "forward", "expert_down")
         )
-    if par.ep > 1:
-        fwd.append(LayerComm("ep_combine", "all_to_all", size, EP, "forward", "expert_down"))
-    return fwd
+    return fwd + combine
 
 
 def _backward_order(bwd: list[LayerComm]) -> list[LayerComm]:

@@ -57,38 +57,69 @@ if TYPE_CHECKING:
     from collsim.workload.model import TransformerSpec
 
 __all__ = [
+    "GRID_ORDER",
+    "GridAxis",
     "ParallelAxis",
     "RankCoords",
     "Plan",
     "build_plan",
     "default_order",
+    "grid_index",
     "grid_rank",
+    "rank_axes",
 ]
 
 
-def grid_rank(
-    order: RankOrder, sizes: tuple[int, int, int, int], *, dp: int, pp: int, tp: int, cp: int = 0
-) -> int:
-    """Global rank of grid position (dp, pp, cp, tp) on a grid of ``sizes`` (dp, pp, cp, tp)
-    in the rank layout ``order`` (module docstring)."""
-    n_dp, n_pp, n_cp, n_tp = sizes
-    if order is RankOrder.PP_OUTER:
-        return ((pp * n_dp + dp) * n_cp + cp) * n_tp + tp
-    return ((dp * n_pp + pp) * n_cp + cp) * n_tp + tp
+@dataclass(frozen=True, slots=True)
+class GridAxis:
+    """One named dimension of the rank grid and its size."""
+
+    name: str
+    """``tp``, ``cp``, ``dp`` or ``pp`` (a field of :class:`RankCoords`)."""
+    size: int
+
+
+GRID_ORDER = ("pp", "dp", "cp", "tp")
+"""The index order of :meth:`Plan.grid` (pipeline first, tensor parallel last), whatever the
+rank layout."""
+
+
+def rank_axes(order: RankOrder, sizes: dict[str, int]) -> tuple[GridAxis, ...]:
+    """The grid of a layout as named axes, fastest-varying first: the axes of the order string
+    (``tp-cp-ep-dp-pp``) that have a size (``ep`` folds inside the others), so a new dimension
+    is a name in the order and a size here."""
+    return tuple(GridAxis(name, sizes[name]) for name in order.value.split("-") if name in sizes)
+
+
+def grid_rank(axes: tuple[GridAxis, ...], index: dict[str, int]) -> int:
+    """Global rank of the grid position ``index`` (axis name -> index, 0 where absent) on the
+    named ``axes``, fastest-varying first (module docstring)."""
+    rank = 0
+    for axis in reversed(axes):
+        rank = rank * axis.size + index.get(axis.name, 0)
+    return rank
+
+
+def grid_index(axes: tuple[GridAxis, ...], rank: int) -> dict[str, int]:
+    """The grid position of ``rank`` on the named ``axes`` (the inverse of :func:`grid_rank`)."""
+    index: dict[str, int] = {}
+    for axis in axes:
+        rank, index[axis.name] = divmod(rank, axis.size)
+    return index
 
 
 _BASE_AXES = (ParallelAxis.TP, ParallelAxis.PP, ParallelAxis.DP)
 _GRID_DIMS = {
-    ParallelAxis.PP: (0,),
-    ParallelAxis.DP: (1,),
-    ParallelAxis.CP: (2,),
-    ParallelAxis.TP: (3,),
-    ParallelAxis.DP_CP: (1, 2),
-    ParallelAxis.MP: (0, 2, 3),
+    ParallelAxis.PP: ("pp",),
+    ParallelAxis.DP: ("dp",),
+    ParallelAxis.CP: ("cp",),
+    ParallelAxis.TP: ("tp",),
+    ParallelAxis.DP_CP: ("dp", "cp"),
+    ParallelAxis.MP: ("pp", "cp", "tp"),
 }
-"""Axes whose groups are grid lines of :meth:`Plan.grid` ([pp, dp, cp, tp]): the dimensions a
-group spans, in group order (dp_cp: dp major, cp minor, as ``group_of``; mp: pp, cp, tp,
-which is rank order in either layout)."""
+"""Axes whose groups are grid lines of :meth:`Plan.grid`: the grid axes a group spans, in group
+order (dp_cp: dp major, cp minor, as ``group_of``; mp: pp, cp, tp, which is rank order in
+either layout)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +152,13 @@ class Plan:
         default_factory=dict, init=False, repr=False, compare=False
     )
     """Ranks already placed on the grid (:meth:`coords`, asked for on every simulated op)."""
+    _axes: tuple[GridAxis, ...] = field(default=(), init=False, repr=False, compare=False)
+    """:attr:`axes`, made once."""
+
+    def __post_init__(self) -> None:
+        par = self.parallel
+        sizes = {"tp": par.tp, "cp": par.cp, "dp": par.dp, "pp": par.pp}
+        object.__setattr__(self, "_axes", rank_axes(self.order, sizes))
 
     @property
     def tp(self) -> int:
@@ -208,36 +246,41 @@ class Plan:
         """Pipeline outermost (``tp-cp-ep-dp-pp``): a stage's ranks are consecutive."""
         return self.order is RankOrder.PP_OUTER
 
+    @property
+    def axes(self) -> tuple[GridAxis, ...]:
+        """The rank grid as named axes in the configured order, fastest-varying first."""
+        return self._axes
+
     def rank(self, *, dp: int, pp: int, tp: int, cp: int = 0) -> int:
         """Global rank of grid position (dp, pp, cp, tp) (module docstring)."""
-        par = self.parallel
-        return grid_rank(self.order, (par.dp, par.pp, par.cp, par.tp), dp=dp, pp=pp, tp=tp, cp=cp)
+        return grid_rank(self.axes, {"dp": dp, "pp": pp, "tp": tp, "cp": cp})
 
     def coords(self, rank: int) -> RankCoords:
         """Grid position of a global rank."""
         hit = self._coords.get(rank)
         if hit is not None:
             return hit
-        hit = self._coords[rank] = self._place(rank)
+        hit = self._coords[rank] = RankCoords(**grid_index(self.axes, rank))
         return hit
 
-    def _place(self, rank: int) -> RankCoords:
-        par = self.parallel
-        inner, tp = divmod(rank, par.tp)
-        outer, cp = divmod(inner, par.cp)
-        if self.order is RankOrder.PP_OUTER:
-            pp, dp = divmod(outer, par.dp)
-        else:
-            dp, pp = divmod(outer, par.pp)
-        return RankCoords(dp=dp, pp=pp, tp=tp, cp=cp)
+    def stage_of(self, rank: int) -> int:
+        """The pipeline stage that ``rank`` runs."""
+        return self.coords(rank).pp
+
+    def pipeline_peers(self, rank: int) -> tuple[int | None, int | None]:
+        """The ranks of the previous and the next pipeline stage that ``rank`` receives from
+        and sends to (same dp, cp and tp index); None at either end of the pipeline."""
+        c = self.coords(rank)
+        before = self.rank(dp=c.dp, pp=c.pp - 1, tp=c.tp, cp=c.cp) if c.pp > 0 else None
+        after = self.rank(dp=c.dp, pp=c.pp + 1, tp=c.tp, cp=c.cp) if c.pp < self.pp - 1 else None
+        return before, after
 
     def grid(self) -> np.ndarray:
-        """Every rank at its grid position, indexed ``[pp, dp, cp, tp]``."""
-        par = self.parallel
-        if self.order is RankOrder.PP_OUTER:
-            return np.arange(self.num_gpus).reshape(par.pp, par.dp, par.cp, par.tp)
-        ranks = np.arange(self.num_gpus).reshape(par.dp, par.pp, par.cp, par.tp)
-        return ranks.transpose(1, 0, 2, 3)
+        """Every rank at its grid position, indexed in :data:`GRID_ORDER` (``[pp, dp, cp, tp]``)."""
+        axes = self.axes
+        outer_first = [a.name for a in reversed(axes)]
+        ranks = np.arange(self.num_gpus).reshape([a.size for a in reversed(axes)])
+        return ranks.transpose([outer_first.index(name) for name in GRID_ORDER])
 
     def _stage_index(self, c: RankCoords) -> int:
         """Position of a rank among the tp x cp x dp ranks of its stage (tp fastest)."""
@@ -317,6 +360,17 @@ class Plan:
                     if block.index(r) == pos:
                         out.append(r)
                 return tuple(out)
+            case ParallelAxis.EP_NODE | ParallelAxis.EP_LOCAL as ax:
+                gpn = self.topology.gpus_per_node
+                ep_group = self.group_of(rank, ParallelAxis.EP)
+                local = [r for r in ep_group if r // gpn == rank // gpn]
+                if ax is ParallelAxis.EP_LOCAL:
+                    return tuple(local)
+                pos = local.index(rank)
+                by_node: dict[int, list[int]] = {}
+                for r in ep_group:
+                    by_node.setdefault(r // gpn, []).append(r)
+                return tuple(m[pos] for m in by_node.values() if len(m) > pos)
             case ParallelAxis.ETP | ParallelAxis.EP | ParallelAxis.EDP as ax:
                 t, e, d = self.expert_coords(rank)
                 et, ep = self.etp, self.ep
@@ -334,11 +388,12 @@ class Plan:
         """All groups along ``axis`` as one array, a group per row, ordered by their first
         rank (:meth:`groups` as an array; every group of an axis has the same size)."""
         axis = ParallelAxis(axis)
-        dims = _GRID_DIMS.get(axis)
-        if dims is None:
+        names = _GRID_DIMS.get(axis)
+        if names is None:
             return np.asarray(self.groups(axis), dtype=np.int64)
         grid = self.grid()
-        rest = [d for d in range(4) if d not in dims]
+        dims = [GRID_ORDER.index(name) for name in names]
+        rest = [d for d in range(grid.ndim) if d not in dims]
         rows = grid.transpose(*rest, *dims).reshape(-1, int(np.prod([grid.shape[d] for d in dims])))
         return rows[np.argsort(rows[:, 0], kind="stable")]
 
@@ -356,6 +411,102 @@ class Plan:
             seen.update(g)
             out.append(g)
         return sorted(out, key=lambda g: g[0])
+
+    # ---- groups active at once (contention) ------------------------------------------------
+    def node_local_groups(self, groups: np.ndarray) -> np.ndarray:
+        """When every group lies inside one node, only the groups of the first node: transfers
+        inside a node use that node's links only, and the nodes are alike, so groups on other
+        nodes neither slow these down nor contend differently among themselves."""
+        gpn = self.topology.gpus_per_node
+        nodes = groups // gpn
+        if len(groups) and bool((nodes == nodes[:, :1]).all()):
+            first: np.ndarray = groups[nodes[:, 0] == 0]
+            return first
+        return groups
+
+    @property
+    def rails_alike(self) -> bool:
+        """One NIC per GPU on rails of a symmetric cluster: each GPU index's GPU links, NIC and
+        rail leaves are alike and disjoint from the other indices' (:meth:`one_rail_groups`)."""
+        topo = self.topology
+        gpn = topo.gpus_per_node
+        return (
+            topo.symmetric
+            and topo.nics is not None
+            and topo.fabric.rails
+            and topo.nics.count == gpn
+            and gpn >= 2
+        )
+
+    def pipeline_pairs(self, *, node_local: bool = False) -> np.ndarray:
+        """The pipeline sends of every stage but the last to the next, one row (sender, receiver)
+        per rank, in rank order; with ``node_local``, those of the first GPU index only where
+        :meth:`one_rail_groups` would keep them.
+
+        (dp d, pp s, cp k, tp t) -> (d, s + 1, k, t): the next stage is a fixed rank offset in
+        either layout (cp x tp with dp outermost, dp x cp x tp with pp outermost). With pp
+        outermost, a stage a whole number of nodes and that offset a whole number of nodes, every
+        send keeps its GPU index and the senders are the ranks below the last stage, so each
+        index's rows are the first index's moved to it: the first index's rows are made directly
+        (a 65,536-GPU plan's 57,344 rows are not built to keep 7,168 of them)."""
+        step = self.tp * self.cp * (self.dp if self.pp_outer else 1)
+        gpn = self.topology.gpus_per_node
+        stage_size = self.num_gpus // self.pp
+        whole_nodes = stage_size % gpn == 0 and step % gpn == 0
+        if node_local and self.pp_outer and whole_nodes and self.rails_alike:
+            first = np.arange(0, (self.pp - 1) * stage_size, gpn, dtype=np.int64)
+            return np.stack([first, first + step], axis=1)
+        senders = np.sort(self.grid()[:-1].ravel())
+        rows = np.stack([senders, senders + step], axis=1)
+        return self.one_rail_groups(rows) if node_local else rows
+
+    def one_rail_groups(self, groups: np.ndarray) -> np.ndarray:
+        """When each group keeps to one index inside its nodes (the GPU and NIC of that index,
+        so the rail of that NIC), and the groups of every other index are these moved to it, only
+        the groups of the first index: with one NIC per GPU on rails, the indices use disjoint
+        links (GPU links, NIC, rail leaves) that are alike, so the axis contends on all of them
+        exactly when it does on one."""
+        gpn = self.topology.gpus_per_node
+        if not len(groups) or not self.rails_alike:
+            return groups
+        local = groups % gpn
+        if not bool((local == local[:, :1]).all()):
+            return groups
+        index = local[:, 0]
+        first: np.ndarray = groups[index == index[0]]
+        # every other index's groups, moved to the first index, are the first index's groups (in
+        # the same order: the rows come ordered by first rank, which a move within nodes keeps);
+        # all indices at once: the rows of each index in order, shifted, as blocks like the first
+        num_indices = len(np.unique(index))
+        if len(groups) != num_indices * len(first):
+            return groups
+        order = np.argsort(index, kind="stable")
+        moved = groups[order] - (index[order] - index[0])[:, None]
+        if not bool((moved.reshape(num_indices, *first.shape) == first).all()):
+            return groups
+        return first
+
+    def active_groups(self, *, node_local: bool = False) -> dict[ParallelAxis, np.ndarray]:
+        """Every group of each axis that may be active at once (the engine's contention check),
+        one per row; with context parallelism the dense gradients are reduced over dp x cp.
+        ``node_local``: where every group of an axis lies inside one node, only those of the
+        first node (:meth:`node_local_groups`), and where the groups of each GPU index keep to
+        its rail, only those of the first index (:meth:`one_rail_groups`): enough to decide
+        contention, not to name every shared link."""
+        tp = self.group_rows(ParallelAxis.TP)
+        dp = self.group_rows(ParallelAxis.DP if self.cp == 1 else ParallelAxis.DP_CP)
+        if node_local:
+            tp, dp = self.node_local_groups(tp), self.one_rail_groups(self.node_local_groups(dp))
+        out: dict[ParallelAxis, np.ndarray] = {
+            ParallelAxis.TP: tp,
+            ParallelAxis.DP: dp,
+            ParallelAxis.PP: self.pipeline_pairs(node_local=node_local),
+        }
+        for axis, size in ((ParallelAxis.EP, self.ep), (ParallelAxis.CP, self.cp)):
+            if size > 1:
+                groups = self.group_rows(axis)
+                out[axis] = self.node_local_groups(groups) if node_local else groups
+        return out
 
     def stage_ranks(self, stage: int) -> list[int]:
         """All ranks that run pipeline stage ``stage`` (every tp, cp and dp index, in the
@@ -552,10 +703,10 @@ def _check_experts_and_context(
                 f"needs expert parallelism (parallel.ep > 1), got ep {ep}",
                 key_path="parallel.ep_overlap",
             )
-        if parallel.pp > 1 and parallel.virtual_stages < 2:
+        if parallel.ep_overlap_mode == "a2a" and parallel.pp > 1 and parallel.virtual_stages < 2:
             raise ConfigError(
                 f"with pp {parallel.pp} needs schedule: interleaved with virtual_stages > 1 "
-                "or dualpipev "
+                "or schedule: dualpipev "
                 "(Megatron's combined 1F1B pairs the ops of the interleaved schedule)",
                 key_path="parallel.ep_overlap",
             )
@@ -665,7 +816,7 @@ def build_plan(
         )
     for note in notes:
         warnings.warn(note, CollsimWarning, stacklevel=2)
-    return Plan(
+    plan = Plan(
         topology=topology,
         spec=spec,
         training=training,
@@ -675,6 +826,10 @@ def build_plan(
         chunk_sizes=tuple(sizes_per_chunk),
         order=order,
     )
+    from collsim.parallel.dispatch import check_dispatch
+
+    check_dispatch(plan)  # the dispatch keys against the EP groups' nodes
+    return plan
 
 
 def _span_counts(sizes: tuple[int, ...]) -> str:

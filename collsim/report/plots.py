@@ -410,7 +410,8 @@ def plot_step(
 
     Args:
         result: a StepResult simulated with ``trace=True``.
-        stage_of: pipeline stage of a rank, for row labels (``(rank // tp) % pp``).
+        stage_of: pipeline stage of a rank, for row labels (default: the plan's, as the result
+            records it in ``rank_stages``).
         comm: draw the communication lanes (a lane whose transfers all take no time is left
             out).
     """
@@ -423,7 +424,7 @@ def plot_step(
         )
     if rank is None:
         rank = min(result.memory_timeline) if result.memory_timeline else None
-    rows = _stage_rows(frame, max_rows, stage_of)
+    rows = _stage_rows(frame, max_rows, stage_of or _stages_of(result))
     lanes = _comm_lanes(frame, rows) if comm else []
     step_ms = float(result.step_time_s) * 1e3
     height = 2.6 + 0.42 * len(rows) + 0.22 * len(lanes) + (3.0 if rank is not None else 0.0)
@@ -527,6 +528,13 @@ def _draw_comm_lanes(
             label=f"{stream} comm" if stream not in seen else None,
         )
         seen.add(stream)
+
+
+def _stages_of(result: StepResult) -> Callable[[int], int] | None:
+    """The pipeline stage of each simulated rank as the result records it (None: not recorded)."""
+    if not result.rank_stages:
+        return None
+    return result.rank_stages.__getitem__
 
 
 def _stage_rows(
@@ -639,8 +647,8 @@ def plot_pipeline(
 
     Args:
         results: schedule label -> StepResult simulated with ``trace=True``.
-        stage_of: pipeline stage of a rank (``(rank // tp) % pp`` with Megatron's mapping), for
-            row labels when the trace events carry no ``stage``.
+        stage_of: pipeline stage of a rank, for row labels when the trace events carry no
+            ``stage`` (default: the plan's, as each result records it in ``rank_stages``).
     """
     from collsim.report.frames import trace_frame
 
@@ -654,7 +662,8 @@ def plot_pipeline(
                 key_path="plot",
             )
     end_ms = max(float(r.step_time_s) for r in results.values()) * 1e3
-    heights = [len(_stage_rows(f, max_stages, stage_of)) for f in frames.values()]
+    stages = {label: stage_of or _stages_of(result) for label, result in results.items()}
+    heights = [len(_stage_rows(f, max_stages, stages[label])) for label, f in frames.items()]
     fig = _new_figure(12.0, 1.2 + sum(0.42 * h + 0.9 for h in heights))
     axes = np.atleast_1d(
         fig.subplots(
@@ -662,7 +671,7 @@ def plot_pipeline(
         )[:, 0]
     )
     for ax, (label, frame) in zip(axes, frames.items()):
-        rows = _stage_rows(frame, max_stages, stage_of)
+        rows = _stage_rows(frame, max_stages, stages[label])
         share = _draw_gantt(ax, frame, rows, float(results[label].step_time_s) * 1e3, end_ms)
         ax.set_title(
             f"{label}: step {results[label].step_time_s * 1e3:.1f} ms, "

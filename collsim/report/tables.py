@@ -244,7 +244,7 @@ def memory_verdict(result: StepResult) -> str:
     """``fits: 35.20 GiB of 74.51 GiB`` or ``does not fit: 104.31 GiB needed of 74.51 GiB``."""
     needed = format_gib(result.memory_peak_bytes)
     capacity = format_gib(result.memory_capacity_bytes)
-    reserve = float(result.details.get("memory_reserve_bytes", 0.0))
+    reserve = float(result.memory_reserve_bytes)
     usable = f" usable ({format_gib(reserve)} GiB reserved)" if reserve > 0 else ""
     if result.fits:
         return f"fits: {needed} GiB of {capacity} GiB{usable}"
@@ -297,20 +297,21 @@ def format_run_report(
     out += [f"{label.ljust(width)}  {text}" for label, text in summary]
 
     out += ["", breakdown_table(result)]
-    effects = result.details.get("contention") or []
+    effects = result.contention or []
     if effects:
         first = effects[0]
-        gap = float(first["des_s"]) - float(first["closed_s"])
+        closed_s = float(first.closed_s or 0.0)
+        gap = float(first.des_s or 0.0) - closed_s
         out.append(
             f"  link sharing adds {format_seconds(gap)} to the closed form's "
-            f"{format_seconds(float(first['closed_s']))}:"
+            f"{format_seconds(closed_s)}:"
         )
         for eff in effects:
-            names = [str(n) for n in eff["links"]]
+            names = [str(n) for n in eff.links]
             more = f" and {len(names) - 3} more" if len(names) > 3 else ""
             listed = ", ".join(names[:3]) + more
             out.append(
-                f"    {eff['axis']:<3} {format_seconds(float(eff['delta_s'])):>10}"
+                f"    {eff.axis:<3} {format_seconds(float(eff.delta_s)):>10}"
                 f"  (shared: {listed or 'none found by a ring step'})"
             )
     out += ["", memory_table(result)]

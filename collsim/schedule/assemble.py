@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from collsim.errors import SimulationError
 from collsim.parallel.plan import Plan
 from collsim.schedule.memory import Timelines
-from collsim.schedule.result import BREAKDOWN_KEYS, MEMORY_KEYS, CollectiveStat, StepResult
+from collsim.schedule.result import MEMORY_KEYS, Breakdown, CollectiveStat, StepResult
 from collsim.units import GiB
 
 if TYPE_CHECKING:
@@ -99,8 +99,8 @@ def assemble(
     step = critical.end_s
     if step <= 0:
         raise SimulationError("the step took no time")
-    breakdown = {k: critical.acct[k] for k in BREAKDOWN_KEYS}
-    total = sum(breakdown.values())
+    breakdown = Breakdown.of(critical.acct)
+    total = breakdown.total_s
     if abs(total - step) > 1e-9 * max(1.0, step):
         raise SimulationError(f"breakdown {total} != step time {step} on rank {critical.rank}")
     spec, tr = plan.spec, plan.training
@@ -121,32 +121,8 @@ def assemble(
         warnings_out.append(
             f"does not fit: {top.total_bytes / GiB:.1f} GiB needed of {capacity / GiB:.1f} GiB"
         )
-    details: dict[str, Any] = {
-        "memory_reserve_bytes": reserve,
-        "memory_datasheet_bytes": float(device.memory_bytes),
-        "num_microbatches": plan.num_microbatches,
-        "critical_rank": critical.rank,
-        "peak_memory_rank": top_rank,
-        "fidelity": fidelity,
-        "contended_axes": list(contended),
-        "des_axes": sorted(engine.des_axes),
-        "zero_communication": zero_communication,
-        "simulated_ranks": sorted(programs),
-        "stage_end_s": {
-            prog.coords.pp: prog.end_s
-            for prog in programs.values()
-            if prog.coords.dp == 0 and prog.coords.tp == 0
-        },
-        "breakdown_by_stage_s": {
-            prog.coords.pp: dict(prog.acct)
-            for prog in programs.values()
-            if prog.coords.dp == 0 and prog.coords.tp == 0
-        },
-        "memory_peak_bytes_by_rank": {r: p.total_bytes for r, p in peaks.items()},
-        "activation_peak_bytes_by_rank": {
-            r: prog.ledger.category_peak("activations") for r, prog in programs.items()
-        },
-    }
+    # the first rank (dp 0, tp 0) of each simulated stage
+    firsts = [prog for prog in programs.values() if prog.coords.dp == 0 and prog.coords.tp == 0]
     return StepResult(
         step_time_s=step,
         tokens_per_s=tr.global_batch * spec.seq_len / step,
@@ -167,5 +143,21 @@ def assemble(
             Timelines({rank: prog.ledger for rank, prog in programs.items()}) if timeline else {}
         ),
         trace_events=sorted(engine.trace_events, key=lambda e: (e.start_s, e.rank)),
-        details=details,
+        memory_reserve_bytes=reserve,
+        memory_datasheet_bytes=float(device.memory_bytes),
+        num_microbatches=plan.num_microbatches,
+        critical_rank=critical.rank,
+        peak_memory_rank=top_rank,
+        fidelity=fidelity,
+        contended_axes=list(contended),
+        des_axes=sorted(engine.des_axes),
+        zero_communication=zero_communication,
+        simulated_ranks=sorted(programs),
+        stage_end_s={prog.coords.pp: prog.end_s for prog in firsts},
+        breakdown_by_stage_s={prog.coords.pp: dict(prog.acct) for prog in firsts},
+        memory_peak_bytes_by_rank={r: p.total_bytes for r, p in peaks.items()},
+        activation_peak_bytes_by_rank={
+            r: prog.ledger.category_peak("activations") for r, prog in programs.items()
+        },
+        rank_stages={rank: plan.stage_of(rank) for rank in programs},
     )

@@ -105,23 +105,31 @@ class StepSchedule:
         paired = index in self.paired.get(stage, ())
         return chunk.segments(op.phase, paired)
 
-    def overlap_factor(self, op: str, busbw_bps: float) -> float:
+    def overlap_factor(self, op: str, busbw_bps: float, axis: str = "tp") -> float:
         """Factor on the compute beside one overlapped segment step while its collective runs
         (1 when :attr:`step_interference` is off).
 
         :func:`~collsim.workload.interference.overlap_slowdown` with a memory-bound share of
         0: the compute beside these collectives is GEMMs (dgrad, expert GEMMs) or attention
         blocks, compute-bound kernels, so the factor is the SM term ``1 / (1 - f_sm)``
-        (compute.md 4: NCCL's 16 SMs of an 8-NIC node) and the HBM term does not enter.
+        (compute.md 4: NCCL's 16 SMs of an 8-NIC node) and the HBM term does not enter. An
+        expert all-to-all holds the SMs of its dispatcher's kernels instead
+        (:func:`collsim.parallel.dispatch.dispatch_sms_of`: DeepEP's 20).
         """
         if not self.step_interference or busbw_bps <= 0:
             return 1.0
         from collsim.workload.interference import overlap_slowdown
 
+        sms = None
+        if axis in ("ep", "ep_node", "ep_local"):
+            from collsim.parallel.dispatch import dispatch_sms_of
+
+            sms = dispatch_sms_of(self.plan)
         return overlap_slowdown(
             self.plan.topology.device,
             busbw_bps=busbw_bps,
             memory_bound_share=0.0,
+            nccl_sms=sms,
             reduction=op in ("all_reduce", "reduce_scatter"),
         )
 

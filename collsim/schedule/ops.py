@@ -32,7 +32,8 @@ dtype.
 Expert- and context-parallel collectives (:func:`collsim.parallel.layer_comms.layer_comms`)
 are steps of the same segments, on the group of their axis (``Step.axis``):
 
-- MoE layer: the MLP half runs router and permute, the EP dispatch all-to-all, [the etp
+- MoE layer: the MLP half runs router and permute, the EP dispatch all-to-all (DeepEP /
+  HybridEP across nodes: the network leg with the NVLink leg beside it, ``Step.beside``), [the etp
   all-gather], the expert GEMMs, [the etp reduce-scatter], the EP combine all-to-all (blocking:
   Megatron-Core's all-to-all dispatcher); backward the same in reverse (the gradient of the
   combine is a dispatch), then the rest of the MLP backward;
@@ -79,7 +80,7 @@ stay blocking.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from collsim.parallel.buckets import Bucket, build_buckets
@@ -115,6 +116,13 @@ class Step:
     max(collective, overlap_s) and the collective is exposed only beyond ``overlap_s``."""
     axis: str = ParallelAxis.TP
     """The plan axis of the collective's group (``send_recv`` on cp: one ring step)."""
+    beside: tuple[Step, ...] = ()
+    """Collectives on other groups that run at the same time as this one (DeepEP's NVLink leg
+    beside its network leg): the step lasts as long as the slowest of them."""
+
+    def calls(self) -> tuple[Step, ...]:
+        """This step's collective and those beside it (each a call on its own group)."""
+        return (self, *self.beside) if self.beside else (self,)
 
 
 @dataclass(slots=True)
@@ -303,11 +311,25 @@ def _ep_steps(
 ) -> list[Step]:
     """The MLP half of an MoE layer with its EP / etp collectives (module docstring)."""
     x = min(experts_s, seconds)
-    coll = [Step(op=c.op, size_bytes=c.size_bytes, axis=c.axis) for c in comms]
+    nvl = {c.name.removesuffix("_nvl"): c for c in comms if c.name.endswith("_nvl")}
+    lead = [c for c in comms if not c.name.endswith("_nvl")]
+    coll = [
+        Step(
+            op=c.op,
+            size_bytes=c.size_bytes,
+            axis=c.axis,
+            beside=(
+                (Step(op=nvl[c.name].op, size_bytes=nvl[c.name].size_bytes, axis=nvl[c.name].axis),)
+                if c.name in nvl
+                else ()
+            ),
+        )
+        for c in lead
+    ]
     k = len(
         [
             c
-            for c in comms
+            for c in lead
             if c.name
             in (("ep_dispatch", "etp_gather") if forward else ("ep_combine", "etp_scatter"))
         ]
@@ -334,7 +356,7 @@ def _overlap_ep(steps: list[Step], *, forward: bool) -> list[Step]:
     kinds = {
         i: ("ep_combine" if (i > _first_ep(out)) == forward else "ep_dispatch")
         for i, x in enumerate(out)
-        if isinstance(x, Step) and x.axis == "ep" and x.op == "all_to_all"
+        if isinstance(x, Step) and x.axis in _PAIRED_AXES and x.op == "all_to_all"
     }
     used: set[int] = set()
     for name in order:
@@ -352,9 +374,7 @@ def _overlap_ep(steps: list[Step], *, forward: bool) -> list[Step]:
             assert isinstance(a2a, Step)
             run = out[j]
             assert isinstance(run, list)
-            out[j] = [
-                Step(a2a.seconds, a2a.op, a2a.size_bytes, sum(x.seconds for x in run), a2a.axis)
-            ]
+            out[j] = [replace(a2a, overlap_s=sum(x.seconds for x in run))]
             out[i] = []
     flat: list[Step] = []
     for x in out:
@@ -362,10 +382,19 @@ def _overlap_ep(steps: list[Step], *, forward: bool) -> list[Step]:
     return flat
 
 
+_PAIRED_AXES = ("ep", "ep_node")
+"""Axes of the all-to-alls the EP overlap hides: the whole exchange, or DeepEP's network leg
+(its NVLink leg on ``ep_local`` beside it, ``Step.beside``, is hidden with it)."""
+
+
 def _first_ep(items: list[Step | list[Step]]) -> int:
     """Index of the first EP all-to-all of a pass (its dispatch in forward, its combine in
     backward)."""
-    return next(i for i, x in enumerate(items) if isinstance(x, Step) and x.axis == "ep" and x.op)
+    return next(
+        i
+        for i, x in enumerate(items)
+        if isinstance(x, Step) and x.axis in _PAIRED_AXES and x.op == "all_to_all"
+    )
 
 
 def _with_comms(
@@ -440,7 +469,7 @@ def build_stage(
     full = str(plan.training.recompute) == "full"
     chunks: list[ChunkModel] = []
     v = plan.virtual_stages
-    overlap = plan.parallel.ep_overlap
+    overlap = bool(plan.parallel.ep_overlap)
     pipeline = plan.pipeline_schedule
     split = pipeline.splits_backward
     for c in range(v):
@@ -565,7 +594,7 @@ def _layer_segments(
         stored_bytes=blk.stored_bytes,
         transient_bytes=blk.transient_bytes,
     )
-    if not (overlap and any(c.axis == "ep" for c in f_comms)):
+    if not (overlap and any(c.axis in _PAIRED_AXES and c.op == "all_to_all" for c in f_comms)):
         return forward, backward, None, None
     paired_forward = Segment(
         index, _overlap_ep(fsteps_l, forward=True), stored_bytes=blk.stored_bytes

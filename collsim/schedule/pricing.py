@@ -27,6 +27,8 @@ EXPOSED_KEY: dict[str, str] = {
     ParallelAxis.TP: "tp_exposed",
     ParallelAxis.EP: "ep_exposed",
     ParallelAxis.ETP: "ep_exposed",
+    ParallelAxis.EP_NODE: "ep_exposed",
+    ParallelAxis.EP_LOCAL: "ep_exposed",
     ParallelAxis.CP: "cp_exposed",
 }
 """The breakdown key a blocking collective of a segment step is exposed in, by its axis
@@ -138,12 +140,12 @@ class SegmentPrices:
         self,
         plan: Plan,
         pricer: ClosedPricer,
-        slowdown: Callable[[str, float], float] | None = None,
+        slowdown: Callable[[str, float, str], float] | None = None,
     ) -> None:
         self.plan = plan
         self.pricer = pricer
         self.slowdown = slowdown
-        """(op, busbw) -> the factor on the compute beside an overlapped step while its
+        """(op, busbw, axis) -> the factor on the compute beside an overlapped step while its
         collective runs (``StepSchedule.overlap_factor``); None: no slowdown."""
         self._factors: dict[tuple[int, str, str, float], float] = {}
         self._groups: dict[tuple[int, str], tuple[int, ...]] = {}
@@ -166,12 +168,15 @@ class SegmentPrices:
         return group
 
     def collective_s(self, rank: int, step: Step) -> float:
-        """Closed-form seconds of a step's collective (cached)."""
+        """Closed-form seconds of a step's collective (cached); with collectives beside it,
+        the slowest of them."""
         key = (rank, step.axis, step.op, step.size_bytes)
         hit = self._step.get(key)
         if hit is None:
             hit = self.pricer.cost(step.op, step.size_bytes, self.step_group(rank, step)).time_s
             self._step[key] = hit
+        for other in step.beside:
+            hit = max(hit, self.collective_s(rank, other))
         return hit
 
     def overlap_factor(self, rank: int, step: Step) -> float:
@@ -183,7 +188,7 @@ class SegmentPrices:
         hit = self._factors.get(key)
         if hit is None:
             busbw = self.pricer.cost(step.op, step.size_bytes, self.step_group(rank, step))
-            hit = self._factors[key] = self.slowdown(step.op, busbw.busbw_bps)
+            hit = self._factors[key] = self.slowdown(step.op, busbw.busbw_bps, step.axis)
         return hit
 
     def step_s(self, rank: int, step: Step) -> float:

@@ -31,11 +31,13 @@ from collsim.errors import CollsimWarning, ConfigError, InfeasibleError
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
+    from collsim.limits import Limits
     from collsim.scenario import Scenario
     from collsim.schedule.result import StepResult
     from collsim.topology import Topology
 
 __all__ = [
+    "LimitedSimulate",
     "GROW_AXES",
     "SweepPoint",
     "SweepOutcome",
@@ -477,17 +479,37 @@ def resolve_point(
 def _default_simulate(
     topology: Topology, scenario: Scenario, *, trace: bool = False, all_ranks: bool = False
 ) -> StepResult:
-    from collsim.engine import simulate_step
+    """The point's step as every caller simulates one (:mod:`collsim.study.job`)."""
+    from collsim.study.job import StepInputs, simulate_inputs
 
-    return simulate_step(
-        topology,
-        scenario.model,
-        scenario.training,
-        scenario.parallel,
-        all_ranks=all_ranks,
-        trace=trace,
-        stragglers=scenario.stragglers,
-    )
+    return simulate_inputs(StepInputs.of(scenario, topology), all_ranks=all_ranks, trace=trace)
+
+
+class LimitedSimulate:
+    """The step of a point behind a resource check: a point beyond a limit is infeasible (its
+    reason is the limit's message) instead of running for hours
+    (:func:`collsim.limits.check_plan`). A class, not a closure, so that worker processes can
+    receive it.
+
+    Args:
+        limits: the resource limits (:class:`collsim.limits.Limits`; None: the defaults).
+    """
+
+    def __init__(self, limits: Limits | None) -> None:
+        self.limits = limits
+
+    def __call__(
+        self,
+        topology: Topology,
+        scenario: Scenario,
+        *,
+        trace: bool = False,
+        all_ranks: bool = False,
+    ) -> StepResult:
+        from collsim.limits import check_plan
+
+        check_plan(scenario, self.limits, gpus=topology.num_ranks, all_ranks=all_ranks)
+        return _default_simulate(topology, scenario, trace=trace, all_ranks=all_ranks)
 
 
 def _scenario_gpus(source: SweepSource) -> int | None:

@@ -746,6 +746,25 @@ INTRA_PARAMETERS = (
     ("collectives", "overhead_us"),
 )
 NETWORK_PARAMETERS = (("nics", "efficiency"), ("nics", "latency_us"))
+#: The transport's own terms (collsim.transports), fitted on multi-node data where the base's
+#: transport has them (a plugin latency or a completion cost: EFA, TCPXO); InfiniBand's and
+#: RoCE's are NCCL's own NET row, which the fit leaves to the links.
+TRANSPORT_PARAMETERS = (("fabric", "net_latency_us"), ("fabric", "completion_us"))
+
+#: Significance of the F-test that lets fitted transport terms replace the base's.
+TRANSPORT_ALPHA = 0.05
+
+#: Start grids of the transport stage, us (search grids, not figures of a machine).
+FABRIC_START_NET_LATENCIES_US = (3.0, 30.0, 100.0)
+FABRIC_START_COMPLETIONS_US = (1.0, 10.0, 100.0)
+
+#: A term is decided by the data when moving it by ``DECIDED_STEP`` (relative: an efficiency
+#: down, a latency or cost up, by ``DECIDED_FLOOR_US`` at least) moves some point's simulated
+#: time by at least ``DECIDED_SHIFT``; a term that moves none is kept at the base's figure and
+#: reported so.
+DECIDED_STEP = 0.10
+DECIDED_FLOOR_US = 1.0
+DECIDED_SHIFT = 0.005
 
 #: Relative residual at which the loss turns from quadratic to linear (pseudo-Huber on the
 #: log ratio): a few points far off (a congested size) do not drag the rest.
@@ -807,6 +826,8 @@ class FabricCalibration:
     """``section.key`` -> fitted value."""
     fitted: list[str]
     """The keys fitted (a stage without data leaves its keys at the base's values)."""
+    decided: list[str]
+    """The fitted keys the data decided; the others are the base's figures (see notes)."""
     data: dict[str, Any]
     """The topology document (the base's, with the fitted values)."""
     files: list[FileFit]
@@ -820,6 +841,8 @@ def _fabric_data(base_data: dict[str, Any], values: dict[str, float]) -> dict[st
     for dotted, value in values.items():
         section, key = dotted.split(".")
         data.setdefault(section, {})[key] = value
+    if "fabric.completion_us" in values:  # the Simple step is 2 x latency + completion then
+        data["fabric"].pop("net_simple_latency_us", None)
     return data
 
 
@@ -1008,15 +1031,88 @@ def _stage_starts(keys: list[str], values: dict[str, float], multistart: bool) -
     if multistart:  # the auto choice of algorithm switches with the figures: local minima
         import itertools
 
-        grids = [
-            (FABRIC_START_EFFICIENCIES if key.endswith("efficiency") else FABRIC_START_LATENCIES_US)
-            + (values[key],)
-            for key in keys
-        ]
+        grids = [_start_grid(key) + (values[key],) for key in keys]
         starts += [
             [_encode(k, v) for k, v in zip(keys, combo)] for combo in itertools.product(*grids)
         ]
     return starts
+
+
+def _start_grid(key: str) -> tuple[float, ...]:
+    if key.endswith("efficiency"):
+        return FABRIC_START_EFFICIENCIES
+    if key == "fabric.net_latency_us":
+        return FABRIC_START_NET_LATENCIES_US
+    if key == "fabric.completion_us":
+        return FABRIC_START_COMPLETIONS_US
+    return FABRIC_START_LATENCIES_US
+
+
+def _transport_start(base_doc: Any) -> dict[str, float] | None:
+    """The base's transport terms (``fabric.net_latency_us``, ``fabric.completion_us``) as its
+    file and its kind's defaults set them, or None where the transport adds none (NCCL's own
+    NET row: InfiniBand, RoCE, no kind)."""
+    from collsim.topology import parse_topology
+
+    fabric = parse_topology(base_doc, nodes=2).fabric
+    net_us = fabric.net_latency_s * 1e6
+    simple_us = fabric.net_simple_latency_s * 1e6
+    if net_us == 0 and simple_us == 0:
+        return None
+    return {"fabric.net_latency_us": net_us, "fabric.completion_us": simple_us - 2 * net_us}
+
+
+def _log_ssr(
+    base_doc: Any, values: dict[str, float], data: list[Measurements]
+) -> tuple[float, int]:
+    """Sum of squared log(simulated / measured) over the points of ``data``, and their count."""
+    total, count = 0.0, 0
+    for meas, sims in zip(data, _simulate_files(base_doc, values, data)):
+        for (_, _, measured), (simulated, _) in zip(_points(meas), sims):
+            total += math.log(simulated / measured) ** 2
+            count += 1
+    return total, count
+
+
+def _transport_gains(
+    base_doc: Any,
+    held: dict[str, float],
+    fitted: dict[str, float],
+    data: list[Measurements],
+    keys: int,
+) -> bool:
+    """Whether fitting the two transport terms improves on the base's significantly: the
+    F-test of the nested fits (2 more parameters, ``keys`` in all) at TRANSPORT_ALPHA, on the
+    squared log residuals (as :func:`fit_two_regime` tests a knee)."""
+    ssr0, n = _log_ssr(base_doc, held, data)
+    ssr1, _ = _log_ssr(base_doc, fitted, data)
+    gained = ssr0 - ssr1
+    if gained <= 1e-12 * max(ssr0, 1e-300):
+        return False
+    d2 = n - keys
+    if ssr1 <= 0.0 or d2 < 1:
+        return d2 >= 1 or gained > 0
+    return (gained / 2.0) / (ssr1 / d2) > f_critical(d2, TRANSPORT_ALPHA)
+
+
+def _decided(
+    base_doc: Any, values: dict[str, float], keys: list[str], data: list[Measurements]
+) -> list[str]:
+    """The ``keys`` the points of ``data`` decide: moving one by DECIDED_STEP (see there) moves
+    some point's simulated time by DECIDED_SHIFT or more."""
+    at = [t for sims in _simulate_files(base_doc, values, data) for t, _ in sims]
+    out = []
+    for key in keys:
+        value = values[key]
+        trial = dict(values)
+        if key.endswith("efficiency"):
+            trial[key] = value * (1 - DECIDED_STEP)
+        else:  # a latency or cost: up, by at least DECIDED_FLOOR_US (it may sit at 0)
+            trial[key] = value + max(DECIDED_STEP * value, DECIDED_FLOOR_US)
+        shifted = [t for sims in _simulate_files(base_doc, trial, data) for t, _ in sims]
+        if max(abs(b / a - 1) for a, b in zip(at, shifted)) >= DECIDED_SHIFT:
+            out.append(key)
+    return out
 
 
 def _fit_stage(
@@ -1054,6 +1150,46 @@ def _fit_stage(
     for k in keys:
         if k not in fitted:
             fitted.append(k)
+
+
+def _written(
+    values: dict[str, float],
+    fitted: list[str],
+    decided: list[str],
+    transport: dict[str, float] | None,
+) -> dict[str, float]:
+    """The figures the calibrated file sets: the decided ones, and both transport terms when
+    one is (the Simple step is 2 x latency + completion)."""
+    written = {k for k in fitted if k in decided}
+    if transport is not None and written & set(transport):
+        written |= set(transport)
+    return {k: values[k] for k in sorted(written)}
+
+
+def _fit_transport(
+    base_doc: Any,
+    values: dict[str, float],
+    fitted: list[str],
+    keys: list[str],
+    many: list[Measurements],
+    notes: list[str],
+) -> list[str]:
+    """Fit the transport's ``keys`` with the rails' efficiency on the multi-node files; keep
+    them only when the F-test prefers them to the base's. Returns the keys kept fitted."""
+    held = dict(values)
+    _fit_stage(base_doc, values, fitted, keys + ["nics.efficiency"], many, True)
+    network = len(NETWORK_PARAMETERS) + len(keys)
+    if _transport_gains(base_doc, held, values, many, network):
+        return keys
+    values.update(held)  # the base's transport terms do as well
+    notes.append(
+        f"the fitted transport terms do not beat the base's (F-test at {TRANSPORT_ALPHA:.0%}): "
+        + ", ".join(f"{k} = {held[k]:.6g}" for k in keys)
+        + " kept"
+    )
+    for key in keys:
+        fitted.remove(key)
+    return []
 
 
 def calibrate_fabric(files: list[Measurements], *, base: str | None = None) -> FabricCalibration:
@@ -1104,17 +1240,40 @@ def calibrate_fabric(files: list[Measurements], *, base: str | None = None) -> F
         _fit_stage(base_doc, values, fitted, intra_keys, one, True)
     else:
         notes.append("no one-node file: NVLink figures and the fixed cost kept from the base")
+    transport = _transport_start(base_doc) if many else None
+    if transport is not None:
+        start.update(transport)
+        values.update(transport)
     if many:
         _fit_stage(base_doc, values, fitted, net_keys, many, True)
+        if transport is not None:
+            net_keys += _fit_transport(base_doc, values, fitted, list(transport), many, notes)
     else:
         notes.append("no multi-node file: NIC figures kept from the base")
+    decided = _decided(base_doc, values, intra_keys, one) if one else []
+    decided += _decided(base_doc, values, net_keys, many) if many else []
+    kept = [k for k in fitted if k not in decided]
+    for key in kept:  # nothing in the data moves it: the base's figure stays
+        values[key] = start[key]
     if one and many:
-        _fit_stage(base_doc, values, fitted, intra_keys + net_keys, files, False)
+        joint = [k for k in intra_keys + net_keys if k in decided]
+        _fit_stage(base_doc, values, fitted, joint, files, False)
+    if kept:
+        notes.append(
+            f"kept from the base (no point moves by {DECIDED_SHIFT:.1%} when the figure moves "
+            f"by {DECIDED_STEP:.0%}, a latency by {DECIDED_FLOOR_US:g} us at least): "
+            + ", ".join(f"{k} = {start[k]:.6g}" for k in kept)
+        )
+    if many and transport is None:
+        notes.append(
+            "the base's transport adds no latency of its own (NCCL's NET row, tuning.cc): "
+            "fabric.net_latency_us and fabric.completion_us not fitted"
+        )
     notes.append(
         "NCCL's per-protocol base and per-hop latencies (src/graph/tuning.cc) are the "
-        "simulator's tables, not topology keys: the fit sets the physical link figures only"
+        "simulator's tables, not topology keys: the fit sets the link and transport figures"
     )
-    data = _fabric_data(base_doc.data, {k: values[k] for k in fitted})
+    data = _fabric_data(base_doc.data, _written(values, fitted, decided, transport))
     nodes = max(m.num_nodes for m in files)
     per_node = {m.ranks_per_node for m in files}
     if len(per_node) != 1:
@@ -1128,6 +1287,7 @@ def calibrate_fabric(files: list[Measurements], *, base: str | None = None) -> F
         base=base,
         values={k: values[k] for k in fitted},
         fitted=fitted,
+        decided=decided,
         data=data,
         files=_file_fits(base_doc, start, values, files),
         nodes=nodes,

@@ -440,9 +440,10 @@ def read_text(path: str | Path) -> str:
         ) from None
 
 
-def read_measurements(path: str | Path) -> Measurements:
+def read_measurements(path: str | Path, op: str | None = None) -> Measurements:
     """Read a collective table: schema CSV or JSON, an older bench CSV, ``collective -F csv``
-    or ``-F json``, an nccl-tests or rccl-tests log, or nccl-tests ``-J`` JSON.
+    or ``-F json``, an nccl-tests or rccl-tests log, or nccl-tests ``-J`` JSON. ``op`` (collsim's
+    name) is the collective of an nccl-tests or rccl-tests log that does not say which it is.
 
     Raises:
         ConfigError: the file is missing, binary, not one of those, or holds a bad value
@@ -454,7 +455,7 @@ def read_measurements(path: str | Path) -> Measurements:
     if kind == "nccl-tests":
         from collsim.validate.nccltests import parse_log
 
-        return parse_log(text, str(src))
+        return parse_log(text, str(src), op)
     if kind == "json":
         return _read_json(text, str(src))
     return _read_csv(text, str(src))

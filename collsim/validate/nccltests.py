@@ -34,8 +34,8 @@ Formats followed (read from the sources, not copied):
   threshold), and in-place only when out-of-place is disabled.
 
 The op is taken from ``Collective test starting: X_perf`` (or argv[0] in JSON), else from the
-file name (``all_reduce_perf.log``, ``allreduce-2node.txt``). Ranks are the rank lines (JSON:
-devices x nthreads x ngpus), nodes the distinct host names.
+caller's ``--op``, else from the file name (``all_reduce_perf.log``, ``allreduce-2node.txt``).
+Ranks are the rank lines (JSON: devices x nthreads x ngpus), nodes the distinct host names.
 """
 
 # ruff: noqa: UP031  (printf formats on purpose: they are nccl-tests' own, src/util.cu)
@@ -147,7 +147,11 @@ def _unmodelled_in(name: str) -> str | None:
     return None
 
 
-def _op_for(program: str | None, path: str) -> str:
+def _op_for(program: str | None, path: str, given: str | None = None) -> str:
+    """The op of a log: its ``Collective test starting`` program, else ``given`` (the
+    caller's ``--op``), else the file name."""
+    if not program and given is not None:
+        return given
     for source in (program, path):
         if not source:
             continue
@@ -164,8 +168,8 @@ def _op_for(program: str | None, path: str) -> str:
             return op
     raise ConfigError(
         "cannot tell the collective: the log has no 'Collective test starting' line (rccl-tests "
-        "and older nccl-tests print none) and the file name names no op; name the file after "
-        "the binary, e.g. all_reduce_perf.log",
+        "and older nccl-tests print none) and the file name names no op; give --op (e.g. "
+        "--op all_reduce) or name the file after the binary, e.g. all_reduce_perf.log",
         key_path="op",
         file=path,
     )
@@ -344,12 +348,13 @@ def _log_shape(scan: _LogScan, path: str) -> tuple[int, int, int, list[str]]:
     return world, nodes, per_node, order
 
 
-def parse_log(text: str, path: str) -> Measurements:
+def parse_log(text: str, path: str, op: str | None = None) -> Measurements:
     """Rows and metadata of an nccl-tests or rccl-tests text log (see the module docstring).
 
     Rows carry the out-of-place block as ``time_us``, ``algbw_gbps``, ``busbw_gbps``,
     ``wrong`` and the in-place block as ``in_place_*``; a log with one block per row gives it
-    as the main one (``metadata['blocks']`` says which).
+    as the main one (``metadata['blocks']`` says which). ``op`` (collsim's name) is the
+    collective of a log that does not name its binary.
 
     Raises:
         ConfigError: a malformed row, a bad value, no rows, or no way to tell the op or the
@@ -359,7 +364,8 @@ def parse_log(text: str, path: str) -> Measurements:
     world, nodes, per_node, order = _log_shape(scan, path)
     meta, blocks, devices = scan.meta, scan.blocks, scan.devices
     ops = {program: _op_for(program, path) for program in scan.programs}
-    op = _op_for(meta.get("program"), path)
+    given = op
+    op = _op_for(meta.get("program"), path, given)
     meta.update(
         op=op,
         world_size=world,

@@ -119,6 +119,11 @@ class StepConfig:
     (a busy loop of known duration, whatever share of the cores it gets)."""
     progress_path: str | None = None
     """Each rank appends its per-iteration timings to ``<path>.rank<r>.jsonl`` as taken."""
+    profile_dir: str | None = None
+    """After the timed iterations, each rank traces ``trace_steps`` more steps of every mode
+    with the torch profiler (CPU activities, input shapes) into
+    ``<dir>/n<world size>_<mode>_rank<r>.json.gz`` (:func:`_trace_modes`)."""
+    trace_steps: int = 3
 
     def __post_init__(self) -> None:
         for mode in self.modes:
@@ -130,6 +135,8 @@ class StepConfig:
             raise ValueError(f"straggler_delay_s must be >= 0, got {self.straggler_delay_s}")
         if self.straggler_repeat < 2:
             raise ValueError(f"straggler_repeat must be >= 2, got {self.straggler_repeat}")
+        if self.trace_steps < 1:
+            raise ValueError(f"trace_steps must be >= 1, got {self.trace_steps}")
 
     @property
     def straggler_modes(self) -> tuple[str, ...]:
@@ -568,6 +575,7 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
             rows.append(row)
     if progress is not None:
         progress.close()
+    traces = _trace_modes(torch, dist, cfg, ctx, steps) if cfg.profile_dir else {}
     num_prof = len(keys) - len(timed) - len(extra_keys) - len(probe_keys)
     by_column = _over_ranks(torch, dist, ctx, rows, num_prof)
     local_cpu_share = _mean_over_ranks(torch, dist, ctx, statistics.median(shares))
@@ -600,8 +608,54 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
         "num_parameters": sum(p.numel() for p in prof_model.parameters()),
         "local_cpu_share": local_cpu_share,
         "sched_autogroup": _autogroup(),
+        **({"traces": traces} if traces else {}),
         **_probe_report(columns, probes, probe_sizes),
     }
+
+
+def _trace_modes(
+    torch: Any, dist: Any, cfg: StepConfig, ctx: Any, steps: dict[str, Any]
+) -> dict[str, Any]:
+    """Trace ``cfg.trace_steps`` steps of every mode of ``cfg`` (and the local step) with the
+    torch profiler, after the timed iterations so that the profiler's cost falls on none of
+    them; each step after a barrier, inside a ``ProfilerStep#<i>`` annotation as
+    ``torch.profiler.profile.step`` names it. One gzipped Kineto trace per mode and rank.
+    Returns this rank's paths (``files``) and, per mode, the share of a core its thread got
+    over the traced steps (``cpu_share``: thread CPU time over wall time, as
+    :mod:`collsim.validate.insitu` measures the local step's), which tells whether the traced
+    steps ran under the load the timed ones did."""
+    import gzip
+    import os
+    import shutil
+    from pathlib import Path
+
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    assert cfg.profile_dir is not None
+    folder = Path(cfg.profile_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    written: list[str] = []
+    shares: dict[str, float] = {}
+    for mode in [LOCAL, *cfg.modes]:
+        dist.barrier()
+        steps[mode]()  # one untraced step: the profiler's own start-up stays out of the trace
+        wall = cpu = 0.0
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            for i in range(cfg.trace_steps):
+                dist.barrier()
+                start, cpu0 = time.perf_counter(), time.thread_time()
+                with record_function(f"ProfilerStep#{i}"):
+                    steps[mode]()
+                wall += time.perf_counter() - start
+                cpu += time.thread_time() - cpu0
+        shares[mode] = cpu / max(wall, 1e-9)
+        path = folder / f"n{ctx.world_size}_{mode}_rank{ctx.rank}.json"
+        prof.export_chrome_trace(str(path))
+        with open(path, "rb") as src, gzip.open(f"{path}.gz", "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        os.remove(path)
+        written.append(f"{path}.gz")
+    return {"files": written, "cpu_share": shares}
 
 
 def _autogroup() -> bool | None:

@@ -17,6 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 import collsim.cli.run as run_mod
+import collsim.study.job as job_mod
 from collsim.cli import cli, main
 from collsim.errors import CollsimWarning, ConfigError
 from collsim.parallel.plan import build_plan
@@ -126,15 +127,15 @@ def fake_engine(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     state: dict[str, Any] = {"result": make_result(), "calls": []}
 
     def simulate(
-        scenario: Any, topology: Any, *, all_ranks: bool, trace: bool, fidelity: str = "auto"
+        inputs: Any, *, all_ranks: bool, trace: bool, fidelity: str = "auto"
     ) -> StepResult:
         state["calls"].append({"all_ranks": all_ranks, "trace": trace, "fidelity": fidelity})
-        build_plan(topology, scenario.model, scenario.training, scenario.parallel)
+        build_plan(inputs.topology, inputs.spec, inputs.training, inputs.parallel)
         warnings.warn("fewer buckets than layers", CollsimWarning)
         return state["result"]
 
-    monkeypatch.setattr(run_mod, "_load_topology", fake_topology)
-    monkeypatch.setattr(run_mod, "_simulate", simulate)
+    monkeypatch.setattr(job_mod, "scenario_topology", fake_topology)
+    monkeypatch.setattr(job_mod, "simulate_inputs", simulate)
     return state
 
 
@@ -392,7 +393,7 @@ def test_engine_config_error_is_located(
     def fail(*args: Any, **kwargs: Any) -> StepResult:
         raise ConfigError("must be <= 4 on this topology", key_path="parallel.dp")
 
-    monkeypatch.setattr(run_mod, "_simulate", fail)
+    monkeypatch.setattr(job_mod, "simulate_inputs", fail)
     res = invoke(str(scenario_file))
     assert (res.exit_code, res.stderr) == (
         2,

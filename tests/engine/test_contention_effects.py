@@ -21,14 +21,14 @@ def test_shared_nic_is_named_and_the_effects_add_up_to_the_gap() -> None:
     parallel = ParallelConfig(tp=2, dp=16)
     des = simulate_step(topology, spec, training, parallel)
     closed = estimate_step(topology, spec, training, parallel)
-    assert des.details["contended_axes"] == ["dp"]
-    effects = des.details["contention"]
-    assert [e["axis"] for e in effects] == ["dp"]
-    assert all(".nic" in name for name in effects[0]["links"])
+    assert des.contended_axes == ["dp"]
+    effects = des.contention
+    assert [e.axis for e in effects] == ["dp"]
+    assert all(".nic" in name for name in effects[0].links)
     gap = des.step_time_s - closed.step_time_s
     assert gap > 0.05 * closed.step_time_s  # the sharing is real
-    assert sum(e["delta_s"] for e in effects) == pytest.approx(gap, rel=0.01)
-    assert effects[0]["closed_s"] == pytest.approx(closed.step_time_s, rel=1e-12)
+    assert sum(e.delta_s for e in effects) == pytest.approx(gap, rel=0.01)
+    assert effects[0].closed_s == pytest.approx(closed.step_time_s, rel=1e-12)
 
 
 def test_no_contention_no_effects() -> None:
@@ -37,4 +37,4 @@ def test_no_contention_no_effects() -> None:
     r = simulate_step(
         topology, spec, TrainingConfig(global_batch=32, micro_batch=2), ParallelConfig(tp=2, dp=8)
     )
-    assert r.details["contended_axes"] == [] and "contention" not in r.details
+    assert r.contended_axes == [] and r.contention is None

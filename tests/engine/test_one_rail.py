@@ -1,15 +1,14 @@
 """The contention check looks at one rail's groups where the rails are alike
-(``collsim.engine.step._one_rail``): it must give the answer the check of every group gives."""
+(``Plan.one_rail_groups``): it must give the answer the check of every group gives."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from collsim.engine.comm import axis_contends
-from collsim.engine.step import _axis_groups, _one_rail
 from collsim.parallel.config import ParallelConfig, TrainingConfig
 from collsim.parallel.plan import build_plan
 from collsim.stragglers import degrade_topology
@@ -63,8 +62,8 @@ def test_one_rail_decides_as_every_group_does(
 ) -> None:
     plan = _plan(name, nodes, tp, pp, order)
     topo = plan.topology
-    full = _axis_groups(plan)
-    reduced = _axis_groups(plan, node_local=True)
+    full = plan.active_groups()
+    reduced = plan.active_groups(node_local=True)
     for axis in (DP, PP):
         groups, few = full[axis], reduced[axis]
         if not len(groups) or groups.shape[1] < 2:
@@ -75,7 +74,7 @@ def test_one_rail_decides_as_every_group_does(
 def test_groups_on_every_rail_reduce_to_the_first() -> None:
     plan = _plan("dgx_h100", 64, tp=8, pp=2)  # dp groups: one per (stage, GPU index)
     dp = plan.group_rows(DP)
-    few = _one_rail(plan, dp)
+    few = plan.one_rail_groups(dp)
     assert len(dp) == 16 and len(few) == 2
     assert bool((few % 8 == 0).all())
 
@@ -83,7 +82,7 @@ def test_groups_on_every_rail_reduce_to_the_first() -> None:
 def test_groups_that_mix_gpu_indices_are_kept() -> None:
     plan = _plan("dgx_h100", 8, tp=1, pp=1)  # one dp group over all 64 GPUs
     dp = plan.group_rows(DP)
-    assert np.array_equal(_one_rail(plan, dp), dp)
+    assert np.array_equal(plan.one_rail_groups(dp), dp)
 
 
 def test_degraded_links_keep_every_group() -> None:
@@ -92,7 +91,7 @@ def test_degraded_links_keep_every_group() -> None:
     slow = degrade_topology(topo, {topo.path(1, 9)[0]: 0.1})  # GPU index 1's rail only
     slow_plan = build_plan(slow, plan.spec, plan.training, plan.parallel)
     dp = slow_plan.group_rows(DP)
-    assert np.array_equal(_one_rail(slow_plan, dp), dp)
+    assert np.array_equal(slow_plan.one_rail_groups(dp), dp)
 
 
 def test_an_oversubscribed_fabric_contends_on_one_rail_as_on_all() -> None:
@@ -101,24 +100,24 @@ def test_an_oversubscribed_fabric_contends_on_one_rail_as_on_all() -> None:
     plan = _plan("oversubscribed", 16, tp=8, pp=4, order="tp-cp-ep-pp-dp")
     topo = plan.topology
     dp = plan.group_rows(DP)
-    few = _one_rail(plan, dp)
+    few = plan.one_rail_groups(dp)
     assert len(dp) == 32 and len(few) == 4
     assert axis_contends(topo, dp) and axis_contends(topo, few)
     # pp outermost: the pipeline sends cross leaves together instead
     plan = _plan("oversubscribed", 16, tp=8, pp=4)
     topo = plan.topology
-    pairs, few = _axis_groups(plan)[PP], _axis_groups(plan, node_local=True)[PP]
+    pairs, few = plan.active_groups()[PP], plan.active_groups(node_local=True)[PP]
     assert len(pairs) == 8 * len(few)
     assert axis_contends(topo, pairs) and axis_contends(topo, few)
     dp = plan.group_rows(DP)
-    assert not axis_contends(topo, dp) and not axis_contends(topo, _one_rail(plan, dp))
+    assert not axis_contends(topo, dp) and not axis_contends(topo, plan.one_rail_groups(dp))
 
 
 @pytest.mark.parametrize("name", ["dgx_a100", "dgx_h100"])
 def test_pipeline_pairs_reduce_to_one_gpu_index(name: str) -> None:
     plan = _plan(name, 16, tp=8, pp=4)
-    pairs = _axis_groups(plan)[PP]
-    few = _axis_groups(plan, node_local=True)[PP]
+    pairs = plan.active_groups()[PP]
+    few = plan.active_groups(node_local=True)[PP]
     assert len(few) * 8 == len(pairs)
 
 
@@ -134,7 +133,8 @@ def test_pipeline_rows_made_directly_are_the_one_rail_rows(
     name: str, nodes: int, tp: int, pp: int, order: str
 ) -> None:
     """Where the first GPU index's pipeline sends are made without the others
-    (``_pp_rows``), they are the rows ``_one_rail`` keeps of all of them."""
+    (``Plan.pipeline_pairs``), they are the rows ``one_rail_groups`` keeps of all of them."""
+    assume(nodes * 8 >= tp * pp)  # every topology here has 8 GPUs a node
     plan = _plan(name, nodes, tp, pp, order)
-    every = _axis_groups(plan)[PP]
-    assert np.array_equal(_axis_groups(plan, node_local=True)[PP], _one_rail(plan, every))
+    every = plan.active_groups()[PP]
+    assert np.array_equal(plan.active_groups(node_local=True)[PP], plan.one_rail_groups(every))

@@ -83,9 +83,7 @@ def test_activations_in_flight_on_stage_0(small_spec, schedule: str) -> None:
     layer = activation_bytes_per_layer(small_spec, micro_batch=1)
     per_mb = emb + (small_spec.num_layers // p) * layer
     in_flight = p if schedule == "1f1b" else m
-    assert r.details["activation_peak_bytes_by_rank"][0] == pytest.approx(
-        in_flight * per_mb, rel=1e-12
-    )
+    assert r.activation_peak_bytes_by_rank[0] == pytest.approx(in_flight * per_mb, rel=1e-12)
 
 
 @settings(max_examples=25, deadline=None)
@@ -133,6 +131,6 @@ def test_interleaved_holds_more_in_flight_on_stage_0(small_spec) -> None:
         live += kept if op.phase is Phase.FORWARD else -kept
         peak = max(peak, live)
     assert peak == pytest.approx(want, rel=1e-12)
-    assert r.details["activation_peak_bytes_by_rank"][0] == pytest.approx(want, rel=1e-12)
-    one_f_one_b = _step(small_spec, p, m, "1f1b").details["activation_peak_bytes_by_rank"][0]
-    assert r.details["activation_peak_bytes_by_rank"][0] > one_f_one_b
+    assert r.activation_peak_bytes_by_rank[0] == pytest.approx(want, rel=1e-12)
+    one_f_one_b = _step(small_spec, p, m, "1f1b").activation_peak_bytes_by_rank[0]
+    assert r.activation_peak_bytes_by_rank[0] > one_f_one_b

@@ -67,7 +67,7 @@ def test_fields_are_filled_and_consistent(result) -> None:
     assert tp_calls == layer_and_ends + loss + gathers
     assert "tp groups: 8 of 2" in r.mapping
     # one rank per stage: pp outermost (the default order), stage 1 starts at tp x dp = 8
-    assert sorted(r.memory_timeline) == sorted(r.details["simulated_ranks"]) == [0, 8]
+    assert sorted(r.memory_timeline) == sorted(r.simulated_ranks) == [0, 8]
     json.dumps(r.to_dict())
 
 
@@ -122,3 +122,19 @@ def test_plan_errors_surface(small_spec) -> None:
             topology(), small_spec, TrainingConfig(global_batch=8), ParallelConfig(tp=2, dp=2)
         )
     assert info.value.key_path == "parallel"
+
+
+def test_breakdown_is_a_record_whose_parts_sum_to_the_step(result) -> None:
+    from collsim.schedule.result import Breakdown
+
+    _, r = result
+    parts = r.breakdown_s
+    assert isinstance(parts, Breakdown)
+    assert parts.total_s == pytest.approx(r.step_time_s, rel=1e-12)
+    assert parts.compute == parts["compute"] > 0 and list(parts) == list(BREAKDOWN_KEYS)
+    # the typed fields are what --json writes under details
+    assert r.details["critical_rank"] == r.critical_rank in r.simulated_ranks
+    assert r.details["num_microbatches"] == r.num_microbatches == 32 // (2 * 4)
+    assert r.stragglers is None and r.contention is None and "stragglers" not in r.details
+    # the stage of each simulated rank, as the plan places it (pp outermost: 8 ranks a stage)
+    assert r.rank_stages == {0: 0, 8: 1}

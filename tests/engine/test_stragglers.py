@@ -88,12 +88,12 @@ def test_one_gpu_at_0_9_slows_the_step_by_the_critical_path(small_spec, straggle
     slow = simulate_step(
         topo, small_spec, tr, par, zero_communication=True, stragglers=_gpu(straggler)
     )
-    st = slow.details["stragglers"]
-    assert st["baseline_step_time_s"] == pytest.approx(base_hand, rel=1e-9)
+    st = slow.stragglers
+    assert st.baseline_step_time_s == pytest.approx(base_hand, rel=1e-9)
     assert slow.step_time_s == pytest.approx(slow_hand, rel=1e-9)
-    assert st["slowdown"] == pytest.approx(slow_hand / base_hand, rel=1e-9)
+    assert st.slowdown == pytest.approx(slow_hand / base_hand, rel=1e-9)
     # the slowed stage is not the bottleneck of every op: less than the full 1/0.9
-    assert 1.0 < st["slowdown"] < 1 / 0.9
+    assert 1.0 < st.slowdown < 1 / 0.9
     # the closed form walks the same critical path
     closed = estimate_step(
         topo, small_spec, tr, par, zero_communication=True, stragglers=_gpu(straggler)
@@ -108,7 +108,7 @@ def test_without_pipeline_the_step_stretches_by_one_over_the_factor(small_spec) 
     tr = TrainingConfig(global_batch=16, micro_batch=1)
     par = ParallelConfig(tp=2, pp=1, dp=4, zero=0)
     slow = simulate_step(topo, small_spec, tr, par, zero_communication=True, stragglers=_gpu(5))
-    assert slow.details["stragglers"]["slowdown"] == pytest.approx(1 / 0.9, rel=1e-12)
+    assert slow.stragglers.slowdown == pytest.approx(1 / 0.9, rel=1e-12)
 
 
 def test_with_communication_the_slowdown_is_the_slowed_pipelines_critical_path(small_spec) -> None:
@@ -118,10 +118,10 @@ def test_with_communication_the_slowdown_is_the_slowed_pipelines_critical_path(s
     par = ParallelConfig(tp=2, pp=2, dp=4, zero=1, sequence_parallel=True)
     des = simulate_step(topo, small_spec, tr, par, fidelity="fused", stragglers=_gpu(6))
     closed = estimate_step(topo, small_spec, tr, par, stragglers=_gpu(6))
-    assert des.details["stragglers"]["slowdown"] > 1.0
+    assert des.stragglers.slowdown > 1.0
     assert closed.step_time_s == pytest.approx(des.step_time_s, rel=1e-9)
-    assert closed.details["stragglers"]["baseline_step_time_s"] == pytest.approx(
-        des.details["stragglers"]["baseline_step_time_s"], rel=1e-9
+    assert closed.stragglers.baseline_step_time_s == pytest.approx(
+        des.stragglers.baseline_step_time_s, rel=1e-9
     )
 
 
@@ -188,8 +188,8 @@ def test_reduced_ranks_match_all_ranks(small_spec, case) -> None:
     )
     few = simulate_step(topo, small_spec, tr, par, stragglers=stragglers)
     every = simulate_step(topo, small_spec, tr, par, stragglers=stragglers, all_ranks=True)
-    assert len(few.details["simulated_ranks"]) < tp * pp * dp
-    assert few.details["stragglers"]["slowdown"] > 1.0
+    assert len(few.simulated_ranks) < tp * pp * dp
+    assert few.stragglers.slowdown > 1.0
     assert few.step_time_s == pytest.approx(every.step_time_s, rel=1e-9)
     assert few.memory_peak_bytes == every.memory_peak_bytes
     for key, value in few.breakdown_s.items():
@@ -207,7 +207,7 @@ def test_layer_fidelity_matches_all_ranks(small_spec) -> None:
     few = simulate_step(topo, small_spec, tr, par, **kw)
     every = simulate_step(topo, small_spec, tr, par, all_ranks=True, **kw)
     assert few.step_time_s == pytest.approx(every.step_time_s, rel=1e-3)
-    assert few.details["stragglers"]["slowdown"] > 1.0
+    assert few.stragglers.slowdown > 1.0
 
 
 def test_simulated_set_rule(small_spec) -> None:
@@ -245,16 +245,16 @@ def test_report_names_the_rendezvous_that_waited_for_the_straggler(small_spec) -
     c = plan.coords(13)
     stand_in = plan.rank(dp=c.dp, pp=c.pp, tp=0)
     representative = plan.rank(dp=0, pp=c.pp, tp=0)
-    st = result.details["stragglers"]
-    assert st["tp_paced_ranks"] == sorted(plan.group_of(13, "tp"))
-    waits = [w for w in st["waits"] if str(w["axis"]) == "dp" and representative in w["group"]]
-    assert waits, st["waits"]
+    st = result.stragglers
+    assert st.tp_paced_ranks == sorted(plan.group_of(13, "tp"))
+    waits = [w for w in st.waits if str(w["axis"]) == "dp" and representative in w["group"]]
+    assert waits, st.waits
     wait = waits[0]
     assert wait["waited_for"] == stand_in
     assert set(wait["waits_s"]) == {representative}
     assert wait["wait_s"] > 0
     # the step costs what the slowed pipeline adds
-    assert st["extra_s"] == pytest.approx(st["step_time_s"] - st["baseline_step_time_s"])
+    assert st.extra_s == pytest.approx(st.step_time_s - st.baseline_step_time_s)
 
 
 def test_full_speed_is_no_straggler(small_spec) -> None:
@@ -264,7 +264,7 @@ def test_full_speed_is_no_straggler(small_spec) -> None:
     plain = simulate_step(topo, small_spec, tr, par)
     same = simulate_step(topo, small_spec, tr, par, stragglers=_gpu(3, 1.0))
     assert same.step_time_s == plain.step_time_s
-    assert "stragglers" not in same.details
+    assert same.stragglers is None
 
 
 # -- the closed form walks a slow GPU, refuses what it cannot place ---------------------------

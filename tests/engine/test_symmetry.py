@@ -40,8 +40,8 @@ def test_representatives_match_all_ranks(
     par = ParallelConfig(tp=tp, pp=pp, dp=dp, zero=zero, sequence_parallel=zero == 1)
     few = simulate_step(topo, small_spec, tr, par, fidelity=fidelity)
     every = simulate_step(topo, small_spec, tr, par, fidelity=fidelity, all_ranks=True)
-    assert len(every.details["simulated_ranks"]) == tp * pp * dp
-    assert len(few.details["simulated_ranks"]) == pp
+    assert len(every.simulated_ranks) == tp * pp * dp
+    assert len(few.simulated_ranks) == pp
     assert few.step_time_s == pytest.approx(every.step_time_s, rel=0.01)
     assert few.memory_peak_bytes == every.memory_peak_bytes
     for key, value in few.breakdown_s.items():
@@ -55,15 +55,15 @@ def test_shared_nic_is_detected_and_slows_the_step(small_spec) -> None:
     par = ParallelConfig(tp=2, pp=2, dp=4, zero=0, order="tp-cp-ep-pp-dp")
     closed = simulate_step(topo, small_spec, tr, par, fidelity="fused")
     auto = simulate_step(topo, small_spec, tr, par)
-    assert auto.details["contended_axes"] == ["dp"] == auto.details["des_axes"]
-    assert auto.details["fidelity"] == "fused"  # only the dp calls run on the DES
+    assert auto.contended_axes == ["dp"] == auto.des_axes
+    assert auto.fidelity == "fused"  # only the dp calls run on the DES
     # two data-parallel groups of a stage share one NIC: their all-reduces take longer
     assert auto.breakdown_s["dp_exposed"] > 1.5 * closed.breakdown_s["dp_exposed"]
     rail = simulate_step(topology("dgx_a100", 2), small_spec, tr, par)
-    assert rail.details["contended_axes"] == [] and rail.details["fidelity"] == "fused"
+    assert rail.contended_axes == [] and rail.fidelity == "fused"
     # one group per stage, but the stages of a node share its NIC at the end of the step
     deep = simulate_step(topo, small_spec, tr, ParallelConfig(pp=8, dp=2, order="tp-cp-ep-pp-dp"))
-    assert deep.details["des_axes"] == ["dp"]
+    assert deep.des_axes == ["dp"]
 
 
 @pytest.mark.parametrize("schedule, v", [("1f1b", 1), ("interleaved", 2), ("gpipe", 1)])
@@ -80,7 +80,7 @@ def test_fused_and_layer_engines_agree(
     )
     fused = simulate_step(topo, small_spec, tr, par, fidelity="fused")
     layer = simulate_step(topo, small_spec, tr, par, fidelity="layer")
-    assert fused.details["fidelity"] == "fused" and layer.details["fidelity"] == "layer"
+    assert fused.fidelity == "fused" and layer.fidelity == "layer"
     assert layer.step_time_s == pytest.approx(fused.step_time_s, rel=0.01)
     assert layer.memory_peak_bytes == pytest.approx(fused.memory_peak_bytes, rel=0.01)
     for key in ("tp_exposed", "dp_exposed", "bubble"):

@@ -62,7 +62,7 @@ def test_tp_slices_per_rank_match_the_plan_and_the_statistics(
     tr = TrainingConfig(global_batch=m * dp, micro_batch=1, recompute=recompute)
     par = ParallelConfig(tp=tp, pp=pp, dp=dp, sequence_parallel=sp)
     r = simulate_step(topology(), small_spec, tr, par, trace=True, fidelity=fidelity)
-    ranks = r.details["simulated_ranks"]
+    ranks = r.simulated_ranks
     assert ranks == [0, tp * dp]  # one rank per stage, pp outermost (the default order)
     tp_events = [e for e in r.trace_events if e.stream == "tp"]
     for rank in ranks:
@@ -100,7 +100,7 @@ def test_tp_slices_nest_in_their_ops_and_never_overlap(small_spec, sp: bool) -> 
     par = ParallelConfig(tp=2, pp=2, dp=2, sequence_parallel=sp)
     r = simulate_step(topology(), small_spec, tr, par, trace=True)
     eps = 1e-12
-    for rank in r.details["simulated_ranks"]:
+    for rank in r.simulated_ranks:
         ops = sorted(
             (e for e in r.trace_events if e.rank == rank and e.stream == "compute"),
             key=lambda e: e.start_s,
@@ -234,7 +234,7 @@ def test_pipeline_gather_blocks_the_receiver(small_spec) -> None:
     one = cost(CollectiveOp.ALL_GATHER, full, Group(topo, (0, 1, 2, 3))).time_s
     for e in gathers:
         assert e.args["bytes"] == full and e.end_s - e.start_s == pytest.approx(one)
-    last = r.details["breakdown_by_stage_s"][1]
+    last = r.breakdown_by_stage_s[1]
     assert last["pp_exposed"] >= 4 * one - 1e-12
     sp = simulate_step(
         topo, small_spec, tr, ParallelConfig(tp=4, pp=2, sequence_parallel=True), trace=True

@@ -47,7 +47,10 @@ def test_simulate_overrides_forms_and_errors() -> None:
 
 def test_plot_returns_a_figure(tmp_path: Path) -> None:
     sim = collsim.simulate(DDP)
+    step_s = sim.step_time_s
+    assert not sim.trace_events  # as collsim run keeps none without --trace
     fig = sim.plot("step", tmp_path / "s.png")
+    assert sim.trace_events and sim.step_time_s == pytest.approx(step_s, rel=1e-12)
     assert (tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"
     assert fig.axes
     with pytest.raises(ConfigError):
@@ -69,3 +72,66 @@ def test_sweep_name_is_the_function_and_the_module_lives_in_study() -> None:
 
     assert collsim.sweep is collsim.api.sweep
     assert collsim.study.sweep.parse_gpus("8,16") == [8, 16]
+
+
+GOODPUT = """\
+name: unit
+cluster: {topology: dgx_h100, nodes: 1}
+model: {preset: gpt3-1.3b}
+training: {global_batch: 64, micro_batch: 2}
+parallel: {tp: 1, pp: 1, dp: 8}
+reliability:
+  components:
+    gpu: {per_1000_node_days: 5}
+  storage: {write_bandwidth_gbps: 10}
+"""
+
+
+def test_goodput_is_what_the_command_computes(tmp_path: Path) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from collsim.cli import cli
+    from collsim.study.goodput.estimate import GoodputResult
+
+    path = tmp_path / "unit.yaml"
+    path.write_text(GOODPUT)
+    result = collsim.goodput(path, days=10, runs=200, seed=3)
+    assert isinstance(result, GoodputResult) and result.days == 10
+    out = tmp_path / "g.json"
+    args = [
+        "goodput",
+        str(path),
+        "--days",
+        "10",
+        "--runs",
+        "200",
+        "--seed",
+        "3",
+        "--json",
+        str(out),
+    ]
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    assert data.pop("scenario") == "unit"
+    assert json.loads(json.dumps(result.to_dict(), default=str)) == data
+    # the step it rests on is the one collsim.simulate gives
+    step = collsim.simulate(path, trace=False).step_time_s
+    assert result.costs.step_time_s == step
+    assert 0 < result.closed_form.effective_training_time_ratio < 1
+    closed = collsim.goodput(path, days=10, monte_carlo=False)
+    assert closed.monte_carlo is None
+    assert closed.closed_form.goodput_tokens_per_day == result.closed_form.goodput_tokens_per_day
+
+
+def test_goodput_needs_a_reliability_section() -> None:
+    with pytest.raises(ConfigError, match="reliability"):
+        collsim.goodput(DDP)
+
+
+def test_load_applies_overrides() -> None:
+    loaded = collsim.load(DDP, {"parallel.zero": 2})
+    assert loaded.parallel.zero == 2 and loaded.source == DDP
+    assert collsim.load(loaded) is loaded

@@ -256,7 +256,7 @@ def test_set_errors_are_reported_together_at_their_overrides(tmp_path: Path) -> 
             "error: --set parallel.ddp.bucket_mb=.nan: parallel.ddp.bucket_mb: must be a finite "
             "number, got nan",
             "error: --set training.stack=megatron: training.stack: must be one of megatron_te, "
-            "torchtitan, llm_foundry, fsdp, deepspeed; got 'megatron'",
+            "torchtitan, llm_foundry, fsdp, nemo_automodel, deepspeed; got 'megatron'",
             "error: --set stragglers.slow_gpu.ranks=[1, 1]: stragglers.slow_gpu.clock_factor: "
             "missing required key",
             "error: --set stragglers.slow_gpu.ranks=[1, 1]: stragglers.slow_gpu.ranks: names an "

@@ -212,11 +212,11 @@ def test_auto_fidelity_puts_contended_ep_groups_on_the_des(tmp_path) -> None:  #
     over = _oversubscribed(tmp_path, 4)
     auto = simulate_step(over, spec, training, par)
     closed = estimate_step(over, spec, training, par)
-    assert "ep" in auto.details["contended_axes"] and "ep" in auto.details["des_axes"]
+    assert "ep" in auto.contended_axes and "ep" in auto.des_axes
     assert auto.breakdown_s["ep_exposed"] > 1.05 * closed.breakdown_s["ep_exposed"]
     flat = load_topology("dgx_h100", nodes=4)
     auto = simulate_step(flat, spec, training, par)
-    assert "ep" not in auto.details["contended_axes"]
+    assert "ep" not in auto.contended_axes
     closed = estimate_step(flat, spec, training, par)
     assert auto.step_time_s == pytest.approx(closed.step_time_s, rel=1e-9)
 

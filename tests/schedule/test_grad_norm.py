@@ -63,8 +63,8 @@ def test_without_clipping_there_is_no_norm_and_the_step_is_shorter() -> None:
 def test_the_stages_wait_for_the_last_one_at_the_norm() -> None:
     on, _ = _run(CLIPPED)
     off, _ = _run(dataclasses.replace(CLIPPED, grad_clip=False))
-    by_stage_on = on.details["breakdown_by_stage_s"]
-    by_stage_off = off.details["breakdown_by_stage_s"]
+    by_stage_on = on.breakdown_by_stage_s
+    by_stage_off = off.breakdown_by_stage_s
     waited = {s: by_stage_on[s]["bubble"] - by_stage_off[s]["bubble"] for s in by_stage_on}
     assert min(waited.values()) == pytest.approx(0.0, abs=1e-12)  # the last one waits for none
     assert max(waited.values()) > 0  # the others wait at the rendezvous

@@ -50,7 +50,9 @@ def test_collsim_run_prices_the_plan(path: Path, tmp_path: Path) -> None:
     axes = {c["axis"] for c in data["collectives"]}
     name = path.name
     if name.startswith("moe_") and "gpt_oss" not in name or name.startswith("hsdp_"):
-        assert "ep" in axes and data["breakdown_s"]["ep_exposed"] > 0
+        # the expert exchange: one all-to-all over ep, or DeepEP / HybridEP's network leg
+        # (ep_node) with its NVLink leg (ep_local)
+        assert axes & {"ep", "ep_node"} and data["breakdown_s"]["ep_exposed"] > 0
     from collsim.scenario import load_scenario
 
     if load_scenario(path).parallel.cp > 1:

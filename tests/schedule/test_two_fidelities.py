@@ -34,7 +34,7 @@ def _agree(topology, spec, training, parallel) -> None:
     assert closed.memory_bytes == des.memory_bytes
     for key, value in des.breakdown_s.items():
         assert closed.breakdown_s[key] == pytest.approx(value, rel=1e-6, abs=1e-12), key
-    assert closed.details["fidelity"] == "closed"
+    assert closed.fidelity == "closed"
 
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])

@@ -1,0 +1,412 @@
+"""``collsim validate trace``: Kineto traces from outside the project (HolisticTraceAnalysis'
+test data, tests/data/traces/README.md) and from ``validate step --profile-dir``; kernel
+classes; malformed inputs; the device profile learned from a trace."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from collsim.cli import main
+from collsim.validate.traces.breakdown import breakdown, summarise
+from collsim.validate.traces.classify import classify
+from collsim.validate.traces.reader import read_trace, read_traces
+from collsim.validate.traces.report import classified_share
+
+DATA = Path(__file__).parents[1] / "data" / "traces"
+REPO = Path(__file__).parents[2]
+GLOO = REPO / "validate" / "data" / "traces"
+
+
+def _run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = 0
+    try:
+        main(["validate", "trace", *args])
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize(
+    ("files", "kernels", "steps", "step_ms"),
+    [
+        (["hta_v100_single_rank.json.gz"], 1219, 2, (95.0, 98.0)),
+        (["hta_sampled_rank-0.json.gz", "hta_sampled_rank-1.json.gz"], 590, 4, (600.0, 625.0)),
+        (["hta_mi250_rocm.json.gz"], 16, 1, (8.0, 10.0)),
+    ],
+)
+def test_real_traces_from_outside_are_read_and_classified(
+    files: list[str], kernels: int, steps: int, step_ms: tuple[float, float]
+) -> None:
+    """Single rank (V100), two ranks of a 128-rank job (A100, NCCL), AMD MI250 (ROCm): every
+    step found, at least 99 % of the kernels' time classified, and the exclusive times of the
+    kinds and idle add up to the step."""
+    traces = read_traces([str(DATA / f) for f in files])
+    found = [b for t in traces for b in breakdown(t)]
+    summary = summarise(found)
+    n, _, by_time = classified_share(summary)
+    assert len(found) == steps and n == kernels
+    assert by_time >= 0.99
+    assert step_ms[0] <= summary.step_s * 1e3 <= step_ms[1]
+    for b in found:
+        assert sum(b.exclusive_s.values()) == pytest.approx(b.step_s, rel=1e-6)
+
+
+def test_the_multi_rank_set_finds_its_nccl_collectives(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, _ = _run(
+        [str(DATA / "hta_sampled_rank-0.json.gz"), str(DATA / "hta_sampled_rank-1.json.gz")], capsys
+    )
+    assert code == 0
+    assert "rank 0, rank 1 of world size 128, nccl; GPU" in out
+    assert "SendRecv" in out and "communication" in out
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1", "gemm"),
+        ("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NTN", "gemm"),
+        (
+            "cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn_align8>",
+            "gemm",
+        ),
+        ("triton_tem_fused_mm_0", "gemm"),
+        ("Cijk_Alik_Bljk_HHS_BH_MT128x128x32_MI32x32x8x1_SN", "gemm"),
+        ("ampere_sgemm_128x64_tn", "gemm"),
+        ("void flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4>, true>", "attention"),
+        ("fmha_cutlassF_bf16_aligned_64x64_rf_sm80", "attention"),
+        ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3", "attention"),
+        (
+            "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+            "communication",
+        ),
+        ("gloo:all_reduce", "communication"),
+        ("void cudnn::detail::implicit_convolve_sgemm<float, float, 128, 5, 5>", "convolution"),
+        ("sm80_xmma_fprop_implicit_gemm_indexed_tf32f32", "convolution"),
+        ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<float>", "norm"),
+        (
+            "void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl>",
+            "elementwise",
+        ),
+        ("triton_poi_fused_add_mul_0", "elementwise"),
+        (
+            "void at::native::multi_tensor_apply_kernel<FusedAdamMathFunctor>",
+            "optimizer",
+        ),
+        ("void at::native::indexSelectLargeIndex<float, long, unsigned int>", "embedding"),
+        (
+            "void cunn_SoftMaxForward<4, float, float, float, LogSoftMaxForwardEpilogue>",
+            "loss",
+        ),
+        ("Memcpy DtoD (Device -> Device)", "copy"),
+        ("void at::native::unrolled_elementwise_kernel<direct_copy_kernel_cuda>", "copy"),
+        ("aten::addmm", "gemm"),
+        ("aten::_scaled_dot_product_flash_attention_for_cpu", "attention"),
+        ("autograd::engine::evaluate_function: AddmmBackward0", "gemm"),
+        ("aten::view", "framework"),
+        ("some_kernel_nobody_knows", "unclassified"),
+    ],
+)
+def test_kernel_names_are_classified(name: str, kind: str) -> None:
+    assert classify(name) == kind
+
+
+def _gloo_trace() -> list[str]:
+    return sorted(str(p) for p in GLOO.glob("run1/n2_ddp_b25_rank*.json.gz"))
+
+
+def test_a_traced_gloo_step_adds_up_within_2_percent(capsys: pytest.CaptureFixture[str]) -> None:
+    """``validate trace`` on the world-size-2 DDP trace of ``validate step --profile-dir``:
+    the per-kind table, and its exclusive times (kinds and idle) add up to the traced step
+    within 2 %, per step and rank; the all-reduce of DDP's one 25 MB bucket is found."""
+    files = _gloo_trace()
+    assert len(files) == 2
+    code, out, _ = _run(files, capsys)
+    assert code == 0
+    for kind in ("gemm", "attention", "norm", "optimizer", "idle"):
+        assert any(line.startswith(kind) for line in out.splitlines()), (kind, out)
+    assert "all_reduce" in out
+    for trace in read_traces(files):
+        for b in breakdown(trace):
+            assert abs(sum(b.exclusive_s.values()) - b.step_s) <= 0.02 * b.step_s
+            assert b.exclusive_s["gemm"] > 0.2 * b.step_s
+
+
+def _truncated(tmp_path: Path) -> Path:
+    data = (DATA / "hta_mi250_rocm.json.gz").read_bytes()
+    path = tmp_path / "truncated.json.gz"
+    path.write_bytes(data[: len(data) // 2])
+    return path
+
+
+def _no_events(tmp_path: Path) -> Path:
+    path = tmp_path / "no_events.json"
+    path.write_text(json.dumps({"schemaVersion": 1, "events": []}))
+    return path
+
+
+def _no_steps(tmp_path: Path) -> Path:
+    with gzip.open(DATA / "hta_mi250_rocm.json.gz", "rt") as f:
+        doc = json.load(f)
+    doc["traceEvents"] = [
+        e for e in doc["traceEvents"] if not str(e.get("name", "")).startswith("ProfilerStep")
+    ]
+    path = tmp_path / "no_steps.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump(doc, f)
+    return path
+
+
+def _rank_two(tmp_path: Path) -> Path:
+    with gzip.open(DATA / "hta_sampled_rank-1.json.gz", "rt") as f:
+        doc = json.load(f)
+    doc["distributedInfo"]["rank"] = 2
+    path = tmp_path / "rank-2.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump(doc, f)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("make", "words"),
+    [
+        (_truncated, "truncated gzip"),
+        (_no_events, "no 'traceEvents'"),
+        (_no_steps, "no 'ProfilerStep#N' annotation"),
+        (_rank_two, "rank 1 missing"),
+    ],
+)
+@pytest.mark.parametrize("reader", ["json", "orjson", "ijson"])
+def test_malformed_traces_get_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], make: object, words: str, reader: str
+) -> None:
+    pytest.importorskip(reader)
+    bad = make(tmp_path)  # type: ignore[operator]
+    files = [str(DATA / "hta_sampled_rank-0.json.gz"), str(bad)] if "rank" in words else [str(bad)]
+    code, out, err = _run([*files, "--reader", reader], capsys)
+    lines = [line for line in (out + err).splitlines() if line.strip()]
+    assert code == 2
+    assert len(lines) == 1 and words in lines[0], lines
+    assert "Traceback" not in out + err
+
+
+@pytest.mark.parametrize("reader", ["orjson", "ijson"])
+def test_the_readers_agree(reader: str) -> None:
+    pytest.importorskip(reader)
+    path = str(DATA / "hta_v100_single_rank.json.gz")
+    ref = read_trace(path, reader="json")
+    got = read_trace(path, reader=reader)
+    assert len(got.events) == len(ref.events)
+    assert got.rank == ref.rank and got.devices == ref.devices
+    assert [(e.name, e.ts_us, e.args) for e in got.events] == [
+        (e.name, e.ts_us, e.args) for e in ref.events
+    ]
+
+
+def test_a_profile_learned_from_the_gloo_trace_is_a_device(tmp_path: Path) -> None:
+    """The profile of the world-size-2 trace reads back as a device whose GEMM table holds
+    the model's own shapes (hidden 256, ffn 1024, 64 tokens) at the rates the trace timed, and
+    says where each section came from."""
+    from collsim.hardware import get_device
+    from collsim.validate.traces.profile import profile_from_traces, write_trace_profile
+
+    learned = profile_from_traces(read_traces(_gloo_trace()))
+    path = write_trace_profile(tmp_path / "p.yaml", learned)
+    device = get_device(str(path))
+    assert device.measured is not None
+    shapes = {(m, n, k) for m, n, k, _, _ in device.measured.gemm}
+    assert (64, 768, 256) in shapes and (64, 256, 1024) in shapes
+    assert all(r > 0 for *_, r in device.measured.gemm)
+    assert device.measured.attention and device.measured.bandwidth
+    assert learned.sources["gemm"].startswith("trace")
+
+
+def _trace_prediction_errors(run: Path) -> dict[tuple[int, str], float]:
+    """(world size, mode) -> error of the step simulated from the profile recorded beside
+    ``run``'s world-size-2 DDP trace, against the run's measured median."""
+    from collsim.topology import load_topology
+    from collsim.validate.step import simulate_modes
+
+    out = {}
+    for report in json.loads((run / f"step_trace_{run.name}.json").read_text()):
+        n = int(report["world_size"])
+        sim = simulate_modes(
+            report,
+            load_topology("localhost", nodes=1, gpus_per_node=n),
+            device_profile=str(run / "trace_profile.yaml"),
+        )
+        for mode, got in sim.items():
+            measured = float(report["modes"][mode]["median_s"])
+            out[(n, mode)] = (got.step_time_s - measured) / measured
+    return out
+
+
+RUNS = [GLOO / f"run{i}" for i in (1, 2, 3)]
+
+
+def test_the_recorded_trace_profiles_are_what_their_traces_give(tmp_path: Path) -> None:
+    """Each run's ``trace_profile.yaml`` is rebuilt from the two ranks' world-size-2 DDP traces
+    kept beside it (``collsim validate trace ... --profile-out``): the same GEMM rows."""
+    import yaml
+
+    from collsim.validate.traces.profile import profile_from_traces
+
+    for run in RUNS:
+        files = sorted(str(p) for p in run.glob("n2_ddp_b25_rank*.json.gz"))
+        learned = profile_from_traces(read_traces(files))
+        recorded = yaml.safe_load((run / "trace_profile.yaml").read_text())["measured"]
+        assert learned.measured["gemm"] == recorded["gemm"]
+        assert learned.measured["bandwidth"] == recorded["bandwidth"]
+
+
+TRACE_GAP = (
+    "recorded at 1-min loads of 4-26 on the shared 2-core host (validate/data/traces/README.md): "
+    "the traced steps and the timed ones saw different shares of the cores"
+)
+
+
+@pytest.mark.xfail(strict=True, reason=TRACE_GAP)
+def test_world_size_4_ddp_from_the_world_size_2_trace_is_within_15_percent() -> None:
+    """The loop: trace ``validate step`` at world size 2, learn a profile from the trace,
+    predict the DDP steps at world size 4; the median over the three runs of the repeat
+    protocol (validate/README.md) within 15 % for each DDP mode."""
+    import statistics
+
+    runs = [_trace_prediction_errors(run) for run in RUNS]
+    for mode in ("ddp_b1", "ddp_b25"):
+        errs = [r[(4, mode)] for r in runs]
+        assert abs(statistics.median(errs)) <= 0.15, (mode, errs)
+
+
+def test_the_trace_profile_is_closer_than_the_generic_grid_on_the_same_runs() -> None:
+    """On the recorded runs, the world-size-4 DDP steps predicted from the world-size-2 trace
+    miss by less than those predicted from the ``validate compute`` profile of the same runs
+    (validate/data/traces/README.md), median over the three runs."""
+    import statistics
+
+    from collsim.topology import load_topology
+    from collsim.validate.step import simulate_modes
+
+    trace_runs = [_trace_prediction_errors(run) for run in RUNS]
+    grid_runs = []
+    for run in RUNS:
+        for report in json.loads((run / f"step_trace_{run.name}.json").read_text()):
+            if int(report["world_size"]) != 4:
+                continue
+            sim = simulate_modes(
+                report,
+                load_topology("localhost", nodes=1, gpus_per_node=4),
+                device_profile=str(GLOO / "cpu_profile.yaml"),
+            )
+            grid_runs.append(
+                {
+                    m: (sim[m].step_time_s - report["modes"][m]["median_s"])
+                    / report["modes"][m]["median_s"]
+                    for m in ("ddp_b1", "ddp_b25")
+                }
+            )
+    for mode in ("ddp_b1", "ddp_b25"):
+        trace = statistics.median(r[(4, mode)] for r in trace_runs)
+        grid = statistics.median(r[mode] for r in grid_runs)
+        assert abs(trace) < abs(grid), (mode, trace, grid)
+
+
+@pytest.mark.slow
+def test_validate_step_profile_dir_writes_a_readable_trace_per_rank(tmp_path: Path) -> None:
+    """``validate step --profile-dir``: one gzipped Kineto trace per mode and rank, each with
+    its steps annotated, that ``validate trace`` reads as one job."""
+    pytest.importorskip("torch")
+    from collsim.validate.step import StepConfig, run_step
+
+    cfg = StepConfig(
+        iters=1, warmup=0, modes=("ddp_b25",), profile_dir=str(tmp_path), trace_steps=2
+    )
+    report, _ = run_step(cfg, world_size=2, timeout_s=600)
+    files = sorted(str(p) for p in tmp_path.glob("n2_ddp_b25_rank*.json.gz"))
+    assert len(files) == 2 and (tmp_path / "n2_local_rank0.json.gz").exists()
+    traces = read_traces(files)
+    assert [t.rank for t in traces] == [0, 1]
+    found = [b for t in traces for b in breakdown(t)]
+    assert len(found) == 4
+    assert any(c.collective == "all_reduce" for b in found for c in b.comms)
+    shares = report["traces"]["cpu_share"]
+    assert set(shares) == {"local", "ddp_b25"} and all(0 < v <= 1.05 for v in shares.values())
+
+
+def test_the_reader_streams_when_the_parse_would_not_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """orjson (the fastest measured) unless its measured peak for the file would pass half
+    the memory available: then ijson, which streams."""
+    pytest.importorskip("orjson")
+    pytest.importorskip("ijson")
+    from collsim.validate.traces import reader
+
+    path = str(DATA / "hta_v100_single_rank.json.gz")
+    assert (
+        reader._uncompressed_bytes(path)
+        > 2 * (DATA / "hta_v100_single_rank.json.gz").stat().st_size
+    )
+    monkeypatch.setattr(reader, "_available_bytes", lambda: 64 << 30)
+    assert reader.default_reader(path) == "orjson"
+    monkeypatch.setattr(reader, "_available_bytes", lambda: 1 << 20)
+    assert reader.default_reader(path) == "ijson"
+
+
+def test_nccl_collectives_carry_their_name_size_and_group() -> None:
+    """A trace whose NCCL collectives carry ``Collective name``, ``In msg nelems``, ``dtype``
+    and ``Group size``: each all-reduce of DDP's buckets with its size in bytes and its group."""
+    trace = read_trace(str(DATA / "hta_nccl_args_rank0.json.gz"))
+    rows = summarise(breakdown(trace)).comm_table()
+    reduces = [r for r in rows if r[0] == "allreduce"]
+    assert len(reduces) == 5
+    assert all(r[1] is not None and r[1] > 1 << 20 and r[2] == 2 for r in reduces)
+    assert any(r[0] == "broadcast" for r in rows)
+
+
+def test_against_a_scenario_with_the_side_by_side_trace(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--scenario``: each traced step and each kind against the simulated step, largest
+    difference first; ``--trace-out``: the traced step's ops and the simulated step's slices in
+    one Perfetto file, on separate processes."""
+    from collsim.validate.traces.compare import TRACED_PID
+
+    out_path = tmp_path / "side.json.gz"
+    scenario = str(GLOO / "step_gpt_ddp_n2.yaml")
+    code, out, _ = _run(
+        [*_gloo_trace(), "--scenario", scenario, "--trace-out", str(out_path)], capsys
+    )
+    assert code == 0, out
+    rows = out.split("largest difference first\n", 1)[1].splitlines()[1:11]
+    diffs = [abs(float(r.split()[-2])) for r in rows if not r.startswith("step")]
+    assert diffs == sorted(diffs, reverse=True) and len(diffs) >= 8
+    with gzip.open(out_path, "rt") as f:
+        events = json.load(f)["traceEvents"]
+    pids = {e.get("pid") for e in events if e.get("ph") == "X"}
+    assert TRACED_PID in pids and len(pids) >= 2
+
+
+def test_reading_a_trace_needs_no_torch(tmp_path: Path) -> None:
+    """``validate trace``, its scenario comparison and its profile run with torch unimportable."""
+    import subprocess
+    import sys
+
+    files = _gloo_trace()
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from collsim.cli import main\n"
+        f"main(['validate', 'trace', *{files!r}, '--profile-out', {str(tmp_path / 'p.yaml')!r},"
+        f" '--scenario', {str(GLOO / 'step_gpt_ddp_n2.yaml')!r}])\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "largest difference first" in proc.stdout and (tmp_path / "p.yaml").exists()
+    # the model's own shapes were traced (its one unfused attention product 256 x 32 x 64 not)
+    assert "the scenario's GEMM shapes: 9 within 2x of a traced shape, 1 not" in proc.stdout
