@@ -14,8 +14,11 @@ with ``resource.getrusage``; the figures are in docs/commands.md, "Resource limi
     micro-batches m   = global_batch / (micro_batch x dp)       (an integer, else ConfigError)
     stage classes S   = pp x virtual_stages  (x tp x dp with --all-ranks: every rank)
     layers per stage  = layers / pp
-    events           <= S x m x (20 + c x layers per stage) + 16 x layers
-                        (c = 10 with ZeRO-3/FSDP: a gather per layer and micro-batch; else 2)
+    events           <= S x (m x (20 + c x L) + 10 x L) + 16 x layers     (L = layers per stage)
+                        (c = 10 with ZeRO-3/FSDP: a gather per layer and micro-batch; 2 with
+                        experts or context parallelism: a dispatch or a ring per layer and
+                        micro-batch; 0 for a dense plan, whose per-layer events, gradient
+                        buckets and shards, come once per step: the 10 x L term)
     work              = events + k x (m + 1) x layers**2 + 5 x GPUs   (see below)
     memory           <= 64 MiB + 2.5 KiB x ranks + 2 KiB x events
 
@@ -38,6 +41,17 @@ The event bound is an upper bound in the runs measured: 168 events against 928 e
 339,456 (960 micro-batches), and at most 0.89 of the estimate over a grid of 324 plans (see
 ``EVENTS_PER_MICROBATCH``). The memory terms: 65,536 ranks took 140 MB over the 1,024-rank
 run (about 2.2 KB per rank), and the runs above 0.5 to 1.8 KB per measured event.
+
+With ``--all-ranks`` every rank is a class of its own, and the per-layer events of a dense
+plan come once per step and rank, not once per micro-batch: ``collsim run
+scenarios/3d_175b.yaml --all-ranks`` (1,024 ranks, 96 micro-batches, 12 layers per stage)
+scheduled 429,634 events in 12 s of CPU with a peak RSS of 339 MiB, against 2,090,496 events
+and 4.1 GiB estimated (the estimate before the per-step term: 4.3 million events and 8.3 GiB,
+refused by the default limits). A grid of 216 runs (pp 1/2/8, m 1/8/64, 8/64 layers, tp
+1/8, dp 2, ZeRO 0/1/3 (3 at pp 1), gpipe/1f1b, each with and without ``--all-ranks``) stayed
+under the bound, at most 0.72 of it (pp 2, m 1, 64 layers, tp 8, ZeRO-1, all ranks: 8,586
+events, 8.4 per rank and layer of a stage); the old bound was 2.46 x under the worst of them.
+``tests/robust/test_limits.py`` runs the closest.
 
 The default limits admit every plan the other parts of collsim run (65,536 GPUs, a million
 micro-batch tokens, the shipped scenarios) with room to spare; see :class:`Limits`.
@@ -77,7 +91,12 @@ MEMORY_PER_EVENT_BYTES = 2 * KIB
 #: micro-batch with ZeRO-3 (pp 1, 64 layers, m 200); ``tests/robust/test_limits.py`` checks the
 #: bound on a sample of that grid.
 EVENTS_PER_MICROBATCH = 20
+#: Per layer of a stage and micro-batch with experts or context parallelism (a dispatch or a
+#: ring attention per layer and micro-batch); dense plans other than ZeRO-3 have none.
 EVENTS_PER_LAYER = 2
+#: Per layer of a stage, once per step and class (gradient buckets, ZeRO shards, the optimizer
+#: of each layer): at most 8.4 in the all-ranks grid of the module docstring (ZeRO-1).
+EVENTS_PER_LAYER_STEP = 10
 EVENTS_PER_LAYER_FSDP = 10
 
 #: The most ranks (and NIC ports) a topology file may build, whatever ``--max-gpus`` says: 4 x
@@ -153,12 +172,20 @@ def estimate_needs(
     virtual_stages: int = 1,
     all_ranks: bool = False,
     zero: int = 0,
+    per_layer_exchanges: bool = True,
 ) -> Needs:
-    """Upper bounds of events and memory from the plan's counts (formula in the module doc)."""
+    """Upper bounds of events and memory from the plan's counts (formula in the module doc).
+
+    ``per_layer_exchanges``: the plan exchanges data per layer and micro-batch beyond
+    ZeRO-3 (experts, context parallelism); False for a dense plan."""
     classes = pp * max(1, virtual_stages) * (tp * dp if all_ranks else 1)
     per_stage = -(-layers // max(1, pp))
-    per_layer = EVENTS_PER_LAYER_FSDP if zero == 3 else EVENTS_PER_LAYER
-    events = classes * microbatches * (EVENTS_PER_MICROBATCH + per_layer * per_stage) + 16 * layers
+    if zero == 3:
+        per_layer = EVENTS_PER_LAYER_FSDP
+    else:
+        per_layer = EVENTS_PER_LAYER if per_layer_exchanges else 0
+    per_class = microbatches * (EVENTS_PER_MICROBATCH + per_layer * per_stage)
+    events = classes * (per_class + EVENTS_PER_LAYER_STEP * per_stage) + 16 * layers
     scans = (SCAN_WORK_FSDP if zero == 3 else SCAN_WORK_DDP) * (microbatches + 1) * layers**2
     memory = BASE_MEMORY_BYTES + MEMORY_PER_RANK_BYTES * gpus + MEMORY_PER_EVENT_BYTES * events
     return Needs(
@@ -285,6 +312,7 @@ def check_plan(
         virtual_stages=par.virtual_stages,
         all_ranks=all_ranks,
         zero=par.zero,
+        per_layer_exchanges=spec.num_experts > 0 or par.cp > 1,
     )
     hint = "fewer micro-batches (training.global_batch) or layers" + (
         ", or drop --all-ranks" if all_ranks else ""

@@ -500,6 +500,7 @@ def _read_model(
         )
     _window_layers(reader, values, base)
     reader.finish()
+    _moe_keys_need_experts(reader, values, base)
 
     heads = values.get("num_heads", base.num_heads if base is not None else 0)
     hidden = values.get("hidden", base.hidden if base is not None else 0)
@@ -524,6 +525,37 @@ def _read_model(
         field_name = (exc.key_path or "").removeprefix("model.")
         key = _FIELD_TO_KEY.get(field_name, field_name)
         raise reader.error(exc.message, key or None) from None
+
+
+#: The model keys that describe experts: set on a dense model they would change nothing.
+_MOE_KEYS = (
+    "top_k",
+    "shared_experts",
+    "expert_ffn_hidden",
+    "shared_expert_ffn_hidden",
+    "first_k_dense",
+    "capacity_factor",
+    "router",
+    "router_bias",
+    "load_imbalance",
+)
+
+
+def _moe_keys_need_experts(
+    reader: ConfigReader, values: dict[str, Any], base: TransformerSpec | None
+) -> None:
+    """A mixture-of-experts key given for a dense model (``experts`` 0 or unset, and a dense
+    preset) is an error: the model has no router for it to change."""
+    experts = values.get("num_experts", base.num_experts if base is not None else 0)
+    if experts:
+        return
+    for key in _MOE_KEYS:
+        if reader.has(key) and reader.data[key] is not None:
+            raise reader.error(
+                "only for a mixture-of-experts model: this model is dense (set model.experts "
+                "to give it experts)",
+                key,
+            )
 
 
 def _read_training(reader: ConfigReader) -> TrainingConfig:

@@ -412,7 +412,13 @@ def _indices(what: str, **kw: Any) -> ListOf:
     )
 
 
-_FACTOR_RULE = "must be in (0, 1] (1 = full speed), got {value}"
+_FACTOR_RULE = "must be in [0.001, 1] (1 = full speed), got {value}"
+
+
+def _factor(description: str, **kw: Any) -> Value:
+    """A straggler's share of full speed, in [0.001, 1] (collsim.stragglers.MIN_FACTOR)."""
+    return Value(kind="number", description=description, minimum=0.001, maximum=1, **kw)
+
 
 _STRAGGLERS = Section(
     description="Slow GPUs, nodes and links (collsim run, collsim sweep).",
@@ -421,14 +427,14 @@ _STRAGGLERS = Section(
             description="GPUs whose compute runs slower.",
             fields={
                 "ranks": _indices("rank", required=True),
-                "clock_factor": _fraction("Share of full speed.", required=True, rule=_FACTOR_RULE),
+                "clock_factor": _factor("Share of full speed.", required=True, rule=_FACTOR_RULE),
             },
         ),
         "slow_node": Section(
             description="Nodes whose every GPU computes slower.",
             fields={
                 "nodes": _indices("node", required=True),
-                "clock_factor": _fraction("Share of full speed.", required=True, rule=_FACTOR_RULE),
+                "clock_factor": _factor("Share of full speed.", required=True, rule=_FACTOR_RULE),
             },
         ),
         "slow_link": Section(
@@ -436,7 +442,7 @@ _STRAGGLERS = Section(
             one_of_required=(("ranks",), ("links",)),
             missing_rule="name ranks (with a port) or links",
             fields={
-                "bandwidth_factor": _fraction(
+                "bandwidth_factor": _factor(
                     "Share of the link's capacity left.", required=True, rule=_FACTOR_RULE
                 ),
                 "ranks": ListOf(

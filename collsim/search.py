@@ -26,7 +26,7 @@ import heapq
 import time
 import warnings
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +50,10 @@ __all__ = [
     "enumerate_plans",
     "search_plans",
     "search_frame",
+    "collapse",
+    "shape_of",
+    "MINOR_KNOBS",
+    "known_from_frame",
 ]
 
 REASONS = {
@@ -106,6 +110,11 @@ class SearchSpace:
     """Context-parallel sizes tried (None: the scenario's)."""
     eps: tuple[int, ...] | None = None
     """Expert-parallel sizes tried (None: the scenario's; MoE models only)."""
+    tps: tuple[int, ...] | None = None
+    """Tensor-parallel sizes tried (None: every divisor of the GPUs); others are outside the
+    space, not counted."""
+    pps: tuple[int, ...] | None = None
+    """Pipeline-parallel sizes tried (None: every divisor); others are outside the space."""
 
     def dp_variants(self) -> list[DPVariant]:
         """Data-parallel knob combinations: buckets and overlap for ZeRO 0-2, prefetch,
@@ -291,6 +300,11 @@ def enumerate_plans(
             yield from _grid(spec, num_gpus // cp, global_batch, space, rejected, cp, ep, base)
 
 
+def _within(sizes: list[int], allowed: tuple[int, ...] | None) -> list[int]:
+    """``sizes`` that the space allows (all when ``allowed`` is None)."""
+    return sizes if allowed is None else [n for n in sizes if n in allowed]
+
+
 def _grid_size(num_gpus: int, space: SearchSpace) -> int:
     """Plans of the tp x pp x dp grid on ``num_gpus`` GPUs, buildable or not."""
     per_variant = len(space.dp_variants()) * len(space.recomputes)
@@ -332,9 +346,9 @@ def _grid(
     max_tp = space.max_tp or num_gpus
     variants = space.dp_variants()
     per_variant = len(variants) * len(space.recomputes)
-    for tp in _divisors(num_gpus):
+    for tp in _within(_divisors(num_gpus), space.tps):
         sps = [sp for sp in space.sequence_parallel if tp > 1 or not sp] or [False]
-        for pp in _divisors(num_gpus // tp):
+        for pp in _within(_divisors(num_gpus // tp), space.pps):
             dp = num_gpus // (tp * pp)
             scheds: list[tuple[str, int]] = (
                 [("1f1b", 1)]
@@ -420,6 +434,9 @@ class Ranked:
     reason: str | None = None
     """Why the simulation could not run or the plan does not fit (None when fine)."""
     simulate_s: float = 0.0
+    alike: list[Ranked] = field(default_factory=list)
+    """Plans collapsed into this row (:func:`collapse`): same shape, estimate within the
+    tolerance, other minor knobs."""
 
     @property
     def step_time_s(self) -> float:
@@ -445,6 +462,11 @@ class SearchResult:
     """Plans that passed the structural checks (estimated + dropped by a bound)."""
     estimate_s: float = 0.0
     simulate_s: float = 0.0
+    rows: list[Ranked] = field(default_factory=list)
+    """One row per family of alike plans (:func:`collapse`), best first."""
+    tolerance: float = 0.0
+    stopped: str | None = None
+    """Why the search ended early (Ctrl-C, a lost scheduler); None when it ran to its end."""
 
     @property
     def best(self) -> Ranked | None:
@@ -466,6 +488,10 @@ def search_plans(
     progress: Callable[[str, int], None] | None = None,
     prune_keep: int = 10,
     jobs: int = 1,
+    scheduler: str | None = None,
+    tolerance: float = 0.0,
+    known: Mapping[str, StepResult] | None = None,
+    on_estimate: Callable[[list[Ranked]], None] | None = None,
 ) -> SearchResult:
     """Enumerate, bound, estimate and rank the plans; re-simulate the ``top_k`` best.
 
@@ -478,7 +504,13 @@ def search_plans(
     cannot beat the ``max(top_k, prune_keep)``-th best estimate, the remaining plans are
     counted as ``bound`` and not estimated. The best ``max(top_k, prune_keep)`` plans are
     exactly those a full enumeration finds (a test checks it); ``prune_keep=0`` estimates
-    every plan (no bound of either kind).
+    every plan (no bound of either kind). With a ``tolerance``, plans alike (:func:`collapse`)
+    are one row (:attr:`SearchResult.rows`), the bound keeps that many distinct shapes exact
+    and the engine re-simulates the best plan of each of the ``top_k`` first rows.
+
+    Ctrl-C (``KeyboardInterrupt``) or a lost Dask scheduler during the estimates ends the
+    search with what it has: the plans estimated so far, ranked, none re-simulated, and
+    :attr:`SearchResult.stopped` saying why.
 
     Args:
         topology: the cluster with the GPU count to search (tp x pp x dp = its ranks).
@@ -494,8 +526,16 @@ def search_plans(
             the last call), ``bound`` (n plans dropped by a bound) or ``simulate`` (1 per
             simulated plan).
         jobs: processes that estimate and simulate (:class:`collsim.jobs.Workers`); with
-            more than one, plans are estimated in batches of ``2 x jobs`` from the front of
-            the queue (the best plans are the same; a few more may be estimated).
+            more than one, plans are estimated in batches from the front of the queue
+            (:attr:`collsim.jobs.Workers.batch_size`; the best plans are the same, a few more
+            may be estimated).
+        scheduler: a Dask scheduler's address: the batches go to its workers instead (the
+            same results).
+        tolerance: relative step-time difference under which plans alike are one row.
+        known: estimates from an earlier run of the same search, by plan label (``--resume``):
+            used as they are, not estimated again.
+        on_estimate: called with each batch of plans that were estimated and fit (and first
+            with the ``known`` ones), as they arrive.
     """
     from collsim.jobs import Workers
 
@@ -515,57 +555,215 @@ def search_plans(
     )
     if progress is not None and rejected["memory_bound"]:
         progress("bound", rejected["memory_bound"])
-    # 2. best-first: estimate in increasing lower bound; once the bound cannot beat the
-    #    keep-th best estimate, no later plan can (branch and bound: same top plans as
-    #    estimating all of them). A plan reaching the front is first given its tighter bound
-    #    (the pipeline schedule walked) and put back; it is estimated when it is still ahead.
-    heapq.heapify(candidates)
-    refined: set[int] = set()
-    keep = max(top_k, prune_keep) if prune_keep > 0 else 0
-    best: list[float] = []  # the keep best estimated step times, max-heap by negation
-    ranked: list[Ranked] = []
-    evaluated = 0
-    batch_size = 1 if jobs == 1 else 2 * jobs
-    with Workers(jobs, _SearchContext, (topology, spec)) as workers:
-        while candidates:
-            batch = _next_batch(candidates, refined, best, keep, bounds, batch_size)
-            if not batch:
-                rejected["bound"] += len(candidates)
-                if progress is not None and candidates:
-                    progress("bound", len(candidates))
-                break
-            evaluated += len(batch)
-            configs = [c.configs(training, parallel) for c in batch]
-            estimates = workers.map(_estimate_job, configs)
-            _record_estimates(batch, estimates, ranked, rejected, best, keep)
-            if progress is not None:
-                progress("estimate", len(batch))
+    loop = _Loop(
+        candidates,
+        bounds,
+        keep=max(top_k, prune_keep) if prune_keep > 0 else 0,
+        tolerance=tolerance,
+        progress=progress,
+        on_estimate=on_estimate,
+    )
+    loop.take_known(known or {})
+    with Workers(jobs, _SearchContext, (topology, spec), scheduler=scheduler) as workers:
+        loop.run(workers, training, parallel)
         structural = sum(dropped.values())
         rejected.update(dropped)
-        ranked.sort(key=lambda r: (r.estimate.step_time_s, r.estimate.memory_peak_bytes))
+        rejected.update(loop.rejected)
+        ranked = sorted(
+            loop.ranked, key=lambda r: (r.estimate.step_time_s, r.estimate.memory_peak_bytes)
+        )
+        rows = collapse(ranked, tolerance)
         estimate_s = time.perf_counter() - started
 
         sim_started = time.perf_counter()
-        simulated = ranked[: max(0, top_k)]
+        simulated = [] if loop.stopped else rows[: max(0, top_k)]
         configs = [entry.candidate.configs(training, parallel) for entry in simulated]
         if simulate is None:
-            outcomes = workers.map(_simulate_job, configs)
+            outcomes = _map_or_stop(workers, configs, loop)
         else:
             own = _SearchContext(topology, spec, simulate)
             outcomes = [_simulate_job(own, c) for c in configs]
-    simulated = _record_simulated(simulated, outcomes, rejected, progress)
-    considered = total + structural
+    simulated = _record_simulated(simulated[: len(outcomes)], outcomes, rejected, progress)
     return SearchResult(
         num_gpus=num_gpus,
-        considered=considered,
+        considered=total + structural,
         ranked=ranked,
         simulated=simulated,
         rejected=rejected,
-        estimated=evaluated,
+        estimated=loop.evaluated,
         buildable=total,
         estimate_s=estimate_s,
         simulate_s=time.perf_counter() - sim_started,
+        rows=rows,
+        tolerance=tolerance,
+        stopped=loop.stopped,
     )
+
+
+def _map_or_stop(
+    workers: Any, configs: list[tuple[TrainingConfig, ParallelConfig]], loop: _Loop
+) -> list[tuple[StepResult | None, str | None, float]]:
+    """The engine's steps of ``configs``; none (and ``loop.stopped`` set) on Ctrl-C or a lost
+    scheduler."""
+    from collsim.jobs import SchedulerLost
+
+    try:
+        return list(workers.map(_simulate_job, configs))
+    except KeyboardInterrupt:
+        loop.stopped = "interrupted (Ctrl-C) while re-simulating"
+    except SchedulerLost as exc:
+        loop.stopped = str(exc)
+    return []
+
+
+#: Knobs that make two plans alike when their estimates are within the tolerance: how the
+#: data-parallel reduction is bucketed and overlapped, FSDP's prefetch, offload and
+#: resharding, sequence parallelism and recompute. The others (tp, cp, pp, dp, ep,
+#: micro-batch, schedule, virtual stages, ZeRO stage) set a plan's shape.
+MINOR_KNOBS = (
+    "bucket_mb",
+    "overlap",
+    "bucket_view",
+    "prefetch",
+    "offload",
+    "reshard",
+    "sequence_parallel",
+    "recompute",
+)
+
+
+def shape_of(candidate: Candidate) -> tuple[Any, ...]:
+    """The knobs of ``candidate`` that are not in :data:`MINOR_KNOBS`."""
+    c = candidate
+    return (c.tp, c.cp, c.pp, c.dp, c.ep, c.micro_batch, c.schedule, c.virtual_stages, c.zero)
+
+
+def collapse(ranked: list[Ranked], tolerance: float) -> list[Ranked]:
+    """One row per family of alike plans, best first: walking ``ranked`` (by estimate), a
+    plan joins the first row of its shape (:func:`shape_of`) whose best estimate it is within
+    ``tolerance`` of (relative), and is listed in that row's :attr:`Ranked.alike`; otherwise
+    it starts a row. ``tolerance <= 0``: every plan is a row."""
+    for entry in ranked:
+        entry.alike = []
+    if tolerance <= 0:
+        return list(ranked)
+    rows: list[Ranked] = []
+    open_rows: dict[tuple[Any, ...], list[Ranked]] = {}
+    for entry in ranked:
+        time_s = entry.estimate.step_time_s
+        family = open_rows.setdefault(shape_of(entry.candidate), [])
+        for row in family:
+            if time_s <= row.estimate.step_time_s * (1 + tolerance):
+                row.alike.append(entry)
+                break
+        else:
+            family.append(entry)
+            rows.append(entry)
+    return rows
+
+
+class _Loop:
+    """The best-first estimate loop of :func:`search_plans`: estimate in increasing lower
+    bound; once the bound cannot beat the keep-th best estimate (of distinct shapes when plans
+    alike collapse), no later plan can (branch and bound: same top plans as estimating all of
+    them). A plan reaching the front is first given its tighter bound (the pipeline schedule
+    walked) and put back; it is estimated when it is still ahead."""
+
+    def __init__(
+        self,
+        candidates: list[tuple[float, int, Candidate]],
+        bounds: _Bounds,
+        *,
+        keep: int,
+        tolerance: float,
+        progress: Callable[[str, int], None] | None,
+        on_estimate: Callable[[list[Ranked]], None] | None,
+    ) -> None:
+        heapq.heapify(candidates)
+        self.candidates = candidates
+        self.bounds = bounds
+        self.keep, self.tolerance = keep, tolerance
+        self.progress, self.on_estimate = progress, on_estimate
+        self.refined: set[int] = set()
+        self.best: list[float] = []  # the keep best step times, max-heap by negation
+        self.shapes: dict[tuple[Any, ...], float] = {}  # best step time per shape
+        self.ranked: list[Ranked] = []
+        self.rejected: Counter[str] = Counter()
+        self.evaluated = 0
+        self.stopped: str | None = None
+
+    def take_known(self, known: Mapping[str, StepResult]) -> None:
+        """Rank the plans of an earlier run (by label) without estimating them again."""
+        if not known:
+            return
+        kept, taken = [], []
+        for item in self.candidates:
+            estimate = known.get(item[2].label)
+            if estimate is None:
+                kept.append(item)
+            else:
+                taken.append(item[2])
+        heapq.heapify(kept)
+        self.candidates[:] = kept
+        self._record(taken, [(known[c.label], None) for c in taken], report=False)
+
+    def run(self, workers: Any, training: TrainingConfig, parallel: ParallelConfig) -> None:
+        """Estimate until the bound stops it, the plans run out, Ctrl-C or a lost scheduler."""
+        from collsim.jobs import SchedulerLost
+
+        batch_size = workers.batch_size
+        try:
+            while self.candidates:
+                threshold = self._threshold()
+                batch = _next_batch(
+                    self.candidates,
+                    self.refined,
+                    threshold,
+                    self.bounds,
+                    batch_size,
+                    refine=self.keep > 0,
+                )
+                if not batch:
+                    self.rejected["bound"] += len(self.candidates)
+                    if self.progress is not None and self.candidates:
+                        self.progress("bound", len(self.candidates))
+                    break
+                configs = [c.configs(training, parallel) for c in batch]
+                estimates = workers.map(_estimate_job, configs)
+                self.evaluated += len(batch)
+                self._record(batch, estimates)
+        except KeyboardInterrupt:
+            self.stopped = "interrupted (Ctrl-C)"
+        except SchedulerLost as exc:
+            self.stopped = str(exc)
+
+    def _threshold(self) -> float | None:
+        """The step time a plan's bound must beat to be estimated (None: no bound yet)."""
+        if not self.keep:
+            return None
+        if self.tolerance > 0:
+            if len(self.shapes) < self.keep:
+                return None
+            return heapq.nsmallest(self.keep, self.shapes.values())[-1]
+        return -self.best[0] if len(self.best) >= self.keep else None
+
+    def _record(
+        self,
+        batch: list[Candidate],
+        estimates: list[tuple[StepResult | None, str | None]],
+        *,
+        report: bool = True,
+    ) -> None:
+        fresh = len(self.ranked)
+        _record_estimates(batch, estimates, self.ranked, self.rejected, self.best, self.keep)
+        for entry in self.ranked[fresh:]:
+            shape = shape_of(entry.candidate)
+            time_s = entry.estimate.step_time_s
+            self.shapes[shape] = min(time_s, self.shapes.get(shape, time_s))
+        if self.on_estimate is not None and len(self.ranked) > fresh:
+            self.on_estimate(self.ranked[fresh:])
+        if report and self.progress is not None:
+            self.progress("estimate", len(batch))
 
 
 def _bounded_candidates(
@@ -591,21 +789,23 @@ def _bounded_candidates(
 def _next_batch(
     candidates: list[tuple[float, int, Candidate]],
     refined: set[int],
-    best: list[float],
-    keep: int,
+    threshold: float | None,
     bounds: _Bounds,
     batch_size: int,
+    *,
+    refine: bool = True,
 ) -> list[Candidate]:
     """Up to ``batch_size`` plans popped from the front of the heap ``candidates``; a plan
     reaching the front for the first time is given its tighter bound and put back, and none
-    is taken once the front's bound cannot beat the ``keep``-th best estimate (``best``, a
-    max-heap by negation)."""
+    is taken once the front's bound cannot beat ``threshold`` (the keep-th best estimate;
+    None: no pruning yet, or none at all); ``refine=False`` (no pruning) takes them as they
+    are."""
     batch: list[Candidate] = []
     while candidates and len(batch) < batch_size:
         bound, order, candidate = candidates[0]
-        if keep and len(best) >= keep and bound >= -best[0]:
+        if threshold is not None and bound >= threshold:
             break
-        if keep and order not in refined:
+        if refine and order not in refined:
             refined.add(order)
             tight = bounds.refined_s(candidate)
             heapq.heapreplace(candidates, (tight, order, candidate))
@@ -1348,3 +1548,39 @@ def search_frame(result: SearchResult, *, limit: int | None = None) -> pd.DataFr
             row[f"sim_{key}_s"] = res.breakdown_s.get(key, 0.0) if res is not None else float("nan")
         rows.append(row)
     return pd.DataFrame.from_records(rows)
+
+
+def known_from_frame(frame: pd.DataFrame) -> dict[str, StepResult]:
+    """The estimates a :func:`search_frame` table holds, by plan label (``--resume``): each
+    rebuilt from its ``est_*`` columns (what the table and a new frame show of it), so that a
+    resumed search ranks and writes them as the earlier run did.
+
+    Raises:
+        ConfigError: the table lacks a column a search writes.
+    """
+    from collsim.schedule.result import BREAKDOWN_KEYS, MEMORY_KEYS, Breakdown
+    from collsim.schedule.result import StepResult as Result
+
+    needed = ["plan", "num_microbatches", "est_step_time_s", "est_tokens_per_s", "est_mfu"]
+    needed += [f"est_{key}_s" for key in BREAKDOWN_KEYS] + ["est_memory_peak_bytes"]
+    needed += [f"est_mem_{key}_bytes" for key in MEMORY_KEYS]
+    missing = [c for c in needed if c not in frame.columns]
+    if missing:
+        raise ConfigError(f"not a search table: no column {missing[0]!r}", key_path="--resume")
+    out: dict[str, StepResult] = {}
+    for row in frame.to_dict("records"):
+        out[str(row["plan"])] = Result(
+            step_time_s=float(row["est_step_time_s"]),
+            tokens_per_s=float(row["est_tokens_per_s"]),
+            model_tflops_per_gpu=float("nan"),
+            hardware_tflops_per_gpu=float("nan"),
+            mfu=float(row["est_mfu"]),
+            hfu=float("nan"),
+            breakdown_s=Breakdown.of({key: float(row[f"est_{key}_s"]) for key in BREAKDOWN_KEYS}),
+            memory_peak_bytes=float(row["est_memory_peak_bytes"]),
+            memory_bytes={key: float(row[f"est_mem_{key}_bytes"]) for key in MEMORY_KEYS},
+            memory_capacity_bytes=float("nan"),
+            fits=True,
+            num_microbatches=int(row["num_microbatches"]),
+        )
+    return out

@@ -67,9 +67,15 @@ def _err(message: str, key: str) -> ConfigError:
     return ConfigError(message, key_path=f"{_PREFIX}.{key}")
 
 
+#: The smallest clock or bandwidth factor: a part at a thousandth of full speed. Below it the
+#: step times run to hundreds of digits (1e-300 gives a step of 1e299 s) and say nothing a
+#: thousandth does not; a stopped part is a failure (``collsim goodput``), not a straggler.
+MIN_FACTOR = 0.001
+
+
 def _check_factor(value: float, key: str) -> None:
-    if not 0.0 < value <= 1.0:
-        raise _err(f"must be in (0, 1] (1 = full speed), got {value}", key)
+    if not MIN_FACTOR <= value <= 1.0:
+        raise _err(f"must be in [{MIN_FACTOR:g}, 1] (1 = full speed), got {value:g}", key)
 
 
 def _check_indices(values: tuple[int, ...], key: str) -> None:

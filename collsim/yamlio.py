@@ -15,6 +15,8 @@ Example::
 from __future__ import annotations
 
 import math
+import os
+import stat
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +27,10 @@ import yaml
 from collsim.errors import ConfigError
 
 __all__ = [
+    "MAX_INPUT_BYTES",
+    "MAX_YAML_NODES",
+    "read_input_bytes",
+    "read_input_text",
     "YamlDoc",
     "load_yaml",
     "parse_yaml_text",
@@ -58,6 +64,126 @@ class YamlDoc:
                 return self.lines[probe]
             probe = probe[:-1]
         return self.lines.get((), None)
+
+
+#: The largest file collsim reads as input (a scenario, a topology, a device file, an HF
+#: ``config.json``, a measured table, a file to plot): 16 MiB, 250 times the largest input
+#: shipped in this repository (tests/validate/data/straggler_localhost_gloo_n2.json, 59 KB).
+#: Bigger files, and anything that is not a regular file (``/dev/zero``, a named pipe, a
+#: folder), are refused before a byte is read; docs/commands.md, "Resource limits".
+MAX_INPUT_BYTES = 16 * 1024 * 1024
+
+#: The most nodes (mappings, lists and scalars) a YAML document may hold once its aliases are
+#: expanded. An alias repeats its anchor's whole subtree, so nine aliases per list over seven
+#: levels of 462 bytes expand to 9**7 = 4.8 million nodes (a "billion laughs"); the largest
+#: shipped file holds under 3,000. The count is made on the composed nodes, before a value is
+#: built.
+MAX_YAML_NODES = 1_000_000
+
+
+def read_input_bytes(
+    path: str | Path, *, what: str = "file", max_bytes: int = MAX_INPUT_BYTES
+) -> bytes:
+    """The bytes of an input file: a regular file of at most ``max_bytes``.
+
+    The file is checked with ``stat`` before it is opened, so a named pipe cannot block the
+    read and ``/dev/zero`` is not read at all.
+
+    Raises:
+        ConfigError: missing, not a regular file, larger than ``max_bytes``, or unreadable.
+    """
+    name = str(path)
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise ConfigError(f"{what} not found", file=name) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what}: {exc.strerror or exc}", file=name) from None
+    if stat.S_ISDIR(info.st_mode):
+        raise ConfigError(f"{what} is a folder, not a file", file=name)
+    if not stat.S_ISREG(info.st_mode):
+        raise ConfigError(
+            f"{what} is not a regular file (a device, pipe or socket); only files are read",
+            file=name,
+        )
+    if info.st_size > max_bytes:
+        raise ConfigError(
+            f"{what} is {info.st_size:,} bytes, above the {max_bytes:,}-byte limit on inputs",
+            file=name,
+        )
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(max_bytes + 1)
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what}: {exc.strerror or exc}", file=name) from None
+    if len(data) > max_bytes:  # grew since stat
+        raise ConfigError(f"{what} is above the {max_bytes:,}-byte limit on inputs", file=name)
+    return data
+
+
+def read_input_text(
+    path: str | Path, *, what: str = "file", max_bytes: int = MAX_INPUT_BYTES
+) -> str:
+    """:func:`read_input_bytes` decoded as UTF-8 (a byte-order mark is dropped).
+
+    Raises:
+        ConfigError: as :func:`read_input_bytes`, or the bytes are not UTF-8 text (the line and
+            offset of the first bad byte).
+    """
+    data = read_input_bytes(path, what=what, max_bytes=max_bytes)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(
+            f"not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})",
+            file=str(path),
+            line=line,
+        ) from None
+    return text.removeprefix("\ufeff")
+
+
+def _expanded_nodes(root: yaml.Node, file: str) -> int:
+    """Nodes of ``root`` with every alias expanded, counted without expanding: a node shared
+    by aliases is counted once per use. Stops at :data:`MAX_YAML_NODES`; a node that holds
+    itself (``&a [*a]``) is refused."""
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+
+    def size(node: yaml.Node) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in open_nodes:
+            raise ConfigError(
+                "YAML alias refers to a node that contains it (a recursive anchor)",
+                file=file,
+                line=node.start_mark.line + 1,
+            )
+        open_nodes.add(key)
+        total = 1
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                total += size(k) + size(v)
+                if total > MAX_YAML_NODES:
+                    break
+        elif isinstance(node, yaml.SequenceNode):
+            for child in node.value:
+                total += size(child)
+                if total > MAX_YAML_NODES:
+                    break
+        open_nodes.discard(key)
+        sizes[key] = total
+        if total > MAX_YAML_NODES:
+            raise ConfigError(
+                f"YAML aliases expand to more than {MAX_YAML_NODES:,} values (an alias repeats "
+                "its anchor's whole content); write the values out or use fewer aliases",
+                file=file,
+                line=node.start_mark.line + 1,
+            )
+        return total
+
+    return size(root)
 
 
 #: libyaml's parser where PyYAML was built with it (the wheels on PyPI are): it reads a file
@@ -106,6 +232,8 @@ def parse_yaml_text(text: str, file: str = "<string>") -> YamlDoc:
     try:
         node = loader.get_single_node()
         lines: dict[KeyPath, int] = {}
+        if node is not None:
+            _expanded_nodes(node, file)
         data = {} if node is None else _construct(node, (), lines, loader)
     except yaml.reader.ReaderError as exc:  # libyaml finds it while parsing
         raise _reader_error(exc, file) from None
@@ -124,17 +252,9 @@ def parse_yaml_text(text: str, file: str = "<string>") -> YamlDoc:
 
 
 def load_yaml(path: str | Path) -> YamlDoc:
-    """Read and parse a YAML file. A missing file is a ConfigError."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError("file not found", file=str(path)) from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"not UTF-8 text (byte {exc.start})", file=str(path)) from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read: {exc.strerror}", file=str(path)) from None
-    return parse_yaml_text(text, file=str(path))
+    """Read and parse a YAML file (:func:`read_input_text`: a regular file of at most
+    :data:`MAX_INPUT_BYTES`). A missing, special or oversized file is a ConfigError."""
+    return parse_yaml_text(read_input_text(path), file=str(path))
 
 
 def _dotted(path: KeyPath) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,35 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip_torch)
         if "slow" in item.keywords and not run_slow:
             item.add_marker(skip_slow)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _temporary_folders_stay_inside_the_run(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[None]:
+    """Every temporary folder of the session (tempfile, and child processes through TMPDIR)
+    goes under the session's own pytest folder, and the session ends with none of collsim's
+    left in it: a leak fails the run at teardown instead of filling /tmp."""
+    import os
+    import shutil
+    import tempfile
+
+    folder = tmp_path_factory.mktemp("tmp")
+    saved_env, saved_dir = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"] = str(folder)
+    tempfile.tempdir = None  # re-read TMPDIR
+    try:
+        yield
+    finally:
+        if saved_env is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = saved_env
+        tempfile.tempdir = saved_dir
+        left = sorted(p.name for p in folder.glob("collsim-*"))
+        for path in folder.glob("collsim-*"):
+            shutil.rmtree(path, ignore_errors=True)
+        assert not left, f"temporary folders left behind by the tests: {left}"
 
 
 @pytest.fixture

@@ -5,8 +5,9 @@ What is checked, in ``docs/scenarios.md``, ``docs/topologies.md`` and ``docs/com
 - every fenced ```` ```console ```` block: each ``$ collsim ...`` line runs through
   :func:`collsim.cli.main` in a fresh folder, must end with exit status 0 (or the status its
   trailing ``# exit status N`` comment gives), and every output line shown under it must appear
-  in its output (``...`` stands for lines left out). Blocks fenced ```` ```console norun ````
-  (torch runs, long runs) are only shown: their commands and flags are parsed, not run;
+  in its output, in the order shown (``...`` stands for lines left out). Blocks fenced
+  ```` ```console norun ```` (torch runs, long runs) are only shown: their commands and flags
+  are parsed, not run;
 - every ```` ```yaml ```` block loads with the real loader (:func:`load_scenario` or
   :func:`load_topology`, told apart by their sections); a block fenced ```` ```yaml invalid ````
   must raise ConfigError instead. ```` ```yaml file=NAME ```` blocks are also written to NAME in
@@ -36,7 +37,7 @@ DOCS = REPO / "docs"
 DOC_NAMES = ("scenarios.md", "topologies.md", "commands.md")
 
 #: read-only inputs the examples use, linked into each example's folder.
-LINKED = ("scenarios", "validate")
+LINKED = ("scenarios", "validate", "tests")
 
 _EXIT = re.compile(r"\s+#\s*exit status (\d+)\s*$")
 
@@ -180,6 +181,13 @@ def test_console_example(
         got = {line.rstrip() for line in output.splitlines()}
         missing = [line for line in step.expected if line not in got]
         assert not missing, f"documented lines not in the output: {missing}\n{shown}"
+        # and in the order shown (stdout, then stderr), so a line cannot move to another table
+        lines = [line.rstrip() for line in output.splitlines()]
+        at = 0
+        for line in step.expected:
+            found = lines.index(line, at) if line in lines[at:] else -1
+            assert found >= 0, f"documented line out of order: {line!r}\n{shown}"
+            at = found + 1
 
 
 def test_each_doc_has_runnable_examples() -> None:
@@ -252,6 +260,40 @@ def test_yaml_example_loads(block: Block, tmp_path: Path, monkeypatch: pytest.Mo
             _load(path)
     else:
         _load(path)
+
+
+SCENARIO_YAML = [
+    b for b in YAML if "invalid" not in b.options and "training:" in b.text and "model" in b.text
+]
+
+
+def _exit_option(block: Block) -> int:
+    """The exit status a block's ``exit=N`` option documents (0 without one)."""
+    for option in block.options:
+        if option.startswith("exit="):
+            return int(option.removeprefix("exit="))
+    return 0
+
+
+@pytest.mark.parametrize("block", SCENARIO_YAML, ids=[b.id for b in SCENARIO_YAML])
+def test_yaml_scenario_example_runs(
+    block: Block,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A whole scenario shown in the docs runs as ``collsim run`` with the exit status it
+    documents (0: it fits), not only loads."""
+    import yaml
+
+    if _kind(yaml.safe_load(block.text)) != "scenario":
+        pytest.skip("a topology")
+    _prepare(tmp_path, block.doc)
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "example.yaml"
+    path.write_text(block.text + "\n", encoding="utf-8")
+    code, output = run_cli(("run", str(path)), capsys)
+    assert code == _exit_option(block), f"exit status {code}\n{output}"
 
 
 def test_yaml_examples_cover_both_loaders() -> None:

@@ -6,7 +6,7 @@ at the edge, and nowhere else: every :class:`~collsim.errors.CollsimError` decla
 ``exit_code`` (ConfigError 2, InfeasibleError 1, UnavailableError 3, ...), which
 :class:`LazyGroup` turns into a click exception that prints the error's lines and exits with
 that code, whether the group runs from :func:`main` or from click's test runner. Click usage
-errors exit 2.
+errors exit 2 with one ``error:`` line too (:class:`collsim.cli.common.OneLineUsageError`).
 """
 
 from __future__ import annotations
@@ -68,12 +68,29 @@ class LazyGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         """Run the subcommand; a CollsimError becomes its exit code (a SimulationError, a bug,
         keeps its traceback)."""
+        from collsim.cli.common import one_line_usage_errors
+
         try:
-            return super().invoke(ctx)
+            with one_line_usage_errors():
+                return super().invoke(ctx)
         except SimulationError:
             raise
         except CollsimError as exc:
             raise CollsimExit(exc) from None
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        from collsim.cli.common import one_line_usage_errors
+
+        with one_line_usage_errors():
+            return super().parse_args(ctx, args)
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        from collsim.cli.common import one_line_usage_errors
+
+        with one_line_usage_errors():
+            return super().resolve_command(ctx, args)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(SUBCOMMANDS)

@@ -26,17 +26,42 @@ _ROOTED = {"broadcast", "reduce"}
 _PER_RANK_COUNT = {"all_gather", "reduce_scatter", "all_to_all"}
 
 
-def sweep_sizes(begin: int, end: int, factor: float, increment: int) -> list[int]:
-    """nccl-tests sizes: begin, then x factor (or + increment when factor is 1) up to end."""
-    sizes = []
+#: The most sizes one sweep may time: 10,000, over 300 times nccl-tests' default sweep (-b 8
+#: -e 128M -f 2: 25 sizes); a sweep of more is refused before the first is timed.
+MAX_SWEEP_SIZES = 10_000
+
+
+def sweep_sizes(
+    begin: int, end: int, factor: float, increment: int, max_sizes: int = MAX_SWEEP_SIZES
+) -> list[int]:
+    """nccl-tests sizes: begin, then x factor (or + increment when factor is 1) up to end.
+
+    Raises:
+        click.BadParameter: the sweep would hold more than ``max_sizes`` sizes (counted before
+            the list is made when the step is an increment).
+    """
+    if factor == 1 and increment > 0 and (end - begin) // increment + 1 > max_sizes:
+        raise _too_many_sizes((end - begin) // increment + 1, max_sizes)
+    sizes: list[int] = []
     size = begin
     while size <= end:
+        if len(sizes) == max_sizes:
+            raise _too_many_sizes(None, max_sizes)
         sizes.append(size)
         nxt = size + increment if factor == 1 or size == 0 else int(size * factor)
         if nxt <= size:
             break
         size = nxt
     return sizes
+
+
+def _too_many_sizes(count: int | None, max_sizes: int) -> click.BadParameter:
+    many = f"{count:,} sizes" if count is not None else f"more than {max_sizes:,} sizes"
+    return click.BadParameter(
+        f"the sweep from -b to -e holds {many}, above the limit of {max_sizes:,} per sweep; "
+        "use a larger -f or -i, or a narrower -b/-e",
+        param_hint="-b/-e/-f/-i",
+    )
 
 
 def _say_why_the_sweep_stops(
@@ -251,6 +276,12 @@ def collective(
     group = build_group(topology_spec, gpus, nodes)
     topo = group.topology
     n = group.size
+    if op_name == "send_recv" and n < 2:
+        # nccl-tests' sendrecv sends to the next rank; with one rank there is no link to time
+        raise click.BadParameter(
+            f"send_recv needs at least 2 ranks (a sender and a receiver), got {n}",
+            param_hint="--gpus/--nodes",
+        )
     if op_name in _ROOTED and root >= n:
         raise click.BadParameter(f"must be < the {n} ranks, got {root}", param_hint="-r/--root")
     word = NCCL_TESTS_TYPE_BYTES[dtype]

@@ -1,8 +1,8 @@
 """Helpers shared by the CLI subcommands: one-line usage errors, output paths checked early.
 
-click prints a usage block and a "Try --help" line before a usage error; collsim's rule for bad
-input at the CLI is one line naming the option, so these classes drop the context from the
-error (click then prints the message alone) while keeping click's exit code 2.
+click prints a usage block, a "Try --help" line and ``Error: ...`` for a usage error; collsim's
+rule for bad input is one ``error: ...`` line naming the option, exit 2, so these classes turn
+click's usage errors into :class:`OneLineUsageError`, which prints that line alone.
 """
 
 from __future__ import annotations
@@ -20,9 +20,12 @@ if TYPE_CHECKING:
     from collsim.limits import Limits
 
 __all__ = [
+    "OneLineUsageError",
+    "one_line_usage_errors",
     "OneLineCommand",
     "OneLineGroup",
     "check_output_path",
+    "check_outputs",
     "limit_options",
     "limits_from_options",
     "FRAME_SUFFIXES",
@@ -34,18 +37,36 @@ __all__ = [
 FRAME_SUFFIXES = (".csv", ".json", ".parquet")
 
 
+class OneLineUsageError(click.UsageError):
+    """A click usage error as collsim prints bad input: ``error: MESSAGE`` on stderr, exit 2."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, ctx=None)
+
+    def show(self, file: Any = None) -> None:
+        message = " ".join(self.format_message().split())
+        # click's messages start with a capital ("Invalid value for ..."); collsim's do not
+        if message[:1].isupper() and message[1:2].islower():
+            message = message[0].lower() + message[1:]
+        click.echo(f"error: {message}", err=True, file=file)
+
+
 @contextlib.contextmanager
-def _usage_error_alone() -> Iterator[None]:
-    """Let a click usage error through without its context, so click prints the message alone."""
+def one_line_usage_errors() -> Iterator[None]:
+    """Turn a click usage error raised inside into :class:`OneLineUsageError`."""
     try:
         yield
+    except (OneLineUsageError, click.exceptions.NoArgsIsHelpError):
+        raise  # the second: a group called bare prints its help, as click does
     except click.UsageError as exc:
-        exc.ctx = None
-        raise
+        raise OneLineUsageError(exc.format_message()) from None
+
+
+_usage_error_alone = one_line_usage_errors
 
 
 class OneLineCommand(click.Command):
-    """A command whose usage errors print as one ``Error: ...`` line, without the usage block."""
+    """A command whose usage errors print as one ``error: ...`` line, without the usage block."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         with _usage_error_alone():
@@ -94,7 +115,37 @@ def check_output_path(
         raise ConfigError(
             f"must end in {' or '.join(suffixes)}, got {target.name!r}", key_path=key_path
         )
+    try:
+        _check_writable(target, key_path)
+    except OSError as exc:  # a name too long, a loop of links, ... found on the way
+        raise ConfigError(
+            f"cannot write to {str(target)!r}: {exc.strerror or exc}", key_path=key_path
+        ) from None
+    except RuntimeError:  # pathlib's resolve() on a loop of symbolic links (Python < 3.13)
+        raise ConfigError(
+            f"cannot write to {str(target)!r}: a loop of symbolic links", key_path=key_path
+        ) from None
+
+
+def _check_writable(target: Path, key_path: str) -> None:
+    import os
+    import stat
+
     parent = target.resolve().parent
+    name_max = os.pathconf(parent, "PC_NAME_MAX") if parent.is_dir() else 255
+    if len(os.fsencode(target.name)) > name_max:
+        raise ConfigError(
+            f"the file name is {len(os.fsencode(target.name))} bytes, longer than the "
+            f"{name_max} the file system allows",
+            key_path=key_path,
+        )
+    if target.exists() and not target.is_dir():
+        mode = target.stat().st_mode
+        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISBLK(mode):
+            # opening a named pipe for writing waits for a reader: never start that
+            raise ConfigError(
+                f"{str(target)!r} is a pipe, socket or block device, not a file", key_path=key_path
+            )
     if not parent.is_dir():
         raise ConfigError(f"folder {str(parent)!r} does not exist", key_path=key_path)
     if target.is_dir():
@@ -116,6 +167,49 @@ def check_output_path(
         raise ConfigError(
             f"cannot write to {where}: {exc.strerror or exc}", key_path=key_path
         ) from None
+
+
+def check_outputs(
+    outputs: dict[str, str | Path | None], *, inputs: tuple[str | Path, ...] | list[Any] = ()
+) -> None:
+    """Fail before any work if an output of a command is one of its inputs, or two of its
+    outputs are the same file (``run s.yaml --json s.yaml``, ``--json x --trace x``).
+
+    Args:
+        outputs: option -> path (None: not asked for).
+        inputs: the files the command reads.
+
+    Raises:
+        ConfigError: naming the option whose file would overwrite an input or another output.
+    """
+    taken: dict[Path, str] = {}
+    for given in inputs:
+        if given is not None:
+            taken.setdefault(_identity(given), f"the input {str(given)!r}")
+    for key_path, path in outputs.items():
+        if path is None:
+            continue
+        ident = _identity(path)
+        if ident in taken:
+            raise ConfigError(
+                f"{str(path)!r} is the same file as {taken[ident]}; writing it would "
+                "overwrite that: choose another name",
+                key_path=key_path,
+            )
+        taken[ident] = key_path
+
+
+def _identity(path: str | Path) -> Path:
+    """What names a file, however it is spelled: the real path, with links resolved (and the
+    device and inode of an existing file, so that hard links match too)."""
+    import os
+
+    target = Path(path)
+    try:
+        info = target.stat()
+        return Path(f"/inode/{info.st_dev}/{info.st_ino}")
+    except OSError:
+        return Path(os.path.realpath(target))
 
 
 def limit_options(fn: Callable[..., Any]) -> Callable[..., Any]:

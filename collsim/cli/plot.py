@@ -72,10 +72,15 @@ def _save(fig: Figure, path: Path) -> None:
 
 
 def _read_csv(path: Path) -> pd.DataFrame:
+    import io
+
     import pandas as pd
 
+    from collsim.yamlio import read_input_text
+
+    text = read_input_text(path, what="CSV file")
     try:
-        return pd.read_csv(path, keep_default_na=True)
+        return pd.read_csv(io.StringIO(text), keep_default_na=True)
     except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
         raise ConfigError(
             f"cannot read CSV: {' '.join(str(exc).split())}", file=str(path)
@@ -283,7 +288,12 @@ def pipeline_cmd(
 @_TITLE
 @click.option("--topology", help="Evaluate the closed form on this topology instead of CSVs.")
 @click.option("--gpus", type=int, default=8, show_default=True, help="Group size (closed form).")
-@click.option("--op", default="all_reduce", show_default=True, help="Collective op.")
+@click.option(
+    "--op",
+    default=None,
+    help="Collective op: the one drawn from the files (default: every op they hold, a line "
+    "each), or evaluated on --topology (default: all_reduce).",
+)
 @click.option("-b", "--minbytes", default="1K", show_default=True, help="Smallest size.")
 @click.option("-e", "--maxbytes", default="4G", show_default=True, help="Largest size.")
 @click.option(
@@ -298,7 +308,7 @@ def collectives_cmd(
     title: str | None,
     topology: str | None,
     gpus: int,
-    op: str,
+    op: str | None,
     minbytes: str,
     maxbytes: str,
     algorithms: str,
@@ -306,28 +316,61 @@ def collectives_cmd(
     """Bus bandwidth vs message size per algorithm, from collective tables (`collsim collective
     -F csv`, `validate bench`, `validate compare --csv`, nccl-tests logs or -J JSON) or from
     the closed form on --topology."""
-    import pandas as pd
-
     from collsim.report.plots import plot_collectives
 
     _check_suffix(output)
     if bool(csv_files) == bool(topology):
         raise ConfigError("give either CSV files or --topology", key_path="collectives")
     if csv_files:
-        frames = [collective_frame(path) for path in csv_files]
-        seen: dict[str, int] = {}
-        for frame in frames:
-            for name in frame["algorithm"].unique():
-                seen[name] = seen.get(name, 0) + 1
-        for path, frame in zip(csv_files, frames):
-            # the same algorithm from two files (measured vs simulated): name the file
-            frame["algorithm"] = [
-                f"{a} ({path.stem})" if seen[a] > 1 else a for a in frame["algorithm"]
-            ]
-        data = pd.concat(frames, ignore_index=True)
+        data = _measured_series([(path, collective_frame(path)) for path in csv_files], op)
     else:
-        data = _closed_form(topology or "", gpus, op, minbytes, maxbytes, algorithms)
+        data = _closed_form(
+            topology or "", gpus, op or "all_reduce", minbytes, maxbytes, algorithms
+        )
     _save(plot_collectives(data, title=title), output)
+
+
+def _measured_series(frames: list[tuple[Path, pd.DataFrame]], op: str | None) -> pd.DataFrame:
+    """The files' rows of ``op`` (all ops when None) with one ``algorithm`` label per (file,
+    op, ranks, algorithm): the op and the ranks are named where the files hold more than one,
+    the file where two files share a label."""
+    import pandas as pd
+
+    from collsim.validate.dataset import canonical_op
+
+    parts = []
+    for path, frame in frames:
+        frame = frame.copy()
+        if "op" not in frame.columns:
+            frame["op"] = ""
+        frame["op"] = [(canonical_op(str(o)) or str(o)) if o else "" for o in frame["op"]]
+        if "ranks" not in frame.columns:
+            frame["ranks"] = 0
+        frame["file"] = path.stem
+        parts.append(frame)
+    data = pd.concat(parts, ignore_index=True)
+    if op is not None:
+        wanted = canonical_op(op) or op
+        present = sorted({str(o) for o in data["op"] if o})
+        data = data[data["op"] == wanted]
+        if data.empty:
+            raise ConfigError(
+                f"no {op} rows in the files (they hold {', '.join(present) or 'no op column'})",
+                key_path="--op",
+            )
+    many_ops = data["op"].nunique() > 1
+    many_ranks = data["ranks"].nunique() > 1
+    labels = [
+        str(a) + (f" {o}" if many_ops and o else "") + (f" n={r}" if many_ranks and r else "")
+        for a, o, r in zip(data["algorithm"], data["op"], data["ranks"])
+    ]
+    data = data.assign(algorithm=labels)
+    files_per_label = data.groupby("algorithm")["file"].nunique()
+    shared = set(files_per_label[files_per_label > 1].index)
+    data["algorithm"] = [
+        f"{a} ({f})" if a in shared else a for a, f in zip(data["algorithm"], data["file"])
+    ]
+    return data.reset_index(drop=True)
 
 
 def collective_frame(path: Path) -> pd.DataFrame:
@@ -375,6 +418,7 @@ def collective_frame(path: Path) -> pd.DataFrame:
                 "busbw_bps": busbw_bps,
                 "algorithm": row.get("algorithm") or f"{path.stem} measured",
                 "protocol": row.get("protocol", ""),
+                "ranks": int(row.get("world_size") or 0),
             }
         )
     return pd.DataFrame.from_records(records)

@@ -17,6 +17,7 @@ import click
 from collsim.cli.common import (
     OneLineCommand,
     check_output_path,
+    check_outputs,
     limit_options,
     limits_from_options,
 )
@@ -146,6 +147,7 @@ def run_scenario(
     check_output_path(json_path, "--json")
     check_output_path(trace_path, "--trace")
     check_output_path(plot_path, "--plot")
+    check_outputs({"--json": json_path, "--trace": trace_path, "--plot": plot_path}, inputs=[path])
     write_trace = _trace_writer() if trace_path is not None else None
     if trace_path is not None and write_trace is None:
         raise UnavailableError("--trace: the trace writer is not yet available in this version")

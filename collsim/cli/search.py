@@ -8,13 +8,14 @@ bytes).
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from collsim.cli.common import OneLineCommand, check_frame_path, write_frame
+from collsim.cli.common import OneLineCommand, check_frame_path
 from collsim.errors import ConfigError, InfeasibleError
 from collsim.vocab import RecomputeMode, ScheduleKind
 
@@ -30,6 +31,8 @@ Examples:
   collsim search scenarios/3d_175b.yaml --gpus 1024
   collsim search scenarios/3d_175b.yaml --gpus 1024 --top 20 --simulate 5 -o plans.csv
   collsim search scenarios/ddp_gpt3_1.3b.yaml --gpus 64 --zero 0,1 --recompute none
+  collsim search scenarios/3d_175b.yaml --gpus 1024 --scheduler tcp://HOST:8786 -o plans.csv
+  collsim search scenarios/3d_175b.yaml --gpus 1024 -o plans.csv --resume
 """
 
 
@@ -135,11 +138,40 @@ def _space_options(
     help="Processes that estimate and simulate plans (default: the cores this process may use).",
 )
 @click.option(
+    "--space",
+    "space_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="A YAML file of search-space axes (e.g. micro_batches: [1, 2], tps: [4, 8]) that "
+    "restrict or extend the default space; the list options above apply after it.",
+)
+@click.option(
+    "--tolerance",
+    "tolerance_pct",
+    type=click.FloatRange(min=0.0, max=100.0),
+    default=0.5,
+    show_default=True,
+    help="Plans of one shape whose estimates are within this percentage and that differ "
+    "only in bucket, overlap, prefetch, offload, resharding, sp or recompute are one row "
+    "(0: every plan a row).",
+)
+@click.option(
+    "--scheduler",
+    metavar="ADDRESS",
+    help="Estimate and simulate on a Dask cluster (tcp://HOST:8786; needs collsim[cluster]) "
+    "instead of this machine's cores.",
+)
+@click.option(
     "-o",
     "--output",
     type=click.Path(dir_okay=False, path_type=Path),
     help="Write every feasible plan (estimate and simulation columns) to this .csv, .json "
-    "or .parquet (needs pyarrow) file.",
+    "or .parquet (needs pyarrow) file; rewritten as plans are estimated and kept on Ctrl-C.",
+)
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="Continue the search whose -o file an earlier (interrupted) run left: the plans it "
+    "holds are not estimated again.",
 )
 def search(
     scenario: Path,
@@ -154,9 +186,19 @@ def search(
     cp_text: str | None,
     ep_text: str | None,
     jobs: int | None,
+    space_path: Path | None,
+    tolerance_pct: float,
+    scheduler: str | None,
     output: Path | None,
+    resume: bool,
 ) -> None:
-    """Enumerate the plans of SCENARIO's model on --gpus GPUs, rank them, re-simulate the best."""
+    """Enumerate the plans of SCENARIO's model on --gpus GPUs, rank them, re-simulate the best.
+
+    Ctrl-C stops the estimates and prints the best plans so far (exit 130)."""
+    if scheduler is not None:  # first: a wrong address is one line within seconds
+        from collsim.jobs import check_scheduler
+
+        check_scheduler(scheduler)
     from collsim.scenario import load_scenario
     from collsim.search import SearchSpace, search_frame, search_plans
     from collsim.study.sweep import cluster_for
@@ -166,6 +208,12 @@ def search(
     space_kwargs = _space_options(
         micro_text, zero_text, recompute_text, schedule_text, cp_text, ep_text
     )
+    if space_kwargs.get("eps", (1,)) != (1,) and not base.model.num_experts:
+        raise ConfigError(
+            f"expert parallelism needs a mixture-of-experts model; {base.model.name} is dense "
+            f"(no model.experts), got {ep_text}",
+            key_path="--ep",
+        )
     if gpus is not None and gpus <= 0:
         raise ConfigError(f"must be > 0, got {gpus}", key_path="--gpus")
     if gpus is not None:
@@ -187,8 +235,22 @@ def search(
 
     from collsim.jobs import default_jobs
 
-    space = SearchSpace(**space_kwargs)
-    result = _run_with_progress(topology, base, space, top_k, search_plans, jobs or default_jobs())
+    space = SearchSpace()
+    if space_path is not None:
+        from collsim.study.space_file import read_space
+
+        space = read_space(space_path, space)
+    space = dataclasses.replace(space, **space_kwargs)
+    known = _known_plans(output) if resume else None
+    run = _SearchRun(topology, base, space, output)
+    result = run.go(
+        search_plans,
+        top_k=top_k,
+        jobs=jobs or default_jobs(),
+        scheduler=scheduler,
+        tolerance=tolerance_pct / 100.0,
+        known=known,
+    )
     click.echo(
         f"collsim search: {base.model.name} on {topology.num_ranks} x "
         f"{topology.device.name} ({topology.name}), global batch "
@@ -196,63 +258,151 @@ def search(
     )
     click.echo(
         f"  {result.considered:,} plans in the grid, {result.buildable:,} buildable, "
-        f"{result.estimated:,} estimated (the rest pruned by a bound), "
+        f"{result.estimated:,} estimated "
+        f"({'then stopped' if result.stopped else 'the rest pruned by a bound'}), "
         f"{len(result.ranked):,} fit by estimate ({result.estimate_s:.1f} s), "
         f"{len(result.simulated)} re-simulated ({result.simulate_s:.1f} s)"
     )
+    if known:
+        click.echo(f"  {len(known):,} plans taken from {output} (--resume)")
     click.echo(search_table(result, top_n))
     _report_rejected(result)
     if output is not None:
-        write_frame(search_frame(result), output)
+        run.journal.build = lambda: search_frame(result)
+        run.journal.finish()
         click.echo(f"wrote {output}", err=True)
+    _report_stop(result, output)
     best = result.best
     if best is None:
         raise InfeasibleError("no plan fits", reason="memory", prefix="")
 
 
-def _run_with_progress(
-    topology: Any,
-    base: Any,
-    space: Any,
-    top_k: int,
-    search_plans: Callable[..., SearchResult],
-    jobs: int,
-) -> SearchResult:
-    """Run the search with a progress bar on a terminal (plans estimated, then simulated)."""
-    from collsim.search import enumerate_plans
-
-    if not sys.stderr.isatty():
-        return search_plans(
-            topology, base.model, base.training, base.parallel, space=space, top_k=top_k, jobs=jobs
-        )
-    total = sum(
-        1
-        for _ in enumerate_plans(
-            base.model,
-            topology.num_ranks,
-            topology.gpus_per_node,
-            base.training.global_batch,
-            space,
-            base=base.parallel,
-        )
+def _report_stop(result: SearchResult, output: Path | None) -> None:
+    """A search that stopped early: one line; exit 130 after Ctrl-C (click's abort), else 1."""
+    if result.stopped is None:
+        return
+    kept = f"; the plans estimated are in {output} (--resume continues)" if output else ""
+    line = (
+        f"search stopped: {result.stopped}: the best of {len(result.ranked):,} plans "
+        f"estimated so far above{kept}"
     )
-    with click.progressbar(
-        length=total + top_k, label="search", file=sys.stderr, show_pos=True
-    ) as bar:
+    if result.stopped.startswith("interrupted"):
+        click.echo(line, err=True)
+        raise KeyboardInterrupt
+    raise InfeasibleError(line, reason="stopped", prefix="")
 
-        def progress(phase: str, n: int) -> None:
-            bar.update(n)
 
-        return search_plans(
-            topology,
-            base.model,
-            base.training,
-            base.parallel,
-            space=space,
-            top_k=top_k,
-            progress=progress,
-            jobs=jobs,
+def _known_plans(output: Path | None) -> dict[str, Any] | None:
+    """The estimates an earlier run left in ``output`` (``--resume``), by plan label."""
+    from collsim.cli.journal import read_frame
+    from collsim.search import known_from_frame
+
+    if output is None:
+        raise ConfigError("needs -o FILE (the search to continue)", key_path="--resume")
+    frame = read_frame(output)
+    if frame is None or not len(frame):
+        return None
+    try:
+        return known_from_frame(frame)
+    except ConfigError as exc:
+        raise ConfigError(exc.message, file=str(output), key_path="--resume") from None
+
+
+class _SearchRun:
+    """One search with its -o journal (the plans estimated so far, rewritten as they arrive)
+    and, on a terminal, a progress line: plans estimated and pruned, the best so far, and an
+    upper bound on the time left (the plans not yet estimated or pruned at the current rate)."""
+
+    def __init__(self, topology: Any, base: Any, space: Any, output: Path | None) -> None:
+        from collsim.cli.journal import FrameJournal
+
+        self.topology, self.base, self.space = topology, base, space
+        self.ranked: list[Ranked] = []
+        self.journal = FrameJournal(output, self._frame, every_s=2.0)
+        self.estimated = self.pruned = self.simulated = 0
+        self.total = 0
+        self.best: Ranked | None = None
+        self.started = 0.0
+        self.shown = 0.0
+
+    def _frame(self) -> Any:
+        from collsim.search import SearchResult, search_frame
+
+        ranked = sorted(
+            self.ranked, key=lambda r: (r.estimate.step_time_s, r.estimate.memory_peak_bytes)
         )
+        partial = SearchResult(self.topology.num_ranks, 0, ranked, [])
+        return search_frame(partial)
+
+    def arrived(self, entries: list[Ranked]) -> None:
+        self.ranked += entries
+        for entry in entries:
+            if self.best is None or entry.estimate.step_time_s < self.best.estimate.step_time_s:
+                self.best = entry
+        self.journal.update()
+
+    def progress(self, phase: str, n: int) -> None:
+        import time
+
+        if phase == "estimate":
+            self.estimated += n
+        elif phase == "bound":
+            self.pruned += n
+        else:
+            self.simulated += n
+        now = time.monotonic()
+        if now - self.shown < 0.2 and phase != "simulate":
+            return
+        self.shown = now
+        from collsim.report.tables import format_seconds
+
+        best = (
+            f", best {format_seconds(self.best.estimate.step_time_s)} ({self.best.candidate.label})"
+            if self.best is not None
+            else ""
+        )
+        left = max(0, self.total - self.estimated - self.pruned)
+        rate = self.estimated / max(1e-9, now - self.started)
+        eta = f", at most {left / rate:.0f} s left" if self.estimated and left else ""
+        sim = f", {self.simulated} simulated" if self.simulated else ""
+        line = f"search: {self.estimated:,} estimated, {self.pruned:,} pruned{sim}{best}{eta}"
+        click.echo("\r" + line[:160].ljust(160), nl=False, err=True)
+
+    def go(self, search_plans: Callable[..., SearchResult], **kwargs: Any) -> SearchResult:
+        """The search, with the progress line on a terminal (stderr) only."""
+        import time
+
+        from collsim.search import enumerate_plans
+
+        tty = sys.stderr.isatty()
+        if tty:
+            base = self.base
+            self.total = sum(
+                1
+                for _ in enumerate_plans(
+                    base.model,
+                    self.topology.num_ranks,
+                    self.topology.gpus_per_node,
+                    base.training.global_batch,
+                    self.space,
+                    base=base.parallel,
+                )
+            )
+        self.started = time.monotonic()
+        try:
+            return search_plans(
+                self.topology,
+                self.base.model,
+                self.base.training,
+                self.base.parallel,
+                space=self.space,
+                progress=self.progress if tty else None,
+                on_estimate=self.arrived,
+                **kwargs,
+            )
+        finally:
+            if tty:
+                click.echo("", err=True)
 
 
 def _row(index: int, entry: Ranked) -> list[str]:
@@ -264,30 +414,63 @@ def _row(index: int, entry: Ranked) -> list[str]:
     mfu = res.mfu if res is not None else est.mfu
     peak = res.memory_peak_bytes if res is not None else est.memory_peak_bytes
     status = "" if res is None else ("simulated" if entry.reason is None else entry.reason)
+    estimate = format_seconds(est.step_time_s)
+    if entry.alike:
+        worst = format_seconds(max(other.estimate.step_time_s for other in entry.alike))
+        estimate = estimate if worst == estimate else f"{estimate} - {worst}"
     return [
         str(index),
         entry.candidate.label,
-        format_seconds(est.step_time_s),
+        estimate,
         sim,
         f"{100 * mfu:.1f}",
         f"{peak / 2**30:.1f}",
+        alike_text(entry),
         status,
     ]
 
 
+def alike_text(entry: Ranked) -> str:
+    """What the plans collapsed into ``entry`` vary: ``+3: bucket MiB 10-400, overlap on/off``."""
+    from collsim.search import MINOR_KNOBS
+
+    if not entry.alike:
+        return ""
+    group = [entry, *entry.alike]
+    names = {"bucket_mb": "bucket MiB", "bucket_view": "grad view", "sequence_parallel": "sp"}
+    parts = []
+    for knob in MINOR_KNOBS:
+        name = names.get(knob, knob)
+        values = sorted({getattr(e.candidate, knob) for e in group}, key=str)
+        if len(values) < 2:
+            continue
+        if all(isinstance(v, bool) for v in values):
+            parts.append(f"{name} on/off")
+        elif all(isinstance(v, int | float) for v in values):
+            nums = sorted(float(v) for v in values)
+            parts.append(f"{name} {nums[0]:g}-{nums[-1]:g}")
+        else:
+            parts.append(f"{name} {'/'.join(str(v) for v in values)}")
+    return f"+{len(entry.alike)}: " + ", ".join(parts)
+
+
 def search_table(result: SearchResult, top_n: int = 10) -> str:
-    """The best plans: re-simulated ones first (by simulated time), then the next estimates."""
+    """The best plans: re-simulated ones first (by simulated time), then the next estimates;
+    one row per family of alike plans (``--tolerance``), with the range of their estimates
+    and what they vary."""
     from collsim.report.tables import format_table
 
     shown = list(result.simulated)
-    for entry in result.ranked:
+    for entry in result.rows or result.ranked:
         if len(shown) >= top_n:
             break
         if entry.result is None and entry not in shown:
             shown.append(entry)
     rows = [_row(i + 1, entry) for i, entry in enumerate(shown[:top_n])]
     return format_table(
-        ["#", "plan", "estimate", "simulated", "MFU %", "peak GiB", "status"], rows, align="rlrrrrl"
+        ["#", "plan", "estimate", "simulated", "MFU %", "peak GiB", "alike", "status"],
+        rows,
+        align="rlrrrrll",
     )
 
 

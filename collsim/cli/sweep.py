@@ -21,8 +21,8 @@ from collsim.cli.common import (
     check_output_path,
     limit_options,
     limits_from_options,
-    write_frame,
 )
+from collsim.cli.journal import FrameJournal
 from collsim.errors import ConfigError, InfeasibleError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -112,6 +112,18 @@ Examples:
     default=None,
     help="Processes that simulate points (default: the cores this process may use).",
 )
+@click.option(
+    "--scheduler",
+    metavar="ADDRESS",
+    help="Run the points on a Dask cluster (tcp://HOST:8786; needs collsim[cluster]) "
+    "instead of this machine's cores.",
+)
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="Finish the sweep whose -o file an earlier run left (interrupted): its rows are "
+    "kept as they are and the points after them are run.",
+)
 @limit_options
 def sweep(
     scenario: Path,
@@ -125,9 +137,18 @@ def sweep(
     plot_kind: str,
     all_ranks: bool,
     jobs: int | None,
+    scheduler: str | None,
+    resume: bool,
     limit_values: dict[str, Any],
 ) -> None:
-    """Simulate SCENARIO at every GPU count of --gpus and every --set combination."""
+    """Simulate SCENARIO at every GPU count of --gpus and every --set combination.
+
+    With -o, the file is rewritten as points finish (at most once a second) and kept on
+    Ctrl-C; --resume continues it."""
+    if scheduler is not None:  # first: a wrong address is one line within seconds
+        from collsim.jobs import check_scheduler
+
+        check_scheduler(scheduler)
     from collsim.jobs import default_jobs
     from collsim.study.sweep import (
         LimitedSimulate,
@@ -155,25 +176,37 @@ def sweep(
         check_ranks(count, limits, key_path="--gpus")
     check_overrides(scenario, sets, gpus=gpus, grow=grow, plans=plans)
     points = build_points(gpus=gpus, sets=sets, plans=plans)
-    with progress_reporter(len(points), "sweep") as tick:
-        outcomes = run_sweep(
+    prior = _resume_rows(output, points) if resume else None
+    done = 0 if prior is None else len(prior)
+    outcomes: list[SweepOutcome] = []
+    stopped: list[str] = []
+    journal = FrameJournal(output, lambda: _joined(prior, outcomes))
+    with progress_reporter(len(points) - done, "sweep") as tick:
+
+        def arrived(outcome: SweepOutcome) -> None:
+            outcomes.append(outcome)
+            journal.update()
+            tick(outcome)
+
+        run_sweep(
             scenario,
-            points,
+            points[done:],
             grow=grow,
             strong=strong,
             all_ranks=all_ranks,
-            progress=tick,
+            progress=arrived,
             simulate=LimitedSimulate(limits),
             jobs=jobs or default_jobs(),
+            scheduler=scheduler,
+            on_stop=stopped.append,
         )
-
-    from collsim.study.sweep import sweep_frame
-
-    frame = sweep_frame(outcomes)
-    click.echo(sweep_table(frame))
+    frame = _joined(prior, outcomes)
+    journal.finish(rows=len(frame) > 0)
+    if len(frame):
+        click.echo(sweep_table(frame))
     _report_infeasible(outcomes)
+    _stop_line(stopped, done + len(outcomes), len(points), output)
     if output is not None:
-        write_frame(frame, output)
         click.echo(f"wrote {output}", err=True)
     if plot_path is not None:
         from collsim.report.plots import plot_breakdown, plot_memory, plot_scaling, save_figure
@@ -189,8 +222,80 @@ def sweep(
         figure = drawers[kind](_with_plan_labels(frame, scenario.stem))
         save_figure(figure, plot_path)
         click.echo(f"wrote {plot_path}", err=True)
-    if not any(o.feasible for o in outcomes):
+    _raise_stopped(stopped)
+    if "feasible" not in frame or not frame["feasible"].astype(bool).any():
         raise InfeasibleError("no point of the sweep can run", reason="sweep", prefix="")
+
+
+def _joined(prior: pd.DataFrame | None, outcomes: list[SweepOutcome]) -> pd.DataFrame:
+    """The rows of an earlier run (``--resume``) followed by this run's."""
+    import pandas as pd
+
+    from collsim.study.sweep import sweep_frame
+
+    frame = sweep_frame(outcomes) if outcomes else pd.DataFrame()
+    if prior is None or not len(prior):
+        return frame
+    if not len(frame):
+        return prior
+    return pd.concat([prior, frame], ignore_index=True)
+
+
+def _resume_rows(output: Path | None, points: list[Any]) -> pd.DataFrame | None:
+    """The rows the -o file of an interrupted run holds, checked against this sweep's first
+    points (same series label and GPU count, in order); None when there is no file yet.
+
+    Raises:
+        ConfigError: no -o, or a file that is not the start of this sweep (exit 2).
+    """
+    from collsim.cli.journal import read_frame
+
+    if output is None:
+        raise ConfigError("needs -o FILE (the sweep to finish)", key_path="--resume")
+    prior = read_frame(output)
+    if prior is None or not len(prior):
+        return None
+    if len(prior) > len(points):
+        raise ConfigError(
+            f"has {len(prior)} rows, this sweep has {len(points)} points (use the same "
+            "options, or another -o)",
+            file=str(output),
+            key_path="--resume",
+        )
+    for index, (row, point) in enumerate(zip(prior.to_dict("records"), points)):
+        label = "" if row.get("plan") is None or row.get("plan") != row.get("plan") else row["plan"]
+        gpus: Any = row.get("num_gpus")
+        same_gpus = point.num_gpus is None or (gpus == gpus and int(gpus) == point.num_gpus)
+        if str(label) != point.label or not same_gpus:
+            raise ConfigError(
+                f"row {index + 1} ({label or 'scenario'}, {gpus} GPUs) is not this sweep's "
+                f"point {index + 1} ({point.label or 'scenario'}, {point.num_gpus} GPUs): use "
+                "the same options, or another -o",
+                file=str(output),
+                key_path="--resume",
+            )
+    return prior
+
+
+def _raise_stopped(stopped: list[str]) -> None:
+    """A sweep that stopped early ends so: Ctrl-C as click's abort (exit 130), a lost
+    scheduler as an error line (exit 1)."""
+    if not stopped:
+        return
+    if stopped[0].startswith("interrupted"):
+        raise KeyboardInterrupt
+    raise InfeasibleError(stopped[0], reason="stopped", prefix="sweep stopped: ")
+
+
+def _stop_line(stopped: list[str], done: int, total: int, output: Path | None) -> None:
+    """A sweep that stopped early: ``stopped[0]`` becomes its line (why, what it kept, how to
+    go on), printed here after Ctrl-C; a lost scheduler's is the error line."""
+    if not stopped:
+        return
+    kept = f"; kept in {output} (--resume continues)" if output is not None else ""
+    stopped[0] = f"{stopped[0]}: {done} of {total} points done{kept}"
+    if stopped[0].startswith("interrupted"):
+        click.echo(f"sweep stopped: {stopped[0]}", err=True)
 
 
 def _with_plan_labels(frame: pd.DataFrame, name: str) -> pd.DataFrame:

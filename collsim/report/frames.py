@@ -274,9 +274,14 @@ def read_collective_csv(path: str | Path) -> pd.DataFrame:
         ConfigError: the file cannot be read as CSV, a required column is missing or holds
             something that is not a number.
     """
+    import io
+
+    from collsim.yamlio import read_input_text
+
     path = Path(path)
+    text = read_input_text(path, what="CSV file")
     try:
-        frame = pd.read_csv(path, comment="#")
+        frame = pd.read_csv(io.StringIO(text), comment="#")
     except pd.errors.EmptyDataError:
         raise ConfigError("empty file, expected a collsim collective CSV", file=str(path)) from None
     except (OSError, UnicodeDecodeError, pd.errors.ParserError) as exc:

@@ -1,5 +1,7 @@
-"""The text of a goodput study: ``collsim goodput``'s report and ``collsim run``'s goodput line,
-from a :class:`~collsim.study.goodput.estimate.GoodputResult` and its scenario."""
+"""The text of a goodput study: ``collsim goodput``'s report, its table of the plan at the
+published fleet failure rates and ``collsim run``'s goodput line, from a
+:class:`~collsim.study.goodput.estimate.GoodputResult` and its scenario; memory sizes in binary
+units (GiB = 2**30 bytes), token counts with their scale written out (``85.99 billion``)."""
 
 from __future__ import annotations
 
@@ -9,8 +11,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from collsim.scenario import Scenario
     from collsim.study.goodput.estimate import GoodputResult, Spread
+    from collsim.study.goodput.fleets import Fleet
 
-__all__ = ["format_duration", "format_goodput_report", "one_line"]
+__all__ = ["format_duration", "format_goodput_report", "format_fleet_table", "one_line"]
 
 
 def format_duration(time_s: float) -> str:
@@ -24,14 +27,17 @@ def format_duration(time_s: float) -> str:
 
 
 def _tokens(value: float) -> str:
-    for scale, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M")):
+    """A token count with its scale written out (``85.99 billion``): a bare ``B`` would read
+    as bytes."""
+    for scale, unit in ((1e12, "trillion"), (1e9, "billion"), (1e6, "million")):
         if abs(value) >= scale:
             return f"{value / scale:.4g} {unit}"
     return f"{value:,.0f}"
 
 
 def _bytes(value: float) -> str:
-    for scale, unit in ((1e12, "TB"), (1e9, "GB"), (1e6, "MB")):
+    """A memory size in binary units, as the README states (GiB = 2**30 bytes)."""
+    for scale, unit in ((2.0**40, "TiB"), (2.0**30, "GiB"), (2.0**20, "MiB")):
         if abs(value) >= scale:
             return f"{value / scale:.3g} {unit}"
     return f"{value:,.0f} B"
@@ -150,4 +156,53 @@ def one_line(result: GoodputResult) -> str:
         f"goodput      {_tokens(cf.goodput_tokens_per_day)} tokens per day, ETTR "
         f"{cf.effective_training_time_ratio:.3f}, {cf.interruptions:,.1f} interruptions in "
         f"{result.days:g} days, checkpoint every {format_duration(result.interval_s)}"
+    )
+
+
+def format_fleet_table(outcomes: list[tuple[str, Fleet, GoodputResult]]) -> str:
+    """The plan at each fleet's failure rate: interruptions and effective training time (the
+    run's length times the effective training time ratio), closed form and Monte Carlo mean
+    with its 5th-95th percentile band."""
+    from collsim.report.tables import format_table
+
+    def band(s: Spread | None, fmt: Any, scale: float = 1.0) -> str:
+        if s is None:
+            return "-"
+        return f"{fmt(s.mean * scale)} ({fmt(s.p5 * scale)} - {fmt(s.p95 * scale)})"
+
+    def day(v: float) -> str:
+        return f"{v:.2f} d"
+
+    rows = []
+    for level, fleet, out in outcomes:
+        cf, mc = out.closed_form, out.monte_carlo
+        rows.append(
+            [
+                level,
+                fleet.label,
+                f"{fleet.per_1000_node_days:.2f}",
+                _count(cf.interruptions),
+                band(mc.interruptions if mc else None, _count),
+                day(cf.effective_training_time_ratio * out.days),
+                band(mc.effective_training_time_ratio if mc else None, day, scale=out.days),
+            ]
+        )
+    title = "at the published fleet failure rates (collsim/data/fleet_failure_rates.yaml)"
+    return "\n".join(
+        [
+            title,
+            format_table(
+                [
+                    "rate",
+                    "fleet",
+                    "per 1,000 node-days",
+                    "interruptions",
+                    "MC mean (5th - 95th)",
+                    "effective training",
+                    "MC mean (5th - 95th)",
+                ],
+                rows,
+                align="llrrrrr",
+            ),
+        ]
     )

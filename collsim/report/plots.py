@@ -773,13 +773,14 @@ def plot_collectives(
     for index, label in enumerate(_series_values(frame, series)):
         part = frame[frame[series] == label].sort_values("size_bytes")
         style: dict[str, Any] = {
+            # past the 8 colours the marker shifts: 64 series have a (colour, marker) each
             "color": SERIES_COLORS[index % len(SERIES_COLORS)],
-            "marker": SERIES_MARKERS[index % len(SERIES_MARKERS)],
+            "marker": SERIES_MARKERS[(index + index // len(SERIES_COLORS)) % len(SERIES_MARKERS)],
             "markersize": 4,
             "linewidth": 1.8,
         }
-        if "measured" in str(label):  # measurements stand out from the model's curves
-            style.update(color="black", marker="o", markersize=3, linewidth=2.4)
+        if "measured" in str(label):  # measurements stand out by a heavier line, own colour
+            style.update(markersize=3, linewidth=2.4)
         ax.plot(part["size_bytes"], _gbps(part["busbw_bps"]), label=str(label), **style)
     if reference_bps:
         ax.axhline(reference_bps / 1e9, label=f"link {reference_bps / 1e9:.0f} GB/s", **IDEAL_STYLE)

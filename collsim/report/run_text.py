@@ -68,8 +68,13 @@ def straggler_lines(result: StepResult) -> list[str]:
     st = result.stragglers
     if st is None:
         return []
-    what = [f"rank {r} at {f:g}x clock" for r, f in st.clock_factors.items()][:4]
-    what += [f"{name} at {f:g}x bandwidth" for name, f in st.degraded_links.items()][:4]
+    # the slowest first (the one a user slowed on purpose among jittered ones), four of each
+    clocks = sorted(st.clock_factors.items(), key=lambda kv: (kv[1], str(kv[0])))
+    links = sorted(st.degraded_links.items(), key=lambda kv: (kv[1], str(kv[0])))
+    what = [f"rank {r} at {f:g}x clock" for r, f in clocks[:4]]
+    what += [f"... {len(clocks) - 4} more ranks"] if len(clocks) > 4 else []
+    what += [f"{name} at {f:g}x bandwidth" for name, f in links[:4]]
+    what += [f"... {len(links) - 4} more links"] if len(links) > 4 else []
     lines = [
         f"stragglers: {', '.join(what)}",
         f"  step {st.step_time_s * 1e3:.2f} ms vs {st.baseline_step_time_s * 1e3:.2f} ms "

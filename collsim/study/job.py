@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from collsim.stragglers import StragglerConfig
     from collsim.study.goodput.costs import JobCosts
     from collsim.study.goodput.estimate import GoodputResult
+    from collsim.study.goodput.fleets import Fleet
     from collsim.topology import Topology
     from collsim.workload.model import TransformerSpec
 
@@ -44,6 +45,9 @@ __all__ = [
     "run_job",
     "scenario_costs",
     "job_goodput",
+    "require_reliability",
+    "job_at_rate",
+    "job_fleet_goodput",
 ]
 
 FIDELITIES = ("auto", "fused", "layer", "closed")
@@ -290,3 +294,44 @@ def require_reliability(scenario: Scenario) -> None:
             key_path="reliability",
             file=str(scenario.source) if scenario.source is not None else None,
         )
+
+
+def job_at_rate(job: Job, per_1000_node_days: float) -> Job:
+    """``job`` with its reliability section put at a fleet's failure rate
+    (:func:`collsim.study.goodput.fleets.at_rate`); the step does not depend on the rate.
+
+    Raises:
+        ConfigError: no reliability section, or components that add up to 0.
+    """
+    import dataclasses
+
+    from collsim.study.goodput.fleets import at_rate
+
+    require_reliability(job.scenario)
+    assert job.scenario.reliability is not None
+    rel = at_rate(job.scenario.reliability, per_1000_node_days)
+    return dataclasses.replace(job, scenario=dataclasses.replace(job.scenario, reliability=rel))
+
+
+def job_fleet_goodput(
+    job: Job,
+    fleets: Sequence[Fleet],
+    *,
+    days: float | None = None,
+    runs: int = DEFAULT_RUNS,
+    seed: int = 0,
+) -> list[tuple[str, Fleet, GoodputResult]]:
+    """(level, fleet, goodput) of ``job`` at each fleet's rate, fleets ordered and named by
+    :func:`collsim.study.goodput.fleets.levels`, each with ``runs`` seeded Monte Carlo runs."""
+    from collsim.study.goodput.fleets import levels
+
+    return [
+        (
+            level,
+            fleet,
+            job_goodput(
+                job_at_rate(job, fleet.per_1000_node_days), days=days, runs=runs, seed=seed
+            ),
+        )
+        for level, fleet in levels(list(fleets))
+    ]

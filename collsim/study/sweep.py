@@ -578,26 +578,44 @@ def run_sweep(
     simulate: Simulate | None = None,
     progress: Callable[[SweepOutcome], None] | None = None,
     jobs: int = 1,
+    scheduler: str | None = None,
+    on_stop: Callable[[str], None] | None = None,
 ) -> list[SweepOutcome]:
     """Simulate every point; ``progress`` is called after each one, in the points' order.
 
     The scenario file is read once (:class:`SweepSource`). ``jobs`` processes run the points
-    (:class:`collsim.jobs.Workers`; each keeps its own source and clusters); the outcomes are
-    the same as with one.
+    (:class:`collsim.jobs.Workers`; each keeps its own source and clusters), or the workers of
+    the Dask cluster at ``scheduler`` (the source goes to them read, so they need only the
+    files the scenario names); the outcomes are the same as with one.
+
+    With ``on_stop``, Ctrl-C (``KeyboardInterrupt``) or a lost Dask scheduler ends the sweep
+    early: ``on_stop(why)`` is called and the outcomes so far are returned.
 
     Check the overrides first with :func:`check_overrides`: here a point whose overrides do not
     combine is recorded as infeasible (reason ``config``), not raised.
     """
-    from collsim.jobs import Workers
+    from collsim.jobs import SchedulerLost, Workers
 
     options = dict(grow=grow, strong=strong, trace=trace, all_ranks=all_ranks, simulate=simulate)
-    source = path if isinstance(path, SweepSource) else str(path)
-    outcomes = []
-    with Workers(min(jobs, max(1, len(points))), _SweepContext, (source, options)) as workers:
-        for outcome in workers.imap(_run_point_job, points):
-            outcomes.append(outcome)
-            if progress is not None:
-                progress(outcome)
+    source: str | SweepSource = path if isinstance(path, SweepSource) else str(path)
+    if scheduler is not None and not isinstance(source, SweepSource):
+        source = SweepSource(source)
+    outcomes: list[SweepOutcome] = []
+    jobs = min(jobs, max(1, len(points)))
+    try:
+        with Workers(jobs, _SweepContext, (source, options), scheduler=scheduler) as workers:
+            for outcome in workers.imap(_run_point_job, points):
+                outcomes.append(outcome)
+                if progress is not None:
+                    progress(outcome)
+    except KeyboardInterrupt:
+        if on_stop is None:
+            raise
+        on_stop("interrupted (Ctrl-C)")
+    except SchedulerLost as exc:
+        if on_stop is None:
+            raise
+        on_stop(str(exc))
     return outcomes
 
 

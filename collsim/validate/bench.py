@@ -191,30 +191,71 @@ def _single(dist: Any, name: str, legacy: str) -> Callable[..., Any]:
     return fn
 
 
+#: Elements per block when the check data are made and compared: 1 Mi float32 (4 MiB), so that
+#: the check of a large size needs a few blocks of scratch memory, not several copies of it.
+_CHECK_BLOCK = 1 << 20
+
+
+class _Buffers:
+    """The send and receive buffers of a rank for one op, sized for its largest point and
+    reused by each of its sizes, as nccl-tests holds them (``sendbuff`` and ``recvbuff``,
+    nccl-tests common.cu): the bench's memory does not grow with the number of sizes. An op
+    that works in place (all_reduce, broadcast) has no receive buffer."""
+
+    def __init__(
+        self, torch: Any, max_count: int, device: str, recv_count: int | None = None
+    ) -> None:
+        self.send = torch.empty(max_count, dtype=torch.float32, device=device)
+        count = max_count if recv_count is None else recv_count
+        self.recv = torch.empty(count, dtype=torch.float32, device=device)
+
+    @classmethod
+    def for_op(cls, torch: Any, op: str, max_count: int, n: int, device: str) -> _Buffers:
+        """Buffers for ``op`` up to ``max_count`` elements: the input and the output sizes of
+        nccl-tests (all_gather sends a 1/n chunk, reduce_scatter receives one)."""
+        chunk = max_count // n if op in _SPLIT_OPS else max_count
+        match op:
+            case "all_reduce" | "broadcast":
+                return cls(torch, max_count, device, recv_count=0)
+            case "all_gather":
+                return cls(torch, chunk, device, recv_count=max_count)
+            case "reduce_scatter":
+                return cls(torch, max_count, device, recv_count=chunk)
+        return cls(torch, max_count, device)
+
+
 class _OpCase:
     """Buffers, the op call and the expected result of one op at one size on one rank."""
 
     def __init__(
-        self, torch: Any, dist: Any, op: str, count: int, rank: int, n: int, device: str, root: int
+        self,
+        torch: Any,
+        dist: Any,
+        op: str,
+        count: int,
+        rank: int,
+        n: int,
+        device: str,
+        root: int,
+        buffers: _Buffers | None = None,
     ) -> None:
         self.torch, self.dist, self.op = torch, dist, op
         self.count, self.rank, self.n, self.device, self.root = count, rank, n, device, root
         chunk = count // n if op in _SPLIT_OPS else count
         self.chunk = chunk
-
-        def empty(k: int) -> Any:
-            return torch.empty(k, dtype=torch.float32, device=device)
-
+        if buffers is None:
+            buffers = _Buffers(torch, count, device)
+        send, recv = buffers.send, buffers.recv
         match op:
             case "all_reduce" | "broadcast":
-                self.inp = empty(count)
+                self.inp = send[:count]
                 self.out = self.inp
             case "all_gather":
-                self.inp, self.out = empty(chunk), empty(count)
+                self.inp, self.out = send[:chunk], recv[:count]
             case "reduce_scatter":
-                self.inp, self.out = empty(count), empty(chunk)
+                self.inp, self.out = send[:count], recv[:chunk]
             case "all_to_all" | "send_recv":
-                self.inp, self.out = empty(count), empty(count)
+                self.inp, self.out = send[:count], recv[:count]
             case _:
                 raise ValueError(f"unknown op {op}")
         self._call = self._make_call()
@@ -251,38 +292,49 @@ class _OpCase:
         self._call()
 
     def fill_check(self) -> None:
-        """Put the known data into the input buffer."""
+        """Put the known data into the input buffer (block by block)."""
         torch, r = self.torch, self.rank
-        if self.op == "all_gather":
-            self.inp.copy_(_values(torch, r, r * self.chunk, self.chunk, self.device))
-        else:
-            self.inp.copy_(_values(torch, r, 0, self.count, self.device))
+        first = r * self.chunk if self.op == "all_gather" else 0
+        length = self.inp.numel()
+        for a in range(0, length, _CHECK_BLOCK):
+            b = min(length, a + _CHECK_BLOCK)
+            self.inp[a:b].copy_(_values(torch, r, first + a, b - a, self.device))
 
     def fill_timing(self) -> None:
         """Zeros: sums stay finite however many iterations run."""
         self.inp.zero_()
 
-    def count_wrong(self) -> int:
-        """Elements of the output that differ from the expected values."""
-        torch, n, dev, count, chunk = self.torch, self.n, self.device, self.count, self.chunk
+    def _expected(self, a: int, b: int) -> Any:
+        """The expected output elements ``a`` to ``b`` (``[a, b)``)."""
+        torch, n, dev, chunk = self.torch, self.n, self.device, self.chunk
         match self.op:
             case "all_reduce":
-                expected = sum(_values(torch, q, 0, count, dev) for q in range(n))
+                return sum(_values(torch, q, a, b - a, dev) for q in range(n))
             case "broadcast":
-                expected = _values(torch, self.root, 0, count, dev)
-            case "all_gather":
-                expected = torch.cat([_values(torch, q, q * chunk, chunk, dev) for q in range(n)])
+                return _values(torch, self.root, a, b - a, dev)
             case "reduce_scatter":
-                expected = sum(_values(torch, q, self.rank * chunk, chunk, dev) for q in range(n))
-            case "all_to_all":
-                expected = torch.cat(
-                    [_values(torch, q, self.rank * chunk, chunk, dev) for q in range(n)]
-                )
+                start = self.rank * chunk + a
+                return sum(_values(torch, q, start, b - a, dev) for q in range(n))
+            case "all_gather" | "all_to_all":
+                # element i came from rank q = i // chunk: its element i (all_gather) or its
+                # element rank x chunk + i % chunk (all_to_all)
+                idx = torch.arange(a, b, device=dev, dtype=torch.int64)
+                source = idx // chunk
+                at = idx if self.op == "all_gather" else self.rank * chunk + idx % chunk
+                return (at % 5 + source + 1).to(torch.float32)
             case _:
-                expected = _values(torch, (self.rank - 1) % n, 0, count, dev)
-        if count == 0:
+                return _values(torch, (self.rank - 1) % n, a, b - a, dev)
+
+    def count_wrong(self) -> int:
+        """Elements of the output that differ from the expected values (block by block)."""
+        length = self.out.numel()
+        if self.count == 0 or length == 0:
             return 0
-        return int((self.out != expected).sum().item())
+        wrong = 0
+        for a in range(0, length, _CHECK_BLOCK):
+            b = min(length, a + _CHECK_BLOCK)
+            wrong += int((self.out[a:b] != self._expected(a, b)).sum().item())
+        return wrong
 
 
 def _probe_kernels(
@@ -509,11 +561,21 @@ def bench_rank(ctx: Any, config: BenchConfig) -> dict[str, Any]:
         (op, size) for op in config.ops for size in config.sizes_bytes if (op, size) not in skip
     ]
     sink = _PointSink(config, ctx, kernels, len(todo_keys) * config.rounds) if rank == 0 else None
+    largest = {
+        op: max(element_count(op, size, n) for o, size in todo_keys if o == op)
+        for op, _ in todo_keys
+    }
+    buffers: _Buffers | None = None
+    held_for = ""
     for round_index in range(config.rounds):
         for key in todo_keys:
             op, size_bytes = key
             count = element_count(op, size_bytes, n)
-            case = _OpCase(torch, dist, op, count, rank, n, ctx.device, config.root)
+            if op != held_for:  # one op's buffers at a time: the last op's go first
+                buffers = None
+                buffers = _Buffers.for_op(torch, op, largest[op], n, ctx.device)
+                held_for = op
+            case = _OpCase(torch, dist, op, count, rank, n, ctx.device, config.root, buffers)
             if round_index == 0:
                 case.fill_check()
                 dist.barrier()
@@ -647,6 +709,80 @@ def resume_state(
     return skip, list(meas.rows)
 
 
+#: Memory of one spawned gloo rank before its buffers: the interpreter, torch and a process
+#: group (proportional set size, PSS, per added rank of ``validate bench -b 1K -e 1K``: see
+#: :data:`RANK_BASE_BYTES_SOURCE`).
+RANK_BASE_BYTES = 240 * 2**20
+RANK_BASE_BYTES_SOURCE = (
+    "benchmarks/peak_rss.py -- collsim validate bench -b 1K -e 1K -n 1 -w 0 --ops all_reduce, "
+    "torch 2.13.0+cpu: peak PSS of the process tree 0.41 / 0.62 / 1.04 GiB with 1 / 2 / 4 ranks"
+)
+#: Buffers of the op's size a gloo rank holds at its peak, with the backend's own copies, per
+#: op. Measured with benchmarks/peak_rss.py (torch 2.13.0+cpu), peak PSS over a 1K run, per
+#: rank, in 256 MiB buffers: one op at a time on 2 ranks (``validate bench --world-size 2 --ops
+#: OP -b 256M -e 256M -n 1 -w 0``): all_reduce 1.15, broadcast 1.26, all_gather 2.83 (a 1/2
+#: chunk, the output and gloo's flat copy of it), reduce_scatter 2.60, all_to_all 2.34,
+#: send_recv 2.24; every op on 4 ranks (``validate bench --world-size 4 -b 1K -e 256M``): 3.55
+#: at the peak of the whole run (4.59 GiB against 1.04 GiB at 1K). Rounded up to the half.
+_OP_BUFFERS: dict[str, float] = {
+    "all_reduce": 1.5,
+    "broadcast": 1.5,
+    "all_gather": 4.0,
+    "reduce_scatter": 4.0,
+    "all_to_all": 4.0,
+    "send_recv": 4.0,
+}
+#: Memory of the launching process (the same runs: what is left at 0 ranks, rounded up).
+PARENT_BYTES = 256 * 2**20
+
+
+def bench_memory_bytes(config: BenchConfig, world_size: int, backend: str = "gloo") -> int:
+    """The host memory a local bench of ``world_size`` ranks needs at its peak: the launching
+    process, each rank's base and, on gloo (host tensors), the largest over the ops of its
+    buffers (:meth:`_Buffers.for_op`) with the backend's own copies (:data:`_OP_BUFFERS`)
+    and a few blocks of check data."""
+    per_rank = RANK_BASE_BYTES
+    if backend == "gloo" and config.sizes_bytes:
+        n, top = world_size, max(config.sizes_bytes)
+        held = max(_OP_BUFFERS[op] * element_count(op, top, n) for op in config.ops)
+        per_rank += int((held + 8 * _CHECK_BLOCK) * _ELEMENT_BYTES)
+    return PARENT_BYTES + world_size * per_rank
+
+
+def available_memory_bytes() -> int | None:
+    """``MemAvailable`` of ``/proc/meminfo`` (Linux): what can be allocated without swapping;
+    None where the file is not there."""
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def check_bench_memory(config: BenchConfig, world_size: int, backend: str = "gloo") -> None:
+    """Refuse a local bench whose ranks would not fit in this machine's available memory.
+
+    Raises:
+        ConfigError: the estimate (:func:`bench_memory_bytes`) is above ``MemAvailable``
+            (exit 2, naming ``--world-size`` and ``-e``).
+    """
+    from collsim.errors import ConfigError
+
+    need = bench_memory_bytes(config, world_size, backend)
+    have = available_memory_bytes()
+    if have is not None and need > have:
+        raise ConfigError(
+            f"{world_size} ranks need about {need / 2**30:.1f} GiB of memory "
+            f"({RANK_BASE_BYTES / 2**20:.0f} MiB per rank and two buffers of the largest size "
+            f"each), this machine has {have / 2**30:.1f} GiB available; use fewer ranks or a "
+            "smaller -e",
+            key_path="--world-size",
+        )
+
+
 def run_bench(
     config: BenchConfig,
     *,
@@ -671,8 +807,10 @@ def run_bench(
     Raises:
         RankFailure: a rank failed or the run timed out (the message names the rank).
     """
-    from collsim.validate.launch import run_distributed
+    from collsim.validate.launch import in_torchrun, run_distributed
 
+    if world_size is not None and not in_torchrun():
+        check_bench_memory(config, world_size, backend)
     started = _dt.datetime.now(_dt.UTC)
     load_start = _load_average()
     jiffies_start = _cpu_jiffies()

@@ -80,8 +80,9 @@ def compare(
     """Simulate every selected measured point on ``topology``.
 
     Raises:
-        ConfigError: the topology's rank count differs from the measurement's world size, or
-            a measured time is not a finite number > 0 (as calibrate refuses it).
+        ConfigError: the topology's rank count differs from the measurement's world size, a
+            row's ``ranks`` differs from it, or a measured time is not a finite number > 0 (as
+            calibrate refuses it).
     """
     import math
 
@@ -96,6 +97,14 @@ def compare(
     group = Group.all(topology)
     out = []
     for row in select_rows(meas.rows, subset, min_bytes=min_bytes, max_bytes=max_bytes, ops=ops):
+        if int(row.get("world_size", meas.world_size)) != meas.world_size:
+            raise ConfigError(
+                f"a row of {row['world_size']} ranks ({row['op']} {row['size_bytes']} B) in a "
+                f"measurement of {meas.world_size}: one file is simulated at one world size; "
+                "put each world size in a file of its own",
+                key_path="ranks",
+                file=meas.path,
+            )
         measured_us = float(row["time_us"])
         if not (math.isfinite(measured_us) and measured_us > 0):
             raise ConfigError(

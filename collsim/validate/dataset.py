@@ -417,20 +417,19 @@ def read_text(path: str | Path) -> str:
         ConfigError: missing, unreadable, or binary (NUL bytes or not UTF-8), with the line of
             the first bad byte.
     """
+    from collsim.yamlio import read_input_bytes
+
     src = Path(path)
     if not src.exists():
         raise ConfigError("no such measurement file", file=str(src))
-    try:
-        data = src.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"cannot read: {exc.strerror}", file=str(src)) from None
+    data = read_input_bytes(src, what="measurement file")
     what = "a binary file, not a CSV, JSON or nccl-tests log"
     nul = data.find(b"\x00")
     if nul >= 0:
         line = data.count(b"\n", 0, nul) + 1
         raise ConfigError(f"{what} (NUL byte at offset {nul})", file=str(src), line=line)
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
         raise ConfigError(

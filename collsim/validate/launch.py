@@ -272,7 +272,7 @@ def _rank_entry(
     try:
         if realtime:
             _enter_realtime()
-        _exit_with_parent()
+        _exit_with_parent(run_dir)
         import torch.distributed as dist
 
         # torch re-exports FileStore from its C extension without listing it in __all__
@@ -305,8 +305,9 @@ def _rank_entry(
         os._exit(1)
 
 
-def _exit_with_parent() -> None:
-    """End this rank as soon as the parent that spawned it is gone (killed, crashed)."""
+def _exit_with_parent(run_dir: str | None = None) -> None:
+    """End this rank as soon as the parent that spawned it is gone (killed, crashed), removing
+    the run's folder first: a parent killed with SIGKILL cannot remove it itself."""
     import threading
 
     parent = os.getppid()
@@ -315,6 +316,8 @@ def _exit_with_parent() -> None:
         while True:
             time.sleep(0.5)
             if os.getppid() != parent:
+                if run_dir is not None:
+                    shutil.rmtree(run_dir, ignore_errors=True)
                 os._exit(1)
 
     threading.Thread(target=watch, name="collsim-parent-watch", daemon=True).start()

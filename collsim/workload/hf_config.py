@@ -124,11 +124,10 @@ def spec_from_hf_config(
         ConfigError: missing or unreadable file, invalid JSON, unknown ``model_type``, a
             missing field or one that cannot be mapped (named in the message).
     """
+    from collsim.yamlio import read_input_text
+
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read HF config: {exc.strerror}", file=str(p)) from None
+    text = read_input_text(p, what="HF config")
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:

@@ -211,7 +211,7 @@ def test_letters_nccl_tests_uses_otherwise_are_gone(letter: str, capsys) -> None
     init, -m aggregated iterations; collsim's long names keep their meaning."""
     code, out, err = run(["--topology", "dgx_h100", letter, "1"], capsys)
     assert code == 2 and out == ""
-    assert f"No such option '{letter}'" in err and len(err.strip().splitlines()) == 1
+    assert f"error: no such option '{letter}'" in err and len(err.strip().splitlines()) == 1
 
 
 def test_validate_bench_short_flags_follow_nccl_tests() -> None:

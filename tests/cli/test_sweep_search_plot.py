@@ -270,7 +270,7 @@ def test_plot_commands_write_images(scenario: Path, tmp_path: Path) -> None:
             "--op",
         ),
         (["plot", "scaling", "{csv}", "-o", "/no/such/folder/x.png"], "--output"),
-        (["plot", "scaling", "{scenario}.bin", "-o", "{tmp}/x.png"], "cannot read CSV"),
+        (["plot", "scaling", "{scenario}.bin", "-o", "{tmp}/x.png"], "not UTF-8 text"),
     ],
     ids=["suffix", "series", "set-key", "op", "output-folder", "binary-csv"],
 )
@@ -317,7 +317,7 @@ def test_usage_errors_are_one_line_exit_2(scenario: Path, tmp_path: Path, args) 
     result = invoke(*[a.format(tmp=tmp_path, scenario=scenario) for a in args])
     assert result.exit_code == 2
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
 
 
 @pytest.mark.parametrize("jobs", ["1", "2"])

@@ -220,7 +220,9 @@ def test_bad_inputs_are_config_errors(tmp_path: Path, result_factory) -> None:
         read_collective_csv(words)
     binary = tmp_path / "binary.csv"
     binary.write_bytes(b"size_bytes\n\xff\xfe\n")
-    with pytest.raises(ConfigError, match="cannot read CSV"):
+    with pytest.raises(
+        ConfigError, match=r"binary.csv:2: not UTF-8 text \(byte 0xff at offset 11\)"
+    ):
         read_collective_csv(binary)
 
 

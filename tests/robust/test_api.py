@@ -116,6 +116,8 @@ def test_goodput_is_what_the_command_computes(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     data = json.loads(out.read_text())
     assert data.pop("scenario") == "unit"
+    # the plan at the published fleet rates comes beside the scenario's own estimate
+    assert [f["level"] for f in data.pop("fleets")] == ["low", "central", "high"]
     assert json.loads(json.dumps(result.to_dict(), default=str)) == data
     # the step it rests on is the one collsim.simulate gives
     step = collsim.simulate(path, trace=False).step_time_s

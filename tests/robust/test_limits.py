@@ -124,6 +124,13 @@ def test_defaults_admit_what_collsim_runs() -> None:
                "training.global_batch=32", "model.layers=64", "parallel.zero=1"]),
         (BIG, ["parallel.tp=1", "parallel.pp=2", "parallel.dp=32", "cluster.nodes=8",
                "training.global_batch=32", "model.layers=8", "parallel.zero=1"]),
+        # the all-ranks grid's closest plans (collsim.limits): a rank's per-layer step events
+        (BIG, ["parallel.tp=8", "parallel.pp=2", "parallel.dp=2", "cluster.nodes=4",
+               "training.global_batch=2", "model.layers=64", "parallel.zero=1",
+               "model.seq_len=128", "all_ranks"]),
+        (BIG, ["parallel.tp=8", "parallel.pp=1", "parallel.dp=2", "cluster.nodes=2",
+               "training.global_batch=2", "model.layers=64", "parallel.zero=1",
+               "model.seq_len=128", "all_ranks"]),
         # ZeRO-3: a gather per layer and micro-batch (8.1 events each)
         (DDP, ["parallel.zero=3", "training.global_batch=1600", "training.micro_batch=1",
                "model.layers=64", "model.seq_len=128"]),
@@ -139,11 +146,14 @@ def test_event_estimate_bounds_the_engine(path: Path, overrides: list[str]) -> N
 
     from collsim.engine.step import prepare_step
 
-    sc = load_scenario(path, overrides)
-    needs = check_scenario(sc)
+    all_ranks = "all_ranks" in overrides
+    sc = load_scenario(path, [o for o in overrides if o != "all_ranks"])
+    needs = check_scenario(sc, all_ranks=all_ranks)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        engine = prepare_step(sc.cluster.load(), sc.model, sc.training, sc.parallel)
+        engine = prepare_step(
+            sc.cluster.load(), sc.model, sc.training, sc.parallel, all_ranks=all_ranks
+        )
         engine.run()
     events = next(engine.env._eid)
     assert events <= needs.events, (events, needs.events)
@@ -160,8 +170,22 @@ def test_limits_reject_bad_values() -> None:
         check_scenario(sc, Limits(max_memory_gib=0.01))
     with pytest.raises(LimitError, match="--max-events"):
         check_scenario(sc, Limits(max_events=10))
-    # 1 stage x 8 micro-batches x (20 + 2 x 24 layers) + 16 x 24 layers
-    assert estimate_needs(gpus=8, layers=24, microbatches=8, tp=1, pp=1, dp=8).events == 928
+    # 1 stage x (8 micro-batches x (20 + 2 x 24 layers) + 10 x 24 layers) + 16 x 24 layers
+    assert estimate_needs(gpus=8, layers=24, microbatches=8, tp=1, pp=1, dp=8).events == 1168
+    # dense: no per-layer events in a micro-batch, 1 x (8 x 20 + 10 x 24) + 16 x 24
+    dense = estimate_needs(
+        gpus=8, layers=24, microbatches=8, tp=1, pp=1, dp=8, per_layer_exchanges=False
+    )
+    assert dense.events == 784
+
+
+def test_all_ranks_estimate_admits_3d_175b() -> None:
+    """``run scenarios/3d_175b.yaml --all-ranks`` (429,634 events, 339 MiB measured, see
+    collsim.limits) fits the default limits; the estimate stays an upper bound of its events."""
+    needs = check_scenario(load_scenario(BIG), all_ranks=True)
+    assert needs.events == 1024 * (96 * 20 + 10 * 12) + 16 * 96
+    assert 429_634 <= needs.events < 5 * 429_634  # 4.9 x: the 20 events per micro-batch
+    assert needs.memory_bytes < Limits().max_memory_gib * 2**30
 
 
 @pytest.mark.parametrize(

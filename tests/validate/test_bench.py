@@ -146,6 +146,54 @@ def test_wrong_results_are_counted() -> None:
     assert case.count_wrong() == 0
 
 
+def _reference_expected(torch, op: str, count: int, rank: int, n: int, root: int):
+    """Every op's expected output made whole, as one formula per op (the check before blocks)."""
+    from collsim.validate.bench import _values
+
+    chunk = count // n if op in ("all_gather", "reduce_scatter", "all_to_all") else count
+    match op:
+        case "all_reduce":
+            return sum(_values(torch, q, 0, count, "cpu") for q in range(n))
+        case "broadcast":
+            return _values(torch, root, 0, count, "cpu")
+        case "all_gather":
+            return torch.cat([_values(torch, q, q * chunk, chunk, "cpu") for q in range(n)])
+        case "reduce_scatter":
+            return sum(_values(torch, q, rank * chunk, chunk, "cpu") for q in range(n))
+        case "all_to_all":
+            return torch.cat([_values(torch, q, rank * chunk, chunk, "cpu") for q in range(n)])
+    return _values(torch, (rank - 1) % n, 0, count, "cpu")
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize(
+    "op", ["all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "send_recv"]
+)
+def test_blocked_check_matches_the_whole_formula(monkeypatch, op: str) -> None:
+    """The check made block by block (7 elements a block here, so blocks cut across the
+    ranks' chunks) finds the whole expected output right and one changed element wrong; the
+    buffers of a smaller size are views of the largest size's two buffers."""
+    import torch
+
+    from collsim.validate import bench
+    from collsim.validate.bench import _Buffers, _OpCase
+
+    monkeypatch.setattr(bench, "_CHECK_BLOCK", 7)
+    n, rank, count = 3, 1, 60
+    buffers = _Buffers(torch, 120, "cpu")
+    dist = torch.distributed  # only looked up: no call is made
+    case = _OpCase(torch, dist, op, count, rank=rank, n=n, device="cpu", root=2, buffers=buffers)
+    assert case.inp.data_ptr() == buffers.send.data_ptr()
+    case.fill_check()
+    own = _reference_expected(torch, "broadcast", count, rank, n, rank)
+    first = rank * (count // n) if op == "all_gather" else 0
+    assert torch.equal(case.inp, own[first : first + case.inp.numel()])
+    case.out.copy_(_reference_expected(torch, op, count, rank, n, 2))
+    assert case.count_wrong() == 0
+    case.out[case.out.numel() - 1] += 1
+    assert case.count_wrong() == 1
+
+
 def _plain_then_bench(ctx, size_bytes: int, iters: int, config: BenchConfig) -> dict:
     """A plain torch.distributed all_reduce loop (no checks, no profiler, no bookkeeping) run
     half before and half after the bench, in the same processes. The loop's figure is the median

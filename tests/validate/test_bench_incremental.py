@@ -54,7 +54,9 @@ def _rows(path: Path) -> int:
 
 def test_killed_bench_keeps_its_points_and_resumes(tmp_path: Path) -> None:
     out = tmp_path / "b.csv"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    scratch = tmp_path / "tmp"  # the run's temporary folders go here
+    scratch.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(scratch)}
     proc = subprocess.Popen(
         _collsim(*BENCH, "-o", str(out), cwd=tmp_path),
         cwd=tmp_path,
@@ -68,9 +70,14 @@ def test_killed_bench_keeps_its_points_and_resumes(tmp_path: Path) -> None:
         while _rows(out) < 3 and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.02)
         assert proc.poll() is None, "the bench ended before it could be killed"
-        os.killpg(proc.pid, signal.SIGKILL)  # the parent and its ranks, no clean-up at all
+        os.kill(proc.pid, signal.SIGKILL)  # the parent: no clean-up of its own at all
     finally:
         _, err_bytes = proc.communicate(timeout=30)
+    # its ranks see the parent gone within half a second: they remove the run's folder and end
+    deadline = time.monotonic() + 10
+    while list(scratch.glob("collsim-*")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert list(scratch.glob("collsim-*")) == []  # (torch keeps a torchinductor_* of its own)
     stderr = err_bytes.decode()
     assert "bench:" not in stderr  # no progress line when stderr is not a terminal
     partial = read_measurements(out)

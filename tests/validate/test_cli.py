@@ -36,7 +36,7 @@ def test_usage_errors_are_one_line(
     assert exc.value.code == 2
     lines = [line for line in (out + err).splitlines() if line.strip()]
     assert len(lines) == 1, lines
-    assert lines[0].startswith("Error:") and names in lines[0]
+    assert lines[0].startswith("error:") and names in lines[0]
     assert "Usage:" not in out + err and "Traceback" not in out + err
     assert list(tmp_path.iterdir()) == []  # nothing written
 

@@ -140,6 +140,11 @@ def test_cpu_attention_layout_is_one_sequence_of_four_heads() -> None:
 
 
 def test_the_committed_cpu_profile_against_the_cpu_model() -> None:
+    """Every entry of the committed profile is priced, in order. The catalogue's ``cpu`` is a
+    generic CPU, not the host that recorded the profile: only its memory bandwidth is close
+    (median measured/model 1.05); its GEMM and attention rates are 5-36 x faster than this
+    host's (medians 5.1 bf16, 10.9 fp32, 12-36 attention). The test holds both facts, so that
+    a change to either side shows: it is not an accuracy test of the CPU model."""
     profile = load_device_file(CPU_PROFILE)
     rows, skipped = compare_kernels(profile, get_device("cpu"))
     m = profile.measured
@@ -151,6 +156,10 @@ def test_the_committed_cpu_profile_against_the_cpu_model() -> None:
     kinds = [s.kind for s in summarize(rows)]
     assert kinds[:2] == ["gemm fp32", "gemm bf16"]
     assert {"attention flash2 fwd", "attention eager bwd", "memory", "optimizer"} <= set(kinds)
+    medians = {s.kind: s.median_ratio for s in summarize(rows)}
+    assert medians["memory"] == pytest.approx(1.0, rel=0.25)
+    for kind in ("gemm fp32", "gemm bf16", "attention flash2 fwd", "attention eager bwd"):
+        assert 3.0 < medians[kind] < 50.0, (kind, medians[kind])
 
 
 def test_entries_the_model_cannot_price_are_listed_not_dropped_silently(tmp_path: Path) -> None:

@@ -237,7 +237,7 @@ def test_calibrate_then_compare_round_trip(
     logs = [str(DATA / name) for name in LOGS]
     code, text, err = run(["validate", "calibrate", *logs, "-o", str(out)], capsys)
     assert code == 0, err
-    assert "dgx_h100" in text and f"# wrote {out}" in text
+    assert "dgx_h100" in text and f"# wrote {out}" in err  # files written: on stderr
     for name in LOGS + ("all_reduce_perf_2node.json", "rccl_all_reduce_1node.log"):
         report = tmp_path / f"{name}.json"
         code, text, err = run(

@@ -92,6 +92,28 @@ def test_fp8_speedups_match_torchao_microbenchmarks() -> None:
     assert large == pytest.approx(1.39, rel=0.15)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="known gap: the model gives 0.54x for the small FP8 linear where torchao measured "
+    "0.80x (compute.md 1c); the large point is within 15 %",
+)
+def test_fp8_small_gemm_speedup_matches_torchao() -> None:
+    """The small point held to the large point's bound (15 %): it fails today (0.54 / 0.80),
+    and a fix of the model turns this strict expected failure into a failure to remove."""
+    h100 = get_device("h100")
+    from collsim.workload.ops import _matmul
+
+    def step(dtype: str, m: int, k: int, n: int) -> float:
+        model = ComputeModel(h100, dtype)
+        op = _matmul("mlp_up", Gemm(m, n, k), 2, {})
+        lin = model.op_cost(op, "forward").time_s + model.op_cost(op, "backward").time_s
+        ln_sig = model.memory_time_s(2 * 2 * m * k) + model.memory_time_s(2 * 2 * m * n)
+        return lin + 3 * ln_sig
+
+    small = step("bf16", 1024, 2048, 1024) / step("fp8", 1024, 2048, 1024)
+    assert small == pytest.approx(0.80, rel=0.15)
+
+
 def test_overlap_slowdown_matches_the_published_average() -> None:
     # compute.md 4: average 18.9 %, max 40 % (A100/H100); NCCL 16 SMs on a DGX
     h100, a100 = get_device("h100"), get_device("a100")

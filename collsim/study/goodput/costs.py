@@ -168,7 +168,7 @@ def job_costs(
     if ckpt.interval_s is not None and ckpt.interval_s < write_s:
         raise ConfigError(
             f"must be >= one checkpoint write ({write_s:.3g} s for "
-            f"{state.total_bytes / GB:.4g} GB), got {ckpt.interval_s:g}",
+            f"{state.total_bytes / 2**30:.4g} GiB), got {ckpt.interval_s:g}",
             key_path="reliability.checkpoint.interval_s",
         )
     restart_s = (

@@ -76,7 +76,10 @@ class Spread:
 
     @classmethod
     def of(cls, values: FloatArray) -> Spread:
+        """The spread of ``values``; negatives within 1e-6 of zero (what is left of a sum
+        of seconds minus its parts) read as 0."""
         v = np.asarray(values, dtype=np.float64)
+        v = np.where((v < 0) & (v > -1e-6), 0.0, v)
         return cls(
             mean=float(v.mean()), p5=float(np.percentile(v, 5)), p95=float(np.percentile(v, 95))
         )

@@ -1,9 +1,9 @@
 """Seeded Monte Carlo of a training job's timeline: failures, detection, restart, rollback.
 
-It samples the model of :mod:`collsim.study.goodput.closed_form` event by event, plus what the
-closed form leaves out: which component failed, correlated events that take many nodes at once, and a
-finite pool of spare nodes (a failed node comes back after its repair time; a restart that
-needs more spares than the pool holds waits for repairs).
+It samples the model of :mod:`collsim.study.goodput.closed_form` event by event, plus what
+the closed form leaves out: which component failed, correlated events that take many nodes at
+once, and a finite pool of spare nodes (a failed node comes back after its repair time; a
+restart that needs more spares than the pool holds waits for repairs).
 
 Each run is a window of ``H`` seconds of a job that has been running for long (a stationary
 window): the state of the job at any instant depends only on the time since its last failure

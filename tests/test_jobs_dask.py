@@ -1,0 +1,188 @@
+"""The Dask backend of searches and sweeps against a real ``distributed.LocalCluster`` (two
+worker processes on loopback, ports chosen by the system): the same best plans as this
+process alone, the same result when a worker is killed mid-search, and one line (exit 2, under
+10 s) for a scheduler that cannot be reached."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+distributed = pytest.importorskip("distributed")
+
+from collsim.jobs import Workers  # noqa: E402
+from collsim.parallel.config import ParallelConfig, TrainingConfig  # noqa: E402
+from collsim.search import SearchSpace, search_plans  # noqa: E402
+from collsim.topology import load_topology  # noqa: E402
+from collsim.workload import TransformerSpec  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+CLI = [sys.executable, "-c", "import sys; from collsim.cli import main; sys.exit(main())"]
+TINY = TransformerSpec(
+    name="tiny", num_layers=8, hidden=512, num_heads=8, ffn_hidden=2048, seq_len=256, vocab=4096
+)
+SPACE = SearchSpace(
+    micro_batches=(1,),
+    bucket_mbs=(25.0,),
+    overlaps=(True,),
+    bucket_views=(False,),
+    prefetches=(1,),
+    offloads=(False,),
+    reshards=(True,),
+)
+
+
+def _local_cluster(workers: int):
+    """A cluster of ``workers`` single-thread worker processes on loopback, free ports."""
+    return distributed.LocalCluster(
+        n_workers=workers,
+        threads_per_worker=1,
+        processes=True,
+        host="127.0.0.1",
+        scheduler_port=0,
+        dashboard_address="127.0.0.1:0",
+    )
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with _local_cluster(2) as local:
+        yield local
+
+
+@pytest.fixture(scope="module")
+def h100x16():
+    return load_topology("dgx_h100", nodes=2)
+
+
+def _key(result):
+    return (
+        [(r.candidate, r.estimate.step_time_s) for r in result.ranked[:10]],
+        [(r.candidate, r.step_time_s, r.reason) for r in result.simulated],
+    )
+
+
+ARGS = dict(space=SPACE, top_k=3)
+
+
+def _args(topology):
+    return (topology, TINY, TrainingConfig(global_batch=64, micro_batch=1), ParallelConfig(dp=16))
+
+
+def _square(ctx: int, item: int) -> int:
+    return ctx * item * item
+
+
+def _three() -> int:
+    return 3
+
+
+def test_workers_map_in_order_on_the_cluster(cluster) -> None:
+    with Workers(1, _three, scheduler=cluster.scheduler_address) as workers:
+        assert workers.jobs == 2
+        assert workers.map(_square, range(50)) == [3 * i * i for i in range(50)]
+        assert list(workers.imap(_square, range(7))) == [3 * i * i for i in range(7)]
+
+
+@pytest.fixture(scope="module")
+def local(h100x16):
+    return search_plans(*_args(h100x16), **ARGS, jobs=1)
+
+
+def test_the_cluster_finds_the_same_best_plans(cluster, h100x16, local) -> None:
+    remote = search_plans(*_args(h100x16), **ARGS, scheduler=cluster.scheduler_address)
+    assert remote.stopped is None
+    assert _key(remote) == _key(local)
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_search_changes_nothing(cluster, h100x16, local) -> None:
+    client = distributed.Client(cluster.scheduler_address, timeout="10s", set_as_default=False)
+    try:
+        pids = client.run(os.getpid)
+        killed: list[int] = []
+
+        def progress(phase: str, n: int) -> None:
+            if phase == "estimate" and not killed:
+                victim = next(iter(pids.values()))
+                os.kill(victim, signal.SIGKILL)
+                killed.append(victim)
+
+        remote = search_plans(
+            *_args(h100x16), **ARGS, scheduler=cluster.scheduler_address, progress=progress
+        )
+        assert killed
+        client.wait_for_workers(2, timeout=60)
+        assert killed[0] not in client.run(os.getpid).values()  # a new worker took its place
+    finally:
+        client.close()
+    assert remote.stopped is None
+    assert _key(remote) == _key(local)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["search", "scenarios/ddp_gpt3_1.3b.yaml", "--gpus", "16"],
+        ["sweep", "scenarios/ddp_gpt3_1.3b.yaml", "--gpus", "8,16"],
+    ],
+)
+def test_an_unreachable_scheduler_is_one_line_within_10_s(args: list[str]) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    started = time.monotonic()
+    done = subprocess.run(
+        CLI + [*args, "--scheduler", "tcp://127.0.0.1:1"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        timeout=60,
+    )
+    elapsed_s = time.monotonic() - started
+    lines = done.stderr.decode().strip().splitlines()
+    assert done.returncode == 2, done.stderr.decode()
+    assert len(lines) == 1 and "--scheduler" in lines[0] and "127.0.0.1:1" in lines[0]
+    assert elapsed_s < 10.0
+
+
+@pytest.mark.slow
+def test_a_lost_scheduler_stops_the_search_with_what_it_has(h100x16) -> None:
+    local = _local_cluster(1)
+    seen: list[int] = []
+
+    def progress(phase: str, n: int) -> None:
+        seen.append(n)
+        if len(seen) == 3:
+            local.close(timeout=20)
+
+    space = dataclasses.replace(SPACE, micro_batches=(1, 2, 4))
+    try:
+        result = search_plans(
+            *_args(h100x16),
+            space=space,
+            top_k=3,
+            scheduler=local.scheduler_address,
+            progress=progress,
+        )
+    finally:
+        local.close(timeout=20)
+    assert result.stopped is not None and "scheduler" in result.stopped
+    assert len(result.ranked) >= 1 and result.simulated == []
+
+
+def test_a_sweep_on_the_cluster_gives_the_same_points(cluster) -> None:
+    from collsim.study.sweep import build_points, parse_gpus, parse_set, run_sweep
+
+    scenario = REPO / "scenarios" / "ddp_gpt3_1.3b.yaml"
+    points = build_points(gpus=parse_gpus("8,16"), sets=[parse_set("parallel.zero=0,3")])
+    local = run_sweep(scenario, points, jobs=1)
+    remote = run_sweep(scenario, points, scheduler=cluster.scheduler_address)
+    assert [(o.point, o.reason, o.result.step_time_s if o.result else None) for o in remote] == [
+        (o.point, o.reason, o.result.step_time_s if o.result else None) for o in local
+    ]
