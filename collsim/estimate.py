@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 from collsim.errors import CollsimWarning, ConfigError, SimulationError
 from collsim.parallel.buckets import Bucket
 from collsim.parallel.fsdp import issue_schedule
+from collsim.parallel.pipeline import GRADIENT_PHASES, Phase, PipeOp, flow
 from collsim.parallel.plan import Plan, RankCoords
-from collsim.parallel.schedules import Phase, PipeOp, input_of, output_of
 from collsim.runtime import collector_paused
 from collsim.schedule.assemble import assemble
 from collsim.schedule.build import build_schedule
@@ -58,6 +58,10 @@ class _Rank:
     """ZeRO-3 units gathered or in flight: (chunk, unit) -> when the gather ends."""
 
 
+_Link = tuple[bool, Phase, tuple[int, Phase, int] | None]
+"""An op's pipeline links (:meth:`_Walk.links`)."""
+
+
 @dataclass(slots=True)
 class _Mail:
     produced_s: float
@@ -91,6 +95,8 @@ class _Walk:
         self.seg_tp_s = self.prices.seg_tp_s
         self._op_plans: dict[tuple[int, int, Phase, bool], _OpPlan] = {}
         self.gather_pp = plan.tp > 1 and not plan.parallel.sequence_parallel
+        self.pipeline = plan.pipeline_schedule
+        self._links: dict[int, list[_Link]] = {}
         self._runs: dict[tuple[int, int], list[Any]] = {}
 
     def stat_items(self) -> Iterator[tuple[CallKey, CallTally]]:
@@ -163,25 +169,44 @@ class _Walk:
         self.finish()
         self.flush_tp()
 
-    def inbox(self, prog: _Rank, op: PipeOp) -> tuple[int, Phase, int, int] | None:
-        plan = self.plan
-        src = input_of(
-            op, stage=prog.coords.pp, num_stages=plan.pp, virtual_stages=plan.virtual_stages
-        )
-        if src is None or src[0] == prog.coords.pp:
-            return None
-        return (prog.rank, op.phase, op.microbatch, op.chunk)
+    def links(self, stage: int) -> list[_Link]:
+        """Per op of ``stage``, in order: whether it reads a message from another stage, the
+        direction of that message (:func:`~collsim.parallel.pipeline.flow`) and where its own
+        output goes ((stage, direction, chunk) or None), from the schedule's dependencies
+        (worked out once per (phase, chunk): the micro-batch passes through)."""
+        hit = self._links.get(stage)
+        if hit is not None:
+            return hit
+        p, v = self.plan.pp, self.plan.virtual_stages
+        shapes: dict[tuple[Phase, int], _Link] = {}
+        out: list[_Link] = []
+        for op in self.s.pipeline[stage]:
+            shape = shapes.get((op.phase, op.chunk))
+            if shape is None:
+                src = self.pipeline.input_of(op, stage=stage, num_stages=p, virtual_stages=v)
+                dest = self.pipeline.output_of(op, stage=stage, num_stages=p, virtual_stages=v)
+                shape = shapes[(op.phase, op.chunk)] = (
+                    src is not None and src[0] != stage,
+                    flow(op.phase),
+                    None
+                    if dest is None or dest[0] == stage
+                    else (dest[0], dest[1].phase, dest[1].chunk),
+                )
+            out.append(shape)
+        self._links[stage] = out
+        return out
 
     def advance(self, prog: _Rank) -> bool:
         """Run the rank's ops while their inputs have been sent; True if any ran."""
         ops = self.s.pipeline[prog.coords.pp]
+        links = self.links(prog.coords.pp)
         ran = False
         while prog.next_op < len(ops):
             op = ops[prog.next_op]
-            key = self.inbox(prog, op)
+            remote, direction, dest = links[prog.next_op]
             folded = 0.0
-            if key is not None:
-                mail = self.mail.get(key)
+            if remote:
+                mail = self.mail.get((prog.rank, direction, op.microbatch, op.chunk))
                 if mail is None:
                     return ran  # its input is not sent yet
                 w0 = prog.now
@@ -205,7 +230,8 @@ class _Walk:
                 self.run_segments(prog, op, chunk, paired)
             else:
                 self.run_fused(prog, op, chunk, paired)
-            self.send_output(prog, op)
+            if dest is not None:
+                self.send_output(prog, op, dest)
             prog.next_op += 1
             ran = True
         return ran
@@ -217,9 +243,10 @@ class _Walk:
         hit = self._op_plans.get(key)
         if hit is not None:
             return hit
-        segs = chunk.segments(phase is Phase.FORWARD, paired)
+        segs = chunk.segments(phase, paired)
         plan = _OpPlan(segs)
         forward = phase is Phase.FORWARD
+        gradients = phase in GRADIENT_PHASES
         mem: list[tuple[float, float, str, str | int]] = []
         t = 0.0
         for seg in segs:
@@ -232,7 +259,7 @@ class _Walk:
             if seg.framework_s:
                 plan.comm["framework"] = plan.comm.get("framework", 0.0) + seg.framework_s
             mem += seg.activation_events(t, t + dur, forward=forward)
-            if not forward:
+            if gradients:
                 off, gdur = self.grad_window(prog.rank, seg)
                 for bucket in chunk.buckets:
                     if bucket.ready_segment == seg.key:
@@ -302,8 +329,10 @@ class _Walk:
         """ZeRO-3: segment by segment, each waiting for its gathered unit."""
         rules = self.rules
         forward = op.phase is Phase.FORWARD
-        segs = chunk.segments(forward, paired)
-        issue = issue_schedule(len(segs), rules.prefetch)
+        segs = chunk.segments(op.phase, paired)
+        # every op but a weight-gradient one gathers its units (dB needs no weight)
+        gathers = op.phase is not Phase.BACKWARD_WEIGHT
+        issue = issue_schedule(len(segs), rules.prefetch) if gathers else [[] for _ in segs]
         for i, seg in enumerate(segs):
             for j in issue[i]:
                 ukey = rules.unit_key(chunk, segs[j])
@@ -316,7 +345,7 @@ class _Walk:
                 )
                 prog.gathered[(chunk.index, ukey)] = end
             ready = prog.gathered.get((chunk.index, rules.unit_key(chunk, seg)))
-            if ready is not None and ready > prog.now:
+            if gathers and ready is not None and ready > prog.now:
                 prog.acct["dp_exposed"] += ready - prog.now
                 prog.now = ready
             if not forward:
@@ -330,16 +359,18 @@ class _Walk:
                 prog.acct[k] += v
             if forward:
                 prog.ledger.alloc(prog.now, "activations", seg.stored_bytes)
-            else:
+            elif seg.frees:
                 prog.ledger.free(prog.now, "activations", seg.transient_bytes + seg.stored_bytes)
-            self.release_unit(prog, chunk, seg, forward=forward)
+            self.release_unit(prog, chunk, seg, op.phase)
 
-    def release_unit(self, prog: _Rank, chunk: ChunkModel, seg: Segment, *, forward: bool) -> None:
+    def release_unit(self, prog: _Rank, chunk: ChunkModel, seg: Segment, phase: Phase) -> None:
+        """After a unit's forward: reshard. After its backward: reduce-scatter, reshard (a
+        split backward: the input-gradient op reshards, the weight-gradient op reduces)."""
         rules = self.rules
-        if not rules.releases(chunk, seg, forward=forward):
+        if not rules.releases(chunk, seg, forward=phase is Phase.FORWARD):
             return
         ukey = rules.unit_key(chunk, seg)
-        if not forward:
+        if phase is Phase.BACKWARD or phase is Phase.BACKWARD_WEIGHT:
             gsize = rules.grad_bytes(chunk, ukey)
             prog.ledger.alloc(prog.now, "buffers", gsize, f"grad {ukey}")
             calls = rules.unit_reductions(chunk, ukey) if rules.reduces_units else []
@@ -348,23 +379,21 @@ class _Walk:
                 prog.ledger.free(end, "buffers", gsize, f"grad {ukey}")
             else:
                 prog.ledger.free(prog.now, "buffers", gsize, f"grad {ukey}")
+        if phase is Phase.BACKWARD_WEIGHT:
+            return
         del prog.gathered[(chunk.index, ukey)]
         prog.ledger.free(prog.now, "parameters", rules.gather_bytes(chunk, ukey), "reshard")
 
-    def send_output(self, prog: _Rank, op: PipeOp) -> None:
-        plan = self.plan
-        s = prog.coords.pp
-        dest = output_of(op, stage=s, num_stages=plan.pp, virtual_stages=plan.virtual_stages)
-        if dest is None or dest[0] == s:
-            return
-        stage, dst_op = dest
+    def send_output(self, prog: _Rank, op: PipeOp, dest: tuple[int, Phase, int]) -> None:
+        """Send ``op``'s output to ``dest`` (stage, direction, chunk) on the pp stream."""
+        stage, dst_phase, dst_chunk = dest
         dst = self.by_stage[stage]
         size = self.s.p2p_bytes
         t = self.price(prog.rank, PP, "send_recv", size, (prog.rank, dst.rank), 0.0)
         start = max(prog.now, prog.pp_free)
         prog.pp_free = start + t
         delivered = _fires(prog.now, prog.pp_free)
-        self.mail[(dst.rank, dst_op.phase, dst_op.microbatch, dst_op.chunk)] = _Mail(
+        self.mail[(dst.rank, dst_phase, op.microbatch, dst_chunk)] = _Mail(
             prog.now, delivered, size
         )
         dst.ledger.alloc(delivered, "buffers", size, "pp recv")
@@ -394,9 +423,9 @@ class _Walk:
             if prog.dp_last_end > prog.now:
                 prog.acct["dp_exposed"] += prog.dp_last_end - prog.now
                 prog.now = prog.dp_last_end
-        p = plan.pp
-        if p > 1 and plan.spec.tied_embeddings:
-            first, last = self.by_stage[0], self.by_stage[p - 1]
+        head = plan.head_stage
+        if head != 0 and plan.spec.tied_embeddings:
+            first, last = self.by_stage[0], self.by_stage[head]
             size = plan.spec.vocab / plan.tp * plan.spec.hidden * self.rules.bytes_per.grad
             pair = (first.rank, last.rank)
             t = self.pricer.cost("all_reduce", size, pair)

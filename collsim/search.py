@@ -38,8 +38,8 @@ from collsim.jobs import SchedulerLost, Workers
 from collsim.parallel.config import ParallelConfig as Parallel
 from collsim.parallel.config import Recompute
 from collsim.parallel.layer_comms import layer_comms
+from collsim.parallel.pipeline import Phase, flow, get_schedule
 from collsim.parallel.plan import build_plan, default_order, grid_rank, rank_axes
-from collsim.parallel.schedules import Phase, input_of, stage_schedule
 from collsim.parallel.states import rank_model_states
 from collsim.schedule.build import bytes_per
 from collsim.schedule.pricing import ClosedPricer as Pricer
@@ -79,6 +79,7 @@ REASONS = {
     "pp_layers": "layers not divisible by pp x virtual stages",
     "batch": "global batch not divisible by dp x micro-batch",
     "interleaved_m": "interleaved needs micro-batches divisible by pp",
+    "schedule_m": "too few micro-batches for the schedule (DualPipeV: 2 x pp)",
     "zero_pp": "ZeRO-2/3 with pipeline parallelism (left out of this space)",
     "no_dp": "a bucket size other than the first without data parallelism (same plan)",
     "cp_gpus": "cp does not divide the GPUs",
@@ -100,6 +101,7 @@ class SearchSpace:
 
     micro_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
     schedules: tuple[str, ...] = ("gpipe", "1f1b", "interleaved")
+    """Pipeline schedules tried (``zb_h1`` and ``dualpipev`` too when named)."""
     virtual_stages: tuple[int, ...] = (2, 3, 4, 6, 8, 12, 16, 24)
     """Chunks per stage tried with the interleaved schedule."""
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)
@@ -196,9 +198,8 @@ class Candidate:
         parts += [f"pp{self.pp}", f"dp{self.dp}"] + ([f"ep{self.ep}"] if self.ep > 1 else [])
         parts.append(f"mb{self.micro_batch}")
         if self.pp > 1:
-            parts.append(
-                self.schedule + (f" v{self.virtual_stages}" if self.virtual_stages > 1 else "")
-            )
+            interleaved = self.schedule == "interleaved" and self.virtual_stages > 1
+            parts.append(self.schedule + (f" v{self.virtual_stages}" if interleaved else ""))
         parts += [f"zero{self.zero}", f"rc={self.recompute}"]
         if self.sequence_parallel:
             parts.append("sp")
@@ -323,15 +324,23 @@ def _grid_size(num_gpus: int, space: SearchSpace) -> int:
     for tp in _divisors(num_gpus):
         sps = len([sp for sp in space.sequence_parallel if tp > 1 or not sp] or [False])
         for pp in _divisors(num_gpus // tp):
-            scheds = (
-                1
-                if pp == 1
-                else sum(
-                    len(space.virtual_stages) if k == "interleaved" else 1 for k in space.schedules
-                )
-            )
+            scheds = 1 if pp == 1 else sum(len(_chunk_counts(k, space)) for k in space.schedules)
             total += len(space.micro_batches) * scheds * per_variant * sps
     return total
+
+
+def _head_stage(c: Candidate) -> int:
+    """The stage where ``c``'s schedule places the last model part (the head)."""
+    v = c.virtual_stages
+    return get_schedule(c.schedule).where(c.pp * v - 1, c.pp, v)[0]
+
+
+def _chunk_counts(schedule: str, space: SearchSpace) -> tuple[int, ...]:
+    """Chunks per stage tried with ``schedule``: the space's virtual stages where the
+    schedule takes them (interleaved), else the schedule's own count."""
+    if schedule == "interleaved":
+        return space.virtual_stages
+    return (get_schedule(schedule).chunks(1),)
 
 
 def _grid(
@@ -356,11 +365,7 @@ def _grid(
             scheds: list[tuple[str, int]] = (
                 [("1f1b", 1)]
                 if pp == 1
-                else [
-                    (s, v)
-                    for s in space.schedules
-                    for v in (space.virtual_stages if s == "interleaved" else (1,))
-                ]
+                else [(s, v) for s in space.schedules for v in _chunk_counts(s, space)]
             )
             grid = len(space.micro_batches) * len(scheds) * per_variant * len(sps)
             if tp > max_tp:
@@ -388,6 +393,12 @@ def _grid(
                         continue
                     if schedule == "interleaved" and m % pp:
                         rejected["interleaved_m"] += per_sched
+                        continue
+                    pipeline = get_schedule(schedule)
+                    try:
+                        pipeline.check(num_stages=pp, num_microbatches=m, virtual_stages=v)
+                    except ConfigError:
+                        rejected["schedule_m"] += per_sched
                         continue
                     for var in variants:
                         zero = var.zero
@@ -937,6 +948,7 @@ class _Bounds:
 
     def _stage_params(self, c: Candidate) -> list[float]:
         """Parameters per rank of the first and the last stage (the others hold fewer)."""
+
         key = (c.tp, c.pp)
         hit = self._params.get(key)
         if hit is None:
@@ -944,6 +956,10 @@ class _Bounds:
                 float(parameters_per_rank(self.spec, tp=c.tp, pp=c.pp, stage=s))
                 for s in sorted({0, c.pp - 1})
             ]
+        if c.pp > 1 and _head_stage(c) != c.pp - 1:
+            # a V: the head sits on the first stage; the last holds its layers only
+            head = parameters_per_rank(self.spec, tp=c.tp, pp=c.pp, stage=c.pp - 1, stage_layers=[])
+            return [hit[0], hit[1] - float(head)]
         return hit
 
     def _states(self, c: Candidate) -> list[float]:
@@ -1049,15 +1065,15 @@ class _Bounds:
 
     def _pipeline_ends(self, c: Candidate) -> list[float]:
         """When the first and the last stage finish their last op, walking the schedule's op
-        order (:func:`collsim.parallel.schedules.stage_schedule`) with each op's own work
+        order (:meth:`collsim.parallel.pipeline.PipelineSchedule.order`) with each op's own work
         (blocks and blocking TP collectives of its chunk, as in :meth:`_compute`), each op
         starting after the op before it on its stage and after the op whose output it reads
-        (:func:`~collsim.parallel.schedules.input_of`); sends take no time. Both fidelities
-        run these ops in this order with these dependencies and more work, so they end
-        later."""
+        (:meth:`~collsim.parallel.pipeline.PipelineSchedule.input_of`); sends take no time.
+        Both fidelities run these ops in this order with these dependencies and more work, so
+        they end later."""
 
         p = c.pp
-        v = c.virtual_stages if c.schedule == "interleaved" else 1
+        v = c.virtual_stages
         m = self.training.global_batch // (c.micro_batch * c.dp)
         fwd, bwd, emb, head = self._block_work(c)
         counts = layers_per_stage(self.spec.num_layers, p)
@@ -1065,18 +1081,10 @@ class _Bounds:
         hit = self._pipes.get(key)
         if hit is not None:
             return hit
-
-        def duration(stage: int, phase: Phase, chunk: int) -> float:
-            forward = phase is Phase.FORWARD
-            out = counts[stage] / v * (fwd if forward else bwd)
-            if stage == 0 and chunk == 0:
-                out += emb[0] if forward else emb[1]
-            if stage == p - 1 and chunk == v - 1:
-                out += head[0] if forward else head[1]
-            return out
-
+        pipeline = get_schedule(c.schedule)
+        durations = self._op_work(c, counts, pipeline)
         orders = [
-            stage_schedule(c.schedule, num_stages=p, num_microbatches=m, stage=s, virtual_stages=v)
+            pipeline.order(num_stages=p, num_microbatches=m, stage=s, virtual_stages=v)
             for s in range(p)
         ]
         done: list[dict[Any, float]] = [{} for _ in range(p)]
@@ -1090,14 +1098,14 @@ class _Bounds:
                 i, now = at[s], clock[s]
                 while i < len(order):
                     op = order[i]
-                    src = input_of(op, stage=s, num_stages=p, virtual_stages=v)
+                    src = pipeline.input_of(op, stage=s, num_stages=p, virtual_stages=v)
                     if src is not None:
                         ready = done[src[0]].get(src[1])
                         if ready is None:
                             break
                         now = max(now, ready)
-                    now += duration(s, op.phase, op.chunk)
-                    mine[op] = now
+                    now += durations[(s, op.phase, op.chunk)]
+                    mine[op._replace(phase=flow(op.phase))] = now
                     i += 1
                 moved += i - at[s]
                 at[s], clock[s] = i, now
@@ -1106,6 +1114,52 @@ class _Bounds:
             remaining -= moved
         hit = self._pipes[key] = [clock[s] for s in sorted({0, p - 1})]
         return hit
+
+    def _op_work(
+        self, c: Candidate, counts: list[int], pipeline: Any
+    ) -> dict[tuple[int, Phase, int], float]:
+        """Each (stage, phase, chunk) op's own work for :meth:`_pipeline_ends`: its share of
+        the stage's layers, and the embedding or the head where the schedule places the first
+        or the last model part; a split backward as its input-gradient part (the backward
+        less the largest weight-gradient time) and its weight-gradient part (the smallest),
+        each a floor of what the schedule builds (schedule.ops._split_backward)."""
+        p, v = c.pp, c.virtual_stages
+        fwd, bwd, emb, head = self._block_work(c)
+        w_min, w_max, w_head = self._wgrad_work(c)
+        out: dict[tuple[int, Phase, int], float] = {}
+        for s in range(p):
+            for k in range(v):
+                part = pipeline.part_of(s, k, p, v)
+                n = counts[s] / v
+                first, last = part == 0, part == p * v - 1
+                e = emb if first else (0.0, 0.0)
+                h = head if last else (0.0, 0.0)
+                hw = w_head if last else 0.0
+                out[(s, Phase.FORWARD, k)] = n * fwd + e[0] + h[0]
+                out[(s, Phase.BACKWARD, k)] = n * bwd + e[1] + h[1]
+                out[(s, Phase.BACKWARD_INPUT, k)] = n * max(0.0, bwd - w_max) + max(0.0, h[1] - hw)
+                out[(s, Phase.BACKWARD_WEIGHT, k)] = n * w_min + e[1] + min(hw, h[1])
+        return out
+
+    def _wgrad_work(self, c: Candidate) -> tuple[float, float, float]:
+        """Weight-gradient seconds of one micro-batch: the smallest and the largest of a
+        layer's kinds, and the head's (compute model, :attr:`LayerTimes.wgrad_s`)."""
+        model = self._model()
+        spec, mb, sp = self.spec, c.micro_batch, c.sequence_parallel and c.tp > 1
+        kinds: list[dict[str, int]] = [{}]
+        if self._variant(c):
+            kinds = [
+                {"layer": rep, "ep": c.ep, "etp": self.etp, "cp": c.cp}
+                for rep, _ in spec.layer_kinds()
+            ]
+        w = [
+            model.layer_times(
+                spec, micro_batch=mb, tp=c.tp, sequence_parallel=sp, recompute=c.recompute, **kw
+            ).wgrad_s
+            for kw in kinds
+        ]
+        ht = model.head_times(spec, micro_batch=mb, tp=c.tp, sequence_parallel=sp)
+        return min(w), max(w), ht.wgrad_s / c.cp
 
     def stage_bounds(self, c: Candidate, stream: list[float] | None = None) -> list[float]:
         """Per stage (the first and the last), a floor on when its rank ends the step.
@@ -1283,7 +1337,7 @@ class _Bounds:
     ) -> tuple[float, float, tuple[float, float], tuple[float, float]]:
         """Compute-stream seconds of one micro-batch: a layer's forward and backward (with
         recompute and the blocking TP collectives), the embedding's and the head's
-        (forward, backward)."""
+        (forward, backward). :meth:`_wgrad_work` gives the weight-gradient parts."""
         model = self._model()
         spec, mb, sp = self.spec, c.micro_batch, c.sequence_parallel and c.tp > 1
         kinds: list[dict[str, int]] = [{}]
@@ -1367,20 +1421,22 @@ class _Bounds:
         fwd, bwd, _, _ = self._block_work(c)
         counts = layers_per_stage(spec.num_layers, c.pp)
         m = self.training.global_batch // (mb * c.dp)
-        v = c.virtual_stages if c.schedule == "interleaved" else 1
+        v = c.virtual_stages
+        pipeline = get_schedule(c.schedule)
+        head_at = _head_stage(c)
 
         def work(s: int) -> tuple[float, float]:
             f, b = counts[s] * fwd, counts[s] * bwd
             if s == 0:
                 f, b = f + et.forward_s, b + et.backward_s
-            if s == c.pp - 1:
+            if s == head_at:
                 f, b = f + ht.forward_s, b + ht.backward_s
             return f, b
 
         def busy(s: int) -> float:
             out: float = counts[s] * layer_s
             out += et.forward_s + et.backward_s if s == 0 else 0.0
-            out += ht.forward_s + ht.backward_s if s == c.pp - 1 else 0.0
+            out += ht.forward_s + ht.backward_s if s == head_at else 0.0
             return m * out
 
         stages = sorted({0, c.pp - 1})
@@ -1399,6 +1455,11 @@ class _Bounds:
         fill = sum(work(r)[0] for r in range(last)) / v
         drain = sum(work(r)[1] for r in range(last)) / v
         f0, b0 = work(0)
+        if pipeline.splits_backward or head_at != last:
+            # weight-gradient ops may run after the last stage's last backward, and a V
+            # places the stages' chunks otherwise: each stage's own work only (the walk of
+            # the schedule, :meth:`_pipeline_ends`, adds the fill and the drain)
+            fill = drain = 0.0
         stream = [max(m * (f0 + b0), fill + m * (f_last + b_last) + drain)]
         if last:
             stream.append(fill + m * (f_last + b_last))

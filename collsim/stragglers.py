@@ -403,6 +403,8 @@ def stretch_stage(stage: StageModel, factor: float) -> StageModel:
             backward=[_stretch_segment(s, factor) for s in chunk.backward],
             paired_forward=_stretch_list(chunk.paired_forward, factor),
             paired_backward=_stretch_list(chunk.paired_backward, factor),
+            input_grad=_stretch_list(chunk.input_grad, factor),
+            weight_grad=_stretch_list(chunk.weight_grad, factor),
         )
         for chunk in stage.chunks
     ]

@@ -174,18 +174,25 @@ class RankOrder(StrEnum):
 
 
 class ScheduleKind(StrEnum):
-    """Pipeline schedules: GPipe, 1F1B (PipeDream-Flush), interleaved 1F1B (Megatron)."""
+    """Pipeline schedules: GPipe, 1F1B (PipeDream-Flush), interleaved 1F1B (Megatron),
+    zero-bubble ZB-H1 (Qi et al. 2024), DualPipeV (DeepSeek); see docs/pipelines.md."""
 
     GPIPE = "gpipe"
     ONE_F_ONE_B = "1f1b"
     INTERLEAVED = "interleaved"
+    ZB_H1 = "zb_h1"
+    DUALPIPEV = "dualpipev"
 
 
 class PipelinePhase(StrEnum):
-    """The two passes a pipeline stage runs per micro-batch."""
+    """The passes a pipeline stage runs per micro-batch: forward, and either a whole backward
+    or its input-gradient part (I) and weight-gradient part (W) as two ops (torch.distributed
+    .pipelining's ``_ComputationType`` letters; the zero-bubble paper calls I "B")."""
 
     FORWARD = "F"
     BACKWARD = "B"
+    BACKWARD_INPUT = "I"
+    BACKWARD_WEIGHT = "W"
 
 
 class CPAlgorithm(StrEnum):

@@ -476,3 +476,68 @@ def test_expert_plans_floors_hold_on_the_published_moe_run() -> None:
     assert checked >= 40
     assert tight >= checked // 2
     assert fast >= checked // 2
+
+
+@pytest.mark.parametrize(
+    ("preset", "nodes", "global_batch"),
+    [("tiny", 2, 64), ("gpt3-13b", 4, 128)],
+    ids=["tiny-16", "13b-32"],
+)
+def test_split_backward_schedules_are_searched_under_floors(preset, nodes, global_batch) -> None:
+    # ZB-H1 and DualPipeV in the space: a spread of their plans (every knob), each estimated,
+    # none below its floors; ZeRO-3 and DualPipeV with fewer than 2 pp micro-batches counted
+    from collsim.search import _Bounds
+
+    topology = load_topology("dgx_h100", nodes=nodes)
+    spec = TINY if preset == "tiny" else get_preset(preset)
+    training = TrainingConfig(global_batch=global_batch, micro_batch=1)
+    space = SearchSpace(schedules=("zb_h1", "dualpipev"))
+    rejected: Counter[str] = Counter()
+    plans = [
+        p
+        for p in enumerate_plans(spec, topology.num_ranks, 8, global_batch, space, rejected)
+        if p.pp > 1
+    ]
+    assert {p.schedule for p in plans} == {"zb_h1", "dualpipev"}
+    assert rejected["schedule_m"] > 0
+    assert {p.zero for p in plans} == {0, 1, 2, 3}
+    assert all(p.virtual_stages == (2 if p.schedule == "dualpipev" else 1) for p in plans)
+    bounds = _Bounds(topology, spec, training)
+    estimator = Estimator(topology, spec)
+    checked = tightest = 0
+    for plan in _every_nth(plans, 80):
+        est = estimator.estimate(*plan.configs(training, ParallelConfig(dp=topology.num_ranks)))
+        floor, refined = bounds.step_s(plan), bounds.refined_s(plan)
+        assert floor <= refined <= est.step_time_s, plan.label
+        assert bounds.memory_bytes(plan) <= est.memory_peak_bytes, plan.label
+        checked += 1
+        tightest = max(tightest, refined / est.step_time_s)
+    assert checked >= 60
+    assert tightest > 0.8
+
+
+def test_search_chooses_a_split_backward_schedule(h100x16) -> None:
+    # asked for 1F1B and ZB-H1, the search estimates both; at every pipelined shape ZB-H1's
+    # weight-gradient ops fill the cooldown, so it ranks above 1F1B
+    training = TrainingConfig(global_batch=64, micro_batch=1)
+    space = dataclasses.replace(
+        SMALL,
+        micro_batches=(1,),
+        schedules=("1f1b", "zb_h1"),
+        zero_stages=(0,),
+        recomputes=("none",),
+        sequence_parallel=(False,),
+    )
+    result = search_plans(
+        h100x16, TINY, training, ParallelConfig(dp=16), space=space, top_k=0, prune_keep=0
+    )
+    by_shape: dict[tuple[int, int, int], dict[str, float]] = {}
+    for r in result.ranked:
+        c = r.candidate
+        if c.pp > 1:
+            by_shape.setdefault((c.tp, c.pp, c.dp), {})[c.schedule] = r.estimate.step_time_s
+    pairs = [t for t in by_shape.values() if len(t) == 2]
+    assert len(pairs) >= 3
+    assert all(t["zb_h1"] < t["1f1b"] for t in pairs)
+    pipelined = [r.candidate for r in result.ranked if r.candidate.pp > 1]
+    assert pipelined[0].schedule == "zb_h1", pipelined[0].label

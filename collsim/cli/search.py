@@ -126,7 +126,7 @@ def _space_options(
     "--schedule",
     "schedule_text",
     metavar="LIST",
-    help="Pipeline schedules to try (gpipe,1f1b,interleaved).",
+    help="Pipeline schedules to try (gpipe,1f1b,interleaved,zb_h1,dualpipev).",
 )
 @click.option("--cp", "cp_text", metavar="LIST", help="Context-parallel sizes to try.")
 @click.option("--ep", "ep_text", metavar="LIST", help="Expert-parallel sizes to try (MoE).")

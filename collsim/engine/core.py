@@ -35,7 +35,7 @@ from collsim.engine.comm import CommPricer, linked_peers
 from collsim.engine.dataparallel import DataParallel
 from collsim.engine.streams import CallRecord, GroupStream, Mail, RankState
 from collsim.errors import SimulationError
-from collsim.parallel.schedules import Phase, PipeOp, input_of, output_of
+from collsim.parallel.pipeline import Phase, PipeOp, flow
 from collsim.schedule.build import StepSchedule
 from collsim.schedule.ops import Segment, StageModel, Step
 from collsim.schedule.pricing import SegmentPrices
@@ -643,8 +643,9 @@ class Engine:
 
     def routes(self, prog: RankState) -> tuple[list[Mail | None], list[PipeRoute | None]]:
         """Per op of ``prog``, in order: the mailbox its input arrives in (None: it reads
-        nothing from another stage, :func:`~collsim.parallel.schedules.input_of`) and where its
-        output goes (None: to no other stage, :func:`~collsim.parallel.schedules.output_of`).
+        nothing from another stage, the schedule's
+        :meth:`~collsim.parallel.pipeline.PipelineSchedule.input_of`) and where its output goes
+        (None: to no other stage, :meth:`~collsim.parallel.pipeline.PipelineSchedule.output_of`).
         The output route also carries the pairs that share the
         send's links and, for a send priced in closed form on a one-member stream without a
         trace, that stream with the send's seconds and statistics key (the send is then
@@ -652,27 +653,30 @@ class Engine:
 
         One pass over the ops (the engine's per-op set-up: 1,536 ops per 3d_175b step)."""
         p, v = self.plan.pp, self.plan.virtual_stages
+        input_of = self.plan.pipeline_schedule.input_of
+        output_of = self.plan.pipeline_schedule.output_of
         s, rank = prog.coords.pp, prog.rank
         mail, env, links = self.mail, self.env, self._links
         inboxes: list[Mail | None] = []
         outboxes: list[PipeRoute | None] = []
         # where an op's input comes from and its output goes depend on its phase and chunk
         # only (the micro-batch passes through): worked out once per (phase, chunk)
-        shapes: dict[tuple[Phase, int], tuple[bool, tuple[int, Phase, int] | None]] = {}
+        # (a backward's message is named by its direction, flow(): I sends what B sends)
+        shapes: dict[tuple[Phase, int], tuple[Phase | None, tuple[int, Phase, int] | None]] = {}
         for op in prog.ops:
             shape = shapes.get((op.phase, op.chunk))
             if shape is None:
                 src = input_of(op, stage=s, num_stages=p, virtual_stages=v)
                 dest = output_of(op, stage=s, num_stages=p, virtual_stages=v)
                 shape = shapes[(op.phase, op.chunk)] = (
-                    src is not None and src[0] != s,
+                    flow(op.phase) if src is not None and src[0] != s else None,
                     None
                     if dest is None or dest[0] == s
                     else (dest[0], dest[1].phase, dest[1].chunk),
                 )
-            remote_input, out = shape
-            if remote_input:
-                key = (rank, op.phase, op.microbatch, op.chunk)
+            direction, out = shape
+            if direction is not None:
+                key = (rank, direction, op.microbatch, op.chunk)
                 box = mail.get(key)
                 if box is None:
                     box = mail[key] = Mail(env)

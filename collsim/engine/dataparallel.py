@@ -16,8 +16,8 @@ import simpy
 from collsim.engine.streams import RankState
 from collsim.errors import SimulationError
 from collsim.parallel.buckets import Bucket
+from collsim.parallel.pipeline import Phase, PipeOp
 from collsim.parallel.plan import Plan
-from collsim.parallel.schedules import Phase, PipeOp
 from collsim.schedule.dataparallel import DataParallelRules, DPCall
 from collsim.schedule.ops import ChunkModel, Segment
 from collsim.vocab import ParallelAxis
@@ -240,12 +240,14 @@ class DataParallel:
         return self.unit_events.get((prog.rank, chunk.index, self.rules.unit_key(chunk, seg)))
 
     def release_unit(self, prog: RankState, op: PipeOp, chunk: ChunkModel, seg: Segment) -> None:
-        """After a unit's forward: reshard. After its backward: reduce-scatter, reshard."""
-        forward = op.phase is Phase.FORWARD
+        """After a unit's forward: reshard. After its backward: reduce-scatter, reshard (a
+        split backward: the input-gradient op reshards, the weight-gradient op reduces)."""
+        phase = op.phase
+        forward = phase is Phase.FORWARD
         if not self.rules.releases(chunk, seg, forward=forward):
             return
         ukey = self.rules.unit_key(chunk, seg)
-        if not forward:
+        if phase is Phase.BACKWARD or phase is Phase.BACKWARD_WEIGHT:
             gsize = self.rules.grad_bytes(chunk, ukey)
             label = f"grad {ukey}"
             prog.ledger.alloc(self.env.now, "buffers", gsize, label)
@@ -264,6 +266,8 @@ class DataParallel:
                 ev.callbacks.append(self._freer(prog, "buffers", gsize, label))
             else:
                 prog.ledger.free(self.env.now, "buffers", gsize, label)
+        if phase is Phase.BACKWARD_WEIGHT:
+            return
         del self.unit_events[(prog.rank, chunk.index, ukey)]
         prog.ledger.free(
             self.env.now, "parameters", self.rules.gather_bytes(chunk, ukey), f"reshard {ukey}"
@@ -275,19 +279,19 @@ class DataParallel:
         first and the last stage before the optimizer (Megatron-LM ``allreduce_embedding_grads``;
         the group is each (dp, cp, tp) pair of stage 0 and stage p - 1)."""
         plan = self.plan
-        p = plan.pp
-        if p < 2 or not plan.spec.tied_embeddings or prog.coords.pp not in (0, p - 1):
+        p = plan.head_stage  # the last stage, or the first with DualPipeV's V (no sync)
+        if p == 0 or not plan.spec.tied_embeddings or prog.coords.pp not in (0, p):
             return None
         c = prog.coords
         pair = (
             plan.rank(dp=c.dp, pp=0, tp=c.tp, cp=c.cp),
-            plan.rank(dp=c.dp, pp=p - 1, tp=c.tp, cp=c.cp),
+            plan.rank(dp=c.dp, pp=p, tp=c.tp, cp=c.cp),
         )
         size = plan.spec.vocab / plan.tp * plan.spec.hidden * self.rules.bytes_per.grad
         # every other (dp, cp, tp) pair of the two stages, dp outermost, tp innermost
         grid = plan.grid()
         others: list[tuple[int, ...]] = list(
-            zip(grid[0].ravel().tolist()[1:], grid[p - 1].ravel().tolist()[1:], strict=True)
+            zip(grid[0].ravel().tolist()[1:], grid[p].ravel().tolist()[1:], strict=True)
         )
         return self.site.call(
             prog.rank,

@@ -30,7 +30,7 @@ import simpy
 
 from collsim.engine.streams import Mail
 from collsim.parallel.fsdp import issue_schedule
-from collsim.parallel.schedules import Phase, PipeOp
+from collsim.parallel.pipeline import GRADIENT_PHASES, Phase, PipeOp
 from collsim.schedule.dataparallel import GRAD_NORM_BYTES, grad_norm_groups
 from collsim.schedule.memory import MemoryLedger, MemoryPattern
 from collsim.schedule.ops import ChunkModel, Segment, StageModel
@@ -314,7 +314,8 @@ class RankProgram:
         if plan is not None:
             return plan
         forward = phase is Phase.FORWARD
-        segs = chunk.segments(forward, paired)
+        gradients = phase in GRADIENT_PHASES
+        segs = chunk.segments(phase, paired)
         plan = _OpPlan(segs=segs)
         mem: list[tuple[float, float, str, str | int]] = []
         t = 0.0
@@ -328,7 +329,7 @@ class RankProgram:
             if seg.framework_s:
                 plan.comm["framework"] = plan.comm.get("framework", 0.0) + seg.framework_s
             mem += seg.activation_events(t, t + dur, forward=forward)
-            if not forward:
+            if gradients:
                 off, gdur = self._grad_window(seg)
                 for bucket in chunk.buckets:
                     if bucket.ready_segment == seg.key:
@@ -364,7 +365,7 @@ class RankProgram:
             ("recompute", seg.key, op.microbatch, op.chunk),
         )
         rules = self.e.dp.rules
-        if rules.uses_buckets and rules.reduces_in(op.microbatch):
+        if rules.uses_buckets and rules.reduces_in(op.microbatch) and op.phase in GRADIENT_PHASES:
             off, gdur = self._grad_window(seg)
             for bucket in chunk.buckets:
                 if bucket.ready_segment == seg.key:
@@ -377,7 +378,7 @@ class RankProgram:
         label = (seg.key, op.microbatch, op.chunk)
         if op.phase is Phase.FORWARD:
             self.ledger.alloc(self.env.now, "activations", seg.stored_bytes, ("act",) + label)
-        else:
+        elif seg.frees:
             self.ledger.free(
                 self.env.now,
                 "activations",
@@ -388,9 +389,10 @@ class RankProgram:
     # ---- segment by segment (ZeRO-3 units, layer fidelity) ---------------------------------
     def _run_segments(self, op: PipeOp, chunk: ChunkModel, paired: bool = False) -> Any:
         env, e = self.env, self.e
-        forward = op.phase is Phase.FORWARD
-        segs = chunk.segments(forward, paired)
-        issue = issue_schedule(len(segs), e.prefetch) if e.zero == 3 else None
+        segs = chunk.segments(op.phase, paired)
+        # ZeRO-3: every op but a weight-gradient one gathers its units (dB needs no weight)
+        gathers = e.zero == 3 and op.phase is not Phase.BACKWARD_WEIGHT
+        issue = issue_schedule(len(segs), e.prefetch) if gathers else None
         for i, seg in enumerate(segs):
             if issue is not None:
                 for j in issue[i]:
@@ -451,5 +453,5 @@ class RankProgram:
                     chunk=op.chunk,
                     segment=seg.key,
                 )
-            if issue is not None:
+            if e.zero == 3:
                 e.dp.release_unit(self, op, chunk, seg)

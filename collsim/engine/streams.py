@@ -24,8 +24,8 @@ from simpy.events import NORMAL, PENDING
 from collsim.errors import SimulationError
 
 if TYPE_CHECKING:
+    from collsim.parallel.pipeline import PipeOp
     from collsim.parallel.plan import RankCoords
-    from collsim.parallel.schedules import PipeOp
     from collsim.schedule.memory import MemoryLedger
     from collsim.schedule.ops import StageModel
 

@@ -4,7 +4,8 @@ buckets, FSDP, and the EP / CP / HSDP / FP8 volumes.
 - :mod:`~collsim.parallel.config`: the ``training`` and ``parallel`` sections (frozen dataclasses).
 - :mod:`~collsim.parallel.plan`: ``build_plan`` checks a plan and maps ranks (TP inside a node,
   then CP, then PP, DP outermost; experts folded over tp x cp x dp).
-- :mod:`~collsim.parallel.schedules`: GPipe, 1F1B, interleaved 1F1B op order (Narayanan 2021).
+- :mod:`~collsim.parallel.pipeline`: pipeline schedules as data (GPipe, 1F1B, interleaved,
+  ZB-H1, DualPipeV).
 - :mod:`~collsim.parallel.params`: a rank's parameter tensors per model chunk.
 - :mod:`~collsim.parallel.buckets`: torch DDP gradient buckets.
 - :mod:`~collsim.parallel.fsdp`: FSDP / ZeRO-3 units and prefetch order.
@@ -22,8 +23,8 @@ from collsim.parallel.buckets import Bucket, build_buckets
 from collsim.parallel.config import DDPConfig, FSDPConfig, ParallelConfig, Recompute, TrainingConfig
 from collsim.parallel.fsdp import FSDPUnit, build_units, issue_schedule
 from collsim.parallel.params import ParamTensor, chunk_tensors
+from collsim.parallel.pipeline import Phase, PipeOp, input_of, stage_schedule
 from collsim.parallel.plan import Plan, RankCoords, build_plan
-from collsim.parallel.schedules import Phase, PipeOp, input_of, stage_schedule
 from collsim.vocab import Dtype, Optimizer, ParallelAxis, ScheduleKind
 
 __all__ = [

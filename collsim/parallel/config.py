@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from collsim.errors import ConfigError
+from collsim.parallel.pipeline import get_schedule
 from collsim.vocab import (
     CPAlgorithm,
     Dtype,
@@ -426,11 +427,16 @@ class ParallelConfig:
                 f"must be one of {', '.join(map(str, ZERO_STAGES))}; got {self.zero!r}",
                 key_path="parallel.zero",
             )
-        if self.virtual_stages > 1 and self.schedule is not ScheduleKind.INTERLEAVED:
+        chunks = get_schedule(self.schedule).chunks(self.virtual_stages)
+        if self.virtual_stages not in (1, chunks):
             raise ConfigError(
-                f"virtual_stages > 1 needs schedule: interleaved, got schedule: {self.schedule}",
+                f"virtual_stages > 1 needs schedule: interleaved, got schedule: {self.schedule}"
+                if chunks == 1
+                else f"schedule {self.schedule} holds {chunks} chunks per stage, got "
+                f"virtual_stages {self.virtual_stages}",
                 key_path="parallel.virtual_stages",
             )
+        object.__setattr__(self, "virtual_stages", chunks)
 
     def _check_dispatch_keys(self) -> None:
         """The MoE dispatch keys on their own (their fit to the cluster is checked with the

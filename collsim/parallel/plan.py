@@ -15,7 +15,8 @@ import numpy as np
 from collsim.errors import CollsimWarning, ConfigError
 from collsim.parallel.config import ParallelConfig, TrainingConfig
 from collsim.parallel.dispatch import check_dispatch
-from collsim.vocab import ParallelAxis, RankOrder, ScheduleKind
+from collsim.parallel.pipeline import PipelineSchedule, get_schedule
+from collsim.vocab import ParallelAxis, RankOrder
 from collsim.workload.memory import balanced_chunk_layers
 
 if TYPE_CHECKING:
@@ -141,6 +142,17 @@ class Plan:
     @property
     def virtual_stages(self) -> int:
         return self.parallel.virtual_stages
+
+    @property
+    def pipeline_schedule(self) -> PipelineSchedule:
+        """The pipeline schedule (op order, chunk placement, dependencies)."""
+        return get_schedule(self.parallel.schedule)
+
+    @property
+    def head_stage(self) -> int:
+        """The stage holding the last model part (final norm, LM head, loss)."""
+        n = self.pp * self.virtual_stages
+        return self.pipeline_schedule.where(n - 1, self.pp, self.virtual_stages)[0]
 
     chunk_sizes: tuple[int, ...] = ()
     """Layers of each virtual stage, in virtual-stage order (c x pp + s); set by build_plan."""
@@ -470,9 +482,10 @@ class Plan:
         return ranks
 
     def chunk_layers(self, stage: int, chunk: int) -> range:
-        """Global layer indices of model chunk ``chunk`` on ``stage`` (virtual stage c*pp+s)."""
+        """Global layer indices of model chunk ``chunk`` on ``stage`` (the model part the
+        schedule places there: virtual stage c*pp+s, or the V of DualPipeV)."""
         sizes = self._sizes()
-        v = chunk * self.pp + stage
+        v = self.pipeline_schedule.part_of(stage, chunk, self.pp, self.virtual_stages)
         first = sum(sizes[:v])
         return range(first, first + sizes[v])
 
@@ -659,6 +672,7 @@ def _check_experts_and_context(
         if parallel.ep_overlap_mode == "a2a" and parallel.pp > 1 and parallel.virtual_stages < 2:
             raise ConfigError(
                 f"with pp {parallel.pp} needs schedule: interleaved with virtual_stages > 1 "
+                "or schedule: dualpipev "
                 "(Megatron's combined 1F1B pairs the ops of the interleaved schedule)",
                 key_path="parallel.ep_overlap",
             )
@@ -742,11 +756,8 @@ def build_plan(
             key_path="training.global_batch",
         )
     m = training.global_batch // (training.micro_batch * dp)
-    if parallel.schedule is ScheduleKind.INTERLEAVED and pp > 1 and m % pp:
-        raise ConfigError(
-            f"interleaved 1F1B needs the number of micro-batches ({m}) divisible by pp ({pp})",
-            key_path="parallel.schedule",
-        )
+    pipeline = get_schedule(parallel.schedule)
+    pipeline.check(num_stages=pp, num_microbatches=m, virtual_stages=parallel.virtual_stages)
     notes: list[str] = []
     if tp > topology.gpus_per_node:
         notes.append(

@@ -133,6 +133,7 @@ def _embeddings(plan: Plan, stage: int) -> int:
     a lookup; TE keeps the LM head in bf16 as well)."""
     spec = plan.spec
     count = 1 if stage == 0 else 0
-    if stage == plan.pp - 1 and (not spec.tied_embeddings or plan.pp > 1):
+    head = plan.head_stage
+    if stage == head and (not spec.tied_embeddings or head != 0):
         count += 1
     return count

@@ -212,8 +212,8 @@ def event_phase(stream: str, name: str, args: Mapping[str, Any] | None = None) -
     ``optimizer``, ``comm`` or ``other``.
 
     ``args["phase"]`` wins when the engine set it; otherwise the name's first word decides
-    (``fwd mb3 L12`` -> forward, ``bwd ...`` -> backward); events on a communication stream are
-    ``comm``.
+    (``fwd mb3 L12`` -> forward, ``bwd ...``, ``I ...``, ``W ...`` -> backward); events on a
+    communication stream are ``comm``.
     """
     if args and isinstance(args.get("phase"), str):
         return str(args["phase"])
@@ -222,7 +222,7 @@ def event_phase(stream: str, name: str, args: Mapping[str, Any] | None = None) -
     head = name.strip().split(" ", 1)[0].lower() if name.strip() else ""
     if head in ("fwd", "forward", "f"):
         return "forward"
-    if head in ("bwd", "backward", "b"):
+    if head in ("bwd", "backward", "b", "i", "w"):  # a whole backward, or its I and W parts
         return "backward"
     if head.startswith("recomp"):
         return "recompute"

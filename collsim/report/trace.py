@@ -251,8 +251,11 @@ def _flows(placed: list[tuple[TraceEvent, dict[str, Any]]]) -> list[dict[str, An
     for _, record in placed:
         if (m := _SEND.match(record["name"])) is not None:
             to = int(m["to"])
-            here = to - 1 if m["label"].startswith("F") else to + 1
-            sends[(m["label"], here, round(record["ts"] * 1e3))].append(record)
+            ts = round(record["ts"] * 1e3)
+            here, other = (to - 1, to + 1) if m["label"].startswith("F") else (to + 1, to - 1)
+            if (m["label"], here, ts) not in recvs and (m["label"], other, ts) in recvs:
+                here = other  # a chunk that runs up the stages (DualPipeV's V)
+            sends[(m["label"], here, ts)].append(record)
     for key, senders in sorted(sends.items(), key=lambda kv: (kv[0][2], kv[0][0], kv[0][1])):
         receivers = recvs.get(key, [])
         for send, recv in zip(

@@ -10,8 +10,8 @@ stage runs the same program) the typed operations a rank runs, as data:
   the chunk's parameter tensors, DDP buckets (ready at a fraction of a backward segment) and
   FSDP units (:mod:`collsim.schedule.ops`);
 - ``pipeline[s]``: the order of (phase, micro-batch, chunk) ops on the stage's compute stream
-  (GPipe / 1F1B / interleaved, :func:`collsim.parallel.schedules.stage_schedule`); an op waits
-  for its input from the neighbouring stage (:func:`collsim.parallel.schedules.input_of`);
+  (the plan's :class:`~collsim.parallel.pipeline.PipelineSchedule`); an op waits for its input
+  from the stage its schedule's placement names (:meth:`PipelineSchedule.input_of`);
 - ``dp``: the data-parallel rules (:class:`~collsim.schedule.dataparallel.DataParallelRules`):
   which collectives each micro-batch's backward issues, when, and what memory they hold;
 - ``optimizer_s[s]``, ``p2p_bytes``: the optimizer step of the stage and the pipeline message.
@@ -31,8 +31,8 @@ from collsim.hardware import get_device
 from collsim.parallel.config import ParallelConfig, TrainingConfig
 from collsim.parallel.dispatch import dispatch_sms_of
 from collsim.parallel.layer_comms import layer_comms
+from collsim.parallel.pipeline import PipeOp
 from collsim.parallel.plan import Plan, build_plan
-from collsim.parallel.schedules import Phase, PipeOp, paired_ops, stage_schedule
 from collsim.schedule.dataparallel import BytesPer, DataParallelRules
 from collsim.schedule.ops import BlockTimes, ChunkModel, Segment, StageModel, build_stage
 from collsim.vocab import Dtype
@@ -55,14 +55,17 @@ BLOCK_OVERRIDE_KEYS = (
     "layer.forward",
     "layer.backward",
     "layer.recompute",
+    "layer.wgrad",
     "embedding.forward",
     "embedding.backward",
     "head.forward",
     "head.backward",
+    "head.wgrad",
     "optimizer",
 )
-"""Override keys for whole blocks (seconds per micro-batch; optimizer: per step). Any other key
-is an op name of the workload (``qkv_proj``, ``softmax.backward``, ...)."""
+"""Override keys for whole blocks (seconds per micro-batch; optimizer: per step; ``*.wgrad``:
+the weight-gradient part of that backward, what a split backward runs as its W op). Any other
+key is an op name of the workload (``qkv_proj``, ``softmax.backward``, ...)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -102,13 +105,13 @@ class StepSchedule:
     off when measured op times stand in for the compute)."""
     paired: dict[int, frozenset[int]] = field(default_factory=dict)
     """Per pipeline stage, with ``parallel.ep_overlap``: indices into ``pipeline[s]`` of the
-    ops that run their chunk's paired segments (:func:`collsim.parallel.schedules.paired_ops`)."""
+    ops that run their chunk's paired segments (:func:`collsim.parallel.pipeline.paired_ops`)."""
 
     def segments(self, stage: int, index: int, chunk: ChunkModel) -> list[Segment]:
         """The segments the ``index``-th op of ``stage``'s pipeline runs on ``chunk``."""
         op = self.pipeline[stage][index]
         paired = index in self.paired.get(stage, ())
-        return chunk.segments(op.phase is Phase.FORWARD, paired)
+        return chunk.segments(op.phase, paired)
 
     def overlap_factor(self, op: str, busbw_bps: float, axis: str = "tp") -> float:
         """Factor on the compute beside one overlapped segment step while its collective runs
@@ -262,6 +265,7 @@ def _blocks(
             column_dgrad_s=dgrad(lt, ("mlp_up", "qkv_proj"), bwd),
             attention_s=part(lt, _ATTENTION_OPS, fwd, bwd),
             experts_s=part(lt, _EXPERT_OPS, fwd, bwd),
+            wgrad_s=pick("layer.wgrad", _scaled_wgrad(lt, bwd)),
         )
     # a CP rank embeds and scores its s / cp tokens: the embedding and head ops are linear in
     # the tokens (lookup, LM-head GEMM rows, loss), so their times and activations scale 1 / cp
@@ -279,8 +283,15 @@ def _blocks(
         0.0,
         ht.activation_bytes * k,
         column_dgrad_s=dgrad(ht, ("lm_head",), head_bwd),
+        wgrad_s=pick("head.wgrad", _scaled_wgrad(ht, head_bwd)),
     )
     return layers, emb, head, model
+
+
+def _scaled_wgrad(times: LayerTimes, backward_s: float) -> float:
+    """The weight-gradient part of a block's backward (compute model), scaled like the block
+    when an override replaced its backward."""
+    return times.wgrad_s * backward_s / times.backward_s if times.backward_s > 0 else 0.0
 
 
 def _paced(block: BlockTimes, factor: float) -> BlockTimes:
@@ -293,6 +304,7 @@ def _paced(block: BlockTimes, factor: float) -> BlockTimes:
         column_dgrad_s=tuple(d * factor for d in block.column_dgrad_s),
         attention_s=(block.attention_s[0] * factor, block.attention_s[1] * factor),
         experts_s=(block.experts_s[0] * factor, block.experts_s[1] * factor),
+        wgrad_s=block.wgrad_s * factor,
     )
 
 
@@ -373,6 +385,15 @@ def _framework(
                     if rules.reshard_after_forward and ukey != "root":
                         seg.framework_s += gather
                     seg.framework_s += fw.fsdp_grad_cast_s + fw.fsdp_grad_copy_out_s
+            # a split backward: the input-gradient op gathers, the weight-gradient op reduces
+            for i_seg, w_seg in zip(chunk.input_grad or [], chunk.weight_grad or [], strict=True):
+                ukey = rules.unit_key(chunk, i_seg)
+                if ukey == "root" and i_seg.key != "embedding":
+                    continue
+                fw = costs(rules.unit_numel(chunk, ukey), local)
+                if rules.reshard_after_forward and ukey != "root":
+                    i_seg.framework_s += fw.fsdp_copy_in_s + fw.fsdp_copy_out_s
+                w_seg.framework_s += fw.fsdp_grad_cast_s + fw.fsdp_grad_copy_out_s
     return per_step
 
 
@@ -435,10 +456,10 @@ def build_schedule(
         )
         for s in range(plan.pp)
     }
+    order = plan.pipeline_schedule.order
     pipeline = {
         s: tuple(
-            stage_schedule(
-                parallel.schedule,
+            order(
                 num_stages=plan.pp,
                 num_microbatches=plan.num_microbatches,
                 stage=s,
@@ -526,8 +547,7 @@ def _paired(
             ):
                 for a, b in zip(normal, alt or (), strict=False):
                     b.framework_s = a.framework_s
-        paired[s] = paired_ops(
-            parallel.schedule,
+        paired[s] = plan.pipeline_schedule.paired(
             num_stages=plan.pp,
             num_microbatches=plan.num_microbatches,
             stage=s,

@@ -66,6 +66,9 @@ class Segment:
     framework_s: float = 0.0
     """Framework work on the compute stream in this segment (FSDP copy-in / copy-out of the
     gathered unit, gradient cast and copy-out of its reduced shard), accounted apart."""
+    frees: bool = True
+    """A backward segment frees its activations at its end (an input-gradient segment of a
+    split backward keeps them for its weight-gradient segment, which frees them)."""
 
     @property
     def compute_s(self) -> float:
@@ -82,7 +85,7 @@ class Segment:
         out: list[tuple[float, float, str, str | int]] = []
         if self.transient_bytes:
             out.append((start_s, self.transient_bytes, "recompute", self.key))
-        if self.transient_bytes + self.stored_bytes:
+        if self.frees and self.transient_bytes + self.stored_bytes:
             out.append((end_s, -(self.transient_bytes + self.stored_bytes), "free", self.key))
         return out
 
@@ -102,19 +105,34 @@ class ChunkModel:
     """With ``parallel.ep_overlap``: the forward segments of a paired (steady-state) op, the
     EP all-to-alls beside compute (docs/derivations.md); the other segments are shared."""
     paired_backward: list[Segment] | None = None
+    input_grad: list[Segment] | None = None
+    """With a schedule that splits backward: the input-gradient segments (the backward with
+    the weight-gradient GEMMs taken out; they keep the activations)."""
+    weight_grad: list[Segment] | None = None
+    """With a schedule that splits backward: the weight-gradient segments (the weight-gradient
+    GEMMs; they free the activations and make the gradients ready)."""
 
     @property
     def numel(self) -> float:
         return sum(t.numel for t in self.tensors)
 
-    def segments(self, forward: bool, paired: bool = False) -> list[Segment]:
-        """The segments of one op of this chunk (``paired``: a steady-state op under EP
+    def segments(self, phase: str, paired: bool = False) -> list[Segment]:
+        """The segments of one op of this chunk in ``phase`` (a
+        :class:`~collsim.vocab.PipelinePhase`; ``paired``: a steady-state op under EP
         overlap)."""
+        forward = phase == "F"
         if paired:
             alt = self.paired_forward if forward else self.paired_backward
-            if alt is not None:
+            if alt is not None and (forward or phase == "B"):
                 return alt
-        return self.forward if forward else self.backward
+        if forward:
+            return self.forward
+        if phase == "B":
+            return self.backward
+        split = self.input_grad if phase == "I" else self.weight_grad
+        if split is None:
+            raise ValueError(f"chunk {self.index} has no split backward (phase {phase})")
+        return split
 
     @property
     def has_root(self) -> bool:
@@ -149,6 +167,9 @@ class BlockTimes:
     """Core attention seconds (forward, backward): what hides the CP ring steps."""
     experts_s: tuple[float, float] = (0.0, 0.0)
     """Routed-expert GEMM seconds (forward, backward): between dispatch and combine."""
+    wgrad_s: float = 0.0
+    """Weight-gradient seconds inside ``backward_s`` (the dB GEMMs of the block's linears:
+    :attr:`collsim.workload.compute.LayerTimes.wgrad_s`)."""
 
 
 def _split(
@@ -375,11 +396,14 @@ def build_stage(
     chunks: list[ChunkModel] = []
     v = plan.virtual_stages
     overlap = bool(plan.parallel.ep_overlap)
+    pipeline = plan.pipeline_schedule
+    split = pipeline.splits_backward
     for c in range(v):
         alt: dict[int, Segment] = {}  # a segment -> its paired form (EP overlap)
         layers = plan.chunk_layers(stage, c)
-        first = stage == 0 and c == 0
-        last = stage == plan.pp - 1 and c == v - 1
+        part = pipeline.part_of(stage, c, plan.pp, v)
+        first = part == 0
+        last = part == plan.pp * v - 1
         fwd: list[Segment] = []
         bwd: list[Segment] = []
         if first:
@@ -411,8 +435,10 @@ def build_stage(
         layer_bwd = sorted((s for s in bwd if isinstance(s.key, int)), key=lambda s: -int(s.key))
         head_seg = [s for s in bwd if s.key == "head"]
         emb_seg = [s for s in bwd if s.key == "embedding"]
+        # a tied head needs its own copy only on another stage than the embedding
+        pp = plan.pp if plan.head_stage != 0 else 1
         tensors = chunk_tensors(
-            spec, layers, tp=tp, first=first, last=last, pp=plan.pp, ep=plan.ep, etp=plan.etp
+            spec, layers, tp=tp, first=first, last=last, pp=pp, ep=plan.ep, etp=plan.etp
         )
         chunk = ChunkModel(
             index=c,
@@ -424,6 +450,10 @@ def build_stage(
         if alt:
             chunk.paired_forward = [alt.get(id(seg), seg) for seg in chunk.forward]
             chunk.paired_backward = [alt.get(id(seg), seg) for seg in chunk.backward]
+        if split:
+            _split_chunk(
+                chunk, {"embedding": embedding, "head": head}, layer_of or (lambda _: layer)
+            )
         chunk.buckets = _buckets(plan, tensors, grad_bytes)
         chunk.units = build_units(tensors)
         chunks.append(chunk)
@@ -524,6 +554,47 @@ def _head_segments(plan: Plan, head: BlockTimes, size: float) -> tuple[Segment, 
     return (
         Segment("head", fsteps, stored_bytes=head.stored_bytes),
         Segment("head", bsteps, stored_bytes=head.stored_bytes),
+    )
+
+
+def _split_chunk(
+    chunk: ChunkModel, blocks: dict[str, BlockTimes], layer_of: Callable[[int], BlockTimes]
+) -> None:
+    """Set ``chunk``'s input- and weight-gradient segments (:func:`_split_backward`)."""
+    pairs = [
+        _split_backward(seg, blocks.get(str(seg.key)) or layer_of(int(seg.key)))
+        for seg in chunk.backward
+    ]
+    chunk.input_grad = [i for i, _ in pairs]
+    chunk.weight_grad = [w for _, w in pairs]
+
+
+def _split_backward(seg: Segment, block: BlockTimes) -> tuple[Segment, Segment]:
+    """A backward segment as its input-gradient and weight-gradient segments (Qi et al. 2024,
+    section 2): the weight-gradient GEMMs (``block.wgrad_s``, the whole backward of the
+    embedding, a lookup with no input gradient) leave the segment's compute steps in
+    proportion and form the weight-gradient segment; collectives, recompute and the compute
+    beside an overlapped collective stay with the input gradient. The input-gradient segment
+    rebuilds the recomputed activations and keeps everything; the weight-gradient segment
+    frees it (and its gradients are what data parallelism waits for)."""
+    grad = seg.steps[seg.grad_from :]
+    plain = sum(st.seconds for st in grad if not st.op)
+    wgrad = plain if seg.key == "embedding" else min(block.wgrad_s, plain)
+    keep = 1.0 - wgrad / plain if plain > 0 else 1.0
+    steps = seg.steps[: seg.grad_from] + [
+        st if st.op else Step(st.seconds * keep, axis=st.axis) for st in grad
+    ]
+    held = seg.stored_bytes + seg.transient_bytes
+    return (
+        Segment(
+            seg.key,
+            [st for st in steps if st.op or st.seconds > 0],
+            grad_from=seg.grad_from,
+            stored_bytes=seg.stored_bytes,
+            transient_bytes=seg.transient_bytes,
+            frees=False,
+        ),
+        Segment(seg.key, [Step(wgrad)], stored_bytes=held),
     )
 
 

@@ -172,6 +172,8 @@ class OpCost:
     """``compute``, ``memory``, ``host`` (the host issue cost) or ``override``."""
     matmul_efficiency: float = 0.0
     """Achieved fraction of the dtype's peak FLOP/s (matmuls; 0 for element-wise ops)."""
+    wgrad_s: float = 0.0
+    """Of a linear's backward: the weight-gradient GEMM's share of ``time_s``."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -199,6 +201,9 @@ class LayerTimes:
     memory_bound_s: float = 0.0
     """Time of the memory-bound ops (all phases): the share ``overlap_slowdown`` weights by HBM
     contention rather than SM loss."""
+    wgrad_s: float = 0.0
+    """The weight-gradient part of ``backward_s``: of each linear's backward, the share of its
+    dB GEMM in the two GEMMs' times (what a split backward runs as its weight-gradient op)."""
 
 
 class ComputeModel:
@@ -404,10 +409,13 @@ class ComputeModel:
         fp8 = self.dtype == "fp8" and op.name in FP8_LINEAR_OPS
         dtype = self.dtype if fp8 or self.dtype != "fp8" else "bf16"
         time, bound = 0.0, "compute"
+        last = 0.0
         for gemm in gemms:
             t, b, _ = self.gemm_time_s(gemm, dtype)
             time += t
+            last = t
             bound = b if b != "compute" else bound
+        share = last / time if backward and op.weight_gradient and time > 0 else 0.0
         # The op's own byte count (e.g. 16-bit score matrices) is a floor too.
         floor = size / self.memory_bandwidth_at(size) + self.launch_s * len(gemms)
         if floor > time:
@@ -427,6 +435,7 @@ class ComputeModel:
             time_s=time,
             bound=bound,
             matmul_efficiency=flops / time / peak,
+            wgrad_s=time * share,
         )
 
     def _measured_activation_s(self, op: Op, phase: str) -> float | None:
@@ -523,13 +532,15 @@ class ComputeModel:
         costs: list[OpCost] = []
         forward = backward = again = 0.0
         fwd_flops = bwd_flops = re_flops = 0.0
-        memory_s = 0.0
+        memory_s = wgrad = 0.0
         for op in ops:
             fc = self.op_cost(op, "forward")
             bc = self.op_cost(op, "backward")
             costs += [fc, bc]
             forward += fc.time_s
             backward += bc.time_s
+            if op.weight_gradient:
+                wgrad += bc.wgrad_s if bc.bound != "override" else bc.time_s * self._wgrad_share(op)
             fwd_flops += op.flops
             bwd_flops += op.backward_flops
             if fc.bound == "memory":
@@ -560,7 +571,20 @@ class ComputeModel:
             recompute_flops=re_flops,
             attention_kernel=kernel,
             memory_bound_s=memory_s,
+            wgrad_s=wgrad,
         )
+
+    def _wgrad_share(self, op: Op) -> float:
+        """The weight-gradient GEMM's share of a linear's backward time (dA and dB priced
+        apart, each as :meth:`gemm_time_s` prices it)."""
+        if len(op.backward_gemms) != 2:
+            return 0.5
+        fp8 = self.dtype == "fp8" and op.name in FP8_LINEAR_OPS
+        dtype = self.dtype if fp8 or self.dtype != "fp8" else "bf16"
+        d_input = self.gemm_time_s(op.backward_gemms[0], dtype)[0]
+        d_weight = self.gemm_time_s(op.backward_gemms[1], dtype)[0]
+        total = d_input + d_weight
+        return d_weight / total if total > 0 else 0.5
 
     def _spec_for(self, spec: TransformerSpec) -> tuple[TransformerSpec, str]:
         """The spec with ``flash_attention`` as the attention kernel decides, and the kernel."""

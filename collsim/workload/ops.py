@@ -178,6 +178,8 @@ class Op:
     gemms: tuple[Gemm, ...] = ()
     backward_gemms: tuple[Gemm, ...] = ()
     saved: dict[str, float] = field(default_factory=dict)
+    weight_gradient: bool = False
+    """A linear with a weight: the second backward GEMM (dB) is its weight gradient."""
 
     @property
     def saved_bytes(self) -> float:
@@ -196,6 +198,7 @@ def _matmul(name: str, gemm: Gemm, e: int, saved: dict[str, float]) -> Op:
         backward_flops=sum(g.flops for g in back),
         backward_bytes=sum(g.bytes(e) for g in back),
         saved=saved,
+        weight_gradient=True,
     )
 
 

@@ -295,7 +295,7 @@ PIPE = REPO / "scenarios" / "pipeline_13b_1f1b.yaml"
 
 
 def test_pipeline_sends_flow_to_their_receives() -> None:
-    sim = collsim.simulate(PIPE, {"training.global_batch": 8})
+    sim = collsim.simulate(PIPE, {"training.global_batch": 8}, trace=True)
     data = to_chrome_trace(sim.result, name="pp")
     slices = check_chrome_trace(data)  # includes check_flows
     flows = check_flows(data, slices)
