@@ -64,7 +64,8 @@ class FrameJournal:
 
         started = time.monotonic()
         frame = self.build()
-        partial = self.path.with_name(f".{self.path.name}.{os.getpid()}.part")
+        # the temporary file keeps the output's suffix: write_frame picks the format by it
+        partial = self.path.with_name(f".{self.path.stem}.{os.getpid()}.part{self.path.suffix}")
         try:
             write_frame(frame, partial)
             os.replace(partial, self.path)
