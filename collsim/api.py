@@ -59,6 +59,7 @@ class Simulation:
         """The step with its trace: this result when it kept one, else the same step simulated
         again with ``trace=True`` (once; a trace changes no figure beyond rounding)."""
         if not self.result.trace_events:
+            # start-up: `import collsim` stays cheap; each layer loads on first use
             from collsim.study.job import run_job
 
             self.result = run_job(self.scenario, trace=True, **self.options).result
@@ -72,12 +73,14 @@ class Simulation:
     @property
     def memory_timeline(self) -> pd.DataFrame:
         """Memory in use over the step: ``rank, time_s, bytes`` (simulated ranks)."""
+        # start-up: `import collsim` stays cheap; each layer loads on first use
         from collsim.report.frames import memory_timeline_frame
 
         return memory_timeline_frame(self.result)
 
     def to_frame(self) -> pd.DataFrame:
         """One row: the plan (``num_gpus, tp, pp, dp, ...``) then every result field."""
+        # start-up: `import collsim` stays cheap; each layer loads on first use
         from collsim.report.frames import results_frame
 
         par, train = self.scenario.parallel, self.scenario.training
@@ -97,6 +100,7 @@ class Simulation:
     def plot(self, kind: str = "step", path: str | Path | None = None, **kwargs: Any) -> Figure:
         """Draw the step (``"step"``: a row per pipeline stage over memory) or the memory of
         one rank (``"timeline"``); save it too when ``path`` ends in .png or .svg."""
+        # start-up: `import collsim` stays cheap; each layer loads on first use
         from collsim.report import plots
 
         if kind == "step":
@@ -129,6 +133,7 @@ def simulate(
     Raises:
         ConfigError: bad input; LimitError: beyond a limit; InfeasibleError: cannot run.
     """
+    # start-up: `import collsim` stays cheap; each layer loads on first use
     from collsim.study.job import run_job
 
     job = run_job(
@@ -155,6 +160,7 @@ def goodput(
     Raises:
         ConfigError: bad input, or no reliability section.
     """
+    # start-up: `import collsim` stays cheap; each layer loads on first use
     from collsim.study.job import job_goodput, require_reliability, run_job
 
     loaded = load(scenario, overrides)
@@ -174,6 +180,7 @@ def sweep(
     """Simulate a scenario file over GPU counts (``grow``: the axis that grows with them) and
     the product of ``sets`` (``{"parallel.zero": [0, 1, 3]}``), as ``collsim sweep`` does.
     ``strong`` keeps the global batch. One row per point (``collsim.study.sweep.sweep_frame``)."""
+    # start-up: `import collsim` stays cheap; each layer loads on first use
     from collsim.study import sweep as sweeping
 
     pairs = [
@@ -199,6 +206,7 @@ def collective(
 ) -> pd.DataFrame:
     """Closed-form time of one collective over sizes, per algorithm that applies:
     ``op, algorithm, protocol, size_bytes, time_s, algbw_bps, busbw_bps`` (nccl-tests)."""
+    # start-up: `import collsim` stays cheap; each layer loads on first use
     from collsim.collectives import Group
     from collsim.errors import InfeasibleError
     from collsim.report.frames import collective_cost_frame

@@ -1,63 +1,30 @@
 """The closed form of a step: the schedule walked as a critical path, without SimPy.
 
-The engine plays a :class:`~collsim.schedule.StepSchedule` on SimPy streams; this module walks
-the same schedule with the same rules and closed-form collective costs
-(:class:`~collsim.schedule.pricing.ClosedPricer`: each group alone on its links). Every time is
-a max-plus expression over the schedule's dependencies, in the manner of Calculon's sum of named
-parts (Isaev et al. 2023, ``get_total_time``) but over the real op order:
-
-- a rank's compute stream runs its pipeline ops in order; an op starts at
-  ``max(stream free, input delivered)`` where the input of a forward (backward) is the previous
-  (next) stage's op, sent on the producer's pp stream at ``max(op end, pp stream free)`` and
-  lasting the send's closed form; a wait before the producer ended counts as ``bubble``, after
-  it as ``pp_exposed``; the receiving TP group's all-gather (Megatron's scatter-gather) adds to
-  ``pp_exposed``;
-- an op lasts its segments' compute plus their blocking TP collectives (``tp_exposed``; a
-  collective overlapped with a dgrad GEMM is exposed only beyond it);
-- DDP / ZeRO-1/2 buckets enter the dp stream at their ready time (a fraction of the backward
-  segment that produces their last gradient) and run one after another; ZeRO-3 gathers units
-  ``prefetch`` ahead at segment starts, a segment waits for its unit (``dp_exposed``) and its
-  gradient is reduce-scattered after its backward;
-- after the last op: deferred buckets (no overlap), the wait for every dp call
-  (``dp_exposed``), the tied-embedding all-reduce between the first and last stage (both wait
-  for each other, ``pp_exposed``), the optimizer, the ZeRO-1/2 parameter all-gathers.
-
-Memory is the same ledger of allocations and frees the engine keeps (states at time 0,
-activations at segment ends, recompute buffers, gathered units, gradient and pipeline buffers),
-so peak memory is identical; step times agree with the engine whenever the engine prices every
-call in closed form (``--fidelity fused`` with nothing contended; a test checks every shipped
-scenario and generated plans). What this form cannot see: links shared by concurrent groups
-(the engine's DES axes) and the all-ranks rendezvous.
-
-Stragglers (slow GPUs and nodes, :mod:`collsim.stragglers`): the walk follows the slowed
-pipeline, its stages' compute and optimizer stretched by their TP-paced clock factors
-(:func:`collsim.stragglers.stretch_schedule`). Every event of a slowed pipeline is at least as
-late as the same event of an unslowed replica (a max-plus system is monotone in its
-durations), so each data-parallel rendezvous starts when the slowed pipeline is ready and the
-slowed pipeline's critical path is the step. That holds when the slowed stages lie in one
-pipeline (or in several with the same factors); otherwise, and for degraded links (whose
-groups are not the representative's), the closed form refuses with a ConfigError that points
-to the DES fidelities.
+Derivations, measurements and sources: docs/derivations.md, ``collsim.estimate``.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from collsim.errors import SimulationError
+from collsim.errors import CollsimWarning, ConfigError, SimulationError
 from collsim.parallel.buckets import Bucket
 from collsim.parallel.fsdp import issue_schedule
 from collsim.parallel.pipeline import GRADIENT_PHASES, Phase, PipeOp, flow
 from collsim.parallel.plan import Plan, RankCoords
+from collsim.runtime import collector_paused
 from collsim.schedule.assemble import assemble
+from collsim.schedule.build import build_schedule
 from collsim.schedule.dataparallel import GRAD_NORM_BYTES, DPCall, grad_norm_groups
 from collsim.schedule.memory import MemoryLedger, MemoryPattern
 from collsim.schedule.ops import ChunkModel, Segment
 from collsim.schedule.pricing import ClosedPricer, SegmentPrices
 from collsim.schedule.result import BREAKDOWN_KEYS, StepResult, StragglerReport, TraceEvent
 from collsim.schedule.stats import CallKey, CallStats, CallTally, dp_link
+from collsim.stragglers import stretch_schedule
 from collsim.vocab import ParallelAxis
 
 if TYPE_CHECKING:
@@ -531,7 +498,7 @@ class _OpPlan:
 def walk(
     schedule: StepSchedule, pricer: ClosedPricer | None = None, *, timeline: bool = True
 ) -> StepResult:
-    """The closed form of one step (see the module docstring).
+    """The closed form of one step (see docs/derivations.md).
 
     Args:
         schedule: the step schedule.
@@ -542,7 +509,6 @@ def walk(
     plan = schedule.plan
     if pricer is None:
         pricer = ClosedPricer(plan.topology)
-    from collsim.runtime import collector_paused
 
     with collector_paused():
         w = _Walk(schedule, pricer)
@@ -568,13 +534,12 @@ def estimate_step(
     stragglers: StragglerConfig | None = None,
 ) -> StepResult:
     """``simulate_step``'s closed-form twin: build the schedule, walk it (the slowed pipeline's
-    when ``stragglers`` slow some GPUs; see the module docstring).
+    when ``stragglers`` slow some GPUs; see docs/derivations.md).
 
     Raises:
         ConfigError: stragglers the closed form cannot walk (degraded links, slowed stages in
             pipelines that differ), or a bad plan.
     """
-    from collsim.schedule.build import build_schedule
 
     schedule = build_schedule(
         topology, spec, training, parallel, op_time_overrides=op_time_overrides
@@ -608,8 +573,6 @@ def estimate_step(
 
 def _straggler_schedule(schedule: StepSchedule, stragglers: StragglerConfig) -> StepSchedule:
     """The schedule of the slowed pipeline (stages stretched), or a ConfigError."""
-    from collsim.errors import ConfigError
-    from collsim.stragglers import stretch_schedule
 
     plan = schedule.plan
     resolved = stragglers.resolve(plan.topology)
@@ -653,10 +616,6 @@ class Estimator:
         Raises:
             ConfigError: the plan does not match the model or the cluster (see build_plan).
         """
-        import warnings
-
-        from collsim.errors import CollsimWarning
-        from collsim.schedule.build import build_schedule
 
         with warnings.catch_warnings():  # kept in the plan's warnings, not raised per plan
             warnings.simplefilter("ignore", CollsimWarning)

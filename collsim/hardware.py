@@ -1,39 +1,6 @@
 """Devices as data: one device schema for the catalogue, measured profiles and user files.
 
-Every device is a YAML mapping in the same schema. The built-in catalogue is one file per device
-in ``collsim/data/devices/*.yaml``; a measured profile (``collsim validate compute -o P.yaml``), a
-user's device file, or a mapping written inline in a topology file (``device: {...}``) use the
-same keys. Schema (units in key names; TFLOP/s dense, GB = 1e9 bytes)::
-
-    key: h100                          # catalogue key (optional in a user file: the file stem)
-    name: H100 SXM
-    aliases: [h100_sxm]                # optional
-    generation: hopper                 # ampere | hopper | blackwell | cdna3 | cpu | generic:
-                                       # picks the attention-kernel tables of compute.md
-    peak_tflops: {bf16: 989, fp8: 1979, fp32: 67}   # bf16 required
-    mamf_tflops: {bf16: 794.5, fp8: 1402.6}         # measured best-shape matmul rate; bf16 required
-    sm_count: 132                      # SMs / compute units / CPU cores (wave quantization)
-    clocks: {boost_mhz: 1980, sustained_mhz: 1305}  # optional: the clock MAMF ran at and the
-                                       # clock sustained under the power limit in training
-    power_w: 500                       # optional: the power limit the device runs at
-    reference_power_w: 700             # optional: the power its MAMF was measured at
-    memory_gb: 80                      # datasheet capacity
-    memory_bandwidth_tbps: 3.35
-    reported_memory_gib: 79.65         # optional: the capacity PyTorch / nvidia-smi report
-    reserve_gib: 2.0                   # optional: CUDA context + NCCL buffers + fragmentation
-    interference: {nccl_sms: 16}       # optional: SMs NCCL holds while a collective runs
-    measured: {...}                    # optional: a profile's kernel tables (see
-                                       # collsim.workload.kernels.MeasuredTables)
-
-``matmul_efficiency`` = MAMF / peak (bf16). Peaks and HBM come from
-/work/shared/reference/hardware.yaml; MAMF, clocks and power from reference/compute.md; each
-file names its sources.
-
-Example::
-
-    h100 = get_device("h100")
-    h100.peak_flops_for("bf16")      # 9.89e14
-    load_device_file("profile.yaml") # a measured profile
+Derivations, measurements and sources: docs/derivations.md, ``collsim.hardware``.
 """
 
 from __future__ import annotations
@@ -44,10 +11,26 @@ from pathlib import Path
 from typing import Any
 
 from collsim.errors import ConfigError
+from collsim.schema import (
+    Anything,
+    Either,
+    ListOf,
+    Section,
+    Value,
+    check,
+    choice_value,
+    non_negative_value,
+    positive_value,
+    raise_errors,
+    text_value,
+    values_of,
+)
 from collsim.units import GB, TB, GiB, tflops_to_flops
+from collsim.workload.kernels import SUSTAINED_CLOCK_FRACTION, MeasuredTables
 from collsim.yamlio import ConfigReader, YamlDoc, load_yaml, non_negative, positive
 
 __all__ = [
+    "DEVICE",
     "Device",
     "get_device",
     "list_devices",
@@ -181,7 +164,6 @@ class Device:
         the DVFS range, so f ~ P^(1/3) (a modelling assumption; H100 96GB at 500 W of 700 W:
         0.894).
         """
-        from collsim.workload.kernels import SUSTAINED_CLOCK_FRACTION
 
         if self.sustained_clock_mhz and self.boost_clock_mhz:
             base = min(1.0, self.sustained_clock_mhz / self.boost_clock_mhz)
@@ -261,8 +243,6 @@ def device_from_reader(entry: ConfigReader, default_key: str = "", source: str =
     reserve = entry.get("reserve_gib", float, default=None, check=non_negative)
     measured = None
     if entry.has("measured"):
-        from collsim.workload.kernels import MeasuredTables
-
         measured = MeasuredTables.from_reader(entry.section("measured"))
     device = Device(
         key=key,
@@ -339,8 +319,6 @@ def _norm(name: str) -> str:
 
 @lru_cache(maxsize=32)
 def _load_file(path: str) -> Device:
-    from collsim.schema import DEVICE, check, raise_errors
-
     doc = load_yaml(path)
     raise_errors(check(doc, DEVICE))  # every schema error of the file at once
     return device_from_reader(ConfigReader(doc.data, doc=doc), Path(path).stem, path)
@@ -379,3 +357,82 @@ def get_device(name: str) -> Device:
 def list_devices() -> list[str]:
     """Catalogue keys, sorted."""
     return sorted({d.key for d in _catalogue().values()})
+
+
+# -- device (collsim.hardware.device_from_reader; collsim/data/devices/*.yaml) --------------------
+
+_TFLOPS = Section(
+    description="TFLOP/s by dtype key (bf16, fp16, fp32, tf32, fp8, fp4; bfloat16 ... aliases).",
+    values=positive_value("number", "TFLOP/s (dense).", nullable=False),
+)
+
+DEVICE = Section(
+    description="A device (accelerator or CPU socket) in collsim's device schema "
+    "(collsim.hardware; collsim/data/devices/*.yaml).",
+    fields={
+        "key": text_value("Catalogue key (default: the file stem)."),
+        "name": text_value("Full name, e.g. H100 SXM.", required=True),
+        "aliases": ListOf(items=text_value("Another name."), description="Other names."),
+        "description": text_value("Free text."),
+        "generation": choice_value("Picks the attention-kernel tables.", values_of(GENERATIONS)),
+        "peak_tflops": Section(
+            required=True,
+            description="Dense peak TFLOP/s by dtype (bf16 required).",
+            values=_TFLOPS.values,
+        ),
+        "mamf_tflops": Either(
+            required=True,
+            description="Measured best-shape matmul TFLOP/s: a bf16 figure, or by dtype.",
+            options=(positive_value("number", "bf16 TFLOP/s."), _TFLOPS),
+            rule="must be a number or a mapping of dtype to TFLOP/s, got {value!r}",
+        ),
+        "sm_count": positive_value("integer", "SMs / compute units / CPU cores."),
+        "clocks": Section(
+            description="Clocks in MHz.",
+            fields={
+                "boost_mhz": positive_value("number", "The clock MAMF ran at."),
+                "sustained_mhz": positive_value("number", "The clock sustained in training."),
+            },
+        ),
+        "power_w": positive_value("number", "Power limit the device runs at, W."),
+        "reference_power_w": positive_value("number", "Power its MAMF was measured at, W."),
+        "memory_gb": positive_value("number", "Datasheet memory, GB (1e9 bytes).", required=True),
+        "memory_bandwidth_tbps": positive_value("number", "Memory bandwidth, TB/s.", required=True),
+        "reported_memory_gib": positive_value(
+            "number", "Capacity PyTorch / nvidia-smi report, GiB."
+        ),
+        "reserve_gib": non_negative_value("number", "Memory the framework cannot use, GiB."),
+        "interference": Section(
+            description="What a running collective takes from compute.",
+            fields={"nccl_sms": non_negative_value("integer", "SMs NCCL holds.")},
+        ),
+        "measured": Section(
+            nullable=False,
+            description="Kernel tables of a measured profile (collsim validate compute).",
+            fields={
+                "gemm": ListOf(items=None, description="[m, n, k, dtype, flops_per_s] rows."),
+                "attention": ListOf(items=None, description="Attention kernel rows."),
+                "bandwidth": ListOf(items=None, description="[bytes, bytes_per_s] rows."),
+                "optimizer_bytes_per_s": Value(kind="number", description="Optimizer rate."),
+                "launch_us": Value(kind="number", description="Kernel launch cost, us."),
+                "host_us": Value(kind="number", description="Host cost per op, us."),
+                "activation": ListOf(
+                    items=None, description="[kind, elements, fwd_gelem_s, bwd_gelem_s] rows."
+                ),
+                "notes": Anything(description="Free notes."),
+                "concurrent_slowdown": Value(
+                    kind="number",
+                    minimum=1,
+                    rule="must be >= 1",
+                    description="Slowdown of compute kernels beside other busy cores.",
+                ),
+                "concurrent_memory_slowdown": Value(
+                    kind="number",
+                    minimum=1,
+                    rule="must be >= 1",
+                    description="Slowdown of memory-bound kernels beside other busy cores.",
+                ),
+            },
+        ),
+    },
+)

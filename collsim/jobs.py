@@ -13,15 +13,19 @@ is an error that says so (:class:`SchedulerLost` for the last), never a hang.
 
 from __future__ import annotations
 
+import logging
 import math
 import multiprocessing
 import os
 import signal
+import socket
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ProcessPoolExecutor, wait
+from concurrent.futures import CancelledError, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Generic, TypeVar
+from urllib.parse import urlsplit
 
 from collsim.errors import ConfigError, SimulationError
 
@@ -102,8 +106,6 @@ def check_scheduler(address: str, connect_timeout_s: float = CONNECT_TIMEOUT_S) 
 
 def _probe(address: str, timeout_s: float) -> None:
     """Open and close a TCP connection to a ``tcp://HOST:PORT`` address (others: nothing)."""
-    import socket
-    from urllib.parse import urlsplit
 
     if "://" not in address:  # Dask reads HOST:PORT as tcp://HOST:PORT
         address = f"tcp://{address}"
@@ -129,13 +131,13 @@ def _probe(address: str, timeout_s: float) -> None:
 def _connect(address: str, connect_timeout_s: float) -> Any:
     """A ``distributed.Client`` on ``address`` (ConfigError naming ``--scheduler`` if none)."""
     try:
+        # optional (the cluster extra): loaded only with a Dask scheduler
         from distributed import Client
     except ImportError:
         raise ConfigError(
             "needs the distributed package (pip install 'collsim[cluster]')",
             key_path="--scheduler",
         ) from None
-    import logging
 
     # a lost scheduler is reported once, by the caller (SchedulerLost): not also as the
     # client's own "Failed to reconnect" log record
@@ -209,8 +211,8 @@ class _Dask:
 
     def result(self, future: Any, timeout_s: float) -> list[Any]:
         """A batch's results; a lost scheduler or a timeout is a :class:`SimulationError`."""
-        from concurrent.futures import CancelledError
 
+        # optional (the cluster extra): loaded only with a Dask scheduler
         from distributed import KilledWorker
         from distributed.client import ClosedClientError
         from distributed.comm.core import CommClosedError
@@ -234,8 +236,8 @@ class _Dask:
         self, fn: Callable[[Any, Any], Any], items: list[Any], *, batched: bool = True
     ) -> list[tuple[Any, int]]:
         """:meth:`submit`; a client that lost its scheduler is :class:`SchedulerLost`."""
-        from concurrent.futures import CancelledError
 
+        # optional (the cluster extra): loaded only with a Dask scheduler
         from distributed.client import ClosedClientError
         from distributed.comm.core import CommClosedError
 
@@ -247,7 +249,6 @@ class _Dask:
             ) from None
 
     def map(self, fn: Callable[[Any, Any], Any], items: list[Any]) -> list[Any]:
-        import time
 
         deadline = time.monotonic() + self.timeout_s
         batches = self._submit(fn, items)

@@ -1,60 +1,6 @@
 """Resource bounds decided from the plan, before any topology is built or any event runs.
 
-A scenario can ask for more than a machine can simulate: ``training.global_batch:
-640000000000`` on 8 GPUs is 2 x 10**10 micro-batches, ``model.layers: 10000000`` ten million
-layer steps, ``cluster.nodes: 125000000`` a billion ranks. :func:`check_scenario` estimates,
-from the numbers of the plan alone, what one simulated step will need and stops with a one-line
-:class:`~collsim.errors.LimitError` (exit 2) that says the figure, the limit, what to change
-and which command-line option raises the limit.
-
-The estimates (measured on this repository's engine with ``scenarios/ddp_gpt3_1.3b.yaml`` and
-``scenarios/3d_175b.yaml``, counting SimPy events with ``Environment._eid`` and the peak RSS
-with ``resource.getrusage``; the figures are in docs/commands.md, "Resource limits")::
-
-    micro-batches m   = global_batch / (micro_batch x dp)       (an integer, else ConfigError)
-    stage classes S   = pp x virtual_stages  (x tp x dp with --all-ranks: every rank)
-    layers per stage  = layers / pp
-    events           <= S x (m x (20 + c x L) + 10 x L) + 16 x layers     (L = layers per stage)
-                        (c = 10 with ZeRO-3/FSDP: a gather per layer and micro-batch; 2 with
-                        experts or context parallelism: a dispatch or a ring per layer and
-                        micro-batch; 0 for a dense plan, whose per-layer events, gradient
-                        buckets and shards, come once per step: the 10 x L term)
-    work              = events + k x (m + 1) x layers**2 + 5 x GPUs   (see below)
-    memory           <= 64 MiB + 2.5 KiB x ranks + 2 KiB x events
-
-``work`` counts event-equivalents (the engine plays about 100,000 SimPy events per second, so
-``--max-events 4000000`` is about 40 s): besides its events, today's engine scans every layer's
-buckets or FSDP units, a cost in (m + 1) x layers**2, and sets up every rank of the cluster.
-Measured with ``collsim run scenarios/ddp_gpt3_1.3b.yaml`` (seq_len 128, micro-batch 1, CPU
-seconds on the development machine): ZeRO-3 on 16 GPUs, m = 1, with 1,000 / 2,000 / 5,000
-layers took 2.4 / 9.6 / 56 s, and 30 s with 2,000 layers and m = 4; 4,000 layers on 8 GPUs took
-1.1-1.6 s (DDP), 1.4-2.4 s (ZeRO-1/2, pp 1-4) and 4.0 s (ZeRO-2, pp 2, m = 4); 10,000 layers,
-ZeRO-2, pp 2 on 4,096 GPUs 9.4 s. Plans of 65,536 to 131,072 GPUs spent 4-6 s in set-up. So::
-
-    work = events + k x (m + 1) x layers**2 + 5 x GPUs    (k = 0.25 with ZeRO-3/FSDP, else 0.01)
-
-which is above every one of those runs at 100,000 events per second.
-
-The event bound is an upper bound in the runs measured: 168 events against 928 estimated
-(1.3B DDP, 8 micro-batches), 16,152 against 544,384 (8,000 micro-batches), 14,424 against
-76,960 (2,400 layers), 7,180 against 35,328 (175B 3D, 96 micro-batches), 57,292 against
-339,456 (960 micro-batches), and at most 0.89 of the estimate over a grid of 324 plans (see
-``EVENTS_PER_MICROBATCH``). The memory terms: 65,536 ranks took 140 MB over the 1,024-rank
-run (about 2.2 KB per rank), and the runs above 0.5 to 1.8 KB per measured event.
-
-With ``--all-ranks`` every rank is a class of its own, and the per-layer events of a dense
-plan come once per step and rank, not once per micro-batch: ``collsim run
-scenarios/3d_175b.yaml --all-ranks`` (1,024 ranks, 96 micro-batches, 12 layers per stage)
-scheduled 429,634 events in 12 s of CPU with a peak RSS of 339 MiB, against 2,090,496 events
-and 4.1 GiB estimated (the estimate before the per-step term: 4.3 million events and 8.3 GiB,
-refused by the default limits). A grid of 216 runs (pp 1/2/8, m 1/8/64, 8/64 layers, tp
-1/8, dp 2, ZeRO 0/1/3 (3 at pp 1), gpipe/1f1b, each with and without ``--all-ranks``) stayed
-under the bound, at most 0.72 of it (pp 2, m 1, 64 layers, tp 8, ZeRO-1, all ranks: 8,586
-events, 8.4 per rank and layer of a stage); the old bound was 2.46 x under the worst of them.
-``tests/robust/test_limits.py`` runs the closest.
-
-The default limits admit every plan the other parts of collsim run (65,536 GPUs, a million
-micro-batch tokens, the shipped scenarios) with room to spare; see :class:`Limits`.
+Derivations, measurements and sources: docs/derivations.md, ``collsim.limits``.
 """
 
 from __future__ import annotations
@@ -63,6 +9,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from collsim.errors import ConfigError, LimitError
+from collsim.topology import read_topology_file
 
 if TYPE_CHECKING:
     from collsim.scenario import Scenario
@@ -80,7 +27,7 @@ BASE_MEMORY_BYTES = 64 * MIB
 #: scenarios/3d_175b.yaml: 175 vs 35 MiB peak RSS, 2.2 KiB per rank; rounded up).
 MEMORY_PER_RANK_BYTES = int(2.5 * KIB)
 #: Per estimated event: SimPy events, ledger entries and timeline samples (0.5-1.8 KiB per
-#: measured event in the runs named in the module docstring; the estimate counts more events
+#: measured event in the runs named in docs/derivations.md; the estimate counts more events
 #: than run, so 2 KiB per estimated event is above every one of them).
 MEMORY_PER_EVENT_BYTES = 2 * KIB
 
@@ -95,19 +42,16 @@ EVENTS_PER_MICROBATCH = 20
 #: ring attention per layer and micro-batch); dense plans other than ZeRO-3 have none.
 EVENTS_PER_LAYER = 2
 #: Per layer of a stage, once per step and class (gradient buckets, ZeRO shards, the optimizer
-#: of each layer): at most 8.4 in the all-ranks grid of the module docstring (ZeRO-1).
+#: of each layer): at most 8.4 in the all-ranks grid of docs/derivations.md (ZeRO-1).
 EVENTS_PER_LAYER_STEP = 10
 EVENTS_PER_LAYER_FSDP = 10
 
-#: The most ranks (and NIC ports) a topology file may build, whatever ``--max-gpus`` says: 4 x
-#: the default limit (``collsim.topology`` checks it before it builds a link).
-TOPOLOGY_MAX_RANKS = 4 * 262_144
-
 #: Event-equivalents per ((micro-batches + 1) x layers**2) of the engine's per-layer scans, with
-#: ZeRO-3/FSDP units and with DDP/ZeRO-1/2 buckets (measurements in the module docstring).
+#: ZeRO-3/FSDP units and with DDP/ZeRO-1/2 buckets (measurements in docs/derivations.md).
 SCAN_WORK_FSDP = 0.25
 SCAN_WORK_DDP = 0.01
-#: Event-equivalents of setting up one rank (4-6 s for 65,536-131,072 GPUs, module docstring).
+#: Event-equivalents of setting up one rank (fitted to the set-up of 65,536-131,072 GPU plans,
+#: docs/derivations.md).
 RANK_WORK = 5
 
 
@@ -123,13 +67,13 @@ class Limits:
     """Ranks of the cluster (nodes x GPUs per node); 4 x the 65,536 GPUs of the largest plan
     collsim is benchmarked on."""
     max_layers: int = 10_000
-    """Model layers; the engine's cost grows faster than linearly in layers (2,400 layers: 0.5
-    s CPU; 24,000: 35 s on the development machine). The largest published dense models have
-    under 200."""
+    """Model layers; the engine's cost grows faster than linearly in layers (the runs are in
+    docs/derivations.md, ``collsim.limits``). The largest published dense models have under
+    200."""
     max_microbatches: int = 1_000_000
     """Micro-batches per data-parallel replica in one step."""
     max_events: int = 4_000_000
-    """Estimated simulation work in events (``work`` in the module docstring); the engine
+    """Estimated simulation work in events (``work`` in docs/derivations.md); the engine
     plays about 100,000 events per second."""
     max_memory_gib: float = 8.0
     """Estimated memory of the simulation process, in GiB (2**30 bytes)."""
@@ -150,7 +94,7 @@ def option(name: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Needs:
-    """What a plan's step is estimated to need (see the module docstring)."""
+    """What a plan's step is estimated to need (see docs/derivations.md)."""
 
     gpus: int
     layers: int
@@ -174,7 +118,7 @@ def estimate_needs(
     zero: int = 0,
     per_layer_exchanges: bool = True,
 ) -> Needs:
-    """Upper bounds of events and memory from the plan's counts (formula in the module doc).
+    """Upper bounds of events and memory from the plan's counts (formula in docs/derivations.md).
 
     ``per_layer_exchanges``: the plan exchanges data per layer and micro-batch beyond
     ZeRO-3 (experts, context parallelism); False for a dense plan."""
@@ -340,11 +284,9 @@ def check_plan(
 def _cluster_shape(scenario: Scenario) -> tuple[int, int] | None:
     """(nodes, gpus_per_node) from the topology file's header, or None if it cannot be read
     (the topology loader then reports the problem with its line)."""
-    from collsim.topology import resolve_topology_path
-    from collsim.yamlio import load_yaml
 
     try:
-        data: Any = load_yaml(resolve_topology_path(scenario.cluster.topology)).data
+        data: Any = read_topology_file(scenario.cluster.topology).data
     except ConfigError:
         return None
     if not isinstance(data, dict):

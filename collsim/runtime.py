@@ -5,9 +5,8 @@ that all stay alive until the step's result is assembled. CPython's cyclic colle
 young-generation pass every 700 net allocations and, every hundred of those, a full pass over
 every live object (the loaded topology, the modules, the previous results): during a step those
 passes find nothing to free and cost a fifth to a third of the engine's time (3d_175b, the
-engine benchmark's loop of ``benchmarks/bench_step_schedule.py``, 21 repeats, two sessions on
-the 2-core development machine: medians 0.110 / 0.115 s with the collector on, 0.071 / 0.093 s
-with it off). Reference counting still frees
+engine benchmark's loop of ``benchmarks/bench_step_schedule.py``; the timings are in
+docs/derivations.md, measurements). Reference counting still frees
 everything acyclic as it goes; cycles made during the step are collected once the collector is
 back on.
 """

@@ -1,75 +1,6 @@
 """Scenario files: the YAML schema of ``collsim run`` and its strict loader.
 
-A scenario names a cluster, a model, a training setup and a parallel plan. Keys carry their
-unit where they have one; unknown keys are rejected with ``file:line: key.path``. Schema::
-
-    name: gpt3-175b-3d
-    cluster: {topology: dgx_a100, nodes: 128}   # a name in topologies/ or a path to a YAML file
-      # device: h800 | path/profile.yaml  (optional: replaces the topology's device)
-    model:
-      preset: gpt3-175b        # optional; the keys below override it (all needed without a preset)
-      layers: 96
-      hidden: 12288
-      heads: 96
-      kv_heads: 96             # grouped-query attention; default = heads
-      ffn_hidden: 49152        # default 4 x hidden without a preset
-      gated_mlp: false         # SwiGLU-style MLP (three matrices)
-      norm: layernorm          # layernorm | rmsnorm
-      bias: true               # linear layers carry biases
-      position_embedding: learned   # learned | rotary
-      tied_embeddings: true    # LM head shares the embedding matrix
-      dropout: true
-      seq_len: 2048
-      vocab: 51200
-      # or hf_config: path/config.json (relative to the scenario file), keys above override it
-      # attention variants: head_dim, qkv_bias, qk_norm, attention_sinks, flash_attention,
-      #   q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim (MLA),
-      #   sliding_window, sliding_window_layers: all | even | odd | [0, 2, ...]
-      # mixture of experts: experts, top_k, shared_experts, expert_ffn_hidden,
-      #   shared_expert_ffn_hidden, first_k_dense, capacity_factor (null = dropless),
-      #   router: softmax | sigmoid, router_bias, load_imbalance
-    training: {global_batch: 1536, micro_batch: 1, dtype: bf16, optimizer: adam, recompute: full}
-      # fp8_recipe: tensorwise | delayed | blockwise | mxfp8 (with dtype: fp8)
-      # stack: megatron_te | nemo_automodel | torchtitan | llm_foundry | fsdp | deepspeed
-      #   (sets the keys below and the MoE dispatcher)
-      # attention_kernel: flash2 | flash3 | cudnn | triton | eager
-      # execution: eager | compiled | cuda_graphs; fused_kernels: true | false
-      # grad_reduce_dtype: fp32 | bf16; grad_clip: true | false
-      # optimizer_implementation: fused | foreach; fsdp_version: 1 | 2
-      # (collsim.parallel.config.STACKS and TrainingConfig document the defaults)
-    parallel:
-      tp: 8
-      pp: 8
-      dp: 16
-      schedule: 1f1b           # gpipe | 1f1b | interleaved | zb_h1 | dualpipev
-      virtual_stages: 1        # model chunks per stage (interleaved only)
-      sequence_parallel: false
-      zero: 1                  # 0 = DDP, 1, 2, 3 (= FSDP full shard)
-      ddp: {bucket_mb: 25, first_bucket_mb: 1, overlap: true, gradient_as_bucket_view: false}
-      fsdp: {prefetch: 1, reshard_after_forward: true, offload: false,
-             shard_group_size: null, reduce_dtype: null, fp8_all_gather: false}
-      ep: 1                    # expert parallel (folded over tp x cp x dp), etp: 1;
-                               # ep_overlap: false | true | a2a | dualpipe | dualpipev;
-                               # dispatcher: alltoall | deepep | hybridep | allgather,
-                               # routing: uniform | node_limited | balanced,
-                               # routing_nodes: M, dispatch_sms
-      cp: 1                    # context parallel; cp_algorithm: ring | all_gather,
-                               # cp_load_balance: true (2 x cp chunks)
-      pipeline_split: even     # even (layers must divide) | balanced (uneven when not)
-      layers_per_stage: null   # [n, ...] per virtual stage; account_for_embedding,
-                               # account_for_loss: balanced split counts them as a layer
-      order: tp-cp-ep-dp-pp    # rank layout, fastest first (or tp-cp-ep-pp-dp: dp outermost)
-    reliability: {...}         # optional: failure rates, restarts, checkpoints (collsim goodput)
-    stragglers:                # optional: slow GPUs / nodes / links (collsim.stragglers)
-      slow_gpu: {ranks: [5], clock_factor: 0.9}
-
-``--set key.path=value`` overrides (the value is parsed as YAML) are applied to the document
-before it is read, so they go through the same checks; their errors are located at ``--set``.
-
-Example::
-
-    scenario = load_scenario("scenarios/3d_175b.yaml", ["parallel.dp=8", "cluster.nodes=64"])
-    scenario.parallel.world_size        # 512
+Derivations, measurements and sources: docs/derivations.md, ``collsim.scenario``.
 """
 
 from __future__ import annotations
@@ -85,7 +16,48 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from collsim.errors import ConfigError, ConfigErrors
-from collsim.parallel.config import DDPConfig, FSDPConfig, ParallelConfig, TrainingConfig
+from collsim.hardware import get_device, list_devices
+from collsim.parallel.config import (
+    DISPATCHERS,
+    EP_OVERLAP_MODES,
+    PIPELINE_SPLITS,
+    REDUCE_DTYPES,
+    ROUTINGS,
+    STACK_CHOICES,
+    STACKS,
+    ZERO_STAGES,
+    CPAlgorithm,
+    DDPConfig,
+    Dtype,
+    FP8Recipe,
+    FSDPConfig,
+    ParallelConfig,
+    Recompute,
+    ScheduleKind,
+    TrainingConfig,
+)
+from collsim.schema import (
+    Either,
+    ListOf,
+    Section,
+    Value,
+    check,
+    choice_value,
+    flag_value,
+    non_negative_value,
+    positive_value,
+    raise_errors,
+    read_described,
+    text_value,
+    values_of,
+)
+from collsim.stragglers import STRAGGLERS, read_stragglers
+from collsim.study.goodput.config import COMPONENTS, read_reliability
+from collsim.topology import load_topology
+from collsim.vocab import Optimizer, RankOrder
+from collsim.workload import TransformerSpec, get_preset
+from collsim.workload.hf_config import spec_from_hf_config
+from collsim.workload.model import _NORMS, _POSITIONS, _ROUTERS, preset_names
 from collsim.yamlio import ConfigReader, YamlDoc, load_yaml, non_negative, positive
 
 if TYPE_CHECKING:
@@ -95,6 +67,7 @@ if TYPE_CHECKING:
     from collsim.workload import TransformerSpec
 
 __all__ = [
+    "SCENARIO",
     "ClusterSpec",
     "Scenario",
     "load_scenario",
@@ -104,49 +77,41 @@ __all__ = [
 
 KeyPath = tuple[str, ...]
 
-#: scenario key -> TransformerSpec field, for the ``model`` section.
-MODEL_KEYS: dict[str, str] = {
-    "layers": "num_layers",
-    "hidden": "hidden",
-    "heads": "num_heads",
-    "kv_heads": "num_kv_heads",
-    "ffn_hidden": "ffn_hidden",
-    "seq_len": "seq_len",
-    "vocab": "vocab",
-    "head_dim": "head_size",
-    "q_lora_rank": "q_lora_rank",
-    "kv_lora_rank": "kv_lora_rank",
-    "qk_nope_head_dim": "qk_nope_head_dim",
-    "qk_rope_head_dim": "qk_rope_head_dim",
-    "v_head_dim": "v_head_dim",
-    "sliding_window": "sliding_window",
-    "experts": "num_experts",
-    "top_k": "moe_top_k",
-    "shared_experts": "num_shared_experts",
-    "expert_ffn_hidden": "moe_ffn_hidden",
-    "shared_expert_ffn_hidden": "shared_expert_ffn_hidden",
-    "first_k_dense": "first_k_dense",
+#: The ``model`` section's integer keys: scenario key -> (TransformerSpec field, description,
+#: whether 0 is allowed). The reader and the description (:data:`SCENARIO`) both follow it.
+MODEL_SHAPE_KEYS: dict[str, tuple[str, str, bool]] = {
+    "layers": ("num_layers", "Transformer layers.", False),
+    "hidden": ("hidden", "Hidden size (model width).", False),
+    "heads": ("num_heads", "Attention heads.", False),
+    "kv_heads": (
+        "num_kv_heads",
+        "Key/value heads (grouped-query attention; default = heads).",
+        False,
+    ),
+    "ffn_hidden": ("ffn_hidden", "MLP inner size (default 4 x hidden without a preset).", False),
+    "seq_len": ("seq_len", "Sequence length in tokens.", False),
+    "vocab": ("vocab", "Vocabulary size.", False),
+    "head_dim": ("head_size", "Head size when not hidden / heads.", False),
+    "q_lora_rank": ("q_lora_rank", "MLA query low-rank size.", False),
+    "kv_lora_rank": ("kv_lora_rank", "MLA key/value low-rank size.", False),
+    "qk_nope_head_dim": ("qk_nope_head_dim", "MLA query/key head size without rotary part.", False),
+    "qk_rope_head_dim": ("qk_rope_head_dim", "MLA rotary part of the query/key head.", True),
+    "v_head_dim": ("v_head_dim", "MLA value head size.", False),
+    "sliding_window": ("sliding_window", "Sliding-window attention span, tokens.", False),
+    "experts": ("num_experts", "Routed experts per MoE layer (0 = dense).", True),
+    "top_k": ("moe_top_k", "Experts each token is routed to.", False),
+    "shared_experts": ("num_shared_experts", "Shared experts per MoE layer.", True),
+    "expert_ffn_hidden": ("moe_ffn_hidden", "Inner size of a routed expert.", False),
+    "shared_expert_ffn_hidden": (
+        "shared_expert_ffn_hidden",
+        "Inner size of a shared expert.",
+        False,
+    ),
+    "first_k_dense": ("first_k_dense", "Leading dense layers before the MoE layers.", True),
 }
 
-#: MODEL_KEYS that may be 0 (the others must be > 0).
-_ZERO_OK = ("qk_rope_head_dim", "shared_experts", "first_k_dense", "experts")
-
-#: further TransformerSpec fields a scenario may set, with their YAML type.
-MODEL_STYLE_KEYS: dict[str, type] = {
-    "gated_mlp": bool,
-    "norm": str,
-    "bias": bool,
-    "position_embedding": str,
-    "tied_embeddings": bool,
-    "dropout": bool,
-    "flash_attention": bool,
-    "qkv_bias": bool,
-    "qk_norm": bool,
-    "attention_sinks": bool,
-    "router": str,
-    "router_bias": bool,
-    "load_imbalance": float,
-}
+#: scenario key -> TransformerSpec field, for the ``model`` section's integer keys.
+MODEL_KEYS: dict[str, str] = {key: field for key, (field, _, _) in MODEL_SHAPE_KEYS.items()}
 
 _FIELD_TO_KEY = {attr: key for key, attr in MODEL_KEYS.items()}
 _FIELD_TO_KEY["sliding_window_layers"] = "sliding_window_layers"
@@ -156,18 +121,6 @@ _FIELD_TO_KEY["capacity_factor"] = "capacity_factor"
 WINDOW_LAYER_CHOICES = ("all", "even", "odd")
 
 _REQUIRED_WITHOUT_PRESET = ("layers", "hidden", "heads", "seq_len", "vocab")
-
-#: ``training`` keys of the framework stack (see ``collsim.parallel.config.STACKS``).
-TRAINING_STACK_KEYS: dict[str, type] = {
-    "stack": str,
-    "attention_kernel": str,
-    "execution": str,
-    "fused_kernels": bool,
-    "grad_reduce_dtype": str,
-    "grad_clip": bool,
-    "optimizer_implementation": str,
-    "fsdp_version": int,
-}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -183,20 +136,16 @@ class ClusterSpec:
     that replaces the topology's device; None keeps it."""
 
     def load(self) -> Topology:
-        """Build the topology (imports the topology layer on first use)."""
-        from collsim.topology import load_topology
-
-        topology = load_topology(self.topology, nodes=self.nodes)
+        """Build the topology, with the device ``device`` names in place of the file's."""
+        device = None
         if self.device is not None:
-            from collsim.hardware import get_device
-
             try:
-                topology.device = get_device(self.device)
+                device = get_device(self.device)
             except ConfigError as exc:
                 if exc.file is not None:
                     raise
                 raise ConfigError(exc.message, key_path="cluster.device") from None
-        return topology
+        return load_topology(self.topology, nodes=self.nodes, device=device)
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,8 +304,6 @@ def scenario_from_doc(
         raise ConfigError("a scenario must be a mapping of sections", file=doc.file, line=1)
     data = apply_overrides(doc.data, parsed)
     view = YamlDoc(data=data, file=doc.file, lines=doc.lines)
-    from collsim.schema import SCENARIO, check, raise_errors
-
     raise_errors([_locate(e, view, parsed) for e in check(view, SCENARIO)])  # all at once
     try:
         return _read(view, parsed, source)
@@ -397,7 +344,6 @@ def _read_reliability(root: ConfigReader) -> ReliabilityConfig | None:
     """The optional ``reliability`` section (:func:`collsim.study.goodput.read_reliability`)."""
     if root.get("reliability", dict, default=None) is None:
         return None
-    from collsim.study.goodput.config import read_reliability
 
     return read_reliability(root.section("reliability"))
 
@@ -406,19 +352,17 @@ def _read_stragglers(root: ConfigReader) -> StragglerConfig | None:
     """The optional ``stragglers`` section, read by :func:`collsim.stragglers.read_stragglers`."""
     if root.get("stragglers", dict, default=None) is None:
         return None
-    from collsim.stragglers import read_stragglers
 
     return read_stragglers(root.section("stragglers"))
 
 
 def _read_cluster(reader: ConfigReader, source: Path | None) -> ClusterSpec:
-    topology = reader.get("topology", str)
-    nodes = reader.get("nodes", int, default=None, check=positive)
-    device = reader.get("device", str, default=None)
+    kwargs = read_described(reader, _section(SCENARIO, "cluster"))
     reader.finish()
-    if device is not None:
-        device = _resolve_topology(device, source)
-    return ClusterSpec(topology=_resolve_topology(topology, source), nodes=nodes, device=device)
+    for key in ("topology", "device"):  # files are found beside the scenario first
+        if key in kwargs:
+            kwargs[key] = _resolve_topology(kwargs[key], source)
+    return ClusterSpec(**kwargs)
 
 
 def _resolve_topology(spec: str, source: Path | None) -> str:
@@ -454,8 +398,6 @@ def _window_layers(reader: ConfigReader, values: dict[str, Any], base: Any) -> N
 
 
 def _read_hf_base(reader: ConfigReader, source: Path | None) -> Any:
-    from collsim.workload.hf_config import spec_from_hf_config
-
     path = reader.get("hf_config", str, default=None)
     if path is None:
         return None
@@ -469,8 +411,6 @@ def _read_hf_base(reader: ConfigReader, source: Path | None) -> Any:
 def _read_model(
     reader: ConfigReader, scenario_name: str, source: Path | None = None
 ) -> TransformerSpec:
-    from collsim.workload import TransformerSpec, get_preset
-
     preset_name = reader.get("preset", str, default=None)
     base = None
     if preset_name is not None:
@@ -483,17 +423,16 @@ def _read_model(
     else:
         base = _read_hf_base(reader, source)
     values: dict[str, Any] = {}
-    for key, attr in MODEL_KEYS.items():
-        check = non_negative if key in _ZERO_OK else positive
+    for key, (attr, _, zero_ok) in MODEL_SHAPE_KEYS.items():
+        check = non_negative if zero_ok else positive
         value = reader.get(key, int, default=None, check=check)
         if value is not None:
             values[attr] = value
         elif base is None and key in _REQUIRED_WITHOUT_PRESET:
             raise reader.error("missing required key (or give model.preset)", key)
-    for key, kind in MODEL_STYLE_KEYS.items():
-        value = reader.get(key, kind, default=None)
-        if value is not None:
-            values[key] = value
+    # the other scalar keys the description lists are TransformerSpec fields of the same name
+    style = {k: v for k, v in _MODEL.fields.items() if k not in _MODEL_NOT_STYLE}
+    values.update(read_described(reader, Section(fields=style)))
     if reader.has("capacity_factor"):
         values["capacity_factor"] = reader.get(
             "capacity_factor", float, default=None, check=positive
@@ -559,82 +498,21 @@ def _moe_keys_need_experts(
 
 
 def _read_training(reader: ConfigReader) -> TrainingConfig:
-    kwargs: dict[str, Any] = {"global_batch": reader.get("global_batch", int)}
-    _copy_optional(
-        reader,
-        kwargs,
-        {
-            "micro_batch": int,
-            "dtype": str,
-            "optimizer": str,
-            "recompute": str,
-            "fp8_recipe": str,
-            **TRAINING_STACK_KEYS,
-        },
-    )
+    kwargs = read_described(reader, _TRAINING)
     reader.finish()
     return TrainingConfig(**kwargs)
 
 
 def _read_parallel(reader: ConfigReader) -> ParallelConfig:
-    kwargs: dict[str, Any] = {}
-    _copy_optional(
-        reader,
-        kwargs,
-        {
-            "tp": int,
-            "pp": int,
-            "dp": int,
-            "schedule": str,
-            "virtual_stages": int,
-            "sequence_parallel": bool,
-            "zero": int,
-            "ep": int,
-            "etp": int,
-            "cp": int,
-            "cp_algorithm": str,
-            "cp_load_balance": bool,
-            "pipeline_split": str,
-            "account_for_embedding": bool,
-            "account_for_loss": bool,
-            "order": str,
-            "ep_overlap": (bool, str),
-            "dispatcher": str,
-            "routing": str,
-            "routing_nodes": int,
-            "dispatch_sms": int,
-        },
-    )
-    split = reader.get("layers_per_stage", list, default=None)
-    if split is not None:
-        kwargs["layers_per_stage"] = tuple(split)
+    kwargs = read_described(reader, _PARALLEL)
+    ep_overlap = reader.get("ep_overlap", (bool, str), default=None)
+    if ep_overlap is not None:
+        kwargs["ep_overlap"] = ep_overlap
     ddp = reader.section("ddp", default_empty=True)
-    ddp_kwargs: dict[str, Any] = {}
-    _copy_optional(
-        ddp,
-        ddp_kwargs,
-        {
-            "bucket_mb": float,
-            "first_bucket_mb": float,
-            "overlap": bool,
-            "gradient_as_bucket_view": bool,
-        },
-    )
+    ddp_kwargs = read_described(ddp, _section(_PARALLEL, "ddp"))
     ddp.finish()
     fsdp = reader.section("fsdp", default_empty=True)
-    fsdp_kwargs: dict[str, Any] = {}
-    _copy_optional(
-        fsdp,
-        fsdp_kwargs,
-        {
-            "prefetch": int,
-            "reshard_after_forward": bool,
-            "offload": bool,
-            "shard_group_size": int,
-            "reduce_dtype": str,
-            "fp8_all_gather": bool,
-        },
-    )
+    fsdp_kwargs = read_described(fsdp, _section(_PARALLEL, "fsdp"))
     fsdp.finish()
     kwargs["ddp"] = DDPConfig(**ddp_kwargs)
     kwargs["fsdp"] = FSDPConfig(**fsdp_kwargs)
@@ -642,11 +520,315 @@ def _read_parallel(reader: ConfigReader) -> ParallelConfig:
     return ParallelConfig(**kwargs)
 
 
-def _copy_optional(
-    reader: ConfigReader, out: dict[str, Any], kinds: dict[str, type | tuple[type, ...]]
-) -> None:
-    """Copy the keys that are present; the dataclass defaults apply to the others."""
-    for key, kind in kinds.items():
-        value = reader.get(key, kind, default=None)
-        if value is not None:
-            out[key] = value
+def _section(parent: Section, key: str) -> Section:
+    spec = parent.fields[key]
+    assert isinstance(spec, Section)
+    return spec
+
+
+# -- scenario (collsim.scenario and the readers it calls) -----------------------------------------
+
+_MODEL_SHAPE = ("layers", "hidden", "heads", "seq_len", "vocab")
+
+_RELIABILITY = Section(
+    description="Failure rates, restarts, spares, checkpoints and storage (collsim goodput).",
+    fields={
+        "duration_days": positive_value("number", "Length of the run, days (default 30)."),
+        "detection_s": non_negative_value("number", "Failure to job declared dead, s."),
+        "components": Section(
+            required=True,
+            description="Failure rate per component.",
+            keys=values_of(COMPONENTS),
+            key_rule="unknown component {key!r}; must be one of {choices}",
+            values=Section(
+                nullable=False,
+                description="One failure source.",
+                exactly_one=("mtbf_hours", "per_1000_node_days"),
+                exactly_one_rule="give exactly one of mtbf_hours and per_1000_node_days",
+                fields={
+                    "mtbf_hours": positive_value(
+                        "number", "Mean time between failures per node, h."
+                    ),
+                    "per_1000_node_days": non_negative_value(
+                        "number", "Failures per 1,000 node-days."
+                    ),
+                    "nodes_affected": positive_value("integer", "Nodes one event takes out."),
+                    "replace_fraction": Value(
+                        kind="number",
+                        minimum=0,
+                        maximum=1,
+                        rule="must be in 0..1, got {value}",
+                        description="Share of events whose nodes are swapped for spares.",
+                    ),
+                },
+            ),
+        ),
+        "restart": Section(
+            description="What a restart costs beside loading the checkpoint.",
+            fields={
+                "reschedule_s": non_negative_value("number", "Re-allocating and relaunching, s."),
+                "process_start_s": non_negative_value("number", "Process start to first step, s."),
+                "warmup_steps": non_negative_value(
+                    "integer", "Steps after a restart counted as lost."
+                ),
+            },
+        ),
+        "spares": Section(
+            description="The pool of spare nodes.",
+            fields={
+                "nodes": non_negative_value(
+                    "integer", "Spare nodes at the start (default: unlimited)."
+                ),
+                "repair_hours": positive_value(
+                    "number", "A failed node returns after this long, h."
+                ),
+            },
+        ),
+        "checkpoint": Section(
+            description="How and how often the job saves its state.",
+            fields={
+                "interval_s": Either(
+                    description="Training time between checkpoints, s, or auto (the optimum).",
+                    options=(
+                        positive_value(
+                            "number", "Seconds.", rule="must be > 0 or auto, got {value}"
+                        ),
+                        choice_value(
+                            "auto",
+                            ("auto",),
+                            rule="must be a number of seconds or auto, got {value!r}",
+                        ),
+                    ),
+                    rule="must be a number of seconds or auto, got {value!r}",
+                ),
+                "sharded": flag_value("Every rank writes its own shard."),
+                "async": flag_value("Snapshot to host memory, write in the background."),
+                "snapshot_bandwidth_gbps": positive_value(
+                    "number", "Device-to-host copy per GPU, GB/s."
+                ),
+            },
+        ),
+        "storage": Section(
+            required=True,
+            description="The shared storage checkpoints go to.",
+            fields={
+                "write_bandwidth_gbps": positive_value(
+                    "number", "Aggregate write, GB/s.", required=True
+                ),
+                "read_bandwidth_gbps": positive_value(
+                    "number", "Aggregate read, GB/s (default: write)."
+                ),
+                "per_rank_write_bandwidth_gbps": positive_value(
+                    "number", "One writer's bandwidth, GB/s."
+                ),
+                "per_rank_read_bandwidth_gbps": positive_value(
+                    "number", "One reader's bandwidth, GB/s."
+                ),
+            },
+        ),
+    },
+)
+
+_MODEL = Section(
+    required=True,
+    description="The transformer: a preset or an hf_config, and/or its shape.",
+    one_of_required=(("preset",), ("hf_config",), _MODEL_SHAPE),
+    missing_rule="missing required key (or give model.preset)",
+    fields={
+        "preset": choice_value(
+            "A model preset name.",
+            preset_names,
+            fold_case=True,
+            rule="unknown model preset {value!r}; valid presets: {choices}",
+        ),
+        "hf_config": text_value("A Hugging Face config.json (relative to the scenario file)."),
+        **{
+            key: (non_negative_value if zero else positive_value)("integer", text)
+            for key, (_, text, zero) in MODEL_SHAPE_KEYS.items()
+        },
+        "gated_mlp": flag_value("SwiGLU-style MLP (three matrices)."),
+        "norm": choice_value("Normalisation.", values_of(_NORMS)),
+        "bias": flag_value("Linear layers carry biases."),
+        "position_embedding": choice_value("Positions.", values_of(_POSITIONS)),
+        "tied_embeddings": flag_value("The LM head shares the embedding matrix."),
+        "dropout": flag_value("Dropout layers present."),
+        "flash_attention": flag_value("Fused attention (no s x s scores kept)."),
+        "qkv_bias": flag_value("Bias on the q, k, v projections only."),
+        "qk_norm": flag_value("Norm on queries and keys."),
+        "attention_sinks": flag_value("Learned attention sinks per head."),
+        "router": choice_value("MoE router activation.", values_of(_ROUTERS)),
+        "router_bias": flag_value("The router linear carries a bias."),
+        "load_imbalance": Value(
+            kind="number",
+            minimum=1,
+            rule="must be >= 1 (busiest over mean), got {value}",
+            description="Busiest expert's tokens over the mean.",
+        ),
+        "capacity_factor": positive_value("number", "MoE capacity factor (null = dropless)."),
+        "sliding_window_layers": Either(
+            description="Layers with sliding-window attention: all, even, odd or a list.",
+            options=(
+                choice_value(
+                    "all, even or odd.",
+                    values_of(WINDOW_LAYER_CHOICES),
+                    fold_case=True,
+                    rule="must be all, even, odd or a list of layer indices; got {value!r}",
+                ),
+                ListOf(
+                    items=non_negative_value("integer", "A layer index."),
+                    description="Layer indices.",
+                    item_rule="must list integer layer indices, got {item!r}",
+                ),
+            ),
+            rule="must be all, even, odd or a list of layer indices; got {value!r}",
+        ),
+    },
+)
+
+_MODEL_NOT_STYLE = {"preset", "hf_config", "capacity_factor", *MODEL_SHAPE_KEYS}
+"""``model`` keys read on their own (the rest are TransformerSpec flags and choices)."""
+
+_TRAINING = Section(
+    required=True,
+    description="Batch, precision, optimizer, recompute, framework stack.",
+    fields={
+        "global_batch": positive_value(
+            "integer", "Sequences per optimizer step, all replicas.", required=True
+        ),
+        "micro_batch": positive_value("integer", "Sequences per micro-batch."),
+        "dtype": choice_value("Compute dtype.", values_of(Dtype), fold_case=True),
+        "optimizer": choice_value("Optimizer.", values_of(Optimizer), fold_case=True),
+        "recompute": choice_value(
+            "Activation recomputation.", values_of(Recompute), fold_case=True
+        ),
+        "fp8_recipe": choice_value(
+            "FP8 scaling recipe (with dtype: fp8).",
+            values_of(FP8Recipe),
+            fold_case=True,
+        ),
+        "stack": choice_value("Framework stack (sets the keys below).", values_of(STACKS)),
+        "attention_kernel": choice_value(
+            "Attention kernel.", values_of(STACK_CHOICES["attention_kernel"])
+        ),
+        "execution": choice_value("Host issue mode.", values_of(STACK_CHOICES["execution"])),
+        "fused_kernels": flag_value("Hand-fused norm / bias-dropout-add / softmax kernels."),
+        "grad_reduce_dtype": choice_value(
+            "Dtype gradients are reduced in.", values_of(STACK_CHOICES["grad_reduce_dtype"])
+        ),
+        "grad_clip": flag_value("Clip gradients by their global norm."),
+        "optimizer_implementation": choice_value(
+            "fused or foreach.", values_of(STACK_CHOICES["optimizer_implementation"])
+        ),
+        "fsdp_version": choice_value(
+            "torch FSDP 1 or FSDP2.", values_of(STACK_CHOICES["fsdp_version"]), kind="integer"
+        ),
+    },
+)
+
+_PARALLEL = Section(
+    description="The parallel plan: TP x CP x PP x DP, EP, schedule, ZeRO, DDP and FSDP knobs.",
+    fields={
+        "tp": positive_value("integer", "Tensor-parallel degree."),
+        "pp": positive_value("integer", "Pipeline stages."),
+        "dp": positive_value("integer", "Data-parallel replicas."),
+        "cp": positive_value("integer", "Context-parallel degree."),
+        "ep": positive_value("integer", "Expert-parallel degree (folded over tp x cp x dp)."),
+        "etp": positive_value("integer", "Expert tensor-parallel degree."),
+        "schedule": choice_value("Pipeline schedule.", values_of(ScheduleKind), fold_case=True),
+        "virtual_stages": positive_value("integer", "Model chunks per stage (interleaved)."),
+        "sequence_parallel": flag_value("Megatron sequence parallelism."),
+        "zero": choice_value(
+            "0 = DDP, 1, 2, 3 (= FSDP full shard).",
+            values_of(ZERO_STAGES),
+            kind="integer",
+        ),
+        "cp_algorithm": choice_value(
+            "How CP ranks exchange K and V.", values_of(CPAlgorithm), fold_case=True
+        ),
+        "cp_load_balance": flag_value("Causal load balancing (2 x cp chunks)."),
+        "order": choice_value(
+            "Rank layout, fastest-varying first (Megatron order strings; default tp-cp-ep-dp-pp).",
+            values_of(RankOrder),
+        ),
+        "ep_overlap": Either(
+            options=(
+                flag_value("true: a2a, false: none."),
+                choice_value("Overlap mode.", values_of(EP_OVERLAP_MODES)),
+            ),
+            description="Overlap EP all-to-alls with the compute of a paired op (Megatron's "
+            "--overlap-moe-expert-parallel-comm; DualPipe / DualPipeV).",
+            rule="must be true, false, none, a2a, dualpipe or dualpipev; got {value!r}",
+        ),
+        "dispatcher": choice_value(
+            "MoE token dispatcher (default: the stack's, else alltoall).", values_of(DISPATCHERS)
+        ),
+        "routing": choice_value("Routing model of the dispatch volumes.", values_of(ROUTINGS)),
+        "routing_nodes": positive_value("integer", "M of node_limited routing (DeepSeek-V3: 4)."),
+        "dispatch_sms": non_negative_value("integer", "SMs the dispatch kernels hold."),
+        "pipeline_split": choice_value(
+            "even (layers must divide) or balanced.", values_of(PIPELINE_SPLITS)
+        ),
+        "layers_per_stage": ListOf(
+            items=positive_value("integer", "Layers of one virtual stage."),
+            min_items=1,
+            description="Layers per virtual stage (pp x virtual_stages entries).",
+        ),
+        "account_for_embedding": flag_value("The split counts the embedding as a layer."),
+        "account_for_loss": flag_value("The split counts the LM head and loss as a layer."),
+        "ddp": Section(
+            description="Gradient buckets (torch DDP).",
+            fields={
+                "bucket_mb": positive_value("number", "Bucket capacity in MiB."),
+                "first_bucket_mb": positive_value("number", "First bucket in MiB."),
+                "overlap": flag_value("Overlap with backward."),
+                "gradient_as_bucket_view": flag_value("torch's gradient_as_bucket_view."),
+            },
+        ),
+        "fsdp": Section(
+            description="ZeRO-3 / FSDP units.",
+            fields={
+                "prefetch": non_negative_value("integer", "Units all-gathered ahead."),
+                "reshard_after_forward": flag_value("Reshard after forward."),
+                "offload": flag_value("Offload to CPU memory."),
+                "shard_group_size": positive_value(
+                    "integer", "HSDP: shard inside groups of this size."
+                ),
+                "reduce_dtype": choice_value(
+                    "Gradient reduction dtype.",
+                    values_of(REDUCE_DTYPES),
+                    fold_case=True,
+                ),
+                "fp8_all_gather": flag_value("All-gather FP8 weights."),
+            },
+        ),
+    },
+)
+
+SCENARIO = Section(
+    description="A collsim scenario: cluster, model, training and parallel plan "
+    "(docs/scenarios.md).",
+    fields={
+        "name": text_value("Scenario name (default: the file's stem)."),
+        "cluster": Section(
+            required=True,
+            description="The cluster to run on.",
+            fields={
+                "topology": text_value(
+                    "A topology name (dgx_h100, ...) or a path to a topology file.", required=True
+                ),
+                "nodes": positive_value(
+                    "integer", "Number of nodes (default: the topology file's)."
+                ),
+                "device": text_value(
+                    "A device key or a device file that replaces the topology's device.",
+                    json_choices=list_devices,
+                ),
+            },
+        ),
+        "model": _MODEL,
+        "training": _TRAINING,
+        "parallel": _PARALLEL,
+        "reliability": _RELIABILITY,
+        "stragglers": STRAGGLERS,
+    },
+)

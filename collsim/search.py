@@ -22,6 +22,7 @@ Nothing here prints; a callback reports progress.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import time
 import warnings
@@ -30,8 +31,24 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from collsim.collectives import Group, cost
 from collsim.errors import CollsimWarning, ConfigError, InfeasibleError
+from collsim.estimate import Estimator
+from collsim.jobs import SchedulerLost, Workers
+from collsim.parallel.config import ParallelConfig as Parallel
+from collsim.parallel.config import Recompute
+from collsim.parallel.layer_comms import layer_comms
 from collsim.parallel.pipeline import Phase, flow, get_schedule
+from collsim.parallel.plan import build_plan, default_order, grid_rank, rank_axes
+from collsim.parallel.states import rank_model_states
+from collsim.schedule.build import bytes_per
+from collsim.schedule.pricing import ClosedPricer as Pricer
+from collsim.schedule.result import BREAKDOWN_KEYS, MEMORY_KEYS, Breakdown
+from collsim.schedule.result import StepResult as Result
+from collsim.study.job import StepInputs, simulate_inputs
+from collsim.vocab import ScheduleKind
+from collsim.workload.compute import ComputeModel
+from collsim.workload.memory import layer_parameters_per_rank, layers_per_stage, parameters_per_rank
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -204,10 +221,6 @@ class Candidate:
         self, base_training: TrainingConfig, base_parallel: ParallelConfig
     ) -> tuple[TrainingConfig, ParallelConfig]:
         """The scenario's training and parallel sections with this plan's knobs."""
-        import dataclasses
-
-        from collsim.parallel.config import Recompute
-        from collsim.vocab import ScheduleKind
 
         training = dataclasses.replace(
             base_training, micro_batch=self.micro_batch, recompute=Recompute(self.recompute)
@@ -279,7 +292,6 @@ def enumerate_plans(
     in ``rejected`` (one count per plan of the full grid that is dropped). ``base`` (the
     scenario's parallel section) gives the cp and ep sizes the space leaves unset, the
     expert tensor-parallel size and CP's load balancing."""
-    from collsim.parallel.config import ParallelConfig as Parallel
 
     space = space or SearchSpace()
     rejected = rejected if rejected is not None else Counter()
@@ -537,7 +549,6 @@ def search_plans(
         on_estimate: called with each batch of plans that were estimated and fit (and first
             with the ``known`` ones), as they arrive.
     """
-    from collsim.jobs import Workers
 
     started = time.perf_counter()
     num_gpus = topology.num_ranks
@@ -605,7 +616,6 @@ def _map_or_stop(
 ) -> list[tuple[StepResult | None, str | None, float]]:
     """The engine's steps of ``configs``; none (and ``loop.stopped`` set) on Ctrl-C or a lost
     scheduler."""
-    from collsim.jobs import SchedulerLost
 
     try:
         return list(workers.map(_simulate_job, configs))
@@ -709,7 +719,6 @@ class _Loop:
 
     def run(self, workers: Any, training: TrainingConfig, parallel: ParallelConfig) -> None:
         """Estimate until the bound stops it, the plans run out, Ctrl-C or a lost scheduler."""
-        from collsim.jobs import SchedulerLost
 
         batch_size = workers.batch_size
         try:
@@ -865,8 +874,6 @@ class _SearchContext:
         spec: TransformerSpec,
         simulate: Callable[..., StepResult] | None = None,
     ) -> None:
-        from collsim.estimate import Estimator
-
         self.topology = topology
         self.spec = spec
         self.estimator = Estimator(topology, spec)
@@ -918,10 +925,6 @@ class _Bounds:
         training: TrainingConfig,
         parallel: ParallelConfig | None = None,
     ):
-        from collsim.parallel.config import ParallelConfig as Parallel
-        from collsim.parallel.plan import default_order
-        from collsim.schedule.build import bytes_per
-
         base = parallel if parallel is not None else Parallel()
         self.base = base
         self.etp = base.etp
@@ -945,7 +948,6 @@ class _Bounds:
 
     def _stage_params(self, c: Candidate) -> list[float]:
         """Parameters per rank of the first and the last stage (the others hold fewer)."""
-        from collsim.workload.memory import parameters_per_rank
 
         key = (c.tp, c.pp)
         hit = self._params.get(key)
@@ -989,7 +991,6 @@ class _Bounds:
         hit = self._acts.get(key)
         if hit is not None:
             return hit
-        from collsim.workload.memory import layers_per_stage
 
         if self._variant(c) and (c.cp == 1 or self._kinds_vary()):
             hit = self._acts[key] = self._moe_floor(c) if self.spec.is_moe else 0.0
@@ -1020,8 +1021,6 @@ class _Bounds:
         m = self.training.global_batch // (mb * c.dp)
         gathered = 0.0
         if c.zero == 3 and not c.reshard and c.dp > 1:
-            from collsim.workload.memory import layer_parameters_per_rank
-
             # kept after forward: every layer unit stays gathered until its backward (the
             # gather dtype may be fp8: one byte per element at least)
             unit = float(layer_parameters_per_rank(self.spec, c.tp))
@@ -1036,8 +1035,6 @@ class _Bounds:
         return hit
 
     def _model(self) -> Any:
-        from collsim.workload.compute import ComputeModel
-
         # the kernels the schedule prices (collsim.schedule.build._blocks): attention kernel,
         # execution mode and fused kernels change every block's seconds, so the floor uses them
         tr = self.training
@@ -1083,7 +1080,6 @@ class _Bounds:
         (:meth:`~collsim.parallel.pipeline.PipelineSchedule.input_of`); sends take no time.
         Both fidelities run these ops in this order with these dependencies and more work, so
         they end later."""
-        from collsim.workload.memory import layers_per_stage
 
         p = c.pp
         v = c.virtual_stages
@@ -1232,11 +1228,8 @@ class _Bounds:
         cached = self._dp.get(key)
         if cached is not None:
             return cached
-        from collsim.workload.memory import layer_parameters_per_rank, layers_per_stage
 
         if self._pricer is None:
-            from collsim.schedule.pricing import ClosedPricer as Pricer
-
             self._pricer = Pricer(self.topology)
         per = self.per
         m = self.training.global_batch // (c.micro_batch * c.dp)
@@ -1270,7 +1263,6 @@ class _Bounds:
         GPipe), each layer at the smallest activation of the model's layer kinds (dense or
         expert, as the schedule builds them: :meth:`_block_work`'s kinds); the embedding and
         the head left out. The fullest stage bounds the peak."""
-        from collsim.workload.memory import layers_per_stage
 
         states = self._plan_states(c)
         if not states:
@@ -1309,7 +1301,6 @@ class _Bounds:
         hit = self._moe_states.get(key)
         if hit is not None:
             return hit
-        from collsim.parallel.states import rank_model_states
 
         plan = None if c.offload else self._plan_of(c)  # offloaded shards live on the host
         hit = (
@@ -1323,8 +1314,6 @@ class _Bounds:
     def _plan_of(self, c: Candidate) -> Any:
         """The checked plan of ``c`` (``collsim.parallel.plan.Plan``; its warnings
         silenced), or None when it does not build."""
-        from collsim.errors import ConfigError
-        from collsim.parallel.plan import build_plan
 
         try:
             with warnings.catch_warnings():
@@ -1348,7 +1337,6 @@ class _Bounds:
     def _dp_group(self, c: Candidate, stage: int) -> tuple[int, ...]:
         """The data-parallel group of stage ``stage``'s first tp rank (the plan's mapping,
         :meth:`collsim.parallel.plan.Plan.rank`)."""
-        from collsim.parallel.plan import grid_rank, rank_axes
 
         axes = rank_axes(self.order, {"dp": c.dp, "pp": c.pp, "cp": c.cp, "tp": c.tp})
         return tuple(grid_rank(axes, {"dp": d, "pp": stage}) for d in range(c.dp))
@@ -1402,8 +1390,6 @@ class _Bounds:
         hit = self._moe_comms.get(key)
         if hit is not None:
             return hit
-        from collsim.collectives import Group, cost
-        from collsim.parallel.layer_comms import layer_comms
 
         hit = (0.0, 0.0)
         plan = self._plan_of(c)
@@ -1431,7 +1417,6 @@ class _Bounds:
         collectives of every micro-batch, and for the last stage the pipeline fill and drain
         of the stages before it), the compute seconds alone, the memory-bound share of a
         layer, and the optimizer step."""
-        from collsim.workload.memory import layers_per_stage
 
         model = self._model()
         spec, mb, sp = self.spec, c.micro_batch, c.sequence_parallel and c.tp > 1
@@ -1494,8 +1479,6 @@ class _Bounds:
         if c.tp < 2:
             return 0.0
         if self._pricer is None:
-            from collsim.schedule.pricing import ClosedPricer as Pricer
-
             self._pricer = Pricer(self.topology)
         size = float(
             c.micro_batch * (self.spec.seq_len // c.cp) * self.spec.hidden * self.per.activation
@@ -1517,8 +1500,6 @@ def _simulate(
 ) -> StepResult:
     """The engine's step of one candidate, as every caller simulates one
     (:mod:`collsim.study.job`; no stragglers: the candidates are the plans, not the job)."""
-    from collsim.study.job import StepInputs, simulate_inputs
-
     return simulate_inputs(StepInputs(topology, spec, training, parallel))
 
 
@@ -1526,9 +1507,8 @@ def search_frame(result: SearchResult, *, limit: int | None = None) -> pd.DataFr
     """One row per feasible plan, best estimate first: the plan's knobs, ``est_*`` columns of
     the closed form (step time, breakdown, memory, MFU) and ``sim_*`` columns for the
     re-simulated ones (NaN otherwise)."""
+    # start-up: pandas loads only when a frame is asked for (the run path stays light)
     import pandas as pd
-
-    from collsim.schedule.result import BREAKDOWN_KEYS, MEMORY_KEYS
 
     rows = []
     for index, entry in enumerate(result.ranked[:limit] if limit else result.ranked):
@@ -1567,8 +1547,6 @@ def known_from_frame(frame: pd.DataFrame) -> dict[str, StepResult]:
     Raises:
         ConfigError: the table lacks a column a search writes.
     """
-    from collsim.schedule.result import BREAKDOWN_KEYS, MEMORY_KEYS, Breakdown
-    from collsim.schedule.result import StepResult as Result
 
     needed = ["plan", "num_microbatches", "est_step_time_s", "est_tokens_per_s", "est_mfu"]
     needed += [f"est_{key}_s" for key in BREAKDOWN_KEYS] + ["est_memory_peak_bytes"]

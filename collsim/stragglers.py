@@ -29,14 +29,22 @@ resolve` (key paths ``stragglers.slow_gpu.ranks`` ...).
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from collsim.errors import ConfigError
-from collsim.topology import CollectiveMemo
-from collsim.yamlio import ConfigReader, one_of
+from collsim.schema import (
+    ListOf,
+    Section,
+    Value,
+    choice_value,
+    non_negative_value,
+    read_described,
+    text_value,
+    values_of,
+)
+from collsim.yamlio import ConfigReader
 
 if TYPE_CHECKING:
     from collsim.parallel.plan import Plan
@@ -45,6 +53,7 @@ if TYPE_CHECKING:
     from collsim.topology import Topology
 
 __all__ = [
+    "STRAGGLERS",
     "PORTS",
     "SlowGPU",
     "SlowNode",
@@ -254,29 +263,90 @@ def _ranks_of_link(topology: Topology, index: int) -> set[int]:
     return ranks
 
 
+_INDEX_RULE = "must be non-negative integers, got {item!r}"
+
+
+def _indices(what: str, **kw: Any) -> ListOf:
+    """A list of distinct rank or node indices (collsim.stragglers)."""
+    return ListOf(
+        items=non_negative_value("integer", f"A {what}."),
+        description=f"{what.capitalize()}s.",
+        min_items=1,
+        unique=True,
+        min_rule="must name at least one",
+        item_rule=_INDEX_RULE,
+        **kw,
+    )
+
+
+_FACTOR_RULE = "must be in [0.001, 1] (1 = full speed), got {value}"
+
+
+def _factor(description: str, **kw: Any) -> Value:
+    """A straggler's share of full speed, in [:data:`MIN_FACTOR`, 1]."""
+    return Value(kind="number", description=description, minimum=MIN_FACTOR, maximum=1, **kw)
+
+
+STRAGGLERS = Section(
+    description="Slow GPUs, nodes and links (collsim run, collsim sweep).",
+    fields={
+        "slow_gpu": Section(
+            description="GPUs whose compute runs slower.",
+            fields={
+                "ranks": _indices("rank", required=True),
+                "clock_factor": _factor("Share of full speed.", required=True, rule=_FACTOR_RULE),
+            },
+        ),
+        "slow_node": Section(
+            description="Nodes whose every GPU computes slower.",
+            fields={
+                "nodes": _indices("node", required=True),
+                "clock_factor": _factor("Share of full speed.", required=True, rule=_FACTOR_RULE),
+            },
+        ),
+        "slow_link": Section(
+            description="Links at a share of their capacity: a port of named ranks, or links.",
+            one_of_required=(("ranks",), ("links",)),
+            missing_rule="name ranks (with a port) or links",
+            fields={
+                "bandwidth_factor": _factor(
+                    "Share of the link's capacity left.", required=True, rule=_FACTOR_RULE
+                ),
+                "ranks": ListOf(
+                    items=non_negative_value("integer", "A rank."),
+                    description="These ranks' port runs at the factor.",
+                    unique=True,
+                    item_rule=_INDEX_RULE,
+                ),
+                "port": choice_value("nic or nvlink.", values_of(PORTS)),
+                "links": ListOf(
+                    items=text_value("A link name (n1.nic3.tx, rail0.leaf1.up)."),
+                    description="Links as the topology names them.",
+                ),
+            },
+        ),
+    },
+)
+"""The ``stragglers`` section of a scenario: what :func:`check` and :func:`read_stragglers`
+follow."""
+
+_SECTION_TYPES: dict[str, type[SlowGPU | SlowNode | SlowLink]] = {
+    "slow_gpu": SlowGPU,
+    "slow_node": SlowNode,
+    "slow_link": SlowLink,
+}
+
+
 def read_stragglers(reader: ConfigReader) -> StragglerConfig:
-    """Build the section from its reader (``collsim.scenario`` calls this)."""
+    """Build the section from its reader (``collsim.scenario`` calls this), key by key as
+    :data:`STRAGGLERS` describes them."""
     out: dict[str, Any] = {}
-    if reader.get("slow_gpu", dict, default=None) is not None:
-        sec = reader.section("slow_gpu")
-        out["slow_gpu"] = SlowGPU(
-            ranks=tuple(sec.get("ranks", list)), clock_factor=sec.get("clock_factor", float)
-        )
-        sec.finish()
-    if reader.get("slow_node", dict, default=None) is not None:
-        sec = reader.section("slow_node")
-        out["slow_node"] = SlowNode(
-            nodes=tuple(sec.get("nodes", list)), clock_factor=sec.get("clock_factor", float)
-        )
-        sec.finish()
-    if reader.get("slow_link", dict, default=None) is not None:
-        sec = reader.section("slow_link")
-        out["slow_link"] = SlowLink(
-            bandwidth_factor=sec.get("bandwidth_factor", float),
-            ranks=tuple(sec.get("ranks", list, default=[])),
-            port=sec.get("port", str, default="nic", check=one_of(*PORTS)),
-            links=tuple(str(x) for x in sec.get("links", list, default=[])),
-        )
+    for key, spec in STRAGGLERS.fields.items():
+        if reader.get(key, dict, default=None) is None:
+            continue
+        assert isinstance(spec, Section)
+        sec = reader.section(key)
+        out[key] = _SECTION_TYPES[key](**read_described(sec, spec))
         sec.finish()
     reader.finish()
     return StragglerConfig(**out)
@@ -287,20 +357,20 @@ def degrade_topology(topology: Topology, link_factors: dict[int, float]) -> Topo
     (closed-form prices and the flow network both read the copy; its caches start empty)."""
     if not link_factors:
         return topology
-    out = copy.copy(topology)
-    out.links = [
-        dataclasses.replace(link, bandwidth_bps=link.bandwidth_bps * link_factors[link.index])
-        if link.index in link_factors
-        else link
-        for link in topology.links
-    ]
-    out.link_capacity_bps = topology.link_capacity_bps.copy()
+    capacity_bps = topology.link_capacity_bps.copy()
     for index, factor in link_factors.items():
-        out.link_capacity_bps[index] *= factor
-    out.collective_memo = CollectiveMemo()
-    out.symmetric = False  # the degraded links make some groups unlike their shifts
-    out.name = f"{topology.name} (degraded links)"
-    return out
+        capacity_bps[index] *= factor
+    return topology.replaced(
+        links=[
+            dataclasses.replace(link, bandwidth_bps=link.bandwidth_bps * link_factors[link.index])
+            if link.index in link_factors
+            else link
+            for link in topology.links
+        ],
+        link_capacity_bps=capacity_bps,
+        symmetric=False,  # the degraded links make some groups unlike their shifts
+        name=f"{topology.name} (degraded links)",
+    )
 
 
 def _stretch_step(step: Step, factor: float) -> Step:

@@ -1,71 +1,45 @@
 """Physical topology: ranks, nodes, NVSwitch / PCIe switch, NICs and the fabric, from YAML.
 
-A topology file (``topologies/*.yaml``) describes one node type and the fabric between nodes;
-the caller sets the node count. The graph built from it has one :class:`Link` per direction:
-
-- ``tier 0``: each rank has a tx link to its node's switch (NVSwitch, PCIe switch or the
-  kernel's loopback) and an rx link back;
-- ``tier 1``: each NIC has a tx link to its leaf switch and an rx link from it;
-- ``tier 2``: each leaf has an aggregated uplink to the spine and a downlink from it, of
-  capacity (sum of the leaf's NIC rates) / oversubscription.
-
-Rail-optimised fabrics put NIC k of every node on rail k's leaf (``nodes_per_leaf`` nodes per
-leaf); without rails, one leaf (top-of-rack) serves ``nodes_per_leaf`` whole nodes, so a node's
-NICs share its leaf's oversubscribed uplink. An inter-node transfer leaves through the sender's
-NIC and arrives on the same rail index of the receiving node (NCCL's PXN keeps traffic on a rail).
-
-Schema (units in key names; ``bandwidth_gbps`` is GB/s per direction, ``rate_gbit`` Gb/s)::
-
-    name: dgx_h100
-    device: h100                     # catalogue key, a device file (*.yaml), or an inline
-                                     # mapping in the device schema (collsim.hardware)
-    nodes: 1                         # default; load_topology(..., nodes=N) overrides
-    gpus_per_node: 8
-    intra_node: {interconnect: nvswitch, bandwidth_gbps: 450, efficiency: 0.824,
-                 latency_us: 0.5, nvls: true}
-    nics: {count: 8, rate_gbit: 400, efficiency: 0.96, latency_us: 2.0}
-    fabric: {kind: infiniband, rails: true, oversubscription: 1.0, nodes_per_leaf: 32,
-             latency_us: 0.5,             # per leaf <-> spine direction
-             net_latency_us: 0.0,         # per LL/LL128 network step, added by the transport
-             net_simple_latency_us: 0.0,  # per Simple network step
-             ll128: true, sharp: false}   # LL128 across nodes; CollNet in-network reduction
-    host: {bandwidth_gbps: 64, cpu_vendor: intel}
-
-``fabric.kind`` is the transport (:class:`FabricKind`: infiniband, roce, efa, tcpxo); each kind
-sets sourced defaults for ``nics.efficiency``, ``net_latency_us`` and ``ll128``
-(:data:`FABRIC_DEFAULTS`), which the file's own keys override.
-    collectives: {library: nccl, overhead_us: 0.0, algorithms: {all_reduce: ring},
-                  ops: {all_reduce: {overhead_us: 30.0, efficiency: 0.6}}}   # per-op, optional
-
-``efficiency`` is achievable / line rate for a link class (the topology files cite their source).
+Derivations, measurements and sources: docs/derivations.md, ``collsim.topology``.
 """
 
 from __future__ import annotations
 
 import bisect
+import copy
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, overload
+from typing import Any, overload
 
 import numpy as np
 
 import collsim
 from collsim.errors import ConfigError, InfeasibleError
-from collsim.hardware import Device, get_device
+from collsim.hardware import DEVICE, Device, device_from_reader, get_device, list_devices
+from collsim.schema import (
+    Either,
+    Section,
+    Spec,
+    Value,
+    check,
+    choice_value,
+    flag_value,
+    fraction_value,
+    non_negative_value,
+    positive_value,
+    raise_errors,
+    text_value,
+    values_of,
+)
 from collsim.transports import EFA_PLATFORMS, NCCL_RELEASES, TRANSPORTS, TUNERS, transport_for
 from collsim.units import US, gbit_to_bps, gbps_to_bps
 from collsim.vocab import Algorithm, CollectiveOp, FabricKind, Interconnect, LinkKind, Protocol
 from collsim.yamlio import ConfigReader, YamlDoc, load_yaml, non_negative, one_of, positive
 
-if TYPE_CHECKING:  # the collective layer's types of CollectiveMemo (it imports this module)
-    from collsim.collectives.channels import NcclGraph
-    from collsim.collectives.schedule import Schedule, Timing
-    from collsim.collectives.select import CostEntry
-    from collsim.collectives.tuner import TunerTable
-    from collsim.collectives.types import Group
-
 __all__ = [
+    "TOPOLOGY",
     "Link",
     "LinkKind",
     "CPU_VENDORS",
@@ -77,6 +51,7 @@ __all__ = [
     "CollectiveSettings",
     "Topology",
     "load_topology",
+    "read_topology_file",
     "parse_topology",
     "topology_dirs",
     "resolve_topology_path",
@@ -88,6 +63,9 @@ LIBRARIES = ("nccl", "gloo")
 """``collectives.library`` values."""
 
 _KIND_CODES = tuple(LinkKind)
+TOPOLOGY_MAX_RANKS = 4 * 262_144
+"""The most ranks (and NIC ports) a topology file may build, whatever ``--max-gpus`` says: 4 x
+the default limit (:class:`collsim.limits.Limits`), checked before a link is built."""
 _OP_NAMES = tuple(op.value for op in CollectiveOp)
 _ALGORITHM_NAMES = tuple(a.value for a in Algorithm)
 
@@ -319,42 +297,6 @@ class _FabricSpec:
     """Whose choice ``auto`` follows: ``nccl`` or ``aws-ofi-nccl`` (``fabric.tuner``)."""
 
 
-@dataclass(slots=True, eq=False)
-class CollectiveMemo:
-    """What :mod:`collsim.collectives` derives from one topology, computed once per key.
-
-    A topology is not changed after it is built (:func:`collsim.stragglers.degrade_topology`
-    makes a copy with a fresh memo), so entries are kept for the topology's life. Each field has
-    one writer, named in its docstring; groups key by (topology identity, ranks).
-    """
-
-    graphs: dict[tuple[int, int, int], dict[Algorithm, NcclGraph]] = field(default_factory=dict)
-    """NCCL's ring / tree / NVLS graphs per (nodes, GPUs per node, NICs per node)
-    (:func:`collsim.collectives.channels.graphs_for`)."""
-    tuner_tables: dict[tuple[int, int, int, int], TunerTable] = field(default_factory=dict)
-    """NCCL's tuning table per communicator shape (ranks, nodes, GPUs per node, NICs)
-    (:func:`collsim.collectives.tuner.table_for`)."""
-    schedules: dict[tuple[Group, str, str], Schedule] = field(default_factory=dict)
-    """The phases of one (group, op, algorithm)
-    (:func:`collsim.collectives.select.schedule_for`)."""
-    candidates: dict[tuple[Group, str], list[tuple[Schedule, Timing]]] = field(default_factory=dict)
-    """The (schedule, timing) options ``auto`` chooses among per (group, op)
-    (``collsim.collectives.select._candidates``)."""
-    costs: dict[tuple[Group, str, str, str | None], CostEntry] = field(default_factory=dict)
-    """The closed form's per-call table per (group, op, algorithm, protocol)
-    (:func:`collsim.collectives.select.cost`)."""
-    shared_costs: dict[tuple[Any, str, str, str | None], CostEntry] = field(default_factory=dict)
-    """The same tables per (:meth:`Topology.symmetry_key` of the group, op, algorithm,
-    protocol): groups that a shift by whole nodes maps onto each other share one
-    (:func:`collsim.collectives.select.cost`)."""
-    ring_gathers: dict[Group, list[Any]] = field(default_factory=dict)
-    """The one phase of a ring reduce-scatter or all-gather per group: both move the same
-    bytes over the same ring edges (:func:`collsim.collectives.ring.build`)."""
-    node_shapes: dict[tuple[int, ...], tuple[int, int]] = field(default_factory=dict)
-    """(GPUs per node, NICs per node) a communicator over these ranks sees
-    (:func:`collsim.collectives.channels.node_shape`)."""
-
-
 class Topology:
     """A cluster of ``num_nodes`` identical nodes: ranks, links and paths.
 
@@ -394,8 +336,6 @@ class Topology:
         self.source = source
         self.links: Sequence[Link] = LinkTable()
         self._path_cache: dict[tuple[int, int], tuple[int, ...]] = {}
-        self.collective_memo = CollectiveMemo()
-        """What the collective layer derives from this topology (see :class:`CollectiveMemo`)."""
         self.symmetric = True
         """Nodes alike, and leaves alike but for how many nodes each holds, as built from a
         file (:meth:`symmetry_key`); a copy with degraded links is not."""
@@ -408,6 +348,31 @@ class Topology:
         self.link_kind_code = columns["kind_code"]
         """``_KIND_CODES`` index of every link's kind (see :meth:`kinds_of`)."""
         self._index_arrays()
+        self._built = True
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # a built topology is shared (collective tables per topology, sweep points, workers):
+        # it is not changed, only copied with changes (:meth:`replaced`); private caches fill
+        if name[0] != "_" and self.__dict__.get("_built", False):
+            raise AttributeError(
+                f"a built Topology is not changed (setting {name!r}); use replaced(...)"
+            )
+        object.__setattr__(self, name, value)
+
+    def replaced(self, **changes: Any) -> Topology:
+        """A copy of this topology with ``changes`` to its attributes (this one is unchanged).
+
+        The collectives' tables of the copy start empty (:mod:`collsim.collectives.memo`).
+
+        Raises:
+            AttributeError: a name that is not an attribute of a topology.
+        """
+        unknown = sorted(set(changes) - set(vars(self)))
+        if unknown:
+            raise AttributeError(f"a Topology has no attribute {', '.join(unknown)}")
+        out = copy.copy(self)
+        vars(out).update(changes)
+        return out
 
     # -- graph ----------------------------------------------------------------------------
     @property
@@ -749,7 +714,11 @@ def resolve_topology_path(spec: str | Path) -> Path:
 
 
 def load_topology(
-    spec: str | Path, *, nodes: int | None = None, gpus_per_node: int | None = None
+    spec: str | Path,
+    *,
+    nodes: int | None = None,
+    gpus_per_node: int | None = None,
+    device: Device | None = None,
 ) -> Topology:
     """Load a topology from a YAML file or a name in ``topologies/``.
 
@@ -757,20 +726,41 @@ def load_topology(
         spec: path to a YAML file, or a name such as ``"dgx_h100"``.
         nodes: node count; defaults to the file's ``nodes`` (1 if absent).
         gpus_per_node: ranks per node override (used for ``localhost``: N CPU ranks).
+        device: a device that replaces the file's (a scenario's ``cluster.device``).
 
     Raises:
         ConfigError: malformed file (``file:line: key.path: message``), or bad arguments.
     """
-    doc = load_yaml(resolve_topology_path(spec))
-    return parse_topology(doc, nodes=nodes, gpus_per_node=gpus_per_node)
+    return parse_topology(
+        read_topology_file(spec), nodes=nodes, gpus_per_node=gpus_per_node, device=device
+    )
+
+
+def read_topology_file(spec: str | Path) -> YamlDoc:
+    """The parsed topology file ``spec`` names (see :func:`load_topology`), read once per
+    process while the file is unchanged: the limits check before the build and the build
+    share it. The document is read, never changed.
+
+    Raises:
+        ConfigError: the file is missing or unreadable, or not YAML.
+    """
+    path = resolve_topology_path(spec)
+    try:
+        stat = Path(path).stat()
+    except OSError:
+        return load_yaml(path)  # reports the problem
+    return _read_file(str(path), stat.st_mtime_ns, stat.st_size)
+
+
+@lru_cache(maxsize=64)
+def _read_file(path: str, mtime_ns: int, size_bytes: int) -> YamlDoc:
+    return load_yaml(path)
 
 
 def _read_device(root: ConfigReader, doc: YamlDoc) -> Device:
     """``device``: a catalogue key, a device file (``*.yaml``, relative to the topology file
     when it exists there) or an inline mapping in the device schema (collsim.hardware)."""
     if isinstance(root.data.get("device"), dict):
-        from collsim.hardware import device_from_reader
-
         return device_from_reader(root.section("device"), "inline", doc.file)
     key = root.get("device", str)
     if key.endswith((".yaml", ".yml")) and not Path(key).is_absolute() and doc.file:
@@ -785,20 +775,24 @@ def _read_device(root: ConfigReader, doc: YamlDoc) -> Device:
 
 
 def parse_topology(
-    doc: YamlDoc, *, nodes: int | None = None, gpus_per_node: int | None = None
+    doc: YamlDoc,
+    *,
+    nodes: int | None = None,
+    gpus_per_node: int | None = None,
+    device: Device | None = None,
 ) -> Topology:
-    """Build a Topology from a parsed document (see the module docstring for the schema).
+    """Build a Topology from a parsed document (see docs/derivations.md for the schema);
+    ``device`` replaces the file's (which is still checked).
 
     Every schema error of the file is reported at once (:func:`collsim.schema.check`), before
     the rules between keys are checked.
     """
-    from collsim.schema import TOPOLOGY, check, raise_errors
-
     raise_errors(check(doc, TOPOLOGY))
     root = ConfigReader(doc.data, doc=doc)
     name = root.get("name", str)
     root.get("description", str, default="")
-    device = _read_device(root, doc)
+    file_device = _read_device(root, doc)
+    device = file_device if device is None else device
     file_nodes = root.get("nodes", int, default=1, check=positive)
     file_gpus = root.get("gpus_per_node", int, check=positive)
 
@@ -957,10 +951,8 @@ def _read_collectives(root: ConfigReader) -> CollectiveSettings:
 
 def _check_size(root: ConfigReader, num_nodes: int, ranks_per_node: int, nics: int) -> None:
     """Refuse, before any link is built, a cluster whose ranks or NIC ports pass
-    :data:`collsim.limits.TOPOLOGY_MAX_RANKS` (the graph holds links per rank and per NIC:
+    :data:`TOPOLOGY_MAX_RANKS` (the graph holds links per rank and per NIC:
     ``gpus_per_node: 100000000`` was a MemoryError)."""
-    from collsim.limits import TOPOLOGY_MAX_RANKS
-
     limit = TOPOLOGY_MAX_RANKS
     for what, path, count in (
         ("GPUs", ("gpus_per_node",), num_nodes * ranks_per_node),
@@ -1013,3 +1005,141 @@ def _fraction(value: float) -> str | None:
 
 def _at_least_one(value: float) -> str | None:
     return None if value >= 1 else f"must be >= 1 (1 = non-blocking), got {value}"
+
+
+# -- topology (collsim.topology.parse_topology) ---------------------------------------------------
+
+
+def _link(extra: dict[str, Spec]) -> dict[str, Spec]:
+    return {
+        **extra,
+        "efficiency": fraction_value("Achievable / line rate."),
+        "latency_us": non_negative_value("number", "Per-hop latency in microseconds."),
+    }
+
+
+_OPS = values_of(_OP_NAMES)
+_OP_RULE = "unknown op (choose from {choices})"
+
+
+def _op_value(spec: Value) -> Value:
+    # per-op values are read when their key is present: null is refused there
+    return replace(spec, nullable=False)
+
+
+TOPOLOGY = Section(
+    description="A collsim topology: one node type and the fabric (docs/topologies.md).",
+    fields={
+        "name": text_value("Topology name.", required=True),
+        "description": text_value("Free text."),
+        "device": Either(
+            required=True,
+            description="A device key, a device file (*.yaml) or a device mapping.",
+            options=(text_value("A device key or file.", json_choices=list_devices), DEVICE),
+            rule="must be a device key, a device file or a device mapping, got {value!r}",
+        ),
+        "nodes": positive_value("integer", "Default node count."),
+        "gpus_per_node": positive_value("integer", "Ranks per node.", required=True),
+        "intra_node": Section(
+            required=True,
+            description="What connects the GPUs of a node.",
+            fields=_link(
+                {
+                    "interconnect": choice_value(
+                        "NVSwitch, a PCIe switch, or the kernel's loopback.",
+                        values_of(Interconnect),
+                        required=True,
+                    ),
+                    "bandwidth_gbps": positive_value(
+                        "number", "Per-direction bandwidth per GPU, GB/s.", required=True
+                    ),
+                    "nvls": flag_value("NVSwitch reduction (NVLS)."),
+                }
+            ),
+        ),
+        "nics": Section(
+            nullable=False,
+            description="Network interfaces of a node (needed for more than one node).",
+            fields=_link(
+                {
+                    "count": positive_value("integer", "NICs per node.", required=True),
+                    "rate_gbit": positive_value(
+                        "number", "Line rate per NIC, Gb/s.", required=True
+                    ),
+                }
+            ),
+        ),
+        "fabric": Section(
+            description="The network between nodes.",
+            fields={
+                "kind": choice_value("Transport (sets defaults).", values_of(FabricKind)),
+                "rails": flag_value("Rail-optimised."),
+                "oversubscription": Value(
+                    kind="number",
+                    minimum=1,
+                    rule="must be >= 1 (1 = non-blocking), got {value}",
+                    description="Leaf uplink oversubscription.",
+                ),
+                "nodes_per_leaf": positive_value("integer", "Nodes per leaf switch."),
+                "latency_us": non_negative_value("number", "Per leaf <-> spine direction, us."),
+                "net_latency_us": non_negative_value("number", "Per LL/LL128 network step, us."),
+                "net_simple_latency_us": non_negative_value(
+                    "number", "Per Simple network step, us."
+                ),
+                "ll128": flag_value("NCCL runs LL128 across nodes."),
+                "ll": flag_value("NCCL runs LL across nodes."),
+                "completion_us": non_negative_value(
+                    "number", "Per Simple network step beyond the flush, us."
+                ),
+                "platform": choice_value("EFA instance family.", values_of(EFA_PLATFORMS)),
+                "tuner": choice_value("Whose choice auto follows.", values_of(TUNERS)),
+                "sharp": flag_value("CollNet / SHARP in-network reduction."),
+            },
+        ),
+        "host": Section(
+            description="Host memory link and CPU.",
+            fields={
+                "bandwidth_gbps": positive_value("number", "Host <-> GPU bandwidth, GB/s."),
+                "cpu_vendor": choice_value("Host CPU vendor.", values_of(CPU_VENDORS)),
+            },
+        ),
+        "collectives": Section(
+            description="Collective library settings.",
+            fields={
+                "library": choice_value("Library.", values_of(LIBRARIES)),
+                "overhead_us": non_negative_value(
+                    "number", "Launch overhead per call, microseconds."
+                ),
+                "nccl_version": choice_value("NCCL release assumed.", values_of(NCCL_RELEASES)),
+                "algorithms": Section(
+                    description="Algorithm per op.",
+                    keys=_OPS,
+                    key_rule=_OP_RULE,
+                    values=choice_value("Algorithm.", values_of(_ALGORITHM_NAMES), nullable=False),
+                ),
+                "ops": Section(
+                    description="Per-op calibration.",
+                    keys=_OPS,
+                    key_rule=_OP_RULE,
+                    values=Section(
+                        nullable=False,
+                        fields={
+                            "overhead_us": _op_value(
+                                non_negative_value("number", "Overhead per call, us.")
+                            ),
+                            "efficiency": _op_value(
+                                fraction_value("Achievable / modelled bandwidth.")
+                            ),
+                            "knee_bytes": _op_value(
+                                non_negative_value("number", "Size above which the knee holds.")
+                            ),
+                            "knee_efficiency": _op_value(
+                                fraction_value("Efficiency above the knee.")
+                            ),
+                        },
+                    ),
+                ),
+            },
+        ),
+    },
+)

@@ -14,6 +14,7 @@ Example::
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import stat
@@ -399,7 +400,6 @@ def closest_key(key: str, known: Iterable[str]) -> str | None:
     extends it or that it extends (``boost`` / ``boost_mhz``, ``overlapp`` / ``overlap``; both
     at least 3 characters), else the closest by :func:`difflib.get_close_matches` (ratio at
     least 0.75)."""
-    import difflib
 
     names = sorted(set(known))
     stems = [

@@ -1,9 +1,9 @@
 """The import graph of collsim: no cycle between its modules, the glossary at the bottom.
 
-The graph is read from the source with :mod:`ast`: module-level imports only (those under
-``if TYPE_CHECKING:`` and inside functions run late or never, so they cannot make a module
-half-initialised). Importing ``a.b.c`` runs ``a/__init__.py`` and ``a/b/__init__.py`` first,
-so an import also depends on the packages above its target.
+The graph is read from the source with :mod:`ast` and holds every import: at module level,
+under ``if TYPE_CHECKING:`` and inside functions, since each says that one module needs another
+(a late import only hides a circle). Importing ``a.b.c`` runs ``a/__init__.py`` and
+``a/b/__init__.py`` first, so an import also depends on the packages above its target.
 """
 
 from __future__ import annotations
@@ -29,29 +29,9 @@ def _module_names() -> dict[str, Path]:
 MODULES = _module_names()
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
-def _module_level_imports(body: list[ast.stmt]) -> list[ast.Import | ast.ImportFrom]:
-    """Imports that run when the module is imported: the module body and the branches of its
-    top-level ``if`` / ``try`` statements, except ``if TYPE_CHECKING:`` blocks."""
-    found: list[ast.Import | ast.ImportFrom] = []
-    for node in body:
-        if isinstance(node, ast.Import | ast.ImportFrom):
-            found.append(node)
-        elif isinstance(node, ast.If):
-            if not _is_type_checking(node.test):
-                found += _module_level_imports(node.body)
-            found += _module_level_imports(node.orelse)
-        elif isinstance(node, ast.Try):
-            found += _module_level_imports(node.body)
-            for handler in node.handlers:
-                found += _module_level_imports(handler.body)
-            found += _module_level_imports(node.orelse) + _module_level_imports(node.finalbody)
-    return found
+def _imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement of a module, wherever it stands."""
+    return [node for node in ast.walk(tree) if isinstance(node, ast.Import | ast.ImportFrom)]
 
 
 def _known(name: str) -> str | None:
@@ -90,7 +70,7 @@ def import_graph() -> dict[str, set[str]]:
     for module, path in MODULES.items():
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
         deps: set[str] = set()
-        for node in _module_level_imports(tree.body):
+        for node in _imports(tree):
             deps |= _targets(module, node)
         graph[module] = deps
     return graph
@@ -129,7 +109,7 @@ def test_the_walker_sees_the_imports() -> None:
     # a plain import; ``from package import submodule``; a TYPE_CHECKING-only import
     assert "collsim.topology" in graph["collsim.collectives.types"]
     assert "collsim.collectives.tuner" in graph["collsim.collectives.nvls"]
-    assert "collsim.collectives.types" not in graph["collsim.topology"]
+    assert "collsim.topology" in graph["collsim.collectives.memo"]
     # an import of a submodule runs the packages above it; relative imports resolve
     node = ast.parse("from collsim.collectives.select import cost").body[0]
     assert isinstance(node, ast.ImportFrom)
@@ -140,9 +120,14 @@ def test_the_walker_sees_the_imports() -> None:
     node = ast.parse("from .streams import Work").body[0]
     assert isinstance(node, ast.ImportFrom)
     assert _targets("collsim.engine.core", node) == {"collsim.engine.streams"}
-    # a function-local import is not one the module runs
-    node = ast.parse("def f():\n    import collsim.api\n").body[0]
-    assert _module_level_imports([node]) == []
+    # a function-local import and a TYPE_CHECKING import are edges too
+    tree = ast.parse(
+        "if TYPE_CHECKING:\n    import collsim.api\ndef f():\n    import collsim.cli\n"
+    )
+    assert {_targets("collsim.engine.core", n).pop() for n in _imports(tree)} == {
+        "collsim.api",
+        "collsim.cli",
+    }
 
 
 def test_find_cycle_finds_one() -> None:
@@ -160,3 +145,65 @@ def test_the_glossary_and_the_errors_sit_at_the_bottom(leaf: str) -> None:
     # vocab names every enum and raises ConfigError on a bad name; errors imports nothing
     allowed = {"collsim.errors": set(), "collsim.vocab": {"collsim.errors"}}[leaf]
     assert import_graph()[leaf] == allowed
+
+
+def _function_local_imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+    found: list[ast.Import | ast.ImportFrom] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            found += [n for n in ast.walk(node) if isinstance(n, ast.Import | ast.ImportFrom)]
+    return list({id(n): n for n in found}.values())  # nested functions are walked twice
+
+
+#: What a library module may import late: torch (optional, the validate extra), and pandas and
+#: matplotlib with the report modules built on them (the run path stays light without them:
+#: tests/report/test_report_trace.py); orjson and ijson, optional readers of large profiler
+#: traces (collsim.validate.traces.reader falls back to json without them); distributed, the
+#: optional Dask backend of collsim.jobs (the local pool runs without it).
+HEAVY = (
+    "torch",
+    "pandas",
+    "matplotlib",
+    "orjson",
+    "ijson",
+    "distributed",
+    "collsim.report.frames",
+    "collsim.report.plots",
+)
+
+
+def _imports_heavy(node: ast.Import | ast.ImportFrom) -> bool:
+    names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+    return all(any(n == h or n.startswith(h + ".") for h in HEAVY) for n in names)
+
+
+def _has_reason(lines: list[str], node: ast.stmt, run: dict[int, ast.stmt]) -> bool:
+    """A comment on the import, or on the line above the run of imports it belongs to."""
+    while True:
+        end = node.end_lineno or node.lineno
+        if any("#" in lines[i - 1] for i in range(node.lineno, end + 1)):
+            return True
+        above = node.lineno - 1
+        if above not in run:
+            return above >= 1 and lines[above - 1].strip().startswith("#")
+        node = run[above]
+
+
+def test_function_local_imports_are_for_start_up_and_say_why() -> None:
+    # cli/ and api.py load layers late so that start-up stays cheap; torch is optional (the
+    # validate extra) and loads only where ranks run, pandas and matplotlib only where a frame
+    # or a figure is made; everything else imports at the top
+    wrong: list[str] = []
+    for module, path in MODULES.items():
+        lines = path.read_text(encoding="utf-8").split("\n")
+        tree = ast.parse("\n".join(lines), filename=str(path))
+        late = _function_local_imports(tree)
+        run: dict[int, ast.stmt] = {(n.end_lineno or n.lineno): n for n in late}
+        for node in late:
+            where = f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {ast.unparse(node)}"
+            start_up = module in ("collsim.api", "collsim.cli") or module.startswith("collsim.cli.")
+            if not (start_up or _imports_heavy(node)):
+                wrong.append(f"{where} (import it at the top)")
+            elif not _has_reason(lines, node, run):
+                wrong.append(f"{where} (say why it is late)")
+    assert not wrong, "\n".join(wrong)

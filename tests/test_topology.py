@@ -4,9 +4,13 @@ from pathlib import Path
 
 import pytest
 
+import collsim.topology as topology_module
 from collsim.errors import ConfigError, InfeasibleError
+from collsim.hardware import get_device
+from collsim.limits import check_scenario
+from collsim.scenario import load_scenario
 from collsim.topology import FABRIC_DEFAULTS, LinkKind, load_topology, parse_topology
-from collsim.yamlio import parse_yaml_text
+from collsim.yamlio import YamlDoc, load_yaml, parse_yaml_text
 
 NAMES = [
     "dgx_a100",
@@ -306,3 +310,34 @@ def test_gcp_a3_mega_preset() -> None:
     assert topo.num_nodes == 2 and topo.nics is not None and topo.nics.count == 8
     assert topo.links[topo.nic_tx[0][0]].bandwidth_bps == pytest.approx(200e9 / 8)
     assert topo.fabric.kind.value == "tcpxo" and topo.fabric.rails and not topo.nvls
+
+
+def test_a_built_topology_is_not_changed_only_copied() -> None:
+    topo = load_topology("dgx_h100", nodes=2)
+    with pytest.raises(AttributeError, match="not changed"):
+        topo.device = topo.device
+    h200 = get_device("h200")
+    copy = topo.replaced(device=h200, name="other")
+    assert copy.device is h200 and copy.name == "other" and copy.num_ranks == topo.num_ranks
+    assert topo.device.name != h200.name and topo.name == "dgx_h100"
+    with pytest.raises(AttributeError, match="no attribute"):
+        topo.replaced(devices=h200)
+
+
+def test_the_scenario_device_is_built_in_and_the_file_is_read_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    reads: list[str] = []
+
+    def counting(path: str | Path) -> YamlDoc:
+        reads.append(str(path))
+        return load_yaml(path)
+
+    monkeypatch.setattr(topology_module, "load_yaml", counting)
+    topology_module._read_file.cache_clear()
+    root = Path(__file__).resolve().parents[1]
+    scenario = load_scenario(root / "scenarios" / "ddp_gpt3_1.3b.yaml", ["cluster.device=h200"])
+    check_scenario(scenario)  # reads the cluster's shape before anything is built
+    topo = scenario.cluster.load()
+    assert topo.device.name == get_device("h200").name
+    assert len(reads) == 1, reads

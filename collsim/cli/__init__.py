@@ -68,6 +68,7 @@ class LazyGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         """Run the subcommand; a CollsimError becomes its exit code (a SimulationError, a bug,
         keeps its traceback)."""
+        # start-up: loaded only when this runs (--help and bad input stay fast)
         from collsim.cli.common import one_line_usage_errors
 
         try:
@@ -79,6 +80,7 @@ class LazyGroup(click.Group):
             raise CollsimExit(exc) from None
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        # start-up: loaded only when this runs (--help and bad input stay fast)
         from collsim.cli.common import one_line_usage_errors
 
         with one_line_usage_errors():
@@ -87,6 +89,7 @@ class LazyGroup(click.Group):
     def resolve_command(
         self, ctx: click.Context, args: list[str]
     ) -> tuple[str | None, click.Command | None, list[str]]:
+        # start-up: loaded only when this runs (--help and bad input stay fast)
         from collsim.cli.common import one_line_usage_errors
 
         with one_line_usage_errors():
@@ -143,8 +146,8 @@ def one_blas_thread() -> None:
 
     OpenBLAS starts one thread per core when numpy is imported; collsim's numpy work is
     element-wise on small arrays and never reaches a threaded BLAS kernel, while starting those
-    threads cost a third of the CPU time of ``import numpy, simpy, click, yaml`` (2 cores,
-    OpenBLAS 0.3.31: 243 ms with them, 158 ms without). Child processes inherit the setting.
+    threads cost a third of the CPU time of ``import numpy, simpy, click, yaml`` (OpenBLAS
+    0.3.31; docs/derivations.md, measurements). Child processes inherit the setting.
     """
     if "numpy" in sys.modules or any(name in os.environ for name in BLAS_THREAD_VARIABLES):
         return

@@ -90,6 +90,7 @@ def build_group(topology_spec: str, gpus: int | None, nodes: int | None) -> Any:
     ``--gpus`` is the number of ranks in the group; ``--nodes`` the number of nodes they span
     (default: as few as hold them). On a loopback topology ``--gpus`` sets the rank count.
     """
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.collectives import Group
     from collsim.topology import load_topology
     from collsim.vocab import Interconnect
@@ -113,6 +114,7 @@ def build_group(topology_spec: str, gpus: int | None, nodes: int | None) -> Any:
             f"{per_node} GPUs per node asked, a {probe.name} node has {per_node_max}",
             param_hint="--gpus",
         )
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.limits import check_ranks
 
     check_ranks(
@@ -262,8 +264,10 @@ def collective(
     fmt: str,
 ) -> None:
     """Time one collective over a size sweep (nccl-tests style)."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     import simpy
 
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.collectives import CollectiveCost, cost, simulate
     from collsim.network import FlowNetwork
 
@@ -342,6 +346,7 @@ def collective(
 
 def _csv(rows: list[dict[str, Any]], op_name: str, n: int, topo: Any, mode: str) -> str:
     """The rows in the collective CSV schema (:mod:`collsim.validate.dataset`)."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.validate.dataset import csv_preamble, csv_row
 
     metadata = {

@@ -128,6 +128,7 @@ def check_output_path(
 
 
 def _check_writable(target: Path, key_path: str) -> None:
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     import os
     import stat
 
@@ -158,6 +159,7 @@ def _check_writable(target: Path, key_path: str) -> None:
             with target.open("a"):
                 pass
         else:
+            # start-up: loaded only when this runs (--help and bad input stay fast)
             import tempfile
 
             with tempfile.NamedTemporaryFile(dir=parent, prefix=".collsim-probe-"):
@@ -202,6 +204,7 @@ def check_outputs(
 def _identity(path: str | Path) -> Path:
     """What names a file, however it is spelled: the real path, with links resolved (and the
     device and inode of an existing file, so that hard links match too)."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     import os
 
     target = Path(path)
@@ -243,6 +246,7 @@ def limit_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         kwargs["limit_values"] = dict(ctx.meta.get("collsim.limits", {}))
         return fn(*args, **kwargs)
 
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     import functools
 
     return functools.wraps(fn)(wrapper)
@@ -250,6 +254,7 @@ def limit_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def limits_from_options(values: dict[str, Any] | None) -> Limits:
     """The :class:`~collsim.limits.Limits` of the ``--max-*`` options (unset ones default)."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.limits import Limits
 
     given = {k: v for k, v in (values or {}).items() if v is not None}
@@ -265,6 +270,7 @@ def check_frame_path(path: str | Path | None, key_path: str) -> None:
     """
     check_output_path(path, key_path, suffixes=FRAME_SUFFIXES)
     if path is not None and Path(path).suffix.lower() == ".parquet":
+        # start-up: loaded only when this runs (--help and bad input stay fast)
         import importlib.util
 
         if importlib.util.find_spec("pyarrow") is None:

@@ -132,6 +132,7 @@ def goodput_scenario(
 ) -> int:
     """The body of ``collsim goodput``; returns 0 (errors raise: ConfigError exit 2,
     InfeasibleError exit 1, mapped once by the command group)."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.report.goodput_text import format_fleet_table, format_goodput_report
     from collsim.study.goodput.fleets import find_fleets, published_fleets
     from collsim.study.job import (
@@ -187,6 +188,7 @@ def goodput_scenario(
         _write_json(json_path, data)
         click.echo(f"wrote {json_path}", err=True)
     if plot_path is not None:
+        # start-up: loaded only when this runs (--help and bad input stay fast)
         from collsim.report.goodput_plots import plot_goodput
         from collsim.report.plots import save_figure
 
@@ -200,6 +202,7 @@ def goodput_scenario(
 def _check_fits(result: StepResult) -> None:
     """An InfeasibleError (exit 1) when the plan does not fit in memory."""
     if not result.fits:
+        # start-up: loaded only when this runs (--help and bad input stay fast)
         from collsim.errors import InfeasibleError
 
         raise InfeasibleError(

@@ -59,6 +59,7 @@ class FrameJournal:
         """Write the table now (when rows arrived since the last write)."""
         if self.path is None or not self.pending:
             return
+        # start-up: loaded only when this runs (--help and bad input stay fast)
         from collsim.cli.common import write_frame
 
         started = time.monotonic()
@@ -81,6 +82,7 @@ def read_frame(path: Path, key_path: str = "--resume") -> pd.DataFrame | None:
     Raises:
         ConfigError: the file cannot be read as a table (exit 2).
     """
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     import pandas as pd
 
     if not path.exists():

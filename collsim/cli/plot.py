@@ -65,6 +65,7 @@ def _check_suffix(path: Path) -> None:
 
 
 def _save(fig: Figure, path: Path) -> None:
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.report.plots import save_figure
 
     save_figure(fig, path)
@@ -72,10 +73,13 @@ def _save(fig: Figure, path: Path) -> None:
 
 
 def _read_csv(path: Path) -> pd.DataFrame:
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     import io
 
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     import pandas as pd
 
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.yamlio import read_input_text
 
     text = read_input_text(path, what="CSV file")
@@ -119,6 +123,7 @@ def plot() -> None:
 @_TITLE
 def scaling_cmd(csv: Path, output: Path, series: str, title: str | None) -> None:
     """Speedup and scaling efficiency vs GPUs from a `collsim sweep -o` CSV."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.report.plots import plot_scaling
 
     _check_suffix(output)
@@ -132,6 +137,7 @@ def scaling_cmd(csv: Path, output: Path, series: str, title: str | None) -> None
 @_TITLE
 def memory_cmd(csv: Path, output: Path, series: str, title: str | None) -> None:
     """Per-GPU memory vs GPUs, stacked by category, with the HBM line (sweep CSV)."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.report.plots import plot_memory
 
     _check_suffix(output)
@@ -153,6 +159,7 @@ def memory_cmd(csv: Path, output: Path, series: str, title: str | None) -> None:
 def breakdown_cmd(csv: Path, output: Path, series: str, title: str | None, limit: int) -> None:
     """Stacked bars of compute / exposed comm / bubble / optimizer per plan (sweep or search
     CSV)."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.report.plots import plot_breakdown
 
     _check_suffix(output)
@@ -166,6 +173,7 @@ def _simulate(
     scenario: Path, overrides: list[str], *, trace: bool = True, limits: Any = None
 ) -> Any:
     """The step as ``collsim run`` simulates it (same checks, same exit codes)."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.study.job import run_job
 
     return run_job(scenario, overrides, trace=trace, limits=limits).result
@@ -189,6 +197,7 @@ def timeline_cmd(
     limit_values: dict[str, Any],
 ) -> None:
     """Memory in use over one simulated step of SCENARIO for one rank, with the HBM line."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.report.plots import plot_memory_timeline
     from collsim.scenario import load_scenario
 
@@ -216,6 +225,7 @@ def step_cmd(
     limit_values: dict[str, Any],
 ) -> None:
     """One simulated step of SCENARIO: compute Gantt per stage and memory over time."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.report.plots import plot_step
     from collsim.study.job import run_job
 
@@ -256,6 +266,7 @@ def pipeline_cmd(
     limit_values: dict[str, Any],
 ) -> None:
     """Gantt chart per pipeline stage (forward, backward, bubble) for each schedule."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.report.plots import plot_pipeline
     from collsim.scenario import load_scenario
 
@@ -316,6 +327,7 @@ def collectives_cmd(
     """Bus bandwidth vs message size per algorithm, from collective tables (`collsim collective
     -F csv`, `validate bench`, `validate compare --csv`, nccl-tests logs or -J JSON) or from
     the closed form on --topology."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.report.plots import plot_collectives
 
     _check_suffix(output)
@@ -334,8 +346,10 @@ def _measured_series(frames: list[tuple[Path, pd.DataFrame]], op: str | None) ->
     """The files' rows of ``op`` (all ops when None) with one ``algorithm`` label per (file,
     op, ranks, algorithm): the op and the ranks are named where the files hold more than one,
     the file where two files share a label."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     import pandas as pd
 
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.validate.dataset import canonical_op
 
     parts = []
@@ -383,8 +397,10 @@ def collective_frame(path: Path) -> pd.DataFrame:
     Raises:
         ConfigError: the file cannot be read, or a value is bad (``file:line: column: ...``).
     """
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     import pandas as pd
 
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.validate.dataset import read_measurements, read_text, sniff
 
     text = read_text(path)
@@ -393,10 +409,12 @@ def collective_frame(path: Path) -> pd.DataFrame:
             (line for line in text.splitlines() if line.strip() and not line.startswith("#")), ""
         )
         if "op" not in [c.strip() for c in header.split(",")]:
+            # start-up: loaded only when this runs (--help and bad input stay fast)
             from collsim.report.frames import read_collective_csv
 
             return read_collective_csv(path)  # `collective -F csv` before the schema
     meas = read_measurements(path)
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.validate.nccltests import bus_factor
 
     records = []
@@ -427,6 +445,7 @@ def collective_frame(path: Path) -> pd.DataFrame:
 def _closed_form(
     topology: str, gpus: int, op: str, minbytes: str, maxbytes: str, algorithms: str
 ) -> pd.DataFrame:
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.collectives import Group
     from collsim.report.frames import collective_cost_frame
     from collsim.study.sweep import cluster_for
@@ -458,6 +477,7 @@ def _closed_form(
                 f"must be one of {', '.join(a.value for a in Algorithm)}; got {name!r}",
                 key_path="--algorithms",
             ) from None
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.limits import check_ranks
 
     check_ranks(gpus, key_path="--gpus", option=None)

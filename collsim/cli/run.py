@@ -151,6 +151,7 @@ def run_scenario(
     write_trace = _trace_writer() if trace_path is not None else None
     if trace_path is not None and write_trace is None:
         raise UnavailableError("--trace: the trace writer is not yet available in this version")
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.study.job import run_job
 
     job = run_job(
@@ -163,6 +164,7 @@ def run_scenario(
     )
     scenario, result = job.scenario, job.result
 
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.report.run_text import describe_scenario, straggler_lines
     from collsim.report.tables import format_run_report, memory_verdict
 
@@ -196,6 +198,7 @@ def run_scenario(
 
 def _goodput_line(job: Job) -> str | None:
     """The closed-form goodput line of a scenario with a reliability section (None: error shown)."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.report.goodput_text import one_line
     from collsim.study.job import job_goodput
 
@@ -209,6 +212,7 @@ def _goodput_line(job: Job) -> str | None:
 def _trace_writer() -> TraceWriter | None:
     """``collsim.report.trace.write_trace`` if that module exists, else None."""
     try:
+        # start-up: loaded only when this runs (--help and bad input stay fast)
         from collsim.report import trace
     except ImportError:
         return None
@@ -217,6 +221,7 @@ def _trace_writer() -> TraceWriter | None:
 
 def _write_plot(name: str, result: StepResult, path: Path) -> None:
     """``plot_step`` of the traced result, a row per pipeline stage, saved by suffix."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.report.plots import plot_step, save_figure
 
     fig = plot_step(result, title=name)

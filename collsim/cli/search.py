@@ -196,10 +196,10 @@ def search(
 
     Ctrl-C stops the estimates and prints the best plans so far (exit 130)."""
     if scheduler is not None:  # first: a wrong address is one line within seconds
-        from collsim.jobs import check_scheduler
+        from collsim.jobs import check_scheduler  # start-up: loaded when run
 
         check_scheduler(scheduler)
-    from collsim.scenario import load_scenario
+    from collsim.scenario import load_scenario  # start-up: loaded when run
     from collsim.search import SearchSpace, search_frame, search_plans
     from collsim.study.sweep import cluster_for
 
@@ -217,7 +217,7 @@ def search(
     if gpus is not None and gpus <= 0:
         raise ConfigError(f"must be > 0, got {gpus}", key_path="--gpus")
     if gpus is not None:
-        from collsim.limits import check_ranks
+        from collsim.limits import check_ranks  # start-up: loaded when run
 
         check_ranks(gpus, key_path="--gpus", option=None)
     try:
@@ -233,11 +233,11 @@ def search(
             raise  # a malformed topology file: its line
         raise base.locate(ConfigError(exc.message, key_path="cluster.topology")) from None
 
-    from collsim.jobs import default_jobs
+    from collsim.jobs import default_jobs  # start-up: loaded when run
 
     space = SearchSpace()
     if space_path is not None:
-        from collsim.study.space_file import read_space
+        from collsim.study.space_file import read_space  # start-up: loaded when run
 
         space = read_space(space_path, space)
     space = dataclasses.replace(space, **space_kwargs)
@@ -294,7 +294,7 @@ def _report_stop(result: SearchResult, output: Path | None) -> None:
 
 def _known_plans(output: Path | None) -> dict[str, Any] | None:
     """The estimates an earlier run left in ``output`` (``--resume``), by plan label."""
-    from collsim.cli.journal import read_frame
+    from collsim.cli.journal import read_frame  # start-up: loaded when run
     from collsim.search import known_from_frame
 
     if output is None:
@@ -314,7 +314,7 @@ class _SearchRun:
     upper bound on the time left (the plans not yet estimated or pruned at the current rate)."""
 
     def __init__(self, topology: Any, base: Any, space: Any, output: Path | None) -> None:
-        from collsim.cli.journal import FrameJournal
+        from collsim.cli.journal import FrameJournal  # start-up: loaded when run
 
         self.topology, self.base, self.space = topology, base, space
         self.ranked: list[Ranked] = []
@@ -326,7 +326,7 @@ class _SearchRun:
         self.shown = 0.0
 
     def _frame(self) -> Any:
-        from collsim.search import SearchResult, search_frame
+        from collsim.search import SearchResult, search_frame  # start-up: loaded when run
 
         ranked = sorted(
             self.ranked, key=lambda r: (r.estimate.step_time_s, r.estimate.memory_peak_bytes)
@@ -342,7 +342,7 @@ class _SearchRun:
         self.journal.update()
 
     def progress(self, phase: str, n: int) -> None:
-        import time
+        import time  # start-up: loaded when run
 
         if phase == "estimate":
             self.estimated += n
@@ -354,7 +354,7 @@ class _SearchRun:
         if now - self.shown < 0.2 and phase != "simulate":
             return
         self.shown = now
-        from collsim.report.tables import format_seconds
+        from collsim.report.tables import format_seconds  # start-up: loaded when run
 
         best = (
             f", best {format_seconds(self.best.estimate.step_time_s)} ({self.best.candidate.label})"
@@ -370,9 +370,9 @@ class _SearchRun:
 
     def go(self, search_plans: Callable[..., SearchResult], **kwargs: Any) -> SearchResult:
         """The search, with the progress line on a terminal (stderr) only."""
-        import time
+        import time  # start-up: loaded when run
 
-        from collsim.search import enumerate_plans
+        from collsim.search import enumerate_plans  # start-up: loaded when run
 
         tty = sys.stderr.isatty()
         if tty:
@@ -406,7 +406,7 @@ class _SearchRun:
 
 
 def _row(index: int, entry: Ranked) -> list[str]:
-    from collsim.report.tables import format_seconds
+    from collsim.report.tables import format_seconds  # start-up: loaded when run
 
     est = entry.estimate
     res = entry.result
@@ -432,7 +432,7 @@ def _row(index: int, entry: Ranked) -> list[str]:
 
 def alike_text(entry: Ranked) -> str:
     """What the plans collapsed into ``entry`` vary: ``+3: bucket MiB 10-400, overlap on/off``."""
-    from collsim.search import MINOR_KNOBS
+    from collsim.search import MINOR_KNOBS  # start-up: loaded when run
 
     if not entry.alike:
         return ""
@@ -458,7 +458,7 @@ def search_table(result: SearchResult, top_n: int = 10) -> str:
     """The best plans: re-simulated ones first (by simulated time), then the next estimates;
     one row per family of alike plans (``--tolerance``), with the range of their estimates
     and what they vary."""
-    from collsim.report.tables import format_table
+    from collsim.report.tables import format_table  # start-up: loaded when run
 
     shown = list(result.simulated)
     for entry in result.rows or result.ranked:
@@ -475,7 +475,7 @@ def search_table(result: SearchResult, top_n: int = 10) -> str:
 
 
 def _report_rejected(result: SearchResult) -> None:
-    from collsim.search import REASONS
+    from collsim.search import REASONS  # start-up: loaded when run
 
     if not result.rejected:
         return

@@ -146,10 +146,10 @@ def sweep(
     With -o, the file is rewritten as points finish (at most once a second) and kept on
     Ctrl-C; --resume continues it."""
     if scheduler is not None:  # first: a wrong address is one line within seconds
-        from collsim.jobs import check_scheduler
+        from collsim.jobs import check_scheduler  # start-up: loaded when run
 
         check_scheduler(scheduler)
-    from collsim.jobs import default_jobs
+    from collsim.jobs import default_jobs  # start-up: loaded when run
     from collsim.study.sweep import (
         LimitedSimulate,
         build_points,
@@ -170,7 +170,7 @@ def sweep(
     check_frame_path(output, "--output")
     check_output_path(plot_path, "--plot")
     limits = limits_from_options(limit_values)
-    from collsim.limits import check_ranks
+    from collsim.limits import check_ranks  # start-up: loaded when run
 
     for count in gpus or ():
         check_ranks(count, limits, key_path="--gpus")
@@ -209,18 +209,18 @@ def sweep(
     if output is not None:
         click.echo(f"wrote {output}", err=True)
     if plot_path is not None:
-        from collsim.report.plots import plot_breakdown, plot_memory, plot_scaling, save_figure
+        from collsim.report import plots  # start-up: matplotlib loads only for --plot
 
         kind = plot_kind
         if kind == "auto":
             kind = "scaling" if gpus and len(gpus) > 1 else "breakdown"
         drawers: dict[str, Callable[[pd.DataFrame], Figure]] = {
-            "scaling": plot_scaling,
-            "memory": plot_memory,
-            "breakdown": plot_breakdown,
+            "scaling": plots.plot_scaling,
+            "memory": plots.plot_memory,
+            "breakdown": plots.plot_breakdown,
         }
         figure = drawers[kind](_with_plan_labels(frame, scenario.stem))
-        save_figure(figure, plot_path)
+        plots.save_figure(figure, plot_path)
         click.echo(f"wrote {plot_path}", err=True)
     _raise_stopped(stopped)
     if "feasible" not in frame or not frame["feasible"].astype(bool).any():
@@ -229,9 +229,9 @@ def sweep(
 
 def _joined(prior: pd.DataFrame | None, outcomes: list[SweepOutcome]) -> pd.DataFrame:
     """The rows of an earlier run (``--resume``) followed by this run's."""
-    import pandas as pd
+    import pandas as pd  # start-up: loaded when run
 
-    from collsim.study.sweep import sweep_frame
+    from collsim.study.sweep import sweep_frame  # start-up: loaded when run
 
     frame = sweep_frame(outcomes) if outcomes else pd.DataFrame()
     if prior is None or not len(prior):
@@ -248,7 +248,7 @@ def _resume_rows(output: Path | None, points: list[Any]) -> pd.DataFrame | None:
     Raises:
         ConfigError: no -o, or a file that is not the start of this sweep (exit 2).
     """
-    from collsim.cli.journal import read_frame
+    from collsim.cli.journal import read_frame  # start-up: loaded when run
 
     if output is None:
         raise ConfigError("needs -o FILE (the sweep to finish)", key_path="--resume")
@@ -337,7 +337,7 @@ def progress_reporter(total: int, label: str) -> _Progress:
 def _fmt(value: Any, kind: str) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
-    from collsim.report.tables import format_count, format_seconds
+    from collsim.report.tables import format_count, format_seconds  # start-up: loaded when run
 
     match kind:
         case "time":
@@ -356,7 +356,7 @@ def _fmt(value: Any, kind: str) -> str:
 
 def sweep_table(frame: pd.DataFrame) -> str:
     """The sweep as a text table: one row per point, a status column (ok or the reason tag)."""
-    from collsim.report.tables import format_table
+    from collsim.report.tables import format_table  # start-up: loaded when run
 
     show_plan = frame["plan"].astype(str).str.len().gt(0).any()
     headers = (["plan"] if show_plan else []) + [

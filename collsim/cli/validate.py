@@ -27,6 +27,7 @@ __all__ = ["validate"]
 
 
 def _size(ctx: click.Context, param: click.Parameter, value: str) -> int:
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.units import parse_size
 
     try:
@@ -36,6 +37,7 @@ def _size(ctx: click.Context, param: click.Parameter, value: str) -> int:
 
 
 def _ops(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, ...]:
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.validate.bench import OPS
 
     ops = tuple(o.strip() for o in value.split(",") if o.strip())
@@ -51,6 +53,7 @@ def _ops(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, .
 
 def _realtime(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
     if value:
+        # start-up: loaded only when this runs (--help and bad input stay fast)
         from collsim.validate.launch import realtime_problem
 
         problem = realtime_problem()
@@ -163,6 +166,7 @@ def bench(
     resume: bool,
 ) -> None:
     """Time collectives like nccl-tests (median of the slowest rank) and check every result."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.validate.bench import BenchConfig, resume_state, run_bench, sizes_between
     from collsim.validate.dataset import format_table
     from collsim.validate.launch import in_torchrun
@@ -223,8 +227,10 @@ def _in_order(rows: list[dict[str, Any]], ops: tuple[str, ...]) -> list[dict[str
 def _replace_file(output: str, rows: list[dict[str, Any]], metadata: dict[str, Any]) -> Path:
     """Write the finished measurement beside ``output``, then move it over (atomic on POSIX):
     the partial file stays whole until the complete one is there."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     import os
 
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.validate.dataset import write_measurements
 
     target = Path(output)
@@ -240,6 +246,7 @@ def _replace_file(output: str, rows: list[dict[str, Any]], metadata: dict[str, A
 def _run_sketch(
     parts: tuple[str, ...], world_size: int, steps: int, timeout_s: float, output: str | None
 ) -> None:
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.validate.sketch import SketchConfig, check_report, run_sketch
 
     check_output_path(output, "-o/--output")
@@ -316,6 +323,7 @@ MAX_MEASURED_ROWS = 5_000
 
 def _read_all(paths: tuple[str, ...] | list[str], op: str | None = None) -> list[Any]:
     """The measured files, each of at most :data:`MAX_MEASURED_ROWS` rows (ConfigError)."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.validate.dataset import read_measurements
 
     files = [read_measurements(path, op) for path in paths]
@@ -333,6 +341,7 @@ def _op_option(ctx: click.Context, param: click.Parameter, value: str | None) ->
     """``--op``: collsim's name of the collective (nccl-tests' spellings accepted)."""
     if value is None:
         return None
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.validate.dataset import OPS, canonical_op
 
     op = canonical_op(value)
@@ -407,6 +416,7 @@ def calibrate(
     """Fit a topology to measurements: a gloo bench (link latency, bandwidth, per-op
     algorithm/overhead/efficiency), or nccl-tests logs of one and more nodes (NVLink and NIC
     efficiency, latencies, fixed cost of a multi-node NCCL topology)."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.validate.calibrate import calibrate as fit
     from collsim.validate.calibrate import select_rows, write_topology
 
@@ -483,6 +493,7 @@ def _is_fabric(files: list[Any], base: str | None) -> bool:
 
 
 def _library(base: str) -> str:
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.topology import resolve_topology_path
     from collsim.yamlio import load_yaml
 
@@ -497,6 +508,7 @@ def _recorded_base(files: list[Any]) -> str | None:
 
 
 def _calibrate_fabric(files: list[Any], base: str | None, output: str, name: str | None) -> None:
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.validate.calibrate import calibrate_fabric, write_fabric_topology
 
     cal = calibrate_fabric(files, base=base)
@@ -565,6 +577,7 @@ def compare(
     op: str | None,
 ) -> None:
     """Simulate exactly the measured points and print the error of each, plus a summary."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.validate.compare import compare as run_compare
     from collsim.validate.compare import format_comparison, plot_comparison, summarize, topology_for
 
@@ -634,6 +647,7 @@ def compare(
 def _write_compared_csv(path: str, meas: Any, points: list[Any], topology: str) -> None:
     """The compared points as schema rows: the measured row, the simulator's choice as
     algorithm/protocol, simulated_us and error."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.validate.dataset import write_measurements
 
     rows = []
@@ -666,6 +680,7 @@ def _write_compared_csv(path: str, meas: Any, points: list[Any], topology: str) 
 
 def vars_of(obj: Any) -> dict[str, Any]:
     """A slotted dataclass as a dict."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from dataclasses import asdict
 
     return asdict(obj)
@@ -710,6 +725,7 @@ def holdout(
     out_dir: str | None,
 ) -> None:
     """Calibrate on every other power of two, compare on the others (per measurement file)."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.validate.compare import across_runs as group_runs
 
     held = _held_ops(check_ops)
@@ -757,6 +773,7 @@ def holdout(
 def _check_holdout_points(files: list[Any], held: tuple[str, ...], min_size: int) -> None:
     """Before any fit: every file has sizes to calibrate on (even powers of two) and to compare
     on (odd ones of at least ``min_size``), and the held ops have at least one of the latter."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.validate.calibrate import select_rows
 
     compared = 0
@@ -781,6 +798,7 @@ def _check_holdout_points(files: list[Any], held: tuple[str, ...], min_size: int
 
 def _held_ops(check_ops: str) -> tuple[str, ...]:
     """The ops of ``--ops`` (comma-separated), each a canonical op name."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.validate.dataset import OPS, canonical_op
 
     held = tuple(o.strip() for o in check_ops.split(",") if o.strip())
@@ -796,6 +814,7 @@ def _held_ops(check_ops: str) -> tuple[str, ...]:
 def _holdout_folder(out_dir: str | None) -> Path:
     """``--out-dir`` (created inside an existing, writable folder), else a temporary folder
     removed when the command ends."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     import tempfile
 
     if out_dir is not None:
@@ -816,6 +835,7 @@ def _holdout_one(
     """One file calibrated on its even sizes (or simulated on the NCCL fit ``fabric_path``),
     compared on its odd ones and plotted: the summary per op, and each op's fit (none with
     the NCCL fit)."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.validate.calibrate import calibrate as fit
     from collsim.validate.calibrate import write_topology
     from collsim.validate.compare import compare as run_compare
@@ -993,8 +1013,10 @@ def step(
     profile_dir: str | None,
 ) -> None:
     """Time real DDP (bucket 1 and 25 MB) and FSDP-sketch steps of a small GPT; simulate them."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     import tempfile
 
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.validate.launch import in_torchrun
     from collsim.validate.step import StepConfig, run_step
 
@@ -1060,6 +1082,7 @@ def _check_step_before_work(cfg: Any, world_sizes: list[int]) -> None:
     """What ``validate step`` can refuse before it starts a rank: a slowed rank outside the
     smallest world size, a hidden size the heads do not divide, a model the ranks cannot hold
     in this machine's available memory."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.validate.bench import RANK_BASE_BYTES, available_memory_bytes
 
     if cfg.straggler_rank is not None and world_sizes and cfg.straggler_rank >= min(world_sizes):
@@ -1097,6 +1120,7 @@ def _simulate_step(
     Returns:
         The topology, whether DDP overlaps, the simulated modes and the other choice's.
     """
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.topology import load_topology
     from collsim.validate.step import cores_busy, simulate_modes
 
@@ -1107,6 +1131,7 @@ def _simulate_step(
     simulated = simulate_modes(report, topo, overlap=overlap, device_profile=device_profile)
     other = simulate_modes(report, topo, overlap=not overlap, device_profile=device_profile)
     if device_profile is not None:
+        # start-up: loaded only when this runs (--help and bad input stay fast)
         from collsim.validate.step import profile_device
 
         _, share, memory_share = profile_device(report, device_profile)
@@ -1133,6 +1158,7 @@ def _echo_step_notes(
     model, the profiled blocks, where the compute comes from and the probes timed alone."""
     n = int(report["world_size"])
     if report.get("insitu_topology_yaml"):
+        # start-up: loaded only when this runs (--help and bad input stay fast)
         from collsim.validate.insitu import sharing_factor
 
         scope = "this session's" if report.get("sched_autogroup") else "every"
@@ -1176,6 +1202,7 @@ def _echo_step_notes(
             f"communication measured {report['local_step_s'] * 1e3:.1f} ms, the profiled "
             f"blocks {report['profile_sum_s'] * 1e3:.1f} ms (neither used)"
         )
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.validate.insitu import probe_summary
 
     lines = probe_summary(report, topo)
@@ -1230,6 +1257,7 @@ def _echo_straggler(
 ) -> list[str]:
     """Print the straggler slowdowns, measured and simulated (at the slowed rank's measured
     speed and at the nominal one; both go into the report); the ratios outside ``target``."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.validate.step import simulate_modes, straggler_ratios
 
     ratios = straggler_ratios(
@@ -1312,8 +1340,10 @@ def _sign(value: float, floor: float) -> int:
 
 def _holdout_fabric(files: list[Any], folder: Path) -> Path:
     """The NCCL fit (calibrate_fabric) of every file's even powers of two, written to folder."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     import copy
 
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.validate.calibrate import calibrate_fabric, select_rows, write_fabric_topology
 
     evens = []
@@ -1346,12 +1376,15 @@ def _holdout_fabric(files: list[Any], folder: Path) -> Path:
 def compute(output: str, device: str, quick: bool, threads: int) -> None:
     """Time a generic kernel grid (GEMMs, attention, memory-bound ops, optimizer) on the local
     device and write a device profile that `collsim run` can use in place of the catalogue."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     import dataclasses
 
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.validate.compute import ComputeGrid, measure_profile, write_profile
 
     check_output_path(output, "-o/--output", suffixes=(".yaml", ".yml"))
     try:
+        # start-up: loaded only when this runs (--help and bad input stay fast)
         import torch
     except ImportError:
         raise click.ClickException("validate compute needs torch (pip install torch)") from None
@@ -1405,6 +1438,7 @@ def kernels(profile: str, device: str, execution: str, summary: bool, output: st
     """Compare a measured device profile, kernel by kernel, with a device's compute model:
     measured and modelled time and rate, their ratio, and the median and worst ratio per
     kernel kind (ratio = measured / modelled time)."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.hardware import get_device, load_device_file
     from collsim.validate.kernels import (
         compare_kernels,
@@ -1440,6 +1474,7 @@ def kernels(profile: str, device: str, execution: str, summary: bool, output: st
 
 def _calibrate_here(world_size: int | None, backend: str, timeout_s: float, folder: Path) -> Path:
     """Measure the collectives a step uses at this world size and calibrate a topology."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.validate.bench import BenchConfig, run_bench, sizes_between
     from collsim.validate.calibrate import calibrate as fit
     from collsim.validate.calibrate import write_topology
@@ -1507,6 +1542,7 @@ def trace_command(
     top: int,
 ) -> None:
     """Read PyTorch profiler (Kineto) traces, one per rank: steps, kernels by kind, collectives."""
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.validate.traces.breakdown import breakdown, summarise
     from collsim.validate.traces.reader import read_traces
     from collsim.validate.traces.report import format_summary
@@ -1517,6 +1553,7 @@ def trace_command(
     check_output_path(profile_out, "--profile-out", suffixes=(".yaml", ".yml"))
     loaded = None
     if scenario:
+        # start-up: loaded only when this runs (--help and bad input stay fast)
         from collsim.api import load
 
         loaded = load(scenario)
@@ -1526,6 +1563,7 @@ def trace_command(
         raise ConfigError("no step holds any activity", file=read[0].path)
     summary = summarise(steps)
     click.echo(format_summary(read, summary, top=top))
+    # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.validate.traces.profile import gemm_shapes
 
     shapes = gemm_shapes(read)
@@ -1539,6 +1577,7 @@ def trace_command(
                 f"{time_s / per_step * 1e3:>10.3f} {rate:>9.4f}"
             )
     if profile_out:
+        # start-up: loaded only when this runs (--help and bad input stay fast)
         from collsim.validate.traces.profile import profile_from_traces, write_trace_profile
 
         learned = profile_from_traces(read, base=base)
@@ -1546,12 +1585,14 @@ def trace_command(
         click.echo(learned.describe())
         click.echo(f"# wrote {path}", err=True)
     if loaded is not None:
+        # start-up: loaded only when this runs (--help and bad input stay fast)
         from collsim.validate.traces.compare import compare_steps, format_comparison
 
         assert scenario is not None
         compared = compare_steps(summary, loaded)
         click.echo(format_comparison(compared))
         if profile_out:
+            # start-up: loaded only when this runs (--help and bad input stay fast)
             from collsim.validate.traces.profile import gemm_coverage
 
             seen, unseen = gemm_coverage(learned.measured["gemm"][: learned.traced_gemm], loaded)
@@ -1562,6 +1603,7 @@ def trace_command(
                 + ")"
             )
         if trace_out:
+            # start-up: loaded only when this runs (--help and bad input stay fast)
             from collsim.validate.traces.compare import write_side_by_side
 
             click.echo(f"# wrote {write_side_by_side(trace_out, read, compared)}", err=True)

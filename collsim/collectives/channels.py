@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from collsim.collectives.memo import PerTopology
 from collsim.topology import Topology
 from collsim.vocab import Algorithm, Interconnect, Protocol
 
@@ -38,6 +39,11 @@ __all__ = [
     "channel_counter",
     "min_bytes_per_channel",
 ]
+
+_GRAPHS: PerTopology[tuple[int, int, int], dict[Algorithm, NcclGraph]] = PerTopology()
+"""NCCL's ring / tree / NVLS graphs per (nodes, GPUs per node, NICs per node)."""
+_NODE_SHAPES: PerTopology[tuple[int, ...], tuple[int, int]] = PerTopology()
+"""(GPUs per node, NICs per node) a communicator over these ranks sees."""
 
 _LL, _LL128, _SIMPLE = Protocol.LL, Protocol.LL128, Protocol.SIMPLE
 
@@ -239,7 +245,7 @@ def node_shape(topology: Topology, ranks: Sequence[int]) -> tuple[int, int]:
     has on a node, and the distinct NICs nearest to that node's ranks (kept per ranks in the
     topology's memo)."""
     key = tuple(ranks)
-    memo = topology.collective_memo.node_shapes
+    memo = _NODE_SHAPES.of(topology)
     hit = memo.get(key)
     if hit is None:
         hit = memo[key] = _node_shape(topology, key)
@@ -301,7 +307,7 @@ def graphs_for(
     gpus = topology.gpus_per_node if gpus is None else gpus
     if num_nics is None:
         num_nics = topology.nics.count if topology.nics is not None else 0
-    cache = topology.collective_memo.graphs
+    cache = _GRAPHS.of(topology)
     key = (num_nodes, gpus, num_nics)
     found = cache.get(key)
     if found is not None:

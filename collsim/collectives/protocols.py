@@ -1,34 +1,6 @@
 """Latency and bandwidth-efficiency tables per (algorithm, protocol), after NCCL's cost model.
 
-Source: NCCL 2.30.7 src/graph/tuning.cc (``ncclTunerConstantsDefaults``), the same tables the
-tuner uses (:mod:`collsim.collectives.tuner`). time = base latency + per-step hop latency x
-steps + bytes / (bandwidth x efficiency).
-
-- Base latency (us), LL / LL128 / Simple: Ring 6.6 / 14.0 / 8.4; Tree 6.8 / 14.0 / 8.4; PAT 8;
-  CollNet, NVLS and NVLS-tree 0.
-- Hop latency (us) per link class (NVLink, PCIe, network): ``hwLatencies`` (tuner._HW_US).
-  Across nodes the fabric's ``net_latency_us`` (LL / LL128) or ``net_simple_latency_us``
-  (Simple) is added to every network hop (the network plugin's ``latencyInter``, which
-  tuning.cc adds once, and once more for Simple's flush); a ring's
-  intra-node steps pay at least NCCL's network post overhead (``getNetOverhead``: 1 us on
-  Intel, 2 on AMD, x3 for Simple) once the ring spans nodes.
-- Bandwidth efficiency: LL 0.5 (half of every 8-byte word is a flag), LL128 0.92 (120 of 128
-  bytes are data, NCCL's factor), Simple 1.0; Tree all_reduce a further 0.92 (NCCL's factors,
-  tuning.cc). NVLS and NVLS-tree get no factor here: NCCL's ``nvlsEfficiency`` (0.85 Hopper,
-  0.74 Blackwell) scales the *graph* bandwidth in the tuner, whereas collsim's links already run
-  at NCCL's per-link NVLink figure (topology ``intra_node.efficiency``), and NVLS's slow ramp
-  is its per-loop handshake (:mod:`collsim.collectives.nvls`). LL and LL128 are further capped
-  at NCCL's own ceilings (``llMaxBws``, ``perChMaxRingLL128Bws``, ``perChMaxTreeLL128Bws``),
-  applied by the schedule from the tuner's table.
-- NVLS, NVLS-tree, CollNet and PAT run Simple only (tuning.cc skips the others).
-- Halving-doubling, direct and hierarchical are not NCCL algorithms: they use Ring's table, as
-  they move data with the same send/recv primitives.
-- gloo (``library: gloo``): one protocol, no software latency beyond the topology's
-  ``overhead_us`` and the links' own latencies.
-
-A step's latency is max(protocol hop latency, physical path latency): NCCL's per-hop figures
-are end-to-end measurements that already include the wire, so the links' latencies only show
-when they are larger (a slow fabric, a calibrated loopback).
+Derivations, measurements and sources: docs/derivations.md, ``collsim.collectives.protocols``.
 """
 
 from __future__ import annotations

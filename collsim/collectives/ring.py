@@ -21,12 +21,17 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from collsim.collectives.memo import PerTopology
 from collsim.collectives.schedule import LoadPhase, pairs_phase
 from collsim.collectives.types import Group
 from collsim.errors import ConfigError
 from collsim.vocab import Algorithm, CollectiveOp
 
 __all__ = ["ALGORITHM", "SUPPORTED", "ring_orders", "build"]
+
+_GATHERS: PerTopology[Group, list[LoadPhase]] = PerTopology()
+"""The one phase of a ring reduce-scatter or all-gather per group: both move the same bytes
+over the same ring edges."""
 
 ALGORITHM = Algorithm.RING
 SUPPORTED = frozenset(
@@ -87,7 +92,7 @@ def build(op: CollectiveOp, group: Group) -> list[LoadPhase]:
     n, num_nodes = group.size, group.num_nodes
     if n < 2:
         return []
-    gathers = group.topology.collective_memo.ring_gathers
+    gathers = _GATHERS.of(group.topology)
     if op in (CollectiveOp.REDUCE_SCATTER, CollectiveOp.ALL_GATHER) and group in gathers:
         return list(gathers[group])
     orders = ring_orders(group)

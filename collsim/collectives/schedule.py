@@ -1,33 +1,6 @@
 """An algorithm as a short list of phases, timed in closed form or run on a FlowNetwork.
 
-A chunked, pipelined collective is, at flow level, a few phases; in each phase a set of
-transfers runs concurrently (all links of a pipelined ring busy at once, each carrying its
-total bytes) and the phase pays a latency of ``steps x hop latency``. Every transfer of a phase
-carries the same number of bytes (``size_factor x size_bytes``), which makes the uncontended
-phase time exact in closed form (:func:`collsim.network.load_bound_time_s`).
-
-Closed form (per protocol p), with M the collective's size in bytes::
-
-    time = overhead + base(p) + sum_phases [steps_intra x max(hop_intra(p), L_intra)
-                                            + steps_inter x max(hop_net(p), L_inter)
-                                            + size_factor x M x max_l(load_l / cap_l) / eff(p)]
-
-where L_* are the longest physical path latencies of the schedule's intra- and inter-node
-transfers. The DES runs the same phases on a :class:`~collsim.network.FlowNetwork`, where other
-traffic shares the links.
-
-Scale: the closed form needs only each phase's per-link load (:class:`PhaseLoad`), never the
-transfer list. Algorithms build :class:`LoadPhase` objects whose load is derived with array
-operations over the ranks (:func:`pair_load`) or analytically from the topology's structure
-(the direct all-pairs pattern, :func:`collsim.collectives.direct.all_pairs_load`), so setting
-up a group costs O(ranks) and an evaluation O(1). The Transfer objects are built only when the
-DES runs the phase, all of a phase's flows start in one :meth:`FlowNetwork.send_all`, and
-identical transfers (same path, ranks and bytes, as a ring's or tree's channels repeat them)
-run as one flow of that multiplicity (:func:`merge_identical`, exact under max-min sharing);
-above :data:`AGGREGATE_ABOVE` transfers (and for direct all-pairs above 64
-ranks) transfers that share a path run as one flow with the summed bytes, provided the merged
-flows still carry equal bytes on every link they share (:func:`equal_weights_per_link`, which
-keeps max-min sharing at the load bound); otherwise every transfer runs.
+Derivations, measurements and sources: docs/derivations.md, ``collsim.collectives.schedule``.
 """
 
 from __future__ import annotations
@@ -333,8 +306,8 @@ def pair_load(topology: Topology, src: np.ndarray, dst: np.ndarray) -> PhaseLoad
 
 _SMALL_PHASE = 32
 """Link entries up to which a phase's links are counted in Python: a dict beats
-``numpy.unique`` (about 6-8 us whatever the size, on the development machine) up to some 30
-entries (3.5 us at 16, 10 us at 64, 40 us at 256)."""
+``numpy.unique``, whose cost hardly depends on the size, up to some 30 entries (timings in
+docs/derivations.md, measurements)."""
 
 
 def _link_counts(entries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -34,6 +34,7 @@ from collsim.collectives import (
     tree,
     tuner,
 )
+from collsim.collectives.memo import PerTopology
 from collsim.collectives.schedule import ProtocolCap, Schedule, Timing, run_phases
 from collsim.collectives.types import CollectiveCost, Group, busbw_factor
 from collsim.errors import ConfigError
@@ -41,6 +42,16 @@ from collsim.network import FlowNetwork
 from collsim.vocab import Algorithm, CollectiveOp, Protocol, parse_enum
 
 __all__ = ["ALGORITHM_MODULES", "schedule_for", "choose", "cost", "simulate", "supported"]
+
+_SCHEDULES: PerTopology[tuple[Group, str, str], Schedule] = PerTopology()
+"""The phases of one (group, op, algorithm) (:func:`schedule_for`)."""
+_CANDIDATES: PerTopology[tuple[Group, str], list[tuple[Schedule, Timing]]] = PerTopology()
+"""The (schedule, timing) options ``auto`` chooses among per (group, op)."""
+COSTS: PerTopology[tuple[Group, str, str, str | None], CostEntry] = PerTopology()
+"""The closed form's per-call table per (group, op, algorithm, protocol) (:func:`cost`)."""
+SHARED_COSTS: PerTopology[tuple[Any, str, str, str | None], CostEntry] = PerTopology()
+"""The same tables per (:meth:`~collsim.topology.Topology.symmetry_key` of the group, op,
+algorithm, protocol): groups that a shift by whole nodes maps onto each other share one."""
 
 ALGORITHM_MODULES: dict[Algorithm, ModuleType] = {
     Algorithm.RING: ring,
@@ -96,7 +107,7 @@ def schedule_for(op: CollectiveOp, group: Group, algorithm: Algorithm) -> Schedu
     Raises:
         ConfigError: the algorithm does not implement the op, or not on this group.
     """
-    cache = group.topology.collective_memo.schedules
+    cache = _SCHEDULES.of(group.topology)
     key = (group, op, algorithm)
     found = cache.get(key)
     if found is None:
@@ -166,7 +177,7 @@ def _protocol_cap(
 
 
 def _candidates(op: CollectiveOp, group: Group) -> list[tuple[Schedule, Timing]]:
-    cache = group.topology.collective_memo.candidates
+    cache = _CANDIDATES.of(group.topology)
     key = (group, op)
     found = cache.get(key)
     if found is None:
@@ -301,7 +312,7 @@ def cost(
         raise ConfigError(f"size_bytes must be >= 0, got {size_bytes}")
     # Hot path (sweeps and plan searches call this millions of times): one dictionary lookup
     # for the entry, then the tuner's remembered pick (or the candidates) and a multiply-add.
-    cache = group.topology.collective_memo.costs
+    cache = COSTS.of(group.topology)
     key = (group, op, algorithm, protocol)
     entry = cache.get(key)
     if entry is None:
@@ -361,7 +372,7 @@ def _shared_entry(
     alike = topology.symmetry_key(group.ranks)
     if alike is None:
         return CostEntry(op, group, algorithm, protocol)
-    shared = topology.collective_memo.shared_costs
+    shared = SHARED_COSTS.of(topology)
     key = (alike, str(op), str(algorithm), None if protocol is None else str(protocol))
     found = shared.get(key)
     if found is None:

@@ -44,6 +44,7 @@ from collsim.collectives.channels import (
     nvls_channels,
     runtime_channels,
 )
+from collsim.collectives.memo import PerTopology
 from collsim.collectives.types import Group
 from collsim.topology import Topology
 from collsim.transports import EFA_PLATFORMS
@@ -64,6 +65,9 @@ __all__ = [
     "table_for",
     "NCCL_RELEASE",
 ]
+
+_TABLES: PerTopology[tuple[int, int, int, int], TunerTable] = PerTopology()
+"""NCCL's tuning table per communicator shape (ranks, nodes, GPUs per node, NICs)."""
 
 NCCL_RELEASE = "2.30.7"
 """The NCCL release these rules follow (makefiles/version.mk)."""
@@ -205,7 +209,7 @@ def table_for(group: Group) -> TunerTable:
     """The tuning table of ``group``'s communicator (cached on the topology)."""
     topo = group.topology
     gpus, nics = node_shape(topo, group.ranks)
-    tables = topo.collective_memo.tuner_tables
+    tables = _TABLES.of(topo)
     key = (group.size, group.num_nodes, gpus, nics)
     found = tables.get(key)
     if found is None:

@@ -20,9 +20,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import simpy
 
+from collsim.collectives import Group, simulate
+from collsim.collectives.direct import all_pairs_load
 from collsim.engine.streams import Work
 from collsim.errors import SimulationError
 from collsim.schedule.pricing import CallCost, ClosedPricer
+from collsim.vocab import CollectiveOp
 
 if TYPE_CHECKING:
     from collsim.network import FlowNetwork
@@ -132,9 +135,6 @@ def all_to_all_contends(
     """
     if len(groups) < 2:
         return False
-    from collsim.collectives.direct import all_pairs_load
-    from collsim.collectives.types import Group
-
     if capacity is None:
         capacity = topology.link_capacity_bps
     loads = []
@@ -258,9 +258,6 @@ class CommPricer(ClosedPricer):
             raise SimulationError("CommPricer: the DES needs the simulation environment (env)")
 
         def run() -> Any:
-            from collsim.collectives import Group, simulate
-            from collsim.vocab import CollectiveOp
-
             def body() -> Any:
                 if extra_s:
                     yield env.timeout(extra_s)

@@ -25,7 +25,7 @@ Data-parallel work (model states, buckets, FSDP units, optimizer) is in
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,19 +33,25 @@ import simpy
 
 from collsim.engine.comm import CommPricer, linked_peers
 from collsim.engine.dataparallel import DataParallel
-from collsim.engine.program import Mail, RankProgram
-from collsim.engine.streams import CallRecord, GroupStream
+from collsim.engine.streams import CallRecord, GroupStream, Mail, RankState
 from collsim.errors import SimulationError
 from collsim.parallel.pipeline import Phase, PipeOp, flow
 from collsim.schedule.build import StepSchedule
-from collsim.schedule.ops import Segment, Step
+from collsim.schedule.ops import Segment, StageModel, Step
 from collsim.schedule.pricing import SegmentPrices
 from collsim.schedule.result import TraceEvent
 from collsim.schedule.stats import CallKey, CallStats, CallTally, dp_link
 from collsim.stragglers import StragglerPlan, stretch_stage
 from collsim.vocab import DATA_PARALLEL_AXES, ParallelAxis
 
-__all__ = ["Engine", "EngineOptions", "PipeRoute", "RECV_STREAM", "simulated_ranks"]
+__all__ = [
+    "Engine",
+    "EngineOptions",
+    "PipeRoute",
+    "ProgramFactory",
+    "RECV_STREAM",
+    "simulated_ranks",
+]
 
 RECV_STREAM = "pp recv"
 """Trace stream of a rank's pipeline receives (the same transfers as the sender's ``pp``
@@ -105,6 +111,10 @@ def simulated_ranks(plan: Any, stragglers: StragglerPlan | None) -> list[int]:
 TP, PP, DP = ParallelAxis.TP, ParallelAxis.PP, ParallelAxis.DP
 
 
+ProgramFactory = Callable[["Engine", int, StageModel, list[PipeOp]], RankState]
+"""Builds one rank's program from the engine, the rank, its stage and its pipeline ops."""
+
+
 @dataclass(slots=True)
 class PipeRoute:
     """Where a pipeline op's output goes (:meth:`Engine.outbox`)."""
@@ -126,6 +136,8 @@ class Engine:
         schedule: the step schedule (what every rank runs).
         pricer: communication pricing.
         options: how to play it.
+        program: builds each simulated rank's program
+            (:class:`collsim.engine.program.RankProgram`).
         env: the simulation environment (a new one by default).
     """
 
@@ -135,6 +147,7 @@ class Engine:
         pricer: CommPricer,
         options: EngineOptions,
         *,
+        program: ProgramFactory,
         env: simpy.Environment | None = None,
     ) -> None:
         plan = schedule.plan
@@ -170,10 +183,10 @@ class Engine:
         """Symmetry broken by stragglers: more than one simulated rank per stage."""
         self._stretched: dict[tuple[int, float], Any] = {}
         self.streams: dict[tuple[str, tuple[int, ...]], GroupStream] = {}
-        self.programs: dict[int, RankProgram] = {}
+        self.programs: dict[int, RankState] = {}
         for rank in ranks:
             s = plan.coords(rank).pp
-            self.programs[rank] = RankProgram(
+            self.programs[rank] = program(
                 self, rank, self.stage_model(rank), list(schedule.pipeline[s])
             )
         self._links: dict[tuple[int, int], Any] = {}
@@ -191,7 +204,7 @@ class Engine:
     def stat_items(self) -> Iterator[tuple[CallKey, CallTally]]:
         return self.stats.items()
 
-    def interference_s(self, prog: RankProgram) -> float:
+    def interference_s(self, prog: RankState) -> float:
         """The schedule's first-order interference for this rank, from its data-parallel call
         tallies so far (every gradient reduction has ended when this is asked)."""
         link, busbw = dp_link(self.stats.items(), prog.rank)
@@ -510,7 +523,7 @@ class Engine:
                     self.stats.add(key, runs * cost.time_s, cost.busbw_bps, count=runs)
         self.seg_runs.clear()
 
-    def step_call(self, prog: RankProgram, step: Step) -> simpy.Event:
+    def step_call(self, prog: RankState, step: Step) -> simpy.Event:
         """A segment step's collective on the stream of its axis (layer fidelity); with
         collectives beside it, all of them at once."""
         if step.beside:
@@ -518,7 +531,7 @@ class Engine:
             return self.env.all_of(calls)
         return self._step_call(prog, step)
 
-    def _step_call(self, prog: RankProgram, step: Step) -> simpy.Event:
+    def _step_call(self, prog: RankState, step: Step) -> simpy.Event:
         axis = step.axis
         group = self.step_group(prog.rank, step)
         if step.op == "send_recv":
@@ -548,14 +561,14 @@ class Engine:
         return linked_peers(self.plan.topology, pair, peers)
 
     def tp_call(
-        self, prog: RankProgram, op: str, size: float, name: str | None = None
+        self, prog: RankState, op: str, size: float, name: str | None = None
     ) -> simpy.Event:
         group = self.group(prog.rank, TP)
         return self.call(
             prog.rank, TP, op, size, group, name or f"{op} tp", peers=self.peers(prog.rank, TP)
         )
 
-    def pp_gather(self, prog: RankProgram, op: PipeOp) -> simpy.Event | None:
+    def pp_gather(self, prog: RankState, op: PipeOp) -> simpy.Event | None:
         """The all-gather that completes a received pipeline message (None when there is none).
 
         Megatron's scatter/gather optimisation (Narayanan et al. 2021, section 4.1): each TP
@@ -573,7 +586,7 @@ class Engine:
         )
         return self.tp_call(prog, "all_gather", self._p2p_size * self.plan.tp, name)
 
-    def pp_gather_cost(self, prog: RankProgram) -> tuple[float, CallKey | None, float] | None:
+    def pp_gather_cost(self, prog: RankState) -> tuple[float, CallKey | None, float] | None:
         """The closed-form pipeline gather of ``prog``'s received messages: (seconds,
         statistics key or None when there is no gather, busbw); None when it must run on the tp
         stream (all ranks simulated, whose members rendezvous, or a tp axis on the DES)."""
@@ -592,7 +605,7 @@ class Engine:
             hit = self._gathers[prog.rank] = (cost.time_s, key, cost.busbw_bps)
         return hit
 
-    def pp_gather_s(self, prog: RankProgram, op: PipeOp) -> float | None:
+    def pp_gather_s(self, prog: RankState, op: PipeOp) -> float | None:
         """The pipeline gather of :meth:`pp_gather` in closed form, starting now: its seconds
         (0 when there is none), recorded in the statistics and the trace as the tp stream
         would record it; None when it must run on the tp stream (:meth:`pp_gather_cost`). A
@@ -628,7 +641,7 @@ class Engine:
         """Per TP rank: b s h / t activations (Megatron's scatter-gather of pipeline sends)."""
         return self.schedule.p2p_bytes
 
-    def routes(self, prog: RankProgram) -> tuple[list[Mail | None], list[PipeRoute | None]]:
+    def routes(self, prog: RankState) -> tuple[list[Mail | None], list[PipeRoute | None]]:
         """Per op of ``prog``, in order: the mailbox its input arrives in (None: it reads
         nothing from another stage, the schedule's
         :meth:`~collsim.parallel.pipeline.PipelineSchedule.input_of`) and where its output goes
@@ -686,7 +699,7 @@ class Engine:
         return inboxes, outboxes
 
     def _pipe_link(
-        self, prog: RankProgram, stage: int
+        self, prog: RankState, stage: int
     ) -> tuple[int, list[tuple[int, ...]], tuple[GroupStream, float, CallKey, float] | None]:
         """What every send of ``prog`` to ``stage`` shares (:class:`PipeRoute`): the receiving
         rank, the pairs on its links, and the closed-form reservation when there is one."""
@@ -718,7 +731,7 @@ class Engine:
                 reserve = (stream, float(work), call, float(args["busbw_bps"]))
         return dst, peers, reserve
 
-    def send_output(self, prog: RankProgram, op: PipeOp, route: PipeRoute) -> None:
+    def send_output(self, prog: RankState, op: PipeOp, route: PipeRoute) -> None:
         """Send ``op``'s output along ``route`` (:meth:`outbox`) on the rank's pp stream."""
         src, dst, stage = prog.rank, route.dst, route.stage
         size = self._p2p_size
@@ -766,9 +779,8 @@ class Engine:
         result is taken (the result keeps the ledgers it reads): without these cycles the
         step's objects are freed as their last reference goes, not by a collection of the
         cyclic garbage collector over every one of them (3d_175b: 17,441 objects of cyclic
-        garbage before, 30 after; the collections after a step, median of 9 on the 2-core
-        development machine, 4.2 ms before and 1.3 ms after). The engine cannot run again
-        after it."""
+        garbage before, 30 after; the time of the collections in docs/derivations.md,
+        measurements). The engine cannot run again after it."""
         if not hasattr(self, "dp"):
             return  # released already
         self.programs = {}

@@ -9,10 +9,11 @@ issue a call on a group's stream, the rank's group and its peers on an axis.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import simpy
 
+from collsim.engine.streams import RankState
 from collsim.errors import SimulationError
 from collsim.parallel.buckets import Bucket
 from collsim.parallel.pipeline import Phase, PipeOp
@@ -20,9 +21,6 @@ from collsim.parallel.plan import Plan
 from collsim.schedule.dataparallel import DataParallelRules, DPCall
 from collsim.schedule.ops import ChunkModel, Segment
 from collsim.vocab import ParallelAxis
-
-if TYPE_CHECKING:
-    from collsim.engine.program import RankProgram
 
 __all__ = ["CallSite", "DataParallel"]
 
@@ -93,7 +91,7 @@ class DataParallel:
 
     def issue(
         self,
-        prog: RankProgram,
+        prog: RankState,
         calls: list[DPCall],
         name: str,
         *,
@@ -123,7 +121,7 @@ class DataParallel:
             )
         return last
 
-    def reserve(self, prog: RankProgram, calls: list[DPCall], ready: float) -> float | None:
+    def reserve(self, prog: RankState, calls: list[DPCall], ready: float) -> float | None:
         """``calls`` reserved one after another on the rank's dp stream from ``ready``, as
         :meth:`issue` would run them, where nothing needs their events (gradient buckets
         without a buffer to free, the parameter all-gathers after the optimizer): the last
@@ -150,7 +148,7 @@ class DataParallel:
                 return None
         return end
 
-    def allocate_states(self, prog: RankProgram) -> None:
+    def allocate_states(self, prog: RankState) -> None:
         states = self.rules.state_bytes(prog.stage)
         prog.ledger.alloc(0.0, "parameters", states.parameters, "parameters")
         prog.ledger.alloc(0.0, "gradients", states.gradients, "gradients")
@@ -159,7 +157,7 @@ class DataParallel:
 
     # ---- buckets ------------------------------------------------------------------------------
     def launch_bucket(
-        self, prog: RankProgram, op: PipeOp, chunk: ChunkModel, bucket: Bucket, ready: float
+        self, prog: RankState, op: PipeOp, chunk: ChunkModel, bucket: Bucket, ready: float
     ) -> None:
         """Issue a bucket's reduction on the dp stream at its ready time.
 
@@ -173,7 +171,7 @@ class DataParallel:
 
     def _reduce_bucket(
         self,
-        prog: RankProgram,
+        prog: RankState,
         op: PipeOp,
         chunk: ChunkModel,
         bucket: Bucket,
@@ -201,7 +199,7 @@ class DataParallel:
             prog.ledger.alloc(at, "buffers", bucket.size_bytes, "zero2 bucket")
             ev.callbacks.append(self._freer(prog, "buffers", bucket.size_bytes, "zero2 bucket"))
 
-    def launch_deferred(self, prog: RankProgram) -> None:
+    def launch_deferred(self, prog: RankState) -> None:
         """Without overlap: issue every bucket now, after the last backward."""
         deferred, prog.deferred = prog.deferred, []
         for op, chunk, bucket in deferred:
@@ -210,7 +208,7 @@ class DataParallel:
             self._reduce_bucket(prog, op, chunk, bucket, None)
 
     def _freer(
-        self, prog: RankProgram, category: str, size_bytes: float, label: str
+        self, prog: RankState, category: str, size_bytes: float, label: str
     ) -> Callable[[simpy.Event], None]:
         """A SimPy callback that frees ``size_bytes`` of ``category`` when its event fires."""
 
@@ -220,7 +218,7 @@ class DataParallel:
         return free
 
     # ---- FSDP units ---------------------------------------------------------------------------
-    def gather_unit(self, prog: RankProgram, op: PipeOp, chunk: ChunkModel, seg: Segment) -> None:
+    def gather_unit(self, prog: RankState, op: PipeOp, chunk: ChunkModel, seg: Segment) -> None:
         ukey = self.rules.unit_key(chunk, seg)
         key = (prog.rank, chunk.index, ukey)
         if key in self.unit_events:
@@ -238,10 +236,10 @@ class DataParallel:
             ev.succeed()
         self.unit_events[key] = ev
 
-    def unit_ready(self, prog: RankProgram, chunk: ChunkModel, seg: Segment) -> simpy.Event | None:
+    def unit_ready(self, prog: RankState, chunk: ChunkModel, seg: Segment) -> simpy.Event | None:
         return self.unit_events.get((prog.rank, chunk.index, self.rules.unit_key(chunk, seg)))
 
-    def release_unit(self, prog: RankProgram, op: PipeOp, chunk: ChunkModel, seg: Segment) -> None:
+    def release_unit(self, prog: RankState, op: PipeOp, chunk: ChunkModel, seg: Segment) -> None:
         """After a unit's forward: reshard. After its backward: reduce-scatter, reshard (a
         split backward: the input-gradient op reshards, the weight-gradient op reduces)."""
         phase = op.phase
@@ -276,7 +274,7 @@ class DataParallel:
         )
 
     # ---- end of step --------------------------------------------------------------------------
-    def embedding_sync(self, prog: RankProgram) -> simpy.Event | None:
+    def embedding_sync(self, prog: RankState) -> simpy.Event | None:
         """Tied embeddings with pp > 1: all-reduce the word-embedding gradient between the
         first and the last stage before the optimizer (Megatron-LM ``allreduce_embedding_grads``;
         the group is each (dp, cp, tp) pair of stage 0 and stage p - 1)."""
@@ -306,7 +304,7 @@ class DataParallel:
             stream_group=pair,
         )
 
-    def after_optimizer(self, prog: RankProgram) -> simpy.Event | float | None:
+    def after_optimizer(self, prog: RankState) -> simpy.Event | float | None:
         """ZeRO-1/2: all-gather the updated parameters, bucket by bucket: the last one's
         event, or its end in seconds when they are reserved (:meth:`reserve`); None when there
         are none."""

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import simpy
 
-from collsim.engine.streams import ScheduledEvent
+from collsim.engine.streams import Mail
 from collsim.parallel.fsdp import issue_schedule
 from collsim.parallel.pipeline import GRADIENT_PHASES, Phase, PipeOp
 from collsim.schedule.dataparallel import GRAD_NORM_BYTES, grad_norm_groups
@@ -59,16 +59,6 @@ class _OpPlan:
     runs: int = 0
     """How many times the op ran (its collectives go to the engine's statistics at the end:
     :meth:`RankProgram._account_fused`)."""
-
-
-class Mail(ScheduledEvent):
-    """A pipeline message: an event that fires on delivery (:meth:`ScheduledEvent.fire_in` at
-    a closed-form send's end, or ``succeed`` when a played send ends), carrying when its
-    producer op ended (``produced_s``) and its size; both are set by the send (the class values
-    are what a message holds before it)."""
-
-    produced_s: float = -1.0
-    size_bytes: float = 0.0
 
 
 class RankProgram:

@@ -7,16 +7,24 @@ Narayanan et al. 2021 (``collsim.workload.flops``); memory is read from the engi
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Any
 
-from collsim.engine.comm import CommPricer, all_to_all_contends, axis_contends
+import simpy
+
+from collsim.engine.comm import CommPricer, all_to_all_contends, axis_contends, shared_links
 from collsim.engine.core import Engine, EngineOptions
-from collsim.errors import ConfigError
+from collsim.engine.program import RankProgram
+from collsim.errors import CollsimWarning, ConfigError
+from collsim.estimate import walk
+from collsim.network import FlowNetwork
 from collsim.parallel.config import ParallelConfig, TrainingConfig
 from collsim.parallel.plan import Plan
 from collsim.runtime import collector_paused
+from collsim.schedule.assemble import assemble
 from collsim.schedule.build import BLOCK_OVERRIDE_KEYS, StepSchedule, build_schedule
 from collsim.schedule.result import ContentionEffect, StepResult, StragglerReport
+from collsim.stragglers import StragglerConfig, degrade_topology
 from collsim.vocab import ParallelAxis
 
 TP, PP, DP = ParallelAxis.TP, ParallelAxis.PP, ParallelAxis.DP
@@ -140,7 +148,6 @@ def simulate_step(
 
 def _play(engine: Engine, zero_communication: bool) -> StepResult:
     """Run a wired engine and turn it into its StepResult."""
-    from collsim.schedule.assemble import assemble
 
     engine.run()
     return assemble(
@@ -172,11 +179,6 @@ def contention_effects(
         One effect per contended axis: ``axis``, ``delta_s``, ``links`` (names of the links a
         ring step of all its groups oversubscribes) and ``closed_s`` / ``des_s`` on the first.
     """
-    import warnings
-
-    from collsim.engine.comm import shared_links
-    from collsim.errors import CollsimWarning
-    from collsim.estimate import walk
 
     plan = schedule.plan
     topology, spec = plan.topology, plan.spec
@@ -236,8 +238,6 @@ def prepare_step(
     """
     resolved = _resolve(stragglers, topology)
     if resolved is not None and resolved.link_factors:
-        from collsim.stragglers import degrade_topology
-
         topology = degrade_topology(topology, resolved.link_factors)
     if schedule is None:
         schedule = build_schedule(
@@ -254,13 +254,10 @@ def prepare_step(
     layer_mode = fidelity == "layer" or bool(des_axes & _LAYER_AXES)
     if zero_communication:
         des_axes = frozenset()
-    import simpy
 
     env = simpy.Environment()
     net = None
     if des_axes:
-        from collsim.network import FlowNetwork
-
         net = FlowNetwork(env, topology)
     pricer = CommPricer(topology, zero=zero_communication, network=net, env=env)
     options = EngineOptions(
@@ -272,7 +269,7 @@ def prepare_step(
         zero_communication=zero_communication,
         stragglers=resolved,
     )
-    return Engine(schedule, pricer, options, env=env)
+    return Engine(schedule, pricer, options, program=RankProgram, env=env)
 
 
 def _resolve(
@@ -281,7 +278,6 @@ def _resolve(
     """The stragglers resolved on ``topology``; None when there are none (all factors 1)."""
     if stragglers is None:
         return None
-    from collsim.stragglers import StragglerConfig
 
     plan = stragglers.resolve(topology) if isinstance(stragglers, StragglerConfig) else stragglers
     return plan if plan.active else None

@@ -16,14 +16,28 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import simpy
 from simpy.events import NORMAL, PENDING
 
 from collsim.errors import SimulationError
 
-__all__ = ["Work", "CallRecord", "GroupStream", "RendezvousWait", "ScheduledEvent"]
+if TYPE_CHECKING:
+    from collsim.parallel.pipeline import PipeOp
+    from collsim.parallel.plan import RankCoords
+    from collsim.schedule.memory import MemoryLedger
+    from collsim.schedule.ops import StageModel
+
+__all__ = [
+    "Work",
+    "CallRecord",
+    "GroupStream",
+    "RendezvousWait",
+    "ScheduledEvent",
+    "Mail",
+    "RankState",
+]
 
 Work = float | Callable[[], Any]
 """A closed-form duration (seconds) or a zero-argument factory of a SimPy process/event."""
@@ -46,6 +60,36 @@ class ScheduledEvent(simpy.Event):
         self._ok = True
         self._value = value
         self.env.schedule(self, NORMAL, delay_s)
+
+
+class Mail(ScheduledEvent):
+    """A pipeline message: an event that fires on delivery (:meth:`ScheduledEvent.fire_in` at
+    a closed-form send's end, or ``succeed`` when a played send ends), carrying when its
+    producer op ended (``produced_s``) and its size; both are set by the send (the class values
+    are what a message holds before it)."""
+
+    produced_s: float = -1.0
+    size_bytes: float = 0.0
+
+
+class RankState(Protocol):
+    """What the engine and the data-parallel rules read and write on a simulated rank
+    (:class:`collsim.engine.program.RankProgram` is one)."""
+
+    rank: int
+    coords: RankCoords
+    stage: StageModel
+    ops: list[PipeOp]
+    ledger: MemoryLedger
+    acct: dict[str, float]
+    dp_events: list[simpy.Event]
+    dp_done_s: float
+    end_s: float
+    deferred: list[Any]
+
+    def run(self) -> Any:
+        """The rank's SimPy process body."""
+        ...
 
 
 @dataclass(slots=True)

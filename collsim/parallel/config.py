@@ -44,6 +44,8 @@ __all__ = [
     "ZERO_STAGES",
     "PIPELINE_SPLITS",
     "EP_OVERLAP_MODES",
+    "DISPATCHERS",
+    "ROUTINGS",
     "REDUCE_DTYPES",
     "RankOrder",
 ]
@@ -169,6 +171,16 @@ STACK_CHOICES: dict[str, tuple[object, ...]] = {
 
 ZERO_STAGES = (0, 1, 2, 3)
 """``parallel.zero``: 0 = DDP, 1 optimizer states, 2 + gradients, 3 + parameters sharded."""
+DISPATCHERS = ("alltoall", "deepep", "hybridep", "allgather")
+"""``parallel.dispatcher`` values (Megatron-Core ``moe_token_dispatcher_type`` alltoall /
+allgather, ``flex`` with ``moe_flex_dispatcher_backend`` deepep / hybridep)."""
+
+ROUTINGS = ("uniform", "node_limited", "balanced")
+"""``parallel.routing`` values: uniform random top-k (Megatron-Core
+``moe_router_force_load_balancing``: random logits, ``moe_utils.apply_random_logits``),
+node-limited to M nodes (DeepSeek-V3 report section 2.1.2 / 3.2.2, M = 4), consecutive experts
+(NeMo Automodel ``FakeBalancedGate``: token i picks experts (i k + j) mod E)."""
+
 EP_OVERLAP_MODES = ("none", "a2a", "dualpipe", "dualpipev")
 """``parallel.ep_overlap`` modes (true = ``a2a``, false = ``none``)."""
 PIPELINE_SPLITS = ("even", "balanced")
@@ -334,7 +346,7 @@ class ParallelConfig:
     etp: int = 1
     """Expert tensor-parallel size: each expert's inner width split over etp ranks."""
     dispatcher: str | None = None
-    """MoE token dispatcher (:data:`collsim.parallel.dispatch.DISPATCHERS`): ``alltoall`` (k
+    """MoE token dispatcher (:data:`DISPATCHERS`): ``alltoall`` (k
     copies), ``deepep`` / ``hybridep`` (once per node over the network, then NVLink per GPU),
     ``allgather``; None: the stack's (``collsim.parallel.dispatch.STACK_DISPATCHER``), else
     ``alltoall``."""
@@ -429,8 +441,6 @@ class ParallelConfig:
     def _check_dispatch_keys(self) -> None:
         """The MoE dispatch keys on their own (their fit to the cluster is checked with the
         plan: :func:`collsim.parallel.dispatch.check_dispatch`)."""
-        from collsim.parallel.dispatch import DISPATCHERS, ROUTINGS
-
         mode = self.ep_overlap
         if isinstance(mode, bool):
             mode = "a2a" if mode else "none"

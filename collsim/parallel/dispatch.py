@@ -15,14 +15,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from math import comb, gcd
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from collsim.errors import ConfigError
+from collsim.parallel.config import DISPATCHERS, ROUTINGS, ParallelConfig, TrainingConfig
 
 if TYPE_CHECKING:
-    from collsim.parallel.plan import Plan
+    from collsim.topology import Topology
+    from collsim.workload.model import TransformerSpec
 
 __all__ = [
     "DISPATCHERS",
@@ -31,6 +33,7 @@ __all__ = [
     "DEEPEP_MAX_NVL_PEERS",
     "DISPATCH_SMS",
     "STACK_DISPATCHER",
+    "DispatchPlan",
     "Reach",
     "ep_layout",
     "expected_reach",
@@ -40,15 +43,21 @@ __all__ = [
     "check_dispatch",
 ]
 
-DISPATCHERS = ("alltoall", "deepep", "hybridep", "allgather")
-"""``parallel.dispatcher`` values (Megatron-Core ``moe_token_dispatcher_type`` alltoall /
-allgather, ``flex`` with ``moe_flex_dispatcher_backend`` deepep / hybridep)."""
 
-ROUTINGS = ("uniform", "node_limited", "balanced")
-"""``parallel.routing`` values: uniform random top-k (Megatron-Core
-``moe_router_force_load_balancing``: random logits, ``moe_utils.apply_random_logits``),
-node-limited to M nodes (DeepSeek-V3 report section 2.1.2 / 3.2.2, M = 4), consecutive experts
-(NeMo Automodel ``FakeBalancedGate``: token i picks experts (i k + j) mod E)."""
+class DispatchPlan(Protocol):
+    """What the dispatch rules read of a plan; :class:`collsim.parallel.plan.Plan` is one (named
+    by its shape, so that the plan can check its dispatch keys here)."""
+
+    @property
+    def parallel(self) -> ParallelConfig: ...
+    @property
+    def training(self) -> TrainingConfig: ...
+    @property
+    def spec(self) -> TransformerSpec: ...
+    @property
+    def topology(self) -> Topology: ...
+    def group_of(self, rank: int, axis: str) -> tuple[int, ...]: ...
+
 
 DEEPEP_MAX_RDMA_PEERS = 20
 """Nodes one DeepEP normal-kernel group may span: ``LEGACY_NUM_MAX_RDMA_PEERS`` 20
@@ -225,7 +234,7 @@ def simulate_routing(
     return Reach(float(k), float(d_g), float(d_n), float(remote))
 
 
-def ep_layout(plan: Plan, rank: int = 0) -> tuple[int, int]:
+def ep_layout(plan: DispatchPlan, rank: int = 0) -> tuple[int, int]:
     """(nodes, GPUs per node) of ``rank``'s EP group on the cluster."""
     group = plan.group_of(rank, "ep")
     gpn = plan.topology.gpus_per_node
@@ -233,7 +242,7 @@ def ep_layout(plan: Plan, rank: int = 0) -> tuple[int, int]:
     return nodes, len(group) // nodes
 
 
-def dispatcher_of(plan: Plan) -> str:
+def dispatcher_of(plan: DispatchPlan) -> str:
     """The plan's dispatcher: ``parallel.dispatcher``, else its stack's
     (:data:`STACK_DISPATCHER`), else ``alltoall``."""
     chosen = plan.parallel.dispatcher
@@ -243,7 +252,7 @@ def dispatcher_of(plan: Plan) -> str:
     return STACK_DISPATCHER.get(str(stack), "alltoall") if stack is not None else "alltoall"
 
 
-def dispatch_sms_of(plan: Plan) -> int | None:
+def dispatch_sms_of(plan: DispatchPlan) -> int | None:
     """SMs the dispatch kernels hold (``parallel.dispatch_sms``, else :data:`DISPATCH_SMS`;
     None: the device's NCCL figure)."""
     if plan.parallel.dispatch_sms is not None:
@@ -251,7 +260,7 @@ def dispatch_sms_of(plan: Plan) -> int | None:
     return DISPATCH_SMS[dispatcher_of(plan)]
 
 
-def check_dispatch(plan: Plan) -> None:
+def check_dispatch(plan: DispatchPlan) -> None:
     """The dispatch keys against the plan and the cluster (ConfigError, exit 2)."""
     par, spec = plan.parallel, plan.spec
     name = dispatcher_of(plan)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from collsim.parallel.context import kv_block_bytes
+from collsim.parallel.dispatch import dispatcher_of, ep_layout, expected_reach
 from collsim.vocab import ParallelAxis
 from collsim.workload.ops import activation_element_bytes
 
@@ -144,7 +145,6 @@ def _moe_forward(plan: Plan, e: int) -> list[LayerComm]:
 
     T tokens on the rank, D_n and D_g the expected distinct nodes and GPUs a token reaches
     under the plan's routing model (:func:`~collsim.parallel.dispatch.expected_reach`)."""
-    from collsim.parallel.dispatch import dispatcher_of, ep_layout, expected_reach
 
     spec, par = plan.spec, plan.parallel
     tokens = (

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
+from collsim.workload.memory import attention_parameters_per_rank
+
 if TYPE_CHECKING:
     from collsim.workload.model import TransformerSpec
 
@@ -48,7 +50,6 @@ def layer_tensors(
     ep=ep, etp=etp)``: MLA projections, routed experts (E / ep per rank, width / etp, as one
     grouped tensor per projection), shared experts and the router where the model has them.
     """
-    from collsim.workload.memory import attention_parameters_per_rank
 
     h, f = spec.hidden, spec.ffn_hidden
     norm = spec.norm_parameters() // h  # 2 (LN) or 1 (RMS)

@@ -1,42 +1,7 @@
 """The parallel plan: checks a TP x CP x PP x DP combination (with EP folded in) and maps
 ranks onto the cluster.
 
-Rank layout (``parallel.order``, :class:`~collsim.parallel.config.RankOrder`, Megatron-Core
-``RankGenerator`` order strings, fastest-varying first). Tensor parallel is innermost
-(consecutive ranks, inside a node; Narayanan et al. 2021, section 3.3), then context parallel
-(next to TP, so that the CP exchange stays in the node when tp x cp fits), then:
-
-- ``tp-cp-ep-dp-pp`` (the default; Megatron-Core's ``initialize_model_parallel`` default and
-  torchtitan's device mesh): data parallel, pipeline outermost. One stage's tp x cp x dp ranks
-  are consecutive, so the expert groups folded over them are consecutive too::
-
-    rank = ((pp_index * dp + dp_index) * cp + cp_index) * tp + tp_index
-
-- ``tp-cp-ep-pp-dp`` (Megatron-LM ``--use-tp-pp-dp-mapping``; collsim's only layout before the
-  key): pipeline, data parallel outermost::
-
-    rank = ((dp_index * pp + pp_index) * cp + cp_index) * tp + tp_index
-
-Experts (Megatron-Core ``RankGenerator`` with ``expert_tensor_parallel_size``): the tp x cp x
-dp ranks of one pipeline stage, taken in the order above (tp fastest, then cp, then dp), are
-refolded as etp x ep x edp (etp fastest), edp = tp x cp x dp / (ep x etp). An EP group is the
-ep ranks with the same etp and edp index; the expert data-parallel group (edp), which reduces
-the experts' gradients, the edp ranks with the same etp and ep index. With pp outermost this is
-Megatron's expert generator (``tp-ep-dp-pp`` over etp, ep, edp, pp) exactly. With dp
-outermost and pp > 1 Megatron requires edp = dp (ep x etp = tp x cp); collsim also folds
-larger EP groups, whose ranks then stride over the pipeline stages (a warning says so).
-
-HSDP (``fsdp.shard_group_size`` = g): the dp ranks of a (pp, cp, tp) position split into dp /
-g shard groups of g consecutive dp indices (``dp_shard``); ``dp_replicate`` links the ranks
-with the same index in each shard group.
-
-Pipeline layers: with interleaved 1F1B each stage holds ``virtual_stages`` model chunks; chunk
-``c`` of stage ``s`` is virtual stage ``c * pp + s`` and holds contiguous layers (Megatron's
-``get_num_layers_to_build`` with a virtual pipeline). Layers that divide evenly go l / (pp x v)
-per chunk, as before, and must divide unless asked otherwise: with ``pipeline_split:
-balanced`` (or ``account_for_embedding`` / ``account_for_loss``)
-:func:`collsim.workload.memory.balanced_chunk_layers` splits them unevenly, or
-``parallel.layers_per_stage`` lists them.
+Derivations, measurements and sources: docs/derivations.md, ``collsim.parallel.plan``.
 """
 
 from __future__ import annotations
@@ -49,8 +14,10 @@ import numpy as np
 
 from collsim.errors import CollsimWarning, ConfigError
 from collsim.parallel.config import ParallelConfig, TrainingConfig
+from collsim.parallel.dispatch import check_dispatch
 from collsim.parallel.pipeline import PipelineSchedule, get_schedule
 from collsim.vocab import ParallelAxis, RankOrder
+from collsim.workload.memory import balanced_chunk_layers
 
 if TYPE_CHECKING:
     from collsim.topology import Topology
@@ -93,7 +60,7 @@ def rank_axes(order: RankOrder, sizes: dict[str, int]) -> tuple[GridAxis, ...]:
 
 def grid_rank(axes: tuple[GridAxis, ...], index: dict[str, int]) -> int:
     """Global rank of the grid position ``index`` (axis name -> index, 0 where absent) on the
-    named ``axes``, fastest-varying first (module docstring)."""
+    named ``axes``, fastest-varying first (docs/derivations.md)."""
     rank = 0
     for axis in reversed(axes):
         rank = rank * axis.size + index.get(axis.name, 0)
@@ -252,7 +219,7 @@ class Plan:
         return self._axes
 
     def rank(self, *, dp: int, pp: int, tp: int, cp: int = 0) -> int:
-        """Global rank of grid position (dp, pp, cp, tp) (module docstring)."""
+        """Global rank of grid position (dp, pp, cp, tp) (docs/derivations.md)."""
         return grid_rank(self.axes, {"dp": dp, "pp": pp, "tp": tp, "cp": cp})
 
     def coords(self, rank: int) -> RankCoords:
@@ -608,8 +575,7 @@ def _ranks(ranks: tuple[int, ...] | list[int]) -> str:
 
 
 def _chunk_sizes(spec: TransformerSpec, parallel: ParallelConfig) -> tuple[int, ...]:
-    """Layers per virtual stage: explicit, even, or balanced (see the module docstring)."""
-    from collsim.workload.memory import balanced_chunk_layers
+    """Layers per virtual stage: explicit, even, or balanced (see docs/derivations.md)."""
 
     pp, v = parallel.pp, parallel.virtual_stages
     n = pp * v
@@ -826,7 +792,6 @@ def build_plan(
         chunk_sizes=tuple(sizes_per_chunk),
         order=order,
     )
-    from collsim.parallel.dispatch import check_dispatch
 
     check_dispatch(plan)  # the dispatch keys against the EP groups' nodes
     return plan

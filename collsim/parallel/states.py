@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from collsim.parallel.sharding import fp8_weight_bytes
+from collsim.vocab import ParallelAxis
 from collsim.workload.memory import ModelStateBytes, moe_model_state_bytes, stage_parameter_split
 
 if TYPE_CHECKING:
@@ -116,7 +117,6 @@ def rank_model_states(plan: Plan, stage: int = 0) -> RankStates:
 
 def _shard_groups(plan: Plan, stage: int) -> tuple[int, int]:
     """(N, N_e): the non-expert and expert shard group sizes of the first rank of ``stage``."""
-    from collsim.vocab import ParallelAxis
 
     rank = plan.stage_ranks(stage)[0]
     shard = {

@@ -14,6 +14,7 @@ pandas is imported here; ``collsim run`` must not import this module unless aske
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -21,8 +22,11 @@ from typing import Any
 
 import pandas as pd
 
-from collsim.errors import ConfigError
+from collsim.collectives import cost
+from collsim.errors import CollsimError, ConfigError
 from collsim.schedule.result import BREAKDOWN_KEYS, MEMORY_KEYS, StepResult
+from collsim.vocab import Algorithm, CollectiveOp
+from collsim.yamlio import read_input_text
 
 __all__ = [
     "BREAKDOWN_COLUMNS",
@@ -274,9 +278,6 @@ def read_collective_csv(path: str | Path) -> pd.DataFrame:
         ConfigError: the file cannot be read as CSV, a required column is missing or holds
             something that is not a number.
     """
-    import io
-
-    from collsim.yamlio import read_input_text
 
     path = Path(path)
     text = read_input_text(path, what="CSV file")
@@ -323,9 +324,6 @@ def collective_cost_frame(
     Returns:
         ``op, algorithm, protocol, size_bytes, time_s, algbw_bps, busbw_bps``.
     """
-    from collsim.collectives import cost
-    from collsim.errors import CollsimError
-    from collsim.vocab import Algorithm, CollectiveOp
 
     sizes = list(sizes_bytes)
     records = []

@@ -16,8 +16,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
+from matplotlib.figure import Figure
 
 from collsim.errors import ConfigError
+from collsim.study.goodput.closed_form import effective_training_time_ratio
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
@@ -35,7 +37,6 @@ def plot_goodput(result: GoodputResult, *, title: str = "") -> Figure:
     Raises:
         ConfigError: the result has no Monte Carlo (nothing to draw against the interval).
     """
-    from matplotlib.figure import Figure
 
     best, run = result.best_interval, result.timeline
     if best is None or run is None:
@@ -46,7 +47,6 @@ def plot_goodput(result: GoodputResult, *, title: str = "") -> Figure:
 
     grid = np.asarray(best.grid_s)
     fine = np.geomspace(grid[0], grid[-1], 200)
-    from collsim.study.goodput.closed_form import effective_training_time_ratio
 
     closed = np.array([effective_training_time_ratio(result.costs, float(t)) for t in fine])
     top.plot(fine, closed * per_day, color="C0", label="closed form (renewal, exact)")

@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from collsim.report.tables import format_table
+
 if TYPE_CHECKING:
     from collsim.scenario import Scenario
     from collsim.study.goodput.estimate import GoodputResult, Spread
@@ -45,7 +47,6 @@ def _bytes(value: float) -> str:
 
 def format_goodput_report(result: GoodputResult, scenario: Scenario) -> str:
     """The text report of ``collsim goodput``."""
-    from collsim.report.tables import format_table
 
     title = f"collsim goodput: {scenario.name} ({result.days:g} days)"
     lines = [title, "=" * len(title), *_setting_lines(result, scenario), ""]
@@ -163,7 +164,6 @@ def format_fleet_table(outcomes: list[tuple[str, Fleet, GoodputResult]]) -> str:
     """The plan at each fleet's failure rate: interruptions and effective training time (the
     run's length times the effective training time ratio), closed form and Monte Carlo mean
     with its 5th-95th percentile band."""
-    from collsim.report.tables import format_table
 
     def band(s: Spread | None, fmt: Any, scale: float = 1.0) -> str:
         if s is None:

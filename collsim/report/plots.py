@@ -22,9 +22,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
 from collsim.errors import ConfigError
+from collsim.report.frames import (
+    BREAKDOWN_COLUMNS,
+    MEMORY_COLUMNS,
+    memory_timeline_frame,
+    trace_frame,
+)
 from collsim.schedule.result import BREAKDOWN_KEYS, MEMORY_KEYS, StepResult
+from collsim.units import format_size
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -97,8 +108,6 @@ HBM_STYLE: dict[str, Any] = {"color": "#B00020", "linestyle": "--", "linewidth":
 
 
 def _new_figure(width_in: float, height_in: float) -> Figure:
-    from matplotlib.figure import Figure
-
     fig = Figure(figsize=(width_in, height_in), dpi=100, layout="constrained")
     fig.patch.set_facecolor("white")
     return fig
@@ -114,7 +123,6 @@ def save_figure(fig: Figure, path: str | Path, *, dpi: int = 150) -> Path:
     suffix = path.suffix.lower()
     if suffix not in IMAGE_SUFFIXES:
         raise ConfigError(f"image must end in .png or .svg, got {path.name!r}", key_path="plot")
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     FigureCanvasAgg(fig)  # Agg for PNG; SVG is written by its own backend via savefig
     try:
@@ -165,7 +173,6 @@ def scaling_table(
     Returns:
         ``series, num_gpus, throughput, speedup, ideal, efficiency, from_gpus``.
     """
-    import pandas as pd
 
     _need(frame, [series, x, throughput], "scaling plot")
     data = _feasible(frame).dropna(subset=[throughput])
@@ -236,7 +243,6 @@ def plot_scaling(
     ax_speed.set_title("Training speedup vs GPU count")
     ax_speed.set_xscale("log", base=2)
     ax_speed.set_yscale("log", base=2)
-    from matplotlib.ticker import FuncFormatter
 
     ax_speed.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
     ax_eff.set_xlabel("Number of GPUs")
@@ -281,7 +287,6 @@ def plot_memory(
     that is the point of the HBM line. Points without numbers (the plan could not be built) are
     left out.
     """
-    from collsim.report.frames import MEMORY_COLUMNS
 
     _need(frame, [series, x, *MEMORY_COLUMNS.values()], "memory plot")
     data = frame.dropna(subset=list(MEMORY_COLUMNS.values()))
@@ -363,7 +368,6 @@ def plot_memory_timeline(
 
 def _draw_memory(ax: Any, result: StepResult, rank: int) -> None:
     """Memory in use of ``rank`` over the step (GiB vs ms) with the HBM line, on ``ax``."""
-    from collsim.report.frames import memory_timeline_frame
 
     frame = memory_timeline_frame(result, rank)
     times_ms = np.asarray(frame["time_s"], dtype=float) * 1e3
@@ -415,7 +419,6 @@ def plot_step(
         comm: draw the communication lanes (a lane whose transfers all take no time is left
             out).
     """
-    from collsim.report.frames import trace_frame
 
     frame = trace_frame(result)
     if frame.empty or not (frame["stream"] == "compute").any():
@@ -650,7 +653,6 @@ def plot_pipeline(
         stage_of: pipeline stage of a rank, for row labels when the trace events carry no
             ``stage`` (default: the plan's, as each result records it in ``rank_stages``).
     """
-    from collsim.report.frames import trace_frame
 
     if not results:
         raise ConfigError("no schedule to draw", key_path="plot")
@@ -690,7 +692,6 @@ def plot_pipeline(
 
 def _present(value: Any) -> bool:
     """Not None, NaN or pandas' NA."""
-    import pandas as pd
 
     return value is not None and not bool(pd.isna(value))
 
@@ -701,7 +702,6 @@ def plot_breakdown(
     """Stacked horizontal bars of the step time per plan: compute, exposed TP / PP / DP
     communication, pipeline bubble, optimizer (in ms, or in s when a step takes 10 s or more).
     One bar per row of ``frame``."""
-    from collsim.report.frames import BREAKDOWN_COLUMNS
 
     _need(frame, [series, *BREAKDOWN_COLUMNS.values()], "breakdown plot")
     data = frame.dropna(subset=list(BREAKDOWN_COLUMNS.values()))
@@ -787,7 +787,6 @@ def plot_collectives(
     ax.set_xscale("log", base=2)
     sizes = sorted(set(frame["size_bytes"].astype(float)))
     ticks = [s for s in sizes if s > 0 and np.log2(s) % 4 == 0] or sizes
-    from collsim.units import format_size
 
     ax.set_xticks(ticks, [format_size(t).replace(" ", "") for t in ticks])
     ax.set_xlabel("Message size (bytes, nccl-tests size)")

@@ -1,33 +1,6 @@
 """Perfetto / Chrome trace of one simulated step (``collsim run --trace FILE``).
 
-The file is the Chrome Trace Event Format (JSON object form) that ui.perfetto.dev and
-chrome://tracing open:
-
-- one *process* per simulated rank (``pid`` = rank, named ``rank R`` by a ``process_name``
-  metadata event, ordered by ``process_sort_index``);
-- one *thread* per stream: ``compute`` (tid 1), ``tp`` (2), ``pp`` (3), ``dp`` (4, also
-  ZeRO/FSDP traffic), ``offload`` (5), any other stream after those, named by ``thread_name``;
-- every op as a complete slice (``ph: "X"``, ``ts``/``dur`` in microseconds, on a whole
-  nanosecond grid) with its args:
-  collectives carry ``bytes`` and ``algorithm`` as the engine recorded them;
-- memory in use as a counter track per rank (``ph: "C"``, name ``memory``, value in GiB);
-- flow arrows (``ph: "s"`` then ``ph: "f"`` with ``bp: "e"``, one ``id`` per arrow): from each
-  pipeline ``send`` slice to the ``recv`` slice of the same transfer on the next stage
-  (category ``pp_flow``), and from the compute slice a collective waits on (the one running
-  when it starts, else the last one before it on that rank) to the collective
-  (``comm_flow``). Both ends of an arrow lie inside their slice, which is how viewers bind a
-  flow to a slice.
-
-A stream runs one op at a time, so slices on one thread never overlap. Should two events on one
-stream overlap anyway (engine data from a stream with concurrent ops), the later one moves to an
-extra thread ``<stream> #2`` rather than producing a partial overlap, which trace viewers draw
-wrongly.
-
-A path ending in ``.gz`` is written gzip-compressed (Perfetto and chrome://tracing open both).
-
-Reference: "Trace Event Format", Google, https://docs.google.com/document/d/
-1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU (ph X / M / C; flow events s / t / f with
-``id``, ``cat`` and ``bp``; ts and dur in us).
+Derivations, measurements and sources: docs/derivations.md, ``collsim.report.trace``.
 """
 
 from __future__ import annotations

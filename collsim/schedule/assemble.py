@@ -16,6 +16,7 @@ from collsim.parallel.plan import Plan
 from collsim.schedule.memory import Timelines
 from collsim.schedule.result import MEMORY_KEYS, Breakdown, CollectiveStat, StepResult
 from collsim.units import GiB
+from collsim.workload import flops
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
@@ -92,8 +93,6 @@ def assemble(
     zero_communication: bool,
     timeline: bool = True,
 ) -> StepResult:
-    from collsim.workload import flops
-
     programs = engine.programs
     critical = max(programs.values(), key=lambda p: (p.end_s, -p.rank))
     step = critical.end_s

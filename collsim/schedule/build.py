@@ -27,12 +27,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from collsim.hardware import get_device
 from collsim.parallel.config import ParallelConfig, TrainingConfig
+from collsim.parallel.dispatch import dispatch_sms_of
+from collsim.parallel.layer_comms import layer_comms
 from collsim.parallel.pipeline import PipeOp
 from collsim.parallel.plan import Plan, build_plan
 from collsim.schedule.dataparallel import BytesPer, DataParallelRules
 from collsim.schedule.ops import BlockTimes, ChunkModel, Segment, StageModel, build_stage
 from collsim.vocab import Dtype
+from collsim.workload.compute import ComputeModel
+from collsim.workload.framework import framework_costs
+from collsim.workload.interference import overlap_slowdown
+from collsim.workload.kernels import slowest_gpu_factor
+from collsim.workload.ops import activation_element_bytes
 
 if TYPE_CHECKING:
     from collsim.hardware import Device
@@ -118,12 +126,9 @@ class StepSchedule:
         """
         if not self.step_interference or busbw_bps <= 0:
             return 1.0
-        from collsim.workload.interference import overlap_slowdown
 
         sms = None
         if axis in ("ep", "ep_node", "ep_local"):
-            from collsim.parallel.dispatch import dispatch_sms_of
-
             sms = dispatch_sms_of(self.plan)
         return overlap_slowdown(
             self.plan.topology.device,
@@ -145,7 +150,6 @@ class StepSchedule:
         """
         if not self.interference or dp_link_s <= 0 or compute_s <= 0:
             return 0.0
-        from collsim.workload.interference import overlap_slowdown
 
         factor = overlap_slowdown(
             self.plan.topology.device,
@@ -163,7 +167,6 @@ class StepSchedule:
 
 def bytes_per(training: TrainingConfig) -> BytesPer:
     """Bytes per parameter (ZeRO paper, mixed-precision Adam K = 12) and per activation."""
-    from collsim.workload.ops import activation_element_bytes
 
     dtype = Dtype(training.dtype)
     adam = str(training.optimizer) == "adam"
@@ -204,7 +207,6 @@ def _blocks(
     """Seconds of each layer kind (by its representative layer index), the embedding and the
     head per micro-batch (compute model or overrides), with the dgrad time of their
     column-parallel linears and the core-attention / expert seconds of a layer."""
-    from collsim.workload.compute import ComputeModel
 
     op_over = {k: v for k, v in overrides.items() if k not in BLOCK_OVERRIDE_KEYS}
     tr = plan.training
@@ -328,9 +330,6 @@ def _optimizer_s(
     optimizer = str(plan.training.optimizer)
     if par.zero == 3 and par.fsdp.offload:
         if not cpu:
-            from collsim.hardware import get_device
-            from collsim.workload.compute import ComputeModel
-
             cpu.append(ComputeModel(get_device("cpu"), "fp32"))
         return cpu[0].optimizer_time_s(local, optimizer)
     return model.optimizer_time_s(local, optimizer, str(plan.training.optimizer_implementation))
@@ -351,7 +350,8 @@ def _framework(
         key = (unit, local)
         hit = cache.get(key)
         if hit is None:
-            hit = cache[key] = model.framework_costs(
+            hit = cache[key] = framework_costs(
+                model,
                 unit_params=unit,
                 local_params=local,
                 dp=max(1, plan.dp),
@@ -405,7 +405,6 @@ def _imbalanced(spec: TransformerSpec, comms: list[LayerComm]) -> list[LayerComm
     k = spec.load_imbalance
     if k == 1.0:
         return comms
-    from dataclasses import replace
 
     return [replace(c, size_bytes=c.size_bytes * k) if c.op == "all_to_all" else c for c in comms]
 
@@ -436,7 +435,6 @@ def build_schedule(
     layers, emb, head, model = _blocks(plan, topology.device, overrides)
     if not overrides:
         # the slowest GPU of a synchronous step sets its pace (compute.md 1a: 5 % MAMF spread)
-        from collsim.workload.kernels import slowest_gpu_factor
 
         pace = slowest_gpu_factor(plan.num_gpus)
         layers = {r: _paced(b, pace) for r, b in layers.items()}
@@ -523,7 +521,6 @@ def _comms_lookup(plan: Plan, spec: TransformerSpec) -> Callable[[int], list[Lay
     """The EP / CP collectives of each layer index (None without EP, ETP or CP)."""
     if not (plan.cp > 1 or plan.ep > 1 or plan.etp > 1):
         return None
-    from collsim.parallel.layer_comms import layer_comms
 
     kinds = layer_kind_of(spec)
     by_kind = {r: _imbalanced(spec, layer_comms(plan, r)) for r in set(kinds.values())}

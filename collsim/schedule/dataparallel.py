@@ -1,33 +1,6 @@
 """Data-parallel rules of a step: model states, DDP/ZeRO buckets, FSDP units, optimizer.
 
-ZeRO (Rajbhandari et al. 2020) and FSDP (Zhao et al. 2023) over the DP group of size N:
-stage 0 is DDP (torch reducer: bucketed all-reduce in the last micro-batch's backward,
-``no_sync`` before); stage 1 reduce-scatters buckets after the last micro-batch and
-all-gathers the updated parameters after the optimizer (Megatron's distributed optimizer);
-stage 2 reduce-scatters buckets in every micro-batch's backward (DeepSpeed keeps only the
-reduced partition); stage 3 gathers each unit before its forward and backward and
-reduce-scatters its gradient after its backward, in every micro-batch. Model states per GPU
-follow: parameters 2 (4 in fp32) bytes per parameter, / N at stage 3; gradients the same, / N
-from stage 2; optimizer state K bytes (12 for mixed-precision Adam: fp32 master, m, v), / N
-from stage 1. With ``fsdp.offload`` the shards live in host memory: each gather first copies
-the shard over PCIe (``topology.host_bandwidth_bps``), each reduce-scatter copies the gradient
-shard back, and the optimizer runs on the CPU.
-
-Groups (Megatron-Core's gradient buffers; torchtitan's FSDP2 meshes): non-expert gradients
-are reduced over the dp x cp ranks (``dp``, or ``dp_cp`` with context parallelism), routed-
-expert gradients over the expert data-parallel group (``edp``); each part of an FSDP unit is
-gathered over its own group. HSDP (``fsdp.shard_group_size`` g) shards inside a group of g x cp
-ranks (``dp_cp_shard``; experts: ``edp_shard``) and replicates across: a gradient is
-reduce-scattered inside (input P e) and its shard all-reduced across the replicas
-(``dp_replicate`` / ``edp_replicate``, P e / shard), :mod:`collsim.parallel.sharding`.
-``fsdp.reduce_dtype: fp32`` moves 4-byte gradients (twice the bf16 reduce-scatter bytes) and
-``fsdp.fp8_all_gather`` gathers 1-byte weights. Model states follow
-:func:`collsim.parallel.states.rank_model_states` (the shard groups N and N_e, FP8 weight
-copies with zero < 3).
-
-These are plain rules over the schedule's data (no SimPy): the engine's
-:class:`~collsim.engine.dataparallel.DataParallel` plays them on the dp stream, the closed form
-(:mod:`collsim.estimate`) walks them.
+Derivations, measurements and sources: docs/derivations.md, ``collsim.schedule.dataparallel``.
 """
 
 from __future__ import annotations
@@ -37,6 +10,7 @@ from typing import Any
 
 from collsim.parallel.buckets import Bucket
 from collsim.parallel.plan import Plan
+from collsim.parallel.states import rank_model_states
 from collsim.schedule.ops import ChunkModel, Segment, StageModel
 from collsim.vocab import ParallelAxis
 
@@ -112,7 +86,7 @@ class StateBytes:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DataParallelRules:
-    """What the data-parallel dimension adds to a rank's step (see the module docstring)."""
+    """What the data-parallel dimension adds to a rank's step (see docs/derivations.md)."""
 
     dp: int
     zero: int
@@ -152,8 +126,6 @@ class DataParallelRules:
 
     @classmethod
     def from_plan(cls, plan: Plan, bytes_per: BytesPer, *, host_bps: float) -> DataParallelRules:
-        from collsim.parallel.states import rank_model_states
-
         par = plan.parallel
         full = DP if plan.cp == 1 else ParallelAxis.DP_CP
         hsdp = plan.shard_group_size != plan.dp

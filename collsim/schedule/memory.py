@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from collsim.errors import SimulationError
 from collsim.schedule.result import MEMORY_KEYS
 
@@ -50,8 +52,6 @@ class MemoryPattern:
     __slots__ = ("category", "events", "offsets", "deltas")
 
     def __init__(self, category: str, events: list[tuple[float, float, str, Any]]) -> None:
-        import numpy as np
-
         if category not in MEMORY_KEYS:
             raise SimulationError(f"unknown memory category {category!r}")
         self.category = category
@@ -154,7 +154,6 @@ class MemoryLedger:
         key = (len(self._events), len(self._placed))
         if self._arr is not None and self._arr_n == key:
             return self._arr
-        import numpy as np
 
         index = {k: i for i, k in enumerate(MEMORY_KEYS)}
         # the single events' columns in one transposition (zip(*) runs in C)
@@ -183,7 +182,6 @@ class MemoryLedger:
 
     def timeline(self) -> list[tuple[float, float]]:
         """Step-wise ``(time_s, bytes in use)`` after each distinct event time."""
-        import numpy as np
 
         arr = self._arrays()
         if not len(arr.times):
@@ -193,7 +191,6 @@ class MemoryLedger:
 
     def peak(self) -> MemoryPeak:
         """Highest total in use (checked after every event) and its category split."""
-        import numpy as np
 
         arr = self._arrays()
         current = dict.fromkeys(MEMORY_KEYS, 0.0)

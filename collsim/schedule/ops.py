@@ -1,80 +1,6 @@
 """What one pipeline stage runs: per model chunk, the forward and backward segments.
 
-A segment is the work of one FSDP unit / one backward gradient segment: the input embedding,
-one transformer layer, or the final norm + LM head + loss. It is a list of steps on the compute
-stream: compute (seconds, from the workload's roofline) and blocking tensor-parallel
-collectives. Megatron-LM places them (Shoeybi et al. 2019; Korthikanti et al. 2022, Fig. 5):
-
-- layer forward: attention, all-reduce, MLP, all-reduce (with sequence parallelism each becomes
-  an all-gather before the block and a reduce-scatter after it);
-- layer backward: the same two collectives again (the conjugate f/g operators); a full
-  recompute first re-runs the forward, collectives included; selective recompute re-runs only
-  the core attention (no communication);
-- embedding forward: vocab-parallel lookup, all-reduce (reduce-scatter with SP);
-- LM head: input all-gather with SP in forward; input-gradient all-reduce (reduce-scatter with
-  SP) in backward.
-- sequence parallelism, backward of every column-parallel linear (QKV, MLP up, LM head): the
-  layer saved only its sequence-sharded input, so backward all-gathers it again to compute the
-  weight gradient (Korthikanti et al. 2022, section 4.2.2; Megatron-LM's
-  ``LinearWithGradAccumulationAndAsyncCommunication.backward``). Megatron launches that
-  all-gather asynchronously and computes the input gradient (the dgrad GEMM, half of the
-  linear's backward FLOPs) meanwhile, so the step is ``Step(op="all_gather",
-  overlap_s=dgrad)``: the compute stream is busy for max(all-gather, dgrad) and only the excess
-  is exposed. The reduce-scatter of the input gradient, which Megatron overlaps with the wgrad
-  GEMM, stays blocking here.
-- vocab-parallel cross-entropy on the last stage (Megatron-LM's ``_VocabParallelCrossEntropy``):
-  three all-reduces over the TP group of ``micro_batch x seq`` fp32 values in the loss forward
-  (the logit maximum, the predicted logit, the sum of exponentials).
-
-Tensor-parallel messages are ``micro_batch x seq / cp x hidden`` activations in the compute
-dtype.
-
-Expert- and context-parallel collectives (:func:`collsim.parallel.layer_comms.layer_comms`)
-are steps of the same segments, on the group of their axis (``Step.axis``):
-
-- MoE layer: the MLP half runs router and permute, the EP dispatch all-to-all (DeepEP /
-  HybridEP across nodes: the network leg with the NVLink leg beside it, ``Step.beside``), [the etp
-  all-gather], the expert GEMMs, [the etp reduce-scatter], the EP combine all-to-all (blocking:
-  Megatron-Core's all-to-all dispatcher); backward the same in reverse (the gradient of the
-  combine is a dispatch), then the rest of the MLP backward;
-- CP all-gather (Llama 3, TE ``all_gather``): the attention half starts with the KV
-  all-gather and its backward ends with the dK/dV reduce-scatter, both blocking;
-- CP ring (TE ``p2p``): cp - 1 KV sends, each overlapped with the attention of one of the cp
-  blocks (``overlap_s`` = core attention / cp), then the last block; backward the same with KV
-  plus dKV;
-- without causal load balancing the busiest CP rank (the last chunk) does (2 cp - 1) / cp
-  times the mean core attention (its queries see every earlier chunk), and every layer waits
-  for it: the extra compute is added to the attention half. With balancing (2 cp chunks, rank
-  i holding i and 2 cp - 1 - i) every rank does the mean.
-
-A full recompute repeats the forward's collectives (three passes of the all-to-alls, as in
-:func:`collsim.parallel.moe.ep_step_bytes_per_rank`).
-
-EP overlap (``parallel.ep_overlap``; Megatron-Core ``--overlap-moe-expert-parallel-comm``,
-``megatron/core/models/common/model_chunk_schedule_plan.py``
-``TransformerLayerSchedulePlan.run``): in the 1F1B steady state the forward of one micro-batch
-and the backward of another run layer by layer together on a compute and a communication
-stream::
-
-    comm:    combine_bwd      | dispatch_fwd, dispatch_bwd    | combine_fwd
-    compute: pre_dispatch_fwd | mlp_bwd (+ wgrad), mlp_fwd    | pre_dispatch_bwd
-
-so each of the four all-to-alls of a layer pair runs beside one compute piece: the pair lasts
-max(c_b, pre_f) + max(d_f, mlp_b) + max(d_b, mlp_f) + max(c_f, pre_b), where pre is the
-layer's compute before its dispatch (attention, router, permute; in backward the same pieces'
-backward) and mlp its expert GEMMs. Under balanced routing the four all-to-alls of a pair
-move the same bytes on the same group, so the sum is unchanged when each pass pairs its own
-all-to-alls with its own pieces: forward dispatch beside pre_f, forward combine beside mlp_f,
-backward combine beside mlp_b, backward dispatch beside pre_b. That is how the paired
-segments (``ChunkModel.paired_forward`` / ``paired_backward``) write it, one step
-``Step(all_to_all, overlap_s=piece)`` per all-to-all, so every segment keeps its own compute
-and bytes and the engine and the closed form price it like any overlapped step. Which ops are
-paired (:func:`collsim.parallel.pipeline.paired_ops`): the steady-state ops of the stage;
-with no warm-up (pp = 1) the first forward and the last backward run alone, as Megatron's
-``combined_1f1b_schedule_for_no_pipelining``. The compute beside an all-to-all runs slower
-while it runs (the SMs its kernels take: ``SegmentPrices.step_s``, as for every overlapped
-step). Not modelled: the finer dependencies inside a phase, and the etp collectives, which
-stay blocking.
+Derivations, measurements and sources: docs/derivations.md, ``collsim.schedule.ops``.
 """
 
 from __future__ import annotations
@@ -177,7 +103,7 @@ class ChunkModel:
     units: list[FSDPUnit] = field(default_factory=list)
     paired_forward: list[Segment] | None = None
     """With ``parallel.ep_overlap``: the forward segments of a paired (steady-state) op, the
-    EP all-to-alls beside compute (module docstring); the other segments are shared."""
+    EP all-to-alls beside compute (docs/derivations.md); the other segments are shared."""
     paired_backward: list[Segment] | None = None
     input_grad: list[Segment] | None = None
     """With a schedule that splits backward: the input-gradient segments (the backward with
@@ -290,7 +216,7 @@ def _halves(steps: list[Step], seconds: float) -> tuple[list[Step], list[int]]:
 def _cp_steps(
     seconds: float, comms: list[LayerComm], attn_s: float, extra_s: float, *, forward: bool
 ) -> list[Step]:
-    """The attention half with its CP collectives (module docstring)."""
+    """The attention half with its CP collectives (docs/derivations.md)."""
     total = seconds + extra_s
     attn = min(attn_s + extra_s, total)
     out: list[Step] = []
@@ -309,7 +235,7 @@ def _cp_steps(
 def _ep_steps(
     seconds: float, comms: list[LayerComm], experts_s: float, *, forward: bool
 ) -> list[Step]:
-    """The MLP half of an MoE layer with its EP / etp collectives (module docstring)."""
+    """The MLP half of an MoE layer with its EP / etp collectives (docs/derivations.md)."""
     x = min(experts_s, seconds)
     nvl = {c.name.removesuffix("_nvl"): c for c in comms if c.name.endswith("_nvl")}
     lead = [c for c in comms if not c.name.endswith("_nvl")]
@@ -340,7 +266,7 @@ def _ep_steps(
 
 def _overlap_ep(steps: list[Step], *, forward: bool) -> list[Step]:
     """One pass of an MoE layer with its EP all-to-alls beside its own compute (the paired
-    form of the module docstring): the combine beside the nearest compute run on its expert
+    form in docs/derivations.md): the combine beside the nearest compute run on its expert
     side (the expert GEMMs: before it in forward, after it in backward), the dispatch beside
     the largest remaining run on its other side (attention, router, permute). A run is a
     stretch of consecutive compute steps; each run hides at most one all-to-all."""
@@ -429,7 +355,7 @@ def _with_comms(
 
 def _cp_imbalance(plan: Plan, block: BlockTimes) -> tuple[float, float]:
     """Extra core-attention seconds (forward, backward) of the busiest CP rank without causal
-    load balancing: (2 cp - 1) / cp times the mean, minus the mean (module docstring)."""
+    load balancing: (2 cp - 1) / cp times the mean, minus the mean (docs/derivations.md)."""
     cp = plan.cp
     if cp < 2 or plan.parallel.cp_load_balance:
         return (0.0, 0.0)

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from collsim.vocab import ParallelAxis
+from collsim.collectives import Group, cost
+from collsim.vocab import CollectiveOp, ParallelAxis
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -94,9 +95,6 @@ class ClosedPricer:
         if self.zero or len(ranks) < 2 or size_bytes <= 0:
             result = _NONE
         else:
-            from collsim.collectives import cost
-            from collsim.vocab import CollectiveOp
-
             c = cost(CollectiveOp(op), int(size_bytes), self._group(ranks))
             result = CallCost(float(c.time_s), str(c.algorithm), float(c.busbw_bps))
         self._cache[key] = result
@@ -107,8 +105,6 @@ class ClosedPricer:
         priced at several sizes)."""
         found = self._groups.get(ranks)
         if found is None:
-            from collsim.collectives import Group
-
             found = self._groups[ranks] = Group(self.topology, ranks)
         return found
 

@@ -9,6 +9,7 @@ resource limits before its cluster is built, then its cluster, its validated ste
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import warnings
@@ -17,7 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from collsim.engine import simulate_step
 from collsim.errors import CollsimWarning, ConfigError
+from collsim.estimate import estimate_step
+from collsim.limits import check_scenario
+from collsim.scenario import Scenario, load_scenario, scenario_from_doc
+from collsim.study.goodput.costs import checkpoint_state, job_costs
+from collsim.study.goodput.estimate import estimate_goodput
+from collsim.study.goodput.fleets import at_rate, levels
+from collsim.yamlio import YamlDoc
 
 if TYPE_CHECKING:
     from collsim.limits import Limits
@@ -81,8 +90,6 @@ def load(
 ) -> Scenario:
     """A scenario from a file, a loaded :class:`~collsim.scenario.Scenario` or a mapping, with
     the overrides applied as ``--set`` applies them (same checks, same error locations)."""
-    from collsim.scenario import Scenario, load_scenario, scenario_from_doc
-    from collsim.yamlio import YamlDoc
 
     texts = override_texts(overrides)
     if isinstance(scenario, Scenario):
@@ -146,7 +153,6 @@ def simulate_inputs(
                 "auto, fused or layer with --all-ranks, --trace or --plot",
                 key_path="--fidelity",
             )
-        from collsim.estimate import estimate_step
 
         return estimate_step(
             inputs.topology,
@@ -155,7 +161,6 @@ def simulate_inputs(
             inputs.parallel,
             stragglers=inputs.stragglers,
         )
-    from collsim.engine import simulate_step
 
     return simulate_step(
         inputs.topology,
@@ -217,7 +222,6 @@ def run_job(
         LimitError: the plan is beyond a resource limit.
         InfeasibleError: the plan cannot run.
     """
-    from collsim.limits import check_scenario
 
     loaded = load(scenario, overrides)
     check_scenario(loaded, limits, all_ranks=all_ranks)
@@ -242,7 +246,6 @@ def scenario_costs(scenario: Scenario, topology: Topology, result: StepResult) -
         ConfigError: no reliability section, or an interval shorter than a checkpoint write
             (located in the scenario file).
     """
-    from collsim.study.goodput.costs import checkpoint_state, job_costs
 
     reliability = scenario.reliability
     if reliability is None:
@@ -275,7 +278,6 @@ def job_goodput(
     Raises:
         ConfigError: the scenario has no reliability section (or a bad one).
     """
-    from collsim.study.goodput.estimate import estimate_goodput
 
     scenario = job.scenario
     costs = scenario_costs(scenario, job.topology, job.result)
@@ -303,9 +305,6 @@ def job_at_rate(job: Job, per_1000_node_days: float) -> Job:
     Raises:
         ConfigError: no reliability section, or components that add up to 0.
     """
-    import dataclasses
-
-    from collsim.study.goodput.fleets import at_rate
 
     require_reliability(job.scenario)
     assert job.scenario.reliability is not None
@@ -323,7 +322,6 @@ def job_fleet_goodput(
 ) -> list[tuple[str, Fleet, GoodputResult]]:
     """(level, fleet, goodput) of ``job`` at each fleet's rate, fleets ordered and named by
     :func:`collsim.study.goodput.fleets.levels`, each with ``runs`` seeded Monte Carlo runs."""
-    from collsim.study.goodput.fleets import levels
 
     return [
         (

@@ -18,6 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from collsim.errors import ConfigError
+from collsim.search import SearchSpace
+from collsim.vocab import RecomputeMode, ScheduleKind
+from collsim.yamlio import load_yaml
 
 __all__ = ["read_space"]
 
@@ -30,7 +33,6 @@ _INT_RANGES: dict[str, tuple[int, int | None]] = {
 
 def _choices(name: str) -> list[str] | None:
     """The allowed strings of a string axis (None: any)."""
-    from collsim.vocab import RecomputeMode, ScheduleKind
 
     enums: dict[str, Any] = {"schedules": ScheduleKind, "recomputes": RecomputeMode}
     enum = enums.get(name)
@@ -45,8 +47,6 @@ def read_space(path: str | Path, base: Any = None) -> Any:
         ConfigError: the file cannot be read, is not a mapping, names an unknown field or
             breaks a field's rule (exit 2).
     """
-    from collsim.search import SearchSpace
-    from collsim.yamlio import load_yaml
 
     doc = load_yaml(path)
     where = str(path)

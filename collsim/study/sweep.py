@@ -27,6 +27,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from collsim.errors import CollsimWarning, ConfigError, InfeasibleError
+from collsim.jobs import SchedulerLost, Workers
+from collsim.limits import check_plan
+from collsim.scenario import scenario_from_doc
+from collsim.study.job import StepInputs, simulate_inputs
+from collsim.topology import load_topology
+from collsim.yamlio import load_yaml
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -382,15 +388,12 @@ class SweepSource:
     """
 
     def __init__(self, path: str | Path) -> None:
-        from collsim.yamlio import load_yaml
-
         self.path = Path(path)
         self.doc = load_yaml(self.path)
         self.topologies: dict[tuple[str, int, int], Topology] = {}
 
     def scenario(self, overrides: Sequence[str] = ()) -> Scenario:
         """The scenario with ``overrides`` applied (each a ``key.path=value`` text)."""
-        from collsim.scenario import scenario_from_doc
 
         return scenario_from_doc(self.doc, overrides, source=self.path)
 
@@ -416,7 +419,6 @@ def cluster_for(
     by (spec, nodes, GPUs per node): a 512-node fat tree takes a while to build and is
     read-only.
     """
-    from collsim.topology import load_topology
 
     cache = {} if cache is None else cache
     probe = cache.get((spec, 0, 0))
@@ -480,8 +482,6 @@ def _default_simulate(
     topology: Topology, scenario: Scenario, *, trace: bool = False, all_ranks: bool = False
 ) -> StepResult:
     """The point's step as every caller simulates one (:mod:`collsim.study.job`)."""
-    from collsim.study.job import StepInputs, simulate_inputs
-
     return simulate_inputs(StepInputs.of(scenario, topology), all_ranks=all_ranks, trace=trace)
 
 
@@ -506,8 +506,6 @@ class LimitedSimulate:
         trace: bool = False,
         all_ranks: bool = False,
     ) -> StepResult:
-        from collsim.limits import check_plan
-
         check_plan(scenario, self.limits, gpus=topology.num_ranks, all_ranks=all_ranks)
         return _default_simulate(topology, scenario, trace=trace, all_ranks=all_ranks)
 
@@ -594,8 +592,6 @@ def run_sweep(
     Check the overrides first with :func:`check_overrides`: here a point whose overrides do not
     combine is recorded as infeasible (reason ``config``), not raised.
     """
-    from collsim.jobs import SchedulerLost, Workers
-
     options = dict(grow=grow, strong=strong, trace=trace, all_ranks=all_ranks, simulate=simulate)
     source: str | SweepSource = path if isinstance(path, SweepSource) else str(path)
     if scheduler is not None and not isinstance(source, SweepSource):
@@ -635,6 +631,7 @@ def sweep_frame(outcomes: Sequence[SweepOutcome]) -> pd.DataFrame:
     """The results frame of a sweep (:func:`collsim.report.frames.results_frame`): the point's
     coordinates, ``feasible``, ``reason``, every result field, the plan's ``warnings`` (joined
     with ``; ``) and ``elapsed_s`` (wall seconds of the point)."""
+    # start-up: the frames module loads pandas, only when a frame is asked for
     from collsim.report.frames import results_frame
 
     frame = results_frame(

@@ -3,8 +3,8 @@
 For each op and size: allocate the buffers, run the op once on known data and count the wrong
 elements (``#wrong``, summed over ranks), run the warm-ups, then time ``iters`` iterations,
 each right after a barrier so that no rank times its wait for a late peer (optionally spread
-over ``rounds`` sweeps; ``barrier_each=False`` times back-to-back iterations instead: on this
-2-core machine they showed a bimodal send_recv, 0.5 or 3.5 ms at 64 KiB). The time of an
+over ``rounds`` sweeps; ``barrier_each=False`` times back-to-back iterations instead, which
+can make a send_recv bimodal: docs/derivations.md, measurements). The time of an
 iteration is that of the slowest rank (an all-reduce MAX of the per-rank times), and the
 reported time of a size is the median over iterations.
 
@@ -26,12 +26,16 @@ import os
 import platform
 import socket
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from collsim.errors import ConfigError
 from collsim.units import parse_size
+from collsim.validate.dataset import COLUMNS, csv_preamble, csv_row, read_measurements
+from collsim.validate.launch import current_scheduling, in_torchrun, run_distributed
 
 __all__ = [
     "OPS",
@@ -347,6 +351,7 @@ def _probe_kernels(
     profiler session covers every op (a small buffer each); events are attributed to the op
     whose ``collsim:<op>`` range encloses them.
     """
+    # torch is optional (the validate extra): imported where ranks run
     from torch.profiler import ProfilerActivity, profile, record_function
 
     n = ctx.world_size
@@ -452,10 +457,6 @@ class _PointSink:
     """
 
     def __init__(self, config: BenchConfig, ctx: Any, kernels: dict[str, list[str]], total: int):
-        import sys
-
-        from collsim.validate.dataset import COLUMNS
-
         self.columns = list(COLUMNS)
         self.total, self.finished = total, 0
         self.started = time.monotonic()
@@ -483,7 +484,6 @@ class _PointSink:
                     "dtype": "float32",
                     "kernels": kernels,
                 }
-                from collsim.validate.dataset import csv_preamble
 
                 self._write(csv_preamble(meta))
             self.meta = {"world_size": ctx.world_size, "dtype": "float32", "backend": ctx.backend}
@@ -497,12 +497,8 @@ class _PointSink:
         """One (round, op, size) finished; ``point`` is set when that point is final."""
         self.finished += 1
         if point is not None and self.fd is not None:
-            from collsim.validate.dataset import csv_row
-
             self._write(csv_row(asdict(point), self.meta))
         if self.tty:
-            import sys
-
             elapsed = time.monotonic() - self.started
             left = elapsed / self.finished * (self.total - self.finished)
             what = f"{point.op} {point.size_bytes} B" if point is not None else ""
@@ -514,8 +510,6 @@ class _PointSink:
 
     def close(self) -> None:
         if self.tty:
-            import sys
-
             sys.stderr.write("\n")
             sys.stderr.flush()
         if self.fd is not None:
@@ -542,10 +536,9 @@ def bench_rank(ctx: Any, config: BenchConfig) -> dict[str, Any]:
         ``{"points": [BenchPoint...], "kernels": {op: [event names]}, "overhead": {...},
         "host": ..., "torch_version": ..., ...}``.
     """
+    # torch is optional (the validate extra): imported where ranks run
     import torch
     import torch.distributed as dist
-
-    from collsim.validate.launch import current_scheduling
 
     n, rank = ctx.world_size, ctx.rank
     points: list[BenchPoint] = []
@@ -670,8 +663,6 @@ def resume_state(
     Raises:
         ConfigError: the file was measured differently, or is not a bench CSV.
     """
-    from collsim.errors import ConfigError
-    from collsim.validate.dataset import read_measurements
 
     if not os.path.exists(path):
         return (), []
@@ -769,7 +760,6 @@ def check_bench_memory(config: BenchConfig, world_size: int, backend: str = "glo
         ConfigError: the estimate (:func:`bench_memory_bytes`) is above ``MemAvailable``
             (exit 2, naming ``--world-size`` and ``-e``).
     """
-    from collsim.errors import ConfigError
 
     need = bench_memory_bytes(config, world_size, backend)
     have = available_memory_bytes()
@@ -807,8 +797,6 @@ def run_bench(
     Raises:
         RankFailure: a rank failed or the run timed out (the message names the rank).
     """
-    from collsim.validate.launch import in_torchrun, run_distributed
-
     if world_size is not None and not in_torchrun():
         check_bench_memory(config, world_size, backend)
     started = _dt.datetime.now(_dt.UTC)

@@ -1,62 +1,28 @@
 """Fit a topology to measured collectives: link latency and bandwidth, and per op the algorithm,
 a fixed overhead and an efficiency, so that collsim's own cost formula reproduces the times.
 
-The closed form of every collective on a gloo topology is linear in the size (see
-:mod:`collsim.collectives.schedule`)::
-
-    time(S) = overhead_op + k_lat(op, alg, n) x L + S x k_bw(op, alg, n) / (B x eff_op)
-
-with L the link latency, B the link bandwidth and k_lat, k_bw the algorithm's latency steps and
-bytes per byte of size on the busiest link (ring all_reduce: 2(n-1) steps, 2(n-1)/n bytes). The
-coefficients k_lat and k_bw are read from the simulator itself, by building the schedule on a
-probe topology, so the fit matches whatever the collective code does.
-
-The fit, all by code:
-
-1. per op, a robust least-squares line ``time = a + b x size`` through the measured medians,
-   minimising relative residuals (each size counts alike) with Huber weights (iteratively
-   reweighted), a >= 0 and b > 0;
-2. per op, the algorithm: pinned by the caller, else gloo's own (ring for all_reduce,
-   all_gather, reduce_scatter and broadcast chains, direct for all_to_all and send_recv). One
-   world size cannot tell algorithms apart: their traffic differs by a constant factor, which
-   the per-op efficiency absorbs, and their latency steps by a constant, which the per-op
-   overhead absorbs. The link capacity each op implies is ``C = k_bw / b``;
-3. B = the largest chosen C, so that every efficiency C / B is in (0, 1]; L = the smallest
-   a / k_lat over ops, so that every overhead a - k_lat x L is >= 0;
-4. per op, a knee: a second regime above a size K where each byte costs more (gloo's ops cost
-   1.2-2.4 x more per byte above 1-3 MiB on the development machine, where their buffers leave
-   the cache). The model is the continuous hinge ``time = a + b x size + c x max(0, size -
-   K)``, c >= 0 (segmented least squares with one breakpoint, Hudson 1966, same relative
-   residuals and Huber weights as the line). K is a fitted parameter: it is searched on a grid
-   of ``KNEE_GRID_PER_OCTAVE`` sizes per factor of two between the third-smallest and the
-   second-largest fitted size (so at least 3 sizes lie at or below K and 2 above), and the K
-   whose hinge has the smallest sum of squared relative residuals wins. The breakpoint of a
-   cache effect falls between two measured sizes as often as on one: with K restricted to the
-   fitted sizes, a knee between 1 and 4 MiB had to sit on one of them. The knee is kept only if
-   an F-test of the nested models rejects the line at significance ``KNEE_ALPHA`` (0.05): F =
-   ((RSS_line - RSS_hinge) / 2) / (RSS_hinge / (m - 4)) over the m fitted sizes, RSS the sum of
-   squared relative residuals, 2 the parameters the hinge adds (c and K), compared with the
-   upper ``KNEE_ALPHA`` quantile of F(2, m - 4) (the standard test for an extra regime in
-   segmented regression; searching K makes it somewhat permissive, Davies 1987). A line that
-   already follows the points, or noise, gets no knee. An earlier rule (keep the knee if it
-   halves the line's *median* |residual|) could not see a knee when half of the fitted sizes
-   are flat latency points that both models fit alike. It is written as ``knee_bytes`` and
-   ``knee_efficiency`` = C' / B, with C' = k_bw / (b + c) the capacity implied above the knee.
-
-The backend's kernels, recorded by the bench with the torch profiler, are reported beside the
-fit: gloo in torch 2.13 runs reduce_scatter as a full all_reduce then keeps a slice, so its
-efficiency comes out about half that of a ring reduce_scatter would (twice the bytes).
+Derivations, measurements and sources: docs/derivations.md, ``collsim.validate.calibrate``.
 """
 
 from __future__ import annotations
 
+import itertools
+import json
 import math
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import yaml
+
+from collsim.collectives import Group, cost, schedule_for, supported
 from collsim.errors import ConfigError
+from collsim.topology import load_topology, parse_topology, resolve_topology_path
 from collsim.validate.dataset import Measurements
+from collsim.vocab import Algorithm, CollectiveOp
+from collsim.yamlio import load_yaml
 
 __all__ = [
     "OpFit",
@@ -184,7 +150,6 @@ def _fit_arrays(
     sizes_bytes: list[float], times_s: list[float], minimum: int, what: str
 ) -> tuple[Any, Any]:
     """Sizes and times as float arrays, checked: at least ``minimum`` points, times > 0."""
-    import numpy as np
 
     if len(sizes_bytes) < minimum:
         raise ConfigError(f"need at least {minimum} sizes to fit {what}, got {len(sizes_bytes)}")
@@ -200,7 +165,6 @@ def _huber_weights(resid: Any) -> Any | None:
 
     k = 1.345 robust sigmas, sigma = 1.4826 x median |residual| (Holland & Welsch 1977).
     """
-    import numpy as np
 
     sigma = 1.4826 * float(np.median(np.abs(resid)))
     if sigma <= 0:
@@ -223,7 +187,6 @@ def fit_line(
     Raises:
         ConfigError: fewer than two points, or a non-positive time.
     """
-    import numpy as np
 
     s, t = _fit_arrays(sizes_bytes, times_s, 2, "a line")
     weights = np.ones_like(t)
@@ -259,7 +222,6 @@ def _solve_nonnegative(rows: Any, target: Any) -> Any:
 
     Small enough to enumerate the active sets: every subset of {a, c} held at zero.
     """
-    import numpy as np
 
     best: tuple[float, Any] | None = None
     for free in ((0, 1, 2), (1, 2), (0, 1), (1,)):
@@ -294,7 +256,6 @@ def fit_hinge(
     Raises:
         ConfigError: fewer than three points, or a non-positive time.
     """
-    import numpy as np
 
     s, t = _fit_arrays(sizes_bytes, times_s, 3, "a knee")
     h = np.maximum(0.0, s - knee_bytes)
@@ -317,7 +278,7 @@ def fit_hinge(
 
 @dataclass(frozen=True, slots=True)
 class RegimeFit:
-    """The line of an op and, if it earned its place, a knee (see the module docstring)."""
+    """The line of an op and, if it earned its place, a knee (see docs/derivations.md)."""
 
     intercept_s: float
     seconds_per_byte: float
@@ -367,7 +328,6 @@ def best_knee(
 ) -> tuple[float, RegimeFit] | None:
     """The hinge with the least sum of squared relative residuals over the knees of
     :func:`knee_candidates`, with that sum; None when no knee gets an extra slope > 0."""
-    import numpy as np
 
     s = np.asarray(sizes_bytes, dtype=float)
     t = np.asarray(times_s, dtype=float)
@@ -389,12 +349,11 @@ def fit_two_regime(
     """The line, or the line with one knee when an F-test rejects the line at ``alpha``.
 
     Knees are tried on the grid of :func:`knee_candidates`; the one whose hinge has the smallest
-    sum of squared relative residuals is tested against the line (see the module docstring).
+    sum of squared relative residuals is tested against the line (see docs/derivations.md).
 
     Raises:
         ConfigError: fewer than two points, or a non-positive time.
     """
-    import numpy as np
 
     a, b, err = fit_line(sizes_bytes, times_s)
     line = RegimeFit(a, b, err, err)
@@ -417,8 +376,6 @@ def fit_two_regime(
 
 def _probe_topology(base: str, ranks_per_node: int, num_nodes: int) -> Any:
     """The base topology with probe link figures, zero overhead and no per-op settings."""
-    from collsim.topology import parse_topology, resolve_topology_path
-    from collsim.yamlio import load_yaml
 
     doc = load_yaml(resolve_topology_path(base))
     data = _probe_data(dict(doc.data))
@@ -442,8 +399,6 @@ def _probe_data(data: dict[str, Any]) -> dict[str, Any]:
 
 def _coefficients(topology: Any, op: str) -> dict[str, tuple[float, float]]:
     """(k_lat, k_bw) per algorithm that can run ``op`` on the whole topology (gloo: no NVLS)."""
-    from collsim.collectives import Group, schedule_for, supported
-    from collsim.vocab import Algorithm, CollectiveOp
 
     group = Group.all(topology)
     out: dict[str, tuple[float, float]] = {}
@@ -554,7 +509,7 @@ def calibrate(
     knees: bool = True,
     knee_alpha: float = KNEE_ALPHA,
 ) -> Calibration:
-    """Fit the topology ``base`` to the measurements (see the module docstring).
+    """Fit the topology ``base`` to the measurements (see docs/derivations.md).
 
     Args:
         meas: measured points with metadata (one world size).
@@ -667,10 +622,6 @@ def _yaml_float(value: float) -> str:
 
 def topology_yaml(cal: Calibration, name: str) -> str:
     """The calibrated topology as YAML text (the base file's shape, fitted figures)."""
-    import json
-
-    from collsim.topology import resolve_topology_path
-    from collsim.yamlio import load_yaml
 
     base = load_yaml(resolve_topology_path(cal.base)).data
     intra = dict(base["intra_node"])
@@ -726,7 +677,6 @@ def topology_yaml(cal: Calibration, name: str) -> str:
 
 def write_topology(cal: Calibration, path: str | Path, name: str | None = None) -> Path:
     """Write the calibrated topology and check that it loads back."""
-    from collsim.topology import load_topology
 
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -875,7 +825,6 @@ def nelder_mead(
     Returns:
         The best point and its value.
     """
-    import numpy as np
 
     n = len(x0)
     simplex = [np.asarray(x0, dtype=float)]
@@ -936,8 +885,6 @@ def _simulate_files(
     base_doc: Any, values: dict[str, float], files: list[Measurements]
 ) -> list[list[tuple[float, str]]]:
     """Simulated (time, algorithm/protocol) of every point of every file."""
-    from collsim.collectives import Group, cost
-    from collsim.topology import parse_topology
 
     data = _fabric_data(base_doc.data, values)
     doc = type(base_doc)(data=data, file=base_doc.file, lines=base_doc.lines)
@@ -971,8 +918,6 @@ def _file_fits(
     after: dict[str, float],
     files: list[Measurements],
 ) -> list[FileFit]:
-    import statistics
-
     out = []
     sims_before = _simulate_files(base_doc, before, files)
     sims_after = _simulate_files(base_doc, after, files)
@@ -1001,8 +946,6 @@ def _file_fits(
 def _fabric_base(files: list[Measurements], base: str | None) -> tuple[str, Any]:
     """The base topology's name (``base``, else the shipped file of the GPU the logs name)
     and its document, which must be an NCCL one."""
-    from collsim.topology import resolve_topology_path
-    from collsim.yamlio import load_yaml
 
     if base is None:
         devices = {str(m.metadata.get("device", "")) for m in files}
@@ -1029,8 +972,6 @@ def _stage_starts(keys: list[str], values: dict[str, float], multistart: bool) -
     ``multistart``, every combination of the start grids (and the current figure) per key."""
     starts = [[_encode(k, values[k]) for k in keys]]
     if multistart:  # the auto choice of algorithm switches with the figures: local minima
-        import itertools
-
         grids = [_start_grid(key) + (values[key],) for key in keys]
         starts += [
             [_encode(k, v) for k, v in zip(keys, combo)] for combo in itertools.product(*grids)
@@ -1052,7 +993,6 @@ def _transport_start(base_doc: Any) -> dict[str, float] | None:
     """The base's transport terms (``fabric.net_latency_us``, ``fabric.completion_us``) as its
     file and its kind's defaults set them, or None where the transport adds none (NCCL's own
     NET row: InfiniBand, RoCE, no kind)."""
-    from collsim.topology import parse_topology
 
     fabric = parse_topology(base_doc, nodes=2).fabric
     net_us = fabric.net_latency_s * 1e6
@@ -1298,7 +1238,6 @@ def calibrate_fabric(files: list[Measurements], *, base: str | None = None) -> F
 
 def fabric_yaml(cal: FabricCalibration, name: str) -> str:
     """The calibrated topology as YAML text, with the fit in its header comments."""
-    import yaml
 
     lines = [
         f"# Calibrated by `collsim validate calibrate` from {', '.join(f.path for f in cal.files)}",
@@ -1329,7 +1268,6 @@ def write_fabric_topology(
     cal: FabricCalibration, path: str | Path, name: str | None = None
 ) -> Path:
     """Write the calibrated multi-node topology and check that it loads back."""
-    from collsim.topology import load_topology
 
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)  # as write_topology does

@@ -9,12 +9,18 @@ absolute value. The plot is log-log time against size: measured points, simulate
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+from matplotlib.figure import Figure
+
+from collsim.collectives import Group, cost
 from collsim.errors import ConfigError
+from collsim.topology import load_topology
 from collsim.validate.calibrate import select_rows
 from collsim.validate.dataset import Measurements
 
@@ -62,7 +68,6 @@ class OpSummary:
 
 def topology_for(spec: str | Path, meas: Measurements) -> Any:
     """The topology ``spec`` sized to the measurement's ranks per node and node count."""
-    from collsim.topology import load_topology
 
     per_node = meas.ranks_per_node
     return load_topology(spec, nodes=max(1, meas.world_size // per_node), gpus_per_node=per_node)
@@ -84,9 +89,6 @@ def compare(
             row's ``ranks`` differs from it, or a measured time is not a finite number > 0 (as
             calibrate refuses it).
     """
-    import math
-
-    from collsim.collectives import Group, cost
 
     if topology.num_ranks != meas.world_size:
         raise ConfigError(
@@ -210,16 +212,10 @@ def plot_comparison(
     points: list[ComparedPoint], topology: Any, path: str | Path, title: str = ""
 ) -> Path:
     """Log-log time vs size: measured points, simulated lines (one colour per op)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    from collsim.collectives import Group, cost
 
     group = Group.all(topology)
-    fig, ax = plt.subplots(figsize=(7, 5))
+    fig = Figure(figsize=(7, 5))  # no pyplot: no global state, no backend to pick
+    ax = fig.subplots()
     ops: list[str] = []
     for p in points:
         if p.op not in ops:
@@ -255,5 +251,4 @@ def plot_comparison(
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110, bbox_inches="tight")
-    plt.close(fig)
     return out

@@ -19,12 +19,20 @@ rates by ``ranks x threads / cores`` when the ranks share the cores (see ``cpu_s
 
 from __future__ import annotations
 
+import multiprocessing as mp
+import os
+import queue
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import yaml
+
+from collsim.hardware import get_device
+from collsim.workload.compute import optimizer_bytes_per_param
 
 __all__ = [
     "ComputeGrid",
@@ -68,7 +76,7 @@ def attention_shape(
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ComputeGrid:
-    """What to time. ``quick()`` is the test grid (well under 20 s on a 2-core machine)."""
+    """What to time. ``quick()`` is the small grid the tests time."""
 
     gemm_dims: tuple[int, ...] = GEMM_DIMS
     gemm_max_flops: float = 4e9
@@ -126,8 +134,8 @@ def _median_time(fn: Callable[[], Any], reps: int, sync: Callable[[], None]) -> 
 COLD_BYTES = 64 * 2**20
 """Operand bytes cycled through per GEMM shape, above a CPU's last-level cache and a GPU's L2:
 in training a GEMM's operands (a weight used once per micro-batch, an activation written by
-other kernels in between) are not cache-resident as a benchmark that reuses one pair is (on
-the 2-core development machine a 64 x 768 x 256 fp32 GEMM ran at 95 GFLOP/s hot, 80 cold)."""
+other kernels in between) are not cache-resident as a benchmark that reuses one pair is (hot
+and cold rates in docs/derivations.md, measurements)."""
 
 
 _POOLS: dict[tuple[str, str, str], Any] = {}
@@ -197,10 +205,8 @@ def _gemm_time(
     The result is cold too: in a training step a GEMM writes into memory that other kernels
     used last (the allocator hands back a block freed long before), not the block a benchmark
     loop freed one call earlier. It matters most where the result is large beside the work,
-    the weight gradient with K = the tokens of a micro-batch: on the 2-core development VM
-    (Xeon, 2 MiB L2 per core) a 1024 x 256 x 64 fp32 wgrad took 198 us into a hot result and
-    559 us into results cycling through 64 buffers; inside a real step the same call took
-    612 us (torch profiler, validate/README.md)."""
+    the weight gradient with K = the tokens of a micro-batch (a wgrad into a hot result and
+    into cycling results, and inside a real step: docs/derivations.md, measurements)."""
     per = m * k + k * n
     pool = _pool(torch, dev, dtype)
     if pool.numel() < per:  # one pair larger than the pool: a pool of its own
@@ -237,6 +243,7 @@ def _dtypes(torch: Any, device: str) -> list[tuple[str, Any]]:
 
 
 def _sdpa_backends(torch: Any, device: str) -> list[tuple[str, Any]]:
+    # torch is optional (the validate extra): imported where ranks run
     from torch.nn.attention import SDPBackend
 
     out = [("flash2", SDPBackend.FLASH_ATTENTION), ("eager", SDPBackend.MATH)]
@@ -268,6 +275,7 @@ def _attention_rates(
     """``[kernel, causal, head dim, seq, forward TFLOP/s, backward TFLOP/s]`` of causal
     attention per SDPA backend that runs here, within the grid's FLOP cap (shapes and dtype:
     :func:`attention_shape`, :func:`attention_notes`)."""
+    # torch is optional (the validate extra): imported where ranks run
     from torch.nn.attention import sdpa_kernel
 
     attention: list[list[Any]] = []
@@ -345,8 +353,7 @@ def _bandwidth_rates(
     A step's memory-bound kernels read tensors written many kernels before (saved
     activations in backward, gradients, parameters) and write into blocks the allocator
     hands back cold; an add repeated on one triple of buffers finds them in the core's own
-    cache instead. On the 2-core development VM (2 MiB L2 per core) a 1 MiB add ran at 124
-    GB/s hot and 14 GB/s cold; at 4 MiB, 30 and 26 GB/s."""
+    cache instead (hot and cold rates of an add: docs/derivations.md, measurements)."""
     bandwidth: list[list[float]] = []
     for size in grid.mem_sizes_bytes:
         if size > grid.mem_max_bytes:
@@ -450,7 +457,6 @@ def _optimizer_bps(torch: Any, dev: Any, grid: ComputeGrid, sync: Callable[[], N
     opt = torch.optim.SGD(params, lr=1e-3)
     t_opt = _median_time(opt.step, max(grid.reps, 3), sync)
     # bytes as collsim counts an SGD step in fp32 (optimizer_bytes_per_param("sgd", "fp32"))
-    from collsim.workload.compute import optimizer_bytes_per_param
 
     bps: float = grid.optimizer_params * optimizer_bytes_per_param("sgd", "fp32") / t_opt
     return bps
@@ -466,8 +472,8 @@ def measure_profile(
     ``on_section`` gets the tables measured so far after each section (GEMMs, attention,
     bandwidth, host and optimizer, concurrency), with ``notes.sections`` naming those done, so
     that a caller can write them before the next one starts."""
-    import os
 
+    # torch is optional (the validate extra): imported where ranks run
     import torch
 
     torch.set_num_threads(grid.threads)
@@ -539,9 +545,9 @@ def _probe_worker(kind: str, iters: int, start: Any, out: Any) -> None:
 
     Ranks on separate cores share the last-level cache and the memory bandwidth, so what they
     cost one another depends on the traffic that reaches those, and differs between GEMMs
-    (operands reused from the core's cache) and streaming kernels. On the 2-core development
-    VM a mix of one GEMM and one add per iteration ran 1.01 x slower beside a second process on
-    one hot set of buffers, 1.08-1.17 x on cold blocks."""
+    (operands reused from the core's cache) and streaming kernels (docs/derivations.md,
+    measurements)."""
+    # torch is optional (the validate extra): imported where ranks run
     import torch
 
     torch.set_num_threads(1)
@@ -575,8 +581,6 @@ def concurrency_slowdown(
     the solo time. Measured, not assumed; ``validate step`` divides a profile's compute rates
     by the ``compute`` one and its memory-bound rates by the ``memory`` one for ranks that run
     at the same time on separate cores."""
-    import multiprocessing as mp
-    import queue
 
     if kind not in PROBE_KINDS:
         raise ValueError(f"kind must be one of {', '.join(PROBE_KINDS)}, got {kind!r}")
@@ -617,11 +621,6 @@ def concurrency_slowdown(
 
 def write_profile(path: str | Path, measured: dict[str, Any], *, device: str = "cpu") -> Path:
     """Write a device file (catalogue schema + ``measured``) that ``get_device(path)`` reads."""
-    import os
-
-    import yaml
-
-    from collsim.hardware import get_device
 
     base = get_device("cpu")
     cores = os.cpu_count() or 1

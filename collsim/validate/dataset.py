@@ -1,37 +1,6 @@
 """Measured and simulated collective tables on disk: one CSV schema, JSON, nccl-tests logs.
 
-Every collective table collsim writes (``collective -F csv``, ``validate bench -o x.csv``,
-``validate compare --csv``) uses one CSV schema, :data:`COLUMNS`, and every command that reads
-one (``validate calibrate``, ``validate compare``, ``validate holdout``, ``plot collectives``)
-reads any of them, plus the text log of any nccl-tests or rccl-tests ``*_perf`` binary and
-nccl-tests' ``-J`` JSON (:mod:`collsim.validate.nccltests`). What a file is, is told from its
-content (:func:`sniff`), not its suffix.
-
-A CSV starts with ``# key: value`` metadata lines (values in JSON), among them ``# schema:``
-(:data:`SCHEMA`) and ``# units:`` (:data:`UNITS`), then a header row and one row per point.
-pandas reads it with ``comment='#'``. Units are nccl-tests': size in bytes, time in
-microseconds, algbw and busbw in GB/s (1e9 B/s). Columns, in order:
-
-- ``op`` (collsim's names: all_reduce, all_gather, reduce_scatter, broadcast, reduce,
-  all_to_all, send_recv), ``size_bytes`` (nccl-tests' size: the larger of the send and receive
-  buffers), ``count`` (elements), ``dtype``, ``redop``, ``root``;
-- ``ranks``, ``nodes``: the group;
-- ``algorithm``, ``protocol``: what ran or what the simulator chose (empty when not known, as
-  in a measurement);
-- ``time_us``, ``algbw_gbps``, ``busbw_gbps``, ``wrong``: nccl-tests' out-of-place block (or
-  the only block); ``in_place_time_us``, ``in_place_algbw_gbps``, ``in_place_busbw_gbps``,
-  ``in_place_wrong``: the in-place block when there is one;
-- ``min_us``, ``p90_us``, ``iters``: spread and iterations (``validate bench``);
-- ``simulated_us``, ``error``: a comparison (``validate compare --csv``).
-
-Required: ``op``, ``size_bytes``, ``time_us`` and the rank count (a ``ranks`` column or a
-``world_size`` metadata line); the others may be missing or empty. Older bench CSVs (columns
-``type`` and ``world_size``) and ``collective -F csv`` files from before the schema
-(``size_bytes,time_us,algbw_GBps,busbw_GBps,algorithm``, no op) still read. Every value is
-checked: a bad one is ``file:line: column: rule, got value`` (ConfigError, exit 2).
-
-In memory a row is a dict keyed by the bench's field names (``type`` for dtype, ``world_size``
-for ranks) plus the optional columns it has; empty cells are left out.
+Derivations, measurements and sources: docs/derivations.md, ``collsim.validate.dataset``.
 """
 
 from __future__ import annotations
@@ -39,13 +8,24 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from collsim.errors import ConfigError
+from collsim.validate.nccltests import looks_like_log, parse_json, parse_log
+from collsim.validate.records import (
+    COLUMN_ALIASES,
+    COLUMNS,
+    KEY_COLUMN,
+    OPS,
+    ROW_KEY,
+    SCHEMA,
+    UNITS,
+    Measurements,
+    canonical_op,
+    check_value,
+)
+from collsim.yamlio import read_input_bytes
 
 __all__ = [
     "COLUMNS",
@@ -64,253 +44,9 @@ __all__ = [
     "format_table",
 ]
 
-#: The schema's name and version, written as ``# schema:``.
-SCHEMA = "collsim-collectives/2"
-
-#: Columns of the CSV schema, in order.
-COLUMNS = (
-    "op",
-    "size_bytes",
-    "count",
-    "dtype",
-    "redop",
-    "root",
-    "ranks",
-    "nodes",
-    "algorithm",
-    "protocol",
-    "time_us",
-    "algbw_gbps",
-    "busbw_gbps",
-    "wrong",
-    "in_place_time_us",
-    "in_place_algbw_gbps",
-    "in_place_busbw_gbps",
-    "in_place_wrong",
-    "min_us",
-    "p90_us",
-    "iters",
-    "simulated_us",
-    "error",
-)
-
-#: Units of the columns, written as ``# units:`` (nccl-tests' units; GB = 1e9 bytes).
-UNITS = {
-    "size_bytes": "bytes",
-    "count": "elements",
-    "time_us": "microseconds",
-    "algbw_gbps": "GB/s (1e9 bytes/s), size / time",
-    "busbw_gbps": "GB/s (1e9 bytes/s), algbw x nccl-tests' bus factor of op and ranks",
-    "in_place_time_us": "microseconds",
-    "min_us": "microseconds",
-    "p90_us": "microseconds",
-    "simulated_us": "microseconds",
-    "error": "(simulated - measured) / measured",
-}
-
-#: Ops collsim models (nccl-tests' collectives under collsim's names).
-OPS = (
-    "all_reduce",
-    "all_gather",
-    "reduce_scatter",
-    "broadcast",
-    "reduce",
-    "all_to_all",
-    "send_recv",
-)
-
-#: Other spellings of the ops: nccl-tests' binary names and their stems.
-_OP_ALIASES = {
-    "allreduce": "all_reduce",
-    "allgather": "all_gather",
-    "reducescatter": "reduce_scatter",
-    "alltoall": "all_to_all",
-    "sendrecv": "send_recv",
-}
-
-#: nccl-tests collectives collsim does not model (src/*.cu of nccl-tests 2.19.6).
-_UNMODELLED = ("gather", "scatter", "hypercube", "alltoallv")
-
-#: Header names of older files, mapped to the schema's.
-_ALIASES = {
-    "type": "dtype",
-    "world_size": "ranks",
-    "algbw_GBps": "algbw_gbps",
-    "busbw_GBps": "busbw_gbps",
-}
-
-#: Schema column -> key of the in-memory row (the bench's field names).
-_ROW_KEY = {"dtype": "type", "ranks": "world_size"}
-_KEY_COLUMN = {v: k for k, v in _ROW_KEY.items()}
-
-
-def canonical_op(text: str) -> str | None:
-    """collsim's name of an op written as collsim or nccl-tests does (``allreduce``,
-    ``all_reduce_perf``, ``alltoall``), or None."""
-    name = text.strip().lower()
-    name = name.removesuffix("_perf").removesuffix("_mpi")
-    if name in OPS:
-        return name
-    return _OP_ALIASES.get(name.replace("_", ""))
-
-
-def _unknown_op(text: str) -> str:
-    name = text.strip().lower().removesuffix("_perf")
-    if name in _UNMODELLED:
-        return f"nccl-tests' {name} is not modelled by collsim (modelled: {', '.join(OPS)})"
-    return f"unknown op {text!r} (choose from {', '.join(OPS)})"
-
-
-def _finite(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError
-    return value
-
-
-def _integer(text: str) -> int:
-    value = float(text)
-    if not math.isfinite(value) or value != int(value):
-        raise ValueError
-    return int(value)
-
-
-MAX_TIME_US = 1e12
-"""Longest time one measured call may take (11.6 days): beyond it a value is a typo or a
-corrupt file, and its logarithm would overflow the plots."""
-
-
-MAX_SIZE_BYTES = 2**50
-"""Largest message one measured call may move (1 PiB, thousands of times any device's memory):
-beyond it a value is a typo or a corrupt file, and fits of time against size overflow."""
-
-
-def _size(text: str) -> str | None:
-    value = float(text)
-    if value < 0:
-        return "must be >= 0"
-    return None if value <= MAX_SIZE_BYTES else f"must be <= 2**50 bytes, got {value:g}"
-
-
-def _positive(text: str) -> str | None:
-    try:
-        value = float(text)
-    except ValueError:
-        return "not a number"
-    if not (math.isfinite(value) and value > 0):
-        return "must be a finite number > 0"
-    return None if value <= MAX_TIME_US else f"must be <= {MAX_TIME_US:g} us, got {value:g}"
-
-
-def _non_negative(text: str) -> str | None:
-    try:
-        value = float(text)
-    except ValueError:
-        return "not a number"
-    return None if math.isfinite(value) and value >= 0 else "must be a finite number >= 0"
-
-
-_Check = tuple[Callable[[str], Any], Callable[[str], str | None] | None, str]
-
-#: Per column: how the text converts, the rule it must pass, and the rule in words.
-_CHECKS: dict[str, _Check] = {
-    "size_bytes": (_integer, _size, "an integer"),
-    "count": (_integer, _size, "an integer"),
-    "root": (_integer, None, "an integer"),
-    "ranks": (_integer, lambda t: None if float(t) >= 1 else "must be >= 1", "an integer"),
-    "nodes": (_integer, lambda t: None if float(t) >= 1 else "must be >= 1", "an integer"),
-    "wrong": (_integer, lambda t: None if float(t) >= 0 else "must be >= 0", "an integer"),
-    "in_place_wrong": (_integer, lambda t: None if float(t) >= 0 else "must be >= 0", "an integer"),
-    "iters": (_integer, lambda t: None if float(t) >= 1 else "must be >= 1", "an integer"),
-    "time_us": (_finite, _positive, "a number"),
-    "in_place_time_us": (_finite, _positive, "a number"),
-    "min_us": (_finite, _positive, "a number"),
-    "p90_us": (_finite, _positive, "a number"),
-    "simulated_us": (_finite, _positive, "a number"),
-    "algbw_gbps": (_finite, _non_negative, "a number"),
-    "busbw_gbps": (_finite, _non_negative, "a number"),
-    "in_place_algbw_gbps": (_finite, _non_negative, "a number"),
-    "in_place_busbw_gbps": (_finite, _non_negative, "a number"),
-    "error": (_finite, None, "a number"),
-}
-_TEXT_COLUMNS = {"op", "dtype", "redop", "algorithm", "protocol"}
-
-
-def check_value(column: str, text: str, *, file: str, line: int) -> Any:
-    """The value of one cell, checked against its column's rule.
-
-    Raises:
-        ConfigError: ``file:line: column: rule, got text``.
-    """
-    raw = text.strip()
-    if column == "op":
-        op = canonical_op(raw)
-        if op is None:
-            raise ConfigError(_unknown_op(raw), key_path="op", file=file, line=line)
-        return op
-    if column in _TEXT_COLUMNS:
-        return raw
-    convert, rule, kind = _CHECKS[column]
-    try:
-        float(raw)
-    except ValueError:
-        raise ConfigError(f"not a number: {raw!r}", key_path=column, file=file, line=line) from None
-    problem = rule(raw) if rule is not None else None
-    if problem is None:
-        try:
-            return convert(raw)
-        except (ValueError, OverflowError):
-            problem = f"must be {kind}"
-    raise ConfigError(f"{problem}, got {raw}", key_path=column, file=file, line=line)
-
-
-@dataclass
-class Measurements:
-    """Rows of a collective table (dicts, see the module docstring) and its metadata.
-
-    ``kind`` says what the file was: ``csv``, ``json``, ``nccl-tests`` (a text log),
-    ``nccl-tests-json`` (``-J``), ``rccl-tests`` or ``collective-json``.
-    """
-
-    rows: list[dict[str, Any]]
-    metadata: dict[str, Any]
-    path: str = ""
-    kind: str = "csv"
-    header: dict[str, Any] = field(default_factory=dict)
-    """``schema`` and ``units`` lines of the file (kept apart from the metadata)."""
-
-    def ops(self) -> list[str]:
-        """Ops present, in first-seen order."""
-        seen: list[str] = []
-        for row in self.rows:
-            if row["op"] not in seen:
-                seen.append(row["op"])
-        return seen
-
-    @property
-    def world_size(self) -> int:
-        """World size of the measurement (metadata, else the rows)."""
-        if "world_size" in self.metadata:
-            return int(self.metadata["world_size"])
-        return int(self.rows[0]["world_size"])
-
-    @property
-    def num_nodes(self) -> int:
-        """Nodes of the measurement (metadata ``num_nodes``, else the rows' ``nodes``, else 1)."""
-        if "num_nodes" in self.metadata:
-            return int(self.metadata["num_nodes"])
-        return int(self.rows[0].get("nodes", 1))
-
-    @property
-    def ranks_per_node(self) -> int:
-        """Ranks per node (metadata, else world size / nodes)."""
-        if "ranks_per_node" in self.metadata:
-            return int(self.metadata["ranks_per_node"])
-        return max(1, self.world_size // self.num_nodes)
-
 
 def _cell(row: dict[str, Any], column: str, metadata: dict[str, Any]) -> str:
-    key = _ROW_KEY.get(column, column)
+    key = ROW_KEY.get(column, column)
     value = row.get(key)
     if value is None and column == "nodes":
         value = metadata.get("num_nodes")
@@ -341,7 +77,7 @@ def csv_row(row: dict[str, Any], metadata: dict[str, Any] | None = None) -> str:
 
 
 def _schema_row(row: dict[str, Any]) -> dict[str, Any]:
-    return {_KEY_COLUMN.get(k, k): v for k, v in row.items()}
+    return {KEY_COLUMN.get(k, k): v for k, v in row.items()}
 
 
 def write_measurements(
@@ -381,9 +117,9 @@ def _convert(
         text = cells.get(column)
         if text is None or not str(text).strip() or str(text).strip().upper() == "N/A":
             continue
-        out[_ROW_KEY.get(column, column)] = check_value(column, str(text), file=path, line=line)
+        out[ROW_KEY.get(column, column)] = check_value(column, str(text), file=path, line=line)
     for column in ("op", "size_bytes", "time_us"):
-        if _ROW_KEY.get(column, column) not in out:
+        if ROW_KEY.get(column, column) not in out:
             raise ConfigError("missing value", key_path=column, file=path, line=line)
     if "world_size" not in out:
         if "world_size" not in metadata:
@@ -400,7 +136,6 @@ def _convert(
 def sniff(text: str) -> str:
     """What a decoded file holds: ``json``, ``nccl-tests`` (an nccl-tests or rccl-tests text
     log) or ``csv``."""
-    from collsim.validate.nccltests import looks_like_log
 
     head = text.lstrip()
     if head.startswith("{"):
@@ -417,7 +152,6 @@ def read_text(path: str | Path) -> str:
         ConfigError: missing, unreadable, or binary (NUL bytes or not UTF-8), with the line of
             the first bad byte.
     """
-    from collsim.yamlio import read_input_bytes
 
     src = Path(path)
     if not src.exists():
@@ -452,8 +186,6 @@ def read_measurements(path: str | Path, op: str | None = None) -> Measurements:
     text = read_text(src)
     kind = sniff(text)
     if kind == "nccl-tests":
-        from collsim.validate.nccltests import parse_log
-
         return parse_log(text, str(src), op)
     if kind == "json":
         return _read_json(text, str(src))
@@ -468,8 +200,6 @@ def _read_json(text: str, path: str) -> Measurements:
     if not isinstance(doc, dict):
         raise ConfigError("expected a JSON object", file=path)
     if "results" in doc and ("nccl_version" in doc or "config" in doc):
-        from collsim.validate.nccltests import parse_json
-
         return parse_json(doc, text, path)
     if "rows" in doc and "op" in doc:  # collsim collective -F json
         metadata = {k: v for k, v in doc.items() if k != "rows"}
@@ -479,7 +209,7 @@ def _read_json(text: str, path: str) -> Measurements:
         for i, point in enumerate(doc["rows"]):
             if not isinstance(point, dict):
                 raise ConfigError("expected an object", key_path=f"rows[{i}]", file=path)
-            cells = {_ALIASES.get(str(k), str(k)): _json_cell(v) for k, v in point.items()}
+            cells = {COLUMN_ALIASES.get(str(k), str(k)): _json_cell(v) for k, v in point.items()}
             cells.setdefault("op", str(doc["op"]))
             if "/" in cells.get("algorithm", ""):  # the label, algorithm/protocol
                 cells["algorithm"], cells["protocol"] = cells["algorithm"].split("/", 1)
@@ -497,7 +227,7 @@ def _read_json(text: str, path: str) -> Measurements:
     for i, point in enumerate(points):
         if not isinstance(point, dict):
             raise ConfigError("expected an object", key_path=f"points[{i}]", file=path)
-        cells = {_ALIASES.get(str(k), str(k)): _json_cell(v) for k, v in point.items()}
+        cells = {COLUMN_ALIASES.get(str(k), str(k)): _json_cell(v) for k, v in point.items()}
         rows.append(_convert(cells, path, _json_line(text, "points", i), metadata))
     header = {k: doc[k] for k in ("schema", "units") if k in doc}
     return _finish(rows, metadata, path, "json", header)
@@ -550,7 +280,7 @@ def _read_csv(text: str, path: str) -> Measurements:
     if not body:
         raise ConfigError("no header row and no measured rows", file=path)
     head_line, head = body[0]
-    names = [_ALIASES.get(n.strip(), n.strip()) for n in next(csv.reader([head]))]
+    names = [COLUMN_ALIASES.get(n.strip(), n.strip()) for n in next(csv.reader([head]))]
     if "op" not in names and "op" not in metadata:
         raise ConfigError(
             f"no 'op' column (header {head.strip()!r}); expected the collsim CSV schema "

@@ -2,56 +2,22 @@
 loop, and the topology they calibrate ("in situ": under the scheduler and the load the step
 itself runs under).
 
-Why (measured on the 2-vCPU development VM, torch 2.13 gloo, 2 ranks x 1 thread): the shipped
-``localhost_gloo_n2`` topology is calibrated by ``collsim validate bench --realtime``, whose
-ranks run under ``SCHED_RR`` (``validate/README.md``, "Why --realtime"). ``validate step`` runs
-under the default policy, where every hand-off of a gloo collective (caller, process-group
-worker, transport loop) may wait out another thread's time slice: the same bench under the
-default policy (``validate/data/earlier/sched_other/localhost_gloo_n2*.csv``, loads 0-1) put a
-1 MiB all_reduce at 1.38-2.19 ms median against 0.69 ms under SCHED_RR
-(``validate/data/localhost_gloo_n2.csv``) and 16 MiB at 16.0-18.6 ms against 9.3 ms. Other
-processes on the machine stretch it further: in the step's loop at 1-minute loads 0.3-10 the
-13 all-reduces of ddp_b1 took 17.9-47.2 ms and the one of ddp_b25 13.3-44.3 ms, where the
-RR-calibrated topology prices them at 9.1 and 8.0 ms. On a quiet machine (2026-12-01) the DDP
-steps measured 17.7 (ddp_b25) and 19.9 ms (ddp_b1) above the no-communication step of 26.8 ms.
-So the collectives are timed where the step runs:
-each iteration, after the modes, each mode's collectives alone, after a barrier, slowest rank:
-
-* a DDP mode: one all_reduce per gradient bucket of torch's reducer (the bucket sizes read back
-  from it, as :func:`collsim.validate.step.ddp_bucket_count` does), all issued at once and
-  waited for, as the reducer issues them; the time per call is the group's over the calls;
-* ``fsdp``: the sketch's collectives, one at a time as it runs them: each unit's all-gather,
-  then each unit's reduce-scatter in reverse order; each call timed.
-
-and a fixed compute (:data:`OVERLAP_GEMM`) alone, 1 MiB all-reduces of the model's gradient
-bytes alone, and both at once (:func:`overlap_probe`): what a collective beside compute costs
-on this host now (:func:`measured_overlap_cost`).
-
-:func:`insitu_topology` fits the base topology to those points with
-:func:`collsim.validate.calibrate.calibrate` (one line per op, no knee: the points are the
-step's own sizes), so the simulated collectives cost what they cost beside this step.
-
-DDP's own gradient copies (torch ``reducer.cpp``, ``gradient_as_bucket_view=False``, torch's
-default): in backward each gradient is copied into its bucket with the division by the world
-size fused (``at::mul_out(bucket_view, grad, 1 / world_size)``), and after the bucket's
-all_reduce the bucket is copied back into the gradient (``copy_bucket_to_grad``): a read and a
-write of 4 bytes per parameter each way, 16 bytes per parameter on the rank's core, work the
-no-communication step does not do. :func:`time_ddp_copies` runs exactly those two passes over
-the model's gradients (the same tensors, a flat buffer of the model's size), in the same loop.
-
-On the CPU ranks a collective's CPU work (gloo's copies and reductions, the kernel's loopback
-copies) and the compute share the CPU the ranks get (:func:`sharing_factor`): the DDP modes are
-simulated with their buckets overlapping backward, and what the engine overlapped costs
-``(f - 1)`` x its link time more (breakdown ``dp_on_busy_cores``; f = 2 for 2 ranks of 1
-thread on 2 cores: nothing hides, quiet or, with Linux's per-session autogroup on, loaded);
-the DDP modes add their copies on the compute thread (breakdown ``framework``).
+Derivations, measurements and sources: docs/derivations.md, ``collsim.validate.insitu``.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from typing import Any
+
+from collsim.errors import ConfigError
+from collsim.schedule.pricing import ClosedPricer
+from collsim.topology import load_topology, parse_topology
+from collsim.validate.calibrate import calibrate, topology_yaml
+from collsim.validate.dataset import Measurements
+from collsim.yamlio import parse_yaml_text
 
 __all__ = [
     "PROBE_PREFIX",
@@ -253,8 +219,6 @@ def _second_point(row: dict[str, Any], base: str, nodes: int, gpus_per_node: int
     """An op timed at one size only (one DDP mode): a line needs two points, so the second is
     the base topology's time at twice the size, scaled by timed / base at the timed size (the
     base's shape of the line, through the timed point)."""
-    from collsim.schedule.pricing import ClosedPricer
-    from collsim.topology import load_topology
 
     pricer = ClosedPricer(load_topology(base, nodes=nodes, gpus_per_node=gpus_per_node))
     ranks = tuple(range(int(row["world_size"])))
@@ -276,11 +240,6 @@ def insitu_topology(
         ``(topology, yaml_text, "")``, or ``(None, "", why not)`` when the report has no probes
         or the fit fails.
     """
-    from collsim.errors import ConfigError
-    from collsim.topology import parse_topology
-    from collsim.validate.calibrate import calibrate, topology_yaml
-    from collsim.validate.dataset import Measurements
-    from collsim.yamlio import parse_yaml_text
 
     rows = probe_points(report)
     if not rows:
@@ -313,7 +272,6 @@ def insitu_topology(
 def probe_summary(report: dict[str, Any], topology: Any) -> list[str]:
     """One line per probed mode: its collectives' measured time in the step's loop beside
     what ``topology`` prices them at, and the DDP copies."""
-    from collsim.schedule.pricing import ClosedPricer
 
     pricer = ClosedPricer(topology)
     ranks = tuple(range(int(report["world_size"])))
@@ -360,7 +318,6 @@ def sharing_factor(report: dict[str, Any]) -> float:
     (with autogroup) loaded: a collective beside the compute costs its whole time; with free
     cores f = 1.
     """
-    import os
 
     measured = measured_overlap_cost(report)
     if measured is not None:
@@ -389,7 +346,7 @@ def sharing_factor(report: dict[str, Any]) -> float:
 UNCONTENDED_SHARE = 0.95
 """A local step whose thread got at least this share of a core ran uncontended. ASSUMPTION:
 on an idle core a single-threaded step's CPU time is within a few % of its wall time (page
-faults, interrupts); not measured on an idle host here (the development VM was loaded)."""
+faults, interrupts); not measured on an idle host."""
 
 
 def peer_idle_boost(report: dict[str, Any]) -> float:
@@ -403,7 +360,6 @@ def peer_idle_boost(report: dict[str, Any]) -> float:
         per thread                             min(1, C / (E + T)) / s, E as in
                                                :func:`sharing_factor`
     """
-    import os
 
     share = float(report.get("local_cpu_share", 1.0) or 1.0)
     if share >= UNCONTENDED_SHARE:

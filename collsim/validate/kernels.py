@@ -36,6 +36,11 @@ from pathlib import Path
 from typing import Any
 
 from collsim.errors import ConfigError
+from collsim.validate.compute import ComputeGrid, attention_shape
+from collsim.vocab import OpKind
+from collsim.workload.compute import ComputeModel, optimizer_bytes_per_param
+from collsim.workload.model import TransformerSpec
+from collsim.workload.ops import Gemm, Op, activation_element_bytes, elementwise_op
 
 __all__ = [
     "KernelRow",
@@ -138,8 +143,6 @@ def _attention_layout(notes: dict[str, Any]) -> tuple[int | None, int | None, st
 def _gemm_rows(
     profile: Any, models: Callable[..., Any], skipped: dict[str, int]
 ) -> list[KernelRow]:
-    from collsim.workload.ops import Gemm
-
     rows = []
     for m, n, k, dtype, tflops in profile.measured.gemm:
         gemm = Gemm(m, n, k)
@@ -172,7 +175,6 @@ def _attention_model_s(
     dtype: str,
 ) -> tuple[float, float]:
     """(forward, backward) seconds of the attention ops of a layer of this shape."""
-    from collsim.workload.model import TransformerSpec
 
     eager = kernel == "eager"
     model = models(dtype, attention_kernel=kernel, causal=causal, fused_kernels=not eager)
@@ -201,8 +203,6 @@ def _skip(skipped: dict[str, int], what: str) -> None:
 def _attention_rows(
     profile: Any, models: Callable[..., Any], skipped: dict[str, int]
 ) -> list[KernelRow]:
-    from collsim.validate.compute import attention_shape
-
     tokens, hidden, dtype = _attention_layout(_notes(profile))
     rows = []
     for kernel, causal, d, s, fwd_tflops, bwd_tflops in profile.measured.attention:
@@ -235,9 +235,6 @@ def _attention_rows(
 def _memory_rows(
     profile: Any, models: Callable[..., Any], skipped: dict[str, int]
 ) -> list[KernelRow]:
-    from collsim.vocab import OpKind
-    from collsim.workload.ops import Op
-
     model = models("fp32")
     rows = []
     for size, gbps in profile.measured.bandwidth:
@@ -266,8 +263,6 @@ def _memory_rows(
 def _activation_rows(
     profile: Any, models: Callable[..., Any], skipped: dict[str, int]
 ) -> list[KernelRow]:
-    from collsim.workload.ops import activation_element_bytes, elementwise_op
-
     notes = _notes(profile)
     dtype = str(notes.get("activation_dtype", "fp32" if notes.get("device") == "cpu" else "bf16"))
     e = activation_element_bytes(dtype)
@@ -297,9 +292,6 @@ def _activation_rows(
 def _optimizer_rows(
     profile: Any, models: Callable[..., Any], skipped: dict[str, int]
 ) -> list[KernelRow]:
-    from collsim.validate.compute import ComputeGrid
-    from collsim.workload.compute import optimizer_bytes_per_param
-
     bps = profile.measured.optimizer_bytes_per_s
     if not bps:
         return []
@@ -349,7 +341,6 @@ def compare_kernels(
     Raises:
         ConfigError: the profile has no ``measured:`` section.
     """
-    from collsim.workload.compute import ComputeModel
 
     if getattr(profile, "measured", None) is None:
         raise ConfigError(

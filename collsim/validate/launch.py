@@ -19,29 +19,32 @@ on a small machine do not oversubscribe its cores. torch is imported only inside
 threads inherit the policy), under the Linux ``SCHED_RR`` policy at priority
 :data:`REALTIME_PRIORITY`. On a small shared machine a gloo rank is a chain of hand-offs between
 threads (caller, process-group worker, transport loop); under the default policy a thread that
-wakes up may wait out the time slice of another runnable thread, and on the 2-core development
-VM that added 2-4 ms to a quarter to a half of the iterations of a 256 KiB all_reduce (fastest
-0.6 ms, medians 1.3 to 3.5 ms from one run to the next). Under SCHED_RR a woken rank thread
-runs at once: the same point measured 0.61-0.76 ms median, 0.67-0.86 ms p90 in two runs. The
+wakes up may wait out the time slice of another runnable thread, which added milliseconds to
+a large share of the iterations of a small all_reduce; under SCHED_RR a woken rank thread runs
+at once (the timings are in docs/derivations.md, measurements). The
 kernel's real-time throttling (``sched_rt_runtime_us``, 95 % by default) still leaves the rest
 of the machine some time.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import pickle
 import shutil
+import signal
 import socket
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from collsim.errors import CollsimError
+from collsim.errors import CollsimError, ConfigError
 
 #: SCHED_RR priority of ranks started with ``realtime=True``: the low end of the real-time band
 #: (1-99), above every normal process and below the kernel's own real-time threads.
@@ -84,9 +87,9 @@ def check_backend(backend: str, world_size: int | None = None) -> None:
     Raises:
         ConfigError: one line with the install command (exit 2).
     """
-    from collsim.errors import ConfigError
 
     try:
+        # torch is optional (the validate extra): imported where ranks run
         import torch
         import torch.distributed as dist
     except ImportError:
@@ -163,6 +166,7 @@ class RankContext:
     def sync(self) -> None:
         """Wait for queued device work (a no-op on CPU; ``cuda.synchronize`` with nccl)."""
         if self.device.startswith("cuda"):
+            # torch is optional (the validate extra): imported where ranks run
             import torch
 
             torch.cuda.synchronize()
@@ -189,7 +193,6 @@ def realtime_problem() -> str | None:
     Probed on a short-lived thread (on Linux the policy belongs to the thread that sets it), so
     this process itself is left as it was.
     """
-    import threading
 
     if not hasattr(os, "sched_setscheduler") or not hasattr(os, "SCHED_RR"):
         return "real-time scheduling (SCHED_RR) needs Linux"
@@ -243,8 +246,7 @@ def _device_for(backend: str, local_rank: int) -> str:
 
 
 def _init_group(backend: str, timeout_s: float, **kwargs: Any) -> None:
-    from datetime import timedelta
-
+    # torch is optional (the validate extra): imported where ranks run
     import torch
     import torch.distributed as dist
 
@@ -273,12 +275,14 @@ def _rank_entry(
         if realtime:
             _enter_realtime()
         _exit_with_parent(run_dir)
+        # torch is optional (the validate extra): imported where ranks run
         import torch.distributed as dist
 
         # torch re-exports FileStore from its C extension without listing it in __all__
         store = dist.FileStore(str(out / "store"), world_size)  # type: ignore[attr-defined]
         _init_group(backend, timeout_s, store=store, rank=rank, world_size=world_size)
         if backend == "nccl":
+            # torch is optional (the validate extra): imported where ranks run
             import torch
 
             torch.cuda.set_device(rank)
@@ -308,7 +312,6 @@ def _rank_entry(
 def _exit_with_parent(run_dir: str | None = None) -> None:
     """End this rank as soon as the parent that spawned it is gone (killed, crashed), removing
     the run's folder first: a parent killed with SIGKILL cannot remove it itself."""
-    import threading
 
     parent = os.getppid()
 
@@ -369,9 +372,6 @@ def spawn_ranks(
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-    import multiprocessing
-    import signal
-    import threading
 
     ctx = multiprocessing.get_context("spawn")
     run_dir = tempfile.mkdtemp(prefix="collsim-ranks-")
@@ -530,10 +530,12 @@ def run_distributed(
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         local_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(size)))
         if backend == "nccl":
+            # torch is optional (the validate extra): imported where ranks run
             import torch
 
             torch.cuda.set_device(local_rank)
         _init_group(backend, timeout_s, init_method="env://")
+        # torch is optional (the validate extra): imported where ranks run
         import torch.distributed as dist
 
         ctx = RankContext(

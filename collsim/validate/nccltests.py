@@ -1,41 +1,6 @@
 """Read (and write) the output of nccl-tests and rccl-tests: text logs and ``-J`` JSON.
 
-Formats followed (read from the sources, not copied):
-
-- nccl-tests 2.19.6 (NVIDIA/nccl-tests, src/util.cu ``writeDeviceReport``,
-  ``writeResultHeader``, ``writeBenchmarkLinePreamble``, ``writeBenchmarkLineBody``,
-  ``writeResultFooter``; src/common.cu ``TimeTest``; JSON writer ``jsonOutputInit`` and the
-  ``json*`` helpers, ``JSON_FILE_VERSION`` 3):
-
-  - header: ``# nccl-tests version V nccl-headers=N nccl-library=N``, ``# Collective test
-    starting: all_reduce_perf``, ``# nThread T nGpus G minBytes B maxBytes E step: S(factor)
-    warmup iters: W iters: N agg iters: M validation: C graph: G unalign: U``, ``# Using
-    devices`` then one line per rank ``#  Rank %2d Group %2d Pid %6d on %10s device %2d
-    [%04x:%02x:%02x] NAME``;
-  - the column header ``# size count type redop root | time algbw busbw #wrong`` twice
-    (out-of-place, in-place), ``cputime`` instead of ``time`` with ``-C 1``, four more
-    columns per block (``i_min i_max i_p99 i_cv%``) with ``-I 1``, and a timestamp with ``-S 1``;
-  - one row per size: ``%12li  %12li  %8s  %6s  %6s`` then per block ``  %7s  %6s  %6s  %6g``
-    (``N/A`` for #wrong with ``-c 0``); numbers by ``getFloatStr`` (``%.2f``, else ``%.1f``,
-    ``%.0f``, ``%.1e``, whichever fits the width);
-  - footer ``# Out of bounds values : N OK|FAILED``, ``# Avg bus bandwidth    : X``, ``# Collective
-    test concluded: NAME``;
-  - ``-J`` JSON: ``version``, ``start_time``, ``args`` (argv), ``env``, ``nccl_version``,
-    ``config`` (``nthreads``, ``ngpus``, ``minimum_bytes`` ... and ``devices``, one entry per
-    process: the first rank line of each), ``results`` (``size``, ``count``, ``type``,
-    ``redop``, ``root`` (a string, ``%6i``), ``out_of_place`` / ``in_place`` objects with
-    ``time`` (or ``cpu_time``), ``alg_bw``, ``bus_bw``, ``nwrong``), ``out_of_bounds``,
-    ``average_bus_bandwidth``, ``errors``, ``end_time``; NaN is written as the string "nan".
-
-- rccl-tests (ROCm/rccl-tests at ae3e635, src/common.cu): the same table, but rank lines
-  ``#   Rank %2d Pid %6d on %10s device %2d [BUSID] NAME`` (no Group), a line ``rccl-tests:
-  Version HASH`` without ``#``, no ``Collective test starting`` line (the op comes from the
-  file name), algbw and busbw as ``%6.2f``, #wrong as ``%5g`` (an asterisk when over the
-  threshold), and in-place only when out-of-place is disabled.
-
-The op is taken from ``Collective test starting: X_perf`` (or argv[0] in JSON), else from the
-caller's ``--op``, else from the file name (``all_reduce_perf.log``, ``allreduce-2node.txt``).
-Ranks are the rank lines (JSON: devices x nthreads x ngpus), nodes the distinct host names.
+Derivations, measurements and sources: docs/derivations.md, ``collsim.validate.nccltests``.
 """
 
 # ruff: noqa: UP031  (printf formats on purpose: they are nccl-tests' own, src/util.cu)
@@ -49,13 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from collsim.errors import ConfigError
-from collsim.validate.dataset import (
-    _UNMODELLED,
+from collsim.validate.records import (
     OPS,
     Measurements,
     canonical_op,
     check_value,
 )
+from collsim.validate.records import UNMODELLED_OPS as _UNMODELLED
 
 __all__ = [
     "looks_like_log",
@@ -349,7 +314,7 @@ def _log_shape(scan: _LogScan, path: str) -> tuple[int, int, int, list[str]]:
 
 
 def parse_log(text: str, path: str, op: str | None = None) -> Measurements:
-    """Rows and metadata of an nccl-tests or rccl-tests text log (see the module docstring).
+    """Rows and metadata of an nccl-tests or rccl-tests text log (see docs/derivations.md).
 
     Rows carry the out-of-place block as ``time_us``, ``algbw_gbps``, ``busbw_gbps``,
     ``wrong`` and the in-place block as ``in_place_*``; a log with one block per row gives it

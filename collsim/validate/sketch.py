@@ -20,10 +20,13 @@ AVG versus SUM/N, and the overlapped versus the after-backward all-reduce, each 
 
 from __future__ import annotations
 
+import copy
 import statistics
 import time
 from dataclasses import dataclass
 from typing import Any
+
+from collsim.validate.launch import run_distributed
 
 __all__ = [
     "SketchConfig",
@@ -39,7 +42,7 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SketchConfig:
-    """Sizes of the checks (small, so that they run in seconds on two cores)."""
+    """Sizes of the checks (small: a check runs in seconds)."""
 
     batch_per_rank: int = 8
     in_features: int = 32
@@ -170,6 +173,7 @@ class MinimalDDP:
     """
 
     def __init__(self, module: Any, *, average: str = "sum_div", overlap: bool = False) -> None:
+        # torch is optional (the validate extra): imported where ranks run
         import torch.distributed as dist
 
         self.module = module
@@ -189,11 +193,13 @@ class MinimalDDP:
         return self.module(*args)
 
     def _op(self) -> Any:
+        # torch is optional (the validate extra): imported where ranks run
         import torch.distributed as dist
 
         return dist.ReduceOp.AVG if self.average == "avg" else dist.ReduceOp.SUM
 
     def _launch(self, param: Any) -> None:
+        # torch is optional (the validate extra): imported where ranks run
         import torch.distributed as dist
 
         work = dist.all_reduce(param.grad, op=self._op(), async_op=True)
@@ -201,6 +207,7 @@ class MinimalDDP:
 
     def finish(self) -> None:
         """Make every gradient the average over ranks (call after ``loss.backward()``)."""
+        # torch is optional (the validate extra): imported where ranks run
         import torch
         import torch.distributed as dist
 
@@ -226,6 +233,7 @@ class FlatShard:
     """
 
     def __init__(self, module: Any) -> None:
+        # torch is optional (the validate extra): imported where ranks run
         import torch
         import torch.distributed as dist
 
@@ -249,6 +257,7 @@ class FlatShard:
 
     def unshard(self) -> Any:
         """All-gather the full flat buffer and point the parameters into it; return it."""
+        # torch is optional (the validate extra): imported where ranks run
         import torch
         import torch.distributed as dist
 
@@ -264,6 +273,7 @@ class FlatShard:
 
     def reduce_grads(self) -> None:
         """Reduce-scatter the full gradients (averaged) into this rank's shard gradient."""
+        # torch is optional (the validate extra): imported where ranks run
         import torch
         import torch.distributed as dist
 
@@ -279,6 +289,7 @@ class FlatShard:
 
     def reshard(self) -> None:
         """Drop the full buffer and the full gradients; keep only the shard."""
+        # torch is optional (the validate extra): imported where ranks run
         import torch
 
         for param in self.params:
@@ -317,6 +328,7 @@ def _global_batch(torch: Any, cfg: SketchConfig, n: int, step: int) -> tuple[Any
 
 def _timed(fn: Any, iters: int, dist: Any) -> float:
     """Median seconds of ``fn`` over iterations, slowest rank (barrier before each)."""
+    # torch is optional (the validate extra): imported where ranks run
     import torch
 
     times = torch.zeros(iters, dtype=torch.float64)
@@ -331,6 +343,7 @@ def _timed(fn: Any, iters: int, dist: Any) -> float:
 
 def sketch_rank(ctx: Any, cfg: SketchConfig) -> dict[str, Any]:
     """All the checks of the lesson, on this rank; returns the (rank-reduced) report."""
+    # torch is optional (the validate extra): imported where ranks run
     import torch
     import torch.distributed as dist
 
@@ -349,8 +362,6 @@ def sketch_rank(ctx: Any, cfg: SketchConfig) -> dict[str, Any]:
 def _ddp_checks(
     torch: Any, dist: Any, cfg: SketchConfig, rank: int, n: int, sizes: list[int]
 ) -> dict[str, Any]:
-    import copy
-
     report: dict[str, Any] = {}
     # 1. Broadcast at construction: every rank starts from a different seed.
     torch.manual_seed(cfg.seed + 1 + rank)
@@ -492,7 +503,6 @@ def run_sketch(
     Raises:
         RankFailure: a rank failed or the run timed out.
     """
-    from collsim.validate.launch import run_distributed
 
     report, _ = run_distributed(
         sketch_rank, world_size, args=(cfg,), backend=backend, timeout_s=timeout_s

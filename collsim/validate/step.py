@@ -1,70 +1,46 @@
 """Step-level validation: time real training steps of a small GPT and simulate the same step.
 
-The model is built from a :class:`~collsim.workload.model.TransformerSpec` exactly as collsim
-counts it (token and learned position embeddings, ``num_layers`` pre-norm blocks of LayerNorm,
-fused QKV, output projection, LayerNorm, MLP up/down with biases, a final LayerNorm and an LM head
-tied to the token embedding; no dropout), in fp32, trained with SGD. It starts from GPT-2's
-initialisation (:func:`init_like_gpt2`) and every step begins with torch's default
-``zero_grad()`` (gradients set to None, so that backward writes them instead of adding into
-zeroed tensors), as real training loops do.
-
-Measured, on real ranks (gloo or nccl), per iteration after a barrier, the slowest rank:
-
-* ``ddp_b<MB>``: torch's ``DistributedDataParallel`` with ``bucket_cap_mb`` = MB (1 and 25 by
-  default): zero_grad, forward, loss, backward (bucketed all-reduces overlap it), SGD step;
-* ``fsdp``: the FSDP sketch of :mod:`collsim.validate.sketch`, one flat shard per unit (the
-  embeddings with the final norm, then each block): all-gather each unit just before its forward,
-  keep it through backward, then reduce-scatter every unit's gradient, free the full
-  parameters and step the shards.
-
-Profiled on the same ranks, interleaved with the steps iteration by iteration (so that they
-share the cores as in the step; mean over ranks): the forward and backward time of the
-embedding, of each block, and of the head with the loss, and the optimizer step; these become
-the simulator's per-block compute times (``op_time_overrides``). The simulated step is
-:func:`collsim.engine.step.simulate_step` on the calibrated topology with the same model, batch
-and DDP/FSDP settings.
-
-Also timed in the same loop, like a step (slowest rank): ``local``, a whole step of the same
-model with no communication at all (zero_grad, forward, loss, backward, SGD). Blocks timed one
-by one miss what a whole step adds between them (autograd bookkeeping, the glue between blocks,
-ranks that fall behind one another on shared cores): on the 2-core development machine the
-whole local step took 1.037 x the sum of its profiled blocks with 2 ranks and 1.086 x with 4
-ranks (``validate/data/step_localhost_gloo.json``). The simulator therefore gets the profiled
-blocks scaled by ``compute_scale`` = local step / sum of the profiled blocks and optimizer, so
-that its compute adds up to the measured local step and the communication is what the
-comparison tests.
-
-On gloo the harness also times, in the same loop, each mode's collectives alone and DDP's
-gradient copies, and the share of a core the local step's thread got
-(:mod:`collsim.validate.insitu`): the simulated collectives are priced on the topology fitted to
-those (the shipped gloo topology is calibrated under SCHED_RR, the step runs under the default
-scheduler and whatever load the machine has), the DDP modes add their copies, and what the
-engine overlaps with compute costs ``(f - 1)`` x its time more, ``f`` the slowdown of compute
-and collective sharing the ranks' CPU (2 for 2 ranks of one thread on 2 cores: nothing hides).
-
-A straggler on purpose (``straggler_rank``): beside every DDP mode, ``<mode>+straggler`` is
-timed, in which that rank first runs extra compute and then the mode's step, inside the timed
-region; the other ranks run the mode's step and wait for it at the gradient all-reduces. The
-extra compute is ``straggler_repeat - 1`` whole local steps (the ``local`` step above: forward,
-loss, backward and SGD step of its own model copy, no communication), or with
-``straggler_delay_s`` a busy loop of that many seconds on the wall clock. The slowed rank's
-extra seconds are timed too; :func:`simulate_modes` simulates the mode with the ``stragglers``
-of :mod:`collsim.stragglers` on that rank, at the nominal clock factor ``1 / straggler_repeat``
-or (``measured_factor``) at its measured speed, local step / (local step + extra seconds).
-The comparison is the slowdown ratio, straggler step over normal step, of the measurement and
-of the simulation (:func:`straggler_ratios`). The normal modes are timed first in each
-iteration, then the straggler modes. With ``progress_path`` set,
-each rank appends every iteration's own timings to ``<progress_path>.rank<r>.jsonl`` as they
-are taken.
+Derivations, measurements and sources: docs/derivations.md, ``collsim.validate.step``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import gzip
+import json
 import math
+import os
+import shutil
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, TextIO
+
+from collsim.engine.step import simulate_step
+from collsim.hardware import get_device
+from collsim.parallel.config import DDPConfig, FSDPConfig, ParallelConfig, TrainingConfig
+from collsim.stragglers import SlowGPU, StragglerConfig
+from collsim.topology import resolve_topology_path
+from collsim.validate.compute import cpu_share
+from collsim.validate.insitu import (
+    COPIES_KEY,
+    OVERLAP_KEYS,
+    PROBE_PREFIX,
+    ddp_probe,
+    fsdp_probe,
+    insitu_topology,
+    overlap_probe,
+    peer_idle_boost,
+    sharing_factor,
+    straggler_span_s,
+    time_ddp_copies,
+)
+from collsim.validate.launch import current_scheduling, run_distributed
+from collsim.validate.sketch import FlatShard
+from collsim.vocab import Dtype, Optimizer
+from collsim.workload.compute import ComputeModel
+from collsim.workload.model import TransformerSpec
 
 #: The name of the no-communication step timed beside the modes.
 LOCAL = "local"
@@ -148,7 +124,6 @@ class StepConfig:
 
 def model_spec(cfg: StepConfig) -> Any:
     """The collsim spec of the measured model."""
-    from collsim.workload.model import TransformerSpec
 
     return TransformerSpec(
         name="validate-gpt",
@@ -227,10 +202,9 @@ def init_like_gpt2(torch: Any, model: Any, num_layers: int) -> None:
     of standard deviation sqrt(hidden) = 16 at hidden 256: the first loss is ~168 where
     ln(vocab) = 6.9 is expected, and the softmax's exponentials underflow to subnormal floats.
     An x86 core takes a microcode assist for each subnormal operand or result, so the step's
-    time then depends on how far training has gone: on a 2-core Xeon VM the step went
-    18 -> 42 -> 20 ms over the first 100 iterations, and stayed at 16-19 ms with this
-    initialisation or with subnormals flushed (see validate/README.md). No real training
-    starts there, and neither the compute model nor a GPU sees that effect.
+    time then depends on how far training has gone (the step times with and without are in
+    docs/derivations.md, measurements, and validate/README.md). No real training starts
+    there, and neither the compute model nor a GPU sees that effect.
     """
     residual = GPT2_INIT_STD / math.sqrt(2 * num_layers)
     with torch.no_grad():
@@ -317,6 +291,7 @@ def ddp_bucket_count(ddp: Any) -> tuple[int | None, str]:
 
 
 def _ddp_step(torch: Any, cfg: StepConfig, ctx: Any, bucket_mb: int) -> tuple[Any, Any]:
+    # torch is optional (the validate extra): imported where ranks run
     from torch.nn.parallel import DistributedDataParallel
 
     torch.manual_seed(cfg.seed)
@@ -325,7 +300,7 @@ def _ddp_step(torch: Any, cfg: StepConfig, ctx: Any, bucket_mb: int) -> tuple[An
     idx, targets = _batch(torch, cfg, ctx.rank, ctx.device)
 
     def step() -> None:
-        opt.zero_grad()  # torch's default since 2.0: set_to_none=True (see module docstring)
+        opt.zero_grad()  # torch's default since 2.0: set_to_none=True (see docs/derivations.md)
         model(idx, targets).backward()
         opt.step()
         ctx.sync()
@@ -334,8 +309,6 @@ def _ddp_step(torch: Any, cfg: StepConfig, ctx: Any, bucket_mb: int) -> tuple[An
 
 
 def _fsdp_step(torch: Any, cfg: StepConfig, ctx: Any) -> Any:
-    from collsim.validate.sketch import FlatShard
-
     torch.manual_seed(cfg.seed)
     model = build_gpt(torch, cfg).to(ctx.device)
     root = torch.nn.ModuleList([model.tok, model.pos, model.ln_f])
@@ -451,7 +424,6 @@ def _over_ranks(
 
 def _write_progress(progress: TextIO, it: int, keys: list[str], row: list[float]) -> None:
     """Append iteration ``it``'s timings to the open progress file, one JSON line."""
-    import json
 
     progress.write(json.dumps({"iteration": it, **dict(zip(keys, row))}) + "\n")
     progress.flush()
@@ -533,6 +505,7 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
     time is the mean over ranks; then the median over iterations. Every rank returns the
     same data.
     """
+    # torch is optional (the validate extra): imported where ranks run
     import torch
     import torch.distributed as dist
 
@@ -585,9 +558,6 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
     profile = _block_profile(columns, not_blocks, cfg.num_layers)
     block_medians = {k: v for k, v in medians.items() if k not in not_blocks}
     modes = _mode_entries(cfg, columns, medians, ddp_modules, extra_s)
-    import os
-
-    from collsim.validate.launch import current_scheduling
 
     profile_sum = _profile_sum(profile, cfg.num_layers)
     return {
@@ -624,11 +594,8 @@ def _trace_modes(
     over the traced steps (``cpu_share``: thread CPU time over wall time, as
     :mod:`collsim.validate.insitu` measures the local step's), which tells whether the traced
     steps ran under the load the timed ones did."""
-    import gzip
-    import os
-    import shutil
-    from pathlib import Path
 
+    # optional: torch loads only where it is used (the run path stays light)
     from torch.profiler import ProfilerActivity, profile, record_function
 
     assert cfg.profile_dir is not None
@@ -661,7 +628,6 @@ def _trace_modes(
 def _autogroup() -> bool | None:
     """Whether Linux groups the fair scheduler's share by session (``sched_autogroup``):
     then the ranks of one command share one session's CPU whatever their thread count."""
-    from pathlib import Path
 
     try:
         return Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1"
@@ -676,7 +642,6 @@ def _probes(
     on GPUs the collectives run on their own engines and the bench's calibration stands)."""
     if ctx.backend != "gloo":
         return {}, None
-    from collsim.validate.insitu import ddp_probe, fsdp_probe, time_ddp_copies
 
     probes: dict[str, Any] = {}
     for mode in cfg.modes:
@@ -690,8 +655,6 @@ def _probes(
     ddp = any(m.startswith("ddp") for m in cfg.modes)
     copies = time_ddp_copies(torch, list(model.parameters()), ctx.world_size) if ddp else None
     if probes:
-        from collsim.validate.insitu import overlap_probe
-
         numel = sum(int(p.numel()) for p in model.parameters())
         probes["overlap"] = overlap_probe(torch, dist, numel)
     return probes, copies
@@ -703,14 +666,11 @@ def _run_probes(
     """One iteration of the probes, each after a barrier: column names and values (a DDP
     mode's group time; each FSDP call's time; the copies). ``sizes`` gets each probe's call
     sizes (bytes per call, per op) of this run."""
-    from collsim.validate.insitu import COPIES_KEY, PROBE_PREFIX
 
     keys: list[str] = []
     row: list[float] = []
     for mode, probe in probes.items():
         if mode == "overlap":
-            from collsim.validate.insitu import OVERLAP_KEYS
-
             keys += list(OVERLAP_KEYS)
             row += list(probe())
             continue
@@ -741,7 +701,6 @@ def _probe_report(
     sizes: dict[str, dict[str, list[int]]],
 ) -> dict[str, Any]:
     """The probes' medians over iterations (slowest rank) for the report."""
-    from collsim.validate.insitu import COPIES_KEY, PROBE_PREFIX
 
     if not probes:
         return {}
@@ -749,8 +708,6 @@ def _probe_report(
     result: dict[str, Any] = {}
     for mode in probes:
         if mode == "overlap":
-            from collsim.validate.insitu import OVERLAP_KEYS
-
             c, m, b = (statistics.median(columns[k]) for k in OVERLAP_KEYS)
             result["overlap_probe"] = {"compute_s": c, "comm_s": m, "both_s": b}
             continue
@@ -804,7 +761,6 @@ def run_step(
     cfg: StepConfig, *, world_size: int | None, backend: str = "gloo", timeout_s: float = 600.0
 ) -> tuple[dict[str, Any], bool]:
     """Measure on spawned ranks (or this torchrun job); the report and whether to print it."""
-    from collsim.validate.launch import run_distributed
 
     report, is_reporter = run_distributed(
         step_rank, world_size, args=(cfg,), backend=backend, timeout_s=timeout_s
@@ -858,9 +814,6 @@ def simulate_modes(
     """
     if device_profile is not None:
         return _simulate_from_profile(report, topology, overlap, device_profile, insitu)
-    from collsim.engine.step import simulate_step
-    from collsim.parallel.config import DDPConfig, FSDPConfig, ParallelConfig, TrainingConfig
-    from collsim.vocab import Dtype, Optimizer
 
     fields: dict[str, Any] = {
         k: (tuple(v) if k == "modes" else v) for k, v in report["config"].items()
@@ -889,8 +842,6 @@ def simulate_modes(
     topology, copies_s = on_these_cores(report, topology, insitu)
     boost = 1.0
     if copies_s > 0:  # the sharing of the cores prices the overlap (_on_busy_cores)
-        from collsim.validate.insitu import peer_idle_boost
-
         overlap = True
         boost = peer_idle_boost(report)
     out: dict[str, SimulatedMode] = {}
@@ -931,7 +882,6 @@ def _slowed_rank(cfg: StepConfig, local_s: float, extra_s: float | None, boost: 
     ``extra_s`` (measured) local step / (local step + extra); with ``boost`` > 1 the span is
     :func:`collsim.validate.insitu.straggler_span_s` (its compute gets the CPU of its waiting
     peers)."""
-    from collsim.stragglers import SlowGPU, StragglerConfig
 
     assert cfg.straggler_rank is not None
     factor = 1 / cfg.straggler_repeat
@@ -940,8 +890,6 @@ def _slowed_rank(cfg: StepConfig, local_s: float, extra_s: float | None, boost: 
     if extra_s:
         factor = local_s / (local_s + extra_s)
     if boost > 1.0:  # its peers idle at the all-reduce: it gets their CPU (insitu)
-        from collsim.validate.insitu import straggler_span_s
-
         factor = local_s / straggler_span_s(local_s, local_s / factor - local_s, boost)
     return StragglerConfig(slow_gpu=SlowGPU(ranks=(cfg.straggler_rank,), clock_factor=factor))
 
@@ -954,14 +902,11 @@ def on_these_cores(report: dict[str, Any], topology: Any, insitu: bool = True) -
     copies; else ``topology`` itself and 0 (the report says why in ``insitu_note``)."""
     if not insitu:
         return topology, 0.0
-    from collsim.validate.insitu import insitu_topology
 
     n = int(report["world_size"])
     per_node = int(report.get("local_world_size", n))
     base = str(getattr(topology, "name", "") or "localhost")
     try:
-        from collsim.topology import resolve_topology_path
-
         resolve_topology_path(base)
     except Exception:  # a topology built in code, or from a file moved since: its shape only
         base = "localhost"
@@ -988,7 +933,6 @@ def _on_busy_cores(
     breakdown = dict(result.breakdown_s)
     if report.get("backend") != "gloo" or copies_s <= 0:
         return step_s, breakdown
-    from collsim.validate.insitu import sharing_factor
 
     if base_mode.startswith("ddp"):
         breakdown["framework"] = breakdown.get("framework", 0.0) + copies_s
@@ -1041,11 +985,6 @@ def straggler_ratios(
 def profile_device(report: dict[str, Any], device_profile: str) -> tuple[Any, float, float]:
     """The profile's device as one rank of ``report`` sees it, and the CPU shares applied to
     its compute and to its memory-bound rates."""
-    import dataclasses
-    import os
-
-    from collsim.hardware import get_device
-    from collsim.validate.compute import cpu_share
 
     device = get_device(device_profile)
     if device.measured is None:
@@ -1074,13 +1013,6 @@ def _simulate_from_profile(
     device_profile: str,
     insitu: bool = True,
 ) -> dict[str, SimulatedMode]:
-    import copy
-    import dataclasses
-
-    from collsim.engine.step import simulate_step
-    from collsim.parallel.config import DDPConfig, FSDPConfig, ParallelConfig, TrainingConfig
-    from collsim.vocab import Dtype, Optimizer
-
     fields: dict[str, Any] = {
         k: (tuple(v) if k == "modes" else v) for k, v in report["config"].items()
     }
@@ -1096,14 +1028,11 @@ def _simulate_from_profile(
     )
     device, _, _ = profile_device(report, device_profile)
     fitted, _ = on_these_cores(report, topology, insitu)
-    topo = copy.copy(fitted)
-    topo.device = device
+    topo = fitted.replaced(device=device)
     # DDP's gradient copies from the profile, not from the probe timed on this model: 16
     # bytes per parameter (collsim.validate.insitu) at the profile's memory-bound rate
     copies_s = 0.0
     if insitu and fitted is not topology:
-        from collsim.workload.compute import ComputeModel
-
         # one kernel per gradient tensor each way: 12 per block (LayerNorm x 2, QKV, output
         # projection, MLP up and down, weights and biases), 4 outside (embeddings, ln_f)
         tensors = 12 * cfg.num_layers + 4
@@ -1114,8 +1043,6 @@ def _simulate_from_profile(
         overlap = copies_s > 0 or not cores_busy(report)
     boost = 1.0
     if copies_s > 0:
-        from collsim.validate.insitu import peer_idle_boost
-
         boost = peer_idle_boost(report)
     out: dict[str, SimulatedMode] = {}
     # the normal modes first: a straggler mode's slowed rank is relative to its simulated

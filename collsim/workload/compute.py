@@ -1,68 +1,6 @@
 """Compute-time model: kernel-level rates per device, per op, per phase.
 
-For every op of :mod:`collsim.workload.ops` on one rank, one kernel at a time::
-
-    device_s = work_s + launch_s                  # launch floor (4 us) added to every kernel
-    time_s   = max(device_s, host_s)              # host issue cost per kernel (execution mode)
-
-with ``work_s`` by op kind (the rates are in :mod:`collsim.workload.kernels` with sources):
-
-- **GEMM** (matmul ops; a matmul's backward is two GEMM kernels)::
-
-      work_s = max(flops / (MAMF(dtype) x clock x shape_efficiency), bytes / (HBM x eff(bytes)))
-
-  MAMF is the device's measured best-shape rate for the dtype (compute.md 1a; fp8 where
-  published, else peak(fp8) x the bf16 MAMF share); ``clock`` = ``Device.sustained_clock_fraction``
-  (the clock sustained under the power limit over the clock of the short MAMF burst);
-  shape efficiency is the tile x wave x k-prologue formula below. **max, not sum**: MAMF is
-  itself the time of a whole GEMM including its operand traffic; at the H100 best shape
-  (2048 x 2048 x 13312: 117 MB, 0.11 TFLOP) a sum with the HBM time would need a compute rate
-  of 1085 TFLOP/s, above the 989 peak, so the memory time of a large GEMM is hidden under its
-  compute. FP8 GEMMs add their casts and scales (:func:`~collsim.workload.kernels.fp8_cast_bytes`)
-  as separate memory-bound kernels, so FP8 speeds large linears up (~1.4x) and slows small
-  ones down, as the torchao float8 microbenchmarks show (compute.md 1c: 1.39x and 0.80x).
-  Attention, the LM head and the loss stay in 16-bit under fp8 (Transformer Engine's recipe).
-- **Fused attention** (``flash2``, ``flash3``, ``cudnn``, ``triton``)::
-
-      work_s = flops / (table_rate(kernel, phase, causal, head_dim, seq) x clock x wave_ratio)
-
-  from the published kernel tables of the device's generation (compute.md 2a-2c), which time
-  whole kernels (their memory traffic included); ``wave_ratio`` is the wave efficiency of the
-  op's CTAs (batch x heads x ceil(s/128)) over the benchmarks' full waves. Generations without
-  tables fall back to a share of MAMF (FlashAttention-2 on A100: 0.84 forward, 0.72 backward).
-  ``eager`` (unfused) attention runs as GEMMs plus softmax/dropout kernels and keeps the
-  s x s scores for backward: the kernel decides activation memory too.
-- **Memory-bound ops** (norms, activations, softmax, dropout, residual adds, casts,
-  optimizer)::
-
-      work_s = max(bytes / (HBM x eff(bytes)), flops / fp32_peak)
-
-  ``eff(bytes)`` is the achievable share of HBM by access size (Calculon's curve: 0.3 below
-  100 kB ... 0.9 from 100 MB; compute.md 3), or a measured profile's curve. **max**: a
-  streaming kernel's few FLOPs per element (<= 8 here) issue while the next loads are in
-  flight; their share of the fp32 ridge (A100 19.5 TFLOP/s over 2 TB/s ~ 10 FLOP/byte) is
-  far from the bound. Without hand-fused kernels (``fused_kernels=False``: PyTorch eager)
-  the ops that eager PyTorch runs as several kernels move more bytes
-  (:data:`~collsim.workload.kernels.EAGER_PASSES`).
-
-Launch and host: the 4 us floor is part of each kernel (serial on its stream, so it adds);
-the host issue cost (eager 10 us, compiled 5 us, CUDA graphs 0; ASSUMPTION, measured by
-``collsim validate compute``) runs ahead of the GPU asynchronously and only shows when a
-kernel is shorter than it, hence ``max`` (on a CPU device the issuing thread also computes,
-so there the host cost adds).
-
-Shape efficiency of a GEMM C[m, n] = A[m, k] B[k, n] (batch of them), after NVIDIA's
-"Matrix Multiplication Background User's Guide" (tile and wave quantization)::
-
-    tiles      = batch * ceil(m / 128) * ceil(n / 128)          # 128 x 128 output tiles
-    tile_eff   = m * n / (ceil(m / 128) * 128 * ceil(n / 128) * 128)
-    wave_eff   = tiles / (ceil(tiles / num_sms) * num_sms)       # last wave partly idle
-    k_eff      = k / (k + 128)                                   # per-tile prologue/epilogue
-    shape_efficiency = tile_eff * wave_eff * k_eff
-
-The k term is our modelling assumption (not a measured curve). A measured device profile
-(``Device.measured``) replaces the GEMM rate, the attention rates, the bandwidth curve, the
-launch floor and the host cost where it has them; per-op ``overrides`` replace any time.
+Derivations, measurements and sources: docs/derivations.md, ``collsim.workload.compute``.
 """
 
 from __future__ import annotations
@@ -776,10 +714,3 @@ class ComputeModel:
             return size / float(measured) + self.launch_s * passes
         bandwidth = self.memory_bandwidth_at(size / passes)
         return size / bandwidth + self.launch_s * passes
-
-    def framework_costs(self, **kwargs: Any) -> Any:
-        """Framework costs of a plan on this device: see
-        :func:`collsim.workload.framework.framework_costs` (same keyword arguments)."""
-        from collsim.workload.framework import framework_costs
-
-        return framework_costs(self, **kwargs)

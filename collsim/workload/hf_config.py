@@ -1,42 +1,6 @@
 """Model specs from Hugging Face ``config.json`` files.
 
-``model: {hf_config: path/config.json}`` in a scenario reads the file's ``model_type`` and
-maps its fields onto a :class:`~collsim.workload.model.TransformerSpec`. Field names and
-defaults are those of transformers 5.24.0 (PyPI wheel ``transformers-5.24.0``), read in
-``transformers/models/<type>/configuration_<type>.py`` and, where a config field only exists
-in the modeling code, ``modeling_<type>.py``:
-
-==============  ===============================================================================
-model_type      fields read (beyond vocab_size, hidden_size, num_hidden_layers,
-                num_attention_heads, intermediate_size, max_position_embeddings,
-                tie_word_embeddings)
-==============  ===============================================================================
-llama           num_key_value_heads, head_dim, attention_bias, mlp_bias, hidden_act (silu)
-mistral         num_key_value_heads, head_dim, sliding_window (every layer when set)
-mixtral         as mistral, num_local_experts, num_experts_per_tok
-qwen2           num_key_value_heads, use_sliding_window, sliding_window, max_window_layers,
-                layer_types; q/k/v biases always on (modeling_qwen2: ``bias=True``)
-qwen3           as qwen2 without the q/k/v biases, head_dim, attention_bias; q/k RMSNorm
-qwen3_moe       as qwen3, num_experts, num_experts_per_tok, moe_intermediate_size,
-                decoder_sparse_step (1), mlp_only_layers (a prefix: dense-first layers)
-deepseek_v3     num_key_value_heads, q_lora_rank, kv_lora_rank, qk_nope_head_dim,
-                qk_rope_head_dim, v_head_dim, n_routed_experts, num_experts_per_tok,
-                n_shared_experts, moe_intermediate_size, first_k_dense_replace,
-                moe_layer_freq (1); sigmoid router (the released config's ``scoring_func``)
-gpt_oss         num_key_value_heads, head_dim, num_local_experts, num_experts_per_tok,
-                sliding_window, layer_types, attention_bias; sinks and router bias
-gpt2            n_embd, n_layer, n_head, n_inner (None: 4 n_embd), n_positions,
-                activation_function, resid_pdrop / attn_pdrop / embd_pdrop
-gpt_neox        num_attention_heads, attention_bias, hidden_act, hidden_dropout,
-                attention_dropout, use_parallel_residual (either value: same ops)
-==============  ===============================================================================
-
-Fields a config sets to a value the spec cannot express (a non-prefix ``mlp_only_layers``,
-``decoder_sparse_step`` other than 1, ``attention_bias`` different from ``mlp_bias``, an
-unknown layer type or activation) and an unknown ``model_type`` raise a one-line
-:class:`ConfigError` naming the field. Fields that do not change sizes or FLOPs (token ids,
-rope scaling, initialisation, dropout rates of a model without dropout, the MTP layers of
-DeepSeek-V3, which the spec leaves out as the 671 B count does) are ignored.
+Derivations, measurements and sources: docs/derivations.md, ``collsim.workload.hf_config``.
 """
 
 from __future__ import annotations
@@ -47,6 +11,7 @@ from typing import Any
 
 from collsim.errors import ConfigError
 from collsim.workload.model import TransformerSpec
+from collsim.yamlio import read_input_text
 
 __all__ = ["SUPPORTED_TYPES", "spec_from_hf_config", "spec_from_hf_dict"]
 
@@ -124,7 +89,6 @@ def spec_from_hf_config(
         ConfigError: missing or unreadable file, invalid JSON, unknown ``model_type``, a
             missing field or one that cannot be mapped (named in the message).
     """
-    from collsim.yamlio import read_input_text
 
     p = Path(path)
     text = read_input_text(p, what="HF config")

@@ -432,8 +432,8 @@ class MeasuredTables:
     - ``activation``: rows ``[kind, elements, fwd_gelem_per_s, bwd_gelem_per_s]`` of the MLP
       activation (``gelu``: exact erf GELU; ``swiglu``: SiLU(a) x b), timed as the eager
       kernels run it; a rate is interpolated in log elements. Exact GELU is not memory-bound
-      on a CPU (its erf costs tens of instructions per element): on the 2-core development
-      VM 64 x 1024 fp32 elements took 67 us forward where their 512 KiB move in about 6 us.
+      on a CPU (its erf costs tens of instructions per element; docs/derivations.md,
+      measurements).
     """
 
     gemm: tuple[tuple[int, int, int, str, float], ...] = ()

@@ -1,54 +1,6 @@
 """Transformer model specs and the named presets (GPT-3, Megatron, Llama-2, Llama-3).
 
-A :class:`TransformerSpec` describes a decoder-only transformer the way Megatron-LM builds it:
-``num_layers`` identical layers of (norm, attention, residual, norm, MLP, residual), a token
-embedding (plus a learned position embedding for GPT), a final norm and an LM head.
-
-Sources of the presets:
-
-- GPT-3: Brown et al. 2020, "Language Models are Few-Shot Learners", Table 2.1 (vocab 50257,
-  context 2048, ffn = 4 x hidden, learned positions, LM head tied to the embedding). Two rows
-  of that table are not self-consistent and are fixed here: GPT-3 XL lists 24 heads of 128 for
-  d_model 2048 (we use 16 heads of 128); GPT-3 13B lists d_model 5140 (we use 5120 = 40 x 128,
-  as every public replication does).
-- Megatron: Narayanan et al. 2021 (SC21) Table 1 rows 1.7B / 7.5B / 39.1B and the 530B / 1T
-  configurations; Korthikanti et al. 2022 Table 3 (22B: 48 layers, hidden 6144, 64 heads;
-  530B: 105 layers, hidden 20480, 128 heads; 1T: 128 layers, hidden 25600, 160 heads).
-  Vocab 51200 (GPT-2 BPE padded), seq 2048, ffn = 4 x hidden, tied embedding.
-- Llama-2: Touvron et al. 2023 Table 1 and the released configs (RMSNorm, SwiGLU with
-  ffn 11008 / 13824 / 28672, GQA with 8 kv heads for 70B, vocab 32000, seq 4096, untied head,
-  no biases, rotary positions, no dropout, trained with FlashAttention).
-- Llama-3: Llama Team 2024 "The Llama 3 Herd of Models" Table 3 (8B: 32 x 4096, ffn 14336;
-  70B: 80 x 8192, ffn 28672; 405B: 126 x 16384, ffn 53248; 8 kv heads; vocab 128256; seq 8192).
-  The 405B row (126 layers, hidden 16384, 128 heads of 128, 8 kv heads) is also the defaults of
-  transformers 5.24.0 ``LlamaConfig`` fields as meta-llama/Llama-3.1-405B's config.json sets
-  them, the dims listed in modern_plans.md.
-
-Mixture-of-Experts and attention-variant presets (dims as each model's config.json sets them;
-field names and defaults read in transformers 5.24.0, ``models/*/configuration_*.py``):
-
-- deepseek-v3: DeepSeek-AI 2024, "DeepSeek-V3 Technical Report" (arXiv 2412.19437) section 4.2
-  and ``DeepseekV3Config`` defaults (transformers 5.24.0, which are V3's config.json): 61 layers,
-  first 3 dense (``first_k_dense_replace``), hidden 7168, dense FFN 18432, 256 routed experts
-  of 2048 + 1 shared, top-8, sigmoid router; MLA with 128 heads, q_lora 1536, kv_lora 512,
-  qk_nope 128, qk_rope 64, v_head 128; vocab 129280, untied head. The multi-token-prediction
-  module (``num_nextn_predict_layers`` = 1) is not part of the model here: 671 B total and
-  37 B active in the report count the main model only.
-- mixtral-8x7b / 8x22b: Jiang et al. 2024 "Mixtral of Experts" (arXiv 2401.04088) Table 1 and
-  ``MixtralConfig`` defaults (the 8x7B: 32 x 4096, ffn 14336, 32 q / 8 kv heads, vocab 32000);
-  8x22B as Mistral AI's Mixtral-8x22B-v0.1 release (56 x 6144, ffn 16384, 48 q / 8 kv heads,
-  vocab 32000, context 65536; Cerebras modelzoo's Mixtral 8x22B config restates the vocab and
-  context; the later v0.3 tokenizer has 32768 tokens); 8 experts, top-2, every layer MoE.
-- qwen3-30b-a3b / qwen3-235b-a22b: Qwen Team 2025 "Qwen3 Technical Report" (arXiv 2505.09388)
-  Table 2 and ``Qwen3MoeConfig`` field names (30B-A3B: 48 x 2048, 32 q / 4 kv heads of 128,
-  128 experts of 768, top-8; 235B-A22B: 94 x 4096, 64 q / 4 kv heads of 128, 128 experts of
-  1536, top-8; both vocab 151936, untied, q/k RMSNorm); the 235B dims agree with THUDM/slime
-  ``scripts/models/qwen3-235B-A22B.sh`` (Megatron arguments for that checkpoint).
-- gpt-oss-120b: OpenAI 2025 "gpt-oss-120b & gpt-oss-20b Model Card" and ``GptOssConfig``
-  defaults (transformers 5.24.0, which are 120B's config.json): 36 layers, hidden 2880, 128
-  experts of 2880, top-4, 64 q / 8 kv heads of 64, attention biases and per-head sinks,
-  ``layer_types`` alternating sliding (window 128) and full attention starting with sliding,
-  vocab 201088, untied head.
+Derivations, measurements and sources: docs/derivations.md, ``collsim.workload.model``.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collsim.collectives.select import cost
+from collsim.collectives.select import COSTS, SHARED_COSTS, cost
 from collsim.collectives.types import Group
 from collsim.stragglers import degrade_topology
 from collsim.topology import load_topology
@@ -91,9 +91,8 @@ def test_stages_of_a_pipeline_share_their_data_parallel_tables() -> None:
         for size in SIZES:
             cost(op, size, Group(topo, stage0))
             assert cost(op, size, Group(topo, stage2)) == _alone("dgx_h100", 128, op, size, stage2)
-    memo = topo.collective_memo
-    assert len(memo.shared_costs) == 3  # one table per op for both groups
-    assert len(memo.costs) == 6
+    assert len(SHARED_COSTS.of(topo)) == 3  # one table per op for both groups
+    assert len(COSTS.of(topo)) == 6
 
 
 def test_one_leaf_keys_on_local_ranks_and_relative_nodes() -> None:

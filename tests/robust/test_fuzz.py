@@ -41,8 +41,8 @@ from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 
 from collsim.cli import cli
-from collsim.schema import SCENARIO as SCHEMA_SCENARIO
-from collsim.schema import TOPOLOGY as SCHEMA_TOPOLOGY
+from collsim.scenario import SCENARIO as SCHEMA_SCENARIO
+from collsim.topology import TOPOLOGY as SCHEMA_TOPOLOGY
 
 REPO = Path(__file__).resolve().parents[2]
 BASE_SCENARIO = yaml.safe_load((REPO / "scenarios" / "ddp_gpt3_1.3b.yaml").read_text())

@@ -13,9 +13,10 @@ from click.testing import CliRunner
 
 from collsim.cli import cli
 from collsim.errors import ConfigError, ConfigErrors
-from collsim.scenario import load_scenario
-from collsim.schema import DEVICE, SCENARIO, TOPOLOGY, check
-from collsim.topology import load_topology
+from collsim.hardware import DEVICE
+from collsim.scenario import SCENARIO, load_scenario
+from collsim.schema import check
+from collsim.topology import TOPOLOGY, load_topology
 from collsim.yamlio import load_yaml
 
 REPO = Path(__file__).resolve().parents[2]

@@ -17,6 +17,7 @@ import pytest
 
 from collsim.engine.comm import CommPricer
 from collsim.engine.core import Engine, EngineOptions
+from collsim.engine.program import RankProgram
 from collsim.estimate import walk
 from collsim.parallel.config import FSDPConfig, ParallelConfig, TrainingConfig
 from collsim.schedule.assemble import assemble
@@ -31,7 +32,7 @@ TRAINING = TrainingConfig(global_batch=16, micro_batch=2, stack="llm_foundry")
 
 def _play(schedule):
     topo = schedule.plan.topology
-    engine = Engine(schedule, CommPricer(topo), EngineOptions())
+    engine = Engine(schedule, CommPricer(topo), EngineOptions(), program=RankProgram)
     engine.run()
     return engine, assemble(
         schedule.plan, engine, fidelity="fused", contended=[], zero_communication=False

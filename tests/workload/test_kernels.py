@@ -8,6 +8,7 @@ import pytest
 from collsim.errors import ConfigError
 from collsim.hardware import get_device
 from collsim.workload import ComputeModel, get_preset
+from collsim.workload.framework import framework_costs
 from collsim.workload.interference import overlap_slowdown, slowed_compute_s
 from collsim.workload.kernels import attention_rate_flops, hbm_efficiency
 from collsim.workload.ops import Gemm
@@ -136,10 +137,17 @@ def test_framework_costs_fp32_reduction_and_fsdp_terms() -> None:
     model = ComputeModel(get_device("h100"), "bf16")
     spec = get_preset("llama2-7b")
     unit = 202e6
-    fp32 = model.framework_costs(
-        unit_params=unit, local_params=6.7e9 / 8, dp=8, zero=3, grad_reduce_dtype="fp32", spec=spec
+    fp32 = framework_costs(
+        model,
+        unit_params=unit,
+        local_params=6.7e9 / 8,
+        dp=8,
+        zero=3,
+        grad_reduce_dtype="fp32",
+        spec=spec,
     )
-    bf16 = model.framework_costs(
+    bf16 = framework_costs(
+        model,
         unit_params=unit,
         local_params=6.7e9 / 8,
         dp=8,
@@ -152,7 +160,7 @@ def test_framework_costs_fp32_reduction_and_fsdp_terms() -> None:
     assert fp32.fsdp_copy_bytes == pytest.approx(unit / 8 * 6)  # fp32 shard -> bf16: read 4 write 2
     assert bf16.fsdp_copy_bytes == pytest.approx(unit / 8 * 6 + unit * 4)  # + FSDP2 copy-out
     assert fp32.grad_clip_s > 0 and fp32.optimizer_s > 0 and fp32.loss_s > 0
-    ddp = model.framework_costs(unit_params=unit, local_params=6.7e9, dp=8, zero=0)
+    ddp = framework_costs(model, unit_params=unit, local_params=6.7e9, dp=8, zero=0)
     assert ddp.fsdp_copy_in_s == 0 and ddp.fsdp_grad_cast_s == 0
     foreach = model.optimizer_time_s(1e9, "adam", "foreach")
     assert foreach > 2.5 * model.optimizer_time_s(1e9, "adam", "fused")

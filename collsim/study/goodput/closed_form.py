@@ -1,52 +1,6 @@
 """Closed forms of goodput: the checkpoint interval (Young, Daly) and the exact renewal ratio.
 
-Model (the Monte Carlo of :mod:`collsim.study.goodput.montecarlo` makes the same assumptions):
-
-1. Failures strike the job as one Poisson process of rate ``lam`` (events per second, all
-   components of all its nodes; a correlated event that takes many nodes is one event), in
-   wall-clock time, whatever the job is doing: computing, checkpointing or recovering.
-2. Training alternates ``tau`` seconds of compute with a stall of ``s`` seconds for each
-   checkpoint. The checkpoint is safe ``W`` seconds after its stall ends (``W`` = 0 when the
-   write is synchronous; the background write time when asynchronous, which needs tau >= W).
-3. A failure during training rolls the job back to its last safe checkpoint and starts a
-   recovery of ``Rt = D + R`` seconds (detection, then restart). A failure during a recovery
-   starts the recovery again from that failure.
-4. Spare nodes never run out (the Monte Carlo can drop this; the closed form is then an upper
-   bound).
-
-Derivation (renewal-reward theorem; S. M. Ross, "Stochastic Processes", 2nd ed., 1996,
-section 3.6). Cut the timeline at the end of each recovery: the pieces are i.i.d. because the
-Poisson process has no memory. Each piece is an up period ``X ~ Exp(lam)`` then a recovery ``Y``.
-
-- ``E[Y]``: the recovery succeeds when ``Rt`` seconds pass without a failure; conditioning on
-  the first failure, ``E[Y] = Rt e^(-lam Rt) + int_0^Rt (y + E[Y]) lam e^(-lam y) dy``, so
-  ``E[Y] = (e^(lam Rt) - 1) / lam`` and ``E[X + Y] = e^(lam Rt) / lam``.
-- Useful work: with period ``P = tau + s``, checkpoint ``k`` is safe at ``W + k P`` after the
-  up period began, so ``E[N] = sum_k P(X >= W + k P) = e^(-lam W) / (e^(lam P) - 1)`` safe
-  checkpoints, each worth ``tau`` of training.
-
-Hence the effective training time ratio (useful training time over elapsed time)::
-
-    ETTR(tau) = lam tau e^(-lam (W + D + R)) / (e^(lam (tau + s)) - 1)
-
-exact in the long run, and exact in expectation over any window of a long-running job: the
-job's state at an instant depends only on the time since its last failure, so every instant
-is alike (the Monte Carlo samples such windows; a job that starts fresh at 0 and keeps all its
-training at the end differs by O(E[X + Y] / H)). For ``W`` = 0 it is the reciprocal of Daly's
-complete model (failures also during restarts),
-``T_w / T_s = M e^(R/M) (e^((tau + delta)/M) - 1) / tau`` with ``M = 1/lam``, ``delta = s``
-(J. T. Daly, "A higher order estimate of the optimum checkpoint interval for restart dumps",
-Future Generation Computer Systems 22 (2006) 303-312). The rest of each piece is
-split the same way: time stalled for checkpoints ``E[S] = e^(-lam tau) (1 - e^(-lam s)) /
-(lam (1 - e^(-lam P)))``, work rolled back ``E[X] - E[S] - tau E[N]``, recovering ``E[Y]``.
-
-The optimum: ``W``, ``D`` and ``R`` only scale ETTR, so the best ``tau`` maximises
-``tau / (e^(lam (tau + s)) - 1)``; with ``u = lam (tau + s)`` the stationary point solves
-``e^u (1 - u + lam s) = 1`` on ``(lam s, 1 + lam s)``, found here by bisection. Beside it:
-Young's first order ``sqrt(2 s M)`` (J. W. Young, "A first order approximation to the optimum
-checkpoint interval", CACM 17(9), 1974) and Daly's higher order estimate
-``sqrt(2 s M) (1 + sqrt(s / 2M) / 3 + (s / 2M) / 9) - s`` for ``s < 2M``, else ``M`` (Daly
-2006, the same paper).
+Derivations, measurements and sources: docs/derivations.md, ``collsim.study.goodput.closed_form``.
 """
 
 from __future__ import annotations
@@ -107,7 +61,7 @@ def optimal_interval_s(costs: JobCosts) -> float:
 
 
 def effective_training_time_ratio(costs: JobCosts, interval_s: float) -> float:
-    """``lam tau e^(-lam (W + D + R)) / (e^(lam (tau + s)) - 1)`` (module docstring)."""
+    """``lam tau e^(-lam (W + D + R)) / (e^(lam (tau + s)) - 1)`` (docs/derivations.md)."""
     return renewal_breakdown(costs, interval_s).useful
 
 
@@ -131,7 +85,7 @@ class RenewalBreakdown:
 
 
 def renewal_breakdown(costs: JobCosts, interval_s: float) -> RenewalBreakdown:
-    """The long-run split of time of the model in the module docstring.
+    """The long-run split of time of the model in docs/derivations.md.
 
     Raises:
         ConfigError: a non-positive interval.

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from collsim.errors import ConfigError
+from collsim.yamlio import load_yaml
 
 if TYPE_CHECKING:  # pragma: no cover
     from collsim.study.goodput.config import ReliabilityConfig
@@ -62,7 +63,6 @@ def read_fleets(path: str | Path) -> list[Fleet]:
         ConfigError: the file cannot be read, or a fleet's rate is not a number > 0 (file, line,
             key path; exit 2).
     """
-    from collsim.yamlio import load_yaml
 
     doc = load_yaml(path)
     where = str(path)

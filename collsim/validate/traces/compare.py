@@ -17,8 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from collsim.api import simulate
+from collsim.report.trace import to_chrome_trace
 from collsim.validate.traces.breakdown import IDLE, Summary
+from collsim.validate.traces.classify import classify
 from collsim.validate.traces.reader import GPU_CATS, Trace
+from collsim.workload.compute import ComputeModel
 
 __all__ = ["Comparison", "compare_steps", "format_comparison", "write_side_by_side", "op_kind"]
 
@@ -93,7 +97,6 @@ def _traced_rows(summary: Summary) -> dict[str, float]:
 
 def _model_split(scenario: Any, topology: Any) -> dict[str, float]:
     """Shares of the compute kinds in the compute model's op times for one micro-batch."""
-    from collsim.workload.compute import ComputeModel
 
     training, parallel, spec = scenario.training, scenario.parallel, scenario.model
     model = ComputeModel(
@@ -119,7 +122,6 @@ def _model_split(scenario: Any, topology: Any) -> dict[str, float]:
 def compare_steps(summary: Summary, scenario: Any) -> Comparison:
     """Simulate ``scenario`` (a loaded :class:`collsim.scenario.Scenario`) and set it beside
     the traced steps of ``summary``."""
-    from collsim.api import simulate
 
     sim = simulate(scenario, trace=True)
     breakdown = dict(sim.result.breakdown_s)
@@ -179,7 +181,6 @@ theirs, 0...)."""
 def _traced_events(trace: Trace, step_index: int = 0) -> list[dict[str, Any]]:
     """The device events (GPU trace) or the host thread's ops (CPU trace) of one traced step,
     moved to start at 0, on one track per stream or thread, named by their kind."""
-    from collsim.validate.traces.classify import classify
 
     step = trace.steps()[min(step_index, len(trace.steps()) - 1)]
     if trace.on_gpu:
@@ -239,7 +240,6 @@ def _traced_events(trace: Trace, step_index: int = 0) -> list[dict[str, Any]]:
 def write_side_by_side(path: str | Path, traces: list[Trace], c: Comparison) -> Path:
     """One Perfetto (Chrome JSON) file: the simulated step's tracks and, beside them, the
     first traced step of the first rank, both starting at 0; gzip when the name ends in .gz."""
-    from collsim.report.trace import to_chrome_trace
 
     doc = to_chrome_trace(c.result, name=c.scenario or None)
     doc["traceEvents"] = _traced_events(traces[0]) + list(doc["traceEvents"])

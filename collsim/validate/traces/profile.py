@@ -23,9 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from collsim.errors import ConfigError
+from collsim.hardware import get_device
+from collsim.validate.compute import write_profile
 from collsim.validate.traces.breakdown import dtype_bytes
 from collsim.validate.traces.classify import classify
 from collsim.validate.traces.reader import GPU_CATS, STEP_PREFIX, Event, Trace
+from collsim.workload.compute import optimizer_bytes_per_param
+from collsim.workload.ops import head_ops, layer_ops
 
 __all__ = [
     "LearnedProfile",
@@ -246,7 +251,6 @@ def _optimizer_bps(trace: Trace) -> float | None:
     """Bytes per second of the traced ``Optimizer.step#<Name>.step``: the parameters it
     updated (the first tensor of each op directly inside it) x collsim's bytes per parameter
     of that optimizer, over its duration (median over steps)."""
-    from collsim.workload.compute import optimizer_bytes_per_param
 
     rates = []
     for ann in (e for e in trace.events if e.name.startswith("Optimizer.step#")):
@@ -309,7 +313,6 @@ def covered_gemm(shape: tuple[int, int, int], rows: list[list[Any]]) -> bool:
 
 def profile_from_traces(traces: list[Trace], *, base: str | None = None) -> LearnedProfile:
     """Learn the ``measured`` tables from ``traces`` (one or several ranks of one job)."""
-    from collsim.hardware import get_device
 
     timed = [pair for t in traces for pair in _op_times(t)]
     on_gpu = any(t.on_gpu for t in traces)
@@ -365,12 +368,9 @@ def profile_from_traces(traces: list[Trace], *, base: str | None = None) -> Lear
 
 def write_trace_profile(path: str | Path, learned: LearnedProfile) -> Path:
     """Write ``learned`` as a device file (:func:`collsim.validate.compute.write_profile`)."""
-    from collsim.validate.compute import write_profile
 
     tables = dict(learned.measured)
     if not tables["gemm"]:
-        from collsim.errors import ConfigError
-
         raise ConfigError(
             "the traces hold no GEMM with recorded shapes (profile with record_shapes=True)",
             key_path="--profile-out",
@@ -391,7 +391,6 @@ def gemm_coverage(
     """The GEMM shapes (m, n, k) of ``scenario``'s layers, embedding and head, forward and
     backward: those within :data:`SAME_SHAPE_FACTOR` of a traced shape, and those not (a
     profile prices them from the nearest measured row: its base's where it has one)."""
-    from collsim.workload.ops import head_ops, layer_ops
 
     training, parallel, spec = scenario.training, scenario.parallel, scenario.model
     tp = int(getattr(parallel, "tp", 1))

@@ -15,6 +15,7 @@ chosen by :func:`default_reader` from :data:`READERS`, by the measurement in
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import io
 import json
 import os
@@ -198,7 +199,7 @@ def _doc_json(path: str, progress: bool) -> dict[str, Any]:
 
 
 def _doc_orjson(path: str, progress: bool) -> dict[str, Any]:
-    import orjson
+    import orjson  # optional (the traces extra): loaded only when it is installed and chosen
 
     data = _read_bytes(path, progress)
     try:
@@ -220,6 +221,7 @@ def _top(path: str, doc: Any) -> dict[str, Any]:
 def _doc_ijson(path: str, progress: bool) -> dict[str, Any]:
     """Stream the file: each event is built, filtered (:func:`_event`) and dropped, so that
     memory holds the kept events, never the whole document."""
+    # optional (the traces extra): loaded only when it is installed and chosen
     import ijson  # type: ignore[import-untyped,unused-ignore]
 
     stream, raw = _open(path, progress)
@@ -314,7 +316,6 @@ def default_reader(path: str | None = None) -> str:
     fastest in the measurement of :data:`PEAK_BYTES_PER_TRACE_BYTE`), else the standard
     library; ijson (streamed, bounded by the events kept) when that parser's measured peak
     for this file would pass half the memory available and ijson is installed."""
-    import importlib.util
 
     fast = "orjson" if importlib.util.find_spec("orjson") is not None else "json"
     if path is None or importlib.util.find_spec("ijson") is None:
@@ -370,8 +371,6 @@ def read_trace(path: str | Path, *, reader: str | None = None, progress: bool = 
     if how not in READERS:
         raise ConfigError(f"unknown reader {how!r}; choose from {', '.join(READERS)}")
     if how != "json":
-        import importlib.util
-
         if importlib.util.find_spec(how) is None:
             raise ConfigError(
                 f"reader {how!r} needs the {how} package (pip install 'collsim[traces]')",

@@ -1,0 +1,34 @@
+"""The collectives' tables are kept per topology, by the module that derives them."""
+
+from __future__ import annotations
+
+import gc
+
+from collsim.collectives.memo import PerTopology
+from collsim.collectives.select import COSTS, cost
+from collsim.collectives.types import Group
+from collsim.stragglers import degrade_topology
+from collsim.topology import load_topology
+
+
+def test_a_topology_s_tables_are_its_own_and_go_with_it() -> None:
+    tables: PerTopology[str, int] = PerTopology()
+    first, second = load_topology("dgx_h100", nodes=1), load_topology("dgx_h100", nodes=1)
+    tables.of(first)["x"] = 1
+    assert tables.of(first) == {"x": 1} and tables.of(second) == {}
+    assert tables.of(first) is tables.of(first)
+    del first
+    gc.collect()
+    assert len(tables._tables) == 1  # only the second topology's table is left
+
+
+def test_a_degraded_copy_prices_afresh() -> None:
+    topo = load_topology("dgx_h100", nodes=2)
+    group = Group.all(topo)
+    fast = cost("all_reduce", 1 << 30, group).time_s
+    assert COSTS.of(topo)
+    slow_links = {link.index: 0.5 for link in topo.links if link.tier == 1}
+    degraded = degrade_topology(topo, slow_links)
+    assert COSTS.of(degraded) == {}
+    assert cost("all_reduce", 1 << 30, Group.all(degraded)).time_s > fast
+    assert cost("all_reduce", 1 << 30, group).time_s == fast
