@@ -1035,10 +1035,19 @@ class _Bounds:
         return hit
 
     def _model(self) -> Any:
-        dtype = str(self.training.dtype)
+        # the kernels the schedule prices (collsim.schedule.build._blocks): attention kernel,
+        # execution mode and fused kernels change every block's seconds, so the floor uses them
+        tr = self.training
+        dtype = str(tr.dtype)
         model = self._models.get(dtype)
         if model is None:
-            model = self._models[dtype] = ComputeModel(self.topology.device, dtype)
+            model = self._models[dtype] = ComputeModel(
+                self.topology.device,
+                dtype,
+                attention_kernel=tr.attention_kernel,
+                execution=str(tr.execution),
+                fused_kernels=bool(tr.fused_kernels),
+            )
         return model
 
     def step_s(self, c: Candidate) -> float:
