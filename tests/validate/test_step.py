@@ -31,7 +31,10 @@ def test_step_measured_and_simulated(tmp_path) -> None:
         num_layers=2, hidden=64, ffn_hidden=256, vocab=256, seq_len=16, iters=2, warmup=1
     )
     report, _ = run_step(cfg, world_size=2, timeout_s=120)
-    assert set(report["profile"]) == set(BLOCK_OVERRIDE_KEYS) - {"layer.recompute"}
+    # the harness runs whole backwards (no split-backward schedule), so the weight-gradient
+    # parts of the split schedules are not timed apart
+    split_only = {"layer.wgrad", "head.wgrad"}
+    assert set(report["profile"]) == set(BLOCK_OVERRIDE_KEYS) - {"layer.recompute"} - split_only
     assert all(v > 0 for v in report["profile"].values())
     modes = report["modes"]
     assert set(modes) == {"ddp_b1", "ddp_b25", "fsdp"}
