@@ -15,7 +15,6 @@ from typing import Any, overload
 
 import numpy as np
 
-import collsim
 from collsim.errors import ConfigError, InfeasibleError
 from collsim.hardware import DEVICE, Device, device_from_reader, get_device, list_devices
 from collsim.schema import (
@@ -681,7 +680,7 @@ class Topology:
 
 
 # -- loading ------------------------------------------------------------------------------
-PRESET_DIR = Path(collsim.__file__).resolve().parent / "data" / "topologies"
+PRESET_DIR = Path(__file__).resolve().parent / "data" / "topologies"
 """The shipped topology presets, inside the package (found after any install). The repository's
 top-level ``topologies/`` holds the same files for users to read and copy (a test keeps the two
 identical)."""
