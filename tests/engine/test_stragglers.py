@@ -19,7 +19,7 @@ from collsim.engine.core import simulated_ranks
 from collsim.errors import ConfigError
 from collsim.estimate import estimate_step
 from collsim.parallel.config import ParallelConfig, TrainingConfig
-from collsim.parallel.schedules import Phase
+from collsim.parallel.pipeline import Phase
 from collsim.schedule.build import build_schedule
 from collsim.stragglers import SlowGPU, SlowLink, SlowNode, StragglerConfig
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collsim.parallel.schedules import Phase, PipeOp, input_of, stage_schedule
+from collsim.parallel.pipeline import Phase, PipeOp, input_of, stage_schedule
 
 F, B = Phase.FORWARD, Phase.BACKWARD
 
@@ -92,7 +92,7 @@ def test_inputs_cross_stages_and_chunks() -> None:
 def test_output_of_is_the_dual_of_input_of(p: int, v: int) -> None:
     """Every op's output goes to the op that reads it, and to no other: output_of(op on s) =
     (s2, op2) exactly when input_of(op2 on s2) = (s, op)."""
-    from collsim.parallel.schedules import output_of
+    from collsim.parallel.pipeline import output_of
 
     ops = [PipeOp(ph, mb, c) for ph in (F, B) for mb in range(2) for c in range(v)]
     reads = {

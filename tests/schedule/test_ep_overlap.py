@@ -13,8 +13,8 @@ from collsim.engine import simulate_step
 from collsim.errors import CollsimWarning, ConfigError
 from collsim.estimate import estimate_step
 from collsim.parallel.config import DDPConfig, ParallelConfig, TrainingConfig
+from collsim.parallel.pipeline import paired_ops, stage_schedule
 from collsim.parallel.plan import build_plan
-from collsim.parallel.schedules import paired_ops, stage_schedule
 from collsim.schedule.build import build_schedule
 from collsim.schedule.pricing import ClosedPricer, SegmentPrices
 from collsim.topology import load_topology
