@@ -19,9 +19,9 @@ from pathlib import Path
 
 import simpy
 
+from collsim.cluster.network import FlowNetwork
+from collsim.cluster.topology import Topology, load_topology
 from collsim.collectives import Group, cost, simulate
-from collsim.network import FlowNetwork
-from collsim.topology import Topology, load_topology
 
 REPEATS = 5
 

@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _space() -> object:
-    from collsim.search import SearchSpace
+    from collsim.study.search import SearchSpace
 
     return SearchSpace(
         micro_batches=(1, 2),
@@ -52,8 +52,8 @@ def run(scenario_path: Path, gpus: int, workers: int, prune_keep: int) -> tuple[
     """Seconds of the search on a fresh cluster of ``workers``; its best ten (plan, time)."""
     from distributed import Client, LocalCluster
 
-    from collsim.scenario import load_scenario
-    from collsim.search import search_plans
+    from collsim.study.scenario import load_scenario
+    from collsim.study.search import search_plans
     from collsim.study.sweep import cluster_for
 
     scenario = load_scenario(scenario_path)
@@ -68,7 +68,7 @@ def run(scenario_path: Path, gpus: int, workers: int, prune_keep: int) -> tuple[
     ) as cluster:
         with Client(cluster.scheduler_address, set_as_default=False) as client:
             client.gather(client.map(_one, range(4 * workers)))
-            client.run(__import__, "collsim.estimate")
+            client.run(__import__, "collsim.play.walk")
         started = time.perf_counter()
         result = search_plans(
             topology,
@@ -91,8 +91,8 @@ def run(scenario_path: Path, gpus: int, workers: int, prune_keep: int) -> tuple[
 
 def _local(scenario_path: Path, gpus: int, prune_keep: int) -> float:
     """Seconds of the same search in this process (no cluster)."""
-    from collsim.scenario import load_scenario
-    from collsim.search import search_plans
+    from collsim.study.scenario import load_scenario
+    from collsim.study.search import search_plans
     from collsim.study.sweep import cluster_for
 
     scenario = load_scenario(scenario_path)

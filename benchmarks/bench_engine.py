@@ -15,10 +15,10 @@ import statistics
 import time
 import warnings
 
-from collsim.engine import simulate_step
-from collsim.errors import CollsimWarning
+from collsim.cluster.topology import load_topology
+from collsim.core.errors import CollsimWarning
 from collsim.parallel.config import ParallelConfig, TrainingConfig
-from collsim.topology import load_topology
+from collsim.play.engine import simulate_step
 from collsim.workload.model import get_preset
 
 CASES = [  # (label, nodes, dp, target seconds)

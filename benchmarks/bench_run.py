@@ -96,8 +96,8 @@ def _end_to_end(args: Sequence[str], repeats: int) -> dict[str, Any]:
 def _import_time(top: int) -> tuple[float, list[tuple[float, str]]]:
     """``python -X importtime`` of the run path: total and the slowest modules (cumulative)."""
     code = (
-        "import collsim.cli, collsim.cli.run, collsim.scenario, collsim.topology, "
-        "collsim.engine, collsim.report.tables"
+        "import collsim.cli, collsim.cli.run, collsim.study.scenario, collsim.cluster.topology, "
+        "collsim.play.engine, collsim.report.tables"
     )
     proc = subprocess.run(
         [sys.executable, "-X", "importtime", "-c", code],
@@ -122,9 +122,9 @@ def _import_time(top: int) -> tuple[float, list[tuple[float, str]]]:
 def _engine_alone(overrides: Sequence[str], repeats: int, profile: bool) -> dict[str, Any]:
     """Load once, then time ``simulate_step`` alone in this process."""
     sys.path.insert(0, str(REPO))
-    from collsim.engine import simulate_step
-    from collsim.errors import CollsimWarning
-    from collsim.scenario import load_scenario
+    from collsim.core.errors import CollsimWarning
+    from collsim.play.engine import simulate_step
+    from collsim.study.scenario import load_scenario
 
     t0 = time.perf_counter()
     scenario = load_scenario(SCENARIO, overrides)

@@ -65,8 +65,8 @@ ENGINE_CHILD = r"""
 import json, sys, time
 from collsim.cli import one_blas_thread
 one_blas_thread()  # as the collsim command starts (numpy's BLAS threads never used)
-from collsim.scenario import load_scenario
-from collsim.engine import simulate_step
+from collsim.study.scenario import load_scenario
+from collsim.play.engine import simulate_step
 sc = load_scenario(sys.argv[1]); topo = sc.cluster.load()
 simulate_step(topo, sc.model, sc.training, sc.parallel)  # warm (imports, first costs)
 times = []

@@ -41,9 +41,9 @@ def bench_sweep() -> tuple[float, int, int]:
 
 def bench_search() -> tuple[float, object]:
     """Seconds for the 1,024-GPU search (branch and bound, the best 10 simulated); the result."""
-    from collsim.jobs import default_jobs
-    from collsim.scenario import load_scenario
-    from collsim.search import search_plans
+    from collsim.core.jobs import default_jobs
+    from collsim.study.scenario import load_scenario
+    from collsim.study.search import search_plans
 
     start = time.perf_counter()
     scenario = load_scenario(SCENARIO)
@@ -61,8 +61,8 @@ def bench_search() -> tuple[float, object]:
 
 def megatron_reference() -> list[tuple[str, object]]:
     """Megatron-LM's published 175B plans (TP 8, PP 8 and 16, interleaved), simulated."""
-    from collsim.engine import simulate_step
-    from collsim.scenario import load_scenario
+    from collsim.play.engine import simulate_step
+    from collsim.study.scenario import load_scenario
 
     scenario = load_scenario(SCENARIO)
     topology = scenario.cluster.load()
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
-    from collsim.errors import CollsimWarning
+    from collsim.core.errors import CollsimWarning
 
     warnings.simplefilter("ignore", CollsimWarning)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from collsim.errors import (
+from collsim.core.errors import (
     CollsimError,
     CollsimWarning,
     ConfigError,

@@ -1,7 +1,7 @@
 """The notebook API: the commands of ``collsim`` as functions that return data, each a thin layer
 over the job every command runs (:mod:`collsim.study.job`), so that ``collsim.simulate(path)``
 and ``collsim run path`` give the same step. Units are collsim's (seconds, bytes, bytes per
-second); errors are the CLI's (:mod:`collsim.errors`). ``import collsim`` loads this module on
+second); errors are the CLI's (:mod:`collsim.core.errors`). ``import collsim`` loads this module on
 first use of one of its names, so the command line stays fast::
 
     sim = collsim.simulate("scenarios/3d_175b.yaml", overrides={"parallel.dp": 8})
@@ -20,18 +20,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from collsim.errors import CollsimWarning, ConfigError
+from collsim.core.errors import CollsimWarning, ConfigError
 from collsim.study.job import DEFAULT_RUNS, Overrides, load
 
 if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.figure import Figure
 
-    from collsim.limits import Limits
-    from collsim.scenario import Scenario
-    from collsim.schedule.result import StepResult
+    from collsim.cluster.topology import Topology
+    from collsim.step.result import StepResult
     from collsim.study.goodput.estimate import GoodputResult
-    from collsim.topology import Topology
+    from collsim.study.limits import Limits
+    from collsim.study.scenario import Scenario
 
 __all__ = ["Simulation", "load", "simulate", "sweep", "collective", "goodput"]
 
@@ -41,7 +41,7 @@ ScenarioLike = str | Path | Mapping[str, Any]
 @dataclass
 class Simulation:
     """One simulated step: the scenario, its cluster, the result (every field of
-    :class:`~collsim.schedule.result.StepResult` reads through) and the run's CollsimWarnings."""
+    :class:`~collsim.step.result.StepResult` reads through) and the run's CollsimWarnings."""
 
     scenario: Scenario
     topology: Topology
@@ -179,8 +179,9 @@ def sweep(
 ) -> pd.DataFrame:
     """Simulate a scenario file over GPU counts (``grow``: the axis that grows with them) and
     the product of ``sets`` (``{"parallel.zero": [0, 1, 3]}``), as ``collsim sweep`` does.
-    ``strong`` keeps the global batch. One row per point (``collsim.study.sweep.sweep_frame``)."""
+    ``strong`` keeps the global batch. One row per point (``collsim.report.frames.sweep_frame``)."""
     # start-up: `import collsim` stays cheap; each layer loads on first use
+    from collsim.report.frames import sweep_frame
     from collsim.study import sweep as sweeping
 
     pairs = [
@@ -191,7 +192,7 @@ def sweep(
     sweeping.check_overrides(scenario, pairs, gpus=gpu_list, grow=grow, plans=None)
     points = sweeping.build_points(gpus=gpu_list, sets=pairs, plans=None)
     outcomes = sweeping.run_sweep(scenario, points, grow=grow, strong=strong)
-    frame: pd.DataFrame = sweeping.sweep_frame(outcomes)
+    frame: pd.DataFrame = sweep_frame(outcomes)
     return frame
 
 
@@ -208,10 +209,10 @@ def collective(
     ``op, algorithm, protocol, size_bytes, time_s, algbw_bps, busbw_bps`` (nccl-tests)."""
     # start-up: `import collsim` stays cheap; each layer loads on first use
     from collsim.collectives import Group
-    from collsim.errors import InfeasibleError
+    from collsim.core.errors import InfeasibleError
+    from collsim.core.vocab import Algorithm, CollectiveOp
     from collsim.report.frames import collective_cost_frame
     from collsim.study.sweep import cluster_for
-    from collsim.vocab import Algorithm, CollectiveOp
 
     _choice(op, [o.value for o in CollectiveOp], "op")
     sizes = [sizes_bytes] if isinstance(sizes_bytes, int) else list(sizes_bytes)

@@ -23,7 +23,7 @@ NCCL_REFERENCE = REPO.parent / "shared" / "reference" / "nccl_allreduce_dgx_h100
 
 
 def _warn_quietly() -> None:
-    from collsim.errors import CollsimWarning
+    from collsim.core.errors import CollsimWarning
 
     warnings.simplefilter("ignore", CollsimWarning)
 
@@ -146,11 +146,11 @@ def breakdown() -> Path:
     published plan and the best plans of `collsim search`, all simulated."""
     import dataclasses
 
-    from collsim.engine import simulate_step
+    from collsim.play.engine import simulate_step
     from collsim.report.frames import results_frame
     from collsim.report.plots import plot_breakdown, save_figure
-    from collsim.scenario import load_scenario
-    from collsim.search import search_plans
+    from collsim.study.scenario import load_scenario
+    from collsim.study.search import search_plans
 
     scenario = load_scenario(SCENARIOS / "3d_175b.yaml")
     topology = scenario.cluster.load()
@@ -182,7 +182,7 @@ def collectives() -> Path:
     from collsim.collectives import Group
     from collsim.report.frames import collective_cost_frame, read_collective_csv
     from collsim.report.plots import plot_collectives, save_figure
-    from collsim.topology import load_topology
+    from collsim.cluster.topology import load_topology
 
     topology = load_topology("dgx_h100", nodes=1)
     sizes = [1 << k for k in range(10, 35)]
@@ -215,7 +215,7 @@ def algorithms() -> Path:
     from collsim.collectives import Group
     from collsim.report.frames import collective_cost_frame, read_collective_csv
     from collsim.report.plots import plot_collectives, save_figure
-    from collsim.topology import load_topology
+    from collsim.cluster.topology import load_topology
 
     sizes = [1 << k for k in range(10, 34)]
     frames = []

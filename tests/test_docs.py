@@ -30,7 +30,7 @@ from pathlib import Path
 import click
 import pytest
 
-from collsim.errors import CollsimWarning, ConfigError
+from collsim.core.errors import CollsimWarning, ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
@@ -240,8 +240,8 @@ def _kind(data: object) -> str:
 def _load(path: Path) -> None:
     import yaml
 
-    from collsim.scenario import load_scenario
-    from collsim.topology import load_topology
+    from collsim.cluster.topology import load_topology
+    from collsim.study.scenario import load_scenario
 
     if _kind(yaml.safe_load(path.read_text(encoding="utf-8"))) == "topology":
         load_topology(path)

@@ -44,9 +44,9 @@ def test_each_error_name_is_the_class_collsim_raises() -> None:
     import pytest
 
     from collsim import errors
+    from collsim.cluster.topology import load_topology
     from collsim.parallel.config import ParallelConfig, TrainingConfig
     from collsim.parallel.plan import build_plan
-    from collsim.topology import load_topology
     from collsim.workload.model import get_preset
 
     pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()

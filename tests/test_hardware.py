@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from collsim.errors import ConfigError
-from collsim.hardware import Device, get_device, list_devices
+from collsim.cluster.hardware import Device, get_device, list_devices
+from collsim.core.errors import ConfigError
 
 
 def test_catalogue_has_the_issue_devices() -> None:
@@ -82,8 +82,8 @@ def test_efficiency_out_of_range_is_rejected() -> None:
 
 
 def test_missing_dtype_names_the_training_key() -> None:
-    from collsim.errors import ConfigError
-    from collsim.hardware import get_device
+    from collsim.cluster.hardware import get_device
+    from collsim.core.errors import ConfigError
 
     with pytest.raises(
         ConfigError, match=r"^training\.dtype: A100 .* no peak FLOP/s for dtype 'fp8'"
@@ -111,7 +111,7 @@ def test_new_devices_and_memory_reserve() -> None:
 
 
 def test_device_file_and_inline_topology_device(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from collsim.topology import load_topology
+    from collsim.cluster.topology import load_topology
 
     text = (
         "name: my gpu\ngeneration: hopper\npeak_tflops: {bf16: 500}\nmamf_tflops: {bf16: 400}\n"

@@ -107,24 +107,24 @@ def test_the_walker_sees_the_imports() -> None:
     graph = import_graph()
     assert len(graph) > 50
     # a plain import; ``from package import submodule``; a TYPE_CHECKING-only import
-    assert "collsim.topology" in graph["collsim.collectives.types"]
+    assert "collsim.cluster.topology" in graph["collsim.collectives.types"]
     assert "collsim.collectives.tuner" in graph["collsim.collectives.nvls"]
-    assert "collsim.topology" in graph["collsim.collectives.memo"]
+    assert "collsim.cluster.topology" in graph["collsim.collectives.memo"]
     # an import of a submodule runs the packages above it; relative imports resolve
     node = ast.parse("from collsim.collectives.select import cost").body[0]
     assert isinstance(node, ast.ImportFrom)
-    assert _targets("collsim.engine.core", node) == {
+    assert _targets("collsim.play.engine.core", node) == {
         "collsim.collectives",
         "collsim.collectives.select",
     }
     node = ast.parse("from .streams import Work").body[0]
     assert isinstance(node, ast.ImportFrom)
-    assert _targets("collsim.engine.core", node) == {"collsim.engine.streams"}
+    assert _targets("collsim.play.engine.core", node) == {"collsim.play.engine.streams"}
     # a function-local import and a TYPE_CHECKING import are edges too
     tree = ast.parse(
         "if TYPE_CHECKING:\n    import collsim.api\ndef f():\n    import collsim.cli\n"
     )
-    assert {_targets("collsim.engine.core", n).pop() for n in _imports(tree)} == {
+    assert {_targets("collsim.play.engine.core", n).pop() for n in _imports(tree)} == {
         "collsim.api",
         "collsim.cli",
     }
@@ -140,10 +140,10 @@ def test_no_import_cycle_inside_collsim() -> None:
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
 
-@pytest.mark.parametrize("leaf", ["collsim.errors", "collsim.vocab"])
+@pytest.mark.parametrize("leaf", ["collsim.core.errors", "collsim.core.vocab"])
 def test_the_glossary_and_the_errors_sit_at_the_bottom(leaf: str) -> None:
     # vocab names every enum and raises ConfigError on a bad name; errors imports nothing
-    allowed = {"collsim.errors": set(), "collsim.vocab": {"collsim.errors"}}[leaf]
+    allowed = {"collsim.core.errors": set(), "collsim.core.vocab": {"collsim.core.errors"}}[leaf]
     assert import_graph()[leaf] == allowed
 
 
@@ -159,7 +159,7 @@ def _function_local_imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
 #: matplotlib with the report modules built on them (the run path stays light without them:
 #: tests/report/test_report_trace.py); orjson and ijson, optional readers of large profiler
 #: traces (collsim.validate.traces.reader falls back to json without them); distributed, the
-#: optional Dask backend of collsim.jobs (the local pool runs without it).
+#: optional Dask backend of collsim.core.jobs (the local pool runs without it).
 HEAVY = (
     "torch",
     "pandas",

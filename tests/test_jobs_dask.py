@@ -17,10 +17,10 @@ import pytest
 
 distributed = pytest.importorskip("distributed")
 
-from collsim.jobs import Workers  # noqa: E402
+from collsim.cluster.topology import load_topology  # noqa: E402
+from collsim.core.jobs import Workers  # noqa: E402
 from collsim.parallel.config import ParallelConfig, TrainingConfig  # noqa: E402
-from collsim.search import SearchSpace, search_plans  # noqa: E402
-from collsim.topology import load_topology  # noqa: E402
+from collsim.study.search import SearchSpace, search_plans  # noqa: E402
 from collsim.workload import TransformerSpec  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import simpy
 
-from collsim.errors import ConfigError
-from collsim.network import FlowNetwork, load_bound_time_s, max_min_rates
-from collsim.topology import load_topology, parse_topology
-from collsim.yamlio import parse_yaml_text
+from collsim.cluster.network import FlowNetwork, load_bound_time_s, max_min_rates
+from collsim.cluster.topology import load_topology, parse_topology
+from collsim.core.errors import ConfigError
+from collsim.core.yamlio import parse_yaml_text
 
 # A 4-rank node: 100 GB/s per direction, 1 us per link, no efficiency loss.
 _NODE = """\

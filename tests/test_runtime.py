@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gc
 
-from collsim.runtime import collector_paused
+from collsim.core.runtime import collector_paused
 
 
 def test_the_collector_is_paused_inside_and_restored_after() -> None:

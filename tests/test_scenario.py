@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from collsim.errors import ConfigError
+from collsim.core.errors import ConfigError
 from collsim.parallel.config import Recompute, ScheduleKind
-from collsim.scenario import load_scenario, parse_override
+from collsim.study.scenario import load_scenario, parse_override
 from collsim.workload.model import get_preset
 
 BASE = """\
@@ -289,7 +289,7 @@ def test_scenarios_are_shipped() -> None:
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
 def test_shipped_scenario_plan_covers_its_cluster(path: Path) -> None:
-    from collsim.topology import load_topology
+    from collsim.cluster.topology import load_topology
 
     s = load_scenario(path)
     topology = load_topology(s.cluster.topology, nodes=s.cluster.nodes)
@@ -338,7 +338,7 @@ def test_stack_shortcut_and_explicit_override() -> None:
 
 
 def test_attention_kernel_key_decides_a_hand_written_model(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from collsim.scenario import load_scenario
+    from collsim.study.scenario import load_scenario
 
     text = (
         "cluster: {topology: dgx_h100, device: h800}\n"

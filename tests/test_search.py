@@ -8,12 +8,12 @@ from collections import Counter
 
 import pytest
 
-from collsim.engine import simulate_step
-from collsim.errors import CollsimWarning, ConfigError
-from collsim.estimate import Estimator
+from collsim.cluster.topology import load_topology
+from collsim.core.errors import CollsimWarning, ConfigError
 from collsim.parallel.config import DDPConfig, ParallelConfig, TrainingConfig
-from collsim.search import SearchSpace, enumerate_plans, search_frame, search_plans
-from collsim.topology import load_topology
+from collsim.play.engine import simulate_step
+from collsim.play.walk import Estimator
+from collsim.study.search import SearchSpace, enumerate_plans, search_frame, search_plans
 from collsim.workload import (
     ComputeModel,
     TransformerSpec,
@@ -140,7 +140,7 @@ def test_interleaving_divides_the_bubble_and_zero3_shards_parameters(h100x16) ->
     # The closed form walks the real op order: on an ideal network (communication at 0 s),
     # with balanced stages (no embedding or head time), the bubble is Narayanan's
     # (p - 1)/v x (t_f + t_b), so two chunks per stage halve it.
-    from collsim.estimate import estimate_step
+    from collsim.play.walk import estimate_step
 
     estimator = Estimator(h100x16, TINY)
     training = TrainingConfig(global_batch=64, micro_batch=1)
@@ -303,13 +303,13 @@ def _every_nth(plans: list, n: int) -> list:
 def test_the_bounds_are_floors_of_the_estimate(preset, nodes, global_batch) -> None:
     # Branch and bound is exact only if no bound exceeds what it bounds: a spread of plans of
     # the whole default space (every knob), each estimated, none below its floors.
-    from collsim.search import _Bounds
+    from collsim.study.search.bounds import Bounds
 
     topology = load_topology("dgx_h100", nodes=nodes)
     spec = TINY if preset == "tiny" else get_preset(preset)
     training = TrainingConfig(global_batch=global_batch, micro_batch=1)
     plans = list(enumerate_plans(spec, topology.num_ranks, 8, global_batch, SearchSpace()))
-    bounds = _Bounds(topology, spec, training)
+    bounds = Bounds(topology, spec, training)
     estimator = Estimator(topology, spec)
     checked = tightest = 0
     for plan in _every_nth(plans, 120):
@@ -324,12 +324,13 @@ def test_the_bounds_are_floors_of_the_estimate(preset, nodes, global_batch) -> N
 
 
 def test_the_memory_floor_is_below_the_engine_peak() -> None:
-    from collsim.search import Candidate, _Bounds
+    from collsim.study.search import Candidate
+    from collsim.study.search.bounds import Bounds
 
     topology = load_topology("dgx_a100", nodes=4)
     spec = get_preset("gpt3-13b")
     training = TrainingConfig(global_batch=64, micro_batch=1)
-    bounds = _Bounds(topology, spec, training)
+    bounds = Bounds(topology, spec, training)
     for knobs in (
         dict(tp=4, pp=4, dp=2, micro_batch=4, schedule="1f1b", virtual_stages=1, zero=0),
         dict(tp=2, pp=4, dp=4, micro_batch=2, schedule="interleaved", virtual_stages=2, zero=1),
@@ -377,13 +378,14 @@ def test_pruning_on_a_space_of_20000_plans_returns_the_same_best_ten(h100x16) ->
 @pytest.mark.parametrize("order", ["tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"])
 def test_the_bound_prices_the_plans_own_data_parallel_groups(order: str) -> None:
     from collsim.parallel.plan import build_plan
-    from collsim.search import Candidate, _Bounds
+    from collsim.study.search import Candidate
+    from collsim.study.search.bounds import Bounds
 
     topology = load_topology("dgx_h100", nodes=4)
     spec = get_preset("gpt3-13b")
     training = TrainingConfig(global_batch=64, micro_batch=1)
     parallel = ParallelConfig(dp=32, order=order)
-    bounds = _Bounds(topology, spec, training, parallel)
+    bounds = Bounds(topology, spec, training, parallel)
     plan_c = Candidate(
         tp=2, pp=4, dp=4, micro_batch=1, schedule="1f1b", virtual_stages=1, zero=1,
         recompute="none", sequence_parallel=False,
@@ -406,7 +408,7 @@ def test_the_bound_prices_the_plans_own_data_parallel_groups(order: str) -> None
 def test_context_and_expert_parallel_plans_are_searched_under_floors(preset, nodes, space) -> None:
     # the search varies cp and ep; for such plans only the compute stream is bounded (the
     # cheapest layer kind), and that floor holds
-    from collsim.search import _Bounds
+    from collsim.study.search.bounds import Bounds
 
     topology = load_topology("dgx_h100", nodes=nodes)
     spec = TINY if preset == "tiny" else dataclasses.replace(get_preset(preset), seq_len=1024)
@@ -415,7 +417,7 @@ def test_context_and_expert_parallel_plans_are_searched_under_floors(preset, nod
     plans = list(enumerate_plans(spec, topology.num_ranks, 8, 32, space, Counter(), base=base))
     varied = {p.cp for p in plans} | {p.ep for p in plans}
     assert varied >= ({1, 2, 4} if preset == "tiny" else {1, 2, 8})
-    bounds = _Bounds(topology, spec, training, base)
+    bounds = Bounds(topology, spec, training, base)
     estimator = Estimator(topology, spec)
     checked = held = 0
     for plan in _every_nth([p for p in plans if p.cp > 1 or p.ep > 1], 25):
@@ -468,7 +470,7 @@ def test_expert_step_floor_holds_for_every_dispatcher(stack, dispatcher, ep_over
     # never exceed the closed form's step (their tightness: the published run's slow test);
     # compute-bound enough (2k tokens, 256 sequences) that a floor priced with other
     # kernels than the schedule's overshoots
-    from collsim.search import _Bounds
+    from collsim.study.search.bounds import Bounds
 
     topology = load_topology("dgx_h100", nodes=2)
     training = TrainingConfig(global_batch=256, micro_batch=1, stack=stack)
@@ -476,7 +478,7 @@ def test_expert_step_floor_holds_for_every_dispatcher(stack, dispatcher, ep_over
     space = SearchSpace(eps=(2, 8, 16), micro_batches=(1,), zero_stages=(1,))
     plans = list(enumerate_plans(SMALL_MOE, 16, 8, 256, space, Counter(), base=base))
     assert {p.ep for p in plans} >= {2, 8, 16}
-    bounds = _Bounds(topology, SMALL_MOE, training, base)
+    bounds = Bounds(topology, SMALL_MOE, training, base)
     estimator = Estimator(topology, SMALL_MOE)
     checked: set[int] = set()
     with warnings.catch_warnings():
@@ -501,8 +503,8 @@ def test_expert_plans_floors_hold_on_the_published_moe_run() -> None:
     # (states plus the activations held at once) never exceeds the estimate's peak, the step
     # floor (compute and the blocking all-to-alls) never its step, and both are tight enough
     # to drop plans before they are estimated
-    from collsim.scenario import load_scenario
-    from collsim.search import _Bounds
+    from collsim.study.scenario import load_scenario
+    from collsim.study.search.bounds import Bounds
 
     sc = load_scenario("scenarios/published/moe_qwen3_30b_a3b_h100_16_fp8.yaml")
     topology = sc.cluster.load()
@@ -513,7 +515,7 @@ def test_expert_plans_floors_hold_on_the_published_moe_run() -> None:
             base=sc.parallel,
         )
     )  # fmt: skip
-    bounds = _Bounds(topology, sc.model, sc.training, sc.parallel)
+    bounds = Bounds(topology, sc.model, sc.training, sc.parallel)
     estimator = Estimator(topology, sc.model)
     checked = tight = fast = 0
     with warnings.catch_warnings():
@@ -544,7 +546,7 @@ def test_expert_plans_floors_hold_on_the_published_moe_run() -> None:
 def test_split_backward_schedules_are_searched_under_floors(preset, nodes, global_batch) -> None:
     # ZB-H1 and DualPipeV in the space: a spread of their plans (every knob), each estimated,
     # none below its floors; ZeRO-3 and DualPipeV with fewer than 2 pp micro-batches counted
-    from collsim.search import _Bounds
+    from collsim.study.search.bounds import Bounds
 
     topology = load_topology("dgx_h100", nodes=nodes)
     spec = TINY if preset == "tiny" else get_preset(preset)
@@ -560,7 +562,7 @@ def test_split_backward_schedules_are_searched_under_floors(preset, nodes, globa
     assert rejected["schedule_m"] > 0
     assert {p.zero for p in plans} == {0, 1, 2, 3}
     assert all(p.virtual_stages == (2 if p.schedule == "dualpipev" else 1) for p in plans)
-    bounds = _Bounds(topology, spec, training)
+    bounds = Bounds(topology, spec, training)
     estimator = Estimator(topology, spec)
     checked = tightest = 0
     for plan in _every_nth(plans, 80):

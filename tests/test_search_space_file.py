@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from collsim.errors import ConfigError
+from collsim.core.errors import ConfigError
 from collsim.parallel.config import ParallelConfig
-from collsim.schedule.result import StepResult
-from collsim.search import Candidate, Ranked, SearchSpace, collapse, enumerate_plans
+from collsim.step.result import StepResult
+from collsim.study.search import Candidate, Ranked, SearchSpace, collapse, enumerate_plans
 from collsim.study.space_file import read_space
 from collsim.workload import TransformerSpec
 

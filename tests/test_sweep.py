@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from collsim.errors import ConfigError, InfeasibleError
-from collsim.schedule.result import StepResult
+from collsim.core.errors import ConfigError, InfeasibleError
+from collsim.report.frames import sweep_frame
+from collsim.step.result import StepResult
 from collsim.study.sweep import (
     build_points,
     check_overrides,
     parse_gpus,
     parse_set,
     run_sweep,
-    sweep_frame,
 )
 
 SCENARIO = """\

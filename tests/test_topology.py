@@ -4,13 +4,13 @@ from pathlib import Path
 
 import pytest
 
-import collsim.topology as topology_module
-from collsim.errors import ConfigError, InfeasibleError
-from collsim.hardware import get_device
-from collsim.limits import check_scenario
-from collsim.scenario import load_scenario
-from collsim.topology import FABRIC_DEFAULTS, LinkKind, load_topology, parse_topology
-from collsim.yamlio import YamlDoc, load_yaml, parse_yaml_text
+import collsim.cluster.topology as topology_module
+from collsim.cluster.hardware import get_device
+from collsim.cluster.topology import FABRIC_DEFAULTS, LinkKind, load_topology, parse_topology
+from collsim.core.errors import ConfigError, InfeasibleError
+from collsim.core.yamlio import YamlDoc, load_yaml, parse_yaml_text
+from collsim.study.limits import check_scenario
+from collsim.study.scenario import load_scenario
 
 NAMES = [
     "dgx_a100",
@@ -76,7 +76,7 @@ def test_nodes_are_set_by_the_caller() -> None:
 
 
 def test_name_resolves_to_the_package_presets_and_path_works(repo: Path) -> None:
-    from collsim.topology import PRESET_DIR
+    from collsim.cluster.topology import PRESET_DIR
 
     by_name = load_topology("dgx_a100")
     by_path = load_topology(repo / "topologies" / "dgx_a100.yaml")

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from collsim.topology import load_topology, parse_topology
-from collsim.transports import (
+from collsim.cluster.topology import load_topology, parse_topology
+from collsim.cluster.transports import (
     EFA_PLATFORMS,
     NCCL_RELEASES,
     TRANSPORTS,
     transport_for,
 )
-from collsim.vocab import FabricKind, Protocol
-from collsim.yamlio import parse_yaml_text
+from collsim.core.vocab import FabricKind, Protocol
+from collsim.core.yamlio import parse_yaml_text
 
 _ALL = {Protocol.LL, Protocol.LL128, Protocol.SIMPLE}
 
@@ -157,14 +157,14 @@ def test_completion_key_sets_the_simple_step() -> None:
     ],
 )
 def test_bad_transport_keys_are_refused(extra: str, message: str) -> None:
-    from collsim.errors import ConfigError
+    from collsim.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match=message):
         parse_topology(parse_yaml_text(_DOC + extra, "t.yaml"), nodes=2)
 
 
 def test_platform_needs_efa() -> None:
-    from collsim.errors import ConfigError
+    from collsim.core.errors import ConfigError
 
     doc = _DOC.replace("kind: efa", "kind: roce") + "  platform: p5\n"
     with pytest.raises(ConfigError, match="needs kind: efa"):
@@ -172,7 +172,7 @@ def test_platform_needs_efa() -> None:
 
 
 def test_nccl_version_is_a_checked_key() -> None:
-    from collsim.errors import ConfigError
+    from collsim.core.errors import ConfigError
 
     doc = _DOC + "collectives: {nccl_version: '2.18.1'}\n"
     with pytest.raises(ConfigError, match="nccl_version"):
@@ -181,7 +181,7 @@ def test_nccl_version_is_a_checked_key() -> None:
 
 def test_a_transport_without_ll_has_no_ll_across_nodes() -> None:
     from collsim.collectives import CollectiveOp, Group, tuner
-    from collsim.vocab import Protocol
+    from collsim.core.vocab import Protocol
 
     with_ll = parse_topology(parse_yaml_text(_DOC, "t.yaml"), nodes=2)
     without = parse_topology(parse_yaml_text(_DOC + "  ll: false\n", "t.yaml"), nodes=2)

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from collsim.errors import ConfigError
-from collsim.units import GiB, MiB, parse_size
-from collsim.yamlio import ConfigReader, parse_yaml_text, positive
+from collsim.core.errors import ConfigError
+from collsim.core.units import GiB, MiB, parse_size
+from collsim.core.yamlio import ConfigReader, parse_yaml_text, positive
 
 
 @pytest.mark.parametrize(
@@ -57,7 +57,7 @@ def test_missing_key() -> None:
 
 
 def test_load_yaml_rejects_unreadable_files(tmp_path) -> None:
-    from collsim.yamlio import load_yaml
+    from collsim.core.yamlio import load_yaml
 
     binary = tmp_path / "b.yaml"
     binary.write_bytes(b"a: \xff\xfe\n")
@@ -110,7 +110,7 @@ def test_recursive_anchor_is_refused() -> None:
 def test_special_files_are_not_read(tmp_path, special: str) -> None:
     import os
 
-    from collsim.yamlio import load_yaml, read_input_bytes
+    from collsim.core.yamlio import load_yaml, read_input_bytes
 
     if special == "fifo":
         special = str(tmp_path / "pipe.yaml")
@@ -122,7 +122,7 @@ def test_special_files_are_not_read(tmp_path, special: str) -> None:
 
 
 def test_oversized_files_are_refused_before_reading(tmp_path) -> None:
-    from collsim.yamlio import MAX_INPUT_BYTES, load_yaml
+    from collsim.core.yamlio import MAX_INPUT_BYTES, load_yaml
 
     big = tmp_path / "big.yaml"
     with big.open("wb") as handle:  # a sparse file: its size without writing the bytes
@@ -132,7 +132,7 @@ def test_oversized_files_are_refused_before_reading(tmp_path) -> None:
 
 
 def test_byte_order_mark_is_dropped(tmp_path) -> None:
-    from collsim.yamlio import load_yaml, read_input_text
+    from collsim.core.yamlio import load_yaml, read_input_text
 
     path = tmp_path / "bom.yaml"
     path.write_bytes(b"\xef\xbb\xbfa: 1\n")

@@ -2,7 +2,7 @@
 
 Subcommands live in their own modules under ``collsim.cli`` and are imported only when used, so
 that ``collsim run`` does not pay for matplotlib or torch. Errors are mapped to exit codes here,
-at the edge, and nowhere else: every :class:`~collsim.errors.CollsimError` declares its own
+at the edge, and nowhere else: every :class:`~collsim.core.errors.CollsimError` declares its own
 ``exit_code`` (ConfigError 2, InfeasibleError 1, UnavailableError 3, ...), which
 :class:`LazyGroup` turns into a click exception that prints the error's lines and exits with
 that code, whether the group runs from :func:`main` or from click's test runner. Click usage
@@ -20,7 +20,7 @@ from typing import Any
 import click
 
 from collsim import __version__
-from collsim.errors import CollsimError, SimulationError, UnavailableError
+from collsim.core.errors import CollsimError, SimulationError, UnavailableError
 
 __all__ = ["main", "cli"]
 

@@ -14,8 +14,8 @@ from typing import Any, cast
 import click
 
 from collsim.cli.common import OneLineCommand
-from collsim.units import GB, parse_size
-from collsim.vocab import NCCL_TESTS_TYPE_BYTES, CollectiveOp, Protocol
+from collsim.core.units import GB, parse_size
+from collsim.core.vocab import NCCL_TESTS_TYPE_BYTES, CollectiveOp, Protocol
 
 __all__ = ["collective", "sweep_sizes", "build_group"]
 
@@ -91,9 +91,9 @@ def build_group(topology_spec: str, gpus: int | None, nodes: int | None) -> Any:
     (default: as few as hold them). On a loopback topology ``--gpus`` sets the rank count.
     """
     # start-up: loaded only when this runs (--help and bad input stay fast)
+    from collsim.cluster.topology import load_topology
     from collsim.collectives import Group
-    from collsim.topology import load_topology
-    from collsim.vocab import Interconnect
+    from collsim.core.vocab import Interconnect
 
     probe = load_topology(topology_spec, nodes=1)
     per_node_max = probe.gpus_per_node
@@ -115,7 +115,7 @@ def build_group(topology_spec: str, gpus: int | None, nodes: int | None) -> Any:
             param_hint="--gpus",
         )
     # start-up: loaded only when this runs (--help and bad input stay fast)
-    from collsim.limits import check_ranks
+    from collsim.study.limits import check_ranks
 
     check_ranks(
         num_nodes * per_node_max, key_path="--nodes/--gpus", option=None
@@ -267,9 +267,10 @@ def collective(
     # start-up: loaded only when this runs (--help and bad input stay fast)
     import simpy
 
+    from collsim.cluster.network import FlowNetwork
+
     # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.collectives import CollectiveCost, cost, simulate
-    from collsim.network import FlowNetwork
 
     if minbytes > maxbytes:
         raise click.BadParameter(f"-b {minbytes} is larger than -e {maxbytes}", param_hint="-b/-e")

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from collsim.errors import ConfigError
+from collsim.core.errors import ConfigError
 
 if TYPE_CHECKING:
-    from collsim.limits import Limits
+    from collsim.study.limits import Limits
 
 __all__ = [
     "OneLineUsageError",
@@ -217,7 +217,7 @@ def _identity(path: str | Path) -> Path:
 
 def limit_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Add the ``--max-gpus/--max-layers/--max-microbatches/--max-events/--max-memory-gib``
-    options (:class:`collsim.limits.Limits`), passed to the command as ``limit_values``."""
+    options (:class:`collsim.study.limits.Limits`), passed to the command as ``limit_values``."""
     specs: list[tuple[str, type, str]] = [
         ("max_gpus", int, "Refuse clusters of more GPUs (default 262,144)."),
         ("max_layers", int, "Refuse models of more layers (default 10,000)."),
@@ -227,7 +227,7 @@ def limit_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     ]
 
     def collect(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
-        ctx.meta.setdefault("collsim.limits", {})[param.name] = value
+        ctx.meta.setdefault("collsim.study.limits", {})[param.name] = value
         return value
 
     for name, kind, text in reversed(specs):
@@ -243,7 +243,7 @@ def limit_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         ctx = click.get_current_context()
-        kwargs["limit_values"] = dict(ctx.meta.get("collsim.limits", {}))
+        kwargs["limit_values"] = dict(ctx.meta.get("collsim.study.limits", {}))
         return fn(*args, **kwargs)
 
     # start-up: loaded only when this runs (--help and bad input stay fast)
@@ -253,9 +253,9 @@ def limit_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def limits_from_options(values: dict[str, Any] | None) -> Limits:
-    """The :class:`~collsim.limits.Limits` of the ``--max-*`` options (unset ones default)."""
+    """The :class:`~collsim.study.limits.Limits` of the ``--max-*`` options (unset ones default)."""
     # start-up: loaded only when this runs (--help and bad input stay fast)
-    from collsim.limits import Limits
+    from collsim.study.limits import Limits
 
     given = {k: v for k, v in (values or {}).items() if v is not None}
     return Limits(**given)

@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from collsim.cli.common import OneLineCommand, check_output_path
-from collsim.errors import ConfigError
+from collsim.core.errors import ConfigError
 
 if TYPE_CHECKING:
-    from collsim.schedule.result import StepResult
+    from collsim.step.result import StepResult
 
 __all__ = ["goodput", "goodput_scenario"]
 
@@ -203,7 +203,7 @@ def _check_fits(result: StepResult) -> None:
     """An InfeasibleError (exit 1) when the plan does not fit in memory."""
     if not result.fits:
         # start-up: loaded only when this runs (--help and bad input stay fast)
-        from collsim.errors import InfeasibleError
+        from collsim.core.errors import InfeasibleError
 
         raise InfeasibleError(
             f"does not fit: {result.memory_peak_bytes / 2**30:.1f} GiB needed of "

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from collsim.errors import ConfigError
+from collsim.core.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd

@@ -33,8 +33,8 @@ from collsim.cli.common import (
     limit_options,
     limits_from_options,
 )
-from collsim.errors import CollsimWarning, ConfigError, InfeasibleError
-from collsim.vocab import ScheduleKind
+from collsim.core.errors import CollsimWarning, ConfigError, InfeasibleError
+from collsim.core.vocab import ScheduleKind
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -80,7 +80,7 @@ def _read_csv(path: Path) -> pd.DataFrame:
     import pandas as pd
 
     # start-up: loaded only when this runs (--help and bad input stay fast)
-    from collsim.yamlio import read_input_text
+    from collsim.core.yamlio import read_input_text
 
     text = read_input_text(path, what="CSV file")
     try:
@@ -199,7 +199,7 @@ def timeline_cmd(
     """Memory in use over one simulated step of SCENARIO for one rank, with the HBM line."""
     # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.report.plots import plot_memory_timeline
-    from collsim.scenario import load_scenario
+    from collsim.study.scenario import load_scenario
 
     _check_suffix(output)
     load_scenario(scenario, list(overrides))  # bad keys: exit 2 before simulating
@@ -268,7 +268,7 @@ def pipeline_cmd(
     """Gantt chart per pipeline stage (forward, backward, bubble) for each schedule."""
     # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.report.plots import plot_pipeline
-    from collsim.scenario import load_scenario
+    from collsim.study.scenario import load_scenario
 
     _check_suffix(output)
     kinds = [s.strip() for s in schedules.split(",") if s.strip()]
@@ -447,10 +447,10 @@ def _closed_form(
 ) -> pd.DataFrame:
     # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.collectives import Group
+    from collsim.core.units import parse_size
+    from collsim.core.vocab import Algorithm, CollectiveOp
     from collsim.report.frames import collective_cost_frame
     from collsim.study.sweep import cluster_for
-    from collsim.units import parse_size
-    from collsim.vocab import Algorithm, CollectiveOp
 
     try:
         low, high = parse_size(minbytes), parse_size(maxbytes)
@@ -478,7 +478,7 @@ def _closed_form(
                 key_path="--algorithms",
             ) from None
     # start-up: loaded only when this runs (--help and bad input stay fast)
-    from collsim.limits import check_ranks
+    from collsim.study.limits import check_ranks
 
     check_ranks(gpus, key_path="--gpus", option=None)
     try:

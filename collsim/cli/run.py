@@ -21,13 +21,13 @@ from collsim.cli.common import (
     limit_options,
     limits_from_options,
 )
-from collsim.errors import ConfigError, InfeasibleError, UnavailableError
-from collsim.runtime import collector_paused
+from collsim.core.errors import ConfigError, InfeasibleError, UnavailableError
+from collsim.core.runtime import collector_paused
 
 if TYPE_CHECKING:
-    from collsim.limits import Limits
-    from collsim.schedule.result import StepResult
+    from collsim.step.result import StepResult
     from collsim.study.job import Job
+    from collsim.study.limits import Limits
 
 __all__ = ["run", "run_scenario"]
 
@@ -46,7 +46,7 @@ TraceWriter = Callable[..., Any]
 
 #: ``--fidelity`` choices (``collsim.study.job.FIDELITIES``, kept here so that ``--help`` does
 #: not import the study): the engine's granularities and ``closed``, the closed form of the
-#: same schedule (``collsim.estimate``).
+#: same schedule (``collsim.play.walk``).
 FIDELITY_CHOICES = ("auto", "fused", "layer", "closed")
 
 #: ``--plot`` suffixes (``collsim.report.plots.save_figure`` writes these).
@@ -132,7 +132,7 @@ def run_scenario(
 ) -> None:
     """The body of ``collsim run``: prints the report, writes the files asked for.
 
-    The cyclic collector is paused over it (:func:`collsim.runtime.collector_paused`): the
+    The cyclic collector is paused over it (:func:`collsim.core.runtime.collector_paused`): the
     modules it imports, the scenario and the topology stay alive to the end, as the step does.
 
     Raises:

@@ -1,7 +1,7 @@
 """``collsim schema KIND``: print the JSON Schema of scenario, topology or device files.
 
 The schema comes from the same description the loaders check files against (written out by
-:func:`collsim.schema.json_schema`), so an editor that validates with it agrees with
+:func:`collsim.core.schema.json_schema`), so an editor that validates with it agrees with
 ``collsim run``::
 
     collsim schema scenario > scenario.schema.json
@@ -25,10 +25,10 @@ __all__ = ["schema"]
 def schema(kind: str) -> None:
     """Print the JSON Schema (draft 2020-12) of KIND files on stdout."""
     # the described modules import the model, plan and topology layers: only for this command
-    from collsim.hardware import DEVICE
-    from collsim.scenario import SCENARIO
-    from collsim.schema import json_schema
-    from collsim.topology import TOPOLOGY
+    from collsim.cluster.hardware import DEVICE
+    from collsim.cluster.topology import TOPOLOGY
+    from collsim.core.schema import json_schema
+    from collsim.study.scenario import SCENARIO
 
     spec = {"scenario": SCENARIO, "topology": TOPOLOGY, "device": DEVICE}[kind]
     click.echo(json.dumps(json_schema(kind, spec), indent=2))

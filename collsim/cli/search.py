@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from collsim.cli.common import OneLineCommand, check_frame_path
-from collsim.errors import ConfigError, InfeasibleError
-from collsim.vocab import RecomputeMode, ScheduleKind
+from collsim.core.errors import ConfigError, InfeasibleError
+from collsim.core.vocab import RecomputeMode, ScheduleKind
 
 if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Callable
 
-    from collsim.search import Ranked, SearchResult
+    from collsim.study.search import Ranked, SearchResult
 
 __all__ = ["search", "search_table"]
 
@@ -196,11 +196,11 @@ def search(
 
     Ctrl-C stops the estimates and prints the best plans so far (exit 130)."""
     if scheduler is not None:  # first: a wrong address is one line within seconds
-        from collsim.jobs import check_scheduler  # start-up: loaded when run
+        from collsim.core.jobs import check_scheduler  # start-up: loaded when run
 
         check_scheduler(scheduler)
-    from collsim.scenario import load_scenario  # start-up: loaded when run
-    from collsim.search import SearchSpace, search_frame, search_plans
+    from collsim.study.scenario import load_scenario  # start-up: loaded when run
+    from collsim.study.search import SearchSpace, search_frame, search_plans
     from collsim.study.sweep import cluster_for
 
     check_frame_path(output, "--output")
@@ -217,7 +217,7 @@ def search(
     if gpus is not None and gpus <= 0:
         raise ConfigError(f"must be > 0, got {gpus}", key_path="--gpus")
     if gpus is not None:
-        from collsim.limits import check_ranks  # start-up: loaded when run
+        from collsim.study.limits import check_ranks  # start-up: loaded when run
 
         check_ranks(gpus, key_path="--gpus", option=None)
     try:
@@ -233,7 +233,7 @@ def search(
             raise  # a malformed topology file: its line
         raise base.locate(ConfigError(exc.message, key_path="cluster.topology")) from None
 
-    from collsim.jobs import default_jobs  # start-up: loaded when run
+    from collsim.core.jobs import default_jobs  # start-up: loaded when run
 
     space = SearchSpace()
     if space_path is not None:
@@ -295,7 +295,7 @@ def _report_stop(result: SearchResult, output: Path | None) -> None:
 def _known_plans(output: Path | None) -> dict[str, Any] | None:
     """The estimates an earlier run left in ``output`` (``--resume``), by plan label."""
     from collsim.cli.journal import read_frame  # start-up: loaded when run
-    from collsim.search import known_from_frame
+    from collsim.study.search import known_from_frame
 
     if output is None:
         raise ConfigError("needs -o FILE (the search to continue)", key_path="--resume")
@@ -326,7 +326,7 @@ class _SearchRun:
         self.shown = 0.0
 
     def _frame(self) -> Any:
-        from collsim.search import SearchResult, search_frame  # start-up: loaded when run
+        from collsim.study.search import SearchResult, search_frame  # start-up: loaded when run
 
         ranked = sorted(
             self.ranked, key=lambda r: (r.estimate.step_time_s, r.estimate.memory_peak_bytes)
@@ -372,7 +372,7 @@ class _SearchRun:
         """The search, with the progress line on a terminal (stderr) only."""
         import time  # start-up: loaded when run
 
-        from collsim.search import enumerate_plans  # start-up: loaded when run
+        from collsim.study.search import enumerate_plans  # start-up: loaded when run
 
         tty = sys.stderr.isatty()
         if tty:
@@ -432,7 +432,7 @@ def _row(index: int, entry: Ranked) -> list[str]:
 
 def alike_text(entry: Ranked) -> str:
     """What the plans collapsed into ``entry`` vary: ``+3: bucket MiB 10-400, overlap on/off``."""
-    from collsim.search import MINOR_KNOBS  # start-up: loaded when run
+    from collsim.study.search import MINOR_KNOBS  # start-up: loaded when run
 
     if not entry.alike:
         return ""
@@ -475,7 +475,7 @@ def search_table(result: SearchResult, top_n: int = 10) -> str:
 
 
 def _report_rejected(result: SearchResult) -> None:
-    from collsim.search import REASONS  # start-up: loaded when run
+    from collsim.study.search import REASONS  # start-up: loaded when run
 
     if not result.rejected:
         return

@@ -23,7 +23,7 @@ from collsim.cli.common import (
     limits_from_options,
 )
 from collsim.cli.journal import FrameJournal
-from collsim.errors import ConfigError, InfeasibleError
+from collsim.core.errors import ConfigError, InfeasibleError
 
 if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Callable
@@ -146,10 +146,10 @@ def sweep(
     With -o, the file is rewritten as points finish (at most once a second) and kept on
     Ctrl-C; --resume continues it."""
     if scheduler is not None:  # first: a wrong address is one line within seconds
-        from collsim.jobs import check_scheduler  # start-up: loaded when run
+        from collsim.core.jobs import check_scheduler  # start-up: loaded when run
 
         check_scheduler(scheduler)
-    from collsim.jobs import default_jobs  # start-up: loaded when run
+    from collsim.core.jobs import default_jobs  # start-up: loaded when run
     from collsim.study.sweep import (
         LimitedSimulate,
         build_points,
@@ -170,7 +170,7 @@ def sweep(
     check_frame_path(output, "--output")
     check_output_path(plot_path, "--plot")
     limits = limits_from_options(limit_values)
-    from collsim.limits import check_ranks  # start-up: loaded when run
+    from collsim.study.limits import check_ranks  # start-up: loaded when run
 
     for count in gpus or ():
         check_ranks(count, limits, key_path="--gpus")
@@ -231,7 +231,7 @@ def _joined(prior: pd.DataFrame | None, outcomes: list[SweepOutcome]) -> pd.Data
     """The rows of an earlier run (``--resume``) followed by this run's."""
     import pandas as pd  # start-up: loaded when run
 
-    from collsim.study.sweep import sweep_frame  # start-up: loaded when run
+    from collsim.report.frames import sweep_frame  # start-up: loaded when run
 
     frame = sweep_frame(outcomes) if outcomes else pd.DataFrame()
     if prior is None or not len(prior):

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from collsim.cli.common import OneLineGroup, check_output_path
-from collsim.errors import ConfigError
+from collsim.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from collsim.validate.step import StepConfig
@@ -28,7 +28,7 @@ __all__ = ["validate"]
 
 def _size(ctx: click.Context, param: click.Parameter, value: str) -> int:
     # start-up: loaded only when this runs (--help and bad input stay fast)
-    from collsim.units import parse_size
+    from collsim.core.units import parse_size
 
     try:
         return parse_size(value)
@@ -494,8 +494,8 @@ def _is_fabric(files: list[Any], base: str | None) -> bool:
 
 def _library(base: str) -> str:
     # start-up: loaded only when this runs (--help and bad input stay fast)
-    from collsim.topology import resolve_topology_path
-    from collsim.yamlio import load_yaml
+    from collsim.cluster.topology import resolve_topology_path
+    from collsim.core.yamlio import load_yaml
 
     doc = load_yaml(resolve_topology_path(base))
     return str((doc.data.get("collectives") or {}).get("library", "nccl"))
@@ -1121,7 +1121,7 @@ def _simulate_step(
         The topology, whether DDP overlaps, the simulated modes and the other choice's.
     """
     # start-up: loaded only when this runs (--help and bad input stay fast)
-    from collsim.topology import load_topology
+    from collsim.cluster.topology import load_topology
     from collsim.validate.step import cores_busy, simulate_modes
 
     n = int(report["world_size"])
@@ -1439,7 +1439,7 @@ def kernels(profile: str, device: str, execution: str, summary: bool, output: st
     measured and modelled time and rate, their ratio, and the median and worst ratio per
     kernel kind (ratio = measured / modelled time)."""
     # start-up: loaded only when this runs (--help and bad input stay fast)
-    from collsim.hardware import get_device, load_device_file
+    from collsim.cluster.hardware import get_device, load_device_file
     from collsim.validate.kernels import (
         compare_kernels,
         format_rows,

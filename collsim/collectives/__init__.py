@@ -22,7 +22,7 @@ from __future__ import annotations
 from collsim.collectives.schedule import LoadPhase, Phase, Schedule, Timing, Transfer
 from collsim.collectives.select import choose, cost, schedule_for, simulate, supported
 from collsim.collectives.types import CollectiveCost, Group, busbw_factor
-from collsim.vocab import Algorithm, CollectiveOp, Protocol
+from collsim.core.vocab import Algorithm, CollectiveOp, Protocol
 
 __all__ = [
     "CollectiveOp",

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from collsim.cluster.topology import Topology
 from collsim.collectives.memo import PerTopology
-from collsim.topology import Topology
-from collsim.vocab import Algorithm, Interconnect, Protocol
+from collsim.core.vocab import Algorithm, Interconnect, Protocol
 
 __all__ = [
     "NcclGraph",

@@ -27,8 +27,8 @@ from collections.abc import Callable
 from collsim.collectives import tuner
 from collsim.collectives.schedule import Phase, Transfer, make_transfer
 from collsim.collectives.types import Group
-from collsim.errors import ConfigError
-from collsim.vocab import Algorithm, CollectiveOp, Protocol
+from collsim.core.errors import ConfigError
+from collsim.core.vocab import Algorithm, CollectiveOp, Protocol
 
 __all__ = ["ALGORITHM", "SUPPORTED", "build", "latency_for"]
 

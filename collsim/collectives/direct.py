@@ -17,7 +17,8 @@ behind NIC k, C_k = sum_A c_Ak, and M_g (S_gk) group ranks (behind NIC k) under 
 - rail k leaf uplink of group g: S_gk (n - M_g); downlink: (C_k - S_gk) M_g; without rails
   (one leaf per group) S_gk and C_k become M_g and n.
 
-The paths are those of :meth:`collsim.topology.Topology.path` (an inter-node transfer leaves by
+The paths are those of :meth:`collsim.cluster.topology.Topology.path` (an inter-node transfer
+leaves by
 the sender's NIC and stays on its rail). The DES runs every pair for groups of up to
 :data:`EXACT_PAIRS_UP_TO` ranks; above that, the transfers that share a path (the senders behind
 NIC k of node A to all ranks of node B) run as one flow with their summed bytes, when the
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from collsim.cluster.topology import Topology
 from collsim.collectives.schedule import (
     LoadPhase,
     Phase,
@@ -39,8 +41,7 @@ from collsim.collectives.schedule import (
     one_step_phase,
 )
 from collsim.collectives.types import Group
-from collsim.topology import Topology
-from collsim.vocab import Algorithm, CollectiveOp, LinkKind
+from collsim.core.vocab import Algorithm, CollectiveOp, LinkKind
 
 __all__ = ["ALGORITHM", "SUPPORTED", "EXACT_PAIRS_UP_TO", "build", "all_pairs_load"]
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collsim.collectives.schedule import LoadPhase, one_step_phase
 from collsim.collectives.types import Group
-from collsim.errors import ConfigError
-from collsim.vocab import Algorithm, CollectiveOp
+from collsim.core.errors import ConfigError
+from collsim.core.vocab import Algorithm, CollectiveOp
 
 __all__ = ["ALGORITHM", "SUPPORTED", "build"]
 

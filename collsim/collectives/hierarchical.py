@@ -13,8 +13,8 @@ import numpy as np
 
 from collsim.collectives.schedule import LoadPhase, pairs_phase
 from collsim.collectives.types import Group
-from collsim.errors import ConfigError
-from collsim.vocab import Algorithm, CollectiveOp
+from collsim.core.errors import ConfigError
+from collsim.core.vocab import Algorithm, CollectiveOp
 
 __all__ = ["ALGORITHM", "SUPPORTED", "build"]
 

@@ -3,7 +3,8 @@
 A topology is not changed after it is built, so what a module of this layer derives from it
 (NCCL's graphs, its tuning tables, the phases and per-call costs of a group) stays valid for
 the topology's life. Each module keeps its own :class:`PerTopology` table; an entry goes when
-its topology is collected, and a copy (:func:`collsim.stragglers.degrade_topology`) starts empty.
+its topology is collected, and a copy (:func:`collsim.step.stragglers.degrade_topology`) starts
+empty.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import weakref
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 if TYPE_CHECKING:
-    from collsim.topology import Topology
+    from collsim.cluster.topology import Topology
 
 __all__ = ["PerTopology"]
 

@@ -29,8 +29,8 @@ from collsim.collectives import nvls, tuner
 from collsim.collectives.schedule import LoadPhase, PhaseLoad, Transfer, make_transfer, pair_load
 from collsim.collectives.tree import dtree_parents
 from collsim.collectives.types import Group
-from collsim.errors import ConfigError
-from collsim.vocab import Algorithm, CollectiveOp
+from collsim.core.errors import ConfigError
+from collsim.core.vocab import Algorithm, CollectiveOp
 
 __all__ = ["ALGORITHM", "SUPPORTED", "LOOP_STEP_S", "build", "loop_bytes_for", "chunk_bytes"]
 

@@ -1,6 +1,6 @@
 """aws-ofi-nccl's region tuner: the (algorithm, protocol) it sets for NCCL on P5 / P5e / P5en.
 
-Source: aws/aws-ofi-nccl 2daf7d30 (:data:`collsim.transports.AWS_OFI_NCCL`),
+Source: aws/aws-ofi-nccl 2daf7d30 (:data:`collsim.cluster.transports.AWS_OFI_NCCL`),
 src/tuner/nccl_ofi_regions.cpp (the region tables, ``is_inside_region``, ``extend_region``,
 ``region_get_coll_info_internal_v3``), include/tuner/nccl_ofi_tuner_region.h (``TUNER_MAX_SIZE``,
 ``TUNER_MAX_RANKS``, the log2 transform) and src/tuner/nccl_ofi_tuner.cpp (the region tuner is
@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from collsim.vocab import Algorithm, CollectiveOp, Protocol
+from collsim.core.vocab import Algorithm, CollectiveOp, Protocol
 
 __all__ = ["PLATFORMS", "region_pick", "inside"]
 

@@ -23,8 +23,8 @@ import numpy as np
 from collsim.collectives import tuner
 from collsim.collectives.schedule import LoadPhase, pairs_phase
 from collsim.collectives.types import Group
-from collsim.errors import ConfigError
-from collsim.vocab import Algorithm, CollectiveOp, Protocol
+from collsim.core.errors import ConfigError
+from collsim.core.vocab import Algorithm, CollectiveOp, Protocol
 
 __all__ = ["ALGORITHM", "SUPPORTED", "build", "latency_for"]
 

@@ -6,7 +6,7 @@ Derivations, measurements and sources: docs/derivations.md, ``collsim.collective
 from __future__ import annotations
 
 from collsim.collectives import tuner
-from collsim.vocab import Algorithm, LinkKind, Protocol
+from collsim.core.vocab import Algorithm, LinkKind, Protocol
 
 __all__ = [
     "protocols_for",

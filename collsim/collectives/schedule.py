@@ -12,11 +12,11 @@ from dataclasses import dataclass
 import numpy as np
 import simpy
 
+from collsim.cluster.network import FlowNetwork, PackedSends
+from collsim.cluster.topology import CollectiveSettings, Topology
 from collsim.collectives import protocols
-from collsim.errors import ConfigError
-from collsim.network import FlowNetwork, PackedSends
-from collsim.topology import CollectiveSettings, Topology
-from collsim.vocab import Algorithm, CollectiveOp, LinkKind, Protocol
+from collsim.core.errors import ConfigError
+from collsim.core.vocab import Algorithm, CollectiveOp, LinkKind, Protocol
 
 __all__ = [
     "Transfer",
@@ -160,7 +160,7 @@ def phase_load(phase: AnyPhase, topology: Topology) -> PhaseLoad:
 def merge_identical(transfers: Sequence[Transfer]) -> tuple[Transfer, ...]:
     """Transfers with the same (path, src, dst, weight) as one with a ``count``: exact for the
     DES, where the network gives such a flow its members' summed rate (weighted max-min,
-    :func:`collsim.network.max_min_rates`). A ring's or tree's channels repeat the same
+    :func:`collsim.cluster.network.max_min_rates`). A ring's or tree's channels repeat the same
     rank-to-rank edges, so this runs them in a fraction of the flows."""
     counts: dict[tuple[tuple[int, ...], int | None, int | None, float, bool], int] = {}
     for t in transfers:

@@ -22,6 +22,7 @@ from typing import Any
 
 import simpy
 
+from collsim.cluster.network import FlowNetwork
 from collsim.collectives import (
     collnet,
     direct,
@@ -37,9 +38,8 @@ from collsim.collectives import (
 from collsim.collectives.memo import PerTopology
 from collsim.collectives.schedule import ProtocolCap, Schedule, Timing, run_phases
 from collsim.collectives.types import CollectiveCost, Group, busbw_factor
-from collsim.errors import ConfigError
-from collsim.network import FlowNetwork
-from collsim.vocab import Algorithm, CollectiveOp, Protocol, parse_enum
+from collsim.core.errors import ConfigError
+from collsim.core.vocab import Algorithm, CollectiveOp, Protocol, parse_enum
 
 __all__ = ["ALGORITHM_MODULES", "schedule_for", "choose", "cost", "simulate", "supported"]
 
@@ -50,7 +50,7 @@ _CANDIDATES: PerTopology[tuple[Group, str], list[tuple[Schedule, Timing]]] = Per
 COSTS: PerTopology[tuple[Group, str, str, str | None], CostEntry] = PerTopology()
 """The closed form's per-call table per (group, op, algorithm, protocol) (:func:`cost`)."""
 SHARED_COSTS: PerTopology[tuple[Any, str, str, str | None], CostEntry] = PerTopology()
-"""The same tables per (:meth:`~collsim.topology.Topology.symmetry_key` of the group, op,
+"""The same tables per (:meth:`~collsim.cluster.topology.Topology.symmetry_key` of the group, op,
 algorithm, protocol): groups that a shift by whole nodes maps onto each other share one."""
 
 ALGORITHM_MODULES: dict[Algorithm, ModuleType] = {
@@ -366,7 +366,7 @@ def _shared_entry(
     protocol: Protocol | str | None,
 ) -> CostEntry:
     """The entry of ``group``, shared with every group its topology calls alike
-    (:meth:`collsim.topology.Topology.symmetry_key`): the stages of a pipeline have the same
+    (:meth:`collsim.cluster.topology.Topology.symmetry_key`): the stages of a pipeline have the same
     data-parallel and tensor-parallel groups shifted by whole nodes, priced once."""
     topology = group.topology
     alike = topology.symmetry_key(group.ranks)

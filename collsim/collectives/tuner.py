@@ -32,6 +32,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from collsim.cluster.topology import Topology
+from collsim.cluster.transports import EFA_PLATFORMS
 from collsim.collectives import ofi_tuner
 from collsim.collectives.channels import (
     NcclGraph,
@@ -46,9 +48,7 @@ from collsim.collectives.channels import (
 )
 from collsim.collectives.memo import PerTopology
 from collsim.collectives.types import Group
-from collsim.topology import Topology
-from collsim.transports import EFA_PLATFORMS
-from collsim.vocab import Algorithm, CollectiveOp, Interconnect, Protocol
+from collsim.core.vocab import Algorithm, CollectiveOp, Interconnect, Protocol
 
 __all__ = [
     "NcclGraph",

@@ -1,14 +1,14 @@
 """Groups of ranks and collective costs (the ops, algorithms and protocols are in
-:mod:`collsim.vocab`)."""
+:mod:`collsim.core.vocab`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from collsim.errors import ConfigError
-from collsim.topology import Topology
-from collsim.vocab import Algorithm, CollectiveOp, Protocol
+from collsim.cluster.topology import Topology
+from collsim.core.errors import ConfigError
+from collsim.core.vocab import Algorithm, CollectiveOp, Protocol
 
 __all__ = [
     "Group",

@@ -19,13 +19,13 @@ buckets, FSDP, and the EP / CP / HSDP / FP8 volumes.
 
 from __future__ import annotations
 
+from collsim.core.vocab import Dtype, Optimizer, ParallelAxis, ScheduleKind
 from collsim.parallel.buckets import Bucket, build_buckets
 from collsim.parallel.config import DDPConfig, FSDPConfig, ParallelConfig, Recompute, TrainingConfig
 from collsim.parallel.fsdp import FSDPUnit, build_units, issue_schedule
 from collsim.parallel.params import ParamTensor, chunk_tensors
 from collsim.parallel.pipeline import Phase, PipeOp, input_of, stage_schedule
 from collsim.parallel.plan import Plan, RankCoords, build_plan
-from collsim.vocab import Dtype, Optimizer, ParallelAxis, ScheduleKind
 
 __all__ = [
     "Dtype",

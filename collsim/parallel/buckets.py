@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from collsim.core.units import MiB
 from collsim.parallel.params import ParamTensor
-from collsim.units import MiB
 
 __all__ = ["Bucket", "build_buckets", "backward_segments", "grad_ready_fraction"]
 

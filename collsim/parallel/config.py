@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from collsim.errors import ConfigError
-from collsim.parallel.pipeline import get_schedule
-from collsim.vocab import (
+from collsim.core.errors import ConfigError
+from collsim.core.vocab import (
     CPAlgorithm,
     Dtype,
     FP8Recipe,
@@ -23,9 +22,10 @@ from collsim.vocab import (
     ScheduleKind,
     parse_enum,
 )
+from collsim.parallel.pipeline import get_schedule
 
 Recompute = RecomputeMode
-"""The older name of :class:`collsim.vocab.RecomputeMode`."""
+"""The older name of :class:`collsim.core.vocab.RecomputeMode`."""
 
 __all__ = [
     "STACKS",
@@ -34,7 +34,7 @@ __all__ = [
     "DDPConfig",
     "FSDPConfig",
     "ParallelConfig",
-    # the glossary's names, re-exported for callers of this module (see collsim.vocab)
+    # the glossary's names, re-exported for callers of this module (see collsim.core.vocab)
     "Dtype",
     "Recompute",
     "ScheduleKind",
@@ -365,7 +365,7 @@ class ParallelConfig:
     """Hide the EP all-to-alls of the steady-state 1F1B ops behind compute (Megatron-Core
     ``--overlap-moe-expert-parallel-comm``: a forward and a backward of two micro-batches run
     layer by layer together, each one's dispatch and combine beside the other's compute;
-    DeepSeek-V3's DualPipe pairs chunks the same way); see :mod:`collsim.schedule.ops`."""
+    DeepSeek-V3's DualPipe pairs chunks the same way); see :mod:`collsim.step.ops`."""
     cp: int = 1
     """Context-parallel size: the sequence split over cp ranks (tp x cp x pp x dp GPUs)."""
     cp_algorithm: CPAlgorithm = CPAlgorithm.RING

@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from collsim.errors import ConfigError
+from collsim.core.errors import ConfigError
 from collsim.parallel.config import DISPATCHERS, ROUTINGS, ParallelConfig, TrainingConfig
 
 if TYPE_CHECKING:
-    from collsim.topology import Topology
+    from collsim.cluster.topology import Topology
     from collsim.workload.model import TransformerSpec
 
 __all__ = [

@@ -27,9 +27,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from collsim.core.vocab import ParallelAxis
 from collsim.parallel.context import kv_block_bytes
 from collsim.parallel.dispatch import dispatcher_of, ep_layout, expected_reach
-from collsim.vocab import ParallelAxis
 from collsim.workload.ops import activation_element_bytes
 
 if TYPE_CHECKING:
@@ -141,7 +141,7 @@ def _moe_forward(plan: Plan, e: int) -> list[LayerComm]:
         deepep / hybridep, N > 1 nodes: all_to_all over ep_node of T D_n h e (once per target
                    node, to the same in-node index) and, beside it, all_to_all over ep_local
                    of T D_g h e (NVLink forwarding per target GPU; ``*_nvl``, run at the same
-                   time as the network leg: ``collsim.schedule.ops.Step.beside``)
+                   time as the network leg: ``collsim.step.ops.Step.beside``)
 
     T tokens on the rank, D_n and D_g the expected distinct nodes and GPUs a token reaches
     under the plan's routing model (:func:`~collsim.parallel.dispatch.expected_reach`)."""

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from collsim.errors import ConfigError
+from collsim.core.errors import ConfigError
 
 __all__ = ["EPVolumes", "ep_volumes", "ep_step_bytes_per_rank"]
 

@@ -12,15 +12,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from collsim.errors import CollsimWarning, ConfigError
+from collsim.core.errors import CollsimWarning, ConfigError
+from collsim.core.vocab import ParallelAxis, RankOrder
 from collsim.parallel.config import ParallelConfig, TrainingConfig
 from collsim.parallel.dispatch import check_dispatch
 from collsim.parallel.pipeline import PipelineSchedule, get_schedule
-from collsim.vocab import ParallelAxis, RankOrder
 from collsim.workload.memory import balanced_chunk_layers
 
 if TYPE_CHECKING:
-    from collsim.topology import Topology
+    from collsim.cluster.topology import Topology
     from collsim.workload.model import TransformerSpec
 
 __all__ = [
@@ -107,7 +107,7 @@ class Plan:
     """
 
     topology: Topology
-    """The cluster (``collsim.topology.Topology``)."""
+    """The cluster (``collsim.cluster.topology.Topology``)."""
     spec: TransformerSpec
     """The model (``collsim.workload.TransformerSpec``)."""
     training: TrainingConfig

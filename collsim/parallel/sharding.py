@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from collsim.errors import ConfigError
+from collsim.core.errors import ConfigError
 
 __all__ = [
     "HSDPVolumes",

@@ -31,8 +31,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from collsim.core.vocab import ParallelAxis
 from collsim.parallel.sharding import fp8_weight_bytes
-from collsim.vocab import ParallelAxis
 from collsim.workload.memory import ModelStateBytes, moe_model_state_bytes, stage_parameter_split
 
 if TYPE_CHECKING:

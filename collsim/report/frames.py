@@ -1,7 +1,7 @@
 """Results as tidy pandas frames, one fact per row, units in the column names.
 
 Sweeps, searches, plots and the CLI read simulated steps through these functions, never through
-the :class:`~collsim.schedule.result.StepResult` fields directly, so that a CSV written by
+the :class:`~collsim.step.result.StepResult` fields directly, so that a CSV written by
 ``collsim sweep -o`` can be plotted again later by ``collsim plot`` without re-simulating.
 
 Column conventions (STYLE.md section 7): ``*_s`` seconds, ``*_bytes`` bytes, ``*_bps`` bytes per
@@ -18,17 +18,21 @@ import io
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from collsim.collectives import cost
-from collsim.errors import CollsimError, ConfigError
-from collsim.schedule.result import BREAKDOWN_KEYS, MEMORY_KEYS, StepResult
-from collsim.vocab import Algorithm, CollectiveOp
-from collsim.yamlio import read_input_text
+from collsim.core.errors import CollsimError, ConfigError
+from collsim.core.vocab import Algorithm, CollectiveOp
+from collsim.core.yamlio import read_input_text
+from collsim.step.result import BREAKDOWN_KEYS, MEMORY_KEYS, StepResult
+
+if TYPE_CHECKING:  # pragma: no cover
+    from collsim.study.sweep import SweepOutcome
 
 __all__ = [
+    "sweep_frame",
     "BREAKDOWN_COLUMNS",
     "MEMORY_COLUMNS",
     "RESULT_COLUMNS",
@@ -349,3 +353,20 @@ def collective_cost_frame(
         records,
         columns=["op", "algorithm", "protocol", "size_bytes", "time_s", "algbw_bps", "busbw_bps"],
     )
+
+
+def sweep_frame(outcomes: Sequence[SweepOutcome]) -> pd.DataFrame:
+    """The results frame of a sweep (:func:`results_frame`): the point's
+    coordinates, ``feasible``, ``reason``, every result field, the plan's ``warnings`` (joined
+    with ``; ``) and ``elapsed_s`` (wall seconds of the point)."""
+    frame = results_frame(
+        [(o.params, o.result) for o in outcomes], reasons=[o.reason for o in outcomes]
+    )
+    frame["warnings"] = [
+        "; ".join(
+            dict.fromkeys([*o.warnings, *(o.result.warnings if o.result is not None else [])])
+        )
+        for o in outcomes
+    ]
+    frame["elapsed_s"] = [o.elapsed_s for o in outcomes]
+    return frame

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from matplotlib.figure import Figure
 
-from collsim.errors import ConfigError
+from collsim.core.errors import ConfigError
 from collsim.study.goodput.closed_form import effective_training_time_ratio
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 from collsim.report.tables import format_table
 
 if TYPE_CHECKING:
-    from collsim.scenario import Scenario
     from collsim.study.goodput.estimate import GoodputResult, Spread
     from collsim.study.goodput.fleets import Fleet
+    from collsim.study.scenario import Scenario
 
 __all__ = ["format_duration", "format_goodput_report", "format_fleet_table", "one_line"]
 

@@ -27,15 +27,15 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from collsim.errors import ConfigError
+from collsim.core.errors import ConfigError
+from collsim.core.units import format_size
 from collsim.report.frames import (
     BREAKDOWN_COLUMNS,
     MEMORY_COLUMNS,
     memory_timeline_frame,
     trace_frame,
 )
-from collsim.schedule.result import BREAKDOWN_KEYS, MEMORY_KEYS, StepResult
-from collsim.units import format_size
+from collsim.step.result import BREAKDOWN_KEYS, MEMORY_KEYS, StepResult
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd

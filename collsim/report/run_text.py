@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from collsim.scenario import Scenario
-    from collsim.schedule.result import StepResult
-    from collsim.topology import Topology
+    from collsim.cluster.topology import Topology
+    from collsim.step.result import StepResult
+    from collsim.study.scenario import Scenario
 
 __all__ = ["describe_scenario", "straggler_lines"]
 

@@ -14,8 +14,8 @@ import math
 import textwrap
 from collections.abc import Sequence
 
-from collsim.schedule.result import BREAKDOWN_KEYS, MEMORY_KEYS, CollectiveStat, StepResult
-from collsim.units import GB, GiB, format_size
+from collsim.core.units import GB, GiB, format_size
+from collsim.step.result import BREAKDOWN_KEYS, MEMORY_KEYS, CollectiveStat, StepResult
 
 __all__ = [
     "format_table",

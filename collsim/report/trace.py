@@ -14,8 +14,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from collsim.errors import ConfigError
-from collsim.schedule.result import StepResult, TraceEvent
+from collsim.core.errors import ConfigError
+from collsim.step.result import StepResult, TraceEvent
 
 __all__ = ["STREAM_TIDS", "to_chrome_trace", "write_trace"]
 

@@ -18,26 +18,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from collsim.engine import simulate_step
-from collsim.errors import CollsimWarning, ConfigError
-from collsim.estimate import estimate_step
-from collsim.limits import check_scenario
-from collsim.scenario import Scenario, load_scenario, scenario_from_doc
+from collsim.core.errors import CollsimWarning, ConfigError
+from collsim.core.yamlio import YamlDoc
+from collsim.play.engine import simulate_step
+from collsim.play.walk import estimate_step
 from collsim.study.goodput.costs import checkpoint_state, job_costs
 from collsim.study.goodput.estimate import estimate_goodput
 from collsim.study.goodput.fleets import at_rate, levels
-from collsim.yamlio import YamlDoc
+from collsim.study.limits import check_scenario
+from collsim.study.scenario import Scenario, load_scenario, scenario_from_doc
 
 if TYPE_CHECKING:
-    from collsim.limits import Limits
+    from collsim.cluster.topology import Topology
     from collsim.parallel.config import ParallelConfig, TrainingConfig
-    from collsim.scenario import Scenario
-    from collsim.schedule.result import StepResult
-    from collsim.stragglers import StragglerConfig
+    from collsim.step.result import StepResult
+    from collsim.step.stragglers import StragglerConfig
     from collsim.study.goodput.costs import JobCosts
     from collsim.study.goodput.estimate import GoodputResult
     from collsim.study.goodput.fleets import Fleet
-    from collsim.topology import Topology
+    from collsim.study.limits import Limits
+    from collsim.study.scenario import Scenario
     from collsim.workload.model import TransformerSpec
 
 __all__ = [
@@ -60,8 +60,8 @@ __all__ = [
 ]
 
 FIDELITIES = ("auto", "fused", "layer", "closed")
-"""The engine's granularities (``collsim.engine.step.FIDELITIES``) and ``closed``, the closed
-form of the same schedule (``collsim.estimate``)."""
+"""The engine's granularities (``collsim.play.engine.step.FIDELITIES``) and ``closed``, the closed
+form of the same schedule (``collsim.play.walk``)."""
 
 DEFAULT_DAYS = 30.0
 """Run length of a goodput estimate when neither the caller nor ``reliability.duration_days``
@@ -88,7 +88,7 @@ def override_texts(overrides: Overrides) -> list[str]:
 def load(
     scenario: str | Path | Scenario | Mapping[str, Any], overrides: Overrides = None
 ) -> Scenario:
-    """A scenario from a file, a loaded :class:`~collsim.scenario.Scenario` or a mapping, with
+    """A scenario from a file, a loaded :class:`~collsim.study.scenario.Scenario` or a mapping, with
     the overrides applied as ``--set`` applies them (same checks, same error locations)."""
 
     texts = override_texts(overrides)

@@ -1,11 +1,11 @@
 """``collsim search --space FILE.yaml``: restrict or extend any axis of the search space.
 
-The file is a mapping of :class:`collsim.search.SearchSpace` fields to their values: a list
+The file is a mapping of :class:`collsim.study.search.SearchSpace` fields to their values: a list
 replaces the axis's values (fewer to restrict, others to extend), a scalar sets a one-value
 field (``max_tp``, ``zero_with_pp``). Each key and value is checked against the field's type and
 the rule of its axis (micro-batches and sizes at least 1, ZeRO stages 0-3, prefetch depths at
 least 0, bucket sizes positive and finite, schedules and recompute modes from the vocabulary,
-lists non-empty without repeats); a broken rule is one :class:`collsim.errors.ConfigError`
+lists non-empty without repeats); a broken rule is one :class:`collsim.core.errors.ConfigError`
 naming the file, line, key path and value (exit 2), before any plan is enumerated.
 """
 
@@ -17,10 +17,10 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from collsim.errors import ConfigError
-from collsim.search import SearchSpace
-from collsim.vocab import RecomputeMode, ScheduleKind
-from collsim.yamlio import load_yaml
+from collsim.core.errors import ConfigError
+from collsim.core.vocab import RecomputeMode, ScheduleKind
+from collsim.core.yamlio import load_yaml
+from collsim.study.search import SearchSpace
 
 __all__ = ["read_space"]
 
@@ -40,7 +40,7 @@ def _choices(name: str) -> list[str] | None:
 
 
 def read_space(path: str | Path, base: Any = None) -> Any:
-    """The :class:`collsim.search.SearchSpace` of ``base`` (default: the default space) with
+    """The :class:`collsim.study.search.SearchSpace` of ``base`` (default: the default space) with
     the fields of the YAML file ``path`` replaced.
 
     Raises:

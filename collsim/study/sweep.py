@@ -26,21 +26,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from collsim.errors import CollsimWarning, ConfigError, InfeasibleError
-from collsim.jobs import SchedulerLost, Workers
-from collsim.limits import check_plan
-from collsim.scenario import scenario_from_doc
+from collsim.cluster.topology import load_topology
+from collsim.core.errors import CollsimWarning, ConfigError, InfeasibleError
+from collsim.core.jobs import SchedulerLost, Workers
+from collsim.core.yamlio import load_yaml
 from collsim.study.job import StepInputs, simulate_inputs
-from collsim.topology import load_topology
-from collsim.yamlio import load_yaml
+from collsim.study.limits import check_plan
+from collsim.study.scenario import scenario_from_doc
 
 if TYPE_CHECKING:  # pragma: no cover
-    import pandas as pd
-
-    from collsim.limits import Limits
-    from collsim.scenario import Scenario
-    from collsim.schedule.result import StepResult
-    from collsim.topology import Topology
+    from collsim.cluster.topology import Topology
+    from collsim.step.result import StepResult
+    from collsim.study.limits import Limits
+    from collsim.study.scenario import Scenario
 
 __all__ = [
     "LimitedSimulate",
@@ -57,7 +55,6 @@ __all__ = [
     "SweepSource",
     "run_point",
     "run_sweep",
-    "sweep_frame",
 ]
 
 GROW_AXES = ("dp", "tp", "pp")
@@ -380,7 +377,7 @@ def _grown(
 
 class SweepSource:
     """A scenario file read once: the variants of its points are built from the parsed
-    document (``--set`` overrides, :func:`collsim.scenario.scenario_from_doc`) and
+    document (``--set`` overrides, :func:`collsim.study.scenario.scenario_from_doc`) and
     ``dataclasses.replace`` (the grown axis), and the clusters are built once per size.
 
     Args:
@@ -488,11 +485,11 @@ def _default_simulate(
 class LimitedSimulate:
     """The step of a point behind a resource check: a point beyond a limit is infeasible (its
     reason is the limit's message) instead of running for hours
-    (:func:`collsim.limits.check_plan`). A class, not a closure, so that worker processes can
+    (:func:`collsim.study.limits.check_plan`). A class, not a closure, so that worker processes can
     receive it.
 
     Args:
-        limits: the resource limits (:class:`collsim.limits.Limits`; None: the defaults).
+        limits: the resource limits (:class:`collsim.study.limits.Limits`; None: the defaults).
     """
 
     def __init__(self, limits: Limits | None) -> None:
@@ -582,7 +579,7 @@ def run_sweep(
     """Simulate every point; ``progress`` is called after each one, in the points' order.
 
     The scenario file is read once (:class:`SweepSource`). ``jobs`` processes run the points
-    (:class:`collsim.jobs.Workers`; each keeps its own source and clusters), or the workers of
+    (:class:`collsim.core.jobs.Workers`; each keeps its own source and clusters), or the workers of
     the Dask cluster at ``scheduler`` (the source goes to them read, so they need only the
     files the scenario names); the outcomes are the same as with one.
 
@@ -625,23 +622,3 @@ class _SweepContext:
 
 def _run_point_job(ctx: _SweepContext, point: SweepPoint) -> SweepOutcome:
     return run_point(ctx.source, point, **ctx.options)
-
-
-def sweep_frame(outcomes: Sequence[SweepOutcome]) -> pd.DataFrame:
-    """The results frame of a sweep (:func:`collsim.report.frames.results_frame`): the point's
-    coordinates, ``feasible``, ``reason``, every result field, the plan's ``warnings`` (joined
-    with ``; ``) and ``elapsed_s`` (wall seconds of the point)."""
-    # start-up: the frames module loads pandas, only when a frame is asked for
-    from collsim.report.frames import results_frame
-
-    frame = results_frame(
-        [(o.params, o.result) for o in outcomes], reasons=[o.reason for o in outcomes]
-    )
-    frame["warnings"] = [
-        "; ".join(
-            dict.fromkeys([*o.warnings, *(o.result.warnings if o.result is not None else [])])
-        )
-        for o in outcomes
-    ]
-    frame["elapsed_s"] = [o.elapsed_s for o in outcomes]
-    return frame

@@ -32,8 +32,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from collsim.errors import ConfigError
-from collsim.units import parse_size
+from collsim.core.errors import ConfigError
+from collsim.core.units import parse_size
 from collsim.validate.dataset import COLUMNS, csv_preamble, csv_row, read_measurements
 from collsim.validate.launch import current_scheduling, in_torchrun, run_distributed
 

@@ -17,12 +17,12 @@ from typing import Any
 import numpy as np
 import yaml
 
+from collsim.cluster.topology import load_topology, parse_topology, resolve_topology_path
 from collsim.collectives import Group, cost, schedule_for, supported
-from collsim.errors import ConfigError
-from collsim.topology import load_topology, parse_topology, resolve_topology_path
+from collsim.core.errors import ConfigError
+from collsim.core.vocab import Algorithm, CollectiveOp
+from collsim.core.yamlio import load_yaml
 from collsim.validate.dataset import Measurements
-from collsim.vocab import Algorithm, CollectiveOp
-from collsim.yamlio import load_yaml
 
 __all__ = [
     "OpFit",
@@ -696,7 +696,8 @@ INTRA_PARAMETERS = (
     ("collectives", "overhead_us"),
 )
 NETWORK_PARAMETERS = (("nics", "efficiency"), ("nics", "latency_us"))
-#: The transport's own terms (collsim.transports), fitted on multi-node data where the base's
+#: The transport's own terms (collsim.cluster.transports), fitted on multi-node data where the
+#: base's
 #: transport has them (a plugin latency or a completion cost: EFA, TCPXO); InfiniBand's and
 #: RoCE's are NCCL's own NET row, which the fit leaves to the links.
 TRANSPORT_PARAMETERS = (("fabric", "net_latency_us"), ("fabric", "completion_us"))

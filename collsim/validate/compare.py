@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
+from collsim.cluster.topology import load_topology
 from collsim.collectives import Group, cost
-from collsim.errors import ConfigError
-from collsim.topology import load_topology
+from collsim.core.errors import ConfigError
 from collsim.validate.calibrate import select_rows
 from collsim.validate.dataset import Measurements
 

@@ -1,5 +1,5 @@
 """``collsim validate compute``: time a generic grid of kernels on the local device and write a
-device profile (the device schema of :mod:`collsim.hardware`, with a ``measured:`` section).
+device profile (the device schema of :mod:`collsim.cluster.hardware`, with a ``measured:`` section).
 
 The grid is generic, not the shapes of any model: GEMMs with each dimension in
 :data:`GEMM_DIMS` (64 ... 4096, none of 256 / 768 / 1024, so that the small GPT of
@@ -31,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from collsim.hardware import get_device
+from collsim.cluster.hardware import get_device
 from collsim.workload.compute import optimizer_bytes_per_param
 
 __all__ = [
@@ -637,7 +637,8 @@ def write_profile(path: str | Path, measured: dict[str, Any], *, device: str = "
         "peak_tflops": {"fp32": best, "bf16": best, "fp16": best},
         "mamf_tflops": {"bf16": best},
         "sm_count": int(measured["notes"]["threads"]),
-        # gloo holds no SMs (collsim.hardware.Device.nccl_sms); a GPU's NCCL holds its default
+        # gloo holds no SMs (collsim.cluster.hardware.Device.nccl_sms); a GPU's NCCL holds its
+        # default
         **({"interference": {"nccl_sms": 0}} if device == "cpu" else {}),
         "memory_gb": base.memory_bytes / 1e9,
         "memory_bandwidth_tbps": bw / 1e3,
@@ -648,7 +649,7 @@ def write_profile(path: str | Path, measured: dict[str, Any], *, device: str = "
     out.parent.mkdir(parents=True, exist_ok=True)
     header = (
         "# Device profile written by `collsim validate compute` (the device schema of\n"
-        "# collsim.hardware):\n"
+        "# collsim.cluster.hardware):\n"
         "# measured kernel tables replace the catalogue figures where they cover an op.\n"
     )
     out.write_text(

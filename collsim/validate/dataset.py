@@ -11,7 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from collsim.errors import ConfigError
+from collsim.core.errors import ConfigError
+from collsim.core.yamlio import read_input_bytes
 from collsim.validate.nccltests import looks_like_log, parse_json, parse_log
 from collsim.validate.records import (
     COLUMN_ALIASES,
@@ -25,7 +26,6 @@ from collsim.validate.records import (
     canonical_op,
     check_value,
 )
-from collsim.yamlio import read_input_bytes
 
 __all__ = [
     "COLUMNS",

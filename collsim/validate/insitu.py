@@ -12,12 +12,12 @@ import statistics
 import time
 from typing import Any
 
-from collsim.errors import ConfigError
-from collsim.schedule.pricing import ClosedPricer
-from collsim.topology import load_topology, parse_topology
+from collsim.cluster.topology import load_topology, parse_topology
+from collsim.core.errors import ConfigError
+from collsim.core.yamlio import parse_yaml_text
+from collsim.step.pricing import ClosedPricer
 from collsim.validate.calibrate import calibrate, topology_yaml
 from collsim.validate.dataset import Measurements
-from collsim.yamlio import parse_yaml_text
 
 __all__ = [
     "PROBE_PREFIX",

@@ -35,9 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from collsim.errors import ConfigError
+from collsim.core.errors import ConfigError
+from collsim.core.vocab import OpKind
 from collsim.validate.compute import ComputeGrid, attention_shape
-from collsim.vocab import OpKind
 from collsim.workload.compute import ComputeModel, optimizer_bytes_per_param
 from collsim.workload.model import TransformerSpec
 from collsim.workload.ops import Gemm, Op, activation_element_bytes, elementwise_op

@@ -44,7 +44,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from collsim.errors import CollsimError, ConfigError
+from collsim.core.errors import CollsimError, ConfigError
 
 #: SCHED_RR priority of ranks started with ``realtime=True``: the low end of the real-time band
 #: (1-99), above every normal process and below the kernel's own real-time threads.

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from collsim.errors import ConfigError
+from collsim.core.errors import ConfigError
 from collsim.validate.records import (
     OPS,
     Measurements,

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from collsim.errors import ConfigError
+from collsim.core.errors import ConfigError
 
 __all__ = [
     "COLUMNS",

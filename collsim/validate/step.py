@@ -17,11 +17,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from collsim.engine.step import simulate_step
-from collsim.hardware import get_device
+from collsim.cluster.hardware import get_device
+from collsim.cluster.topology import resolve_topology_path
+from collsim.core.vocab import Dtype, Optimizer
 from collsim.parallel.config import DDPConfig, FSDPConfig, ParallelConfig, TrainingConfig
-from collsim.stragglers import SlowGPU, StragglerConfig
-from collsim.topology import resolve_topology_path
+from collsim.play.engine.step import simulate_step
+from collsim.step.stragglers import SlowGPU, StragglerConfig
 from collsim.validate.compute import cpu_share
 from collsim.validate.insitu import (
     COPIES_KEY,
@@ -38,7 +39,6 @@ from collsim.validate.insitu import (
 )
 from collsim.validate.launch import current_scheduling, run_distributed
 from collsim.validate.sketch import FlatShard
-from collsim.vocab import Dtype, Optimizer
 from collsim.workload.compute import ComputeModel
 from collsim.workload.model import TransformerSpec
 

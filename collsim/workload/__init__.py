@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from collsim.vocab import RecomputeMode
+from collsim.core.vocab import RecomputeMode
 from collsim.workload.compute import ComputeModel, LayerTimes, OpCost, shape_efficiency
 from collsim.workload.flops import (
     hardware_flops_per_step,

@@ -10,8 +10,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from collsim.errors import ConfigError
-from collsim.vocab import Dtype, OpKind, RecomputeMode, parse_enum
+from collsim.core.errors import ConfigError
+from collsim.core.vocab import Dtype, OpKind, RecomputeMode, parse_enum
 from collsim.workload.kernels import (
     ATTENTION_KERNELS,
     EAGER_PASSES,
@@ -86,7 +86,7 @@ _NORM_OPS = ("attn_norm", "mlp_norm", "final_norm")
 
 
 class DeviceLike(Protocol):
-    """What the compute model needs from ``collsim.hardware.Device`` (other fields optional:
+    """What the compute model needs from ``collsim.cluster.hardware.Device`` (other fields optional:
     ``generation``, ``sm_count``, ``sustained_clock_fraction``, ``mamf_for``, ``measured``)."""
 
     @property
@@ -210,7 +210,7 @@ class ComputeModel:
     """Kernel-level compute times of transformer ops on one device.
 
     Args:
-        device: a ``collsim.hardware.Device`` (anything with name, peak_flops_for(dtype),
+        device: a ``collsim.cluster.hardware.Device`` (anything with name, peak_flops_for(dtype),
             matmul_efficiency and memory_bandwidth_bps; the other Device fields are optional).
         dtype: ``bf16``, ``fp16``, ``fp32`` or ``fp8`` (GEMM dtype; activations 16-bit for fp8).
         overrides: measured times by op name; ``name`` sets the forward (and recompute) time

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from collsim.errors import ConfigError
-from collsim.vocab import OpKind
+from collsim.core.errors import ConfigError
+from collsim.core.vocab import OpKind
 from collsim.workload.model import TransformerSpec
 from collsim.workload.ops import SELECTIVE_OPS, Op, head_ops, layer_ops
 

@@ -33,8 +33,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from collsim.errors import ConfigError
-from collsim.vocab import Dtype, parse_enum
+from collsim.core.errors import ConfigError
+from collsim.core.vocab import Dtype, parse_enum
 
 if TYPE_CHECKING:
     from collsim.workload.compute import ComputeModel

@@ -9,9 +9,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from collsim.errors import ConfigError
+from collsim.core.errors import ConfigError
+from collsim.core.yamlio import read_input_text
 from collsim.workload.model import TransformerSpec
-from collsim.yamlio import read_input_text
 
 __all__ = ["SUPPORTED_TYPES", "spec_from_hf_config", "spec_from_hf_dict"]
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from collsim.errors import ConfigError
+from collsim.core.errors import ConfigError
 
 __all__ = ["overlap_slowdown", "slowed_compute_s", "HBM_BYTES_PER_BUS_BYTE", "PCIE_NCCL_SMS"]
 
@@ -49,7 +49,7 @@ def overlap_slowdown(
     on the same rank (formula in the module docstring).
 
     Args:
-        device: a ``collsim.hardware.Device`` (``sm_count``, ``nccl_sms``,
+        device: a ``collsim.cluster.hardware.Device`` (``sm_count``, ``nccl_sms``,
             ``memory_bandwidth_bps``).
         busbw_bps: the collective's bus bandwidth (nccl-tests busbw, bytes/s) on that rank.
         memory_bound_share: share of the overlapped compute time in memory-bound kernels.

@@ -27,10 +27,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from collsim.errors import ConfigError
+from collsim.core.errors import ConfigError
 
 if TYPE_CHECKING:
-    from collsim.yamlio import ConfigReader
+    from collsim.core.yamlio import ConfigReader
 
 __all__ = [
     "ATTENTION_KERNELS",

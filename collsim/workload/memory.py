@@ -29,8 +29,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from collsim.errors import ConfigError
-from collsim.vocab import RecomputeMode
+from collsim.core.errors import ConfigError
+from collsim.core.vocab import RecomputeMode
 from collsim.workload.model import TransformerSpec
 from collsim.workload.ops import kept_bytes, layer_ops, parse_recompute
 

@@ -9,7 +9,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from collsim.errors import ConfigError
+from collsim.core.errors import ConfigError
 
 __all__ = ["TransformerSpec", "PRESETS", "get_preset", "preset_names"]
 

@@ -28,8 +28,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from collsim.errors import ConfigError
-from collsim.vocab import Dtype, OpKind, RecomputeMode, parse_enum
+from collsim.core.errors import ConfigError
+from collsim.core.vocab import Dtype, OpKind, RecomputeMode, parse_enum
 from collsim.workload.model import TransformerSpec
 
 __all__ = [
@@ -121,7 +121,7 @@ def activation_element_bytes(dtype: str) -> int:
     """Bytes per stored activation element: 2 for bf16/fp16, 4 for fp32.
 
     fp8 training (Transformer Engine style) runs the GEMMs in fp8 but keeps activations in bf16,
-    so fp8 stores 2 bytes per element here (:attr:`collsim.vocab.Dtype.activation_dtype`).
+    so fp8 stores 2 bytes per element here (:attr:`collsim.core.vocab.Dtype.activation_dtype`).
 
     Raises:
         ConfigError: unknown dtype.

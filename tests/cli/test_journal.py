@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from collsim.cli.journal import FrameJournal, read_frame
-from collsim.errors import ConfigError
+from collsim.core.errors import ConfigError
 
 
 def test_the_journal_writes_whole_tables_at_most_every_interval(tmp_path: Path) -> None:

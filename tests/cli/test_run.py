@@ -19,7 +19,8 @@ from click.testing import CliRunner
 import collsim.cli.run as run_mod
 import collsim.study.job as job_mod
 from collsim.cli import cli, main
-from collsim.errors import CollsimWarning, ConfigError
+from collsim.core.errors import CollsimWarning, ConfigError
+from collsim.core.units import GB, GiB
 from collsim.parallel.plan import build_plan
 from collsim.report.tables import (
     format_run_report,
@@ -28,8 +29,7 @@ from collsim.report.tables import (
     memory_verdict,
     merge_collectives,
 )
-from collsim.schedule.result import BREAKDOWN_KEYS, MEMORY_KEYS, CollectiveStat, StepResult
-from collsim.units import GB, GiB
+from collsim.step.result import BREAKDOWN_KEYS, MEMORY_KEYS, CollectiveStat, StepResult
 
 REPO = Path(__file__).resolve().parents[2]
 SCENARIOS = REPO / "scenarios"
@@ -331,7 +331,7 @@ def test_plot_and_fidelity_reach_the_engine(
     assert errors[0].startswith("error: ") and "trace" in errors[0]
     res = invoke(str(scenario_file), "--fidelity", "exact")
     assert res.exit_code == 2 and fake_engine["calls"][-1]["fidelity"] == "auto"
-    from collsim.engine.step import FIDELITIES
+    from collsim.play.engine.step import FIDELITIES
 
     assert run_mod.FIDELITY_CHOICES == (*FIDELITIES, "closed")
 
@@ -489,12 +489,14 @@ def test_memory_verdict() -> None:
 
 
 def _has_engine() -> bool:
-    import collsim.engine
+    import collsim.play.engine
 
-    return hasattr(collsim.engine, "simulate_step")
+    return hasattr(collsim.play.engine, "simulate_step")
 
 
-needs_engine = pytest.mark.skipif(not _has_engine(), reason="collsim.engine.simulate_step missing")
+needs_engine = pytest.mark.skipif(
+    not _has_engine(), reason="collsim.play.engine.simulate_step missing"
+)
 
 
 def run_json(tmp_path: Path, name: str, *args: str) -> tuple[Any, dict[str, Any]]:

@@ -7,10 +7,10 @@ from typing import Any
 
 import simpy
 
+from collsim.cluster.network import FlowNetwork
+from collsim.cluster.topology import Topology, load_topology, parse_topology, resolve_topology_path
 from collsim.collectives import Group, simulate
-from collsim.network import FlowNetwork
-from collsim.topology import Topology, load_topology, parse_topology, resolve_topology_path
-from collsim.yamlio import parse_yaml_text
+from collsim.core.yamlio import parse_yaml_text
 
 _CACHE: dict[tuple[str, int, int | None], Topology] = {}
 

@@ -3,7 +3,7 @@
 Issue 12, must show 2: fit only on sizes <= 4 MiB and >= 1 GiB, judge 8-512 MiB (median within
 10 %), report the error before and after fitting and the (algorithm, protocol) of every size.
 
-What was fitted (collsim.topology.FABRIC_DEFAULTS[tcpxo]): the transport's per-step network
+What was fitted (collsim.cluster.topology.FABRIC_DEFAULTS[tcpxo]): the transport's per-step network
 latency for LL / LL128 (54 us) and for Simple (420 us), and the NIC's achievable share of
 200 Gb/s (1.0, the bound), by least squares of log(time) on the fit sizes; LL128 is off across
 TCPXO (with it NCCL's tuner would run LL128 trees from 256 KiB at ~150 GB/s, where the sweep
@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
+from collsim.cluster.topology import Topology, parse_topology, resolve_topology_path
 from collsim.collectives import Group, cost
-from collsim.topology import Topology, parse_topology, resolve_topology_path
-from collsim.yamlio import parse_yaml_text
+from collsim.core.yamlio import parse_yaml_text
 
 SWEEP = Path(__file__).resolve().parents[1] / "data" / "nccl_allreduce_h100_2node_a3mega.csv"
 MIB, GIB = 1 << 20, 1 << 30

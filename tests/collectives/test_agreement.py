@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from collsim.collectives import Algorithm, CollectiveOp, Group, cost, schedule_for, supported
-from collsim.errors import ConfigError
+from collsim.core.errors import ConfigError
 from tests.collectives.helpers import run_des, topo
 
 SIZES = [1 << 10, 1 << 20, 1 << 30]

@@ -18,7 +18,7 @@ from collsim.collectives import (
     supported,
     tree,
 )
-from collsim.errors import ConfigError
+from collsim.core.errors import ConfigError
 from tests.collectives.helpers import run_des, topo
 
 

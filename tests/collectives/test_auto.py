@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from collsim.cluster.topology import parse_topology
 from collsim.collectives import (
     Algorithm,
     CollectiveOp,
@@ -17,9 +18,8 @@ from collsim.collectives import (
     supported,
     tuner,
 )
-from collsim.errors import ConfigError
-from collsim.topology import parse_topology
-from collsim.yamlio import parse_yaml_text
+from collsim.core.errors import ConfigError
+from collsim.core.yamlio import parse_yaml_text
 from tests.collectives.helpers import topo
 
 SIZES = st.integers(min_value=1, max_value=1 << 34)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from collsim.cluster.topology import parse_topology
 from collsim.collectives import Group, cost
-from collsim.topology import parse_topology
-from collsim.yamlio import parse_yaml_text
+from collsim.core.yamlio import parse_yaml_text
 from tests.collectives.helpers import run_des, topo
 
 SIZE = 1 << 30

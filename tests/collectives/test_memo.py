@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import gc
 
+from collsim.cluster.topology import load_topology
 from collsim.collectives.memo import PerTopology
 from collsim.collectives.select import COSTS, cost
 from collsim.collectives.types import Group
-from collsim.stragglers import degrade_topology
-from collsim.topology import load_topology
+from collsim.step.stragglers import degrade_topology
 
 
 def test_a_topology_s_tables_are_its_own_and_go_with_it() -> None:

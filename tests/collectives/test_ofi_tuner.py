@@ -31,11 +31,11 @@ from pathlib import Path
 
 import pytest
 
+from collsim.cluster.topology import parse_topology, resolve_topology_path
 from collsim.collectives import CollectiveOp, Group, cost, tuner
 from collsim.collectives.ofi_tuner import inside, region_pick
-from collsim.topology import parse_topology, resolve_topology_path
-from collsim.vocab import Algorithm, Protocol
-from collsim.yamlio import parse_yaml_text
+from collsim.core.vocab import Algorithm, Protocol
+from collsim.core.yamlio import parse_yaml_text
 from tests.collectives.helpers import topo
 
 # (first log2 size, label), as in test_tuner.CHOICES

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from collsim.cluster.topology import Topology, parse_topology
 from collsim.collectives import Algorithm, CollectiveOp, Group, cost, schedule_for
 from collsim.collectives.direct import EXACT_PAIRS_UP_TO, all_pairs_load
 from collsim.collectives.schedule import (
@@ -18,8 +19,7 @@ from collsim.collectives.schedule import (
     pair_load,
     phase_load,
 )
-from collsim.topology import Topology, parse_topology
-from collsim.yamlio import parse_yaml_text
+from collsim.core.yamlio import parse_yaml_text
 from tests.collectives.helpers import run_des, topo
 
 _FABRIC = """\

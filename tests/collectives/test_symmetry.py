@@ -6,10 +6,10 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from collsim.cluster.topology import load_topology
 from collsim.collectives.select import COSTS, SHARED_COSTS, cost
 from collsim.collectives.types import Group
-from collsim.stragglers import degrade_topology
-from collsim.topology import load_topology
+from collsim.step.stragglers import degrade_topology
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast")
 SIZES = (1024.0, 2.0**20, 48e6, 2.0**30)

@@ -6,7 +6,7 @@ import functools
 
 import pytest
 
-from collsim.topology import load_topology
+from collsim.cluster.topology import load_topology
 from collsim.workload.model import TransformerSpec
 
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from collsim.engine import simulate_step
 from collsim.parallel.config import DDPConfig, ParallelConfig, TrainingConfig
+from collsim.play.engine import simulate_step
 from collsim.workload.model import get_preset
 
 from .conftest import topology

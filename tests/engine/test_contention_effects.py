@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from collsim.engine import simulate_step
-from collsim.estimate import estimate_step
+from collsim.cluster.topology import load_topology
 from collsim.parallel.config import ParallelConfig, TrainingConfig
-from collsim.topology import load_topology
+from collsim.play.engine import simulate_step
+from collsim.play.walk import estimate_step
 from collsim.workload import get_preset
 
 

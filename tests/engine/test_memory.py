@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from collsim.engine import simulate_step
-from collsim.engine.step import prepare_step
+from collsim.core.units import GB
 from collsim.parallel.config import ParallelConfig, TrainingConfig
-from collsim.units import GB
+from collsim.play.engine import simulate_step
+from collsim.play.engine.step import prepare_step
 from collsim.workload.memory import (
     korthikanti_activation_bytes,
     model_state_bytes,

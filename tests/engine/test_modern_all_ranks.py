@@ -8,10 +8,10 @@ import warnings
 
 import pytest
 
-from collsim.engine import simulate_step
-from collsim.errors import CollsimWarning
+from collsim.cluster.topology import load_topology
+from collsim.core.errors import CollsimWarning
 from collsim.parallel.config import FSDPConfig, ParallelConfig, TrainingConfig
-from collsim.topology import load_topology
+from collsim.play.engine import simulate_step
 from collsim.workload import get_preset
 
 PLANS = [

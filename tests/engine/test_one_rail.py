@@ -8,11 +8,11 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from collsim.engine.comm import axis_contends
+from collsim.core.vocab import ParallelAxis
 from collsim.parallel.config import ParallelConfig, TrainingConfig
 from collsim.parallel.plan import build_plan
-from collsim.stragglers import degrade_topology
-from collsim.vocab import ParallelAxis
+from collsim.play.engine.comm import axis_contends
+from collsim.step.stragglers import degrade_topology
 
 from .conftest import topology
 
@@ -22,8 +22,8 @@ DP, PP = ParallelAxis.DP, ParallelAxis.PP
 def _oversubscribed(nodes: int):
     """dgx_h100 with 4 nodes per rail leaf and 4:1 oversubscribed uplinks: groups that cross
     leaves contend."""
-    from collsim.topology import parse_topology, resolve_topology_path
-    from collsim.yamlio import parse_yaml_text
+    from collsim.cluster.topology import parse_topology, resolve_topology_path
+    from collsim.core.yamlio import parse_yaml_text
 
     text = resolve_topology_path("dgx_h100").read_text()
     text = text.replace("oversubscription: 1.0", "oversubscription: 4.0")

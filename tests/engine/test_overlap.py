@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 
 from collsim.collectives import Group, cost
-from collsim.engine import simulate_step
 from collsim.parallel.buckets import build_buckets
 from collsim.parallel.config import DDPConfig, FSDPConfig, ParallelConfig, TrainingConfig
 from collsim.parallel.params import chunk_tensors, layer_tensors
+from collsim.play.engine import simulate_step
 
 from .conftest import topology
 

@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collsim.engine import simulate_step
-from collsim.errors import CollsimWarning
+from collsim.core.errors import CollsimWarning
 from collsim.parallel.config import ParallelConfig, TrainingConfig
 from collsim.parallel.pipeline import Phase, stage_schedule
+from collsim.play.engine import simulate_step
 from collsim.workload.memory import activation_bytes_per_layer
 from collsim.workload.model import TransformerSpec
 from collsim.workload.ops import embedding_ops

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from collsim.engine import simulate_step
-from collsim.errors import ConfigError
+from collsim.core.errors import ConfigError
 from collsim.parallel.config import ParallelConfig, TrainingConfig
-from collsim.schedule.result import BREAKDOWN_KEYS, MEMORY_KEYS
+from collsim.play.engine import simulate_step
+from collsim.step.result import BREAKDOWN_KEYS, MEMORY_KEYS
 
 from .conftest import topology
 
@@ -125,7 +125,7 @@ def test_plan_errors_surface(small_spec) -> None:
 
 
 def test_breakdown_is_a_record_whose_parts_sum_to_the_step(result) -> None:
-    from collsim.schedule.result import Breakdown
+    from collsim.step.result import Breakdown
 
     _, r = result
     parts = r.breakdown_s

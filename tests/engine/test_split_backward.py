@@ -11,12 +11,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from collsim.engine import simulate_step
-from collsim.errors import CollsimWarning
-from collsim.estimate import estimate_step
+from collsim.cluster.topology import load_topology
+from collsim.core.errors import CollsimWarning
 from collsim.parallel.config import DDPConfig, FSDPConfig, ParallelConfig, TrainingConfig
-from collsim.schedule import build_schedule
-from collsim.topology import load_topology
+from collsim.play.engine import simulate_step
+from collsim.play.walk import estimate_step
+from collsim.step import build_schedule
 from collsim.workload import get_preset
 from collsim.workload.kernels import slowest_gpu_factor
 from collsim.workload.memory import activation_bytes_per_layer

@@ -14,14 +14,14 @@ import pytest
 from click.testing import CliRunner
 
 from collsim.cli import cli
-from collsim.engine import prepare_step, simulate_step
-from collsim.engine.core import simulated_ranks
-from collsim.errors import ConfigError
-from collsim.estimate import estimate_step
+from collsim.core.errors import ConfigError
 from collsim.parallel.config import ParallelConfig, TrainingConfig
 from collsim.parallel.pipeline import Phase
-from collsim.schedule.build import build_schedule
-from collsim.stragglers import SlowGPU, SlowLink, SlowNode, StragglerConfig
+from collsim.play.engine import prepare_step, simulate_step
+from collsim.play.engine.core import simulated_ranks
+from collsim.play.walk import estimate_step
+from collsim.step.build import build_schedule
+from collsim.step.stragglers import SlowGPU, SlowLink, SlowNode, StragglerConfig
 
 from .conftest import topology
 

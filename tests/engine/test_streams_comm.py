@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import simpy
 
-from collsim.engine import simulate_step
-from collsim.engine.comm import axis_contends
-from collsim.engine.streams import GroupStream
-from collsim.errors import SimulationError
+from collsim.core.errors import SimulationError
 from collsim.parallel.config import FSDPConfig, ParallelConfig, TrainingConfig
+from collsim.play.engine import simulate_step
+from collsim.play.engine.comm import axis_contends
+from collsim.play.engine.streams import GroupStream
 
 from .conftest import topology
 

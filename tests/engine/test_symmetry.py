@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from collsim.engine import simulate_step
 from collsim.parallel.config import ParallelConfig, TrainingConfig
+from collsim.play.engine import simulate_step
 
 from .conftest import topology
 

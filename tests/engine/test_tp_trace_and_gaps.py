@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from collsim.collectives import CollectiveOp, Group, cost
-from collsim.engine import simulate_step
-from collsim.engine.step import prepare_step
 from collsim.parallel.config import DDPConfig, ParallelConfig, TrainingConfig
+from collsim.play.engine import simulate_step
+from collsim.play.engine.step import prepare_step
 from collsim.report.trace import to_chrome_trace
 from collsim.workload.compute import ComputeModel
 
@@ -271,7 +271,7 @@ def test_ddp_bucket_tensors_double_the_gradients(
 
 
 def test_scenario_reads_gradient_as_bucket_view(tmp_path: Path) -> None:
-    from collsim.scenario import load_scenario
+    from collsim.study.scenario import load_scenario
 
     path = tmp_path / "s.yaml"
     path.write_text(

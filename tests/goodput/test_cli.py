@@ -9,10 +9,10 @@ import pytest
 from click.testing import CliRunner
 
 from collsim.cli import cli
-from collsim.errors import ConfigError
-from collsim.scenario import load_scenario, scenario_from_doc
+from collsim.core.errors import ConfigError
+from collsim.core.yamlio import parse_yaml_text
 from collsim.study.goodput.costs import checkpoint_state
-from collsim.yamlio import parse_yaml_text
+from collsim.study.scenario import load_scenario, scenario_from_doc
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).resolve().parent / "data"

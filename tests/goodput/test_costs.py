@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from collsim.errors import ConfigError
+from collsim.core.errors import ConfigError
 from collsim.parallel.config import ParallelConfig, TrainingConfig
 from collsim.study.goodput.config import (
     CheckpointConfig,

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from collsim.scenario import load_scenario
 from collsim.study.goodput.estimate import Spread
 from collsim.study.goodput.fleets import at_rate, find_fleets, levels, published_fleets
+from collsim.study.scenario import load_scenario
 
 REPO = Path(__file__).resolve().parents[2]
 SCENARIO = Path(__file__).resolve().parent / "data" / "goodput_gpt3_175b_1024.yaml"

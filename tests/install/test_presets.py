@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from collsim.topology import PRESET_DIR, resolve_topology_path
+from collsim.cluster.topology import PRESET_DIR, resolve_topology_path
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -64,7 +64,11 @@ def test_wheel_runs_from_an_empty_folder(tmp_path: Path) -> None:
     # no PYTHONPATH pointing at the source tree, and not run from inside it
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     where = _run(
-        [str(py), "-c", "import collsim.topology as t; print(t.resolve_topology_path('dgx_h100'))"],
+        [
+            str(py),
+            "-c",
+            "import collsim.cluster.topology as t; print(t.resolve_topology_path('dgx_h100'))",
+        ],
         cwd=work,
         env=env,
     ).strip()

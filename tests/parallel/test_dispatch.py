@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from collsim.engine import simulate_step
-from collsim.errors import CollsimWarning
-from collsim.estimate import estimate_step
+from collsim.cluster.topology import load_topology
+from collsim.core.errors import CollsimWarning
 from collsim.parallel.config import ParallelConfig, TrainingConfig
 from collsim.parallel.dispatch import expected_reach, simulate_routing
 from collsim.parallel.layer_comms import layer_comms
 from collsim.parallel.plan import build_plan
-from collsim.topology import load_topology
+from collsim.play.engine import simulate_step
+from collsim.play.walk import estimate_step
 from collsim.workload import get_preset
 
 REPO = Path(__file__).resolve().parents[2]
@@ -194,8 +194,8 @@ def test_closed_form_equals_engine_on_new_dispatch(par: dict[str, object]) -> No
 def test_nvlink_leg_runs_beside_the_network_leg() -> None:
     """The dispatch step of a two-node DeepEP plan carries its NVLink leg beside its network
     leg, and lasts as long as the slower of the two (not their sum)."""
-    from collsim.schedule.build import build_schedule
-    from collsim.schedule.pricing import ClosedPricer, SegmentPrices
+    from collsim.step.build import build_schedule
+    from collsim.step.pricing import ClosedPricer, SegmentPrices
 
     topo = load_topology("dgx_h100", nodes=2)
     spec = replace(get_preset("deepseek-v3"), num_layers=4, first_k_dense=1)

@@ -6,14 +6,14 @@ import warnings
 
 import pytest
 
+from collsim.cluster.topology import load_topology
 from collsim.collectives import CollectiveOp
-from collsim.errors import CollsimWarning
+from collsim.core.errors import CollsimWarning
 from collsim.parallel.config import ParallelConfig, TrainingConfig
 from collsim.parallel.context import cp_volumes, kv_block_bytes
 from collsim.parallel.layer_comms import layer_comms
 from collsim.parallel.moe import ep_volumes
 from collsim.parallel.plan import build_plan
-from collsim.topology import load_topology
 from collsim.workload import get_preset
 
 

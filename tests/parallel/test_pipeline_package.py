@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from collsim.errors import ConfigError
+from collsim.core.errors import ConfigError
+from collsim.core.vocab import ScheduleKind
 from collsim.parallel.pipeline import SCHEDULES, Phase, PipeOp, flow, get_schedule
-from collsim.vocab import ScheduleKind
 
 F, B, I, W = Phase.FORWARD, Phase.BACKWARD, Phase.BACKWARD_INPUT, Phase.BACKWARD_WEIGHT
 SHAPES = [(1, 2), (2, 4), (2, 5), (3, 6), (4, 8), (4, 9), (4, 16), (8, 16), (8, 24)]

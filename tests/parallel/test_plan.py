@@ -6,10 +6,10 @@ import warnings
 
 import pytest
 
-from collsim.errors import CollsimWarning, ConfigError
+from collsim.cluster.topology import load_topology
+from collsim.core.errors import CollsimWarning, ConfigError
 from collsim.parallel.config import ParallelConfig, TrainingConfig
 from collsim.parallel.plan import ParallelAxis, build_plan
-from collsim.topology import load_topology
 from collsim.workload.model import TransformerSpec
 
 SPEC = TransformerSpec(

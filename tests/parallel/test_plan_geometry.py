@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from collsim.cluster.topology import load_topology
+from collsim.core.vocab import RankOrder
 from collsim.parallel.config import ParallelConfig, TrainingConfig
 from collsim.parallel.plan import GridAxis, build_plan, grid_index, grid_rank, rank_axes
-from collsim.topology import load_topology
-from collsim.vocab import RankOrder
 from collsim.workload.model import TransformerSpec
 
 SPEC = TransformerSpec(

@@ -7,10 +7,10 @@ import warnings
 
 import pytest
 
-from collsim.errors import CollsimWarning, ConfigError
+from collsim.cluster.topology import load_topology
+from collsim.core.errors import CollsimWarning, ConfigError
 from collsim.parallel.config import FSDPConfig, ParallelConfig, TrainingConfig
 from collsim.parallel.plan import ParallelAxis, build_plan
-from collsim.topology import load_topology
 from collsim.workload import TransformerSpec, get_preset
 from collsim.workload.memory import (
     layers_per_stage,
@@ -181,7 +181,7 @@ def test_bad_plans_name_the_key(two_nodes, spec, par, key, match) -> None:  # ty
 
 def test_expert_context_and_hsdp_plans_are_simulated(two_nodes) -> None:  # type: ignore[no-untyped-def]
     """The refusal gate is gone: EP, etp, CP and HSDP plans build for simulation and run."""
-    from collsim.engine import simulate_step
+    from collsim.play.engine import simulate_step
 
     spec = dataclasses.replace(MOE, num_layers=2, seq_len=512)
     for par in (

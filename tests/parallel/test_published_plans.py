@@ -10,10 +10,10 @@ import pytest
 from click.testing import CliRunner
 
 from collsim.cli import cli
-from collsim.errors import CollsimWarning, ConfigError
+from collsim.cluster.topology import load_topology
+from collsim.core.errors import CollsimWarning, ConfigError
 from collsim.parallel.plan import build_plan
-from collsim.scenario import load_scenario
-from collsim.topology import load_topology
+from collsim.study.scenario import load_scenario
 
 ROOT = Path(__file__).parents[2]
 # the modern-plans rows (the goodput scenarios beside them are checked in tests/goodput)

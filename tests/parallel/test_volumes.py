@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from collsim.errors import ConfigError
+from collsim.core.errors import ConfigError
 from collsim.parallel.context import cp_volumes, kv_block_bytes
 from collsim.parallel.moe import ep_step_bytes_per_rank, ep_volumes
 from collsim.parallel.sharding import (

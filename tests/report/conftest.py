@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
-from collsim.schedule.result import CollectiveStat, StepResult, TraceEvent
+from collsim.step.result import CollectiveStat, StepResult, TraceEvent
 
 
 def pipeline_events(

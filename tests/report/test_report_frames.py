@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from collsim.errors import ConfigError
+from collsim.core.errors import ConfigError
 from collsim.report.frames import (
     RESULT_COLUMNS,
     collectives_frame,
@@ -16,7 +16,7 @@ from collsim.report.frames import (
     results_frame,
     trace_frame,
 )
-from collsim.schedule.result import TraceEvent
+from collsim.step.result import TraceEvent
 
 
 def test_result_record_flattens_every_field(result_factory) -> None:

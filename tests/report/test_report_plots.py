@@ -11,7 +11,7 @@ import pytest
 from matplotlib.collections import PolyCollection
 from matplotlib.container import BarContainer
 
-from collsim.errors import ConfigError
+from collsim.core.errors import ConfigError
 from collsim.report.frames import MEMORY_COLUMNS, results_frame
 from collsim.report.plots import (
     plot_breakdown,
@@ -167,7 +167,7 @@ def test_breakdown_plot(result_factory, tmp_path: Path) -> None:
     (ax,) = fig.axes
     assert ax.get_xlabel() == "Step time (ms)" and ax.get_ylabel() == "Plan"
     containers = [c for c in ax.containers if isinstance(c, BarContainer)]
-    from collsim.schedule.result import BREAKDOWN_KEYS
+    from collsim.step.result import BREAKDOWN_KEYS
 
     assert len(containers) == len(BREAKDOWN_KEYS) == 10  # one bar per part of the step
     assert all(len(c.patches) == 2 for c in containers)

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 import collsim
 from collsim.cli import cli
 from collsim.report.trace import STREAM_TIDS, to_chrome_trace, write_trace
-from collsim.schedule.result import TraceEvent
+from collsim.step.result import TraceEvent
 
 
 def check_chrome_trace(data: dict[str, Any]) -> list[dict[str, Any]]:
@@ -229,7 +229,7 @@ def test_args_become_plain_json(result_factory, tmp_path: Path) -> None:
 def test_unwritable_trace_path_is_a_config_error(result_factory, tmp_path: Path) -> None:
     import pytest
 
-    from collsim.errors import ConfigError
+    from collsim.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="trace: cannot write"):
         write_trace(result_factory(memory_timeline={}), tmp_path / "no-such-folder" / "t.json")
@@ -238,10 +238,10 @@ def test_unwritable_trace_path_is_a_config_error(result_factory, tmp_path: Path)
 def test_trace_of_a_simulated_step_has_every_op(tmp_path: Path) -> None:
     import warnings
 
-    from collsim.engine import simulate_step
-    from collsim.errors import CollsimWarning
+    from collsim.cluster.topology import load_topology
+    from collsim.core.errors import CollsimWarning
     from collsim.parallel.config import ParallelConfig, TrainingConfig
-    from collsim.topology import load_topology
+    from collsim.play.engine import simulate_step
     from collsim.workload import TransformerSpec
 
     spec = TransformerSpec(
@@ -280,7 +280,8 @@ def test_run_import_path_stays_light() -> None:
     import sys
 
     code = (
-        "import sys, collsim.report.trace, collsim.study.sweep, collsim.search, collsim.estimate; "
+        "import sys, collsim.report.trace, collsim.study.sweep, collsim.study.search; "
+        "import collsim.play.walk; "
         "heavy = [m for m in ('pandas', 'matplotlib') if m in sys.modules]; "
         "print(','.join(heavy))"
     )

@@ -7,16 +7,16 @@ from pathlib import Path
 import pytest
 
 import collsim
-from collsim.errors import ConfigError, LimitError
-from collsim.limits import Limits
+from collsim.core.errors import ConfigError, LimitError
+from collsim.study.limits import Limits
 
 REPO = Path(__file__).resolve().parents[2]
 DDP = REPO / "scenarios" / "ddp_gpt3_1.3b.yaml"
 
 
 def test_simulate_matches_the_cli_result() -> None:
-    from collsim.engine import simulate_step
-    from collsim.scenario import load_scenario
+    from collsim.play.engine import simulate_step
+    from collsim.study.scenario import load_scenario
 
     sim = collsim.simulate(DDP, overrides={"parallel.ddp.bucket_mb": 50})
     sc = load_scenario(DDP, ["parallel.ddp.bucket_mb=50"])

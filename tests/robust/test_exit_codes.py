@@ -94,7 +94,7 @@ def test_several_errors_print_one_line_each(capsys: pytest.CaptureFixture[str]) 
 
 
 def test_the_tree_in_errors_docstring_gives_each_class_its_code() -> None:
-    """The tree drawn in collsim/errors.py names every CollsimError class and its exit code."""
+    """The tree drawn in collsim/core/errors.py names every CollsimError class and its exit code."""
     import re
 
     drawn = {

@@ -10,11 +10,11 @@ Each example runs the real command (click's runner, in this process) and must:
 - when it rejects the input (exit 2), say so on stderr with one line per error, each starting
   ``error:`` (collsim's own, and click's usage errors in the same form), nothing else on stderr.
 
-The mutated keys are those of the shipped base files and every key of :mod:`collsim.schema`
+The mutated keys are those of the shipped base files and every key of :mod:`collsim.core.schema`
 (MoE, CP, stacks, stragglers, reliability, inline devices, ...).
 
 Simulations run with ``--max-events 200000 --max-memory-gib 0.75``: the resource limits
-(:mod:`collsim.limits`) are what keeps a valid but huge plan from taking the time or the
+(:mod:`collsim.study.limits`) are what keeps a valid but huge plan from taking the time or the
 memory, and the fuzzer checks that they do.
 
 The default suite runs 300 examples (under a minute); the ``slow`` tests run 5,000 (4,000
@@ -41,8 +41,8 @@ from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 
 from collsim.cli import cli
-from collsim.scenario import SCENARIO as SCHEMA_SCENARIO
-from collsim.topology import TOPOLOGY as SCHEMA_TOPOLOGY
+from collsim.cluster.topology import TOPOLOGY as SCHEMA_TOPOLOGY
+from collsim.study.scenario import SCENARIO as SCHEMA_SCENARIO
 
 REPO = Path(__file__).resolve().parents[2]
 BASE_SCENARIO = yaml.safe_load((REPO / "scenarios" / "ddp_gpt3_1.3b.yaml").read_text())
@@ -87,9 +87,9 @@ def _paths(doc: Any, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
 
 
 def _schema_paths(spec: Any, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
-    """Every key path of a :mod:`collsim.schema` section (a keyed mapping by its first key,
+    """Every key path of a :mod:`collsim.core.schema` section (a keyed mapping by its first key,
     an Either by its mapping option), so that the fuzzer reaches every key the readers read."""
-    from collsim.schema import Either, Section, choices_of
+    from collsim.core.schema import Either, Section, choices_of
 
     if isinstance(spec, Either):
         spec = next((o for o in spec.options if isinstance(o, Section)), None)

@@ -13,9 +13,9 @@ import pytest
 from click.testing import CliRunner
 
 from collsim.cli import cli
-from collsim.errors import ConfigError, LimitError
-from collsim.limits import Limits, check_scenario, estimate_needs
-from collsim.scenario import load_scenario
+from collsim.core.errors import ConfigError, LimitError
+from collsim.study.limits import Limits, check_scenario, estimate_needs
+from collsim.study.scenario import load_scenario
 
 REPO = Path(__file__).resolve().parents[2]
 DDP = REPO / "scenarios" / "ddp_gpt3_1.3b.yaml"
@@ -78,13 +78,13 @@ def test_a_limit_option_raises_the_limit() -> None:
 def test_65536_gpu_plan_fails_its_batch_check_before_the_topology(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import collsim.topology
+    import collsim.cluster.topology
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("the topology was built")
 
-    monkeypatch.setattr(collsim.topology, "load_topology", refuse)
-    monkeypatch.setattr(collsim.topology.Topology, "__init__", refuse)
+    monkeypatch.setattr(collsim.cluster.topology, "load_topology", refuse)
+    monkeypatch.setattr(collsim.cluster.topology.Topology, "__init__", refuse)
     code, err, elapsed_s = run(
         str(BIG),
         "--set",
@@ -124,7 +124,7 @@ def test_defaults_admit_what_collsim_runs() -> None:
                "training.global_batch=32", "model.layers=64", "parallel.zero=1"]),
         (BIG, ["parallel.tp=1", "parallel.pp=2", "parallel.dp=32", "cluster.nodes=8",
                "training.global_batch=32", "model.layers=8", "parallel.zero=1"]),
-        # the all-ranks grid's closest plans (collsim.limits): a rank's per-layer step events
+        # the all-ranks grid's closest plans (collsim.study.limits): a rank's per-layer step events
         (BIG, ["parallel.tp=8", "parallel.pp=2", "parallel.dp=2", "cluster.nodes=4",
                "training.global_batch=2", "model.layers=64", "parallel.zero=1",
                "model.seq_len=128", "all_ranks"]),
@@ -144,7 +144,7 @@ def test_event_estimate_bounds_the_engine(path: Path, overrides: list[str]) -> N
     """The estimate is an upper bound of the SimPy events the engine schedules."""
     import warnings
 
-    from collsim.engine.step import prepare_step
+    from collsim.play.engine.step import prepare_step
 
     all_ranks = "all_ranks" in overrides
     sc = load_scenario(path, [o for o in overrides if o != "all_ranks"])
@@ -181,7 +181,8 @@ def test_limits_reject_bad_values() -> None:
 
 def test_all_ranks_estimate_admits_3d_175b() -> None:
     """``run scenarios/3d_175b.yaml --all-ranks`` (429,634 events, 339 MiB measured, see
-    collsim.limits) fits the default limits; the estimate stays an upper bound of its events."""
+    collsim.study.limits) fits the default limits; the estimate stays an upper bound of its
+    events."""
     needs = check_scenario(load_scenario(BIG), all_ranks=True)
     assert needs.events == 1024 * (96 * 20 + 10 * 12) + 16 * 96
     assert 429_634 <= needs.events < 5 * 429_634  # 4.9 x: the 20 events per micro-batch
@@ -198,7 +199,7 @@ def test_numeric_fields_reject_nan_and_infinity(text: str) -> None:
 
 
 def test_topology_numbers_reject_nan(tmp_path: Path) -> None:
-    from collsim.topology import load_topology
+    from collsim.cluster.topology import load_topology
 
     src = (REPO / "topologies" / "dgx_h100.yaml").read_text()
     assert "bandwidth_gbps:" in src

@@ -1,4 +1,5 @@
-"""One schema (collsim/schema.py) checks files with every error at once and is the JSON Schema."""
+"""One schema (collsim/core/schema.py) checks files with every error at once and is the JSON
+Schema."""
 
 from __future__ import annotations
 
@@ -12,12 +13,12 @@ import yaml
 from click.testing import CliRunner
 
 from collsim.cli import cli
-from collsim.errors import ConfigError, ConfigErrors
-from collsim.hardware import DEVICE
-from collsim.scenario import SCENARIO, load_scenario
-from collsim.schema import check
-from collsim.topology import TOPOLOGY, load_topology
-from collsim.yamlio import load_yaml
+from collsim.cluster.hardware import DEVICE
+from collsim.cluster.topology import TOPOLOGY, load_topology
+from collsim.core.errors import ConfigError, ConfigErrors
+from collsim.core.schema import check
+from collsim.core.yamlio import load_yaml
+from collsim.study.scenario import SCENARIO, load_scenario
 
 REPO = Path(__file__).resolve().parents[2]
 SCENARIOS = sorted((REPO / "scenarios").rglob("*.yaml"))
@@ -267,7 +268,7 @@ def test_set_errors_are_reported_together_at_their_overrides(tmp_path: Path) -> 
 
 
 def test_a_device_file_reports_every_error_at_once(tmp_path: Path) -> None:
-    from collsim.hardware import load_device_file
+    from collsim.cluster.hardware import load_device_file
 
     path = tmp_path / "dev.yaml"
     path.write_text(
@@ -299,7 +300,7 @@ def test_a_device_file_reports_every_error_at_once(tmp_path: Path) -> None:
 def test_did_you_mean_only_where_a_key_is_close(
     key: str, known: list[str], hint: str | None
 ) -> None:
-    from collsim.yamlio import closest_key, unknown_key_message
+    from collsim.core.yamlio import closest_key, unknown_key_message
 
     assert closest_key(key, known) == hint
     message = unknown_key_message(key, known)

@@ -1,17 +1,17 @@
 """The descriptions (SCENARIO, TOPOLOGY, DEVICE) and the readers know the same keys, both ways.
 
 The training, parallel, ddp, fsdp, cluster, model and stragglers readers take their keys from
-SCENARIO itself (collsim.schema.read_described); the others (reliability, topology, device)
+SCENARIO itself (collsim.core.schema.read_described); the others (reliability, topology, device)
 still list their own, which this test holds equal to the descriptions.
 
 - Every key of every shipped scenario, topology and device file is a key of the schema.
 - For every key of the schema, an example document that uses it (generated from the schema,
-  starting from a shipped file) passes :func:`collsim.schema.check` and the JSON Schema, and
+  starting from a shipped file) passes :func:`collsim.core.schema.check` and the JSON Schema, and
   the reader, with the schema check switched off, reads it: a bogus key put beside it is the
   reader's first error (so the reader reached the end of that mapping and found the schema's
   key known). The reader's list of the keys it knows there must be a subset of the schema's.
 - For every scalar key of the schema, a value of the wrong type is rejected by both
-  :func:`~collsim.schema.check` (at that key) and the JSON Schema.
+  :func:`~collsim.core.schema.check` (at that key) and the JSON Schema.
 
 A key added to a reader and not to the schema fails the first or the second test (the
 schema rejects it in a shipped file, or the reader's known keys are not the schema's); a key
@@ -31,13 +31,13 @@ import jsonschema
 import pytest
 import yaml
 
-import collsim.hardware
-import collsim.scenario
-import collsim.topology
-from collsim.errors import ConfigError
-from collsim.hardware import DEVICE
-from collsim.scenario import SCENARIO
-from collsim.schema import (
+import collsim.cluster.hardware
+import collsim.cluster.topology
+import collsim.study.scenario
+from collsim.cluster.hardware import DEVICE
+from collsim.cluster.topology import TOPOLOGY
+from collsim.core.errors import ConfigError
+from collsim.core.schema import (
     Anything,
     Either,
     ListOf,
@@ -48,8 +48,8 @@ from collsim.schema import (
     choices_of,
     json_schema,
 )
-from collsim.topology import TOPOLOGY
-from collsim.yamlio import ConfigReader, YamlDoc, parse_yaml_text
+from collsim.core.yamlio import ConfigReader, YamlDoc, parse_yaml_text
+from collsim.study.scenario import SCENARIO
 
 REPO = Path(__file__).resolve().parents[2]
 BOGUS = "zz_not_a_key"
@@ -161,19 +161,19 @@ FIXUPS: dict[Path_, Callable[[dict[str, Any]], None]] = {
 
 
 def _read_scenario(doc: YamlDoc) -> None:
-    from collsim.scenario import scenario_from_doc
+    from collsim.study.scenario import scenario_from_doc
 
     scenario_from_doc(doc)
 
 
 def _read_topology(doc: YamlDoc) -> None:
-    from collsim.topology import parse_topology
+    from collsim.cluster.topology import parse_topology
 
     parse_topology(doc)
 
 
 def _read_device(doc: YamlDoc) -> None:
-    from collsim.hardware import device_from_reader
+    from collsim.cluster.hardware import device_from_reader
 
     device_from_reader(ConfigReader(doc.data, doc=doc), "x", doc.file)
 
@@ -190,7 +190,7 @@ def _reader_error(kind: str, data: dict[str, Any], monkeypatch: pytest.MonkeyPat
     _, _, read = KINDS[kind]
     doc = parse_yaml_text(yaml.safe_dump(data, sort_keys=False), f"{kind}.yaml")
     with monkeypatch.context() as m:
-        for reader in (collsim.scenario, collsim.topology, collsim.hardware):
+        for reader in (collsim.study.scenario, collsim.cluster.topology, collsim.cluster.hardware):
             m.setattr(reader, "check", lambda doc, schema: [])
         try:
             read(doc)

@@ -14,14 +14,14 @@ import warnings
 
 import pytest
 
-from collsim.engine import simulate_step
-from collsim.engine.step import prepare_step
-from collsim.errors import CollsimWarning
+from collsim.cluster.topology import load_topology
+from collsim.core.errors import CollsimWarning
 from collsim.parallel.config import DDPConfig, FSDPConfig, ParallelConfig, TrainingConfig
 from collsim.parallel.context import cp_volumes, kv_block_bytes
 from collsim.parallel.moe import ep_volumes
 from collsim.parallel.sharding import hsdp_gradient_volumes
-from collsim.topology import load_topology
+from collsim.play.engine import simulate_step
+from collsim.play.engine.step import prepare_step
 from collsim.workload import get_preset
 
 

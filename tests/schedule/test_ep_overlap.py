@@ -9,15 +9,15 @@ import warnings
 
 import pytest
 
-from collsim.engine import simulate_step
-from collsim.errors import CollsimWarning, ConfigError
-from collsim.estimate import estimate_step
+from collsim.cluster.topology import load_topology
+from collsim.core.errors import CollsimWarning, ConfigError
 from collsim.parallel.config import DDPConfig, ParallelConfig, TrainingConfig
 from collsim.parallel.pipeline import paired_ops, stage_schedule
 from collsim.parallel.plan import build_plan
-from collsim.schedule.build import build_schedule
-from collsim.schedule.pricing import ClosedPricer, SegmentPrices
-from collsim.topology import load_topology
+from collsim.play.engine import simulate_step
+from collsim.play.walk import estimate_step
+from collsim.step.build import build_schedule
+from collsim.step.pricing import ClosedPricer, SegmentPrices
 from collsim.workload import get_preset
 
 
@@ -190,7 +190,7 @@ def _oversubscribed(tmp_path, nodes: int):  # type: ignore[no-untyped-def]
     """dgx_h100 with every node on its own leaf and the spine 4:1 oversubscribed."""
     import yaml
 
-    from collsim.topology import PRESET_DIR
+    from collsim.cluster.topology import PRESET_DIR
 
     doc = yaml.safe_load((PRESET_DIR / "dgx_h100.yaml").read_text())
     doc["name"] = "dgx_h100_oversubscribed"

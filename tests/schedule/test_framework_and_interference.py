@@ -15,15 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from collsim.engine.comm import CommPricer
-from collsim.engine.core import Engine, EngineOptions
-from collsim.engine.program import RankProgram
-from collsim.estimate import walk
+from collsim.cluster.topology import load_topology
 from collsim.parallel.config import FSDPConfig, ParallelConfig, TrainingConfig
-from collsim.schedule.assemble import assemble
-from collsim.schedule.build import build_schedule
-from collsim.schedule.dataparallel import GRAD_NORM_BYTES
-from collsim.topology import load_topology
+from collsim.play.engine.comm import CommPricer
+from collsim.play.engine.core import Engine, EngineOptions
+from collsim.play.engine.program import RankProgram
+from collsim.play.walk import walk
+from collsim.step.assemble import assemble
+from collsim.step.build import build_schedule
+from collsim.step.dataparallel import GRAD_NORM_BYTES
 from collsim.workload import get_preset
 
 FSDP = ParallelConfig(dp=8, zero=3, fsdp=FSDPConfig(prefetch=1))

@@ -8,11 +8,11 @@ import dataclasses
 
 import pytest
 
-from collsim.engine.step import simulate_step
-from collsim.estimate import estimate_step
+from collsim.cluster.topology import load_topology
 from collsim.parallel.config import ParallelConfig, TrainingConfig
-from collsim.schedule.dataparallel import GRAD_NORM_BYTES
-from collsim.topology import load_topology
+from collsim.play.engine.step import simulate_step
+from collsim.play.walk import estimate_step
+from collsim.step.dataparallel import GRAD_NORM_BYTES
 from collsim.workload import get_preset
 
 PLAN = ParallelConfig(tp=2, pp=4, dp=2, zero=1)

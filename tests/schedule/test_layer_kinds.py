@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import warnings
 
-from collsim.errors import CollsimWarning
+from collsim.cluster.topology import load_topology
+from collsim.core.errors import CollsimWarning
 from collsim.parallel.config import ParallelConfig, TrainingConfig
-from collsim.schedule.build import build_schedule
-from collsim.topology import load_topology
+from collsim.step.build import build_schedule
 from collsim.workload import get_preset
 
 

@@ -7,12 +7,12 @@ import warnings
 
 import pytest
 
-from collsim.errors import CollsimWarning
-from collsim.estimate import estimate_step
+from collsim.cluster.topology import load_topology
+from collsim.core.errors import CollsimWarning
 from collsim.parallel.config import FSDPConfig, ParallelConfig, TrainingConfig
 from collsim.parallel.states import rank_model_states
-from collsim.schedule.build import build_schedule
-from collsim.topology import load_topology
+from collsim.play.walk import estimate_step
+from collsim.step.build import build_schedule
 from collsim.workload import get_preset
 
 PLANS = [

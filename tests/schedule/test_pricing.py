@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pickle
 
-from collsim.schedule.pricing import HashedRanks
+from collsim.step.pricing import HashedRanks
 
 
 def test_hashed_ranks_is_the_plain_tuple_for_every_lookup() -> None:

@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from collsim.cli import cli
-from collsim.schedule.result import BREAKDOWN_KEYS
-from collsim.topology import load_topology
+from collsim.cluster.topology import load_topology
+from collsim.step.result import BREAKDOWN_KEYS
 
 ROOT = Path(__file__).resolve().parents[2]
 PLANS = sorted(
@@ -22,8 +22,8 @@ PLANS = sorted(
 
 
 def _topology_known(path: Path) -> bool:
-    from collsim.errors import ConfigError
-    from collsim.scenario import load_scenario
+    from collsim.core.errors import ConfigError
+    from collsim.study.scenario import load_scenario
 
     try:
         load_topology(load_scenario(path).cluster.topology, nodes=1)
@@ -53,7 +53,7 @@ def test_collsim_run_prices_the_plan(path: Path, tmp_path: Path) -> None:
         # the expert exchange: one all-to-all over ep, or DeepEP / HybridEP's network leg
         # (ep_node) with its NVLink leg (ep_local)
         assert axes & {"ep", "ep_node"} and data["breakdown_s"]["ep_exposed"] > 0
-    from collsim.scenario import load_scenario
+    from collsim.study.scenario import load_scenario
 
     if load_scenario(path).parallel.cp > 1:
         assert "cp" in axes  # the KV exchange is priced

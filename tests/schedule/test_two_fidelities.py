@@ -12,12 +12,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from collsim.engine import simulate_step
-from collsim.errors import CollsimWarning
-from collsim.estimate import estimate_step
+from collsim.cluster.topology import load_topology
+from collsim.core.errors import CollsimWarning
 from collsim.parallel.config import DDPConfig, FSDPConfig, ParallelConfig, TrainingConfig
-from collsim.scenario import load_scenario
-from collsim.topology import load_topology
+from collsim.play.engine import simulate_step
+from collsim.play.walk import estimate_step
+from collsim.study.scenario import load_scenario
 from collsim.workload import get_preset
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,7 +39,7 @@ def _agree(topology, spec, training, parallel) -> None:
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
 def test_every_shipped_scenario(path: Path) -> None:
-    from collsim.errors import CollsimError, ConfigError
+    from collsim.core.errors import CollsimError, ConfigError
 
     try:
         sc = load_scenario(path)
@@ -144,7 +144,7 @@ MODERN = st.fixed_dictionaries(
 def test_generated_modern_plans(knobs: dict) -> None:
     """MoE (EP, etp, dense-first layers), MLA, sliding-window, CP (ring / all-gather, with or
     without causal balancing) and HSDP plans: the two fidelities agree."""
-    from collsim.errors import ConfigError
+    from collsim.core.errors import ConfigError
 
     extra = {"sliding_window_layers": (0, 2)} if knobs["model"] == "gpt-oss-120b" else {}
     spec = get_preset(knobs["model"], num_layers=4, seq_len=1024, **extra)

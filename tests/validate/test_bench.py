@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from collsim.errors import ConfigError
+from collsim.core.errors import ConfigError
 from collsim.validate.bench import OPS, BenchConfig, bus_factor, element_count, sizes_between
 from collsim.validate.dataset import format_table, read_measurements, write_measurements
 

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from collsim.errors import ConfigError
+from collsim.core.errors import ConfigError
 from collsim.validate.calibrate import (
     KNEE_ALPHA,
     calibrate,
@@ -57,8 +57,8 @@ def _true_topology(tmp_path: Path, n: int) -> Path:
 
 
 def _synthetic(tmp_path: Path, n: int = 2, noise: float = 0.0, seed: int = 1) -> Measurements:
+    from collsim.cluster.topology import load_topology
     from collsim.collectives import Group, cost
-    from collsim.topology import load_topology
 
     topo = load_topology(_true_topology(tmp_path, n))
     rng = random.Random(seed)
@@ -221,7 +221,7 @@ def test_calibration_rejects_wrong_results(tmp_path: Path) -> None:
 
 def test_compare_rejects_mismatched_world_size(tmp_path: Path) -> None:
     meas = _synthetic(tmp_path, 2)
-    from collsim.topology import load_topology
+    from collsim.cluster.topology import load_topology
 
     with pytest.raises(ConfigError, match="has 4 ranks"):
         compare(meas, load_topology("localhost", gpus_per_node=4))

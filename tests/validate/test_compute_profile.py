@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from collsim.hardware import get_device
+from collsim.cluster.hardware import get_device
 from collsim.validate.compute import GEMM_DIMS, cpu_share, write_profile
 from collsim.validate.step import StepConfig, model_spec, simulate_modes
 
@@ -57,7 +57,7 @@ def _report(world: int, cores: int) -> dict:  # type: ignore[type-arg]
 
 
 def test_prediction_uses_the_profile_and_the_cpu_share(tmp_path: Path) -> None:
-    from collsim.topology import load_topology
+    from collsim.cluster.topology import load_topology
 
     path = write_profile(tmp_path / "p.yaml", MEASURED)
     assert get_device(str(path)).measured is not None
@@ -123,7 +123,7 @@ def test_recorded_steps_from_the_quiet_profile_are_within_15_percent() -> None:
     kernel grid taken before the runs."""
     import statistics
 
-    from collsim.topology import load_topology
+    from collsim.cluster.topology import load_topology
 
     profile = QUIET / "cpu_profile.yaml"
     errors: dict[tuple[int, str], list[float]] = {}
@@ -153,7 +153,7 @@ SECOND = QUIET / "second_host"
 
 def _steps(reports: list[dict], profile: Path) -> dict[tuple[int, str], float]:
     """(world size, mode) -> the step simulated from ``profile``, seconds."""
-    from collsim.topology import load_topology
+    from collsim.cluster.topology import load_topology
 
     out = {}
     for report in reports:
@@ -212,12 +212,12 @@ def test_the_profile_of_the_host_decides_the_prediction() -> None:
 
 
 def test_a_cpu_profile_adds_no_sm_interference() -> None:
-    """A CPU device holds no SMs for a collective (collsim.hardware.Device.nccl_sms): the
+    """A CPU device holds no SMs for a collective (collsim.cluster.hardware.Device.nccl_sms): the
     sharing of the cores by gloo and the compute is the in-situ model's (dp_on_busy_cores),
     so the GPU interference term is left with the HBM share of the memory-bound kernels,
     well under 1 % of every simulated step."""
-    from collsim.hardware import get_device
-    from collsim.topology import load_topology
+    from collsim.cluster.hardware import get_device
+    from collsim.cluster.topology import load_topology
 
     report = json.loads((SECOND / "step_profile_run1.json").read_text())[0]
     topo = load_topology("localhost", nodes=1, gpus_per_node=int(report["world_size"]))

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from collsim.schedule.pricing import ClosedPricer
-from collsim.topology import load_topology
+from collsim.cluster.topology import load_topology
+from collsim.step.pricing import ClosedPricer
 from collsim.validate.insitu import insitu_topology, probe_points, probe_summary, sharing_factor
 from collsim.validate.step import StepConfig, on_these_cores, simulate_modes
 

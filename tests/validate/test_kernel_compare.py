@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from collsim.cli import cli
-from collsim.hardware import get_device, load_device_file
+from collsim.cluster.hardware import get_device, load_device_file
 from collsim.validate.compute import (
     CUDA_ATTENTION_HIDDEN,
     CUDA_ATTENTION_TOKENS,

@@ -10,7 +10,7 @@ import pytest
 import simpy
 import yaml
 
-from collsim.errors import ConfigError
+from collsim.core.errors import ConfigError
 
 KNEE_BYTES = 2**20
 
@@ -33,8 +33,8 @@ def _topology(tmp_path: Path, n: int = 2, **broadcast: float) -> Path:
 
 
 def _des_time_s(topo, op: str, size_bytes: float) -> float:
+    from collsim.cluster.network import FlowNetwork
     from collsim.collectives import Group, simulate
-    from collsim.network import FlowNetwork
 
     env = simpy.Environment()
     proc = simulate(env, FlowNetwork(env, topo), op, size_bytes, Group.all(topo))
@@ -44,8 +44,8 @@ def _des_time_s(topo, op: str, size_bytes: float) -> float:
 
 @pytest.mark.parametrize("n", [2, 4])
 def test_knee_closed_form_and_des(tmp_path: Path, n: int) -> None:
+    from collsim.cluster.topology import load_topology
     from collsim.collectives import Group, cost
-    from collsim.topology import load_topology
 
     plain = load_topology(_topology(tmp_path, n))
     knee = load_topology(_topology(tmp_path, n, knee_bytes=KNEE_BYTES, knee_efficiency=0.4))
@@ -74,15 +74,15 @@ def test_knee_closed_form_and_des(tmp_path: Path, n: int) -> None:
     ],
 )
 def test_knee_keys_checked(tmp_path: Path, keys: dict, pattern: str) -> None:
-    from collsim.topology import load_topology
+    from collsim.cluster.topology import load_topology
 
     with pytest.raises(ConfigError, match=pattern):
         load_topology(_topology(tmp_path, **keys))
 
 
 def test_calibration_finds_the_knee_and_predicts_the_held_out_sizes(tmp_path: Path) -> None:
+    from collsim.cluster.topology import load_topology
     from collsim.collectives import Group, cost
-    from collsim.topology import load_topology
     from collsim.validate.calibrate import calibrate, write_topology
     from collsim.validate.compare import compare, summarize, topology_for
     from collsim.validate.dataset import read_measurements, write_measurements
@@ -161,7 +161,7 @@ def test_a_knee_between_the_fitted_sizes_is_found(tmp_path: Path) -> None:
     """The knee is a fitted size, not one of the measured ones: a breakpoint at 1.5 MiB, between
     the fitted 1 MiB and 4 MiB, is placed within one grid step and the held-out 2 MiB and
     8 MiB points are predicted; pinned to a fitted size it could not be."""
-    from collsim.topology import load_topology
+    from collsim.cluster.topology import load_topology
     from collsim.validate.calibrate import KNEE_GRID_PER_OCTAVE, calibrate, write_topology
     from collsim.validate.compare import compare, summarize, topology_for
     from collsim.validate.dataset import read_measurements, write_measurements
@@ -195,8 +195,8 @@ def test_knee_candidates() -> None:
 
 
 def test_noise_alone_gets_no_knee(tmp_path: Path) -> None:
+    from collsim.cluster.topology import load_topology
     from collsim.collectives import Group, cost
-    from collsim.topology import load_topology
     from collsim.validate.calibrate import calibrate
     from collsim.validate.dataset import read_measurements, write_measurements
 

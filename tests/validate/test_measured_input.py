@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from collsim.cli import main
-from collsim.errors import ConfigError
+from collsim.core.errors import ConfigError
 from collsim.validate.dataset import (
     COLUMNS,
     Measurements,
@@ -121,7 +121,7 @@ def test_holdout_with_unknown_ops_checks_nothing_and_fails(
 
 
 def test_compare_refuses_non_positive_times_given_in_memory() -> None:
-    from collsim.topology import load_topology
+    from collsim.cluster.topology import load_topology
     from collsim.validate.compare import compare
 
     meas = read_measurements(BENCH)

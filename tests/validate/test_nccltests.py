@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from collsim.cli import main
-from collsim.errors import ConfigError
+from collsim.core.errors import ConfigError
 from collsim.validate.dataset import read_measurements
 from collsim.validate.nccltests import bus_factor, float_str
 

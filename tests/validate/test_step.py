@@ -23,8 +23,8 @@ def test_bad_mode() -> None:
 
 @pytest.mark.torch
 def test_step_measured_and_simulated(tmp_path) -> None:
-    from collsim.engine.step import BLOCK_OVERRIDE_KEYS
-    from collsim.topology import load_topology
+    from collsim.cluster.topology import load_topology
+    from collsim.play.engine.step import BLOCK_OVERRIDE_KEYS
     from collsim.validate.step import run_step, simulate_modes
 
     cfg = StepConfig(

@@ -49,7 +49,7 @@ def test_recorded_straggler_ratio_is_predicted_within_15_percent() -> None:
     were taken at 1-minute loads 1.5-3.7 on the 2 cores (the local step's thread got 0.52 of
     a core); their worst normal steps: ddp_b1 of the second run at -16.3 %, its FSDP step at
     -13.1 %."""
-    from collsim.topology import load_topology
+    from collsim.cluster.topology import load_topology
 
     errors = []
     normal: list[float] = []
@@ -85,7 +85,7 @@ def test_recorded_straggler_ratio_is_predicted_within_15_percent() -> None:
 @pytest.mark.torch
 def test_live_straggler_step_is_measured_and_simulated(tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    from collsim.topology import load_topology
+    from collsim.cluster.topology import load_topology
     from collsim.validate.step import run_step
 
     cfg = StepConfig(
@@ -131,7 +131,7 @@ def test_live_straggler_ratio_within_15_percent() -> None:
     simulated on the topology fitted to the collectives timed in the same loop. Load from
     other processes moves it (the recorded runs above, and their note)."""
     pytest.importorskip("torch")
-    from collsim.topology import load_topology
+    from collsim.cluster.topology import load_topology
     from collsim.validate.step import run_step
 
     cfg = StepConfig(iters=15, warmup=3, modes=("ddp_b1",), straggler_rank=1, straggler_delay_s=0.1)

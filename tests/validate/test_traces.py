@@ -213,7 +213,7 @@ def test_a_profile_learned_from_the_gloo_trace_is_a_device(tmp_path: Path) -> No
     """The profile of the world-size-2 trace reads back as a device whose GEMM table holds
     the model's own shapes (hidden 256, ffn 1024, 64 tokens) at the rates the trace timed, and
     says where each section came from."""
-    from collsim.hardware import get_device
+    from collsim.cluster.hardware import get_device
     from collsim.validate.traces.profile import profile_from_traces, write_trace_profile
 
     learned = profile_from_traces(read_traces(_gloo_trace()))
@@ -230,7 +230,7 @@ def test_a_profile_learned_from_the_gloo_trace_is_a_device(tmp_path: Path) -> No
 def _trace_prediction_errors(run: Path) -> dict[tuple[int, str], float]:
     """(world size, mode) -> error of the step simulated from the profile recorded beside
     ``run``'s world-size-2 DDP trace, against the run's measured median."""
-    from collsim.topology import load_topology
+    from collsim.cluster.topology import load_topology
     from collsim.validate.step import simulate_modes
 
     out = {}
@@ -290,7 +290,7 @@ def test_the_trace_profile_is_closer_than_the_generic_grid_on_the_same_runs() ->
     (validate/data/traces/README.md), median over the three runs."""
     import statistics
 
-    from collsim.topology import load_topology
+    from collsim.cluster.topology import load_topology
     from collsim.validate.step import simulate_modes
 
     trace_runs = [_trace_prediction_errors(run) for run in RUNS]

@@ -10,7 +10,7 @@ import pytest
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FakeDevice:
-    """Same fields as collsim.hardware.Device (docs/internals.md)."""
+    """Same fields as collsim.cluster.hardware.Device (docs/internals.md)."""
 
     name: str = "A100 SXM"
     peak_flops: dict[str, float] = field(

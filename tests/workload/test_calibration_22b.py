@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from collsim.cluster.topology import load_topology
 from collsim.collectives import Group, cost
-from collsim.topology import load_topology
 from collsim.workload import ComputeModel, get_preset
 
 DATA = Path(__file__).parent / "data" / "korthikanti_22b_layer_ms.csv"

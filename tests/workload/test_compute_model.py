@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from collsim.errors import ConfigError
+from collsim.core.errors import ConfigError
 from collsim.workload import ComputeModel, get_preset, shape_efficiency
 from collsim.workload.ops import SELECTIVE_OPS, Gemm, OpKind, layer_ops
 
@@ -218,7 +218,7 @@ def test_flash_attention_time(a100: FakeDevice) -> None:
 
 @pytest.mark.parametrize("key", ["a100", "h100", "h200", "b200", "cpu"])
 def test_catalogue_devices(key: str) -> None:
-    from collsim.hardware import get_device
+    from collsim.cluster.hardware import get_device
 
     device = get_device(key)
     model = ComputeModel(device, "bf16")

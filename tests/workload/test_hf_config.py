@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from collsim.errors import ConfigError
+from collsim.core.errors import ConfigError
 from collsim.workload import get_preset
 from collsim.workload.hf_config import spec_from_hf_config, spec_from_hf_dict
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from collsim.errors import ConfigError
-from collsim.hardware import get_device
+from collsim.cluster.hardware import get_device
+from collsim.core.errors import ConfigError
 from collsim.workload import ComputeModel, get_preset
 from collsim.workload.framework import framework_costs
 from collsim.workload.interference import overlap_slowdown, slowed_compute_s

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from collsim.errors import ConfigError
+from collsim.core.errors import ConfigError
 from collsim.workload import (
     ComputeModel,
     activation_bytes_per_layer,

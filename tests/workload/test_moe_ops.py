@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from collsim.errors import ConfigError
+from collsim.core.errors import ConfigError
 from collsim.workload import get_preset, model_flops_per_step
 from collsim.workload.flops import forward_layers_flops
 from collsim.workload.memory import activation_bytes_per_layer

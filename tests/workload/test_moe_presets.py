@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from collsim.errors import ConfigError
+from collsim.core.errors import ConfigError
 from collsim.workload import TransformerSpec, get_preset
 
 

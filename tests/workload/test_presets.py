@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from collsim.errors import ConfigError
+from collsim.core.errors import ConfigError
 from collsim.workload import PRESETS, TransformerSpec, get_preset
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from collsim.engine import simulate_step
-from collsim.scenario import load_scenario
+from collsim.play.engine import simulate_step
+from collsim.study.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).parent / "data" / "training_calibration.csv"

@@ -15,7 +15,7 @@ import statistics
 import time
 from typing import Any
 
-from collsim.units import parse_size
+from collsim.core.units import parse_size
 from collsim.validate.launch import spawn_ranks
 
 MODES = ("alone", "after_compute", "after_compute_and_touch", "alone_again")

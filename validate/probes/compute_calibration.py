@@ -27,8 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from collsim.engine import simulate_step  # noqa: E402
-from collsim.scenario import load_scenario  # noqa: E402
+from collsim.play.engine import simulate_step  # noqa: E402
+from collsim.study.scenario import load_scenario  # noqa: E402
 from collsim.workload.compute import ComputeModel  # noqa: E402
 from collsim.workload.interference import overlap_slowdown  # noqa: E402
 from collsim.workload.kernels import slowest_gpu_factor  # noqa: E402

@@ -30,7 +30,7 @@ import statistics
 from collections.abc import Callable
 from pathlib import Path
 
-from collsim.units import parse_size
+from collsim.core.units import parse_size
 from collsim.validate.calibrate import RegimeFit, best_knee, fit_line, fit_two_regime, select_rows
 from collsim.validate.dataset import read_measurements
 

@@ -20,7 +20,7 @@ import argparse
 import time
 from typing import Any
 
-from collsim.units import parse_size
+from collsim.core.units import parse_size
 from collsim.validate.launch import realtime_problem, spawn_ranks
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 
 def _errors(report: dict, profile: str) -> dict[str, float]:
-    from collsim.topology import load_topology
+    from collsim.cluster.topology import load_topology
     from collsim.validate.step import simulate_modes
 
     n = int(report["world_size"])

@@ -22,7 +22,7 @@ from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import Any
 
-from collsim.hardware import get_device, load_device_file
+from collsim.cluster.hardware import get_device, load_device_file
 from collsim.validate.compute import ComputeGrid, attention_notes, write_profile
 from collsim.validate.kernels import compare_kernels
 

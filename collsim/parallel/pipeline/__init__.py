@@ -5,7 +5,8 @@ step builder, the engine, the closed form and the search's bound read them from 
 
 from __future__ import annotations
 
-from collsim.errors import ConfigError
+from collsim.core.errors import ConfigError
+from collsim.core.vocab import ScheduleKind
 from collsim.parallel.pipeline.base import (
     BACKWARD_PHASES,
     GRADIENT_PHASES,
@@ -19,7 +20,6 @@ from collsim.parallel.pipeline.gpipe import GPipe
 from collsim.parallel.pipeline.interleaved import Interleaved
 from collsim.parallel.pipeline.one_f_one_b import OneFOneB
 from collsim.parallel.pipeline.zb_h1 import ZBH1
-from collsim.vocab import ScheduleKind
 
 __all__ = [
     "BACKWARD_PHASES",

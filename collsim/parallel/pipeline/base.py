@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from collsim.errors import ConfigError
-from collsim.vocab import PipelinePhase, ScheduleKind
+from collsim.core.errors import ConfigError
+from collsim.core.vocab import PipelinePhase, ScheduleKind
 
 Phase = PipelinePhase
-"""The name the schedules use for :class:`collsim.vocab.PipelinePhase`."""
+"""The name the schedules use for :class:`collsim.core.vocab.PipelinePhase`."""
 
 __all__ = [
     "Phase",

@@ -13,9 +13,9 @@ on the compute stream (their communication is hidden under each other's compute:
 
 from __future__ import annotations
 
-from collsim.errors import ConfigError
+from collsim.core.errors import ConfigError
+from collsim.core.vocab import ScheduleKind
 from collsim.parallel.pipeline.base import Phase, PipelineSchedule, PipeOp, check_stage
-from collsim.vocab import ScheduleKind
 
 __all__ = ["DualPipeV"]
 

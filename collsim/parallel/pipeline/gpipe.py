@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collsim.core.vocab import ScheduleKind
 from collsim.parallel.pipeline.base import Phase, PipelineSchedule, PipeOp, check_stage
-from collsim.vocab import ScheduleKind
 
 __all__ = ["GPipe"]
 

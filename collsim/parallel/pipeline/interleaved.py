@@ -7,7 +7,8 @@ ideal time."""
 
 from __future__ import annotations
 
-from collsim.errors import ConfigError
+from collsim.core.errors import ConfigError
+from collsim.core.vocab import ScheduleKind
 from collsim.parallel.pipeline.base import (
     Phase,
     PipelineSchedule,
@@ -16,7 +17,6 @@ from collsim.parallel.pipeline.base import (
     one_f_one_b,
 )
 from collsim.parallel.pipeline.one_f_one_b import steady_pairs
-from collsim.vocab import ScheduleKind
 
 __all__ = ["Interleaved"]
 

@@ -4,6 +4,7 @@ drains; at most ``p - s`` micro-batches of activations are in flight on stage ``
 
 from __future__ import annotations
 
+from collsim.core.vocab import ScheduleKind
 from collsim.parallel.pipeline.base import (
     Phase,
     PipelineSchedule,
@@ -11,7 +12,6 @@ from collsim.parallel.pipeline.base import (
     check_stage,
     one_f_one_b,
 )
-from collsim.vocab import ScheduleKind
 
 __all__ = ["OneFOneB", "steady_pairs"]
 

@@ -10,8 +10,8 @@ when T_W <= T_F)."""
 
 from __future__ import annotations
 
+from collsim.core.vocab import ScheduleKind
 from collsim.parallel.pipeline.base import Phase, PipelineSchedule, PipeOp, check_stage
-from collsim.vocab import ScheduleKind
 
 __all__ = ["ZBH1"]
 

@@ -1,7 +1,7 @@
 """Goodput of long training jobs: failures, checkpoints, restarts, spares.
 
 - :mod:`collsim.study.goodput.config`: the ``reliability`` scenario section (frozen dataclasses and
-  its reader over a :class:`collsim.yamlio.ConfigReader`);
+  its reader over a :class:`collsim.core.yamlio.ConfigReader`);
 - :mod:`collsim.study.goodput.costs`: checkpoint size from the plan, write / load / restart times;
 - :mod:`collsim.study.goodput.closed_form`: Young and Daly intervals and the exact renewal ratio;
 - :mod:`collsim.study.goodput.montecarlo`: the seeded Monte Carlo of the job's timeline;

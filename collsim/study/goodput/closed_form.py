@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from collsim.errors import ConfigError
+from collsim.core.errors import ConfigError
 from collsim.study.goodput.costs import JobCosts
 
 __all__ = [

@@ -1,7 +1,8 @@
 """The ``reliability`` scenario section: failure rates, restart cost, spares, checkpointing.
 
 Every quantity carries its unit; rates are per node of the job. The section is read by
-:func:`read_reliability` from a :class:`collsim.yamlio.ConfigReader` (``collsim.scenario`` calls
+:func:`read_reliability` from a :class:`collsim.core.yamlio.ConfigReader`
+(``collsim.study.scenario`` calls
 it; this module never sees YAML). Schema::
 
     reliability:
@@ -33,8 +34,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from collsim.errors import ConfigError
-from collsim.yamlio import ConfigReader, non_negative, positive
+from collsim.core.errors import ConfigError
+from collsim.core.yamlio import ConfigReader, non_negative, positive
 
 __all__ = [
     "COMPONENTS",

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from collsim.errors import ConfigError
+from collsim.core.errors import ConfigError
 from collsim.parallel.config import ParallelConfig, TrainingConfig
 from collsim.study.goodput.config import ReliabilityConfig
 from collsim.workload.memory import model_state_bytes, parameters_per_rank

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from collsim.errors import ConfigError
-from collsim.yamlio import load_yaml
+from collsim.core.errors import ConfigError
+from collsim.core.yamlio import load_yaml
 
 if TYPE_CHECKING:  # pragma: no cover
     from collsim.study.goodput.config import ReliabilityConfig

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from collsim.errors import ConfigError
+from collsim.core.errors import ConfigError
 from collsim.study.goodput.config import ComponentRate, SparesConfig
 from collsim.study.goodput.costs import JobCosts
 

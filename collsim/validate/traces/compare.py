@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from collsim.api import simulate
 from collsim.report.trace import to_chrome_trace
+from collsim.study.job import run_job
 from collsim.validate.traces.breakdown import IDLE, Summary
 from collsim.validate.traces.classify import classify
 from collsim.validate.traces.reader import GPU_CATS, Trace
@@ -120,10 +120,10 @@ def _model_split(scenario: Any, topology: Any) -> dict[str, float]:
 
 
 def compare_steps(summary: Summary, scenario: Any) -> Comparison:
-    """Simulate ``scenario`` (a loaded :class:`collsim.scenario.Scenario`) and set it beside
+    """Simulate ``scenario`` (a loaded :class:`collsim.study.scenario.Scenario`) and set it beside
     the traced steps of ``summary``."""
 
-    sim = simulate(scenario, trace=True)
+    sim = run_job(scenario, trace=True)
     breakdown = dict(sim.result.breakdown_s)
     shares = _model_split(scenario, sim.topology)
     compute = float(breakdown.get("compute", 0.0))

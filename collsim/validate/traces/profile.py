@@ -1,5 +1,6 @@
 """A device profile learned from traced steps, in the schema ``collsim validate compute`` writes
-(:func:`collsim.validate.compute.write_profile`; read by :func:`collsim.hardware.get_device`):
+(:func:`collsim.validate.compute.write_profile`; read by
+:func:`collsim.cluster.hardware.get_device`):
 the GEMM rate of every shape the trace ran (``aten::mm`` / ``addmm`` / ``bmm`` / ``baddbmm``
 with their recorded ``Input Dims``), the attention rate of the SDPA ops (forward and backward,
 by head dim and sequence length), the bandwidth of the memory-bound element-wise ops by size,
@@ -23,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from collsim.errors import ConfigError
-from collsim.hardware import get_device
+from collsim.cluster.hardware import get_device
+from collsim.core.errors import ConfigError
 from collsim.validate.compute import write_profile
 from collsim.validate.traces.breakdown import dtype_bytes
 from collsim.validate.traces.classify import classify

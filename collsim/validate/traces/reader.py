@@ -7,7 +7,8 @@ stream, and the arguments Kineto records (``correlation``, ``External id``, ``st
 the ``distributedInfo`` and ``deviceProperties`` metadata. The format is Kineto's
 ``ChromeTraceLogger`` output as PyTorch writes it (``torch.profiler.profile.export_chrome_trace``)
 and as HolisticTraceAnalysis reads it (``hta/common/trace_parser.py``). Every malformed input
-raises one :class:`~collsim.errors.ConfigError` line naming the file (exit 2). The JSON parser is
+raises one :class:`~collsim.core.errors.ConfigError` line naming the file (exit 2). The JSON parser
+is
 chosen by :func:`default_reader` from :data:`READERS`, by the measurement in
 :data:`PEAK_BYTES_PER_TRACE_BYTE`.
 """
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from collsim.errors import ConfigError
+from collsim.core.errors import ConfigError
 
 __all__ = [
     "Event",

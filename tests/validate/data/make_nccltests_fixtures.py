@@ -37,8 +37,8 @@ JITTER = 0.015
 
 def truth_topology(nodes: int) -> Any:
     """TRUTH applied to topologies/dgx_h100.yaml, sized to ``nodes`` nodes."""
-    from collsim.topology import parse_topology, resolve_topology_path
-    from collsim.yamlio import load_yaml
+    from collsim.cluster.topology import parse_topology, resolve_topology_path
+    from collsim.core.yamlio import load_yaml
 
     doc = load_yaml(resolve_topology_path("dgx_h100"))
     data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in doc.data.items()}
@@ -52,7 +52,7 @@ def truth_topology(nodes: int) -> Any:
 def rows_for(op: str, nodes: int, sizes: list[int], seed: int) -> list[dict[str, Any]]:
     """nccl-tests rows of ``op`` on ``nodes`` TRUTH nodes (float, sum or none)."""
     from collsim.collectives import Group, cost
-    from collsim.vocab import NCCL_TESTS_TYPE_BYTES
+    from collsim.core.vocab import NCCL_TESTS_TYPE_BYTES
 
     group = Group.all(truth_topology(nodes))
     n = group.size

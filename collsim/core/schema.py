@@ -1,0 +1,535 @@
+"""The checker of scenario, topology and device files: one description per key, two uses.
+
+A description (:data:`collsim.study.scenario.SCENARIO`, :data:`collsim.cluster.topology.TOPOLOGY`,
+:data:`collsim.cluster.hardware.DEVICE`, each beside its reader) gives every key's type, range,
+choices
+and meaning; :func:`check` reports every error of a document at once, before the readers run,
+and :func:`json_schema` writes the same description as a JSON Schema (docs/internals.md,
+"The schema checker", says where the two differ on purpose).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from collsim.core.errors import ConfigError, ConfigErrors
+from collsim.core.yamlio import ConfigReader, YamlDoc, type_name, unknown_key_message, with_hint
+
+__all__ = [
+    "Value",
+    "ListOf",
+    "Either",
+    "Anything",
+    "Section",
+    "Spec",
+    "check",
+    "json_schema",
+    "raise_errors",
+    "choices_of",
+    "positive_value",
+    "non_negative_value",
+    "flag_value",
+    "text_value",
+    "fraction_value",
+    "choice_value",
+    "values_of",
+    "read_described",
+]
+
+KeyPath = tuple[str | int, ...]
+Choices = tuple[Any, ...] | Callable[[], Sequence[Any]]
+"""Allowed values: a tuple, or a function that returns them (read from a reader's module)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Value:
+    """One scalar key."""
+
+    kind: str
+    """``integer``, ``number``, ``string`` or ``boolean`` (JSON Schema type names); a number
+    key takes integers too, as the readers do."""
+    description: str = ""
+    required: bool = False
+    nullable: bool = True
+    """``key: null`` counts as absent (the reader's default); False where the reader
+    refuses ``null``."""
+    minimum: float | None = None
+    exclusive_minimum: float | None = None
+    maximum: float | None = None
+    enum: Choices | None = None
+    """Allowed values, checked here and listed in the JSON Schema."""
+    fold_case: bool = False
+    """Compare strings in lower case (the reader lower-cases them); the JSON Schema lists the
+    lower-case spellings."""
+    json_choices: Callable[[], Sequence[str]] | None = None
+    """Values listed in the JSON Schema only, beside any ``*.yaml`` path (devices: the reader
+    also takes a full name and checks it with its own message)."""
+    rule: str | None = None
+    """The message of a failed range or choice, ``{value}`` / ``{value!r}`` / ``{choices}``
+    filled in, when it is not the generic one."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ListOf:
+    """A list whose items share one schema."""
+
+    items: Spec | None
+    """Schema of every item; None: items of any kind (a reader checks them)."""
+    description: str = ""
+    required: bool = False
+    nullable: bool = True
+    min_items: int = 0
+    unique: bool = False
+    item_rule: str | None = None
+    """The message of a bad item (``{item!r}``) when it is not ``item N: <the item's error>``."""
+    min_rule: str = "must have at least {min_items} item(s)"
+    unique_rule: str = "names an entry twice: {value}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Either:
+    """A key that takes one of several shapes (a number or ``auto``, a key or a mapping)."""
+
+    options: tuple[Spec, ...]
+    description: str = ""
+    required: bool = False
+    nullable: bool = True
+    rule: str
+    """The message of a value that has none of the options' types (``{value!r}``)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Anything:
+    """Free content the reader keeps as it is (``measured.notes``)."""
+
+    description: str = ""
+    required: bool = False
+    nullable: bool = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class Section:
+    """A mapping of named keys (``fields``), or of free keys that share one schema (``values``)."""
+
+    fields: dict[str, Spec] = field(default_factory=dict)
+    description: str = ""
+    required: bool = False
+    nullable: bool = True
+    values: Spec | None = None
+    """Schema of every value, for a mapping keyed by ``keys`` (ops -> algorithm, ...)."""
+    keys: Choices | None = None
+    """The keys a ``values`` mapping may have; None: any key."""
+    key_rule: str = "unknown key; must be one of {choices}"
+    """The message for a key not in ``keys`` (``{key!r}``, ``{choices}``)."""
+    one_of_required: tuple[tuple[str, ...], ...] = ()
+    """Alternatives of required keys (the model: a ``preset``, an ``hf_config`` or its shape)."""
+    missing_rule: str = "missing required key"
+    exactly_one: tuple[str, ...] = ()
+    """Keys of which exactly one must be given."""
+    exactly_one_rule: str = ""
+
+
+Spec = Value | ListOf | Either | Anything | Section
+
+
+def choices_of(choices: Choices) -> tuple[Any, ...]:
+    """The values of a :data:`Choices` (calls the function of a lazy one)."""
+    return tuple(choices() if callable(choices) else choices)
+
+
+# -- shorthands -----------------------------------------------------------------------------------
+
+
+def positive_value(kind: str, description: str, **kw: Any) -> Value:
+    """A number or integer above 0."""
+    return Value(kind=kind, description=description, exclusive_minimum=0, **kw)
+
+
+def non_negative_value(kind: str, description: str, **kw: Any) -> Value:
+    """A number or integer of at least 0."""
+    return Value(kind=kind, description=description, minimum=0, **kw)
+
+
+def flag_value(description: str, **kw: Any) -> Value:
+    """true or false."""
+    return Value(kind="boolean", description=description, **kw)
+
+
+def text_value(description: str, **kw: Any) -> Value:
+    """A string."""
+    return Value(kind="string", description=description, **kw)
+
+
+def fraction_value(description: str, **kw: Any) -> Value:
+    """A number in (0, 1]."""
+    return Value(
+        kind="number",
+        description=description,
+        exclusive_minimum=0,
+        maximum=1,
+        rule=kw.pop("rule", "must be in (0, 1], got {value}"),
+        **kw,
+    )
+
+
+def choice_value(description: str, choices: Choices, **kw: Any) -> Value:
+    """One of ``choices``."""
+    kind = kw.pop("kind", "string")
+    return Value(kind=kind, description=description, enum=choices, **kw)
+
+
+def values_of(choices: Iterable[Any]) -> tuple[Any, ...]:
+    """The values a schema lists for a StrEnum, a tuple, or a dict's keys."""
+    return tuple(getattr(v, "value", v) for v in choices)
+
+
+_PY_TYPES: dict[str, type] = {"integer": int, "number": float, "string": str, "boolean": bool}
+"""The Python type a described key of each JSON Schema type is read as."""
+
+
+def read_described(reader: ConfigReader, section: Section) -> dict[str, Any]:
+    """The keys ``section`` describes that ``reader`` holds, each as its description says: a
+    scalar as its type, a list as a tuple; a required key must be there. Its range and choices
+    were checked against the same description before (:func:`check`); keys of other shapes
+    (mappings, either-ors) are left to the reader."""
+    out: dict[str, Any] = {}
+    for key, spec in section.fields.items():
+        if isinstance(spec, Value):
+            kind = _PY_TYPES[spec.kind]
+        elif isinstance(spec, ListOf):
+            kind = list
+        else:
+            continue
+        value = reader.get(key, kind) if spec.required else reader.get(key, kind, default=None)
+        if value is not None:
+            out[key] = tuple(value) if kind is list else value
+    return out
+
+
+# -- checking -------------------------------------------------------------------------------------
+
+_TYPE_WORDS = {
+    "integer": "an integer",
+    "number": "a number",
+    "string": "a string",
+    "boolean": "true or false",
+    "object": "a mapping",
+    "array": "a list",
+}
+
+
+def _dotted(path: KeyPath) -> str:
+    """``a.b[0].c``, as :mod:`collsim.core.yamlio` writes key paths."""
+    parts: list[str] = []
+    for part in path:
+        if isinstance(part, int):
+            parts.append(f"[{part}]")
+        else:
+            parts.append(("." if parts else "") + str(part))
+    return "".join(parts)
+
+
+def _json_type(spec: Spec) -> str | None:
+    if isinstance(spec, Value):
+        return spec.kind
+    if isinstance(spec, ListOf):
+        return "array"
+    if isinstance(spec, Section):
+        return "object"
+    return None
+
+
+def _has_type(value: Any, kind: str) -> bool:
+    if kind == "boolean":
+        return isinstance(value, bool)
+    if kind == "string":
+        return isinstance(value, str)
+    if kind == "integer":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "number":
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if kind == "object":
+        return isinstance(value, dict)
+    if kind == "array":
+        return isinstance(value, list)
+    return True
+
+
+def _fmt(rule: str, **kw: Any) -> str:
+    return rule.format(**kw)
+
+
+def _value_error(value: Any, spec: Value) -> str | None:
+    if not _has_type(value, spec.kind):
+        return f"must be {_TYPE_WORDS[spec.kind]}, got {value!r}"
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"must be a finite number, got {value!r}"
+    if spec.enum is not None:
+        allowed = choices_of(spec.enum)
+        probe = value.strip().lower() if spec.fold_case and isinstance(value, str) else value
+        if probe not in allowed:
+            choices = ", ".join(map(str, allowed))
+            if spec.rule:
+                return _fmt(spec.rule, value=value, choices=choices)
+            return f"must be one of {choices}; got {value!r}"
+        return None
+    low_ok = True
+    generic = ""
+    if spec.exclusive_minimum is not None and not value > spec.exclusive_minimum:
+        low_ok = False
+        generic = f"must be > {spec.exclusive_minimum:g}, got {value}"
+    elif spec.minimum is not None and not value >= spec.minimum:
+        low_ok = False
+        generic = f"must be >= {spec.minimum:g}, got {value}"
+    high_ok = spec.maximum is None or value <= spec.maximum
+    if not high_ok:
+        generic = f"must be <= {spec.maximum:g}, got {value}"
+    if not (low_ok and high_ok):
+        return _fmt(spec.rule, value=value) if spec.rule else generic
+    return None
+
+
+def check(doc: YamlDoc, schema: Section) -> list[ConfigError]:
+    """Every schema error of ``doc``, in file order, each with its file, line and key path.
+
+    Stays long: one walk of the document as a few nested functions (value, list, section)
+    that share the error list and the document's line table.
+    """
+    errors: list[tuple[int, int, ConfigError]] = []
+
+    def add(path: KeyPath, message: str, line: int | None = None) -> None:
+        if line is None:
+            line = doc.line_of(path) if path else doc.lines.get(())
+        err = ConfigError(message, key_path=_dotted(path) or None, file=doc.file, line=line)
+        errors.append((line or 0, len(errors), err))
+
+    def walk(data: Any, spec: Spec, path: KeyPath) -> None:
+        if data is None:
+            if not spec.nullable:
+                kind = _json_type(spec)
+                words = _TYPE_WORDS[kind] if kind else "a value"
+                add(path, f"must be {words}, got nothing")
+            return
+        if isinstance(spec, Anything):
+            return
+        if isinstance(spec, Value):
+            problem = _value_error(data, spec)
+            if problem:
+                add(path, problem)
+            return
+        if isinstance(spec, Either):
+            for option in spec.options:
+                kind = _json_type(option)
+                if kind is not None and _has_type(data, kind):
+                    walk(data, option, path)
+                    return
+            add(path, _fmt(spec.rule, value=data))
+            return
+        if isinstance(spec, ListOf):
+            walk_list(data, spec, path)
+            return
+        walk_section(data, spec, path)
+
+    def walk_list(data: Any, spec: ListOf, path: KeyPath) -> None:
+        if not isinstance(data, list):
+            add(path, f"must be a list, got {type_name(data)}")
+            return
+        if len(data) < spec.min_items:
+            add(path, _fmt(spec.min_rule, min_items=spec.min_items))
+        if spec.items is not None:
+            for i, item in enumerate(data):
+                if spec.item_rule is not None:
+                    sub = check_one(item, spec.items)
+                    if sub:
+                        add(path, _fmt(spec.item_rule, item=item))
+                        return
+                else:
+                    walk(item, spec.items, path + (i,))
+        if spec.unique:
+            hashable = [repr(x) for x in data]
+            if len(set(hashable)) != len(hashable):
+                add(path, _fmt(spec.unique_rule, value=data))
+
+    def walk_section(data: Any, spec: Section, path: KeyPath) -> None:
+        if not isinstance(data, dict):
+            add(path, f"must be a mapping, got {type_name(data)}")
+            return
+        if spec.values is not None:
+            allowed = choices_of(spec.keys) if spec.keys is not None else None
+            for key, value in data.items():
+                if allowed is not None and key not in allowed:
+                    choices = ", ".join(map(str, allowed))
+                    message = _fmt(spec.key_rule, key=key, choices=choices)
+                    add(path + (key,), with_hint(message, key, allowed))
+                else:
+                    walk(value, spec.values, path + (key,))
+            return
+        unknown: list[str] = []
+        for key, value in data.items():
+            if key not in spec.fields:
+                unknown.append(key)
+                continue
+            walk(value, spec.fields[key], path + (key,))
+        if spec.exactly_one and sum(data.get(k) is not None for k in spec.exactly_one) != 1:
+            add(path, spec.exactly_one_rule)
+        # Missing keys of one mapping are one error, naming the others; a misspelt key there
+        # is what explains it, so it is named in the same line (and not reported again).
+        found = ", ".join(f"{k!r} at line {doc.line_of(path + (k,))}" for k in unknown)
+        hint = f"; unknown key(s) here: {found}" if unknown else ""
+        at = doc.line_of(path + (unknown[0],)) if unknown else None
+        missing = [k for k, sub in spec.fields.items() if sub.required and data.get(k) is None]
+        if missing:
+            also = f" (also missing: {', '.join(missing[1:])})" if missing[1:] else ""
+            add(path + (missing[0],), _missing(spec.fields[missing[0]]) + also + hint, at)
+        group_missing = []
+        if spec.one_of_required and not any(
+            all(data.get(k) is not None for k in group) for group in spec.one_of_required
+        ):
+            # the last alternative is the spelled-out one (the model's shape keys): name its
+            # missing keys; a choice between single keys is an error of the mapping itself
+            last = spec.one_of_required[-1]
+            group_missing = [k for k in last if data.get(k) is None]
+            tail = hint if not missing else ""
+            if len(last) > 1:
+                rest = group_missing[1:]
+                also = f" (also missing: {', '.join(rest)})" if rest else ""
+                add(path + (group_missing[0],), spec.missing_rule + also + tail, at)
+            else:
+                add(path, spec.missing_rule + tail, at)
+        if not missing and not group_missing:
+            for key in unknown:
+                add(path + (key,), unknown_key_message(str(key), spec.fields))
+
+    def check_one(data: Any, spec: Spec) -> bool:
+        """Whether ``data`` has an error under ``spec`` (collected apart, then dropped)."""
+        before = len(errors)
+        walk(data, spec, ())
+        bad = len(errors) > before
+        del errors[before:]
+        return bad
+
+    walk(doc.data, schema, ())
+    return [err for _, _, err in sorted(errors, key=lambda t: (t[0], t[1]))]
+
+
+def _missing(spec: Spec) -> str:
+    return "missing required section" if isinstance(spec, Section) else "missing required key"
+
+
+def raise_errors(errors: list[ConfigError]) -> None:
+    """Raise the one error, or all of them as :class:`~collsim.core.errors.ConfigErrors`."""
+
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        raise ConfigErrors(errors)
+
+
+# -- JSON Schema ----------------------------------------------------------------------------------
+
+_PATH_PATTERN = r"\.ya?ml$"
+"""A device or topology given as a file."""
+
+
+def _nullable(out: dict[str, Any]) -> dict[str, Any]:
+    """``out`` that also admits ``null`` (an optional key the readers treat as absent)."""
+    if "type" in out and "anyOf" not in out:
+        out["type"] = [out["type"], "null"]
+        if "enum" in out:
+            out["enum"] = [*out["enum"], None]
+        return out
+    return {"anyOf": [out, {"type": "null"}]}
+
+
+def _json(spec: Spec, optional: bool = False) -> dict[str, Any]:
+    out = _json_plain(spec)
+    if optional and spec.nullable:
+        return _nullable(out)
+    return out
+
+
+def _json_plain(spec: Spec) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if isinstance(spec, Anything):
+        if spec.description:
+            out["description"] = spec.description
+        return out
+    if isinstance(spec, Either):
+        out = {"anyOf": [_json(option) for option in spec.options]}
+        if spec.description:
+            out["description"] = spec.description
+        return out
+    if isinstance(spec, ListOf):
+        out = {"type": "array"}
+        if spec.description:
+            out["description"] = spec.description
+        if spec.items is not None:
+            out["items"] = _json(spec.items)
+        if spec.min_items:
+            out["minItems"] = spec.min_items
+        if spec.unique:
+            out["uniqueItems"] = True
+        return out
+    if isinstance(spec, Value):
+        out = {"type": spec.kind}
+        if spec.description:
+            out["description"] = spec.description
+        if spec.enum is not None:
+            out["enum"] = list(choices_of(spec.enum))
+        if spec.json_choices is not None:
+            out = {
+                "description": spec.description,
+                "anyOf": [
+                    {"type": "string", "enum": list(spec.json_choices())},
+                    {"type": "string", "pattern": _PATH_PATTERN},
+                ],
+            }
+            return out
+        if spec.exclusive_minimum is not None:
+            out["exclusiveMinimum"] = spec.exclusive_minimum
+        if spec.minimum is not None:
+            out["minimum"] = spec.minimum
+        if spec.maximum is not None:
+            out["maximum"] = spec.maximum
+        return out
+    out = {"type": "object"}
+    if spec.description:
+        out["description"] = spec.description
+    if spec.values is not None:
+        if spec.keys is not None:
+            out["propertyNames"] = {"enum": [str(k) for k in choices_of(spec.keys)]}
+        out["additionalProperties"] = _json(spec.values)
+        return out
+    out["properties"] = {
+        key: _json(sub, optional=not sub.required) for key, sub in spec.fields.items()
+    }
+    out["additionalProperties"] = False
+    required = [key for key, sub in spec.fields.items() if sub.required]
+    if required:
+        out["required"] = required
+    if spec.one_of_required:
+        out["anyOf"] = [
+            {"required": list(group), "properties": {k: {"not": {"type": "null"}} for k in group}}
+            for group in spec.one_of_required
+        ]
+    if spec.exactly_one:
+        out["oneOf"] = [
+            {"required": [k], "properties": {k: {"not": {"type": "null"}}}}
+            for k in spec.exactly_one
+        ]
+    return out
+
+
+def json_schema(kind: str, spec: Section) -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of ``kind`` files described by ``spec``
+    (:data:`collsim.study.scenario.SCENARIO`, :data:`collsim.cluster.topology.TOPOLOGY`,
+    :data:`collsim.cluster.hardware.DEVICE`)."""
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": f"https://collsim.invalid/schema/{kind}.schema.json",
+        "title": f"collsim {kind} file",
+        **_json(spec),
+    }

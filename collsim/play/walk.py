@@ -1,0 +1,623 @@
+"""The closed form of a step: the schedule walked as a critical path, without SimPy.
+
+Derivations, measurements and sources: docs/derivations.md, ``collsim.play.walk``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from collsim.core.errors import CollsimWarning, ConfigError, SimulationError
+from collsim.core.runtime import collector_paused
+from collsim.core.vocab import ParallelAxis
+from collsim.parallel.buckets import Bucket
+from collsim.parallel.fsdp import issue_schedule
+from collsim.parallel.pipeline import GRADIENT_PHASES, Phase, PipeOp, flow
+from collsim.parallel.plan import Plan, RankCoords
+from collsim.step.assemble import assemble
+from collsim.step.build import build_schedule
+from collsim.step.dataparallel import GRAD_NORM_BYTES, DPCall, grad_norm_groups
+from collsim.step.memory import MemoryLedger, MemoryPattern
+from collsim.step.ops import ChunkModel, Segment
+from collsim.step.pricing import ClosedPricer, SegmentPrices
+from collsim.step.result import BREAKDOWN_KEYS, StepResult, StragglerReport, TraceEvent
+from collsim.step.stats import CallKey, CallStats, CallTally, dp_link
+from collsim.step.stragglers import stretch_schedule
+
+if TYPE_CHECKING:
+    from collsim.cluster.topology import Topology
+    from collsim.parallel.config import ParallelConfig, TrainingConfig
+    from collsim.step.build import StepSchedule
+    from collsim.step.stragglers import StragglerConfig
+    from collsim.workload.model import TransformerSpec
+
+__all__ = ["Estimator", "estimate_step", "walk"]
+
+TP, PP, DP = ParallelAxis.TP, ParallelAxis.PP, ParallelAxis.DP
+
+
+@dataclass(slots=True)
+class _Rank:
+    """One walked rank: its streams' free times, account and ledger."""
+
+    rank: int
+    coords: RankCoords
+    ledger: MemoryLedger
+    acct: dict[str, float] = field(default_factory=lambda: dict.fromkeys(BREAKDOWN_KEYS, 0.0))
+    now: float = 0.0
+    end_s: float = 0.0
+    next_op: int = 0
+    pp_free: float = 0.0
+    dp_free: float = 0.0
+    dp_last_end: float = 0.0
+    deferred: list[tuple[PipeOp, ChunkModel, Bucket]] = field(default_factory=list)
+    gathered: dict[tuple[int, str | int], float] = field(default_factory=dict)
+    """ZeRO-3 units gathered or in flight: (chunk, unit) -> when the gather ends."""
+
+
+_Link = tuple[bool, Phase, tuple[int, Phase, int] | None]
+"""An op's pipeline links (:meth:`_Walk.links`)."""
+
+
+@dataclass(slots=True)
+class _Mail:
+    produced_s: float
+    delivered_s: float
+    size_bytes: float
+
+
+class _Walk:
+    """The closed-form walk of one schedule (representative rank per stage)."""
+
+    def __init__(self, schedule: StepSchedule, pricer: ClosedPricer) -> None:
+        self.s = schedule
+        self.plan = schedule.plan
+        self.rules = schedule.dp
+        self.pricer = pricer
+        self.stats = CallStats()
+        self.des_axes: frozenset[str] = frozenset()
+        self.trace_events: list[TraceEvent] = []
+        plan = self.plan
+        self.programs: dict[int, _Rank] = {}
+        for st in range(plan.pp):
+            r = plan.rank(dp=0, pp=st, tp=0)
+            self.programs[r] = _Rank(r, plan.coords(r), MemoryLedger(r))
+        self.by_stage = {p.coords.pp: p for p in self.programs.values()}
+        self.mail: dict[tuple[int, Phase, int, int], _Mail] = {}
+        self.prices = SegmentPrices(
+            self.plan, pricer, schedule.overlap_factor if schedule.step_interference else None
+        )
+        self.step_s = self.prices.step_s
+        self.seg_comm_s = self.prices.seg_comm_s
+        self.seg_tp_s = self.prices.seg_tp_s
+        self._op_plans: dict[tuple[int, int, Phase, bool], _OpPlan] = {}
+        self.gather_pp = plan.tp > 1 and not plan.parallel.sequence_parallel
+        self.pipeline = plan.pipeline_schedule
+        self._links: dict[int, list[_Link]] = {}
+        self._runs: dict[tuple[int, int], list[Any]] = {}
+
+    def stat_items(self) -> Iterator[tuple[CallKey, CallTally]]:
+        return self.stats.items()
+
+    # ---- prices -------------------------------------------------------------------------------
+    def group(self, rank: int, axis: str) -> tuple[int, ...]:
+        return self.prices.group(rank, axis)
+
+    def price(
+        self, rank: int, axis: str, op: str, size: float, ranks: tuple[int, ...], extra_s: float
+    ) -> float:
+        """Seconds of one call, tallied as the engine tallies it."""
+        cost = self.pricer.cost(op, size, ranks)
+        time_s = extra_s + cost.time_s
+        self.stats.add(
+            CallKey(rank, axis, op, size, len(ranks), cost.algorithm), time_s, cost.busbw_bps
+        )
+        return time_s
+
+    def tally_tp(self, rank: int, segs: list[Segment]) -> None:
+        """Count one run of these segments' TP collectives (tallied in :meth:`flush_tp`)."""
+        key = (rank, id(segs[0]) if len(segs) == 1 else id(segs))
+        slot = self._runs.get(key)
+        if slot is None:
+            self._runs[key] = [segs, 1]
+        else:
+            slot[1] += 1
+
+    def flush_tp(self) -> None:
+        for (rank, _), (segs, runs) in self._runs.items():
+            for step in (c for seg in segs for st in seg.steps for c in st.calls()):
+                if step.op:
+                    group = self.prices.step_group(rank, step)
+                    if len(group) < 2:
+                        continue
+                    cost = self.pricer.cost(step.op, step.size_bytes, group)
+                    key = CallKey(
+                        rank, step.axis, step.op, step.size_bytes, len(group), cost.algorithm
+                    )
+                    self.stats.add(key, runs * cost.time_s, cost.busbw_bps, count=runs)
+        self._runs.clear()
+
+    def grad_window(self, rank: int, seg: Segment) -> tuple[float, float]:
+        off = sum(self.step_s(rank, s) for s in seg.steps[: seg.grad_from])
+        dur = sum(self.step_s(rank, s) for s in seg.steps[seg.grad_from :])
+        return off, dur
+
+    # ---- the walk -----------------------------------------------------------------------------
+    def run(self) -> None:
+        for prog in self.programs.values():
+            st = self.rules.state_bytes(prog_stage := self.s.stages[prog.coords.pp])
+            del prog_stage
+            prog.ledger.alloc(0.0, "parameters", st.parameters, "parameters")
+            prog.ledger.alloc(0.0, "gradients", st.gradients, "gradients")
+            prog.ledger.alloc(0.0, "optimizer", st.optimizer, "optimizer state")
+            prog.ledger.alloc(0.0, "buffers", st.ddp_buckets, "ddp buckets")
+        pending = list(self.programs.values())
+        while pending:
+            progressed = False
+            for prog in pending:
+                progressed |= self.advance(prog)
+            left = [p for p in pending if p.next_op < len(self.s.pipeline[p.coords.pp])]
+            if left and not progressed:
+                raise SimulationError(
+                    f"ranks {[p.rank for p in left][:8]} wait for inputs never sent "
+                    "(the pipeline order has a cycle)"
+                )
+            pending = left
+        self.finish()
+        self.flush_tp()
+
+    def links(self, stage: int) -> list[_Link]:
+        """Per op of ``stage``, in order: whether it reads a message from another stage, the
+        direction of that message (:func:`~collsim.parallel.pipeline.flow`) and where its own
+        output goes ((stage, direction, chunk) or None), from the schedule's dependencies
+        (worked out once per (phase, chunk): the micro-batch passes through)."""
+        hit = self._links.get(stage)
+        if hit is not None:
+            return hit
+        p, v = self.plan.pp, self.plan.virtual_stages
+        shapes: dict[tuple[Phase, int], _Link] = {}
+        out: list[_Link] = []
+        for op in self.s.pipeline[stage]:
+            shape = shapes.get((op.phase, op.chunk))
+            if shape is None:
+                src = self.pipeline.input_of(op, stage=stage, num_stages=p, virtual_stages=v)
+                dest = self.pipeline.output_of(op, stage=stage, num_stages=p, virtual_stages=v)
+                shape = shapes[(op.phase, op.chunk)] = (
+                    src is not None and src[0] != stage,
+                    flow(op.phase),
+                    None
+                    if dest is None or dest[0] == stage
+                    else (dest[0], dest[1].phase, dest[1].chunk),
+                )
+            out.append(shape)
+        self._links[stage] = out
+        return out
+
+    def advance(self, prog: _Rank) -> bool:
+        """Run the rank's ops while their inputs have been sent; True if any ran."""
+        ops = self.s.pipeline[prog.coords.pp]
+        links = self.links(prog.coords.pp)
+        ran = False
+        while prog.next_op < len(ops):
+            op = ops[prog.next_op]
+            remote, direction, dest = links[prog.next_op]
+            folded = 0.0
+            if remote:
+                mail = self.mail.get((prog.rank, direction, op.microbatch, op.chunk))
+                if mail is None:
+                    return ran  # its input is not sent yet
+                w0 = prog.now
+                if mail.delivered_s > w0:
+                    w1 = mail.delivered_s
+                    produced = min(max(mail.produced_s, w0), w1)
+                    prog.acct["bubble"] += produced - w0
+                    prog.acct["pp_exposed"] += w1 - produced
+                    prog.now = w1
+                prog.ledger.free(prog.now, "buffers", mail.size_bytes, "pp recv")
+                if self.gather_pp:
+                    size = self.s.p2p_bytes * self.plan.tp
+                    folded = self.price(
+                        prog.rank, TP, "all_gather", size, self.group(prog.rank, TP), 0.0
+                    )
+            prog.now += folded
+            prog.acct["pp_exposed"] += folded
+            chunk = self.s.stages[prog.coords.pp].chunks[op.chunk]
+            paired = prog.next_op in self.s.paired.get(prog.coords.pp, ())
+            if self.rules.zero == 3:
+                self.run_segments(prog, op, chunk, paired)
+            else:
+                self.run_fused(prog, op, chunk, paired)
+            if dest is not None:
+                self.send_output(prog, op, dest)
+            prog.next_op += 1
+            ran = True
+        return ran
+
+    def op_plan(
+        self, prog: _Rank, chunk: ChunkModel, phase: Phase, paired: bool = False
+    ) -> _OpPlan:
+        key = (prog.rank, chunk.index, phase, paired)
+        hit = self._op_plans.get(key)
+        if hit is not None:
+            return hit
+        segs = chunk.segments(phase, paired)
+        plan = _OpPlan(segs)
+        forward = phase is Phase.FORWARD
+        gradients = phase in GRADIENT_PHASES
+        mem: list[tuple[float, float, str, str | int]] = []
+        t = 0.0
+        for seg in segs:
+            d_tp = self.seg_tp_s(prog.rank, seg)
+            dur = seg.compute_s + d_tp + seg.framework_s
+            plan.compute += seg.compute_s
+            plan.tp += d_tp
+            for k, v in self.seg_comm_s(prog.rank, seg).items():
+                plan.comm[k] = plan.comm.get(k, 0.0) + v
+            if seg.framework_s:
+                plan.comm["framework"] = plan.comm.get("framework", 0.0) + seg.framework_s
+            mem += seg.activation_events(t, t + dur, forward=forward)
+            if gradients:
+                off, gdur = self.grad_window(prog.rank, seg)
+                for bucket in chunk.buckets:
+                    if bucket.ready_segment == seg.key:
+                        ready = t + off + bucket.ready_fraction * gdur
+                        plan.buckets.append((bucket, ready))
+            t += dur
+        plan.duration = t
+        plan.pattern = MemoryPattern("activations", mem)
+        self._op_plans[key] = plan
+        return plan
+
+    def run_fused(self, prog: _Rank, op: PipeOp, chunk: ChunkModel, paired: bool) -> None:
+        plan = self.op_plan(prog, chunk, op.phase, paired)
+        t0 = prog.now
+        prog.ledger.place(t0, plan.pattern, op.microbatch, op.chunk)
+        if plan.buckets and self.rules.uses_buckets and self.rules.reduces_in(op.microbatch):
+            for bucket, rel in plan.buckets:
+                if self.rules.overlap:
+                    self.reduce_bucket(prog, bucket, t0 + rel, t0)
+                else:
+                    prog.deferred.append((op, chunk, bucket))
+        self.tally_tp(prog.rank, plan.segs)
+        prog.now = t0 + plan.duration
+        prog.acct["compute"] += plan.compute
+        for k, v in plan.comm.items():
+            prog.acct[k] += v
+
+    def dp_call(self, prog: _Rank, op: str, size: float, ready: float, extra_s: float) -> float:
+        """A call on the rank's dp stream, ready at ``ready``: returns its end."""
+        return self.dp_calls(prog, [DPCall(op, size, DP)], ready, extra_s)
+
+    def dp_calls(
+        self,
+        prog: _Rank,
+        calls: list[DPCall],
+        ready: float,
+        extra_s: float,
+        issued: float | None = None,
+    ) -> float:
+        """Calls one after another on the rank's dp stream (each on its axis's group), ready
+        at ``ready`` and issued at ``issued`` (default: ``ready``), the offload copy before
+        the first: returns when the last one's event fires (``ready`` when there is none)."""
+        issued = ready if issued is None else issued
+        fired = ready
+        for i, c in enumerate(calls):
+            group = self.group(prog.rank, c.axis)
+            t = self.price(prog.rank, DP, c.op, c.size_bytes, group, extra_s if i == 0 else 0.0)
+            start = max(ready, prog.dp_free)
+            prog.dp_free = start + t
+            fired = _fires(issued, prog.dp_free)
+            prog.dp_last_end = max(prog.dp_last_end, fired)
+        return fired
+
+    def reduce_bucket(
+        self, prog: _Rank, bucket: Bucket, ready: float, issued: float | None = None
+    ) -> None:
+        calls = self.rules.bucket_calls(bucket)
+        if not calls:
+            return
+        end = self.dp_calls(prog, calls, ready, 0.0, issued)
+        size = bucket.size_bytes
+        if self.rules.holds_bucket_buffer:
+            prog.ledger.alloc(ready, "buffers", size, "zero2 bucket")
+            prog.ledger.free(end, "buffers", size, "zero2 bucket")
+
+    def run_segments(self, prog: _Rank, op: PipeOp, chunk: ChunkModel, paired: bool) -> None:
+        """ZeRO-3: segment by segment, each waiting for its gathered unit."""
+        rules = self.rules
+        forward = op.phase is Phase.FORWARD
+        segs = chunk.segments(op.phase, paired)
+        # every op but a weight-gradient one gathers its units (dB needs no weight)
+        gathers = op.phase is not Phase.BACKWARD_WEIGHT
+        issue = issue_schedule(len(segs), rules.prefetch) if gathers else [[] for _ in segs]
+        for i, seg in enumerate(segs):
+            for j in issue[i]:
+                ukey = rules.unit_key(chunk, segs[j])
+                if (chunk.index, ukey) in prog.gathered:
+                    continue
+                size = rules.gather_bytes(chunk, ukey)
+                prog.ledger.alloc(prog.now, "parameters", size, f"gathered {ukey}")
+                end = self.dp_calls(
+                    prog, rules.unit_gathers(chunk, ukey), prog.now, rules.offload_s(size)
+                )
+                prog.gathered[(chunk.index, ukey)] = end
+            ready = prog.gathered.get((chunk.index, rules.unit_key(chunk, seg)))
+            if gathers and ready is not None and ready > prog.now:
+                prog.acct["dp_exposed"] += ready - prog.now
+                prog.now = ready
+            if not forward:
+                prog.ledger.alloc(prog.now, "activations", seg.transient_bytes)
+            d_tp = self.seg_tp_s(prog.rank, seg)
+            self.tally_tp(prog.rank, [seg])
+            prog.now += seg.compute_s + d_tp + seg.framework_s
+            prog.acct["compute"] += seg.compute_s
+            prog.acct["framework"] += seg.framework_s
+            for k, v in self.seg_comm_s(prog.rank, seg).items():
+                prog.acct[k] += v
+            if forward:
+                prog.ledger.alloc(prog.now, "activations", seg.stored_bytes)
+            elif seg.frees:
+                prog.ledger.free(prog.now, "activations", seg.transient_bytes + seg.stored_bytes)
+            self.release_unit(prog, chunk, seg, op.phase)
+
+    def release_unit(self, prog: _Rank, chunk: ChunkModel, seg: Segment, phase: Phase) -> None:
+        """After a unit's forward: reshard. After its backward: reduce-scatter, reshard (a
+        split backward: the input-gradient op reshards, the weight-gradient op reduces)."""
+        rules = self.rules
+        if not rules.releases(chunk, seg, forward=phase is Phase.FORWARD):
+            return
+        ukey = rules.unit_key(chunk, seg)
+        if phase is Phase.BACKWARD or phase is Phase.BACKWARD_WEIGHT:
+            gsize = rules.grad_bytes(chunk, ukey)
+            prog.ledger.alloc(prog.now, "buffers", gsize, f"grad {ukey}")
+            calls = rules.unit_reductions(chunk, ukey) if rules.reduces_units else []
+            if calls:
+                end = self.dp_calls(prog, calls, prog.now, rules.offload_s(gsize))
+                prog.ledger.free(end, "buffers", gsize, f"grad {ukey}")
+            else:
+                prog.ledger.free(prog.now, "buffers", gsize, f"grad {ukey}")
+        if phase is Phase.BACKWARD_WEIGHT:
+            return
+        del prog.gathered[(chunk.index, ukey)]
+        prog.ledger.free(prog.now, "parameters", rules.gather_bytes(chunk, ukey), "reshard")
+
+    def send_output(self, prog: _Rank, op: PipeOp, dest: tuple[int, Phase, int]) -> None:
+        """Send ``op``'s output to ``dest`` (stage, direction, chunk) on the pp stream."""
+        stage, dst_phase, dst_chunk = dest
+        dst = self.by_stage[stage]
+        size = self.s.p2p_bytes
+        t = self.price(prog.rank, PP, "send_recv", size, (prog.rank, dst.rank), 0.0)
+        start = max(prog.now, prog.pp_free)
+        prog.pp_free = start + t
+        delivered = _fires(prog.now, prog.pp_free)
+        self.mail[(dst.rank, dst_phase, op.microbatch, dst_chunk)] = _Mail(
+            prog.now, delivered, size
+        )
+        dst.ledger.alloc(delivered, "buffers", size, "pp recv")
+
+    def grad_norm(self) -> None:
+        """The clipping's norm all-reduces, as the engine plays them: the walked members of a
+        group rendezvous (the early ones wait: ``bubble``), then the call (``dp_exposed``)."""
+        for groups in _norm_rounds(self.plan, list(self.programs)):
+            for (axis, group), members in groups.items():
+                progs = [self.programs[r] for r in members]
+                start = max(prog.now for prog in progs)
+                for prog in progs:
+                    t = self.price(prog.rank, axis, "all_reduce", GRAD_NORM_BYTES, group, 0.0)
+                    end = _fires(start, start + t)
+                    prog.acct["bubble"] += start - prog.now
+                    prog.acct["dp_exposed"] += end - start
+                    prog.now = end
+
+    def finish(self) -> None:
+        """Deferred buckets, the dp wait, the embedding sync, the gradient norm, the
+        optimizer, ZeRO-1/2 gathers."""
+        plan = self.plan
+        for prog in self.programs.values():
+            for _op, _chunk, bucket in prog.deferred:
+                self.reduce_bucket(prog, bucket, prog.now)
+            prog.deferred = []
+            if prog.dp_last_end > prog.now:
+                prog.acct["dp_exposed"] += prog.dp_last_end - prog.now
+                prog.now = prog.dp_last_end
+        head = plan.head_stage
+        if head != 0 and plan.spec.tied_embeddings:
+            first, last = self.by_stage[0], self.by_stage[head]
+            size = plan.spec.vocab / plan.tp * plan.spec.hidden * self.rules.bytes_per.grad
+            pair = (first.rank, last.rank)
+            t = self.pricer.cost("all_reduce", size, pair)
+            for prog in (first, last):
+                self.stats.add(
+                    CallKey(prog.rank, PP, "all_reduce", size, 2, t.algorithm),
+                    t.time_s,
+                    t.busbw_bps,
+                )
+            end = max(first.now, last.now) + t.time_s
+            for prog in (first, last):
+                prog.acct["pp_exposed"] += end - prog.now
+                prog.now = end
+        for prog in self.programs.values():
+            framework = self.s.framework_step_s.get(prog.coords.pp, 0.0)
+            link, busbw = dp_link(self.stats.items(), prog.rank)
+            interference = self.s.interference_s(
+                dp_link_s=link, busbw_bps=busbw, compute_s=prog.acct["compute"]
+            )
+            prog.now += framework + interference
+            prog.acct["framework"] += framework
+            prog.acct["interference"] += interference
+        self.grad_norm()
+        for prog in self.programs.values():
+            stage = self.s.stages[prog.coords.pp]
+            opt = self.s.optimizer_s[prog.coords.pp]
+            prog.now += opt
+            prog.acct["optimizer"] += opt
+            calls = self.rules.gathers_after_optimizer(stage)
+            if calls:
+                t0 = prog.now
+                end = self.dp_calls(prog, calls, prog.now, 0.0)
+                prog.acct["dp_exposed"] += end - t0
+                prog.now = end
+            prog.end_s = prog.now
+
+
+def _norm_rounds(
+    plan: Plan, ranks: list[int]
+) -> list[dict[tuple[str, tuple[int, ...]], list[int]]]:
+    """Per round of the gradient-norm all-reduces (:func:`grad_norm_groups`): the walked ranks
+    of each (axis, group)."""
+    rounds: list[dict[tuple[str, tuple[int, ...]], list[int]]] = []
+    for rank in ranks:
+        for i, call in enumerate(grad_norm_groups(plan, rank)):
+            while len(rounds) <= i:
+                rounds.append({})
+            rounds[i].setdefault(call, []).append(rank)
+    return rounds
+
+
+def _fires(issued_s: float, end_s: float) -> float:
+    """When an event issued at ``issued_s`` to end at ``end_s`` fires in the engine: SimPy
+    schedules a timeout of ``end_s - issued_s`` from ``issued_s`` (the same float rounding, so
+    that both fidelities record memory at the very same instants)."""
+    return issued_s + (end_s - issued_s)
+
+
+@dataclass(slots=True)
+class _OpPlan:
+    segs: list[Segment]
+    duration: float = 0.0
+    compute: float = 0.0
+    tp: float = 0.0
+    comm: dict[str, float] = field(default_factory=dict)
+    pattern: MemoryPattern = field(default_factory=lambda: MemoryPattern("activations", []))
+    buckets: list[tuple[Bucket, float]] = field(default_factory=list)
+
+
+def walk(
+    schedule: StepSchedule, pricer: ClosedPricer | None = None, *, timeline: bool = True
+) -> StepResult:
+    """The closed form of one step (see docs/derivations.md).
+
+    Args:
+        schedule: the step schedule.
+        pricer: the closed-form price cache to use (a new one by default; share one across
+            the plans of a search).
+        timeline: keep each rank's memory timeline in the result (a search does not).
+    """
+    plan = schedule.plan
+    if pricer is None:
+        pricer = ClosedPricer(plan.topology)
+
+    with collector_paused():
+        w = _Walk(schedule, pricer)
+        w.run()
+        return assemble(
+            plan,
+            w,
+            fidelity="closed",
+            contended=[],
+            zero_communication=pricer.zero,
+            timeline=timeline,
+        )
+
+
+def estimate_step(
+    topology: Topology,
+    spec: TransformerSpec,
+    training: TrainingConfig,
+    parallel: ParallelConfig,
+    *,
+    op_time_overrides: dict[str, float] | None = None,
+    zero_communication: bool = False,
+    stragglers: StragglerConfig | None = None,
+) -> StepResult:
+    """``simulate_step``'s closed-form twin: build the schedule, walk it (the slowed pipeline's
+    when ``stragglers`` slow some GPUs; see docs/derivations.md).
+
+    Raises:
+        ConfigError: stragglers the closed form cannot walk (degraded links, slowed stages in
+            pipelines that differ), or a bad plan.
+    """
+
+    schedule = build_schedule(
+        topology, spec, training, parallel, op_time_overrides=op_time_overrides
+    )
+    pricer = ClosedPricer(topology, zero=zero_communication)
+    if stragglers is None:
+        return walk(schedule, pricer)
+    slowed = _straggler_schedule(schedule, stragglers)
+    if slowed is schedule:
+        return walk(schedule, pricer)
+    baseline = walk(schedule, pricer)
+    result = walk(slowed, pricer)
+    resolved = stragglers.resolve(topology)
+    result.stragglers = StragglerReport(
+        clock_factors=dict(sorted(resolved.compute_factors.items())),
+        tp_paced_ranks=sorted(resolved.tp_pace(schedule.plan)),
+        stage_factors={
+            f"dp{d}.pp{s}": f for (d, s), f in sorted(resolved.stage_factors(schedule.plan).items())
+        },
+        degraded_links={},
+        baseline_step_time_s=baseline.step_time_s,
+        step_time_s=result.step_time_s,
+        slowdown=result.step_time_s / baseline.step_time_s,
+        extra_s=result.step_time_s - baseline.step_time_s,
+        critical_rank=result.critical_rank,
+        longest_wait=None,
+        waits=[],
+    )
+    return result
+
+
+def _straggler_schedule(schedule: StepSchedule, stragglers: StragglerConfig) -> StepSchedule:
+    """The schedule of the slowed pipeline (stages stretched), or a ConfigError."""
+
+    plan = schedule.plan
+    resolved = stragglers.resolve(plan.topology)
+    if resolved.link_factors:
+        raise ConfigError(
+            "the closed form prices one representative group per axis and cannot place a "
+            "degraded link; use --fidelity auto, fused or layer",
+            key_path="stragglers.slow_link",
+        )
+    pipelines: dict[int, dict[int, float]] = {}
+    for (d, s), f in resolved.stage_factors(plan).items():
+        pipelines.setdefault(d, {})[s] = f
+    patterns = {tuple(sorted(p.items())) for p in pipelines.values()}
+    if len(patterns) > 1:
+        raise ConfigError(
+            "the closed form walks one slowed pipeline; these stragglers slow different stages "
+            f"in data-parallel replicas {sorted(pipelines)}; use --fidelity auto, fused or layer",
+            key_path="stragglers",
+        )
+    if not patterns:
+        return schedule
+    return stretch_schedule(schedule, dict(patterns.pop()))
+
+
+class Estimator:
+    """Closed-form estimates of many plans of one model on one cluster, sharing one price cache.
+
+    Args:
+        topology: the cluster (its GPU count is the plans' tp x pp x dp).
+        spec: the model.
+    """
+
+    def __init__(self, topology: Topology, spec: TransformerSpec) -> None:
+        self.topology = topology
+        self.spec = spec
+        self.pricer = ClosedPricer(topology)
+
+    def estimate(self, training: TrainingConfig, parallel: ParallelConfig) -> StepResult:
+        """The closed form of one plan.
+
+        Raises:
+            ConfigError: the plan does not match the model or the cluster (see build_plan).
+        """
+
+        with warnings.catch_warnings():  # kept in the plan's warnings, not raised per plan
+            warnings.simplefilter("ignore", CollsimWarning)
+            schedule = build_schedule(self.topology, self.spec, training, parallel)
+        return walk(schedule, self.pricer, timeline=False)

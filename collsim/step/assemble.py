@@ -1,0 +1,162 @@
+"""Turn a finished engine run into a :class:`~collsim.step.result.StepResult`.
+
+Step time is the latest end over the simulated ranks; its breakdown is that rank's compute
+stream account (compute, tp_exposed, pp_exposed, dp_exposed, bubble, optimizer), which adds up
+to its end time by construction (checked). FLOP/s, MFU and HFU follow Narayanan et al. 2021
+(``collsim.workload.flops``); memory is the peak of the most loaded rank's timeline.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any, Protocol
+
+from collsim.core.errors import SimulationError
+from collsim.core.units import GiB
+from collsim.parallel.plan import Plan
+from collsim.step.memory import Timelines
+from collsim.step.result import MEMORY_KEYS, Breakdown, CollectiveStat, StepResult
+from collsim.workload import flops
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+
+    from collsim.parallel.plan import RankCoords
+    from collsim.step.memory import MemoryLedger
+    from collsim.step.result import TraceEvent
+    from collsim.step.stats import CallKey, CallTally
+
+
+class RankRecord(Protocol):
+    """What one played rank leaves behind."""
+
+    rank: int
+    coords: RankCoords
+    end_s: float
+    acct: dict[str, float]
+    ledger: MemoryLedger
+
+
+class PlayedStep(Protocol):
+    """A step played by either fidelity: its ranks, call tallies and trace."""
+
+    @property
+    def programs(self) -> Mapping[int, RankRecord]: ...
+
+    @property
+    def des_axes(self) -> frozenset[str]: ...
+
+    @property
+    def trace_events(self) -> list[TraceEvent]: ...
+
+    def stat_items(self) -> Iterable[tuple[CallKey, CallTally]]: ...
+
+
+__all__ = ["assemble"]
+
+
+def _collectives(engine: PlayedStep) -> list[CollectiveStat]:
+    """Per (axis, op, size, group, algorithm): calls per issuing rank and their link time."""
+    merged: dict[tuple[Any, ...], list[Any]] = {}
+    ranks_of: dict[tuple[Any, ...], set[int]] = defaultdict(set)
+    for k, tally in engine.stat_items():
+        key = (k.axis, k.op, k.size_bytes, k.group_size, k.algorithm)
+        slot = merged.setdefault(key, [0, 0.0, tally.busbw_bps])
+        slot[0] += tally.count
+        slot[1] += tally.time_s
+        ranks_of[key].add(k.rank)
+    out = []
+    for key, (count, time_s, busbw) in sorted(merged.items(), key=lambda kv: kv[0][:2]):
+        axis, op, size, n, algo = key
+        issuers = len(ranks_of[key])
+        out.append(
+            CollectiveStat(
+                axis=axis,
+                op=op,
+                group_size=n,
+                algorithm=algo,
+                count=round(count / issuers),
+                size_bytes=float(size),
+                time_s=time_s / issuers,
+                busbw_bps=busbw,
+            )
+        )
+    return out
+
+
+def assemble(
+    plan: Plan,
+    engine: PlayedStep,
+    *,
+    fidelity: str,
+    contended: list[str],
+    zero_communication: bool,
+    timeline: bool = True,
+) -> StepResult:
+    programs = engine.programs
+    critical = max(programs.values(), key=lambda p: (p.end_s, -p.rank))
+    step = critical.end_s
+    if step <= 0:
+        raise SimulationError("the step took no time")
+    breakdown = Breakdown.of(critical.acct)
+    total = breakdown.total_s
+    if abs(total - step) > 1e-9 * max(1.0, step):
+        raise SimulationError(f"breakdown {total} != step time {step} on rank {critical.rank}")
+    spec, tr = plan.spec, plan.training
+    gpus = plan.num_gpus
+    peak_flops = plan.topology.device.peak_flops_for(str(tr.dtype))
+    model_tf = flops.model_tflops_per_gpu(spec, tr.global_batch, step, gpus)
+    hw_tf = flops.hardware_tflops_per_gpu(spec, tr.global_batch, step, gpus, str(tr.recompute))
+    peaks = {rank: prog.ledger.peak() for rank, prog in programs.items()}
+    top_rank = max(peaks, key=lambda r: (peaks[r].total_bytes, -r))
+    top = peaks[top_rank]
+    # what PyTorch reports minus the CUDA context, NCCL buffers and fragmentation
+    device = plan.topology.device
+    capacity = float(device.usable_memory_bytes)
+    reserve = float(device.memory_reserve_bytes)
+    warnings_out = list(plan.warnings)
+    fits = top.total_bytes <= capacity
+    if not fits:
+        warnings_out.append(
+            f"does not fit: {top.total_bytes / GiB:.1f} GiB needed of {capacity / GiB:.1f} GiB"
+        )
+    # the first rank (dp 0, tp 0) of each simulated stage
+    firsts = [prog for prog in programs.values() if prog.coords.dp == 0 and prog.coords.tp == 0]
+    return StepResult(
+        step_time_s=step,
+        tokens_per_s=tr.global_batch * spec.seq_len / step,
+        model_tflops_per_gpu=model_tf,
+        hardware_tflops_per_gpu=hw_tf,
+        mfu=model_tf * 1e12 / peak_flops,
+        hfu=hw_tf * 1e12 / peak_flops,
+        breakdown_s=breakdown,
+        memory_peak_bytes=top.total_bytes,
+        memory_bytes={k: top.by_category.get(k, 0.0) for k in MEMORY_KEYS},
+        memory_capacity_bytes=capacity,
+        fits=fits,
+        num_gpus=gpus,
+        collectives=_collectives(engine),
+        warnings=warnings_out,
+        mapping=plan.describe_mapping(),
+        memory_timeline=(
+            Timelines({rank: prog.ledger for rank, prog in programs.items()}) if timeline else {}
+        ),
+        trace_events=sorted(engine.trace_events, key=lambda e: (e.start_s, e.rank)),
+        memory_reserve_bytes=reserve,
+        memory_datasheet_bytes=float(device.memory_bytes),
+        num_microbatches=plan.num_microbatches,
+        critical_rank=critical.rank,
+        peak_memory_rank=top_rank,
+        fidelity=fidelity,
+        contended_axes=list(contended),
+        des_axes=sorted(engine.des_axes),
+        zero_communication=zero_communication,
+        simulated_ranks=sorted(programs),
+        stage_end_s={prog.coords.pp: prog.end_s for prog in firsts},
+        breakdown_by_stage_s={prog.coords.pp: dict(prog.acct) for prog in firsts},
+        memory_peak_bytes_by_rank={r: p.total_bytes for r, p in peaks.items()},
+        activation_peak_bytes_by_rank={
+            r: prog.ledger.category_peak("activations") for r, prog in programs.items()
+        },
+        rank_stages={rank: plan.stage_of(rank) for rank in programs},
+    )

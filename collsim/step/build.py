@@ -1,0 +1,575 @@
+"""The step schedule: built once per plan, played by the engine and walked by the closed form.
+
+:func:`build_schedule` turns (topology, model, training, parallel) into a
+:class:`StepSchedule`: per symmetry class (a pipeline stage; every TP rank and DP replica of a
+stage runs the same program) the typed operations a rank runs, as data:
+
+- ``stages[s]``: the stage's model chunks, each a list of forward and backward segments
+  (embedding, layers, head) whose steps are compute (seconds, from the workload's compute
+  model) or blocking tensor-parallel collectives (op, bytes, what compute they overlap);
+  the chunk's parameter tensors, DDP buckets (ready at a fraction of a backward segment) and
+  FSDP units (:mod:`collsim.step.ops`);
+- ``pipeline[s]``: the order of (phase, micro-batch, chunk) ops on the stage's compute stream
+  (the plan's :class:`~collsim.parallel.pipeline.PipelineSchedule`); an op waits for its input
+  from the stage its schedule's placement names (:meth:`PipelineSchedule.input_of`);
+- ``dp``: the data-parallel rules (:class:`~collsim.step.dataparallel.DataParallelRules`):
+  which collectives each micro-batch's backward issues, when, and what memory they hold;
+- ``optimizer_s[s]``, ``p2p_bytes``: the optimizer step of the stage and the pipeline message.
+
+Both fidelities read only this object: the SimPy engine plays it on streams with shared links
+(:mod:`collsim.play.engine`), the closed form walks it with the same rules and closed-form
+collective costs (:mod:`collsim.play.walk`). On an uncontended network they agree (a test).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from collsim.cluster.hardware import get_device
+from collsim.core.vocab import Dtype
+from collsim.parallel.config import ParallelConfig, TrainingConfig
+from collsim.parallel.dispatch import dispatch_sms_of
+from collsim.parallel.layer_comms import layer_comms
+from collsim.parallel.pipeline import PipeOp
+from collsim.parallel.plan import Plan, build_plan
+from collsim.step.dataparallel import BytesPer, DataParallelRules
+from collsim.step.ops import BlockTimes, ChunkModel, Segment, StageModel, build_stage
+from collsim.workload.compute import ComputeModel
+from collsim.workload.framework import framework_costs
+from collsim.workload.interference import overlap_slowdown
+from collsim.workload.kernels import slowest_gpu_factor
+from collsim.workload.ops import activation_element_bytes
+
+if TYPE_CHECKING:
+    from collsim.cluster.hardware import Device
+    from collsim.cluster.topology import Topology
+    from collsim.parallel.layer_comms import LayerComm
+    from collsim.workload.compute import ComputeModel, LayerTimes
+    from collsim.workload.model import TransformerSpec
+
+__all__ = ["BLOCK_OVERRIDE_KEYS", "StepSchedule", "build_schedule", "bytes_per"]
+
+BLOCK_OVERRIDE_KEYS = (
+    "layer.forward",
+    "layer.backward",
+    "layer.recompute",
+    "layer.wgrad",
+    "embedding.forward",
+    "embedding.backward",
+    "head.forward",
+    "head.backward",
+    "head.wgrad",
+    "optimizer",
+)
+"""Override keys for whole blocks (seconds per micro-batch; optimizer: per step; ``*.wgrad``:
+the weight-gradient part of that backward, what a split backward runs as its W op). Any other
+key is an op name of the workload (``qkv_proj``, ``softmax.backward``, ...)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepSchedule:
+    """What every simulated rank of one step runs (see the module docstring)."""
+
+    plan: Plan
+    stages: dict[int, StageModel]
+    """Per pipeline stage: chunks, segments, tensors, buckets, units."""
+    pipeline: dict[int, tuple[PipeOp, ...]]
+    """Per pipeline stage: the ops of its compute stream, in order."""
+    dp: DataParallelRules
+    optimizer_s: dict[int, float]
+    """Per pipeline stage: seconds of the optimizer step (on the CPU with offload)."""
+    p2p_bytes: float
+    """One pipeline message per TP rank: b s h / (t cp) activations (Megatron's
+    scatter-gather; each CP rank sends its part of the sequence)."""
+    layer: BlockTimes
+    """The most common layer kind (see ``layers`` for each kind)."""
+    embedding: BlockTimes
+    head: BlockTimes
+    compute: ComputeModel
+    layers: dict[int, BlockTimes] | None = None
+    framework_step_s: dict[int, float] = field(default_factory=dict)
+    """Per pipeline stage: framework work once per step before the optimizer (gradient-norm
+    pass, host time)."""
+    interference: bool = False
+    """Collectives overlap compute in this plan (ZeRO-3, or overlapped DDP buckets), so the
+    compute they overlap runs slower (:meth:`interference_s`)."""
+    memory_bound_share: float = 0.0
+    """Share of a layer's compute time in memory-bound kernels (for the HBM part of the
+    interference)."""
+    step_interference: bool = False
+    """Compute beside an overlapped segment step (a sequence-parallel re-gather beside its
+    dgrad GEMM, a context-parallel KV send beside an attention block, an all-to-all beside
+    its EP-overlap piece) runs slower while that collective runs (:meth:`overlap_factor`;
+    off when measured op times stand in for the compute)."""
+    paired: dict[int, frozenset[int]] = field(default_factory=dict)
+    """Per pipeline stage, with ``parallel.ep_overlap``: indices into ``pipeline[s]`` of the
+    ops that run their chunk's paired segments (:func:`collsim.parallel.pipeline.paired_ops`)."""
+
+    def segments(self, stage: int, index: int, chunk: ChunkModel) -> list[Segment]:
+        """The segments the ``index``-th op of ``stage``'s pipeline runs on ``chunk``."""
+        op = self.pipeline[stage][index]
+        paired = index in self.paired.get(stage, ())
+        return chunk.segments(op.phase, paired)
+
+    def overlap_factor(self, op: str, busbw_bps: float, axis: str = "tp") -> float:
+        """Factor on the compute beside one overlapped segment step while its collective runs
+        (1 when :attr:`step_interference` is off).
+
+        :func:`~collsim.workload.interference.overlap_slowdown` with a memory-bound share of
+        0: the compute beside these collectives is GEMMs (dgrad, expert GEMMs) or attention
+        blocks, compute-bound kernels, so the factor is the SM term ``1 / (1 - f_sm)``
+        (compute.md 4: NCCL's 16 SMs of an 8-NIC node) and the HBM term does not enter. An
+        expert all-to-all holds the SMs of its dispatcher's kernels instead
+        (:func:`collsim.parallel.dispatch.dispatch_sms_of`: DeepEP's 20).
+        """
+        if not self.step_interference or busbw_bps <= 0:
+            return 1.0
+
+        sms = None
+        if axis in ("ep", "ep_node", "ep_local"):
+            sms = dispatch_sms_of(self.plan)
+        return overlap_slowdown(
+            self.plan.topology.device,
+            busbw_bps=busbw_bps,
+            memory_bound_share=0.0,
+            nccl_sms=sms,
+            reduction=op in ("all_reduce", "reduce_scatter"),
+        )
+
+    def interference_s(self, *, dp_link_s: float, busbw_bps: float, compute_s: float) -> float:
+        """Seconds the compute of one rank loses to the data-parallel collectives it overlaps.
+
+        First order (``collsim.workload.interference``): while a collective runs, the compute
+        beside it runs ``factor`` times slower (NCCL's SMs and HBM traffic,
+        :func:`~collsim.workload.interference.overlap_slowdown` at the collectives' bus
+        bandwidth); the overlap window is at most the shorter of the rank's data-parallel
+        link time and its compute time; so the step grows by ``window x (1 - 1/factor)``.
+        Both fidelities add it before the optimizer, from their own call tallies.
+        """
+        if not self.interference or dp_link_s <= 0 or compute_s <= 0:
+            return 0.0
+
+        factor = overlap_slowdown(
+            self.plan.topology.device,
+            busbw_bps=busbw_bps,
+            memory_bound_share=self.memory_bound_share,
+        )
+        return min(dp_link_s, compute_s) * (1.0 - 1.0 / factor)
+
+    """Block times of each layer kind, by its representative layer index."""
+
+    @property
+    def num_microbatches(self) -> int:
+        return self.plan.num_microbatches
+
+
+def bytes_per(training: TrainingConfig) -> BytesPer:
+    """Bytes per parameter (ZeRO paper, mixed-precision Adam K = 12) and per activation."""
+
+    dtype = Dtype(training.dtype)
+    adam = str(training.optimizer) == "adam"
+    if dtype is not Dtype.FP32:
+        param = grad = 2.0
+        opt = 12.0 if adam else 8.0
+    else:
+        param = grad = 4.0
+        opt = 8.0 if adam else 4.0
+    return BytesPer(
+        param=param,
+        grad=grad,
+        optimizer=opt,
+        activation=float(activation_element_bytes(dtype.value)),
+    )
+
+
+_ATTENTION_OPS = frozenset(
+    ("flash_attention", "attn_scores", "softmax", "attn_dropout", "attn_values")
+)
+"""Core-attention ops of the workload (what a CP ring step overlaps)."""
+_EXPERT_OPS = frozenset(("expert_up", "expert_activation", "expert_down"))
+"""Routed-expert GEMMs of the workload (between the EP dispatch and combine)."""
+
+
+def layer_kind_of(spec: TransformerSpec) -> dict[int, int]:
+    """Each layer index -> the representative layer of its kind (``spec.layer_kinds()``:
+    dense / MoE MLP, full / sliding-window attention)."""
+    reps = {(spec.is_moe_layer(r), spec.is_window_layer(r)): r for r, _ in spec.layer_kinds()}
+    return {
+        i: reps[(spec.is_moe_layer(i), spec.is_window_layer(i))] for i in range(spec.num_layers)
+    }
+
+
+def _blocks(
+    plan: Plan, device: Device, overrides: dict[str, float]
+) -> tuple[dict[int, BlockTimes], BlockTimes, BlockTimes, ComputeModel]:
+    """Seconds of each layer kind (by its representative layer index), the embedding and the
+    head per micro-batch (compute model or overrides), with the dgrad time of their
+    column-parallel linears and the core-attention / expert seconds of a layer."""
+
+    op_over = {k: v for k, v in overrides.items() if k not in BLOCK_OVERRIDE_KEYS}
+    tr = plan.training
+    model = ComputeModel(
+        device,
+        str(tr.dtype),
+        overrides=op_over,
+        attention_kernel=tr.attention_kernel,
+        execution=str(tr.execution),
+        fused_kernels=bool(tr.fused_kernels),
+    )
+    mb, tp, sp = plan.training.micro_batch, plan.tp, plan.parallel.sequence_parallel
+    spec = plan.spec
+    variant = spec.is_moe or spec.is_mla or spec.sliding_window is not None or plan.cp > 1
+    et = model.embedding_times(spec, micro_batch=mb, tp=tp, sequence_parallel=sp)
+    ht = model.head_times(spec, micro_batch=mb, tp=tp, sequence_parallel=sp)
+
+    def pick(key: str, value: float) -> float:
+        return float(overrides.get(key, value))
+
+    def dgrad(times: LayerTimes, names: tuple[str, ...], backward_s: float) -> tuple[float, ...]:
+        """Half the backward of each named linear (its dgrad GEMM: 2 of its 4 backward FLOPs
+        per weight element), scaled like the block when a block override replaced it."""
+        scale = backward_s / times.backward_s if times.backward_s > 0 else 0.0
+        by_name = {o.name: o.time_s for o in times.ops if o.phase == "backward"}
+        return tuple(by_name.get(n, 0.0) / 2 * scale for n in names)
+
+    def part(
+        times: LayerTimes, names: frozenset[str], fwd: float, bwd: float
+    ) -> tuple[float, float]:
+        f = sum(o.time_s for o in times.ops if o.phase == "forward" and o.name in names)
+        b = sum(o.time_s for o in times.ops if o.phase == "backward" and o.name in names)
+        fs = fwd / times.forward_s if times.forward_s > 0 else 0.0
+        bs = bwd / times.backward_s if times.backward_s > 0 else 0.0
+        return (f * fs, b * bs)
+
+    reps = [r for r, _ in spec.layer_kinds()] if variant else [0]
+    layers: dict[int, BlockTimes] = {}
+    for rep in reps:
+        lt = model.layer_times(
+            spec,
+            micro_batch=mb,
+            tp=tp,
+            sequence_parallel=sp,
+            recompute=str(plan.training.recompute),
+            **({"layer": rep, "ep": plan.ep, "etp": plan.etp, "cp": plan.cp} if variant else {}),
+        )
+        fwd = pick("layer.forward", lt.forward_s)
+        bwd = pick("layer.backward", lt.backward_s)
+        layers[rep] = BlockTimes(
+            fwd,
+            bwd,
+            pick("layer.recompute", lt.recompute_s),
+            lt.activation_bytes,
+            lt.transient_bytes,
+            column_dgrad_s=dgrad(lt, ("mlp_up", "qkv_proj"), bwd),
+            attention_s=part(lt, _ATTENTION_OPS, fwd, bwd),
+            experts_s=part(lt, _EXPERT_OPS, fwd, bwd),
+            wgrad_s=pick("layer.wgrad", _scaled_wgrad(lt, bwd)),
+        )
+    # a CP rank embeds and scores its s / cp tokens: the embedding and head ops are linear in
+    # the tokens (lookup, LM-head GEMM rows, loss), so their times and activations scale 1 / cp
+    k = 1.0 / plan.cp
+    head_bwd = pick("head.backward", ht.backward_s * k)
+    emb = BlockTimes(
+        pick("embedding.forward", et.forward_s * k),
+        pick("embedding.backward", et.backward_s * k),
+        0.0,
+        et.activation_bytes * k,
+    )
+    head = BlockTimes(
+        pick("head.forward", ht.forward_s * k),
+        head_bwd,
+        0.0,
+        ht.activation_bytes * k,
+        column_dgrad_s=dgrad(ht, ("lm_head",), head_bwd),
+        wgrad_s=pick("head.wgrad", _scaled_wgrad(ht, head_bwd)),
+    )
+    return layers, emb, head, model
+
+
+def _scaled_wgrad(times: LayerTimes, backward_s: float) -> float:
+    """The weight-gradient part of a block's backward (compute model), scaled like the block
+    when an override replaced its backward."""
+    return times.wgrad_s * backward_s / times.backward_s if times.backward_s > 0 else 0.0
+
+
+def _paced(block: BlockTimes, factor: float) -> BlockTimes:
+    """A block's compute seconds times ``factor`` (activations unchanged)."""
+    return replace(
+        block,
+        forward_s=block.forward_s * factor,
+        backward_s=block.backward_s * factor,
+        recompute_s=block.recompute_s * factor,
+        column_dgrad_s=tuple(d * factor for d in block.column_dgrad_s),
+        attention_s=(block.attention_s[0] * factor, block.attention_s[1] * factor),
+        experts_s=(block.experts_s[0] * factor, block.experts_s[1] * factor),
+        wgrad_s=block.wgrad_s * factor,
+    )
+
+
+def _optimizer_s(
+    plan: Plan,
+    stage: StageModel,
+    model: ComputeModel,
+    overrides: dict[str, float],
+    cpu: list[ComputeModel],
+    rules: DataParallelRules,
+) -> float:
+    """The optimizer step over the parameters this rank updates (its ZeRO shard); on the CPU
+    with FSDP offload (``cpu`` caches the CPU compute model)."""
+    if "optimizer" in overrides:
+        return float(overrides["optimizer"])
+    par = plan.parallel
+    if par.zero >= 1:  # the shard: non-expert states over N, routed experts over N_e
+        n, n_e = rules.shard_sizes
+        expert = sum(t.numel for c in stage.chunks for t in c.tensors if t.expert)
+        local = (stage.numel - expert) / n + expert / n_e
+    else:
+        local = stage.numel
+    optimizer = str(plan.training.optimizer)
+    if par.zero == 3 and par.fsdp.offload:
+        if not cpu:
+            cpu.append(ComputeModel(get_device("cpu"), "fp32"))
+        return cpu[0].optimizer_time_s(local, optimizer)
+    return model.optimizer_time_s(local, optimizer, str(plan.training.optimizer_implementation))
+
+
+def _framework(
+    plan: Plan, stages: dict[int, StageModel], model: ComputeModel, rules: DataParallelRules
+) -> dict[int, float]:
+    """Put the training stack's own work into the schedule (``collsim.workload.framework``):
+    FSDP / ZeRO-3 copy-in (and FSDP2 copy-out) of every gathered unit in the segment that
+    gathers it, the gradient cast and copy-out of every reduced unit in its backward segment
+    (``Segment.framework_s``); returns per stage the per-step part (the gradient-norm pass of
+    the clipping, the host time of a step), run before the optimizer."""
+    tr, par = plan.training, plan.parallel
+    cache: dict[tuple[float, float], Any] = {}
+
+    def costs(unit: float, local: float) -> Any:
+        key = (unit, local)
+        hit = cache.get(key)
+        if hit is None:
+            hit = cache[key] = framework_costs(
+                model,
+                unit_params=unit,
+                local_params=local,
+                dp=max(1, plan.dp),
+                zero=par.zero,
+                fsdp_version=int(tr.fsdp_version or 1),
+                grad_reduce_dtype=str(tr.grad_reduce_dtype or "bf16"),
+                grad_clip=bool(tr.grad_clip),
+                optimizer=str(tr.optimizer),
+                optimizer_implementation=str(tr.optimizer_implementation),
+            )
+        return hit
+
+    per_step: dict[int, float] = {}
+    for s, stage in stages.items():
+        local = stage.numel / (plan.dp if par.zero >= 1 else 1)
+        whole = costs(0.0, local)
+        per_step[s] = whole.grad_clip_s + whole.host_step_s
+        if par.zero != 3 or plan.dp < 2:
+            continue
+        for chunk in stage.chunks:
+            for seg in chunk.forward + chunk.backward:
+                forward = seg in chunk.forward
+                ukey = rules.unit_key(chunk, seg)
+                if ukey == "root" and seg.key != "embedding":
+                    continue  # the root unit is gathered and reduced once, at the embedding
+                fw = costs(rules.unit_numel(chunk, ukey), local)
+                gather = fw.fsdp_copy_in_s + fw.fsdp_copy_out_s
+                if forward:
+                    seg.framework_s += gather
+                else:
+                    if rules.reshard_after_forward and ukey != "root":
+                        seg.framework_s += gather
+                    seg.framework_s += fw.fsdp_grad_cast_s + fw.fsdp_grad_copy_out_s
+            # a split backward: the input-gradient op gathers, the weight-gradient op reduces
+            for i_seg, w_seg in zip(chunk.input_grad or [], chunk.weight_grad or [], strict=True):
+                ukey = rules.unit_key(chunk, i_seg)
+                if ukey == "root" and i_seg.key != "embedding":
+                    continue
+                fw = costs(rules.unit_numel(chunk, ukey), local)
+                if rules.reshard_after_forward and ukey != "root":
+                    i_seg.framework_s += fw.fsdp_copy_in_s + fw.fsdp_copy_out_s
+                w_seg.framework_s += fw.fsdp_grad_cast_s + fw.fsdp_grad_copy_out_s
+    return per_step
+
+
+def _imbalanced(spec: TransformerSpec, comms: list[LayerComm]) -> list[LayerComm]:
+    """The EP all-to-alls under a routing imbalance: the busiest rank receives
+    ``load_imbalance`` times the balanced share and every rank of the group waits for it, so
+    the call is priced at that many times its balanced buffer (the balanced bytes are what
+    :mod:`collsim.parallel.moe` counts; with 1, the default, nothing changes)."""
+    k = spec.load_imbalance
+    if k == 1.0:
+        return comms
+
+    return [replace(c, size_bytes=c.size_bytes * k) if c.op == "all_to_all" else c for c in comms]
+
+
+def build_schedule(
+    topology: Topology,
+    spec: TransformerSpec,
+    training: TrainingConfig,
+    parallel: ParallelConfig,
+    *,
+    op_time_overrides: dict[str, float] | None = None,
+    plan: Plan | None = None,
+) -> StepSchedule:
+    """The step schedule of a plan (see the module docstring).
+
+    Args:
+        topology, spec, training, parallel: the scenario.
+        op_time_overrides: measured seconds by workload op name or by block
+            (:data:`BLOCK_OVERRIDE_KEYS`).
+        plan: an already checked plan of the same arguments (skips :func:`build_plan`).
+
+    Raises:
+        ConfigError: the plan does not match the model or the cluster (see build_plan).
+    """
+    if plan is None:
+        plan = build_plan(topology, spec, training, parallel)
+    overrides = dict(op_time_overrides or {})
+    layers, emb, head, model = _blocks(plan, topology.device, overrides)
+    if not overrides:
+        # the slowest GPU of a synchronous step sets its pace (compute.md 1a: 5 % MAMF spread)
+
+        pace = slowest_gpu_factor(plan.num_gpus)
+        layers = {r: _paced(b, pace) for r, b in layers.items()}
+        emb, head = _paced(emb, pace), _paced(head, pace)
+    per = bytes_per(training)
+    layer, layer_of = _layer_lookup(spec, layers)
+    comms_of = _comms_lookup(plan, spec)
+    stages = {
+        s: build_stage(
+            plan,
+            s,
+            layer=layer,
+            embedding=emb,
+            head=head,
+            grad_bytes=int(per.grad),
+            act_element_bytes=int(per.activation),
+            layer_of=layer_of,
+            comms_of=comms_of,
+        )
+        for s in range(plan.pp)
+    }
+    order = plan.pipeline_schedule.order
+    pipeline = {
+        s: tuple(
+            order(
+                num_stages=plan.pp,
+                num_microbatches=plan.num_microbatches,
+                stage=s,
+                virtual_stages=plan.virtual_stages,
+            )
+        )
+        for s in range(plan.pp)
+    }
+    cpu: list[ComputeModel] = []
+    rules = DataParallelRules.from_plan(plan, per, host_bps=float(topology.host_bandwidth_bps))
+    if (
+        parallel.zero == 3
+        and parallel.fsdp.reduce_dtype is None
+        and str(training.grad_reduce_dtype) == "fp32"
+    ):
+        # FSDP's default mixed precision reduces gradients in fp32 (twice the bytes)
+        rules = replace(rules, reduce_element_bytes=4.0)
+    optimizer_s = {
+        s: _optimizer_s(plan, st, model, overrides, cpu, rules) for s, st in stages.items()
+    }
+    framework_step_s = (
+        {s: 0.0 for s in stages} if overrides else _framework(plan, stages, model, rules)
+    )
+    # a CP rank sends its s / cp tokens
+    p2p = training.micro_batch * spec.seq_len * spec.hidden * per.activation / plan.tp / plan.cp
+    return StepSchedule(
+        plan=plan,
+        stages=stages,
+        pipeline=pipeline,
+        dp=rules,
+        optimizer_s=optimizer_s,
+        p2p_bytes=float(p2p),
+        layer=layer,
+        embedding=emb,
+        head=head,
+        compute=model,
+        layers=layers,
+        framework_step_s=framework_step_s,
+        interference=not overrides and plan.dp > 1 and (parallel.zero == 3 or parallel.ddp.overlap),
+        memory_bound_share=_memory_bound_share(plan, spec, training, parallel, model),
+        step_interference=not overrides,
+        paired=_paired(plan, parallel, stages),
+    )
+
+
+def _layer_lookup(
+    spec: TransformerSpec, layers: dict[int, BlockTimes]
+) -> tuple[BlockTimes, Callable[[int], BlockTimes] | None]:
+    """The representative layer's block times and, with several layer kinds, the block times
+    of each layer index (None when every layer is the same)."""
+    if len(layers) == 1:
+        return next(iter(layers.values())), None
+    kind_of = layer_kind_of(spec)
+    by_index = {i: layers[r] for i, r in kind_of.items()}
+    return layers[kind_of[spec.num_layers // 2]], by_index.__getitem__
+
+
+def _comms_lookup(plan: Plan, spec: TransformerSpec) -> Callable[[int], list[LayerComm]] | None:
+    """The EP / CP collectives of each layer index (None without EP, ETP or CP)."""
+    if not (plan.cp > 1 or plan.ep > 1 or plan.etp > 1):
+        return None
+
+    kinds = layer_kind_of(spec)
+    by_kind = {r: _imbalanced(spec, layer_comms(plan, r)) for r in set(kinds.values())}
+
+    def comms_of(index: int) -> list[LayerComm]:
+        return by_kind[kinds[index]]
+
+    return comms_of
+
+
+def _paired(
+    plan: Plan, parallel: ParallelConfig, stages: dict[int, StageModel]
+) -> dict[int, frozenset[int]]:
+    """With EP overlap, per stage the ops that run paired (:func:`paired_ops`); the paired
+    segments do the same framework work as the plain ones."""
+    paired: dict[int, frozenset[int]] = {}
+    if not parallel.ep_overlap:
+        return paired
+    for s, st in stages.items():
+        for chunk in st.chunks:
+            for normal, alt in (
+                (chunk.forward, chunk.paired_forward),
+                (chunk.backward, chunk.paired_backward),
+            ):
+                for a, b in zip(normal, alt or (), strict=False):
+                    b.framework_s = a.framework_s
+        paired[s] = plan.pipeline_schedule.paired(
+            num_stages=plan.pp,
+            num_microbatches=plan.num_microbatches,
+            stage=s,
+            virtual_stages=plan.virtual_stages,
+        )
+    return paired
+
+
+def _memory_bound_share(
+    plan: Plan,
+    spec: TransformerSpec,
+    training: TrainingConfig,
+    parallel: ParallelConfig,
+    model: ComputeModel,
+) -> float:
+    """The memory-bound share of a dense layer's forward, backward and recompute time."""
+    lt0 = model.layer_times(
+        spec,
+        micro_batch=training.micro_batch,
+        tp=plan.tp,
+        sequence_parallel=parallel.sequence_parallel,
+        recompute=str(training.recompute),
+    )
+    block = lt0.forward_s + lt0.backward_s + lt0.recompute_s
+    return min(1.0, lt0.memory_bound_s / block) if block > 0 else 0.0

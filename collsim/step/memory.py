@@ -1,0 +1,259 @@
+"""Memory of one rank as a timeline of allocations and frees.
+
+Every tensor the engine allocates is an event ``(time_s, category, delta_bytes, label)``.
+Events may be recorded ahead of simulated time (a fused op knows when each of its layers ends),
+so they are sorted by time at the end; at equal times by signed size, so frees come before
+allocations (memory released at an instant is reusable at that instant, as a caching allocator
+reuses a freed block). The timeline therefore does not depend on the order in which
+simultaneous events were recorded, so the engine and the closed form, which record them in
+different orders, read the same peak. Peak memory and the category split at the
+peak are read from the sorted timeline; the closed forms (ZeRO, Korthikanti) are only tests.
+
+An op that repeats (the same chunk and phase, every micro-batch) records its activation events
+as one :class:`MemoryPattern` placed at the op's start (:meth:`MemoryLedger.place`): one append
+per op instead of one tuple per layer. The sorted arrays are built from the patterns with numpy;
+the event list (:attr:`MemoryLedger.events`, with labels) is expanded only when asked for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from operator import itemgetter
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from collsim.core.errors import SimulationError
+from collsim.step.result import MEMORY_KEYS
+
+__all__ = ["MemoryEvent", "MemoryLedger", "MemoryPattern", "MemoryPeak", "Timelines"]
+
+
+class MemoryEvent(NamedTuple):
+    """One allocation (delta > 0) or free (delta < 0)."""
+
+    time_s: float
+    category: str
+    delta_bytes: float
+    label: Any
+    """What it is: a string, or a tuple such as ("act", layer, microbatch, chunk)."""
+
+
+class MemoryPattern:
+    """The events of one op relative to its start, all of one category.
+
+    Args:
+        category: a MEMORY_KEYS category.
+        events: ``(offset_s, delta_bytes, kind, key)`` per event; zero deltas are dropped. A
+            placed event is labelled ``(kind, key, microbatch, chunk)``.
+    """
+
+    __slots__ = ("category", "events", "offsets", "deltas")
+
+    def __init__(self, category: str, events: list[tuple[float, float, str, Any]]) -> None:
+        if category not in MEMORY_KEYS:
+            raise SimulationError(f"unknown memory category {category!r}")
+        self.category = category
+        self.events = [(float(t), float(d), kind, key) for t, d, kind, key in events if d]
+        self.offsets = np.array([e[0] for e in self.events], dtype=float)
+        self.deltas = np.array([e[1] for e in self.events], dtype=float)
+
+
+class _Sorted(NamedTuple):
+    times: Any
+    deltas: Any
+    cats: Any
+    totals: Any
+
+
+@dataclass(slots=True)
+class MemoryPeak:
+    """The peak of a timeline and what was allocated at that moment."""
+
+    time_s: float
+    total_bytes: float
+    by_category: dict[str, float]
+
+
+@dataclass(slots=True)
+class MemoryLedger:
+    """The allocation events of one rank."""
+
+    rank: int
+    _events: list[MemoryEvent] = field(default_factory=list)
+    _placed: list[tuple[float, MemoryPattern, int, int, int]] = field(default_factory=list)
+    """Patterns placed at op starts, not yet expanded into ``_events``: (start, pattern,
+    micro-batch, chunk, how many single events were recorded before it)."""
+    _sorted: list[MemoryEvent] | None = None
+    _sorted_n: int = 0
+    _arr: _Sorted | None = None
+    _arr_n: tuple[int, int] = (-1, -1)
+
+    @property
+    def events(self) -> list[MemoryEvent]:
+        """Every event in recording order (placed patterns expanded, with their labels)."""
+        if self._placed:
+            self._expand()
+        return self._events
+
+    def _expand(self) -> None:
+        """Expand the placed patterns into events, in recording order."""
+        new = tuple.__new__  # NamedTuple construction without its keyword-argument layer
+        singles = self._events
+        out: list[MemoryEvent] = []
+        done = 0
+        for t0, pattern, mb, c, before in self._placed:
+            out.extend(singles[done:before])
+            done = before
+            cat = pattern.category
+            out.extend(
+                new(MemoryEvent, (t0 + rel, cat, delta, (kind, key, mb, c)))
+                for rel, delta, kind, key in pattern.events
+            )
+        out.extend(singles[done:])
+        self._placed.clear()
+        self._events = out
+
+    def place(self, time_s: float, pattern: MemoryPattern, microbatch: int, chunk: int) -> None:
+        """Record ``pattern``'s events for an op of ``microbatch`` / ``chunk`` starting at
+        ``time_s`` (now or later)."""
+        if pattern.events:
+            self._placed.append((time_s, pattern, microbatch, chunk, len(self._events)))
+
+    def alloc(self, time_s: float, category: str, size_bytes: float, label: Any = "") -> None:
+        """Record ``size_bytes`` of ``category`` allocated at ``time_s``."""
+        if category not in MEMORY_KEYS:
+            raise SimulationError(f"unknown memory category {category!r}")
+        if size_bytes:
+            self._events.append(MemoryEvent(time_s, category, float(size_bytes), label))
+
+    def free(self, time_s: float, category: str, size_bytes: float, label: Any = "") -> None:
+        """Record ``size_bytes`` of ``category`` freed at ``time_s``."""
+        if size_bytes:
+            self._events.append(MemoryEvent(time_s, category, -float(size_bytes), label))
+
+    def sorted_events(self) -> list[MemoryEvent]:
+        """Events by time; at equal times by signed size (frees first), ties in recording order
+        (cached until the next event)."""
+        if self._sorted is None or self._sorted_n != len(self.events):
+            self._sorted = sorted(self.events, key=itemgetter(0, 2))
+            self._sorted_n = len(self.events)
+        return self._sorted
+
+    def _arrays(self) -> _Sorted:
+        """The sorted events as arrays, with the running total after each (cached).
+
+        Sorted by time, then signed size, as :meth:`sorted_events` (``numpy.lexsort``). The
+        single events come first and the placed patterns after them, grouped by pattern, so
+        events that tie on both time and size may sit in another order than recorded; such
+        ties have equal sizes, so the running totals (``numpy.cumsum`` adds one element after
+        another) and the category split at the peak (the peak never falls inside a run of
+        equal frees or equal allocations) are the same in any order.
+        """
+        key = (len(self._events), len(self._placed))
+        if self._arr is not None and self._arr_n == key:
+            return self._arr
+
+        index = {k: i for i, k in enumerate(MEMORY_KEYS)}
+        # the single events' columns in one transposition (zip(*) runs in C)
+        columns = list(zip(*self._events)) or [(), (), (), ()]
+        times = [np.array(columns[0], dtype=float)]
+        deltas = [np.array(columns[2], dtype=float)]
+        cats = [np.array(list(map(index.__getitem__, columns[1])), dtype=np.int8)]
+        starts: dict[int, tuple[MemoryPattern, list[float]]] = {}
+        for t0, pattern, _, _, _ in self._placed:
+            hit = starts.get(id(pattern))
+            if hit is None:
+                starts[id(pattern)] = (pattern, [t0])
+            else:
+                hit[1].append(t0)
+        for pattern, t0s in starts.values():
+            at = np.asarray(t0s, dtype=float)
+            times.append((at[:, None] + pattern.offsets[None, :]).ravel())
+            deltas.append(np.tile(pattern.deltas, len(at)))
+            cats.append(np.full(len(at) * len(pattern.deltas), index[pattern.category], np.int8))
+        t, d, c = np.concatenate(times), np.concatenate(deltas), np.concatenate(cats)
+        order = np.lexsort((d, t))
+        t, d, c = t[order], d[order], c[order]
+        self._arr = _Sorted(t, d, c, np.cumsum(d))
+        self._arr_n = key
+        return self._arr
+
+    def timeline(self) -> list[tuple[float, float]]:
+        """Step-wise ``(time_s, bytes in use)`` after each distinct event time."""
+
+        arr = self._arrays()
+        if not len(arr.times):
+            return []
+        last = np.flatnonzero(np.append(arr.times[1:] != arr.times[:-1], True))
+        return list(zip(arr.times[last].tolist(), arr.totals[last].tolist()))
+
+    def peak(self) -> MemoryPeak:
+        """Highest total in use (checked after every event) and its category split."""
+
+        arr = self._arrays()
+        current = dict.fromkeys(MEMORY_KEYS, 0.0)
+        if not len(arr.totals):
+            return MemoryPeak(0.0, 0.0, current)
+        top = int(np.argmax(arr.totals))  # first index of the maximum
+        total = float(arr.totals[top])
+        if total <= 0:
+            return MemoryPeak(0.0, 0.0, current)
+        final = dict.fromkeys(MEMORY_KEYS, 0.0)
+        for i, key in enumerate(MEMORY_KEYS):
+            mine = arr.deltas[arr.cats == i]
+            if len(mine):
+                running = np.cumsum(mine)
+                upto = int(np.count_nonzero(arr.cats[: top + 1] == i))
+                current[key] = float(running[upto - 1]) if upto else 0.0
+                final[key] = float(running[-1])
+        if min(final.values()) < -1e-6 * max(1.0, total):
+            raise SimulationError(f"rank {self.rank}: memory freed more than allocated: {final}")
+        return MemoryPeak(float(arr.times[top]), total, current)
+
+    def category_peak(self, category: str) -> float:
+        """Highest bytes in use of one category over the step."""
+        arr = self._arrays()
+        mine = arr.deltas[arr.cats == MEMORY_KEYS.index(category)]
+        if not len(mine):
+            return 0.0
+        return max(0.0, float(mine.cumsum().max()))
+
+    def in_use(self, time_s: float, category: str | None = None) -> float:
+        """Bytes in use just after all events at ``time_s`` (of one category, or all)."""
+        total = 0.0
+        for ev in self.sorted_events():
+            if ev.time_s > time_s:
+                break
+            if category is None or ev.category == category:
+                total += ev.delta_bytes
+        return total
+
+
+class Timelines(Mapping[int, list[tuple[float, float]]]):
+    """Rank -> :meth:`MemoryLedger.timeline`, each built when first read (a step's result
+    keeps its ledgers' timelines without paying for the ones nobody draws). Pickles as a
+    plain dict."""
+
+    def __init__(self, ledgers: Mapping[int, MemoryLedger]) -> None:
+        self._ledgers = dict(ledgers)
+        self._built: dict[int, list[tuple[float, float]]] = {}
+
+    def __getitem__(self, rank: int) -> list[tuple[float, float]]:
+        hit = self._built.get(rank)
+        if hit is None:
+            hit = self._built[rank] = self._ledgers[rank].timeline()
+        return hit
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._ledgers)
+
+    def __len__(self) -> int:
+        return len(self._ledgers)
+
+    def __repr__(self) -> str:
+        return f"Timelines(ranks={sorted(self._ledgers)})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (dict, (dict(self.items()),))

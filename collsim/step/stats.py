@@ -1,0 +1,74 @@
+"""Per-call statistics of a run: how often each collective ran and for how long.
+
+A typed accumulator in place of positional lists: one :class:`CallTally` per
+(issuing rank, axis, op, size, group size, algorithm).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from collsim.core.vocab import DATA_PARALLEL_AXES
+
+__all__ = ["CallKey", "CallStats", "CallTally", "dp_link"]
+
+
+class CallKey(NamedTuple):
+    """What a tally counts: one (issuing rank, axis, op, size, group size, algorithm) (a tuple:
+    made and hashed once per simulated call)."""
+
+    rank: int
+    axis: str
+    op: str
+    size_bytes: float
+    group_size: int
+    algorithm: str
+
+
+@dataclass(slots=True)
+class CallTally:
+    count: int = 0
+    time_s: float = 0.0
+    busbw_bps: float = 0.0
+
+
+class CallStats:
+    """Tallies by :class:`CallKey`."""
+
+    def __init__(self) -> None:
+        self._tallies: dict[CallKey, CallTally] = {}
+
+    def add(
+        self,
+        key: CallKey,
+        time_s: float,
+        busbw_bps: float,
+        *,
+        count: int = 1,
+    ) -> None:
+        """Record ``count`` calls of ``key`` lasting ``time_s`` in all."""
+        tally = self._tallies.get(key)
+        if tally is None:
+            tally = self._tallies[key] = CallTally()
+        tally.count += count
+        tally.time_s += time_s
+        tally.busbw_bps = busbw_bps
+
+    def items(self) -> Iterator[tuple[CallKey, CallTally]]:
+        return iter(self._tallies.items())
+
+    def __len__(self) -> int:
+        return len(self._tallies)
+
+
+def dp_link(items: Iterator[tuple[CallKey, CallTally]], rank: int) -> tuple[float, float]:
+    """(link seconds, highest busbw) of ``rank``'s data-parallel calls (every dp-family axis:
+    dp, dp x cp, the expert and the HSDP shard / replicate groups)."""
+    link = busbw = 0.0
+    for key, tally in items:
+        if key.rank == rank and key.axis in DATA_PARALLEL_AXES:
+            link += tally.time_s
+            busbw = max(busbw, tally.busbw_bps)
+    return link, busbw

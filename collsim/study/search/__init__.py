@@ -1,0 +1,50 @@
+"""Plan search: enumerate parallel plans for a model on N GPUs, rank them, re-simulate the best.
+
+``collsim search SCENARIO --gpus N`` keeps the scenario's model, cluster type, global batch,
+dtype and optimizer, and varies the plan: tp, pp, dp, micro-batch size, pipeline schedule and
+virtual stages, ZeRO stage, activation recompute and sequence parallelism.
+
+1. :func:`enumerate_plans` walks the grid and drops plans that cannot be built, counting why
+   (``tp_heads``: heads or ffn not divisible by tp; ``tp_node``: tp larger than a node;
+   ``pp_layers``: layers not divisible by pp x v; ``batch``: global batch not divisible by
+   dp x micro-batch; ``interleaved_m``: Megatron's interleaving needs m divisible by pp;
+   ``zero_pp``: ZeRO-2/3 with pipeline parallelism, which DeepSpeed and Megatron do not support
+   because gradients are reduced once per step, not per micro-batch).
+2. Plans whose memory floor exceeds the GPU are dropped (``memory_bound``); the others are
+   estimated by the closed form (:mod:`collsim.play.walk`) best-first by a floor on their step
+   time, until no floor left can beat the best kept (``bound``); estimated plans whose memory
+   exceeds the GPU's are counted as ``memory``. ``jobs`` processes estimate in parallel.
+3. The best ``top_k`` by estimate are simulated with the discrete-event engine, which has the
+   last word on step time and memory (a simulated plan that does not fit is ``memory (DES)``).
+
+Nothing here prints; a callback reports progress.
+"""
+
+from __future__ import annotations
+
+from collsim.study.search.loop import (
+    MINOR_KNOBS,
+    Ranked,
+    SearchResult,
+    collapse,
+    known_from_frame,
+    search_frame,
+    search_plans,
+    shape_of,
+)
+from collsim.study.search.space import REASONS, Candidate, SearchSpace, enumerate_plans
+
+__all__ = [
+    "REASONS",
+    "SearchSpace",
+    "Candidate",
+    "Ranked",
+    "SearchResult",
+    "enumerate_plans",
+    "search_plans",
+    "search_frame",
+    "collapse",
+    "shape_of",
+    "MINOR_KNOBS",
+    "known_from_frame",
+]
