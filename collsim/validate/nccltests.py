@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from collsim.core.errors import ConfigError
-from collsim.validate.records import (
+from collsim.validate.data.records import (
     OPS,
     Measurements,
     canonical_op,
     check_value,
 )
-from collsim.validate.records import UNMODELLED_OPS as _UNMODELLED
+from collsim.validate.data.records import UNMODELLED_OPS as _UNMODELLED
 
 __all__ = [
     "looks_like_log",
