@@ -346,9 +346,9 @@ def collective(
 
 
 def _csv(rows: list[dict[str, Any]], op_name: str, n: int, topo: Any, mode: str) -> str:
-    """The rows in the collective CSV schema (:mod:`collsim.validate.dataset`)."""
+    """The rows in the collective CSV schema (:mod:`collsim.validate.data.dataset`)."""
     # start-up: loaded only when this runs (--help and bad input stay fast)
-    from collsim.validate.dataset import csv_preamble, csv_row
+    from collsim.validate.data.dataset import csv_preamble, csv_row
 
     metadata = {
         "tool": "collsim collective",

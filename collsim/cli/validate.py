@@ -168,7 +168,7 @@ def bench(
     """Time collectives like nccl-tests (median of the slowest rank) and check every result."""
     # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.validate.bench import BenchConfig, resume_state, run_bench, sizes_between
-    from collsim.validate.dataset import format_table
+    from collsim.validate.data.dataset import format_table
     from collsim.validate.launch import in_torchrun
 
     check_output_path(output, "-o/--output", suffixes=(".csv", ".json"))
@@ -231,7 +231,7 @@ def _replace_file(output: str, rows: list[dict[str, Any]], metadata: dict[str, A
     import os
 
     # start-up: loaded only when this runs (--help and bad input stay fast)
-    from collsim.validate.dataset import write_measurements
+    from collsim.validate.data.dataset import write_measurements
 
     target = Path(output)
     tmp = target.with_name(f".{target.stem}.writing{target.suffix}")
@@ -324,7 +324,7 @@ MAX_MEASURED_ROWS = 5_000
 def _read_all(paths: tuple[str, ...] | list[str], op: str | None = None) -> list[Any]:
     """The measured files, each of at most :data:`MAX_MEASURED_ROWS` rows (ConfigError)."""
     # start-up: loaded only when this runs (--help and bad input stay fast)
-    from collsim.validate.dataset import read_measurements
+    from collsim.validate.data.dataset import read_measurements
 
     files = [read_measurements(path, op) for path in paths]
     for meas in files:
@@ -342,7 +342,7 @@ def _op_option(ctx: click.Context, param: click.Parameter, value: str | None) ->
     if value is None:
         return None
     # start-up: loaded only when this runs (--help and bad input stay fast)
-    from collsim.validate.dataset import OPS, canonical_op
+    from collsim.validate.data.dataset import OPS, canonical_op
 
     op = canonical_op(value)
     if op is None:
@@ -648,7 +648,7 @@ def _write_compared_csv(path: str, meas: Any, points: list[Any], topology: str) 
     """The compared points as schema rows: the measured row, the simulator's choice as
     algorithm/protocol, simulated_us and error."""
     # start-up: loaded only when this runs (--help and bad input stay fast)
-    from collsim.validate.dataset import write_measurements
+    from collsim.validate.data.dataset import write_measurements
 
     rows = []
     by_key: dict[tuple[str, int], dict[str, Any]] = {}
@@ -799,7 +799,7 @@ def _check_holdout_points(files: list[Any], held: tuple[str, ...], min_size: int
 def _held_ops(check_ops: str) -> tuple[str, ...]:
     """The ops of ``--ops`` (comma-separated), each a canonical op name."""
     # start-up: loaded only when this runs (--help and bad input stay fast)
-    from collsim.validate.dataset import OPS, canonical_op
+    from collsim.validate.data.dataset import OPS, canonical_op
 
     held = tuple(o.strip() for o in check_ops.split(",") if o.strip())
     unknown = [o for o in held if canonical_op(o) != o]
@@ -1478,7 +1478,7 @@ def _calibrate_here(world_size: int | None, backend: str, timeout_s: float, fold
     from collsim.validate.bench import BenchConfig, run_bench, sizes_between
     from collsim.validate.calibrate import calibrate as fit
     from collsim.validate.calibrate import write_topology
-    from collsim.validate.dataset import read_measurements, write_measurements
+    from collsim.validate.data.dataset import read_measurements, write_measurements
 
     config = BenchConfig(
         ops=("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv"),

@@ -34,7 +34,7 @@ from typing import Any
 
 from collsim.core.errors import ConfigError
 from collsim.core.units import parse_size
-from collsim.validate.dataset import COLUMNS, csv_preamble, csv_row, read_measurements
+from collsim.validate.data.dataset import COLUMNS, csv_preamble, csv_row, read_measurements
 from collsim.validate.launch import current_scheduling, in_torchrun, run_distributed
 
 __all__ = [
@@ -444,7 +444,7 @@ def _point(op: str, count: int, times_s: list[float], wrong: int, n: int, root: 
 
 
 def _csv_cell(value: Any) -> Any:
-    """A value as :func:`collsim.validate.dataset.write_measurements` writes it."""
+    """A value as :func:`collsim.validate.data.dataset.write_measurements` writes it."""
     return f"{value:.9g}" if isinstance(value, float) else value
 
 

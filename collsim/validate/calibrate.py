@@ -22,7 +22,7 @@ from collsim.collectives import Group, cost, schedule_for, supported
 from collsim.core.errors import ConfigError
 from collsim.core.vocab import Algorithm, CollectiveOp
 from collsim.core.yamlio import load_yaml
-from collsim.validate.dataset import Measurements
+from collsim.validate.data.dataset import Measurements
 
 __all__ = [
     "OpFit",

@@ -22,7 +22,7 @@ from collsim.cluster.topology import load_topology
 from collsim.collectives import Group, cost
 from collsim.core.errors import ConfigError
 from collsim.validate.calibrate import select_rows
-from collsim.validate.dataset import Measurements
+from collsim.validate.data.dataset import Measurements
 
 __all__ = [
     "ComparedPoint",

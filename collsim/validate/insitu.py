@@ -17,7 +17,7 @@ from collsim.core.errors import ConfigError
 from collsim.core.yamlio import parse_yaml_text
 from collsim.step.pricing import ClosedPricer
 from collsim.validate.calibrate import calibrate, topology_yaml
-from collsim.validate.dataset import Measurements
+from collsim.validate.data.dataset import Measurements
 
 __all__ = [
     "PROBE_PREFIX",

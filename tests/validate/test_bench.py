@@ -9,7 +9,7 @@ import pytest
 
 from collsim.core.errors import ConfigError
 from collsim.validate.bench import OPS, BenchConfig, bus_factor, element_count, sizes_between
-from collsim.validate.dataset import format_table, read_measurements, write_measurements
+from collsim.validate.data.dataset import format_table, read_measurements, write_measurements
 
 
 def test_sizes_between_like_nccl_tests() -> None:

@@ -21,7 +21,7 @@ from collsim.validate.calibrate import (
     write_topology,
 )
 from collsim.validate.compare import compare, summarize, topology_for
-from collsim.validate.dataset import Measurements, read_measurements, write_measurements
+from collsim.validate.data.dataset import Measurements, read_measurements, write_measurements
 
 # The "true" machine of the synthetic data: 2 ranks over loopback, gloo.
 TRUE_LATENCY_US = 40.0

@@ -85,7 +85,7 @@ def test_calibration_finds_the_knee_and_predicts_the_held_out_sizes(tmp_path: Pa
     from collsim.collectives import Group, cost
     from collsim.validate.calibrate import calibrate, write_topology
     from collsim.validate.compare import compare, summarize, topology_for
-    from collsim.validate.dataset import read_measurements, write_measurements
+    from collsim.validate.data.dataset import read_measurements, write_measurements
 
     truth = load_topology(_topology(tmp_path, knee_bytes=KNEE_BYTES, knee_efficiency=0.4))
     rows = []
@@ -164,7 +164,7 @@ def test_a_knee_between_the_fitted_sizes_is_found(tmp_path: Path) -> None:
     from collsim.cluster.topology import load_topology
     from collsim.validate.calibrate import KNEE_GRID_PER_OCTAVE, calibrate, write_topology
     from collsim.validate.compare import compare, summarize, topology_for
-    from collsim.validate.dataset import read_measurements, write_measurements
+    from collsim.validate.data.dataset import read_measurements, write_measurements
 
     knee = 1.5 * 2**20
     truth = load_topology(_topology(tmp_path, knee_bytes=knee, knee_efficiency=0.4))
@@ -198,7 +198,7 @@ def test_noise_alone_gets_no_knee(tmp_path: Path) -> None:
     from collsim.cluster.topology import load_topology
     from collsim.collectives import Group, cost
     from collsim.validate.calibrate import calibrate
-    from collsim.validate.dataset import read_measurements, write_measurements
+    from collsim.validate.data.dataset import read_measurements, write_measurements
 
     plain = load_topology(_topology(tmp_path))
     rng = random.Random(7)

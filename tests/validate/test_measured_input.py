@@ -12,7 +12,7 @@ import pytest
 
 from collsim.cli import main
 from collsim.core.errors import ConfigError
-from collsim.validate.dataset import (
+from collsim.validate.data.dataset import (
     COLUMNS,
     Measurements,
     read_measurements,

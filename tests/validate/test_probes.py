@@ -98,7 +98,7 @@ def test_knee_rules_figures_are_holdouts() -> None:
     calibrated topology through the simulator, to 0.1 point."""
     from collsim.validate.calibrate import calibrate, write_topology
     from collsim.validate.compare import compare, summarize, topology_for
-    from collsim.validate.dataset import read_measurements
+    from collsim.validate.data.dataset import read_measurements
 
     probe = _knee_rules()
     path = PROBES.parents[0] / "data" / "localhost_gloo_n2.csv"

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from collsim.core.units import parse_size
 from collsim.validate.calibrate import RegimeFit, best_knee, fit_line, fit_two_regime, select_rows
-from collsim.validate.dataset import read_measurements
+from collsim.validate.data.dataset import read_measurements
 
 CHECKED = ("all_reduce", "all_gather", "broadcast")
 #: (sizes in bytes, times in s, relative standard error of each time) -> the fit kept

@@ -1,6 +1,6 @@
 """Measured and simulated collective tables on disk: one CSV schema, JSON, nccl-tests logs.
 
-Derivations, measurements and sources: docs/derivations.md, ``collsim.validate.dataset``.
+Derivations, measurements and sources: docs/derivations.md, ``collsim.validate.data.dataset``.
 """
 
 from __future__ import annotations
