@@ -415,7 +415,7 @@ def collective_frame(path: Path) -> pd.DataFrame:
             return read_collective_csv(path)  # `collective -F csv` before the schema
     meas = read_measurements(path)
     # start-up: loaded only when this runs (--help and bad input stay fast)
-    from collsim.validate.nccltests import bus_factor
+    from collsim.validate.data.nccltests import bus_factor
 
     records = []
     for row in meas.rows:

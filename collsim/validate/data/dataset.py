@@ -13,6 +13,7 @@ from typing import Any
 
 from collsim.core.errors import ConfigError
 from collsim.core.yamlio import read_input_bytes
+from collsim.validate.data.nccltests import looks_like_log, parse_json, parse_log
 from collsim.validate.data.records import (
     COLUMN_ALIASES,
     COLUMNS,
@@ -25,7 +26,6 @@ from collsim.validate.data.records import (
     canonical_op,
     check_value,
 )
-from collsim.validate.nccltests import looks_like_log, parse_json, parse_log
 
 __all__ = [
     "COLUMNS",

@@ -1,6 +1,6 @@
 """Read (and write) the output of nccl-tests and rccl-tests: text logs and ``-J`` JSON.
 
-Derivations, measurements and sources: docs/derivations.md, ``collsim.validate.nccltests``.
+Derivations, measurements and sources: docs/derivations.md, ``collsim.validate.data.nccltests``.
 """
 
 # ruff: noqa: UP031  (printf formats on purpose: they are nccl-tests' own, src/util.cu)
