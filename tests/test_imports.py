@@ -158,7 +158,7 @@ def _function_local_imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
 #: What a library module may import late: torch (optional, the validate extra), and pandas and
 #: matplotlib with the report modules built on them (the run path stays light without them:
 #: tests/report/test_report_trace.py); orjson and ijson, optional readers of large profiler
-#: traces (collsim.validate.traces.reader falls back to json without them); distributed, the
+#: traces (collsim.validate.data.kineto falls back to json without them); distributed, the
 #: optional Dask backend of collsim.core.jobs (the local pool runs without it).
 HEAVY = (
     "torch",

@@ -1543,8 +1543,8 @@ def trace_command(
 ) -> None:
     """Read PyTorch profiler (Kineto) traces, one per rank: steps, kernels by kind, collectives."""
     # start-up: loaded only when this runs (--help and bad input stay fast)
+    from collsim.validate.data.kineto import read_traces
     from collsim.validate.traces.breakdown import breakdown, summarise
-    from collsim.validate.traces.reader import read_traces
     from collsim.validate.traces.report import format_summary
 
     if trace_out and not scenario:

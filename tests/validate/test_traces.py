@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from collsim.cli import main
+from collsim.validate.data.kineto import read_trace, read_traces
 from collsim.validate.traces.breakdown import breakdown, summarise
 from collsim.validate.traces.classify import classify
-from collsim.validate.traces.reader import read_trace, read_traces
 from collsim.validate.traces.report import classified_share
 
 DATA = Path(__file__).parents[1] / "data" / "traces"
@@ -344,7 +344,7 @@ def test_the_reader_streams_when_the_parse_would_not_fit(monkeypatch: pytest.Mon
     the memory available: then ijson, which streams."""
     pytest.importorskip("orjson")
     pytest.importorskip("ijson")
-    from collsim.validate.traces import reader
+    from collsim.validate.data import kineto as reader
 
     path = str(DATA / "hta_v100_single_rank.json.gz")
     assert (

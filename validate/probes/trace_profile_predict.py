@@ -39,8 +39,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("folder", type=Path)
     args = parser.parse_args()
+    from collsim.validate.data.kineto import read_traces
     from collsim.validate.traces.profile import profile_from_traces, write_trace_profile
-    from collsim.validate.traces.reader import read_traces
 
     compute = args.folder / "cpu_profile.yaml"
     table: dict[tuple[int, str, str], list[float]] = {}

@@ -20,8 +20,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from collsim.validate.data.kineto import GPU_CATS, STEP_PREFIX, Event, Trace
 from collsim.validate.traces.classify import KINDS, classify
-from collsim.validate.traces.reader import GPU_CATS, STEP_PREFIX, Event, Trace
 
 __all__ = [
     "Comm",

@@ -19,9 +19,9 @@ from typing import Any
 
 from collsim.report.trace import to_chrome_trace
 from collsim.study.job import run_job
+from collsim.validate.data.kineto import GPU_CATS, Trace
 from collsim.validate.traces.breakdown import IDLE, Summary
 from collsim.validate.traces.classify import classify
-from collsim.validate.traces.reader import GPU_CATS, Trace
 from collsim.workload.compute import ComputeModel
 
 __all__ = ["Comparison", "compare_steps", "format_comparison", "write_side_by_side", "op_kind"]

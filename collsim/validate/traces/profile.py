@@ -27,9 +27,9 @@ from typing import Any
 from collsim.cluster.hardware import get_device
 from collsim.core.errors import ConfigError
 from collsim.validate.compute import write_profile
+from collsim.validate.data.kineto import GPU_CATS, STEP_PREFIX, Event, Trace
 from collsim.validate.traces.breakdown import dtype_bytes
 from collsim.validate.traces.classify import classify
-from collsim.validate.traces.reader import GPU_CATS, STEP_PREFIX, Event, Trace
 from collsim.workload.compute import optimizer_bytes_per_param
 from collsim.workload.ops import head_ops, layer_ops
 
