@@ -59,7 +59,7 @@ def main() -> None:
     parser.add_argument("--realtime", action="store_true")
     args = parser.parse_args()
     from collsim.validate.bench import bus_factor
-    from collsim.validate.launch import realtime_problem, spawn_ranks
+    from collsim.validate.measure.launch import realtime_problem, spawn_ranks
 
     if args.realtime and (problem := realtime_problem()):
         parser.error(problem)

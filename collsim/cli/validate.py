@@ -2,7 +2,7 @@
 
 Thin wrappers over :mod:`collsim.validate`; torch is imported only by the subcommands that run
 ranks. A rank that fails ends the command with exit code 1 and a message naming the rank
-(:class:`~collsim.validate.launch.RankFailure` carries its code; ``collsim.cli`` maps it). Every
+(:class:`~collsim.validate.measure.launch.RankFailure` carries its code; ``collsim.cli`` maps it). Every
 output path is checked before anything is measured; no command creates a folder it was not
 given (``holdout --out-dir`` creates that one folder, inside an existing one).
 """
@@ -54,7 +54,7 @@ def _ops(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, .
 def _realtime(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
     if value:
         # start-up: loaded only when this runs (--help and bad input stay fast)
-        from collsim.validate.launch import realtime_problem
+        from collsim.validate.measure.launch import realtime_problem
 
         problem = realtime_problem()
         if problem:
@@ -169,7 +169,7 @@ def bench(
     # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.validate.bench import BenchConfig, resume_state, run_bench, sizes_between
     from collsim.validate.data.dataset import format_table
-    from collsim.validate.launch import in_torchrun
+    from collsim.validate.measure.launch import in_torchrun
 
     check_output_path(output, "-o/--output", suffixes=(".csv", ".json"))
     if resume and (output is None or not output.lower().endswith(".csv")):
@@ -1017,7 +1017,7 @@ def step(
     import tempfile
 
     # start-up: loaded only when this runs (--help and bad input stay fast)
-    from collsim.validate.launch import in_torchrun
+    from collsim.validate.measure.launch import in_torchrun
     from collsim.validate.step import StepConfig, run_step
 
     sizes: list[int | None] = list(world_sizes)

@@ -2,8 +2,8 @@
 
 torch is imported inside functions only, so this package (and the core) imports without it.
 
-- :mod:`~collsim.validate.launch`: ranks that cannot hang (spawn + FileStore + watchdog, or
-  torchrun with env://); :class:`~collsim.validate.launch.RankFailure` names the rank.
+- :mod:`~collsim.validate.measure.launch`: ranks that cannot hang (spawn + FileStore + watchdog, or
+  torchrun with env://); :class:`~collsim.validate.measure.launch.RankFailure` names the rank.
 - :mod:`~collsim.validate.bench`: nccl-tests-style collective timing with result checks.
 - :mod:`~collsim.validate.data.dataset`: measured CSV/JSON with metadata; the printed table.
 - :mod:`~collsim.validate.calibrate`: fit a topology (link latency, bandwidth, per-op

@@ -35,7 +35,7 @@ from typing import Any
 from collsim.core.errors import ConfigError
 from collsim.core.units import parse_size
 from collsim.validate.data.dataset import COLUMNS, csv_preamble, csv_row, read_measurements
-from collsim.validate.launch import current_scheduling, in_torchrun, run_distributed
+from collsim.validate.measure.launch import current_scheduling, in_torchrun, run_distributed
 
 __all__ = [
     "OPS",
@@ -529,7 +529,7 @@ def bench_rank(ctx: Any, config: BenchConfig) -> dict[str, Any]:
     """The per-rank body of the bench (every rank returns the same, already reduced, data).
 
     Args:
-        ctx: the :class:`~collsim.validate.launch.RankContext` of this rank.
+        ctx: the :class:`~collsim.validate.measure.launch.RankContext` of this rank.
         config: what to measure.
 
     Returns:
@@ -788,7 +788,7 @@ def run_bench(
         world_size: ranks to spawn (ignored under torchrun).
         backend: ``"gloo"`` or ``"nccl"``.
         timeout_s: deadline of the whole run (spawn) and the process-group timeout.
-        realtime: run the ranks under SCHED_RR (see :mod:`collsim.validate.launch`).
+        realtime: run the ranks under SCHED_RR (see :mod:`collsim.validate.measure.launch`).
 
     Returns:
         ``(result, is_reporter)``: the measurement with its metadata, and whether this process

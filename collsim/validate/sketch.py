@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from collsim.validate.launch import run_distributed
+from collsim.validate.measure.launch import run_distributed
 
 __all__ = [
     "SketchConfig",

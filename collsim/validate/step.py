@@ -37,7 +37,7 @@ from collsim.validate.insitu import (
     straggler_span_s,
     time_ddp_copies,
 )
-from collsim.validate.launch import current_scheduling, run_distributed
+from collsim.validate.measure.launch import current_scheduling, run_distributed
 from collsim.validate.sketch import FlatShard
 from collsim.workload.compute import ComputeModel
 from collsim.workload.model import TransformerSpec

@@ -87,7 +87,7 @@ def scheduling(ctx: Any) -> tuple[str, str]:
     """The rank's scheduling policy, and that of a thread it starts (gloo's threads inherit)."""
     import threading
 
-    from collsim.validate.launch import current_scheduling
+    from collsim.validate.measure.launch import current_scheduling
 
     seen: list[str] = []
     thread = threading.Thread(target=lambda: seen.append(current_scheduling()))

@@ -232,7 +232,7 @@ def _plain_then_bench(ctx, size_bytes: int, iters: int, config: BenchConfig) -> 
 
 @pytest.fixture(scope="module")
 def two_rank_bench() -> dict:
-    from collsim.validate.launch import realtime_problem, spawn_ranks
+    from collsim.validate.measure.launch import realtime_problem, spawn_ranks
 
     # Under SCHED_RR where the host allows it: the scheduling noise that makes single timings
     # on two shared cores swing by 2-5x is then gone (validate/README.md).

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from collsim.validate.launch import RankFailure, free_port, in_torchrun, spawn_ranks
+from collsim.validate.measure.launch import RankFailure, free_port, in_torchrun, spawn_ranks
 
 pytestmark = pytest.mark.torch
 
@@ -163,7 +163,7 @@ def test_ranks_die_with_a_killed_parent(tmp_path: Path) -> None:
     code = (
         "import sys; sys.path.insert(0, %r)\n"
         "import helpers_ranks\n"
-        "from collsim.validate.launch import spawn_ranks\n"
+        "from collsim.validate.measure.launch import spawn_ranks\n"
         "if __name__ == '__main__':\n"
         "    spawn_ranks(helpers_ranks.both_sleep, 2, args=(%r,), timeout_s=600)\n"
         % (str(Path(__file__).parent), str(tmp_path))
@@ -187,7 +187,11 @@ def test_ranks_die_with_a_killed_parent(tmp_path: Path) -> None:
 def test_realtime_ranks_run_under_sched_rr() -> None:
     """``realtime=True``: every rank and the threads it starts run under SCHED_RR; the probe and
     the run leave the launching process's own policy as it was."""
-    from collsim.validate.launch import REALTIME_PRIORITY, current_scheduling, realtime_problem
+    from collsim.validate.measure.launch import (
+        REALTIME_PRIORITY,
+        current_scheduling,
+        realtime_problem,
+    )
 
     before = current_scheduling()
     problem = realtime_problem()
@@ -206,7 +210,7 @@ def test_realtime_refused_is_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Where the host refuses SCHED_RR, ``--realtime`` is a usage error (exit 2) naming why."""
-    import collsim.validate.launch as launch
+    import collsim.validate.measure.launch as launch
     from collsim.cli import main
 
     monkeypatch.setattr(

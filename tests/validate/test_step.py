@@ -93,7 +93,7 @@ def test_ddp_bucket_count_follows_the_cap() -> None:
     import sys
     from pathlib import Path
 
-    from collsim.validate.launch import spawn_ranks
+    from collsim.validate.measure.launch import spawn_ranks
 
     sys.path.insert(0, str(Path(__file__).parent))
     import helpers_ranks
