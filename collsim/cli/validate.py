@@ -38,7 +38,7 @@ def _size(ctx: click.Context, param: click.Parameter, value: str) -> int:
 
 def _ops(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, ...]:
     # start-up: loaded only when this runs (--help and bad input stay fast)
-    from collsim.validate.bench import OPS
+    from collsim.validate.measure.bench import OPS
 
     ops = tuple(o.strip() for o in value.split(",") if o.strip())
     if ops == ("all",):
@@ -167,8 +167,8 @@ def bench(
 ) -> None:
     """Time collectives like nccl-tests (median of the slowest rank) and check every result."""
     # start-up: loaded only when this runs (--help and bad input stay fast)
-    from collsim.validate.bench import BenchConfig, resume_state, run_bench, sizes_between
     from collsim.validate.data.dataset import format_table
+    from collsim.validate.measure.bench import BenchConfig, resume_state, run_bench, sizes_between
     from collsim.validate.measure.launch import in_torchrun
 
     check_output_path(output, "-o/--output", suffixes=(".csv", ".json"))
@@ -1083,7 +1083,7 @@ def _check_step_before_work(cfg: Any, world_sizes: list[int]) -> None:
     smallest world size, a hidden size the heads do not divide, a model the ranks cannot hold
     in this machine's available memory."""
     # start-up: loaded only when this runs (--help and bad input stay fast)
-    from collsim.validate.bench import RANK_BASE_BYTES, available_memory_bytes
+    from collsim.validate.measure.bench import RANK_BASE_BYTES, available_memory_bytes
 
     if cfg.straggler_rank is not None and world_sizes and cfg.straggler_rank >= min(world_sizes):
         raise click.BadParameter(
@@ -1475,10 +1475,10 @@ def kernels(profile: str, device: str, execution: str, summary: bool, output: st
 def _calibrate_here(world_size: int | None, backend: str, timeout_s: float, folder: Path) -> Path:
     """Measure the collectives a step uses at this world size and calibrate a topology."""
     # start-up: loaded only when this runs (--help and bad input stay fast)
-    from collsim.validate.bench import BenchConfig, run_bench, sizes_between
     from collsim.validate.calibrate import calibrate as fit
     from collsim.validate.calibrate import write_topology
     from collsim.validate.data.dataset import read_measurements, write_measurements
+    from collsim.validate.measure.bench import BenchConfig, run_bench, sizes_between
 
     config = BenchConfig(
         ops=("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv"),

@@ -4,7 +4,7 @@ torch is imported inside functions only, so this package (and the core) imports 
 
 - :mod:`~collsim.validate.measure.launch`: ranks that cannot hang (spawn + FileStore + watchdog, or
   torchrun with env://); :class:`~collsim.validate.measure.launch.RankFailure` names the rank.
-- :mod:`~collsim.validate.bench`: nccl-tests-style collective timing with result checks.
+- :mod:`~collsim.validate.measure.bench`: nccl-tests-style collective timing with result checks.
 - :mod:`~collsim.validate.data.dataset`: measured CSV/JSON with metadata; the printed table.
 - :mod:`~collsim.validate.calibrate`: fit a topology (link latency, bandwidth, per-op
   algorithm, overhead and efficiency) to a measurement through collsim's own cost formula.

@@ -70,7 +70,7 @@ def test_hanging_rank_times_out(tmp_path: Path) -> None:
 
 def test_two_benches_at_once_do_not_collide() -> None:
     """Each run has its own FileStore (no fixed port): two benches at once both succeed."""
-    from collsim.validate.bench import BenchConfig, run_bench
+    from collsim.validate.measure.bench import BenchConfig, run_bench
 
     config = BenchConfig(
         ops=("all_reduce",), sizes_bytes=(4096,), iters=2, warmup=1, probe_backend=False
