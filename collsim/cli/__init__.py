@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> Any:
     garbage collector is frozen, so that the interpreter's shutdown does not walk every object
     left (the process is ending; the memory goes back with it). ``collsim validate`` runs as
     it is: it times torch, which sets its own thread counts (:mod:`collsim.validate.measure.launch`,
-    :mod:`collsim.validate.compute`), and its ranks write files.
+    :mod:`collsim.validate.measure.compute`), and its ranks write files.
     """
     command = next((arg for arg in sys.argv[1:] if not arg.startswith("-")), None)
     if argv is not None or command == "validate":

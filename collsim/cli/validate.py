@@ -1380,7 +1380,7 @@ def compute(output: str, device: str, quick: bool, threads: int) -> None:
     import dataclasses
 
     # start-up: loaded only when this runs (--help and bad input stay fast)
-    from collsim.validate.compute import ComputeGrid, measure_profile, write_profile
+    from collsim.validate.measure.compute import ComputeGrid, measure_profile, write_profile
 
     check_output_path(output, "-o/--output", suffixes=(".yaml", ".yml"))
     try:

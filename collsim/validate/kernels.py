@@ -37,7 +37,7 @@ from typing import Any
 
 from collsim.core.errors import ConfigError
 from collsim.core.vocab import OpKind
-from collsim.validate.compute import ComputeGrid, attention_shape
+from collsim.validate.measure.compute import ComputeGrid, attention_shape
 from collsim.workload.compute import ComputeModel, optimizer_bytes_per_param
 from collsim.workload.model import TransformerSpec
 from collsim.workload.ops import Gemm, Op, activation_element_bytes, elementwise_op
@@ -128,7 +128,7 @@ def _notes(profile: Any) -> dict[str, Any]:
 def _attention_layout(notes: dict[str, Any]) -> tuple[int | None, int | None, str]:
     """(tokens, hidden, dtype) the profile timed attention with (its notes; a profile without
     them was timed on one sequence of 4 heads in fp32, as ``validate compute`` does on a CPU):
-    :func:`collsim.validate.compute.attention_shape` turns them into (batch, heads)."""
+    :func:`collsim.validate.measure.compute.attention_shape` turns them into (batch, heads)."""
     on_cpu = str(notes.get("device", "cpu")) == "cpu"
     tokens = notes.get("attention_tokens")
     hidden = notes.get("attention_hidden")

@@ -23,7 +23,6 @@ from collsim.core.vocab import Dtype, Optimizer
 from collsim.parallel.config import DDPConfig, FSDPConfig, ParallelConfig, TrainingConfig
 from collsim.play.engine.step import simulate_step
 from collsim.step.stragglers import SlowGPU, StragglerConfig
-from collsim.validate.compute import cpu_share
 from collsim.validate.insitu import (
     COPIES_KEY,
     OVERLAP_KEYS,
@@ -37,6 +36,7 @@ from collsim.validate.insitu import (
     straggler_span_s,
     time_ddp_copies,
 )
+from collsim.validate.measure.compute import cpu_share
 from collsim.validate.measure.launch import current_scheduling, run_distributed
 from collsim.validate.sketch import FlatShard
 from collsim.workload.compute import ComputeModel
@@ -803,7 +803,7 @@ def simulate_modes(
             from the compute MODEL fed by that profile (its generic kernel grid, none of this
             model's shapes), not from the blocks profiled on this model and with no scaling
             to the measured step. When the ranks' threads exceed the cores, every rate is
-            divided by :func:`collsim.validate.compute.cpu_share` (the OS shares the cores
+            divided by :func:`collsim.validate.measure.compute.cpu_share` (the OS shares the cores
             evenly between the busy threads).
         measured_factor: simulate a ``+straggler`` mode's slowed rank at its measured speed
             (local step over local step plus its measured extra seconds) instead of the

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from collsim.cluster.hardware import get_device
-from collsim.validate.compute import GEMM_DIMS, cpu_share, write_profile
+from collsim.validate.measure.compute import GEMM_DIMS, cpu_share, write_profile
 from collsim.validate.step import StepConfig, model_spec, simulate_modes
 
 # a synthetic profile: rates that do not depend on shape, so the expected times are by hand
@@ -345,7 +345,7 @@ def test_cold_gemm_timings_never_reuse_a_slot_until_the_pool_wraps() -> None:
     different result blocks (one cursor for every cold timing): a cursor restarted per
     layout would send each layout's calls to the blocks the previous one just wrote."""
     torch = pytest.importorskip("torch")
-    from collsim.validate import compute
+    from collsim.validate.measure import compute
 
     seen: list[int] = []
 
@@ -370,7 +370,7 @@ def test_the_concurrency_probe_runs_both_kinds_in_process() -> None:
     import threading
 
     torch = pytest.importorskip("torch")
-    from collsim.validate.compute import PROBE_KINDS, _probe_worker, concurrency_slowdown
+    from collsim.validate.measure.compute import PROBE_KINDS, _probe_worker, concurrency_slowdown
 
     threads = torch.get_num_threads()
     try:
@@ -390,7 +390,7 @@ def test_cold_adds_take_new_blocks_and_large_sizes_pools_of_their_own() -> None:
     blocks), and a size whose 4 triples do not fit in the shared pool gets a pool of its own
     rather than one hot triple."""
     torch = pytest.importorskip("torch")
-    from collsim.validate import compute
+    from collsim.validate.measure import compute
 
     outs: dict[int, list[int]] = {}
 

@@ -202,7 +202,7 @@ def test_profile_path_simulates_straggler_modes_on_the_fitted_topology(tmp_path)
     """With a device profile (compute from the model): the in-situ topology and the copies
     from the profile's memory-bound rate; a ``+straggler`` mode relative to the simulated
     compute of its normal mode."""
-    from collsim.validate.compute import write_profile
+    from collsim.validate.measure.compute import write_profile
 
     # a synthetic profile, rates that do not depend on shape (as in test_compute_profile)
     measured = {

@@ -1,5 +1,5 @@
 """A device profile learned from traced steps, in the schema ``collsim validate compute`` writes
-(:func:`collsim.validate.compute.write_profile`; read by
+(:func:`collsim.validate.measure.compute.write_profile`; read by
 :func:`collsim.cluster.hardware.get_device`):
 the GEMM rate of every shape the trace ran (``aten::mm`` / ``addmm`` / ``bmm`` / ``baddbmm``
 with their recorded ``Input Dims``), the attention rate of the SDPA ops (forward and backward,
@@ -26,8 +26,8 @@ from typing import Any
 
 from collsim.cluster.hardware import get_device
 from collsim.core.errors import ConfigError
-from collsim.validate.compute import write_profile
 from collsim.validate.data.kineto import GPU_CATS, STEP_PREFIX, Event, Trace
+from collsim.validate.measure.compute import write_profile
 from collsim.validate.traces.breakdown import dtype_bytes
 from collsim.validate.traces.classify import classify
 from collsim.workload.compute import optimizer_bytes_per_param
@@ -66,7 +66,7 @@ host cost per op (3.3 us); the traced ones of ``validate step`` are 256-1024 ele
 SAME_SHAPE_FACTOR = 2.0
 """A base GEMM row is dropped when a traced shape is within this factor in every dimension
 (chosen: closer than the neighbours of ``validate compute``'s grid, x2.5 apart,
-:data:`collsim.validate.compute.GEMM_DIMS`)."""
+:data:`collsim.validate.measure.compute.GEMM_DIMS`)."""
 
 
 @dataclass
@@ -188,7 +188,7 @@ def _attention_rows(trace_ops: list[tuple[Event, float]]) -> list[list[Any]]:
         b, h, s, d = (int(x) for x in dims[0])
         concrete = e.args.get("Concrete Inputs") or []
         causal = "True" in [str(c) for c in concrete]
-        # FLOPs as collsim.validate.compute counts them: 4 b h s^2 d, half of it when causal;
+        # FLOPs as collsim.validate.measure.compute counts them: 4 b h s^2 d, half of it when causal;
         # backward 2.5 x forward
         flops = 4.0 * b * h * s * s * d / (2 if causal else 1)
         key = (kernel, causal, d, s)
@@ -368,7 +368,7 @@ def profile_from_traces(traces: list[Trace], *, base: str | None = None) -> Lear
 
 
 def write_trace_profile(path: str | Path, learned: LearnedProfile) -> Path:
-    """Write ``learned`` as a device file (:func:`collsim.validate.compute.write_profile`)."""
+    """Write ``learned`` as a device file (:func:`collsim.validate.measure.compute.write_profile`)."""
 
     tables = dict(learned.measured)
     if not tables["gemm"]:
