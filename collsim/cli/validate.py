@@ -247,7 +247,7 @@ def _run_sketch(
     parts: tuple[str, ...], world_size: int, steps: int, timeout_s: float, output: str | None
 ) -> None:
     # start-up: loaded only when this runs (--help and bad input stay fast)
-    from collsim.validate.sketch import SketchConfig, check_report, run_sketch
+    from collsim.validate.measure.sketch import SketchConfig, check_report, run_sketch
 
     check_output_path(output, "-o/--output")
     report = run_sketch(

@@ -38,7 +38,7 @@ from collsim.validate.insitu import (
 )
 from collsim.validate.measure.compute import cpu_share
 from collsim.validate.measure.launch import current_scheduling, run_distributed
-from collsim.validate.sketch import FlatShard
+from collsim.validate.measure.sketch import FlatShard
 from collsim.workload.compute import ComputeModel
 from collsim.workload.model import TransformerSpec
 
