@@ -1159,7 +1159,7 @@ def _echo_step_notes(
     n = int(report["world_size"])
     if report.get("insitu_topology_yaml"):
         # start-up: loaded only when this runs (--help and bad input stay fast)
-        from collsim.validate.insitu import sharing_factor
+        from collsim.validate.measure.insitu import sharing_factor
 
         scope = "this session's" if report.get("sched_autogroup") else "every"
         click.echo(
@@ -1167,7 +1167,7 @@ def _echo_step_notes(
             f"{scope} runnable threads: the local step's thread got "
             f"{report.get('local_cpu_share', 1.0):.2f} of a core, so compute and a "
             f"collective beside it each run {sharing_factor(report):.2f}x slower "
-            "(collsim.validate.insitu)"
+            "(collsim.validate.measure.insitu)"
         )
     else:
         click.echo(
@@ -1203,7 +1203,7 @@ def _echo_step_notes(
             f"blocks {report['profile_sum_s'] * 1e3:.1f} ms (neither used)"
         )
     # start-up: loaded only when this runs (--help and bad input stay fast)
-    from collsim.validate.insitu import probe_summary
+    from collsim.validate.measure.insitu import probe_summary
 
     lines = probe_summary(report, topo)
     if lines:

@@ -234,7 +234,7 @@ def device_from_reader(entry: ConfigReader, default_key: str = "", source: str =
     clocks.finish()
     interference = entry.section("interference", default_empty=True)
     # a CPU holds no SMs for a collective: the sharing of its cores by gloo and the compute
-    # is measured where the steps run (collsim.validate.insitu), not this GPU formula
+    # is measured where the steps run (collsim.validate.measure.insitu), not this GPU formula
     nccl_sms = interference.get(
         "nccl_sms", int, default=0 if generation == "cpu" else 16, check=non_negative
     )

@@ -23,7 +23,8 @@ from collsim.core.vocab import Dtype, Optimizer
 from collsim.parallel.config import DDPConfig, FSDPConfig, ParallelConfig, TrainingConfig
 from collsim.play.engine.step import simulate_step
 from collsim.step.stragglers import SlowGPU, StragglerConfig
-from collsim.validate.insitu import (
+from collsim.validate.measure.compute import cpu_share
+from collsim.validate.measure.insitu import (
     COPIES_KEY,
     OVERLAP_KEYS,
     PROBE_PREFIX,
@@ -36,7 +37,6 @@ from collsim.validate.insitu import (
     straggler_span_s,
     time_ddp_copies,
 )
-from collsim.validate.measure.compute import cpu_share
 from collsim.validate.measure.launch import current_scheduling, run_distributed
 from collsim.validate.measure.sketch import FlatShard
 from collsim.workload.compute import ComputeModel
@@ -399,7 +399,7 @@ def _time_modes(
         steps[mode]()
         row.append(time.perf_counter() - start)
         if mode == LOCAL and shares is not None:
-            # the share of a core this rank's one compute thread got (collsim.validate.insitu)
+            # the share of a core this rank's one compute thread got (collsim.validate.measure.insitu)
             shares.append((time.thread_time() - cpu0) / max(row[-1], 1e-9))
     return row
 
@@ -538,7 +538,7 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
         row += _time_modes(dist, steps, timed, shares if it >= cfg.warmup else None)
         row += [extra_s[m][-1] for m in cfg.straggler_modes]
         keys += extra_keys
-        # the collectives of each mode alone, and DDP's gradient copies (collsim.validate.insitu)
+        # the collectives of each mode alone, and DDP's gradient copies (collsim.validate.measure.insitu)
         probe_keys, probe_row = _run_probes(dist, probes, copies, probe_sizes)
         row += probe_row
         keys += probe_keys
@@ -592,7 +592,7 @@ def _trace_modes(
     ``torch.profiler.profile.step`` names it. One gzipped Kineto trace per mode and rank.
     Returns this rank's paths (``files``) and, per mode, the share of a core its thread got
     over the traced steps (``cpu_share``: thread CPU time over wall time, as
-    :mod:`collsim.validate.insitu` measures the local step's), which tells whether the traced
+    :mod:`collsim.validate.measure.insitu` measures the local step's), which tells whether the traced
     steps ran under the load the timed ones did."""
 
     # optional: torch loads only where it is used (the run path stays light)
@@ -638,7 +638,7 @@ def _autogroup() -> bool | None:
 def _probes(
     torch: Any, dist: Any, cfg: StepConfig, ctx: Any, ddp_modules: dict[str, Any], model: Any
 ) -> tuple[dict[str, Any], Any]:
-    """The in-situ probes of :mod:`collsim.validate.insitu` for this rank's modes (gloo only:
+    """The in-situ probes of :mod:`collsim.validate.measure.insitu` for this rank's modes (gloo only:
     on GPUs the collectives run on their own engines and the bench's calibration stands)."""
     if ctx.backend != "gloo":
         return {}, None
@@ -880,7 +880,7 @@ def _slowed_rank(cfg: StepConfig, local_s: float, extra_s: float | None, boost: 
     """The ``stragglers`` of a ``+straggler`` mode: the slowed rank at the nominal clock
     factor 1 / repeat, or with a delay the local step over local step + delay, or with
     ``extra_s`` (measured) local step / (local step + extra); with ``boost`` > 1 the span is
-    :func:`collsim.validate.insitu.straggler_span_s` (its compute gets the CPU of its waiting
+    :func:`collsim.validate.measure.insitu.straggler_span_s` (its compute gets the CPU of its waiting
     peers)."""
 
     assert cfg.straggler_rank is not None
@@ -898,7 +898,7 @@ def on_these_cores(report: dict[str, Any], topology: Any, insitu: bool = True) -
     """The topology and the DDP gradient copies' seconds a simulation of ``report`` uses.
 
     With ``insitu`` and a report that timed its collectives in its own loop
-    (:mod:`collsim.validate.insitu`): ``topology`` fitted to those points, and the measured
+    (:mod:`collsim.validate.measure.insitu`): ``topology`` fitted to those points, and the measured
     copies; else ``topology`` itself and 0 (the report says why in ``insitu_note``)."""
     if not insitu:
         return topology, 0.0
@@ -926,7 +926,7 @@ def _on_busy_cores(
     """The simulated step and breakdown of a mode on CPU ranks (gloo) with in-situ data
     (``copies_s`` > 0): a DDP mode adds its gradient copies (``framework``, on the compute
     thread); every mode adds ``dp_on_busy_cores``, the data-parallel link time the engine hid
-    under compute times (f - 1), f of :func:`collsim.validate.insitu.sharing_factor`: while a
+    under compute times (f - 1), f of :func:`collsim.validate.measure.insitu.sharing_factor`: while a
     collective runs beside the compute, both share the cores with every other runnable thread
     (f = 2 on a quiet host whose cores the ranks fill: nothing is hidden)."""
     step_s = float(result.step_time_s)
@@ -1030,7 +1030,7 @@ def _simulate_from_profile(
     fitted, _ = on_these_cores(report, topology, insitu)
     topo = fitted.replaced(device=device)
     # DDP's gradient copies from the profile, not from the probe timed on this model: 16
-    # bytes per parameter (collsim.validate.insitu) at the profile's memory-bound rate
+    # bytes per parameter (collsim.validate.measure.insitu) at the profile's memory-bound rate
     copies_s = 0.0
     if insitu and fitted is not topology:
         # one kernel per gradient tensor each way: 12 per block (LayerNorm x 2, QKV, output

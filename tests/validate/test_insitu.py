@@ -1,5 +1,5 @@
 """The collectives timed in a step's own loop, the topology fitted to them, and the CPU-core
-rules of the simulated step (collsim.validate.insitu, collsim.validate.step)."""
+rules of the simulated step (collsim.validate.measure.insitu, collsim.validate.step)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,12 @@ import pytest
 
 from collsim.cluster.topology import load_topology
 from collsim.step.pricing import ClosedPricer
-from collsim.validate.insitu import insitu_topology, probe_points, probe_summary, sharing_factor
+from collsim.validate.measure.insitu import (
+    insitu_topology,
+    probe_points,
+    probe_summary,
+    sharing_factor,
+)
 from collsim.validate.step import StepConfig, on_these_cores, simulate_modes
 
 # What step_rank writes (the figures are made up, sizes are those of the default GPT)
@@ -184,7 +189,7 @@ def test_measured_overlap_cost_sets_the_factor() -> None:
 
 
 def test_peer_idle_boost_and_straggler_span() -> None:
-    from collsim.validate.insitu import peer_idle_boost, straggler_span_s
+    from collsim.validate.measure.insitu import peer_idle_boost, straggler_span_s
 
     report = {"world_size": 2, "cpu_count": 2, "threads_per_rank": 1, "sched_autogroup": True}
     assert peer_idle_boost({**report, "local_cpu_share": 1.0}) == 1.0  # its own core already

@@ -4,7 +4,7 @@ The recorded runs (``data/straggler_localhost_gloo_n2.json``, written by ``colls
 --world-sizes 2 --topology localhost_gloo_n2 --straggler-rank 1 --straggler-delay-ms 100 --iters
 25 --warmup 3 -o`` on the 2-core development machine, shared with other jobs: see its ``note``)
 are simulated again here, on the topology fitted to the collectives each run timed in its own
-loop (collsim.validate.insitu); the live runs need torch and spawn real ranks.
+loop (collsim.validate.measure.insitu); the live runs need torch and spawn real ranks.
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def test_live_straggler_step_is_measured_and_simulated(tmp_path: Path) -> None:
     topo = load_topology("localhost_gloo_n2", nodes=1, gpus_per_node=2)
     sim = simulate_modes(report, topo, measured_factor=True)
     local = report["local_step_s"]
-    from collsim.validate.insitu import peer_idle_boost, straggler_span_s
+    from collsim.validate.measure.insitu import peer_idle_boost, straggler_span_s
 
     # its measured extra seconds, then its compute, faster once its peer waits (insitu)
     span = straggler_span_s(local, slowed["extra_median_s"], peer_idle_boost(report))

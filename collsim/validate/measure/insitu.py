@@ -2,7 +2,7 @@
 loop, and the topology they calibrate ("in situ": under the scheduler and the load the step
 itself runs under).
 
-Derivations, measurements and sources: docs/derivations.md, ``collsim.validate.insitu``.
+Derivations, measurements and sources: docs/derivations.md, ``collsim.validate.measure.insitu``.
 """
 
 from __future__ import annotations
