@@ -1564,7 +1564,7 @@ def trace_command(
     summary = summarise(steps)
     click.echo(format_summary(read, summary, top=top))
     # start-up: loaded only when this runs (--help and bad input stay fast)
-    from collsim.validate.traces.profile import gemm_shapes
+    from collsim.validate.fit.trace_profile import gemm_shapes
 
     shapes = gemm_shapes(read)
     if shapes:
@@ -1578,7 +1578,7 @@ def trace_command(
             )
     if profile_out:
         # start-up: loaded only when this runs (--help and bad input stay fast)
-        from collsim.validate.traces.profile import profile_from_traces, write_trace_profile
+        from collsim.validate.fit.trace_profile import profile_from_traces, write_trace_profile
 
         learned = profile_from_traces(read, base=base)
         path = write_trace_profile(profile_out, learned)
@@ -1593,7 +1593,7 @@ def trace_command(
         click.echo(format_comparison(compared))
         if profile_out:
             # start-up: loaded only when this runs (--help and bad input stay fast)
-            from collsim.validate.traces.profile import gemm_coverage
+            from collsim.validate.fit.trace_profile import gemm_coverage
 
             seen, unseen = gemm_coverage(learned.measured["gemm"][: learned.traced_gemm], loaded)
             click.echo(

@@ -214,7 +214,7 @@ def test_a_profile_learned_from_the_gloo_trace_is_a_device(tmp_path: Path) -> No
     the model's own shapes (hidden 256, ffn 1024, 64 tokens) at the rates the trace timed, and
     says where each section came from."""
     from collsim.cluster.hardware import get_device
-    from collsim.validate.traces.profile import profile_from_traces, write_trace_profile
+    from collsim.validate.fit.trace_profile import profile_from_traces, write_trace_profile
 
     learned = profile_from_traces(read_traces(_gloo_trace()))
     path = write_trace_profile(tmp_path / "p.yaml", learned)
@@ -255,7 +255,7 @@ def test_the_recorded_trace_profiles_are_what_their_traces_give(tmp_path: Path) 
     kept beside it (``collsim validate trace ... --profile-out``): the same GEMM rows."""
     import yaml
 
-    from collsim.validate.traces.profile import profile_from_traces
+    from collsim.validate.fit.trace_profile import profile_from_traces
 
     for run in RUNS:
         files = sorted(str(p) for p in run.glob("n2_ddp_b25_rank*.json.gz"))
