@@ -1586,7 +1586,7 @@ def trace_command(
         click.echo(f"# wrote {path}", err=True)
     if loaded is not None:
         # start-up: loaded only when this runs (--help and bad input stay fast)
-        from collsim.validate.traces.compare import compare_steps, format_comparison
+        from collsim.validate.check.trace import compare_steps, format_comparison
 
         assert scenario is not None
         compared = compare_steps(summary, loaded)
@@ -1604,6 +1604,6 @@ def trace_command(
             )
         if trace_out:
             # start-up: loaded only when this runs (--help and bad input stay fast)
-            from collsim.validate.traces.compare import write_side_by_side
+            from collsim.validate.check.trace import write_side_by_side
 
             click.echo(f"# wrote {write_side_by_side(trace_out, read, compared)}", err=True)

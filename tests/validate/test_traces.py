@@ -374,7 +374,7 @@ def test_against_a_scenario_with_the_side_by_side_trace(
     """``--scenario``: each traced step and each kind against the simulated step, largest
     difference first; ``--trace-out``: the traced step's ops and the simulated step's slices in
     one Perfetto file, on separate processes."""
-    from collsim.validate.traces.compare import TRACED_PID
+    from collsim.validate.check.trace import TRACED_PID
 
     out_path = tmp_path / "side.json.gz"
     scenario = str(GLOO / "step_gpt_ddp_n2.yaml")
