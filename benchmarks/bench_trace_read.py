@@ -23,7 +23,7 @@ from pathlib import Path
 
 CHILD = """
 import resource, sys, time
-from collsim.validate.traces.breakdown import breakdown
+from collsim.validate.measure.traces.breakdown import breakdown
 from collsim.validate.data.kineto import read_trace
 c0, t0 = time.process_time(), time.perf_counter()
 trace = read_trace(sys.argv[1], reader=sys.argv[2], progress=False)

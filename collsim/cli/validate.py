@@ -1544,8 +1544,8 @@ def trace_command(
     """Read PyTorch profiler (Kineto) traces, one per rank: steps, kernels by kind, collectives."""
     # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.validate.data.kineto import read_traces
-    from collsim.validate.traces.breakdown import breakdown, summarise
-    from collsim.validate.traces.report import format_summary
+    from collsim.validate.measure.traces.breakdown import breakdown, summarise
+    from collsim.validate.measure.traces.report import format_summary
 
     if trace_out and not scenario:
         raise ConfigError("--trace-out needs --scenario (the simulated step to set beside)")

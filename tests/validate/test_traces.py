@@ -12,9 +12,9 @@ import pytest
 
 from collsim.cli import main
 from collsim.validate.data.kineto import read_trace, read_traces
-from collsim.validate.traces.breakdown import breakdown, summarise
-from collsim.validate.traces.classify import classify
-from collsim.validate.traces.report import classified_share
+from collsim.validate.measure.traces.breakdown import breakdown, summarise
+from collsim.validate.measure.traces.classify import classify
+from collsim.validate.measure.traces.report import classified_share
 
 DATA = Path(__file__).parents[1] / "data" / "traces"
 REPO = Path(__file__).parents[2]

@@ -1,5 +1,5 @@
 """A traced step beside a scenario's simulated step, per op kind: the traced exclusive times
-(:mod:`collsim.validate.traces.breakdown`) against the simulated step's breakdown, whose
+(:mod:`collsim.validate.measure.traces.breakdown`) against the simulated step's breakdown, whose
 ``compute`` is split over the kinds in the proportions of the compute model's own op times (one
 micro-batch of every layer, the embedding and the head, forward and backward). Rows: the compute
 kinds; ``optimizer``; ``copy + framework`` (the simulated ``framework`` and ``interference``);
@@ -20,8 +20,8 @@ from typing import Any
 from collsim.report.trace import to_chrome_trace
 from collsim.study.job import run_job
 from collsim.validate.data.kineto import GPU_CATS, Trace
-from collsim.validate.traces.breakdown import IDLE, Summary
-from collsim.validate.traces.classify import classify
+from collsim.validate.measure.traces.breakdown import IDLE, Summary
+from collsim.validate.measure.traces.classify import classify
 from collsim.workload.compute import ComputeModel
 
 __all__ = ["Comparison", "compare_steps", "format_comparison", "write_side_by_side", "op_kind"]

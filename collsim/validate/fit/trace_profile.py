@@ -28,8 +28,8 @@ from collsim.cluster.hardware import get_device
 from collsim.core.errors import ConfigError
 from collsim.validate.data.kineto import GPU_CATS, STEP_PREFIX, Event, Trace
 from collsim.validate.measure.compute import write_profile
-from collsim.validate.traces.breakdown import dtype_bytes
-from collsim.validate.traces.classify import classify
+from collsim.validate.measure.traces.breakdown import dtype_bytes
+from collsim.validate.measure.traces.classify import classify
 from collsim.workload.compute import optimizer_bytes_per_param
 from collsim.workload.ops import head_ops, layer_ops
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from collsim.validate.data.kineto import Trace
-from collsim.validate.traces.breakdown import IDLE, Summary
+from collsim.validate.measure.traces.breakdown import IDLE, Summary
 
 __all__ = ["format_summary", "classified_share"]
 

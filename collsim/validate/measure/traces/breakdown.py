@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from collsim.validate.data.kineto import GPU_CATS, STEP_PREFIX, Event, Trace
-from collsim.validate.traces.classify import KINDS, classify
+from collsim.validate.measure.traces.classify import KINDS, classify
 
 __all__ = [
     "Comm",
