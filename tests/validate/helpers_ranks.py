@@ -71,7 +71,7 @@ def ddp_buckets(ctx: Any, caps_mb: tuple[float, ...]) -> list[int | None]:
     import torch
     from torch.nn.parallel import DistributedDataParallel
 
-    from collsim.validate.step import ddp_bucket_count
+    from collsim.validate.measure.step import ddp_bucket_count
 
     counts = []
     for cap in caps_mb:

@@ -1,5 +1,5 @@
 """The collectives timed in a step's own loop, the topology fitted to them, and the CPU-core
-rules of the simulated step (collsim.validate.measure.insitu, collsim.validate.step)."""
+rules of the simulated step (collsim.validate.measure.insitu, collsim.validate.measure.step)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from collsim.validate.measure.insitu import (
     probe_summary,
     sharing_factor,
 )
-from collsim.validate.step import StepConfig, on_these_cores, simulate_modes
+from collsim.validate.measure.step import StepConfig, on_these_cores, simulate_modes
 
 # What step_rank writes (the figures are made up, sizes are those of the default GPT)
 PROBE: dict[str, Any] = {

@@ -11,7 +11,7 @@ def test_validate_modules_import_without_torch() -> None:
         "import sys; sys.modules['torch'] = None\n"  # any 'import torch' now fails
         "import collsim.validate.measure.launch, collsim.validate.measure.bench, collsim.validate.data.dataset\n"
         "import collsim.validate.calibrate, collsim.validate.compare, collsim.validate.measure.sketch\n"
-        "import collsim.validate.step, collsim.cli.validate\n"
+        "import collsim.validate.measure.step, collsim.cli.validate\n"
         "from click.testing import CliRunner\n"
         "from collsim.cli import cli\n"
         "r = CliRunner().invoke(cli, ['validate', '--help'])\n"

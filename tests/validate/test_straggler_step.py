@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from collsim.validate.step import (
+from collsim.validate.measure.step import (
     STRAGGLER_SUFFIX,
     StepConfig,
     simulate_modes,
@@ -86,7 +86,7 @@ def test_recorded_straggler_ratio_is_predicted_within_15_percent() -> None:
 def test_live_straggler_step_is_measured_and_simulated(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     from collsim.cluster.topology import load_topology
-    from collsim.validate.step import run_step
+    from collsim.validate.measure.step import run_step
 
     cfg = StepConfig(
         num_layers=2,
@@ -132,7 +132,7 @@ def test_live_straggler_ratio_within_15_percent() -> None:
     other processes moves it (the recorded runs above, and their note)."""
     pytest.importorskip("torch")
     from collsim.cluster.topology import load_topology
-    from collsim.validate.step import run_step
+    from collsim.validate.measure.step import run_step
 
     cfg = StepConfig(iters=15, warmup=3, modes=("ddp_b1",), straggler_rank=1, straggler_delay_s=0.1)
     report, _ = run_step(cfg, world_size=2, timeout_s=600)

@@ -38,7 +38,7 @@ COPIES_KEY = "ddp_copies"
 
 def _bucket_numels(ddp: Any, bucket_mb: int, grads: list[Any]) -> list[int]:
     """Elements of each bucket torch's reducer all-reduces (private accessor of torch 2.13,
-    see :func:`collsim.validate.step.ddp_bucket_count`); without it, the model's gradient
+    see :func:`collsim.validate.measure.step.ddp_bucket_count`); without it, the model's gradient
     elements cut into ``bucket_mb`` MiB pieces (what the reducer's size cap makes)."""
     reducer = getattr(ddp, "reducer", None)
     get_buckets = getattr(reducer, "_get_zeros_like_grad_buckets", None)

@@ -1,6 +1,6 @@
 """Step-level validation: time real training steps of a small GPT and simulate the same step.
 
-Derivations, measurements and sources: docs/derivations.md, ``collsim.validate.step``.
+Derivations, measurements and sources: docs/derivations.md, ``collsim.validate.measure.step``.
 """
 
 from __future__ import annotations
