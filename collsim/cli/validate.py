@@ -1122,7 +1122,7 @@ def _simulate_step(
     """
     # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.cluster.topology import load_topology
-    from collsim.validate.measure.step import cores_busy, simulate_modes
+    from collsim.validate.check.step import cores_busy, simulate_modes
 
     n = int(report["world_size"])
     per_node = int(report.get("local_world_size", n))
@@ -1132,7 +1132,7 @@ def _simulate_step(
     other = simulate_modes(report, topo, overlap=not overlap, device_profile=device_profile)
     if device_profile is not None:
         # start-up: loaded only when this runs (--help and bad input stay fast)
-        from collsim.validate.measure.step import profile_device
+        from collsim.validate.check.step import profile_device
 
         _, share, memory_share = profile_device(report, device_profile)
         report["device_profile"] = device_profile
@@ -1258,7 +1258,7 @@ def _echo_straggler(
     """Print the straggler slowdowns, measured and simulated (at the slowed rank's measured
     speed and at the nominal one; both go into the report); the ratios outside ``target``."""
     # start-up: loaded only when this runs (--help and bad input stay fast)
-    from collsim.validate.measure.step import simulate_modes, straggler_ratios
+    from collsim.validate.check.step import simulate_modes, straggler_ratios
 
     ratios = straggler_ratios(
         report, simulate_modes(report, topo, overlap=overlap, measured_factor=True)

@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 from collsim.cluster.hardware import get_device
+from collsim.validate.check.step import simulate_modes
 from collsim.validate.measure.compute import GEMM_DIMS, cpu_share, write_profile
-from collsim.validate.measure.step import StepConfig, model_spec, simulate_modes
+from collsim.validate.measure.step import StepConfig, model_spec
 
 # a synthetic profile: rates that do not depend on shape, so the expected times are by hand
 MEASURED = {
@@ -318,7 +319,7 @@ def test_memory_bound_rates_take_the_memory_slowdown(tmp_path: Path) -> None:
     more than their GEMMs: a profile's ``concurrent_memory_slowdown`` divides the bandwidth
     and optimizer rates, ``concurrent_slowdown`` the compute rates; a profile from before
     the split has one figure, used for both."""
-    from collsim.validate.measure.step import profile_device
+    from collsim.validate.check.step import profile_device
 
     report = _report(2, 2)
     both = dict(MEASURED, concurrent_slowdown=1.05, concurrent_memory_slowdown=1.2)

@@ -10,13 +10,14 @@ import pytest
 
 from collsim.cluster.topology import load_topology
 from collsim.step.pricing import ClosedPricer
+from collsim.validate.check.step import on_these_cores, simulate_modes
 from collsim.validate.measure.insitu import (
     insitu_topology,
     probe_points,
     probe_summary,
     sharing_factor,
 )
-from collsim.validate.measure.step import StepConfig, on_these_cores, simulate_modes
+from collsim.validate.measure.step import StepConfig
 
 # What step_rank writes (the figures are made up, sizes are those of the default GPT)
 PROBE: dict[str, Any] = {

@@ -25,7 +25,8 @@ def test_bad_mode() -> None:
 def test_step_measured_and_simulated(tmp_path) -> None:
     from collsim.cluster.topology import load_topology
     from collsim.play.engine.step import BLOCK_OVERRIDE_KEYS
-    from collsim.validate.measure.step import run_step, simulate_modes
+    from collsim.validate.check.step import simulate_modes
+    from collsim.validate.measure.step import run_step
 
     cfg = StepConfig(
         num_layers=2, hidden=64, ffn_hidden=256, vocab=256, seq_len=16, iters=2, warmup=1
@@ -82,7 +83,7 @@ def test_step_measured_and_simulated(tmp_path) -> None:
     ids=["2-on-2", "2-on-8", "2x2-on-4", "gpu"],
 )
 def test_cores_busy(report: dict, busy: bool) -> None:
-    from collsim.validate.measure.step import cores_busy
+    from collsim.validate.check.step import cores_busy
 
     assert cores_busy(report) is busy
 

@@ -231,7 +231,7 @@ def _trace_prediction_errors(run: Path) -> dict[tuple[int, str], float]:
     """(world size, mode) -> error of the step simulated from the profile recorded beside
     ``run``'s world-size-2 DDP trace, against the run's measured median."""
     from collsim.cluster.topology import load_topology
-    from collsim.validate.measure.step import simulate_modes
+    from collsim.validate.check.step import simulate_modes
 
     out = {}
     for report in json.loads((run / f"step_trace_{run.name}.json").read_text()):
@@ -291,7 +291,7 @@ def test_the_trace_profile_is_closer_than_the_generic_grid_on_the_same_runs() ->
     import statistics
 
     from collsim.cluster.topology import load_topology
-    from collsim.validate.measure.step import simulate_modes
+    from collsim.validate.check.step import simulate_modes
 
     trace_runs = [_trace_prediction_errors(run) for run in RUNS]
     grid_runs = []

@@ -22,7 +22,7 @@ from pathlib import Path
 
 def _errors(report: dict, profile: str) -> dict[str, float]:
     from collsim.cluster.topology import load_topology
-    from collsim.validate.measure.step import simulate_modes
+    from collsim.validate.check.step import simulate_modes
 
     n = int(report["world_size"])
     sim = simulate_modes(
