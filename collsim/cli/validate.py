@@ -417,8 +417,8 @@ def calibrate(
     algorithm/overhead/efficiency), or nccl-tests logs of one and more nodes (NVLink and NIC
     efficiency, latencies, fixed cost of a multi-node NCCL topology)."""
     # start-up: loaded only when this runs (--help and bad input stay fast)
-    from collsim.validate.calibrate import calibrate as fit
-    from collsim.validate.calibrate import select_rows, write_topology
+    from collsim.validate.fit.calibrate import calibrate as fit
+    from collsim.validate.fit.calibrate import select_rows, write_topology
 
     check_output_path(output, "-o/--output", suffixes=(".yaml", ".yml"))
     pinned = {}
@@ -509,7 +509,7 @@ def _recorded_base(files: list[Any]) -> str | None:
 
 def _calibrate_fabric(files: list[Any], base: str | None, output: str, name: str | None) -> None:
     # start-up: loaded only when this runs (--help and bad input stay fast)
-    from collsim.validate.calibrate import calibrate_fabric, write_fabric_topology
+    from collsim.validate.fit.calibrate import calibrate_fabric, write_fabric_topology
 
     cal = calibrate_fabric(files, base=base)
     path = write_fabric_topology(cal, output, name)
@@ -774,7 +774,7 @@ def _check_holdout_points(files: list[Any], held: tuple[str, ...], min_size: int
     """Before any fit: every file has sizes to calibrate on (even powers of two) and to compare
     on (odd ones of at least ``min_size``), and the held ops have at least one of the latter."""
     # start-up: loaded only when this runs (--help and bad input stay fast)
-    from collsim.validate.calibrate import select_rows
+    from collsim.validate.fit.calibrate import select_rows
 
     compared = 0
     for meas in files:
@@ -836,10 +836,10 @@ def _holdout_one(
     compared on its odd ones and plotted: the summary per op, and each op's fit (none with
     the NCCL fit)."""
     # start-up: loaded only when this runs (--help and bad input stay fast)
-    from collsim.validate.calibrate import calibrate as fit
-    from collsim.validate.calibrate import write_topology
     from collsim.validate.compare import compare as run_compare
     from collsim.validate.compare import plot_comparison, summarize, topology_for
+    from collsim.validate.fit.calibrate import calibrate as fit
+    from collsim.validate.fit.calibrate import write_topology
 
     stem = Path(path).stem
     knees: dict[str, Any] = {}
@@ -1344,7 +1344,7 @@ def _holdout_fabric(files: list[Any], folder: Path) -> Path:
     import copy
 
     # start-up: loaded only when this runs (--help and bad input stay fast)
-    from collsim.validate.calibrate import calibrate_fabric, select_rows, write_fabric_topology
+    from collsim.validate.fit.calibrate import calibrate_fabric, select_rows, write_fabric_topology
 
     evens = []
     for meas in files:
@@ -1475,9 +1475,9 @@ def kernels(profile: str, device: str, execution: str, summary: bool, output: st
 def _calibrate_here(world_size: int | None, backend: str, timeout_s: float, folder: Path) -> Path:
     """Measure the collectives a step uses at this world size and calibrate a topology."""
     # start-up: loaded only when this runs (--help and bad input stay fast)
-    from collsim.validate.calibrate import calibrate as fit
-    from collsim.validate.calibrate import write_topology
     from collsim.validate.data.dataset import read_measurements, write_measurements
+    from collsim.validate.fit.calibrate import calibrate as fit
+    from collsim.validate.fit.calibrate import write_topology
     from collsim.validate.measure.bench import BenchConfig, run_bench, sizes_between
 
     config = BenchConfig(

@@ -6,7 +6,7 @@ torch is imported inside functions only, so this package (and the core) imports 
   torchrun with env://); :class:`~collsim.validate.measure.launch.RankFailure` names the rank.
 - :mod:`~collsim.validate.measure.bench`: nccl-tests-style collective timing with result checks.
 - :mod:`~collsim.validate.data.dataset`: measured CSV/JSON with metadata; the printed table.
-- :mod:`~collsim.validate.calibrate`: fit a topology (link latency, bandwidth, per-op
+- :mod:`~collsim.validate.fit.calibrate`: fit a topology (link latency, bandwidth, per-op
   algorithm, overhead and efficiency) to a measurement through collsim's own cost formula.
 - :mod:`~collsim.validate.compare`: simulate the measured points; errors, summary, plot.
 - :mod:`~collsim.validate.measure.sketch`: DDP and FSDP from scratch with their checks.

@@ -21,8 +21,8 @@ from matplotlib.figure import Figure
 from collsim.cluster.topology import load_topology
 from collsim.collectives import Group, cost
 from collsim.core.errors import ConfigError
-from collsim.validate.calibrate import select_rows
 from collsim.validate.data.dataset import Measurements
+from collsim.validate.fit.calibrate import select_rows
 
 __all__ = [
     "ComparedPoint",

@@ -10,7 +10,9 @@ import yaml
 from click.testing import CliRunner
 
 from collsim.core.errors import ConfigError
-from collsim.validate.calibrate import (
+from collsim.validate.compare import compare, summarize, topology_for
+from collsim.validate.data.dataset import Measurements, read_measurements, write_measurements
+from collsim.validate.fit.calibrate import (
     KNEE_ALPHA,
     calibrate,
     f_critical,
@@ -20,8 +22,6 @@ from collsim.validate.calibrate import (
     select_rows,
     write_topology,
 )
-from collsim.validate.compare import compare, summarize, topology_for
-from collsim.validate.data.dataset import Measurements, read_measurements, write_measurements
 
 # The "true" machine of the synthetic data: 2 ranks over loopback, gloo.
 TRUE_LATENCY_US = 40.0

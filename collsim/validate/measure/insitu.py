@@ -16,8 +16,8 @@ from collsim.cluster.topology import load_topology, parse_topology
 from collsim.core.errors import ConfigError
 from collsim.core.yamlio import parse_yaml_text
 from collsim.step.pricing import ClosedPricer
-from collsim.validate.calibrate import calibrate, topology_yaml
 from collsim.validate.data.dataset import Measurements
+from collsim.validate.fit.calibrate import calibrate, topology_yaml
 
 __all__ = [
     "PROBE_PREFIX",

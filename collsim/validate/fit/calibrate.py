@@ -1,7 +1,7 @@
 """Fit a topology to measured collectives: link latency and bandwidth, and per op the algorithm,
 a fixed overhead and an efficiency, so that collsim's own cost formula reproduces the times.
 
-Derivations, measurements and sources: docs/derivations.md, ``collsim.validate.calibrate``.
+Derivations, measurements and sources: docs/derivations.md, ``collsim.validate.fit.calibrate``.
 """
 
 from __future__ import annotations
