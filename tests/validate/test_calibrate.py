@@ -12,15 +12,13 @@ from click.testing import CliRunner
 from collsim.core.errors import ConfigError
 from collsim.validate.compare import compare, summarize, topology_for
 from collsim.validate.data.dataset import Measurements, read_measurements, write_measurements
-from collsim.validate.fit.calibrate import (
+from collsim.validate.fit.calibrate import calibrate, select_rows, write_topology
+from collsim.validate.fit.numerics import (
     KNEE_ALPHA,
-    calibrate,
     f_critical,
     fit_hinge,
     fit_line,
     fit_two_regime,
-    select_rows,
-    write_topology,
 )
 
 # The "true" machine of the synthetic data: 2 ranks over loopback, gloo.

@@ -164,7 +164,8 @@ def test_a_knee_between_the_fitted_sizes_is_found(tmp_path: Path) -> None:
     from collsim.cluster.topology import load_topology
     from collsim.validate.compare import compare, summarize, topology_for
     from collsim.validate.data.dataset import read_measurements, write_measurements
-    from collsim.validate.fit.calibrate import KNEE_GRID_PER_OCTAVE, calibrate, write_topology
+    from collsim.validate.fit.calibrate import calibrate, write_topology
+    from collsim.validate.fit.numerics import KNEE_GRID_PER_OCTAVE
 
     knee = 1.5 * 2**20
     truth = load_topology(_topology(tmp_path, knee_bytes=knee, knee_efficiency=0.4))
@@ -185,7 +186,7 @@ def test_a_knee_between_the_fitted_sizes_is_found(tmp_path: Path) -> None:
 
 
 def test_knee_candidates() -> None:
-    from collsim.validate.fit.calibrate import knee_candidates
+    from collsim.validate.fit.numerics import knee_candidates
 
     sizes = [2.0**e for e in range(10, 25, 2)]  # 1K, 4K, ..., 16M
     grid = knee_candidates(sizes, per_octave=4)

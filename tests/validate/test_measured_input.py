@@ -134,7 +134,7 @@ def test_compare_refuses_non_positive_times_given_in_memory() -> None:
 
 
 def test_calibrate_fit_refuses_nan_directly() -> None:
-    from collsim.validate.fit.calibrate import fit_line
+    from collsim.validate.fit.numerics import fit_line
 
     with pytest.raises(ConfigError, match="finite numbers > 0"):
         fit_line([1.0, 2.0, 3.0], [1e-5, float("nan"), 3e-5])

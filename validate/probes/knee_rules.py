@@ -32,13 +32,8 @@ from pathlib import Path
 
 from collsim.core.units import parse_size
 from collsim.validate.data.dataset import read_measurements
-from collsim.validate.fit.calibrate import (
-    RegimeFit,
-    best_knee,
-    fit_line,
-    fit_two_regime,
-    select_rows,
-)
+from collsim.validate.fit.calibrate import select_rows
+from collsim.validate.fit.numerics import RegimeFit, best_knee, fit_line, fit_two_regime
 
 CHECKED = ("all_reduce", "all_gather", "broadcast")
 #: (sizes in bytes, times in s, relative standard error of each time) -> the fit kept
