@@ -509,7 +509,7 @@ def _recorded_base(files: list[Any]) -> str | None:
 
 def _calibrate_fabric(files: list[Any], base: str | None, output: str, name: str | None) -> None:
     # start-up: loaded only when this runs (--help and bad input stay fast)
-    from collsim.validate.fit.calibrate import calibrate_fabric, write_fabric_topology
+    from collsim.validate.fit.fabric import calibrate_fabric, write_fabric_topology
 
     cal = calibrate_fabric(files, base=base)
     path = write_fabric_topology(cal, output, name)
@@ -1344,7 +1344,8 @@ def _holdout_fabric(files: list[Any], folder: Path) -> Path:
     import copy
 
     # start-up: loaded only when this runs (--help and bad input stay fast)
-    from collsim.validate.fit.calibrate import calibrate_fabric, select_rows, write_fabric_topology
+    from collsim.validate.fit.calibrate import select_rows
+    from collsim.validate.fit.fabric import calibrate_fabric, write_fabric_topology
 
     evens = []
     for meas in files:
