@@ -578,8 +578,13 @@ def compare(
 ) -> None:
     """Simulate exactly the measured points and print the error of each, plus a summary."""
     # start-up: loaded only when this runs (--help and bad input stay fast)
-    from collsim.validate.compare import compare as run_compare
-    from collsim.validate.compare import format_comparison, plot_comparison, summarize, topology_for
+    from collsim.validate.check.compare import compare as run_compare
+    from collsim.validate.check.compare import (
+        format_comparison,
+        plot_comparison,
+        summarize,
+        topology_for,
+    )
 
     if len(measured) > 1 and (plot_path or json_path or csv_path):
         raise click.BadParameter(
@@ -726,7 +731,7 @@ def holdout(
 ) -> None:
     """Calibrate on every other power of two, compare on the others (per measurement file)."""
     # start-up: loaded only when this runs (--help and bad input stay fast)
-    from collsim.validate.compare import across_runs as group_runs
+    from collsim.validate.check.compare import across_runs as group_runs
 
     held = _held_ops(check_ops)
     files = _read_all(measured)
@@ -836,8 +841,8 @@ def _holdout_one(
     compared on its odd ones and plotted: the summary per op, and each op's fit (none with
     the NCCL fit)."""
     # start-up: loaded only when this runs (--help and bad input stay fast)
-    from collsim.validate.compare import compare as run_compare
-    from collsim.validate.compare import plot_comparison, summarize, topology_for
+    from collsim.validate.check.compare import compare as run_compare
+    from collsim.validate.check.compare import plot_comparison, summarize, topology_for
     from collsim.validate.fit.calibrate import calibrate as fit
     from collsim.validate.fit.calibrate import write_topology
 

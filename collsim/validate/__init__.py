@@ -8,7 +8,7 @@ torch is imported inside functions only, so this package (and the core) imports 
 - :mod:`~collsim.validate.data.dataset`: measured CSV/JSON with metadata; the printed table.
 - :mod:`~collsim.validate.fit.calibrate`: fit a topology (link latency, bandwidth, per-op
   algorithm, overhead and efficiency) to a measurement through collsim's own cost formula.
-- :mod:`~collsim.validate.compare`: simulate the measured points; errors, summary, plot.
+- :mod:`~collsim.validate.check.compare`: simulate the measured points; errors, summary, plot.
 - :mod:`~collsim.validate.measure.sketch`: DDP and FSDP from scratch with their checks.
 - :mod:`~collsim.validate.measure.step`: real DDP / FSDP-sketch steps of a small GPT, measured and
   simulated with the engine.

@@ -83,7 +83,7 @@ def test_knee_keys_checked(tmp_path: Path, keys: dict, pattern: str) -> None:
 def test_calibration_finds_the_knee_and_predicts_the_held_out_sizes(tmp_path: Path) -> None:
     from collsim.cluster.topology import load_topology
     from collsim.collectives import Group, cost
-    from collsim.validate.compare import compare, summarize, topology_for
+    from collsim.validate.check.compare import compare, summarize, topology_for
     from collsim.validate.data.dataset import read_measurements, write_measurements
     from collsim.validate.fit.calibrate import calibrate, write_topology
 
@@ -162,7 +162,7 @@ def test_a_knee_between_the_fitted_sizes_is_found(tmp_path: Path) -> None:
     the fitted 1 MiB and 4 MiB, is placed within one grid step and the held-out 2 MiB and
     8 MiB points are predicted; pinned to a fitted size it could not be."""
     from collsim.cluster.topology import load_topology
-    from collsim.validate.compare import compare, summarize, topology_for
+    from collsim.validate.check.compare import compare, summarize, topology_for
     from collsim.validate.data.dataset import read_measurements, write_measurements
     from collsim.validate.fit.calibrate import calibrate, write_topology
     from collsim.validate.fit.numerics import KNEE_GRID_PER_OCTAVE

@@ -122,7 +122,7 @@ def test_holdout_with_unknown_ops_checks_nothing_and_fails(
 
 def test_compare_refuses_non_positive_times_given_in_memory() -> None:
     from collsim.cluster.topology import load_topology
-    from collsim.validate.compare import compare
+    from collsim.validate.check.compare import compare
 
     meas = read_measurements(BENCH)
     for bad in (0.0, -5.0, float("nan")):
