@@ -1446,7 +1446,7 @@ def kernels(profile: str, device: str, execution: str, summary: bool, output: st
     kernel kind (ratio = measured / modelled time)."""
     # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.cluster.hardware import get_device, load_device_file
-    from collsim.validate.kernels import (
+    from collsim.validate.check.kernels import (
         compare_kernels,
         format_rows,
         format_summary,

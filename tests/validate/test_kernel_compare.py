@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from collsim.cli import cli
 from collsim.cluster.hardware import get_device, load_device_file
-from collsim.validate.kernels import compare_kernels, summarize
+from collsim.validate.check.kernels import compare_kernels, summarize
 from collsim.validate.measure.compute import (
     CUDA_ATTENTION_HIDDEN,
     CUDA_ATTENTION_TOKENS,

@@ -23,7 +23,7 @@ from tempfile import TemporaryDirectory
 from typing import Any
 
 from collsim.cluster.hardware import get_device, load_device_file
-from collsim.validate.kernels import compare_kernels
+from collsim.validate.check.kernels import compare_kernels
 from collsim.validate.measure.compute import ComputeGrid, attention_notes, write_profile
 
 PER_CALL_S = 30e-6
