@@ -416,6 +416,13 @@ DEVICE = Section(
                 "optimizer_bytes_per_s": Value(kind="number", description="Optimizer rate."),
                 "launch_us": Value(kind="number", description="Kernel launch cost, us."),
                 "host_us": Value(kind="number", description="Host cost per op, us."),
+                "gemm_reach": Value(
+                    kind="number",
+                    minimum=1,
+                    rule="must be > 1",
+                    description="GEMM rows price shapes within this factor in every dimension; "
+                    "farther ones get the device's own figures (absent: the nearest rows).",
+                ),
                 "activation": ListOf(
                     items=None, description="[kind, elements, fwd_gelem_s, bwd_gelem_s] rows."
                 ),

@@ -422,7 +422,9 @@ class MeasuredTables:
 
     - ``gemm``: rows ``[m, n, k, dtype, tflops]`` timed on the device; a GEMM's rate is the
       rate of the nearest measured shape in log (m, n, k) space of that dtype (no shape of the
-      model being predicted needs to be in the grid);
+      model being predicted needs to be in the grid); with ``gemm_reach`` (a profile learned
+      from a trace, whose rows are only the shapes it ran) a shape farther than that factor in
+      some dimension from every row gets no measured rate: the device's own figures price it;
     - ``attention``: rows ``[kernel, causal, head_dim, seq, fwd_tflops, bwd_tflops]``, read
       like the published tables (log-log interpolation in seq, log in head dim);
     - ``bandwidth``: rows ``[size_bytes, gbps]`` of memory-bound kernels; a kernel's
@@ -454,7 +456,12 @@ class MeasuredTables:
         launch = reader.get("launch_us", float, default=None)
         host = reader.get("host_us", float, default=None)
         act_rows = reader.get("activation", list, default=[])
+        reach = reader.get(
+            "gemm_reach", float, default=None, check=lambda v: None if v > 1 else "must be > 1"
+        )
         extra = dict(reader.get("notes", dict, default={}))
+        if reach is not None:
+            extra["gemm_reach"] = reach
         extra["concurrent_slowdown"] = reader.get(
             "concurrent_slowdown",
             float,
@@ -523,11 +530,21 @@ class MeasuredTables:
         return elements / (rate * 1e9)
 
     def gemm_rate(self, m: int, n: int, k: int, dtype: str) -> float | None:
-        """FLOP/s of the nearest measured GEMM shape (log distance) of ``dtype``."""
+        """FLOP/s of the nearest measured GEMM shape (log distance) of ``dtype``; None when
+        there is none, or none within ``gemm_reach`` (when the profile sets it)."""
         rows = [r for r in self.gemm if r[3] == dtype] or [r for r in self.gemm]
         if not rows:
             return None
         lm, ln, lk = math.log(m), math.log(n), math.log(k)
+        reach = self.extra.get("gemm_reach")
+        if reach is not None:
+            lim = math.log(float(reach))
+            if not any(
+                max(abs(math.log(r[0]) - lm), abs(math.log(r[1]) - ln), abs(math.log(r[2]) - lk))
+                <= lim
+                for r in rows
+            ):
+                return None  # no row near: the device's own figures price it
 
         def dist(r: tuple[int, int, int, str, float]) -> float:
             return (

@@ -227,6 +227,44 @@ def test_a_profile_learned_from_the_gloo_trace_is_a_device(tmp_path: Path) -> No
     assert learned.sources["gemm"].startswith("trace")
 
 
+def test_a_gemm_no_traced_shape_reaches_is_priced_by_the_base_device(tmp_path: Path) -> None:
+    """A shape of the predicted model farther than 2x from every shape the trace ran gets no
+    rate from the traced rows (the nearest of them, 64x768x256 at a few GFLOP/s of a 2-core
+    host, would say nothing about an 8192-cube GEMM): the profile prices it with the figures
+    of its base catalogue device, as the catalogue device itself does; a traced shape keeps
+    its traced rate."""
+    import dataclasses
+
+    from collsim.cluster.hardware import get_device
+    from collsim.validate.fit.trace_profile import profile_from_traces, write_trace_profile
+    from collsim.workload.compute import ComputeModel
+    from collsim.workload.ops import Gemm
+
+    learned = profile_from_traces(read_traces(_gloo_trace()), base="cpu")
+    assert "cpu's own figures" in learned.sources["gemm"]
+    device = get_device(str(write_trace_profile(tmp_path / "p.yaml", learned)))
+    assert device.measured is not None and device.measured.extra["gemm_reach"] == 2.0
+    assert device.measured.gemm_rate(8192, 8192, 8192, "fp32") is None
+    traced = device.measured.gemm_rate(64, 768, 256, "fp32")
+    assert traced is not None and traced > 0
+
+    big = Gemm(8192, 8192, 8192)
+    catalogue = get_device("cpu")
+    got, _, _ = ComputeModel(device, "fp32").gemm_time_s(big)
+    want, _, _ = ComputeModel(catalogue, "fp32").gemm_time_s(big)
+    assert got == pytest.approx(want, rel=0.01)
+    # without the reach the nearest traced rows would price it: a different answer
+    unreached = dataclasses.replace(
+        device,
+        measured=dataclasses.replace(
+            device.measured,
+            extra={k: v for k, v in device.measured.extra.items() if k != "gemm_reach"},
+        ),
+    )
+    nearest, _, _ = ComputeModel(unreached, "fp32").gemm_time_s(big)
+    assert nearest > 2 * want
+
+
 def _trace_prediction_errors(run: Path) -> dict[tuple[int, str], float]:
     """(world size, mode) -> error of the step simulated from the profile recorded beside
     ``run``'s world-size-2 DDP trace, against the run's measured median."""

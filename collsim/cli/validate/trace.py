@@ -109,7 +109,8 @@ def trace_command(
             seen, unseen = gemm_coverage(learned.measured["gemm"][: learned.traced_gemm], loaded)
             click.echo(
                 f"# the scenario's GEMM shapes: {len(seen)} within 2x of a traced shape, "
-                f"{len(unseen)} not (priced from the nearest profile row"
+                f"{len(unseen)} not (priced from the base's rows within 2x, else by the "
+                f"figures of the base device {learned.base}"
                 + (f": {', '.join('x'.join(map(str, s)) for s in unseen[:8])}" if unseen else "")
                 + ")"
             )

@@ -334,8 +334,10 @@ def profile_from_traces(traces: list[Trace], *, base: str | None = None) -> Lear
         if section == "gemm" and rows:
             kept = [r for r in base_rows if not _near(r, rows)]
             measured[section] = rows + kept
-            sources[section] = f"trace ({len(rows)} shapes)" + (
-                f" + base ({len(kept)} shapes the trace did not see)" if kept else ""
+            sources[section] = (
+                f"trace ({len(rows)} shapes)"
+                + (f" + base ({len(kept)} shapes the trace did not see)" if kept else "")
+                + f"; a shape beyond {SAME_SHAPE_FACTOR:g}x of every row: {base}'s own figures"
             )
         elif rows:
             measured[section] = rows
@@ -353,6 +355,9 @@ def profile_from_traces(traces: list[Trace], *, base: str | None = None) -> Lear
     measured["host_us"] = round(statistics.median(hosts), 3) if hosts else base_host
     sources["host"] = "trace" if hosts else ("base" if base_host else "catalogue model")
     measured["launch_us"] = 0.0
+    # the rows are the shapes the trace ran: a shape far from all of them is priced by the
+    # base device's own figures (write_trace_profile), not by the nearest traced shape
+    measured["gemm_reach"] = SAME_SHAPE_FACTOR
     measured["notes"] = {
         "source": "trace",
         "traces": [Path(t.path).name for t in traces],
@@ -367,6 +372,30 @@ def profile_from_traces(traces: list[Trace], *, base: str | None = None) -> Lear
     )
 
 
+def base_figures(base: str) -> dict[str, Any]:
+    """The device-file figures of ``base`` (a catalogue key or a device file) that price a GEMM
+    no profile row reaches (:data:`SAME_SHAPE_FACTOR`): its peak and best-shape (MAMF) rates,
+    its SM (core) count and its clocks, in the units of the device schema."""
+    device = get_device(base)
+    figures: dict[str, Any] = {
+        "peak_tflops": {k: v / 1e12 for k, v in device.peak_flops.items()},
+        "mamf_tflops": {k: v / 1e12 for k, v in device.mamf_flops.items()},
+    }
+    if device.sm_count is not None:
+        figures["sm_count"] = device.sm_count
+    clocks = {
+        k: v
+        for k, v in (
+            ("boost_mhz", device.boost_clock_mhz),
+            ("sustained_mhz", device.sustained_clock_mhz),
+        )
+        if v is not None
+    }
+    if clocks:
+        figures["clocks"] = clocks
+    return figures
+
+
 def write_trace_profile(path: str | Path, learned: LearnedProfile) -> Path:
     """Write ``learned`` as a device file (:func:`collsim.validate.measure.compute.write_profile`)."""
 
@@ -376,7 +405,7 @@ def write_trace_profile(path: str | Path, learned: LearnedProfile) -> Path:
             "the traces hold no GEMM with recorded shapes (profile with record_shapes=True)",
             key_path="--profile-out",
         )
-    out = write_profile(path, tables, device=learned.device)
+    out = write_profile(path, tables, device=learned.device, figures=base_figures(learned.base))
     text = out.read_text().replace(
         "written by `collsim validate compute`",
         "learned from a trace by `collsim validate trace --profile-out`",
@@ -391,7 +420,8 @@ def gemm_coverage(
 ) -> tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]]:
     """The GEMM shapes (m, n, k) of ``scenario``'s layers, embedding and head, forward and
     backward: those within :data:`SAME_SHAPE_FACTOR` of a traced shape, and those not (a
-    profile prices them from the nearest measured row: its base's where it has one)."""
+    profile prices them from its base's measured rows within that factor where it has them,
+    else from its base device's own figures: ``gemm_reach``)."""
 
     training, parallel, spec = scenario.training, scenario.parallel, scenario.model
     tp = int(getattr(parallel, "tp", 1))

@@ -619,8 +619,16 @@ def concurrency_slowdown(
     return max(1.0, together / solo)
 
 
-def write_profile(path: str | Path, measured: dict[str, Any], *, device: str = "cpu") -> Path:
-    """Write a device file (catalogue schema + ``measured``) that ``get_device(path)`` reads."""
+def write_profile(
+    path: str | Path,
+    measured: dict[str, Any],
+    *,
+    device: str = "cpu",
+    figures: dict[str, Any] | None = None,
+) -> Path:
+    """Write a device file (catalogue schema + ``measured``) that ``get_device(path)`` reads;
+    ``figures`` replace the device-file keys derived from the tables (``peak_tflops``,
+    ``mamf_tflops``, ``sm_count``, ...), e.g. with a catalogue device's own."""
 
     base = get_device("cpu")
     cores = os.cpu_count() or 1
@@ -645,6 +653,7 @@ def write_profile(path: str | Path, measured: dict[str, Any], *, device: str = "
         "reserve_gib": 0.0,
         "measured": tables,
     }
+    doc.update({k: v for k, v in (figures or {}).items() if k not in ("key", "measured")})
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     header = (
