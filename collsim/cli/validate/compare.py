@@ -32,7 +32,7 @@ __all__ = ["compare"]
     "plot_path",
     type=click.Path(dir_okay=False),
     default=None,
-    help="Write the log-log plot here (default: beside each measurement, .png).",
+    help="Write the log-log plot here (.png or .svg; default: no plot).",
 )
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None)
 @click.option(
@@ -87,14 +87,14 @@ def compare(
                 ),
             )
         )
-        out_plot = plot_path or str(Path(meas.path).with_suffix(".png"))
-        plot_comparison(
-            points,
-            topo,
-            out_plot,
-            title=f"{Path(meas.path).name} vs {topo.name} (n={meas.world_size})",
-        )
-        click.echo(f"# wrote {out_plot}", err=True)
+        if plot_path:  # only where asked: never beside the measurement, never in the cwd
+            plot_comparison(
+                points,
+                topo,
+                plot_path,
+                title=f"{Path(meas.path).name} vs {topo.name} (n={meas.world_size})",
+            )
+            click.echo(f"# wrote {plot_path}", err=True)
         if csv_path:
             _write_compared_csv(csv_path, meas, points, topology)
             click.echo(f"# wrote {csv_path}", err=True)
