@@ -153,19 +153,28 @@ def goodput(
     seed: int = 0,
     monte_carlo: bool = True,
     limits: Limits | None = None,
+    fleet: str | None = None,
 ) -> GoodputResult:
     """Goodput of a scenario with a ``reliability`` section over ``days`` as ``collsim goodput``
-    computes it: the closed form and, with ``monte_carlo``, ``runs`` seeded runs.
+    computes it: the closed form and, with ``monte_carlo``, ``runs`` seeded runs; ``fleet``
+    (a published fleet's name, ``meta_rsc2``..., or a YAML file of one fleet) puts the plan at
+    that fleet's failure rate, as ``collsim goodput --fleet``.
 
     Raises:
-        ConfigError: bad input, or no reliability section.
+        ConfigError: bad input, no reliability section, or a fleet that is not one fleet.
     """
     # start-up: `import collsim` stays cheap; each layer loads on first use
-    from collsim.study.job import job_goodput, require_reliability, run_job
+    from collsim.study.goodput.fleets import find_fleets
+    from collsim.study.job import job_at_rate, job_goodput, require_reliability, run_job
 
+    fleets = find_fleets(fleet) if fleet is not None else []
+    if len(fleets) > 1:
+        raise ConfigError(f"{fleet} holds {len(fleets)} fleets; give one", key_path="fleet")
     loaded = load(scenario, overrides)
     require_reliability(loaded)
     job = run_job(loaded, limits=limits)
+    if fleets:
+        job = job_at_rate(job, fleets[0].per_1000_node_days)
     return job_goodput(job, days=days, runs=runs, seed=seed, monte_carlo=monte_carlo)
 
 
