@@ -9,8 +9,10 @@ import sys
 def test_validate_modules_import_without_torch() -> None:
     code = (
         "import sys; sys.modules['torch'] = None\n"  # any 'import torch' now fails
-        "import collsim.validate.measure.launch, collsim.validate.measure.bench, collsim.validate.data.dataset\n"
-        "import collsim.validate.fit.calibrate, collsim.validate.check.compare, collsim.validate.measure.sketch\n"
+        "import collsim.validate.measure.launch, collsim.validate.measure.bench\n"
+        "import collsim.validate.data.dataset\n"
+        "import collsim.validate.fit.calibrate, collsim.validate.check.compare\n"
+        "import collsim.validate.measure.sketch, collsim.validate.check.step\n"
         "import collsim.validate.measure.step, collsim.cli.validate\n"
         "from click.testing import CliRunner\n"
         "from collsim.cli import cli\n"

@@ -148,8 +148,8 @@ def _slowed_rank(cfg: StepConfig, local_s: float, extra_s: float | None, boost: 
     """The ``stragglers`` of a ``+straggler`` mode: the slowed rank at the nominal clock
     factor 1 / repeat, or with a delay the local step over local step + delay, or with
     ``extra_s`` (measured) local step / (local step + extra); with ``boost`` > 1 the span is
-    :func:`collsim.validate.measure.insitu.straggler_span_s` (its compute gets the CPU of its waiting
-    peers)."""
+    :func:`collsim.validate.measure.insitu.straggler_span_s` (its compute gets the CPU of its
+    waiting peers)."""
 
     assert cfg.straggler_rank is not None
     factor = 1 / cfg.straggler_repeat
@@ -194,7 +194,8 @@ def _on_busy_cores(
     """The simulated step and breakdown of a mode on CPU ranks (gloo) with in-situ data
     (``copies_s`` > 0): a DDP mode adds its gradient copies (``framework``, on the compute
     thread); every mode adds ``dp_on_busy_cores``, the data-parallel link time the engine hid
-    under compute times (f - 1), f of :func:`collsim.validate.measure.insitu.sharing_factor`: while a
+    under compute times (f - 1), f of
+    :func:`collsim.validate.measure.insitu.sharing_factor`: while a
     collective runs beside the compute, both share the cores with every other runnable thread
     (f = 2 on a quiet host whose cores the ranks fill: nothing is hidden)."""
     step_s = float(result.step_time_s)

@@ -1,5 +1,6 @@
 """The vocabulary of a collective table: its CSV columns and units, op names, value checks
-and :class:`Measurements`, shared by the writer and every reader (:mod:`collsim.validate.data.dataset`
+and :class:`Measurements`, shared by the writer and every reader
+(:mod:`collsim.validate.data.dataset`
 for collsim's CSV and JSON, :mod:`collsim.validate.data.nccltests` for nccl-tests logs)."""
 
 from __future__ import annotations

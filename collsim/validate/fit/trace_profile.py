@@ -188,7 +188,8 @@ def _attention_rows(trace_ops: list[tuple[Event, float]]) -> list[list[Any]]:
         b, h, s, d = (int(x) for x in dims[0])
         concrete = e.args.get("Concrete Inputs") or []
         causal = "True" in [str(c) for c in concrete]
-        # FLOPs as collsim.validate.measure.compute counts them: 4 b h s^2 d, half of it when causal;
+        # FLOPs as collsim.validate.measure.compute counts them: 4 b h s^2 d, half of it when
+        # causal;
         # backward 2.5 x forward
         flops = 4.0 * b * h * s * s * d / (2 if causal else 1)
         key = (kernel, causal, d, s)
@@ -397,7 +398,8 @@ def base_figures(base: str) -> dict[str, Any]:
 
 
 def write_trace_profile(path: str | Path, learned: LearnedProfile) -> Path:
-    """Write ``learned`` as a device file (:func:`collsim.validate.measure.compute.write_profile`)."""
+    """Write ``learned`` as a device file
+    (:func:`collsim.validate.measure.compute.write_profile`)."""
 
     tables = dict(learned.measured)
     if not tables["gemm"]:

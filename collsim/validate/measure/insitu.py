@@ -72,7 +72,8 @@ def ddp_probe(torch: Any, dist: Any, ddp: Any, bucket_mb: int) -> Any:
 
 def fsdp_probe(torch: Any, dist: Any, unit_numels: list[int]) -> Any:
     """A function that runs the FSDP sketch's collectives for units of ``unit_numels``
-    elements (padded to the world size, as :class:`~collsim.validate.measure.sketch.FlatShard` pads):
+    elements (padded to the world size, as
+    :class:`~collsim.validate.measure.sketch.FlatShard` pads):
     each unit's all-gather in order, then each unit's reduce-scatter in reverse order, one at a
     time; returns per op the list of ``(seconds, nccl-tests bytes)`` of each call (the full
     buffer's bytes for both, as nccl-tests sizes them)."""

@@ -383,7 +383,8 @@ def _time_modes(
         steps[mode]()
         row.append(time.perf_counter() - start)
         if mode == LOCAL and shares is not None:
-            # the share of a core this rank's one compute thread got (collsim.validate.measure.insitu)
+            # the share of a core this rank's one compute thread got
+            # (collsim.validate.measure.insitu)
             shares.append((time.thread_time() - cpu0) / max(row[-1], 1e-9))
     return row
 
@@ -522,7 +523,8 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
         row += _time_modes(dist, steps, timed, shares if it >= cfg.warmup else None)
         row += [extra_s[m][-1] for m in cfg.straggler_modes]
         keys += extra_keys
-        # the collectives of each mode alone, and DDP's gradient copies (collsim.validate.measure.insitu)
+        # the collectives of each mode alone, and DDP's gradient copies
+        # (collsim.validate.measure.insitu)
         probe_keys, probe_row = _run_probes(dist, probes, copies, probe_sizes)
         row += probe_row
         keys += probe_keys
@@ -576,7 +578,8 @@ def _trace_modes(
     ``torch.profiler.profile.step`` names it. One gzipped Kineto trace per mode and rank.
     Returns this rank's paths (``files``) and, per mode, the share of a core its thread got
     over the traced steps (``cpu_share``: thread CPU time over wall time, as
-    :mod:`collsim.validate.measure.insitu` measures the local step's), which tells whether the traced
+    :mod:`collsim.validate.measure.insitu` measures the local step's), which tells whether the
+    traced
     steps ran under the load the timed ones did."""
 
     # optional: torch loads only where it is used (the run path stays light)
@@ -622,7 +625,8 @@ def _autogroup() -> bool | None:
 def _probes(
     torch: Any, dist: Any, cfg: StepConfig, ctx: Any, ddp_modules: dict[str, Any], model: Any
 ) -> tuple[dict[str, Any], Any]:
-    """The in-situ probes of :mod:`collsim.validate.measure.insitu` for this rank's modes (gloo only:
+    """The in-situ probes of :mod:`collsim.validate.measure.insitu` for this rank's modes
+    (gloo only:
     on GPUs the collectives run on their own engines and the bench's calibration stands)."""
     if ctx.backend != "gloo":
         return {}, None
