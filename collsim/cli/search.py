@@ -318,7 +318,7 @@ class _SearchRun:
 
         self.topology, self.base, self.space = topology, base, space
         self.ranked: list[Ranked] = []
-        self.journal = FrameJournal(output, self._frame, every_s=2.0)
+        self.journal = FrameJournal(output, self._frame)
         self.estimated = self.pruned = self.simulated = 0
         self.total = 0
         self.best: Ranked | None = None
