@@ -21,7 +21,9 @@ small integers, so that every sum is exact and a wrong element is an error, not 
 
 from __future__ import annotations
 
+import ctypes
 import datetime as _dt
+import functools
 import os
 import platform
 import socket
@@ -30,7 +32,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from collsim.core.errors import ConfigError
 from collsim.core.units import parse_size
@@ -195,9 +197,10 @@ def _single(dist: Any, name: str, legacy: str) -> Callable[..., Any]:
     return fn
 
 
-#: Elements per block when the check data are made and compared: 1 Mi float32 (4 MiB), so that
-#: the check of a large size needs a few blocks of scratch memory, not several copies of it.
-_CHECK_BLOCK = 1 << 20
+#: Elements per block when the check data are made and compared: 256 Ki float32 (1 MiB), so
+#: that the check of a large size needs a few blocks of scratch memory (int64 indices and
+#: float32 values, a few MiB per rank), not several copies of it.
+_CHECK_BLOCK = 1 << 18
 
 
 class _Buffers:
@@ -339,6 +342,30 @@ class _OpCase:
             b = min(length, a + _CHECK_BLOCK)
             wrong += int((self.out[a:b] != self._expected(a, b)).sum().item())
         return wrong
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim`` (None where the C library has none: macOS, musl)."""
+    try:
+        fn = ctypes.CDLL(None).malloc_trim
+    except (AttributeError, OSError):
+        return None
+    fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
+    return cast(Callable[[int], int], fn)
+
+
+def _return_free_memory() -> None:
+    """Hand the heap memory freed since the last point back to the OS (glibc ``malloc_trim``,
+    between points, never inside a timed loop). The backend's per-call temporaries below
+    glibc's mmap threshold (gloo's flat output of an all_gather, the copy of a reduce_scatter's
+    input; the threshold rises with the blocks freed, up to 32 MiB on 64-bit Linux:
+    ``DEFAULT_MMAP_THRESHOLD_MAX`` in glibc's malloc/malloc.c) are freed into the heaps of the
+    threads that made them, where they would otherwise stay over the sizes and ops of a sweep
+    and add to the peak of the largest."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 def _probe_kernels(
@@ -566,6 +593,7 @@ def bench_rank(ctx: Any, config: BenchConfig) -> dict[str, Any]:
             count = element_count(op, size_bytes, n)
             if op != held_for:  # one op's buffers at a time: the last op's go first
                 buffers = None
+                _return_free_memory()
                 buffers = _Buffers.for_op(torch, op, largest[op], n, ctx.device)
                 held_for = op
             case = _OpCase(torch, dist, op, count, rank, n, ctx.device, config.root, buffers)
@@ -586,6 +614,7 @@ def bench_rank(ctx: Any, config: BenchConfig) -> dict[str, Any]:
                 _time_iterations(torch, dist, ctx, case, todo, config.barrier_each)
             )
             del case
+            _return_free_memory()
             point = None
             if round_index == config.rounds - 1:
                 point = _point(op, count, samples[key], wrong[key], n, config.root)

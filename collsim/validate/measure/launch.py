@@ -34,6 +34,7 @@ import pickle
 import shutil
 import signal
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -80,14 +81,65 @@ CUDA_HINT = (
 )
 
 
+#: Seconds the forked child of :func:`check_backend` gets to import torch and answer.
+_CHECK_TIMEOUT_S = 300.0
+
+
 def check_backend(backend: str, world_size: int | None = None) -> None:
     """Fail at once, in the parent, when the ranks could not start: no torch, or a backend
     the installed torch lacks (``nccl`` in a CPU-only build), or fewer GPUs than ranks.
 
+    Before local ranks are spawned (``world_size`` given, not under torchrun) the check runs in
+    a forked child where the platform forks, so that the parent, which only watches the ranks,
+    never loads torch: its memory (about as much as one rank's) stays out of the run's peak.
+    If the child cannot answer, the check runs here.
+
     Raises:
         ConfigError: one line with the install command (exit 2).
     """
+    forks = "fork" in multiprocessing.get_all_start_methods()
+    if world_size is None or in_torchrun() or "torch" in sys.modules or not forks:
+        _check_backend_here(backend, world_size)
+        return
+    ctx = multiprocessing.get_context("fork")
+    receiver, sender = ctx.Pipe(duplex=False)
+    child = ctx.Process(
+        target=_check_backend_child, args=(sender, backend, world_size), daemon=True
+    )
+    child.start()
+    sender.close()
+    answer: Any = None
+    try:
+        if receiver.poll(_CHECK_TIMEOUT_S):
+            answer = receiver.recv()
+    except (EOFError, OSError):  # the child died before answering: check here
+        answer = None
+    finally:
+        receiver.close()
+        child.join(timeout=5.0)
+        if child.is_alive():
+            child.kill()
+            child.join(timeout=5.0)
+    if answer is None:
+        _check_backend_here(backend, world_size)
+    elif answer != "ok":
+        message, key_path = answer
+        raise ConfigError(message, key_path=key_path)
 
+
+def _check_backend_child(sender: Any, backend: str, world_size: int | None) -> None:
+    """Body of the forked child of :func:`check_backend`: ``"ok"`` or (message, key path)."""
+    try:
+        _check_backend_here(backend, world_size)
+        sender.send("ok")
+    except ConfigError as exc:
+        sender.send((exc.message, exc.key_path))
+    finally:
+        sender.close()
+
+
+def _check_backend_here(backend: str, world_size: int | None) -> None:
+    """:func:`check_backend` in this process."""
     try:
         # torch is optional (the validate extra): imported where ranks run
         import torch
