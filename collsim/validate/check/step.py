@@ -1,7 +1,7 @@
 """Step-level validation, the predicting half: simulate the steps that
 :mod:`collsim.validate.measure.step` timed on real ranks, and compare the two.
 
-Derivations, measurements and sources: docs/derivations.md, ``collsim.validate.step``.
+Derivations, measurements and sources: docs/derivations.md, ``collsim.validate.measure.step``.
 """
 
 from __future__ import annotations

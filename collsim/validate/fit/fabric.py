@@ -2,7 +2,7 @@
 intra-node link and the library's fixed cost from one-node data, the NICs and the transport's
 own terms from multi-node data, through collsim's own cost of every measured point.
 
-Derivations, measurements and sources: docs/derivations.md, ``collsim.validate.calibrate``.
+Derivations, measurements and sources: docs/derivations.md, ``collsim.validate.fit.calibrate``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The numerics of calibration: robust line and hinge fits of time against size (relative
 residuals, Huber weights), the knee test, and a downhill simplex for the fabric fit.
 
-Derivations, measurements and sources: docs/derivations.md, ``collsim.validate.calibrate``.
+Derivations, measurements and sources: docs/derivations.md, ``collsim.validate.fit.calibrate``.
 """
 
 from __future__ import annotations
