@@ -226,3 +226,30 @@ def test_realtime_refused_is_one_line(
     assert exc.value.code == 2
     lines = [line for line in (out + err).splitlines() if line.strip()]
     assert len(lines) == 1 and "--realtime" in lines[0] and "not permitted" in lines[0]
+
+
+def test_the_parent_checks_the_backend_without_loading_torch() -> None:
+    """Before local ranks are spawned, the backend is checked in a forked child: the parent,
+    which only watches the ranks, never imports torch (its memory stays out of a bench's
+    peak); a backend the installed torch lacks is still refused there with one line."""
+    repo = Path(__file__).resolve().parents[2]
+    code = (
+        "import sys\n"
+        "from collsim.core.errors import ConfigError\n"
+        "from collsim.validate.measure.launch import check_backend\n"
+        "check_backend('gloo', 2)\n"
+        "assert 'torch' not in sys.modules, 'the parent imported torch'\n"
+        "try:\n"
+        "    check_backend('nccl', 2)\n"
+        "except ConfigError as exc:\n"
+        "    print('refused:', exc)\n"
+        "assert 'torch' not in sys.modules\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(repo))
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert out.returncode == 0, out.stderr
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():  # a CPU-only build has no nccl: refused, naming it
+        assert "refused: --backend: " in out.stdout and "no nccl backend" in out.stdout
