@@ -6,6 +6,8 @@ Derivations, measurements and sources: docs/derivations.md, ``collsim.parallel.p
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -17,6 +19,8 @@ from collsim.core.vocab import ParallelAxis, RankOrder
 from collsim.parallel.config import ParallelConfig, TrainingConfig
 from collsim.parallel.dispatch import check_dispatch
 from collsim.parallel.pipeline import PipelineSchedule, get_schedule
+from collsim.parallel.tp_overlap import check_tp_overlap, tp_overlap_of
+from collsim.workload.fp8 import fp8_param_gather_of
 from collsim.workload.memory import balanced_chunk_layers
 
 if TYPE_CHECKING:
@@ -782,6 +786,13 @@ def build_plan(
         )
     for note in notes:
         warnings.warn(note, CollsimWarning, stacklevel=2)
+    parallel = _with_fp8_params(training, parallel)
+    check_tp_overlap(
+        tp_overlap_of(parallel.tp_overlap_mode, training.stack),
+        tp=tp,
+        sequence_parallel=parallel.sequence_parallel,
+        execution=str(training.execution),
+    )
     plan = Plan(
         topology=topology,
         spec=spec,
@@ -795,6 +806,22 @@ def build_plan(
 
     check_dispatch(plan)  # the dispatch keys against the EP groups' nodes
     return plan
+
+
+def _with_fp8_params(training: TrainingConfig, parallel: ParallelConfig) -> ParallelConfig:
+    """``parallel`` with the FP8 weight all-gather on when the plan keeps FP8 parameters
+    (``training.fp8_param_gather``: :func:`collsim.workload.fp8.fp8_param_gather_of`)."""
+    on = fp8_param_gather_of(
+        training.stack,
+        training.fp8_param_gather,
+        fp8=str(training.dtype) == "fp8",
+        zero=parallel.zero,
+    )
+    if not on or parallel.fsdp.fp8_all_gather:
+        return parallel
+    out = copy.copy(parallel)
+    object.__setattr__(out, "fsdp", dataclasses.replace(parallel.fsdp, fp8_all_gather=True))
+    return out
 
 
 def _span_counts(sizes: tuple[int, ...]) -> str:

@@ -54,6 +54,7 @@ from collsim.parallel.config import (
     ScheduleKind,
     TrainingConfig,
 )
+from collsim.parallel.tp_overlap import TP_OVERLAP_MODES
 from collsim.step.stragglers import STRAGGLERS, read_stragglers
 from collsim.study.goodput.config import COMPONENTS, read_reliability
 from collsim.workload import TransformerSpec, get_preset
@@ -509,6 +510,9 @@ def _read_parallel(reader: ConfigReader) -> ParallelConfig:
     ep_overlap = reader.get("ep_overlap", (bool, str), default=None)
     if ep_overlap is not None:
         kwargs["ep_overlap"] = ep_overlap
+    tp_overlap = reader.get("tp_overlap", (bool, str), default=None)
+    if tp_overlap is not None:
+        kwargs["tp_overlap"] = tp_overlap
     ddp = reader.section("ddp", default_empty=True)
     ddp_kwargs = read_described(ddp, _section(_PARALLEL, "ddp"))
     ddp.finish()
@@ -723,6 +727,10 @@ _TRAINING = Section(
         "fsdp_version": choice_value(
             "torch FSDP 1 or FSDP2.", values_of(STACK_CHOICES["fsdp_version"]), kind="integer"
         ),
+        "fp8_weight_cache": flag_value(
+            "FP8 weights cast once per step (TE is_first_microbatch; stack megatron_te)."
+        ),
+        "fp8_param_gather": flag_value("Weights kept and all-gathered in FP8 (Megatron)."),
     },
 )
 
@@ -766,6 +774,15 @@ _PARALLEL = Section(
         "routing": choice_value("Routing model of the dispatch volumes.", values_of(ROUTINGS)),
         "routing_nodes": positive_value("integer", "M of node_limited routing (DeepSeek-V3: 4)."),
         "dispatch_sms": non_negative_value("integer", "SMs the dispatch kernels hold."),
+        "tp_overlap": Either(
+            options=(
+                flag_value("true: the stack's (torchtitan: async_tp, else userbuffers)."),
+                choice_value("Overlap kind.", values_of(TP_OVERLAP_MODES)),
+            ),
+            description="Overlap the sequence-parallel collectives with the GEMMs in chunks "
+            "(Megatron --tp-comm-overlap userbuffers; torch AsyncTP).",
+            rule="must be true, false, none, userbuffers or async_tp; got {value!r}",
+        ),
         "pipeline_split": choice_value(
             "even (layers must divide) or balanced.", values_of(PIPELINE_SPLITS)
         ),
