@@ -313,18 +313,14 @@ def _overlap_one(
     if how.mode == "none":
         return [st], i
     if role == "all_gather":  # a ring under the GEMM that follows
-        j = i + 1
-        g = min(f if forward else d, _plain(out, j))
+        g = _take(out, i + 1, f if forward else d)
         if g <= 0:
             return [st], i
-        out[j] = Step(out[j].seconds - g)
         return _ring(st.size_bytes, g, n, 1 if ub else 0, gather=True), i
     if role == "reduce_scatter" and forward:  # the GEMM before it, in pieces
-        j = i - 1
-        g = min(f, _plain(out, j))
+        g = _take(out, i - 1, f)
         if g <= 0:
             return [st], i
-        out[j] = Step(out[j].seconds - g)
         if ub:
             return _pipelined(st.size_bytes, g * how.margin, 4), i
         return _ring(st.size_bytes, g, n, 0, gather=False), i
@@ -335,18 +331,35 @@ def _overlap_one(
     # backward reduce-scatter of the column-parallel dgrad output
     j = max((k for k in range(i) if not out[k].op and out[k].seconds > 0), default=-1)
     if ub:
-        g = min(w, _plain(out, j))
+        g = _take(out, j, w)
         if g <= 0:
             return [st], i
-        out[j] = Step(out[j].seconds - g)
         return [replace(st, overlap_s=g * how.margin, sms=0)], i
     # AsyncTP: the dgrad (the plain step the re-gather became) in pieces, ring-scattered
-    k = i - 1
-    g = min(d, _plain(out, k))
+    g = _take(out, i - 1, d)
     if g <= 0:
         return [st], i
-    out[k] = Step(out[k].seconds - g)
     return _ring(st.size_bytes, g, n, 0, gather=False), i
+
+
+def _take(out: list[Step], j: int, want_s: float) -> float:
+    """Take ``want_s`` of GEMM seconds out of the plain compute step ``out[j]`` (none when it
+    is not plain compute); what it lacks comes from the pass's largest other plain step (the
+    even attention / MLP halves of :func:`_split` only place the compute, the pass keeps its
+    total). Returns the seconds taken."""
+    have = _plain(out, j)
+    if have <= 0 or want_s <= 0:
+        return 0.0
+    got = min(want_s, have)
+    out[j] = Step(have - got)
+    short = want_s - got
+    others = [k for k in range(len(out)) if k != j and not out[k].op and out[k].seconds > 0]
+    if short > 0 and others:
+        k = max(others, key=lambda x: out[x].seconds)
+        extra = min(short, out[k].seconds)
+        out[k] = Step(out[k].seconds - extra)
+        got += extra
+    return got
 
 
 def _plain(out: list[Step], j: int) -> float:

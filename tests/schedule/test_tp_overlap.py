@@ -1,0 +1,158 @@
+"""Overlapped tensor parallelism (``parallel.tp_overlap``): the time of one layer against a
+hand computation, the fidelities agreeing on it, and the plan rules (exit 2)."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from collsim.cli import cli
+from collsim.cluster.topology import load_topology
+from collsim.core.errors import CollsimWarning, ConfigError
+from collsim.parallel.config import DDPConfig, ParallelConfig, TrainingConfig
+from collsim.parallel.plan import build_plan
+from collsim.parallel.tp_overlap import pipelined_scatter_s, ring_gather_s, ring_scatter_s
+from collsim.play.engine import simulate_step
+from collsim.play.walk import estimate_step
+from collsim.step.build import build_schedule
+from collsim.step.pricing import ClosedPricer, SegmentPrices
+from collsim.workload import get_preset
+
+
+@pytest.fixture(autouse=True)
+def _quiet():  # type: ignore[no-untyped-def]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CollsimWarning)
+        yield
+
+
+TOPO = load_topology("dgx_h100", nodes=1)
+SPEC = get_preset("llama2-7b", num_layers=2)
+TRAINING = TrainingConfig(global_batch=4, micro_batch=1, stack="megatron_te")
+
+
+def _parallel(**kw):  # type: ignore[no-untyped-def]
+    base = dict(tp=8, sequence_parallel=True, ddp=DDPConfig(overlap=False))
+    base.update(kw)
+    return ParallelConfig(**base)
+
+
+def test_closed_forms_by_hand() -> None:
+    # 8 pieces of 1 s; a ring step of 0.5 s hides under each piece, 2 s does not
+    assert ring_gather_s(8.0, 0.5, 8) == pytest.approx(7 * 1.0 + 1.0)
+    assert ring_gather_s(8.0, 2.0, 8) == pytest.approx(7 * 2.0 + 1.0)
+    # slowed 1.25x while the step runs: 0.5 s of step does 0.4 s of a 1 s piece, 0.6 s after
+    assert ring_scatter_s(8.0, 0.5, 8, 1.25) == pytest.approx(1.0 + 7 * (0.5 + 0.6))
+    # TE's pipeline: 4 pieces on 1.25x fewer SMs, 0.5 s reduce-scatters, the last exposed
+    assert pipelined_scatter_s(4.0, 0.5, 4, 1.25) == pytest.approx(1.25 + 3 * 1.25 + 0.5)
+
+
+def _layer_by_hand(schedule, pricer: ClosedPricer) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+    """Forward and backward seconds of one layer with userbuffers, from the block's GEMM
+    times and the closed-form call costs (docs/tp_overlap.md)."""
+    blk = schedule.layer
+    lin = {n: (f, d, w) for n, f, d, w in blk.linears_s}
+    size = 1 * SPEC.seq_len * SPEC.hidden * 2  # b s h bf16 bytes
+    group = tuple(range(8))
+    p2p = pricer.cost("send_recv", size / 8, (0, 1)).time_s
+    rs4 = pricer.cost("reduce_scatter", size / 4, group).time_s
+    ag = pricer.cost("all_gather", size, group).time_s
+    rs = pricer.cost("reduce_scatter", size, group).time_s
+    sm = TOPO.device.sm_count or 132
+    one_sm = 1 / (1 - 1 / sm)  # the ring exchange's one SM, while it runs
+    margin = sm / (sm - 16)  # the pipelined and bulk kernels' 16 SMs, TE's SM margin
+    fwd = blk.forward_s - sum(v[0] for v in lin.values())
+    fwd += ring_gather_s(lin["qkv_proj"][0], p2p, 8, one_sm)
+    fwd += pipelined_scatter_s(lin["out_proj"][0], rs4, 4, margin)
+    fwd += ring_gather_s(lin["mlp_up"][0], p2p, 8, one_sm)
+    fwd += pipelined_scatter_s(lin["mlp_down"][0], rs4, 4, margin)
+    # backward: each half's row dgrad under a ring of the output gradient, the column
+    # linear's re-gather beside its dgrad and its dgrad reduce-scatter beside its wgrad
+    d_up, d_qkv = blk.column_dgrad_s
+    bwd = blk.backward_s
+    for row, col, d_col in (("mlp_down", "mlp_up", d_up), ("out_proj", "qkv_proj", d_qkv)):
+        bwd -= lin[row][1] + d_col + lin[col][2]
+        bwd += ring_gather_s(lin[row][1], p2p, 8, one_sm)
+        bwd += max(ag, d_col * margin) + max(rs, lin[col][2] * margin)
+    return fwd, bwd
+
+
+def test_one_layer_against_a_hand_computation() -> None:
+    schedule = build_schedule(TOPO, SPEC, TRAINING, _parallel(tp_overlap="userbuffers"))
+    pricer = ClosedPricer(TOPO)
+    prices = SegmentPrices(schedule.plan, pricer, schedule.overlap_factor)
+    chunk = schedule.stages[0].chunks[0]
+    fwd_seg = next(s for s in chunk.forward if s.key == 1)
+    bwd_seg = next(s for s in chunk.backward if s.key == 1)
+    fwd = sum(prices.step_s(0, st) for st in fwd_seg.steps)
+    bwd = sum(prices.step_s(0, st) for st in bwd_seg.steps)
+    hand_fwd, hand_bwd = _layer_by_hand(schedule, pricer)
+    assert fwd == pytest.approx(hand_fwd, rel=1e-9)
+    assert bwd == pytest.approx(hand_bwd, rel=1e-9)
+    # and it exposes less than the blocking calls of the same layer
+    blocking = build_schedule(TOPO, SPEC, TRAINING, _parallel())
+    b_prices = SegmentPrices(blocking.plan, pricer, blocking.overlap_factor)
+    b_chunk = blocking.stages[0].chunks[0]
+    b_fwd = sum(b_prices.step_s(0, st) for st in b_chunk.forward[1].steps)
+    assert fwd < b_fwd
+
+
+@pytest.mark.parametrize("mode", ["userbuffers", "async_tp"])
+@pytest.mark.parametrize("fidelity", ["fused", "layer"])
+def test_fidelities_agree_on_overlapped_tp(mode: str, fidelity: str) -> None:
+    training = TrainingConfig(
+        global_batch=4, micro_batch=1, stack="megatron_te", execution="compiled"
+    )
+    par = _parallel(tp_overlap=mode)
+    closed = estimate_step(TOPO, SPEC, training, par)
+    des = simulate_step(TOPO, SPEC, training, par, fidelity=fidelity)
+    assert des.step_time_s == pytest.approx(closed.step_time_s, rel=1e-6)
+    assert des.breakdown_s["tp_exposed"] == pytest.approx(
+        closed.breakdown_s["tp_exposed"], rel=1e-6
+    )
+
+
+def test_overlap_rules() -> None:
+    with pytest.raises(ConfigError, match="needs sequence_parallel: true") as info:
+        ParallelConfig(tp=8, tp_overlap=True)
+    assert info.value.key_path == "parallel.tp_overlap"
+    with pytest.raises(ConfigError, match="needs sequence_parallel"):
+        ParallelConfig(tp=1, tp_overlap="userbuffers")
+    with pytest.raises(ConfigError, match="must be true, false or one of"):
+        ParallelConfig(tp=8, sequence_parallel=True, tp_overlap="nccl")
+    with pytest.raises(ConfigError, match="needs training.execution: compiled") as info:
+        build_plan(TOPO, SPEC, TRAINING, _parallel(tp_overlap="async_tp"))
+    assert info.value.key_path == "parallel.tp_overlap"
+    # true under torchtitan is AsyncTP, which needs torch.compile
+    titan = TrainingConfig(global_batch=4, micro_batch=1, stack="torchtitan")
+    with pytest.raises(ConfigError, match="async_tp"):
+        build_plan(TOPO, SPEC, titan, _parallel(tp_overlap=True))
+
+
+SCENARIO = """\
+name: tp-overlap-no-sp
+cluster: {topology: dgx_h100, nodes: 1}
+model: {preset: llama2-7b, layers: 2}
+training: {global_batch: 4, micro_batch: 1, stack: megatron_te}
+parallel: {tp: 8, tp_overlap: true}
+"""
+
+
+def test_cli_overlap_without_sp_is_one_line_exit_2(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(SCENARIO)
+    res = CliRunner().invoke(cli, ["run", str(path), "--fidelity", "closed"])
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "parallel.tp_overlap" in lines[0], lines
+    assert "sequence_parallel" in lines[0]
+    fp8 = SCENARIO.replace("tp_overlap: true", "sequence_parallel: true").replace(
+        "stack: megatron_te", "stack: torchtitan, fp8_weight_cache: true, dtype: fp8"
+    )
+    path.write_text(fp8)
+    res = CliRunner().invoke(cli, ["run", str(path), "--fidelity", "closed"])
+    assert res.exit_code == 2 and "training.fp8_weight_cache" in res.stderr, res.output
+    assert len(res.stderr.strip().splitlines()) == 1
