@@ -233,8 +233,7 @@ def _blocks(
         return float(overrides.get(key, value))
 
     def dgrad(times: LayerTimes, names: tuple[str, ...], backward_s: float) -> tuple[float, ...]:
-        """Half the backward of each named linear (its dgrad GEMM: 2 of its 4 backward FLOPs
-        per weight element), scaled like the block when a block override replaced it."""
+        """Half the backward of each named linear (its dgrad), scaled like an overridden block."""
         scale = backward_s / times.backward_s if times.backward_s > 0 else 0.0
         by_name = {o.name: o.time_s for o in times.ops if o.phase == "backward"}
         return tuple(by_name.get(n, 0.0) / 2 * scale for n in names)
