@@ -156,3 +156,36 @@ def test_cli_overlap_without_sp_is_one_line_exit_2(tmp_path: Path) -> None:
     res = CliRunner().invoke(cli, ["run", str(path), "--fidelity", "closed"])
     assert res.exit_code == 2 and "training.fp8_weight_cache" in res.stderr, res.output
     assert len(res.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("fidelity", ["auto", "layer"])
+def test_fidelities_agree_on_an_fp8_megatron_plan(fidelity: str) -> None:
+    """Transformer Engine's FP8 casts (weight casts once per step, FP8 parameters gathered in
+    FP8, FP8 sequence-parallel gathers) with userbuffers, over two nodes: within 1 %."""
+    topo = load_topology("dgx_h100", nodes=2)
+    training = TrainingConfig(
+        global_batch=8, micro_batch=1, stack="megatron_te", dtype="fp8", fp8_recipe="tensorwise"
+    )
+    par = _parallel(dp=2, zero=1, tp_overlap="userbuffers")
+    closed = estimate_step(topo, SPEC, training, par)
+    des = simulate_step(topo, SPEC, training, par, fidelity=fidelity)
+    assert des.step_time_s == pytest.approx(closed.step_time_s, rel=0.01)
+    assert closed.breakdown_s["framework"] > 0  # the once-per-step weight casts
+    plain = estimate_step(
+        topo, SPEC, TrainingConfig(global_batch=8, micro_batch=1, dtype="fp8"), _parallel(dp=2)
+    )
+    assert closed.step_time_s != plain.step_time_s
+
+
+def test_te_fp8_gathers_the_quantized_input() -> None:
+    """Under megatron_te with fp8, TE casts the local rows and all-gathers FP8: the
+    sequence-parallel gathers of the QKV and MLP-up inputs move 1 byte per element."""
+    size = SPEC.seq_len * SPEC.hidden * 2
+    fp8 = TrainingConfig(global_batch=4, micro_batch=1, stack="megatron_te", dtype="fp8")
+    result = estimate_step(TOPO, SPEC, fp8, _parallel())
+    gathers = {c.size_bytes for c in result.collectives if c.axis == "tp" and c.op == "all_gather"}
+    assert size / 2 in gathers  # the QKV / MLP-up inputs, forward and the backward re-gather
+    bf16 = estimate_step(TOPO, SPEC, TRAINING, _parallel())
+    assert {c.size_bytes for c in bf16.collectives if c.axis == "tp" and c.op == "all_gather"} == {
+        size
+    }
