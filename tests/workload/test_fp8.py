@@ -131,3 +131,14 @@ def test_compute_model_casts_cost_less_cached_and_experts_run_in_fp8() -> None:
     }
     assert te.layer_times(moe, micro_batch=1, layer=1, ep=8).fp8_weights[1] > 0
     assert eff["expert_up"] != ao["expert_up"]  # the TE path runs the experts in FP8
+
+
+def test_fp8_ceilings_apply_the_clock_and_the_power_derate_once() -> None:
+    """MAMF_fp8 x the sustained clock fraction, x (P / P_ref)^(1/3) below the MAMF's power:
+    the same factors as bf16, so the FP8 / bf16 ceiling ratio is the MAMF ratio."""
+    h100 = ComputeModel(get_device("h100"), "fp8")
+    assert h100.matmul_peak_flops == pytest.approx(1402.6e12 * 0.735)
+    derated = ComputeModel(get_device("h100_96gb"), "fp8")
+    assert derated.matmul_peak_flops == pytest.approx(1402.6e12 * 0.735 * (500 / 700) ** (1 / 3))
+    bf16 = ComputeModel(get_device("h100_96gb"), "bf16")
+    assert derated.matmul_peak_flops / bf16.matmul_peak_flops == pytest.approx(1402.6 / 794.5)
