@@ -408,7 +408,10 @@ class ParallelConfig:
     """Overlap the sequence-parallel collectives with the GEMMs in chunks: ``userbuffers``
     (Megatron ``--tp-comm-overlap``, Transformer Engine), ``async_tp`` (torch AsyncTP,
     torchtitan ``enable_async_tensor_parallel``), true (the stack's: AsyncTP under
-    torchtitan, else userbuffers) or false; see :mod:`collsim.parallel.tp_overlap`."""
+    torchtitan, else userbuffers) or false; see :mod:`collsim.parallel.tp_overlap`. Every
+    stack ships it off (Megatron-Core ``ModelParallelConfig.tp_comm_overlap = False`` at
+    d98e8a6; torchtitan ``enable_async_tensor_parallel = False`` at b5bcd76): recipes turn it
+    on."""
     tp_overlap_mode: str = "none"
     """``none``, ``userbuffers``, ``async_tp`` or ``stack`` (true), set from ``tp_overlap``."""
 
