@@ -227,6 +227,11 @@ class TPOverlap:
     fp8_gather: bool = False
     """Transformer Engine FP8: the inputs of the FP8 linears are quantized before the
     all-gather, which then moves 1 byte per element (module/linear.py at d0067d0)."""
+    amax_reduce: bool = False
+    """Transformer Engine current scaling under sequence parallelism: the amax of a
+    column-parallel input (forward) and of a row-parallel output gradient (backward) is
+    all-reduced over the TP group before the cast (one fp32 scalar; module/linear.py l.352
+    and l.810-825 at d0067d0)."""
 
 
 _FWD_ROLES = {"all_gather": ("qkv_proj", "mlp_up"), "reduce_scatter": ("out_proj", "mlp_down")}
@@ -292,6 +297,8 @@ def overlap_tp(
         if how.fp8_gather and name in _FP8_GATHERED and role in ("all_gather", "regather"):
             size /= 2
         new, i = _overlap_one(out, i, role, replace(st, size_bytes=size), (f, d, w), how, forward)
+        if how.amax_reduce and role == "all_gather":  # the amax before the cast and gather
+            new = [Step(op="all_reduce", size_bytes=4.0), *new]
         out[i : i + 1] = new
         i += len(new)
     return [st for st in out if st.op or st.seconds > 0]
@@ -720,6 +727,7 @@ def tp_overlap_for(plan: Plan) -> TPOverlap | None:
         tp=plan.tp,
         margin=margin_factor(plan.topology.device, USERBUFFERS["fprop_rs"].sms),
         fp8_gather=fp8,
+        amax_reduce=fp8 and str(plan.training.fp8_recipe or "tensorwise") == "tensorwise",
     )
 
 

@@ -3,6 +3,7 @@ hand computation, the fidelities agreeing on it, and the plan rules (exit 2)."""
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from pathlib import Path
 
@@ -185,6 +186,18 @@ def test_te_fp8_gathers_the_quantized_input() -> None:
     result = estimate_step(TOPO, SPEC, fp8, _parallel())
     gathers = {c.size_bytes for c in result.collectives if c.axis == "tp" and c.op == "all_gather"}
     assert size / 2 in gathers  # the QKV / MLP-up inputs, forward and the backward re-gather
+    # current scaling: an fp32 amax all-reduce over tp before each gathered cast, the QKV and
+    # MLP-up inputs forward and the out / MLP-down output gradients backward: 4 per layer and
+    # micro-batch, 2 layers x 4 micro-batches
+    amax = [
+        c
+        for c in result.collectives
+        if c.op == "all_reduce" and c.size_bytes == 4 and c.axis == "tp"
+    ]
+    assert sum(c.count for c in amax) == 4 * 2 * 4
+    delayed = dataclasses.replace(fp8, fp8_recipe="delayed")
+    quiet = estimate_step(TOPO, SPEC, delayed, _parallel())
+    assert not [c for c in quiet.collectives if c.size_bytes == 4 and c.axis == "tp"]
     bf16 = estimate_step(TOPO, SPEC, TRAINING, _parallel())
     assert {c.size_bytes for c in bf16.collectives if c.axis == "tp" and c.op == "all_gather"} == {
         size
