@@ -686,7 +686,13 @@ def _layer_segments(
         forward=False,
         cp_extra=extra,
     )
+    # the paired (EP-overlap) forms keep blocking TP calls: their compute runs hide the EP
+    # all-to-alls (docs/tp_overlap.md); FP8 gathers and amax reductions apply to both
+    p_fwd, p_bwd = fsteps_l, bsteps_l
     if tp_how is not None and comm and sp:
+        blocking = replace(tp_how, mode="none")
+        p_fwd = overlap_tp(fsteps_l, blk.linears_s, blocking, forward=True)
+        p_bwd = overlap_tp(bsteps_l, blk.linears_s, blocking, forward=False)
         fsteps_l = overlap_tp(fsteps_l, blk.linears_s, tp_how, forward=True)
         if full:
             pre = overlap_tp(pre, blk.linears_s, tp_how, forward=True)
@@ -701,12 +707,10 @@ def _layer_segments(
     )
     if not (overlap and any(c.axis in _PAIRED_AXES and c.op == "all_to_all" for c in f_comms)):
         return forward, backward, None, None
-    paired_forward = Segment(
-        index, _overlap_ep(fsteps_l, forward=True), stored_bytes=blk.stored_bytes
-    )
+    paired_forward = Segment(index, _overlap_ep(p_fwd, forward=True), stored_bytes=blk.stored_bytes)
     paired_backward = Segment(
         index,
-        pre + _overlap_ep(bsteps_l, forward=False),
+        pre + _overlap_ep(p_bwd, forward=False),
         grad_from=len(pre),
         stored_bytes=blk.stored_bytes,
         transient_bytes=blk.transient_bytes,

@@ -202,3 +202,15 @@ def test_te_fp8_gathers_the_quantized_input() -> None:
     assert {c.size_bytes for c in bf16.collectives if c.axis == "tp" and c.op == "all_gather"} == {
         size
     }
+
+
+def test_tp_overlap_leaves_the_ep_overlap_of_paired_ops_alone() -> None:
+    """With parallel.ep_overlap the paired ops keep their compute runs for the all-to-alls:
+    adding tp_overlap does not expose more EP time, and it hides TP time in the other ops."""
+    moe = get_preset("qwen3-30b-a3b", num_layers=2, seq_len=1024)
+    training = TrainingConfig(global_batch=16, micro_batch=1, stack="megatron_te")
+    base = dict(tp=2, dp=4, ep=8, sequence_parallel=True, ep_overlap=True, dispatcher="alltoall")
+    plain = estimate_step(TOPO, moe, training, ParallelConfig(**base))
+    both = estimate_step(TOPO, moe, training, ParallelConfig(**base, tp_overlap="userbuffers"))
+    assert both.breakdown_s["ep_exposed"] == pytest.approx(plain.breakdown_s["ep_exposed"])
+    assert both.breakdown_s["tp_exposed"] < plain.breakdown_s["tp_exposed"]
