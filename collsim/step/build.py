@@ -304,7 +304,7 @@ def fp8_casts_of(plan: Plan) -> FP8Casts | None:
         return None
     return FP8Casts(
         recipe=str(tr.fp8_recipe or "tensorwise"),
-        weight_cache=weight_cache_of(tr.stack, tr.fp8_weight_cache),
+        weight_cache=weight_cache_of(tr.stack, tr.fp8_weight_cache, zero=plan.parallel.zero),
         param_gather=bool(plan.parallel.fsdp.fp8_all_gather),
         fused_norm=True,
     )

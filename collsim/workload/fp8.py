@@ -190,15 +190,17 @@ def cast_bytes_per_step(
     return num_microbatches * per_mb + weight_cast_bytes_per_step(weights, casts, shard=shard)
 
 
-def weight_cache_of(stack: str | None, explicit: bool | None) -> bool:
+def weight_cache_of(stack: str | None, explicit: bool | None, *, zero: int = 0) -> bool:
     """``training.fp8_weight_cache``: the explicit value, else True under ``megatron_te``
     (Megatron-Core passes ``is_first_microbatch``: pipeline_parallel/schedules.py l.496 and
     extensions/transformer_engine.py l.1338 at d98e8a6; TE caches the FP8 weight when it is
-    set, module/linear.py l.479 at d0067d0) and False otherwise (torchao's ``Float8Linear``
-    casts its weight in every forward)."""
+    set, module/linear.py l.479 at d0067d0) unless the parameters are sharded (``zero`` 3:
+    TE keeps no weight workspace under FSDP2, ``cache_name = None if ... self.is_fsdp2``,
+    module/linear.py l.1958), and False otherwise (torchao's ``Float8Linear`` casts its
+    weight in every forward)."""
     if explicit is not None:
         return bool(explicit)
-    return stack == "megatron_te"
+    return stack == "megatron_te" and zero < 3
 
 
 def fp8_param_gather_of(stack: str | None, explicit: bool | None, *, fp8: bool, zero: int) -> bool:

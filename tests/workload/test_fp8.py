@@ -89,6 +89,7 @@ def test_stack_defaults_and_rules() -> None:
     assert weight_cache_of("megatron_te", None) is True
     assert weight_cache_of("torchtitan", None) is False
     assert weight_cache_of("megatron_te", False) is False
+    assert weight_cache_of("megatron_te", None, zero=3) is False  # no workspace under FSDP2
     assert fp8_param_gather_of("megatron_te", None, fp8=True, zero=1) is True
     assert fp8_param_gather_of("megatron_te", None, fp8=True, zero=0) is False
     assert fp8_param_gather_of("megatron_te", None, fp8=False, zero=1) is False
