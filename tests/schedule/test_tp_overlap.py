@@ -214,3 +214,21 @@ def test_tp_overlap_leaves_the_ep_overlap_of_paired_ops_alone() -> None:
     both = estimate_step(TOPO, moe, training, ParallelConfig(**base, tp_overlap="userbuffers"))
     assert both.breakdown_s["ep_exposed"] == pytest.approx(plain.breakdown_s["ep_exposed"])
     assert both.breakdown_s["tp_exposed"] < plain.breakdown_s["tp_exposed"]
+
+
+def test_async_tp_forward_against_a_hand_computation() -> None:
+    """AsyncTP: every forward collective a ring of tp steps moved by the copy engines (no
+    SMs held, no slowdown): rest + 2 rings under the column GEMMs + 2 under the row GEMMs."""
+    training = TrainingConfig(
+        global_batch=4, micro_batch=1, stack="megatron_te", execution="compiled"
+    )
+    schedule = build_schedule(TOPO, SPEC, training, _parallel(tp_overlap="async_tp"))
+    pricer = ClosedPricer(TOPO)
+    prices = SegmentPrices(schedule.plan, pricer, schedule.overlap_factor)
+    seg = next(s for s in schedule.stages[0].chunks[0].forward if s.key == 1)
+    lin = {n: f for n, f, _, _ in schedule.layer.linears_s}
+    p2p = pricer.cost("send_recv", SPEC.seq_len * SPEC.hidden * 2 / 8, (0, 1)).time_s
+    hand = schedule.layer.forward_s - sum(lin.values())
+    hand += ring_gather_s(lin["qkv_proj"], p2p, 8) + ring_scatter_s(lin["out_proj"], p2p, 8)
+    hand += ring_gather_s(lin["mlp_up"], p2p, 8) + ring_scatter_s(lin["mlp_down"], p2p, 8)
+    assert sum(prices.step_s(0, st) for st in seg.steps) == pytest.approx(hand, rel=1e-9)
