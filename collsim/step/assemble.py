@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from collsim.core.errors import SimulationError
 from collsim.core.units import GiB
+from collsim.parallel.describe import describe_mapping
 from collsim.parallel.plan import Plan
 from collsim.step.memory import Timelines
 from collsim.step.result import MEMORY_KEYS, Breakdown, CollectiveStat, StepResult
@@ -137,7 +138,7 @@ def assemble(
         num_gpus=gpus,
         collectives=_collectives(engine),
         warnings=warnings_out,
-        mapping=plan.describe_mapping(),
+        mapping=describe_mapping(plan),
         memory_timeline=(
             Timelines({rank: prog.ledger for rank, prog in programs.items()}) if timeline else {}
         ),
