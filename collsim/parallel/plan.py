@@ -460,8 +460,9 @@ DEFAULT_ORDER = RankOrder.PP_OUTER
 torchtitan's device mesh (pp outermost, tp innermost); see :class:`RankOrder`."""
 
 
-def default_order(spec: TransformerSpec, parallel: ParallelConfig) -> RankOrder:
-    """The rank layout of a plan that does not set ``parallel.order``: :data:`DEFAULT_ORDER`."""
+def default_order() -> RankOrder:
+    """The rank layout of a plan that does not set ``parallel.order``: :data:`DEFAULT_ORDER`,
+    whatever the model and the plan (every supported stack lays ranks out the same way)."""
     return DEFAULT_ORDER
 
 
@@ -538,7 +539,7 @@ def build_plan(
             f"fewer micro-batches ({m}) than pipeline stages ({pp}): most of the step "
             "is pipeline bubble"
         )
-    order = parallel.order or default_order(spec, parallel)
+    order = parallel.order or default_order()
     if order is RankOrder.DP_OUTER and pp > 1 and parallel.ep * parallel.etp > tp * cp:
         notes.append(
             f"order {order.value} with ep x etp = {parallel.ep * parallel.etp} > tp x cp = "

@@ -191,7 +191,7 @@ class Engine(PipeMessages):
         tallies so far (every gradient reduction has ended when this is asked)."""
         link, busbw = dp_link(self.stats.items(), prog.rank)
         return self.schedule.interference_s(
-            dp_link_s=link, busbw_bps=busbw, compute_s=prog.acct["compute"]
+            dp_link_s=link, busbw_bps=busbw, compute_s=prog.breakdown_s["compute"]
         )
 
     # ---- stragglers -------------------------------------------------------------------------

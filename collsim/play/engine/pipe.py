@@ -61,7 +61,7 @@ class PipeMessages(SegmentCalls):
             if self.trace_on
             else "all_gather pp recv"
         )
-        return self.tp_call(prog, "all_gather", self._p2p_size * self.plan.tp, name)
+        return self.tp_call(prog, "all_gather", self._p2p_size_bytes * self.plan.tp, name)
 
     def pp_gather_cost(self, prog: RankState) -> tuple[float, CallKey | None, float] | None:
         """The closed-form pipeline gather of ``prog``'s received messages: (seconds,
@@ -75,7 +75,7 @@ class PipeMessages(SegmentCalls):
             return None  # simulated TP peers: they rendezvous on the tp stream
         hit = self._gathers.get(prog.rank)
         if hit is None:
-            size = self._p2p_size * self.plan.tp
+            size = self._p2p_size_bytes * self.plan.tp
             group = self.group(prog.rank, TP)
             cost = self.pricer.cost("all_gather", size, group)
             key = CallKey(prog.rank, TP, "all_gather", size, len(group), cost.algorithm)
@@ -97,7 +97,7 @@ class PipeMessages(SegmentCalls):
         self.tally(key, time_s, busbw)
         if self.trace_on:
             now = self.env.now
-            size = self._p2p_size * self.plan.tp
+            size = self._p2p_size_bytes * self.plan.tp
             self.add_trace(
                 prog.rank,
                 TP,
@@ -113,7 +113,7 @@ class PipeMessages(SegmentCalls):
         return self.plan.rank(dp=c.dp, pp=stage, tp=c.tp, cp=c.cp)
 
     @property
-    def _p2p_size(self) -> float:
+    def _p2p_size_bytes(self) -> float:
         """Per TP rank: b s h / t activations (Megatron's scatter-gather of pipeline sends)."""
         return self.schedule.p2p_bytes
 
@@ -180,7 +180,7 @@ class PipeMessages(SegmentCalls):
         """What every send of ``prog`` to ``stage`` shares (:class:`PipeRoute`): the receiving
         rank, the pairs on its links, and the closed-form reservation when there is one."""
         src, dst = prog.rank, self._stage_rank(prog.rank, stage)
-        size = self._p2p_size
+        size = self._p2p_size_bytes
         pairs: list[tuple[int, ...]] = (
             []
             if self.all_ranks
@@ -210,7 +210,7 @@ class PipeMessages(SegmentCalls):
     def send_output(self, prog: RankState, op: PipeOp, route: PipeRoute) -> None:
         """Send ``op``'s output along ``route`` (:meth:`outbox`) on the rank's pp stream."""
         src, dst, stage = prog.rank, route.dst, route.stage
-        size = self._p2p_size
+        size = self._p2p_size_bytes
         mail = route.mail
         now = self.env.now
         mail.produced_s = now
