@@ -19,8 +19,8 @@ Example::
 
 from __future__ import annotations
 
-from collsim.collectives.schedule import LoadPhase, Phase, Schedule, Timing, Transfer
-from collsim.collectives.select import choose, cost, schedule_for, simulate, supported
+from collsim.collectives.phases import CollectivePhases, LoadPhase, Phase, Timing, Transfer
+from collsim.collectives.select import choose, cost, phases_for, simulate, supported
 from collsim.collectives.types import CollectiveCost, Group, busbw_factor
 from collsim.core.vocab import Algorithm, CollectiveOp, Protocol
 
@@ -34,11 +34,11 @@ __all__ = [
     "cost",
     "simulate",
     "choose",
-    "schedule_for",
+    "phases_for",
     "supported",
     "Phase",
     "LoadPhase",
-    "Schedule",
+    "CollectivePhases",
     "Timing",
     "Transfer",
 ]

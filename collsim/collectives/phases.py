@@ -1,6 +1,6 @@
 """An algorithm as a short list of phases, timed in closed form or run on a FlowNetwork.
 
-Derivations, measurements and sources: docs/derivations.md, ``collsim.collectives.schedule``.
+Derivations, measurements and sources: docs/derivations.md, ``collsim.collectives.phases``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ __all__ = [
     "Phase",
     "LoadPhase",
     "PhaseLoad",
-    "Schedule",
+    "CollectivePhases",
     "Timing",
     "ProtocolCap",
     "make_transfer",
@@ -328,7 +328,7 @@ def _link_counts(entries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 @dataclass(frozen=True, slots=True)
 class Timing:
-    """The closed form of one (schedule, protocol).
+    """The closed form of one (collective's phases, protocol).
 
     time_s = latency_s + size x seconds_per_byte [+ loops(size) x loop_step_s], where the loop
     term exists only for algorithms whose loops end in a handshake that is not overlapped
@@ -423,7 +423,7 @@ def _channel_term(cap: ProtocolCap, s_per_byte: float) -> Callable[[float], floa
     return extra_s
 
 
-class Schedule:
+class CollectivePhases:
     """Phases of one (op, algorithm) on one group, with its closed-form timings per protocol."""
 
     def __init__(
@@ -602,7 +602,7 @@ class Schedule:
 
     def timing(self, protocol: Protocol) -> Timing:
         """The timing of ``protocol``, worked out when first asked for (NCCL's tuner picks one
-        protocol per size: the others of a schedule are often never needed); ConfigError if
+        protocol per size: the others of an algorithm are often never needed); ConfigError if
         the algorithm cannot use it here."""
         found = self._timings.get(protocol)
         if found is None:
@@ -616,22 +616,26 @@ class Schedule:
 
 
 def run_phases(
-    env: simpy.Environment, net: FlowNetwork, schedule: Schedule, timing: Timing, size_bytes: float
+    env: simpy.Environment,
+    net: FlowNetwork,
+    collective: CollectivePhases,
+    timing: Timing,
+    size_bytes: float,
 ) -> Generator[simpy.Event, object, float]:
-    """SimPy process body: the schedule's phases one after another on ``net``.
+    """SimPy process body: the collective's phases one after another on ``net``.
 
     Returns the elapsed simulated time in seconds.
     """
     start = env.now
     fixed = timing.latency_s - sum(
         p.intra_steps * timing.intra_hop_s + p.inter_steps * timing.inter_hop_s
-        for p in schedule.phases
+        for p in collective.phases
     )
     if fixed > 0:
         yield env.timeout(fixed)
-    for phase in schedule.phases:
+    for phase in collective.phases:
         yield net.send_all(
-            schedule.des_sends(phase),
+            collective.des_sends(phase),
             efficiency=timing.efficiency,
             scale=phase.size_factor * size_bytes,
         )
