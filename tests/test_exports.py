@@ -43,7 +43,7 @@ def test_each_error_name_is_the_class_collsim_raises() -> None:
 
     import pytest
 
-    from collsim import errors
+    from collsim.core import errors
     from collsim.cluster.topology import load_topology
     from collsim.parallel.config import ParallelConfig, TrainingConfig
     from collsim.parallel.plan import build_plan
