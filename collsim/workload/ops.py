@@ -1,29 +1,9 @@
-"""The ops of a transformer layer, the embedding and the LM head: FLOPs, bytes, saved tensors.
-
-Device-independent accounting for ONE rank of a Megatron-style tensor-parallel group of size t
-(Shoeybi et al. 2019; Korthikanti et al. 2022):
-
-- QKV projection and MLP up (and gate) are column-parallel: each rank owns heads/t heads and
-  ffn/t columns; the attention output projection and MLP down are row-parallel (input split by
-  t, output a partial sum that the tp all-reduce, or reduce-scatter with sequence parallelism,
-  completes: that communication is not in here, see ``collsim.parallel``).
-- Norms, dropouts and residual adds run on the whole sequence on every rank, or on s/t of it with
-  sequence parallelism (SP).
-- Element-wise ops move bytes, matmuls move bytes and do FLOPs; every matmul is listed as GEMMs
-  ``C[m, n] = A[m, k] B[k, n]`` (``batch`` of them) so that the compute model can judge the shape.
-- Backward of a matmul is two GEMMs of the same FLOPs (dA = dC B^T, dB = A^T dC), so 2x the
-  forward FLOPs; backward of an element-wise op moves 2x its forward bytes.
-- Activation memory: each op lists the tensors it keeps for backward, in the dtype's element
-  size ``e`` (``e`` = 2 for bf16/fp16, Korthikanti's setting) and 1 byte per dropout mask
-  element. Summed over a GPT layer (ffn = 4h, multi-head attention, dropout) these give exactly
-  Korthikanti's sbh(34 + 5as/h) and its TP / SP / recompute variants, which the tests check.
-
-Fused kernels as Megatron-LM runs them: scale + mask + softmax is one op; the bias adds live in
-the GEMM epilogues; the SwiGLU gate and up projections are one GEMM of width 2 ffn / t; the
-dropout after each block and the residual add are one bias-dropout-add op.
-
-The op records are in :mod:`collsim.workload.op_records`, the MoE, MLA, sliding-window and
-context-parallel layers in :mod:`collsim.workload.variant_ops` (both re-exported here).
+"""The ops of a transformer layer, the embedding and the LM head on ONE rank of a Megatron-style
+tensor-parallel group: FLOPs, bytes and the tensors kept for backward, with Megatron-LM's fused
+kernels (Shoeybi et al. 2019; Korthikanti et al. 2022; the accounting rules in
+docs/derivations.md, ``collsim.workload.ops``). The op records are in
+:mod:`collsim.workload.op_records`, the MoE, MLA, sliding-window and context-parallel layers in
+:mod:`collsim.workload.variant_ops` (both re-exported here).
 """
 
 from __future__ import annotations

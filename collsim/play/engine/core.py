@@ -1,29 +1,12 @@
-"""The engine: simulated ranks, their streams, pipeline messages, DP traffic and memory.
-
-Symmetry reduction ("simulate few, stand for many", DESIGN.md): by default one representative
-rank per pipeline stage is simulated (tp index 0, dp index 0); its TP peers and DP replicas run
-the same program at the same times. Its collectives stand for their whole group, and in the DES
-they carry as ``peers`` the groups of the other replicas running at the same moment, so shared
-links are still loaded. ``all_ranks=True`` simulates every rank: each group's calls then
-rendezvous over all its members (:class:`~collsim.play.engine.streams.GroupStream`).
-
-Stragglers (:mod:`collsim.step.stragglers`) break the symmetry only where they must
-(:func:`simulated_ranks`). A straggler's tensor-parallel group runs at its slowest member's pace
-(every layer ends in a blocking TP collective that waits for it), so the group's tp-index-0
-rank stands for it with its compute stretched; its pipeline (the same dp index, every stage) is
-simulated, so that the slowed stage delays the stages downstream and upstream of it; and the
-data-parallel streams of every stage then have two or more simulated members, which
-rendezvous: the representative pipeline (dp 0) waits there for the slow one. A degraded link
-adds the tp indices of the ranks it serves. Replicas that are not simulated run as the
-representative does; only the representatives carry DES peers (the other simulated groups load
-the network themselves, at their own times). Each stream records the call whose rendezvous
-waited longest and who it waited for (:meth:`Engine.rendezvous_waits`).
-
-Data-parallel work (model states, buckets, FSDP units, optimizer) is in
-:mod:`collsim.play.engine.dataparallel`; the engine's groups, streams and priced calls in
-:mod:`~collsim.play.engine.calls`, the collectives inside segments in
-:mod:`~collsim.play.engine.segments` and the pipeline messages in
-:mod:`~collsim.play.engine.pipe` (its base classes, in that order).
+"""The engine: simulated ranks, their streams, pipeline messages, DP traffic and memory. By
+default it simulates one representative rank per pipeline stage whose collectives stand for
+their whole group and carry the other replicas' groups as DES ``peers`` ("simulate few, stand
+for many", DESIGN.md); ``all_ranks=True`` simulates every rank, and stragglers break the
+symmetry only where they must (:func:`simulated_ranks`; the rules in docs/derivations.md,
+``collsim.play.engine.core``). Data-parallel work is in :mod:`~collsim.play.engine.dataparallel`;
+the groups, streams and priced calls in :mod:`~collsim.play.engine.calls`, the collectives
+inside segments in :mod:`~collsim.play.engine.segments` and the pipeline messages in
+:mod:`~collsim.play.engine.pipe` (the engine's base classes, in that order).
 """
 
 from __future__ import annotations
