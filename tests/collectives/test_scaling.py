@@ -10,7 +10,7 @@ import pytest
 from collsim.cluster.topology import Topology, parse_topology
 from collsim.collectives import Algorithm, CollectiveOp, Group, cost, phases_for
 from collsim.collectives.direct import EXACT_PAIRS_UP_TO, all_pairs_load
-from collsim.collectives.phases import (
+from collsim.collectives.transfers import (
     AGGREGATE_ABOVE,
     Phase,
     aggregate_transfers,
