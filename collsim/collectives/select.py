@@ -112,7 +112,7 @@ def phases_for(op: CollectiveOp, group: Group, algorithm: Algorithm) -> Collecti
     found = cache.get(key)
     if found is None:
         if algorithm is Algorithm.AUTO:
-            raise ConfigError("auto is not a schedule; use choose()")
+            raise ConfigError("auto names no one algorithm; use choose()")
         module = ALGORITHM_MODULES[algorithm]
         loop_bytes_for = getattr(module, "loop_bytes_for", None)
         latency_for = getattr(module, "latency_for", None)
@@ -322,7 +322,7 @@ def cost(
     entry = cache.get(key)
     if entry is None:
         entry = cache[key] = _shared_entry(op, group, algorithm, protocol)
-    parsed_op, factor, n, picks = entry.op, entry.factor, entry.n, entry.picks
+    parsed_op, factor, n, picks = entry.op, entry.factor, entry.num_ranks, entry.picks
     if picks is not None:
         picked = picks.get(size_bytes, _UNSEEN)
         if picked is _UNSEEN:
@@ -398,12 +398,12 @@ def _candidate(phases: CollectivePhases, t: Timing) -> _Candidate:
 class CostEntry:
     """What :func:`cost` keeps per (group, op, algorithm, protocol).
 
-    Where NCCL's tuner decides, only the schedules it picks are built, when it first picks
+    Where NCCL's tuner decides, only the phases it picks are built, when it first picks
     them (a step asks for a few sizes per group: most algorithms are never needed); every
     candidate is built only where the cheapest must be found.
     """
 
-    __slots__ = ("op", "factor", "n", "picks", "_key", "_all", "_chosen")
+    __slots__ = ("op", "factor", "num_ranks", "picks", "_key", "_all", "_chosen")
 
     def __init__(
         self,
@@ -414,7 +414,7 @@ class CostEntry:
     ) -> None:
         self.op = parse_enum(CollectiveOp, op, "op")
         self.factor = busbw_factor(self.op, group.size)
-        self.n = group.size
+        self.num_ranks = group.size
         tuned = _uses_tuner(self.op, group, algorithm, protocol)
         self.picks: dict[float, _Candidate | None] | None = {} if tuned else None
         """The tuner's pick per size (None: it picks nothing this group has: the cheapest)."""
