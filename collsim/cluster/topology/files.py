@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from collsim.cluster.hardware import DEVICE, Device, device_from_reader, get_device, list_devices
 from collsim.cluster.topology.graph import Topology
@@ -38,12 +39,14 @@ from collsim.core.schema import (
     non_negative_value,
     positive_value,
     raise_errors,
+    read_described,
+    scaled,
     text_value,
     values_of,
 )
 from collsim.core.units import US, gbit_to_bps, gbps_to_bps
 from collsim.core.vocab import Algorithm, CollectiveOp, FabricKind, Interconnect, Protocol
-from collsim.core.yamlio import ConfigReader, YamlDoc, load_yaml, non_negative, one_of, positive
+from collsim.core.yamlio import ConfigReader, YamlDoc, load_yaml
 
 __all__ = [
     "TOPOLOGY",
@@ -175,91 +178,70 @@ def parse_topology(
     ``device`` replaces the file's (which is still checked).
 
     Every schema error of the file is reported at once (:func:`collsim.core.schema.check`), before
-    the rules between keys are checked.
+    the rules between keys are checked; the keys are read as :data:`TOPOLOGY` describes them.
     """
     raise_errors(check(doc, TOPOLOGY))
     root = ConfigReader(doc.data, doc=doc)
-    name = root.get("name", str)
-    root.get("description", str, default="")
+    top = read_described(root, TOPOLOGY)
     file_device = _read_device(root, doc)
     device = file_device if device is None else device
-    file_nodes = root.get("nodes", int, default=1, check=positive)
-    file_gpus = root.get("gpus_per_node", int, check=positive)
 
-    intra = _read_intra(root)
+    intra = _IntraSpec(**_read_section(root, "intra_node"))
     nics, nics_has_efficiency = _read_nics(root)
     fabric, kind_defaults = _read_fabric(root)
     if nics is not None and not nics_has_efficiency and fabric.kind is not FabricKind.FAT_TREE:
         nics = replace(nics, efficiency=kind_defaults.nic_efficiency)
-    sec = root.section("host", default_empty=True)
-    host_bps = gbps_to_bps(sec.get("bandwidth_gbps", float, default=32.0, check=positive))
-    cpu_vendor = sec.get("cpu_vendor", str, default="intel", check=one_of(*CPU_VENDORS))
-    sec.finish()
+    host = _read_section(root, "host")
     collectives = _read_collectives(root)
     root.finish()
 
-    num_nodes = file_nodes if nodes is None else nodes
+    num_nodes = top["num_nodes"] if nodes is None else nodes
     if num_nodes < 1:
         raise ConfigError(f"nodes must be >= 1, got {num_nodes}")
-    ranks_per_node = file_gpus if gpus_per_node is None else gpus_per_node
+    ranks_per_node = top["gpus_per_node"] if gpus_per_node is None else gpus_per_node
     if ranks_per_node < 1:
         raise ConfigError(f"gpus_per_node must be >= 1, got {ranks_per_node}")
     if num_nodes > 1 and nics is None:
         raise root.error(f"{num_nodes} nodes asked but the topology has no 'nics' section")
     _check_size(root, num_nodes, ranks_per_node, nics.count if nics is not None else 0)
     return Topology(
-        name=name,
+        name=top["name"],
         device=device,
         num_nodes=num_nodes,
         gpus_per_node=ranks_per_node,
         intra=intra,
         nics=nics,
         fabric=fabric,
-        host_bandwidth_bps=host_bps,
-        host_cpu_vendor=cpu_vendor,
         collectives=collectives,
         source=doc.file,
+        **host,
     )
 
 
-def _read_intra(root: ConfigReader) -> _IntraSpec:
-    sec = root.section("intra_node")
-    intra = _IntraSpec(
-        interconnect=Interconnect(
-            sec.get("interconnect", str, check=one_of(*[i.value for i in Interconnect]))
-        ),
-        bandwidth_bps=gbps_to_bps(sec.get("bandwidth_gbps", float, check=positive)),
-        **_efficiency_and_latency(sec),
-        nvls=sec.get("nvls", bool, default=False),
-    )
+def _read_section(root: ConfigReader, key: str) -> dict[str, Any]:
+    """The described keys of the mapping ``key`` (an absent optional one reads as empty)."""
+    spec = TOPOLOGY.fields[key]
+    assert isinstance(spec, Section)
+    sec = root.section(key, default_empty=not spec.required)
+    out = read_described(sec, spec)
     sec.finish()
-    return intra
+    return out
 
 
 def _read_nics(root: ConfigReader) -> tuple[_NicSpec | None, bool]:
     """The ``nics`` section (None without one) and whether it sets its own efficiency."""
     if not root.has("nics"):
         return None, False
-    sec = root.section("nics")
-    has_efficiency = sec.has("efficiency")
-    nics = _NicSpec(
-        count=sec.get("count", int, check=positive),
-        bandwidth_bps=gbit_to_bps(sec.get("rate_gbit", float, check=positive)),
-        **_efficiency_and_latency(sec),
-    )
-    sec.finish()
-    return nics, has_efficiency
+    has_efficiency = root.section("nics").has("efficiency")
+    return _NicSpec(**_read_section(root, "nics")), has_efficiency
 
 
 def _read_fabric(root: ConfigReader) -> tuple[_FabricSpec, FabricDefaults]:
     """The ``fabric`` section, with its kind's defaults (which also set the NICs' efficiency)."""
     sec = root.section("fabric", default_empty=True)
-    kind = FabricKind(
-        sec.get("kind", str, default="fat_tree", check=one_of(*[k.value for k in FabricKind]))
-    )
-    platform: str | None = None
-    if sec.has("platform"):
-        platform = sec.get("platform", str, check=one_of(*EFA_PLATFORMS))
+    values = read_described(sec, _FABRIC)
+    kind = values["kind"]
+    platform = values.get("platform")
     transport = transport_for(kind, platform if kind is FabricKind.EFA else None)
     kind_defaults = replace(
         FABRIC_DEFAULTS[kind],
@@ -268,34 +250,18 @@ def _read_fabric(root: ConfigReader) -> tuple[_FabricSpec, FabricDefaults]:
         ll128=transport.ll128,
         source=transport.source,
     )
-    net_latency_us = sec.get(
-        "net_latency_us", float, default=kind_defaults.net_latency_us, check=non_negative
-    )
-    if sec.has("completion_us") and sec.has("net_simple_latency_us"):
+    net_latency_us = values.pop("net_latency_us", kind_defaults.net_latency_us)
+    if "completion_us" in values and "net_simple_latency_us" in values:
         raise sec.error("give completion_us or net_simple_latency_us, not both", "completion_us")
-    simple_us = (
-        2.0 * net_latency_us + sec.get("completion_us", float, check=non_negative)
-        if sec.has("completion_us")
-        else sec.get(
-            "net_simple_latency_us",
-            float,
-            default=kind_defaults.net_simple_latency_us,
-            check=non_negative,
-        )
-    )
+    completion_us = values.pop("completion_us", None)
+    simple_us = values.pop("net_simple_latency_us", kind_defaults.net_simple_latency_us)
+    if completion_us is not None:
+        simple_us = 2.0 * net_latency_us + completion_us
+    values.setdefault("ll128", kind_defaults.ll128)
+    values.setdefault("ll", Protocol.LL in transport.protocols)
+    values.setdefault("tuner", transport.tuner)
     fabric = _FabricSpec(
-        rails=sec.get("rails", bool, default=False),
-        oversubscription=sec.get("oversubscription", float, default=1.0, check=_at_least_one),
-        nodes_per_leaf=sec.get("nodes_per_leaf", int, default=1 << 30, check=positive),
-        latency_s=sec.get("latency_us", float, default=0.0, check=non_negative) * US,
-        kind=kind,
-        net_latency_s=net_latency_us * US,
-        net_simple_latency_s=simple_us * US,
-        ll128=sec.get("ll128", bool, default=kind_defaults.ll128),
-        collnet=sec.get("sharp", bool, default=False),
-        ll=sec.get("ll", bool, default=Protocol.LL in transport.protocols),
-        platform=platform,
-        tuner=sec.get("tuner", str, default=transport.tuner, check=one_of(*TUNERS)),
+        **values, net_latency_s=net_latency_us * US, net_simple_latency_s=simple_us * US
     )
     sec.finish()
     if platform is not None and kind is not FabricKind.EFA:
@@ -305,37 +271,36 @@ def _read_fabric(root: ConfigReader) -> tuple[_FabricSpec, FabricDefaults]:
 
 def _read_collectives(root: ConfigReader) -> CollectiveSettings:
     sec = root.section("collectives", default_empty=True)
-    library = sec.get("library", str, default="nccl", check=one_of(*LIBRARIES))
-    nccl_version = sec.get(
-        "nccl_version", str, default=NCCL_RELEASES[-1], check=one_of(*NCCL_RELEASES)
-    )
-    overhead_s = sec.get("overhead_us", float, default=0.0, check=non_negative) * US
-    algos = sec.section("algorithms", default_empty=True)
-    overrides: dict[str, str] = {}
-    for op in _op_keys(algos):
-        overrides[str(op)] = algos.get(op, str, check=one_of(*_ALGORITHM_NAMES))
+    values = read_described(sec, _COLLECTIVES)
+    algorithms = sec.section("algorithms", default_empty=True)
+    values["algorithms"] = read_described(algorithms, _section(_COLLECTIVES, "algorithms"))
+    algorithms.finish()
+    per_op = sec.section("ops", default_empty=True)
+    ops = _section(_COLLECTIVES, "ops")
+    assert isinstance(ops.values, Section)
+    op_keys = [str(op) for op, _ in list(per_op.items())]
+    for op in op_keys:
+        if op not in _OP_NAMES:
+            raise per_op.error(_OP_RULE.format(choices=", ".join(_OP_NAMES)), op)
     op_overhead_s: dict[str, float] = {}
     op_efficiency: dict[str, float] = {}
     op_knee: dict[str, tuple[float, float]] = {}
-    per_op = sec.section("ops", default_empty=True)
-    for op in _op_keys(per_op):
+    for op in op_keys:
         one = per_op.section(op)
-        if one.has("overhead_us"):
-            op_overhead_s[str(op)] = one.get("overhead_us", float, check=non_negative) * US
-        if one.has("efficiency"):
-            op_efficiency[str(op)] = one.get("efficiency", float, check=_fraction)
-        if one.has("knee_bytes") or one.has("knee_efficiency"):
-            op_knee[str(op)] = _knee(one, op_efficiency.get(str(op), 1.0))
+        read = read_described(one, ops.values)
+        if "overhead_s" in read:
+            op_overhead_s[op] = read["overhead_s"]
+        if "efficiency" in read:
+            op_efficiency[op] = read["efficiency"]
+        if "knee_bytes" in read or "knee_efficiency" in read:
+            op_knee[op] = _knee(one, read, op_efficiency.get(op, 1.0))
         one.finish()
     sec.finish()
     return CollectiveSettings(
-        library=library,
-        overhead_s=overhead_s,
-        algorithms=overrides,
+        **values,
         op_overhead_s=op_overhead_s,
         op_efficiency=op_efficiency,
         op_knee=op_knee,
-        nccl_version=nccl_version,
     )
 
 
@@ -358,30 +323,12 @@ def _check_size(root: ConfigReader, num_nodes: int, ranks_per_node: int, nics: i
             )
 
 
-def _efficiency_and_latency(sec: ConfigReader) -> dict[str, float]:
-    """The ``efficiency`` and ``latency_us`` keys every link class has."""
-    return {
-        "efficiency": sec.get("efficiency", float, default=1.0, check=_fraction),
-        "latency_s": sec.get("latency_us", float, default=0.0, check=non_negative) * US,
-    }
-
-
-def _op_keys(sec: ConfigReader) -> list[str]:
-    """Keys of a per-op mapping, each checked to be a collective op."""
-    keys = [str(op) for op, _ in list(sec.items())]
-    for op in keys:
-        if op not in _OP_NAMES:
-            raise sec.error(f"unknown op (choose from {', '.join(_OP_NAMES)})", op)
-    return keys
-
-
-def _knee(one: ConfigReader, efficiency: float) -> tuple[float, float]:
+def _knee(one: ConfigReader, read: dict[str, Any], efficiency: float) -> tuple[float, float]:
     """``(knee_bytes, knee_efficiency)`` of one op: both keys, the second <= ``efficiency``."""
     for key in ("knee_bytes", "knee_efficiency"):
-        if not one.has(key):
+        if key not in read:
             raise one.error("knee_bytes and knee_efficiency go together; missing", key)
-    knee_bytes = one.get("knee_bytes", (int, float), check=non_negative)
-    knee_eff = one.get("knee_efficiency", float, check=_fraction)
+    knee_bytes, knee_eff = read["knee_bytes"], read["knee_efficiency"]
     if knee_eff > efficiency:
         raise one.error(
             f"must be <= the op's efficiency ({efficiency}), got {knee_eff}", "knee_efficiency"
@@ -389,22 +336,29 @@ def _knee(one: ConfigReader, efficiency: float) -> tuple[float, float]:
     return float(knee_bytes), knee_eff
 
 
-def _fraction(value: float) -> str | None:
-    return None if 0 < value <= 1 else f"must be in (0, 1], got {value}"
-
-
-def _at_least_one(value: float) -> str | None:
-    return None if value >= 1 else f"must be >= 1 (1 = non-blocking), got {value}"
+def _section(parent: Section, key: str) -> Section:
+    spec = parent.fields[key]
+    assert isinstance(spec, Section)
+    return spec
 
 
 # -- topology (collsim.cluster.topology.parse_topology) --------------------------------------------
+
+_us_to_s = scaled(US)
+"""Microseconds in a file, seconds in the built topology."""
 
 
 def _link(extra: dict[str, Spec]) -> dict[str, Spec]:
     return {
         **extra,
-        "efficiency": fraction_value("Achievable / line rate."),
-        "latency_us": non_negative_value("number", "Per-hop latency in microseconds."),
+        "efficiency": fraction_value("Achievable / line rate.", default=1.0),
+        "latency_us": non_negative_value(
+            "number",
+            "Per-hop latency in microseconds.",
+            default=0.0,
+            field="latency_s",
+            convert=_us_to_s,
+        ),
     }
 
 
@@ -417,6 +371,92 @@ def _op_value(spec: Value) -> Value:
     return replace(spec, nullable=False)
 
 
+_FABRIC = Section(
+    description="The network between nodes.",
+    fields={
+        "kind": choice_value(
+            "Transport (sets defaults).",
+            values_of(FabricKind),
+            default=FabricKind.FAT_TREE.value,
+            convert=FabricKind,
+        ),
+        "rails": flag_value("Rail-optimised.", default=False),
+        "oversubscription": Value(
+            kind="number",
+            minimum=1,
+            rule="must be >= 1 (1 = non-blocking), got {value}",
+            description="Leaf uplink oversubscription.",
+            default=1.0,
+        ),
+        "nodes_per_leaf": positive_value("integer", "Nodes per leaf switch.", default=1 << 30),
+        "latency_us": non_negative_value(
+            "number",
+            "Per leaf <-> spine direction, us.",
+            default=0.0,
+            field="latency_s",
+            convert=_us_to_s,
+        ),
+        "net_latency_us": non_negative_value("number", "Per LL/LL128 network step, us."),
+        "net_simple_latency_us": non_negative_value("number", "Per Simple network step, us."),
+        "ll128": flag_value("NCCL runs LL128 across nodes."),
+        "ll": flag_value("NCCL runs LL across nodes."),
+        "completion_us": non_negative_value(
+            "number", "Per Simple network step beyond the flush, us."
+        ),
+        "platform": choice_value("EFA instance family.", values_of(EFA_PLATFORMS)),
+        "tuner": choice_value("Whose choice auto follows.", values_of(TUNERS)),
+        "sharp": flag_value(
+            "CollNet / SHARP in-network reduction.", default=False, field="collnet"
+        ),
+    },
+)
+
+_COLLECTIVES = Section(
+    description="Collective library settings.",
+    fields={
+        "library": choice_value("Library.", values_of(LIBRARIES), default="nccl"),
+        "overhead_us": non_negative_value(
+            "number",
+            "Launch overhead per call, microseconds.",
+            default=0.0,
+            field="overhead_s",
+            convert=_us_to_s,
+        ),
+        "nccl_version": choice_value(
+            "NCCL release assumed.", values_of(NCCL_RELEASES), default=NCCL_RELEASES[-1]
+        ),
+        "algorithms": Section(
+            description="Algorithm per op.",
+            keys=_OPS,
+            key_rule=_OP_RULE,
+            values=choice_value("Algorithm.", values_of(_ALGORITHM_NAMES), nullable=False),
+        ),
+        "ops": Section(
+            description="Per-op calibration.",
+            keys=_OPS,
+            key_rule=_OP_RULE,
+            values=Section(
+                nullable=False,
+                fields={
+                    "overhead_us": _op_value(
+                        non_negative_value(
+                            "number",
+                            "Overhead per call, us.",
+                            field="overhead_s",
+                            convert=_us_to_s,
+                        )
+                    ),
+                    "efficiency": _op_value(fraction_value("Achievable / modelled bandwidth.")),
+                    "knee_bytes": _op_value(
+                        non_negative_value("number", "Size above which the knee holds.")
+                    ),
+                    "knee_efficiency": _op_value(fraction_value("Efficiency above the knee.")),
+                },
+            ),
+        ),
+    },
+)
+
 TOPOLOGY = Section(
     description="A collsim topology: one node type and the fabric (docs/topologies.md).",
     fields={
@@ -428,7 +468,7 @@ TOPOLOGY = Section(
             options=(text_value("A device key or file.", json_choices=list_devices), DEVICE),
             rule="must be a device key, a device file or a device mapping, got {value!r}",
         ),
-        "nodes": positive_value("integer", "Default node count."),
+        "nodes": positive_value("integer", "Default node count.", default=1, field="num_nodes"),
         "gpus_per_node": positive_value("integer", "Ranks per node.", required=True),
         "intra_node": Section(
             required=True,
@@ -439,11 +479,16 @@ TOPOLOGY = Section(
                         "NVSwitch, a PCIe switch, or the kernel's loopback.",
                         values_of(Interconnect),
                         required=True,
+                        convert=Interconnect,
                     ),
                     "bandwidth_gbps": positive_value(
-                        "number", "Per-direction bandwidth per GPU, GB/s.", required=True
+                        "number",
+                        "Per-direction bandwidth per GPU, GB/s.",
+                        required=True,
+                        field="bandwidth_bps",
+                        convert=gbps_to_bps,
                     ),
-                    "nvls": flag_value("NVSwitch reduction (NVLS)."),
+                    "nvls": flag_value("NVSwitch reduction (NVLS).", default=False),
                 }
             ),
         ),
@@ -454,82 +499,34 @@ TOPOLOGY = Section(
                 {
                     "count": positive_value("integer", "NICs per node.", required=True),
                     "rate_gbit": positive_value(
-                        "number", "Line rate per NIC, Gb/s.", required=True
+                        "number",
+                        "Line rate per NIC, Gb/s.",
+                        required=True,
+                        field="bandwidth_bps",
+                        convert=gbit_to_bps,
                     ),
                 }
             ),
         ),
-        "fabric": Section(
-            description="The network between nodes.",
-            fields={
-                "kind": choice_value("Transport (sets defaults).", values_of(FabricKind)),
-                "rails": flag_value("Rail-optimised."),
-                "oversubscription": Value(
-                    kind="number",
-                    minimum=1,
-                    rule="must be >= 1 (1 = non-blocking), got {value}",
-                    description="Leaf uplink oversubscription.",
-                ),
-                "nodes_per_leaf": positive_value("integer", "Nodes per leaf switch."),
-                "latency_us": non_negative_value("number", "Per leaf <-> spine direction, us."),
-                "net_latency_us": non_negative_value("number", "Per LL/LL128 network step, us."),
-                "net_simple_latency_us": non_negative_value(
-                    "number", "Per Simple network step, us."
-                ),
-                "ll128": flag_value("NCCL runs LL128 across nodes."),
-                "ll": flag_value("NCCL runs LL across nodes."),
-                "completion_us": non_negative_value(
-                    "number", "Per Simple network step beyond the flush, us."
-                ),
-                "platform": choice_value("EFA instance family.", values_of(EFA_PLATFORMS)),
-                "tuner": choice_value("Whose choice auto follows.", values_of(TUNERS)),
-                "sharp": flag_value("CollNet / SHARP in-network reduction."),
-            },
-        ),
+        "fabric": _FABRIC,
         "host": Section(
             description="Host memory link and CPU.",
             fields={
-                "bandwidth_gbps": positive_value("number", "Host <-> GPU bandwidth, GB/s."),
-                "cpu_vendor": choice_value("Host CPU vendor.", values_of(CPU_VENDORS)),
-            },
-        ),
-        "collectives": Section(
-            description="Collective library settings.",
-            fields={
-                "library": choice_value("Library.", values_of(LIBRARIES)),
-                "overhead_us": non_negative_value(
-                    "number", "Launch overhead per call, microseconds."
+                "bandwidth_gbps": positive_value(
+                    "number",
+                    "Host <-> GPU bandwidth, GB/s.",
+                    default=32.0,
+                    field="host_bandwidth_bps",
+                    convert=gbps_to_bps,
                 ),
-                "nccl_version": choice_value("NCCL release assumed.", values_of(NCCL_RELEASES)),
-                "algorithms": Section(
-                    description="Algorithm per op.",
-                    keys=_OPS,
-                    key_rule=_OP_RULE,
-                    values=choice_value("Algorithm.", values_of(_ALGORITHM_NAMES), nullable=False),
-                ),
-                "ops": Section(
-                    description="Per-op calibration.",
-                    keys=_OPS,
-                    key_rule=_OP_RULE,
-                    values=Section(
-                        nullable=False,
-                        fields={
-                            "overhead_us": _op_value(
-                                non_negative_value("number", "Overhead per call, us.")
-                            ),
-                            "efficiency": _op_value(
-                                fraction_value("Achievable / modelled bandwidth.")
-                            ),
-                            "knee_bytes": _op_value(
-                                non_negative_value("number", "Size above which the knee holds.")
-                            ),
-                            "knee_efficiency": _op_value(
-                                fraction_value("Efficiency above the knee.")
-                            ),
-                        },
-                    ),
+                "cpu_vendor": choice_value(
+                    "Host CPU vendor.",
+                    values_of(CPU_VENDORS),
+                    default="intel",
+                    field="host_cpu_vendor",
                 ),
             },
         ),
+        "collectives": _COLLECTIVES,
     },
 )
