@@ -5,7 +5,6 @@ Derivations, measurements and sources: docs/derivations.md, ``collsim.study.scen
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import os
 from collections.abc import Callable, Sequence
@@ -13,11 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import yaml
-
 from collsim.cluster.hardware import get_device, list_devices
 from collsim.cluster.topology import load_topology
-from collsim.core.errors import ConfigError, ConfigErrors
+from collsim.core.errors import ConfigError
 from collsim.core.schema import (
     Either,
     ListOf,
@@ -56,6 +53,7 @@ from collsim.parallel.config import (
 )
 from collsim.step.stragglers import STRAGGLERS, read_stragglers
 from collsim.study.goodput.config import RELIABILITY, read_reliability
+from collsim.study.overrides import Override, apply_overrides, locate, parse_override
 from collsim.workload import TransformerSpec, get_preset
 from collsim.workload.hf_config import spec_from_hf_config
 from collsim.workload.model import _NORMS, _POSITIONS, _ROUTERS, preset_names
@@ -107,14 +105,6 @@ class ClusterSpec:
         return load_topology(self.topology, nodes=self.nodes, device=device)
 
 
-@dataclass(frozen=True, slots=True)
-class _Override:
-    text: str
-    """``key.path=value`` as typed."""
-    path: KeyPath
-    value: Any
-
-
 @dataclass(frozen=True, kw_only=True)
 class Scenario:
     """A loaded scenario: each section built into its own config object."""
@@ -131,7 +121,7 @@ class Scenario:
     source: Path | None = None
     """The scenario file (None when built from a string)."""
     doc: YamlDoc | None = field(default=None, repr=False, compare=False)
-    overrides: tuple[_Override, ...] = field(default=(), repr=False, compare=False)
+    overrides: tuple[Override, ...] = field(default=(), repr=False, compare=False)
 
     def locate(self, error: ConfigError) -> ConfigError:
         """Add the file and line (or the ``--set`` it came from) to an error raised later.
@@ -141,94 +131,7 @@ class Scenario:
         """
         if self.doc is None:
             return error
-        return _locate(error, self.doc, self.overrides)
-
-
-# -- overrides ---------------------------------------------------------------------------------
-
-
-def parse_override(text: str) -> _Override:
-    """Parse one ``--set key.path=value``; the value is read as a YAML scalar or flow value.
-
-    Raises:
-        ConfigError: no ``=``, an empty key, or a value that is not valid YAML.
-    """
-    where = f"--set {text}"
-    key, sep, raw = text.partition("=")
-    key = key.strip()
-    if not sep or not key:
-        raise ConfigError("expected KEY.PATH=VALUE, e.g. parallel.tp=4", file=where)
-    parts = tuple(p.strip() for p in key.split("."))
-    if any(not p for p in parts):
-        raise ConfigError("empty part in key path", key_path=key, file=where)
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError as exc:
-        problem = getattr(exc, "problem", None) or "invalid YAML"
-        raise ConfigError(
-            f"cannot parse value {raw!r}: {problem}", key_path=key, file=where
-        ) from None
-    if value is None:
-        raise ConfigError("missing value (use KEY.PATH=VALUE)", key_path=key, file=where)
-    return _Override(text=text, path=parts, value=value)
-
-
-def apply_overrides(data: dict[str, Any], overrides: Sequence[_Override]) -> dict[str, Any]:
-    """A deep copy of ``data`` with each override written at its key path.
-
-    Missing intermediate sections are created (``--set parallel.ddp.overlap=false`` works without
-    a ``ddp`` section); keys nobody knows are rejected later by the reader, at ``--set``.
-
-    Raises:
-        ConfigError: an override walks into a value that is not a mapping.
-    """
-    out = copy.deepcopy(data)
-    for override in overrides:
-        node: Any = out
-        for i, part in enumerate(override.path[:-1]):
-            child = node.get(part)
-            if child is None:
-                child = node[part] = {}
-            if not isinstance(child, dict):
-                raise ConfigError(
-                    f"{'.'.join(override.path[: i + 1])} is not a section",
-                    key_path=".".join(override.path),
-                    file=f"--set {override.text}",
-                )
-            node = child
-        node[override.path[-1]] = override.value
-    return out
-
-
-# -- locating errors ---------------------------------------------------------------------------
-
-
-def _split(key_path: str | None) -> KeyPath:
-    return tuple(key_path.split(".")) if key_path else ()
-
-
-def _locate(error: ConfigError, doc: YamlDoc, overrides: Sequence[_Override]) -> ConfigError:
-    if isinstance(error, ConfigErrors):
-        return ConfigErrors([_locate(e, doc, overrides) for e in error.errors])
-    path = _split(error.key_path)
-    # The last override that set the key (or a section above it) wins. An error in a
-    # section the file does not have belongs to the override that created the section.
-    for override in reversed(overrides):
-        n = len(override.path)
-        created = any(
-            path[:k] == override.path[:k] and path[:k] not in doc.lines
-            for k in range(1, min(len(path), n) + 1)
-        )
-        if path[:n] == override.path or created:
-            return error.at(key_path=error.key_path, file=f"--set {override.text}", line=None)
-    if error.file is not None and error.file != doc.file:
-        return error
-    line = doc.line_of(path) if path else None
-    return error.at(
-        key_path=error.key_path,
-        file=doc.file,
-        line=error.line if error.line is not None else line,
-    )
+        return locate(error, self.doc, self.overrides)
 
 
 # -- loading -----------------------------------------------------------------------------------
@@ -263,14 +166,14 @@ def scenario_from_doc(
         raise ConfigError("a scenario must be a mapping of sections", file=doc.file, line=1)
     data = apply_overrides(doc.data, parsed)
     view = YamlDoc(data=data, file=doc.file, lines=doc.lines)
-    raise_errors([_locate(e, view, parsed) for e in check(view, SCENARIO)])  # all at once
+    raise_errors([locate(e, view, parsed) for e in check(view, SCENARIO)])  # all at once
     try:
         return _read(view, parsed, source)
     except ConfigError as exc:
-        raise _locate(exc, view, parsed) from None
+        raise locate(exc, view, parsed) from None
 
 
-def _read(doc: YamlDoc, overrides: tuple[_Override, ...], source: Path | None) -> Scenario:
+def _read(doc: YamlDoc, overrides: tuple[Override, ...], source: Path | None) -> Scenario:
     root = ConfigReader(doc.data, doc=doc)
     default_name = source.stem if source is not None else "scenario"
     name = root.get("name", str, default=default_name)
