@@ -239,6 +239,8 @@ def _py_kinds(spec: Spec) -> tuple[type, ...] | None:
 
 def _problem(value: Any, spec: Spec) -> str | None:
     """The description's first objection to ``value`` (the message :func:`check` gives)."""
+    if isinstance(spec, Value):
+        return None if value is None else _value_error(value, spec)
     errors = check(YamlDoc(data=value, file=""), spec)
     if not errors:
         return None
@@ -284,8 +286,13 @@ def read_described(reader: ConfigReader, section: Section) -> dict[str, Any]:
                 raise reader.error(_fmt(section.key_rule, key=key, choices=choices), key)
             out[str(key)] = read_value(reader, str(key), values)
         return out
+    data = reader.data
     for key, spec in section.fields.items():
-        if not isinstance(spec, _READ) or _py_kinds(spec) is None:
+        if not isinstance(spec, _READ):
+            continue
+        if key not in data and spec.default is None and not spec.required:
+            continue  # absent, no default: the built object's own
+        if isinstance(spec, Either) and _py_kinds(spec) is None:
             continue
         value = read_value(reader, key, spec)
         if value is not None:
