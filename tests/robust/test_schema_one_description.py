@@ -252,6 +252,7 @@ def test_every_scalar_key_reaches_the_object_its_reader_builds(kind: str) -> Non
 #: value each is given where the generated one breaks such a rule.
 _COMPANIONS = {
     "training.fp8_recipe": ["training.dtype=fp8"],
+    "training.fp8_weight_cache": ["training.stack=megatron_te"],
     "parallel.virtual_stages": ["parallel.schedule=interleaved"],
     "parallel.routing_nodes": ["parallel.routing=node_limited"],
     "model.kv_lora_rank": ["model.qk_nope_head_dim=128", "model.v_head_dim=128"],
