@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from collsim import errors
+from collsim.core import errors
 from collsim.cli import cli, main
 from collsim.validate.launch import RankFailure
 
