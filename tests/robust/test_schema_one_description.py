@@ -147,6 +147,14 @@ def test_the_reader_applies_the_description_s_rules_with_its_messages() -> None:
         ConfigReader({"bandwidth_gbps": 2}),
         dataclasses.replace(_LINK, fields={**_LINK.fields, "lanes": _LANES}),
     )
+    # null is absent: the default, and the key counts as read
+    reader = ConfigReader({"bandwidth_gbps": 2, "latency_us": None, "kind": None})
+    assert read_described(reader, _LINK) == {
+        "bandwidth_bps": 2e9,
+        "kind": FabricKind.FAT_TREE,
+        "latency_s": 0.5 * US,
+    }
+    reader.finish()
 
 
 # -- every shipped description reaches its object ----------------------------------------------
