@@ -10,6 +10,7 @@ writes the description as a JSON Schema (docs/internals.md, "The schema checker"
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ __all__ = [
     "values_of",
     "read_described",
     "read_value",
+    "defaults_of",
     "scaled",
 ]
 
@@ -154,9 +156,33 @@ class Section:
     exactly_one: tuple[str, ...] = ()
     """Keys of which exactly one must be given."""
     exactly_one_rule: str = ""
+    builds: type | None = None
+    """The dataclass the mapping is read into: a key that states no default of its own (and no
+    unit conversion) has the default of the field it is read into (:func:`defaults_of`)."""
 
 
 Spec = Value | ListOf | Either | Anything | Section
+
+
+def defaults_of(section: Section) -> dict[str, Any]:
+    """Key -> what the key reads as when it is absent, in the file's terms: the description's
+    own default, else (no conversion) the default of the field of :attr:`Section.builds` it is
+    read into, where that is a plain value (an enum as its value; None and factories: none)."""
+    fields = {f.name: f for f in dataclasses.fields(section.builds)} if section.builds else {}
+    out: dict[str, Any] = {}
+    for key, spec in section.fields.items():
+        if not isinstance(spec, _READ):
+            continue
+        if spec.default is not None:
+            out[key] = spec.default
+            continue
+        built = fields.get(spec.field or key)
+        if built is None or spec.convert is not None:
+            continue
+        value = getattr(built.default, "value", built.default)
+        if isinstance(value, bool | int | float | str):
+            out[key] = value
+    return out
 
 
 def choices_of(choices: Choices) -> tuple[Any, ...]:
@@ -607,6 +633,8 @@ def _json_plain(spec: Spec) -> dict[str, Any]:
     out["properties"] = {
         key: _json(sub, optional=not sub.required) for key, sub in spec.fields.items()
     }
+    for key, default in defaults_of(spec).items():
+        out["properties"][key].setdefault("default", default)
     out["additionalProperties"] = False
     required = [key for key, sub in spec.fields.items() if sub.required]
     if required:

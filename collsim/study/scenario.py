@@ -437,6 +437,7 @@ _FIELD_TO_KEY = {
 """TransformerSpec field -> the ``model`` key it is read from, where the two names differ."""
 
 _TRAINING = Section(
+    builds=TrainingConfig,
     required=True,
     description="Batch, precision, optimizer, recompute, framework stack.",
     fields={
@@ -478,6 +479,7 @@ _TRAINING = Section(
 )
 
 _PARALLEL = Section(
+    builds=ParallelConfig,
     description="The parallel plan: TP x CP x PP x DP, EP, schedule, ZeRO, DDP and FSDP knobs.",
     fields={
         "tp": positive_value("integer", "Tensor-parallel degree."),
@@ -537,6 +539,7 @@ _PARALLEL = Section(
         "account_for_embedding": flag_value("The split counts the embedding as a layer."),
         "account_for_loss": flag_value("The split counts the LM head and loss as a layer."),
         "ddp": Section(
+            builds=DDPConfig,
             description="Gradient buckets (torch DDP).",
             fields={
                 "bucket_mb": positive_value("number", "Bucket capacity in MiB."),
@@ -546,6 +549,7 @@ _PARALLEL = Section(
             },
         ),
         "fsdp": Section(
+            builds=FSDPConfig,
             description="ZeRO-3 / FSDP units.",
             fields={
                 "prefetch": non_negative_value("integer", "Units all-gathered ahead."),

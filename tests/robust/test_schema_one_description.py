@@ -23,12 +23,14 @@ from collsim.cluster.hardware import DEVICE, device_from_reader
 from collsim.cluster.topology import TOPOLOGY, parse_topology
 from collsim.core.errors import ConfigError
 from collsim.core.schema import (
+    Either,
     ListOf,
     Section,
     Value,
     check,
     choice_value,
     choices_of,
+    defaults_of,
     json_schema,
     non_negative_value,
     positive_value,
@@ -145,6 +147,14 @@ def test_the_reader_applies_the_description_s_rules_with_its_messages() -> None:
         ConfigReader({"bandwidth_gbps": 2}),
         dataclasses.replace(_LINK, fields={**_LINK.fields, "lanes": _LANES}),
     )
+    # null is absent: the default, and the key counts as read
+    reader = ConfigReader({"bandwidth_gbps": 2, "latency_us": None, "kind": None})
+    assert read_described(reader, _LINK) == {
+        "bandwidth_bps": 2e9,
+        "kind": FabricKind.FAT_TREE,
+        "latency_s": 0.5 * US,
+    }
+    reader.finish()
 
 
 # -- every shipped description reaches its object ----------------------------------------------
@@ -389,3 +399,43 @@ def test_a_bad_topology_or_device_key_names_its_own_file(
     assert got.endswith(f": {message}"), got
     line = int(got.removeprefix(f"error: {tmp_path / where}:").split(":", 1)[0])
     assert text.splitlines()[line - 1].strip().startswith(message.split(":")[0].split(".")[-1])
+
+
+def _sections(spec: Any) -> list[Section]:
+    """Every mapping of named keys below ``spec`` (an either-or's mapping option too)."""
+    if isinstance(spec, Section):
+        subs = list(spec.fields.values()) + ([spec.values] if spec.values is not None else [])
+        return ([spec] if spec.fields else []) + [s for sub in subs for s in _sections(sub)]
+    if isinstance(spec, Either):
+        return [s for option in spec.options for s in _sections(option)]
+    return []
+
+
+@pytest.mark.parametrize("kind", ["scenario", "topology", "device"])
+def test_every_default_the_json_schema_lists_is_valid_and_is_what_an_absent_key_reads_as(
+    kind: str,
+) -> None:
+    from collsim.study.scenario import SCENARIO
+
+    root = {"scenario": SCENARIO, "topology": TOPOLOGY, "device": DEVICE}[kind]
+    count = 0
+    for section in _sections(root):
+        for key, default in defaults_of(section).items():
+            spec = section.fields[key]
+            assert check(YamlDoc(data={key: default}, file="d"), Section(fields={key: spec})) == []
+            properties = json_schema(kind, section)["properties"]
+            assert properties[key]["default"] == default
+            jsonschema.validate({key: default}, {"properties": {key: properties[key]}})
+            # absent, the key reads as its default: the description's, converted, or the
+            # built object's own
+            read = read_value(ConfigReader({}), key, spec)  # type: ignore[arg-type]
+            name = spec.field or key  # type: ignore[union-attr]
+            if section.builds is None or spec.default is not None:  # type: ignore[union-attr]
+                convert = spec.convert or (lambda v: v)  # type: ignore[union-attr]
+                assert read == convert(default)
+            else:
+                built = next(f for f in dataclasses.fields(section.builds) if f.name == name)
+                assert read is None
+                assert getattr(built.default, "value", built.default) == default
+            count += 1
+    assert count >= {"scenario": 35, "topology": 17, "device": 1}[kind]

@@ -311,6 +311,7 @@ def _seconds_or_auto(value: float | str) -> float | None:
 
 
 RELIABILITY = Section(
+    builds=ReliabilityConfig,
     description="Failure rates, restarts, spares, checkpoints and storage (collsim goodput).",
     fields={
         "duration_days": positive_value("number", "Length of the run, days (default 30)."),
@@ -344,6 +345,7 @@ RELIABILITY = Section(
             ),
         ),
         "restart": Section(
+            builds=RestartConfig,
             description="What a restart costs beside loading the checkpoint.",
             fields={
                 "reschedule_s": non_negative_value("number", "Re-allocating and relaunching, s."),
@@ -365,6 +367,7 @@ RELIABILITY = Section(
             },
         ),
         "checkpoint": Section(
+            builds=CheckpointConfig,
             description="How and how often the job saves its state.",
             fields={
                 "interval_s": Either(
