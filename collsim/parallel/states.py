@@ -19,6 +19,14 @@ TP / EP / PP split, :func:`collsim.workload.memory.stage_parameter_split`):
   model state. The vocab-sized matrices stay bf16 (TE runs the embedding lookup and, in
   Megatron-Core, the output layer outside FP8); per-tensor scales count 4 tensors per layer
   (qkv, out, up, down), a few bytes each.
+- FP8 parameters (Megatron ``--fp8-param-gather``, :func:`fp8_parameters`): the GEMM weights
+  are TE ``Float8Tensor`` parameters, so no 16-bit copy of them is kept: Megatron-Core's
+  ``DistributedDataParallel`` gives them a ``torch.uint8`` parameter buffer
+  (megatron/core/distributed/distributed_data_parallel.py at 293e104: "when creating the param
+  buffer for fp8 params, it is necessary to use torch.uint8") and the fp32 master shard lives in
+  the distributed optimizer. The FP8 data and its transpose (1 + 1 bytes) replace the 16-bit
+  weight (2 bytes): the copy term becomes ``fp8_weight_bytes(G) - 2 G`` for G GEMM weights,
+  i.e. the scales only.
 - ``reshard_after_forward: false`` with zero 3: every unit's gathered parameters stay from its
   forward to its backward, so at the start of backward the stage holds its parameters
   unsharded: (Psi_d + Psi_e) x e_w - the sharded parameters already counted, e_w = 2 bytes
@@ -38,7 +46,25 @@ from collsim.workload.memory import ModelStateBytes, moe_model_state_bytes, stag
 if TYPE_CHECKING:
     from collsim.parallel.plan import Plan
 
-__all__ = ["RankStates", "rank_model_states"]
+__all__ = ["RankStates", "fp8_parameters", "rank_model_states"]
+
+
+def fp8_parameters(plan: Plan) -> bool:
+    """Are the GEMM weights kept in FP8 (no 16-bit copy)? ``training.fp8_param_gather`` where
+    the scenario states it; else True for an FP8 plan of the ``megatron_te`` stack with the
+    distributed optimizer (zero 1 or 2): every FP8 preset of Megatron-Bridge sets
+    ``fp8_param_gather = True`` (src/megatron/bridge/training/mixed_precision.py,
+    ``bf16_with_fp8_current_scaling_mixed`` and the delayed-scaling presets, at 0013c9a).
+    With zero 3 the gathered copies are transients of the FSDP units instead
+    (``parallel.fsdp.fp8_all_gather``)."""
+    training = plan.training
+    explicit = getattr(training, "fp8_param_gather", None)
+    if str(training.dtype) != "fp8" or plan.parallel.zero not in (1, 2):
+        return False
+    if explicit is not None:
+        return bool(explicit)
+    return training.stack == "megatron_te"
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +77,8 @@ class RankStates:
         shard_group: N, the ranks the non-expert states are sharded over.
         expert_shard_group: N_e, the same for the routed experts.
         states: parameters, gradients and optimizer states.
-        fp8_copy_bytes: FP8 weight copies and their scales.
+        fp8_copy_bytes: FP8 weight copies and their scales (with FP8 parameters: the scales
+            only, the FP8 weight and transpose having replaced the 16-bit weight).
         kept_gathered_bytes: gathered parameters kept from forward to backward.
     """
 
@@ -100,6 +127,8 @@ def rank_model_states(plan: Plan, stage: int = 0) -> RankStates:
         )
         layers = len(plan.stage_layers(stage))
         copies = fp8_weight_bytes(gemm_weights, recipe, num_tensors=max(1, 4 * layers))
+        if fp8_parameters(plan):
+            copies -= 2.0 * gemm_weights  # the 16-bit GEMM weights are not kept
     kept = 0.0
     if par.zero == 3 and not par.fsdp.reshard_after_forward:
         e_w = 1.0 if par.fsdp.fp8_all_gather else 2.0

@@ -40,6 +40,7 @@ from collsim.workload.compute import ComputeModel
 from collsim.workload.framework import framework_costs
 from collsim.workload.interference import overlap_slowdown
 from collsim.workload.kernels import slowest_gpu_factor
+from collsim.workload.memory import fp8_layer_savings
 from collsim.workload.ops import activation_element_bytes
 
 if TYPE_CHECKING:
@@ -256,11 +257,21 @@ def _blocks(
         )
         fwd = pick("layer.forward", lt.forward_s)
         bwd = pick("layer.backward", lt.backward_s)
+        kept = lt.activation_bytes
+        if Dtype(tr.dtype) is Dtype.FP8:  # FP8 linears keep their inputs in 1 byte
+            kept -= fp8_layer_savings(
+                spec,
+                micro_batch=mb,
+                tp=tp,
+                sequence_parallel=sp,
+                recompute=str(tr.recompute),
+                **({"layer": rep, "ep": plan.ep, "etp": plan.etp, "cp": plan.cp} if variant else {}),
+            )
         layers[rep] = BlockTimes(
             fwd,
             bwd,
             pick("layer.recompute", lt.recompute_s),
-            lt.activation_bytes,
+            kept,
             lt.transient_bytes,
             column_dgrad_s=dgrad(lt, ("mlp_up", "qkv_proj"), bwd),
             attention_s=part(lt, _ATTENTION_OPS, fwd, bwd),
