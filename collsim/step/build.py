@@ -247,6 +247,9 @@ def _blocks(
     reps = [r for r, _ in spec.layer_kinds()] if variant else [0]
     layers: dict[int, BlockTimes] = {}
     for rep in reps:
+        kinds: dict[str, Any] = (
+            {"layer": rep, "ep": plan.ep, "etp": plan.etp, "cp": plan.cp} if variant else {}
+        )
         lt = model.layer_times(
             spec,
             micro_batch=mb,
@@ -265,7 +268,7 @@ def _blocks(
                 tp=tp,
                 sequence_parallel=sp,
                 recompute=str(tr.recompute),
-                **({"layer": rep, "ep": plan.ep, "etp": plan.etp, "cp": plan.cp} if variant else {}),
+                **kinds,
             )
         layers[rep] = BlockTimes(
             fwd,
