@@ -66,7 +66,6 @@ def fp8_parameters(plan: Plan) -> bool:
     return training.stack == "megatron_te"
 
 
-
 @dataclass(frozen=True, slots=True)
 class RankStates:
     """Model-state bytes of one rank (see the module docstring).

@@ -385,6 +385,10 @@ def _framework(
         per_step[s] = whole.grad_clip_s + whole.host_step_s
         if par.zero != 3 or plan.dp < 2:
             continue
+        # with gradients synced once per step (rules.sync_once) a unit's gradient is cast and
+        # copied out once, and without reshard after forward it is gathered once: per step
+        once = rules.sync_once
+        gather_once = once and not rules.reshard_after_forward
         for chunk in stage.chunks:
             for seg in chunk.forward + chunk.backward:
                 forward = seg in chunk.forward
@@ -393,12 +397,19 @@ def _framework(
                     continue  # the root unit is gathered and reduced once, at the embedding
                 fw = costs(rules.unit_numel(chunk, ukey), local)
                 gather = fw.fsdp_copy_in_s + fw.fsdp_copy_out_s
+                grad = fw.fsdp_grad_cast_s + fw.fsdp_grad_copy_out_s
                 if forward:
-                    seg.framework_s += gather
+                    if gather_once:
+                        per_step[s] += gather
+                    else:
+                        seg.framework_s += gather
                 else:
                     if rules.reshard_after_forward and ukey != "root":
                         seg.framework_s += gather
-                    seg.framework_s += fw.fsdp_grad_cast_s + fw.fsdp_grad_copy_out_s
+                    if once:
+                        per_step[s] += grad
+                    else:
+                        seg.framework_s += grad
             # a split backward: the input-gradient op gathers, the weight-gradient op reduces
             for i_seg, w_seg in zip(chunk.input_grad or [], chunk.weight_grad or [], strict=True):
                 ukey = rules.unit_key(chunk, i_seg)
@@ -407,7 +418,11 @@ def _framework(
                 fw = costs(rules.unit_numel(chunk, ukey), local)
                 if rules.reshard_after_forward and ukey != "root":
                     i_seg.framework_s += fw.fsdp_copy_in_s + fw.fsdp_copy_out_s
-                w_seg.framework_s += fw.fsdp_grad_cast_s + fw.fsdp_grad_copy_out_s
+                grad = fw.fsdp_grad_cast_s + fw.fsdp_grad_copy_out_s
+                if once:
+                    per_step[s] += grad
+                else:
+                    w_seg.framework_s += grad
     return per_step
 
 

@@ -516,9 +516,7 @@ def fp8_layer_savings(
         etp=etp,
         cp=cp,
     )
-    return fp8_saved_input_savings(
-        ops, parse_recompute(recompute), activation_element_bytes("fp8")
-    )
+    return fp8_saved_input_savings(ops, parse_recompute(recompute), activation_element_bytes("fp8"))
 
 
 def activation_bytes_per_layer(
