@@ -167,13 +167,19 @@ class StepSchedule:
 
 
 def bytes_per(training: TrainingConfig) -> BytesPer:
-    """Bytes per parameter (ZeRO paper, mixed-precision Adam K = 12) and per activation."""
+    """Bytes per parameter (ZeRO paper, mixed-precision Adam K = 12) and per activation;
+    fp32 gradients for the ``megatron_te`` stack reducing in fp32."""
 
     dtype = Dtype(training.dtype)
     adam = str(training.optimizer) == "adam"
     if dtype is not Dtype.FP32:
         param = grad = 2.0
         opt = 12.0 if adam else 8.0
+        if training.stack == "megatron_te" and str(training.grad_reduce_dtype) == "fp32":
+            # Megatron-Core's main_grad buffers are fp32 with grad_reduce_in_fp32
+            # (distributed_data_parallel.py at 293e104: grad_dtype = torch.float), so
+            # gradients are accumulated, held and reduced in 4 bytes
+            grad = 4.0
     else:
         param = grad = 4.0
         opt = 8.0 if adam else 4.0

@@ -152,3 +152,15 @@ def test_zero2_reduces_every_microbatch(pp: int) -> None:
 def test_grad_sync_key_is_checked() -> None:
     with pytest.raises(ConfigError, match="parallel.fsdp.grad_sync"):
         FSDPConfig(grad_sync="sometimes")
+
+
+@pytest.mark.parametrize(("reduce", "grad_bytes"), [("fp32", 4), ("bf16", 2)])
+def test_megatron_main_grads_are_fp32_when_reduced_in_fp32(reduce: str, grad_bytes: int) -> None:
+    """Megatron-Core's DDP keeps main_grad buffers in fp32 with grad_reduce_in_fp32: the
+    gradients of a ZeRO-1 rank take 4 bytes each (the whole buffer stays) and reduce in 4."""
+    tr = TrainingConfig(global_batch=8 * M, stack="megatron_te", grad_reduce_dtype=reduce)
+    r = simulate_step(TOPO, SPEC, tr, ParallelConfig(dp=8, zero=1), fidelity="fused")
+    params = 4 * LAYER + WORD + HEAD
+    assert r.memory_bytes["gradients"] == pytest.approx(grad_bytes * params)
+    sent = sum(c.count * c.size_bytes for c in r.collectives if c.op == "reduce_scatter")
+    assert sent == pytest.approx(grad_bytes * params)
