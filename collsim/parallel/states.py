@@ -19,14 +19,8 @@ TP / EP / PP split, :func:`collsim.workload.memory.stage_parameter_split`):
   model state. The vocab-sized matrices stay bf16 (TE runs the embedding lookup and, in
   Megatron-Core, the output layer outside FP8); per-tensor scales count 4 tensors per layer
   (qkv, out, up, down), a few bytes each.
-- FP8 parameters (Megatron ``--fp8-param-gather``, :func:`fp8_parameters`): the GEMM weights
-  are TE ``Float8Tensor`` parameters, so no 16-bit copy of them is kept: Megatron-Core's
-  ``DistributedDataParallel`` gives them a ``torch.uint8`` parameter buffer
-  (megatron/core/distributed/distributed_data_parallel.py at 293e104: "when creating the param
-  buffer for fp8 params, it is necessary to use torch.uint8") and the fp32 master shard lives in
-  the distributed optimizer. The FP8 data and its transpose (1 + 1 bytes) replace the 16-bit
-  weight (2 bytes): the copy term becomes ``fp8_weight_bytes(G) - 2 G`` for G GEMM weights,
-  i.e. the scales only.
+- FP8 parameters (:func:`fp8_parameters`): the FP8 weight and its transpose replace the
+  16-bit GEMM weight, so the copy term is ``fp8_weight_bytes(G) - 2 G`` (the scales).
 - ``reshard_after_forward: false`` with zero 3: every unit's gathered parameters stay from its
   forward to its backward, so at the start of backward the stage holds its parameters
   unsharded: (Psi_d + Psi_e) x e_w - the sharded parameters already counted, e_w = 2 bytes
@@ -56,7 +50,13 @@ def fp8_parameters(plan: Plan) -> bool:
     ``fp8_param_gather = True`` (src/megatron/bridge/training/mixed_precision.py,
     ``bf16_with_fp8_current_scaling_mixed`` and the delayed-scaling presets, at 0013c9a).
     With zero 3 the gathered copies are transients of the FSDP units instead
-    (``parallel.fsdp.fp8_all_gather``)."""
+    (``parallel.fsdp.fp8_all_gather``).
+
+    The GEMM weights are then TE ``Float8Tensor`` parameters and no 16-bit copy of them is
+    kept: Megatron-Core's ``DistributedDataParallel`` gives them a ``torch.uint8`` parameter
+    buffer (megatron/core/distributed/distributed_data_parallel.py at 293e104) and the fp32
+    master shard lives in the distributed optimizer; the FP8 data and its transpose (1 + 1
+    bytes) take the place of the 16-bit weight (2 bytes)."""
     training = plan.training
     explicit = getattr(training, "fp8_param_gather", None)
     if str(training.dtype) != "fp8" or plan.parallel.zero not in (1, 2):
