@@ -257,25 +257,11 @@ def _blocks(
             {"layer": rep, "ep": plan.ep, "etp": plan.etp, "cp": plan.cp} if variant else {}
         )
         lt = model.layer_times(
-            spec,
-            micro_batch=mb,
-            tp=tp,
-            sequence_parallel=sp,
-            recompute=str(plan.training.recompute),
-            **({"layer": rep, "ep": plan.ep, "etp": plan.etp, "cp": plan.cp} if variant else {}),
+            spec, micro_batch=mb, tp=tp, sequence_parallel=sp, recompute=str(tr.recompute), **kinds
         )
         fwd = pick("layer.forward", lt.forward_s)
         bwd = pick("layer.backward", lt.backward_s)
-        kept = lt.activation_bytes
-        if Dtype(tr.dtype) is Dtype.FP8:  # FP8 linears keep their inputs in 1 byte
-            kept -= fp8_layer_savings(
-                spec,
-                micro_batch=mb,
-                tp=tp,
-                sequence_parallel=sp,
-                recompute=str(tr.recompute),
-                **kinds,
-            )
+        kept = lt.activation_bytes - _fp8_saved(plan, kinds)
         layers[rep] = BlockTimes(
             fwd,
             bwd,
@@ -306,6 +292,22 @@ def _blocks(
         wgrad_s=pick("head.wgrad", _scaled_wgrad(ht, head_bwd)),
     )
     return layers, emb, head, model
+
+
+def _fp8_saved(plan: Plan, kinds: dict[str, Any]) -> float:
+    """What an FP8 layer keeps less than its 16-bit count (its FP8 linears keep 1-byte
+    inputs: :func:`collsim.workload.memory.fp8_layer_savings`); 0 for other dtypes."""
+    tr = plan.training
+    if Dtype(tr.dtype) is not Dtype.FP8:
+        return 0.0
+    return fp8_layer_savings(
+        plan.spec,
+        micro_batch=tr.micro_batch,
+        tp=plan.tp,
+        sequence_parallel=plan.parallel.sequence_parallel,
+        recompute=str(tr.recompute),
+        **kinds,
+    )
 
 
 def _scaled_wgrad(times: LayerTimes, backward_s: float) -> float:
