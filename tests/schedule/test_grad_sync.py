@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import warnings
 from collections import defaultdict
+from typing import Any
 
 import pytest
 
@@ -39,13 +40,13 @@ def _quiet():  # type: ignore[no-untyped-def]
         yield
 
 
-def _calls(training: TrainingConfig, parallel: ParallelConfig) -> dict[tuple[str, str], list]:
+def _calls(training: TrainingConfig, parallel: ParallelConfig) -> dict[tuple[str, str], list[Any]]:
     """(axis, op) -> [calls per step, bytes per step (nccl-tests sizes)] on rank 0."""
     r = simulate_step(TOPO, SPEC, training, parallel, fidelity="fused")
     closed = estimate_step(TOPO, SPEC, training, parallel)
     assert closed.step_time_s == pytest.approx(r.step_time_s, rel=0.01)
     assert closed.memory_peak_bytes == r.memory_peak_bytes
-    out: dict[tuple[str, str], list] = defaultdict(lambda: [0, 0.0])
+    out: dict[tuple[str, str], list[Any]] = defaultdict(lambda: [0, 0.0])
     for c in r.collectives:
         if c.size_bytes > 8:  # leave out the 4-byte gradient-norm all-reduces
             out[(c.axis, c.op)][0] += c.count
