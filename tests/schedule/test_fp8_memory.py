@@ -10,7 +10,7 @@ import pytest
 
 from collsim.cluster.topology import load_topology
 from collsim.core.errors import CollsimWarning
-from collsim.core.vocab import RecomputeMode
+from collsim.core.vocab import Dtype, RecomputeMode
 from collsim.parallel.config import ParallelConfig, TrainingConfig
 from collsim.parallel.plan import build_plan
 from collsim.parallel.sharding import fp8_weight_bytes
@@ -44,14 +44,15 @@ def test_fp8_parameters_follow_the_stack(
     stack: str | None, dtype: str, zero: int, expected: bool
 ) -> None:
     plan = _plan(
-        TrainingConfig(global_batch=16, dtype=dtype, stack=stack), ParallelConfig(dp=16, zero=zero)
+        TrainingConfig(global_batch=16, dtype=Dtype(dtype), stack=stack),
+        ParallelConfig(dp=16, zero=zero),
     )
     assert fp8_parameters(plan) is expected
 
 
 def test_fp8_parameters_replace_the_bf16_gemm_weights() -> None:
     plan = _plan(
-        TrainingConfig(global_batch=16, dtype="fp8", stack="megatron_te"),
+        TrainingConfig(global_batch=16, dtype=Dtype.FP8, stack="megatron_te"),
         ParallelConfig(dp=16, zero=1),
     )
     r = rank_model_states(plan)
@@ -96,7 +97,7 @@ def test_the_step_keeps_the_fp8_counts() -> None:
             TOPO,
             SPEC,
             TrainingConfig(
-                global_batch=16, stack="megatron_te", grad_reduce_dtype="bf16", dtype="fp8"
+                global_batch=16, stack="megatron_te", grad_reduce_dtype="bf16", dtype=Dtype.FP8
             ),
             par,
             fidelity="fused",
