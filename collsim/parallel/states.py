@@ -38,9 +38,22 @@ from collsim.parallel.sharding import fp8_weight_bytes
 from collsim.workload.memory import ModelStateBytes, moe_model_state_bytes, stage_parameter_split
 
 if TYPE_CHECKING:
+    from collsim.parallel.config import TrainingConfig
     from collsim.parallel.plan import Plan
 
-__all__ = ["RankStates", "fp8_parameters", "rank_model_states"]
+__all__ = ["RankStates", "fp8_parameters", "optimizer_state_bytes", "rank_model_states"]
+
+
+def optimizer_state_bytes(training: TrainingConfig) -> float | None:
+    """Optimizer bytes per parameter when the parameters have no fp32 master copy, else None
+    (the ZeRO table's K). NeMo Automodel's benchmark recipes build the model with
+    ``NeMoAutoModelForCausalLM.from_config`` and no ``torch_dtype``, which builds it in bf16
+    (``torch_dtype = ... else torch.bfloat16``, nemo_automodel/_transformers/auto_model.py at
+    36044ad) and train it with ``torch.optim.Adam``, whose moments take the parameter dtype:
+    2 x 2 bytes for Adam (2 for SGD's momentum) beside the bf16 parameter and gradient."""
+    if training.stack != "nemo_automodel" or str(training.dtype) == "fp32":
+        return None
+    return 4.0 if str(training.optimizer) == "adam" else 2.0
 
 
 def fp8_parameters(plan: Plan) -> bool:
@@ -116,6 +129,7 @@ def rank_model_states(plan: Plan, stage: int = 0) -> RankStates:
         edp=n_e,
         optimizer=str(training.optimizer),
         mixed_precision=not fp32,
+        optimizer_bytes=optimizer_state_bytes(training),
     )
     fp8 = str(training.dtype) == "fp8"
     copies = 0.0

@@ -34,6 +34,7 @@ from collsim.parallel.dispatch import dispatch_sms_of
 from collsim.parallel.layer_comms import layer_comms
 from collsim.parallel.pipeline import PipeOp
 from collsim.parallel.plan import Plan, build_plan
+from collsim.parallel.states import optimizer_state_bytes
 from collsim.step.dataparallel import BytesPer, DataParallelRules
 from collsim.step.ops import BlockTimes, ChunkModel, Segment, StageModel, build_stage
 from collsim.workload.compute import ComputeModel
@@ -180,6 +181,8 @@ def bytes_per(training: TrainingConfig) -> BytesPer:
             # (distributed_data_parallel.py at 293e104: grad_dtype = torch.float), so
             # gradients are accumulated, held and reduced in 4 bytes
             grad = 4.0
+        own = optimizer_state_bytes(training)  # bf16 parameters without fp32 masters
+        opt = opt if own is None else own
     else:
         param = grad = 4.0
         opt = 8.0 if adam else 4.0

@@ -104,6 +104,7 @@ def model_state_bytes(
     dp: int = 1,
     optimizer: str = "adam",
     mixed_precision: bool = True,
+    optimizer_bytes: float | None = None,
 ) -> ModelStateBytes:
     """Bytes of parameters, gradients and optimizer state per GPU (ZeRO table above).
 
@@ -114,6 +115,8 @@ def model_state_bytes(
         optimizer: ``adam`` or ``sgd`` (with momentum).
         mixed_precision: 16-bit parameters and gradients with fp32 master copies (True), or
             everything in fp32 (False).
+        optimizer_bytes: optimizer state per parameter when it is not the table's K (16-bit
+            parameters trained without fp32 master copies: Adam's two moments in 16 bits, 4).
 
     Example:
         >>> model_state_bytes(7e9, zero=0, optimizer="adam", mixed_precision=False).total
@@ -136,6 +139,8 @@ def model_state_bytes(
     else:
         param_b, grad_b = 4.0, 4.0
         state_b = 8.0 if opt == "adam" else 4.0
+    if optimizer_bytes is not None:
+        state_b = optimizer_bytes
     n = float(dp)
     params = param_b / n if zero >= 3 else param_b
     grads = grad_b / n if zero >= 2 else grad_b
@@ -401,6 +406,7 @@ def moe_model_state_bytes(
     edp: int,
     optimizer: str = "adam",
     mixed_precision: bool = True,
+    optimizer_bytes: float | None = None,
 ) -> ModelStateBytes:
     """Model states of one rank of an MoE plan: the ZeRO table applied to each part over the
     group its gradients are reduced in.
@@ -423,11 +429,16 @@ def moe_model_state_bytes(
         >>> moe_model_state_bytes(1e9, 8e9, zero=1, dp_cp=64, edp=1).total / 1e9
         132.1875
     """
-    a = model_state_bytes(
-        dense_params, zero=zero, dp=dp_cp, optimizer=optimizer, mixed_precision=mixed_precision
-    )
-    b = model_state_bytes(
-        expert_params, zero=zero, dp=edp, optimizer=optimizer, mixed_precision=mixed_precision
+    a, b = (
+        model_state_bytes(
+            n_params,
+            zero=zero,
+            dp=group,
+            optimizer=optimizer,
+            mixed_precision=mixed_precision,
+            optimizer_bytes=optimizer_bytes,
+        )
+        for n_params, group in ((dense_params, dp_cp), (expert_params, edp))
     )
     return ModelStateBytes(
         parameters=a.parameters + b.parameters,

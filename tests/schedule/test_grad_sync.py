@@ -165,3 +165,16 @@ def test_megatron_main_grads_are_fp32_when_reduced_in_fp32(reduce: str, grad_byt
     assert r.memory_bytes["gradients"] == pytest.approx(grad_bytes * params)
     sent = sum(c.count * c.size_bytes for c in r.collectives if c.op == "reduce_scatter")
     assert sent == pytest.approx(grad_bytes * params)
+
+
+def test_automodel_trains_bf16_parameters_without_fp32_masters() -> None:
+    """NeMo Automodel's recipes build the model in bf16 (from_config) and run torch Adam on
+    it: 2 + 2 bytes of moments per parameter instead of 12 (fp32 master, m, v)."""
+    par = ParallelConfig(dp=8, zero=3)
+    plain = simulate_step(TOPO, SPEC, TrainingConfig(global_batch=8), par, fidelity="fused")
+    auto = simulate_step(
+        TOPO, SPEC, TrainingConfig(global_batch=8, stack="nemo_automodel"), par, fidelity="fused"
+    )
+    params = 4 * LAYER + WORD + HEAD
+    assert plain.memory_bytes["optimizer"] == pytest.approx(12 * params / 8)
+    assert auto.memory_bytes["optimizer"] == pytest.approx(4 * params / 8)
