@@ -48,6 +48,7 @@ __all__ = [
     "DISPATCHERS",
     "ROUTINGS",
     "REDUCE_DTYPES",
+    "GRAD_SYNCS",
     "RankOrder",
 ]
 
@@ -186,6 +187,8 @@ EP_OVERLAP_MODES = ("none", "a2a", "dualpipe", "dualpipev")
 """``parallel.ep_overlap`` modes (true = ``a2a``, false = ``none``)."""
 PIPELINE_SPLITS = ("even", "balanced")
 """``parallel.pipeline_split`` values (see :attr:`ParallelConfig.pipeline_split`)."""
+GRAD_SYNCS = ("microbatch", "step")
+"""``parallel.fsdp.grad_sync`` values: ZeRO-3 gradients reduced every micro-batch or once."""
 REDUCE_DTYPES = ("bf16", "fp16", "fp32")
 """``parallel.fsdp.reduce_dtype`` values: the dtypes a gradient reduction runs in."""
 
@@ -322,6 +325,11 @@ class FSDPConfig:
     fp8_all_gather: bool = False
     """All-gather the FP8 copies of the weights instead of bf16 (torchao
     ``enable_fsdp_float8_all_gather``; Megatron ``--fp8-param-gather``): half the bytes."""
+    grad_sync: str | None = None
+    """When ZeRO-3 / FSDP reduces gradients (:data:`GRAD_SYNCS`): ``microbatch`` (every
+    backward, FSDP's default) or ``step`` (accumulated unsharded and reduced once, at the last
+    backward: torch.distributed.pipelining with FSDP2). None: ``step`` for an FSDP2 stack with
+    pipelining, else ``microbatch`` (:func:`collsim.parallel.fsdp.grad_sync_of`)."""
 
     def __post_init__(self) -> None:
         if self.prefetch < 0:
@@ -330,6 +338,11 @@ class FSDPConfig:
             )
         if self.shard_group_size is not None:
             _positive(self.shard_group_size, "parallel.fsdp.shard_group_size")
+        if self.grad_sync is not None and self.grad_sync not in GRAD_SYNCS:
+            raise ConfigError(
+                f"must be one of {', '.join(GRAD_SYNCS)}; got {self.grad_sync!r}",
+                key_path="parallel.fsdp.grad_sync",
+            )
         if self.reduce_dtype is not None:
             value = parse_enum(Dtype, self.reduce_dtype, key_path="parallel.fsdp.reduce_dtype")
             if value not in REDUCE_DTYPES:

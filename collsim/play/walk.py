@@ -363,13 +363,16 @@ class _Walk:
                 prog.ledger.alloc(prog.now, "activations", seg.stored_bytes)
             elif seg.frees:
                 prog.ledger.free(prog.now, "activations", seg.transient_bytes + seg.stored_bytes)
-            self.release_unit(prog, chunk, seg, op.phase)
+            self.release_unit(prog, chunk, seg, op.phase, op.microbatch)
 
-    def release_unit(self, prog: _Rank, chunk: ChunkModel, seg: Segment, phase: Phase) -> None:
+    def release_unit(
+        self, prog: _Rank, chunk: ChunkModel, seg: Segment, phase: Phase, microbatch: int = -1
+    ) -> None:
         """After a unit's forward: reshard. After its backward: reduce-scatter, reshard (a
         split backward: the input-gradient op reshards, the weight-gradient op reduces)."""
         rules = self.rules
-        if not rules.releases(chunk, seg, forward=phase is Phase.FORWARD):
+        mb = None if microbatch < 0 else microbatch
+        if not rules.releases(chunk, seg, forward=phase is Phase.FORWARD, microbatch=mb):
             return
         ukey = rules.unit_key(chunk, seg)
         if phase is Phase.BACKWARD or phase is Phase.BACKWARD_WEIGHT:

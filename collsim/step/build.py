@@ -34,6 +34,7 @@ from collsim.parallel.dispatch import dispatch_sms_of
 from collsim.parallel.layer_comms import layer_comms
 from collsim.parallel.pipeline import PipeOp
 from collsim.parallel.plan import Plan, build_plan
+from collsim.parallel.states import optimizer_state_bytes
 from collsim.step.dataparallel import BytesPer, DataParallelRules
 from collsim.step.ops import BlockTimes, ChunkModel, Segment, StageModel, build_stage
 from collsim.workload.compute import ComputeModel
@@ -41,6 +42,7 @@ from collsim.workload.fp8 import FP8Casts, weight_cache_of, weight_cast_bytes_pe
 from collsim.workload.framework import framework_costs
 from collsim.workload.interference import overlap_slowdown
 from collsim.workload.kernels import slowest_gpu_factor
+from collsim.workload.memory import fp8_layer_savings
 from collsim.workload.ops import activation_element_bytes
 
 if TYPE_CHECKING:
@@ -170,13 +172,21 @@ class StepSchedule:
 
 
 def bytes_per(training: TrainingConfig) -> BytesPer:
-    """Bytes per parameter (ZeRO paper, mixed-precision Adam K = 12) and per activation."""
+    """Bytes per parameter (ZeRO paper, mixed-precision Adam K = 12) and per activation;
+    fp32 gradients for the ``megatron_te`` stack reducing in fp32."""
 
     dtype = Dtype(training.dtype)
     adam = str(training.optimizer) == "adam"
     if dtype is not Dtype.FP32:
         param = grad = 2.0
         opt = 12.0 if adam else 8.0
+        if training.stack == "megatron_te" and str(training.grad_reduce_dtype) == "fp32":
+            # Megatron-Core's main_grad buffers are fp32 with grad_reduce_in_fp32
+            # (distributed_data_parallel.py at 293e104: grad_dtype = torch.float), so
+            # gradients are accumulated, held and reduced in 4 bytes
+            grad = 4.0
+        own = optimizer_state_bytes(training)  # bf16 parameters without fp32 masters
+        opt = opt if own is None else own
     else:
         param = grad = 4.0
         opt = 8.0 if adam else 4.0
@@ -250,21 +260,20 @@ def _blocks(
     reps = [r for r, _ in spec.layer_kinds()] if variant else [0]
     layers: dict[int, BlockTimes] = {}
     for rep in reps:
+        kinds: dict[str, Any] = (
+            {"layer": rep, "ep": plan.ep, "etp": plan.etp, "cp": plan.cp} if variant else {}
+        )
         lt = model.layer_times(
-            spec,
-            micro_batch=mb,
-            tp=tp,
-            sequence_parallel=sp,
-            recompute=str(plan.training.recompute),
-            **({"layer": rep, "ep": plan.ep, "etp": plan.etp, "cp": plan.cp} if variant else {}),
+            spec, micro_batch=mb, tp=tp, sequence_parallel=sp, recompute=str(tr.recompute), **kinds
         )
         fwd = pick("layer.forward", lt.forward_s)
         bwd = pick("layer.backward", lt.backward_s)
+        kept = lt.activation_bytes - _fp8_saved(plan, kinds)
         layers[rep] = BlockTimes(
             fwd,
             bwd,
             pick("layer.recompute", lt.recompute_s),
-            lt.activation_bytes,
+            kept,
             lt.transient_bytes,
             column_dgrad_s=dgrad(lt, ("mlp_up", "qkv_proj"), bwd),
             attention_s=part(lt, _ATTENTION_OPS, fwd, bwd),
@@ -360,6 +369,22 @@ def _linears(
 _TP_LINEARS = frozenset(("qkv_proj", "out_proj", "mlp_up", "mlp_down"))
 
 
+def _fp8_saved(plan: Plan, kinds: dict[str, Any]) -> float:
+    """What an FP8 layer keeps less than its 16-bit count (its FP8 linears keep 1-byte
+    inputs: :func:`collsim.workload.memory.fp8_layer_savings`); 0 for other dtypes."""
+    tr = plan.training
+    if Dtype(tr.dtype) is not Dtype.FP8:
+        return 0.0
+    return fp8_layer_savings(
+        plan.spec,
+        micro_batch=tr.micro_batch,
+        tp=plan.tp,
+        sequence_parallel=plan.parallel.sequence_parallel,
+        recompute=str(tr.recompute),
+        **kinds,
+    )
+
+
 def _scaled_wgrad(times: LayerTimes, backward_s: float) -> float:
     """The weight-gradient part of a block's backward (compute model), scaled like the block
     when an override replaced its backward."""
@@ -444,6 +469,10 @@ def _framework(
         per_step[s] = whole.grad_clip_s + whole.host_step_s
         if par.zero != 3 or plan.dp < 2:
             continue
+        # with gradients synced once per step (rules.sync_once) a unit's gradient is cast and
+        # copied out once, and without reshard after forward it is gathered once: per step
+        once = rules.sync_once
+        gather_once = once and not rules.reshard_after_forward
         for chunk in stage.chunks:
             for seg in chunk.forward + chunk.backward:
                 forward = seg in chunk.forward
@@ -452,12 +481,19 @@ def _framework(
                     continue  # the root unit is gathered and reduced once, at the embedding
                 fw = costs(rules.unit_numel(chunk, ukey), local)
                 gather = fw.fsdp_copy_in_s + fw.fsdp_copy_out_s
+                grad = fw.fsdp_grad_cast_s + fw.fsdp_grad_copy_out_s
                 if forward:
-                    seg.framework_s += gather
+                    if gather_once:
+                        per_step[s] += gather
+                    else:
+                        seg.framework_s += gather
                 else:
                     if rules.reshard_after_forward and ukey != "root":
                         seg.framework_s += gather
-                    seg.framework_s += fw.fsdp_grad_cast_s + fw.fsdp_grad_copy_out_s
+                    if once:
+                        per_step[s] += grad
+                    else:
+                        seg.framework_s += grad
             # a split backward: the input-gradient op gathers, the weight-gradient op reduces
             for i_seg, w_seg in zip(chunk.input_grad or [], chunk.weight_grad or [], strict=True):
                 ukey = rules.unit_key(chunk, i_seg)
@@ -466,7 +502,11 @@ def _framework(
                 fw = costs(rules.unit_numel(chunk, ukey), local)
                 if rules.reshard_after_forward and ukey != "root":
                     i_seg.framework_s += fw.fsdp_copy_in_s + fw.fsdp_copy_out_s
-                w_seg.framework_s += fw.fsdp_grad_cast_s + fw.fsdp_grad_copy_out_s
+                grad = fw.fsdp_grad_cast_s + fw.fsdp_grad_copy_out_s
+                if once:
+                    per_step[s] += grad
+                else:
+                    w_seg.framework_s += grad
     return per_step
 
 

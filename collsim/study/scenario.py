@@ -35,6 +35,7 @@ from collsim.core.yamlio import ConfigReader, YamlDoc, load_yaml
 from collsim.parallel.config import (
     DISPATCHERS,
     EP_OVERLAP_MODES,
+    GRAD_SYNCS,
     PIPELINE_SPLITS,
     REDUCE_DTYPES,
     ROUTINGS,
@@ -564,6 +565,10 @@ _PARALLEL = Section(
                     fold_case=True,
                 ),
                 "fp8_all_gather": flag_value("All-gather FP8 weights."),
+                "grad_sync": choice_value(
+                    "ZeRO-3 gradients reduced every micro-batch or once per step.",
+                    values_of(GRAD_SYNCS),
+                ),
             },
         ),
     },
