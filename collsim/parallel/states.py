@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 
 from collsim.core.vocab import ParallelAxis
 from collsim.parallel.sharding import fp8_weight_bytes
+from collsim.workload.fp8 import fp8_param_gather_of
 from collsim.workload.memory import ModelStateBytes, moe_model_state_bytes, stage_parameter_split
 
 if TYPE_CHECKING:
@@ -57,11 +58,12 @@ def optimizer_state_bytes(training: TrainingConfig) -> float | None:
 
 
 def fp8_parameters(plan: Plan) -> bool:
-    """Are the GEMM weights kept in FP8 (no 16-bit copy)? ``training.fp8_param_gather`` where
-    the scenario states it; else True for an FP8 plan of the ``megatron_te`` stack with the
-    distributed optimizer (zero 1 or 2): every FP8 preset of Megatron-Bridge sets
+    """Are the GEMM weights kept in FP8 (no 16-bit copy)? With the distributed optimizer (zero 1
+    or 2), what :func:`collsim.workload.fp8.fp8_param_gather_of` decides for
+    ``training.fp8_param_gather`` (the explicit value, else True for an FP8 plan of the
+    ``megatron_te`` stack: every FP8 preset of Megatron-Bridge sets
     ``fp8_param_gather = True`` (src/megatron/bridge/training/mixed_precision.py,
-    ``bf16_with_fp8_current_scaling_mixed`` and the delayed-scaling presets, at 0013c9a).
+    ``bf16_with_fp8_current_scaling_mixed`` and the delayed-scaling presets, at 0013c9a)).
     With zero 3 the gathered copies are transients of the FSDP units instead
     (``parallel.fsdp.fp8_all_gather``).
 
@@ -71,12 +73,14 @@ def fp8_parameters(plan: Plan) -> bool:
     master shard lives in the distributed optimizer; the FP8 data and its transpose (1 + 1
     bytes) take the place of the 16-bit weight (2 bytes)."""
     training = plan.training
-    explicit = getattr(training, "fp8_param_gather", None)
-    if str(training.dtype) != "fp8" or plan.parallel.zero not in (1, 2):
+    if plan.parallel.zero not in (1, 2):
         return False
-    if explicit is not None:
-        return bool(explicit)
-    return training.stack == "megatron_te"
+    return fp8_param_gather_of(
+        training.stack,
+        training.fp8_param_gather,
+        fp8=str(training.dtype) == "fp8",
+        zero=plan.parallel.zero,
+    )
 
 
 @dataclass(frozen=True, slots=True)
