@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from collsim.core.errors import ConfigError
-from collsim.core.vocab import ScheduleKind
+from collsim.core.vocab import CPAlgorithm, Dtype, ScheduleKind
 from collsim.parallel.config import ParallelConfig as Parallel
 from collsim.parallel.config import Recompute
 from collsim.parallel.dispatch import (
@@ -262,7 +262,7 @@ class Candidate:
     ) -> tuple[TrainingConfig, ParallelConfig]:
         """The scenario's training and parallel sections with this plan's knobs."""
 
-        dtype = base_training.dtype if self.dtype is None else self.dtype
+        dtype = base_training.dtype if self.dtype is None else Dtype(self.dtype)
         fp8 = str(dtype) == "fp8"
         training = dataclasses.replace(
             base_training,
@@ -286,7 +286,7 @@ class Candidate:
             etp=self.etp,
             dispatcher=self.dispatcher,
             ep_overlap=overlap,
-            cp_algorithm=self.cp_algorithm,
+            cp_algorithm=CPAlgorithm(self.cp_algorithm),
             schedule=ScheduleKind(self.schedule),
             virtual_stages=self.virtual_stages,
             zero=self.zero,

@@ -60,7 +60,17 @@ class VariantBounds(Bounds):
         bounds = self._of(c)
         floor = bounds.memory_bytes(c)
         if self.spec.is_moe and c.offload:
-            key = (c.etp, c.dtype, c.tp, c.pp, c.dp, c.cp, c.ep, c.micro_batch, c.schedule)
+            key: tuple[Any, ...] = (
+                c.etp,
+                c.dtype,
+                c.tp,
+                c.pp,
+                c.dp,
+                c.cp,
+                c.ep,
+                c.micro_batch,
+                c.schedule,
+            )
             key += (c.recompute, c.sequence_parallel)
             held = self._held.get(key)
             if held is None:
@@ -78,8 +88,20 @@ class VariantBounds(Bounds):
         kept = self.spec.is_moe and c.zero == 3 and not c.reshard and c.dp > 1
         if not (fp8 or kept):
             return 0.0
-        key = (c.etp, c.dispatcher, c.ep_overlap, c.cp_algorithm, c.shard_group, c.dtype)
-        key += (c.tp, c.pp, c.dp, c.cp, c.ep, c.zero, c.reshard, c.offload, c.virtual_stages)
+        key: tuple[Any, ...] = (c.etp, c.dispatcher, c.ep_overlap, c.cp_algorithm)
+        key += (
+            c.shard_group,
+            c.dtype,
+            c.tp,
+            c.pp,
+            c.dp,
+            c.cp,
+            c.ep,
+            c.zero,
+            c.reshard,
+            c.offload,
+            c.virtual_stages,
+        )
         hit = self._left_out.get(key)
         if hit is None:
             plan = bounds._plan_of(c)
@@ -133,7 +155,8 @@ def _held_activations(bounds: Bounds, c: Candidate) -> float:
     counts = layers_per_stage(spec.num_layers, c.pp)
     m = bounds.training.global_batch // (c.micro_batch * c.dp)
     held = [m if c.schedule == "gpipe" else min(c.pp - s, m) for s in range(c.pp)]
-    return max(h * n for h, n in zip(held, counts, strict=True)) * per_layer * (1 - 1e-9)
+    most = max(h * n for h, n in zip(held, counts, strict=True))
+    return float(most * per_layer) * (1 - 1e-9)
 
 
 def _hsdp(c: Candidate) -> bool:
@@ -144,7 +167,7 @@ def _hsdp(c: Candidate) -> bool:
 def _stream_s(bounds: Bounds, c: Candidate, walked: list[float] | None) -> float:
     """The compute stream's floor alone (:meth:`Bounds._compute`, tightened by the pipeline
     walk when given): its data-parallel calls and optimizer left out, which only add."""
-    floor = bounds._compute(c)[0]
+    floor: list[float] = bounds._compute(c)[0]
     if walked is not None:
         floor = [max(a, b) for a, b in zip(floor, walked, strict=True)]
     return max(floor) * (1 - 1e-9)
