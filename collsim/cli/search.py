@@ -60,6 +60,24 @@ _INT_AXES = {
     "--hsdp": "shard_groups",
 }
 
+#: The list options of the space, in the order ``search`` hands their texts over.
+_LIST_OPTIONS = (
+    "--micro-batch",
+    "--zero",
+    "--recompute",
+    "--schedule",
+    "--tp",
+    "--pp",
+    "--cp",
+    "--cp-algorithm",
+    "--ep",
+    "--etp",
+    "--dispatcher",
+    "--ep-overlap",
+    "--hsdp",
+    "--fp8",
+)
+
 #: The list options that take on/off: option -> field.
 _SWITCH_AXES = {"--ep-overlap": "ep_overlaps", "--fp8": "fp8s"}
 
@@ -259,36 +277,25 @@ def search(
 
         check_scheduler(scheduler)
     from collsim.study.scenario import load_scenario  # start-up: loaded when run
-    from collsim.study.search import SearchSpace, search_frame, search_plans
+    from collsim.study.search import search_frame, search_plans
     from collsim.study.sweep import cluster_for
 
     check_frame_path(output, "--output")
     base = load_scenario(scenario, list(overrides))
-    space_kwargs = _space_options(
-        {
-            "--micro-batch": micro_text,
-            "--zero": zero_text,
-            "--recompute": recompute_text,
-            "--schedule": schedule_text,
-            "--tp": tp_text,
-            "--pp": pp_text,
-            "--cp": cp_text,
-            "--cp-algorithm": cp_algorithm_text,
-            "--ep": ep_text,
-            "--etp": etp_text,
-            "--dispatcher": dispatcher_text,
-            "--ep-overlap": ep_overlap_text,
-            "--hsdp": hsdp_text,
-            "--fp8": fp8_text,
-        }
+    texts: tuple[str | None, ...] = (micro_text, zero_text, recompute_text, schedule_text)
+    texts += (
+        tp_text,
+        pp_text,
+        cp_text,
+        cp_algorithm_text,
+        ep_text,
+        etp_text,
+        dispatcher_text,
+        ep_overlap_text,
+        hsdp_text,
     )
-    for name, key, text in (("--ep", "eps", ep_text), ("--etp", "etps", etp_text)):
-        if space_kwargs.get(key, (1,)) != (1,) and not base.model.num_experts:
-            raise ConfigError(
-                f"expert parallelism needs a mixture-of-experts model; {base.model.name} is "
-                f"dense (no model.experts), got {text}",
-                key_path=name,
-            )
+    space_kwargs = _space_options(dict(zip(_LIST_OPTIONS, (*texts, fp8_text), strict=True)))
+    _check_experts(base.model, space_kwargs, ep_text, etp_text)
     if gpus is not None and gpus <= 0:
         raise ConfigError(f"must be > 0, got {gpus}", key_path="--gpus")
     if gpus is not None:
@@ -310,12 +317,7 @@ def search(
 
     from collsim.core.jobs import default_jobs  # start-up: loaded when run
 
-    space = SearchSpace()
-    if space_path is not None:
-        from collsim.study.space_file import read_space  # start-up: loaded when run
-
-        space = read_space(space_path, space)
-    space = dataclasses.replace(space, **space_kwargs)
+    space = _space_of(space_path, space_kwargs)
     known = _known_plans(output) if resume else None
     run = _SearchRun(topology, base, space, output)
     result = run.go(
@@ -350,6 +352,31 @@ def search(
     best = result.best
     if best is None:
         raise InfeasibleError("no plan fits", reason="memory", prefix="")
+
+
+def _check_experts(
+    model: Any, space_kwargs: dict[str, Any], ep_text: str | None, etp_text: str | None
+) -> None:
+    """--ep or --etp above 1 on a dense model: one line (ConfigError, exit 2)."""
+    for name, key, text in (("--ep", "eps", ep_text), ("--etp", "etps", etp_text)):
+        if space_kwargs.get(key, (1,)) != (1,) and not model.num_experts:
+            raise ConfigError(
+                f"expert parallelism needs a mixture-of-experts model; {model.name} is "
+                f"dense (no model.experts), got {text}",
+                key_path=name,
+            )
+
+
+def _space_of(space_path: Path | None, space_kwargs: dict[str, Any]) -> Any:
+    """The default space, with the axes of the --space file, then of the list options."""
+    from collsim.study.search import SearchSpace  # start-up: loaded when run
+
+    space = SearchSpace()
+    if space_path is not None:
+        from collsim.study.space_file import read_space  # start-up: loaded when run
+
+        space = read_space(space_path, space)
+    return dataclasses.replace(space, **space_kwargs)
 
 
 def _report_stop(result: SearchResult, output: Path | None) -> None:
