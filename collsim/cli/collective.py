@@ -267,9 +267,8 @@ def collective(
     # start-up: loaded only when this runs (--help and bad input stay fast)
     import simpy
 
-    from collsim.cluster.network import FlowNetwork
-
     # start-up: loaded only when this runs (--help and bad input stay fast)
+    from collsim.cluster.network import FlowNetwork
     from collsim.collectives import CollectiveCost, cost, simulate
 
     if minbytes > maxbytes:

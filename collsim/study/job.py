@@ -54,6 +54,7 @@ __all__ = [
     "run_job",
     "scenario_costs",
     "job_goodput",
+    "scenario_goodput",
     "require_reliability",
     "job_at_rate",
     "job_fleet_goodput",
@@ -286,6 +287,28 @@ def job_goodput(
     if not monte_carlo:
         return estimate_goodput(costs, scenario.reliability, days=run_days, monte_carlo=False)
     return estimate_goodput(costs, scenario.reliability, days=run_days, runs=runs, seed=seed)
+
+
+def scenario_goodput(
+    scenario: str | Path | Scenario | Mapping[str, Any],
+    overrides: Overrides = None,
+    *,
+    days: float | None = None,
+    runs: int = DEFAULT_RUNS,
+    seed: int = 0,
+    monte_carlo: bool = True,
+    limits: Limits | None = None,
+) -> GoodputResult:
+    """The goodput of ``scenario`` as ``collsim goodput`` computes it: the scenario loaded and
+    checked for a reliability section before its step is simulated, then :func:`job_goodput`.
+
+    Raises:
+        ConfigError: bad input, or no reliability section.
+    """
+    loaded = load(scenario, overrides)
+    require_reliability(loaded)
+    job = run_job(loaded, limits=limits)
+    return job_goodput(job, days=days, runs=runs, seed=seed, monte_carlo=monte_carlo)
 
 
 def require_reliability(scenario: Scenario) -> None:

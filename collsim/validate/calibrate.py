@@ -18,7 +18,7 @@ import numpy as np
 import yaml
 
 from collsim.cluster.topology import load_topology, parse_topology, resolve_topology_path
-from collsim.collectives import Group, cost, schedule_for, supported
+from collsim.collectives import Group, cost, phases_for, supported
 from collsim.core.errors import ConfigError
 from collsim.core.vocab import Algorithm, CollectiveOp
 from collsim.core.yamlio import load_yaml
@@ -406,7 +406,7 @@ def _coefficients(topology: Any, op: str) -> dict[str, tuple[float, float]]:
         if algorithm is Algorithm.NVLS:
             continue
         try:
-            timing = schedule_for(CollectiveOp(op), group, algorithm).timings[0]
+            timing = phases_for(CollectiveOp(op), group, algorithm).timings[0]
         except ConfigError:
             continue  # not on this group
         out[algorithm.value] = (

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from collsim import errors
 from collsim.cli import cli, main
+from collsim.core import errors
 from collsim.validate.launch import RankFailure
 
 REPO = Path(__file__).resolve().parents[2]
