@@ -417,7 +417,7 @@ class _Rules:
         self.fp8_capable = fp8_capable
         self.implied = STACK_DISPATCHER.get(stack, "alltoall") if stack else "alltoall"
         """The dispatcher of a plan that names none (``dispatch.dispatcher_of``)."""
-        self.order = base.order or default_order(spec, base)
+        self.order = base.order or default_order()
         self.uneven = (
             base.pipeline_split == "balanced"
             and not base.account_for_embedding
