@@ -159,7 +159,8 @@ def _function_local_imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
 #: matplotlib with the report modules built on them (the run path stays light without them:
 #: tests/report/test_report_trace.py); orjson and ijson, optional readers of large profiler
 #: traces (collsim.validate.data.kineto falls back to json without them); distributed, the
-#: optional Dask backend of collsim.core.jobs (the local pool runs without it).
+#: optional Dask backend of collsim.core.jobs (the local pool runs without it), and
+#: collsim.core.dask_worker, its worker side, which imports distributed.
 HEAVY = (
     "torch",
     "pandas",
@@ -167,6 +168,7 @@ HEAVY = (
     "orjson",
     "ijson",
     "distributed",
+    "collsim.core.dask_worker",
     "collsim.report.frames",
     "collsim.report.plots",
 )
