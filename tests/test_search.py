@@ -601,3 +601,132 @@ def test_search_chooses_a_split_backward_schedule(h100x16) -> None:
     assert all(t["zb_h1"] < t["1f1b"] for t in pairs)
     pipelined = [r.candidate for r in result.ranked if r.candidate.pp > 1]
     assert pipelined[0].schedule == "zb_h1", pipelined[0].label
+
+
+DEEP = TransformerSpec(
+    name="deep", num_layers=16, hidden=1024, num_heads=16, ffn_hidden=4096, seq_len=1024, vocab=4096
+)
+
+MOE_CP = TransformerSpec(
+    name="small-moe",
+    num_layers=4,
+    hidden=1024,
+    num_heads=16,
+    num_kv_heads=4,
+    ffn_hidden=4096,
+    seq_len=2048,
+    vocab=1000,
+    num_experts=16,
+    moe_top_k=4,
+    moe_ffn_hidden=1024,
+    first_k_dense=1,
+    gated_mlp=True,
+)
+
+
+def test_search_chooses_dualpipev_where_the_bubble_dominates(h100x16) -> None:
+    # an 8-stage pipeline with 16 micro-batches: the bubble is a large part of the step
+    # ((p - 1) / m of it under 1F1B), so the schedules that shrink it win; asked for all five,
+    # the pruned search finds DualPipeV best (its two chunks per stage in a V and its
+    # overlapped forward-backward pairs), ZB-H1 ahead of 1F1B, as the exhaustive one does
+    training = TrainingConfig(global_batch=32, micro_batch=1)
+    space = dataclasses.replace(
+        SMALL,
+        micro_batches=(1,),
+        schedules=("gpipe", "1f1b", "interleaved", "zb_h1", "dualpipev"),
+        virtual_stages=(2,),
+        zero_stages=(0, 1),
+        recomputes=("none", "full"),
+        tps=(1,),
+        pps=(8,),
+    )
+    args = (h100x16, DEEP, training, ParallelConfig(dp=16))
+    pruned = search_plans(*args, space=space, top_k=0, prune_keep=3)
+    full = search_plans(*args, space=space, top_k=0, prune_keep=0)
+    assert {r.candidate.schedule for r in full.ranked} == {
+        "gpipe", "1f1b", "interleaved", "zb_h1", "dualpipev",
+    }  # fmt: skip
+    best = full.ranked[0]
+    assert best.candidate.schedule == "dualpipev", best.candidate.label
+    assert pruned.ranked[0].candidate == best.candidate
+    assert pruned.estimated < full.estimated
+    times = {
+        r.candidate.schedule: r.estimate.step_time_s
+        for r in reversed(full.ranked)
+        if (r.candidate.zero, r.candidate.recompute) == (1, "none")
+    }
+    assert times["dualpipev"] < times["zb_h1"] < times["1f1b"]
+
+
+def _moe_cp_space(large: bool) -> SearchSpace:
+    """Expert- and context-parallel plans of MOE_CP on 16 GPUs (global batch 16): 1,782 that
+    build (of 11,196 in the grid), or about 25,000 with ``large``."""
+    if large:
+        return SearchSpace(
+            cps=(1, 2, 4),
+            eps=(1, 2, 4, 8, 16),
+            micro_batches=(1, 2),
+            bucket_mbs=(25.0, 100.0),
+            overlaps=(True, False),
+            bucket_views=(False,),
+            prefetches=(1, 2),
+            offloads=(False,),
+            reshards=(True, False),
+        )
+    return dataclasses.replace(
+        SMALL, cps=(1, 2, 4), eps=(1, 2, 4, 16), micro_batches=(1,), zero_stages=(0, 1, 3)
+    )
+
+
+@pytest.mark.parametrize(
+    "large",
+    [False, pytest.param(True, marks=[pytest.mark.slow, pytest.mark.timeout(7200)])],
+    ids=["1700", "25000"],
+)
+def test_pruning_expert_and_context_parallel_plans_keeps_the_best_ten(h100x16, large) -> None:
+    # branch and bound over a space of expert- and context-parallel plans of a small MoE
+    # model against estimating every one of them: the same ten best plans, in the same order
+    # with the same estimates, and fewer estimated
+    training = TrainingConfig(global_batch=16, micro_batch=1)
+    space = _moe_cp_space(large)
+    args = (h100x16, MOE_CP, training, ParallelConfig(dp=16))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pruned = search_plans(*args, space=space, top_k=0, prune_keep=10, jobs=2)
+        full = search_plans(*args, space=space, top_k=0, prune_keep=0, jobs=2)
+    assert full.estimated == full.buildable
+    assert full.buildable >= (20_000 if large else 1_500)
+    kinds = Counter((r.candidate.cp > 1, r.candidate.ep > 1) for r in full.ranked)
+    assert min(kinds.values()) > 0 and len(kinds) == 4  # dense, cp, ep and cp x ep all fit
+    assert pruned.estimated < full.estimated / 2
+    best = [(r.candidate, r.estimate.step_time_s) for r in full.ranked[:10]]
+    assert [(r.candidate, r.estimate.step_time_s) for r in pruned.ranked[:10]] == best
+
+
+def test_floors_hold_on_expert_and_context_parallel_plans_together(h100x16) -> None:
+    # plans with both cp and ep (and every ZeRO stage of the space), each estimated: no
+    # floor above what it bounds
+    from collsim.study.search.bounds import Bounds
+
+    training = TrainingConfig(global_batch=16, micro_batch=1)
+    base = ParallelConfig(dp=16)
+    plans = [
+        p
+        for p in enumerate_plans(MOE_CP, 16, 8, 16, _moe_cp_space(False), Counter(), base=base)
+        if p.cp > 1 and p.ep > 1
+    ]
+    bounds = Bounds(h100x16, MOE_CP, training, base)
+    estimator = Estimator(h100x16, MOE_CP)
+    checked = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for plan in _every_nth(plans, 40):
+            try:
+                est = estimator.estimate(*plan.configs(training, base))
+            except ConfigError:
+                continue
+            step = bounds.refined_s(plan)
+            assert bounds.step_s(plan) <= step <= est.step_time_s, plan.label
+            assert bounds.memory_bytes(plan) <= est.memory_peak_bytes, plan.label
+            checked += 1
+    assert checked >= 20
