@@ -617,7 +617,18 @@ class Estimator:
             ConfigError: the plan does not match the model or the cluster (see build_plan).
         """
 
+        return self.walk(self.schedule(training, parallel))
+
+    def schedule(self, training: TrainingConfig, parallel: ParallelConfig) -> StepSchedule:
+        """The step program of one plan (the first half of :meth:`estimate`).
+
+        Raises:
+            ConfigError: the plan does not match the model or the cluster (see build_plan).
+        """
         with warnings.catch_warnings():  # kept in the plan's warnings, not raised per plan
             warnings.simplefilter("ignore", CollsimWarning)
-            schedule = build_schedule(self.topology, self.spec, training, parallel)
+            return build_schedule(self.topology, self.spec, training, parallel)
+
+    def walk(self, schedule: StepSchedule) -> StepResult:
+        """The closed form of a step program from :meth:`schedule` (no memory timeline)."""
         return walk(schedule, self.pricer, timeline=False)
