@@ -150,8 +150,10 @@ def main() -> int:
     warnings.simplefilter("ignore", CollsimWarning)
     wanted = args.families.split(",")
     print(f"load average {os.getloadavg()[0]:.2f}; CPU ms per plan, medians over the plans")
-    print(f"  {'family':8s} {'pass':6s} {'plans':>5s} {'total ms':>9s} {'build ms':>9s}"
-          f" {'walk ms':>9s}  target {TARGET_S * 1e3:g} ms")
+    print(
+        f"  {'family':8s} {'pass':6s} {'plans':>5s} {'total ms':>9s} {'build ms':>9s}"
+        f" {'walk ms':>9s}  target {TARGET_S * 1e3:g} ms"
+    )
     if "3d_175b" in wanted:
         family("3d_175b", *search_estimated(REPO / "scenarios/3d_175b.yaml"), args.repeats)
     if "moe" in wanted:

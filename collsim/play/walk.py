@@ -24,6 +24,7 @@ from collsim.step.memory import MemoryLedger, MemoryPattern
 from collsim.step.ops import ChunkModel, Segment
 from collsim.step.pricing import ClosedPricer, SegmentPrices
 from collsim.step.result import BREAKDOWN_KEYS, StepResult, StragglerReport, TraceEvent
+from collsim.step.shapes import ShapeCache
 from collsim.step.stats import CallKey, CallStats, CallTally, dp_link
 from collsim.step.stragglers import stretch_schedule
 
@@ -609,6 +610,7 @@ class Estimator:
         self.topology = topology
         self.spec = spec
         self.pricer = ClosedPricer(topology)
+        self.shapes = ShapeCache()
 
     def estimate(self, training: TrainingConfig, parallel: ParallelConfig) -> StepResult:
         """The closed form of one plan.
@@ -627,7 +629,7 @@ class Estimator:
         """
         with warnings.catch_warnings():  # kept in the plan's warnings, not raised per plan
             warnings.simplefilter("ignore", CollsimWarning)
-            return build_schedule(self.topology, self.spec, training, parallel)
+            return build_schedule(self.topology, self.spec, training, parallel, cache=self.shapes)
 
     def walk(self, schedule: StepSchedule) -> StepResult:
         """The closed form of a step program from :meth:`schedule` (no memory timeline)."""
