@@ -20,7 +20,7 @@ from collsim.parallel.plan import Plan, RankCoords
 from collsim.step.assemble import assemble
 from collsim.step.build import build_schedule
 from collsim.step.dataparallel import GRAD_NORM_BYTES, DPCall, grad_norm_groups
-from collsim.step.memory import MemoryLedger, MemoryPattern
+from collsim.step.memory import MemoryEvent, MemoryLedger, MemoryPattern
 from collsim.step.ops import ChunkModel, Segment
 from collsim.step.pricing import ClosedPricer, SegmentPrices
 from collsim.step.result import BREAKDOWN_KEYS, StepResult, StragglerReport, TraceEvent
@@ -63,13 +63,6 @@ _Link = tuple[bool, Phase, tuple[int, Phase, int] | None]
 """An op's pipeline links (:meth:`_Walk.links`)."""
 
 
-@dataclass(slots=True)
-class _Mail:
-    produced_s: float
-    delivered_s: float
-    size_bytes: float
-
-
 class _Walk:
     """The closed-form walk of one schedule (representative rank per stage)."""
 
@@ -87,7 +80,9 @@ class _Walk:
             r = plan.rank(dp=0, pp=st, tp=0)
             self.programs[r] = _Rank(r, plan.coords(r), MemoryLedger(r))
         self.by_stage = {p.coords.pp: p for p in self.programs.values()}
-        self.mail: dict[tuple[int, Phase, int, int], _Mail] = {}
+        self.mail: dict[tuple[int, Phase, int, int], tuple[float, float, float]] = {}
+        """Sent pipeline messages by (receiving rank, direction, micro-batch, chunk): (when
+        produced, when delivered, bytes)."""
         self.prices = SegmentPrices(
             self.plan, pricer, schedule.overlap_factor if schedule.step_interference else None
         )
@@ -99,6 +94,9 @@ class _Walk:
         self.pipeline = plan.pipeline_schedule
         self._links: dict[int, list[_Link]] = {}
         self._runs: dict[tuple[int, int], list[Any]] = {}
+        self._fused_plans: dict[int, dict[tuple[int, Phase, bool], _OpPlan]] = {}
+        self._sends: dict[int, dict[int, tuple[float, float, CallTally]]] = {}
+        self._fold: dict[int, tuple[float, float, CallTally]] = {}
 
     def stat_items(self) -> Iterator[tuple[CallKey, CallTally]]:
         return self.stats.items()
@@ -199,6 +197,8 @@ class _Walk:
 
     def advance(self, prog: _Rank) -> bool:
         """Run the rank's ops while their inputs have been sent; True if any ran."""
+        if self.rules.zero != 3:
+            return self.advance_fused(prog)
         ops = self.s.pipeline[prog.coords.pp]
         links = self.links(prog.coords.pp)
         ran = False
@@ -210,14 +210,15 @@ class _Walk:
                 mail = self.mail.get((prog.rank, direction, op.microbatch, op.chunk))
                 if mail is None:
                     return ran  # its input is not sent yet
+                produced_s, delivered_s, mail_bytes = mail
                 w0 = prog.now
-                if mail.delivered_s > w0:
-                    w1 = mail.delivered_s
-                    produced = min(max(mail.produced_s, w0), w1)
+                if delivered_s > w0:
+                    w1 = delivered_s
+                    produced = min(max(produced_s, w0), w1)
                     prog.acct["bubble"] += produced - w0
                     prog.acct["pp_exposed"] += w1 - produced
                     prog.now = w1
-                prog.ledger.free(prog.now, "buffers", mail.size_bytes, "pp recv")
+                prog.ledger.free(prog.now, "buffers", mail_bytes, "pp recv")
                 if self.gather_pp:
                     size = self.s.p2p_bytes * self.plan.tp
                     folded = self.price(
@@ -236,6 +237,130 @@ class _Walk:
             prog.next_op += 1
             ran = True
         return ran
+
+    def advance_fused(self, prog: _Rank) -> bool:
+        """:meth:`advance` without ZeRO-3 (each op one fused block), the same arithmetic in
+        the same order with the per-op work kept in locals: the op's block
+        (:meth:`op_plan`), its message in and out, and the calls it tallies."""
+        stage = prog.coords.pp
+        ops = self.s.pipeline[stage]
+        n = len(ops)
+        i = prog.next_op
+        if i >= n:
+            return False
+        links = self.links(stage)
+        chunks = self.s.stages[stage].chunks
+        paired_ops = self.s.paired.get(stage, ())
+        mailbox = self.mail
+        rank = prog.rank
+        acct = prog.acct
+        events, placed = prog.ledger.appenders()
+        size = self.s.p2p_bytes
+        received = -float(size)
+        rules = self.rules
+        buckets_on = rules.uses_buckets
+        runs = self._runs
+        plans = self._fused_plans.setdefault(rank, {})
+        sends = self._sends.setdefault(rank, {})
+        fold = self._fold.get(rank) if self.gather_pp else None
+        new = tuple.__new__
+        now = prog.now
+        bubble, pp_exposed, compute = acct["bubble"], acct["pp_exposed"], acct["compute"]
+        ran = False
+        while i < n:
+            op = ops[i]
+            remote, direction, dest = links[i]
+            mb = op.microbatch
+            folded = 0.0
+            if remote:
+                mail = mailbox.get((rank, direction, mb, op.chunk))
+                if mail is None:
+                    break  # its input is not sent yet
+                produced_s, delivered_s, mail_bytes = mail
+                if delivered_s > now:
+                    produced = min(max(produced_s, now), delivered_s)
+                    bubble += produced - now
+                    pp_exposed += delivered_s - produced
+                    now = delivered_s
+                if mail_bytes:
+                    events.append(new(MemoryEvent, (now, "buffers", received, "pp recv")))
+                if self.gather_pp:
+                    if fold is None:
+                        fold = self._fold[rank] = self.repeat_price(
+                            rank, TP, "all_gather", size * self.plan.tp, self.group(rank, TP)
+                        )
+                        folded = fold[0]
+                    else:
+                        folded, busbw, tally = fold
+                        tally.count += 1
+                        tally.time_s += folded
+                        tally.busbw_bps = busbw
+            now += folded
+            pp_exposed += folded
+            chunk = op.chunk
+            paired = i in paired_ops
+            block = plans.get((chunk, op.phase, paired))
+            if block is None:
+                block = plans[(chunk, op.phase, paired)] = self.op_plan(
+                    prog, chunks[chunk], op.phase, paired
+                )
+            t0 = now
+            if block.pattern.events:
+                placed.append((t0, block.pattern, mb, chunk, len(events)))
+            if block.buckets and buckets_on and rules.reduces_in(mb):
+                prog.now = now
+                for bucket, rel in block.buckets:
+                    if rules.overlap:
+                        self.reduce_bucket(prog, bucket, t0 + rel, t0)
+                    else:
+                        prog.deferred.append((op, chunks[chunk], bucket))
+                events, placed = prog.ledger.appenders()
+            slot = runs.get(block.run_key)
+            if slot is None:
+                runs[block.run_key] = [block.segs, 1]
+            else:
+                slot[1] += 1
+            now = t0 + block.duration
+            compute += block.compute
+            for k, v in block.comm_items:
+                acct[k] += v
+            if dest is not None:
+                to = dest[0]
+                send = sends.get(to)
+                dst = self.by_stage[to]
+                if send is None:
+                    send = sends[to] = self.repeat_price(
+                        rank, PP, "send_recv", size, (rank, dst.rank)
+                    )
+                    t = send[0]
+                else:
+                    t, busbw, tally = send
+                    tally.count += 1
+                    tally.time_s += t
+                    tally.busbw_bps = busbw
+                pp_free = prog.pp_free
+                start = now if now >= pp_free else pp_free
+                pp_free = prog.pp_free = start + t
+                delivered = now + (pp_free - now)
+                mailbox[(dst.rank, dest[1], mb, dest[2])] = (now, delivered, size)
+                dst.ledger.alloc(delivered, "buffers", size, "pp recv")
+            i += 1
+            ran = True
+        prog.next_op = i
+        prog.now = now
+        acct["bubble"], acct["pp_exposed"], acct["compute"] = bubble, pp_exposed, compute
+        return ran
+
+    def repeat_price(
+        self, rank: int, axis: str, op: str, size: float, ranks: tuple[int, ...]
+    ) -> tuple[float, float, CallTally]:
+        """:meth:`price` of a call an op repeats: (seconds, busbw, its tally), so that the
+        next calls of the same op are tallied in place (``count += 1``, ``time_s += t``: what
+        :meth:`CallStats.add` does)."""
+        time_s = self.price(rank, axis, op, size, ranks, 0.0)
+        cost = self.pricer.cost(op, size, ranks)
+        tally = self.stats.tally(CallKey(rank, axis, op, size, len(ranks), cost.algorithm))
+        return time_s, cost.busbw_bps, tally
 
     def op_plan(
         self, prog: _Rank, chunk: ChunkModel, phase: Phase, paired: bool = False
@@ -269,6 +394,8 @@ class _Walk:
             t += dur
         plan.duration = t
         plan.pattern = MemoryPattern("activations", mem)
+        plan.comm_items = tuple(plan.comm.items())
+        plan.run_key = (prog.rank, id(segs[0]) if len(segs) == 1 else id(segs))
         self._op_plans[key] = plan
         return plan
 
@@ -394,9 +521,7 @@ class _Walk:
         start = max(prog.now, prog.pp_free)
         prog.pp_free = start + t
         delivered = _fires(prog.now, prog.pp_free)
-        self.mail[(dst.rank, dst_phase, op.microbatch, dst_chunk)] = _Mail(
-            prog.now, delivered, size
-        )
+        self.mail[(dst.rank, dst_phase, op.microbatch, dst_chunk)] = (prog.now, delivered, size)
         dst.ledger.alloc(delivered, "buffers", size, "pp recv")
 
     def grad_norm(self) -> None:
@@ -494,6 +619,10 @@ class _OpPlan:
     comm: dict[str, float] = field(default_factory=dict)
     pattern: MemoryPattern = field(default_factory=lambda: MemoryPattern("activations", []))
     buckets: list[tuple[Bucket, float]] = field(default_factory=list)
+    comm_items: tuple[tuple[str, float], ...] = ()
+    """``comm`` as pairs, in its order."""
+    run_key: tuple[int, int] = (0, 0)
+    """The op's key in :meth:`_Walk.tally_tp`'s runs."""
 
 
 def walk(
