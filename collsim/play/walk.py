@@ -94,9 +94,6 @@ class _Walk:
         self.pipeline = plan.pipeline_schedule
         self._links: dict[int, list[_Link]] = {}
         self._runs: dict[tuple[int, int], list[Any]] = {}
-        self._fused_plans: dict[int, dict[tuple[int, Phase, bool], _OpPlan]] = {}
-        self._sends: dict[int, dict[int, tuple[float, float, CallTally]]] = {}
-        self._fold: dict[int, tuple[float, float, CallTally]] = {}
 
     def stat_items(self) -> Iterator[tuple[CallKey, CallTally]]:
         return self.stats.items()
@@ -154,10 +151,11 @@ class _Walk:
             prog.ledger.alloc(0.0, "optimizer", st.optimizer, "optimizer state")
             prog.ledger.alloc(0.0, "buffers", st.ddp_buckets, "ddp buckets")
         pending = list(self.programs.values())
+        steppers = {prog.rank: self.stepper(prog) for prog in pending}
         while pending:
             progressed = False
             for prog in pending:
-                progressed |= self.advance(prog)
+                progressed |= next(steppers[prog.rank])
             left = [p for p in pending if p.next_op < len(self.s.pipeline[p.coords.pp])]
             if left and not progressed:
                 raise SimulationError(
@@ -195,10 +193,15 @@ class _Walk:
         self._links[stage] = out
         return out
 
+    def stepper(self, prog: _Rank) -> Iterator[bool]:
+        """:meth:`advance` of ``prog`` each time it is resumed (for ever)."""
+        if self.rules.zero != 3:
+            yield from self.fused_ops(prog)
+        while True:
+            yield self.advance(prog)
+
     def advance(self, prog: _Rank) -> bool:
         """Run the rank's ops while their inputs have been sent; True if any ran."""
-        if self.rules.zero != 3:
-            return self.advance_fused(prog)
         ops = self.s.pipeline[prog.coords.pp]
         links = self.links(prog.coords.pp)
         ran = False
@@ -238,16 +241,18 @@ class _Walk:
             ran = True
         return ran
 
-    def advance_fused(self, prog: _Rank) -> bool:
-        """:meth:`advance` without ZeRO-3 (each op one fused block), the same arithmetic in
-        the same order with the per-op work kept in locals: the op's block
-        (:meth:`op_plan`), its message in and out, and the calls it tallies."""
+    def fused_ops(self, prog: _Rank) -> Iterator[bool]:
+        """:meth:`advance` without ZeRO-3 (each op one fused block) as a generator: each
+        resume runs the rank's ops while their inputs have been sent and yields whether any
+        ran, until the last op has run. The same arithmetic in the same order as
+        :meth:`advance`, with the per-op work kept in the generator's locals: the op's block
+        (:meth:`op_plan`), its message in and out, and the calls it tallies. The rank's
+        clock and account are written back when its last op has run (nothing reads them
+        before)."""
         stage = prog.coords.pp
         ops = self.s.pipeline[stage]
         n = len(ops)
         i = prog.next_op
-        if i >= n:
-            return False
         links = self.links(stage)
         chunks = self.s.stages[stage].chunks
         paired_ops = self.s.paired.get(stage, ())
@@ -256,13 +261,14 @@ class _Walk:
         acct = prog.acct
         events, placed = prog.ledger.appenders()
         size = self.s.p2p_bytes
-        received = -float(size)
+        received, sent = -float(size), float(size)
         rules = self.rules
         buckets_on = rules.uses_buckets
         runs = self._runs
-        plans = self._fused_plans.setdefault(rank, {})
-        sends = self._sends.setdefault(rank, {})
-        fold = self._fold.get(rank) if self.gather_pp else None
+        plans: dict[tuple[int, Phase, bool], _OpPlan] = {}
+        sends: dict[int, tuple[float, float, CallTally, int, list[MemoryEvent]]] = {}
+        fold: tuple[float, float, CallTally] | None = None
+        gather_pp = self.gather_pp
         new = tuple.__new__
         now = prog.now
         bubble, pp_exposed, compute = acct["bubble"], acct["pp_exposed"], acct["compute"]
@@ -273,9 +279,13 @@ class _Walk:
             mb = op.microbatch
             folded = 0.0
             if remote:
-                mail = mailbox.get((rank, direction, mb, op.chunk))
-                if mail is None:
-                    break  # its input is not sent yet
+                key = (rank, direction, mb, op.chunk)
+                mail = mailbox.get(key)
+                while mail is None:  # its input is not sent yet: wait for the next round
+                    prog.next_op = i
+                    yield ran
+                    ran = False
+                    mail = mailbox.get(key)
                 produced_s, delivered_s, mail_bytes = mail
                 if delivered_s > now:
                     produced = min(max(produced_s, now), delivered_s)
@@ -284,9 +294,9 @@ class _Walk:
                     now = delivered_s
                 if mail_bytes:
                     events.append(new(MemoryEvent, (now, "buffers", received, "pp recv")))
-                if self.gather_pp:
+                if gather_pp:
                     if fold is None:
-                        fold = self._fold[rank] = self.repeat_price(
+                        fold = self.repeat_price(
                             rank, TP, "all_gather", size * self.plan.tp, self.group(rank, TP)
                         )
                         folded = fold[0]
@@ -314,7 +324,6 @@ class _Walk:
                         self.reduce_bucket(prog, bucket, t0 + rel, t0)
                     else:
                         prog.deferred.append((op, chunks[chunk], bucket))
-                events, placed = prog.ledger.appenders()
             slot = runs.get(block.run_key)
             if slot is None:
                 runs[block.run_key] = [block.segs, 1]
@@ -327,14 +336,15 @@ class _Walk:
             if dest is not None:
                 to = dest[0]
                 send = sends.get(to)
-                dst = self.by_stage[to]
                 if send is None:
-                    send = sends[to] = self.repeat_price(
+                    dst = self.by_stage[to]
+                    t, busbw, tally = self.repeat_price(
                         rank, PP, "send_recv", size, (rank, dst.rank)
                     )
-                    t = send[0]
+                    dst_rank, dst_events = dst.rank, dst.ledger.appenders()[0]
+                    sends[to] = (t, busbw, tally, dst_rank, dst_events)
                 else:
-                    t, busbw, tally = send
+                    t, busbw, tally, dst_rank, dst_events = send
                     tally.count += 1
                     tally.time_s += t
                     tally.busbw_bps = busbw
@@ -342,14 +352,15 @@ class _Walk:
                 start = now if now >= pp_free else pp_free
                 pp_free = prog.pp_free = start + t
                 delivered = now + (pp_free - now)
-                mailbox[(dst.rank, dest[1], mb, dest[2])] = (now, delivered, size)
-                dst.ledger.alloc(delivered, "buffers", size, "pp recv")
+                mailbox[(dst_rank, dest[1], mb, dest[2])] = (now, delivered, size)
+                if size:  # MemoryLedger.alloc
+                    dst_events.append(new(MemoryEvent, (delivered, "buffers", sent, "pp recv")))
             i += 1
             ran = True
         prog.next_op = i
         prog.now = now
         acct["bubble"], acct["pp_exposed"], acct["compute"] = bubble, pp_exposed, compute
-        return ran
+        yield ran
 
     def repeat_price(
         self, rank: int, axis: str, op: str, size: float, ranks: tuple[int, ...]
