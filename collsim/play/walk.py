@@ -654,7 +654,7 @@ def walk(
     with collector_paused():
         w = _Walk(schedule, pricer)
         w.run()
-        return assemble(
+        result = assemble(
             plan,
             w,
             fidelity="closed",
@@ -662,6 +662,10 @@ def walk(
             zero_communication=pricer.zero,
             timeline=timeline,
         )
+        # freed by reference counting while the collector is still off: the walk's many
+        # small objects would otherwise be scanned by the first collection after it
+        del w
+    return result
 
 
 def estimate_step(
