@@ -1,5 +1,5 @@
 """Reading a large Kineto trace: time and peak memory of each JSON parser of
-:mod:`collsim.validate.traces.reader` (the standard library, orjson, ijson), each in a fresh
+:mod:`collsim.validate.data.kineto` (the standard library, orjson, ijson), each in a fresh
 process (peak resident memory from ``getrusage``), and the breakdown after it.
 
 Run: ``python benchmarks/bench_trace_read.py SRC.json.gz --copies 150 --out /tmp/big.json``:
@@ -23,8 +23,8 @@ from pathlib import Path
 
 CHILD = """
 import resource, sys, time
-from collsim.validate.traces.breakdown import breakdown
-from collsim.validate.traces.reader import read_trace
+from collsim.validate.measure.traces.breakdown import breakdown
+from collsim.validate.data.kineto import read_trace
 c0, t0 = time.process_time(), time.perf_counter()
 trace = read_trace(sys.argv[1], reader=sys.argv[2], progress=False)
 c1, t1 = time.process_time(), time.perf_counter()

@@ -24,7 +24,7 @@ def _rank(ctx: Any, iters: int) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from collsim.validate.bench import BenchConfig, bench_rank
+    from collsim.validate.measure.bench import BenchConfig, bench_rank
 
     plain = {}
     for size in SIZES:
@@ -58,8 +58,8 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--realtime", action="store_true")
     args = parser.parse_args()
-    from collsim.validate.bench import bus_factor
-    from collsim.validate.launch import realtime_problem, spawn_ranks
+    from collsim.validate.measure.bench import bus_factor
+    from collsim.validate.measure.launch import realtime_problem, spawn_ranks
 
     if args.realtime and (problem := realtime_problem()):
         parser.error(problem)

@@ -179,10 +179,10 @@ def collectives() -> Path:
     published nccl-tests sweep of the same machine."""
     import pandas as pd
 
+    from collsim.cluster.topology import load_topology
     from collsim.collectives import Group
     from collsim.report.frames import collective_cost_frame, read_collective_csv
     from collsim.report.plots import plot_collectives, save_figure
-    from collsim.cluster.topology import load_topology
 
     topology = load_topology("dgx_h100", nodes=1)
     sizes = [1 << k for k in range(10, 35)]
@@ -212,10 +212,10 @@ def algorithms() -> Path:
     and what ``auto`` (NCCL 2.30.7's tuner) picks at each size."""
     import pandas as pd
 
+    from collsim.cluster.topology import load_topology
     from collsim.collectives import Group
     from collsim.report.frames import collective_cost_frame, read_collective_csv
     from collsim.report.plots import plot_collectives, save_figure
-    from collsim.cluster.topology import load_topology
 
     sizes = [1 << k for k in range(10, 34)]
     frames = []

@@ -43,8 +43,8 @@ def test_each_error_name_is_the_class_collsim_raises() -> None:
 
     import pytest
 
-    from collsim import errors
     from collsim.cluster.topology import load_topology
+    from collsim.core import errors
     from collsim.parallel.config import ParallelConfig, TrainingConfig
     from collsim.parallel.plan import build_plan
     from collsim.workload.model import get_preset

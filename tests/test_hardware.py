@@ -133,7 +133,7 @@ def test_device_file_and_inline_topology_device(tmp_path) -> None:  # type: igno
 
 
 def test_no_name_is_claimed_by_two_catalogue_files() -> None:
-    from collsim import hardware
+    from collsim.cluster import hardware
 
     owner: dict[str, str] = {}
     for path in hardware._catalogue_paths():
@@ -146,7 +146,7 @@ def test_no_name_is_claimed_by_two_catalogue_files() -> None:
 def test_a_key_reads_one_file_and_gives_the_catalogue_device(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from collsim import hardware
+    from collsim.cluster import hardware
 
     read: list[str] = []
 

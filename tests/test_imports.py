@@ -158,8 +158,9 @@ def _function_local_imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
 #: What a library module may import late: torch (optional, the validate extra), and pandas and
 #: matplotlib with the report modules built on them (the run path stays light without them:
 #: tests/report/test_report_trace.py); orjson and ijson, optional readers of large profiler
-#: traces (collsim.validate.traces.reader falls back to json without them); distributed, the
-#: optional Dask backend of collsim.core.jobs (the local pool runs without it).
+#: traces (collsim.validate.data.kineto falls back to json without them); distributed, the
+#: optional Dask backend of collsim.core.jobs (the local pool runs without it), and
+#: collsim.core.dask_worker, its worker side, which imports distributed.
 HEAVY = (
     "torch",
     "pandas",
@@ -167,6 +168,7 @@ HEAVY = (
     "orjson",
     "ijson",
     "distributed",
+    "collsim.core.dask_worker",
     "collsim.report.frames",
     "collsim.report.plots",
 )
@@ -207,3 +209,68 @@ def test_function_local_imports_are_for_start_up_and_say_why() -> None:
             elif not _has_reason(lines, node, run):
                 wrong.append(f"{where} (say why it is late)")
     assert not wrong, "\n".join(wrong)
+
+
+#: The layers of DESIGN.md, top to bottom: a module imports only its own layer or those below.
+#: ``collsim/__init__.py`` stands with the notebook API at the top (it loads it on first use).
+LAYERS = (
+    "cli",
+    "api",
+    "validate",
+    "report",
+    "study",
+    "play",
+    "step",
+    "parallel",
+    "workload",
+    "collectives",
+    "cluster",
+    "core",
+)
+
+
+def layer_of(module: str) -> int:
+    """The index of ``module``'s layer in :data:`LAYERS` (0 = the top)."""
+    parts = module.split(".")
+    if parts == ["collsim"]:
+        return LAYERS.index("api")
+    return LAYERS.index(parts[1])
+
+
+def _named_targets(module: str, node: ast.Import | ast.ImportFrom) -> set[str]:
+    """The modules an import names, without the packages above them that importing runs
+    (every import runs ``collsim/__init__.py``, which imports only :mod:`collsim.core.errors`)."""
+    deps = _targets(module, node)
+    return {t for t in deps if not any(d.startswith(t + ".") for d in deps)}
+
+
+def layer_violations() -> list[str]:
+    """``a -> b`` for every import of a module ``b`` in a layer above ``a``'s."""
+    wrong: list[str] = []
+    for module, path in sorted(MODULES.items()):
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for node in _imports(tree):
+            for target in sorted(_named_targets(module, node)):
+                if layer_of(target) < layer_of(module):
+                    wrong.append(f"{module} -> {target} (line {node.lineno})")
+    return wrong
+
+
+def test_every_module_has_a_layer() -> None:
+    assert {m.split(".")[1] for m in MODULES if m != "collsim"} == set(LAYERS)
+    validate = layer_of("collsim.validate.measure.bench")
+    assert layer_of("collsim") == layer_of("collsim.api") < validate
+    assert layer_of("collsim.cli.run") == 0 and layer_of("collsim.core.errors") == len(LAYERS) - 1
+
+
+def test_the_layer_check_sees_an_upward_import() -> None:
+    node = ast.parse("from collsim.workload.kernels import MeasuredTables").body[0]
+    assert isinstance(node, ast.ImportFrom)
+    # the import names the module and runs the packages above it; only the module is an edge
+    assert _named_targets("collsim.cluster.hardware", node) == {"collsim.workload.kernels"}
+    assert layer_of("collsim.workload.kernels") < layer_of("collsim.cluster.hardware")
+
+
+def test_imports_flow_down_the_layers() -> None:
+    wrong = layer_violations()
+    assert not wrong, "imports against the layers of DESIGN.md:\n" + "\n".join(wrong)

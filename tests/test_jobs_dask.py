@@ -91,6 +91,23 @@ def test_workers_map_in_order_on_the_cluster(cluster) -> None:
         assert list(workers.imap(_square, range(7))) == [3 * i * i for i in range(7)]
 
 
+def _built(path: str) -> int:
+    """A context that records the worker process that built it."""
+    with open(path, "a") as out:
+        out.write(f"{os.getpid()}\n")
+    return 3
+
+
+def test_each_worker_builds_the_context_once(cluster, tmp_path: Path) -> None:
+    # the factory goes to each worker once (a worker plugin), not with every batch
+    path = tmp_path / "built.txt"
+    with Workers(1, _built, (str(path),), scheduler=cluster.scheduler_address) as workers:
+        for _ in range(3):
+            assert workers.map(_square, range(40)) == [3 * i * i for i in range(40)]
+    pids = path.read_text().split()
+    assert len(pids) == len(set(pids)) == 2
+
+
 @pytest.fixture(scope="module")
 def local(h100x16):
     return search_plans(*_args(h100x16), **ARGS, jobs=1)

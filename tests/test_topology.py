@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-import collsim.cluster.topology as topology_module
+import collsim.cluster.topology.files as topology_module
 from collsim.cluster.hardware import get_device
 from collsim.cluster.topology import FABRIC_DEFAULTS, LinkKind, load_topology, parse_topology
 from collsim.core.errors import ConfigError, InfeasibleError

@@ -161,8 +161,8 @@ def main(argv: list[str] | None = None) -> Any:
     is asked for one BLAS thread (:func:`one_blas_thread`) and, once the command is done, the
     garbage collector is frozen, so that the interpreter's shutdown does not walk every object
     left (the process is ending; the memory goes back with it). ``collsim validate`` runs as
-    it is: it times torch, which sets its own thread counts (:mod:`collsim.validate.launch`,
-    :mod:`collsim.validate.compute`), and its ranks write files.
+    it is: it times torch, which sets its own thread counts (:mod:`collsim.validate.measure.launch`,
+    :mod:`collsim.validate.measure.compute`), and its ranks write files.
     """
     command = next((arg for arg in sys.argv[1:] if not arg.startswith("-")), None)
     if argv is not None or command == "validate":

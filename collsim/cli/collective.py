@@ -267,9 +267,8 @@ def collective(
     # start-up: loaded only when this runs (--help and bad input stay fast)
     import simpy
 
-    from collsim.cluster.network import FlowNetwork
-
     # start-up: loaded only when this runs (--help and bad input stay fast)
+    from collsim.cluster.network import FlowNetwork
     from collsim.collectives import CollectiveCost, cost, simulate
 
     if minbytes > maxbytes:
@@ -346,9 +345,9 @@ def collective(
 
 
 def _csv(rows: list[dict[str, Any]], op_name: str, n: int, topo: Any, mode: str) -> str:
-    """The rows in the collective CSV schema (:mod:`collsim.validate.dataset`)."""
+    """The rows in the collective CSV schema (:mod:`collsim.validate.data.dataset`)."""
     # start-up: loaded only when this runs (--help and bad input stay fast)
-    from collsim.validate.dataset import csv_preamble, csv_row
+    from collsim.validate.data.dataset import csv_preamble, csv_row
 
     metadata = {
         "tool": "collsim collective",

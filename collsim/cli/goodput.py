@@ -41,9 +41,9 @@ Exit status: 0 done, 1 the plan is infeasible, 2 bad input.
 #: Monte Carlo runs when ``--runs`` is not given (``collsim.study.job.DEFAULT_RUNS``, kept
 #: here so that ``--help`` does not import the study).
 DEFAULT_RUNS = 1000
-#: The most Monte Carlo runs ``--runs`` takes: the samples of every run are held at once, and
-#: 1,000,000 runs of the 16,384-GPU Llama 3 scenario (about 720 interruptions each) took 49 s
-#: and 6.8 GB (issue 27); this bound keeps such a run under about 0.7 GB per rate.
+#: The most Monte Carlo runs ``--runs`` takes: the samples of every run are held at once, so
+#: memory grows with the runs (docs/derivations.md, measurements: a million runs of the
+#: 16,384-GPU Llama 3 scenario); this bound keeps such a run under about 0.7 GB per rate.
 MAX_RUNS = 100_000
 PLOT_SUFFIXES = (".png", ".svg")
 

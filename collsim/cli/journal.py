@@ -1,7 +1,8 @@
 """Tables written as rows arrive (``-o`` of ``sweep``, ``search``), read back for ``--resume``.
 
-:class:`FrameJournal` rewrites the output file from the rows so far, at most once every
-``every_s`` seconds while work runs and once more at the end or on Ctrl-C; each write goes to a
+:class:`FrameJournal` rewrites the output file from the rows so far each time a row arrives
+(unless the writing would take more than a tenth of the run's time: then after as many rows as
+keep it to that) and once more at the end or on Ctrl-C; each write goes to a
 temporary file in the same folder that then replaces the output (``os.replace``), so a process
 killed at any moment leaves the previous whole table, never a torn one. :func:`read_frame` reads
 a table back for ``--resume`` (the suffixes :func:`collsim.cli.common.write_frame` writes).
@@ -29,12 +30,12 @@ class FrameJournal:
     Args:
         path: the output file (None: nothing is written).
         build: the table of the rows so far.
-        every_s: the shortest time between two writes while the run goes on (longer when a
-            write takes more than a tenth of it).
+        every_s: the shortest time between two writes while the run goes on (0, the default:
+            a write per row; longer when a write takes more than a tenth of it).
     """
 
     def __init__(
-        self, path: Path | None, build: Callable[[], pd.DataFrame], *, every_s: float = 1.0
+        self, path: Path | None, build: Callable[[], pd.DataFrame], *, every_s: float = 0.0
     ) -> None:
         self.path = path
         self.build = build

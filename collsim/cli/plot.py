@@ -350,7 +350,7 @@ def _measured_series(frames: list[tuple[Path, pd.DataFrame]], op: str | None) ->
     import pandas as pd
 
     # start-up: loaded only when this runs (--help and bad input stay fast)
-    from collsim.validate.dataset import canonical_op
+    from collsim.validate.data.dataset import canonical_op
 
     parts = []
     for path, frame in frames:
@@ -401,7 +401,7 @@ def collective_frame(path: Path) -> pd.DataFrame:
     import pandas as pd
 
     # start-up: loaded only when this runs (--help and bad input stay fast)
-    from collsim.validate.dataset import read_measurements, read_text, sniff
+    from collsim.validate.data.dataset import read_measurements, read_text, sniff
 
     text = read_text(path)
     if sniff(text) == "csv":
@@ -415,7 +415,7 @@ def collective_frame(path: Path) -> pd.DataFrame:
             return read_collective_csv(path)  # `collective -F csv` before the schema
     meas = read_measurements(path)
     # start-up: loaded only when this runs (--help and bad input stay fast)
-    from collsim.validate.nccltests import bus_factor
+    from collsim.validate.data.nccltests import bus_factor
 
     records = []
     for row in meas.rows:

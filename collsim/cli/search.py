@@ -17,7 +17,7 @@ import click
 
 from collsim.cli.common import OneLineCommand, check_frame_path
 from collsim.core.errors import ConfigError, InfeasibleError
-from collsim.core.vocab import RecomputeMode, ScheduleKind
+from collsim.core.vocab import CPAlgorithm, RecomputeMode, ScheduleKind
 
 if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Callable
@@ -50,41 +50,80 @@ def _int_list(text: str | None, key: str) -> tuple[int, ...] | None:
     return values
 
 
-def _space_options(
-    micro_text: str | None,
-    zero_text: str | None,
-    recompute_text: str | None,
-    schedule_text: str | None,
-    cp_text: str | None,
-    ep_text: str | None,
-) -> dict[str, Any]:
-    """The SearchSpace fields the list options set, each checked (ConfigError, exit 2)."""
+#: The list options that set an integer axis of the search space: option -> field.
+_INT_AXES = {
+    "--tp": "tps",
+    "--pp": "pps",
+    "--cp": "cps",
+    "--ep": "eps",
+    "--etp": "etps",
+    "--hsdp": "shard_groups",
+}
+
+#: The list options of the space, in the order ``search`` hands their texts over.
+_LIST_OPTIONS = (
+    "--micro-batch",
+    "--zero",
+    "--recompute",
+    "--schedule",
+    "--tp",
+    "--pp",
+    "--cp",
+    "--cp-algorithm",
+    "--ep",
+    "--etp",
+    "--dispatcher",
+    "--ep-overlap",
+    "--hsdp",
+    "--fp8",
+)
+
+#: The list options that take on/off: option -> field.
+_SWITCH_AXES = {"--ep-overlap": "ep_overlaps", "--fp8": "fp8s"}
+
+
+def _words(text: str, key: str, choices: list[str]) -> tuple[str, ...]:
+    values = tuple(v.strip() for v in text.split(",") if v.strip())
+    if not values or any(v not in choices for v in values):
+        raise ConfigError(f"must be some of {', '.join(choices)}; got {text}", key_path=key)
+    if len(set(values)) != len(values):
+        raise ConfigError(f"values repeat in {text}", key_path=key)
+    return values
+
+
+def _space_options(texts: dict[str, str | None]) -> dict[str, Any]:
+    """The SearchSpace fields the list options set (``texts``: option -> its text, None
+    when not given), each checked (ConfigError, exit 2)."""
+    from collsim.parallel.config import DISPATCHERS  # start-up: loaded when run
+
     space_kwargs: dict[str, Any] = {}
-    if (mbs := _int_list(micro_text, "--micro-batch")) is not None:
+    if (mbs := _int_list(texts.get("--micro-batch"), "--micro-batch")) is not None:
         if 0 in mbs:
             raise ConfigError("micro-batch sizes must be > 0", key_path="--micro-batch")
         space_kwargs["micro_batches"] = mbs
+    zero_text = texts.get("--zero")
     if (zeros := _int_list(zero_text, "--zero")) is not None:
         if any(z > 3 for z in zeros):
             raise ConfigError(f"ZeRO stages are 0-3, got {zero_text}", key_path="--zero")
         space_kwargs["zero_stages"] = zeros
-    for text, enum, name, key in (
-        (recompute_text, RecomputeMode, "--recompute", "recomputes"),
-        (schedule_text, ScheduleKind, "--schedule", "schedules"),
-    ):
-        if text is not None:
-            values = tuple(v.strip() for v in text.split(",") if v.strip())
-            choices = [member.value for member in enum]
-            if not values or any(v not in choices for v in values):
-                raise ConfigError(
-                    f"must be some of {', '.join(choices)}; got {text}", key_path=name
-                )
-            space_kwargs[key] = values
-    for text, name, key in ((cp_text, "--cp", "cps"), (ep_text, "--ep", "eps")):
+    words: dict[str, tuple[str, list[str]]] = {
+        "--recompute": ("recomputes", [m.value for m in RecomputeMode]),
+        "--schedule": ("schedules", [m.value for m in ScheduleKind]),
+        "--dispatcher": ("dispatchers", list(DISPATCHERS)),
+        "--cp-algorithm": ("cp_algorithms", [m.value for m in CPAlgorithm]),
+    }
+    for name, (key, choices) in words.items():
+        if (text := texts.get(name)) is not None:
+            space_kwargs[key] = _words(text, name, choices)
+    for name, key in _INT_AXES.items():
+        text = texts.get(name)
         if (sizes := _int_list(text, name)) is not None:
             if 0 in sizes:
                 raise ConfigError(f"sizes must be > 0, got {text}", key_path=name)
             space_kwargs[key] = sizes
+    for name, key in _SWITCH_AXES.items():
+        if (text := texts.get(name)) is not None:
+            space_kwargs[key] = tuple(v == "on" for v in _words(text, name, ["on", "off"]))
     return space_kwargs
 
 
@@ -128,8 +167,38 @@ def _space_options(
     metavar="LIST",
     help="Pipeline schedules to try (gpipe,1f1b,interleaved,zb_h1,dualpipev).",
 )
+@click.option("--tp", "tp_text", metavar="LIST", help="Tensor-parallel sizes to try.")
+@click.option("--pp", "pp_text", metavar="LIST", help="Pipeline-parallel sizes to try.")
 @click.option("--cp", "cp_text", metavar="LIST", help="Context-parallel sizes to try.")
+@click.option(
+    "--cp-algorithm",
+    "cp_algorithm_text",
+    metavar="LIST",
+    help="Context-parallel KV exchanges to try (ring,all_gather).",
+)
 @click.option("--ep", "ep_text", metavar="LIST", help="Expert-parallel sizes to try (MoE).")
+@click.option("--etp", "etp_text", metavar="LIST", help="Expert tensor-parallel sizes (MoE).")
+@click.option(
+    "--dispatcher",
+    "dispatcher_text",
+    metavar="LIST",
+    help="MoE token dispatchers to try (alltoall,deepep,hybridep,allgather).",
+)
+@click.option(
+    "--ep-overlap",
+    "ep_overlap_text",
+    metavar="LIST",
+    help="EP all-to-alls hidden behind compute: on, off or on,off (MoE).",
+)
+@click.option(
+    "--hsdp",
+    "hsdp_text",
+    metavar="LIST",
+    help="HSDP shard group sizes to try (a size equal to dp shards over all of it).",
+)
+@click.option(
+    "--fp8", "fp8_text", metavar="LIST", help="FP8 GEMMs: on, off or on,off (FP8 devices)."
+)
 @click.option(
     "--jobs",
     "-j",
@@ -183,8 +252,16 @@ def search(
     zero_text: str | None,
     recompute_text: str | None,
     schedule_text: str | None,
+    tp_text: str | None,
+    pp_text: str | None,
     cp_text: str | None,
+    cp_algorithm_text: str | None,
     ep_text: str | None,
+    etp_text: str | None,
+    dispatcher_text: str | None,
+    ep_overlap_text: str | None,
+    hsdp_text: str | None,
+    fp8_text: str | None,
     jobs: int | None,
     space_path: Path | None,
     tolerance_pct: float,
@@ -200,20 +277,25 @@ def search(
 
         check_scheduler(scheduler)
     from collsim.study.scenario import load_scenario  # start-up: loaded when run
-    from collsim.study.search import SearchSpace, search_frame, search_plans
+    from collsim.study.search import search_frame, search_plans
     from collsim.study.sweep import cluster_for
 
     check_frame_path(output, "--output")
     base = load_scenario(scenario, list(overrides))
-    space_kwargs = _space_options(
-        micro_text, zero_text, recompute_text, schedule_text, cp_text, ep_text
+    texts: tuple[str | None, ...] = (micro_text, zero_text, recompute_text, schedule_text)
+    texts += (
+        tp_text,
+        pp_text,
+        cp_text,
+        cp_algorithm_text,
+        ep_text,
+        etp_text,
+        dispatcher_text,
+        ep_overlap_text,
+        hsdp_text,
     )
-    if space_kwargs.get("eps", (1,)) != (1,) and not base.model.num_experts:
-        raise ConfigError(
-            f"expert parallelism needs a mixture-of-experts model; {base.model.name} is dense "
-            f"(no model.experts), got {ep_text}",
-            key_path="--ep",
-        )
+    space_kwargs = _space_options(dict(zip(_LIST_OPTIONS, (*texts, fp8_text), strict=True)))
+    _check_experts(base.model, space_kwargs, ep_text, etp_text)
     if gpus is not None and gpus <= 0:
         raise ConfigError(f"must be > 0, got {gpus}", key_path="--gpus")
     if gpus is not None:
@@ -235,12 +317,7 @@ def search(
 
     from collsim.core.jobs import default_jobs  # start-up: loaded when run
 
-    space = SearchSpace()
-    if space_path is not None:
-        from collsim.study.space_file import read_space  # start-up: loaded when run
-
-        space = read_space(space_path, space)
-    space = dataclasses.replace(space, **space_kwargs)
+    space = _space_of(space_path, space_kwargs)
     known = _known_plans(output) if resume else None
     run = _SearchRun(topology, base, space, output)
     result = run.go(
@@ -275,6 +352,31 @@ def search(
     best = result.best
     if best is None:
         raise InfeasibleError("no plan fits", reason="memory", prefix="")
+
+
+def _check_experts(
+    model: Any, space_kwargs: dict[str, Any], ep_text: str | None, etp_text: str | None
+) -> None:
+    """--ep or --etp above 1 on a dense model: one line (ConfigError, exit 2)."""
+    for name, key, text in (("--ep", "eps", ep_text), ("--etp", "etps", etp_text)):
+        if space_kwargs.get(key, (1,)) != (1,) and not model.num_experts:
+            raise ConfigError(
+                f"expert parallelism needs a mixture-of-experts model; {model.name} is "
+                f"dense (no model.experts), got {text}",
+                key_path=name,
+            )
+
+
+def _space_of(space_path: Path | None, space_kwargs: dict[str, Any]) -> Any:
+    """The default space, with the axes of the --space file, then of the list options."""
+    from collsim.study.search import SearchSpace  # start-up: loaded when run
+
+    space = SearchSpace()
+    if space_path is not None:
+        from collsim.study.space_file import read_space  # start-up: loaded when run
+
+        space = read_space(space_path, space)
+    return dataclasses.replace(space, **space_kwargs)
 
 
 def _report_stop(result: SearchResult, output: Path | None) -> None:
@@ -318,7 +420,7 @@ class _SearchRun:
 
         self.topology, self.base, self.space = topology, base, space
         self.ranked: list[Ranked] = []
-        self.journal = FrameJournal(output, self._frame, every_s=2.0)
+        self.journal = FrameJournal(output, self._frame)
         self.estimated = self.pruned = self.simulated = 0
         self.total = 0
         self.best: Ranked | None = None
@@ -386,6 +488,8 @@ class _SearchRun:
                     base.training.global_batch,
                     self.space,
                     base=base.parallel,
+                    training=base.training,
+                    fp8_capable="fp8" in self.topology.device.peak_flops,
                 )
             )
         self.started = time.monotonic()
@@ -437,7 +541,14 @@ def alike_text(entry: Ranked) -> str:
     if not entry.alike:
         return ""
     group = [entry, *entry.alike]
-    names = {"bucket_mb": "bucket MiB", "bucket_view": "grad view", "sequence_parallel": "sp"}
+    names = {
+        "bucket_mb": "bucket MiB",
+        "bucket_view": "grad view",
+        "sequence_parallel": "sp",
+        "ep_overlap": "ep overlap",
+        "cp_algorithm": "cp",
+        "shard_group": "hsdp group",
+    }
     parts = []
     for knob in MINOR_KNOBS:
         name = names.get(knob, knob)

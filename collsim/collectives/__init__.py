@@ -19,8 +19,9 @@ Example::
 
 from __future__ import annotations
 
-from collsim.collectives.schedule import LoadPhase, Phase, Schedule, Timing, Transfer
-from collsim.collectives.select import choose, cost, schedule_for, simulate, supported
+from collsim.collectives.phases import CollectivePhases, Timing
+from collsim.collectives.select import choose, cost, phases_for, simulate, supported
+from collsim.collectives.transfers import LoadPhase, Phase, Transfer
 from collsim.collectives.types import CollectiveCost, Group, busbw_factor
 from collsim.core.vocab import Algorithm, CollectiveOp, Protocol
 
@@ -34,11 +35,11 @@ __all__ = [
     "cost",
     "simulate",
     "choose",
-    "schedule_for",
+    "phases_for",
     "supported",
     "Phase",
     "LoadPhase",
-    "Schedule",
+    "CollectivePhases",
     "Timing",
     "Transfer",
 ]

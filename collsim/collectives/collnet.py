@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from collsim.collectives import tuner
-from collsim.collectives.schedule import Phase, Transfer, make_transfer
+from collsim.collectives.transfers import Phase, Transfer, make_transfer
 from collsim.collectives.types import Group
 from collsim.core.errors import ConfigError
 from collsim.core.vocab import Algorithm, CollectiveOp, Protocol

@@ -31,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from collsim.cluster.topology import Topology
-from collsim.collectives.schedule import (
+from collsim.collectives.transfers import (
     LoadPhase,
     Phase,
     PhaseLoad,

@@ -9,7 +9,7 @@ between near ranks (inside a node) and the network carries the small ones. Bytes
 
 from __future__ import annotations
 
-from collsim.collectives.schedule import LoadPhase, one_step_phase
+from collsim.collectives.transfers import LoadPhase, one_step_phase
 from collsim.collectives.types import Group
 from collsim.core.errors import ConfigError
 from collsim.core.vocab import Algorithm, CollectiveOp

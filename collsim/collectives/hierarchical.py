@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from collsim.collectives.schedule import LoadPhase, pairs_phase
+from collsim.collectives.transfers import LoadPhase, pairs_phase
 from collsim.collectives.types import Group
 from collsim.core.errors import ConfigError
 from collsim.core.vocab import Algorithm, CollectiveOp

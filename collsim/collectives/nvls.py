@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from collsim.collectives import tuner
-from collsim.collectives.schedule import Phase, Transfer
+from collsim.collectives.transfers import Phase, Transfer
 from collsim.collectives.types import Group
 from collsim.core.errors import ConfigError
 from collsim.core.vocab import Algorithm, CollectiveOp, Protocol

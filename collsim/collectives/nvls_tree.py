@@ -26,7 +26,7 @@ from collections.abc import Callable
 import numpy as np
 
 from collsim.collectives import nvls, tuner
-from collsim.collectives.schedule import LoadPhase, PhaseLoad, Transfer, make_transfer, pair_load
+from collsim.collectives.transfers import LoadPhase, PhaseLoad, Transfer, make_transfer, pair_load
 from collsim.collectives.tree import dtree_parents
 from collsim.collectives.types import Group
 from collsim.core.errors import ConfigError
@@ -60,7 +60,7 @@ def build(op: CollectiveOp, group: Group) -> list[LoadPhase]:
     """One pipelined phase: the GPU ports' NVLS traffic and the trees' NIC traffic.
 
     The load is worked out with array operations (ports: one weight per GPU link; trees:
-    :func:`~collsim.collectives.schedule.pair_load` over the head pairs); the transfers are
+    :func:`~collsim.collectives.transfers.pair_load` over the head pairs); the transfers are
     built only when the DES runs the phase."""
     if op not in SUPPORTED:
         raise ConfigError(f"nvls_tree implements all_reduce only, not {op.value}")

@@ -21,7 +21,7 @@ from collections.abc import Callable
 import numpy as np
 
 from collsim.collectives import tuner
-from collsim.collectives.schedule import LoadPhase, pairs_phase
+from collsim.collectives.transfers import LoadPhase, pairs_phase
 from collsim.collectives.types import Group
 from collsim.core.errors import ConfigError
 from collsim.core.vocab import Algorithm, CollectiveOp, Protocol

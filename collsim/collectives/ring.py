@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from collsim.collectives.memo import PerTopology
-from collsim.collectives.schedule import LoadPhase, pairs_phase
+from collsim.collectives.transfers import LoadPhase, pairs_phase
 from collsim.collectives.types import Group
 from collsim.core.errors import ConfigError
 from collsim.core.vocab import Algorithm, CollectiveOp

@@ -36,17 +36,17 @@ from collsim.collectives import (
     tuner,
 )
 from collsim.collectives.memo import PerTopology
-from collsim.collectives.schedule import ProtocolCap, Schedule, Timing, run_phases
+from collsim.collectives.phases import CollectivePhases, ProtocolCap, Timing, run_phases
 from collsim.collectives.types import CollectiveCost, Group, busbw_factor
 from collsim.core.errors import ConfigError
 from collsim.core.vocab import Algorithm, CollectiveOp, Protocol, parse_enum
 
-__all__ = ["ALGORITHM_MODULES", "schedule_for", "choose", "cost", "simulate", "supported"]
+__all__ = ["ALGORITHM_MODULES", "phases_for", "choose", "cost", "simulate", "supported"]
 
-_SCHEDULES: PerTopology[tuple[Group, str, str], Schedule] = PerTopology()
-"""The phases of one (group, op, algorithm) (:func:`schedule_for`)."""
-_CANDIDATES: PerTopology[tuple[Group, str], list[tuple[Schedule, Timing]]] = PerTopology()
-"""The (schedule, timing) options ``auto`` chooses among per (group, op)."""
+_PHASES: PerTopology[tuple[Group, str, str], CollectivePhases] = PerTopology()
+"""The phases of one (group, op, algorithm) (:func:`phases_for`)."""
+_CANDIDATES: PerTopology[tuple[Group, str], list[tuple[CollectivePhases, Timing]]] = PerTopology()
+"""The (phases, timing) options ``auto`` chooses among per (group, op)."""
 COSTS: PerTopology[tuple[Group, str, str, str | None], CostEntry] = PerTopology()
 """The closed form's per-call table per (group, op, algorithm, protocol) (:func:`cost`)."""
 SHARED_COSTS: PerTopology[tuple[Any, str, str, str | None], CostEntry] = PerTopology()
@@ -101,24 +101,24 @@ def supported(op: CollectiveOp) -> list[Algorithm]:
     return [alg for alg, module in ALGORITHM_MODULES.items() if op in module.SUPPORTED]
 
 
-def schedule_for(op: CollectiveOp, group: Group, algorithm: Algorithm) -> Schedule:
-    """The cached schedule of (op, algorithm) on ``group``.
+def phases_for(op: CollectiveOp, group: Group, algorithm: Algorithm) -> CollectivePhases:
+    """The cached phases of (op, algorithm) on ``group``.
 
     Raises:
         ConfigError: the algorithm does not implement the op, or not on this group.
     """
-    cache = _SCHEDULES.of(group.topology)
+    cache = _PHASES.of(group.topology)
     key = (group, op, algorithm)
     found = cache.get(key)
     if found is None:
         if algorithm is Algorithm.AUTO:
-            raise ConfigError("auto is not a schedule; use choose()")
+            raise ConfigError("auto names no one algorithm; use choose()")
         module = ALGORITHM_MODULES[algorithm]
         loop_bytes_for = getattr(module, "loop_bytes_for", None)
         latency_for = getattr(module, "latency_for", None)
         build = module.build
         phases = build(op, group, algorithm) if module is collnet else build(op, group)
-        found = Schedule(
+        found = CollectivePhases(
             op,
             algorithm,
             group.topology,
@@ -176,7 +176,7 @@ def _protocol_cap(
     return cap
 
 
-def _candidates(op: CollectiveOp, group: Group) -> list[tuple[Schedule, Timing]]:
+def _candidates(op: CollectiveOp, group: Group) -> list[tuple[CollectivePhases, Timing]]:
     cache = _CANDIDATES.of(group.topology)
     key = (group, op)
     found = cache.get(key)
@@ -194,10 +194,10 @@ def _candidates(op: CollectiveOp, group: Group) -> list[tuple[Schedule, Timing]]
             if op not in ALGORITHM_MODULES[algorithm].SUPPORTED:
                 continue
             try:
-                schedule = schedule_for(op, group, algorithm)
+                phases = phases_for(op, group, algorithm)
             except ConfigError:
                 continue  # not applicable to this group (e.g. NVLS across nodes)
-            found += [(schedule, timing) for timing in schedule.timings]
+            found += [(phases, timing) for timing in phases.timings]
         if not found:
             raise ConfigError(
                 f"no algorithm implements {op.value} on this group "
@@ -213,8 +213,8 @@ def choose(
     group: Group,
     algorithm: Algorithm | str = Algorithm.AUTO,
     protocol: Protocol | str | None = None,
-) -> tuple[Schedule, Timing]:
-    """The (schedule, timing) that :func:`cost` and :func:`simulate` use.
+) -> tuple[CollectivePhases, Timing]:
+    """The (phases, timing) that :func:`cost` and :func:`simulate` use.
 
     With ``algorithm=auto`` the cheapest (algorithm, protocol) in closed form; with a named
     algorithm, its cheapest protocol (or ``protocol`` if given).
@@ -255,10 +255,10 @@ def _tuner_pick(
     group: Group,
     algorithm: Algorithm | str,
     protocol: Protocol | str | None,
-    options: Sequence[tuple[Schedule, Timing]],
-) -> tuple[Schedule, Timing] | None:
+    options: Sequence[tuple[CollectivePhases, Timing]],
+) -> tuple[CollectivePhases, Timing] | None:
     """The option NCCL's tuner picks (:func:`collsim.collectives.tuner.pick`), or None when
-    the tuner does not decide here or picks something this group has no schedule for."""
+    the tuner does not decide here or picks something this group has no phases for."""
     parsed = parse_enum(CollectiveOp, op, "op")
     if not _uses_tuner(parsed, group, algorithm, protocol):
         return None
@@ -272,12 +272,17 @@ def _tuner_pick(
 
 
 def _result(
-    op: CollectiveOp, schedule: Schedule, timing: Timing, size_bytes: float, time_s: float, n: int
+    op: CollectiveOp,
+    phases: CollectivePhases,
+    timing: Timing,
+    size_bytes: float,
+    time_s: float,
+    n: int,
 ) -> CollectiveCost:
     algbw = size_bytes / time_s if time_s > 0 else 0.0
     return CollectiveCost(
         op,
-        schedule.algorithm,
+        phases.algorithm,
         timing.protocol,
         int(size_bytes),
         time_s,
@@ -317,7 +322,7 @@ def cost(
     entry = cache.get(key)
     if entry is None:
         entry = cache[key] = _shared_entry(op, group, algorithm, protocol)
-    parsed_op, factor, n, picks = entry.op, entry.factor, entry.n, entry.picks
+    parsed_op, factor, n, picks = entry.op, entry.factor, entry.num_ranks, entry.picks
     if picks is not None:
         picked = picks.get(size_bytes, _UNSEEN)
         if picked is _UNSEEN:
@@ -380,12 +385,12 @@ def _shared_entry(
     return found
 
 
-def _candidate(schedule: Schedule, t: Timing) -> _Candidate:
+def _candidate(phases: CollectivePhases, t: Timing) -> _Candidate:
     return (
         t.latency_s,
         t.seconds_per_byte,
         t.extra_s if t.has_extra else None,
-        schedule.algorithm,
+        phases.algorithm,
         t.protocol,
     )
 
@@ -393,12 +398,12 @@ def _candidate(schedule: Schedule, t: Timing) -> _Candidate:
 class CostEntry:
     """What :func:`cost` keeps per (group, op, algorithm, protocol).
 
-    Where NCCL's tuner decides, only the schedules it picks are built, when it first picks
+    Where NCCL's tuner decides, only the phases it picks are built, when it first picks
     them (a step asks for a few sizes per group: most algorithms are never needed); every
     candidate is built only where the cheapest must be found.
     """
 
-    __slots__ = ("op", "factor", "n", "picks", "_key", "_all", "_chosen")
+    __slots__ = ("op", "factor", "num_ranks", "picks", "_key", "_all", "_chosen")
 
     def __init__(
         self,
@@ -409,7 +414,7 @@ class CostEntry:
     ) -> None:
         self.op = parse_enum(CollectiveOp, op, "op")
         self.factor = busbw_factor(self.op, group.size)
-        self.n = group.size
+        self.num_ranks = group.size
         tuned = _uses_tuner(self.op, group, algorithm, protocol)
         self.picks: dict[float, _Candidate | None] | None = {} if tuned else None
         """The tuner's pick per size (None: it picks nothing this group has: the cheapest)."""
@@ -428,7 +433,7 @@ class CostEntry:
 
     def tuner_pick(self, size_bytes: float, group: Group) -> _Candidate | None:
         """The candidate NCCL's tuner picks for ``size_bytes`` (None when it picks nothing
-        this group has a schedule for), its schedule built on first use."""
+        this group has phases for), built on first use."""
         choice = tuner.pick(self.op, size_bytes, group)
         if choice is None:
             return None
@@ -438,11 +443,11 @@ class CostEntry:
         algorithm, protocol = choice
         if algorithm in _NCCL_AUTO and self.op in ALGORITHM_MODULES[algorithm].SUPPORTED:
             try:
-                schedule = schedule_for(self.op, group, algorithm)
+                phases = phases_for(self.op, group, algorithm)
             except ConfigError:
-                schedule = None  # not applicable to this group (e.g. NVLS across nodes)
-            if schedule is not None and protocol in schedule.protocols:
-                found = _candidate(schedule, schedule.timing(protocol))
+                phases = None  # not applicable to this group (e.g. NVLS across nodes)
+            if phases is not None and protocol in phases.protocols:
+                found = _candidate(phases, phases.timing(protocol))
         self._chosen[choice] = found
         return found
 
@@ -452,14 +457,14 @@ def _options(
     group: Group,
     algorithm: Algorithm | str,
     protocol: Protocol | str | None,
-) -> list[tuple[Schedule, Timing]]:
+) -> list[tuple[CollectivePhases, Timing]]:
     parsed_op = parse_enum(CollectiveOp, op, "op")
     parsed_alg = parse_enum(Algorithm, algorithm, "algorithm")
     if parsed_alg is Algorithm.AUTO:
         options = list(_candidates(parsed_op, group))
     else:
-        schedule = schedule_for(parsed_op, group, parsed_alg)
-        options = [(schedule, t) for t in schedule.timings]
+        phases = phases_for(parsed_op, group, parsed_alg)
+        options = [(phases, t) for t in phases.timings]
     if protocol is not None:
         parsed_proto = parse_enum(Protocol, protocol, "protocol")
         options = [o for o in options if o[1].protocol is parsed_proto]
@@ -491,22 +496,22 @@ def simulate(
     """
     if size_bytes < 0:
         raise ConfigError(f"size_bytes must be >= 0, got {size_bytes}")
-    schedule, timing = choose(op, size_bytes, group, algorithm, protocol)
+    phases, timing = choose(op, size_bytes, group, algorithm, protocol)
     for peer in peers:
-        peer_schedule = schedule_for(schedule.op, peer, schedule.algorithm)
+        peer_phases = phases_for(phases.op, peer, phases.algorithm)
         env.process(
-            run_phases(env, net, peer_schedule, peer_schedule.timing(timing.protocol), size_bytes)
+            run_phases(env, net, peer_phases, peer_phases.timing(timing.protocol), size_bytes)
         )
-    return env.process(_follow(env, net, schedule, timing, size_bytes, group.size))
+    return env.process(_follow(env, net, phases, timing, size_bytes, group.size))
 
 
 def _follow(
     env: simpy.Environment,
     net: FlowNetwork,
-    schedule: Schedule,
+    phases: CollectivePhases,
     timing: Timing,
     size_bytes: float,
     n: int,
 ) -> Generator[simpy.Event, object, CollectiveCost]:
-    elapsed = yield from run_phases(env, net, schedule, timing, size_bytes)
-    return _result(schedule.op, schedule, timing, size_bytes, float(elapsed), n)
+    elapsed = yield from run_phases(env, net, phases, timing, size_bytes)
+    return _result(phases.op, phases, timing, size_bytes, float(elapsed), n)

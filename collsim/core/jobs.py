@@ -4,9 +4,10 @@
 factory, then maps a function ``fn(context, item)`` over items in order. Two backends: the
 local one (``--jobs N``: ``jobs=1`` runs inline, more fork a pool whose workers inherit the
 factory's arguments) and Dask (``--scheduler tcp://HOST:8786``, the optional ``distributed``
-package): items go to the cluster in batches, each task carries the factory and its arguments
-and a worker builds the context once per search (kept by a token), so a worker that dies is
-replaced and its batches rerun by Dask with the same results. Every map waits at most
+package): the factory and its arguments go to every worker once, as a worker plugin that builds
+the context there (:mod:`collsim.core.dask_worker`; a worker that joins later builds it as it
+starts), and the items go in batches that carry nothing else, so a worker that dies is replaced
+and its batches rerun by Dask with the same results. Every map waits at most
 ``timeout_s`` and the connection ``connect_timeout_s``: a hang, a dead pool or a lost scheduler
 is an error that says so (:class:`SchedulerLost` for the last), never a hang.
 """
@@ -22,7 +23,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import CancelledError, ProcessPoolExecutor, wait
+from concurrent.futures import CancelledError, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Generic, TypeVar
 from urllib.parse import urlsplit
@@ -65,28 +66,6 @@ def _start(factory: Callable[..., Any], args: tuple[Any, ...]) -> None:
 
 def _call(fn: Callable[[Any, Any], Any], item: Any) -> Any:
     return fn(_context, item)
-
-
-#: Contexts built on a Dask worker, by the token of the :class:`Workers` that sent them (the
-#: last few only: a long-lived worker serves many searches).
-_dask_contexts: dict[str, Any] = {}
-_DASK_CONTEXTS_KEPT = 4
-
-
-def _dask_batch(
-    token: str,
-    factory: Callable[..., Any],
-    args: tuple[Any, ...],
-    fn: Callable[[Any, Any], Any],
-    items: list[Any],
-) -> list[Any]:
-    """One Dask task: ``[fn(context, item) for item in items]`` with this worker's context."""
-    ctx = _dask_contexts.get(token)
-    if ctx is None:
-        while len(_dask_contexts) >= _DASK_CONTEXTS_KEPT:
-            _dask_contexts.pop(next(iter(_dask_contexts)))
-        ctx = _dask_contexts[token] = factory(*args)
-    return [fn(ctx, item) for item in items]
 
 
 def check_scheduler(address: str, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> None:
@@ -159,7 +138,8 @@ class SchedulerLost(SimulationError):
 
 
 class _Dask:
-    """The Dask side of :class:`Workers`: a client on ``address`` and the batches it sends."""
+    """The Dask side of :class:`Workers`: a client on ``address``, the worker plugin that
+    holds the context on every worker, and the batches it sends."""
 
     def __init__(
         self,
@@ -171,18 +151,46 @@ class _Dask:
         connect_timeout_s: float,
     ) -> None:
         self.address = address
-        self.factory, self.args = factory, args
         self.timeout_s = timeout_s
-        self.token = uuid.uuid4().hex
+        self.token = f"collsim-{uuid.uuid4().hex}"
         self.client: Any = _connect(address, connect_timeout_s)
+        self._slots: tuple[float, int] | None = None
+        try:
+            self._register(factory, args)
+        except BaseException:
+            self.close()
+            raise
+
+    def _register(self, factory: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        """Send the context's factory to every worker (and to those that join later), and
+        wait at most ``timeout_s`` for the workers to build it."""
+
+        # optional (the cluster extra): loaded only with a Dask scheduler
+        from collsim.core.dask_worker import ContextPlugin
+
+        plugin = ContextPlugin(self.token, factory, args)
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            future = pool.submit(self.client.register_plugin, plugin, self.token)
+            try:
+                future.result(timeout=self.timeout_s)
+            except TimeoutError:
+                raise SimulationError(
+                    f"the Dask workers of {self.address} did not build the context in "
+                    f"{self.timeout_s:g} s"
+                ) from None
 
     def slots(self) -> int:
-        """Worker threads the cluster has now (at least 1)."""
+        """Worker threads the cluster has now (at least 1; asked at most once a second)."""
+        now = time.monotonic()
+        if self._slots is not None and now - self._slots[0] < 1.0:
+            return self._slots[1]
         try:
             nthreads: dict[str, int] = self.client.nthreads(callback_timeout=CONNECT_TIMEOUT_S)
+            count = max(1, sum(nthreads.values()))
         except Exception:  # a cluster that does not answer has one slot
-            return 1
-        return max(1, sum(nthreads.values()))
+            count = 1
+        self._slots = (now, count)
+        return count
 
     def submit(
         self, fn: Callable[[Any, Any], Any], items: list[Any], *, batched: bool = True
@@ -191,20 +199,17 @@ class _Dask:
         runs; one item each unless ``batched``), one task per batch: (future, items in it)."""
         if not items:
             return []
+
+        # optional (the cluster extra): loaded only with a Dask scheduler
+        from collsim.core.dask_worker import run_batch
+
         chunks = min(len(items), 2 * self.slots()) if batched else len(items)
         size = math.ceil(len(items) / chunks)
         out = []
         for start in range(0, len(items), size):
             chunk = items[start : start + size]
             future = self.client.submit(
-                _dask_batch,
-                self.token,
-                self.factory,
-                self.args,
-                fn,
-                chunk,
-                pure=False,
-                retries=TASK_RETRIES,
+                run_batch, self.token, fn, chunk, pure=False, retries=TASK_RETRIES
             )
             out.append((future, len(chunk)))
         return out
@@ -274,6 +279,14 @@ class _Dask:
                     pass
 
     def close(self) -> None:
+        """Remove the plugin (the workers drop the context) and close the client; a
+        scheduler that is gone or slow to answer is left as it is."""
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            future = pool.submit(self.client.unregister_worker_plugin, self.token)
+            try:
+                future.result(timeout=CONNECT_TIMEOUT_S)
+            except Exception:  # a scheduler that is gone has no plugin to remove
+                pass
         try:
             self.client.close(timeout=CONNECT_TIMEOUT_S)
         except Exception:  # closing a client whose scheduler is gone

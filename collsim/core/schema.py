@@ -1,22 +1,30 @@
-"""The checker of scenario, topology and device files: one description per key, two uses.
+"""The keys of scenario, topology and device files: one description per key, three uses.
 
 A description (:data:`collsim.study.scenario.SCENARIO`, :data:`collsim.cluster.topology.TOPOLOGY`,
 :data:`collsim.cluster.hardware.DEVICE`, each beside its reader) gives every key's type, range,
-choices
-and meaning; :func:`check` reports every error of a document at once, before the readers run,
-and :func:`json_schema` writes the same description as a JSON Schema (docs/internals.md,
-"The schema checker", says where the two differ on purpose).
+choices, default, unit conversion, the name it takes in the object built from it, and its meaning;
+:func:`check` reports every error of a document at once, :func:`read_described` reads the keys of
+one mapping as described (the readers keep only the rules between keys), and :func:`json_schema`
+writes the description as a JSON Schema (docs/internals.md, "The schema checker").
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from collsim.core.errors import ConfigError, ConfigErrors
-from collsim.core.yamlio import ConfigReader, YamlDoc, type_name, unknown_key_message, with_hint
+from collsim.core.yamlio import (
+    REQUIRED,
+    ConfigReader,
+    YamlDoc,
+    type_name,
+    unknown_key_message,
+    with_hint,
+)
 
 __all__ = [
     "Value",
@@ -37,6 +45,9 @@ __all__ = [
     "choice_value",
     "values_of",
     "read_described",
+    "read_value",
+    "defaults_of",
+    "scaled",
 ]
 
 KeyPath = tuple[str | int, ...]
@@ -70,6 +81,13 @@ class Value:
     rule: str | None = None
     """The message of a failed range or choice, ``{value}`` / ``{value!r}`` / ``{choices}``
     filled in, when it is not the generic one."""
+    default: Any = None
+    """What an absent (or null) key reads as, in the file's units; None: the key is left out
+    and the built object's own default applies (or its reader works one out)."""
+    field: str | None = None
+    """The name the value takes in the object built from the mapping (default: the key)."""
+    convert: Callable[[Any], Any] | None = None
+    """Turns the file's value into the built object's (a unit: ``gbps_to_bps``; an enum)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,6 +105,10 @@ class ListOf:
     """The message of a bad item (``{item!r}``) when it is not ``item N: <the item's error>``."""
     min_rule: str = "must have at least {min_items} item(s)"
     unique_rule: str = "names an entry twice: {value}"
+    default: Any = None
+    field: str | None = None
+    convert: Callable[[Any], Any] | None = None
+    """As :class:`Value`'s; the reader hands the list over as a tuple."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,6 +121,10 @@ class Either:
     nullable: bool = True
     rule: str
     """The message of a value that has none of the options' types (``{value!r}``)."""
+    default: Any = None
+    field: str | None = None
+    convert: Callable[[Any], Any] | None = None
+    """As :class:`Value`'s (an either-or with a mapping option is left to its reader)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -130,9 +156,33 @@ class Section:
     exactly_one: tuple[str, ...] = ()
     """Keys of which exactly one must be given."""
     exactly_one_rule: str = ""
+    builds: type | None = None
+    """The dataclass the mapping is read into: a key that states no default of its own (and no
+    unit conversion) has the default of the field it is read into (:func:`defaults_of`)."""
 
 
 Spec = Value | ListOf | Either | Anything | Section
+
+
+def defaults_of(section: Section) -> dict[str, Any]:
+    """Key -> what the key reads as when it is absent, in the file's terms: the description's
+    own default, else (no conversion) the default of the field of :attr:`Section.builds` it is
+    read into, where that is a plain value (an enum as its value; None and factories: none)."""
+    fields = {f.name: f for f in dataclasses.fields(section.builds)} if section.builds else {}
+    out: dict[str, Any] = {}
+    for key, spec in section.fields.items():
+        if not isinstance(spec, _READ):
+            continue
+        if spec.default is not None:
+            out[key] = spec.default
+            continue
+        built = fields.get(spec.field or key)
+        if built is None or spec.convert is not None:
+            continue
+        value = getattr(built.default, "value", built.default)
+        if isinstance(value, bool | int | float | str):
+            out[key] = value
+    return out
 
 
 def choices_of(choices: Choices) -> tuple[Any, ...]:
@@ -186,27 +236,98 @@ def values_of(choices: Iterable[Any]) -> tuple[Any, ...]:
     return tuple(getattr(v, "value", v) for v in choices)
 
 
+def scaled(factor: float) -> Callable[[float], float]:
+    """A :attr:`Value.convert` that multiplies by ``factor`` (a unit: ``scaled(US)``)."""
+
+    def convert(value: float) -> float:
+        return value * factor
+
+    return convert
+
+
 _PY_TYPES: dict[str, type] = {"integer": int, "number": float, "string": str, "boolean": bool}
 """The Python type a described key of each JSON Schema type is read as."""
 
 
+def _py_kinds(spec: Spec) -> tuple[type, ...] | None:
+    """The Python types ``spec`` is read as; None: a mapping, left to the reader."""
+    if isinstance(spec, Value):
+        return (_PY_TYPES[spec.kind],)
+    if isinstance(spec, ListOf):
+        return (list,)
+    if isinstance(spec, Either):
+        kinds = [_py_kinds(option) for option in spec.options]
+        if any(k is None for k in kinds):
+            return None
+        return tuple(t for k in kinds if k is not None for t in k)
+    return None
+
+
+def _problem(value: Any, spec: Spec) -> str | None:
+    """The description's first objection to ``value`` (the message :func:`check` gives)."""
+    if isinstance(spec, Value):
+        return None if value is None else _value_error(value, spec)
+    errors = check(YamlDoc(data=value, file=""), spec)
+    if not errors:
+        return None
+    first = errors[0]
+    return f"{first.key_path}: {first.message}" if first.key_path else first.message
+
+
+def read_value(reader: ConfigReader, key: str, spec: Value | ListOf | Either) -> Any:
+    """``key`` of ``reader`` as ``spec`` describes it: its type, its range and choices (the
+    message of :func:`check`), its default when absent or null, converted; a list as a tuple.
+    None: absent, no default."""
+    kinds = _py_kinds(spec)
+    if kinds is None:
+        raise TypeError(f"{key}: a mapping is read by its own reader")
+    default = REQUIRED if spec.required else None
+    raw = reader.data.get(key)  # checked as written (the reader turns 0 into 0.0)
+    value = reader.get(key, kinds, default=default, check=lambda _: _problem(raw, spec))
+    if value is None:
+        value = spec.default
+    if value is None:
+        return None
+    if isinstance(value, list):
+        value = tuple(value)
+    return spec.convert(value) if spec.convert is not None else value
+
+
 def read_described(reader: ConfigReader, section: Section) -> dict[str, Any]:
-    """The keys ``section`` describes that ``reader`` holds, each as its description says: a
-    scalar as its type, a list as a tuple; a required key must be there. Its range and choices
-    were checked against the same description before (:func:`check`); keys of other shapes
-    (mappings, either-ors) are left to the reader."""
+    """The keys ``section`` describes, read from ``reader`` (:func:`read_value`), under the
+    names they take in the object built from them; a key that is absent and has no default is
+    left out. Mappings, and either-ors with a mapping option, are left to the reader.
+
+    A ``values`` section (free keys, one schema) gives every key of the mapping, each checked
+    against the section's ``keys``."""
     out: dict[str, Any] = {}
+    values = section.values
+    if values is not None:
+        if not isinstance(values, _READ) or _py_kinds(values) is None:
+            raise TypeError("a mapping of mappings is read by its own reader")
+        allowed = choices_of(section.keys) if section.keys is not None else None
+        for key, _ in list(reader.items()):
+            if allowed is not None and key not in allowed:
+                choices = ", ".join(map(str, allowed))
+                raise reader.error(_fmt(section.key_rule, key=key, choices=choices), key)
+            out[str(key)] = read_value(reader, str(key), values)
+        return out
+    data = reader.data
     for key, spec in section.fields.items():
-        if isinstance(spec, Value):
-            kind = _PY_TYPES[spec.kind]
-        elif isinstance(spec, ListOf):
-            kind = list
-        else:
+        if not isinstance(spec, _READ):
             continue
-        value = reader.get(key, kind) if spec.required else reader.get(key, kind, default=None)
+        if key not in data and spec.default is None and not spec.required:
+            continue  # absent, no default: the built object's own
+        if isinstance(spec, Either) and _py_kinds(spec) is None:
+            continue
+        value = read_value(reader, key, spec)
         if value is not None:
-            out[key] = tuple(value) if kind is list else value
+            out[spec.field or key] = value
     return out
+
+
+_READ = (Value, ListOf, Either)
+"""The kinds of description :func:`read_described` reads (mappings have their readers)."""
 
 
 # -- checking -------------------------------------------------------------------------------------
@@ -292,7 +413,7 @@ def _value_error(value: Any, spec: Value) -> str | None:
     return None
 
 
-def check(doc: YamlDoc, schema: Section) -> list[ConfigError]:
+def check(doc: YamlDoc, schema: Spec) -> list[ConfigError]:
     """Every schema error of ``doc``, in file order, each with its file, line and key path.
 
     Stays long: one walk of the document as a few nested functions (value, list, section)
@@ -461,6 +582,8 @@ def _json_plain(spec: Spec) -> dict[str, Any]:
         out = {"anyOf": [_json(option) for option in spec.options]}
         if spec.description:
             out["description"] = spec.description
+        if spec.default is not None:
+            out["default"] = spec.default
         return out
     if isinstance(spec, ListOf):
         out = {"type": "array"}
@@ -472,6 +595,8 @@ def _json_plain(spec: Spec) -> dict[str, Any]:
             out["minItems"] = spec.min_items
         if spec.unique:
             out["uniqueItems"] = True
+        if spec.default is not None:
+            out["default"] = list(spec.default)
         return out
     if isinstance(spec, Value):
         out = {"type": spec.kind}
@@ -494,6 +619,8 @@ def _json_plain(spec: Spec) -> dict[str, Any]:
             out["minimum"] = spec.minimum
         if spec.maximum is not None:
             out["maximum"] = spec.maximum
+        if spec.default is not None:
+            out["default"] = spec.default
         return out
     out = {"type": "object"}
     if spec.description:
@@ -506,6 +633,8 @@ def _json_plain(spec: Spec) -> dict[str, Any]:
     out["properties"] = {
         key: _json(sub, optional=not sub.required) for key, sub in spec.fields.items()
     }
+    for key, default in defaults_of(spec).items():
+        out["properties"][key].setdefault("default", default)
     out["additionalProperties"] = False
     required = [key for key, sub in spec.fields.items() if sub.required]
     if required:

@@ -23,6 +23,7 @@ from collsim.core.vocab import (
     parse_enum,
 )
 from collsim.parallel.pipeline import get_schedule
+from collsim.parallel.tp_overlap import TP_OVERLAP_MODES, check_tp_overlap
 
 Recompute = RecomputeMode
 """The older name of :class:`collsim.core.vocab.RecomputeMode`."""
@@ -47,6 +48,7 @@ __all__ = [
     "DISPATCHERS",
     "ROUTINGS",
     "REDUCE_DTYPES",
+    "GRAD_SYNCS",
     "RankOrder",
 ]
 
@@ -185,6 +187,8 @@ EP_OVERLAP_MODES = ("none", "a2a", "dualpipe", "dualpipev")
 """``parallel.ep_overlap`` modes (true = ``a2a``, false = ``none``)."""
 PIPELINE_SPLITS = ("even", "balanced")
 """``parallel.pipeline_split`` values (see :attr:`ParallelConfig.pipeline_split`)."""
+GRAD_SYNCS = ("microbatch", "step")
+"""``parallel.fsdp.grad_sync`` values: ZeRO-3 gradients reduced every micro-batch or once."""
 REDUCE_DTYPES = ("bf16", "fp16", "fp32")
 """``parallel.fsdp.reduce_dtype`` values: the dtypes a gradient reduction runs in."""
 
@@ -223,6 +227,14 @@ class TrainingConfig:
     fsdp_version: int | None = None
     """1 (torch FSDP flat parameters) or 2 (FSDP2 per-parameter: adds a copy-out per
     all-gather)."""
+    fp8_weight_cache: bool | None = None
+    """Transformer Engine casts the FP8 weights once per step and reuses them in the other
+    micro-batches (``is_first_microbatch``); None: True under ``megatron_te``
+    (:func:`collsim.workload.fp8.weight_cache_of`). Needs ``stack: megatron_te``."""
+    fp8_param_gather: bool | None = None
+    """Weights kept in FP8 and all-gathered as FP8 (Megatron ``--fp8-param-gather``; sets
+    ``parallel.fsdp.fp8_all_gather``); None: True for FP8 under ``megatron_te`` with a sharded
+    optimizer (:func:`collsim.workload.fp8.fp8_param_gather_of`)."""
 
     def __post_init__(self) -> None:
         if self.stack is not None and self.stack not in STACKS:
@@ -241,6 +253,12 @@ class TrainingConfig:
                 )
         if self.attention_kernel is None and self.stack is None:
             pass  # the model decides (ComputeModel reads spec.flash_attention)
+        if self.fp8_weight_cache is not None and self.stack != "megatron_te":
+            raise ConfigError(
+                "Transformer Engine's FP8 weight cache needs training.stack: megatron_te, got "
+                f"stack {self.stack}",
+                key_path="training.fp8_weight_cache",
+            )
         _positive(self.global_batch, "training.global_batch")
         _positive(self.micro_batch, "training.micro_batch")
         if self.fp8_recipe is not None:
@@ -307,6 +325,11 @@ class FSDPConfig:
     fp8_all_gather: bool = False
     """All-gather the FP8 copies of the weights instead of bf16 (torchao
     ``enable_fsdp_float8_all_gather``; Megatron ``--fp8-param-gather``): half the bytes."""
+    grad_sync: str | None = None
+    """When ZeRO-3 / FSDP reduces gradients (:data:`GRAD_SYNCS`): ``microbatch`` (every
+    backward, FSDP's default) or ``step`` (accumulated unsharded and reduced once, at the last
+    backward: torch.distributed.pipelining with FSDP2). None: ``step`` for an FSDP2 stack with
+    pipelining, else ``microbatch`` (:func:`collsim.parallel.fsdp.grad_sync_of`)."""
 
     def __post_init__(self) -> None:
         if self.prefetch < 0:
@@ -315,6 +338,11 @@ class FSDPConfig:
             )
         if self.shard_group_size is not None:
             _positive(self.shard_group_size, "parallel.fsdp.shard_group_size")
+        if self.grad_sync is not None and self.grad_sync not in GRAD_SYNCS:
+            raise ConfigError(
+                f"must be one of {', '.join(GRAD_SYNCS)}; got {self.grad_sync!r}",
+                key_path="parallel.fsdp.grad_sync",
+            )
         if self.reduce_dtype is not None:
             value = parse_enum(Dtype, self.reduce_dtype, key_path="parallel.fsdp.reduce_dtype")
             if value not in REDUCE_DTYPES:
@@ -389,11 +417,22 @@ class ParallelConfig:
     order: RankOrder | None = None
     """Rank layout (:class:`RankOrder`); None: :data:`DEFAULT_ORDER` for the plan (see
     :func:`default_order`)."""
+    tp_overlap: bool | str = False
+    """Overlap the sequence-parallel collectives with the GEMMs in chunks: ``userbuffers``
+    (Megatron ``--tp-comm-overlap``, Transformer Engine), ``async_tp`` (torch AsyncTP,
+    torchtitan ``enable_async_tensor_parallel``), true (the stack's: AsyncTP under
+    torchtitan, else userbuffers) or false; see :mod:`collsim.parallel.tp_overlap`. Every
+    stack ships it off (Megatron-Core ``ModelParallelConfig.tp_comm_overlap = False`` at
+    d98e8a6; torchtitan ``enable_async_tensor_parallel = False`` at b5bcd76): recipes turn it
+    on."""
+    tp_overlap_mode: str = "none"
+    """``none``, ``userbuffers``, ``async_tp`` or ``stack`` (true), set from ``tp_overlap``."""
 
     def __post_init__(self) -> None:
         for key in ("tp", "pp", "dp", "virtual_stages", "ep", "etp", "cp"):
             _positive(getattr(self, key), f"parallel.{key}")
         self._check_dispatch_keys()
+        self._check_tp_overlap()
         object.__setattr__(
             self,
             "cp_algorithm",
@@ -437,6 +476,19 @@ class ParallelConfig:
                 key_path="parallel.virtual_stages",
             )
         object.__setattr__(self, "virtual_stages", chunks)
+
+    def _check_tp_overlap(self) -> None:
+        """``tp_overlap`` on its own and against tp and sequence parallelism."""
+        mode = self.tp_overlap
+        if isinstance(mode, bool):
+            mode = "stack" if mode else "none"
+        if mode not in (*TP_OVERLAP_MODES, "stack"):
+            raise ConfigError(
+                f"must be true, false or one of {', '.join(TP_OVERLAP_MODES)}; got {mode!r}",
+                key_path="parallel.tp_overlap",
+            )
+        object.__setattr__(self, "tp_overlap_mode", mode)  # tp_overlap kept as given
+        check_tp_overlap(mode, tp=self.tp, sequence_parallel=self.sequence_parallel)
 
     def _check_dispatch_keys(self) -> None:
         """The MoE dispatch keys on their own (their fit to the cluster is checked with the

@@ -10,16 +10,47 @@ Prefetch depth ``d`` (FSDP's ``forward_prefetch`` / ``backward_prefetch`` and De
 prefetch bucket, as a unit count): the all-gather of unit ``i + d`` is issued when unit ``i``
 starts computing, so up to ``d + 1`` units are gathered at once. ``d = 0`` gathers each unit
 only when it is needed, exposing every all-gather.
+
+When gradients are synchronised (:func:`grad_sync_of`) is a choice of the stack: per
+micro-batch, or once per step with the gradients accumulated unsharded in the meantime.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from collsim.parallel.params import ParamTensor
 
-__all__ = ["FSDPUnit", "build_units", "issue_schedule"]
+if TYPE_CHECKING:
+    from collsim.parallel.config import ParallelConfig, TrainingConfig
+
+__all__ = ["FSDPUnit", "build_units", "grad_sync_of", "issue_schedule"]
+
+
+def grad_sync_of(parallel: ParallelConfig, training: TrainingConfig) -> str:
+    """When a ZeRO-3 / FSDP plan reduces its gradients: ``microbatch`` or ``step``.
+
+    ``parallel.fsdp.grad_sync`` when the scenario states it. Else ``step`` for an FSDP2 stack
+    (``training.fsdp_version`` 2: torchtitan, NeMo Automodel) with pipelining: torch's
+    pipeline stage runs every backward but the last of a step with
+    ``set_requires_gradient_sync(False)`` and ``set_reshard_after_backward(False)`` and then
+    runs FSDP's post-backward once (``_PipelineStageBase.backward_maybe_with_nosync``,
+    torch/distributed/pipelining/stage.py in pytorch/pytorch at 88fa1e7): the reduce-scatter
+    (and the HSDP all-reduce across replicas) runs once per step, the gradients accumulate
+    unsharded in the reduce dtype (FSDP2 ``FSDPParam.to_accumulated_grad_if_needed``) and a
+    unit gathered for a backward stays gathered until the next forward needs it. Without
+    pipelining torchtitan runs a plain ``loss.backward()`` per micro-batch
+    (torchtitan/trainer.py ``forward_backward_step`` in pytorch/torchtitan at 003fe28), so FSDP
+    reduces in every micro-batch, as torch FSDP1 does without ``no_sync``: ``microbatch``.
+    """
+    explicit = parallel.fsdp.grad_sync
+    if explicit is not None:
+        return explicit
+    if parallel.zero == 3 and parallel.pp > 1 and training.fsdp_version == 2:
+        return "step"
+    return "microbatch"
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,11 +1,15 @@
 """The parallel plan: checks a TP x CP x PP x DP combination (with EP folded in) and maps
-ranks onto the cluster.
+ranks onto the cluster. The rank grid is in :mod:`collsim.parallel.grid`, the plan's rules
+beyond its sizes in :mod:`collsim.parallel.checks`, its layout in words in
+:mod:`collsim.parallel.describe`.
 
 Derivations, measurements and sources: docs/derivations.md, ``collsim.parallel.plan``.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -14,10 +18,20 @@ import numpy as np
 
 from collsim.core.errors import CollsimWarning, ConfigError
 from collsim.core.vocab import ParallelAxis, RankOrder
+from collsim.parallel.checks import check_experts_and_context, chunk_sizes
 from collsim.parallel.config import ParallelConfig, TrainingConfig
 from collsim.parallel.dispatch import check_dispatch
+from collsim.parallel.grid import (
+    GRID_ORDER,
+    GridAxis,
+    RankCoords,
+    grid_index,
+    grid_rank,
+    rank_axes,
+)
 from collsim.parallel.pipeline import PipelineSchedule, get_schedule
-from collsim.workload.memory import balanced_chunk_layers
+from collsim.parallel.tp_overlap import check_tp_overlap, tp_overlap_of
+from collsim.workload.fp8 import fp8_param_gather_of
 
 if TYPE_CHECKING:
     from collsim.cluster.topology import Topology
@@ -37,45 +51,6 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class GridAxis:
-    """One named dimension of the rank grid and its size."""
-
-    name: str
-    """``tp``, ``cp``, ``dp`` or ``pp`` (a field of :class:`RankCoords`)."""
-    size: int
-
-
-GRID_ORDER = ("pp", "dp", "cp", "tp")
-"""The index order of :meth:`Plan.grid` (pipeline first, tensor parallel last), whatever the
-rank layout."""
-
-
-def rank_axes(order: RankOrder, sizes: dict[str, int]) -> tuple[GridAxis, ...]:
-    """The grid of a layout as named axes, fastest-varying first: the axes of the order string
-    (``tp-cp-ep-dp-pp``) that have a size (``ep`` folds inside the others), so a new dimension
-    is a name in the order and a size here."""
-    return tuple(GridAxis(name, sizes[name]) for name in order.value.split("-") if name in sizes)
-
-
-def grid_rank(axes: tuple[GridAxis, ...], index: dict[str, int]) -> int:
-    """Global rank of the grid position ``index`` (axis name -> index, 0 where absent) on the
-    named ``axes``, fastest-varying first (docs/derivations.md)."""
-    rank = 0
-    for axis in reversed(axes):
-        rank = rank * axis.size + index.get(axis.name, 0)
-    return rank
-
-
-def grid_index(axes: tuple[GridAxis, ...], rank: int) -> dict[str, int]:
-    """The grid position of ``rank`` on the named ``axes`` (the inverse of :func:`grid_rank`)."""
-    index: dict[str, int] = {}
-    for axis in axes:
-        rank, index[axis.name] = divmod(rank, axis.size)
-    return index
-
-
-_BASE_AXES = (ParallelAxis.TP, ParallelAxis.PP, ParallelAxis.DP)
 _GRID_DIMS = {
     ParallelAxis.PP: ("pp",),
     ParallelAxis.DP: ("dp",),
@@ -87,16 +62,6 @@ _GRID_DIMS = {
 """Axes whose groups are grid lines of :meth:`Plan.grid`: the grid axes a group spans, in group
 order (dp_cp: dp major, cp minor, as ``group_of``; mp: pp, cp, tp, which is rank order in
 either layout)."""
-
-
-@dataclass(frozen=True, slots=True)
-class RankCoords:
-    """Where a rank sits in the TP x CP x PP x DP grid."""
-
-    dp: int
-    pp: int
-    tp: int
-    cp: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -493,207 +458,16 @@ class Plan:
         """Global layer indices of every chunk of ``stage``, in chunk order."""
         return [i for c in range(self.virtual_stages) for i in self.chunk_layers(stage, c)]
 
-    def describe_mapping(self) -> str:
-        """A readable account of the rank layout and of one group of each axis."""
-        topo = self.topology
-        gpn = topo.gpus_per_node
-
-        def nodes(ranks: tuple[int, ...] | list[int] | np.ndarray) -> str:
-            ids: list[int] = np.unique(np.asarray(ranks) // gpn).tolist()
-            return _span(ids)
-
-        plural = "s" if topo.num_nodes != 1 else ""
-        head = f"{self.num_gpus} GPUs = tp {self.tp} x "
-        head += f"cp {self.cp} x " if self.cp > 1 else ""
-        head += f"pp {self.pp} x dp {self.dp} on {topo.num_nodes} node{plural} x {gpn} GPUs"
-        head += f", order {self.order.value}"
-        inner = self.cp * self.tp
-        cp_term = f"cp_index * {self.tp} + " if self.cp > 1 else ""
-        cp_word = "then cp, " if self.cp > 1 else ""
-        if self.pp_outer:
-            formula = (
-                f"rank = pp_index * {self.dp * inner} + dp_index * {inner} + {cp_term}tp_index "
-                f"(tp innermost, {cp_word}then dp, pp outermost)"
-            )
-        else:
-            formula = (
-                f"rank = dp_index * {self.pp * inner} + pp_index * {inner} + {cp_term}tp_index "
-                f"(tp innermost, {cp_word}then pp, dp outermost)"
-            )
-        lines = [head, formula]
-        axes = list(_BASE_AXES)
-        if self.cp > 1:
-            axes.append(ParallelAxis.CP)
-        if self.ep > 1 or self.etp > 1:
-            axes += [ParallelAxis.EP, ParallelAxis.ETP, ParallelAxis.EDP]
-        if self.shard_group_size != self.dp:
-            axes += [ParallelAxis.DP_SHARD, ParallelAxis.DP_REPLICATE]
-        for axis in axes:
-            g = self.group_of(0, axis)  # the groups of an axis partition the ranks evenly
-            lines.append(
-                f"{axis.value} groups: {self.num_gpus // len(g)} of {len(g)}; first "
-                f"{_ranks(g)} on node(s) {nodes(g)}"
-            )
-        grid = self.grid()
-        for stage in range(self.pp):
-            ranks = grid[stage].ravel()  # stage_ranks(stage), kept as an array
-            layers = [list(self.chunk_layers(stage, c)) for c in range(self.virtual_stages)]
-            spans = ", ".join(f"{ls[0]}-{ls[-1]}" for ls in layers)
-            first = _ranks(ranks[: self.tp * self.cp].tolist())
-            lines.append(
-                f"stage {stage}: layers {spans}; ranks {first}"
-                f"{' + dp replicas' if self.dp > 1 else ''}; nodes {nodes(ranks)}"
-            )
-        return "\n".join(lines)
-
 
 DEFAULT_ORDER = RankOrder.PP_OUTER
 """The layout of every supported stack: Megatron-Core's default ``tp-cp-ep-dp-pp`` and
 torchtitan's device mesh (pp outermost, tp innermost); see :class:`RankOrder`."""
 
 
-def default_order(spec: TransformerSpec, parallel: ParallelConfig) -> RankOrder:
-    """The rank layout of a plan that does not set ``parallel.order``: :data:`DEFAULT_ORDER`."""
+def default_order() -> RankOrder:
+    """The rank layout of a plan that does not set ``parallel.order``: :data:`DEFAULT_ORDER`,
+    whatever the model and the plan (every supported stack lays ranks out the same way)."""
     return DEFAULT_ORDER
-
-
-def _span(ids: list[int]) -> str:
-    if len(ids) == 1:
-        return str(ids[0])
-    if ids == list(range(ids[0], ids[-1] + 1)):
-        return f"{ids[0]}-{ids[-1]}"
-    if len(ids) <= 8:
-        return ",".join(map(str, ids))
-    return f"{','.join(map(str, ids[:4]))},...,{ids[-1]} ({len(ids)})"
-
-
-def _ranks(ranks: tuple[int, ...] | list[int]) -> str:
-    ranks = list(ranks)
-    if len(ranks) <= 8:
-        return "[" + ", ".join(map(str, ranks)) + "]"
-    return f"[{ranks[0]}, {ranks[1]}, ..., {ranks[-1]}]"
-
-
-def _chunk_sizes(spec: TransformerSpec, parallel: ParallelConfig) -> tuple[int, ...]:
-    """Layers per virtual stage: explicit, even, or balanced (see docs/derivations.md)."""
-
-    pp, v = parallel.pp, parallel.virtual_stages
-    n = pp * v
-    if parallel.layers_per_stage is not None:
-        total = sum(parallel.layers_per_stage)
-        if total != spec.num_layers:
-            raise ConfigError(
-                f"layer counts {list(parallel.layers_per_stage)} sum to {total}, the model has "
-                f"{spec.num_layers} layers",
-                key_path="parallel.layers_per_stage",
-            )
-        return parallel.layers_per_stage
-    if spec.num_layers < n:
-        key = "parallel.virtual_stages" if v > 1 else "parallel.pp"
-        raise ConfigError(
-            f"model layers ({spec.num_layers}) must be at least "
-            f"pp x virtual_stages = {pp} x {v} (one layer per chunk)",
-            key_path=key,
-        )
-    first = 1.0 if parallel.account_for_embedding else 0.0
-    last = 1.0 if parallel.account_for_loss else 0.0
-    balanced = parallel.pipeline_split == "balanced" or first or last
-    if spec.num_layers % n == 0 and not first and not last:
-        return (spec.num_layers // n,) * n
-    if not balanced:
-        key = "parallel.virtual_stages" if v > 1 else "parallel.pp"
-        raise ConfigError(
-            f"model layers ({spec.num_layers}) must be divisible by "
-            f"pp x virtual_stages = {pp} x {v} (or set parallel.pipeline_split: balanced, or "
-            "list parallel.layers_per_stage)",
-            key_path=key,
-        )
-    return tuple(balanced_chunk_layers(spec.num_layers, n, first_offset=first, last_offset=last))
-
-
-def _check_experts_and_context(
-    spec: TransformerSpec, training: TrainingConfig, parallel: ParallelConfig
-) -> None:
-    tp, cp, dp, ep, etp = parallel.tp, parallel.cp, parallel.dp, parallel.ep, parallel.etp
-    if (ep > 1 or etp > 1) and not spec.is_moe:
-        key = "parallel.ep" if ep > 1 else "parallel.etp"
-        raise ConfigError(
-            f"{ep if ep > 1 else etp} > 1 needs a model with routed experts (model.num_experts)",
-            key_path=key,
-        )
-    if spec.is_moe:
-        if spec.num_experts % ep:
-            raise ConfigError(
-                f"model experts ({spec.num_experts}) must be divisible by ep, got {ep}",
-                key_path="parallel.ep",
-            )
-        if (tp * cp * dp) % (ep * etp):
-            raise ConfigError(
-                f"ep x etp = {ep} x {etp} must divide tp x cp x dp = {tp} x {cp} x {dp} "
-                f"= {tp * cp * dp} (experts are folded over the ranks of a stage)",
-                key_path="parallel.ep",
-            )
-        if spec.expert_ffn_hidden % etp:
-            raise ConfigError(
-                f"expert ffn ({spec.expert_ffn_hidden}) must be divisible by etp, got {etp}",
-                key_path="parallel.etp",
-            )
-        if tp > 1 and ep > 1 and not parallel.sequence_parallel:
-            raise ConfigError(
-                f"tp {tp} with ep {ep} needs sequence_parallel: true (Megatron-Core's rule for "
-                "expert parallelism under tensor parallelism)",
-                key_path="parallel.sequence_parallel",
-            )
-        if spec.shared_ffn_hidden % tp:
-            raise ConfigError(
-                f"shared-expert ffn ({spec.shared_ffn_hidden}) must be divisible by tp, got {tp}",
-                key_path="parallel.tp",
-            )
-    if not spec.is_mla and spec.num_heads % spec.kv_heads:
-        raise ConfigError(
-            f"model heads ({spec.num_heads}) must be divisible by kv_heads ({spec.kv_heads})",
-            key_path="model.kv_heads",
-        )
-    chunks = 2 * cp if (cp > 1 and parallel.cp_load_balance) else cp
-    if spec.seq_len % chunks:
-        rule = f"2 x cp = {chunks} (causal load balancing)" if chunks != cp else f"cp = {cp}"
-        raise ConfigError(
-            f"model seq_len ({spec.seq_len}) must be divisible by {rule}",
-            key_path="parallel.cp",
-        )
-    if parallel.ep_overlap:
-        # Megatron-Core's rules for --overlap-moe-expert-parallel-comm
-        # (TransformerConfig.__post_init__, megatron/core/transformer/transformer_config.py)
-        if ep < 2:
-            raise ConfigError(
-                f"needs expert parallelism (parallel.ep > 1), got ep {ep}",
-                key_path="parallel.ep_overlap",
-            )
-        if parallel.ep_overlap_mode == "a2a" and parallel.pp > 1 and parallel.virtual_stages < 2:
-            raise ConfigError(
-                f"with pp {parallel.pp} needs schedule: interleaved with virtual_stages > 1 "
-                "or schedule: dualpipev "
-                "(Megatron's combined 1F1B pairs the ops of the interleaved schedule)",
-                key_path="parallel.ep_overlap",
-            )
-        if str(training.recompute) == "full":
-            raise ConfigError(
-                "does not combine with training.recompute: full (Megatron refuses it: the "
-                "paired forward and backward cannot replay a recomputed layer)",
-                key_path="parallel.ep_overlap",
-            )
-    g = parallel.fsdp.shard_group_size
-    if g is not None and dp % g:
-        raise ConfigError(
-            f"{g} must divide dp ({dp}) (shard inside groups, replicate across)",
-            key_path="parallel.fsdp.shard_group_size",
-        )
-    fp8 = str(training.dtype) == "fp8"
-    if parallel.fsdp.fp8_all_gather and not fp8:
-        raise ConfigError(
-            f"fp8_all_gather needs training.dtype: fp8, got {training.dtype}",
-            key_path="parallel.fsdp.fp8_all_gather",
-        )
 
 
 def build_plan(
@@ -747,8 +521,8 @@ def build_plan(
             f"model ffn_hidden ({spec.ffn_hidden}) must be divisible by tp, got {tp}",
             key_path="parallel.tp",
         )
-    sizes_per_chunk = _chunk_sizes(spec, parallel)
-    _check_experts_and_context(spec, training, parallel)
+    sizes_per_chunk = chunk_sizes(spec, parallel)
+    check_experts_and_context(spec, training, parallel)
     if training.global_batch % (training.micro_batch * dp):
         raise ConfigError(
             f"global batch ({training.global_batch}) must be divisible by micro_batch x dp = "
@@ -769,7 +543,7 @@ def build_plan(
             f"fewer micro-batches ({m}) than pipeline stages ({pp}): most of the step "
             "is pipeline bubble"
         )
-    order = parallel.order or default_order(spec, parallel)
+    order = parallel.order or default_order()
     if order is RankOrder.DP_OUTER and pp > 1 and parallel.ep * parallel.etp > tp * cp:
         notes.append(
             f"order {order.value} with ep x etp = {parallel.ep * parallel.etp} > tp x cp = "
@@ -782,6 +556,13 @@ def build_plan(
         )
     for note in notes:
         warnings.warn(note, CollsimWarning, stacklevel=2)
+    parallel = _with_fp8_params(training, parallel)
+    check_tp_overlap(
+        tp_overlap_of(parallel.tp_overlap_mode, training.stack),
+        tp=tp,
+        sequence_parallel=parallel.sequence_parallel,
+        execution=str(training.execution),
+    )
     plan = Plan(
         topology=topology,
         spec=spec,
@@ -795,6 +576,22 @@ def build_plan(
 
     check_dispatch(plan)  # the dispatch keys against the EP groups' nodes
     return plan
+
+
+def _with_fp8_params(training: TrainingConfig, parallel: ParallelConfig) -> ParallelConfig:
+    """``parallel`` with the FP8 weight all-gather on when the plan keeps FP8 parameters
+    (``training.fp8_param_gather``: :func:`collsim.workload.fp8.fp8_param_gather_of`)."""
+    on = fp8_param_gather_of(
+        training.stack,
+        training.fp8_param_gather,
+        fp8=str(training.dtype) == "fp8",
+        zero=parallel.zero,
+    )
+    if not on or parallel.fsdp.fp8_all_gather:
+        return parallel
+    out = copy.copy(parallel)
+    object.__setattr__(out, "fsdp", dataclasses.replace(parallel.fsdp, fp8_all_gather=True))
+    return out
 
 
 def _span_counts(sizes: tuple[int, ...]) -> str:

@@ -19,6 +19,8 @@ TP / EP / PP split, :func:`collsim.workload.memory.stage_parameter_split`):
   model state. The vocab-sized matrices stay bf16 (TE runs the embedding lookup and, in
   Megatron-Core, the output layer outside FP8); per-tensor scales count 4 tensors per layer
   (qkv, out, up, down), a few bytes each.
+- FP8 parameters (:func:`fp8_parameters`): the FP8 weight and its transpose replace the
+  16-bit GEMM weight, so the copy term is ``fp8_weight_bytes(G) - 2 G`` (the scales).
 - ``reshard_after_forward: false`` with zero 3: every unit's gathered parameters stay from its
   forward to its backward, so at the start of backward the stage holds its parameters
   unsharded: (Psi_d + Psi_e) x e_w - the sharded parameters already counted, e_w = 2 bytes
@@ -33,12 +35,52 @@ from typing import TYPE_CHECKING
 
 from collsim.core.vocab import ParallelAxis
 from collsim.parallel.sharding import fp8_weight_bytes
+from collsim.workload.fp8 import fp8_param_gather_of
 from collsim.workload.memory import ModelStateBytes, moe_model_state_bytes, stage_parameter_split
 
 if TYPE_CHECKING:
+    from collsim.parallel.config import TrainingConfig
     from collsim.parallel.plan import Plan
 
-__all__ = ["RankStates", "rank_model_states"]
+__all__ = ["RankStates", "fp8_parameters", "optimizer_state_bytes", "rank_model_states"]
+
+
+def optimizer_state_bytes(training: TrainingConfig) -> float | None:
+    """Optimizer bytes per parameter when the parameters have no fp32 master copy, else None
+    (the ZeRO table's K). NeMo Automodel's benchmark recipes build the model with
+    ``NeMoAutoModelForCausalLM.from_config`` and no ``torch_dtype``, which builds it in bf16
+    (``torch_dtype = ... else torch.bfloat16``, nemo_automodel/_transformers/auto_model.py at
+    36044ad) and train it with ``torch.optim.Adam``, whose moments take the parameter dtype:
+    2 x 2 bytes for Adam (2 for SGD's momentum) beside the bf16 parameter and gradient."""
+    if training.stack != "nemo_automodel" or str(training.dtype) == "fp32":
+        return None
+    return 4.0 if str(training.optimizer) == "adam" else 2.0
+
+
+def fp8_parameters(plan: Plan) -> bool:
+    """Are the GEMM weights kept in FP8 (no 16-bit copy)? With the distributed optimizer (zero 1
+    or 2), what :func:`collsim.workload.fp8.fp8_param_gather_of` decides for
+    ``training.fp8_param_gather`` (the explicit value, else True for an FP8 plan of the
+    ``megatron_te`` stack: every FP8 preset of Megatron-Bridge sets
+    ``fp8_param_gather = True`` (src/megatron/bridge/training/mixed_precision.py,
+    ``bf16_with_fp8_current_scaling_mixed`` and the delayed-scaling presets, at 0013c9a)).
+    With zero 3 the gathered copies are transients of the FSDP units instead
+    (``parallel.fsdp.fp8_all_gather``).
+
+    The GEMM weights are then TE ``Float8Tensor`` parameters and no 16-bit copy of them is
+    kept: Megatron-Core's ``DistributedDataParallel`` gives them a ``torch.uint8`` parameter
+    buffer (megatron/core/distributed/distributed_data_parallel.py at 293e104) and the fp32
+    master shard lives in the distributed optimizer; the FP8 data and its transpose (1 + 1
+    bytes) take the place of the 16-bit weight (2 bytes)."""
+    training = plan.training
+    if plan.parallel.zero not in (1, 2):
+        return False
+    return fp8_param_gather_of(
+        training.stack,
+        training.fp8_param_gather,
+        fp8=str(training.dtype) == "fp8",
+        zero=plan.parallel.zero,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +93,8 @@ class RankStates:
         shard_group: N, the ranks the non-expert states are sharded over.
         expert_shard_group: N_e, the same for the routed experts.
         states: parameters, gradients and optimizer states.
-        fp8_copy_bytes: FP8 weight copies and their scales.
+        fp8_copy_bytes: FP8 weight copies and their scales (with FP8 parameters: the scales
+            only, the FP8 weight and transpose having replaced the 16-bit weight).
         kept_gathered_bytes: gathered parameters kept from forward to backward.
     """
 
@@ -90,6 +133,7 @@ def rank_model_states(plan: Plan, stage: int = 0) -> RankStates:
         edp=n_e,
         optimizer=str(training.optimizer),
         mixed_precision=not fp32,
+        optimizer_bytes=optimizer_state_bytes(training),
     )
     fp8 = str(training.dtype) == "fp8"
     copies = 0.0
@@ -100,6 +144,8 @@ def rank_model_states(plan: Plan, stage: int = 0) -> RankStates:
         )
         layers = len(plan.stage_layers(stage))
         copies = fp8_weight_bytes(gemm_weights, recipe, num_tensors=max(1, 4 * layers))
+        if fp8_parameters(plan):
+            copies -= 2.0 * gemm_weights  # the 16-bit GEMM weights are not kept
     kept = 0.0
     if par.zero == 3 and not par.fsdp.reshard_after_forward:
         e_w = 1.0 if par.fsdp.fp8_all_gather else 2.0

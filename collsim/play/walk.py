@@ -47,7 +47,9 @@ class _Rank:
     rank: int
     coords: RankCoords
     ledger: MemoryLedger
-    acct: dict[str, float] = field(default_factory=lambda: dict.fromkeys(BREAKDOWN_KEYS, 0.0))
+    breakdown_s: dict[str, float] = field(
+        default_factory=lambda: dict.fromkeys(BREAKDOWN_KEYS, 0.0)
+    )
     now: float = 0.0
     end_s: float = 0.0
     next_op: int = 0
@@ -67,7 +69,7 @@ class _Walk:
     """The closed-form walk of one schedule (representative rank per stage)."""
 
     def __init__(self, schedule: StepSchedule, pricer: ClosedPricer) -> None:
-        self.s = schedule
+        self.schedule = schedule
         self.plan = schedule.plan
         self.rules = schedule.dp
         self.pricer = pricer
@@ -144,7 +146,7 @@ class _Walk:
     # ---- the walk -----------------------------------------------------------------------------
     def run(self) -> None:
         for prog in self.programs.values():
-            st = self.rules.state_bytes(prog_stage := self.s.stages[prog.coords.pp])
+            st = self.rules.state_bytes(prog_stage := self.schedule.stages[prog.coords.pp])
             del prog_stage
             prog.ledger.alloc(0.0, "parameters", st.parameters, "parameters")
             prog.ledger.alloc(0.0, "gradients", st.gradients, "gradients")
@@ -156,7 +158,7 @@ class _Walk:
             progressed = False
             for prog in pending:
                 progressed |= next(steppers[prog.rank])
-            left = [p for p in pending if p.next_op < len(self.s.pipeline[p.coords.pp])]
+            left = [p for p in pending if p.next_op < len(self.schedule.pipeline[p.coords.pp])]
             if left and not progressed:
                 raise SimulationError(
                     f"ranks {[p.rank for p in left][:8]} wait for inputs never sent "
@@ -177,7 +179,7 @@ class _Walk:
         p, v = self.plan.pp, self.plan.virtual_stages
         shapes: dict[tuple[Phase, int], _Link] = {}
         out: list[_Link] = []
-        for op in self.s.pipeline[stage]:
+        for op in self.schedule.pipeline[stage]:
             shape = shapes.get((op.phase, op.chunk))
             if shape is None:
                 src = self.pipeline.input_of(op, stage=stage, num_stages=p, virtual_stages=v)
@@ -202,7 +204,7 @@ class _Walk:
 
     def advance(self, prog: _Rank) -> bool:
         """Run the rank's ops while their inputs have been sent; True if any ran."""
-        ops = self.s.pipeline[prog.coords.pp]
+        ops = self.schedule.pipeline[prog.coords.pp]
         links = self.links(prog.coords.pp)
         ran = False
         while prog.next_op < len(ops):
@@ -218,19 +220,19 @@ class _Walk:
                 if delivered_s > w0:
                     w1 = delivered_s
                     produced = min(max(produced_s, w0), w1)
-                    prog.acct["bubble"] += produced - w0
-                    prog.acct["pp_exposed"] += w1 - produced
+                    prog.breakdown_s["bubble"] += produced - w0
+                    prog.breakdown_s["pp_exposed"] += w1 - produced
                     prog.now = w1
                 prog.ledger.free(prog.now, "buffers", mail_bytes, "pp recv")
                 if self.gather_pp:
-                    size = self.s.p2p_bytes * self.plan.tp
+                    size = self.schedule.p2p_bytes * self.plan.tp
                     folded = self.price(
                         prog.rank, TP, "all_gather", size, self.group(prog.rank, TP), 0.0
                     )
             prog.now += folded
-            prog.acct["pp_exposed"] += folded
-            chunk = self.s.stages[prog.coords.pp].chunks[op.chunk]
-            paired = prog.next_op in self.s.paired.get(prog.coords.pp, ())
+            prog.breakdown_s["pp_exposed"] += folded
+            chunk = self.schedule.stages[prog.coords.pp].chunks[op.chunk]
+            paired = prog.next_op in self.schedule.paired.get(prog.coords.pp, ())
             if self.rules.zero == 3:
                 self.run_segments(prog, op, chunk, paired)
             else:
@@ -250,17 +252,17 @@ class _Walk:
         clock and account are written back when its last op has run (nothing reads them
         before)."""
         stage = prog.coords.pp
-        ops = self.s.pipeline[stage]
+        ops = self.schedule.pipeline[stage]
         n = len(ops)
         i = prog.next_op
         links = self.links(stage)
-        chunks = self.s.stages[stage].chunks
-        paired_ops = self.s.paired.get(stage, ())
+        chunks = self.schedule.stages[stage].chunks
+        paired_ops = self.schedule.paired.get(stage, ())
         mailbox = self.mail
         rank = prog.rank
-        acct = prog.acct
+        breakdown = prog.breakdown_s
         events, placed = prog.ledger.appenders()
-        size = self.s.p2p_bytes
+        size = self.schedule.p2p_bytes
         received, sent = -float(size), float(size)
         rules = self.rules
         buckets_on = rules.uses_buckets
@@ -271,7 +273,11 @@ class _Walk:
         gather_pp = self.gather_pp
         new = tuple.__new__
         now = prog.now
-        bubble, pp_exposed, compute = acct["bubble"], acct["pp_exposed"], acct["compute"]
+        bubble, pp_exposed, compute = (
+            breakdown["bubble"],
+            breakdown["pp_exposed"],
+            breakdown["compute"],
+        )
         ran = False
         while i < n:
             op = ops[i]
@@ -332,7 +338,7 @@ class _Walk:
             now = t0 + block.duration
             compute += block.compute
             for k, v in block.comm_items:
-                acct[k] += v
+                breakdown[k] += v
             if dest is not None:
                 to = dest[0]
                 send = sends.get(to)
@@ -359,7 +365,11 @@ class _Walk:
             ran = True
         prog.next_op = i
         prog.now = now
-        acct["bubble"], acct["pp_exposed"], acct["compute"] = bubble, pp_exposed, compute
+        breakdown["bubble"], breakdown["pp_exposed"], breakdown["compute"] = (
+            bubble,
+            pp_exposed,
+            compute,
+        )
         yield ran
 
     def repeat_price(
@@ -422,9 +432,9 @@ class _Walk:
                     prog.deferred.append((op, chunk, bucket))
         self.tally_tp(prog.rank, plan.segs)
         prog.now = t0 + plan.duration
-        prog.acct["compute"] += plan.compute
+        prog.breakdown_s["compute"] += plan.compute
         for k, v in plan.comm.items():
-            prog.acct[k] += v
+            prog.breakdown_s[k] += v
 
     def dp_call(self, prog: _Rank, op: str, size: float, ready: float, extra_s: float) -> float:
         """A call on the rank's dp stream, ready at ``ready``: returns its end."""
@@ -485,28 +495,31 @@ class _Walk:
                 prog.gathered[(chunk.index, ukey)] = end
             ready = prog.gathered.get((chunk.index, rules.unit_key(chunk, seg)))
             if gathers and ready is not None and ready > prog.now:
-                prog.acct["dp_exposed"] += ready - prog.now
+                prog.breakdown_s["dp_exposed"] += ready - prog.now
                 prog.now = ready
             if not forward:
                 prog.ledger.alloc(prog.now, "activations", seg.transient_bytes)
             d_tp = self.seg_tp_s(prog.rank, seg)
             self.tally_tp(prog.rank, [seg])
             prog.now += seg.compute_s + d_tp + seg.framework_s
-            prog.acct["compute"] += seg.compute_s
-            prog.acct["framework"] += seg.framework_s
+            prog.breakdown_s["compute"] += seg.compute_s
+            prog.breakdown_s["framework"] += seg.framework_s
             for k, v in self.seg_comm_s(prog.rank, seg).items():
-                prog.acct[k] += v
+                prog.breakdown_s[k] += v
             if forward:
                 prog.ledger.alloc(prog.now, "activations", seg.stored_bytes)
             elif seg.frees:
                 prog.ledger.free(prog.now, "activations", seg.transient_bytes + seg.stored_bytes)
-            self.release_unit(prog, chunk, seg, op.phase)
+            self.release_unit(prog, chunk, seg, op.phase, op.microbatch)
 
-    def release_unit(self, prog: _Rank, chunk: ChunkModel, seg: Segment, phase: Phase) -> None:
+    def release_unit(
+        self, prog: _Rank, chunk: ChunkModel, seg: Segment, phase: Phase, microbatch: int = -1
+    ) -> None:
         """After a unit's forward: reshard. After its backward: reduce-scatter, reshard (a
         split backward: the input-gradient op reshards, the weight-gradient op reduces)."""
         rules = self.rules
-        if not rules.releases(chunk, seg, forward=phase is Phase.FORWARD):
+        mb = None if microbatch < 0 else microbatch
+        if not rules.releases(chunk, seg, forward=phase is Phase.FORWARD, microbatch=mb):
             return
         ukey = rules.unit_key(chunk, seg)
         if phase is Phase.BACKWARD or phase is Phase.BACKWARD_WEIGHT:
@@ -527,7 +540,7 @@ class _Walk:
         """Send ``op``'s output to ``dest`` (stage, direction, chunk) on the pp stream."""
         stage, dst_phase, dst_chunk = dest
         dst = self.by_stage[stage]
-        size = self.s.p2p_bytes
+        size = self.schedule.p2p_bytes
         t = self.price(prog.rank, PP, "send_recv", size, (prog.rank, dst.rank), 0.0)
         start = max(prog.now, prog.pp_free)
         prog.pp_free = start + t
@@ -545,8 +558,8 @@ class _Walk:
                 for prog in progs:
                     t = self.price(prog.rank, axis, "all_reduce", GRAD_NORM_BYTES, group, 0.0)
                     end = _fires(start, start + t)
-                    prog.acct["bubble"] += start - prog.now
-                    prog.acct["dp_exposed"] += end - start
+                    prog.breakdown_s["bubble"] += start - prog.now
+                    prog.breakdown_s["dp_exposed"] += end - start
                     prog.now = end
 
     def finish(self) -> None:
@@ -558,7 +571,7 @@ class _Walk:
                 self.reduce_bucket(prog, bucket, prog.now)
             prog.deferred = []
             if prog.dp_last_end > prog.now:
-                prog.acct["dp_exposed"] += prog.dp_last_end - prog.now
+                prog.breakdown_s["dp_exposed"] += prog.dp_last_end - prog.now
                 prog.now = prog.dp_last_end
         head = plan.head_stage
         if head != 0 and plan.spec.tied_embeddings:
@@ -574,28 +587,28 @@ class _Walk:
                 )
             end = max(first.now, last.now) + t.time_s
             for prog in (first, last):
-                prog.acct["pp_exposed"] += end - prog.now
+                prog.breakdown_s["pp_exposed"] += end - prog.now
                 prog.now = end
         for prog in self.programs.values():
-            framework = self.s.framework_step_s.get(prog.coords.pp, 0.0)
+            framework = self.schedule.framework_step_s.get(prog.coords.pp, 0.0)
             link, busbw = dp_link(self.stats.items(), prog.rank)
-            interference = self.s.interference_s(
-                dp_link_s=link, busbw_bps=busbw, compute_s=prog.acct["compute"]
+            interference = self.schedule.interference_s(
+                dp_link_s=link, busbw_bps=busbw, compute_s=prog.breakdown_s["compute"]
             )
             prog.now += framework + interference
-            prog.acct["framework"] += framework
-            prog.acct["interference"] += interference
+            prog.breakdown_s["framework"] += framework
+            prog.breakdown_s["interference"] += interference
         self.grad_norm()
         for prog in self.programs.values():
-            stage = self.s.stages[prog.coords.pp]
-            opt = self.s.optimizer_s[prog.coords.pp]
+            stage = self.schedule.stages[prog.coords.pp]
+            opt = self.schedule.optimizer_s[prog.coords.pp]
             prog.now += opt
-            prog.acct["optimizer"] += opt
+            prog.breakdown_s["optimizer"] += opt
             calls = self.rules.gathers_after_optimizer(stage)
             if calls:
                 t0 = prog.now
                 end = self.dp_calls(prog, calls, prog.now, 0.0)
-                prog.acct["dp_exposed"] += end - t0
+                prog.breakdown_s["dp_exposed"] += end - t0
                 prog.now = end
             prog.end_s = prog.now
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from collsim.core.errors import SimulationError
 from collsim.core.units import GiB
+from collsim.parallel.describe import describe_mapping
 from collsim.parallel.plan import Plan
 from collsim.step.memory import Timelines
 from collsim.step.result import MEMORY_KEYS, Breakdown, CollectiveStat, StepResult
@@ -33,7 +34,7 @@ class RankRecord(Protocol):
     rank: int
     coords: RankCoords
     end_s: float
-    acct: dict[str, float]
+    breakdown_s: dict[str, float]
     ledger: MemoryLedger
 
 
@@ -98,7 +99,7 @@ def assemble(
     step = critical.end_s
     if step <= 0:
         raise SimulationError("the step took no time")
-    breakdown = Breakdown.of(critical.acct)
+    breakdown = Breakdown.of(critical.breakdown_s)
     total = breakdown.total_s
     if abs(total - step) > 1e-9 * max(1.0, step):
         raise SimulationError(f"breakdown {total} != step time {step} on rank {critical.rank}")
@@ -137,7 +138,7 @@ def assemble(
         num_gpus=gpus,
         collectives=_collectives(engine),
         warnings=warnings_out,
-        mapping=plan.describe_mapping(),
+        mapping=describe_mapping(plan),
         memory_timeline=(
             Timelines({rank: prog.ledger for rank, prog in programs.items()}) if timeline else {}
         ),
@@ -153,7 +154,7 @@ def assemble(
         zero_communication=zero_communication,
         simulated_ranks=sorted(programs),
         stage_end_s={prog.coords.pp: prog.end_s for prog in firsts},
-        breakdown_by_stage_s={prog.coords.pp: dict(prog.acct) for prog in firsts},
+        breakdown_by_stage_s={prog.coords.pp: dict(prog.breakdown_s) for prog in firsts},
         memory_peak_bytes_by_rank={r: p.total_bytes for r, p in peaks.items()},
         activation_peak_bytes_by_rank={
             r: prog.ledger.category_peak("activations") for r, prog in programs.items()

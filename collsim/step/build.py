@@ -34,13 +34,16 @@ from collsim.parallel.dispatch import dispatch_sms_of
 from collsim.parallel.layer_comms import layer_comms
 from collsim.parallel.pipeline import PipeOp
 from collsim.parallel.plan import Plan, build_plan
+from collsim.parallel.states import optimizer_state_bytes
 from collsim.step.dataparallel import BytesPer, DataParallelRules
 from collsim.step.ops import BlockTimes, ChunkModel, Segment, StageModel, build_stage
 from collsim.step.shapes import ShapeCache
 from collsim.workload.compute import ComputeModel
+from collsim.workload.fp8 import FP8Casts, weight_cache_of, weight_cast_bytes_per_step
 from collsim.workload.framework import framework_costs
 from collsim.workload.interference import overlap_slowdown
 from collsim.workload.kernels import slowest_gpu_factor
+from collsim.workload.memory import fp8_layer_savings
 from collsim.workload.ops import activation_element_bytes
 
 if TYPE_CHECKING:
@@ -114,7 +117,9 @@ class StepSchedule:
         paired = index in self.paired.get(stage, ())
         return chunk.segments(op.phase, paired)
 
-    def overlap_factor(self, op: str, busbw_bps: float, axis: str = "tp") -> float:
+    def overlap_factor(
+        self, op: str, busbw_bps: float, axis: str = "tp", sms: int | None = None
+    ) -> float:
         """Factor on the compute beside one overlapped segment step while its collective runs
         (1 when :attr:`step_interference` is off).
 
@@ -123,13 +128,14 @@ class StepSchedule:
         blocks, compute-bound kernels, so the factor is the SM term ``1 / (1 - f_sm)``
         (compute.md 4: NCCL's 16 SMs of an 8-NIC node) and the HBM term does not enter. An
         expert all-to-all holds the SMs of its dispatcher's kernels instead
-        (:func:`collsim.parallel.dispatch.dispatch_sms_of`: DeepEP's 20).
+        (:func:`collsim.parallel.dispatch.dispatch_sms_of`: DeepEP's 20); an overlapped
+        tensor-parallel chunk the SMs its step names (``sms``: userbuffers' ring exchange 1,
+        AsyncTP's copy engines 0; :mod:`collsim.parallel.tp_overlap`).
         """
         if not self.step_interference or busbw_bps <= 0:
             return 1.0
 
-        sms = None
-        if axis in ("ep", "ep_node", "ep_local"):
+        if sms is None and axis in ("ep", "ep_node", "ep_local"):
             sms = dispatch_sms_of(self.plan)
         return overlap_slowdown(
             self.plan.topology.device,
@@ -167,13 +173,21 @@ class StepSchedule:
 
 
 def bytes_per(training: TrainingConfig) -> BytesPer:
-    """Bytes per parameter (ZeRO paper, mixed-precision Adam K = 12) and per activation."""
+    """Bytes per parameter (ZeRO paper, mixed-precision Adam K = 12) and per activation;
+    fp32 gradients for the ``megatron_te`` stack reducing in fp32."""
 
     dtype = Dtype(training.dtype)
     adam = str(training.optimizer) == "adam"
     if dtype is not Dtype.FP32:
         param = grad = 2.0
         opt = 12.0 if adam else 8.0
+        if training.stack == "megatron_te" and str(training.grad_reduce_dtype) == "fp32":
+            # Megatron-Core's main_grad buffers are fp32 with grad_reduce_in_fp32
+            # (distributed_data_parallel.py at 293e104: grad_dtype = torch.float), so
+            # gradients are accumulated, held and reduced in 4 bytes
+            grad = 4.0
+        own = optimizer_state_bytes(training)  # bf16 parameters without fp32 masters
+        opt = opt if own is None else own
     else:
         param = grad = 4.0
         opt = 8.0 if adam else 4.0
@@ -203,11 +217,13 @@ def layer_kind_of(spec: TransformerSpec) -> dict[int, int]:
 
 
 def _compute_model(
-    device: Device, training: TrainingConfig, op_over: dict[str, float], cache: ShapeCache | None
+    device: Device, plan: Plan, op_over: dict[str, float], cache: ShapeCache | None
 ) -> ComputeModel:
     """The compute model of a plan's device and training settings (one per distinct setting
     in a ``cache``: its memo of layer prices then serves every plan that shares it)."""
+    training = plan.training
     kwargs: dict[str, Any] = {
+        "fp8_casts": fp8_casts_of(plan),
         "overrides": op_over,
         "attention_kernel": training.attention_kernel,
         "execution": str(training.execution),
@@ -237,7 +253,8 @@ def _blocks(
     column-parallel linears and the core-attention / expert seconds of a layer."""
 
     op_over = {k: v for k, v in overrides.items() if k not in BLOCK_OVERRIDE_KEYS}
-    model = _compute_model(device, plan.training, op_over, cache)
+    tr = plan.training
+    model = _compute_model(device, plan, op_over, cache)
     mb, tp, sp = plan.training.micro_batch, plan.tp, plan.parallel.sequence_parallel
     spec = plan.spec
     variant = spec.is_moe or spec.is_mla or spec.sliding_window is not None or plan.cp > 1
@@ -248,8 +265,7 @@ def _blocks(
         return float(overrides.get(key, value))
 
     def dgrad(times: LayerTimes, names: tuple[str, ...], backward_s: float) -> tuple[float, ...]:
-        """Half the backward of each named linear (its dgrad GEMM: 2 of its 4 backward FLOPs
-        per weight element), scaled like the block when a block override replaced it."""
+        """Half the backward of each named linear (its dgrad), scaled like an overridden block."""
         scale = backward_s / times.backward_s if times.backward_s > 0 else 0.0
         by_name = {o.name: o.time_s for o in times.ops if o.phase == "backward"}
         return tuple(by_name.get(n, 0.0) / 2 * scale for n in names)
@@ -266,26 +282,27 @@ def _blocks(
     reps = [r for r, _ in spec.layer_kinds()] if variant else [0]
     layers: dict[int, BlockTimes] = {}
     for rep in reps:
+        kinds: dict[str, Any] = (
+            {"layer": rep, "ep": plan.ep, "etp": plan.etp, "cp": plan.cp} if variant else {}
+        )
         lt = model.layer_times(
-            spec,
-            micro_batch=mb,
-            tp=tp,
-            sequence_parallel=sp,
-            recompute=str(plan.training.recompute),
-            **({"layer": rep, "ep": plan.ep, "etp": plan.etp, "cp": plan.cp} if variant else {}),
+            spec, micro_batch=mb, tp=tp, sequence_parallel=sp, recompute=str(tr.recompute), **kinds
         )
         fwd = pick("layer.forward", lt.forward_s)
         bwd = pick("layer.backward", lt.backward_s)
+        kept = lt.activation_bytes - _fp8_saved(plan, kinds)
         layers[rep] = BlockTimes(
             fwd,
             bwd,
             pick("layer.recompute", lt.recompute_s),
-            lt.activation_bytes,
+            kept,
             lt.transient_bytes,
             column_dgrad_s=dgrad(lt, ("mlp_up", "qkv_proj"), bwd),
             attention_s=part(lt, _ATTENTION_OPS, fwd, bwd),
             experts_s=part(lt, _EXPERT_OPS, fwd, bwd),
             wgrad_s=pick("layer.wgrad", _scaled_wgrad(lt, bwd)),
+            fp8_weights=lt.fp8_weights,
+            linears_s=_linears(lt, fwd, bwd),
         )
     # a CP rank embeds and scores its s / cp tokens: the embedding and head ops are linear in
     # the tokens (lookup, LM-head GEMM rows, loss), so their times and activations scale 1 / cp
@@ -308,6 +325,88 @@ def _blocks(
     return layers, emb, head, model
 
 
+def fp8_casts_of(plan: Plan) -> FP8Casts | None:
+    """How the plan's stack quantizes around its FP8 linears: Transformer Engine's casts
+    (:class:`~collsim.workload.fp8.FP8Casts`) under ``megatron_te`` with ``dtype: fp8``, with
+    the weight cache (``training.fp8_weight_cache``), FP8 parameters (the plan's FP8 weight
+    gather) and input quantization fused into the norms; None otherwise (torchao's casts)."""
+    tr = plan.training
+    if str(tr.dtype) != "fp8" or tr.stack != "megatron_te":
+        return None
+    return FP8Casts(
+        recipe=str(tr.fp8_recipe or "tensorwise"),
+        weight_cache=weight_cache_of(tr.stack, tr.fp8_weight_cache, zero=plan.parallel.zero),
+        param_gather=bool(plan.parallel.fsdp.fp8_all_gather),
+        fused_norm=True,
+    )
+
+
+def _weight_cast_s(
+    plan: Plan, stage: int, layer_of: Callable[[int], BlockTimes], model: ComputeModel
+) -> float:
+    """Seconds of the once-per-step FP8 weight casts of ``stage``'s layers
+    (:func:`~collsim.workload.fp8.weight_cast_bytes_per_step`; the shard of FP8 parameters is
+    the data-parallel group, the expert-data-parallel one for routed experts), one kernel per
+    FP8 linear."""
+    casts = model.fp8_casts
+    if casts is None:
+        return 0.0
+    dense = expert = 0.0
+    linears = 0
+    for index in plan.stage_layers(stage):
+        d, e, n = layer_of(index).fp8_weights
+        dense += d
+        expert += e
+        linears += n
+    shard = plan.cp * plan.dp if plan.parallel.zero >= 1 else 1
+    expert_shard = max(1, plan.edp) if plan.parallel.zero >= 1 and plan.spec.is_moe else 1
+    size = weight_cast_bytes_per_step(dense, casts, shard=shard) + weight_cast_bytes_per_step(
+        expert, casts, shard=expert_shard
+    )
+    return model.memory_time_s(size, max(1, linears)) if size > 0 else 0.0
+
+
+def _linears(
+    times: LayerTimes, forward_s: float, backward_s: float
+) -> tuple[tuple[str, float, float, float], ...]:
+    """Per TP linear of a layer (``qkv_proj``, ``out_proj``, ``mlp_up``, ``mlp_down``):
+    (forward, dgrad, wgrad) seconds, scaled like the block when an override replaced it (what
+    the overlapped tensor parallelism of :mod:`collsim.parallel.tp_overlap` chunks)."""
+    fs = forward_s / times.forward_s if times.forward_s > 0 else 0.0
+    bs = backward_s / times.backward_s if times.backward_s > 0 else 0.0
+    out: dict[str, tuple[float, float, float]] = {}
+    for o in times.ops:
+        if o.name not in _TP_LINEARS or o.phase == "recompute":
+            continue
+        f, d, w = out.get(o.name, (0.0, 0.0, 0.0))
+        if o.phase == "forward":
+            f = o.time_s * fs
+        else:
+            w = o.wgrad_s * bs
+            d = (o.time_s - o.wgrad_s) * bs
+        out[o.name] = (f, d, w)
+    return tuple((name, *out[name]) for name in sorted(out))
+
+
+_TP_LINEARS = frozenset(("qkv_proj", "out_proj", "mlp_up", "mlp_down"))
+
+
+def _fp8_saved(plan: Plan, kinds: dict[str, Any]) -> float:
+    """What an FP8 layer keeps less than its 16-bit count (its FP8 linears keep 1-byte
+    inputs: :func:`collsim.workload.memory.fp8_layer_savings`); 0 for other dtypes."""
+    tr = plan.training
+    if Dtype(tr.dtype) is not Dtype.FP8:
+        return 0.0
+    return fp8_layer_savings(
+        plan.spec,
+        micro_batch=tr.micro_batch,
+        tp=plan.tp,
+        sequence_parallel=plan.parallel.sequence_parallel,
+        recompute=str(tr.recompute),
+        **kinds,
+    )
+
+
 def _scaled_wgrad(times: LayerTimes, backward_s: float) -> float:
     """The weight-gradient part of a block's backward (compute model), scaled like the block
     when an override replaced its backward."""
@@ -325,6 +424,7 @@ def _paced(block: BlockTimes, factor: float) -> BlockTimes:
         attention_s=(block.attention_s[0] * factor, block.attention_s[1] * factor),
         experts_s=(block.experts_s[0] * factor, block.experts_s[1] * factor),
         wgrad_s=block.wgrad_s * factor,
+        linears_s=tuple((n, f * factor, d * factor, w * factor) for n, f, d, w in block.linears_s),
     )
 
 
@@ -391,6 +491,10 @@ def _framework(
         per_step[s] = whole.grad_clip_s + whole.host_step_s
         if par.zero != 3 or plan.dp < 2:
             continue
+        # with gradients synced once per step (rules.sync_once) a unit's gradient is cast and
+        # copied out once, and without reshard after forward it is gathered once: per step
+        once = rules.sync_once
+        gather_once = once and not rules.reshard_after_forward
         for chunk in stage.chunks:
             for seg in chunk.forward + chunk.backward:
                 forward = seg in chunk.forward
@@ -399,12 +503,19 @@ def _framework(
                     continue  # the root unit is gathered and reduced once, at the embedding
                 fw = costs(rules.unit_numel(chunk, ukey), local)
                 gather = fw.fsdp_copy_in_s + fw.fsdp_copy_out_s
+                grad = fw.fsdp_grad_cast_s + fw.fsdp_grad_copy_out_s
                 if forward:
-                    seg.framework_s += gather
+                    if gather_once:
+                        per_step[s] += gather
+                    else:
+                        seg.framework_s += gather
                 else:
                     if rules.reshard_after_forward and ukey != "root":
                         seg.framework_s += gather
-                    seg.framework_s += fw.fsdp_grad_cast_s + fw.fsdp_grad_copy_out_s
+                    if once:
+                        per_step[s] += grad
+                    else:
+                        seg.framework_s += grad
             # a split backward: the input-gradient op gathers, the weight-gradient op reduces
             for i_seg, w_seg in zip(chunk.input_grad or [], chunk.weight_grad or [], strict=True):
                 ukey = rules.unit_key(chunk, i_seg)
@@ -413,7 +524,11 @@ def _framework(
                 fw = costs(rules.unit_numel(chunk, ukey), local)
                 if rules.reshard_after_forward and ukey != "root":
                     i_seg.framework_s += fw.fsdp_copy_in_s + fw.fsdp_copy_out_s
-                w_seg.framework_s += fw.fsdp_grad_cast_s + fw.fsdp_grad_copy_out_s
+                grad = fw.fsdp_grad_cast_s + fw.fsdp_grad_copy_out_s
+                if once:
+                    per_step[s] += grad
+                else:
+                    w_seg.framework_s += grad
     return per_step
 
 
@@ -496,6 +611,9 @@ def build_schedule(
     framework_step_s = (
         {s: 0.0 for s in stages} if overrides else _framework(plan, stages, model, rules)
     )
+    if not overrides and model.fp8_casts is not None:
+        for s in stages:
+            framework_step_s[s] += _weight_cast_s(plan, s, layer_of or (lambda _: layer), model)
     # a CP rank sends its s / cp tokens
     p2p = training.micro_batch * spec.seq_len * spec.hidden * per.activation / plan.tp / plan.cp
     return StepSchedule(

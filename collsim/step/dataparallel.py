@@ -10,6 +10,7 @@ from typing import Any
 
 from collsim.core.vocab import ParallelAxis
 from collsim.parallel.buckets import Bucket
+from collsim.parallel.fsdp import grad_sync_of
 from collsim.parallel.plan import Plan
 from collsim.parallel.states import rank_model_states
 from collsim.step.ops import ChunkModel, Segment, StageModel
@@ -114,6 +115,11 @@ class DataParallelRules:
     """(N, N_e): the shard groups of the non-expert and expert states (states.py)."""
     extra_parameter_bytes: tuple[float, ...] = ()
     """Per stage: FP8 weight copies and scales (zero < 3)."""
+    sync_once: bool = False
+    """ZeRO-3: gradients accumulate unsharded over the micro-batches and are reduced once, at
+    each unit's last backward (``parallel.fsdp.grad_sync: step``,
+    :func:`collsim.parallel.fsdp.grad_sync_of`); a unit is not resharded after a backward
+    before then."""
     _units: dict[tuple[int, str | int, str], Any] = field(
         default_factory=dict, compare=False, repr=False
     )
@@ -174,6 +180,9 @@ class DataParallelRules:
             gather_element_bytes=1.0 if par.fsdp.fp8_all_gather else 0.0,
             shard_sizes=(n, n_e),
             extra_parameter_bytes=extra,
+            sync_once=par.zero == 3
+            and plan.num_microbatches > 1
+            and grad_sync_of(par, plan.training) == "step",
         )
 
     # ---- sizes ---------------------------------------------------------------------------------
@@ -243,6 +252,12 @@ class DataParallelRules:
         params = part(b.param, 3)
         grads = part(b.grad, 2)
         states = part(b.optimizer, 1)
+        if self.sync_once:
+            # the unsharded accumulators of every FSDP-managed part, for the whole step; a
+            # part with a shard group of one is left out of FSDP (NeMo Automodel passes the
+            # experts as ignored_params when they are not sharded, nemo_automodel/components/
+            # moe/parallelizer.py apply_fsdp at 005f663) and keeps its plain gradient
+            grads += (dense * (n > 1) + expert * (n_e > 1)) * self.reduce_bytes
         if self.extra_parameter_bytes:
             params += self.extra_parameter_bytes[stage.stage]
         if self.offload:
@@ -361,7 +376,11 @@ class DataParallelRules:
         return float(self._unit(chunk, key, "numel")) * self.gather_bytes_per
 
     def grad_bytes(self, chunk: ChunkModel, key: str | int) -> float:
-        """Memory of a unit's unsharded gradient before its reduce-scatter (reduce dtype)."""
+        """Memory of a unit's unsharded gradient before its reduce-scatter (reduce dtype); 0
+        when the gradients accumulate all step (:attr:`sync_once`: counted in
+        :meth:`state_bytes`)."""
+        if self.sync_once:
+            return 0.0
         return float(self._unit(chunk, key, "numel")) * self.reduce_bytes
 
     def unit_gathers(self, chunk: ChunkModel, key: str | int) -> list[DPCall]:
@@ -379,12 +398,20 @@ class DataParallelRules:
         reduce-scatter (FSDP CPU offload), else 0."""
         return size_bytes / self.shard_sizes[0] / self.host_bps if self.offload else 0.0
 
-    def releases(self, chunk: ChunkModel, seg: Segment, *, forward: bool) -> bool:
-        """Is the unit of ``seg`` released after it (resharded, and reduced in backward)?"""
+    def releases(
+        self, chunk: ChunkModel, seg: Segment, *, forward: bool, microbatch: int | None = None
+    ) -> bool:
+        """Is the unit of ``seg`` released after it (resharded, and reduced in backward)?
+        With :attr:`sync_once` a backward releases only in the last micro-batch (``None``:
+        taken as the last)."""
         ukey = self.unit_key(chunk, seg)
         if ukey == "root" and (forward or seg.key != "embedding"):
             return False  # the root stays gathered until its last backward segment
-        return not (forward and not self.reshard_after_forward)
+        if forward:
+            return self.reshard_after_forward
+        return not (
+            self.sync_once and microbatch is not None and microbatch < self.num_microbatches - 1
+        )
 
     @property
     def reduces_units(self) -> bool:

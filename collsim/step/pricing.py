@@ -136,14 +136,15 @@ class SegmentPrices:
         self,
         plan: Plan,
         pricer: ClosedPricer,
-        slowdown: Callable[[str, float, str], float] | None = None,
+        slowdown: Callable[[str, float, str, int | None], float] | None = None,
     ) -> None:
         self.plan = plan
         self.pricer = pricer
         self.slowdown = slowdown
-        """(op, busbw, axis) -> the factor on the compute beside an overlapped step while its
-        collective runs (``StepSchedule.overlap_factor``); None: no slowdown."""
-        self._factors: dict[tuple[int, str, str, float], float] = {}
+        """(op, busbw, axis, SMs held or None) -> the factor on the compute beside an
+        overlapped step while its collective runs (``StepSchedule.overlap_factor``); None: no
+        slowdown."""
+        self._factors: dict[tuple[int, str, str, float, int | None], float] = {}
         self._groups: dict[tuple[int, str], tuple[int, ...]] = {}
         self._step: dict[tuple[int, str, str, float], float] = {}
         self._seg: dict[tuple[int, int], dict[str, float]] = {}
@@ -180,11 +181,11 @@ class SegmentPrices:
         (1 for other steps, or without a slowdown), at the collective's closed-form busbw."""
         if self.slowdown is None or not step.op or step.overlap_s <= 0:
             return 1.0
-        key = (rank, step.axis, step.op, step.size_bytes)
-        hit = self._factors.get(key)
+        fkey = (rank, step.axis, step.op, step.size_bytes, step.sms)
+        hit = self._factors.get(fkey)
         if hit is None:
             busbw = self.pricer.cost(step.op, step.size_bytes, self.step_group(rank, step))
-            hit = self._factors[key] = self.slowdown(step.op, busbw.busbw_bps, step.axis)
+            hit = self._factors[fkey] = self.slowdown(step.op, busbw.busbw_bps, step.axis, step.sms)
         return hit
 
     def step_s(self, rank: int, step: Step) -> float:

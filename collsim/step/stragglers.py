@@ -16,7 +16,7 @@ D1) found the worst 10 % of straggling jobs slowed >= 1.27x, 10.4 % of GPU-hours
 Llama 3 saw a diurnal 1-2 % throughput variation from temperature and DVFS (D2), i.e. a clock
 factor of 0.98-0.99 on the hottest GPUs.
 
-How the engine plays them (:mod:`collsim.play.engine.core`, the rule is documented there): a rank's
+How the engine plays them (docs/derivations.md, ``collsim.play.engine.core``): a rank's
 compute steps (and its optimizer step) last ``1 / clock_factor`` as long (a rank on a slow node
 and itself slow multiplies both factors); a tensor-parallel group runs at the pace of its slowest
 member, since every layer ends in a blocking TP collective that waits for it; a degraded link's

@@ -24,7 +24,7 @@ from collsim.play.engine import simulate_step
 from collsim.play.walk import estimate_step
 from collsim.study.goodput.costs import checkpoint_state, job_costs
 from collsim.study.goodput.estimate import estimate_goodput
-from collsim.study.goodput.fleets import at_rate, levels
+from collsim.study.goodput.fleets import at_rate, find_fleets, levels
 from collsim.study.limits import check_scenario
 from collsim.study.scenario import Scenario, load_scenario, scenario_from_doc
 
@@ -54,6 +54,7 @@ __all__ = [
     "run_job",
     "scenario_costs",
     "job_goodput",
+    "scenario_goodput",
     "require_reliability",
     "job_at_rate",
     "job_fleet_goodput",
@@ -286,6 +287,36 @@ def job_goodput(
     if not monte_carlo:
         return estimate_goodput(costs, scenario.reliability, days=run_days, monte_carlo=False)
     return estimate_goodput(costs, scenario.reliability, days=run_days, runs=runs, seed=seed)
+
+
+def scenario_goodput(
+    scenario: str | Path | Scenario | Mapping[str, Any],
+    overrides: Overrides = None,
+    *,
+    days: float | None = None,
+    runs: int = DEFAULT_RUNS,
+    seed: int = 0,
+    monte_carlo: bool = True,
+    limits: Limits | None = None,
+    fleet: str | None = None,
+) -> GoodputResult:
+    """The goodput of ``scenario`` as ``collsim goodput`` computes it: the scenario loaded and
+    checked for a reliability section before its step is simulated, then :func:`job_goodput`;
+    ``fleet`` (a published fleet's name or a YAML file of one fleet) puts the plan at that
+    fleet's failure rate, as ``collsim goodput --fleet``.
+
+    Raises:
+        ConfigError: bad input, no reliability section, or a fleet that is not one fleet.
+    """
+    fleets = find_fleets(fleet) if fleet is not None else []
+    if len(fleets) > 1:
+        raise ConfigError(f"{fleet} holds {len(fleets)} fleets; give one", key_path="fleet")
+    loaded = load(scenario, overrides)
+    require_reliability(loaded)
+    job = run_job(loaded, limits=limits)
+    if fleets:
+        job = job_at_rate(job, fleets[0].per_1000_node_days)
+    return job_goodput(job, days=days, runs=runs, seed=seed, monte_carlo=monte_carlo)
 
 
 def require_reliability(scenario: Scenario) -> None:

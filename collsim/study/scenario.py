@@ -5,19 +5,16 @@ Derivations, measurements and sources: docs/derivations.md, ``collsim.study.scen
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-import yaml
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from collsim.cluster.hardware import get_device, list_devices
 from collsim.cluster.topology import load_topology
-from collsim.core.errors import ConfigError, ConfigErrors
+from collsim.core.errors import ConfigError
 from collsim.core.schema import (
     Either,
     ListOf,
@@ -34,10 +31,11 @@ from collsim.core.schema import (
     values_of,
 )
 from collsim.core.vocab import Optimizer, RankOrder
-from collsim.core.yamlio import ConfigReader, YamlDoc, load_yaml, non_negative, positive
+from collsim.core.yamlio import ConfigReader, YamlDoc, load_yaml
 from collsim.parallel.config import (
     DISPATCHERS,
     EP_OVERLAP_MODES,
+    GRAD_SYNCS,
     PIPELINE_SPLITS,
     REDUCE_DTYPES,
     ROUTINGS,
@@ -54,8 +52,10 @@ from collsim.parallel.config import (
     ScheduleKind,
     TrainingConfig,
 )
+from collsim.parallel.tp_overlap import TP_OVERLAP_MODES
 from collsim.step.stragglers import STRAGGLERS, read_stragglers
-from collsim.study.goodput.config import COMPONENTS, read_reliability
+from collsim.study.goodput.config import RELIABILITY, read_reliability
+from collsim.study.overrides import Override, apply_overrides, locate, parse_override
 from collsim.workload import TransformerSpec, get_preset
 from collsim.workload.hf_config import spec_from_hf_config
 from collsim.workload.model import _NORMS, _POSITIONS, _ROUTERS, preset_names
@@ -76,51 +76,10 @@ __all__ = [
 ]
 
 KeyPath = tuple[str, ...]
-
-#: The ``model`` section's integer keys: scenario key -> (TransformerSpec field, description,
-#: whether 0 is allowed). The reader and the description (:data:`SCENARIO`) both follow it.
-MODEL_SHAPE_KEYS: dict[str, tuple[str, str, bool]] = {
-    "layers": ("num_layers", "Transformer layers.", False),
-    "hidden": ("hidden", "Hidden size (model width).", False),
-    "heads": ("num_heads", "Attention heads.", False),
-    "kv_heads": (
-        "num_kv_heads",
-        "Key/value heads (grouped-query attention; default = heads).",
-        False,
-    ),
-    "ffn_hidden": ("ffn_hidden", "MLP inner size (default 4 x hidden without a preset).", False),
-    "seq_len": ("seq_len", "Sequence length in tokens.", False),
-    "vocab": ("vocab", "Vocabulary size.", False),
-    "head_dim": ("head_size", "Head size when not hidden / heads.", False),
-    "q_lora_rank": ("q_lora_rank", "MLA query low-rank size.", False),
-    "kv_lora_rank": ("kv_lora_rank", "MLA key/value low-rank size.", False),
-    "qk_nope_head_dim": ("qk_nope_head_dim", "MLA query/key head size without rotary part.", False),
-    "qk_rope_head_dim": ("qk_rope_head_dim", "MLA rotary part of the query/key head.", True),
-    "v_head_dim": ("v_head_dim", "MLA value head size.", False),
-    "sliding_window": ("sliding_window", "Sliding-window attention span, tokens.", False),
-    "experts": ("num_experts", "Routed experts per MoE layer (0 = dense).", True),
-    "top_k": ("moe_top_k", "Experts each token is routed to.", False),
-    "shared_experts": ("num_shared_experts", "Shared experts per MoE layer.", True),
-    "expert_ffn_hidden": ("moe_ffn_hidden", "Inner size of a routed expert.", False),
-    "shared_expert_ffn_hidden": (
-        "shared_expert_ffn_hidden",
-        "Inner size of a shared expert.",
-        False,
-    ),
-    "first_k_dense": ("first_k_dense", "Leading dense layers before the MoE layers.", True),
-}
-
-#: scenario key -> TransformerSpec field, for the ``model`` section's integer keys.
-MODEL_KEYS: dict[str, str] = {key: field for key, (field, _, _) in MODEL_SHAPE_KEYS.items()}
-
-_FIELD_TO_KEY = {attr: key for key, attr in MODEL_KEYS.items()}
-_FIELD_TO_KEY["sliding_window_layers"] = "sliding_window_layers"
-_FIELD_TO_KEY["capacity_factor"] = "capacity_factor"
+T = TypeVar("T")
 
 #: ``model.sliding_window_layers`` words (or a list of layer indices).
 WINDOW_LAYER_CHOICES = ("all", "even", "odd")
-
-_REQUIRED_WITHOUT_PRESET = ("layers", "hidden", "heads", "seq_len", "vocab")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -148,14 +107,6 @@ class ClusterSpec:
         return load_topology(self.topology, nodes=self.nodes, device=device)
 
 
-@dataclass(frozen=True, slots=True)
-class _Override:
-    text: str
-    """``key.path=value`` as typed."""
-    path: KeyPath
-    value: Any
-
-
 @dataclass(frozen=True, kw_only=True)
 class Scenario:
     """A loaded scenario: each section built into its own config object."""
@@ -172,7 +123,7 @@ class Scenario:
     source: Path | None = None
     """The scenario file (None when built from a string)."""
     doc: YamlDoc | None = field(default=None, repr=False, compare=False)
-    overrides: tuple[_Override, ...] = field(default=(), repr=False, compare=False)
+    overrides: tuple[Override, ...] = field(default=(), repr=False, compare=False)
 
     def locate(self, error: ConfigError) -> ConfigError:
         """Add the file and line (or the ``--set`` it came from) to an error raised later.
@@ -182,94 +133,7 @@ class Scenario:
         """
         if self.doc is None:
             return error
-        return _locate(error, self.doc, self.overrides)
-
-
-# -- overrides ---------------------------------------------------------------------------------
-
-
-def parse_override(text: str) -> _Override:
-    """Parse one ``--set key.path=value``; the value is read as a YAML scalar or flow value.
-
-    Raises:
-        ConfigError: no ``=``, an empty key, or a value that is not valid YAML.
-    """
-    where = f"--set {text}"
-    key, sep, raw = text.partition("=")
-    key = key.strip()
-    if not sep or not key:
-        raise ConfigError("expected KEY.PATH=VALUE, e.g. parallel.tp=4", file=where)
-    parts = tuple(p.strip() for p in key.split("."))
-    if any(not p for p in parts):
-        raise ConfigError("empty part in key path", key_path=key, file=where)
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError as exc:
-        problem = getattr(exc, "problem", None) or "invalid YAML"
-        raise ConfigError(
-            f"cannot parse value {raw!r}: {problem}", key_path=key, file=where
-        ) from None
-    if value is None:
-        raise ConfigError("missing value (use KEY.PATH=VALUE)", key_path=key, file=where)
-    return _Override(text=text, path=parts, value=value)
-
-
-def apply_overrides(data: dict[str, Any], overrides: Sequence[_Override]) -> dict[str, Any]:
-    """A deep copy of ``data`` with each override written at its key path.
-
-    Missing intermediate sections are created (``--set parallel.ddp.overlap=false`` works without
-    a ``ddp`` section); keys nobody knows are rejected later by the reader, at ``--set``.
-
-    Raises:
-        ConfigError: an override walks into a value that is not a mapping.
-    """
-    out = copy.deepcopy(data)
-    for override in overrides:
-        node: Any = out
-        for i, part in enumerate(override.path[:-1]):
-            child = node.get(part)
-            if child is None:
-                child = node[part] = {}
-            if not isinstance(child, dict):
-                raise ConfigError(
-                    f"{'.'.join(override.path[: i + 1])} is not a section",
-                    key_path=".".join(override.path),
-                    file=f"--set {override.text}",
-                )
-            node = child
-        node[override.path[-1]] = override.value
-    return out
-
-
-# -- locating errors ---------------------------------------------------------------------------
-
-
-def _split(key_path: str | None) -> KeyPath:
-    return tuple(key_path.split(".")) if key_path else ()
-
-
-def _locate(error: ConfigError, doc: YamlDoc, overrides: Sequence[_Override]) -> ConfigError:
-    if isinstance(error, ConfigErrors):
-        return ConfigErrors([_locate(e, doc, overrides) for e in error.errors])
-    path = _split(error.key_path)
-    # The last override that set the key (or a section above it) wins. An error in a
-    # section the file does not have belongs to the override that created the section.
-    for override in reversed(overrides):
-        n = len(override.path)
-        created = any(
-            path[:k] == override.path[:k] and path[:k] not in doc.lines
-            for k in range(1, min(len(path), n) + 1)
-        )
-        if path[:n] == override.path or created:
-            return error.at(key_path=error.key_path, file=f"--set {override.text}", line=None)
-    if error.file is not None and error.file != doc.file:
-        return error
-    line = doc.line_of(path) if path else None
-    return error.at(
-        key_path=error.key_path,
-        file=doc.file,
-        line=error.line if error.line is not None else line,
-    )
+        return locate(error, self.doc, self.overrides)
 
 
 # -- loading -----------------------------------------------------------------------------------
@@ -304,14 +168,14 @@ def scenario_from_doc(
         raise ConfigError("a scenario must be a mapping of sections", file=doc.file, line=1)
     data = apply_overrides(doc.data, parsed)
     view = YamlDoc(data=data, file=doc.file, lines=doc.lines)
-    raise_errors([_locate(e, view, parsed) for e in check(view, SCENARIO)])  # all at once
+    raise_errors([locate(e, view, parsed) for e in check(view, SCENARIO)])  # all at once
     try:
         return _read(view, parsed, source)
     except ConfigError as exc:
-        raise _locate(exc, view, parsed) from None
+        raise locate(exc, view, parsed) from None
 
 
-def _read(doc: YamlDoc, overrides: tuple[_Override, ...], source: Path | None) -> Scenario:
+def _read(doc: YamlDoc, overrides: tuple[Override, ...], source: Path | None) -> Scenario:
     root = ConfigReader(doc.data, doc=doc)
     default_name = source.stem if source is not None else "scenario"
     name = root.get("name", str, default=default_name)
@@ -319,8 +183,8 @@ def _read(doc: YamlDoc, overrides: tuple[_Override, ...], source: Path | None) -
     model = _read_model(root.section("model"), name, source)
     training = _read_training(root.section("training"))
     parallel = _read_parallel(root.section("parallel", default_empty=True))
-    reliability = _read_reliability(root)
-    stragglers = _read_stragglers(root)
+    reliability = _read_optional(root, "reliability", read_reliability)
+    stragglers = _read_optional(root, "stragglers", read_stragglers)
     root.finish()
     kernel = training.attention_kernel
     if kernel is not None and (kernel != "eager") != model.flash_attention:
@@ -340,21 +204,11 @@ def _read(doc: YamlDoc, overrides: tuple[_Override, ...], source: Path | None) -
     )
 
 
-def _read_reliability(root: ConfigReader) -> ReliabilityConfig | None:
-    """The optional ``reliability`` section (:func:`collsim.study.goodput.read_reliability`)."""
-    if root.get("reliability", dict, default=None) is None:
+def _read_optional(root: ConfigReader, key: str, read: Callable[[ConfigReader], T]) -> T | None:
+    """An optional section (``reliability``, ``stragglers``) built by its module's reader."""
+    if root.get(key, dict, default=None) is None:
         return None
-
-    return read_reliability(root.section("reliability"))
-
-
-def _read_stragglers(root: ConfigReader) -> StragglerConfig | None:
-    """The optional ``stragglers`` section, read by
-    :func:`collsim.step.stragglers.read_stragglers`."""
-    if root.get("stragglers", dict, default=None) is None:
-        return None
-
-    return read_stragglers(root.section("stragglers"))
+    return read(root.section(key))
 
 
 def _read_cluster(reader: ConfigReader, source: Path | None) -> ClusterSpec:
@@ -375,70 +229,35 @@ def _resolve_topology(spec: str, source: Path | None) -> str:
     return str(beside) if beside.exists() else spec
 
 
-def _window_layers(reader: ConfigReader, values: dict[str, Any], base: Any) -> None:
-    """``sliding_window_layers``: all | even | odd | a list of layer indices."""
-    raw = reader.get("sliding_window_layers", (str, list), default=None)
-    if raw is None:
-        return
-    layers = values.get("num_layers", base.num_layers if base is not None else 0)
-    if isinstance(raw, str):
-        choice = raw.lower()
-        if choice == "all":
-            values["sliding_window_layers"] = None
-        elif choice in ("even", "odd"):
-            values["sliding_window_layers"] = tuple(range(0 if choice == "even" else 1, layers, 2))
-        else:
-            raise reader.error(
-                f"must be all, even, odd or a list of layer indices; got {raw!r}",
-                "sliding_window_layers",
-            )
-        return
-    if not all(isinstance(i, int) and not isinstance(i, bool) for i in raw):
-        raise reader.error(f"must list integer layer indices, got {raw!r}", "sliding_window_layers")
-    values["sliding_window_layers"] = tuple(raw)
-
-
-def _read_hf_base(reader: ConfigReader, source: Path | None) -> Any:
-    path = reader.get("hf_config", str, default=None)
-    if path is None:
-        return None
-    p = Path(path)
-    if not p.is_absolute() and source is not None and (source.parent / p).exists():
-        p = source.parent / p
-    seq = reader.data.get("seq_len") if isinstance(reader.data.get("seq_len"), int) else None
-    return spec_from_hf_config(p, seq_len=seq)
-
-
 def _read_model(
     reader: ConfigReader, scenario_name: str, source: Path | None = None
 ) -> TransformerSpec:
-    preset_name = reader.get("preset", str, default=None)
+    values = read_described(reader, _MODEL)
+    preset_name = values.pop("preset", None)
+    hf_config = values.pop("hf_config", None)
+    window = values.pop("sliding_window_layers", None)
     base = None
     if preset_name is not None:
-        if reader.has("hf_config"):
+        if hf_config is not None:
             raise reader.error("give model.preset or model.hf_config, not both", "hf_config")
         try:
             base = get_preset(preset_name)
         except ConfigError as exc:
             raise reader.error(exc.message, "preset") from None
-    else:
-        base = _read_hf_base(reader, source)
-    values: dict[str, Any] = {}
-    for key, (attr, _, zero_ok) in MODEL_SHAPE_KEYS.items():
-        check = non_negative if zero_ok else positive
-        value = reader.get(key, int, default=None, check=check)
-        if value is not None:
-            values[attr] = value
-        elif base is None and key in _REQUIRED_WITHOUT_PRESET:
-            raise reader.error("missing required key (or give model.preset)", key)
-    # the other scalar keys the description lists are TransformerSpec fields of the same name
-    style = {k: v for k, v in _MODEL.fields.items() if k not in _MODEL_NOT_STYLE}
-    values.update(read_described(reader, Section(fields=style)))
-    if reader.has("capacity_factor"):
-        values["capacity_factor"] = reader.get(
-            "capacity_factor", float, default=None, check=positive
-        )
-    _window_layers(reader, values, base)
+    elif hf_config is not None:
+        path = Path(hf_config)
+        if not path.is_absolute() and source is not None and (source.parent / path).exists():
+            path = source.parent / path
+        base = spec_from_hf_config(path, seq_len=values.get("seq_len"))
+    if reader.has("capacity_factor") and reader.data["capacity_factor"] is None:
+        values["capacity_factor"] = None  # null: dropless, whatever the preset says
+    if isinstance(window, str):  # all | even | odd (else a tuple of layer indices)
+        layers = values.get("num_layers", base.num_layers if base is not None else 0)
+        choice = window.lower()
+        first = 0 if choice == "even" else 1
+        window = None if choice == "all" else tuple(range(first, layers, 2))
+    if reader.has("sliding_window_layers") and reader.data["sliding_window_layers"] is not None:
+        values["sliding_window_layers"] = window
     reader.finish()
     _moe_keys_need_experts(reader, values, base)
 
@@ -506,17 +325,10 @@ def _read_training(reader: ConfigReader) -> TrainingConfig:
 
 def _read_parallel(reader: ConfigReader) -> ParallelConfig:
     kwargs = read_described(reader, _PARALLEL)
-    ep_overlap = reader.get("ep_overlap", (bool, str), default=None)
-    if ep_overlap is not None:
-        kwargs["ep_overlap"] = ep_overlap
-    ddp = reader.section("ddp", default_empty=True)
-    ddp_kwargs = read_described(ddp, _section(_PARALLEL, "ddp"))
-    ddp.finish()
-    fsdp = reader.section("fsdp", default_empty=True)
-    fsdp_kwargs = read_described(fsdp, _section(_PARALLEL, "fsdp"))
-    fsdp.finish()
-    kwargs["ddp"] = DDPConfig(**ddp_kwargs)
-    kwargs["fsdp"] = FSDPConfig(**fsdp_kwargs)
+    for key, build in (("ddp", DDPConfig), ("fsdp", FSDPConfig)):
+        sec = reader.section(key, default_empty=True)
+        kwargs[key] = build(**read_described(sec, _section(_PARALLEL, key)))
+        sec.finish()
     reader.finish()
     return ParallelConfig(**kwargs)
 
@@ -531,104 +343,12 @@ def _section(parent: Section, key: str) -> Section:
 
 _MODEL_SHAPE = ("layers", "hidden", "heads", "seq_len", "vocab")
 
-_RELIABILITY = Section(
-    description="Failure rates, restarts, spares, checkpoints and storage (collsim goodput).",
-    fields={
-        "duration_days": positive_value("number", "Length of the run, days (default 30)."),
-        "detection_s": non_negative_value("number", "Failure to job declared dead, s."),
-        "components": Section(
-            required=True,
-            description="Failure rate per component.",
-            keys=values_of(COMPONENTS),
-            key_rule="unknown component {key!r}; must be one of {choices}",
-            values=Section(
-                nullable=False,
-                description="One failure source.",
-                exactly_one=("mtbf_hours", "per_1000_node_days"),
-                exactly_one_rule="give exactly one of mtbf_hours and per_1000_node_days",
-                fields={
-                    "mtbf_hours": positive_value(
-                        "number", "Mean time between failures per node, h."
-                    ),
-                    "per_1000_node_days": non_negative_value(
-                        "number", "Failures per 1,000 node-days."
-                    ),
-                    "nodes_affected": positive_value("integer", "Nodes one event takes out."),
-                    "replace_fraction": Value(
-                        kind="number",
-                        minimum=0,
-                        maximum=1,
-                        rule="must be in 0..1, got {value}",
-                        description="Share of events whose nodes are swapped for spares.",
-                    ),
-                },
-            ),
-        ),
-        "restart": Section(
-            description="What a restart costs beside loading the checkpoint.",
-            fields={
-                "reschedule_s": non_negative_value("number", "Re-allocating and relaunching, s."),
-                "process_start_s": non_negative_value("number", "Process start to first step, s."),
-                "warmup_steps": non_negative_value(
-                    "integer", "Steps after a restart counted as lost."
-                ),
-            },
-        ),
-        "spares": Section(
-            description="The pool of spare nodes.",
-            fields={
-                "nodes": non_negative_value(
-                    "integer", "Spare nodes at the start (default: unlimited)."
-                ),
-                "repair_hours": positive_value(
-                    "number", "A failed node returns after this long, h."
-                ),
-            },
-        ),
-        "checkpoint": Section(
-            description="How and how often the job saves its state.",
-            fields={
-                "interval_s": Either(
-                    description="Training time between checkpoints, s, or auto (the optimum).",
-                    options=(
-                        positive_value(
-                            "number", "Seconds.", rule="must be > 0 or auto, got {value}"
-                        ),
-                        choice_value(
-                            "auto",
-                            ("auto",),
-                            rule="must be a number of seconds or auto, got {value!r}",
-                        ),
-                    ),
-                    rule="must be a number of seconds or auto, got {value!r}",
-                ),
-                "sharded": flag_value("Every rank writes its own shard."),
-                "async": flag_value("Snapshot to host memory, write in the background."),
-                "snapshot_bandwidth_gbps": positive_value(
-                    "number", "Device-to-host copy per GPU, GB/s."
-                ),
-            },
-        ),
-        "storage": Section(
-            required=True,
-            description="The shared storage checkpoints go to.",
-            fields={
-                "write_bandwidth_gbps": positive_value(
-                    "number", "Aggregate write, GB/s.", required=True
-                ),
-                "read_bandwidth_gbps": positive_value(
-                    "number", "Aggregate read, GB/s (default: write)."
-                ),
-                "per_rank_write_bandwidth_gbps": positive_value(
-                    "number", "One writer's bandwidth, GB/s."
-                ),
-                "per_rank_read_bandwidth_gbps": positive_value(
-                    "number", "One reader's bandwidth, GB/s."
-                ),
-            },
-        ),
-    },
-)
+
+def _size(field: str, text: str, zero: bool = False) -> Value:
+    """A ``model`` integer, read into the TransformerSpec field ``field``: > 0 (>= 0 where
+    ``zero``)."""
+    return (non_negative_value if zero else positive_value)("integer", text, field=field)
+
 
 _MODEL = Section(
     required=True,
@@ -643,10 +363,36 @@ _MODEL = Section(
             rule="unknown model preset {value!r}; valid presets: {choices}",
         ),
         "hf_config": text_value("A Hugging Face config.json (relative to the scenario file)."),
-        **{
-            key: (non_negative_value if zero else positive_value)("integer", text)
-            for key, (_, text, zero) in MODEL_SHAPE_KEYS.items()
-        },
+        "layers": _size("num_layers", "Transformer layers."),
+        "hidden": _size("hidden", "Hidden size (model width)."),
+        "heads": _size("num_heads", "Attention heads."),
+        "kv_heads": _size(
+            "num_kv_heads", "Key/value heads (grouped-query attention; default = heads)."
+        ),
+        "ffn_hidden": _size("ffn_hidden", "MLP inner size (default 4 x hidden without a preset)."),
+        "seq_len": _size("seq_len", "Sequence length in tokens."),
+        "vocab": _size("vocab", "Vocabulary size."),
+        "head_dim": _size("head_size", "Head size when not hidden / heads."),
+        "q_lora_rank": _size("q_lora_rank", "MLA query low-rank size."),
+        "kv_lora_rank": _size("kv_lora_rank", "MLA key/value low-rank size."),
+        "qk_nope_head_dim": _size(
+            "qk_nope_head_dim", "MLA query/key head size without rotary part."
+        ),
+        "qk_rope_head_dim": _size(
+            "qk_rope_head_dim", "MLA rotary part of the query/key head.", zero=True
+        ),
+        "v_head_dim": _size("v_head_dim", "MLA value head size."),
+        "sliding_window": _size("sliding_window", "Sliding-window attention span, tokens."),
+        "experts": _size("num_experts", "Routed experts per MoE layer (0 = dense).", zero=True),
+        "top_k": _size("moe_top_k", "Experts each token is routed to."),
+        "shared_experts": _size("num_shared_experts", "Shared experts per MoE layer.", zero=True),
+        "expert_ffn_hidden": _size("moe_ffn_hidden", "Inner size of a routed expert."),
+        "shared_expert_ffn_hidden": _size(
+            "shared_expert_ffn_hidden", "Inner size of a shared expert."
+        ),
+        "first_k_dense": _size(
+            "first_k_dense", "Leading dense layers before the MoE layers.", zero=True
+        ),
         "gated_mlp": flag_value("SwiGLU-style MLP (three matrices)."),
         "norm": choice_value("Normalisation.", values_of(_NORMS)),
         "bias": flag_value("Linear layers carry biases."),
@@ -686,10 +432,13 @@ _MODEL = Section(
     },
 )
 
-_MODEL_NOT_STYLE = {"preset", "hf_config", "capacity_factor", *MODEL_SHAPE_KEYS}
-"""``model`` keys read on their own (the rest are TransformerSpec flags and choices)."""
+_FIELD_TO_KEY = {
+    spec.field: key for key, spec in _MODEL.fields.items() if isinstance(spec, Value) and spec.field
+}
+"""TransformerSpec field -> the ``model`` key it is read from, where the two names differ."""
 
 _TRAINING = Section(
+    builds=TrainingConfig,
     required=True,
     description="Batch, precision, optimizer, recompute, framework stack.",
     fields={
@@ -723,10 +472,15 @@ _TRAINING = Section(
         "fsdp_version": choice_value(
             "torch FSDP 1 or FSDP2.", values_of(STACK_CHOICES["fsdp_version"]), kind="integer"
         ),
+        "fp8_weight_cache": flag_value(
+            "FP8 weights cast once per step (TE is_first_microbatch; stack megatron_te)."
+        ),
+        "fp8_param_gather": flag_value("Weights kept and all-gathered in FP8 (Megatron)."),
     },
 )
 
 _PARALLEL = Section(
+    builds=ParallelConfig,
     description="The parallel plan: TP x CP x PP x DP, EP, schedule, ZeRO, DDP and FSDP knobs.",
     fields={
         "tp": positive_value("integer", "Tensor-parallel degree."),
@@ -766,6 +520,15 @@ _PARALLEL = Section(
         "routing": choice_value("Routing model of the dispatch volumes.", values_of(ROUTINGS)),
         "routing_nodes": positive_value("integer", "M of node_limited routing (DeepSeek-V3: 4)."),
         "dispatch_sms": non_negative_value("integer", "SMs the dispatch kernels hold."),
+        "tp_overlap": Either(
+            options=(
+                flag_value("true: the stack's (torchtitan: async_tp, else userbuffers)."),
+                choice_value("Overlap kind.", values_of(TP_OVERLAP_MODES)),
+            ),
+            description="Overlap the sequence-parallel collectives with the GEMMs in chunks "
+            "(Megatron --tp-comm-overlap userbuffers; torch AsyncTP).",
+            rule="must be true, false, none, userbuffers or async_tp; got {value!r}",
+        ),
         "pipeline_split": choice_value(
             "even (layers must divide) or balanced.", values_of(PIPELINE_SPLITS)
         ),
@@ -777,6 +540,7 @@ _PARALLEL = Section(
         "account_for_embedding": flag_value("The split counts the embedding as a layer."),
         "account_for_loss": flag_value("The split counts the LM head and loss as a layer."),
         "ddp": Section(
+            builds=DDPConfig,
             description="Gradient buckets (torch DDP).",
             fields={
                 "bucket_mb": positive_value("number", "Bucket capacity in MiB."),
@@ -786,6 +550,7 @@ _PARALLEL = Section(
             },
         ),
         "fsdp": Section(
+            builds=FSDPConfig,
             description="ZeRO-3 / FSDP units.",
             fields={
                 "prefetch": non_negative_value("integer", "Units all-gathered ahead."),
@@ -800,6 +565,10 @@ _PARALLEL = Section(
                     fold_case=True,
                 ),
                 "fp8_all_gather": flag_value("All-gather FP8 weights."),
+                "grad_sync": choice_value(
+                    "ZeRO-3 gradients reduced every micro-batch or once per step.",
+                    values_of(GRAD_SYNCS),
+                ),
             },
         ),
     },
@@ -829,7 +598,7 @@ SCENARIO = Section(
         "model": _MODEL,
         "training": _TRAINING,
         "parallel": _PARALLEL,
-        "reliability": _RELIABILITY,
+        "reliability": RELIABILITY,
         "stragglers": STRAGGLERS,
     },
 )

@@ -4,9 +4,10 @@ The file is a mapping of :class:`collsim.study.search.SearchSpace` fields to the
 replaces the axis's values (fewer to restrict, others to extend), a scalar sets a one-value
 field (``max_tp``, ``zero_with_pp``). Each key and value is checked against the field's type and
 the rule of its axis (micro-batches and sizes at least 1, ZeRO stages 0-3, prefetch depths at
-least 0, bucket sizes positive and finite, schedules and recompute modes from the vocabulary,
-lists non-empty without repeats); a broken rule is one :class:`collsim.core.errors.ConfigError`
-naming the file, line, key path and value (exit 2), before any plan is enumerated.
+least 0, bucket sizes positive and finite, schedules, recompute modes, dispatchers and CP
+algorithms from the vocabulary, lists non-empty without repeats); a broken rule is one
+:class:`collsim.core.errors.ConfigError` naming the file, line, key path and value (exit 2),
+before any plan is enumerated.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from collsim.core.errors import ConfigError
-from collsim.core.vocab import RecomputeMode, ScheduleKind
+from collsim.core.vocab import CPAlgorithm, RecomputeMode, ScheduleKind
 from collsim.core.yamlio import load_yaml
+from collsim.parallel.config import DISPATCHERS
 from collsim.study.search import SearchSpace
 
 __all__ = ["read_space"]
@@ -34,7 +36,13 @@ _INT_RANGES: dict[str, tuple[int, int | None]] = {
 def _choices(name: str) -> list[str] | None:
     """The allowed strings of a string axis (None: any)."""
 
-    enums: dict[str, Any] = {"schedules": ScheduleKind, "recomputes": RecomputeMode}
+    enums: dict[str, Any] = {
+        "schedules": ScheduleKind,
+        "recomputes": RecomputeMode,
+        "cp_algorithms": CPAlgorithm,
+    }
+    if name == "dispatchers":
+        return list(DISPATCHERS)
     enum = enums.get(name)
     return None if enum is None else [member.value for member in enum]
 

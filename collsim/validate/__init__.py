@@ -1,17 +1,12 @@
 """The validation harness: run collectives and training steps for real and compare with collsim.
 
-torch is imported inside functions only, so this package (and the core) imports without it.
-
-- :mod:`~collsim.validate.launch`: ranks that cannot hang (spawn + FileStore + watchdog, or
-  torchrun with env://); :class:`~collsim.validate.launch.RankFailure` names the rank.
-- :mod:`~collsim.validate.bench`: nccl-tests-style collective timing with result checks.
-- :mod:`~collsim.validate.dataset`: measured CSV/JSON with metadata; the printed table.
-- :mod:`~collsim.validate.calibrate`: fit a topology (link latency, bandwidth, per-op
-  algorithm, overhead and efficiency) to a measurement through collsim's own cost formula.
-- :mod:`~collsim.validate.compare`: simulate the measured points; errors, summary, plot.
-- :mod:`~collsim.validate.sketch`: DDP and FSDP from scratch with their checks.
-- :mod:`~collsim.validate.step`: real DDP / FSDP-sketch steps of a small GPT, measured and
-  simulated with the engine.
+Four parts (torch is imported inside functions only, so the package imports without it):
+:mod:`~collsim.validate.data` (the measurement vocabulary and its readers: collsim's collective
+CSV, nccl-tests logs, Kineto traces), :mod:`~collsim.validate.measure` (what runs on the ranks:
+the launcher, the collective bench, timed training steps, compute profiles, trace breakdowns),
+:mod:`~collsim.validate.fit` (numerics, per-op and fabric calibration, device profiles from
+traces) and :mod:`~collsim.validate.check` (simulated against measured: collectives, kernels,
+steps, traces).
 """
 
 from __future__ import annotations

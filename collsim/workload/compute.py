@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from collsim.core.errors import ConfigError
 from collsim.core.vocab import Dtype, OpKind, RecomputeMode, parse_enum
+from collsim.workload.fp8 import TE_FP8_OPS, FP8Casts, LinearShape, linear_cast_bytes
 from collsim.workload.kernels import (
     ATTENTION_KERNELS,
     EAGER_PASSES,
@@ -204,6 +205,10 @@ class LayerTimes:
     wgrad_s: float = 0.0
     """The weight-gradient part of ``backward_s``: of each linear's backward, the share of its
     dB GEMM in the two GEMMs' times (what a split backward runs as its weight-gradient op)."""
+    fp8_weights: tuple[float, float, int] = (0.0, 0.0, 0)
+    """With Transformer Engine's FP8 casts (``fp8_casts``): the FP8 weight elements of the
+    block on the rank, (non-expert, routed-expert), and its FP8 linears (their once-per-step
+    casts are priced by the step, :func:`collsim.workload.fp8.weight_cast_bytes_per_step`)."""
 
 
 class ComputeModel:
@@ -226,6 +231,10 @@ class ComputeModel:
         fused_kernels: hand-fused norm / bias-dropout-add / softmax kernels (Megatron, TE,
             apex, or a compiler); False: PyTorch eager op by op (:data:`EAGER_PASSES`).
         causal: causal attention (the fused kernels compute the lower triangle only).
+        fp8_casts: with ``dtype: fp8``, how Transformer Engine quantizes around its FP8
+            linears (:class:`~collsim.workload.fp8.FP8Casts`: experts and MLA projections in
+            FP8, weight casts per step, fused norm quantization); None: torchao's tensorwise
+            casts of every input and weight in every micro-batch (:func:`fp8_cast_bytes`).
 
     Example:
         >>> model = ComputeModel(get_device("a100"), "bf16")            # doctest: +SKIP
@@ -245,8 +254,11 @@ class ComputeModel:
         execution: str = "eager",
         fused_kernels: bool = True,
         causal: bool = True,
+        fp8_casts: FP8Casts | None = None,
     ) -> None:
         self.device = device
+        self.fp8_casts = fp8_casts
+        self._fp8_ops = FP8_LINEAR_OPS if fp8_casts is None else TE_FP8_OPS
         self.dtype: str = parse_enum(Dtype, dtype, key_path="training.dtype").value
         if memory_efficiency is not None and not 0 < memory_efficiency <= 1:
             raise ConfigError(
@@ -406,7 +418,7 @@ class ComputeModel:
 
     def _matmul_cost(self, op: Op, phase: str, flops: float, size: float, backward: bool) -> OpCost:
         gemms = op.backward_gemms if backward else op.gemms
-        fp8 = self.dtype == "fp8" and op.name in FP8_LINEAR_OPS
+        fp8 = self.dtype == "fp8" and op.name in self._fp8_ops
         dtype = self.dtype if fp8 or self.dtype != "fp8" else "bf16"
         time, bound = 0.0, "compute"
         last = 0.0
@@ -421,10 +433,7 @@ class ComputeModel:
         if floor > time:
             time, bound = floor, "memory"
         if fp8:
-            g = op.gemms[0]
-            fwd_bytes, bwd_bytes = fp8_cast_bytes(g.m, g.n, g.k, g.batch)
-            kernels = FP8_CAST_KERNELS[1] if backward else FP8_CAST_KERNELS[0]
-            time += self.memory_time_s(bwd_bytes if backward else fwd_bytes, kernels)
+            time += self._cast_s(op, backward)
         peak = self._peak(dtype)
         return OpCost(
             name=op.name,
@@ -437,6 +446,23 @@ class ComputeModel:
             matmul_efficiency=flops / time / peak,
             wgrad_s=time * share,
         )
+
+    def _cast_s(self, op: Op, backward: bool) -> float:
+        """Seconds of the FP8 casts around one linear in one phase of one micro-batch
+        (:func:`fp8_cast_bytes`, or Transformer Engine's :func:`linear_cast_bytes`: one
+        kernel per quantized tensor, and an amax kernel before each under current scaling)."""
+        g = op.gemms[0]
+        casts = self.fp8_casts
+        if casts is None:
+            fwd_bytes, bwd_bytes = fp8_cast_bytes(g.m, g.n, g.k, g.batch)
+            kernels = FP8_CAST_KERNELS[1] if backward else FP8_CAST_KERNELS[0]
+            return self.memory_time_s(bwd_bytes if backward else fwd_bytes, kernels)
+        shape = LinearShape(op.name, g.m, g.n, g.k, g.batch)
+        fwd_bytes, bwd_bytes = linear_cast_bytes(shape, casts)
+        per = 2 if casts.recipe == "tensorwise" else 1
+        weights = not (casts.weight_cache or casts.param_gather)
+        kernels = per if backward else per * (2 if weights else 1)
+        return self.memory_time_s(bwd_bytes if backward else fwd_bytes, kernels)
 
     def _measured_activation_s(self, op: Op, phase: str) -> float | None:
         """A CPU profile's measured time of the dense MLP activation ``op`` (GELU, or SwiGLU
@@ -572,14 +598,33 @@ class ComputeModel:
             attention_kernel=kernel,
             memory_bound_s=memory_s,
             wgrad_s=wgrad,
+            fp8_weights=self._fp8_weights(ops),
         )
+
+    def _fp8_weights(self, ops: list[Op]) -> tuple[float, float, int]:
+        """(non-expert, routed-expert) FP8 weight elements of ``ops`` and their FP8 linears,
+        with Transformer Engine's casts (zeros otherwise)."""
+        if self.fp8_casts is None or self.dtype != "fp8":
+            return (0.0, 0.0, 0)
+        dense = expert = 0.0
+        count = 0
+        for op in ops:
+            if op.kind is OpKind.MATMUL and op.name in self._fp8_ops and op.gemms:
+                g = op.gemms[0]
+                elements = float(g.batch * g.k * g.n)
+                count += 1
+                if op.name.startswith("expert_"):
+                    expert += elements
+                else:
+                    dense += elements
+        return (dense, expert, count)
 
     def _wgrad_share(self, op: Op) -> float:
         """The weight-gradient GEMM's share of a linear's backward time (dA and dB priced
         apart, each as :meth:`gemm_time_s` prices it)."""
         if len(op.backward_gemms) != 2:
             return 0.5
-        fp8 = self.dtype == "fp8" and op.name in FP8_LINEAR_OPS
+        fp8 = self.dtype == "fp8" and op.name in self._fp8_ops
         dtype = self.dtype if fp8 or self.dtype != "fp8" else "bf16"
         d_input = self.gemm_time_s(op.backward_gemms[0], dtype)[0]
         d_weight = self.gemm_time_s(op.backward_gemms[1], dtype)[0]

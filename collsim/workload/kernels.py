@@ -1,5 +1,6 @@
 """Kernel-level rates per device: attention-kernel tables, achievable memory bandwidth by access
-size, sustained clocks, host overhead, FP8 casts, and measured tables from a device profile.
+size, host overhead and FP8 casts. A device's sustained clock and the tables its profile
+measured are device data (:mod:`collsim.cluster.hardware`, :mod:`collsim.cluster.kernel_tables`).
 
 Every figure is from /work/shared/reference/compute.md (section named beside it) unless marked
 ASSUMPTION or FITTED. The compute model (:mod:`collsim.workload.compute`) combines them per op.
@@ -24,13 +25,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
 
+from collsim.cluster.kernel_tables import interp_log_extrapolated
 from collsim.core.errors import ConfigError
-
-if TYPE_CHECKING:
-    from collsim.core.yamlio import ConfigReader
 
 __all__ = [
     "ATTENTION_KERNELS",
@@ -40,11 +37,9 @@ __all__ = [
     "default_attention_kernel",
     "hbm_efficiency",
     "HBM_EFFICIENCY_BY_SIZE",
-    "SUSTAINED_CLOCK_FRACTION",
     "HOST_OVERHEAD_S",
     "EAGER_PASSES",
     "fp8_cast_bytes",
-    "MeasuredTables",
     "GPU_SPREAD",
     "slowest_gpu_factor",
 ]
@@ -129,30 +124,6 @@ def default_attention_kernel(generation: str, fused: bool) -> str:
     return DEFAULT_FUSED_KERNEL.get(generation, "flash2")
 
 
-def _interp_log(xs: Sequence[float], ys: Sequence[float | None], x: float) -> float | None:
-    pts = [(math.log(a), math.log(b)) for a, b in zip(xs, ys, strict=True) if b]
-    if not pts:
-        return None
-    if len(pts) == 1:
-        return math.exp(pts[0][1])
-    lx = math.log(x)
-    if lx <= pts[0][0]:
-        (x0, y0), (x1, y1) = pts[0], pts[1]
-        nearest = y0
-    elif lx >= pts[-1][0]:
-        (x0, y0), (x1, y1) = pts[-2], pts[-1]
-        nearest = y1
-    else:
-        for (x0, y0), (x1, y1) in zip(pts, pts[1:], strict=False):  # noqa: B007 (used after the break)
-            if x0 <= lx <= x1:
-                break
-        nearest = None
-    y = y0 + (y1 - y0) * (lx - x0) / (x1 - x0)
-    if nearest is not None:
-        y = min(max(y, nearest - math.log(2.0)), nearest + math.log(2.0))
-    return math.exp(y)
-
-
 def _row(
     table: dict[tuple[str, str, bool, int], _Row], kernel: str, phase: str, causal: bool, d: int
 ) -> _Row | None:
@@ -162,8 +133,8 @@ def _row(
 def _fa3_causal_ratio(d: int, seq: float) -> float | None:
     """FA3 forward causal / non-causal rate on H100 at head dim ``d`` (2b)."""
     dd = 64 if d < 96 else (128 if d < 192 else 256)
-    c = _interp_log(SEQS, _H100[("flash3", "fwd", True, dd)], seq)
-    n = _interp_log(SEQS, _H100[("flash3", "fwd", False, dd)], seq)
+    c = interp_log_extrapolated(SEQS, _H100[("flash3", "fwd", True, dd)], seq)
+    n = interp_log_extrapolated(SEQS, _H100[("flash3", "fwd", False, dd)], seq)
     return None if c is None or n is None else c / n
 
 
@@ -178,12 +149,12 @@ def _direct(
     """A phase's rate straight from a table, or its non-causal one x FA3's causal ratio."""
     row = _row(table, kernel, phase, causal, d)
     if row is not None:
-        return _interp_log(SEQS, row, seq)
+        return interp_log_extrapolated(SEQS, row, seq)
     if causal:
         row = _row(table, kernel, phase, False, d)
         ratio = _fa3_causal_ratio(d, seq)
         if row is not None and ratio is not None:
-            rate = _interp_log(SEQS, row, seq)
+            rate = interp_log_extrapolated(SEQS, row, seq)
             return None if rate is None else rate * ratio
     return None
 
@@ -203,7 +174,7 @@ def _phase_rate(
     fb = _row(table, kernel, "fb", causal, d)
     if fb is None:
         return None
-    total = _interp_log(SEQS, fb, seq)
+    total = interp_log_extrapolated(SEQS, fb, seq)
     # split fwd+bwd with the same kernel's H100 fwd/bwd ratio (see module docstring)
     f = _direct(_H100, kernel, "fwd", causal, d, seq)
     b = _direct(_H100, kernel, "bwd", causal, d, seq)
@@ -298,31 +269,6 @@ def hbm_efficiency(size_bytes: float, curve: Sequence[tuple[float, float]] | Non
     return pts[-1][1]
 
 
-# ---- clocks, host -------------------------------------------------------------------------
-
-HOPPER_SUSTAINED_CLOCK_FRACTION = 0.735
-"""FITTED (the one constant fitted to reference/training_calibration.csv, to its two H100
-rows): the H100 SXM's sustained SM clock in GEMM-heavy training under its 700 W limit, over
-the boost clock its MAMF burst runs at (1980 MHz), i.e. 1455 MHz. compute.md 1b: "matmuls on
-the H100 are primarily ... power limited"; no sustained-clock figure is published there. Fitted
-with the framework costs, interference and slowest-GPU factor added
-(``validate/probes/compute_calibration.py --loo``: 0.7347 on both rows; 0.7359 / 0.7333 on
-either alone, held-out errors +0.3 % / -0.3 %). It also absorbs whatever else makes those runs
-slower than modelled: the A100 rows, which it does not touch, stay 9-12 % optimistic."""
-
-SUSTAINED_CLOCK_FRACTION: dict[str, float] = {
-    "ampere": 1305.0 / 1410.0,
-    "hopper": HOPPER_SUSTAINED_CLOCK_FRACTION,
-    "blackwell": HOPPER_SUSTAINED_CLOCK_FRACTION,
-    "cdna3": 1.0,
-    "cpu": 1.0,
-    "generic": 1.0,
-}
-"""Generation defaults for ``Device.sustained_clock_fraction`` where a device file gives no
-sustained clock. ampere: the A100 HPL Rpeak clock 1305 of 1410 MHz (compute.md 1b). hopper:
-fitted (above). blackwell: ASSUMPTION, Hopper's (B200 is also power limited: 700 W default of
-1000 W, compute.md 1b). cdna3, cpu: no figure, 1."""
-
 HOST_OVERHEAD_S: dict[str, float] = {"eager": 10e-6, "compiled": 5e-6, "cuda_graphs": 0.0}
 """Host (CPU) time to issue one kernel, per execution mode. ASSUMPTION (no published figure in
 compute.md): PyTorch eager dispatch of one ATen op costs ~10 us of Python + dispatcher time;
@@ -394,169 +340,3 @@ FP8_CAST_KERNELS = (4, 6)
 """Kernels the casts add per linear (forward: amax + cast for each input; backward: amax + cast
 of dC and two transposed casts + the scale update): launch and host costs are charged per
 kernel."""
-
-
-# ---- measured tables (device profiles) -----------------------------------------------------
-
-
-def _log_interp(points: Sequence[tuple[float, float]], x: float) -> float:
-    """``y`` at ``x`` from sorted ``(x, y)`` points, linear in (log x, log y) between them,
-    the end values outside (a measured table is not extrapolated, unlike the published
-    attention tables of :func:`_interp_log`)."""
-    if x <= points[0][0]:
-        return points[0][1]
-    if x >= points[-1][0]:
-        return points[-1][1]
-    for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False):
-        if x0 <= x <= x1:
-            t = (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0)) if x1 > x0 else 0.0
-            return math.exp(math.log(y0) + t * (math.log(y1) - math.log(y0)))
-    return points[-1][1]
-
-
-@dataclass(frozen=True, slots=True)
-class MeasuredTables:
-    """Kernel tables of a device profile (``measured:`` in a device file), written by
-    ``collsim validate compute`` and read by the compute model in place of the catalogue
-    figures where they cover an op:
-
-    - ``gemm``: rows ``[m, n, k, dtype, tflops]`` timed on the device; a GEMM's rate is the
-      rate of the nearest measured shape in log (m, n, k) space of that dtype (no shape of the
-      model being predicted needs to be in the grid);
-    - ``attention``: rows ``[kernel, causal, head_dim, seq, fwd_tflops, bwd_tflops]``, read
-      like the published tables (log-log interpolation in seq, log in head dim);
-    - ``bandwidth``: rows ``[size_bytes, gbps]`` of memory-bound kernels; a kernel's
-      bandwidth is interpolated in log size;
-    - ``optimizer_bytes_per_s``: the measured optimizer step's bytes / time (fused Adam/SGD);
-    - ``launch_us``, ``host_us``: the per-kernel floor and the per-op host cost measured;
-    - ``activation``: rows ``[kind, elements, fwd_gelem_per_s, bwd_gelem_per_s]`` of the MLP
-      activation (``gelu``: exact erf GELU; ``swiglu``: SiLU(a) x b), timed as the eager
-      kernels run it; a rate is interpolated in log elements. Exact GELU is not memory-bound
-      on a CPU (its erf costs tens of instructions per element; docs/derivations.md,
-      measurements).
-    """
-
-    gemm: tuple[tuple[int, int, int, str, float], ...] = ()
-    attention: tuple[tuple[str, bool, int, int, float, float], ...] = ()
-    bandwidth: tuple[tuple[float, float], ...] = ()
-    optimizer_bytes_per_s: float | None = None
-    launch_us: float | None = None
-    host_us: float | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-    activation: tuple[tuple[str, float, float, float], ...] = ()
-
-    @classmethod
-    def from_reader(cls, reader: ConfigReader) -> MeasuredTables:
-        gemm_rows = reader.get("gemm", list, default=[])
-        att_rows = reader.get("attention", list, default=[])
-        bw_rows = reader.get("bandwidth", list, default=[])
-        opt = reader.get("optimizer_bytes_per_s", float, default=None)
-        launch = reader.get("launch_us", float, default=None)
-        host = reader.get("host_us", float, default=None)
-        act_rows = reader.get("activation", list, default=[])
-        extra = dict(reader.get("notes", dict, default={}))
-        extra["concurrent_slowdown"] = reader.get(
-            "concurrent_slowdown",
-            float,
-            default=1.0,
-            check=lambda v: None if v >= 1 else "must be >= 1",
-        )
-        # a profile from before the split measured one mix of both kinds: it serves for both
-        extra["concurrent_memory_slowdown"] = reader.get(
-            "concurrent_memory_slowdown",
-            float,
-            default=extra["concurrent_slowdown"],
-            check=lambda v: None if v >= 1 else "must be >= 1",
-        )
-        reader.finish()
-        try:
-            gemm = tuple(
-                (int(r[0]), int(r[1]), int(r[2]), str(r[3]), float(r[4])) for r in gemm_rows
-            )
-            att = tuple(
-                (str(r[0]), bool(r[1]), int(r[2]), int(r[3]), float(r[4]), float(r[5]))
-                for r in att_rows
-            )
-            bw = tuple(sorted((float(r[0]), float(r[1])) for r in bw_rows))
-            act = tuple(
-                sorted((str(r[0]), float(r[1]), float(r[2]), float(r[3])) for r in act_rows)
-            )
-        except (TypeError, ValueError, IndexError) as exc:
-            raise reader.error(f"malformed table row ({exc})") from None
-        for row in act:
-            if row[1] <= 0 or row[2] <= 0 or row[3] <= 0:
-                raise reader.error(f"activation row {list(row)}: elements and rates must be > 0")
-        return cls(gemm, att, bw, opt, launch, host, dict(extra), act)
-
-    def shared(self, factor: float, memory_factor: float | None = None) -> MeasuredTables:
-        """The tables of a rank that gets 1/``factor`` of the cores the profile was timed on:
-        the compute rates (GEMMs, attention, the activation) divided by ``factor``, the host
-        cost multiplied by it, and the memory-bound rates (bandwidth, optimizer) divided by
-        ``memory_factor`` (default ``factor``)."""
-        mem = factor if memory_factor is None else memory_factor
-        for key, value in (("cpu_share", factor), ("cpu_share_memory", mem)):
-            if value <= 0:
-                raise ConfigError(f"must be > 0, got {value}", key_path=key)
-        return MeasuredTables(
-            gemm=tuple((m, n, k, d, r / factor) for m, n, k, d, r in self.gemm),
-            attention=tuple(
-                (a, c, d, s, f / factor, b / factor) for a, c, d, s, f, b in self.attention
-            ),
-            bandwidth=tuple((x, y / mem) for x, y in self.bandwidth),
-            optimizer_bytes_per_s=None
-            if self.optimizer_bytes_per_s is None
-            else self.optimizer_bytes_per_s / mem,
-            launch_us=None if self.launch_us is None else self.launch_us * factor,
-            host_us=None if self.host_us is None else self.host_us * factor,
-            extra=dict(self.extra, cpu_share=factor, cpu_share_memory=mem),
-            activation=tuple((k, e, f / factor, b / factor) for k, e, f, b in self.activation),
-        )
-
-    def activation_time_s(self, kind: str, elements: float, phase: str) -> float | None:
-        """Seconds of the ``kind`` activation (``gelu`` / ``swiglu``) over ``elements`` in
-        ``phase`` (``forward`` / ``backward``) at the measured rate, interpolated in log
-        elements (the end rates outside the measured range); None: not measured."""
-        rows = [(e, f if phase == "forward" else b) for k, e, f, b in self.activation if k == kind]
-        if not rows or elements <= 0:
-            return None
-        rate = _log_interp(rows, elements)
-        return elements / (rate * 1e9)
-
-    def gemm_rate(self, m: int, n: int, k: int, dtype: str) -> float | None:
-        """FLOP/s of the nearest measured GEMM shape (log distance) of ``dtype``."""
-        rows = [r for r in self.gemm if r[3] == dtype] or [r for r in self.gemm]
-        if not rows:
-            return None
-        lm, ln, lk = math.log(m), math.log(n), math.log(k)
-
-        def dist(r: tuple[int, int, int, str, float]) -> float:
-            return (
-                (math.log(r[0]) - lm) ** 2 + (math.log(r[1]) - ln) ** 2 + (math.log(r[2]) - lk) ** 2
-            )
-
-        best = sorted(rows, key=dist)[:4]
-        # inverse-distance weighting of the nearest four, in log rate
-        weights = [1.0 / (dist(r) + 1e-6) for r in best]
-        lr = sum(w * math.log(r[4]) for w, r in zip(weights, best, strict=True)) / sum(weights)
-        return math.exp(lr) * 1e12
-
-    def bandwidth_bps(self, size_bytes: float) -> float | None:
-        """Bytes/s of a memory-bound kernel moving ``size_bytes`` (log-size interpolation)."""
-        if not self.bandwidth:
-            return None
-        return _log_interp(self.bandwidth, size_bytes) * 1e9
-
-    def attention_rate(
-        self, kernel: str, phase: str, *, causal: bool, head_dim: int, seq_len: int
-    ) -> float | None:
-        """FLOP/s of ``kernel`` in ``phase`` from the measured rows (None: not measured)."""
-        rows = [r for r in self.attention if r[0] == kernel and r[1] == causal]
-        if not rows:
-            rows = [r for r in self.attention if r[0] == kernel]
-        if not rows:
-            return None
-        dims = sorted({r[2] for r in rows})
-        d = min(dims, key=lambda x: abs(math.log(x) - math.log(head_dim)))
-        sel = sorted((r[3], r[4] if phase == "fwd" else r[5]) for r in rows if r[2] == d)
-        rate = _interp_log([s for s, _ in sel], [v for _, v in sel], seq_len)
-        return None if rate is None else rate * 1e12

@@ -32,7 +32,13 @@ from dataclasses import dataclass
 from collsim.core.errors import ConfigError
 from collsim.core.vocab import RecomputeMode
 from collsim.workload.model import TransformerSpec
-from collsim.workload.ops import kept_bytes, layer_ops, parse_recompute
+from collsim.workload.ops import (
+    Op,
+    activation_element_bytes,
+    kept_bytes,
+    layer_ops,
+    parse_recompute,
+)
 
 __all__ = [
     "ModelStateBytes",
@@ -47,7 +53,35 @@ __all__ = [
     "layer_parameters_per_rank",
     "korthikanti_activation_bytes",
     "activation_bytes_per_layer",
+    "FP8_SAVED_INPUT_OPS",
+    "fp8_saved_input_savings",
+    "fp8_layer_savings",
 ]
+
+FP8_SAVED_INPUT_OPS = frozenset(
+    {
+        "qkv_proj",
+        "out_proj",
+        "mlp_up",
+        "mlp_down",
+        "expert_up",
+        "expert_down",
+        "shared_up",
+        "shared_down",
+        "q_down",
+        "q_up",
+        "kv_down",
+        "kv_up",
+    }
+)
+"""Linears Transformer Engine runs under the FP8 recipe in Megatron-Core (its TE linears, the
+MLA projections and ``TEGroupedMLP``'s ``te.GroupedLinear`` experts), whose input it keeps for
+the weight gradient in FP8: ``_Linear.forward`` saves the quantized input with only its
+columnwise (transposed) usage, 1 byte per element, instead of the 16-bit input
+(transformer_engine/pytorch/module/linear.py and grouped_linear.py at d0067d0, ``saved_inputmat``
+after ``update_usage(rowwise_usage=False, columnwise_usage=True)``); ``LayerNormLinear`` keeps
+its quantized ``ln_out`` the same way. The router, attention core, norms, activation
+functions and LM head keep 16-bit tensors."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +104,7 @@ def model_state_bytes(
     dp: int = 1,
     optimizer: str = "adam",
     mixed_precision: bool = True,
+    optimizer_bytes: float | None = None,
 ) -> ModelStateBytes:
     """Bytes of parameters, gradients and optimizer state per GPU (ZeRO table above).
 
@@ -80,6 +115,8 @@ def model_state_bytes(
         optimizer: ``adam`` or ``sgd`` (with momentum).
         mixed_precision: 16-bit parameters and gradients with fp32 master copies (True), or
             everything in fp32 (False).
+        optimizer_bytes: optimizer state per parameter when it is not the table's K (16-bit
+            parameters trained without fp32 master copies: Adam's two moments in 16 bits, 4).
 
     Example:
         >>> model_state_bytes(7e9, zero=0, optimizer="adam", mixed_precision=False).total
@@ -102,6 +139,8 @@ def model_state_bytes(
     else:
         param_b, grad_b = 4.0, 4.0
         state_b = 8.0 if opt == "adam" else 4.0
+    if optimizer_bytes is not None:
+        state_b = optimizer_bytes
     n = float(dp)
     params = param_b / n if zero >= 3 else param_b
     grads = grad_b / n if zero >= 2 else grad_b
@@ -367,6 +406,7 @@ def moe_model_state_bytes(
     edp: int,
     optimizer: str = "adam",
     mixed_precision: bool = True,
+    optimizer_bytes: float | None = None,
 ) -> ModelStateBytes:
     """Model states of one rank of an MoE plan: the ZeRO table applied to each part over the
     group its gradients are reduced in.
@@ -389,11 +429,16 @@ def moe_model_state_bytes(
         >>> moe_model_state_bytes(1e9, 8e9, zero=1, dp_cp=64, edp=1).total / 1e9
         132.1875
     """
-    a = model_state_bytes(
-        dense_params, zero=zero, dp=dp_cp, optimizer=optimizer, mixed_precision=mixed_precision
-    )
-    b = model_state_bytes(
-        expert_params, zero=zero, dp=edp, optimizer=optimizer, mixed_precision=mixed_precision
+    a, b = (
+        model_state_bytes(
+            n_params,
+            zero=zero,
+            dp=group,
+            optimizer=optimizer,
+            mixed_precision=mixed_precision,
+            optimizer_bytes=optimizer_bytes,
+        )
+        for n_params, group in ((dense_params, dp_cp), (expert_params, edp))
     )
     return ModelStateBytes(
         parameters=a.parameters + b.parameters,
@@ -436,6 +481,55 @@ def korthikanti_activation_bytes(
     return sbh * (10 + 24 / t + attention)
 
 
+def fp8_saved_input_savings(ops: Sequence[Op], mode: RecomputeMode, element_bytes: float) -> float:
+    """Bytes an FP8 layer keeps less than :func:`kept_bytes` counts: the saved input of each
+    linear of :data:`FP8_SAVED_INPUT_OPS` is 1 byte per element instead of ``element_bytes``.
+    Nothing under full recompute (a layer then keeps only its input).
+
+    Example:
+        >>> from collsim.workload.model import get_preset
+        >>> ops = layer_ops(get_preset("gpt3-175b"), micro_batch=1, tp=8, dtype="fp8")
+        >>> lin = sum(o.saved[o.name + ".input"] for o in ops if o.name in FP8_SAVED_INPUT_OPS)
+        >>> fp8_saved_input_savings(ops, RecomputeMode.SELECTIVE, 2) == lin / 2
+        True
+    """
+    if mode is RecomputeMode.FULL or element_bytes <= 1:
+        return 0.0
+    share = 1.0 - 1.0 / element_bytes
+    return share * sum(
+        op.saved.get(f"{op.name}.input", 0.0) for op in ops if op.name in FP8_SAVED_INPUT_OPS
+    )
+
+
+def fp8_layer_savings(
+    spec: TransformerSpec,
+    *,
+    micro_batch: int,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+    recompute: str = "none",
+    layer: int | None = None,
+    ep: int = 1,
+    etp: int = 1,
+    cp: int = 1,
+) -> float:
+    """:func:`fp8_saved_input_savings` of one FP8 layer (the arguments of
+    :func:`collsim.workload.ops.layer_ops`): what the step's activation memory keeps less than
+    the 16-bit count."""
+    ops = layer_ops(
+        spec,
+        micro_batch=micro_batch,
+        tp=tp,
+        sequence_parallel=sequence_parallel,
+        dtype="fp8",
+        layer=layer,
+        ep=ep,
+        etp=etp,
+        cp=cp,
+    )
+    return fp8_saved_input_savings(ops, parse_recompute(recompute), activation_element_bytes("fp8"))
+
+
 def activation_bytes_per_layer(
     spec: TransformerSpec,
     *,
@@ -460,6 +554,8 @@ def activation_bytes_per_layer(
     expert outputs for the combine (e R h) and the shared experts' tensors. MLA keeps the
     normed input once, the q and kv latents (and their norm inputs). With CP a rank keeps the
     tensors of its s / cp tokens. ``layer`` picks the layer kind (None: the most common).
+    With ``dtype: fp8`` the inputs of the FP8 linears are kept in 1 byte
+    (:func:`fp8_saved_input_savings`).
     """
     ops = layer_ops(
         spec,
@@ -472,4 +568,8 @@ def activation_bytes_per_layer(
         etp=etp,
         cp=cp,
     )
-    return kept_bytes(ops, parse_recompute(recompute))[0]
+    mode = parse_recompute(recompute)
+    kept = kept_bytes(ops, mode)[0]
+    if str(dtype).lower() == "fp8":
+        kept -= fp8_saved_input_savings(ops, mode, activation_element_bytes(dtype))
+    return kept

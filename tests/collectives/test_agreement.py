@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from collsim.collectives import Algorithm, CollectiveOp, Group, cost, schedule_for, supported
+from collsim.collectives import Algorithm, CollectiveOp, Group, cost, phases_for, supported
 from collsim.core.errors import ConfigError
 from tests.collectives.helpers import run_des, topo
 
@@ -43,7 +43,7 @@ def _cases() -> list[tuple[str, str, str]]:
         for algorithm in supported(op):
             for shape in SHAPES:
                 try:
-                    schedule_for(op, make_group(shape), algorithm)
+                    phases_for(op, make_group(shape), algorithm)
                 except ConfigError:
                     continue  # e.g. halving_doubling on 6 ranks, nvls across nodes
                 cases.append((op.value, algorithm.value, shape))

@@ -13,8 +13,8 @@ from collsim.collectives import (
     cost,
     halving_doubling,
     hierarchical,
+    phases_for,
     ring,
-    schedule_for,
     supported,
     tree,
 )
@@ -102,7 +102,7 @@ def test_des_matches_closed_form_on_random_groups(pair, first: int, count: int, 
         return
     group = Group(topo("dgx_h100", 8), ranks)
     try:
-        schedule_for(op, group, algorithm)
+        phases_for(op, group, algorithm)
     except ConfigError:
         return  # not applicable to this group (asserted elsewhere)
     closed = cost(op, size, group, algorithm)

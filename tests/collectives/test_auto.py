@@ -14,7 +14,7 @@ from collsim.collectives import (
     CollectiveOp,
     Group,
     cost,
-    schedule_for,
+    phases_for,
     supported,
     tuner,
 )
@@ -66,9 +66,7 @@ def test_time_never_decreases_with_size(a: int, b: int, op: str) -> None:
     small, large = sorted((a, b))
     for algorithm in supported(CollectiveOp(op)):
         try:
-            protocols = [
-                t.protocol for t in schedule_for(CollectiveOp(op), group, algorithm).timings
-            ]
+            protocols = [t.protocol for t in phases_for(CollectiveOp(op), group, algorithm).timings]
         except ConfigError:
             continue
         for protocol in protocols:

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from collsim.cluster.topology import Topology, parse_topology
-from collsim.collectives import Algorithm, CollectiveOp, Group, cost, schedule_for
+from collsim.collectives import Algorithm, CollectiveOp, Group, cost, phases_for
 from collsim.collectives.direct import EXACT_PAIRS_UP_TO, all_pairs_load
-from collsim.collectives.schedule import (
+from collsim.collectives.transfers import (
     AGGREGATE_ABOVE,
     Phase,
     aggregate_transfers,
@@ -95,7 +95,7 @@ def test_4096_ranks_closed_form_matches_per_link_expectation() -> None:
     # all_to_all (direct): every rank sends M/n to each of the n - g ranks off its node through
     # its own NIC, and to g - 1 ranks over NVLink; a rail leaf's uplink carries its 32 senders'
     # blocks to every rank outside the leaf group.
-    a2a = schedule_for(CollectiveOp.ALL_TO_ALL, group, Algorithm.DIRECT)
+    a2a = phases_for(CollectiveOp.ALL_TO_ALL, group, Algorithm.DIRECT)
     load = a2a.phases[0].load
     loads = _as_dict(load.link_index, load.link_weight)
     assert loads[t.nic_tx[3][5]] == n - g
@@ -113,7 +113,7 @@ def test_4096_ranks_closed_form_matches_per_link_expectation() -> None:
 
     # all_reduce ring: g rings, each rank sends 2(n-1)/n x M/g per ring; a rank's NVLink tx
     # carries g - 1 rings, each node's NIC k one (ring k leaves the node there).
-    ring = schedule_for(CollectiveOp.ALL_REDUCE, group, Algorithm.RING)
+    ring = phases_for(CollectiveOp.ALL_REDUCE, group, Algorithm.RING)
     share = 2 * (n - 1) / n / g
     assert ring.phase_s_per_byte[0] == pytest.approx(
         share * max(1 / nic_bps, (g - 1) / gpu_bps), rel=1e-12
@@ -123,7 +123,7 @@ def test_4096_ranks_closed_form_matches_per_link_expectation() -> None:
     # 8 x min(40 x 0.85 x 7/8 x 2, 48, 45.5) GB/s x 4096/8190: NVLS-tree.
     auto = cost("all_reduce", size, group)
     assert auto.label == "nvls_tree/simple"
-    nvls_tree = schedule_for(CollectiveOp.ALL_REDUCE, group, Algorithm.NVLS_TREE)
+    nvls_tree = phases_for(CollectiveOp.ALL_REDUCE, group, Algorithm.NVLS_TREE)
     # per GPU port (1 + 1/g) M each way; per NIC and direction 2 M / g in the trees' interior
     assert nvls_tree.phase_s_per_byte[0] == pytest.approx(
         max((1 + 1 / g) / gpu_bps, 2 / g / nic_bps), rel=1e-12
@@ -160,10 +160,10 @@ def test_merging_is_refused_when_it_would_unbalance_a_link() -> None:
     # inter-node edges, so merged flows would share links with unequal bytes.
     t = topo("dgx_h100", 8)
     group = Group.all(t)
-    schedule = schedule_for(CollectiveOp.ALL_REDUCE, group, Algorithm.TREE)
+    schedule = phases_for(CollectiveOp.ALL_REDUCE, group, Algorithm.TREE)
     transfers = schedule.phases[0].transfers
     assert not equal_weights_per_link(aggregate_transfers(transfers), len(t.links))
-    ring = schedule_for(CollectiveOp.ALL_REDUCE, group, Algorithm.RING).phases[0].transfers
+    ring = phases_for(CollectiveOp.ALL_REDUCE, group, Algorithm.RING).phases[0].transfers
     assert equal_weights_per_link(aggregate_transfers(ring), len(t.links))
     assert len(aggregate_transfers(ring)) < len(ring)
 
@@ -171,7 +171,7 @@ def test_merging_is_refused_when_it_would_unbalance_a_link() -> None:
 def test_large_ring_des_merged_within_one_percent() -> None:
     t = topo("dgx_h100", 512)  # 4,096 GPUs: 32,768 ring transfers, merged
     group = Group.all(t)
-    schedule = schedule_for(CollectiveOp.ALL_REDUCE, group, Algorithm.RING)
+    schedule = phases_for(CollectiveOp.ALL_REDUCE, group, Algorithm.RING)
     assert len(schedule.phases[0].transfers) > AGGREGATE_ABOVE
     assert len(schedule.des_transfers(schedule.phases[0])) < len(schedule.phases[0].transfers)
     size = 1 << 30

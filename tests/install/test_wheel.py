@@ -57,7 +57,13 @@ def test_wheel_runs_from_an_empty_folder(tmp_path: Path) -> None:
         [str(py), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], cwd=tmp_path
     ).strip()
     (Path(purelib) / "deps.pth").write_text(sysconfig.get_path("purelib") + "\n")
-    _run([str(py), "-m", "pip", "install", "--no-deps", "--no-index", str(wheels[0])], cwd=tmp_path)
+    # --ignore-installed: an editable install of the checkout, seen through deps.pth, would
+    # otherwise count as "already satisfied" and the wheel would not be installed
+    _run(
+        [str(py), "-m", "pip", "install", "--no-deps", "--no-index", "--ignore-installed"]
+        + [str(wheels[0])],
+        cwd=tmp_path,
+    )
     work = tmp_path / "empty"
     work.mkdir()
     shutil.copy(REPO / "scenarios" / "ddp_gpt3_1.3b.yaml", work / "scenario.yaml")

@@ -9,6 +9,7 @@ import pytest
 from collsim.cluster.topology import load_topology
 from collsim.core.errors import CollsimWarning, ConfigError
 from collsim.parallel.config import ParallelConfig, TrainingConfig
+from collsim.parallel.describe import describe_mapping
 from collsim.parallel.plan import ParallelAxis, build_plan
 from collsim.workload.model import TransformerSpec
 
@@ -111,7 +112,7 @@ def test_mapping_tp_inside_node_pp_then_dp(two_nodes) -> None:
     for axis in ParallelAxis:
         groups = plan.groups(axis)
         assert sorted(r for g in groups for r in g) == list(range(16))
-    text = plan.describe_mapping()
+    text = describe_mapping(plan)
     assert "tp groups: 4 of 4; first [0, 1, 2, 3] on node(s) 0" in text
     assert "dp groups: 8 of 2; first [0, 8] on node(s) 0-1" in text
     assert "stage 1: layers 4-7" in text
@@ -132,7 +133,7 @@ def test_default_mapping_puts_pp_outermost(two_nodes) -> None:
     for axis in ParallelAxis:
         groups = plan.groups(axis)
         assert sorted(r for g in groups for r in g) == list(range(16))
-    text = plan.describe_mapping()
+    text = describe_mapping(plan)
     assert "x 8 GPUs, order tp-cp-ep-dp-pp\nrank = pp_index * 8 + dp_index * 4 + tp_index" in text
     assert "dp groups: 8 of 2; first [0, 4] on node(s) 0" in text
     with pytest.raises(ConfigError, match="must be one of tp-cp-ep-dp-pp, tp-cp-ep-pp-dp") as e:

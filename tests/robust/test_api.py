@@ -128,6 +128,40 @@ def test_goodput_is_what_the_command_computes(tmp_path: Path) -> None:
     assert closed.closed_form.goodput_tokens_per_day == result.closed_form.goodput_tokens_per_day
 
 
+def test_goodput_at_one_fleet_is_what_the_command_computes(tmp_path: Path) -> None:
+    """``fleet=`` puts the plan at that fleet's failure rate, as ``collsim goodput --fleet``:
+    the same JSON; another fleet's rate gives another outcome; a file of two fleets or an
+    unknown name is refused before any work."""
+    import json
+
+    from click.testing import CliRunner
+
+    from collsim.cli import cli
+
+    path = tmp_path / "unit.yaml"
+    path.write_text(GOODPUT)
+    rsc1 = collsim.goodput(path, days=10, runs=100, seed=3, fleet="meta_rsc1")
+    out = tmp_path / "g.json"
+    args = ["goodput", str(path), "--days", "10", "--runs", "100", "--seed", "3"]
+    res = CliRunner().invoke(cli, [*args, "--fleet", "meta_rsc1", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    assert data.pop("scenario") == "unit" and data.pop("fleets") == []
+    assert data.pop("fleet")["name"] == "meta_rsc1"
+    assert json.loads(json.dumps(rsc1.to_dict(), default=str)) == data
+    rsc2 = collsim.goodput(path, days=10, runs=100, seed=3, fleet="meta_rsc2")
+    # meta_rsc1 fails 6.50 times per 1,000 node-days, meta_rsc2 2.34 (reliability.md C1)
+    assert rsc1.closed_form.effective_training_time_ratio < (
+        rsc2.closed_form.effective_training_time_ratio
+    )
+    two = tmp_path / "fleets.yaml"
+    two.write_text("fleets:\n  a: {per_1000_node_days: 1}\n  b: {per_1000_node_days: 2}\n")
+    with pytest.raises(ConfigError, match="2 fleets"):
+        collsim.goodput(path, fleet=str(two))
+    with pytest.raises(ConfigError, match="no fleet"):
+        collsim.goodput(path, fleet="nowhere")
+
+
 def test_goodput_needs_a_reliability_section() -> None:
     with pytest.raises(ConfigError, match="reliability"):
         collsim.goodput(DDP)

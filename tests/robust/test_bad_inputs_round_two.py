@@ -322,7 +322,7 @@ def test_bench_ranks_beyond_this_machines_memory() -> None:
 
 
 def test_bench_memory_estimate_follows_the_largest_op() -> None:
-    from collsim.validate.bench import (
+    from collsim.validate.measure.bench import (
         PARENT_BYTES,
         RANK_BASE_BYTES,
         BenchConfig,
@@ -337,7 +337,7 @@ def test_bench_memory_estimate_follows_the_largest_op() -> None:
     )
     base = PARENT_BYTES + 4 * RANK_BASE_BYTES
     # all_reduce holds 1.5 buffers of 256 MiB per rank; the others up to 4 (their outputs and
-    # gloo's copies; 3.55 measured on 4 ranks, collsim.validate.bench._OP_BUFFERS)
+    # gloo's copies; 3.55 measured on 4 ranks, collsim.validate.measure.bench._OP_BUFFERS)
     assert bench_memory_bytes(reduce_only, 4) - base == 4 * (384 * 2**20 + 32 * 2**20)
     assert bench_memory_bytes(every_op, 4) - base == 4 * (1024 * 2**20 + 32 * 2**20)
     assert bench_memory_bytes(every_op, 4) > 4.59 * 2**30  # the measured peak of that run

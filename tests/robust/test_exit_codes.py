@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from collsim import errors
 from collsim.cli import cli, main
-from collsim.validate.launch import RankFailure
+from collsim.core import errors
+from collsim.validate.measure.launch import RankFailure
 
 REPO = Path(__file__).resolve().parents[2]
 DDP = REPO / "scenarios" / "ddp_gpt3_1.3b.yaml"
@@ -114,9 +114,9 @@ def test_the_tree_in_errors_docstring_gives_each_class_its_code() -> None:
 
 def test_nothing_below_the_cli_edge_leaves_the_process() -> None:
     """No SystemExit, click Exit or context exit outside collsim/cli/__init__.py either (the
-    ranks that collsim.validate.launch spawns are processes of their own: they end with
+    ranks that collsim.validate.measure.launch spawns are processes of their own: they end with
     os._exit once their result is written)."""
-    child_exits = {"collsim/validate/launch.py"}
+    child_exits = {"collsim/validate/measure/launch.py"}
     offenders = []
     for path in sorted((REPO / "collsim").rglob("*.py")):
         if path == REPO / "collsim" / "cli" / "__init__.py":

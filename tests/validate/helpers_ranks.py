@@ -71,7 +71,7 @@ def ddp_buckets(ctx: Any, caps_mb: tuple[float, ...]) -> list[int | None]:
     import torch
     from torch.nn.parallel import DistributedDataParallel
 
-    from collsim.validate.step import ddp_bucket_count
+    from collsim.validate.measure.step import ddp_bucket_count
 
     counts = []
     for cap in caps_mb:
@@ -87,7 +87,7 @@ def scheduling(ctx: Any) -> tuple[str, str]:
     """The rank's scheduling policy, and that of a thread it starts (gloo's threads inherit)."""
     import threading
 
-    from collsim.validate.launch import current_scheduling
+    from collsim.validate.measure.launch import current_scheduling
 
     seen: list[str] = []
     thread = threading.Thread(target=lambda: seen.append(current_scheduling()))

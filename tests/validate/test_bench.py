@@ -8,8 +8,14 @@ from pathlib import Path
 import pytest
 
 from collsim.core.errors import ConfigError
-from collsim.validate.bench import OPS, BenchConfig, bus_factor, element_count, sizes_between
-from collsim.validate.dataset import format_table, read_measurements, write_measurements
+from collsim.validate.data.dataset import format_table, read_measurements, write_measurements
+from collsim.validate.measure.bench import (
+    OPS,
+    BenchConfig,
+    bus_factor,
+    element_count,
+    sizes_between,
+)
 
 
 def test_sizes_between_like_nccl_tests() -> None:
@@ -137,7 +143,7 @@ def test_wrong_results_are_counted() -> None:
     """The check can fail: a zeroed output is wrong everywhere."""
     import torch
 
-    from collsim.validate.bench import _OpCase
+    from collsim.validate.measure.bench import _OpCase
 
     case = _OpCase(torch, None, "all_reduce", 64, rank=0, n=2, device="cpu", root=0)
     case.fill_check()
@@ -148,7 +154,7 @@ def test_wrong_results_are_counted() -> None:
 
 def _reference_expected(torch, op: str, count: int, rank: int, n: int, root: int):
     """Every op's expected output made whole, as one formula per op (the check before blocks)."""
-    from collsim.validate.bench import _values
+    from collsim.validate.measure.bench import _values
 
     chunk = count // n if op in ("all_gather", "reduce_scatter", "all_to_all") else count
     match op:
@@ -175,8 +181,8 @@ def test_blocked_check_matches_the_whole_formula(monkeypatch, op: str) -> None:
     buffers of a smaller size are views of the largest size's two buffers."""
     import torch
 
-    from collsim.validate import bench
-    from collsim.validate.bench import _Buffers, _OpCase
+    from collsim.validate.measure import bench
+    from collsim.validate.measure.bench import _Buffers, _OpCase
 
     monkeypatch.setattr(bench, "_CHECK_BLOCK", 7)
     n, rank, count = 3, 1, 60
@@ -204,7 +210,7 @@ def _plain_then_bench(ctx, size_bytes: int, iters: int, config: BenchConfig) -> 
     import torch
     import torch.distributed as dist
 
-    from collsim.validate.bench import bench_rank
+    from collsim.validate.measure.bench import bench_rank
 
     x = torch.zeros(size_bytes // 4)
     for _ in range(2):
@@ -232,7 +238,7 @@ def _plain_then_bench(ctx, size_bytes: int, iters: int, config: BenchConfig) -> 
 
 @pytest.fixture(scope="module")
 def two_rank_bench() -> dict:
-    from collsim.validate.launch import realtime_problem, spawn_ranks
+    from collsim.validate.measure.launch import realtime_problem, spawn_ranks
 
     # Under SCHED_RR where the host allows it: the scheduling noise that makes single timings
     # on two shared cores swing by 2-5x is then gone (validate/README.md).
@@ -276,7 +282,7 @@ def test_bench_busbw_close_to_a_plain_loop(two_rank_bench: dict) -> None:
 
 
 def test_steal_share() -> None:
-    from collsim.validate.bench import _cpu_jiffies, steal_share
+    from collsim.validate.measure.bench import _cpu_jiffies, steal_share
 
     assert steal_share((10, 1000), (40, 2000)) == 0.03
     assert steal_share(None, (40, 2000)) is None

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from collsim.validate.dataset import read_measurements
+from collsim.validate.data.dataset import read_measurements
 
 pytestmark = pytest.mark.torch
 

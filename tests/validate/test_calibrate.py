@@ -10,18 +10,16 @@ import yaml
 from click.testing import CliRunner
 
 from collsim.core.errors import ConfigError
-from collsim.validate.calibrate import (
+from collsim.validate.check.compare import compare, summarize, topology_for
+from collsim.validate.data.dataset import Measurements, read_measurements, write_measurements
+from collsim.validate.fit.calibrate import calibrate, select_rows, write_topology
+from collsim.validate.fit.numerics import (
     KNEE_ALPHA,
-    calibrate,
     f_critical,
     fit_hinge,
     fit_line,
     fit_two_regime,
-    select_rows,
-    write_topology,
 )
-from collsim.validate.compare import compare, summarize, topology_for
-from collsim.validate.dataset import Measurements, read_measurements, write_measurements
 
 # The "true" machine of the synthetic data: 2 ranks over loopback, gloo.
 TRUE_LATENCY_US = 40.0
@@ -303,7 +301,7 @@ def test_holdout_across_runs_judges_the_typical_run(tmp_path: Path) -> None:
 
 
 def test_across_runs_median_and_passing() -> None:
-    from collsim.validate.compare import OpSummary, across_runs
+    from collsim.validate.check.compare import OpSummary, across_runs
 
     def run(n: int, err: float) -> tuple[int, list[OpSummary]]:
         return n, [OpSummary("broadcast", 3, err, err, err), OpSummary("all", 3, err, err, err)]

@@ -59,3 +59,22 @@ def test_bad_algorithm_pin_is_one_line(tmp_path: Path, capsys: pytest.CaptureFix
     assert exc.value.code == 2
     assert (out + err).strip().count("\n") == 0 and "--algorithm" in err
     assert not (tmp_path / "t.yaml").exists()
+
+
+def test_compare_writes_a_plot_only_where_asked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without --plot, validate compare prints its table and writes nothing: no plot beside
+    the measured file, none in the working directory; with --plot, that one file."""
+    data = Path(__file__).resolve().parents[2] / "validate" / "data" / "localhost_gloo_n2.csv"
+    measured = tmp_path / "m.csv"
+    measured.write_bytes(data.read_bytes())
+    main(["validate", "compare", str(measured), "--topology", "localhost"])
+    out, err = capsys.readouterr()
+    assert "median|err|" in out and "# wrote" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.csv"]
+    plot = tmp_path / "out" / "c.svg"
+    plot.parent.mkdir()
+    main(["validate", "compare", str(measured), "--topology", "localhost", "--plot", str(plot)])
+    assert plot.exists() and f"# wrote {plot}" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.csv", "out"]

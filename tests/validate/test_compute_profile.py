@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 from collsim.cluster.hardware import get_device
-from collsim.validate.compute import GEMM_DIMS, cpu_share, write_profile
-from collsim.validate.step import StepConfig, model_spec, simulate_modes
+from collsim.validate.check.step import simulate_modes
+from collsim.validate.measure.compute import GEMM_DIMS, cpu_share, write_profile
+from collsim.validate.measure.step import StepConfig, model_spec
 
 # a synthetic profile: rates that do not depend on shape, so the expected times are by hand
 MEASURED = {
@@ -318,7 +319,7 @@ def test_memory_bound_rates_take_the_memory_slowdown(tmp_path: Path) -> None:
     more than their GEMMs: a profile's ``concurrent_memory_slowdown`` divides the bandwidth
     and optimizer rates, ``concurrent_slowdown`` the compute rates; a profile from before
     the split has one figure, used for both."""
-    from collsim.validate.step import profile_device
+    from collsim.validate.check.step import profile_device
 
     report = _report(2, 2)
     both = dict(MEASURED, concurrent_slowdown=1.05, concurrent_memory_slowdown=1.2)
@@ -345,7 +346,7 @@ def test_cold_gemm_timings_never_reuse_a_slot_until_the_pool_wraps() -> None:
     different result blocks (one cursor for every cold timing): a cursor restarted per
     layout would send each layout's calls to the blocks the previous one just wrote."""
     torch = pytest.importorskip("torch")
-    from collsim.validate import compute
+    from collsim.validate.measure import compute
 
     seen: list[int] = []
 
@@ -370,7 +371,7 @@ def test_the_concurrency_probe_runs_both_kinds_in_process() -> None:
     import threading
 
     torch = pytest.importorskip("torch")
-    from collsim.validate.compute import PROBE_KINDS, _probe_worker, concurrency_slowdown
+    from collsim.validate.measure.compute import PROBE_KINDS, _probe_worker, concurrency_slowdown
 
     threads = torch.get_num_threads()
     try:
@@ -390,7 +391,7 @@ def test_cold_adds_take_new_blocks_and_large_sizes_pools_of_their_own() -> None:
     blocks), and a size whose 4 triples do not fit in the shared pool gets a pool of its own
     rather than one hot triple."""
     torch = pytest.importorskip("torch")
-    from collsim.validate import compute
+    from collsim.validate.measure import compute
 
     outs: dict[int, list[int]] = {}
 

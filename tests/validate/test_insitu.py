@@ -1,5 +1,5 @@
 """The collectives timed in a step's own loop, the topology fitted to them, and the CPU-core
-rules of the simulated step (collsim.validate.insitu, collsim.validate.step)."""
+rules of the simulated step (collsim.validate.measure.insitu, collsim.validate.measure.step)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,14 @@ import pytest
 
 from collsim.cluster.topology import load_topology
 from collsim.step.pricing import ClosedPricer
-from collsim.validate.insitu import insitu_topology, probe_points, probe_summary, sharing_factor
-from collsim.validate.step import StepConfig, on_these_cores, simulate_modes
+from collsim.validate.check.step import on_these_cores, simulate_modes
+from collsim.validate.measure.insitu import (
+    insitu_topology,
+    probe_points,
+    probe_summary,
+    sharing_factor,
+)
+from collsim.validate.measure.step import StepConfig
 
 # What step_rank writes (the figures are made up, sizes are those of the default GPT)
 PROBE: dict[str, Any] = {
@@ -184,7 +190,7 @@ def test_measured_overlap_cost_sets_the_factor() -> None:
 
 
 def test_peer_idle_boost_and_straggler_span() -> None:
-    from collsim.validate.insitu import peer_idle_boost, straggler_span_s
+    from collsim.validate.measure.insitu import peer_idle_boost, straggler_span_s
 
     report = {"world_size": 2, "cpu_count": 2, "threads_per_rank": 1, "sched_autogroup": True}
     assert peer_idle_boost({**report, "local_cpu_share": 1.0}) == 1.0  # its own core already
@@ -202,7 +208,7 @@ def test_profile_path_simulates_straggler_modes_on_the_fitted_topology(tmp_path)
     """With a device profile (compute from the model): the in-situ topology and the copies
     from the profile's memory-bound rate; a ``+straggler`` mode relative to the simulated
     compute of its normal mode."""
-    from collsim.validate.compute import write_profile
+    from collsim.validate.measure.compute import write_profile
 
     # a synthetic profile, rates that do not depend on shape (as in test_compute_profile)
     measured = {

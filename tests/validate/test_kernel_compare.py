@@ -14,13 +14,13 @@ from click.testing import CliRunner
 
 from collsim.cli import cli
 from collsim.cluster.hardware import get_device, load_device_file
-from collsim.validate.compute import (
+from collsim.validate.check.kernels import compare_kernels, summarize
+from collsim.validate.measure.compute import (
     CUDA_ATTENTION_HIDDEN,
     CUDA_ATTENTION_TOKENS,
     attention_shape,
     write_profile,
 )
-from collsim.validate.kernels import compare_kernels, summarize
 from collsim.workload.kernels import hbm_efficiency
 
 REPO = Path(__file__).resolve().parents[2]

@@ -83,9 +83,9 @@ def test_knee_keys_checked(tmp_path: Path, keys: dict, pattern: str) -> None:
 def test_calibration_finds_the_knee_and_predicts_the_held_out_sizes(tmp_path: Path) -> None:
     from collsim.cluster.topology import load_topology
     from collsim.collectives import Group, cost
-    from collsim.validate.calibrate import calibrate, write_topology
-    from collsim.validate.compare import compare, summarize, topology_for
-    from collsim.validate.dataset import read_measurements, write_measurements
+    from collsim.validate.check.compare import compare, summarize, topology_for
+    from collsim.validate.data.dataset import read_measurements, write_measurements
+    from collsim.validate.fit.calibrate import calibrate, write_topology
 
     truth = load_topology(_topology(tmp_path, knee_bytes=KNEE_BYTES, knee_efficiency=0.4))
     rows = []
@@ -162,9 +162,10 @@ def test_a_knee_between_the_fitted_sizes_is_found(tmp_path: Path) -> None:
     the fitted 1 MiB and 4 MiB, is placed within one grid step and the held-out 2 MiB and
     8 MiB points are predicted; pinned to a fitted size it could not be."""
     from collsim.cluster.topology import load_topology
-    from collsim.validate.calibrate import KNEE_GRID_PER_OCTAVE, calibrate, write_topology
-    from collsim.validate.compare import compare, summarize, topology_for
-    from collsim.validate.dataset import read_measurements, write_measurements
+    from collsim.validate.check.compare import compare, summarize, topology_for
+    from collsim.validate.data.dataset import read_measurements, write_measurements
+    from collsim.validate.fit.calibrate import calibrate, write_topology
+    from collsim.validate.fit.numerics import KNEE_GRID_PER_OCTAVE
 
     knee = 1.5 * 2**20
     truth = load_topology(_topology(tmp_path, knee_bytes=knee, knee_efficiency=0.4))
@@ -185,7 +186,7 @@ def test_a_knee_between_the_fitted_sizes_is_found(tmp_path: Path) -> None:
 
 
 def test_knee_candidates() -> None:
-    from collsim.validate.calibrate import knee_candidates
+    from collsim.validate.fit.numerics import knee_candidates
 
     sizes = [2.0**e for e in range(10, 25, 2)]  # 1K, 4K, ..., 16M
     grid = knee_candidates(sizes, per_octave=4)
@@ -197,8 +198,8 @@ def test_knee_candidates() -> None:
 def test_noise_alone_gets_no_knee(tmp_path: Path) -> None:
     from collsim.cluster.topology import load_topology
     from collsim.collectives import Group, cost
-    from collsim.validate.calibrate import calibrate
-    from collsim.validate.dataset import read_measurements, write_measurements
+    from collsim.validate.data.dataset import read_measurements, write_measurements
+    from collsim.validate.fit.calibrate import calibrate
 
     plain = load_topology(_topology(tmp_path))
     rng = random.Random(7)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from collsim.validate.launch import RankFailure, free_port, in_torchrun, spawn_ranks
+from collsim.validate.measure.launch import RankFailure, free_port, in_torchrun, spawn_ranks
 
 pytestmark = pytest.mark.torch
 
@@ -70,7 +70,7 @@ def test_hanging_rank_times_out(tmp_path: Path) -> None:
 
 def test_two_benches_at_once_do_not_collide() -> None:
     """Each run has its own FileStore (no fixed port): two benches at once both succeed."""
-    from collsim.validate.bench import BenchConfig, run_bench
+    from collsim.validate.measure.bench import BenchConfig, run_bench
 
     config = BenchConfig(
         ops=("all_reduce",), sizes_bytes=(4096,), iters=2, warmup=1, probe_backend=False
@@ -163,7 +163,7 @@ def test_ranks_die_with_a_killed_parent(tmp_path: Path) -> None:
     code = (
         "import sys; sys.path.insert(0, %r)\n"
         "import helpers_ranks\n"
-        "from collsim.validate.launch import spawn_ranks\n"
+        "from collsim.validate.measure.launch import spawn_ranks\n"
         "if __name__ == '__main__':\n"
         "    spawn_ranks(helpers_ranks.both_sleep, 2, args=(%r,), timeout_s=600)\n"
         % (str(Path(__file__).parent), str(tmp_path))
@@ -187,7 +187,11 @@ def test_ranks_die_with_a_killed_parent(tmp_path: Path) -> None:
 def test_realtime_ranks_run_under_sched_rr() -> None:
     """``realtime=True``: every rank and the threads it starts run under SCHED_RR; the probe and
     the run leave the launching process's own policy as it was."""
-    from collsim.validate.launch import REALTIME_PRIORITY, current_scheduling, realtime_problem
+    from collsim.validate.measure.launch import (
+        REALTIME_PRIORITY,
+        current_scheduling,
+        realtime_problem,
+    )
 
     before = current_scheduling()
     problem = realtime_problem()
@@ -206,7 +210,7 @@ def test_realtime_refused_is_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Where the host refuses SCHED_RR, ``--realtime`` is a usage error (exit 2) naming why."""
-    import collsim.validate.launch as launch
+    import collsim.validate.measure.launch as launch
     from collsim.cli import main
 
     monkeypatch.setattr(
@@ -222,3 +226,30 @@ def test_realtime_refused_is_one_line(
     assert exc.value.code == 2
     lines = [line for line in (out + err).splitlines() if line.strip()]
     assert len(lines) == 1 and "--realtime" in lines[0] and "not permitted" in lines[0]
+
+
+def test_the_parent_checks_the_backend_without_loading_torch() -> None:
+    """Before local ranks are spawned, the backend is checked in a forked child: the parent,
+    which only watches the ranks, never imports torch (its memory stays out of a bench's
+    peak); a backend the installed torch lacks is still refused there with one line."""
+    repo = Path(__file__).resolve().parents[2]
+    code = (
+        "import sys\n"
+        "from collsim.core.errors import ConfigError\n"
+        "from collsim.validate.measure.launch import check_backend\n"
+        "check_backend('gloo', 2)\n"
+        "assert 'torch' not in sys.modules, 'the parent imported torch'\n"
+        "try:\n"
+        "    check_backend('nccl', 2)\n"
+        "except ConfigError as exc:\n"
+        "    print('refused:', exc)\n"
+        "assert 'torch' not in sys.modules\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(repo))
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert out.returncode == 0, out.stderr
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():  # a CPU-only build has no nccl: refused, naming it
+        assert "refused: --backend: " in out.stdout and "no nccl backend" in out.stdout

@@ -12,7 +12,7 @@ import pytest
 
 from collsim.cli import main
 from collsim.core.errors import ConfigError
-from collsim.validate.dataset import (
+from collsim.validate.data.dataset import (
     COLUMNS,
     Measurements,
     read_measurements,
@@ -122,7 +122,7 @@ def test_holdout_with_unknown_ops_checks_nothing_and_fails(
 
 def test_compare_refuses_non_positive_times_given_in_memory() -> None:
     from collsim.cluster.topology import load_topology
-    from collsim.validate.compare import compare
+    from collsim.validate.check.compare import compare
 
     meas = read_measurements(BENCH)
     for bad in (0.0, -5.0, float("nan")):
@@ -134,7 +134,7 @@ def test_compare_refuses_non_positive_times_given_in_memory() -> None:
 
 
 def test_calibrate_fit_refuses_nan_directly() -> None:
-    from collsim.validate.calibrate import fit_line
+    from collsim.validate.fit.numerics import fit_line
 
     with pytest.raises(ConfigError, match="finite numbers > 0"):
         fit_line([1.0, 2.0, 3.0], [1e-5, float("nan"), 3e-5])

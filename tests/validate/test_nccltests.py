@@ -14,8 +14,8 @@ import pytest
 
 from collsim.cli import main
 from collsim.core.errors import ConfigError
-from collsim.validate.dataset import read_measurements
-from collsim.validate.nccltests import bus_factor, float_str
+from collsim.validate.data.dataset import read_measurements
+from collsim.validate.data.nccltests import bus_factor, float_str
 
 DATA = Path(__file__).resolve().parent / "data"
 LOGS = (

@@ -9,9 +9,11 @@ import sys
 def test_validate_modules_import_without_torch() -> None:
     code = (
         "import sys; sys.modules['torch'] = None\n"  # any 'import torch' now fails
-        "import collsim.validate.launch, collsim.validate.bench, collsim.validate.dataset\n"
-        "import collsim.validate.calibrate, collsim.validate.compare, collsim.validate.sketch\n"
-        "import collsim.validate.step, collsim.cli.validate\n"
+        "import collsim.validate.measure.launch, collsim.validate.measure.bench\n"
+        "import collsim.validate.data.dataset\n"
+        "import collsim.validate.fit.calibrate, collsim.validate.check.compare\n"
+        "import collsim.validate.measure.sketch, collsim.validate.check.step\n"
+        "import collsim.validate.measure.step, collsim.cli.validate\n"
         "from click.testing import CliRunner\n"
         "from collsim.cli import cli\n"
         "r = CliRunner().invoke(cli, ['validate', '--help'])\n"

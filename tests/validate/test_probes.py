@@ -96,9 +96,9 @@ def test_knee_rules_probe() -> None:
 def test_knee_rules_figures_are_holdouts() -> None:
     """The probe's F0.05 figures (its fitted curve) are what ``holdout`` gets from the
     calibrated topology through the simulator, to 0.1 point."""
-    from collsim.validate.calibrate import calibrate, write_topology
-    from collsim.validate.compare import compare, summarize, topology_for
-    from collsim.validate.dataset import read_measurements
+    from collsim.validate.check.compare import compare, summarize, topology_for
+    from collsim.validate.data.dataset import read_measurements
+    from collsim.validate.fit.calibrate import calibrate, write_topology
 
     probe = _knee_rules()
     path = PROBES.parents[0] / "data" / "localhost_gloo_n2.csv"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from collsim.validate.sketch import SketchConfig, check_report, run_sketch
+from collsim.validate.measure.sketch import SketchConfig, check_report, run_sketch
 
 
 @pytest.mark.torch

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from collsim.validate.step import StepConfig, model_spec
+from collsim.validate.measure.step import StepConfig, model_spec
 
 
 def test_model_spec_matches_the_torch_model_size() -> None:
     torch = pytest.importorskip("torch")
-    from collsim.validate.step import build_gpt
+    from collsim.validate.measure.step import build_gpt
 
     cfg = StepConfig(num_layers=2, hidden=64, ffn_hidden=256, vocab=128, seq_len=16)
     model = build_gpt(torch, cfg)
@@ -25,7 +25,8 @@ def test_bad_mode() -> None:
 def test_step_measured_and_simulated(tmp_path) -> None:
     from collsim.cluster.topology import load_topology
     from collsim.play.engine.step import BLOCK_OVERRIDE_KEYS
-    from collsim.validate.step import run_step, simulate_modes
+    from collsim.validate.check.step import simulate_modes
+    from collsim.validate.measure.step import run_step
 
     cfg = StepConfig(
         num_layers=2, hidden=64, ffn_hidden=256, vocab=256, seq_len=16, iters=2, warmup=1
@@ -82,7 +83,7 @@ def test_step_measured_and_simulated(tmp_path) -> None:
     ids=["2-on-2", "2-on-8", "2x2-on-4", "gpu"],
 )
 def test_cores_busy(report: dict, busy: bool) -> None:
-    from collsim.validate.step import cores_busy
+    from collsim.validate.check.step import cores_busy
 
     assert cores_busy(report) is busy
 
@@ -93,7 +94,7 @@ def test_ddp_bucket_count_follows_the_cap() -> None:
     import sys
     from pathlib import Path
 
-    from collsim.validate.launch import spawn_ranks
+    from collsim.validate.measure.launch import spawn_ranks
 
     sys.path.insert(0, str(Path(__file__).parent))
     import helpers_ranks
@@ -106,7 +107,7 @@ def test_ddp_bucket_count_follows_the_cap() -> None:
 def test_ddp_bucket_count_without_the_private_accessor() -> None:
     from types import SimpleNamespace
 
-    from collsim.validate.step import ddp_bucket_count
+    from collsim.validate.measure.step import ddp_bucket_count
 
     assert ddp_bucket_count(SimpleNamespace())[0] is None
     count, reason = ddp_bucket_count(SimpleNamespace(reducer=SimpleNamespace()))
@@ -123,7 +124,7 @@ def test_the_model_starts_from_gpt2_initialisation() -> None:
     import math
 
     torch = pytest.importorskip("torch")
-    from collsim.validate.step import GPT2_INIT_STD, _batch, build_gpt
+    from collsim.validate.measure.step import GPT2_INIT_STD, _batch, build_gpt
 
     cfg = StepConfig()
     torch.manual_seed(0)

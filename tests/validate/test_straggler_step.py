@@ -4,7 +4,7 @@ The recorded runs (``data/straggler_localhost_gloo_n2.json``, written by ``colls
 --world-sizes 2 --topology localhost_gloo_n2 --straggler-rank 1 --straggler-delay-ms 100 --iters
 25 --warmup 3 -o`` on the 2-core development machine, shared with other jobs: see its ``note``)
 are simulated again here, on the topology fitted to the collectives each run timed in its own
-loop (collsim.validate.insitu); the live runs need torch and spawn real ranks.
+loop (collsim.validate.measure.insitu); the live runs need torch and spawn real ranks.
 """
 
 from __future__ import annotations
@@ -15,12 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from collsim.validate.step import (
-    STRAGGLER_SUFFIX,
-    StepConfig,
-    simulate_modes,
-    straggler_ratios,
-)
+from collsim.validate.check.step import simulate_modes, straggler_ratios
+from collsim.validate.measure.step import STRAGGLER_SUFFIX, StepConfig
 
 DATA = Path(__file__).parent / "data" / "straggler_localhost_gloo_n2.json"
 
@@ -86,7 +82,7 @@ def test_recorded_straggler_ratio_is_predicted_within_15_percent() -> None:
 def test_live_straggler_step_is_measured_and_simulated(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     from collsim.cluster.topology import load_topology
-    from collsim.validate.step import run_step
+    from collsim.validate.measure.step import run_step
 
     cfg = StepConfig(
         num_layers=2,
@@ -115,7 +111,7 @@ def test_live_straggler_step_is_measured_and_simulated(tmp_path: Path) -> None:
     topo = load_topology("localhost_gloo_n2", nodes=1, gpus_per_node=2)
     sim = simulate_modes(report, topo, measured_factor=True)
     local = report["local_step_s"]
-    from collsim.validate.insitu import peer_idle_boost, straggler_span_s
+    from collsim.validate.measure.insitu import peer_idle_boost, straggler_span_s
 
     # its measured extra seconds, then its compute, faster once its peer waits (insitu)
     span = straggler_span_s(local, slowed["extra_median_s"], peer_idle_boost(report))
@@ -132,7 +128,7 @@ def test_live_straggler_ratio_within_15_percent() -> None:
     other processes moves it (the recorded runs above, and their note)."""
     pytest.importorskip("torch")
     from collsim.cluster.topology import load_topology
-    from collsim.validate.step import run_step
+    from collsim.validate.measure.step import run_step
 
     cfg = StepConfig(iters=15, warmup=3, modes=("ddp_b1",), straggler_rank=1, straggler_delay_s=0.1)
     report, _ = run_step(cfg, world_size=2, timeout_s=600)

@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from collsim.core.units import parse_size
-from collsim.validate.launch import spawn_ranks
+from collsim.validate.measure.launch import spawn_ranks
 
 MODES = ("alone", "after_compute", "after_compute_and_touch", "alone_again")
 

@@ -115,10 +115,10 @@ def estimate(path: Path) -> dict[str, float]:
 
 def _fit_hopper(train: list[dict[str, str]]) -> float:
     """The Hopper sustained-clock fraction that zeroes the mean wired error of ``train``."""
-    import collsim.workload.kernels as kernels
+    from collsim.cluster import hardware
 
     def mean_error(x: float) -> float:
-        kernels.SUSTAINED_CLOCK_FRACTION["hopper"] = x
+        hardware.SUSTAINED_CLOCK_FRACTION["hopper"] = x
         errs = [
             estimate(ROOT / "scenarios" / "published" / f"{r['id']}.yaml")["wired_tok"]
             / float(r["published_tokens_per_s_per_gpu"])
@@ -141,18 +141,18 @@ def leave_one_out() -> None:
     """Leave-one-out for the one fitted constant (the Hopper sustained clock, fitted to the
     H100 rows): refit on the other H100 row, predict the held-out one. The A100 rows do not
     depend on it, so their held-out error is their in-sample error."""
-    import collsim.workload.kernels as kernels
+    from collsim.cluster import hardware
 
-    fitted = kernels.SUSTAINED_CLOCK_FRACTION["hopper"]
+    fitted = hardware.SUSTAINED_CLOCK_FRACTION["hopper"]
     h100 = [r for r in rows() if "h100" in r["id"]]
     print(f"fit on both H100 rows: {_fit_hopper(h100):.4f} (shipped {fitted})")
     for held in h100:
         train = [r for r in h100 if r is not held]
         x = _fit_hopper(train)
-        kernels.SUSTAINED_CLOCK_FRACTION["hopper"] = x
+        hardware.SUSTAINED_CLOCK_FRACTION["hopper"] = x
         e = estimate(ROOT / "scenarios" / "published" / f"{held['id']}.yaml")
         err = e["wired_tok"] / float(held["published_tokens_per_s_per_gpu"]) - 1
-        kernels.SUSTAINED_CLOCK_FRACTION["hopper"] = fitted
+        hardware.SUSTAINED_CLOCK_FRACTION["hopper"] = fitted
         ins = estimate(ROOT / "scenarios" / "published" / f"{held['id']}.yaml")
         err_in = ins["wired_tok"] / float(held["published_tokens_per_s_per_gpu"]) - 1
         print(

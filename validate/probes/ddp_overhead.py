@@ -18,8 +18,8 @@ import statistics
 import time
 from typing import Any
 
-from collsim.validate.launch import spawn_ranks
-from collsim.validate.step import StepConfig, _batch, _ddp_step, build_gpt
+from collsim.validate.measure.launch import spawn_ranks
+from collsim.validate.measure.step import StepConfig, _batch, _ddp_step, build_gpt
 
 PARTS = ("local", "all_reduce", "ddp")
 

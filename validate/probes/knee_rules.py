@@ -31,8 +31,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from collsim.core.units import parse_size
-from collsim.validate.calibrate import RegimeFit, best_knee, fit_line, fit_two_regime, select_rows
-from collsim.validate.dataset import read_measurements
+from collsim.validate.data.dataset import read_measurements
+from collsim.validate.fit.calibrate import select_rows
+from collsim.validate.fit.numerics import RegimeFit, best_knee, fit_line, fit_two_regime
 
 CHECKED = ("all_reduce", "all_gather", "broadcast")
 #: (sizes in bytes, times in s, relative standard error of each time) -> the fit kept

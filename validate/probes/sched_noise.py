@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from collsim.core.units import parse_size
-from collsim.validate.launch import realtime_problem, spawn_ranks
+from collsim.validate.measure.launch import realtime_problem, spawn_ranks
 
 
 def _rank(ctx: Any, op: str, sizes: list[int], iters: int) -> dict[int, dict[str, list[float]]]:

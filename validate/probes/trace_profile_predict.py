@@ -4,7 +4,7 @@
 
 For each ``runN`` folder under the given one (its ``step_trace_runN.json`` report and its
 ``n2_ddp_b25_rank*.json.gz`` traces): learn a device profile from the world-size-2 DDP trace
-(:func:`collsim.validate.traces.profile.profile_from_traces`), then simulate every mode of every
+(:func:`collsim.validate.fit.trace_profile.profile_from_traces`), then simulate every mode of every
 world size of the run from it, as ``validate step --device-profile`` does, and print the
 error against the measured median beside the error from ``cpu_profile.yaml`` (the
 ``validate compute`` profile of the same runs) when the folder has one. Ends with the median
@@ -22,7 +22,7 @@ from pathlib import Path
 
 def _errors(report: dict, profile: str) -> dict[str, float]:
     from collsim.cluster.topology import load_topology
-    from collsim.validate.step import simulate_modes
+    from collsim.validate.check.step import simulate_modes
 
     n = int(report["world_size"])
     sim = simulate_modes(
@@ -39,8 +39,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("folder", type=Path)
     args = parser.parse_args()
-    from collsim.validate.traces.profile import profile_from_traces, write_trace_profile
-    from collsim.validate.traces.reader import read_traces
+    from collsim.validate.data.kineto import read_traces
+    from collsim.validate.fit.trace_profile import profile_from_traces, write_trace_profile
 
     compute = args.folder / "cpu_profile.yaml"
     table: dict[tuple[int, str, str], list[float]] = {}

@@ -1,6 +1,6 @@
 """How long `collsim validate compute --device cuda` (the full CUDA grid) runs on a GPU.
 
-Counts the timed calls of every grid point (as collsim/validate/compute.py makes them: one
+Counts the timed calls of every grid point (as collsim/validate/measure/compute.py makes them: one
 warm-up and ``reps`` timed calls, each followed by a synchronize; GEMMs in three layouts;
 attention forward, one more forward, then forward + backward) and prices each call with the
 device's compute model (``collsim validate kernels``' own pricing of that kernel), plus a fixed
@@ -23,8 +23,8 @@ from tempfile import TemporaryDirectory
 from typing import Any
 
 from collsim.cluster.hardware import get_device, load_device_file
-from collsim.validate.compute import ComputeGrid, attention_notes, write_profile
-from collsim.validate.kernels import compare_kernels
+from collsim.validate.check.kernels import compare_kernels
+from collsim.validate.measure.compute import ComputeGrid, attention_notes, write_profile
 
 PER_CALL_S = 30e-6
 FIXED_S = 60.0
@@ -46,7 +46,7 @@ def grid_profile(grid: ComputeGrid) -> dict[str, Any]:
     ]
     notes = {"threads": 1, "device": "cuda", "optimizer_params": grid.optimizer_params}
     notes |= attention_notes("cuda")
-    from collsim.validate.compute import attention_shape
+    from collsim.validate.measure.compute import attention_shape
 
     attention = []
     for kern in BACKENDS:

@@ -244,7 +244,7 @@ class DataParallel:
         split backward: the input-gradient op reshards, the weight-gradient op reduces)."""
         phase = op.phase
         forward = phase is Phase.FORWARD
-        if not self.rules.releases(chunk, seg, forward=forward):
+        if not self.rules.releases(chunk, seg, forward=forward, microbatch=op.microbatch):
             return
         ukey = self.rules.unit_key(chunk, seg)
         if phase is Phase.BACKWARD or phase is Phase.BACKWARD_WEIGHT:

@@ -66,14 +66,14 @@ class RankProgram:
     """One simulated rank. The :class:`~collsim.play.engine.core.Engine` wires the streams."""
 
     def __init__(self, engine: Engine, rank: int, stage: StageModel, ops: list[PipeOp]) -> None:
-        self.e = engine
+        self.engine = engine
         self.env: simpy.Environment = engine.env
         self.rank = rank
         self.coords = engine.plan.coords(rank)
         self.stage = stage
         self.ops = ops
         self.ledger = MemoryLedger(rank)
-        self.acct = dict.fromkeys(
+        self.breakdown_s = dict.fromkeys(
             (
                 "compute",
                 "tp_exposed",
@@ -98,11 +98,11 @@ class RankProgram:
 
     # ---- helpers ----------------------------------------------------------------------------
     def _trace(self, stream: str, name: str, start: float, end: float, **args: Any) -> None:
-        if self.e.trace_on:
-            self.e.add_trace(self.rank, stream, name, start, end, args)
+        if self.engine.trace_on:
+            self.engine.add_trace(self.rank, stream, name, start, end, args)
 
     def _seg_tp_s(self, seg: Segment) -> float:
-        return self.e.seg_tp_s(self.rank, seg)
+        return self.engine.seg_tp_s(self.rank, seg)
 
     def _seg_duration(self, seg: Segment) -> float:
         return seg.compute_s + self._seg_tp_s(seg) + seg.framework_s
@@ -111,7 +111,7 @@ class RankProgram:
         """(offset, duration) of the gradient-producing steps of a backward segment."""
         pre = seg.steps[: seg.grad_from]
         post = seg.steps[seg.grad_from :]
-        step_s, rank = self.e.step_s, self.rank
+        step_s, rank = self.engine.step_s, self.rank
         off = sum(step_s(rank, s) for s in pre)
         dur = sum(step_s(rank, s) for s in post)
         return off, dur
@@ -120,10 +120,10 @@ class RankProgram:
         """TP collectives priced inside fused segments, as slices on the tp stream."""
         slices = self._tp_traced.get(cache_key) if cache_key is not None else None
         if slices is None:
-            slices = self.e.tp_slices(self.rank, segs)
+            slices = self.engine.tp_slices(self.rank, segs)
             if cache_key is not None:
                 self._tp_traced[cache_key] = slices
-        add = self.e.add_trace
+        add = self.engine.add_trace
         for start, end, name, args, axis in slices:
             add(self.rank, axis, name, t0 + start, t0 + end, args)
 
@@ -134,15 +134,15 @@ class RankProgram:
         Stays long: one generator on the engine's hot path (every op of every rank passes
         here); each ``yield from`` helper split out would add a generator frame per op.
         """
-        e, env = self.e, self.env
-        e.dp.allocate_states(self)
-        acct = self.acct
-        by_segment = e.zero == 3 or e.layer_mode
+        engine, env = self.engine, self.env
+        engine.dp.allocate_states(self)
+        breakdown_s = self.breakdown_s
+        by_segment = engine.zero == 3 or engine.layer_mode
         chunks = self.stage.chunks
-        paired_ops = e.schedule.paired.get(self.stage.stage, frozenset())
-        inboxes, outboxes = e.routes(self)
+        paired_ops = engine.schedule.paired.get(self.stage.stage, frozenset())
+        inboxes, outboxes = engine.routes(self)
         folded_s = 0.0  # closed-form pipeline gathers, in pp_exposed
-        gather = None if by_segment or e.trace_on else e.pp_gather_cost(self)
+        gather = None if by_segment or engine.trace_on else engine.pp_gather_cost(self)
         if gather is not None:
             yield from self._play_fused(inboxes, outboxes, gather)
         else:
@@ -155,18 +155,18 @@ class RankProgram:
                         yield mail
                         w1 = env.now
                         produced = min(max(mail.produced_s, w0), w1)
-                        acct["bubble"] += produced - w0
-                        acct["pp_exposed"] += w1 - produced
+                        breakdown_s["bubble"] += produced - w0
+                        breakdown_s["pp_exposed"] += w1 - produced
                     self.ledger.free(env.now, "buffers", mail.size_bytes, "pp recv")
                     # the receiving TP group assembles the message (Megatron's scatter/gather):
                     # in closed form folded into a fused op's timeout, else on the tp stream
-                    folded = None if by_segment else e.pp_gather_s(self, op)
+                    folded = None if by_segment else engine.pp_gather_s(self, op)
                     if folded is None:
-                        gathering = e.pp_gather(self, op)
+                        gathering = engine.pp_gather(self, op)
                         if gathering is not None:
                             t0 = env.now
                             yield gathering
-                            acct["pp_exposed"] += env.now - t0
+                            breakdown_s["pp_exposed"] += env.now - t0
                         folded = 0.0
                 else:
                     folded = 0.0
@@ -181,7 +181,7 @@ class RankProgram:
                     self._fused_facts(op, chunk, plan, start)
                     yield env.timeout(folded + plan.duration)
                     folded_s += folded
-                if e.trace_on:
+                if engine.trace_on:
                     self._trace(
                         "compute",
                         f"{op.phase.value} mb{op.microbatch} c{op.chunk}",
@@ -192,9 +192,9 @@ class RankProgram:
                     )
                 route = outboxes[index]
                 if route is not None:
-                    e.send_output(self, op, route)
+                    engine.send_output(self, op, route)
             self._account_fused(folded_s)
-        e.dp.launch_deferred(self)
+        engine.dp.launch_deferred(self)
         # wait for every gradient reduction, then the optimizer step
         pending = [ev for ev in self.dp_events if not ev.processed]
         if pending or self.dp_done_s > env.now:
@@ -203,22 +203,22 @@ class RankProgram:
                 yield env.all_of(pending)
             if self.dp_done_s > env.now:
                 yield env.timeout(self.dp_done_s - env.now)
-            self.acct["dp_exposed"] += env.now - t0
-        sync = e.dp.embedding_sync(self)
+            self.breakdown_s["dp_exposed"] += env.now - t0
+        sync = engine.dp.embedding_sync(self)
         if sync is not None:
             t0 = env.now
             yield sync
-            self.acct["pp_exposed"] += env.now - t0
-        framework = e.framework_step_s(self.rank)
-        interference = e.interference_s(self)
+            self.breakdown_s["pp_exposed"] += env.now - t0
+        framework = engine.framework_step_s(self.rank)
+        interference = engine.interference_s(self)
         if framework + interference > 0:
             yield env.timeout(framework + interference)
-            self.acct["framework"] += framework
-            self.acct["interference"] += interference
+            self.breakdown_s["framework"] += framework
+            self.breakdown_s["interference"] += interference
         # the clipping's global norm: every model-parallel rank waits for the others
-        for axis, group in grad_norm_groups(e.plan, self.rank):
+        for axis, group in grad_norm_groups(engine.plan, self.rank):
             t0 = env.now
-            record = yield e.call(
+            record = yield engine.call(
                 self.rank,
                 axis,
                 "all_reduce",
@@ -228,18 +228,18 @@ class RankProgram:
                 peers=[],
                 stream_group=group,
             )
-            self.acct["bubble"] += record.start_s - t0
-            self.acct["dp_exposed"] += env.now - record.start_s
+            self.breakdown_s["bubble"] += record.start_s - t0
+            self.breakdown_s["dp_exposed"] += env.now - record.start_s
         t0 = env.now
-        yield env.timeout(e.optimizer_s(self.rank))
-        self.acct["optimizer"] += env.now - t0
-        if e.trace_on:
+        yield env.timeout(engine.optimizer_s(self.rank))
+        self.breakdown_s["optimizer"] += env.now - t0
+        if engine.trace_on:
             self._trace("compute", "optimizer", t0, env.now)
-        last = e.dp.after_optimizer(self)
+        last = engine.dp.after_optimizer(self)
         if last is not None:
             t0 = env.now
             yield env.timeout(last - t0) if isinstance(last, float) else last
-            self.acct["dp_exposed"] += env.now - t0
+            self.breakdown_s["dp_exposed"] += env.now - t0
         self.end_s = env.now
 
     # ---- fused: one timeout per op ---------------------------------------------------------
@@ -252,19 +252,19 @@ class RankProgram:
         """The ops of :meth:`run` when they are fused, untraced and their pipeline gathers
         priced in closed form (``gather``: :meth:`Engine.pp_gather_cost`): what ``run`` does op
         by op, with each op's plan, mailbox and route looked up once."""
-        e, env, acct = self.e, self.env, self.acct
+        engine, env, breakdown_s = self.engine, self.env, self.breakdown_s
         chunks = self.stage.chunks
-        paired_ops = e.schedule.paired.get(self.stage.stage, frozenset())
+        paired_ops = engine.schedule.paired.get(self.stage.stage, frozenset())
         plans = [
             self._plans.get((op.chunk, op.phase, i in paired_ops))
             or self._op_plan(chunks[op.chunk], op.phase, i in paired_ops)
             for i, op in enumerate(self.ops)
         ]
         gather_s, gather_key, gather_busbw = gather
-        rules = e.dp.rules
+        rules = engine.dp.rules
         buckets_on = rules.uses_buckets
         free, place = self.ledger.free, self.ledger.place
-        timeout, send = env.timeout, e.send_output
+        timeout, send = env.timeout, engine.send_output
         received = 0
         for op, mail, plan, route in zip(self.ops, inboxes, plans, outboxes):
             folded = 0.0
@@ -274,8 +274,8 @@ class RankProgram:
                     yield mail
                     w1 = env.now
                     produced = min(max(mail.produced_s, w0), w1)
-                    acct["bubble"] += produced - w0
-                    acct["pp_exposed"] += w1 - produced
+                    breakdown_s["bubble"] += produced - w0
+                    breakdown_s["pp_exposed"] += w1 - produced
                 free(env.now, "buffers", mail.size_bytes, "pp recv")
                 folded = gather_s
                 received += 1
@@ -283,29 +283,29 @@ class RankProgram:
             place(start, plan.pattern, op.microbatch, op.chunk)
             if plan.buckets and buckets_on and rules.reduces_in(op.microbatch):
                 for bucket, rel in plan.buckets:
-                    e.dp.launch_bucket(self, op, chunks[op.chunk], bucket, start + rel)
+                    engine.dp.launch_bucket(self, op, chunks[op.chunk], bucket, start + rel)
             plan.runs += 1
             yield timeout(folded + plan.duration)
             if route is not None:
                 send(self, op, route)
         if gather_key is not None and received:
-            e.tally(gather_key, received * gather_s, gather_busbw, count=received)
+            engine.tally(gather_key, received * gather_s, gather_busbw, count=received)
         self._account_fused(received * gather_s)
 
     def _account_fused(self, folded_s: float) -> None:
         """The fused ops' seconds by breakdown key (runs x each op's parts), the pipeline
         gathers folded into their timeouts, and the ops' runs counted for the engine's
         statistics of their collectives."""
-        acct = self.acct
-        acct["pp_exposed"] += folded_s
+        breakdown_s = self.breakdown_s
+        breakdown_s["pp_exposed"] += folded_s
         for plan in self._plans.values():
             runs = plan.runs
             if not runs:
                 continue
-            self.e.count_op(self.rank, plan, runs=runs)
-            acct["compute"] += runs * plan.compute
+            self.engine.count_op(self.rank, plan, runs=runs)
+            breakdown_s["compute"] += runs * plan.compute
             for k, v in plan.comm.items():
-                acct[k] += runs * v
+                breakdown_s[k] += runs * v
 
     def _op_plan(self, chunk: ChunkModel, phase: Phase, paired: bool = False) -> _OpPlan:
         """Durations and relative times of one (chunk, phase) op, computed once per rank
@@ -325,7 +325,7 @@ class RankProgram:
             dur = seg.compute_s + d_tp + seg.framework_s
             plan.compute += seg.compute_s
             plan.tp += d_tp
-            for k, v in self.e.seg_comm_s(self.rank, seg).items():
+            for k, v in self.engine.seg_comm_s(self.rank, seg).items():
                 plan.comm[k] = plan.comm.get(k, 0.0) + v
             if seg.framework_s:
                 plan.comm["framework"] = plan.comm.get("framework", 0.0) + seg.framework_s
@@ -343,14 +343,14 @@ class RankProgram:
 
     def _fused_facts(self, op: PipeOp, chunk: ChunkModel, plan: _OpPlan, t0: float) -> None:
         """Memory events and bucket launches of a fused op starting at ``t0`` (now or later)."""
-        e = self.e
+        engine = self.engine
         mb, c = op.microbatch, op.chunk
         self.ledger.place(t0, plan.pattern, mb, c)
-        if plan.buckets and e.dp.rules.uses_buckets and e.dp.rules.reduces_in(mb):
+        if plan.buckets and engine.dp.rules.uses_buckets and engine.dp.rules.reduces_in(mb):
             for bucket, rel in plan.buckets:
-                e.dp.launch_bucket(self, op, chunk, bucket, t0 + rel)
+                engine.dp.launch_bucket(self, op, chunk, bucket, t0 + rel)
         plan.runs += 1
-        if e.trace_on:
+        if engine.trace_on:
             self._trace_tp(plan.segs, t0, (c, op.phase, id(plan.segs)))
 
     def _segment_start(self, op: PipeOp, chunk: ChunkModel, seg: Segment) -> None:
@@ -365,12 +365,12 @@ class RankProgram:
             seg.transient_bytes,
             ("recompute", seg.key, op.microbatch, op.chunk),
         )
-        rules = self.e.dp.rules
+        rules = self.engine.dp.rules
         if rules.uses_buckets and rules.reduces_in(op.microbatch) and op.phase in GRADIENT_PHASES:
             off, gdur = self._grad_window(seg)
             for bucket in chunk.buckets:
                 if bucket.ready_segment == seg.key:
-                    self.e.dp.launch_bucket(
+                    self.engine.dp.launch_bucket(
                         self, op, chunk, bucket, start + off + bucket.ready_fraction * gdur
                     )
 
@@ -389,62 +389,64 @@ class RankProgram:
 
     # ---- segment by segment (ZeRO-3 units, layer fidelity) ---------------------------------
     def _run_segments(self, op: PipeOp, chunk: ChunkModel, paired: bool = False) -> Any:
-        env, e = self.env, self.e
+        env, engine = self.env, self.engine
         segs = chunk.segments(op.phase, paired)
         # ZeRO-3: every op but a weight-gradient one gathers its units (dB needs no weight)
-        gathers = e.zero == 3 and op.phase is not Phase.BACKWARD_WEIGHT
-        issue = issue_schedule(len(segs), e.prefetch) if gathers else None
+        gathers = engine.zero == 3 and op.phase is not Phase.BACKWARD_WEIGHT
+        issue = issue_schedule(len(segs), engine.prefetch) if gathers else None
         for i, seg in enumerate(segs):
             if issue is not None:
                 for j in issue[i]:
-                    e.dp.gather_unit(self, op, chunk, segs[j])
-                ev = e.dp.unit_ready(self, chunk, seg)
+                    engine.dp.gather_unit(self, op, chunk, segs[j])
+                ev = engine.dp.unit_ready(self, chunk, seg)
                 if ev is not None and not ev.processed:
                     t0 = env.now
                     yield ev
-                    self.acct["dp_exposed"] += env.now - t0
+                    self.breakdown_s["dp_exposed"] += env.now - t0
             start = env.now
             self._segment_start(op, chunk, seg)
-            if e.layer_mode:
+            if engine.layer_mode:
                 for step in seg.steps:
                     t0 = env.now
                     if step.op and step.overlap_s:  # the collective beside its compute
-                        factor = e.prices.overlap_factor(self.rank, step)
+                        factor = engine.prices.overlap_factor(self.rank, step)
                         if factor > 1.0:  # slowed while the collective runs (step_s)
-                            yield e.step_call(self, step)
+                            yield engine.step_call(self, step)
                             t_c = env.now - t0
                             rest = step.overlap_s - t_c / factor
                             if rest > 0:
                                 yield env.timeout(rest)
                             plain = max(t_c, step.overlap_s)
-                            self.acct["interference"] += env.now - t0 - plain
+                            self.breakdown_s["interference"] += env.now - t0 - plain
                             exposed = plain - step.overlap_s
                         else:
-                            yield env.all_of([e.step_call(self, step), env.timeout(step.overlap_s)])
+                            yield env.all_of(
+                                [engine.step_call(self, step), env.timeout(step.overlap_s)]
+                            )
                             exposed = env.now - t0 - step.overlap_s
-                        self.acct["compute"] += step.overlap_s
-                        self.acct[EXPOSED_KEY[step.axis]] += exposed
+                        self.breakdown_s["compute"] += step.overlap_s
+                        self.breakdown_s[EXPOSED_KEY[step.axis]] += exposed
                     elif step.op:
-                        yield e.step_call(self, step)
-                        self.acct[EXPOSED_KEY[step.axis]] += env.now - t0
+                        yield engine.step_call(self, step)
+                        self.breakdown_s[EXPOSED_KEY[step.axis]] += env.now - t0
                     else:
                         yield env.timeout(step.seconds)
-                        self.acct["compute"] += step.seconds
+                        self.breakdown_s["compute"] += step.seconds
                 if seg.framework_s:
                     yield env.timeout(seg.framework_s)
-                    self.acct["framework"] += seg.framework_s
+                    self.breakdown_s["framework"] += seg.framework_s
             else:
                 dur = self._seg_duration(seg)
-                e.count_op(self.rank, seg)
-                if e.trace_on:
+                engine.count_op(self.rank, seg)
+                if engine.trace_on:
                     self._trace_tp([seg], start, (op.chunk, op.phase, id(seg)))
                 yield env.timeout(dur)
-                self.acct["compute"] += seg.compute_s
-                self.acct["framework"] += seg.framework_s
-                for k, v in self.e.seg_comm_s(self.rank, seg).items():
-                    self.acct[k] += v
+                self.breakdown_s["compute"] += seg.compute_s
+                self.breakdown_s["framework"] += seg.framework_s
+                for k, v in self.engine.seg_comm_s(self.rank, seg).items():
+                    self.breakdown_s[k] += v
             self._segment_end(op, seg)
-            if self.e.trace_on:
+            if self.engine.trace_on:
                 self._trace(
                     "compute",
                     f"{op.phase.value} mb{op.microbatch} {seg.key}",
@@ -454,5 +456,5 @@ class RankProgram:
                     chunk=op.chunk,
                     segment=seg.key,
                 )
-            if e.zero == 3:
-                e.dp.release_unit(self, op, chunk, seg)
+            if engine.zero == 3:
+                engine.dp.release_unit(self, op, chunk, seg)

@@ -81,7 +81,7 @@ class RankState(Protocol):
     stage: StageModel
     ops: list[PipeOp]
     ledger: MemoryLedger
-    acct: dict[str, float]
+    breakdown_s: dict[str, float]
     dp_events: list[simpy.Event]
     dp_done_s: float
     end_s: float

@@ -35,9 +35,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from collsim.core.errors import ConfigError
-from collsim.core.yamlio import ConfigReader, non_negative, positive
+from collsim.core.schema import (
+    Either,
+    Section,
+    Value,
+    choice_value,
+    flag_value,
+    non_negative_value,
+    positive_value,
+    read_described,
+    values_of,
+)
+from collsim.core.yamlio import ConfigReader
 
 __all__ = [
+    "RELIABILITY",
     "COMPONENTS",
     "SECONDS_PER_DAY",
     "ComponentRate",
@@ -229,109 +241,176 @@ class ReliabilityConfig:
 
 
 def read_reliability(reader: ConfigReader) -> ReliabilityConfig:
-    """Build the section from a reader over the ``reliability`` mapping.
+    """Build the section from a reader over the ``reliability`` mapping, key by key as
+    :data:`RELIABILITY` describes them; absent keys take the configs' defaults.
 
     Raises:
         ConfigError: an unknown key or component, a negative rate, both or neither of
             ``mtbf_hours`` and ``per_1000_node_days``, an interval that is not a number or
             ``auto``, ... each naming its key path.
     """
-    duration = reader.get("duration_days", float, default=None, check=positive)
-    detection = reader.get("detection_s", float, default=0.0, check=non_negative)
+    values = read_described(reader, RELIABILITY)
     components = _read_components(reader.section("components"))
-    restart = _read_restart(reader.section("restart", default_empty=True))
-    spares = _read_spares(reader.section("spares", default_empty=True))
-    checkpoint = _read_checkpoint(reader.section("checkpoint", default_empty=True))
-    storage = _read_storage(reader.section("storage"))
+    parts = {key: _read_part(reader, key) for key in ("restart", "spares", "checkpoint", "storage")}
     reader.finish()
-    return ReliabilityConfig(
-        components=components,
-        storage=storage,
-        detection_s=detection,
-        restart=restart,
-        spares=spares,
-        checkpoint=checkpoint,
-        duration_days=duration,
-    )
+    return ReliabilityConfig(components=components, **parts, **values)
 
 
 def _read_components(reader: ConfigReader) -> tuple[ComponentRate, ...]:
     out: list[ComponentRate] = []
+    spec = _part("components")
     for name, _value in list(reader.items()):
         if name not in COMPONENTS:
             raise reader.error(
                 f"unknown component {name!r}; must be one of {', '.join(COMPONENTS)}", name
             )
         sub = reader.section(name)
-        mtbf = sub.get("mtbf_hours", float, default=None, check=positive)
-        per_1000 = sub.get("per_1000_node_days", float, default=None, check=non_negative)
-        if (mtbf is None) == (per_1000 is None):
+        assert isinstance(spec.values, Section)
+        values = read_described(sub, spec.values)
+        if ("mtbf_hours" in values) == ("per_1000_node_days" in values):
             raise sub.error("give exactly one of mtbf_hours and per_1000_node_days")
+        mtbf = values.pop("mtbf_hours", None)
         if mtbf is not None:
-            per_1000 = 1000.0 * 24.0 / mtbf
-        default_replace = 0.0 if name in _RESTART_IN_PLACE else 1.0
-        kwargs: dict[str, Any] = {
-            "nodes_affected": sub.get("nodes_affected", int, default=1, check=positive),
-            "replace_fraction": sub.get("replace_fraction", float, default=default_replace),
-        }
+            values["per_1000_node_days"] = 1000.0 * 24.0 / mtbf
+        values.setdefault("replace_fraction", 0.0 if name in _RESTART_IN_PLACE else 1.0)
         sub.finish()
-        out.append(ComponentRate(name=name, per_1000_node_days=float(per_1000), **kwargs))
+        out.append(ComponentRate(name=name, **values))
     return tuple(out)
 
 
-def _read_restart(reader: ConfigReader) -> RestartConfig:
-    out = RestartConfig(
-        reschedule_s=reader.get("reschedule_s", float, default=0.0, check=non_negative),
-        process_start_s=reader.get("process_start_s", float, default=0.0, check=non_negative),
-        warmup_steps=reader.get("warmup_steps", int, default=0, check=non_negative),
-    )
-    reader.finish()
-    return out
-
-
-def _read_spares(reader: ConfigReader) -> SparesConfig:
-    nodes = reader.get("nodes", int, default=None, check=non_negative)
-    repair = reader.get("repair_hours", float, default=None, check=positive)
-    if nodes is not None and repair is None:
+def _read_part(root: ConfigReader, key: str) -> Any:
+    """One of the sections restart, spares, checkpoint and storage, with its rules."""
+    spec = _part(key)
+    reader = root.section(key, default_empty=not spec.required)
+    values = read_described(reader, spec)
+    if key == "spares" and "nodes" in values and "repair_hours" not in values:
         raise reader.error("missing required key (needed when spares.nodes is set)", "repair_hours")
+    if key == "storage":
+        values.setdefault("read_bandwidth_gbps", values["write_bandwidth_gbps"])
     reader.finish()
-    return SparesConfig(nodes=nodes, repair_hours=repair if repair is not None else 0.0)
+    return _PARTS[key](**values)
 
 
-def _read_checkpoint(reader: ConfigReader) -> CheckpointConfig:
-    raw = reader.get("interval_s", (str, float), default="auto")
-    interval: float | None
-    if isinstance(raw, str):
-        if raw != "auto":
-            raise reader.error(f"must be a number of seconds or auto, got {raw!r}", "interval_s")
-        interval = None
-    else:
-        if raw <= 0:
-            raise reader.error(f"must be > 0 or auto, got {raw}", "interval_s")
-        interval = float(raw)
-    out = CheckpointConfig(
-        interval_s=interval,
-        sharded=reader.get("sharded", bool, default=True),
-        asynchronous=reader.get("async", bool, default=False),
-        snapshot_bandwidth_gbps=reader.get(
-            "snapshot_bandwidth_gbps", float, default=None, check=positive
+_PARTS: dict[str, type[Any]] = {
+    "restart": RestartConfig,
+    "spares": SparesConfig,
+    "checkpoint": CheckpointConfig,
+    "storage": StorageConfig,
+}
+
+
+def _part(key: str) -> Section:
+    spec = RELIABILITY.fields[key]
+    assert isinstance(spec, Section)
+    return spec
+
+
+def _seconds_or_auto(value: float | str) -> float | None:
+    """``checkpoint.interval_s``: seconds, or None for ``auto`` (the closed form's optimum)."""
+    return None if value == "auto" else float(value)
+
+
+RELIABILITY = Section(
+    builds=ReliabilityConfig,
+    description="Failure rates, restarts, spares, checkpoints and storage (collsim goodput).",
+    fields={
+        "duration_days": positive_value("number", "Length of the run, days (default 30)."),
+        "detection_s": non_negative_value("number", "Failure to job declared dead, s."),
+        "components": Section(
+            required=True,
+            description="Failure rate per component.",
+            keys=values_of(COMPONENTS),
+            key_rule="unknown component {key!r}; must be one of {choices}",
+            values=Section(
+                nullable=False,
+                description="One failure source.",
+                exactly_one=("mtbf_hours", "per_1000_node_days"),
+                exactly_one_rule="give exactly one of mtbf_hours and per_1000_node_days",
+                fields={
+                    "mtbf_hours": positive_value(
+                        "number", "Mean time between failures per node, h."
+                    ),
+                    "per_1000_node_days": non_negative_value(
+                        "number", "Failures per 1,000 node-days."
+                    ),
+                    "nodes_affected": positive_value("integer", "Nodes one event takes out."),
+                    "replace_fraction": Value(
+                        kind="number",
+                        minimum=0,
+                        maximum=1,
+                        rule="must be in 0..1, got {value}",
+                        description="Share of events whose nodes are swapped for spares.",
+                    ),
+                },
+            ),
         ),
-    )
-    reader.finish()
-    return out
-
-
-def _read_storage(reader: ConfigReader) -> StorageConfig:
-    write = reader.get("write_bandwidth_gbps", float, check=positive)
-    out = StorageConfig(
-        write_bandwidth_gbps=write,
-        read_bandwidth_gbps=reader.get("read_bandwidth_gbps", float, default=write, check=positive),
-        per_rank_write_bandwidth_gbps=reader.get(
-            "per_rank_write_bandwidth_gbps", float, default=None, check=positive
+        "restart": Section(
+            builds=RestartConfig,
+            description="What a restart costs beside loading the checkpoint.",
+            fields={
+                "reschedule_s": non_negative_value("number", "Re-allocating and relaunching, s."),
+                "process_start_s": non_negative_value("number", "Process start to first step, s."),
+                "warmup_steps": non_negative_value(
+                    "integer", "Steps after a restart counted as lost."
+                ),
+            },
         ),
-        per_rank_read_bandwidth_gbps=reader.get(
-            "per_rank_read_bandwidth_gbps", float, default=None, check=positive
+        "spares": Section(
+            description="The pool of spare nodes.",
+            fields={
+                "nodes": non_negative_value(
+                    "integer", "Spare nodes at the start (default: unlimited)."
+                ),
+                "repair_hours": positive_value(
+                    "number", "A failed node returns after this long, h."
+                ),
+            },
         ),
-    )
-    reader.finish()
-    return out
+        "checkpoint": Section(
+            builds=CheckpointConfig,
+            description="How and how often the job saves its state.",
+            fields={
+                "interval_s": Either(
+                    description="Training time between checkpoints, s, or auto (the optimum).",
+                    options=(
+                        positive_value(
+                            "number", "Seconds.", rule="must be > 0 or auto, got {value}"
+                        ),
+                        choice_value(
+                            "auto",
+                            ("auto",),
+                            rule="must be a number of seconds or auto, got {value!r}",
+                        ),
+                    ),
+                    rule="must be a number of seconds or auto, got {value!r}",
+                    convert=_seconds_or_auto,
+                ),
+                "sharded": flag_value("Every rank writes its own shard."),
+                "async": flag_value(
+                    "Snapshot to host memory, write in the background.", field="asynchronous"
+                ),
+                "snapshot_bandwidth_gbps": positive_value(
+                    "number", "Device-to-host copy per GPU, GB/s."
+                ),
+            },
+        ),
+        "storage": Section(
+            required=True,
+            description="The shared storage checkpoints go to.",
+            fields={
+                "write_bandwidth_gbps": positive_value(
+                    "number", "Aggregate write, GB/s.", required=True
+                ),
+                "read_bandwidth_gbps": positive_value(
+                    "number", "Aggregate read, GB/s (default: write)."
+                ),
+                "per_rank_write_bandwidth_gbps": positive_value(
+                    "number", "One writer's bandwidth, GB/s."
+                ),
+                "per_rank_read_bandwidth_gbps": positive_value(
+                    "number", "One reader's bandwidth, GB/s."
+                ),
+            },
+        ),
+    },
+)

@@ -1,8 +1,10 @@
 """Plan search: enumerate parallel plans for a model on N GPUs, rank them, re-simulate the best.
 
-``collsim search SCENARIO --gpus N`` keeps the scenario's model, cluster type, global batch,
-dtype and optimizer, and varies the plan: tp, pp, dp, micro-batch size, pipeline schedule and
-virtual stages, ZeRO stage, activation recompute and sequence parallelism.
+``collsim search SCENARIO --gpus N`` keeps the scenario's model, cluster type, global batch
+and optimizer, and varies the plan: tp, pp, dp, micro-batch size, pipeline schedule and
+virtual stages, ZeRO stage, activation recompute and sequence parallelism, and where the space
+asks cp, ep, etp, the MoE dispatcher and its overlap, the CP algorithm, the HSDP group and FP8
+(their rules: :data:`REASONS`).
 
 1. :func:`enumerate_plans` walks the grid and drops plans that cannot be built, counting why
    (``tp_heads``: heads or ffn not divisible by tp; ``tp_node``: tp larger than a node;

@@ -49,7 +49,7 @@ class Bounds:
         base = parallel if parallel is not None else Parallel()
         self.base = base
         self.etp = base.etp
-        self.order = base.order or default_order(spec, base)
+        self.order = base.order or default_order()
         """The plans' rank layout (the scenario's ``parallel.order``): it places the dp
         groups whose calls the bound prices."""
         self.topology = topology

@@ -25,6 +25,7 @@ from collsim.step.result import StepResult as Result
 from collsim.study.job import StepInputs, simulate_inputs
 from collsim.study.search.bounds import Bounds
 from collsim.study.search.space import Candidate, SearchSpace, enumerate_plans
+from collsim.study.search.variants import VariantBounds
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -152,13 +153,21 @@ def search_plans(
     started = time.perf_counter()
     num_gpus = topology.num_ranks
     rejected: Counter[str] = Counter()
-    bounds = Bounds(topology, spec, training, parallel)
+    bounds = VariantBounds(topology, spec, training, parallel)
     dropped: Counter[str] = Counter()
     # 1. cheap bounds for every buildable plan: its memory floor must fit, and the compute
     #    stream's own work is a lower bound on the step
     capacity = topology.device.usable_memory_bytes
     plans = enumerate_plans(
-        spec, num_gpus, topology.gpus_per_node, training.global_batch, space, dropped, base=parallel
+        spec,
+        num_gpus,
+        topology.gpus_per_node,
+        training.global_batch,
+        space,
+        dropped,
+        base=parallel,
+        training=training,
+        fp8_capable="fp8" in topology.device.peak_flops,
     )
     candidates, total = _bounded_candidates(
         plans, bounds, capacity if prune_keep > 0 else None, rejected
@@ -227,8 +236,9 @@ def _map_or_stop(
 
 #: Knobs that make two plans alike when their estimates are within the tolerance: how the
 #: data-parallel reduction is bucketed and overlapped, FSDP's prefetch, offload and
-#: resharding, sequence parallelism and recompute. The others (tp, cp, pp, dp, ep,
-#: micro-batch, schedule, virtual stages, ZeRO stage) set a plan's shape.
+#: resharding, sequence parallelism, recompute, the MoE dispatcher and its overlap, the CP
+#: algorithm and the HSDP group. The others (tp, cp, pp, dp, ep, etp, micro-batch, schedule,
+#: virtual stages, ZeRO stage, dtype) set a plan's shape.
 MINOR_KNOBS = (
     "bucket_mb",
     "overlap",
@@ -238,13 +248,29 @@ MINOR_KNOBS = (
     "reshard",
     "sequence_parallel",
     "recompute",
+    "dispatcher",
+    "ep_overlap",
+    "cp_algorithm",
+    "shard_group",
 )
 
 
 def shape_of(candidate: Candidate) -> tuple[Any, ...]:
     """The knobs of ``candidate`` that are not in :data:`MINOR_KNOBS`."""
     c = candidate
-    return (c.tp, c.cp, c.pp, c.dp, c.ep, c.micro_batch, c.schedule, c.virtual_stages, c.zero)
+    return (
+        c.tp,
+        c.cp,
+        c.pp,
+        c.dp,
+        c.ep,
+        c.etp,
+        c.micro_batch,
+        c.schedule,
+        c.virtual_stages,
+        c.zero,
+        c.dtype,
+    )
 
 
 def collapse(ranked: list[Ranked], tolerance: float) -> list[Ranked]:

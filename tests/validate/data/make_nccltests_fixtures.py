@@ -4,7 +4,7 @@
 The figures are not a measurement. They are collsim's closed form on a made-up cluster,
 :data:`TRUTH` (a DGX H100 whose NVLink, NICs and software are slower than the shipped
 ``dgx_h100`` file says), with a deterministic +-1.5 % jitter per point, printed in the exact
-formats of nccl-tests 2.19.6 (text and ``-J`` JSON, :mod:`collsim.validate.nccltests`) and of
+formats of nccl-tests 2.19.6 (text and ``-J`` JSON, :mod:`collsim.validate.data.nccltests`) and of
 rccl-tests. ``validate calibrate`` on them must find TRUTH again; ``validate compare`` judges.
 """
 
@@ -94,7 +94,7 @@ def rccl_log(text: str, rows: list[dict[str, Any]]) -> str:
     before the footer and the (empty) last-error line after it."""
     import re
 
-    from collsim.validate.nccltests import bus_factor
+    from collsim.validate.data.nccltests import bus_factor
 
     out = []
     ranks = sum(1 for line in text.splitlines() if line.startswith("#  Rank"))
@@ -181,7 +181,7 @@ def rccl_log(text: str, rows: list[dict[str, Any]]) -> str:
 
 
 def main() -> None:
-    from collsim.validate.nccltests import format_json, format_log
+    from collsim.validate.data.nccltests import format_json, format_log
 
     note = (
         "Test fixture written by tests/validate/data/make_nccltests_fixtures.py: collsim's\n"

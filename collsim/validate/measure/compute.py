@@ -1,0 +1,694 @@
+"""``collsim validate compute``: time a generic grid of kernels on the local device and write a
+device profile (the device schema of :mod:`collsim.cluster.hardware`, with a ``measured:`` section).
+
+The grid is generic, not the shapes of any model: GEMMs with each dimension in
+:data:`GEMM_DIMS` (64 ... 4096, none of 256 / 768 / 1024, so that the small GPT of
+``validate step`` is never in it) for each dtype the device runs, up to a FLOP cap; fused
+attention (PyTorch SDPA, each backend the device has: ``flash`` as ``flash2``, ``math`` as
+``eager``; on CUDA also ``cudnn``) over sequence lengths 128-4096 and head dims 64 / 128, causal,
+forward and backward (on a CPU one sequence of 4 heads in fp32; on CUDA in bf16, the layout of
+the FlashAttention benchmarks: 16k tokens of hidden 2048, see :func:`attention_shape`); a
+memory-bound kernel (``torch.add(a, b, out=c)``: 3 tensors) from 64 KiB
+to 256 MiB; the optimizer step (torch SGD over a list of tensors, as ``validate step`` trains);
+and the host cost of one tiny op. Each point is the median of ``reps`` timings after one warm-up.
+
+Threads: the ranks of ``validate step`` run with one thread each (``validate.launch``), so the
+profile is timed with ``threads`` (default 1) threads and says so; ``validate step`` divides its
+rates by ``ranks x threads / cores`` when the ranks share the cores (see ``cpu_share``).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from collsim.cluster.hardware import get_device
+from collsim.workload.compute import optimizer_bytes_per_param
+
+__all__ = [
+    "ComputeGrid",
+    "GEMM_DIMS",
+    "measure_profile",
+    "write_profile",
+    "cpu_share",
+    "concurrency_slowdown",
+    "PROBE_KINDS",
+    "attention_shape",
+    "CPU_ATTENTION_HEADS",
+    "CUDA_ATTENTION_TOKENS",
+    "CUDA_ATTENTION_HIDDEN",
+]
+
+GEMM_DIMS = (64, 160, 400, 1000, 2500, 4096)
+"""GEMM dimensions of the default grid (about x2.5 apart from 64 to 4096)."""
+
+CPU_ATTENTION_HEADS = 4
+"""Heads of the one sequence attention is timed on with a CPU (a profile without
+``attention_tokens`` in its notes was timed so)."""
+CUDA_ATTENTION_TOKENS = 16384
+CUDA_ATTENTION_HIDDEN = 2048
+"""On CUDA attention is timed as the FlashAttention benchmarks run it (flash-attention
+``benchmarks/benchmark_flash_attention.py``: batch 16k / seq, hidden 2048, i.e. 16 heads of 128
+or 32 of 64): full waves of CTAs on any GPU, as the compute model reads a table's rate
+(``collsim.workload.compute.TABLE_CTAS``); one sequence of 4 heads would fill 4 x s / 128 of
+an H100's 132 SMs."""
+
+
+def attention_shape(
+    seq_len: int, head_dim: int, tokens: int | None = None, hidden: int | None = None
+) -> tuple[int, int]:
+    """(batch, heads) attention is timed with: ``max(1, tokens // seq_len)`` sequences of
+    ``hidden // head_dim`` heads; without ``tokens`` (a CPU profile) one sequence of
+    :data:`CPU_ATTENTION_HEADS` heads."""
+    if not tokens:
+        return 1, CPU_ATTENTION_HEADS
+    return max(1, tokens // seq_len), max(1, (hidden or CUDA_ATTENTION_HIDDEN) // head_dim)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ComputeGrid:
+    """What to time. ``quick()`` is the small grid the tests time."""
+
+    gemm_dims: tuple[int, ...] = GEMM_DIMS
+    gemm_max_flops: float = 4e9
+    seqs: tuple[int, ...] = (128, 512, 2048, 4096)
+    head_dims: tuple[int, ...] = (64, 128)
+    attention_max_flops: float = 2e10
+    mem_sizes_bytes: tuple[int, ...] = tuple(64 * 1024 * 4**i for i in range(8))  # 64K..1G cap
+    mem_max_bytes: int = 256 * 2**20
+    activation_elements: tuple[int, ...] = (2**14, 2**17, 2**20, 2**22)
+    optimizer_params: int = 4_000_000
+    reps: int = 3
+    threads: int = 1
+    concurrency: bool = True
+    """Measure ``concurrent_slowdown`` and ``concurrent_memory_slowdown`` (CPU only; spawns one
+    process per core, ~30 s)."""
+
+    @classmethod
+    def full(cls, device: str = "cpu") -> ComputeGrid:
+        """The default grid; on CUDA with FLOP caps that let every GEMM of the grid (up to
+        2 x 4096^3 = 1.4e11 FLOPs) and every attention point (up to 3.5 x 2.7e11 FLOPs at
+        seq 4096 in the benchmark layout) run: well under a second each on a datacentre GPU."""
+        if device == "cpu":
+            return cls()
+        return cls(gemm_max_flops=2e11, attention_max_flops=1e12, concurrency=False)
+
+    @classmethod
+    def quick(cls) -> ComputeGrid:
+        return cls(
+            gemm_dims=(64, 400, 2500),
+            gemm_max_flops=4e8,
+            seqs=(128, 512),
+            head_dims=(64,),
+            attention_max_flops=5e8,
+            mem_sizes_bytes=tuple(64 * 1024 * 4**i for i in range(5)),
+            mem_max_bytes=16 * 2**20,
+            activation_elements=(2**14, 2**18),
+            optimizer_params=500_000,
+            reps=2,
+            concurrency=False,
+        )
+
+
+def _median_time(fn: Callable[[], Any], reps: int, sync: Callable[[], None]) -> float:
+    fn()
+    sync()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+COLD_BYTES = 64 * 2**20
+"""Operand bytes cycled through per GEMM shape, above a CPU's last-level cache and a GPU's L2:
+in training a GEMM's operands (a weight used once per micro-batch, an activation written by
+other kernels in between) are not cache-resident as a benchmark that reuses one pair is (hot
+and cold rates in docs/derivations.md, measurements)."""
+
+
+_POOLS: dict[tuple[str, str, str], Any] = {}
+
+
+def _pool(torch: Any, dev: Any, dtype: Any, role: str = "in") -> Any:
+    """One flat random buffer of :data:`COLD_BYTES` per device, dtype and role (``in``: GEMM
+    operands, ``out``: GEMM results); operands and results are views into it, so that no
+    shape pays for filling its own buffers."""
+    key = (str(dev), str(dtype), role)
+    if key not in _POOLS:
+        elems = COLD_BYTES // (torch.finfo(dtype).bits // 8)
+        _POOLS[key] = torch.randn(elems, device=dev, dtype=dtype)
+    return _POOLS[key]
+
+
+_CURSOR = [0]
+
+
+def _next_slot(count: int) -> int:
+    """The next slot of ``count``, from one cursor every cold timing shares: consecutive
+    calls, across layouts, shapes and sections, take consecutive slots, so that none finds
+    what the call before it touched until a pool wraps."""
+    _CURSOR[0] += 1
+    return _CURSOR[0] % count
+
+
+def _slot(pool: Any, slot: int, elems: int, count: int) -> list[Any]:
+    """The ``count`` consecutive views of ``elems`` each that make up block ``slot`` of a
+    flat pool (a kernel's operands and result)."""
+    base = slot * count * elems
+    return [pool[base + j * elems : base + (j + 1) * elems] for j in range(count)]
+
+
+MAX_COLD_BYTES = 3 * 2**30 // 2
+"""Largest pool a size gets of its own (1.5 GiB): room for the 4 blocks of the largest default
+memory-bound size (256 MiB moved: 1 GiB); a size past it is left out of the table."""
+
+
+def _cold_blocks(torch: Any, dev: Any, dtype: Any, block_elems: int) -> tuple[Any, int] | None:
+    """A pool of at least 4 blocks of ``block_elems`` (at most 64): the shared
+    :data:`COLD_BYTES` pool where it holds 4, else one of its own of 4 blocks (filled once,
+    outside any timing); None when 4 blocks exceed :data:`MAX_COLD_BYTES`."""
+    pool = _pool(torch, dev, dtype, "out")
+    if pool.numel() < 4 * block_elems:
+        itemsize = torch.finfo(dtype).bits // 8
+        if 4 * block_elems * itemsize > MAX_COLD_BYTES:
+            return None
+        pool = torch.empty(4 * block_elems, device=dev, dtype=dtype).uniform_(-1.0, 1.0)
+    return pool, min(64, pool.numel() // block_elems)
+
+
+def _gemm_time(
+    torch: Any,
+    dev: Any,
+    dtype: Any,
+    m: int,
+    n: int,
+    k: int,
+    reps: int,
+    sync: Callable[[], None],
+) -> float:
+    """Mean time of one GEMM of this shape over the three layouts training runs (forward
+    A @ B, dgrad A @ B^T, wgrad A^T @ B), each on cold operands and into a cold result: views
+    cycling through :data:`COLD_BYTES` of memory each.
+
+    The result is cold too: in a training step a GEMM writes into memory that other kernels
+    used last (the allocator hands back a block freed long before), not the block a benchmark
+    loop freed one call earlier. It matters most where the result is large beside the work,
+    the weight gradient with K = the tokens of a micro-batch (a wgrad into a hot result and
+    into cycling results, and inside a real step: docs/derivations.md, measurements)."""
+    per = m * k + k * n
+    pool = _pool(torch, dev, dtype)
+    if pool.numel() < per:  # one pair larger than the pool: a pool of its own
+        pool = torch.randn(per, device=dev, dtype=dtype)
+    results = _pool(torch, dev, dtype, "out")
+    if results.numel() < m * n:
+        results = torch.empty(m * n, device=dev, dtype=dtype)
+    copies = max(1, min(64, pool.numel() // per, results.numel() // (m * n)))
+
+    def operands(i: int, layout: int) -> tuple[Any, Any]:
+        base = i * per
+        a_flat, b_flat = pool[base : base + m * k], pool[base + m * k : base + per]
+        a = a_flat.view(k, m).t() if layout == 2 else a_flat.view(m, k)
+        b = b_flat.view(n, k).t() if layout == 1 else b_flat.view(k, n)
+        return a, b
+
+    total = 0.0
+    for layout in range(3):
+        ops = [operands(i, layout) for i in range(copies)]
+
+        def run(ops: list[tuple[Any, Any]] = ops) -> None:
+            i = _next_slot(len(ops))
+            a, b = ops[i]
+            torch.mm(a, b, out=results[i * m * n : (i + 1) * m * n].view(m, n))
+
+        total += _median_time(run, reps, sync)
+    return total / 3
+
+
+def _dtypes(torch: Any, device: str) -> list[tuple[str, Any]]:
+    if device == "cpu":
+        return [("fp32", torch.float32), ("bf16", torch.bfloat16)]
+    return [("bf16", torch.bfloat16), ("fp16", torch.float16), ("fp32", torch.float32)]
+
+
+def _sdpa_backends(torch: Any, device: str) -> list[tuple[str, Any]]:
+    # torch is optional (the validate extra): imported where ranks run
+    from torch.nn.attention import SDPBackend
+
+    out = [("flash2", SDPBackend.FLASH_ATTENTION), ("eager", SDPBackend.MATH)]
+    if device != "cpu" and hasattr(SDPBackend, "CUDNN_ATTENTION"):
+        out.append(("cudnn", SDPBackend.CUDNN_ATTENTION))
+    return out
+
+
+def _gemm_rates(
+    torch: Any, dev: Any, grid: ComputeGrid, sync: Callable[[], None]
+) -> list[list[Any]]:
+    """``[m, n, k, dtype, TFLOP/s]`` of every GEMM of the grid within its FLOP cap."""
+    gemm: list[list[Any]] = []
+    for name, dtype in _dtypes(torch, dev.type):
+        for m in grid.gemm_dims:
+            for n in grid.gemm_dims:
+                for k in grid.gemm_dims:
+                    flops = 2.0 * m * n * k
+                    if flops > grid.gemm_max_flops:
+                        continue
+                    t = _gemm_time(torch, dev, dtype, m, n, k, grid.reps, sync)
+                    gemm.append([m, n, k, name, round(flops / t / 1e12, 6)])
+    return gemm
+
+
+def _attention_rates(
+    torch: Any, dev: Any, grid: ComputeGrid, sync: Callable[[], None]
+) -> list[list[Any]]:
+    """``[kernel, causal, head dim, seq, forward TFLOP/s, backward TFLOP/s]`` of causal
+    attention per SDPA backend that runs here, within the grid's FLOP cap (shapes and dtype:
+    :func:`attention_shape`, :func:`attention_notes`)."""
+    # torch is optional (the validate extra): imported where ranks run
+    from torch.nn.attention import sdpa_kernel
+
+    attention: list[list[Any]] = []
+    layout = attention_notes(dev.type)
+    dtype = torch.float32 if dev.type == "cpu" else torch.bfloat16
+    for kernel, backend in _sdpa_backends(torch, dev.type):
+        for d in grid.head_dims:
+            for s in grid.seqs:
+                batch, heads = attention_shape(
+                    s, d, layout.get("attention_tokens"), layout.get("attention_hidden")
+                )
+                # causal half, as the tables count
+                fwd_flops = 4.0 * batch * heads * s * s * d / 2
+                if 3.5 * fwd_flops > grid.attention_max_flops:
+                    continue
+                q, k_, v = (
+                    torch.randn(batch, heads, s, d, device=dev, dtype=dtype, requires_grad=True)
+                    for _ in range(3)
+                )
+                try:
+                    with sdpa_kernel(backend):
+
+                        def fwd(q: Any = q, k_: Any = k_, v: Any = v) -> Any:
+                            return torch.nn.functional.scaled_dot_product_attention(
+                                q, k_, v, is_causal=True
+                            )
+
+                        t_f = _median_time(fwd, grid.reps, sync)
+                        out = fwd()
+                        grad = torch.randn_like(out)
+
+                        def both(q: Any = q, k_: Any = k_, v: Any = v, g: Any = grad) -> None:
+                            o = torch.nn.functional.scaled_dot_product_attention(
+                                q, k_, v, is_causal=True
+                            )
+                            o.backward(g)
+
+                        t_fb = _median_time(both, grid.reps, sync)
+                except RuntimeError:  # the backend does not run here
+                    break
+                t_b = max(t_fb - t_f, 1e-9)
+                attention.append(
+                    [
+                        kernel,
+                        True,
+                        d,
+                        s,
+                        round(fwd_flops / t_f / 1e12, 6),
+                        round(2.5 * fwd_flops / t_b / 1e12, 6),
+                    ]
+                )
+    return attention
+
+
+def attention_notes(device: str) -> dict[str, Any]:
+    """What a profile's notes say about its attention timing (``collsim validate kernels``
+    reads them): the dtype, and on CUDA the benchmark layout's tokens and hidden size."""
+    if device == "cpu":
+        return {"attention_dtype": "fp32", "attention_heads": CPU_ATTENTION_HEADS}
+    return {
+        "attention_dtype": "bf16",
+        "attention_tokens": CUDA_ATTENTION_TOKENS,
+        "attention_hidden": CUDA_ATTENTION_HIDDEN,
+    }
+
+
+def _bandwidth_rates(
+    torch: Any, dev: Any, grid: ComputeGrid, sync: Callable[[], None]
+) -> list[list[float]]:
+    """``[bytes moved, GB/s]`` of an elementwise add per size of the grid within its cap, on
+    cold operands into a cold result as the GEMMs are (:func:`_gemm_time`): each call takes
+    the next triple of a pool of at least 4 (the shared :data:`COLD_BYTES` pool, or one of
+    the size's own up to :data:`MAX_COLD_BYTES`; a size past that is left out).
+
+    A step's memory-bound kernels read tensors written many kernels before (saved
+    activations in backward, gradients, parameters) and write into blocks the allocator
+    hands back cold; an add repeated on one triple of buffers finds them in the core's own
+    cache instead (hot and cold rates of an add: docs/derivations.md, measurements)."""
+    bandwidth: list[list[float]] = []
+    for size in grid.mem_sizes_bytes:
+        if size > grid.mem_max_bytes:
+            continue
+        elems = max(1, size // 12)  # three fp32 tensors of size / 3 bytes
+        cold = _cold_blocks(torch, dev, torch.float32, 3 * elems)
+        if cold is None:
+            continue
+        pool, blocks = cold
+
+        def run(e: int = elems, n: int = blocks, pool: Any = pool) -> None:
+            a, b, c = _slot(pool, _next_slot(n), e, 3)
+            torch.add(a, b, out=c)
+
+        t = _median_time(run, max(grid.reps, 5), sync)
+        del run, pool  # a size's own pool goes before the next size's is made
+        bandwidth.append([float(12 * elems), round(12 * elems / t / 1e9, 4)])
+    return bandwidth
+
+
+def _activation_rates(
+    torch: Any, dev: Any, grid: ComputeGrid, sync: Callable[[], None]
+) -> list[list[Any]]:
+    """``[kind, elements, fwd_gelem_per_s, bwd_gelem_per_s]`` of the MLP activations as eager
+    PyTorch runs them, on cold operands cycling through a pool (as :func:`_bandwidth_rates`;
+    the results are fresh allocations), in the device's first training dtype:
+
+    - ``gelu``: ``F.gelu`` (exact, erf) forward; ``aten.gelu_backward`` backward;
+    - ``swiglu``: ``F.silu(a) * b`` forward (2 kernels); backward ``g * silu(a)`` for b (from
+      the saved ``silu(a)``, as autograd keeps it) and ``aten.silu_backward(g * b, a)`` for a
+      (3 kernels).
+    """
+    F = torch.nn.functional
+    aten = torch.ops.aten
+    dtype = _dtypes(torch, dev.type)[0][1]
+    rows: list[list[Any]] = []
+    # GELU: x, g; SwiGLU: a, b, g and silu(a) (autograd saves it: backward does not recompute)
+    for kind, tensors in (("gelu", 2), ("swiglu", 4)):
+        for elems in grid.activation_elements:
+            cold = _cold_blocks(torch, dev, dtype, tensors * elems)
+            if cold is None:
+                continue
+            pool, blocks = cold
+
+            def views(e: int = elems, n: int = blocks, t: int = tensors, p: Any = pool) -> Any:
+                return _slot(p, _next_slot(n), e, t)
+
+            if kind == "gelu":
+
+                def fwd(views: Any = views) -> None:
+                    x, _ = views()
+                    F.gelu(x)
+
+                def bwd(views: Any = views) -> None:
+                    x, g = views()
+                    aten.gelu_backward(g, x)
+
+            else:
+                for i in range(blocks):  # each slot's saved silu(a), before any timing
+                    a, _, _, saved = _slot(pool, i, elems, 4)
+                    saved.copy_(F.silu(a))
+
+                def fwd(views: Any = views) -> None:
+                    a, b, _, _ = views()
+                    F.silu(a) * b
+
+                def bwd(views: Any = views) -> None:
+                    a, b, g, saved = views()
+                    gb = g * b
+                    g * saved
+                    aten.silu_backward(gb, a)
+
+            reps = max(grid.reps, 5)
+            t_fwd = _median_time(fwd, reps, sync)
+            t_bwd = _median_time(bwd, reps, sync)
+            rows.append([kind, elems, round(elems / t_fwd / 1e9, 6), round(elems / t_bwd / 1e9, 6)])
+    return rows
+
+
+def _host_s(torch: Any, dev: Any, sync: Callable[[], None]) -> float:
+    """Host seconds per kernel in training: a forward + backward through 50 tiny autograd ops
+    (100 kernels), so that autograd's recording and its backward engine are counted."""
+    tiny = torch.ones(4, device=dev, requires_grad=True)
+
+    def chain() -> None:
+        x = tiny
+        for _ in range(50):
+            x = x * 1.0001
+        x.sum().backward()
+
+    return _median_time(chain, 7, sync) / 100
+
+
+def _optimizer_bps(torch: Any, dev: Any, grid: ComputeGrid, sync: Callable[[], None]) -> float:
+    """Bytes per second of an SGD step over ``grid.optimizer_params`` fp32 parameters."""
+    params = [
+        torch.nn.Parameter(torch.randn(grid.optimizer_params // 8, device=dev)) for _ in range(8)
+    ]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = torch.optim.SGD(params, lr=1e-3)
+    t_opt = _median_time(opt.step, max(grid.reps, 3), sync)
+    # bytes as collsim counts an SGD step in fp32 (optimizer_bytes_per_param("sgd", "fp32"))
+
+    bps: float = grid.optimizer_params * optimizer_bytes_per_param("sgd", "fp32") / t_opt
+    return bps
+
+
+def measure_profile(
+    grid: ComputeGrid,
+    device: str = "cpu",
+    on_section: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Time the grid on ``device`` (``cpu`` or ``cuda``); the ``measured`` section's data.
+
+    ``on_section`` gets the tables measured so far after each section (GEMMs, attention,
+    bandwidth, host and optimizer, concurrency), with ``notes.sections`` naming those done, so
+    that a caller can write them before the next one starts."""
+
+    # torch is optional (the validate extra): imported where ranks run
+    import torch
+
+    torch.set_num_threads(grid.threads)
+    dev = torch.device(device)
+
+    def sync() -> None:
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+
+    notes: dict[str, Any] = {
+        "torch": str(torch.__version__),
+        "threads": grid.threads,
+        "device": device,
+        "measured_at_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "optimizer_params": grid.optimizer_params,
+        "activation_dtype": _dtypes(torch, dev.type)[0][0],
+        **attention_notes(dev.type),
+    }
+    if dev.type == "cuda":
+        notes["gpu"] = str(torch.cuda.get_device_name(dev))
+    out: dict[str, Any] = {
+        "concurrent_slowdown": 1.0,
+        "concurrent_memory_slowdown": 1.0,
+        "gemm": [],
+        "attention": [],
+        "bandwidth": [],
+        "activation": [],
+        "optimizer_bytes_per_s": None,
+        # each timed call is one kernel and a synchronize: its time holds the launch and the
+        # tail the model's launch floor stands for, on either device (no second floor on top)
+        "launch_us": 0.0,
+        "host_us": None,
+        "notes": notes,
+    }
+    done: list[str] = []
+
+    def section(name: str) -> None:
+        done.append(name)
+        if on_section is not None:
+            on_section(dict(out, notes=dict(notes, sections=",".join(done))))
+
+    out["gemm"] = _gemm_rates(torch, dev, grid, sync)
+    section("gemm")
+    out["attention"] = _attention_rates(torch, dev, grid, sync)
+    section("attention")
+    out["bandwidth"] = _bandwidth_rates(torch, dev, grid, sync)
+    out["activation"] = _activation_rates(torch, dev, grid, sync)
+    section("bandwidth,activation")
+    out["host_us"] = round(_host_s(torch, dev, sync) * 1e6, 3)
+    out["optimizer_bytes_per_s"] = round(_optimizer_bps(torch, dev, grid, sync), 1)
+    section("host,optimizer")
+    cores = os.cpu_count() or 1
+    if grid.concurrency and dev.type == "cpu" and cores > 1:
+        out["concurrent_slowdown"] = round(concurrency_slowdown(cores, "compute"), 4)
+        out["concurrent_memory_slowdown"] = round(concurrency_slowdown(cores, "memory"), 4)
+        section("concurrency")
+    return out
+
+
+PROBE_KINDS = ("compute", "memory")
+"""The concurrency probe's two kernel mixes: ``compute``, fp32 GEMMs of 400 x 400 x 400; and
+``memory``, a streaming add of 4 MiB vectors; each on cold operands into cold results."""
+
+
+def _probe_worker(kind: str, iters: int, start: Any, out: Any) -> None:
+    """One of :data:`PROBE_KINDS` on cold operands into cold results, as the rest of the
+    profile times its kernels (views cycling through pools past the core's own cache), timed
+    (runs in its own process).
+
+    Ranks on separate cores share the last-level cache and the memory bandwidth, so what they
+    cost one another depends on the traffic that reaches those, and differs between GEMMs
+    (operands reused from the core's cache) and streaming kernels (docs/derivations.md,
+    measurements)."""
+    # torch is optional (the validate extra): imported where ranks run
+    import torch
+
+    torch.set_num_threads(1)
+    side, elems = 400, 1 << 20
+    mats = torch.randn(16 * 2**20 // 4)  # 16 MiB of 400 x 400 fp32 triples
+    vecs = torch.randn(COLD_BYTES // 4)  # 64 MiB of 4 MiB vector triples
+    n_mats, n_vecs = mats.numel() // (3 * side * side), vecs.numel() // (3 * elems)
+
+    def once(i: int) -> None:
+        if kind == "compute":
+            a, b, c = (v.view(side, side) for v in _slot(mats, i % n_mats, side * side, 3))
+            torch.mm(a, b, out=c)
+        else:
+            x, y, z = _slot(vecs, i % n_vecs, elems, 3)
+            torch.add(x, y, out=z)
+
+    once(0)
+    start.wait()
+    t0 = time.perf_counter()
+    for i in range(iters):
+        once(i)
+    out.put(time.perf_counter() - t0)
+
+
+def concurrency_slowdown(
+    processes: int, kind: str = "compute", iters: int = 400, timeout_s: float = 120.0
+) -> float:
+    """How much slower one process of ``processes`` running the ``kind`` mix
+    (:data:`PROBE_KINDS`) at once is than one running alone (shared last-level cache, memory
+    bandwidth and, on a VM, whatever the vCPUs share underneath): median concurrent time over
+    the solo time. Measured, not assumed; ``validate step`` divides a profile's compute rates
+    by the ``compute`` one and its memory-bound rates by the ``memory`` one for ranks that run
+    at the same time on separate cores."""
+
+    if kind not in PROBE_KINDS:
+        raise ValueError(f"kind must be one of {', '.join(PROBE_KINDS)}, got {kind!r}")
+    ctx = mp.get_context("spawn")
+
+    def run(n: int) -> list[float]:
+        start, out = ctx.Event(), ctx.Queue()
+        procs = [
+            ctx.Process(target=_probe_worker, args=(kind, iters, start, out)) for _ in range(n)
+        ]
+        for p in procs:
+            p.start()
+        time.sleep(2.0)  # let every process import torch before the start signal
+        start.set()
+        times: list[float] = []
+        deadline = time.monotonic() + timeout_s
+        try:
+            while len(times) < n:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"concurrency probe: no result within {timeout_s} s")
+                if any(p.exitcode not in (None, 0) for p in procs):
+                    raise RuntimeError("concurrency probe: a worker process failed")
+                try:
+                    times.append(out.get(timeout=1.0))
+                except queue.Empty:
+                    continue
+        finally:
+            for p in procs:
+                p.join(timeout=5.0)
+                if p.is_alive():
+                    p.terminate()
+        return times
+
+    solo = statistics.median(run(1) + run(1))
+    together = statistics.median(run(processes))
+    return max(1.0, together / solo)
+
+
+def write_profile(
+    path: str | Path,
+    measured: dict[str, Any],
+    *,
+    device: str = "cpu",
+    figures: dict[str, Any] | None = None,
+) -> Path:
+    """Write a device file (catalogue schema + ``measured``) that ``get_device(path)`` reads;
+    ``figures`` replace the device-file keys derived from the tables (``peak_tflops``,
+    ``mamf_tflops``, ``sm_count``, ...), e.g. with a catalogue device's own."""
+
+    base = get_device("cpu")
+    cores = os.cpu_count() or 1
+    best = max((r[4] for r in measured["gemm"] if r[3] == "fp32"), default=1e-3)
+    bw = max((r[1] for r in measured["bandwidth"]), default=1.0)
+    tables: dict[str, Any] = {k: v for k, v in measured.items() if v is not None}
+    tables["launch_us"] = 0.0  # the measured times hold the launch (see measure_profile)
+    doc: dict[str, Any] = {
+        "key": Path(path).stem,
+        "name": f"measured {measured['notes'].get('gpu', device)} ({cores} cores, "
+        f"{measured['notes']['threads']} thread(s))",
+        "generation": "cpu" if device == "cpu" else "generic",
+        # peak := the best measured rate (the profile's tables carry the shape dependence)
+        "peak_tflops": {"fp32": best, "bf16": best, "fp16": best},
+        "mamf_tflops": {"bf16": best},
+        "sm_count": int(measured["notes"]["threads"]),
+        # gloo holds no SMs (collsim.cluster.hardware.Device.nccl_sms); a GPU's NCCL holds its
+        # default
+        **({"interference": {"nccl_sms": 0}} if device == "cpu" else {}),
+        "memory_gb": base.memory_bytes / 1e9,
+        "memory_bandwidth_tbps": bw / 1e3,
+        "reserve_gib": 0.0,
+        "measured": tables,
+    }
+    doc.update({k: v for k, v in (figures or {}).items() if k not in ("key", "measured")})
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    header = (
+        "# Device profile written by `collsim validate compute` (the device schema of\n"
+        "# collsim.cluster.hardware):\n"
+        "# measured kernel tables replace the catalogue figures where they cover an op.\n"
+    )
+    out.write_text(
+        header + yaml.safe_dump(doc, sort_keys=False, width=100, default_flow_style=None)
+    )
+    return out
+
+
+def cpu_share(
+    ranks_per_node: int,
+    threads_per_rank: int,
+    cores: int,
+    profile_threads: int,
+    concurrent_slowdown: float = 1.0,
+) -> float:
+    """How much slower each rank computes than the profile measured: the ranks' threads over
+    the cores when they exceed them (the OS time-slices the cores evenly), else 1; relative to
+    the threads the profile was timed with (its rates are per ``profile_threads`` threads);
+    and, when more than one thread is busy, x the profile's measured ``concurrent_slowdown``
+    (threads on separate cores share the last-level cache and the memory bandwidth)::
+
+        share = max(1, ranks_per_node x threads_per_rank / cores)
+                x profile_threads / threads_per_rank   (only when the rank has fewer threads)
+    """
+    busy = ranks_per_node * threads_per_rank
+    share = max(1.0, busy / max(1, cores))
+    if threads_per_rank < profile_threads:
+        share *= profile_threads / threads_per_rank
+    if busy > 1:
+        # threads on separate cores still share the cache and memory: the measured slowdown
+        # of ``cores`` concurrent processes (a profile's ``concurrent_slowdown``)
+        share *= concurrent_slowdown
+    return share
