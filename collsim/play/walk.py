@@ -20,10 +20,11 @@ from collsim.parallel.plan import Plan, RankCoords
 from collsim.step.assemble import assemble
 from collsim.step.build import build_schedule
 from collsim.step.dataparallel import GRAD_NORM_BYTES, DPCall, grad_norm_groups
-from collsim.step.memory import MemoryLedger, MemoryPattern
+from collsim.step.memory import MemoryEvent, MemoryLedger, MemoryPattern
 from collsim.step.ops import ChunkModel, Segment
 from collsim.step.pricing import ClosedPricer, SegmentPrices
 from collsim.step.result import BREAKDOWN_KEYS, StepResult, StragglerReport, TraceEvent
+from collsim.step.shapes import ShapeCache
 from collsim.step.stats import CallKey, CallStats, CallTally, dp_link
 from collsim.step.stragglers import stretch_schedule
 
@@ -64,13 +65,6 @@ _Link = tuple[bool, Phase, tuple[int, Phase, int] | None]
 """An op's pipeline links (:meth:`_Walk.links`)."""
 
 
-@dataclass(slots=True)
-class _Mail:
-    produced_s: float
-    delivered_s: float
-    size_bytes: float
-
-
 class _Walk:
     """The closed-form walk of one schedule (representative rank per stage)."""
 
@@ -88,7 +82,9 @@ class _Walk:
             r = plan.rank(dp=0, pp=st, tp=0)
             self.programs[r] = _Rank(r, plan.coords(r), MemoryLedger(r))
         self.by_stage = {p.coords.pp: p for p in self.programs.values()}
-        self.mail: dict[tuple[int, Phase, int, int], _Mail] = {}
+        self.mail: dict[tuple[int, Phase, int, int], tuple[float, float, float]] = {}
+        """Sent pipeline messages by (receiving rank, direction, micro-batch, chunk): (when
+        produced, when delivered, bytes)."""
         self.prices = SegmentPrices(
             self.plan, pricer, schedule.overlap_factor if schedule.step_interference else None
         )
@@ -157,10 +153,11 @@ class _Walk:
             prog.ledger.alloc(0.0, "optimizer", st.optimizer, "optimizer state")
             prog.ledger.alloc(0.0, "buffers", st.ddp_buckets, "ddp buckets")
         pending = list(self.programs.values())
+        steppers = {prog.rank: self.stepper(prog) for prog in pending}
         while pending:
             progressed = False
             for prog in pending:
-                progressed |= self.advance(prog)
+                progressed |= next(steppers[prog.rank])
             left = [p for p in pending if p.next_op < len(self.schedule.pipeline[p.coords.pp])]
             if left and not progressed:
                 raise SimulationError(
@@ -198,6 +195,13 @@ class _Walk:
         self._links[stage] = out
         return out
 
+    def stepper(self, prog: _Rank) -> Iterator[bool]:
+        """:meth:`advance` of ``prog`` each time it is resumed (for ever)."""
+        if self.rules.zero != 3:
+            yield from self.fused_ops(prog)
+        while True:
+            yield self.advance(prog)
+
     def advance(self, prog: _Rank) -> bool:
         """Run the rank's ops while their inputs have been sent; True if any ran."""
         ops = self.schedule.pipeline[prog.coords.pp]
@@ -211,14 +215,15 @@ class _Walk:
                 mail = self.mail.get((prog.rank, direction, op.microbatch, op.chunk))
                 if mail is None:
                     return ran  # its input is not sent yet
+                produced_s, delivered_s, mail_bytes = mail
                 w0 = prog.now
-                if mail.delivered_s > w0:
-                    w1 = mail.delivered_s
-                    produced = min(max(mail.produced_s, w0), w1)
+                if delivered_s > w0:
+                    w1 = delivered_s
+                    produced = min(max(produced_s, w0), w1)
                     prog.breakdown_s["bubble"] += produced - w0
                     prog.breakdown_s["pp_exposed"] += w1 - produced
                     prog.now = w1
-                prog.ledger.free(prog.now, "buffers", mail.size_bytes, "pp recv")
+                prog.ledger.free(prog.now, "buffers", mail_bytes, "pp recv")
                 if self.gather_pp:
                     size = self.schedule.p2p_bytes * self.plan.tp
                     folded = self.price(
@@ -237,6 +242,146 @@ class _Walk:
             prog.next_op += 1
             ran = True
         return ran
+
+    def fused_ops(self, prog: _Rank) -> Iterator[bool]:
+        """:meth:`advance` without ZeRO-3 (each op one fused block) as a generator: each
+        resume runs the rank's ops while their inputs have been sent and yields whether any
+        ran, until the last op has run. The same arithmetic in the same order as
+        :meth:`advance`, with the per-op work kept in the generator's locals: the op's block
+        (:meth:`op_plan`), its message in and out, and the calls it tallies. The rank's
+        clock and account are written back when its last op has run (nothing reads them
+        before)."""
+        stage = prog.coords.pp
+        ops = self.schedule.pipeline[stage]
+        n = len(ops)
+        i = prog.next_op
+        links = self.links(stage)
+        chunks = self.schedule.stages[stage].chunks
+        paired_ops = self.schedule.paired.get(stage, ())
+        mailbox = self.mail
+        rank = prog.rank
+        breakdown = prog.breakdown_s
+        events, placed = prog.ledger.appenders()
+        size = self.schedule.p2p_bytes
+        received, sent = -float(size), float(size)
+        rules = self.rules
+        buckets_on = rules.uses_buckets
+        runs = self._runs
+        plans: dict[tuple[int, Phase, bool], _OpPlan] = {}
+        sends: dict[int, tuple[float, float, CallTally, int, list[MemoryEvent]]] = {}
+        fold: tuple[float, float, CallTally] | None = None
+        gather_pp = self.gather_pp
+        new = tuple.__new__
+        now = prog.now
+        bubble, pp_exposed, compute = (
+            breakdown["bubble"],
+            breakdown["pp_exposed"],
+            breakdown["compute"],
+        )
+        ran = False
+        while i < n:
+            op = ops[i]
+            remote, direction, dest = links[i]
+            mb = op.microbatch
+            folded = 0.0
+            if remote:
+                key = (rank, direction, mb, op.chunk)
+                mail = mailbox.get(key)
+                while mail is None:  # its input is not sent yet: wait for the next round
+                    prog.next_op = i
+                    yield ran
+                    ran = False
+                    mail = mailbox.get(key)
+                produced_s, delivered_s, mail_bytes = mail
+                if delivered_s > now:
+                    produced = min(max(produced_s, now), delivered_s)
+                    bubble += produced - now
+                    pp_exposed += delivered_s - produced
+                    now = delivered_s
+                if mail_bytes:
+                    events.append(new(MemoryEvent, (now, "buffers", received, "pp recv")))
+                if gather_pp:
+                    if fold is None:
+                        fold = self.repeat_price(
+                            rank, TP, "all_gather", size * self.plan.tp, self.group(rank, TP)
+                        )
+                        folded = fold[0]
+                    else:
+                        folded, busbw, tally = fold
+                        tally.count += 1
+                        tally.time_s += folded
+                        tally.busbw_bps = busbw
+            now += folded
+            pp_exposed += folded
+            chunk = op.chunk
+            paired = i in paired_ops
+            block = plans.get((chunk, op.phase, paired))
+            if block is None:
+                block = plans[(chunk, op.phase, paired)] = self.op_plan(
+                    prog, chunks[chunk], op.phase, paired
+                )
+            t0 = now
+            if block.pattern.events:
+                placed.append((t0, block.pattern, mb, chunk, len(events)))
+            if block.buckets and buckets_on and rules.reduces_in(mb):
+                prog.now = now
+                for bucket, rel in block.buckets:
+                    if rules.overlap:
+                        self.reduce_bucket(prog, bucket, t0 + rel, t0)
+                    else:
+                        prog.deferred.append((op, chunks[chunk], bucket))
+            slot = runs.get(block.run_key)
+            if slot is None:
+                runs[block.run_key] = [block.segs, 1]
+            else:
+                slot[1] += 1
+            now = t0 + block.duration
+            compute += block.compute
+            for k, v in block.comm_items:
+                breakdown[k] += v
+            if dest is not None:
+                to = dest[0]
+                send = sends.get(to)
+                if send is None:
+                    dst = self.by_stage[to]
+                    t, busbw, tally = self.repeat_price(
+                        rank, PP, "send_recv", size, (rank, dst.rank)
+                    )
+                    dst_rank, dst_events = dst.rank, dst.ledger.appenders()[0]
+                    sends[to] = (t, busbw, tally, dst_rank, dst_events)
+                else:
+                    t, busbw, tally, dst_rank, dst_events = send
+                    tally.count += 1
+                    tally.time_s += t
+                    tally.busbw_bps = busbw
+                pp_free = prog.pp_free
+                start = now if now >= pp_free else pp_free
+                pp_free = prog.pp_free = start + t
+                delivered = now + (pp_free - now)
+                mailbox[(dst_rank, dest[1], mb, dest[2])] = (now, delivered, size)
+                if size:  # MemoryLedger.alloc
+                    dst_events.append(new(MemoryEvent, (delivered, "buffers", sent, "pp recv")))
+            i += 1
+            ran = True
+        prog.next_op = i
+        prog.now = now
+        breakdown["bubble"], breakdown["pp_exposed"], breakdown["compute"] = (
+            bubble,
+            pp_exposed,
+            compute,
+        )
+        yield ran
+
+    def repeat_price(
+        self, rank: int, axis: str, op: str, size: float, ranks: tuple[int, ...]
+    ) -> tuple[float, float, CallTally]:
+        """:meth:`price` of a call an op repeats: (seconds, busbw, its tally), so that the
+        next calls of the same op are tallied in place (``count += 1``, ``time_s += t``: what
+        :meth:`CallStats.add` does)."""
+        time_s = self.price(rank, axis, op, size, ranks, 0.0)
+        cost = self.pricer.cost(op, size, ranks)
+        tally = self.stats.tally(CallKey(rank, axis, op, size, len(ranks), cost.algorithm))
+        return time_s, cost.busbw_bps, tally
 
     def op_plan(
         self, prog: _Rank, chunk: ChunkModel, phase: Phase, paired: bool = False
@@ -270,6 +415,8 @@ class _Walk:
             t += dur
         plan.duration = t
         plan.pattern = MemoryPattern("activations", mem)
+        plan.comm_items = tuple(plan.comm.items())
+        plan.run_key = (prog.rank, id(segs[0]) if len(segs) == 1 else id(segs))
         self._op_plans[key] = plan
         return plan
 
@@ -398,9 +545,7 @@ class _Walk:
         start = max(prog.now, prog.pp_free)
         prog.pp_free = start + t
         delivered = _fires(prog.now, prog.pp_free)
-        self.mail[(dst.rank, dst_phase, op.microbatch, dst_chunk)] = _Mail(
-            prog.now, delivered, size
-        )
+        self.mail[(dst.rank, dst_phase, op.microbatch, dst_chunk)] = (prog.now, delivered, size)
         dst.ledger.alloc(delivered, "buffers", size, "pp recv")
 
     def grad_norm(self) -> None:
@@ -498,6 +643,10 @@ class _OpPlan:
     comm: dict[str, float] = field(default_factory=dict)
     pattern: MemoryPattern = field(default_factory=lambda: MemoryPattern("activations", []))
     buckets: list[tuple[Bucket, float]] = field(default_factory=list)
+    comm_items: tuple[tuple[str, float], ...] = ()
+    """``comm`` as pairs, in its order."""
+    run_key: tuple[int, int] = (0, 0)
+    """The op's key in :meth:`_Walk.tally_tp`'s runs."""
 
 
 def walk(
@@ -518,7 +667,7 @@ def walk(
     with collector_paused():
         w = _Walk(schedule, pricer)
         w.run()
-        return assemble(
+        result = assemble(
             plan,
             w,
             fidelity="closed",
@@ -526,6 +675,10 @@ def walk(
             zero_communication=pricer.zero,
             timeline=timeline,
         )
+        # freed by reference counting while the collector is still off: the walk's many
+        # small objects would otherwise be scanned by the first collection after it
+        del w
+    return result
 
 
 def estimate_step(
@@ -614,6 +767,7 @@ class Estimator:
         self.topology = topology
         self.spec = spec
         self.pricer = ClosedPricer(topology)
+        self.shapes = ShapeCache()
 
     def estimate(self, training: TrainingConfig, parallel: ParallelConfig) -> StepResult:
         """The closed form of one plan.
@@ -622,7 +776,18 @@ class Estimator:
             ConfigError: the plan does not match the model or the cluster (see build_plan).
         """
 
+        return self.walk(self.schedule(training, parallel))
+
+    def schedule(self, training: TrainingConfig, parallel: ParallelConfig) -> StepSchedule:
+        """The step program of one plan (the first half of :meth:`estimate`).
+
+        Raises:
+            ConfigError: the plan does not match the model or the cluster (see build_plan).
+        """
         with warnings.catch_warnings():  # kept in the plan's warnings, not raised per plan
             warnings.simplefilter("ignore", CollsimWarning)
-            schedule = build_schedule(self.topology, self.spec, training, parallel)
+            return build_schedule(self.topology, self.spec, training, parallel, cache=self.shapes)
+
+    def walk(self, schedule: StepSchedule) -> StepResult:
+        """The closed form of a step program from :meth:`schedule` (no memory timeline)."""
         return walk(schedule, self.pricer, timeline=False)

@@ -37,6 +37,7 @@ from collsim.parallel.plan import Plan, build_plan
 from collsim.parallel.states import optimizer_state_bytes
 from collsim.step.dataparallel import BytesPer, DataParallelRules
 from collsim.step.ops import BlockTimes, ChunkModel, Segment, StageModel, build_stage
+from collsim.step.shapes import ShapeCache
 from collsim.workload.compute import ComputeModel
 from collsim.workload.fp8 import FP8Casts, weight_cache_of, weight_cast_bytes_per_step
 from collsim.workload.framework import framework_costs
@@ -215,8 +216,37 @@ def layer_kind_of(spec: TransformerSpec) -> dict[int, int]:
     }
 
 
+def _compute_model(
+    device: Device, plan: Plan, op_over: dict[str, float], cache: ShapeCache | None
+) -> ComputeModel:
+    """The compute model of a plan's device and training settings (one per distinct setting
+    in a ``cache``: its memo of layer prices then serves every plan that shares it)."""
+    training = plan.training
+    kwargs: dict[str, Any] = {
+        "fp8_casts": fp8_casts_of(plan),
+        "overrides": op_over,
+        "attention_kernel": training.attention_kernel,
+        "execution": str(training.execution),
+        "fused_kernels": bool(training.fused_kernels),
+    }
+    dtype = str(training.dtype)
+    if cache is None:
+        return ComputeModel(device, dtype, **kwargs)
+    key = (
+        device,
+        dtype,
+        tuple(
+            sorted(
+                (k, tuple(sorted(v.items())) if isinstance(v, dict) else v)
+                for k, v in kwargs.items()
+            )
+        ),
+    )
+    return cache.get("compute", key, lambda: ComputeModel(device, dtype, **kwargs))
+
+
 def _blocks(
-    plan: Plan, device: Device, overrides: dict[str, float]
+    plan: Plan, device: Device, overrides: dict[str, float], cache: ShapeCache | None = None
 ) -> tuple[dict[int, BlockTimes], BlockTimes, BlockTimes, ComputeModel]:
     """Seconds of each layer kind (by its representative layer index), the embedding and the
     head per micro-batch (compute model or overrides), with the dgrad time of their
@@ -224,15 +254,7 @@ def _blocks(
 
     op_over = {k: v for k, v in overrides.items() if k not in BLOCK_OVERRIDE_KEYS}
     tr = plan.training
-    model = ComputeModel(
-        device,
-        str(tr.dtype),
-        overrides=op_over,
-        attention_kernel=tr.attention_kernel,
-        execution=str(tr.execution),
-        fused_kernels=bool(tr.fused_kernels),
-        fp8_casts=fp8_casts_of(plan),
-    )
+    model = _compute_model(device, plan, op_over, cache)
     mb, tp, sp = plan.training.micro_batch, plan.tp, plan.parallel.sequence_parallel
     spec = plan.spec
     variant = spec.is_moe or spec.is_mla or spec.sliding_window is not None or plan.cp > 1
@@ -530,6 +552,7 @@ def build_schedule(
     *,
     op_time_overrides: dict[str, float] | None = None,
     plan: Plan | None = None,
+    cache: ShapeCache | None = None,
 ) -> StepSchedule:
     """The step schedule of a plan (see the module docstring).
 
@@ -538,6 +561,8 @@ def build_schedule(
         op_time_overrides: measured seconds by workload op name or by block
             (:data:`BLOCK_OVERRIDE_KEYS`).
         plan: an already checked plan of the same arguments (skips :func:`build_plan`).
+        cache: shape tables shared with other plans of the same model and cluster
+            (:class:`~collsim.step.shapes.ShapeCache`; the program is the same without).
 
     Raises:
         ConfigError: the plan does not match the model or the cluster (see build_plan).
@@ -545,7 +570,7 @@ def build_schedule(
     if plan is None:
         plan = build_plan(topology, spec, training, parallel)
     overrides = dict(op_time_overrides or {})
-    layers, emb, head, model = _blocks(plan, topology.device, overrides)
+    layers, emb, head, model = _blocks(plan, topology.device, overrides, cache)
     if not overrides:
         # the slowest GPU of a synchronous step sets its pace (compute.md 1a: 5 % MAMF spread)
 
@@ -566,21 +591,11 @@ def build_schedule(
             act_element_bytes=int(per.activation),
             layer_of=layer_of,
             comms_of=comms_of,
+            cache=cache,
         )
         for s in range(plan.pp)
     }
-    order = plan.pipeline_schedule.order
-    pipeline = {
-        s: tuple(
-            order(
-                num_stages=plan.pp,
-                num_microbatches=plan.num_microbatches,
-                stage=s,
-                virtual_stages=plan.virtual_stages,
-            )
-        )
-        for s in range(plan.pp)
-    }
+    pipeline = _pipeline_orders(plan, cache)
     cpu: list[ComputeModel] = []
     rules = DataParallelRules.from_plan(plan, per, host_bps=float(topology.host_bandwidth_bps))
     if (
@@ -617,8 +632,32 @@ def build_schedule(
         interference=not overrides and plan.dp > 1 and (parallel.zero == 3 or parallel.ddp.overlap),
         memory_bound_share=_memory_bound_share(plan, spec, training, parallel, model),
         step_interference=not overrides,
-        paired=_paired(plan, parallel, stages),
+        paired=_paired(plan, parallel, stages, cache),
     )
+
+
+def _pipeline_orders(plan: Plan, cache: ShapeCache | None) -> dict[int, tuple[PipeOp, ...]]:
+    """Per stage, the ops of its compute stream in the plan's schedule (once per schedule
+    shape in a ``cache``)."""
+
+    def make() -> dict[int, tuple[PipeOp, ...]]:
+        order = plan.pipeline_schedule.order
+        return {
+            s: tuple(
+                order(
+                    num_stages=plan.pp,
+                    num_microbatches=plan.num_microbatches,
+                    stage=s,
+                    virtual_stages=plan.virtual_stages,
+                )
+            )
+            for s in range(plan.pp)
+        }
+
+    if cache is None:
+        return make()
+    key = (str(plan.parallel.schedule), plan.pp, plan.num_microbatches, plan.virtual_stages)
+    return dict(cache.get("pipeline", key, make))
 
 
 def _layer_lookup(
@@ -648,7 +687,10 @@ def _comms_lookup(plan: Plan, spec: TransformerSpec) -> Callable[[int], list[Lay
 
 
 def _paired(
-    plan: Plan, parallel: ParallelConfig, stages: dict[int, StageModel]
+    plan: Plan,
+    parallel: ParallelConfig,
+    stages: dict[int, StageModel],
+    cache: ShapeCache | None = None,
 ) -> dict[int, frozenset[int]]:
     """With EP overlap, per stage the ops that run paired (:func:`paired_ops`); the paired
     segments do the same framework work as the plain ones."""
@@ -663,13 +705,25 @@ def _paired(
             ):
                 for a, b in zip(normal, alt or (), strict=False):
                     b.framework_s = a.framework_s
-        paired[s] = plan.pipeline_schedule.paired(
+        paired[s] = _paired_ops(plan, s, cache)
+    return paired
+
+
+def _paired_ops(plan: Plan, stage: int, cache: ShapeCache | None) -> frozenset[int]:
+    """The schedule's paired ops of ``stage`` (once per schedule shape in a ``cache``)."""
+
+    def make() -> frozenset[int]:
+        return plan.pipeline_schedule.paired(
             num_stages=plan.pp,
             num_microbatches=plan.num_microbatches,
-            stage=s,
+            stage=stage,
             virtual_stages=plan.virtual_stages,
         )
-    return paired
+
+    if cache is None:
+        return make()
+    key = (str(plan.parallel.schedule), plan.pp, plan.num_microbatches, plan.virtual_stages, stage)
+    return cache.get("paired", key, make)
 
 
 def _memory_bound_share(

@@ -121,6 +121,16 @@ class MemoryLedger:
         if pattern.events:
             self._placed.append((time_s, pattern, microbatch, chunk, len(self._events)))
 
+    def appenders(
+        self,
+    ) -> tuple[list[MemoryEvent], list[tuple[float, MemoryPattern, int, int, int]]]:
+        """The lists :meth:`alloc` / :meth:`free` and :meth:`place` append to, for a loop that
+        records many events: append ``MemoryEvent(time_s, category, ±bytes, label)`` (a known
+        category, a non-zero size) and ``(start, pattern, micro-batch, chunk, len(events))``
+        (a pattern with events) as those methods do. Valid until the next read of
+        :attr:`events`."""
+        return self._events, self._placed
+
     def alloc(self, time_s: float, category: str, size_bytes: float, label: Any = "") -> None:
         """Record ``size_bytes`` of ``category`` allocated at ``time_s``."""
         if category not in MEMORY_KEYS:

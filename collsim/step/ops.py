@@ -18,6 +18,7 @@ from collsim.parallel.tp_overlap import USERBUFFERS, margin_factor, tp_overlap_o
 
 if TYPE_CHECKING:
     from collsim.parallel.layer_comms import LayerComm
+    from collsim.step.shapes import ShapeCache
 
 __all__ = [
     "Step",
@@ -552,11 +553,13 @@ def build_stage(
     act_element_bytes: int,
     layer_of: Callable[[int], BlockTimes] | None = None,
     comms_of: Callable[[int], list[LayerComm]] | None = None,
+    cache: ShapeCache | None = None,
 ) -> StageModel:
     """The chunks of ``stage`` with their segments, tensors, DDP buckets and FSDP units.
 
     ``layer_of`` gives the block times of a layer index (its kind; default ``layer`` for
-    all), ``comms_of`` its EP / CP collectives (default none)."""
+    all), ``comms_of`` its EP / CP collectives (default none); a ``cache`` shares the
+    tensors, buckets and units of a chunk shape with other plans (:func:`_chunk_params`)."""
     spec = plan.spec
     tp, sp = plan.tp, plan.parallel.sequence_parallel
     # a CP rank holds s / cp tokens: its TP messages are b (s / cp) h
@@ -610,8 +613,8 @@ def build_stage(
         emb_seg = [s for s in bwd if s.key == "embedding"]
         # a tied head needs its own copy only on another stage than the embedding
         pp = plan.pp if plan.head_stage != 0 else 1
-        tensors = chunk_tensors(
-            spec, layers, tp=tp, first=first, last=last, pp=pp, ep=plan.ep, etp=plan.etp
+        tensors, buckets, units = _chunk_params(
+            plan, layers, first=first, last=last, pp=pp, grad_bytes=grad_bytes, cache=cache
         )
         chunk = ChunkModel(
             index=c,
@@ -627,10 +630,49 @@ def build_stage(
             _split_chunk(
                 chunk, {"embedding": embedding, "head": head}, layer_of or (lambda _: layer)
             )
-        chunk.buckets = _buckets(plan, tensors, grad_bytes)
-        chunk.units = build_units(tensors)
+        chunk.buckets = buckets
+        chunk.units = units
         chunks.append(chunk)
     return StageModel(stage=stage, chunks=chunks)
+
+
+def _chunk_params(
+    plan: Plan,
+    layers: range,
+    *,
+    first: bool,
+    last: bool,
+    pp: int,
+    grad_bytes: int,
+    cache: ShapeCache | None,
+) -> tuple[list[ParamTensor], list[Bucket], list[FSDPUnit]]:
+    """A chunk's tensors, DDP buckets and FSDP units (made once per chunk shape in a
+    ``cache``; the lists are shared then, and nothing changes them)."""
+    spec = plan.spec
+
+    def tensors_of() -> list[ParamTensor]:
+        return chunk_tensors(
+            spec, layers, tp=plan.tp, first=first, last=last, pp=pp, ep=plan.ep, etp=plan.etp
+        )
+
+    if cache is None:
+        tensors = tensors_of()
+        return tensors, _buckets(plan, tensors, grad_bytes), build_units(tensors)
+    # keyed by the spec's identity (hashing a spec costs more than the lookup saves); the
+    # entry holds the spec, so a key is never reused by another spec while it lives
+    shape = (id(spec), layers.start, layers.stop, plan.tp, first, last, pp, plan.ep, plan.etp)
+    held, tensors, units = cache.get(
+        "chunk", shape, lambda: (spec, t := tensors_of(), build_units(t))
+    )
+    if held is not spec:  # pragma: no cover - another spec at a reused address
+        tensors = tensors_of()
+        units = build_units(tensors)
+    ddp = plan.parallel.ddp
+    key = (shape, ddp.bucket_mb, ddp.first_bucket_mb, grad_bytes)
+    held_b, buckets = cache.get("buckets", key, lambda: (spec, _buckets(plan, tensors, grad_bytes)))
+    if held_b is not spec:  # pragma: no cover - as above
+        buckets = _buckets(plan, tensors, grad_bytes)
+    return tensors, buckets, units
 
 
 def _layer_segments(

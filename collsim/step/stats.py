@@ -56,6 +56,14 @@ class CallStats:
         tally.time_s += time_s
         tally.busbw_bps = busbw_bps
 
+    def tally(self, key: CallKey) -> CallTally:
+        """The tally of ``key`` (a new, empty one at the end of the order if none yet): a
+        caller that repeats one call adds to it in place, as :meth:`add` would."""
+        tally = self._tallies.get(key)
+        if tally is None:
+            tally = self._tallies[key] = CallTally()
+        return tally
+
     def items(self) -> Iterator[tuple[CallKey, CallTally]]:
         return iter(self._tallies.items())
 

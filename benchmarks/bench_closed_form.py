@@ -1,0 +1,171 @@
+"""Cost of one closed-form estimate (build the step program, walk it), per plan, on one core.
+
+Three plan families, each estimated as a search estimates them (one
+:class:`collsim.play.walk.Estimator` per family, shared by its plans):
+
+- ``3d_175b``: the plans ``collsim search scenarios/3d_175b.yaml --gpus 1024`` estimates (the
+  search is run first, in this process, and the plans it estimates are recorded in order);
+- ``moe``: the Qwen3-30B-A3B plan (``scenarios/published/moe_qwen3_30b_a3b_h100_16_fp8.yaml``)
+  and a sample of the buildable plans of its ``--ep 1,2,4,8`` space;
+- ``cp``: the Llama 3 70B context-parallel plan (``scenarios/published/cp_llama3_70b_h100_64.yaml``)
+  and a sample of the buildable plans of its ``--cp 2,4`` space.
+
+Each family is estimated once in order (``first``: what a search pays, each plan's shapes
+priced by the plans before it), then ``--repeats`` more times (``warm``: the per-plan median of
+those). Figures are process CPU seconds (``time.process_time``) split into building the
+program (:meth:`Estimator.schedule`) and walking it (:meth:`Estimator.walk`), as the median
+over the plans of a family. Target (issue 25, must-show 1): ``warm`` build + walk at most 2 ms
+per plan in each family::
+
+    taskset -c 0 python benchmarks/bench_closed_form.py [--repeats 5] [--sample 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+TARGET_S = 0.002
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as the collsim command starts
+
+from collsim.core.errors import CollsimWarning, ConfigError, InfeasibleError  # noqa: E402
+from collsim.parallel.plan import build_plan  # noqa: E402
+from collsim.play.walk import Estimator  # noqa: E402
+from collsim.study.scenario import load_scenario  # noqa: E402
+from collsim.study.search import SearchSpace, enumerate_plans, search_plans  # noqa: E402
+
+Configs = tuple[Any, Any]
+
+
+def search_estimated(path: Path) -> tuple[Any, Any, list[Configs]]:
+    """(topology, spec, the (training, parallel) of each plan the search estimates)."""
+    sc = load_scenario(path)
+    topology = sc.cluster.load()
+    seen: list[Configs] = []
+    original: Callable[..., Any] = Estimator.estimate
+
+    def recording(self: Estimator, training: Any, parallel: Any) -> Any:
+        seen.append((training, parallel))
+        return original(self, training, parallel)
+
+    Estimator.estimate = recording  # type: ignore[method-assign]
+    try:
+        search_plans(topology, sc.model, sc.training, sc.parallel, top_k=0, jobs=1)
+    finally:
+        Estimator.estimate = original  # type: ignore[method-assign]
+    return topology, sc.model, seen
+
+
+def sampled(path: Path, space: SearchSpace, n: int) -> tuple[Any, Any, list[Configs]]:
+    """(topology, spec, the scenario's plan and ``n`` buildable plans of ``space`` drawn at
+    random, the same every run)."""
+    sc = load_scenario(path)
+    topology = sc.cluster.load()
+    plans = list(
+        enumerate_plans(
+            sc.model,
+            topology.num_ranks,
+            topology.gpus_per_node,
+            sc.training.global_batch,
+            space,
+            base=sc.parallel,
+        )
+    )
+    configs = [(sc.training, sc.parallel)]
+    order = list(range(len(plans)))
+    random.Random(0).shuffle(order)  # the same sample every run
+    for i in order:
+        if len(configs) > n:
+            break
+        training, parallel = plans[i].configs(sc.training, sc.parallel)
+        try:
+            build_plan(topology, sc.model, training, parallel)
+        except (ConfigError, InfeasibleError):
+            continue  # the search would count it, not estimate it
+        configs.append((training, parallel))
+    return topology, sc.model, configs
+
+
+def timed(est: Estimator, configs: Configs) -> tuple[float, float] | None:
+    """(build CPU s, walk CPU s) of one plan, or None when it cannot be built."""
+    clock = time.process_time
+    try:
+        t0 = clock()
+        schedule = est.schedule(*configs)
+        t1 = clock()
+        est.walk(schedule)
+        t2 = clock()
+    except (ConfigError, InfeasibleError):
+        return None
+    return t1 - t0, t2 - t1
+
+
+def family(name: str, topology: Any, spec: Any, plans: list[Configs], repeats: int) -> None:
+    est = Estimator(topology, spec)
+    first = [timed(est, c) for c in plans]
+    ok = [i for i, t in enumerate(first) if t is not None]
+    runs: list[list[tuple[float, float]]] = [[] for _ in plans]
+    for _ in range(repeats):
+        for i in ok:
+            t = timed(est, plans[i])
+            assert t is not None
+            runs[i].append(t)
+    med = statistics.median
+
+    def row(label: str, pairs: list[tuple[float, float]]) -> str:
+        build = med(p[0] for p in pairs) * 1e3
+        walk = med(p[1] for p in pairs) * 1e3
+        total = med(p[0] + p[1] for p in pairs) * 1e3
+        verdict = "met" if total <= TARGET_S * 1e3 else "missed"
+        return (
+            f"  {name:8s} {label:6s} {len(pairs):5d} {total:9.2f} {build:9.2f} {walk:9.2f}"
+            f"  {verdict}"
+        )
+
+    print(row("first", [first[i] for i in ok if first[i] is not None]))  # type: ignore[misc]
+    if repeats:
+        warm = [(med(p[0] for p in runs[i]), med(p[1] for p in runs[i])) for i in ok]
+        print(row("warm", warm))
+    if len(ok) < len(plans):
+        print(f"  {name:8s} ({len(plans) - len(ok)} plans could not be built, left out)")
+    sys.stdout.flush()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--sample", type=int, default=40, help="plans sampled per MoE / CP space")
+    parser.add_argument("--families", default="3d_175b,moe,cp")
+    args = parser.parse_args()
+    warnings.simplefilter("ignore", CollsimWarning)
+    wanted = args.families.split(",")
+    print(f"load average {os.getloadavg()[0]:.2f}; CPU ms per plan, medians over the plans")
+    print(
+        f"  {'family':8s} {'pass':6s} {'plans':>5s} {'total ms':>9s} {'build ms':>9s}"
+        f" {'walk ms':>9s}  target {TARGET_S * 1e3:g} ms"
+    )
+    if "3d_175b" in wanted:
+        family("3d_175b", *search_estimated(REPO / "scenarios/3d_175b.yaml"), args.repeats)
+    if "moe" in wanted:
+        path = REPO / "scenarios/published/moe_qwen3_30b_a3b_h100_16_fp8.yaml"
+        space = SearchSpace(eps=(1, 2, 4, 8))
+        family("moe", *sampled(path, space, args.sample), args.repeats)
+    if "cp" in wanted:
+        path = REPO / "scenarios/published/cp_llama3_70b_h100_64.yaml"
+        space = SearchSpace(cps=(2, 4))
+        family("cp", *sampled(path, space, args.sample), args.repeats)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

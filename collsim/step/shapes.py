@@ -1,0 +1,47 @@
+"""What building a step program derives from a plan's shape alone, kept across the plans of a
+search: the compute model with its per-layer prices, each stage's pipeline order, each chunk's
+tensors, DDP buckets and FSDP units. Plans of one search share them wherever their shapes agree
+(a tp, micro-batch and recompute choice repeats across hundreds of plans); every entry is
+immutable data or a table read only, so a program built with a cache is the one built without.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from typing import Any, TypeVar
+
+__all__ = ["ShapeCache"]
+
+T = TypeVar("T")
+
+
+class ShapeCache:
+    """Tables of one model on one cluster, by the shape each entry depends on.
+
+    Each table is a plain dict from a hashable key to an immutable value (or to a model whose
+    own memo only grows); :meth:`get` fills an entry on its first use. A search's
+    :class:`collsim.play.walk.Estimator` keeps one; one-off callers pass none.
+    """
+
+    __slots__ = ("_tables",)
+
+    def __init__(self) -> None:
+        self._tables: dict[str, dict[Hashable, Any]] = {}
+
+    def get(self, table: str, key: Hashable, make: Callable[[], T]) -> T:
+        """The entry ``key`` of ``table``, made by ``make()`` the first time."""
+        entries = self._tables.get(table)
+        if entries is None:
+            entries = self._tables[table] = {}
+        hit = entries.get(key, _MISSING)
+        if hit is _MISSING:
+            hit = entries[key] = make()
+        out: T = hit
+        return out
+
+    def sizes(self) -> dict[str, int]:
+        """Entries per table (for tests and benchmarks)."""
+        return {name: len(entries) for name, entries in self._tables.items()}
+
+
+_MISSING: Any = object()
