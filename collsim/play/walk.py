@@ -250,7 +250,10 @@ class _Walk:
         :meth:`advance`, with the per-op work kept in the generator's locals: the op's block
         (:meth:`op_plan`), its message in and out, and the calls it tallies. The rank's
         clock and account are written back when its last op has run (nothing reads them
-        before)."""
+        before).
+
+        Stays long: the closed form's hot loop (every op of every walked rank passes here); its
+        per-op state lives in the generator's locals, which a split into calls would give up."""
         stage = prog.coords.pp
         ops = self.schedule.pipeline[stage]
         n = len(ops)
