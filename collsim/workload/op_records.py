@@ -179,6 +179,22 @@ def _matmul(name: str, gemm: Gemm, e: int, saved: dict[str, float]) -> Op:
     )
 
 
+def _activation_matmul(name: str, gemm: Gemm, size_bytes: float, saved: dict[str, float]) -> Op:
+    """A GEMM of two activations (attention's QK^T and AV): no weight, so no weight gradient;
+    backward is the two input-gradient GEMMs, twice the forward's FLOPs and bytes."""
+    return Op(
+        name=name,
+        kind=OpKind.MATMUL,
+        gemms=(gemm,),
+        flops=gemm.flops,
+        size_bytes=size_bytes,
+        backward_gemms=gemm.backward(),
+        backward_flops=2 * gemm.flops,
+        backward_bytes=2 * size_bytes,
+        saved=saved,
+    )
+
+
 def _elementwise(
     name: str, kind: str, elements: float, size_bytes: float, saved: dict[str, float]
 ) -> Op:

@@ -21,6 +21,7 @@ from collsim.workload.op_records import (
     SELECTIVE_TENSORS,
     Gemm,
     Op,
+    _activation_matmul,
     _check_tp,
     _elementwise,
     _matmul,
@@ -161,16 +162,11 @@ def _core_attention(
     scores = Gemm(s, s, d, b * heads)
     scores_bytes = e * (b * heads * s * d + b * kv_heads * s * d + probs)
     out.append(
-        Op(
-            name="attn_scores",
-            kind=OpKind.MATMUL,
-            gemms=(scores,),
-            flops=scores.flops,
-            size_bytes=scores_bytes,
-            backward_gemms=scores.backward(),
-            backward_flops=2 * scores.flops,
-            backward_bytes=2 * scores_bytes,
-            saved={"q": e * tokens * heads * d, "k": e * tokens * kv_heads * d},
+        _activation_matmul(
+            "attn_scores",
+            scores,
+            scores_bytes,
+            {"q": e * tokens * heads * d, "k": e * tokens * kv_heads * d},
         )
     )
     out.append(
@@ -186,19 +182,7 @@ def _core_attention(
         values_saved["attn_dropout.output"] = e * probs
     values = Gemm(s, d, s, b * heads)
     values_bytes = e * (probs + b * kv_heads * s * d + b * heads * s * d)
-    out.append(
-        Op(
-            name="attn_values",
-            kind=OpKind.MATMUL,
-            gemms=(values,),
-            flops=values.flops,
-            size_bytes=values_bytes,
-            backward_gemms=values.backward(),
-            backward_flops=2 * values.flops,
-            backward_bytes=2 * values_bytes,
-            saved=values_saved,
-        )
-    )
+    out.append(_activation_matmul("attn_values", values, values_bytes, values_saved))
     return out
 
 

@@ -14,6 +14,7 @@ from collsim.workload.op_records import (
     FLASH_CAUSAL_FRACTION,
     Gemm,
     Op,
+    _activation_matmul,
     _check_tp,
     _elementwise,
     _matmul,
@@ -245,17 +246,7 @@ def _variant_attention(
     scores = Gemm(s_q, keys_n, dqk, b * heads)
     scores_bytes = e * (q + k + probs)
     out: list[Op] = [
-        Op(
-            name="attn_scores",
-            kind=OpKind.MATMUL,
-            gemms=(scores,),
-            flops=scores.flops,
-            size_bytes=scores_bytes,
-            backward_gemms=scores.backward(),
-            backward_flops=2 * scores.flops,
-            backward_bytes=2 * scores_bytes,
-            saved={"q": e * q, "k": e * k_local},
-        ),
+        _activation_matmul("attn_scores", scores, scores_bytes, {"q": e * q, "k": e * k_local}),
         _elementwise("softmax", "softmax", probs, 2 * e * probs, {"softmax.output": e * probs}),
     ]
     values_saved: dict[str, float] = {"v": e * v_local}
@@ -268,19 +259,7 @@ def _variant_attention(
         values_saved["attn_dropout.output"] = e * probs
     values = Gemm(s_q, dv, keys_n, b * heads)
     values_bytes = e * (probs + v + o)
-    out.append(
-        Op(
-            name="attn_values",
-            kind=OpKind.MATMUL,
-            gemms=(values,),
-            flops=values.flops,
-            size_bytes=values_bytes,
-            backward_gemms=values.backward(),
-            backward_flops=2 * values.flops,
-            backward_bytes=2 * values_bytes,
-            saved=values_saved,
-        )
-    )
+    out.append(_activation_matmul("attn_values", values, values_bytes, values_saved))
     return out
 
 
