@@ -607,22 +607,6 @@ DEEP = TransformerSpec(
     name="deep", num_layers=16, hidden=1024, num_heads=16, ffn_hidden=4096, seq_len=1024, vocab=4096
 )
 
-MOE_CP = TransformerSpec(
-    name="small-moe",
-    num_layers=4,
-    hidden=1024,
-    num_heads=16,
-    num_kv_heads=4,
-    ffn_hidden=4096,
-    seq_len=2048,
-    vocab=1000,
-    num_experts=16,
-    moe_top_k=4,
-    moe_ffn_hidden=1024,
-    first_k_dense=1,
-    gated_mlp=True,
-)
-
 
 def test_search_chooses_dualpipev_where_the_bubble_dominates(h100x16) -> None:
     # an 8-stage pipeline with 16 micro-batches: the bubble is a large part of the step
@@ -659,7 +643,7 @@ def test_search_chooses_dualpipev_where_the_bubble_dominates(h100x16) -> None:
 
 
 def _moe_cp_space(large: bool) -> SearchSpace:
-    """Expert- and context-parallel plans of MOE_CP on 16 GPUs (global batch 16): 1,782 that
+    """Expert- and context-parallel plans of SMALL_MOE on 16 GPUs (global batch 16): 1,782 that
     build (of 11,196 in the grid), or about 25,000 with ``large``."""
     if large:
         return SearchSpace(
@@ -689,7 +673,7 @@ def test_pruning_expert_and_context_parallel_plans_keeps_the_best_ten(h100x16, l
     # with the same estimates, and fewer estimated
     training = TrainingConfig(global_batch=16, micro_batch=1)
     space = _moe_cp_space(large)
-    args = (h100x16, MOE_CP, training, ParallelConfig(dp=16))
+    args = (h100x16, SMALL_MOE, training, ParallelConfig(dp=16))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         pruned = search_plans(*args, space=space, top_k=0, prune_keep=10, jobs=2)
@@ -712,11 +696,11 @@ def test_floors_hold_on_expert_and_context_parallel_plans_together(h100x16) -> N
     base = ParallelConfig(dp=16)
     plans = [
         p
-        for p in enumerate_plans(MOE_CP, 16, 8, 16, _moe_cp_space(False), Counter(), base=base)
+        for p in enumerate_plans(SMALL_MOE, 16, 8, 16, _moe_cp_space(False), Counter(), base=base)
         if p.cp > 1 and p.ep > 1
     ]
-    bounds = Bounds(h100x16, MOE_CP, training, base)
-    estimator = Estimator(h100x16, MOE_CP)
+    bounds = Bounds(h100x16, SMALL_MOE, training, base)
+    estimator = Estimator(h100x16, SMALL_MOE)
     checked = 0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
