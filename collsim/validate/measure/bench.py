@@ -355,6 +355,28 @@ def _malloc_trim() -> Callable[[int], int] | None:
     return cast(Callable[[int], int], fn)
 
 
+#: glibc ``mallopt`` parameter number of the mmap threshold (``M_MMAP_THRESHOLD`` in malloc.h).
+_M_MMAP_THRESHOLD = -3
+#: Blocks from this size up are mapped on their own and unmapped when freed (glibc's default
+#: starting threshold, 128 KiB; ``DEFAULT_MMAP_THRESHOLD_MIN`` in glibc's malloc/malloc.c).
+_MMAP_THRESHOLD_BYTES = 128 * 1024
+
+
+def _fix_mmap_threshold() -> None:
+    """Keep glibc's mmap threshold where it starts (:data:`_MMAP_THRESHOLD_BYTES`) for the rest
+    of this rank. By default the threshold rises to the size of each mapped block that is freed,
+    up to 32 MiB (``DEFAULT_MMAP_THRESHOLD_MAX``), so that after a point of a few MiB the
+    backend's per-call temporaries of the next sizes land in the heaps of the threads that made
+    them; a fixed threshold (setting it turns the dynamic rise off: mallopt(3)) maps every
+    block of a size that matters and returns it to the system when it is freed."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (AttributeError, OSError):  # not glibc (macOS, musl): nothing to fix
+        return
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)
+
+
 def _return_free_memory() -> None:
     """Hand the heap memory freed since the last point back to the OS (glibc ``malloc_trim``,
     between points, never inside a timed loop). The backend's per-call temporaries below
@@ -481,9 +503,11 @@ class _PointSink:
     The file gets its metadata lines and the CSV header when the ranks start (unless it is
     resumed: then rows are appended to what is there), and each point as one ``write`` of one
     line on a file opened for appending, flushed at once: a SIGKILL leaves whole rows only.
+    The backend kernels are probed after the sweep, so a partial file does not list them; the
+    finished file does (the parent rewrites it whole).
     """
 
-    def __init__(self, config: BenchConfig, ctx: Any, kernels: dict[str, list[str]], total: int):
+    def __init__(self, config: BenchConfig, ctx: Any, total: int):
         self.columns = list(COLUMNS)
         self.total, self.finished = total, 0
         self.started = time.monotonic()
@@ -509,7 +533,6 @@ class _PointSink:
                     "rounds": config.rounds,
                     "timing": _timing(config),
                     "dtype": "float32",
-                    "kernels": kernels,
                 }
 
                 self._write(csv_preamble(meta))
@@ -574,13 +597,12 @@ def bench_rank(ctx: Any, config: BenchConfig) -> dict[str, Any]:
     samples: dict[tuple[str, int], list[float]] = {}
     wrong_total = torch.zeros(1, dtype=torch.int64, device=ctx.device)
     per_round = -(-config.iters // config.rounds)
-    if config.probe_backend:
-        kernels = _probe_kernels(torch, dist, ctx, config.ops, config.root)
+    _fix_mmap_threshold()
     skip = set(config.skip)
     todo_keys = [
         (op, size) for op in config.ops for size in config.sizes_bytes if (op, size) not in skip
     ]
-    sink = _PointSink(config, ctx, kernels, len(todo_keys) * config.rounds) if rank == 0 else None
+    sink = _PointSink(config, ctx, len(todo_keys) * config.rounds) if rank == 0 else None
     largest = {
         op: max(element_count(op, size, n) for o, size in todo_keys if o == op)
         for op, _ in todo_keys
@@ -623,6 +645,10 @@ def bench_rank(ctx: Any, config: BenchConfig) -> dict[str, Any]:
                 sink.done(point)
     if sink is not None:
         sink.close()
+    if config.probe_backend:
+        # after the sweep: the profiler's own memory (about 70 MiB per rank, torch 2.13) stays
+        # with the process once started, and must not add to the largest buffers' peak
+        kernels = _probe_kernels(torch, dist, ctx, config.ops, config.root)
     overhead = _overhead(torch, dist, ctx, config.iters)
     return {
         "points": points,
