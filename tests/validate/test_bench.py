@@ -143,7 +143,7 @@ def test_wrong_results_are_counted() -> None:
     """The check can fail: a zeroed output is wrong everywhere."""
     import torch
 
-    from collsim.validate.measure.bench import _OpCase
+    from collsim.validate.measure.bench_ops import _OpCase
 
     case = _OpCase(torch, None, "all_reduce", 64, rank=0, n=2, device="cpu", root=0)
     case.fill_check()
@@ -154,7 +154,7 @@ def test_wrong_results_are_counted() -> None:
 
 def _reference_expected(torch, op: str, count: int, rank: int, n: int, root: int):
     """Every op's expected output made whole, as one formula per op (the check before blocks)."""
-    from collsim.validate.measure.bench import _values
+    from collsim.validate.measure.bench_ops import _values
 
     chunk = count // n if op in ("all_gather", "reduce_scatter", "all_to_all") else count
     match op:
@@ -181,10 +181,10 @@ def test_blocked_check_matches_the_whole_formula(monkeypatch, op: str) -> None:
     buffers of a smaller size are views of the largest size's two buffers."""
     import torch
 
-    from collsim.validate.measure import bench
-    from collsim.validate.measure.bench import _Buffers, _OpCase
+    from collsim.validate.measure import bench_ops
+    from collsim.validate.measure.bench_ops import _Buffers, _OpCase
 
-    monkeypatch.setattr(bench, "_CHECK_BLOCK", 7)
+    monkeypatch.setattr(bench_ops, "_CHECK_BLOCK", 7)
     n, rank, count = 3, 1, 60
     buffers = _Buffers(torch, 120, "cpu")
     dist = torch.distributed  # only looked up: no call is made

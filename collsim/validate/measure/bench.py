@@ -21,9 +21,7 @@ small integers, so that every sum is exact and a wrong element is an error, not 
 
 from __future__ import annotations
 
-import ctypes
 import datetime as _dt
-import functools
 import os
 import platform
 import socket
@@ -31,12 +29,34 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from typing import Any, cast
+from dataclasses import asdict
+from typing import Any
 
 from collsim.core.errors import ConfigError
-from collsim.core.units import parse_size
 from collsim.validate.data.dataset import COLUMNS, csv_preamble, csv_row, read_measurements
+from collsim.validate.measure.bench_memory import (
+    PARENT_BYTES,
+    RANK_BASE_BYTES,
+    RANK_BASE_BYTES_SOURCE,
+    _fix_mmap_threshold,
+    _return_free_memory,
+    available_memory_bytes,
+    bench_memory_bytes,
+    check_bench_memory,
+)
+from collsim.validate.measure.bench_ops import (
+    _ELEMENT_BYTES,
+    BUS_FACTOR,
+    OPS,
+    BenchConfig,
+    BenchPoint,
+    BenchResult,
+    _Buffers,
+    _OpCase,
+    bus_factor,
+    element_count,
+    sizes_between,
+)
 from collsim.validate.measure.launch import current_scheduling, in_torchrun, run_distributed
 
 __all__ = [
@@ -51,343 +71,14 @@ __all__ = [
     "bench_rank",
     "run_bench",
     "resume_state",
+    "steal_share",
+    "RANK_BASE_BYTES",
+    "RANK_BASE_BYTES_SOURCE",
+    "PARENT_BYTES",
+    "bench_memory_bytes",
+    "available_memory_bytes",
+    "check_bench_memory",
 ]
-
-#: The ops the bench knows, in nccl-tests naming.
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send_recv")
-
-#: busbw / algbw as a function of the world size n (nccl-tests doc/PERFORMANCE.md).
-BUS_FACTOR: dict[str, Callable[[int], float]] = {
-    "all_reduce": lambda n: 2.0 * (n - 1) / n,
-    "all_gather": lambda n: (n - 1) / n,
-    "reduce_scatter": lambda n: (n - 1) / n,
-    "all_to_all": lambda n: (n - 1) / n,
-    "broadcast": lambda n: 1.0,
-    "send_recv": lambda n: 1.0,
-}
-
-_SPLIT_OPS = frozenset({"all_gather", "reduce_scatter", "all_to_all"})
-_ELEMENT_BYTES = 4  # float32
-
-
-def bus_factor(op: str, world_size: int) -> float:
-    """nccl-tests' busbw factor of ``op`` for ``world_size`` ranks."""
-    return BUS_FACTOR[op](world_size)
-
-
-def element_count(op: str, size_bytes: int, world_size: int) -> int:
-    """float32 elements of the op's nccl-tests buffer, rounded down to a multiple of n if split."""
-    count = size_bytes // _ELEMENT_BYTES
-    if op in _SPLIT_OPS:
-        count -= count % world_size
-    return count
-
-
-def sizes_between(min_bytes: int | str, max_bytes: int | str, factor: int) -> list[int]:
-    """Sizes ``b, b*f, b*f^2, ... <= e`` as nccl-tests' ``-b -e -f``.
-
-    Raises:
-        ValueError: a size does not parse, min > max, or factor < 2.
-    """
-    lo, hi = parse_size(min_bytes), parse_size(max_bytes)
-    if factor < 2:
-        raise ValueError(f"factor must be >= 2, got {factor}")
-    if lo < 1 or lo > hi:
-        raise ValueError(f"need 1 <= min <= max, got min {lo} and max {hi}")
-    sizes = []
-    size = lo
-    while size <= hi:
-        sizes.append(size)
-        size *= factor
-    return sizes
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class BenchConfig:
-    """What to measure."""
-
-    ops: tuple[str, ...] = OPS
-    sizes_bytes: tuple[int, ...] = (1 << 10, 1 << 20)
-    iters: int = 20
-    """Timed iterations per size."""
-    warmup: int = 5
-    """Untimed iterations per size (per round), after the check and before timing."""
-    rounds: int = 1
-    """Sweep all ops and sizes this many times, timing iters/rounds iterations of each point
-    per sweep: a burst of load from other processes then hits a few samples of many points
-    instead of all samples of a few (the median is taken over all samples of a point)."""
-    root: int = 0
-    """Root of broadcast."""
-    barrier_each: bool = True
-    """A barrier before every timed iteration, only the op timed (default); False: one
-    barrier, then back-to-back iterations, each timed from the end of the one before."""
-    probe_backend: bool = True
-    """Record which backend kernels each op runs (torch profiler event names), once per op."""
-    output: str | None = None
-    """A ``.csv`` file rank 0 writes as it goes: metadata lines first, then each point as soon
-    as it is measured (appended and flushed), so a bench that is killed keeps every finished
-    point. The parent rewrites it with the whole metadata at the end (:func:`run_bench`)."""
-    skip: tuple[tuple[str, int], ...] = ()
-    """(op, requested size) pairs already in ``output``: not measured again (``--resume``)."""
-    progress: bool = False
-    """Rank 0 draws a progress line (points done, ETA) on stderr if that is a terminal."""
-
-    def __post_init__(self) -> None:
-        unknown = [op for op in self.ops if op not in OPS]
-        if unknown:
-            raise ValueError(f"unknown op(s) {', '.join(unknown)}; choose from {', '.join(OPS)}")
-        if self.iters < 1 or self.warmup < 0 or not 1 <= self.rounds <= self.iters:
-            raise ValueError(
-                f"need iters >= 1, warmup >= 0 and 1 <= rounds <= iters, got "
-                f"{self.iters}, {self.warmup}, {self.rounds}"
-            )
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class BenchPoint:
-    """One measured (op, size): times are of the slowest rank, over ``iters`` iterations."""
-
-    op: str
-    size_bytes: int
-    count: int
-    type: str
-    redop: str
-    root: int
-    time_us: float
-    """Median over iterations of the slowest rank's time."""
-    min_us: float
-    p90_us: float
-    algbw_gbps: float
-    busbw_gbps: float
-    wrong: int
-    """Elements that differed from the expected value in the check run, summed over ranks."""
-    world_size: int
-    iters: int
-
-
-@dataclass
-class BenchResult:
-    """Measured points plus the metadata needed to compare them later."""
-
-    points: list[BenchPoint]
-    metadata: dict[str, Any] = field(default_factory=dict)
-
-    def rows(self) -> list[dict[str, Any]]:
-        """The points as plain dicts (one per row of the CSV)."""
-        return [asdict(p) for p in self.points]
-
-
-# ---------------------------------------------------------------------------------- rank side
-
-
-def _values(torch: Any, rank: int, start: int, count: int, device: str) -> Any:
-    idx = torch.arange(start, start + count, device=device, dtype=torch.int64)
-    return (idx % 5 + (rank + 1)).to(torch.float32)
-
-
-def _single(dist: Any, name: str, legacy: str) -> Callable[..., Any]:
-    """The flat-tensor form of all_gather / reduce_scatter under the name this torch prefers.
-
-    torch 2.13 offers ``all_gather_single`` and ``reduce_scatter_single`` and keeps the older
-    ``all_gather_into_tensor`` and ``reduce_scatter_tensor`` as deprecated wrappers around them
-    (a FutureWarning, then the ``*_single`` call); a torch without ``*_single`` has only the
-    older names. ``all_to_all_single`` has had that name all along and needs no lookup.
-    """
-    fn: Callable[..., Any] = getattr(dist, name, None) or getattr(dist, legacy)
-    return fn
-
-
-#: Elements per block when the check data are made and compared: 256 Ki float32 (1 MiB), so
-#: that the check of a large size needs a few blocks of scratch memory (int64 indices and
-#: float32 values, a few MiB per rank), not several copies of it.
-_CHECK_BLOCK = 1 << 18
-
-
-class _Buffers:
-    """The send and receive buffers of a rank for one op, sized for its largest point and
-    reused by each of its sizes, as nccl-tests holds them (``sendbuff`` and ``recvbuff``,
-    nccl-tests common.cu): the bench's memory does not grow with the number of sizes. An op
-    that works in place (all_reduce, broadcast) has no receive buffer."""
-
-    def __init__(
-        self, torch: Any, max_count: int, device: str, recv_count: int | None = None
-    ) -> None:
-        self.send = torch.empty(max_count, dtype=torch.float32, device=device)
-        count = max_count if recv_count is None else recv_count
-        self.recv = torch.empty(count, dtype=torch.float32, device=device)
-
-    @classmethod
-    def for_op(cls, torch: Any, op: str, max_count: int, n: int, device: str) -> _Buffers:
-        """Buffers for ``op`` up to ``max_count`` elements: the input and the output sizes of
-        nccl-tests (all_gather sends a 1/n chunk, reduce_scatter receives one)."""
-        chunk = max_count // n if op in _SPLIT_OPS else max_count
-        match op:
-            case "all_reduce" | "broadcast":
-                return cls(torch, max_count, device, recv_count=0)
-            case "all_gather":
-                return cls(torch, chunk, device, recv_count=max_count)
-            case "reduce_scatter":
-                return cls(torch, max_count, device, recv_count=chunk)
-        return cls(torch, max_count, device)
-
-
-class _OpCase:
-    """Buffers, the op call and the expected result of one op at one size on one rank."""
-
-    def __init__(
-        self,
-        torch: Any,
-        dist: Any,
-        op: str,
-        count: int,
-        rank: int,
-        n: int,
-        device: str,
-        root: int,
-        buffers: _Buffers | None = None,
-    ) -> None:
-        self.torch, self.dist, self.op = torch, dist, op
-        self.count, self.rank, self.n, self.device, self.root = count, rank, n, device, root
-        chunk = count // n if op in _SPLIT_OPS else count
-        self.chunk = chunk
-        if buffers is None:
-            buffers = _Buffers(torch, count, device)
-        send, recv = buffers.send, buffers.recv
-        match op:
-            case "all_reduce" | "broadcast":
-                self.inp = send[:count]
-                self.out = self.inp
-            case "all_gather":
-                self.inp, self.out = send[:chunk], recv[:count]
-            case "reduce_scatter":
-                self.inp, self.out = send[:count], recv[:chunk]
-            case "all_to_all" | "send_recv":
-                self.inp, self.out = send[:count], recv[:count]
-            case _:
-                raise ValueError(f"unknown op {op}")
-        self._call = self._make_call()
-
-    def _make_call(self) -> Callable[[], None]:
-        dist, inp, out = self.dist, self.inp, self.out
-        match self.op:
-            case "all_reduce":
-                return lambda: dist.all_reduce(inp)
-            case "broadcast":
-                return lambda: dist.broadcast(inp, src=self.root)
-            case "all_gather":
-                fn = _single(dist, "all_gather_single", "all_gather_into_tensor")
-                return lambda: fn(out, inp)
-            case "reduce_scatter":
-                fn = _single(dist, "reduce_scatter_single", "reduce_scatter_tensor")
-                return lambda: fn(out, inp)
-            case "all_to_all":
-                return lambda: dist.all_to_all_single(out, inp)
-            case _:  # send_recv: a ring shift, as nccl-tests sendrecv_perf
-                dst, src = (self.rank + 1) % self.n, (self.rank - 1) % self.n
-
-                def shift() -> None:
-                    if self.n == 1:
-                        out.copy_(inp)
-                        return
-                    works = [dist.isend(inp, dst), dist.irecv(out, src)]
-                    for work in works:
-                        work.wait()
-
-                return shift
-
-    def __call__(self) -> None:
-        self._call()
-
-    def fill_check(self) -> None:
-        """Put the known data into the input buffer (block by block)."""
-        torch, r = self.torch, self.rank
-        first = r * self.chunk if self.op == "all_gather" else 0
-        length = self.inp.numel()
-        for a in range(0, length, _CHECK_BLOCK):
-            b = min(length, a + _CHECK_BLOCK)
-            self.inp[a:b].copy_(_values(torch, r, first + a, b - a, self.device))
-
-    def fill_timing(self) -> None:
-        """Zeros: sums stay finite however many iterations run."""
-        self.inp.zero_()
-
-    def _expected(self, a: int, b: int) -> Any:
-        """The expected output elements ``a`` to ``b`` (``[a, b)``)."""
-        torch, n, dev, chunk = self.torch, self.n, self.device, self.chunk
-        match self.op:
-            case "all_reduce":
-                return sum(_values(torch, q, a, b - a, dev) for q in range(n))
-            case "broadcast":
-                return _values(torch, self.root, a, b - a, dev)
-            case "reduce_scatter":
-                start = self.rank * chunk + a
-                return sum(_values(torch, q, start, b - a, dev) for q in range(n))
-            case "all_gather" | "all_to_all":
-                # element i came from rank q = i // chunk: its element i (all_gather) or its
-                # element rank x chunk + i % chunk (all_to_all)
-                idx = torch.arange(a, b, device=dev, dtype=torch.int64)
-                source = idx // chunk
-                at = idx if self.op == "all_gather" else self.rank * chunk + idx % chunk
-                return (at % 5 + source + 1).to(torch.float32)
-            case _:
-                return _values(torch, (self.rank - 1) % n, a, b - a, dev)
-
-    def count_wrong(self) -> int:
-        """Elements of the output that differ from the expected values (block by block)."""
-        length = self.out.numel()
-        if self.count == 0 or length == 0:
-            return 0
-        wrong = 0
-        for a in range(0, length, _CHECK_BLOCK):
-            b = min(length, a + _CHECK_BLOCK)
-            wrong += int((self.out[a:b] != self._expected(a, b)).sum().item())
-        return wrong
-
-
-@functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's ``malloc_trim`` (None where the C library has none: macOS, musl)."""
-    try:
-        fn = ctypes.CDLL(None).malloc_trim
-    except (AttributeError, OSError):
-        return None
-    fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
-    return cast(Callable[[int], int], fn)
-
-
-#: glibc ``mallopt`` parameter number of the mmap threshold (``M_MMAP_THRESHOLD`` in malloc.h).
-_M_MMAP_THRESHOLD = -3
-#: Blocks from this size up are mapped on their own and unmapped when freed (glibc's default
-#: starting threshold, 128 KiB; ``DEFAULT_MMAP_THRESHOLD_MIN`` in glibc's malloc/malloc.c).
-_MMAP_THRESHOLD_BYTES = 128 * 1024
-
-
-def _fix_mmap_threshold() -> None:
-    """Keep glibc's mmap threshold where it starts (:data:`_MMAP_THRESHOLD_BYTES`) for the rest
-    of this rank. By default the threshold rises to the size of each mapped block that is freed,
-    up to 32 MiB (``DEFAULT_MMAP_THRESHOLD_MAX``), so that after a point of a few MiB the
-    backend's per-call temporaries of the next sizes land in the heaps of the threads that made
-    them; a fixed threshold (setting it turns the dynamic rise off: mallopt(3)) maps every
-    block of a size that matters and returns it to the system when it is freed."""
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (AttributeError, OSError):  # not glibc (macOS, musl): nothing to fix
-        return
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)
-
-
-def _return_free_memory() -> None:
-    """Hand the heap memory freed since the last point back to the OS (glibc ``malloc_trim``,
-    between points, never inside a timed loop). The backend's per-call temporaries below
-    glibc's mmap threshold (gloo's flat output of an all_gather, the copy of a reduce_scatter's
-    input; the threshold rises with the blocks freed, up to 32 MiB on 64-bit Linux:
-    ``DEFAULT_MMAP_THRESHOLD_MAX`` in glibc's malloc/malloc.c) are freed into the heaps of the
-    threads that made them, where they would otherwise stay over the sizes and ops of a sweep
-    and add to the peak of the largest."""
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
 
 
 def _probe_kernels(
@@ -753,79 +444,6 @@ def resume_state(
         if (op, element_count(op, size, n) * _ELEMENT_BYTES) in done
     )
     return skip, list(meas.rows)
-
-
-#: Memory of one spawned gloo rank before its buffers: the interpreter, torch and a process
-#: group (proportional set size, PSS, per added rank of ``validate bench -b 1K -e 1K``: see
-#: :data:`RANK_BASE_BYTES_SOURCE`).
-RANK_BASE_BYTES = 240 * 2**20
-RANK_BASE_BYTES_SOURCE = (
-    "benchmarks/peak_rss.py -- collsim validate bench -b 1K -e 1K -n 1 -w 0 --ops all_reduce, "
-    "torch 2.13.0+cpu: peak PSS of the process tree 0.41 / 0.62 / 1.04 GiB with 1 / 2 / 4 ranks"
-)
-#: Buffers of the op's size a gloo rank holds at its peak, with the backend's own copies, per
-#: op. Measured with benchmarks/peak_rss.py (torch 2.13.0+cpu), peak PSS over a 1K run, per
-#: rank, in 256 MiB buffers: one op at a time on 2 ranks (``validate bench --world-size 2 --ops
-#: OP -b 256M -e 256M -n 1 -w 0``): all_reduce 1.15, broadcast 1.26, all_gather 2.83 (a 1/2
-#: chunk, the output and gloo's flat copy of it), reduce_scatter 2.60, all_to_all 2.34,
-#: send_recv 2.24; every op on 4 ranks (``validate bench --world-size 4 -b 1K -e 256M``): 3.55
-#: at the peak of the whole run (4.59 GiB against 1.04 GiB at 1K). Rounded up to the half.
-_OP_BUFFERS: dict[str, float] = {
-    "all_reduce": 1.5,
-    "broadcast": 1.5,
-    "all_gather": 4.0,
-    "reduce_scatter": 4.0,
-    "all_to_all": 4.0,
-    "send_recv": 4.0,
-}
-#: Memory of the launching process (the same runs: what is left at 0 ranks, rounded up).
-PARENT_BYTES = 256 * 2**20
-
-
-def bench_memory_bytes(config: BenchConfig, world_size: int, backend: str = "gloo") -> int:
-    """The host memory a local bench of ``world_size`` ranks needs at its peak: the launching
-    process, each rank's base and, on gloo (host tensors), the largest over the ops of its
-    buffers (:meth:`_Buffers.for_op`) with the backend's own copies (:data:`_OP_BUFFERS`)
-    and a few blocks of check data."""
-    per_rank = RANK_BASE_BYTES
-    if backend == "gloo" and config.sizes_bytes:
-        n, top = world_size, max(config.sizes_bytes)
-        held = max(_OP_BUFFERS[op] * element_count(op, top, n) for op in config.ops)
-        per_rank += int((held + 8 * _CHECK_BLOCK) * _ELEMENT_BYTES)
-    return PARENT_BYTES + world_size * per_rank
-
-
-def available_memory_bytes() -> int | None:
-    """``MemAvailable`` of ``/proc/meminfo`` (Linux): what can be allocated without swapping;
-    None where the file is not there."""
-    try:
-        with open("/proc/meminfo") as handle:
-            for line in handle:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
-def check_bench_memory(config: BenchConfig, world_size: int, backend: str = "gloo") -> None:
-    """Refuse a local bench whose ranks would not fit in this machine's available memory.
-
-    Raises:
-        ConfigError: the estimate (:func:`bench_memory_bytes`) is above ``MemAvailable``
-            (exit 2, naming ``--world-size`` and ``-e``).
-    """
-
-    need = bench_memory_bytes(config, world_size, backend)
-    have = available_memory_bytes()
-    if have is not None and need > have:
-        raise ConfigError(
-            f"{world_size} ranks need about {need / 2**30:.1f} GiB of memory "
-            f"({RANK_BASE_BYTES / 2**20:.0f} MiB per rank and two buffers of the largest size "
-            f"each), this machine has {have / 2**30:.1f} GiB available; use fewer ranks or a "
-            "smaller -e",
-            key_path="--world-size",
-        )
 
 
 def run_bench(
