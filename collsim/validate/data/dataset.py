@@ -373,6 +373,8 @@ def format_table(rows: list[dict[str, Any]], metadata: dict[str, Any]) -> str:
                 else ""
             )
         )
+    if metadata.get("in_place"):
+        lines.append(f"# timed in place: {', '.join(metadata['in_place'])}")
     kernels = metadata.get("kernels") or {}
     if kernels:
         lines.append(

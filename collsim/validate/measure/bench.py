@@ -14,6 +14,9 @@ all_to_all, the message for send_recv. The element count is rounded down to a mu
 world size where the op splits the buffer. algbw = size / time; busbw = algbw x factor with
 factor 2(n-1)/n for all_reduce, (n-1)/n for all_gather, reduce_scatter and all_to_all, and 1
 for broadcast and send_recv (send_recv: each rank sends to rank+1 and receives from rank-1).
+On gloo, all_gather and reduce_scatter are timed in place, the layout of nccl-tests' in-place
+columns (:data:`~collsim.validate.measure.bench_ops.GLOO_IN_PLACE` says why: gloo does the same
+work either way); the measurement's ``in_place`` metadata names the ops timed so.
 
 The data that fills the check buffers is ``value(rank, i) = rank + 1 + (i mod 5)`` in float32:
 small integers, so that every sum is exact and a wrong element is an error, not rounding.
@@ -55,6 +58,7 @@ from collsim.validate.measure.bench_ops import (
     _OpCase,
     bus_factor,
     element_count,
+    in_place_ops,
     sizes_between,
 )
 from collsim.validate.measure.launch import current_scheduling, in_torchrun, run_distributed
@@ -224,6 +228,7 @@ class _PointSink:
                     "rounds": config.rounds,
                     "timing": _timing(config),
                     "dtype": "float32",
+                    "in_place": list(in_place_ops(ctx.backend, config.ops)),
                 }
 
                 self._write(csv_preamble(meta))
@@ -289,6 +294,7 @@ def bench_rank(ctx: Any, config: BenchConfig) -> dict[str, Any]:
     wrong_total = torch.zeros(1, dtype=torch.int64, device=ctx.device)
     per_round = -(-config.iters // config.rounds)
     _fix_mmap_threshold()
+    in_place = in_place_ops(ctx.backend, config.ops)
     skip = set(config.skip)
     todo_keys = [
         (op, size) for op in config.ops for size in config.sizes_bytes if (op, size) not in skip
@@ -307,9 +313,11 @@ def bench_rank(ctx: Any, config: BenchConfig) -> dict[str, Any]:
             if op != held_for:  # one op's buffers at a time: the last op's go first
                 buffers = None
                 _return_free_memory()
-                buffers = _Buffers.for_op(torch, op, largest[op], n, ctx.device)
+                buffers = _Buffers.for_op(torch, op, largest[op], n, ctx.device, op in in_place)
                 held_for = op
-            case = _OpCase(torch, dist, op, count, rank, n, ctx.device, config.root, buffers)
+            case = _OpCase(
+                torch, dist, op, count, rank, n, ctx.device, config.root, buffers, op in in_place
+            )
             if round_index == 0:
                 case.fill_check()
                 dist.barrier()
@@ -503,6 +511,7 @@ def run_bench(
         "rounds": config.rounds,
         "timing": _timing(config),
         "dtype": "float32",
+        "in_place": list(in_place_ops(backend, config.ops)),
         "kernels": out["kernels"],
         "overhead_noop_us": round(out["overhead"]["noop_us"], 3),
         "overhead_all_reduce_4B_us": round(out["overhead"]["all_reduce_4B_us"], 3),

@@ -172,11 +172,30 @@ def _single(dist: Any, name: str, legacy: str) -> Callable[..., Any]:
 _CHECK_BLOCK = 1 << 18
 
 
+#: The ops the bench times in place on gloo, as nccl-tests' in-place columns lay them out
+#: (common.cu: all_gather sends from its own chunk of the receive buffer, reduce_scatter
+#: receives into its own chunk of the send buffer). gloo does the same work either way: its
+#: all_gather gathers into a flat temporary of the whole output and copies it out, and its
+#: reduce_scatter all-reduces a clone of the whole input and copies its chunk out
+#: (``ProcessGroupGloo::_allgather_base``, ``AsyncAllgatherWork`` and
+#: ``reduce_scatter_tensor_coalesced`` in torch/csrc/distributed/c10d/ProcessGroupGloo.cpp), so
+#: in place moves the same bytes through the same steps and saves a separate send (all_gather)
+#: or receive (reduce_scatter) buffer beside those temporaries. Other backends time out of
+#: place (nccl-tests' out-of-place columns).
+GLOO_IN_PLACE = ("all_gather", "reduce_scatter")
+
+
+def in_place_ops(backend: str, ops: tuple[str, ...] = OPS) -> tuple[str, ...]:
+    """The ops of ``ops`` the bench times in place on ``backend`` (:data:`GLOO_IN_PLACE`)."""
+    return tuple(op for op in ops if op in GLOO_IN_PLACE) if backend == "gloo" else ()
+
+
 class _Buffers:
     """The send and receive buffers of a rank for one op, sized for its largest point and
     reused by each of its sizes, as nccl-tests holds them (``sendbuff`` and ``recvbuff``,
     nccl-tests common.cu): the bench's memory does not grow with the number of sizes. An op
-    that works in place (all_reduce, broadcast) has no receive buffer."""
+    that works in place (all_reduce, broadcast, and all_gather and reduce_scatter timed in
+    place) has one buffer: all_gather's is the receive buffer, the others' the send buffer."""
 
     def __init__(
         self, torch: Any, max_count: int, device: str, recv_count: int | None = None
@@ -186,12 +205,19 @@ class _Buffers:
         self.recv = torch.empty(count, dtype=torch.float32, device=device)
 
     @classmethod
-    def for_op(cls, torch: Any, op: str, max_count: int, n: int, device: str) -> _Buffers:
+    def for_op(
+        cls, torch: Any, op: str, max_count: int, n: int, device: str, in_place: bool = False
+    ) -> _Buffers:
         """Buffers for ``op`` up to ``max_count`` elements: the input and the output sizes of
-        nccl-tests (all_gather sends a 1/n chunk, reduce_scatter receives one)."""
+        nccl-tests (all_gather sends a 1/n chunk, reduce_scatter receives one); ``in_place``:
+        the one buffer of the op's in-place form."""
         chunk = max_count // n if op in _SPLIT_OPS else max_count
         match op:
             case "all_reduce" | "broadcast":
+                return cls(torch, max_count, device, recv_count=0)
+            case "all_gather" if in_place:
+                return cls(torch, 0, device, recv_count=max_count)
+            case "reduce_scatter" if in_place:
                 return cls(torch, max_count, device, recv_count=0)
             case "all_gather":
                 return cls(torch, chunk, device, recv_count=max_count)
@@ -214,18 +240,25 @@ class _OpCase:
         device: str,
         root: int,
         buffers: _Buffers | None = None,
+        in_place: bool = False,
     ) -> None:
         self.torch, self.dist, self.op = torch, dist, op
+        self.in_place = in_place and op in GLOO_IN_PLACE
         self.count, self.rank, self.n, self.device, self.root = count, rank, n, device, root
         chunk = count // n if op in _SPLIT_OPS else count
         self.chunk = chunk
         if buffers is None:
-            buffers = _Buffers(torch, count, device)
+            buffers = _Buffers.for_op(torch, op, count, n, device, self.in_place)
         send, recv = buffers.send, buffers.recv
+        mine = slice(rank * chunk, (rank + 1) * chunk)
         match op:
             case "all_reduce" | "broadcast":
                 self.inp = send[:count]
                 self.out = self.inp
+            case "all_gather" if self.in_place:
+                self.inp, self.out = recv[mine], recv[:count]
+            case "reduce_scatter" if self.in_place:
+                self.inp, self.out = send[:count], send[mine]
             case "all_gather":
                 self.inp, self.out = send[:chunk], recv[:count]
             case "reduce_scatter":
