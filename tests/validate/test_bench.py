@@ -200,6 +200,46 @@ def test_blocked_check_matches_the_whole_formula(monkeypatch, op: str) -> None:
     assert case.count_wrong() == 1
 
 
+@pytest.mark.torch
+@pytest.mark.parametrize("op", ["all_gather", "reduce_scatter"])
+def test_in_place_layout_and_check(monkeypatch, op: str) -> None:
+    """In place (gloo's all_gather and reduce_scatter): one buffer, the rank's chunk of it is
+    all_gather's input and reduce_scatter's output, as in nccl-tests' in-place columns; the
+    check still finds the expected output right and a changed element wrong."""
+    import torch
+
+    from collsim.validate.measure import bench_ops
+    from collsim.validate.measure.bench_ops import _Buffers, _OpCase
+
+    monkeypatch.setattr(bench_ops, "_CHECK_BLOCK", 7)
+    n, rank, count = 3, 2, 60
+    chunk = count // n
+    buffers = _Buffers.for_op(torch, op, 120, n, "cpu", in_place=True)
+    one = buffers.recv if op == "all_gather" else buffers.send
+    assert one.numel() == 120 and (buffers.send.numel() + buffers.recv.numel()) == 120
+    dist = torch.distributed  # only looked up: no call is made
+    case = _OpCase(torch, dist, op, count, rank, n, "cpu", 0, buffers, in_place=True)
+    whole, part = (case.out, case.inp) if op == "all_gather" else (case.inp, case.out)
+    assert whole.data_ptr() == one.data_ptr() and whole.numel() == count
+    assert part.data_ptr() == one.data_ptr() + rank * chunk * 4 and part.numel() == chunk
+    case.fill_check()
+    if op == "all_gather":  # the input is the rank's own chunk of its data
+        own = _reference_expected(torch, "broadcast", count, rank, n, rank)
+        assert torch.equal(case.inp, own[rank * chunk : (rank + 1) * chunk])
+    case.out.copy_(_reference_expected(torch, op, count, rank, n, 0))
+    assert case.count_wrong() == 0
+    case.out[0] -= 1
+    assert case.count_wrong() == 1
+
+
+def test_in_place_ops_only_on_gloo() -> None:
+    from collsim.validate.measure.bench_ops import in_place_ops
+
+    assert in_place_ops("gloo") == ("all_gather", "reduce_scatter")
+    assert in_place_ops("gloo", ("all_reduce", "reduce_scatter")) == ("reduce_scatter",)
+    assert in_place_ops("nccl") == ()
+
+
 def _plain_then_bench(ctx, size_bytes: int, iters: int, config: BenchConfig) -> dict:
     """A plain torch.distributed all_reduce loop (no checks, no profiler, no bookkeeping) run
     half before and half after the bench, in the same processes. The loop's figure is the median

@@ -25,6 +25,7 @@ small integers, so that every sum is exact and a wrong element is an error, not 
 from __future__ import annotations
 
 import datetime as _dt
+import gc
 import os
 import platform
 import socket
@@ -312,6 +313,7 @@ def bench_rank(ctx: Any, config: BenchConfig) -> dict[str, Any]:
             count = element_count(op, size_bytes, n)
             if op != held_for:  # one op's buffers at a time: the last op's go first
                 buffers = None
+                gc.collect()  # anything of the last op caught in a reference cycle
                 _return_free_memory()
                 buffers = _Buffers.for_op(torch, op, largest[op], n, ctx.device, op in in_place)
                 held_for = op

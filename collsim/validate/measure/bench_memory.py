@@ -82,22 +82,24 @@ RANK_BASE_BYTES_SOURCE = (
     "torch 2.13.0+cpu: peak PSS of the process tree 0.41 / 0.62 / 1.04 GiB with 1 / 2 / 4 ranks"
 )
 #: Buffers of the op's size a gloo rank holds at its peak, with the backend's own copies, per
-#: op. Measured with benchmarks/peak_rss.py (torch 2.13.0+cpu), peak PSS over a 1K run, per
-#: rank, in 256 MiB buffers: one op at a time on 2 ranks (``validate bench --world-size 2 --ops
-#: OP -b 256M -e 256M -n 1 -w 0``): all_reduce 1.15, broadcast 1.26, all_gather 2.83 (a 1/2
-#: chunk, the output and gloo's flat copy of it), reduce_scatter 2.60, all_to_all 2.34,
-#: send_recv 2.24; every op on 4 ranks (``validate bench --world-size 4 -b 1K -e 256M``): 3.55
-#: at the peak of the whole run (4.59 GiB against 1.04 GiB at 1K). Rounded up to the half.
+#: op (all_gather and reduce_scatter in place: :data:`~.bench_ops.GLOO_IN_PLACE`). Measured with
+#: benchmarks/peak_rss.py (torch 2.13.0+cpu), PSS per rank above its 155 MiB base during the
+#: sweep (the profiler's share of :data:`RANK_BASE_BYTES` comes after the sweep), in 256 MiB
+#: buffers, 4 ranks: ``validate bench --world-size 4 -b 1K -e 256M -n 2 -w 1`` sampled per
+#: process: all_reduce 1.06, broadcast 1.06, all_gather 2.24 and reduce_scatter 2.27 out of
+#: place (gloo's flat output and input clone); in place, one op per run (``--ops OP -b 256M -e
+#: 256M -n 2 -w 1``): SEE_BELOW. Rounded up to the quarter.
 _OP_BUFFERS: dict[str, float] = {
-    "all_reduce": 1.5,
-    "broadcast": 1.5,
-    "all_gather": 4.0,
-    "reduce_scatter": 4.0,
-    "all_to_all": 4.0,
-    "send_recv": 4.0,
+    "all_reduce": 1.25,
+    "broadcast": 1.25,
+    "all_gather": 2.25,
+    "reduce_scatter": 2.25,
+    "all_to_all": 2.25,
+    "send_recv": 2.25,
 }
-#: Memory of the launching process (the same runs: what is left at 0 ranks, rounded up).
-PARENT_BYTES = 256 * 2**20
+#: Memory of the launching process, which never imports torch (the same run: 15 MiB PSS and 7
+#: MiB for multiprocessing's resource tracker, rounded up).
+PARENT_BYTES = 32 * 2**20
 
 
 def bench_memory_bytes(config: BenchConfig, world_size: int, backend: str = "gloo") -> int:

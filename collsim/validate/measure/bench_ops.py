@@ -270,12 +270,15 @@ class _OpCase:
         self._call = self._make_call()
 
     def _make_call(self) -> Callable[[], None]:
-        dist, inp, out = self.dist, self.inp, self.out
+        # The call holds only locals, never ``self``: a closure over ``self`` is a reference
+        # cycle (self -> call -> self) that outlives ``del case`` until the cyclic collector
+        # runs, and with it the op's buffers, into the next op's peak.
+        dist, inp, out, root, n = self.dist, self.inp, self.out, self.root, self.n
         match self.op:
             case "all_reduce":
                 return lambda: dist.all_reduce(inp)
             case "broadcast":
-                return lambda: dist.broadcast(inp, src=self.root)
+                return lambda: dist.broadcast(inp, src=root)
             case "all_gather":
                 fn = _single(dist, "all_gather_single", "all_gather_into_tensor")
                 return lambda: fn(out, inp)
@@ -285,10 +288,10 @@ class _OpCase:
             case "all_to_all":
                 return lambda: dist.all_to_all_single(out, inp)
             case _:  # send_recv: a ring shift, as nccl-tests sendrecv_perf
-                dst, src = (self.rank + 1) % self.n, (self.rank - 1) % self.n
+                dst, src = (self.rank + 1) % n, (self.rank - 1) % n
 
                 def shift() -> None:
-                    if self.n == 1:
+                    if n == 1:
                         out.copy_(inp)
                         return
                     works = [dist.isend(inp, dst), dist.irecv(out, src)]
