@@ -82,13 +82,14 @@ RANK_BASE_BYTES_SOURCE = (
     "torch 2.13.0+cpu: peak PSS of the process tree 0.41 / 0.62 / 1.04 GiB with 1 / 2 / 4 ranks"
 )
 #: Buffers of the op's size a gloo rank holds at its peak, with the backend's own copies, per
-#: op (all_gather and reduce_scatter in place: :data:`~.bench_ops.GLOO_IN_PLACE`). Measured with
-#: benchmarks/peak_rss.py (torch 2.13.0+cpu), PSS per rank above its 155 MiB base during the
-#: sweep (the profiler's share of :data:`RANK_BASE_BYTES` comes after the sweep), in 256 MiB
-#: buffers, 4 ranks: ``validate bench --world-size 4 -b 1K -e 256M -n 2 -w 1`` sampled per
-#: process: all_reduce 1.06, broadcast 1.06, all_gather 2.24 and reduce_scatter 2.27 out of
-#: place (gloo's flat output and input clone); in place, one op per run (``--ops OP -b 256M -e
-#: 256M -n 2 -w 1``): SEE_BELOW. Rounded up to the quarter.
+#: op (all_gather and reduce_scatter in place: :data:`~.bench_ops.GLOO_IN_PLACE`). Measured
+#: (torch 2.13.0+cpu) as the PSS of each rank sampled every 0.1 s above its base of 152-157 MiB
+#: during the sweep (the profiler's share of :data:`RANK_BASE_BYTES` comes after the sweep), in
+#: 256 MiB buffers, 4 ranks: ``validate bench --world-size 4 --ops all_gather,reduce_scatter,
+#: all_to_all,send_recv,all_reduce -b 256M -e 256M -n 2 -w 1``: all_gather 2.00, reduce_scatter
+#: 2.01, all_to_all 2.04, send_recv 2.03 (in place: out of place all_gather held 2.24 and
+#: reduce_scatter 2.27, gloo's flat output and input clone); ``validate bench --world-size 4
+#: -b 1K -e 256M -n 2 -w 1``: all_reduce 1.06, broadcast 1.06. Rounded up to the quarter.
 _OP_BUFFERS: dict[str, float] = {
     "all_reduce": 1.25,
     "broadcast": 1.25,
