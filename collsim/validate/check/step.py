@@ -270,6 +270,12 @@ def profile_device(report: dict[str, Any], device_profile: str) -> tuple[Any, fl
     memory_share = (
         cpu_share(ranks, threads, cores, profile_threads, memory_slowdown) if gloo else 1.0
     )
+    if gloo and ranks * threads > cores:
+        # ranks time-sharing a core run slower than the even share: a trace profile's
+        # slowdown measured from the step traced pinned (collsim.validate.fit.trace_profile)
+        sharing = float(extra.get("time_sharing_slowdown", 1.0))
+        share *= sharing
+        memory_share *= sharing
     if share != 1.0 or memory_share != 1.0:
         device = dataclasses.replace(device, measured=device.measured.shared(share, memory_share))
     return device, share, memory_share

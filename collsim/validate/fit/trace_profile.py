@@ -415,6 +415,92 @@ def host_per_launch(trace: Trace) -> HostTime:
     return HostTime(host_us * 1e-6, launches, len(steps))
 
 
+def _busy_step_s(traces: list[Trace]) -> float:
+    """Mean seconds per step of the steps' threads less their waits on a collective (the gaps
+    between outermost ops while a collective of the rank ran), over every step of every rank."""
+    total_us = 0.0
+    count = 0
+    for trace in traces:
+        comm = sorted(
+            (e.ts_us, e.end_us)
+            for e in trace.events
+            if e.name.startswith("gloo:") or e.name == "record_param_comms"
+        )
+        for step in trace.steps():
+            top = _outermost(
+                [
+                    e
+                    for e in trace.events
+                    if e.cat in ("cpu_op", "user_annotation")
+                    and e.tid == step.tid
+                    and e.pid == step.pid
+                    and step.ts_us <= e.ts_us < step.end_us
+                    and not e.name.startswith(STEP_PREFIX)
+                ]
+            )
+            edges = [step.ts_us, *(x for e in top for x in (e.ts_us, e.end_us)), step.end_us]
+            waits = sum(
+                _overlap_us(edges[i], edges[i + 1], comm)
+                for i in range(0, len(edges) - 1, 2)
+                if edges[i + 1] > edges[i]
+            )
+            total_us += step.dur_us - waits
+            count += 1
+    return total_us / max(count, 1) * 1e-6
+
+
+@dataclass
+class TimeSharing:
+    """The slowdown beyond an even share of a core, learned from the same step traced with the
+    ranks on their own cores and with more ranks per core (:func:`time_sharing`)."""
+
+    slowdown: float
+    source: str
+
+
+def time_sharing(pinned: list[Trace], reference: list[Trace]) -> TimeSharing:
+    """How much slower a rank's step runs when ranks time-share the cores than the even share
+    says: the mean step of ``pinned`` (the ranks pinned to fewer cores, e.g. ``taskset -c 0``,
+    more ranks per core) over that of ``reference`` (the same step with fewer ranks per core),
+    divided by the ratio of their ranks per core; waits on collectives left out. Above 1 when
+    switching between ranks costs (each finds the cache the other filled), below when the
+    cores' own rate rises with fewer busy (clock boost, memory bandwidth). ConfigError (exit 2)
+    when a trace does not record its cores (``collsim validate step --profile-dir`` does) or the
+    pinned ranks do not share more."""
+
+    def per_core(traces: list[Trace]) -> float:
+        shares = {t.ranks_per_core for t in traces}
+        if None in shares or len(shares) != 1:
+            bad = next((t for t in traces if t.ranks_per_core is None), traces[0])
+            raise ConfigError(
+                "no 'collsim.cores' / 'collsim.local_ranks' metadata (or the ranks disagree): "
+                "record the traces with `collsim validate step --profile-dir`",
+                file=bad.path,
+            )
+        value = shares.pop()
+        assert value is not None
+        return value
+
+    if not pinned or not reference:
+        raise ConfigError("the time-sharing slowdown needs pinned and reference traces")
+    ratio = per_core(pinned) / per_core(reference)
+    if ratio <= 1.0:
+        raise ConfigError(
+            f"the pinned traces run {per_core(pinned):g} ranks per core, the reference "
+            f"{per_core(reference):g}: pin the ranks to fewer cores (taskset -c 0)",
+            file=pinned[0].path,
+        )
+    busy_p, busy_r = _busy_step_s(pinned), _busy_step_s(reference)
+    slowdown = busy_p / busy_r / ratio
+    names = ", ".join(Path(t.path).name for t in pinned)
+    refs = ", ".join(Path(t.path).name for t in reference)
+    source = (
+        f"pinned {names} ({per_core(pinned):g} ranks per core, {busy_p * 1e3:.2f} ms per step) "
+        f"over {refs} ({per_core(reference):g}, {busy_r * 1e3:.2f} ms), / {ratio:g}"
+    )
+    return TimeSharing(round(slowdown, 4), source)
+
+
 def _near(row: list[Any], rows: list[list[Any]]) -> bool:
     lim = math.log(SAME_SHAPE_FACTOR)
     return any(all(abs(math.log(row[i]) - math.log(r[i])) <= lim for i in range(3)) for r in rows)
@@ -425,8 +511,16 @@ def covered_gemm(shape: tuple[int, int, int], rows: list[list[Any]]) -> bool:
     return _near(list(shape), rows)
 
 
-def profile_from_traces(traces: list[Trace], *, base: str | None = None) -> LearnedProfile:
-    """Learn the ``measured`` tables from ``traces`` (one or several ranks of one job)."""
+def profile_from_traces(
+    traces: list[Trace],
+    *,
+    base: str | None = None,
+    pinned: list[Trace] | None = None,
+    pinned_reference: list[Trace] | None = None,
+) -> LearnedProfile:
+    """Learn the ``measured`` tables from ``traces`` (one or several ranks of one job); with
+    ``pinned`` also the time-sharing slowdown (:func:`time_sharing` against
+    ``pinned_reference``, default ``traces``), in ``notes.time_sharing_slowdown``."""
 
     timed = [pair for t in traces for pair in _op_times(t)]
     on_gpu = any(t.on_gpu for t in traces)
@@ -485,6 +579,10 @@ def profile_from_traces(traces: list[Trace], *, base: str | None = None) -> Lear
             f" over {host_time.launches / per_step:.0f} launches)"
         )
     measured["launch_us"] = 0.0
+    shared = None
+    if pinned:
+        shared = time_sharing(pinned, pinned_reference or traces)
+        sources["time sharing"] = f"x{shared.slowdown:g}: {shared.source}"
     # the rows are the shapes the trace ran: a shape far from all of them is priced by the
     # base device's own figures (write_trace_profile), not by the nearest traced shape
     measured["gemm_reach"] = SAME_SHAPE_FACTOR
@@ -498,6 +596,12 @@ def profile_from_traces(traces: list[Trace], *, base: str | None = None) -> Lear
         # a tiny op's own time: the floor of a kernel issued without Python between
         # (DDP's gradient copies, collsim.validate.check.step); host_us is per launch
         **({"op_floor_us": round(statistics.median(floors), 3)} if floors else {}),
+        # applied where the predicted ranks exceed the cores (collsim.validate.check.step)
+        **(
+            {"time_sharing_slowdown": shared.slowdown, "time_sharing_source": shared.source}
+            if shared is not None
+            else {}
+        ),
         **({"attention_dtype": "fp32"} if not on_gpu else {"attention_dtype": "bf16"}),
     }
     return LearnedProfile(

@@ -549,7 +549,7 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
     return {
         "world_size": ctx.world_size,
         "local_world_size": ctx.local_world_size,
-        "cpu_count": os.cpu_count(),
+        "cpu_count": _cores(),
         "threads_per_rank": torch.get_num_threads(),
         "scheduling": current_scheduling(),
         "block_medians_s": block_medians,
@@ -595,6 +595,11 @@ def _trace_modes(
         steps[mode]()  # one untraced step: the profiler's own start-up stays out of the trace
         wall = cpu = 0.0
         with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            # what a time-sharing slowdown is learned from (collsim.validate.fit.trace_profile)
+            prof.add_metadata_json(
+                "collsim",
+                json.dumps({"cores": _cores(), "local_ranks": ctx.local_world_size}),
+            )
             for i in range(cfg.trace_steps):
                 dist.barrier()
                 start, cpu0 = time.perf_counter(), time.thread_time()
@@ -610,6 +615,12 @@ def _trace_modes(
         os.remove(path)
         written.append(f"{path}.gz")
     return {"files": written, "cpu_share": shares}
+
+
+def _cores() -> int:
+    """The cores this process may run on (its CPU affinity: ``taskset`` narrows it)."""
+    getter = getattr(os, "sched_getaffinity", None)
+    return len(getter(0)) if getter is not None else os.cpu_count() or 1
 
 
 def _autogroup() -> bool | None:
