@@ -98,6 +98,9 @@ class Trace:
     ``collsim validate step --profile-dir``; None in other traces)."""
     local_ranks: int | None = None
     """The ranks of the job on the rank's node (``collsim.local_ranks``; None likewise)."""
+    cpu_share: float | None = None
+    """The share of a core the step's thread got over the traced steps (its CPU time over the
+    wall time, ``collsim.cpu_share``; None likewise)."""
 
     @property
     def ranks_per_core(self) -> float | None:
@@ -406,6 +409,7 @@ def read_trace(path: str | Path, *, reader: str | None = None, progress: bool = 
         devices=[str(p.get("name", "")) for p in props if isinstance(p, dict)],
         cores=_int_or_none(ours.get("cores")),
         local_ranks=_int_or_none(ours.get("local_ranks")),
+        cpu_share=float(ours["cpu_share"]) if isinstance(ours.get("cpu_share"), float) else None,
     )
     if not events:
         raise _bad(name, "'traceEvents' holds no complete (ph 'X') event")

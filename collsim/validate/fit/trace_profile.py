@@ -492,11 +492,17 @@ def time_sharing(pinned: list[Trace], reference: list[Trace]) -> TimeSharing:
         )
     busy_p, busy_r = _busy_step_s(pinned), _busy_step_s(reference)
     slowdown = busy_p / busy_r / ratio
+
+    def got(traces: list[Trace]) -> str:
+        shares = [t.cpu_share for t in traces if t.cpu_share is not None]
+        return f", threads got {statistics.mean(shares):.2f} of a core" if shares else ""
+
     names = ", ".join(Path(t.path).name for t in pinned)
     refs = ", ".join(Path(t.path).name for t in reference)
     source = (
-        f"pinned {names} ({per_core(pinned):g} ranks per core, {busy_p * 1e3:.2f} ms per step) "
-        f"over {refs} ({per_core(reference):g}, {busy_r * 1e3:.2f} ms), / {ratio:g}"
+        f"pinned {names} ({per_core(pinned):g} ranks per core, {busy_p * 1e3:.2f} ms per step"
+        f"{got(pinned)}) over {refs} ({per_core(reference):g}, {busy_r * 1e3:.2f} ms"
+        f"{got(reference)}), / {ratio:g}"
     )
     return TimeSharing(round(slowdown, 4), source)
 

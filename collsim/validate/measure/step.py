@@ -595,11 +595,6 @@ def _trace_modes(
         steps[mode]()  # one untraced step: the profiler's own start-up stays out of the trace
         wall = cpu = 0.0
         with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-            # what a time-sharing slowdown is learned from (collsim.validate.fit.trace_profile)
-            prof.add_metadata_json(
-                "collsim",
-                json.dumps({"cores": _cores(), "local_ranks": ctx.local_world_size}),
-            )
             for i in range(cfg.trace_steps):
                 dist.barrier()
                 start, cpu0 = time.perf_counter(), time.thread_time()
@@ -607,6 +602,18 @@ def _trace_modes(
                     steps[mode]()
                 wall += time.perf_counter() - start
                 cpu += time.thread_time() - cpu0
+            # what a time-sharing slowdown is learned from (collsim.validate.fit.trace_profile):
+            # the cores this rank could run on, the ranks beside it, its thread's share of a core
+            prof.add_metadata_json(
+                "collsim",
+                json.dumps(
+                    {
+                        "cores": _cores(),
+                        "local_ranks": ctx.local_world_size,
+                        "cpu_share": round(cpu / max(wall, 1e-9), 4),
+                    }
+                ),
+            )
         shares[mode] = cpu / max(wall, 1e-9)
         path = folder / f"n{ctx.world_size}_{mode}_rank{ctx.rank}.json"
         prof.export_chrome_trace(str(path))
