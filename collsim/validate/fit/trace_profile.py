@@ -497,8 +497,8 @@ def time_sharing(pinned: list[Trace], reference: list[Trace]) -> TimeSharing:
         shares = [t.cpu_share for t in traces if t.cpu_share is not None]
         return f", threads got {statistics.mean(shares):.2f} of a core" if shares else ""
 
-    names = ", ".join(Path(t.path).name for t in pinned)
-    refs = ", ".join(Path(t.path).name for t in reference)
+    names = ", ".join("/".join(Path(t.path).parts[-2:]) for t in pinned)
+    refs = ", ".join("/".join(Path(t.path).parts[-2:]) for t in reference)
     source = (
         f"pinned {names} ({per_core(pinned):g} ranks per core, {busy_p * 1e3:.2f} ms per step"
         f"{got(pinned)}) over {refs} ({per_core(reference):g}, {busy_r * 1e3:.2f} ms"
