@@ -357,6 +357,34 @@ def test_pinned_traces_without_their_cores_get_one_line(
     assert code == 2 and len(lines) == 1 and "collsim.cores" in lines[0], lines
 
 
+def test_record_sh_gives_the_profile_its_pinned_time_sharing_slowdown() -> None:
+    """A run of ``record.sh`` as it now records (``loaded/record_dev``, one run at 1-min loads
+    of 17-22, for the wiring only): the pinned traces record one core for the two ranks, the
+    reference two, and the profile ``validate trace --pinned`` wrote holds the slowdown and the
+    host cost per launch this code learns from them."""
+    import yaml
+
+    from collsim.validate.fit.trace_profile import profile_from_traces
+
+    run = LOADED / "record_dev" / "run1"
+    pinned = read_traces(sorted(str(p) for p in (run / "pinned").glob("n2_local_rank*.json.gz")))
+    reference = read_traces(sorted(str(p) for p in run.glob("n2_local_rank*.json.gz")))
+    assert [(t.cores, t.local_ranks) for t in pinned] == [(1, 2), (1, 2)]
+    assert [(t.cores, t.local_ranks) for t in reference] == [(2, 2), (2, 2)]
+    assert all(t.cpu_share is not None for t in pinned + reference)
+    learned = profile_from_traces(
+        read_traces(sorted(str(p) for p in run.glob("n2_ddp_b25_rank*.json.gz"))),
+        pinned=pinned,
+        pinned_reference=reference,
+    )
+    recorded = yaml.safe_load((run / "trace_profile.yaml").read_text())["measured"]
+    assert (
+        recorded["notes"]["time_sharing_slowdown"]
+        == learned.measured["notes"]["time_sharing_slowdown"]
+    )
+    assert recorded["host_us"] == learned.measured["host_us"]
+
+
 def _rebuilt_errors(run: Path) -> dict[tuple[int, str], float]:
     """(world size, mode or ``local``) -> error of ``run`` simulated from the profile this
     checkout learns from the run's traces (as ``validate/probes/trace_profile_predict.py``);
