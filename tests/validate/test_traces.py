@@ -666,3 +666,35 @@ def test_reading_a_trace_needs_no_torch(tmp_path: Path) -> None:
     assert "largest difference first" in proc.stdout and (tmp_path / "p.yaml").exists()
     # the model's own shapes were traced (its one unfused attention product 256 x 32 x 64 not)
     assert "the scenario's GEMM shapes: 9 within 2x of a traced shape, 1 not" in proc.stdout
+
+
+def test_the_predict_probe_prints_per_run_and_median_errors() -> None:
+    """``validate/probes/trace_profile_predict.py`` on a ``record.sh`` folder: the profile's
+    host cost and time-sharing slowdown, then per run and as medians the error of every mode
+    and of the step without communication at both world sizes, for the trace profile and for
+    ``cpu_profile.yaml``."""
+    import subprocess
+    import sys
+
+    probe = REPO / "validate" / "probes" / "trace_profile_predict.py"
+    done = subprocess.run(
+        [sys.executable, str(probe), str(LOADED / "record_dev")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PYTHONPATH": str(REPO), "PATH": ""},
+        check=True,
+    )
+    lines = done.stdout.splitlines()
+    assert any(line.startswith("# run1: time sharing x") for line in lines), lines
+    for n in (2, 4):
+        for mode in ("ddp_b1", "ddp_b25", "local"):
+            for label in ("trace", "compute"):
+                assert any(line.startswith(f"run1 n={n} {mode:8s} {label:7s}") for line in lines), (
+                    n,
+                    mode,
+                    label,
+                )
+                assert any(
+                    line.startswith(f"n={n} {mode:8s} {label:7s} median") for line in lines
+                ), (n, mode, label)
