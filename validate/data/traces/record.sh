@@ -4,8 +4,8 @@
 # Run from an empty folder with `collsim` on the PATH; writes times.txt, cpu_profile.*, runN/.
 # Per run: the timed steps at world sizes 2 and 4 with their traces, then world size 2 again with
 # both ranks pinned to core 0 (`taskset -c 0`), whose traced local steps give the profile its
-# time-sharing slowdown (two ranks per core, as world size 4 runs on 2 cores). About 8 minutes
-# on 2 quiet cores. For a development run on a busy host: NO_WAIT=1 (no load rule), RUNS="1",
+# time-sharing slowdown (two ranks per core, as world size 4 runs on 2 cores), started right
+# after its run. About 11 minutes on 2 quiet cores, most of it waiting for the load to settle. For a development run on a busy host: NO_WAIT=1 (no load rule), RUNS="1",
 # ITERS=5; such runs are not the protocol.
 ITERS=${ITERS:-15}
 RUNS=${RUNS:-1 2 3}
@@ -21,7 +21,7 @@ for n in $RUNS; do
   collsim validate step --world-sizes 2,4 --iters "$ITERS" --device-profile cpu_profile.yaml \
     --profile-dir traces_run$n -o run$n/step_trace_run$n.json > run$n/step_trace_run$n.txt 2>&1
   stamp end run$n rc=$?
-  waitq; stamp start run$n pinned
+  stamp start run$n pinned  # at once: the load average then still holds this run's own ranks
   taskset -c 0 collsim validate step --world-sizes 2 --iters 1 --warmup 0 \
     --profile-dir pinned_run$n -o run$n/pinned/step_pinned.json > run$n/pinned/step_pinned.txt 2>&1
   stamp end run$n pinned rc=$?
