@@ -5,8 +5,9 @@
 # Per run: the timed steps at world sizes 2 and 4 with their traces, then world size 2 again with
 # both ranks pinned to core 0 (`taskset -c 0`), whose traced local steps give the profile its
 # time-sharing slowdown (two ranks per core, as world size 4 runs on 2 cores), started right
-# after its run. About 11 minutes on 2 quiet cores, most of it waiting for the load to settle. For a development run on a busy host: NO_WAIT=1 (no load rule), RUNS="1",
-# ITERS=5; such runs are not the protocol.
+# after its run. About 11 minutes on 2 quiet cores, most of it waiting for the load to settle.
+# For a development run on a busy host: NO_WAIT=1 (no load rule), RUNS="1", ITERS=5; such runs
+# are not the protocol.
 ITERS=${ITERS:-15}
 RUNS=${RUNS:-1 2 3}
 stamp(){ echo "$(date -u +%H:%M:%S) load $(cut -d' ' -f1-3 /proc/loadavg) $*" >> times.txt; }
