@@ -409,7 +409,9 @@ def read_trace(path: str | Path, *, reader: str | None = None, progress: bool = 
         devices=[str(p.get("name", "")) for p in props if isinstance(p, dict)],
         cores=_int_or_none(ours.get("cores")),
         local_ranks=_int_or_none(ours.get("local_ranks")),
-        cpu_share=float(ours["cpu_share"]) if isinstance(ours.get("cpu_share"), float) else None,
+        cpu_share=float(ours["cpu_share"])
+        if isinstance(ours.get("cpu_share"), (int, float))
+        else None,
     )
     if not events:
         raise _bad(name, "'traceEvents' holds no complete (ph 'X') event")
