@@ -1,19 +1,23 @@
 """A device profile learned from traced steps, in the schema ``collsim validate compute`` writes
 (:func:`collsim.validate.measure.compute.write_profile`; read by
-:func:`collsim.cluster.hardware.get_device`):
-the GEMM rate of every shape the trace ran (``aten::mm`` / ``addmm`` / ``bmm`` / ``baddbmm``
-with their recorded ``Input Dims``), the attention rate of the SDPA ops (forward and backward,
-by head dim and sequence length), the bandwidth of the memory-bound element-wise ops by size,
-the GELU rate, the optimizer's bytes per second (``Optimizer.step#<name>.step``) and the host
-cost of a tiny op. On a CPU-only trace an op's time is its host duration; on a GPU trace the
-summed duration of the kernels its launches ran (``External id`` -> launch -> ``correlation`` ->
-kernel). Each point is its work over its time summed over its occurrences in the traced steps of
-every rank (not the median: an op the OS preempted costs the step that time too, and a step's
-prediction needs its mean). The rates are the ones the ranks got while they ran together, so the
-profile's ``concurrent_slowdown`` is 1 (no further slowdown for neighbours). What the trace did
-not run comes from the ``base`` device: its measured rows where it is a profile (GEMM shapes
-farther than a factor of 2 in some dimension from every traced shape; whole sections the trace
-lacks), else the catalogue model; :meth:`LearnedProfile.describe` says which."""
+:func:`collsim.cluster.hardware.get_device`): the GEMM rate of every shape the trace ran
+(``aten::mm`` / ``addmm`` / ``bmm`` / ``baddbmm`` with their recorded ``Input Dims``), the
+attention rate of the SDPA ops (forward and backward, by head dim and sequence length), the
+bandwidth of the memory-bound element-wise ops by size, the GELU rate, the optimizer's bytes per
+second (``Optimizer.step#<name>.step``), the host cost per launch (on a CPU trace the step
+thread's time no priced op holds, per priced op: :func:`host_per_launch`; the tiny op's time
+kept as ``notes.op_floor_us``; on a GPU trace the kernel launch call) and, from a second trace
+of the same step with the ranks pinned to fewer cores, the time-sharing slowdown
+(:func:`time_sharing`). On a CPU-only trace an op's time is its host duration; on a GPU trace
+the summed duration of the kernels its launches ran (``External id`` -> launch ->
+``correlation`` -> kernel). Each point is its work over its time summed over its occurrences in
+the traced steps of every rank (not the median: an op the OS preempted costs the step that time
+too, and a step's prediction needs its mean). The rates are the ones the ranks got while they
+ran together, so the profile's ``concurrent_slowdown`` is 1 (no further slowdown for
+neighbours). What the trace did not run comes from the ``base`` device: its measured rows where
+it is a profile (GEMM shapes farther than a factor of 2 in some dimension from every traced
+shape; whole sections the trace lacks), else the catalogue model;
+:meth:`LearnedProfile.describe` says which."""
 
 from __future__ import annotations
 
