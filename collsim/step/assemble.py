@@ -15,6 +15,7 @@ from collsim.core.errors import SimulationError
 from collsim.core.units import GiB
 from collsim.parallel.describe import describe_mapping
 from collsim.parallel.plan import Plan
+from collsim.step.allocator import allocator_limit_bytes, expandable_segments_of, reserved_memory
 from collsim.step.memory import Timelines
 from collsim.step.result import MEMORY_KEYS, Breakdown, CollectiveStat, StepResult
 from collsim.workload import flops
@@ -117,7 +118,24 @@ def assemble(
     reserve = float(device.memory_reserve_bytes)
     warnings_out = list(plan.warnings)
     fits = top.total_bytes <= capacity
-    if not fits:
+    reserved: float | None = None
+    allocator: dict[str, Any] | None = None
+    if timeline and device.generation != "cpu":
+        # the caching allocator replayed on the reported run (not in a search's inner loop):
+        # the plan fits when no request fails after the allocator's release-and-retry
+        reserved, allocator = reserved_memory(
+            {rank: prog.ledger for rank, prog in programs.items()},
+            expandable_segments=expandable_segments_of(tr.stack, tr.expandable_segments),
+            limit_bytes=allocator_limit_bytes(device),
+        )
+        fits = not allocator["oom"]
+    if not fits and allocator is not None:
+        warnings_out.append(
+            f"does not fit: the caching allocator runs out of memory on rank "
+            f"{allocator['rank']} ({top.total_bytes / GiB:.1f} GiB allocated at the peak, "
+            f"{allocator['limit_bytes'] / GiB:.1f} GiB the allocator can hold)"
+        )
+    elif not fits:
         warnings_out.append(
             f"does not fit: {top.total_bytes / GiB:.1f} GiB needed of {capacity / GiB:.1f} GiB"
         )
@@ -160,4 +178,6 @@ def assemble(
             r: prog.ledger.category_peak("activations") for r, prog in programs.items()
         },
         rank_stages={rank: plan.stage_of(rank) for rank in programs},
+        memory_reserved_bytes=reserved,
+        allocator=allocator,
     )
