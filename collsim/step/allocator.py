@@ -341,10 +341,11 @@ class CachingAllocator:
             before = c.prev
             if before is not None and not before.allocated:
                 c = before
-            room, b = 0, c
-            while room < size and b is not None and not b.allocated:
-                room += b.size
-                b = b.next
+            room = 0
+            walk: _Block | None = c
+            while room < size and walk is not None and not walk.allocated:
+                room += walk.size
+                walk = walk.next
             if room >= size:
                 candidate = c
                 break
@@ -466,7 +467,7 @@ def replay_ledger(
         expandable_segments=expandable_segments,
         limit_bytes=None if limit_bytes is None else int(limit_bytes),
     )
-    # one handle per allocation: [block, live] (a block object is reused once freed)
+    # one handle per allocation: [block, live, bytes] (a block object is reused once freed)
     by_key: dict[tuple[Any, ...], list[list[Any]]] = {}
     by_size: dict[tuple[str, Any, int], deque[list[Any]]] = {}
     stacks: dict[str, list[list[Any]]] = {}
@@ -477,10 +478,8 @@ def replay_ledger(
 
     def release(handle: list[Any]) -> int:
         handle[1] = False
-        block: _Block = handle[0]
-        size = block.size
-        alloc.free(block)
-        return size
+        alloc.free(handle[0])
+        return int(handle[2])
 
     for ev in events:
         category, delta, label = ev[1], ev[2], ev[3]
@@ -491,7 +490,7 @@ def replay_ledger(
                 pending[early] -= 1
                 continue
             try:
-                handle = [alloc.malloc(size), True]
+                handle = [alloc.malloc(size), True, size]
             except AllocatorOOM:
                 oom = True
                 break
@@ -515,12 +514,21 @@ def replay_ledger(
                 pending.get((category, _family(label), size), 0) + 1
             )
             continue
+        # unlabelled (the closed form's ZeRO-3 activations): the newest live block (the
+        # rebuilt part), then the newest live block of the rest's size (the kept part)
         left = size
         stack = stacks.get(category, [])
         while left > 0 and stack:
             handle = stack.pop()
-            if handle[1]:
-                left -= release(handle)
+            if not handle[1]:
+                continue
+            left -= release(handle)
+            rest = by_size.get((category, _family(label), left))
+            while rest and not rest[-1][1]:
+                rest.pop()
+            if rest:
+                release(rest.pop())
+                left = 0
         unmatched += max(0, left)
     unmatched += sum(size * n for (_, _, size), n in pending.items())
     st = alloc.stats
