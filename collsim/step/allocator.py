@@ -34,6 +34,7 @@ __all__ = [
     "CachingAllocator",
     "ReservedMemory",
     "allocation_size",
+    "activation_tensors",
     "allocator_limit_bytes",
     "expandable_segments_of",
     "replay_ledger",
@@ -450,16 +451,19 @@ def replay_ledger(
     *,
     expandable_segments: bool,
     limit_bytes: float | None = None,
+    tensors: Mapping[int, tuple[int, ...]] | None = None,
 ) -> ReservedMemory:
     """Replay one rank's sorted memory events (:meth:`MemoryLedger.sorted_events`) through a
     :class:`CachingAllocator` on one stream.
 
-    Each allocation event is one block. A free is paired with the live blocks it releases:
+    Each allocation event is one block, but an activation event whose bytes are a layer's
+    kept or rebuilt activations (``tensors``: :func:`activation_tensors`) is its tensors, one
+    block each, freed together (newest first). A free is paired with the live blocks it releases:
     a labelled activation free (``("free", key, micro-batch, chunk)``) with the ``act`` and
     ``recompute`` blocks of the same key; an FSDP reshard with the oldest gathered unit of
-    its size; other frees with the oldest live block of their category, label and size, else
-    (unlabelled: the closed form's activation frees under ZeRO-3) the newest blocks of their
-    category until the bytes are covered. A labelled free sorted before its allocation at the
+    its size; other frees with the oldest live block of their category, label and size;
+    unlabelled ones (the closed form's activation frees under ZeRO-3) with the newest of their
+    size, else the newest blocks of their category until the bytes are covered. A labelled free sorted before its allocation at the
     same instant cancels it. With ``limit_bytes`` the replay stops at the first request
     that does not fit after the retry (``oom``).
     """
@@ -467,7 +471,8 @@ def replay_ledger(
         expandable_segments=expandable_segments,
         limit_bytes=None if limit_bytes is None else int(limit_bytes),
     )
-    # one handle per allocation: [block, live, bytes] (a block object is reused once freed)
+    split = tensors or {}
+    # one handle per event: [its blocks, live, bytes] (a block object is reused once freed)
     by_key: dict[tuple[Any, ...], list[list[Any]]] = {}
     by_size: dict[tuple[str, Any, int], deque[list[Any]]] = {}
     stacks: dict[str, list[list[Any]]] = {}
@@ -478,7 +483,8 @@ def replay_ledger(
 
     def release(handle: list[Any]) -> int:
         handle[1] = False
-        alloc.free(handle[0])
+        for block in reversed(handle[0]):
+            alloc.free(block)
         return int(handle[2])
 
     for ev in events:
@@ -489,8 +495,9 @@ def replay_ledger(
             if pending.get(early):
                 pending[early] -= 1
                 continue
+            parts = split.get(size, (size,)) if category == "activations" else (size,)
             try:
-                handle = [alloc.malloc(size), True, size]
+                handle = [[alloc.malloc(part) for part in parts], True, size]
             except AllocatorOOM:
                 oom = True
                 break
@@ -504,11 +511,18 @@ def replay_ledger(
             unmatched += max(0, size - freed)
             continue
         queue = by_size.get((category, _family(label), size))
-        while queue and not queue[0][1]:
-            queue.popleft()
-        if queue:
-            release(queue.popleft())
-            continue
+        if _family(label):  # labelled: the oldest (gathered units, buckets, messages)
+            while queue and not queue[0][1]:
+                queue.popleft()
+            if queue:
+                release(queue.popleft())
+                continue
+        else:  # unlabelled activations: the newest (backward runs the layers in reverse)
+            while queue and not queue[-1][1]:
+                queue.pop()
+            if queue:
+                release(queue.pop())
+                continue
         if _family(label):
             pending[(category, _family(label), size)] = (
                 pending.get((category, _family(label), size), 0) + 1
@@ -543,7 +557,11 @@ def replay_ledger(
 
 
 def replay_ranks(
-    ledgers: Mapping[int, Any], *, expandable_segments: bool, limit_bytes: float | None
+    ledgers: Mapping[int, Any],
+    *,
+    expandable_segments: bool,
+    limit_bytes: float | None,
+    tensors: Mapping[int, tuple[int, ...]] | None = None,
 ) -> dict[int, ReservedMemory]:
     """:func:`replay_ledger` of every rank's ledger (:class:`MemoryLedger`)."""
     return {
@@ -552,6 +570,7 @@ def replay_ranks(
             ledger.sorted_events(),
             expandable_segments=expandable_segments,
             limit_bytes=limit_bytes,
+            tensors=tensors,
         )
         for rank, ledger in ledgers.items()
     }
@@ -572,11 +591,19 @@ def allocator_limit_bytes(device: Any) -> float:
 
 
 def reserved_memory(
-    ledgers: Mapping[int, Any], *, expandable_segments: bool, limit_bytes: float | None
+    ledgers: Mapping[int, Any],
+    *,
+    expandable_segments: bool,
+    limit_bytes: float | None,
+    schedule: Any = None,
 ) -> tuple[float, dict[str, Any]]:
     """The highest peak reserved over ``ledgers`` (rank -> :class:`MemoryLedger`) and the
-    facts of the replay (:attr:`collsim.step.result.StepResult.allocator`)."""
-    runs = replay_ranks(ledgers, expandable_segments=expandable_segments, limit_bytes=limit_bytes)
+    facts of the replay (:attr:`collsim.step.result.StepResult.allocator`); with the step's
+    ``schedule``, layer activations are allocated tensor by tensor."""
+    tensors = activation_tensors(schedule) if schedule is not None else {}
+    runs = replay_ranks(
+        ledgers, expandable_segments=expandable_segments, limit_bytes=limit_bytes, tensors=tensors
+    )
     top = max(runs.values(), key=lambda r: (r.oom, r.peak_reserved_bytes, -r.rank))
     return top.peak_reserved_bytes, {
         "expandable_segments": expandable_segments,
@@ -586,4 +613,50 @@ def reserved_memory(
         "oom": any(r.oom for r in runs.values()),
         "unmatched_bytes": max(r.unmatched_bytes for r in runs.values()),
         "reserved_bytes_by_rank": {r: run.peak_reserved_bytes for r, run in runs.items()},
+        "activation_tensors": {size: len(parts) for size, parts in tensors.items()},
     }
+
+
+def activation_tensors(schedule: Any) -> dict[int, tuple[int, ...]]:
+    """Bytes of a layer kind's kept (and rebuilt) activations -> the bytes of each of their
+    tensors, from the layer's op list (:attr:`collsim.workload.compute.LayerTimes.
+    kept_tensor_bytes`) of the step program's compute model (``schedule``: a
+    :class:`collsim.step.build.StepSchedule`). Where the step keeps fewer bytes than the op
+    list (FP8 linears keep 1-byte inputs) the tensors are scaled to the step's bytes."""
+    plan = schedule.plan
+    spec, tr = plan.spec, plan.training
+    # the layer kinds as the step program prices them (collsim.step.build._blocks)
+    variant = spec.is_moe or spec.is_mla or spec.sliding_window is not None or plan.cp > 1
+    blocks = schedule.layers if schedule.layers else {0: schedule.layer}
+    out: dict[int, tuple[int, ...]] = {}
+    for rep, block in blocks.items():
+        kinds: dict[str, Any] = (
+            {"layer": rep, "ep": plan.ep, "etp": plan.etp, "cp": plan.cp} if variant else {}
+        )
+        times = schedule.compute.layer_times(
+            spec,
+            micro_batch=tr.micro_batch,
+            tp=plan.tp,
+            sequence_parallel=plan.parallel.sequence_parallel,
+            recompute=str(tr.recompute),
+            **kinds,
+        )
+        for total, parts in (
+            (block.stored_bytes, times.kept_tensor_bytes),
+            (block.transient_bytes, times.rebuilt_tensor_bytes),
+        ):
+            size = int(round(total))
+            if size > 0 and len(parts) > 1:
+                out[size] = _scaled(parts, size)
+    return out
+
+
+def _scaled(parts: tuple[float, ...], total: int) -> tuple[int, ...]:
+    """``parts`` scaled to add up to ``total`` bytes exactly (the last one takes the
+    rounding), zero-byte tensors left out."""
+    whole = float(sum(parts))
+    if whole <= 0:
+        return (total,)
+    sizes = [int(p * total / whole) for p in parts]
+    sizes[-1] += total - sum(sizes)
+    return tuple(s for s in sizes if s > 0)
