@@ -464,8 +464,8 @@ def replay_ledger(
     its size; other frees with the oldest live block of their category, label and size;
     unlabelled ones (the closed form's activation frees under ZeRO-3) with the newest of their
     size, else the newest blocks of their category until the bytes are covered. A labelled
-    free sorted before its allocation at the same instant cancels it. With ``limit_bytes`` the replay stops at the first request
-    that does not fit after the retry (``oom``).
+    free sorted before its allocation at the same instant cancels it. With ``limit_bytes``
+    the replay stops at the first request that does not fit after the retry (``oom``).
     """
     alloc = CachingAllocator(
         expandable_segments=expandable_segments,
