@@ -27,6 +27,7 @@ __all__ = [
     "SMALL_BUFFER_BYTES",
     "LARGE_BUFFER_BYTES",
     "MIN_LARGE_ALLOC_BYTES",
+    "NEAR_LIMIT_SHARE",
     "ROUND_LARGE_BYTES",
     "EXPANDABLE_SEGMENTS_BY_STACK",
     "AllocatorOOM",
@@ -590,19 +591,36 @@ def allocator_limit_bytes(device: Any) -> float:
     return max(0.0, float(device.reported_capacity_bytes) - float(outside))
 
 
+NEAR_LIMIT_SHARE = 0.8
+"""Besides the rank with the highest allocated peak, the replay runs the ranks whose allocated
+peak is at least this share of what the allocator can hold: those whose fit could turn on
+fragmentation. A choice of collsim (the replay costs about a microsecond per event in
+Python), not a figure of PyTorch's."""
+
+
 def reserved_memory(
     ledgers: Mapping[int, Any],
     *,
     expandable_segments: bool,
     limit_bytes: float | None,
+    allocated_peaks: Mapping[int, float],
     schedule: Any = None,
 ) -> tuple[float, dict[str, Any]]:
-    """The highest peak reserved over ``ledgers`` (rank -> :class:`MemoryLedger`) and the
-    facts of the replay (:attr:`collsim.step.result.StepResult.allocator`); with the step's
-    ``schedule``, layer activations are allocated tensor by tensor."""
+    """The highest peak reserved over the replayed ranks of ``ledgers`` (rank ->
+    :class:`MemoryLedger`): the rank with the highest of ``allocated_peaks`` and those within
+    :data:`NEAR_LIMIT_SHARE` of ``limit_bytes``; and the facts of the replay
+    (:attr:`collsim.step.result.StepResult.allocator`). With the step's ``schedule``, layer
+    activations are allocated tensor by tensor."""
     tensors = activation_tensors(schedule) if schedule is not None else {}
+    top_rank = max(allocated_peaks, key=lambda r: (allocated_peaks[r], -r))
+    near = NEAR_LIMIT_SHARE * limit_bytes if limit_bytes is not None else float("inf")
+    chosen = {
+        r: ledger
+        for r, ledger in ledgers.items()
+        if r == top_rank or allocated_peaks.get(r, 0.0) >= near
+    }
     runs = replay_ranks(
-        ledgers, expandable_segments=expandable_segments, limit_bytes=limit_bytes, tensors=tensors
+        chosen, expandable_segments=expandable_segments, limit_bytes=limit_bytes, tensors=tensors
     )
     top = max(runs.values(), key=lambda r: (r.oom, r.peak_reserved_bytes, -r.rank))
     return top.peak_reserved_bytes, {

@@ -127,6 +127,7 @@ def assemble(
             {rank: prog.ledger for rank, prog in programs.items()},
             expandable_segments=expandable_segments_of(tr.stack, tr.expandable_segments),
             limit_bytes=allocator_limit_bytes(device),
+            allocated_peaks={r: p.total_bytes for r, p in peaks.items()},
             schedule=getattr(engine, "schedule", None),
         )
         fits = not allocator["oom"]
