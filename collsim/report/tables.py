@@ -252,17 +252,11 @@ def memory_verdict(result: StepResult) -> str:
     if alloc is not None and result.memory_reserved_bytes is not None:
         allocated = format_gib(result.memory_peak_bytes)
         limit = format_gib(float(alloc["limit_bytes"]))
-        mode = "expandable segments" if alloc["expandable_segments"] else "segments"
+        mode = " (expandable)" if alloc["expandable_segments"] else ""
         if result.fits:
             reserved = format_gib(result.memory_reserved_bytes)
-            return (
-                f"fits: {reserved} GiB reserved ({allocated} allocated) of {limit} GiB "
-                f"the allocator can hold ({mode})"
-            )
-        return (
-            f"does not fit: out of memory with {allocated} GiB allocated at the peak, "
-            f"{limit} GiB the allocator can hold ({mode})"
-        )
+            return f"fits: {reserved} GiB reserved, {allocated} allocated, of {limit} GiB{mode}"
+        return f"does not fit: {allocated} GiB allocated, out of memory in {limit} GiB"
     needed = format_gib(result.memory_peak_bytes)
     capacity = format_gib(result.memory_capacity_bytes)
     reserve = float(result.memory_reserve_bytes)
