@@ -163,7 +163,7 @@ def memory_table(result: StepResult) -> str:
         ["peak", format_gib(result.memory_peak_bytes), _share(result.memory_peak_bytes, capacity)]
     )
     reserved = result.memory_reserved_bytes
-    if reserved is not None:
+    if reserved is not None and result.fits:  # out of memory: no peak to compare
         frag = reserved - result.memory_peak_bytes
         rows.append(["peak reserved", format_gib(reserved), _share(reserved, capacity)])
         rows.append(["fragmentation", format_gib(frag), _share(frag, capacity)])

@@ -249,8 +249,9 @@ class StepResult:
 
     @property
     def memory_fragmentation_bytes(self) -> float | None:
-        """Peak reserved minus peak allocated: what the allocator holds beyond the tensors."""
-        if self.memory_reserved_bytes is None:
+        """Peak reserved minus peak allocated: what the allocator holds beyond the tensors
+        (None when the replay ran out of memory: its reserved bytes are those at the failure)."""
+        if self.memory_reserved_bytes is None or (self.allocator or {}).get("oom"):
             return None
         return self.memory_reserved_bytes - self.memory_peak_bytes
 
