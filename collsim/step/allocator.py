@@ -473,79 +473,23 @@ def replay_ledger(
         limit_bytes=None if limit_bytes is None else int(limit_bytes),
     )
     split = tensors or {}
-    # one handle per event: [its blocks, live, bytes] (a block object is reused once freed)
-    by_key: dict[tuple[Any, ...], list[list[Any]]] = {}
-    by_size: dict[tuple[str, Any, int], deque[list[Any]]] = {}
-    stacks: dict[str, list[list[Any]]] = {}
-    pending: dict[tuple[str, Any, int], int] = {}
-    """Frees sorted before their allocation (both at one instant: frees sort first)."""
-    unmatched = 0
+    pairs = _Pairing(alloc)
     oom = False
-
-    def release(handle: list[Any]) -> int:
-        handle[1] = False
-        for block in reversed(handle[0]):
-            alloc.free(block)
-        return int(handle[2])
-
     for ev in events:
         category, delta, label = ev[1], ev[2], ev[3]
         size = int(round(abs(delta)))
-        if delta > 0:
-            early = (category, _family(label), size)
-            if pending.get(early):
-                pending[early] -= 1
-                continue
-            parts = split.get(size, (size,)) if category == "activations" else (size,)
-            try:
-                handle = [[alloc.malloc(part) for part in parts], True, size]
-            except AllocatorOOM:
-                oom = True
-                break
-            if isinstance(label, tuple) and label and label[0] in ("act", "recompute"):
-                by_key.setdefault((category, *label[1:]), []).append(handle)
-            by_size.setdefault((category, _family(label), size), deque()).append(handle)
-            stacks.setdefault(category, []).append(handle)
+        if delta < 0:
+            pairs.free(category, label, size)
             continue
-        if isinstance(label, tuple) and label and label[0] == "free":
-            freed = sum(release(h) for h in by_key.pop((category, *label[1:]), []) if h[1])
-            unmatched += max(0, size - freed)
+        if pairs.cancels(category, label, size):
             continue
-        queue = by_size.get((category, _family(label), size))
-        if _family(label):  # labelled: the oldest (gathered units, buckets, messages)
-            while queue and not queue[0][1]:
-                queue.popleft()
-            if queue:
-                release(queue.popleft())
-                continue
-        else:  # unlabelled activations: the newest (backward runs the layers in reverse)
-            while queue and not queue[-1][1]:
-                queue.pop()
-            if queue:
-                release(queue.pop())
-                continue
-        if _family(label):
-            pending[(category, _family(label), size)] = (
-                pending.get((category, _family(label), size), 0) + 1
-            )
-            continue
-        # unlabelled (the closed form's ZeRO-3 activations): the newest live block (the
-        # rebuilt part), then the newest live block of the rest's size (the kept part)
-        left = size
-        stack = stacks.get(category, [])
-        while left > 0 and stack:
-            handle = stack.pop()
-            if not handle[1]:
-                continue
-            left -= release(handle)
-            rest = by_size.get((category, _family(label), left))
-            while rest and not rest[-1][1]:
-                rest.pop()
-            if rest:
-                release(rest.pop())
-                left = 0
-        unmatched += max(0, left)
-    unmatched += sum(size * n for (_, _, size), n in pending.items())
+        parts = split.get(size, (size,)) if category == "activations" else (size,)
+        try:
+            blocks = [alloc.malloc(part) for part in parts]
+        except AllocatorOOM:
+            oom = True
+            break
+        pairs.add(category, label, size, blocks)
     st = alloc.stats
     return ReservedMemory(
         rank=rank,
@@ -553,8 +497,87 @@ def replay_ledger(
         peak_allocated_bytes=float(st.peak_allocated_bytes),
         num_alloc_retries=st.num_alloc_retries,
         oom=oom,
-        unmatched_bytes=float(unmatched),
+        unmatched_bytes=float(pairs.unmatched_bytes()),
     )
+
+
+class _Pairing:
+    """The live allocations of a replay and which of them a free releases (the rules of
+    :func:`replay_ledger`). One handle per event: [its blocks, live, bytes] (a block object
+    is reused once freed, a handle is not)."""
+
+    def __init__(self, alloc: CachingAllocator) -> None:
+        self.alloc = alloc
+        self.by_key: dict[tuple[Any, ...], list[list[Any]]] = {}
+        self.by_size: dict[tuple[str, Any, int], deque[list[Any]]] = {}
+        self.stacks: dict[str, list[list[Any]]] = {}
+        self.pending: dict[tuple[str, Any, int], int] = {}
+        """Frees sorted before their allocation (both at one instant: frees sort first)."""
+        self.unmatched = 0
+
+    def add(self, category: str, label: Any, size: int, blocks: list[_Block]) -> None:
+        handle = [blocks, True, size]
+        if isinstance(label, tuple) and label and label[0] in ("act", "recompute"):
+            self.by_key.setdefault((category, *label[1:]), []).append(handle)
+        self.by_size.setdefault((category, _family(label), size), deque()).append(handle)
+        self.stacks.setdefault(category, []).append(handle)
+
+    def cancels(self, category: str, label: Any, size: int) -> bool:
+        """An allocation whose free came first at the same instant: neither happens."""
+        early = (category, _family(label), size)
+        if self.pending.get(early):
+            self.pending[early] -= 1
+            return True
+        return False
+
+    def release(self, handle: list[Any]) -> int:
+        handle[1] = False
+        for block in reversed(handle[0]):
+            self.alloc.free(block)
+        return int(handle[2])
+
+    def unmatched_bytes(self) -> int:
+        return self.unmatched + sum(size * n for (_, _, size), n in self.pending.items())
+
+    def free(self, category: str, label: Any, size: int) -> None:
+        if isinstance(label, tuple) and label and label[0] == "free":
+            handles = self.by_key.pop((category, *label[1:]), [])
+            freed = sum(self.release(h) for h in handles if h[1])
+            self.unmatched += max(0, size - freed)
+            return
+        family = _family(label)
+        queue = self.by_size.get((category, family, size))
+        if family:  # labelled: the oldest (gathered units, buckets, messages)
+            while queue and not queue[0][1]:
+                queue.popleft()
+            if queue:
+                self.release(queue.popleft())
+            else:
+                key = (category, family, size)
+                self.pending[key] = self.pending.get(key, 0) + 1
+            return
+        # unlabelled activations: the newest of that size (backward runs the layers in
+        # reverse), else the newest live block (the rebuilt part), then the newest of the
+        # rest's size (the kept part)
+        while queue and not queue[-1][1]:
+            queue.pop()
+        if queue:
+            self.release(queue.pop())
+            return
+        left = size
+        stack = self.stacks.get(category, [])
+        while left > 0 and stack:
+            handle = stack.pop()
+            if not handle[1]:
+                continue
+            left -= self.release(handle)
+            rest = self.by_size.get((category, family, left))
+            while rest and not rest[-1][1]:
+                rest.pop()
+            if rest:
+                self.release(rest.pop())
+                left = 0
+        self.unmatched += max(0, left)
 
 
 def replay_ranks(
