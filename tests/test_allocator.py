@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from collsim.cluster.hardware import get_device
 from collsim.step.allocator import (
     AllocatorOOM,
     CachingAllocator,
@@ -18,6 +19,8 @@ from collsim.step.allocator import (
 )
 from collsim.step.memory import MemoryEvent
 from collsim.study.job import run_job
+from collsim.workload import get_preset
+from collsim.workload.compute import ComputeModel
 
 MIB = 1 << 20
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
@@ -160,3 +163,28 @@ def test_scenario_key_overrides_the_stack() -> None:
     assert default.allocator["expandable_segments"] is True  # nemo_automodel
     assert plain.allocator["expandable_segments"] is False
     assert plain.memory_peak_bytes == default.memory_peak_bytes
+
+
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_a_layers_tensors_add_up_to_its_activation_bytes(recompute: str) -> None:
+    model = ComputeModel(get_device("h100"), "bf16")
+    times = model.layer_times(
+        get_preset("llama2-7b"), micro_batch=1, tp=2, sequence_parallel=True, recompute=recompute
+    )
+    assert sum(times.kept_tensor_bytes) == pytest.approx(times.activation_bytes, rel=1e-12)
+    assert sum(times.rebuilt_tensor_bytes) == pytest.approx(times.transient_bytes, abs=1e-6)
+    assert len(times.kept_tensor_bytes) >= (1 if recompute == "full" else 5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name", ["pipeline_13b_interleaved", "published/hsdp_qwen3_30b_a3b_h100_64_fsdp"]
+)
+def test_closed_form_and_engine_reserve_the_same(name: str) -> None:
+    path = SCENARIOS / f"{name}.yaml"
+    closed = run_job(path, fidelity="closed").result
+    engine = run_job(path).result
+    assert closed.memory_peak_bytes == engine.memory_peak_bytes
+    assert closed.memory_reserved_bytes == engine.memory_reserved_bytes
+    assert closed.memory_reserved_bytes is not None
+    assert closed.memory_reserved_bytes >= closed.memory_peak_bytes
