@@ -346,6 +346,9 @@ def bench_rank(ctx: Any, config: BenchConfig) -> dict[str, Any]:
                 sink.done(point)
     if sink is not None:
         sink.close()
+    buffers = None  # the last op's buffers go before the profiler and the overhead loop
+    gc.collect()
+    _return_free_memory()
     if config.probe_backend:
         # after the sweep: the profiler's own memory (about 70 MiB per rank, torch 2.13) stays
         # with the process once started, and must not add to the largest buffers' peak
