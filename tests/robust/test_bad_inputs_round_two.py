@@ -343,5 +343,5 @@ def test_bench_memory_estimate_follows_the_largest_op() -> None:
     assert bench_memory_bytes(every_op, 4) - base == 4 * (576 * 2**20 + 8 * 2**20)
     # the measured peak of that run (benchmarks/peak_rss.py -- collsim validate bench
     # --world-size 4 -b 1K -e 256M -n 2 -w 1, torch 2.13.0+cpu, PSS of the process tree)
-    assert bench_memory_bytes(every_op, 4) > 2.93 * 2**30
+    assert bench_memory_bytes(every_op, 4) > 2.70 * 2**30
     assert bench_memory_bytes(every_op, 4, backend="nccl") == base  # buffers on the GPU
