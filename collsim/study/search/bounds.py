@@ -11,10 +11,12 @@ from typing import TYPE_CHECKING, Any
 
 from collsim.core.errors import ConfigError
 from collsim.parallel.config import ParallelConfig as Parallel
+from collsim.parallel.params import chunk_tensors
 from collsim.parallel.pipeline import Phase, flow, get_schedule
 from collsim.parallel.plan import build_plan, default_order, grid_rank, rank_axes
 from collsim.parallel.states import rank_model_states
 from collsim.step.build import bytes_per
+from collsim.step.dataparallel import DataParallelRules
 from collsim.step.pricing import ClosedPricer as Pricer
 from collsim.study.search.parts import PlanParts, ProgramParts, held_counts
 from collsim.study.search.space import Candidate, head_stage
@@ -67,7 +69,8 @@ class Bounds:
         self._pipes: dict[tuple[Any, ...], list[float]] = {}
         self.program = ProgramParts()
         """The plans' step-program parts (shared by the bounds of every knob combination)."""
-        self._sums: dict[tuple[Any, ...], list[tuple[float, float]] | None] = {}
+        self._sums: dict[tuple[Any, ...], list[tuple[float, float, float]] | None] = {}
+        self._program_dps: dict[tuple[Any, ...], tuple[list[float], ...]] = {}
 
     def _stage_params(self, c: Candidate) -> list[float]:
         """Parameters per rank of the first and the last stage (the others hold fewer)."""
@@ -306,8 +309,6 @@ class Bounds:
         stream = (
             floor if stream is None else [max(a, b) for a, b in zip(floor, stream, strict=True)]
         )
-        if self._variant(c):
-            return list(stream)
         before, after = self._dp_stage(c)
         serial = c.zero < 3 and not c.overlap
         interferes = c.dp > 1 and (c.zero == 3 or c.overlap)
@@ -341,8 +342,11 @@ class Bounds:
         bandwidth, sub-additive in the bytes); with ZeRO-3 every unit's gathers and
         reduce-scatters of every micro-batch; after the optimizer, ZeRO-1/2's all-gather of
         the updated parameters."""
+        if self._programmed(c):
+            before, after, _ = self._program_dp(c)
+            return before, after
         params = self._stage_params(c)
-        if c.dp < 2 or self._variant(c):
+        if c.dp < 2:
             return [0.0] * len(params), [0.0] * len(params)
         key = (c.tp, c.pp, c.dp, c.micro_batch, c.zero, c.reshard, c.offload)
         cached = self._dp.get(key)
@@ -430,9 +434,10 @@ class Bounds:
             plan = self._plan_of(c)
         return self.program.of(plan, key)
 
-    def _stage_sums(self, c: Candidate) -> list[tuple[float, float]] | None:
+    def _stage_sums(self, c: Candidate) -> list[tuple[float, float, float]] | None:
         """Per stage, the compute stream's floor of one micro-batch through its layers
-        (forward, backward) read off the program's parts; None when no plan builds."""
+        (forward, backward) and their compute seconds alone, read off the program's parts;
+        None when no plan builds."""
         key: tuple[Any, ...] = (c.tp, c.cp, c.pp, c.dp, c.ep, c.etp, c.micro_batch, c.recompute)
         key += (c.sequence_parallel, c.dispatcher, c.ep_overlap, c.cp_algorithm, c.dtype)
         key += (c.zero, c.schedule, c.virtual_stages)
@@ -445,9 +450,113 @@ class Bounds:
             out = []
             for s in range(plan.pp):
                 layers = [parts.layer(s, i) for i in plan.stage_layers(s)]
-                out.append((sum(p.forward_s for p in layers), sum(p.backward_s for p in layers)))
+                out.append(
+                    (
+                        sum(p.forward_s for p in layers),
+                        sum(p.backward_s for p in layers),
+                        sum(p.compute_s for p in layers),
+                    )
+                )
         self._sums[key] = out
         return out
+
+    def _program_dp(self, c: Candidate) -> tuple[list[float], list[float], list[float]]:
+        """Per stage (first, last) of a plan read off its program: the data-parallel calls'
+        seconds before the optimizer and after it, and the parameters its optimizer steps,
+        from the plan's own data-parallel rules
+        (:class:`collsim.step.dataparallel.DataParallelRules`: their groups, shard sizes
+        and calls; dense and routed-expert parameters apart). Each kind's reduction as one
+        call of all the stage's gradients (bucketed calls cost more: a collective's closed
+        form is sub-additive in the bytes); ZeRO-2 reduces every micro-batch, ZeRO-0/1 once;
+        ZeRO-1/2 gather the updated parameters after the optimizer. ZeRO-3: the stage's
+        layer units gathered once per micro-batch (once per step when they stay gathered:
+        kept after forward and gradients synced once per step) and reduced once per
+        micro-batch (once per step when synced once); the embedding and the head left out.
+        Zeros when no plan builds."""
+        key: tuple[Any, ...] = (c.tp, c.cp, c.pp, c.dp, c.ep, c.etp, c.micro_batch, c.zero)
+        key += (c.reshard, c.offload, c.schedule, c.virtual_stages)
+        hit = self._program_dps.get(key)
+        if hit is not None:
+            return hit[0], hit[1], hit[2]
+        stages = sorted({0, c.pp - 1})
+        plan = self._plan_of(c)
+        zeros = [0.0] * len(stages)
+        if plan is None:
+            self._program_dps[key] = (zeros, zeros, zeros)
+            return zeros, zeros, zeros
+        if self._pricer is None:
+            self._pricer = Pricer(self.topology)
+        rules = DataParallelRules.from_plan(
+            plan, self.per, host_bps=float(self.topology.host_bandwidth_bps)
+        )
+        m = plan.num_microbatches
+        before, after, local = [], [], []
+        for s in stages:
+            rank = plan.rank(dp=0, pp=s, tp=0)
+
+            def price(calls: list[Any], r: int = rank) -> float:
+                return sum(
+                    self._pricer.cost(x.op, x.size_bytes, plan.group_of(r, x.axis)).time_s  # type: ignore[union-attr]
+                    for x in calls
+                )
+
+            numel = self._stage_numel(plan, s)
+            n, n_e = rules.shard_sizes
+            dense, expert = numel["all"]
+            local.append(dense / n + expert / n_e if c.zero >= 1 else dense + expert)
+            if c.zero == 3:
+                dense_l, expert_l = numel["layers"]
+                gathers = price(rules.gather_calls(dense_l, expert=False))
+                gathers += price(rules.gather_calls(expert_l, expert=True))
+                reduces = price(rules.reduce_calls(dense_l, expert=False, shard=True))
+                reduces += price(rules.reduce_calls(expert_l, expert=True, shard=True))
+                once = rules.sync_once
+                before.append(
+                    (1 if once and not c.reshard else m) * gathers + (1 if once else m) * reduces
+                )
+                after.append(0.0)
+                continue
+            times = m if c.zero == 2 else 1
+            if rules.any_group < 2:
+                before.append(0.0)
+            else:
+                reduce = price(rules.reduce_calls(dense, expert=False, shard=c.zero >= 1))
+                reduce += price(rules.reduce_calls(expert, expert=True, shard=c.zero >= 1))
+                before.append(times * reduce)
+            gather = 0.0
+            if c.zero in (1, 2):
+                gather = price(rules.gather_calls(dense, expert=False))
+                gather += price(rules.gather_calls(expert, expert=True))
+            after.append(gather)
+        self._program_dps[key] = (before, after, local)
+        return before, after, local
+
+    def _stage_numel(self, plan: Any, stage: int) -> dict[str, tuple[float, float]]:
+        """A stage's parameters on one rank (dense, routed experts): all of them, and its
+        layers' alone (:func:`collsim.parallel.params.chunk_tensors` of the plan's chunks)."""
+        dense = expert = dense_l = expert_l = 0.0
+        v = plan.virtual_stages
+        pp = plan.pp if plan.head_stage != 0 else 1
+        for k in range(v):
+            part = plan.pipeline_schedule.part_of(stage, k, plan.pp, v)
+            for t in chunk_tensors(
+                self.spec,
+                plan.chunk_layers(stage, k),
+                tp=plan.tp,
+                first=part == 0,
+                last=part == plan.pp * v - 1,
+                pp=pp,
+                ep=plan.ep,
+                etp=plan.etp,
+            ):
+                layer = isinstance(t.segment, int)
+                if t.expert:
+                    expert += t.numel
+                    expert_l += t.numel if layer else 0.0
+                else:
+                    dense += t.numel
+                    dense_l += t.numel if layer else 0.0
+        return {"all": (dense, expert), "layers": (dense_l, expert_l)}
 
     def _plan_states(self, c: Candidate) -> list[float]:
         """The model states per stage as the stage builder allocates them
@@ -550,7 +659,7 @@ class Bounds:
         fwd, bwd, emb, head = self._block_work(c)
         sums = self._stage_sums(c) if self._programmed(c) else None
         if sums is not None:  # each stage's own layers, as its program prices them
-            layer_s, share = 0.0, 0.0
+            layer_s, share = 0.0, self._parts_of(c).memory_bound_share
         else:
             lt = model.layer_times(
                 spec, micro_batch=mb, tp=c.tp, sequence_parallel=sp, recompute=c.recompute
@@ -559,7 +668,7 @@ class Bounds:
             share = min(1.0, lt.memory_bound_s / layer_s) if layer_s > 0 else 0.0
 
         def work(s: int) -> tuple[float, float]:
-            f, b = (counts[s] * fwd, counts[s] * bwd) if sums is None else sums[s]
+            f, b = (counts[s] * fwd, counts[s] * bwd) if sums is None else sums[s][:2]
             if s == 0:
                 f, b = f + emb[0], b + emb[1]
             if s == head_at:
@@ -567,9 +676,7 @@ class Bounds:
             return f, b
 
         def busy(s: int) -> float:
-            if sums is not None:
-                return 0.0  # no interference floor for these plans (stage_bounds)
-            out: float = counts[s] * layer_s
+            out: float = counts[s] * layer_s if sums is None else sums[s][2]
             out += emb[0] + emb[1] if s == 0 else 0.0
             out += head[0] + head[1] if s == head_at else 0.0
             return m * out
@@ -582,6 +689,10 @@ class Bounds:
             model.optimizer_time_s(n / (c.dp if c.zero >= 1 else 1), optimizer, implementation)
             for n in self._stage_params(c)
         ]
+        if sums is not None:
+            opts = [
+                model.optimizer_time_s(n, optimizer, implementation) for n in self._program_dp(c)[2]
+            ]
         # the last stage starts when the first micro-batch's first chunk has crossed the
         # stages before it (fill), and stage 0 ends after the last micro-batch's last backward
         # chunk has crossed them back (drain); a chunk is 1/v of a stage's layers

@@ -41,6 +41,9 @@ class LayerPart:
     backward_s: float
     wgrad_s: float
     stored_bytes: float
+    compute_s: float = 0.0
+    """Compute seconds alone of its forward and backward (what the data-parallel calls'
+    interference slows)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +56,7 @@ class PlanParts:
     stages: list[dict[int, LayerPart]]
     embedding: BlockTimes
     head: BlockTimes
+    memory_bound_share: float = 1.0
 
     def layer(self, stage: int, index: int) -> LayerPart:
         return self.stages[stage][self.kind_of[index]]
@@ -66,6 +70,7 @@ class PlanParts:
             min(p.backward_s for p in parts),
             min(p.wgrad_s for p in parts),
             min(p.stored_bytes for p in parts),
+            min(p.compute_s for p in parts),
         )
 
     def wgrad_range(self) -> tuple[float, float]:
@@ -93,7 +98,7 @@ class ProgramParts:
         pricer = self._pricers.get(id(topology))
         if pricer is None:
             pricer = self._pricers[id(topology)] = ClosedPricer(topology)
-        layers, emb, head, comms = plan_blocks(plan, self.shapes)
+        layers, emb, head, comms, share = plan_blocks(plan, self.shapes)
         kind_of = layer_kind_of(plan.spec)
         act = int(bytes_per(plan.training).activation)
         prices = SegmentPrices(plan, pricer)
@@ -117,10 +122,17 @@ class ProgramParts:
                     min(stream(bwd), stream(p_bwd)),
                     min(layers[rep].wgrad_s, plain),
                     bwd.stored_bytes,
+                    min(fwd.compute_s, p_fwd.compute_s if p_fwd is not None else fwd.compute_s)
+                    + min(bwd.compute_s, p_bwd.compute_s if p_bwd is not None else bwd.compute_s),
                 )
             stages.append(parts)
-        return PlanParts(kind_of={i: kind_of[i] for i in kind_of}, stages=stages, embedding=emb,
-                         head=head)  # fmt: skip
+        return PlanParts(
+            kind_of=dict(kind_of),
+            stages=stages,
+            embedding=emb,
+            head=head,
+            memory_bound_share=share,
+        )
 
 
 _COUNTS: dict[tuple[str, int, int, int, int], tuple[tuple[int, ...], ...]] = {}
