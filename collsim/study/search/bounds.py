@@ -71,6 +71,8 @@ class Bounds:
         """The plans' step-program parts (shared by the bounds of every knob combination)."""
         self._sums: dict[tuple[Any, ...], list[tuple[float, float, float]] | None] = {}
         self._program_dps: dict[tuple[Any, ...], tuple[list[float], ...]] = {}
+        self._mem_states: dict[tuple[Any, ...], list[float]] = {}
+        self._mem_chunks: dict[tuple[Any, ...], list[list[float]]] = {}
 
     def _stage_params(self, c: Candidate) -> list[float]:
         """Parameters per rank of the first and the last stage (the others hold fewer)."""
@@ -390,34 +392,65 @@ class Bounds:
         of a forward op (:func:`held_counts` of the chunks' kept activations, each layer at
         its kind's, the embedding and the head where the schedule places them). The fullest
         stage bounds the peak; 0 when no plan builds."""
-        plan = self._plan_of(c)
-        if plan is None:
+        shape = self._memory_shape(c)
+        if shape is None:
             return 0.0
-        parts = self._parts_of(c, plan)
-        m = plan.num_microbatches
-        fp8 = str(self.training.dtype) == "fp8" and c.zero < 3 and not c.offload
-        kept = c.zero == 3 and not c.reshard and c.dp > 1
+        states, chunks = shape
+        m = self.training.global_batch // (c.micro_batch * c.dp)
         out = 0.0
-        for s in range(plan.pp):
-            state = 0.0
-            if not c.offload:
-                st = rank_model_states(plan, s)
-                state = st.states.total + (st.fp8_copy_bytes if fp8 else 0.0)
-                state += st.kept_gathered_bytes if kept else 0.0
-            chunks = []
-            for k in range(plan.virtual_stages):
-                part = plan.pipeline_schedule.part_of(s, k, plan.pp, plan.virtual_stages)
-                held = sum(parts.layer(s, i).stored_bytes for i in plan.chunk_layers(s, k))
-                held += parts.embedding.stored_bytes if part == 0 else 0.0
-                last = plan.pp * plan.virtual_stages - 1
-                chunks.append(held + (parts.head.stored_bytes if part == last else 0.0))
-            counts = held_counts(c.schedule, pp=plan.pp, m=m, v=plan.virtual_stages, stage=s)
+        for s, (state, held) in enumerate(zip(states, chunks, strict=True)):
+            counts = held_counts(c.schedule, pp=c.pp, m=m, v=c.virtual_stages, stage=s)
             acts = max(
-                (sum(n * b for n, b in zip(vec, chunks, strict=True)) for vec in counts),
+                (sum(n * b for n, b in zip(vec, held, strict=True)) for vec in counts),
                 default=0.0,
             )
             out = max(out, state + acts)
         return out * (1 - 1e-9)
+
+    def _memory_shape(self, c: Candidate) -> tuple[list[float], list[list[float]]] | None:
+        """Per stage, the model states :meth:`_program_floor` counts and each chunk's kept
+        activations of one micro-batch (kept per the knobs each depends on); None when no
+        plan builds."""
+        fp8 = str(self.training.dtype) == "fp8" and c.zero < 3 and not c.offload
+        kept = c.zero == 3 and not c.reshard and c.dp > 1
+        skey: tuple[Any, ...] = (c.tp, c.cp, c.pp, c.dp, c.ep, c.etp, c.zero, c.offload, kept)
+        skey += (fp8, c.schedule, c.virtual_stages, c.dtype, c.shard_group)
+        ckey: tuple[Any, ...] = (c.tp, c.cp, c.pp, c.dp, c.ep, c.etp, c.micro_batch)
+        ckey += (c.recompute, c.sequence_parallel, c.dispatcher, c.ep_overlap, c.cp_algorithm)
+        ckey += (c.dtype, c.zero if str(self.training.dtype) == "fp8" else None)
+        ckey += (c.schedule, c.virtual_stages)
+        states = self._mem_states.get(skey)
+        chunks = self._mem_chunks.get(ckey)
+        if states is not None and chunks is not None:
+            return states, chunks
+        plan = self._plan_of(c)
+        if plan is None:
+            return None
+        if states is None:
+            states = []
+            for s in range(plan.pp):
+                state = 0.0
+                if not c.offload:
+                    st = rank_model_states(plan, s)
+                    state = st.states.total + (st.fp8_copy_bytes if fp8 else 0.0)
+                    state += st.kept_gathered_bytes if kept else 0.0
+                states.append(state)
+            self._mem_states[skey] = states
+        if chunks is None:
+            parts = self._parts_of(c, plan)
+            v = plan.virtual_stages
+            last = plan.pp * v - 1
+            chunks = []
+            for s in range(plan.pp):
+                row = []
+                for k in range(v):
+                    part = plan.pipeline_schedule.part_of(s, k, plan.pp, v)
+                    held = sum(parts.layer(s, i).stored_bytes for i in plan.chunk_layers(s, k))
+                    held += parts.embedding.stored_bytes if part == 0 else 0.0
+                    row.append(held + (parts.head.stored_bytes if part == last else 0.0))
+                chunks.append(row)
+            self._mem_chunks[ckey] = chunks
+        return states, chunks
 
     def _parts_of(self, c: Candidate, plan: Any = None) -> PlanParts:
         """The step-program parts of ``c``'s plan (:class:`ProgramParts`), shared by the plans
