@@ -17,6 +17,7 @@ from collsim.parallel.plan import build_plan, default_order, grid_rank, rank_axe
 from collsim.parallel.states import rank_model_states
 from collsim.step.build import bytes_per
 from collsim.step.dataparallel import DataParallelRules
+from collsim.step.ops import ChunkModel, StageModel
 from collsim.step.pricing import ClosedPricer as Pricer
 from collsim.study.search.parts import PlanParts, ProgramParts, held_counts
 from collsim.study.search.space import Candidate, head_stage
@@ -411,10 +412,10 @@ class Bounds:
         """Per stage, the model states :meth:`_program_floor` counts and each chunk's kept
         activations of one micro-batch (kept per the knobs each depends on); None when no
         plan builds."""
-        fp8 = str(self.training.dtype) == "fp8" and c.zero < 3 and not c.offload
         kept = c.zero == 3 and not c.reshard and c.dp > 1
+        fp8 = str(self.training.dtype) == "fp8"
         skey: tuple[Any, ...] = (c.tp, c.cp, c.pp, c.dp, c.ep, c.etp, c.zero, c.offload, kept)
-        skey += (fp8, c.schedule, c.virtual_stages, c.dtype, c.shard_group)
+        skey += (fp8, c.schedule, c.virtual_stages, c.dtype, c.shard_group, c.bucket_view)
         ckey: tuple[Any, ...] = (c.tp, c.cp, c.pp, c.dp, c.ep, c.etp, c.micro_batch)
         ckey += (c.recompute, c.sequence_parallel, c.dispatcher, c.ep_overlap, c.cp_algorithm)
         ckey += (c.dtype, c.zero if str(self.training.dtype) == "fp8" else None)
@@ -427,13 +428,16 @@ class Bounds:
         if plan is None:
             return None
         if states is None:
+            # the states as the program's data-parallel rules count them over its tensors
+            rules = DataParallelRules.from_plan(
+                plan, self.per, host_bps=float(self.topology.host_bandwidth_bps)
+            )
             states = []
             for s in range(plan.pp):
-                state = 0.0
-                if not c.offload:
-                    st = rank_model_states(plan, s)
-                    state = st.states.total + (st.fp8_copy_bytes if fp8 else 0.0)
-                    state += st.kept_gathered_bytes if kept else 0.0
+                held = rules.state_bytes(self._stage_tensors(plan, s))
+                state = held.parameters + held.gradients + held.optimizer + held.ddp_buckets
+                if kept and not c.offload:
+                    state += rank_model_states(plan, s).kept_gathered_bytes
                 states.append(state)
             self._mem_states[skey] = states
         if chunks is None:
@@ -564,24 +568,35 @@ class Bounds:
         self._program_dps[key] = (before, after, local)
         return before, after, local
 
-    def _stage_numel(self, plan: Any, stage: int) -> dict[str, tuple[float, float]]:
-        """A stage's parameters on one rank (dense, routed experts): all of them, and its
-        layers' alone (:func:`collsim.parallel.params.chunk_tensors` of the plan's chunks)."""
-        dense = expert = dense_l = expert_l = 0.0
+    def _stage_tensors(self, plan: Any, stage: int) -> StageModel:
+        """A stage's chunks with the parameter tensors its program gives them
+        (:func:`collsim.parallel.params.chunk_tensors`, as :func:`collsim.step.ops.build_stage`
+        places the embedding and the head) and no segments."""
         v = plan.virtual_stages
-        pp = plan.pp if plan.head_stage != 0 else 1
+        pp = plan.pp if plan.head_stage != 0 else 1  # a tied head on the embedding's stage
+        chunks = []
         for k in range(v):
             part = plan.pipeline_schedule.part_of(stage, k, plan.pp, v)
-            for t in chunk_tensors(
+            layers = plan.chunk_layers(stage, k)
+            tensors = chunk_tensors(
                 self.spec,
-                plan.chunk_layers(stage, k),
+                layers,
                 tp=plan.tp,
                 first=part == 0,
                 last=part == plan.pp * v - 1,
                 pp=pp,
                 ep=plan.ep,
                 etp=plan.etp,
-            ):
+            )
+            chunks.append(ChunkModel(k, layers, tensors, [], []))
+        return StageModel(stage, chunks)
+
+    def _stage_numel(self, plan: Any, stage: int) -> dict[str, tuple[float, float]]:
+        """A stage's parameters on one rank (dense, routed experts): all of them, and its
+        layers' alone (:meth:`_stage_tensors`)."""
+        dense = expert = dense_l = expert_l = 0.0
+        for chunk in self._stage_tensors(plan, stage).chunks:
+            for t in chunk.tensors:
                 layer = isinstance(t.segment, int)
                 if t.expert:
                     expert += t.numel
