@@ -22,6 +22,7 @@ from collsim.step.pricing import ClosedPricer as Pricer
 from collsim.study.search.parts import PlanParts, ProgramParts, held_counts
 from collsim.study.search.space import Candidate, head_stage
 from collsim.workload.compute import ComputeModel
+from collsim.workload.interference import overlap_slowdown
 from collsim.workload.memory import layer_parameters_per_rank, layers_per_stage, parameters_per_rank
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -72,6 +73,7 @@ class Bounds:
         """The plans' step-program parts (shared by the bounds of every knob combination)."""
         self._sums: dict[tuple[Any, ...], list[tuple[float, float, float]] | None] = {}
         self._program_dps: dict[tuple[Any, ...], tuple[list[float], ...]] = {}
+        self._busbw: dict[tuple[Any, ...], list[float]] = {}
         self._mem_states: dict[tuple[Any, ...], list[float]] = {}
         self._mem_chunks: dict[tuple[Any, ...], list[list[float]]] = {}
 
@@ -316,7 +318,12 @@ class Bounds:
         serial = c.zero < 3 and not c.overlap
         interferes = c.dp > 1 and (c.zero == 3 or c.overlap)
         factor = 1.0
-        if interferes:
+        busbw = self._busbw_floor(c) if interferes else 0.0
+        if busbw > 0:
+            # a bus bandwidth no higher than the walk's (its highest data-parallel call's)
+            factor = overlap_slowdown(self.topology.device, busbw_bps=busbw,
+                                      memory_bound_share=share)  # fmt: skip
+        elif interferes:
             # the SM term alone: busbw -> 0+ leaves f_hbm -> 0 (formula above)
             device = self.topology.device
             sms = int(getattr(device, "sm_count", None) or 108)
@@ -328,6 +335,17 @@ class Bounds:
             interference = min(before[i], busy[i]) * (1.0 - 1.0 / factor) if interferes else 0.0
             out.append(walk + interference + opts[i] + after[i])
         return out
+
+    def _busbw_floor(self, c: Candidate) -> float:
+        """A bus bandwidth at or below the highest of the plan's data-parallel calls (a
+        program-read ZeRO-3 plan's layer-unit gather, :meth:`_unit_busbw`, on its least
+        stage); 0 when unknown."""
+        if not (self._programmed(c) and c.zero == 3):
+            return 0.0
+        self._program_dp(c)
+        key: tuple[Any, ...] = (c.tp, c.cp, c.pp, c.dp, c.ep, c.etp, c.micro_batch, c.zero)
+        key += (c.reshard, c.offload, c.schedule, c.virtual_stages)
+        return min(self._busbw.get(key) or [0.0])
 
     def _reductions(self, c: Candidate) -> int:
         """Gradient reductions per step: ZeRO-2 reduces per micro-batch, ZeRO-0/1 once."""
@@ -508,8 +526,9 @@ class Bounds:
         ZeRO-1/2 gather the updated parameters after the optimizer. ZeRO-3: the stage's
         layer units gathered once per micro-batch (once per step when they stay gathered:
         kept after forward and gradients synced once per step) and reduced once per
-        micro-batch (once per step when synced once); the embedding and the head left out.
-        Zeros when no plan builds."""
+        micro-batch (once per step when synced once), and gathered again in every whole
+        backward when resharded after forward; the embedding and the head left out. Zeros
+        when no plan builds."""
         key: tuple[Any, ...] = (c.tp, c.cp, c.pp, c.dp, c.ep, c.etp, c.micro_batch, c.zero)
         key += (c.reshard, c.offload, c.schedule, c.virtual_stages)
         hit = self._program_dps.get(key)
@@ -528,6 +547,7 @@ class Bounds:
         )
         m = plan.num_microbatches
         before, after, local = [], [], []
+        busbw: list[float] = []
         for s in stages:
             rank = plan.rank(dp=0, pp=s, tp=0)
 
@@ -542,15 +562,20 @@ class Bounds:
             dense, expert = numel["all"]
             local.append(dense / n + expert / n_e if c.zero >= 1 else dense + expert)
             if c.zero == 3:
+                busbw.append(self._unit_busbw(plan, s, rules, rank))
                 dense_l, expert_l = numel["layers"]
                 gathers = price(rules.gather_calls(dense_l, expert=False))
                 gathers += price(rules.gather_calls(expert_l, expert=True))
                 reduces = price(rules.reduce_calls(dense_l, expert=False, shard=True))
                 reduces += price(rules.reduce_calls(expert_l, expert=True, shard=True))
                 once = rules.sync_once
-                before.append(
-                    (1 if once and not c.reshard else m) * gathers + (1 if once else m) * reduces
-                )
+                # a unit is gathered where it is not held: in every forward unless a
+                # backward kept it (synced once: only the first); resharded after forward,
+                # again in every whole backward (DataParallelRules.releases)
+                times = 1 if once else m
+                if c.reshard and not get_schedule(c.schedule).splits_backward:
+                    times += m
+                before.append(times * gathers + (1 if once else m) * reduces)
                 after.append(0.0)
                 continue
             times = m if c.zero == 2 else 1
@@ -566,7 +591,31 @@ class Bounds:
                 gather += price(rules.gather_calls(expert, expert=True))
             after.append(gather)
         self._program_dps[key] = (before, after, local)
+        self._busbw[key] = busbw
         return before, after, local
+
+    def _unit_busbw(self, plan: Any, stage: int, rules: DataParallelRules, rank: int) -> float:
+        """The bus bandwidth of one call the stage's rank makes under ZeRO-3: the gathers of
+        the stage's first layer unit (its dense part, then its routed experts, as
+        :meth:`DataParallelRules.unit_gathers`); the highest of them (the walk's interference
+        takes the highest of all its data-parallel calls, so this is no more). 0 when
+        none."""
+        layers = plan.stage_layers(stage)
+        if not layers:
+            return 0.0
+        chunk = self._stage_tensors(plan, stage).chunks[0]
+        first = [t for t in chunk.tensors if t.segment == chunk.layers.start]
+        dense = sum(t.numel for t in first if not t.expert)
+        expert = sum(t.numel for t in first if t.expert)
+        calls = rules.gather_calls(dense, expert=False) + rules.gather_calls(expert, expert=True)
+        assert self._pricer is not None
+        return max(
+            (
+                self._pricer.cost(x.op, x.size_bytes, plan.group_of(rank, x.axis)).busbw_bps
+                for x in calls
+            ),
+            default=0.0,
+        )
 
     def _stage_tensors(self, plan: Any, stage: int) -> StageModel:
         """A stage's chunks with the parameter tensors its program gives them
