@@ -364,8 +364,8 @@ class Bounds:
         reduce-scatters of every micro-batch; after the optimizer, ZeRO-1/2's all-gather of
         the updated parameters."""
         if self._programmed(c):
-            before, after, _ = self._program_dp(c)
-            return before, after
+            program = self._program_dp(c)
+            return program[0], program[1]
         params = self._stage_params(c)
         if c.dp < 2:
             return [0.0] * len(params), [0.0] * len(params)
@@ -452,8 +452,8 @@ class Bounds:
             )
             states = []
             for s in range(plan.pp):
-                held = rules.state_bytes(self._stage_tensors(plan, s))
-                state = held.parameters + held.gradients + held.optimizer + held.ddp_buckets
+                sb = rules.state_bytes(self._stage_tensors(plan, s))
+                state = sb.parameters + sb.gradients + sb.optimizer + sb.ddp_buckets
                 if kept and not c.offload:
                     state += rank_model_states(plan, s).kept_gathered_bytes
                 states.append(state)
@@ -546,16 +546,19 @@ class Bounds:
             plan, self.per, host_bps=float(self.topology.host_bandwidth_bps)
         )
         m = plan.num_microbatches
-        before, after, local = [], [], []
+        before: list[float] = []
+        after: list[float] = []
+        local: list[float] = []
         busbw: list[float] = []
+        pricer = self._pricer
         for s in stages:
             rank = plan.rank(dp=0, pp=s, tp=0)
 
             def price(calls: list[Any], r: int = rank) -> float:
-                return sum(
-                    self._pricer.cost(x.op, x.size_bytes, plan.group_of(r, x.axis)).time_s  # type: ignore[union-attr]
-                    for x in calls
-                )
+                return float(
+                    sum(pricer.cost(x.op, x.size_bytes, plan.group_of(r, x.axis)).time_s
+                        for x in calls)
+                )  # fmt: skip
 
             numel = self._stage_numel(plan, s)
             n, n_e = rules.shard_sizes
