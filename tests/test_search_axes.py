@@ -22,7 +22,7 @@ from collsim.parallel.config import ParallelConfig, TrainingConfig
 from collsim.parallel.dispatch import ep_layout
 from collsim.parallel.plan import build_plan
 from collsim.play.walk import Estimator
-from collsim.study.search import REASONS, SearchSpace, enumerate_plans
+from collsim.study.search import REASONS, SearchSpace, enumerate_plans, search_plans
 from collsim.study.search.space import Candidate, _Rules
 from collsim.study.search.variants import VariantBounds
 from collsim.study.space_file import read_space
@@ -419,3 +419,35 @@ def test_random_plans_of_each_kind_keep_their_floors_below_the_estimate(kind: st
     # not vacuous: a quarter of the floors at least within 20 % of what they bound
     assert tight_step >= checked // 4, (tight_step, checked)
     assert tight_memory >= checked // 4, (tight_memory, checked)
+
+
+def test_pruning_fp8_expert_plans_returns_the_best_ten_of_estimating_all() -> None:
+    # FP8 MoE plans under megatron_te with every ZeRO stage (ZeRO-3 gathers, kept parameters,
+    # offload) and EP over 1 to 8: branch and bound on the program-read floors against
+    # estimating every plan: the same ten best, in the same order, with the same estimates
+    topology = load_topology("dgx_h100", nodes=2)
+    training = TrainingConfig(global_batch=32, micro_batch=1, dtype="fp8", stack="megatron_te")
+    base = ParallelConfig(dp=16)
+    space = SearchSpace(
+        micro_batches=(1, 2),
+        schedules=("1f1b",),
+        zero_stages=(0, 1, 3),
+        recomputes=("none", "full"),
+        bucket_mbs=(25.0,),
+        bucket_views=(False,),
+        prefetches=(1,),
+        eps=(1, 2, 8),
+        dispatchers=("alltoall", "hybridep"),
+        tps=(1, 2),
+        pps=(1, 2),
+    )
+    args = (topology, MOE, training, base)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pruned = search_plans(*args, space=space, top_k=0, prune_keep=10)
+        full = search_plans(*args, space=space, top_k=0, prune_keep=0)
+    assert full.estimated == full.buildable >= 150
+    assert {r.candidate.zero for r in full.ranked} == {0, 1, 3}
+    assert pruned.estimated < full.estimated
+    best = [(r.candidate, r.estimate.step_time_s) for r in full.ranked[:10]]
+    assert [(r.candidate, r.estimate.step_time_s) for r in pruned.ranked[:10]] == best
