@@ -49,6 +49,7 @@ class ProgramFloors:
         self._busbw: dict[tuple[Any, ...], list[float]] = {}
         self._mem_states: dict[tuple[Any, ...], list[float]] = {}
         self._mem_chunks: dict[tuple[Any, ...], list[list[float]]] = {}
+        self._tensors: dict[tuple[Any, ...], StageModel] = {}
 
     def _busbw_floor(self, c: Candidate) -> float:
         """A bus bandwidth at or below the highest of the plan's data-parallel calls (a
@@ -283,7 +284,14 @@ class ProgramFloors:
     def _stage_tensors(self, plan: Any, stage: int) -> StageModel:
         """A stage's chunks with the parameter tensors its program gives them
         (:func:`collsim.parallel.params.chunk_tensors`, as :func:`collsim.step.ops.build_stage`
-        places the embedding and the head) and no segments."""
+        places the embedding and the head) and no segments; kept per shape (the model and the
+        layer split are the search's)."""
+        key: tuple[Any, ...] = (plan.tp, plan.pp, plan.ep, plan.etp, plan.virtual_stages)
+        key += (plan.head_stage,)
+        key += (str(plan.parallel.schedule), stage)
+        hit = self._tensors.get(key)
+        if hit is not None:
+            return hit
         v = plan.virtual_stages
         pp = plan.pp if plan.head_stage != 0 else 1  # a tied head on the embedding's stage
         chunks = []
@@ -301,7 +309,8 @@ class ProgramFloors:
                 etp=plan.etp,
             )
             chunks.append(ChunkModel(k, layers, tensors, [], []))
-        return StageModel(stage, chunks)
+        hit = self._tensors[key] = StageModel(stage, chunks)
+        return hit
 
     def _stage_numel(self, plan: Any, stage: int) -> dict[str, tuple[float, float]]:
         """A stage's parameters on one rank (dense, routed experts): all of them, and its
