@@ -345,27 +345,26 @@ class _Loop:
     def run(self, workers: Any, training: TrainingConfig, parallel: ParallelConfig) -> None:
         """Estimate until the bound stops it, the plans run out, Ctrl-C or a lost scheduler."""
 
-        batch_size = workers.batch_size
+        def feed(size: int) -> tuple[list[Candidate], list[Any]] | None:
+            # the next plans from the front, by the bound as the estimates so far set it
+            batch = _next_batch(
+                self.candidates,
+                self.refined,
+                self._threshold(),
+                self.bounds,
+                size,
+                refine=self.keep > 0,
+            )
+            return (batch, [c.configs(training, parallel) for c in batch]) if batch else None
+
         try:
-            while self.candidates:
-                threshold = self._threshold()
-                batch = _next_batch(
-                    self.candidates,
-                    self.refined,
-                    threshold,
-                    self.bounds,
-                    batch_size,
-                    refine=self.keep > 0,
-                )
-                if not batch:
-                    self.rejected["bound"] += len(self.candidates)
-                    if self.progress is not None and self.candidates:
-                        self.progress("bound", len(self.candidates))
-                    break
-                configs = [c.configs(training, parallel) for c in batch]
-                estimates = workers.map(_estimate_job, configs)
+            for batch, estimates in workers.stream(_estimate_job, feed):
                 self.evaluated += len(batch)
                 self._record(batch, estimates)
+            if self.candidates:
+                self.rejected["bound"] += len(self.candidates)
+                if self.progress is not None:
+                    self.progress("bound", len(self.candidates))
         except KeyboardInterrupt:
             self.stopped = "interrupted (Ctrl-C)"
         except SchedulerLost as exc:
