@@ -14,10 +14,12 @@ little from more workers). Each cluster size runs ``--repeat`` times (a fresh cl
 time; the context goes to each worker once, as a worker plugin); it prints every time, the
 medians, their ratio and whether the two found the same best ten plans, and the CPU seconds
 of the driver (this process's main thread), the scheduler with the nannies and the client's
-event loop (its other threads) and the workers (:class:`CpuMeter`): with one worker the rest
+event loop (its other threads) and the workers (:class:`CpuMeter`). With one worker the rest
 runs on the second core beside it, with two it shares their cores, so the speed-up is at most
-``2 W / (W + D + S)`` (1.7x needs ``(D + S) / W`` under about 18 %), a share that, unlike the
-wall times, the machine's load hardly changes.
+``2 W / (W + D + S)`` (1.7x needs ``(D + S) / W`` under about 18 %). Of ``D + S`` it prints
+the part the idle cluster takes in the same wall time (measured for :data:`IDLE_S` before each
+search; it grows with the wall time, so with the machine's load) and the search's own (task
+submission, results, bookkeeping: the machine's load hardly changes it).
 
 Target (issue 25): on a search of about 60 s on one worker, two workers at least 1.7x faster on
 a machine with two free cores. The figure depends on the cores the machine has free while it
@@ -55,9 +57,16 @@ SPACE = _space()
 
 
 #: The clusters' settings, alike for one worker and two: no statistical profiler sampling the
-#: worker every 10 ms (Dask's default), and (as arguments) no memory monitor or spilling
+#: worker every 10 ms, the event loops' watchdog tick every second instead of every 20 ms and
+#: the system monitor every 10 s instead of 0.5 s (Dask's defaults, distributed 2026.8: idle,
+#: the tick alone took about 25 ms of CPU per second in the scheduler's process and as much
+#: in each worker on this 2-core machine), and (as arguments) no memory monitor or spilling
 #: (``memory_limit=0``) and no dashboard.
-QUIET = {"distributed.worker.profile.enabled": False}
+QUIET = {
+    "distributed.worker.profile.enabled": False,
+    "distributed.admin.tick.interval": "1s",
+    "distributed.admin.system-monitor.interval": "10s",
+}
 
 
 def _one(x: int) -> int:
@@ -102,13 +111,24 @@ class CpuMeter:
         }
 
 
+#: Seconds the warm cluster is watched idle before each search: the CPU its scheduler,
+#: nannies and client take per second with no task (ticks, heartbeats, monitors).
+IDLE_S = 3.0
+
+
 def cpu_line(cpu: dict[str, float]) -> str:
-    """The CPU seconds of a run and the driver's and scheduler's shares of the workers'."""
+    """The CPU seconds of a run and the driver's and scheduler's shares of the workers'; of
+    the latter, the part the idle cluster would have spent in that time (it grows with the
+    wall time, so with the machine's load) and the rest (the search's own)."""
     work = cpu["workers"] or float("nan")
+    periodic = cpu["idle_rate"] * cpu["wall"]
+    own = cpu["driver"] + cpu["scheduler"] - periodic
     return (
         f"CPU s: workers {cpu['workers']:.1f}, driver {cpu['driver']:.1f} "
         f"({cpu['driver'] / work:.1%} of workers), scheduler+loop {cpu['scheduler']:.1f} "
         f"({cpu['scheduler'] / work:.1%}); (D+S)/W {(cpu['driver'] + cpu['scheduler']) / work:.1%}"
+        f" = idle cluster {cpu['idle_rate'] * 1e3:.0f} ms/s x {cpu['wall']:.0f} s "
+        f"({periodic / work:.1%}) + the search's own {own:.1f} s ({own / work:.1%})"
     )
 
 
@@ -142,6 +162,9 @@ def run(
             client.gather(client.map(_one, range(4 * workers)))
             client.run(__import__, "collsim.play.walk")
             pids = list(client.run(os.getpid).values())
+        idle = CpuMeter(pids)  # the cluster's own periodic work, with no task
+        time.sleep(IDLE_S)
+        idle_cpu = idle.stop()
         meter = CpuMeter(pids)
         started = time.perf_counter()
         result = search_plans(
@@ -156,6 +179,8 @@ def run(
         )
         elapsed_s = time.perf_counter() - started
         cpu = meter.stop()
+        cpu["idle_rate"] = (idle_cpu["scheduler"] + idle_cpu["driver"]) / IDLE_S
+        cpu["wall"] = elapsed_s
     best = [(r.candidate.label, r.estimate.step_time_s) for r in result.ranked[:10]]
     print(
         f"{workers} worker(s): {elapsed_s:.1f} s, {result.estimated:,} plans estimated, "
@@ -201,7 +226,8 @@ def main() -> None:
     if not args.no_local:
         local_s = _local(args.scenario, args.gpus, args.prune_keep)
         print(f"this process alone (jobs=1, no Dask): {local_s:.1f} s")
-    ones, twos, cpus = [], [], {1: [], 2: []}
+    ones, twos = [], []
+    cpus: dict[int, list[dict[str, float]]] = {1: [], 2: []}
     for _ in range(args.repeat):  # alternate, so that a change of load hits both alike
         one_s, one, one_cpu = run(args.scenario, args.gpus, 1, args.prune_keep)
         two_s, two, two_cpu = run(args.scenario, args.gpus, 2, args.prune_keep)
@@ -212,7 +238,14 @@ def main() -> None:
         print(f"same best ten plans: {one == two}")
     for workers, runs in cpus.items():
         total = {key: sum(cpu[key] for cpu in runs) for key in runs[0]}
+        total["idle_rate"] = statistics.mean(cpu["idle_rate"] for cpu in runs)
         print(f"{workers} worker(s), all runs: {cpu_line(total)}")
+    one_w = sum(cpu["workers"] for cpu in cpus[1])
+    two_w = sum(cpu["workers"] for cpu in cpus[2])
+    print(
+        f"worker CPU for the same plans, 2 workers / 1: {two_w / one_w:.2f} (above 1: the two "
+        f"slow each other down, e.g. cores that share a physical core or a cache)"
+    )
     one_m, two_m = statistics.median(ones), statistics.median(twos)
     print(
         f"medians over {args.repeat}: 1 worker {one_m:.1f} s, 2 workers {two_m:.1f} s; "

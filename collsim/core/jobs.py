@@ -508,9 +508,8 @@ class Workers(Generic[C]):
     @property
     def batch_size(self) -> int:
         """Items worth sending in one :meth:`map` when the caller picks them a batch at a
-        time: 1 inline, two per process locally, sixteen per worker thread on Dask (a task
-        crosses the client, the scheduler and a worker: on a loaded machine tenths of a
-        second per task, as long as several closed-form estimates)."""
+        time: 1 inline, two per process locally, sixteen per worker thread on Dask (where
+        :meth:`stream` sizes its tasks by their measured cost instead)."""
         if self._dask is not None:
             return 16 * self.jobs
         return 1 if self.jobs == 1 else 2 * self.jobs
