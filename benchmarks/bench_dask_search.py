@@ -113,7 +113,7 @@ class CpuMeter:
 
 #: Seconds the warm cluster is watched idle before each search: the CPU its scheduler,
 #: nannies and client take per second with no task (ticks, heartbeats, monitors).
-IDLE_S = 3.0
+IDLE_S = 5.0
 
 
 def cpu_line(cpu: dict[str, float]) -> str:

@@ -141,8 +141,9 @@ def search_plans(
             more than one, plans are estimated in batches from the front of the queue
             (:attr:`collsim.core.jobs.Workers.batch_size`; the best plans are the same, a few more
             may be estimated).
-        scheduler: a Dask scheduler's address: the batches go to its workers instead (the
-            same results).
+        scheduler: a Dask scheduler's address: the batches go to its workers instead, each
+            sized by the cost of those before it and sent as soon as a worker has room
+            (:meth:`collsim.core.jobs.Workers.stream`; the same results).
         tolerance: relative step-time difference under which plans alike are one row.
         known: estimates from an earlier run of the same search, by plan label (``--resume``):
             used as they are, not estimated again.
