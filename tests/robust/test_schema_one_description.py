@@ -33,7 +33,6 @@ from collsim.core.schema import (
     choice_value,
     choices_of,
     defaults_of,
-    json_schema,
     non_negative_value,
     positive_value,
     read_described,
@@ -41,6 +40,7 @@ from collsim.core.schema import (
     scaled,
     values_of,
 )
+from collsim.core.schema_json import json_schema
 from collsim.core.units import US, gbps_to_bps
 from collsim.core.vocab import FabricKind
 from collsim.core.yamlio import ConfigReader, YamlDoc, parse_yaml_text
