@@ -58,7 +58,8 @@ from collsim.study.goodput.config import RELIABILITY, read_reliability
 from collsim.study.overrides import Override, apply_overrides, locate, parse_override
 from collsim.workload import TransformerSpec, get_preset
 from collsim.workload.hf_config import spec_from_hf_config
-from collsim.workload.model import _NORMS, _POSITIONS, _ROUTERS, preset_names
+from collsim.workload.model import _NORMS, _POSITIONS, _ROUTERS
+from collsim.workload.presets import preset_names
 
 if TYPE_CHECKING:
     from collsim.cluster.topology import Topology

@@ -487,7 +487,7 @@ def fp8_saved_input_savings(ops: Sequence[Op], mode: RecomputeMode, element_byte
     Nothing under full recompute (a layer then keeps only its input).
 
     Example:
-        >>> from collsim.workload.model import get_preset
+        >>> from collsim.workload.presets import get_preset
         >>> ops = layer_ops(get_preset("gpt3-175b"), micro_batch=1, tp=8, dtype="fp8")
         >>> lin = sum(o.saved[o.name + ".input"] for o in ops if o.name in FP8_SAVED_INPUT_OPS)
         >>> fp8_saved_input_savings(ops, RecomputeMode.SELECTIVE, 2) == lin / 2
