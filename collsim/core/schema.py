@@ -1,6 +1,5 @@
-"""The keys of scenario, topology and device files: one description per key, three uses.
-
-A description (:data:`collsim.study.scenario.SCENARIO`, :data:`collsim.cluster.topology.TOPOLOGY`,
+"""The keys of scenario, topology and device files: one description per key, three uses. A
+description (:data:`collsim.study.scenario.SCENARIO`, :data:`collsim.cluster.topology.TOPOLOGY`,
 :data:`collsim.cluster.hardware.DEVICE`, each beside its reader) gives every key's type, range,
 choices, default, unit conversion, the name it takes in the object built from it, and its meaning;
 :func:`check` reports every error of a document at once, :func:`read_described` reads the keys of

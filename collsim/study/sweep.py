@@ -1,17 +1,6 @@
 """Sweeps: one scenario simulated over a grid of GPU counts and scenario keys.
 
-``collsim sweep SCENARIO --gpus 64,128,...,4096 --set parallel.zero=0,1,2,3`` runs the product
-of the GPU counts and every ``--set`` list. A GPU count changes one parallel axis (``grow``, dp
-by default): the grown axis becomes N / (product of the other two). Weak scaling (the default)
-keeps the batch per data-parallel replica, so the global batch grows with dp
-(global_batch x dp_new / dp_scenario); strong scaling keeps the global batch.
-
-Points that cannot run are kept with their reason: the GPU count does not split into the plan
-(``gpus``), the plan does not build on the cluster (``config``: heads not divisible by tp, ...),
-it is infeasible (``infeasible``), or it does not fit in memory (``memory``; the simulated
-numbers are kept so that memory plots can show it above the HBM line).
-
-Nothing here prints; progress is reported through a callback.
+Derivations, measurements and sources: docs/derivations.md, ``collsim.study.sweep``.
 """
 
 from __future__ import annotations

@@ -1,21 +1,7 @@
 """``collsim validate compute``: time a generic grid of kernels on the local device and write a
 device profile (the device schema of :mod:`collsim.cluster.hardware`, with a ``measured:`` section).
 
-The grid is generic, not the shapes of any model: GEMMs with each dimension in
-:data:`GEMM_DIMS` (64 ... 4096, none of 256 / 768 / 1024, so that the small GPT of
-``validate step`` is never in it) for each dtype the device runs, up to a FLOP cap; fused
-attention (PyTorch SDPA, each backend the device has: ``flash`` as ``flash2``, ``math`` as
-``eager``; on CUDA also ``cudnn``) over sequence lengths 128-4096 and head dims 64 / 128, causal,
-forward and backward (on a CPU one sequence of 4 heads in fp32; on CUDA in bf16, the layout of
-the FlashAttention benchmarks: 16k tokens of hidden 2048, see :func:`attention_shape`); a
-memory-bound kernel (``torch.add(a, b, out=c)``: 3 tensors) from 64 KiB
-to 256 MiB; the optimizer step (torch SGD over a list of tensors, as ``validate step`` trains);
-and the host cost of one tiny op. Each point is the median of ``reps`` timings after one warm-up.
-
-Threads: the ranks of ``validate step`` run with one thread each (``validate.launch``), so the
-profile is timed with ``threads`` (default 1) threads and says so; ``validate step`` divides its
-rates by ``ranks x threads / cores`` when the ranks share the cores (see
-:func:`collsim.validate.measure.concurrency.cpu_share`).
+Derivations, measurements and sources: docs/derivations.md, ``collsim.validate.measure.compute``.
 """
 
 from __future__ import annotations
@@ -89,7 +75,7 @@ class ComputeGrid:
     threads: int = 1
     concurrency: bool = True
     """Measure ``concurrent_slowdown`` and ``concurrent_memory_slowdown`` (CPU only; spawns one
-    process per core, ~30 s)."""
+    process per core)."""
 
     @classmethod
     def full(cls, device: str = "cpu") -> ComputeGrid:
