@@ -4,7 +4,6 @@
 Derivations, measurements and sources: docs/derivations.md, ``collsim.validate.data.nccltests``.
 """
 
-# ruff: noqa: UP031  (printf formats on purpose: they are nccl-tests' own, src/util.cu)
 from __future__ import annotations
 
 import math
