@@ -500,8 +500,11 @@ class _Walk:
             if gathers and ready is not None and ready > prog.now:
                 prog.breakdown_s["dp_exposed"] += ready - prog.now
                 prog.now = ready
+            label = (seg.key, op.microbatch, op.chunk)  # as the engine labels them
             if not forward:
-                prog.ledger.alloc(prog.now, "activations", seg.transient_bytes)
+                prog.ledger.alloc(
+                    prog.now, "activations", seg.transient_bytes, ("recompute", *label)
+                )
             d_tp = self.seg_tp_s(prog.rank, seg)
             self.tally_tp(prog.rank, [seg])
             prog.now += seg.compute_s + d_tp + seg.framework_s
@@ -510,9 +513,14 @@ class _Walk:
             for k, v in self.seg_comm_s(prog.rank, seg).items():
                 prog.breakdown_s[k] += v
             if forward:
-                prog.ledger.alloc(prog.now, "activations", seg.stored_bytes)
+                prog.ledger.alloc(prog.now, "activations", seg.stored_bytes, ("act", *label))
             elif seg.frees:
-                prog.ledger.free(prog.now, "activations", seg.transient_bytes + seg.stored_bytes)
+                prog.ledger.free(
+                    prog.now,
+                    "activations",
+                    seg.transient_bytes + seg.stored_bytes,
+                    ("free", *label),
+                )
             self.release_unit(prog, chunk, seg, op.phase, op.microbatch)
 
     def release_unit(
