@@ -19,7 +19,7 @@ from collsim.cluster.topology import load_topology
 from collsim.core.errors import CollsimWarning
 from collsim.parallel.config import ParallelConfig, TrainingConfig
 from collsim.play.engine import simulate_step
-from collsim.workload.model import get_preset
+from collsim.workload.presets import get_preset
 
 CASES = [  # (label, nodes, dp, target seconds)
     ("175B 1024 GPUs", 128, 16, 0.5),

@@ -32,8 +32,9 @@ def scaling() -> Path:
     """The seed chart for real: DDP, FSDP/ZeRO-3 and DDP with overlap, GPT-3 2.7B on DGX A100,
     1 to 512 GPUs, weak scaling with one 2048-token sequence per GPU (small per-GPU work, so
     that communication matters)."""
+    from collsim.report.frames import sweep_frame
     from collsim.report.plots import plot_scaling, save_figure
-    from collsim.study.sweep import build_points, parse_gpus, run_sweep, sweep_frame
+    from collsim.study.sweep import build_points, parse_gpus, run_sweep
 
     plans = {
         "DDP": ["parallel.zero=0", "parallel.ddp.overlap=false"],
@@ -59,8 +60,9 @@ def scaling() -> Path:
 
 def memory() -> Path:
     """Per-GPU memory of a 7B model (fp32 Adam, as in the seed) for DDP and ZeRO-1/2/3."""
+    from collsim.report.frames import sweep_frame
     from collsim.report.plots import plot_memory, save_figure
-    from collsim.study.sweep import build_points, parse_gpus, run_sweep, sweep_frame
+    from collsim.study.sweep import build_points, parse_gpus, run_sweep
 
     plans = {
         "DDP": ["parallel.zero=0"],

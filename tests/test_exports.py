@@ -47,7 +47,7 @@ def test_each_error_name_is_the_class_collsim_raises() -> None:
     from collsim.core import errors
     from collsim.parallel.config import ParallelConfig, TrainingConfig
     from collsim.parallel.plan import build_plan
-    from collsim.workload.model import get_preset
+    from collsim.workload.presets import get_preset
 
     pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
     assert re.search(rf'^version = "{re.escape(collsim.__version__)}"', pyproject, re.M)

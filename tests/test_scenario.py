@@ -11,7 +11,7 @@ import pytest
 from collsim.core.errors import ConfigError
 from collsim.parallel.config import Recompute, ScheduleKind
 from collsim.study.scenario import load_scenario, parse_override
-from collsim.workload.model import get_preset
+from collsim.workload.presets import get_preset
 
 BASE = """\
 name: tiny

@@ -22,7 +22,7 @@ from collsim.parallel.config import ParallelConfig, TrainingConfig
 from collsim.parallel.dispatch import ep_layout
 from collsim.parallel.plan import build_plan
 from collsim.play.walk import Estimator
-from collsim.study.search import REASONS, SearchSpace, enumerate_plans
+from collsim.study.search import REASONS, SearchSpace, enumerate_plans, search_plans
 from collsim.study.search.space import Candidate, _Rules
 from collsim.study.search.variants import VariantBounds
 from collsim.study.space_file import read_space
@@ -314,3 +314,140 @@ def test_the_axis_options_reach_the_space() -> None:
         "tps": (1, 2),
         "pps": (4,),
     }
+
+
+DENSE = TransformerSpec(
+    name="small-dense",
+    num_layers=8,
+    hidden=1024,
+    num_heads=16,
+    num_kv_heads=4,
+    ffn_hidden=4096,
+    seq_len=2048,
+    vocab=1000,
+    gated_mlp=True,
+)
+
+#: per plan kind: the model, the training dtype and stack, and the axes that make the kind
+KINDS: dict[str, tuple[TransformerSpec, str, str | None, dict[str, object]]] = {
+    "moe": (
+        MOE,
+        "bf16",
+        "megatron_te",
+        dict(
+            eps=(2, 4, 8, 16),
+            etps=(1, 2),
+            dispatchers=("alltoall", "deepep", "hybridep", "allgather"),
+            ep_overlaps=(False, True),
+            zero_stages=(0, 1, 2, 3),
+        ),
+    ),
+    "cp": (
+        DENSE,
+        "bf16",
+        None,
+        dict(cps=(2, 4), cp_algorithms=("ring", "all_gather"), zero_stages=(0, 1, 2, 3)),
+    ),
+    "fp8": (
+        MOE,
+        "fp8",
+        "megatron_te",
+        dict(eps=(1, 4), fp8s=(True,), zero_stages=(0, 1, 2, 3), cps=(1, 2)),
+    ),
+    "zero3": (
+        MOE,
+        "bf16",
+        None,
+        dict(
+            eps=(1, 4),
+            zero_stages=(3,),
+            prefetches=(0, 1, 2),
+            offloads=(False, True),
+            reshards=(True, False),
+        ),
+    ),
+    "schedules": (
+        DENSE,
+        "bf16",
+        None,
+        dict(
+            schedules=("gpipe", "1f1b", "interleaved", "zb_h1", "dualpipev"),
+            pps=(2, 4),
+            zero_stages=(0, 1, 3),
+            micro_batches=(1,),
+        ),
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_random_plans_of_each_kind_keep_their_floors_below_the_estimate(kind: str) -> None:
+    # random plans of one kind (MoE, CP, FP8, ZeRO-3, pipeline schedules), each estimated:
+    # the memory floor never above the estimate's peak, the step floors never above its step
+    spec, dtype, stack, axes = KINDS[kind]
+    topology = load_topology("dgx_h100", nodes=2)
+    training = TrainingConfig(global_batch=64, micro_batch=1, dtype=dtype, stack=stack)
+    base = ParallelConfig(dp=16)
+    space = SearchSpace(
+        micro_batches=axes.get("micro_batches", (1, 2)),  # type: ignore[arg-type]
+        schedules=axes.get("schedules", ("1f1b", "interleaved")),  # type: ignore[arg-type]
+        virtual_stages=(2,),
+        recomputes=("none", "selective", "full"),
+        bucket_mbs=(25.0,),
+        bucket_views=(False,),
+        **{k: v for k, v in axes.items() if k not in ("micro_batches", "schedules")},  # type: ignore[arg-type]
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plans = list(enumerate_plans(spec, 16, 8, 64, space, base=base, training=training))
+        bounds = VariantBounds(topology, spec, training, base)
+        estimator = Estimator(topology, spec)
+        checked = tight_step = tight_memory = 0
+        for plan in random.Random(kind).sample(plans, min(40, len(plans))):
+            try:
+                est = estimator.estimate(*plan.configs(training, base))
+            except ConfigError:
+                continue
+            step, refined = bounds.step_s(plan), bounds.refined_s(plan)
+            assert step <= refined <= est.step_time_s, plan.label
+            memory = bounds.memory_bytes(plan)
+            assert memory <= est.memory_peak_bytes, plan.label
+            checked += 1
+            tight_step += refined >= 0.8 * est.step_time_s
+            tight_memory += memory >= 0.8 * est.memory_peak_bytes
+    assert checked >= 25, checked
+    # not vacuous: a quarter of the floors at least within 20 % of what they bound
+    assert tight_step >= checked // 4, (tight_step, checked)
+    assert tight_memory >= checked // 4, (tight_memory, checked)
+
+
+def test_pruning_fp8_expert_plans_returns_the_best_ten_of_estimating_all() -> None:
+    # FP8 MoE plans under megatron_te with every ZeRO stage (ZeRO-3 gathers, kept parameters,
+    # offload) and EP over 1 to 8: branch and bound on the program-read floors against
+    # estimating every plan: the same ten best, in the same order, with the same estimates
+    topology = load_topology("dgx_h100", nodes=2)
+    training = TrainingConfig(global_batch=32, micro_batch=1, dtype="fp8", stack="megatron_te")
+    base = ParallelConfig(dp=16)
+    space = SearchSpace(
+        micro_batches=(1, 2),
+        schedules=("1f1b",),
+        zero_stages=(0, 1, 3),
+        recomputes=("none", "full"),
+        bucket_mbs=(25.0,),
+        bucket_views=(False,),
+        prefetches=(1,),
+        eps=(1, 2, 8),
+        dispatchers=("alltoall", "hybridep"),
+        tps=(1, 2),
+        pps=(1, 2),
+    )
+    args = (topology, MOE, training, base)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pruned = search_plans(*args, space=space, top_k=0, prune_keep=10)
+        full = search_plans(*args, space=space, top_k=0, prune_keep=0)
+    assert full.estimated == full.buildable >= 150
+    assert {r.candidate.zero for r in full.ranked} == {0, 1, 3}
+    assert pruned.estimated < full.estimated
+    best = [(r.candidate, r.estimate.step_time_s) for r in full.ranked[:10]]
+    assert [(r.candidate, r.estimate.step_time_s) for r in pruned.ranked[:10]] == best

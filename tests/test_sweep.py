@@ -10,13 +10,8 @@ import pytest
 from collsim.core.errors import ConfigError, InfeasibleError
 from collsim.report.frames import sweep_frame
 from collsim.step.result import StepResult
-from collsim.study.sweep import (
-    build_points,
-    check_overrides,
-    parse_gpus,
-    parse_set,
-    run_sweep,
-)
+from collsim.study.sweep import check_overrides, run_sweep
+from collsim.study.sweep_grid import build_points, parse_gpus, parse_set
 
 SCENARIO = """\
 name: tiny-sweep
@@ -186,7 +181,7 @@ def test_infeasible_error_becomes_a_reason(scenario: Path) -> None:
 
 
 def test_parse_plan() -> None:
-    from collsim.study.sweep import parse_plan
+    from collsim.study.sweep_grid import parse_plan
 
     assert parse_plan("DDP + overlap: parallel.zero=0, parallel.ddp.overlap=true") == (
         "DDP + overlap",

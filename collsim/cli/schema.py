@@ -1,7 +1,7 @@
 """``collsim schema KIND``: print the JSON Schema of scenario, topology or device files.
 
 The schema comes from the same description the loaders check files against (written out by
-:func:`collsim.core.schema.json_schema`), so an editor that validates with it agrees with
+:func:`collsim.core.schema_json.json_schema`), so an editor that validates with it agrees with
 ``collsim run``::
 
     collsim schema scenario > scenario.schema.json
@@ -27,7 +27,7 @@ def schema(kind: str) -> None:
     # the described modules import the model, plan and topology layers: only for this command
     from collsim.cluster.hardware import DEVICE
     from collsim.cluster.topology import TOPOLOGY
-    from collsim.core.schema import json_schema
+    from collsim.core.schema_json import json_schema
     from collsim.study.scenario import SCENARIO
 
     spec = {"scenario": SCENARIO, "topology": TOPOLOGY, "device": DEVICE}[kind]

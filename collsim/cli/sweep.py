@@ -150,15 +150,8 @@ def sweep(
 
         check_scheduler(scheduler)
     from collsim.core.jobs import default_jobs  # start-up: loaded when run
-    from collsim.study.sweep import (
-        LimitedSimulate,
-        build_points,
-        check_overrides,
-        parse_gpus,
-        parse_plan,
-        parse_set,
-        run_sweep,
-    )
+    from collsim.study.sweep import LimitedSimulate, check_overrides, run_sweep
+    from collsim.study.sweep_grid import build_points, parse_gpus, parse_plan, parse_set
 
     gpus = parse_gpus(gpus_text) if gpus_text else None
     sets = [parse_set(text) for text in set_texts]

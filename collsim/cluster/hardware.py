@@ -10,14 +10,12 @@ from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
-from collsim.cluster.kernel_tables import MeasuredTables
+from collsim.cluster.kernel_tables import MEASURED, MeasuredTables
 from collsim.core.errors import ConfigError
 from collsim.core.schema import (
-    Anything,
     Either,
     ListOf,
     Section,
-    Value,
     check,
     choice_value,
     non_negative_value,
@@ -454,40 +452,6 @@ DEVICE = Section(
             description="What a running collective takes from compute.",
             fields={"nccl_sms": non_negative_value("integer", "SMs NCCL holds.")},
         ),
-        "measured": Section(
-            nullable=False,
-            description="Kernel tables of a measured profile (collsim validate compute).",
-            fields={
-                "gemm": ListOf(items=None, description="[m, n, k, dtype, flops_per_s] rows."),
-                "attention": ListOf(items=None, description="Attention kernel rows."),
-                "bandwidth": ListOf(items=None, description="[bytes, bytes_per_s] rows."),
-                "optimizer_bytes_per_s": Value(kind="number", description="Optimizer rate."),
-                "launch_us": Value(kind="number", description="Kernel launch cost, us."),
-                "host_us": Value(kind="number", description="Host cost per op, us."),
-                "gemm_reach": Value(
-                    kind="number",
-                    minimum=1,
-                    rule="must be > 1",
-                    description="GEMM rows price shapes within this factor in every dimension; "
-                    "farther ones get the device's own figures (absent: the nearest rows).",
-                ),
-                "activation": ListOf(
-                    items=None, description="[kind, elements, fwd_gelem_s, bwd_gelem_s] rows."
-                ),
-                "notes": Anything(description="Free notes."),
-                "concurrent_slowdown": Value(
-                    kind="number",
-                    minimum=1,
-                    rule="must be >= 1",
-                    description="Slowdown of compute kernels beside other busy cores.",
-                ),
-                "concurrent_memory_slowdown": Value(
-                    kind="number",
-                    minimum=1,
-                    rule="must be >= 1",
-                    description="Slowdown of memory-bound kernels beside other busy cores.",
-                ),
-            },
-        ),
+        "measured": MEASURED,
     },
 )

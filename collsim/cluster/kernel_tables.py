@@ -12,11 +12,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from collsim.core.errors import ConfigError
+from collsim.core.schema import Anything, ListOf, Section, Value, read_described
 
 if TYPE_CHECKING:
     from collsim.core.yamlio import ConfigReader
 
-__all__ = ["MeasuredTables", "interp_log_extrapolated"]
+__all__ = ["MEASURED", "MeasuredTables", "interp_log_extrapolated"]
 
 
 def interp_log_extrapolated(
@@ -64,6 +65,44 @@ def _log_interp(points: Sequence[tuple[float, float]], x: float) -> float:
     return points[-1][1]
 
 
+MEASURED = Section(
+    nullable=False,
+    description="Kernel tables of a measured profile (collsim validate compute).",
+    fields={
+        "gemm": ListOf(items=None, description="[m, n, k, dtype, flops_per_s] rows."),
+        "attention": ListOf(items=None, description="Attention kernel rows."),
+        "bandwidth": ListOf(items=None, description="[bytes, bytes_per_s] rows."),
+        "optimizer_bytes_per_s": Value(kind="number", description="Optimizer rate."),
+        "launch_us": Value(kind="number", description="Kernel launch cost, us."),
+        "host_us": Value(kind="number", description="Host cost per op, us."),
+        "gemm_reach": Value(
+            kind="number",
+            exclusive_minimum=1,
+            description="GEMM rows price shapes within this factor in every dimension; "
+            "farther ones get the device's own figures (absent: the nearest rows).",
+        ),
+        "activation": ListOf(
+            items=None, description="[kind, elements, fwd_gelem_s, bwd_gelem_s] rows."
+        ),
+        "notes": Anything(description="Free notes."),
+        "concurrent_slowdown": Value(
+            kind="number",
+            minimum=1,
+            default=1.0,
+            description="Slowdown of compute kernels beside other busy cores.",
+        ),
+        "concurrent_memory_slowdown": Value(
+            kind="number",
+            minimum=1,
+            description="Slowdown of memory-bound kernels beside other busy cores "
+            "(absent: concurrent_slowdown).",
+        ),
+    },
+)
+"""The keys of a device file's ``measured:`` mapping (:data:`collsim.cluster.hardware.DEVICE`
+holds it), read by :meth:`MeasuredTables.from_reader`."""
+
+
 @dataclass(frozen=True, slots=True)
 class MeasuredTables:
     """Kernel tables of a device profile (``measured:`` in a device file), written by
@@ -99,31 +138,22 @@ class MeasuredTables:
 
     @classmethod
     def from_reader(cls, reader: ConfigReader) -> MeasuredTables:
-        gemm_rows = reader.get("gemm", list, default=[])
-        att_rows = reader.get("attention", list, default=[])
-        bw_rows = reader.get("bandwidth", list, default=[])
-        opt = reader.get("optimizer_bytes_per_s", float, default=None)
-        launch = reader.get("launch_us", float, default=None)
-        host = reader.get("host_us", float, default=None)
-        act_rows = reader.get("activation", list, default=[])
-        reach = reader.get(
-            "gemm_reach", float, default=None, check=lambda v: None if v > 1 else "must be > 1"
-        )
+        """The tables of a ``measured:`` mapping, its keys read as :data:`MEASURED` describes
+        them; the rules between keys (a row's shape, the memory slowdown's default) are here.
+        A described key that is not a table goes to :attr:`extra` under its own name."""
+        values = read_described(reader, MEASURED)
+        gemm_rows = values.pop("gemm", ())
+        att_rows = values.pop("attention", ())
+        bw_rows = values.pop("bandwidth", ())
+        opt = values.pop("optimizer_bytes_per_s", None)
+        launch = values.pop("launch_us", None)
+        host = values.pop("host_us", None)
+        act_rows = values.pop("activation", ())
         extra = dict(reader.get("notes", dict, default={}))
-        if reach is not None:
-            extra["gemm_reach"] = reach
-        extra["concurrent_slowdown"] = reader.get(
-            "concurrent_slowdown",
-            float,
-            default=1.0,
-            check=lambda v: None if v >= 1 else "must be >= 1",
-        )
+        extra.update(values)
         # a profile from before the split measured one mix of both kinds: it serves for both
-        extra["concurrent_memory_slowdown"] = reader.get(
-            "concurrent_memory_slowdown",
-            float,
-            default=extra["concurrent_slowdown"],
-            check=lambda v: None if v >= 1 else "must be >= 1",
+        extra["concurrent_memory_slowdown"] = values.get(
+            "concurrent_memory_slowdown", values["concurrent_slowdown"]
         )
         reader.finish()
         try:

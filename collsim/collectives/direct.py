@@ -1,29 +1,6 @@
 """Direct algorithms: every rank sends to every peer at once (one step).
 
-all_to_all: rank i sends its block j (M/n) to rank j (NCCL's grouped send/recv).
-reduce_scatter / all_gather: the same all-pairs pattern with M/n blocks; all_reduce is both.
-broadcast / reduce: the root sends M to / receives M from every other rank.
-send_recv: with two ranks, one point-to-point message ranks[0] -> ranks[1] (a pipeline stage
-sending to the next); with more, nccl-tests sendrecv: rank i sends M to rank i+1 (mod n). On an
-idle network both take the time of one message (every rank's links carry one).
-
-The all-pairs pattern has n(n-1) transfers, so its per-link load is derived from the topology's
-structure instead of enumerated (O(ranks + links)). With m_A group ranks on node A, c_Ak of them
-behind NIC k, C_k = sum_A c_Ak, and M_g (S_gk) group ranks (behind NIC k) under leaf group g:
-
-- GPU tx / rx link of a rank on node A: m_A - 1 transfers (its intra-node peers);
-- NIC k tx of node A: c_Ak (n - m_A) (each sender there reaches every off-node rank);
-- NIC k rx of node B: m_B (C_k - c_Bk) (senders on rail k elsewhere, to each rank of B);
-- rail k leaf uplink of group g: S_gk (n - M_g); downlink: (C_k - S_gk) M_g; without rails
-  (one leaf per group) S_gk and C_k become M_g and n.
-
-The paths are those of :meth:`collsim.cluster.topology.Topology.path` (an inter-node transfer
-leaves by
-the sender's NIC and stays on its rail). The DES runs every pair for groups of up to
-:data:`EXACT_PAIRS_UP_TO` ranks; above that, the transfers that share a path (the senders behind
-NIC k of node A to all ranks of node B) run as one flow with their summed bytes, when the
-merged flows carry equal bytes on each shared link (then max-min sharing still finishes at the
-load bound); otherwise every pair runs.
+Derivations, measurements and sources: docs/derivations.md, ``collsim.collectives.direct``.
 """
 
 from __future__ import annotations

@@ -1,31 +1,6 @@
 """In-switch reduction (NVLS, NVLink SHARP) inside one NVSwitch node.
 
-NCCL's NVLS all_reduce (src/device/all_reduce.h, NVLS) is a reduce-scatter with
-multimem.ld_reduce (the switch reads every GPU's piece of a shard, the issuing GPU's own
-included, and returns the sum) followed by an all-gather with multimem.st (the GPU writes its
-reduced shard once, the switch multicasts it). Per GPU port, pipelined:
-
-- all_reduce: out M (pieces read by the switch) + M/n (reduced shard written) = (1 + 1/n) M;
-  in M/n (reduced shard) + M (multicast shards) = (1 + 1/n) M.
-- reduce_scatter: out M, in M/n.  all_gather: out M/n, in M.
-
-No bandwidth factor beyond the links' own (NCCL's NVLS efficiency, 0.85 on Hopper, scales the
-tuner's graph bandwidth, src/graph/tuning.cc; the links here already run at NCCL's per-link
-NVLink figure). The latency is NCCL's NVLS NVLink hop, 25 us, paid once (tuning.cc).
-
-Chunking (NCCL 2.30.7 src/enqueue.cc, calcCollChunking for NVLS): the buffer is processed in
-loops of nChannels x nHeads x chunk bytes, with nChannels = ``nvlsChannels`` (src/transport/
-nvls.cc: 16 on Hopper, 24 on one Blackwell node, 32 across Blackwell nodes), one head per rank,
-and a chunk of 128 KiB (NCCL_NVLS_CHUNKSIZE) cut to 64 KiB below 64 x ops x 128 KiB, 32 KiB
-below 8 x ops x 64 KiB and 16 KiB below 2 x ops x 32 KiB (ops = channels x heads). Each loop's
-switch reduction reads every GPU's slot, so a loop ends in a cross-GPU handshake that other
-slots cannot hide (unlike a ring's point-to-point flags). That handshake, :data:`LOOP_STEP_S`,
-is the one fitted figure here: 11.8 us, fitted to the DGX H100 all_reduce sweep
-(tests/data/nccl_allreduce_dgx_h100_8gpu.csv, 2 MiB to 16 GiB, NCCL's NVLS sizes), least
-maximum busbw error (12 %) with median 2.5 %; NCCL's own Simple NVLink step is 3.4 us
-(tuning.cc), so a loop costs about three and a half of them. Small chunks are what makes NVLS
-ramp up slowly with size (about 210 GB/s algbw with 32 KiB chunks, 255 with 64 KiB, 285 with
-128 KiB on the sweep).
+Derivations, measurements and sources: docs/derivations.md, ``collsim.collectives.nvls``.
 """
 
 from __future__ import annotations

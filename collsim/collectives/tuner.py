@@ -1,30 +1,6 @@
 """NCCL's own cost model and (algorithm, protocol) choice, re-derived from NCCL 2.30.7.
 
-Release followed: NVIDIA/nccl 2.30.7 (makefiles/version.mk: NCCL_MAJOR 2, NCCL_MINOR 30,
-NCCL_PATCH 7). Every rule below names the file it comes from.
-
-Three steps, as NCCL takes them at communicator init and at each call:
-
-1. **Graphs** (src/graph/search.cc): per algorithm pattern (ring, tree, NVLS) channels and
-   per-channel bandwidths inside and across nodes, emulated in
-   :mod:`collsim.collectives.channels` (re-exported here).
-2. **Tuning table** (src/graph/tuning.cc ``ncclTopoTuneModel``): per (op, algorithm,
-   protocol) a latency (base + hops x hardware latency per link class) and a bus bandwidth
-   (channels x per-channel bandwidth, with the per-protocol caps ``llMaxBws``,
-   ``perChMaxRingLL128Bws``, ``perChMaxTreeBws``, ``perChMaxTreeLL128Bws``,
-   ``perChMaxNVLSTreeBws``, the NVLS efficiency per architecture, LL's 0.5, LL128's 0.92),
-   converted to an algorithm bandwidth. :class:`TunerTable`.
-3. **Choice** (src/graph/tuning.cc ``ncclTopoGetAlgoTime``; src/enqueue.cc
-   ``topoGetAlgoInfo``): time = latency + bytes / (1000 x bw) [us], with the tree correction
-   factors for medium sizes and the ring plateau factor across nodes; the cheapest enabled
-   (algorithm, protocol) wins (:func:`pick`). ``topoGetAlgoInfo`` then cuts the channel count
-   for small sizes (:func:`collsim.collectives.channels.channels_for_size`).
-
-A topology with ``fabric.tuner: aws-ofi-nccl`` follows that plugin's region tuner where it has
-a region (:mod:`collsim.collectives.ofi_tuner`) and NCCL's choice elsewhere.
-
-What collsim does not emulate: other tuner plugins, user environment overrides (NCCL_ALGO,
-NCCL_PROTO, ...) and symmetric kernels; see :mod:`collsim.collectives.channels` for the search.
+Derivations, measurements and sources: docs/derivations.md, ``collsim.collectives.tuner``.
 """
 
 from __future__ import annotations

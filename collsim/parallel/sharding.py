@@ -1,30 +1,6 @@
 """HSDP gradient reduction and FSDP all-gather sizes, FP8 weight copies and their scales.
 
-HSDP (torch FSDP2 with a 2-D ``(replicate, shard)`` device mesh; Zhao et al. 2023, "PyTorch
-FSDP", section 3.2.2 "hybrid sharding"): a data-parallel group of N = g x r ranks is split
-into r shard groups of g ranks. Gradients of P parameters (e bytes each, the reduce dtype)
-are reduce-scattered inside the shard group (input P e, the nccl-tests size; a rank sends
-(g - 1) / g x P e with a ring), then the shard P e / g is all-reduced across the r replicas
-(a rank sends 2 (r - 1) / r x P e / g with a ring). Full sharding is r = 1 (the all-reduce
-vanishes), DDP is g = 1 (the reduce-scatter vanishes, an all-reduce of P e over N remains).
-Parameters are all-gathered inside the shard group only: output P e_w, a rank receives
-(g - 1) / g x P e_w, with e_w = 1 byte when the FP8 weights are gathered (torchao
-``enable_fsdp_float8_all_gather``, Megatron ``--fp8-param-gather``) instead of 2 (bf16).
-With ``reshard_after_forward`` false the backward all-gather is skipped (the Llama 3 405B
-choice), at the price of keeping each unit's gathered parameters until its backward.
-
-FP8 copies (Transformer Engine "Using FP8 with Transformer Engine" user guide, and
-``transformer_engine.common.recipe``): with bf16 master weights TE keeps, for each weight,
-an FP8 copy used in forward and an FP8 transposed copy used by the backward's dgrad on Hopper
-(1 byte per element each; both rowwise and columnwise data for MXFP8); scales per recipe:
-
-- tensorwise (current scaling): one fp32 scale and one fp32 amax per tensor;
-- delayed: fp32 scale, scale inverse and an amax history of ``amax_history_len`` (TE
-  default 1024) per tensor;
-- blockwise (DeepSeek-V3 report, section 3.3.2: 128 x 128 blocks for weights): one fp32
-  scale per 128 x 128 block, for each copy;
-- mxfp8 (OCP Microscaling Formats spec v1.0, section 5: 32-element blocks, E8M0 scale): one
-  1-byte scale per 32 elements, for each of the rowwise and columnwise copies.
+Derivations, measurements and sources: docs/derivations.md, ``collsim.parallel.sharding``.
 """
 
 from __future__ import annotations

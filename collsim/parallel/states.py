@@ -1,31 +1,6 @@
 """Model-state memory of one rank of a checked plan (MoE, CP, HSDP, FP8 included).
 
-The closed form the engine's memory ledger must agree with, for plans it cannot simulate yet.
-For a rank of pipeline stage s (Psi_d non-expert and Psi_e routed-expert parameters after the
-TP / EP / PP split, :func:`collsim.workload.memory.stage_parameter_split`):
-
-- the ZeRO table of :func:`collsim.workload.memory.moe_model_state_bytes` with the non-expert
-  states sharded over N = dp x cp (Megatron-Core's ``dp-cp`` group; torchtitan folds cp into
-  the FSDP shard dimension likewise) and the routed-expert states over N_e = edp =
-  tp x cp x dp / (ep x etp). With HSDP (``fsdp.shard_group_size`` = g) the non-expert shard
-  group shrinks to N = g x cp (the dp_shard group x the cp ranks) and the expert shard group
-  to the ranks of a rank's edp group that are also in its shard group (torchtitan's
-  ``efsdp`` mesh: experts shard where their data-parallel group meets the FSDP shard
-  dimension): N_e = |edp group ∩ shard group|, 1 when the EP group already spans the shard
-  group; states are replicated across the rest.
-- FP8 weight copies (zero < 3; :func:`collsim.parallel.sharding.fp8_weight_bytes`): TE keeps an
-  FP8 copy (and its transpose) of every local GEMM weight for the step. With zero 3 the copy is
-  made from each gathered unit and freed with it, a transient the step's buffers carry, not a
-  model state. The vocab-sized matrices stay bf16 (TE runs the embedding lookup and, in
-  Megatron-Core, the output layer outside FP8); per-tensor scales count 4 tensors per layer
-  (qkv, out, up, down), a few bytes each.
-- FP8 parameters (:func:`fp8_parameters`): the FP8 weight and its transpose replace the
-  16-bit GEMM weight, so the copy term is ``fp8_weight_bytes(G) - 2 G`` (the scales).
-- ``reshard_after_forward: false`` with zero 3: every unit's gathered parameters stay from its
-  forward to its backward, so at the start of backward the stage holds its parameters
-  unsharded: (Psi_d + Psi_e) x e_w - the sharded parameters already counted, e_w = 2 bytes
-  (1 with ``fp8_all_gather``). Zhao et al. 2023 ("PyTorch FSDP") section 3.2.1 for the
-  trade; the Llama 3 405B plan (arXiv 2407.21783 section 3.3.2) for the choice.
+Derivations, measurements and sources: docs/derivations.md, ``collsim.parallel.states``.
 """
 
 from __future__ import annotations

@@ -53,7 +53,13 @@ if TYPE_CHECKING:
     from collsim.workload.compute import ComputeModel, LayerTimes
     from collsim.workload.model import TransformerSpec
 
-__all__ = ["BLOCK_OVERRIDE_KEYS", "StepSchedule", "build_schedule", "bytes_per"]
+__all__ = [
+    "BLOCK_OVERRIDE_KEYS",
+    "StepSchedule",
+    "build_schedule",
+    "bytes_per",
+    "plan_blocks",
+]
 
 BLOCK_OVERRIDE_KEYS = (
     "layer.forward",
@@ -634,6 +640,25 @@ def build_schedule(
         step_interference=not overrides,
         paired=_paired(plan, parallel, stages, cache),
     )
+
+
+def plan_blocks(
+    plan: Plan, cache: ShapeCache | None = None
+) -> tuple[dict[int, BlockTimes], BlockTimes, BlockTimes, dict[int, list[LayerComm]], float]:
+    """The parts :func:`build_schedule` puts in a plan's program without building it: each
+    layer kind's block times (by its representative layer, paced by the slowest GPU), the
+    embedding's and the head's, and each kind's EP / CP collectives (empty without EP, ETP
+    or CP), and the memory-bound share the program's interference takes
+    (:attr:`StepSchedule.memory_bound_share`). What a search's bounds read per layer kind
+    (:mod:`collsim.study.search.parts`)."""
+    layers, emb, head, model = _blocks(plan, plan.topology.device, {}, cache)
+    pace = slowest_gpu_factor(plan.num_gpus)
+    layers = {r: _paced(b, pace) for r, b in layers.items()}
+    comms_of = _comms_lookup(plan, plan.spec)
+    kinds = layer_kind_of(plan.spec)
+    comms = {r: comms_of(r) if comms_of is not None else [] for r in set(kinds.values())}
+    share = _memory_bound_share(plan, plan.spec, plan.training, plan.parallel, model)
+    return layers, _paced(emb, pace), _paced(head, pace), comms, share
 
 
 def _pipeline_orders(plan: Plan, cache: ShapeCache | None) -> dict[int, tuple[PipeOp, ...]]:

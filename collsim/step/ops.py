@@ -28,6 +28,7 @@ __all__ = [
     "build_stage",
     "BlockTimes",
     "loss_bytes",
+    "layer_segments",
 ]
 
 
@@ -758,6 +759,28 @@ def _layer_segments(
         transient_bytes=blk.transient_bytes,
     )
     return forward, backward, paired_forward, paired_backward
+
+
+def layer_segments(
+    plan: Plan, index: int, blk: BlockTimes, comms: list[LayerComm], act_element_bytes: int
+) -> tuple[Segment, Segment, Segment | None, Segment | None]:
+    """The forward and backward segments :func:`build_stage` gives layer ``index`` of
+    ``plan`` (block times ``blk``, EP / CP collectives ``comms``), and their paired forms
+    under EP overlap (else None); what a search's bounds price per layer kind."""
+    spec = plan.spec
+    size = float(
+        plan.training.micro_batch * spec.seq_len // plan.cp * spec.hidden * act_element_bytes
+    )
+    return _layer_segments(
+        plan,
+        index,
+        blk,
+        comms,
+        size,
+        full=str(plan.training.recompute) == "full",
+        overlap=bool(plan.parallel.ep_overlap),
+        tp_how=tp_overlap_for(plan),
+    )
 
 
 def tp_overlap_for(plan: Plan) -> TPOverlap | None:

@@ -1,30 +1,6 @@
 """The ``stragglers`` scenario section: slow GPUs, slow nodes and degraded links on named ranks.
 
-Schema (every entry optional; a factor of 1 is no straggler, so a sweep can start there)::
-
-    stragglers:
-      slow_gpu: {ranks: [5], clock_factor: 0.9}      # compute steps of rank 5 take 1 / 0.9 as long
-      slow_node: {nodes: [1], clock_factor: 0.95}    # every GPU of node 1
-      slow_link:                                     # links at a share of their bandwidth
-        ranks: [3]                                   # the ports of these ranks ...
-        port: nic                                    # ... nic (its NIC, both directions) or nvlink
-        links: [n0.nic0.tx]                          # and/or links named as the topology names them
-        bandwidth_factor: 0.5
-
-Realistic severities (``reference/reliability.md``): ByteDance's study of 3,079 jobs (OSDI'25,
-D1) found the worst 10 % of straggling jobs slowed >= 1.27x, 10.4 % of GPU-hours wasted overall;
-Llama 3 saw a diurnal 1-2 % throughput variation from temperature and DVFS (D2), i.e. a clock
-factor of 0.98-0.99 on the hottest GPUs.
-
-How the engine plays them (docs/derivations.md, ``collsim.play.engine.core``): a rank's
-compute steps (and its optimizer step) last ``1 / clock_factor`` as long (a rank on a slow node
-and itself slow multiplies both factors); a tensor-parallel group runs at the pace of its slowest
-member, since every layer ends in a blocking TP collective that waits for it; a degraded link's
-capacity is scaled by its factor in the closed form and on the flow network alike.
-
-Errors name the key path (``stragglers.slow_gpu.clock_factor: must be in (0, 1], got 1.5``);
-ranks, nodes, link names and ports are checked against the cluster by :meth:`StragglerConfig.
-resolve` (key paths ``stragglers.slow_gpu.ranks`` ...).
+Derivations, measurements and sources: docs/derivations.md, ``collsim.step.stragglers``.
 """
 
 from __future__ import annotations

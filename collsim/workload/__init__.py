@@ -1,6 +1,7 @@
 """Workload: model specs and presets, per-op FLOPs and bytes, compute times, memory formulas.
 
-- :mod:`~collsim.workload.model`: TransformerSpec, PRESETS, get_preset.
+- :mod:`~collsim.workload.model`: TransformerSpec; :mod:`~collsim.workload.presets`: PRESETS,
+  get_preset.
 - :mod:`~collsim.workload.ops`: the ops of a layer / embedding / head on one TP rank.
 - :mod:`~collsim.workload.compute`: ComputeModel, a roofline per op.
 - :mod:`~collsim.workload.flops`: training FLOPs per step (Narayanan 2021), MFU, HFU.
@@ -27,7 +28,8 @@ from collsim.workload.memory import (
     model_state_bytes,
     parameters_per_rank,
 )
-from collsim.workload.model import PRESETS, TransformerSpec, get_preset, preset_names
+from collsim.workload.model import TransformerSpec
+from collsim.workload.presets import PRESETS, get_preset, preset_names
 
 __all__ = [
     "TransformerSpec",

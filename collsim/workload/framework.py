@@ -1,31 +1,7 @@
 """Framework costs: the work a training stack does beside the model's own kernels, in seconds
 (and bytes) on one rank, for the engine to schedule as named parts of the step.
 
-Returned together as :class:`FrameworkCosts` by :func:`framework_costs` (or
-``ComputeModel.framework_costs``). Per what each figure is:
-
-- per FSDP/ZeRO-3 unit per all-gather (each micro-batch's forward, and backward again when
-  the unit was resharded): ``fsdp_copy_in_s`` (cast the local fp32 shard to the parameter
-  dtype into the all-gather input; torch FSDP ``MixedPrecision(param_dtype=bf16)``: read 4 +
-  write 2 bytes per local element, FSDP1 and FSDP2 alike) and ``fsdp_copy_out_s`` (FSDP2 only:
-  copy the all-gather output into the per-parameter tensors, read 2 + write 2 bytes per
-  unsharded element; FSDP1's flat parameter is used in place as views);
-- per unit per reduce-scatter (each micro-batch's backward unless gradients accumulate
-  unsharded): ``fsdp_grad_cast_s`` (the unit's unsharded 16-bit gradient cast to the reduce
-  dtype when it differs: read 2 + write 4 bytes per unsharded element) and
-  ``fsdp_grad_copy_out_s`` (the reduced shard added into the sharded fp32 gradient: read 4 + 4,
-  write 4 per local element); ``grad_reduce_bytes_per_element`` is what the reduce-scatter
-  moves per gradient element (4 when the plan reduces in fp32: torch FSDP's mixed-precision
-  default leaves ``reduce_dtype`` = the fp32 parameter dtype; 2 in bf16);
-- per step: ``grad_clip_s`` (the gradient-norm pass: read the local fp32 gradients for the
-  norm, 4 bytes, then scale them, read 4 + write 4: 12 bytes per local parameter; the norm's
-  all-reduce is a collective the engine adds), ``optimizer_s`` (fused or foreach, see
-  ``ComputeModel.optimizer_time_s``), ``host_step_s`` (Python-side step overhead);
-- per micro-batch: ``embedding_s`` and ``loss_s`` (forward + backward of the embedding lookup
-  and of the loss on this rank, from the compute model) so that they can be shown apart.
-
-Stack defaults are in :data:`STACKS` (``collsim.parallel.config`` reads them for the
-``stack:`` shortcut).
+Derivations, measurements and sources: docs/derivations.md, ``collsim.workload.framework``.
 """
 
 from __future__ import annotations

@@ -1,27 +1,6 @@
 """Memory closed forms: model states (ZeRO), parameters per rank (TP x PP), activations.
 
-These are used by tests and by the plan search; the engine keeps its own memory timeline.
-
-Model states per GPU (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training
-Trillion Parameter Models", section 3 and Figure 1), Psi parameters, N data-parallel ranks:
-
-=================  =========================  ===========================
-stage              mixed-precision (2+2+K)    pure fp32 Adam (4+4+8)
-=================  =========================  ===========================
-0 (DDP)            (4 + K) Psi                16 Psi
-1 (optimizer)      (4 + K/N) Psi              (8 + 8/N) Psi
-2 (+ gradients)    (2 + (2 + K)/N) Psi        (4 + 12/N) Psi
-3 (+ parameters)   (4 + K) Psi / N            16 Psi / N
-=================  =========================  ===========================
-
-K = 12 for mixed-precision Adam (fp32 master weights, momentum, variance), K = 8 for
-mixed-precision SGD with momentum (master + momentum); pure fp32 keeps 8 (Adam) or 4 (SGD)
-bytes of optimizer state per parameter beside the 4-byte parameter and 4-byte gradient.
-
-Activations per layer: :func:`korthikanti_activation_bytes` is the closed form of Korthikanti
-et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models", sections 4.1-4.3,
-Table 2); :func:`activation_bytes_per_layer` sums the tensors each op keeps for backward
-(:mod:`collsim.workload.ops`), which also covers GQA, SwiGLU and dropout-free models.
+Derivations, measurements and sources: docs/derivations.md, ``collsim.workload.memory``.
 """
 
 from __future__ import annotations
@@ -487,7 +466,7 @@ def fp8_saved_input_savings(ops: Sequence[Op], mode: RecomputeMode, element_byte
     Nothing under full recompute (a layer then keeps only its input).
 
     Example:
-        >>> from collsim.workload.model import get_preset
+        >>> from collsim.workload.presets import get_preset
         >>> ops = layer_ops(get_preset("gpt3-175b"), micro_batch=1, tp=8, dtype="fp8")
         >>> lin = sum(o.saved[o.name + ".input"] for o in ops if o.name in FP8_SAVED_INPUT_OPS)
         >>> fp8_saved_input_savings(ops, RecomputeMode.SELECTIVE, 2) == lin / 2

@@ -23,7 +23,7 @@ import pytest
 
 from collsim.parallel.config import DDPConfig, ParallelConfig, TrainingConfig
 from collsim.play.engine import simulate_step
-from collsim.workload.model import get_preset
+from collsim.workload.presets import get_preset
 
 from .conftest import topology
 

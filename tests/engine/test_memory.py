@@ -16,7 +16,7 @@ from collsim.workload.memory import (
     model_state_bytes,
     parameters_per_rank,
 )
-from collsim.workload.model import get_preset
+from collsim.workload.presets import get_preset
 
 from .conftest import topology
 

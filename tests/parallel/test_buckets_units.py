@@ -8,7 +8,7 @@ from collsim.parallel.buckets import build_buckets, grad_ready_fraction
 from collsim.parallel.fsdp import build_units, issue_schedule
 from collsim.parallel.params import ParamTensor, chunk_tensors
 from collsim.workload.memory import parameters_per_rank
-from collsim.workload.model import get_preset
+from collsim.workload.presets import get_preset
 
 GPT = get_preset("gpt3-125m")
 

@@ -19,7 +19,9 @@ import yaml
 from click.testing import CliRunner
 
 from collsim.cli import cli
+from collsim.cluster import kernel_tables
 from collsim.cluster.hardware import DEVICE, device_from_reader
+from collsim.cluster.kernel_tables import MEASURED
 from collsim.cluster.topology import TOPOLOGY, parse_topology
 from collsim.core.errors import ConfigError
 from collsim.core.schema import (
@@ -31,7 +33,6 @@ from collsim.core.schema import (
     choice_value,
     choices_of,
     defaults_of,
-    json_schema,
     non_negative_value,
     positive_value,
     read_described,
@@ -39,6 +40,7 @@ from collsim.core.schema import (
     scaled,
     values_of,
 )
+from collsim.core.schema_json import json_schema
 from collsim.core.units import US, gbps_to_bps
 from collsim.core.vocab import FabricKind
 from collsim.core.yamlio import ConfigReader, YamlDoc, parse_yaml_text
@@ -204,7 +206,8 @@ _TOPOLOGY_RULES: set[tuple[str, ...]] = {
 }
 _DEVICE_RULES: set[tuple[str, ...]] = {("description",), ("key",)}
 _MEASURED = "measured"
-"""The device's kernel tables: read by collsim.workload.kernels.MeasuredTables.from_reader."""
+"""The device's kernel tables: read by collsim.cluster.kernel_tables.MeasuredTables.from_reader
+through the same description (test_a_measured_key_is_described_checked_read_and_in_the_schema)."""
 
 
 def _topology_part(topology: Any, section: tuple[str, ...]) -> Any:
@@ -256,6 +259,69 @@ def test_every_scalar_key_reaches_the_object_its_reader_builds(kind: str) -> Non
         assert built == expected, (key_path, value, built)
         reached.append(key_path)
     assert len(reached) >= {"topology": 25, "device": 10}[kind]
+
+
+def _device(data: dict[str, Any]) -> Any:
+    """The device of ``data`` as a device file, read without :func:`check` first (as the
+    catalogue is read)."""
+    doc = parse_yaml_text(yaml.safe_dump(data), "d.yaml")
+    return device_from_reader(ConfigReader(doc.data, doc=doc), "d", "d.yaml")
+
+
+def test_a_measured_key_is_described_checked_read_and_in_the_schema(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    base = yaml.safe_load(H100_DEVICE.read_text())
+    assert DEVICE.fields["measured"] is MEASURED
+    # every scalar key of the description reaches the tables: a field of its own or ``extra``
+    reached = []
+    for (key,), spec in _scalar_keys(MEASURED):
+        value = _variant(spec, spec.default)
+        tables = _device({**base, "measured": {key: value}}).measured
+        got = getattr(tables, key) if hasattr(tables, key) else tables.extra[key]
+        assert got == value, (key, value, got)
+        reached.append(key)
+    assert len(reached) == 6
+    # the tables are lists of rows; a row's shape is a rule of the reader
+    rows = {"gemm": [[64, 64, 64, "bf16", 1e12]], "bandwidth": [[1024, 5e9]]}
+    tables = _device({**base, "measured": rows}).measured
+    assert tables.gemm == ((64, 64, 64, "bf16", 1e12),) and tables.bandwidth == ((1024.0, 5e9),)
+    with pytest.raises(ConfigError, match="measured: malformed table row"):
+        _device({**base, "measured": {"gemm": [[64, 64]]}})
+    # absent, a key reads as the description's default, or by the rule between keys
+    tables = _device({**base, "measured": {"concurrent_slowdown": 1.5}}).measured
+    assert tables.extra["concurrent_memory_slowdown"] == 1.5
+    assert _device({**base, "measured": {}}).measured.extra["concurrent_slowdown"] == 1.0
+    # a bad value: the checker and the reader give the same line, at the same key path
+    for bad, message in (
+        ({"gemm_reach": 1}, "must be > 1, got 1"),
+        ({"concurrent_memory_slowdown": 0.5}, "must be >= 1, got 0.5"),
+        ({"launch_us": "fast"}, "must be a number, got 'fast'"),
+    ):
+        ((key, _),) = bad.items()
+        doc = parse_yaml_text(yaml.safe_dump({**base, "measured": bad}), "d.yaml")
+        (expected,) = check(doc, DEVICE)
+        assert expected.key_path == f"measured.{key}" and expected.message == message
+        with pytest.raises(ConfigError) as caught:
+            device_from_reader(ConfigReader(doc.data, doc=doc), "d", "d.yaml")
+        assert str(caught.value) == str(expected)
+    # in the JSON Schema, with its range and default
+    schema = json_schema("device", DEVICE)
+    measured = schema["properties"]["measured"]["properties"]
+    assert measured["gemm_reach"]["exclusiveMinimum"] == 1
+    assert measured["concurrent_slowdown"]["default"] == 1.0
+    validator = jsonschema.Draft202012Validator(schema)
+    assert validator.is_valid({**base, "measured": {"gemm_reach": 2}})
+    assert not validator.is_valid({**base, "measured": {"gemm_reach": 1}})
+    # a key added to the description is checked, read and listed with nothing else to edit
+    spec = non_negative_value("number", "A new figure.")
+    with_new = dataclasses.replace(MEASURED, fields={**MEASURED.fields, "new_figure": spec})
+    monkeypatch.setattr(kernel_tables, "MEASURED", with_new)
+    tables = _device({**base, "measured": {"new_figure": 2}}).measured
+    assert tables.extra["new_figure"] == 2.0
+    with pytest.raises(ConfigError, match="measured.new_figure: must be >= 0, got -1"):
+        _device({**base, "measured": {"new_figure": -1}})
+    assert "new_figure" in json_schema("measured", with_new)["properties"]
 
 
 #: Scenario keys that need another key to be read at all (the rules between keys), and the
@@ -373,6 +439,11 @@ def test_a_bad_scenario_key_is_one_line_with_exit_code_2(
             "d.yaml",
             H100_DEVICE.read_text().replace("memory_gb: 80", "memory_gb: -80", 1),
             "memory_gb: must be > 0, got -80",
+        ),
+        (
+            "d.yaml",
+            H100_DEVICE.read_text() + "measured:\n  gemm_reach: 1\n",
+            "measured.gemm_reach: must be > 1, got 1",
         ),
         (
             "d.yaml",

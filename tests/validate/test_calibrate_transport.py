@@ -19,7 +19,7 @@ from collsim.cli import main
 from collsim.cluster.topology import parse_topology, resolve_topology_path
 from collsim.collectives import Group, cost
 from collsim.core.yamlio import parse_yaml_text
-from collsim.validate.data.nccltests import format_log
+from collsim.validate.data.nccltests_format import format_log
 
 TRUTH = {"fabric.net_latency_us": 60.0, "fabric.completion_us": 20.0, "nics.efficiency": 0.80}
 A3MEGA = Path(__file__).resolve().parents[1] / "data" / "nccl_allreduce_h100_2node_a3mega.csv"

@@ -13,7 +13,8 @@ import pytest
 
 from collsim.cluster.hardware import get_device
 from collsim.validate.check.step import simulate_modes
-from collsim.validate.measure.compute import GEMM_DIMS, cpu_share, write_profile
+from collsim.validate.measure.compute import GEMM_DIMS, write_profile
+from collsim.validate.measure.concurrency import cpu_share
 from collsim.validate.measure.step import StepConfig, model_spec
 
 # a synthetic profile: rates that do not depend on shape, so the expected times are by hand
@@ -371,7 +372,11 @@ def test_the_concurrency_probe_runs_both_kinds_in_process() -> None:
     import threading
 
     torch = pytest.importorskip("torch")
-    from collsim.validate.measure.compute import PROBE_KINDS, _probe_worker, concurrency_slowdown
+    from collsim.validate.measure.concurrency import (
+        PROBE_KINDS,
+        _probe_worker,
+        concurrency_slowdown,
+    )
 
     threads = torch.get_num_threads()
     try:

@@ -15,7 +15,8 @@ import pytest
 from collsim.cli import main
 from collsim.core.errors import ConfigError
 from collsim.validate.data.dataset import read_measurements
-from collsim.validate.data.nccltests import bus_factor, float_str
+from collsim.validate.data.nccltests import bus_factor
+from collsim.validate.data.nccltests_format import float_str
 
 DATA = Path(__file__).resolve().parent / "data"
 LOGS = (

@@ -188,7 +188,7 @@ def main() -> None:
             f"worst {max(errs, key=abs):+.1%}"
         )
     sys.path.insert(0, str(ROOT / "tests" / "engine"))
-    from collsim.workload.model import get_preset
+    from collsim.workload.presets import get_preset
     from tests.engine.conftest import topology
     from tests.engine.test_calibration_megatron import ROWS, megatron_step
 

@@ -36,7 +36,8 @@ def _check_output(path: str | None, hint: str) -> None:
 
 #: The most rows one measured file may hold for calibrate, holdout and compare: every row is
 #: fitted (a robust line per knee candidate, time linear in the rows) or simulated. A bench of
-#: every op and 40 sizes has about 300 rows; 10,000 rows took 17 s to calibrate on 2 cores.
+#: every op and 40 sizes has about 300 rows (the time calibrate took on a large file:
+#: docs/derivations.md, Measurements).
 MAX_MEASURED_ROWS = 5_000
 
 

@@ -1,32 +1,6 @@
 """The ``reliability`` scenario section: failure rates, restart cost, spares, checkpointing.
 
-Every quantity carries its unit; rates are per node of the job. The section is read by
-:func:`read_reliability` from a :class:`collsim.core.yamlio.ConfigReader`
-(``collsim.study.scenario`` calls
-it; this module never sees YAML). Schema::
-
-    reliability:
-      duration_days: 54            # default length of the run (collsim goodput --days)
-      detection_s: 300             # failure -> job declared dead
-      components:                  # any of COMPONENTS; one rate each, per node of the job
-        gpu: {per_1000_node_days: 3.97, replace_fraction: 0.68}
-        host: {mtbf_hours: 500000}
-        switch: {per_1000_node_days: 0.004, nodes_affected: 32}   # correlated: 32 nodes at once
-        software: {per_1000_node_days: 1.0}                       # replace_fraction 0 by default
-      restart: {reschedule_s: 300, process_start_s: 300, warmup_steps: 5}
-      spares: {nodes: 64, repair_hours: 72}      # omit for an unlimited pool
-      checkpoint:
-        interval_s: auto           # or seconds of training between checkpoints
-        sharded: true              # every rank writes its shard (false: one rank writes all)
-        async: false               # true: the step stalls only for the device-to-host snapshot
-        snapshot_bandwidth_gbps: 25   # per GPU, needed when async is true
-      storage:
-        write_bandwidth_gbps: 2000   # aggregate, GB/s (10**9 bytes/s)
-        read_bandwidth_gbps: 2000    # default = write
-        per_rank_write_bandwidth_gbps: 5   # one writer's cap (needed when sharded is false)
-        per_rank_read_bandwidth_gbps: 5
-
-Errors name the key path (``reliability.components.gpu.per_1000_node_days: must be >= 0``).
+Derivations, measurements and sources: docs/derivations.md, ``collsim.study.goodput.config``.
 """
 
 from __future__ import annotations

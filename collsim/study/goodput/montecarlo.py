@@ -1,32 +1,6 @@
 """Seeded Monte Carlo of a training job's timeline: failures, detection, restart, rollback.
 
-It samples the model of :mod:`collsim.study.goodput.closed_form` event by event, plus what
-the closed form leaves out: which component failed, correlated events that take many nodes at
-once, and a finite pool of spare nodes (a failed node comes back after its repair time; a
-restart that needs more spares than the pool holds waits for repairs).
-
-Each run is a window of ``H`` seconds of a job that has been running for long (a stationary
-window): the state of the job at any instant depends only on the time since its last failure
-(it is recovering if that was less than ``D + R`` ago, else it has trained since that failure
-+ ``D + R``), and looking back from any instant that time is ``Exp(lam)``; so each run draws it,
-then the failures of the window as a Poisson process. Training done inside the window counts
-as kept when it reaches a safe checkpoint, even one written after the window closes (the
-failures of a look-ahead of one period past ``H`` are drawn for that). With this, the expected
-kept training of any window is the closed form's ratio times ``H`` exactly, with no edge term
-from a fresh start or a cut end (the spare pool, which starts full, is the one exception).
-
-The sampling is split in two so that every checkpoint interval sees the same failures (common
-random numbers, which makes the best interval far less noisy):
-
-1. :func:`sample_timelines` draws, per run, the failure times, the failed component, the spare
-   waits, and from them when the job was up. Whether a failure strikes while the job trains or
-   while it recovers does not depend on the interval, because a recovery always takes
-   ``D + R`` (plus any wait for spares) from the failure that started it.
-2. :func:`evaluate_intervals` cuts each up period into ``tau`` of training and ``s`` of stall
-   from its start; a checkpoint is safe ``W`` after its stall; a failure keeps only the safe
-   checkpoints.
-
-Randomness comes only from the ``numpy.random.Generator`` passed in.
+Derivations, measurements and sources: docs/derivations.md, ``collsim.study.goodput.montecarlo``.
 """
 
 from __future__ import annotations

@@ -6,20 +6,17 @@ when no floor left can beat the best kept; a bound that is not a bound would dro
 
 from __future__ import annotations
 
-import warnings
 from typing import TYPE_CHECKING, Any
 
-from collsim.collectives import Group, cost
-from collsim.core.errors import ConfigError
 from collsim.parallel.config import ParallelConfig as Parallel
-from collsim.parallel.layer_comms import layer_comms
 from collsim.parallel.pipeline import Phase, flow, get_schedule
-from collsim.parallel.plan import build_plan, default_order, grid_rank, rank_axes
-from collsim.parallel.states import rank_model_states
+from collsim.parallel.plan import default_order, grid_rank, rank_axes
 from collsim.step.build import bytes_per
 from collsim.step.pricing import ClosedPricer as Pricer
+from collsim.study.search.program_floors import ProgramFloors
 from collsim.study.search.space import Candidate, head_stage
 from collsim.workload.compute import ComputeModel
+from collsim.workload.interference import overlap_slowdown
 from collsim.workload.memory import layer_parameters_per_rank, layers_per_stage, parameters_per_rank
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -29,7 +26,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from collsim.workload.model import TransformerSpec
 
 
-class Bounds:
+class Bounds(ProgramFloors):
     """Cheap bounds of a candidate from the workload layer alone (no schedule).
 
     ``states_bytes``: the model states every rank holds for the whole step (ZeRO table; the
@@ -66,6 +63,7 @@ class Bounds:
         self._moe_comms: dict[tuple[Any, ...], tuple[float, float]] = {}
         self._refined: dict[tuple[Any, ...], float] = {}
         self._pipes: dict[tuple[Any, ...], list[float]] = {}
+        self._init_program()
 
     def _stage_params(self, c: Candidate) -> list[float]:
         """Parameters per rank of the first and the last stage (the others hold fewer)."""
@@ -109,17 +107,15 @@ class Bounds:
         both. Transient buffers and gathered ZeRO-3 units only add."""
         key: tuple[Any, ...] = (c.tp, c.pp, c.dp, c.micro_batch, c.schedule, c.zero)
         key += (c.recompute, c.sequence_parallel, c.offload, c.reshard, c.cp, c.ep)
+        key += (c.virtual_stages,)
         hit = self._acts.get(key)
         if hit is not None:
             return hit
 
-        if self._variant(c) and (c.cp == 1 or self._kinds_vary()):
-            hit = self._acts[key] = self._moe_floor(c) if self.spec.is_moe else 0.0
+        if self._programmed(c):
+            hit = self._acts[key] = self._program_floor(c)
             return hit
         states = self._states(c)
-        if len(self.spec.layer_kinds()) > 1:
-            hit = self._acts[key] = max(states) * (1 - 1e-9)
-            return hit  # layer kinds keep different activations: states only
         model = self._model()
         mb, sp = c.micro_batch, c.sequence_parallel and c.tp > 1
         per_layer = model.layer_times(
@@ -273,23 +269,22 @@ class Bounds:
 
     def _wgrad_work(self, c: Candidate) -> tuple[float, float, float]:
         """Weight-gradient seconds of one micro-batch: the smallest and the largest of a
-        layer's kinds, and the head's (compute model, :attr:`LayerTimes.wgrad_s`)."""
+        layer's kinds, and the head's (compute model, :attr:`LayerTimes.wgrad_s`; a plan
+        read off its program: its parts')."""
+        if self._programmed(c):
+            plan = self._plan_of(c)
+            if plan is None:
+                return 0.0, 0.0, 0.0
+            parts = self._parts_of(c, plan)
+            low, high = parts.wgrad_range()
+            return low, high, parts.head.wgrad_s
         model = self._model()
         spec, mb, sp = self.spec, c.micro_batch, c.sequence_parallel and c.tp > 1
-        kinds: list[dict[str, int]] = [{}]
-        if self._variant(c):
-            kinds = [
-                {"layer": rep, "ep": c.ep, "etp": self.etp, "cp": c.cp}
-                for rep, _ in spec.layer_kinds()
-            ]
-        w = [
-            model.layer_times(
-                spec, micro_batch=mb, tp=c.tp, sequence_parallel=sp, recompute=c.recompute, **kw
-            ).wgrad_s
-            for kw in kinds
-        ]
+        lt = model.layer_times(
+            spec, micro_batch=mb, tp=c.tp, sequence_parallel=sp, recompute=c.recompute
+        )
         ht = model.head_times(spec, micro_batch=mb, tp=c.tp, sequence_parallel=sp)
-        return min(w), max(w), ht.wgrad_s / c.cp
+        return lt.wgrad_s, lt.wgrad_s, ht.wgrad_s
 
     def stage_bounds(self, c: Candidate, stream: list[float] | None = None) -> list[float]:
         """Per stage (the first and the last), a floor on when its rank ends the step.
@@ -307,13 +302,16 @@ class Bounds:
         stream = (
             floor if stream is None else [max(a, b) for a, b in zip(floor, stream, strict=True)]
         )
-        if self._variant(c):
-            return list(stream)
         before, after = self._dp_stage(c)
         serial = c.zero < 3 and not c.overlap
         interferes = c.dp > 1 and (c.zero == 3 or c.overlap)
         factor = 1.0
-        if interferes:
+        busbw = self._busbw_floor(c) if interferes else 0.0
+        if busbw > 0:
+            # a bus bandwidth no higher than the walk's (its highest data-parallel call's)
+            factor = overlap_slowdown(self.topology.device, busbw_bps=busbw,
+                                      memory_bound_share=share)  # fmt: skip
+        elif interferes:
             # the SM term alone: busbw -> 0+ leaves f_hbm -> 0 (formula above)
             device = self.topology.device
             sms = int(getattr(device, "sm_count", None) or 108)
@@ -342,8 +340,11 @@ class Bounds:
         bandwidth, sub-additive in the bytes); with ZeRO-3 every unit's gathers and
         reduce-scatters of every micro-batch; after the optimizer, ZeRO-1/2's all-gather of
         the updated parameters."""
+        if self._programmed(c):
+            program = self._program_dp(c)
+            return program[0], program[1]
         params = self._stage_params(c)
-        if c.dp < 2 or self._variant(c):
+        if c.dp < 2:
             return [0.0] * len(params), [0.0] * len(params)
         key = (c.tp, c.pp, c.dp, c.micro_batch, c.zero, c.reshard, c.offload)
         cached = self._dp.get(key)
@@ -377,84 +378,6 @@ class Bounds:
         self._dp[key] = (before, after)
         return before, after
 
-    def _moe_floor(self, c: Candidate) -> float:
-        """A mixture-of-experts plan's memory floor: per stage, its model states as the
-        schedule allocates them (:meth:`_plan_states`) plus the activations it holds at once
-        (as :meth:`memory_bytes`: ``min(pp - s, m)`` micro-batches of its layers, ``m`` with
-        GPipe), each layer at the smallest activation of the model's layer kinds (dense or
-        expert, as the schedule builds them: :meth:`_block_work`'s kinds); the embedding and
-        the head left out. The fullest stage bounds the peak."""
-
-        states = self._plan_states(c)
-        if not states:
-            return 0.0
-        model = self._model()
-        sp = c.sequence_parallel and c.tp > 1
-        per_layer = min(
-            model.layer_times(
-                self.spec,
-                micro_batch=c.micro_batch,
-                tp=c.tp,
-                sequence_parallel=sp,
-                recompute=c.recompute,
-                layer=rep,
-                ep=c.ep,
-                etp=self.etp,
-                cp=c.cp,
-            ).activation_bytes
-            for rep, _ in self.spec.layer_kinds()
-        )
-        counts = layers_per_stage(self.spec.num_layers, c.pp)
-        m = self.training.global_batch // (c.micro_batch * c.dp)
-        out = 0.0
-        for s, state in enumerate(states):
-            held = m if c.schedule == "gpipe" else min(c.pp - s, m)
-            out = max(out, state + held * counts[s] * per_layer)
-        return out * (1 - 1e-9)
-
-    def _plan_states(self, c: Candidate) -> list[float]:
-        """A mixture-of-experts plan's model states per stage as the schedule allocates them
-        (:func:`collsim.parallel.states.rank_model_states`: dense states over the dp x cp
-        shard group, routed experts over the expert data-parallel one; FP8 copies and kept
-        gathers left out), from the plan itself; empty when no plan builds or the states live
-        in host memory (offload). Kept per shape (the knobs the states depend on)."""
-        key = (c.tp, c.pp, c.dp, c.cp, c.ep, c.zero, c.offload, c.virtual_stages)
-        hit = self._moe_states.get(key)
-        if hit is not None:
-            return hit
-
-        plan = None if c.offload else self._plan_of(c)  # offloaded shards live on the host
-        hit = (
-            []
-            if plan is None
-            else [rank_model_states(plan, s).states.total for s in range(plan.pp)]
-        )
-        self._moe_states[key] = hit
-        return hit
-
-    def _plan_of(self, c: Candidate) -> Any:
-        """The checked plan of ``c`` (``collsim.parallel.plan.Plan``; its warnings
-        silenced), or None when it does not build."""
-
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                return build_plan(self.topology, self.spec, *c.configs(self.training, self.base))
-        except ConfigError:
-            return None
-
-    def _kinds_vary(self) -> bool:
-        """Experts, latent attention or windows: layers that the tables here do not follow."""
-        spec = self.spec
-        return bool(spec.is_moe or spec.is_mla or spec.sliding_window is not None)
-
-    def _variant(self, c: Candidate) -> bool:
-        """Layer kinds, experts or context parallelism: the step is bounded by the compute
-        stream only (per layer the cheapest kind; no data-parallel or optimizer floor, whose
-        shard groups the simple tables here do not follow); :meth:`memory_bytes` keeps a
-        narrower floor for them."""
-        return self._kinds_vary() or c.cp > 1
-
     def _dp_group(self, c: Candidate, stage: int) -> tuple[int, ...]:
         """The data-parallel group of stage ``stage``'s first tp rank (the plan's mapping,
         :meth:`collsim.parallel.plan.Plan.rank`)."""
@@ -467,71 +390,37 @@ class Bounds:
     ) -> tuple[float, float, tuple[float, float], tuple[float, float]]:
         """Compute-stream seconds of one micro-batch: a layer's forward and backward (with
         recompute and the blocking TP collectives), the embedding's and the head's
-        (forward, backward). :meth:`_wgrad_work` gives the weight-gradient parts."""
+        (forward, backward). :meth:`_wgrad_work` gives the weight-gradient parts. A plan read
+        off its program (:meth:`_programmed`): the cheapest layer of its parts (every kind
+        on every stage, its EP / CP collectives at their least exposed), 0 when no plan
+        builds."""
+        if self._programmed(c):
+            plan = self._plan_of(c)
+            if plan is None:
+                return 0.0, 0.0, (0.0, 0.0), (0.0, 0.0)
+            parts = self._parts_of(c, plan)
+            low = parts.cheapest()
+            e, h = parts.embedding, parts.head
+            return (
+                low.forward_s,
+                low.backward_s,
+                (e.forward_s, e.backward_s),
+                (
+                    h.forward_s,
+                    h.backward_s,
+                ),
+            )
         model = self._model()
         spec, mb, sp = self.spec, c.micro_batch, c.sequence_parallel and c.tp > 1
-        kinds: list[dict[str, int]] = [{}]
-        if self._variant(c):  # each layer kind as the schedule builds it; the cheapest bounds
-            kinds = [
-                {"layer": rep, "ep": c.ep, "etp": self.etp, "cp": c.cp}
-                for rep, _ in spec.layer_kinds()
-            ]
-        times = [
-            model.layer_times(
-                spec, micro_batch=mb, tp=c.tp, sequence_parallel=sp, recompute=c.recompute, **kw
-            )
-            for kw in kinds
-        ]
+        lt = model.layer_times(
+            spec, micro_batch=mb, tp=c.tp, sequence_parallel=sp, recompute=c.recompute
+        )
         et = model.embedding_times(spec, micro_batch=mb, tp=c.tp, sequence_parallel=sp)
         ht = model.head_times(spec, micro_batch=mb, tp=c.tp, sequence_parallel=sp)
-        comms = [self._moe_comm_s(c, kw.get("layer")) for kw in kinds]
-        fwd = min(lt.forward_s + cf for lt, (cf, _) in zip(times, comms)) + self._tp_s(c, 2)
+        fwd = lt.forward_s + self._tp_s(c, 2)
         calls = 4 if c.recompute == "full" else 2
-        bwd = min(lt.backward_s + lt.recompute_s + cb for lt, (_, cb) in zip(times, comms))
-        bwd += self._tp_s(c, calls)
-        k = 1.0 / c.cp  # a CP rank embeds and scores its s / cp tokens (schedule.build)
-        return (
-            fwd,
-            bwd,
-            (et.forward_s * k, et.backward_s * k),
-            (ht.forward_s * k, ht.backward_s * k),
-        )
-
-    def _moe_comm_s(self, c: Candidate, layer: int | None) -> tuple[float, float]:
-        """The expert-parallel collectives of one micro-batch of layer kind ``layer`` that
-        block the compute stream (forward, backward seconds): without EP overlap the schedule
-        runs each dispatch, combine, etp gather and scatter as a step of its own
-        (:func:`collsim.step.ops._ep_steps`), priced in closed form on the rank's group
-        at no less than the balanced size; here each at its balanced size (times the routing
-        imbalance when that is below 1) on the cheapest of the stages' groups. 0 for dense
-        layers, with EP overlap, or when no plan builds."""
-        if layer is None or not self.spec.is_moe or self.base.ep_overlap:
-            return 0.0, 0.0
-        key = (c.tp, c.pp, c.dp, c.cp, c.ep, c.micro_batch, c.sequence_parallel, layer)
-        hit = self._moe_comms.get(key)
-        if hit is not None:
-            return hit
-
-        hit = (0.0, 0.0)
-        plan = self._plan_of(c)
-        if plan is not None:
-            scale = min(1.0, float(self.spec.load_imbalance))
-            out = {"forward": 0.0, "backward": 0.0}
-            for comm in layer_comms(plan, layer):
-                if comm.axis not in ("ep", "etp", "ep_node") or comm.overlappable:
-                    continue  # (DeepEP's NVLink leg runs beside its network leg)
-                size = comm.size_bytes * (scale if comm.op == "all_to_all" else 1.0)
-                groups = {
-                    plan.group_of(plan.rank(dp=0, pp=s, tp=0), comm.axis) for s in range(c.pp)
-                }
-                seconds = min(
-                    cost(comm.op, int(size), Group(self.topology, g)).time_s if len(g) > 1 else 0.0
-                    for g in groups
-                )
-                out[comm.phase] += comm.calls * seconds
-            hit = (out["forward"], out["backward"])
-        hit = self._moe_comms[key] = (hit[0] * (1 - 1e-9), hit[1] * (1 - 1e-9))
-        return hit
+        bwd = lt.backward_s + lt.recompute_s + self._tp_s(c, calls)
+        return fwd, bwd, (et.forward_s, et.backward_s), (ht.forward_s, ht.backward_s)
 
     def _compute(self, c: Candidate) -> tuple[list[float], list[float], float, list[float]]:
         """Per stage (first, last): the compute stream's own work (blocks and blocking TP
@@ -541,32 +430,34 @@ class Bounds:
 
         model = self._model()
         spec, mb, sp = self.spec, c.micro_batch, c.sequence_parallel and c.tp > 1
-        lt = model.layer_times(
-            spec, micro_batch=mb, tp=c.tp, sequence_parallel=sp, recompute=c.recompute
-        )
-        et = model.embedding_times(spec, micro_batch=mb, tp=c.tp, sequence_parallel=sp)
-        ht = model.head_times(spec, micro_batch=mb, tp=c.tp, sequence_parallel=sp)
-        layer_s = lt.forward_s + lt.backward_s + lt.recompute_s
-        share = min(1.0, lt.memory_bound_s / layer_s) if layer_s > 0 else 0.0
-        fwd, bwd, _, _ = self._block_work(c)
         counts = layers_per_stage(spec.num_layers, c.pp)
         m = self.training.global_batch // (mb * c.dp)
         v = c.virtual_stages
         pipeline = get_schedule(c.schedule)
         head_at = head_stage(c)
+        fwd, bwd, emb, head = self._block_work(c)
+        sums = self._stage_sums(c) if self._programmed(c) else None
+        if sums is not None:  # each stage's own layers, as its program prices them
+            layer_s, share = 0.0, self._parts_of(c).memory_bound_share
+        else:
+            lt = model.layer_times(
+                spec, micro_batch=mb, tp=c.tp, sequence_parallel=sp, recompute=c.recompute
+            )
+            layer_s = lt.forward_s + lt.backward_s + lt.recompute_s
+            share = min(1.0, lt.memory_bound_s / layer_s) if layer_s > 0 else 0.0
 
         def work(s: int) -> tuple[float, float]:
-            f, b = counts[s] * fwd, counts[s] * bwd
+            f, b = (counts[s] * fwd, counts[s] * bwd) if sums is None else sums[s][:2]
             if s == 0:
-                f, b = f + et.forward_s, b + et.backward_s
+                f, b = f + emb[0], b + emb[1]
             if s == head_at:
-                f, b = f + ht.forward_s, b + ht.backward_s
+                f, b = f + head[0], b + head[1]
             return f, b
 
         def busy(s: int) -> float:
-            out: float = counts[s] * layer_s
-            out += et.forward_s + et.backward_s if s == 0 else 0.0
-            out += ht.forward_s + ht.backward_s if s == head_at else 0.0
+            out: float = counts[s] * layer_s if sums is None else sums[s][2]
+            out += emb[0] + emb[1] if s == 0 else 0.0
+            out += head[0] + head[1] if s == head_at else 0.0
             return m * out
 
         stages = sorted({0, c.pp - 1})
@@ -577,6 +468,10 @@ class Bounds:
             model.optimizer_time_s(n / (c.dp if c.zero >= 1 else 1), optimizer, implementation)
             for n in self._stage_params(c)
         ]
+        if sums is not None:
+            opts = [
+                model.optimizer_time_s(n, optimizer, implementation) for n in self._program_dp(c)[2]
+            ]
         # the last stage starts when the first micro-batch's first chunk has crossed the
         # stages before it (fill), and stage 0 ends after the last micro-batch's last backward
         # chunk has crossed them back (drain); a chunk is 1/v of a stage's layers
@@ -585,10 +480,11 @@ class Bounds:
         fill = sum(work(r)[0] for r in range(last)) / v
         drain = sum(work(r)[1] for r in range(last)) / v
         f0, b0 = work(0)
-        if pipeline.splits_backward or head_at != last:
+        if pipeline.splits_backward or head_at != last or (sums is not None and v > 1):
             # weight-gradient ops may run after the last stage's last backward, and a V
             # places the stages' chunks otherwise: each stage's own work only (the walk of
-            # the schedule, :meth:`_pipeline_ends`, adds the fill and the drain)
+            # the schedule, :meth:`_pipeline_ends`, adds the fill and the drain); a program's
+            # chunks of one stage may hold layers of other kinds (not 1/v of its work)
             fill = drain = 0.0
         stream = [max(m * (f0 + b0), fill + m * (f_last + b_last) + drain)]
         if last:

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from collsim.parallel.states import rank_model_states
 from collsim.study.search.bounds import Bounds
-from collsim.workload.memory import layers_per_stage
 
 if TYPE_CHECKING:  # pragma: no cover
     from collsim.cluster.topology import Topology
@@ -41,8 +39,6 @@ class VariantBounds(Bounds):
     ) -> None:
         super().__init__(topology, spec, training, parallel)
         self._by: dict[tuple[Any, ...], Bounds] = {}
-        self._left_out: dict[tuple[Any, ...], float] = {}
-        self._held: dict[tuple[Any, ...], float] = {}
 
     def _of(self, c: Candidate) -> Bounds:
         key = (c.etp, c.dispatcher, c.ep_overlap, c.cp_algorithm, c.shard_group, c.dtype)
@@ -50,70 +46,12 @@ class VariantBounds(Bounds):
         if hit is None:
             training, parallel = c.configs(self.training, self.base)
             hit = self._by[key] = Bounds(self.topology, self.spec, training, parallel)
+            hit.program = self.program  # one set of program parts for every combination
         return hit
 
     def memory_bytes(self, c: Candidate) -> float:
-        """:meth:`Bounds.memory_bytes` of the plan's combination; for an offloaded MoE plan
-        at least its activations held at once (:func:`_held_activations`), and for FP8 or
-        MoE plans that keep their gathered parameters the states :meth:`Bounds.memory_bytes`
-        leaves out (:meth:`_left_out_bytes`)."""
-        bounds = self._of(c)
-        floor = bounds.memory_bytes(c)
-        if self.spec.is_moe and c.offload:
-            key: tuple[Any, ...] = (
-                c.etp,
-                c.dtype,
-                c.tp,
-                c.pp,
-                c.dp,
-                c.cp,
-                c.ep,
-                c.micro_batch,
-                c.schedule,
-            )
-            key += (c.recompute, c.sequence_parallel)
-            held = self._held.get(key)
-            if held is None:
-                held = self._held[key] = _held_activations(bounds, c)
-            floor = max(floor, held)
-        return floor + self._left_out_bytes(bounds, c)
-
-    def _left_out_bytes(self, bounds: Bounds, c: Candidate) -> float:
-        """What every stage holds besides the floor's states, at the least over the stages
-        (:func:`collsim.parallel.states.rank_model_states`): the FP8 weight copies (ZeRO
-        0-2, kept for the whole step; with offload left out) and, for a MoE plan, the
-        parameters ZeRO-3 keeps gathered from forward to backward (held with the
-        activations at the first backward; the dense floor counts them already)."""
-        fp8 = str(bounds.training.dtype) == "fp8" and c.zero < 3 and not c.offload
-        kept = self.spec.is_moe and c.zero == 3 and not c.reshard and c.dp > 1
-        if not (fp8 or kept):
-            return 0.0
-        key: tuple[Any, ...] = (c.etp, c.dispatcher, c.ep_overlap, c.cp_algorithm)
-        key += (
-            c.shard_group,
-            c.dtype,
-            c.tp,
-            c.pp,
-            c.dp,
-            c.cp,
-            c.ep,
-            c.zero,
-            c.reshard,
-            c.offload,
-            c.virtual_stages,
-        )
-        hit = self._left_out.get(key)
-        if hit is None:
-            plan = bounds._plan_of(c)
-            hit = 0.0
-            if plan is not None:
-                stages = [rank_model_states(plan, s) for s in range(plan.pp)]
-                hit = min(
-                    (st.fp8_copy_bytes if fp8 else 0.0) + (st.kept_gathered_bytes if kept else 0.0)
-                    for st in stages
-                )
-            self._left_out[key] = hit
-        return hit * (1 - 1e-9)
+        """:meth:`Bounds.memory_bytes` of the plan's combination."""
+        return self._of(c).memory_bytes(c)
 
     def step_s(self, c: Candidate) -> float:
         bounds = self._of(c)
@@ -128,35 +66,6 @@ class VariantBounds(Bounds):
         if _hsdp(c):
             return _stream_s(bounds, c, bounds._pipeline_ends(c))
         return bounds.refined_s(c)
-
-
-def _held_activations(bounds: Bounds, c: Candidate) -> float:
-    """A mixture-of-experts plan's activations held at once on its fullest stage, as
-    :meth:`Bounds._moe_floor` counts them (``min(pp - s, m)`` micro-batches of the stage's
-    layers, ``m`` with GPipe, each layer at the smallest activation of the model's layer
-    kinds), without the model states: the floor of a plan whose states live in host memory
-    (offload), which :meth:`Bounds.memory_bytes` leaves at 0."""
-    model = bounds._model()
-    spec = bounds.spec
-    per_layer = min(
-        model.layer_times(
-            spec,
-            micro_batch=c.micro_batch,
-            tp=c.tp,
-            sequence_parallel=c.sequence_parallel and c.tp > 1,
-            recompute=c.recompute,
-            layer=rep,
-            ep=c.ep,
-            etp=c.etp,
-            cp=c.cp,
-        ).activation_bytes
-        for rep, _ in spec.layer_kinds()
-    )
-    counts = layers_per_stage(spec.num_layers, c.pp)
-    m = bounds.training.global_batch // (c.micro_batch * c.dp)
-    held = [m if c.schedule == "gpipe" else min(c.pp - s, m) for s in range(c.pp)]
-    most = max(h * n for h, n in zip(held, counts, strict=True))
-    return float(most * per_layer) * (1 - 1e-9)
 
 
 def _hsdp(c: Candidate) -> bool:

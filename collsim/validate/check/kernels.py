@@ -1,28 +1,6 @@
 """``collsim validate kernels``: a measured device profile against a device's compute model.
 
-For every entry of a profile's ``measured:`` section (``collsim validate compute -o``), the
-kernel it timed is priced by :class:`collsim.workload.compute.ComputeModel` on the device named
-(a catalogue key, or a device file), through the same methods the workload uses:
-
-- GEMM ``[m, n, k, dtype, tflops]``: ``ComputeModel(device, dtype).gemm_time_s(Gemm(m, n, k))``
-  (the profile's rate is the mean over the forward, dgrad and wgrad layouts of that shape);
-- attention ``[kernel, causal, head_dim, seq, fwd, bwd]``: the ``flash_attention`` op (fused
-  kernels) or the ``attn_scores`` + ``softmax`` + ``attn_values`` ops (``eager``, priced as
-  PyTorch runs them op by op: ``fused_kernels=False``) of ``ComputeModel.layer_times`` for a
-  layer of the profile's batch, heads and head dim at that sequence length, forward and
-  backward; the profile counts FLOPs as ops.py does (causal half, backward 2.5 x forward);
-- memory-bound ``[size_bytes, gbps]``: the fp32 ``torch.add`` the profile timed as an
-  element-wise op of those bytes (1 FLOP per element, as ops.py counts an add) through
-  ``ComputeModel.op_cost``;
-- activation ``[kind, elements, fwd, bwd]``: the MLP ``activation`` op (GELU, or SwiGLU as
-  eager PyTorch runs it: ``fused_kernels=False``) of that many elements in the profile's
-  activation dtype, forward and backward, through ``ComputeModel.op_cost``;
-- optimizer: ``ComputeModel(device, "fp32").optimizer_time_s`` of the profile's SGD step
-  (bytes counted as the profile counts them: ``optimizer_bytes_per_param("sgd", "fp32")``);
-- host: the measured host cost per kernel against the model's ``host_s``.
-
-``ratio = measured_s / model_s``: above 1 the device is slower than its model says. Times are
-whole kernels as the model charges them (launch floor and host cost included).
+Derivations, measurements and sources: docs/derivations.md, ``collsim.validate.check.kernels``.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from collsim.core.vocab import Dtype, Optimizer
 from collsim.parallel.config import DDPConfig, FSDPConfig, ParallelConfig, TrainingConfig
 from collsim.play.engine.step import simulate_step
 from collsim.step.stragglers import SlowGPU, StragglerConfig
-from collsim.validate.measure.compute import cpu_share
+from collsim.validate.measure.concurrency import cpu_share
 from collsim.validate.measure.insitu import (
     insitu_topology,
     peer_idle_boost,
@@ -71,8 +71,8 @@ def simulate_modes(
             from the compute MODEL fed by that profile (its generic kernel grid, none of this
             model's shapes), not from the blocks profiled on this model and with no scaling
             to the measured step. When the ranks' threads exceed the cores, every rate is
-            divided by :func:`collsim.validate.measure.compute.cpu_share` (the OS shares the cores
-            evenly between the busy threads).
+            divided by :func:`collsim.validate.measure.concurrency.cpu_share` (the OS shares the
+            cores evenly between the busy threads).
         measured_factor: simulate a ``+straggler`` mode's slowed rank at its measured speed
             (local step over local step plus its measured extra seconds) instead of the
             nominal 1 / ``straggler_repeat``.

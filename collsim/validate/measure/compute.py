@@ -1,27 +1,12 @@
 """``collsim validate compute``: time a generic grid of kernels on the local device and write a
 device profile (the device schema of :mod:`collsim.cluster.hardware`, with a ``measured:`` section).
 
-The grid is generic, not the shapes of any model: GEMMs with each dimension in
-:data:`GEMM_DIMS` (64 ... 4096, none of 256 / 768 / 1024, so that the small GPT of
-``validate step`` is never in it) for each dtype the device runs, up to a FLOP cap; fused
-attention (PyTorch SDPA, each backend the device has: ``flash`` as ``flash2``, ``math`` as
-``eager``; on CUDA also ``cudnn``) over sequence lengths 128-4096 and head dims 64 / 128, causal,
-forward and backward (on a CPU one sequence of 4 heads in fp32; on CUDA in bf16, the layout of
-the FlashAttention benchmarks: 16k tokens of hidden 2048, see :func:`attention_shape`); a
-memory-bound kernel (``torch.add(a, b, out=c)``: 3 tensors) from 64 KiB
-to 256 MiB; the optimizer step (torch SGD over a list of tensors, as ``validate step`` trains);
-and the host cost of one tiny op. Each point is the median of ``reps`` timings after one warm-up.
-
-Threads: the ranks of ``validate step`` run with one thread each (``validate.launch``), so the
-profile is timed with ``threads`` (default 1) threads and says so; ``validate step`` divides its
-rates by ``ranks x threads / cores`` when the ranks share the cores (see ``cpu_share``).
+Derivations, measurements and sources: docs/derivations.md, ``collsim.validate.measure.compute``.
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
-import queue
 import statistics
 import time
 from collections.abc import Callable
@@ -32,6 +17,8 @@ from typing import Any
 import yaml
 
 from collsim.cluster.hardware import get_device
+from collsim.validate.measure.cold import _cold_blocks, _next_slot, _pool, _slot
+from collsim.validate.measure.concurrency import concurrency_slowdown
 from collsim.workload.compute import optimizer_bytes_per_param
 
 __all__ = [
@@ -39,9 +26,6 @@ __all__ = [
     "GEMM_DIMS",
     "measure_profile",
     "write_profile",
-    "cpu_share",
-    "concurrency_slowdown",
-    "PROBE_KINDS",
     "attention_shape",
     "CPU_ATTENTION_HEADS",
     "CUDA_ATTENTION_TOKENS",
@@ -91,7 +75,7 @@ class ComputeGrid:
     threads: int = 1
     concurrency: bool = True
     """Measure ``concurrent_slowdown`` and ``concurrent_memory_slowdown`` (CPU only; spawns one
-    process per core, ~30 s)."""
+    process per core)."""
 
     @classmethod
     def full(cls, device: str = "cpu") -> ComputeGrid:
@@ -129,63 +113,6 @@ def _median_time(fn: Callable[[], Any], reps: int, sync: Callable[[], None]) -> 
         sync()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
-
-
-COLD_BYTES = 64 * 2**20
-"""Operand bytes cycled through per GEMM shape, above a CPU's last-level cache and a GPU's L2:
-in training a GEMM's operands (a weight used once per micro-batch, an activation written by
-other kernels in between) are not cache-resident as a benchmark that reuses one pair is (hot
-and cold rates in docs/derivations.md, measurements)."""
-
-
-_POOLS: dict[tuple[str, str, str], Any] = {}
-
-
-def _pool(torch: Any, dev: Any, dtype: Any, role: str = "in") -> Any:
-    """One flat random buffer of :data:`COLD_BYTES` per device, dtype and role (``in``: GEMM
-    operands, ``out``: GEMM results); operands and results are views into it, so that no
-    shape pays for filling its own buffers."""
-    key = (str(dev), str(dtype), role)
-    if key not in _POOLS:
-        elems = COLD_BYTES // (torch.finfo(dtype).bits // 8)
-        _POOLS[key] = torch.randn(elems, device=dev, dtype=dtype)
-    return _POOLS[key]
-
-
-_CURSOR = [0]
-
-
-def _next_slot(count: int) -> int:
-    """The next slot of ``count``, from one cursor every cold timing shares: consecutive
-    calls, across layouts, shapes and sections, take consecutive slots, so that none finds
-    what the call before it touched until a pool wraps."""
-    _CURSOR[0] += 1
-    return _CURSOR[0] % count
-
-
-def _slot(pool: Any, slot: int, elems: int, count: int) -> list[Any]:
-    """The ``count`` consecutive views of ``elems`` each that make up block ``slot`` of a
-    flat pool (a kernel's operands and result)."""
-    base = slot * count * elems
-    return [pool[base + j * elems : base + (j + 1) * elems] for j in range(count)]
-
-
-MAX_COLD_BYTES = 3 * 2**30 // 2
-"""Largest pool a size gets of its own (1.5 GiB): room for the 4 blocks of the largest default
-memory-bound size (256 MiB moved: 1 GiB); a size past it is left out of the table."""
-
-
-def _cold_blocks(torch: Any, dev: Any, dtype: Any, block_elems: int) -> tuple[Any, int] | None:
-    """A pool of at least 4 blocks of ``block_elems`` (at most 64): the shared
-    :data:`COLD_BYTES` pool where it holds 4, else one of its own of 4 blocks (filled once,
-    outside any timing); None when 4 blocks exceed :data:`MAX_COLD_BYTES`."""
-    pool = _pool(torch, dev, dtype, "out")
-    if pool.numel() < 4 * block_elems:
-        itemsize = torch.finfo(dtype).bits // 8
-        if 4 * block_elems * itemsize > MAX_COLD_BYTES:
-            return None
-        pool = torch.empty(4 * block_elems, device=dev, dtype=dtype).uniform_(-1.0, 1.0)
-    return pool, min(64, pool.numel() // block_elems)
 
 
 def _gemm_time(
@@ -533,92 +460,6 @@ def measure_profile(
     return out
 
 
-PROBE_KINDS = ("compute", "memory")
-"""The concurrency probe's two kernel mixes: ``compute``, fp32 GEMMs of 400 x 400 x 400; and
-``memory``, a streaming add of 4 MiB vectors; each on cold operands into cold results."""
-
-
-def _probe_worker(kind: str, iters: int, start: Any, out: Any) -> None:
-    """One of :data:`PROBE_KINDS` on cold operands into cold results, as the rest of the
-    profile times its kernels (views cycling through pools past the core's own cache), timed
-    (runs in its own process).
-
-    Ranks on separate cores share the last-level cache and the memory bandwidth, so what they
-    cost one another depends on the traffic that reaches those, and differs between GEMMs
-    (operands reused from the core's cache) and streaming kernels (docs/derivations.md,
-    measurements)."""
-    # torch is optional (the validate extra): imported where ranks run
-    import torch
-
-    torch.set_num_threads(1)
-    side, elems = 400, 1 << 20
-    mats = torch.randn(16 * 2**20 // 4)  # 16 MiB of 400 x 400 fp32 triples
-    vecs = torch.randn(COLD_BYTES // 4)  # 64 MiB of 4 MiB vector triples
-    n_mats, n_vecs = mats.numel() // (3 * side * side), vecs.numel() // (3 * elems)
-
-    def once(i: int) -> None:
-        if kind == "compute":
-            a, b, c = (v.view(side, side) for v in _slot(mats, i % n_mats, side * side, 3))
-            torch.mm(a, b, out=c)
-        else:
-            x, y, z = _slot(vecs, i % n_vecs, elems, 3)
-            torch.add(x, y, out=z)
-
-    once(0)
-    start.wait()
-    t0 = time.perf_counter()
-    for i in range(iters):
-        once(i)
-    out.put(time.perf_counter() - t0)
-
-
-def concurrency_slowdown(
-    processes: int, kind: str = "compute", iters: int = 400, timeout_s: float = 120.0
-) -> float:
-    """How much slower one process of ``processes`` running the ``kind`` mix
-    (:data:`PROBE_KINDS`) at once is than one running alone (shared last-level cache, memory
-    bandwidth and, on a VM, whatever the vCPUs share underneath): median concurrent time over
-    the solo time. Measured, not assumed; ``validate step`` divides a profile's compute rates
-    by the ``compute`` one and its memory-bound rates by the ``memory`` one for ranks that run
-    at the same time on separate cores."""
-
-    if kind not in PROBE_KINDS:
-        raise ValueError(f"kind must be one of {', '.join(PROBE_KINDS)}, got {kind!r}")
-    ctx = mp.get_context("spawn")
-
-    def run(n: int) -> list[float]:
-        start, out = ctx.Event(), ctx.Queue()
-        procs = [
-            ctx.Process(target=_probe_worker, args=(kind, iters, start, out)) for _ in range(n)
-        ]
-        for p in procs:
-            p.start()
-        time.sleep(2.0)  # let every process import torch before the start signal
-        start.set()
-        times: list[float] = []
-        deadline = time.monotonic() + timeout_s
-        try:
-            while len(times) < n:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"concurrency probe: no result within {timeout_s} s")
-                if any(p.exitcode not in (None, 0) for p in procs):
-                    raise RuntimeError("concurrency probe: a worker process failed")
-                try:
-                    times.append(out.get(timeout=1.0))
-                except queue.Empty:
-                    continue
-        finally:
-            for p in procs:
-                p.join(timeout=5.0)
-                if p.is_alive():
-                    p.terminate()
-        return times
-
-    solo = statistics.median(run(1) + run(1))
-    together = statistics.median(run(processes))
-    return max(1.0, together / solo)
-
-
 def write_profile(
     path: str | Path,
     measured: dict[str, Any],
@@ -665,30 +506,3 @@ def write_profile(
         header + yaml.safe_dump(doc, sort_keys=False, width=100, default_flow_style=None)
     )
     return out
-
-
-def cpu_share(
-    ranks_per_node: int,
-    threads_per_rank: int,
-    cores: int,
-    profile_threads: int,
-    concurrent_slowdown: float = 1.0,
-) -> float:
-    """How much slower each rank computes than the profile measured: the ranks' threads over
-    the cores when they exceed them (the OS time-slices the cores evenly), else 1; relative to
-    the threads the profile was timed with (its rates are per ``profile_threads`` threads);
-    and, when more than one thread is busy, x the profile's measured ``concurrent_slowdown``
-    (threads on separate cores share the last-level cache and the memory bandwidth)::
-
-        share = max(1, ranks_per_node x threads_per_rank / cores)
-                x profile_threads / threads_per_rank   (only when the rank has fewer threads)
-    """
-    busy = ranks_per_node * threads_per_rank
-    share = max(1.0, busy / max(1, cores))
-    if threads_per_rank < profile_threads:
-        share *= profile_threads / threads_per_rank
-    if busy > 1:
-        # threads on separate cores still share the cache and memory: the measured slowdown
-        # of ``cores`` concurrent processes (a profile's ``concurrent_slowdown``)
-        share *= concurrent_slowdown
-    return share

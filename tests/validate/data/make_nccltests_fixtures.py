@@ -181,7 +181,7 @@ def rccl_log(text: str, rows: list[dict[str, Any]]) -> str:
 
 
 def main() -> None:
-    from collsim.validate.data.nccltests import format_json, format_log
+    from collsim.validate.data.nccltests_format import format_json, format_log
 
     note = (
         "Test fixture written by tests/validate/data/make_nccltests_fixtures.py: collsim's\n"

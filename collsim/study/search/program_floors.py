@@ -1,0 +1,369 @@
+"""The floors of :class:`collsim.study.search.bounds.Bounds` that are read off a plan's step
+program: the memory floor of MoE, CP and FP8 plans (model states as the program's data-parallel
+rules count them over its tensors, the activations its schedule's order holds), the compute
+stream of each stage from the program's parts (:mod:`collsim.study.search.parts`) and the
+data-parallel calls of the plan's own rules.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import TYPE_CHECKING, Any
+
+from collsim.core.errors import ConfigError
+from collsim.parallel.params import chunk_tensors
+from collsim.parallel.pipeline import get_schedule
+from collsim.parallel.plan import build_plan
+from collsim.parallel.states import rank_model_states
+from collsim.step.dataparallel import DataParallelRules
+from collsim.step.ops import ChunkModel, StageModel
+from collsim.step.pricing import ClosedPricer
+from collsim.study.search.parts import PlanParts, ProgramParts, held_counts
+
+if TYPE_CHECKING:  # pragma: no cover
+    from collsim.cluster.topology import Topology
+    from collsim.parallel.config import ParallelConfig, TrainingConfig
+    from collsim.step.dataparallel import BytesPer
+    from collsim.study.search.space import Candidate
+    from collsim.workload.model import TransformerSpec
+
+__all__ = ["ProgramFloors"]
+
+
+class ProgramFloors:
+    """The program-read floors of :class:`~collsim.study.search.bounds.Bounds` (a base class:
+    the bounds set the attributes below and call :meth:`_init_program`)."""
+
+    topology: Topology
+    spec: TransformerSpec
+    training: TrainingConfig
+    base: ParallelConfig
+    per: BytesPer
+    _pricer: ClosedPricer | None
+
+    def _init_program(self) -> None:
+        self.program = ProgramParts()
+        """The plans' step-program parts (shared by the bounds of every knob combination)."""
+        self._sums: dict[tuple[Any, ...], list[tuple[float, float, float]] | None] = {}
+        self._program_dps: dict[tuple[Any, ...], tuple[list[float], ...]] = {}
+        self._busbw: dict[tuple[Any, ...], list[float]] = {}
+        self._mem_states: dict[tuple[Any, ...], list[float]] = {}
+        self._mem_chunks: dict[tuple[Any, ...], list[list[float]]] = {}
+        self._tensors: dict[tuple[Any, ...], StageModel] = {}
+
+    def _busbw_floor(self, c: Candidate) -> float:
+        """A bus bandwidth at or below the highest of the plan's data-parallel calls (a
+        program-read ZeRO-3 plan's layer-unit gather, :meth:`_unit_busbw`, on its least
+        stage); 0 when unknown."""
+        if not (self._programmed(c) and c.zero == 3):
+            return 0.0
+        self._program_dp(c)
+        key: tuple[Any, ...] = (c.tp, c.cp, c.pp, c.dp, c.ep, c.etp, c.micro_batch, c.zero)
+        key += (c.reshard, c.offload, c.schedule, c.virtual_stages)
+        return min(self._busbw.get(key) or [0.0])
+
+    def _program_floor(self, c: Candidate) -> float:
+        """The memory floor of a plan read off its step program: per stage, the model states
+        as the stage builder allocates them for the whole step
+        (:func:`collsim.parallel.states.rank_model_states`: dense states over the dp x cp
+        shard group, routed experts over the expert data-parallel one, the FP8 weight copies;
+        none with offload, whose shards live in host memory; ZeRO-3's parameters kept
+        gathered from forward to backward) plus the activations its schedule holds at the end
+        of a forward op (:func:`held_counts` of the chunks' kept activations, each layer at
+        its kind's, the embedding and the head where the schedule places them). The fullest
+        stage bounds the peak; 0 when no plan builds."""
+        shape = self._memory_shape(c)
+        if shape is None:
+            return 0.0
+        states, chunks = shape
+        m = self.training.global_batch // (c.micro_batch * c.dp)
+        out = 0.0
+        for s, (state, held) in enumerate(zip(states, chunks, strict=True)):
+            counts = held_counts(c.schedule, pp=c.pp, m=m, v=c.virtual_stages, stage=s)
+            acts = max(
+                (sum(n * b for n, b in zip(vec, held, strict=True)) for vec in counts),
+                default=0.0,
+            )
+            out = max(out, state + acts)
+        return out * (1 - 1e-9)
+
+    def _memory_shape(self, c: Candidate) -> tuple[list[float], list[list[float]]] | None:
+        """Per stage, the model states :meth:`_program_floor` counts and each chunk's kept
+        activations of one micro-batch (kept per the knobs each depends on); None when no
+        plan builds."""
+        kept = c.zero == 3 and not c.reshard and c.dp > 1
+        fp8 = str(self.training.dtype) == "fp8"
+        skey: tuple[Any, ...] = (c.tp, c.cp, c.pp, c.dp, c.ep, c.etp, c.zero, c.offload, kept)
+        skey += (fp8, c.schedule, c.virtual_stages, c.dtype, c.shard_group, c.bucket_view)
+        ckey: tuple[Any, ...] = (c.tp, c.cp, c.pp, c.dp, c.ep, c.etp, c.micro_batch)
+        ckey += (c.recompute, c.sequence_parallel, c.dispatcher, c.ep_overlap, c.cp_algorithm)
+        ckey += (c.dtype, c.zero if str(self.training.dtype) == "fp8" else None)
+        ckey += (c.schedule, c.virtual_stages)
+        states = self._mem_states.get(skey)
+        chunks = self._mem_chunks.get(ckey)
+        if states is not None and chunks is not None:
+            return states, chunks
+        plan = self._plan_of(c)
+        if plan is None:
+            return None
+        if states is None:
+            # the states as the program's data-parallel rules count them over its tensors
+            rules = DataParallelRules.from_plan(
+                plan, self.per, host_bps=float(self.topology.host_bandwidth_bps)
+            )
+            states = []
+            for s in range(plan.pp):
+                sb = rules.state_bytes(self._stage_tensors(plan, s))
+                state = sb.parameters + sb.gradients + sb.optimizer + sb.ddp_buckets
+                if kept and not c.offload:
+                    state += rank_model_states(plan, s).kept_gathered_bytes
+                states.append(state)
+            self._mem_states[skey] = states
+        if chunks is None:
+            parts = self._parts_of(c, plan)
+            v = plan.virtual_stages
+            last = plan.pp * v - 1
+            chunks = []
+            for s in range(plan.pp):
+                row = []
+                for k in range(v):
+                    part = plan.pipeline_schedule.part_of(s, k, plan.pp, v)
+                    held = sum(parts.layer(s, i).stored_bytes for i in plan.chunk_layers(s, k))
+                    held += parts.embedding.stored_bytes if part == 0 else 0.0
+                    row.append(held + (parts.head.stored_bytes if part == last else 0.0))
+                chunks.append(row)
+            self._mem_chunks[ckey] = chunks
+        return states, chunks
+
+    def _parts_of(self, c: Candidate, plan: Any = None) -> PlanParts:
+        """The step-program parts of ``c``'s plan (:class:`ProgramParts`), shared by the plans
+        that differ only in knobs no segment depends on (the data-parallel knobs but the
+        ZeRO stage of an FP8 plan, whose weight casts it sets; the schedule)."""
+        fp8 = str(self.training.dtype) == "fp8"
+        key: tuple[Any, ...] = (c.tp, c.cp, c.pp, c.dp, c.ep, c.etp, c.micro_batch, c.recompute)
+        key += (c.sequence_parallel, c.dispatcher, c.ep_overlap, c.cp_algorithm, c.dtype)
+        key += (c.zero if fp8 else None, id(self.training), id(self.base))
+        hit = self.program._parts.get(key)
+        if hit is not None:
+            return hit
+        if plan is None:
+            plan = self._plan_of(c)
+        return self.program.of(plan, key)
+
+    def _stage_sums(self, c: Candidate) -> list[tuple[float, float, float]] | None:
+        """Per stage, the compute stream's floor of one micro-batch through its layers
+        (forward, backward) and their compute seconds alone, read off the program's parts;
+        None when no plan builds."""
+        key: tuple[Any, ...] = (c.tp, c.cp, c.pp, c.dp, c.ep, c.etp, c.micro_batch, c.recompute)
+        key += (c.sequence_parallel, c.dispatcher, c.ep_overlap, c.cp_algorithm, c.dtype)
+        key += (c.zero, c.schedule, c.virtual_stages)
+        if key in self._sums:
+            return self._sums[key]
+        plan = self._plan_of(c)
+        out = None
+        if plan is not None:
+            parts = self._parts_of(c, plan)
+            out = []
+            for s in range(plan.pp):
+                layers = [parts.layer(s, i) for i in plan.stage_layers(s)]
+                out.append(
+                    (
+                        sum(p.forward_s for p in layers),
+                        sum(p.backward_s for p in layers),
+                        sum(p.compute_s for p in layers),
+                    )
+                )
+        self._sums[key] = out
+        return out
+
+    def _program_dp(self, c: Candidate) -> tuple[list[float], list[float], list[float]]:
+        """Per stage (first, last) of a plan read off its program: the data-parallel calls'
+        seconds before the optimizer and after it, and the parameters its optimizer steps,
+        from the plan's own data-parallel rules
+        (:class:`collsim.step.dataparallel.DataParallelRules`: their groups, shard sizes
+        and calls; dense and routed-expert parameters apart). Each kind's reduction as one
+        call of all the stage's gradients (bucketed calls cost more: a collective's closed
+        form is sub-additive in the bytes); ZeRO-2 reduces every micro-batch, ZeRO-0/1 once;
+        ZeRO-1/2 gather the updated parameters after the optimizer. ZeRO-3: the stage's
+        layer units gathered once per micro-batch (once per step when they stay gathered:
+        kept after forward and gradients synced once per step) and reduced once per
+        micro-batch (once per step when synced once), and gathered again in every whole
+        backward when resharded after forward; the embedding and the head left out. Zeros
+        when no plan builds."""
+        key: tuple[Any, ...] = (c.tp, c.cp, c.pp, c.dp, c.ep, c.etp, c.micro_batch, c.zero)
+        key += (c.reshard, c.offload, c.schedule, c.virtual_stages)
+        hit = self._program_dps.get(key)
+        if hit is not None:
+            return hit[0], hit[1], hit[2]
+        stages = sorted({0, c.pp - 1})
+        plan = self._plan_of(c)
+        zeros = [0.0] * len(stages)
+        if plan is None:
+            self._program_dps[key] = (zeros, zeros, zeros)
+            return zeros, zeros, zeros
+        if self._pricer is None:
+            self._pricer = ClosedPricer(self.topology)
+        rules = DataParallelRules.from_plan(
+            plan, self.per, host_bps=float(self.topology.host_bandwidth_bps)
+        )
+        m = plan.num_microbatches
+        before: list[float] = []
+        after: list[float] = []
+        local: list[float] = []
+        busbw: list[float] = []
+        pricer = self._pricer
+        for s in stages:
+            rank = plan.rank(dp=0, pp=s, tp=0)
+
+            def price(calls: list[Any], r: int = rank) -> float:
+                return float(
+                    sum(pricer.cost(x.op, x.size_bytes, plan.group_of(r, x.axis)).time_s
+                        for x in calls)
+                )  # fmt: skip
+
+            numel = self._stage_numel(plan, s)
+            n, n_e = rules.shard_sizes
+            dense, expert = numel["all"]
+            local.append(dense / n + expert / n_e if c.zero >= 1 else dense + expert)
+            if c.zero == 3:
+                busbw.append(self._unit_busbw(plan, s, rules, rank))
+                dense_l, expert_l = numel["layers"]
+                gathers = price(rules.gather_calls(dense_l, expert=False))
+                gathers += price(rules.gather_calls(expert_l, expert=True))
+                reduces = price(rules.reduce_calls(dense_l, expert=False, shard=True))
+                reduces += price(rules.reduce_calls(expert_l, expert=True, shard=True))
+                once = rules.sync_once
+                # a unit is gathered where it is not held: in every forward unless a
+                # backward kept it (synced once: only the first); resharded after forward,
+                # again in every whole backward (DataParallelRules.releases)
+                times = 1 if once else m
+                if c.reshard and not get_schedule(c.schedule).splits_backward:
+                    times += m
+                before.append(times * gathers + (1 if once else m) * reduces)
+                after.append(0.0)
+                continue
+            times = m if c.zero == 2 else 1
+            if rules.any_group < 2:
+                before.append(0.0)
+            else:
+                reduce = price(rules.reduce_calls(dense, expert=False, shard=c.zero >= 1))
+                reduce += price(rules.reduce_calls(expert, expert=True, shard=c.zero >= 1))
+                before.append(times * reduce)
+            gather = 0.0
+            if c.zero in (1, 2):
+                gather = price(rules.gather_calls(dense, expert=False))
+                gather += price(rules.gather_calls(expert, expert=True))
+            after.append(gather)
+        self._program_dps[key] = (before, after, local)
+        self._busbw[key] = busbw
+        return before, after, local
+
+    def _unit_busbw(self, plan: Any, stage: int, rules: DataParallelRules, rank: int) -> float:
+        """The bus bandwidth of one call the stage's rank makes under ZeRO-3: the gathers of
+        the stage's first layer unit (its dense part, then its routed experts, as
+        :meth:`DataParallelRules.unit_gathers`); the highest of them (the walk's interference
+        takes the highest of all its data-parallel calls, so this is no more). 0 when
+        none."""
+        layers = plan.stage_layers(stage)
+        if not layers:
+            return 0.0
+        chunk = self._stage_tensors(plan, stage).chunks[0]
+        first = [t for t in chunk.tensors if t.segment == chunk.layers.start]
+        dense = sum(t.numel for t in first if not t.expert)
+        expert = sum(t.numel for t in first if t.expert)
+        calls = rules.gather_calls(dense, expert=False) + rules.gather_calls(expert, expert=True)
+        assert self._pricer is not None
+        return max(
+            (
+                self._pricer.cost(x.op, x.size_bytes, plan.group_of(rank, x.axis)).busbw_bps
+                for x in calls
+            ),
+            default=0.0,
+        )
+
+    def _stage_tensors(self, plan: Any, stage: int) -> StageModel:
+        """A stage's chunks with the parameter tensors its program gives them
+        (:func:`collsim.parallel.params.chunk_tensors`, as :func:`collsim.step.ops.build_stage`
+        places the embedding and the head) and no segments; kept per shape (the model and the
+        layer split are the search's)."""
+        key: tuple[Any, ...] = (plan.tp, plan.pp, plan.ep, plan.etp, plan.virtual_stages)
+        key += (plan.head_stage,)
+        key += (str(plan.parallel.schedule), stage)
+        hit = self._tensors.get(key)
+        if hit is not None:
+            return hit
+        v = plan.virtual_stages
+        pp = plan.pp if plan.head_stage != 0 else 1  # a tied head on the embedding's stage
+        chunks = []
+        for k in range(v):
+            part = plan.pipeline_schedule.part_of(stage, k, plan.pp, v)
+            layers = plan.chunk_layers(stage, k)
+            tensors = chunk_tensors(
+                self.spec,
+                layers,
+                tp=plan.tp,
+                first=part == 0,
+                last=part == plan.pp * v - 1,
+                pp=pp,
+                ep=plan.ep,
+                etp=plan.etp,
+            )
+            chunks.append(ChunkModel(k, layers, tensors, [], []))
+        hit = self._tensors[key] = StageModel(stage, chunks)
+        return hit
+
+    def _stage_numel(self, plan: Any, stage: int) -> dict[str, tuple[float, float]]:
+        """A stage's parameters on one rank (dense, routed experts): all of them, and its
+        layers' alone (:meth:`_stage_tensors`)."""
+        dense = expert = dense_l = expert_l = 0.0
+        for chunk in self._stage_tensors(plan, stage).chunks:
+            for t in chunk.tensors:
+                layer = isinstance(t.segment, int)
+                if t.expert:
+                    expert += t.numel
+                    expert_l += t.numel if layer else 0.0
+                else:
+                    dense += t.numel
+                    dense_l += t.numel if layer else 0.0
+        return {"all": (dense, expert), "layers": (dense_l, expert_l)}
+
+    def _plan_states(self, c: Candidate) -> list[float]:
+        """The model states per stage as the stage builder allocates them
+        (:func:`collsim.parallel.states.rank_model_states`); empty when no plan builds or the
+        states live in host memory (offload)."""
+        plan = None if c.offload else self._plan_of(c)
+        return (
+            []
+            if plan is None
+            else [rank_model_states(plan, s).states.total for s in range(plan.pp)]
+        )
+
+    def _plan_of(self, c: Candidate) -> Any:
+        """The checked plan of ``c`` (``collsim.parallel.plan.Plan``; its warnings
+        silenced), or None when it does not build."""
+
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return build_plan(self.topology, self.spec, *c.configs(self.training, self.base))
+        except ConfigError:
+            return None
+
+    def _kinds_vary(self) -> bool:
+        """Experts, latent attention or windows: layers that the tables here do not follow."""
+        spec = self.spec
+        return bool(spec.is_moe or spec.is_mla or spec.sliding_window is not None)
+
+    def _programmed(self, c: Candidate) -> bool:
+        """Floors read off the step program's parts (:mod:`collsim.study.search.parts`):
+        layer kinds, experts, context parallelism or FP8, whose layers the workload tables
+        alone do not price as the program does (FP8 casts and kept inputs, EP and CP
+        collectives)."""
+        return self._variant(c) or str(self.training.dtype) == "fp8"
+
+    def _variant(self, c: Candidate) -> bool:
+        """Layer kinds, experts or context parallelism: the step is bounded by the compute
+        stream only (per layer the cheapest kind; no data-parallel or optimizer floor, whose
+        shard groups the simple tables here do not follow); :meth:`memory_bytes` keeps a
+        narrower floor for them."""
+        return self._kinds_vary() or c.cp > 1
