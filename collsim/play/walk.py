@@ -56,7 +56,8 @@ class _Rank:
     pp_free: float = 0.0
     dp_free: float = 0.0
     dp_last_end: float = 0.0
-    deferred: list[tuple[PipeOp, ChunkModel, Bucket]] = field(default_factory=list)
+    deferred: list[_Reduction] = field(default_factory=list)
+    """Bucket reductions issued at the end of the backward (without overlap)."""
     gathered: dict[tuple[int, str | int], float] = field(default_factory=dict)
     """ZeRO-3 units gathered or in flight: (chunk, unit) -> when the gather ends."""
 
@@ -203,7 +204,8 @@ class _Walk:
             yield self.advance(prog)
 
     def advance(self, prog: _Rank) -> bool:
-        """Run the rank's ops while their inputs have been sent; True if any ran."""
+        """Run the rank's ops (ZeRO-3: segment by segment) while their inputs have been sent;
+        True if any ran."""
         ops = self.schedule.pipeline[prog.coords.pp]
         links = self.links(prog.coords.pp)
         ran = False
@@ -233,10 +235,7 @@ class _Walk:
             prog.breakdown_s["pp_exposed"] += folded
             chunk = self.schedule.stages[prog.coords.pp].chunks[op.chunk]
             paired = prog.next_op in self.schedule.paired.get(prog.coords.pp, ())
-            if self.rules.zero == 3:
-                self.run_segments(prog, op, chunk, paired)
-            else:
-                self.run_fused(prog, op, chunk, paired)
+            self.run_segments(prog, op, chunk, paired)
             if dest is not None:
                 self.send_output(prog, op, dest)
             prog.next_op += 1
@@ -269,6 +268,8 @@ class _Walk:
         received, sent = -float(size), float(size)
         rules = self.rules
         buckets_on = rules.uses_buckets
+        overlap = rules.overlap
+        tally_of = self.stats.tally
         runs = self._runs
         plans: dict[tuple[int, Phase, bool], _OpPlan] = {}
         sends: dict[int, tuple[float, float, CallTally, int, list[MemoryEvent]]] = {}
@@ -327,12 +328,27 @@ class _Walk:
             if block.pattern.events:
                 placed.append((t0, block.pattern, mb, chunk, len(events)))
             if block.buckets and buckets_on and rules.reduces_in(mb):
-                prog.now = now
-                for bucket, rel in block.buckets:
-                    if rules.overlap:
-                        self.reduce_bucket(prog, bucket, t0 + rel, t0)
-                    else:
-                        prog.deferred.append((op, chunks[chunk], bucket))
+                if overlap:  # reduce_bucket of each, its calls priced once per block
+                    dp_free, dp_last = prog.dp_free, prog.dp_last_end
+                    for rel, calls, hold in block.reductions:
+                        ready = t0 + rel
+                        fired = ready
+                        for t, busbw, key in calls:
+                            start = ready if ready >= dp_free else dp_free
+                            dp_free = start + t
+                            fired = t0 + (dp_free - t0)
+                            if fired > dp_last:
+                                dp_last = fired
+                            tally = tally_of(key)
+                            tally.count += 1
+                            tally.time_s += t
+                            tally.busbw_bps = busbw
+                        if hold:
+                            events.append(new(MemoryEvent, (ready, "buffers", hold, "zero2 bucket")))
+                            events.append(new(MemoryEvent, (fired, "buffers", -hold, "zero2 bucket")))
+                    prog.dp_free, prog.dp_last_end = dp_free, dp_last
+                else:
+                    prog.deferred.extend(block.reductions)
             slot = runs.get(block.run_key)
             if slot is None:
                 runs[block.run_key] = [block.segs, 1]
@@ -420,24 +436,42 @@ class _Walk:
         plan.pattern = MemoryPattern("activations", mem)
         plan.comm_items = tuple(plan.comm.items())
         plan.run_key = (prog.rank, id(segs[0]) if len(segs) == 1 else id(segs))
+        plan.reductions = [
+            self.reduction(prog.rank, bucket, rel) for bucket, rel in plan.buckets
+        ]
+        plan.reductions = [r for r in plan.reductions if r[1]]
         self._op_plans[key] = plan
         return plan
 
-    def run_fused(self, prog: _Rank, op: PipeOp, chunk: ChunkModel, paired: bool) -> None:
-        plan = self.op_plan(prog, chunk, op.phase, paired)
-        t0 = prog.now
-        prog.ledger.place(t0, plan.pattern, op.microbatch, op.chunk)
-        if plan.buckets and self.rules.uses_buckets and self.rules.reduces_in(op.microbatch):
-            for bucket, rel in plan.buckets:
-                if self.rules.overlap:
-                    self.reduce_bucket(prog, bucket, t0 + rel, t0)
-                else:
-                    prog.deferred.append((op, chunk, bucket))
-        self.tally_tp(prog.rank, plan.segs)
-        prog.now = t0 + plan.duration
-        prog.breakdown_s["compute"] += plan.compute
-        for k, v in plan.comm.items():
-            prog.breakdown_s[k] += v
+    def reduction(self, rank: int, bucket: Bucket, rel: float) -> _Reduction:
+        """:meth:`reduce_bucket` of ``bucket`` priced once: (offset of its ready time in
+        the op, (seconds, busbw, tally key) per call, bytes of the buffer it holds or 0)."""
+        calls = []
+        for c in self.rules.bucket_calls(bucket):
+            group = self.group(rank, c.axis)
+            cost = self.pricer.cost(c.op, c.size_bytes, group)
+            key = CallKey(rank, DP, c.op, c.size_bytes, len(group), cost.algorithm)
+            calls.append((0.0 + cost.time_s, cost.busbw_bps, key))
+        hold = float(bucket.size_bytes) if self.rules.holds_bucket_buffer else 0.0
+        return rel, tuple(calls), hold
+
+    def reduce_priced(
+        self, prog: _Rank, reduction: _Reduction, ready: float, issued: float
+    ) -> None:
+        """:meth:`reduce_bucket` of a reduction priced by :meth:`reduction`."""
+        _rel, calls, hold = reduction
+        fired = ready
+        for t, busbw, key in calls:
+            prog.dp_free = max(ready, prog.dp_free) + t
+            fired = _fires(issued, prog.dp_free)
+            prog.dp_last_end = max(prog.dp_last_end, fired)
+            tally = self.stats.tally(key)
+            tally.count += 1
+            tally.time_s += t
+            tally.busbw_bps = busbw
+        if hold:
+            prog.ledger.alloc(ready, "buffers", hold, "zero2 bucket")
+            prog.ledger.free(fired, "buffers", hold, "zero2 bucket")
 
     def dp_call(self, prog: _Rank, op: str, size: float, ready: float, extra_s: float) -> float:
         """A call on the rank's dp stream, ready at ``ready``: returns its end."""
@@ -570,8 +604,8 @@ class _Walk:
         optimizer, ZeRO-1/2 gathers."""
         plan = self.plan
         for prog in self.programs.values():
-            for _op, _chunk, bucket in prog.deferred:
-                self.reduce_bucket(prog, bucket, prog.now)
+            for reduction in prog.deferred:
+                self.reduce_priced(prog, reduction, prog.now, prog.now)
             prog.deferred = []
             if prog.dp_last_end > prog.now:
                 prog.breakdown_s["dp_exposed"] += prog.dp_last_end - prog.now
@@ -650,6 +684,11 @@ class _OpPlan:
     """``comm`` as pairs, in its order."""
     run_key: tuple[int, int] = (0, 0)
     """The op's key in :meth:`_Walk.tally_tp`'s runs."""
+    reductions: list[_Reduction] = field(default_factory=list)
+    """Its buckets' reductions with calls (:meth:`_Walk.reduction`), in ``buckets`` order."""
+
+
+_Reduction = tuple[float, tuple[tuple[float, float, CallKey], ...], float]
 
 
 def walk(
