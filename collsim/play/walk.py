@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from collsim.core.errors import CollsimWarning, ConfigError, SimulationError
 from collsim.core.runtime import collector_paused
 from collsim.core.vocab import ParallelAxis
@@ -69,8 +71,11 @@ _Link = tuple[bool, Phase, tuple[int, Phase, int] | None]
 class _Walk:
     """The closed-form walk of one schedule (representative rank per stage)."""
 
-    def __init__(self, schedule: StepSchedule, pricer: ClosedPricer) -> None:
+    def __init__(
+        self, schedule: StepSchedule, pricer: ClosedPricer, shapes: ShapeCache | None = None
+    ) -> None:
         self.schedule = schedule
+        self.shapes = shapes
         self.plan = schedule.plan
         self.rules = schedule.dp
         self.pricer = pricer
@@ -242,24 +247,42 @@ class _Walk:
             ran = True
         return ran
 
+    def op_table(self, stage: int) -> _OpTable:
+        """The stage's ops as arrays (:class:`_OpTable`), once per pipeline shape in a
+        search's shape cache."""
+        paired = self.schedule.paired.get(stage, frozenset())
+        if self.shapes is None:
+            return _op_table(self, stage, paired)
+        plan = self.plan
+        key = (
+            str(plan.parallel.schedule),
+            plan.pp,
+            plan.num_microbatches,
+            plan.virtual_stages,
+            stage,
+            frozenset(paired),
+        )
+        return self.shapes.get("walk ops", key, lambda: _op_table(self, stage, paired))
+
     def fused_ops(self, prog: _Rank) -> Iterator[bool]:
         """:meth:`advance` without ZeRO-3 (each op one fused block) as a generator: each
         resume runs the rank's ops while their inputs have been sent and yields whether any
         ran, until the last op has run. The same arithmetic in the same order as
         :meth:`advance`, with the per-op work kept in the generator's locals: the op's block
-        (:meth:`op_plan`), its message in and out, and the calls it tallies. The rank's
-        clock and account are written back when its last op has run (nothing reads them
-        before).
+        (:meth:`op_plan`, by its index in the stage's :class:`_OpTable`), its message in and
+        out, and the calls it tallies. What does not depend on time (compute, exposed
+        collectives, the runs of each block) is added up after the last op, in op order
+        (the same sums). The rank's clock and account are written back when its last op has
+        run (nothing reads them before).
 
         Stays long: the closed form's hot loop (every op of every walked rank passes here); its
         per-op state lives in the generator's locals, which a split into calls would give up."""
         stage = prog.coords.pp
-        ops = self.schedule.pipeline[stage]
-        n = len(ops)
+        table = self.op_table(stage)
+        n = len(table.blocks)
         i = prog.next_op
-        links = self.links(stage)
+        links, bids, mbs = table.links, table.blocks, table.microbatches
         chunks = self.schedule.stages[stage].chunks
-        paired_ops = self.schedule.paired.get(stage, ())
         mailbox = self.mail
         rank = prog.rank
         breakdown = prog.breakdown_s
@@ -267,29 +290,24 @@ class _Walk:
         size = self.schedule.p2p_bytes
         received, sent = -float(size), float(size)
         rules = self.rules
-        buckets_on = rules.uses_buckets
+        reduces = [rules.uses_buckets and rules.reduces_in(m) for m in range(table.num_mb)]
         overlap = rules.overlap
         tally_of = self.stats.tally
         runs = self._runs
-        plans: dict[tuple[int, Phase, bool], _OpPlan] = {}
+        blocks: list[_OpPlan | None] = [None] * len(table.keys)
         sends: dict[int, tuple[float, float, CallTally, int, list[MemoryEvent]]] = {}
         fold: tuple[float, float, CallTally] | None = None
         gather_pp = self.gather_pp
         new = tuple.__new__
         now = prog.now
-        bubble, pp_exposed, compute = (
-            breakdown["bubble"],
-            breakdown["pp_exposed"],
-            breakdown["compute"],
-        )
+        bubble, pp_exposed = breakdown["bubble"], breakdown["pp_exposed"]
         ran = False
         while i < n:
-            op = ops[i]
             remote, direction, dest = links[i]
-            mb = op.microbatch
+            mb = mbs[i]
             folded = 0.0
             if remote:
-                key = (rank, direction, mb, op.chunk)
+                key = (rank, direction, mb, table.chunks[i])
                 mail = mailbox.get(key)
                 while mail is None:  # its input is not sent yet: wait for the next round
                     prog.next_op = i
@@ -315,49 +333,45 @@ class _Walk:
                         tally.count += 1
                         tally.time_s += folded
                         tally.busbw_bps = busbw
-            now += folded
-            pp_exposed += folded
-            chunk = op.chunk
-            paired = i in paired_ops
-            block = plans.get((chunk, op.phase, paired))
+                now += folded
+                pp_exposed += folded
+            bid = bids[i]
+            block = blocks[bid]
             if block is None:
-                block = plans[(chunk, op.phase, paired)] = self.op_plan(
-                    prog, chunks[chunk], op.phase, paired
-                )
+                chunk, phase, paired = table.keys[bid]
+                block = blocks[bid] = self.op_plan(prog, chunks[chunk], phase, paired)
+                if block.run_key not in runs:
+                    runs[block.run_key] = [block.segs, 0]
             t0 = now
             if block.pattern.events:
-                placed.append((t0, block.pattern, mb, chunk, len(events)))
-            if block.buckets and buckets_on and rules.reduces_in(mb):
+                placed.append((t0, block.pattern, mb, table.chunks[i], len(events)))
+            if block.reductions and reduces[mb]:
                 if overlap:  # reduce_bucket of each, its calls priced once per block
                     dp_free, dp_last = prog.dp_free, prog.dp_last_end
                     for rel, calls, hold in block.reductions:
                         ready = t0 + rel
                         fired = ready
-                        for t, busbw, key in calls:
+                        for t, busbw, ckey in calls:
                             start = ready if ready >= dp_free else dp_free
                             dp_free = start + t
                             fired = t0 + (dp_free - t0)
                             if fired > dp_last:
                                 dp_last = fired
-                            tally = tally_of(key)
+                            tally = tally_of(ckey)
                             tally.count += 1
                             tally.time_s += t
                             tally.busbw_bps = busbw
                         if hold:
-                            events.append(new(MemoryEvent, (ready, "buffers", hold, "zero2 bucket")))
-                            events.append(new(MemoryEvent, (fired, "buffers", -hold, "zero2 bucket")))
+                            events.append(
+                                new(MemoryEvent, (ready, "buffers", hold, "zero2 bucket"))
+                            )
+                            events.append(
+                                new(MemoryEvent, (fired, "buffers", -hold, "zero2 bucket"))
+                            )
                     prog.dp_free, prog.dp_last_end = dp_free, dp_last
                 else:
                     prog.deferred.extend(block.reductions)
-            slot = runs.get(block.run_key)
-            if slot is None:
-                runs[block.run_key] = [block.segs, 1]
-            else:
-                slot[1] += 1
             now = t0 + block.duration
-            compute += block.compute
-            for k, v in block.comm_items:
-                breakdown[k] += v
             if dest is not None:
                 to = dest[0]
                 send = sends.get(to)
@@ -384,12 +398,30 @@ class _Walk:
             ran = True
         prog.next_op = i
         prog.now = now
-        breakdown["bubble"], breakdown["pp_exposed"], breakdown["compute"] = (
-            bubble,
-            pp_exposed,
-            compute,
-        )
+        breakdown["bubble"], breakdown["pp_exposed"] = bubble, pp_exposed
+        self.add_block_sums(prog, table, blocks)
         yield ran
+
+    def add_block_sums(self, prog: _Rank, table: _OpTable, blocks: list[_OpPlan | None]) -> None:
+        """Add what every op of the stage adds whatever its start: its block's compute and
+        exposed collectives to the account (one after another in op order, as the ops ran:
+        ``numpy.add.accumulate`` adds left to right), its runs to the TP tallies."""
+        done = [b for b in blocks if b is not None]
+        if len(done) < len(blocks):
+            raise SimulationError(f"rank {prog.rank}: ops of its pipeline never ran")
+        breakdown = prog.breakdown_s
+        ids = table.block_ids
+        if not len(ids):
+            return
+        columns: dict[str, list[float]] = {"compute": [b.compute for b in done]}
+        for k in dict.fromkeys(k for b in done for k, _ in b.comm_items):
+            columns[k] = [b.comm.get(k, 0.0) for b in done]
+        for k, column in columns.items():
+            per_op = np.asarray(column, dtype=float)[ids]
+            per_op[0] += breakdown[k]  # the account before the first op, added first
+            breakdown[k] = float(np.add.accumulate(per_op)[-1])
+        for b, count in zip(done, table.counts, strict=True):
+            self._runs[b.run_key][1] += count
 
     def repeat_price(
         self, rank: int, axis: str, op: str, size: float, ranks: tuple[int, ...]
@@ -436,9 +468,7 @@ class _Walk:
         plan.pattern = MemoryPattern("activations", mem)
         plan.comm_items = tuple(plan.comm.items())
         plan.run_key = (prog.rank, id(segs[0]) if len(segs) == 1 else id(segs))
-        plan.reductions = [
-            self.reduction(prog.rank, bucket, rel) for bucket, rel in plan.buckets
-        ]
+        plan.reductions = [self.reduction(prog.rank, bucket, rel) for bucket, rel in plan.buckets]
         plan.reductions = [r for r in plan.reductions if r[1]]
         self._op_plans[key] = plan
         return plan
@@ -671,6 +701,46 @@ def _fires(issued_s: float, end_s: float) -> float:
     return issued_s + (end_s - issued_s)
 
 
+@dataclass(frozen=True, slots=True)
+class _OpTable:
+    """A stage's pipeline order as arrays (what the walk reads per op, known before it)."""
+
+    links: list[_Link]
+    """Per op: :meth:`_Walk.links`."""
+    microbatches: list[int]
+    chunks: list[int]
+    blocks: list[int]
+    """Per op: the index of its block's key in ``keys``."""
+    keys: list[tuple[int, Phase, bool]]
+    """The distinct (chunk, phase, paired) of the ops, in order of first use."""
+    counts: list[int]
+    """Ops per key."""
+    block_ids: Any
+    """``blocks`` as a numpy array."""
+    num_mb: int
+
+
+def _op_table(w: _Walk, stage: int, paired: frozenset[int] | tuple[int, ...]) -> _OpTable:
+    ops = w.schedule.pipeline[stage]
+    index: dict[tuple[int, Phase, bool], int] = {}
+    blocks = [
+        index.setdefault((op.chunk, op.phase, i in paired), len(index)) for i, op in enumerate(ops)
+    ]
+    counts = [0] * len(index)
+    for b in blocks:
+        counts[b] += 1
+    return _OpTable(
+        links=w.links(stage),
+        microbatches=[op.microbatch for op in ops],
+        chunks=[op.chunk for op in ops],
+        blocks=blocks,
+        keys=list(index),
+        counts=counts,
+        block_ids=np.asarray(blocks, dtype=np.intp),
+        num_mb=w.plan.num_microbatches,
+    )
+
+
 @dataclass(slots=True)
 class _OpPlan:
     segs: list[Segment]
@@ -692,7 +762,11 @@ _Reduction = tuple[float, tuple[tuple[float, float, CallKey], ...], float]
 
 
 def walk(
-    schedule: StepSchedule, pricer: ClosedPricer | None = None, *, timeline: bool = True
+    schedule: StepSchedule,
+    pricer: ClosedPricer | None = None,
+    *,
+    timeline: bool = True,
+    shapes: ShapeCache | None = None,
 ) -> StepResult:
     """The closed form of one step (see docs/derivations.md).
 
@@ -701,13 +775,15 @@ def walk(
         pricer: the closed-form price cache to use (a new one by default; share one across
             the plans of a search).
         timeline: keep each rank's memory timeline in the result (a search does not).
+        shapes: the shape cache the schedule was built with, to keep each pipeline shape's
+            op arrays across the plans of a search.
     """
     plan = schedule.plan
     if pricer is None:
         pricer = ClosedPricer(plan.topology)
 
     with collector_paused():
-        w = _Walk(schedule, pricer)
+        w = _Walk(schedule, pricer, shapes)
         w.run()
         result = assemble(
             plan,
@@ -832,4 +908,4 @@ class Estimator:
 
     def walk(self, schedule: StepSchedule) -> StepResult:
         """The closed form of a step program from :meth:`schedule` (no memory timeline)."""
-        return walk(schedule, self.pricer, timeline=False)
+        return walk(schedule, self.pricer, timeline=False, shapes=self.shapes)
