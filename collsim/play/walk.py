@@ -102,6 +102,7 @@ class _Walk:
         self.pipeline = plan.pipeline_schedule
         self._links: dict[int, list[_Link]] = {}
         self._runs: dict[tuple[int, int], list[Any]] = {}
+        self._seg_plans: dict[tuple[int, int, Phase, bool], list[_SegStep]] = {}
 
     def stat_items(self) -> Iterator[tuple[CallKey, CallTally]]:
         return self.stats.items()
@@ -120,15 +121,6 @@ class _Walk:
             CallKey(rank, axis, op, size, len(ranks), cost.algorithm), time_s, cost.busbw_bps
         )
         return time_s
-
-    def tally_tp(self, rank: int, segs: list[Segment]) -> None:
-        """Count one run of these segments' TP collectives (tallied in :meth:`flush_tp`)."""
-        key = (rank, id(segs[0]) if len(segs) == 1 else id(segs))
-        slot = self._runs.get(key)
-        if slot is None:
-            self._runs[key] = [segs, 1]
-        else:
-            slot[1] += 1
 
     def flush_tp(self) -> None:
         for (rank, _), (segs, runs) in self._runs.items():
@@ -474,8 +466,9 @@ class _Walk:
         return plan
 
     def reduction(self, rank: int, bucket: Bucket, rel: float) -> _Reduction:
-        """:meth:`reduce_bucket` of ``bucket`` priced once: (offset of its ready time in
-        the op, (seconds, busbw, tally key) per call, bytes of the buffer it holds or 0)."""
+        """The reduction of ``bucket`` (its calls on the dp stream, a ZeRO-2 buffer held until
+        they end) priced once: (offset of its ready time in the op, (seconds, busbw, tally
+        key) per call, bytes of the buffer it holds or 0)."""
         calls = []
         for c in self.rules.bucket_calls(bucket):
             group = self.group(rank, c.axis)
@@ -488,7 +481,7 @@ class _Walk:
     def reduce_priced(
         self, prog: _Rank, reduction: _Reduction, ready: float, issued: float
     ) -> None:
-        """:meth:`reduce_bucket` of a reduction priced by :meth:`reduction`."""
+        """Run a reduction priced by :meth:`reduction`, ready at ``ready``, issued at ``issued``."""
         _rel, calls, hold = reduction
         fired = ready
         for t, busbw, key in calls:
@@ -502,10 +495,6 @@ class _Walk:
         if hold:
             prog.ledger.alloc(ready, "buffers", hold, "zero2 bucket")
             prog.ledger.free(fired, "buffers", hold, "zero2 bucket")
-
-    def dp_call(self, prog: _Rank, op: str, size: float, ready: float, extra_s: float) -> float:
-        """A call on the rank's dp stream, ready at ``ready``: returns its end."""
-        return self.dp_calls(prog, [DPCall(op, size, DP)], ready, extra_s)
 
     def dp_calls(
         self,
@@ -529,79 +518,130 @@ class _Walk:
             prog.dp_last_end = max(prog.dp_last_end, fired)
         return fired
 
-    def reduce_bucket(
-        self, prog: _Rank, bucket: Bucket, ready: float, issued: float | None = None
-    ) -> None:
-        calls = self.rules.bucket_calls(bucket)
-        if not calls:
-            return
-        end = self.dp_calls(prog, calls, ready, 0.0, issued)
-        size = bucket.size_bytes
-        if self.rules.holds_bucket_buffer:
-            prog.ledger.alloc(ready, "buffers", size, "zero2 bucket")
-            prog.ledger.free(end, "buffers", size, "zero2 bucket")
+    def priced_calls(
+        self, rank: int, calls: list[DPCall], extra_s: float
+    ) -> tuple[tuple[float, float, CallKey], ...]:
+        """:meth:`dp_calls`' prices of ``calls``: (seconds, busbw, tally key) each, the offload
+        copy ``extra_s`` in the first."""
+        out = []
+        for i, c in enumerate(calls):
+            group = self.group(rank, c.axis)
+            cost = self.pricer.cost(c.op, c.size_bytes, group)
+            key = CallKey(rank, DP, c.op, c.size_bytes, len(group), cost.algorithm)
+            out.append(((extra_s if i == 0 else 0.0) + cost.time_s, cost.busbw_bps, key))
+        return tuple(out)
 
-    def run_segments(self, prog: _Rank, op: PipeOp, chunk: ChunkModel, paired: bool) -> None:
-        """ZeRO-3: segment by segment, each waiting for its gathered unit."""
-        rules = self.rules
-        forward = op.phase is Phase.FORWARD
-        segs = chunk.segments(op.phase, paired)
-        # every op but a weight-gradient one gathers its units (dB needs no weight)
-        gathers = op.phase is not Phase.BACKWARD_WEIGHT
+    def run_priced(
+        self, prog: _Rank, calls: tuple[tuple[float, float, CallKey], ...], ready: float
+    ) -> float:
+        """:meth:`dp_calls` of calls priced by :meth:`priced_calls`, ready and issued at
+        ``ready``: when the last one's event fires."""
+        fired = ready
+        for t, busbw, key in calls:
+            prog.dp_free = max(ready, prog.dp_free) + t
+            fired = _fires(ready, prog.dp_free)
+            prog.dp_last_end = max(prog.dp_last_end, fired)
+            tally = self.stats.tally(key)
+            tally.count += 1
+            tally.time_s += t
+            tally.busbw_bps = busbw
+        return fired
+
+    def seg_plan(
+        self, prog: _Rank, chunk: ChunkModel, phase: Phase, paired: bool
+    ) -> list[_SegStep]:
+        """What :meth:`run_segments` does per segment of an op, priced once per (rank,
+        chunk, phase, paired)."""
+        key = (prog.rank, chunk.index, phase, paired)
+        hit = self._seg_plans.get(key)
+        if hit is not None:
+            return hit
+        rules, rank = self.rules, prog.rank
+        segs = chunk.segments(phase, paired)
+        gathers = phase is not Phase.BACKWARD_WEIGHT  # dB needs no weight
         issue = issue_schedule(len(segs), rules.prefetch) if gathers else [[] for _ in segs]
+        backward = phase is Phase.BACKWARD or phase is Phase.BACKWARD_WEIGHT
+        out = []
         for i, seg in enumerate(segs):
+            issues = []
             for j in issue[i]:
                 ukey = rules.unit_key(chunk, segs[j])
-                if (chunk.index, ukey) in prog.gathered:
-                    continue
                 size = rules.gather_bytes(chunk, ukey)
-                prog.ledger.alloc(prog.now, "parameters", size, f"gathered {ukey}")
-                end = self.dp_calls(
-                    prog, rules.unit_gathers(chunk, ukey), prog.now, rules.offload_s(size)
+                calls = self.priced_calls(
+                    rank, rules.unit_gathers(chunk, ukey), rules.offload_s(size)
                 )
-                prog.gathered[(chunk.index, ukey)] = end
-            ready = prog.gathered.get((chunk.index, rules.unit_key(chunk, seg)))
+                issues.append(((chunk.index, ukey), size, f"gathered {ukey}", calls))
+            ukey = rules.unit_key(chunk, seg)
+            forward = phase is Phase.FORWARD
+            grad: tuple[float, str, tuple[tuple[float, float, CallKey], ...]] | None = None
+            if backward:
+                gsize = rules.grad_bytes(chunk, ukey)
+                red = rules.unit_reductions(chunk, ukey) if rules.reduces_units else []
+                grad = (gsize, f"grad {ukey}", self.priced_calls(rank, red, rules.offload_s(gsize)))
+            out.append(
+                _SegStep(
+                    seg=seg,
+                    issues=tuple(issues),
+                    unit=(chunk.index, ukey),
+                    duration=seg.compute_s + self.seg_tp_s(rank, seg) + seg.framework_s,
+                    comm_items=tuple(self.seg_comm_s(rank, seg).items()),
+                    releases=(
+                        rules.releases(chunk, seg, forward=forward, microbatch=None),
+                        rules.releases(chunk, seg, forward=forward, microbatch=0),
+                    ),
+                    grad=grad,
+                    reshard_bytes=rules.gather_bytes(chunk, ukey),
+                )
+            )
+        self._seg_plans[key] = out
+        return out
+
+    def run_segments(self, prog: _Rank, op: PipeOp, chunk: ChunkModel, paired: bool) -> None:
+        """ZeRO-3: segment by segment, each waiting for its gathered unit (:meth:`seg_plan`)."""
+        forward = op.phase is Phase.FORWARD
+        gathers = op.phase is not Phase.BACKWARD_WEIGHT
+        weight = op.phase is Phase.BACKWARD_WEIGHT
+        last = op.microbatch < 0 or op.microbatch >= self.rules.num_microbatches - 1
+        ledger, gathered, breakdown = prog.ledger, prog.gathered, prog.breakdown_s
+        runs, rank = self._runs, prog.rank
+        for sp in self.seg_plan(prog, chunk, op.phase, paired):
+            seg = sp.seg
+            for unit, size, label, calls in sp.issues:
+                if unit in gathered:
+                    continue
+                ledger.alloc(prog.now, "parameters", size, label)
+                gathered[unit] = self.run_priced(prog, calls, prog.now)
+            ready = gathered.get(sp.unit)
             if gathers and ready is not None and ready > prog.now:
-                prog.breakdown_s["dp_exposed"] += ready - prog.now
+                breakdown["dp_exposed"] += ready - prog.now
                 prog.now = ready
             if not forward:
-                prog.ledger.alloc(prog.now, "activations", seg.transient_bytes)
-            d_tp = self.seg_tp_s(prog.rank, seg)
-            self.tally_tp(prog.rank, [seg])
-            prog.now += seg.compute_s + d_tp + seg.framework_s
-            prog.breakdown_s["compute"] += seg.compute_s
-            prog.breakdown_s["framework"] += seg.framework_s
-            for k, v in self.seg_comm_s(prog.rank, seg).items():
-                prog.breakdown_s[k] += v
-            if forward:
-                prog.ledger.alloc(prog.now, "activations", seg.stored_bytes)
-            elif seg.frees:
-                prog.ledger.free(prog.now, "activations", seg.transient_bytes + seg.stored_bytes)
-            self.release_unit(prog, chunk, seg, op.phase, op.microbatch)
-
-    def release_unit(
-        self, prog: _Rank, chunk: ChunkModel, seg: Segment, phase: Phase, microbatch: int = -1
-    ) -> None:
-        """After a unit's forward: reshard. After its backward: reduce-scatter, reshard (a
-        split backward: the input-gradient op reshards, the weight-gradient op reduces)."""
-        rules = self.rules
-        mb = None if microbatch < 0 else microbatch
-        if not rules.releases(chunk, seg, forward=phase is Phase.FORWARD, microbatch=mb):
-            return
-        ukey = rules.unit_key(chunk, seg)
-        if phase is Phase.BACKWARD or phase is Phase.BACKWARD_WEIGHT:
-            gsize = rules.grad_bytes(chunk, ukey)
-            prog.ledger.alloc(prog.now, "buffers", gsize, f"grad {ukey}")
-            calls = rules.unit_reductions(chunk, ukey) if rules.reduces_units else []
-            if calls:
-                end = self.dp_calls(prog, calls, prog.now, rules.offload_s(gsize))
-                prog.ledger.free(end, "buffers", gsize, f"grad {ukey}")
+                ledger.alloc(prog.now, "activations", seg.transient_bytes)
+            slot = runs.get((rank, id(seg)))  # a run of its TP collectives (flush_tp)
+            if slot is None:
+                runs[(rank, id(seg))] = [[seg], 1]
             else:
-                prog.ledger.free(prog.now, "buffers", gsize, f"grad {ukey}")
-        if phase is Phase.BACKWARD_WEIGHT:
-            return
-        del prog.gathered[(chunk.index, ukey)]
-        prog.ledger.free(prog.now, "parameters", rules.gather_bytes(chunk, ukey), "reshard")
+                slot[1] += 1
+            prog.now += sp.duration
+            breakdown["compute"] += seg.compute_s
+            breakdown["framework"] += seg.framework_s
+            for k, v in sp.comm_items:
+                breakdown[k] += v
+            if forward:
+                ledger.alloc(prog.now, "activations", seg.stored_bytes)
+            elif seg.frees:
+                ledger.free(prog.now, "activations", seg.transient_bytes + seg.stored_bytes)
+            if not sp.releases[0 if last else 1]:
+                continue  # kept gathered (and its gradient unreduced)
+            if sp.grad is not None:
+                gsize, label, calls = sp.grad
+                ledger.alloc(prog.now, "buffers", gsize, label)
+                end = self.run_priced(prog, calls, prog.now) if calls else prog.now
+                ledger.free(end, "buffers", gsize, label)
+            if weight:
+                continue
+            del gathered[sp.unit]
+            ledger.free(prog.now, "parameters", sp.reshard_bytes, "reshard")
 
     def send_output(self, prog: _Rank, op: PipeOp, dest: tuple[int, Phase, int]) -> None:
         """Send ``op``'s output to ``dest`` (stage, direction, chunk) on the pp stream."""
@@ -702,6 +742,24 @@ def _fires(issued_s: float, end_s: float) -> float:
 
 
 @dataclass(frozen=True, slots=True)
+class _SegStep:
+    """One segment of a ZeRO-3 op as :meth:`_Walk.run_segments` runs it."""
+
+    seg: Segment
+    issues: tuple[tuple[tuple[int, str | int], float, str, tuple[Any, ...]], ...]
+    """The gathers issued before it: (unit, bytes, label, priced calls)."""
+    unit: tuple[int, str | int]
+    """(chunk, unit key) of its own unit."""
+    duration: float
+    comm_items: tuple[tuple[str, float], ...]
+    releases: tuple[bool, bool]
+    """Whether its unit is released after it in the last micro-batch, in any other."""
+    grad: tuple[float, str, tuple[Any, ...]] | None
+    """Backward: (gradient bytes, label, priced reductions)."""
+    reshard_bytes: float
+
+
+@dataclass(frozen=True, slots=True)
 class _OpTable:
     """A stage's pipeline order as arrays (what the walk reads per op, known before it)."""
 
@@ -753,7 +811,7 @@ class _OpPlan:
     comm_items: tuple[tuple[str, float], ...] = ()
     """``comm`` as pairs, in its order."""
     run_key: tuple[int, int] = (0, 0)
-    """The op's key in :meth:`_Walk.tally_tp`'s runs."""
+    """The op's key in the walk's TP runs (:meth:`_Walk.flush_tp`)."""
     reductions: list[_Reduction] = field(default_factory=list)
     """Its buckets' reductions with calls (:meth:`_Walk.reduction`), in ``buckets`` order."""
 
