@@ -103,6 +103,7 @@ class _Walk:
         self._links: dict[int, list[_Link]] = {}
         self._runs: dict[tuple[int, int], list[Any]] = {}
         self._seg_plans: dict[tuple[int, int, Phase, bool], list[_SegStep]] = {}
+        self._bucket_prices: dict[tuple[int, float, bool], tuple[_Priced, ...]] = {}
 
     def stat_items(self) -> Iterator[tuple[CallKey, CallTally]]:
         return self.stats.items()
@@ -438,6 +439,9 @@ class _Walk:
         forward = phase is Phase.FORWARD
         gradients = phase in GRADIENT_PHASES
         mem: list[tuple[float, float, str, str | int]] = []
+        ready_at: dict[Any, list[Bucket]] = {}  # the chunk's buckets by the segment they wait for
+        for bucket in chunk.buckets if gradients else ():
+            ready_at.setdefault(bucket.ready_segment, []).append(bucket)
         t = 0.0
         for seg in segs:
             d_tp = self.seg_tp_s(prog.rank, seg)
@@ -449,12 +453,12 @@ class _Walk:
             if seg.framework_s:
                 plan.comm["framework"] = plan.comm.get("framework", 0.0) + seg.framework_s
             mem += seg.activation_events(t, t + dur, forward=forward)
-            if gradients:
+            mine = ready_at.get(seg.key) if gradients else None
+            if mine:
                 off, gdur = self.grad_window(prog.rank, seg)
-                for bucket in chunk.buckets:
-                    if bucket.ready_segment == seg.key:
-                        ready = t + off + bucket.ready_fraction * gdur
-                        plan.buckets.append((bucket, ready))
+                for bucket in mine:
+                    ready = t + off + bucket.ready_fraction * gdur
+                    plan.buckets.append((bucket, ready))
             t += dur
         plan.duration = t
         plan.pattern = MemoryPattern("activations", mem)
@@ -469,14 +473,14 @@ class _Walk:
         """The reduction of ``bucket`` (its calls on the dp stream, a ZeRO-2 buffer held until
         they end) priced once: (offset of its ready time in the op, (seconds, busbw, tally
         key) per call, bytes of the buffer it holds or 0)."""
-        calls = []
-        for c in self.rules.bucket_calls(bucket):
-            group = self.group(rank, c.axis)
-            cost = self.pricer.cost(c.op, c.size_bytes, group)
-            key = CallKey(rank, DP, c.op, c.size_bytes, len(group), cost.algorithm)
-            calls.append((0.0 + cost.time_s, cost.busbw_bps, key))
+        shape = (rank, bucket.numel, bucket.expert)  # what bucket_calls depends on
+        calls = self._bucket_prices.get(shape)
+        if calls is None:
+            calls = self._bucket_prices[shape] = self.priced_calls(
+                rank, self.rules.bucket_calls(bucket), 0.0
+            )
         hold = float(bucket.size_bytes) if self.rules.holds_bucket_buffer else 0.0
-        return rel, tuple(calls), hold
+        return rel, calls, hold
 
     def reduce_priced(
         self, prog: _Rank, reduction: _Reduction, ready: float, issued: float
@@ -816,7 +820,10 @@ class _OpPlan:
     """Its buckets' reductions with calls (:meth:`_Walk.reduction`), in ``buckets`` order."""
 
 
-_Reduction = tuple[float, tuple[tuple[float, float, CallKey], ...], float]
+_Priced = tuple[float, float, CallKey]
+"""A call priced once: (seconds, busbw, tally key)."""
+
+_Reduction = tuple[float, tuple[_Priced, ...], float]
 
 
 def walk(
