@@ -37,6 +37,19 @@ __all__ = ["trace_command"]
     "the trace saw nothing (default: cpu for a CPU trace, else h100).",
 )
 @click.option(
+    "--pinned",
+    multiple=True,
+    type=click.Path(dir_okay=False),
+    help="With --profile-out: the same step traced with more ranks per core (validate step "
+    "under taskset -c 0); the profile learns the time-sharing slowdown from them (repeatable).",
+)
+@click.option(
+    "--pinned-reference",
+    multiple=True,
+    type=click.Path(dir_okay=False),
+    help="With --pinned: the traces of that step on one core per rank (default: TRACES).",
+)
+@click.option(
     "--reader",
     type=click.Choice(["json", "orjson", "ijson"]),
     default=None,
@@ -49,6 +62,8 @@ def trace_command(
     trace_out: str | None,
     profile_out: str | None,
     base: str | None,
+    pinned: tuple[str, ...],
+    pinned_reference: tuple[str, ...],
     reader: str | None,
     top: int,
 ) -> None:
@@ -62,6 +77,10 @@ def trace_command(
         raise ConfigError("--trace-out needs --scenario (the simulated step to set beside)")
     check_output_path(trace_out, "--trace-out", suffixes=(".json", ".gz"))
     check_output_path(profile_out, "--profile-out", suffixes=(".yaml", ".yml"))
+    if (pinned or pinned_reference) and not profile_out:
+        raise ConfigError("--pinned and --pinned-reference need --profile-out")
+    if pinned_reference and not pinned:
+        raise ConfigError("--pinned-reference needs --pinned")
     loaded = None
     if scenario:
         # start-up: loaded only when this runs (--help and bad input stay fast)
@@ -91,7 +110,14 @@ def trace_command(
         # start-up: loaded only when this runs (--help and bad input stay fast)
         from collsim.validate.fit.trace_profile import profile_from_traces, write_trace_profile
 
-        learned = profile_from_traces(read, base=base)
+        learned = profile_from_traces(
+            read,
+            base=base,
+            pinned=read_traces(pinned, reader=reader) if pinned else None,
+            pinned_reference=read_traces(pinned_reference, reader=reader)
+            if pinned_reference
+            else None,
+        )
         path = write_trace_profile(profile_out, learned)
         click.echo(learned.describe())
         click.echo(f"# wrote {path}", err=True)

@@ -270,6 +270,12 @@ def profile_device(report: dict[str, Any], device_profile: str) -> tuple[Any, fl
     memory_share = (
         cpu_share(ranks, threads, cores, profile_threads, memory_slowdown) if gloo else 1.0
     )
+    if gloo and ranks * threads > cores:
+        # ranks time-sharing a core run slower than the even share: a trace profile's
+        # slowdown measured from the step traced pinned (collsim.validate.fit.trace_profile)
+        sharing = float(extra.get("time_sharing_slowdown", 1.0))
+        share *= sharing
+        memory_share *= sharing
     if share != 1.0 or memory_share != 1.0:
         device = dataclasses.replace(device, measured=device.measured.shared(share, memory_share))
     return device, share, memory_share
@@ -305,7 +311,16 @@ def _simulate_from_profile(
         # one kernel per gradient tensor each way: 12 per block (LayerNorm x 2, QKV, output
         # projection, MLP up and down, weights and biases), 4 outside (embeddings, ln_f)
         tensors = 12 * cfg.num_layers + 4
-        copies_s = ComputeModel(device, "fp32").memory_time_s(
+        # DDP's reducer issues them from C++: a tiny op's floor, not the host cost per launch
+        # of a trace profile (collsim.validate.fit.trace_profile.host_per_launch)
+        floor_us = device.measured.extra.get("op_floor_us")
+        copier = device
+        if floor_us is not None:
+            scaled = float(floor_us) * float(device.measured.extra.get("cpu_share", 1.0))
+            copier = dataclasses.replace(
+                device, measured=dataclasses.replace(device.measured, host_us=scaled)
+            )
+        copies_s = ComputeModel(copier, "fp32").memory_time_s(
             16.0 * float(report["num_parameters"]), kernels=2 * tensors
         )
     if overlap is None or copies_s > 0:

@@ -4,7 +4,8 @@ breakdown needs: complete events (``ph: "X"``) with their category (``cpu_op``,
 stream, and the arguments Kineto records (``correlation``, ``External id``, ``stream``,
 ``device``, ``Input Dims`` / ``Input type``, and on NCCL kernels and ``record_param_comms`` the
 ``Collective name``, ``In msg nelems``, ``dtype``, ``Group size``, ``Process Group Ranks``), plus
-the ``distributedInfo`` and ``deviceProperties`` metadata. The format is Kineto's
+the ``distributedInfo`` and ``deviceProperties`` metadata (and ``collsim``'s own: the cores a
+rank of ``collsim validate step`` could run on). The format is Kineto's
 ``ChromeTraceLogger`` output as PyTorch writes it (``torch.profiler.profile.export_chrome_trace``)
 and as HolisticTraceAnalysis reads it (``hta/common/trace_parser.py``). Every malformed input
 raises one :class:`~collsim.core.errors.ConfigError` line naming the file (exit 2). The JSON parser
@@ -92,6 +93,21 @@ class Trace:
     backend: str | None = None
     devices: list[str] = field(default_factory=list)
     """``deviceProperties[].name`` (empty on a CPU-only trace)."""
+    cores: int | None = None
+    """The CPU cores the rank could run on while traced (``collsim.cores``, written by
+    ``collsim validate step --profile-dir``; None in other traces)."""
+    local_ranks: int | None = None
+    """The ranks of the job on the rank's node (``collsim.local_ranks``; None likewise)."""
+    cpu_share: float | None = None
+    """The share of a core the step's thread got over the traced steps (its CPU time over the
+    wall time, ``collsim.cpu_share``; None likewise)."""
+
+    @property
+    def ranks_per_core(self) -> float | None:
+        """The job's ranks per core the rank could run on (None: not recorded)."""
+        if self.cores is None or self.local_ranks is None or self.cores <= 0:
+            return None
+        return self.local_ranks / self.cores
 
     @property
     def label(self) -> str:
@@ -252,7 +268,7 @@ def _doc_ijson(path: str, progress: bool) -> dict[str, Any]:
             elif prefix == "traceEvents.item" and kind == "start_map":
                 builder, depth, key = ijson.ObjectBuilder(), 1, None
                 builder.event(kind, value)
-            elif prefix in ("distributedInfo", "deviceProperties") and kind in (
+            elif prefix in ("distributedInfo", "deviceProperties", "collsim") and kind in (
                 "start_map",
                 "start_array",
             ):
@@ -382,6 +398,8 @@ def read_trace(path: str | Path, *, reader: str | None = None, progress: bool = 
     dist = doc.get("distributedInfo") if isinstance(doc.get("distributedInfo"), dict) else {}
     props = doc.get("deviceProperties") if isinstance(doc.get("deviceProperties"), list) else []
     assert isinstance(dist, dict) and isinstance(props, list)
+    ours = doc.get("collsim") if isinstance(doc.get("collsim"), dict) else {}
+    assert isinstance(ours, dict)
     trace = Trace(
         name,
         events,
@@ -389,6 +407,11 @@ def read_trace(path: str | Path, *, reader: str | None = None, progress: bool = 
         world_size=_int_or_none(dist.get("world_size")),
         backend=str(dist["backend"]) if "backend" in dist else None,
         devices=[str(p.get("name", "")) for p in props if isinstance(p, dict)],
+        cores=_int_or_none(ours.get("cores")),
+        local_ranks=_int_or_none(ours.get("local_ranks")),
+        cpu_share=float(ours["cpu_share"])
+        if isinstance(ours.get("cpu_share"), (int, float))
+        else None,
     )
     if not events:
         raise _bad(name, "'traceEvents' holds no complete (ph 'X') event")

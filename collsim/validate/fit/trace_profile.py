@@ -1,19 +1,23 @@
 """A device profile learned from traced steps, in the schema ``collsim validate compute`` writes
 (:func:`collsim.validate.measure.compute.write_profile`; read by
-:func:`collsim.cluster.hardware.get_device`):
-the GEMM rate of every shape the trace ran (``aten::mm`` / ``addmm`` / ``bmm`` / ``baddbmm``
-with their recorded ``Input Dims``), the attention rate of the SDPA ops (forward and backward,
-by head dim and sequence length), the bandwidth of the memory-bound element-wise ops by size,
-the GELU rate, the optimizer's bytes per second (``Optimizer.step#<name>.step``) and the host
-cost of a tiny op. On a CPU-only trace an op's time is its host duration; on a GPU trace the
-summed duration of the kernels its launches ran (``External id`` -> launch -> ``correlation`` ->
-kernel). Each point is its work over its time summed over its occurrences in the traced steps of
-every rank (not the median: an op the OS preempted costs the step that time too, and a step's
-prediction needs its mean). The rates are the ones the ranks got while they ran together, so the
-profile's ``concurrent_slowdown`` is 1 (no further slowdown for neighbours). What the trace did
-not run comes from the ``base`` device: its measured rows where it is a profile (GEMM shapes
-farther than a factor of 2 in some dimension from every traced shape; whole sections the trace
-lacks), else the catalogue model; :meth:`LearnedProfile.describe` says which."""
+:func:`collsim.cluster.hardware.get_device`): the GEMM rate of every shape the trace ran
+(``aten::mm`` / ``addmm`` / ``bmm`` / ``baddbmm`` with their recorded ``Input Dims``), the
+attention rate of the SDPA ops (forward and backward, by head dim and sequence length), the
+bandwidth of the memory-bound element-wise ops by size, the GELU rate, the optimizer's bytes per
+second (``Optimizer.step#<name>.step``), the host cost per launch (on a CPU trace the step
+thread's time no priced op holds, per priced op: :func:`host_per_launch`; the tiny op's time
+kept as ``notes.op_floor_us``; on a GPU trace the kernel launch call) and, from a second trace
+of the same step with the ranks pinned to fewer cores, the time-sharing slowdown
+(:func:`time_sharing`). On a CPU-only trace an op's time is its host duration; on a GPU trace
+the summed duration of the kernels its launches ran (``External id`` -> launch ->
+``correlation`` -> kernel). Each point is its work over its time summed over its occurrences in
+the traced steps of every rank (not the median: an op the OS preempted costs the step that time
+too, and a step's prediction needs its mean). The rates are the ones the ranks got while they
+ran together, so the profile's ``concurrent_slowdown`` is 1 (no further slowdown for
+neighbours). What the trace did not run comes from the ``base`` device: its measured rows where
+it is a profile (GEMM shapes farther than a factor of 2 in some dimension from every traced
+shape; whole sections the trace lacks), else the catalogue model;
+:meth:`LearnedProfile.describe` says which."""
 
 from __future__ import annotations
 
@@ -303,6 +307,210 @@ def _host_us(trace: Trace) -> float | None:
     return statistics.median(tiny) if tiny else None
 
 
+HOST_KINDS = frozenset({"framework", "copy", "unclassified"})
+"""Op kinds no table of the profile prices: their self time on the step's thread is host time
+(views, transposes, autograd bookkeeping, allocations, layout copies)."""
+
+PRICED_KINDS = frozenset(
+    {"gemm", "attention", "convolution", "norm", "elementwise", "embedding", "loss"}
+)
+"""Op kinds the simulation prices one kernel at a time: each op of one of these kinds inside no
+other, outside the optimizer and DDP's reducer, is one launch of :func:`host_per_launch`."""
+
+PRICED_ELSEWHERE = ("Optimizer.", "reducer::")
+"""Annotations whose insides the simulation prices as a whole: the optimizer step and
+zero_grad (``optimizer_bytes_per_s``), and DDP's reducer (``torch::distributed::reducer::
+mul_out``, ``torch.distributed.ddp.reducer::copy_bucket_to_grad``: the gradient copies priced
+from their bytes, ``collsim.validate.check.step``)."""
+
+
+@dataclass
+class HostTime:
+    """The host time of a CPU trace's steps that no priced op holds (:func:`host_per_launch`)."""
+
+    host_s: float
+    """Summed over the steps: self time of :data:`HOST_KINDS` ops and the step thread's gaps
+    between ops, outside :data:`PRICED_ELSEWHERE` and not while a collective of the rank ran."""
+    launches: int
+    """Ops of :data:`PRICED_KINDS` inside no other such op, summed over the steps."""
+    steps: int
+
+    @property
+    def per_launch_us(self) -> float:
+        return self.host_s / max(self.launches, 1) * 1e6
+
+
+def _overlap_us(lo: float, hi: float, spans: list[tuple[float, float]]) -> float:
+    return sum(max(0.0, min(hi, b) - max(lo, a)) for a, b in spans)
+
+
+def _step_host_us(
+    ops: list[Event], step: Event, comm: list[tuple[float, float]]
+) -> tuple[float, int]:
+    """(host microseconds, launches) of one step's ops on its thread, in time order."""
+    host_us = 0.0
+    launches = 0
+    stack: list[tuple[Event, str, bool, list[float]]] = []  # op, kind, elsewhere, kids' time
+    last_end = step.ts_us
+
+    def pop() -> None:
+        nonlocal host_us, launches
+        op, kind, elsewhere, kids = stack.pop()
+        span = max(0.0, min(op.end_us, step.end_us) - op.ts_us)
+        if stack:
+            stack[-1][3][0] += span
+        if elsewhere:
+            return
+        if kind in HOST_KINDS:
+            host_us += max(0.0, span - kids[0])
+        elif kind in PRICED_KINDS and not any(k in PRICED_KINDS for _, k, _, _ in stack):
+            launches += 1  # a priced op inside another (a GEMM's bias sum) is part of it
+
+    for op in ops:
+        while stack and stack[-1][0].end_us <= op.ts_us:
+            pop()
+        if not stack and op.ts_us > last_end:  # a gap between outermost ops
+            host_us += (op.ts_us - last_end) - _overlap_us(last_end, op.ts_us, comm)
+        elsewhere = any(p in op.name for p in PRICED_ELSEWHERE) or bool(stack and stack[-1][2])
+        stack.append((op, classify(op.name, op.cat), elsewhere, [0.0]))
+        if len(stack) == 1:
+            last_end = max(last_end, op.end_us)
+    while stack:
+        pop()
+    if step.end_us > last_end:
+        host_us += (step.end_us - last_end) - _overlap_us(last_end, step.end_us, comm)
+    return host_us, launches
+
+
+def host_per_launch(trace: Trace) -> HostTime:
+    """The host cost per launch a CPU trace's steps show: on each step's thread, the self time
+    of the ops of kinds no table prices (:data:`HOST_KINDS`) plus the gaps between the
+    outermost ops (Python and the autograd engine between ops), leaving out what the simulation
+    prices as a whole (:data:`PRICED_ELSEWHERE`) and the gaps while a collective of the rank ran
+    (a wait, priced as exposed communication); over the ops the simulation prices one by one
+    (:data:`PRICED_KINDS`, those inside no other priced op). On a CPU the host cost adds to each
+    kernel's time (``collsim.workload.compute.ComputeModel``), so these seconds, spread over
+    the launches, are what the simulated step lacks without them."""
+
+    comm = sorted(
+        (e.ts_us, e.end_us)
+        for e in trace.events
+        if e.name.startswith("gloo:") or e.name == "record_param_comms"
+    )
+    host_us = 0.0
+    launches = 0
+    steps = trace.steps()
+    for step in steps:
+        ops = sorted(
+            (
+                e
+                for e in trace.events
+                if e.cat in ("cpu_op", "user_annotation")
+                and e.tid == step.tid
+                and e.pid == step.pid
+                and step.ts_us <= e.ts_us < step.end_us
+                and not e.name.startswith(STEP_PREFIX)
+            ),
+            key=lambda e: (e.ts_us, -e.dur_us),
+        )
+        h, n = _step_host_us(ops, step, comm)
+        host_us += h
+        launches += n
+    return HostTime(host_us * 1e-6, launches, len(steps))
+
+
+def _busy_step_s(traces: list[Trace]) -> float:
+    """Mean seconds per step of the steps' threads less their waits on a collective (the gaps
+    between outermost ops while a collective of the rank ran), over every step of every rank."""
+    total_us = 0.0
+    count = 0
+    for trace in traces:
+        comm = sorted(
+            (e.ts_us, e.end_us)
+            for e in trace.events
+            if e.name.startswith("gloo:") or e.name == "record_param_comms"
+        )
+        for step in trace.steps():
+            top = _outermost(
+                [
+                    e
+                    for e in trace.events
+                    if e.cat in ("cpu_op", "user_annotation")
+                    and e.tid == step.tid
+                    and e.pid == step.pid
+                    and step.ts_us <= e.ts_us < step.end_us
+                    and not e.name.startswith(STEP_PREFIX)
+                ]
+            )
+            edges = [step.ts_us, *(x for e in top for x in (e.ts_us, e.end_us)), step.end_us]
+            waits = sum(
+                _overlap_us(edges[i], edges[i + 1], comm)
+                for i in range(0, len(edges) - 1, 2)
+                if edges[i + 1] > edges[i]
+            )
+            total_us += step.dur_us - waits
+            count += 1
+    return total_us / max(count, 1) * 1e-6
+
+
+@dataclass
+class TimeSharing:
+    """The slowdown beyond an even share of a core, learned from the same step traced with the
+    ranks on their own cores and with more ranks per core (:func:`time_sharing`)."""
+
+    slowdown: float
+    source: str
+
+
+def time_sharing(pinned: list[Trace], reference: list[Trace]) -> TimeSharing:
+    """How much slower a rank's step runs when ranks time-share the cores than the even share
+    says: the mean step of ``pinned`` (the ranks pinned to fewer cores, e.g. ``taskset -c 0``,
+    more ranks per core) over that of ``reference`` (the same step with fewer ranks per core),
+    divided by the ratio of their ranks per core; waits on collectives left out. Above 1 when
+    switching between ranks costs (each finds the cache the other filled), below when the
+    cores' own rate rises with fewer busy (clock boost, memory bandwidth). ConfigError (exit 2)
+    when a trace does not record its cores (``collsim validate step --profile-dir`` does) or the
+    pinned ranks do not share more."""
+
+    def per_core(traces: list[Trace]) -> float:
+        shares = {t.ranks_per_core for t in traces}
+        if None in shares or len(shares) != 1:
+            bad = next((t for t in traces if t.ranks_per_core is None), traces[0])
+            raise ConfigError(
+                "no 'collsim.cores' / 'collsim.local_ranks' metadata (or the ranks disagree): "
+                "record the traces with `collsim validate step --profile-dir`",
+                file=bad.path,
+            )
+        value = shares.pop()
+        assert value is not None
+        return value
+
+    if not pinned or not reference:
+        raise ConfigError("the time-sharing slowdown needs pinned and reference traces")
+    ratio = per_core(pinned) / per_core(reference)
+    if ratio <= 1.0:
+        raise ConfigError(
+            f"the pinned traces run {per_core(pinned):g} ranks per core, the reference "
+            f"{per_core(reference):g}: pin the ranks to fewer cores (taskset -c 0)",
+            file=pinned[0].path,
+        )
+    busy_p, busy_r = _busy_step_s(pinned), _busy_step_s(reference)
+    slowdown = busy_p / busy_r / ratio
+
+    def got(traces: list[Trace]) -> str:
+        shares = [t.cpu_share for t in traces if t.cpu_share is not None]
+        return f", threads got {statistics.mean(shares):.2f} of a core" if shares else ""
+
+    names = ", ".join("/".join(Path(t.path).parts[-2:]) for t in pinned)
+    refs = ", ".join("/".join(Path(t.path).parts[-2:]) for t in reference)
+    source = (
+        f"pinned {names} ({per_core(pinned):g} ranks per core, {busy_p * 1e3:.2f} ms per step"
+        f"{got(pinned)}) over {refs} ({per_core(reference):g}, {busy_r * 1e3:.2f} ms"
+        f"{got(reference)}), / {ratio:g}"
+    )
+    return TimeSharing(round(slowdown, 4), source)
+
+
 def _near(row: list[Any], rows: list[list[Any]]) -> bool:
     lim = math.log(SAME_SHAPE_FACTOR)
     return any(all(abs(math.log(row[i]) - math.log(r[i])) <= lim for i in range(3)) for r in rows)
@@ -313,8 +521,16 @@ def covered_gemm(shape: tuple[int, int, int], rows: list[list[Any]]) -> bool:
     return _near(list(shape), rows)
 
 
-def profile_from_traces(traces: list[Trace], *, base: str | None = None) -> LearnedProfile:
-    """Learn the ``measured`` tables from ``traces`` (one or several ranks of one job)."""
+def profile_from_traces(
+    traces: list[Trace],
+    *,
+    base: str | None = None,
+    pinned: list[Trace] | None = None,
+    pinned_reference: list[Trace] | None = None,
+) -> LearnedProfile:
+    """Learn the ``measured`` tables from ``traces`` (one or several ranks of one job); with
+    ``pinned`` also the time-sharing slowdown (:func:`time_sharing` against
+    ``pinned_reference``, default ``traces``), in ``notes.time_sharing_slowdown``."""
 
     timed = [pair for t in traces for pair in _op_times(t)]
     on_gpu = any(t.on_gpu for t in traces)
@@ -328,6 +544,17 @@ def profile_from_traces(traces: list[Trace], *, base: str | None = None) -> Lear
     }
     opt = [r for t in traces if (r := _optimizer_bps(t)) is not None]
     hosts = [h for t in traces if (h := _host_us(t)) is not None]
+    floors: list[float] = []
+    host_time = None
+    if not on_gpu:  # the host cost adds to each kernel on a CPU: its measured share per launch
+        found = [host_per_launch(t) for t in traces]
+        host_time = HostTime(
+            sum(h.host_s for h in found),
+            sum(h.launches for h in found),
+            sum(h.steps for h in found),
+        )
+        if host_time.launches:
+            floors, hosts = hosts, [host_time.per_launch_us]
     sources: dict[str, str] = {}
     measured: dict[str, Any] = {"concurrent_slowdown": 1.0, "concurrent_memory_slowdown": 1.0}
     for section, rows in learned.items():
@@ -355,7 +582,17 @@ def profile_from_traces(traces: list[Trace], *, base: str | None = None) -> Lear
     base_host = getattr(base_tables, "host_us", None) if base_tables else None
     measured["host_us"] = round(statistics.median(hosts), 3) if hosts else base_host
     sources["host"] = "trace" if hosts else ("base" if base_host else "catalogue model")
+    if host_time is not None and host_time.launches:
+        per_step = host_time.steps or 1
+        sources["host"] = (
+            f"trace ({host_time.host_s / per_step * 1e3:.2f} ms per step outside the priced ops"
+            f" over {host_time.launches / per_step:.0f} launches)"
+        )
     measured["launch_us"] = 0.0
+    shared = None
+    if pinned:
+        shared = time_sharing(pinned, pinned_reference or traces)
+        sources["time sharing"] = f"x{shared.slowdown:g}: {shared.source}"
     # the rows are the shapes the trace ran: a shape far from all of them is priced by the
     # base device's own figures (write_trace_profile), not by the nearest traced shape
     measured["gemm_reach"] = SAME_SHAPE_FACTOR
@@ -366,6 +603,15 @@ def profile_from_traces(traces: list[Trace], *, base: str | None = None) -> Lear
         "device": "cuda" if on_gpu else "cpu",
         "base": base,
         "activation_dtype": "fp32" if not on_gpu else "bf16",
+        # a tiny op's own time: the floor of a kernel issued without Python between
+        # (DDP's gradient copies, collsim.validate.check.step); host_us is per launch
+        **({"op_floor_us": round(statistics.median(floors), 3)} if floors else {}),
+        # applied where the predicted ranks exceed the cores (collsim.validate.check.step)
+        **(
+            {"time_sharing_slowdown": shared.slowdown, "time_sharing_source": shared.source}
+            if shared is not None
+            else {}
+        ),
         **({"attention_dtype": "fp32"} if not on_gpu else {"attention_dtype": "bf16"}),
     }
     return LearnedProfile(
@@ -407,7 +653,12 @@ def write_trace_profile(path: str | Path, learned: LearnedProfile) -> Path:
             "the traces hold no GEMM with recorded shapes (profile with record_shapes=True)",
             key_path="--profile-out",
         )
-    out = write_profile(path, tables, device=learned.device, figures=base_figures(learned.base))
+    figures = base_figures(learned.base)
+    if learned.device == "cpu":
+        # the traced rates are one thread's: no wave quantization over the base's cores (with
+        # the catalogue CPU's 32, a fused attention of 8 heads x 1 block would run at 8/32)
+        figures["sm_count"] = int(tables["notes"].get("threads", 1))
+    out = write_profile(path, tables, device=learned.device, figures=figures)
     text = out.read_text().replace(
         "written by `collsim validate compute`",
         "learned from a trace by `collsim validate trace --profile-out`",

@@ -549,7 +549,7 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
     return {
         "world_size": ctx.world_size,
         "local_world_size": ctx.local_world_size,
-        "cpu_count": os.cpu_count(),
+        "cpu_count": _cores(),
         "threads_per_rank": torch.get_num_threads(),
         "scheduling": current_scheduling(),
         "block_medians_s": block_medians,
@@ -602,6 +602,18 @@ def _trace_modes(
                     steps[mode]()
                 wall += time.perf_counter() - start
                 cpu += time.thread_time() - cpu0
+            # what a time-sharing slowdown is learned from (collsim.validate.fit.trace_profile):
+            # the cores this rank could run on, the ranks beside it, its thread's share of a core
+            prof.add_metadata_json(
+                "collsim",
+                json.dumps(
+                    {
+                        "cores": _cores(),
+                        "local_ranks": ctx.local_world_size,
+                        "cpu_share": round(cpu / max(wall, 1e-9), 4),
+                    }
+                ),
+            )
         shares[mode] = cpu / max(wall, 1e-9)
         path = folder / f"n{ctx.world_size}_{mode}_rank{ctx.rank}.json"
         prof.export_chrome_trace(str(path))
@@ -610,6 +622,12 @@ def _trace_modes(
         os.remove(path)
         written.append(f"{path}.gz")
     return {"files": written, "cpu_share": shares}
+
+
+def _cores() -> int:
+    """The cores this process may run on (its CPU affinity: ``taskset`` narrows it)."""
+    getter = getattr(os, "sched_getaffinity", None)
+    return len(getter(0)) if getter is not None else os.cpu_count() or 1
 
 
 def _autogroup() -> bool | None:
