@@ -5,7 +5,7 @@ gathered unit, its gathers, reductions and reshards priced once per (rank, chunk
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from collsim.parallel.fsdp import issue_schedule
 from collsim.parallel.pipeline import Phase, PipeOp
@@ -13,7 +13,27 @@ from collsim.play.walk_tables import Priced, RankState, SegStep
 from collsim.step.ops import ChunkModel
 
 if TYPE_CHECKING:
-    from collsim.play.walker import Walker
+    from collsim.step.dataparallel import DataParallelRules, DPCall
+    from collsim.step.ops import Segment
+
+
+class Walker(Protocol):
+    """What the segment path reads of :class:`collsim.play.walker.Walker`."""
+
+    rules: DataParallelRules
+    runs: dict[tuple[int, int], list[Any]]
+    seg_plans: dict[tuple[int, int, Phase, bool], list[SegStep]]
+
+    def seg_tp_s(self, rank: int, seg: Segment) -> float: ...
+
+    def seg_comm_s(self, rank: int, seg: Segment) -> dict[str, float]: ...
+
+    def priced_calls(
+        self, rank: int, calls: list[DPCall], extra_s: float
+    ) -> tuple[Priced, ...]: ...
+
+    def run_priced(self, prog: RankState, calls: tuple[Priced, ...], ready: float) -> float: ...
+
 
 __all__ = ["run_segments", "seg_plan"]
 
