@@ -235,6 +235,9 @@ class TrainingConfig:
     """Weights kept in FP8 and all-gathered as FP8 (Megatron ``--fp8-param-gather``; sets
     ``parallel.fsdp.fp8_all_gather``); None: True for FP8 under ``megatron_te`` with a sharded
     optimizer (:func:`collsim.workload.fp8.fp8_param_gather_of`)."""
+    expandable_segments: bool | None = None
+    """``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` for the caching allocator; None:
+    the stack's launch setting (:func:`collsim.step.allocator.expandable_segments_of`)."""
 
     def __post_init__(self) -> None:
         if self.stack is not None and self.stack not in STACKS:

@@ -105,8 +105,9 @@ def run_segments(w: Walker, prog: RankState, op: PipeOp, chunk: ChunkModel, pair
         if gathers and ready is not None and ready > prog.now:
             breakdown["dp_exposed"] += ready - prog.now
             prog.now = ready
+        label = (seg.key, op.microbatch, op.chunk)  # as the engine labels them
         if not forward:
-            ledger.alloc(prog.now, "activations", seg.transient_bytes)
+            ledger.alloc(prog.now, "activations", seg.transient_bytes, ("recompute", *label))
         slot = runs.get((rank, id(seg)))  # a run of its TP collectives (flush_tp)
         if slot is None:
             runs[(rank, id(seg))] = [[seg], 1]
@@ -118,9 +119,14 @@ def run_segments(w: Walker, prog: RankState, op: PipeOp, chunk: ChunkModel, pair
         for k, v in sp.comm_items:
             breakdown[k] += v
         if forward:
-            ledger.alloc(prog.now, "activations", seg.stored_bytes)
+            ledger.alloc(prog.now, "activations", seg.stored_bytes, ("act", *label))
         elif seg.frees:
-            ledger.free(prog.now, "activations", seg.transient_bytes + seg.stored_bytes)
+            ledger.free(
+                prog.now,
+                "activations",
+                seg.transient_bytes + seg.stored_bytes,
+                ("free", *label),
+            )
         if not sp.releases[0 if last else 1]:
             continue  # kept gathered (and its gradient unreduced)
         if sp.grad is not None:

@@ -162,6 +162,11 @@ def memory_table(result: StepResult) -> str:
     rows.append(
         ["peak", format_gib(result.memory_peak_bytes), _share(result.memory_peak_bytes, capacity)]
     )
+    reserved = result.memory_reserved_bytes
+    if reserved is not None and result.fits:  # out of memory: no peak to compare
+        frag = reserved - result.memory_peak_bytes
+        rows.append(["peak reserved", format_gib(reserved), _share(reserved, capacity)])
+        rows.append(["fragmentation", format_gib(frag), _share(frag, capacity)])
     rows.append(["HBM capacity", format_gib(capacity), _share(capacity, capacity)])
     return format_table(["memory per GPU (at peak)", "GiB", "of HBM"], rows)
 
@@ -241,7 +246,17 @@ def collectives_table(stats: Sequence[CollectiveStat]) -> str:
 
 
 def memory_verdict(result: StepResult) -> str:
-    """``fits: 35.20 GiB of 74.51 GiB`` or ``does not fit: 104.31 GiB needed of 74.51 GiB``."""
+    """``fits: 35.20 GiB of 74.51 GiB`` or ``does not fit: 104.31 GiB needed of 74.51 GiB``;
+    with the caching allocator replayed, the reserved memory against what it may hold."""
+    alloc = result.allocator
+    if alloc is not None and result.memory_reserved_bytes is not None:
+        allocated = format_gib(result.memory_peak_bytes)
+        limit = format_gib(float(alloc["limit_bytes"]))
+        mode = " (expandable)" if alloc["expandable_segments"] else ""
+        if result.fits:
+            reserved = format_gib(result.memory_reserved_bytes)
+            return f"fits: {reserved} GiB reserved, {allocated} allocated, of {limit} GiB{mode}"
+        return f"does not fit: {allocated} GiB allocated, out of memory in {limit} GiB"
     needed = format_gib(result.memory_peak_bytes)
     capacity = format_gib(result.memory_capacity_bytes)
     reserve = float(result.memory_reserve_bytes)

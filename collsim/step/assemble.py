@@ -15,6 +15,7 @@ from collsim.core.errors import SimulationError
 from collsim.core.units import GiB
 from collsim.parallel.describe import describe_mapping
 from collsim.parallel.plan import Plan
+from collsim.step.allocator import allocator_limit_bytes, expandable_segments_of, reserved_memory
 from collsim.step.memory import Timelines
 from collsim.step.result import MEMORY_KEYS, Breakdown, CollectiveStat, StepResult
 from collsim.workload import flops
@@ -85,6 +86,50 @@ def _collectives(engine: PlayedStep) -> list[CollectiveStat]:
     return out
 
 
+def _memory_fit(
+    plan: Plan,
+    engine: PlayedStep,
+    allocated_peaks: dict[int, float],
+    top_rank: int,
+    timeline: bool,
+) -> tuple[bool, float | None, dict[str, Any] | None, str]:
+    """Whether the plan fits, the peak reserved memory, the allocator's facts and the
+    warning when it does not fit. With the run's timeline kept (not in a search's inner loop)
+    and a GPU, PyTorch's caching allocator is replayed (:mod:`collsim.step.allocator`): the
+    plan fits when no request fails after the allocator's release-and-retry; else the
+    allocated peak against the usable capacity."""
+    device = plan.topology.device
+    capacity = float(device.usable_memory_bytes)
+    peak = allocated_peaks[top_rank]
+    if not timeline or device.generation == "cpu":
+        if peak <= capacity:
+            return True, None, None, ""
+        return (
+            False,
+            None,
+            None,
+            f"does not fit: {peak / GiB:.1f} GiB needed of {capacity / GiB:.1f} GiB",
+        )
+    tr = plan.training
+    reserved, allocator = reserved_memory(
+        {rank: prog.ledger for rank, prog in engine.programs.items()},
+        expandable_segments=expandable_segments_of(tr.stack, tr.expandable_segments),
+        limit_bytes=allocator_limit_bytes(device),
+        allocated_peaks=allocated_peaks,
+        schedule=getattr(engine, "schedule", None),
+    )
+    if not allocator["oom"]:
+        return True, reserved, allocator, ""
+    return (
+        False,
+        reserved,
+        allocator,
+        f"does not fit: the caching allocator runs out of memory on rank {allocator['rank']} "
+        f"({peak / GiB:.1f} GiB allocated at the peak, {allocator['limit_bytes'] / GiB:.1f} "
+        "GiB the allocator can hold)",
+    )
+
+
 def assemble(
     plan: Plan,
     engine: PlayedStep,
@@ -116,11 +161,11 @@ def assemble(
     capacity = float(device.usable_memory_bytes)
     reserve = float(device.memory_reserve_bytes)
     warnings_out = list(plan.warnings)
-    fits = top.total_bytes <= capacity
-    if not fits:
-        warnings_out.append(
-            f"does not fit: {top.total_bytes / GiB:.1f} GiB needed of {capacity / GiB:.1f} GiB"
-        )
+    fits, reserved, allocator, verdict = _memory_fit(
+        plan, engine, {r: p.total_bytes for r, p in peaks.items()}, top_rank, timeline
+    )
+    if verdict:
+        warnings_out.append(verdict)
     # the first rank (dp 0, tp 0) of each simulated stage
     firsts = [prog for prog in programs.values() if prog.coords.dp == 0 and prog.coords.tp == 0]
     return StepResult(
@@ -160,4 +205,6 @@ def assemble(
             r: prog.ledger.category_peak("activations") for r, prog in programs.items()
         },
         rank_stages={rank: plan.stage_of(rank) for rank in programs},
+        memory_reserved_bytes=reserved,
+        allocator=allocator,
     )

@@ -239,6 +239,21 @@ class StepResult:
     """What the stragglers cost (None without stragglers)."""
     contention: list[ContentionEffect] | None = None
     """What link sharing adds, axis by axis (None unless contended axes ran on the DES)."""
+    memory_reserved_bytes: float | None = None
+    """Peak memory PyTorch's caching allocator reserves on the most loaded GPU
+    (:mod:`collsim.step.allocator`); None where it was not replayed (a search's inner loop,
+    a CPU device)."""
+    allocator: dict[str, Any] | None = None
+    """How the reserved memory was found: ``expandable_segments``, ``limit_bytes`` (what the
+    allocator may hold), ``rank``, ``alloc_retries``, ``oom`` and the peaks per rank."""
+
+    @property
+    def memory_fragmentation_bytes(self) -> float | None:
+        """Peak reserved minus peak allocated: what the allocator holds beyond the tensors
+        (None when the replay ran out of memory: its reserved bytes are those at the failure)."""
+        if self.memory_reserved_bytes is None or (self.allocator or {}).get("oom"):
+            return None
+        return self.memory_reserved_bytes - self.memory_peak_bytes
 
     def __post_init__(self) -> None:
         self.breakdown_s = Breakdown.of(self.breakdown_s)
@@ -267,6 +282,8 @@ class StepResult:
             out["stragglers"] = self.stragglers.as_dict()
         if self.contention is not None:
             out["contention"] = [effect.as_dict() for effect in self.contention]
+        if self.allocator is not None:
+            out["allocator"] = dict(self.allocator)
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -280,6 +297,8 @@ class StepResult:
             "hfu": self.hfu,
             "breakdown_s": dict(self.breakdown_s),
             "memory_peak_bytes": self.memory_peak_bytes,
+            "memory_reserved_bytes": self.memory_reserved_bytes,
+            "memory_fragmentation_bytes": self.memory_fragmentation_bytes,
             "memory_bytes": dict(self.memory_bytes),
             "memory_capacity_bytes": self.memory_capacity_bytes,
             "fits": self.fits,

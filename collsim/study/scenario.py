@@ -476,6 +476,9 @@ _TRAINING = Section(
             "FP8 weights cast once per step (TE is_first_microbatch; stack megatron_te)."
         ),
         "fp8_param_gather": flag_value("Weights kept and all-gathered in FP8 (Megatron)."),
+        "expandable_segments": flag_value(
+            "Caching allocator with expandable_segments:True (default: the stack's)."
+        ),
     },
 )
 

@@ -34,6 +34,7 @@ from collsim.workload.ops import (
     embedding_ops,
     head_ops,
     kept_bytes,
+    kept_tensors,
     layer_ops,
     parse_recompute,
 )
@@ -209,6 +210,12 @@ class LayerTimes:
     """With Transformer Engine's FP8 casts (``fp8_casts``): the FP8 weight elements of the
     block on the rank, (non-expert, routed-expert), and its FP8 linears (their once-per-step
     casts are priced by the step, :func:`collsim.workload.fp8.weight_cast_bytes_per_step`)."""
+    kept_tensor_bytes: tuple[float, ...] = ()
+    """A layer's kept tensors one by one (they add up to ``activation_bytes``;
+    :func:`collsim.workload.op_records.kept_tensors`): what the caching allocator replay
+    allocates (:mod:`collsim.step.allocator`)."""
+    rebuilt_tensor_bytes: tuple[float, ...] = ()
+    """A layer's recomputed tensors one by one (they add up to ``transient_bytes``)."""
 
 
 class ComputeModel:
@@ -585,6 +592,7 @@ class ComputeModel:
         kept, transient = (
             kept_bytes(ops, recompute) if layer else (float(sum(op.saved_bytes for op in ops)), 0.0)
         )
+        kept_each, rebuilt_each = kept_tensors(ops, recompute) if layer else ((), ())
         return LayerTimes(
             forward_s=forward,
             backward_s=backward,
@@ -599,6 +607,8 @@ class ComputeModel:
             memory_bound_s=memory_s,
             wgrad_s=wgrad,
             fp8_weights=self._fp8_weights(ops),
+            kept_tensor_bytes=kept_each,
+            rebuilt_tensor_bytes=rebuilt_each,
         )
 
     def _fp8_weights(self, ops: list[Op]) -> tuple[float, float, int]:

@@ -26,6 +26,7 @@ __all__ = [
     "activation_element_bytes",
     "elementwise_op",
     "kept_bytes",
+    "kept_tensors",
     "parse_recompute",
 ]
 
@@ -270,3 +271,20 @@ def kept_bytes(ops: list[Op], mode: RecomputeMode) -> tuple[float, float]:
         return full - dropped, float(dropped)
     first = ops[0].saved_bytes
     return first, full - first
+
+
+def kept_tensors(ops: list[Op], mode: RecomputeMode) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The tensors behind :func:`kept_bytes`, in the ops' order: (bytes of each tensor kept
+    from forward to backward, bytes of each tensor rebuilt while the layer recomputes)."""
+    every = [(op_index, k, v) for op_index, op in enumerate(ops) for k, v in op.saved.items()]
+    if mode is RecomputeMode.NONE:
+        return tuple(float(v) for _, _, v in every), ()
+    if mode is RecomputeMode.SELECTIVE:
+        return (
+            tuple(float(v) for _, k, v in every if k not in SELECTIVE_TENSORS),
+            tuple(float(v) for _, k, v in every if k in SELECTIVE_TENSORS),
+        )
+    return (
+        tuple(float(v) for i, _, v in every if i == 0),
+        tuple(float(v) for i, _, v in every if i != 0),
+    )

@@ -29,6 +29,7 @@ from collsim.workload.op_records import (
     activation_element_bytes,
     elementwise_op,
     kept_bytes,
+    kept_tensors,
     parse_recompute,
 )
 from collsim.workload.variant_ops import attended_keys, routed_rows, variant_layer_ops
@@ -45,6 +46,7 @@ __all__ = [
     "SELECTIVE_TENSORS",
     "parse_recompute",
     "kept_bytes",
+    "kept_tensors",
     "OP_NAMES",
     "FLOPS_PER_ELEMENT",
     "elementwise_op",

@@ -521,6 +521,36 @@ def covered_gemm(shape: tuple[int, int, int], rows: list[list[Any]]) -> bool:
     return _near(list(shape), rows)
 
 
+def _merged_tables(
+    learned: dict[str, Any], base_tables: Any, base: str
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """Each learned section, or the base device's rows where the trace had none; the GEMM
+    rows add the base rows of shapes the trace did not see. Returns the tables and a source
+    line per section."""
+    sources: dict[str, str] = {}
+    measured: dict[str, Any] = {"concurrent_slowdown": 1.0, "concurrent_memory_slowdown": 1.0}
+    for section, rows in learned.items():
+        base_rows = [list(r) for r in getattr(base_tables, section, ())] if base_tables else []
+        if section == "gemm" and rows:
+            kept = [r for r in base_rows if not _near(r, rows)]
+            measured[section] = rows + kept
+            sources[section] = (
+                f"trace ({len(rows)} shapes)"
+                + (f" + base ({len(kept)} shapes the trace did not see)" if kept else "")
+                + f"; a shape beyond {SAME_SHAPE_FACTOR:g}x of every row: {base}'s own figures"
+            )
+        elif rows:
+            measured[section] = rows
+            sources[section] = f"trace ({len(rows)} points)"
+        elif base_rows:
+            measured[section] = base_rows
+            sources[section] = "base (not in the trace)"
+        else:
+            measured[section] = []
+            sources[section] = "catalogue model (not in the trace)"
+    return measured, sources
+
+
 def profile_from_traces(
     traces: list[Trace],
     *,
@@ -555,27 +585,7 @@ def profile_from_traces(
         )
         if host_time.launches:
             floors, hosts = hosts, [host_time.per_launch_us]
-    sources: dict[str, str] = {}
-    measured: dict[str, Any] = {"concurrent_slowdown": 1.0, "concurrent_memory_slowdown": 1.0}
-    for section, rows in learned.items():
-        base_rows = [list(r) for r in getattr(base_tables, section, ())] if base_tables else []
-        if section == "gemm" and rows:
-            kept = [r for r in base_rows if not _near(r, rows)]
-            measured[section] = rows + kept
-            sources[section] = (
-                f"trace ({len(rows)} shapes)"
-                + (f" + base ({len(kept)} shapes the trace did not see)" if kept else "")
-                + f"; a shape beyond {SAME_SHAPE_FACTOR:g}x of every row: {base}'s own figures"
-            )
-        elif rows:
-            measured[section] = rows
-            sources[section] = f"trace ({len(rows)} points)"
-        elif base_rows:
-            measured[section] = base_rows
-            sources[section] = "base (not in the trace)"
-        else:
-            measured[section] = []
-            sources[section] = "catalogue model (not in the trace)"
+    measured, sources = _merged_tables(learned, base_tables, base)
     base_opt = getattr(base_tables, "optimizer_bytes_per_s", None) if base_tables else None
     measured["optimizer_bytes_per_s"] = round(statistics.median(opt), 1) if opt else base_opt
     sources["optimizer"] = "trace" if opt else ("base" if base_opt else "catalogue model")

@@ -1,0 +1,190 @@
+"""The caching allocator replay (collsim.step.allocator) against outcomes worked out by hand
+from the rules of c10/cuda/CUDACachingAllocator.cpp (pytorch/pytorch at 001074d), and its
+reserved memory on shipped scenarios."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from collsim.cluster.hardware import get_device
+from collsim.step.allocator import (
+    AllocatorOOM,
+    CachingAllocator,
+    allocation_size,
+    expandable_segments_of,
+    replay_ledger,
+    round_size,
+)
+from collsim.step.memory import MemoryEvent
+from collsim.study.job import run_job
+from collsim.workload import get_preset
+from collsim.workload.compute import ComputeModel
+
+MIB = 1 << 20
+SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
+
+
+def test_rounding_and_segment_sizes() -> None:
+    assert round_size(100) == 512
+    assert round_size(1000) == 1024
+    assert allocation_size(round_size(100 * 1024)) == 2 * MIB  # small pool
+    assert allocation_size(6 * MIB) == 20 * MIB  # 1-10 MiB: a 20 MiB segment
+    assert allocation_size(10 * MIB + 1) == 12 * MIB  # from 10 MiB: rounded to 2 MiB
+
+
+def test_three_6mib_share_one_20mib_segment() -> None:
+    a = CachingAllocator()
+    for _ in range(3):
+        a.malloc(6 * MIB)
+    assert a.stats.reserved_bytes == 20 * MIB
+    assert a.stats.allocated_bytes == 18 * MIB
+
+
+def test_9_then_11_mib_reuse_the_split_remainder() -> None:
+    # 9 MiB takes a 20 MiB segment and splits it (11 MiB left > 1 MiB); 11 MiB fits the rest
+    a = CachingAllocator()
+    a.malloc(9 * MIB)
+    a.malloc(11 * MIB)
+    assert (a.stats.reserved_bytes, a.stats.allocated_bytes) == (20 * MIB, 20 * MIB)
+
+
+def test_11_then_9_mib_take_two_segments() -> None:
+    # 11 MiB gets a 12 MiB segment of its own; the 1 MiB left is not split off (must be
+    # > 1 MiB), so the block stays 12 MiB; 9 MiB then needs a 20 MiB segment
+    a = CachingAllocator()
+    a.malloc(11 * MIB)
+    a.malloc(9 * MIB)
+    assert a.stats.reserved_bytes == 32 * MIB
+    assert a.stats.allocated_bytes == 12 * MIB + 9 * MIB
+
+
+def test_free_split_merge_and_empty_cache() -> None:
+    a = CachingAllocator()
+    x = a.malloc(12 * MIB)
+    a.free(x)
+    y = a.malloc(4 * MIB)  # best fit: the cached 12 MiB block, split 4 + 8
+    z = a.malloc(8 * MIB)  # the 8 MiB remainder
+    assert a.stats.reserved_bytes == 12 * MIB
+    a.free(y)
+    a.free(z)  # merged back into one 12 MiB block: a whole free segment
+    a.empty_cache()
+    assert a.stats.reserved_bytes == 0
+    assert a.stats.peak_reserved_bytes == 12 * MIB
+
+
+def test_small_pool_packs_into_2mib() -> None:
+    a = CachingAllocator()
+    for _ in range(10):
+        a.malloc(100_000)  # 100,352 B rounded
+    assert a.stats.reserved_bytes == 2 * MIB
+    assert a.stats.allocated_bytes == 10 * 100_352
+
+
+def test_streams_have_their_own_pools() -> None:
+    a = CachingAllocator()
+    a.free(a.malloc(4 * MIB, stream=0))
+    a.malloc(4 * MIB, stream=1)  # the cached block is stream 0's
+    assert a.stats.reserved_bytes == 40 * MIB
+
+
+def test_a_slightly_larger_request_fragments_segments_not_expandable_ones() -> None:
+    # batch N then N + 1 (Note [Expandable Segments]): 30 MiB freed, then 32 MiB
+    plain = CachingAllocator()
+    plain.free(plain.malloc(30 * MIB))
+    plain.malloc(32 * MIB)
+    assert plain.stats.reserved_bytes == 62 * MIB
+    grown = CachingAllocator(expandable_segments=True)
+    grown.free(grown.malloc(30 * MIB))  # maps 2 pages of 20 MiB
+    grown.malloc(32 * MIB)  # fits the 40 MiB already mapped
+    assert grown.stats.reserved_bytes == 40 * MIB
+
+
+def test_expandable_segment_grows_by_pages_from_its_free_tail() -> None:
+    a = CachingAllocator(expandable_segments=True)
+    a.malloc(30 * MIB)  # 40 MiB mapped, 10 MiB free at the end
+    a.malloc(30 * MIB)  # the 10 MiB tail + one more 20 MiB page
+    assert a.stats.reserved_bytes == 60 * MIB
+    assert a.stats.allocated_bytes == 60 * MIB
+
+
+def test_out_of_memory_releases_the_cache_and_retries() -> None:
+    a = CachingAllocator(limit_bytes=40 * MIB)
+    a.free(a.malloc(30 * MIB))
+    a.malloc(32 * MIB)  # 30 + 32 > 40: the cached 30 MiB segment goes, then it fits
+    assert a.stats.num_alloc_retries == 1
+    assert a.stats.reserved_bytes == 32 * MIB
+    with pytest.raises(AllocatorOOM):
+        a.malloc(12 * MIB)  # nothing cached to release
+    assert a.stats.num_ooms == 1
+
+
+def test_replay_pairs_labelled_activation_frees() -> None:
+    ev = [
+        MemoryEvent(0.0, "activations", 6 * MIB, ("act", 0, 0, 0)),
+        MemoryEvent(1.0, "activations", 6 * MIB, ("act", 1, 0, 0)),
+        MemoryEvent(2.0, "activations", 2 * MIB, ("recompute", 1, 0, 0)),
+        MemoryEvent(3.0, "activations", -8 * MIB, ("free", 1, 0, 0)),
+        MemoryEvent(4.0, "activations", 6 * MIB, ("act", 1, 1, 0)),
+    ]
+    out = replay_ledger(0, ev, expandable_segments=False)
+    assert out.unmatched_bytes == 0
+    # all four live at once (6 + 6 + 2 in one 20 MiB segment), then the freed blocks reused
+    assert out.peak_reserved_bytes == 20 * MIB
+    assert out.peak_allocated_bytes == 14 * MIB
+
+
+def test_stack_defaults_and_override() -> None:
+    assert expandable_segments_of("torchtitan") is True
+    assert expandable_segments_of("deepspeed") is False
+    assert expandable_segments_of(None) is False
+    assert expandable_segments_of("torchtitan", False) is False
+
+
+def test_shipped_scenario_reserves_at_least_what_it_allocates() -> None:
+    path = SCENARIOS / "fsdp_llama2_7b.yaml"
+    closed = run_job(path, fidelity="closed").result
+    engine = run_job(path).result
+    for result in (closed, engine):
+        assert result.memory_reserved_bytes is not None
+        assert result.allocator is not None
+        assert result.allocator["unmatched_bytes"] == 0
+        assert result.memory_reserved_bytes >= result.memory_peak_bytes
+    assert closed.memory_reserved_bytes == engine.memory_reserved_bytes
+    assert closed.to_dict()["memory_reserved_bytes"] == closed.memory_reserved_bytes
+
+
+def test_scenario_key_overrides_the_stack() -> None:
+    path = SCENARIOS / "published" / "moe_gpt_oss_120b_h100_64.yaml"
+    default = run_job(path, fidelity="closed").result
+    plain = run_job(path, ["training.expandable_segments=false"], fidelity="closed").result
+    assert default.allocator is not None and plain.allocator is not None
+    assert default.allocator["expandable_segments"] is True  # nemo_automodel
+    assert plain.allocator["expandable_segments"] is False
+    assert plain.memory_peak_bytes == default.memory_peak_bytes
+
+
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_a_layers_tensors_add_up_to_its_activation_bytes(recompute: str) -> None:
+    model = ComputeModel(get_device("h100"), "bf16")
+    times = model.layer_times(
+        get_preset("llama2-7b"), micro_batch=1, tp=2, sequence_parallel=True, recompute=recompute
+    )
+    assert sum(times.kept_tensor_bytes) == pytest.approx(times.activation_bytes, rel=1e-12)
+    assert sum(times.rebuilt_tensor_bytes) == pytest.approx(times.transient_bytes, abs=1e-6)
+    assert len(times.kept_tensor_bytes) >= (1 if recompute == "full" else 5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name", ["pipeline_13b_interleaved", "published/hsdp_qwen3_30b_a3b_h100_64_fsdp"]
+)
+def test_closed_form_and_engine_reserve_the_same(name: str) -> None:
+    path = SCENARIOS / f"{name}.yaml"
+    closed = run_job(path, fidelity="closed").result
+    engine = run_job(path).result
+    assert closed.memory_peak_bytes == engine.memory_peak_bytes
+    assert closed.memory_reserved_bytes == engine.memory_reserved_bytes
+    assert closed.memory_reserved_bytes is not None
+    assert closed.memory_reserved_bytes >= closed.memory_peak_bytes
