@@ -105,9 +105,9 @@ def run_segments(w: Walker, prog: RankState, op: PipeOp, chunk: ChunkModel, pair
         if gathers and ready is not None and ready > prog.now:
             breakdown["dp_exposed"] += ready - prog.now
             prog.now = ready
-        label = (seg.key, op.microbatch, op.chunk)  # as the engine labels them
+        where = (seg.key, op.microbatch, op.chunk)  # as the engine labels them
         if not forward:
-            ledger.alloc(prog.now, "activations", seg.transient_bytes, ("recompute", *label))
+            ledger.alloc(prog.now, "activations", seg.transient_bytes, ("recompute", *where))
         slot = runs.get((rank, id(seg)))  # a run of its TP collectives (flush_tp)
         if slot is None:
             runs[(rank, id(seg))] = [[seg], 1]
@@ -119,13 +119,13 @@ def run_segments(w: Walker, prog: RankState, op: PipeOp, chunk: ChunkModel, pair
         for k, v in sp.comm_items:
             breakdown[k] += v
         if forward:
-            ledger.alloc(prog.now, "activations", seg.stored_bytes, ("act", *label))
+            ledger.alloc(prog.now, "activations", seg.stored_bytes, ("act", *where))
         elif seg.frees:
             ledger.free(
                 prog.now,
                 "activations",
                 seg.transient_bytes + seg.stored_bytes,
-                ("free", *label),
+                ("free", *where),
             )
         if not sp.releases[0 if last else 1]:
             continue  # kept gathered (and its gradient unreduced)
