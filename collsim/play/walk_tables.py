@@ -94,6 +94,8 @@ class SegStep:
     unit: tuple[int, str | int]
     """(chunk, unit key) of its own unit."""
     duration: float
+    compute_s: float
+    """``seg.compute_s`` (a sum over its steps), read once."""
     comm_items: tuple[tuple[str, float], ...]
     releases: tuple[bool, bool]
     """Whether its unit is released after it in the last micro-batch, in any other."""

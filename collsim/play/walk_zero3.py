@@ -73,6 +73,7 @@ def seg_plan(
                 issues=tuple(issues),
                 unit=(chunk.index, ukey),
                 duration=seg.compute_s + w.seg_tp_s(rank, seg) + seg.framework_s,
+                compute_s=seg.compute_s,
                 comm_items=tuple(w.seg_comm_s(rank, seg).items()),
                 releases=(
                     rules.releases(chunk, seg, forward=forward, microbatch=None),
@@ -114,7 +115,7 @@ def run_segments(w: Walker, prog: RankState, op: PipeOp, chunk: ChunkModel, pair
         else:
             slot[1] += 1
         prog.now += sp.duration
-        breakdown["compute"] += seg.compute_s
+        breakdown["compute"] += sp.compute_s
         breakdown["framework"] += seg.framework_s
         for k, v in sp.comm_items:
             breakdown[k] += v
