@@ -18,7 +18,7 @@ import pytest
 distributed = pytest.importorskip("distributed")
 
 from collsim.cluster.topology import load_topology  # noqa: E402
-from collsim.core.jobs import Workers  # noqa: E402
+from collsim.core.jobs import MAX_TASK_ITEMS, Workers  # noqa: E402
 from collsim.parallel.config import ParallelConfig, TrainingConfig  # noqa: E402
 from collsim.study.search import SearchSpace, search_plans  # noqa: E402
 from collsim.workload import TransformerSpec  # noqa: E402
@@ -89,6 +89,37 @@ def test_workers_map_in_order_on_the_cluster(cluster) -> None:
         assert workers.jobs == 2
         assert workers.map(_square, range(50)) == [3 * i * i for i in range(50)]
         assert list(workers.imap(_square, range(7))) == [3 * i * i for i in range(7)]
+
+
+def _feeder(count: int, sizes: list[int]):
+    """A feed of ``range(count)`` that records the sizes it was asked for; tag: first item."""
+    left = list(range(count))
+
+    def feed(size: int):
+        if not left:
+            return None
+        sizes.append(size)
+        batch = [left.pop(0) for _ in range(min(size, len(left)))]
+        return batch[0], batch
+
+    return feed
+
+
+@pytest.mark.parametrize("remote", [False, True])
+def test_stream_gives_the_batches_in_the_order_fed(cluster, remote: bool) -> None:
+    sizes: list[int] = []
+    scheduler = cluster.scheduler_address if remote else None
+    with Workers(1, _three, scheduler=scheduler) as workers:
+        out = list(workers.stream(_square, _feeder(300, sizes)))
+    assert [r for _, results in out for r in results] == [3 * i * i for i in range(300)]
+    firsts = [tag for tag, _ in out]
+    assert firsts == sorted(firsts) and firsts[0] == 0
+    if remote:
+        # one item per task until one has finished, then as many as its measured cost allows
+        # (microseconds each here: the most a task takes)
+        assert sizes[0] == 1 and max(sizes) == MAX_TASK_ITEMS
+    else:
+        assert set(sizes) == {workers.batch_size}
 
 
 def _built(path: str) -> int:

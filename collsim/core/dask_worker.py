@@ -7,6 +7,7 @@ scheduler (the optional ``distributed`` package).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -35,8 +36,11 @@ class ContextPlugin(WorkerPlugin):
         _contexts.pop(self.token, None)
 
 
-def run_batch(token: str, fn: Callable[[Any, Any], Any], items: list[Any]) -> list[Any]:
-    """One task: ``[fn(context, item) for item in items]`` with this worker's context.
+def run_batch(
+    token: str, fn: Callable[[Any, Any], Any], items: list[Any]
+) -> tuple[float, list[Any]]:
+    """One task: ``[fn(context, item) for item in items]`` with this worker's context, and the
+    seconds they took here (the client sizes its next tasks by them).
 
     Raises:
         RuntimeError: the worker holds no context of that token (its plugin did not run).
@@ -44,4 +48,6 @@ def run_batch(token: str, fn: Callable[[Any, Any], Any], items: list[Any]) -> li
     ctx = _contexts.get(token)
     if ctx is None:
         raise RuntimeError(f"no context {token} on this Dask worker (its plugin did not run)")
-    return [fn(ctx, item) for item in items]
+    started = time.perf_counter()
+    out = [fn(ctx, item) for item in items]
+    return time.perf_counter() - started, out

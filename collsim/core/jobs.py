@@ -20,8 +20,10 @@ import multiprocessing
 import os
 import signal
 import socket
+import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import CancelledError, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -40,8 +42,18 @@ CONNECT_TIMEOUT_S = 3.0
 #: itself, up to its ``distributed.scheduler.allowed-failures``, 3 by default).
 TASK_RETRIES = 2
 
+#: Seconds of work a Dask task of :meth:`Workers.stream` is sized to, by the items' own
+#: measured times: the per-task cost of the client, the scheduler and the worker (a few
+#: milliseconds, tens on a loaded machine) stays a few percent of it, and the last tasks of a
+#: search keep no worker waiting for long.
+TASK_TARGET_S = 0.5
+
+#: The most items one such task carries.
+MAX_TASK_ITEMS = 256
+
 C = TypeVar("C")
 T = TypeVar("T")
+K = TypeVar("K")
 R = TypeVar("R")
 
 #: The worker process's context, built once by :func:`_start` (one per process).
@@ -216,6 +228,10 @@ class _Dask:
 
     def result(self, future: Any, timeout_s: float) -> list[Any]:
         """A batch's results; a lost scheduler or a timeout is a :class:`SimulationError`."""
+        return self.outcome(future, timeout_s)[1]
+
+    def outcome(self, future: Any, timeout_s: float) -> tuple[float, list[Any]]:
+        """A batch's seconds on its worker and its results (errors as :meth:`result`)."""
 
         # optional (the cluster extra): loaded only with a Dask scheduler
         from distributed import KilledWorker
@@ -223,7 +239,8 @@ class _Dask:
         from distributed.comm.core import CommClosedError
 
         try:
-            return list(future.result(timeout=timeout_s))
+            seconds, results = future.result(timeout=timeout_s)
+            return float(seconds), list(results)
         except KilledWorker as exc:
             raise SimulationError(f"Dask workers died on a batch of plans ({exc})") from None
         except TimeoutError:
@@ -277,6 +294,89 @@ class _Dask:
                     future.cancel()
                 except Exception:  # a client without its scheduler has nothing to cancel
                     pass
+
+    def stream(
+        self,
+        fn: Callable[[Any, Any], Any],
+        feed: Callable[[int], tuple[Any, list[Any]] | None],
+    ) -> Iterator[tuple[Any, list[Any]]]:
+        """:meth:`Workers.stream` on the cluster: up to two tasks per worker thread queued or
+        running at any time, a new one sent as soon as one finishes (no worker waits for the
+        others at a barrier), each of about :data:`TASK_TARGET_S` seconds of work as the
+        finished ones measured it (one item per task at first)."""
+
+        # optional (the cluster extra): loaded only with a Dask scheduler
+        from collsim.core.dask_worker import run_batch
+
+        queue: deque[tuple[Any, Any, int]] = deque()  # (future, tag, items), in sent order
+        finished = threading.Event()  # set as any task finishes (Dask's callback thread)
+        size, spent_s, done_items = 1, 0.0, 0
+        fed = True
+        try:
+            while True:
+                running = sum(1 for future, _, _ in queue if not future.done())
+                while fed and running < 2 * self.slots():
+                    got = feed(size)
+                    if got is None:
+                        fed = False
+                        break
+                    tag, items = got
+                    future = self._call(
+                        self.client.submit,
+                        run_batch,
+                        self.token,
+                        fn,
+                        items,
+                        pure=False,
+                        retries=TASK_RETRIES,
+                    )
+                    future.add_done_callback(lambda _: finished.set())
+                    queue.append((future, tag, len(items)))
+                    running += 1
+                if not queue:
+                    return
+                future, tag, count = queue[0]
+                if not future.done():
+                    finished.clear()
+                    still = sum(1 for f, _, _ in queue if not f.done())
+                    if still >= running and not finished.wait(self.timeout_s):
+                        self._late()
+                    continue
+                queue.popleft()
+                seconds, results = self.outcome(future, self.timeout_s)
+                spent_s, done_items = spent_s + seconds, done_items + count
+                if spent_s > 0:
+                    size = max(1, min(MAX_TASK_ITEMS, round(TASK_TARGET_S * done_items / spent_s)))
+                yield tag, results
+        finally:
+            for future, _, _ in queue:
+                try:
+                    future.cancel()
+                except Exception:  # a client without its scheduler has nothing to cancel
+                    pass
+
+    def _late(self) -> None:
+        """No task finished in ``timeout_s``: a lost scheduler or a cluster that hangs."""
+        if self.client.status != "running":
+            raise SchedulerLost(f"lost the Dask scheduler {self.address}")
+        raise SimulationError(
+            f"no batch finished in {self.timeout_s:g} s on the Dask cluster {self.address}"
+        )
+
+    def _call(self, call: Callable[..., R], *args: Any, **kwargs: Any) -> R:
+        """``call(*args, **kwargs)``; a client that lost its scheduler is
+        :class:`SchedulerLost`."""
+
+        # optional (the cluster extra): loaded only with a Dask scheduler
+        from distributed.client import ClosedClientError
+        from distributed.comm.core import CommClosedError
+
+        try:
+            return call(*args, **kwargs)
+        except (ClosedClientError, CommClosedError, CancelledError, OSError) as exc:
+            raise SchedulerLost(
+                f"lost the Dask scheduler {self.address} ({type(exc).__name__})"
+            ) from None
 
     def close(self) -> None:
         """Remove the plugin (the workers drop the context) and close the client; a
@@ -389,12 +489,27 @@ class Workers(Generic[C]):
             for future in futures:
                 future.cancel()
 
+    def stream(
+        self, fn: Callable[[C, T], R], feed: Callable[[int], tuple[K, list[T]] | None]
+    ) -> Iterator[tuple[K, list[R]]]:
+        """Results of batches that ``feed`` picks as workers free up: ``feed(n)`` returns
+        ``(tag, items)`` with at most ``n`` items (None: no more), and each batch comes back
+        as ``(tag, [fn(context, item) ...])`` in the order fed, so that ``feed`` may choose
+        the next items by the results so far. Locally a batch is :attr:`batch_size` items
+        mapped at once; on Dask the batches are tasks sized by their measured cost and sent
+        as soon as a worker has room (:meth:`_Dask.stream`)."""
+        if self._dask is not None:
+            yield from self._dask.stream(fn, feed)
+            return
+        while (got := feed(self.batch_size)) is not None:
+            tag, items = got
+            yield tag, self.map(fn, items)
+
     @property
     def batch_size(self) -> int:
         """Items worth sending in one :meth:`map` when the caller picks them a batch at a
-        time: 1 inline, two per process locally, sixteen per worker thread on Dask (a task
-        crosses the client, the scheduler and a worker: on a loaded machine tenths of a
-        second per task, as long as several closed-form estimates)."""
+        time: 1 inline, two per process locally, sixteen per worker thread on Dask (where
+        :meth:`stream` sizes its tasks by their measured cost instead)."""
         if self._dask is not None:
             return 16 * self.jobs
         return 1 if self.jobs == 1 else 2 * self.jobs

@@ -141,8 +141,9 @@ def search_plans(
             more than one, plans are estimated in batches from the front of the queue
             (:attr:`collsim.core.jobs.Workers.batch_size`; the best plans are the same, a few more
             may be estimated).
-        scheduler: a Dask scheduler's address: the batches go to its workers instead (the
-            same results).
+        scheduler: a Dask scheduler's address: the batches go to its workers instead, each
+            sized by the cost of those before it and sent as soon as a worker has room
+            (:meth:`collsim.core.jobs.Workers.stream`; the same results).
         tolerance: relative step-time difference under which plans alike are one row.
         known: estimates from an earlier run of the same search, by plan label (``--resume``):
             used as they are, not estimated again.
@@ -345,27 +346,26 @@ class _Loop:
     def run(self, workers: Any, training: TrainingConfig, parallel: ParallelConfig) -> None:
         """Estimate until the bound stops it, the plans run out, Ctrl-C or a lost scheduler."""
 
-        batch_size = workers.batch_size
+        def feed(size: int) -> tuple[list[Candidate], list[Any]] | None:
+            # the next plans from the front, by the bound as the estimates so far set it
+            batch = _next_batch(
+                self.candidates,
+                self.refined,
+                self._threshold(),
+                self.bounds,
+                size,
+                refine=self.keep > 0,
+            )
+            return (batch, [c.configs(training, parallel) for c in batch]) if batch else None
+
         try:
-            while self.candidates:
-                threshold = self._threshold()
-                batch = _next_batch(
-                    self.candidates,
-                    self.refined,
-                    threshold,
-                    self.bounds,
-                    batch_size,
-                    refine=self.keep > 0,
-                )
-                if not batch:
-                    self.rejected["bound"] += len(self.candidates)
-                    if self.progress is not None and self.candidates:
-                        self.progress("bound", len(self.candidates))
-                    break
-                configs = [c.configs(training, parallel) for c in batch]
-                estimates = workers.map(_estimate_job, configs)
+            for batch, estimates in workers.stream(_estimate_job, feed):
                 self.evaluated += len(batch)
                 self._record(batch, estimates)
+            if self.candidates:
+                self.rejected["bound"] += len(self.candidates)
+                if self.progress is not None:
+                    self.progress("bound", len(self.candidates))
         except KeyboardInterrupt:
             self.stopped = "interrupted (Ctrl-C)"
         except SchedulerLost as exc:
