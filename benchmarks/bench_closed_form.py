@@ -17,7 +17,7 @@ program (:meth:`Estimator.schedule`) and walking it (:meth:`Estimator.walk`), as
 over the plans of a family. Target (issue 25, must-show 1): ``warm`` build + walk at most 2 ms
 per plan in each family::
 
-    taskset -c 0 python benchmarks/bench_closed_form.py [--repeats 5] [--sample 40]
+    taskset -c 0 python benchmarks/bench_closed_form.py [--repeats 5] [--sample 40] [--phases]
 """
 
 from __future__ import annotations
@@ -96,6 +96,30 @@ def sampled(path: Path, space: SearchSpace, n: int) -> tuple[Any, Any, list[Conf
     return topology, sc.model, configs
 
 
+PHASES: dict[str, list[float]] = {}
+"""With ``--phases``: CPU seconds of the walk's parts, per plan of the family being timed."""
+
+
+def phase_clocks() -> None:
+    """Time the walk's interpreter (:meth:`Walker.run`, finish included) and the result's
+    assembly (memory peaks, collective table) apart, per plan (``--phases``)."""
+    import collsim.play.walk as walk_module
+    from collsim.play.walker import Walker
+
+    def clocked(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.process_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                PHASES.setdefault(name, []).append(time.process_time() - t0)
+
+        return run
+
+    Walker.run = clocked("interpret", Walker.run)  # type: ignore[method-assign]
+    setattr(walk_module, "assemble", clocked("assemble", getattr(walk_module, "assemble")))  # noqa: B009, B010
+
+
 def timed(est: Estimator, configs: Configs) -> tuple[float, float] | None:
     """(build CPU s, walk CPU s) of one plan, or None when it cannot be built."""
     clock = time.process_time
@@ -113,6 +137,7 @@ def timed(est: Estimator, configs: Configs) -> tuple[float, float] | None:
 def family(name: str, topology: Any, spec: Any, plans: list[Configs], repeats: int) -> None:
     est = Estimator(topology, spec)
     first = [timed(est, c) for c in plans]
+    PHASES.clear()
     ok = [i for i, t in enumerate(first) if t is not None]
     runs: list[list[tuple[float, float]]] = [[] for _ in plans]
     for _ in range(repeats):
@@ -136,6 +161,8 @@ def family(name: str, topology: Any, spec: Any, plans: list[Configs], repeats: i
     if repeats:
         warm = [(med(p[0] for p in runs[i]), med(p[1] for p in runs[i])) for i in ok]
         print(row("warm", warm))
+    for phase, times in PHASES.items():
+        print(f"  {name:8s} {'warm':6s} {'':5s} walk part {phase}: {med(times) * 1e3:.2f} ms")
     if len(ok) < len(plans):
         print(f"  {name:8s} ({len(plans) - len(ok)} plans could not be built, left out)")
     sys.stdout.flush()
@@ -146,7 +173,12 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--sample", type=int, default=40, help="plans sampled per MoE / CP space")
     parser.add_argument("--families", default="3d_175b,moe,cp")
+    parser.add_argument(
+        "--phases", action="store_true", help="also split the walk into interpret / assemble"
+    )
     args = parser.parse_args()
+    if args.phases:
+        phase_clocks()
     warnings.simplefilter("ignore", CollsimWarning)
     wanted = args.families.split(",")
     print(f"load average {os.getloadavg()[0]:.2f}; CPU ms per plan, medians over the plans")

@@ -171,24 +171,41 @@ class MemoryLedger:
         times = [np.array(columns[0], dtype=float)]
         deltas = [np.array(columns[2], dtype=float)]
         cats = [np.array(list(map(index.__getitem__, columns[1])), dtype=np.int8)]
-        starts: dict[int, tuple[MemoryPattern, list[float]]] = {}
-        for t0, pattern, _, _, _ in self._placed:
-            hit = starts.get(id(pattern))
-            if hit is None:
-                starts[id(pattern)] = (pattern, [t0])
-            else:
-                hit[1].append(t0)
-        for pattern, t0s in starts.values():
-            at = np.asarray(t0s, dtype=float)
-            times.append((at[:, None] + pattern.offsets[None, :]).ravel())
-            deltas.append(np.tile(pattern.deltas, len(at)))
-            cats.append(np.full(len(at) * len(pattern.deltas), index[pattern.category], np.int8))
+        if self._placed:
+            t, d, c = self._placed_arrays(index)
+            times.append(t)
+            deltas.append(d)
+            cats.append(c)
         t, d, c = np.concatenate(times), np.concatenate(deltas), np.concatenate(cats)
         order = np.lexsort((d, t))
         t, d, c = t[order], d[order], c[order]
         self._arr = _Sorted(t, d, c, np.cumsum(d))
         self._arr_n = key
         return self._arr
+
+    def _placed_arrays(self, index: dict[str, int]) -> tuple[Any, Any, Any]:
+        """The placed patterns' events as (times, deltas, categories): grouped by pattern in
+        order of first use, each placement's events in its pattern's order, placements in
+        recording order (per pattern ``start + offsets`` row by row), built with numpy."""
+        placed = self._placed
+        patterns = list(map(itemgetter(1), placed))
+        kinds = list(dict.fromkeys(patterns))  # patterns hash by identity
+        number = {id(p): i for i, p in enumerate(kinds)}
+        which = np.fromiter(map(number.__getitem__, map(id, patterns)), np.intp, len(placed))
+        starts = np.fromiter(map(itemgetter(0), placed), dtype=float, count=len(placed))
+        grouped = np.argsort(which, kind="stable")
+        starts, which = starts[grouped], which[grouped]
+        sizes = np.array([len(p.deltas) for p in kinds], dtype=np.intp)
+        base = np.cumsum(sizes) - sizes
+        lens = sizes[which]
+        ends = np.cumsum(lens)
+        total = int(ends[-1])
+        within = np.arange(total) - np.repeat(ends - lens, lens)
+        source = np.repeat(base[which], lens) + within
+        offsets = np.concatenate([p.offsets for p in kinds])
+        deltas = np.concatenate([p.deltas for p in kinds])
+        cats = np.repeat(np.array([index[p.category] for p in kinds], dtype=np.int8), sizes)
+        return np.repeat(starts, lens) + offsets[source], deltas[source], cats[source]
 
     def timeline(self) -> list[tuple[float, float]]:
         """Step-wise ``(time_s, bytes in use)`` after each distinct event time."""

@@ -1,0 +1,194 @@
+"""What the closed-form walk (:mod:`collsim.play.walker`) keeps per rank, per op and per call:
+a walked rank's streams and account, a stage's pipeline order as arrays, an op's fused block
+and a ZeRO-3 segment priced once, the event-firing rule shared with the engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from collsim.parallel.buckets import Bucket
+from collsim.parallel.pipeline import Phase, PipeOp, flow
+from collsim.parallel.plan import Plan, RankCoords
+from collsim.step.dataparallel import grad_norm_groups
+from collsim.step.memory import MemoryLedger, MemoryPattern
+from collsim.step.ops import Segment
+from collsim.step.result import BREAKDOWN_KEYS
+from collsim.step.stats import CallKey
+
+if TYPE_CHECKING:
+    from collsim.step.build import StepSchedule
+
+__all__ = [
+    "Link",
+    "OpPlan",
+    "OpTable",
+    "Priced",
+    "RankState",
+    "Reduction",
+    "SegStep",
+    "fires",
+    "norm_rounds",
+    "op_table",
+    "pipeline_links",
+]
+
+"""A bucket's reduction priced once (:meth:`Walker.reduction`)."""
+
+
+@dataclass(slots=True)
+class RankState:
+    """One walked rank: its streams' free times, account and ledger."""
+
+    rank: int
+    coords: RankCoords
+    ledger: MemoryLedger
+    breakdown_s: dict[str, float] = field(
+        default_factory=lambda: dict.fromkeys(BREAKDOWN_KEYS, 0.0)
+    )
+    now: float = 0.0
+    end_s: float = 0.0
+    next_op: int = 0
+    pp_free: float = 0.0
+    dp_free: float = 0.0
+    dp_last_end: float = 0.0
+    deferred: list[Reduction] = field(default_factory=list)
+    """Bucket reductions issued at the end of the backward (without overlap)."""
+    gathered: dict[tuple[int, str | int], float] = field(default_factory=dict)
+    """ZeRO-3 units gathered or in flight: (chunk, unit) -> when the gather ends."""
+
+
+Link = tuple[bool, Phase, tuple[int, Phase, int] | None]
+"""An op's pipeline links (:meth:`Walker.links`)."""
+
+
+def norm_rounds(plan: Plan, ranks: list[int]) -> list[dict[tuple[str, tuple[int, ...]], list[int]]]:
+    """Per round of the gradient-norm all-reduces (:func:`grad_norm_groups`): the walked ranks
+    of each (axis, group)."""
+    rounds: list[dict[tuple[str, tuple[int, ...]], list[int]]] = []
+    for rank in ranks:
+        for i, call in enumerate(grad_norm_groups(plan, rank)):
+            while len(rounds) <= i:
+                rounds.append({})
+            rounds[i].setdefault(call, []).append(rank)
+    return rounds
+
+
+def fires(issued_s: float, end_s: float) -> float:
+    """When an event issued at ``issued_s`` to end at ``end_s`` fires in the engine: SimPy
+    schedules a timeout of ``end_s - issued_s`` from ``issued_s`` (the same float rounding, so
+    that both fidelities record memory at the very same instants)."""
+    return issued_s + (end_s - issued_s)
+
+
+@dataclass(frozen=True, slots=True)
+class SegStep:
+    """One segment of a ZeRO-3 op as :meth:`Walker.run_segments` runs it."""
+
+    seg: Segment
+    issues: tuple[tuple[tuple[int, str | int], float, str, tuple[Any, ...]], ...]
+    """The gathers issued before it: (unit, bytes, label, priced calls)."""
+    unit: tuple[int, str | int]
+    """(chunk, unit key) of its own unit."""
+    duration: float
+    compute_s: float
+    """``seg.compute_s`` (a sum over its steps), read once."""
+    comm_items: tuple[tuple[str, float], ...]
+    releases: tuple[bool, bool]
+    """Whether its unit is released after it in the last micro-batch, in any other."""
+    grad: tuple[float, str, tuple[Any, ...]] | None
+    """Backward: (gradient bytes, label, priced reductions)."""
+    reshard_bytes: float
+
+
+@dataclass(frozen=True, slots=True)
+class OpTable:
+    """A stage's pipeline order as arrays (what the walk reads per op, known before it)."""
+
+    links: list[Link]
+    """Per op: :meth:`Walker.links`."""
+    microbatches: list[int]
+    chunks: list[int]
+    blocks: list[int]
+    """Per op: the index of its block's key in ``keys``."""
+    keys: list[tuple[int, Phase, bool]]
+    """The distinct (chunk, phase, paired) of the ops, in order of first use."""
+    counts: list[int]
+    """Ops per key."""
+    block_ids: Any
+    """``blocks`` as a numpy array."""
+    num_mb: int
+
+
+def op_table(
+    ops: tuple[PipeOp, ...], links: list[Link], paired: frozenset[int], num_mb: int
+) -> OpTable:
+    """The :class:`OpTable` of a stage's ops (``links``: :meth:`Walker.links`)."""
+    index: dict[tuple[int, Phase, bool], int] = {}
+    blocks = [
+        index.setdefault((op.chunk, op.phase, i in paired), len(index)) for i, op in enumerate(ops)
+    ]
+    counts = [0] * len(index)
+    for b in blocks:
+        counts[b] += 1
+    return OpTable(
+        links=links,
+        microbatches=[op.microbatch for op in ops],
+        chunks=[op.chunk for op in ops],
+        blocks=blocks,
+        keys=list(index),
+        counts=counts,
+        block_ids=np.asarray(blocks, dtype=np.intp),
+        num_mb=num_mb,
+    )
+
+
+@dataclass(slots=True)
+class OpPlan:
+    segs: list[Segment]
+    duration: float = 0.0
+    compute: float = 0.0
+    tp: float = 0.0
+    comm: dict[str, float] = field(default_factory=dict)
+    pattern: MemoryPattern = field(default_factory=lambda: MemoryPattern("activations", []))
+    buckets: list[tuple[Bucket, float]] = field(default_factory=list)
+    comm_items: tuple[tuple[str, float], ...] = ()
+    """``comm`` as pairs, in its order."""
+    run_key: tuple[int, int] = (0, 0)
+    """The op's key in the walk's TP runs (:meth:`Walker.flush_tp`)."""
+    reductions: list[Reduction] = field(default_factory=list)
+    """Its buckets' reductions with calls (:meth:`Walker.reduction`), in ``buckets`` order."""
+
+
+Priced = tuple[float, float, CallKey]
+"""A call priced once: (seconds, busbw, tally key)."""
+
+Reduction = tuple[float, tuple[Priced, ...], float]
+
+
+def pipeline_links(schedule: StepSchedule, stage: int) -> list[Link]:
+    """Per op of ``stage``, in order: whether it reads a message from another stage, the
+    direction of that message (:func:`~collsim.parallel.pipeline.flow`) and where its own
+    output goes ((stage, direction, chunk) or None), from the schedule's dependencies
+    (worked out once per (phase, chunk): the micro-batch passes through)."""
+    plan = schedule.plan
+    pipeline, p, v = plan.pipeline_schedule, plan.pp, plan.virtual_stages
+    shapes: dict[tuple[Phase, int], Link] = {}
+    out: list[Link] = []
+    for op in schedule.pipeline[stage]:
+        shape = shapes.get((op.phase, op.chunk))
+        if shape is None:
+            src = pipeline.input_of(op, stage=stage, num_stages=p, virtual_stages=v)
+            dest = pipeline.output_of(op, stage=stage, num_stages=p, virtual_stages=v)
+            shape = shapes[(op.phase, op.chunk)] = (
+                src is not None and src[0] != stage,
+                flow(op.phase),
+                None
+                if dest is None or dest[0] == stage
+                else (dest[0], dest[1].phase, dest[1].chunk),
+            )
+        out.append(shape)
+    return out

@@ -1,0 +1,141 @@
+"""ZeRO-3 in the closed-form walk: an op run segment by segment, each waiting for its
+gathered unit, its gathers, reductions and reshards priced once per (rank, chunk, phase)
+(:class:`~collsim.play.walk_tables.SegStep`) and replayed by every micro-batch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+from collsim.parallel.fsdp import issue_schedule
+from collsim.parallel.pipeline import Phase, PipeOp
+from collsim.play.walk_tables import Priced, RankState, SegStep
+from collsim.step.ops import ChunkModel
+
+if TYPE_CHECKING:
+    from collsim.step.dataparallel import DataParallelRules, DPCall
+    from collsim.step.ops import Segment
+
+
+class Walker(Protocol):
+    """What the segment path reads of :class:`collsim.play.walker.Walker`."""
+
+    rules: DataParallelRules
+    runs: dict[tuple[int, int], list[Any]]
+    seg_plans: dict[tuple[int, int, Phase, bool], list[SegStep]]
+
+    def seg_tp_s(self, rank: int, seg: Segment) -> float: ...
+
+    def seg_comm_s(self, rank: int, seg: Segment) -> dict[str, float]: ...
+
+    def priced_calls(
+        self, rank: int, calls: list[DPCall], extra_s: float
+    ) -> tuple[Priced, ...]: ...
+
+    def run_priced(self, prog: RankState, calls: tuple[Priced, ...], ready: float) -> float: ...
+
+
+__all__ = ["run_segments", "seg_plan"]
+
+
+def seg_plan(
+    w: Walker, prog: RankState, chunk: ChunkModel, phase: Phase, paired: bool
+) -> list[SegStep]:
+    """What :func:`run_segments` does per segment of an op, priced once per (rank,
+    chunk, phase, paired)."""
+    key = (prog.rank, chunk.index, phase, paired)
+    hit = w.seg_plans.get(key)
+    if hit is not None:
+        return hit
+    rules, rank = w.rules, prog.rank
+    segs = chunk.segments(phase, paired)
+    gathers = phase is not Phase.BACKWARD_WEIGHT  # dB needs no weight
+    issue = issue_schedule(len(segs), rules.prefetch) if gathers else [[] for _ in segs]
+    backward = phase is Phase.BACKWARD or phase is Phase.BACKWARD_WEIGHT
+    out = []
+    for i, seg in enumerate(segs):
+        issues = []
+        for j in issue[i]:
+            ukey = rules.unit_key(chunk, segs[j])
+            size = rules.gather_bytes(chunk, ukey)
+            calls = w.priced_calls(rank, rules.unit_gathers(chunk, ukey), rules.offload_s(size))
+            issues.append(((chunk.index, ukey), size, f"gathered {ukey}", calls))
+        ukey = rules.unit_key(chunk, seg)
+        forward = phase is Phase.FORWARD
+        grad: tuple[float, str, tuple[Priced, ...]] | None = None
+        if backward:
+            gsize = rules.grad_bytes(chunk, ukey)
+            red = rules.unit_reductions(chunk, ukey) if rules.reduces_units else []
+            grad = (gsize, f"grad {ukey}", w.priced_calls(rank, red, rules.offload_s(gsize)))
+        out.append(
+            SegStep(
+                seg=seg,
+                issues=tuple(issues),
+                unit=(chunk.index, ukey),
+                duration=seg.compute_s + w.seg_tp_s(rank, seg) + seg.framework_s,
+                compute_s=seg.compute_s,
+                comm_items=tuple(w.seg_comm_s(rank, seg).items()),
+                releases=(
+                    rules.releases(chunk, seg, forward=forward, microbatch=None),
+                    rules.releases(chunk, seg, forward=forward, microbatch=0),
+                ),
+                grad=grad,
+                reshard_bytes=rules.gather_bytes(chunk, ukey),
+            )
+        )
+    w.seg_plans[key] = out
+    return out
+
+
+def run_segments(w: Walker, prog: RankState, op: PipeOp, chunk: ChunkModel, paired: bool) -> None:
+    """ZeRO-3: segment by segment, each waiting for its gathered unit (:func:`seg_plan`)."""
+    forward = op.phase is Phase.FORWARD
+    gathers = op.phase is not Phase.BACKWARD_WEIGHT
+    weight = op.phase is Phase.BACKWARD_WEIGHT
+    last = op.microbatch < 0 or op.microbatch >= w.rules.num_microbatches - 1
+    ledger, gathered, breakdown = prog.ledger, prog.gathered, prog.breakdown_s
+    runs, rank = w.runs, prog.rank
+    for sp in seg_plan(w, prog, chunk, op.phase, paired):
+        seg = sp.seg
+        for unit, size, label, calls in sp.issues:
+            if unit in gathered:
+                continue
+            ledger.alloc(prog.now, "parameters", size, label)
+            gathered[unit] = w.run_priced(prog, calls, prog.now)
+        ready = gathered.get(sp.unit)
+        if gathers and ready is not None and ready > prog.now:
+            breakdown["dp_exposed"] += ready - prog.now
+            prog.now = ready
+        where = (seg.key, op.microbatch, op.chunk)  # as the engine labels them
+        if not forward:
+            ledger.alloc(prog.now, "activations", seg.transient_bytes, ("recompute", *where))
+        slot = runs.get((rank, id(seg)))  # a run of its TP collectives (flush_tp)
+        if slot is None:
+            runs[(rank, id(seg))] = [[seg], 1]
+        else:
+            slot[1] += 1
+        prog.now += sp.duration
+        breakdown["compute"] += sp.compute_s
+        breakdown["framework"] += seg.framework_s
+        for k, v in sp.comm_items:
+            breakdown[k] += v
+        if forward:
+            ledger.alloc(prog.now, "activations", seg.stored_bytes, ("act", *where))
+        elif seg.frees:
+            ledger.free(
+                prog.now,
+                "activations",
+                seg.transient_bytes + seg.stored_bytes,
+                ("free", *where),
+            )
+        if not sp.releases[0 if last else 1]:
+            continue  # kept gathered (and its gradient unreduced)
+        if sp.grad is not None:
+            gsize, label, calls = sp.grad
+            ledger.alloc(prog.now, "buffers", gsize, label)
+            end = w.run_priced(prog, calls, prog.now) if calls else prog.now
+            ledger.free(end, "buffers", gsize, label)
+        if weight:
+            continue
+        del gathered[sp.unit]
+        ledger.free(prog.now, "parameters", sp.reshard_bytes, "reshard")

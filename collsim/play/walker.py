@@ -1,0 +1,591 @@
+"""The closed form of a step: the step program walked as a critical path, without SimPy.
+
+One representative rank per pipeline stage runs its ops in pipeline order; each op's block
+(:class:`~collsim.play.walk_tables.OpPlan`) and each ZeRO-3 segment
+(:class:`~collsim.play.walk_tables.SegStep`) is priced once per walk and reused by every
+micro-batch. Derivations: docs/derivations.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from collsim.core.errors import SimulationError
+from collsim.core.vocab import ParallelAxis
+from collsim.parallel.buckets import Bucket
+from collsim.parallel.pipeline import GRADIENT_PHASES, Phase, PipeOp
+from collsim.play.walk_tables import (
+    Link,
+    OpPlan,
+    OpTable,
+    Priced,
+    RankState,
+    Reduction,
+    SegStep,
+    fires,
+    norm_rounds,
+    op_table,
+    pipeline_links,
+)
+from collsim.play.walk_zero3 import run_segments
+from collsim.step.dataparallel import GRAD_NORM_BYTES, DPCall
+from collsim.step.memory import MemoryEvent, MemoryLedger, MemoryPattern
+from collsim.step.ops import ChunkModel, Segment
+from collsim.step.pricing import ClosedPricer, SegmentPrices
+from collsim.step.result import TraceEvent
+from collsim.step.shapes import ShapeCache
+from collsim.step.stats import CallKey, CallStats, CallTally, dp_link
+
+if TYPE_CHECKING:
+    from collsim.step.build import StepSchedule
+
+__all__ = ["Walker"]
+
+TP, PP, DP = ParallelAxis.TP, ParallelAxis.PP, ParallelAxis.DP
+
+
+class Walker:
+    """The closed-form walk of one schedule (representative rank per stage)."""
+
+    def __init__(
+        self, schedule: StepSchedule, pricer: ClosedPricer, shapes: ShapeCache | None = None
+    ) -> None:
+        self.schedule = schedule
+        self.shapes = shapes
+        self.plan = schedule.plan
+        self.rules = schedule.dp
+        self.pricer = pricer
+        self.stats = CallStats()
+        self.des_axes: frozenset[str] = frozenset()
+        self.trace_events: list[TraceEvent] = []
+        plan = self.plan
+        self.programs: dict[int, RankState] = {}
+        for st in range(plan.pp):
+            r = plan.rank(dp=0, pp=st, tp=0)
+            self.programs[r] = RankState(r, plan.coords(r), MemoryLedger(r))
+        self.by_stage = {p.coords.pp: p for p in self.programs.values()}
+        self.mail: dict[tuple[int, Phase, int, int], tuple[float, float, float]] = {}
+        """Sent pipeline messages by (receiving rank, direction, micro-batch, chunk): (when
+        produced, when delivered, bytes)."""
+        self.prices = SegmentPrices(
+            self.plan, pricer, schedule.overlap_factor if schedule.step_interference else None
+        )
+        self.step_s = self.prices.step_s
+        self.seg_comm_s = self.prices.seg_comm_s
+        self.seg_tp_s = self.prices.seg_tp_s
+        self._op_plans: dict[tuple[int, int, Phase, bool], OpPlan] = {}
+        self.gather_pp = plan.tp > 1 and not plan.parallel.sequence_parallel
+        self._links: dict[int, list[Link]] = {}
+        self.runs: dict[tuple[int, int], list[Any]] = {}
+        self.seg_plans: dict[tuple[int, int, Phase, bool], list[SegStep]] = {}
+        self._bucket_prices: dict[tuple[int, float, bool], tuple[Priced, ...]] = {}
+
+    def stat_items(self) -> Iterator[tuple[CallKey, CallTally]]:
+        return self.stats.items()
+
+    # ---- prices -------------------------------------------------------------------------------
+    def group(self, rank: int, axis: str) -> tuple[int, ...]:
+        return self.prices.group(rank, axis)
+
+    def price(
+        self, rank: int, axis: str, op: str, size: float, ranks: tuple[int, ...], extra_s: float
+    ) -> float:
+        """Seconds of one call, tallied as the engine tallies it."""
+        cost = self.pricer.cost(op, size, ranks)
+        time_s = extra_s + cost.time_s
+        self.stats.add(
+            CallKey(rank, axis, op, size, len(ranks), cost.algorithm), time_s, cost.busbw_bps
+        )
+        return time_s
+
+    def flush_tp(self) -> None:
+        for (rank, _), (segs, runs) in self.runs.items():
+            for step in (c for seg in segs for st in seg.steps for c in st.calls()):
+                if step.op:
+                    group = self.prices.step_group(rank, step)
+                    if len(group) < 2:
+                        continue
+                    cost = self.pricer.cost(step.op, step.size_bytes, group)
+                    key = CallKey(
+                        rank, step.axis, step.op, step.size_bytes, len(group), cost.algorithm
+                    )
+                    self.stats.add(key, runs * cost.time_s, cost.busbw_bps, count=runs)
+        self.runs.clear()
+
+    def grad_window(self, rank: int, seg: Segment) -> tuple[float, float]:
+        off = sum(self.step_s(rank, s) for s in seg.steps[: seg.grad_from])
+        dur = sum(self.step_s(rank, s) for s in seg.steps[seg.grad_from :])
+        return off, dur
+
+    # ---- the walk -----------------------------------------------------------------------------
+    def run(self) -> None:
+        for prog in self.programs.values():
+            st = self.rules.state_bytes(prog_stage := self.schedule.stages[prog.coords.pp])
+            del prog_stage
+            prog.ledger.alloc(0.0, "parameters", st.parameters, "parameters")
+            prog.ledger.alloc(0.0, "gradients", st.gradients, "gradients")
+            prog.ledger.alloc(0.0, "optimizer", st.optimizer, "optimizer state")
+            prog.ledger.alloc(0.0, "buffers", st.ddp_buckets, "ddp buckets")
+        pending = list(self.programs.values())
+        steppers = {prog.rank: self.stepper(prog) for prog in pending}
+        while pending:
+            progressed = False
+            for prog in pending:
+                progressed |= next(steppers[prog.rank])
+            left = [p for p in pending if p.next_op < len(self.schedule.pipeline[p.coords.pp])]
+            if left and not progressed:
+                raise SimulationError(
+                    f"ranks {[p.rank for p in left][:8]} wait for inputs never sent "
+                    "(the pipeline order has a cycle)"
+                )
+            pending = left
+        self.finish()
+        self.flush_tp()
+
+    def links(self, stage: int) -> list[Link]:
+        """:func:`~collsim.play.walk_tables.pipeline_links` of ``stage`` (once per walk)."""
+        hit = self._links.get(stage)
+        if hit is None:
+            hit = self._links[stage] = pipeline_links(self.schedule, stage)
+        return hit
+
+    def stepper(self, prog: RankState) -> Iterator[bool]:
+        """:meth:`advance` of ``prog`` each time it is resumed (for ever)."""
+        if self.rules.zero != 3:
+            yield from self.fused_ops(prog)
+        while True:
+            yield self.advance(prog)
+
+    def advance(self, prog: RankState) -> bool:
+        """Run the rank's ops (ZeRO-3: segment by segment) while their inputs have been sent;
+        True if any ran."""
+        ops = self.schedule.pipeline[prog.coords.pp]
+        links = self.links(prog.coords.pp)
+        ran = False
+        while prog.next_op < len(ops):
+            op = ops[prog.next_op]
+            remote, direction, dest = links[prog.next_op]
+            folded = 0.0
+            if remote:
+                mail = self.mail.get((prog.rank, direction, op.microbatch, op.chunk))
+                if mail is None:
+                    return ran  # its input is not sent yet
+                produced_s, delivered_s, mail_bytes = mail
+                w0 = prog.now
+                if delivered_s > w0:
+                    w1 = delivered_s
+                    produced = min(max(produced_s, w0), w1)
+                    prog.breakdown_s["bubble"] += produced - w0
+                    prog.breakdown_s["pp_exposed"] += w1 - produced
+                    prog.now = w1
+                prog.ledger.free(prog.now, "buffers", mail_bytes, "pp recv")
+                if self.gather_pp:
+                    size = self.schedule.p2p_bytes * self.plan.tp
+                    folded = self.price(
+                        prog.rank, TP, "all_gather", size, self.group(prog.rank, TP), 0.0
+                    )
+            prog.now += folded
+            prog.breakdown_s["pp_exposed"] += folded
+            chunk = self.schedule.stages[prog.coords.pp].chunks[op.chunk]
+            paired = prog.next_op in self.schedule.paired.get(prog.coords.pp, ())
+            run_segments(self, prog, op, chunk, paired)
+            if dest is not None:
+                self.send_output(prog, op, dest)
+            prog.next_op += 1
+            ran = True
+        return ran
+
+    def op_table(self, stage: int) -> OpTable:
+        """The stage's ops as arrays (:class:`OpTable`), once per pipeline shape in a
+        search's shape cache."""
+        plan = self.plan
+        paired = frozenset(self.schedule.paired.get(stage, ()))
+
+        def make() -> OpTable:
+            ops = self.schedule.pipeline[stage]
+            return op_table(ops, self.links(stage), paired, plan.num_microbatches)
+
+        if self.shapes is None:
+            return make()
+        key = (
+            str(plan.parallel.schedule),
+            plan.pp,
+            plan.num_microbatches,
+            plan.virtual_stages,
+            stage,
+            paired,
+        )
+        return self.shapes.get("walk ops", key, make)
+
+    def fused_ops(self, prog: RankState) -> Iterator[bool]:
+        """:meth:`advance` without ZeRO-3 (each op one fused block) as a generator: each
+        resume runs the rank's ops while their inputs have been sent and yields whether any
+        ran, until the last op has run. The same arithmetic in the same order as
+        :meth:`advance`, with the per-op work kept in the generator's locals: the op's block
+        (:meth:`op_plan`, by its index in the stage's :class:`OpTable`), its message in and
+        out, and the calls it tallies. What does not depend on time (compute, exposed
+        collectives, the runs of each block) is added up after the last op, in op order
+        (the same sums). The rank's clock and account are written back when its last op has
+        run (nothing reads them before).
+
+        Stays long: the closed form's hot loop (every op of every walked rank passes here); its
+        per-op state lives in the generator's locals, which a split into calls would give up."""
+        stage = prog.coords.pp
+        table = self.op_table(stage)
+        n = len(table.blocks)
+        i = prog.next_op
+        links, bids, mbs = table.links, table.blocks, table.microbatches
+        chunks = self.schedule.stages[stage].chunks
+        mailbox = self.mail
+        rank = prog.rank
+        breakdown = prog.breakdown_s
+        events, placed = prog.ledger.appenders()
+        size = self.schedule.p2p_bytes
+        received, sent = -float(size), float(size)
+        rules = self.rules
+        reduces = [rules.uses_buckets and rules.reduces_in(m) for m in range(table.num_mb)]
+        overlap = rules.overlap
+        tally_of = self.stats.tally
+        runs = self.runs
+        blocks: list[OpPlan | None] = [None] * len(table.keys)
+        sends: dict[int, tuple[float, float, CallTally, int, list[MemoryEvent]]] = {}
+        fold: tuple[float, float, CallTally] | None = None
+        gather_pp = self.gather_pp
+        new = tuple.__new__
+        now = prog.now
+        bubble, pp_exposed = breakdown["bubble"], breakdown["pp_exposed"]
+        ran = False
+        while i < n:
+            remote, direction, dest = links[i]
+            mb = mbs[i]
+            folded = 0.0
+            if remote:
+                key = (rank, direction, mb, table.chunks[i])
+                mail = mailbox.get(key)
+                while mail is None:  # its input is not sent yet: wait for the next round
+                    prog.next_op = i
+                    yield ran
+                    ran = False
+                    mail = mailbox.get(key)
+                produced_s, delivered_s, mail_bytes = mail
+                if delivered_s > now:
+                    produced = min(max(produced_s, now), delivered_s)
+                    bubble += produced - now
+                    pp_exposed += delivered_s - produced
+                    now = delivered_s
+                if mail_bytes:
+                    events.append(new(MemoryEvent, (now, "buffers", received, "pp recv")))
+                if gather_pp:
+                    if fold is None:
+                        fold = self.repeat_price(
+                            rank, TP, "all_gather", size * self.plan.tp, self.group(rank, TP)
+                        )
+                        folded = fold[0]
+                    else:
+                        folded, busbw, tally = fold
+                        tally.count += 1
+                        tally.time_s += folded
+                        tally.busbw_bps = busbw
+                now += folded
+                pp_exposed += folded
+            bid = bids[i]
+            block = blocks[bid]
+            if block is None:
+                chunk, phase, paired = table.keys[bid]
+                block = blocks[bid] = self.op_plan(prog, chunks[chunk], phase, paired)
+                if block.run_key not in runs:
+                    runs[block.run_key] = [block.segs, 0]
+            t0 = now
+            if block.pattern.events:
+                placed.append((t0, block.pattern, mb, table.chunks[i], len(events)))
+            if block.reductions and reduces[mb]:
+                if overlap:  # reduce_bucket of each, its calls priced once per block
+                    dp_free, dp_last = prog.dp_free, prog.dp_last_end
+                    for rel, calls, hold in block.reductions:
+                        ready = t0 + rel
+                        fired = ready
+                        for t, busbw, ckey in calls:
+                            start = ready if ready >= dp_free else dp_free
+                            dp_free = start + t
+                            fired = t0 + (dp_free - t0)
+                            if fired > dp_last:
+                                dp_last = fired
+                            tally = tally_of(ckey)
+                            tally.count += 1
+                            tally.time_s += t
+                            tally.busbw_bps = busbw
+                        if hold:
+                            events.append(
+                                new(MemoryEvent, (ready, "buffers", hold, "zero2 bucket"))
+                            )
+                            events.append(
+                                new(MemoryEvent, (fired, "buffers", -hold, "zero2 bucket"))
+                            )
+                    prog.dp_free, prog.dp_last_end = dp_free, dp_last
+                else:
+                    prog.deferred.extend(block.reductions)
+            now = t0 + block.duration
+            if dest is not None:
+                to = dest[0]
+                send = sends.get(to)
+                if send is None:
+                    dst = self.by_stage[to]
+                    t, busbw, tally = self.repeat_price(
+                        rank, PP, "send_recv", size, (rank, dst.rank)
+                    )
+                    dst_rank, dst_events = dst.rank, dst.ledger.appenders()[0]
+                    sends[to] = (t, busbw, tally, dst_rank, dst_events)
+                else:
+                    t, busbw, tally, dst_rank, dst_events = send
+                    tally.count += 1
+                    tally.time_s += t
+                    tally.busbw_bps = busbw
+                pp_free = prog.pp_free
+                start = now if now >= pp_free else pp_free
+                pp_free = prog.pp_free = start + t
+                delivered = now + (pp_free - now)
+                mailbox[(dst_rank, dest[1], mb, dest[2])] = (now, delivered, size)
+                if size:  # MemoryLedger.alloc
+                    dst_events.append(new(MemoryEvent, (delivered, "buffers", sent, "pp recv")))
+            i += 1
+            ran = True
+        prog.next_op = i
+        prog.now = now
+        breakdown["bubble"], breakdown["pp_exposed"] = bubble, pp_exposed
+        self.add_block_sums(prog, table, blocks)
+        yield ran
+
+    def add_block_sums(self, prog: RankState, table: OpTable, blocks: list[OpPlan | None]) -> None:
+        """Add what every op of the stage adds whatever its start: its block's compute and
+        exposed collectives to the account (one after another in op order, as the ops ran:
+        ``numpy.add.accumulate`` adds left to right), its runs to the TP tallies."""
+        done = [b for b in blocks if b is not None]
+        if len(done) < len(blocks):
+            raise SimulationError(f"rank {prog.rank}: ops of its pipeline never ran")
+        breakdown = prog.breakdown_s
+        ids = table.block_ids
+        if not len(ids):
+            return
+        columns: dict[str, list[float]] = {"compute": [b.compute for b in done]}
+        for k in dict.fromkeys(k for b in done for k, _ in b.comm_items):
+            columns[k] = [b.comm.get(k, 0.0) for b in done]
+        for k, column in columns.items():
+            per_op = np.asarray(column, dtype=float)[ids]
+            per_op[0] += breakdown[k]  # the account before the first op, added first
+            breakdown[k] = float(np.add.accumulate(per_op)[-1])
+        for b, count in zip(done, table.counts, strict=True):
+            self.runs[b.run_key][1] += count
+
+    def repeat_price(
+        self, rank: int, axis: str, op: str, size: float, ranks: tuple[int, ...]
+    ) -> tuple[float, float, CallTally]:
+        """:meth:`price` of a call an op repeats: (seconds, busbw, its tally), so that the
+        next calls of the same op are tallied in place (``count += 1``, ``time_s += t``: what
+        :meth:`CallStats.add` does)."""
+        time_s = self.price(rank, axis, op, size, ranks, 0.0)
+        cost = self.pricer.cost(op, size, ranks)
+        tally = self.stats.tally(CallKey(rank, axis, op, size, len(ranks), cost.algorithm))
+        return time_s, cost.busbw_bps, tally
+
+    def op_plan(
+        self, prog: RankState, chunk: ChunkModel, phase: Phase, paired: bool = False
+    ) -> OpPlan:
+        key = (prog.rank, chunk.index, phase, paired)
+        hit = self._op_plans.get(key)
+        if hit is not None:
+            return hit
+        segs = chunk.segments(phase, paired)
+        plan = OpPlan(segs)
+        forward = phase is Phase.FORWARD
+        gradients = phase in GRADIENT_PHASES
+        mem: list[tuple[float, float, str, str | int]] = []
+        ready_at: dict[Any, list[Bucket]] = {}  # the chunk's buckets by the segment they wait for
+        for bucket in chunk.buckets if gradients else ():
+            ready_at.setdefault(bucket.ready_segment, []).append(bucket)
+        t = 0.0
+        for seg in segs:
+            d_tp = self.seg_tp_s(prog.rank, seg)
+            dur = seg.compute_s + d_tp + seg.framework_s
+            plan.compute += seg.compute_s
+            plan.tp += d_tp
+            for k, v in self.seg_comm_s(prog.rank, seg).items():
+                plan.comm[k] = plan.comm.get(k, 0.0) + v
+            if seg.framework_s:
+                plan.comm["framework"] = plan.comm.get("framework", 0.0) + seg.framework_s
+            mem += seg.activation_events(t, t + dur, forward=forward)
+            mine = ready_at.get(seg.key) if gradients else None
+            if mine:
+                off, gdur = self.grad_window(prog.rank, seg)
+                for bucket in mine:
+                    ready = t + off + bucket.ready_fraction * gdur
+                    plan.buckets.append((bucket, ready))
+            t += dur
+        plan.duration = t
+        plan.pattern = MemoryPattern("activations", mem)
+        plan.comm_items = tuple(plan.comm.items())
+        plan.run_key = (prog.rank, id(segs[0]) if len(segs) == 1 else id(segs))
+        plan.reductions = [self.reduction(prog.rank, bucket, rel) for bucket, rel in plan.buckets]
+        plan.reductions = [r for r in plan.reductions if r[1]]
+        self._op_plans[key] = plan
+        return plan
+
+    def reduction(self, rank: int, bucket: Bucket, rel: float) -> Reduction:
+        """The reduction of ``bucket`` (its calls on the dp stream, a ZeRO-2 buffer held until
+        they end) priced once: (offset of its ready time in the op, (seconds, busbw, tally
+        key) per call, bytes of the buffer it holds or 0)."""
+        shape = (rank, bucket.numel, bucket.expert)  # what bucket_calls depends on
+        calls = self._bucket_prices.get(shape)
+        if calls is None:
+            calls = self._bucket_prices[shape] = self.priced_calls(
+                rank, self.rules.bucket_calls(bucket), 0.0
+            )
+        hold = float(bucket.size_bytes) if self.rules.holds_bucket_buffer else 0.0
+        return rel, calls, hold
+
+    def reduce_priced(
+        self, prog: RankState, reduction: Reduction, ready: float, issued: float
+    ) -> None:
+        """Run a reduction priced by :meth:`reduction`, ready at ``ready``, issued at ``issued``."""
+        _rel, calls, hold = reduction
+        fired = ready
+        for t, busbw, key in calls:
+            prog.dp_free = max(ready, prog.dp_free) + t
+            fired = fires(issued, prog.dp_free)
+            prog.dp_last_end = max(prog.dp_last_end, fired)
+            tally = self.stats.tally(key)
+            tally.count += 1
+            tally.time_s += t
+            tally.busbw_bps = busbw
+        if hold:
+            prog.ledger.alloc(ready, "buffers", hold, "zero2 bucket")
+            prog.ledger.free(fired, "buffers", hold, "zero2 bucket")
+
+    def dp_calls(
+        self,
+        prog: RankState,
+        calls: list[DPCall],
+        ready: float,
+        extra_s: float,
+        issued: float | None = None,
+    ) -> float:
+        """Calls one after another on the rank's dp stream (each on its axis's group), ready
+        at ``ready`` and issued at ``issued`` (default: ``ready``), the offload copy before
+        the first: returns when the last one's event fires (``ready`` when there is none)."""
+        issued = ready if issued is None else issued
+        fired = ready
+        for i, c in enumerate(calls):
+            group = self.group(prog.rank, c.axis)
+            t = self.price(prog.rank, DP, c.op, c.size_bytes, group, extra_s if i == 0 else 0.0)
+            start = max(ready, prog.dp_free)
+            prog.dp_free = start + t
+            fired = fires(issued, prog.dp_free)
+            prog.dp_last_end = max(prog.dp_last_end, fired)
+        return fired
+
+    def priced_calls(
+        self, rank: int, calls: list[DPCall], extra_s: float
+    ) -> tuple[tuple[float, float, CallKey], ...]:
+        """:meth:`dp_calls`' prices of ``calls``: (seconds, busbw, tally key) each, the offload
+        copy ``extra_s`` in the first."""
+        out = []
+        for i, c in enumerate(calls):
+            group = self.group(rank, c.axis)
+            cost = self.pricer.cost(c.op, c.size_bytes, group)
+            key = CallKey(rank, DP, c.op, c.size_bytes, len(group), cost.algorithm)
+            out.append(((extra_s if i == 0 else 0.0) + cost.time_s, cost.busbw_bps, key))
+        return tuple(out)
+
+    def run_priced(
+        self, prog: RankState, calls: tuple[tuple[float, float, CallKey], ...], ready: float
+    ) -> float:
+        """:meth:`dp_calls` of calls priced by :meth:`priced_calls`, ready and issued at
+        ``ready``: when the last one's event fires."""
+        fired = ready
+        for t, busbw, key in calls:
+            prog.dp_free = max(ready, prog.dp_free) + t
+            fired = fires(ready, prog.dp_free)
+            prog.dp_last_end = max(prog.dp_last_end, fired)
+            tally = self.stats.tally(key)
+            tally.count += 1
+            tally.time_s += t
+            tally.busbw_bps = busbw
+        return fired
+
+    def send_output(self, prog: RankState, op: PipeOp, dest: tuple[int, Phase, int]) -> None:
+        """Send ``op``'s output to ``dest`` (stage, direction, chunk) on the pp stream."""
+        stage, dst_phase, dst_chunk = dest
+        dst = self.by_stage[stage]
+        size = self.schedule.p2p_bytes
+        t = self.price(prog.rank, PP, "send_recv", size, (prog.rank, dst.rank), 0.0)
+        start = max(prog.now, prog.pp_free)
+        prog.pp_free = start + t
+        delivered = fires(prog.now, prog.pp_free)
+        self.mail[(dst.rank, dst_phase, op.microbatch, dst_chunk)] = (prog.now, delivered, size)
+        dst.ledger.alloc(delivered, "buffers", size, "pp recv")
+
+    def grad_norm(self) -> None:
+        """The clipping's norm all-reduces, as the engine plays them: the walked members of a
+        group rendezvous (the early ones wait: ``bubble``), then the call (``dp_exposed``)."""
+        for groups in norm_rounds(self.plan, list(self.programs)):
+            for (axis, group), members in groups.items():
+                progs = [self.programs[r] for r in members]
+                start = max(prog.now for prog in progs)
+                for prog in progs:
+                    t = self.price(prog.rank, axis, "all_reduce", GRAD_NORM_BYTES, group, 0.0)
+                    end = fires(start, start + t)
+                    prog.breakdown_s["bubble"] += start - prog.now
+                    prog.breakdown_s["dp_exposed"] += end - start
+                    prog.now = end
+
+    def finish(self) -> None:
+        """Deferred buckets, the dp wait, the embedding sync, the gradient norm, the
+        optimizer, ZeRO-1/2 gathers."""
+        plan = self.plan
+        for prog in self.programs.values():
+            for reduction in prog.deferred:
+                self.reduce_priced(prog, reduction, prog.now, prog.now)
+            prog.deferred = []
+            if prog.dp_last_end > prog.now:
+                prog.breakdown_s["dp_exposed"] += prog.dp_last_end - prog.now
+                prog.now = prog.dp_last_end
+        head = plan.head_stage
+        if head != 0 and plan.spec.tied_embeddings:
+            first, last = self.by_stage[0], self.by_stage[head]
+            size = plan.spec.vocab / plan.tp * plan.spec.hidden * self.rules.bytes_per.grad
+            pair = (first.rank, last.rank)
+            t = self.pricer.cost("all_reduce", size, pair)
+            for prog in (first, last):
+                self.stats.add(
+                    CallKey(prog.rank, PP, "all_reduce", size, 2, t.algorithm),
+                    t.time_s,
+                    t.busbw_bps,
+                )
+            end = max(first.now, last.now) + t.time_s
+            for prog in (first, last):
+                prog.breakdown_s["pp_exposed"] += end - prog.now
+                prog.now = end
+        for prog in self.programs.values():
+            framework = self.schedule.framework_step_s.get(prog.coords.pp, 0.0)
+            link, busbw = dp_link(self.stats.items(), prog.rank)
+            interference = self.schedule.interference_s(
+                dp_link_s=link, busbw_bps=busbw, compute_s=prog.breakdown_s["compute"]
+            )
+            prog.now += framework + interference
+            prog.breakdown_s["framework"] += framework
+            prog.breakdown_s["interference"] += interference
+        self.grad_norm()
+        for prog in self.programs.values():
+            stage = self.schedule.stages[prog.coords.pp]
+            opt = self.schedule.optimizer_s[prog.coords.pp]
+            prog.now += opt
+            prog.breakdown_s["optimizer"] += opt
+            calls = self.rules.gathers_after_optimizer(stage)
+            if calls:
+                t0 = prog.now
+                end = self.dp_calls(prog, calls, prog.now, 0.0)
+                prog.breakdown_s["dp_exposed"] += end - t0
+                prog.now = end
+            prog.end_s = prog.now

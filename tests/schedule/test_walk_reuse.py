@@ -1,0 +1,69 @@
+"""A search's estimator reuses what it priced (op tables per pipeline shape, blocks, segment
+plans, bucket prices) across plans and within a walk: each plan's estimate is the very result
+of a fresh ``estimate_step``, whatever plans came before it."""
+
+from __future__ import annotations
+
+import warnings
+
+from collsim.cluster.topology import load_topology
+from collsim.core.errors import CollsimWarning
+from collsim.parallel.config import DDPConfig, FSDPConfig, ParallelConfig, TrainingConfig
+from collsim.play.walk import Estimator, estimate_step
+from collsim.step.result import StepResult
+from collsim.workload import get_preset
+
+
+def _plans() -> list[tuple[TrainingConfig, ParallelConfig]]:
+    out = []
+    for zero, pp, schedule, overlap in [
+        (1, 4, "interleaved", True),
+        (0, 2, "1f1b", False),
+        (2, 1, "1f1b", True),
+        (2, 1, "1f1b", False),
+        (3, 1, "1f1b", True),
+        (1, 4, "interleaved", False),
+        (1, 2, "gpipe", True),
+    ]:
+        tp = 2
+        dp = 16 // (tp * pp)
+        v = 2 if schedule == "interleaved" else 1
+        m = 2 * pp if schedule == "interleaved" else 4
+        training = TrainingConfig(global_batch=m * dp, micro_batch=1, recompute="selective")
+        parallel = ParallelConfig(
+            tp=tp,
+            pp=pp,
+            dp=dp,
+            schedule=schedule,
+            virtual_stages=v,
+            zero=zero,
+            ddp=DDPConfig(bucket_mb=5.0, overlap=overlap),
+            fsdp=FSDPConfig(prefetch=1),
+        )
+        out.append((training, parallel))
+    return out
+
+
+def _facts(r: StepResult) -> tuple[object, ...]:
+    return (
+        r.step_time_s,
+        dict(r.breakdown_s.items()),
+        r.memory_peak_bytes,
+        r.memory_bytes,
+        r.activation_peak_bytes_by_rank,
+        [(c.axis, c.op, c.size_bytes, c.count, c.time_s, c.algorithm) for c in r.collectives],
+        r.critical_rank,
+    )
+
+
+def test_estimates_across_plans_equal_fresh_walks() -> None:
+    spec = get_preset("gpt3-350m")
+    topology = load_topology("dgx_h100", nodes=2)
+    plans = _plans()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CollsimWarning)
+        fresh = [_facts(estimate_step(topology, spec, *p)) for p in plans]
+        est = Estimator(topology, spec)
+        for _ in range(2):  # the second round reads every cache the first one filled
+            for plan, expected in zip(plans, fresh, strict=True):
+                assert _facts(est.estimate(*plan)) == expected, plan[1]
