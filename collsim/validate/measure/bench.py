@@ -272,6 +272,17 @@ def _timing(config: BenchConfig) -> str:
     )
 
 
+def _wrong_elements(dist: Any, ctx: Any, case: Any, wrong_total: Any) -> int:
+    """Run ``case`` once on its check data; the wrong elements summed over the ranks."""
+    case.fill_check()
+    dist.barrier()
+    case()
+    ctx.sync()
+    wrong_total.fill_(case.count_wrong())
+    dist.all_reduce(wrong_total)
+    return int(wrong_total.item())
+
+
 def bench_rank(ctx: Any, config: BenchConfig) -> dict[str, Any]:
     """The per-rank body of the bench (every rank returns the same, already reduced, data).
 
@@ -321,13 +332,7 @@ def bench_rank(ctx: Any, config: BenchConfig) -> dict[str, Any]:
                 torch, dist, op, count, rank, n, ctx.device, config.root, buffers, op in in_place
             )
             if round_index == 0:
-                case.fill_check()
-                dist.barrier()
-                case()
-                ctx.sync()
-                wrong_total.fill_(case.count_wrong())
-                dist.all_reduce(wrong_total)
-                wrong[key] = int(wrong_total.item())
+                wrong[key] = _wrong_elements(dist, ctx, case, wrong_total)
             case.fill_timing()
             for _ in range(config.warmup):
                 case()
