@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from collsim.collectives import tuner
+import collsim.collectives.tuner as tuner
 from collsim.collectives.transfers import Phase, Transfer, make_transfer
 from collsim.collectives.types import Group
 from collsim.core.errors import ConfigError

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from collsim.collectives import tuner
+import collsim.collectives.tuner as tuner
 from collsim.collectives.transfers import Phase, Transfer
 from collsim.collectives.types import Group
 from collsim.core.errors import ConfigError

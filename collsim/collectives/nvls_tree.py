@@ -25,7 +25,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from collsim.collectives import nvls, tuner
+import collsim.collectives.nvls as nvls
+import collsim.collectives.tuner as tuner
 from collsim.collectives.transfers import LoadPhase, PhaseLoad, Transfer, make_transfer, pair_load
 from collsim.collectives.tree import dtree_parents
 from collsim.collectives.types import Group

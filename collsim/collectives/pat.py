@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from collsim.collectives import tuner
+import collsim.collectives.tuner as tuner
 from collsim.collectives.transfers import LoadPhase, pairs_phase
 from collsim.collectives.types import Group
 from collsim.core.errors import ConfigError

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import simpy
 
+import collsim.collectives.protocols as protocols
 from collsim.cluster.network import FlowNetwork, PackedSends
 from collsim.cluster.topology import CollectiveSettings, Topology
-from collsim.collectives import protocols
 from collsim.collectives.transfers import (
     AGGREGATE_ABOVE,
     AnyPhase,

@@ -5,7 +5,7 @@ Derivations, measurements and sources: docs/derivations.md, ``collsim.collective
 
 from __future__ import annotations
 
-from collsim.collectives import tuner
+import collsim.collectives.tuner as tuner
 from collsim.core.vocab import Algorithm, LinkKind, Protocol
 
 __all__ = [

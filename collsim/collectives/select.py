@@ -22,19 +22,17 @@ from typing import Any
 
 import simpy
 
+import collsim.collectives.collnet as collnet
+import collsim.collectives.direct as direct
+import collsim.collectives.halving_doubling as halving_doubling
+import collsim.collectives.hierarchical as hierarchical
+import collsim.collectives.nvls as nvls
+import collsim.collectives.nvls_tree as nvls_tree
+import collsim.collectives.pat as pat
+import collsim.collectives.ring as ring
+import collsim.collectives.tree as tree
+import collsim.collectives.tuner as tuner
 from collsim.cluster.network import FlowNetwork
-from collsim.collectives import (
-    collnet,
-    direct,
-    halving_doubling,
-    hierarchical,
-    nvls,
-    nvls_tree,
-    pat,
-    ring,
-    tree,
-    tuner,
-)
 from collsim.collectives.memo import PerTopology
 from collsim.collectives.phases import CollectivePhases, ProtocolCap, Timing, run_phases
 from collsim.collectives.types import CollectiveCost, Group, busbw_factor

@@ -8,9 +8,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import collsim.collectives.ofi_tuner as ofi_tuner
 from collsim.cluster.topology import Topology
 from collsim.cluster.transports import EFA_PLATFORMS
-from collsim.collectives import ofi_tuner
 from collsim.collectives.channels import (
     NcclGraph,
     arch_of,
