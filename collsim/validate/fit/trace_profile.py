@@ -382,6 +382,28 @@ def _step_host_us(
     return host_us, launches
 
 
+def _comm_spans(trace: Trace) -> list[tuple[float, float]]:
+    """The (start, end) microseconds of the trace's collectives, in order."""
+    return sorted(
+        (e.ts_us, e.end_us)
+        for e in trace.events
+        if e.name.startswith("gloo:") or e.name == "record_param_comms"
+    )
+
+
+def _step_ops(trace: Trace, step: Any) -> list[Event]:
+    """The CPU ops and annotations on ``step``'s thread inside it (the step's own mark left out)."""
+    return [
+        e
+        for e in trace.events
+        if e.cat in ("cpu_op", "user_annotation")
+        and e.tid == step.tid
+        and e.pid == step.pid
+        and step.ts_us <= e.ts_us < step.end_us
+        and not e.name.startswith(STEP_PREFIX)
+    ]
+
+
 def host_per_launch(trace: Trace) -> HostTime:
     """The host cost per launch a CPU trace's steps show: on each step's thread, the self time
     of the ops of kinds no table prices (:data:`HOST_KINDS`) plus the gaps between the
@@ -392,27 +414,12 @@ def host_per_launch(trace: Trace) -> HostTime:
     kernel's time (``collsim.workload.compute.ComputeModel``), so these seconds, spread over
     the launches, are what the simulated step lacks without them."""
 
-    comm = sorted(
-        (e.ts_us, e.end_us)
-        for e in trace.events
-        if e.name.startswith("gloo:") or e.name == "record_param_comms"
-    )
+    comm = _comm_spans(trace)
     host_us = 0.0
     launches = 0
     steps = trace.steps()
     for step in steps:
-        ops = sorted(
-            (
-                e
-                for e in trace.events
-                if e.cat in ("cpu_op", "user_annotation")
-                and e.tid == step.tid
-                and e.pid == step.pid
-                and step.ts_us <= e.ts_us < step.end_us
-                and not e.name.startswith(STEP_PREFIX)
-            ),
-            key=lambda e: (e.ts_us, -e.dur_us),
-        )
+        ops = sorted(_step_ops(trace, step), key=lambda e: (e.ts_us, -e.dur_us))
         h, n = _step_host_us(ops, step, comm)
         host_us += h
         launches += n
@@ -425,23 +432,9 @@ def _busy_step_s(traces: list[Trace]) -> float:
     total_us = 0.0
     count = 0
     for trace in traces:
-        comm = sorted(
-            (e.ts_us, e.end_us)
-            for e in trace.events
-            if e.name.startswith("gloo:") or e.name == "record_param_comms"
-        )
+        comm = _comm_spans(trace)
         for step in trace.steps():
-            top = _outermost(
-                [
-                    e
-                    for e in trace.events
-                    if e.cat in ("cpu_op", "user_annotation")
-                    and e.tid == step.tid
-                    and e.pid == step.pid
-                    and step.ts_us <= e.ts_us < step.end_us
-                    and not e.name.startswith(STEP_PREFIX)
-                ]
-            )
+            top = _outermost(_step_ops(trace, step))
             edges = [step.ts_us, *(x for e in top for x in (e.ts_us, e.end_us)), step.end_us]
             waits = sum(
                 _overlap_us(edges[i], edges[i + 1], comm)
