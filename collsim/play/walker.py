@@ -450,15 +450,7 @@ class Walker:
     ) -> None:
         """Run a reduction priced by :meth:`reduction`, ready at ``ready``, issued at ``issued``."""
         _rel, calls, hold = reduction
-        fired = ready
-        for t, busbw, key in calls:
-            prog.dp_free = max(ready, prog.dp_free) + t
-            fired = fires(issued, prog.dp_free)
-            prog.dp_last_end = max(prog.dp_last_end, fired)
-            tally = self.stats.tally(key)
-            tally.count += 1
-            tally.time_s += t
-            tally.busbw_bps = busbw
+        fired = self.run_priced(prog, calls, ready, issued)
         if hold:
             prog.ledger.alloc(ready, "buffers", hold, "zero2 bucket")
             prog.ledger.free(fired, "buffers", hold, "zero2 bucket")
@@ -499,14 +491,19 @@ class Walker:
         return tuple(out)
 
     def run_priced(
-        self, prog: RankState, calls: tuple[tuple[float, float, CallKey], ...], ready: float
+        self,
+        prog: RankState,
+        calls: tuple[tuple[float, float, CallKey], ...],
+        ready: float,
+        issued: float | None = None,
     ) -> float:
-        """:meth:`dp_calls` of calls priced by :meth:`priced_calls`, ready and issued at
-        ``ready``: when the last one's event fires."""
+        """:meth:`dp_calls` of calls priced by :meth:`priced_calls`, ready at ``ready`` and
+        issued at ``issued`` (default ``ready``): when the last one's event fires."""
+        issued = ready if issued is None else issued
         fired = ready
         for t, busbw, key in calls:
             prog.dp_free = max(ready, prog.dp_free) + t
-            fired = fires(ready, prog.dp_free)
+            fired = fires(issued, prog.dp_free)
             prog.dp_last_end = max(prog.dp_last_end, fired)
             tally = self.stats.tally(key)
             tally.count += 1

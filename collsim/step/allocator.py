@@ -149,6 +149,17 @@ class AllocatorStats:
     num_ooms: int = 0
 
 
+def _split(block: _Block, size: int, *, mapped: bool) -> _Block:
+    """Cut ``block`` to ``size`` bytes; the rest becomes the next block of its segment."""
+    rest = _Block(block.addr + size, block.size - size, block.pool, mapped)
+    rest.prev, rest.next = block, block.next
+    if block.next is not None:
+        block.next.prev = rest
+    block.next = rest
+    block.size = size
+    return rest
+
+
 class CachingAllocator:
     """The caching allocator of one device.
 
@@ -193,13 +204,7 @@ class CachingAllocator:
                     f"{(self.limit_bytes or 0) / 2**30:.2f} GiB"
                 )
         if self._should_split(block, size):
-            rest = _Block(block.addr + size, block.size - size, pool, True)
-            rest.prev, rest.next = block, block.next
-            if block.next is not None:
-                block.next.prev = rest
-            block.next = rest
-            block.size = size
-            self._insert_free(rest)
+            self._insert_free(_split(block, size, mapped=True))
         block.allocated = True
         st = self.stats
         st.allocated_bytes += block.size
@@ -378,13 +383,7 @@ class CachingAllocator:
             return None
         self._remove_unmapped(block)
         if mapped < block.size:
-            rest = _Block(block.addr + mapped, block.size - mapped, block.pool, mapped=False)
-            rest.prev, rest.next = block, block.next
-            if block.next is not None:
-                block.next.prev = rest
-            block.next = rest
-            block.size = mapped
-            self._insert_unmapped(rest)
+            self._insert_unmapped(_split(block, mapped, mapped=False))
         block.mapped = True
         self._merge(block, block.prev)
         self._merge(block, block.next)
