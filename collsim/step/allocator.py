@@ -616,8 +616,8 @@ def allocator_limit_bytes(device: Any) -> float:
 NEAR_LIMIT_SHARE = 0.8
 """Besides the rank with the highest allocated peak, the replay runs the ranks whose allocated
 peak is at least this share of what the allocator can hold: those whose fit could turn on
-fragmentation. A choice of collsim (the replay costs 10-20 us per allocation in Python),
-not a figure of PyTorch's."""
+fragmentation. A choice of collsim (the replay's cost grows with the ranks it runs), not
+a figure of PyTorch's."""
 
 
 def reserved_memory(
