@@ -58,10 +58,11 @@ _GRID_DIMS = {
     ParallelAxis.TP: ("tp",),
     ParallelAxis.DP_CP: ("dp", "cp"),
     ParallelAxis.MP: ("pp", "cp", "tp"),
+    ParallelAxis.TP_DP_CP: ("dp", "cp", "tp"),
 }
 """Axes whose groups are grid lines of :meth:`Plan.grid`: the grid axes a group spans, in group
 order (dp_cp: dp major, cp minor, as ``group_of``; mp: pp, cp, tp, which is rank order in
-either layout)."""
+either layout; tp_dp_cp: a stage's ranks, as ``stage_ranks``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -262,6 +263,8 @@ class Plan:
                 )
             case ParallelAxis.MP:
                 return tuple(self.grid()[:, c.dp].ravel().tolist())
+            case ParallelAxis.TP_DP_CP:
+                return tuple(self.stage_ranks(c.pp))
             case ParallelAxis.DP_SHARD:
                 g = self.shard_group_size
                 first = c.dp - c.dp % g

@@ -1,0 +1,130 @@
+"""FP8 amax reductions as the stacks run them: the small all-reduces that make the ranks of a
+group agree on a tensor's scale, and the amax-history update of delayed scaling.
+
+Delayed scaling (Transformer Engine ``DelayedScaling``, ``reduce_amax=True`` by default;
+``transformer_engine/pytorch/quantization.py`` ``reduce_and_update_fp8_tensors`` at
+001597e): every FP8 module appends its amaxes to a global buffer; at the exit of the
+outermost ``autocast`` the forward amaxes (3 per GEMM: input, weight, output, TE
+``base.py``) are concatenated into one fp32 tensor, all-reduced with MAX over the autocast's
+group (``async_op=False``) and folded into the histories and scales by one kernel
+(``fused_amax_and_scale_update_after_reduction``); the backward amaxes (2 per GEMM: the
+output and input gradients) the same at the end of the backward of the first FP8 module of
+the region (``reduce_and_update_bwd_fp8_tensors``). Megatron-Core opens one outer autocast per
+``TransformerBlock`` forward under delayed scaling (``use_outer_fp8_context``,
+megatron/core/transformer/transformer_block.py at d98e8a6): once per model chunk and
+micro-batch, over ``get_amax_reduction_group(with_context_parallel=True)``, the tp x dp x cp
+ranks of a stage. The recomputed forward of full recompute reuses the stashed scales
+(``copy_forward_fp8_meta_tensors_for_recompute``) and reduces nothing.
+
+Current scaling (``tensorwise``: TE ``Float8CurrentScaling``, torchao ``Float8Linear``
+tensorwise): each quantized tensor's amax comes from its own amax kernel (counted with the
+casts, :func:`collsim.workload.fp8.quantize_bytes`); a tensor that sequence parallelism
+gathers over TP before its GEMM reduces its amax over the TP group first: the input of a
+column-parallel linear in forward, the output gradient of a row-parallel linear in backward
+(TE ``Linear._customize_quantizers_float8_current_scaling``, ``with_amax_reduction`` on the
+TP group, transformer_engine/pytorch/module/linear.py and layernorm_linear.py; torchao's
+``Float8ColwiseParallel`` casts the sharded DTensor input, whose amax is a reduction over the
+mesh). Blockwise and MXFP8 scales are local: no reduction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from collsim.core.vocab import ParallelAxis
+
+if TYPE_CHECKING:
+    from collsim.parallel.plan import Plan
+
+__all__ = [
+    "AMAX_BYTES",
+    "AMAX_HISTORY_LEN",
+    "AmaxReduction",
+    "AmaxPlan",
+    "amax_plan",
+    "history_update_bytes",
+]
+
+AMAX_BYTES = 4
+"""One fp32 amax."""
+AMAX_HISTORY_LEN = 1024
+"""``DelayedScaling.amax_history_len`` default (transformer_engine/common/recipe/__init__.py
+at d0067d0)."""
+FORWARD_AMAXES_PER_GEMM = 3
+BACKWARD_AMAXES_PER_GEMM = 2
+"""FP8 tensors per GEMM of a TE module: forward input, weight, output; backward output
+gradient and input gradient (``num_gemms * 3`` / ``* 2``, TE module/base.py)."""
+
+COLUMN_LINEARS = ("qkv_proj", "mlp_up")
+ROW_LINEARS = ("out_proj", "mlp_down")
+"""A dense layer's sequence-parallel linears: the inputs of the column-parallel ones and the
+output gradients of the row-parallel ones are gathered over TP (Megatron-Core's
+``TELayerNormColumnParallelLinear`` and ``TERowParallelLinear``; torchtitan's
+``ColwiseParallel`` wq/wk/wv and w1/w3, ``RowwiseParallel`` wo and w2)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AmaxReduction:
+    """One amax all-reduce (MAX) of ``size_bytes`` on the group of ``axis``, ``calls`` times
+    in ``phase`` of one layer (``per: "layer"``) or of one model chunk (``per: "chunk"``)."""
+
+    size_bytes: float
+    axis: str
+    phase: str
+    calls: int = 1
+    per: str = "layer"
+
+
+@dataclass(frozen=True, slots=True)
+class AmaxPlan:
+    """The amax reductions of one plan and the delayed-scaling history update of one chunk
+    (HBM bytes per phase, one kernel each)."""
+
+    reductions: tuple[AmaxReduction, ...] = ()
+    update_bytes: tuple[float, float] = (0.0, 0.0)
+
+    def of(self, per: str, phase: str) -> list[AmaxReduction]:
+        return [r for r in self.reductions if r.per == per and r.phase == phase]
+
+
+def history_update_bytes(tensors: int, history_len: int = AMAX_HISTORY_LEN) -> float:
+    """HBM bytes of one fused history and scale update over ``tensors`` FP8 tensors: each
+    history (``history_len`` fp32) read and written rolled, the reduced amax read, the scale
+    and its inverse written."""
+    return float(tensors * (2 * history_len * AMAX_BYTES + 3 * AMAX_BYTES))
+
+
+def amax_plan(plan: Plan, *, linears_per_layer: int, layers_per_chunk: int) -> AmaxPlan:
+    """The amax reductions of ``plan`` (module docstring), with ``linears_per_layer`` FP8
+    GEMMs in a layer and ``layers_per_chunk`` layers in the largest model chunk (the delayed
+    recipe reduces one buffer per chunk: its size follows the chunk)."""
+    tr, par = plan.training, plan.parallel
+    if str(tr.dtype) != "fp8" or linears_per_layer <= 0:
+        return AmaxPlan()
+    recipe = str(tr.fp8_recipe or "tensorwise")
+    if recipe == "tensorwise":
+        if plan.tp < 2 or not par.sequence_parallel:
+            return AmaxPlan()
+        tp = ParallelAxis.TP
+        return AmaxPlan(
+            (
+                AmaxReduction(AMAX_BYTES, tp, "forward", len(COLUMN_LINEARS)),
+                AmaxReduction(AMAX_BYTES, tp, "backward", len(ROW_LINEARS)),
+            )
+        )
+    if recipe != "delayed":
+        return AmaxPlan()
+    gemms = linears_per_layer * layers_per_chunk
+    fwd, bwd = FORWARD_AMAXES_PER_GEMM * gemms, BACKWARD_AMAXES_PER_GEMM * gemms
+    update = (history_update_bytes(fwd), history_update_bytes(bwd))
+    if plan.tp * plan.dp * plan.cp < 2:
+        return AmaxPlan((), update)
+    axis = ParallelAxis.TP_DP_CP
+    return AmaxPlan(
+        (
+            AmaxReduction(AMAX_BYTES * fwd, axis, "forward", per="chunk"),
+            AmaxReduction(AMAX_BYTES * bwd, axis, "backward", per="chunk"),
+        ),
+        update,
+    )

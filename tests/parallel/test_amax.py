@@ -1,0 +1,66 @@
+"""FP8 amax reductions counted by hand: delayed scaling reduces one buffer per model chunk
+and phase over a stage's tp x dp x cp ranks; current scaling reduces one amax per sequence-
+parallel gather over TP; blockwise and MXFP8 reduce nothing."""
+
+from __future__ import annotations
+
+import warnings
+
+from collsim.cluster.topology import load_topology
+from collsim.core.errors import CollsimWarning
+from collsim.parallel.amax import AMAX_HISTORY_LEN, amax_plan, history_update_bytes
+from collsim.parallel.config import ParallelConfig, TrainingConfig
+from collsim.parallel.plan import build_plan
+from collsim.workload import get_preset
+
+
+def _plan(recipe: str | None, **par):  # type: ignore[no-untyped-def]
+    spec = get_preset("llama3-8b", num_layers=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CollsimWarning)
+        return build_plan(
+            load_topology("dgx_h100", nodes=2),
+            spec,
+            TrainingConfig(global_batch=64, micro_batch=1, dtype="fp8", fp8_recipe=recipe),
+            ParallelConfig(**par),
+            for_simulation=False,
+        )
+
+
+def test_delayed_scaling_one_reduction_per_chunk_and_phase() -> None:
+    plan = _plan("delayed", tp=2, cp=2, pp=2, dp=2, sequence_parallel=True)
+    a = amax_plan(plan, linears_per_layer=4, layers_per_chunk=4)
+    (fwd,) = a.of("chunk", "forward")
+    (bwd,) = a.of("chunk", "backward")
+    # 4 linears x 4 layers = 16 GEMMs: 3 fp32 amaxes each forward (192 B), 2 backward (128 B)
+    assert (fwd.size_bytes, bwd.size_bytes) == (192, 128)
+    assert fwd.axis == bwd.axis == "tp_dp_cp"
+    # the group is every rank of the stage: 2 x 2 x 2 = 8 of the 16
+    group = plan.group_of(0, "tp_dp_cp")
+    assert len(group) == 8 and all(plan.coords(r).pp == 0 for r in group)
+    assert a.of("layer", "forward") == []
+    # the history update: 48 forward histories of 1024 fp32, read and written, + 3 fp32 each
+    assert a.update_bytes[0] == 48 * (2 * 1024 * 4 + 12)
+    assert history_update_bytes(1, AMAX_HISTORY_LEN) == 8204
+
+
+def test_current_scaling_reduces_over_tp_with_sequence_parallelism() -> None:
+    a = amax_plan(_plan("tensorwise", tp=8, dp=2, sequence_parallel=True), linears_per_layer=4,
+                  layers_per_chunk=32)
+    (fwd,) = a.of("layer", "forward")
+    (bwd,) = a.of("layer", "backward")
+    # QKV and MLP-up inputs in forward, out-proj and MLP-down output gradients in backward
+    assert (fwd.calls, bwd.calls, fwd.size_bytes, fwd.axis) == (2, 2, 4, "tp")
+    assert a.update_bytes == (0.0, 0.0)
+    # None means tensorwise; without sequence parallelism nothing is gathered, nothing reduced
+    assert amax_plan(_plan(None, tp=8, dp=2, sequence_parallel=True), linears_per_layer=4,
+                     layers_per_chunk=32).reductions
+    assert not amax_plan(_plan("tensorwise", tp=8, dp=2), linears_per_layer=4,
+                         layers_per_chunk=32).reductions
+
+
+def test_local_scales_reduce_nothing() -> None:
+    for recipe in ("blockwise", "mxfp8"):
+        a = amax_plan(_plan(recipe, tp=8, dp=2, sequence_parallel=True), linears_per_layer=4,
+                      layers_per_chunk=32)
+        assert not a.reductions and a.update_bytes == (0.0, 0.0)
