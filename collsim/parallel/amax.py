@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from collsim.core.vocab import ParallelAxis
+from collsim.parallel.sharding import DELAYED_AMAX_HISTORY
 
 if TYPE_CHECKING:
     from collsim.parallel.plan import Plan
@@ -44,24 +45,18 @@ __all__ = [
     "AmaxPlan",
     "amax_plan",
     "history_update_bytes",
+    "tp_amax_reduce",
 ]
 
 AMAX_BYTES = 4
 """One fp32 amax."""
-AMAX_HISTORY_LEN = 1024
-"""``DelayedScaling.amax_history_len`` default (transformer_engine/common/recipe/__init__.py
-at d0067d0)."""
+AMAX_HISTORY_LEN = DELAYED_AMAX_HISTORY
+"""``DelayedScaling.amax_history_len`` default (:data:`collsim.parallel.sharding.
+DELAYED_AMAX_HISTORY`)."""
 FORWARD_AMAXES_PER_GEMM = 3
 BACKWARD_AMAXES_PER_GEMM = 2
 """FP8 tensors per GEMM of a TE module: forward input, weight, output; backward output
 gradient and input gradient (``num_gemms * 3`` / ``* 2``, TE module/base.py)."""
-
-COLUMN_LINEARS = ("qkv_proj", "mlp_up")
-ROW_LINEARS = ("out_proj", "mlp_down")
-"""A dense layer's sequence-parallel linears: the inputs of the column-parallel ones and the
-output gradients of the row-parallel ones are gathered over TP (Megatron-Core's
-``TELayerNormColumnParallelLinear`` and ``TERowParallelLinear``; torchtitan's
-``ColwiseParallel`` wq/wk/wv and w1/w3, ``RowwiseParallel`` wo and w2)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,30 +90,34 @@ def history_update_bytes(tensors: int, history_len: int = AMAX_HISTORY_LEN) -> f
     return float(tensors * (2 * history_len * AMAX_BYTES + 3 * AMAX_BYTES))
 
 
+def tp_amax_reduce(plan: Plan) -> bool:
+    """Current scaling reduces the amax of every tensor sequence parallelism gathers over TP
+    (module docstring): an FP8 plan with ``tensorwise`` scaling, tp > 1 and sequence
+    parallelism, under any stack (Transformer Engine and torchao alike). The step program
+    places these reductions before the TP gathers (``collsim.step.ops.TPOverlap``)."""
+    tr = plan.training
+    return (
+        str(tr.dtype) == "fp8"
+        and str(tr.fp8_recipe or "tensorwise") == "tensorwise"
+        and plan.tp > 1
+        and bool(plan.parallel.sequence_parallel)
+    )
+
+
 def amax_plan(plan: Plan, *, linears_per_layer: int, layers_per_chunk: int) -> AmaxPlan:
-    """The amax reductions of ``plan`` (module docstring), with ``linears_per_layer`` FP8
-    GEMMs in a layer and ``layers_per_chunk`` layers in the largest model chunk (the delayed
-    recipe reduces one buffer per chunk: its size follows the chunk)."""
-    tr, par = plan.training, plan.parallel
-    if str(tr.dtype) != "fp8" or linears_per_layer <= 0:
-        return AmaxPlan()
-    recipe = str(tr.fp8_recipe or "tensorwise")
-    if recipe == "tensorwise":
-        if plan.tp < 2 or not par.sequence_parallel:
-            return AmaxPlan()
-        tp = ParallelAxis.TP
-        return AmaxPlan(
-            (
-                AmaxReduction(AMAX_BYTES, tp, "forward", len(COLUMN_LINEARS)),
-                AmaxReduction(AMAX_BYTES, tp, "backward", len(ROW_LINEARS)),
-            )
-        )
-    if recipe != "delayed":
+    """The once-per-chunk amax reductions of ``plan`` under delayed scaling (module
+    docstring), with ``linears_per_layer`` FP8 GEMMs in a layer and ``layers_per_chunk``
+    layers in the model chunk (one buffer per chunk and phase: its size follows the chunk);
+    empty for the other recipes (current scaling: :func:`tp_amax_reduce`)."""
+    tr = plan.training
+    if str(tr.dtype) != "fp8" or str(tr.fp8_recipe) != "delayed":
         return AmaxPlan()
     gemms = linears_per_layer * layers_per_chunk
+    if gemms <= 0:
+        return AmaxPlan()
     fwd, bwd = FORWARD_AMAXES_PER_GEMM * gemms, BACKWARD_AMAXES_PER_GEMM * gemms
     update = (history_update_bytes(fwd), history_update_bytes(bwd))
-    if plan.tp * plan.dp * plan.cp < 2:
+    if plan.tp * plan.dp * plan.cp < 2:  # TE skips the reduction on a group of one
         return AmaxPlan((), update)
     axis = ParallelAxis.TP_DP_CP
     return AmaxPlan(

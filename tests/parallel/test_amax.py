@@ -8,7 +8,13 @@ import warnings
 
 from collsim.cluster.topology import load_topology
 from collsim.core.errors import CollsimWarning
-from collsim.parallel.amax import AMAX_HISTORY_LEN, amax_plan, history_update_bytes
+from collsim.parallel.amax import (
+    AMAX_HISTORY_LEN,
+    AmaxPlan,
+    amax_plan,
+    history_update_bytes,
+    tp_amax_reduce,
+)
 from collsim.parallel.config import ParallelConfig, TrainingConfig
 from collsim.parallel.plan import build_plan
 from collsim.workload import get_preset
@@ -45,18 +51,14 @@ def test_delayed_scaling_one_reduction_per_chunk_and_phase() -> None:
 
 
 def test_current_scaling_reduces_over_tp_with_sequence_parallelism() -> None:
-    a = amax_plan(_plan("tensorwise", tp=8, dp=2, sequence_parallel=True), linears_per_layer=4,
-                  layers_per_chunk=32)
-    (fwd,) = a.of("layer", "forward")
-    (bwd,) = a.of("layer", "backward")
-    # QKV and MLP-up inputs in forward, out-proj and MLP-down output gradients in backward
-    assert (fwd.calls, bwd.calls, fwd.size_bytes, fwd.axis) == (2, 2, 4, "tp")
-    assert a.update_bytes == (0.0, 0.0)
-    # None means tensorwise; without sequence parallelism nothing is gathered, nothing reduced
-    assert amax_plan(_plan(None, tp=8, dp=2, sequence_parallel=True), linears_per_layer=4,
-                     layers_per_chunk=32).reductions
-    assert not amax_plan(_plan("tensorwise", tp=8, dp=2), linears_per_layer=4,
-                         layers_per_chunk=32).reductions
+    assert tp_amax_reduce(_plan("tensorwise", tp=8, dp=2, sequence_parallel=True))
+    assert tp_amax_reduce(_plan(None, tp=8, dp=2, sequence_parallel=True))  # None: tensorwise
+    # without sequence parallelism nothing is gathered over TP, so nothing is reduced
+    assert not tp_amax_reduce(_plan("tensorwise", tp=8, dp=2))
+    assert not tp_amax_reduce(_plan("delayed", tp=8, dp=2, sequence_parallel=True))
+    # and current scaling has no once-per-chunk reduction
+    plan = _plan("tensorwise", tp=8, dp=2, sequence_parallel=True)
+    assert amax_plan(plan, linears_per_layer=4, layers_per_chunk=32) == AmaxPlan()
 
 
 def test_local_scales_reduce_nothing() -> None:
