@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from collsim.core.errors import ConfigError
 from collsim.parallel.config import ParallelConfig, TrainingConfig
 from collsim.workload.memory import balanced_chunk_layers
+from collsim.workload.torch_cp import is_torch_cp
 
 if TYPE_CHECKING:
     from collsim.workload.model import TransformerSpec
@@ -104,6 +105,8 @@ def check_experts_and_context(
             f"model seq_len ({spec.seq_len}) must be divisible by {rule}",
             key_path="parallel.cp",
         )
+    if cp > 1 and is_torch_cp(str(parallel.cp_algorithm)):
+        _check_torch_cp(training, str(parallel.cp_algorithm))
     if parallel.ep_overlap:
         # Megatron-Core's rules for --overlap-moe-expert-parallel-comm
         # (TransformerConfig.__post_init__, megatron/core/transformer/transformer_config.py)
@@ -136,4 +139,29 @@ def check_experts_and_context(
         raise ConfigError(
             f"fp8_all_gather needs training.dtype: fp8, got {training.dtype}",
             key_path="parallel.fsdp.fp8_all_gather",
+        )
+
+
+TORCH_CP_KERNELS = ("flash2", "cudnn")
+"""Attention kernels torch's context parallelism runs: it replaces only SDPA's flash,
+memory-efficient and cuDNN ops (``_sdpa_handler``: "CP only supports flash attention and
+memory efficient attention now"), so FlashAttention-3, Triton kernels and eager attention
+(SDPA's math path) are refused."""
+
+
+def _check_torch_cp(training: TrainingConfig, algorithm: str) -> None:
+    """torch's context parallelism needs a stack that calls SDPA through torch (Megatron-Core
+    runs Transformer Engine's own, ``cp_comm_type``) and one of SDPA's fused kernels."""
+    if training.stack == "megatron_te":
+        raise ConfigError(
+            f"{algorithm} is torch's context parallelism; Megatron-Core runs Transformer "
+            "Engine's (cp_algorithm: ring or all_gather), not torch's",
+            key_path="parallel.cp_algorithm",
+        )
+    kernel = training.attention_kernel
+    if kernel is not None and kernel not in TORCH_CP_KERNELS:
+        raise ConfigError(
+            f"{algorithm} runs only SDPA's fused kernels ({', '.join(TORCH_CP_KERNELS)}), "
+            f"got attention_kernel {kernel}",
+            key_path="training.attention_kernel",
         )
