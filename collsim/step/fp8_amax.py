@@ -48,10 +48,14 @@ def chunk_amax(
 
 
 def attach_chunk_amax(
-    forward: list[Segment], backward: list[Segment], amax: ChunkAmax | None
+    forward: list[Segment],
+    backward: list[Segment],
+    amax: ChunkAmax | None,
+    paired: dict[int, Segment] | None = None,
 ) -> None:
     """Append the amax steps of a chunk to the forward segment of its last layer and the
-    backward segment of its first layer (in place; nothing for a chunk without layers)."""
+    backward segment of its first layer, and to their paired forms in ``paired`` (by the
+    segment's id), in place; nothing for a chunk without layers."""
     if amax is None:
         return
     fwd = [s for s in forward if isinstance(s.key, int)]
@@ -61,5 +65,8 @@ def attach_chunk_amax(
     f_steps, b_steps = amax(len(fwd))
     last = max(fwd, key=lambda s: int(s.key))
     first = min(bwd, key=lambda s: int(s.key))
-    last.steps = [*last.steps, *f_steps]
-    first.steps = [*first.steps, *b_steps]
+    for seg, steps in ((last, f_steps), (first, b_steps)):
+        other = (paired or {}).get(id(seg))
+        seg.steps = [*seg.steps, *steps]
+        if other is not None and other is not seg:
+            other.steps = [*other.steps, *steps]

@@ -83,3 +83,17 @@ def torch_cp_steps(
             steps.append(Step(chunks_s[i]))
     steps.append(Step(op="send_recv", size_bytes=dkv.size_bytes, axis=axis))
     return [*steps, rest]
+
+
+def take_excess(out: list[Step], excess_s: float, keep: set[int]) -> None:
+    """Take ``excess_s`` seconds out of the largest plain compute steps of a pass (not those
+    whose id is in ``keep``), in place: the CP steps of a torch layer can outlast the even
+    attention half the pass was split into, and the pass keeps its total."""
+    while excess_s > 0:
+        plain = [k for k, st in enumerate(out) if not st.op and st.seconds > 0 and id(st) not in keep]
+        if not plain:
+            return
+        k = max(plain, key=lambda j: out[j].seconds)
+        got = min(excess_s, out[k].seconds)
+        out[k] = Step(out[k].seconds - got)
+        excess_s -= got
