@@ -154,7 +154,9 @@ def _torch_cp_comms(plan: Plan, e: int) -> tuple[list[LayerComm], list[LayerComm
     at = "flash_attention"
     steps = par.cp - 1
     if str(par.cp_algorithm) == "torch_allgather":
-        kv = [LayerComm("cp_kv_all_gather", "all_gather", par.cp * block, CP, "forward", at, 1, True)]
+        kv = [
+            LayerComm("cp_kv_all_gather", "all_gather", par.cp * block, CP, "forward", at, 1, True)
+        ]
     else:
         kv = [LayerComm("cp_kv_rotate", "send_recv", block, CP, "forward", at, steps, True)]
     back = [replace(c, phase="backward") for c in kv]

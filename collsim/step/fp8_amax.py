@@ -27,9 +27,7 @@ def chunk_amax(
 ) -> ChunkAmax | None:
     """The amax steps of a chunk of ``plan`` by its layer count (None when the plan's
     recipe reduces nothing per chunk); ``memory_time_s`` prices the one update kernel."""
-    if not amax_plan(plan, linears_per_layer=linears_per_layer, layers_per_chunk=1).update_bytes[
-        0
-    ]:
+    if not amax_plan(plan, linears_per_layer=linears_per_layer, layers_per_chunk=1).update_bytes[0]:
         return None
 
     def steps(layers: int) -> tuple[list[Step], list[Step]]:

@@ -23,9 +23,7 @@ CHUNK_OPS = frozenset(("flash_attention", "cp_attention", "cp_lse_merge"))
 """The ops of one torch CP step: an SDPA call and the merge (or accumulation) after it."""
 
 
-def chunk_times(
-    ops: tuple[OpCost, ...], phase: str, scale: float = 1.0
-) -> tuple[float, ...]:
+def chunk_times(ops: tuple[OpCost, ...], phase: str, scale: float = 1.0) -> tuple[float, ...]:
     """Seconds of each CP step of one layer in ``phase``: its SDPA call plus the merge after
     it (backward: its accumulation), in the loop's order (the same in both phases), times
     ``scale`` (an overridden block's ratio)."""
@@ -57,8 +55,10 @@ def torch_cp_steps(
     kv = next(c for c in comms if c.name in ("cp_kv_all_gather", "cp_kv_rotate"))
     axis = ParallelAxis.CP
     gather = kv.op == "all_gather"
-    kv_send = [kv.size_bytes if (gather and i == 0) or (not gather and i < cp - 1) else 0.0
-               for i in range(cp)]
+    kv_send = [
+        kv.size_bytes if (gather and i == 0) or (not gather and i < cp - 1) else 0.0
+        for i in range(cp)
+    ]
     if forward:
         out = [
             Step(op=kv.op, size_bytes=kv_send[i], overlap_s=chunks_s[i], axis=axis)
@@ -74,7 +74,9 @@ def torch_cp_steps(
         if i > 0:
             sizes.append(dkv.size_bytes)
         if gather and i == 0:
-            steps.append(Step(op="all_gather", size_bytes=kv_send[0], overlap_s=chunks_s[0], axis=axis))
+            steps.append(
+                Step(op="all_gather", size_bytes=kv_send[0], overlap_s=chunks_s[0], axis=axis)
+            )
         elif sizes:
             steps.append(
                 Step(op="send_recv", size_bytes=sum(sizes), overlap_s=chunks_s[i], axis=axis)
@@ -90,7 +92,9 @@ def take_excess(out: list[Step], excess_s: float, keep: set[int]) -> None:
     whose id is in ``keep``), in place: the CP steps of a torch layer can outlast the even
     attention half the pass was split into, and the pass keeps its total."""
     while excess_s > 0:
-        plain = [k for k, st in enumerate(out) if not st.op and st.seconds > 0 and id(st) not in keep]
+        plain = [
+            k for k, st in enumerate(out) if not st.op and st.seconds > 0 and id(st) not in keep
+        ]
         if not plain:
             return
         k = max(plain, key=lambda j: out[j].seconds)

@@ -106,7 +106,9 @@ def sdpa_calls(
     return calls
 
 
-def kv_elements(*, micro_batch: int, tokens: int, heads: float, key_dim: int, value_dim: int) -> float:
+def kv_elements(
+    *, micro_batch: int, tokens: int, heads: float, key_dim: int, value_dim: int
+) -> float:
     """Elements of one rank's K and V for ``tokens`` tokens and ``heads`` heads."""
     return float(micro_batch * tokens * heads * (key_dim + value_dim))
 

@@ -63,6 +63,9 @@ def test_current_scaling_reduces_over_tp_with_sequence_parallelism() -> None:
 
 def test_local_scales_reduce_nothing() -> None:
     for recipe in ("blockwise", "mxfp8"):
-        a = amax_plan(_plan(recipe, tp=8, dp=2, sequence_parallel=True), linears_per_layer=4,
-                      layers_per_chunk=32)
+        a = amax_plan(
+            _plan(recipe, tp=8, dp=2, sequence_parallel=True),
+            linears_per_layer=4,
+            layers_per_chunk=32,
+        )
         assert not a.reductions and a.update_bytes == (0.0, 0.0)

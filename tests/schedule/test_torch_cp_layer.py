@@ -22,7 +22,9 @@ def _schedule(algorithm: str, cp: int = 4):  # type: ignore[no-untyped-def]
     spec = get_preset("llama3-8b", num_layers=2, seq_len=32768)
     topology = load_topology("dgx_h100", nodes=2)
     training = TrainingConfig(global_batch=4, micro_batch=1)
-    parallel = ParallelConfig(tp=2, cp=cp, dp=8 // cp, sequence_parallel=True, cp_algorithm=algorithm)
+    parallel = ParallelConfig(
+        tp=2, cp=cp, dp=8 // cp, sequence_parallel=True, cp_algorithm=algorithm
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CollsimWarning)
         plan = build_plan(topology, spec, training, parallel)
@@ -51,11 +53,7 @@ def test_one_layer_by_hand(algorithm: str) -> None:
     t_ag = pricer.cost("all_gather", 4 * block, cp_group).time_s
     if algorithm == "torch_allgather":
         hand_fwd_cp = max(t_ag, fwd_chunks[0]) + sum(fwd_chunks[1:])
-        hand_bwd_cp = (
-            max(t_ag, bwd_chunks[0])
-            + sum(max(t_dkv, c) for c in bwd_chunks[1:])
-            + t_dkv
-        )
+        hand_bwd_cp = max(t_ag, bwd_chunks[0]) + sum(max(t_dkv, c) for c in bwd_chunks[1:]) + t_dkv
     else:
         hand_fwd_cp = sum(max(t_kv, c) for c in fwd_chunks[:3]) + fwd_chunks[3]
         t_both = pricer.cost("send_recv", 3 * block, pair).time_s
@@ -67,9 +65,7 @@ def test_one_layer_by_hand(algorithm: str) -> None:
         )
     prices = SegmentPrices(plan, pricer)  # no slowdown of the compute beside the calls
     cp_steps = [st for st in fwd.steps if st.axis == "cp" and st.op]
-    got_fwd = sum(prices.step_s(0, st) for st in cp_steps) + sum(
-        fwd_chunks[len(cp_steps):]
-    )
+    got_fwd = sum(prices.step_s(0, st) for st in cp_steps) + sum(fwd_chunks[len(cp_steps) :])
     assert got_fwd == pytest.approx(hand_fwd_cp, rel=1e-9)
     cp_b = [st for st in bwd.steps if st.axis == "cp" and st.op]
     assert len(cp_b) == 5  # the KV exchange and dKV at 3 steps, then the last dKV, exposed

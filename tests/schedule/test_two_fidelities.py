@@ -127,7 +127,9 @@ MODERN = st.fixed_dictionaries(
         "schedule": st.sampled_from(["1f1b", "interleaved"]),
         "zero": st.sampled_from([0, 1, 2, 3]),
         "shard": st.sampled_from([None, 2, 4]),
-        "cp_algorithm": st.sampled_from(["ring", "all_gather", "torch_allgather", "torch_alltoall"]),
+        "cp_algorithm": st.sampled_from(
+            ["ring", "all_gather", "torch_allgather", "torch_alltoall"]
+        ),
         "fp8": st.sampled_from([None, "delayed", "tensorwise"]),
         "balance": st.booleans(),
         "recompute": st.sampled_from(["none", "selective", "full"]),

@@ -48,9 +48,10 @@ def test_every_rank_computes_the_same_causal_work() -> None:
 
 
 def test_without_load_balancing_the_last_rank_computes_every_block() -> None:
-    assert _shapes(sdpa_calls(8, 4, rank=3, load_balance=False)) == [(8, 8, True, False)] + [
-        (8, 8, False, False)
-    ] * 3
+    assert (
+        _shapes(sdpa_calls(8, 4, rank=3, load_balance=False))
+        == [(8, 8, True, False)] + [(8, 8, False, False)] * 3
+    )
     assert _shapes(sdpa_calls(8, 4, rank=0, load_balance=False)) == [(8, 8, True, False)]
     assert len(sdpa_calls(8, 4, rank=2, load_balance=False)) == 3
 
