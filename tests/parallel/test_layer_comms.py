@@ -122,3 +122,28 @@ def test_torch_cp_bytes_per_layer_by_hand(algorithm: str) -> None:
     v = cp_volumes(block, cp=4, algorithm=algorithm)
     assert v.forward_bytes == 3 * block
     assert v.backward_bytes == 3 * block + 4 * 2 * block
+
+
+@pytest.mark.parametrize(
+    ("training", "key"),
+    [
+        ({"stack": "megatron_te"}, "parallel.cp_algorithm"),
+        ({"attention_kernel": "flash3"}, "training.attention_kernel"),
+        ({"attention_kernel": "eager"}, "training.attention_kernel"),
+    ],
+)
+def test_torch_cp_refuses_what_torch_does_not_run(training: dict, key: str) -> None:
+    from collsim.core.errors import ConfigError
+
+    spec = get_preset("llama3-8b", num_layers=4)
+    with pytest.raises(ConfigError) as err, warnings.catch_warnings():
+        warnings.simplefilter("ignore", CollsimWarning)
+        build_plan(
+            load_topology("dgx_h100", nodes=2),
+            spec,
+            TrainingConfig(global_batch=64, micro_batch=1, **training),
+            ParallelConfig(tp=2, cp=4, dp=2, cp_algorithm="torch_allgather"),
+            for_simulation=False,
+        )
+    assert err.value.key_path == key
+    assert "\n" not in str(err.value)
