@@ -163,6 +163,10 @@ class Op:
     causal: bool | None = None
     """Fused attention only: the call runs with (True) or without (False) the causal mask;
     None the model's own (a torch context-parallel step attends a whole KV chunk unmasked)."""
+    kernels: int = 1
+    backward_kernels: int = 1
+    """Element-wise ops: the eager kernels the op runs in forward and in backward (each with
+    its launch; a torch context-parallel merge is a chain of them)."""
 
     @property
     def saved_bytes(self) -> float:

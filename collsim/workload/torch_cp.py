@@ -23,6 +23,7 @@ __all__ = [
     "merge_bytes",
     "merge_kernels",
     "accumulate_bytes",
+    "accumulate_kernels",
     "kv_elements",
     "torch_cp_attention_ops",
 ]
@@ -161,6 +162,20 @@ def merge_kernels(step: int, call: SdpaCall, *, cp: int) -> int:
     return n + (1 if step == cp - 1 else 0)
 
 
+def accumulate_kernels(step: int, call: SdpaCall, *, cp: int, load_balance: bool = True) -> int:
+    """Eager kernels of :func:`accumulate_bytes`: the K, V concatenation before the last step;
+    at step 0 three zeroed accumulators and the dK, dV additions; later the additions (and the
+    copy of the halves, one per tensor, when the call used half the keys); the fp32 dK, dV
+    concatenation; the dQ addition (and its copy when partial); three casts at the last step."""
+    n = 1 if step < cp - 1 else 0
+    if step == 0:
+        n += 3 + 2
+    else:
+        n += 4 if (load_balance and not call.partial) else 2
+    n += 1 + (2 if call.partial else 1)
+    return n + (3 if step == cp - 1 else 0)
+
+
 def accumulate_bytes(
     step: int,
     call: SdpaCall,
@@ -289,6 +304,8 @@ def torch_cp_attention_ops(
                 size_bytes=fwd,
                 backward_flops=FLOPS_PER_ELEMENT["add"] * (q_el + kv),
                 backward_bytes=bwd,
+                kernels=merge_kernels(i, call, cp=cp),
+                backward_kernels=accumulate_kernels(i, call, cp=cp, load_balance=load_balance),
             )
         )
     return ops

@@ -125,3 +125,15 @@ def test_layer_ops_one_sdpa_call_per_chunk() -> None:
         "flash_attention.lse": 4 * 32768 * 16,
     }
     assert all(not o.saved for o in ops[1:])
+
+
+def test_merge_ops_carry_their_eager_kernels() -> None:
+    ops = torch_cp_attention_ops(
+        micro_batch=1, local_tokens=64, cp=3, heads=2, key_dim=8, value_dim=8, element_bytes=2
+    )
+    merges = [o for o in ops if o.name == "cp_lse_merge"]
+    # forward: concat + cast; concat + 9; 9 + final cast
+    assert [o.kernels for o in merges] == [2, 10, 10]
+    # backward: concat, 3 zeros, 2 adds, dKV concat, dQ add; concat, 2 adds + 2 copies, dKV
+    # concat, dQ add; the same without the concat and with 3 casts at the last step
+    assert [o.backward_kernels for o in merges] == [8, 7, 9]
