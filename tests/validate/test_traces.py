@@ -578,7 +578,8 @@ def test_validate_step_profile_dir_writes_a_readable_trace_per_rank(tmp_path: Pa
     """``validate step --profile-dir``: one gzipped Kineto trace per mode and rank, each with
     its steps annotated, that ``validate trace`` reads as one job."""
     pytest.importorskip("torch")
-    from collsim.validate.measure.step import StepConfig, run_step
+    from collsim.validate.measure.step import run_step
+    from collsim.validate.measure.step_model import StepConfig
 
     cfg = StepConfig(
         iters=1, warmup=0, modes=("ddp_b25",), profile_dir=str(tmp_path), trace_steps=2

@@ -50,7 +50,7 @@ def _worker(cores: set[int], steps: int, warmup: int, barrier: Any, out: Any, ra
     os.sched_setaffinity(0, cores)
     import torch
 
-    from collsim.validate.measure.step import StepConfig, _batch, build_gpt
+    from collsim.validate.measure.step_model import StepConfig, build_gpt, rank_batch
 
     torch.set_num_threads(1)
     torch.set_num_interop_threads(1)
@@ -58,7 +58,7 @@ def _worker(cores: set[int], steps: int, warmup: int, barrier: Any, out: Any, ra
     torch.manual_seed(cfg.seed)
     model = build_gpt(torch, cfg)
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
-    idx, targets = _batch(torch, cfg, rank)
+    idx, targets = rank_batch(torch, cfg, rank)
 
     def step() -> None:
         opt.zero_grad()

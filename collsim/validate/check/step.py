@@ -25,7 +25,7 @@ from collsim.validate.measure.insitu import (
     sharing_factor,
     straggler_span_s,
 )
-from collsim.validate.measure.step import STRAGGLER_SUFFIX, StepConfig, model_spec
+from collsim.validate.measure.step_model import STRAGGLER_SUFFIX, StepConfig, model_spec
 from collsim.workload.compute import ComputeModel
 
 __all__ = [
