@@ -279,7 +279,7 @@ def test_host_cost_per_launch_is_the_step_threads_unpriced_time_per_priced_op() 
     collective ran on another thread; the launches are the priced ops inside no other priced
     op (an add's nested sum is part of it)."""
     from collsim.validate.data.kineto import Trace
-    from collsim.validate.fit.trace_profile import host_per_launch
+    from collsim.validate.fit.trace_host import host_per_launch
 
     events = [
         _event("ProfilerStep#0", 0, 1000),
@@ -309,7 +309,7 @@ def test_the_time_sharing_slowdown_is_the_pinned_step_over_the_even_share() -> N
     the even share; traces that do not record their cores, or pinned ones that share no more,
     get one line."""
     from collsim.core.errors import ConfigError
-    from collsim.validate.fit.trace_profile import time_sharing
+    from collsim.validate.fit.trace_host import time_sharing
 
     reference = [_timed_trace(2, 1000.0, r) for r in (0, 1)]
     pinned = [_timed_trace(1, 2400.0, r) for r in (0, 1)]
