@@ -14,7 +14,7 @@ from typing import Any
 
 from collsim.core.errors import ConfigError
 from collsim.validate.data.kineto import STEP_PREFIX, Event, Trace
-from collsim.validate.fit.trace_rates import outermost
+from collsim.validate.fit.trace_rates import gemm_op_rates, outermost
 from collsim.validate.measure.traces.classify import classify
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
     "host_per_launch",
     "TimeSharing",
     "time_sharing",
+    "PINNED_OP_SPEED_LIMIT",
 ]
 
 HOST_KINDS = frozenset({"framework", "copy", "unclassified"})
@@ -166,6 +167,14 @@ def _busy_step_s(traces: list[Trace]) -> float:
     return total_us / max(count, 1) * 1e-6
 
 
+PINNED_OP_SPEED_LIMIT = 1.05
+"""The largest median GEMM op rate of the pinned traces over the reference's at which the
+pinned step still counts as run beside cores as busy as the reference's (:func:`time_sharing`).
+Chosen: four times the spread of that median between the three quiet reference recordings of
+``validate/data/traces/pinned_quiet`` (59.9-61.3 GFLOP/s, +-1.2 % around their mean), well below
+the +14 and +17 % of the two pinned steps there that ran with the other core idle."""
+
+
 @dataclass
 class TimeSharing:
     """The slowdown beyond an even share of a core, learned from the same step traced with the
@@ -173,6 +182,15 @@ class TimeSharing:
 
     slowdown: float
     source: str
+    op_speed: float | None = None
+    """The median GEMM op rate of the pinned traces over the reference's (None: no GEMM)."""
+
+    @property
+    def applies(self) -> bool:
+        """Whether the slowdown describes ranks time-sharing cores that all stay busy (the
+        world size it is for): the pinned ops ran no faster than the reference's, within
+        :data:`PINNED_OP_SPEED_LIMIT`."""
+        return self.op_speed is None or self.op_speed <= PINNED_OP_SPEED_LIMIT
 
 
 def time_sharing(pinned: list[Trace], reference: list[Trace]) -> TimeSharing:
@@ -180,10 +198,16 @@ def time_sharing(pinned: list[Trace], reference: list[Trace]) -> TimeSharing:
     says: the mean step of ``pinned`` (the ranks pinned to fewer cores, e.g. ``taskset -c 0``,
     more ranks per core) over that of ``reference`` (the same step with fewer ranks per core),
     divided by the ratio of their ranks per core; waits on collectives left out. Above 1 when
-    switching between ranks costs (each finds the cache the other filled), below when the
-    cores' own rate rises with fewer busy (clock boost, memory bandwidth). ConfigError (exit 2)
-    when a trace does not record its cores (``collsim validate step --profile-dir`` does) or the
-    pinned ranks do not share more."""
+    switching between ranks costs (each finds the cache the other filled). It describes the
+    world size it is for only when the cores outside the pinned ones were as busy as in the
+    reference (the ranks on each core also slow those on the others: shared cache, memory
+    bandwidth, on a VM whatever its vCPUs share): a pinned pair on one core of an otherwise idle
+    host runs each op faster than the reference, and their step ratio mixes that gain into the
+    slowdown. ``op_speed``, the median GEMM op rate pinned over reference
+    (:func:`collsim.validate.fit.trace_rates.gemm_op_rates`), shows it; above
+    :data:`PINNED_OP_SPEED_LIMIT` the slowdown does not apply (:attr:`TimeSharing.applies`).
+    ConfigError (exit 2) when a trace does not record its cores (``collsim validate step
+    --profile-dir`` does) or the pinned ranks do not share more."""
 
     def per_core(traces: list[Trace]) -> float:
         shares = {t.ranks_per_core for t in traces}
@@ -221,4 +245,14 @@ def time_sharing(pinned: list[Trace], reference: list[Trace]) -> TimeSharing:
         f"{got(pinned)}) over {refs} ({per_core(reference):g}, {busy_r * 1e3:.2f} ms"
         f"{got(reference)}), / {ratio:g}"
     )
-    return TimeSharing(round(slowdown, 4), source)
+    rates_p, rates_r = gemm_op_rates(pinned), gemm_op_rates(reference)
+    op_speed = None
+    if rates_p and rates_r:
+        op_speed = statistics.median(rates_p) / statistics.median(rates_r)
+        source += f"; GEMM ops x{op_speed:.3f} the reference's rate"
+        if op_speed > PINNED_OP_SPEED_LIMIT:
+            source += (
+                f" (over x{PINNED_OP_SPEED_LIMIT:g}: the other cores were idler than the "
+                "reference's; trace the pinned step beside as many ranks on the other cores)"
+            )
+    return TimeSharing(round(slowdown, 4), source, None if op_speed is None else round(op_speed, 4))

@@ -118,7 +118,9 @@ def profile_from_traces(
 ) -> LearnedProfile:
     """Learn the ``measured`` tables from ``traces`` (one or several ranks of one job); with
     ``pinned`` also the time-sharing slowdown (:func:`time_sharing` against
-    ``pinned_reference``, default ``traces``), in ``notes.time_sharing_slowdown``."""
+    ``pinned_reference``, default ``traces``), in ``notes.time_sharing_slowdown`` where it
+    applies (:attr:`collsim.validate.fit.trace_host.TimeSharing.applies`; else only
+    ``notes.time_sharing_source``, saying why not)."""
 
     timed = [pair for t in traces for pair in op_times(t)]
     on_gpu = any(t.on_gpu for t in traces)
@@ -160,7 +162,8 @@ def profile_from_traces(
     shared = None
     if pinned:
         shared = time_sharing(pinned, pinned_reference or traces)
-        sources["time sharing"] = f"x{shared.slowdown:g}: {shared.source}"
+        verdict = "" if shared.applies else "not applied, "
+        sources["time sharing"] = f"{verdict}x{shared.slowdown:g}: {shared.source}"
     # the rows are the shapes the trace ran: a shape far from all of them is priced by the
     # base device's own figures (write_trace_profile), not by the nearest traced shape
     measured["gemm_reach"] = SAME_SHAPE_FACTOR
@@ -177,6 +180,8 @@ def profile_from_traces(
         # applied where the predicted ranks exceed the cores (collsim.validate.check.step)
         **(
             {"time_sharing_slowdown": shared.slowdown, "time_sharing_source": shared.source}
+            if shared is not None and shared.applies
+            else {"time_sharing_source": f"not applied: {shared.source}"}
             if shared is not None
             else {}
         ),

@@ -29,6 +29,7 @@ __all__ = [
     "TINY_ELEMENTS",
     "op_times",
     "gemm_shapes",
+    "gemm_op_rates",
     "gemm_rows",
     "attention_rows",
     "bandwidth_rows",
@@ -126,6 +127,18 @@ def gemm_shapes(traces: list[Trace]) -> list[tuple[int, int, int, str, int, floa
         points[shape][1] += t
     rows = [(*k, calls[k], v[1], v[0] / v[1] / 1e12) for k, v in points.items()]
     return sorted(rows, key=lambda r: -r[5])
+
+
+def gemm_op_rates(traces: list[Trace]) -> list[float]:
+    """The FLOP/s of each traced GEMM op on its own (every step of every rank): a GEMM of these
+    sizes lasts well under a scheduler time slice, so most run unpreempted and their median is
+    the rate a core gave the op, whatever share of the core the rank got."""
+    rates = []
+    for e, t in (pair for trace in traces for pair in op_times(trace)):
+        shape = _gemm_shape(e)
+        if shape is not None and t > 0:
+            rates.append(2.0 * shape[0] * shape[1] * shape[2] / t)
+    return rates
 
 
 def _gemm_shape(e: Event) -> tuple[int, int, int, str] | None:
