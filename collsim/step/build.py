@@ -8,7 +8,7 @@ stage runs the same program) the typed operations a rank runs, as data:
   (embedding, layers, head) whose steps are compute (seconds, from the workload's compute
   model) or blocking tensor-parallel collectives (op, bytes, what compute they overlap);
   the chunk's parameter tensors, DDP buckets (ready at a fraction of a backward segment) and
-  FSDP units (:mod:`collsim.step.ops`);
+  FSDP units (:mod:`collsim.step.stage`);
 - ``pipeline[s]``: the order of (phase, micro-batch, chunk) ops on the stage's compute stream
   (the plan's :class:`~collsim.parallel.pipeline.PipelineSchedule`); an op waits for its input
   from the stage its schedule's placement names (:meth:`PipelineSchedule.input_of`);
@@ -36,8 +36,9 @@ from collsim.parallel.pipeline import PipeOp
 from collsim.parallel.plan import Plan, build_plan
 from collsim.parallel.states import optimizer_state_bytes
 from collsim.step.dataparallel import BytesPer, DataParallelRules
-from collsim.step.ops import BlockTimes, ChunkModel, Segment, StageModel, build_stage
+from collsim.step.ops import BlockTimes, ChunkModel, Segment, StageModel
 from collsim.step.shapes import ShapeCache
+from collsim.step.stage import build_stage
 from collsim.workload.compute import ComputeModel
 from collsim.workload.fp8 import FP8Casts, weight_cache_of, weight_cast_bytes_per_step
 from collsim.workload.framework import framework_costs
