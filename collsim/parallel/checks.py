@@ -15,7 +15,7 @@ from collsim.workload.torch_cp import is_torch_cp
 if TYPE_CHECKING:
     from collsim.workload.model import TransformerSpec
 
-__all__ = ["check_experts_and_context", "chunk_sizes"]
+__all__ = ["check_experts_and_context", "check_torch_cp", "chunk_sizes"]
 
 
 def chunk_sizes(spec: TransformerSpec, parallel: ParallelConfig) -> tuple[int, ...]:
@@ -105,8 +105,6 @@ def check_experts_and_context(
             f"model seq_len ({spec.seq_len}) must be divisible by {rule}",
             key_path="parallel.cp",
         )
-    if cp > 1 and is_torch_cp(str(parallel.cp_algorithm)):
-        _check_torch_cp(training, str(parallel.cp_algorithm))
     if parallel.ep_overlap:
         # Megatron-Core's rules for --overlap-moe-expert-parallel-comm
         # (TransformerConfig.__post_init__, megatron/core/transformer/transformer_config.py)
@@ -149,9 +147,12 @@ memory efficient attention now"), so FlashAttention-3, Triton kernels and eager 
 (SDPA's math path) are refused."""
 
 
-def _check_torch_cp(training: TrainingConfig, algorithm: str) -> None:
+def check_torch_cp(training: TrainingConfig, parallel: ParallelConfig) -> None:
     """torch's context parallelism needs a stack that calls SDPA through torch (Megatron-Core
     runs Transformer Engine's own, ``cp_comm_type``) and one of SDPA's fused kernels."""
+    algorithm = str(parallel.cp_algorithm)
+    if parallel.cp < 2 or not is_torch_cp(algorithm):
+        return
     if training.stack == "megatron_te":
         raise ConfigError(
             f"{algorithm} is torch's context parallelism; Megatron-Core runs Transformer "

@@ -18,7 +18,7 @@ import numpy as np
 
 from collsim.core.errors import CollsimWarning, ConfigError
 from collsim.core.vocab import ParallelAxis, RankOrder
-from collsim.parallel.checks import check_experts_and_context, chunk_sizes
+from collsim.parallel.checks import check_experts_and_context, check_torch_cp, chunk_sizes
 from collsim.parallel.config import ParallelConfig, TrainingConfig
 from collsim.parallel.dispatch import check_dispatch
 from collsim.parallel.grid import (
@@ -526,6 +526,7 @@ def build_plan(
         )
     sizes_per_chunk = chunk_sizes(spec, parallel)
     check_experts_and_context(spec, training, parallel)
+    check_torch_cp(training, parallel)
     if training.global_batch % (training.micro_batch * dp):
         raise ConfigError(
             f"global batch ({training.global_batch}) must be divisible by micro_batch x dp = "

@@ -15,7 +15,7 @@ from collsim.step.ops import Step
 
 if TYPE_CHECKING:
     from collsim.parallel.layer_comms import LayerComm
-    from collsim.workload.compute import OpCost
+    from collsim.workload.op_costs import OpCost
 
 __all__ = ["CHUNK_OPS", "chunk_times", "torch_cp_steps"]
 
