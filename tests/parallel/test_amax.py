@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import warnings
 
+import pytest
+
 from collsim.cluster.topology import load_topology
 from collsim.core.errors import CollsimWarning
 from collsim.parallel.amax import (
@@ -69,3 +71,52 @@ def test_local_scales_reduce_nothing() -> None:
             layers_per_chunk=32,
         )
         assert not a.reductions and a.update_bytes == (0.0, 0.0)
+
+
+def test_delayed_reductions_sit_at_each_chunk_end() -> None:
+    from collsim.step.build import build_schedule
+
+    spec = get_preset("llama3-8b", num_layers=8)
+    topology = load_topology("dgx_h100", nodes=2)
+    training = TrainingConfig(global_batch=8, micro_batch=1, dtype="fp8", fp8_recipe="delayed")
+    parallel = ParallelConfig(
+        tp=2, pp=2, dp=4, schedule="interleaved", virtual_stages=2, sequence_parallel=True
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CollsimWarning)
+        sched = build_schedule(topology, spec, training, parallel)
+    for stage in sched.stages.values():
+        assert len(stage.chunks) == 2
+        for chunk in stage.chunks:
+            layers = list(chunk.layers)  # 2 layers per chunk, 4 FP8 linears each: 8 GEMMs
+            calls = [
+                (seg.key, st.size_bytes)
+                for segs in (chunk.forward, chunk.backward)
+                for seg in segs
+                for st in seg.steps
+                if st.axis == "tp_dp_cp"
+            ]
+            # forward: 8 x 3 amaxes after the last layer; backward: 8 x 2 after the first
+            assert calls == [(layers[-1], 8 * 3 * 4), (layers[0], 8 * 2 * 4)]
+
+
+@pytest.mark.parametrize("stack", ["torchtitan", "megatron_te"])
+def test_current_scaling_amax_reductions_in_the_layer(stack: str) -> None:
+    from collsim.step.build import build_schedule
+
+    spec = get_preset("llama3-8b", num_layers=2)
+    topology = load_topology("dgx_h100", nodes=2)
+    training = TrainingConfig(global_batch=8, micro_batch=1, dtype="fp8", stack=stack)
+    parallel = ParallelConfig(tp=2, dp=8, sequence_parallel=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CollsimWarning)
+        sched = build_schedule(topology, spec, training, parallel)
+    chunk = sched.stages[0].chunks[0]
+    fwd = next(s for s in chunk.forward if s.key == 0)
+    bwd = next(s for s in chunk.backward if s.key == 0)
+
+    def amax(seg):  # type: ignore[no-untyped-def]
+        return [st for st in seg.steps if st.op == "all_reduce" and st.size_bytes == 4]
+
+    # before the QKV and MLP-up gathers; before the out-proj and MLP-down gradient gathers
+    assert len(amax(fwd)) == 2 and len(amax(bwd)) == 2
