@@ -1,30 +1,14 @@
-"""FP8 amax reductions as the stacks run them: the small all-reduces that make the ranks of a
-group agree on a tensor's scale, and the amax-history update of delayed scaling.
-
-Delayed scaling (Transformer Engine ``DelayedScaling``, ``reduce_amax=True`` by default;
-``transformer_engine/pytorch/quantization.py`` ``reduce_and_update_fp8_tensors`` at
-001597e): every FP8 module appends its amaxes to a global buffer; at the exit of the
-outermost ``autocast`` the forward amaxes (3 per GEMM: input, weight, output, TE
-``base.py``) are concatenated into one fp32 tensor, all-reduced with MAX over the autocast's
-group (``async_op=False``) and folded into the histories and scales by one kernel
-(``fused_amax_and_scale_update_after_reduction``); the backward amaxes (2 per GEMM: the
-output and input gradients) the same at the end of the backward of the first FP8 module of
-the region (``reduce_and_update_bwd_fp8_tensors``). Megatron-Core opens one outer autocast per
-``TransformerBlock`` forward under delayed scaling (``use_outer_fp8_context``,
-megatron/core/transformer/transformer_block.py at d98e8a6): once per model chunk and
-micro-batch, over ``get_amax_reduction_group(with_context_parallel=True)``, the tp x dp x cp
-ranks of a stage. The recomputed forward of full recompute reuses the stashed scales
-(``copy_forward_fp8_meta_tensors_for_recompute``) and reduces nothing.
-
-Current scaling (``tensorwise``: TE ``Float8CurrentScaling``, torchao ``Float8Linear``
-tensorwise): each quantized tensor's amax comes from its own amax kernel (counted with the
-casts, :func:`collsim.workload.fp8.quantize_bytes`); a tensor that sequence parallelism
-gathers over TP before its GEMM reduces its amax over the TP group first: the input of a
-column-parallel linear in forward, the output gradient of a row-parallel linear in backward
-(TE ``Linear._customize_quantizers_float8_current_scaling``, ``with_amax_reduction`` on the
-TP group, transformer_engine/pytorch/module/linear.py and layernorm_linear.py; torchao's
-``Float8ColwiseParallel`` casts the sharded DTensor input, whose amax is a reduction over the
-mesh). Blockwise and MXFP8 scales are local: no reduction.
+"""FP8 amax reductions as the stacks run them (docs/fp8.md, "Amax reductions"): delayed
+scaling (Transformer Engine ``DelayedScaling``, ``reduce_and_update_fp8_tensors`` in
+transformer_engine/pytorch/quantization.py at 001597e) all-reduces one buffer of the forward
+amaxes (3 per GEMM) at the exit of Megatron-Core's outer ``autocast`` (one per model chunk and
+micro-batch, megatron/core/transformer/transformer_block.py at d98e8a6) and one of the backward
+amaxes (2 per GEMM) after the chunk's backward, with MAX over the stage's tp x dp x cp ranks
+(``get_amax_reduction_group(with_context_parallel=True)``), each followed by one kernel that
+updates the histories and scales; current scaling (``tensorwise``) all-reduces the amax of
+every tensor sequence parallelism gathers over TP (Transformer Engine's
+``with_amax_reduction`` on the TP group, module/linear.py; torchao's float8 TP styles cast
+the sharded DTensor); blockwise and MXFP8 scales are local.
 """
 
 from __future__ import annotations

@@ -22,14 +22,9 @@ tensors, and then compute attention output for the local query (Q) tensor chunk"
 output, the nccl-tests size), of which a rank receives (cp - 1) kv_block; backward a
 reduce-scatter of dK, dV of the same size, (cp - 1) kv_block sent per rank.
 
-torch's context parallelism (``torch_allgather``, ``torch_alltoall``; pytorch
-``_context_parallel/_attention.py`` at 09b101c): K and V carry every query head of the TP
-rank (torchtitan repeats the KV heads before SDPA), so kv_block counts heads / tp heads.
-Forward: one all-gather of cp x kv_block (``allgather``) or cp - 1 sends of kv_block to the
-next rank (``alltoall``: ``permute_tensor``, an all-to-all with one non-empty split).
-Backward: the same exchange of K and V again (the forward's gathered buffer is not kept),
-and the dK, dV accumulators, in fp32, sent to the next rank at each of the cp steps
-(always ``alltoall``): (cp - 1) kv_block + cp x kv_block x 4 / e sent or received per rank.
+torch's context parallelism (``torch_allgather``, ``torch_alltoall``): K and V of every
+query head, exchanged again in backward with the fp32 dK, dV rotated at each of the cp steps
+(docs/derivations.md, ``collsim.workload.torch_cp``).
 """
 
 from __future__ import annotations
