@@ -1,66 +1,32 @@
-"""PyTorch's CUDA caching allocator replayed over one rank's allocations and frees: the memory
-it reserves (segments it holds from the device) beside what is allocated, as
-``torch.cuda.max_memory_reserved`` reports it. The rules are those of
-``c10/cuda/CUDACachingAllocator.cpp`` (pytorch/pytorch at 001074d, the torch 2.x allocator):
-sizes rounded to 512 B, a small pool (<= 1 MiB, 2 MiB segments) and a large pool (20 MiB
-segments below 10 MiB, else the size rounded to 2 MiB), best fit with splitting, freed blocks
-merged with their free neighbours, pools per stream, segments kept until ``empty_cache`` or an
-out-of-memory retry, and ``expandable_segments:True`` (one growing segment per stream and pool,
-mapped in 2 MiB pages for the small pool and 20 MiB pages for the large one). The derivation,
-the sources and what the step program cannot tell the allocator are in docs/memory.md.
+"""The caching allocator replayed over one rank's step: the memory PyTorch's allocator
+(:mod:`collsim.step.caching_allocator`) reserves beside what is allocated, as
+``torch.cuda.max_memory_reserved`` reports it, and whether the step fits. Each free of the
+step program is paired with the allocations it releases; which stack launches torch with
+``expandable_segments:True``; what the allocator may hold on a device. The pairing rules and
+what the step program cannot tell the allocator are in docs/memory.md.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from collsim.cluster.hardware import CUDA_CONTEXT_BYTES, NCCL_BUFFER_BYTES
-from collsim.core.errors import SimulationError
+from collsim.step.caching_allocator import AllocatorOOM, Block, CachingAllocator
 
 __all__ = [
-    "MIN_BLOCK_BYTES",
-    "SMALL_SIZE_BYTES",
-    "SMALL_BUFFER_BYTES",
-    "LARGE_BUFFER_BYTES",
-    "MIN_LARGE_ALLOC_BYTES",
     "NEAR_LIMIT_SHARE",
-    "ROUND_LARGE_BYTES",
     "EXPANDABLE_SEGMENTS_BY_STACK",
-    "AllocatorOOM",
-    "AllocatorStats",
-    "CachingAllocator",
     "ReservedMemory",
-    "allocation_size",
     "activation_tensors",
     "allocator_limit_bytes",
     "expandable_segments_of",
     "replay_ledger",
     "replay_ranks",
     "reserved_memory",
-    "round_size",
 ]
-
-MIB = 1 << 20
-
-MIN_BLOCK_BYTES = 512
-"""``kMinBlockSize``: every size is rounded up to a multiple of 512 B
-(c10/cuda/CUDACachingAllocator.cpp at 001074d)."""
-SMALL_SIZE_BYTES = 1 * MIB
-"""``kSmallSize``: the largest request of the small pool (same file)."""
-SMALL_BUFFER_BYTES = 2 * MIB
-"""``kSmallBuffer``: small requests are packed into 2 MiB segments; also the page of an
-expandable small-pool segment (same file)."""
-LARGE_BUFFER_BYTES = 20 * MIB
-"""``kLargeBuffer``: requests of 1-10 MiB get a 20 MiB segment; also the page of an expandable
-large-pool segment (same file, Note [Expandable Segments])."""
-MIN_LARGE_ALLOC_BYTES = 10 * MIB
-"""``kMinLargeAlloc``: from 10 MiB a request gets a segment of its own size (same file)."""
-ROUND_LARGE_BYTES = 2 * MIB
-"""``kRoundLarge``: such a segment is rounded up to 2 MiB (same file)."""
 
 EXPANDABLE_SEGMENTS_BY_STACK: dict[str | None, bool] = {
     # Megatron-Bridge's H100 performance recipes set PYTORCH_CUDA_ALLOC_CONF=
@@ -94,331 +60,6 @@ def expandable_segments_of(stack: str | None, explicit: bool | None = None) -> b
     return EXPANDABLE_SEGMENTS_BY_STACK.get(stack, False)
 
 
-def round_size(size_bytes: int) -> int:
-    """``round_size`` without ``roundup_power2_divisions`` (unset by default): at least 512 B,
-    else up to a multiple of 512 B.
-
-    >>> round_size(1), round_size(512), round_size(513)
-    (512, 512, 1024)
-    """
-    if size_bytes < MIN_BLOCK_BYTES:
-        return MIN_BLOCK_BYTES
-    return MIN_BLOCK_BYTES * ((size_bytes + MIN_BLOCK_BYTES - 1) // MIN_BLOCK_BYTES)
-
-
-def allocation_size(size_bytes: int) -> int:
-    """``get_allocation_size``: the segment a rounded request gets from the device when no
-    cached block fits.
-
-    >>> [allocation_size(s * MIB) // MIB for s in (1, 6, 9, 11)]
-    [2, 20, 20, 12]
-    """
-    if size_bytes <= SMALL_SIZE_BYTES:
-        return SMALL_BUFFER_BYTES
-    if size_bytes < MIN_LARGE_ALLOC_BYTES:
-        return LARGE_BUFFER_BYTES
-    return ROUND_LARGE_BYTES * ((size_bytes + ROUND_LARGE_BYTES - 1) // ROUND_LARGE_BYTES)
-
-
-class AllocatorOOM(SimulationError):
-    """A request the device cannot hold, even after the cached segments were released."""
-
-
-class _Block:
-    __slots__ = ("addr", "size", "allocated", "mapped", "prev", "next", "pool")
-
-    def __init__(self, addr: int, size: int, pool: tuple[int, bool], mapped: bool = True):
-        self.addr = addr
-        self.size = size
-        self.allocated = False
-        self.mapped = mapped
-        self.prev: _Block | None = None
-        self.next: _Block | None = None
-        self.pool = pool
-
-
-@dataclass(slots=True)
-class AllocatorStats:
-    """What ``torch.cuda.memory_stats`` reports of a replay (bytes are block sizes)."""
-
-    allocated_bytes: int = 0
-    reserved_bytes: int = 0
-    peak_allocated_bytes: int = 0
-    peak_reserved_bytes: int = 0
-    num_alloc_retries: int = 0
-    num_ooms: int = 0
-
-
-def _split(block: _Block, size: int, *, mapped: bool) -> _Block:
-    """Cut ``block`` to ``size`` bytes; the rest becomes the next block of its segment."""
-    rest = _Block(block.addr + size, block.size - size, block.pool, mapped)
-    rest.prev, rest.next = block, block.next
-    if block.next is not None:
-        block.next.prev = rest
-    block.next = rest
-    block.size = size
-    return rest
-
-
-class CachingAllocator:
-    """The caching allocator of one device.
-
-    Args:
-        expandable_segments: ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``.
-        limit_bytes: what the device can give the allocator (None: no limit). A request that
-            would reserve beyond it releases the cached segments and retries, as
-            ``DeviceCachingAllocator::malloc`` does; if that fails too it raises
-            :class:`AllocatorOOM`.
-    """
-
-    def __init__(self, *, expandable_segments: bool = False, limit_bytes: int | None = None):
-        self.expandable = expandable_segments
-        self.limit_bytes = limit_bytes
-        self.stats = AllocatorStats()
-        self._free: dict[tuple[int, bool], list[tuple[int, int]]] = {}
-        """Per (stream, small pool): the cached free blocks as sorted (size, address)."""
-        self._free_at: dict[int, _Block] = {}
-        self._unmapped: dict[tuple[int, bool], list[int]] = {}
-        """Expandable segments: per pool, the unmapped blocks' addresses, sorted."""
-        self._unmapped_at: dict[int, _Block] = {}
-        self._next_addr = 0
-
-    # ---- the public calls ---------------------------------------------------------------
-    def malloc(self, size_bytes: int, stream: int = 0) -> _Block:
-        """A block for ``size_bytes`` on ``stream`` (``DeviceCachingAllocator::malloc``)."""
-        size = round_size(int(size_bytes))
-        pool = (stream, size <= SMALL_SIZE_BYTES)
-        block = self._get_free_block(pool, size)
-        if block is None:
-            block = self._alloc_block(pool, size)
-            if block is None:
-                self.stats.num_alloc_retries += 1
-                self.empty_cache()
-                block = self._alloc_block(pool, size)
-            if block is None:
-                self.stats.num_ooms += 1
-                raise AllocatorOOM(
-                    f"out of memory: {size / MIB:.1f} MiB requested with "
-                    f"{self.stats.allocated_bytes / 2**30:.2f} GiB allocated and "
-                    f"{self.stats.reserved_bytes / 2**30:.2f} GiB reserved of "
-                    f"{(self.limit_bytes or 0) / 2**30:.2f} GiB"
-                )
-        if self._should_split(block, size):
-            self._insert_free(_split(block, size, mapped=True))
-        block.allocated = True
-        st = self.stats
-        st.allocated_bytes += block.size
-        if st.allocated_bytes > st.peak_allocated_bytes:
-            st.peak_allocated_bytes = st.allocated_bytes
-        return block
-
-    def free(self, block: _Block) -> None:
-        """Return ``block`` to its pool, merged with its free neighbours (``free_block``)."""
-        if not block.allocated:
-            raise SimulationError("a block freed twice")
-        block.allocated = False
-        self.stats.allocated_bytes -= block.size
-        self._merge(block, block.prev)
-        self._merge(block, block.next)
-        self._insert_free(block)
-
-    def empty_cache(self) -> None:
-        """``release_cached_blocks``: whole free segments go back to the device; in an
-        expandable segment, the free pages inside free blocks are unmapped."""
-        for pool in list(self._free):
-            for _, addr in list(self._free[pool]):
-                block = self._free_at.get(addr)
-                if block is None:
-                    continue
-                if self.expandable:
-                    self._unmap(block)
-                elif block.prev is None and block.next is None:
-                    self._remove_free(block)
-                    self.stats.reserved_bytes -= block.size
-
-    # ---- internals ----------------------------------------------------------------------
-    def _page(self, pool: tuple[int, bool]) -> int:
-        return SMALL_BUFFER_BYTES if pool[1] else LARGE_BUFFER_BYTES
-
-    def _should_split(self, block: _Block, size: int) -> bool:
-        """``should_split`` with ``max_split_size`` unset (its default)."""
-        remaining = block.size - size
-        if block.pool[1] or self.expandable:
-            return remaining >= MIN_BLOCK_BYTES
-        return remaining > SMALL_SIZE_BYTES
-
-    def _insert_free(self, block: _Block) -> None:
-        insort(self._free.setdefault(block.pool, []), (block.size, block.addr))
-        self._free_at[block.addr] = block
-
-    def _remove_free(self, block: _Block) -> None:
-        lst = self._free[block.pool]
-        i = bisect_left(lst, (block.size, block.addr))
-        del lst[i]
-        del self._free_at[block.addr]
-
-    def _expandable_size(self, block: _Block) -> int:
-        nxt = block.next
-        return block.size + (nxt.size if nxt is not None and not nxt.mapped else 0)
-
-    def _get_free_block(self, pool: tuple[int, bool], size: int) -> _Block | None:
-        """``get_free_block``: the smallest cached block that holds ``size``; in an
-        expandable segment, a block that could grow is weighed at its grown size."""
-        lst = self._free.get(pool)
-        if not lst:
-            return None
-        i = bisect_left(lst, (size, -1))
-        if i == len(lst):
-            return None
-        block = self._free_at[lst[i][1]]
-        if self.expandable:
-            j = i + 1
-            while j < len(lst) and self._expandable_size(
-                nxt := self._free_at[lst[j][1]]
-            ) < self._expandable_size(block):
-                block = nxt
-                j += 1
-        self._remove_free(block)
-        return block
-
-    def _reserve(self, size: int) -> bool:
-        limit = self.limit_bytes
-        if limit is not None and self.stats.reserved_bytes + size > limit:
-            return False
-        st = self.stats
-        st.reserved_bytes += size
-        if st.reserved_bytes > st.peak_reserved_bytes:
-            st.peak_reserved_bytes = st.reserved_bytes
-        return True
-
-    def _alloc_block(self, pool: tuple[int, bool], size: int) -> _Block | None:
-        """``alloc_block``: a new segment (``cudaMalloc``), or more pages of the pool's
-        expandable segment; None when the device has no room."""
-        if self.expandable:
-            return self._grow(pool, size)
-        seg = allocation_size(size)
-        if not self._reserve(seg):
-            return None
-        block = _Block(self._next_addr, seg, pool)
-        self._next_addr += seg
-        return block
-
-    def _merge(self, dst: _Block, src: _Block | None) -> None:
-        """``try_merge_blocks``: ``dst`` takes in a free neighbour of the same mapping."""
-        if src is None or src.allocated or src.mapped != dst.mapped:
-            return
-        if src.mapped:
-            self._remove_free(src)
-        else:
-            self._remove_unmapped(src)
-        if dst.prev is src:
-            dst.addr = src.addr
-            dst.prev = src.prev
-            if dst.prev is not None:
-                dst.prev.next = dst
-        else:
-            dst.next = src.next
-            if dst.next is not None:
-                dst.next.prev = dst
-        dst.size += src.size
-
-    # ---- expandable segments ------------------------------------------------------------
-    def _insert_unmapped(self, block: _Block) -> None:
-        insort(self._unmapped.setdefault(block.pool, []), block.addr)
-        self._unmapped_at[block.addr] = block
-
-    def _remove_unmapped(self, block: _Block) -> None:
-        lst = self._unmapped[block.pool]
-        del lst[bisect_left(lst, block.addr)]
-        del self._unmapped_at[block.addr]
-
-    def _grow(self, pool: tuple[int, bool], size: int) -> _Block | None:
-        """``try_allocate_expandable_block``: from the lowest unmapped range with room (with
-        the free block before it), map pages until the block holds ``size``."""
-        if pool not in self._unmapped:
-            # one segment per stream and pool: its whole virtual range, unmapped
-            span = 1 << 50
-            whole = _Block(self._next_addr, span, pool, mapped=False)
-            self._next_addr += span
-            self._unmapped[pool] = []
-            self._insert_unmapped(whole)
-        candidate: _Block | None = None
-        for addr in self._unmapped[pool]:
-            c = self._unmapped_at[addr]
-            before = c.prev
-            if before is not None and not before.allocated:
-                c = before
-            room = 0
-            walk: _Block | None = c
-            while room < size and walk is not None and not walk.allocated:
-                room += walk.size
-                walk = walk.next
-            if room >= size:
-                candidate = c
-                break
-        if candidate is None:
-            return None
-        if not candidate.mapped:
-            grown = self._map(candidate, min(candidate.size, size))
-            if grown is None:
-                return None
-            candidate = grown
-        while candidate.size < size:
-            nxt = candidate.next
-            if nxt is None or nxt.mapped:
-                return None
-            grown = self._map(nxt, min(size - candidate.size, nxt.size))
-            if grown is None:
-                return None
-            candidate = grown
-        self._remove_free(candidate)
-        return candidate
-
-    def _map(self, block: _Block, size: int) -> _Block | None:
-        """``map_block``: back the first ``size`` bytes of an unmapped block with pages
-        (whole pages), merge them with free neighbours and cache the result."""
-        page = self._page(block.pool)
-        mapped = min(block.size, page * ((size + page - 1) // page))
-        if not self._reserve(mapped):
-            return None
-        self._remove_unmapped(block)
-        if mapped < block.size:
-            self._insert_unmapped(_split(block, mapped, mapped=False))
-        block.mapped = True
-        self._merge(block, block.prev)
-        self._merge(block, block.next)
-        self._insert_free(block)
-        return block
-
-    def _unmap(self, block: _Block) -> None:
-        """``unmap_block``: give back the whole pages inside a free block."""
-        page = self._page(block.pool)
-        begin = -(-block.addr // page) * page
-        end = ((block.addr + block.size) // page) * page
-        if end <= begin:
-            return
-        self._remove_free(block)
-        if begin > block.addr:
-            before = _Block(block.addr, begin - block.addr, block.pool)
-            before.prev, before.next = block.prev, block
-            if block.prev is not None:
-                block.prev.next = before
-            block.prev = before
-            self._insert_free(before)
-        if end < block.addr + block.size:
-            after = _Block(end, block.addr + block.size - end, block.pool)
-            after.prev, after.next = block, block.next
-            if block.next is not None:
-                block.next.prev = after
-            block.next = after
-            self._insert_free(after)
-        block.addr, block.size, block.mapped = begin, end - begin, False
-        self.stats.reserved_bytes -= block.size
-        self._merge(block, block.prev)
-        self._merge(block, block.next)
-        self._insert_unmapped(block)
-
-
 @dataclass(frozen=True, slots=True)
 class ReservedMemory:
     """The allocator's replay of one rank's step."""
@@ -447,7 +88,7 @@ def _family(label: Any) -> Any:
 
 def replay_ledger(
     rank: int,
-    events: Iterable[Any],
+    events: Sequence[Any],
     *,
     expandable_segments: bool,
     limit_bytes: float | None = None,
@@ -466,6 +107,11 @@ def replay_ledger(
     size, else the newest blocks of their category until the bytes are covered. A labelled
     free sorted before its allocation at the same instant cancels it. With ``limit_bytes``
     the replay stops at the first request that does not fit after the retry (``oom``).
+
+    An activation event whose free is the next event (a layer's rebuilt activations under
+    recompute, freed at the end of the layer's backward) leaves the cache as it was when
+    cached blocks hold it: it only raises the allocated peak
+    (:meth:`CachingAllocator.cached_fit`), and its blocks are not made.
     """
     alloc = CachingAllocator(
         expandable_segments=expandable_segments,
@@ -474,15 +120,22 @@ def replay_ledger(
     split = tensors or {}
     pairs = _Pairing(alloc)
     oom = False
-    for ev in events:
+    last = len(events) - 1
+    for i, ev in enumerate(events):
         category, delta, label = ev[1], ev[2], ev[3]
         size = int(round(abs(delta)))
         if delta < 0:
             pairs.free(category, label, size)
             continue
-        if pairs.cancels(category, label, size):
+        if pairs.pending and pairs.cancels(category, label, size):
             continue
         parts = split.get(size, (size,)) if category == "activations" else (size,)
+        if i < last and _freed_next(ev, events[i + 1]):
+            held = alloc.cached_fit(parts)
+            if held is not None:
+                alloc.hold(held)
+                pairs.hold(category, label, size)
+                continue
         try:
             blocks = [alloc.malloc(part) for part in parts]
         except AllocatorOOM:
@@ -500,10 +153,25 @@ def replay_ledger(
     )
 
 
+def _freed_next(ev: Any, nxt: Any) -> bool:
+    """Whether ``nxt`` is the labelled free of the activation allocation ``ev``."""
+    label, free = ev[3], nxt[3]
+    return (
+        isinstance(label, tuple)
+        and isinstance(free, tuple)
+        and nxt[2] < 0
+        and free[0] == "free"
+        and label[0] in ("act", "recompute")
+        and nxt[1] == ev[1]
+        and free[1:] == label[1:]
+    )
+
+
 class _Pairing:
     """The live allocations of a replay and which of them a free releases (the rules of
-    :func:`replay_ledger`). One handle per event: [its blocks, live, bytes] (a block object
-    is reused once freed, a handle is not)."""
+    :func:`replay_ledger`). One handle per event: [its blocks (None: held without blocks,
+    :meth:`CachingAllocator.hold`), live, bytes] (a block object is reused once freed, a
+    handle is not)."""
 
     def __init__(self, alloc: CachingAllocator) -> None:
         self.alloc = alloc
@@ -514,12 +182,17 @@ class _Pairing:
         """Frees sorted before their allocation (both at one instant: frees sort first)."""
         self.unmatched = 0
 
-    def add(self, category: str, label: Any, size: int, blocks: list[_Block]) -> None:
+    def add(self, category: str, label: Any, size: int, blocks: list[Block]) -> None:
         handle = [blocks, True, size]
         if isinstance(label, tuple) and label and label[0] in ("act", "recompute"):
             self.by_key.setdefault((category, *label[1:]), []).append(handle)
         self.by_size.setdefault((category, _family(label), size), deque()).append(handle)
         self.stacks.setdefault(category, []).append(handle)
+
+    def hold(self, category: str, label: Any, size: int) -> None:
+        """An activation allocation that the next event frees (:func:`_freed_next`), held
+        without blocks: only that free can find it."""
+        self.by_key.setdefault((category, *label[1:]), []).append([None, True, size])
 
     def cancels(self, category: str, label: Any, size: int) -> bool:
         """An allocation whose free came first at the same instant: neither happens."""
@@ -531,8 +204,10 @@ class _Pairing:
 
     def release(self, handle: list[Any]) -> int:
         handle[1] = False
-        for block in reversed(handle[0]):
-            self.alloc.free(block)
+        blocks = handle[0]
+        if blocks is not None:
+            for block in reversed(blocks):
+                self.alloc.free(block)
         return int(handle[2])
 
     def unmatched_bytes(self) -> int:
