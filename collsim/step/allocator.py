@@ -119,25 +119,33 @@ def replay_ledger(
     )
     split = tensors or {}
     pairs = _Pairing(alloc)
+    malloc = alloc.malloc
     oom = False
-    last = len(events) - 1
-    for i, ev in enumerate(events):
+    n = len(events)
+    i = 0
+    while i < n:
+        ev = events[i]
+        i += 1
         category, delta, label = ev[1], ev[2], ev[3]
-        size = int(round(abs(delta)))
         if delta < 0:
-            pairs.free(category, label, size)
+            pairs.free(category, label, int(round(-delta)))
             continue
+        size = int(round(delta))
         if pairs.pending and pairs.cancels(category, label, size):
             continue
-        parts = split.get(size, (size,)) if category == "activations" else (size,)
-        if i < last and _freed_next(ev, events[i + 1]):
-            held = alloc.cached_fit(parts)
-            if held is not None:
-                alloc.hold(held)
-                pairs.hold(category, label, size)
-                continue
+        if category == "activations":
+            parts = split.get(size, (size,))
+            if i < n and _freed_next(ev, events[i]):
+                held = alloc.cached_fit(parts)
+                if held is not None:  # held, then freed with its key's blocks by events[i]
+                    alloc.hold(held)
+                    pairs.free_key(category, events[i][3], int(round(-events[i][2])), size)
+                    i += 1
+                    continue
+        else:
+            parts = (size,)
         try:
-            blocks = [alloc.malloc(part) for part in parts]
+            blocks = [malloc(part) for part in parts]
         except AllocatorOOM:
             oom = True
             break
@@ -155,12 +163,12 @@ def replay_ledger(
 
 def _freed_next(ev: Any, nxt: Any) -> bool:
     """Whether ``nxt`` is the labelled free of the activation allocation ``ev``."""
-    label, free = ev[3], nxt[3]
+    free = nxt[3]
+    if nxt[2] >= 0 or type(free) is not tuple or free[0] != "free":
+        return False
+    label = ev[3]
     return (
-        isinstance(label, tuple)
-        and isinstance(free, tuple)
-        and nxt[2] < 0
-        and free[0] == "free"
+        type(label) is tuple
         and label[0] in ("act", "recompute")
         and nxt[1] == ev[1]
         and free[1:] == label[1:]
@@ -169,9 +177,8 @@ def _freed_next(ev: Any, nxt: Any) -> bool:
 
 class _Pairing:
     """The live allocations of a replay and which of them a free releases (the rules of
-    :func:`replay_ledger`). One handle per event: [its blocks (None: held without blocks,
-    :meth:`CachingAllocator.hold`), live, bytes] (a block object is reused once freed, a
-    handle is not)."""
+    :func:`replay_ledger`). One handle per event: [its blocks, live, bytes] (a block object
+    is reused once freed, a handle is not)."""
 
     def __init__(self, alloc: CachingAllocator) -> None:
         self.alloc = alloc
@@ -184,15 +191,38 @@ class _Pairing:
 
     def add(self, category: str, label: Any, size: int, blocks: list[Block]) -> None:
         handle = [blocks, True, size]
-        if isinstance(label, tuple) and label and label[0] in ("act", "recompute"):
-            self.by_key.setdefault((category, *label[1:]), []).append(handle)
-        self.by_size.setdefault((category, _family(label), size), deque()).append(handle)
-        self.stacks.setdefault(category, []).append(handle)
+        if type(label) is tuple:
+            if label and label[0] in ("act", "recompute"):
+                key = (category, *label[1:])
+                same = self.by_key.get(key)
+                if same is None:
+                    self.by_key[key] = [handle]
+                else:
+                    same.append(handle)
+            family = None
+        else:
+            family = _family(label)
+        by_size = (category, family, size)
+        queue = self.by_size.get(by_size)
+        if queue is None:
+            self.by_size[by_size] = deque((handle,))
+        else:
+            queue.append(handle)
+        stack = self.stacks.get(category)
+        if stack is None:
+            self.stacks[category] = [handle]
+        else:
+            stack.append(handle)
 
-    def hold(self, category: str, label: Any, size: int) -> None:
-        """An activation allocation that the next event frees (:func:`_freed_next`), held
-        without blocks: only that free can find it."""
-        self.by_key.setdefault((category, *label[1:]), []).append([None, True, size])
+    def free_key(self, category: str, label: Any, size: int, held: int = 0) -> None:
+        """A labelled activation free: every live block of its key, and ``held`` bytes of
+        an allocation held without blocks."""
+        freed = held
+        for handle in self.by_key.pop((category, *label[1:]), ()):
+            if handle[1]:
+                freed += self.release(handle)
+        if size > freed:
+            self.unmatched += size - freed
 
     def cancels(self, category: str, label: Any, size: int) -> bool:
         """An allocation whose free came first at the same instant: neither happens."""
@@ -204,20 +234,17 @@ class _Pairing:
 
     def release(self, handle: list[Any]) -> int:
         handle[1] = False
-        blocks = handle[0]
-        if blocks is not None:
-            for block in reversed(blocks):
-                self.alloc.free(block)
+        free = self.alloc.free
+        for block in reversed(handle[0]):
+            free(block)
         return int(handle[2])
 
     def unmatched_bytes(self) -> int:
         return self.unmatched + sum(size * n for (_, _, size), n in self.pending.items())
 
     def free(self, category: str, label: Any, size: int) -> None:
-        if isinstance(label, tuple) and label and label[0] == "free":
-            handles = self.by_key.pop((category, *label[1:]), [])
-            freed = sum(self.release(h) for h in handles if h[1])
-            self.unmatched += max(0, size - freed)
+        if type(label) is tuple and label and label[0] == "free":
+            self.free_key(category, label, size)
             return
         family = _family(label)
         queue = self.by_size.get((category, family, size))

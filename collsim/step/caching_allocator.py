@@ -147,23 +147,13 @@ class CachingAllocator:
     def malloc(self, size_bytes: int, stream: int = 0) -> Block:
         """A block for ``size_bytes`` on ``stream`` (``DeviceCachingAllocator::malloc``)."""
         size = round_size(int(size_bytes))
-        pool = (stream, size <= SMALL_SIZE_BYTES)
+        small = size <= SMALL_SIZE_BYTES
+        pool = (stream, small)
         block = self._get_free_block(pool, size)
         if block is None:
-            block = self._alloc_block(pool, size)
-            if block is None:
-                self.stats.num_alloc_retries += 1
-                self.empty_cache()
-                block = self._alloc_block(pool, size)
-            if block is None:
-                self.stats.num_ooms += 1
-                raise AllocatorOOM(
-                    f"out of memory: {size / MIB:.1f} MiB requested with "
-                    f"{self.stats.allocated_bytes / 2**30:.2f} GiB allocated and "
-                    f"{self.stats.reserved_bytes / 2**30:.2f} GiB reserved of "
-                    f"{(self.limit_bytes or 0) / 2**30:.2f} GiB"
-                )
-        if self._should_split(block, size):
+            block = self._new_block(pool, size)
+        rest = block.size - size
+        if rest >= MIN_BLOCK_BYTES if (small or self.expandable) else rest > SMALL_SIZE_BYTES:
             self._insert_free(_split(block, size, mapped=True))
         block.allocated = True
         st = self.stats
@@ -178,8 +168,11 @@ class CachingAllocator:
             raise SimulationError("a block freed twice")
         block.allocated = False
         self.stats.allocated_bytes -= block.size
-        self._merge(block, block.prev)
-        self._merge(block, block.next)
+        before, after = block.prev, block.next
+        if before is not None and not before.allocated:
+            self._merge(block, before)
+        if after is not None and not after.allocated:
+            self._merge(block, after)
         self._insert_free(block)
 
     def empty_cache(self) -> None:
@@ -209,7 +202,13 @@ class CachingAllocator:
         ranges): a step repeats the same requests on the same cache many times.
         """
         sizes = tuple(sizes_bytes)
-        key = (stream, sizes, *(tuple(self._free.get((stream, s), ())) for s in (False, True)))
+        free = self._free
+        key: tuple[Any, ...] = (
+            stream,
+            sizes,
+            tuple(free.get((stream, False), ())),
+            tuple(free.get((stream, True), ())),
+        )
         if self.expandable:
             at = self._unmapped_at
             key += tuple(
@@ -280,15 +279,26 @@ class CachingAllocator:
         return i
 
     # ---- internals ----------------------------------------------------------------------
+    def _new_block(self, pool: tuple[int, bool], size: int) -> Block:
+        """A new segment or mapped pages for ``size`` bytes, after releasing the cache and
+        retrying once if the device has no room (``malloc``'s slow path)."""
+        block = self._alloc_block(pool, size)
+        if block is None:
+            self.stats.num_alloc_retries += 1
+            self.empty_cache()
+            block = self._alloc_block(pool, size)
+        if block is None:
+            self.stats.num_ooms += 1
+            raise AllocatorOOM(
+                f"out of memory: {size / MIB:.1f} MiB requested with "
+                f"{self.stats.allocated_bytes / 2**30:.2f} GiB allocated and "
+                f"{self.stats.reserved_bytes / 2**30:.2f} GiB reserved of "
+                f"{(self.limit_bytes or 0) / 2**30:.2f} GiB"
+            )
+        return block
+
     def _page(self, pool: tuple[int, bool]) -> int:
         return SMALL_BUFFER_BYTES if pool[1] else LARGE_BUFFER_BYTES
-
-    def _should_split(self, block: Block, size: int) -> bool:
-        """``should_split`` with ``max_split_size`` unset (its default)."""
-        remaining = block.size - size
-        if block.pool[1] or self.expandable:
-            return remaining >= MIN_BLOCK_BYTES
-        return remaining > SMALL_SIZE_BYTES
 
     def _insert_free(self, block: Block) -> None:
         insort(self._free.setdefault(block.pool, []), (block.size, block.addr))
@@ -313,6 +323,8 @@ class CachingAllocator:
         i = bisect_left(lst, (size, -1))
         if i == len(lst):
             return None
+        if not self.expandable:
+            return self._free_at.pop(lst.pop(i)[1])
         block = self._free_at[lst[i][1]]
         if self.expandable:
             j = i + 1
