@@ -131,7 +131,7 @@ def replay_ledger(
             pairs.free(category, label, int(round(-delta)))
             continue
         size = int(round(delta))
-        if pairs.pending and pairs.cancels(category, label, size):
+        if pairs.early and pairs.cancels(category, label, size):
             continue
         if category == "activations":
             parts = split.get(size, (size,))
@@ -187,6 +187,8 @@ class _Pairing:
         self.stacks: dict[str, list[list[Any]]] = {}
         self.pending: dict[tuple[str, Any, int], int] = {}
         """Frees sorted before their allocation (both at one instant: frees sort first)."""
+        self.early = 0
+        """How many of those wait for their allocation."""
         self.unmatched = 0
 
     def add(self, category: str, label: Any, size: int, blocks: list[Block]) -> None:
@@ -229,6 +231,7 @@ class _Pairing:
         early = (category, _family(label), size)
         if self.pending.get(early):
             self.pending[early] -= 1
+            self.early -= 1
             return True
         return False
 
@@ -256,6 +259,7 @@ class _Pairing:
             else:
                 key = (category, family, size)
                 self.pending[key] = self.pending.get(key, 0) + 1
+                self.early += 1
             return
         # unlabelled activations: the newest of that size (backward runs the layers in
         # reverse), else the newest live block (the rebuilt part), then the newest of the
