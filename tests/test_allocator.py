@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from collsim.cluster.hardware import get_device
-from collsim.step.allocator import expandable_segments_of, replay_ledger
+from collsim.step.allocator import cublas_workspaces, expandable_segments_of, replay_ledger
 from collsim.step.caching_allocator import (
     AllocatorOOM,
     CachingAllocator,
@@ -242,3 +242,36 @@ def test_replay_holds_rebuilt_activations_freed_next() -> None:
     assert out.unmatched_bytes == 0
     assert out.peak_reserved_bytes == 20 * MIB
     assert out.peak_allocated_bytes == 14 * MIB  # 6 live + 2 + 6 held
+
+
+def test_cublas_workspaces_by_device() -> None:
+    # parseChosenWorkspaceSize (CublasHandlePool.cpp): 32 MiB on compute capability 9.0,
+    # else :4096:2:16:8; one per handle, two handles (forward and autograd threads)
+    assert cublas_workspaces(get_device("h100")) == (32 * MIB, 32 * MIB)
+    assert cublas_workspaces(get_device("a100")) == (8 * MIB + 128 * 1024,) * 2
+
+
+def test_replay_with_workspaces_and_the_heads_logits() -> None:
+    ev = [
+        MemoryEvent(0.0, "activations", 12 * MIB, ("act", "head", 0, 0)),
+        MemoryEvent(1.0, "activations", -12 * MIB, ("free", "head", 0, 0)),
+    ]
+    plain = replay_ledger(0, ev, expandable_segments=False, workspaces=(32 * MIB, 32 * MIB))
+    # two 32 MiB segments, then the 12 MiB head in a 12 MiB segment of its own
+    assert plain.peak_reserved_bytes == 76 * MIB
+    full = replay_ledger(
+        0, ev, expandable_segments=False, workspaces=(32 * MIB, 32 * MIB), logits=4 * MIB
+    )
+    # the 4 MiB logits take a 20 MiB segment (split 4 + 16), the head the 16 MiB rest; in
+    # backward the logits' gradient takes the freed 4 MiB block: no new segment
+    assert full.peak_reserved_bytes == 84 * MIB
+    assert full.peak_allocated_bytes == 80 * MIB
+    assert full.unmatched_bytes == 0
+
+
+def test_a_scenarios_logits_and_workspaces_by_hand() -> None:
+    # GPT-3 1.3B, micro-batch 2 x 2,048 tokens, vocabulary 50,257 on one rank, bf16; DGX H100
+    result = run_job(SCENARIOS / "ddp_gpt3_1.3b.yaml", fidelity="closed").result
+    assert result.allocator is not None
+    assert result.allocator["logits_bytes"] == 2 * 2048 * 50257 * 2
+    assert result.allocator["cublas_workspace_bytes"] == 64 * MIB

@@ -15,14 +15,21 @@ from typing import Any
 
 from collsim.cluster.hardware import CUDA_CONTEXT_BYTES, NCCL_BUFFER_BYTES
 from collsim.step.caching_allocator import AllocatorOOM, Block, CachingAllocator
+from collsim.workload.op_records import activation_element_bytes
+from collsim.workload.ops import head_ops
 
 __all__ = [
+    "CUBLAS_HANDLES_PER_RANK",
+    "CUBLAS_WORKSPACE_BYTES_BY_GENERATION",
+    "CUBLAS_WORKSPACE_BYTES_DEFAULT",
     "NEAR_LIMIT_SHARE",
     "EXPANDABLE_SEGMENTS_BY_STACK",
     "ReservedMemory",
     "activation_tensors",
     "allocator_limit_bytes",
+    "cublas_workspaces",
     "expandable_segments_of",
+    "logits_bytes",
     "replay_ledger",
     "replay_ranks",
     "reserved_memory",
@@ -93,6 +100,8 @@ def replay_ledger(
     expandable_segments: bool,
     limit_bytes: float | None = None,
     tensors: Mapping[int, tuple[int, ...]] | None = None,
+    workspaces: Sequence[int] = (),
+    logits: int = 0,
 ) -> ReservedMemory:
     """Replay one rank's sorted memory events (:meth:`MemoryLedger.sorted_events`) through a
     :class:`CachingAllocator` on one stream.
@@ -107,6 +116,11 @@ def replay_ledger(
     size, else the newest blocks of their category until the bytes are covered. A labelled
     free sorted before its allocation at the same instant cancels it. With ``limit_bytes``
     the replay stops at the first request that does not fit after the retry (``oom``).
+
+    Besides the step program's tensors: ``workspaces`` (:func:`cublas_workspaces`), allocated
+    before the first activation and kept; and where the rank holds the LM head, ``logits``
+    bytes (:func:`logits_bytes`) allocated before the head's kept activations and freed after
+    them in forward, and allocated before they are freed and freed after in backward.
 
     An activation event whose free is the next event (a layer's rebuilt activations under
     recompute, freed at the end of the layer's backward) leaves the cache as it was when
@@ -128,13 +142,39 @@ def replay_ledger(
         i += 1
         category, delta, label = ev[1], ev[2], ev[3]
         if delta < 0:
+            if logits and type(label) is tuple and label[1] == "head":
+                try:
+                    transient = malloc(logits)
+                except AllocatorOOM:
+                    oom = True
+                    break
+                pairs.free(category, label, int(round(-delta)))
+                alloc.free(transient)
+                continue
             pairs.free(category, label, int(round(-delta)))
             continue
         size = int(round(delta))
         if pairs.early and pairs.cancels(category, label, size):
             continue
         if category == "activations":
+            if workspaces:
+                try:
+                    kept = [malloc(part) for part in workspaces]
+                except AllocatorOOM:
+                    oom = True
+                    break
+                pairs.add("workspace", "cublas", sum(workspaces), kept)
+                workspaces = ()
             parts = split.get(size, (size,))
+            if logits and type(label) is tuple and label[1] == "head":
+                try:
+                    transient = malloc(logits)
+                    pairs.add(category, label, size, [malloc(part) for part in parts])
+                except AllocatorOOM:
+                    oom = True
+                    break
+                alloc.free(transient)
+                continue
             if i < n and _freed_next(ev, events[i]):
                 held = alloc.cached_fit(parts)
                 if held is not None:  # held, then freed with its key's blocks by events[i]
@@ -291,6 +331,8 @@ def replay_ranks(
     expandable_segments: bool,
     limit_bytes: float | None,
     tensors: Mapping[int, tuple[int, ...]] | None = None,
+    workspaces: Sequence[int] = (),
+    logits: int = 0,
 ) -> dict[int, ReservedMemory]:
     """:func:`replay_ledger` of every rank's ledger (:class:`MemoryLedger`)."""
     return {
@@ -300,6 +342,8 @@ def replay_ranks(
             expandable_segments=expandable_segments,
             limit_bytes=limit_bytes,
             tensors=tensors,
+            workspaces=workspaces,
+            logits=logits,
         )
         for rank, ledger in ledgers.items()
     }
@@ -326,6 +370,62 @@ fragmentation. A choice of collsim (the replay's cost grows with the ranks it ru
 a figure of PyTorch's."""
 
 
+MIB = 1 << 20
+
+CUBLAS_WORKSPACE_BYTES_BY_GENERATION: dict[str, int] = {
+    # parseChosenWorkspaceSize: 4096 KiB x 8 = 32 MiB when the device is compute capability 9.0
+    "hopper": 4096 * 1024 * 8,
+    # ROCm: 128 MiB on gfx94x / gfx95x (MI300X is gfx942)
+    "cdna3": 128 * MIB,
+}
+"""The cuBLAS workspace torch gives each (handle, stream) by default, by device generation
+(aten/src/ATen/cuda/CublasHandlePool.cpp, pytorch/pytorch at 26a3905,
+``parseChosenWorkspaceSize``); other CUDA devices (Ampere, Blackwell) take
+:data:`CUBLAS_WORKSPACE_BYTES_DEFAULT`."""
+CUBLAS_WORKSPACE_BYTES_DEFAULT = 4096 * 1024 * 2 + 16 * 1024 * 8
+"""``:4096:2:16:8``: 2 x 4 MiB + 8 x 16 KiB, torch's default workspace off compute capability
+9.0 (same file)."""
+CUBLAS_HANDLES_PER_RANK = 2
+"""cuBLAS handles that run a rank's GEMMs: one per thread (a thread-local pool window,
+``getCurrentCUDABlasHandle``, same file), and the step runs its forward on the main thread
+and its backward on the autograd engine's thread of the device (torch/csrc/autograd/engine.cpp,
+one worker thread per device). Each gets a workspace on the compute stream."""
+
+
+def cublas_workspaces(device: Any) -> tuple[int, ...]:
+    """The cuBLAS workspaces a rank on ``device`` (a
+    :class:`~collsim.cluster.hardware.Device`) allocates through the caching allocator at its
+    first GEMMs and keeps (``setWorkspaceForHandle`` keeps them in a map until
+    ``clearCublasWorkspaces``): :data:`CUBLAS_HANDLES_PER_RANK` of the generation's size."""
+    size = CUBLAS_WORKSPACE_BYTES_BY_GENERATION.get(
+        str(device.generation), CUBLAS_WORKSPACE_BYTES_DEFAULT
+    )
+    return (size,) * CUBLAS_HANDLES_PER_RANK
+
+
+def logits_bytes(schedule: Any) -> int:
+    """Bytes of one micro-batch's logits in the activation dtype on a rank that holds the LM
+    head (``schedule``: a :class:`collsim.step.build.StepSchedule`): the head GEMM's output,
+    alive while the loss makes its fp32 copy (Megatron-LM
+    megatron/core/tensor_parallel/cross_entropy.py at 00611e6,
+    ``calculate_logits_max``: ``vocab_parallel_logits.float()``), and the logits' gradient,
+    cast back to that dtype while the fp32 gradient (the saved softmax, updated in place)
+    lives. Tokens x vocab / tp x element bytes, from the head's op list
+    (:func:`collsim.workload.ops.head_ops`: the fp32 softmax it keeps is 4 bytes a logit)."""
+    plan = schedule.plan
+    tr = plan.training
+    ops = head_ops(
+        plan.spec,
+        micro_batch=tr.micro_batch,
+        tp=plan.tp,
+        sequence_parallel=plan.parallel.sequence_parallel,
+        dtype=str(tr.dtype),
+        cp=plan.cp,
+    )
+    fp32 = sum(op.saved.get("loss.softmax_fp32", 0.0) for op in ops)
+    return int(round(fp32 / 4 * activation_element_bytes(str(tr.dtype))))
+
+
 def reserved_memory(
     ledgers: Mapping[int, Any],
     *,
@@ -338,8 +438,11 @@ def reserved_memory(
     :class:`MemoryLedger`): the rank with the highest of ``allocated_peaks`` and those within
     :data:`NEAR_LIMIT_SHARE` of ``limit_bytes``; and the facts of the replay
     (:attr:`collsim.step.result.StepResult.allocator`). With the step's ``schedule``, layer
-    activations are allocated tensor by tensor."""
+    activations are allocated tensor by tensor, with the cuBLAS workspaces of the step's
+    device and the LM head's logits (:func:`replay_ledger`)."""
     tensors = activation_tensors(schedule) if schedule is not None else {}
+    workspaces = cublas_workspaces(schedule.plan.topology.device) if schedule is not None else ()
+    logits = logits_bytes(schedule) if schedule is not None else 0
     top_rank = max(allocated_peaks, key=lambda r: (allocated_peaks[r], -r))
     near = NEAR_LIMIT_SHARE * limit_bytes if limit_bytes is not None else float("inf")
     chosen = {
@@ -348,7 +451,12 @@ def reserved_memory(
         if r == top_rank or allocated_peaks.get(r, 0.0) >= near
     }
     runs = replay_ranks(
-        chosen, expandable_segments=expandable_segments, limit_bytes=limit_bytes, tensors=tensors
+        chosen,
+        expandable_segments=expandable_segments,
+        limit_bytes=limit_bytes,
+        tensors=tensors,
+        workspaces=workspaces,
+        logits=logits,
     )
     top = max(runs.values(), key=lambda r: (r.oom, r.peak_reserved_bytes, -r.rank))
     return top.peak_reserved_bytes, {
@@ -360,6 +468,8 @@ def reserved_memory(
         "unmatched_bytes": max(r.unmatched_bytes for r in runs.values()),
         "reserved_bytes_by_rank": {r: run.peak_reserved_bytes for r, run in runs.items()},
         "activation_tensors": {size: len(parts) for size, parts in tensors.items()},
+        "cublas_workspace_bytes": sum(workspaces),
+        "logits_bytes": logits,
     }
 
 
