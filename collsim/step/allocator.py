@@ -411,7 +411,8 @@ def logits_bytes(schedule: Any) -> int:
     ``calculate_logits_max``: ``vocab_parallel_logits.float()``), and the logits' gradient,
     cast back to that dtype while the fp32 gradient (the saved softmax, updated in place)
     lives. Tokens x vocab / tp x element bytes, from the head's op list
-    (:func:`collsim.workload.ops.head_ops`: the fp32 softmax it keeps is 4 bytes a logit)."""
+    (:func:`collsim.workload.ops.head_ops`: the fp32 softmax it keeps is 4 bytes a logit); 0
+    when activations are fp32 (the loss works on the logits themselves)."""
     plan = schedule.plan
     tr = plan.training
     ops = head_ops(
@@ -422,8 +423,11 @@ def logits_bytes(schedule: Any) -> int:
         dtype=str(tr.dtype),
         cp=plan.cp,
     )
+    element_bytes = activation_element_bytes(str(tr.dtype))
+    if element_bytes >= 4:
+        return 0  # fp32 logits: .float() is the tensor itself, and no cast in backward
     fp32 = sum(op.saved.get("loss.softmax_fp32", 0.0) for op in ops)
-    return int(round(fp32 / 4 * activation_element_bytes(str(tr.dtype))))
+    return int(round(fp32 / 4 * element_bytes))
 
 
 def reserved_memory(
