@@ -275,3 +275,49 @@ def test_a_scenarios_logits_and_workspaces_by_hand() -> None:
     assert result.allocator is not None
     assert result.allocator["logits_bytes"] == 2 * 2048 * 50257 * 2
     assert result.allocator["cublas_workspace_bytes"] == 64 * MIB
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    expandable=st.booleans(),
+    kept=st.lists(_SIZES_KIB, min_size=2, max_size=6),
+    rebuilt=st.lists(_SIZES_KIB, min_size=1, max_size=5),
+    microbatches=st.integers(min_value=1, max_value=3),
+    limit_mib=st.sampled_from([None, 120, 400]),
+)
+def test_holding_rebuilt_tensors_replays_to_the_same_bytes(
+    expandable: bool,
+    kept: list[int],
+    rebuilt: list[int],
+    microbatches: int,
+    limit_mib: int | None,
+) -> None:
+    # layers of a recomputed step: kept inputs in forward, then per layer in reverse its
+    # rebuilt tensors and their free with the kept input; replayed with and without holding
+    import collsim.step.allocator as allocator
+
+    rebuilt_bytes = sum(kib * 1024 for kib in rebuilt)
+    ev: list[MemoryEvent] = []
+    t = 0.0
+    for mb in range(microbatches):
+        for layer, kib in enumerate(kept):
+            ev.append(MemoryEvent(t, "activations", kib * 1024.0, ("act", layer, mb, 0)))
+            t += 1
+        for layer in reversed(range(len(kept))):
+            label = (layer, mb, 0)
+            ev.append(MemoryEvent(t, "activations", float(rebuilt_bytes), ("recompute", *label)))
+            t += 1
+            freed = -float(rebuilt_bytes + kept[layer] * 1024)
+            ev.append(MemoryEvent(t, "activations", freed, ("free", *label)))
+    tensors = {rebuilt_bytes: tuple(kib * 1024 for kib in rebuilt)}
+    limit = None if limit_mib is None else limit_mib * MIB
+
+    def replay() -> object:
+        return replay_ledger(
+            0, ev, expandable_segments=expandable, limit_bytes=limit, tensors=tensors
+        )
+
+    held = replay()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(allocator, "_freed_next", lambda ev, nxt: False)
+        assert replay() == held
