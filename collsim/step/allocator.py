@@ -1,9 +1,10 @@
 """The caching allocator replayed over one rank's step: the memory PyTorch's allocator
 (:mod:`collsim.step.caching_allocator`) reserves beside what is allocated, as
 ``torch.cuda.max_memory_reserved`` reports it, and whether the step fits. Each free of the
-step program is paired with the allocations it releases; which stack launches torch with
-``expandable_segments:True``; what the allocator may hold on a device. The pairing rules and
-what the step program cannot tell the allocator are in docs/memory.md.
+step program is paired with the allocations it releases, and torch's cuBLAS workspaces and
+the LM head's logits are added to the program's tensors; which stack launches torch with
+``expandable_segments:True``; what the allocator may hold on a device. The pairing rules, the
+added tensors with their sources and what the replay still misses are in docs/memory.md.
 """
 
 from __future__ import annotations
