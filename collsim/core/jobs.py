@@ -25,7 +25,13 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import CancelledError, ProcessPoolExecutor, ThreadPoolExecutor, wait
+from concurrent.futures import (
+    CancelledError,
+    Future,
+    ProcessPoolExecutor,
+    ThreadPoolExecutor,
+    wait,
+)
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Generic, TypeVar
 from urllib.parse import urlsplit
@@ -47,6 +53,11 @@ TASK_RETRIES = 2
 #: milliseconds, tens on a loaded machine) stays a few percent of it, and the last tasks of a
 #: search keep no worker waiting for long.
 TASK_TARGET_S = 0.5
+
+#: Seconds of work a task of :meth:`Workers.stream` on this machine's pool is sized to: a
+#: local round trip costs a fraction of a millisecond, and a short task keeps the plans
+#: estimated past a search's bound (at most two tasks per process) few.
+LOCAL_TASK_TARGET_S = 0.05
 
 #: The most items one such task carries.
 MAX_TASK_ITEMS = 256
@@ -143,6 +154,70 @@ def _connect(address: str, connect_timeout_s: float) -> Any:
             f"cannot reach the Dask scheduler {address!r} in {connect_timeout_s:g} s ({why})",
             key_path="--scheduler",
         ) from None
+
+
+def _call_batch(fn: Callable[[Any, Any], Any], items: list[Any]) -> tuple[float, list[Any]]:
+    """A local task: ``[fn(context, item) for item in items]`` and the seconds they took."""
+    started = time.perf_counter()
+    out = [fn(_context, item) for item in items]
+    return time.perf_counter() - started, out
+
+
+def _stream(
+    feed: Callable[[int], tuple[K, list[Any]] | None],
+    submit: Callable[[list[Any]], Any],
+    outcome: Callable[[Any], tuple[float, list[Any]]],
+    slots: Callable[[], int],
+    *,
+    target_s: float,
+    timeout_s: float,
+    late: Callable[[], None],
+) -> Iterator[tuple[K, list[Any]]]:
+    """The batches ``feed`` picks, as tasks (``submit(items) -> future``; ``outcome(future) ->
+    (seconds on the worker, results)``), yielded as ``(tag, results)`` in the order fed. Up to
+    two tasks per worker slot are queued or running at any time and a new one is sent as soon
+    as one finishes (no worker waits for the others at a barrier); each task carries about
+    ``target_s`` seconds of work as the finished ones measured it (one item at first, at most
+    :data:`MAX_TASK_ITEMS`). ``late()`` is called (and must raise) when no task finishes in
+    ``timeout_s``."""
+    queue: deque[tuple[Any, K, int]] = deque()  # (future, tag, items), in sent order
+    finished = threading.Event()  # set as any task finishes (the backend's callback thread)
+    size, spent_s, done_items = 1, 0.0, 0
+    fed = True
+    try:
+        while True:
+            running = sum(1 for future, _, _ in queue if not future.done())
+            while fed and running < 2 * slots():
+                got = feed(size)
+                if got is None:
+                    fed = False
+                    break
+                tag, items = got
+                future = submit(items)
+                future.add_done_callback(lambda _: finished.set())
+                queue.append((future, tag, len(items)))
+                running += 1
+            if not queue:
+                return
+            future, tag, count = queue[0]
+            if not future.done():
+                finished.clear()
+                still = sum(1 for f, _, _ in queue if not f.done())
+                if still >= running and not finished.wait(timeout_s):
+                    late()
+                continue
+            queue.popleft()
+            seconds, results = outcome(future)
+            spent_s, done_items = spent_s + seconds, done_items + count
+            if spent_s > 0:
+                size = max(1, min(MAX_TASK_ITEMS, round(target_s * done_items / spent_s)))
+            yield tag, results
+    finally:
+        for future, _, _ in queue:
+            try:
+                future.cancel()
+            except Exception:  # a client without its scheduler has nothing to cancel
+                pass
 
 
 class SchedulerLost(SimulationError):
@@ -300,60 +375,32 @@ class _Dask:
         fn: Callable[[Any, Any], Any],
         feed: Callable[[int], tuple[Any, list[Any]] | None],
     ) -> Iterator[tuple[Any, list[Any]]]:
-        """:meth:`Workers.stream` on the cluster: up to two tasks per worker thread queued or
-        running at any time, a new one sent as soon as one finishes (no worker waits for the
-        others at a barrier), each of about :data:`TASK_TARGET_S` seconds of work as the
-        finished ones measured it (one item per task at first)."""
+        """:meth:`Workers.stream` on the cluster (:func:`_stream`): two tasks per worker thread,
+        each of about :data:`TASK_TARGET_S` seconds of work."""
 
         # optional (the cluster extra): loaded only with a Dask scheduler
         from collsim.core.dask_worker import run_batch
 
-        queue: deque[tuple[Any, Any, int]] = deque()  # (future, tag, items), in sent order
-        finished = threading.Event()  # set as any task finishes (Dask's callback thread)
-        size, spent_s, done_items = 1, 0.0, 0
-        fed = True
-        try:
-            while True:
-                running = sum(1 for future, _, _ in queue if not future.done())
-                while fed and running < 2 * self.slots():
-                    got = feed(size)
-                    if got is None:
-                        fed = False
-                        break
-                    tag, items = got
-                    future = self._call(
-                        self.client.submit,
-                        run_batch,
-                        self.token,
-                        fn,
-                        items,
-                        pure=False,
-                        retries=TASK_RETRIES,
-                    )
-                    future.add_done_callback(lambda _: finished.set())
-                    queue.append((future, tag, len(items)))
-                    running += 1
-                if not queue:
-                    return
-                future, tag, count = queue[0]
-                if not future.done():
-                    finished.clear()
-                    still = sum(1 for f, _, _ in queue if not f.done())
-                    if still >= running and not finished.wait(self.timeout_s):
-                        self._late()
-                    continue
-                queue.popleft()
-                seconds, results = self.outcome(future, self.timeout_s)
-                spent_s, done_items = spent_s + seconds, done_items + count
-                if spent_s > 0:
-                    size = max(1, min(MAX_TASK_ITEMS, round(TASK_TARGET_S * done_items / spent_s)))
-                yield tag, results
-        finally:
-            for future, _, _ in queue:
-                try:
-                    future.cancel()
-                except Exception:  # a client without its scheduler has nothing to cancel
-                    pass
+        def submit(items: list[Any]) -> Any:
+            return self._call(
+                self.client.submit,
+                run_batch,
+                self.token,
+                fn,
+                items,
+                pure=False,
+                retries=TASK_RETRIES,
+            )
+
+        yield from _stream(
+            feed,
+            submit,
+            lambda future: self.outcome(future, self.timeout_s),
+            self.slots,
+            target_s=TASK_TARGET_S,
+            timeout_s=self.timeout_s,
+            late=self._late,
+        )
 
     def _late(self) -> None:
         """No task finished in ``timeout_s``: a lost scheduler or a cluster that hangs."""
@@ -495,21 +542,47 @@ class Workers(Generic[C]):
         """Results of batches that ``feed`` picks as workers free up: ``feed(n)`` returns
         ``(tag, items)`` with at most ``n`` items (None: no more), and each batch comes back
         as ``(tag, [fn(context, item) ...])`` in the order fed, so that ``feed`` may choose
-        the next items by the results so far. Locally a batch is :attr:`batch_size` items
-        mapped at once; on Dask the batches are tasks sized by their measured cost and sent
-        as soon as a worker has room (:meth:`_Dask.stream`)."""
+        the next items by the results so far. Inline a batch is one item; on the local pool
+        and on Dask the batches are tasks sized by their measured cost and sent as soon as a
+        process has room (:func:`_stream`; :data:`LOCAL_TASK_TARGET_S` and
+        :data:`TASK_TARGET_S` of work each)."""
         if self._dask is not None:
             yield from self._dask.stream(fn, feed)
             return
-        while (got := feed(self.batch_size)) is not None:
-            tag, items = got
-            yield tag, self.map(fn, items)
+        pool = self._pool
+        if pool is None:
+            while (got := feed(self.batch_size)) is not None:
+                tag, items = got
+                yield tag, [fn(self._inline, item) for item in items]  # type: ignore[arg-type]
+            return
+        yield from _stream(
+            feed,
+            lambda items: pool.submit(_call_batch, fn, items),
+            self._local_outcome,
+            lambda: self.jobs,
+            target_s=LOCAL_TASK_TARGET_S,
+            timeout_s=self.timeout_s,
+            late=self._late,
+        )
+
+    @staticmethod
+    def _local_outcome(future: Future[tuple[float, list[Any]]]) -> tuple[float, list[Any]]:
+        """A local task's seconds and results (a dead process: :class:`SimulationError`)."""
+        try:
+            return future.result()
+        except BrokenProcessPool as exc:
+            raise SimulationError(f"a worker process died: {exc}") from None
+
+    def _late(self) -> None:
+        raise SimulationError(
+            f"no evaluation finished in {self.timeout_s:g} s on {self.jobs} processes"
+        )
 
     @property
     def batch_size(self) -> int:
         """Items worth sending in one :meth:`map` when the caller picks them a batch at a
-        time: 1 inline, two per process locally, sixteen per worker thread on Dask (where
-        :meth:`stream` sizes its tasks by their measured cost instead)."""
+        time: 1 inline, two per process locally, sixteen per worker thread on Dask
+        (:meth:`stream` sizes its tasks by their measured cost instead)."""
         if self._dask is not None:
             return 16 * self.jobs
         return 1 if self.jobs == 1 else 2 * self.jobs

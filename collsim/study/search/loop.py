@@ -138,12 +138,12 @@ def search_plans(
             the last call), ``bound`` (n plans dropped by a bound) or ``simulate`` (1 per
             simulated plan).
         jobs: processes that estimate and simulate (:class:`collsim.core.jobs.Workers`); with
-            more than one, plans are estimated in batches from the front of the queue
-            (:attr:`collsim.core.jobs.Workers.batch_size`; the best plans are the same, a few more
+            more than one, plans are taken from the front of the queue in tasks, each sized by
+            the cost of those before it and sent as soon as a process has room
+            (:meth:`collsim.core.jobs.Workers.stream`; the best plans are the same, a few more
             may be estimated).
-        scheduler: a Dask scheduler's address: the batches go to its workers instead, each
-            sized by the cost of those before it and sent as soon as a worker has room
-            (:meth:`collsim.core.jobs.Workers.stream`; the same results).
+        scheduler: a Dask scheduler's address: the tasks go to its workers instead (the same
+            results).
         tolerance: relative step-time difference under which plans alike are one row.
         known: estimates from an earlier run of the same search, by plan label (``--resume``):
             used as they are, not estimated again.
