@@ -48,6 +48,9 @@ MIN_LARGE_ALLOC_BYTES = 10 * MIB
 """``kMinLargeAlloc``: from 10 MiB a request gets a segment of its own size (same file)."""
 ROUND_LARGE_BYTES = 2 * MIB
 """``kRoundLarge``: such a segment is rounded up to 2 MiB (same file)."""
+_UNKNOWN = -1
+""":meth:`CachingAllocator.cached_fit`'s mark of a request not yet worked out (a fit is a
+byte count, never negative)."""
 
 
 def round_size(size_bytes: int) -> int:
@@ -215,8 +218,9 @@ class CachingAllocator:
                 tuple((a, at[a].size) for a in self._unmapped.get((stream, s), ()))
                 for s in (False, True)
             )
-        if key in self._fits:
-            return self._fits[key]
+        fit = self._fits.get(key, _UNKNOWN)  # one hash of the key (it holds the free lists)
+        if fit != _UNKNOWN:
+            return fit
         fit = self._cached_fit(sizes, stream)
         self._fits[key] = fit
         return fit
