@@ -5,9 +5,7 @@ combination, each built on the scenario's sections with that combination's value
 sections it is built on and keeps its tables per plan shape, so plans that differ only in those
 knobs (:class:`collsim.study.search.space.Extra`, ``etp``) need their own. Plans of an HSDP
 group smaller than dp reduce inside that group, which the data-parallel floor does not follow:
-they get no data-parallel floor. Plans whose layers do not divide pp x v (a balanced split) keep
-the cheap floor only: the pipeline walk of :meth:`Bounds.refined_s` prices each chunk as the
-stage's mean chunk.
+they get no data-parallel floor.
 """
 
 from __future__ import annotations
@@ -60,8 +58,6 @@ class VariantBounds(Bounds):
         return bounds.step_s(c)
 
     def refined_s(self, c: Candidate) -> float:
-        if self.spec.num_layers % (c.pp * c.virtual_stages):
-            return self.step_s(c)
         bounds = self._of(c)
         if _hsdp(c):
             return _stream_s(bounds, c, bounds._pipeline_ends(c))
