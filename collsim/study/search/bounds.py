@@ -180,7 +180,6 @@ class Bounds(ProgramFloors):
             out.append(walk + interference + opts[i] + after[i])
         return out
 
-
     def _compute(self, c: Candidate) -> tuple[list[float], list[float], float, list[float]]:
         """Per stage (first, last): the compute stream's own work (:meth:`Layout.stage_work`
         of every micro-batch, and for the last stage the fill and the drain of the stages

@@ -325,7 +325,7 @@ class ProgramFloors:
 
     def _group(self, plan: Any, rank: int, axis: Any) -> tuple[int, ...]:
         """``plan.group_of(rank, axis)``, kept per grid (the rank order is the search's)."""
-        key = (plan.tp, plan.cp, plan.pp, plan.dp, plan.ep, plan.etp)
+        key: tuple[Any, ...] = (plan.tp, plan.cp, plan.pp, plan.dp, plan.ep, plan.etp)
         key += (plan.parallel.fsdp.shard_group_size, rank, axis)
         hit = self._groups.get(key)
         if hit is None:
@@ -335,8 +335,8 @@ class ProgramFloors:
     def _stage_numel(self, plan: Any, stage: int) -> dict[str, tuple[float, float]]:
         """A stage's parameters on one rank (dense, routed experts): all of them, and its
         layers' alone (:meth:`_stage_tensors`)."""
-        key = (plan.tp, plan.pp, plan.ep, plan.etp, plan.virtual_stages, plan.head_stage)
-        key += (str(plan.parallel.schedule), stage)
+        key: tuple[Any, ...] = (plan.tp, plan.pp, plan.ep, plan.etp, plan.virtual_stages)
+        key += (plan.head_stage, str(plan.parallel.schedule), stage)
         hit = self._numels.get(key)
         if hit is None:
             hit = self._numels[key] = self._count_numel(plan, stage)
