@@ -21,8 +21,9 @@ from collsim.core.errors import ConfigError
 from collsim.parallel.config import ParallelConfig, TrainingConfig
 from collsim.parallel.dispatch import ep_layout
 from collsim.parallel.plan import build_plan
-from collsim.play.walk import Estimator
+from collsim.play.walk import Estimator, estimate_step
 from collsim.study.search import REASONS, SearchSpace, enumerate_plans, search_plans
+from collsim.study.search.bounds import memory_limit_bytes
 from collsim.study.search.space import Candidate, _Rules
 from collsim.study.search.variants import VariantBounds
 from collsim.study.space_file import read_space
@@ -526,3 +527,46 @@ def test_pruning_dense_plans_returns_the_best_ten_of_estimating_all() -> None:
     assert {c.zero for c in fits} == {0, 1, 2, 3}
     best = [(r.candidate, r.estimate.step_time_s) for r in full.ranked[:10]]
     assert [(r.candidate, r.estimate.step_time_s) for r in pruned.ranked[:10]] == best
+
+
+def test_no_plan_the_fit_verdict_keeps_is_pruned_by_the_memory_floor() -> None:
+    # the plans near the GPU's limit, each run as `collsim run --fidelity closed` runs it
+    # (the caching allocator replayed): a plan that fits there has its memory floor within
+    # the limit the search prunes against; some fit with more allocated than the older rule
+    # (allocated against the capacity less a 3 % share) allowed
+    topology = load_topology("dgx_h100", nodes=2)
+    device = topology.device
+    training = TrainingConfig(global_batch=32, micro_batch=1, dtype="bf16")
+    base = ParallelConfig(dp=16)
+    space = SearchSpace(
+        micro_batches=(1, 2),
+        schedules=("1f1b", "interleaved"),
+        virtual_stages=(2,),
+        zero_stages=(0, 1, 2, 3),
+        recomputes=("none", "selective", "full"),
+        bucket_mbs=(25.0,),
+        bucket_views=(False,),
+        prefetches=(1,),
+        offloads=(False,),
+        tps=(1, 2, 4),
+        pps=(1, 2, 4),
+    )
+    limit = memory_limit_bytes(device)
+    assert device.usable_memory_bytes < limit < device.reported_capacity_bytes
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plans = list(enumerate_plans(WIDE, 16, 8, 32, space, base=base, training=training))
+        bounds = VariantBounds(topology, WIDE, training, base)
+        near = [p for p in plans if 0.85 * limit < bounds.memory_bytes(p) < 1.15 * limit]
+        fits = over_old = refused = 0
+        for plan in near:
+            result = estimate_step(topology, WIDE, *plan.configs(training, base))
+            floor = bounds.memory_bytes(plan)
+            if result.fits:
+                fits += 1
+                assert floor <= limit, plan.label
+                over_old += floor > device.usable_memory_bytes
+            else:
+                refused += 1
+    assert fits >= 5 and refused > 0, (fits, refused)
+    assert over_old > 0

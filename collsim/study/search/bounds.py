@@ -11,17 +11,32 @@ from typing import TYPE_CHECKING, Any
 
 from collsim.parallel.config import ParallelConfig as Parallel
 from collsim.parallel.pipeline import flow, get_schedule
+from collsim.step.allocator import allocator_limit_bytes
 from collsim.step.build import bytes_per
 from collsim.study.search.program_floors import ProgramFloors
 from collsim.workload.compute import ComputeModel
 from collsim.workload.interference import overlap_slowdown
 
 if TYPE_CHECKING:  # pragma: no cover
+    from collsim.cluster.hardware import Device
     from collsim.cluster.topology import Topology
     from collsim.parallel.config import ParallelConfig, TrainingConfig
     from collsim.step.pricing import ClosedPricer
     from collsim.study.search.space import Candidate
     from collsim.workload.model import TransformerSpec
+
+
+def memory_limit_bytes(device: Device) -> float:
+    """The memory a plan's floor (:meth:`Bounds.memory_bytes`, allocated bytes) is held
+    against, the limit of the fit verdict of ``collsim run``
+    (:func:`collsim.step.assemble._memory_fit`): on a GPU what PyTorch's caching allocator can
+    reserve (:func:`collsim.step.allocator.allocator_limit_bytes`: the capacity less the CUDA
+    context and the NCCL buffers); a plan fits when its replay never runs out, and the
+    allocated bytes never exceed the reserved, so a plan whose allocated floor exceeds this
+    cannot fit. On a CPU device the verdict's usable capacity."""
+    if device.generation == "cpu":
+        return float(device.usable_memory_bytes)
+    return allocator_limit_bytes(device)
 
 
 class Bounds(ProgramFloors):
