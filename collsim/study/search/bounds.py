@@ -197,11 +197,11 @@ class Bounds(ProgramFloors):
 
     def _compute(self, c: Candidate) -> tuple[list[float], list[float], float, list[float]]:
         """Per stage (first, last): the compute stream's own work (:meth:`Layout.stage_work`
-        of every micro-batch, and for the last stage the fill and the drain of the stages
-        before it), the compute seconds alone, the memory-bound
-        share the program's interference takes, and the optimizer step over the parameters
-        the stage's rank updates (with offload the step runs on the host, slower than this
-        GPU floor). Zeros when no plan builds."""
+        of every micro-batch and the stack's own work, :meth:`_framework_floor`; for the last
+        stage the fill and the drain of the stages before it), the compute seconds alone, the
+        memory-bound share the program's interference takes, and the optimizer step over the
+        parameters the stage's rank updates (with offload the step runs on the host, slower
+        than this GPU floor). Zeros when no plan builds."""
         stages = sorted({0, c.pp - 1})
         layout = self._layout(c)
         if layout is None:
@@ -233,9 +233,12 @@ class Bounds(ProgramFloors):
                 first = layout.part_of[r][0] == 0
                 fill += layout.forward_s[r][0] + (emb.forward_s if first else 0.0)
                 drain += layout.backward_s[r][0] + (emb.backward_s if first else 0.0)
-        stream = [max(m * (f0 + b0), fill + m * (f_last + b_last) + drain)]
+        # the stack's own work (FSDP copies, gradient casts, the per-step part) runs on the
+        # same stream
+        fw = self._framework_floor(c)
+        stream = [max(m * (f0 + b0) + fw[0], fill + m * (f_last + b_last) + fw[-1] + drain)]
         if last:
-            stream.append(fill + m * (f_last + b_last))
+            stream.append(fill + m * (f_last + b_last) + fw[-1])
         model = self._optimizer_model
         if model is None:
             model = self._optimizer_model = ComputeModel(

@@ -29,6 +29,8 @@ from collsim.study.search.parts import (
     held_counts,
     place,
 )
+from collsim.workload.compute import ComputeModel
+from collsim.workload.framework import framework_costs
 
 if TYPE_CHECKING:  # pragma: no cover
     from collsim.cluster.topology import Topology
@@ -57,6 +59,8 @@ class ProgramFloors:
         self._layouts: dict[tuple[Any, ...], Layout | None] = {}
         self._program_dps: dict[tuple[Any, ...], tuple[list[float], ...]] = {}
         self._busbw: dict[tuple[Any, ...], list[float]] = {}
+        self._frameworks: dict[tuple[Any, ...], list[float]] = {}
+        self._fw_model: ComputeModel | None = None
         self._mem_states: dict[tuple[Any, ...], np.ndarray] = {}
         self._mem_acts: dict[tuple[Any, ...], np.ndarray] = {}
         self._tensors: dict[tuple[Any, ...], StageModel] = {}
@@ -267,7 +271,79 @@ class ProgramFloors:
             after.append(gather)
         self._program_dps[key] = (before, after, local)
         self._busbw[key] = busbw
+        self._frameworks[key] = [self._framework_s(plan, s, rules) for s in stages]
         return before, after, local
+
+    def _framework_floor(self, c: Candidate) -> list[float]:
+        """Per stage (first, last), the training stack's own work on the compute stream
+        (:meth:`_framework_s`); zeros when no plan builds."""
+        self._program_dp(c)
+        return self._frameworks.get(self._dp_key(c)) or [0.0] * len(sorted({0, c.pp - 1}))
+
+    def _framework_s(self, plan: Any, stage: int, rules: DataParallelRules) -> float:
+        """The stack's own work the program puts on ``stage``'s compute stream
+        (``collsim.step.build``'s framework pass over
+        :func:`collsim.workload.framework.framework_costs`): the per-step part (the
+        gradient-norm pass of the clipping, the host time of a step) and, under ZeRO-3 with
+        data parallelism, each layer unit's copy-in / copy-out where it is gathered (every
+        forward unless gathered once per step, again in backward when resharded) and its
+        gradient cast and copy-out where it is reduced (every micro-batch, or once); the
+        root unit (embedding, head) left out."""
+        tr, par = plan.training, plan.parallel
+        model = self._framework_model()
+        numel = self._stage_numel(plan, stage)["all"]
+        local = sum(numel) / (plan.dp if par.zero >= 1 else 1)
+
+        def costs(unit: float) -> Any:
+            return framework_costs(
+                model,
+                unit_params=unit,
+                local_params=local,
+                dp=max(1, plan.dp),
+                zero=par.zero,
+                fsdp_version=int(tr.fsdp_version or 1),
+                grad_reduce_dtype=str(tr.grad_reduce_dtype or "bf16"),
+                grad_clip=bool(tr.grad_clip),
+                optimizer=str(tr.optimizer),
+                optimizer_implementation=str(tr.optimizer_implementation),
+            )
+
+        whole = costs(0.0)
+        out = float(whole.grad_clip_s + whole.host_step_s)
+        if par.zero != 3 or plan.dp < 2:
+            return out
+        m = plan.num_microbatches
+        once = rules.sync_once
+        gather_once = once and not rules.reshard_after_forward
+        units: dict[float, int] = {}
+        for chunk in self._stage_tensors(plan, stage).chunks:
+            for i in chunk.layers:
+                unit = rules.unit_numel(chunk, i)
+                units[unit] = units.get(unit, 0) + 1
+        for unit, count in units.items():
+            fw = costs(unit)
+            gather = fw.fsdp_copy_in_s + fw.fsdp_copy_out_s
+            grad = fw.fsdp_grad_cast_s + fw.fsdp_grad_copy_out_s
+            per_mb = (0.0 if gather_once else gather) + (0.0 if once else grad)
+            per_mb += gather if rules.reshard_after_forward else 0.0
+            per_step = (gather if gather_once else 0.0) + (grad if once else 0.0)
+            out += count * (m * per_mb + per_step)
+        return float(out)
+
+    def _framework_model(self) -> ComputeModel:
+        """The compute model the program prices the stack's work with (its device, dtype and
+        kernel settings)."""
+        model = self._fw_model
+        if model is None:
+            tr = self.training
+            model = self._fw_model = ComputeModel(
+                self.topology.device,
+                str(tr.dtype),
+                attention_kernel=tr.attention_kernel,
+                execution=str(tr.execution),
+                fused_kernels=bool(tr.fused_kernels),
+            )
+        return model
 
     def _unit_busbw(self, plan: Any, stage: int, rules: DataParallelRules, rank: int) -> float:
         """The bus bandwidth of one call the stage's rank makes under ZeRO-3: the gathers of
