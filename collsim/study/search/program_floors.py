@@ -282,7 +282,7 @@ class ProgramFloors:
 
     def _framework_s(self, plan: Any, stage: int, rules: DataParallelRules) -> float:
         """The stack's own work the program puts on ``stage``'s compute stream
-        (``collsim.step.build``'s framework pass over
+        (:func:`collsim.step.stack_work.framework_work` over
         :func:`collsim.workload.framework.framework_costs`): the per-step part (the
         gradient-norm pass of the clipping, the host time of a step) and, under ZeRO-3 with
         data parallelism, each layer unit's copy-in / copy-out where it is gathered (every
