@@ -61,6 +61,8 @@ class ProgramFloors:
         self._busbw: dict[tuple[Any, ...], list[float]] = {}
         self._frameworks: dict[tuple[Any, ...], list[float]] = {}
         self._fw_model: ComputeModel | None = None
+        self._fw_costs: dict[tuple[Any, ...], Any] = {}
+        self._units: dict[int, dict[float, int]] = {}
         self._mem_states: dict[tuple[Any, ...], np.ndarray] = {}
         self._mem_acts: dict[tuple[Any, ...], np.ndarray] = {}
         self._tensors: dict[tuple[Any, ...], StageModel] = {}
@@ -295,7 +297,11 @@ class ProgramFloors:
         local = sum(numel) / (plan.dp if par.zero >= 1 else 1)
 
         def costs(unit: float) -> Any:
-            return framework_costs(
+            key = (unit, local, plan.dp, par.zero)
+            hit = self._fw_costs.get(key)
+            if hit is not None:
+                return hit
+            hit = self._fw_costs[key] = framework_costs(
                 model,
                 unit_params=unit,
                 local_params=local,
@@ -307,6 +313,7 @@ class ProgramFloors:
                 optimizer=str(tr.optimizer),
                 optimizer_implementation=str(tr.optimizer_implementation),
             )
+            return hit
 
         whole = costs(0.0)
         out = float(whole.grad_clip_s + whole.host_step_s)
@@ -315,11 +322,14 @@ class ProgramFloors:
         m = plan.num_microbatches
         once = rules.sync_once
         gather_once = once and not rules.reshard_after_forward
-        units: dict[float, int] = {}
-        for chunk in self._stage_tensors(plan, stage).chunks:
-            for i in chunk.layers:
-                unit = rules.unit_numel(chunk, i)
-                units[unit] = units.get(unit, 0) + 1
+        tensors = self._stage_tensors(plan, stage)
+        units = self._units.get(id(tensors))
+        if units is None:  # the layer units' sizes, and how many of each (per stage shape)
+            units = self._units[id(tensors)] = {}
+            for chunk in tensors.chunks:
+                for i in chunk.layers:
+                    unit = rules.unit_numel(chunk, i)
+                    units[unit] = units.get(unit, 0) + 1
         for unit, count in units.items():
             fw = costs(unit)
             gather = fw.fsdp_copy_in_s + fw.fsdp_copy_out_s
