@@ -559,9 +559,12 @@ def test_no_plan_the_fit_verdict_keeps_is_pruned_by_the_memory_floor() -> None:
         bounds = VariantBounds(topology, WIDE, training, base)
         near = [p for p in plans if 0.85 * limit < bounds.memory_bytes(p) < 1.15 * limit]
         fits = over_old = refused = 0
+        estimator = Estimator(topology, WIDE)
         for plan in near:
             result = estimate_step(topology, WIDE, *plan.configs(training, base))
             floor = bounds.memory_bytes(plan)
+            # the search's own estimate (no memory timeline) gives the run's verdict
+            assert estimator.estimate(*plan.configs(training, base)).fits == result.fits
             if result.fits:
                 fits += 1
                 assert floor <= limit, plan.label
