@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from collsim.parallel.fsdp import issue_schedule
 from collsim.parallel.pipeline import Phase, PipeOp
 from collsim.play.walk_tables import Priced, RankState, SegStep
-from collsim.step.ops import ChunkModel
+from collsim.step.ops import BUFFER_FREE_KIND, BUFFER_KIND, ChunkModel
 
 if TYPE_CHECKING:
     from collsim.step.dataparallel import DataParallelRules, DPCall
@@ -107,6 +107,8 @@ def run_segments(w: Walker, prog: RankState, op: PipeOp, chunk: ChunkModel, pair
             breakdown["dp_exposed"] += ready - prog.now
             prog.now = ready
         where = (seg.key, op.microbatch, op.chunk)  # as the engine labels them
+        if seg.buffer_bytes:
+            ledger.alloc(prog.now, "activations", seg.buffer_bytes, (BUFFER_KIND, *where))
         if not forward:
             ledger.alloc(prog.now, "activations", seg.transient_bytes, ("recompute", *where))
         slot = runs.get((rank, id(seg)))  # a run of its TP collectives (flush_tp)
@@ -119,6 +121,8 @@ def run_segments(w: Walker, prog: RankState, op: PipeOp, chunk: ChunkModel, pair
         breakdown["framework"] += seg.framework_s
         for k, v in sp.comm_items:
             breakdown[k] += v
+        if seg.buffer_bytes:
+            ledger.free(prog.now, "activations", seg.buffer_bytes, (BUFFER_FREE_KIND, *where))
         if forward:
             ledger.alloc(prog.now, "activations", seg.stored_bytes, ("act", *where))
         elif seg.frees:
