@@ -160,9 +160,8 @@ def block_times(
             wgrad_s=pick("layer.wgrad", _scaled_wgrad(lt, bwd)),
             fp8_weights=lt.fp8_weights,
             linears_s=_linears(lt, fwd, bwd),
-            cp_chunks_s=_chunks(lt, fwd, bwd) if cp_how else ((), ()),
             fp8_linears=model.fp8_linears(lt),
-            cp_buffer_bytes=_cp_buffers(plan) if cp_how else (0.0, 0.0),
+            **_torch_cp_fields(plan, lt, fwd, bwd),
         )
     # a CP rank embeds and scores its s / cp tokens: the embedding and head ops are linear in
     # the tokens (lookup, LM-head GEMM rows, loss), so their times and activations scale 1 / cp
@@ -249,6 +248,14 @@ def _torch_cp_of(plan: Plan) -> dict[str, Any]:
     if plan.cp < 2 or not is_torch_cp(algorithm):
         return {}
     return {"cp_algorithm": algorithm, "cp_load_balance": plan.parallel.cp_load_balance}
+
+
+def _torch_cp_fields(plan: Plan, times: LayerTimes, fwd: float, bwd: float) -> dict[str, Any]:
+    """The block's fields of torch's context parallelism (its CP steps' seconds and its
+    attention's buffers); none for other plans."""
+    if not _torch_cp_of(plan):
+        return {}
+    return {"cp_chunks_s": _chunks(times, fwd, bwd), "cp_buffer_bytes": _cp_buffers(plan)}
 
 
 def _cp_buffers(plan: Plan) -> tuple[float, float]:

@@ -335,8 +335,10 @@ def buffer_bytes(
     element_bytes: int,
     algorithm: str,
     load_balance: bool = True,
+    rank: int | None = None,
 ) -> tuple[float, float]:
-    """Peak bytes the attention of one layer holds on the busiest CP rank beyond its inputs
+    """Peak bytes the attention of one layer holds on CP rank ``rank`` (None: the busiest,
+    :func:`busiest_rank`) beyond its inputs
     and kept outputs, in forward and in backward (eager, ``convert_to_f32``; the largest over
     the loop's steps of the sums below; docs/memory.md, "torch context parallelism").
 
@@ -366,7 +368,7 @@ def buffer_bytes(
         )
     e, f, b = element_bytes, CAST_BYTES, micro_batch
     gather = algorithm == "torch_allgather"
-    calls = sdpa_calls(local_tokens, cp, load_balance=load_balance)
+    calls = sdpa_calls(local_tokens, cp, rank=rank, load_balance=load_balance)
     kv_all = kv_elements(
         micro_batch=b, tokens=local_tokens, heads=heads, key_dim=key_dim, value_dim=value_dim
     )
