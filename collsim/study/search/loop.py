@@ -21,7 +21,7 @@ from collsim.core.errors import CollsimWarning, ConfigError, InfeasibleError
 from collsim.core.jobs import SchedulerLost, Workers
 from collsim.play.walk import Estimator
 from collsim.study.job import StepInputs, simulate_inputs
-from collsim.study.search.bounds import Bounds
+from collsim.study.search.bounds import Bounds, memory_limit_bytes
 from collsim.study.search.space import Candidate, SearchSpace, enumerate_plans
 from collsim.study.search.variants import VariantBounds
 
@@ -154,7 +154,7 @@ def search_plans(
     dropped: Counter[str] = Counter()
     # 1. cheap bounds for every buildable plan: its memory floor must fit, and the compute
     #    stream's own work is a lower bound on the step
-    capacity = topology.device.usable_memory_bytes
+    capacity = memory_limit_bytes(topology.device)
     plans = enumerate_plans(
         spec,
         num_gpus,
