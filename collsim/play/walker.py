@@ -469,9 +469,10 @@ class Walker:
         """Run a reduction priced by :meth:`reduction`, ready at ``ready``, issued at ``issued``."""
         _rel, calls, hold = reduction
         fired = self.run_priced(prog, calls, ready, issued)
-        if hold:
-            prog.ledger.alloc(ready, "buffers", hold, "zero2 bucket")
-            prog.ledger.free(fired, "buffers", hold, "zero2 bucket")
+        if hold:  # MemoryLedger.alloc, then .free
+            events = prog.ledger.appenders()[0]
+            events.append(tuple.__new__(MemoryEvent, (ready, "buffers", hold, "zero2 bucket")))
+            events.append(tuple.__new__(MemoryEvent, (fired, "buffers", -hold, "zero2 bucket")))
 
     def dp_calls(
         self,
@@ -519,14 +520,18 @@ class Walker:
         issued at ``issued`` (default ``ready``): when the last one's event fires."""
         issued = ready if issued is None else issued
         fired = ready
+        dp_free, dp_last = prog.dp_free, prog.dp_last_end
+        tally_of = self.stats.tally
         for t, busbw, key in calls:
-            prog.dp_free = max(ready, prog.dp_free) + t
-            fired = fires(issued, prog.dp_free)
-            prog.dp_last_end = max(prog.dp_last_end, fired)
-            tally = self.stats.tally(key)
+            dp_free = (ready if ready >= dp_free else dp_free) + t  # max(ready, dp_free) + t
+            fired = issued + (dp_free - issued)  # fires(issued, dp_free)
+            if fired > dp_last:
+                dp_last = fired
+            tally = tally_of(key)
             tally.count += 1
             tally.time_s += t
             tally.busbw_bps = busbw
+        prog.dp_free, prog.dp_last_end = dp_free, dp_last
         return fired
 
     def send_output(self, prog: RankState, op: PipeOp, dest: tuple[int, Phase, int]) -> None:
