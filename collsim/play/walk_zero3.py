@@ -100,30 +100,29 @@ def run_segments(w: Walker, prog: RankState, op: PipeOp, chunk: ChunkModel, pair
     events = prog.ledger.appenders()[0]
     new = tuple.__new__  # MemoryEvent without its keyword-argument layer
     runs, rank, mb, c = w.runs, prog.rank, op.microbatch, op.chunk
+    now = prog.now  # written back at the end (nothing reads it before)
     for sp in seg_plan(w, prog, chunk, op.phase, paired):
         seg = sp.seg
         for unit, size, label, calls in sp.issues:
             if unit in gathered:
                 continue
             if size:
-                events.append(new(MemoryEvent, (prog.now, "parameters", float(size), label)))
-            gathered[unit] = w.run_priced(prog, calls, prog.now)
+                events.append(new(MemoryEvent, (now, "parameters", float(size), label)))
+            gathered[unit] = w.run_priced(prog, calls, now)
         ready = gathered.get(sp.unit)
-        if gathers and ready is not None and ready > prog.now:
-            breakdown["dp_exposed"] += ready - prog.now
-            prog.now = ready
+        if gathers and ready is not None and ready > now:
+            breakdown["dp_exposed"] += ready - now
+            now = ready
         key = seg.key  # labels as the engine's: (kind, segment, micro-batch, chunk)
         if not forward and seg.transient_bytes:
             size = float(seg.transient_bytes)
-            events.append(
-                new(MemoryEvent, (prog.now, "activations", size, ("recompute", key, mb, c)))
-            )
+            events.append(new(MemoryEvent, (now, "activations", size, ("recompute", key, mb, c))))
         slot = runs.get((rank, id(seg)))  # a run of its TP collectives (flush_tp)
         if slot is None:
             runs[(rank, id(seg))] = [[seg], 1]
         else:
             slot[1] += 1
-        prog.now += sp.duration
+        now += sp.duration
         breakdown["compute"] += sp.compute_s
         breakdown["framework"] += seg.framework_s
         for k, v in sp.comm_items:
@@ -131,23 +130,22 @@ def run_segments(w: Walker, prog: RankState, op: PipeOp, chunk: ChunkModel, pair
         if forward:
             if seg.stored_bytes:
                 size = float(seg.stored_bytes)
-                events.append(
-                    new(MemoryEvent, (prog.now, "activations", size, ("act", key, mb, c)))
-                )
+                events.append(new(MemoryEvent, (now, "activations", size, ("act", key, mb, c))))
         elif seg.frees and seg.transient_bytes + seg.stored_bytes:
             size = -float(seg.transient_bytes + seg.stored_bytes)
-            events.append(new(MemoryEvent, (prog.now, "activations", size, ("free", key, mb, c))))
+            events.append(new(MemoryEvent, (now, "activations", size, ("free", key, mb, c))))
         if not sp.releases[0 if last else 1]:
             continue  # kept gathered (and its gradient unreduced)
         if sp.grad is not None:
             gsize, label, calls = sp.grad
-            end = w.run_priced(prog, calls, prog.now) if calls else prog.now
+            end = w.run_priced(prog, calls, now) if calls else now
             if gsize:
-                events.append(new(MemoryEvent, (prog.now, "buffers", float(gsize), label)))
+                events.append(new(MemoryEvent, (now, "buffers", float(gsize), label)))
                 events.append(new(MemoryEvent, (end, "buffers", -float(gsize), label)))
         if weight:
             continue
         del gathered[sp.unit]
         if sp.reshard_bytes:
             size = -float(sp.reshard_bytes)
-            events.append(new(MemoryEvent, (prog.now, "parameters", size, "reshard")))
+            events.append(new(MemoryEvent, (now, "parameters", size, "reshard")))
+    prog.now = now
