@@ -15,7 +15,7 @@ from collsim.cluster.hardware import get_device
 from collsim.validate.check.step import simulate_modes
 from collsim.validate.measure.compute import GEMM_DIMS, write_profile
 from collsim.validate.measure.concurrency import cpu_share
-from collsim.validate.measure.step import StepConfig, model_spec
+from collsim.validate.measure.step_model import StepConfig, model_spec
 
 # a synthetic profile: rates that do not depend on shape, so the expected times are by hand
 MEASURED = {

@@ -17,7 +17,7 @@ from collsim.validate.measure.insitu import (
     probe_summary,
     sharing_factor,
 )
-from collsim.validate.measure.step import StepConfig
+from collsim.validate.measure.step_model import StepConfig
 
 # What step_rank writes (the figures are made up, sizes are those of the default GPT)
 PROBE: dict[str, Any] = {

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from collsim.validate.measure.step import StepConfig, model_spec
+from collsim.validate.measure.step_model import StepConfig, model_spec
 
 
 def test_model_spec_matches_the_torch_model_size() -> None:
     torch = pytest.importorskip("torch")
-    from collsim.validate.measure.step import build_gpt
+    from collsim.validate.measure.step_model import build_gpt
 
     cfg = StepConfig(num_layers=2, hidden=64, ffn_hidden=256, vocab=128, seq_len=16)
     model = build_gpt(torch, cfg)
@@ -124,12 +124,12 @@ def test_the_model_starts_from_gpt2_initialisation() -> None:
     import math
 
     torch = pytest.importorskip("torch")
-    from collsim.validate.measure.step import GPT2_INIT_STD, _batch, build_gpt
+    from collsim.validate.measure.step_model import GPT2_INIT_STD, build_gpt, rank_batch
 
     cfg = StepConfig()
     torch.manual_seed(0)
     model = build_gpt(torch, cfg)
-    idx, targets = _batch(torch, cfg, 0)
+    idx, targets = rank_batch(torch, cfg, 0)
     with torch.no_grad():
         loss = float(model(idx, targets))
     assert abs(loss - math.log(cfg.vocab)) < 0.1, loss

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from collsim.validate.check.step import simulate_modes, straggler_ratios
-from collsim.validate.measure.step import STRAGGLER_SUFFIX, StepConfig
+from collsim.validate.measure.step_model import STRAGGLER_SUFFIX, StepConfig
 
 DATA = Path(__file__).parent / "data" / "straggler_localhost_gloo_n2.json"
 

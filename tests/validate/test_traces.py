@@ -279,7 +279,7 @@ def test_host_cost_per_launch_is_the_step_threads_unpriced_time_per_priced_op() 
     collective ran on another thread; the launches are the priced ops inside no other priced
     op (an add's nested sum is part of it)."""
     from collsim.validate.data.kineto import Trace
-    from collsim.validate.fit.trace_profile import host_per_launch
+    from collsim.validate.fit.trace_host import host_per_launch
 
     events = [
         _event("ProfilerStep#0", 0, 1000),
@@ -309,7 +309,7 @@ def test_the_time_sharing_slowdown_is_the_pinned_step_over_the_even_share() -> N
     the even share; traces that do not record their cores, or pinned ones that share no more,
     get one line."""
     from collsim.core.errors import ConfigError
-    from collsim.validate.fit.trace_profile import time_sharing
+    from collsim.validate.fit.trace_host import time_sharing
 
     reference = [_timed_trace(2, 1000.0, r) for r in (0, 1)]
     pinned = [_timed_trace(1, 2400.0, r) for r in (0, 1)]
@@ -358,12 +358,15 @@ def test_pinned_traces_without_their_cores_get_one_line(
 
 
 def test_record_sh_gives_the_profile_its_pinned_time_sharing_slowdown() -> None:
-    """A run of ``record.sh`` as it now records (``loaded/record_dev``, one run at 1-min loads
-    of 17-22, for the wiring only): the pinned traces record one core for the two ranks, the
-    reference two, and the profile ``validate trace --pinned`` wrote holds the slowdown and the
-    host cost per launch this code learns from them."""
+    """A run of ``record.sh`` with its pinned step (``loaded/record_dev``, one run at 1-min
+    loads of 17-22, for the wiring only, recorded before the pinned pair got a companion on
+    core 1): the pinned traces record one core for the two ranks, the reference two; the profile
+    ``validate trace --pinned`` wrote then holds the slowdown this code measures from them and
+    the same host cost per launch; this code leaves that slowdown out (its pinned GEMM ops ran
+    x1.06 the reference's rate), saying why."""
     import yaml
 
+    from collsim.validate.fit.trace_host import time_sharing
     from collsim.validate.fit.trace_profile import profile_from_traces
 
     run = LOADED / "record_dev" / "run1"
@@ -378,11 +381,15 @@ def test_record_sh_gives_the_profile_its_pinned_time_sharing_slowdown() -> None:
         pinned_reference=reference,
     )
     recorded = yaml.safe_load((run / "trace_profile.yaml").read_text())["measured"]
-    assert (
-        recorded["notes"]["time_sharing_slowdown"]
-        == learned.measured["notes"]["time_sharing_slowdown"]
-    )
+    assert recorded["notes"]["time_sharing_slowdown"] == time_sharing(pinned, reference).slowdown
     assert recorded["host_us"] == learned.measured["host_us"]
+    # its pinned ops ran x1.06 the reference's rate: this code leaves the slowdown out, saying why
+    notes = learned.measured["notes"]
+    assert "time_sharing_slowdown" not in notes
+    assert (
+        notes["time_sharing_source"].startswith("not applied: ")
+        and "x1.06" in notes["time_sharing_source"]
+    )
 
 
 def _rebuilt_errors(run: Path) -> dict[tuple[int, str], float]:
@@ -454,6 +461,8 @@ def _trace_prediction_errors(run: Path) -> dict[tuple[int, str], float]:
 
 RUNS = [GLOO / f"run{i}" for i in (1, 2, 3)]
 """The repeat protocol on a quiet host (each run started at a 1-min load under 1.0)."""
+PINNED_QUIET_RUNS = [GLOO / "pinned_quiet" / f"run{i}" for i in (1, 2, 3)]
+"""The same protocol recorded again on a quiet host, with the pinned step of ``record.sh``."""
 LOADED = GLOO / "loaded"
 LOADED_RUNS = [LOADED / f"run{i}" for i in (1, 2, 3)]
 """The same protocol recorded earlier at 1-min loads of 4-26 (validate/data/traces/README.md)."""
@@ -461,39 +470,59 @@ LOADED_RUNS = [LOADED / f"run{i}" for i in (1, 2, 3)]
 
 def test_the_recorded_trace_profiles_are_what_their_traces_give(tmp_path: Path) -> None:
     """Each run's ``trace_profile.yaml`` is rebuilt from the two ranks' world-size-2 DDP traces
-    kept beside it (``collsim validate trace ... --profile-out``): the same GEMM rows."""
+    kept beside it (``collsim validate trace ... --profile-out``): the same GEMM rows; the
+    quiet runs' profiles (written again by this code) the same host cost per launch too."""
     import yaml
 
     from collsim.validate.fit.trace_profile import profile_from_traces
 
-    for run in RUNS + LOADED_RUNS:
+    for run in RUNS + PINNED_QUIET_RUNS + LOADED_RUNS:
         files = sorted(str(p) for p in run.glob("n2_ddp_b25_rank*.json.gz"))
         learned = profile_from_traces(read_traces(files))
         recorded = yaml.safe_load((run / "trace_profile.yaml").read_text())["measured"]
         assert learned.measured["gemm"] == recorded["gemm"]
         assert learned.measured["bandwidth"] == recorded["bandwidth"]
+        if run not in LOADED_RUNS:
+            assert learned.measured["host_us"] == recorded["host_us"]
 
 
-TRACE_GAP = (
-    "the quiet runs' recorded profiles (written before the host cost per launch and the "
-    "pinned trace) predict the world-size-4 DDP steps 16.0 % (1 MB buckets) and 20.5 % (25 MB) "
-    "fast; the profiles this code learns from the same traces: 10.1 % and 11.8 %; recorded "
-    "again with the pinned step (traces/pinned_quiet): 21.2 % and 19.8 %, the learned "
-    "time-sharing slowdown not yet stable (validate/data/traces/README.md)"
-)
+def test_a_pinned_step_beside_an_idle_core_gives_no_time_sharing_slowdown() -> None:
+    """In two of the three pinned quiet runs the pinned pair ran its GEMM ops 14 and 17 % faster
+    than the world-size-2 reference (the other core idle, where the reference's and world size
+    4's are busy): their step ratios (x0.79, x0.71) are that gain, not a time-sharing cost, and
+    the recorded profiles leave them out; the third run's pinned ops ran no faster and its
+    slowdown applies."""
+    import yaml
+
+    from collsim.validate.fit.trace_host import PINNED_OP_SPEED_LIMIT, time_sharing
+
+    applied = []
+    for run in PINNED_QUIET_RUNS:
+        pinned = read_traces(sorted(str(p) for p in (run / "pinned").glob("n2_local_rank*.gz")))
+        reference = read_traces(sorted(str(p) for p in run.glob("n2_local_rank*.json.gz")))
+        got = time_sharing(pinned, reference)
+        notes = yaml.safe_load((run / "trace_profile.yaml").read_text())["measured"]["notes"]
+        assert got.op_speed is not None
+        assert ("time_sharing_slowdown" in notes) == got.applies
+        if not got.applies:
+            assert got.op_speed > PINNED_OP_SPEED_LIMIT and got.slowdown < 1.0
+        applied.append(got.applies)
+    assert applied == [False, False, True]
 
 
-@pytest.mark.xfail(strict=True, reason=TRACE_GAP)
 def test_world_size_4_ddp_from_the_world_size_2_trace_is_within_15_percent() -> None:
     """The loop: trace ``validate step`` at world size 2, learn a profile from the trace,
-    predict the DDP steps at world size 4; the median over the three quiet runs of the repeat
-    protocol (validate/README.md) within 15 % for each DDP mode."""
+    predict the DDP steps at world size 4; on each of the two quiet recordings the median over
+    its three runs (the repeat protocol of validate/README.md) within 15 % for each DDP mode.
+    The figures (validate/data/traces/README.md): run1-3 -10.1 % (1 MB buckets) and -11.8 %
+    (25 MB), pinned_quiet -11.7 % and -7.2 %: every median fast."""
     import statistics
 
-    runs = [_trace_prediction_errors(run) for run in RUNS]
-    for mode in ("ddp_b1", "ddp_b25"):
-        errs = [r[(4, mode)] for r in runs]
-        assert abs(statistics.median(errs)) <= 0.15, (mode, errs)
+    for runs in (RUNS, PINNED_QUIET_RUNS):
+        errors = [_trace_prediction_errors(run) for run in runs]
+        for mode in ("ddp_b1", "ddp_b25"):
+            errs = [r[(4, mode)] for r in errors]
+            assert abs(statistics.median(errs)) <= 0.15, (runs[0].parent.name, mode, errs)
 
 
 def test_the_quiet_runs_predict_fast_where_a_ranks_cpu_time_grows() -> None:
@@ -554,23 +583,15 @@ def test_under_load_the_trace_profile_follows_the_load_the_grid_does_not() -> No
     """On the runs recorded under load (1-min loads 4-26), the world-size-4 DDP steps predicted
     from the world-size-2 trace miss by less than those predicted from the ``validate compute``
     profile taken before the runs, median over the three runs: the trace's rates carry the
-    load the traced steps met, the grid's do not. (On the quiet runs it is the other way round:
-    the grid's measured concurrency slowdown covers part of the growth the test above reads.)"""
+    load the traced steps met, the grid's do not."""
     import statistics
 
     trace_runs = [_trace_prediction_errors(run) for run in LOADED_RUNS]
     grid_runs = [_grid_errors(run, LOADED / "cpu_profile.yaml") for run in LOADED_RUNS]
-    quiet_trace = [_trace_prediction_errors(run) for run in RUNS]
-    quiet_grid = [_grid_errors(run, GLOO / "cpu_profile.yaml") for run in RUNS]
     for mode in ("ddp_b1", "ddp_b25"):
         trace = statistics.median(r[(4, mode)] for r in trace_runs)
         grid = statistics.median(r[mode] for r in grid_runs)
         assert abs(trace) < abs(grid), (mode, trace, grid)
-        if any(_time_shared(run) for run in RUNS):
-            continue  # the quiet half is about profiles learned at one rank per core only
-        trace = statistics.median(r[(4, mode)] for r in quiet_trace)
-        grid = statistics.median(r[mode] for r in quiet_grid)
-        assert abs(grid) < abs(trace), (mode, trace, grid)
 
 
 @pytest.mark.slow
@@ -578,7 +599,8 @@ def test_validate_step_profile_dir_writes_a_readable_trace_per_rank(tmp_path: Pa
     """``validate step --profile-dir``: one gzipped Kineto trace per mode and rank, each with
     its steps annotated, that ``validate trace`` reads as one job."""
     pytest.importorskip("torch")
-    from collsim.validate.measure.step import StepConfig, run_step
+    from collsim.validate.measure.step import run_step
+    from collsim.validate.measure.step_model import StepConfig
 
     cfg = StepConfig(
         iters=1, warmup=0, modes=("ddp_b25",), profile_dir=str(tmp_path), trace_steps=2
@@ -687,7 +709,7 @@ def test_the_predict_probe_prints_per_run_and_median_errors() -> None:
         check=True,
     )
     lines = done.stdout.splitlines()
-    assert any(line.startswith("# run1: time sharing x") for line in lines), lines
+    assert any(line.startswith("# run1: time sharing not applied, x") for line in lines), lines
     for n in (2, 4):
         for mode in ("ddp_b1", "ddp_b25", "local"):
             for label in ("trace", "compute"):

@@ -19,7 +19,8 @@ import time
 from typing import Any
 
 from collsim.validate.measure.launch import spawn_ranks
-from collsim.validate.measure.step import StepConfig, _batch, _ddp_step, build_gpt
+from collsim.validate.measure.step import _ddp_step
+from collsim.validate.measure.step_model import StepConfig, build_gpt, rank_batch
 
 PARTS = ("local", "all_reduce", "ddp")
 
@@ -32,7 +33,7 @@ def _rank(ctx: Any, cfg: StepConfig, bucket_mb: int) -> dict[str, float]:
     torch.manual_seed(cfg.seed)
     model = build_gpt(torch, cfg)
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
-    idx, targets = _batch(torch, cfg, ctx.rank, "cpu")
+    idx, targets = rank_batch(torch, cfg, ctx.rank, "cpu")
     flat = torch.zeros(sum(p.numel() for p in model.parameters()))
 
     def local() -> None:

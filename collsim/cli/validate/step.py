@@ -12,7 +12,7 @@ from collsim.cli.common import OneLineCommand, check_output_path
 from collsim.cli.validate.shared import vars_of
 
 if TYPE_CHECKING:
-    from collsim.validate.measure.step import StepConfig
+    from collsim.validate.measure.step_model import StepConfig
 
 __all__ = ["step"]
 
@@ -128,7 +128,8 @@ def step(
 
     # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.validate.measure.launch import in_torchrun
-    from collsim.validate.measure.step import StepConfig, run_step
+    from collsim.validate.measure.step import run_step
+    from collsim.validate.measure.step_model import StepConfig
 
     sizes: list[int | None] = list(world_sizes)
     if in_torchrun():

@@ -94,7 +94,7 @@ def trace_command(
     summary = summarise(steps)
     click.echo(format_summary(read, summary, top=top))
     # start-up: loaded only when this runs (--help and bad input stay fast)
-    from collsim.validate.fit.trace_profile import gemm_shapes
+    from collsim.validate.fit.trace_rates import gemm_shapes
 
     shapes = gemm_shapes(read)
     if shapes:

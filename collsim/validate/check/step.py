@@ -25,7 +25,7 @@ from collsim.validate.measure.insitu import (
     sharing_factor,
     straggler_span_s,
 )
-from collsim.validate.measure.step import STRAGGLER_SUFFIX, StepConfig, model_spec
+from collsim.validate.measure.step_model import STRAGGLER_SUFFIX, StepConfig, model_spec
 from collsim.workload.compute import ComputeModel
 
 __all__ = [
@@ -312,7 +312,7 @@ def _simulate_from_profile(
         # projection, MLP up and down, weights and biases), 4 outside (embeddings, ln_f)
         tensors = 12 * cfg.num_layers + 4
         # DDP's reducer issues them from C++: a tiny op's floor, not the host cost per launch
-        # of a trace profile (collsim.validate.fit.trace_profile.host_per_launch)
+        # of a trace profile (collsim.validate.fit.trace_host.host_per_launch)
         floor_us = device.measured.extra.get("op_floor_us")
         copier = device
         if floor_us is not None:

@@ -1,30 +1,15 @@
-"""Start ranks that cannot hang: local spawn with a FileStore and a watchdog, or torchrun.
-
-Two ways to get a process group, one rank function:
-
-* ``spawn_ranks(fn, world_size, ...)`` starts ``world_size`` local processes (the ``spawn``
-  start method), each joins a gloo (or nccl) process group through a ``FileStore`` in a fresh
-  temporary directory -- never a fixed TCP port, so two runs on one machine cannot collide -- and
-  calls ``fn(ctx, *args)``. The parent is a watchdog: if a rank raises, is killed, or the run
-  passes its deadline, every other rank is killed at once and :class:`RankFailure` names the
-  rank(s) and the cause. No process is left behind.
-* Under ``torchrun`` (``RANK``/``WORLD_SIZE``/``MASTER_ADDR`` in the environment) the current
-  process joins the job's process group through ``env://`` and runs ``fn`` itself; torchrun is the
-  watchdog there and the process-group timeout bounds every collective.
-
-Each rank runs with one intra-op and one inter-op thread (``OMP_NUM_THREADS=1``), so that N ranks
-on a small machine do not oversubscribe its cores. torch is imported only inside the ranks.
-
-``realtime=True`` runs every rank, and every thread it starts (gloo's worker and transport
-threads inherit the policy), under the Linux ``SCHED_RR`` policy at priority
-:data:`REALTIME_PRIORITY`. On a small shared machine a gloo rank is a chain of hand-offs between
-threads (caller, process-group worker, transport loop); under the default policy a thread that
-wakes up may wait out the time slice of another runnable thread, which added milliseconds to
-a large share of the iterations of a small all_reduce; under SCHED_RR a woken rank thread runs
-at once (the timings are in docs/derivations.md, measurements). The
-kernel's real-time throttling (``sched_rt_runtime_us``, 95 % by default) still leaves the rest
-of the machine some time.
-"""
+"""Start ranks that cannot hang, one rank function two ways: :func:`spawn_ranks` starts
+``world_size`` local processes (the ``spawn`` start method) that join a gloo (or nccl) process
+group through a ``FileStore`` in a fresh temporary directory (never a fixed TCP port, so two runs
+on one machine cannot collide) and call ``fn(ctx, *args)``, with the parent as a watchdog that
+kills every other rank at once when one raises, dies or passes the deadline, and raises
+:class:`RankFailure` naming the rank(s) and the cause (no process is left behind); under
+``torchrun`` (``RANK``/``WORLD_SIZE``/``MASTER_ADDR`` in the environment) :func:`run_distributed`
+joins the job's group through ``env://`` and runs ``fn`` in this process, torchrun being the
+watchdog and the process-group timeout bounding every collective. Each rank runs one intra-op and
+one inter-op thread (``OMP_NUM_THREADS=1``), so that N ranks on a small machine do not
+oversubscribe its cores, and imports torch only inside itself; ``realtime=True`` puts it under
+``SCHED_RR`` (:func:`collsim.validate.measure.preflight.enter_realtime` says why)."""
 
 from __future__ import annotations
 
@@ -34,7 +19,6 @@ import pickle
 import shutil
 import signal
 import socket
-import sys
 import tempfile
 import threading
 import time
@@ -45,11 +29,16 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from collsim.core.errors import CollsimError, ConfigError
-
-#: SCHED_RR priority of ranks started with ``realtime=True``: the low end of the real-time band
-#: (1-99), above every normal process and below the kernel's own real-time threads.
-REALTIME_PRIORITY = 10
+from collsim.core.errors import CollsimError
+from collsim.validate.measure.preflight import (
+    REALTIME_PRIORITY,
+    TORCH_HINT,
+    check_backend,
+    current_scheduling,
+    enter_realtime,
+    in_torchrun,
+    realtime_problem,
+)
 
 __all__ = [
     "RankFailure",
@@ -69,112 +58,6 @@ __all__ = [
 _POLL_S = 0.05
 #: Seconds a rank gets to exit after it wrote its result, before it is killed.
 _EXIT_GRACE_S = 10.0
-
-
-#: How to get torch (the package requirement is ``torch>=2.2``, the ``validate`` extra; 2.13
-#: is the version this repository's measurements were taken with).
-TORCH_HINT = "pip install 'collsim[validate]' (or: pip install torch==2.13.0)"
-#: How to get a torch that has CUDA and NCCL (the PyTorch install selector's form).
-CUDA_HINT = (
-    "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128 "
-    "(a CUDA build), or use --backend gloo"
-)
-
-
-#: Seconds the forked child of :func:`check_backend` gets to import torch and answer.
-_CHECK_TIMEOUT_S = 300.0
-
-
-def check_backend(backend: str, world_size: int | None = None) -> None:
-    """Fail at once, in the parent, when the ranks could not start: no torch, or a backend
-    the installed torch lacks (``nccl`` in a CPU-only build), or fewer GPUs than ranks.
-
-    Before local ranks are spawned (``world_size`` given, not under torchrun) the check runs in
-    a forked child where the platform forks, so that the parent, which only watches the ranks,
-    never loads torch: its memory (about as much as one rank's) stays out of the run's peak.
-    If the child cannot answer, the check runs here.
-
-    Raises:
-        ConfigError: one line with the install command (exit 2).
-    """
-    forks = "fork" in multiprocessing.get_all_start_methods()
-    if world_size is None or in_torchrun() or "torch" in sys.modules or not forks:
-        _check_backend_here(backend, world_size)
-        return
-    ctx = multiprocessing.get_context("fork")
-    receiver, sender = ctx.Pipe(duplex=False)
-    child = ctx.Process(
-        target=_check_backend_child, args=(sender, backend, world_size), daemon=True
-    )
-    child.start()
-    sender.close()
-    answer: Any = None
-    try:
-        if receiver.poll(_CHECK_TIMEOUT_S):
-            answer = receiver.recv()
-    except (EOFError, OSError):  # the child died before answering: check here
-        answer = None
-    finally:
-        receiver.close()
-        child.join(timeout=5.0)
-        if child.is_alive():
-            child.kill()
-            child.join(timeout=5.0)
-    if answer is None:
-        _check_backend_here(backend, world_size)
-    elif answer != "ok":
-        message, key_path = answer
-        raise ConfigError(message, key_path=key_path)
-
-
-def _check_backend_child(sender: Any, backend: str, world_size: int | None) -> None:
-    """Body of the forked child of :func:`check_backend`: ``"ok"`` or (message, key path)."""
-    try:
-        _check_backend_here(backend, world_size)
-        sender.send("ok")
-    except ConfigError as exc:
-        sender.send((exc.message, exc.key_path))
-    finally:
-        sender.close()
-
-
-def _check_backend_here(backend: str, world_size: int | None) -> None:
-    """:func:`check_backend` in this process."""
-    try:
-        # torch is optional (the validate extra): imported where ranks run
-        import torch
-        import torch.distributed as dist
-    except ImportError:
-        raise ConfigError(
-            f"torch is not installed; the validate commands need it: {TORCH_HINT}",
-            key_path="--backend",
-        ) from None
-
-    if not dist.is_available():
-        raise ConfigError(
-            f"the installed torch {torch.__version__} has no torch.distributed: {TORCH_HINT}",
-            key_path="--backend",
-        )
-    available = {
-        "gloo": dist.is_gloo_available(),
-        "nccl": dist.is_nccl_available() and torch.cuda.is_available(),
-    }
-    if backend not in available:
-        raise ConfigError(f"must be gloo or nccl, got {backend!r}", key_path="--backend")
-    if not available[backend]:
-        build = "CPU-only" if not torch.cuda.is_available() else "without NCCL"
-        hint = CUDA_HINT if backend == "nccl" else TORCH_HINT
-        raise ConfigError(
-            f"the installed torch {torch.__version__} ({build}) has no {backend} backend: {hint}",
-            key_path="--backend",
-        )
-    if backend == "nccl" and world_size is not None and not in_torchrun():
-        gpus = torch.cuda.device_count()
-        if world_size > gpus:
-            raise ConfigError(
-                f"{world_size} ranks need {world_size} GPUs, this machine has {gpus}",
-                key_path="--world-size",
-            )
 
 
 class RankFailure(CollsimError):
@@ -224,11 +107,6 @@ class RankContext:
             torch.cuda.synchronize()
 
 
-def in_torchrun() -> bool:
-    """True when this process was started by torchrun (or any env:// launcher)."""
-    return all(key in os.environ for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
-
-
 def free_port() -> int:
     """A TCP port that was free a moment ago (bind to port 0, read it, close).
 
@@ -237,55 +115,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def realtime_problem() -> str | None:
-    """Why ranks cannot run under SCHED_RR here, or None when they can.
-
-    Probed on a short-lived thread (on Linux the policy belongs to the thread that sets it), so
-    this process itself is left as it was.
-    """
-
-    if not hasattr(os, "sched_setscheduler") or not hasattr(os, "SCHED_RR"):
-        return "real-time scheduling (SCHED_RR) needs Linux"
-    problems: list[str] = []
-
-    def probe() -> None:
-        try:
-            os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(REALTIME_PRIORITY))
-        except OSError as exc:
-            problems.append(
-                f"cannot run ranks under SCHED_RR priority {REALTIME_PRIORITY}: "
-                f"{exc.strerror}; it needs root, CAP_SYS_NICE or "
-                f"'ulimit -r {REALTIME_PRIORITY}'"
-            )
-
-    thread = threading.Thread(target=probe, name="collsim-rt-probe")
-    thread.start()
-    thread.join()
-    return problems[0] if problems else None
-
-
-def _enter_realtime() -> None:
-    """Put the calling thread (and the threads it starts from now on) under SCHED_RR."""
-    os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(REALTIME_PRIORITY))
-
-
-def current_scheduling() -> str:
-    """The scheduling policy of the calling thread as read back from the kernel, for a
-    measurement's metadata (e.g. ``"SCHED_RR priority 10"``, ``"SCHED_OTHER"``)."""
-    if not hasattr(os, "sched_getscheduler"):
-        return "unknown"
-    policy = os.sched_getscheduler(0)
-    names = {
-        getattr(os, n): n
-        for n in ("SCHED_OTHER", "SCHED_BATCH", "SCHED_IDLE", "SCHED_FIFO", "SCHED_RR")
-        if hasattr(os, n)
-    }
-    name = names.get(policy, f"policy {policy}")
-    if name in ("SCHED_FIFO", "SCHED_RR"):
-        return f"{name} priority {os.sched_getparam(0).sched_priority}"
-    return name
 
 
 def _limit_threads() -> None:
@@ -325,7 +154,7 @@ def _rank_entry(
     out = Path(run_dir)
     try:
         if realtime:
-            _enter_realtime()
+            enter_realtime()
         _exit_with_parent(run_dir)
         # torch is optional (the validate extra): imported where ranks run
         import torch.distributed as dist
@@ -576,7 +405,7 @@ def run_distributed(
     if in_torchrun():
         _limit_threads()
         if realtime:
-            _enter_realtime()
+            enter_realtime()
         rank = int(os.environ["RANK"])
         size = int(os.environ["WORLD_SIZE"])
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))

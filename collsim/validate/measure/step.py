@@ -1,210 +1,34 @@
-"""Step-level validation: time real training steps of a small GPT and simulate the same step.
-
-Derivations, measurements and sources: docs/derivations.md, ``collsim.validate.measure.step``.
-"""
+"""Step-level validation, the measuring half: on real ranks, profile the small GPT's blocks and
+time one step of every mode (DDP with a bucket size, the FSDP sketch, the local step without
+communication, and a straggler's modes) interleaved iteration by iteration, with the in-situ
+probes (:mod:`collsim.validate.measure.step_probes`) and the traced steps
+(:mod:`collsim.validate.measure.step_trace`); the model is
+:mod:`collsim.validate.measure.step_model`, and :mod:`collsim.validate.check.step` simulates
+the same step (derivations, measurements and sources: docs/derivations.md,
+``collsim.validate.measure.step``)."""
 
 from __future__ import annotations
 
-import gzip
 import json
-import math
-import os
-import shutil
 import statistics
 import time
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import asdict
 from typing import Any, TextIO
 
-from collsim.validate.measure.insitu import (
-    COPIES_KEY,
-    OVERLAP_KEYS,
-    PROBE_PREFIX,
-    ddp_probe,
-    fsdp_probe,
-    overlap_probe,
-    time_ddp_copies,
-)
 from collsim.validate.measure.launch import current_scheduling, run_distributed
 from collsim.validate.measure.sketch import FlatShard
-from collsim.workload.model import TransformerSpec
+from collsim.validate.measure.step_model import (
+    EXTRA_SUFFIX,
+    LOCAL,
+    STRAGGLER_SUFFIX,
+    StepConfig,
+    build_gpt,
+    rank_batch,
+)
+from collsim.validate.measure.step_probes import insitu_probes, probe_report, run_probes
+from collsim.validate.measure.step_trace import sched_autogroup, trace_modes, usable_cores
 
-#: The name of the no-communication step timed beside the modes.
-LOCAL = "local"
-
-__all__ = [
-    "StepConfig",
-    "model_spec",
-    "build_gpt",
-    "step_rank",
-    "run_step",
-    "ddp_bucket_count",
-    "MODES",
-    "STRAGGLER_SUFFIX",
-]
-
-#: Suffix of a mode timed with one rank slowed on purpose (``ddp_b25+straggler``).
-STRAGGLER_SUFFIX = "+straggler"
-
-#: Column of the slowed rank's extra seconds in a straggler mode (``ddp_b25+straggler.extra``).
-EXTRA_SUFFIX = ".extra"
-
-#: Modes of a measured step: DDP with a bucket size in MB, or the FSDP sketch.
-MODES = ("ddp_b1", "ddp_b25", "fsdp")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class StepConfig:
-    """The model, the batch and how long to time."""
-
-    num_layers: int = 4
-    hidden: int = 256
-    num_heads: int = 4
-    ffn_hidden: int = 1024
-    seq_len: int = 32
-    vocab: int = 1024
-    micro_batch: int = 2
-    """Sequences per rank per step."""
-    iters: int = 10
-    warmup: int = 3
-    modes: tuple[str, ...] = MODES
-    lr: float = 1e-3
-    seed: int = 0
-    straggler_rank: int | None = None
-    """A rank slowed on purpose in the ``<ddp mode>+straggler`` modes (None: none timed)."""
-    straggler_repeat: int = 2
-    """The slowed rank runs its compute this many times (clock factor 1 / repeat)."""
-    straggler_delay_s: float = 0.0
-    """If > 0: the slowed rank instead spins on the wall clock for this long before its step
-    (a busy loop of known duration, whatever share of the cores it gets)."""
-    progress_path: str | None = None
-    """Each rank appends its per-iteration timings to ``<path>.rank<r>.jsonl`` as taken."""
-    profile_dir: str | None = None
-    """After the timed iterations, each rank traces ``trace_steps`` more steps of every mode
-    with the torch profiler (CPU activities, input shapes) into
-    ``<dir>/n<world size>_<mode>_rank<r>.json.gz`` (:func:`_trace_modes`)."""
-    trace_steps: int = 3
-
-    def __post_init__(self) -> None:
-        for mode in self.modes:
-            if mode != "fsdp" and not (mode.startswith("ddp_b") and mode[5:].isdigit()):
-                raise ValueError(f"unknown mode {mode!r}: ddp_b<MB> or fsdp")
-        if self.straggler_rank is not None and self.straggler_rank < 0:
-            raise ValueError(f"straggler_rank must be >= 0, got {self.straggler_rank}")
-        if self.straggler_delay_s < 0:
-            raise ValueError(f"straggler_delay_s must be >= 0, got {self.straggler_delay_s}")
-        if self.straggler_repeat < 2:
-            raise ValueError(f"straggler_repeat must be >= 2, got {self.straggler_repeat}")
-        if self.trace_steps < 1:
-            raise ValueError(f"trace_steps must be >= 1, got {self.trace_steps}")
-
-    @property
-    def straggler_modes(self) -> tuple[str, ...]:
-        """The modes timed with the straggler (every DDP mode, when a rank is named)."""
-        if self.straggler_rank is None:
-            return ()
-        return tuple(m + STRAGGLER_SUFFIX for m in self.modes if m.startswith("ddp"))
-
-
-def model_spec(cfg: StepConfig) -> Any:
-    """The collsim spec of the measured model."""
-
-    return TransformerSpec(
-        name="validate-gpt",
-        num_layers=cfg.num_layers,
-        hidden=cfg.hidden,
-        num_heads=cfg.num_heads,
-        ffn_hidden=cfg.ffn_hidden,
-        seq_len=cfg.seq_len,
-        vocab=cfg.vocab,
-        dropout=False,
-    )
-
-
-def build_gpt(torch: Any, cfg: StepConfig) -> Any:
-    """The torch model of :func:`model_spec` (parameters registered in collsim's order)."""
-    nn = torch.nn
-    # torch is passed in (imported lazily, so collsim loads without it): its Module is Any
-    module: Any = nn.Module
-    F = torch.nn.functional
-    h, heads = cfg.hidden, cfg.num_heads
-
-    class Block(module):  # type: ignore[misc]  # subclassing Any (see above)
-        def __init__(self) -> None:
-            super().__init__()
-            self.ln1 = nn.LayerNorm(h)
-            self.qkv = nn.Linear(h, 3 * h)
-            self.proj = nn.Linear(h, h)
-            self.ln2 = nn.LayerNorm(h)
-            self.fc1 = nn.Linear(h, cfg.ffn_hidden)
-            self.fc2 = nn.Linear(cfg.ffn_hidden, h)
-
-        def forward(self, x: Any) -> Any:
-            b, s, _ = x.shape
-            q, k, v = self.qkv(self.ln1(x)).split(h, dim=2)
-            q, k, v = (t.view(b, s, heads, h // heads).transpose(1, 2) for t in (q, k, v))
-            att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            x = x + self.proj(att.transpose(1, 2).reshape(b, s, h))
-            return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
-
-    class GPT(module):  # type: ignore[misc]  # subclassing Any (see above)
-        def __init__(self) -> None:
-            super().__init__()
-            self.tok = nn.Embedding(cfg.vocab, h)
-            self.pos = nn.Embedding(cfg.seq_len, h)
-            self.blocks = nn.ModuleList(Block() for _ in range(cfg.num_layers))
-            self.ln_f = nn.LayerNorm(h)
-            init_like_gpt2(torch, self, cfg.num_layers)
-
-        def embed(self, idx: Any) -> Any:
-            return self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
-
-        def head_loss(self, x: Any, targets: Any) -> Any:
-            logits = self.ln_f(x) @ self.tok.weight.t()  # tied LM head
-            return F.cross_entropy(logits.reshape(-1, cfg.vocab), targets.reshape(-1))
-
-        def forward(self, idx: Any, targets: Any) -> Any:
-            x = self.embed(idx)
-            for block in self.blocks:
-                x = block(x)
-            return self.head_loss(x, targets)
-
-    return GPT()
-
-
-#: Standard deviation of GPT-2's initial weights (Radford et al. 2019, as in nanoGPT's
-#: ``_init_weights`` and Megatron-LM's ``--init-method-std`` default).
-GPT2_INIT_STD = 0.02
-
-
-def init_like_gpt2(torch: Any, model: Any, num_layers: int) -> None:
-    """GPT-2's initialisation: linear and embedding weights N(0, 0.02), biases zero, the
-    projections that end on the residual stream (attention output, MLP down) N(0, 0.02 /
-    sqrt(2 x layers)); LayerNorms keep (1, 0).
-
-    With PyTorch's module defaults instead (embeddings N(0, 1)), the tied LM head gives logits
-    of standard deviation sqrt(hidden) = 16 at hidden 256: the first loss is ~168 where
-    ln(vocab) = 6.9 is expected, and the softmax's exponentials underflow to subnormal floats.
-    An x86 core takes a microcode assist for each subnormal operand or result, so the step's
-    time then depends on how far training has gone (the step times with and without are in
-    docs/derivations.md, measurements, and validate/README.md). No real training starts
-    there, and neither the compute model nor a GPU sees that effect.
-    """
-    residual = GPT2_INIT_STD / math.sqrt(2 * num_layers)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith(".bias"):
-                param.zero_()
-            elif name.endswith(("proj.weight", "fc2.weight")):
-                param.normal_(0.0, residual)
-            elif name.endswith(".weight") and param.dim() == 2:
-                param.normal_(0.0, GPT2_INIT_STD)
-
-
-def _batch(torch: Any, cfg: StepConfig, rank: int, device: str = "cpu") -> tuple[Any, Any]:
-    gen = torch.Generator().manual_seed(cfg.seed * 7919 + rank)
-    idx = torch.randint(cfg.vocab, (cfg.micro_batch, cfg.seq_len), generator=gen)
-    return idx.to(device), torch.roll(idx, -1, dims=1).to(device)
+__all__ = ["step_rank", "run_step", "ddp_bucket_count"]
 
 
 def _profile_once(
@@ -281,7 +105,7 @@ def _ddp_step(torch: Any, cfg: StepConfig, ctx: Any, bucket_mb: int) -> tuple[An
     torch.manual_seed(cfg.seed)
     model = DistributedDataParallel(build_gpt(torch, cfg).to(ctx.device), bucket_cap_mb=bucket_mb)
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
-    idx, targets = _batch(torch, cfg, ctx.rank, ctx.device)
+    idx, targets = rank_batch(torch, cfg, ctx.rank, ctx.device)
 
     def step() -> None:
         opt.zero_grad()  # torch's default since 2.0: set_to_none=True (see docs/derivations.md)
@@ -297,7 +121,7 @@ def _fsdp_step(torch: Any, cfg: StepConfig, ctx: Any) -> Any:
     model = build_gpt(torch, cfg).to(ctx.device)
     root = torch.nn.ModuleList([model.tok, model.pos, model.ln_f])
     units = [FlatShard(root)] + [FlatShard(block) for block in model.blocks]
-    idx, targets = _batch(torch, cfg, ctx.rank, ctx.device)
+    idx, targets = rank_batch(torch, cfg, ctx.rank, ctx.device)
 
     def step() -> None:
         units[0].unshard()
@@ -333,7 +157,7 @@ def _local_model(torch: Any, cfg: StepConfig, ctx: Any) -> tuple[Any, Any, Any, 
     communication."""
     torch.manual_seed(cfg.seed)
     prof_model = build_gpt(torch, cfg).to(ctx.device)
-    idx, targets = _batch(torch, cfg, ctx.rank, ctx.device)
+    idx, targets = rank_batch(torch, cfg, ctx.rank, ctx.device)
     local_opt = torch.optim.SGD(prof_model.parameters(), lr=cfg.lr)
 
     def local_step() -> None:
@@ -506,7 +330,7 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
     # 6-10; in this order +10 % in the one run at load 9.6).
     timed = [LOCAL, *cfg.modes, *cfg.straggler_modes]
     extra_keys = [m + EXTRA_SUFFIX for m in cfg.straggler_modes]
-    probes, copies = _probes(torch, dist, cfg, ctx, ddp_modules, prof_model)
+    probes, copies = insitu_probes(torch, dist, cfg, ctx, ddp_modules, prof_model)
     probe_keys: list[str] = []
     probe_sizes: dict[str, dict[str, list[int]]] = {}
     shares: list[float] = []
@@ -525,7 +349,7 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
         keys += extra_keys
         # the collectives of each mode alone, and DDP's gradient copies
         # (collsim.validate.measure.insitu)
-        probe_keys, probe_row = _run_probes(dist, probes, copies, probe_sizes)
+        probe_keys, probe_row = run_probes(dist, probes, copies, probe_sizes)
         row += probe_row
         keys += probe_keys
         if progress is not None:
@@ -534,7 +358,7 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
             rows.append(row)
     if progress is not None:
         progress.close()
-    traces = _trace_modes(torch, dist, cfg, ctx, steps) if cfg.profile_dir else {}
+    traces = trace_modes(torch, dist, cfg, ctx, steps) if cfg.profile_dir else {}
     num_prof = len(keys) - len(timed) - len(extra_keys) - len(probe_keys)
     by_column = _over_ranks(torch, dist, ctx, rows, num_prof)
     local_cpu_share = _mean_over_ranks(torch, dist, ctx, statistics.median(shares))
@@ -549,7 +373,7 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
     return {
         "world_size": ctx.world_size,
         "local_world_size": ctx.local_world_size,
-        "cpu_count": _cores(),
+        "cpu_count": usable_cores(),
         "threads_per_rank": torch.get_num_threads(),
         "scheduling": current_scheduling(),
         "block_medians_s": block_medians,
@@ -563,182 +387,10 @@ def step_rank(ctx: Any, cfg: StepConfig) -> dict[str, Any]:
         "modes": modes,
         "num_parameters": sum(p.numel() for p in prof_model.parameters()),
         "local_cpu_share": local_cpu_share,
-        "sched_autogroup": _autogroup(),
+        "sched_autogroup": sched_autogroup(),
         **({"traces": traces} if traces else {}),
-        **_probe_report(columns, probes, probe_sizes),
+        **probe_report(columns, probes, probe_sizes),
     }
-
-
-def _trace_modes(
-    torch: Any, dist: Any, cfg: StepConfig, ctx: Any, steps: dict[str, Any]
-) -> dict[str, Any]:
-    """Trace ``cfg.trace_steps`` steps of every mode of ``cfg`` (and the local step) with the
-    torch profiler, after the timed iterations so that the profiler's cost falls on none of
-    them; each step after a barrier, inside a ``ProfilerStep#<i>`` annotation as
-    ``torch.profiler.profile.step`` names it. One gzipped Kineto trace per mode and rank.
-    Returns this rank's paths (``files``) and, per mode, the share of a core its thread got
-    over the traced steps (``cpu_share``: thread CPU time over wall time, as
-    :mod:`collsim.validate.measure.insitu` measures the local step's), which tells whether the
-    traced
-    steps ran under the load the timed ones did."""
-
-    # optional: torch loads only where it is used (the run path stays light)
-    from torch.profiler import ProfilerActivity, profile, record_function
-
-    assert cfg.profile_dir is not None
-    folder = Path(cfg.profile_dir)
-    folder.mkdir(parents=True, exist_ok=True)
-    written: list[str] = []
-    shares: dict[str, float] = {}
-    for mode in [LOCAL, *cfg.modes]:
-        dist.barrier()
-        steps[mode]()  # one untraced step: the profiler's own start-up stays out of the trace
-        wall = cpu = 0.0
-        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-            for i in range(cfg.trace_steps):
-                dist.barrier()
-                start, cpu0 = time.perf_counter(), time.thread_time()
-                with record_function(f"ProfilerStep#{i}"):
-                    steps[mode]()
-                wall += time.perf_counter() - start
-                cpu += time.thread_time() - cpu0
-            # what a time-sharing slowdown is learned from (collsim.validate.fit.trace_profile):
-            # the cores this rank could run on, the ranks beside it, its thread's share of a core
-            prof.add_metadata_json(
-                "collsim",
-                json.dumps(
-                    {
-                        "cores": _cores(),
-                        "local_ranks": ctx.local_world_size,
-                        "cpu_share": round(cpu / max(wall, 1e-9), 4),
-                    }
-                ),
-            )
-        shares[mode] = cpu / max(wall, 1e-9)
-        path = folder / f"n{ctx.world_size}_{mode}_rank{ctx.rank}.json"
-        prof.export_chrome_trace(str(path))
-        with open(path, "rb") as src, gzip.open(f"{path}.gz", "wb") as dst:
-            shutil.copyfileobj(src, dst)
-        os.remove(path)
-        written.append(f"{path}.gz")
-    return {"files": written, "cpu_share": shares}
-
-
-def _cores() -> int:
-    """The cores this process may run on (its CPU affinity: ``taskset`` narrows it)."""
-    getter = getattr(os, "sched_getaffinity", None)
-    return len(getter(0)) if getter is not None else os.cpu_count() or 1
-
-
-def _autogroup() -> bool | None:
-    """Whether Linux groups the fair scheduler's share by session (``sched_autogroup``):
-    then the ranks of one command share one session's CPU whatever their thread count."""
-
-    try:
-        return Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1"
-    except OSError:
-        return None
-
-
-def _probes(
-    torch: Any, dist: Any, cfg: StepConfig, ctx: Any, ddp_modules: dict[str, Any], model: Any
-) -> tuple[dict[str, Any], Any]:
-    """The in-situ probes of :mod:`collsim.validate.measure.insitu` for this rank's modes
-    (gloo only:
-    on GPUs the collectives run on their own engines and the bench's calibration stands)."""
-    if ctx.backend != "gloo":
-        return {}, None
-
-    probes: dict[str, Any] = {}
-    for mode in cfg.modes:
-        if mode == "fsdp":
-            root = [model.tok, model.pos, model.ln_f]
-            units = [sum(p.numel() for m in root for p in m.parameters())]
-            units += [sum(p.numel() for p in block.parameters()) for block in model.blocks]
-            probes[mode] = fsdp_probe(torch, dist, units)
-        else:
-            probes[mode] = ddp_probe(torch, dist, ddp_modules[mode], int(mode[5:]))
-    ddp = any(m.startswith("ddp") for m in cfg.modes)
-    copies = time_ddp_copies(torch, list(model.parameters()), ctx.world_size) if ddp else None
-    if probes:
-        numel = sum(int(p.numel()) for p in model.parameters())
-        probes["overlap"] = overlap_probe(torch, dist, numel)
-    return probes, copies
-
-
-def _run_probes(
-    dist: Any, probes: dict[str, Any], copies: Any, sizes: dict[str, dict[str, list[int]]]
-) -> tuple[list[str], list[float]]:
-    """One iteration of the probes, each after a barrier: column names and values (a DDP
-    mode's group time; each FSDP call's time; the copies). ``sizes`` gets each probe's call
-    sizes (bytes per call, per op) of this run."""
-
-    keys: list[str] = []
-    row: list[float] = []
-    for mode, probe in probes.items():
-        if mode == "overlap":
-            keys += list(OVERLAP_KEYS)
-            row += list(probe())
-            continue
-        dist.barrier()
-        got = probe()
-        for op, value in got.items():
-            if mode.startswith("ddp"):
-                keys.append(f"{PROBE_PREFIX}{mode}:{op}")
-                row.append(value[0])
-            else:
-                for i, (t, _) in enumerate(value):
-                    keys.append(f"{PROBE_PREFIX}{mode}:{op}:{i}")
-                    row.append(t)
-        sizes[mode] = {
-            op: (value[1] if mode.startswith("ddp") else [b for _, b in value])
-            for op, value in got.items()
-        }
-    if copies is not None:
-        dist.barrier()
-        keys.append(COPIES_KEY)
-        row.append(copies())
-    return keys, row
-
-
-def _probe_report(
-    columns: dict[str, list[float]],
-    probes: dict[str, Any],
-    sizes: dict[str, dict[str, list[int]]],
-) -> dict[str, Any]:
-    """The probes' medians over iterations (slowest rank) for the report."""
-
-    if not probes:
-        return {}
-    out: dict[str, Any] = {}
-    result: dict[str, Any] = {}
-    for mode in probes:
-        if mode == "overlap":
-            c, m, b = (statistics.median(columns[k]) for k in OVERLAP_KEYS)
-            result["overlap_probe"] = {"compute_s": c, "comm_s": m, "both_s": b}
-            continue
-        entry: dict[str, Any] = {}
-        for op, call_sizes in sizes.get(mode, {}).items():
-            key = f"{PROBE_PREFIX}{mode}:{op}"
-            if mode.startswith("ddp"):
-                entry[op] = {
-                    "sizes_bytes": call_sizes,
-                    "median_s": statistics.median(columns[key]),
-                    "times_s": columns[key],
-                }
-            else:
-                calls = [columns[f"{key}:{i}"] for i in range(len(call_sizes))]
-                entry[op] = {
-                    "sizes_bytes": call_sizes,
-                    "call_median_s": [statistics.median(c) for c in calls],
-                    "median_s": statistics.median([sum(t) for t in zip(*calls)]),
-                }
-        out[mode] = entry
-    result["comm_probe"] = out
-    if COPIES_KEY in columns:
-        result["ddp_copies_s"] = statistics.median(columns[COPIES_KEY])
-        result["ddp_copies_times_s"] = columns[COPIES_KEY]
-    return result
 
 
 def _straggler_step(

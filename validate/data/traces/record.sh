@@ -5,7 +5,10 @@
 # Per run: the timed steps at world sizes 2 and 4 with their traces, then world size 2 again with
 # both ranks pinned to core 0 (`taskset -c 0`), whose traced local steps give the profile its
 # time-sharing slowdown (two ranks per core, as world size 4 runs on 2 cores), started right
-# after its run. About 11 minutes on 2 quiet cores, most of it waiting for the load to settle.
+# after its run, beside the same command pinned to core 1 (its traces unused): core 1 as busy as
+# in the reference and at world size 4 (a pinned pair beside an idle core runs each op faster,
+# collsim.validate.fit.trace_host.time_sharing). About 11 minutes on 2 quiet cores, most of it
+# waiting for the load to settle.
 # For a development run on a busy host: NO_WAIT=1 (no load rule), RUNS="1", ITERS=5; such runs
 # are not the protocol.
 ITERS=${ITERS:-15}
@@ -23,9 +26,13 @@ for n in $RUNS; do
     --profile-dir traces_run$n -o run$n/step_trace_run$n.json > run$n/step_trace_run$n.txt 2>&1
   stamp end run$n rc=$?
   stamp start run$n pinned  # at once: the load average then still holds this run's own ranks
+  taskset -c 1 collsim validate step --world-sizes 2 --iters 3 --warmup 0 \
+    --profile-dir pinned_core1_run$n -o pinned_core1_run$n.json > pinned_core1_run$n.txt 2>&1 &
+  beside=$!
   taskset -c 0 collsim validate step --world-sizes 2 --iters 1 --warmup 0 \
     --profile-dir pinned_run$n -o run$n/pinned/step_pinned.json > run$n/pinned/step_pinned.txt 2>&1
-  stamp end run$n pinned rc=$?
+  rc=$?; wait $beside
+  stamp end run$n pinned rc=$rc beside rc=$?
 done
 echo done >> times.txt
 for n in $RUNS; do
