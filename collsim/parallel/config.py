@@ -396,7 +396,7 @@ class ParallelConfig:
     """Hide the EP all-to-alls of the steady-state 1F1B ops behind compute (Megatron-Core
     ``--overlap-moe-expert-parallel-comm``: a forward and a backward of two micro-batches run
     layer by layer together, each one's dispatch and combine beside the other's compute;
-    DeepSeek-V3's DualPipe pairs chunks the same way); see :mod:`collsim.step.ops`."""
+    DeepSeek-V3's DualPipe pairs chunks the same way); see :mod:`collsim.step.comm_overlap`."""
     cp: int = 1
     """Context-parallel size: the sequence split over cp ranks (tp x cp x pp x dp GPUs)."""
     cp_algorithm: CPAlgorithm = CPAlgorithm.RING

@@ -2,8 +2,8 @@
 split the sequence-parallel all-gathers and reduce-scatters into chunks under the GEMMs.
 
 The chunking, the SMs the communication holds and the closed form of one overlapped GEMM are
-derived in docs/tp_overlap.md; :mod:`collsim.step.ops` writes them into the step program
-(:func:`collsim.step.ops.overlap_tp`) so that both interpreters price them.
+derived in docs/tp_overlap.md; :mod:`collsim.step.comm_overlap` writes them into the step
+program (:func:`collsim.step.comm_overlap.overlap_tp`) so that both interpreters price them.
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ it, the closed form (:mod:`collsim.play.walk`) walks it. Results of both are
 
 from __future__ import annotations
 
-from collsim.step.build import BLOCK_OVERRIDE_KEYS, StepSchedule, build_schedule
+from collsim.step.blocks import BLOCK_OVERRIDE_KEYS
+from collsim.step.build import StepSchedule, build_schedule
 from collsim.step.result import CollectiveStat, StepResult, TraceEvent
 
 __all__ = [

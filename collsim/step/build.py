@@ -8,7 +8,7 @@ stage runs the same program) the typed operations a rank runs, as data:
   (embedding, layers, head) whose steps are compute (seconds, from the workload's compute
   model) or blocking tensor-parallel collectives (op, bytes, what compute they overlap);
   the chunk's parameter tensors, DDP buckets (ready at a fraction of a backward segment) and
-  FSDP units (:mod:`collsim.step.ops`);
+  FSDP units (:mod:`collsim.step.stage`);
 - ``pipeline[s]``: the order of (phase, micro-batch, chunk) ops on the stage's compute stream
   (the plan's :class:`~collsim.parallel.pipeline.PipelineSchedule`); an op waits for its input
   from the stage its schedule's placement names (:meth:`PipelineSchedule.input_of`);
@@ -25,9 +25,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from collsim.cluster.hardware import get_device
 from collsim.core.vocab import Dtype
 from collsim.parallel.config import ParallelConfig, TrainingConfig
 from collsim.parallel.dispatch import dispatch_sms_of
@@ -35,47 +34,29 @@ from collsim.parallel.layer_comms import layer_comms
 from collsim.parallel.pipeline import PipeOp
 from collsim.parallel.plan import Plan, build_plan
 from collsim.parallel.states import optimizer_state_bytes
+from collsim.step.blocks import block_times, memory_bound_share, paced
 from collsim.step.dataparallel import BytesPer, DataParallelRules
-from collsim.step.ops import BlockTimes, ChunkModel, Segment, StageModel, build_stage
+from collsim.step.ops import BlockTimes, ChunkModel, Segment, StageModel
 from collsim.step.shapes import ShapeCache
+from collsim.step.stack_work import framework_work, stage_optimizer_s, stage_weight_cast_s
+from collsim.step.stage import build_stage
 from collsim.workload.compute import ComputeModel
-from collsim.workload.fp8 import FP8Casts, weight_cache_of, weight_cast_bytes_per_step
-from collsim.workload.framework import framework_costs
 from collsim.workload.interference import overlap_slowdown
 from collsim.workload.kernels import slowest_gpu_factor
-from collsim.workload.memory import fp8_layer_savings
 from collsim.workload.ops import activation_element_bytes
 
 if TYPE_CHECKING:
-    from collsim.cluster.hardware import Device
     from collsim.cluster.topology import Topology
     from collsim.parallel.layer_comms import LayerComm
-    from collsim.workload.compute import ComputeModel, LayerTimes
     from collsim.workload.model import TransformerSpec
 
 __all__ = [
-    "BLOCK_OVERRIDE_KEYS",
     "StepSchedule",
     "build_schedule",
     "bytes_per",
     "plan_blocks",
+    "layer_kind_of",
 ]
-
-BLOCK_OVERRIDE_KEYS = (
-    "layer.forward",
-    "layer.backward",
-    "layer.recompute",
-    "layer.wgrad",
-    "embedding.forward",
-    "embedding.backward",
-    "head.forward",
-    "head.backward",
-    "head.wgrad",
-    "optimizer",
-)
-"""Override keys for whole blocks (seconds per micro-batch; optimizer: per step; ``*.wgrad``:
-the weight-gradient part of that backward, what a split backward runs as its W op). Any other
-key is an op name of the workload (``qkv_proj``, ``softmax.backward``, ...)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -205,14 +186,6 @@ def bytes_per(training: TrainingConfig) -> BytesPer:
     )
 
 
-_ATTENTION_OPS = frozenset(
-    ("flash_attention", "attn_scores", "softmax", "attn_dropout", "attn_values")
-)
-"""Core-attention ops of the workload (what a CP ring step overlaps)."""
-_EXPERT_OPS = frozenset(("expert_up", "expert_activation", "expert_down"))
-"""Routed-expert GEMMs of the workload (between the EP dispatch and combine)."""
-
-
 def layer_kind_of(spec: TransformerSpec) -> dict[int, int]:
     """Each layer index -> the representative layer of its kind (``spec.layer_kinds()``:
     dense / MoE MLP, full / sliding-window attention)."""
@@ -220,334 +193,6 @@ def layer_kind_of(spec: TransformerSpec) -> dict[int, int]:
     return {
         i: reps[(spec.is_moe_layer(i), spec.is_window_layer(i))] for i in range(spec.num_layers)
     }
-
-
-def _compute_model(
-    device: Device, plan: Plan, op_over: dict[str, float], cache: ShapeCache | None
-) -> ComputeModel:
-    """The compute model of a plan's device and training settings (one per distinct setting
-    in a ``cache``: its memo of layer prices then serves every plan that shares it)."""
-    training = plan.training
-    kwargs: dict[str, Any] = {
-        "fp8_casts": fp8_casts_of(plan),
-        "overrides": op_over,
-        "attention_kernel": training.attention_kernel,
-        "execution": str(training.execution),
-        "fused_kernels": bool(training.fused_kernels),
-    }
-    dtype = str(training.dtype)
-    if cache is None:
-        return ComputeModel(device, dtype, **kwargs)
-    key = (
-        device,
-        dtype,
-        tuple(
-            sorted(
-                (k, tuple(sorted(v.items())) if isinstance(v, dict) else v)
-                for k, v in kwargs.items()
-            )
-        ),
-    )
-    return cache.get("compute", key, lambda: ComputeModel(device, dtype, **kwargs))
-
-
-def _blocks(
-    plan: Plan, device: Device, overrides: dict[str, float], cache: ShapeCache | None = None
-) -> tuple[dict[int, BlockTimes], BlockTimes, BlockTimes, ComputeModel]:
-    """Seconds of each layer kind (by its representative layer index), the embedding and the
-    head per micro-batch (compute model or overrides), with the dgrad time of their
-    column-parallel linears and the core-attention / expert seconds of a layer."""
-
-    op_over = {k: v for k, v in overrides.items() if k not in BLOCK_OVERRIDE_KEYS}
-    tr = plan.training
-    model = _compute_model(device, plan, op_over, cache)
-    mb, tp, sp = plan.training.micro_batch, plan.tp, plan.parallel.sequence_parallel
-    spec = plan.spec
-    variant = spec.is_moe or spec.is_mla or spec.sliding_window is not None or plan.cp > 1
-    et = model.embedding_times(spec, micro_batch=mb, tp=tp, sequence_parallel=sp)
-    ht = model.head_times(spec, micro_batch=mb, tp=tp, sequence_parallel=sp)
-
-    def pick(key: str, value: float) -> float:
-        return float(overrides.get(key, value))
-
-    def dgrad(times: LayerTimes, names: tuple[str, ...], backward_s: float) -> tuple[float, ...]:
-        """Half the backward of each named linear (its dgrad), scaled like an overridden block."""
-        scale = backward_s / times.backward_s if times.backward_s > 0 else 0.0
-        by_name = {o.name: o.time_s for o in times.ops if o.phase == "backward"}
-        return tuple(by_name.get(n, 0.0) / 2 * scale for n in names)
-
-    def part(
-        times: LayerTimes, names: frozenset[str], fwd: float, bwd: float
-    ) -> tuple[float, float]:
-        f = sum(o.time_s for o in times.ops if o.phase == "forward" and o.name in names)
-        b = sum(o.time_s for o in times.ops if o.phase == "backward" and o.name in names)
-        fs = fwd / times.forward_s if times.forward_s > 0 else 0.0
-        bs = bwd / times.backward_s if times.backward_s > 0 else 0.0
-        return (f * fs, b * bs)
-
-    reps = [r for r, _ in spec.layer_kinds()] if variant else [0]
-    layers: dict[int, BlockTimes] = {}
-    for rep in reps:
-        kinds: dict[str, Any] = (
-            {"layer": rep, "ep": plan.ep, "etp": plan.etp, "cp": plan.cp} if variant else {}
-        )
-        lt = model.layer_times(
-            spec, micro_batch=mb, tp=tp, sequence_parallel=sp, recompute=str(tr.recompute), **kinds
-        )
-        fwd = pick("layer.forward", lt.forward_s)
-        bwd = pick("layer.backward", lt.backward_s)
-        kept = lt.activation_bytes - _fp8_saved(plan, kinds)
-        layers[rep] = BlockTimes(
-            fwd,
-            bwd,
-            pick("layer.recompute", lt.recompute_s),
-            kept,
-            lt.transient_bytes,
-            column_dgrad_s=dgrad(lt, ("mlp_up", "qkv_proj"), bwd),
-            attention_s=part(lt, _ATTENTION_OPS, fwd, bwd),
-            experts_s=part(lt, _EXPERT_OPS, fwd, bwd),
-            wgrad_s=pick("layer.wgrad", _scaled_wgrad(lt, bwd)),
-            fp8_weights=lt.fp8_weights,
-            linears_s=_linears(lt, fwd, bwd),
-        )
-    # a CP rank embeds and scores its s / cp tokens: the embedding and head ops are linear in
-    # the tokens (lookup, LM-head GEMM rows, loss), so their times and activations scale 1 / cp
-    k = 1.0 / plan.cp
-    head_bwd = pick("head.backward", ht.backward_s * k)
-    emb = BlockTimes(
-        pick("embedding.forward", et.forward_s * k),
-        pick("embedding.backward", et.backward_s * k),
-        0.0,
-        et.activation_bytes * k,
-    )
-    head = BlockTimes(
-        pick("head.forward", ht.forward_s * k),
-        head_bwd,
-        0.0,
-        ht.activation_bytes * k,
-        column_dgrad_s=dgrad(ht, ("lm_head",), head_bwd),
-        wgrad_s=pick("head.wgrad", _scaled_wgrad(ht, head_bwd)),
-    )
-    return layers, emb, head, model
-
-
-def fp8_casts_of(plan: Plan) -> FP8Casts | None:
-    """How the plan's stack quantizes around its FP8 linears: Transformer Engine's casts
-    (:class:`~collsim.workload.fp8.FP8Casts`) under ``megatron_te`` with ``dtype: fp8``, with
-    the weight cache (``training.fp8_weight_cache``), FP8 parameters (the plan's FP8 weight
-    gather) and input quantization fused into the norms; None otherwise (torchao's casts)."""
-    tr = plan.training
-    if str(tr.dtype) != "fp8" or tr.stack != "megatron_te":
-        return None
-    return FP8Casts(
-        recipe=str(tr.fp8_recipe or "tensorwise"),
-        weight_cache=weight_cache_of(tr.stack, tr.fp8_weight_cache, zero=plan.parallel.zero),
-        param_gather=bool(plan.parallel.fsdp.fp8_all_gather),
-        fused_norm=True,
-    )
-
-
-def _weight_cast_s(
-    plan: Plan, stage: int, layer_of: Callable[[int], BlockTimes], model: ComputeModel
-) -> float:
-    """Seconds of the once-per-step FP8 weight casts of ``stage``'s layers
-    (:func:`~collsim.workload.fp8.weight_cast_bytes_per_step`; the shard of FP8 parameters is
-    the data-parallel group, the expert-data-parallel one for routed experts), one kernel per
-    FP8 linear."""
-    casts = model.fp8_casts
-    if casts is None:
-        return 0.0
-    dense = expert = 0.0
-    linears = 0
-    for index in plan.stage_layers(stage):
-        d, e, n = layer_of(index).fp8_weights
-        dense += d
-        expert += e
-        linears += n
-    shard = plan.cp * plan.dp if plan.parallel.zero >= 1 else 1
-    expert_shard = max(1, plan.edp) if plan.parallel.zero >= 1 and plan.spec.is_moe else 1
-    size = weight_cast_bytes_per_step(dense, casts, shard=shard) + weight_cast_bytes_per_step(
-        expert, casts, shard=expert_shard
-    )
-    return model.memory_time_s(size, max(1, linears)) if size > 0 else 0.0
-
-
-def _linears(
-    times: LayerTimes, forward_s: float, backward_s: float
-) -> tuple[tuple[str, float, float, float], ...]:
-    """Per TP linear of a layer (``qkv_proj``, ``out_proj``, ``mlp_up``, ``mlp_down``):
-    (forward, dgrad, wgrad) seconds, scaled like the block when an override replaced it (what
-    the overlapped tensor parallelism of :mod:`collsim.parallel.tp_overlap` chunks)."""
-    fs = forward_s / times.forward_s if times.forward_s > 0 else 0.0
-    bs = backward_s / times.backward_s if times.backward_s > 0 else 0.0
-    out: dict[str, tuple[float, float, float]] = {}
-    for o in times.ops:
-        if o.name not in _TP_LINEARS or o.phase == "recompute":
-            continue
-        f, d, w = out.get(o.name, (0.0, 0.0, 0.0))
-        if o.phase == "forward":
-            f = o.time_s * fs
-        else:
-            w = o.wgrad_s * bs
-            d = (o.time_s - o.wgrad_s) * bs
-        out[o.name] = (f, d, w)
-    return tuple((name, *out[name]) for name in sorted(out))
-
-
-_TP_LINEARS = frozenset(("qkv_proj", "out_proj", "mlp_up", "mlp_down"))
-
-
-def _fp8_saved(plan: Plan, kinds: dict[str, Any]) -> float:
-    """What an FP8 layer keeps less than its 16-bit count (its FP8 linears keep 1-byte
-    inputs: :func:`collsim.workload.memory.fp8_layer_savings`); 0 for other dtypes."""
-    tr = plan.training
-    if Dtype(tr.dtype) is not Dtype.FP8:
-        return 0.0
-    return fp8_layer_savings(
-        plan.spec,
-        micro_batch=tr.micro_batch,
-        tp=plan.tp,
-        sequence_parallel=plan.parallel.sequence_parallel,
-        recompute=str(tr.recompute),
-        **kinds,
-    )
-
-
-def _scaled_wgrad(times: LayerTimes, backward_s: float) -> float:
-    """The weight-gradient part of a block's backward (compute model), scaled like the block
-    when an override replaced its backward."""
-    return times.wgrad_s * backward_s / times.backward_s if times.backward_s > 0 else 0.0
-
-
-def _paced(block: BlockTimes, factor: float) -> BlockTimes:
-    """A block's compute seconds times ``factor`` (activations unchanged)."""
-    return replace(
-        block,
-        forward_s=block.forward_s * factor,
-        backward_s=block.backward_s * factor,
-        recompute_s=block.recompute_s * factor,
-        column_dgrad_s=tuple(d * factor for d in block.column_dgrad_s),
-        attention_s=(block.attention_s[0] * factor, block.attention_s[1] * factor),
-        experts_s=(block.experts_s[0] * factor, block.experts_s[1] * factor),
-        wgrad_s=block.wgrad_s * factor,
-        linears_s=tuple((n, f * factor, d * factor, w * factor) for n, f, d, w in block.linears_s),
-    )
-
-
-def _optimizer_s(
-    plan: Plan,
-    stage: StageModel,
-    model: ComputeModel,
-    overrides: dict[str, float],
-    cpu: list[ComputeModel],
-    rules: DataParallelRules,
-) -> float:
-    """The optimizer step over the parameters this rank updates (its ZeRO shard); on the CPU
-    with FSDP offload (``cpu`` caches the CPU compute model)."""
-    if "optimizer" in overrides:
-        return float(overrides["optimizer"])
-    par = plan.parallel
-    if par.zero >= 1:  # the shard: non-expert states over N, routed experts over N_e
-        n, n_e = rules.shard_sizes
-        expert = sum(t.numel for c in stage.chunks for t in c.tensors if t.expert)
-        local = (stage.numel - expert) / n + expert / n_e
-    else:
-        local = stage.numel
-    optimizer = str(plan.training.optimizer)
-    if par.zero == 3 and par.fsdp.offload:
-        if not cpu:
-            cpu.append(ComputeModel(get_device("cpu"), "fp32"))
-        return cpu[0].optimizer_time_s(local, optimizer)
-    return model.optimizer_time_s(local, optimizer, str(plan.training.optimizer_implementation))
-
-
-def _framework(
-    plan: Plan, stages: dict[int, StageModel], model: ComputeModel, rules: DataParallelRules
-) -> dict[int, float]:
-    """Put the training stack's own work into the schedule (``collsim.workload.framework``):
-    FSDP / ZeRO-3 copy-in (and FSDP2 copy-out) of every gathered unit in the segment that
-    gathers it, the gradient cast and copy-out of every reduced unit in its backward segment
-    (``Segment.framework_s``); returns per stage the per-step part (the gradient-norm pass of
-    the clipping, the host time of a step), run before the optimizer."""
-    tr, par = plan.training, plan.parallel
-    cache: dict[tuple[float, float], Any] = {}
-
-    def costs(unit: float, local: float) -> Any:
-        key = (unit, local)
-        hit = cache.get(key)
-        if hit is None:
-            hit = cache[key] = framework_costs(
-                model,
-                unit_params=unit,
-                local_params=local,
-                dp=max(1, plan.dp),
-                zero=par.zero,
-                fsdp_version=int(tr.fsdp_version or 1),
-                grad_reduce_dtype=str(tr.grad_reduce_dtype or "bf16"),
-                grad_clip=bool(tr.grad_clip),
-                optimizer=str(tr.optimizer),
-                optimizer_implementation=str(tr.optimizer_implementation),
-            )
-        return hit
-
-    per_step: dict[int, float] = {}
-    for s, stage in stages.items():
-        local = stage.numel / (plan.dp if par.zero >= 1 else 1)
-        whole = costs(0.0, local)
-        per_step[s] = whole.grad_clip_s + whole.host_step_s
-        if par.zero != 3 or plan.dp < 2:
-            continue
-        # with gradients synced once per step (rules.sync_once) a unit's gradient is cast and
-        # copied out once, and without reshard after forward it is gathered once: per step
-        once = rules.sync_once
-        gather_once = once and not rules.reshard_after_forward
-        for chunk in stage.chunks:
-            for seg in chunk.forward + chunk.backward:
-                forward = seg in chunk.forward
-                ukey = rules.unit_key(chunk, seg)
-                if ukey == "root" and seg.key != "embedding":
-                    continue  # the root unit is gathered and reduced once, at the embedding
-                fw = costs(rules.unit_numel(chunk, ukey), local)
-                gather = fw.fsdp_copy_in_s + fw.fsdp_copy_out_s
-                grad = fw.fsdp_grad_cast_s + fw.fsdp_grad_copy_out_s
-                if forward:
-                    if gather_once:
-                        per_step[s] += gather
-                    else:
-                        seg.framework_s += gather
-                else:
-                    if rules.reshard_after_forward and ukey != "root":
-                        seg.framework_s += gather
-                    if once:
-                        per_step[s] += grad
-                    else:
-                        seg.framework_s += grad
-            # a split backward: the input-gradient op gathers, the weight-gradient op reduces
-            for i_seg, w_seg in zip(chunk.input_grad or [], chunk.weight_grad or [], strict=True):
-                ukey = rules.unit_key(chunk, i_seg)
-                if ukey == "root" and i_seg.key != "embedding":
-                    continue
-                fw = costs(rules.unit_numel(chunk, ukey), local)
-                if rules.reshard_after_forward and ukey != "root":
-                    i_seg.framework_s += fw.fsdp_copy_in_s + fw.fsdp_copy_out_s
-                grad = fw.fsdp_grad_cast_s + fw.fsdp_grad_copy_out_s
-                if once:
-                    per_step[s] += grad
-                else:
-                    w_seg.framework_s += grad
-    return per_step
-
-
-def _imbalanced(spec: TransformerSpec, comms: list[LayerComm]) -> list[LayerComm]:
-    """The EP all-to-alls under a routing imbalance: the busiest rank receives
-    ``load_imbalance`` times the balanced share and every rank of the group waits for it, so
-    the call is priced at that many times its balanced buffer (the balanced bytes are what
-    :mod:`collsim.parallel.moe` counts; with 1, the default, nothing changes)."""
-    k = spec.load_imbalance
-    if k == 1.0:
-        return comms
-
-    return [replace(c, size_bytes=c.size_bytes * k) if c.op == "all_to_all" else c for c in comms]
 
 
 def build_schedule(
@@ -565,7 +210,7 @@ def build_schedule(
     Args:
         topology, spec, training, parallel: the scenario.
         op_time_overrides: measured seconds by workload op name or by block
-            (:data:`BLOCK_OVERRIDE_KEYS`).
+            (:data:`~collsim.step.blocks.BLOCK_OVERRIDE_KEYS`).
         plan: an already checked plan of the same arguments (skips :func:`build_plan`).
         cache: shape tables shared with other plans of the same model and cluster
             (:class:`~collsim.step.shapes.ShapeCache`; the program is the same without).
@@ -576,13 +221,13 @@ def build_schedule(
     if plan is None:
         plan = build_plan(topology, spec, training, parallel)
     overrides = dict(op_time_overrides or {})
-    layers, emb, head, model = _blocks(plan, topology.device, overrides, cache)
+    layers, emb, head, model = block_times(plan, topology.device, overrides, cache)
     if not overrides:
         # the slowest GPU of a synchronous step sets its pace (compute.md 1a: 5 % MAMF spread)
 
         pace = slowest_gpu_factor(plan.num_gpus)
-        layers = {r: _paced(b, pace) for r, b in layers.items()}
-        emb, head = _paced(emb, pace), _paced(head, pace)
+        layers = {r: paced(b, pace) for r, b in layers.items()}
+        emb, head = paced(emb, pace), paced(head, pace)
     per = bytes_per(training)
     layer, layer_of = _layer_lookup(spec, layers)
     comms_of = _comms_lookup(plan, spec)
@@ -612,14 +257,16 @@ def build_schedule(
         # FSDP's default mixed precision reduces gradients in fp32 (twice the bytes)
         rules = replace(rules, reduce_element_bytes=4.0)
     optimizer_s = {
-        s: _optimizer_s(plan, st, model, overrides, cpu, rules) for s, st in stages.items()
+        s: stage_optimizer_s(plan, st, model, overrides, cpu, rules) for s, st in stages.items()
     }
     framework_step_s = (
-        {s: 0.0 for s in stages} if overrides else _framework(plan, stages, model, rules)
+        {s: 0.0 for s in stages} if overrides else framework_work(plan, stages, model, rules)
     )
     if not overrides and model.fp8_casts is not None:
         for s in stages:
-            framework_step_s[s] += _weight_cast_s(plan, s, layer_of or (lambda _: layer), model)
+            framework_step_s[s] += stage_weight_cast_s(
+                plan, s, layer_of or (lambda _: layer), model
+            )
     # a CP rank sends its s / cp tokens
     p2p = training.micro_batch * spec.seq_len * spec.hidden * per.activation / plan.tp / plan.cp
     return StepSchedule(
@@ -636,7 +283,7 @@ def build_schedule(
         layers=layers,
         framework_step_s=framework_step_s,
         interference=not overrides and plan.dp > 1 and (parallel.zero == 3 or parallel.ddp.overlap),
-        memory_bound_share=_memory_bound_share(plan, spec, training, parallel, model),
+        memory_bound_share=memory_bound_share(plan, spec, training, parallel, model),
         step_interference=not overrides,
         paired=_paired(plan, parallel, stages, cache),
     )
@@ -651,14 +298,14 @@ def plan_blocks(
     or CP), and the memory-bound share the program's interference takes
     (:attr:`StepSchedule.memory_bound_share`). What a search's bounds read per layer kind
     (:mod:`collsim.study.search.parts`)."""
-    layers, emb, head, model = _blocks(plan, plan.topology.device, {}, cache)
+    layers, emb, head, model = block_times(plan, plan.topology.device, {}, cache)
     pace = slowest_gpu_factor(plan.num_gpus)
-    layers = {r: _paced(b, pace) for r, b in layers.items()}
+    layers = {r: paced(b, pace) for r, b in layers.items()}
     comms_of = _comms_lookup(plan, plan.spec)
     kinds = layer_kind_of(plan.spec)
     comms = {r: comms_of(r) if comms_of is not None else [] for r in set(kinds.values())}
-    share = _memory_bound_share(plan, plan.spec, plan.training, plan.parallel, model)
-    return layers, _paced(emb, pace), _paced(head, pace), comms, share
+    share = memory_bound_share(plan, plan.spec, plan.training, plan.parallel, model)
+    return layers, paced(emb, pace), paced(head, pace), comms, share
 
 
 def _pipeline_orders(plan: Plan, cache: ShapeCache | None) -> dict[int, tuple[PipeOp, ...]]:
@@ -711,6 +358,18 @@ def _comms_lookup(plan: Plan, spec: TransformerSpec) -> Callable[[int], list[Lay
     return comms_of
 
 
+def _imbalanced(spec: TransformerSpec, comms: list[LayerComm]) -> list[LayerComm]:
+    """The EP all-to-alls under a routing imbalance: the busiest rank receives
+    ``load_imbalance`` times the balanced share and every rank of the group waits for it, so
+    the call is priced at that many times its balanced buffer (the balanced bytes are what
+    :mod:`collsim.parallel.moe` counts; with 1, the default, nothing changes)."""
+    k = spec.load_imbalance
+    if k == 1.0:
+        return comms
+
+    return [replace(c, size_bytes=c.size_bytes * k) if c.op == "all_to_all" else c for c in comms]
+
+
 def _paired(
     plan: Plan,
     parallel: ParallelConfig,
@@ -749,22 +408,3 @@ def _paired_ops(plan: Plan, stage: int, cache: ShapeCache | None) -> frozenset[i
         return make()
     key = (str(plan.parallel.schedule), plan.pp, plan.num_microbatches, plan.virtual_stages, stage)
     return cache.get("paired", key, make)
-
-
-def _memory_bound_share(
-    plan: Plan,
-    spec: TransformerSpec,
-    training: TrainingConfig,
-    parallel: ParallelConfig,
-    model: ComputeModel,
-) -> float:
-    """The memory-bound share of a dense layer's forward, backward and recompute time."""
-    lt0 = model.layer_times(
-        spec,
-        micro_batch=training.micro_batch,
-        tp=plan.tp,
-        sequence_parallel=parallel.sequence_parallel,
-        recompute=str(training.recompute),
-    )
-    block = lt0.forward_s + lt0.backward_s + lt0.recompute_s
-    return min(1.0, lt0.memory_bound_s / block) if block > 0 else 0.0

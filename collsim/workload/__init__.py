@@ -3,7 +3,8 @@
 - :mod:`~collsim.workload.model`: TransformerSpec; :mod:`~collsim.workload.presets`: PRESETS,
   get_preset.
 - :mod:`~collsim.workload.ops`: the ops of a layer / embedding / head on one TP rank.
-- :mod:`~collsim.workload.compute`: ComputeModel, a roofline per op.
+- :mod:`~collsim.workload.op_costs`: OpCostModel, a roofline per op;
+  :mod:`~collsim.workload.compute`: ComputeModel, its sums over whole blocks.
 - :mod:`~collsim.workload.flops`: training FLOPs per step (Narayanan 2021), MFU, HFU.
 - :mod:`~collsim.workload.memory`: ZeRO model states, parameters per rank, activations.
 """
@@ -11,7 +12,7 @@
 from __future__ import annotations
 
 from collsim.core.vocab import RecomputeMode
-from collsim.workload.compute import ComputeModel, LayerTimes, OpCost, shape_efficiency
+from collsim.workload.compute import ComputeModel, LayerTimes
 from collsim.workload.flops import (
     hardware_flops_per_step,
     hfu,
@@ -29,6 +30,7 @@ from collsim.workload.memory import (
     parameters_per_rank,
 )
 from collsim.workload.model import TransformerSpec
+from collsim.workload.op_costs import OpCost, shape_efficiency
 from collsim.workload.presets import PRESETS, get_preset, preset_names
 
 __all__ = [

@@ -3,7 +3,7 @@ size, host overhead and FP8 casts. A device's sustained clock and the tables its
 measured are device data (:mod:`collsim.cluster.hardware`, :mod:`collsim.cluster.kernel_tables`).
 
 Every figure is from /work/shared/reference/compute.md (section named beside it) unless marked
-ASSUMPTION or FITTED. The compute model (:mod:`collsim.workload.compute`) combines them per op.
+ASSUMPTION or FITTED. The op costs (:mod:`collsim.workload.op_costs`) combine them per op.
 
 Attention tables
 ----------------

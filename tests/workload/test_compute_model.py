@@ -198,7 +198,7 @@ def test_fp8_halves_gemm_time_of_large_matmuls() -> None:
 
 
 def test_flash_attention_time(a100: FakeDevice) -> None:
-    from collsim.workload.compute import FLASH_BACKWARD_EFFICIENCY, FLASH_FORWARD_EFFICIENCY
+    from collsim.workload.op_costs import FLASH_BACKWARD_EFFICIENCY, FLASH_FORWARD_EFFICIENCY
 
     spec = get_preset("llama2-7b")  # 32 heads of 128, seq 4096
     model = ComputeModel(a100, "bf16", launch_s=0.0)

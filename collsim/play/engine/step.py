@@ -23,7 +23,8 @@ from collsim.play.engine.core import Engine, EngineOptions
 from collsim.play.engine.program import RankProgram
 from collsim.play.walk import walk
 from collsim.step.assemble import assemble
-from collsim.step.build import BLOCK_OVERRIDE_KEYS, StepSchedule, build_schedule
+from collsim.step.blocks import BLOCK_OVERRIDE_KEYS
+from collsim.step.build import StepSchedule, build_schedule
 from collsim.step.result import ContentionEffect, StepResult, StragglerReport
 from collsim.step.stragglers import StragglerConfig, degrade_topology
 

@@ -2,7 +2,7 @@
 backward segments priced once per plan shape, each stage's layers, and each schedule's
 activation counts.
 
-:func:`collsim.step.build.plan_blocks` and :func:`collsim.step.ops.layer_segments` give the
+:func:`collsim.step.build.plan_blocks` and :func:`collsim.step.layer_passes.layer_segments` give the
 parts :func:`collsim.step.build.build_schedule` puts in a plan's program (block times, EP and
 CP collectives, FP8 casts, the slowest GPU's pace) without building the whole program; a
 segment's floor is its compute plus its blocking collectives at their least exposed
@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from collsim.parallel.pipeline import Phase, get_schedule
 from collsim.step.build import bytes_per, layer_kind_of, plan_blocks
-from collsim.step.ops import Segment, layer_segments
+from collsim.step.layer_passes import layer_segments
+from collsim.step.ops import Segment
 from collsim.step.pricing import ClosedPricer, SegmentPrices
 from collsim.step.shapes import ShapeCache
 

@@ -43,7 +43,7 @@ CUDA_ATTENTION_HIDDEN = 2048
 """On CUDA attention is timed as the FlashAttention benchmarks run it (flash-attention
 ``benchmarks/benchmark_flash_attention.py``: batch 16k / seq, hidden 2048, i.e. 16 heads of 128
 or 32 of 64): full waves of CTAs on any GPU, as the compute model reads a table's rate
-(``collsim.workload.compute.TABLE_CTAS``); one sequence of 4 heads would fill 4 x s / 128 of
+(``collsim.workload.op_costs.TABLE_CTAS``); one sequence of 4 heads would fill 4 x s / 128 of
 an H100's 132 SMs."""
 
 

@@ -1,0 +1,218 @@
+"""What one pipeline stage runs: per model chunk, the forward and backward segments.
+
+:func:`build_stage` puts a stage's chunks together: the segments of the embedding, its layers
+and the head (:mod:`collsim.step.layer_passes`), the chunk's parameter tensors, DDP buckets and
+FSDP units, and, for a schedule that splits backward, the input- and weight-gradient segments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from collsim.parallel.buckets import Bucket, build_buckets
+from collsim.parallel.fsdp import FSDPUnit, build_units
+from collsim.parallel.params import ParamTensor, chunk_tensors
+from collsim.parallel.plan import Plan
+from collsim.step.comm_overlap import tp_overlap_for
+from collsim.step.layer_passes import head_segments, sized_layer_segments
+from collsim.step.ops import BlockTimes, ChunkModel, Segment, StageModel, Step
+
+if TYPE_CHECKING:
+    from collsim.parallel.layer_comms import LayerComm
+    from collsim.step.shapes import ShapeCache
+
+__all__ = [
+    "build_stage",
+]
+
+
+def build_stage(
+    plan: Plan,
+    stage: int,
+    *,
+    layer: BlockTimes,
+    embedding: BlockTimes,
+    head: BlockTimes,
+    grad_bytes: int,
+    act_element_bytes: int,
+    layer_of: Callable[[int], BlockTimes] | None = None,
+    comms_of: Callable[[int], list[LayerComm]] | None = None,
+    cache: ShapeCache | None = None,
+) -> StageModel:
+    """The chunks of ``stage`` with their segments, tensors, DDP buckets and FSDP units.
+
+    ``layer_of`` gives the block times of a layer index (its kind; default ``layer`` for
+    all), ``comms_of`` its EP / CP collectives (default none); a ``cache`` shares the
+    tensors, buckets and units of a chunk shape with other plans (:func:`_chunk_params`)."""
+    spec = plan.spec
+    tp, sp = plan.tp, plan.parallel.sequence_parallel
+    # a CP rank holds s / cp tokens: its TP messages are b (s / cp) h
+    size = float(
+        plan.training.micro_batch * spec.seq_len // plan.cp * spec.hidden * act_element_bytes
+    )
+    comm = tp > 1
+    full = str(plan.training.recompute) == "full"
+    chunks: list[ChunkModel] = []
+    v = plan.virtual_stages
+    overlap = bool(plan.parallel.ep_overlap)
+    pipeline = plan.pipeline_schedule
+    split = pipeline.splits_backward
+    tp_how = tp_overlap_for(plan)
+    for c in range(v):
+        alt: dict[int, Segment] = {}  # a segment -> its paired form (EP overlap)
+        layers = plan.chunk_layers(stage, c)
+        part = pipeline.part_of(stage, c, plan.pp, v)
+        first = part == 0
+        last = part == plan.pp * v - 1
+        fwd: list[Segment] = []
+        bwd: list[Segment] = []
+        if first:
+            steps = [Step(embedding.forward_s)]
+            if comm:
+                steps.append(Step(op="reduce_scatter" if sp else "all_reduce", size_bytes=size))
+            fwd.append(Segment("embedding", steps, stored_bytes=embedding.stored_bytes))
+        for index in layers:
+            blk = layer if layer_of is None else layer_of(index)
+            comms = comms_of(index) if comms_of is not None else []
+            f_seg, b_seg, f_alt, b_alt = sized_layer_segments(
+                plan, index, blk, comms, size, full=full, overlap=overlap, tp_how=tp_how
+            )
+            fwd.append(f_seg)
+            bwd.append(b_seg)
+            if f_alt is not None and b_alt is not None:
+                alt[id(f_seg)], alt[id(b_seg)] = f_alt, b_alt
+        if last:
+            f_seg, b_seg = head_segments(plan, head, size)
+            fwd.append(f_seg)
+            bwd.insert(0, b_seg)
+        if first:
+            bwd.append(
+                Segment(
+                    "embedding", [Step(embedding.backward_s)], stored_bytes=embedding.stored_bytes
+                )
+            )
+        # layers run high to low in backward
+        layer_bwd = sorted((s for s in bwd if isinstance(s.key, int)), key=lambda s: -int(s.key))
+        head_seg = [s for s in bwd if s.key == "head"]
+        emb_seg = [s for s in bwd if s.key == "embedding"]
+        # a tied head needs its own copy only on another stage than the embedding
+        pp = plan.pp if plan.head_stage != 0 else 1
+        tensors, buckets, units = _chunk_params(
+            plan, layers, first=first, last=last, pp=pp, grad_bytes=grad_bytes, cache=cache
+        )
+        chunk = ChunkModel(
+            index=c,
+            layers=layers,
+            tensors=tensors,
+            forward=fwd,
+            backward=head_seg + layer_bwd + emb_seg,
+        )
+        if alt:
+            chunk.paired_forward = [alt.get(id(seg), seg) for seg in chunk.forward]
+            chunk.paired_backward = [alt.get(id(seg), seg) for seg in chunk.backward]
+        if split:
+            _split_chunk(
+                chunk, {"embedding": embedding, "head": head}, layer_of or (lambda _: layer)
+            )
+        chunk.buckets = buckets
+        chunk.units = units
+        chunks.append(chunk)
+    return StageModel(stage=stage, chunks=chunks)
+
+
+def _chunk_params(
+    plan: Plan,
+    layers: range,
+    *,
+    first: bool,
+    last: bool,
+    pp: int,
+    grad_bytes: int,
+    cache: ShapeCache | None,
+) -> tuple[list[ParamTensor], list[Bucket], list[FSDPUnit]]:
+    """A chunk's tensors, DDP buckets and FSDP units (made once per chunk shape in a
+    ``cache``; the lists are shared then, and nothing changes them)."""
+    spec = plan.spec
+
+    def tensors_of() -> list[ParamTensor]:
+        return chunk_tensors(
+            spec, layers, tp=plan.tp, first=first, last=last, pp=pp, ep=plan.ep, etp=plan.etp
+        )
+
+    if cache is None:
+        tensors = tensors_of()
+        return tensors, _buckets(plan, tensors, grad_bytes), build_units(tensors)
+    # keyed by the spec's identity (hashing a spec costs more than the lookup saves); the
+    # entry holds the spec, so a key is never reused by another spec while it lives
+    shape = (id(spec), layers.start, layers.stop, plan.tp, first, last, pp, plan.ep, plan.etp)
+    held, tensors, units = cache.get(
+        "chunk", shape, lambda: (spec, t := tensors_of(), build_units(t))
+    )
+    if held is not spec:  # pragma: no cover - another spec at a reused address
+        tensors = tensors_of()
+        units = build_units(tensors)
+    ddp = plan.parallel.ddp
+    key = (shape, ddp.bucket_mb, ddp.first_bucket_mb, grad_bytes)
+    held_b, buckets = cache.get("buckets", key, lambda: (spec, _buckets(plan, tensors, grad_bytes)))
+    if held_b is not spec:  # pragma: no cover - as above
+        buckets = _buckets(plan, tensors, grad_bytes)
+    return tensors, buckets, units
+
+
+def _split_chunk(
+    chunk: ChunkModel, blocks: dict[str, BlockTimes], layer_of: Callable[[int], BlockTimes]
+) -> None:
+    """Set ``chunk``'s input- and weight-gradient segments (:func:`_split_backward`)."""
+    pairs = [
+        _split_backward(seg, blocks.get(str(seg.key)) or layer_of(int(seg.key)))
+        for seg in chunk.backward
+    ]
+    chunk.input_grad = [i for i, _ in pairs]
+    chunk.weight_grad = [w for _, w in pairs]
+
+
+def _split_backward(seg: Segment, block: BlockTimes) -> tuple[Segment, Segment]:
+    """A backward segment as its input-gradient and weight-gradient segments (Qi et al. 2024,
+    section 2): the weight-gradient GEMMs (``block.wgrad_s``, the whole backward of the
+    embedding, a lookup with no input gradient) leave the segment's compute steps in
+    proportion and form the weight-gradient segment; collectives, recompute and the compute
+    beside an overlapped collective stay with the input gradient. The input-gradient segment
+    rebuilds the recomputed activations and keeps everything; the weight-gradient segment
+    frees it (and its gradients are what data parallelism waits for)."""
+    grad = seg.steps[seg.grad_from :]
+    plain = sum(st.seconds for st in grad if not st.op)
+    wgrad = plain if seg.key == "embedding" else min(block.wgrad_s, plain)
+    keep = 1.0 - wgrad / plain if plain > 0 else 1.0
+    steps = seg.steps[: seg.grad_from] + [
+        st if st.op else Step(st.seconds * keep, axis=st.axis) for st in grad
+    ]
+    held = seg.stored_bytes + seg.transient_bytes
+    return (
+        Segment(
+            seg.key,
+            [st for st in steps if st.op or st.seconds > 0],
+            grad_from=seg.grad_from,
+            stored_bytes=seg.stored_bytes,
+            transient_bytes=seg.transient_bytes,
+            frees=False,
+        ),
+        Segment(seg.key, [Step(wgrad)], stored_bytes=held),
+    )
+
+
+def _buckets(plan: Plan, tensors: list[ParamTensor], grad_bytes: int) -> list[Bucket]:
+    """A chunk's DDP buckets: the dense and the expert gradients bucket apart."""
+    ddp = plan.parallel.ddp
+    kinds: tuple[bool | None, ...] = (False, True) if any(t.expert for t in tensors) else (None,)
+    return [
+        b
+        for kind in kinds
+        for b in build_buckets(
+            tensors,
+            bucket_mb=ddp.bucket_mb,
+            first_bucket_mb=ddp.first_bucket_mb,
+            grad_bytes=grad_bytes,
+            expert=kind,
+        )
+    ]
