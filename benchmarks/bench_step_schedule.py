@@ -67,19 +67,28 @@ from collsim.cli import one_blas_thread
 one_blas_thread()  # as the collsim command starts (numpy's BLAS threads never used)
 from collsim.study.scenario import load_scenario
 from collsim.play.engine import simulate_step
+import collsim.step.assemble as assemble
+replay, replays = assemble.reserved_memory, []
+def timed_replay(*args, **kwargs):  # the allocator replay's share of the engine
+    t0 = time.process_time()
+    out = replay(*args, **kwargs)
+    replays.append(time.process_time() - t0)
+    return out
+assemble.reserved_memory = timed_replay
 sc = load_scenario(sys.argv[1]); topo = sc.cluster.load()
 simulate_step(topo, sc.model, sc.training, sc.parallel)  # warm (imports, first costs)
-times = []
+times, replays[:] = [], []
 for _ in range(int(sys.argv[2])):
     sc = load_scenario(sys.argv[1]); topo = sc.cluster.load()
     t0 = time.process_time()
     simulate_step(topo, sc.model, sc.training, sc.parallel)
     times.append(time.process_time() - t0)
-print(json.dumps(times))
+print(json.dumps([times, replays]))
 """
 
 
-def engine_seconds(repeats: int) -> list[float]:
+def engine_seconds(repeats: int) -> tuple[list[float], list[float]]:
+    """CPU seconds of the engine on 3d_175b per repeat, and of its allocator replay."""
     done = subprocess.run(
         [PY, "-c", ENGINE_CHILD, SCENARIO, str(repeats)],
         cwd=REPO,
@@ -89,8 +98,8 @@ def engine_seconds(repeats: int) -> list[float]:
         timeout=TIMEOUT_S,
         check=True,
     )
-    times: list[float] = json.loads(done.stdout.strip().splitlines()[-1])
-    return times
+    times, replays = json.loads(done.stdout.strip().splitlines()[-1])
+    return times, replays
 
 
 def main() -> int:
@@ -109,13 +118,14 @@ def main() -> int:
         floor.append(cpu_of(floor_cmd)[0])
         run.append(cpu_of(run_cmd)[0])
         big.append(cpu_of(big_cmd)[0])
-    engine = engine_seconds(args.repeats)
+    engine, replay = engine_seconds(args.repeats)
     med = statistics.median
     print(f"load average {os.getloadavg()[0]:.2f}; {args.repeats} interleaved repeats, medians")
     rows = [
         ("import floor (numpy, simpy, click, yaml)", med(floor), None, None),
         ("collsim run 3d_175b, whole process", med(run), med(run) / med(floor), 1.5),
         ("engine alone, loaded scenario -> result", med(engine), med(engine) / 0.030, None),
+        ("  of which the caching-allocator replay", med(replay), None, None),
         ("3d_175b at 65,536 GPUs, whole process", med(big), med(big) / med(run), 1.3),
     ]
     if not args.skip_des_collective:

@@ -1,20 +1,22 @@
-"""The caching allocator replay (collsim.step.allocator) against outcomes worked out by hand
-from the rules of c10/cuda/CUDACachingAllocator.cpp (pytorch/pytorch at 001074d), and its
-reserved memory on shipped scenarios."""
+"""The caching allocator (collsim.step.caching_allocator) and its replay
+(collsim.step.allocator) against outcomes worked out by hand from the rules of
+c10/cuda/CUDACachingAllocator.cpp (pytorch/pytorch at 001074d), and its reserved memory on
+shipped scenarios."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from collsim.cluster.hardware import get_device
-from collsim.step.allocator import (
+from collsim.step.allocator import cublas_workspaces, expandable_segments_of, replay_ledger
+from collsim.step.caching_allocator import (
     AllocatorOOM,
     CachingAllocator,
     allocation_size,
-    expandable_segments_of,
-    replay_ledger,
     round_size,
 )
 from collsim.step.memory import MemoryEvent
@@ -188,3 +190,134 @@ def test_closed_form_and_engine_reserve_the_same(name: str) -> None:
     assert closed.memory_reserved_bytes == engine.memory_reserved_bytes
     assert closed.memory_reserved_bytes is not None
     assert closed.memory_reserved_bytes >= closed.memory_peak_bytes
+
+
+# requests around the pool and segment thresholds: 512 B, 1 MiB, 10 MiB (sizes in KiB)
+_SIZES_KIB = st.sampled_from([1, 300, 1024, 1025, 2048, 6144, 9216, 10240, 11264, 30720, 49152])
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    expandable=st.booleans(),
+    live=st.lists(st.tuples(_SIZES_KIB, st.booleans()), min_size=1, max_size=25),
+    group=st.lists(_SIZES_KIB, min_size=1, max_size=6),
+)
+def test_a_group_freed_at_once_leaves_the_cache_as_it_was(
+    expandable: bool, live: list[tuple[int, bool]], group: list[int]
+) -> None:
+    # what the replay's shortcut rests on: tensors allocated from cached blocks and freed
+    # before anything else is allocated change nothing but the allocated peak
+    a = CachingAllocator(expandable_segments=expandable)
+    blocks = [(a.malloc(kib * 1024), keep) for kib, keep in live]
+    for block, keep in blocks:
+        if not keep:
+            a.free(block)
+    free_before = {pool: list(entries) for pool, entries in a._free.items()}
+    reserved, allocated = a.stats.reserved_bytes, a.stats.allocated_bytes
+    fit = a.cached_fit([kib * 1024 for kib in group])
+    made = [a.malloc(kib * 1024) for kib in group]
+    if fit is None:
+        assert a.stats.reserved_bytes > reserved
+        return
+    assert a.stats.reserved_bytes == reserved
+    assert a.stats.allocated_bytes - allocated == fit
+    for block in reversed(made):
+        a.free(block)
+    assert {pool: entries for pool, entries in a._free.items() if entries} == {
+        pool: entries for pool, entries in free_before.items() if entries
+    }
+
+
+def test_replay_holds_rebuilt_activations_freed_next() -> None:
+    # the rebuilt tensors of layer 1 (two blocks) come from the cached 20 MiB segment and are
+    # freed by the next event: the peak counts them, the cache does not change
+    ev = [
+        MemoryEvent(0.0, "activations", 6 * MIB, ("act", 0, 0, 0)),
+        MemoryEvent(1.0, "activations", 6 * MIB, ("act", 1, 0, 0)),
+        MemoryEvent(1.5, "activations", -6 * MIB, ("free", 0, 0, 0)),
+        MemoryEvent(2.0, "activations", 8 * MIB, ("recompute", 1, 0, 0)),
+        MemoryEvent(3.0, "activations", -14 * MIB, ("free", 1, 0, 0)),
+    ]
+    out = replay_ledger(0, ev, expandable_segments=False, tensors={8 * MIB: (2 * MIB, 6 * MIB)})
+    assert out.unmatched_bytes == 0
+    assert out.peak_reserved_bytes == 20 * MIB
+    assert out.peak_allocated_bytes == 14 * MIB  # 6 live + 2 + 6 held
+
+
+def test_cublas_workspaces_by_device() -> None:
+    # parseChosenWorkspaceSize (CublasHandlePool.cpp): 32 MiB on compute capability 9.0,
+    # else :4096:2:16:8; one per handle, two handles (forward and autograd threads)
+    assert cublas_workspaces(get_device("h100")) == (32 * MIB, 32 * MIB)
+    assert cublas_workspaces(get_device("a100")) == (8 * MIB + 128 * 1024,) * 2
+
+
+def test_replay_with_workspaces_and_the_heads_logits() -> None:
+    ev = [
+        MemoryEvent(0.0, "activations", 12 * MIB, ("act", "head", 0, 0)),
+        MemoryEvent(1.0, "activations", -12 * MIB, ("free", "head", 0, 0)),
+    ]
+    plain = replay_ledger(0, ev, expandable_segments=False, workspaces=(32 * MIB, 32 * MIB))
+    # two 32 MiB segments, then the 12 MiB head in a 12 MiB segment of its own
+    assert plain.peak_reserved_bytes == 76 * MIB
+    full = replay_ledger(
+        0, ev, expandable_segments=False, workspaces=(32 * MIB, 32 * MIB), logits=4 * MIB
+    )
+    # the 4 MiB logits take a 20 MiB segment (split 4 + 16), the head the 16 MiB rest; in
+    # backward the logits' gradient takes the freed 4 MiB block: no new segment
+    assert full.peak_reserved_bytes == 84 * MIB
+    assert full.peak_allocated_bytes == 80 * MIB
+    assert full.unmatched_bytes == 0
+
+
+def test_a_scenarios_logits_and_workspaces_by_hand() -> None:
+    # GPT-3 1.3B, micro-batch 2 x 2,048 tokens, vocabulary 50,257 on one rank, bf16; DGX H100
+    result = run_job(SCENARIOS / "ddp_gpt3_1.3b.yaml", fidelity="closed").result
+    assert result.allocator is not None
+    assert result.allocator["logits_bytes"] == 2 * 2048 * 50257 * 2
+    assert result.allocator["cublas_workspace_bytes"] == 64 * MIB
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    expandable=st.booleans(),
+    kept=st.lists(_SIZES_KIB, min_size=2, max_size=6),
+    rebuilt=st.lists(_SIZES_KIB, min_size=1, max_size=5),
+    microbatches=st.integers(min_value=1, max_value=3),
+    limit_mib=st.sampled_from([None, 120, 400]),
+)
+def test_holding_rebuilt_tensors_replays_to_the_same_bytes(
+    expandable: bool,
+    kept: list[int],
+    rebuilt: list[int],
+    microbatches: int,
+    limit_mib: int | None,
+) -> None:
+    # layers of a recomputed step: kept inputs in forward, then per layer in reverse its
+    # rebuilt tensors and their free with the kept input; replayed with and without holding
+    import collsim.step.allocator as allocator
+
+    rebuilt_bytes = sum(kib * 1024 for kib in rebuilt)
+    ev: list[MemoryEvent] = []
+    t = 0.0
+    for mb in range(microbatches):
+        for layer, kib in enumerate(kept):
+            ev.append(MemoryEvent(t, "activations", kib * 1024.0, ("act", layer, mb, 0)))
+            t += 1
+        for layer in reversed(range(len(kept))):
+            label = (layer, mb, 0)
+            ev.append(MemoryEvent(t, "activations", float(rebuilt_bytes), ("recompute", *label)))
+            t += 1
+            freed = -float(rebuilt_bytes + kept[layer] * 1024)
+            ev.append(MemoryEvent(t, "activations", freed, ("free", *label)))
+    tensors = {rebuilt_bytes: tuple(kib * 1024 for kib in rebuilt)}
+    limit = None if limit_mib is None else limit_mib * MIB
+
+    def replay() -> object:
+        return replay_ledger(
+            0, ev, expandable_segments=expandable, limit_bytes=limit, tensors=tensors
+        )
+
+    held = replay()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(allocator, "_freed_next", lambda ev, nxt: False)
+        assert replay() == held

@@ -18,6 +18,7 @@ import pytest
 distributed = pytest.importorskip("distributed")
 
 from collsim.cluster.topology import load_topology  # noqa: E402
+from collsim.core.errors import SimulationError  # noqa: E402
 from collsim.core.jobs import MAX_TASK_ITEMS, Workers  # noqa: E402
 from collsim.parallel.config import ParallelConfig, TrainingConfig  # noqa: E402
 from collsim.study.search import SearchSpace, search_plans  # noqa: E402
@@ -105,21 +106,34 @@ def _feeder(count: int, sizes: list[int]):
     return feed
 
 
-@pytest.mark.parametrize("remote", [False, True])
-def test_stream_gives_the_batches_in_the_order_fed(cluster, remote: bool) -> None:
+@pytest.mark.parametrize("backend", ["inline", "pool", "dask"])
+def test_stream_gives_the_batches_in_the_order_fed(cluster, backend: str) -> None:
     sizes: list[int] = []
-    scheduler = cluster.scheduler_address if remote else None
-    with Workers(1, _three, scheduler=scheduler) as workers:
+    scheduler = cluster.scheduler_address if backend == "dask" else None
+    jobs = 2 if backend == "pool" else 1
+    with Workers(jobs, _three, scheduler=scheduler) as workers:
         out = list(workers.stream(_square, _feeder(300, sizes)))
     assert [r for _, results in out for r in results] == [3 * i * i for i in range(300)]
     firsts = [tag for tag, _ in out]
     assert firsts == sorted(firsts) and firsts[0] == 0
-    if remote:
+    if backend == "inline":
+        assert set(sizes) == {workers.batch_size}
+    else:
         # one item per task until one has finished, then as many as its measured cost allows
         # (microseconds each here: the most a task takes)
         assert sizes[0] == 1 and max(sizes) == MAX_TASK_ITEMS
-    else:
-        assert set(sizes) == {workers.batch_size}
+
+
+def _exit_on_seven(ctx: int, item: int) -> int:
+    if item == 7:
+        os._exit(1)  # the process dies as a killed one would
+    return ctx * item
+
+
+def test_a_pool_process_that_dies_mid_stream_is_an_error() -> None:
+    with pytest.raises(SimulationError, match="worker process died"):
+        with Workers(2, _three) as workers:
+            list(workers.stream(_exit_on_seven, _feeder(50, [])))
 
 
 def _built(path: str) -> int:

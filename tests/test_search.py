@@ -377,9 +377,14 @@ def test_pruning_on_a_space_of_20000_plans_returns_the_same_best_ten(h100x16) ->
 
 @pytest.mark.parametrize("order", ["tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"])
 def test_the_bound_prices_the_plans_own_data_parallel_groups(order: str) -> None:
+    # the data-parallel floor of a DDP plan is one all-reduce of the stage's gradients in the
+    # dp group the plan's own rank order gives its first rank (dp inside or outside pp)
     from collsim.parallel.plan import build_plan
+    from collsim.step.build import bytes_per
+    from collsim.step.pricing import ClosedPricer
     from collsim.study.search import Candidate
     from collsim.study.search.bounds import Bounds
+    from collsim.workload.memory import parameters_per_rank
 
     topology = load_topology("dgx_h100", nodes=4)
     spec = get_preset("gpt3-13b")
@@ -387,14 +392,19 @@ def test_the_bound_prices_the_plans_own_data_parallel_groups(order: str) -> None
     parallel = ParallelConfig(dp=32, order=order)
     bounds = Bounds(topology, spec, training, parallel)
     plan_c = Candidate(
-        tp=2, pp=4, dp=4, micro_batch=1, schedule="1f1b", virtual_stages=1, zero=1,
+        tp=2, pp=4, dp=4, micro_batch=1, schedule="1f1b", virtual_stages=1, zero=0,
         recompute="none", sequence_parallel=False,
     )  # fmt: skip
     train_c, par_c = plan_c.configs(training, parallel)
     plan = build_plan(topology, spec, train_c, par_c)
-    for stage in (0, 3):
-        first = plan.rank(dp=0, pp=stage, tp=0)
-        assert bounds._dp_group(plan_c, stage) == plan.group_of(first, "dp")
+    pricer = ClosedPricer(topology)
+    before = bounds._program_dp(plan_c)[0]
+    for i, stage in enumerate((0, 3)):
+        group = plan.group_of(plan.rank(dp=0, pp=stage, tp=0), "dp")
+        numel = parameters_per_rank(spec, tp=2, pp=4, stage=stage)
+        size = numel * bytes_per(training).grad
+        assert before[i] == pytest.approx(pricer.cost("all_reduce", size, group).time_s)
+    assert len(set(group)) == 4
 
 
 @pytest.mark.parametrize(
@@ -644,10 +654,11 @@ def test_search_chooses_dualpipev_where_the_bubble_dominates(h100x16) -> None:
 
 def _moe_cp_space(large: bool) -> SearchSpace:
     """Expert- and context-parallel plans of SMALL_MOE on 16 GPUs (global batch 16): 1,782 that
-    build (of 11,196 in the grid), or about 25,000 with ``large``."""
+    build (of 11,196 in the grid), or 27,090 with ``large`` (both CP algorithms)."""
     if large:
         return SearchSpace(
             cps=(1, 2, 4),
+            cp_algorithms=("ring", "all_gather"),
             eps=(1, 2, 4, 8, 16),
             micro_batches=(1, 2),
             bucket_mbs=(25.0, 100.0),
@@ -665,7 +676,7 @@ def _moe_cp_space(large: bool) -> SearchSpace:
 @pytest.mark.parametrize(
     "large",
     [False, pytest.param(True, marks=[pytest.mark.slow, pytest.mark.timeout(7200)])],
-    ids=["1700", "25000"],
+    ids=["1700", "27000"],
 )
 def test_pruning_expert_and_context_parallel_plans_keeps_the_best_ten(h100x16, large) -> None:
     # branch and bound over a space of expert- and context-parallel plans of a small MoE

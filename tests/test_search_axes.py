@@ -21,8 +21,9 @@ from collsim.core.errors import ConfigError
 from collsim.parallel.config import ParallelConfig, TrainingConfig
 from collsim.parallel.dispatch import ep_layout
 from collsim.parallel.plan import build_plan
-from collsim.play.walk import Estimator
+from collsim.play.walk import Estimator, estimate_step
 from collsim.study.search import REASONS, SearchSpace, enumerate_plans, search_plans
+from collsim.study.search.bounds import memory_limit_bytes
 from collsim.study.search.space import Candidate, _Rules
 from collsim.study.search.variants import VariantBounds
 from collsim.study.space_file import read_space
@@ -366,6 +367,32 @@ KINDS: dict[str, tuple[TransformerSpec, str, str | None, dict[str, object]]] = {
             reshards=(True, False),
         ),
     ),
+    "dense": (
+        DENSE,
+        "bf16",
+        None,
+        dict(
+            schedules=("gpipe", "1f1b", "interleaved", "zb_h1", "dualpipev"),
+            zero_stages=(0, 1, 2, 3),
+            tps=(1, 2, 4),
+            pps=(1, 2, 4),
+            overlaps=(True, False),
+            bucket_mbs=(10.0, 400.0),
+        ),
+    ),
+    "fsdp": (
+        DENSE,
+        "bf16",
+        None,
+        dict(
+            zero_stages=(3,),
+            prefetches=(0, 1, 2),
+            offloads=(False, True),
+            reshards=(True, False),
+            shard_groups=(4, 16),
+            tps=(1, 2),
+        ),
+    ),
     "schedules": (
         DENSE,
         "bf16",
@@ -382,7 +409,8 @@ KINDS: dict[str, tuple[TransformerSpec, str, str | None, dict[str, object]]] = {
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_random_plans_of_each_kind_keep_their_floors_below_the_estimate(kind: str) -> None:
-    # random plans of one kind (MoE, CP, FP8, ZeRO-3, pipeline schedules), each estimated:
+    # random plans of one kind (MoE, CP, FP8, ZeRO-3, dense DDP / ZeRO-1-3 / TP / SP / PP,
+    # FSDP / HSDP with offload and resharding, pipeline schedules), each estimated:
     # the memory floor never above the estimate's peak, the step floors never above its step
     spec, dtype, stack, axes = KINDS[kind]
     topology = load_topology("dgx_h100", nodes=2)
@@ -393,9 +421,9 @@ def test_random_plans_of_each_kind_keep_their_floors_below_the_estimate(kind: st
         schedules=axes.get("schedules", ("1f1b", "interleaved")),  # type: ignore[arg-type]
         virtual_stages=(2,),
         recomputes=("none", "selective", "full"),
-        bucket_mbs=(25.0,),
+        bucket_mbs=axes.get("bucket_mbs", (25.0,)),  # type: ignore[arg-type]
         bucket_views=(False,),
-        **{k: v for k, v in axes.items() if k not in ("micro_batches", "schedules")},  # type: ignore[arg-type]
+        **{k: v for k, v in axes.items() if k not in ("micro_batches", "schedules", "bucket_mbs")},  # type: ignore[arg-type]
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -451,3 +479,97 @@ def test_pruning_fp8_expert_plans_returns_the_best_ten_of_estimating_all() -> No
     assert pruned.estimated < full.estimated
     best = [(r.candidate, r.estimate.step_time_s) for r in full.ranked[:10]]
     assert [(r.candidate, r.estimate.step_time_s) for r in pruned.ranked[:10]] == best
+
+
+WIDE = TransformerSpec(
+    name="wide-dense",
+    num_layers=8,
+    hidden=8192,
+    num_heads=64,
+    num_kv_heads=8,
+    ffn_hidden=28672,
+    seq_len=2048,
+    vocab=32000,
+    gated_mlp=True,
+)
+
+
+def test_pruning_dense_plans_returns_the_best_ten_of_estimating_all() -> None:
+    # a dense model too large for DDP on 16 GPUs: DDP, ZeRO-1/2/3 with offload and
+    # resharding, TP with and without SP, PP under every schedule, recompute; branch and bound
+    # on the program-read floors (the memory floor pruning many) against estimating every plan
+    topology = load_topology("dgx_h100", nodes=2)
+    training = TrainingConfig(global_batch=32, micro_batch=1, dtype="bf16")
+    base = ParallelConfig(dp=16)
+    space = SearchSpace(
+        micro_batches=(1, 2),
+        schedules=("gpipe", "1f1b", "interleaved", "zb_h1", "dualpipev"),
+        virtual_stages=(2,),
+        zero_stages=(0, 1, 2, 3),
+        recomputes=("none", "full"),
+        bucket_mbs=(25.0,),
+        bucket_views=(False,),
+        prefetches=(1,),
+        offloads=(False, True),
+        tps=(1, 4),
+        pps=(1, 2, 4),
+    )
+    args = (topology, WIDE, training, base)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pruned = search_plans(*args, space=space, top_k=0, prune_keep=10)
+        full = search_plans(*args, space=space, top_k=0, prune_keep=0)
+    assert full.estimated == full.buildable >= 300
+    assert pruned.rejected["memory_bound"] > 0 and pruned.rejected["bound"] > 0
+    assert pruned.estimated < full.estimated / 3
+    fits = {r.candidate for r in full.ranked}
+    assert {c.schedule for c in fits if c.pp > 1} >= {"1f1b", "interleaved", "zb_h1", "dualpipev"}
+    assert {c.zero for c in fits} == {0, 1, 2, 3}
+    best = [(r.candidate, r.estimate.step_time_s) for r in full.ranked[:10]]
+    assert [(r.candidate, r.estimate.step_time_s) for r in pruned.ranked[:10]] == best
+
+
+def test_no_plan_the_fit_verdict_keeps_is_pruned_by_the_memory_floor() -> None:
+    # the plans near the GPU's limit, each run as `collsim run --fidelity closed` runs it
+    # (the caching allocator replayed): a plan that fits there has its memory floor within
+    # the limit the search prunes against; some fit with more allocated than the older rule
+    # (allocated against the capacity less a 3 % share) allowed
+    topology = load_topology("dgx_h100", nodes=2)
+    device = topology.device
+    training = TrainingConfig(global_batch=32, micro_batch=1, dtype="bf16")
+    base = ParallelConfig(dp=16)
+    space = SearchSpace(
+        micro_batches=(1, 2),
+        schedules=("1f1b", "interleaved"),
+        virtual_stages=(2,),
+        zero_stages=(0, 1, 2, 3),
+        recomputes=("none", "selective", "full"),
+        bucket_mbs=(25.0,),
+        bucket_views=(False,),
+        prefetches=(1,),
+        offloads=(False,),
+        tps=(1, 2, 4),
+        pps=(1, 2, 4),
+    )
+    limit = memory_limit_bytes(device)
+    assert device.usable_memory_bytes < limit < device.reported_capacity_bytes
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plans = list(enumerate_plans(WIDE, 16, 8, 32, space, base=base, training=training))
+        bounds = VariantBounds(topology, WIDE, training, base)
+        near = [p for p in plans if 0.85 * limit < bounds.memory_bytes(p) < 1.15 * limit]
+        fits = over_old = refused = 0
+        estimator = Estimator(topology, WIDE)
+        for plan in near:
+            result = estimate_step(topology, WIDE, *plan.configs(training, base))
+            floor = bounds.memory_bytes(plan)
+            # the search's own estimate (no memory timeline) gives the run's verdict
+            assert estimator.estimate(*plan.configs(training, base)).fits == result.fits
+            if result.fits:
+                fits += 1
+                assert floor <= limit, plan.label
+                over_old += floor > device.usable_memory_bytes
+            else:
+                refused += 1
+    assert fits >= 5 and refused > 0, (fits, refused)
+    assert over_old > 0

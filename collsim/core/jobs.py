@@ -1,55 +1,41 @@
-"""Independent evaluations on this machine's cores or on a Dask cluster (``search``, ``sweep``).
-
-:class:`Workers` builds one context per process (an estimator, a loaded scenario) with a
-factory, then maps a function ``fn(context, item)`` over items in order. Two backends: the
-local one (``--jobs N``: ``jobs=1`` runs inline, more fork a pool whose workers inherit the
-factory's arguments) and Dask (``--scheduler tcp://HOST:8786``, the optional ``distributed``
-package): the factory and its arguments go to every worker once, as a worker plugin that builds
-the context there (:mod:`collsim.core.dask_worker`; a worker that joins later builds it as it
-starts), and the items go in batches that carry nothing else, so a worker that dies is replaced
-and its batches rerun by Dask with the same results. Every map waits at most
-``timeout_s`` and the connection ``connect_timeout_s``: a hang, a dead pool or a lost scheduler
-is an error that says so (:class:`SchedulerLost` for the last), never a hang.
+"""Independent evaluations on this machine's cores or on a Dask cluster (``search``, ``sweep``):
+:class:`Workers` builds one context per process (an estimator, a loaded scenario) with a factory,
+then maps a function ``fn(context, item)`` over items in order, on one of two backends: the local
+one (``--jobs N``: ``jobs=1`` runs inline, more fork a pool whose workers inherit the factory's
+arguments) or Dask (``--scheduler tcp://HOST:8786``: :class:`collsim.core.dask_client.DaskPool`).
+Every map waits at most ``timeout_s`` and the connection ``connect_timeout_s``: a hang, a dead
+pool or a lost scheduler is an error that says so (:class:`SchedulerLost` for the last), never a
+hang.
 """
 
 from __future__ import annotations
 
-import logging
-import math
 import multiprocessing
 import os
 import signal
-import socket
-import threading
 import time
-import uuid
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import CancelledError, ProcessPoolExecutor, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Generic, TypeVar
-from urllib.parse import urlsplit
 
-from collsim.core.errors import ConfigError, SimulationError
+from collsim.core.dask_client import CONNECT_TIMEOUT_S, DaskPool, SchedulerLost, check_scheduler
+from collsim.core.errors import SimulationError
+from collsim.core.task_stream import MAX_TASK_ITEMS, stream_tasks
 
-__all__ = ["Workers", "SchedulerLost", "check_scheduler", "default_jobs"]
+__all__ = [
+    "Workers",
+    "SchedulerLost",
+    "check_scheduler",
+    "default_jobs",
+    "MAX_TASK_ITEMS",
+    "LOCAL_TASK_TARGET_S",
+]
 
-#: Seconds to reach a Dask scheduler before ``--scheduler`` is refused (the issue asks for one
-#: line within 10 s on an unreachable address).
-CONNECT_TIMEOUT_S = 3.0
-
-#: Times Dask reruns a batch whose task raised (a worker that dies is rescheduled by Dask
-#: itself, up to its ``distributed.scheduler.allowed-failures``, 3 by default).
-TASK_RETRIES = 2
-
-#: Seconds of work a Dask task of :meth:`Workers.stream` is sized to, by the items' own
-#: measured times: the per-task cost of the client, the scheduler and the worker (a few
-#: milliseconds, tens on a loaded machine) stays a few percent of it, and the last tasks of a
-#: search keep no worker waiting for long.
-TASK_TARGET_S = 0.5
-
-#: The most items one such task carries.
-MAX_TASK_ITEMS = 256
+#: Seconds of work a task of :meth:`Workers.stream` on this machine's pool is sized to: a
+#: local round trip costs a fraction of a millisecond, and a short task keeps the plans
+#: estimated past a search's bound (at most two tasks per process) few.
+LOCAL_TASK_TARGET_S = 0.05
 
 C = TypeVar("C")
 T = TypeVar("T")
@@ -80,317 +66,11 @@ def _call(fn: Callable[[Any, Any], Any], item: Any) -> Any:
     return fn(_context, item)
 
 
-def check_scheduler(address: str, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> None:
-    """Reach the Dask scheduler at ``address`` and let it go: done before long work, so that a
-    wrong ``--scheduler`` is one line within seconds.
-
-    A ``tcp://HOST:PORT`` address is first tried with a plain socket, so that a port where
-    nothing listens is refused before ``distributed`` is even imported (seconds on a busy
-    machine).
-
-    Raises:
-        ConfigError: no ``distributed`` package, or no scheduler answers there (exit 2).
-    """
-    _probe(address, connect_timeout_s)
-    _connect(address, connect_timeout_s).close()
-
-
-def _probe(address: str, timeout_s: float) -> None:
-    """Open and close a TCP connection to a ``tcp://HOST:PORT`` address (others: nothing)."""
-
-    if "://" not in address:  # Dask reads HOST:PORT as tcp://HOST:PORT
-        address = f"tcp://{address}"
-    if not address.startswith("tcp://"):
-        return
-    try:
-        parts = urlsplit(address)
-        host, port = parts.hostname, parts.port or 8786  # Dask's default port
-    except ValueError as exc:
-        raise ConfigError(f"not an address: {address!r} ({exc})", key_path="--scheduler") from None
-    if host is None or port is None:
-        raise ConfigError(f"expected tcp://HOST:PORT, got {address!r}", key_path="--scheduler")
-    try:
-        socket.create_connection((host, port), timeout=timeout_s).close()
-    except OSError as exc:
-        why = exc.strerror or type(exc).__name__
-        raise ConfigError(
-            f"cannot reach the Dask scheduler {address!r} in {timeout_s:g} s ({why})",
-            key_path="--scheduler",
-        ) from None
-
-
-def _connect(address: str, connect_timeout_s: float) -> Any:
-    """A ``distributed.Client`` on ``address`` (ConfigError naming ``--scheduler`` if none)."""
-    try:
-        # optional (the cluster extra): loaded only with a Dask scheduler
-        from distributed import Client
-    except ImportError:
-        raise ConfigError(
-            "needs the distributed package (pip install 'collsim[cluster]')",
-            key_path="--scheduler",
-        ) from None
-
-    # a lost scheduler is reported once, by the caller (SchedulerLost): not also as the
-    # client's own "Failed to reconnect" log record
-    logging.getLogger("distributed.client").setLevel(logging.CRITICAL)
-    try:
-        return Client(  # type: ignore[no-untyped-call]
-            address, timeout=f"{connect_timeout_s}s", set_as_default=False
-        )
-    except Exception as exc:  # refused, timed out, a bad address, not a scheduler
-        why = " ".join(str(exc).split())[:200] or type(exc).__name__
-        raise ConfigError(
-            f"cannot reach the Dask scheduler {address!r} in {connect_timeout_s:g} s ({why})",
-            key_path="--scheduler",
-        ) from None
-
-
-class SchedulerLost(SimulationError):
-    """The Dask scheduler went away (or stopped answering) during a map."""
-
-
-class _Dask:
-    """The Dask side of :class:`Workers`: a client on ``address``, the worker plugin that
-    holds the context on every worker, and the batches it sends."""
-
-    def __init__(
-        self,
-        address: str,
-        factory: Callable[..., Any],
-        args: tuple[Any, ...],
-        *,
-        timeout_s: float,
-        connect_timeout_s: float,
-    ) -> None:
-        self.address = address
-        self.timeout_s = timeout_s
-        self.token = f"collsim-{uuid.uuid4().hex}"
-        self.client: Any = _connect(address, connect_timeout_s)
-        self._slots: tuple[float, int] | None = None
-        try:
-            self._register(factory, args)
-        except BaseException:
-            self.close()
-            raise
-
-    def _register(self, factory: Callable[..., Any], args: tuple[Any, ...]) -> None:
-        """Send the context's factory to every worker (and to those that join later), and
-        wait at most ``timeout_s`` for the workers to build it."""
-
-        # optional (the cluster extra): loaded only with a Dask scheduler
-        from collsim.core.dask_worker import ContextPlugin
-
-        plugin = ContextPlugin(self.token, factory, args)
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            future = pool.submit(self.client.register_plugin, plugin, self.token)
-            try:
-                future.result(timeout=self.timeout_s)
-            except TimeoutError:
-                raise SimulationError(
-                    f"the Dask workers of {self.address} did not build the context in "
-                    f"{self.timeout_s:g} s"
-                ) from None
-
-    def slots(self) -> int:
-        """Worker threads the cluster has now (at least 1; asked at most once a second)."""
-        now = time.monotonic()
-        if self._slots is not None and now - self._slots[0] < 1.0:
-            return self._slots[1]
-        try:
-            nthreads: dict[str, int] = self.client.nthreads(callback_timeout=CONNECT_TIMEOUT_S)
-            count = max(1, sum(nthreads.values()))
-        except Exception:  # a cluster that does not answer has one slot
-            count = 1
-        self._slots = (now, count)
-        return count
-
-    def submit(
-        self, fn: Callable[[Any, Any], Any], items: list[Any], *, batched: bool = True
-    ) -> list[tuple[Any, int]]:
-        """The items in batches (two per worker thread, so that one waits while the other
-        runs; one item each unless ``batched``), one task per batch: (future, items in it)."""
-        if not items:
-            return []
-
-        # optional (the cluster extra): loaded only with a Dask scheduler
-        from collsim.core.dask_worker import run_batch
-
-        chunks = min(len(items), 2 * self.slots()) if batched else len(items)
-        size = math.ceil(len(items) / chunks)
-        out = []
-        for start in range(0, len(items), size):
-            chunk = items[start : start + size]
-            future = self.client.submit(
-                run_batch, self.token, fn, chunk, pure=False, retries=TASK_RETRIES
-            )
-            out.append((future, len(chunk)))
-        return out
-
-    def result(self, future: Any, timeout_s: float) -> list[Any]:
-        """A batch's results; a lost scheduler or a timeout is a :class:`SimulationError`."""
-        return self.outcome(future, timeout_s)[1]
-
-    def outcome(self, future: Any, timeout_s: float) -> tuple[float, list[Any]]:
-        """A batch's seconds on its worker and its results (errors as :meth:`result`)."""
-
-        # optional (the cluster extra): loaded only with a Dask scheduler
-        from distributed import KilledWorker
-        from distributed.client import ClosedClientError
-        from distributed.comm.core import CommClosedError
-
-        try:
-            seconds, results = future.result(timeout=timeout_s)
-            return float(seconds), list(results)
-        except KilledWorker as exc:
-            raise SimulationError(f"Dask workers died on a batch of plans ({exc})") from None
-        except TimeoutError:
-            if self.client.status != "running":
-                raise SchedulerLost(f"lost the Dask scheduler {self.address}") from None
-            raise SimulationError(
-                f"a batch did not finish in {timeout_s:g} s on the Dask cluster {self.address}"
-            ) from None
-        except (CancelledError, ClosedClientError, CommClosedError, OSError) as exc:
-            raise SchedulerLost(
-                f"lost the Dask scheduler {self.address} ({type(exc).__name__})"
-            ) from None
-
-    def _submit(
-        self, fn: Callable[[Any, Any], Any], items: list[Any], *, batched: bool = True
-    ) -> list[tuple[Any, int]]:
-        """:meth:`submit`; a client that lost its scheduler is :class:`SchedulerLost`."""
-
-        # optional (the cluster extra): loaded only with a Dask scheduler
-        from distributed.client import ClosedClientError
-        from distributed.comm.core import CommClosedError
-
-        try:
-            return self.submit(fn, items, batched=batched)
-        except (ClosedClientError, CommClosedError, CancelledError, OSError) as exc:
-            raise SchedulerLost(
-                f"lost the Dask scheduler {self.address} ({type(exc).__name__})"
-            ) from None
-
-    def map(self, fn: Callable[[Any, Any], Any], items: list[Any]) -> list[Any]:
-
-        deadline = time.monotonic() + self.timeout_s
-        batches = self._submit(fn, items)
-        out: list[Any] = []
-        try:
-            for future, _ in batches:
-                out += self.result(future, max(0.1, deadline - time.monotonic()))
-        finally:
-            for future, _ in batches:
-                future.release()
-        return out
-
-    def imap(self, fn: Callable[[Any, Any], Any], items: list[Any]) -> Iterator[Any]:
-        batches = self._submit(fn, items, batched=False)
-        try:
-            for future, _ in batches:
-                yield from self.result(future, self.timeout_s)
-        finally:
-            for future, _ in batches:
-                try:
-                    future.cancel()
-                except Exception:  # a client without its scheduler has nothing to cancel
-                    pass
-
-    def stream(
-        self,
-        fn: Callable[[Any, Any], Any],
-        feed: Callable[[int], tuple[Any, list[Any]] | None],
-    ) -> Iterator[tuple[Any, list[Any]]]:
-        """:meth:`Workers.stream` on the cluster: up to two tasks per worker thread queued or
-        running at any time, a new one sent as soon as one finishes (no worker waits for the
-        others at a barrier), each of about :data:`TASK_TARGET_S` seconds of work as the
-        finished ones measured it (one item per task at first)."""
-
-        # optional (the cluster extra): loaded only with a Dask scheduler
-        from collsim.core.dask_worker import run_batch
-
-        queue: deque[tuple[Any, Any, int]] = deque()  # (future, tag, items), in sent order
-        finished = threading.Event()  # set as any task finishes (Dask's callback thread)
-        size, spent_s, done_items = 1, 0.0, 0
-        fed = True
-        try:
-            while True:
-                running = sum(1 for future, _, _ in queue if not future.done())
-                while fed and running < 2 * self.slots():
-                    got = feed(size)
-                    if got is None:
-                        fed = False
-                        break
-                    tag, items = got
-                    future = self._call(
-                        self.client.submit,
-                        run_batch,
-                        self.token,
-                        fn,
-                        items,
-                        pure=False,
-                        retries=TASK_RETRIES,
-                    )
-                    future.add_done_callback(lambda _: finished.set())
-                    queue.append((future, tag, len(items)))
-                    running += 1
-                if not queue:
-                    return
-                future, tag, count = queue[0]
-                if not future.done():
-                    finished.clear()
-                    still = sum(1 for f, _, _ in queue if not f.done())
-                    if still >= running and not finished.wait(self.timeout_s):
-                        self._late()
-                    continue
-                queue.popleft()
-                seconds, results = self.outcome(future, self.timeout_s)
-                spent_s, done_items = spent_s + seconds, done_items + count
-                if spent_s > 0:
-                    size = max(1, min(MAX_TASK_ITEMS, round(TASK_TARGET_S * done_items / spent_s)))
-                yield tag, results
-        finally:
-            for future, _, _ in queue:
-                try:
-                    future.cancel()
-                except Exception:  # a client without its scheduler has nothing to cancel
-                    pass
-
-    def _late(self) -> None:
-        """No task finished in ``timeout_s``: a lost scheduler or a cluster that hangs."""
-        if self.client.status != "running":
-            raise SchedulerLost(f"lost the Dask scheduler {self.address}")
-        raise SimulationError(
-            f"no batch finished in {self.timeout_s:g} s on the Dask cluster {self.address}"
-        )
-
-    def _call(self, call: Callable[..., R], *args: Any, **kwargs: Any) -> R:
-        """``call(*args, **kwargs)``; a client that lost its scheduler is
-        :class:`SchedulerLost`."""
-
-        # optional (the cluster extra): loaded only with a Dask scheduler
-        from distributed.client import ClosedClientError
-        from distributed.comm.core import CommClosedError
-
-        try:
-            return call(*args, **kwargs)
-        except (ClosedClientError, CommClosedError, CancelledError, OSError) as exc:
-            raise SchedulerLost(
-                f"lost the Dask scheduler {self.address} ({type(exc).__name__})"
-            ) from None
-
-    def close(self) -> None:
-        """Remove the plugin (the workers drop the context) and close the client; a
-        scheduler that is gone or slow to answer is left as it is."""
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            future = pool.submit(self.client.unregister_worker_plugin, self.token)
-            try:
-                future.result(timeout=CONNECT_TIMEOUT_S)
-            except Exception:  # a scheduler that is gone has no plugin to remove
-                pass
-        try:
-            self.client.close(timeout=CONNECT_TIMEOUT_S)
-        except Exception:  # closing a client whose scheduler is gone
-            pass
+def _call_batch(fn: Callable[[Any, Any], Any], items: list[Any]) -> tuple[float, list[Any]]:
+    """A local task: ``[fn(context, item) for item in items]`` and the seconds they took."""
+    started = time.perf_counter()
+    out = [fn(_context, item) for item in items]
+    return time.perf_counter() - started, out
 
 
 class Workers(Generic[C]):
@@ -422,9 +102,9 @@ class Workers(Generic[C]):
         self.timeout_s = timeout_s
         self._pool: ProcessPoolExecutor | None = None
         self._inline: C | None = None
-        self._dask: _Dask | None = None
+        self._dask: DaskPool | None = None
         if scheduler is not None:
-            self._dask = _Dask(
+            self._dask = DaskPool(
                 scheduler,
                 factory,
                 args,
@@ -495,21 +175,48 @@ class Workers(Generic[C]):
         """Results of batches that ``feed`` picks as workers free up: ``feed(n)`` returns
         ``(tag, items)`` with at most ``n`` items (None: no more), and each batch comes back
         as ``(tag, [fn(context, item) ...])`` in the order fed, so that ``feed`` may choose
-        the next items by the results so far. Locally a batch is :attr:`batch_size` items
-        mapped at once; on Dask the batches are tasks sized by their measured cost and sent
-        as soon as a worker has room (:meth:`_Dask.stream`)."""
+        the next items by the results so far. Inline a batch is one item; on the local pool
+        and on Dask the batches are tasks sized by their measured cost and sent as soon as a
+        process has room (:func:`collsim.core.task_stream.stream_tasks`;
+        :data:`LOCAL_TASK_TARGET_S` and :data:`collsim.core.dask_client.TASK_TARGET_S` of work
+        each)."""
         if self._dask is not None:
             yield from self._dask.stream(fn, feed)
             return
-        while (got := feed(self.batch_size)) is not None:
-            tag, items = got
-            yield tag, self.map(fn, items)
+        pool = self._pool
+        if pool is None:
+            while (got := feed(self.batch_size)) is not None:
+                tag, items = got
+                yield tag, [fn(self._inline, item) for item in items]  # type: ignore[arg-type]
+            return
+        yield from stream_tasks(
+            feed,
+            lambda items: pool.submit(_call_batch, fn, items),
+            self._local_outcome,
+            lambda: self.jobs,
+            target_s=LOCAL_TASK_TARGET_S,
+            timeout_s=self.timeout_s,
+            late=self._late,
+        )
+
+    @staticmethod
+    def _local_outcome(future: Future[tuple[float, list[Any]]]) -> tuple[float, list[Any]]:
+        """A local task's seconds and results (a dead process: :class:`SimulationError`)."""
+        try:
+            return future.result()
+        except BrokenProcessPool as exc:
+            raise SimulationError(f"a worker process died: {exc}") from None
+
+    def _late(self) -> None:
+        raise SimulationError(
+            f"no evaluation finished in {self.timeout_s:g} s on {self.jobs} processes"
+        )
 
     @property
     def batch_size(self) -> int:
         """Items worth sending in one :meth:`map` when the caller picks them a batch at a
-        time: 1 inline, two per process locally, sixteen per worker thread on Dask (where
-        :meth:`stream` sizes its tasks by their measured cost instead)."""
+        time: 1 inline, two per process locally, sixteen per worker thread on Dask
+        (:meth:`stream` sizes its tasks by their measured cost instead)."""
         if self._dask is not None:
             return 16 * self.jobs
         return 1 if self.jobs == 1 else 2 * self.jobs

@@ -147,6 +147,9 @@ class ParallelAxis(StrEnum):
     MP = "mp"
     """The model-parallel ranks of one data-parallel replica (every tp, cp and pp index at one
     dp index): the group of the gradient-norm all-reduce."""
+    TP_DP_CP = "tp_dp_cp"
+    """Every rank of one pipeline stage (tp x dp x cp): Megatron-Core's FP8 amax reduction
+    group (``get_amax_reduction_group(with_context_parallel=True)``)."""
 
 
 DATA_PARALLEL_AXES = frozenset(
@@ -202,11 +205,17 @@ class CPAlgorithm(StrEnum):
     attention blocks (Liu et al. 2023 "Ring Attention", Megatron-Core / Transformer Engine
     ``cp_comm_type: p2p``). ``all_gather``: every rank all-gathers the whole sequence's K and
     V before attention ("The Llama 3 Herd of Models", arXiv 2407.21783, section 3.3.2; TE
-    ``cp_comm_type: all_gather``).
+    ``cp_comm_type: all_gather``). ``torch_allgather`` / ``torch_alltoall``: torch's
+    experimental context parallelism for SDPA (``torch.distributed.tensor.experimental.
+    context_parallel``, what torchtitan runs) with its rotate method ``allgather`` (the
+    default) or ``alltoall``: one SDPA call per KV chunk and log-sum-exp merges
+    (:mod:`collsim.workload.torch_cp`).
     """
 
     RING = "ring"
     ALL_GATHER = "all_gather"
+    TORCH_ALLGATHER = "torch_allgather"
+    TORCH_ALLTOALL = "torch_alltoall"
 
 
 # -- training -------------------------------------------------------------------------------

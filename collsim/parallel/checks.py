@@ -10,11 +10,12 @@ from typing import TYPE_CHECKING
 from collsim.core.errors import ConfigError
 from collsim.parallel.config import ParallelConfig, TrainingConfig
 from collsim.workload.memory import balanced_chunk_layers
+from collsim.workload.torch_cp import is_torch_cp
 
 if TYPE_CHECKING:
     from collsim.workload.model import TransformerSpec
 
-__all__ = ["check_experts_and_context", "chunk_sizes"]
+__all__ = ["check_experts_and_context", "check_torch_cp", "chunk_sizes"]
 
 
 def chunk_sizes(spec: TransformerSpec, parallel: ParallelConfig) -> tuple[int, ...]:
@@ -136,4 +137,32 @@ def check_experts_and_context(
         raise ConfigError(
             f"fp8_all_gather needs training.dtype: fp8, got {training.dtype}",
             key_path="parallel.fsdp.fp8_all_gather",
+        )
+
+
+TORCH_CP_KERNELS = ("flash2", "cudnn")
+"""Attention kernels torch's context parallelism runs: it replaces only SDPA's flash,
+memory-efficient and cuDNN ops (``_sdpa_handler``: "CP only supports flash attention and
+memory efficient attention now"), so FlashAttention-3, Triton kernels and eager attention
+(SDPA's math path) are refused."""
+
+
+def check_torch_cp(training: TrainingConfig, parallel: ParallelConfig) -> None:
+    """torch's context parallelism needs a stack that calls SDPA through torch (Megatron-Core
+    runs Transformer Engine's own, ``cp_comm_type``) and one of SDPA's fused kernels."""
+    algorithm = str(parallel.cp_algorithm)
+    if parallel.cp < 2 or not is_torch_cp(algorithm):
+        return
+    if training.stack == "megatron_te":
+        raise ConfigError(
+            f"{algorithm} is torch's context parallelism; Megatron-Core runs Transformer "
+            "Engine's (cp_algorithm: ring or all_gather), not torch's",
+            key_path="parallel.cp_algorithm",
+        )
+    kernel = training.attention_kernel
+    if kernel is not None and kernel not in TORCH_CP_KERNELS:
+        raise ConfigError(
+            f"{algorithm} runs only SDPA's fused kernels ({', '.join(TORCH_CP_KERNELS)}), "
+            f"got attention_kernel {kernel}",
+            key_path="training.attention_kernel",
         )

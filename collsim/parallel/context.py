@@ -21,6 +21,10 @@ tensors, and then compute attention output for the local query (Q) tensor chunk"
 ``cp_comm_type = "all_gather"``): forward one all-gather of cp x kv_block (the gathered
 output, the nccl-tests size), of which a rank receives (cp - 1) kv_block; backward a
 reduce-scatter of dK, dV of the same size, (cp - 1) kv_block sent per rank.
+
+torch's context parallelism (``torch_allgather``, ``torch_alltoall``): K and V of every
+query head, exchanged again in backward with the fp32 dK, dV rotated at each of the cp steps
+(docs/derivations.md, ``collsim.workload.torch_cp``).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from collsim.core.errors import ConfigError
+from collsim.workload.torch_cp import CAST_BYTES, TORCH_CP_ALGORITHMS
 
 __all__ = ["CPVolumes", "kv_block_bytes", "cp_volumes"]
 
@@ -75,7 +80,9 @@ def kv_block_bytes(
     return micro_batch * (seq_len / cp) * heads * (key_dim + value_dim) * element_bytes
 
 
-def cp_volumes(block_bytes: float, *, cp: int, algorithm: str = "ring") -> CPVolumes:
+def cp_volumes(
+    block_bytes: float, *, cp: int, algorithm: str = "ring", element_bytes: int = 2
+) -> CPVolumes:
     """Forward and backward KV traffic of one layer and micro-batch per CP rank.
 
     Example:
@@ -92,6 +99,13 @@ def cp_volumes(block_bytes: float, *, cp: int, algorithm: str = "ring") -> CPVol
     if algo == "all_gather":
         fwd = (cp - 1) * block_bytes
         return CPVolumes(block_bytes, 1, cp * block_bytes, fwd, fwd)
+    if algo in TORCH_CP_ALGORITHMS:
+        dkv = block_bytes * CAST_BYTES / element_bytes
+        kv = (cp - 1) * block_bytes
+        if algo == "torch_allgather":
+            return CPVolumes(block_bytes, 1, cp * block_bytes, kv, kv + cp * dkv)
+        return CPVolumes(block_bytes, cp - 1, block_bytes, kv, kv + cp * dkv)
     raise ConfigError(
-        f"must be one of ring, all_gather; got {algorithm!r}", key_path="parallel.cp_algorithm"
+        f"must be one of ring, all_gather, {', '.join(TORCH_CP_ALGORITHMS)}; got {algorithm!r}",
+        key_path="parallel.cp_algorithm",
     )

@@ -24,13 +24,14 @@ KV plus dKV in backward.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from collsim.core.vocab import ParallelAxis
 from collsim.parallel.context import kv_block_bytes
 from collsim.parallel.dispatch import dispatcher_of, ep_layout, expected_reach
 from collsim.workload.ops import activation_element_bytes
+from collsim.workload.torch_cp import CAST_BYTES, is_torch_cp
 
 if TYPE_CHECKING:
     from collsim.parallel.plan import Plan
@@ -49,7 +50,8 @@ class LayerComm:
     Attributes:
         name: ``ep_dispatch``, ``ep_combine``, ``ep_dispatch_nvl``, ``ep_combine_nvl``,
             ``etp_gather``, ``etp_scatter``,
-            ``cp_kv_all_gather``, ``cp_dkv_reduce_scatter``, ``cp_ring_step``.
+            ``cp_kv_all_gather``, ``cp_dkv_reduce_scatter``, ``cp_ring_step``,
+            ``cp_kv_rotate``, ``cp_dkv_rotate`` (torch's context parallelism).
         op: a ``collsim.collectives.CollectiveOp`` value.
         size_bytes: nccl-tests size of one call.
         axis: the plan axis of its group (``ep``, ``ep_node``, ``ep_local``, ``etp``, ``cp``).
@@ -104,6 +106,8 @@ def _cp_comms(plan: Plan, e: int) -> tuple[list[LayerComm], list[LayerComm]]:
         element_bytes=e,
         tp=par.tp,
     )
+    if is_torch_cp(str(par.cp_algorithm)):
+        return _torch_cp_comms(plan, e)
     attn = "flash_attention" if spec.flash_attention else "attn_scores"
     before = "kv_up" if spec.is_mla else "qkv_proj"
     if spec.position_embedding == "rotary":
@@ -127,6 +131,37 @@ def _cp_comms(plan: Plan, e: int) -> tuple[list[LayerComm], list[LayerComm]]:
         [LayerComm("cp_ring_step", "send_recv", block, CP, "forward", attn, steps, True)],
         [LayerComm("cp_ring_step", "send_recv", 2 * block, CP, "backward", attn, steps, True)],
     )
+
+
+def _torch_cp_comms(plan: Plan, e: int) -> tuple[list[LayerComm], list[LayerComm]]:
+    """torch's context parallelism (:mod:`collsim.parallel.context`): K and V of every query
+    head of the rank, exchanged once (``torch_allgather``: an all-gather beside the first SDPA
+    call) or rotated (``torch_alltoall``: cp - 1 sends, each beside an SDPA call), in forward
+    and again in backward; in backward the fp32 dK, dV accumulators go to the next rank at
+    each of the cp steps. :mod:`collsim.step.torch_cp` places them beside the SDPA calls."""
+    spec, par, b = plan.spec, plan.parallel, plan.training.micro_batch
+    block = kv_block_bytes(
+        micro_batch=b,
+        seq_len=spec.seq_len,
+        cp=par.cp,
+        kv_heads=spec.num_heads,
+        key_dim=spec.qk_head_dim,
+        value_dim=spec.value_head_dim,
+        element_bytes=e,
+        tp=par.tp,
+    )
+    dkv = block * CAST_BYTES / e
+    at = "flash_attention"
+    steps = par.cp - 1
+    if str(par.cp_algorithm) == "torch_allgather":
+        kv = [
+            LayerComm("cp_kv_all_gather", "all_gather", par.cp * block, CP, "forward", at, 1, True)
+        ]
+    else:
+        kv = [LayerComm("cp_kv_rotate", "send_recv", block, CP, "forward", at, steps, True)]
+    back = [replace(c, phase="backward") for c in kv]
+    back.append(LayerComm("cp_dkv_rotate", "send_recv", dkv, CP, "backward", at, par.cp, True))
+    return kv, back
 
 
 def _moe_forward(plan: Plan, e: int) -> list[LayerComm]:

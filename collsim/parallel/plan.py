@@ -18,7 +18,7 @@ import numpy as np
 
 from collsim.core.errors import CollsimWarning, ConfigError
 from collsim.core.vocab import ParallelAxis, RankOrder
-from collsim.parallel.checks import check_experts_and_context, chunk_sizes
+from collsim.parallel.checks import check_experts_and_context, check_torch_cp, chunk_sizes
 from collsim.parallel.config import ParallelConfig, TrainingConfig
 from collsim.parallel.dispatch import check_dispatch
 from collsim.parallel.grid import (
@@ -58,10 +58,11 @@ _GRID_DIMS = {
     ParallelAxis.TP: ("tp",),
     ParallelAxis.DP_CP: ("dp", "cp"),
     ParallelAxis.MP: ("pp", "cp", "tp"),
+    ParallelAxis.TP_DP_CP: ("dp", "cp", "tp"),
 }
 """Axes whose groups are grid lines of :meth:`Plan.grid`: the grid axes a group spans, in group
 order (dp_cp: dp major, cp minor, as ``group_of``; mp: pp, cp, tp, which is rank order in
-either layout)."""
+either layout; tp_dp_cp: a stage's ranks, as ``stage_ranks``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -262,6 +263,8 @@ class Plan:
                 )
             case ParallelAxis.MP:
                 return tuple(self.grid()[:, c.dp].ravel().tolist())
+            case ParallelAxis.TP_DP_CP:
+                return tuple(self.stage_ranks(c.pp))
             case ParallelAxis.DP_SHARD:
                 g = self.shard_group_size
                 first = c.dp - c.dp % g
@@ -523,6 +526,7 @@ def build_plan(
         )
     sizes_per_chunk = chunk_sizes(spec, parallel)
     check_experts_and_context(spec, training, parallel)
+    check_torch_cp(training, parallel)
     if training.global_batch % (training.micro_batch * dp):
         raise ConfigError(
             f"global batch ({training.global_batch}) must be divisible by micro_batch x dp = "

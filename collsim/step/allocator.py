@@ -1,66 +1,40 @@
-"""PyTorch's CUDA caching allocator replayed over one rank's allocations and frees: the memory
-it reserves (segments it holds from the device) beside what is allocated, as
-``torch.cuda.max_memory_reserved`` reports it. The rules are those of
-``c10/cuda/CUDACachingAllocator.cpp`` (pytorch/pytorch at 001074d, the torch 2.x allocator):
-sizes rounded to 512 B, a small pool (<= 1 MiB, 2 MiB segments) and a large pool (20 MiB
-segments below 10 MiB, else the size rounded to 2 MiB), best fit with splitting, freed blocks
-merged with their free neighbours, pools per stream, segments kept until ``empty_cache`` or an
-out-of-memory retry, and ``expandable_segments:True`` (one growing segment per stream and pool,
-mapped in 2 MiB pages for the small pool and 20 MiB pages for the large one). The derivation,
-the sources and what the step program cannot tell the allocator are in docs/memory.md.
+"""The caching allocator replayed over one rank's step: the memory PyTorch's allocator
+(:mod:`collsim.step.caching_allocator`) reserves beside what is allocated, as
+``torch.cuda.max_memory_reserved`` reports it, and whether the step fits. Each free of the
+step program is paired with the allocations it releases, and torch's cuBLAS workspaces and
+the LM head's logits are added to the program's tensors; which stack launches torch with
+``expandable_segments:True``; what the allocator may hold on a device. The pairing rules, the
+added tensors with their sources and what the replay still misses are in docs/memory.md.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from collsim.cluster.hardware import CUDA_CONTEXT_BYTES, NCCL_BUFFER_BYTES
-from collsim.core.errors import SimulationError
+from collsim.step.caching_allocator import AllocatorOOM, Block, CachingAllocator
+from collsim.workload.op_records import activation_element_bytes
+from collsim.workload.ops import head_ops
 
 __all__ = [
-    "MIN_BLOCK_BYTES",
-    "SMALL_SIZE_BYTES",
-    "SMALL_BUFFER_BYTES",
-    "LARGE_BUFFER_BYTES",
-    "MIN_LARGE_ALLOC_BYTES",
+    "CUBLAS_HANDLES_PER_RANK",
+    "CUBLAS_WORKSPACE_BYTES_BY_GENERATION",
+    "CUBLAS_WORKSPACE_BYTES_DEFAULT",
     "NEAR_LIMIT_SHARE",
-    "ROUND_LARGE_BYTES",
     "EXPANDABLE_SEGMENTS_BY_STACK",
-    "AllocatorOOM",
-    "AllocatorStats",
-    "CachingAllocator",
     "ReservedMemory",
-    "allocation_size",
     "activation_tensors",
     "allocator_limit_bytes",
+    "cublas_workspaces",
     "expandable_segments_of",
+    "logits_bytes",
     "replay_ledger",
     "replay_ranks",
     "reserved_memory",
-    "round_size",
 ]
-
-MIB = 1 << 20
-
-MIN_BLOCK_BYTES = 512
-"""``kMinBlockSize``: every size is rounded up to a multiple of 512 B
-(c10/cuda/CUDACachingAllocator.cpp at 001074d)."""
-SMALL_SIZE_BYTES = 1 * MIB
-"""``kSmallSize``: the largest request of the small pool (same file)."""
-SMALL_BUFFER_BYTES = 2 * MIB
-"""``kSmallBuffer``: small requests are packed into 2 MiB segments; also the page of an
-expandable small-pool segment (same file)."""
-LARGE_BUFFER_BYTES = 20 * MIB
-"""``kLargeBuffer``: requests of 1-10 MiB get a 20 MiB segment; also the page of an expandable
-large-pool segment (same file, Note [Expandable Segments])."""
-MIN_LARGE_ALLOC_BYTES = 10 * MIB
-"""``kMinLargeAlloc``: from 10 MiB a request gets a segment of its own size (same file)."""
-ROUND_LARGE_BYTES = 2 * MIB
-"""``kRoundLarge``: such a segment is rounded up to 2 MiB (same file)."""
 
 EXPANDABLE_SEGMENTS_BY_STACK: dict[str | None, bool] = {
     # Megatron-Bridge's H100 performance recipes set PYTORCH_CUDA_ALLOC_CONF=
@@ -94,331 +68,6 @@ def expandable_segments_of(stack: str | None, explicit: bool | None = None) -> b
     return EXPANDABLE_SEGMENTS_BY_STACK.get(stack, False)
 
 
-def round_size(size_bytes: int) -> int:
-    """``round_size`` without ``roundup_power2_divisions`` (unset by default): at least 512 B,
-    else up to a multiple of 512 B.
-
-    >>> round_size(1), round_size(512), round_size(513)
-    (512, 512, 1024)
-    """
-    if size_bytes < MIN_BLOCK_BYTES:
-        return MIN_BLOCK_BYTES
-    return MIN_BLOCK_BYTES * ((size_bytes + MIN_BLOCK_BYTES - 1) // MIN_BLOCK_BYTES)
-
-
-def allocation_size(size_bytes: int) -> int:
-    """``get_allocation_size``: the segment a rounded request gets from the device when no
-    cached block fits.
-
-    >>> [allocation_size(s * MIB) // MIB for s in (1, 6, 9, 11)]
-    [2, 20, 20, 12]
-    """
-    if size_bytes <= SMALL_SIZE_BYTES:
-        return SMALL_BUFFER_BYTES
-    if size_bytes < MIN_LARGE_ALLOC_BYTES:
-        return LARGE_BUFFER_BYTES
-    return ROUND_LARGE_BYTES * ((size_bytes + ROUND_LARGE_BYTES - 1) // ROUND_LARGE_BYTES)
-
-
-class AllocatorOOM(SimulationError):
-    """A request the device cannot hold, even after the cached segments were released."""
-
-
-class _Block:
-    __slots__ = ("addr", "size", "allocated", "mapped", "prev", "next", "pool")
-
-    def __init__(self, addr: int, size: int, pool: tuple[int, bool], mapped: bool = True):
-        self.addr = addr
-        self.size = size
-        self.allocated = False
-        self.mapped = mapped
-        self.prev: _Block | None = None
-        self.next: _Block | None = None
-        self.pool = pool
-
-
-@dataclass(slots=True)
-class AllocatorStats:
-    """What ``torch.cuda.memory_stats`` reports of a replay (bytes are block sizes)."""
-
-    allocated_bytes: int = 0
-    reserved_bytes: int = 0
-    peak_allocated_bytes: int = 0
-    peak_reserved_bytes: int = 0
-    num_alloc_retries: int = 0
-    num_ooms: int = 0
-
-
-def _split(block: _Block, size: int, *, mapped: bool) -> _Block:
-    """Cut ``block`` to ``size`` bytes; the rest becomes the next block of its segment."""
-    rest = _Block(block.addr + size, block.size - size, block.pool, mapped)
-    rest.prev, rest.next = block, block.next
-    if block.next is not None:
-        block.next.prev = rest
-    block.next = rest
-    block.size = size
-    return rest
-
-
-class CachingAllocator:
-    """The caching allocator of one device.
-
-    Args:
-        expandable_segments: ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``.
-        limit_bytes: what the device can give the allocator (None: no limit). A request that
-            would reserve beyond it releases the cached segments and retries, as
-            ``DeviceCachingAllocator::malloc`` does; if that fails too it raises
-            :class:`AllocatorOOM`.
-    """
-
-    def __init__(self, *, expandable_segments: bool = False, limit_bytes: int | None = None):
-        self.expandable = expandable_segments
-        self.limit_bytes = limit_bytes
-        self.stats = AllocatorStats()
-        self._free: dict[tuple[int, bool], list[tuple[int, int]]] = {}
-        """Per (stream, small pool): the cached free blocks as sorted (size, address)."""
-        self._free_at: dict[int, _Block] = {}
-        self._unmapped: dict[tuple[int, bool], list[int]] = {}
-        """Expandable segments: per pool, the unmapped blocks' addresses, sorted."""
-        self._unmapped_at: dict[int, _Block] = {}
-        self._next_addr = 0
-
-    # ---- the public calls ---------------------------------------------------------------
-    def malloc(self, size_bytes: int, stream: int = 0) -> _Block:
-        """A block for ``size_bytes`` on ``stream`` (``DeviceCachingAllocator::malloc``)."""
-        size = round_size(int(size_bytes))
-        pool = (stream, size <= SMALL_SIZE_BYTES)
-        block = self._get_free_block(pool, size)
-        if block is None:
-            block = self._alloc_block(pool, size)
-            if block is None:
-                self.stats.num_alloc_retries += 1
-                self.empty_cache()
-                block = self._alloc_block(pool, size)
-            if block is None:
-                self.stats.num_ooms += 1
-                raise AllocatorOOM(
-                    f"out of memory: {size / MIB:.1f} MiB requested with "
-                    f"{self.stats.allocated_bytes / 2**30:.2f} GiB allocated and "
-                    f"{self.stats.reserved_bytes / 2**30:.2f} GiB reserved of "
-                    f"{(self.limit_bytes or 0) / 2**30:.2f} GiB"
-                )
-        if self._should_split(block, size):
-            self._insert_free(_split(block, size, mapped=True))
-        block.allocated = True
-        st = self.stats
-        st.allocated_bytes += block.size
-        if st.allocated_bytes > st.peak_allocated_bytes:
-            st.peak_allocated_bytes = st.allocated_bytes
-        return block
-
-    def free(self, block: _Block) -> None:
-        """Return ``block`` to its pool, merged with its free neighbours (``free_block``)."""
-        if not block.allocated:
-            raise SimulationError("a block freed twice")
-        block.allocated = False
-        self.stats.allocated_bytes -= block.size
-        self._merge(block, block.prev)
-        self._merge(block, block.next)
-        self._insert_free(block)
-
-    def empty_cache(self) -> None:
-        """``release_cached_blocks``: whole free segments go back to the device; in an
-        expandable segment, the free pages inside free blocks are unmapped."""
-        for pool in list(self._free):
-            for _, addr in list(self._free[pool]):
-                block = self._free_at.get(addr)
-                if block is None:
-                    continue
-                if self.expandable:
-                    self._unmap(block)
-                elif block.prev is None and block.next is None:
-                    self._remove_free(block)
-                    self.stats.reserved_bytes -= block.size
-
-    # ---- internals ----------------------------------------------------------------------
-    def _page(self, pool: tuple[int, bool]) -> int:
-        return SMALL_BUFFER_BYTES if pool[1] else LARGE_BUFFER_BYTES
-
-    def _should_split(self, block: _Block, size: int) -> bool:
-        """``should_split`` with ``max_split_size`` unset (its default)."""
-        remaining = block.size - size
-        if block.pool[1] or self.expandable:
-            return remaining >= MIN_BLOCK_BYTES
-        return remaining > SMALL_SIZE_BYTES
-
-    def _insert_free(self, block: _Block) -> None:
-        insort(self._free.setdefault(block.pool, []), (block.size, block.addr))
-        self._free_at[block.addr] = block
-
-    def _remove_free(self, block: _Block) -> None:
-        lst = self._free[block.pool]
-        i = bisect_left(lst, (block.size, block.addr))
-        del lst[i]
-        del self._free_at[block.addr]
-
-    def _expandable_size(self, block: _Block) -> int:
-        nxt = block.next
-        return block.size + (nxt.size if nxt is not None and not nxt.mapped else 0)
-
-    def _get_free_block(self, pool: tuple[int, bool], size: int) -> _Block | None:
-        """``get_free_block``: the smallest cached block that holds ``size``; in an
-        expandable segment, a block that could grow is weighed at its grown size."""
-        lst = self._free.get(pool)
-        if not lst:
-            return None
-        i = bisect_left(lst, (size, -1))
-        if i == len(lst):
-            return None
-        block = self._free_at[lst[i][1]]
-        if self.expandable:
-            j = i + 1
-            while j < len(lst) and self._expandable_size(
-                nxt := self._free_at[lst[j][1]]
-            ) < self._expandable_size(block):
-                block = nxt
-                j += 1
-        self._remove_free(block)
-        return block
-
-    def _reserve(self, size: int) -> bool:
-        limit = self.limit_bytes
-        if limit is not None and self.stats.reserved_bytes + size > limit:
-            return False
-        st = self.stats
-        st.reserved_bytes += size
-        if st.reserved_bytes > st.peak_reserved_bytes:
-            st.peak_reserved_bytes = st.reserved_bytes
-        return True
-
-    def _alloc_block(self, pool: tuple[int, bool], size: int) -> _Block | None:
-        """``alloc_block``: a new segment (``cudaMalloc``), or more pages of the pool's
-        expandable segment; None when the device has no room."""
-        if self.expandable:
-            return self._grow(pool, size)
-        seg = allocation_size(size)
-        if not self._reserve(seg):
-            return None
-        block = _Block(self._next_addr, seg, pool)
-        self._next_addr += seg
-        return block
-
-    def _merge(self, dst: _Block, src: _Block | None) -> None:
-        """``try_merge_blocks``: ``dst`` takes in a free neighbour of the same mapping."""
-        if src is None or src.allocated or src.mapped != dst.mapped:
-            return
-        if src.mapped:
-            self._remove_free(src)
-        else:
-            self._remove_unmapped(src)
-        if dst.prev is src:
-            dst.addr = src.addr
-            dst.prev = src.prev
-            if dst.prev is not None:
-                dst.prev.next = dst
-        else:
-            dst.next = src.next
-            if dst.next is not None:
-                dst.next.prev = dst
-        dst.size += src.size
-
-    # ---- expandable segments ------------------------------------------------------------
-    def _insert_unmapped(self, block: _Block) -> None:
-        insort(self._unmapped.setdefault(block.pool, []), block.addr)
-        self._unmapped_at[block.addr] = block
-
-    def _remove_unmapped(self, block: _Block) -> None:
-        lst = self._unmapped[block.pool]
-        del lst[bisect_left(lst, block.addr)]
-        del self._unmapped_at[block.addr]
-
-    def _grow(self, pool: tuple[int, bool], size: int) -> _Block | None:
-        """``try_allocate_expandable_block``: from the lowest unmapped range with room (with
-        the free block before it), map pages until the block holds ``size``."""
-        if pool not in self._unmapped:
-            # one segment per stream and pool: its whole virtual range, unmapped
-            span = 1 << 50
-            whole = _Block(self._next_addr, span, pool, mapped=False)
-            self._next_addr += span
-            self._unmapped[pool] = []
-            self._insert_unmapped(whole)
-        candidate: _Block | None = None
-        for addr in self._unmapped[pool]:
-            c = self._unmapped_at[addr]
-            before = c.prev
-            if before is not None and not before.allocated:
-                c = before
-            room = 0
-            walk: _Block | None = c
-            while room < size and walk is not None and not walk.allocated:
-                room += walk.size
-                walk = walk.next
-            if room >= size:
-                candidate = c
-                break
-        if candidate is None:
-            return None
-        if not candidate.mapped:
-            grown = self._map(candidate, min(candidate.size, size))
-            if grown is None:
-                return None
-            candidate = grown
-        while candidate.size < size:
-            nxt = candidate.next
-            if nxt is None or nxt.mapped:
-                return None
-            grown = self._map(nxt, min(size - candidate.size, nxt.size))
-            if grown is None:
-                return None
-            candidate = grown
-        self._remove_free(candidate)
-        return candidate
-
-    def _map(self, block: _Block, size: int) -> _Block | None:
-        """``map_block``: back the first ``size`` bytes of an unmapped block with pages
-        (whole pages), merge them with free neighbours and cache the result."""
-        page = self._page(block.pool)
-        mapped = min(block.size, page * ((size + page - 1) // page))
-        if not self._reserve(mapped):
-            return None
-        self._remove_unmapped(block)
-        if mapped < block.size:
-            self._insert_unmapped(_split(block, mapped, mapped=False))
-        block.mapped = True
-        self._merge(block, block.prev)
-        self._merge(block, block.next)
-        self._insert_free(block)
-        return block
-
-    def _unmap(self, block: _Block) -> None:
-        """``unmap_block``: give back the whole pages inside a free block."""
-        page = self._page(block.pool)
-        begin = -(-block.addr // page) * page
-        end = ((block.addr + block.size) // page) * page
-        if end <= begin:
-            return
-        self._remove_free(block)
-        if begin > block.addr:
-            before = _Block(block.addr, begin - block.addr, block.pool)
-            before.prev, before.next = block.prev, block
-            if block.prev is not None:
-                block.prev.next = before
-            block.prev = before
-            self._insert_free(before)
-        if end < block.addr + block.size:
-            after = _Block(end, block.addr + block.size - end, block.pool)
-            after.prev, after.next = block, block.next
-            if block.next is not None:
-                block.next.prev = after
-            block.next = after
-            self._insert_free(after)
-        block.addr, block.size, block.mapped = begin, end - begin, False
-        self.stats.reserved_bytes -= block.size
-        self._merge(block, block.prev)
-        self._merge(block, block.next)
-        self._insert_unmapped(block)
-
-
 @dataclass(frozen=True, slots=True)
 class ReservedMemory:
     """The allocator's replay of one rank's step."""
@@ -447,11 +96,13 @@ def _family(label: Any) -> Any:
 
 def replay_ledger(
     rank: int,
-    events: Iterable[Any],
+    events: Sequence[Any],
     *,
     expandable_segments: bool,
     limit_bytes: float | None = None,
     tensors: Mapping[int, tuple[int, ...]] | None = None,
+    workspaces: Sequence[int] = (),
+    logits: int = 0,
 ) -> ReservedMemory:
     """Replay one rank's sorted memory events (:meth:`MemoryLedger.sorted_events`) through a
     :class:`CachingAllocator` on one stream.
@@ -466,6 +117,16 @@ def replay_ledger(
     size, else the newest blocks of their category until the bytes are covered. A labelled
     free sorted before its allocation at the same instant cancels it. With ``limit_bytes``
     the replay stops at the first request that does not fit after the retry (``oom``).
+
+    Besides the step program's tensors: ``workspaces`` (:func:`cublas_workspaces`), allocated
+    before the first activation and kept; and where the rank holds the LM head, ``logits``
+    bytes (:func:`logits_bytes`) allocated before the head's kept activations and freed after
+    them in forward, and allocated before they are freed and freed after in backward.
+
+    An activation event whose free is the next event (a layer's rebuilt activations under
+    recompute, freed at the end of the layer's backward) leaves the cache as it was when
+    cached blocks hold it: it only raises the allocated peak
+    (:meth:`CachingAllocator.cached_fit`), and its blocks are not made.
     """
     alloc = CachingAllocator(
         expandable_segments=expandable_segments,
@@ -473,18 +134,59 @@ def replay_ledger(
     )
     split = tensors or {}
     pairs = _Pairing(alloc)
+    malloc = alloc.malloc
     oom = False
-    for ev in events:
+    n = len(events)
+    i = 0
+    while i < n:
+        ev = events[i]
+        i += 1
         category, delta, label = ev[1], ev[2], ev[3]
-        size = int(round(abs(delta)))
         if delta < 0:
-            pairs.free(category, label, size)
+            if logits and type(label) is tuple and label[1] == "head":
+                try:
+                    transient = malloc(logits)
+                except AllocatorOOM:
+                    oom = True
+                    break
+                pairs.free(category, label, int(round(-delta)))
+                alloc.free(transient)
+                continue
+            pairs.free(category, label, int(round(-delta)))
             continue
-        if pairs.cancels(category, label, size):
+        size = int(round(delta))
+        if pairs.early and pairs.cancels(category, label, size):
             continue
-        parts = split.get(size, (size,)) if category == "activations" else (size,)
+        if category == "activations":
+            if workspaces:
+                try:
+                    kept = [malloc(part) for part in workspaces]
+                except AllocatorOOM:
+                    oom = True
+                    break
+                pairs.add("workspace", "cublas", sum(workspaces), kept)
+                workspaces = ()
+            parts = split.get(size, (size,))
+            if logits and type(label) is tuple and label[1] == "head":
+                try:
+                    transient = malloc(logits)
+                    pairs.add(category, label, size, [malloc(part) for part in parts])
+                except AllocatorOOM:
+                    oom = True
+                    break
+                alloc.free(transient)
+                continue
+            if i < n and _freed_next(ev, events[i]):
+                held = alloc.cached_fit(parts)
+                if held is not None:  # held, then freed with its key's blocks by events[i]
+                    alloc.hold(held)
+                    pairs.free_key(category, events[i][3], int(round(-events[i][2])), size)
+                    i += 1
+                    continue
+        else:
+            parts = (size,)
         try:
-            blocks = [alloc.malloc(part) for part in parts]
+            blocks = [malloc(part) for part in parts]
         except AllocatorOOM:
             oom = True
             break
@@ -500,6 +202,20 @@ def replay_ledger(
     )
 
 
+def _freed_next(ev: Any, nxt: Any) -> bool:
+    """Whether ``nxt`` is the labelled free of the activation allocation ``ev``."""
+    free = nxt[3]
+    if nxt[2] >= 0 or type(free) is not tuple or free[0] != "free":
+        return False
+    label = ev[3]
+    return (
+        type(label) is tuple
+        and label[0] in ("act", "recompute")
+        and nxt[1] == ev[1]
+        and free[1:] == label[1:]
+    )
+
+
 class _Pairing:
     """The live allocations of a replay and which of them a free releases (the rules of
     :func:`replay_ledger`). One handle per event: [its blocks, live, bytes] (a block object
@@ -512,37 +228,67 @@ class _Pairing:
         self.stacks: dict[str, list[list[Any]]] = {}
         self.pending: dict[tuple[str, Any, int], int] = {}
         """Frees sorted before their allocation (both at one instant: frees sort first)."""
+        self.early = 0
+        """How many of those wait for their allocation."""
         self.unmatched = 0
 
-    def add(self, category: str, label: Any, size: int, blocks: list[_Block]) -> None:
+    def add(self, category: str, label: Any, size: int, blocks: list[Block]) -> None:
         handle = [blocks, True, size]
-        if isinstance(label, tuple) and label and label[0] in ("act", "recompute"):
-            self.by_key.setdefault((category, *label[1:]), []).append(handle)
-        self.by_size.setdefault((category, _family(label), size), deque()).append(handle)
-        self.stacks.setdefault(category, []).append(handle)
+        if type(label) is tuple:
+            if label and label[0] in ("act", "recompute"):
+                key = (category, *label[1:])
+                same = self.by_key.get(key)
+                if same is None:
+                    self.by_key[key] = [handle]
+                else:
+                    same.append(handle)
+            family = None
+        else:
+            family = _family(label)
+        by_size = (category, family, size)
+        queue = self.by_size.get(by_size)
+        if queue is None:
+            self.by_size[by_size] = deque((handle,))
+        else:
+            queue.append(handle)
+        stack = self.stacks.get(category)
+        if stack is None:
+            self.stacks[category] = [handle]
+        else:
+            stack.append(handle)
+
+    def free_key(self, category: str, label: Any, size: int, held: int = 0) -> None:
+        """A labelled activation free: every live block of its key, and ``held`` bytes of
+        an allocation held without blocks."""
+        freed = held
+        for handle in self.by_key.pop((category, *label[1:]), ()):
+            if handle[1]:
+                freed += self.release(handle)
+        if size > freed:
+            self.unmatched += size - freed
 
     def cancels(self, category: str, label: Any, size: int) -> bool:
         """An allocation whose free came first at the same instant: neither happens."""
         early = (category, _family(label), size)
         if self.pending.get(early):
             self.pending[early] -= 1
+            self.early -= 1
             return True
         return False
 
     def release(self, handle: list[Any]) -> int:
         handle[1] = False
+        free = self.alloc.free
         for block in reversed(handle[0]):
-            self.alloc.free(block)
+            free(block)
         return int(handle[2])
 
     def unmatched_bytes(self) -> int:
         return self.unmatched + sum(size * n for (_, _, size), n in self.pending.items())
 
     def free(self, category: str, label: Any, size: int) -> None:
-        if isinstance(label, tuple) and label and label[0] == "free":
-            handles = self.by_key.pop((category, *label[1:]), [])
-            freed = sum(self.release(h) for h in handles if h[1])
-            self.unmatched += max(0, size - freed)
+        if type(label) is tuple and label and label[0] == "free":
+            self.free_key(category, label, size)
             return
         family = _family(label)
         queue = self.by_size.get((category, family, size))
@@ -554,6 +300,7 @@ class _Pairing:
             else:
                 key = (category, family, size)
                 self.pending[key] = self.pending.get(key, 0) + 1
+                self.early += 1
             return
         # unlabelled activations: the newest of that size (backward runs the layers in
         # reverse), else the newest live block (the rebuilt part), then the newest of the
@@ -585,6 +332,8 @@ def replay_ranks(
     expandable_segments: bool,
     limit_bytes: float | None,
     tensors: Mapping[int, tuple[int, ...]] | None = None,
+    workspaces: Sequence[int] = (),
+    logits: int = 0,
 ) -> dict[int, ReservedMemory]:
     """:func:`replay_ledger` of every rank's ledger (:class:`MemoryLedger`)."""
     return {
@@ -594,6 +343,8 @@ def replay_ranks(
             expandable_segments=expandable_segments,
             limit_bytes=limit_bytes,
             tensors=tensors,
+            workspaces=workspaces,
+            logits=logits,
         )
         for rank, ledger in ledgers.items()
     }
@@ -620,6 +371,66 @@ fragmentation. A choice of collsim (the replay's cost grows with the ranks it ru
 a figure of PyTorch's."""
 
 
+MIB = 1 << 20
+
+CUBLAS_WORKSPACE_BYTES_BY_GENERATION: dict[str, int] = {
+    # parseChosenWorkspaceSize: 4096 KiB x 8 = 32 MiB when the device is compute capability 9.0
+    "hopper": 4096 * 1024 * 8,
+    # ROCm: 128 MiB on gfx94x / gfx95x (MI300X is gfx942)
+    "cdna3": 128 * MIB,
+}
+"""The cuBLAS workspace torch gives each (handle, stream) by default, by device generation
+(aten/src/ATen/cuda/CublasHandlePool.cpp, pytorch/pytorch at 26a3905,
+``parseChosenWorkspaceSize``); other CUDA devices (Ampere, Blackwell) take
+:data:`CUBLAS_WORKSPACE_BYTES_DEFAULT`."""
+CUBLAS_WORKSPACE_BYTES_DEFAULT = 4096 * 1024 * 2 + 16 * 1024 * 8
+"""``:4096:2:16:8``: 2 x 4 MiB + 8 x 16 KiB, torch's default workspace off compute capability
+9.0 (same file)."""
+CUBLAS_HANDLES_PER_RANK = 2
+"""cuBLAS handles that run a rank's GEMMs: one per thread (a thread-local pool window,
+``getCurrentCUDABlasHandle``, same file), and the step runs its forward on the main thread
+and its backward on the autograd engine's thread of the device (torch/csrc/autograd/engine.cpp,
+one worker thread per device). Each gets a workspace on the compute stream."""
+
+
+def cublas_workspaces(device: Any) -> tuple[int, ...]:
+    """The cuBLAS workspaces a rank on ``device`` (a
+    :class:`~collsim.cluster.hardware.Device`) allocates through the caching allocator at its
+    first GEMMs and keeps (``setWorkspaceForHandle`` keeps them in a map until
+    ``clearCublasWorkspaces``): :data:`CUBLAS_HANDLES_PER_RANK` of the generation's size."""
+    size = CUBLAS_WORKSPACE_BYTES_BY_GENERATION.get(
+        str(device.generation), CUBLAS_WORKSPACE_BYTES_DEFAULT
+    )
+    return (size,) * CUBLAS_HANDLES_PER_RANK
+
+
+def logits_bytes(schedule: Any) -> int:
+    """Bytes of one micro-batch's logits in the activation dtype on a rank that holds the LM
+    head (``schedule``: a :class:`collsim.step.build.StepSchedule`): the head GEMM's output,
+    alive while the loss makes its fp32 copy (Megatron-LM
+    megatron/core/tensor_parallel/cross_entropy.py at 00611e6,
+    ``calculate_logits_max``: ``vocab_parallel_logits.float()``), and the logits' gradient,
+    cast back to that dtype while the fp32 gradient (the saved softmax, updated in place)
+    lives. Tokens x vocab / tp x element bytes, from the head's op list
+    (:func:`collsim.workload.ops.head_ops`: the fp32 softmax it keeps is 4 bytes a logit); 0
+    when activations are fp32 (the loss works on the logits themselves)."""
+    plan = schedule.plan
+    tr = plan.training
+    ops = head_ops(
+        plan.spec,
+        micro_batch=tr.micro_batch,
+        tp=plan.tp,
+        sequence_parallel=plan.parallel.sequence_parallel,
+        dtype=str(tr.dtype),
+        cp=plan.cp,
+    )
+    element_bytes = activation_element_bytes(str(tr.dtype))
+    if element_bytes >= 4:
+        return 0  # fp32 logits: .float() is the tensor itself, and no cast in backward
+    fp32 = sum(op.saved.get("loss.softmax_fp32", 0.0) for op in ops)
+    return int(round(fp32 / 4 * element_bytes))
+
+
 def reserved_memory(
     ledgers: Mapping[int, Any],
     *,
@@ -632,8 +443,11 @@ def reserved_memory(
     :class:`MemoryLedger`): the rank with the highest of ``allocated_peaks`` and those within
     :data:`NEAR_LIMIT_SHARE` of ``limit_bytes``; and the facts of the replay
     (:attr:`collsim.step.result.StepResult.allocator`). With the step's ``schedule``, layer
-    activations are allocated tensor by tensor."""
+    activations are allocated tensor by tensor, with the cuBLAS workspaces of the step's
+    device and the LM head's logits (:func:`replay_ledger`)."""
     tensors = activation_tensors(schedule) if schedule is not None else {}
+    workspaces = cublas_workspaces(schedule.plan.topology.device) if schedule is not None else ()
+    logits = logits_bytes(schedule) if schedule is not None else 0
     top_rank = max(allocated_peaks, key=lambda r: (allocated_peaks[r], -r))
     near = NEAR_LIMIT_SHARE * limit_bytes if limit_bytes is not None else float("inf")
     chosen = {
@@ -642,7 +456,12 @@ def reserved_memory(
         if r == top_rank or allocated_peaks.get(r, 0.0) >= near
     }
     runs = replay_ranks(
-        chosen, expandable_segments=expandable_segments, limit_bytes=limit_bytes, tensors=tensors
+        chosen,
+        expandable_segments=expandable_segments,
+        limit_bytes=limit_bytes,
+        tensors=tensors,
+        workspaces=workspaces,
+        logits=logits,
     )
     top = max(runs.values(), key=lambda r: (r.oom, r.peak_reserved_bytes, -r.rank))
     return top.peak_reserved_bytes, {
@@ -654,6 +473,8 @@ def reserved_memory(
         "unmatched_bytes": max(r.unmatched_bytes for r in runs.values()),
         "reserved_bytes_by_rank": {r: run.peak_reserved_bytes for r, run in runs.items()},
         "activation_tensors": {size: len(parts) for size, parts in tensors.items()},
+        "cublas_workspace_bytes": sum(workspaces),
+        "logits_bytes": logits,
     }
 
 

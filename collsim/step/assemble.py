@@ -94,14 +94,18 @@ def _memory_fit(
     timeline: bool,
 ) -> tuple[bool, float | None, dict[str, Any] | None, str]:
     """Whether the plan fits, the peak reserved memory, the allocator's facts and the
-    warning when it does not fit. With the run's timeline kept (not in a search's inner loop)
-    and a GPU, PyTorch's caching allocator is replayed (:mod:`collsim.step.allocator`): the
-    plan fits when no request fails after the allocator's release-and-retry; else the
-    allocated peak against the usable capacity."""
+    warning when it does not fit. On a GPU, PyTorch's caching allocator is replayed
+    (:mod:`collsim.step.allocator`) with the run's timeline kept, and in a search's inner loop
+    for the plans whose allocated peak lies between the usable capacity and what the allocator
+    can hold: the plan fits when no request fails after the allocator's release-and-retry;
+    else the allocated peak against the usable capacity."""
     device = plan.topology.device
     capacity = float(device.usable_memory_bytes)
     peak = allocated_peaks[top_rank]
-    if not timeline or device.generation == "cpu":
+    # a search (no timeline) replays only the plans the allocated rule would refuse but the
+    # allocator could still hold, so it never refuses a plan that ``collsim run`` keeps
+    near_limit = capacity < peak <= allocator_limit_bytes(device)
+    if device.generation == "cpu" or (not timeline and not near_limit):
         if peak <= capacity:
             return True, None, None, ""
         return (

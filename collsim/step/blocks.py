@@ -17,9 +17,11 @@ from collsim.parallel.config import ParallelConfig, TrainingConfig
 from collsim.parallel.plan import Plan
 from collsim.step.ops import BlockTimes
 from collsim.step.shapes import ShapeCache
+from collsim.step.torch_cp import CHUNK_OPS, chunk_times
 from collsim.workload.compute import ComputeModel
 from collsim.workload.fp8 import FP8Casts, weight_cache_of
 from collsim.workload.memory import fp8_layer_savings
+from collsim.workload.torch_cp import is_torch_cp
 
 if TYPE_CHECKING:
     from collsim.cluster.hardware import Device
@@ -52,8 +54,9 @@ the weight-gradient part of that backward, what a split backward runs as its W o
 key is an op name of the workload (``qkv_proj``, ``softmax.backward``, ...)."""
 
 
-_ATTENTION_OPS = frozenset(
-    ("flash_attention", "attn_scores", "softmax", "attn_dropout", "attn_values")
+_ATTENTION_OPS = (
+    frozenset(("flash_attention", "attn_scores", "softmax", "attn_dropout", "attn_values"))
+    | CHUNK_OPS
 )
 """Core-attention ops of the workload (what a CP ring step overlaps)."""
 
@@ -127,12 +130,19 @@ def block_times(
 
     reps = [r for r, _ in spec.layer_kinds()] if variant else [0]
     layers: dict[int, BlockTimes] = {}
+    cp_how = _torch_cp_of(plan)
     for rep in reps:
         kinds: dict[str, Any] = (
             {"layer": rep, "ep": plan.ep, "etp": plan.etp, "cp": plan.cp} if variant else {}
         )
         lt = model.layer_times(
-            spec, micro_batch=mb, tp=tp, sequence_parallel=sp, recompute=str(tr.recompute), **kinds
+            spec,
+            micro_batch=mb,
+            tp=tp,
+            sequence_parallel=sp,
+            recompute=str(tr.recompute),
+            **kinds,
+            **cp_how,
         )
         fwd = pick("layer.forward", lt.forward_s)
         bwd = pick("layer.backward", lt.backward_s)
@@ -149,6 +159,8 @@ def block_times(
             wgrad_s=pick("layer.wgrad", _scaled_wgrad(lt, bwd)),
             fp8_weights=lt.fp8_weights,
             linears_s=_linears(lt, fwd, bwd),
+            cp_chunks_s=_chunks(lt, fwd, bwd) if cp_how else ((), ()),
+            fp8_linears=model.fp8_linears(lt),
         )
     # a CP rank embeds and scores its s / cp tokens: the embedding and head ops are linear in
     # the tokens (lookup, LM-head GEMM rows, loss), so their times and activations scale 1 / cp
@@ -228,6 +240,25 @@ def _fp8_saved(plan: Plan, kinds: dict[str, Any]) -> float:
     )
 
 
+def _torch_cp_of(plan: Plan) -> dict[str, Any]:
+    """The layer-times arguments of torch's context parallelism (none for other plans, so
+    they share the memo of the plain CP layer)."""
+    algorithm = str(plan.parallel.cp_algorithm)
+    if plan.cp < 2 or not is_torch_cp(algorithm):
+        return {}
+    return {"cp_algorithm": algorithm, "cp_load_balance": plan.parallel.cp_load_balance}
+
+
+def _chunks(
+    times: LayerTimes, fwd: float, bwd: float
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Seconds of each torch CP step (its SDPA call and merge) in forward and backward,
+    scaled like an overridden block (:func:`collsim.step.torch_cp.chunk_times`)."""
+    fs = fwd / times.forward_s if times.forward_s > 0 else 0.0
+    bs = bwd / times.backward_s if times.backward_s > 0 else 0.0
+    return chunk_times(times.ops, "forward", fs), chunk_times(times.ops, "backward", bs)
+
+
 def _scaled_wgrad(times: LayerTimes, backward_s: float) -> float:
     """The weight-gradient part of a block's backward (compute model), scaled like the block
     when an override replaced its backward."""
@@ -246,6 +277,10 @@ def paced(block: BlockTimes, factor: float) -> BlockTimes:
         experts_s=(block.experts_s[0] * factor, block.experts_s[1] * factor),
         wgrad_s=block.wgrad_s * factor,
         linears_s=tuple((n, f * factor, d * factor, w * factor) for n, f, d, w in block.linears_s),
+        cp_chunks_s=(
+            tuple(c * factor for c in block.cp_chunks_s[0]),
+            tuple(c * factor for c in block.cp_chunks_s[1]),
+        ),
     )
 
 

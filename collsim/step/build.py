@@ -36,6 +36,7 @@ from collsim.parallel.plan import Plan, build_plan
 from collsim.parallel.states import optimizer_state_bytes
 from collsim.step.blocks import block_times, memory_bound_share, paced
 from collsim.step.dataparallel import BytesPer, DataParallelRules
+from collsim.step.fp8_amax import chunk_amax
 from collsim.step.ops import BlockTimes, ChunkModel, Segment, StageModel
 from collsim.step.shapes import ShapeCache
 from collsim.step.stack_work import framework_work, stage_optimizer_s, stage_weight_cast_s
@@ -231,6 +232,7 @@ def build_schedule(
     per = bytes_per(training)
     layer, layer_of = _layer_lookup(spec, layers)
     comms_of = _comms_lookup(plan, spec)
+    amax = chunk_amax(plan, linears_per_layer=layer.fp8_linears, memory_time_s=model.memory_time_s)
     stages = {
         s: build_stage(
             plan,
@@ -243,6 +245,7 @@ def build_schedule(
             layer_of=layer_of,
             comms_of=comms_of,
             cache=cache,
+            amax=amax,
         )
         for s in range(plan.pp)
     }

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from collsim.core.vocab import ParallelAxis
+from collsim.parallel.amax import tp_amax_reduce
 from collsim.parallel.plan import Plan
 from collsim.parallel.tp_overlap import USERBUFFERS, margin_factor, tp_overlap_of
 from collsim.step.ops import Step
@@ -38,10 +39,11 @@ class TPOverlap:
     """Transformer Engine FP8: the inputs of the FP8 linears are quantized before the
     all-gather, which then moves 1 byte per element (module/linear.py at d0067d0)."""
     amax_reduce: bool = False
-    """Transformer Engine current scaling under sequence parallelism: the amax of a
-    column-parallel input (forward) and of a row-parallel output gradient (backward) is
-    all-reduced over the TP group before the cast (one fp32 scalar; module/linear.py l.352
-    and l.810-825 at d0067d0)."""
+    """Current scaling under sequence parallelism: the amax of a column-parallel input
+    (forward) and of a row-parallel output gradient (backward) is all-reduced over the TP
+    group before the cast (one fp32 scalar; Transformer Engine module/linear.py l.352 and
+    l.810-825 at d0067d0; torchao's float8 TP styles likewise:
+    :func:`collsim.parallel.amax.tp_amax_reduce`)."""
 
 
 _FWD_ROLES = {"all_gather": ("qkv_proj", "mlp_up"), "reduce_scatter": ("out_proj", "mlp_down")}
@@ -196,14 +198,15 @@ def tp_overlap_for(plan: Plan) -> TPOverlap | None:
     FP8 gathers (``megatron_te`` with ``dtype: fp8``)."""
     mode = tp_overlap_of(plan.parallel.tp_overlap_mode, plan.training.stack)
     fp8 = plan.training.stack == "megatron_te" and str(plan.training.dtype) == "fp8"
-    if mode == "none" and not fp8:
+    amax = tp_amax_reduce(plan)
+    if mode == "none" and not fp8 and not amax:
         return None
     return TPOverlap(
         mode=mode,
         tp=plan.tp,
         margin=margin_factor(plan.topology.device, USERBUFFERS["fprop_rs"].sms),
         fp8_gather=fp8,
-        amax_reduce=fp8 and str(plan.training.fp8_recipe or "tensorwise") == "tensorwise",
+        amax_reduce=amax,
     )
 
 

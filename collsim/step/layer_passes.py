@@ -21,6 +21,7 @@ from collsim.step.comm_overlap import (
     tp_overlap_for,
 )
 from collsim.step.ops import BlockTimes, Segment, Step
+from collsim.step.torch_cp import take_excess, torch_cp_steps
 
 if TYPE_CHECKING:
     from collsim.parallel.layer_comms import LayerComm
@@ -143,8 +144,15 @@ def _with_comms(
     attn_i, mlp_i = (first, second) if forward else (second, first)
     phase = 0 if forward else 1
     out: list[Step] = []
+    excess, keep = 0.0, set()
     for i, st in enumerate(steps):
-        if i == attn_i and (cp or cp_extra[phase]):
+        if i == attn_i and cp and block.cp_chunks_s[phase]:
+            chunks = block.cp_chunks_s[phase]
+            torch_steps = torch_cp_steps(st.seconds, cp, chunks, forward=forward)
+            keep = {id(x) for x in torch_steps}
+            excess = max(sum(chunks) - st.seconds, 0.0)
+            out += torch_steps
+        elif i == attn_i and (cp or cp_extra[phase]):
             out += _cp_steps(
                 st.seconds, cp, block.attention_s[phase], cp_extra[phase], forward=forward
             )
@@ -152,6 +160,7 @@ def _with_comms(
             out += _ep_steps(st.seconds, ep, block.experts_s[phase], forward=forward)
         else:
             out.append(st)
+    take_excess(out, excess, keep)
     return [st for st in out if st.op or st.seconds > 0]
 
 
@@ -159,8 +168,8 @@ def _cp_imbalance(plan: Plan, block: BlockTimes) -> tuple[float, float]:
     """Extra core-attention seconds (forward, backward) of the busiest CP rank without causal
     load balancing: (2 cp - 1) / cp times the mean, minus the mean (docs/derivations.md)."""
     cp = plan.cp
-    if cp < 2 or plan.parallel.cp_load_balance:
-        return (0.0, 0.0)
+    if cp < 2 or plan.parallel.cp_load_balance or block.cp_chunks_s[0]:
+        return (0.0, 0.0)  # torch's CP prices the busiest rank's calls (cp_chunks_s) itself
     f = (cp - 1) / cp
     return (block.attention_s[0] * f, block.attention_s[1] * f)
 

@@ -174,3 +174,8 @@ class BlockTimes:
     """(name, forward, dgrad, wgrad seconds) per TP linear (``qkv_proj``, ``out_proj``,
     ``mlp_up``, ``mlp_down``) of the block: what overlapped tensor parallelism chunks
     (:mod:`collsim.parallel.tp_overlap`)."""
+    cp_chunks_s: tuple[tuple[float, ...], tuple[float, ...]] = ((), ())
+    """Under torch's context parallelism, the seconds of each CP step (an SDPA call and its
+    merge) in forward and backward (:mod:`collsim.step.torch_cp`); empty otherwise."""
+    fp8_linears: int = 0
+    """FP8 linears of the block (what a delayed-scaling amax buffer holds per layer)."""

@@ -31,9 +31,11 @@ EXPOSED_KEY: dict[str, str] = {
     ParallelAxis.EP_NODE: "ep_exposed",
     ParallelAxis.EP_LOCAL: "ep_exposed",
     ParallelAxis.CP: "cp_exposed",
+    ParallelAxis.TP_DP_CP: "dp_exposed",
 }
 """The breakdown key a blocking collective of a segment step is exposed in, by its axis
-(expert tensor parallelism counts with expert parallelism)."""
+(expert tensor parallelism counts with expert parallelism; a delayed-scaling amax reduction
+over a stage's tp x dp x cp ranks with the data-parallel calls)."""
 
 
 class HashedRanks(tuple[int, ...]):

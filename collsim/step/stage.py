@@ -15,6 +15,7 @@ from collsim.parallel.fsdp import FSDPUnit, build_units
 from collsim.parallel.params import ParamTensor, chunk_tensors
 from collsim.parallel.plan import Plan
 from collsim.step.comm_overlap import tp_overlap_for
+from collsim.step.fp8_amax import ChunkAmax, attach_chunk_amax
 from collsim.step.layer_passes import head_segments, sized_layer_segments
 from collsim.step.ops import BlockTimes, ChunkModel, Segment, StageModel, Step
 
@@ -39,12 +40,14 @@ def build_stage(
     layer_of: Callable[[int], BlockTimes] | None = None,
     comms_of: Callable[[int], list[LayerComm]] | None = None,
     cache: ShapeCache | None = None,
+    amax: ChunkAmax | None = None,
 ) -> StageModel:
     """The chunks of ``stage`` with their segments, tensors, DDP buckets and FSDP units.
 
     ``layer_of`` gives the block times of a layer index (its kind; default ``layer`` for
     all), ``comms_of`` its EP / CP collectives (default none); a ``cache`` shares the
-    tensors, buckets and units of a chunk shape with other plans (:func:`_chunk_params`)."""
+    tensors, buckets and units of a chunk shape with other plans (:func:`_chunk_params`);
+    ``amax`` the once-per-chunk steps of delayed FP8 scaling (:mod:`collsim.step.fp8_amax`)."""
     spec = plan.spec
     tp, sp = plan.tp, plan.parallel.sequence_parallel
     # a CP rank holds s / cp tokens: its TP messages are b (s / cp) h
@@ -108,6 +111,7 @@ def build_stage(
             forward=fwd,
             backward=head_seg + layer_bwd + emb_seg,
         )
+        attach_chunk_amax(fwd, bwd, amax, alt)
         if alt:
             chunk.paired_forward = [alt.get(id(seg), seg) for seg in chunk.forward]
             chunk.paired_backward = [alt.get(id(seg), seg) for seg in chunk.backward]

@@ -181,6 +181,16 @@ class ComputeModel(OpCostModel):
             rebuilt_tensor_bytes=rebuilt_each,
         )
 
+    def fp8_linears(self, times: LayerTimes) -> int:
+        """The FP8 linears of a block (ops of ``times`` that this model runs in FP8)."""
+        if self.dtype != "fp8":
+            return 0
+        return sum(
+            1
+            for c in times.ops
+            if c.phase == "forward" and c.kind is OpKind.MATMUL and c.name in self._fp8_ops
+        )
+
     def _fp8_weights(self, ops: list[Op]) -> tuple[float, float, int]:
         """(non-expert, routed-expert) FP8 weight elements of ``ops`` and their FP8 linears,
         with Transformer Engine's casts (zeros otherwise)."""
@@ -238,6 +248,8 @@ class ComputeModel(OpCostModel):
         ep: int = 1,
         etp: int = 1,
         cp: int = 1,
+        cp_algorithm: str = "ring",
+        cp_load_balance: bool = True,
     ) -> LayerTimes:
         """Forward, backward and recompute times of ONE transformer layer on one rank.
 
@@ -253,9 +265,22 @@ class ComputeModel(OpCostModel):
             layer, ep, etp, cp: which layer (its kind: dense / MoE, full / windowed
                 attention; None the most common) and the expert / context split, passed to
                 :func:`collsim.workload.ops.layer_ops`.
+            cp_algorithm, cp_load_balance: how the CP ranks attend (torch's context
+                parallelism: one SDPA call per KV chunk) and the causal balancing.
         """
         mode = parse_recompute(recompute)
-        key = ("layer", spec, micro_batch, tp, bool(sequence_parallel), mode, layer, ep, etp, cp)
+        key = (
+            "layer",
+            spec,
+            micro_batch,
+            tp,
+            bool(sequence_parallel),
+            mode,
+            layer,
+            ep,
+            etp,
+            cp,
+        ) + (cp_algorithm, cp_load_balance)
         if key not in self._memo:
             run_spec, kernel = self._spec_for(spec)
             self._with_style(run_spec)
@@ -269,6 +294,8 @@ class ComputeModel(OpCostModel):
                 ep=ep,
                 etp=etp,
                 cp=cp,
+                cp_algorithm=cp_algorithm,
+                cp_load_balance=cp_load_balance,
             )
             self._memo[key] = self._times(ops, mode, layer=True, kernel=kernel)
         return self._memo[key]

@@ -321,7 +321,12 @@ class OpCostModel:
             device_s, reported = max(compute_s, memory_s), moved
         else:  # a profile's time of the activation holds its memory traffic and its math
             compute_s, device_s, reported = measured_s, measured_s, size
-        time, host = self._kernel(device_s + self.launch_s)
+        kernels = op.backward_kernels if backward else op.kernels
+        if kernels > 1:  # a chain of eager kernels, each with its launch (and host floor)
+            per, host = self._kernel(device_s / kernels + self.launch_s)
+            time = per * kernels
+        else:
+            time, host = self._kernel(device_s + self.launch_s)
         return OpCost(
             name=op.name,
             phase=phase,
@@ -417,18 +422,22 @@ class OpCostModel:
     _norm = "layernorm"
     _gated = False
 
-    def attention_rate_flops(self, phase: str, *, head_dim: int, seq_len: int) -> float | None:
+    def attention_rate_flops(
+        self, phase: str, *, head_dim: int, seq_len: int, causal: bool | None = None
+    ) -> float | None:
         """FLOP/s of this model's fused attention kernel in ``phase`` (``fwd``/``bwd``) at full
-        waves, sustained clock applied; None where neither a profile nor a table covers it."""
+        waves, sustained clock applied (``causal``: the call's mask, None the model's); None
+        where neither a profile nor a table covers it."""
         kernel = self._kernel_name(True)
+        masked = self.causal if causal is None else causal
         if self.measured is not None:
             rate = self.measured.attention_rate(
-                kernel, phase, causal=self.causal, head_dim=head_dim, seq_len=seq_len
+                kernel, phase, causal=masked, head_dim=head_dim, seq_len=seq_len
             )
             if rate is not None:
                 return float(rate)
         rate = attention_rate_flops(
-            self.generation, kernel, phase, causal=self.causal, head_dim=head_dim, seq_len=seq_len
+            self.generation, kernel, phase, causal=masked, head_dim=head_dim, seq_len=seq_len
         )
         return None if rate is None else rate * self.clock
 
@@ -446,7 +455,7 @@ class OpCostModel:
         wave_eff = ctas / (math.ceil(ctas / self.num_sms) * self.num_sms)
         table_wave = TABLE_CTAS / (math.ceil(TABLE_CTAS / self.num_sms) * self.num_sms)
         key = "bwd" if phase == "backward" else "fwd"
-        rate = self.attention_rate_flops(key, head_dim=gemm.k, seq_len=gemm.m)
+        rate = self.attention_rate_flops(key, head_dim=gemm.k, seq_len=gemm.m, causal=op.causal)
         if rate is not None:
             compute = flops / (rate * wave_eff / table_wave)
             memory = 0.0

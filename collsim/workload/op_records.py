@@ -43,6 +43,8 @@ OP_NAMES = (
     "attn_dropout",
     "attn_values",
     "flash_attention",
+    "cp_attention",
+    "cp_lse_merge",
     "out_proj",
     "attn_dropout_add",
     "attn_residual_add",
@@ -158,6 +160,13 @@ class Op:
     saved: dict[str, float] = field(default_factory=dict)
     weight_gradient: bool = False
     """A linear with a weight: the second backward GEMM (dB) is its weight gradient."""
+    causal: bool | None = None
+    """Fused attention only: the call runs with (True) or without (False) the causal mask;
+    None the model's own (a torch context-parallel step attends a whole KV chunk unmasked)."""
+    kernels: int = 1
+    backward_kernels: int = 1
+    """Element-wise ops: the eager kernels the op runs in forward and in backward (each with
+    its launch; a torch context-parallel merge is a chain of them)."""
 
     @property
     def saved_bytes(self) -> float:

@@ -67,6 +67,8 @@ def layer_ops(
     ep: int = 1,
     etp: int = 1,
     cp: int = 1,
+    cp_algorithm: str = "ring",
+    cp_load_balance: bool = True,
 ) -> list[Op]:
     """The forward ops of one transformer layer on one tensor-parallel rank, in order.
 
@@ -81,6 +83,8 @@ def layer_ops(
         ep: expert-parallel size (E / ep experts per rank); MoE layers only.
         etp: expert tensor-parallel size (each expert's width / etp); MoE layers only.
         cp: context-parallel size (s / cp query tokens per rank, keys over the whole s).
+        cp_algorithm, cp_load_balance: how the CP ranks attend (torch's context parallelism
+            runs one SDPA call per KV chunk) and whether the sequence is load-balanced.
 
     Returns:
         Ops with FLOPs, bytes and the tensors each keeps for backward (no recompute).
@@ -96,6 +100,8 @@ def layer_ops(
             ep=ep,
             etp=etp,
             cp=cp,
+            cp_algorithm=cp_algorithm,
+            cp_load_balance=cp_load_balance,
         )
     _check_tp(spec, tp)
     if micro_batch <= 0:

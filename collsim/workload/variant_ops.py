@@ -21,6 +21,7 @@ from collsim.workload.op_records import (
     _residual,
     activation_element_bytes,
 )
+from collsim.workload.torch_cp import is_torch_cp, torch_cp_attention_ops
 
 __all__ = ["attended_keys", "routed_rows", "variant_layer_ops"]
 
@@ -90,6 +91,8 @@ def variant_layer_ops(
     ep: int = 1,
     etp: int = 1,
     cp: int = 1,
+    cp_algorithm: str = "ring",
+    cp_load_balance: bool = True,
 ) -> list[Op]:
     """The forward ops of one layer of an MoE, MLA, sliding-window or context-parallel model
     on one rank (see :func:`layer_ops` for the arguments).
@@ -102,7 +105,9 @@ def variant_layer_ops(
     attend to ``sliding_window`` keys (:func:`attended_keys`). With CP a rank holds s / cp
     query tokens (two chunks of s / (2 cp) with causal load balancing, so every rank does the
     same work) and attends over keys of the whole sequence; the KV exchange is in
-    :mod:`collsim.parallel.context`.
+    :mod:`collsim.parallel.context`. Under torch's context parallelism (``cp_algorithm``
+    ``torch_*``) the core attention is one SDPA call per KV chunk with its merges
+    (:func:`collsim.workload.torch_cp.torch_cp_attention_ops`).
 
     MoE MLP (Megatron-Core ``MoELayer`` with the all-to-all dispatcher): router h -> E on the
     rank's tokens (replicated weights), top-k selection, permute into expert order, the
@@ -140,7 +145,19 @@ def variant_layer_ops(
             qk = tokens * (heads + kv_heads) * d
             ops.append(_elementwise("rotary", "rotary", qk, 2 * e * qk, {}))
     window = spec.sliding_window if spec.is_window_layer(layer) else None
-    ops += _variant_attention(spec, b, s_local, heads, kv_heads, e, window)
+    if cp > 1 and is_torch_cp(cp_algorithm):
+        ops += torch_cp_attention_ops(
+            micro_batch=b,
+            local_tokens=s_local,
+            cp=cp,
+            heads=heads,
+            key_dim=spec.qk_head_dim,
+            value_dim=spec.value_head_dim,
+            element_bytes=e,
+            load_balance=cp_load_balance,
+        )
+    else:
+        ops += _variant_attention(spec, b, s_local, heads, kv_heads, e, window)
     dv = spec.value_head_dim
     ops.append(
         _matmul(

@@ -90,3 +90,60 @@ def test_cp_collectives_match_cp_volumes(algorithm: str) -> None:
         (rs,) = bwd
         assert ag.op == "all_gather" and ag.size_bytes == v.collective_size_bytes
         assert rs.op == "reduce_scatter" and rs.size_bytes * 3 / 4 == v.backward_bytes
+
+
+@pytest.mark.parametrize("algorithm", ["torch_allgather", "torch_alltoall"])
+def test_torch_cp_bytes_per_layer_by_hand(algorithm: str) -> None:
+    # Llama 3 8B, s = 8192, cp 4, tp 2: 2048 tokens and 32 / 2 = 16 heads on a rank (torch CP
+    # exchanges K and V after torchtitan repeats the 8 KV heads to all 32), 128 + 128 wide,
+    # bf16: 2048 x 16 x 256 x 2 = 16 MiB per block; dK, dV in fp32 twice that
+    spec = get_preset("llama3-8b", num_layers=4)
+    plan = _plan(spec, 2, tp=2, cp=4, dp=2, cp_algorithm=algorithm, sequence_parallel=True)
+    comms = layer_comms(plan)
+    block = 2048 * 16 * 256 * 2
+    assert block == 16 * 2**20
+    fwd = [c for c in comms if c.phase == "forward"]
+    bwd = [c for c in comms if c.phase == "backward"]
+    if algorithm == "torch_allgather":
+        # one all-gather of the 4 blocks forward, the same again backward
+        assert [(c.op, c.size_bytes, c.calls) for c in fwd] == [("all_gather", 4 * block, 1)]
+        assert (bwd[0].op, bwd[0].size_bytes, bwd[0].calls) == ("all_gather", 4 * block, 1)
+    else:
+        # three sends of the held block to the next rank, forward and again backward
+        assert [(c.op, c.size_bytes, c.calls) for c in fwd] == [("send_recv", block, 3)]
+        assert (bwd[0].op, bwd[0].size_bytes, bwd[0].calls) == ("send_recv", block, 3)
+    # the fp32 dK, dV go to the next rank at each of the 4 steps
+    assert (bwd[1].name, bwd[1].op, bwd[1].size_bytes, bwd[1].calls) == (
+        "cp_dkv_rotate",
+        "send_recv",
+        2 * block,
+        4,
+    )
+    v = cp_volumes(block, cp=4, algorithm=algorithm)
+    assert v.forward_bytes == 3 * block
+    assert v.backward_bytes == 3 * block + 4 * 2 * block
+
+
+@pytest.mark.parametrize(
+    ("training", "key"),
+    [
+        ({"stack": "megatron_te"}, "parallel.cp_algorithm"),
+        ({"attention_kernel": "flash3"}, "training.attention_kernel"),
+        ({"attention_kernel": "eager"}, "training.attention_kernel"),
+    ],
+)
+def test_torch_cp_refuses_what_torch_does_not_run(training: dict, key: str) -> None:
+    from collsim.core.errors import ConfigError
+
+    spec = get_preset("llama3-8b", num_layers=4)
+    with pytest.raises(ConfigError) as err, warnings.catch_warnings():
+        warnings.simplefilter("ignore", CollsimWarning)
+        build_plan(
+            load_topology("dgx_h100", nodes=2),
+            spec,
+            TrainingConfig(global_batch=64, micro_batch=1, **training),
+            ParallelConfig(tp=2, cp=4, dp=2, cp_algorithm="torch_allgather"),
+            for_simulation=False,
+        )
+    assert err.value.key_path == key
+    assert "\n" not in str(err.value)

@@ -127,7 +127,10 @@ MODERN = st.fixed_dictionaries(
         "schedule": st.sampled_from(["1f1b", "interleaved"]),
         "zero": st.sampled_from([0, 1, 2, 3]),
         "shard": st.sampled_from([None, 2, 4]),
-        "cp_algorithm": st.sampled_from(["ring", "all_gather"]),
+        "cp_algorithm": st.sampled_from(
+            ["ring", "all_gather", "torch_allgather", "torch_alltoall"]
+        ),
+        "fp8": st.sampled_from([None, "delayed", "tensorwise"]),
         "balance": st.booleans(),
         "recompute": st.sampled_from(["none", "selective", "full"]),
         "overlap": st.booleans(),
@@ -142,8 +145,9 @@ MODERN = st.fixed_dictionaries(
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(MODERN)
 def test_generated_modern_plans(knobs: dict) -> None:
-    """MoE (EP, etp, dense-first layers), MLA, sliding-window, CP (ring / all-gather, with or
-    without causal balancing) and HSDP plans: the two fidelities agree."""
+    """MoE (EP, etp, dense-first layers), MLA, sliding-window, CP (ring / all-gather / torch's
+    two rotate methods, with or without causal balancing), FP8 (delayed and current scaling:
+    their amax reductions) and HSDP plans: the two fidelities agree."""
     from collsim.core.errors import ConfigError
 
     extra = {"sliding_window_layers": (0, 2)} if knobs["model"] == "gpt-oss-120b" else {}
@@ -158,7 +162,10 @@ def test_generated_modern_plans(knobs: dict) -> None:
     m = knobs["m"] * (pp if schedule == "interleaved" else 1)
     shard = knobs["shard"] if knobs["shard"] and dp % knobs["shard"] == 0 else None
     zero = 3 if shard else knobs["zero"]
-    training = TrainingConfig(global_batch=m * dp, micro_batch=1, recompute=knobs["recompute"])
+    fp8 = {"dtype": "fp8", "fp8_recipe": knobs["fp8"]} if knobs["fp8"] else {}
+    training = TrainingConfig(
+        global_batch=m * dp, micro_batch=1, recompute=knobs["recompute"], **fp8
+    )
     try:
         parallel = ParallelConfig(
             tp=tp,

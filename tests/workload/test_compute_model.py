@@ -128,7 +128,12 @@ def test_op_names_cover_every_op() -> None:
     for spec in (SPEC, get_preset("llama3-8b"), get_preset("deepseek-v3")):
         for build in (layer_ops, embedding_ops, head_ops):
             seen |= {op.name for op in build(spec, micro_batch=1, tp=8)}
-    # GPT (unfused, dropout), Llama (flash, rotary), DeepSeek-V3 (MLA, routed + shared experts)
+    torch_cp = layer_ops(
+        get_preset("llama3-8b"), micro_batch=1, tp=8, cp=2, cp_algorithm="torch_allgather"
+    )
+    seen |= {op.name for op in torch_cp}
+    # GPT (unfused, dropout), Llama (flash, rotary), DeepSeek-V3 (MLA, routed + shared experts),
+    # Llama under torch's context parallelism (an SDPA call per KV chunk, merges)
     assert seen == set(OP_NAMES)
 
 

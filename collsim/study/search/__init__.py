@@ -24,13 +24,12 @@ Nothing here prints; a callback reports progress.
 
 from __future__ import annotations
 
+from collsim.study.search.frame import known_from_frame, search_frame
 from collsim.study.search.loop import (
     MINOR_KNOBS,
     Ranked,
     SearchResult,
     collapse,
-    known_from_frame,
-    search_frame,
     search_plans,
     shape_of,
 )

@@ -20,16 +20,12 @@ from typing import TYPE_CHECKING, Any
 from collsim.core.errors import CollsimWarning, ConfigError, InfeasibleError
 from collsim.core.jobs import SchedulerLost, Workers
 from collsim.play.walk import Estimator
-from collsim.step.result import BREAKDOWN_KEYS, MEMORY_KEYS, Breakdown
-from collsim.step.result import StepResult as Result
 from collsim.study.job import StepInputs, simulate_inputs
-from collsim.study.search.bounds import Bounds
+from collsim.study.search.bounds import Bounds, memory_limit_bytes
 from collsim.study.search.space import Candidate, SearchSpace, enumerate_plans
 from collsim.study.search.variants import VariantBounds
 
 if TYPE_CHECKING:  # pragma: no cover
-    import pandas as pd
-
     from collsim.cluster.topology import Topology
     from collsim.parallel.config import ParallelConfig, TrainingConfig
     from collsim.step.result import StepResult
@@ -138,12 +134,12 @@ def search_plans(
             the last call), ``bound`` (n plans dropped by a bound) or ``simulate`` (1 per
             simulated plan).
         jobs: processes that estimate and simulate (:class:`collsim.core.jobs.Workers`); with
-            more than one, plans are estimated in batches from the front of the queue
-            (:attr:`collsim.core.jobs.Workers.batch_size`; the best plans are the same, a few more
+            more than one, plans are taken from the front of the queue in tasks, each sized by
+            the cost of those before it and sent as soon as a process has room
+            (:meth:`collsim.core.jobs.Workers.stream`; the best plans are the same, a few more
             may be estimated).
-        scheduler: a Dask scheduler's address: the batches go to its workers instead, each
-            sized by the cost of those before it and sent as soon as a worker has room
-            (:meth:`collsim.core.jobs.Workers.stream`; the same results).
+        scheduler: a Dask scheduler's address: the tasks go to its workers instead (the same
+            results).
         tolerance: relative step-time difference under which plans alike are one row.
         known: estimates from an earlier run of the same search, by plan label (``--resume``):
             used as they are, not estimated again.
@@ -158,7 +154,7 @@ def search_plans(
     dropped: Counter[str] = Counter()
     # 1. cheap bounds for every buildable plan: its memory floor must fit, and the compute
     #    stream's own work is a lower bound on the step
-    capacity = topology.device.usable_memory_bytes
+    capacity = memory_limit_bytes(topology.device)
     plans = enumerate_plans(
         spec,
         num_gpus,
@@ -539,73 +535,3 @@ def _simulate(
     """The engine's step of one candidate, as every caller simulates one
     (:mod:`collsim.study.job`; no stragglers: the candidates are the plans, not the job)."""
     return simulate_inputs(StepInputs(topology, spec, training, parallel))
-
-
-def search_frame(result: SearchResult, *, limit: int | None = None) -> pd.DataFrame:
-    """One row per feasible plan, best estimate first: the plan's knobs, ``est_*`` columns of
-    the closed form (step time, breakdown, memory, MFU) and ``sim_*`` columns for the
-    re-simulated ones (NaN otherwise)."""
-    # start-up: pandas loads only when a frame is asked for (the run path stays light)
-    import pandas as pd
-
-    rows = []
-    for index, entry in enumerate(result.ranked[:limit] if limit else result.ranked):
-        est = entry.estimate
-        row: dict[str, Any] = {
-            "rank_estimate": index + 1,
-            **entry.candidate.as_dict(),
-            "num_microbatches": est.num_microbatches,
-            "est_step_time_s": est.step_time_s,
-            "est_tokens_per_s": est.tokens_per_s,
-            "est_mfu": est.mfu,
-        }
-        for key in BREAKDOWN_KEYS:
-            row[f"est_{key}_s"] = est.breakdown_s[key]
-        row["est_memory_peak_bytes"] = est.memory_peak_bytes
-        for key in MEMORY_KEYS:
-            row[f"est_mem_{key}_bytes"] = est.memory_bytes[key]
-        res = entry.result
-        row["simulated"] = res is not None
-        row["sim_reason"] = entry.reason or ""
-        row["sim_step_time_s"] = res.step_time_s if res is not None else float("nan")
-        row["sim_mfu"] = res.mfu if res is not None else float("nan")
-        row["sim_memory_peak_bytes"] = res.memory_peak_bytes if res is not None else float("nan")
-        row["sim_fits"] = res.fits if res is not None else pd.NA
-        for key in BREAKDOWN_KEYS:
-            row[f"sim_{key}_s"] = res.breakdown_s.get(key, 0.0) if res is not None else float("nan")
-        rows.append(row)
-    return pd.DataFrame.from_records(rows)
-
-
-def known_from_frame(frame: pd.DataFrame) -> dict[str, StepResult]:
-    """The estimates a :func:`search_frame` table holds, by plan label (``--resume``): each
-    rebuilt from its ``est_*`` columns (what the table and a new frame show of it), so that a
-    resumed search ranks and writes them as the earlier run did.
-
-    Raises:
-        ConfigError: the table lacks a column a search writes.
-    """
-
-    needed = ["plan", "num_microbatches", "est_step_time_s", "est_tokens_per_s", "est_mfu"]
-    needed += [f"est_{key}_s" for key in BREAKDOWN_KEYS] + ["est_memory_peak_bytes"]
-    needed += [f"est_mem_{key}_bytes" for key in MEMORY_KEYS]
-    missing = [c for c in needed if c not in frame.columns]
-    if missing:
-        raise ConfigError(f"not a search table: no column {missing[0]!r}", key_path="--resume")
-    out: dict[str, StepResult] = {}
-    for row in frame.to_dict("records"):
-        out[str(row["plan"])] = Result(
-            step_time_s=float(row["est_step_time_s"]),
-            tokens_per_s=float(row["est_tokens_per_s"]),
-            model_tflops_per_gpu=float("nan"),
-            hardware_tflops_per_gpu=float("nan"),
-            mfu=float(row["est_mfu"]),
-            hfu=float("nan"),
-            breakdown_s=Breakdown.of({key: float(row[f"est_{key}_s"]) for key in BREAKDOWN_KEYS}),
-            memory_peak_bytes=float(row["est_memory_peak_bytes"]),
-            memory_bytes={key: float(row[f"est_mem_{key}_bytes"]) for key in MEMORY_KEYS},
-            memory_capacity_bytes=float("nan"),
-            fits=True,
-            num_microbatches=int(row["num_microbatches"]),
-        )
-    return out

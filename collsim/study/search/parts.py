@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from collsim.parallel.pipeline import Phase, get_schedule
 from collsim.step.build import bytes_per, layer_kind_of, plan_blocks
 from collsim.step.layer_passes import layer_segments
@@ -29,7 +31,15 @@ if TYPE_CHECKING:  # pragma: no cover
     from collsim.parallel.plan import Plan
     from collsim.step.ops import BlockTimes
 
-__all__ = ["LayerPart", "PlanParts", "ProgramParts", "held_counts"]
+__all__ = [
+    "LayerPart",
+    "Layout",
+    "PlanParts",
+    "ProgramParts",
+    "chunk_kinds",
+    "held_counts",
+    "place",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,21 +72,129 @@ class PlanParts:
     def layer(self, stage: int, index: int) -> LayerPart:
         return self.stages[stage][self.kind_of[index]]
 
-    def cheapest(self) -> LayerPart:
-        """A layer no cheaper in any field than every layer of every stage (field-wise
-        minimum)."""
-        parts = [p for st in self.stages for p in st.values()]
-        return LayerPart(
-            min(p.forward_s for p in parts),
-            min(p.backward_s for p in parts),
-            min(p.wgrad_s for p in parts),
-            min(p.stored_bytes for p in parts),
-            min(p.compute_s for p in parts),
-        )
-
     def wgrad_range(self) -> tuple[float, float]:
         parts = [p.wgrad_s for st in self.stages for p in st.values()]
         return min(parts), max(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """A plan shape's parts as its schedule places them: per stage, per chunk (the layers
+    :meth:`collsim.parallel.plan.Plan.chunk_layers` gives it, each at its kind's
+    :class:`LayerPart` on that stage) the sums of its layers' floors, and the model part each
+    chunk is (part 0 holds the embedding, the last part the head)."""
+
+    parts: PlanParts
+    part_of: tuple[tuple[int, ...], ...]
+    forward_s: tuple[tuple[float, ...], ...]
+    backward_s: tuple[tuple[float, ...], ...]
+    input_s: tuple[tuple[float, ...], ...]
+    """A split backward's input-gradient op: each layer's backward less the largest
+    weight-gradient part of any layer (what the W op can take at most)."""
+    wgrad_s: tuple[tuple[float, ...], ...]
+    stored_bytes: tuple[tuple[float, ...], ...]
+    """Activations each chunk keeps per micro-batch, the embedding's and the head's
+    included."""
+    compute_s: tuple[float, ...]
+    """Per stage, its layers' compute seconds alone (forward and backward)."""
+
+    @property
+    def last_part(self) -> int:
+        return len(self.part_of) * len(self.part_of[0]) - 1
+
+    def stage_work(self, stage: int) -> tuple[float, float]:
+        """The compute stream's floor of one micro-batch on ``stage`` (forward, backward):
+        its chunks' layers, and the embedding and the head where they are placed."""
+        f, b = sum(self.forward_s[stage]), sum(self.backward_s[stage])
+        emb, head = self.parts.embedding, self.parts.head
+        for part in self.part_of[stage]:
+            if part == 0:
+                f, b = f + emb.forward_s, b + emb.backward_s
+            if part == self.last_part:
+                f, b = f + head.forward_s, b + head.backward_s
+        return f, b
+
+    def op_work(self) -> dict[tuple[int, Phase, int], float]:
+        """Each (stage, phase, chunk) op's floor on the compute stream: its chunk's layers,
+        and the embedding or the head where the chunk is the first or the last model part; a
+        split backward as its input-gradient part (:attr:`input_s`, the head's backward less
+        its weight-gradient part) and its weight-gradient part (each layer's least, the
+        embedding's backward, the least of the head's), each a floor of what the program
+        builds (``collsim.step.ops``' split backward)."""
+        emb, head = self.parts.embedding, self.parts.head
+        out: dict[tuple[int, Phase, int], float] = {}
+        for s, row in enumerate(self.part_of):
+            for k, part in enumerate(row):
+                first, last = part == 0, part == self.last_part
+                e_f, e_b = (emb.forward_s, emb.backward_s) if first else (0.0, 0.0)
+                h_f, h_b = (head.forward_s, head.backward_s) if last else (0.0, 0.0)
+                hw = head.wgrad_s if last else 0.0
+                out[(s, Phase.FORWARD, k)] = self.forward_s[s][k] + e_f + h_f
+                out[(s, Phase.BACKWARD, k)] = self.backward_s[s][k] + e_b + h_b
+                out[(s, Phase.BACKWARD_INPUT, k)] = self.input_s[s][k] + max(0.0, h_b - hw)
+                out[(s, Phase.BACKWARD_WEIGHT, k)] = self.wgrad_s[s][k] + e_b + min(hw, h_b)
+        return out
+
+
+_FIELDS = ("forward_s", "backward_s", "wgrad_s", "stored_bytes", "compute_s")
+
+
+def chunk_kinds(plan: Plan) -> tuple[tuple[tuple[int, ...], ...], list[int], np.ndarray]:
+    """Where ``plan``'s schedule puts its layers: per stage the model part of each chunk, the
+    representative layers of the model's kinds, and how many layers of each kind each
+    (stage, chunk) holds (an array stage x chunk x kind)."""
+    v = plan.virtual_stages
+    kinds = sorted(set(layer_kind_of(plan.spec).values()))
+    kind_of = layer_kind_of(plan.spec)
+    index = {rep: j for j, rep in enumerate(kinds)}
+    counts = np.zeros((plan.pp, v, len(kinds)))
+    part_of = []
+    for s in range(plan.pp):
+        part_of.append(tuple(plan.pipeline_schedule.part_of(s, k, plan.pp, v) for k in range(v)))
+        for k in range(v):
+            for i in plan.chunk_layers(s, k):
+                counts[s, k, index[kind_of[i]]] += 1
+    return tuple(part_of), kinds, counts
+
+
+def place(
+    parts: PlanParts, where: tuple[tuple[tuple[int, ...], ...], list[int], np.ndarray]
+) -> Layout:
+    """The :class:`Layout` of the chunks :func:`chunk_kinds` gives over ``parts``."""
+    part_of, kinds, counts = where
+    w_max = parts.wgrad_range()[1]
+    emb, head = parts.embedding, parts.head
+    last = len(part_of) * len(part_of[0]) - 1
+    # per stage and kind: each field of the kind's part on that stage
+    table = np.array(
+        [[[getattr(st[rep], f) for f in _FIELDS] for rep in kinds] for st in parts.stages]
+    )
+    sums = np.einsum("skq,sqf->skf", counts, table)
+    inputs = np.einsum("skq,sq->sk", counts, np.maximum(0.0, table[:, :, 1] - w_max))
+    ends = np.array(
+        [
+            [
+                (emb.stored_bytes if part == 0 else 0.0)
+                + (head.stored_bytes if part == last else 0.0)
+                for part in row
+            ]
+            for row in part_of
+        ]
+    )
+
+    def rows(a: np.ndarray) -> tuple[tuple[float, ...], ...]:
+        return tuple(tuple(float(x) for x in r) for r in a)
+
+    return Layout(
+        parts=parts,
+        part_of=part_of,
+        forward_s=rows(sums[:, :, 0]),
+        backward_s=rows(sums[:, :, 1]),
+        input_s=rows(inputs),
+        wgrad_s=rows(sums[:, :, 2]),
+        stored_bytes=rows(sums[:, :, 3] + ends),
+        compute_s=tuple(float(x) for x in sums[:, :, 4].sum(axis=1)),
+    )
 
 
 class ProgramParts:
@@ -136,18 +254,16 @@ class ProgramParts:
         )
 
 
-_COUNTS: dict[tuple[str, int, int, int, int], tuple[tuple[int, ...], ...]] = {}
+_COUNTS: dict[tuple[str, int, int, int, int], np.ndarray] = {}
 
 
-def held_counts(
-    schedule: str, *, pp: int, m: int, v: int, stage: int
-) -> tuple[tuple[int, ...], ...]:
+def held_counts(schedule: str, *, pp: int, m: int, v: int, stage: int) -> np.ndarray:
     """Per chunk of ``stage``, how many micro-batches' activations it holds at the end of each
-    forward op of the schedule's order (distinct vectors, none below another): a forward
-    keeps its activations at its end; the op that frees them (the backward, or the
-    weight-gradient op of a split backward) releases them at its end. The stage's activations
-    at that instant are the vector times each chunk's activations, so the largest is a floor
-    of its peak."""
+    forward op of the schedule's order (the distinct vectors, one row each): a forward keeps
+    its activations at its end; the op that frees them (the backward, or the weight-gradient
+    op of a split backward) releases them at its end. The stage's activations at that instant
+    are the row times each chunk's activations, so the largest product is a floor of its
+    peak. One chunk: the largest count alone."""
     key = (schedule, pp, m, v, stage)
     hit = _COUNTS.get(key)
     if hit is not None:
@@ -164,10 +280,6 @@ def held_counts(
             counts[op.chunk] -= 1
     if v == 1:
         seen = {max(seen)} if seen else set()
-    kept = [
-        a
-        for a in seen
-        if not any(b != a and all(x >= y for x, y in zip(b, a, strict=True)) for b in seen)
-    ]
-    hit = _COUNTS[key] = tuple(sorted(kept))
+    rows = sorted(seen) or [tuple([0] * v)]
+    hit = _COUNTS[key] = np.array(rows, dtype=float).reshape(len(rows), v)
     return hit

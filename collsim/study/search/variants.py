@@ -3,11 +3,9 @@ combination, each built on the scenario's sections with that combination's value
 
 :class:`Bounds` reads the expert tensor-parallel size, the EP overlap and the dtype from the
 sections it is built on and keeps its tables per plan shape, so plans that differ only in those
-knobs (:class:`collsim.study.search.space.Extra`, ``etp``) need their own. Plans of an HSDP
-group smaller than dp reduce inside that group, which the data-parallel floor does not follow:
-they get no data-parallel floor. Plans whose layers do not divide pp x v (a balanced split) keep
-the cheap floor only: the pipeline walk of :meth:`Bounds.refined_s` prices each chunk as the
-stage's mean chunk.
+knobs (:class:`collsim.study.search.space.Extra`, ``etp``) need their own; plans of an HSDP
+group smaller than dp reduce as their own data-parallel rules say (inside the shard group, then
+across the replicas).
 """
 
 from __future__ import annotations
@@ -54,29 +52,9 @@ class VariantBounds(Bounds):
         return self._of(c).memory_bytes(c)
 
     def step_s(self, c: Candidate) -> float:
-        bounds = self._of(c)
-        if _hsdp(c):
-            return _stream_s(bounds, c, None)
-        return bounds.step_s(c)
+        """:meth:`Bounds.step_s` of the plan's combination."""
+        return self._of(c).step_s(c)
 
     def refined_s(self, c: Candidate) -> float:
-        if self.spec.num_layers % (c.pp * c.virtual_stages):
-            return self.step_s(c)
-        bounds = self._of(c)
-        if _hsdp(c):
-            return _stream_s(bounds, c, bounds._pipeline_ends(c))
-        return bounds.refined_s(c)
-
-
-def _hsdp(c: Candidate) -> bool:
-    """``c`` shards inside groups smaller than its data-parallel group."""
-    return c.shard_group is not None and c.shard_group < c.dp
-
-
-def _stream_s(bounds: Bounds, c: Candidate, walked: list[float] | None) -> float:
-    """The compute stream's floor alone (:meth:`Bounds._compute`, tightened by the pipeline
-    walk when given): its data-parallel calls and optimizer left out, which only add."""
-    floor: list[float] = bounds._compute(c)[0]
-    if walked is not None:
-        floor = [max(a, b) for a, b in zip(floor, walked, strict=True)]
-    return max(floor) * (1 - 1e-9)
+        """:meth:`Bounds.refined_s` of the plan's combination."""
+        return self._of(c).refined_s(c)

@@ -1,0 +1,474 @@
+"""PyTorch's CUDA caching allocator of one device, rule by rule as
+``c10/cuda/CUDACachingAllocator.cpp`` (pytorch/pytorch at 001074d, the torch 2.x allocator)
+writes it: sizes rounded to 512 B, a small and a large pool per stream, best fit with
+splitting, freed blocks merged with their free neighbours, segments cached until
+``empty_cache`` or an out-of-memory retry, and ``expandable_segments:True``. The rules, their
+sources and the worked examples are in docs/memory.md; :mod:`collsim.step.allocator` replays a
+rank's step through it.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from collsim.core.errors import SimulationError
+
+__all__ = [
+    "MIN_BLOCK_BYTES",
+    "SMALL_SIZE_BYTES",
+    "SMALL_BUFFER_BYTES",
+    "LARGE_BUFFER_BYTES",
+    "MIN_LARGE_ALLOC_BYTES",
+    "ROUND_LARGE_BYTES",
+    "AllocatorOOM",
+    "AllocatorStats",
+    "Block",
+    "CachingAllocator",
+    "allocation_size",
+    "round_size",
+]
+
+MIB = 1 << 20
+
+MIN_BLOCK_BYTES = 512
+"""``kMinBlockSize``: every size is rounded up to a multiple of 512 B
+(c10/cuda/CUDACachingAllocator.cpp at 001074d)."""
+SMALL_SIZE_BYTES = 1 * MIB
+"""``kSmallSize``: the largest request of the small pool (same file)."""
+SMALL_BUFFER_BYTES = 2 * MIB
+"""``kSmallBuffer``: small requests are packed into 2 MiB segments; also the page of an
+expandable small-pool segment (same file)."""
+LARGE_BUFFER_BYTES = 20 * MIB
+"""``kLargeBuffer``: requests of 1-10 MiB get a 20 MiB segment; also the page of an expandable
+large-pool segment (same file, Note [Expandable Segments])."""
+MIN_LARGE_ALLOC_BYTES = 10 * MIB
+"""``kMinLargeAlloc``: from 10 MiB a request gets a segment of its own size (same file)."""
+ROUND_LARGE_BYTES = 2 * MIB
+"""``kRoundLarge``: such a segment is rounded up to 2 MiB (same file)."""
+
+
+def round_size(size_bytes: int) -> int:
+    """``round_size`` without ``roundup_power2_divisions`` (unset by default): at least 512 B,
+    else up to a multiple of 512 B.
+
+    >>> round_size(1), round_size(512), round_size(513)
+    (512, 512, 1024)
+    """
+    if size_bytes < MIN_BLOCK_BYTES:
+        return MIN_BLOCK_BYTES
+    return MIN_BLOCK_BYTES * ((size_bytes + MIN_BLOCK_BYTES - 1) // MIN_BLOCK_BYTES)
+
+
+def allocation_size(size_bytes: int) -> int:
+    """``get_allocation_size``: the segment a rounded request gets from the device when no
+    cached block fits.
+
+    >>> [allocation_size(s * MIB) // MIB for s in (1, 6, 9, 11)]
+    [2, 20, 20, 12]
+    """
+    if size_bytes <= SMALL_SIZE_BYTES:
+        return SMALL_BUFFER_BYTES
+    if size_bytes < MIN_LARGE_ALLOC_BYTES:
+        return LARGE_BUFFER_BYTES
+    return ROUND_LARGE_BYTES * ((size_bytes + ROUND_LARGE_BYTES - 1) // ROUND_LARGE_BYTES)
+
+
+class AllocatorOOM(SimulationError):
+    """A request the device cannot hold, even after the cached segments were released."""
+
+
+class Block:
+    """A block of a segment (``Block`` of the C++ file): address, size, pool, neighbours."""
+
+    __slots__ = ("addr", "size", "allocated", "mapped", "prev", "next", "pool")
+
+    def __init__(self, addr: int, size: int, pool: tuple[int, bool], mapped: bool = True):
+        self.addr = addr
+        self.size = size
+        self.allocated = False
+        self.mapped = mapped
+        self.prev: Block | None = None
+        self.next: Block | None = None
+        self.pool = pool
+
+
+@dataclass(slots=True)
+class AllocatorStats:
+    """What ``torch.cuda.memory_stats`` reports of a replay (bytes are block sizes)."""
+
+    allocated_bytes: int = 0
+    reserved_bytes: int = 0
+    peak_allocated_bytes: int = 0
+    peak_reserved_bytes: int = 0
+    num_alloc_retries: int = 0
+    num_ooms: int = 0
+
+
+def _split(block: Block, size: int, *, mapped: bool) -> Block:
+    """Cut ``block`` to ``size`` bytes; the rest becomes the next block of its segment."""
+    rest = Block(block.addr + size, block.size - size, block.pool, mapped)
+    rest.prev, rest.next = block, block.next
+    if block.next is not None:
+        block.next.prev = rest
+    block.next = rest
+    block.size = size
+    return rest
+
+
+class CachingAllocator:
+    """The caching allocator of one device.
+
+    Args:
+        expandable_segments: ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``.
+        limit_bytes: what the device can give the allocator (None: no limit). A request that
+            would reserve beyond it releases the cached segments and retries, as
+            ``DeviceCachingAllocator::malloc`` does; if that fails too it raises
+            :class:`AllocatorOOM`.
+    """
+
+    def __init__(self, *, expandable_segments: bool = False, limit_bytes: int | None = None):
+        self.expandable = expandable_segments
+        self.limit_bytes = limit_bytes
+        self.stats = AllocatorStats()
+        self._free: dict[tuple[int, bool], list[tuple[int, int]]] = {}
+        """Per (stream, small pool): the cached free blocks as sorted (size, address)."""
+        self._free_at: dict[int, Block] = {}
+        self._unmapped: dict[tuple[int, bool], list[int]] = {}
+        """Expandable segments: per pool, the unmapped blocks' addresses, sorted."""
+        self._unmapped_at: dict[int, Block] = {}
+        self._fits: dict[tuple[Any, ...], int | None] = {}
+        """:meth:`cached_fit`'s answers by request and cache state."""
+        self._next_addr = 0
+
+    # ---- the public calls ---------------------------------------------------------------
+    def malloc(self, size_bytes: int, stream: int = 0) -> Block:
+        """A block for ``size_bytes`` on ``stream`` (``DeviceCachingAllocator::malloc``)."""
+        size = round_size(int(size_bytes))
+        small = size <= SMALL_SIZE_BYTES
+        pool = (stream, small)
+        block = self._get_free_block(pool, size)
+        if block is None:
+            block = self._new_block(pool, size)
+        rest = block.size - size
+        if rest >= MIN_BLOCK_BYTES if (small or self.expandable) else rest > SMALL_SIZE_BYTES:
+            self._insert_free(_split(block, size, mapped=True))
+        block.allocated = True
+        st = self.stats
+        st.allocated_bytes += block.size
+        if st.allocated_bytes > st.peak_allocated_bytes:
+            st.peak_allocated_bytes = st.allocated_bytes
+        return block
+
+    def free(self, block: Block) -> None:
+        """Return ``block`` to its pool, merged with its free neighbours (``free_block``)."""
+        if not block.allocated:
+            raise SimulationError("a block freed twice")
+        block.allocated = False
+        self.stats.allocated_bytes -= block.size
+        before, after = block.prev, block.next
+        if before is not None and not before.allocated:
+            self._merge(block, before)
+        if after is not None and not after.allocated:
+            self._merge(block, after)
+        self._insert_free(block)
+
+    def empty_cache(self) -> None:
+        """``release_cached_blocks``: whole free segments go back to the device; in an
+        expandable segment, the free pages inside free blocks are unmapped."""
+        for pool in list(self._free):
+            for _, addr in list(self._free[pool]):
+                block = self._free_at.get(addr)
+                if block is None:
+                    continue
+                if self.expandable:
+                    self._unmap(block)
+                elif block.prev is None and block.next is None:
+                    self._remove_free(block)
+                    self.stats.reserved_bytes -= block.size
+
+    def cached_fit(self, sizes_bytes: Iterable[int], stream: int = 0) -> int | None:
+        """The bytes the blocks of ``sizes_bytes`` would hold if they were allocated now, one
+        after another, or None when one of them needs a new segment or a mapped page; the
+        allocator is left as it was.
+
+        Used with :meth:`hold`: requests that are freed before anything else is allocated
+        leave the cache as it was (a free block is a maximal run of free memory of one
+        mapping in its segment, so the blocks are a function of the allocated ranges), so only
+        their peak counts. The choice of each block and its split are :meth:`malloc`'s, on a
+        copy of the free lists. The answer is kept per request and free lists (and unmapped
+        ranges): a step repeats the same requests on the same cache many times.
+        """
+        sizes = tuple(sizes_bytes)
+        free = self._free
+        key: tuple[Any, ...] = (
+            stream,
+            sizes,
+            tuple(free.get((stream, False), ())),
+            tuple(free.get((stream, True), ())),
+        )
+        if self.expandable:
+            at = self._unmapped_at
+            key += tuple(
+                tuple((a, at[a].size) for a in self._unmapped.get((stream, s), ()))
+                for s in (False, True)
+            )
+        if key in self._fits:
+            return self._fits[key]
+        fit = self._cached_fit(sizes, stream)
+        self._fits[key] = fit
+        return fit
+
+    def _cached_fit(self, sizes_bytes: tuple[int, ...], stream: int) -> int | None:
+        """:meth:`cached_fit` worked out."""
+        expandable = self.expandable
+        lists: dict[tuple[int, bool], list[tuple[int, int]]] = {}
+        grow: dict[int, int] = {}
+        total = 0
+        for raw in sizes_bytes:
+            size = round_size(int(raw))
+            small = size <= SMALL_SIZE_BYTES
+            pool = (stream, small)
+            lst = lists.get(pool)
+            if lst is None:
+                lst = lists[pool] = list(self._free.get(pool, ()))
+            i = bisect_left(lst, (size, -1))
+            if i == len(lst):
+                return None
+            if expandable:
+                i = self._expandable_pick(lst, i, grow)
+            block_size, addr = lst.pop(i)
+            rest = block_size - size
+            if rest >= MIN_BLOCK_BYTES if (small or expandable) else rest > SMALL_SIZE_BYTES:
+                insort(lst, (rest, addr + size))
+                if expandable:
+                    grow[addr + size] = self._growth(addr, grow)
+                total += size
+            else:
+                total += block_size
+        return total
+
+    def hold(self, size_bytes: int) -> None:
+        """Count ``size_bytes`` (a :meth:`cached_fit`) as allocated for the peak, then free."""
+        st = self.stats
+        if st.allocated_bytes + size_bytes > st.peak_allocated_bytes:
+            st.peak_allocated_bytes = st.allocated_bytes + size_bytes
+
+    def _growth(self, addr: int, grow: dict[int, int]) -> int:
+        """The unmapped bytes after the free block at ``addr`` (:meth:`cached_fit`'s copy)."""
+        hit = grow.get(addr)
+        if hit is not None:
+            return hit
+        nxt = self._free_at[addr].next
+        return nxt.size if nxt is not None and not nxt.mapped else 0
+
+    def _expandable_pick(self, lst: list[tuple[int, int]], i: int, grow: dict[int, int]) -> int:
+        """:meth:`_get_free_block`'s walk over a copy of a free list: from the best fit on,
+        the next block while it could grow to less than the current one."""
+        best = lst[i][0] + self._growth(lst[i][1], grow)
+        j = i + 1
+        while j < len(lst):
+            size, addr = lst[j]
+            grown = size + self._growth(addr, grow)
+            if grown >= best:
+                break
+            i, best = j, grown
+            j += 1
+        return i
+
+    # ---- internals ----------------------------------------------------------------------
+    def _new_block(self, pool: tuple[int, bool], size: int) -> Block:
+        """A new segment or mapped pages for ``size`` bytes, after releasing the cache and
+        retrying once if the device has no room (``malloc``'s slow path)."""
+        block = self._alloc_block(pool, size)
+        if block is None:
+            self.stats.num_alloc_retries += 1
+            self.empty_cache()
+            block = self._alloc_block(pool, size)
+        if block is None:
+            self.stats.num_ooms += 1
+            raise AllocatorOOM(
+                f"out of memory: {size / MIB:.1f} MiB requested with "
+                f"{self.stats.allocated_bytes / 2**30:.2f} GiB allocated and "
+                f"{self.stats.reserved_bytes / 2**30:.2f} GiB reserved of "
+                f"{(self.limit_bytes or 0) / 2**30:.2f} GiB"
+            )
+        return block
+
+    def _page(self, pool: tuple[int, bool]) -> int:
+        return SMALL_BUFFER_BYTES if pool[1] else LARGE_BUFFER_BYTES
+
+    def _insert_free(self, block: Block) -> None:
+        insort(self._free.setdefault(block.pool, []), (block.size, block.addr))
+        self._free_at[block.addr] = block
+
+    def _remove_free(self, block: Block) -> None:
+        lst = self._free[block.pool]
+        i = bisect_left(lst, (block.size, block.addr))
+        del lst[i]
+        del self._free_at[block.addr]
+
+    def _expandable_size(self, block: Block) -> int:
+        nxt = block.next
+        return block.size + (nxt.size if nxt is not None and not nxt.mapped else 0)
+
+    def _get_free_block(self, pool: tuple[int, bool], size: int) -> Block | None:
+        """``get_free_block``: the smallest cached block that holds ``size``; in an
+        expandable segment, a block that could grow is weighed at its grown size."""
+        lst = self._free.get(pool)
+        if not lst:
+            return None
+        i = bisect_left(lst, (size, -1))
+        if i == len(lst):
+            return None
+        if not self.expandable:
+            return self._free_at.pop(lst.pop(i)[1])
+        block = self._free_at[lst[i][1]]
+        if self.expandable:
+            j = i + 1
+            while j < len(lst) and self._expandable_size(
+                nxt := self._free_at[lst[j][1]]
+            ) < self._expandable_size(block):
+                block = nxt
+                j += 1
+        self._remove_free(block)
+        return block
+
+    def _reserve(self, size: int) -> bool:
+        limit = self.limit_bytes
+        if limit is not None and self.stats.reserved_bytes + size > limit:
+            return False
+        st = self.stats
+        st.reserved_bytes += size
+        if st.reserved_bytes > st.peak_reserved_bytes:
+            st.peak_reserved_bytes = st.reserved_bytes
+        return True
+
+    def _alloc_block(self, pool: tuple[int, bool], size: int) -> Block | None:
+        """``alloc_block``: a new segment (``cudaMalloc``), or more pages of the pool's
+        expandable segment; None when the device has no room."""
+        if self.expandable:
+            return self._grow(pool, size)
+        seg = allocation_size(size)
+        if not self._reserve(seg):
+            return None
+        block = Block(self._next_addr, seg, pool)
+        self._next_addr += seg
+        return block
+
+    def _merge(self, dst: Block, src: Block | None) -> None:
+        """``try_merge_blocks``: ``dst`` takes in a free neighbour of the same mapping."""
+        if src is None or src.allocated or src.mapped != dst.mapped:
+            return
+        if src.mapped:
+            self._remove_free(src)
+        else:
+            self._remove_unmapped(src)
+        if dst.prev is src:
+            dst.addr = src.addr
+            dst.prev = src.prev
+            if dst.prev is not None:
+                dst.prev.next = dst
+        else:
+            dst.next = src.next
+            if dst.next is not None:
+                dst.next.prev = dst
+        dst.size += src.size
+
+    # ---- expandable segments ------------------------------------------------------------
+    def _insert_unmapped(self, block: Block) -> None:
+        insort(self._unmapped.setdefault(block.pool, []), block.addr)
+        self._unmapped_at[block.addr] = block
+
+    def _remove_unmapped(self, block: Block) -> None:
+        lst = self._unmapped[block.pool]
+        del lst[bisect_left(lst, block.addr)]
+        del self._unmapped_at[block.addr]
+
+    def _grow(self, pool: tuple[int, bool], size: int) -> Block | None:
+        """``try_allocate_expandable_block``: from the lowest unmapped range with room (with
+        the free block before it), map pages until the block holds ``size``."""
+        if pool not in self._unmapped:
+            # one segment per stream and pool: its whole virtual range, unmapped
+            span = 1 << 50
+            whole = Block(self._next_addr, span, pool, mapped=False)
+            self._next_addr += span
+            self._unmapped[pool] = []
+            self._insert_unmapped(whole)
+        candidate: Block | None = None
+        for addr in self._unmapped[pool]:
+            c = self._unmapped_at[addr]
+            before = c.prev
+            if before is not None and not before.allocated:
+                c = before
+            room = 0
+            walk: Block | None = c
+            while room < size and walk is not None and not walk.allocated:
+                room += walk.size
+                walk = walk.next
+            if room >= size:
+                candidate = c
+                break
+        if candidate is None:
+            return None
+        if not candidate.mapped:
+            grown = self._map(candidate, min(candidate.size, size))
+            if grown is None:
+                return None
+            candidate = grown
+        while candidate.size < size:
+            nxt = candidate.next
+            if nxt is None or nxt.mapped:
+                return None
+            grown = self._map(nxt, min(size - candidate.size, nxt.size))
+            if grown is None:
+                return None
+            candidate = grown
+        self._remove_free(candidate)
+        return candidate
+
+    def _map(self, block: Block, size: int) -> Block | None:
+        """``map_block``: back the first ``size`` bytes of an unmapped block with pages
+        (whole pages), merge them with free neighbours and cache the result."""
+        page = self._page(block.pool)
+        mapped = min(block.size, page * ((size + page - 1) // page))
+        if not self._reserve(mapped):
+            return None
+        self._remove_unmapped(block)
+        if mapped < block.size:
+            self._insert_unmapped(_split(block, mapped, mapped=False))
+        block.mapped = True
+        self._merge(block, block.prev)
+        self._merge(block, block.next)
+        self._insert_free(block)
+        return block
+
+    def _unmap(self, block: Block) -> None:
+        """``unmap_block``: give back the whole pages inside a free block."""
+        page = self._page(block.pool)
+        begin = -(-block.addr // page) * page
+        end = ((block.addr + block.size) // page) * page
+        if end <= begin:
+            return
+        self._remove_free(block)
+        if begin > block.addr:
+            before = Block(block.addr, begin - block.addr, block.pool)
+            before.prev, before.next = block.prev, block
+            if block.prev is not None:
+                block.prev.next = before
+            block.prev = before
+            self._insert_free(before)
+        if end < block.addr + block.size:
+            after = Block(end, block.addr + block.size - end, block.pool)
+            after.prev, after.next = block, block.next
+            if block.next is not None:
+                block.next.prev = after
+            block.next = after
+            self._insert_free(after)
+        block.addr, block.size, block.mapped = begin, end - begin, False
+        self.stats.reserved_bytes -= block.size
+        self._merge(block, block.prev)
+        self._merge(block, block.next)
+        self._insert_unmapped(block)
