@@ -18,12 +18,19 @@ over the plans of a family. Target (issue 25, must-show 1): ``warm`` build + wal
 per plan in each family::
 
     taskset -c 0 python benchmarks/bench_closed_form.py [--repeats 5] [--sample 40] [--phases]
+        [--profile 20]
+
+``--profile N`` adds one more pass per family under :mod:`cProfile` and prints its N most
+costly functions by own time (where the time goes; the profiler slows each call, so read the
+shares, not the figures).
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import os
+import pstats
 import random
 import statistics
 import sys
@@ -134,7 +141,21 @@ def timed(est: Estimator, configs: Configs) -> tuple[float, float] | None:
     return t1 - t0, t2 - t1
 
 
-def family(name: str, topology: Any, spec: Any, plans: list[Configs], repeats: int) -> None:
+def profiled(name: str, est: Estimator, plans: list[Configs], top: int) -> None:
+    """One more pass over ``plans`` under cProfile: the ``top`` functions by own time."""
+    profile = cProfile.Profile()
+    profile.enable()
+    for configs in plans:
+        est.walk(est.schedule(*configs))
+    profile.disable()
+    print(f"  {name}: one pass under cProfile, {top} functions by own time")
+    stats = pstats.Stats(profile, stream=sys.stdout)
+    stats.sort_stats("tottime").print_stats(top)
+
+
+def family(
+    name: str, topology: Any, spec: Any, plans: list[Configs], repeats: int, top: int = 0
+) -> None:
     est = Estimator(topology, spec)
     first = [timed(est, c) for c in plans]
     PHASES.clear()
@@ -165,6 +186,8 @@ def family(name: str, topology: Any, spec: Any, plans: list[Configs], repeats: i
         print(f"  {name:8s} {'warm':6s} {'':5s} walk part {phase}: {med(times) * 1e3:.2f} ms")
     if len(ok) < len(plans):
         print(f"  {name:8s} ({len(plans) - len(ok)} plans could not be built, left out)")
+    if top:
+        profiled(name, est, [plans[i] for i in ok], top)
     sys.stdout.flush()
 
 
@@ -175,6 +198,9 @@ def main() -> int:
     parser.add_argument("--families", default="3d_175b,moe,cp")
     parser.add_argument(
         "--phases", action="store_true", help="also split the walk into interpret / assemble"
+    )
+    parser.add_argument(
+        "--profile", type=int, default=0, metavar="N", help="also profile one pass: top N"
     )
     args = parser.parse_args()
     if args.phases:
@@ -187,15 +213,20 @@ def main() -> int:
         f" {'walk ms':>9s}  target {TARGET_S * 1e3:g} ms"
     )
     if "3d_175b" in wanted:
-        family("3d_175b", *search_estimated(REPO / "scenarios/3d_175b.yaml"), args.repeats)
+        family(
+            "3d_175b",
+            *search_estimated(REPO / "scenarios/3d_175b.yaml"),
+            args.repeats,
+            args.profile,
+        )
     if "moe" in wanted:
         path = REPO / "scenarios/published/moe_qwen3_30b_a3b_h100_16_fp8.yaml"
         space = SearchSpace(eps=(1, 2, 4, 8))
-        family("moe", *sampled(path, space, args.sample), args.repeats)
+        family("moe", *sampled(path, space, args.sample), args.repeats, args.profile)
     if "cp" in wanted:
         path = REPO / "scenarios/published/cp_llama3_70b_h100_64.yaml"
         space = SearchSpace(cps=(2, 4))
-        family("cp", *sampled(path, space, args.sample), args.repeats)
+        family("cp", *sampled(path, space, args.sample), args.repeats, args.profile)
     return 0
 
 

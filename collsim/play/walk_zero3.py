@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from collsim.parallel.fsdp import issue_schedule
 from collsim.parallel.pipeline import Phase, PipeOp
 from collsim.play.walk_tables import Priced, RankState, SegStep
-from collsim.step.ops import ChunkModel
+from collsim.step.memory import MemoryEvent
+from collsim.step.ops import BUFFER_FREE_KIND, BUFFER_KIND, ChunkModel
 
 if TYPE_CHECKING:
     from collsim.step.dataparallel import DataParallelRules, DPCall
@@ -88,54 +89,69 @@ def seg_plan(
 
 
 def run_segments(w: Walker, prog: RankState, op: PipeOp, chunk: ChunkModel, paired: bool) -> None:
-    """ZeRO-3: segment by segment, each waiting for its gathered unit (:func:`seg_plan`)."""
+    """ZeRO-3: segment by segment, each waiting for its gathered unit (:func:`seg_plan`).
+    Memory events are appended as :meth:`MemoryLedger.alloc` / ``free`` would record them
+    (known categories; none for a size of zero)."""
     forward = op.phase is Phase.FORWARD
     gathers = op.phase is not Phase.BACKWARD_WEIGHT
     weight = op.phase is Phase.BACKWARD_WEIGHT
     last = op.microbatch < 0 or op.microbatch >= w.rules.num_microbatches - 1
-    ledger, gathered, breakdown = prog.ledger, prog.gathered, prog.breakdown_s
-    runs, rank = w.runs, prog.rank
+    gathered, breakdown = prog.gathered, prog.breakdown_s
+    events = prog.ledger.appenders()[0]
+    new = tuple.__new__  # MemoryEvent without its keyword-argument layer
+    runs, rank, mb, c = w.runs, prog.rank, op.microbatch, op.chunk
+    now = prog.now  # written back at the end (nothing reads it before)
     for sp in seg_plan(w, prog, chunk, op.phase, paired):
         seg = sp.seg
         for unit, size, label, calls in sp.issues:
             if unit in gathered:
                 continue
-            ledger.alloc(prog.now, "parameters", size, label)
-            gathered[unit] = w.run_priced(prog, calls, prog.now)
+            if size:
+                events.append(new(MemoryEvent, (now, "parameters", float(size), label)))
+            gathered[unit] = w.run_priced(prog, calls, now)
         ready = gathered.get(sp.unit)
-        if gathers and ready is not None and ready > prog.now:
-            breakdown["dp_exposed"] += ready - prog.now
-            prog.now = ready
-        where = (seg.key, op.microbatch, op.chunk)  # as the engine labels them
-        if not forward:
-            ledger.alloc(prog.now, "activations", seg.transient_bytes, ("recompute", *where))
+        if gathers and ready is not None and ready > now:
+            breakdown["dp_exposed"] += ready - now
+            now = ready
+        key = seg.key  # labels as the engine's: (kind, segment, micro-batch, chunk)
+        if seg.buffer_bytes:
+            size = float(seg.buffer_bytes)
+            events.append(new(MemoryEvent, (now, "activations", size, (BUFFER_KIND, key, mb, c))))
+        if not forward and seg.transient_bytes:
+            size = float(seg.transient_bytes)
+            events.append(new(MemoryEvent, (now, "activations", size, ("recompute", key, mb, c))))
         slot = runs.get((rank, id(seg)))  # a run of its TP collectives (flush_tp)
         if slot is None:
             runs[(rank, id(seg))] = [[seg], 1]
         else:
             slot[1] += 1
-        prog.now += sp.duration
+        now += sp.duration
         breakdown["compute"] += sp.compute_s
         breakdown["framework"] += seg.framework_s
         for k, v in sp.comm_items:
             breakdown[k] += v
+        if seg.buffer_bytes:
+            size, free = -float(seg.buffer_bytes), (BUFFER_FREE_KIND, key, mb, c)
+            events.append(new(MemoryEvent, (now, "activations", size, free)))
         if forward:
-            ledger.alloc(prog.now, "activations", seg.stored_bytes, ("act", *where))
-        elif seg.frees:
-            ledger.free(
-                prog.now,
-                "activations",
-                seg.transient_bytes + seg.stored_bytes,
-                ("free", *where),
-            )
+            if seg.stored_bytes:
+                size = float(seg.stored_bytes)
+                events.append(new(MemoryEvent, (now, "activations", size, ("act", key, mb, c))))
+        elif seg.frees and seg.transient_bytes + seg.stored_bytes:
+            size = -float(seg.transient_bytes + seg.stored_bytes)
+            events.append(new(MemoryEvent, (now, "activations", size, ("free", key, mb, c))))
         if not sp.releases[0 if last else 1]:
             continue  # kept gathered (and its gradient unreduced)
         if sp.grad is not None:
             gsize, label, calls = sp.grad
-            ledger.alloc(prog.now, "buffers", gsize, label)
-            end = w.run_priced(prog, calls, prog.now) if calls else prog.now
-            ledger.free(end, "buffers", gsize, label)
+            end = w.run_priced(prog, calls, now) if calls else now
+            if gsize:
+                events.append(new(MemoryEvent, (now, "buffers", float(gsize), label)))
+                events.append(new(MemoryEvent, (end, "buffers", -float(gsize), label)))
         if weight:
             continue
         del gathered[sp.unit]
-        ledger.free(prog.now, "parameters", sp.reshard_bytes, "reshard")
+        if sp.reshard_bytes:
+            size = -float(sp.reshard_bytes)
+            events.append(new(MemoryEvent, (now, "parameters", size, "reshard")))
+    prog.now = now

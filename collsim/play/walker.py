@@ -33,7 +33,7 @@ from collsim.play.walk_tables import (
 from collsim.play.walk_zero3 import run_segments
 from collsim.step.dataparallel import GRAD_NORM_BYTES, DPCall
 from collsim.step.memory import MemoryEvent, MemoryLedger, MemoryPattern
-from collsim.step.ops import ChunkModel, Segment
+from collsim.step.ops import ChunkModel, Segment, Step
 from collsim.step.pricing import ClosedPricer, SegmentPrices
 from collsim.step.result import TraceEvent
 from collsim.step.shapes import ShapeCache
@@ -102,18 +102,36 @@ class Walker:
         return time_s
 
     def flush_tp(self) -> None:
+        """Tally the TP collectives of every run of ops (:attr:`runs`): per run and step
+        call, ``runs`` calls of its closed-form time, each distinct call priced once."""
+        priced: dict[tuple[int, str, str, float], tuple[CallKey, float, float] | None] = {}
+        tally_of = self.stats.tally
         for (rank, _), (segs, runs) in self.runs.items():
             for step in (c for seg in segs for st in seg.steps for c in st.calls()):
-                if step.op:
-                    group = self.prices.step_group(rank, step)
-                    if len(group) < 2:
-                        continue
-                    cost = self.pricer.cost(step.op, step.size_bytes, group)
-                    key = CallKey(
-                        rank, step.axis, step.op, step.size_bytes, len(group), cost.algorithm
-                    )
-                    self.stats.add(key, runs * cost.time_s, cost.busbw_bps, count=runs)
+                if not step.op:
+                    continue
+                shape = (rank, step.axis, step.op, step.size_bytes)  # what the price reads
+                if shape in priced:
+                    hit = priced[shape]
+                else:
+                    hit = priced[shape] = self.tp_call(rank, step)
+                if hit is None:
+                    continue
+                key, time_s, busbw = hit
+                tally = tally_of(key)  # CallStats.add, count=runs
+                tally.count += runs
+                tally.time_s += runs * time_s
+                tally.busbw_bps = busbw
         self.runs.clear()
+
+    def tp_call(self, rank: int, step: Step) -> tuple[CallKey, float, float] | None:
+        """(tally key, seconds, busbw) of a segment step's call, None on a group of one."""
+        group = self.prices.step_group(rank, step)
+        if len(group) < 2:
+            return None
+        cost = self.pricer.cost(step.op, step.size_bytes, group)
+        key = CallKey(rank, step.axis, step.op, step.size_bytes, len(group), cost.algorithm)
+        return key, cost.time_s, cost.busbw_bps
 
     def grad_window(self, rank: int, seg: Segment) -> tuple[float, float]:
         off = sum(self.step_s(rank, s) for s in seg.steps[: seg.grad_from])
@@ -237,7 +255,7 @@ class Walker:
         table = self.op_table(stage)
         n = len(table.blocks)
         i = prog.next_op
-        links, bids, mbs = table.links, table.blocks, table.microbatches
+        links, bids, mbs, op_chunks = table.links, table.blocks, table.microbatches, table.chunks
         chunks = self.schedule.stages[stage].chunks
         mailbox = self.mail
         rank = prog.rank
@@ -263,7 +281,7 @@ class Walker:
             mb = mbs[i]
             folded = 0.0
             if remote:
-                key = (rank, direction, mb, table.chunks[i])
+                key = (rank, direction, mb, op_chunks[i])
                 mail = mailbox.get(key)
                 while mail is None:  # its input is not sent yet: wait for the next round
                     prog.next_op = i
@@ -300,7 +318,7 @@ class Walker:
                     runs[block.run_key] = [block.segs, 0]
             t0 = now
             if block.pattern.events:
-                placed.append((t0, block.pattern, mb, table.chunks[i], len(events)))
+                placed.append((t0, block.pattern, mb, op_chunks[i], len(events)))
             if block.reductions and reduces[mb]:
                 if overlap:  # reduce_bucket of each, its calls priced once per block
                     dp_free, dp_last = prog.dp_free, prog.dp_last_end
@@ -451,9 +469,10 @@ class Walker:
         """Run a reduction priced by :meth:`reduction`, ready at ``ready``, issued at ``issued``."""
         _rel, calls, hold = reduction
         fired = self.run_priced(prog, calls, ready, issued)
-        if hold:
-            prog.ledger.alloc(ready, "buffers", hold, "zero2 bucket")
-            prog.ledger.free(fired, "buffers", hold, "zero2 bucket")
+        if hold:  # MemoryLedger.alloc, then .free
+            events = prog.ledger.appenders()[0]
+            events.append(tuple.__new__(MemoryEvent, (ready, "buffers", hold, "zero2 bucket")))
+            events.append(tuple.__new__(MemoryEvent, (fired, "buffers", -hold, "zero2 bucket")))
 
     def dp_calls(
         self,
@@ -501,14 +520,18 @@ class Walker:
         issued at ``issued`` (default ``ready``): when the last one's event fires."""
         issued = ready if issued is None else issued
         fired = ready
+        dp_free, dp_last = prog.dp_free, prog.dp_last_end
+        tally_of = self.stats.tally
         for t, busbw, key in calls:
-            prog.dp_free = max(ready, prog.dp_free) + t
-            fired = fires(issued, prog.dp_free)
-            prog.dp_last_end = max(prog.dp_last_end, fired)
-            tally = self.stats.tally(key)
+            dp_free = (ready if ready >= dp_free else dp_free) + t  # max(ready, dp_free) + t
+            fired = issued + (dp_free - issued)  # fires(issued, dp_free)
+            if fired > dp_last:
+                dp_last = fired
+            tally = tally_of(key)
             tally.count += 1
             tally.time_s += t
             tally.busbw_bps = busbw
+        prog.dp_free, prog.dp_last_end = dp_free, dp_last
         return fired
 
     def send_output(self, prog: RankState, op: PipeOp, dest: tuple[int, Phase, int]) -> None:

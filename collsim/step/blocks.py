@@ -21,7 +21,8 @@ from collsim.step.torch_cp import CHUNK_OPS, chunk_times
 from collsim.workload.compute import ComputeModel
 from collsim.workload.fp8 import FP8Casts, weight_cache_of
 from collsim.workload.memory import fp8_layer_savings
-from collsim.workload.torch_cp import is_torch_cp
+from collsim.workload.op_records import activation_element_bytes
+from collsim.workload.torch_cp import buffer_bytes, is_torch_cp
 
 if TYPE_CHECKING:
     from collsim.cluster.hardware import Device
@@ -159,8 +160,8 @@ def block_times(
             wgrad_s=pick("layer.wgrad", _scaled_wgrad(lt, bwd)),
             fp8_weights=lt.fp8_weights,
             linears_s=_linears(lt, fwd, bwd),
-            cp_chunks_s=_chunks(lt, fwd, bwd) if cp_how else ((), ()),
             fp8_linears=model.fp8_linears(lt),
+            **_torch_cp_fields(plan, lt, fwd, bwd),
         )
     # a CP rank embeds and scores its s / cp tokens: the embedding and head ops are linear in
     # the tokens (lookup, LM-head GEMM rows, loss), so their times and activations scale 1 / cp
@@ -247,6 +248,33 @@ def _torch_cp_of(plan: Plan) -> dict[str, Any]:
     if plan.cp < 2 or not is_torch_cp(algorithm):
         return {}
     return {"cp_algorithm": algorithm, "cp_load_balance": plan.parallel.cp_load_balance}
+
+
+def _torch_cp_fields(plan: Plan, times: LayerTimes, fwd: float, bwd: float) -> dict[str, Any]:
+    """The block's fields of torch's context parallelism (its CP steps' seconds and its
+    attention's buffers); none for other plans."""
+    if not _torch_cp_of(plan):
+        return {}
+    return {"cp_chunks_s": _chunks(times, fwd, bwd), "cp_buffer_bytes": _cp_buffers(plan)}
+
+
+def _cp_buffers(plan: Plan) -> tuple[float, float]:
+    """Bytes a layer's attention holds beyond its kept activations under torch's context
+    parallelism, forward and backward, on the busiest rank
+    (:func:`collsim.workload.torch_cp.buffer_bytes`; K and V of every query head of the TP
+    rank, as :func:`collsim.workload.torch_cp.torch_cp_attention_ops` prices them)."""
+    spec, tr = plan.spec, plan.training
+    return buffer_bytes(
+        micro_batch=tr.micro_batch,
+        local_tokens=spec.seq_len // plan.cp,
+        cp=plan.cp,
+        heads=spec.num_heads // plan.tp,
+        key_dim=spec.qk_head_dim,
+        value_dim=spec.value_head_dim,
+        element_bytes=activation_element_bytes(str(tr.dtype)),
+        algorithm=str(plan.parallel.cp_algorithm),
+        load_balance=plan.parallel.cp_load_balance,
+    )
 
 
 def _chunks(

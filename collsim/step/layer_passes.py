@@ -244,23 +244,32 @@ def sized_layer_segments(
         if full:
             pre = overlap_tp(pre, blk.linears_s, tp_how, forward=True)
         bsteps_l = overlap_tp(bsteps_l, blk.linears_s, tp_how, forward=False)
-    forward = Segment(index, fsteps_l, stored_bytes=blk.stored_bytes)
+    # torch CP's buffers: the forward's, and in backward the larger of its own and those of
+    # the recomputed attention forward (full or selective recompute re-runs the ring)
+    f_buf, b_buf = blk.cp_buffer_bytes
+    if str(plan.training.recompute) != "none":
+        b_buf = max(b_buf, f_buf)
+    forward = Segment(index, fsteps_l, stored_bytes=blk.stored_bytes, buffer_bytes=f_buf)
     backward = Segment(
         index,
         pre + bsteps_l,
         grad_from=len(pre),
         stored_bytes=blk.stored_bytes,
         transient_bytes=blk.transient_bytes,
+        buffer_bytes=b_buf,
     )
     if not (overlap and any(c.axis in PAIRED_AXES and c.op == "all_to_all" for c in f_comms)):
         return forward, backward, None, None
-    paired_forward = Segment(index, overlap_ep(p_fwd, forward=True), stored_bytes=blk.stored_bytes)
+    paired_forward = Segment(
+        index, overlap_ep(p_fwd, forward=True), stored_bytes=blk.stored_bytes, buffer_bytes=f_buf
+    )
     paired_backward = Segment(
         index,
         pre + overlap_ep(p_bwd, forward=False),
         grad_from=len(pre),
         stored_bytes=blk.stored_bytes,
         transient_bytes=blk.transient_bytes,
+        buffer_bytes=b_buf,
     )
     return forward, backward, paired_forward, paired_backward
 

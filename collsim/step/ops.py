@@ -15,12 +15,20 @@ from collsim.parallel.fsdp import FSDPUnit
 from collsim.parallel.params import ParamTensor
 
 __all__ = [
+    "BUFFER_FREE_KIND",
+    "BUFFER_KIND",
     "Step",
     "Segment",
     "ChunkModel",
     "StageModel",
     "BlockTimes",
 ]
+
+BUFFER_KIND = "cp_buffer"
+"""The label kind of a segment's buffers (:attr:`Segment.buffer_bytes`) when allocated."""
+BUFFER_FREE_KIND = "cp_buffer_free"
+"""The label kind of their free (the replay pairs it with the newest live block of its size:
+collsim.step.allocator)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +74,10 @@ class Segment:
     frees: bool = True
     """A backward segment frees its activations at its end (an input-gradient segment of a
     split backward keeps them for its weight-gradient segment, which frees them)."""
+    buffer_bytes: float = 0.0
+    """Bytes held from this segment's start to its end and no longer (the KV exchange and
+    fp32 merge or gradient buffers of torch's context parallelism:
+    :func:`collsim.workload.torch_cp.buffer_bytes`)."""
 
     @property
     def compute_s(self) -> float:
@@ -76,10 +88,16 @@ class Segment:
     ) -> list[tuple[float, float, str, str | int]]:
         """``(time_s, delta_bytes, kind, key)`` of this segment's activations when it runs
         from ``start_s`` to ``end_s``: forward keeps its stored activations at its end;
-        backward rebuilds the transient ones at its start and frees both at its end."""
-        if forward:
-            return [(end_s, self.stored_bytes, "act", self.key)] if self.stored_bytes else []
+        backward rebuilds the transient ones at its start and frees both at its end; its
+        buffers (:attr:`buffer_bytes`) live from its start to its end."""
         out: list[tuple[float, float, str, str | int]] = []
+        if self.buffer_bytes:
+            out.append((start_s, self.buffer_bytes, BUFFER_KIND, self.key))
+            out.append((end_s, -self.buffer_bytes, BUFFER_FREE_KIND, self.key))
+        if forward:
+            if self.stored_bytes:
+                out.append((end_s, self.stored_bytes, "act", self.key))
+            return out
         if self.transient_bytes:
             out.append((start_s, self.transient_bytes, "recompute", self.key))
         if self.frees and self.transient_bytes + self.stored_bytes:
@@ -179,3 +197,6 @@ class BlockTimes:
     merge) in forward and backward (:mod:`collsim.step.torch_cp`); empty otherwise."""
     fp8_linears: int = 0
     """FP8 linears of the block (what a delayed-scaling amax buffer holds per layer)."""
+    cp_buffer_bytes: tuple[float, float] = (0.0, 0.0)
+    """Under torch's context parallelism, the bytes its attention holds beyond the kept
+    activations in forward and backward (:func:`collsim.workload.torch_cp.buffer_bytes`)."""

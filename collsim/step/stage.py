@@ -200,6 +200,7 @@ def _split_backward(seg: Segment, block: BlockTimes) -> tuple[Segment, Segment]:
             stored_bytes=seg.stored_bytes,
             transient_bytes=seg.transient_bytes,
             frees=False,
+            buffer_bytes=seg.buffer_bytes,
         ),
         Segment(seg.key, [Step(wgrad)], stored_bytes=held),
     )

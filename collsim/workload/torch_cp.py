@@ -24,6 +24,7 @@ __all__ = [
     "merge_kernels",
     "accumulate_bytes",
     "accumulate_kernels",
+    "buffer_bytes",
     "kv_elements",
     "torch_cp_attention_ops",
 ]
@@ -309,3 +310,89 @@ def torch_cp_attention_ops(
             )
         )
     return ops
+
+
+def _ring_elements(step: int, cp: int, kv: float, *, gather: bool) -> float:
+    """K, V elements the exchange holds beside the rank's own at ``step``: all-gather, the
+    gathered buffer of all cp blocks (``_AllGatherRotater._aggregated_buffer``, kept until
+    the loop returns) and at step 0 the concatenated local block handed to it; all-to-all,
+    the block attended (received at the step before), the concatenation sent on and the
+    block being received (``_AllToAllRotater``, ``ft_c.permute_tensor``)."""
+    if gather:
+        return cp * kv + (kv if step == 0 else 0.0)
+    held = kv if step > 0 else 0.0
+    return held + (2 * kv if step < cp - 1 else 0.0)
+
+
+def buffer_bytes(
+    *,
+    micro_batch: int,
+    local_tokens: int,
+    cp: int,
+    heads: int,
+    key_dim: int,
+    value_dim: int,
+    element_bytes: int,
+    algorithm: str,
+    load_balance: bool = True,
+    rank: int | None = None,
+) -> tuple[float, float]:
+    """Peak bytes the attention of one layer holds on CP rank ``rank`` (None: the busiest,
+    :func:`busiest_rank`) beyond its inputs
+    and kept outputs, in forward and in backward (eager, ``convert_to_f32``; the largest over
+    the loop's steps of the sums below; docs/memory.md, "torch context parallelism").
+
+    None of it outlives the call: autograd saves the rank's own Q, K, V, the merged output
+    and log-sum-exp (the inputs and outputs of the aten SDPA op that the ring implements),
+    and backward exchanges K and V again. With E the element bytes, KV the rank's K and V
+    elements, O, L, Q its output, log-sum-exp and query elements, o, l, q, kv those of the
+    step's call::
+
+        forward step i:   ring(i) E + SDPA out o E + lse l 4 + merge
+          merge, step 0:  the fp32 copy of the output                    O 4
+          merge, i > 0:   merged O, L in fp32 (O + L) 4, fp32 block out o 4,
+                          out - block_out times the weight, the new out   o 8
+                          (partial: the merged output concatenated anew   + O 4)
+        backward step i:  ring(i) E + fp32 dQ accumulator Q 4 + the call's dq, dk, dv
+                          (q + kv) E + fp32 dK, dV: the received (or zeroed) accumulator
+                          and the concatenation sent on, KV 8, and when the call used half
+                          the keys the accumulator rebuilt by ``torch.cat`` (+ KV 4);
+                          partial: the dQ accumulator rebuilt by ``torch.cat`` (+ Q 4)
+
+    ring(i) is :func:`_ring_elements` (all-gather: cp KV, K and V of every head, as
+    torchtitan's ``repeat_kv`` hands them to SDPA)."""
+    if algorithm not in TORCH_CP_ALGORITHMS:
+        raise ConfigError(
+            f"must be one of {', '.join(TORCH_CP_ALGORITHMS)}, got {algorithm!r}",
+            key_path="parallel.cp_algorithm",
+        )
+    e, f, b = element_bytes, CAST_BYTES, micro_batch
+    gather = algorithm == "torch_allgather"
+    calls = sdpa_calls(local_tokens, cp, rank=rank, load_balance=load_balance)
+    kv_all = kv_elements(
+        micro_batch=b, tokens=local_tokens, heads=heads, key_dim=key_dim, value_dim=value_dim
+    )
+    q_all = float(b * local_tokens * heads * key_dim)
+    o_all = float(b * local_tokens * heads * value_dim)
+    l_all = float(b * local_tokens * heads)
+    forward, backward = 0.0, 0.0
+    for i, call in enumerate(calls):
+        ring = _ring_elements(i, cp, kv_all, gather=gather) * e
+        o = float(b * call.q_tokens * heads * value_dim)
+        lse = float(b * call.q_tokens * heads)
+        if i == 0:
+            merge = o_all * f
+        else:
+            merge = (o_all + l_all) * f + o * f + o * 2 * f
+            if call.partial:
+                merge += o_all * f
+        forward = max(forward, ring + o * e + lse * f + merge)
+        q = float(b * call.q_tokens * heads * key_dim)
+        kv = kv_elements(
+            micro_batch=b, tokens=call.k_tokens, heads=heads, key_dim=key_dim, value_dim=value_dim
+        )
+        halves = i > 0 and load_balance and not call.partial
+        dkv = kv_all * 2 * f + (kv_all * f if halves else 0.0)
+        dq = q_all * f * (2 if call.partial else 1)
+        backward = max(backward, ring + dq + (q + kv) * e + dkv)
+    return forward, backward

@@ -13,6 +13,8 @@ from collsim.cluster.topology import load_topology
 from collsim.core.errors import CollsimWarning
 from collsim.parallel.config import ParallelConfig, TrainingConfig
 from collsim.parallel.plan import build_plan
+from collsim.play.engine import simulate_step
+from collsim.play.walk import estimate_step
 from collsim.step.build import build_schedule
 from collsim.step.pricing import ClosedPricer, SegmentPrices
 from collsim.workload import get_preset
@@ -83,3 +85,50 @@ def test_torch_exchanges_every_query_head() -> None:
     (gather,) = torch_steps
     assert ring_bytes == 3 * 8192 * 4 * 256 * 2
     assert gather.op == "all_gather" and gather.size_bytes == 4 * 8192 * 16 * 256 * 2
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "zero", "recompute"),
+    [
+        ("torch_allgather", 0, "none"),
+        ("torch_allgather", 3, "full"),
+        ("torch_alltoall", 1, "full"),
+    ],
+)
+def test_buffers_in_memory_in_both_fidelities(algorithm: str, zero: int, recompute: str) -> None:
+    # the attention's buffers (collsim.workload.torch_cp.buffer_bytes) held by the layer's
+    # segments: K and V of 8192 tokens x 16 heads x 256 (E = 2), O, Q = 8192 x 16 x 128
+    spec = get_preset("llama3-8b", num_layers=2, seq_len=32768)
+    topology = load_topology("dgx_h100", nodes=2)
+    training = TrainingConfig(global_batch=4, micro_batch=1, recompute=recompute)
+    parallel = ParallelConfig(
+        tp=2, cp=4, dp=2, sequence_parallel=True, cp_algorithm=algorithm, zero=zero
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CollsimWarning)
+        sched = build_schedule(topology, spec, training, parallel)
+        closed = estimate_step(topology, spec, training, parallel)
+        fused = simulate_step(topology, spec, training, parallel, fidelity="fused")
+        layer = simulate_step(topology, spec, training, parallel, fidelity="layer")
+    kv, o = 8192 * 16 * 256, 8192 * 16 * 128
+    lse = 8192 * 16
+    if algorithm == "torch_allgather":
+        # rank 3, step i > 0: gathered 4 KV x 2 + out o 2 + lse 4 + merged (O + L) 4 +
+        # fp32 block out 4 + two temporaries 8; backward: gathered + dQ 4 + dq 2 + dk, dv of
+        # half the keys 2 + dK, dV held, sent and rebuilt 12
+        fwd = 4 * kv * 2 + o * 2 + lse * 4 + (o + lse) * 4 + o * 4 + o * 8
+        bwd = 4 * kv * 2 + o * 4 + o * 2 + kv // 2 * 2 + kv * 12
+    else:
+        # steps 1-2: the attended, sent and received blocks 3 KV x 2
+        fwd = 3 * kv * 2 + o * 2 + lse * 4 + (o + lse) * 4 + o * 4 + o * 8
+        bwd = 3 * kv * 2 + o * 4 + o * 2 + kv // 2 * 2 + kv * 12
+    assert sched.layer.cp_buffer_bytes == (fwd, bwd)
+    chunk = sched.stages[0].chunks[0]
+    assert chunk.forward[1].buffer_bytes == fwd
+    assert chunk.backward[-2].buffer_bytes == bwd  # >= the recomputed forward's
+    assert [s.buffer_bytes for s in chunk.forward if s.key in ("embedding", "head")] == [0.0] * 2
+    for des in (fused, layer):
+        assert des.memory_peak_bytes == closed.memory_peak_bytes
+        assert des.memory_bytes == closed.memory_bytes
+        assert des.memory_reserved_bytes == closed.memory_reserved_bytes
+    assert (closed.allocator or {}).get("unmatched_bytes") == 0

@@ -10,6 +10,7 @@ from collsim.core.errors import ConfigError
 from collsim.workload.torch_cp import (
     SdpaCall,
     accumulate_bytes,
+    buffer_bytes,
     merge_bytes,
     merge_kernels,
     sdpa_calls,
@@ -137,3 +138,46 @@ def test_merge_ops_carry_their_eager_kernels() -> None:
     # backward: concat, 3 zeros, 2 adds, dKV concat, dQ add; concat, 2 adds + 2 copies, dKV
     # concat, dQ add; the same without the concat and with 3 casts at the last step
     assert [o.backward_kernels for o in merges] == [8, 7, 9]
+
+
+def test_buffer_bytes_by_hand() -> None:
+    # rank 3 of 4, 8 tokens (two chunks of 4), 2 heads of width 4 + 4, 2-byte elements:
+    # KV = 8 x 2 x 8 = 128 elements, Q = O = 64, L = 16; calls (8, 8) causal, then (8, 4) x 3
+    kw = {
+        "micro_batch": 1,
+        "local_tokens": 8,
+        "cp": 4,
+        "heads": 2,
+        "key_dim": 4,
+        "value_dim": 4,
+        "element_bytes": 2,
+    }
+    # all-gather, forward: step 0 = gathered 4 KV + the local block (5 x 128 x 2 = 1280) +
+    # SDPA out 64 x 2 + lse 16 x 4 + the fp32 out 64 x 4 = 1728; step i = gathered 1024 +
+    # out 128 + lse 64 + merged fp32 (64 + 16) x 4 + fp32 block out 256 + two temporaries
+    # 512 = 2304 (the peak). Backward: step 0 = 1280 + dQ fp32 256 + dq, dk, dv
+    # (64 + 128) x 2 + fp32 dK, dV held and sent 2 x 128 x 4 = 2944; step i = 1024 + 256 +
+    # (64 + 64) x 2 + 1024 + the accumulator rebuilt 512 = 3072.
+    assert buffer_bytes(algorithm="torch_allgather", **kw) == (2304.0, 3072.0)
+    # all-to-all: blocks held beside the rank's own, step 0: sent + received (2 x 128 x 2 =
+    # 512), steps 1-2: attended + sent + received (768), step 3: attended (256)
+    # forward: max(512 + 128 + 64 + 256, 768 + 128 + 64 + 1088) = 2048
+    # backward: max(512 + 256 + 384 + 1024, 768 + 256 + 256 + 1536) = 2816
+    assert buffer_bytes(algorithm="torch_alltoall", **kw) == (2048.0, 2816.0)
+    with pytest.raises(ConfigError, match="cp_algorithm"):
+        buffer_bytes(algorithm="ring", **kw)
+
+
+def test_buffer_bytes_of_a_partial_rank() -> None:
+    # rank 0 of 2 with load balancing: step 1 attends the second half of its 8 queries
+    # against all 8 keys (partial), so the merge and the dQ accumulation rebuild the whole
+    # tensor. KV = 128, Q = O = 64, L = 16 elements; 2-byte elements.
+    kw = {"micro_batch": 1, "local_tokens": 8, "cp": 2, "heads": 2, "key_dim": 4}
+    assert sdpa_calls(8, 2, rank=0)[1].partial
+    got = buffer_bytes(algorithm="torch_allgather", value_dim=4, element_bytes=2, rank=0, **kw)
+    # forward: step 0 = (2 + 1) x 128 x 2 + 128 + 64 + 256 = 1216; step 1 = gathered 512 +
+    # out 32 x 2 + lse 8 x 4 + merged (64 + 16) x 4 + fp32 block out 32 x 4 + temporaries
+    # 32 x 8 + the merged output anew 64 x 4 = 1568
+    # backward: step 0 = 768 + 256 + (64 + 128) x 2 + 1024 = 2432; step 1 = 512 + dQ and its
+    # rebuilt copy 2 x 256 + (32 + 128) x 2 + 1024 = 2368
+    assert got == (1568.0, 2432.0)

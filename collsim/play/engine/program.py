@@ -34,7 +34,7 @@ from collsim.parallel.pipeline import GRADIENT_PHASES, Phase, PipeOp
 from collsim.play.engine.streams import Mail
 from collsim.step.dataparallel import GRAD_NORM_BYTES, grad_norm_groups
 from collsim.step.memory import MemoryLedger, MemoryPattern
-from collsim.step.ops import ChunkModel, Segment, StageModel
+from collsim.step.ops import BUFFER_FREE_KIND, BUFFER_KIND, ChunkModel, Segment, StageModel
 from collsim.step.pricing import EXPOSED_KEY
 
 if TYPE_CHECKING:
@@ -356,9 +356,12 @@ class RankProgram:
     def _segment_start(self, op: PipeOp, chunk: ChunkModel, seg: Segment) -> None:
         """At a segment's start: rebuilt activations, and DP launches at their ready times
         (planned from the segment's closed-form durations)."""
+        start = self.env.now
+        if seg.buffer_bytes:
+            label = (BUFFER_KIND, seg.key, op.microbatch, op.chunk)
+            self.ledger.alloc(start, "activations", seg.buffer_bytes, label)
         if op.phase is Phase.FORWARD:
             return
-        start = self.env.now
         self.ledger.alloc(
             start,
             "activations",
@@ -377,6 +380,9 @@ class RankProgram:
     def _segment_end(self, op: PipeOp, seg: Segment) -> None:
         """At a segment's end: keep its activations (forward) or free them (backward)."""
         label = (seg.key, op.microbatch, op.chunk)
+        if seg.buffer_bytes:
+            free = (BUFFER_FREE_KIND, *label)
+            self.ledger.free(self.env.now, "activations", seg.buffer_bytes, free)
         if op.phase is Phase.FORWARD:
             self.ledger.alloc(self.env.now, "activations", seg.stored_bytes, ("act",) + label)
         elif seg.frees:
