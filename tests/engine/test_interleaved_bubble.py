@@ -1,0 +1,54 @@
+"""Why the interleaved bubble exceeds (p - 1)/(v m): the decomposition of docs/pipelines.md.
+
+With communication priced at zero and uniform chunks, the first stage of an interleaved plan
+idles (p - 1)/(v m) of its compute (Narayanan et al. SC'21, section 2.2.2). The LM head and loss
+(``head.forward`` + ``head.backward`` = h per micro-batch) sit on the last chunk of the last
+stage only: that stage paces the steady state, and the first stage idles m h more, whatever v is.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from collsim.parallel.config import ParallelConfig, TrainingConfig
+from collsim.play.engine import simulate_step
+from collsim.play.walk import estimate_step
+
+from .conftest import topology
+
+LAYER_F, LAYER_B = 1e-3, 2e-3
+HEAD_F, HEAD_B = 0.5e-3, 1e-3
+
+
+def _times(head_f: float, head_b: float) -> dict[str, float]:
+    return {
+        "layer.forward": LAYER_F,
+        "layer.backward": LAYER_B,
+        "layer.recompute": 0.0,
+        "embedding.forward": 0.0,
+        "embedding.backward": 0.0,
+        "head.forward": head_f,
+        "head.backward": head_b,
+        "optimizer": 0.0,
+    }
+
+
+@pytest.mark.parametrize("play", [estimate_step, simulate_step], ids=["closed", "engine"])
+@pytest.mark.parametrize("p, m, v", [(4, 8, 2), (4, 12, 2), (2, 8, 4), (4, 16, 4)], ids=str)
+@pytest.mark.parametrize("head", [False, True], ids=["uniform", "head"])
+def test_bubble_is_textbook_plus_head_work(small_spec, play, p: int, m: int, v: int, head: bool):
+    dp = 8 // p
+    h_f, h_b = (HEAD_F, HEAD_B) if head else (0.0, 0.0)
+    r = play(
+        topology(),
+        small_spec,
+        TrainingConfig(global_batch=m * dp, micro_batch=1),
+        ParallelConfig(tp=1, pp=p, dp=dp, schedule="interleaved", virtual_stages=v),
+        op_time_overrides=_times(h_f, h_b),
+        zero_communication=True,
+    )
+    stage_compute_s = m * (small_spec.num_layers // p) * (LAYER_F + LAYER_B)
+    assert r.details["critical_rank"] == 0
+    assert r.breakdown_s["compute"] == pytest.approx(stage_compute_s, rel=1e-9)
+    textbook_s = (p - 1) / (v * m) * stage_compute_s
+    assert r.breakdown_s["bubble"] == pytest.approx(textbook_s + m * (h_f + h_b), rel=1e-9)
