@@ -33,8 +33,11 @@ def _times(head_f: float, head_b: float) -> dict[str, float]:
     }
 
 
+SHAPES = [(4, 8, 1), (4, 8, 2), (4, 12, 2), (2, 8, 4), (4, 16, 4), (2, 8, 8)]
+
+
 @pytest.mark.parametrize("play", [estimate_step, simulate_step], ids=["closed", "engine"])
-@pytest.mark.parametrize("p, m, v", [(4, 8, 1), (4, 8, 2), (4, 12, 2), (2, 8, 4), (4, 16, 4), (2, 8, 8)], ids=str)
+@pytest.mark.parametrize("p, m, v", SHAPES, ids=str)
 @pytest.mark.parametrize("head", [False, True], ids=["uniform", "head"])
 def test_bubble_is_textbook_plus_head_work(small_spec, play, p: int, m: int, v: int, head: bool):
     dp = 8 // p
