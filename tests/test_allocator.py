@@ -15,6 +15,7 @@ from collsim.cluster.hardware import get_device
 from collsim.step.allocator import cublas_workspaces, expandable_segments_of, replay_ledger
 from collsim.step.caching_allocator import (
     AllocatorOOM,
+    Block,
     CachingAllocator,
     allocation_size,
     round_size,
@@ -321,3 +322,32 @@ def test_holding_rebuilt_tensors_replays_to_the_same_bytes(
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(allocator, "_freed_next", lambda ev, nxt: False)
         assert replay() == held
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(st.sampled_from(["malloc", "free", "fit"]), _SIZES_KIB, st.integers(0, 99)),
+        min_size=1,
+        max_size=80,
+    ),
+)
+def test_cached_fit_answers_from_its_cache_as_worked_out_afresh(
+    steps: list[tuple[str, int, int]],
+) -> None:
+    # one allocator through many states, repeated requests answered from the cache: each
+    # answer is the one worked out on the free lists of the moment, and the pools' running
+    # sums are those of their lists
+    a = CachingAllocator(expandable_segments=False)
+    live: list[Block] = []
+    for action, kib, pick in steps:
+        if action == "malloc":
+            live.append(a.malloc(kib * 1024))
+        elif action == "free" and live:
+            a.free(live.pop(pick % len(live)))
+        else:
+            sizes = (kib * 1024, 2048 * 1024)
+            for _ in range(2):  # the second from the cache
+                assert a.cached_fit(sizes) == a._cached_fit(sizes, 0)
+        for pool, entries in a._free.items():
+            assert a._free_sums.get(pool, 0) == sum(map(hash, entries))

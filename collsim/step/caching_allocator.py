@@ -48,6 +48,9 @@ MIN_LARGE_ALLOC_BYTES = 10 * MIB
 """``kMinLargeAlloc``: from 10 MiB a request gets a segment of its own size (same file)."""
 ROUND_LARGE_BYTES = 2 * MIB
 """``kRoundLarge``: such a segment is rounded up to 2 MiB (same file)."""
+_UNKNOWN = -1
+""":meth:`CachingAllocator.cached_fit`'s mark of a request not yet worked out (a fit is a
+byte count, never negative)."""
 
 
 def round_size(size_bytes: int) -> int:
@@ -140,7 +143,13 @@ class CachingAllocator:
         """Expandable segments: per pool, the unmapped blocks' addresses, sorted."""
         self._unmapped_at: dict[int, Block] = {}
         self._fits: dict[tuple[Any, ...], int | None] = {}
-        """:meth:`cached_fit`'s answers by request and cache state."""
+        """:meth:`cached_fit`'s answers by request and cache state (expandable segments)."""
+        self._free_sums: dict[tuple[int, bool], int] = {}
+        """Per pool: the sum of the hashes of its free list's entries, kept as the list
+        changes (a cache state's key without hashing the list)."""
+        self._fits_by_sum: dict[tuple[Any, ...], tuple[list[Any], list[Any], int | None]] = {}
+        """:meth:`cached_fit`'s answers by request and free-list sums, with the free lists
+        they were worked out on (a hit is checked against them)."""
         self._next_addr = 0
 
     # ---- the public calls ---------------------------------------------------------------
@@ -199,24 +208,37 @@ class CachingAllocator:
         mapping in its segment, so the blocks are a function of the allocated ranges), so only
         their peak counts. The choice of each block and its split are :meth:`malloc`'s, on a
         copy of the free lists. The answer is kept per request and free lists (and unmapped
-        ranges): a step repeats the same requests on the same cache many times.
+        ranges): a step repeats the same requests on the same cache many times. Without
+        expandable segments it is found by the pools' running sums of entry hashes and checked
+        against the lists it was worked out on (no hash of the lists per request).
         """
         sizes = tuple(sizes_bytes)
         free = self._free
+        if not self.expandable:
+            sums = self._free_sums
+            large = free.get((stream, False), [])
+            small = free.get((stream, True), [])
+            at = (stream, sizes, sums.get((stream, False), 0), sums.get((stream, True), 0))
+            hit = self._fits_by_sum.get(at)
+            if hit is not None and hit[0] == large and hit[1] == small:
+                return hit[2]
+            fit = self._cached_fit(sizes, stream)
+            self._fits_by_sum[at] = (list(large), list(small), fit)
+            return fit
         key: tuple[Any, ...] = (
             stream,
             sizes,
             tuple(free.get((stream, False), ())),
             tuple(free.get((stream, True), ())),
         )
-        if self.expandable:
-            at = self._unmapped_at
-            key += tuple(
-                tuple((a, at[a].size) for a in self._unmapped.get((stream, s), ()))
-                for s in (False, True)
-            )
-        if key in self._fits:
-            return self._fits[key]
+        at_addr = self._unmapped_at
+        key += tuple(
+            tuple((a, at_addr[a].size) for a in self._unmapped.get((stream, s), ()))
+            for s in (False, True)
+        )
+        fit = self._fits.get(key, _UNKNOWN)  # one hash of the key (it holds the free lists)
+        if fit != _UNKNOWN:
+            return fit
         fit = self._cached_fit(sizes, stream)
         self._fits[key] = fit
         return fit
@@ -301,13 +323,17 @@ class CachingAllocator:
         return SMALL_BUFFER_BYTES if pool[1] else LARGE_BUFFER_BYTES
 
     def _insert_free(self, block: Block) -> None:
-        insort(self._free.setdefault(block.pool, []), (block.size, block.addr))
+        entry = (block.size, block.addr)
+        pool = block.pool
+        insort(self._free.setdefault(pool, []), entry)
+        self._free_sums[pool] = self._free_sums.get(pool, 0) + hash(entry)
         self._free_at[block.addr] = block
 
     def _remove_free(self, block: Block) -> None:
+        entry = (block.size, block.addr)
         lst = self._free[block.pool]
-        i = bisect_left(lst, (block.size, block.addr))
-        del lst[i]
+        del lst[bisect_left(lst, entry)]
+        self._free_sums[block.pool] -= hash(entry)
         del self._free_at[block.addr]
 
     def _expandable_size(self, block: Block) -> int:
@@ -324,7 +350,9 @@ class CachingAllocator:
         if i == len(lst):
             return None
         if not self.expandable:
-            return self._free_at.pop(lst.pop(i)[1])
+            entry = lst.pop(i)
+            self._free_sums[pool] -= hash(entry)
+            return self._free_at.pop(entry[1])
         block = self._free_at[lst[i][1]]
         if self.expandable:
             j = i + 1

@@ -147,7 +147,11 @@ class MemoryLedger:
         """Events by time; at equal times by signed size (frees first), ties in recording order
         (cached until the next event)."""
         if self._sorted is None or self._sorted_n != len(self.events):
-            self._sorted = sorted(self.events, key=itemgetter(0, 2))
+            # two stable sorts (size, then time) give the order of one by (time, size) with
+            # ties in recording order, comparing floats instead of key tuples
+            events = sorted(self.events, key=itemgetter(2))
+            events.sort(key=itemgetter(0))
+            self._sorted = events
             self._sorted_n = len(self.events)
         return self._sorted
 
