@@ -103,6 +103,12 @@ def test_both_fidelities_agree_on_edge_chunks(h100x16, spec, parallel) -> None: 
     assert engine.step_time_s == pytest.approx(closed.step_time_s, rel=1e-9)
     assert engine.memory_peak_bytes == pytest.approx(closed.memory_peak_bytes, rel=1e-9)
     assert closed.step_time_s > 0
+    # the empty chunks still send and receive: per micro-batch a stage sends 2 activations
+    # forward and 1 gradient backward (stage 0: parts 0 and 2 forward, part 2 backward;
+    # stage 1: part 1 forward, parts 1 and 3 backward), 4 micro-batches
+    for result in (closed, engine):
+        (p2p,) = [c for c in result.collectives if c.op == "send_recv"]
+        assert p2p.count == 3 * 4
 
 
 def test_empty_edge_chunks_move_the_step(h100x16) -> None:  # type: ignore[no-untyped-def]
@@ -149,3 +155,21 @@ def test_cli_refuses_an_empty_middle_chunk_in_one_line() -> None:
     errors = [line for line in res.stderr.splitlines() if not line.startswith("warning: ")]
     assert res.exit_code == 2 and len(errors) == 1, res.output
     assert "parallel.layers_per_stage" in errors[0] and "part 1" in errors[0]
+
+
+@pytest.mark.parametrize("name", ["cp_llama3_405b_h100_16384", "cp_llama3_405b_h100_16384_8k"])
+def test_llama3_plans_put_the_embedding_and_the_loss_alone(name: str) -> None:
+    from collsim.parallel.plan import build_plan
+    from collsim.study.job import scenario_topology
+    from collsim.study.scenario import load_scenario
+
+    root = Path(__file__).resolve().parents[2]
+    scenario = load_scenario(root / "scenarios" / "published" / f"{name}.yaml")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CollsimWarning)
+        plan = build_plan(
+            scenario_topology(scenario), scenario.model, scenario.training, scenario.parallel
+        )
+    assert (plan.pp, plan.virtual_stages) == (16, 8)
+    assert list(plan.chunk_layers(0, 0)) == [] and list(plan.chunk_layers(15, 7)) == []
+    assert [len(plan.stage_layers(s)) for s in range(16)] == [7] + [8] * 14 + [7]
