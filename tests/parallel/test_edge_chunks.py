@@ -5,6 +5,7 @@ work, and a middle chunk without a layer is refused in one line."""
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from pathlib import Path
 
@@ -92,7 +93,15 @@ def test_edge_chunks_hold_their_own_ops(h100x16, spec, parallel, first, last) ->
         assert len(ops_of) == 2 * schedule.plan.num_microbatches
 
 
-@pytest.mark.parametrize(("spec", "parallel"), [(TINY, EXPLICIT), (TWO_LAYERS, BALANCED)])
+@pytest.mark.parametrize(
+    ("spec", "parallel"),
+    [
+        (TINY, EXPLICIT),
+        (TWO_LAYERS, BALANCED),
+        (TINY, dataclasses.replace(EXPLICIT, zero=3)),
+        (TINY, dataclasses.replace(EXPLICIT, zero=1)),
+    ],
+)
 def test_both_fidelities_agree_on_edge_chunks(h100x16, spec, parallel) -> None:  # type: ignore[no-untyped-def]
     # the event engine with closed-form collectives against the walk; the flow-level
     # ("layer") engine may differ where a DP bucket and a pipeline all-gather share NVLink
