@@ -182,3 +182,48 @@ def test_llama3_plans_put_the_embedding_and_the_loss_alone(name: str) -> None:
     assert (plan.pp, plan.virtual_stages) == (16, 8)
     assert list(plan.chunk_layers(0, 0)) == [] and list(plan.chunk_layers(15, 7)) == []
     assert [len(plan.stage_layers(s)) for s in range(16)] == [7] + [8] * 14 + [7]
+
+
+def test_search_offers_the_edge_chunk_split() -> None:
+    from collsim.study.search.space import enumerate_plans
+
+    # 6 layers + the embedding + the loss = 8 chunks on pp 2 x v 4, which build_plan takes;
+    # without the account-for flags 6 layers do not divide 8 chunks
+    flags = ParallelConfig(account_for_embedding=True, account_for_loss=True)
+    kept = {
+        (c.pp, c.schedule, c.virtual_stages)
+        for c in enumerate_plans(TINY, 16, 8, 16, base=flags, training=TRAINING)
+    }
+    plain = {
+        (c.pp, c.schedule, c.virtual_stages)
+        for c in enumerate_plans(TINY, 16, 8, 16, training=TRAINING)
+    }
+    assert (2, "interleaved", 4) in kept
+    assert (2, "interleaved", 4) not in plain
+
+
+def test_search_bounds_hold_for_edge_chunk_plans(h100x16) -> None:  # type: ignore[no-untyped-def]
+    # branch and bound against estimating every plan: the floors stay below the walk's
+    # figures when the embedding's and the loss's chunks hold no layer
+    from collsim.study.search.candidate import SearchSpace
+    from collsim.study.search.loop import search_plans
+
+    training = TrainingConfig(global_batch=64, micro_batch=1)
+    space = SearchSpace(
+        bucket_mbs=(25.0,),
+        overlaps=(True,),
+        bucket_views=(False,),
+        prefetches=(1,),
+        offloads=(False,),
+        reshards=(True,),
+    )
+    base = ParallelConfig(dp=16, account_for_embedding=True, account_for_loss=True)
+    args = (h100x16, TINY, training, base)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CollsimWarning)
+        pruned = search_plans(*args, space=space, top_k=0, prune_keep=10)
+        full = search_plans(*args, space=space, top_k=0, prune_keep=0)
+    edge = [r for r in full.ranked if (r.candidate.pp * r.candidate.virtual_stages) == 8]
+    assert edge  # plans with an embedding-only and a loss-only chunk were estimated
+    best = [(r.candidate, r.estimate.step_time_s) for r in full.ranked[:10]]
+    assert [(r.candidate, r.estimate.step_time_s) for r in pruned.ranked[:10]] == best
