@@ -32,15 +32,16 @@ def chunk_sizes(spec: TransformerSpec, parallel: ParallelConfig) -> tuple[int, .
                 key_path="parallel.layers_per_stage",
             )
         return parallel.layers_per_stage
-    if spec.num_layers < n:
+    first = 1.0 if parallel.account_for_embedding else 0.0
+    last = 1.0 if parallel.account_for_loss else 0.0
+    if spec.num_layers + first + last < n:
         key = "parallel.virtual_stages" if v > 1 else "parallel.pp"
         raise ConfigError(
             f"model layers ({spec.num_layers}) must be at least "
-            f"pp x virtual_stages = {pp} x {v} (one layer per chunk)",
+            f"pp x virtual_stages = {pp} x {v} (one layer per chunk; the embedding and the "
+            "loss count as one with parallel.account_for_embedding / account_for_loss)",
             key_path=key,
         )
-    first = 1.0 if parallel.account_for_embedding else 0.0
-    last = 1.0 if parallel.account_for_loss else 0.0
     balanced = parallel.pipeline_split == "balanced" or first or last
     if spec.num_layers % n == 0 and not first and not last:
         return (spec.num_layers // n,) * n

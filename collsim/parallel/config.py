@@ -406,7 +406,8 @@ class ParallelConfig:
     2 cp - 1 - i (Megatron-Core / TE), so every rank has the same causal work."""
     layers_per_stage: tuple[int, ...] | None = None
     """Explicit layers per virtual pipeline stage (pp x virtual_stages entries, in virtual-stage
-    order c x pp + s); None: as ``pipeline_split`` says."""
+    order c x pp + s); the first (embedding) and last (head and loss) entries may be 0, the
+    others must be positive; None: as ``pipeline_split`` says."""
     pipeline_split: str = "even"
     """``even``: layers / (pp x virtual_stages) per chunk, which must divide (as Megatron
     without first/last-stage layer counts); ``balanced``: as even as possible when they do
@@ -453,11 +454,19 @@ class ParallelConfig:
         if self.layers_per_stage is not None:
             layers = tuple(self.layers_per_stage)
             if len(layers) != self.pp * self.virtual_stages or any(
-                not isinstance(n, int) or isinstance(n, bool) or n <= 0 for n in layers
+                not isinstance(n, int) or isinstance(n, bool) or n < 0 for n in layers
             ):
                 raise ConfigError(
-                    f"must list pp x virtual_stages = {self.pp * self.virtual_stages} positive "
-                    f"layer counts, got {list(layers)}",
+                    f"must list pp x virtual_stages = {self.pp * self.virtual_stages} "
+                    f"non-negative layer counts, got {list(layers)}",
+                    key_path="parallel.layers_per_stage",
+                )
+            empty = [i for i, n in enumerate(layers[1:-1], start=1) if n == 0]
+            if empty or sum(layers) == 0:
+                raise ConfigError(
+                    "only the first part (the embedding) and the last part (the head and "
+                    f"loss) may hold 0 layers; part {empty[0] if empty else 0} of "
+                    f"{list(layers)} is empty",
                     key_path="parallel.layers_per_stage",
                 )
             object.__setattr__(self, "layers_per_stage", layers)

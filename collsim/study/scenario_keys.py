@@ -250,7 +250,9 @@ _PARALLEL = Section(
             "even (layers must divide) or balanced.", values_of(PIPELINE_SPLITS)
         ),
         "layers_per_stage": ListOf(
-            items=positive_value("integer", "Layers of one virtual stage."),
+            items=non_negative_value(
+                "integer", "Layers of one virtual stage (0 only for the first and the last)."
+            ),
             min_items=1,
             description="Layers per virtual stage (pp x virtual_stages entries).",
         ),

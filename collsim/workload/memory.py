@@ -183,12 +183,18 @@ def balanced_chunk_layers(
     layer each from the first and the last stages") is ``first_offset = last_offset = 1``:
     126 layers -> 7 on the first and last stages, 8 on the 14 others. Megatron-LM's
     ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers`` and
-    ``--account-for-embedding-in-pipeline-split`` make the same kind of split.
+    ``--account-for-embedding-in-pipeline-split`` make the same kind of split. When
+    ``num_layers + 2 = chunks`` with both offsets 1 (Llama 3 405B on PP 16 x V 8: 126 layers,
+    128 chunks), the first chunk holds only the embedding and the last only the head and loss
+    (0 layers each), as Megatron-LM's ``get_transformer_layer_offset`` places them when both
+    account-for flags count one layer each: (layers + 2) / (pp x v) per chunk, the first and
+    last chunk one fewer.
 
     Raises:
-        ConfigError: fewer layers than chunks, or a chunk left without a layer.
+        ConfigError: fewer layers than chunks (counting a whole offset as a layer), or a chunk
+            other than an offset first / last one left without a layer.
     """
-    if chunks <= 0 or num_layers < chunks:
+    if chunks <= 0 or num_layers + (first_offset >= 1) + (last_offset >= 1) < chunks:
         raise ConfigError(
             f"pp x virtual_stages ({chunks}) must be in 1..layers ({num_layers})",
             key_path="parallel.pp",
@@ -203,7 +209,10 @@ def balanced_chunk_layers(
         bounds.append(min(num_layers, max(0, round(c * per - first_offset))))
     bounds.append(num_layers)
     out = [bounds[i + 1] - bounds[i] for i in range(chunks)]
-    if min(out) <= 0:
+    # the embedding's (head's) chunk may hold no layer when its offset fills it (Megatron's
+    # account-for-embedding / account-for-loss split with layers + 2 = pp x v)
+    inner = out[1 if first_offset else 0 : chunks - 1 if last_offset else chunks]
+    if not inner or min(inner) <= 0 or min(out) < 0:
         raise ConfigError(
             f"balanced split of {num_layers} layers over {chunks} chunks with offsets "
             f"({first_offset}, {last_offset}) leaves a chunk empty: {out}",

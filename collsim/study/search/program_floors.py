@@ -364,7 +364,8 @@ class ProgramFloors:
         layers = plan.stage_layers(stage)
         if not layers:
             return 0.0
-        chunk = self._stage_tensors(plan, stage).chunks[0]
+        # the first chunk that holds a layer (an embedding-only chunk holds none)
+        chunk = next(c for c in self._stage_tensors(plan, stage).chunks if len(c.layers))
         first = [t for t in chunk.tensors if t.segment == chunk.layers.start]
         dense = sum(t.numel for t in first if not t.expert)
         expert = sum(t.numel for t in first if t.expert)

@@ -22,6 +22,7 @@ from collsim.parallel.dispatch import (
 from collsim.parallel.pipeline import get_schedule
 from collsim.parallel.plan import default_order, grid_rank, rank_axes
 from collsim.study.search.candidate import Candidate, DPVariant, Extra, SearchSpace, head_stage
+from collsim.workload.memory import balanced_chunk_layers
 
 if TYPE_CHECKING:  # pragma: no cover
     from collsim.parallel.config import ParallelConfig, TrainingConfig
@@ -161,6 +162,14 @@ class _Rules:
             and base.layers_per_stage is None
         )
         """Layers need not divide pp x v: the scenario splits them as evenly as it can."""
+        self.offsets = (
+            (float(base.account_for_embedding), float(base.account_for_loss))
+            if (base.account_for_embedding or base.account_for_loss)
+            and base.layers_per_stage is None
+            else None
+        )
+        """The embedding and loss counted as a layer each (Megatron's account-for split):
+        the plan builds where :func:`balanced_chunk_layers` splits the layers."""
         self._kept: dict[tuple[Any, ...], tuple[list[Extra], Counter[str]]] = {}
 
     def ep_nodes(self, tp: int, cp: int, pp: int, dp: int, ep: int, etp: int) -> int:
@@ -319,7 +328,9 @@ def _grid(
                     continue
                 m = global_batch // (dp * mb)
                 for schedule, v in scheds:
-                    reason = _schedule_reason(spec, schedule, pp, v, m, rules.uneven)
+                    reason = _schedule_reason(
+                        spec, schedule, pp, v, m, rules.uneven, offsets=rules.offsets
+                    )
                     if reason is not None:
                         rejected[reason] += per_variant * len(sps) * extras
                         continue
@@ -329,11 +340,26 @@ def _grid(
 
 
 def _schedule_reason(
-    spec: TransformerSpec, schedule: str, pp: int, v: int, m: int, uneven: bool
+    spec: TransformerSpec,
+    schedule: str,
+    pp: int,
+    v: int,
+    m: int,
+    uneven: bool,
+    *,
+    offsets: tuple[float, float] | None = None,
 ) -> str | None:
     """Why ``schedule`` with ``v`` chunks per stage does not build on ``pp`` stages with
-    ``m`` micro-batches (None: it builds)."""
-    if spec.num_layers % (pp * v) and not (uneven and spec.num_layers >= pp * v):
+    ``m`` micro-batches (None: it builds). With ``offsets`` (the account-for flags) the
+    layers split as :func:`balanced_chunk_layers` does, edge chunks possibly empty."""
+    if offsets is not None:
+        try:
+            balanced_chunk_layers(
+                spec.num_layers, pp * v, first_offset=offsets[0], last_offset=offsets[1]
+            )
+        except ConfigError:
+            return "pp_layers"
+    elif spec.num_layers % (pp * v) and not (uneven and spec.num_layers >= pp * v):
         return "pp_layers"
     if schedule == "interleaved" and m % pp:
         return "interleaved_m"
