@@ -21,6 +21,7 @@ from collsim.workload.fp8 import weight_cast_bytes_per_step
 from collsim.workload.framework import framework_costs
 
 __all__ = [
+    "plan_framework_costs",
     "stage_weight_cast_s",
     "stage_optimizer_s",
     "framework_work",
@@ -79,6 +80,25 @@ def stage_optimizer_s(
     return model.optimizer_time_s(local, optimizer, str(plan.training.optimizer_implementation))
 
 
+def plan_framework_costs(model: Any, plan: Plan, unit_params: float, local_params: float) -> Any:
+    """:func:`collsim.workload.framework.framework_costs` of one unit of ``unit_params``
+    parameters on a rank holding ``local_params``, with the plan's data parallelism, ZeRO
+    stage and training stack (shared by the program and the search's floors)."""
+    tr = plan.training
+    return framework_costs(
+        model,
+        unit_params=unit_params,
+        local_params=local_params,
+        dp=max(1, plan.dp),
+        zero=plan.parallel.zero,
+        fsdp_version=int(tr.fsdp_version or 1),
+        grad_reduce_dtype=str(tr.grad_reduce_dtype or "bf16"),
+        grad_clip=bool(tr.grad_clip),
+        optimizer=str(tr.optimizer),
+        optimizer_implementation=str(tr.optimizer_implementation),
+    )
+
+
 def framework_work(
     plan: Plan, stages: dict[int, StageModel], model: ComputeModel, rules: DataParallelRules
 ) -> dict[int, float]:
@@ -87,25 +107,14 @@ def framework_work(
     gathers it, the gradient cast and copy-out of every reduced unit in its backward segment
     (``Segment.framework_s``); returns per stage the per-step part (the gradient-norm pass of
     the clipping, the host time of a step), run before the optimizer."""
-    tr, par = plan.training, plan.parallel
+    par = plan.parallel
     cache: dict[tuple[float, float], Any] = {}
 
     def costs(unit: float, local: float) -> Any:
         key = (unit, local)
         hit = cache.get(key)
         if hit is None:
-            hit = cache[key] = framework_costs(
-                model,
-                unit_params=unit,
-                local_params=local,
-                dp=max(1, plan.dp),
-                zero=par.zero,
-                fsdp_version=int(tr.fsdp_version or 1),
-                grad_reduce_dtype=str(tr.grad_reduce_dtype or "bf16"),
-                grad_clip=bool(tr.grad_clip),
-                optimizer=str(tr.optimizer),
-                optimizer_implementation=str(tr.optimizer_implementation),
-            )
+            hit = cache[key] = plan_framework_costs(model, plan, unit, local)
         return hit
 
     per_step: dict[int, float] = {}

@@ -21,6 +21,7 @@ from collsim.step.build import layer_kind_of
 from collsim.step.dataparallel import DataParallelRules
 from collsim.step.ops import ChunkModel, StageModel
 from collsim.step.pricing import ClosedPricer
+from collsim.step.stack_work import plan_framework_costs
 from collsim.study.search.parts import (
     Layout,
     PlanParts,
@@ -30,7 +31,6 @@ from collsim.study.search.parts import (
     place,
 )
 from collsim.workload.compute import ComputeModel
-from collsim.workload.framework import framework_costs
 
 if TYPE_CHECKING:  # pragma: no cover
     from collsim.cluster.topology import Topology
@@ -291,7 +291,7 @@ class ProgramFloors:
         forward unless gathered once per step, again in backward when resharded) and its
         gradient cast and copy-out where it is reduced (every micro-batch, or once); the
         root unit (embedding, head) left out."""
-        tr, par = plan.training, plan.parallel
+        par = plan.parallel
         model = self._framework_model()
         numel = self._stage_numel(plan, stage)["all"]
         local = sum(numel) / (plan.dp if par.zero >= 1 else 1)
@@ -301,18 +301,7 @@ class ProgramFloors:
             hit = self._fw_costs.get(key)
             if hit is not None:
                 return hit
-            hit = self._fw_costs[key] = framework_costs(
-                model,
-                unit_params=unit,
-                local_params=local,
-                dp=max(1, plan.dp),
-                zero=par.zero,
-                fsdp_version=int(tr.fsdp_version or 1),
-                grad_reduce_dtype=str(tr.grad_reduce_dtype or "bf16"),
-                grad_clip=bool(tr.grad_clip),
-                optimizer=str(tr.optimizer),
-                optimizer_implementation=str(tr.optimizer_implementation),
-            )
+            hit = self._fw_costs[key] = plan_framework_costs(model, plan, unit, local)
             return hit
 
         whole = costs(0.0)
