@@ -84,8 +84,10 @@ the boost clock its MAMF burst runs at (1980 MHz), i.e. 1455 MHz. compute.md 1b:
 the H100 are primarily ... power limited"; no sustained-clock figure is published there. Fitted
 with the framework costs, interference and slowest-GPU factor added
 (``validate/probes/compute_calibration.py --loo``: 0.7347 on both rows; 0.7359 / 0.7333 on
-either alone, held-out errors +0.3 % / -0.3 %). It also absorbs whatever else makes those runs
-slower than modelled: the A100 rows, which it does not touch, stay 9-12 % optimistic."""
+either alone, held-out errors +0.3 % / -0.3 %, when the engine did not yet price those parts;
+the engine now does, and ``collsim run`` gives -0.3 % on both rows). It also absorbs whatever
+else makes those runs slower than modelled: the A100 rows, which it does not touch, stay
+9-12 % optimistic."""
 
 SUSTAINED_CLOCK_FRACTION: dict[str, float] = {
     "ampere": 1305.0 / 1410.0,
