@@ -16,6 +16,7 @@ from typing import Any
 
 from collsim.cluster.hardware import CUDA_CONTEXT_BYTES, NCCL_BUFFER_BYTES
 from collsim.step.caching_allocator import AllocatorOOM, Block, CachingAllocator
+from collsim.step.replay_period import Steady, find_run
 from collsim.workload.op_records import activation_element_bytes
 from collsim.workload.ops import head_ops
 
@@ -103,6 +104,7 @@ def replay_ledger(
     tensors: Mapping[int, tuple[int, ...]] | None = None,
     workspaces: Sequence[int] = (),
     logits: int = 0,
+    skip_repeats: bool = True,
 ) -> ReservedMemory:
     """Replay one rank's sorted memory events (:meth:`MemoryLedger.sorted_events`) through a
     :class:`CachingAllocator` on one stream.
@@ -127,6 +129,10 @@ def replay_ledger(
     recompute, freed at the end of the layer's backward) leaves the cache as it was when
     cached blocks hold it: it only raises the allocated peak
     (:meth:`CachingAllocator.cached_fit`), and its blocks are not made.
+
+    With ``skip_repeats`` the periods of a pipeline's steady state that leave the allocator and
+    the live allocations as they found them are replayed once, not every time
+    (:mod:`collsim.step.replay_period`): the same answer.
     """
     alloc = CachingAllocator(
         expandable_segments=expandable_segments,
@@ -137,8 +143,14 @@ def replay_ledger(
     malloc = alloc.malloc
     oom = False
     n = len(events)
+    run = find_run(events) if skip_repeats else None
+    steady = Steady(run) if run is not None else None
     i = 0
     while i < n:
+        if steady is not None:
+            i = steady.jump(i, alloc, pairs, bool(workspaces))
+            if i >= n:
+                break
         ev = events[i]
         i += 1
         category, delta, label = ev[1], ev[2], ev[3]

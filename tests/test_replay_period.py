@@ -1,0 +1,133 @@
+"""The allocator replay's skip over the repeats of a pipeline's steady state
+(collsim.step.replay_period): the same answer as replaying every event, on shipped scenarios,
+and a skip that does happen where the steady state is long."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import collsim.step.assemble as assemble_module
+import collsim.step.replay_period as replay_period
+from collsim.core.errors import CollsimWarning
+from collsim.play.engine import simulate_step
+from collsim.play.walk import estimate_step
+from collsim.step import allocator
+from collsim.step.memory import MemoryEvent
+from collsim.study.scenario import load_scenario
+
+REPO = Path(__file__).resolve().parents[1]
+SCENARIOS = REPO / "scenarios"
+FAST = [
+    "3d_175b.yaml",
+    "ddp_gpt3_1.3b.yaml",
+    "pipeline_13b_1f1b.yaml",
+    "pipeline_13b_gpipe.yaml",
+    "pipeline_13b_interleaved.yaml",
+    "pipeline_13b_zb_h1.yaml",
+    "pipeline_13b_dualpipev.yaml",
+    "published/moe_qwen3_30b_a3b_h100_16_fp8.yaml",
+    "published/moe_gpt_oss_120b_h100_64.yaml",
+    "published/llmf_a100_30b_s2048_8g.yaml",
+    "published/cp_llama3_405b_h100_16384_8k.yaml",
+]
+"""Shipped scenarios whose replays run in a few seconds together (1F1B, GPipe, interleaved,
+ZB-H1, DualPipeV, MoE, FSDP, context parallel)."""
+EVERY = sorted(
+    str(p.relative_to(SCENARIOS))
+    for p in [*SCENARIOS.glob("*.yaml"), *(SCENARIOS / "published").glob("*.yaml")]
+)
+
+
+def _ledgers(path: Path, engine: bool) -> tuple[dict[int, Any], dict[str, Any]]:
+    """Every walked rank's memory ledger of the scenario's step, and the replay's inputs."""
+    seen: dict[str, Any] = {}
+    real = assemble_module.reserved_memory
+
+    def keep(ledgers: Any, **kwargs: Any) -> Any:
+        seen["ledgers"], seen["schedule"] = dict(ledgers), kwargs["schedule"]
+        return real(ledgers, **kwargs)
+
+    sc = load_scenario(path)
+    assemble_module.reserved_memory = keep
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", CollsimWarning)
+            play = simulate_step if engine else estimate_step
+            play(sc.cluster.load(), sc.model, sc.training, sc.parallel)
+    finally:
+        assemble_module.reserved_memory = real
+    schedule = seen["schedule"]
+    tr, device = schedule.plan.training, schedule.plan.topology.device
+    inputs = {
+        "expandable_segments": allocator.expandable_segments_of(tr.stack, tr.expandable_segments),
+        "tensors": allocator.activation_tensors(schedule),
+        "workspaces": allocator.cublas_workspaces(device),
+        "logits": allocator.logits_bytes(schedule),
+        "limit_bytes": allocator.allocator_limit_bytes(device),
+    }
+    return seen["ledgers"], inputs
+
+
+def _same_with_and_without(name: str, engine: bool = False) -> int:
+    """Replay every rank with and without the skip, with and without the device's limit;
+    assert the answers equal; return how many replays skipped."""
+    ledgers, inputs = _ledgers(SCENARIOS / name, engine)
+    skips = 0
+    real = replay_period._relabel
+
+    def counted(pairs: Any, by: int) -> None:
+        nonlocal skips
+        skips += 1
+        real(pairs, by)
+
+    replay_period._relabel = counted
+    try:
+        for limit in (inputs["limit_bytes"], None):
+            for rank, ledger in ledgers.items():
+                events = ledger.sorted_events()
+                kwargs = {**inputs, "limit_bytes": limit}
+                full = allocator.replay_ledger(rank, events, **kwargs, skip_repeats=False)
+                fast = allocator.replay_ledger(rank, events, **kwargs)
+                assert fast == full, (name, rank, limit)
+    finally:
+        replay_period._relabel = real
+    return skips
+
+
+@pytest.mark.parametrize("name", FAST)
+def test_skip_gives_the_replay_of_every_event(name: str) -> None:
+    _same_with_and_without(name)
+
+
+def test_skip_happens_on_a_long_steady_state() -> None:
+    # 96 micro-batches per replica: every walked rank's replay skips, in both interpreters
+    assert _same_with_and_without("3d_175b.yaml") == 16
+    assert _same_with_and_without("3d_175b.yaml", engine=True) == 16
+    assert _same_with_and_without("published/moe_qwen3_30b_a3b_h100_16_fp8.yaml") == 2
+
+
+def test_find_run_by_hand() -> None:
+    # a period of three events (a layer's activations, a message in and out), each micro-batch
+    # one on from the one before, after a warm-up of two unrelated events
+    events = [MemoryEvent(0.0, "buffers", 8.0, "x"), MemoryEvent(0.0, "buffers", -8.0, "x")]
+    for mb in range(10):
+        events += [
+            MemoryEvent(0.0, "activations", 64.0, ("act", 0, mb, 0)),
+            MemoryEvent(0.0, "buffers", 4.0, "pp recv"),
+            MemoryEvent(0.0, "activations", -64.0, ("free", 0, mb, 0)),
+        ]
+    run = replay_period.find_run(events)
+    assert run == replay_period.Run(start=2, end=len(events), period=3, shift=1)
+    full = allocator.replay_ledger(0, events, expandable_segments=False, skip_repeats=False)
+    assert allocator.replay_ledger(0, events, expandable_segments=False) == full
+    assert replay_period.find_run(events[:8]) is None  # two periods: nothing to skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", EVERY)
+def test_skip_gives_the_replay_of_every_event_on_every_scenario(name: str) -> None:
+    _same_with_and_without(name)
