@@ -32,3 +32,20 @@ def test_a_degraded_copy_prices_afresh() -> None:
     assert COSTS.of(degraded) == {}
     assert cost("all_reduce", 1 << 30, Group.all(degraded)).time_s > fast
     assert cost("all_reduce", 1 << 30, group).time_s == fast
+
+
+def test_tables_that_refer_to_their_topology_are_bounded() -> None:
+    # a cost table holds groups, and a group holds its topology: such a topology is never
+    # collected, so a program that builds one topology after another keeps at most
+    # MAX_TOPOLOGIES of them
+    from collsim.collectives.memo import MAX_TOPOLOGIES
+
+    before = {id(t) for t in gc.get_objects() if type(t).__name__ == "Topology"}
+    for _ in range(MAX_TOPOLOGIES + 4):
+        topo = load_topology("dgx_h100", nodes=1)
+        cost("all_reduce", 1 << 20, Group.all(topo))
+        del topo
+    gc.collect()
+    alive = [t for t in gc.get_objects() if type(t).__name__ == "Topology"]
+    assert 0 < len([t for t in alive if id(t) not in before]) <= MAX_TOPOLOGIES
+    assert len(COSTS._tables) <= MAX_TOPOLOGIES
