@@ -110,7 +110,7 @@ def test_skip_happens_on_a_long_steady_state() -> None:
     assert _same_with_and_without("published/moe_qwen3_30b_a3b_h100_16_fp8.yaml") == 2
 
 
-def test_find_run_by_hand() -> None:
+def test_find_period_by_hand() -> None:
     # a period of three events (a layer's activations, a message in and out), each micro-batch
     # one on from the one before, after a warm-up of two unrelated events
     events = [MemoryEvent(0.0, "buffers", 8.0, "x"), MemoryEvent(0.0, "buffers", -8.0, "x")]
@@ -120,11 +120,10 @@ def test_find_run_by_hand() -> None:
             MemoryEvent(0.0, "buffers", 4.0, "pp recv"),
             MemoryEvent(0.0, "activations", -64.0, ("free", 0, mb, 0)),
         ]
-    run = replay_period.find_run(events)
-    assert run == replay_period.Run(start=2, end=len(events), period=3, shift=1)
+    assert replay_period.find_period(events) == replay_period.Period(events=3, shift=1)
     full = allocator.replay_ledger(0, events, expandable_segments=False, skip_repeats=False)
     assert allocator.replay_ledger(0, events, expandable_segments=False) == full
-    assert replay_period.find_run(events[:8]) is None  # two periods: nothing to skip
+    assert replay_period.find_period(events[:8]) is None  # too short: no window of four periods
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ from typing import Any
 
 from collsim.cluster.hardware import CUDA_CONTEXT_BYTES, NCCL_BUFFER_BYTES
 from collsim.step.caching_allocator import AllocatorOOM, Block, CachingAllocator
-from collsim.step.replay_period import Steady, find_run
+from collsim.step.replay_period import Steady, find_period
 from collsim.workload.op_records import activation_element_bytes
 from collsim.workload.ops import head_ops
 
@@ -143,8 +143,8 @@ def replay_ledger(
     malloc = alloc.malloc
     oom = False
     n = len(events)
-    run = find_run(events) if skip_repeats else None
-    steady = Steady(run) if run is not None else None
+    period = find_period(events) if skip_repeats else None
+    steady = Steady(events, period) if period is not None else None
     i = 0
     while i < n:
         if steady is not None:

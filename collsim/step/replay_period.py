@@ -2,8 +2,8 @@
 events (forwards and backwards of later and later micro-batches) many times, and once the
 caching allocator and the live allocations come back to the same state a whole number of
 periods apart, every later repeat of those periods makes the same requests of the same cache
-and changes nothing but the micro-batch numbers. :func:`find_run` finds the repeating stretch
-of a rank's events and :class:`Steady` lets :func:`collsim.step.allocator.replay_ledger` jump
+and changes nothing but the micro-batch numbers. :func:`find_period` finds the period of a
+rank's events and :class:`Steady` lets :func:`collsim.step.allocator.replay_ledger` jump
 over its repeats: the peaks, retries and unmatched bytes are those of a replay of every event
 (a test compares both on every shipped scenario). The argument is in docs/memory.md.
 """
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["MICROBATCH_AT", "MIN_REPEATS", "Run", "Steady", "find_run"]
+__all__ = ["MICROBATCH_AT", "MIN_REPEATS", "Period", "Steady", "find_period"]
 
 MICROBATCH_AT = 2
 """Where a labelled activation's micro-batch sits: ``(kind, layer, micro-batch, chunk)``
@@ -30,6 +30,9 @@ CANDIDATES = 4
 """How many later events of the same layer and chunk are tried as the twin that sets the
 period (interleaved schedules run micro-batches in groups: the nearest is not always it)."""
 
+WINDOW = 4
+"""Periods over which a candidate period's twins are checked before it is taken."""
+
 MAX_BOUNDARIES = 512
 """Period boundaries a replay looks at for a repeated state before it gives up (bounds the
 cost of a replay that never settles)."""
@@ -40,49 +43,38 @@ period)."""
 
 
 @dataclass(frozen=True, slots=True)
-class Run:
-    """Events ``start .. end`` repeat with ``period``: ``events[i + period]`` is
-    ``events[i]`` with its micro-batch ``shift`` on, for ``start <= i < end - period``."""
+class Period:
+    """Events repeat every ``events`` events with their micro-batches ``shift`` on (where
+    they do: :meth:`Steady._skip` checks each repeat it jumps over)."""
 
-    start: int
-    end: int
-    period: int
+    events: int
     shift: int
 
 
-def _twins(events: Sequence[Any], x: int, period: int, shift: int) -> bool:
-    """Whether ``events[x + period]`` is ``events[x]`` with its micro-batch ``shift`` on."""
-    a, b = events[x], events[x + period]
-    if a[2] != b[2] or a[1] != b[1]:
-        return False
-    la, lb = a[3], b[3]
-    if type(la) is tuple and len(la) == 4 and la[0] in _KINDS and type(la[2]) is int:
-        return bool(lb == (la[0], la[1], la[2] + shift, la[3]))
-    return bool(la == lb)
+def _twins_until(events: Sequence[Any], x: int, stop: int, period: int, shift: int) -> int:
+    """The first ``x' >= x`` (at most ``stop``) where ``events[x' + period]`` is not
+    ``events[x']`` with its micro-batch ``shift`` on."""
+    stop = min(stop, len(events) - period)
+    while x < stop:
+        a, b = events[x], events[x + period]
+        if a[2] != b[2] or a[1] != b[1]:
+            return x
+        la, lb = a[3], b[3]
+        if type(la) is tuple and len(la) == 4 and la[0] in _KINDS and type(la[2]) is int:
+            if lb != (la[0], la[1], la[2] + shift, la[3]):
+                return x
+        elif la != lb:
+            return x
+        x += 1
+    return x
 
 
-def _forward(events: Sequence[Any], s: int, period: int, shift: int) -> int:
-    """The first ``x >= s`` where the twin relation fails (or the last ``x`` it can hold)."""
-    n = len(events)
-    end = s
-    while end + period < n and _twins(events, end, period, shift):
-        end += 1
-    return end
-
-
-def _backward(events: Sequence[Any], s: int, period: int, shift: int) -> int:
-    """The first ``x <= s`` from which the twin relation holds up to ``s``."""
-    start = s
-    while start > 0 and _twins(events, start - 1, period, shift):
-        start -= 1
-    return start
-
-
-def find_run(events: Sequence[Any]) -> Run | None:
-    """The longest repeating stretch through a labelled activation a third of the way into
-    a rank's sorted memory events (where a pipeline's steady state runs), its period set by
-    one of the next :data:`CANDIDATES` events of the same layer and chunk with a later
-    micro-batch; None when no stretch repeats :data:`MIN_REPEATS` times."""
+def find_period(events: Sequence[Any]) -> Period | None:
+    """The period of a rank's sorted memory events where a pipeline's steady state runs:
+    from a labelled activation a third of the way in to one of its next :data:`CANDIDATES`
+    namesakes (same kind, layer and chunk, later micro-batch), the first whose twins hold for
+    :data:`WINDOW` periods on (interleaved schedules run micro-batches in groups: the nearest
+    namesake is not always the period); None when there is none."""
     n = len(events)
     for s in range(n // 3, n):
         label = events[s][3]
@@ -92,7 +84,6 @@ def find_run(events: Sequence[Any]) -> Run | None:
             continue
         kind, layer, mb, chunk = label
         category, delta = events[s][1], events[s][2]
-        best: tuple[int, int, int] | None = None  # (forward end, period, shift)
         tried = 0
         for j in range(s + 1, n):
             ev = events[j]
@@ -103,41 +94,38 @@ def find_run(events: Sequence[Any]) -> Run | None:
                 continue
             if ev[2] != delta or ev[1] != category:
                 continue
-            end = _forward(events, s, j - s, lj[2] - mb)
-            if best is None or end > best[0]:
-                best = (end, j - s, lj[2] - mb)
+            period, shift = j - s, lj[2] - mb
+            stop = s + WINDOW * period
+            if stop <= n - period and _twins_until(events, s, stop, period, shift) >= stop:
+                return Period(period, shift)
             tried += 1
-            if tried >= CANDIDATES or 2 * (end - s) >= n - s:
-                break  # tried enough, or this one runs over most of what is left
-        if best is None:
-            return None
-        end, period, shift = best
-        run = Run(_backward(events, s, period, shift), end + period, period, shift)
-        if (run.end - run.start) // period < 2 * MIN_REPEATS:
-            return None
-        return run
+            if tried >= CANDIDATES:
+                break
+        return None
     return None
 
 
 class Steady:
-    """The period skip of one replay. At loop tops one period apart (boundaries) inside the
-    run a cheap signature of the allocator is kept; when one comes back ``c`` boundaries
-    later, the whole state (allocator, live allocations with their micro-batches counted from
-    the boundary, the replay's own) is taken there and again ``c`` boundaries on. When the
-    two are the same, the replay jumps over the whole cycles of ``c`` periods left in the
-    run. The allocator's addresses may rotate over several periods (buffers of the
-    micro-batches in flight), hence cycles, not single periods."""
+    """The period skip of one replay. At loop tops one period apart (boundaries) a cheap
+    signature of the allocator is kept; when one comes back ``c`` boundaries later, the whole
+    state (allocator, live allocations with their micro-batches counted from the boundary,
+    the replay's own) is taken there and again ``c`` boundaries on (one such comparison at a
+    time). When the two are the same, the replay jumps over the whole cycles of ``c``
+    periods ahead whose events repeat. The allocator's addresses may rotate over several
+    periods (buffers of the micro-batches in flight), hence cycles, not single periods."""
 
-    def __init__(self, run: Run) -> None:
-        self.run = run
+    def __init__(self, events: Sequence[Any], period: Period) -> None:
+        self.events = events
+        self.period = period.events
+        self.shift = period.shift
         self.anchor = -1
         """The loop top the boundaries are counted from (-1: none yet)."""
-        self.due = run.start
+        self.due = 0
         """The next boundary."""
         self.seen: dict[tuple[Any, ...], int] = {}
         """Boundary by signature (the latest)."""
-        self.waiting: dict[int, tuple[tuple[Any, ...], int]] = {}
-        """Boundary -> (the state taken a cycle before it, the cycle in periods)."""
+        self.waiting: tuple[int, tuple[Any, ...], int] | None = None
+        """(the boundary to compare at, the state taken a cycle before it, the cycle)."""
         self.states = 0
         self.done = False
 
@@ -146,19 +134,16 @@ class Steady:
         (``extra``: the replay's own state beside the allocator and the pairing)."""
         if i < self.due or self.done:
             return i
-        run = self.run
-        if i + run.period >= run.end:
-            self.done = True
-            return i
+        period = self.period
         if i > self.due or self.anchor < 0:  # the first boundary, or one stepped over
             self.anchor = i
             self.seen.clear()
-            self.waiting.clear()
-        k = (i - self.anchor) // run.period
-        if k >= MAX_BOUNDARIES:
+            self.waiting = None
+        k = (i - self.anchor) // period
+        if k >= MAX_BOUNDARIES or i + 2 * period >= len(self.events):
             self.done = True
             return i
-        self.due = i + run.period
+        self.due = i + period
         st = alloc.stats
         sig = (
             st.allocated_bytes,
@@ -173,32 +158,36 @@ class Steady:
         )
         before = self.seen.get(sig)
         self.seen[sig] = k
-        wait = self.waiting.pop(k, None)
-        if wait is not None:
-            then, cycle = wait
-            if _state(alloc, pairs, k * run.shift, extra) == then:
-                return self._skip(i, cycle, pairs)
-        if before is not None and k + (k - before) not in self.waiting:
+        waiting = self.waiting
+        if waiting is not None and waiting[0] == k:
+            self.waiting = None
+            if _state(alloc, pairs, k * self.shift, extra) == waiting[1]:
+                return self._skip(i, waiting[2], pairs)
+        if before is not None and self.waiting is None:
             # the signature came back: take the state, to compare a cycle on
             self.states += 1
             if self.states > MAX_STATES:
                 self.done = True
                 return i
-            now = _state(alloc, pairs, k * run.shift, extra)
-            self.waiting[k + (k - before)] = (now, k - before)
+            cycle = k - before
+            self.waiting = (k + cycle, _state(alloc, pairs, k * self.shift, extra), cycle)
         return i
 
     def _skip(self, i: int, cycle: int, pairs: Any) -> int:
         """Jump from loop top ``i``, whose state is the one ``cycle`` periods before, over
-        the whole cycles left in the run (keeping the event after them in the run: the last
-        skipped event may look one ahead, a layer's rebuilt activations and their free)."""
-        run = self.run
-        repeats = (run.end - 1 - i) // run.period // cycle * cycle
+        the whole cycles ahead whose events are the cycle before them a cycle on. Every event
+        from ``cycle`` periods before ``i`` up to the one after the last skipped (the last
+        skipped event may look one ahead: a layer's rebuilt activations and their free) must
+        be its namesake a period before, a shift on."""
+        period = self.period
+        first = i - cycle * period
+        end = _twins_until(self.events, first, len(self.events), period, self.shift)
+        repeats = (end - i + period - 1) // period // cycle * cycle
         if repeats < MIN_REPEATS:
             return i
         self.done = True
-        _relabel(pairs, repeats * run.shift)
-        return i + repeats * run.period
+        _relabel(pairs, repeats * self.shift)
+        return i + repeats * period
 
 
 def _live(handles: Any) -> list[Any]:
