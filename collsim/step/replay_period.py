@@ -26,7 +26,7 @@ _KINDS = ("act", "recompute", "free")
 MIN_REPEATS = 2
 """Fewer repeats than this are replayed event by event (nothing to gain)."""
 
-CANDIDATES = 4
+CANDIDATES = 32
 """How many later events of the same layer and chunk are tried as the twin that sets the
 period (interleaved schedules run micro-batches in groups: the nearest is not always it)."""
 
@@ -37,7 +37,7 @@ MAX_BOUNDARIES = 512
 """Period boundaries a replay looks at for a repeated state before it gives up (bounds the
 cost of a replay that never settles)."""
 
-MAX_STATES = 8
+MAX_STATES = 3
 """Whole states a replay takes before it gives up (each costs about as much as replaying a
 period)."""
 
