@@ -59,7 +59,7 @@ def describe_mapping(plan: Plan) -> str:
     for stage in range(plan.pp):
         ranks = grid[stage].ravel()  # stage_ranks(stage), kept as an array
         layers = [list(plan.chunk_layers(stage, c)) for c in range(plan.virtual_stages)]
-        spans = ", ".join(f"{ls[0]}-{ls[-1]}" if ls else "none" for ls in layers)
+        spans = ", ".join(_span(ls) if ls else "none" for ls in layers)
         first = _ranks(ranks[: plan.tp * plan.cp].tolist())
         lines.append(
             f"stage {stage}: layers {spans}; ranks {first}"

@@ -554,9 +554,20 @@ def build_plan(
             f"{tp * cp}: expert groups stride over the {pp} pipeline stages (Megatron-Core "
             "requires edp = dp without pp outermost)"
         )
-    if len(set(sizes_per_chunk)) > 1:
+    # the embedding and the loss count as a layer each where the split accounts for them
+    # (Megatron-LM's account_for_embedding_in_pipeline_split / account_for_loss_...)
+    equivalents = list(sizes_per_chunk)
+    equivalents[0] += int(parallel.account_for_embedding)
+    equivalents[-1] += int(parallel.account_for_loss)
+    if len(set(equivalents)) > 1:
+        counted = (
+            " (the embedding and the loss as one each)"
+            if parallel.account_for_embedding or parallel.account_for_loss
+            else ""
+        )
         notes.append(
-            f"uneven pipeline split: {_span_counts(sizes_per_chunk)} layers per virtual stage"
+            f"uneven pipeline split: {_span_counts(tuple(equivalents))} layers per virtual "
+            f"stage{counted}"
         )
     for note in notes:
         warnings.warn(note, CollsimWarning, stacklevel=2)

@@ -227,3 +227,23 @@ def test_search_bounds_hold_for_edge_chunk_plans(h100x16) -> None:  # type: igno
     assert edge  # plans with an embedding-only and a loss-only chunk were estimated
     best = [(r.candidate, r.estimate.step_time_s) for r in full.ranked[:10]]
     assert [(r.candidate, r.estimate.step_time_s) for r in pruned.ranked[:10]] == best
+
+
+def test_a_split_balanced_with_the_embedding_and_loss_is_not_uneven(h100x16) -> None:  # type: ignore[no-untyped-def]
+    from collsim.parallel.describe import describe_mapping
+    from collsim.parallel.plan import build_plan
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", CollsimWarning)
+        plan = build_plan(h100x16, TWO_LAYERS, TRAINING, BALANCED)  # 0, 1, 1, 0 + the two
+    assert not [w for w in caught if "uneven" in str(w.message)]
+    # a chunk of one layer reads as that layer, an empty one as none
+    assert "stage 0: layers none, 1;" in describe_mapping(plan)
+    assert "stage 1: layers 0, none;" in describe_mapping(plan)
+    # the same counts without the embedding and loss counted are uneven
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", CollsimWarning)
+        build_plan(
+            h100x16, TINY, TRAINING, dataclasses.replace(EXPLICIT, layers_per_stage=(1, 2, 2, 1))
+        )
+    assert [w for w in caught if "uneven pipeline split: [1, 2, 2, 1]" in str(w.message)]
