@@ -24,20 +24,21 @@ V = TypeVar("V")
 
 
 MAX_TOPOLOGIES = 8
-"""Topologies whose tables a :class:`PerTopology` keeps at once (the oldest goes first): a
-sweep or a notebook that builds a new topology per call holds at most this many. A choice of
-collsim."""
+"""Topologies whose tables a :class:`PerTopology` keeps at once (the least recently used goes
+first): a sweep or a notebook that builds a new topology per call holds at most this many. A
+choice of collsim."""
 
 
 class PerTopology(Generic[K, V]):
     """A dictionary per topology, held while the topology lives and is among the
-    :data:`MAX_TOPOLOGIES` latest to have one."""
+    :data:`MAX_TOPOLOGIES` used last."""
 
     __slots__ = ("_tables", "_last")
 
     def __init__(self) -> None:
         self._tables: dict[int, tuple[weakref.ref[Topology], dict[K, V]]] = {}
-        """By ``id(topology)``: (a weak reference to it, its table), oldest first."""
+        """By ``id(topology)``: (a weak reference to it, its table), least recently used
+        first."""
         self._last: tuple[weakref.ref[Topology], dict[K, V]] | None = None
 
     def of(self, topology: Topology) -> dict[K, V]:
@@ -46,10 +47,11 @@ class PerTopology(Generic[K, V]):
         if last is not None and last[0]() is topology:
             return last[1]  # the hot path: calls come in runs on one topology
         key = id(topology)
-        entry = self._tables.get(key)
-        if entry is None or entry[0]() is not topology:  # new, or an id reused
-            tables = self._tables
-            tables.pop(key, None)
+        tables = self._tables
+        entry = tables.pop(key, None)  # taken out, put back last: the latest used go last
+        if entry is not None and entry[0]() is topology:
+            tables[key] = entry
+        else:  # new, or an id reused
             while len(tables) >= MAX_TOPOLOGIES:
                 del tables[next(iter(tables))]
 

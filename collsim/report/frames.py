@@ -62,6 +62,7 @@ RESULT_COLUMNS: tuple[str, ...] = (
     *BREAKDOWN_COLUMNS.values(),
     "memory_peak_bytes",
     *MEMORY_COLUMNS.values(),
+    "memory_reserved_bytes",
     "memory_capacity_bytes",
     "fits",
     "num_gpus",
@@ -91,6 +92,10 @@ def result_record(result: StepResult) -> dict[str, Any]:
     row["memory_peak_bytes"] = float(result.memory_peak_bytes)
     for key, column in MEMORY_COLUMNS.items():
         row[column] = float(result.memory_bytes.get(key, 0.0))
+    # what the caching allocator reserves at the peak; NaN where it was not replayed (a
+    # search replays only plans near the memory limit)
+    reserved = result.memory_reserved_bytes
+    row["memory_reserved_bytes"] = math.nan if reserved is None else float(reserved)
     row["memory_capacity_bytes"] = float(result.memory_capacity_bytes)
     row["fits"] = bool(result.fits)
     row["num_gpus"] = int(result.num_gpus)

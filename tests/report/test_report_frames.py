@@ -29,6 +29,10 @@ def test_result_record_flattens_every_field(result_factory) -> None:
     # 4 dp all-reduces of 25 MiB; 96 tp all-reduces of 16 MiB
     assert row["comm_bytes_dp"] == 4 * 25 * 2**20
     assert row["comm_bytes_tp"] == 96 * 2**24 and row["comm_bytes_pp"] == 0
+    # the allocator's reserved bytes where it was replayed, NaN where it was not
+    assert math.isnan(row["memory_reserved_bytes"])
+    result.memory_reserved_bytes = 21.5 * 2**30
+    assert result_record(result)["memory_reserved_bytes"] == 21.5 * 2**30
 
 
 def test_results_frame_keeps_infeasible_rows(result_factory) -> None:
