@@ -554,21 +554,9 @@ def build_plan(
             f"{tp * cp}: expert groups stride over the {pp} pipeline stages (Megatron-Core "
             "requires edp = dp without pp outermost)"
         )
-    # the embedding and the loss count as a layer each where the split accounts for them
-    # (Megatron-LM's account_for_embedding_in_pipeline_split / account_for_loss_...)
-    equivalents = list(sizes_per_chunk)
-    equivalents[0] += int(parallel.account_for_embedding)
-    equivalents[-1] += int(parallel.account_for_loss)
-    if len(set(equivalents)) > 1:
-        counted = (
-            " (the embedding and the loss as one each)"
-            if parallel.account_for_embedding or parallel.account_for_loss
-            else ""
-        )
-        notes.append(
-            f"uneven pipeline split: {_span_counts(tuple(equivalents))} layers per virtual "
-            f"stage{counted}"
-        )
+    uneven = _uneven_split(sizes_per_chunk, parallel)
+    if uneven:
+        notes.append(uneven)
     for note in notes:
         warnings.warn(note, CollsimWarning, stacklevel=2)
     parallel = _with_fp8_params(training, parallel)
@@ -607,6 +595,26 @@ def _with_fp8_params(training: TrainingConfig, parallel: ParallelConfig) -> Para
     out = copy.copy(parallel)
     object.__setattr__(out, "fsdp", dataclasses.replace(parallel.fsdp, fp8_all_gather=True))
     return out
+
+
+def _uneven_split(sizes: tuple[int, ...], parallel: ParallelConfig) -> str | None:
+    """The note of a split whose chunks hold different numbers of layers, the embedding and
+    the loss counted as a layer each where the split accounts for them (Megatron-LM's
+    ``account_for_embedding_in_pipeline_split`` / ``account_for_loss_in_pipeline_split``)."""
+    equivalents = list(sizes)
+    equivalents[0] += int(parallel.account_for_embedding)
+    equivalents[-1] += int(parallel.account_for_loss)
+    if len(set(equivalents)) == 1:
+        return None
+    counted = (
+        " (the embedding and the loss as one each)"
+        if parallel.account_for_embedding or parallel.account_for_loss
+        else ""
+    )
+    return (
+        f"uneven pipeline split: {_span_counts(tuple(equivalents))} layers per virtual "
+        f"stage{counted}"
+    )
 
 
 def _span_counts(sizes: tuple[int, ...]) -> str:
