@@ -15,7 +15,7 @@ from collsim.workload.torch_cp import is_torch_cp
 if TYPE_CHECKING:
     from collsim.workload.model import TransformerSpec
 
-__all__ = ["check_experts_and_context", "check_torch_cp", "chunk_sizes"]
+__all__ = ["check_experts_and_context", "check_torch_cp", "chunk_sizes", "uneven_split_note"]
 
 
 def chunk_sizes(spec: TransformerSpec, parallel: ParallelConfig) -> tuple[int, ...]:
@@ -167,3 +167,29 @@ def check_torch_cp(training: TrainingConfig, parallel: ParallelConfig) -> None:
             f"got attention_kernel {kernel}",
             key_path="training.attention_kernel",
         )
+
+
+def uneven_split_note(sizes: tuple[int, ...], parallel: ParallelConfig) -> str | None:
+    """The note of a split whose chunks hold different numbers of layers, the embedding and
+    the loss counted as a layer each where the split accounts for them (Megatron-LM's
+    ``account_for_embedding_in_pipeline_split`` / ``account_for_loss_in_pipeline_split``)."""
+    equivalents = list(sizes)
+    equivalents[0] += int(parallel.account_for_embedding)
+    equivalents[-1] += int(parallel.account_for_loss)
+    if len(set(equivalents)) == 1:
+        return None
+    counted = (
+        " (the embedding and the loss as one each)"
+        if parallel.account_for_embedding or parallel.account_for_loss
+        else ""
+    )
+    return (
+        f"uneven pipeline split: {_span_counts(tuple(equivalents))} layers per virtual "
+        f"stage{counted}"
+    )
+
+
+def _span_counts(sizes: tuple[int, ...]) -> str:
+    if len(sizes) <= 16:
+        return str(list(sizes))
+    return f"{list(sizes[:4])} ... {list(sizes[-4:])} ({len(sizes)} chunks)"

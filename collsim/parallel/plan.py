@@ -18,7 +18,12 @@ import numpy as np
 
 from collsim.core.errors import CollsimWarning, ConfigError
 from collsim.core.vocab import ParallelAxis, RankOrder
-from collsim.parallel.checks import check_experts_and_context, check_torch_cp, chunk_sizes
+from collsim.parallel.checks import (
+    check_experts_and_context,
+    check_torch_cp,
+    chunk_sizes,
+    uneven_split_note,
+)
 from collsim.parallel.config import ParallelConfig, TrainingConfig
 from collsim.parallel.dispatch import check_dispatch
 from collsim.parallel.grid import (
@@ -554,7 +559,7 @@ def build_plan(
             f"{tp * cp}: expert groups stride over the {pp} pipeline stages (Megatron-Core "
             "requires edp = dp without pp outermost)"
         )
-    uneven = _uneven_split(sizes_per_chunk, parallel)
+    uneven = uneven_split_note(sizes_per_chunk, parallel)
     if uneven:
         notes.append(uneven)
     for note in notes:
@@ -595,29 +600,3 @@ def _with_fp8_params(training: TrainingConfig, parallel: ParallelConfig) -> Para
     out = copy.copy(parallel)
     object.__setattr__(out, "fsdp", dataclasses.replace(parallel.fsdp, fp8_all_gather=True))
     return out
-
-
-def _uneven_split(sizes: tuple[int, ...], parallel: ParallelConfig) -> str | None:
-    """The note of a split whose chunks hold different numbers of layers, the embedding and
-    the loss counted as a layer each where the split accounts for them (Megatron-LM's
-    ``account_for_embedding_in_pipeline_split`` / ``account_for_loss_in_pipeline_split``)."""
-    equivalents = list(sizes)
-    equivalents[0] += int(parallel.account_for_embedding)
-    equivalents[-1] += int(parallel.account_for_loss)
-    if len(set(equivalents)) == 1:
-        return None
-    counted = (
-        " (the embedding and the loss as one each)"
-        if parallel.account_for_embedding or parallel.account_for_loss
-        else ""
-    )
-    return (
-        f"uneven pipeline split: {_span_counts(tuple(equivalents))} layers per virtual "
-        f"stage{counted}"
-    )
-
-
-def _span_counts(sizes: tuple[int, ...]) -> str:
-    if len(sizes) <= 16:
-        return str(list(sizes))
-    return f"{list(sizes[:4])} ... {list(sizes[-4:])} ({len(sizes)} chunks)"
