@@ -208,7 +208,7 @@ def walk_fused(w: Walker) -> None:
         table_keys.append(table_key)
         blocks.append([w.op_plan(prog, chunks[c], phase, p) for c, phase, p in table.keys])
         fold: tuple[CallKey, float] | None = None
-        if w.gather_pp and any(link[0] for link in table.links):
+        if w.gather_pp and table.receives:
             group = w.group(prog.rank, TP)
             cost = w.pricer.cost("all_gather", size * w.plan.tp, group)
             key = CallKey(prog.rank, TP, "all_gather", size * w.plan.tp, len(group), cost.algorithm)
@@ -220,7 +220,7 @@ def walk_fused(w: Walker) -> None:
         sends: dict[int, tuple[CallKey, float]] = {}
         seconds: dict[int, tuple[float, int]] = {}
         slots: dict[CallKey, int] = {}
-        for to in dict.fromkeys(link[2][0] for link in table.links if link[2] is not None):
+        for to in table.destinations:
             pair = (prog.rank, ranks[to])
             cost = w.pricer.cost("send_recv", size, pair)
             key = CallKey(prog.rank, PP, "send_recv", size, 2, cost.algorithm)

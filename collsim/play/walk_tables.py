@@ -125,6 +125,10 @@ class OpTable:
     """Per key: its first op."""
     ops_of: list[list[int]]
     """Per key: its ops, in order."""
+    receives: bool
+    """Whether some op reads a message from another stage."""
+    destinations: tuple[int, ...]
+    """The stages its ops send to, in order of the first send."""
 
 
 def op_table(
@@ -149,6 +153,8 @@ def op_table(
         num_mb=num_mb,
         firsts=[ops[0] for ops in ops_of],
         ops_of=ops_of,
+        receives=any(link[0] for link in links),
+        destinations=tuple(dict.fromkeys(link[2][0] for link in links if link[2] is not None)),
     )
 
 

@@ -49,15 +49,34 @@ class MemoryPattern:
             placed event is labelled ``(kind, key, microbatch, chunk)``.
     """
 
-    __slots__ = ("category", "events", "offsets", "deltas")
+    __slots__ = ("category", "events", "_arrays")
 
     def __init__(self, category: str, events: list[tuple[float, float, str, Any]]) -> None:
         if category not in MEMORY_KEYS:
             raise SimulationError(f"unknown memory category {category!r}")
         self.category = category
         self.events = [(float(t), float(d), kind, key) for t, d, kind, key in events if d]
-        self.offsets = np.array([e[0] for e in self.events], dtype=float)
-        self.deltas = np.array([e[1] for e in self.events], dtype=float)
+        self._arrays: tuple[Any, Any] | None = None
+
+    def arrays(self) -> tuple[Any, Any]:
+        """(offsets, deltas) of the events as arrays, made when first asked for (the empty
+        pattern an op's block starts with, replaced once its segments are known, never is)."""
+        if self._arrays is None:
+            self._arrays = (
+                np.array([e[0] for e in self.events], dtype=float),
+                np.array([e[1] for e in self.events], dtype=float),
+            )
+        return self._arrays
+
+    @property
+    def offsets(self) -> Any:
+        """Each event's offset from the op's start, as an array."""
+        return self.arrays()[0]
+
+    @property
+    def deltas(self) -> Any:
+        """Each event's bytes, as an array."""
+        return self.arrays()[1]
 
 
 class _Sorted(NamedTuple):
@@ -199,7 +218,7 @@ class MemoryLedger:
         starts = np.fromiter(map(itemgetter(0), placed), dtype=float, count=len(placed))
         grouped = np.argsort(which, kind="stable")
         starts, which = starts[grouped], which[grouped]
-        sizes = np.array([len(p.deltas) for p in kinds], dtype=np.intp)
+        sizes = np.array([len(p.events) for p in kinds], dtype=np.intp)
         base = np.cumsum(sizes) - sizes
         lens = sizes[which]
         ends = np.cumsum(lens)
