@@ -20,7 +20,7 @@ import numpy as np
 
 from collsim.core.errors import SimulationError
 from collsim.core.vocab import ParallelAxis
-from collsim.step.memory import MemoryEvent
+from collsim.step.memory import MemoryEvent, PlacedOps
 from collsim.step.stats import CallKey
 
 if TYPE_CHECKING:
@@ -58,6 +58,9 @@ class StageTrace:
     folds: int = 0
     fold_s: float = 0.0
     """Folded gathers and their seconds added up one after another (as their tally)."""
+    start_array: Any = None
+    mark_array: Any = None
+    """``starts`` and ``marks`` as numpy arrays, once the stage has run."""
     sends: dict[int, list[Any]] = field(default_factory=dict)
     """Per tally of the sends, in order of the first send: [first op, sends, their seconds
     added up one after another in op order, the destination of the last]."""
@@ -183,6 +186,8 @@ def _stage_ops(
         ran = True
     tr.next_op, tr.now, tr.bubble, tr.pp_exposed, tr.pp_free = i, now, bubble, pp_exposed, pp_free
     tr.folds, tr.fold_s = folds, fold_time
+    tr.start_array = np.asarray(starts, dtype=float)
+    tr.mark_array = np.asarray(marks, dtype=np.intp)
     yield ran
     while True:
         yield False
@@ -349,33 +354,37 @@ def _ledger(
 ) -> None:
     """The rank's events and placed patterns in the order the interleaved walk recorded them:
     the traced message events with the reductions' buffers (``inserts``: the op, after how many
-    traced events, which) between them, each op's pattern placed at its start."""
-    events, placed = prog.ledger.appenders()
+    traced events, which) between them, each op's pattern placed at its start (as columns,
+    :meth:`MemoryLedger.place_ops`)."""
+    events = prog.ledger.appenders()[0]
     base = len(events)
-    patterns = [b.pattern if b.pattern.events else None for b in blocks]
-    ops = zip(tr.starts, table.blocks, table.microbatches, table.chunks, tr.marks, strict=True)
-    if not inserts:
-        events.extend(tr.events)
-        placed.extend(
-            (t0, pattern, mb, c, base + mark)
-            for t0, bid, mb, c, mark in ops
-            if (pattern := patterns[bid]) is not None
-        )
-        return
     done = 0
     for _, mark, held in inserts:
         events.extend(tr.events[done:mark])
         events.extend(held)
         done = mark
-    events.extend(tr.events[done:])
-    extra, k = 0, 0
-    for i, (t0, bid, mb, c, mark) in enumerate(ops):
-        while k < len(inserts) and inserts[k][0] < i:  # buffers of the ops before it
-            extra += len(inserts[k][2])
-            k += 1
-        pattern = patterns[bid]
-        if pattern is not None:
-            placed.append((t0, pattern, mb, c, base + mark + extra))
+    events.extend(tr.events[done:] if done else tr.events)
+    kinds = [b.pattern for b in blocks if b.pattern.events]
+    if not kinds:
+        return
+    has = np.asarray([bool(b.pattern.events) for b in blocks])
+    ids = table.block_ids
+    placed = has[ids]
+    before = base + tr.mark_array[placed]
+    if inserts:  # the buffers recorded by the ops before each
+        ops = np.asarray([op for op, _, _ in inserts], dtype=np.intp)
+        held_before = np.concatenate(([0], np.cumsum([len(h) for _, _, h in inserts])))
+        before = before + held_before[np.searchsorted(ops, np.flatnonzero(placed), side="left")]
+    prog.ledger.place_ops(
+        PlacedOps(
+            starts=tr.start_array[placed],
+            which=(np.cumsum(has) - 1)[ids][placed],
+            kinds=kinds,
+            microbatches=table.microbatch_ids[placed],
+            chunks=table.chunk_ids[placed],
+            before=before,
+        )
+    )
 
 
 def add_block_sums(w: Walker, prog: RankState, table: OpTable, blocks: list[OpPlan]) -> None:

@@ -129,6 +129,9 @@ class OpTable:
     """Whether some op reads a message from another stage."""
     destinations: tuple[int, ...]
     """The stages its ops send to, in order of the first send."""
+    microbatch_ids: Any
+    chunk_ids: Any
+    """``microbatches`` and ``chunks`` as numpy arrays."""
 
 
 def op_table(
@@ -155,6 +158,8 @@ def op_table(
         ops_of=ops_of,
         receives=any(link[0] for link in links),
         destinations=tuple(dict.fromkeys(link[2][0] for link in links if link[2] is not None)),
+        microbatch_ids=np.asarray([op.microbatch for op in ops], dtype=np.intp),
+        chunk_ids=np.asarray([op.chunk for op in ops], dtype=np.intp),
     )
 
 
