@@ -31,7 +31,7 @@ __all__ = ["StageTrace", "TRACES_KEPT", "add_block_sums", "trace_pipeline", "wal
 
 TP, PP = ParallelAxis.TP, ParallelAxis.PP
 
-TRACES_KEPT = 8
+TRACES_KEPT = 2
 """Pipeline traces a search's shape cache keeps (the most recent): the plans that share one
 differ in the innermost knobs of a search's order (gradient buckets), so they come together."""
 
