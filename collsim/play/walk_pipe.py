@@ -20,7 +20,7 @@ import numpy as np
 
 from collsim.core.errors import SimulationError
 from collsim.core.vocab import ParallelAxis
-from collsim.step.memory import MemoryEvent, PlacedOps
+from collsim.step.memory import MemoryEvent, PlacedOps, event_columns
 from collsim.step.stats import CallKey
 
 if TYPE_CHECKING:
@@ -61,6 +61,9 @@ class StageTrace:
     start_array: Any = None
     mark_array: Any = None
     """``starts`` and ``marks`` as numpy arrays, once the stage has run."""
+    columns: Any = None
+    """``events`` as columns (:func:`~collsim.step.memory.event_columns`), once every stage
+    has run."""
     sends: dict[int, list[Any]] = field(default_factory=dict)
     """Per tally of the sends, in order of the first send: [first op, sends, their seconds
     added up one after another in op order, the destination of the last]."""
@@ -103,6 +106,8 @@ def trace_pipeline(
                 "(the pipeline order has a cycle)"
             )
         pending = left
+    for tr in traces:
+        tr.columns = event_columns(tr.events)
     return traces
 
 
@@ -356,14 +361,15 @@ def _ledger(
     the traced message events with the reductions' buffers (``inserts``: the op, after how many
     traced events, which) between them, each op's pattern placed at its start (as columns,
     :meth:`MemoryLedger.place_ops`)."""
-    events = prog.ledger.appenders()[0]
+    ledger = prog.ledger
+    events = ledger.appenders()[0]
     base = len(events)
     done = 0
-    for _, mark, held in inserts:
+    for _, mark, held in [*inserts, (-1, len(tr.events), [])]:
+        ledger.known_columns(len(events), tuple(col[done:mark] for col in tr.columns))
         events.extend(tr.events[done:mark])
         events.extend(held)
         done = mark
-    events.extend(tr.events[done:] if done else tr.events)
     kinds = [b.pattern for b in blocks if b.pattern.events]
     if not kinds:
         return

@@ -27,7 +27,17 @@ import numpy as np
 from collsim.core.errors import SimulationError
 from collsim.step.result import MEMORY_KEYS
 
-__all__ = ["MemoryEvent", "MemoryLedger", "MemoryPattern", "MemoryPeak", "PlacedOps", "Timelines"]
+_CATEGORY_NUMBER = {k: i for i, k in enumerate(MEMORY_KEYS)}
+
+__all__ = [
+    "MemoryEvent",
+    "MemoryLedger",
+    "MemoryPattern",
+    "MemoryPeak",
+    "PlacedOps",
+    "Timelines",
+    "event_columns",
+]
 
 
 class MemoryEvent(NamedTuple):
@@ -126,6 +136,9 @@ class MemoryLedger:
     _arr_n: tuple[int, int, int] = (-1, -1, -1)
     _batch: PlacedOps | None = None
     """Placements recorded as columns (:meth:`place_ops`), while ``_placed`` is empty."""
+    _known: list[tuple[int, Any, Any, Any]] = field(default_factory=list)
+    """Runs of single events whose columns are known (:meth:`known_columns`): (first
+    index, times, deltas, categories), in order."""
 
     @property
     def events(self) -> list[MemoryEvent]:
@@ -179,7 +192,15 @@ class MemoryLedger:
             )
         out.extend(singles[done:])
         self._placed.clear()
+        self._known.clear()  # the single events moved
         self._events = out
+
+    def known_columns(self, first: int, columns: tuple[Any, Any, Any]) -> None:
+        """Declare the columns (:func:`event_columns`) of the single events recorded from
+        index ``first`` on, for the peak arrays to read instead of the events (runs declared
+        in recording order, after the events are recorded)."""
+        if len(columns[0]):
+            self._known.append((first, *columns))
 
     def place(self, time_s: float, pattern: MemoryPattern, microbatch: int, chunk: int) -> None:
         """Record ``pattern``'s events for an op of ``microbatch`` / ``chunk`` starting at
@@ -239,11 +260,19 @@ class MemoryLedger:
             return self._arr
 
         index = {k: i for i, k in enumerate(MEMORY_KEYS)}
-        # the single events' columns in one transposition (zip(*) runs in C)
-        columns = list(zip(*self._events)) or [(), (), (), ()]
-        times = [np.array(columns[0], dtype=float)]
-        deltas = [np.array(columns[2], dtype=float)]
-        cats = [np.array(list(map(index.__getitem__, columns[1])), dtype=np.int8)]
+        times, deltas, cats = [], [], []
+        singles, done = self._events, 0
+        for first, *known in [*self._known, (len(singles), None, None, None)]:
+            if first > done or known[0] is None:
+                t, d, c = event_columns(singles[done:first])
+                times.append(t)
+                deltas.append(d)
+                cats.append(c)
+            if known[0] is not None:
+                times.append(known[0])
+                deltas.append(known[1])
+                cats.append(known[2])
+                done = first + len(known[0])
         if self._batch is not None:  # then nothing in _placed
             batch = self._batch
             t, d, c = _pattern_arrays(batch.starts, batch.which, batch.kinds, index)
@@ -323,6 +352,18 @@ class MemoryLedger:
             if category is None or ev.category == category:
                 total += ev.delta_bytes
         return total
+
+
+def event_columns(events: list[MemoryEvent]) -> tuple[Any, Any, Any]:
+    """(times, signed bytes, category numbers in :data:`MEMORY_KEYS` order) of ``events``,
+    as arrays (the columns in one transposition: ``zip(*)`` runs in C)."""
+    index = _CATEGORY_NUMBER
+    columns = list(zip(*events)) or [(), (), (), ()]
+    return (
+        np.array(columns[0], dtype=float),
+        np.array(columns[2], dtype=float),
+        np.array(list(map(index.__getitem__, columns[1])), dtype=np.int8),
+    )
 
 
 def _pattern_arrays(

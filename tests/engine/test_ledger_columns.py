@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from collsim.step.memory import MemoryLedger, MemoryPattern, PlacedOps
+from collsim.step.memory import (
+    MemoryEvent,
+    MemoryLedger,
+    MemoryPattern,
+    PlacedOps,
+    event_columns,
+)
 
 
 def _ledgers() -> tuple[MemoryLedger, MemoryLedger]:
@@ -49,3 +55,20 @@ def test_a_row_after_columns_keeps_the_order() -> None:
     columns.place(8.0, late, 2, 0)
     assert columns.events == rows.events
     assert columns.peak() == rows.peak()
+
+
+def test_known_columns_read_as_the_events() -> None:
+    rows, columns = _ledgers()
+    events = [
+        MemoryEvent(8.0, "buffers", 5.0, "pp recv"),
+        MemoryEvent(9.0, "buffers", -5.0, "pp recv"),
+    ]
+    for ledger in (rows, columns):
+        ledger.alloc(7.5, "gradients", 1.0)
+    columns.known_columns(len(columns.appenders()[0]), event_columns(events))
+    for ledger in (rows, columns):
+        ledger.appenders()[0].extend(events)
+        ledger.alloc(9.5, "gradients", 2.0)
+    assert columns.timeline() == rows.timeline()
+    assert columns.peak() == rows.peak()
+    assert columns.events == rows.events
