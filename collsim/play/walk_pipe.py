@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -24,12 +24,52 @@ from collsim.step.memory import MemoryEvent, PlacedOps, event_columns
 from collsim.step.stats import CallKey
 
 if TYPE_CHECKING:
-    from collsim.play.walk_tables import OpPlan, OpTable, RankState
-    from collsim.play.walker import Walker
+    from collections.abc import Hashable
+
+    from collsim.parallel.pipeline import Phase
+    from collsim.parallel.plan import Plan
+    from collsim.play.walk_tables import OpPlan, OpTable, Priced, RankState
+    from collsim.step.build import StepSchedule
+    from collsim.step.dataparallel import DataParallelRules
+    from collsim.step.ops import ChunkModel
+    from collsim.step.pricing import ClosedPricer
+    from collsim.step.shapes import ShapeCache
+    from collsim.step.stats import CallStats
 
 __all__ = ["StageTrace", "TRACES_KEPT", "add_block_sums", "trace_pipeline", "walk_fused"]
 
 TP, PP = ParallelAxis.TP, ParallelAxis.PP
+
+
+class Walker(Protocol):
+    """What the fused walk reads of :class:`collsim.play.walker.Walker`."""
+
+    plan: Plan
+    schedule: StepSchedule
+    rules: DataParallelRules
+    pricer: ClosedPricer
+    shapes: ShapeCache | None
+    stats: CallStats
+    programs: dict[int, RankState]
+    runs: dict[tuple[int, int], list[Any]]
+    gather_pp: bool
+
+    def group(self, rank: int, axis: str) -> tuple[int, ...]: ...
+
+    def op_table(self, stage: int) -> tuple[OpTable, Hashable]: ...
+
+    def op_plan(
+        self, prog: RankState, chunk: ChunkModel, phase: Phase, paired: bool = False
+    ) -> OpPlan: ...
+
+    def run_priced(
+        self,
+        prog: RankState,
+        calls: tuple[Priced, ...],
+        ready: float,
+        issued: float | None = None,
+    ) -> float: ...
+
 
 TRACES_KEPT = 2
 """Pipeline traces a search's shape cache keeps (the most recent): the plans that share one
