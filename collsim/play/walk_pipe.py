@@ -400,13 +400,16 @@ def _ledger(
     """The rank's events and placed patterns in the order the interleaved walk recorded them:
     the traced message events with the reductions' buffers (``inserts``: the op, after how many
     traced events, which) between them, each op's pattern placed at its start (as columns,
-    :meth:`MemoryLedger.place_ops`)."""
+    :meth:`MemoryLedger.place_ops`). Without buffers between them the traced events' columns
+    are declared (:meth:`MemoryLedger.known_columns`); with them, the many short runs would
+    cost more to declare than to convert."""
     ledger = prog.ledger
     events = ledger.appenders()[0]
     base = len(events)
+    if not inserts:
+        ledger.known_columns(base, tr.columns)
     done = 0
     for _, mark, held in [*inserts, (-1, len(tr.events), [])]:
-        ledger.known_columns(len(events), tuple(col[done:mark] for col in tr.columns))
         events.extend(tr.events[done:mark])
         events.extend(held)
         done = mark
