@@ -121,6 +121,17 @@ class OpTable:
     block_ids: Any
     """``blocks`` as a numpy array."""
     num_mb: int
+    firsts: list[int]
+    """Per key: its first op."""
+    ops_of: list[list[int]]
+    """Per key: its ops, in order."""
+    receives: bool
+    """Whether some op reads a message from another stage."""
+    destinations: tuple[int, ...]
+    """The stages its ops send to, in order of the first send."""
+    microbatch_ids: Any
+    chunk_ids: Any
+    """``microbatches`` and ``chunks`` as numpy arrays."""
 
 
 def op_table(
@@ -131,18 +142,24 @@ def op_table(
     blocks = [
         index.setdefault((op.chunk, op.phase, i in paired), len(index)) for i, op in enumerate(ops)
     ]
-    counts = [0] * len(index)
-    for b in blocks:
-        counts[b] += 1
+    ops_of: list[list[int]] = [[] for _ in index]
+    for i, b in enumerate(blocks):
+        ops_of[b].append(i)
     return OpTable(
         links=links,
         microbatches=[op.microbatch for op in ops],
         chunks=[op.chunk for op in ops],
         blocks=blocks,
         keys=list(index),
-        counts=counts,
+        counts=[len(ops) for ops in ops_of],
         block_ids=np.asarray(blocks, dtype=np.intp),
         num_mb=num_mb,
+        firsts=[ops[0] for ops in ops_of],
+        ops_of=ops_of,
+        receives=any(link[0] for link in links),
+        destinations=tuple(dict.fromkeys(link[2][0] for link in links if link[2] is not None)),
+        microbatch_ids=np.asarray([op.microbatch for op in ops], dtype=np.intp),
+        chunk_ids=np.asarray([op.chunk for op in ops], dtype=np.intp),
     )
 
 

@@ -8,15 +8,14 @@ micro-batch. Derivations: docs/derivations.md.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
 
 from collsim.core.errors import SimulationError
 from collsim.core.vocab import ParallelAxis
 from collsim.parallel.buckets import Bucket
 from collsim.parallel.pipeline import GRADIENT_PHASES, Phase, PipeOp
+from collsim.play.walk_pipe import walk_fused
 from collsim.play.walk_tables import (
     Link,
     OpPlan,
@@ -147,7 +146,11 @@ class Walker:
             prog.ledger.alloc(0.0, "gradients", st.gradients, "gradients")
             prog.ledger.alloc(0.0, "optimizer", st.optimizer, "optimizer state")
             prog.ledger.alloc(0.0, "buffers", st.ddp_buckets, "ddp buckets")
-        pending = list(self.programs.values())
+        if self.rules.zero != 3:
+            walk_fused(self)
+            pending = []
+        else:
+            pending = list(self.programs.values())
         steppers = {prog.rank: self.stepper(prog) for prog in pending}
         while pending:
             progressed = False
@@ -172,8 +175,6 @@ class Walker:
 
     def stepper(self, prog: RankState) -> Iterator[bool]:
         """:meth:`advance` of ``prog`` each time it is resumed (for ever)."""
-        if self.rules.zero != 3:
-            yield from self.fused_ops(prog)
         while True:
             yield self.advance(prog)
 
@@ -216,9 +217,9 @@ class Walker:
             ran = True
         return ran
 
-    def op_table(self, stage: int) -> OpTable:
+    def op_table(self, stage: int) -> tuple[OpTable, Hashable]:
         """The stage's ops as arrays (:class:`OpTable`), once per pipeline shape in a
-        search's shape cache."""
+        search's shape cache, and that shape."""
         plan = self.plan
         paired = frozenset(self.schedule.paired.get(stage, ()))
 
@@ -226,8 +227,6 @@ class Walker:
             ops = self.schedule.pipeline[stage]
             return op_table(ops, self.links(stage), paired, plan.num_microbatches)
 
-        if self.shapes is None:
-            return make()
         key = (
             str(plan.parallel.schedule),
             plan.pp,
@@ -236,177 +235,9 @@ class Walker:
             stage,
             paired,
         )
-        return self.shapes.get("walk ops", key, make)
-
-    def fused_ops(self, prog: RankState) -> Iterator[bool]:
-        """:meth:`advance` without ZeRO-3 (each op one fused block) as a generator: each
-        resume runs the rank's ops while their inputs have been sent and yields whether any
-        ran, until the last op has run. The same arithmetic in the same order as
-        :meth:`advance`, with the per-op work kept in the generator's locals: the op's block
-        (:meth:`op_plan`, by its index in the stage's :class:`OpTable`), its message in and
-        out, and the calls it tallies. What does not depend on time (compute, exposed
-        collectives, the runs of each block) is added up after the last op, in op order
-        (the same sums). The rank's clock and account are written back when its last op has
-        run (nothing reads them before).
-
-        Stays long: the closed form's hot loop (every op of every walked rank passes here); its
-        per-op state lives in the generator's locals, which a split into calls would give up."""
-        stage = prog.coords.pp
-        table = self.op_table(stage)
-        n = len(table.blocks)
-        i = prog.next_op
-        links, bids, mbs, op_chunks = table.links, table.blocks, table.microbatches, table.chunks
-        chunks = self.schedule.stages[stage].chunks
-        mailbox = self.mail
-        rank = prog.rank
-        breakdown = prog.breakdown_s
-        events, placed = prog.ledger.appenders()
-        size = self.schedule.p2p_bytes
-        received, sent = -float(size), float(size)
-        rules = self.rules
-        reduces = [rules.uses_buckets and rules.reduces_in(m) for m in range(table.num_mb)]
-        overlap = rules.overlap
-        tally_of = self.stats.tally
-        runs = self.runs
-        blocks: list[OpPlan | None] = [None] * len(table.keys)
-        sends: dict[int, tuple[float, float, CallTally, int, list[MemoryEvent]]] = {}
-        fold: tuple[float, float, CallTally] | None = None
-        gather_pp = self.gather_pp
-        new = tuple.__new__
-        now = prog.now
-        bubble, pp_exposed = breakdown["bubble"], breakdown["pp_exposed"]
-        ran = False
-        while i < n:
-            remote, direction, dest = links[i]
-            mb = mbs[i]
-            folded = 0.0
-            if remote:
-                key = (rank, direction, mb, op_chunks[i])
-                mail = mailbox.get(key)
-                while mail is None:  # its input is not sent yet: wait for the next round
-                    prog.next_op = i
-                    yield ran
-                    ran = False
-                    mail = mailbox.get(key)
-                produced_s, delivered_s, mail_bytes = mail
-                if delivered_s > now:
-                    produced = min(max(produced_s, now), delivered_s)
-                    bubble += produced - now
-                    pp_exposed += delivered_s - produced
-                    now = delivered_s
-                if mail_bytes:
-                    events.append(new(MemoryEvent, (now, "buffers", received, "pp recv")))
-                if gather_pp:
-                    if fold is None:
-                        fold = self.repeat_price(
-                            rank, TP, "all_gather", size * self.plan.tp, self.group(rank, TP)
-                        )
-                        folded = fold[0]
-                    else:
-                        folded, busbw, tally = fold
-                        tally.count += 1
-                        tally.time_s += folded
-                        tally.busbw_bps = busbw
-                now += folded
-                pp_exposed += folded
-            bid = bids[i]
-            block = blocks[bid]
-            if block is None:
-                chunk, phase, paired = table.keys[bid]
-                block = blocks[bid] = self.op_plan(prog, chunks[chunk], phase, paired)
-                if block.run_key not in runs:
-                    runs[block.run_key] = [block.segs, 0]
-            t0 = now
-            if block.pattern.events:
-                placed.append((t0, block.pattern, mb, op_chunks[i], len(events)))
-            if block.reductions and reduces[mb]:
-                if overlap:  # reduce_bucket of each, its calls priced once per block
-                    dp_free, dp_last = prog.dp_free, prog.dp_last_end
-                    for rel, calls, hold in block.reductions:
-                        ready = t0 + rel
-                        fired = ready
-                        for t, busbw, ckey in calls:
-                            start = ready if ready >= dp_free else dp_free
-                            dp_free = start + t
-                            fired = t0 + (dp_free - t0)
-                            if fired > dp_last:
-                                dp_last = fired
-                            tally = tally_of(ckey)
-                            tally.count += 1
-                            tally.time_s += t
-                            tally.busbw_bps = busbw
-                        if hold:
-                            events.append(
-                                new(MemoryEvent, (ready, "buffers", hold, "zero2 bucket"))
-                            )
-                            events.append(
-                                new(MemoryEvent, (fired, "buffers", -hold, "zero2 bucket"))
-                            )
-                    prog.dp_free, prog.dp_last_end = dp_free, dp_last
-                else:
-                    prog.deferred.extend(block.reductions)
-            now = t0 + block.duration
-            if dest is not None:
-                to = dest[0]
-                send = sends.get(to)
-                if send is None:
-                    dst = self.by_stage[to]
-                    t, busbw, tally = self.repeat_price(
-                        rank, PP, "send_recv", size, (rank, dst.rank)
-                    )
-                    dst_rank, dst_events = dst.rank, dst.ledger.appenders()[0]
-                    sends[to] = (t, busbw, tally, dst_rank, dst_events)
-                else:
-                    t, busbw, tally, dst_rank, dst_events = send
-                    tally.count += 1
-                    tally.time_s += t
-                    tally.busbw_bps = busbw
-                pp_free = prog.pp_free
-                start = now if now >= pp_free else pp_free
-                pp_free = prog.pp_free = start + t
-                delivered = now + (pp_free - now)
-                mailbox[(dst_rank, dest[1], mb, dest[2])] = (now, delivered, size)
-                if size:  # MemoryLedger.alloc
-                    dst_events.append(new(MemoryEvent, (delivered, "buffers", sent, "pp recv")))
-            i += 1
-            ran = True
-        prog.next_op = i
-        prog.now = now
-        breakdown["bubble"], breakdown["pp_exposed"] = bubble, pp_exposed
-        self.add_block_sums(prog, table, blocks)
-        yield ran
-
-    def add_block_sums(self, prog: RankState, table: OpTable, blocks: list[OpPlan | None]) -> None:
-        """Add what every op of the stage adds whatever its start: its block's compute and
-        exposed collectives to the account (one after another in op order, as the ops ran:
-        ``numpy.add.accumulate`` adds left to right), its runs to the TP tallies."""
-        done = [b for b in blocks if b is not None]
-        if len(done) < len(blocks):
-            raise SimulationError(f"rank {prog.rank}: ops of its pipeline never ran")
-        breakdown = prog.breakdown_s
-        ids = table.block_ids
-        if not len(ids):
-            return
-        columns: dict[str, list[float]] = {"compute": [b.compute for b in done]}
-        for k in dict.fromkeys(k for b in done for k, _ in b.comm_items):
-            columns[k] = [b.comm.get(k, 0.0) for b in done]
-        for k, column in columns.items():
-            per_op = np.asarray(column, dtype=float)[ids]
-            per_op[0] += breakdown[k]  # the account before the first op, added first
-            breakdown[k] = float(np.add.accumulate(per_op)[-1])
-        for b, count in zip(done, table.counts, strict=True):
-            self.runs[b.run_key][1] += count
-
-    def repeat_price(
-        self, rank: int, axis: str, op: str, size: float, ranks: tuple[int, ...]
-    ) -> tuple[float, float, CallTally]:
-        """:meth:`price` of a call an op repeats: (seconds, busbw, its tally), so that the
-        next calls of the same op are tallied in place (``count += 1``, ``time_s += t``: what
-        :meth:`CallStats.add` does)."""
-        time_s = self.price(rank, axis, op, size, ranks, 0.0)
-        cost = self.pricer.cost(op, size, ranks)
-        tally = self.stats.tally(CallKey(rank, axis, op, size, len(ranks), cost.algorithm))
-        return time_s, cost.busbw_bps, tally
+        if self.shapes is None:
+            return make(), key
+        return self.shapes.get("walk ops", key, make), key
 
     def op_plan(
         self, prog: RankState, chunk: ChunkModel, phase: Phase, paired: bool = False

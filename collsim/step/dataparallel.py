@@ -352,24 +352,33 @@ class DataParallelRules:
         slot = (id(chunk), key, what)
         hit = self._units.get(slot)
         if hit is None:
+            numel = self._unit_numel
             if what == "numel":
-                hit = self.unit_numel(chunk, key)
+                hit = numel(chunk, key, None)
             elif what == "gathers":
                 hit = [
                     c
                     for expert in (False, True)
-                    for c in self.gather_calls(self.unit_numel(chunk, key, expert), expert=expert)
+                    for c in self.gather_calls(numel(chunk, key, expert), expert=expert)
                 ]
             else:
                 hit = [
                     c
                     for expert in (False, True)
-                    for c in self.reduce_calls(
-                        self.unit_numel(chunk, key, expert), expert=expert, shard=True
-                    )
+                    for c in self.reduce_calls(numel(chunk, key, expert), expert=expert, shard=True)
                 ]
             self._units[slot] = hit
         return hit
+
+    def _unit_numel(self, chunk: ChunkModel, key: str | int, expert: bool | None) -> float:
+        """:meth:`unit_numel` from the unit's tensors, listed once per unit (the same
+        tensors added up in the same order)."""
+        slot = (id(chunk), key, "tensors")
+        tensors = self._units.get(slot)
+        if tensors is None:
+            keys = ("embedding", "head") if key == "root" else (key,)
+            tensors = self._units[slot] = [t for t in chunk.tensors if t.segment in keys]
+        return float(sum(t.numel for t in tensors if expert is None or t.expert == expert))
 
     def gather_bytes(self, chunk: ChunkModel, key: str | int) -> float:
         """Memory of a gathered unit (in the gathered dtype)."""

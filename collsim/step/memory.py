@@ -27,7 +27,17 @@ import numpy as np
 from collsim.core.errors import SimulationError
 from collsim.step.result import MEMORY_KEYS
 
-__all__ = ["MemoryEvent", "MemoryLedger", "MemoryPattern", "MemoryPeak", "Timelines"]
+_CATEGORY_NUMBER = {k: i for i, k in enumerate(MEMORY_KEYS)}
+
+__all__ = [
+    "MemoryEvent",
+    "MemoryLedger",
+    "MemoryPattern",
+    "MemoryPeak",
+    "PlacedOps",
+    "Timelines",
+    "event_columns",
+]
 
 
 class MemoryEvent(NamedTuple):
@@ -49,15 +59,50 @@ class MemoryPattern:
             placed event is labelled ``(kind, key, microbatch, chunk)``.
     """
 
-    __slots__ = ("category", "events", "offsets", "deltas")
+    __slots__ = ("category", "events", "_arrays")
 
     def __init__(self, category: str, events: list[tuple[float, float, str, Any]]) -> None:
         if category not in MEMORY_KEYS:
             raise SimulationError(f"unknown memory category {category!r}")
         self.category = category
         self.events = [(float(t), float(d), kind, key) for t, d, kind, key in events if d]
-        self.offsets = np.array([e[0] for e in self.events], dtype=float)
-        self.deltas = np.array([e[1] for e in self.events], dtype=float)
+        self._arrays: tuple[Any, Any] | None = None
+
+    def arrays(self) -> tuple[Any, Any]:
+        """(offsets, deltas) of the events as arrays, made when first asked for (the empty
+        pattern an op's block starts with, replaced once its segments are known, never is)."""
+        if self._arrays is None:
+            self._arrays = (
+                np.array([e[0] for e in self.events], dtype=float),
+                np.array([e[1] for e in self.events], dtype=float),
+            )
+        return self._arrays
+
+    @property
+    def offsets(self) -> Any:
+        """Each event's offset from the op's start, as an array."""
+        return self.arrays()[0]
+
+    @property
+    def deltas(self) -> Any:
+        """Each event's bytes, as an array."""
+        return self.arrays()[1]
+
+
+class PlacedOps(NamedTuple):
+    """Patterns placed at the starts of many ops at once, as columns (one entry a placement, in
+    recording order; :meth:`MemoryLedger.place_ops`)."""
+
+    starts: Any
+    """Float array: each op's start."""
+    which: Any
+    """Integer array: each placement's pattern, an index into ``kinds``."""
+    kinds: list[MemoryPattern]
+    """The patterns, distinct, each with events, in order of first placement."""
+    microbatches: Any
+    chunks: Any
+    before: Any
+    """Integer array: how many single events were recorded before each placement."""
 
 
 class _Sorted(NamedTuple):
@@ -88,14 +133,48 @@ class MemoryLedger:
     _sorted: list[MemoryEvent] | None = None
     _sorted_n: int = 0
     _arr: _Sorted | None = None
-    _arr_n: tuple[int, int] = (-1, -1)
+    _arr_n: tuple[int, int, int] = (-1, -1, -1)
+    _batch: PlacedOps | None = None
+    """Placements recorded as columns (:meth:`place_ops`), while ``_placed`` is empty."""
+    _known: list[tuple[int, Any, Any, Any]] = field(default_factory=list)
+    """Runs of single events whose columns are known (:meth:`known_columns`): (first
+    index, times, deltas, categories), in order."""
 
     @property
     def events(self) -> list[MemoryEvent]:
         """Every event in recording order (placed patterns expanded, with their labels)."""
+        self._unbatch()
         if self._placed:
             self._expand()
         return self._events
+
+    def place_ops(self, batch: PlacedOps) -> None:
+        """:meth:`place` of many ops, in recording order, as columns (kept as such until a
+        row is placed or the events are read)."""
+        if not len(batch.starts):
+            return
+        self._unbatch()
+        self._batch = batch
+        if self._placed:
+            self._unbatch()
+
+    def _unbatch(self) -> None:
+        """The columns of :meth:`place_ops` appended to ``_placed`` as rows (Python numbers)."""
+        batch = self._batch
+        if batch is None:
+            return
+        self._batch = None
+        kinds = batch.kinds
+        self._placed.extend(
+            zip(
+                batch.starts.tolist(),
+                [kinds[i] for i in batch.which.tolist()],
+                batch.microbatches.tolist(),
+                batch.chunks.tolist(),
+                batch.before.tolist(),
+                strict=True,
+            )
+        )
 
     def _expand(self) -> None:
         """Expand the placed patterns into events, in recording order."""
@@ -113,11 +192,20 @@ class MemoryLedger:
             )
         out.extend(singles[done:])
         self._placed.clear()
+        self._known.clear()  # the single events moved
         self._events = out
+
+    def known_columns(self, first: int, columns: tuple[Any, Any, Any]) -> None:
+        """Declare the columns (:func:`event_columns`) of the single events recorded from
+        index ``first`` on, for the peak arrays to read instead of the events (runs declared
+        in recording order, after the events are recorded)."""
+        if len(columns[0]):
+            self._known.append((first, *columns))
 
     def place(self, time_s: float, pattern: MemoryPattern, microbatch: int, chunk: int) -> None:
         """Record ``pattern``'s events for an op of ``microbatch`` / ``chunk`` starting at
         ``time_s`` (now or later)."""
+        self._unbatch()
         if pattern.events:
             self._placed.append((time_s, pattern, microbatch, chunk, len(self._events)))
 
@@ -129,6 +217,7 @@ class MemoryLedger:
         category, a non-zero size) and ``(start, pattern, micro-batch, chunk, len(events))``
         (a pattern with events) as those methods do. Valid until the next read of
         :attr:`events`."""
+        self._unbatch()
         return self._events, self._placed
 
     def alloc(self, time_s: float, category: str, size_bytes: float, label: Any = "") -> None:
@@ -165,17 +254,32 @@ class MemoryLedger:
         another) and the category split at the peak (the peak never falls inside a run of
         equal frees or equal allocations) are the same in any order.
         """
-        key = (len(self._events), len(self._placed))
+        batched = -1 if self._batch is None else len(self._batch.starts)
+        key = (len(self._events), len(self._placed), batched)
         if self._arr is not None and self._arr_n == key:
             return self._arr
 
         index = {k: i for i, k in enumerate(MEMORY_KEYS)}
-        # the single events' columns in one transposition (zip(*) runs in C)
-        columns = list(zip(*self._events)) or [(), (), (), ()]
-        times = [np.array(columns[0], dtype=float)]
-        deltas = [np.array(columns[2], dtype=float)]
-        cats = [np.array(list(map(index.__getitem__, columns[1])), dtype=np.int8)]
-        if self._placed:
+        times, deltas, cats = [], [], []
+        singles, done = self._events, 0
+        for first, *known in [*self._known, (len(singles), None, None, None)]:
+            if first > done or known[0] is None:
+                t, d, c = event_columns(singles[done:first])
+                times.append(t)
+                deltas.append(d)
+                cats.append(c)
+            if known[0] is not None:
+                times.append(known[0])
+                deltas.append(known[1])
+                cats.append(known[2])
+                done = first + len(known[0])
+        if self._batch is not None:  # then nothing in _placed
+            batch = self._batch
+            t, d, c = _pattern_arrays(batch.starts, batch.which, batch.kinds, index)
+            times.append(t)
+            deltas.append(d)
+            cats.append(c)
+        elif self._placed:
             t, d, c = self._placed_arrays(index)
             times.append(t)
             deltas.append(d)
@@ -197,19 +301,7 @@ class MemoryLedger:
         number = {id(p): i for i, p in enumerate(kinds)}
         which = np.fromiter(map(number.__getitem__, map(id, patterns)), np.intp, len(placed))
         starts = np.fromiter(map(itemgetter(0), placed), dtype=float, count=len(placed))
-        grouped = np.argsort(which, kind="stable")
-        starts, which = starts[grouped], which[grouped]
-        sizes = np.array([len(p.deltas) for p in kinds], dtype=np.intp)
-        base = np.cumsum(sizes) - sizes
-        lens = sizes[which]
-        ends = np.cumsum(lens)
-        total = int(ends[-1])
-        within = np.arange(total) - np.repeat(ends - lens, lens)
-        source = np.repeat(base[which], lens) + within
-        offsets = np.concatenate([p.offsets for p in kinds])
-        deltas = np.concatenate([p.deltas for p in kinds])
-        cats = np.repeat(np.array([index[p.category] for p in kinds], dtype=np.int8), sizes)
-        return np.repeat(starts, lens) + offsets[source], deltas[source], cats[source]
+        return _pattern_arrays(starts, which, kinds, index)
 
     def timeline(self) -> list[tuple[float, float]]:
         """Step-wise ``(time_s, bytes in use)`` after each distinct event time."""
@@ -260,6 +352,40 @@ class MemoryLedger:
             if category is None or ev.category == category:
                 total += ev.delta_bytes
         return total
+
+
+def event_columns(events: list[MemoryEvent]) -> tuple[Any, Any, Any]:
+    """(times, signed bytes, category numbers in :data:`MEMORY_KEYS` order) of ``events``,
+    as arrays (the columns in one transposition: ``zip(*)`` runs in C)."""
+    index = _CATEGORY_NUMBER
+    columns = list(zip(*events)) or [(), (), (), ()]
+    return (
+        np.array(columns[0], dtype=float),
+        np.array(columns[2], dtype=float),
+        np.array(list(map(index.__getitem__, columns[1])), dtype=np.int8),
+    )
+
+
+def _pattern_arrays(
+    starts: Any, which: Any, kinds: list[MemoryPattern], index: dict[str, int]
+) -> tuple[Any, Any, Any]:
+    """Placed patterns' events as (times, deltas, categories) from each placement's start and
+    pattern (``which``: an index into ``kinds``, the distinct patterns in order of first use):
+    grouped by pattern, each placement's events in its pattern's order, placements in
+    recording order (per pattern ``start + offsets`` row by row), built with numpy."""
+    grouped = np.argsort(which, kind="stable")
+    starts, which = starts[grouped], which[grouped]
+    sizes = np.array([len(p.events) for p in kinds], dtype=np.intp)
+    base = np.cumsum(sizes) - sizes
+    lens = sizes[which]
+    ends = np.cumsum(lens)
+    total = int(ends[-1])
+    within = np.arange(total) - np.repeat(ends - lens, lens)
+    source = np.repeat(base[which], lens) + within
+    offsets = np.concatenate([p.offsets for p in kinds])
+    deltas = np.concatenate([p.deltas for p in kinds])
+    cats = np.repeat(np.array([index[p.category] for p in kinds], dtype=np.int8), sizes)
+    return np.repeat(starts, lens) + offsets[source], deltas[source], cats[source]
 
 
 class Timelines(Mapping[int, list[tuple[float, float]]]):

@@ -1,6 +1,7 @@
 """What building a step program derives from a plan's shape alone, kept across the plans of a
 search: the compute model with its per-layer prices, each stage's pipeline order, each chunk's
-tensors, DDP buckets and FSDP units. Plans of one search share them wherever their shapes agree
+tensors, DDP buckets and FSDP units, and the closed-form walk's pipeline traces (the most
+recent few). Plans of one search share them wherever their shapes agree
 (a tp, micro-batch and recompute choice repeats across hundreds of plans); every entry is
 immutable data or a table read only, so a program built with a cache is the one built without.
 """
@@ -35,6 +36,20 @@ class ShapeCache:
             entries = self._tables[table] = {}
         hit = entries.get(key, _MISSING)
         if hit is _MISSING:
+            hit = entries[key] = make()
+        out: T = hit
+        return out
+
+    def recent(self, table: str, key: Hashable, make: Callable[[], T], kept: int) -> T:
+        """:meth:`get` for a table that keeps only its ``kept`` most recently made entries (the
+        oldest dropped first): for large entries that only neighbouring plans share."""
+        entries = self._tables.get(table)
+        if entries is None:
+            entries = self._tables[table] = {}
+        hit = entries.get(key, _MISSING)
+        if hit is _MISSING:
+            while len(entries) >= kept:
+                del entries[next(iter(entries))]
             hit = entries[key] = make()
         out: T = hit
         return out

@@ -11,6 +11,7 @@ from collsim.core.errors import CollsimWarning
 from collsim.parallel.config import DDPConfig, FSDPConfig, ParallelConfig, TrainingConfig
 from collsim.play.walk import Estimator, estimate_step
 from collsim.step.result import StepResult
+from collsim.step.shapes import ShapeCache
 from collsim.workload import get_preset
 
 
@@ -67,3 +68,45 @@ def test_estimates_across_plans_equal_fresh_walks() -> None:
         for _ in range(2):  # the second round reads every cache the first one filled
             for plan, expected in zip(plans, fresh, strict=True):
                 assert _facts(est.estimate(*plan)) == expected, plan[1]
+
+
+def test_plans_that_differ_in_buckets_share_one_pipeline_trace() -> None:
+    spec = get_preset("gpt3-350m")
+    topology = load_topology("dgx_h100", nodes=2)
+    training = TrainingConfig(global_batch=16, micro_batch=1, recompute="selective")
+    plans = [
+        (
+            training,
+            ParallelConfig(
+                tp=2,
+                pp=4,
+                dp=2,
+                schedule="interleaved",
+                virtual_stages=2,
+                sequence_parallel=sequence_parallel,
+                zero=zero,
+                ddp=DDPConfig(bucket_mb=bucket_mb, overlap=overlap),
+            ),
+        )
+        for sequence_parallel in (True, False)
+        for zero in (1, 2)
+        for bucket_mb, overlap in [(1.0, True), (5.0, True), (25.0, True), (5.0, False)]
+    ]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CollsimWarning)
+        fresh = [_facts(estimate_step(topology, spec, *p)) for p in plans]
+        est = Estimator(topology, spec)
+        for plan, expected in zip(plans, fresh, strict=True):
+            assert _facts(est.estimate(*plan)) == expected, plan[1]
+    # one trace per sequence-parallel choice (a folded gather); the buckets and ZeRO-1/2
+    # change only the dp stream
+    assert est.shapes.sizes()["walk pipeline"] == 2
+
+
+def test_recent_keeps_the_newest_entries() -> None:
+    cache = ShapeCache()
+    made: list[int] = []
+    for key in [1, 2, 3, 1, 4]:
+        cache.recent("t", key, lambda key=key: made.append(key) or key, 3)
+    assert made == [1, 2, 3, 4] and cache.sizes() == {"t": 3}
+    assert cache.recent("t", 1, lambda: -1, 3) == -1  # 1 was the oldest when 4 came

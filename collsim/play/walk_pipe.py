@@ -1,0 +1,455 @@
+"""The fused closed-form walk (each op one block, no ZeRO-3) in two parts: the pipeline part
+(:func:`trace_pipeline`: each walked stage's ops in pipeline order, their starts, messages and
+the memory events of those messages, the sends and folded gathers counted) depends only on the
+stages' op tables, their blocks' durations and the prices of the point-to-point sends and of
+the folded gathers, so plans of a search that differ elsewhere (gradient buckets, whether their
+reductions overlap) share one :class:`StageTrace` per stage; the data-parallel part
+(:func:`walk_fused`) replays each op's bucket reductions at its traced start, in the order the
+interleaved walk of both parts runs them, so that every sum, tally and memory event comes out
+in the same order and with the same floats as when both parts ran together.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from collsim.core.errors import SimulationError
+from collsim.core.vocab import ParallelAxis
+from collsim.step.memory import MemoryEvent, PlacedOps, event_columns
+from collsim.step.stats import CallKey
+
+if TYPE_CHECKING:
+    from collections.abc import Hashable
+
+    from collsim.parallel.pipeline import Phase
+    from collsim.parallel.plan import Plan
+    from collsim.play.walk_tables import OpPlan, OpTable, Priced, RankState
+    from collsim.step.build import StepSchedule
+    from collsim.step.dataparallel import DataParallelRules
+    from collsim.step.ops import ChunkModel
+    from collsim.step.pricing import ClosedPricer
+    from collsim.step.shapes import ShapeCache
+    from collsim.step.stats import CallStats
+
+__all__ = ["StageTrace", "TRACES_KEPT", "add_block_sums", "trace_pipeline", "walk_fused"]
+
+TP, PP = ParallelAxis.TP, ParallelAxis.PP
+
+
+class Walker(Protocol):
+    """What the fused walk reads of :class:`collsim.play.walker.Walker`."""
+
+    plan: Plan
+    schedule: StepSchedule
+    rules: DataParallelRules
+    pricer: ClosedPricer
+    shapes: ShapeCache | None
+    stats: CallStats
+    programs: dict[int, RankState]
+    runs: dict[tuple[int, int], list[Any]]
+    gather_pp: bool
+
+    def group(self, rank: int, axis: str) -> tuple[int, ...]: ...
+
+    def op_table(self, stage: int) -> tuple[OpTable, Hashable]: ...
+
+    def op_plan(
+        self, prog: RankState, chunk: ChunkModel, phase: Phase, paired: bool = False
+    ) -> OpPlan: ...
+
+    def run_priced(
+        self,
+        prog: RankState,
+        calls: tuple[Priced, ...],
+        ready: float,
+        issued: float | None = None,
+    ) -> float: ...
+
+
+TRACES_KEPT = 2
+"""Pipeline traces a search's shape cache keeps (the most recent): the plans that share one
+differ in the innermost knobs of a search's order (gradient buckets), so they come together."""
+
+
+@dataclass(slots=True)
+class StageTrace:
+    """The pipeline part of one walked stage's fused walk."""
+
+    starts: list[float] = field(default_factory=list)
+    """Per op: when its block starts."""
+    order: list[int] = field(default_factory=list)
+    """Per op: its place in the order in which the walk ran the ops of every stage."""
+    marks: list[int] = field(default_factory=list)
+    """Per op: how many of ``events`` were recorded before its block."""
+    events: list[MemoryEvent] = field(default_factory=list)
+    """The stage's message buffers (received, freed), in recording order."""
+    next_op: int = 0
+    now: float = 0.0
+    bubble: float = 0.0
+    pp_exposed: float = 0.0
+    pp_free: float = 0.0
+    first_fold: int = -1
+    """The first op that folds a gathered message (-1: none)."""
+    folds: int = 0
+    fold_s: float = 0.0
+    """Folded gathers and their seconds added up one after another (as their tally)."""
+    start_array: Any = None
+    mark_array: Any = None
+    """``starts`` and ``marks`` as numpy arrays, once the stage has run."""
+    columns: Any = None
+    """``events`` as columns (:func:`~collsim.step.memory.event_columns`), once every stage
+    has run."""
+    sends: dict[int, list[Any]] = field(default_factory=dict)
+    """Per tally of the sends, in order of the first send: [first op, sends, their seconds
+    added up one after another in op order, the destination of the last]."""
+
+
+def trace_pipeline(
+    tables: list[OpTable],
+    durations: list[tuple[float, ...]],
+    fold_s: list[float | None],
+    send_s: list[dict[int, tuple[float, int]]],
+    size: float,
+    ranks: list[int],
+) -> list[StageTrace]:
+    """The pipeline part of the fused walk of every stage (``durations``: per stage, its
+    blocks' seconds by block index; ``fold_s``: the seconds of the gather folded into each
+    received message, None without one; ``send_s``: per stage, by destination stage, a send's
+    seconds and the tally it adds to (sends to two stages may share one); ``size``: bytes per
+    message): the stages resumed round-robin, each running its ops while their inputs have
+    been sent, as the engine's ranks would.
+
+    Raises:
+        SimulationError: some stage waits for an input never sent.
+    """
+    traces = [StageTrace() for _ in tables]
+    mailbox: dict[tuple[int, Any, int, int], tuple[float, float, float]] = {}
+    clock = itertools.count()
+    steppers = [
+        _stage_ops(s, tables[s], durations[s], fold_s[s], send_s[s], size, traces, mailbox, clock)
+        for s in range(len(tables))
+    ]
+    pending = list(range(len(tables)))
+    while pending:
+        progressed = False
+        for s in pending:
+            progressed |= next(steppers[s])
+        left = [s for s in pending if traces[s].next_op < len(tables[s].blocks)]
+        if left and not progressed:
+            raise SimulationError(
+                f"ranks {[ranks[s] for s in left][:8]} wait for inputs never sent "
+                "(the pipeline order has a cycle)"
+            )
+        pending = left
+    for tr in traces:
+        tr.columns = event_columns(tr.events)
+    return traces
+
+
+def _stage_ops(
+    stage: int,
+    table: OpTable,
+    durations: tuple[float, ...],
+    fold_s: float | None,
+    send_s: dict[int, tuple[float, int]],
+    size: float,
+    traces: list[StageTrace],
+    mailbox: dict[tuple[int, Any, int, int], tuple[float, float, float]],
+    clock: Iterator[int],
+) -> Iterator[bool]:
+    """One stage of :func:`trace_pipeline` as a generator: each resume runs its ops while
+    their inputs have been sent and yields whether any ran. A received message waits for its
+    delivery (the wait before it is produced is ``bubble``, after it ``pp_exposed``, as in the
+    engine's pipeline), its buffer is freed, a folded gather follows it; a sent message goes
+    out on the stage's pp stream when the op ends and is delivered when that stream reaches
+    it (:func:`~collsim.play.walk_tables.fires`)."""
+    tr = traces[stage]
+    links, bids, mbs, op_chunks = table.links, table.blocks, table.microbatches, table.chunks
+    starts, order, marks, events = tr.starts, tr.order, tr.marks, tr.events
+    sends = tr.sends
+    n = len(bids)
+    received, sent = -float(size), float(size)
+    new = tuple.__new__
+    now = bubble = pp_exposed = pp_free = fold_time = 0.0
+    folds = 0
+    ran = False
+    i = 0
+    while i < n:
+        remote, direction, dest = links[i]
+        mb = mbs[i]
+        folded = 0.0
+        if remote:
+            key = (stage, direction, mb, op_chunks[i])
+            mail = mailbox.get(key)
+            while mail is None:  # its input is not sent yet: wait for the next round
+                tr.next_op = i
+                yield ran
+                ran = False
+                mail = mailbox.get(key)
+            produced_s, delivered_s, mail_bytes = mail
+            if delivered_s > now:
+                produced = min(max(produced_s, now), delivered_s)
+                bubble += produced - now
+                pp_exposed += delivered_s - produced
+                now = delivered_s
+            if mail_bytes:
+                events.append(new(MemoryEvent, (now, "buffers", received, "pp recv")))
+            if fold_s is not None:
+                folded = fold_s
+                if folds == 0:
+                    tr.first_fold = i
+                folds += 1
+                fold_time += folded
+            now += folded
+            pp_exposed += folded
+        starts.append(now)
+        order.append(next(clock))
+        marks.append(len(events))
+        now = now + durations[bids[i]]
+        if dest is not None:
+            to = dest[0]
+            t, slot = send_s[to]
+            count = sends.get(slot)
+            if count is None:
+                sends[slot] = [i, 1, 0.0 + t, to]
+            else:
+                count[1] += 1
+                count[2] += t
+                count[3] = to
+            start = now if now >= pp_free else pp_free
+            pp_free = start + t
+            delivered = now + (pp_free - now)
+            mailbox[(to, dest[1], mb, dest[2])] = (now, delivered, size)
+            if size:  # MemoryLedger.alloc
+                traces[to].events.append(new(MemoryEvent, (delivered, "buffers", sent, "pp recv")))
+        i += 1
+        ran = True
+    tr.next_op, tr.now, tr.bubble, tr.pp_exposed, tr.pp_free = i, now, bubble, pp_exposed, pp_free
+    tr.folds, tr.fold_s = folds, fold_time
+    tr.start_array = np.asarray(starts, dtype=float)
+    tr.mark_array = np.asarray(marks, dtype=np.intp)
+    yield ran
+    while True:
+        yield False
+
+
+def walk_fused(w: Walker) -> None:
+    """The fused walk of every walked rank (each op one block): the pipeline part traced
+    (:func:`trace_pipeline`, kept in the search's shape cache by what it depends on), then the
+    rest replayed on it in the order the interleaved walk ran it (:func:`_replay`)."""
+    progs = list(w.programs.values())
+    size = w.schedule.p2p_bytes
+    ranks = [prog.rank for prog in progs]
+    tables, table_keys, blocks = [], [], []
+    fold_s: list[float | None] = []
+    fold_calls: list[tuple[CallKey, float] | None] = []
+    send_s: list[dict[int, tuple[float, int]]] = []
+    send_calls: list[dict[int, tuple[CallKey, float]]] = []
+    for prog in progs:
+        stage = prog.coords.pp
+        table, table_key = w.op_table(stage)
+        chunks = w.schedule.stages[stage].chunks
+        tables.append(table)
+        table_keys.append(table_key)
+        blocks.append([w.op_plan(prog, chunks[c], phase, p) for c, phase, p in table.keys])
+        fold: tuple[CallKey, float] | None = None
+        if w.gather_pp and table.receives:
+            group = w.group(prog.rank, TP)
+            cost = w.pricer.cost("all_gather", size * w.plan.tp, group)
+            key = CallKey(prog.rank, TP, "all_gather", size * w.plan.tp, len(group), cost.algorithm)
+            fold = (key, cost.busbw_bps)
+            fold_s.append(0.0 + cost.time_s)  # Walker.price: extra_s + cost.time_s
+        else:
+            fold_s.append(None)
+        fold_calls.append(fold)
+        sends: dict[int, tuple[CallKey, float]] = {}
+        seconds: dict[int, tuple[float, int]] = {}
+        slots: dict[CallKey, int] = {}
+        for to in table.destinations:
+            pair = (prog.rank, ranks[to])
+            cost = w.pricer.cost("send_recv", size, pair)
+            key = CallKey(prog.rank, PP, "send_recv", size, 2, cost.algorithm)
+            sends[to] = (key, cost.busbw_bps)
+            seconds[to] = (0.0 + cost.time_s, slots.setdefault(key, len(slots)))
+        send_s.append(seconds)
+        send_calls.append(sends)
+    durations = [tuple(b.duration for b in bs) for bs in blocks]
+
+    def make() -> list[StageTrace]:
+        return trace_pipeline(tables, durations, fold_s, send_s, size, ranks)
+
+    if w.shapes is None:
+        traces = make()
+    else:
+        shape = (
+            tuple(table_keys),
+            tuple(durations),
+            tuple(fold_s),
+            tuple(tuple(s.items()) for s in send_s),
+            size,
+        )
+        traces = w.shapes.recent("walk pipeline", shape, make, TRACES_KEPT)
+    _replay(w, progs, tables, blocks, traces, fold_calls, send_calls)
+
+
+def _replay(
+    w: Walker,
+    progs: list[RankState],
+    tables: list[OpTable],
+    blocks: list[list[OpPlan]],
+    traces: list[StageTrace],
+    fold_calls: list[tuple[CallKey, float] | None],
+    send_calls: list[dict[int, tuple[CallKey, float]]],
+) -> None:
+    """What the fused walk adds beside the pipeline: in the order the interleaved walk ran
+    them (op by op, each op's folded gather, first use of its block, bucket reductions and
+    first send in that order), the tallies opened, the TP runs registered and the reductions
+    run on the dp stream; then each rank's ledger, clock and account as that walk left them."""
+    rules = w.rules
+    num_mb = max((t.num_mb for t in tables), default=0)
+    reduces = [rules.uses_buckets and rules.reduces_in(m) for m in range(num_mb)]
+    items: list[tuple[int, int, int, int]] = []
+    deferred: list[list[int]] = []
+    for s, (table, blks, tr) in enumerate(zip(tables, blocks, traces, strict=True)):
+        order = tr.order
+        if tr.first_fold >= 0:
+            items.append((order[tr.first_fold], 0, s, -1))
+        items.extend((order[i], 1, s, bid) for bid, i in enumerate(table.firsts))
+        mbs = table.microbatches
+        reducing = sorted(
+            i
+            for bid, b in enumerate(blks)
+            if b.reductions
+            for i in table.ops_of[bid]
+            if reduces[mbs[i]]
+        )
+        if rules.overlap:
+            items.extend((order[i], 2, s, i) for i in reducing)
+            deferred.append([])
+        else:
+            deferred.append(reducing)
+        items.extend((order[first], 3, s, to) for first, _, _, to in tr.sends.values())
+    items.sort()
+    tally_of = w.stats.tally
+    runs = w.runs
+    inserts: list[list[tuple[int, int, list[MemoryEvent]]]] = [[] for _ in progs]
+    for _, what, s, x in items:
+        if what == 0:
+            tally_of(fold_calls[s][0])  # type: ignore[index]
+        elif what == 1:
+            block = blocks[s][x]
+            if block.run_key not in runs:
+                runs[block.run_key] = [block.segs, 0]
+        elif what == 2:
+            held = _reduce(w, progs[s], blocks[s][tables[s].blocks[x]], traces[s].starts[x])
+            if held:
+                inserts[s].append((x, traces[s].marks[x], held))
+        else:
+            tally_of(send_calls[s][x][0])
+    for s, prog in enumerate(progs):
+        tr, table, blks = traces[s], tables[s], blocks[s]
+        fold = fold_calls[s]
+        if fold is not None and tr.folds:
+            _set_tally(tally_of(fold[0]), tr.folds, tr.fold_s, fold[1])
+        for _, count, time_s, last in tr.sends.values():
+            key, busbw = send_calls[s][last]  # the busbw of the last send (CallStats.add)
+            _set_tally(tally_of(key), count, time_s, busbw)
+        for i in deferred[s]:
+            prog.deferred.extend(blks[table.blocks[i]].reductions)
+        _ledger(prog, table, blks, tr, inserts[s])
+        prog.next_op, prog.now, prog.pp_free = tr.next_op, tr.now, tr.pp_free
+        prog.breakdown_s["bubble"], prog.breakdown_s["pp_exposed"] = tr.bubble, tr.pp_exposed
+        add_block_sums(w, prog, table, blks)
+
+
+def _set_tally(tally: Any, count: int, time_s: float, busbw_bps: float) -> None:
+    """A tally opened by :func:`_replay` as the traced calls left it (CallStats.add, then the
+    repeats added in place)."""
+    tally.count += count
+    tally.time_s += time_s
+    tally.busbw_bps = busbw_bps
+
+
+def _reduce(w: Walker, prog: RankState, block: OpPlan, t0: float) -> list[MemoryEvent]:
+    """The bucket reductions of an op starting at ``t0``, each call priced once per block, on
+    the rank's dp stream (:meth:`Walker.run_priced`, issued at the op's start): returns the
+    ZeRO-2 bucket buffers' events (held until the reduction ends)."""
+    held: list[MemoryEvent] = []
+    new = tuple.__new__
+    for rel, calls, hold in block.reductions:
+        ready = t0 + rel
+        fired = w.run_priced(prog, calls, ready, t0)
+        if hold:
+            held.append(new(MemoryEvent, (ready, "buffers", hold, "zero2 bucket")))
+            held.append(new(MemoryEvent, (fired, "buffers", -hold, "zero2 bucket")))
+    return held
+
+
+def _ledger(
+    prog: RankState,
+    table: OpTable,
+    blocks: list[OpPlan],
+    tr: StageTrace,
+    inserts: list[tuple[int, int, list[MemoryEvent]]],
+) -> None:
+    """The rank's events and placed patterns in the order the interleaved walk recorded them:
+    the traced message events with the reductions' buffers (``inserts``: the op, after how many
+    traced events, which) between them, each op's pattern placed at its start (as columns,
+    :meth:`MemoryLedger.place_ops`). Without buffers between them the traced events' columns
+    are declared (:meth:`MemoryLedger.known_columns`); with them, the many short runs would
+    cost more to declare than to convert."""
+    ledger = prog.ledger
+    events = ledger.appenders()[0]
+    base = len(events)
+    if not inserts:
+        ledger.known_columns(base, tr.columns)
+    done = 0
+    for _, mark, held in [*inserts, (-1, len(tr.events), [])]:
+        events.extend(tr.events[done:mark])
+        events.extend(held)
+        done = mark
+    kinds = [b.pattern for b in blocks if b.pattern.events]
+    if not kinds:
+        return
+    has = np.asarray([bool(b.pattern.events) for b in blocks])
+    ids = table.block_ids
+    placed = has[ids]
+    before = base + tr.mark_array[placed]
+    if inserts:  # the buffers recorded by the ops before each
+        ops = np.asarray([op for op, _, _ in inserts], dtype=np.intp)
+        held_before = np.concatenate(([0], np.cumsum([len(h) for _, _, h in inserts])))
+        before = before + held_before[np.searchsorted(ops, np.flatnonzero(placed), side="left")]
+    prog.ledger.place_ops(
+        PlacedOps(
+            starts=tr.start_array[placed],
+            which=(np.cumsum(has) - 1)[ids][placed],
+            kinds=kinds,
+            microbatches=table.microbatch_ids[placed],
+            chunks=table.chunk_ids[placed],
+            before=before,
+        )
+    )
+
+
+def add_block_sums(w: Walker, prog: RankState, table: OpTable, blocks: list[OpPlan]) -> None:
+    """Add what every op of the stage adds whatever its start: its block's compute and
+    exposed collectives to the account (one after another in op order, as the ops ran:
+    ``numpy.add.accumulate`` adds left to right), its runs to the TP tallies."""
+    breakdown = prog.breakdown_s
+    ids = table.block_ids
+    if not len(ids):
+        return
+    columns: dict[str, list[float]] = {"compute": [b.compute for b in blocks]}
+    for k in dict.fromkeys(k for b in blocks for k, _ in b.comm_items):
+        columns[k] = [b.comm.get(k, 0.0) for b in blocks]
+    for k, column in columns.items():
+        per_op = np.asarray(column, dtype=float)[ids]
+        per_op[0] += breakdown[k]  # the account before the first op, added first
+        breakdown[k] = float(np.add.accumulate(per_op)[-1])
+    for b, count in zip(blocks, table.counts, strict=True):
+        w.runs[b.run_key][1] += count
