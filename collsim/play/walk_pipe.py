@@ -424,7 +424,7 @@ def _ledger(
         ops = np.asarray([op for op, _, _ in inserts], dtype=np.intp)
         held_before = np.concatenate(([0], np.cumsum([len(h) for _, _, h in inserts])))
         before = before + held_before[np.searchsorted(ops, np.flatnonzero(placed), side="left")]
-    prog.ledger.place_ops(
+    ledger.place_ops(
         PlacedOps(
             starts=tr.start_array[placed],
             which=(np.cumsum(has) - 1)[ids][placed],

@@ -16,7 +16,7 @@ from typing import Any
 
 from collsim.cluster.hardware import CUDA_CONTEXT_BYTES, NCCL_BUFFER_BYTES
 from collsim.step.caching_allocator import AllocatorOOM, Block, CachingAllocator
-from collsim.step.replay_period import Steady, find_period
+from collsim.step.replay_period import MICROBATCH_AT, Steady, find_period
 from collsim.workload.op_records import activation_element_bytes
 from collsim.workload.ops import head_ops
 
@@ -295,6 +295,33 @@ class _Pairing:
             free(block)
         return int(handle[2])
 
+    def state(self, less: int) -> tuple[Any, ...]:
+        """The live allocations as later frees will find them, with the activation keys'
+        micro-batches ``less``: each category's live handles in order (their blocks'
+        addresses), each size queue's and each key's (their first block's address), the
+        frees waiting for their allocation and the unmatched bytes. Dead handles are dropped
+        from the lists on the way (the pairing skips them anyway)."""
+        stacks = {
+            category: tuple(tuple([b.addr for b in h[0]]) for h in live)
+            for category, handles in self.stacks.items()
+            if (live := _live(handles))
+        }
+        by_size = {
+            key: tuple([h[0][0].addr if h[0] else -1 for h in live])
+            for key, handles in self.by_size.items()
+            if (live := _live(handles))
+        }
+        by_key = {
+            _moved(key, -less): tuple([h[0][0].addr if h[0] else -1 for h in live])
+            for key, handles in self.by_key.items()
+            if (live := _live(handles))
+        }
+        return stacks, by_size, by_key, dict(self.pending), self.early, self.unmatched
+
+    def relabel(self, by: int) -> None:
+        """Move the activation keys ``by`` micro-batches on."""
+        self.by_key = {_moved(key, by): handles for key, handles in self.by_key.items()}
+
     def unmatched_bytes(self) -> int:
         return self.unmatched + sum(size * n for (_, _, size), n in self.pending.items())
 
@@ -336,6 +363,24 @@ class _Pairing:
                 self.release(rest.pop())
                 left = 0
         self.unmatched += max(0, left)
+
+
+def _live(handles: Any) -> list[Any]:
+    """The live handles of ``handles`` in order; the dead ones are dropped from it."""
+    live = [h for h in handles if h[1]]
+    if len(live) < len(handles):
+        handles.clear()
+        handles.extend(live)
+    return live
+
+
+def _moved(key: tuple[Any, ...], by: int) -> tuple[Any, ...]:
+    """A pairing key ``(category, layer, micro-batch, chunk)`` with its micro-batch ``by``
+    on (other keys as they are)."""
+    mb = key[MICROBATCH_AT]
+    if type(mb) is int:
+        return (key[0], key[1], mb + by, key[3])
+    return key
 
 
 def replay_ranks(

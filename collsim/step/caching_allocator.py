@@ -300,6 +300,39 @@ class CachingAllocator:
             j += 1
         return i
 
+    def signature(self) -> tuple[Any, ...]:
+        """A cheap summary of the cache (byte counts, next address, retries, the free lists'
+        running hash sums): equal wherever :meth:`state` is, seldom equal elsewhere."""
+        st = self.stats
+        return (
+            st.allocated_bytes,
+            st.reserved_bytes,
+            st.num_alloc_retries,
+            self._next_addr,
+            tuple(sorted(self._free_sums.items())),
+            len(self._unmapped_at),
+        )
+
+    def state(self) -> tuple[Any, ...]:
+        """What the cache's answers to later requests depend on, but for the allocated
+        blocks: byte counts, next address, retries, each pool's free blocks (size, address)
+        and unmapped ranges (address, size). With the same segments (none made or released
+        between two states: same reserved bytes, next address and retries) the allocated
+        blocks are the rest of each segment, told apart by address."""
+        st = self.stats
+        unmapped = tuple(
+            (pool, tuple((a, self._unmapped_at[a].size) for a in addrs))
+            for pool, addrs in sorted(self._unmapped.items())
+        )
+        return (
+            st.allocated_bytes,
+            st.reserved_bytes,
+            st.num_alloc_retries,
+            self._next_addr,
+            tuple((pool, tuple(lst)) for pool, lst in sorted(self._free.items())),
+            unmapped,
+        )
+
     # ---- internals ----------------------------------------------------------------------
     def _new_block(self, pool: tuple[int, bool], size: int) -> Block:
         """A new segment or mapped pages for ``size`` bytes, after releasing the cache and

@@ -144,18 +144,7 @@ class Steady:
             self.done = True
             return i
         self.due = i + period
-        st = alloc.stats
-        sig = (
-            st.allocated_bytes,
-            st.reserved_bytes,
-            st.num_alloc_retries,
-            alloc._next_addr,
-            tuple(sorted(alloc._free_sums.items())),
-            len(alloc._unmapped_at),
-            pairs.unmatched,
-            pairs.early,
-            extra,
-        )
+        sig = (alloc.signature(), pairs.unmatched, pairs.early, extra)
         before = self.seen.get(sig)
         self.seen[sig] = k
         waiting = self.waiting
@@ -186,74 +175,13 @@ class Steady:
         if repeats < MIN_REPEATS:
             return i
         self.done = True
-        _relabel(pairs, repeats * self.shift)
+        pairs.relabel(repeats * self.shift)
         return i + repeats * period
 
 
-def _live(handles: Any) -> list[Any]:
-    """The live handles of ``handles`` in order; the dead ones are dropped from it (the
-    pairing skips them anyway)."""
-    live = [h for h in handles if h[1]]
-    if len(live) < len(handles):
-        handles.clear()
-        handles.extend(live)
-    return live
-
-
 def _state(alloc: Any, pairs: Any, less: int, extra: Any) -> tuple[Any, ...]:
-    """What the rest of a replay depends on, with the pairing's micro-batches ``less``.
-
-    The segments are the same wherever the reserved bytes, the next address and the retries
-    are (none made or released between), so a block is told by its address: the free lists
-    give the free ones with their sizes, each live allocation its blocks' addresses (the
-    category stacks), and the queues and keys the pairing looks them up by their first
-    block's address."""
-    st = alloc.stats
-    stacks = {
-        category: tuple(tuple([b.addr for b in h[0]]) for h in live)
-        for category, handles in pairs.stacks.items()
-        if (live := _live(handles))
-    }
-    by_size = {
-        key: tuple([h[0][0].addr if h[0] else -1 for h in live])
-        for key, handles in pairs.by_size.items()
-        if (live := _live(handles))
-    }
-    by_key = {}
-    for key, handles in pairs.by_key.items():
-        live = _live(handles)
-        if live:
-            mb = key[MICROBATCH_AT]
-            if type(mb) is int:
-                key = (key[0], key[1], mb - less, key[3])
-            by_key[key] = tuple([h[0][0].addr if h[0] else -1 for h in live])
-    unmapped = tuple(
-        (pool, tuple((a, alloc._unmapped_at[a].size) for a in addrs))
-        for pool, addrs in sorted(alloc._unmapped.items())
-    )
-    return (
-        st.allocated_bytes,
-        st.reserved_bytes,
-        st.num_alloc_retries,
-        alloc._next_addr,
-        tuple((pool, tuple(lst)) for pool, lst in sorted(alloc._free.items())),
-        unmapped,
-        stacks,
-        by_size,
-        by_key,
-        dict(pairs.pending),
-        pairs.early,
-        pairs.unmatched,
-        extra,
-    )
-
-
-def _relabel(pairs: Any, by: int) -> None:
-    """Move the pairing's activation keys ``by`` micro-batches on."""
-    moved = {}
-    for key, handles in pairs.by_key.items():
-        mb = key[MICROBATCH_AT]
-        if type(mb) is int:
-            key = (key[0], key[1], mb + by, key[3])
-        moved[key] = handles
-    pairs.by_key = moved
+    """What the rest of a replay depends on: the cache's state
+    (:meth:`~collsim.step.caching_allocator.CachingAllocator.state`), the live allocations'
+    with their micro-batches ``less`` (``_Pairing.state`` of :mod:`collsim.step.allocator`)
+    and the replay's own (``extra``)."""
+    return alloc.state(), pairs.state(less), extra
