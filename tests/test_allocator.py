@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from collsim.cluster.hardware import get_device
 from collsim.step.allocator import cublas_workspaces, expandable_segments_of, replay_ledger
 from collsim.step.caching_allocator import (
+    MAX_REQUEST_SHAPES,
     AllocatorOOM,
     Block,
     CachingAllocator,
@@ -351,3 +352,14 @@ def test_cached_fit_answers_from_its_cache_as_worked_out_afresh(
                 assert a.cached_fit(sizes) == a._cached_fit(sizes, 0)
         for pool, entries in a._free.items():
             assert a._free_sums.get(pool, 0) == sum(map(hash, entries))
+
+
+def test_cached_fit_keeps_a_bounded_number_of_rounded_requests() -> None:
+    # many distinct request shapes: the rounded requests kept stay within their bound,
+    # and each answer is still the one worked out afresh
+    a = CachingAllocator(expandable_segments=False)
+    a.free(a.malloc(64 * MIB))
+    for kib in range(1, MAX_REQUEST_SHAPES + 50):
+        sizes = (2 * MIB + kib * 1024, 2 * MIB)  # large-pool requests, 512 B multiples
+        assert a.cached_fit(sizes) == sum(sizes)  # both cut from the cached 64 MiB block
+        assert len(a._parts) <= MAX_REQUEST_SHAPES

@@ -79,6 +79,20 @@ def allocation_size(size_bytes: int) -> int:
     return ROUND_LARGE_BYTES * ((size_bytes + ROUND_LARGE_BYTES - 1) // ROUND_LARGE_BYTES)
 
 
+MAX_REQUEST_SHAPES = 256
+"""Rounded requests :meth:`CachingAllocator.cached_fit` keeps (a step asks a few shapes)."""
+
+
+def _request_parts(sizes_bytes: tuple[int, ...]) -> tuple[tuple[int, bool, tuple[int, int]], ...]:
+    """Each size of a request rounded (:func:`round_size`), whether it is a small-pool one,
+    and the key a free list is searched from for it."""
+    out = []
+    for raw in sizes_bytes:
+        size = round_size(int(raw))
+        out.append((size, size <= SMALL_SIZE_BYTES, (size, -1)))
+    return tuple(out)
+
+
 class AllocatorOOM(SimulationError):
     """A request the device cannot hold, even after the cached segments were released."""
 
@@ -150,6 +164,8 @@ class CachingAllocator:
         self._fits_by_sum: dict[tuple[Any, ...], tuple[list[Any], list[Any], int | None]] = {}
         """:meth:`cached_fit`'s answers by request and free-list sums, with the free lists
         they were worked out on (a hit is checked against them)."""
+        self._parts: dict[tuple[int, ...], tuple[tuple[int, bool, tuple[int, int]], ...]] = {}
+        """:meth:`_cached_fit`'s requests rounded (:func:`_request_parts`), by request."""
         self._next_addr = 0
 
     # ---- the public calls ---------------------------------------------------------------
@@ -245,7 +261,41 @@ class CachingAllocator:
 
     def _cached_fit(self, sizes_bytes: tuple[int, ...], stream: int) -> int | None:
         """:meth:`cached_fit` worked out."""
-        expandable = self.expandable
+        if self.expandable:
+            return self._cached_fit_expandable(sizes_bytes, stream)
+        parts = self._parts.get(sizes_bytes)
+        if parts is None:
+            if len(self._parts) >= MAX_REQUEST_SHAPES:
+                self._parts.clear()
+            parts = self._parts[sizes_bytes] = _request_parts(sizes_bytes)
+        free = self._free
+        large: list[tuple[int, int]] | None = None
+        small: list[tuple[int, int]] | None = None
+        total = 0
+        for size, is_small, probe in parts:
+            if is_small:
+                if small is None:
+                    small = list(free.get((stream, True), ()))
+                lst = small
+            else:
+                if large is None:
+                    large = list(free.get((stream, False), ()))
+                lst = large
+            i = bisect_left(lst, probe)
+            if i == len(lst):
+                return None
+            block_size, addr = lst.pop(i)
+            rest = block_size - size
+            if rest >= MIN_BLOCK_BYTES if is_small else rest > SMALL_SIZE_BYTES:
+                insort(lst, (rest, addr + size))
+                total += size
+            else:
+                total += block_size
+        return total
+
+    def _cached_fit_expandable(self, sizes_bytes: tuple[int, ...], stream: int) -> int | None:
+        """:meth:`cached_fit` worked out with expandable segments (a block that could grow
+        is weighed at its grown size)."""
         lists: dict[tuple[int, bool], list[tuple[int, int]]] = {}
         grow: dict[int, int] = {}
         total = 0
@@ -259,14 +309,12 @@ class CachingAllocator:
             i = bisect_left(lst, (size, -1))
             if i == len(lst):
                 return None
-            if expandable:
-                i = self._expandable_pick(lst, i, grow)
+            i = self._expandable_pick(lst, i, grow)
             block_size, addr = lst.pop(i)
             rest = block_size - size
-            if rest >= MIN_BLOCK_BYTES if (small or expandable) else rest > SMALL_SIZE_BYTES:
+            if rest >= MIN_BLOCK_BYTES:
                 insort(lst, (rest, addr + size))
-                if expandable:
-                    grow[addr + size] = self._growth(addr, grow)
+                grow[addr + size] = self._growth(addr, grow)
                 total += size
             else:
                 total += block_size
