@@ -147,7 +147,7 @@ def replay_ledger(
     steady = Steady(events, period) if period is not None else None
     i = 0
     while i < n:
-        if steady is not None:
+        if steady is not None and i >= steady.due and not steady.done:  # a period boundary
             i = steady.jump(i, alloc, pairs, bool(workspaces))
             if i >= n:
                 break
