@@ -131,3 +131,26 @@ def test_find_period_by_hand() -> None:
 @pytest.mark.parametrize("name", EVERY)
 def test_skip_gives_the_replay_of_every_event_on_every_scenario(name: str) -> None:
     _same_with_and_without(name)
+
+
+@pytest.mark.parametrize("engine", [True, False])
+def test_a_kept_state_is_matched_at_its_first_return(engine: bool) -> None:
+    # 3d_175b's first stage (the rank the engine replays): its steady state is seen from the
+    # state kept at the start of its run of boundaries, at the signature's first return (no
+    # state taken to wait a cycle more)
+    ledgers, inputs = _ledgers(SCENARIOS / "3d_175b.yaml", engine=engine)
+    seen: list[tuple[int, int, int]] = []
+    real = replay_period.Steady._skip
+
+    def skip(steady: Any, i: int, cycle: int, pairs: Any) -> int:
+        end = real(steady, i, cycle, pairs)
+        seen.append((steady.states, (i - steady.anchor) // steady.period - cycle, end - i))
+        return end
+
+    replay_period.Steady._skip = skip  # type: ignore[method-assign]
+    try:
+        allocator.replay_ledger(0, ledgers[0].sorted_events(), **inputs)
+    finally:
+        replay_period.Steady._skip = real  # type: ignore[method-assign]
+    [(states, kept_at, skipped)] = seen
+    assert states == 0 and kept_at < replay_period.KEPT_STATES and skipped > 0

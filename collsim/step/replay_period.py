@@ -41,6 +41,11 @@ MAX_STATES = 3
 """Whole states a replay takes before it gives up (each costs about as much as replaying a
 period)."""
 
+KEPT_STATES = 2
+"""Whole states kept at the first boundaries of a run of boundaries: a state that recurs from
+one of them is seen at its first return, not a cycle later. Each costs about as much as a
+few events' replay; on 3d_175b's first stage the first kept state recurs eight periods on."""
+
 
 @dataclass(frozen=True, slots=True)
 class Period:
@@ -107,12 +112,14 @@ def find_period(events: Sequence[Any]) -> Period | None:
 
 class Steady:
     """The period skip of one replay. At loop tops one period apart (boundaries) a cheap
-    signature of the allocator is kept; when one comes back ``c`` boundaries later, the whole
-    state (allocator, live allocations with their micro-batches counted from the boundary,
-    the replay's own) is taken there and again ``c`` boundaries on (one such comparison at a
-    time). When the two are the same, the replay jumps over the whole cycles of ``c``
-    periods ahead whose events repeat. The allocator's addresses may rotate over several
-    periods (buffers of the micro-batches in flight), hence cycles, not single periods."""
+    signature of the allocator is kept, and the whole state (allocator, live allocations with
+    their micro-batches counted from the boundary, the replay's own) at the first
+    :data:`KEPT_STATES`. When a signature comes back ``c`` boundaries later, the whole state
+    there is compared with the one kept, if any; else it is taken there and compared again
+    ``c`` boundaries on (one such comparison at a time). When the two are the same, the
+    replay jumps over the whole cycles of ``c`` periods ahead whose events repeat. The
+    allocator's addresses may rotate over several periods (buffers of the micro-batches in
+    flight), hence cycles, not single periods."""
 
     def __init__(self, events: Sequence[Any], period: Period) -> None:
         self.events = events
@@ -127,6 +134,8 @@ class Steady:
         self.waiting: tuple[int, tuple[Any, ...], int] | None = None
         """(the boundary to compare at, the state taken a cycle before it, the cycle)."""
         self.states = 0
+        self.kept: dict[int, tuple[Any, ...]] = {}
+        """Whole states taken at the first :data:`KEPT_STATES` boundaries, by boundary."""
         self.done = False
 
     def jump(self, i: int, alloc: Any, pairs: Any, extra: Any) -> int:
@@ -138,6 +147,7 @@ class Steady:
         if i > self.due or self.anchor < 0:  # the first boundary, or one stepped over
             self.anchor = i
             self.seen.clear()
+            self.kept.clear()
             self.waiting = None
         k = (i - self.anchor) // period
         if k >= MAX_BOUNDARIES or i + 2 * period >= len(self.events):
@@ -152,14 +162,25 @@ class Steady:
             self.waiting = None
             if _state(alloc, pairs, k * self.shift, extra) == waiting[1]:
                 return self._skip(i, waiting[2], pairs)
+        now = None
         if before is not None and self.waiting is None:
-            # the signature came back: take the state, to compare a cycle on
+            # the signature came back: compare with the state kept there, else take the
+            # state, to compare a cycle on
+            kept = self.kept.get(before)
+            if kept is not None:
+                now = _state(alloc, pairs, k * self.shift, extra)
+                if now == kept:
+                    return self._skip(i, k - before, pairs)
             self.states += 1
             if self.states > MAX_STATES:
                 self.done = True
                 return i
             cycle = k - before
-            self.waiting = (k + cycle, _state(alloc, pairs, k * self.shift, extra), cycle)
+            if now is None:
+                now = _state(alloc, pairs, k * self.shift, extra)
+            self.waiting = (k + cycle, now, cycle)
+        if k < KEPT_STATES:
+            self.kept[k] = now if now is not None else _state(alloc, pairs, k * self.shift, extra)
         return i
 
     def _skip(self, i: int, cycle: int, pairs: Any) -> int:
