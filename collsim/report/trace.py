@@ -9,6 +9,7 @@ import gzip
 import json
 import math
 import re
+from bisect import bisect_right
 from collections import defaultdict
 from enum import Enum
 from pathlib import Path
@@ -267,16 +268,19 @@ def _flows(placed: list[tuple[TraceEvent, dict[str, Any]]]) -> list[dict[str, An
     for _, record in placed:
         if record["cat"] == "compute":
             computes[record["pid"]].append(record)
-    for rank_slices in computes.values():
+    starts_ns: dict[int, list[int]] = {}
+    for pid, rank_slices in computes.items():
         rank_slices.sort(key=lambda r: (r["ts"], -r["dur"]))
+        starts_ns[pid] = [round(c["ts"] * 1e3) for c in rank_slices]  # non-decreasing
     for _, record in placed:
         if record["cat"] not in _COMM_STREAMS or record["name"].startswith(("send ", "recv ")):
             continue
         start_ns = round(record["ts"] * 1e3)
-        before = [c for c in computes.get(record["pid"], []) if round(c["ts"] * 1e3) <= start_ns]
-        if not before:
+        # the last compute slice of the rank, in that order, that starts by then
+        k = bisect_right(starts_ns.get(record["pid"], ()), start_ns)
+        if not k:
             continue
-        compute = before[-1]
+        compute = computes[record["pid"]][k - 1]
         c_start = round(compute["ts"] * 1e3)
         c_end = c_start + round(compute["dur"] * 1e3)
         if c_end <= c_start:
