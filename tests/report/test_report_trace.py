@@ -315,8 +315,21 @@ def test_pipeline_sends_flow_to_their_receives() -> None:
     collectives = [s for s in slices if s["cat"] in ("tp", "dp", "pp")
                    and not s["name"].startswith(("send ", "recv "))]  # fmt: skip
     assert comm and len(comm) <= len(collectives)
+    computes: dict[int, list[dict[str, Any]]] = {}
+    for s in slices:
+        if s["cat"] == "compute":
+            computes.setdefault(s["pid"], []).append(s)
     for start, end in comm:
         assert start["tid"] == 1 and start["pid"] == end["pid"]  # from the rank's compute
+        # from the latest compute slice of the rank that starts by the collective's start
+        begun = [c["ts"] for c in computes[start["pid"]] if c["ts"] <= end["ts"]]
+        latest = max(begun)
+        inside = [
+            c
+            for c in computes[start["pid"]]
+            if c["ts"] == latest and c["ts"] <= start["ts"] <= c["ts"] + c["dur"]
+        ]
+        assert inside, (start, end)
 
 
 def test_trace_json_gz_is_gzip(tmp_path: Path) -> None:
