@@ -1,6 +1,7 @@
 """Speed targets of the step-schedule work, measured as ratios in one run.
 
-Run: ``python benchmarks/bench_step_schedule.py [--repeats 7] [--skip-des-collective]``.
+Run: ``python benchmarks/bench_step_schedule.py [--repeats 7] [--skip-des-collective]
+[--baseline DIR]``.
 
 Every figure is a median over ``--repeats`` interleaved repeats (each repeat runs every case
 once, in turn, so a burst of load hits all of them alike). CPU seconds (user + system of the
@@ -19,6 +20,11 @@ Targets (ratio <= 1 meets the target):
    -e 1G --mode des`` under 4 s CPU (one repeat: it is long);
 5. ``collsim search scenarios/3d_175b.yaml --gpus 1024``: at least 1,000,000 plans in the
    space, at least 100,000 estimated or pruned by a bound, under 60 s (one repeat).
+
+``--baseline DIR`` (a checkout of another revision, e.g. ``git worktree add /tmp/base REV``)
+adds the regression check: the engine alone and the whole ``collsim run`` process of that
+checkout and of this one, child processes alternating, with the ratio this / baseline of the
+medians (at most 1: no regression).
 """
 
 from __future__ import annotations
@@ -48,11 +54,18 @@ def _env() -> dict[str, str]:
     return env
 
 
-def cpu_of(cmd: list[str]) -> tuple[float, float]:
-    """(CPU seconds, peak RSS MB) of one child process."""
+def cpu_of(cmd: list[str], tree: Path | None = None) -> tuple[float, float]:
+    """(CPU seconds, peak RSS MB) of one child process (with the package of checkout ``tree``
+    first on the path when given)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run(
-        cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S, check=False
+        cmd,
+        cwd=tree or REPO,
+        env=_env() if tree is None else _env_of(tree),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        check=False,
     )
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode not in (0, 1):
@@ -68,13 +81,14 @@ one_blas_thread()  # as the collsim command starts (numpy's BLAS threads never u
 from collsim.study.scenario import load_scenario
 from collsim.play.engine import simulate_step
 import collsim.step.assemble as assemble
-replay, replays = assemble.reserved_memory, []
+replay, replays = getattr(assemble, "reserved_memory", None), []  # absent in old revisions
 def timed_replay(*args, **kwargs):  # the allocator replay's share of the engine
     t0 = time.process_time()
     out = replay(*args, **kwargs)
     replays.append(time.process_time() - t0)
     return out
-assemble.reserved_memory = timed_replay
+if replay is not None:
+    assemble.reserved_memory = timed_replay
 sc = load_scenario(sys.argv[1]); topo = sc.cluster.load()
 simulate_step(topo, sc.model, sc.training, sc.parallel)  # warm (imports, first costs)
 times, replays[:] = [], []
@@ -87,12 +101,22 @@ print(json.dumps([times, replays]))
 """
 
 
-def engine_seconds(repeats: int) -> tuple[list[float], list[float]]:
-    """CPU seconds of the engine on 3d_175b per repeat, and of its allocator replay."""
+RUN_CHILD = "import sys; from collsim.cli import main; sys.argv[0] = 'collsim'; sys.exit(main())"
+"""``collsim`` of the checkout on ``PYTHONPATH`` (the console script's own entry)."""
+
+
+def _env_of(tree: Path) -> dict[str, str]:
+    """:func:`_env` with ``tree``'s package first on the path."""
+    return {**_env(), "PYTHONPATH": str(tree)}
+
+
+def engine_seconds(repeats: int, tree: Path = REPO) -> tuple[list[float], list[float]]:
+    """CPU seconds of the engine on 3d_175b per repeat, and of its allocator replay, with the
+    package of checkout ``tree``."""
     done = subprocess.run(
-        [PY, "-c", ENGINE_CHILD, SCENARIO, str(repeats)],
-        cwd=REPO,
-        env=_env(),
+        [PY, "-c", ENGINE_CHILD, str(tree / "scenarios" / "3d_175b.yaml"), str(repeats)],
+        cwd=tree,
+        env=_env_of(tree),
         capture_output=True,
         text=True,
         timeout=TIMEOUT_S,
@@ -107,7 +131,10 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--skip-des-collective", action="store_true")
     parser.add_argument("--skip-search", action="store_true")
+    parser.add_argument("--baseline", type=Path, help="a checkout of another revision")
     args = parser.parse_args()
+    if args.baseline is not None:
+        return against_baseline(args.baseline.resolve(), args.repeats)
     floor_cmd = [PY, "-c", "import numpy, simpy, click, yaml"]
     run_cmd = [COLLSIM, "run", SCENARIO]
     big_cmd = [COLLSIM, "run", SCENARIO, *BIG]
@@ -152,6 +179,34 @@ def main() -> int:
         wall = time.perf_counter() - t0
         grid = [line for line in done.stdout.splitlines() if "plans in the grid" in line]
         print(f"  search 3d_175b --gpus 1024: {wall:.1f} s wall; {grid[0].strip() if grid else ''}")
+    return 0
+
+
+def against_baseline(base: Path, repeats: int) -> int:
+    """The engine alone and the whole ``collsim run`` of checkout ``base`` and of this one,
+    alternating per repeat (one engine child of three runs each), medians and their ratio."""
+    if not (base / "collsim" / "__init__.py").is_file():
+        print(f"--baseline {base}: not a checkout of collsim (no collsim/__init__.py)")
+        return 2
+    trees = {"this": REPO, "baseline": base}
+    engine: dict[str, list[float]] = {k: [] for k in trees}
+    run: dict[str, list[float]] = {k: [] for k in trees}
+    for tree in trees.values():  # warm bytecode and the page cache
+        cpu_of([PY, "-c", RUN_CHILD, "run", str(tree / "scenarios" / "3d_175b.yaml")], tree)
+    for _ in range(repeats):
+        for name, tree in trees.items():
+            engine[name] += engine_seconds(3, tree)[0]
+            cmd = [PY, "-c", RUN_CHILD, "run", str(tree / "scenarios" / "3d_175b.yaml")]
+            run[name].append(cpu_of(cmd, tree)[0])
+    med = statistics.median
+    print(f"load average {os.getloadavg()[0]:.2f}; {repeats} alternating repeats, medians")
+    print(f"  baseline: {base}")
+    for label, figures in (("engine alone, 3d_175b", engine), ("collsim run 3d_175b", run)):
+        this, old = med(figures["this"]), med(figures["baseline"])
+        print(
+            f"  {label:<24} this {this:7.3f} s CPU  baseline {old:7.3f} s CPU"
+            f"  ratio {this / old:.2f} (target 1)"
+        )
     return 0
 
 
