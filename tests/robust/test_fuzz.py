@@ -611,7 +611,7 @@ def test_fuzz_set_strings(texts: list[str]) -> None:
     _set_strings(texts)
 
 
-@_settings(20, shrink=False)
+@_settings(12, shrink=False)
 @given(text=measured_csv())
 def test_fuzz_measured_csv(folder: Path, text: str) -> None:
     _csv(folder)(text)
