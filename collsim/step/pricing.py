@@ -149,7 +149,7 @@ class SegmentPrices:
         self._factors: dict[tuple[int, str, str, float, int | None], float] = {}
         self._groups: dict[tuple[int, str], tuple[int, ...]] = {}
         self._step: dict[tuple[int, str, str, float], float] = {}
-        self._seg: dict[tuple[int, int], dict[str, float]] = {}
+        self._seg: dict[tuple[int, int], tuple[list[Step], dict[str, float]]] = {}
 
     def group(self, rank: int, axis: str) -> tuple[int, ...]:
         key = (rank, axis)
@@ -211,23 +211,26 @@ class SegmentPrices:
         return t if t > w else w
 
     def seg_comm_s(self, rank: int, seg: Segment) -> dict[str, float]:
-        """Exposed collective seconds of one segment by breakdown key (cached): the part of a
-        step beyond its overlapped compute in its axis's key, what slowed compute adds to an
-        overlapped step in ``interference``."""
-        key = (rank, id(seg))
-        hit = self._seg.get(key)
-        if hit is None:
-            hit = {}
-            for st in seg.steps:
-                if st.op:
-                    k = EXPOSED_KEY[st.axis]
-                    t, w = self.collective_s(rank, st), st.overlap_s
-                    plain = t if t > w else w
-                    hit[k] = hit.get(k, 0.0) + plain - w
-                    extra = self.step_s(rank, st) - plain
-                    if extra > 0:
-                        hit["interference"] = hit.get("interference", 0.0) + extra
-            self._seg[key] = hit
+        """Exposed collective seconds of one segment by breakdown key (cached per step list:
+        the layers of one kind share theirs, :func:`collsim.step.stage.build_stage`; not to
+        be changed by the caller): the part of a step beyond its overlapped compute in its
+        axis's key, what slowed compute adds to an overlapped step in ``interference``."""
+        steps = seg.steps
+        key = (rank, id(steps))
+        known = self._seg.get(key)
+        if known is not None and known[0] is steps:  # (the list kept: its id stays its own)
+            return known[1]
+        hit: dict[str, float] = {}
+        for st in steps:
+            if st.op:
+                k = EXPOSED_KEY[st.axis]
+                t, w = self.collective_s(rank, st), st.overlap_s
+                plain = t if t > w else w
+                hit[k] = hit.get(k, 0.0) + plain - w
+                extra = self.step_s(rank, st) - plain
+                if extra > 0:
+                    hit["interference"] = hit.get("interference", 0.0) + extra
+        self._seg[key] = (steps, hit)
         return hit
 
     def seg_tp_s(self, rank: int, seg: Segment) -> float:

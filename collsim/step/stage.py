@@ -8,7 +8,7 @@ FSDP units, and, for a schedule that splits backward, the input- and weight-grad
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from collsim.parallel.buckets import Bucket, build_buckets
 from collsim.parallel.fsdp import FSDPUnit, build_units
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from collsim.step.shapes import ShapeCache
 
 __all__ = [
+    "LayerSegments",
     "build_stage",
 ]
 
@@ -41,13 +42,16 @@ def build_stage(
     comms_of: Callable[[int], list[LayerComm]] | None = None,
     cache: ShapeCache | None = None,
     amax: ChunkAmax | None = None,
+    kinds: dict[Any, tuple[BlockTimes, LayerSegments]] | None = None,
 ) -> StageModel:
     """The chunks of ``stage`` with their segments, tensors, DDP buckets and FSDP units.
 
     ``layer_of`` gives the block times of a layer index (its kind; default ``layer`` for
     all), ``comms_of`` its EP / CP collectives (default none); a ``cache`` shares the
     tensors, buckets and units of a chunk shape with other plans (:func:`_chunk_params`);
-    ``amax`` the once-per-chunk steps of delayed FP8 scaling (:mod:`collsim.step.fp8_amax`)."""
+    ``amax`` the once-per-chunk steps of delayed FP8 scaling (:mod:`collsim.step.fp8_amax`);
+    ``kinds`` the segments of each layer kind made so far (:func:`_layer_segments`), shared
+    by the stages of one plan."""
     spec = plan.spec
     tp, sp = plan.tp, plan.parallel.sequence_parallel
     # a CP rank holds s / cp tokens: its TP messages are b (s / cp) h
@@ -62,6 +66,7 @@ def build_stage(
     pipeline = plan.pipeline_schedule
     split = pipeline.splits_backward
     tp_how = tp_overlap_for(plan)
+    kinds = {} if kinds is None else kinds
     for c in range(v):
         alt: dict[int, Segment] = {}  # a segment -> its paired form (EP overlap)
         layers = plan.chunk_layers(stage, c)
@@ -78,9 +83,14 @@ def build_stage(
         for index in layers:
             blk = layer if layer_of is None else layer_of(index)
             comms = comms_of(index) if comms_of is not None else []
-            f_seg, b_seg, f_alt, b_alt = sized_layer_segments(
-                plan, index, blk, comms, size, full=full, overlap=overlap, tp_how=tp_how
-            )
+            kind = (id(blk), tuple(comms))
+            known = kinds.get(kind)
+            if known is None or known[0] is not blk:  # (the block kept: its id stays its own)
+                made = sized_layer_segments(
+                    plan, index, blk, comms, size, full=full, overlap=overlap, tp_how=tp_how
+                )
+                known = kinds[kind] = (blk, made)
+            f_seg, b_seg, f_alt, b_alt = _layer_segments(known[1], index)
             fwd.append(f_seg)
             bwd.append(b_seg)
             if f_alt is not None and b_alt is not None:
@@ -123,6 +133,39 @@ def build_stage(
         chunk.units = units
         chunks.append(chunk)
     return StageModel(stage=stage, chunks=chunks)
+
+
+LayerSegments = tuple[Segment, Segment, Segment | None, Segment | None]
+"""A layer's forward and backward segments and their paired forms
+(:func:`collsim.step.layer_passes.sized_layer_segments`)."""
+
+
+def _layer_segments(made: LayerSegments, index: int) -> LayerSegments:
+    """The segments of layer ``index`` from those ``made`` for another layer of its kind:
+    they differ only in their key (a layer's segments depend on its block times and its EP /
+    CP collectives, not its index), so each is a new segment (segments are updated one by
+    one later: framework work, FP8 amax steps) over the same steps (frozen, in lists never
+    changed in place). The segments ``made`` stay private: a layer's own are updated later."""
+    return (
+        _keyed(made[0], index),
+        _keyed(made[1], index),
+        None if made[2] is None else _keyed(made[2], index),
+        None if made[3] is None else _keyed(made[3], index),
+    )
+
+
+def _keyed(seg: Segment, index: int) -> Segment:
+    """``seg`` for layer ``index``: its fields but the key, its step list shared."""
+    return Segment(
+        index,
+        seg.steps,
+        grad_from=seg.grad_from,
+        stored_bytes=seg.stored_bytes,
+        transient_bytes=seg.transient_bytes,
+        framework_s=seg.framework_s,
+        frees=seg.frees,
+        buffer_bytes=seg.buffer_bytes,
+    )
 
 
 def _chunk_params(
