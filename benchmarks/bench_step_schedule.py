@@ -24,7 +24,9 @@ Targets (ratio <= 1 meets the target):
 ``--baseline DIR`` (a checkout of another revision, e.g. ``git worktree add /tmp/base REV``)
 adds the regression check: the engine alone and the whole ``collsim run`` process of that
 checkout and of this one, child processes alternating, with the ratio this / baseline of the
-medians (at most 1: no regression).
+medians (at most 1: no regression). CPU time on a shared machine moves by 10-30 % between
+runs; ``--instructions`` adds the engine's instructions per run counted by valgrind's
+cachegrind (the same count every run; needs ``valgrind`` on the path, about a minute).
 """
 
 from __future__ import annotations
@@ -132,9 +134,10 @@ def main() -> int:
     parser.add_argument("--skip-des-collective", action="store_true")
     parser.add_argument("--skip-search", action="store_true")
     parser.add_argument("--baseline", type=Path, help="a checkout of another revision")
+    parser.add_argument("--instructions", action="store_true", help="with --baseline")
     args = parser.parse_args()
     if args.baseline is not None:
-        return against_baseline(args.baseline.resolve(), args.repeats)
+        return against_baseline(args.baseline.resolve(), args.repeats, args.instructions)
     floor_cmd = [PY, "-c", "import numpy, simpy, click, yaml"]
     run_cmd = [COLLSIM, "run", SCENARIO]
     big_cmd = [COLLSIM, "run", SCENARIO, *BIG]
@@ -182,9 +185,10 @@ def main() -> int:
     return 0
 
 
-def against_baseline(base: Path, repeats: int) -> int:
+def against_baseline(base: Path, repeats: int, instructions: bool = False) -> int:
     """The engine alone and the whole ``collsim run`` of checkout ``base`` and of this one,
-    alternating per repeat (one engine child of three runs each), medians and their ratio."""
+    alternating per repeat (one engine child of three runs each), medians and their ratio;
+    with ``instructions``, the engine's instructions per run too (:func:`engine_instructions`)."""
     if not (base / "collsim" / "__init__.py").is_file():
         print(f"--baseline {base}: not a checkout of collsim (no collsim/__init__.py)")
         return 2
@@ -207,7 +211,49 @@ def against_baseline(base: Path, repeats: int) -> int:
             f"  {label:<24} this {this:7.3f} s CPU  baseline {old:7.3f} s CPU"
             f"  ratio {this / old:.2f} (target 1)"
         )
+    if instructions:
+        this_ir, old_ir = engine_instructions(REPO), engine_instructions(base)
+        print(
+            f"  {'engine instructions/run':<24} this {this_ir / 1e6:7.1f} M"
+            f"    baseline {old_ir / 1e6:7.1f} M      ratio {this_ir / old_ir:.2f} (target 1)"
+        )
     return 0
+
+
+IR_RUNS = 4
+"""Engine runs counted by :func:`engine_instructions` (beyond the one that warms)."""
+
+
+def engine_instructions(tree: Path) -> float:
+    """Instructions of one engine run on 3d_175b with the package of checkout ``tree``, its
+    scenario and topology loaded anew as :data:`ENGINE_CHILD` does (the loading counted too),
+    as counted by cachegrind: a child with :data:`IR_RUNS` more runs less one with none, over
+    :data:`IR_RUNS`."""
+    scenario = str(tree / "scenarios" / "3d_175b.yaml")
+    counts = []
+    for runs in (0, IR_RUNS):
+        done = subprocess.run(
+            [
+                "valgrind",
+                "--tool=cachegrind",
+                "--cache-sim=no",
+                "--cachegrind-out-file=/dev/null",
+                PY,
+                "-c",
+                ENGINE_CHILD,
+                scenario,
+                str(runs),
+            ],
+            cwd=tree,
+            env=_env_of(tree),
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+            check=True,
+        )
+        refs = [line for line in done.stderr.splitlines() if "I   refs:" in line]
+        counts.append(float(refs[-1].split(":")[1].replace(",", "")))
+    return (counts[1] - counts[0]) / IR_RUNS
 
 
 if __name__ == "__main__":
