@@ -8,6 +8,7 @@ FSDP units, and, for a schedule that splits backward, the input- and weight-grad
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from collsim.parallel.buckets import Bucket, build_buckets
@@ -67,6 +68,7 @@ def build_stage(
     split = pipeline.splits_backward
     tp_how = tp_overlap_for(plan)
     kinds = {} if kinds is None else kinds
+    make = partial(sized_layer_segments, plan, size=size, full=full, overlap=overlap, tp_how=tp_how)
     for c in range(v):
         alt: dict[int, Segment] = {}  # a segment -> its paired form (EP overlap)
         layers = plan.chunk_layers(stage, c)
@@ -83,14 +85,7 @@ def build_stage(
         for index in layers:
             blk = layer if layer_of is None else layer_of(index)
             comms = comms_of(index) if comms_of is not None else []
-            kind = (id(blk), tuple(comms))
-            known = kinds.get(kind)
-            if known is None or known[0] is not blk:  # (the block kept: its id stays its own)
-                made = sized_layer_segments(
-                    plan, index, blk, comms, size, full=full, overlap=overlap, tp_how=tp_how
-                )
-                known = kinds[kind] = (blk, made)
-            f_seg, b_seg, f_alt, b_alt = _layer_segments(known[1], index)
+            f_seg, b_seg, f_alt, b_alt = _layer_segments(kinds, make, index, blk, comms)
             fwd.append(f_seg)
             bwd.append(b_seg)
             if f_alt is not None and b_alt is not None:
@@ -140,12 +135,23 @@ LayerSegments = tuple[Segment, Segment, Segment | None, Segment | None]
 (:func:`collsim.step.layer_passes.sized_layer_segments`)."""
 
 
-def _layer_segments(made: LayerSegments, index: int) -> LayerSegments:
-    """The segments of layer ``index`` from those ``made`` for another layer of its kind:
-    they differ only in their key (a layer's segments depend on its block times and its EP /
-    CP collectives, not its index), so each is a new segment (segments are updated one by
-    one later: framework work, FP8 amax steps) over the same steps (frozen, in lists never
-    changed in place). The segments ``made`` stay private: a layer's own are updated later."""
+def _layer_segments(
+    kinds: dict[Any, tuple[BlockTimes, LayerSegments]],
+    make: Callable[[int, BlockTimes, list[LayerComm]], LayerSegments],
+    index: int,
+    blk: BlockTimes,
+    comms: list[LayerComm],
+) -> LayerSegments:
+    """The segments of layer ``index`` (block times ``blk``, EP / CP collectives ``comms``)
+    from those ``kinds`` holds for its kind, made by ``make(index, blk, comms)`` for the
+    first layer of the kind. Layers of a kind differ only in their key (a layer's segments
+    depend on its block times and collectives, not its index), so each gets new segments
+    (updated one by one later: framework work, FP8 amax steps) over the same steps (frozen,
+    in lists never changed in place); those made for the kind stay private."""
+    known = kinds.get((id(blk), tuple(comms)))
+    if known is None or known[0] is not blk:  # (the block kept: its id stays its own)
+        known = kinds[(id(blk), tuple(comms))] = (blk, make(index, blk, comms))
+    made = known[1]
     return (
         _keyed(made[0], index),
         _keyed(made[1], index),
