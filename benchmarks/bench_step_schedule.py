@@ -112,11 +112,19 @@ def _env_of(tree: Path) -> dict[str, str]:
     return {**_env(), "PYTHONPATH": str(tree)}
 
 
-def engine_seconds(repeats: int, tree: Path = REPO) -> tuple[list[float], list[float]]:
-    """CPU seconds of the engine on 3d_175b per repeat, and of its allocator replay, with the
-    package of checkout ``tree``."""
-    done = subprocess.run(
-        [PY, "-c", ENGINE_CHILD, str(tree / "scenarios" / "3d_175b.yaml"), str(repeats)],
+def _scenario_of(tree: Path) -> str:
+    """The 3d_175b scenario of checkout ``tree``."""
+    return str(tree / "scenarios" / "3d_175b.yaml")
+
+
+def _engine_child(
+    tree: Path, runs: int, prefix: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
+    """:data:`ENGINE_CHILD` with the package of checkout ``tree`` and ``runs`` timed runs,
+    under ``prefix`` (a command that runs it, e.g. valgrind) when given: the finished
+    process."""
+    return subprocess.run(
+        [*prefix, PY, "-c", ENGINE_CHILD, _scenario_of(tree), str(runs)],
         cwd=tree,
         env=_env_of(tree),
         capture_output=True,
@@ -124,6 +132,12 @@ def engine_seconds(repeats: int, tree: Path = REPO) -> tuple[list[float], list[f
         timeout=TIMEOUT_S,
         check=True,
     )
+
+
+def engine_seconds(repeats: int, tree: Path = REPO) -> tuple[list[float], list[float]]:
+    """CPU seconds of the engine on 3d_175b per repeat, and of its allocator replay, with the
+    package of checkout ``tree``."""
+    done = _engine_child(tree, repeats)
     times, replays = json.loads(done.stdout.strip().splitlines()[-1])
     return times, replays
 
@@ -196,12 +210,11 @@ def against_baseline(base: Path, repeats: int, instructions: bool = False) -> in
     engine: dict[str, list[float]] = {k: [] for k in trees}
     run: dict[str, list[float]] = {k: [] for k in trees}
     for tree in trees.values():  # warm bytecode and the page cache
-        cpu_of([PY, "-c", RUN_CHILD, "run", str(tree / "scenarios" / "3d_175b.yaml")], tree)
+        cpu_of([PY, "-c", RUN_CHILD, "run", _scenario_of(tree)], tree)
     for _ in range(repeats):
         for name, tree in trees.items():
             engine[name] += engine_seconds(3, tree)[0]
-            cmd = [PY, "-c", RUN_CHILD, "run", str(tree / "scenarios" / "3d_175b.yaml")]
-            run[name].append(cpu_of(cmd, tree)[0])
+            run[name].append(cpu_of([PY, "-c", RUN_CHILD, "run", _scenario_of(tree)], tree)[0])
     med = statistics.median
     print(f"load average {os.getloadavg()[0]:.2f}; {repeats} alternating repeats, medians")
     print(f"  baseline: {base}")
@@ -229,28 +242,11 @@ def engine_instructions(tree: Path) -> float:
     scenario and topology loaded anew as :data:`ENGINE_CHILD` does (the loading counted too),
     as counted by cachegrind: a child with :data:`IR_RUNS` more runs less one with none, over
     :data:`IR_RUNS`."""
-    scenario = str(tree / "scenarios" / "3d_175b.yaml")
+    valgrind = ("valgrind", "--tool=cachegrind", "--cache-sim=no")
+    valgrind += ("--cachegrind-out-file=/dev/null",)
     counts = []
     for runs in (0, IR_RUNS):
-        done = subprocess.run(
-            [
-                "valgrind",
-                "--tool=cachegrind",
-                "--cache-sim=no",
-                "--cachegrind-out-file=/dev/null",
-                PY,
-                "-c",
-                ENGINE_CHILD,
-                scenario,
-                str(runs),
-            ],
-            cwd=tree,
-            env=_env_of(tree),
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT_S,
-            check=True,
-        )
+        done = _engine_child(tree, runs, valgrind)
         refs = [line for line in done.stderr.splitlines() if "I   refs:" in line]
         counts.append(float(refs[-1].split(":")[1].replace(",", "")))
     return (counts[1] - counts[0]) / IR_RUNS

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from collsim.core.vocab import Dtype
 from collsim.parallel.config import ParallelConfig, TrainingConfig
@@ -40,7 +40,7 @@ from collsim.step.fp8_amax import chunk_amax
 from collsim.step.ops import BlockTimes, ChunkModel, Segment, StageModel
 from collsim.step.shapes import ShapeCache
 from collsim.step.stack_work import framework_work, stage_optimizer_s, stage_weight_cast_s
-from collsim.step.stage import LayerSegments, build_stage
+from collsim.step.stage import LayerKinds, build_stage
 from collsim.workload.compute import ComputeModel
 from collsim.workload.interference import overlap_slowdown
 from collsim.workload.kernels import slowest_gpu_factor
@@ -233,7 +233,7 @@ def build_schedule(
     layer, layer_of = _layer_lookup(spec, layers)
     comms_of = _comms_lookup(plan, spec)
     amax = chunk_amax(plan, linears_per_layer=layer.fp8_linears, memory_time_s=model.memory_time_s)
-    kinds: dict[Any, tuple[BlockTimes, LayerSegments]] = {}  # a layer kind's segments, once
+    kinds: LayerKinds = {}  # each layer kind's segments, made once for every stage
     stages = {
         s: build_stage(
             plan,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from collsim.parallel.buckets import Bucket, build_buckets
 from collsim.parallel.fsdp import FSDPUnit, build_units
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from collsim.step.shapes import ShapeCache
 
 __all__ = [
+    "LayerKinds",
     "LayerSegments",
     "build_stage",
 ]
@@ -43,7 +44,7 @@ def build_stage(
     comms_of: Callable[[int], list[LayerComm]] | None = None,
     cache: ShapeCache | None = None,
     amax: ChunkAmax | None = None,
-    kinds: dict[Any, tuple[BlockTimes, LayerSegments]] | None = None,
+    kinds: LayerKinds | None = None,
 ) -> StageModel:
     """The chunks of ``stage`` with their segments, tensors, DDP buckets and FSDP units.
 
@@ -134,9 +135,13 @@ LayerSegments = tuple[Segment, Segment, Segment | None, Segment | None]
 """A layer's forward and backward segments and their paired forms
 (:func:`collsim.step.layer_passes.sized_layer_segments`)."""
 
+LayerKinds = dict[tuple[int, tuple["LayerComm", ...]], tuple[BlockTimes, LayerSegments]]
+"""The segments made for each layer kind of a plan, by (id of its block times, its EP / CP
+collectives), with the block times kept (:func:`_layer_segments`)."""
+
 
 def _layer_segments(
-    kinds: dict[Any, tuple[BlockTimes, LayerSegments]],
+    kinds: LayerKinds,
     make: Callable[[int, BlockTimes, list[LayerComm]], LayerSegments],
     index: int,
     blk: BlockTimes,
@@ -148,9 +153,10 @@ def _layer_segments(
     depend on its block times and collectives, not its index), so each gets new segments
     (updated one by one later: framework work, FP8 amax steps) over the same steps (frozen,
     in lists never changed in place); those made for the kind stay private."""
-    known = kinds.get((id(blk), tuple(comms)))
+    kind = (id(blk), tuple(comms))
+    known = kinds.get(kind)
     if known is None or known[0] is not blk:  # (the block kept: its id stays its own)
-        known = kinds[(id(blk), tuple(comms))] = (blk, make(index, blk, comms))
+        known = kinds[kind] = (blk, make(index, blk, comms))
     made = known[1]
     return (
         _keyed(made[0], index),

@@ -86,9 +86,8 @@ def test_a_layer_kinds_segments_are_made_once_and_each_layer_has_its_own(
                     by_key.setdefault(seg.key, []).append((seg, paired))
     assert sorted(by_key) == list(range(6))
     names = [f.name for f in fields(by_key[0][0][0])]
-    ops = {0, 3}  # the first layer of each kind
     for index, segs in by_key.items():
-        (f, pf), (b, pb) = segs
+        (f, pf), (b, _) = segs
         blk, comms = _block(schedule, spec, index), _comms(plan, spec, index)
         own = layer_segments(plan, index, blk, comms, 2)
         for got, want in zip((f, b), own[:2]):
@@ -96,8 +95,8 @@ def test_a_layer_kinds_segments_are_made_once_and_each_layer_has_its_own(
             for name in names:
                 if name != "framework_s":  # FSDP / framework work added per segment later
                     assert getattr(got, name) == getattr(want, name), (index, name)
-        first = min(k for k in ops if (k < 3) == (index < 3))
-        (f0, pf0), (b0, pb0) = by_key[first]
+        first = 0 if index < 3 else 3  # the first layer of its kind
+        (f0, pf0), (b0, _) = by_key[first]
         if index != first:  # the kind's step lists, in segments of the layer's own
             assert f is not f0 and b is not b0 and pf is not pf0
             assert f.steps is f0.steps and b.steps is b0.steps
