@@ -80,9 +80,16 @@ ENGINE_CHILD = r"""
 import json, sys, time
 from collsim.cli import one_blas_thread
 one_blas_thread()  # as the collsim command starts (numpy's BLAS threads never used)
-from collsim.study.scenario import load_scenario
-from collsim.play.engine import simulate_step
-import collsim.step.assemble as assemble
+try:
+    from collsim.study.scenario import load_scenario
+    from collsim.play.engine import simulate_step
+except ImportError:  # revisions before the package's layout of collsim/{study,play}
+    from collsim.scenario import load_scenario
+    from collsim.engine import simulate_step
+try:
+    import collsim.step.assemble as assemble
+except ImportError:
+    assemble = None
 replay, replays = getattr(assemble, "reserved_memory", None), []  # absent in old revisions
 def timed_replay(*args, **kwargs):  # the allocator replay's share of the engine
     t0 = time.process_time()

@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from collsim.core.classcode import install
 from collsim.core.errors import (
     CollsimError,
     CollsimWarning,
@@ -26,6 +27,8 @@ from collsim.core.errors import (
     InfeasibleError,
     SimulationError,
 )
+
+install()  # before any module with dataclasses: they reuse their compiled methods
 
 __version__ = "0.1.0"
 

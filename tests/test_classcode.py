@@ -1,0 +1,161 @@
+"""The compiled methods of collsim's dataclasses kept between runs (collsim.core.classcode)."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import marshal
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import collsim
+from collsim.core.classcode import CodeCache, caching_exec, future_flags, install
+
+REPO = Path(__file__).resolve().parents[1]
+
+SOURCE = '''
+from dataclasses import dataclass, field
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    """A point."""
+    x: float
+    y: float = 2.0
+    tags: tuple = field(default_factory=tuple)
+
+@dataclass(order=True)
+class Count:
+    """A count."""
+    n: int = 0
+'''
+
+
+def _module(name: str, exec_: Any) -> types.ModuleType:
+    """``SOURCE`` run as module ``name`` with ``exec_`` as dataclasses' exec."""
+    module = types.ModuleType(name)
+    sys.modules[name] = module
+    saved = vars(dataclasses).get("exec")
+    dataclasses.exec = exec_  # type: ignore[attr-defined]
+    try:
+        exec(compile(SOURCE, f"<{name}>", "exec"), vars(module))
+    finally:
+        if saved is None:
+            del dataclasses.exec  # type: ignore[attr-defined]
+        else:
+            dataclasses.exec = saved  # type: ignore[attr-defined]
+        del sys.modules[name]
+    return module
+
+
+def _behaviour(module: types.ModuleType) -> list[Any]:
+    p, q = module.Point(1.0), module.Point(1.0, 2.0, ())
+    out: list[Any] = [repr(p), p == q, hash(p) == hash(q), p != module.Point(3.0)]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.x = 5.0
+    c = module.Count(3)
+    out += [
+        repr(c),
+        c < module.Count(4),
+        c == module.Count(3),
+        [f.name for f in dataclasses.fields(p)],
+    ]
+    return out
+
+
+def test_the_package_installs_the_cache() -> None:
+    assert collsim.__name__ == "collsim"
+    installed = getattr(dataclasses, "exec", None)
+    assert installed is not None and isinstance(installed.cache, CodeCache)
+    assert install() is installed.cache  # once per process
+    importlib.import_module("collsim.step.result")  # a module of dataclasses
+
+    # collsim's own classes went through it: their texts are in the cache
+    assert any("def __init__" in text for text in installed.cache.used)
+
+
+def test_cached_classes_behave_as_compiled_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    path = tmp_path / "code.marshal"
+    first = CodeCache(path)
+    made = _module("collsim.classcode_probe", caching_exec(first))
+    assert first.added > 0 and len(first.used) == first.added
+    first.save()
+    assert path.exists()
+    # a new process reads every text back and compiles none
+    second = CodeCache(path)
+    again = _module("collsim.classcode_probe", caching_exec(second))
+    assert second.added == 0 and second.used == first.used
+    plain = _module("collsim.classcode_probe", exec)
+    assert _behaviour(made) == _behaviour(again) == _behaviour(plain)
+    # the same code objects as dataclasses' own compile of each text (its module has no
+    # future imports; this one has, and they would change the code)
+    stored = {t: marshal.loads(blob) for t, blob in marshal.loads(path.read_bytes()).items()}
+    assert stored
+    assert all(
+        code == compile(t, "<string>", "exec", dont_inherit=True) for t, code in stored.items()
+    )
+    assert not all(code == compile(t, "<string>", "exec") for t, code in stored.items())
+
+
+def test_other_modules_classes_pass_through(tmp_path: Path) -> None:
+    cache = CodeCache(tmp_path / "code.marshal")
+    made = _module("someone_elses", caching_exec(cache))
+    assert cache.added == 0 and not cache.used
+    assert _behaviour(made) == _behaviour(_module("collsim.classcode_probe", exec))
+
+
+def test_a_bad_file_is_compiled_over_and_an_unwritable_one_is_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    path = tmp_path / "code.marshal"
+    path.write_bytes(b"not marshal data")
+    cache = CodeCache(path)
+    _module("collsim.classcode_probe", caching_exec(cache))
+    assert cache.added > 0
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    unwritable = CodeCache(locked / "sub" / "code.marshal")
+    _module("collsim.classcode_probe", caching_exec(unwritable))
+    locked.chmod(0o500)
+    try:
+        unwritable.save()  # no error: compiled each run, as without the cache
+    finally:
+        locked.chmod(0o700)
+    if os.geteuid() != 0:  # root writes anywhere
+        assert not (locked / "sub").exists()
+
+
+def test_future_flags_are_those_a_module_compiles_with() -> None:
+    assert future_flags(vars(dataclasses)) == 0
+    import __future__
+
+    assert future_flags(globals()) == __future__.annotations.compiler_flag
+
+
+def test_a_process_writes_the_file_only_where_bytecode_is_written(tmp_path: Path) -> None:
+    # a copy of the package, so that the checkout's own cache file is not touched
+    code = (
+        "import sys, collsim.core.classcode as c, dataclasses;"
+        "from pathlib import Path;"
+        f"cache = c.CodeCache(Path({str(tmp_path / 'code.marshal')!r}));"
+        "dataclasses.exec.cache.path = None;"
+        "dataclasses.exec = c.caching_exec(cache);"
+        "import atexit; atexit.register(cache.save);"
+        "import collsim.step.result"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
+    assert not (tmp_path / "code.marshal").exists()
+    del env["PYTHONDONTWRITEBYTECODE"]
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
+    assert (tmp_path / "code.marshal").exists()
