@@ -24,7 +24,8 @@ from collsim.report.notebook import (
     simulation,
     sweep_table,
 )
-from collsim.study.job import DEFAULT_RUNS, Overrides, load, scenario_goodput
+from collsim.study.job import Overrides, load
+from collsim.study.job_goodput import DEFAULT_RUNS, scenario_goodput
 
 if TYPE_CHECKING:
     import pandas as pd

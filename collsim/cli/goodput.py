@@ -38,7 +38,7 @@ Examples:
 Exit status: 0 done, 1 the plan is infeasible, 2 bad input.
 """
 
-#: Monte Carlo runs when ``--runs`` is not given (``collsim.study.job.DEFAULT_RUNS``, kept
+#: Monte Carlo runs when ``--runs`` is not given (``collsim.study.job_goodput.DEFAULT_RUNS``, kept
 #: here so that ``--help`` does not import the study).
 DEFAULT_RUNS = 1000
 #: The most Monte Carlo runs ``--runs`` takes: the samples of every run are held at once, so
@@ -135,13 +135,12 @@ def goodput_scenario(
     # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.report.goodput_text import format_fleet_table, format_goodput_report
     from collsim.study.goodput.fleets import find_fleets, published_fleets
-    from collsim.study.job import (
+    from collsim.study.job import load, run_job
+    from collsim.study.job_goodput import (
         job_at_rate,
         job_fleet_goodput,
         job_goodput,
-        load,
         require_reliability,
-        run_job,
     )
 
     if not 1 <= runs <= MAX_RUNS:

@@ -200,7 +200,7 @@ def _goodput_line(job: Job) -> str | None:
     """The closed-form goodput line of a scenario with a reliability section (None: error shown)."""
     # start-up: loaded only when this runs (--help and bad input stay fast)
     from collsim.report.goodput_text import one_line
-    from collsim.study.job import job_goodput
+    from collsim.study.job_goodput import job_goodput
 
     try:
         return one_line(job_goodput(job, monte_carlo=False))
