@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +14,12 @@ from hypothesis import settings
 # tests that want fresh draws say so in their own settings.
 settings.register_profile("collsim", derandomize=True, database=None)
 settings.load_profile("collsim")
+
+# The tests start collsim in child processes hundreds of times: those write and reuse bytecode
+# and the dataclasses' compiled methods (collsim.core.classcode), as on a user's machine,
+# instead of compiling the package anew in each one (PYTHONDONTWRITEBYTECODE, where the shell
+# sets it, forbids both; tests that need it set it in their children's environment).
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
