@@ -159,3 +159,25 @@ def test_a_process_writes_the_file_only_where_bytecode_is_written(tmp_path: Path
     del env["PYTHONDONTWRITEBYTECODE"]
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
     assert (tmp_path / "code.marshal").exists()
+
+
+def test_a_full_file_keeps_only_the_texts_in_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    path = tmp_path / "code.marshal"
+    stale = {f"x = {i}": marshal.dumps(compile(f"x = {i}", "<string>", "exec")) for i in range(9)}
+    path.write_bytes(marshal.dumps(stale))
+    cache = CodeCache(path)
+    _module("collsim.classcode_probe", caching_exec(cache))
+    monkeypatch.setattr("collsim.core.classcode.MAX_ENTRIES", 10)
+    cache.save()
+    kept = marshal.loads(path.read_bytes())
+    assert set(kept) == cache.used and not set(stale) & set(kept)
+    # under the bound the stale texts stay (they may be another command's)
+    again = CodeCache(path)
+    path.write_bytes(marshal.dumps(stale))
+    _module("collsim.classcode_probe", caching_exec(again))
+    monkeypatch.setattr("collsim.core.classcode.MAX_ENTRIES", 100)
+    again.save()
+    assert set(marshal.loads(path.read_bytes())) == set(stale) | again.used

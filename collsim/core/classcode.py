@@ -27,9 +27,10 @@ from typing import Any
 
 __all__ = ["MAX_ENTRIES", "CodeCache", "caching_exec", "future_flags", "install"]
 
-MAX_ENTRIES = 4096
-"""Texts a cache file keeps (those of the classes collsim has are a few hundred; a file
-past this keeps only the texts of the process that writes it)."""
+MAX_ENTRIES = 2048
+"""Texts a cache file keeps: collsim's 162 dataclasses have at most six methods each, about
+a thousand texts; a file past this (texts of classes since changed) keeps only those of the
+process that writes it."""
 
 _PREFIX = "collsim."
 
