@@ -160,6 +160,9 @@ def assemble(
     peaks = {rank: prog.ledger.peak() for rank, prog in programs.items()}
     top_rank = max(peaks, key=lambda r: (peaks[r].total_bytes, -r))
     top = peaks[top_rank]
+    # before the allocator's replay, which expands a rank's events (their arrays are then
+    # made again)
+    activation_peaks = {r: prog.ledger.category_peak("activations") for r, prog in programs.items()}
     # what PyTorch reports minus the CUDA context, NCCL buffers and fragmentation
     device = plan.topology.device
     capacity = float(device.usable_memory_bytes)
@@ -205,9 +208,7 @@ def assemble(
         stage_end_s={prog.coords.pp: prog.end_s for prog in firsts},
         breakdown_by_stage_s={prog.coords.pp: dict(prog.breakdown_s) for prog in firsts},
         memory_peak_bytes_by_rank={r: p.total_bytes for r, p in peaks.items()},
-        activation_peak_bytes_by_rank={
-            r: prog.ledger.category_peak("activations") for r, prog in programs.items()
-        },
+        activation_peak_bytes_by_rank=activation_peaks,
         rank_stages={rank: plan.stage_of(rank) for rank in programs},
         memory_reserved_bytes=reserved,
         allocator=allocator,

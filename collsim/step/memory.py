@@ -28,6 +28,9 @@ from collsim.core.errors import SimulationError
 from collsim.step.result import MEMORY_KEYS
 
 _CATEGORY_NUMBER = {k: i for i, k in enumerate(MEMORY_KEYS)}
+_new = tuple.__new__
+"""A NamedTuple made without its keyword-argument layer: ``_new(MemoryEvent, (t, c, d, l))``
+is ``MemoryEvent(t, c, d, l)`` (the ledger makes thousands per step)."""
 
 __all__ = [
     "MemoryEvent",
@@ -222,15 +225,15 @@ class MemoryLedger:
 
     def alloc(self, time_s: float, category: str, size_bytes: float, label: Any = "") -> None:
         """Record ``size_bytes`` of ``category`` allocated at ``time_s``."""
-        if category not in MEMORY_KEYS:
+        if category not in _CATEGORY_NUMBER:
             raise SimulationError(f"unknown memory category {category!r}")
         if size_bytes:
-            self._events.append(MemoryEvent(time_s, category, float(size_bytes), label))
+            self._events.append(_new(MemoryEvent, (time_s, category, float(size_bytes), label)))
 
     def free(self, time_s: float, category: str, size_bytes: float, label: Any = "") -> None:
         """Record ``size_bytes`` of ``category`` freed at ``time_s``."""
         if size_bytes:
-            self._events.append(MemoryEvent(time_s, category, -float(size_bytes), label))
+            self._events.append(_new(MemoryEvent, (time_s, category, -float(size_bytes), label)))
 
     def sorted_events(self) -> list[MemoryEvent]:
         """Events by time; at equal times by signed size (frees first), ties in recording order
