@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
 import marshal
 import os
 import subprocess
@@ -97,7 +98,9 @@ def test_cached_classes_behave_as_compiled_ones(
     assert _behaviour(made) == _behaviour(again) == _behaviour(plain)
     # the same code objects as dataclasses' own compile of each text (its module has no
     # future imports; this one has, and they would change the code)
-    stored = {t: marshal.loads(blob) for t, blob in marshal.loads(path.read_bytes()).items()}
+    header, blobs = marshal.loads(path.read_bytes())
+    assert header == (importlib.util.MAGIC_NUMBER, 0)
+    stored = {t: marshal.loads(blob) for t, blob in blobs.items()}
     assert stored
     assert all(
         code == compile(t, "<string>", "exec", dont_inherit=True) for t, code in stored.items()
@@ -167,17 +170,37 @@ def test_a_full_file_keeps_only_the_texts_in_use(
     monkeypatch.setattr(sys, "dont_write_bytecode", False)
     path = tmp_path / "code.marshal"
     stale = {f"x = {i}": marshal.dumps(compile(f"x = {i}", "<string>", "exec")) for i in range(9)}
-    path.write_bytes(marshal.dumps(stale))
+    path.write_bytes(marshal.dumps((CodeCache(path).header, stale)))
     cache = CodeCache(path)
     _module("collsim.classcode_probe", caching_exec(cache))
     monkeypatch.setattr("collsim.core.classcode.MAX_ENTRIES", 10)
     cache.save()
-    kept = marshal.loads(path.read_bytes())
+    kept = marshal.loads(path.read_bytes())[1]
     assert set(kept) == cache.used and not set(stale) & set(kept)
     # under the bound the stale texts stay (they may be another command's)
     again = CodeCache(path)
-    path.write_bytes(marshal.dumps(stale))
+    path.write_bytes(marshal.dumps((again.header, stale)))
     _module("collsim.classcode_probe", caching_exec(again))
     monkeypatch.setattr("collsim.core.classcode.MAX_ENTRIES", 100)
     again.save()
-    assert set(marshal.loads(path.read_bytes())) == set(stale) | again.used
+    assert set(marshal.loads(path.read_bytes())[1]) == set(stale) | again.used
+
+
+def test_a_file_of_another_interpreter_or_other_flags_is_not_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    path = tmp_path / "code.marshal"
+    first = CodeCache(path)
+    _module("collsim.classcode_probe", caching_exec(first))
+    first.save()
+    _, blobs = marshal.loads(path.read_bytes())
+    for header in ((b"\x00\x00\r\n", 0), (importlib.util.MAGIC_NUMBER, 1 << 24)):
+        path.write_bytes(marshal.dumps((header, blobs)))
+        other = CodeCache(path)
+        _module("collsim.classcode_probe", caching_exec(other))
+        assert other.added == len(first.used)  # every text compiled anew
+    flagged = CodeCache(path, flags=1 << 24)  # a file written under other flags is its own
+    _module("collsim.classcode_probe", caching_exec(flagged))
+    flagged.save()
+    assert marshal.loads(path.read_bytes())[0] == (importlib.util.MAGIC_NUMBER, 1 << 24)

@@ -5,8 +5,9 @@ when frozen, ``__setattr__`` / ``__delattr__`` as source text and compiles it ev
 class is made; for the 120 dataclasses a ``collsim run`` imports, that compiling is most of
 the time the classes cost, a large share of the command's start-up. :func:`install` gives the
 ``dataclasses`` module an ``exec`` that compiles each text of a collsim module once and keeps
-the code in ``collsim/__pycache__`` (marshalled, named by the interpreter's cache tag, written
-at exit unless ``sys.dont_write_bytecode``, as ``.pyc`` files are). The same text compiled
+the code in ``collsim/__pycache__`` (marshalled, named by the interpreter's cache tag, headed by
+its magic number and the flags, written at exit unless ``sys.dont_write_bytecode``, as ``.pyc``
+files are). The same text compiled
 with the same flags is the same code, so the classes are the same; texts of other modules'
 classes pass to the built-in ``exec`` untouched. The figures are in docs/internals.md.
 """
@@ -22,6 +23,7 @@ import os
 import stat
 import sys
 from collections.abc import Callable
+from importlib.util import MAGIC_NUMBER
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +57,12 @@ class CodeCache:
         """The texts asked for in this process."""
         return set(self.code)
 
+    @property
+    def header(self) -> tuple[bytes, int]:
+        """What a file must open with to be read: the interpreter's bytecode magic number (as
+        ``.pyc`` files) and the compiler flags."""
+        return (MAGIC_NUMBER, self.flags)
+
     def _load(self) -> dict[str, bytes]:
         stored: Any = None
         if self.path is not None:
@@ -62,7 +70,8 @@ class CodeCache:
                 stored = marshal.loads(self.path.read_bytes())
             except (OSError, ValueError, EOFError, TypeError):
                 stored = None  # no file yet, or one this interpreter cannot read: compile
-        checked: dict[str, bytes] = stored if type(stored) is dict else {}
+        ok = type(stored) is tuple and len(stored) == 2 and stored[0] == self.header
+        checked: dict[str, bytes] = stored[1] if ok and type(stored[1]) is dict else {}
         self.stored = checked
         return checked
 
@@ -99,7 +108,7 @@ class CodeCache:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, _mode())
             try:
                 with os.fdopen(fd, "wb") as out:
-                    out.write(marshal.dumps(stored))
+                    out.write(marshal.dumps((self.header, stored)))
                 os.replace(tmp, self.path)
             except BaseException:
                 tmp.unlink(missing_ok=True)
