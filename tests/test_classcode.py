@@ -54,6 +54,18 @@ def _module(name: str, exec_: Any) -> types.ModuleType:
     return module
 
 
+def _probe(cache: CodeCache) -> types.ModuleType:
+    """``SOURCE`` as a collsim module whose classes go through ``cache``."""
+    return _module("collsim.classcode_probe", caching_exec(cache))
+
+
+@pytest.fixture
+def path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A cache file's path, in a process that writes bytecode."""
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    return tmp_path / "code.marshal"
+
+
 def _behaviour(module: types.ModuleType) -> list[Any]:
     p, q = module.Point(1.0), module.Point(1.0, 2.0, ())
     out: list[Any] = [repr(p), p == q, hash(p) == hash(q), p != module.Point(3.0)]
@@ -80,19 +92,15 @@ def test_the_package_installs_the_cache() -> None:
     assert any("def __init__" in text for text in installed.cache.used)
 
 
-def test_cached_classes_behave_as_compiled_ones(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(sys, "dont_write_bytecode", False)
-    path = tmp_path / "code.marshal"
+def test_cached_classes_behave_as_compiled_ones(path: Path) -> None:
     first = CodeCache(path)
-    made = _module("collsim.classcode_probe", caching_exec(first))
+    made = _probe(first)
     assert first.added > 0 and len(first.used) == first.added
     first.save()
     assert path.exists()
     # a new process reads every text back and compiles none
     second = CodeCache(path)
-    again = _module("collsim.classcode_probe", caching_exec(second))
+    again = _probe(second)
     assert second.added == 0 and second.used == first.used
     plain = _module("collsim.classcode_probe", exec)
     assert _behaviour(made) == _behaviour(again) == _behaviour(plain)
@@ -115,19 +123,15 @@ def test_other_modules_classes_pass_through(tmp_path: Path) -> None:
     assert _behaviour(made) == _behaviour(_module("collsim.classcode_probe", exec))
 
 
-def test_a_bad_file_is_compiled_over_and_an_unwritable_one_is_skipped(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(sys, "dont_write_bytecode", False)
-    path = tmp_path / "code.marshal"
+def test_a_bad_file_is_compiled_over_and_an_unwritable_one_is_skipped(path: Path) -> None:
     path.write_bytes(b"not marshal data")
     cache = CodeCache(path)
-    _module("collsim.classcode_probe", caching_exec(cache))
+    _probe(cache)
     assert cache.added > 0
-    locked = tmp_path / "locked"
+    locked = path.parent / "locked"
     locked.mkdir()
     unwritable = CodeCache(locked / "sub" / "code.marshal")
-    _module("collsim.classcode_probe", caching_exec(unwritable))
+    _probe(unwritable)
     locked.chmod(0o500)
     try:
         unwritable.save()  # no error: compiled each run, as without the cache
@@ -165,14 +169,12 @@ def test_a_process_writes_the_file_only_where_bytecode_is_written(tmp_path: Path
 
 
 def test_a_full_file_keeps_only_the_texts_in_use(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sys, "dont_write_bytecode", False)
-    path = tmp_path / "code.marshal"
     stale = {f"x = {i}": marshal.dumps(compile(f"x = {i}", "<string>", "exec")) for i in range(9)}
     path.write_bytes(marshal.dumps((CodeCache(path).header, stale)))
     cache = CodeCache(path)
-    _module("collsim.classcode_probe", caching_exec(cache))
+    _probe(cache)
     monkeypatch.setattr("collsim.core.classcode.MAX_ENTRIES", 10)
     cache.save()
     kept = marshal.loads(path.read_bytes())[1]
@@ -180,27 +182,23 @@ def test_a_full_file_keeps_only_the_texts_in_use(
     # under the bound the stale texts stay (they may be another command's)
     again = CodeCache(path)
     path.write_bytes(marshal.dumps((again.header, stale)))
-    _module("collsim.classcode_probe", caching_exec(again))
+    _probe(again)
     monkeypatch.setattr("collsim.core.classcode.MAX_ENTRIES", 100)
     again.save()
     assert set(marshal.loads(path.read_bytes())[1]) == set(stale) | again.used
 
 
-def test_a_file_of_another_interpreter_or_other_flags_is_not_read(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(sys, "dont_write_bytecode", False)
-    path = tmp_path / "code.marshal"
+def test_a_file_of_another_interpreter_or_other_flags_is_not_read(path: Path) -> None:
     first = CodeCache(path)
-    _module("collsim.classcode_probe", caching_exec(first))
+    _probe(first)
     first.save()
     _, blobs = marshal.loads(path.read_bytes())
     for header in ((b"\x00\x00\r\n", 0), (importlib.util.MAGIC_NUMBER, 1 << 24)):
         path.write_bytes(marshal.dumps((header, blobs)))
         other = CodeCache(path)
-        _module("collsim.classcode_probe", caching_exec(other))
+        _probe(other)
         assert other.added == len(first.used)  # every text compiled anew
     flagged = CodeCache(path, flags=1 << 24)  # a file written under other flags is its own
-    _module("collsim.classcode_probe", caching_exec(flagged))
+    _probe(flagged)
     flagged.save()
     assert marshal.loads(path.read_bytes())[0] == (importlib.util.MAGIC_NUMBER, 1 << 24)
