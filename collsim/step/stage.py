@@ -8,7 +8,9 @@ FSDP units, and, for a schedule that splits backward, the input- and weight-grad
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import fields
 from functools import partial
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from collsim.parallel.buckets import Bucket, build_buckets
@@ -168,16 +170,12 @@ def _layer_segments(
 
 def _keyed(seg: Segment, index: int) -> Segment:
     """``seg`` for layer ``index``: its fields but the key, its step list shared."""
-    return Segment(
-        index,
-        seg.steps,
-        grad_from=seg.grad_from,
-        stored_bytes=seg.stored_bytes,
-        transient_bytes=seg.transient_bytes,
-        framework_s=seg.framework_s,
-        frees=seg.frees,
-        buffer_bytes=seg.buffer_bytes,
-    )
+    return Segment(index, *_ALL_BUT_KEY(seg))
+
+
+_ALL_BUT_KEY = attrgetter(*[f.name for f in fields(Segment)][1:])
+"""A segment's fields after its key, in order (read from the dataclass: a new field is
+copied too)."""
 
 
 def _chunk_params(
