@@ -54,7 +54,6 @@ def _temporary_folders_stay_inside_the_run(
     """Every temporary folder of the session (tempfile, and child processes through TMPDIR)
     goes under the session's own pytest folder, and the session ends with none of collsim's
     left in it: a leak fails the run at teardown instead of filling /tmp."""
-    import os
     import shutil
     import tempfile
 

@@ -136,18 +136,17 @@ def _cache_path() -> Path | None:
     return Path(__file__).resolve().parent.parent / "__pycache__" / f"dataclasses.{tag}.marshal"
 
 
-def install(cache: CodeCache | None = None) -> CodeCache | None:
+def install() -> CodeCache | None:
     """Give ``dataclasses`` the caching ``exec`` (once per process; the cache it uses, or
     None when it cannot: an interpreter without a cache tag, or a ``dataclasses`` whose
     ``exec`` is already someone else's)."""
     current = getattr(dataclasses, "exec", None)
     if current is not None:
         return getattr(current, "cache", None)
-    if cache is None:
-        path = _cache_path()
-        if path is None:
-            return None
-        cache = CodeCache(path, flags=future_flags(vars(dataclasses)))
+    path = _cache_path()
+    if path is None:
+        return None
+    cache = CodeCache(path, flags=future_flags(vars(dataclasses)))
     dataclasses.exec = caching_exec(cache)  # type: ignore[attr-defined]
     atexit.register(cache.save)
     return cache
