@@ -16,7 +16,8 @@ from collsim.core.errors import CollsimWarning
 from collsim.play.engine import simulate_step
 from collsim.play.walk import estimate_step
 from collsim.step import allocator
-from collsim.step.memory import MemoryEvent
+from collsim.step.memory import MemoryEvent, MemoryLedger, MemoryPattern
+from collsim.step.replay_events import ReplayEvents, replay_events
 from collsim.study.scenario import load_scenario
 
 REPO = Path(__file__).resolve().parents[1]
@@ -154,3 +155,40 @@ def test_a_kept_state_is_matched_at_its_first_return(engine: bool) -> None:
         replay_period.Steady._skip = real  # type: ignore[method-assign]
     [(states, kept_at, skipped)] = seen
     assert states == 0 and kept_at < replay_period.KEPT_STATES and skipped > 0
+
+
+@pytest.mark.parametrize("name", FAST[:4] + FAST[6:8])
+def test_columns_are_the_sorted_events(name: str) -> None:
+    # the columnar events the replay reads of the engine's ledgers (which place patterns):
+    # every event, in sorted_events' order, the same period found, the same replay
+    ledgers, inputs = _ledgers(SCENARIOS / name, engine=True)
+    columnar = 0
+    for rank, ledger in ledgers.items():
+        events, listed = replay_events(ledger), ledger.sorted_events()
+        columnar += isinstance(events, ReplayEvents)
+        assert list(events) == listed and events[3:9] == listed[3:9]
+        assert replay_period.find_period(events) == replay_period.find_period(listed)
+        got = allocator.replay_ledger(rank, events, **inputs)
+        assert got == allocator.replay_ledger(rank, listed, **inputs)
+    assert columnar > 0
+
+
+def _placed_ledger(kind: str, label: object = "x") -> MemoryLedger:
+    """A ledger of one single event and a pattern placed for six micro-batches."""
+    ledger = MemoryLedger(0)
+    ledger.alloc(0.0, "buffers", 8.0, label)
+    pattern = MemoryPattern("activations", [(0.0, 64.0, kind, 3), (0.5, -64.0, "free", 3)])
+    for mb in range(6):
+        ledger.place(float(mb), pattern, mb, 0)
+    return ledger
+
+
+def test_columns_fall_back_to_the_sorted_list() -> None:
+    # shifting kinds with a hashable single label: columns; a kind that does not shift or an
+    # unhashable label: the list sorted_events gives
+    ledger = _placed_ledger("act")
+    assert isinstance(replay_events(ledger), ReplayEvents)
+    assert list(replay_events(ledger)) == ledger.sorted_events()
+    for other in (_placed_ledger("grad"), _placed_ledger("act", label=["unhashable"])):
+        got = replay_events(other)
+        assert type(got) is list and got == other.sorted_events()

@@ -16,6 +16,7 @@ from typing import Any
 
 from collsim.cluster.hardware import CUDA_CONTEXT_BYTES, NCCL_BUFFER_BYTES
 from collsim.step.caching_allocator import AllocatorOOM, Block, CachingAllocator
+from collsim.step.replay_events import replay_events
 from collsim.step.replay_period import MICROBATCH_AT, Steady, find_period
 from collsim.workload.op_records import activation_element_bytes
 from collsim.workload.ops import head_ops
@@ -106,7 +107,8 @@ def replay_ledger(
     logits: int = 0,
     skip_repeats: bool = True,
 ) -> ReservedMemory:
-    """Replay one rank's sorted memory events (:meth:`MemoryLedger.sorted_events`) through a
+    """Replay one rank's sorted memory events (:meth:`MemoryLedger.sorted_events`, or the
+    same as columns: :func:`collsim.step.replay_events.replay_events`) through a
     :class:`CachingAllocator` on one stream.
 
     Each allocation event is one block, but an activation event whose bytes are a layer's
@@ -396,7 +398,7 @@ def replay_ranks(
     return {
         rank: replay_ledger(
             rank,
-            ledger.sorted_events(),
+            replay_events(ledger),
             expandable_segments=expandable_segments,
             limit_bytes=limit_bytes,
             tensors=tensors,

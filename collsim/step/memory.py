@@ -103,7 +103,9 @@ class PlacedOps(NamedTuple):
     kinds: list[MemoryPattern]
     """The patterns, distinct, each with events, in order of first placement."""
     microbatches: Any
+    """Each placement's micro-batch (an integer array, or a list of what was placed)."""
     chunks: Any
+    """Each placement's chunk (as ``microbatches``)."""
     before: Any
     """Integer array: how many single events were recorded before each placement."""
 
@@ -197,6 +199,27 @@ class MemoryLedger:
         self._placed.clear()
         self._known.clear()  # the single events moved
         self._events = out
+
+    def recorded(self) -> tuple[list[MemoryEvent], PlacedOps | None]:
+        """The single events and the placed patterns as columns (None without placements), in
+        recording order, the patterns not expanded. Valid until the next event is recorded."""
+        if self._batch is not None:  # then nothing in _placed
+            return self._events, self._batch
+        placed = self._placed
+        if not placed:
+            return self._events, None
+        patterns = list(map(itemgetter(1), placed))
+        kinds = list(dict.fromkeys(patterns))  # patterns hash by identity
+        number = {id(p): i for i, p in enumerate(kinds)}
+        n = len(placed)
+        return self._events, PlacedOps(
+            starts=np.fromiter(map(itemgetter(0), placed), dtype=float, count=n),
+            which=np.fromiter(map(number.__getitem__, map(id, patterns)), np.intp, n),
+            kinds=kinds,
+            microbatches=list(map(itemgetter(2), placed)),
+            chunks=list(map(itemgetter(3), placed)),
+            before=np.fromiter(map(itemgetter(4), placed), np.intp, n),
+        )
 
     def known_columns(self, first: int, columns: tuple[Any, Any, Any]) -> None:
         """Declare the columns (:func:`event_columns`) of the single events recorded from

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from collsim.step.replay_events import SHIFTING_KINDS, ReplayEvents
+
 __all__ = ["MICROBATCH_AT", "MIN_REPEATS", "Period", "Steady", "find_period"]
 
 MICROBATCH_AT = 2
@@ -21,7 +23,7 @@ MICROBATCH_AT = 2
 (``act``, ``recompute`` and ``free`` labels of :class:`collsim.step.memory.MemoryEvent`) and
 its pairing key ``(category, layer, micro-batch, chunk)``."""
 
-_KINDS = ("act", "recompute", "free")
+_KINDS = SHIFTING_KINDS
 
 MIN_REPEATS = 2
 """Fewer repeats than this are replayed event by event (nothing to gain)."""
@@ -58,7 +60,10 @@ class Period:
 
 def _twins_until(events: Sequence[Any], x: int, stop: int, period: int, shift: int) -> int:
     """The first ``x' >= x`` (at most ``stop``) where ``events[x' + period]`` is not
-    ``events[x']`` with its micro-batch ``shift`` on."""
+    ``events[x']`` with its micro-batch ``shift`` on (on the columns of a
+    :class:`ReplayEvents`)."""
+    if isinstance(events, ReplayEvents):
+        return events.twins_until(x, stop, period, shift)
     stop = min(stop, len(events) - period)
     while x < stop:
         a, b = events[x], events[x + period]
@@ -80,6 +85,8 @@ def find_period(events: Sequence[Any]) -> Period | None:
     namesakes (same kind, layer and chunk, later micro-batch), the first whose twins hold for
     :data:`WINDOW` periods on (interleaved schedules run micro-batches in groups: the nearest
     namesake is not always the period); None when there is none."""
+    if isinstance(events, ReplayEvents):
+        return _period_of_columns(events)
     n = len(events)
     for s in range(n // 3, n):
         label = events[s][3]
@@ -107,6 +114,23 @@ def find_period(events: Sequence[Any]) -> Period | None:
             if tried >= CANDIDATES:
                 break
         return None
+    return None
+
+
+def _period_of_columns(events: ReplayEvents) -> Period | None:
+    """:func:`find_period` on the columns of a :class:`ReplayEvents`."""
+    n = len(events)
+    first = n // 3
+    labelled = events.shifting[first:].nonzero()[0]
+    if not len(labelled):
+        return None
+    s = first + int(labelled[0])
+    mb = int(events.microbatches[s])
+    for j in events.namesakes(s)[:CANDIDATES].tolist():
+        period, shift = j - s, int(events.microbatches[j]) - mb
+        stop = s + WINDOW * period
+        if stop <= n - period and events.twins_until(s, stop, period, shift) >= stop:
+            return Period(period, shift)
     return None
 
 

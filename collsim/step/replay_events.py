@@ -1,0 +1,237 @@
+"""One rank's memory events in the order the allocator replay reads them, kept as columns.
+
+:meth:`collsim.step.memory.MemoryLedger.sorted_events` expands every placed pattern into a
+labelled event and sorts the lot; the replay (:func:`collsim.step.allocator.replay_ledger`)
+then reads a few hundred of them and jumps over the repeats of a pipeline's steady state
+(:mod:`collsim.step.replay_period`), after comparing every skipped event with its namesake a
+period before. :class:`ReplayEvents` is the same sequence in the same order, sorted with
+numpy from the ledger's columns, each event made only when it is read, and the comparison
+done on integer columns: the label without its micro-batch as a number, the micro-batch
+apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from collsim.step.memory import MemoryEvent, MemoryLedger, PlacedOps, event_columns
+from collsim.step.result import MEMORY_KEYS
+
+__all__ = ["SHIFTING_KINDS", "ReplayEvents", "replay_events"]
+
+SHIFTING_KINDS = ("act", "recompute", "free")
+"""Label kinds ``(kind, layer, micro-batch, chunk)`` whose twin a period on is the same label
+with its micro-batch shifted (the labelled activations of :class:`MemoryEvent`)."""
+
+_new = tuple.__new__
+
+
+def _shifts(label: Any) -> bool:
+    """Whether ``label`` is ``(kind, layer, micro-batch, chunk)`` of a shifting kind with an
+    integer micro-batch."""
+    return (
+        type(label) is tuple
+        and len(label) == 4
+        and label[0] in SHIFTING_KINDS
+        and type(label[2]) is int
+    )
+
+
+class ReplayEvents(Sequence[MemoryEvent]):
+    """:meth:`MemoryLedger.sorted_events` of a ledger as columns (build it with
+    :func:`replay_events`). ``self[i]`` is the same event as ``sorted_events()[i]``;
+    :meth:`twins_until` answers :func:`collsim.step.replay_period.find_period`'s question on
+    the columns."""
+
+    def __init__(
+        self,
+        singles: list[MemoryEvent],
+        placed: PlacedOps,
+        flat: list[tuple[float, float, str, Any]],
+        columns: dict[str, Any],
+    ) -> None:
+        self._singles = singles
+        self._flat = flat
+        """Every pattern's events, one pattern after another."""
+        self._starts = placed.starts.tolist()
+        cats = [p.category for p in placed.kinds]
+        self._cats = [cats[k] for k in placed.which.tolist()]
+        """Each placement's category."""
+        self._mbs = list(placed.microbatches)
+        self._chunks = list(placed.chunks)
+        self._order: list[int] = columns["order"].tolist()
+        self._placement: list[int] = columns["placement"].tolist()
+        self._source: list[int] = columns["source"].tolist()
+        self._built: list[MemoryEvent | None] = [None] * len(self._order)
+        self.deltas = columns["deltas"]
+        self.categories = columns["categories"]
+        self.codes = columns["codes"]
+        """The label without its micro-batch, as a number (equal labels, equal numbers)."""
+        self.microbatches = columns["microbatches"]
+        """The micro-batch of a shifting label (:data:`SHIFTING_KINDS`), else 0."""
+        self.shifting = columns["shifting"]
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def __iter__(self) -> Iterator[MemoryEvent]:
+        return (self[i] for i in range(len(self._order)))
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self._order)))]
+        ev = self._built[i]
+        if ev is None:
+            r = self._order[i]
+            singles = len(self._singles)
+            if r < singles:
+                ev = self._singles[r]
+            else:
+                p = self._placement[r - singles]
+                rel, delta, kind, key = self._flat[self._source[r - singles]]
+                label = (kind, key, self._mbs[p], self._chunks[p])
+                ev = _new(MemoryEvent, (self._starts[p] + rel, self._cats[p], delta, label))
+            self._built[i] = ev
+        return ev
+
+    def twins_until(self, x: int, stop: int, period: int, shift: int) -> int:
+        """The first ``x' >= x`` (at most ``stop``) where event ``x' + period`` is not event
+        ``x'`` with its micro-batch ``shift`` on (:func:`collsim.step.replay_period.
+        find_period`'s twins)."""
+        stop = min(stop, len(self._order) - period)
+        if x >= stop:
+            return x
+        a, b = slice(x, stop), slice(x + period, stop + period)
+        same = self.codes[a] == self.codes[b]
+        same &= self.deltas[a] == self.deltas[b]
+        same &= self.categories[a] == self.categories[b]
+        moved = self.microbatches[b] - self.microbatches[a]
+        same &= moved == np.where(self.shifting[a], shift, 0)
+        bad = np.flatnonzero(~same)
+        return x + int(bad[0]) if len(bad) else stop
+
+    def namesakes(self, s: int) -> Any:
+        """Indices after ``s`` of the events whose label is event ``s``'s (a shifting one) with
+        a later micro-batch, of its size and category, in order."""
+        after = slice(s + 1, None)
+        same = self.codes[after] == self.codes[s]
+        same &= self.microbatches[after] > self.microbatches[s]
+        same &= self.deltas[after] == self.deltas[s]
+        same &= self.categories[after] == self.categories[s]
+        return np.flatnonzero(same) + (s + 1)
+
+
+def replay_events(ledger: MemoryLedger) -> Sequence[MemoryEvent]:
+    """``ledger``'s events in :meth:`~MemoryLedger.sorted_events` order: a
+    :class:`ReplayEvents` when the ledger has placed patterns whose kinds all shift and whose
+    micro-batches and chunks are integers, else the sorted list itself."""
+    singles, placed = ledger.recorded()
+    built = None if placed is None else _build(singles, placed)
+    return ledger.sorted_events() if built is None else built
+
+
+def _build(singles: list[MemoryEvent], placed: PlacedOps) -> ReplayEvents | None:
+    """:class:`ReplayEvents` of the recorded events, or None where the columns cannot say
+    what the labels say (a kind that does not shift, a micro-batch or chunk that is not an
+    integer, a label that does not hash)."""
+    flat = [ev for pattern in placed.kinds for ev in pattern.events]
+    if any(ev[2] not in SHIFTING_KINDS for ev in flat):
+        return None
+    mbs, chunks = list(placed.microbatches), list(placed.chunks)
+    if any(type(v) is not int for v in (*mbs, *chunks)) or min(chunks) < 0:
+        return None
+    numbers: dict[Any, int] = {}
+    try:
+        single = _single_columns(singles, numbers)
+    except TypeError:  # an unhashable label
+        return None
+    pattern = _pattern_columns(placed, flat, numbers)
+    count = len(singles)
+    # recording order: placement p's events after single before[p] - 1, in pattern order
+    record = np.concatenate([np.arange(count), pattern["before"]])
+    after_singles = np.concatenate(
+        [np.ones(count, np.int8), np.zeros(len(pattern["source"]), np.int8)]
+    )
+    place = np.concatenate([np.zeros(count, np.intp), pattern["placement"]])
+    within = np.concatenate([np.zeros(count, np.intp), pattern["within"]])
+    times = np.concatenate([single["times"], pattern["times"]])
+    deltas = np.concatenate([single["deltas"], pattern["deltas"]])
+    # by time, then signed size, then recording order (as sorted_events' two stable sorts)
+    order = np.lexsort((within, place, after_singles, record, deltas, times))
+    columns = {
+        "order": order,
+        "placement": pattern["placement"],
+        "source": pattern["source"],
+        "deltas": deltas[order],
+    }
+    for name in ("categories", "codes", "microbatches", "shifting"):
+        columns[name] = np.concatenate([single[name], pattern[name]])[order]
+    return ReplayEvents(singles, placed, flat, columns)
+
+
+def _single_columns(singles: list[MemoryEvent], numbers: dict[Any, int]) -> dict[str, Any]:
+    """The single events' columns; their labels numbered in ``numbers``."""
+    times, deltas, categories = event_columns(singles)
+    codes, mbs, shifting = [], [], []
+    for ev in singles:
+        label = ev[3]
+        if _shifts(label):
+            key: Any = ("s", label[0], label[1], label[3])
+            mbs.append(label[2])
+            shifting.append(True)
+        else:
+            key = ("n", label)
+            mbs.append(0)
+            shifting.append(False)
+        codes.append(numbers.setdefault(key, len(numbers)))
+    return {
+        "times": times,
+        "deltas": deltas,
+        "categories": categories,
+        "codes": np.array(codes, dtype=np.int64),
+        "microbatches": np.array(mbs, dtype=np.int64),
+        "shifting": np.array(shifting, dtype=bool),
+    }
+
+
+def _pattern_columns(
+    placed: PlacedOps, flat: list[tuple[float, float, str, Any]], numbers: dict[Any, int]
+) -> dict[str, Any]:
+    """The placed patterns' events' columns, placement after placement in recording order,
+    each placement's events in its pattern's order; labels numbered in ``numbers``."""
+    kinds = placed.kinds
+    sizes = np.array([len(p.events) for p in kinds], dtype=np.intp)
+    base = np.cumsum(sizes) - sizes
+    which = np.asarray(placed.which, dtype=np.intp)
+    lens = sizes[which]
+    ends = np.cumsum(lens)
+    total = int(ends[-1]) if len(ends) else 0
+    placement = np.repeat(np.arange(len(which)), lens)
+    within = np.arange(total) - np.repeat(ends - lens, lens)
+    source = base[which][placement] + within
+    offsets = np.concatenate([p.offsets for p in kinds])
+    chunks = np.asarray(placed.chunks, dtype=np.int64)[placement]
+    width = int(chunks.max()) + 1 if total else 1
+    pairs, inverse = np.unique(source * width + chunks, return_inverse=True)
+    table = np.empty(len(pairs), dtype=np.int64)
+    for u, pair in enumerate(pairs.tolist()):
+        src, chunk = divmod(pair, width)
+        _, _, kind, key = flat[src]
+        table[u] = numbers.setdefault(("s", kind, key, chunk), len(numbers))
+    index = {k: i for i, k in enumerate(MEMORY_KEYS)}
+    categories = np.array([index[p.category] for p in kinds], dtype=np.int8)
+    return {
+        "before": np.asarray(placed.before, dtype=np.intp)[placement],
+        "placement": placement,
+        "within": within,
+        "source": source,
+        "times": np.asarray(placed.starts, dtype=float)[placement] + offsets[source],
+        "deltas": np.concatenate([p.deltas for p in kinds])[source],
+        "categories": categories[which][placement],
+        "codes": table[inverse.reshape(-1)],
+        "microbatches": np.asarray(placed.microbatches, dtype=np.int64)[placement],
+        "shifting": np.ones(total, dtype=bool),
+    }
