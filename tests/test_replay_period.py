@@ -157,11 +157,13 @@ def test_a_kept_state_is_matched_at_its_first_return(engine: bool) -> None:
     assert states == 0 and kept_at < replay_period.KEPT_STATES and skipped > 0
 
 
+@pytest.mark.parametrize("engine", [True, False])
 @pytest.mark.parametrize("name", FAST[:4] + FAST[6:8])
-def test_columns_are_the_sorted_events(name: str) -> None:
-    # the columnar events the replay reads of the engine's ledgers (which place patterns):
-    # every event, in sorted_events' order, the same period found, the same replay
-    ledgers, inputs = _ledgers(SCENARIOS / name, engine=True)
+def test_columns_are_the_sorted_events(name: str, engine: bool) -> None:
+    # the columnar events the replay reads of both interpreters' ledgers (the engine places
+    # patterns row by row, the walk as columns): every event, in sorted_events' order, the
+    # same period found, the same replay
+    ledgers, inputs = _ledgers(SCENARIOS / name, engine)
     columnar = 0
     for rank, ledger in ledgers.items():
         events, listed = replay_events(ledger), ledger.sorted_events()

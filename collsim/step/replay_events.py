@@ -140,8 +140,8 @@ def _build(singles: list[MemoryEvent], placed: PlacedOps) -> ReplayEvents | None
     flat = [ev for pattern in placed.kinds for ev in pattern.events]
     if any(ev[2] not in SHIFTING_KINDS for ev in flat):
         return None
-    mbs, chunks = list(placed.microbatches), list(placed.chunks)
-    if any(type(v) is not int for v in (*mbs, *chunks)) or min(chunks) < 0:
+    mbs, chunks = _integers(placed.microbatches), _integers(placed.chunks)
+    if mbs is None or chunks is None or min(chunks) < 0:
         return None
     numbers: dict[Any, int] = {}
     try:
@@ -169,7 +169,16 @@ def _build(singles: list[MemoryEvent], placed: PlacedOps) -> ReplayEvents | None
     }
     for name in ("categories", "codes", "microbatches", "shifting"):
         columns[name] = np.concatenate([single[name], pattern[name]])[order]
-    return ReplayEvents(singles, placed, flat, columns)
+    return ReplayEvents(singles, placed._replace(microbatches=mbs, chunks=chunks), flat, columns)
+
+
+def _integers(values: Any) -> list[int] | None:
+    """``values`` (an array or a list) as a list of Python integers, or None when they are
+    not all integers (the labels the ledger makes of them: ``tolist()`` of an array)."""
+    if isinstance(values, np.ndarray):
+        return values.tolist() if values.dtype.kind in "iu" else None
+    values = list(values)
+    return values if all(type(v) is int for v in values) else None
 
 
 def _single_columns(singles: list[MemoryEvent], numbers: dict[Any, int]) -> dict[str, Any]:
