@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from collsim.cluster.hardware import get_device
 from collsim.step.allocator import cublas_workspaces, expandable_segments_of, replay_ledger
 from collsim.step.caching_allocator import (
+    FIT_COUNT_CAP,
     MAX_REQUEST_SHAPES,
     AllocatorOOM,
     Block,
@@ -346,12 +347,52 @@ def test_cached_fit_answers_from_its_cache_as_worked_out_afresh(
             live.append(a.malloc(kib * 1024))
         elif action == "free" and live:
             a.free(live.pop(pick % len(live)))
-        else:
-            sizes = (kib * 1024, 2048 * 1024)
-            for _ in range(2):  # the second from the cache
-                assert a.cached_fit(sizes) == a._cached_fit(sizes, 0)
+        else:  # a request kept by capped sizes, and one of more parts kept by the lists
+            for sizes in ((kib * 1024, 2048 * 1024), (kib * 1024,) * (FIT_COUNT_CAP + 1)):
+                for _ in range(2):  # the second from the cache
+                    assert a.cached_fit(sizes) == a._cached_fit(sizes, 0)
         for pool, entries in a._free.items():
             assert a._free_sums.get(pool, 0) == sum(map(hash, entries))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    held=st.lists(st.sampled_from([2, 6, 20, 48]), min_size=20, max_size=60),
+    freed=st.lists(st.integers(0, 59), max_size=60),
+    parts=st.lists(st.sampled_from([1, 2, 6, 20, 24, 48]), min_size=1, max_size=FIT_COUNT_CAP),
+)
+def test_cached_fit_by_capped_sizes_is_the_fit_worked_out(
+    held: list[int], freed: list[int], parts: list[int]
+) -> None:
+    # many free blocks of a few sizes (more of one size than the cap counts): each answer,
+    # from the cache kept by the free lists' sizes so capped, is the one worked out afresh
+    # on the lists of the moment, as the blocks are freed one by one
+    a = CachingAllocator(expandable_segments=False)
+    live = [a.malloc(mib * MIB) for mib in held]
+    requests = [tuple(mib * MIB for mib in parts)]
+    requests += [(mib * MIB,) * k for mib in (2, 6, 20, 48) for k in (1, 2, 3, FIT_COUNT_CAP)]
+    for pick in freed:
+        if live:
+            a.free(live.pop(pick % len(live)))
+        for sizes in requests:
+            assert a.cached_fit(sizes) == a._cached_fit(sizes, 0)
+
+
+def test_free_blocks_past_the_cap_share_a_cached_fit() -> None:
+    # 20 and then 21 free 12 MiB segments (from 10 MiB a request gets a segment of its own):
+    # the same blocks answer a request of FIT_COUNT_CAP parts, so the second state is
+    # answered from the first one's entry
+    a = CachingAllocator(expandable_segments=False)
+    blocks = [a.malloc(12 * MIB) for _ in range(21)]
+    for block in blocks[:20]:
+        a.free(block)
+    sizes = (12 * MIB,) * FIT_COUNT_CAP
+    assert a.cached_fit(sizes) == sum(sizes)
+    entries = len(a._fits)
+    a.free(blocks[20])
+    assert len(a._free[(0, False)]) == 21
+    assert a.cached_fit(sizes) == a._cached_fit(sizes, 0) == sum(sizes)
+    assert len(a._fits) == entries
 
 
 def test_cached_fit_keeps_a_bounded_number_of_rounded_requests() -> None:
