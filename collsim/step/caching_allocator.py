@@ -81,11 +81,6 @@ def allocation_size(size_bytes: int) -> int:
     return ROUND_LARGE_BYTES * ((size_bytes + ROUND_LARGE_BYTES - 1) // ROUND_LARGE_BYTES)
 
 
-FIT_COUNT_CAP = 16
-"""Blocks of one size a :meth:`CachingAllocator.cached_fit` key counts at most (requests of
-more parts are kept by their free lists). A bound chosen above the tensors of a layer's
-activations (14 on GPT-3 175B, :func:`collsim.step.allocator.activation_tensors`)."""
-
 MAX_REQUEST_SHAPES = 256
 """Rounded requests :meth:`CachingAllocator.cached_fit` keeps (a step asks a few shapes)."""
 
@@ -100,17 +95,15 @@ def _request_parts(sizes_bytes: tuple[int, ...]) -> tuple[tuple[int, bool, tuple
     return tuple(out)
 
 
-def _capped_sizes(entries: list[tuple[int, int]] | None) -> tuple[int, ...]:
-    """The sizes of a sorted free list, each size's blocks after its first
-    :data:`FIT_COUNT_CAP` left out (block ``i`` is kept when it differs in size from block
-    ``i - FIT_COUNT_CAP``)."""
+def _capped_sizes(entries: list[tuple[int, int]] | None, cap: int) -> tuple[int, ...]:
+    """The sizes of a sorted free list, each size's blocks after its first ``cap`` left out
+    (block ``i`` is kept when it differs in size from block ``i - cap``)."""
     if not entries:
         return ()
     sizes = list(map(itemgetter(0), entries))
-    if len(sizes) <= FIT_COUNT_CAP:
+    if len(sizes) <= cap:
         return tuple(sizes)
-    keep = chain(repeat(True, FIT_COUNT_CAP), map(ne, sizes[FIT_COUNT_CAP:], sizes))
-    return tuple(compress(sizes, keep))
+    return tuple(compress(sizes, chain(repeat(True, cap), map(ne, sizes[cap:], sizes))))
 
 
 class AllocatorOOM(SimulationError):
@@ -178,14 +171,10 @@ class CachingAllocator:
         self._unmapped_at: dict[int, Block] = {}
         self._fits: dict[tuple[Any, ...], int | None] = {}
         """:meth:`cached_fit`'s answers by request and cache state (with expandable segments:
-        the free lists and unmapped ranges; without: the free lists' capped sizes)."""
+        the free lists and unmapped ranges; without: the free lists' sizes, capped)."""
         self._free_sums: dict[tuple[int, bool], int] = {}
         """Per pool: the sum of the hashes of its free list's entries, kept as the list
         changes (a cache state's key without hashing the list)."""
-        self._fits_by_sum: dict[tuple[Any, ...], tuple[list[Any], list[Any], int | None]] = {}
-        """:meth:`cached_fit`'s answers to requests of more than :data:`FIT_COUNT_CAP` parts
-        without expandable segments, by request and free-list sums, with the free lists they
-        were worked out on (a hit is checked against them)."""
         self._parts: dict[tuple[int, ...], tuple[tuple[int, bool, tuple[int, int]], ...]] = {}
         """:meth:`_cached_fit`'s requests rounded (:func:`_request_parts`), by request."""
         self._next_addr = 0
@@ -249,34 +238,21 @@ class CachingAllocator:
         ranges): a step repeats the same requests on the same cache many times. Without
         expandable segments the answer depends on the free blocks' sizes alone (equal sizes
         are interchangeable, and the blocks cut are the same sizes whatever their addresses),
-        and only on each size's first :data:`FIT_COUNT_CAP` blocks when the request has no
-        more parts than that (it takes at most one block per part): a request of up to that
-        many parts is kept by the pools' sizes so capped; a longer one by the pools' running
-        sums of entry hashes, checked against the lists it was worked out on.
+        and only on each size's first ``n`` blocks for a request of ``n`` parts (it takes at
+        most one block per part): it is kept by the pools' sizes so capped.
         """
         sizes = tuple(sizes_bytes)
         free = self._free
-        if not self.expandable and len(sizes) <= FIT_COUNT_CAP:
+        if not self.expandable:
             capped = (
                 stream,
                 sizes,
-                _capped_sizes(free.get((stream, False))),
-                _capped_sizes(free.get((stream, True))),
+                _capped_sizes(free.get((stream, False)), len(sizes)),
+                _capped_sizes(free.get((stream, True)), len(sizes)),
             )
             fit = self._fits.get(capped, _UNKNOWN)
             if fit == _UNKNOWN:
                 fit = self._fits[capped] = self._cached_fit(sizes, stream)
-            return fit
-        if not self.expandable:
-            sums = self._free_sums
-            large = free.get((stream, False), [])
-            small = free.get((stream, True), [])
-            at = (stream, sizes, sums.get((stream, False), 0), sums.get((stream, True), 0))
-            hit = self._fits_by_sum.get(at)
-            if hit is not None and hit[0] == large and hit[1] == small:
-                return hit[2]
-            fit = self._cached_fit(sizes, stream)
-            self._fits_by_sum[at] = (list(large), list(small), fit)
             return fit
         key: tuple[Any, ...] = (
             stream,
