@@ -349,16 +349,15 @@ class MemoryLedger:
         total = float(arr.totals[top])
         if total <= 0:
             return MemoryPeak(0.0, 0.0, current)
-        final = dict.fromkeys(MEMORY_KEYS, 0.0)
-        for i, key in enumerate(MEMORY_KEYS):
-            mine = arr.deltas[arr.cats == i]
-            if len(mine):
-                running = np.cumsum(mine)
-                upto = int(np.count_nonzero(arr.cats[: top + 1] == i))
-                current[key] = float(running[upto - 1]) if upto else 0.0
-                final[key] = float(running[-1])
-        if min(final.values()) < -1e-6 * max(1.0, total):
-            raise SimulationError(f"rank {self.rank}: memory freed more than allocated: {final}")
+        # per category, its bytes added one after another in timeline order (``bincount``
+        # adds each weight to its bin in index order, as ``cumsum`` of the category would)
+        kinds = len(MEMORY_KEYS)
+        upto = np.bincount(arr.cats[: top + 1], arr.deltas[: top + 1], kinds).tolist()
+        final = np.bincount(arr.cats, arr.deltas, kinds).tolist()
+        current = dict(zip(MEMORY_KEYS, upto, strict=True))
+        if min(final) < -1e-6 * max(1.0, total):
+            left = dict(zip(MEMORY_KEYS, final, strict=True))
+            raise SimulationError(f"rank {self.rank}: memory freed more than allocated: {left}")
         return MemoryPeak(float(arr.times[top]), total, current)
 
     def category_peak(self, category: str) -> float:
