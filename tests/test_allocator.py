@@ -340,8 +340,8 @@ def test_cached_fit_answers_from_its_cache_as_worked_out_afresh(
     steps: list[tuple[str, int, int]],
 ) -> None:
     # one allocator through many states, repeated requests answered from the cache: each
-    # answer is the one worked out on the free lists of the moment, and the pools' running
-    # sums are those of their lists
+    # answer is the one worked out on the free lists of the moment, and each free list is
+    # sorted and its blocks found by their addresses
     a = CachingAllocator(expandable_segments=False)
     live: list[Block] = []
     for action, kib, pick in steps:
@@ -354,7 +354,11 @@ def test_cached_fit_answers_from_its_cache_as_worked_out_afresh(
                 for _ in range(2):  # the second from the cache
                     assert a.cached_fit(sizes) == a._cached_fit(sizes, 0)
         for pool, entries in a._free.items():
-            assert a._free_sums.get(pool, 0) == sum(map(hash, entries))
+            assert entries == sorted(entries)
+            assert all(
+                a._free_at[addr].size == size and a._free_at[addr].pool == pool
+                for size, addr in entries
+            )
 
 
 @settings(max_examples=60, deadline=None)

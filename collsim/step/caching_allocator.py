@@ -172,20 +172,31 @@ class CachingAllocator:
         self._fits: dict[tuple[Any, ...], int | None] = {}
         """:meth:`cached_fit`'s answers by request and cache state (with expandable segments:
         the free lists and unmapped ranges; without: the free lists' sizes, capped)."""
-        self._free_sums: dict[tuple[int, bool], int] = {}
-        """Per pool: the sum of the hashes of its free list's entries, kept as the list
-        changes (a cache state's key without hashing the list)."""
         self._parts: dict[tuple[int, ...], tuple[tuple[int, bool, tuple[int, int]], ...]] = {}
         """:meth:`_cached_fit`'s requests rounded (:func:`_request_parts`), by request."""
+        self._pools: dict[tuple[int, ...], tuple[bool, bool]] = {}
+        """Whether a request takes from the large pool and from the small one, by request."""
         self._next_addr = 0
 
     # ---- the public calls ---------------------------------------------------------------
     def malloc(self, size_bytes: int, stream: int = 0) -> Block:
         """A block for ``size_bytes`` on ``stream`` (``DeviceCachingAllocator::malloc``)."""
-        size = round_size(int(size_bytes))
+        size = int(size_bytes)
+        size = (
+            MIN_BLOCK_BYTES * ((size + MIN_BLOCK_BYTES - 1) // MIN_BLOCK_BYTES)
+            if size > MIN_BLOCK_BYTES
+            else MIN_BLOCK_BYTES
+        )  # round_size
         small = size <= SMALL_SIZE_BYTES
         pool = (stream, small)
-        block = self._get_free_block(pool, size)
+        lst = self._free.get(pool)
+        block = None
+        if lst and not self.expandable:  # _get_free_block's best fit, inline
+            i = bisect_left(lst, (size, -1))
+            if i < len(lst):
+                block = self._free_at.pop(lst.pop(i)[1])
+        elif lst:
+            block = self._get_free_block(pool, size)
         if block is None:
             block = self._new_block(pool, size)
         rest = block.size - size
@@ -209,7 +220,12 @@ class CachingAllocator:
             self._merge(block, before)
         if after is not None and not after.allocated:
             self._merge(block, after)
-        self._insert_free(block)
+        pool = block.pool  # _insert_free, inline
+        lst = self._free.get(pool)
+        if lst is None:
+            lst = self._free[pool] = []
+        insort(lst, (block.size, block.addr))
+        self._free_at[block.addr] = block
 
     def empty_cache(self) -> None:
         """``release_cached_blocks``: whole free segments go back to the device; in an
@@ -239,16 +255,19 @@ class CachingAllocator:
         expandable segments the answer depends on the free blocks' sizes alone (equal sizes
         are interchangeable, and the blocks cut are the same sizes whatever their addresses),
         and only on each size's first ``n`` blocks for a request of ``n`` parts (it takes at
-        most one block per part): it is kept by the pools' sizes so capped.
+        most one block per part): it is kept by the sizes so capped of the pools the request
+        takes blocks from.
         """
         sizes = tuple(sizes_bytes)
         free = self._free
         if not self.expandable:
+            # the pools the request takes blocks from (the other's free list is not read)
+            large, small = self._pools_of(sizes)
             capped = (
                 stream,
                 sizes,
-                _capped_sizes(free.get((stream, False)), len(sizes)),
-                _capped_sizes(free.get((stream, True)), len(sizes)),
+                _capped_sizes(free.get((stream, False)), len(sizes)) if large else None,
+                _capped_sizes(free.get((stream, True)), len(sizes)) if small else None,
             )
             fit = self._fits.get(capped, _UNKNOWN)
             if fit == _UNKNOWN:
@@ -272,15 +291,31 @@ class CachingAllocator:
         self._fits[key] = fit
         return fit
 
-    def _cached_fit(self, sizes_bytes: tuple[int, ...], stream: int) -> int | None:
-        """:meth:`cached_fit` worked out."""
-        if self.expandable:
-            return self._cached_fit_expandable(sizes_bytes, stream)
+    def _request(
+        self, sizes_bytes: tuple[int, ...]
+    ) -> tuple[tuple[int, bool, tuple[int, int]], ...]:
+        """A request's parts rounded (:func:`_request_parts`), kept by request."""
         parts = self._parts.get(sizes_bytes)
         if parts is None:
             if len(self._parts) >= MAX_REQUEST_SHAPES:
                 self._parts.clear()
+                self._pools.clear()
             parts = self._parts[sizes_bytes] = _request_parts(sizes_bytes)
+        return parts
+
+    def _pools_of(self, sizes_bytes: tuple[int, ...]) -> tuple[bool, bool]:
+        """Whether a request takes blocks from the large pool, and from the small one."""
+        pools = self._pools.get(sizes_bytes)
+        if pools is None:
+            smalls = [small for _, small, _ in self._request(sizes_bytes)]
+            pools = self._pools[sizes_bytes] = (not all(smalls), any(smalls))
+        return pools
+
+    def _cached_fit(self, sizes_bytes: tuple[int, ...], stream: int) -> int | None:
+        """:meth:`cached_fit` worked out."""
+        if self.expandable:
+            return self._cached_fit_expandable(sizes_bytes, stream)
+        parts = self._request(sizes_bytes)
         free = self._free
         large: list[tuple[int, int]] | None = None
         small: list[tuple[int, int]] | None = None
@@ -363,14 +398,14 @@ class CachingAllocator:
 
     def signature(self) -> tuple[Any, ...]:
         """A cheap summary of the cache (byte counts, next address, retries, the free lists'
-        running hash sums): equal wherever :meth:`state` is, seldom equal elsewhere."""
+        hashes): equal wherever :meth:`state` is, seldom equal elsewhere."""
         st = self.stats
         return (
             st.allocated_bytes,
             st.reserved_bytes,
             st.num_alloc_retries,
             self._next_addr,
-            tuple(sorted(self._free_sums.items())),
+            tuple(sorted((pool, hash(tuple(lst))) for pool, lst in self._free.items())),
             len(self._unmapped_at),
         )
 
@@ -417,17 +452,12 @@ class CachingAllocator:
         return SMALL_BUFFER_BYTES if pool[1] else LARGE_BUFFER_BYTES
 
     def _insert_free(self, block: Block) -> None:
-        entry = (block.size, block.addr)
-        pool = block.pool
-        insort(self._free.setdefault(pool, []), entry)
-        self._free_sums[pool] = self._free_sums.get(pool, 0) + hash(entry)
+        insort(self._free.setdefault(block.pool, []), (block.size, block.addr))
         self._free_at[block.addr] = block
 
     def _remove_free(self, block: Block) -> None:
-        entry = (block.size, block.addr)
         lst = self._free[block.pool]
-        del lst[bisect_left(lst, entry)]
-        self._free_sums[block.pool] -= hash(entry)
+        del lst[bisect_left(lst, (block.size, block.addr))]
         del self._free_at[block.addr]
 
     def _expandable_size(self, block: Block) -> int:
@@ -444,9 +474,7 @@ class CachingAllocator:
         if i == len(lst):
             return None
         if not self.expandable:
-            entry = lst.pop(i)
-            self._free_sums[pool] -= hash(entry)
-            return self._free_at.pop(entry[1])
+            return self._free_at.pop(lst.pop(i)[1])
         block = self._free_at[lst[i][1]]
         if self.expandable:
             j = i + 1
