@@ -232,8 +232,9 @@ def _freed_next(ev: Any, nxt: Any) -> bool:
 
 class _Pairing:
     """The live allocations of a replay and which of them a free releases (the rules of
-    :func:`replay_ledger`). One handle per event: [its blocks, live, bytes] (a block object
-    is reused once freed, a handle is not)."""
+    :func:`replay_ledger`). One handle per event: [its blocks, live, bytes, its blocks'
+    addresses once :meth:`state` asked] (a block object is reused once freed, a handle is
+    not; an allocated block keeps its address)."""
 
     def __init__(self, alloc: CachingAllocator) -> None:
         self.alloc = alloc
@@ -247,7 +248,7 @@ class _Pairing:
         self.unmatched = 0
 
     def add(self, category: str, label: Any, size: int, blocks: list[Block]) -> None:
-        handle = [blocks, True, size]
+        handle = [blocks, True, size, None]
         if type(label) is tuple:
             if label and label[0] in ("act", "recompute"):
                 key = (category, *label[1:])
@@ -304,7 +305,7 @@ class _Pairing:
         frees waiting for their allocation and the unmatched bytes. Dead handles are dropped
         from the lists on the way (the pairing skips them anyway)."""
         stacks = {
-            category: tuple(tuple([b.addr for b in h[0]]) for h in live)
+            category: tuple([h[3] or _addresses(h) for h in live])
             for category, handles in self.stacks.items()
             if (live := _live(handles))
         }
@@ -365,6 +366,13 @@ class _Pairing:
                 self.release(rest.pop())
                 left = 0
         self.unmatched += max(0, left)
+
+
+def _addresses(handle: list[Any]) -> tuple[int, ...]:
+    """A live handle's blocks' addresses, kept in the handle."""
+    addresses = tuple([b.addr for b in handle[0]])
+    handle[3] = addresses
+    return addresses
 
 
 def _live(handles: Any) -> list[Any]:
