@@ -12,7 +12,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections.abc import Iterable
 from dataclasses import dataclass
-from itertools import chain, compress, repeat
+from itertools import chain, compress, islice, repeat
 from operator import itemgetter, ne
 from typing import Any
 
@@ -95,12 +95,14 @@ def _request_parts(sizes_bytes: tuple[int, ...]) -> tuple[tuple[int, bool, tuple
     return tuple(out)
 
 
-def _capped_sizes(entries: list[tuple[int, int]] | None, cap: int) -> tuple[int, ...]:
-    """The sizes of a sorted free list, each size's blocks after its first ``cap`` left out
-    (block ``i`` is kept when it differs in size from block ``i - cap``)."""
+def _capped_sizes(entries: list[tuple[int, int]] | None, cap: int, least: int) -> tuple[int, ...]:
+    """The sizes of a sorted free list from its first block of at least ``least`` bytes on,
+    each size's blocks after its first ``cap`` left out (block ``i`` is kept when it differs
+    in size from block ``i - cap``)."""
     if not entries:
         return ()
-    sizes = list(map(itemgetter(0), entries))
+    start = bisect_left(entries, (least, -1))
+    sizes = list(map(itemgetter(0), islice(entries, start, None)))
     if len(sizes) <= cap:
         return tuple(sizes)
     return tuple(compress(sizes, chain(repeat(True, cap), map(ne, sizes[cap:], sizes))))
@@ -174,8 +176,8 @@ class CachingAllocator:
         the free lists and unmapped ranges; without: the free lists' sizes, capped)."""
         self._parts: dict[tuple[int, ...], tuple[tuple[int, bool, tuple[int, int]], ...]] = {}
         """:meth:`_cached_fit`'s requests rounded (:func:`_request_parts`), by request."""
-        self._pools: dict[tuple[int, ...], tuple[bool, bool]] = {}
-        """Whether a request takes from the large pool and from the small one, by request."""
+        self._pools: dict[tuple[int, ...], tuple[int, int]] = {}
+        """A request's least part in the large pool and in the small one, by request."""
         self._next_addr = 0
 
     # ---- the public calls ---------------------------------------------------------------
@@ -255,19 +257,21 @@ class CachingAllocator:
         expandable segments the answer depends on the free blocks' sizes alone (equal sizes
         are interchangeable, and the blocks cut are the same sizes whatever their addresses),
         and only on each size's first ``n`` blocks for a request of ``n`` parts (it takes at
-        most one block per part): it is kept by the sizes so capped of the pools the request
-        takes blocks from.
+        most one block per part), and not on blocks smaller than its least part in their pool
+        (never a best fit; the rests it cuts are its own): it is kept by the sizes so capped
+        and so cut of the pools the request takes blocks from.
         """
         sizes = tuple(sizes_bytes)
         free = self._free
         if not self.expandable:
-            # the pools the request takes blocks from (the other's free list is not read)
+            # per pool the request takes blocks from, its least part (smaller blocks are
+            # never its best fit, and the other pool's list is not read)
             large, small = self._pools_of(sizes)
             capped = (
                 stream,
                 sizes,
-                _capped_sizes(free.get((stream, False)), len(sizes)) if large else None,
-                _capped_sizes(free.get((stream, True)), len(sizes)) if small else None,
+                _capped_sizes(free.get((stream, False)), len(sizes), large) if large else None,
+                _capped_sizes(free.get((stream, True)), len(sizes), small) if small else None,
             )
             fit = self._fits.get(capped, _UNKNOWN)
             if fit == _UNKNOWN:
@@ -303,12 +307,15 @@ class CachingAllocator:
             parts = self._parts[sizes_bytes] = _request_parts(sizes_bytes)
         return parts
 
-    def _pools_of(self, sizes_bytes: tuple[int, ...]) -> tuple[bool, bool]:
-        """Whether a request takes blocks from the large pool, and from the small one."""
+    def _pools_of(self, sizes_bytes: tuple[int, ...]) -> tuple[int, int]:
+        """A request's least rounded part in the large pool and in the small one (0 where it
+        takes no block from that pool)."""
         pools = self._pools.get(sizes_bytes)
         if pools is None:
-            smalls = [small for _, small, _ in self._request(sizes_bytes)]
-            pools = self._pools[sizes_bytes] = (not all(smalls), any(smalls))
+            parts = self._request(sizes_bytes)
+            large = [size for size, small, _ in parts if not small]
+            small = [size for size, is_small, _ in parts if is_small]
+            pools = self._pools[sizes_bytes] = (min(large, default=0), min(small, default=0))
         return pools
 
     def _cached_fit(self, sizes_bytes: tuple[int, ...], stream: int) -> int | None:
