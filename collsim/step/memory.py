@@ -40,6 +40,7 @@ __all__ = [
     "PlacedOps",
     "Timelines",
     "event_columns",
+    "pattern_columns",
 ]
 
 
@@ -62,34 +63,20 @@ class MemoryPattern:
             placed event is labelled ``(kind, key, microbatch, chunk)``.
     """
 
-    __slots__ = ("category", "events", "_arrays")
+    __slots__ = ("category", "events")
 
     def __init__(self, category: str, events: list[tuple[float, float, str, Any]]) -> None:
         if category not in MEMORY_KEYS:
             raise SimulationError(f"unknown memory category {category!r}")
         self.category = category
         self.events = [(float(t), float(d), kind, key) for t, d, kind, key in events if d]
-        self._arrays: tuple[Any, Any] | None = None
 
-    def arrays(self) -> tuple[Any, Any]:
-        """(offsets, deltas) of the events as arrays, made when first asked for (the empty
-        pattern an op's block starts with, replaced once its segments are known, never is)."""
-        if self._arrays is None:
-            self._arrays = (
-                np.array([e[0] for e in self.events], dtype=float),
-                np.array([e[1] for e in self.events], dtype=float),
-            )
-        return self._arrays
 
-    @property
-    def offsets(self) -> Any:
-        """Each event's offset from the op's start, as an array."""
-        return self.arrays()[0]
-
-    @property
-    def deltas(self) -> Any:
-        """Each event's bytes, as an array."""
-        return self.arrays()[1]
+def pattern_columns(kinds: list[MemoryPattern]) -> tuple[Any, Any]:
+    """(offsets, deltas) of the events of ``kinds``, one pattern after another, as arrays (two
+    conversions for all of them: the columns in one transposition)."""
+    columns = list(zip(*[ev for pattern in kinds for ev in pattern.events])) or [(), ()]
+    return np.array(columns[0], dtype=float), np.array(columns[1], dtype=float)
 
 
 class PlacedOps(NamedTuple):
@@ -407,8 +394,7 @@ def _pattern_arrays(
     total = int(ends[-1])
     within = np.arange(total) - np.repeat(ends - lens, lens)
     source = np.repeat(base[which], lens) + within
-    offsets = np.concatenate([p.offsets for p in kinds])
-    deltas = np.concatenate([p.deltas for p in kinds])
+    offsets, deltas = pattern_columns(kinds)
     cats = np.repeat(np.array([index[p.category] for p in kinds], dtype=np.int8), sizes)
     return np.repeat(starts, lens) + offsets[source], deltas[source], cats[source]
 

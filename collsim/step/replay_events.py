@@ -17,7 +17,13 @@ from typing import Any
 
 import numpy as np
 
-from collsim.step.memory import MemoryEvent, MemoryLedger, PlacedOps, event_columns
+from collsim.step.memory import (
+    MemoryEvent,
+    MemoryLedger,
+    PlacedOps,
+    event_columns,
+    pattern_columns,
+)
 from collsim.step.result import MEMORY_KEYS
 
 __all__ = ["SHIFTING_KINDS", "ReplayEvents", "replay_events"]
@@ -221,7 +227,7 @@ def _pattern_columns(
     placement = np.repeat(np.arange(len(which)), lens)
     within = np.arange(total) - np.repeat(ends - lens, lens)
     source = base[which][placement] + within
-    offsets = np.concatenate([p.offsets for p in kinds])
+    offsets, deltas = pattern_columns(kinds)
     chunks = np.asarray(placed.chunks, dtype=np.int64)[placement]
     width = int(chunks.max()) + 1 if total else 1
     pairs, inverse = np.unique(source * width + chunks, return_inverse=True)
@@ -238,7 +244,7 @@ def _pattern_columns(
         "within": within,
         "source": source,
         "times": np.asarray(placed.starts, dtype=float)[placement] + offsets[source],
-        "deltas": np.concatenate([p.deltas for p in kinds])[source],
+        "deltas": deltas[source],
         "categories": categories[which][placement],
         "codes": table[inverse.reshape(-1)],
         "microbatches": np.asarray(placed.microbatches, dtype=np.int64)[placement],
