@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
     from collsim.parallel.pipeline import Phase
     from collsim.parallel.plan import Plan
-    from collsim.play.walk_tables import OpPlan, OpTable, Priced, RankState
+    from collsim.play.walk_tables import OpPlan, OpTable, Priced, RankState, Reduction
     from collsim.step.build import StepSchedule
     from collsim.step.dataparallel import DataParallelRules
     from collsim.step.ops import ChunkModel
@@ -69,6 +69,10 @@ class Walker(Protocol):
         ready: float,
         issued: float | None = None,
     ) -> float: ...
+
+    def run_reductions(
+        self, prog: RankState, reductions: list[Reduction], t0: float
+    ) -> list[MemoryEvent]: ...
 
 
 TRACES_KEPT = 2
@@ -346,7 +350,8 @@ def _replay(
             if block.run_key not in runs:
                 runs[block.run_key] = [block.segs, 0]
         elif what == 2:
-            held = _reduce(w, progs[s], blocks[s][tables[s].blocks[x]], traces[s].starts[x])
+            block = blocks[s][tables[s].blocks[x]]
+            held = w.run_reductions(progs[s], block.reductions, traces[s].starts[x])
             if held:
                 inserts[s].append((x, traces[s].marks[x], held))
         else:
@@ -373,21 +378,6 @@ def _set_tally(tally: Any, count: int, time_s: float, busbw_bps: float) -> None:
     tally.count += count
     tally.time_s += time_s
     tally.busbw_bps = busbw_bps
-
-
-def _reduce(w: Walker, prog: RankState, block: OpPlan, t0: float) -> list[MemoryEvent]:
-    """The bucket reductions of an op starting at ``t0``, each call priced once per block, on
-    the rank's dp stream (:meth:`Walker.run_priced`, issued at the op's start): returns the
-    ZeRO-2 bucket buffers' events (held until the reduction ends)."""
-    held: list[MemoryEvent] = []
-    new = tuple.__new__
-    for rel, calls, hold in block.reductions:
-        ready = t0 + rel
-        fired = w.run_priced(prog, calls, ready, t0)
-        if hold:
-            held.append(new(MemoryEvent, (ready, "buffers", hold, "zero2 bucket")))
-            held.append(new(MemoryEvent, (fired, "buffers", -hold, "zero2 bucket")))
-    return held
 
 
 def _ledger(

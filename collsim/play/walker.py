@@ -81,6 +81,11 @@ class Walker:
         self.runs: dict[tuple[int, int], list[Any]] = {}
         self.seg_plans: dict[tuple[int, int, Phase, bool], list[SegStep]] = {}
         self._bucket_prices: dict[tuple[int, float, bool], tuple[Priced, ...]] = {}
+        self._call_prices: dict[tuple[int, str, float, str], Priced] = {}
+        self._windows: dict[tuple[int, int, int], tuple[float, float]] = {}
+        """:meth:`grad_window` by (rank, id of a segment's step list, where its gradients
+        start); the lists live as long as the walk's schedule."""
+        """:meth:`dp_calls`' prices by (rank, op, size, axis)."""
 
     def stat_items(self) -> Iterator[tuple[CallKey, CallTally]]:
         return self.stats.items()
@@ -133,9 +138,15 @@ class Walker:
         return key, cost.time_s, cost.busbw_bps
 
     def grad_window(self, rank: int, seg: Segment) -> tuple[float, float]:
-        off = sum(self.step_s(rank, s) for s in seg.steps[: seg.grad_from])
-        dur = sum(self.step_s(rank, s) for s in seg.steps[seg.grad_from :])
-        return off, dur
+        """(seconds before the segment's gradients start, seconds they take), once per step
+        list (the layers of a kind share theirs, and a list is never changed in place)."""
+        shape = (rank, id(seg.steps), seg.grad_from)
+        hit = self._windows.get(shape)
+        if hit is None:
+            off = sum(self.step_s(rank, s) for s in seg.steps[: seg.grad_from])
+            dur = sum(self.step_s(rank, s) for s in seg.steps[seg.grad_from :])
+            hit = self._windows[shape] = (off, dur)
+        return hit
 
     # ---- the walk -----------------------------------------------------------------------------
     def run(self) -> None:
@@ -305,27 +316,20 @@ class Walker:
             events.append(tuple.__new__(MemoryEvent, (ready, "buffers", hold, "zero2 bucket")))
             events.append(tuple.__new__(MemoryEvent, (fired, "buffers", -hold, "zero2 bucket")))
 
-    def dp_calls(
-        self,
-        prog: RankState,
-        calls: list[DPCall],
-        ready: float,
-        extra_s: float,
-        issued: float | None = None,
-    ) -> float:
+    def dp_calls(self, prog: RankState, calls: list[DPCall], ready: float) -> float:
         """Calls one after another on the rank's dp stream (each on its axis's group), ready
-        at ``ready`` and issued at ``issued`` (default: ``ready``), the offload copy before
-        the first: returns when the last one's event fires (``ready`` when there is none)."""
-        issued = ready if issued is None else issued
-        fired = ready
-        for i, c in enumerate(calls):
-            group = self.group(prog.rank, c.axis)
-            t = self.price(prog.rank, DP, c.op, c.size_bytes, group, extra_s if i == 0 else 0.0)
-            start = max(ready, prog.dp_free)
-            prog.dp_free = start + t
-            fired = fires(issued, prog.dp_free)
-            prog.dp_last_end = max(prog.dp_last_end, fired)
-        return fired
+        and issued at ``ready``: returns when the last one's event fires (``ready`` when there
+        is none). Each distinct call is priced once per walk (:meth:`run_priced` runs them)."""
+        memo = self._call_prices
+        rank = prog.rank
+        priced = []
+        for c in calls:
+            shape = (rank, c.op, c.size_bytes, c.axis)
+            hit = memo.get(shape)
+            if hit is None:
+                hit = memo[shape] = self.priced_calls(rank, [c], 0.0)[0]
+            priced.append(hit)
+        return self.run_priced(prog, priced, ready)
 
     def priced_calls(
         self, rank: int, calls: list[DPCall], extra_s: float
@@ -343,7 +347,7 @@ class Walker:
     def run_priced(
         self,
         prog: RankState,
-        calls: tuple[tuple[float, float, CallKey], ...],
+        calls: tuple[tuple[float, float, CallKey], ...] | list[Priced],
         ready: float,
         issued: float | None = None,
     ) -> float:
@@ -364,6 +368,35 @@ class Walker:
             tally.busbw_bps = busbw
         prog.dp_free, prog.dp_last_end = dp_free, dp_last
         return fired
+
+    def run_reductions(
+        self, prog: RankState, reductions: list[Reduction], t0: float
+    ) -> list[MemoryEvent]:
+        """The bucket reductions of an op starting at ``t0`` (:meth:`reduction`), one after
+        another on the rank's dp stream, each ready at ``t0`` plus its offset and issued at
+        ``t0`` (:meth:`run_priced` of each, in one loop): returns the ZeRO-2 bucket buffers'
+        events (held until the reduction ends)."""
+        held: list[MemoryEvent] = []
+        new = tuple.__new__
+        tally_of = self.stats.tally
+        dp_free, dp_last = prog.dp_free, prog.dp_last_end
+        for rel, calls, hold in reductions:
+            ready = t0 + rel
+            fired = ready
+            for t, busbw, key in calls:
+                dp_free = (ready if ready >= dp_free else dp_free) + t
+                fired = t0 + (dp_free - t0)  # fires(t0, dp_free)
+                if fired > dp_last:
+                    dp_last = fired
+                tally = tally_of(key)
+                tally.count += 1
+                tally.time_s += t
+                tally.busbw_bps = busbw
+            if hold:
+                held.append(new(MemoryEvent, (ready, "buffers", hold, "zero2 bucket")))
+                held.append(new(MemoryEvent, (fired, "buffers", -hold, "zero2 bucket")))
+        prog.dp_free, prog.dp_last_end = dp_free, dp_last
+        return held
 
     def send_output(self, prog: RankState, op: PipeOp, dest: tuple[int, Phase, int]) -> None:
         """Send ``op``'s output to ``dest`` (stage, direction, chunk) on the pp stream."""
@@ -436,7 +469,7 @@ class Walker:
             calls = self.rules.gathers_after_optimizer(stage)
             if calls:
                 t0 = prog.now
-                end = self.dp_calls(prog, calls, prog.now, 0.0)
+                end = self.dp_calls(prog, calls, prog.now)
                 prog.breakdown_s["dp_exposed"] += end - t0
                 prog.now = end
             prog.end_s = prog.now
