@@ -8,7 +8,7 @@ micro-batch. Derivations: docs/derivations.md.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from collsim.core.errors import SimulationError
@@ -354,38 +354,40 @@ class Walker:
         """:meth:`dp_calls` of calls priced by :meth:`priced_calls`, ready at ``ready`` and
         issued at ``issued`` (default ``ready``): when the last one's event fires."""
         issued = ready if issued is None else issued
-        fired = ready
-        dp_free, dp_last = prog.dp_free, prog.dp_last_end
-        tally_of = self.stats.tally
-        for t, busbw, key in calls:
-            dp_free = (ready if ready >= dp_free else dp_free) + t  # max(ready, dp_free) + t
-            fired = issued + (dp_free - issued)  # fires(issued, dp_free)
-            if fired > dp_last:
-                dp_last = fired
-            tally = tally_of(key)
-            tally.count += 1
-            tally.time_s += t
-            tally.busbw_bps = busbw
-        prog.dp_free, prog.dp_last_end = dp_free, dp_last
-        return fired
+        return self._run_on_dp(prog, ((ready, calls, 0.0),), issued, [])
 
     def run_reductions(
         self, prog: RankState, reductions: list[Reduction], t0: float
     ) -> list[MemoryEvent]:
         """The bucket reductions of an op starting at ``t0`` (:meth:`reduction`), one after
         another on the rank's dp stream, each ready at ``t0`` plus its offset and issued at
-        ``t0`` (:meth:`run_priced` of each, in one loop): returns the ZeRO-2 bucket buffers'
-        events (held until the reduction ends)."""
+        ``t0``: returns the ZeRO-2 bucket buffers' events (held until the reduction ends)."""
         held: list[MemoryEvent] = []
+        self._run_on_dp(
+            prog, [(t0 + rel, calls, hold) for rel, calls, hold in reductions], t0, held
+        )
+        return held
+
+    def _run_on_dp(
+        self,
+        prog: RankState,
+        runs: Iterable[tuple[float, Sequence[Priced], float]],
+        issued: float,
+        held: list[MemoryEvent],
+    ) -> float:
+        """Runs of priced calls (each: when it is ready, its calls, the bytes of a ZeRO-2
+        buffer held until it ends or 0), all issued at ``issued``, one after another on the
+        rank's dp stream, in one loop; the buffers' events appended to ``held``: when the
+        last run's last call fires (its ready time without calls)."""
         new = tuple.__new__
         tally_of = self.stats.tally
         dp_free, dp_last = prog.dp_free, prog.dp_last_end
-        for rel, calls, hold in reductions:
-            ready = t0 + rel
+        fired = issued
+        for ready, calls, hold in runs:
             fired = ready
             for t, busbw, key in calls:
-                dp_free = (ready if ready >= dp_free else dp_free) + t
-                fired = t0 + (dp_free - t0)  # fires(t0, dp_free)
+                dp_free = (ready if ready >= dp_free else dp_free) + t  # max(ready, dp_free) + t
+                fired = issued + (dp_free - issued)  # fires(issued, dp_free)
                 if fired > dp_last:
                     dp_last = fired
                 tally = tally_of(key)
@@ -396,7 +398,7 @@ class Walker:
                 held.append(new(MemoryEvent, (ready, "buffers", hold, "zero2 bucket")))
                 held.append(new(MemoryEvent, (fired, "buffers", -hold, "zero2 bucket")))
         prog.dp_free, prog.dp_last_end = dp_free, dp_last
-        return held
+        return fired
 
     def send_output(self, prog: RankState, op: PipeOp, dest: tuple[int, Phase, int]) -> None:
         """Send ``op``'s output to ``dest`` (stage, direction, chunk) on the pp stream."""
