@@ -83,6 +83,10 @@ class Walker:
         self._bucket_prices: dict[tuple[int, float, bool], tuple[Priced, ...]] = {}
         self._call_prices: dict[tuple[int, str, float, str], Priced] = {}
         self._windows: dict[tuple[int, int, int], tuple[float, float]] = {}
+        self._seg_sums: dict[tuple[int, int], tuple[list[Step], float, float, dict[str, float]]]
+        self._seg_sums = {}
+        """Per (rank, id of a segment's step list): the list, its compute seconds, its exposed
+        collective seconds and those by breakdown key (:meth:`op_plan`)."""
         """:meth:`grad_window` by (rank, id of a segment's step list, where its gradients
         start); the lists live as long as the walk's schedule."""
         """:meth:`dp_calls`' prices by (rank, op, size, axis)."""
@@ -107,25 +111,30 @@ class Walker:
 
     def flush_tp(self) -> None:
         """Tally the TP collectives of every run of ops (:attr:`runs`): per run and step
-        call, ``runs`` calls of its closed-form time, each distinct call priced once."""
+        call, ``runs`` calls of its closed-form time, each distinct call priced once (a step
+        list's calls listed once: the layers of a kind share their list)."""
         priced: dict[tuple[int, str, str, float], tuple[CallKey, float, float] | None] = {}
         tally_of = self.stats.tally
+        listed: dict[int, tuple[list[Step], list[Step]]] = {}
         for (rank, _), (segs, runs) in self.runs.items():
-            for step in (c for seg in segs for st in seg.steps for c in st.calls()):
-                if not step.op:
-                    continue
-                shape = (rank, step.axis, step.op, step.size_bytes)  # what the price reads
-                if shape in priced:
-                    hit = priced[shape]
-                else:
-                    hit = priced[shape] = self.tp_call(rank, step)
-                if hit is None:
-                    continue
-                key, time_s, busbw = hit
-                tally = tally_of(key)  # CallStats.add, count=runs
-                tally.count += runs
-                tally.time_s += runs * time_s
-                tally.busbw_bps = busbw
+            for seg in segs:
+                known = listed.get(id(seg.steps))
+                if known is None or known[0] is not seg.steps:
+                    ops = [c for st in seg.steps for c in st.calls() if c.op]
+                    known = listed[id(seg.steps)] = (seg.steps, ops)
+                for step in known[1]:
+                    shape = (rank, step.axis, step.op, step.size_bytes)  # what the price reads
+                    if shape in priced:
+                        hit = priced[shape]
+                    else:
+                        hit = priced[shape] = self.tp_call(rank, step)
+                    if hit is None:
+                        continue
+                    key, time_s, busbw = hit
+                    tally = tally_of(key)  # CallStats.add, count=runs
+                    tally.count += runs
+                    tally.time_s += runs * time_s
+                    tally.busbw_bps = busbw
         self.runs.clear()
 
     def tp_call(self, rank: int, step: Step) -> tuple[CallKey, float, float] | None:
@@ -266,12 +275,23 @@ class Walker:
         for bucket in chunk.buckets if gradients else ():
             ready_at.setdefault(bucket.ready_segment, []).append(bucket)
         t = 0.0
+        sums = self._seg_sums
         for seg in segs:
-            d_tp = self.seg_tp_s(prog.rank, seg)
-            dur = seg.compute_s + d_tp + seg.framework_s
-            plan.compute += seg.compute_s
+            steps = seg.steps
+            known = sums.get((prog.rank, id(steps)))
+            if known is None or known[0] is not steps:  # (the list kept: its id stays its own)
+                comm = self.seg_comm_s(prog.rank, seg)
+                known = sums[(prog.rank, id(steps))] = (
+                    steps,
+                    seg.compute_s,
+                    sum(comm.values()),  # seg_tp_s
+                    comm,
+                )
+            _, compute, d_tp, comm = known
+            dur = compute + d_tp + seg.framework_s
+            plan.compute += compute
             plan.tp += d_tp
-            for k, v in self.seg_comm_s(prog.rank, seg).items():
+            for k, v in comm.items():
                 plan.comm[k] = plan.comm.get(k, 0.0) + v
             if seg.framework_s:
                 plan.comm["framework"] = plan.comm.get("framework", 0.0) + seg.framework_s
