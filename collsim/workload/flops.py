@@ -23,6 +23,7 @@ sums the ops of :mod:`collsim.workload.ops` and so also covers GQA and SwiGLU mo
 from __future__ import annotations
 
 import dataclasses
+from functools import lru_cache
 
 from collsim.core.errors import ConfigError
 from collsim.core.vocab import OpKind
@@ -41,6 +42,11 @@ __all__ = [
     "mfu",
     "hfu",
 ]
+
+
+STEP_FLOPS_KEPT = 64
+"""(spec, batch, recompute) entries :func:`model_flops_per_step` and
+:func:`hardware_flops_per_step` keep (a bound, not a figure: a spec hashes by value)."""
 
 
 def narayanan_model_flops(spec: TransformerSpec, global_batch: int) -> float:
@@ -107,18 +113,22 @@ def forward_layers_flops(
     )
 
 
+@lru_cache(maxsize=STEP_FLOPS_KEPT)
 def model_flops_per_step(spec: TransformerSpec, global_batch: int) -> float:
     """Model FLOPs of one training step: 3 x (all layers + LM head) forward matmul FLOPs
-    (3 x (l x layer + LM head) for a model whose layers are all alike)."""
+    (3 x (l x layer + LM head) for a model whose layers are all alike). Kept per (spec,
+    batch): a search asks it of every plan."""
     _check_batch(global_batch)
     head = _matmul_flops(head_ops(spec, micro_batch=global_batch))
     return 3.0 * (forward_layers_flops(spec, global_batch) + head)
 
 
+@lru_cache(maxsize=STEP_FLOPS_KEPT)
 def hardware_flops_per_step(
     spec: TransformerSpec, global_batch: int, recompute: str = "none"
 ) -> float:
-    """Model FLOPs plus the recomputed forward FLOPs (none / selective / full)."""
+    """Model FLOPs plus the recomputed forward FLOPs (none / selective / full), kept as
+    :func:`model_flops_per_step`."""
     _check_batch(global_batch)
     mode = str(recompute).lower()
     model = model_flops_per_step(spec, global_batch)
