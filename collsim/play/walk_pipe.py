@@ -20,7 +20,7 @@ import numpy as np
 
 from collsim.core.errors import SimulationError
 from collsim.core.vocab import ParallelAxis
-from collsim.step.memory import MemoryEvent, PlacedOps, event_columns
+from collsim.step.memory import MemoryEvent, MemoryPeak, PlacedOps, event_columns
 from collsim.step.stats import CallKey
 
 if TYPE_CHECKING:
@@ -36,7 +36,14 @@ if TYPE_CHECKING:
     from collsim.step.shapes import ShapeCache
     from collsim.step.stats import CallStats
 
-__all__ = ["StageTrace", "TRACES_KEPT", "add_block_sums", "trace_pipeline", "walk_fused"]
+__all__ = [
+    "PEAKS_KEPT",
+    "StageTrace",
+    "TRACES_KEPT",
+    "add_block_sums",
+    "trace_pipeline",
+    "walk_fused",
+]
 
 TP, PP = ParallelAxis.TP, ParallelAxis.PP
 
@@ -367,6 +374,8 @@ def _replay(
         for i in deferred[s]:
             prog.deferred.extend(blks[table.blocks[i]].reductions)
         _ledger(prog, table, blks, tr, inserts[s])
+        if w.shapes is not None and not inserts[s]:
+            _shared_peaks(w.shapes, prog, blks, tr)
         prog.next_op, prog.now, prog.pp_free = tr.next_op, tr.now, tr.pp_free
         prog.breakdown_s["bubble"], prog.breakdown_s["pp_exposed"] = tr.bubble, tr.pp_exposed
         add_block_sums(w, prog, table, blks)
@@ -424,6 +433,38 @@ def _ledger(
             before=before,
         )
     )
+
+
+PEAKS_KEPT = 64
+"""Stages' memory peaks a search's shape cache keeps (the most recent; :func:`_shared_peaks`)."""
+
+
+def _shared_peaks(
+    shapes: ShapeCache, prog: RankState, blocks: list[OpPlan], tr: StageTrace
+) -> None:
+    """Declare the rank's memory peaks (:meth:`MemoryLedger.known_peaks`) as worked out for
+    an earlier plan whose ledger holds the same events, else work them out and keep them: the
+    events are the rank's state allocations, the stage's traced messages and its blocks'
+    patterns placed at the traced starts, so the trace (by identity: it is kept in the same
+    cache, and the entry holds it) and those allocations and patterns (by value) say them
+    all. Plans that differ only in their gradient buckets share them (without ZeRO-2 buffers:
+    the caller passes ledgers without reductions' buffers)."""
+    ledger = prog.ledger
+    singles = ledger.appenders()[0]
+    base = len(singles) - len(tr.events)
+    key = (
+        id(tr),
+        tuple(singles[:base]),
+        tuple([(b.pattern.category, tuple(b.pattern.events)) for b in blocks]),
+    )
+
+    def make() -> tuple[StageTrace, MemoryPeak, float]:
+        return tr, ledger.peak(), ledger.category_peak("activations")
+
+    held, peak, activations = shapes.recent("walk peaks", key, make, PEAKS_KEPT)
+    if held is not tr:  # pragma: no cover - another trace at a reused address
+        held, peak, activations = make()
+    ledger.known_peaks(peak, activations)
 
 
 def add_block_sums(w: Walker, prog: RankState, table: OpTable, blocks: list[OpPlan]) -> None:

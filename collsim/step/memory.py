@@ -131,6 +131,9 @@ class MemoryLedger:
     _known: list[tuple[int, Any, Any, Any]] = field(default_factory=list)
     """Runs of single events whose columns are known (:meth:`known_columns`): (first
     index, times, deltas, categories), in order."""
+    _peaks: tuple[tuple[int, int, int], MemoryPeak, float] | None = None
+    """:meth:`peak` and the activations' :meth:`category_peak` as declared
+    (:meth:`known_peaks`), with the counts of events they hold for."""
 
     @property
     def events(self) -> list[MemoryEvent]:
@@ -267,8 +270,7 @@ class MemoryLedger:
         another) and the category split at the peak (the peak never falls inside a run of
         equal frees or equal allocations) are the same in any order.
         """
-        batched = -1 if self._batch is None else len(self._batch.starts)
-        key = (len(self._events), len(self._placed), batched)
+        key = self._counts()
         if self._arr is not None and self._arr_n == key:
             return self._arr
 
@@ -325,9 +327,23 @@ class MemoryLedger:
         last = np.flatnonzero(np.append(arr.times[1:] != arr.times[:-1], True))
         return list(zip(arr.times[last].tolist(), arr.totals[last].tolist()))
 
+    def _counts(self) -> tuple[int, int, int]:
+        """How many single events, placed rows and placed columns the ledger holds (what
+        the cached arrays and declared peaks hold for)."""
+        batched = -1 if self._batch is None else len(self._batch.starts)
+        return len(self._events), len(self._placed), batched
+
+    def known_peaks(self, peak: MemoryPeak, activations_bytes: float) -> None:
+        """Declare :meth:`peak` and ``category_peak("activations")`` of the events recorded
+        so far (those of another ledger with the same events, worked out before): they hold
+        until another event is recorded."""
+        self._peaks = (self._counts(), peak, activations_bytes)
+
     def peak(self) -> MemoryPeak:
         """Highest total in use (checked after every event) and its category split."""
-
+        known = self._peaks
+        if known is not None and known[0] == self._counts():
+            return MemoryPeak(known[1].time_s, known[1].total_bytes, dict(known[1].by_category))
         arr = self._arrays()
         current = dict.fromkeys(MEMORY_KEYS, 0.0)
         if not len(arr.totals):
@@ -349,6 +365,9 @@ class MemoryLedger:
 
     def category_peak(self, category: str) -> float:
         """Highest bytes in use of one category over the step."""
+        known = self._peaks
+        if category == "activations" and known is not None and known[0] == self._counts():
+            return known[2]
         arr = self._arrays()
         mine = arr.deltas[arr.cats == MEMORY_KEYS.index(category)]
         if not len(mine):

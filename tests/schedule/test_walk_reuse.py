@@ -5,6 +5,7 @@ of a fresh ``estimate_step``, whatever plans came before it."""
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 from collsim.cluster.topology import load_topology
 from collsim.core.errors import CollsimWarning
@@ -57,6 +58,22 @@ def _facts(r: StepResult) -> tuple[object, ...]:
     )
 
 
+INTERLEAVED_GRID: dict[str, Any] = {
+    "tp": 2,
+    "pp": 4,
+    "dp": 2,
+    "schedule": "interleaved",
+    "virtual_stages": 2,
+}
+"""16 GPUs: tp 2 x pp 4 (two chunks a stage, interleaved) x dp 2."""
+
+
+def _interleaved(zero: int, ddp: DDPConfig, sequence_parallel: bool = False) -> ParallelConfig:
+    return ParallelConfig(
+        **INTERLEAVED_GRID, sequence_parallel=sequence_parallel, zero=zero, ddp=ddp
+    )
+
+
 def test_estimates_across_plans_equal_fresh_walks() -> None:
     spec = get_preset("gpt3-350m")
     topology = load_topology("dgx_h100", nodes=2)
@@ -77,16 +94,7 @@ def test_plans_that_differ_in_buckets_share_one_pipeline_trace() -> None:
     plans = [
         (
             training,
-            ParallelConfig(
-                tp=2,
-                pp=4,
-                dp=2,
-                schedule="interleaved",
-                virtual_stages=2,
-                sequence_parallel=sequence_parallel,
-                zero=zero,
-                ddp=DDPConfig(bucket_mb=bucket_mb, overlap=overlap),
-            ),
+            _interleaved(zero, DDPConfig(bucket_mb=bucket_mb, overlap=overlap), sequence_parallel),
         )
         for sequence_parallel in (True, False)
         for zero in (1, 2)
@@ -101,6 +109,38 @@ def test_plans_that_differ_in_buckets_share_one_pipeline_trace() -> None:
     # one trace per sequence-parallel choice (a folded gather); the buckets and ZeRO-1/2
     # change only the dp stream
     assert est.shapes.sizes()["walk pipeline"] == 2
+
+
+def test_plans_with_the_same_memory_events_share_their_peaks() -> None:
+    # ZeRO-1 plans that differ only in their buckets record the same memory events on each
+    # stage: the first plan's peaks serve the others. DDP with and without bucket views holds
+    # other state bytes, and ZeRO-2 adds the reductions' buffers: those work theirs out.
+    # Every estimate is a fresh walk's.
+    spec = get_preset("gpt3-350m")
+    topology = load_topology("dgx_h100", nodes=2)
+    training = TrainingConfig(global_batch=16, micro_batch=1, recompute="selective")
+
+    def plan(zero: int, bucket_mb: float, view: bool = False) -> ParallelConfig:
+        return _interleaved(zero, DDPConfig(bucket_mb=bucket_mb, gradient_as_bucket_view=view))
+
+    est = Estimator(topology, spec)
+    counts = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CollsimWarning)
+        for parallel in [
+            plan(1, 1.0),
+            plan(1, 5.0),
+            plan(1, 25.0),
+            plan(0, 5.0),
+            plan(0, 5.0, view=True),
+            plan(2, 5.0),
+        ]:
+            expected = _facts(estimate_step(topology, spec, training, parallel))
+            assert _facts(est.estimate(training, parallel)) == expected, parallel
+            counts.append(est.shapes.sizes().get("walk peaks", 0))
+    # 4 stages a plan: the ZeRO-1 plans share theirs, DDP without and with bucket views adds
+    # 4 each, ZeRO-2 none
+    assert counts == [4, 4, 4, 8, 12, 12]
 
 
 def test_recent_keeps_the_newest_entries() -> None:
