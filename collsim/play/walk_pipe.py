@@ -450,7 +450,7 @@ def _shared_peaks(
     all. Plans that differ only in their gradient buckets share them (without ZeRO-2 buffers:
     the caller passes ledgers without reductions' buffers)."""
     ledger = prog.ledger
-    singles = ledger.appenders()[0]
+    singles = ledger.recorded()[0]  # (appenders() would turn the placed columns into rows)
     base = len(singles) - len(tr.events)
     key = (
         id(tr),
