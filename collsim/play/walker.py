@@ -8,7 +8,7 @@ micro-batch. Derivations: docs/derivations.md.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Iterator, Sequence
+from collections.abc import Hashable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from collsim.core.errors import SimulationError
@@ -325,17 +325,6 @@ class Walker:
         hold = float(bucket.size_bytes) if self.rules.holds_bucket_buffer else 0.0
         return rel, calls, hold
 
-    def reduce_priced(
-        self, prog: RankState, reduction: Reduction, ready: float, issued: float
-    ) -> None:
-        """Run a reduction priced by :meth:`reduction`, ready at ``ready``, issued at ``issued``."""
-        _rel, calls, hold = reduction
-        fired = self.run_priced(prog, calls, ready, issued)
-        if hold:  # MemoryLedger.alloc, then .free
-            events = prog.ledger.appenders()[0]
-            events.append(tuple.__new__(MemoryEvent, (ready, "buffers", hold, "zero2 bucket")))
-            events.append(tuple.__new__(MemoryEvent, (fired, "buffers", -hold, "zero2 bucket")))
-
     def dp_calls(self, prog: RankState, calls: list[DPCall], ready: float) -> float:
         """Calls one after another on the rank's dp stream (each on its axis's group), ready
         and issued at ``ready``: returns when the last one's event fires (``ready`` when there
@@ -374,51 +363,37 @@ class Walker:
         """:meth:`dp_calls` of calls priced by :meth:`priced_calls`, ready at ``ready`` and
         issued at ``issued`` (default ``ready``): when the last one's event fires."""
         issued = ready if issued is None else issued
-        return self._run_on_dp(prog, ((ready, calls, 0.0),), issued, [])
+        fired = ready
+        dp_free, dp_last = prog.dp_free, prog.dp_last_end
+        tally_of = self.stats.tally
+        for t, busbw, key in calls:
+            dp_free = (ready if ready >= dp_free else dp_free) + t  # max(ready, dp_free) + t
+            fired = issued + (dp_free - issued)  # fires(issued, dp_free)
+            if fired > dp_last:
+                dp_last = fired
+            tally = tally_of(key)
+            tally.count += 1
+            tally.time_s += t
+            tally.busbw_bps = busbw
+        prog.dp_free, prog.dp_last_end = dp_free, dp_last
+        return fired
 
     def run_reductions(
-        self, prog: RankState, reductions: list[Reduction], t0: float
+        self, prog: RankState, reductions: list[Reduction], t0: float, *, deferred: bool = False
     ) -> list[MemoryEvent]:
-        """The bucket reductions of an op starting at ``t0`` (:meth:`reduction`), one after
-        another on the rank's dp stream, each ready at ``t0`` plus its offset and issued at
-        ``t0``: returns the ZeRO-2 bucket buffers' events (held until the reduction ends)."""
+        """Bucket reductions (:meth:`reduction`) one after another on the rank's dp stream,
+        issued at ``t0`` and each ready at ``t0`` plus its offset in its op (``deferred``: at
+        ``t0``, the step's end without overlap): returns the ZeRO-2 bucket buffers' events
+        (held until the reduction ends), for the caller to record."""
         held: list[MemoryEvent] = []
-        self._run_on_dp(
-            prog, [(t0 + rel, calls, hold) for rel, calls, hold in reductions], t0, held
-        )
-        return held
-
-    def _run_on_dp(
-        self,
-        prog: RankState,
-        runs: Iterable[tuple[float, Sequence[Priced], float]],
-        issued: float,
-        held: list[MemoryEvent],
-    ) -> float:
-        """Runs of priced calls (each: when it is ready, its calls, the bytes of a ZeRO-2
-        buffer held until it ends or 0), all issued at ``issued``, one after another on the
-        rank's dp stream, in one loop; the buffers' events appended to ``held``: when the
-        last run's last call fires (its ready time without calls)."""
         new = tuple.__new__
-        tally_of = self.stats.tally
-        dp_free, dp_last = prog.dp_free, prog.dp_last_end
-        fired = issued
-        for ready, calls, hold in runs:
-            fired = ready
-            for t, busbw, key in calls:
-                dp_free = (ready if ready >= dp_free else dp_free) + t  # max(ready, dp_free) + t
-                fired = issued + (dp_free - issued)  # fires(issued, dp_free)
-                if fired > dp_last:
-                    dp_last = fired
-                tally = tally_of(key)
-                tally.count += 1
-                tally.time_s += t
-                tally.busbw_bps = busbw
+        for rel, calls, hold in reductions:
+            ready = t0 if deferred else t0 + rel
+            fired = self.run_priced(prog, calls, ready, t0)
             if hold:
                 held.append(new(MemoryEvent, (ready, "buffers", hold, "zero2 bucket")))
                 held.append(new(MemoryEvent, (fired, "buffers", -hold, "zero2 bucket")))
-        prog.dp_free, prog.dp_last_end = dp_free, dp_last
-        return fired
+        return held
 
     def send_output(self, prog: RankState, op: PipeOp, dest: tuple[int, Phase, int]) -> None:
         """Send ``op``'s output to ``dest`` (stage, direction, chunk) on the pp stream."""
@@ -451,8 +426,9 @@ class Walker:
         optimizer, ZeRO-1/2 gathers."""
         plan = self.plan
         for prog in self.programs.values():
-            for reduction in prog.deferred:
-                self.reduce_priced(prog, reduction, prog.now, prog.now)
+            held = self.run_reductions(prog, prog.deferred, prog.now, deferred=True)
+            if held:  # MemoryLedger.alloc, then .free, of each
+                prog.ledger.appenders()[0].extend(held)
             prog.deferred = []
             if prog.dp_last_end > prog.now:
                 prog.breakdown_s["dp_exposed"] += prog.dp_last_end - prog.now
