@@ -337,16 +337,10 @@ class DataParallelRules:
             return "root"
         return seg.key
 
-    @staticmethod
-    def unit_numel(chunk: ChunkModel, key: str | int, expert: bool | None = None) -> float:
-        keys = ("embedding", "head") if key == "root" else (key,)
-        return float(
-            sum(
-                t.numel
-                for t in chunk.tensors
-                if t.segment in keys and (expert is None or t.expert == expert)
-            )
-        )
+    def unit_numel(self, chunk: ChunkModel, key: str | int, expert: bool | None = None) -> float:
+        """Elements of a unit's tensors (those of its routed experts or of the rest:
+        ``expert``), added up in the chunk's order; the unit's tensors are listed once."""
+        return self._unit_numel(chunk, key, expert)
 
     def _unit(self, chunk: ChunkModel, key: str | int, what: str) -> Any:
         slot = (id(chunk), key, what)
@@ -371,8 +365,7 @@ class DataParallelRules:
         return hit
 
     def _unit_numel(self, chunk: ChunkModel, key: str | int, expert: bool | None) -> float:
-        """:meth:`unit_numel` from the unit's tensors, listed once per unit (the same
-        tensors added up in the same order)."""
+        """:meth:`unit_numel`, the unit's tensors listed once per unit."""
         slot = (id(chunk), key, "tensors")
         tensors = self._units.get(slot)
         if tensors is None:

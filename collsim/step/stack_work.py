@@ -129,8 +129,9 @@ def framework_work(
         once = rules.sync_once
         gather_once = once and not rules.reshard_after_forward
         for chunk in stage.chunks:
-            for seg in chunk.forward + chunk.backward:
-                forward = seg in chunk.forward
+            for forward, seg in [(True, f) for f in chunk.forward] + [
+                (False, b) for b in chunk.backward
+            ]:
                 ukey = rules.unit_key(chunk, seg)
                 if ukey == "root" and seg.key != "embedding":
                     continue  # the root unit is gathered and reduced once, at the embedding
