@@ -386,6 +386,10 @@ class Walker:
         ``t0``, the step's end without overlap): returns the ZeRO-2 bucket buffers' events
         (held until the reduction ends), for the caller to record."""
         held: list[MemoryEvent] = []
+        if deferred and not any(hold for _, _, hold in reductions):
+            # all ready and issued at t0: one run of their calls, one after another
+            self.run_priced(prog, [c for _, calls, _ in reductions for c in calls], t0, t0)
+            return held
         new = tuple.__new__
         for rel, calls, hold in reductions:
             ready = t0 if deferred else t0 + rel
