@@ -6,11 +6,14 @@ Derivations, measurements and sources: docs/derivations.md, ``collsim.play.walk`
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from typing import TYPE_CHECKING
 
 from collsim.core.errors import CollsimWarning, ConfigError
 from collsim.core.runtime import collector_paused
+from collsim.parallel.config import DDPConfig
+from collsim.parallel.describe import describe_mapping
 from collsim.play.walker import Walker
 from collsim.step.assemble import assemble
 from collsim.step.build import build_schedule
@@ -22,11 +25,12 @@ from collsim.step.stragglers import stretch_schedule
 if TYPE_CHECKING:
     from collsim.cluster.topology import Topology
     from collsim.parallel.config import ParallelConfig, TrainingConfig
+    from collsim.parallel.plan import Plan
     from collsim.step.build import StepSchedule
     from collsim.step.stragglers import StragglerConfig
     from collsim.workload.model import TransformerSpec
 
-__all__ = ["Estimator", "estimate_step", "walk"]
+__all__ = ["MAPPINGS_KEPT", "Estimator", "estimate_step", "walk"]
 
 
 def walk(
@@ -60,11 +64,26 @@ def walk(
             contended=[],
             zero_communication=pricer.zero,
             timeline=timeline,
+            mapping=None if shapes is None else _mapping(plan, shapes),
         )
         # freed by reference counting while the collector is still off: the walk's many
         # small objects would otherwise be scanned by the first collection after it
         del w
     return result
+
+
+MAPPINGS_KEPT = 64
+"""Rank layouts in words a search's shape cache keeps (the most recent; :func:`_mapping`)."""
+
+
+def _mapping(plan: Plan, shapes: ShapeCache) -> str:
+    """:func:`~collsim.parallel.describe.describe_mapping` of ``plan``, kept in a search's
+    shape cache by the plan's configs without DDP's (its buckets and overlap place no rank
+    and no layer; the cache's plans share one cluster and one model)."""
+    parallel = dataclasses.replace(plan.parallel, ddp=DDPConfig())
+    return shapes.recent(
+        "mapping", (parallel, plan.training), lambda: describe_mapping(plan), MAPPINGS_KEPT
+    )
 
 
 def estimate_step(

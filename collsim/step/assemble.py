@@ -142,7 +142,10 @@ def assemble(
     contended: list[str],
     zero_communication: bool,
     timeline: bool = True,
+    mapping: str | None = None,
 ) -> StepResult:
+    """The step's result from what ``engine`` played; ``mapping``: the plan's rank layout
+    in words when the caller has it (:func:`~collsim.parallel.describe.describe_mapping`)."""
     programs = engine.programs
     critical = max(programs.values(), key=lambda p: (p.end_s, -p.rank))
     step = critical.end_s
@@ -190,7 +193,7 @@ def assemble(
         num_gpus=gpus,
         collectives=_collectives(engine),
         warnings=warnings_out,
-        mapping=describe_mapping(plan),
+        mapping=describe_mapping(plan) if mapping is None else mapping,
         memory_timeline=(
             Timelines({rank: prog.ledger for rank, prog in programs.items()}) if timeline else {}
         ),

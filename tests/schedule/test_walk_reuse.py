@@ -55,6 +55,7 @@ def _facts(r: StepResult) -> tuple[object, ...]:
         r.activation_peak_bytes_by_rank,
         [(c.axis, c.op, c.size_bytes, c.count, c.time_s, c.algorithm) for c in r.collectives],
         r.critical_rank,
+        r.mapping,
     )
 
 
