@@ -129,6 +129,10 @@ class DataParallelRules:
         default_factory=dict, compare=False, repr=False
     )
     """Per bucket shape (elements, expert): its reduction calls (:meth:`bucket_calls`)."""
+    _bucket_gathers: dict[tuple[float, bool], list[DPCall]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+    """Per bucket shape (elements, expert): its gathers after the optimizer."""
 
     @classmethod
     def from_plan(cls, plan: Plan, bytes_per: BytesPer, *, host_bps: float) -> DataParallelRules:
@@ -319,12 +323,16 @@ class DataParallelRules:
         """ZeRO-1/2: the all-gathers of the updated parameters, bucket by bucket."""
         if self.zero not in (1, 2):
             return []
-        return [
-            call
-            for chunk in stage.chunks
-            for bucket in chunk.buckets
-            for call in self.gather_calls(bucket.numel, expert=bucket.expert)
-        ]
+        known = self._bucket_gathers
+        out: list[DPCall] = []
+        for chunk in stage.chunks:
+            for bucket in chunk.buckets:
+                key = (bucket.numel, bucket.expert)
+                calls = known.get(key)
+                if calls is None:
+                    calls = known[key] = self.gather_calls(bucket.numel, expert=bucket.expert)
+                out += calls
+        return out
 
     # ---- FSDP units (ZeRO 3) -----------------------------------------------------------------
     @staticmethod
