@@ -112,25 +112,25 @@ class Walker:
     def flush_tp(self) -> None:
         """Tally the TP collectives of every run of ops (:attr:`runs`): per run and step
         call, ``runs`` calls of its closed-form time, each distinct call priced once (a step
-        list's calls listed once: the layers of a kind share their list)."""
+        list's priced calls listed once per rank: the layers of a kind share their list)."""
         priced: dict[tuple[int, str, str, float], tuple[CallKey, float, float] | None] = {}
         tally_of = self.stats.tally
-        listed: dict[int, tuple[list[Step], list[Step]]] = {}
+        listed: dict[tuple[int, int], tuple[list[Step], list[tuple[CallKey, float, float]]]] = {}
         for (rank, _), (segs, runs) in self.runs.items():
             for seg in segs:
-                known = listed.get(id(seg.steps))
+                known = listed.get((rank, id(seg.steps)))
                 if known is None or known[0] is not seg.steps:
-                    ops = [c for st in seg.steps for c in st.calls() if c.op]
-                    known = listed[id(seg.steps)] = (seg.steps, ops)
-                for step in known[1]:
-                    shape = (rank, step.axis, step.op, step.size_bytes)  # what the price reads
-                    if shape in priced:
-                        hit = priced[shape]
-                    else:
-                        hit = priced[shape] = self.tp_call(rank, step)
-                    if hit is None:
-                        continue
-                    key, time_s, busbw = hit
+                    hits = []
+                    for step in (c for st in seg.steps for c in st.calls() if c.op):
+                        shape = (rank, step.axis, step.op, step.size_bytes)  # what it reads
+                        if shape in priced:
+                            hit = priced[shape]
+                        else:
+                            hit = priced[shape] = self.tp_call(rank, step)
+                        if hit is not None:
+                            hits.append(hit)
+                    known = listed[(rank, id(seg.steps))] = (seg.steps, hits)
+                for key, time_s, busbw in known[1]:
                     tally = tally_of(key)  # CallStats.add, count=runs
                     tally.count += runs
                     tally.time_s += runs * time_s
