@@ -99,35 +99,31 @@ def build_buckets(
         [('w3',), ('w2', 'w1'), ('w0',)]
     """
     frac = grad_ready_fraction(tensors)
-    limits = [first_bucket_mb * MiB, bucket_mb * MiB]
+    limit = first_bucket_mb * MiB  # the first bucket's, then every other's
     buckets: list[Bucket] = []
-    current: list[ParamTensor] = []
+    names: list[str] = []
+    numel: float = 0  # added up one tensor after another, as sum() would
     size = 0.0
-
-    def close() -> None:
-        nonlocal current, size
-        last = current[-1]
-        buckets.append(
-            Bucket(
-                index=len(buckets),
-                tensors=tuple(t.name for t in current),
-                numel=sum(t.numel for t in current),
-                size_bytes=size,
-                ready_segment=last.segment,
-                ready_fraction=frac[last.name],
-                expert=bool(expert),
-            )
-        )
-        current, size = [], 0.0
-
+    last: ParamTensor | None = None
     for t in reversed(tensors):
         if expert is not None and t.expert != expert:
             continue
-        current.append(t)
+        names.append(t.name)
+        numel += t.numel
         size += t.numel * grad_bytes
-        limit = limits[0] if not buckets else limits[1]
+        last = t
         if size >= limit:
-            close()
-    if current:
-        close()
+            buckets.append(
+                Bucket(
+                    len(buckets), tuple(names), numel, size, t.segment, frac[t.name], bool(expert)
+                )
+            )
+            names, numel, size = [], 0, 0.0
+            limit = bucket_mb * MiB
+    if names and last is not None:
+        buckets.append(
+            Bucket(
+                len(buckets), tuple(names), numel, size, last.segment, frac[last.name], bool(expert)
+            )
+        )
     return buckets
