@@ -467,30 +467,34 @@ class CachingAllocator:
         del lst[bisect_left(lst, (block.size, block.addr))]
         del self._free_at[block.addr]
 
-    def _expandable_size(self, block: Block) -> int:
-        nxt = block.next
-        return block.size + (nxt.size if nxt is not None and not nxt.mapped else 0)
-
     def _get_free_block(self, pool: tuple[int, bool], size: int) -> Block | None:
         """``get_free_block``: the smallest cached block that holds ``size``; in an
-        expandable segment, a block that could grow is weighed at its grown size."""
+        expandable segment, a block that could grow is weighed at its grown size (the next
+        larger blocks taken while they would grow to less than the one before)."""
         lst = self._free.get(pool)
         if not lst:
             return None
         i = bisect_left(lst, (size, -1))
-        if i == len(lst):
+        n = len(lst)
+        if i == n:
             return None
+        free_at = self._free_at
         if not self.expandable:
-            return self._free_at.pop(lst.pop(i)[1])
-        block = self._free_at[lst[i][1]]
-        if self.expandable:
-            j = i + 1
-            while j < len(lst) and self._expandable_size(
-                nxt := self._free_at[lst[j][1]]
-            ) < self._expandable_size(block):
-                block = nxt
-                j += 1
-        self._remove_free(block)
+            return free_at.pop(lst.pop(i)[1])
+        block = free_at[lst[i][1]]
+        after = block.next
+        best = block.size + (after.size if after is not None and not after.mapped else 0)
+        j = i + 1
+        while j < n:
+            other = free_at[lst[j][1]]
+            after = other.next
+            grown = other.size + (after.size if after is not None and not after.mapped else 0)
+            if grown >= best:
+                break
+            block, best, i = other, grown, j
+            j += 1
+        del lst[i]  # _remove_free: the block's entry is at i
+        del free_at[block.addr]
         return block
 
     def _reserve(self, size: int) -> bool:
