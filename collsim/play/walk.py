@@ -65,6 +65,7 @@ def walk(
             zero_communication=pricer.zero,
             timeline=timeline,
             mapping=None if shapes is None else _mapping(plan, shapes),
+            shapes=shapes,
         )
         # freed by reference counting while the collector is still off: the walk's many
         # small objects would otherwise be scanned by the first collection after it

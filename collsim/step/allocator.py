@@ -11,21 +11,25 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from collsim.cluster.hardware import CUDA_CONTEXT_BYTES, NCCL_BUFFER_BYTES
 from collsim.step.caching_allocator import AllocatorOOM, Block, CachingAllocator
-from collsim.step.replay_events import replay_events
+from collsim.step.replay_events import ReplayEvents, replay_events
 from collsim.step.replay_period import MICROBATCH_AT, Steady, find_period
 from collsim.workload.op_records import activation_element_bytes
 from collsim.workload.ops import head_ops
+
+if TYPE_CHECKING:
+    from collsim.step.shapes import ShapeCache
 
 __all__ = [
     "CUBLAS_HANDLES_PER_RANK",
     "CUBLAS_WORKSPACE_BYTES_BY_GENERATION",
     "CUBLAS_WORKSPACE_BYTES_DEFAULT",
     "NEAR_LIMIT_SHARE",
+    "REPLAYS_KEPT",
     "EXPANDABLE_SEGMENTS_BY_STACK",
     "ReservedMemory",
     "activation_tensors",
@@ -505,13 +509,16 @@ def reserved_memory(
     limit_bytes: float | None,
     allocated_peaks: Mapping[int, float],
     schedule: Any = None,
+    memo: ShapeCache | None = None,
 ) -> tuple[float, dict[str, Any]]:
     """The highest peak reserved over the replayed ranks of ``ledgers`` (rank ->
     :class:`MemoryLedger`): the rank with the highest of ``allocated_peaks`` and those within
     :data:`NEAR_LIMIT_SHARE` of ``limit_bytes``; and the facts of the replay
     (:attr:`collsim.step.result.StepResult.allocator`). With the step's ``schedule``, layer
     activations are allocated tensor by tensor, with the cuBLAS workspaces of the step's
-    device and the LM head's logits (:func:`replay_ledger`)."""
+    device and the LM head's logits (:func:`replay_ledger`). A search's shape cache
+    (``memo``) keeps the most recent replays by their events and inputs
+    (:func:`_replay_kept`)."""
     tensors = activation_tensors(schedule) if schedule is not None else {}
     workspaces = cublas_workspaces(schedule.plan.topology.device) if schedule is not None else ()
     logits = logits_bytes(schedule) if schedule is not None else 0
@@ -522,14 +529,14 @@ def reserved_memory(
         for r, ledger in ledgers.items()
         if r == top_rank or allocated_peaks.get(r, 0.0) >= near
     }
-    runs = replay_ranks(
-        chosen,
-        expandable_segments=expandable_segments,
-        limit_bytes=limit_bytes,
-        tensors=tensors,
-        workspaces=workspaces,
-        logits=logits,
-    )
+    inputs: dict[str, Any] = {
+        "expandable_segments": expandable_segments,
+        "limit_bytes": limit_bytes,
+        "tensors": tensors,
+        "workspaces": workspaces,
+        "logits": logits,
+    }
+    runs = {rank: _replay_kept(rank, ledger, inputs, memo) for rank, ledger in chosen.items()}
     top = max(runs.values(), key=lambda r: (r.oom, r.peak_reserved_bytes, -r.rank))
     return top.peak_reserved_bytes, {
         "expandable_segments": expandable_segments,
@@ -543,6 +550,35 @@ def reserved_memory(
         "cublas_workspace_bytes": sum(workspaces),
         "logits_bytes": logits,
     }
+
+
+REPLAYS_KEPT = 16
+"""Allocator replays a search's shape cache keeps (the most recent; :func:`_replay_kept`)."""
+
+
+def _replay_kept(
+    rank: int, ledger: Any, inputs: dict[str, Any], memo: ShapeCache | None
+) -> ReservedMemory:
+    """:func:`replay_ledger` of a rank's ledger; with a search's shape cache, kept by the
+    digest of its events (:meth:`ReplayEvents.digest`) and the replay's inputs: plans that
+    differ only in their gradient buckets or overlap record the same events and replay them
+    once. Events kept as a sorted list are replayed each time."""
+    events = replay_events(ledger)
+    if memo is None or not isinstance(events, ReplayEvents):
+        return replay_ledger(rank, events, **inputs)
+    tensors = inputs["tensors"]
+    key = (
+        events.digest(),
+        inputs["expandable_segments"],
+        inputs["limit_bytes"],
+        tuple(sorted(tensors.items())) if tensors else (),
+        tuple(inputs["workspaces"]),
+        inputs["logits"],
+    )
+    run = memo.recent(
+        "allocator replays", key, lambda: replay_ledger(rank, events, **inputs), REPLAYS_KEPT
+    )
+    return run if run.rank == rank else replace(run, rank=rank)
 
 
 def activation_tensors(schedule: Any) -> dict[int, tuple[int, ...]]:

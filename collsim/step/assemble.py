@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from collsim.parallel.plan import RankCoords
     from collsim.step.memory import MemoryLedger
     from collsim.step.result import TraceEvent
+    from collsim.step.shapes import ShapeCache
     from collsim.step.stats import CallKey, CallTally
 
 
@@ -92,6 +93,7 @@ def _memory_fit(
     allocated_peaks: dict[int, float],
     top_rank: int,
     timeline: bool,
+    memo: ShapeCache | None = None,
 ) -> tuple[bool, float | None, dict[str, Any] | None, str]:
     """Whether the plan fits, the peak reserved memory, the allocator's facts and the
     warning when it does not fit. On a GPU, PyTorch's caching allocator is replayed
@@ -121,6 +123,7 @@ def _memory_fit(
         limit_bytes=allocator_limit_bytes(device),
         allocated_peaks=allocated_peaks,
         schedule=getattr(engine, "schedule", None),
+        memo=memo,
     )
     if not allocator["oom"]:
         return True, reserved, allocator, ""
@@ -143,9 +146,11 @@ def assemble(
     zero_communication: bool,
     timeline: bool = True,
     mapping: str | None = None,
+    shapes: ShapeCache | None = None,
 ) -> StepResult:
     """The step's result from what ``engine`` played; ``mapping``: the plan's rank layout
-    in words when the caller has it (:func:`~collsim.parallel.describe.describe_mapping`)."""
+    in words when the caller has it (:func:`~collsim.parallel.describe.describe_mapping`);
+    ``shapes``: a search's shape cache, which keeps the allocator's replays."""
     programs = engine.programs
     critical = max(programs.values(), key=lambda p: (p.end_s, -p.rank))
     step = critical.end_s
@@ -172,7 +177,7 @@ def assemble(
     reserve = float(device.memory_reserve_bytes)
     warnings_out = list(plan.warnings)
     fits, reserved, allocator, verdict = _memory_fit(
-        plan, engine, {r: p.total_bytes for r, p in peaks.items()}, top_rank, timeline
+        plan, engine, {r: p.total_bytes for r, p in peaks.items()}, top_rank, timeline, shapes
     )
     if verdict:
         warnings_out.append(verdict)

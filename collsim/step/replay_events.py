@@ -12,6 +12,7 @@ apart.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -79,6 +80,9 @@ class ReplayEvents(Sequence[MemoryEvent]):
         self.microbatches = columns["microbatches"]
         """The micro-batch of a shifting label (:data:`SHIFTING_KINDS`), else 0."""
         self.shifting = columns["shifting"]
+        self.times = columns["times"]
+        self.labels: tuple[Any, ...] = columns["labels"]
+        """What each label code stands for (:attr:`codes`), in code order."""
 
     def __len__(self) -> int:
         return len(self._order)
@@ -102,6 +106,19 @@ class ReplayEvents(Sequence[MemoryEvent]):
                 ev = _new(MemoryEvent, (self._starts[p] + rel, self._cats[p], delta, label))
             self._built[i] = ev
         return ev
+
+    def digest(self) -> bytes:
+        """A BLAKE2b-256 digest of the events in order (times, bytes, categories, labels
+        with their micro-batches): equal sequences, equal digests; two sequences that differ
+        share one with odds of 2**-256 (what content-addressed stores rely on)."""
+        h = hashlib.blake2b(digest_size=32)
+        h.update(len(self._order).to_bytes(8, "little"))
+        for column in (self.times, self.deltas, self.categories, self.codes):
+            h.update(column.tobytes())
+        h.update(self.microbatches.tobytes())
+        h.update(self.shifting.tobytes())
+        h.update(repr(self.labels).encode())
+        return h.digest()
 
     def twins_until(self, x: int, stop: int, period: int, shift: int) -> int:
         """The first ``x' >= x`` (at most ``stop``) where event ``x' + period`` is not event
@@ -172,6 +189,8 @@ def _build(singles: list[MemoryEvent], placed: PlacedOps) -> ReplayEvents | None
         "placement": pattern["placement"],
         "source": pattern["source"],
         "deltas": deltas[order],
+        "times": times[order],
+        "labels": tuple(numbers),  # the label of each code, in code order
     }
     for name in ("categories", "codes", "microbatches", "shifting"):
         columns[name] = np.concatenate([single[name], pattern[name]])[order]
