@@ -173,17 +173,10 @@ def _build(singles: list[MemoryEvent], placed: PlacedOps) -> ReplayEvents | None
         return None
     pattern = _pattern_columns(placed, flat, numbers)
     count = len(singles)
-    # recording order: placement p's events after single before[p] - 1, in pattern order
-    record = np.concatenate([np.arange(count), pattern["before"]])
-    after_singles = np.concatenate(
-        [np.ones(count, np.int8), np.zeros(len(pattern["source"]), np.int8)]
-    )
-    place = np.concatenate([np.zeros(count, np.intp), pattern["placement"]])
-    within = np.concatenate([np.zeros(count, np.intp), pattern["within"]])
     times = np.concatenate([single["times"], pattern["times"]])
     deltas = np.concatenate([single["deltas"], pattern["deltas"]])
     # by time, then signed size, then recording order (as sorted_events' two stable sorts)
-    order = np.lexsort((within, place, after_singles, record, deltas, times))
+    order = np.lexsort((_recording_rank(count, pattern), deltas, times))
     columns = {
         "order": order,
         "placement": pattern["placement"],
@@ -195,6 +188,32 @@ def _build(singles: list[MemoryEvent], placed: PlacedOps) -> ReplayEvents | None
     for name in ("categories", "codes", "microbatches", "shifting"):
         columns[name] = np.concatenate([single[name], pattern[name]])[order]
     return ReplayEvents(singles, placed._replace(microbatches=mbs, chunks=chunks), flat, columns)
+
+
+def _recording_rank(count: int, pattern: dict[str, Any]) -> Any:
+    """Each event's place in recording order, singles first then the patterns' events
+    (``pattern``: :func:`_pattern_columns`): placement p's events come after the singles
+    recorded before it (``before[p]``), in pattern order, and placements in their order. With
+    the placements' ``before`` never decreasing (a ledger records them in order) the place of
+    the k-th pattern event is ``before + k`` and that of single r is r plus the pattern events
+    recorded before it; else the ranks of a sort by (before, singles after patterns,
+    placement, pattern order)."""
+    before = pattern["before"]
+    singles = np.arange(count)
+    if len(before) < 2 or bool((before[1:] >= before[:-1]).all()):
+        return np.concatenate(
+            [
+                singles + np.searchsorted(before, singles, side="right"),
+                before + np.arange(len(before)),
+            ]
+        )
+    record = np.concatenate([singles, before])
+    after_singles = np.concatenate([np.ones(count, np.int8), np.zeros(len(before), np.int8)])
+    place = np.concatenate([np.zeros(count, np.intp), pattern["placement"]])
+    within = np.concatenate([np.zeros(count, np.intp), pattern["within"]])
+    ranks = np.empty(count + len(before), dtype=np.intp)
+    ranks[np.lexsort((within, place, after_singles, record))] = np.arange(len(ranks))
+    return ranks
 
 
 def _integers(values: Any) -> list[int] | None:
