@@ -82,14 +82,10 @@ class Walker:
         self.seg_plans: dict[tuple[int, int, Phase, bool], list[SegStep]] = {}
         self._bucket_prices: dict[tuple[int, float, bool], tuple[Priced, ...]] = {}
         self._call_prices: dict[tuple[int, str, float, str], Priced] = {}
+        """:meth:`dp_calls`' prices by (rank, op, size, axis)."""
         self._windows: dict[tuple[int, int, int], tuple[float, float]] = {}
-        self._seg_sums: dict[tuple[int, int], tuple[list[Step], float, float, dict[str, float]]]
-        self._seg_sums = {}
-        """Per (rank, id of a segment's step list): the list, its compute seconds, its exposed
-        collective seconds and those by breakdown key (:meth:`op_plan`)."""
         """:meth:`grad_window` by (rank, id of a segment's step list, where its gradients
         start); the lists live as long as the walk's schedule."""
-        """:meth:`dp_calls`' prices by (rank, op, size, axis)."""
 
     def stat_items(self) -> Iterator[tuple[CallKey, CallTally]]:
         return self.stats.items()
@@ -275,23 +271,13 @@ class Walker:
         for bucket in chunk.buckets if gradients else ():
             ready_at.setdefault(bucket.ready_segment, []).append(bucket)
         t = 0.0
-        sums = self._seg_sums
         for seg in segs:
-            steps = seg.steps
-            known = sums.get((prog.rank, id(steps)))
-            if known is None or known[0] is not steps:  # (the list kept: its id stays its own)
-                comm = self.seg_comm_s(prog.rank, seg)
-                known = sums[(prog.rank, id(steps))] = (
-                    steps,
-                    seg.compute_s,
-                    sum(comm.values()),  # seg_tp_s
-                    comm,
-                )
-            _, compute, d_tp, comm = known
+            compute = self.prices.seg_compute_s(prog.rank, seg)
+            d_tp = self.seg_tp_s(prog.rank, seg)
             dur = compute + d_tp + seg.framework_s
             plan.compute += compute
             plan.tp += d_tp
-            for k, v in comm.items():
+            for k, v in self.seg_comm_s(prog.rank, seg).items():
                 plan.comm[k] = plan.comm.get(k, 0.0) + v
             if seg.framework_s:
                 plan.comm["framework"] = plan.comm.get("framework", 0.0) + seg.framework_s

@@ -405,20 +405,19 @@ def replay_ranks(
     tensors: Mapping[int, tuple[int, ...]] | None = None,
     workspaces: Sequence[int] = (),
     logits: int = 0,
+    memo: ShapeCache | None = None,
 ) -> dict[int, ReservedMemory]:
-    """:func:`replay_ledger` of every rank's ledger (:class:`MemoryLedger`)."""
-    return {
-        rank: replay_ledger(
-            rank,
-            replay_events(ledger),
-            expandable_segments=expandable_segments,
-            limit_bytes=limit_bytes,
-            tensors=tensors,
-            workspaces=workspaces,
-            logits=logits,
-        )
-        for rank, ledger in ledgers.items()
+    """:func:`replay_ledger` of every rank's ledger (:class:`MemoryLedger`); a search's shape
+    cache (``memo``) keeps the most recent replays by their events and inputs
+    (:func:`_replay_kept`)."""
+    inputs: dict[str, Any] = {
+        "expandable_segments": expandable_segments,
+        "limit_bytes": limit_bytes,
+        "tensors": tensors or {},
+        "workspaces": workspaces,
+        "logits": logits,
     }
+    return {rank: _replay_kept(rank, ledger, inputs, memo) for rank, ledger in ledgers.items()}
 
 
 def allocator_limit_bytes(device: Any) -> float:
@@ -516,9 +515,8 @@ def reserved_memory(
     :data:`NEAR_LIMIT_SHARE` of ``limit_bytes``; and the facts of the replay
     (:attr:`collsim.step.result.StepResult.allocator`). With the step's ``schedule``, layer
     activations are allocated tensor by tensor, with the cuBLAS workspaces of the step's
-    device and the LM head's logits (:func:`replay_ledger`). A search's shape cache
-    (``memo``) keeps the most recent replays by their events and inputs
-    (:func:`_replay_kept`)."""
+    device and the LM head's logits (:func:`replay_ledger`); ``memo``: as
+    :func:`replay_ranks`."""
     tensors = activation_tensors(schedule) if schedule is not None else {}
     workspaces = cublas_workspaces(schedule.plan.topology.device) if schedule is not None else ()
     logits = logits_bytes(schedule) if schedule is not None else 0
@@ -529,14 +527,15 @@ def reserved_memory(
         for r, ledger in ledgers.items()
         if r == top_rank or allocated_peaks.get(r, 0.0) >= near
     }
-    inputs: dict[str, Any] = {
-        "expandable_segments": expandable_segments,
-        "limit_bytes": limit_bytes,
-        "tensors": tensors,
-        "workspaces": workspaces,
-        "logits": logits,
-    }
-    runs = {rank: _replay_kept(rank, ledger, inputs, memo) for rank, ledger in chosen.items()}
+    runs = replay_ranks(
+        chosen,
+        expandable_segments=expandable_segments,
+        limit_bytes=limit_bytes,
+        tensors=tensors,
+        workspaces=workspaces,
+        logits=logits,
+        memo=memo,
+    )
     top = max(runs.values(), key=lambda r: (r.oom, r.peak_reserved_bytes, -r.rank))
     return top.peak_reserved_bytes, {
         "expandable_segments": expandable_segments,

@@ -183,22 +183,10 @@ class CachingAllocator:
     # ---- the public calls ---------------------------------------------------------------
     def malloc(self, size_bytes: int, stream: int = 0) -> Block:
         """A block for ``size_bytes`` on ``stream`` (``DeviceCachingAllocator::malloc``)."""
-        size = int(size_bytes)
-        size = (
-            MIN_BLOCK_BYTES * ((size + MIN_BLOCK_BYTES - 1) // MIN_BLOCK_BYTES)
-            if size > MIN_BLOCK_BYTES
-            else MIN_BLOCK_BYTES
-        )  # round_size
+        size = round_size(int(size_bytes))
         small = size <= SMALL_SIZE_BYTES
         pool = (stream, small)
-        lst = self._free.get(pool)
-        block = None
-        if lst and not self.expandable:  # _get_free_block's best fit, inline
-            i = bisect_left(lst, (size, -1))
-            if i < len(lst):
-                block = self._free_at.pop(lst.pop(i)[1])
-        elif lst:
-            block = self._get_free_block(pool, size)
+        block = self._get_free_block(pool, size)
         if block is None:
             block = self._new_block(pool, size)
         rest = block.size - size
@@ -222,12 +210,7 @@ class CachingAllocator:
             self._merge(block, before)
         if after is not None and not after.allocated:
             self._merge(block, after)
-        pool = block.pool  # _insert_free, inline
-        lst = self._free.get(pool)
-        if lst is None:
-            lst = self._free[pool] = []
-        insort(lst, (block.size, block.addr))
-        self._free_at[block.addr] = block
+        self._insert_free(block)
 
     def empty_cache(self) -> None:
         """``release_cached_blocks``: whole free segments go back to the device; in an

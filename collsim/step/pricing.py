@@ -149,7 +149,9 @@ class SegmentPrices:
         self._factors: dict[tuple[int, str, str, float, int | None], float] = {}
         self._groups: dict[tuple[int, str], tuple[int, ...]] = {}
         self._step: dict[tuple[int, str, str, float], float] = {}
-        self._seg: dict[tuple[int, int], tuple[list[Step], dict[str, float]]] = {}
+        self._seg: dict[tuple[int, int], tuple[list[Step], dict[str, float], float, float]] = {}
+        """Per (rank, id of a step list): the list, :meth:`seg_comm_s`, :meth:`seg_tp_s`,
+        :meth:`seg_compute_s`."""
 
     def group(self, rank: int, axis: str) -> tuple[int, ...]:
         key = (rank, axis)
@@ -215,11 +217,26 @@ class SegmentPrices:
         the layers of one kind share theirs, :func:`collsim.step.stage.build_stage`; not to
         be changed by the caller): the part of a step beyond its overlapped compute in its
         axis's key, what slowed compute adds to an overlapped step in ``interference``."""
+        return self._seg_prices(rank, seg)[1]
+
+    def seg_tp_s(self, rank: int, seg: Segment) -> float:
+        """All exposed collective seconds of one segment (cached as :meth:`seg_comm_s`)."""
+        return self._seg_prices(rank, seg)[2]
+
+    def seg_compute_s(self, rank: int, seg: Segment) -> float:
+        """The segment's compute seconds (``Segment.compute_s``, cached as :meth:`seg_comm_s`)."""
+        return self._seg_prices(rank, seg)[3]
+
+    def _seg_prices(
+        self, rank: int, seg: Segment
+    ) -> tuple[list[Step], dict[str, float], float, float]:
+        """(step list, :meth:`seg_comm_s`, :meth:`seg_tp_s`, :meth:`seg_compute_s`) of a
+        segment, once per step list."""
         steps = seg.steps
         key = (rank, id(steps))
         known = self._seg.get(key)
         if known is not None and known[0] is steps:  # (the list kept: its id stays its own)
-            return known[1]
+            return known
         hit: dict[str, float] = {}
         for st in steps:
             if st.op:
@@ -230,9 +247,5 @@ class SegmentPrices:
                 extra = self.step_s(rank, st) - plain
                 if extra > 0:
                     hit["interference"] = hit.get("interference", 0.0) + extra
-        self._seg[key] = (steps, hit)
-        return hit
-
-    def seg_tp_s(self, rank: int, seg: Segment) -> float:
-        """All exposed collective seconds of one segment."""
-        return sum(self.seg_comm_s(rank, seg).values())
+        known = self._seg[key] = (steps, hit, sum(hit.values()), seg.compute_s)
+        return known
