@@ -22,9 +22,12 @@ Targets (ratio <= 1 meets the target):
    space, at least 100,000 estimated or pruned by a bound, under 60 s (one repeat).
 
 ``--baseline DIR`` (a checkout of another revision, e.g. ``git worktree add /tmp/base REV``)
-adds the regression check: the engine alone and the whole ``collsim run`` process of that
+adds the regression check: the engine alone, the whole ``collsim run`` process and the closed
+form of one plan (``estimate_step`` of each top-level scenario both checkouts ship) of that
 checkout and of this one, child processes alternating, with the ratio this / baseline of the
-medians (at most 1: no regression). CPU time on a shared machine moves by 10-30 % between
+medians (at most 1: no regression). Where a revision replays PyTorch's caching allocator (work
+older revisions did not do), its share is timed too and the ratio is also given without it:
+the same work as the baseline. CPU time on a shared machine moves by 10-30 % between
 runs; ``--instructions`` adds the engine's instructions per run counted by valgrind's
 cachegrind (the same count every run; needs ``valgrind`` on the path, about a minute).
 """
@@ -76,28 +79,38 @@ def cpu_of(cmd: list[str], tree: Path | None = None) -> tuple[float, float]:
     return cpu, after.ru_maxrss / 1024
 
 
-ENGINE_CHILD = r"""
-import json, sys, time
+CHILD_PRELUDE = r"""
+import json, statistics, sys, time, warnings
+warnings.simplefilter("ignore")
 from collsim.cli import one_blas_thread
 one_blas_thread()  # as the collsim command starts (numpy's BLAS threads never used)
 try:
     from collsim.study.scenario import load_scenario
     from collsim.play.engine import simulate_step
+    from collsim.play.walk import estimate_step
 except ImportError:  # revisions before the package's layout of collsim/{study,play}
     from collsim.scenario import load_scenario
     from collsim.engine import simulate_step
+    from collsim.estimate import estimate_step
 try:
     import collsim.step.assemble as assemble
 except ImportError:
     assemble = None
 replay, replays = getattr(assemble, "reserved_memory", None), []  # absent in old revisions
-def timed_replay(*args, **kwargs):  # the allocator replay's share of the engine
+def timed_replay(*args, **kwargs):  # the allocator replay's share of a step
     t0 = time.process_time()
     out = replay(*args, **kwargs)
     replays.append(time.process_time() - t0)
     return out
 if replay is not None:
     assemble.reserved_memory = timed_replay
+"""
+"""What both timing children run first: the package of the checkout on the path (either
+layout), the caching-allocator replay timed apart where the revision has one."""
+
+ENGINE_CHILD = (
+    CHILD_PRELUDE
+    + r"""
 sc = load_scenario(sys.argv[1]); topo = sc.cluster.load()
 simulate_step(topo, sc.model, sc.training, sc.parallel)  # warm (imports, first costs)
 times, replays[:] = [], []
@@ -108,6 +121,52 @@ for _ in range(int(sys.argv[2])):
     times.append(time.process_time() - t0)
 print(json.dumps([times, replays]))
 """
+)
+
+CLOSED_CHILD = (
+    CHILD_PRELUDE
+    + r"""
+out = {}
+for path in sys.argv[2:]:
+    sc = load_scenario(path); topo = sc.cluster.load()
+    estimate_step(topo, sc.model, sc.training, sc.parallel)  # warm
+    whole, less = [], []
+    for _ in range(int(sys.argv[1])):
+        replays.clear()
+        t0 = time.process_time()
+        estimate_step(topo, sc.model, sc.training, sc.parallel)
+        t = time.process_time() - t0
+        whole.append(t)
+        less.append(t - sum(replays))
+    out[path.rsplit("/", 1)[-1]] = [statistics.median(whole), statistics.median(less)]
+print(json.dumps(out))
+"""
+)
+CLOSED_RUNS = 15
+"""Timed ``estimate_step`` calls per scenario in one :data:`CLOSED_CHILD` (median)."""
+
+
+def closed_seconds(tree: Path, names: list[str]) -> dict[str, list[float]]:
+    """Per scenario of ``names`` (``scenarios/<name>`` of checkout ``tree``): the median CPU
+    seconds of ``estimate_step`` of its plan, whole and less the allocator replay."""
+    paths = [str(tree / "scenarios" / n) for n in names]
+    done = subprocess.run(
+        [PY, "-c", CLOSED_CHILD, str(CLOSED_RUNS), *paths],
+        cwd=tree,
+        env=_env_of(tree),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        check=True,
+    )
+    out: dict[str, list[float]] = json.loads(done.stdout.strip().splitlines()[-1])
+    return out
+
+
+def _common_scenarios(base: Path) -> list[str]:
+    """The top-level scenarios both checkouts ship."""
+    mine = {p.name for p in (REPO / "scenarios").glob("*.yaml")}
+    return sorted(mine & {p.name for p in (base / "scenarios").glob("*.yaml")})
 
 
 RUN_CHILD = "import sys; from collsim.cli import main; sys.argv[0] = 'collsim'; sys.exit(main())"
@@ -215,21 +274,44 @@ def against_baseline(base: Path, repeats: int, instructions: bool = False) -> in
         return 2
     trees = {"this": REPO, "baseline": base}
     engine: dict[str, list[float]] = {k: [] for k in trees}
+    engine_less: dict[str, list[float]] = {k: [] for k in trees}
     run: dict[str, list[float]] = {k: [] for k in trees}
+    names = _common_scenarios(base)
+    closed: dict[str, dict[str, list[list[float]]]] = {k: {n: [] for n in names} for k in trees}
     for tree in trees.values():  # warm bytecode and the page cache
         cpu_of([PY, "-c", RUN_CHILD, "run", _scenario_of(tree)], tree)
     for _ in range(repeats):
         for name, tree in trees.items():
-            engine[name] += engine_seconds(3, tree)[0]
+            times, replays = engine_seconds(3, tree)
+            engine[name] += times
+            shares = replays if len(replays) == len(times) else [0.0] * len(times)
+            engine_less[name] += [t - r for t, r in zip(times, shares, strict=True)]
             run[name].append(cpu_of([PY, "-c", RUN_CHILD, "run", _scenario_of(tree)], tree)[0])
+            for scenario, pair in closed_seconds(tree, names).items():
+                closed[name][scenario].append(pair)
     med = statistics.median
     print(f"load average {os.getloadavg()[0]:.2f}; {repeats} alternating repeats, medians")
     print(f"  baseline: {base}")
-    for label, figures in (("engine alone, 3d_175b", engine), ("collsim run 3d_175b", run)):
+    rows = (
+        ("engine alone, 3d_175b", engine),
+        ("  less the allocator replay", engine_less),
+        ("collsim run 3d_175b", run),
+    )
+    for label, figures in rows:
         this, old = med(figures["this"]), med(figures["baseline"])
         print(
-            f"  {label:<24} this {this:7.3f} s CPU  baseline {old:7.3f} s CPU"
+            f"  {label:<28} this {this:7.3f} s CPU  baseline {old:7.3f} s CPU"
             f"  ratio {this / old:.2f} (target 1)"
+        )
+    print("  closed form of one plan (estimate_step), ms CPU: this, this less the allocator")
+    print("  replay, baseline (its own, less its replay when it has one); ratios to the baseline")
+    for scenario in names:
+        this_whole = med(p[0] for p in closed["this"][scenario]) * 1e3
+        this_less = med(p[1] for p in closed["this"][scenario]) * 1e3
+        old = med(p[1] for p in closed["baseline"][scenario]) * 1e3
+        print(
+            f"    {scenario:<30} {this_whole:7.2f} {this_less:7.2f} {old:7.2f}"
+            f"  ratio {this_whole / old:.2f}, less the replay {this_less / old:.2f}"
         )
     if instructions:
         this_ir, old_ir = engine_instructions(REPO), engine_instructions(base)
@@ -252,7 +334,7 @@ def engine_instructions(tree: Path) -> float:
     compiles the checkout's bytecode (on a fresh checkout the first would, and the difference
     came out negative)."""
     _engine_child(tree, 0)
-    valgrind = ("valgrind", "--tool=cachegrind", "--cache-sim=no")
+    valgrind: tuple[str, ...] = ("valgrind", "--tool=cachegrind", "--cache-sim=no")
     valgrind += ("--cachegrind-out-file=/dev/null",)
     counts = []
     for runs in (0, IR_RUNS):
