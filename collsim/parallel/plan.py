@@ -92,6 +92,8 @@ class Plan:
     """Ranks already placed on the grid (:meth:`coords`, asked for on every simulated op)."""
     _axes: tuple[GridAxis, ...] = field(default=(), init=False, repr=False, compare=False)
     """:attr:`axes`, made once."""
+    _head: int = field(default=-1, init=False, repr=False, compare=False)
+    """:attr:`head_stage`, worked out once (-1: not yet)."""
 
     def __post_init__(self) -> None:
         par = self.parallel
@@ -122,8 +124,11 @@ class Plan:
     @property
     def head_stage(self) -> int:
         """The stage holding the last model part (final norm, LM head, loss)."""
-        n = self.pp * self.virtual_stages
-        return self.pipeline_schedule.where(n - 1, self.pp, self.virtual_stages)[0]
+        if self._head < 0:
+            n = self.pp * self.virtual_stages
+            head = self.pipeline_schedule.where(n - 1, self.pp, self.virtual_stages)[0]
+            object.__setattr__(self, "_head", head)
+        return self._head
 
     chunk_sizes: tuple[int, ...] = ()
     """Layers of each virtual stage, in virtual-stage order (c x pp + s); set by build_plan."""

@@ -263,38 +263,47 @@ class Walker:
         if hit is not None:
             return hit
         segs = chunk.segments(phase, paired)
-        plan = OpPlan(segs)
         forward = phase is Phase.FORWARD
         gradients = phase in GRADIENT_PHASES
         mem: list[tuple[float, float, str, str | int]] = []
         ready_at: dict[Any, list[Bucket]] = {}  # the chunk's buckets by the segment they wait for
         for bucket in chunk.buckets if gradients else ():
             ready_at.setdefault(bucket.ready_segment, []).append(bucket)
-        t = 0.0
+        buckets: list[tuple[Bucket, float]] = []
+        comm: dict[str, float] = {}
+        prices = self.prices.seg_prices
+        rank = prog.rank
+        t = total_compute = total_tp = 0.0
         for seg in segs:
-            compute = self.prices.seg_compute_s(prog.rank, seg)
-            d_tp = self.seg_tp_s(prog.rank, seg)
-            dur = compute + d_tp + seg.framework_s
-            plan.compute += compute
-            plan.tp += d_tp
-            for k, v in self.seg_comm_s(prog.rank, seg).items():
-                plan.comm[k] = plan.comm.get(k, 0.0) + v
-            if seg.framework_s:
-                plan.comm["framework"] = plan.comm.get("framework", 0.0) + seg.framework_s
+            _, seg_comm, d_tp, compute = prices(rank, seg)
+            framework = seg.framework_s
+            dur = compute + d_tp + framework
+            total_compute += compute
+            total_tp += d_tp
+            for k, v in seg_comm.items():
+                comm[k] = comm.get(k, 0.0) + v
+            if framework:
+                comm["framework"] = comm.get("framework", 0.0) + framework
             mem += seg.activation_events(t, t + dur, forward=forward)
-            mine = ready_at.get(seg.key) if gradients else None
+            mine = ready_at.get(seg.key) if ready_at else None
             if mine:
-                off, gdur = self.grad_window(prog.rank, seg)
+                off, gdur = self.grad_window(rank, seg)
                 for bucket in mine:
-                    ready = t + off + bucket.ready_fraction * gdur
-                    plan.buckets.append((bucket, ready))
+                    buckets.append((bucket, t + off + bucket.ready_fraction * gdur))
             t += dur
-        plan.duration = t
-        plan.pattern = MemoryPattern("activations", mem)
-        plan.comm_items = tuple(plan.comm.items())
-        plan.run_key = (prog.rank, id(segs[0]) if len(segs) == 1 else id(segs))
-        plan.reductions = [self.reduction(prog.rank, bucket, rel) for bucket, rel in plan.buckets]
-        plan.reductions = [r for r in plan.reductions if r[1]]
+        reductions = [self.reduction(rank, bucket, rel) for bucket, rel in buckets]
+        plan = OpPlan(
+            segs,
+            duration=t,
+            compute=total_compute,
+            tp=total_tp,
+            comm=comm,
+            pattern=MemoryPattern("activations", mem),
+            buckets=buckets,
+            comm_items=tuple(comm.items()),
+            run_key=(rank, id(segs[0]) if len(segs) == 1 else id(segs)),
+            reductions=[r for r in reductions if r[1]],
+        )
         self._op_plans[key] = plan
         return plan
 

@@ -126,10 +126,21 @@ class ChunkModel:
     weight_grad: list[Segment] | None = None
     """With a schedule that splits backward: the weight-gradient segments (the weight-gradient
     GEMMs; they free the activations and make the gradients ready)."""
+    numel_of: tuple[list[ParamTensor], float] | None = field(
+        default=None, repr=False, compare=False
+    )
+    """:attr:`numel` with the tensor list it was summed over (summed again for another)."""
 
     @property
     def numel(self) -> float:
-        return sum(t.numel for t in self.tensors)
+        """Elements of the chunk's parameters (summed once per tensor list: the lists are
+        shared by plans of one chunk shape and never changed in place)."""
+        known = self.numel_of
+        if known is not None and known[0] is self.tensors:
+            return known[1]
+        total = sum(t.numel for t in self.tensors)
+        self.numel_of = (self.tensors, total)
+        return total
 
     def segments(self, phase: str, paired: bool = False) -> list[Segment]:
         """The segments of one op of this chunk in ``phase`` (a

@@ -217,21 +217,21 @@ class SegmentPrices:
         the layers of one kind share theirs, :func:`collsim.step.stage.build_stage`; not to
         be changed by the caller): the part of a step beyond its overlapped compute in its
         axis's key, what slowed compute adds to an overlapped step in ``interference``."""
-        return self._seg_prices(rank, seg)[1]
+        return self.seg_prices(rank, seg)[1]
 
     def seg_tp_s(self, rank: int, seg: Segment) -> float:
         """All exposed collective seconds of one segment (cached as :meth:`seg_comm_s`)."""
-        return self._seg_prices(rank, seg)[2]
+        return self.seg_prices(rank, seg)[2]
 
     def seg_compute_s(self, rank: int, seg: Segment) -> float:
         """The segment's compute seconds (``Segment.compute_s``, cached as :meth:`seg_comm_s`)."""
-        return self._seg_prices(rank, seg)[3]
+        return self.seg_prices(rank, seg)[3]
 
-    def _seg_prices(
+    def seg_prices(
         self, rank: int, seg: Segment
     ) -> tuple[list[Step], dict[str, float], float, float]:
         """(step list, :meth:`seg_comm_s`, :meth:`seg_tp_s`, :meth:`seg_compute_s`) of a
-        segment, once per step list."""
+        segment, once per step list (the dict not to be changed by the caller)."""
         steps = seg.steps
         key = (rank, id(steps))
         known = self._seg.get(key)

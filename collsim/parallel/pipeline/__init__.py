@@ -45,6 +45,9 @@ SCHEDULES: dict[ScheduleKind, PipelineSchedule] = {
 
 def get_schedule(kind: ScheduleKind | str) -> PipelineSchedule:
     """The schedule named ``kind``."""
+    known = SCHEDULES.get(kind)  # type: ignore[arg-type]
+    if known is not None:  # a member, or its value (the members are strings)
+        return known
     try:
         return SCHEDULES[ScheduleKind(kind)]
     except (ValueError, KeyError):
