@@ -160,8 +160,12 @@ def _function_local_imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
 #: tests/report/test_report_trace.py); orjson and ijson, optional readers of large profiler
 #: traces (collsim.validate.data.kineto falls back to json without them); distributed, the
 #: optional Dask backend of collsim.core.jobs (the local pool runs without it), and
-#: collsim.core.dask_worker, its worker side, which imports distributed.
+#: collsim.core.dask_worker, its worker side, which imports distributed; hashlib (OpenSSL's
+#: bindings, 2-5 ms of start-up), digested only by a search's replay memo
+#: (collsim.step.replay_events), and difflib, asked only for a misspelt key (collsim.core.yamlio).
 HEAVY = (
+    "hashlib",
+    "difflib",
     "torch",
     "pandas",
     "matplotlib",

@@ -14,7 +14,6 @@ Example::
 
 from __future__ import annotations
 
-import difflib
 import math
 import os
 import stat
@@ -407,6 +406,8 @@ def closest_key(key: str, known: Iterable[str]) -> str | None:
     ]
     if len(stems) == 1:
         return stems[0]
+    import difflib  # only on a bad key: 1 ms of start-up otherwise
+
     close = difflib.get_close_matches(key, names, n=1, cutoff=0.75)
     return close[0] if close else None
 

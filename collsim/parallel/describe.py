@@ -20,7 +20,8 @@ def describe_mapping(plan: Plan) -> str:
     gpn = topo.gpus_per_node
 
     def nodes(ranks: tuple[int, ...] | list[int] | np.ndarray) -> str:
-        ids: list[int] = np.unique(np.asarray(ranks) // gpn).tolist()
+        # (numpy.unique would load numpy.ma, 5 ms of start-up, to check for a mask)
+        ids: list[int] = sorted(set((np.asarray(ranks) // gpn).tolist()))
         return _span(ids)
 
     plural = "s" if topo.num_nodes != 1 else ""

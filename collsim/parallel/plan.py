@@ -422,7 +422,7 @@ class Plan:
         # every other index's groups, moved to the first index, are the first index's groups (in
         # the same order: the rows come ordered by first rank, which a move within nodes keeps);
         # all indices at once: the rows of each index in order, shifted, as blocks like the first
-        num_indices = len(np.unique(index))
+        num_indices = len(set(index.tolist()))
         if len(groups) != num_indices * len(first):
             return groups
         order = np.argsort(index, kind="stable")

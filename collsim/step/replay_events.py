@@ -12,7 +12,6 @@ apart.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -111,6 +110,8 @@ class ReplayEvents(Sequence[MemoryEvent]):
         """A BLAKE2b-256 digest of the events in order (times, bytes, categories, labels
         with their micro-batches): equal sequences, equal digests; two sequences that differ
         share one with odds of 2**-256 (what content-addressed stores rely on)."""
+        import hashlib  # OpenSSL's bindings, 2-5 ms of start-up: only a search digests
+
         h = hashlib.blake2b(digest_size=32)
         h.update(len(self._order).to_bytes(8, "little"))
         for column in (self.times, self.deltas, self.categories, self.codes):
