@@ -1,10 +1,12 @@
-"""The cyclic collector is paused over a step and given back as the caller had it."""
+"""The cyclic collector is paused over a step, its full passes made rarer over a batch of
+evaluations, and given back as the caller had it."""
 
 from __future__ import annotations
 
 import gc
 
-from collsim.core.runtime import collector_paused
+from collsim.core.jobs import Workers
+from collsim.core.runtime import FULL_PASS_SCALE, collector_paused, collector_relaxed
 
 
 def test_the_collector_is_paused_inside_and_restored_after() -> None:
@@ -34,3 +36,51 @@ def test_an_error_inside_gives_it_back() -> None:
     except ValueError:
         pass
     assert gc.isenabled()
+
+
+def test_full_passes_are_rarer_inside_a_relaxed_block_only() -> None:
+    before = gc.get_threshold()
+    young, middle, full = before
+    with collector_relaxed():
+        assert gc.get_threshold() == (young, middle, full * FULL_PASS_SCALE)
+        with collector_relaxed():  # nested: the outer block's setting, not scaled twice
+            assert gc.get_threshold() == (young, middle, full * FULL_PASS_SCALE)
+        assert gc.get_threshold() == (young, middle, full * FULL_PASS_SCALE)
+    assert gc.get_threshold() == before
+    try:
+        with collector_relaxed():
+            raise ValueError("inside")
+    except ValueError:
+        pass
+    assert gc.get_threshold() == before
+
+
+def _threshold(_context: object, _item: int) -> tuple[int, int, int]:
+    return gc.get_threshold()
+
+
+def _nothing() -> None:
+    return None
+
+
+def test_inline_evaluations_run_relaxed() -> None:
+    young, middle, full = gc.get_threshold()
+    relaxed = (young, middle, full * FULL_PASS_SCALE)
+    with Workers(1, _nothing) as workers:
+        assert workers.map(_threshold, [1, 2]) == [relaxed, relaxed]
+        assert list(workers.imap(_threshold, [1])) == [relaxed]
+        fed = iter([("a", [1, 2])])
+        assert list(workers.stream(_threshold, lambda n: next(fed, None))) == [
+            ("a", [relaxed, relaxed])
+        ]
+    assert gc.get_threshold() == (young, middle, full)
+
+
+def test_pool_evaluations_run_relaxed() -> None:
+    young, middle, full = gc.get_threshold()
+    relaxed = (young, middle, full * FULL_PASS_SCALE)
+    with Workers(2, _nothing, timeout_s=120) as workers:
+        assert workers.map(_threshold, [1, 2]) == [relaxed, relaxed]
+        fed = iter([("a", [1, 2, 3])])
+        out = list(workers.stream(_threshold, lambda n: next(fed, None)))
+    assert out == [("a", [relaxed] * 3)]

@@ -13,6 +13,8 @@ from typing import Any
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
+from collsim.core.runtime import collector_relaxed
+
 __all__ = ["ContextPlugin", "run_batch"]
 
 #: The contexts this worker holds, by the token of the map that registered them.
@@ -49,5 +51,6 @@ def run_batch(
     if ctx is None:
         raise RuntimeError(f"no context {token} on this Dask worker (its plugin did not run)")
     started = time.perf_counter()
-    out = [fn(ctx, item) for item in items]
+    with collector_relaxed():
+        out = [fn(ctx, item) for item in items]
     return time.perf_counter() - started, out

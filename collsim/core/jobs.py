@@ -21,6 +21,7 @@ from typing import Any, Generic, TypeVar
 
 from collsim.core.dask_client import CONNECT_TIMEOUT_S, DaskPool, SchedulerLost, check_scheduler
 from collsim.core.errors import SimulationError
+from collsim.core.runtime import collector_relaxed
 from collsim.core.task_stream import MAX_TASK_ITEMS, stream_tasks
 
 __all__ = [
@@ -63,13 +64,16 @@ def _start(factory: Callable[..., Any], args: tuple[Any, ...]) -> None:
 
 
 def _call(fn: Callable[[Any, Any], Any], item: Any) -> Any:
-    return fn(_context, item)
+    with collector_relaxed():
+        return fn(_context, item)
 
 
 def _call_batch(fn: Callable[[Any, Any], Any], items: list[Any]) -> tuple[float, list[Any]]:
-    """A local task: ``[fn(context, item) for item in items]`` and the seconds they took."""
+    """A local task: ``[fn(context, item) for item in items]`` and the seconds they took (the
+    collector's full passes made rarer: :func:`~collsim.core.runtime.collector_relaxed`)."""
     started = time.perf_counter()
-    out = [fn(_context, item) for item in items]
+    with collector_relaxed():
+        out = [fn(_context, item) for item in items]
     return time.perf_counter() - started, out
 
 
@@ -128,7 +132,8 @@ class Workers(Generic[C]):
         if self._dask is not None:
             return self._dask.map(fn, items)
         if self._pool is None:
-            return [fn(self._inline, item) for item in items]  # type: ignore[arg-type]
+            with collector_relaxed():
+                return [fn(self._inline, item) for item in items]  # type: ignore[arg-type]
         futures = [self._pool.submit(_call, fn, item) for item in items]
         done, late = wait(futures, timeout=self.timeout_s)
         if late:
@@ -151,7 +156,9 @@ class Workers(Generic[C]):
             return
         if self._pool is None:
             for item in items:
-                yield fn(self._inline, item)  # type: ignore[arg-type]
+                with collector_relaxed():
+                    out = fn(self._inline, item)  # type: ignore[arg-type]
+                yield out
             return
         futures = [self._pool.submit(_call, fn, item) for item in items]
         try:
@@ -187,7 +194,9 @@ class Workers(Generic[C]):
         if pool is None:
             while (got := feed(self.batch_size)) is not None:
                 tag, items = got
-                yield tag, [fn(self._inline, item) for item in items]  # type: ignore[arg-type]
+                with collector_relaxed():
+                    out = [fn(self._inline, item) for item in items]  # type: ignore[arg-type]
+                yield tag, out
             return
         yield from stream_tasks(
             feed,

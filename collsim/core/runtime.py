@@ -1,4 +1,5 @@
-"""How collsim runs inside the interpreter: the cyclic garbage collector paused over a step.
+"""How collsim runs inside the interpreter: the cyclic garbage collector paused over a step,
+and its full passes made rarer over a batch of evaluations.
 
 A simulated step allocates tens of thousands of small objects (events, calls, memory records)
 that all stay alive until the step's result is assembled. CPython's cyclic collector runs a
@@ -8,7 +9,9 @@ passes find nothing to free and cost a fifth to a third of the engine's time (3d
 engine benchmark's loop of ``benchmarks/bench_step_schedule.py``; the timings are in
 docs/derivations.md, measurements). Reference counting still frees
 everything acyclic as it goes; cycles made during the step are collected once the collector is
-back on.
+back on. Over many evaluations (a search, a sweep) the young passes between steps are cheap, but
+every tenth middle pass becomes a full pass over the caches the evaluations share (tens of
+milliseconds each): :func:`collector_relaxed` makes those rarer for the batch.
 """
 
 from __future__ import annotations
@@ -17,7 +20,16 @@ import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["collector_paused"]
+__all__ = ["FULL_PASS_SCALE", "collector_paused", "collector_relaxed"]
+
+FULL_PASS_SCALE = 10
+"""How many times rarer :func:`collector_relaxed` makes the collector's full passes (its third
+threshold, 10 middle passes by default, times this; the searches it was measured on are in
+docs/derivations.md, measurements). The young and middle passes are left as they were, and
+full passes still come, so memory stays bounded."""
+
+_relaxed = 0
+"""How many :func:`collector_relaxed` blocks are open (only the outermost sets the threshold)."""
 
 
 @contextmanager
@@ -31,3 +43,20 @@ def collector_paused() -> Iterator[None]:
     finally:
         if was_on:
             gc.enable()
+
+
+@contextmanager
+def collector_relaxed(scale: int = FULL_PASS_SCALE) -> Iterator[None]:
+    """Full collections ``scale`` times rarer inside the block (:data:`FULL_PASS_SCALE`); the
+    thresholds restored after (nested blocks leave them to the outermost)."""
+    global _relaxed
+    young, middle, full = gc.get_threshold()
+    if _relaxed == 0:
+        gc.set_threshold(young, middle, full * scale)
+    _relaxed += 1
+    try:
+        yield
+    finally:
+        _relaxed -= 1
+        if _relaxed == 0:
+            gc.set_threshold(young, middle, full)
