@@ -27,6 +27,8 @@ class Walker(Protocol):
 
     def seg_tp_s(self, rank: int, seg: Segment) -> float: ...
 
+    def seg_compute_s(self, rank: int, seg: Segment) -> float: ...
+
     def seg_comm_s(self, rank: int, seg: Segment) -> dict[str, float]: ...
 
     def priced_calls(
@@ -63,6 +65,7 @@ def seg_plan(
             issues.append(((chunk.index, ukey), size, f"gathered {ukey}", calls))
         ukey = rules.unit_key(chunk, seg)
         forward = phase is Phase.FORWARD
+        compute = w.seg_compute_s(rank, seg)
         grad: tuple[float, str, tuple[Priced, ...]] | None = None
         if backward:
             gsize = rules.grad_bytes(chunk, ukey)
@@ -73,8 +76,8 @@ def seg_plan(
                 seg=seg,
                 issues=tuple(issues),
                 unit=(chunk.index, ukey),
-                duration=seg.compute_s + w.seg_tp_s(rank, seg) + seg.framework_s,
-                compute_s=seg.compute_s,
+                duration=compute + w.seg_tp_s(rank, seg) + seg.framework_s,
+                compute_s=compute,
                 comm_items=tuple(w.seg_comm_s(rank, seg).items()),
                 releases=(
                     rules.releases(chunk, seg, forward=forward, microbatch=None),

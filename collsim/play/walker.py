@@ -75,6 +75,7 @@ class Walker:
         self.step_s = self.prices.step_s
         self.seg_comm_s = self.prices.seg_comm_s
         self.seg_tp_s = self.prices.seg_tp_s
+        self.seg_compute_s = self.prices.seg_compute_s
         self._op_plans: dict[tuple[int, int, Phase, bool], OpPlan] = {}
         self.gather_pp = plan.tp > 1 and not plan.parallel.sequence_parallel
         self._links: dict[int, list[Link]] = {}

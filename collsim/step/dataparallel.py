@@ -11,6 +11,7 @@ from typing import Any
 from collsim.core.vocab import ParallelAxis
 from collsim.parallel.buckets import Bucket
 from collsim.parallel.fsdp import grad_sync_of
+from collsim.parallel.params import ParamTensor
 from collsim.parallel.plan import Plan
 from collsim.parallel.states import rank_model_states
 from collsim.step.ops import ChunkModel, Segment, StageModel
@@ -373,12 +374,22 @@ class DataParallelRules:
         return hit
 
     def _unit_numel(self, chunk: ChunkModel, key: str | int, expert: bool | None) -> float:
-        """:meth:`unit_numel`, the unit's tensors listed once per unit."""
+        """:meth:`unit_numel`, the unit's tensors listed once per unit (every segment's in one
+        pass over the chunk's tensors, each list in the chunk's order)."""
         slot = (id(chunk), key, "tensors")
         tensors = self._units.get(slot)
         if tensors is None:
-            keys = ("embedding", "head") if key == "root" else (key,)
-            tensors = self._units[slot] = [t for t in chunk.tensors if t.segment in keys]
+            if key == "root":
+                keys = ("embedding", "head")
+                tensors = [t for t in chunk.tensors if t.segment in keys]
+            else:
+                groups: dict[str | int, list[ParamTensor]] = {}
+                for t in chunk.tensors:
+                    groups.setdefault(t.segment, []).append(t)
+                for segment, group in groups.items():
+                    self._units.setdefault((id(chunk), segment, "tensors"), group)
+                tensors = groups.get(key, [])
+            self._units[slot] = tensors
         return float(sum(t.numel for t in tensors if expert is None or t.expert == expert))
 
     def gather_bytes(self, chunk: ChunkModel, key: str | int) -> float:
