@@ -123,13 +123,15 @@ ENGINE_CHILD = (
     + r"""
 sc = load_scenario(sys.argv[1]); topo = sc.cluster.load()
 simulate_step(topo, sc.model, sc.training, sc.parallel)  # warm (imports, first costs)
-times, replays[:] = [], []
+times, shares = [], []  # per run: its seconds, and those of its replays
 for _ in range(int(sys.argv[2])):
     sc = load_scenario(sys.argv[1]); topo = sc.cluster.load()
+    replays.clear()
     t0 = time.process_time()
     simulate_step(topo, sc.model, sc.training, sc.parallel)
     times.append(time.process_time() - t0)
-print(json.dumps([times, replays]))
+    shares.append(sum(replays))
+print(json.dumps([times, shares]))
 """
 )
 
@@ -211,8 +213,8 @@ def _engine_child(
 
 
 def engine_seconds(repeats: int, tree: Path = REPO) -> tuple[list[float], list[float]]:
-    """CPU seconds of the engine on 3d_175b per repeat, and of its allocator replay, with the
-    package of checkout ``tree``."""
+    """CPU seconds of the engine on 3d_175b per repeat, and of the allocator replays in each
+    repeat (0 where the revision has none), with the package of checkout ``tree``."""
     done = _engine_child(tree, repeats)
     times, replays = json.loads(done.stdout.strip().splitlines()[-1])
     return times, replays
@@ -294,8 +296,7 @@ def against_baseline(base: Path, repeats: int, instructions: bool = False) -> in
         for name, tree in trees.items():
             times, replays = engine_seconds(3, tree)
             engine[name] += times
-            shares = replays if len(replays) == len(times) else [0.0] * len(times)
-            engine_less[name] += [t - r for t, r in zip(times, shares, strict=True)]
+            engine_less[name] += [t - r for t, r in zip(times, replays, strict=True)]
             run[name].append(cpu_of([PY, "-c", RUN_CHILD, "run", _scenario_of(tree)], tree)[0])
             for scenario, pair in closed_seconds(tree, names).items():
                 closed[name][scenario].append(pair)
