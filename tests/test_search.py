@@ -219,6 +219,29 @@ def test_search_ranks_by_estimate_and_resimulates_the_best(h100x16) -> None:
     } <= set(frame.columns)
 
 
+def test_a_search_makes_full_collector_passes_rarer_and_restores_them(h100x16) -> None:
+    # collsim.core.runtime.collector_relaxed over the whole search (its bounds and estimates):
+    # the engine's re-simulation inside it sees the scaled threshold, the caller the old one
+    import gc
+
+    from collsim.core.runtime import FULL_PASS_SCALE
+
+    before = gc.get_threshold()
+    seen: list[tuple[int, int, int]] = []
+
+    def simulate(*args: object) -> object:
+        seen.append(gc.get_threshold())
+        return simulate_step(*args)  # type: ignore[arg-type]
+
+    training = TrainingConfig(global_batch=64, micro_batch=1)
+    space = SearchSpace(micro_batches=(1,), recomputes=("none",))
+    search_plans(
+        h100x16, TINY, training, ParallelConfig(dp=16), space=space, top_k=1, simulate=simulate
+    )
+    assert seen == [(before[0], before[1], before[2] * FULL_PASS_SCALE)]
+    assert gc.get_threshold() == before
+
+
 def test_search_counts_plans_that_do_not_fit() -> None:
     # GPT-3 175B on 64 A100s: DDP replicas (16 x 175e9 bytes / (tp x pp)) mostly do not fit.
     topology = load_topology("dgx_a100", nodes=8)

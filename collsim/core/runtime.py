@@ -1,5 +1,5 @@
 """How collsim runs inside the interpreter: the cyclic garbage collector paused over a step,
-and its full passes made rarer over a batch of evaluations.
+and its full passes made rarer over a search and over a batch of evaluations.
 
 A simulated step allocates tens of thousands of small objects (events, calls, memory records)
 that all stay alive until the step's result is assembled. CPython's cyclic collector runs a
@@ -11,7 +11,8 @@ docs/derivations.md, measurements). Reference counting still frees
 everything acyclic as it goes; cycles made during the step are collected once the collector is
 back on. Over many evaluations (a search, a sweep) the young passes between steps are cheap, but
 every tenth middle pass becomes a full pass over the caches the evaluations share (tens of
-milliseconds each): :func:`collector_relaxed` makes those rarer for the batch.
+milliseconds each): :func:`collector_relaxed` makes those rarer over a search (its bounds and
+estimates, :func:`collsim.study.search.loop.search_plans`) and over each batch a worker runs.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from collsim.core.errors import CollsimWarning, ConfigError, InfeasibleError
 from collsim.core.jobs import SchedulerLost, Workers
+from collsim.core.runtime import collector_relaxed
 from collsim.play.walk import Estimator
 from collsim.study.job import StepInputs, simulate_inputs
 from collsim.study.search.bounds import Bounds, memory_limit_bytes
@@ -84,6 +85,7 @@ class SearchResult:
         return self.ranked[0] if self.ranked and not self.simulated else None
 
 
+@collector_relaxed()
 def search_plans(
     topology: Topology,
     spec: TransformerSpec,
