@@ -140,11 +140,11 @@ def _shard_groups(plan: Plan, stage: int) -> tuple[int, int]:
     """(N, N_e): the non-expert and expert shard group sizes of the first rank of ``stage``."""
 
     rank = plan.stage_ranks(stage)[0]
-    shard = {
-        r
-        for d in plan.group_of(rank, ParallelAxis.DP_SHARD)
-        for r in plan.group_of(d, ParallelAxis.CP)
-    }
+    sharding = plan.group_of(rank, ParallelAxis.DP_SHARD)
+    if plan.cp == 1:  # each rank's CP group is the rank itself
+        shard = set(sharding)
+    else:
+        shard = {r for d in sharding for r in plan.group_of(d, ParallelAxis.CP)}
     edp = set(plan.group_of(rank, ParallelAxis.EDP))
     return len(shard), len(shard & edp)
 
