@@ -43,12 +43,19 @@ class Interleaved(PipelineSchedule):
             num_stages=p, num_microbatches=m, stage=stage, virtual_stages=v
         )
         total = m * v
-        fwd = [
-            PipeOp(Phase.FORWARD, _mb_id(k, p, v), _chunk_id(k, p, v, True)) for k in range(total)
-        ]
-        bwd = [
-            PipeOp(Phase.BACKWARD, _mb_id(k, p, v), _chunk_id(k, p, v, False)) for k in range(total)
-        ]
+        # op k's micro-batch (Megatron's get_microbatch_id_in_model_chunk) and chunk
+        # (get_model_chunk_id: groups of p consecutive ops share a chunk; backward runs the
+        # chunks in reverse), the ops made without the named tuple's keyword layer: a
+        # search's bounds build these orders for every pipeline shape they walk
+        pv, new = p * v, tuple.__new__
+        forward, backward = Phase.FORWARD, Phase.BACKWARD
+        fwd: list[PipeOp] = []
+        bwd: list[PipeOp] = []
+        for k in range(total):
+            mb = (k // pv) * p + k % p
+            chunk = (k % pv) // p
+            fwd.append(new(PipeOp, (forward, mb, chunk)))
+            bwd.append(new(PipeOp, (backward, mb, v - 1 - chunk)))
         return one_f_one_b(fwd, bwd, warmup)
 
     def warmup_forwards(
@@ -73,14 +80,3 @@ class Interleaved(PipelineSchedule):
             virtual_stages=virtual_stages,
         )
         return steady_pairs(num_microbatches * virtual_stages, w)
-
-
-def _chunk_id(k: int, p: int, v: int, forward: bool) -> int:
-    """Megatron's get_model_chunk_id: groups of p consecutive ops share a chunk."""
-    chunk = (k % (p * v)) // p
-    return chunk if forward else v - 1 - chunk
-
-
-def _mb_id(k: int, p: int, v: int) -> int:
-    """Megatron's get_microbatch_id_in_model_chunk."""
-    return (k // (p * v)) * p + k % p
