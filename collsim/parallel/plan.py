@@ -94,11 +94,23 @@ class Plan:
     """:attr:`axes`, made once."""
     _head: int = field(default=-1, init=False, repr=False, compare=False)
     """:attr:`head_stage`, worked out once (-1: not yet)."""
+    _strides: tuple[int, int, int, int] = field(
+        default=(0, 0, 0, 0), init=False, repr=False, compare=False
+    )
+    """How far one step along dp, pp, tp and cp moves the global rank (:meth:`rank`)."""
 
     def __post_init__(self) -> None:
         par = self.parallel
         sizes = {"tp": par.tp, "cp": par.cp, "dp": par.dp, "pp": par.pp}
-        object.__setattr__(self, "_axes", rank_axes(self.order, sizes))
+        axes = rank_axes(self.order, sizes)
+        object.__setattr__(self, "_axes", axes)
+        stride, strides = 1, {}
+        for axis in axes:  # fastest first: each axis steps over all the faster ones
+            strides[axis.name] = stride
+            stride *= axis.size
+        object.__setattr__(
+            self, "_strides", tuple(strides.get(name, 0) for name in ("dp", "pp", "tp", "cp"))
+        )
 
     @property
     def tp(self) -> int:
@@ -195,8 +207,11 @@ class Plan:
         return self._axes
 
     def rank(self, *, dp: int, pp: int, tp: int, cp: int = 0) -> int:
-        """Global rank of grid position (dp, pp, cp, tp) (docs/derivations.md)."""
-        return grid_rank(self.axes, {"dp": dp, "pp": pp, "tp": tp, "cp": cp})
+        """Global rank of grid position (dp, pp, cp, tp) (docs/derivations.md):
+        :func:`~collsim.parallel.grid.grid_rank`, which is linear in each index, as the sum
+        of each index times its axis's stride."""
+        s_dp, s_pp, s_tp, s_cp = self._strides
+        return dp * s_dp + pp * s_pp + tp * s_tp + cp * s_cp
 
     def coords(self, rank: int) -> RankCoords:
         """Grid position of a global rank."""
@@ -278,7 +293,7 @@ class Plan:
             case ParallelAxis.DP_SHARD:
                 g = self.shard_group_size
                 first = c.dp - c.dp % g
-                return tuple(self.rank(dp=first + i, pp=c.pp, tp=c.tp, cp=c.cp) for i in range(g))
+                return self._line(c, "dp", self.dp)[first : first + g]
             case ParallelAxis.DP_REPLICATE:
                 g = self.shard_group_size
                 return tuple(

@@ -62,3 +62,18 @@ def test_pipeline_peers_are_the_neighbours_in_the_pp_group(order: str) -> None:
     assert pairs == {
         (r, plan.pipeline_peers(r)[1]) for r in range(16) if plan.pipeline_peers(r)[1] is not None
     }
+
+
+@pytest.mark.parametrize("order", ["tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"])
+def test_a_rank_is_its_grid_position_by_strides(order: str) -> None:
+    # Plan.rank sums each index times its axis's stride; grid_rank is Horner's form of the
+    # same mixed-radix number (out-of-range indices included: both extrapolate linearly)
+    plan = _plan(order, tp=2, pp=4, dp=4)
+    for dp in range(-1, 5):
+        for pp in range(-1, 5):
+            for tp in range(3):
+                index = {"dp": dp, "pp": pp, "tp": tp, "cp": 0}
+                assert plan.rank(dp=dp, pp=pp, tp=tp) == grid_rank(plan.axes, index)
+    for rank in range(plan.num_gpus):  # and every rank round-trips
+        c = plan.coords(rank)
+        assert plan.rank(dp=c.dp, pp=c.pp, tp=c.tp, cp=c.cp) == rank
