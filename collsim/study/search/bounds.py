@@ -129,25 +129,38 @@ class Bounds(ProgramFloors):
             pipeline.order(num_stages=p, num_microbatches=m, stage=s, virtual_stages=v)
             for s in range(p)
         ]
-        done: list[dict[Any, float]] = [{} for _ in range(p)]
+        # each op's end by (direction, micro-batch, chunk); its source and its own direction
+        # worked out once per (phase, chunk) of a stage: the micro-batch passes through
+        done: list[dict[tuple[Any, int, int], float]] = [{} for _ in range(p)]
+        links: list[dict[tuple[Any, int], tuple[Any, tuple[int, Any, int] | None]]] = [
+            {} for _ in range(p)
+        ]
         clock = [0.0] * p
         at = [0] * p
         remaining = sum(len(o) for o in orders)
         while remaining:
             moved = 0
             for s in range(p):
-                order, mine = orders[s], done[s]
+                order, mine, shapes = orders[s], done[s], links[s]
                 i, now = at[s], clock[s]
                 while i < len(order):
                     op = order[i]
-                    src = pipeline.input_of(op, stage=s, num_stages=p, virtual_stages=v)
-                    if src is not None:
-                        ready = done[src[0]].get(src[1])
+                    shape = (op.phase, op.chunk)
+                    link = shapes.get(shape)
+                    if link is None:
+                        found = pipeline.input_of(op, stage=s, num_stages=p, virtual_stages=v)
+                        source = (
+                            None if found is None else (found[0], found[1].phase, found[1].chunk)
+                        )
+                        link = shapes[shape] = (flow(op.phase), source)
+                    direction, source = link
+                    if source is not None:
+                        ready = done[source[0]].get((source[1], op.microbatch, source[2]))
                         if ready is None:
                             break
                         now = max(now, ready)
                     now += durations[(s, op.phase, op.chunk)]
-                    mine[op._replace(phase=flow(op.phase))] = now
+                    mine[(direction, op.microbatch, op.chunk)] = now
                     i += 1
                 moved += i - at[s]
                 at[s], clock[s] = i, now
