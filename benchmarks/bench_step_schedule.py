@@ -162,15 +162,7 @@ def closed_seconds(tree: Path, names: list[str]) -> dict[str, list[float]]:
     """Per scenario of ``names`` (``scenarios/<name>`` of checkout ``tree``): the median CPU
     seconds of ``estimate_step`` of its plan, whole and less the allocator replay."""
     paths = [str(tree / "scenarios" / n) for n in names]
-    done = subprocess.run(
-        [PY, "-c", CLOSED_CHILD, str(CLOSED_RUNS), *paths],
-        cwd=tree,
-        env=_env_of(tree),
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        check=True,
-    )
+    done = _child(tree, CLOSED_CHILD, [str(CLOSED_RUNS), *paths])
     out: dict[str, list[float]] = json.loads(done.stdout.strip().splitlines()[-1])
     return out
 
@@ -201,8 +193,16 @@ def _engine_child(
     """:data:`ENGINE_CHILD` with the package of checkout ``tree`` and ``runs`` timed runs,
     under ``prefix`` (a command that runs it, e.g. valgrind) when given: the finished
     process."""
+    return _child(tree, ENGINE_CHILD, [_scenario_of(tree), str(runs)], prefix)
+
+
+def _child(
+    tree: Path, code: str, args: list[str], prefix: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
+    """``python -c code args`` in checkout ``tree`` with its package first on the path, under
+    ``prefix`` when given: the finished process (an error if it failed)."""
     return subprocess.run(
-        [*prefix, PY, "-c", ENGINE_CHILD, _scenario_of(tree), str(runs)],
+        [*prefix, PY, "-c", code, *args],
         cwd=tree,
         env=_env_of(tree),
         capture_output=True,

@@ -99,20 +99,17 @@ def build_buckets(
         [('w3',), ('w2', 'w1'), ('w0',)]
     """
     frac = grad_ready_fraction(tensors)
+    picked = [t for t in reversed(tensors) if expert is None or t.expert == expert]
     limit = first_bucket_mb * MiB  # the first bucket's, then every other's
     buckets: list[Bucket] = []
     names: list[str] = []
     numel: float = 0  # added up one tensor after another, as sum() would
     size = 0.0
-    last: ParamTensor | None = None
-    for t in reversed(tensors):
-        if expert is not None and t.expert != expert:
-            continue
+    for i, t in enumerate(picked):
         names.append(t.name)
         numel += t.numel
         size += t.numel * grad_bytes
-        last = t
-        if size >= limit:
+        if size >= limit or i == len(picked) - 1:  # full, or the last tensor
             buckets.append(
                 Bucket(
                     len(buckets), tuple(names), numel, size, t.segment, frac[t.name], bool(expert)
@@ -120,10 +117,4 @@ def build_buckets(
             )
             names, numel, size = [], 0, 0.0
             limit = bucket_mb * MiB
-    if names and last is not None:
-        buckets.append(
-            Bucket(
-                len(buckets), tuple(names), numel, size, last.segment, frac[last.name], bool(expert)
-            )
-        )
     return buckets
