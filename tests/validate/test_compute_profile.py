@@ -3,6 +3,7 @@ prediction from the compute model fed by such a profile."""
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import asdict
 from pathlib import Path
@@ -234,8 +235,9 @@ def test_a_cpu_profile_adds_no_sm_interference() -> None:
 
 
 def test_a_gpu_profile_does_not_add_a_launch_floor_to_its_measured_times(tmp_path: Path) -> None:
-    # each grid point is timed as one kernel and a synchronize, so its time already holds the
-    # launch; the model's default 4 us floor on top would count small kernels twice
+    # each grid point's time already holds what the launch floor stands for (a call and its
+    # wait on a CPU, the gaps of a queued burst on a GPU); the model's default 4 us floor on
+    # top would count small kernels twice
     from collsim.workload.compute import ComputeModel
 
     measured = dict(MEASURED, launch_us=None)
@@ -364,7 +366,8 @@ def test_cold_gemm_timings_never_reuse_a_slot_until_the_pool_wraps() -> None:
 
     dev = torch.device("cpu")
     for shape in ((64, 64, 64), (64, 160, 64)):
-        compute._gemm_time(Recording(), dev, torch.float32, *shape, 3, lambda: None)
+        timer = functools.partial(compute._median_time, sync=lambda: None)
+        compute._gemm_time(Recording(), dev, torch.float32, *shape, 3, timer)
     # 2 shapes x 3 layouts x (1 warm-up + 3 timed) calls, all into different blocks
     assert len(seen) == 24 and len(set(seen)) == 24
 
@@ -413,7 +416,12 @@ def test_cold_adds_take_new_blocks_and_large_sizes_pools_of_their_own() -> None:
 
     small, large = 64 * 1024, 32 * 2**20  # 4 triples of 32 MiB moved: 128 MiB > 64 MiB pool
     grid = compute.ComputeGrid(mem_sizes_bytes=(small, large), mem_max_bytes=large, reps=5)
-    rows = compute._bandwidth_rates(Recording(), torch.device("cpu"), grid, lambda: None)
+    rows = compute._bandwidth_rates(
+        Recording(),
+        torch.device("cpu"),
+        grid,
+        functools.partial(compute._median_time, sync=lambda: None),
+    )
     assert [r[0] for r in rows] == [float(12 * (small // 12)), float(12 * (large // 12))]
     for ptrs in outs.values():  # 1 warm-up + 5 timed calls per size
         assert len(ptrs) == 6 and len(set(ptrs)) >= 4, ptrs

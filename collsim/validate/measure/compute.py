@@ -6,6 +6,7 @@ Derivations, measurements and sources: docs/derivations.md, ``collsim.validate.m
 
 from __future__ import annotations
 
+import functools
 import os
 import statistics
 import time
@@ -24,6 +25,7 @@ from collsim.workload.compute import optimizer_bytes_per_param
 __all__ = [
     "ComputeGrid",
     "GEMM_DIMS",
+    "GPU_GEMM_DIMS",
     "measure_profile",
     "write_profile",
     "attention_shape",
@@ -33,7 +35,15 @@ __all__ = [
 ]
 
 GEMM_DIMS = (64, 160, 400, 1000, 2500, 4096)
-"""GEMM dimensions of the default grid (about x2.5 apart from 64 to 4096)."""
+"""GEMM dimensions of the default CPU grid (about x2.5 apart from 64 to 4096)."""
+
+GPU_GEMM_DIMS = (64, 192, 512, 1536, 4096, 8192)
+"""GEMM dimensions of the default GPU grid: about x2.7 apart from 64 to 8192, each a multiple
+of 64 elements as a model's dimensions are. cuBLAS runs its fastest tensor-core kernels only on
+16-byte-aligned leading dimensions; on an H200 the CPU grid's 2500 (a bf16 row of 5000 bytes)
+ran 3.3x slower than its aligned neighbour (4096 x 2500 x 4096 at 235 TFLOP/s, 4096^3 at 782:
+validate/data/h200/queued_unaligned/h200_profile.yaml), and a model's aligned shapes
+interpolated between such rows came out at half their rate."""
 
 CPU_ATTENTION_HEADS = 4
 """Heads of the one sequence attention is timed on with a CPU (a profile without
@@ -79,12 +89,18 @@ class ComputeGrid:
 
     @classmethod
     def full(cls, device: str = "cpu") -> ComputeGrid:
-        """The default grid; on CUDA with FLOP caps that let every GEMM of the grid (up to
-        2 x 4096^3 = 1.4e11 FLOPs) and every attention point (up to 3.5 x 2.7e11 FLOPs at
-        seq 4096 in the benchmark layout) run: well under a second each on a datacentre GPU."""
+        """The default grid; on CUDA :data:`GPU_GEMM_DIMS`, with FLOP caps that let every GEMM
+        of the grid (up to 2 x 8192^3 = 1.1e12 FLOPs) and every attention point (up to 3.5 x
+        2.7e11 FLOPs at seq 4096 in the benchmark layout) run: well under a second each on a
+        datacentre GPU."""
         if device == "cpu":
             return cls()
-        return cls(gemm_max_flops=2e11, attention_max_flops=1e12, concurrency=False)
+        return cls(
+            gemm_dims=GPU_GEMM_DIMS,
+            gemm_max_flops=2.2e12,
+            attention_max_flops=1e12,
+            concurrency=False,
+        )
 
     @classmethod
     def quick(cls) -> ComputeGrid:
@@ -103,6 +119,11 @@ class ComputeGrid:
         )
 
 
+Timer = Callable[[Callable[[], Any], int], float]
+"""Median seconds of one call of ``fn`` over ``reps`` timings (:func:`_median_time` on a CPU,
+:class:`_QueuedTimer` on a GPU)."""
+
+
 def _median_time(fn: Callable[[], Any], reps: int, sync: Callable[[], None]) -> float:
     fn()
     sync()
@@ -115,6 +136,64 @@ def _median_time(fn: Callable[[], Any], reps: int, sync: Callable[[], None]) -> 
     return statistics.median(times)
 
 
+class _QueuedTimer:
+    """Device time of a call on a GPU as a training step's stream runs it: a burst of calls
+    queued behind a device-side sleep (``torch.cuda._sleep``) long enough for the host to
+    queue the whole burst, timed by CUDA events around the burst.
+
+    A call timed alone between two synchronizes holds the host's launch and the wait for the
+    device to report back (about 30 us a call on a virtualised H200: validate/data/h200/),
+    which a step whose host runs ahead never waits for; a burst queued behind the sleep runs
+    back to back, so each call's time holds the kernels and the gaps between them alone (the
+    host's own cost per op is timed apart, :func:`_host_s`)."""
+
+    BURST_DEVICE_S = 2e-3
+    """Device seconds a burst aims at (at most :attr:`MAX_BURST` calls)."""
+    MAX_BURST = 32
+
+    def __init__(self, torch: Any) -> None:
+        self.torch = torch
+        cuda = torch.cuda
+        cuda.synchronize()
+        start, end = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
+        cycles = 10_000_000
+        start.record()
+        cuda._sleep(cycles)
+        end.record()
+        end.synchronize()
+        self.s_per_cycle = start.elapsed_time(end) * 1e-3 / cycles
+        self.sleeps = 0
+        """Bursts whose host outran the sleep and were queued again behind a longer one."""
+
+    def __call__(self, fn: Callable[[], Any], reps: int) -> float:
+        cuda = self.torch.cuda
+        fn()
+        cuda.synchronize()
+        one = self._burst(fn, 1, 1e-3)
+        burst = max(1, min(self.MAX_BURST, int(self.BURST_DEVICE_S / max(one, 1e-7))))
+        times = [self._burst(fn, burst, 1e-3) for _ in range(reps)]
+        return statistics.median(times)
+
+    def _burst(self, fn: Callable[[], Any], calls: int, sleep_s: float) -> float:
+        """Seconds per call of ``calls`` calls queued behind a ``sleep_s`` device sleep; queued
+        again behind a sleep twice as long as the host took, while the host outruns it."""
+        cuda = self.torch.cuda
+        start, end = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
+        while True:
+            cuda._sleep(int(sleep_s / self.s_per_cycle))
+            t0 = time.perf_counter()
+            start.record()
+            for _ in range(calls):
+                fn()
+            end.record()
+            host_s = time.perf_counter() - t0
+            end.synchronize()
+            if host_s < 0.8 * sleep_s:
+                return float(start.elapsed_time(end)) * 1e-3 / calls
+            self.sleeps += 1
+            sleep_s = 2 * host_s
+
+
 def _gemm_time(
     torch: Any,
     dev: Any,
@@ -123,7 +202,7 @@ def _gemm_time(
     n: int,
     k: int,
     reps: int,
-    sync: Callable[[], None],
+    timer: Timer,
 ) -> float:
     """Mean time of one GEMM of this shape over the three layouts training runs (forward
     A @ B, dgrad A @ B^T, wgrad A^T @ B), each on cold operands and into a cold result: views
@@ -159,7 +238,7 @@ def _gemm_time(
             a, b = ops[i]
             torch.mm(a, b, out=results[i * m * n : (i + 1) * m * n].view(m, n))
 
-        total += _median_time(run, reps, sync)
+        total += timer(run, reps)
     return total / 3
 
 
@@ -179,9 +258,7 @@ def _sdpa_backends(torch: Any, device: str) -> list[tuple[str, Any]]:
     return out
 
 
-def _gemm_rates(
-    torch: Any, dev: Any, grid: ComputeGrid, sync: Callable[[], None]
-) -> list[list[Any]]:
+def _gemm_rates(torch: Any, dev: Any, grid: ComputeGrid, timer: Timer) -> list[list[Any]]:
     """``[m, n, k, dtype, TFLOP/s]`` of every GEMM of the grid within its FLOP cap."""
     gemm: list[list[Any]] = []
     for name, dtype in _dtypes(torch, dev.type):
@@ -191,14 +268,12 @@ def _gemm_rates(
                     flops = 2.0 * m * n * k
                     if flops > grid.gemm_max_flops:
                         continue
-                    t = _gemm_time(torch, dev, dtype, m, n, k, grid.reps, sync)
+                    t = _gemm_time(torch, dev, dtype, m, n, k, grid.reps, timer)
                     gemm.append([m, n, k, name, round(flops / t / 1e12, 6)])
     return gemm
 
 
-def _attention_rates(
-    torch: Any, dev: Any, grid: ComputeGrid, sync: Callable[[], None]
-) -> list[list[Any]]:
+def _attention_rates(torch: Any, dev: Any, grid: ComputeGrid, timer: Timer) -> list[list[Any]]:
     """``[kernel, causal, head dim, seq, forward TFLOP/s, backward TFLOP/s]`` of causal
     attention per SDPA backend that runs here, within the grid's FLOP cap (shapes and dtype:
     :func:`attention_shape`, :func:`attention_notes`)."""
@@ -230,7 +305,7 @@ def _attention_rates(
                                 q, k_, v, is_causal=True
                             )
 
-                        t_f = _median_time(fwd, grid.reps, sync)
+                        t_f = timer(fwd, grid.reps)
                         out = fwd()
                         grad = torch.randn_like(out)
 
@@ -240,7 +315,7 @@ def _attention_rates(
                             )
                             o.backward(g)
 
-                        t_fb = _median_time(both, grid.reps, sync)
+                        t_fb = timer(both, grid.reps)
                 except RuntimeError:  # the backend does not run here
                     break
                 t_b = max(t_fb - t_f, 1e-9)
@@ -269,9 +344,7 @@ def attention_notes(device: str) -> dict[str, Any]:
     }
 
 
-def _bandwidth_rates(
-    torch: Any, dev: Any, grid: ComputeGrid, sync: Callable[[], None]
-) -> list[list[float]]:
+def _bandwidth_rates(torch: Any, dev: Any, grid: ComputeGrid, timer: Timer) -> list[list[float]]:
     """``[bytes moved, GB/s]`` of an elementwise add per size of the grid within its cap, on
     cold operands into a cold result as the GEMMs are (:func:`_gemm_time`): each call takes
     the next triple of a pool of at least 4 (the shared :data:`COLD_BYTES` pool, or one of
@@ -295,15 +368,13 @@ def _bandwidth_rates(
             a, b, c = _slot(pool, _next_slot(n), e, 3)
             torch.add(a, b, out=c)
 
-        t = _median_time(run, max(grid.reps, 5), sync)
+        t = timer(run, max(grid.reps, 5))
         del run, pool  # a size's own pool goes before the next size's is made
         bandwidth.append([float(12 * elems), round(12 * elems / t / 1e9, 4)])
     return bandwidth
 
 
-def _activation_rates(
-    torch: Any, dev: Any, grid: ComputeGrid, sync: Callable[[], None]
-) -> list[list[Any]]:
+def _activation_rates(torch: Any, dev: Any, grid: ComputeGrid, timer: Timer) -> list[list[Any]]:
     """``[kind, elements, fwd_gelem_per_s, bwd_gelem_per_s]`` of the MLP activations as eager
     PyTorch runs them, on cold operands cycling through a pool (as :func:`_bandwidth_rates`;
     the results are fresh allocations), in the device's first training dtype:
@@ -354,8 +425,8 @@ def _activation_rates(
                     aten.silu_backward(gb, a)
 
             reps = max(grid.reps, 5)
-            t_fwd = _median_time(fwd, reps, sync)
-            t_bwd = _median_time(bwd, reps, sync)
+            t_fwd = timer(fwd, reps)
+            t_bwd = timer(bwd, reps)
             rows.append([kind, elems, round(elems / t_fwd / 1e9, 6), round(elems / t_bwd / 1e9, 6)])
     return rows
 
@@ -374,7 +445,7 @@ def _host_s(torch: Any, dev: Any, sync: Callable[[], None]) -> float:
     return _median_time(chain, 7, sync) / 100
 
 
-def _optimizer_bps(torch: Any, dev: Any, grid: ComputeGrid, sync: Callable[[], None]) -> float:
+def _optimizer_bps(torch: Any, dev: Any, grid: ComputeGrid, timer: Timer) -> float:
     """Bytes per second of an SGD step over ``grid.optimizer_params`` fp32 parameters."""
     params = [
         torch.nn.Parameter(torch.randn(grid.optimizer_params // 8, device=dev)) for _ in range(8)
@@ -382,11 +453,27 @@ def _optimizer_bps(torch: Any, dev: Any, grid: ComputeGrid, sync: Callable[[], N
     for p in params:
         p.grad = torch.randn_like(p)
     opt = torch.optim.SGD(params, lr=1e-3)
-    t_opt = _median_time(opt.step, max(grid.reps, 3), sync)
+    t_opt = timer(opt.step, max(grid.reps, 3))
     # bytes as collsim counts an SGD step in fp32 (optimizer_bytes_per_param("sgd", "fp32"))
 
     bps: float = grid.optimizer_params * optimizer_bytes_per_param("sgd", "fp32") / t_opt
     return bps
+
+
+def _warm_clocks(torch: Any, dev: Any, sync: Callable[[], None], seconds: float = 2.0) -> float:
+    """Run large bf16 GEMMs for ``seconds`` before the first timing; the seconds it took.
+
+    An idle GPU holds its SM clock far below boost and raises it only under load, so the
+    first shapes of the grid (the small GEMMs) would otherwise be timed at a clock no training
+    step runs at."""
+    a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(8):
+            torch.mm(a, b)
+        sync()
+    return time.perf_counter() - t0
 
 
 def measure_profile(
@@ -420,7 +507,10 @@ def measure_profile(
         **attention_notes(dev.type),
     }
     if dev.type == "cuda":
-        notes["gpu"] = str(torch.cuda.get_device_name(dev))
+        props = torch.cuda.get_device_properties(dev)
+        notes["gpu"] = str(props.name)
+        notes["sm_count"] = int(props.multi_processor_count)
+        notes["memory_bytes"] = int(props.total_memory)
     out: dict[str, Any] = {
         "concurrent_slowdown": 1.0,
         "concurrent_memory_slowdown": 1.0,
@@ -429,8 +519,9 @@ def measure_profile(
         "bandwidth": [],
         "activation": [],
         "optimizer_bytes_per_s": None,
-        # each timed call is one kernel and a synchronize: its time holds the launch and the
-        # tail the model's launch floor stands for, on either device (no second floor on top)
+        # a timed call holds what the model's launch floor stands for: on a CPU its launch and
+        # the wait for it, on a GPU the gaps between back-to-back kernels of a queued burst
+        # (_QueuedTimer); no second floor on top
         "launch_us": 0.0,
         "host_us": None,
         "notes": notes,
@@ -442,15 +533,23 @@ def measure_profile(
         if on_section is not None:
             on_section(dict(out, notes=dict(notes, sections=",".join(done))))
 
-    out["gemm"] = _gemm_rates(torch, dev, grid, sync)
+    timer: Timer = functools.partial(_median_time, sync=sync)
+    queued: _QueuedTimer | None = None
+    if dev.type == "cuda":
+        notes["clock_warmup_s"] = round(_warm_clocks(torch, dev, sync), 3)
+        timer = queued = _QueuedTimer(torch)
+        notes["timing"] = "bursts queued behind a device sleep, CUDA events"
+    out["gemm"] = _gemm_rates(torch, dev, grid, timer)
     section("gemm")
-    out["attention"] = _attention_rates(torch, dev, grid, sync)
+    out["attention"] = _attention_rates(torch, dev, grid, timer)
     section("attention")
-    out["bandwidth"] = _bandwidth_rates(torch, dev, grid, sync)
-    out["activation"] = _activation_rates(torch, dev, grid, sync)
+    out["bandwidth"] = _bandwidth_rates(torch, dev, grid, timer)
+    out["activation"] = _activation_rates(torch, dev, grid, timer)
     section("bandwidth,activation")
     out["host_us"] = round(_host_s(torch, dev, sync) * 1e6, 3)
-    out["optimizer_bytes_per_s"] = round(_optimizer_bps(torch, dev, grid, sync), 1)
+    out["optimizer_bytes_per_s"] = round(_optimizer_bps(torch, dev, grid, timer), 1)
+    if queued is not None:
+        notes["requeued_bursts"] = queued.sleeps
     section("host,optimizer")
     cores = os.cpu_count() or 1
     if grid.concurrency and dev.type == "cpu" and cores > 1:
@@ -473,23 +572,35 @@ def write_profile(
 
     base = get_device("cpu")
     cores = os.cpu_count() or 1
-    best = max((r[4] for r in measured["gemm"] if r[3] == "fp32"), default=1e-3)
+    notes = measured["notes"]
+
+    def best_of(dtype: str) -> float:
+        return max((r[4] for r in measured["gemm"] if r[3] == dtype), default=1e-3)
+
+    best = best_of("fp32")
     bw = max((r[1] for r in measured["bandwidth"]), default=1.0)
     tables: dict[str, Any] = {k: v for k, v in measured.items() if v is not None}
     tables["launch_us"] = 0.0  # the measured times hold the launch (see measure_profile)
+    if device == "cpu":
+        # peak := the best measured rate (the profile's tables carry the shape dependence)
+        peaks = {"fp32": best, "bf16": best, "fp16": best}
+        sm_count, memory_gb = int(notes["threads"]), base.memory_bytes / 1e9
+    else:  # each dtype's own best (tensor cores run bf16 / fp16 many times faster than fp32)
+        peaks = {dt: best_of(dt) for dt in ("fp32", "bf16", "fp16")}
+        sm_count = int(notes.get("sm_count", notes["threads"]))
+        memory_gb = float(notes.get("memory_bytes", base.memory_bytes)) / 1e9
     doc: dict[str, Any] = {
         "key": Path(path).stem,
-        "name": f"measured {measured['notes'].get('gpu', device)} ({cores} cores, "
-        f"{measured['notes']['threads']} thread(s))",
+        "name": f"measured {notes.get('gpu', device)} ({cores} cores, "
+        f"{notes['threads']} thread(s))",
         "generation": "cpu" if device == "cpu" else "generic",
-        # peak := the best measured rate (the profile's tables carry the shape dependence)
-        "peak_tflops": {"fp32": best, "bf16": best, "fp16": best},
-        "mamf_tflops": {"bf16": best},
-        "sm_count": int(measured["notes"]["threads"]),
+        "peak_tflops": peaks,
+        "mamf_tflops": {"bf16": peaks["bf16"]},
+        "sm_count": sm_count,
         # gloo holds no SMs (collsim.cluster.hardware.Device.nccl_sms); a GPU's NCCL holds its
         # default
         **({"interference": {"nccl_sms": 0}} if device == "cpu" else {}),
-        "memory_gb": base.memory_bytes / 1e9,
+        "memory_gb": memory_gb,
         "memory_bandwidth_tbps": bw / 1e3,
         "reserve_gib": 0.0,
         "measured": tables,
