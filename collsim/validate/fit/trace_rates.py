@@ -46,12 +46,19 @@ ATTENTION_OPS = {
     "aten::_scaled_dot_product_flash_attention_for_cpu": "flash2",
     "aten::_scaled_dot_product_flash_attention": "flash2",
     "aten::_flash_attention_forward": "flash2",
+    "aten::_flash_attention": "flash2",
     "aten::_scaled_dot_product_cudnn_attention": "cudnn",
+    "aten::_cudnn_attention_forward": "cudnn",
+    "aten::_cudnn_attention": "cudnn",
     "aten::_scaled_dot_product_efficient_attention": "eager",
     "aten::_efficient_attention_forward": "eager",
+    "aten::_efficient_attention": "eager",
 }
-"""SDPA forward ops and the attention-table kernel they are filed under (memory-efficient
-attention under ``eager``: collsim's kernel families have no entry of its own)."""
+"""SDPA ops and the attention-table kernel they are filed under, by name less ``_backward``
+(memory-efficient attention under ``eager``: collsim's kernel families have no entry of its
+own). On a GPU the kernels belong to the innermost op, which launched them: the
+``aten::_<kernel>_attention_forward`` / ``_backward`` under each SDPA op (PyTorch 2.11's
+traces, validate/data/h200/); on a CPU the SDPA op's own duration counts."""
 
 DTYPES = {"float": "fp32", "c10::bfloat16": "bf16", "c10::half": "fp16", "bfloat16": "bf16"}
 
