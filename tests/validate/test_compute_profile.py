@@ -429,3 +429,71 @@ def test_cold_adds_take_new_blocks_and_large_sizes_pools_of_their_own() -> None:
     lo, hi = shared.data_ptr(), shared.data_ptr() + shared.numel() * 4
     assert all(not lo <= p < hi for p in outs[large // 12])  # its own pool
     assert all(lo <= p < hi for p in outs[small // 12])
+
+
+class _FakeGPU:
+    """A device timeline and a host clock, as ``_QueuedTimer`` sees them through
+    ``torch.cuda``: work queued runs after what is queued before it, an event completes when
+    the device reaches it; the host advances by each call's host cost and waits on syncs."""
+
+    def __init__(self) -> None:
+        self.host = 0.0
+        self.device = 0.0  # when the device is done with everything queued
+        gpu = self
+
+        class Event:
+            def __init__(self, enable_timing: bool = False) -> None:
+                self.t = 0.0
+
+            def record(self) -> None:
+                gpu.device = max(gpu.device, gpu.host)
+                self.t = gpu.device
+
+            def query(self) -> bool:
+                return self.t <= gpu.host
+
+            def synchronize(self) -> None:
+                gpu.host = max(gpu.host, self.t)
+
+            def elapsed_time(self, end: Any) -> float:
+                return (end.t - self.t) * 1e3
+
+        class Cuda:
+            @staticmethod
+            def synchronize() -> None:
+                gpu.host = max(gpu.host, gpu.device)
+
+            @staticmethod
+            def _sleep(cycles: int) -> None:
+                gpu.run(0.0, cycles * 1e-9)  # a 1 GHz clock
+
+        Cuda.Event = Event  # type: ignore[attr-defined]
+        self.cuda = Cuda
+
+    def run(self, host_s: float, device_s: float, sync: bool = False) -> None:
+        self.host += host_s
+        self.device = max(self.device, self.host) + device_s
+        if sync:
+            self.host = self.device
+
+
+@pytest.mark.parametrize(
+    ("host_s", "device_s", "sync"),
+    [(10e-6, 50e-6, False), (100e-6, 5e-6, False), (20e-6, 5e-6, True)],
+)
+def test_a_queued_gpu_timing_holds_the_device_time_and_always_ends(
+    host_s: float, device_s: float, sync: bool
+) -> None:
+    from collsim.validate.measure import compute
+
+    gpu = _FakeGPU()
+    timer = compute._QueuedTimer(gpu)
+    assert timer.s_per_cycle == pytest.approx(1e-9)
+    measured = timer(lambda: gpu.run(host_s, device_s, sync), 3)
+    if not sync:  # back to back behind the sleep, whichever side is slower per call
+        assert measured == pytest.approx(device_s)
+        assert timer.host_bound == 0
+        assert (timer.sleeps > 0) == (host_s > device_s)  # a host-bound burst needed more sleep
+    else:  # the host waits for each call: no sleep is long enough; taken as it ran
+        assert timer.host_bound > 0
+        assert host_s < measured <= host_s + device_s  # the first call's host hid in the sleep

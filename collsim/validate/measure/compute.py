@@ -138,18 +138,23 @@ def _median_time(fn: Callable[[], Any], reps: int, sync: Callable[[], None]) -> 
 
 class _QueuedTimer:
     """Device time of a call on a GPU as a training step's stream runs it: a burst of calls
-    queued behind a device-side sleep (``torch.cuda._sleep``) long enough for the host to
-    queue the whole burst, timed by CUDA events around the burst.
+    queued behind a device-side sleep (``torch.cuda._sleep``), timed by CUDA events around the
+    burst; a burst whose sleep ended before the host had queued it all (the start event already
+    passed) is queued again behind a sleep twice as long.
 
     A call timed alone between two synchronizes holds the host's launch and the wait for the
     device to report back (about 30 us a call on a virtualised H200: validate/data/h200/),
     which a step whose host runs ahead never waits for; a burst queued behind the sleep runs
     back to back, so each call's time holds the kernels and the gaps between them alone (the
-    host's own cost per op is timed apart, :func:`_host_s`)."""
+    host's own cost per op is timed apart, :func:`_host_s`). A call that makes the host wait
+    for the device (a synchronize inside it) outruns any sleep: at :attr:`MAX_SLEEP_S` its
+    burst is taken as it ran, host waits included, and counted in :attr:`host_bound`."""
 
     BURST_DEVICE_S = 2e-3
     """Device seconds a burst aims at (at most :attr:`MAX_BURST` calls)."""
     MAX_BURST = 32
+    FIRST_SLEEP_S = 1e-3
+    MAX_SLEEP_S = 0.25
 
     def __init__(self, torch: Any) -> None:
         self.torch = torch
@@ -161,37 +166,43 @@ class _QueuedTimer:
         cuda._sleep(cycles)
         end.record()
         end.synchronize()
+        # only sizes the sleeps: whether one was long enough is read off its start event
         self.s_per_cycle = start.elapsed_time(end) * 1e-3 / cycles
         self.sleeps = 0
-        """Bursts whose host outran the sleep and were queued again behind a longer one."""
+        """Bursts queued again behind a longer sleep."""
+        self.host_bound = 0
+        """Bursts taken with the host still queuing at the longest sleep."""
 
     def __call__(self, fn: Callable[[], Any], reps: int) -> float:
-        cuda = self.torch.cuda
+        self.sleep_s = self.FIRST_SLEEP_S  # a point's sleeps grow over its bursts, not past it
         fn()
-        cuda.synchronize()
-        one = self._burst(fn, 1, 1e-3)
+        self.torch.cuda.synchronize()
+        one = self._burst(fn, 1)
         burst = max(1, min(self.MAX_BURST, int(self.BURST_DEVICE_S / max(one, 1e-7))))
-        times = [self._burst(fn, burst, 1e-3) for _ in range(reps)]
-        return statistics.median(times)
+        return statistics.median(self._burst(fn, burst) for _ in range(reps))
 
-    def _burst(self, fn: Callable[[], Any], calls: int, sleep_s: float) -> float:
-        """Seconds per call of ``calls`` calls queued behind a ``sleep_s`` device sleep; queued
-        again behind a sleep twice as long as the host took, while the host outruns it."""
+    def _burst(self, fn: Callable[[], Any], calls: int) -> float:
+        """Seconds per call of ``calls`` calls queued behind the point's sleep."""
         cuda = self.torch.cuda
-        start, end = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
         while True:
-            cuda._sleep(int(sleep_s / self.s_per_cycle))
+            start, end = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
+            cuda._sleep(max(1, int(self.sleep_s / self.s_per_cycle)))
             t0 = time.perf_counter()
             start.record()
             for _ in range(calls):
                 fn()
             end.record()
             host_s = time.perf_counter() - t0
+            outran = bool(start.query())  # the sleep was over before the burst was queued
             end.synchronize()
-            if host_s < 0.8 * sleep_s:
-                return float(start.elapsed_time(end)) * 1e-3 / calls
+            per_call = float(start.elapsed_time(end)) * 1e-3 / calls
+            if not outran:
+                return per_call
+            if self.sleep_s >= self.MAX_SLEEP_S:
+                self.host_bound += 1
+                return per_call
             self.sleeps += 1
-            sleep_s = 2 * host_s
+            self.sleep_s = min(self.MAX_SLEEP_S, max(2 * self.sleep_s, 2 * host_s))
 
 
 def _gemm_time(
@@ -460,12 +471,13 @@ def _optimizer_bps(torch: Any, dev: Any, grid: ComputeGrid, timer: Timer) -> flo
     return bps
 
 
-def _warm_clocks(torch: Any, dev: Any, sync: Callable[[], None], seconds: float = 2.0) -> float:
+def _warm_clocks(torch: Any, dev: Any, sync: Callable[[], None], seconds: float = 0.25) -> float:
     """Run large bf16 GEMMs for ``seconds`` before the first timing; the seconds it took.
 
-    An idle GPU holds its SM clock far below boost and raises it only under load, so the
-    first shapes of the grid (the small GEMMs) would otherwise be timed at a clock no training
-    step runs at."""
+    An idle GPU may hold its SM clock far below boost until work arrives. A quarter of a second
+    is short of the board's power limit: back-to-back GEMMs took about a second to reach it on
+    an H200 and then held the clock at 0.75 of boost (validate/data/h200/queued_unaligned/
+    clock.csv), which would slow the first shapes timed after a longer warm-up."""
     a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
     t0 = time.perf_counter()
@@ -550,6 +562,7 @@ def measure_profile(
     out["optimizer_bytes_per_s"] = round(_optimizer_bps(torch, dev, grid, timer), 1)
     if queued is not None:
         notes["requeued_bursts"] = queued.sleeps
+        notes["host_bound_bursts"] = queued.host_bound
     section("host,optimizer")
     cores = os.cpu_count() or 1
     if grid.concurrency and dev.type == "cpu" and cores > 1:
