@@ -42,23 +42,40 @@ __all__ = [
 GEMM_OPS = {"aten::mm": (0, 1), "aten::addmm": (1, 2), "aten::bmm": (0, 1), "aten::baddbmm": (1, 2)}
 """GEMM ops and the positions of their two matrix operands in ``Input Dims``."""
 
-ATTENTION_OPS = {
-    "aten::_scaled_dot_product_flash_attention_for_cpu": "flash2",
-    "aten::_scaled_dot_product_flash_attention": "flash2",
-    "aten::_flash_attention_forward": "flash2",
-    "aten::_flash_attention": "flash2",
-    "aten::_scaled_dot_product_cudnn_attention": "cudnn",
-    "aten::_cudnn_attention_forward": "cudnn",
-    "aten::_cudnn_attention": "cudnn",
-    "aten::_scaled_dot_product_efficient_attention": "eager",
-    "aten::_efficient_attention_forward": "eager",
-    "aten::_efficient_attention": "eager",
+ATTENTION_OPS: dict[str, tuple[str, bool, int, int]] = {
+    # name less "_backward": (kernel, inputs laid out (b, s, h, d), position of is_causal in the
+    # forward's Concrete Inputs, in the backward's)
+    "aten::_scaled_dot_product_flash_attention_for_cpu": ("flash2", False, 4, 7),
+    "aten::_scaled_dot_product_flash_attention": ("flash2", False, 4, 11),
+    "aten::_flash_attention_forward": ("flash2", True, 8, -1),
+    "aten::_flash_attention": ("flash2", True, -1, 11),
+    "aten::_scaled_dot_product_cudnn_attention": ("cudnn", False, 6, 14),
+    "aten::_cudnn_attention_forward": ("cudnn", False, 10, -1),
+    "aten::_cudnn_attention": ("cudnn", False, -1, 14),
+    "aten::_scaled_dot_product_efficient_attention": ("eager", False, 6, 11),
+    "aten::_efficient_attention_forward": ("eager", True, 9, -1),
+    "aten::_efficient_attention": ("eager", True, -1, 14),
 }
-"""SDPA ops and the attention-table kernel they are filed under, by name less ``_backward``
+"""SDPA ops by name less ``_backward``: the attention-table kernel they are filed under
 (memory-efficient attention under ``eager``: collsim's kernel families have no entry of its
-own). On a GPU the kernels belong to the innermost op, which launched them: the
-``aten::_<kernel>_attention_forward`` / ``_backward`` under each SDPA op (PyTorch 2.11's
-traces, validate/data/h200/); on a CPU the SDPA op's own duration counts."""
+own), whether their inputs are (batch, seq, heads, head dim) (the kernels' own ops, which
+SDPA calls on transposed views) rather than (batch, heads, seq, head dim), and where
+``is_causal`` stands among the arguments of the forward and of the backward
+(``native_functions.yaml`` of PyTorch 2.5-2.11; the memory-efficient kernel's own ops take an
+integer ``custom_mask_type`` there, causal when non-zero). On a GPU the kernels belong to the
+innermost op, which launched them (``aten::_<kernel>_attention_forward`` / ``_backward`` under
+each SDPA op in PyTorch 2.11's traces, validate/data/h200/); on a CPU the SDPA op's own
+duration counts."""
+
+
+def _causal(concrete: list[Any], at: int) -> bool:
+    """Whether the argument at ``at`` of a trace's ``Concrete Inputs`` says causal (``True``,
+    or a non-zero mask type); the first ``True`` where the position is unknown or absent."""
+    values = [str(c) for c in concrete]
+    if 0 <= at < len(values) and values[at] not in ("", "None"):
+        return values[at] not in ("False", "0")
+    return "True" in values
+
 
 DTYPES = {"float": "fp32", "c10::bfloat16": "bf16", "c10::half": "fp16", "bfloat16": "bf16"}
 
@@ -175,21 +192,25 @@ def attention_rows(trace_ops: list[tuple[Event, float]]) -> list[list[Any]]:
     fwd: dict[tuple[str, bool, int, int], list[float]] = defaultdict(lambda: [0.0, 0.0])
     bwd: dict[tuple[str, bool, int, int], list[float]] = defaultdict(lambda: [0.0, 0.0])
     for e, t in trace_ops:
-        name = e.name.removesuffix("_backward")
-        kernel = ATTENTION_OPS.get(name)
+        backward = e.name.endswith("_backward")
+        known = ATTENTION_OPS.get(e.name.removesuffix("_backward"))
         dims = _dims(e)
-        if kernel is None or t <= 0 or not dims or len(dims[0]) != 4:
+        if known is None or t <= 0 or not dims or len(dims[0]) != 4:
             continue
-        b, h, s, d = (int(x) for x in dims[0])
-        concrete = e.args.get("Concrete Inputs") or []
-        causal = "True" in [str(c) for c in concrete]
+        kernel, bshd, causal_fwd, causal_bwd = known
+        b, s, h, d = (int(x) for x in dims[0])
+        if not bshd:
+            h, s = s, h
+        causal = _causal(
+            e.args.get("Concrete Inputs") or [], causal_bwd if backward else causal_fwd
+        )
         # FLOPs as collsim.validate.measure.compute counts them: 4 b h s^2 d, half of it when
         # causal;
         # backward 2.5 x forward
         flops = 4.0 * b * h * s * s * d / (2 if causal else 1)
         key = (kernel, causal, d, s)
-        acc = bwd[key] if e.name.endswith("_backward") else fwd[key]
-        acc[0] += 2.5 * flops if e.name.endswith("_backward") else flops
+        acc = bwd[key] if backward else fwd[key]
+        acc[0] += 2.5 * flops if backward else flops
         acc[1] += t
     rows = []
     for key in sorted(fwd):
