@@ -1,7 +1,8 @@
 """Run bf16 GEMMs on one GPU for a while, alone or interleaved with memory-bound adds so that
 the GEMMs take a set share of the time (``--duties``), and log per window of about half a
 second the rate the GEMMs ran at (CUDA events) beside the SM clock, the board power, the
-temperature and the clock-event reasons NVML reads while the window's work runs: whether a
+temperature and the clock-event reasons NVML reads while the window's work runs (its share
+counts the device's time in GEMMs and adds, not the host's gaps between windows): whether a
 GEMM-heavy load holds the boost clock or settles at a power-limited one, and how that depends
 on the share of the step the GEMMs take (the premise of
 ``collsim.cluster.hardware.HOPPER_SUSTAINED_CLOCK_FRACTION``).
@@ -41,6 +42,9 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=8192, help="m = n = k of the GEMM")
     ap.add_argument("-o", "--output", required=True)
     args = ap.parse_args()
+    duties = [float(d) for d in args.duties.split(",")]
+    if not all(0 < d <= 1 for d in duties):
+        ap.error(f"--duties: each share must be in (0, 1], got {args.duties}")
     import pynvml
     import torch
 
@@ -73,29 +77,18 @@ def main() -> None:
     t_gemms, t_add = _timed(torch, gemms), _timed(torch, add)
     t_start = time.perf_counter()
     with open(args.output, "w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(
-            [
-                "duty",
-                "t_s",
-                "gemm_tflops",
-                "gemm_share",
-                "add_gbps",
-                "sm_mhz",
-                "mem_mhz",
-                "power_w",
-                "power_limit_w",
-                "temp_c",
-                "clock_event_reasons_hex",
-            ]
-        )
         fh.write(
             f"# gpu: {torch.cuda.get_device_name(0)}; torch {torch.__version__}; {n}^3 bf16 "
             f"GEMMs on randn operands, {GEMMS_PER_CYCLE} a cycle, then the cycle's fp32 adds "
             f"of {elems} elements; alone {t_gemms * 1e3:.3f} ms per cycle of GEMMs, "
             f"{t_add * 1e3:.3f} ms per add\n"
         )
-        for duty in (float(d) for d in args.duties.split(",")):
+        w = csv.writer(fh)
+        w.writerow(
+            ["duty", "t_s", "gemm_tflops", "gemm_share", "add_gbps", "sm_mhz", "mem_mhz",
+             "power_w", "power_limit_w", "temp_c", "clock_event_reasons_hex"]
+        )  # fmt: skip
+        for duty in duties:
             adds = 0 if duty >= 1 else max(1, round(t_gemms * (1 - duty) / duty / t_add))
             cycles = max(1, math.ceil(WINDOW_S / (t_gemms + adds * t_add)))
             t_duty = time.perf_counter()
