@@ -16,7 +16,7 @@ scales with the weight size).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from collsim.core.units import MiB
@@ -77,6 +77,7 @@ def build_buckets(
     first_bucket_mb: float = 1.0,
     grad_bytes: int = 2,
     expert: bool | None = None,
+    ready: Mapping[str, float] | None = None,
 ) -> list[Bucket]:
     """Pack the gradients of ``tensors`` (registration order) into DDP buckets.
 
@@ -88,6 +89,7 @@ def build_buckets(
         expert: pack only the routed-expert (True) or only the other (False) tensors, as
             Megatron-Core keeps separate gradient buffers for each; ready points are still
             those of the whole segment. None packs all.
+        ready: ``grad_ready_fraction(tensors)``, where the caller has it already.
 
     Returns:
         Buckets in launch order.
@@ -98,7 +100,7 @@ def build_buckets(
         >>> [b.tensors for b in build_buckets(ts, bucket_mb=2)]
         [('w3',), ('w2', 'w1'), ('w0',)]
     """
-    frac = grad_ready_fraction(tensors)
+    frac = grad_ready_fraction(tensors) if ready is None else ready
     picked = [t for t in reversed(tensors) if expert is None or t.expert == expert]
     limit = first_bucket_mb * MiB  # the first bucket's, then every other's
     buckets: list[Bucket] = []

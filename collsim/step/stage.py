@@ -13,7 +13,7 @@ from functools import partial
 from operator import attrgetter
 from typing import TYPE_CHECKING
 
-from collsim.parallel.buckets import Bucket, build_buckets
+from collsim.parallel.buckets import Bucket, build_buckets, grad_ready_fraction
 from collsim.parallel.fsdp import FSDPUnit, build_units
 from collsim.parallel.params import ParamTensor, chunk_tensors
 from collsim.parallel.plan import Plan
@@ -200,20 +200,26 @@ def _chunk_params(
     if cache is None:
         tensors = tensors_of()
         return tensors, _buckets(plan, tensors, grad_bytes), build_units(tensors)
+    # (the gradients' ready points, kept with the tensors: every bucket size packs them)
     # keyed by the spec's identity (hashing a spec costs more than the lookup saves); the
     # entry holds the spec, so a key is never reused by another spec while it lives
     shape = (id(spec), layers.start, layers.stop, plan.tp, first, last, pp, plan.ep, plan.etp)
-    held, tensors, units = cache.get(
-        "chunk", shape, lambda: (spec, t := tensors_of(), build_units(t))
+    held, tensors, units, ready = cache.get(
+        "chunk",
+        shape,
+        lambda: (spec, t := tensors_of(), build_units(t), grad_ready_fraction(t)),
     )
     if held is not spec:  # pragma: no cover - another spec at a reused address
         tensors = tensors_of()
         units = build_units(tensors)
+        ready = grad_ready_fraction(tensors)
     ddp = plan.parallel.ddp
     key = (shape, ddp.bucket_mb, ddp.first_bucket_mb, grad_bytes)
-    held_b, buckets = cache.get("buckets", key, lambda: (spec, _buckets(plan, tensors, grad_bytes)))
+    held_b, buckets = cache.get(
+        "buckets", key, lambda: (spec, _buckets(plan, tensors, grad_bytes, ready))
+    )
     if held_b is not spec:  # pragma: no cover - as above
-        buckets = _buckets(plan, tensors, grad_bytes)
+        buckets = _buckets(plan, tensors, grad_bytes, ready)
     return tensors, buckets, units
 
 
@@ -259,8 +265,15 @@ def _split_backward(seg: Segment, block: BlockTimes) -> tuple[Segment, Segment]:
     )
 
 
-def _buckets(plan: Plan, tensors: list[ParamTensor], grad_bytes: int) -> list[Bucket]:
-    """A chunk's DDP buckets: the dense and the expert gradients bucket apart."""
+def _buckets(
+    plan: Plan,
+    tensors: list[ParamTensor],
+    grad_bytes: int,
+    ready: dict[str, float] | None = None,
+) -> list[Bucket]:
+    """A chunk's DDP buckets: the dense and the expert gradients bucket apart (``ready``: the
+    tensors' ``grad_ready_fraction``, computed here when not given)."""
+    ready = grad_ready_fraction(tensors) if ready is None else ready
     ddp = plan.parallel.ddp
     kinds: tuple[bool | None, ...] = (False, True) if any(t.expert for t in tensors) else (None,)
     return [
@@ -272,5 +285,6 @@ def _buckets(plan: Plan, tensors: list[ParamTensor], grad_bytes: int) -> list[Bu
             first_bucket_mb=ddp.first_bucket_mb,
             grad_bytes=grad_bytes,
             expert=kind,
+            ready=ready,
         )
     ]

@@ -4,6 +4,7 @@ See docs/pipelines.md."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from collsim.core.errors import ConfigError
@@ -146,14 +147,12 @@ class PipelineSchedule:
         return s, PipeOp(Phase.BACKWARD, op.microbatch, c)
 
 
-def one_f_one_b(fwd: list[PipeOp], bwd: list[PipeOp], warmup: int) -> list[PipeOp]:
+def one_f_one_b(fwd: Sequence[PipeOp], bwd: Sequence[PipeOp], warmup: int) -> list[PipeOp]:
     """``warmup`` forwards, then one forward and one backward in turn, then the rest."""
-    order = fwd[:warmup]
     remaining = len(fwd) - warmup
-    for i in range(remaining):
-        order.append(fwd[warmup + i])
-        order.append(bwd[i])
-    order.extend(bwd[remaining:])
+    order = list(fwd[:warmup])
+    order += [op for pair in zip(fwd[warmup:], bwd[:remaining]) for op in pair]
+    order += bwd[remaining:]
     return order
 
 

@@ -7,6 +7,8 @@ ideal time."""
 
 from __future__ import annotations
 
+import functools
+
 from collsim.core.errors import ConfigError
 from collsim.core.vocab import ScheduleKind
 from collsim.parallel.pipeline.base import (
@@ -42,20 +44,7 @@ class Interleaved(PipelineSchedule):
         warmup = self.warmup_forwards(
             num_stages=p, num_microbatches=m, stage=stage, virtual_stages=v
         )
-        total = m * v
-        # op k's micro-batch (Megatron's get_microbatch_id_in_model_chunk) and chunk
-        # (get_model_chunk_id: groups of p consecutive ops share a chunk; backward runs the
-        # chunks in reverse), the ops made without the named tuple's keyword layer: a
-        # search's bounds build these orders for every pipeline shape they walk
-        pv, new = p * v, tuple.__new__
-        forward, backward = Phase.FORWARD, Phase.BACKWARD
-        fwd: list[PipeOp] = []
-        bwd: list[PipeOp] = []
-        for k in range(total):
-            mb = (k // pv) * p + k % p
-            chunk = (k % pv) // p
-            fwd.append(new(PipeOp, (forward, mb, chunk)))
-            bwd.append(new(PipeOp, (backward, mb, v - 1 - chunk)))
+        fwd, bwd = _chunk_ops(p, m, v)
         return one_f_one_b(fwd, bwd, warmup)
 
     def warmup_forwards(
@@ -80,3 +69,19 @@ class Interleaved(PipelineSchedule):
             virtual_stages=virtual_stages,
         )
         return steady_pairs(num_microbatches * virtual_stages, w)
+
+
+@functools.lru_cache(maxsize=8)
+def _chunk_ops(p: int, m: int, v: int) -> tuple[tuple[PipeOp, ...], tuple[PipeOp, ...]]:
+    """The forwards and the backwards of every stage in their own order: op k's micro-batch
+    (Megatron's ``get_microbatch_id_in_model_chunk``) and chunk (``get_model_chunk_id``: groups
+    of p consecutive ops share a chunk; backward runs the chunks in reverse). The same for
+    every stage (only the warm-up differs), so made once per shape for the stages' orders;
+    the ops made without the named tuple's keyword layer: a search's bounds build these orders
+    for every pipeline shape they walk."""
+    pv, new = p * v, tuple.__new__
+    forward, backward = Phase.FORWARD, Phase.BACKWARD
+    ks = range(m * v)
+    fwd = tuple([new(PipeOp, (forward, (k // pv) * p + k % p, (k % pv) // p)) for k in ks])
+    bwd = tuple([new(PipeOp, (backward, (k // pv) * p + k % p, v - 1 - (k % pv) // p)) for k in ks])
+    return fwd, bwd
