@@ -17,7 +17,7 @@ scales with the weight size).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from collsim.core.units import MiB
 from collsim.parallel.params import ParamTensor
@@ -25,9 +25,10 @@ from collsim.parallel.params import ParamTensor
 __all__ = ["Bucket", "build_buckets", "backward_segments", "grad_ready_fraction"]
 
 
-@dataclass(frozen=True, slots=True)
-class Bucket:
-    """One gradient bucket.
+class Bucket(NamedTuple):
+    """One gradient bucket (a named tuple, as :class:`~collsim.parallel.params.ParamTensor`:
+    every new chunk shape of a search makes its buckets, a frozen dataclass costs about three
+    times as much to make).
 
     Attributes:
         index: 0 for the first bucket launched (holding the last parameters).
@@ -38,7 +39,7 @@ class Bucket:
         ready_fraction: how far into that segment's gradient production it completes (0..1].
     """
 
-    index: int
+    index: int  # type: ignore[assignment]  # the field shadows tuple.index, unused here
     tensors: tuple[str, ...]
     numel: float
     size_bytes: float
@@ -103,6 +104,7 @@ def build_buckets(
     frac = grad_ready_fraction(tensors) if ready is None else ready
     picked = [t for t in reversed(tensors) if expert is None or t.expert == expert]
     limit = first_bucket_mb * MiB  # the first bucket's, then every other's
+    new = tuple.__new__  # the named tuple made without its keyword layer
     buckets: list[Bucket] = []
     names: list[str] = []
     numel: float = 0  # added up one tensor after another, as sum() would
@@ -113,8 +115,17 @@ def build_buckets(
         size += t.numel * grad_bytes
         if size >= limit or i == len(picked) - 1:  # full, or the last tensor
             buckets.append(
-                Bucket(
-                    len(buckets), tuple(names), numel, size, t.segment, frac[t.name], bool(expert)
+                new(
+                    Bucket,
+                    (
+                        len(buckets),
+                        tuple(names),
+                        numel,
+                        size,
+                        t.segment,
+                        frac[t.name],
+                        bool(expert),
+                    ),
                 )
             )
             names, numel, size = [], 0, 0.0
