@@ -13,8 +13,14 @@ import pytest
 import collsim
 from collsim.cluster.hardware import get_device
 from collsim.validate.data.kineto import Event, read_trace
-from collsim.validate.fit.trace_profile import profile_from_traces, write_trace_profile
-from collsim.validate.fit.trace_rates import attention_rows
+from collsim.validate.fit.trace_profile import (
+    MODEL_CURVE_SEQS,
+    _model_rates,
+    attention_along_model,
+    profile_from_traces,
+    write_trace_profile,
+)
+from collsim.validate.fit.trace_rates import attention_rows, op_times
 from collsim.validate.measure.compute import GPU_GEMM_DIMS, ComputeGrid, write_profile
 
 DATA = Path(__file__).resolve().parents[2] / "validate" / "data" / "h200"
@@ -35,10 +41,32 @@ def _learned(size: str, tmp_path: Path) -> Path:
 def test_gpu_traces_give_the_attention_kernels_their_launching_ops_time(tmp_path: Path) -> None:
     # on a GPU the cuDNN kernels belong to aten::_cudnn_attention_forward / _backward, the ops
     # under the SDPA op; both phases are learned, the backward at its own rate
-    rows = get_device(str(_learned("h1024", tmp_path))).measured.attention
-    assert [tuple(r[:4]) for r in rows] == [("cudnn", True, 128, 1024)]
-    fwd, bwd = rows[0][4], rows[0][5]
+    traced = attention_rows(op_times(read_trace(str(RUN / "trace_h1024.json.gz"))))
+    assert [tuple(r[:4]) for r in traced] == [("cudnn", True, 128, 1024)]
+    fwd, bwd = traced[0][4], traced[0][5]
     assert 100 < bwd < fwd < 990  # TFLOP/s below the H200's bf16 peak; backward the slower
+    # the profile carries the traced point along the base model's sequence curve
+    rows = get_device(str(_learned("h1024", tmp_path))).measured.attention
+    assert [r[3] for r in rows] == list(MODEL_CURVE_SEQS)
+    assert [tuple(r) for r in rows if r[3] == 1024] == [tuple(traced[0])]
+
+
+def test_attention_rows_follow_the_model_from_the_nearest_traced_length() -> None:
+    h200 = get_device("h200")
+    traced = [["cudnn", True, 128, 1024, 300.0, 200.0], ["cudnn", True, 128, 8192, 500.0, 450.0]]
+    rows, added = attention_along_model([list(r) for r in traced], h200)
+    assert added == len(MODEL_CURVE_SEQS) - 2
+    by_seq = {r[3]: r for r in rows}
+    assert by_seq[1024] == traced[0] and by_seq[8192] == traced[1]  # kept as traced
+    for s, anchor in ((128, traced[0]), (2048, traced[0]), (4096, traced[1]), (32768, traced[1])):
+        model_s = _model_rates(h200, "cudnn", True, 128, s)
+        model_a = _model_rates(h200, "cudnn", True, 128, anchor[3])
+        assert by_seq[s][4] == pytest.approx(anchor[4] * model_s[0] / model_a[0], rel=1e-6)
+        assert by_seq[s][5] == pytest.approx(anchor[5] * model_s[1] / model_a[1], rel=1e-6)
+    # a kernel the base's generation does not price keeps its traced rows alone
+    a100 = get_device("a100")
+    only, none_added = attention_along_model([["flash3", True, 128, 1024, 300.0, 200.0]], a100)
+    assert none_added == 0 and only == [["flash3", True, 128, 1024, 300.0, 200.0]]
 
 
 @pytest.mark.parametrize(("learn", "predict"), [("h2048", "h1024"), ("h1024", "h2048")])

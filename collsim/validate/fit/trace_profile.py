@@ -44,7 +44,13 @@ __all__ = [
     "gemm_coverage",
     "base_figures",
     "SAME_SHAPE_FACTOR",
+    "MODEL_CURVE_SEQS",
+    "attention_along_model",
 ]
+
+MODEL_CURVE_SEQS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+"""Sequence lengths a GPU trace's attention rows are carried to along the base device's model
+(:func:`attention_along_model`)."""
 
 SAME_SHAPE_FACTOR = 2.0
 """A base GEMM row is dropped when a traced shape is within this factor in every dimension
@@ -109,6 +115,60 @@ def _merged_tables(
     return measured, sources
 
 
+def _model_rates(
+    base: Any, kernel: str, causal: bool, head_dim: int, seq: int
+) -> tuple[float, float]:
+    """(forward, backward) FLOP/s of ``base``'s model for attention of this kernel and shape,
+    in the layout ``validate compute`` times on a GPU (16k tokens of hidden 2048,
+    :func:`~collsim.validate.measure.compute.attention_shape`), FLOPs counted as there."""
+    # the kernel comparison's model of SDPA, loaded where a GPU trace needs it
+    from collsim.validate.check.kernels import _attention_model_s
+    from collsim.validate.measure.compute import (
+        CUDA_ATTENTION_HIDDEN,
+        CUDA_ATTENTION_TOKENS,
+        attention_shape,
+    )
+    from collsim.workload.compute import ComputeModel
+
+    batch, heads = attention_shape(seq, head_dim, CUDA_ATTENTION_TOKENS, CUDA_ATTENTION_HIDDEN)
+
+    def models(dtype: str, **kwargs: Any) -> ComputeModel:
+        return ComputeModel(base, dtype, **kwargs)
+
+    fwd_s, bwd_s = _attention_model_s(models, kernel, causal, head_dim, seq, batch, heads, "bf16")
+    flops = 4.0 * batch * heads * seq * seq * head_dim * (0.5 if causal else 1.0)
+    return flops / fwd_s, 2.5 * flops / bwd_s
+
+
+def attention_along_model(rows: list[list[Any]], base: Any) -> tuple[list[list[Any]], int]:
+    """A GPU trace's attention rows and, per (kernel, causal, head dim), rows at the other
+    lengths of :data:`MODEL_CURVE_SEQS`: the traced rate of the nearest traced length (in log
+    length) times the ratio of ``base``'s model rates at the two lengths, per phase. A trace
+    holds the few sequence lengths its model ran (often one); an attention kernel's rate rises
+    with the length over a range a table lookup would otherwise hold flat, so the model gives
+    the curve's shape and the trace its level. Groups whose kernel ``base``'s model does not
+    price keep their traced rows alone. Returns the rows and how many were added."""
+    groups: dict[tuple[str, bool, int], dict[int, list[Any]]] = {}
+    for row in rows:
+        groups.setdefault((row[0], bool(row[1]), int(row[2])), {})[int(row[3])] = row
+    added: list[list[Any]] = []
+    for (kernel, causal, d), traced in groups.items():
+        try:
+            model = {s: _model_rates(base, kernel, causal, d, s) for s in MODEL_CURVE_SEQS}
+            anchors = {s: _model_rates(base, kernel, causal, d, s) for s in traced}
+        except ConfigError:  # a kernel the base device's generation does not run
+            continue
+        for s in MODEL_CURVE_SEQS:
+            if s in traced:
+                continue
+            near = min(traced, key=lambda t: abs(math.log(t / s)))
+            row = traced[near]
+            fwd = row[4] * model[s][0] / anchors[near][0]
+            bwd = row[5] * model[s][1] / anchors[near][1]
+            added.append([kernel, causal, d, s, round(fwd, 6), round(bwd, 6)])
+    return sorted(rows + added, key=lambda r: (r[0], r[1], r[2], r[3])), len(added)
+
+
 def profile_from_traces(
     traces: list[Trace],
     *,
@@ -145,7 +205,18 @@ def profile_from_traces(
         )
         if host_time.launches:
             floors, hosts = hosts, [host_time.per_launch_us]
+    carried = traced = 0
+    if on_gpu and learned["attention"]:
+        traced = len(learned["attention"])
+        learned["attention"], carried = attention_along_model(
+            learned["attention"], get_device(base)
+        )
     measured, sources = _merged_tables(learned, base_tables, base)
+    if carried:
+        sources["attention"] = (
+            f"trace ({traced} points) and {carried} more along {base}'s model of the "
+            "sequence length"
+        )
     base_opt = getattr(base_tables, "optimizer_bytes_per_s", None) if base_tables else None
     measured["optimizer_bytes_per_s"] = round(statistics.median(opt), 1) if opt else base_opt
     sources["optimizer"] = "trace" if opt else ("base" if base_opt else "catalogue model")
