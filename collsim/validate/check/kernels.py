@@ -29,6 +29,7 @@ __all__ = [
     "format_summary",
     "write_csv",
     "ATTENTION_OPS",
+    "attention_model_s",
 ]
 
 ATTENTION_OPS = {
@@ -142,7 +143,7 @@ def _gemm_rows(
     return rows
 
 
-def _attention_model_s(
+def attention_model_s(
     models: Callable[..., Any],
     kernel: str,
     causal: bool,
@@ -188,7 +189,7 @@ def _attention_rows(
         # the profile's FLOP count: 4 b h s^2 d, halved when causal; backward 2.5 x forward
         fwd_flops = 4.0 * batch * heads * s * s * d * (0.5 if causal else 1.0)
         try:
-            fwd_s, bwd_s = _attention_model_s(models, kernel, causal, d, s, batch, heads, dtype)
+            fwd_s, bwd_s = attention_model_s(models, kernel, causal, d, s, batch, heads, dtype)
         except ConfigError as exc:  # a kernel the device's generation does not run
             _skip(skipped, f"attention {kernel}: {exc}")
             continue

@@ -22,6 +22,7 @@ from typing import Any
 
 from collsim.cluster.hardware import get_device
 from collsim.core.errors import ConfigError
+from collsim.validate.check.kernels import attention_model_s
 from collsim.validate.data.kineto import Trace
 from collsim.validate.fit.trace_host import HostTime, host_per_launch, time_sharing
 from collsim.validate.fit.trace_rates import (
@@ -33,7 +34,13 @@ from collsim.validate.fit.trace_rates import (
     optimizer_bps,
     tiny_op_us,
 )
-from collsim.validate.measure.compute import write_profile
+from collsim.validate.measure.compute import (
+    CUDA_ATTENTION_HIDDEN,
+    CUDA_ATTENTION_TOKENS,
+    attention_shape,
+    write_profile,
+)
+from collsim.workload.compute import ComputeModel
 from collsim.workload.ops import head_ops, layer_ops
 
 __all__ = [
@@ -121,21 +128,13 @@ def _model_rates(
     """(forward, backward) FLOP/s of ``base``'s model for attention of this kernel and shape,
     in the layout ``validate compute`` times on a GPU (16k tokens of hidden 2048,
     :func:`~collsim.validate.measure.compute.attention_shape`), FLOPs counted as there."""
-    # the kernel comparison's model of SDPA, loaded where a GPU trace needs it
-    from collsim.validate.check.kernels import _attention_model_s
-    from collsim.validate.measure.compute import (
-        CUDA_ATTENTION_HIDDEN,
-        CUDA_ATTENTION_TOKENS,
-        attention_shape,
-    )
-    from collsim.workload.compute import ComputeModel
 
     batch, heads = attention_shape(seq, head_dim, CUDA_ATTENTION_TOKENS, CUDA_ATTENTION_HIDDEN)
 
     def models(dtype: str, **kwargs: Any) -> ComputeModel:
         return ComputeModel(base, dtype, **kwargs)
 
-    fwd_s, bwd_s = _attention_model_s(models, kernel, causal, head_dim, seq, batch, heads, "bf16")
+    fwd_s, bwd_s = attention_model_s(models, kernel, causal, head_dim, seq, batch, heads, "bf16")
     flops = 4.0 * batch * heads * seq * seq * head_dim * (0.5 if causal else 1.0)
     return flops / fwd_s, 2.5 * flops / bwd_s
 
