@@ -200,9 +200,9 @@ def _chunk_params(
     if cache is None:
         tensors = tensors_of()
         return tensors, _buckets(plan, tensors, grad_bytes), build_units(tensors)
-    # (the gradients' ready points, kept with the tensors: every bucket size packs them)
     # keyed by the spec's identity (hashing a spec costs more than the lookup saves); the
-    # entry holds the spec, so a key is never reused by another spec while it lives
+    # entry holds the spec, so a key is never reused by another spec while it lives; the
+    # gradients' ready points are kept with the tensors (every bucket size packs them)
     shape = (id(spec), layers.start, layers.stop, plan.tp, first, last, pp, plan.ep, plan.etp)
     held, tensors, units, ready = cache.get(
         "chunk",

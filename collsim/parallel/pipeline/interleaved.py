@@ -81,7 +81,7 @@ def _chunk_ops(p: int, m: int, v: int) -> tuple[tuple[PipeOp, ...], tuple[PipeOp
     for every pipeline shape they walk."""
     pv, new = p * v, tuple.__new__
     forward, backward = Phase.FORWARD, Phase.BACKWARD
-    ks = range(m * v)
-    fwd = tuple([new(PipeOp, (forward, (k // pv) * p + k % p, (k % pv) // p)) for k in ks])
-    bwd = tuple([new(PipeOp, (backward, (k // pv) * p + k % p, v - 1 - (k % pv) // p)) for k in ks])
+    ids = [((k // pv) * p + k % p, (k % pv) // p) for k in range(m * v)]  # (micro-batch, chunk)
+    fwd = tuple([new(PipeOp, (forward, mb, chunk)) for mb, chunk in ids])
+    bwd = tuple([new(PipeOp, (backward, mb, v - 1 - chunk)) for mb, chunk in ids])
     return fwd, bwd

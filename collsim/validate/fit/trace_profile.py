@@ -152,9 +152,10 @@ def attention_along_model(rows: list[list[Any]], base: Any) -> tuple[list[list[A
         groups.setdefault((row[0], bool(row[1]), int(row[2])), {})[int(row[3])] = row
     added: list[list[Any]] = []
     for (kernel, causal, d), traced in groups.items():
-        try:
-            model = {s: _model_rates(base, kernel, causal, d, s) for s in MODEL_CURVE_SEQS}
-            anchors = {s: _model_rates(base, kernel, causal, d, s) for s in traced}
+        try:  # the model's rates at every length wanted and every traced one, once each
+            model = {
+                s: _model_rates(base, kernel, causal, d, s) for s in {*MODEL_CURVE_SEQS, *traced}
+            }
         except ConfigError:  # a kernel the base device's generation does not run
             continue
         for s in MODEL_CURVE_SEQS:
@@ -162,8 +163,8 @@ def attention_along_model(rows: list[list[Any]], base: Any) -> tuple[list[list[A
                 continue
             near = min(traced, key=lambda t: abs(math.log(t / s)))
             row = traced[near]
-            fwd = row[4] * model[s][0] / anchors[near][0]
-            bwd = row[5] * model[s][1] / anchors[near][1]
+            fwd = row[4] * model[s][0] / model[near][0]
+            bwd = row[5] * model[s][1] / model[near][1]
             added.append([kernel, causal, d, s, round(fwd, 6), round(bwd, 6)])
     return sorted(rows + added, key=lambda r: (r[0], r[1], r[2], r[3])), len(added)
 

@@ -168,13 +168,15 @@ class _QueuedTimer:
         end.synchronize()
         # only sizes the sleeps: whether one was long enough is read off its start event
         self.s_per_cycle = start.elapsed_time(end) * 1e-3 / cycles
+        self.sleep_s = self.FIRST_SLEEP_S
+        """The current point's sleep (each point starts at :attr:`FIRST_SLEEP_S`)."""
         self.sleeps = 0
         """Bursts queued again behind a longer sleep."""
         self.host_bound = 0
         """Bursts taken with the host still queuing at the longest sleep."""
 
     def __call__(self, fn: Callable[[], Any], reps: int) -> float:
-        self.sleep_s = self.FIRST_SLEEP_S  # a point's sleeps grow over its bursts, not past it
+        self.sleep_s = self.FIRST_SLEEP_S  # a point's sleep grows over its bursts, not past it
         fn()
         self.torch.cuda.synchronize()
         one = self._burst(fn, 1)
