@@ -16,7 +16,7 @@ from collsim.parallel.config import DDPConfig
 from collsim.parallel.describe import describe_mapping
 from collsim.play.walker import Walker
 from collsim.step.assemble import assemble
-from collsim.step.build import build_schedule
+from collsim.step.build import build_schedule, ddp_variant
 from collsim.step.pricing import ClosedPricer
 from collsim.step.result import StepResult, StragglerReport
 from collsim.step.shapes import ShapeCache
@@ -174,6 +174,8 @@ class Estimator:
         self.spec = spec
         self.pricer = ClosedPricer(topology)
         self.shapes = ShapeCache()
+        self._last: tuple[TrainingConfig, ParallelConfig, StepSchedule] | None = None
+        """The configs and program of the plan :meth:`schedule` built last."""
 
     def estimate(self, training: TrainingConfig, parallel: ParallelConfig) -> StepResult:
         """The closed form of one plan.
@@ -190,9 +192,22 @@ class Estimator:
         Raises:
             ConfigError: the plan does not match the model or the cluster (see build_plan).
         """
+        last = self._last
         with warnings.catch_warnings():  # kept in the plan's warnings, not raised per plan
             warnings.simplefilter("ignore", CollsimWarning)
-            return build_schedule(self.topology, self.spec, training, parallel, cache=self.shapes)
+            if (
+                last is not None
+                and last[0] == training
+                and parallel.ddp != last[1].ddp
+                and dataclasses.replace(parallel, ddp=last[1].ddp) == last[1]
+            ):  # the last plan with other DDP knobs (a search's innermost axes)
+                schedule = ddp_variant(last[2], parallel, self.shapes)
+            else:
+                schedule = build_schedule(
+                    self.topology, self.spec, training, parallel, cache=self.shapes
+                )
+        self._last = (training, parallel, schedule)
+        return schedule
 
     def walk(self, schedule: StepSchedule) -> StepResult:
         """The closed form of a step program from :meth:`schedule` (no memory timeline)."""

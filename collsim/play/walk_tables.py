@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Link",
+    "OpBody",
     "OpPlan",
     "OpTable",
     "Priced",
@@ -161,6 +162,25 @@ def op_table(
         microbatch_ids=np.asarray([op.microbatch for op in ops], dtype=np.intp),
         chunk_ids=np.asarray([op.chunk for op in ops], dtype=np.intp),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class OpBody:
+    """What an op's fused block is whatever the plan's DDP buckets (:meth:`Walker.op_body`):
+    priced once for the plans that share its segments (a search's plans that differ only in
+    their DDP knobs, :func:`collsim.step.build.ddp_variant`)."""
+
+    segs: list[Segment]
+    duration: float
+    compute: float
+    tp: float
+    comm: dict[str, float]
+    """Exposed seconds by breakdown key (read only)."""
+    pattern: MemoryPattern
+    run_key: tuple[int, int]
+    windows: tuple[tuple[str | int, float, float, float], ...]
+    """In a gradient phase, per segment: (its key, its start in the op, seconds before its
+    gradients start, seconds they take), where its buckets become ready."""
 
 
 @dataclass(slots=True)

@@ -18,6 +18,7 @@ from collsim.parallel.pipeline import GRADIENT_PHASES, Phase, PipeOp
 from collsim.play.walk_pipe import walk_fused
 from collsim.play.walk_tables import (
     Link,
+    OpBody,
     OpPlan,
     OpTable,
     Priced,
@@ -44,6 +45,10 @@ if TYPE_CHECKING:
 __all__ = ["Walker"]
 
 TP, PP, DP = ParallelAxis.TP, ParallelAxis.PP, ParallelAxis.DP
+
+BODIES_KEPT = 4
+"""Families of programs whose op bodies a search's shape cache keeps (the most recent:
+:meth:`Walker.shared_bodies`; a search estimates a plan's DDP variants one after another)."""
 
 
 class Walker:
@@ -77,6 +82,11 @@ class Walker:
         self.seg_tp_s = self.prices.seg_tp_s
         self.seg_compute_s = self.prices.seg_compute_s
         self._op_plans: dict[tuple[int, int, Phase, bool], OpPlan] = {}
+        self._bodies: dict[tuple[int, int, Phase, bool], OpBody] = {}
+        """:meth:`op_body` by (rank, chunk, phase, paired); in a search, shared with the plans
+        whose programs share this one's segments (:meth:`shared_bodies`)."""
+        if shapes is not None:
+            self._bodies = self.shared_bodies(shapes)
         self.gather_pp = plan.tp > 1 and not plan.parallel.sequence_parallel
         self._links: dict[int, list[Link]] = {}
         self.runs: dict[tuple[int, int], list[Any]] = {}
@@ -87,6 +97,18 @@ class Walker:
         self._windows: dict[tuple[int, int, int], tuple[float, float]] = {}
         """:meth:`grad_window` by (rank, id of a segment's step list, where its gradients
         start); the lists live as long as the walk's schedule."""
+
+    def shared_bodies(self, shapes: ShapeCache) -> dict[tuple[int, int, Phase, bool], OpBody]:
+        """The op bodies of the programs in ``shapes`` that share this one's segments (a
+        program and the DDP variants built from it, :func:`~collsim.step.build.ddp_variant`:
+        the same segments priced on the same plan layout by the search's one pricer), by the
+        identity of the first segment list, which the entry holds (so that it stays its own)."""
+        first = self.schedule.stages[0].chunks[0].forward
+        empty: dict[tuple[int, int, Phase, bool], OpBody] = {}
+        held, bodies = shapes.recent("walk bodies", id(first), lambda: (first, empty), BODIES_KEPT)
+        if held is not first:  # pragma: no cover - another list at a reused address
+            return {}
+        return bodies
 
     def stat_items(self) -> Iterator[tuple[CallKey, CallTally]]:
         return self.stats.items()
@@ -259,21 +281,52 @@ class Walker:
     def op_plan(
         self, prog: RankState, chunk: ChunkModel, phase: Phase, paired: bool = False
     ) -> OpPlan:
+        """The op's fused block: its body (:meth:`op_body`, shared by the plans that share its
+        segments) and its buckets' reductions, each ready at its offset in the op."""
         key = (prog.rank, chunk.index, phase, paired)
         hit = self._op_plans.get(key)
         if hit is not None:
             return hit
         segs = chunk.segments(phase, paired)
+        bodies = self._bodies
+        body = bodies.get(key)
+        if body is None or body.segs is not segs:
+            body = bodies[key] = self.op_body(prog.rank, segs, phase)
+        buckets: list[tuple[Bucket, float]] = []
+        if body.windows and chunk.buckets:
+            ready_at: dict[Any, list[Bucket]] = {}  # the buckets by the segment they wait for
+            for bucket in chunk.buckets:
+                ready_at.setdefault(bucket.ready_segment, []).append(bucket)
+            for seg_key, t, off, gdur in body.windows:
+                mine = ready_at.get(seg_key)
+                if mine:
+                    for bucket in mine:
+                        buckets.append((bucket, t + off + bucket.ready_fraction * gdur))
+        reductions = [self.reduction(prog.rank, bucket, rel) for bucket, rel in buckets]
+        plan = OpPlan(
+            segs,
+            duration=body.duration,
+            compute=body.compute,
+            tp=body.tp,
+            comm=body.comm,
+            pattern=body.pattern,
+            buckets=buckets,
+            comm_items=tuple(body.comm.items()),
+            run_key=body.run_key,
+            reductions=[r for r in reductions if r[1]],
+        )
+        self._op_plans[key] = plan
+        return plan
+
+    def op_body(self, rank: int, segs: list[Segment], phase: Phase) -> OpBody:
+        """An op's segments run back to back: their seconds, account and activation events,
+        and in a gradient phase where each segment's gradients are made (:meth:`grad_window`)."""
         forward = phase is Phase.FORWARD
         gradients = phase in GRADIENT_PHASES
         mem: list[tuple[float, float, str, str | int]] = []
-        ready_at: dict[Any, list[Bucket]] = {}  # the chunk's buckets by the segment they wait for
-        for bucket in chunk.buckets if gradients else ():
-            ready_at.setdefault(bucket.ready_segment, []).append(bucket)
-        buckets: list[tuple[Bucket, float]] = []
+        windows: list[tuple[str | int, float, float, float]] = []
         comm: dict[str, float] = {}
         prices = self.prices.seg_prices
-        rank = prog.rank
         t = total_compute = total_tp = 0.0
         for seg in segs:
             _, seg_comm, d_tp, compute = prices(rank, seg)
@@ -286,27 +339,19 @@ class Walker:
             if framework:
                 comm["framework"] = comm.get("framework", 0.0) + framework
             mem += seg.activation_events(t, t + dur, forward=forward)
-            mine = ready_at.get(seg.key) if ready_at else None
-            if mine:
-                off, gdur = self.grad_window(rank, seg)
-                for bucket in mine:
-                    buckets.append((bucket, t + off + bucket.ready_fraction * gdur))
+            if gradients:
+                windows.append((seg.key, t, *self.grad_window(rank, seg)))
             t += dur
-        reductions = [self.reduction(rank, bucket, rel) for bucket, rel in buckets]
-        plan = OpPlan(
+        return OpBody(
             segs,
             duration=t,
             compute=total_compute,
             tp=total_tp,
             comm=comm,
             pattern=MemoryPattern("activations", mem),
-            buckets=buckets,
-            comm_items=tuple(comm.items()),
             run_key=(rank, id(segs[0]) if len(segs) == 1 else id(segs)),
-            reductions=[r for r in reductions if r[1]],
+            windows=tuple(windows),
         )
-        self._op_plans[key] = plan
-        return plan
 
     def reduction(self, rank: int, bucket: Bucket, rel: float) -> Reduction:
         """The reduction of ``bucket`` (its calls on the dp stream, a ZeRO-2 buffer held until

@@ -40,7 +40,7 @@ from collsim.step.fp8_amax import chunk_amax
 from collsim.step.ops import BlockTimes, ChunkModel, Segment, StageModel
 from collsim.step.shapes import ShapeCache
 from collsim.step.stack_work import framework_work, stage_optimizer_s, stage_weight_cast_s
-from collsim.step.stage import LayerKinds, build_stage
+from collsim.step.stage import LayerKinds, build_stage, rebucket_stage
 from collsim.workload.compute import ComputeModel
 from collsim.workload.interference import overlap_slowdown
 from collsim.workload.kernels import slowest_gpu_factor
@@ -55,6 +55,7 @@ __all__ = [
     "StepSchedule",
     "build_schedule",
     "bytes_per",
+    "ddp_variant",
     "plan_blocks",
     "layer_kind_of",
 ]
@@ -253,14 +254,7 @@ def build_schedule(
     }
     pipeline = _pipeline_orders(plan, cache)
     cpu: list[ComputeModel] = []
-    rules = DataParallelRules.from_plan(plan, per, host_bps=float(topology.host_bandwidth_bps))
-    if (
-        parallel.zero == 3
-        and parallel.fsdp.reduce_dtype is None
-        and str(training.grad_reduce_dtype) == "fp32"
-    ):
-        # FSDP's default mixed precision reduces gradients in fp32 (twice the bytes)
-        rules = replace(rules, reduce_element_bytes=4.0)
+    rules = _rules(plan, per)
     optimizer_s = {
         s: stage_optimizer_s(plan, st, model, overrides, cpu, rules) for s, st in stages.items()
     }
@@ -287,10 +281,62 @@ def build_schedule(
         compute=model,
         layers=layers,
         framework_step_s=framework_step_s,
-        interference=not overrides and plan.dp > 1 and (parallel.zero == 3 or parallel.ddp.overlap),
+        interference=not overrides and _dp_interferes(plan),
         memory_bound_share=memory_bound_share(plan, spec, training, parallel, model),
         step_interference=not overrides,
         paired=_paired(plan, parallel, stages, cache),
+    )
+
+
+def _rules(plan: Plan, per: BytesPer) -> DataParallelRules:
+    """The plan's data-parallel rules (:meth:`DataParallelRules.from_plan`)."""
+    rules = DataParallelRules.from_plan(plan, per, host_bps=float(plan.topology.host_bandwidth_bps))
+    par = plan.parallel
+    if (
+        par.zero == 3
+        and par.fsdp.reduce_dtype is None
+        and str(plan.training.grad_reduce_dtype) == "fp32"
+    ):
+        # FSDP's default mixed precision reduces gradients in fp32 (twice the bytes)
+        rules = replace(rules, reduce_element_bytes=4.0)
+    return rules
+
+
+def _dp_interferes(plan: Plan) -> bool:
+    """:attr:`StepSchedule.interference` of a plan priced from its compute model."""
+    return plan.dp > 1 and (plan.parallel.zero == 3 or plan.parallel.ddp.overlap)
+
+
+def ddp_variant(
+    schedule: StepSchedule, parallel: ParallelConfig, cache: ShapeCache | None = None
+) -> StepSchedule:
+    """The program :func:`build_schedule` makes for ``parallel``, a plan that differs from
+    ``schedule``'s only in its DDP knobs (``parallel.ddp``: bucket sizes, overlap), built from
+    ``schedule`` (one without op-time overrides): the same stages with each chunk's DDP
+    buckets made anew (:func:`~collsim.step.stage.rebucket_stage`), the data-parallel rules
+    and whether the DP calls interfere with compute made for the new plan; everything else
+    (segments, pipeline orders, optimizer and framework seconds) depends on no DDP knob and is
+    shared. A search's plans come in such runs (the DDP knobs are its innermost axes).
+
+    Raises:
+        ConfigError: the plan does not match the model or the cluster (see build_plan).
+        ValueError: the plans differ in another knob.
+    """
+    old = schedule.plan
+    plan = build_plan(old.topology, old.spec, old.training, parallel)
+    if replace(plan.parallel, ddp=old.parallel.ddp) != old.parallel:
+        raise ValueError("ddp_variant: the plans differ in more than their DDP knobs")
+    per = bytes_per(plan.training)
+    stages = {
+        s: rebucket_stage(plan, st, grad_bytes=int(per.grad), cache=cache)
+        for s, st in schedule.stages.items()
+    }
+    return replace(
+        schedule,
+        plan=plan,
+        stages=stages,
+        dp=_rules(plan, per),
+        interference=_dp_interferes(plan),
     )
 
 

@@ -8,7 +8,7 @@ FSDP units, and, for a schedule that splits backward, the input- and weight-grad
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import fields
+from dataclasses import fields, replace
 from functools import partial
 from operator import attrgetter
 from typing import TYPE_CHECKING
@@ -30,6 +30,7 @@ __all__ = [
     "LayerKinds",
     "LayerSegments",
     "build_stage",
+    "rebucket_stage",
 ]
 
 
@@ -131,6 +132,30 @@ def build_stage(
         chunk.units = units
         chunks.append(chunk)
     return StageModel(stage=stage, chunks=chunks)
+
+
+def rebucket_stage(
+    plan: Plan, model: StageModel, *, grad_bytes: int, cache: ShapeCache | None = None
+) -> StageModel:
+    """``model`` (a stage built by :func:`build_stage` for a plan that differs from ``plan``
+    only in its DDP knobs) with each chunk's DDP buckets made for ``plan``'s: the chunks are
+    new, their segments, tensors and units the same objects (nothing changes them)."""
+    pipeline, v = plan.pipeline_schedule, plan.virtual_stages
+    pp = plan.pp if plan.head_stage != 0 else 1
+    chunks = []
+    for chunk in model.chunks:
+        part = pipeline.part_of(model.stage, chunk.index, plan.pp, v)
+        _, buckets, _ = _chunk_params(
+            plan,
+            chunk.layers,
+            first=part == 0,
+            last=part == plan.pp * v - 1,
+            pp=pp,
+            grad_bytes=grad_bytes,
+            cache=cache,
+        )
+        chunks.append(replace(chunk, buckets=buckets))
+    return StageModel(stage=model.stage, chunks=chunks)
 
 
 LayerSegments = tuple[Segment, Segment, Segment | None, Segment | None]

@@ -4,13 +4,18 @@ of a fresh ``estimate_step``, whatever plans came before it."""
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from typing import Any
 
+import pytest
+
+import collsim.play.walk as walk_module
 from collsim.cluster.topology import load_topology
 from collsim.core.errors import CollsimWarning
 from collsim.parallel.config import DDPConfig, FSDPConfig, ParallelConfig, TrainingConfig
 from collsim.play.walk import Estimator, estimate_step
+from collsim.step.build import StepSchedule, build_schedule, ddp_variant
 from collsim.step.result import StepResult
 from collsim.step.shapes import ShapeCache
 from collsim.workload import get_preset
@@ -151,3 +156,79 @@ def test_recent_keeps_the_newest_entries() -> None:
         cache.recent("t", key, lambda key=key: made.append(key) or key, 3)
     assert made == [1, 2, 3, 4] and cache.sizes() == {"t": 3}
     assert cache.recent("t", 1, lambda: -1, 3) == -1  # 1 was the oldest when 4 came
+
+
+def _program(schedule: StepSchedule) -> tuple[object, ...]:
+    """What a program holds, by value (the segments compared by what they hold)."""
+    return (
+        schedule.plan.parallel,
+        {
+            s: [
+                (c.index, c.layers, c.buckets, c.units, c.forward, c.backward) for c in stage.chunks
+            ]
+            for s, stage in schedule.stages.items()
+        },
+        schedule.pipeline,
+        schedule.dp,
+        schedule.optimizer_s,
+        schedule.framework_step_s,
+        schedule.interference,
+        schedule.memory_bound_share,
+        schedule.paired,
+        schedule.p2p_bytes,
+    )
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_a_ddp_variant_is_the_program_built_anew(zero: int) -> None:
+    spec = get_preset("gpt3-350m")
+    topology = load_topology("dgx_h100", nodes=2)
+    training = TrainingConfig(global_batch=16, micro_batch=1, recompute="selective")
+    base = _interleaved(zero, DDPConfig(bucket_mb=25.0, overlap=True))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CollsimWarning)
+        schedule = build_schedule(topology, spec, training, base)
+        for ddp in [
+            DDPConfig(bucket_mb=1.0, overlap=True),
+            DDPConfig(bucket_mb=5.0, first_bucket_mb=2.0, overlap=False),
+            DDPConfig(bucket_mb=25.0, gradient_as_bucket_view=True),
+        ]:
+            parallel = dataclasses.replace(base, ddp=ddp)
+            variant = ddp_variant(schedule, parallel)
+            assert _program(variant) == _program(build_schedule(topology, spec, training, parallel))
+            # the segments are the base's own objects, the chunks new
+            chunk, old = variant.stages[1].chunks[0], schedule.stages[1].chunks[0]
+            assert chunk is not old and chunk.forward is old.forward
+        with pytest.raises(ValueError, match="DDP knobs"):
+            ddp_variant(schedule, dataclasses.replace(base, zero=(zero + 1) % 4))
+
+
+def test_an_estimator_builds_a_plans_ddp_variants_from_it() -> None:
+    # a run of plans that differ only in their DDP knobs: one program built, the others made
+    # from it, their op bodies priced once (one family in the cache); each estimate a fresh
+    # walk's
+    spec = get_preset("gpt3-350m")
+    topology = load_topology("dgx_h100", nodes=2)
+    training = TrainingConfig(global_batch=16, micro_batch=1, recompute="selective")
+    plans = [
+        _interleaved(2, DDPConfig(bucket_mb=bucket_mb, overlap=overlap))
+        for bucket_mb, overlap in [(1.0, True), (5.0, True), (25.0, False)]
+    ]
+    est = Estimator(topology, spec)
+    built = []
+    original = walk_module.build_schedule
+
+    def counting(*args: Any, **kwargs: Any) -> StepSchedule:
+        built.append(1)
+        return original(*args, **kwargs)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CollsimWarning)
+        fresh = [_facts(estimate_step(topology, spec, training, p)) for p in plans]
+        walk_module.build_schedule = counting  # type: ignore[assignment]
+        try:
+            estimates = [_facts(est.estimate(training, p)) for p in plans]
+        finally:
+            walk_module.build_schedule = original  # type: ignore[assignment]
+    assert estimates == fresh
+    assert len(built) == 1 and est.shapes.sizes()["walk bodies"] == 1
