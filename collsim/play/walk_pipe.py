@@ -20,7 +20,13 @@ import numpy as np
 
 from collsim.core.errors import SimulationError
 from collsim.core.vocab import ParallelAxis
-from collsim.step.memory import MemoryEvent, MemoryPeak, PlacedOps, event_columns
+from collsim.step.memory import (
+    MemoryEvent,
+    MemoryPattern,
+    MemoryPeak,
+    PlacedOps,
+    event_columns,
+)
 from collsim.step.stats import CallKey
 
 if TYPE_CHECKING:
@@ -28,7 +34,14 @@ if TYPE_CHECKING:
 
     from collsim.parallel.pipeline import Phase
     from collsim.parallel.plan import Plan
-    from collsim.play.walk_tables import OpPlan, OpTable, Priced, RankState, Reduction
+    from collsim.play.walk_tables import (
+        OpPlan,
+        OpTable,
+        Priced,
+        RankState,
+        Reduction,
+        SharedWalk,
+    )
     from collsim.step.build import StepSchedule
     from collsim.step.dataparallel import DataParallelRules
     from collsim.step.ops import ChunkModel
@@ -60,6 +73,7 @@ class Walker(Protocol):
     programs: dict[int, RankState]
     runs: dict[tuple[int, int], list[Any]]
     gather_pp: bool
+    shared: SharedWalk
 
     def group(self, rank: int, axis: str) -> tuple[int, ...]: ...
 
@@ -323,29 +337,17 @@ def _replay(
     run on the dp stream; then each rank's ledger, clock and account as that walk left them."""
     rules = w.rules
     num_mb = max((t.num_mb for t in tables), default=0)
-    reduces = [rules.uses_buckets and rules.reduces_in(m) for m in range(num_mb)]
-    items: list[tuple[int, int, int, int]] = []
-    deferred: list[list[int]] = []
-    for s, (table, blks, tr) in enumerate(zip(tables, blocks, traces, strict=True)):
-        order = tr.order
-        if tr.first_fold >= 0:
-            items.append((order[tr.first_fold], 0, s, -1))
-        items.extend((order[i], 1, s, bid) for bid, i in enumerate(table.firsts))
-        mbs = table.microbatches
-        reducing = sorted(
-            i
-            for bid, b in enumerate(blks)
-            if b.reductions
-            for i in table.ops_of[bid]
-            if reduces[mbs[i]]
+    reduces = tuple([rules.uses_buckets and rules.reduces_in(m) for m in range(num_mb)])
+    flags = tuple([tuple([bool(b.reductions) for b in blks]) for blks in blocks])
+    memo = w.shared.replays
+    shape = (id(traces), flags, reduces, rules.overlap)
+    known = memo.get(shape)
+    if known is None or known[0] is not traces:
+        known = memo[shape] = (
+            traces,
+            *replay_order(tables, flags, traces, reduces, overlap=rules.overlap),
         )
-        if rules.overlap:
-            items.extend((order[i], 2, s, i) for i in reducing)
-            deferred.append([])
-        else:
-            deferred.append(reducing)
-        items.extend((order[first], 3, s, to) for first, _, _, to in tr.sends.values())
-    items.sort()
+    _, items, deferred = known
     tally_of = w.stats.tally
     runs = w.runs
     inserts: list[list[tuple[int, int, list[MemoryEvent]]]] = [[] for _ in progs]
@@ -373,12 +375,46 @@ def _replay(
             _set_tally(tally_of(key), count, time_s, busbw)
         for i in deferred[s]:
             prog.deferred.extend(blks[table.blocks[i]].reductions)
-        _ledger(prog, table, blks, tr, inserts[s])
+        _ledger(w.shared, prog, table, blks, tr, inserts[s])
         if w.shapes is not None and not inserts[s]:
             _shared_peaks(w.shapes, prog, blks, tr)
         prog.next_op, prog.now, prog.pp_free = tr.next_op, tr.now, tr.pp_free
         prog.breakdown_s["bubble"], prog.breakdown_s["pp_exposed"] = tr.bubble, tr.pp_exposed
         add_block_sums(w, prog, table, blks)
+
+
+def replay_order(
+    tables: list[OpTable],
+    reducing: tuple[tuple[bool, ...], ...],
+    traces: list[StageTrace],
+    reduces: tuple[bool, ...],
+    *,
+    overlap: bool,
+) -> tuple[list[tuple[int, int, int, int]], list[list[int]]]:
+    """The order in which the interleaved walk ran what :func:`_replay` adds (``reducing``:
+    per stage, whether each block has reductions; ``reduces``: whether a micro-batch's
+    backward reduces): (place in the walk, what, stage, which) per item, in order (``what``: 0
+    the first folded gather, 1 a block's first use, 2 an op's reductions, 3 a first send);
+    and per stage the ops whose reductions wait for the end of the step (without overlap)."""
+    items: list[tuple[int, int, int, int]] = []
+    deferred: list[list[int]] = []
+    for s, (table, flags, tr) in enumerate(zip(tables, reducing, traces, strict=True)):
+        order = tr.order
+        if tr.first_fold >= 0:
+            items.append((order[tr.first_fold], 0, s, -1))
+        items.extend((order[i], 1, s, bid) for bid, i in enumerate(table.firsts))
+        mbs = table.microbatches
+        ops = sorted(
+            i for bid, has in enumerate(flags) if has for i in table.ops_of[bid] if reduces[mbs[i]]
+        )
+        if overlap:
+            items.extend((order[i], 2, s, i) for i in ops)
+            deferred.append([])
+        else:
+            deferred.append(ops)
+        items.extend((order[first], 3, s, to) for first, _, _, to in tr.sends.values())
+    items.sort()
+    return items, deferred
 
 
 def _set_tally(tally: Any, count: int, time_s: float, busbw_bps: float) -> None:
@@ -390,6 +426,7 @@ def _set_tally(tally: Any, count: int, time_s: float, busbw_bps: float) -> None:
 
 
 def _ledger(
+    shared: SharedWalk,
     prog: RankState,
     table: OpTable,
     blocks: list[OpPlan],
@@ -399,9 +436,10 @@ def _ledger(
     """The rank's events and placed patterns in the order the interleaved walk recorded them:
     the traced message events with the reductions' buffers (``inserts``: the op, after how many
     traced events, which) between them, each op's pattern placed at its start (as columns,
-    :meth:`MemoryLedger.place_ops`). Without buffers between them the traced events' columns
-    are declared (:meth:`MemoryLedger.known_columns`); with them, the many short runs would
-    cost more to declare than to convert."""
+    :meth:`MemoryLedger.place_ops`; without buffers, kept in ``shared`` for the walks that
+    place the same patterns on the same trace). Without buffers between them the traced
+    events' columns are declared (:meth:`MemoryLedger.known_columns`); with them, the many
+    short runs would cost more to declare than to convert."""
     ledger = prog.ledger
     events = ledger.appenders()[0]
     base = len(events)
@@ -412,10 +450,42 @@ def _ledger(
         events.extend(tr.events[done:mark])
         events.extend(held)
         done = mark
-    kinds = [b.pattern for b in blocks if b.pattern.events]
+    patterns = [b.pattern for b in blocks]
+    if inserts:
+        placed = placed_ops(table, patterns, tr, base, inserts)
+    else:
+        known = shared.placements.get(prog.rank)
+        if (
+            known is None
+            or known[0] is not tr
+            or known[2] != base
+            or any(a is not b for a, b in zip(known[1], patterns, strict=True))
+        ):
+            known = shared.placements[prog.rank] = (
+                tr,
+                patterns,
+                base,
+                placed_ops(table, patterns, tr, base, inserts),
+            )
+        placed = known[3]
+    if placed is not None:
+        ledger.place_ops(placed)
+
+
+def placed_ops(
+    table: OpTable,
+    patterns: list[MemoryPattern],
+    tr: StageTrace,
+    base: int,
+    inserts: list[tuple[int, int, list[MemoryEvent]]],
+) -> PlacedOps | None:
+    """Each op's pattern (``patterns``: by block) placed at its traced start, after ``base``
+    events and the traced events and reductions' buffers (``inserts``) recorded before it
+    (:func:`_ledger`); None when no block has events."""
+    kinds = [p for p in patterns if p.events]
     if not kinds:
-        return
-    has = np.asarray([bool(b.pattern.events) for b in blocks])
+        return None
+    has = np.asarray([bool(p.events) for p in patterns])
     ids = table.block_ids
     placed = has[ids]
     before = base + tr.mark_array[placed]
@@ -423,15 +493,13 @@ def _ledger(
         ops = np.asarray([op for op, _, _ in inserts], dtype=np.intp)
         held_before = np.concatenate(([0], np.cumsum([len(h) for _, _, h in inserts])))
         before = before + held_before[np.searchsorted(ops, np.flatnonzero(placed), side="left")]
-    ledger.place_ops(
-        PlacedOps(
-            starts=tr.start_array[placed],
-            which=(np.cumsum(has) - 1)[ids][placed],
-            kinds=kinds,
-            microbatches=table.microbatch_ids[placed],
-            chunks=table.chunk_ids[placed],
-            before=before,
-        )
+    return PlacedOps(
+        starts=tr.start_array[placed],
+        which=(np.cumsum(has) - 1)[ids][placed],
+        kinds=kinds,
+        microbatches=table.microbatch_ids[placed],
+        chunks=table.chunk_ids[placed],
+        before=before,
     )
 
 
@@ -470,17 +538,37 @@ def _shared_peaks(
 def add_block_sums(w: Walker, prog: RankState, table: OpTable, blocks: list[OpPlan]) -> None:
     """Add what every op of the stage adds whatever its start: its block's compute and
     exposed collectives to the account (one after another in op order, as the ops ran:
-    ``numpy.add.accumulate`` adds left to right), its runs to the TP tallies."""
+    ``numpy.add.accumulate`` adds left to right; the sums from zero kept in ``w.shared`` for
+    the walks of the same blocks), its runs to the TP tallies."""
     breakdown = prog.breakdown_s
-    ids = table.block_ids
-    if not len(ids):
+    if not len(table.block_ids):
         return
+    comms = [b.comm for b in blocks]  # (a block's body is known by its comm dict)
+    known = w.shared.sums.get(prog.rank)
+    if (
+        known is None
+        or known[0] is not table
+        or any(a is not b for a, b in zip(known[1], comms, strict=True))
+    ):
+        known = w.shared.sums[prog.rank] = (table, comms, _block_sums(table, blocks, {}))
+    sums = known[2]
+    if any(breakdown[k] for k in sums):  # an account that does not start from zero
+        sums = _block_sums(table, blocks, breakdown)
+    breakdown.update(sums)
+    for b, count in zip(blocks, table.counts, strict=True):
+        w.runs[b.run_key][1] += count
+
+
+def _block_sums(table: OpTable, blocks: list[OpPlan], start: dict[str, float]) -> dict[str, float]:
+    """Per account key of the blocks, ``start``'s value (0 if none) and each op's block's
+    seconds added one after another in op order."""
+    ids = table.block_ids
     columns: dict[str, list[float]] = {"compute": [b.compute for b in blocks]}
     for k in dict.fromkeys(k for b in blocks for k, _ in b.comm_items):
         columns[k] = [b.comm.get(k, 0.0) for b in blocks]
+    out = {}
     for k, column in columns.items():
         per_op = np.asarray(column, dtype=float)[ids]
-        per_op[0] += breakdown[k]  # the account before the first op, added first
-        breakdown[k] = float(np.add.accumulate(per_op)[-1])
-    for b, count in zip(blocks, table.counts, strict=True):
-        w.runs[b.run_key][1] += count
+        per_op[0] += start.get(k, 0.0)  # the account before the first op, added first
+        out[k] = float(np.add.accumulate(per_op)[-1])
+    return out

@@ -31,6 +31,7 @@ __all__ = [
     "RankState",
     "Reduction",
     "SegStep",
+    "SharedWalk",
     "fires",
     "norm_rounds",
     "op_table",
@@ -167,20 +168,43 @@ def op_table(
 @dataclass(frozen=True, slots=True)
 class OpBody:
     """What an op's fused block is whatever the plan's DDP buckets (:meth:`Walker.op_body`):
-    priced once for the plans that share its segments (a search's plans that differ only in
-    their DDP knobs, :func:`collsim.step.build.ddp_variant`)."""
+    priced once for the plans that share its segments (:class:`SharedWalk`)."""
 
     segs: list[Segment]
-    duration: float
-    compute: float
-    tp: float
-    comm: dict[str, float]
-    """Exposed seconds by breakdown key (read only)."""
-    pattern: MemoryPattern
-    run_key: tuple[int, int]
     windows: tuple[tuple[str | int, float, float, float], ...]
     """In a gradient phase, per segment: (its key, its start in the op, seconds before its
     gradients start, seconds they take), where its buckets become ready."""
+    plain: OpPlan
+    """The op's block without buckets (read only: the walks that share it keep it)."""
+
+
+@dataclass(slots=True)
+class SharedWalk:
+    """What the walks of programs that share their segments (a program and the DDP variants
+    built from it, :func:`collsim.step.build.ddp_variant`) work out once: the same segments
+    priced on the same plan layout by a search's one pricer (:meth:`Walker.shared`)."""
+
+    bodies: dict[tuple[int, int, Phase, bool], OpBody] = field(default_factory=dict)
+    """:meth:`Walker.op_body` by (rank, chunk, phase, paired)."""
+    tp_calls: dict[tuple[int, int], tuple[list[Any], list[tuple[CallKey, float, float]]]] = field(
+        default_factory=dict
+    )
+    """:meth:`Walker.flush_tp`'s priced calls of a step list by (rank, its identity): the
+    list (kept: its identity stays its own) and (tally key, seconds, busbw) per call."""
+    replays: dict[tuple[Any, ...], tuple[Any, list[tuple[int, int, int, int]], list[list[int]]]] = (
+        field(default_factory=dict)
+    )
+    """The fused walk's replay order (:func:`collsim.play.walk_pipe.replay_order`) by the
+    identity of the pipeline traces and what else it reads: the traces (kept), the items, the
+    deferred reductions' ops."""
+    sums: dict[int, tuple[Any, list[Any], dict[str, float]]] = field(default_factory=dict)
+    """Per walked rank, its blocks' account added up over the ops (from zero; :func:`collsim.
+    play.walk_pipe.add_block_sums`): the op table, the blocks' ``comm`` dicts it was added up
+    for (by identity: a block's body), the sums."""
+    placements: dict[int, tuple[Any, list[Any], int, Any]] = field(default_factory=dict)
+    """Per walked rank, its blocks' patterns placed on the traced starts (:func:`collsim.
+    play.walk_pipe.placed_ops`, without reductions' buffers): the trace, the patterns (by
+    identity), the events before the first, the placement."""
 
 
 @dataclass(slots=True)

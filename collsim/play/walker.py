@@ -25,6 +25,7 @@ from collsim.play.walk_tables import (
     RankState,
     Reduction,
     SegStep,
+    SharedWalk,
     fires,
     norm_rounds,
     op_table,
@@ -46,9 +47,9 @@ __all__ = ["Walker"]
 
 TP, PP, DP = ParallelAxis.TP, ParallelAxis.PP, ParallelAxis.DP
 
-BODIES_KEPT = 4
-"""Families of programs whose op bodies a search's shape cache keeps (the most recent:
-:meth:`Walker.shared_bodies`; a search estimates a plan's DDP variants one after another)."""
+SHARED_KEPT = 4
+"""Families of programs whose :class:`SharedWalk` a search's shape cache keeps (the most
+recent: :meth:`Walker.shared`; a search estimates a plan's DDP variants one after another)."""
 
 
 class Walker:
@@ -82,11 +83,9 @@ class Walker:
         self.seg_tp_s = self.prices.seg_tp_s
         self.seg_compute_s = self.prices.seg_compute_s
         self._op_plans: dict[tuple[int, int, Phase, bool], OpPlan] = {}
-        self._bodies: dict[tuple[int, int, Phase, bool], OpBody] = {}
-        """:meth:`op_body` by (rank, chunk, phase, paired); in a search, shared with the plans
-        whose programs share this one's segments (:meth:`shared_bodies`)."""
-        if shapes is not None:
-            self._bodies = self.shared_bodies(shapes)
+        self.shared = SharedWalk() if shapes is None else self.shared_walk(shapes)
+        """What this walk prices once; in a search, shared with the walks of the programs
+        that share this one's segments (:meth:`shared_walk`)."""
         self.gather_pp = plan.tp > 1 and not plan.parallel.sequence_parallel
         self._links: dict[int, list[Link]] = {}
         self.runs: dict[tuple[int, int], list[Any]] = {}
@@ -98,17 +97,18 @@ class Walker:
         """:meth:`grad_window` by (rank, id of a segment's step list, where its gradients
         start); the lists live as long as the walk's schedule."""
 
-    def shared_bodies(self, shapes: ShapeCache) -> dict[tuple[int, int, Phase, bool], OpBody]:
-        """The op bodies of the programs in ``shapes`` that share this one's segments (a
-        program and the DDP variants built from it, :func:`~collsim.step.build.ddp_variant`:
-        the same segments priced on the same plan layout by the search's one pricer), by the
-        identity of the first segment list, which the entry holds (so that it stays its own)."""
+    def shared_walk(self, shapes: ShapeCache) -> SharedWalk:
+        """The :class:`SharedWalk` of the programs in ``shapes`` that share this one's
+        segments, by the identity of the first segment list, which the entry holds (so that
+        it stays its own)."""
         first = self.schedule.stages[0].chunks[0].forward
-        empty: dict[tuple[int, int, Phase, bool], OpBody] = {}
-        held, bodies = shapes.recent("walk bodies", id(first), lambda: (first, empty), BODIES_KEPT)
+        held, shared = shapes.recent(
+            "shared walks", id(first), lambda: (first, SharedWalk()), SHARED_KEPT
+        )
         if held is not first:  # pragma: no cover - another list at a reused address
-            return {}
-        return bodies
+            return SharedWalk()
+        out: SharedWalk = shared
+        return out
 
     def stat_items(self) -> Iterator[tuple[CallKey, CallTally]]:
         return self.stats.items()
@@ -134,7 +134,7 @@ class Walker:
         list's priced calls listed once per rank: the layers of a kind share their list)."""
         priced: dict[tuple[int, str, str, float], tuple[CallKey, float, float] | None] = {}
         tally_of = self.stats.tally
-        listed: dict[tuple[int, int], tuple[list[Step], list[tuple[CallKey, float, float]]]] = {}
+        listed = self.shared.tp_calls
         for (rank, _), (segs, runs) in self.runs.items():
             for seg in segs:
                 known = listed.get((rank, id(seg.steps)))
@@ -288,31 +288,34 @@ class Walker:
         if hit is not None:
             return hit
         segs = chunk.segments(phase, paired)
-        bodies = self._bodies
+        bodies = self.shared.bodies
         body = bodies.get(key)
         if body is None or body.segs is not segs:
             body = bodies[key] = self.op_body(prog.rank, segs, phase)
+        if not (body.windows and chunk.buckets):
+            self._op_plans[key] = body.plain
+            return body.plain
+        ready_at: dict[Any, list[Bucket]] = {}  # the buckets by the segment they wait for
+        for bucket in chunk.buckets:
+            ready_at.setdefault(bucket.ready_segment, []).append(bucket)
         buckets: list[tuple[Bucket, float]] = []
-        if body.windows and chunk.buckets:
-            ready_at: dict[Any, list[Bucket]] = {}  # the buckets by the segment they wait for
-            for bucket in chunk.buckets:
-                ready_at.setdefault(bucket.ready_segment, []).append(bucket)
-            for seg_key, t, off, gdur in body.windows:
-                mine = ready_at.get(seg_key)
-                if mine:
-                    for bucket in mine:
-                        buckets.append((bucket, t + off + bucket.ready_fraction * gdur))
+        for seg_key, t, off, gdur in body.windows:
+            mine = ready_at.get(seg_key)
+            if mine:
+                for bucket in mine:
+                    buckets.append((bucket, t + off + bucket.ready_fraction * gdur))
         reductions = [self.reduction(prog.rank, bucket, rel) for bucket, rel in buckets]
+        plain = body.plain
         plan = OpPlan(
             segs,
-            duration=body.duration,
-            compute=body.compute,
-            tp=body.tp,
-            comm=body.comm,
-            pattern=body.pattern,
+            duration=plain.duration,
+            compute=plain.compute,
+            tp=plain.tp,
+            comm=plain.comm,
+            pattern=plain.pattern,
             buckets=buckets,
-            comm_items=tuple(body.comm.items()),
-            run_key=body.run_key,
+            comm_items=plain.comm_items,
+            run_key=plain.run_key,
             reductions=[r for r in reductions if r[1]],
         )
         self._op_plans[key] = plan
@@ -342,16 +345,17 @@ class Walker:
             if gradients:
                 windows.append((seg.key, t, *self.grad_window(rank, seg)))
             t += dur
-        return OpBody(
+        plain = OpPlan(
             segs,
             duration=t,
             compute=total_compute,
             tp=total_tp,
             comm=comm,
             pattern=MemoryPattern("activations", mem),
+            comm_items=tuple(comm.items()),
             run_key=(rank, id(segs[0]) if len(segs) == 1 else id(segs)),
-            windows=tuple(windows),
         )
+        return OpBody(segs, windows=tuple(windows), plain=plain)
 
     def reduction(self, rank: int, bucket: Bucket, rel: float) -> Reduction:
         """The reduction of ``bucket`` (its calls on the dp stream, a ZeRO-2 buffer held until

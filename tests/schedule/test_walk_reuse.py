@@ -231,4 +231,4 @@ def test_an_estimator_builds_a_plans_ddp_variants_from_it() -> None:
         finally:
             walk_module.build_schedule = original  # type: ignore[assignment]
     assert estimates == fresh
-    assert len(built) == 1 and est.shapes.sizes()["walk bodies"] == 1
+    assert len(built) == 1 and est.shapes.sizes()["shared walks"] == 1
