@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from collsim.parallel.buckets import Bucket
 from collsim.parallel.pipeline import Phase, PipeOp, flow
 from collsim.parallel.plan import Plan, RankCoords
 from collsim.step.dataparallel import grad_norm_groups
@@ -32,13 +31,12 @@ __all__ = [
     "Reduction",
     "SegStep",
     "SharedWalk",
+    "TallyAdds",
     "fires",
     "norm_rounds",
     "op_table",
     "pipeline_links",
 ]
-
-"""A bucket's reduction priced once (:meth:`Walker.reduction`)."""
 
 
 @dataclass(slots=True)
@@ -178,6 +176,14 @@ class OpBody:
     """The op's block without buckets (read only: the walks that share it keep it)."""
 
 
+Priced = tuple[float, float, CallKey]
+"""A call priced once: (seconds, busbw, tally key)."""
+
+TallyAdds = tuple[CallKey, int, tuple[float, ...], float, float]
+"""What a walk adds to one tally, in order (:meth:`Walker.flush_tp`): (key, calls, the
+seconds added one after another, their sum from zero, the last busbw)."""
+
+
 @dataclass(slots=True)
 class SharedWalk:
     """What the walks of programs that share their segments (a program and the DDP variants
@@ -191,6 +197,13 @@ class SharedWalk:
     )
     """:meth:`Walker.flush_tp`'s priced calls of a step list by (rank, its identity): the
     list (kept: its identity stays its own) and (tally key, seconds, busbw) per call."""
+    bucket_calls: dict[tuple[int, float, bool], tuple[Priced, ...]] = field(default_factory=dict)
+    """:meth:`Walker.bucket_calls` by (rank, bucket elements, expert)."""
+    call_prices: dict[tuple[int, str, float, str], Priced] = field(default_factory=dict)
+    """:meth:`Walker.dp_calls`' prices by (rank, op, size, axis)."""
+    flushes: dict[tuple[Any, ...], tuple[list[Any], list[TallyAdds]]] = field(default_factory=dict)
+    """:meth:`Walker.flush_tp`'s tallies by the walk's runs ((run key, count) each, in
+    order): the runs' segment lists (kept: their identities stay their own) and the adds."""
     replays: dict[tuple[Any, ...], tuple[Any, list[tuple[int, int, int, int]], list[list[int]]]] = (
         field(default_factory=dict)
     )
@@ -215,19 +228,18 @@ class OpPlan:
     tp: float = 0.0
     comm: dict[str, float] = field(default_factory=dict)
     pattern: MemoryPattern = field(default_factory=lambda: MemoryPattern("activations", []))
-    buckets: list[tuple[Bucket, float]] = field(default_factory=list)
     comm_items: tuple[tuple[str, float], ...] = ()
     """``comm`` as pairs, in its order."""
     run_key: tuple[int, int] = (0, 0)
     """The op's key in the walk's TP runs (:meth:`Walker.flush_tp`)."""
     reductions: list[Reduction] = field(default_factory=list)
-    """Its buckets' reductions with calls (:meth:`Walker.reduction`), in ``buckets`` order."""
+    """Its buckets' reductions with calls, in the order they become ready (:meth:`Walker.
+    op_plan`)."""
 
-
-Priced = tuple[float, float, CallKey]
-"""A call priced once: (seconds, busbw, tally key)."""
 
 Reduction = tuple[float, tuple[Priced, ...], float]
+"""A bucket's reduction in an op: (offset of its ready time in the op, its priced calls, bytes
+of the ZeRO-2 buffer it holds or 0)."""
 
 
 def pipeline_links(schedule: StepSchedule, stage: int) -> list[Link]:

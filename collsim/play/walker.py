@@ -26,6 +26,7 @@ from collsim.play.walk_tables import (
     Reduction,
     SegStep,
     SharedWalk,
+    TallyAdds,
     fires,
     norm_rounds,
     op_table,
@@ -90,9 +91,6 @@ class Walker:
         self._links: dict[int, list[Link]] = {}
         self.runs: dict[tuple[int, int], list[Any]] = {}
         self.seg_plans: dict[tuple[int, int, Phase, bool], list[SegStep]] = {}
-        self._bucket_prices: dict[tuple[int, float, bool], tuple[Priced, ...]] = {}
-        self._call_prices: dict[tuple[int, str, float, str], Priced] = {}
-        """:meth:`dp_calls`' prices by (rank, op, size, axis)."""
         self._windows: dict[tuple[int, int, int], tuple[float, float]] = {}
         """:meth:`grad_window` by (rank, id of a segment's step list, where its gradients
         start); the lists live as long as the walk's schedule."""
@@ -130,11 +128,33 @@ class Walker:
 
     def flush_tp(self) -> None:
         """Tally the TP collectives of every run of ops (:attr:`runs`): per run and step
-        call, ``runs`` calls of its closed-form time, each distinct call priced once (a step
-        list's priced calls listed once per rank: the layers of a kind share their list)."""
-        priced: dict[tuple[int, str, str, float], tuple[CallKey, float, float] | None] = {}
+        call, ``runs`` calls of its closed-form time (:meth:`tp_adds`, once per walk's runs in
+        the shared tables); a tally this adds to first is set to the sum at once."""
+        runs = self.runs
+        shape = tuple([(key, slot[1]) for key, slot in runs.items()])
+        known = self.shared.flushes.get(shape)
+        if known is None:
+            held = [slot[0] for slot in runs.values()]  # their ids are in the shape
+            known = self.shared.flushes[shape] = (held, self.tp_adds())
         tally_of = self.stats.tally
+        for key, count, adds, total_s, busbw in known[1]:
+            tally = tally_of(key)
+            if tally.count == 0 and tally.time_s == 0.0:
+                tally.time_s = total_s
+            else:
+                for add in adds:
+                    tally.time_s += add
+            tally.count += count
+            tally.busbw_bps = busbw
+        runs.clear()
+
+    def tp_adds(self) -> list[TallyAdds]:
+        """What :meth:`flush_tp` adds, per tally in the order the runs first reach it: each
+        distinct call priced once, a step list's priced calls listed once per rank (the layers
+        of a kind share their list)."""
+        priced: dict[tuple[int, str, str, float], tuple[CallKey, float, float] | None] = {}
         listed = self.shared.tp_calls
+        out: dict[CallKey, list[Any]] = {}
         for (rank, _), (segs, runs) in self.runs.items():
             for seg in segs:
                 known = listed.get((rank, id(seg.steps)))
@@ -149,12 +169,15 @@ class Walker:
                         if hit is not None:
                             hits.append(hit)
                     known = listed[(rank, id(seg.steps))] = (seg.steps, hits)
-                for key, time_s, busbw in known[1]:
-                    tally = tally_of(key)  # CallStats.add, count=runs
-                    tally.count += runs
-                    tally.time_s += runs * time_s
-                    tally.busbw_bps = busbw
-        self.runs.clear()
+                for key, time_s, busbw in known[1]:  # CallStats.add, count=runs
+                    entry = out.get(key)
+                    if entry is None:
+                        entry = out[key] = [0, [], 0.0, 0.0]
+                    entry[0] += runs
+                    entry[1].append(runs * time_s)
+                    entry[2] += runs * time_s
+                    entry[3] = busbw
+        return [(key, n, tuple(adds), total, busbw) for key, (n, adds, total, busbw) in out.items()]
 
     def tp_call(self, rank: int, step: Step) -> tuple[CallKey, float, float] | None:
         """(tally key, seconds, busbw) of a segment step's call, None on a group of one."""
@@ -282,7 +305,8 @@ class Walker:
         self, prog: RankState, chunk: ChunkModel, phase: Phase, paired: bool = False
     ) -> OpPlan:
         """The op's fused block: its body (:meth:`op_body`, shared by the plans that share its
-        segments) and its buckets' reductions, each ready at its offset in the op."""
+        segments) and its buckets' reductions (their calls on the dp stream, a ZeRO-2 buffer
+        held until they end), each ready at its offset in the op."""
         key = (prog.rank, chunk.index, phase, paired)
         hit = self._op_plans.get(key)
         if hit is not None:
@@ -298,13 +322,18 @@ class Walker:
         ready_at: dict[Any, list[Bucket]] = {}  # the buckets by the segment they wait for
         for bucket in chunk.buckets:
             ready_at.setdefault(bucket.ready_segment, []).append(bucket)
-        buckets: list[tuple[Bucket, float]] = []
+        rank = prog.rank
+        priced = self.shared.bucket_calls
+        holds = self.rules.holds_bucket_buffer
+        reductions: list[Reduction] = []
         for seg_key, t, off, gdur in body.windows:
-            mine = ready_at.get(seg_key)
-            if mine:
-                for bucket in mine:
-                    buckets.append((bucket, t + off + bucket.ready_fraction * gdur))
-        reductions = [self.reduction(prog.rank, bucket, rel) for bucket, rel in buckets]
+            for bucket in ready_at.get(seg_key, ()):
+                calls = priced.get((rank, bucket.numel, bucket.expert))
+                if calls is None:
+                    calls = self.bucket_calls(rank, bucket)
+                if calls:  # (rel: where in the op it is ready)
+                    rel = t + off + bucket.ready_fraction * gdur
+                    reductions.append((rel, calls, float(bucket.size_bytes) if holds else 0.0))
         plain = body.plain
         plan = OpPlan(
             segs,
@@ -313,10 +342,9 @@ class Walker:
             tp=plain.tp,
             comm=plain.comm,
             pattern=plain.pattern,
-            buckets=buckets,
             comm_items=plain.comm_items,
             run_key=plain.run_key,
-            reductions=[r for r in reductions if r[1]],
+            reductions=reductions,
         )
         self._op_plans[key] = plan
         return plan
@@ -357,24 +385,22 @@ class Walker:
         )
         return OpBody(segs, windows=tuple(windows), plain=plain)
 
-    def reduction(self, rank: int, bucket: Bucket, rel: float) -> Reduction:
-        """The reduction of ``bucket`` (its calls on the dp stream, a ZeRO-2 buffer held until
-        they end) priced once: (offset of its ready time in the op, (seconds, busbw, tally
-        key) per call, bytes of the buffer it holds or 0)."""
-        shape = (rank, bucket.numel, bucket.expert)  # what bucket_calls depends on
-        calls = self._bucket_prices.get(shape)
+    def bucket_calls(self, rank: int, bucket: Bucket) -> tuple[Priced, ...]:
+        """The calls of ``bucket``'s reduction on the dp stream (:meth:`priced_calls`), priced
+        once in the shared tables by what ``bucket_calls`` reads of it."""
+        shape = (rank, bucket.numel, bucket.expert)
+        calls = self.shared.bucket_calls.get(shape)
         if calls is None:
-            calls = self._bucket_prices[shape] = self.priced_calls(
+            calls = self.shared.bucket_calls[shape] = self.priced_calls(
                 rank, self.rules.bucket_calls(bucket), 0.0
             )
-        hold = float(bucket.size_bytes) if self.rules.holds_bucket_buffer else 0.0
-        return rel, calls, hold
+        return calls
 
     def dp_calls(self, prog: RankState, calls: list[DPCall], ready: float) -> float:
         """Calls one after another on the rank's dp stream (each on its axis's group), ready
         and issued at ``ready``: returns when the last one's event fires (``ready`` when there
         is none). Each distinct call is priced once per walk (:meth:`run_priced` runs them)."""
-        memo = self._call_prices
+        memo = self.shared.call_prices
         rank = prog.rank
         priced = []
         for c in calls:
@@ -426,7 +452,7 @@ class Walker:
     def run_reductions(
         self, prog: RankState, reductions: list[Reduction], t0: float, *, deferred: bool = False
     ) -> list[MemoryEvent]:
-        """Bucket reductions (:meth:`reduction`) one after another on the rank's dp stream,
+        """Bucket reductions (:meth:`op_plan`) one after another on the rank's dp stream,
         issued at ``t0`` and each ready at ``t0`` plus its offset in its op (``deferred``: at
         ``t0``, the step's end without overlap): returns the ZeRO-2 bucket buffers' events
         (held until the reduction ends), for the caller to record."""

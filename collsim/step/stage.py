@@ -8,7 +8,7 @@ FSDP units, and, for a schedule that splits backward, the input- and weight-grad
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import fields, replace
+from dataclasses import fields
 from functools import partial
 from operator import attrgetter
 from typing import TYPE_CHECKING
@@ -154,8 +154,14 @@ def rebucket_stage(
             grad_bytes=grad_bytes,
             cache=cache,
         )
-        chunks.append(replace(chunk, buckets=buckets))
+        copy = ChunkModel(*_CHUNK_FIELDS(chunk))  # (dataclasses.replace, without its checks)
+        copy.buckets = buckets
+        chunks.append(copy)
     return StageModel(stage=model.stage, chunks=chunks)
+
+
+_CHUNK_FIELDS = attrgetter(*[f.name for f in fields(ChunkModel)])
+"""A chunk's fields in order (read from the dataclass: a new field is copied too)."""
 
 
 LayerSegments = tuple[Segment, Segment, Segment | None, Segment | None]
