@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from collsim.cluster.topology import Topology
     from collsim.parallel.config import ParallelConfig, TrainingConfig
     from collsim.parallel.plan import Plan
+    from collsim.play.walk_tables import SharedWalk
     from collsim.step.build import StepSchedule
     from collsim.step.stragglers import StragglerConfig
     from collsim.workload.model import TransformerSpec
@@ -64,7 +65,7 @@ def walk(
             contended=[],
             zero_communication=pricer.zero,
             timeline=timeline,
-            mapping=None if shapes is None else _mapping(plan, shapes),
+            mapping=None if shapes is None else _mapping(plan, shapes, w.shared),
             shapes=shapes,
         )
         # freed by reference counting while the collector is still off: the walk's many
@@ -77,14 +78,17 @@ MAPPINGS_KEPT = 64
 """Rank layouts in words a search's shape cache keeps (the most recent; :func:`_mapping`)."""
 
 
-def _mapping(plan: Plan, shapes: ShapeCache) -> str:
+def _mapping(plan: Plan, shapes: ShapeCache, shared: SharedWalk) -> str:
     """:func:`~collsim.parallel.describe.describe_mapping` of ``plan``, kept in a search's
     shape cache by the plan's configs without DDP's (its buckets and overlap place no rank
-    and no layer; the cache's plans share one cluster and one model)."""
-    parallel = dataclasses.replace(plan.parallel, ddp=DDPConfig())
-    return shapes.recent(
-        "mapping", (parallel, plan.training), lambda: describe_mapping(plan), MAPPINGS_KEPT
-    )
+    and no layer; the cache's plans share one cluster and one model), and in the walks'
+    shared tables (the plans that share a program differ only in their DDP knobs)."""
+    if shared.mapping is None:
+        parallel = dataclasses.replace(plan.parallel, ddp=DDPConfig())
+        shared.mapping = shapes.recent(
+            "mapping", (parallel, plan.training), lambda: describe_mapping(plan), MAPPINGS_KEPT
+        )
+    return shared.mapping
 
 
 def estimate_step(

@@ -6,7 +6,7 @@ and a ZeRO-3 segment priced once, the event-firing rule shared with the engine.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -214,25 +214,29 @@ class SharedWalk:
     """Per walked rank, its blocks' account added up over the ops (from zero; :func:`collsim.
     play.walk_pipe.add_block_sums`): the op table, the blocks' ``comm`` dicts it was added up
     for (by identity: a block's body), the sums."""
+    mapping: str | None = None
+    """The plans' rank layout in words (the DDP knobs place no rank)."""
     placements: dict[int, tuple[Any, list[Any], int, Any]] = field(default_factory=dict)
     """Per walked rank, its blocks' patterns placed on the traced starts (:func:`collsim.
     play.walk_pipe.placed_ops`, without reductions' buffers): the trace, the patterns (by
     identity), the events before the first, the placement."""
 
 
-@dataclass(slots=True)
-class OpPlan:
+class OpPlan(NamedTuple):
+    """An op's fused block (:meth:`Walker.op_plan`; a named tuple: a plan's backward ops
+    each make one, a dataclass costs more to make)."""
+
     segs: list[Segment]
-    duration: float = 0.0
-    compute: float = 0.0
-    tp: float = 0.0
-    comm: dict[str, float] = field(default_factory=dict)
-    pattern: MemoryPattern = field(default_factory=lambda: MemoryPattern("activations", []))
-    comm_items: tuple[tuple[str, float], ...] = ()
+    duration: float
+    compute: float
+    tp: float
+    comm: dict[str, float]
+    pattern: MemoryPattern
+    comm_items: tuple[tuple[str, float], ...]
     """``comm`` as pairs, in its order."""
-    run_key: tuple[int, int] = (0, 0)
+    run_key: tuple[int, int]
     """The op's key in the walk's TP runs (:meth:`Walker.flush_tp`)."""
-    reductions: list[Reduction] = field(default_factory=list)
+    reductions: list[Reduction]
     """Its buckets' reductions with calls, in the order they become ready (:meth:`Walker.
     op_plan`)."""
 

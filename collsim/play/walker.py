@@ -334,19 +334,7 @@ class Walker:
                 if calls:  # (rel: where in the op it is ready)
                     rel = t + off + bucket.ready_fraction * gdur
                     reductions.append((rel, calls, float(bucket.size_bytes) if holds else 0.0))
-        plain = body.plain
-        plan = OpPlan(
-            segs,
-            duration=plain.duration,
-            compute=plain.compute,
-            tp=plain.tp,
-            comm=plain.comm,
-            pattern=plain.pattern,
-            comm_items=plain.comm_items,
-            run_key=plain.run_key,
-            reductions=reductions,
-        )
-        self._op_plans[key] = plan
+        plan = self._op_plans[key] = OpPlan(*body.plain[:-1], reductions)
         return plan
 
     def op_body(self, rank: int, segs: list[Segment], phase: Phase) -> OpBody:
@@ -382,6 +370,7 @@ class Walker:
             pattern=MemoryPattern("activations", mem),
             comm_items=tuple(comm.items()),
             run_key=(rank, id(segs[0]) if len(segs) == 1 else id(segs)),
+            reductions=[],
         )
         return OpBody(segs, windows=tuple(windows), plain=plain)
 

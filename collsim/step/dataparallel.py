@@ -240,13 +240,7 @@ class DataParallelRules:
         (:func:`collsim.parallel.states.rank_model_states`), FP8 weight copies counted with
         the parameters."""
         n, n_e = (float(x) for x in self.shard_sizes)
-        dense = expert = 0.0
-        for chunk in stage.chunks:
-            for t in chunk.tensors:
-                if t.expert:
-                    expert += t.numel
-                else:
-                    dense += t.numel
+        dense, expert = stage.split_numel()
         b = self.bytes_per
 
         def part(per: float, from_zero: int) -> float:

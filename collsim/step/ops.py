@@ -171,10 +171,32 @@ class ChunkModel:
 class StageModel:
     stage: int
     chunks: list[ChunkModel]
+    split_of: tuple[list[list[ParamTensor]], float, float] | None = field(
+        default=None, repr=False, compare=False
+    )
+    """:meth:`split_numel` with the chunks' tensor lists it was summed over."""
 
     @property
     def numel(self) -> float:
         return sum(c.numel for c in self.chunks)
+
+    def split_numel(self) -> tuple[float, float]:
+        """Elements of the stage's parameters (not routed experts, routed experts), added
+        tensor by tensor in chunk order; summed once per set of tensor lists (shared by the
+        plans of one chunk shape, never changed in place)."""
+        lists = [c.tensors for c in self.chunks]
+        known = self.split_of
+        if known is not None and all(a is b for a, b in zip(known[0], lists, strict=True)):
+            return known[1], known[2]
+        dense = expert = 0.0
+        for tensors in lists:
+            for t in tensors:
+                if t.expert:
+                    expert += t.numel
+                else:
+                    dense += t.numel
+        self.split_of = (lists, dense, expert)
+        return dense, expert
 
 
 @dataclass(frozen=True, slots=True)

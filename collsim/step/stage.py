@@ -157,7 +157,7 @@ def rebucket_stage(
         copy = ChunkModel(*_CHUNK_FIELDS(chunk))  # (dataclasses.replace, without its checks)
         copy.buckets = buckets
         chunks.append(copy)
-    return StageModel(stage=model.stage, chunks=chunks)
+    return StageModel(stage=model.stage, chunks=chunks, split_of=model.split_of)
 
 
 _CHUNK_FIELDS = attrgetter(*[f.name for f in fields(ChunkModel)])
