@@ -186,12 +186,24 @@ class CachingAllocator:
         size = round_size(int(size_bytes))
         small = size <= SMALL_SIZE_BYTES
         pool = (stream, small)
-        block = self._get_free_block(pool, size)
+        lst = self._free.get(pool)
+        block = self._get_free_block(lst, size) if lst else None
         if block is None:
             block = self._new_block(pool, size)
         rest = block.size - size
         if rest >= MIN_BLOCK_BYTES if (small or self.expandable) else rest > SMALL_SIZE_BYTES:
-            self._insert_free(_split(block, size, mapped=True))
+            # _split, then _insert_free of the rest (inline: a replay's most frequent path)
+            after = block.next
+            cut = Block(block.addr + size, rest, pool)
+            cut.prev, cut.next = block, after
+            if after is not None:
+                after.prev = cut
+            block.next = cut
+            block.size = size
+            if lst is None:  # the pool's first cached block (a new segment's rest)
+                lst = self._free.setdefault(pool, [])
+            insort(lst, (rest, cut.addr))
+            self._free_at[cut.addr] = cut
         block.allocated = True
         st = self.stats
         st.allocated_bytes += block.size
@@ -205,12 +217,31 @@ class CachingAllocator:
             raise SimulationError("a block freed twice")
         block.allocated = False
         self.stats.allocated_bytes -= block.size
-        before, after = block.prev, block.next
-        if before is not None and not before.allocated:
-            self._merge(block, before)
-        if after is not None and not after.allocated:
-            self._merge(block, after)
-        self._insert_free(block)
+        # try_merge_blocks with each neighbour, inline: an allocated block is mapped, so only
+        # a free mapped neighbour merges, and it leaves the free list
+        lst = self._free.get(block.pool)
+        if lst is None:
+            lst = self._free[block.pool] = []
+        free_at = self._free_at
+        before = block.prev
+        if before is not None and not before.allocated and before.mapped:
+            del lst[bisect_left(lst, (before.size, before.addr))]
+            del free_at[before.addr]
+            block.addr = before.addr
+            block.size += before.size
+            block.prev = before = before.prev
+            if before is not None:
+                before.next = block
+        after = block.next
+        if after is not None and not after.allocated and after.mapped:
+            del lst[bisect_left(lst, (after.size, after.addr))]
+            del free_at[after.addr]
+            block.size += after.size
+            block.next = after = after.next
+            if after is not None:
+                after.prev = block
+        insort(lst, (block.size, block.addr))
+        free_at[block.addr] = block
 
     def empty_cache(self) -> None:
         """``release_cached_blocks``: whole free segments go back to the device; in an
@@ -450,13 +481,11 @@ class CachingAllocator:
         del lst[bisect_left(lst, (block.size, block.addr))]
         del self._free_at[block.addr]
 
-    def _get_free_block(self, pool: tuple[int, bool], size: int) -> Block | None:
-        """``get_free_block``: the smallest cached block that holds ``size``; in an
-        expandable segment, a block that could grow is weighed at its grown size (the next
-        larger blocks taken while they would grow to less than the one before)."""
-        lst = self._free.get(pool)
-        if not lst:
-            return None
+    def _get_free_block(self, lst: list[tuple[int, int]], size: int) -> Block | None:
+        """``get_free_block`` from a pool's free list ``lst``, taken off it: the smallest
+        cached block that holds ``size``; in an expandable segment, a block that could grow is
+        weighed at its grown size (the next larger blocks taken while they would grow to less
+        than the one before)."""
         i = bisect_left(lst, (size, -1))
         n = len(lst)
         if i == n:
