@@ -13,6 +13,7 @@ apart.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -227,27 +228,37 @@ def _integers(values: Any) -> list[int] | None:
 
 
 def _single_columns(singles: list[MemoryEvent], numbers: dict[Any, int]) -> dict[str, Any]:
-    """The single events' columns; their labels numbered in ``numbers``."""
+    """The single events' columns; their labels numbered in ``numbers``. A label that is not
+    a tuple (a bucket's, a message's: thousands of events of a few labels) is numbered once
+    (``numbers`` keys it by equality, so a dict by the label gives the same number)."""
     times, deltas, categories = event_columns(singles)
-    codes, mbs, shifting = [], [], []
-    for ev in singles:
-        label = ev[3]
-        if _shifts(label):
-            key: Any = ("s", label[0], label[1], label[3])
+    codes: list[int] = []
+    at: list[int] = []  # the events whose label shifts
+    mbs: list[int] = []  # and their micro-batches
+    plain: dict[Any, int] = {}
+    for i, label in enumerate(map(itemgetter(3), singles)):
+        if type(label) is not tuple:
+            code = plain.get(label)
+            if code is None:
+                code = plain[label] = numbers.setdefault(("n", label), len(numbers))
+        elif _shifts(label):
+            code = numbers.setdefault(("s", label[0], label[1], label[3]), len(numbers))
+            at.append(i)
             mbs.append(label[2])
-            shifting.append(True)
         else:
-            key = ("n", label)
-            mbs.append(0)
-            shifting.append(False)
-        codes.append(numbers.setdefault(key, len(numbers)))
+            code = numbers.setdefault(("n", label), len(numbers))
+        codes.append(code)
+    microbatches = np.zeros(len(singles), dtype=np.int64)
+    microbatches[at] = mbs
+    shifting = np.zeros(len(singles), dtype=bool)
+    shifting[at] = True
     return {
         "times": times,
         "deltas": deltas,
         "categories": categories,
         "codes": np.array(codes, dtype=np.int64),
-        "microbatches": np.array(mbs, dtype=np.int64),
-        "shifting": np.array(shifting, dtype=bool),
+        "microbatches": microbatches,
+        "shifting": shifting,
     }
 
 
