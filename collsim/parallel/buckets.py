@@ -22,7 +22,7 @@ from typing import NamedTuple
 from collsim.core.units import MiB
 from collsim.parallel.params import ParamTensor
 
-__all__ = ["Bucket", "build_buckets", "backward_segments", "grad_ready_fraction"]
+__all__ = ["Bucket", "backward_segments", "bucket_cuts", "build_buckets", "grad_ready_fraction"]
 
 
 class Bucket(NamedTuple):
@@ -71,6 +71,30 @@ def grad_ready_fraction(tensors: Sequence[ParamTensor]) -> dict[str, float]:
     return out
 
 
+def bucket_cuts(
+    numels: Sequence[float], *, bucket_mb: float, first_bucket_mb: float = 1.0, grad_bytes: int = 2
+) -> tuple[tuple[int, float, float], ...]:
+    """Where torch's reducer closes each bucket over gradients in launch order (``numels``:
+    the elements of the tensors :func:`build_buckets` packs, reversed registration order):
+    per bucket, (the index after its last tensor, its elements, its gradient bytes). The
+    first bucket's limit is ``first_bucket_mb``, every other's ``bucket_mb`` (MiB); a bucket
+    closes once it reaches its limit, or at the last tensor. Tensors of the same sizes in the
+    same order are cut the same way (a search's chunks of one form share their cuts)."""
+    limit = first_bucket_mb * MiB  # the first bucket's, then every other's
+    cuts: list[tuple[int, float, float]] = []
+    numel: float = 0  # added up one tensor after another, as sum() would
+    size = 0.0
+    last = len(numels) - 1
+    for i, x in enumerate(numels):
+        numel += x
+        size += x * grad_bytes
+        if size >= limit or i == last:  # full, or the last tensor
+            cuts.append((i + 1, numel, size))
+            numel, size = 0, 0.0
+            limit = bucket_mb * MiB
+    return tuple(cuts)
+
+
 def build_buckets(
     tensors: Sequence[ParamTensor],
     *,
@@ -79,6 +103,7 @@ def build_buckets(
     grad_bytes: int = 2,
     expert: bool | None = None,
     ready: Mapping[str, float] | None = None,
+    cuts: Sequence[tuple[int, float, float]] | None = None,
 ) -> list[Bucket]:
     """Pack the gradients of ``tensors`` (registration order) into DDP buckets.
 
@@ -91,6 +116,7 @@ def build_buckets(
             Megatron-Core keeps separate gradient buffers for each; ready points are still
             those of the whole segment. None packs all.
         ready: ``grad_ready_fraction(tensors)``, where the caller has it already.
+        cuts: :func:`bucket_cuts` of the packed tensors' elements, where the caller has them.
 
     Returns:
         Buckets in launch order.
@@ -103,31 +129,21 @@ def build_buckets(
     """
     frac = grad_ready_fraction(tensors) if ready is None else ready
     picked = [t for t in reversed(tensors) if expert is None or t.expert == expert]
-    limit = first_bucket_mb * MiB  # the first bucket's, then every other's
+    if cuts is None:
+        cuts = bucket_cuts(
+            [t.numel for t in picked],
+            bucket_mb=bucket_mb,
+            first_bucket_mb=first_bucket_mb,
+            grad_bytes=grad_bytes,
+        )
     new = tuple.__new__  # the named tuple made without its keyword layer
     buckets: list[Bucket] = []
-    names: list[str] = []
-    numel: float = 0  # added up one tensor after another, as sum() would
-    size = 0.0
-    for i, t in enumerate(picked):
-        names.append(t.name)
-        numel += t.numel
-        size += t.numel * grad_bytes
-        if size >= limit or i == len(picked) - 1:  # full, or the last tensor
-            buckets.append(
-                new(
-                    Bucket,
-                    (
-                        len(buckets),
-                        tuple(names),
-                        numel,
-                        size,
-                        t.segment,
-                        frac[t.name],
-                        bool(expert),
-                    ),
-                )
-            )
-            names, numel, size = [], 0, 0.0
-            limit = bucket_mb * MiB
+    start = 0
+    for i, (stop, numel, size) in enumerate(cuts):
+        last = picked[stop - 1]
+        names = tuple([t.name for t in picked[start:stop]])
+        buckets.append(
+            new(Bucket, (i, names, numel, size, last.segment, frac[last.name], bool(expert)))
+        )
+        start = stop
     return buckets

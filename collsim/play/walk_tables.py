@@ -201,6 +201,8 @@ class SharedWalk:
     """:meth:`Walker.bucket_calls` by (rank, bucket elements, expert)."""
     call_prices: dict[tuple[int, str, float, str], Priced] = field(default_factory=dict)
     """:meth:`Walker.dp_calls`' prices by (rank, op, size, axis)."""
+    gather_prices: dict[tuple[int, float, bool], tuple[Priced, ...]] = field(default_factory=dict)
+    """:meth:`Walker.gather_prices` of a bucket by (rank, bucket elements, expert)."""
     flushes: dict[tuple[Any, ...], tuple[list[Any], list[TallyAdds]]] = field(default_factory=dict)
     """:meth:`Walker.flush_tp`'s tallies by the walk's runs ((run key, count) each, in
     order): the runs' segment lists (kept: their identities stay their own) and the adds."""

@@ -35,7 +35,7 @@ from collsim.play.walk_tables import (
 from collsim.play.walk_zero3 import run_segments
 from collsim.step.dataparallel import GRAD_NORM_BYTES, DPCall
 from collsim.step.memory import MemoryEvent, MemoryLedger, MemoryPattern
-from collsim.step.ops import ChunkModel, Segment, Step
+from collsim.step.ops import ChunkModel, Segment, StageModel, Step
 from collsim.step.pricing import ClosedPricer, SegmentPrices
 from collsim.step.result import TraceEvent
 from collsim.step.shapes import ShapeCache
@@ -385,20 +385,41 @@ class Walker:
             )
         return calls
 
+    def gather_prices(self, rank: int, stage: StageModel) -> list[Priced]:
+        """ZeRO-1/2: the gathers of the updated parameters after the optimizer
+        (:meth:`~collsim.step.dataparallel.DataParallelRules.gathers_after_optimizer`) as
+        priced calls, each bucket's priced once in the shared tables by what its gathers read
+        of it."""
+        rules = self.rules
+        if not rules.gathers_after_step:
+            return []
+        memo = self.shared.gather_prices
+        out: list[Priced] = []
+        for chunk in stage.chunks:
+            for bucket in chunk.buckets:
+                shape = (rank, bucket.numel, bucket.expert)
+                priced = memo.get(shape)
+                if priced is None:
+                    priced = memo[shape] = tuple(
+                        self.dp_price(rank, c) for c in rules.bucket_gathers(bucket)
+                    )
+                out += priced
+        return out
+
+    def dp_price(self, rank: int, call: DPCall) -> Priced:
+        """One call on the rank's dp stream priced once in the shared tables (:meth:`dp_calls`)."""
+        memo = self.shared.call_prices
+        shape = (rank, call.op, call.size_bytes, call.axis)
+        hit = memo.get(shape)
+        if hit is None:
+            hit = memo[shape] = self.priced_calls(rank, [call], 0.0)[0]
+        return hit
+
     def dp_calls(self, prog: RankState, calls: list[DPCall], ready: float) -> float:
         """Calls one after another on the rank's dp stream (each on its axis's group), ready
         and issued at ``ready``: returns when the last one's event fires (``ready`` when there
         is none). Each distinct call is priced once per walk (:meth:`run_priced` runs them)."""
-        memo = self.shared.call_prices
-        rank = prog.rank
-        priced = []
-        for c in calls:
-            shape = (rank, c.op, c.size_bytes, c.axis)
-            hit = memo.get(shape)
-            if hit is None:
-                hit = memo[shape] = self.priced_calls(rank, [c], 0.0)[0]
-            priced.append(hit)
-        return self.run_priced(prog, priced, ready)
+        return self.run_priced(prog, [self.dp_price(prog.rank, c) for c in calls], ready)
 
     def priced_calls(
         self, rank: int, calls: list[DPCall], extra_s: float
@@ -425,13 +446,14 @@ class Walker:
         issued = ready if issued is None else issued
         fired = ready
         dp_free, dp_last = prog.dp_free, prog.dp_last_end
-        tally_of = self.stats.tally
+        stats = self.stats
+        known = stats.get
         for t, busbw, key in calls:
             dp_free = (ready if ready >= dp_free else dp_free) + t  # max(ready, dp_free) + t
             fired = issued + (dp_free - issued)  # fires(issued, dp_free)
             if fired > dp_last:
                 dp_last = fired
-            tally = tally_of(key)
+            tally = known(key) or stats.tally(key)
             tally.count += 1
             tally.time_s += t
             tally.busbw_bps = busbw
@@ -528,10 +550,10 @@ class Walker:
             opt = self.schedule.optimizer_s[prog.coords.pp]
             prog.now += opt
             prog.breakdown_s["optimizer"] += opt
-            calls = self.rules.gathers_after_optimizer(stage)
+            calls = self.gather_prices(prog.rank, stage)
             if calls:
                 t0 = prog.now
-                end = self.dp_calls(prog, calls, prog.now)
+                end = self.run_priced(prog, calls, prog.now)
                 prog.breakdown_s["dp_exposed"] += end - t0
                 prog.now = end
             prog.end_s = prog.now

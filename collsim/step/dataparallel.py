@@ -314,20 +314,32 @@ class DataParallelRules:
             )
         return found
 
+    @property
+    def gathers_after_step(self) -> bool:
+        """ZeRO-1/2 gather the updated parameters after the optimizer."""
+        return self.zero in (1, 2)
+
     def gathers_after_optimizer(self, stage: StageModel) -> list[DPCall]:
-        """ZeRO-1/2: the all-gathers of the updated parameters, bucket by bucket."""
-        if self.zero not in (1, 2):
+        """ZeRO-1/2: the all-gathers of the updated parameters, bucket by bucket
+        (:meth:`bucket_gathers`)."""
+        if not self.gathers_after_step:
             return []
-        known = self._bucket_gathers
         out: list[DPCall] = []
         for chunk in stage.chunks:
             for bucket in chunk.buckets:
-                key = (bucket.numel, bucket.expert)
-                calls = known.get(key)
-                if calls is None:
-                    calls = known[key] = self.gather_calls(bucket.numel, expert=bucket.expert)
-                out += calls
+                out += self.bucket_gathers(bucket)
         return out
+
+    def bucket_gathers(self, bucket: Bucket) -> list[DPCall]:
+        """The gathers of one bucket's updated parameters after the optimizer, once per
+        bucket shape (the list is shared, callers only read it)."""
+        key = (bucket.numel, bucket.expert)
+        calls = self._bucket_gathers.get(key)
+        if calls is None:
+            calls = self._bucket_gathers[key] = self.gather_calls(
+                bucket.numel, expert=bucket.expert
+            )
+        return calls
 
     # ---- FSDP units (ZeRO 3) -----------------------------------------------------------------
     @staticmethod

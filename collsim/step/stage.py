@@ -11,9 +11,9 @@ from collections.abc import Callable
 from dataclasses import fields
 from functools import partial
 from operator import attrgetter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
-from collsim.parallel.buckets import Bucket, build_buckets, grad_ready_fraction
+from collsim.parallel.buckets import Bucket, bucket_cuts, build_buckets, grad_ready_fraction
 from collsim.parallel.fsdp import FSDPUnit, build_units
 from collsim.parallel.params import ParamTensor, chunk_tensors
 from collsim.parallel.plan import Plan
@@ -232,25 +232,25 @@ def _chunk_params(
         tensors = tensors_of()
         return tensors, _buckets(plan, tensors, grad_bytes), build_units(tensors)
     # keyed by the spec's identity (hashing a spec costs more than the lookup saves); the
-    # entry holds the spec, so a key is never reused by another spec while it lives; the
-    # gradients' ready points are kept with the tensors (every bucket size packs them)
+    # entry holds the spec, so a key is never reused by another spec while it lives; what
+    # every bucket size packs of the gradients is kept with the tensors
     shape = (id(spec), layers.start, layers.stop, plan.tp, first, last, pp, plan.ep, plan.etp)
-    held, tensors, units, ready = cache.get(
+    held, tensors, units, grads = cache.get(
         "chunk",
         shape,
-        lambda: (spec, t := tensors_of(), build_units(t), grad_ready_fraction(t)),
+        lambda: (spec, t := tensors_of(), build_units(t), _grads_of(t)),
     )
     if held is not spec:  # pragma: no cover - another spec at a reused address
         tensors = tensors_of()
         units = build_units(tensors)
-        ready = grad_ready_fraction(tensors)
+        grads = _grads_of(tensors)
     ddp = plan.parallel.ddp
     key = (shape, ddp.bucket_mb, ddp.first_bucket_mb, grad_bytes)
     held_b, buckets = cache.get(
-        "buckets", key, lambda: (spec, _buckets(plan, tensors, grad_bytes, ready))
+        "buckets", key, lambda: (spec, _buckets(plan, tensors, grad_bytes, grads, cache))
     )
     if held_b is not spec:  # pragma: no cover - as above
-        buckets = _buckets(plan, tensors, grad_bytes, ready)
+        buckets = _buckets(plan, tensors, grad_bytes, grads, cache)
     return tensors, buckets, units
 
 
@@ -296,26 +296,58 @@ def _split_backward(seg: Segment, block: BlockTimes) -> tuple[Segment, Segment]:
     )
 
 
+class _ChunkGrads(NamedTuple):
+    """What every bucket size packs of a chunk's gradients (:func:`_grads_of`)."""
+
+    ready: dict[str, float]
+    """:func:`~collsim.parallel.buckets.grad_ready_fraction` of the tensors."""
+    forms: tuple[tuple[bool | None, tuple[float, ...]], ...]
+    """Per kind of bucket (dense and expert apart, or all as one): the kind and the elements
+    of the tensors it packs, in launch order (what :func:`bucket_cuts` reads)."""
+
+
+def _grads_of(tensors: list[ParamTensor]) -> _ChunkGrads:
+    """A chunk's :class:`_ChunkGrads`: the dense and the expert gradients bucket apart."""
+    kinds: tuple[bool | None, ...] = (False, True) if any(t.expert for t in tensors) else (None,)
+    forms = tuple(
+        (kind, tuple([t.numel for t in reversed(tensors) if kind is None or t.expert == kind]))
+        for kind in kinds
+    )
+    return _ChunkGrads(grad_ready_fraction(tensors), forms)
+
+
 def _buckets(
     plan: Plan,
     tensors: list[ParamTensor],
     grad_bytes: int,
-    ready: dict[str, float] | None = None,
+    grads: _ChunkGrads | None = None,
+    cache: ShapeCache | None = None,
 ) -> list[Bucket]:
-    """A chunk's DDP buckets: the dense and the expert gradients bucket apart (``ready``: the
-    tensors' ``grad_ready_fraction``, computed here when not given)."""
-    ready = grad_ready_fraction(tensors) if ready is None else ready
+    """A chunk's DDP buckets (``grads``: its :func:`_grads_of`, worked out here when not
+    given); a ``cache`` keeps the cuts by the packed tensors' elements and the bucket knobs,
+    so the chunks of one form (a model's repeated layers) are cut once."""
+    grads = _grads_of(tensors) if grads is None else grads
     ddp = plan.parallel.ddp
-    kinds: tuple[bool | None, ...] = (False, True) if any(t.expert for t in tensors) else (None,)
-    return [
-        b
-        for kind in kinds
-        for b in build_buckets(
+    out: list[Bucket] = []
+    mb, first_mb = ddp.bucket_mb, ddp.first_bucket_mb
+    for kind, numels in grads.forms:
+
+        def cut(numels: tuple[float, ...] = numels) -> tuple[tuple[int, float, float], ...]:
+            return bucket_cuts(
+                numels, bucket_mb=mb, first_bucket_mb=first_mb, grad_bytes=grad_bytes
+            )
+
+        if cache is None:
+            cuts = cut()
+        else:
+            cuts = cache.get("bucket cuts", (numels, mb, first_mb, grad_bytes), cut)
+        out += build_buckets(
             tensors,
-            bucket_mb=ddp.bucket_mb,
-            first_bucket_mb=ddp.first_bucket_mb,
+            bucket_mb=mb,
+            first_bucket_mb=first_mb,
             grad_bytes=grad_bytes,
             expert=kind,
-            ready=ready,
+            ready=grads.ready,
+            cuts=cuts,
         )
-    ]
+    return out

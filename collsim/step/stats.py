@@ -39,6 +39,9 @@ class CallStats:
 
     def __init__(self) -> None:
         self._tallies: dict[CallKey, CallTally] = {}
+        self.get = self._tallies.get
+        """The tally of a key, None if none yet (for a caller that adds to many: one lookup
+        where :meth:`tally` would cost a call too)."""
 
     def add(
         self,
