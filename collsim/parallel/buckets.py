@@ -22,7 +22,16 @@ from typing import NamedTuple
 from collsim.core.units import MiB
 from collsim.parallel.params import ParamTensor
 
-__all__ = ["Bucket", "backward_segments", "bucket_cuts", "build_buckets", "grad_ready_fraction"]
+__all__ = [
+    "Bucket",
+    "PackedTensors",
+    "backward_segments",
+    "bucket_cuts",
+    "build_buckets",
+    "cut_buckets",
+    "grad_ready_fraction",
+    "packed_tensors",
+]
 
 
 class Bucket(NamedTuple):
@@ -95,6 +104,56 @@ def bucket_cuts(
     return tuple(cuts)
 
 
+class PackedTensors(NamedTuple):
+    """The tensors one kind of bucket packs, in launch order (reversed registration order),
+    as columns (:func:`packed_tensors`)."""
+
+    numels: tuple[float, ...]
+    names: tuple[str, ...]
+    segments: tuple[str | int, ...]
+    """The backward segment that makes each gradient."""
+    ready: tuple[float, ...]
+    """How far into its segment's gradient production each gradient exists
+    (:func:`grad_ready_fraction`)."""
+
+
+def packed_tensors(
+    tensors: Sequence[ParamTensor],
+    *,
+    expert: bool | None = None,
+    ready: Mapping[str, float] | None = None,
+) -> PackedTensors:
+    """The tensors of one rank's chunk (registration order) that buckets of one kind pack
+    (``expert``: as :func:`build_buckets`; ``ready``: ``grad_ready_fraction(tensors)``,
+    where the caller has it already)."""
+    frac = grad_ready_fraction(tensors) if ready is None else ready
+    picked = [t for t in reversed(tensors) if expert is None or t.expert == expert]
+    return PackedTensors(
+        numels=tuple([t.numel for t in picked]),
+        names=tuple([t.name for t in picked]),
+        segments=tuple([t.segment for t in picked]),
+        ready=tuple([frac[t.name] for t in picked]),
+    )
+
+
+def cut_buckets(
+    packed: PackedTensors, cuts: Sequence[tuple[int, float, float]], *, expert: bool | None
+) -> list[Bucket]:
+    """The buckets ``cuts`` (:func:`bucket_cuts` of ``packed.numels``) make of ``packed``,
+    in launch order; each is ready when its last tensor's gradient exists."""
+    new = tuple.__new__  # the named tuple made without its keyword layer
+    kind = bool(expert)
+    names, segments, ready = packed.names, packed.segments, packed.ready
+    buckets: list[Bucket] = []
+    start = 0
+    for i, (stop, numel, size) in enumerate(cuts):
+        last = stop - 1
+        bucket = (i, names[start:stop], numel, size, segments[last], ready[last], kind)
+        buckets.append(new(Bucket, bucket))
+        start = stop
+    return buckets
+
+
 def build_buckets(
     tensors: Sequence[ParamTensor],
     *,
@@ -103,9 +162,9 @@ def build_buckets(
     grad_bytes: int = 2,
     expert: bool | None = None,
     ready: Mapping[str, float] | None = None,
-    cuts: Sequence[tuple[int, float, float]] | None = None,
 ) -> list[Bucket]:
-    """Pack the gradients of ``tensors`` (registration order) into DDP buckets.
+    """Pack the gradients of ``tensors`` (registration order) into DDP buckets
+    (:func:`packed_tensors`, :func:`bucket_cuts`, :func:`cut_buckets`).
 
     Args:
         tensors: parameter tensors of one rank (one model chunk), in registration order.
@@ -116,7 +175,6 @@ def build_buckets(
             Megatron-Core keeps separate gradient buffers for each; ready points are still
             those of the whole segment. None packs all.
         ready: ``grad_ready_fraction(tensors)``, where the caller has it already.
-        cuts: :func:`bucket_cuts` of the packed tensors' elements, where the caller has them.
 
     Returns:
         Buckets in launch order.
@@ -127,23 +185,8 @@ def build_buckets(
         >>> [b.tensors for b in build_buckets(ts, bucket_mb=2)]
         [('w3',), ('w2', 'w1'), ('w0',)]
     """
-    frac = grad_ready_fraction(tensors) if ready is None else ready
-    picked = [t for t in reversed(tensors) if expert is None or t.expert == expert]
-    if cuts is None:
-        cuts = bucket_cuts(
-            [t.numel for t in picked],
-            bucket_mb=bucket_mb,
-            first_bucket_mb=first_bucket_mb,
-            grad_bytes=grad_bytes,
-        )
-    new = tuple.__new__  # the named tuple made without its keyword layer
-    buckets: list[Bucket] = []
-    start = 0
-    for i, (stop, numel, size) in enumerate(cuts):
-        last = picked[stop - 1]
-        names = tuple([t.name for t in picked[start:stop]])
-        buckets.append(
-            new(Bucket, (i, names, numel, size, last.segment, frac[last.name], bool(expert)))
-        )
-        start = stop
-    return buckets
+    packed = packed_tensors(tensors, expert=expert, ready=ready)
+    cuts = bucket_cuts(
+        packed.numels, bucket_mb=bucket_mb, first_bucket_mb=first_bucket_mb, grad_bytes=grad_bytes
+    )
+    return cut_buckets(packed, cuts, expert=expert)

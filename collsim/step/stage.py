@@ -11,9 +11,16 @@ from collections.abc import Callable
 from dataclasses import fields
 from functools import partial
 from operator import attrgetter
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
-from collsim.parallel.buckets import Bucket, bucket_cuts, build_buckets, grad_ready_fraction
+from collsim.parallel.buckets import (
+    Bucket,
+    PackedTensors,
+    bucket_cuts,
+    cut_buckets,
+    grad_ready_fraction,
+    packed_tensors,
+)
 from collsim.parallel.fsdp import FSDPUnit, build_units
 from collsim.parallel.params import ParamTensor, chunk_tensors
 from collsim.parallel.plan import Plan
@@ -296,31 +303,20 @@ def _split_backward(seg: Segment, block: BlockTimes) -> tuple[Segment, Segment]:
     )
 
 
-class _ChunkGrads(NamedTuple):
-    """What every bucket size packs of a chunk's gradients (:func:`_grads_of`)."""
-
-    ready: dict[str, float]
-    """:func:`~collsim.parallel.buckets.grad_ready_fraction` of the tensors."""
-    forms: tuple[tuple[bool | None, tuple[float, ...]], ...]
-    """Per kind of bucket (dense and expert apart, or all as one): the kind and the elements
-    of the tensors it packs, in launch order (what :func:`bucket_cuts` reads)."""
-
-
-def _grads_of(tensors: list[ParamTensor]) -> _ChunkGrads:
-    """A chunk's :class:`_ChunkGrads`: the dense and the expert gradients bucket apart."""
+def _grads_of(tensors: list[ParamTensor]) -> tuple[tuple[bool | None, PackedTensors], ...]:
+    """What every bucket size packs of a chunk's gradients: per kind of bucket (the dense and
+    the expert gradients bucket apart, or all as one), the kind and the tensors it packs
+    (:func:`~collsim.parallel.buckets.packed_tensors`)."""
     kinds: tuple[bool | None, ...] = (False, True) if any(t.expert for t in tensors) else (None,)
-    forms = tuple(
-        (kind, tuple([t.numel for t in reversed(tensors) if kind is None or t.expert == kind]))
-        for kind in kinds
-    )
-    return _ChunkGrads(grad_ready_fraction(tensors), forms)
+    ready = grad_ready_fraction(tensors)
+    return tuple((kind, packed_tensors(tensors, expert=kind, ready=ready)) for kind in kinds)
 
 
 def _buckets(
     plan: Plan,
     tensors: list[ParamTensor],
     grad_bytes: int,
-    grads: _ChunkGrads | None = None,
+    grads: tuple[tuple[bool | None, PackedTensors], ...] | None = None,
     cache: ShapeCache | None = None,
 ) -> list[Bucket]:
     """A chunk's DDP buckets (``grads``: its :func:`_grads_of`, worked out here when not
@@ -328,9 +324,10 @@ def _buckets(
     so the chunks of one form (a model's repeated layers) are cut once."""
     grads = _grads_of(tensors) if grads is None else grads
     ddp = plan.parallel.ddp
-    out: list[Bucket] = []
     mb, first_mb = ddp.bucket_mb, ddp.first_bucket_mb
-    for kind, numels in grads.forms:
+    out: list[Bucket] = []
+    for kind, packed in grads:
+        numels = packed.numels
 
         def cut(numels: tuple[float, ...] = numels) -> tuple[tuple[int, float, float], ...]:
             return bucket_cuts(
@@ -341,13 +338,5 @@ def _buckets(
             cuts = cut()
         else:
             cuts = cache.get("bucket cuts", (numels, mb, first_mb, grad_bytes), cut)
-        out += build_buckets(
-            tensors,
-            bucket_mb=mb,
-            first_bucket_mb=first_mb,
-            grad_bytes=grad_bytes,
-            expert=kind,
-            ready=grads.ready,
-            cuts=cuts,
-        )
+        out += cut_buckets(packed, cuts, expert=kind)
     return out
