@@ -102,6 +102,8 @@ class SegStep:
     grad: tuple[float, str, tuple[Any, ...]] | None
     """Backward: (gradient bytes, label, priced reductions)."""
     reshard_bytes: float
+    run_key: tuple[int, int]
+    """The segment's key in the walk's TP runs (:meth:`Walker.flush_tp`)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -85,6 +85,7 @@ def seg_plan(
                 ),
                 grad=grad,
                 reshard_bytes=rules.gather_bytes(chunk, ukey),
+                run_key=(rank, id(seg)),
             )
         )
     w.seg_plans[key] = out
@@ -102,8 +103,9 @@ def run_segments(w: Walker, prog: RankState, op: PipeOp, chunk: ChunkModel, pair
     gathered, breakdown = prog.gathered, prog.breakdown_s
     events = prog.ledger.appenders()[0]
     new = tuple.__new__  # MemoryEvent without its keyword-argument layer
-    runs, rank, mb, c = w.runs, prog.rank, op.microbatch, op.chunk
-    now = prog.now  # written back at the end (nothing reads it before)
+    runs, mb, c = w.runs, op.microbatch, op.chunk
+    # written back at the end (nothing else reads or adds to them before)
+    now, compute, framework = prog.now, breakdown["compute"], breakdown["framework"]
     for sp in seg_plan(w, prog, chunk, op.phase, paired):
         seg = sp.seg
         for unit, size, label, calls in sp.issues:
@@ -123,15 +125,15 @@ def run_segments(w: Walker, prog: RankState, op: PipeOp, chunk: ChunkModel, pair
         if not forward and seg.transient_bytes:
             size = float(seg.transient_bytes)
             events.append(new(MemoryEvent, (now, "activations", size, ("recompute", key, mb, c))))
-        slot = runs.get((rank, id(seg)))  # a run of its TP collectives (flush_tp)
+        slot = runs.get(sp.run_key)  # a run of its TP collectives (flush_tp)
         if slot is None:
-            runs[(rank, id(seg))] = [[seg], 1]
+            runs[sp.run_key] = [[seg], 1]
         else:
             slot[1] += 1
         now += sp.duration
-        breakdown["compute"] += sp.compute_s
-        breakdown["framework"] += seg.framework_s
-        for k, v in sp.comm_items:
+        compute += sp.compute_s
+        framework += seg.framework_s
+        for k, v in sp.comm_items:  # (no comm key is "compute" or "framework")
             breakdown[k] += v
         if seg.buffer_bytes:
             size, free = -float(seg.buffer_bytes), (BUFFER_FREE_KIND, key, mb, c)
@@ -157,4 +159,4 @@ def run_segments(w: Walker, prog: RankState, op: PipeOp, chunk: ChunkModel, pair
         if sp.reshard_bytes:
             size = -float(sp.reshard_bytes)
             events.append(new(MemoryEvent, (now, "parameters", size, "reshard")))
-    prog.now = now
+    prog.now, breakdown["compute"], breakdown["framework"] = now, compute, framework
