@@ -232,3 +232,46 @@ def test_an_estimator_builds_a_plans_ddp_variants_from_it() -> None:
             walk_module.build_schedule = original  # type: ignore[assignment]
     assert estimates == fresh
     assert len(built) == 1 and est.shapes.sizes()["shared walks"] == 1
+
+
+MOE = get_preset("qwen3-30b-a3b", num_layers=4, seq_len=1024)
+
+
+@pytest.mark.parametrize(
+    ("schedule", "pp", "zero", "dtype", "ep_overlap"),
+    [
+        ("1f1b", 1, 1, "fp8", True),
+        ("zb_h1", 2, 2, "bf16", False),
+        ("dualpipev", 2, 0, "fp8", True),
+        ("interleaved", 2, 2, "bf16", True),
+    ],
+)
+def test_moe_ddp_variants_estimate_as_fresh_walks(
+    schedule: str, pp: int, zero: int, dtype: str, ep_overlap: bool
+) -> None:
+    # expert and dense buckets, FP8 copies, paired (EP overlap) and split-backward segments:
+    # each DDP variant built from the plan before it estimates as a fresh walk, every field
+    topology = load_topology("dgx_h100", nodes=2)
+    v = 2 if schedule == "interleaved" else 1
+    training = TrainingConfig(global_batch=32, micro_batch=1, dtype=dtype)
+    plans = [
+        ParallelConfig(
+            tp=1,
+            pp=pp,
+            dp=16 // pp,
+            ep=8 // pp,
+            schedule=schedule,
+            virtual_stages=v,
+            zero=zero,
+            ep_overlap=ep_overlap,
+            ddp=DDPConfig(bucket_mb=bucket_mb, overlap=overlap),
+        )
+        for bucket_mb, overlap in [(25.0, True), (1.0, True), (5.0, False), (400.0, True)]
+    ]
+    est = Estimator(topology, MOE)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CollsimWarning)
+        fresh = [_facts(estimate_step(topology, MOE, training, p)) for p in plans]
+        estimates = [_facts(est.estimate(training, p)) for p in plans]
+    assert estimates == fresh
+    assert est.shapes.sizes()["shared walks"] == 1  # one program, three variants of it
