@@ -8,7 +8,9 @@ Three plan families, each estimated as a search estimates them (one
 - ``moe``: the Qwen3-30B-A3B plan (``scenarios/published/moe_qwen3_30b_a3b_h100_16_fp8.yaml``)
   and a sample of the buildable plans of its ``--ep 1,2,4,8`` space;
 - ``cp``: the Llama 3 70B context-parallel plan (``scenarios/published/cp_llama3_70b_h100_64.yaml``)
-  and a sample of the buildable plans of its ``--cp 2,4`` space.
+  and a sample of the buildable plans of its ``--cp 2,4`` space;
+- ``moe-search``, ``cp-search`` (with ``--families``): the plans the searches of those two
+  scenarios (``--ep 1,2,4,8``, ``--cp 1,2,4``) estimate.
 
 Each family is estimated once in order (``first``: what a search pays, each plan's shapes
 priced by the plans before it), then ``--repeats`` more times (``warm``: the per-plan median of
@@ -54,8 +56,11 @@ from collsim.study.search import SearchSpace, enumerate_plans, search_plans  # n
 Configs = tuple[Any, Any]
 
 
-def search_estimated(path: Path) -> tuple[Any, Any, list[Configs]]:
-    """(topology, spec, the (training, parallel) of each plan the search estimates)."""
+def search_estimated(
+    path: Path, space: SearchSpace | None = None
+) -> tuple[Any, Any, list[Configs]]:
+    """(topology, spec, the (training, parallel) of each plan the search of ``space`` (the
+    scenario's own by default) estimates)."""
     sc = load_scenario(path)
     topology = sc.cluster.load()
     seen: list[Configs] = []
@@ -67,7 +72,7 @@ def search_estimated(path: Path) -> tuple[Any, Any, list[Configs]]:
 
     Estimator.estimate = recording  # type: ignore[method-assign]
     try:
-        search_plans(topology, sc.model, sc.training, sc.parallel, top_k=0, jobs=1)
+        search_plans(topology, sc.model, sc.training, sc.parallel, space=space, top_k=0, jobs=1)
     finally:
         Estimator.estimate = original  # type: ignore[method-assign]
     return topology, sc.model, seen
@@ -102,6 +107,17 @@ def sampled(path: Path, space: SearchSpace, n: int) -> tuple[Any, Any, list[Conf
         configs.append((training, parallel))
     return topology, sc.model, configs
 
+
+SEARCHED = [
+    (
+        "moe-search",
+        "scenarios/published/moe_qwen3_30b_a3b_h100_16_fp8.yaml",
+        SearchSpace(eps=(1, 2, 4, 8)),
+    ),
+    ("cp-search", "scenarios/published/cp_llama3_70b_h100_64.yaml", SearchSpace(cps=(1, 2, 4))),
+]
+"""The families ``--families moe-search,cp-search`` add: the plans the MoE search over ep 1, 2,
+4, 8 and the CP search over cp 1, 2, 4 estimate (their searches run first, in this process)."""
 
 PHASES: dict[str, list[float]] = {}
 """With ``--phases``: CPU seconds of the walk's parts, per plan of the family being timed."""
@@ -227,6 +243,10 @@ def main() -> int:
         path = REPO / "scenarios/published/cp_llama3_70b_h100_64.yaml"
         space = SearchSpace(cps=(2, 4))
         family("cp", *sampled(path, space, args.sample), args.repeats, args.profile)
+    for name, scenario, space in SEARCHED:
+        if name in wanted:
+            path = REPO / scenario
+            family(name, *search_estimated(path, space), args.repeats, args.profile)
     return 0
 
 
