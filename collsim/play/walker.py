@@ -407,12 +407,16 @@ class Walker:
         return out
 
     def dp_price(self, rank: int, call: DPCall) -> Priced:
-        """One call on the rank's dp stream priced once in the shared tables (:meth:`dp_calls`)."""
+        """One call on the rank's dp stream, on its axis's group: (seconds, busbw, tally key),
+        priced once in the shared tables by what it reads."""
         memo = self.shared.call_prices
         shape = (rank, call.op, call.size_bytes, call.axis)
         hit = memo.get(shape)
         if hit is None:
-            hit = memo[shape] = self.priced_calls(rank, [call], 0.0)[0]
+            group = self.group(rank, call.axis)
+            cost = self.pricer.cost(call.op, call.size_bytes, group)
+            key = CallKey(rank, DP, call.op, call.size_bytes, len(group), cost.algorithm)
+            hit = memo[shape] = (0.0 + cost.time_s, cost.busbw_bps, key)
         return hit
 
     def dp_calls(self, prog: RankState, calls: list[DPCall], ready: float) -> float:
@@ -424,14 +428,12 @@ class Walker:
     def priced_calls(
         self, rank: int, calls: list[DPCall], extra_s: float
     ) -> tuple[tuple[float, float, CallKey], ...]:
-        """:meth:`dp_calls`' prices of ``calls``: (seconds, busbw, tally key) each, the offload
-        copy ``extra_s`` in the first."""
-        out = []
-        for i, c in enumerate(calls):
-            group = self.group(rank, c.axis)
-            cost = self.pricer.cost(c.op, c.size_bytes, group)
-            key = CallKey(rank, DP, c.op, c.size_bytes, len(group), cost.algorithm)
-            out.append(((extra_s if i == 0 else 0.0) + cost.time_s, cost.busbw_bps, key))
+        """:meth:`dp_calls`' prices of ``calls`` (:meth:`dp_price`), the offload copy
+        ``extra_s`` added to the first."""
+        out = [self.dp_price(rank, c) for c in calls]
+        if extra_s and out:
+            t, busbw, key = out[0]
+            out[0] = (extra_s + t, busbw, key)
         return tuple(out)
 
     def run_priced(
