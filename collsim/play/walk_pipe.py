@@ -12,7 +12,7 @@ in the same order and with the same floats as when both parts ran together.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -92,7 +92,7 @@ class Walker(Protocol):
     ) -> float: ...
 
     def run_reductions(
-        self, prog: RankState, reductions: list[Reduction], t0: float
+        self, prog: RankState, reductions: Sequence[Reduction], t0: float
     ) -> list[MemoryEvent]: ...
 
 

@@ -175,7 +175,8 @@ class OpBody:
     """In a gradient phase, per segment: (its key, its start in the op, seconds before its
     gradients start, seconds they take), where its buckets become ready."""
     plain: OpPlan
-    """The op's block without buckets (read only: the walks that share it keep it)."""
+    """The op's block without buckets (read only: the walks that share it keep it; its
+    ``comm`` dict is never changed)."""
 
 
 Priced = tuple[float, float, CallKey]
@@ -190,19 +191,19 @@ seconds added one after another, their sum from zero, the last busbw)."""
 class SharedWalk:
     """What the walks of programs that share their segments (a program and the DDP variants
     built from it, :func:`collsim.step.build.ddp_variant`) work out once: the same segments
-    priced on the same plan layout by a search's one pricer (:meth:`Walker.shared`)."""
+    priced on the same plan layout by a search's one pricer (:meth:`Walker.shared_walk`)."""
 
     bodies: dict[tuple[int, int, Phase, bool], OpBody] = field(default_factory=dict)
     """:meth:`Walker.op_body` by (rank, chunk, phase, paired)."""
     tp_calls: dict[tuple[int, int], tuple[list[Any], list[tuple[CallKey, float, float]]]] = field(
         default_factory=dict
     )
-    """:meth:`Walker.flush_tp`'s priced calls of a step list by (rank, its identity): the
+    """:meth:`Walker.tp_adds`' priced calls of a step list by (rank, its identity): the
     list (kept: its identity stays its own) and (tally key, seconds, busbw) per call."""
     bucket_calls: dict[tuple[int, float, bool], tuple[Priced, ...]] = field(default_factory=dict)
     """:meth:`Walker.bucket_calls` by (rank, bucket elements, expert)."""
     call_prices: dict[tuple[int, str, float, str], Priced] = field(default_factory=dict)
-    """:meth:`Walker.dp_calls`' prices by (rank, op, size, axis)."""
+    """:meth:`Walker.dp_price` by (rank, op, size, axis)."""
     gather_prices: dict[tuple[int, float, bool], tuple[Priced, ...]] = field(default_factory=dict)
     """:meth:`Walker.gather_prices` of a bucket by (rank, bucket elements, expert)."""
     flushes: dict[tuple[Any, ...], tuple[list[Any], list[TallyAdds]]] = field(default_factory=dict)
@@ -240,7 +241,7 @@ class OpPlan(NamedTuple):
     """``comm`` as pairs, in its order."""
     run_key: tuple[int, int]
     """The op's key in the walk's TP runs (:meth:`Walker.flush_tp`)."""
-    reductions: list[Reduction]
+    reductions: tuple[Reduction, ...]
     """Its buckets' reductions with calls, in the order they become ready (:meth:`Walker.
     op_plan`)."""
 

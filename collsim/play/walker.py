@@ -8,7 +8,7 @@ micro-batch. Derivations: docs/derivations.md.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from collsim.core.errors import SimulationError
@@ -50,7 +50,8 @@ TP, PP, DP = ParallelAxis.TP, ParallelAxis.PP, ParallelAxis.DP
 
 SHARED_KEPT = 4
 """Families of programs whose :class:`SharedWalk` a search's shape cache keeps (the most
-recent: :meth:`Walker.shared`; a search estimates a plan's DDP variants one after another)."""
+recent: :meth:`Walker.shared_walk`; a search estimates a plan's DDP variants one after
+another)."""
 
 
 class Walker:
@@ -86,7 +87,7 @@ class Walker:
         self._op_plans: dict[tuple[int, int, Phase, bool], OpPlan] = {}
         self.shared = SharedWalk() if shapes is None else self.shared_walk(shapes)
         """What this walk prices once; in a search, shared with the walks of the programs
-        that share this one's segments (:meth:`shared_walk`)."""
+        that share this one's segments and pricer (:meth:`shared_walk`)."""
         self.gather_pp = plan.tp > 1 and not plan.parallel.sequence_parallel
         self._links: dict[int, list[Link]] = {}
         self.runs: dict[tuple[int, int], list[Any]] = {}
@@ -97,13 +98,18 @@ class Walker:
 
     def shared_walk(self, shapes: ShapeCache) -> SharedWalk:
         """The :class:`SharedWalk` of the programs in ``shapes`` that share this one's
-        segments, by the identity of the first segment list, which the entry holds (so that
-        it stays its own)."""
+        segments and are priced by this walk's pricer (its tables hold that pricer's prices),
+        by the identities of the first segment list and of the pricer, which the entry holds
+        (so that they stay their own)."""
         first = self.schedule.stages[0].chunks[0].forward
-        held, shared = shapes.recent(
-            "shared walks", id(first), lambda: (first, SharedWalk()), SHARED_KEPT
+        pricer = self.pricer
+        held, held_pricer, shared = shapes.recent(
+            "shared walks",
+            (id(first), id(pricer)),
+            lambda: (first, pricer, SharedWalk()),
+            SHARED_KEPT,
         )
-        if held is not first:  # pragma: no cover - another list at a reused address
+        if held is not first or held_pricer is not pricer:  # pragma: no cover - reused ids
             return SharedWalk()
         out: SharedWalk = shared
         return out
@@ -334,7 +340,7 @@ class Walker:
                 if calls:  # (rel: where in the op it is ready)
                     rel = t + off + bucket.ready_fraction * gdur
                     reductions.append((rel, calls, float(bucket.size_bytes) if holds else 0.0))
-        plan = self._op_plans[key] = OpPlan(*body.plain[:-1], reductions)
+        plan = self._op_plans[key] = OpPlan(*body.plain[:-1], tuple(reductions))
         return plan
 
     def op_body(self, rank: int, segs: list[Segment], phase: Phase) -> OpBody:
@@ -370,7 +376,7 @@ class Walker:
             pattern=MemoryPattern("activations", mem),
             comm_items=tuple(comm.items()),
             run_key=(rank, id(segs[0]) if len(segs) == 1 else id(segs)),
-            reductions=[],
+            reductions=(),
         )
         return OpBody(segs, windows=tuple(windows), plain=plain)
 
@@ -419,17 +425,11 @@ class Walker:
             hit = memo[shape] = (0.0 + cost.time_s, cost.busbw_bps, key)
         return hit
 
-    def dp_calls(self, prog: RankState, calls: list[DPCall], ready: float) -> float:
-        """Calls one after another on the rank's dp stream (each on its axis's group), ready
-        and issued at ``ready``: returns when the last one's event fires (``ready`` when there
-        is none). Each distinct call is priced once per walk (:meth:`run_priced` runs them)."""
-        return self.run_priced(prog, [self.dp_price(prog.rank, c) for c in calls], ready)
-
     def priced_calls(
         self, rank: int, calls: list[DPCall], extra_s: float
     ) -> tuple[tuple[float, float, CallKey], ...]:
-        """:meth:`dp_calls`' prices of ``calls`` (:meth:`dp_price`), the offload copy
-        ``extra_s`` added to the first."""
+        """The prices of ``calls`` on the rank's dp stream (:meth:`dp_price`), the offload
+        copy ``extra_s`` added to the first."""
         out = [self.dp_price(rank, c) for c in calls]
         if extra_s and out:
             t, busbw, key = out[0]
@@ -443,13 +443,14 @@ class Walker:
         ready: float,
         issued: float | None = None,
     ) -> float:
-        """:meth:`dp_calls` of calls priced by :meth:`priced_calls`, ready at ``ready`` and
-        issued at ``issued`` (default ``ready``): when the last one's event fires."""
+        """Calls priced by :meth:`priced_calls` one after another on the rank's dp stream,
+        ready at ``ready`` and issued at ``issued`` (default ``ready``): when the last one's
+        event fires (``ready`` when there is none)."""
         issued = ready if issued is None else issued
         fired = ready
         dp_free, dp_last = prog.dp_free, prog.dp_last_end
         stats = self.stats
-        known = stats.get
+        known = stats.tallies.get
         for t, busbw, key in calls:
             dp_free = (ready if ready >= dp_free else dp_free) + t  # max(ready, dp_free) + t
             fired = issued + (dp_free - issued)  # fires(issued, dp_free)
@@ -463,7 +464,12 @@ class Walker:
         return fired
 
     def run_reductions(
-        self, prog: RankState, reductions: list[Reduction], t0: float, *, deferred: bool = False
+        self,
+        prog: RankState,
+        reductions: Sequence[Reduction],
+        t0: float,
+        *,
+        deferred: bool = False,
     ) -> list[MemoryEvent]:
         """Bucket reductions (:meth:`op_plan`) one after another on the rank's dp stream,
         issued at ``t0`` and each ready at ``t0`` plus its offset in its op (``deferred``: at

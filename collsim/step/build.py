@@ -312,9 +312,10 @@ def ddp_variant(
 ) -> StepSchedule:
     """The program :func:`build_schedule` makes for ``parallel``, a plan that differs from
     ``schedule``'s only in its DDP knobs (``parallel.ddp``: bucket sizes, overlap), built from
-    ``schedule`` (one without op-time overrides): the same stages with each chunk's DDP
-    buckets made anew (:func:`~collsim.step.stage.rebucket_stage`), the data-parallel rules
-    and whether the DP calls interfere with compute made for the new plan; everything else
+    ``schedule`` (with or without op-time overrides, as it was built): the same stages with
+    each chunk's DDP buckets made anew (:func:`~collsim.step.stage.rebucket_stage`), the
+    data-parallel rules and whether the DP calls interfere with compute made for the new
+    plan; everything else
     (segments, pipeline orders, optimizer and framework seconds) depends on no DDP knob and is
     shared. A search's plans come in such runs (the DDP knobs are its innermost axes).
 
@@ -336,7 +337,7 @@ def ddp_variant(
         plan=plan,
         stages=stages,
         dp=_rules(plan, per),
-        interference=_dp_interferes(plan),
+        interference=schedule.step_interference and _dp_interferes(plan),
     )
 
 

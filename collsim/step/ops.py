@@ -186,7 +186,11 @@ class StageModel:
         plans of one chunk shape, never changed in place)."""
         lists = [c.tensors for c in self.chunks]
         known = self.split_of
-        if known is not None and all(a is b for a, b in zip(known[0], lists, strict=True)):
+        if (
+            known is not None
+            and len(known[0]) == len(lists)
+            and all(a is b for a, b in zip(known[0], lists, strict=True))
+        ):
             return known[1], known[2]
         dense = expert = 0.0
         for tensors in lists:

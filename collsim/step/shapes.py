@@ -1,9 +1,13 @@
 """What building a step program derives from a plan's shape alone, kept across the plans of a
 search: the compute model with its per-layer prices, each stage's pipeline order, each chunk's
-tensors, DDP buckets and FSDP units, and the closed-form walk's pipeline traces (the most
-recent few). Plans of one search share them wherever their shapes agree
-(a tp, micro-batch and recompute choice repeats across hundreds of plans); every entry is
-immutable data or a table read only, so a program built with a cache is the one built without.
+tensors with what its buckets pack, DDP buckets (and their cuts by the packed tensors' form)
+and FSDP units, the rank layout in words, and the closed-form walk's pipeline traces, memory
+peaks, allocator replays and the tables the walks of one program's DDP variants share (the
+most recent few). Plans of one search share them wherever their shapes agree (a tp,
+micro-batch and recompute choice repeats across hundreds of plans); an entry is immutable data,
+a table read only, or a table of prices that only grows (one pricer's: an entry that holds
+prices is keyed by its pricer too), so a program built and walked with a cache is the one built
+and walked without.
 """
 
 from __future__ import annotations
@@ -19,8 +23,8 @@ T = TypeVar("T")
 class ShapeCache:
     """Tables of one model on one cluster, by the shape each entry depends on.
 
-    Each table is a plain dict from a hashable key to an immutable value (or to a model whose
-    own memo only grows); :meth:`get` fills an entry on its first use. A search's
+    Each table is a plain dict from a hashable key to an immutable value (or to a model or a
+    table of prices whose own memo only grows); :meth:`get` fills an entry on its first use. A search's
     :class:`collsim.play.walk.Estimator` keeps one; one-off callers pass none.
     """
 

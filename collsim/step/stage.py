@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import fields
 from functools import partial
 from operator import attrgetter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from collsim.parallel.buckets import (
     Bucket,
@@ -303,30 +303,39 @@ def _split_backward(seg: Segment, block: BlockTimes) -> tuple[Segment, Segment]:
     )
 
 
-def _grads_of(tensors: list[ParamTensor]) -> tuple[tuple[bool | None, PackedTensors], ...]:
+ChunkGrads = tuple[tuple[bool | None, PackedTensors, tuple[Any, ...]], ...]
+"""What every bucket size packs of a chunk's gradients (:func:`_grads_of`)."""
+
+
+def _grads_of(tensors: list[ParamTensor]) -> ChunkGrads:
     """What every bucket size packs of a chunk's gradients: per kind of bucket (the dense and
-    the expert gradients bucket apart, or all as one), the kind and the tensors it packs
-    (:func:`~collsim.parallel.buckets.packed_tensors`)."""
+    the expert gradients bucket apart, or all as one), the kind, the tensors it packs
+    (:func:`~collsim.parallel.buckets.packed_tensors`) and their form (the packed elements
+    with their types: equal ints and floats cut alike, but make buckets of their own type)."""
     kinds: tuple[bool | None, ...] = (False, True) if any(t.expert for t in tensors) else (None,)
     ready = grad_ready_fraction(tensors)
-    return tuple((kind, packed_tensors(tensors, expert=kind, ready=ready)) for kind in kinds)
+    out = []
+    for kind in kinds:
+        packed = packed_tensors(tensors, expert=kind, ready=ready)
+        out.append((kind, packed, (packed.numels, tuple(map(type, packed.numels)))))
+    return tuple(out)
 
 
 def _buckets(
     plan: Plan,
     tensors: list[ParamTensor],
     grad_bytes: int,
-    grads: tuple[tuple[bool | None, PackedTensors], ...] | None = None,
+    grads: ChunkGrads | None = None,
     cache: ShapeCache | None = None,
 ) -> list[Bucket]:
     """A chunk's DDP buckets (``grads``: its :func:`_grads_of`, worked out here when not
-    given); a ``cache`` keeps the cuts by the packed tensors' elements and the bucket knobs,
-    so the chunks of one form (a model's repeated layers) are cut once."""
+    given); a ``cache`` keeps the cuts by the packed tensors' form and the bucket knobs, so
+    the chunks of one form (a model's repeated layers) are cut once."""
     grads = _grads_of(tensors) if grads is None else grads
     ddp = plan.parallel.ddp
     mb, first_mb = ddp.bucket_mb, ddp.first_bucket_mb
     out: list[Bucket] = []
-    for kind, packed in grads:
+    for kind, packed, form in grads:
         numels = packed.numels
 
         def cut(numels: tuple[float, ...] = numels) -> tuple[tuple[int, float, float], ...]:
@@ -337,6 +346,6 @@ def _buckets(
         if cache is None:
             cuts = cut()
         else:
-            cuts = cache.get("bucket cuts", (numels, mb, first_mb, grad_bytes), cut)
+            cuts = cache.get("bucket cuts", (form, mb, first_mb, grad_bytes), cut)
         out += cut_buckets(packed, cuts, expert=kind)
     return out

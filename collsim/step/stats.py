@@ -39,9 +39,6 @@ class CallStats:
 
     def __init__(self) -> None:
         self._tallies: dict[CallKey, CallTally] = {}
-        self.get = self._tallies.get
-        """The tally of a key, None if none yet (for a caller that adds to many: one lookup
-        where :meth:`tally` would cost a call too)."""
 
     def add(
         self,
@@ -66,6 +63,13 @@ class CallStats:
         if tally is None:
             tally = self._tallies[key] = CallTally()
         return tally
+
+    @property
+    def tallies(self) -> dict[CallKey, CallTally]:
+        """The tallies by key (for a caller that adds to many: ``tallies.get(key)`` finds one
+        with one lookup where :meth:`tally` would cost a call too; new ones through
+        :meth:`tally`, so that the order stays the order of first use)."""
+        return self._tallies
 
     def items(self) -> Iterator[tuple[CallKey, CallTally]]:
         return iter(self._tallies.items())

@@ -14,8 +14,9 @@ import collsim.play.walk as walk_module
 from collsim.cluster.topology import load_topology
 from collsim.core.errors import CollsimWarning
 from collsim.parallel.config import DDPConfig, FSDPConfig, ParallelConfig, TrainingConfig
-from collsim.play.walk import Estimator, estimate_step
+from collsim.play.walk import Estimator, estimate_step, walk
 from collsim.step.build import StepSchedule, build_schedule, ddp_variant
+from collsim.step.pricing import ClosedPricer
 from collsim.step.result import StepResult
 from collsim.step.shapes import ShapeCache
 from collsim.workload import get_preset
@@ -52,15 +53,36 @@ def _plans() -> list[tuple[TrainingConfig, ParallelConfig]]:
 
 
 def _facts(r: StepResult) -> tuple[object, ...]:
-    return (
-        r.step_time_s,
-        dict(r.breakdown_s.items()),
-        r.memory_peak_bytes,
-        r.memory_bytes,
-        r.activation_peak_bytes_by_rank,
-        [(c.axis, c.op, c.size_bytes, c.count, c.time_s, c.algorithm) for c in r.collectives],
-        r.critical_rank,
-        r.mapping,
+    """What an estimate says, floats by their bits (``float.hex``: -0.0 is not 0.0)."""
+
+    def bits(x: object) -> object:
+        if isinstance(x, float):
+            return x.hex()
+        if isinstance(x, dict):
+            return {k: bits(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [bits(v) for v in x]
+        return x
+
+    return bits(
+        (
+            r.step_time_s,
+            dict(r.breakdown_s.items()),
+            r.memory_peak_bytes,
+            r.memory_bytes,
+            r.activation_peak_bytes_by_rank,
+            r.memory_peak_bytes_by_rank,
+            [
+                (c.axis, c.op, c.size_bytes, c.count, c.time_s, c.algorithm, c.busbw_bps)
+                for c in r.collectives
+            ],
+            r.critical_rank,
+            r.stage_end_s,
+            r.breakdown_by_stage_s,
+            r.fits,
+            r.mfu,
+            r.mapping,
+        )
     )
 
 
@@ -275,3 +297,40 @@ def test_moe_ddp_variants_estimate_as_fresh_walks(
         estimates = [_facts(est.estimate(training, p)) for p in plans]
     assert estimates == fresh
     assert est.shapes.sizes()["shared walks"] == 1  # one program, three variants of it
+
+
+def test_walks_through_one_cache_with_two_pricers_are_each_their_own() -> None:
+    # the tables the walks of a program share hold prices: a walk by another pricer (here
+    # one that prices communication at zero) through the same cache makes its own
+    spec = get_preset("gpt3-350m")
+    topology = load_topology("dgx_h100", nodes=2)
+    training = TrainingConfig(global_batch=16, micro_batch=1, recompute="selective")
+    shapes = ShapeCache()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CollsimWarning)
+        for zero in (0, 2, 3):
+            parallel = _interleaved(zero, DDPConfig(bucket_mb=5.0))
+            schedule = build_schedule(topology, spec, training, parallel, cache=shapes)
+            for zero_comm in (False, True, False):
+                pricer = ClosedPricer(topology, zero=zero_comm)
+                got = walk(schedule, pricer, timeline=False, shapes=shapes)
+                fresh = estimate_step(
+                    topology, spec, training, parallel, zero_communication=zero_comm
+                )
+                assert _facts(got) == _facts(fresh), (zero, zero_comm)
+
+
+def test_a_ddp_variant_of_a_program_with_measured_times_keeps_them() -> None:
+    # measured op times stand in for the compute: the variant's DP calls slow nothing either
+    spec = get_preset("gpt3-350m")
+    topology = load_topology("dgx_h100", nodes=2)
+    training = TrainingConfig(global_batch=16, micro_batch=1, recompute="selective")
+    overrides = {"optimizer": 0.01}
+    base = _interleaved(1, DDPConfig(bucket_mb=25.0, overlap=True))
+    parallel = dataclasses.replace(base, ddp=DDPConfig(bucket_mb=5.0, overlap=True))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CollsimWarning)
+        schedule = build_schedule(topology, spec, training, base, op_time_overrides=overrides)
+        variant = ddp_variant(schedule, parallel)
+        fresh = build_schedule(topology, spec, training, parallel, op_time_overrides=overrides)
+    assert _program(variant) == _program(fresh) and not variant.interference
