@@ -24,8 +24,8 @@ class ShapeCache:
     """Tables of one model on one cluster, by the shape each entry depends on.
 
     Each table is a plain dict from a hashable key to an immutable value (or to a model or a
-    table of prices whose own memo only grows); :meth:`get` fills an entry on its first use. A search's
-    :class:`collsim.play.walk.Estimator` keeps one; one-off callers pass none.
+    table of prices whose own memo only grows); :meth:`get` fills an entry on its first use. A
+    search's :class:`collsim.play.walk.Estimator` keeps one; one-off callers pass none.
     """
 
     __slots__ = ("_tables",)
