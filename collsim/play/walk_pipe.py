@@ -27,6 +27,7 @@ from collsim.step.memory import (
     PlacedOps,
     event_columns,
 )
+from collsim.step.shapes import same_objects
 from collsim.step.stats import CallKey
 
 if TYPE_CHECKING:
@@ -459,7 +460,7 @@ def _ledger(
             known is None
             or known[0] is not tr
             or known[2] != base
-            or any(a is not b for a, b in zip(known[1], patterns, strict=True))
+            or not same_objects(known[1], patterns)
         ):
             known = shared.placements[prog.rank] = (
                 tr,
@@ -545,11 +546,7 @@ def add_block_sums(w: Walker, prog: RankState, table: OpTable, blocks: list[OpPl
         return
     comms = [b.comm for b in blocks]  # (a block's body is known by its comm dict)
     known = w.shared.sums.get(prog.rank)
-    if (
-        known is None
-        or known[0] is not table
-        or any(a is not b for a, b in zip(known[1], comms, strict=True))
-    ):
+    if known is None or known[0] is not table or not same_objects(known[1], comms):
         known = w.shared.sums[prog.rank] = (table, comms, _block_sums(table, blocks, {}))
     sums = known[2]
     if any(breakdown[k] for k in sums):  # an account that does not start from zero

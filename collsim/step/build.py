@@ -315,9 +315,9 @@ def ddp_variant(
     ``schedule`` (with or without op-time overrides, as it was built): the same stages with
     each chunk's DDP buckets made anew (:func:`~collsim.step.stage.rebucket_stage`), the
     data-parallel rules and whether the DP calls interfere with compute made for the new
-    plan; everything else
-    (segments, pipeline orders, optimizer and framework seconds) depends on no DDP knob and is
-    shared. A search's plans come in such runs (the DDP knobs are its innermost axes).
+    plan; everything else (segments, pipeline orders, optimizer and framework seconds) depends
+    on no DDP knob and is shared. A search's plans come in such runs (the DDP knobs are its
+    innermost axes).
 
     Raises:
         ConfigError: the plan does not match the model or the cluster (see build_plan).

@@ -13,6 +13,7 @@ from collsim.core.vocab import ParallelAxis
 from collsim.parallel.buckets import Bucket
 from collsim.parallel.fsdp import FSDPUnit
 from collsim.parallel.params import ParamTensor
+from collsim.step.shapes import same_objects
 
 __all__ = [
     "BUFFER_FREE_KIND",
@@ -186,11 +187,7 @@ class StageModel:
         plans of one chunk shape, never changed in place)."""
         lists = [c.tensors for c in self.chunks]
         known = self.split_of
-        if (
-            known is not None
-            and len(known[0]) == len(lists)
-            and all(a is b for a, b in zip(known[0], lists, strict=True))
-        ):
+        if known is not None and same_objects(known[0], lists):
             return known[1], known[2]
         dense = expert = 0.0
         for tensors in lists:
