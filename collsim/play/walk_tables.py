@@ -30,6 +30,7 @@ __all__ = [
     "RankState",
     "Reduction",
     "SegStep",
+    "SettledOp",
     "SharedWalk",
     "TallyAdds",
     "fires",
@@ -104,6 +105,24 @@ class SegStep:
     reshard_bytes: float
     run_key: tuple[int, int]
     """The segment's key in the walk's TP runs (:meth:`Walker.flush_tp`)."""
+
+
+class SettledOp(NamedTuple):
+    """A ZeRO-3 op whose units are all gathered and ready when it starts and that releases
+    none of them (:func:`~collsim.play.walk_zero3.settled_op`): its segments run back to back
+    as one block, with no call on the dp stream."""
+
+    needs: tuple[tuple[int, str | int], ...]
+    """The units it reads, each gathered and ready by the op's start for the block to hold."""
+    duration: float
+    compute_s: float
+    framework_s: float
+    comm_items: tuple[tuple[str, float], ...]
+    """The exposed collectives of its segments added up, per account key."""
+    pattern: MemoryPattern | None
+    """Its segments' activation events, relative to its start (None without any)."""
+    run_key: tuple[int, int]
+    segs: list[Segment]
 
 
 @dataclass(frozen=True, slots=True)

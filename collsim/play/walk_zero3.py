@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from collsim.parallel.fsdp import issue_schedule
 from collsim.parallel.pipeline import Phase, PipeOp
-from collsim.play.walk_tables import Priced, RankState, SegStep
-from collsim.step.memory import MemoryEvent
+from collsim.play.walk_tables import Priced, RankState, SegStep, SettledOp
+from collsim.step.memory import MemoryEvent, MemoryPattern
 from collsim.step.ops import BUFFER_FREE_KIND, BUFFER_KIND, ChunkModel
 
 if TYPE_CHECKING:
@@ -24,6 +24,7 @@ class Walker(Protocol):
     rules: DataParallelRules
     runs: dict[tuple[int, int], list[Any]]
     seg_plans: dict[tuple[int, int, Phase, bool], list[SegStep]]
+    settled: dict[tuple[int, int, Phase, bool, bool], SettledOp | None]
 
     def seg_tp_s(self, rank: int, seg: Segment) -> float: ...
 
@@ -38,7 +39,7 @@ class Walker(Protocol):
     def run_priced(self, prog: RankState, calls: tuple[Priced, ...], ready: float) -> float: ...
 
 
-__all__ = ["run_segments", "seg_plan"]
+__all__ = ["run_segments", "seg_plan", "settled_op"]
 
 
 def seg_plan(
@@ -92,14 +93,98 @@ def seg_plan(
     return out
 
 
+def settled_op(
+    w: Walker, prog: RankState, chunk: ChunkModel, phase: Phase, paired: bool, last: bool
+) -> SettledOp | None:
+    """The op as one block when its units are gathered and ready at its start (None when one
+    of its segments releases its unit in this micro-batch: ``last``, the last one or not):
+    what :func:`run_segments` then does, added up once per (rank, chunk, phase, paired,
+    last). Its events are those of the segment loop, in its order, relative to the start."""
+    key = (prog.rank, chunk.index, phase, paired, last)
+    if key in w.settled:
+        return w.settled[key]
+    steps = seg_plan(w, prog, chunk, phase, paired)
+    if any(sp.releases[0 if last else 1] for sp in steps):
+        w.settled[key] = None
+        return None
+    forward = phase is Phase.FORWARD
+    gathers = phase is not Phase.BACKWARD_WEIGHT
+    needs: dict[tuple[int, str | int], None] = {}
+    events: list[tuple[float, float, str, object]] = []
+    comm: dict[str, float] = {}
+    t = compute = framework = 0.0
+    for sp in steps:
+        seg = sp.seg
+        needs.update((unit, None) for unit, _, _, _ in sp.issues)
+        if gathers:
+            needs[sp.unit] = None
+        if seg.buffer_bytes:
+            events.append((t, float(seg.buffer_bytes), BUFFER_KIND, seg.key))
+        if not forward and seg.transient_bytes:
+            events.append((t, float(seg.transient_bytes), "recompute", seg.key))
+        t += sp.duration
+        compute += sp.compute_s
+        framework += seg.framework_s
+        for k, v in sp.comm_items:
+            comm[k] = comm.get(k, 0.0) + v
+        if seg.buffer_bytes:
+            events.append((t, -float(seg.buffer_bytes), BUFFER_FREE_KIND, seg.key))
+        if forward:
+            if seg.stored_bytes:
+                events.append((t, float(seg.stored_bytes), "act", seg.key))
+        elif seg.frees and seg.transient_bytes + seg.stored_bytes:
+            events.append((t, -float(seg.transient_bytes + seg.stored_bytes), "free", seg.key))
+    segs = [sp.seg for sp in steps]
+    op = w.settled[key] = SettledOp(
+        needs=tuple(needs),
+        duration=t,
+        compute_s=compute,
+        framework_s=framework,
+        comm_items=tuple(comm.items()),
+        pattern=MemoryPattern("activations", events) if events else None,
+        run_key=steps[0].run_key if len(steps) == 1 else (prog.rank, id(segs)),
+        segs=segs,
+    )
+    return op
+
+
+def _run_settled(w: Walker, prog: RankState, op: PipeOp, block: SettledOp) -> bool:
+    """Run ``op`` as its settled block if every unit it reads is gathered and ready now;
+    False (nothing done) if not."""
+    gathered, now = prog.gathered, prog.now
+    for unit in block.needs:
+        ready = gathered.get(unit)
+        if ready is None or ready > now:
+            return False
+    prog.now = now + block.duration
+    breakdown = prog.breakdown_s
+    breakdown["compute"] += block.compute_s
+    breakdown["framework"] += block.framework_s
+    for k, v in block.comm_items:
+        breakdown[k] += v
+    if block.pattern is not None:  # MemoryLedger.place
+        events, placed = prog.ledger.appenders()
+        placed.append((now, block.pattern, op.microbatch, op.chunk, len(events)))
+    slot = w.runs.get(block.run_key)
+    if slot is None:
+        w.runs[block.run_key] = [block.segs, 1]
+    else:
+        slot[1] += 1
+    return True
+
+
 def run_segments(w: Walker, prog: RankState, op: PipeOp, chunk: ChunkModel, paired: bool) -> None:
-    """ZeRO-3: segment by segment, each waiting for its gathered unit (:func:`seg_plan`).
-    Memory events are appended as :meth:`MemoryLedger.alloc` / ``free`` would record them
-    (known categories; none for a size of zero)."""
+    """ZeRO-3: segment by segment, each waiting for its gathered unit (:func:`seg_plan`), or
+    as one block when its units are gathered and ready and it releases none
+    (:func:`settled_op`). Memory events are appended as :meth:`MemoryLedger.alloc` /
+    ``free`` would record them (known categories; none for a size of zero)."""
     forward = op.phase is Phase.FORWARD
     gathers = op.phase is not Phase.BACKWARD_WEIGHT
     weight = op.phase is Phase.BACKWARD_WEIGHT
     last = op.microbatch < 0 or op.microbatch >= w.rules.num_microbatches - 1
+    block = settled_op(w, prog, chunk, op.phase, paired, last)
+    if block is not None and _run_settled(w, prog, op, block):
+        return
     gathered, breakdown = prog.gathered, prog.breakdown_s
     events = prog.ledger.appenders()[0]
     new = tuple.__new__  # MemoryEvent without its keyword-argument layer

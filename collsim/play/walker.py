@@ -25,6 +25,7 @@ from collsim.play.walk_tables import (
     RankState,
     Reduction,
     SegStep,
+    SettledOp,
     SharedWalk,
     TallyAdds,
     fires,
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
 __all__ = ["Walker"]
 
 TP, PP, DP = ParallelAxis.TP, ParallelAxis.PP, ParallelAxis.DP
+_new = tuple.__new__  # MemoryEvent without its keyword-argument layer
 
 SHARED_KEPT = 4
 """Families of programs whose :class:`SharedWalk` a search's shape cache keeps (the most
@@ -90,8 +92,11 @@ class Walker:
         that share this one's segments and pricer (:meth:`shared_walk`)."""
         self.gather_pp = plan.tp > 1 and not plan.parallel.sequence_parallel
         self._links: dict[int, list[Link]] = {}
+        self._fold: dict[int, tuple[CallKey, float, float]] = {}
+        self._sends: dict[tuple[int, int], tuple[CallKey, float, float]] = {}
         self.runs: dict[tuple[int, int], list[Any]] = {}
         self.seg_plans: dict[tuple[int, int, Phase, bool], list[SegStep]] = {}
+        self.settled: dict[tuple[int, int, Phase, bool, bool], SettledOp | None] = {}
         self._windows: dict[tuple[int, int, int], tuple[float, float]] = {}
         """:meth:`grad_window` by (rank, id of a segment's step list, where its gradients
         start); the lists live as long as the walk's schedule."""
@@ -249,15 +254,20 @@ class Walker:
     def advance(self, prog: RankState) -> bool:
         """Run the rank's ops (ZeRO-3: segment by segment) while their inputs have been sent;
         True if any ran."""
-        ops = self.schedule.pipeline[prog.coords.pp]
-        links = self.links(prog.coords.pp)
+        stage = prog.coords.pp
+        ops = self.schedule.pipeline[stage]
+        links = self.links(stage)
+        chunks = self.schedule.stages[stage].chunks
+        paired_ops = self.schedule.paired.get(stage, ())
+        mail_of = self.mail.get
+        breakdown = prog.breakdown_s
+        fold = self.fold_price(prog.rank) if self.gather_pp else None
         ran = False
         while prog.next_op < len(ops):
             op = ops[prog.next_op]
             remote, direction, dest = links[prog.next_op]
-            folded = 0.0
             if remote:
-                mail = self.mail.get((prog.rank, direction, op.microbatch, op.chunk))
+                mail = mail_of((prog.rank, direction, op.microbatch, op.chunk))
                 if mail is None:
                     return ran  # its input is not sent yet
                 produced_s, delivered_s, mail_bytes = mail
@@ -265,25 +275,44 @@ class Walker:
                 if delivered_s > w0:
                     w1 = delivered_s
                     produced = min(max(produced_s, w0), w1)
-                    prog.breakdown_s["bubble"] += produced - w0
-                    prog.breakdown_s["pp_exposed"] += w1 - produced
+                    breakdown["bubble"] += produced - w0
+                    breakdown["pp_exposed"] += w1 - produced
                     prog.now = w1
-                prog.ledger.free(prog.now, "buffers", mail_bytes, "pp recv")
-                if self.gather_pp:
-                    size = self.schedule.p2p_bytes * self.plan.tp
-                    folded = self.price(
-                        prog.rank, TP, "all_gather", size, self.group(prog.rank, TP), 0.0
+                if mail_bytes:  # MemoryLedger.free
+                    prog.ledger.appenders()[0].append(
+                        _new(MemoryEvent, (prog.now, "buffers", -float(mail_bytes), "pp recv"))
                     )
-            prog.now += folded
-            prog.breakdown_s["pp_exposed"] += folded
-            chunk = self.schedule.stages[prog.coords.pp].chunks[op.chunk]
-            paired = prog.next_op in self.schedule.paired.get(prog.coords.pp, ())
-            run_segments(self, prog, op, chunk, paired)
+                if fold is not None:
+                    key, folded, busbw = fold
+                    self.tally_call(key, folded, busbw)
+                    prog.now += folded
+                    breakdown["pp_exposed"] += folded
+            chunk = chunks[op.chunk]
+            run_segments(self, prog, op, chunk, prog.next_op in paired_ops)
             if dest is not None:
                 self.send_output(prog, op, dest)
             prog.next_op += 1
             ran = True
         return ran
+
+    def fold_price(self, rank: int) -> tuple[CallKey, float, float]:
+        """(tally key, seconds, busbw) of the TP all-gather folded into each message the rank
+        receives (without sequence parallelism), priced once per walk (:meth:`price`)."""
+        hit = self._fold.get(rank)
+        if hit is None:
+            size = self.schedule.p2p_bytes * self.plan.tp
+            group = self.group(rank, TP)
+            cost = self.pricer.cost("all_gather", size, group)
+            key = CallKey(rank, TP, "all_gather", size, len(group), cost.algorithm)
+            hit = self._fold[rank] = (key, 0.0 + cost.time_s, cost.busbw_bps)
+        return hit
+
+    def tally_call(self, key: CallKey, time_s: float, busbw_bps: float) -> None:
+        """:meth:`CallStats.add` of one call."""
+        tally = self.stats.tallies.get(key) or self.stats.tally(key)
+        tally.count += 1
+        tally.time_s += time_s
+        tally.busbw_bps = busbw_bps
 
     def op_table(self, stage: int) -> tuple[OpTable, Hashable]:
         """The stage's ops as arrays (:class:`OpTable`), once per pipeline shape in a
@@ -494,12 +523,22 @@ class Walker:
         stage, dst_phase, dst_chunk = dest
         dst = self.by_stage[stage]
         size = self.schedule.p2p_bytes
-        t = self.price(prog.rank, PP, "send_recv", size, (prog.rank, dst.rank), 0.0)
-        start = max(prog.now, prog.pp_free)
+        hit = self._sends.get((prog.rank, stage))
+        if hit is None:  # Walker.price, once per walk
+            cost = self.pricer.cost("send_recv", size, (prog.rank, dst.rank))
+            key = CallKey(prog.rank, PP, "send_recv", size, 2, cost.algorithm)
+            hit = self._sends[(prog.rank, stage)] = (key, 0.0 + cost.time_s, cost.busbw_bps)
+        key, t, busbw = hit
+        self.tally_call(key, t, busbw)
+        now = prog.now
+        start = now if now >= prog.pp_free else prog.pp_free  # max(now, pp_free)
         prog.pp_free = start + t
-        delivered = fires(prog.now, prog.pp_free)
-        self.mail[(dst.rank, dst_phase, op.microbatch, dst_chunk)] = (prog.now, delivered, size)
-        dst.ledger.alloc(delivered, "buffers", size, "pp recv")
+        delivered = fires(now, prog.pp_free)
+        self.mail[(dst.rank, dst_phase, op.microbatch, dst_chunk)] = (now, delivered, size)
+        if size:  # MemoryLedger.alloc
+            dst.ledger.appenders()[0].append(
+                _new(MemoryEvent, (delivered, "buffers", float(size), "pp recv"))
+            )
 
     def grad_norm(self) -> None:
         """The clipping's norm all-reduces, as the engine plays them: the walked members of a
