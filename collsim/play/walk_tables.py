@@ -5,6 +5,7 @@ and a ZeRO-3 segment priced once, the event-firing rule shared with the engine.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -37,6 +38,7 @@ __all__ = [
     "norm_rounds",
     "op_table",
     "pipeline_links",
+    "reduction_arrays",
 ]
 
 
@@ -293,3 +295,40 @@ def pipeline_links(schedule: StepSchedule, stage: int) -> list[Link]:
             )
         out.append(shape)
     return out
+
+
+def reduction_arrays(reductions: Sequence[Reduction]) -> tuple[Any, ...]:
+    """What :meth:`~collsim.play.walker.Walker.reductions_as_arrays` reads of an op's
+    reductions, once: each reduction's offset; per call (in order) its reduction's offset, its
+    seconds summed up to it (inclusive and before it); each reduction's last call; the held
+    ZeRO-2 buffers (which reductions, their bytes; None without any); per tally in order of
+    first use (key, calls, their seconds added up, the busbw of its last call)."""
+    rel = np.array([r for r, _, _ in reductions], dtype=float)
+    counts = np.array([len(calls) for _, calls, _ in reductions], dtype=np.intp)
+    calls = [c for _, cs, _ in reductions for c in cs]
+    seconds = np.array([t for t, _, _ in calls], dtype=float)
+    through = np.cumsum(seconds)
+    before = through - seconds
+    before[1:] = through[:-1]  # the running sum before each call, as the sum reached it
+    tallies: dict[CallKey, list[Any]] = {}
+    for t, busbw, key in calls:
+        entry = tallies.get(key)
+        if entry is None:
+            tallies[key] = [key, 1, 0.0 + t, busbw]
+        else:
+            entry[1] += 1
+            entry[2] += t
+            entry[3] = busbw
+    which = np.flatnonzero([hold for _, _, hold in reductions])
+    holds = None
+    if len(which):
+        holds = (which, [float(reductions[i][2]) for i in which.tolist()])
+    return (
+        rel,
+        np.repeat(rel, counts),
+        through,
+        before,
+        np.cumsum(counts) - 1,
+        holds,
+        [tuple(e) for e in tallies.values()],
+    )

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from collsim.core.errors import SimulationError
 from collsim.core.vocab import ParallelAxis
 from collsim.parallel.buckets import Bucket
@@ -32,6 +34,7 @@ from collsim.play.walk_tables import (
     norm_rounds,
     op_table,
     pipeline_links,
+    reduction_arrays,
 )
 from collsim.play.walk_zero3 import run_segments
 from collsim.step.dataparallel import GRAD_NORM_BYTES, DPCall
@@ -49,6 +52,10 @@ __all__ = ["Walker"]
 
 TP, PP, DP = ParallelAxis.TP, ParallelAxis.PP, ParallelAxis.DP
 _new = tuple.__new__  # MemoryEvent without its keyword-argument layer
+
+ARRAY_REDUCTIONS = 8
+"""An op with this many bucket reductions or more runs them as arrays
+(:meth:`Walker.reductions_as_arrays`); fewer cost less one by one."""
 
 SHARED_KEPT = 4
 """Families of programs whose :class:`SharedWalk` a search's shape cache keeps (the most
@@ -94,6 +101,9 @@ class Walker:
         self._links: dict[int, list[Link]] = {}
         self._fold: dict[int, tuple[CallKey, float, float]] = {}
         self._sends: dict[tuple[int, int], tuple[CallKey, float, float]] = {}
+        self._reduction_arrays: dict[int, tuple[Any, ...]] = {}
+        """:func:`reduction_arrays` by the identity of an op's reductions (held by its
+        :class:`OpPlan`, which the walk keeps)."""
         self.runs: dict[tuple[int, int], list[Any]] = {}
         self.seg_plans: dict[tuple[int, int, Phase, bool], list[SegStep]] = {}
         self.settled: dict[tuple[int, int, Phase, bool, bool], SettledOp | None] = {}
@@ -504,6 +514,8 @@ class Walker:
         issued at ``t0`` and each ready at ``t0`` plus its offset in its op (``deferred``: at
         ``t0``, the step's end without overlap): returns the ZeRO-2 bucket buffers' events
         (held until the reduction ends), for the caller to record."""
+        if not deferred and len(reductions) >= ARRAY_REDUCTIONS:
+            return self.reductions_as_arrays(prog, reductions, t0)
         held: list[MemoryEvent] = []
         if deferred and not any(hold for _, _, hold in reductions):
             # all ready and issued at t0: one run of their calls, one after another
@@ -516,6 +528,44 @@ class Walker:
             if hold:
                 held.append(new(MemoryEvent, (ready, "buffers", hold, "zero2 bucket")))
                 held.append(new(MemoryEvent, (fired, "buffers", -hold, "zero2 bucket")))
+        return held
+
+    def reductions_as_arrays(
+        self, prog: RankState, reductions: Sequence[Reduction], t0: float
+    ) -> list[MemoryEvent]:
+        """:meth:`run_reductions` of an op's many reductions (issued at ``t0``, overlapped) at
+        once: the dp stream's queue as a running maximum (a call ends at ``max(its ready time,
+        the previous end) + its seconds``: each end is the prefix sum of the seconds plus the
+        latest ``ready - seconds before it``, or the stream's free time), each tally's calls
+        added up once. Equal to the call-by-call loop to rounding."""
+        known = self._reduction_arrays.get(id(reductions))
+        if known is None or known[0] is not reductions:
+            known = self._reduction_arrays[id(reductions)] = (
+                reductions,
+                *reduction_arrays(reductions),
+            )
+        _, rel, call_rel, through, before, last_call, holds, tallies = known
+        ends = through + np.maximum(np.maximum.accumulate(t0 + call_rel - before), prog.dp_free)
+        fired = t0 + (ends - t0)  # fires(t0, end)
+        prog.dp_free = float(ends[-1])
+        latest = float(fired.max())
+        if latest > prog.dp_last_end:
+            prog.dp_last_end = latest
+        stats = self.stats
+        for key, count, time_s, busbw in tallies:
+            tally = stats.tallies.get(key) or stats.tally(key)
+            tally.count += count
+            tally.time_s += time_s
+            tally.busbw_bps = busbw
+        if holds is None:
+            return []
+        which, sizes = holds
+        ready = (t0 + rel[which]).tolist()
+        done = fired[last_call[which]].tolist()
+        held: list[MemoryEvent] = []
+        for r, d, size in zip(ready, done, sizes, strict=True):
+            held.append(_new(MemoryEvent, (r, "buffers", size, "zero2 bucket")))
+            held.append(_new(MemoryEvent, (d, "buffers", -size, "zero2 bucket")))
         return held
 
     def send_output(self, prog: RankState, op: PipeOp, dest: tuple[int, Phase, int]) -> None:
