@@ -1,6 +1,9 @@
-"""An op's many bucket reductions run as arrays (:meth:`Walker.reductions_as_arrays`): the dp
-stream, the tallies and the ZeRO-2 buffers come out as the call-by-call loop leaves them, to
-rounding, whether the stream is idle, busy or falls idle between buckets."""
+"""The walk's two shortcuts say what the step-by-step interpretation says, to rounding: a ZeRO-3
+op whose units are gathered and ready and that releases none runs as one block
+(:func:`collsim.play.walk_zero3.settled_op`, taken for most ops of the plans that keep their
+units); an op's many bucket reductions run as arrays (:meth:`Walker.reductions_as_arrays`),
+the dp stream, tallies and ZeRO-2 buffers as the call-by-call loop leaves them, whether the
+stream is idle, busy or falls idle between buckets."""
 
 from __future__ import annotations
 
@@ -10,17 +13,33 @@ from typing import Any
 
 import pytest
 
+import collsim.play.walk_zero3 as zero3
 import collsim.play.walker as walker_module
 from collsim.cluster.topology import load_topology
-from collsim.parallel.config import DDPConfig, ParallelConfig, TrainingConfig
+from collsim.parallel.config import DDPConfig, FSDPConfig, ParallelConfig, TrainingConfig
 from collsim.play.walk import estimate_step
 from collsim.play.walker import Walker
 from collsim.step.build import build_schedule
 from collsim.step.pricing import ClosedPricer
+from collsim.step.result import StepResult
 from collsim.step.stats import CallKey
 from collsim.workload import get_preset
 
 REL = 1e-12
+"""The shortcuts add seconds up before adding them to the clock; the loops add them one by
+one (a few roundings apart)."""
+
+
+def _facts(r: StepResult) -> dict[str, Any]:
+    return {
+        "step": r.step_time_s,
+        "breakdown": dict(r.breakdown_s.items()),
+        "peak": r.memory_peak_bytes_by_rank,
+        "activations": r.activation_peak_bytes_by_rank,
+        "reserved": r.memory_reserved_bytes,
+        "stages": r.stage_end_s,
+        "calls": [(c.axis, c.op, c.size_bytes, c.count, c.time_s) for c in r.collectives],
+    }
 
 
 def _close(a: object, b: object) -> bool:
@@ -31,6 +50,61 @@ def _close(a: object, b: object) -> bool:
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b, strict=True))
     return a == b
+
+
+def _plan(pp: int, raf: bool, sync: str, prefetch: int) -> tuple[TrainingConfig, ParallelConfig]:
+    tp = 2
+    dp = 16 // (tp * pp)
+    schedule, v = ("interleaved", 2) if pp > 1 else ("1f1b", 1)
+    training = TrainingConfig(global_batch=4 * pp * dp, micro_batch=1, recompute="selective")
+    parallel = ParallelConfig(
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        schedule=schedule,
+        virtual_stages=v,
+        zero=3,
+        fsdp=FSDPConfig(prefetch=prefetch, reshard_after_forward=raf, grad_sync=sync),
+    )
+    return training, parallel
+
+
+@pytest.mark.parametrize(
+    ("pp", "raf", "sync", "prefetch", "settled_share"),
+    [
+        (2, False, "step", 1, 0.8),  # units kept all step: all but the first and last
+        (1, False, "step", 0, 0.7),
+        (2, True, "step", 2, 0.1),  # regathered by every forward: some backward ops
+        (2, False, "microbatch", 1, 0.1),  # released by every backward: some forward ops
+    ],
+)
+def test_settled_ops_walk_as_the_segment_loop(
+    monkeypatch: pytest.MonkeyPatch,
+    pp: int,
+    raf: bool,
+    sync: str,
+    prefetch: int,
+    settled_share: float,
+) -> None:
+    topology = load_topology("dgx_h100", nodes=2)
+    spec = get_preset("llama2-7b", num_layers=8, seq_len=2048)
+    training, parallel = _plan(pp, raf, sync, prefetch)
+    ran: list[bool] = []
+    run_settled = zero3._run_settled
+
+    def counted(*args: Any) -> bool:
+        ran.append(run_settled(*args))
+        return ran[-1]
+
+    monkeypatch.setattr(zero3, "_run_settled", counted)
+    blocks = estimate_step(topology, spec, training, parallel)
+    taken = sum(ran)
+    monkeypatch.setattr(zero3, "settled_op", lambda *args: None)
+    loop = estimate_step(topology, spec, training, parallel)
+    assert _close(_facts(blocks), _facts(loop)), (_facts(blocks), _facts(loop))
+    schedule = build_schedule(topology, spec, training, parallel)
+    ops = sum(len(schedule.pipeline[s]) for s in range(parallel.pp))
+    assert taken >= settled_share * ops
 
 
 def _walker() -> Walker:
