@@ -53,9 +53,10 @@ __all__ = ["Walker"]
 TP, PP, DP = ParallelAxis.TP, ParallelAxis.PP, ParallelAxis.DP
 _new = tuple.__new__  # MemoryEvent without its keyword-argument layer
 
-ARRAY_REDUCTIONS = 8
+ARRAY_REDUCTIONS = 24
 """An op with this many bucket reductions or more runs them as arrays
-(:meth:`Walker.reductions_as_arrays`); fewer cost less one by one."""
+(:meth:`Walker.reductions_as_arrays`); fewer cost less one by one (the arrays cost a fixed
+handful of numpy calls; break-even near 15 reductions by a micro-benchmark of both paths)."""
 
 SHARED_KEPT = 4
 """Families of programs whose :class:`SharedWalk` a search's shape cache keeps (the most

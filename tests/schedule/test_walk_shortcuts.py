@@ -166,9 +166,9 @@ def test_a_zero2_plan_with_many_buckets_estimates_as_the_loop(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     topology = load_topology("dgx_h100", nodes=2)
-    spec = get_preset("llama2-7b", num_layers=8, seq_len=2048)
+    spec = get_preset("llama2-7b", num_layers=32, seq_len=2048)  # 65 buckets a backward
     training = TrainingConfig(global_batch=64, micro_batch=1, recompute="selective")
-    parallel = ParallelConfig(tp=2, pp=2, dp=4, zero=2, ddp=DDPConfig(bucket_mb=5.0))
+    parallel = ParallelConfig(tp=2, pp=2, dp=4, zero=2, ddp=DDPConfig(bucket_mb=1.0))
     ran: list[int] = []
     as_arrays = Walker.reductions_as_arrays
 
