@@ -148,43 +148,15 @@ def settled_op(
     return op
 
 
-def _run_settled(w: Walker, prog: RankState, op: PipeOp, block: SettledOp) -> bool:
-    """Run ``op`` as its settled block if every unit it reads is gathered and ready now;
-    False (nothing done) if not."""
-    gathered, now = prog.gathered, prog.now
-    for unit in block.needs:
-        ready = gathered.get(unit)
-        if ready is None or ready > now:
-            return False
-    prog.now = now + block.duration
-    breakdown = prog.breakdown_s
-    breakdown["compute"] += block.compute_s
-    breakdown["framework"] += block.framework_s
-    for k, v in block.comm_items:
-        breakdown[k] += v
-    if block.pattern is not None:  # MemoryLedger.place
-        events, placed = prog.ledger.appenders()
-        placed.append((now, block.pattern, op.microbatch, op.chunk, len(events)))
-    slot = w.runs.get(block.run_key)
-    if slot is None:
-        w.runs[block.run_key] = [block.segs, 1]
-    else:
-        slot[1] += 1
-    return True
-
-
 def run_segments(w: Walker, prog: RankState, op: PipeOp, chunk: ChunkModel, paired: bool) -> None:
-    """ZeRO-3: segment by segment, each waiting for its gathered unit (:func:`seg_plan`), or
-    as one block when its units are gathered and ready and it releases none
-    (:func:`settled_op`). Memory events are appended as :meth:`MemoryLedger.alloc` /
-    ``free`` would record them (known categories; none for a size of zero)."""
+    """ZeRO-3: segment by segment, each waiting for its gathered unit (:func:`seg_plan`; a
+    settled op, :func:`settled_op`, runs as one block instead). Memory events are appended as
+    :meth:`MemoryLedger.alloc` / ``free`` would record them (known categories; none for a
+    size of zero)."""
     forward = op.phase is Phase.FORWARD
     gathers = op.phase is not Phase.BACKWARD_WEIGHT
     weight = op.phase is Phase.BACKWARD_WEIGHT
     last = op.microbatch < 0 or op.microbatch >= w.rules.num_microbatches - 1
-    block = settled_op(w, prog, chunk, op.phase, paired, last)
-    if block is not None and _run_settled(w, prog, op, block):
-        return
     gathered, breakdown = prog.gathered, prog.breakdown_s
     events = prog.ledger.appenders()[0]
     new = tuple.__new__  # MemoryEvent without its keyword-argument layer

@@ -36,7 +36,7 @@ from collsim.play.walk_tables import (
     pipeline_links,
     reduction_arrays,
 )
-from collsim.play.walk_zero3 import run_segments
+from collsim.play.walk_zero3 import run_segments, settled_op
 from collsim.step.dataparallel import GRAD_NORM_BYTES, DPCall
 from collsim.step.memory import MemoryEvent, MemoryLedger, MemoryPattern
 from collsim.step.ops import ChunkModel, Segment, StageModel, Step
@@ -263,16 +263,19 @@ class Walker:
             yield self.advance(prog)
 
     def advance(self, prog: RankState) -> bool:
-        """Run the rank's ops (ZeRO-3: segment by segment) while their inputs have been sent;
-        True if any ran."""
+        """Run the rank's ops (ZeRO-3: segment by segment, or as one block when settled:
+        :func:`~collsim.play.walk_zero3.settled_op`) while their inputs have been sent; True
+        if any ran."""
         stage = prog.coords.pp
         ops = self.schedule.pipeline[stage]
         links = self.links(stage)
         chunks = self.schedule.stages[stage].chunks
         paired_ops = self.schedule.paired.get(stage, ())
         mail_of = self.mail.get
-        breakdown = prog.breakdown_s
+        breakdown, gathered, runs = prog.breakdown_s, prog.gathered, self.runs
+        events, placed = prog.ledger.appenders()
         fold = self.fold_price(prog.rank) if self.gather_pp else None
+        last_mb = self.rules.num_microbatches - 1
         ran = False
         while prog.next_op < len(ops):
             op = ops[prog.next_op]
@@ -284,22 +287,39 @@ class Walker:
                 produced_s, delivered_s, mail_bytes = mail
                 w0 = prog.now
                 if delivered_s > w0:
-                    w1 = delivered_s
-                    produced = min(max(produced_s, w0), w1)
+                    produced = min(max(produced_s, w0), delivered_s)
                     breakdown["bubble"] += produced - w0
-                    breakdown["pp_exposed"] += w1 - produced
-                    prog.now = w1
+                    breakdown["pp_exposed"] += delivered_s - produced
+                    prog.now = delivered_s
                 if mail_bytes:  # MemoryLedger.free
-                    prog.ledger.appenders()[0].append(
-                        _new(MemoryEvent, (prog.now, "buffers", -float(mail_bytes), "pp recv"))
-                    )
+                    size = -float(mail_bytes)
+                    events.append(_new(MemoryEvent, (prog.now, "buffers", size, "pp recv")))
                 if fold is not None:
-                    key, folded, busbw = fold
-                    self.tally_call(key, folded, busbw)
-                    prog.now += folded
-                    breakdown["pp_exposed"] += folded
+                    self.tally_call(*fold)
+                    prog.now += fold[1]
+                    breakdown["pp_exposed"] += fold[1]
             chunk = chunks[op.chunk]
-            run_segments(self, prog, op, chunk, prog.next_op in paired_ops)
+            paired = prog.next_op in paired_ops
+            last = op.microbatch < 0 or op.microbatch >= last_mb
+            block = settled_op(self, prog, chunk, op.phase, paired, last)
+            now = prog.now
+            if block is not None and all(
+                (ready := gathered.get(unit)) is not None and ready <= now for unit in block.needs
+            ):
+                prog.now = now + block.duration
+                breakdown["compute"] += block.compute_s
+                breakdown["framework"] += block.framework_s
+                for k, v in block.comm_items:
+                    breakdown[k] += v
+                if block.pattern is not None:  # MemoryLedger.place
+                    placed.append((now, block.pattern, op.microbatch, op.chunk, len(events)))
+                slot = runs.get(block.run_key)
+                if slot is None:
+                    runs[block.run_key] = [block.segs, 1]
+                else:
+                    slot[1] += 1
+            else:
+                run_segments(self, prog, op, chunk, paired)
             if dest is not None:
                 self.send_output(prog, op, dest)
             prog.next_op += 1
