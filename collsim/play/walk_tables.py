@@ -301,8 +301,9 @@ def reduction_arrays(reductions: Sequence[Reduction]) -> tuple[Any, ...]:
     """What :meth:`~collsim.play.walker.Walker.reductions_as_arrays` reads of an op's
     reductions, once: each reduction's offset; per call (in order) its reduction's offset, its
     seconds summed up to it (inclusive and before it); each reduction's last call; the held
-    ZeRO-2 buffers (which reductions, their bytes; None without any); per tally in order of
-    first use (key, calls, their seconds added up, the busbw of its last call)."""
+    ZeRO-2 buffers (which reductions, their bytes and their negatives; None without any); per
+    tally in order of first use (key, calls, their seconds added up, the busbw of its last
+    call)."""
     rel = np.array([r for r, _, _ in reductions], dtype=float)
     counts = np.array([len(calls) for _, calls, _ in reductions], dtype=np.intp)
     calls = [c for _, cs, _ in reductions for c in cs]
@@ -322,7 +323,8 @@ def reduction_arrays(reductions: Sequence[Reduction]) -> tuple[Any, ...]:
     which = np.flatnonzero([hold for _, _, hold in reductions])
     holds = None
     if len(which):
-        holds = (which, [float(reductions[i][2]) for i in which.tolist()])
+        sizes = [float(reductions[i][2]) for i in which.tolist()]
+        holds = (which, sizes, [-size for size in sizes])
     return (
         rel,
         np.repeat(rel, counts),

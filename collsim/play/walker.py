@@ -9,6 +9,7 @@ micro-batch. Derivations: docs/derivations.md.
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterator, Sequence
+from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -52,6 +53,7 @@ __all__ = ["Walker"]
 
 TP, PP, DP = ParallelAxis.TP, ParallelAxis.PP, ParallelAxis.DP
 _new = tuple.__new__  # MemoryEvent without its keyword-argument layer
+BUFFERS, BUCKET = repeat("buffers"), repeat("zero2 bucket")  # (zip stops at the shortest)
 
 ARRAY_REDUCTIONS = 24
 """An op with this many bucket reductions or more runs them as arrays
@@ -580,13 +582,12 @@ class Walker:
             tally.busbw_bps = busbw
         if holds is None:
             return []
-        which, sizes = holds
+        which, sizes, negatives = holds
         ready = (t0 + rel[which]).tolist()
         done = fired[last_call[which]].tolist()
-        held: list[MemoryEvent] = []
-        for r, d, size in zip(ready, done, sizes, strict=True):
-            held.append(_new(MemoryEvent, (r, "buffers", size, "zero2 bucket")))
-            held.append(_new(MemoryEvent, (d, "buffers", -size, "zero2 bucket")))
+        held: list[MemoryEvent] = [None] * (2 * len(ready))  # type: ignore[list-item]
+        held[0::2] = map(_new, repeat(MemoryEvent), zip(ready, BUFFERS, sizes, BUCKET))
+        held[1::2] = map(_new, repeat(MemoryEvent), zip(done, BUFFERS, negatives, BUCKET))
         return held
 
     def send_output(self, prog: RankState, op: PipeOp, dest: tuple[int, Phase, int]) -> None:

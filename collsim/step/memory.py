@@ -131,6 +131,8 @@ class MemoryLedger:
     _known: list[tuple[int, Any, Any, Any]] = field(default_factory=list)
     """Runs of single events whose columns are known (:meth:`known_columns`): (first
     index, times, deltas, categories), in order."""
+    _columns: tuple[tuple[int, int, int], tuple[Any, Any, Any]] | None = None
+    """:meth:`single_columns` with the (list, count, declared runs) they hold for."""
     _peaks: tuple[tuple[int, int, int], MemoryPeak, float] | None = None
     """:meth:`peak` and the activations' :meth:`category_peak` as declared
     (:meth:`known_peaks`), with the counts of events they hold for."""
@@ -275,19 +277,8 @@ class MemoryLedger:
             return self._arr
 
         index = {k: i for i, k in enumerate(MEMORY_KEYS)}
-        times, deltas, cats = [], [], []
-        singles, done = self._events, 0
-        for first, *known in [*self._known, (len(singles), None, None, None)]:
-            if first > done or known[0] is None:
-                t, d, c = event_columns(singles[done:first])
-                times.append(t)
-                deltas.append(d)
-                cats.append(c)
-            if known[0] is not None:
-                times.append(known[0])
-                deltas.append(known[1])
-                cats.append(known[2])
-                done = first + len(known[0])
+        t, d, c = self.single_columns()
+        times, deltas, cats = [t], [d], [c]
         if self._batch is not None:  # then nothing in _placed
             batch = self._batch
             t, d, c = _pattern_arrays(batch.starts, batch.which, batch.kinds, index)
@@ -305,6 +296,32 @@ class MemoryLedger:
         self._arr = _Sorted(t, d, c, np.cumsum(d))
         self._arr_n = key
         return self._arr
+
+    def single_columns(self) -> tuple[Any, Any, Any]:
+        """The single events (placed patterns not expanded) as columns
+        (:func:`event_columns`), the runs declared by :meth:`known_columns` taken as declared;
+        kept until the next event is recorded (the peaks and the allocator's replay both read
+        them)."""
+        singles = self._events
+        key = (id(singles), len(singles), len(self._known))
+        if self._columns is not None and self._columns[0] == key:
+            return self._columns[1]
+        times, deltas, cats = [], [], []
+        done = 0
+        for first, *known in [*self._known, (len(singles), None, None, None)]:
+            if first > done or known[0] is None:
+                t, d, c = event_columns(singles[done:first])
+                times.append(t)
+                deltas.append(d)
+                cats.append(c)
+            if known[0] is not None:
+                times.append(known[0])
+                deltas.append(known[1])
+                cats.append(known[2])
+                done = first + len(known[0])
+        columns = (np.concatenate(times), np.concatenate(deltas), np.concatenate(cats))
+        self._columns = (key, columns)
+        return columns
 
     def _placed_arrays(self, index: dict[str, int]) -> tuple[Any, Any, Any]:
         """The placed patterns' events as (times, deltas, categories): grouped by pattern in

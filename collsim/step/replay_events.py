@@ -22,7 +22,6 @@ from collsim.step.memory import (
     MemoryEvent,
     MemoryLedger,
     PlacedOps,
-    event_columns,
     pattern_columns,
 )
 from collsim.step.result import MEMORY_KEYS
@@ -154,14 +153,17 @@ def replay_events(ledger: MemoryLedger) -> Sequence[MemoryEvent]:
     :class:`ReplayEvents` when the ledger has placed patterns whose kinds all shift and whose
     micro-batches and chunks are integers, else the sorted list itself."""
     singles, placed = ledger.recorded()
-    built = None if placed is None else _build(singles, placed)
+    built = None if placed is None else _build(singles, placed, ledger.single_columns())
     return ledger.sorted_events() if built is None else built
 
 
-def _build(singles: list[MemoryEvent], placed: PlacedOps) -> ReplayEvents | None:
-    """:class:`ReplayEvents` of the recorded events, or None where the columns cannot say
-    what the labels say (a kind that does not shift, a micro-batch or chunk that is not an
-    integer, a label that does not hash)."""
+def _build(
+    singles: list[MemoryEvent], placed: PlacedOps, single_columns: tuple[Any, Any, Any]
+) -> ReplayEvents | None:
+    """:class:`ReplayEvents` of the recorded events (``single_columns``: the singles' times,
+    deltas and categories, :meth:`MemoryLedger.single_columns`), or None where the columns
+    cannot say what the labels say (a kind that does not shift, a micro-batch or chunk that is
+    not an integer, a label that does not hash)."""
     flat = [ev for pattern in placed.kinds for ev in pattern.events]
     if any(ev[2] not in SHIFTING_KINDS for ev in flat):
         return None
@@ -170,7 +172,7 @@ def _build(singles: list[MemoryEvent], placed: PlacedOps) -> ReplayEvents | None
         return None
     numbers: dict[Any, int] = {}
     try:
-        single = _single_columns(singles, numbers)
+        single = _single_columns(singles, single_columns, numbers)
     except TypeError:  # an unhashable label
         return None
     pattern = _pattern_columns(placed, flat, numbers)
@@ -227,36 +229,33 @@ def _integers(values: Any) -> list[int] | None:
     return values if all(type(v) is int for v in values) else None
 
 
-def _single_columns(singles: list[MemoryEvent], numbers: dict[Any, int]) -> dict[str, Any]:
-    """The single events' columns; their labels numbered in ``numbers``. A label that is not
-    a tuple (a bucket's, a message's: thousands of events of a few labels) is numbered once
-    (``numbers`` keys it by equality, so a dict by the label gives the same number)."""
-    times, deltas, categories = event_columns(singles)
-    codes: list[int] = []
-    at: list[int] = []  # the events whose label shifts
-    mbs: list[int] = []  # and their micro-batches
-    plain: dict[Any, int] = {}
-    for i, label in enumerate(map(itemgetter(3), singles)):
-        if type(label) is not tuple:
-            code = plain.get(label)
-            if code is None:
-                code = plain[label] = numbers.setdefault(("n", label), len(numbers))
-        elif _shifts(label):
-            code = numbers.setdefault(("s", label[0], label[1], label[3]), len(numbers))
-            at.append(i)
-            mbs.append(label[2])
-        else:
-            code = numbers.setdefault(("n", label), len(numbers))
-        codes.append(code)
-    microbatches = np.zeros(len(singles), dtype=np.int64)
-    microbatches[at] = mbs
-    shifting = np.zeros(len(singles), dtype=bool)
-    shifting[at] = True
+def _single_columns(
+    singles: list[MemoryEvent], columns: tuple[Any, Any, Any], numbers: dict[Any, int]
+) -> dict[str, Any]:
+    """The single events' columns (``columns``: their times, deltas and categories); their
+    labels numbered in ``numbers``. Each distinct label
+    (by equality, in order of first use: thousands of events share a few bucket and message
+    labels, an activation's label is used twice) is numbered once, then every event's code
+    and whether its label shifts are read from those numbers in one pass each."""
+    times, deltas, categories = columns
+    labels = list(map(itemgetter(3), singles))
+    code_of: dict[Any, int] = {}
+    shifts: dict[Any, bool] = {}
+    for label in dict.fromkeys(labels):
+        shift = type(label) is tuple and _shifts(label)
+        key = ("s", label[0], label[1], label[3]) if shift else ("n", label)
+        code_of[label] = numbers.setdefault(key, len(numbers))
+        shifts[label] = shift
+    n = len(labels)
+    shifting = np.fromiter(map(shifts.__getitem__, labels), dtype=bool, count=n)
+    at = np.flatnonzero(shifting).tolist()
+    microbatches = np.zeros(n, dtype=np.int64)
+    microbatches[at] = [labels[i][2] for i in at]
     return {
         "times": times,
         "deltas": deltas,
         "categories": categories,
-        "codes": np.array(codes, dtype=np.int64),
+        "codes": np.fromiter(map(code_of.__getitem__, labels), dtype=np.int64, count=n),
         "microbatches": microbatches,
         "shifting": shifting,
     }
