@@ -11,7 +11,6 @@ from typing import Any
 from collsim.core.vocab import ParallelAxis
 from collsim.parallel.buckets import Bucket
 from collsim.parallel.fsdp import grad_sync_of
-from collsim.parallel.params import ParamTensor
 from collsim.parallel.plan import Plan
 from collsim.parallel.states import rank_model_states
 from collsim.step.ops import ChunkModel, Segment, StageModel
@@ -380,23 +379,25 @@ class DataParallelRules:
         return hit
 
     def _unit_numel(self, chunk: ChunkModel, key: str | int, expert: bool | None) -> float:
-        """:meth:`unit_numel`, the unit's tensors listed once per unit (every segment's in one
-        pass over the chunk's tensors, each list in the chunk's order)."""
-        slot = (id(chunk), key, "tensors")
-        tensors = self._units.get(slot)
-        if tensors is None:
-            if key == "root":
-                keys = ("embedding", "head")
-                tensors = [t for t in chunk.tensors if t.segment in keys]
-            else:
-                groups: dict[str | int, list[ParamTensor]] = {}
-                for t in chunk.tensors:
-                    groups.setdefault(t.segment, []).append(t)
-                for segment, group in groups.items():
-                    self._units.setdefault((id(chunk), segment, "tensors"), group)
-                tensors = groups.get(key, [])
-            self._units[slot] = tensors
-        return float(sum(t.numel for t in tensors if expert is None or t.expert == expert))
+        """:meth:`unit_numel`, from every unit's elements added up in one pass over the
+        chunk's tensors, in the chunk's order (all, non-expert, expert; the root's from the
+        embedding's and the head's)."""
+        slot = (id(chunk), "", "sums")
+        sums = self._units.get(slot)
+        if sums is None:
+            sums = self._units[slot] = {}
+            for t in chunk.tensors:
+                keys = (t.segment, "root") if t.segment in ("embedding", "head") else (t.segment,)
+                for k in keys:
+                    acc = sums.get(k)
+                    if acc is None:
+                        acc = sums[k] = [0, 0, 0]
+                    acc[0] += t.numel
+                    acc[2 if t.expert else 1] += t.numel
+        acc = sums.get(key)
+        if acc is None:
+            return 0.0
+        return float(acc[0] if expert is None else acc[2] if expert else acc[1])
 
     def gather_bytes(self, chunk: ChunkModel, key: str | int) -> float:
         """Memory of a gathered unit (in the gathered dtype)."""
