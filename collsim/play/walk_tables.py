@@ -111,20 +111,22 @@ class SegStep:
 
 class SettledOp(NamedTuple):
     """A ZeRO-3 op whose units are all gathered and ready when it starts and that releases
-    none of them (:func:`~collsim.play.walk_zero3.settled_op`): its segments run back to back
-    as one block, with no call on the dp stream."""
+    none of them (:func:`~collsim.play.walk_zero3.settled_op`): its segments run back to back,
+    with no call on the dp stream. Each sum is kept as the terms the segment loop adds one
+    after another, so that the block adds them in the same order (the same floats)."""
 
     needs: tuple[tuple[int, str | int], ...]
     """The units it reads, each gathered and ready by the op's start for the block to hold."""
-    duration: float
-    compute_s: float
-    framework_s: float
-    comm_items: tuple[tuple[str, float], ...]
-    """The exposed collectives of its segments added up, per account key."""
+    steps: tuple[float, ...]
+    """Each segment's seconds, in order (the clock's terms)."""
+    compute_s: tuple[float, ...]
+    framework_s: tuple[float, ...]
+    comm: tuple[tuple[str, tuple[float, ...]], ...]
+    """Per account key of its exposed collectives, each segment's seconds, in order."""
     pattern: MemoryPattern | None
-    """Its segments' activation events, relative to its start (None without any)."""
-    run_key: tuple[int, int]
-    segs: list[Segment]
+    """Its segments' activation events on their boundaries (None without any)."""
+    runs: tuple[tuple[tuple[int, int], Segment], ...]
+    """Each segment's key in the walk's TP runs (:meth:`Walker.flush_tp`), with the segment."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,26 +301,21 @@ def pipeline_links(schedule: StepSchedule, stage: int) -> list[Link]:
 
 def reduction_arrays(reductions: Sequence[Reduction]) -> tuple[Any, ...]:
     """What :meth:`~collsim.play.walker.Walker.reductions_as_arrays` reads of an op's
-    reductions, once: each reduction's offset; per call (in order) its reduction's offset, its
-    seconds summed up to it (inclusive and before it); each reduction's last call; the held
-    ZeRO-2 buffers (which reductions, their bytes and their negatives; None without any); per
-    tally in order of first use (key, calls, their seconds added up, the busbw of its last
-    call)."""
+    reductions, once: each reduction's offset; per call (in order) its reduction's offset and
+    its seconds; each reduction's last call; the held ZeRO-2 buffers (which reductions, their
+    bytes and their negatives; None without any); per tally in order of first use (key,
+    calls, each call's seconds in order, the busbw of its last call)."""
     rel = np.array([r for r, _, _ in reductions], dtype=float)
     counts = np.array([len(calls) for _, calls, _ in reductions], dtype=np.intp)
     calls = [c for _, cs, _ in reductions for c in cs]
-    seconds = np.array([t for t, _, _ in calls], dtype=float)
-    through = np.cumsum(seconds)
-    before = through - seconds
-    before[1:] = through[:-1]  # the running sum before each call, as the sum reached it
     tallies: dict[CallKey, list[Any]] = {}
     for t, busbw, key in calls:
         entry = tallies.get(key)
         if entry is None:
-            tallies[key] = [key, 1, 0.0 + t, busbw]
+            tallies[key] = [key, 1, [t], busbw]
         else:
             entry[1] += 1
-            entry[2] += t
+            entry[2].append(t)
             entry[3] = busbw
     which = np.flatnonzero([hold for _, _, hold in reductions])
     holds = None
@@ -328,9 +325,8 @@ def reduction_arrays(reductions: Sequence[Reduction]) -> tuple[Any, ...]:
     return (
         rel,
         np.repeat(rel, counts),
-        through,
-        before,
+        [t for t, _, _ in calls],
         np.cumsum(counts) - 1,
         holds,
-        [tuple(e) for e in tallies.values()],
+        [(key, n, tuple(ts), busbw) for key, n, ts, busbw in tallies.values()],
     )

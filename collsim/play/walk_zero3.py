@@ -98,8 +98,8 @@ def settled_op(
 ) -> SettledOp | None:
     """The op as one block when its units are gathered and ready at its start (None when one
     of its segments releases its unit in this micro-batch: ``last``, the last one or not):
-    what :func:`run_segments` then does, added up once per (rank, chunk, phase, paired,
-    last). Its events are those of the segment loop, in its order, relative to the start."""
+    what :func:`run_segments` then does, once per (rank, chunk, phase, paired, last). Its
+    events are those of the segment loop, in its order, on the segments' boundaries."""
     key = (prog.rank, chunk.index, phase, paired, last)
     if key in w.settled:
         return w.settled[key]
@@ -111,22 +111,24 @@ def settled_op(
     gathers = phase is not Phase.BACKWARD_WEIGHT
     needs: dict[tuple[int, str | int], None] = {}
     events: list[tuple[float, float, str, object]] = []
-    comm: dict[str, float] = {}
-    t = compute = framework = 0.0
-    for sp in steps:
+    at: list[int] = []
+    comm: dict[str, list[float]] = {}
+    t = 0.0
+    for i, sp in enumerate(steps):
         seg = sp.seg
         needs.update((unit, None) for unit, _, _, _ in sp.issues)
         if gathers:
             needs[sp.unit] = None
+        start = len(events)
         if seg.buffer_bytes:
             events.append((t, float(seg.buffer_bytes), BUFFER_KIND, seg.key))
         if not forward and seg.transient_bytes:
             events.append((t, float(seg.transient_bytes), "recompute", seg.key))
+        at += [i] * (len(events) - start)
         t += sp.duration
-        compute += sp.compute_s
-        framework += seg.framework_s
         for k, v in sp.comm_items:
-            comm[k] = comm.get(k, 0.0) + v
+            comm.setdefault(k, []).append(v)
+        start = len(events)
         if seg.buffer_bytes:
             events.append((t, -float(seg.buffer_bytes), BUFFER_FREE_KIND, seg.key))
         if forward:
@@ -134,25 +136,25 @@ def settled_op(
                 events.append((t, float(seg.stored_bytes), "act", seg.key))
         elif seg.frees and seg.transient_bytes + seg.stored_bytes:
             events.append((t, -float(seg.transient_bytes + seg.stored_bytes), "free", seg.key))
-    segs = [sp.seg for sp in steps]
+        at += [i + 1] * (len(events) - start)
+    durations = tuple(sp.duration for sp in steps)
     op = w.settled[key] = SettledOp(
-        needs=tuple(needs),
-        duration=t,
-        compute_s=compute,
-        framework_s=framework,
-        comm_items=tuple(comm.items()),
-        pattern=MemoryPattern("activations", events) if events else None,
-        run_key=steps[0].run_key if len(steps) == 1 else (prog.rank, id(segs)),
-        segs=segs,
+        needs=tuple(needs) if gathers else (),
+        steps=durations,
+        compute_s=tuple(sp.compute_s for sp in steps),
+        framework_s=tuple(sp.seg.framework_s for sp in steps),
+        comm=tuple((k, tuple(v)) for k, v in comm.items()),
+        pattern=MemoryPattern("activations", events, durations, at) if events else None,
+        runs=tuple((sp.run_key, sp.seg) for sp in steps),
     )
     return op
 
 
 def run_segments(w: Walker, prog: RankState, op: PipeOp, chunk: ChunkModel, paired: bool) -> None:
-    """ZeRO-3: segment by segment, each waiting for its gathered unit (:func:`seg_plan`; a
-    settled op, :func:`settled_op`, runs as one block instead). Memory events are appended as
-    :meth:`MemoryLedger.alloc` / ``free`` would record them (known categories; none for a
-    size of zero)."""
+    """ZeRO-3: segment by segment, each waiting for its gathered unit (:func:`seg_plan`).
+    The walk runs a settled op (:func:`settled_op`) as one block instead of calling this.
+    Memory events are appended as :meth:`MemoryLedger.alloc` / ``free`` would record them
+    (known categories; none for a size of zero)."""
     forward = op.phase is Phase.FORWARD
     gathers = op.phase is not Phase.BACKWARD_WEIGHT
     weight = op.phase is Phase.BACKWARD_WEIGHT

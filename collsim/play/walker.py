@@ -9,7 +9,9 @@ micro-batch. Derivations: docs/derivations.md.
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterator, Sequence
-from itertools import repeat
+from functools import reduce
+from itertools import accumulate, repeat
+from operator import add
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -54,6 +56,14 @@ __all__ = ["Walker"]
 TP, PP, DP = ParallelAxis.TP, ParallelAxis.PP, ParallelAxis.DP
 _new = tuple.__new__  # MemoryEvent without its keyword-argument layer
 BUFFERS, BUCKET = repeat("buffers"), repeat("zero2 bucket")  # (zip stops at the shortest)
+
+
+def _queue(free_s: float, call: tuple[float, float]) -> float:
+    """When a call (ready time, seconds) ends on a stream free at ``free_s``:
+    ``max(ready, free) + seconds``, as :meth:`Walker.run_priced` adds it."""
+    ready, seconds = call
+    return (ready if ready >= free_s else free_s) + seconds
+
 
 ARRAY_REDUCTIONS = 24
 """An op with this many bucket reductions or more runs them as arrays
@@ -308,18 +318,20 @@ class Walker:
             if block is not None and all(
                 (ready := gathered.get(unit)) is not None and ready <= now for unit in block.needs
             ):
-                prog.now = now + block.duration
-                breakdown["compute"] += block.compute_s
-                breakdown["framework"] += block.framework_s
-                for k, v in block.comm_items:
-                    breakdown[k] += v
+                # the loop's sums, term by term in its order (reduce adds left to right)
+                prog.now = reduce(add, block.steps, now)
+                breakdown["compute"] = reduce(add, block.compute_s, breakdown["compute"])
+                breakdown["framework"] = reduce(add, block.framework_s, breakdown["framework"])
+                for k, terms in block.comm:
+                    breakdown[k] = reduce(add, terms, breakdown[k])
                 if block.pattern is not None:  # MemoryLedger.place
                     placed.append((now, block.pattern, op.microbatch, op.chunk, len(events)))
-                slot = runs.get(block.run_key)
-                if slot is None:
-                    runs[block.run_key] = [block.segs, 1]
-                else:
-                    slot[1] += 1
+                for run_key, seg in block.runs:
+                    slot = runs.get(run_key)
+                    if slot is None:
+                        runs[run_key] = [[seg], 1]
+                    else:
+                        slot[1] += 1
             else:
                 run_segments(self, prog, op, chunk, paired)
             if dest is not None:
@@ -556,37 +568,38 @@ class Walker:
     def reductions_as_arrays(
         self, prog: RankState, reductions: Sequence[Reduction], t0: float
     ) -> list[MemoryEvent]:
-        """:meth:`run_reductions` of an op's many reductions (issued at ``t0``, overlapped) at
-        once: the dp stream's queue as a running maximum (a call ends at ``max(its ready time,
-        the previous end) + its seconds``: each end is the prefix sum of the seconds plus the
-        latest ``ready - seconds before it``, or the stream's free time), each tally's calls
-        added up once. Equal to the call-by-call loop to rounding."""
+        """:meth:`run_reductions` of an op's many reductions (issued at ``t0``, overlapped)
+        with their columns made once (:func:`reduction_arrays`): the dp stream's queue (a
+        call ends at ``max(its ready time, the previous end) + its seconds``) as one
+        accumulation over the calls, each tally's seconds added in call order, the ZeRO-2
+        buffers made from the columns. The same floats as the call-by-call loop."""
         known = self._reduction_arrays.get(id(reductions))
         if known is None or known[0] is not reductions:
             known = self._reduction_arrays[id(reductions)] = (
                 reductions,
                 *reduction_arrays(reductions),
             )
-        _, rel, call_rel, through, before, last_call, holds, tallies = known
-        ends = through + np.maximum(np.maximum.accumulate(t0 + call_rel - before), prog.dp_free)
-        fired = t0 + (ends - t0)  # fires(t0, end)
-        prog.dp_free = float(ends[-1])
+        _, rel, call_rel, seconds, last_call, holds, tallies = known
+        ready = (t0 + call_rel).tolist()  # each t0 + offset, as the loop adds it
+        ends = list(accumulate(zip(ready, seconds, strict=True), _queue, initial=prog.dp_free))
+        prog.dp_free = ends[-1]
+        fired = t0 + (np.array(ends[1:]) - t0)  # fires(t0, end), element by element
         latest = float(fired.max())
         if latest > prog.dp_last_end:
             prog.dp_last_end = latest
         stats = self.stats
-        for key, count, time_s, busbw in tallies:
+        for key, count, terms, busbw in tallies:
             tally = stats.tallies.get(key) or stats.tally(key)
             tally.count += count
-            tally.time_s += time_s
+            tally.time_s = reduce(add, terms, tally.time_s)
             tally.busbw_bps = busbw
         if holds is None:
             return []
         which, sizes, negatives = holds
-        ready = (t0 + rel[which]).tolist()
+        starts = (t0 + rel[which]).tolist()
         done = fired[last_call[which]].tolist()
-        held: list[MemoryEvent] = [None] * (2 * len(ready))  # type: ignore[list-item]
-        held[0::2] = map(_new, repeat(MemoryEvent), zip(ready, BUFFERS, sizes, BUCKET))
+        held: list[MemoryEvent] = [None] * (2 * len(starts))  # type: ignore[list-item]
+        held[0::2] = map(_new, repeat(MemoryEvent), zip(starts, BUFFERS, sizes, BUCKET))
         held[1::2] = map(_new, repeat(MemoryEvent), zip(done, BUFFERS, negatives, BUCKET))
         return held
 

@@ -61,15 +61,55 @@ class MemoryPattern:
         category: a MEMORY_KEYS category.
         events: ``(offset_s, delta_bytes, kind, key)`` per event; zero deltas are dropped. A
             placed event is labelled ``(kind, key, microbatch, chunk)``.
+        steps: the seconds of the op's segments, one after another, when its events fall on
+            their boundaries; ``at``: each event's boundary (0 the start, ``i`` the end of
+            segment ``i - 1``). A placement's boundaries are then its start with the steps
+            added one by one (:meth:`times`), the very floats of a clock that runs the
+            segments in turn, where ``start + offset_s`` can be a rounding apart.
     """
 
-    __slots__ = ("category", "events")
+    __slots__ = ("at", "category", "events", "steps")
 
-    def __init__(self, category: str, events: list[tuple[float, float, str, Any]]) -> None:
+    def __init__(
+        self,
+        category: str,
+        events: list[tuple[float, float, str, Any]],
+        steps: tuple[float, ...] | None = None,
+        at: list[int] | None = None,
+    ) -> None:
         if category not in MEMORY_KEYS:
             raise SimulationError(f"unknown memory category {category!r}")
         self.category = category
-        self.events = [(float(t), float(d), kind, key) for t, d, kind, key in events if d]
+        kept = [i for i, ev in enumerate(events) if ev[1]]
+        self.events = [
+            (float(t), float(d), kind, key) for t, d, kind, key in map(events.__getitem__, kept)
+        ]
+        self.steps = steps
+        self.at = None if at is None else np.array([at[i] for i in kept], dtype=np.intp)
+
+    def times(self, starts: Any) -> Any:
+        """The events' times placed at each of ``starts`` (an array): one row per start, one
+        column per event."""
+        starts = np.asarray(starts, dtype=float)
+        if self.steps is None:
+            offsets = np.array([ev[0] for ev in self.events], dtype=float)
+            return starts[:, None] + offsets[None, :]
+        grid = np.empty((len(starts), len(self.steps) + 1))
+        grid[:, 0] = starts
+        grid[:, 1:] = self.steps
+        np.add.accumulate(grid, axis=1, out=grid)  # left to right along each row
+        return grid[:, self.at]
+
+    def times_at(self, start_s: float) -> list[float]:
+        """The events' times placed at ``start_s`` (:meth:`times` of one start, in Python)."""
+        if self.steps is None:
+            return [start_s + ev[0] for ev in self.events]
+        bounds = [start_s]
+        t = start_s
+        for step in self.steps:
+            t += step
+            bounds.append(t)
+        return [bounds[i] for i in self.at.tolist()]  # type: ignore[union-attr]
 
 
 def pattern_columns(kinds: list[MemoryPattern]) -> tuple[Any, Any]:
@@ -183,10 +223,18 @@ class MemoryLedger:
             out.extend(singles[done:before])
             done = before
             cat = pattern.category
-            out.extend(
-                new(MemoryEvent, (t0 + rel, cat, delta, (kind, key, mb, c)))
-                for rel, delta, kind, key in pattern.events
-            )
+            if pattern.steps is None:
+                out.extend(
+                    new(MemoryEvent, (t0 + rel, cat, delta, (kind, key, mb, c)))
+                    for rel, delta, kind, key in pattern.events
+                )
+            else:
+                out.extend(
+                    new(MemoryEvent, (t, cat, delta, (kind, key, mb, c)))
+                    for t, (_, delta, kind, key) in zip(
+                        pattern.times_at(t0), pattern.events, strict=True
+                    )
+                )
         out.extend(singles[done:])
         self._placed.clear()
         self._known.clear()  # the single events moved
@@ -433,7 +481,17 @@ def _pattern_arrays(
     source = np.repeat(base[which], lens) + within
     offsets, deltas = pattern_columns(kinds)
     cats = np.repeat(np.array([index[p.category] for p in kinds], dtype=np.int8), sizes)
-    return np.repeat(starts, lens) + offsets[source], deltas[source], cats[source]
+    times = np.repeat(starts, lens) + offsets[source]
+    stepped = [q for q, p in enumerate(kinds) if p.steps is not None]
+    if stepped:  # grouped: kind q's events are one block, placement after placement
+        first = np.searchsorted(which, np.arange(len(kinds)), side="left")
+        last = np.searchsorted(which, np.arange(len(kinds)), side="right")
+        block = np.concatenate(([0], np.cumsum(sizes[which])))
+        for q in stepped:
+            lo, hi = int(first[q]), int(last[q])
+            if hi > lo:
+                times[block[lo] : block[hi]] = kinds[q].times(starts[lo:hi]).ravel()
+    return times, deltas[source], cats[source]
 
 
 class Timelines(Mapping[int, list[tuple[float, float]]]):

@@ -12,7 +12,7 @@ apart.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from operator import itemgetter
 from typing import Any
 
@@ -62,7 +62,6 @@ class ReplayEvents(Sequence[MemoryEvent]):
         self._singles = singles
         self._flat = flat
         """Every pattern's events, one pattern after another."""
-        self._starts = placed.starts.tolist()
         cats = [p.category for p in placed.kinds]
         self._cats = [cats[k] for k in placed.which.tolist()]
         """Each placement's category."""
@@ -100,9 +99,9 @@ class ReplayEvents(Sequence[MemoryEvent]):
                 ev = self._singles[r]
             else:
                 p = self._placement[r - singles]
-                rel, delta, kind, key = self._flat[self._source[r - singles]]
+                _, delta, kind, key = self._flat[self._source[r - singles]]
                 label = (kind, key, self._mbs[p], self._chunks[p])
-                ev = _new(MemoryEvent, (self._starts[p] + rel, self._cats[p], delta, label))
+                ev = _new(MemoryEvent, (float(self.times[i]), self._cats[p], delta, label))
             self._built[i] = ev
         return ev
 
@@ -153,17 +152,20 @@ def replay_events(ledger: MemoryLedger) -> Sequence[MemoryEvent]:
     :class:`ReplayEvents` when the ledger has placed patterns whose kinds all shift and whose
     micro-batches and chunks are integers, else the sorted list itself."""
     singles, placed = ledger.recorded()
-    built = None if placed is None else _build(singles, placed, ledger.single_columns())
+    built = None if placed is None else _build(singles, placed, ledger.single_columns)
     return ledger.sorted_events() if built is None else built
 
 
 def _build(
-    singles: list[MemoryEvent], placed: PlacedOps, single_columns: tuple[Any, Any, Any]
+    singles: list[MemoryEvent],
+    placed: PlacedOps,
+    single_columns: Callable[[], tuple[Any, Any, Any]],
 ) -> ReplayEvents | None:
-    """:class:`ReplayEvents` of the recorded events (``single_columns``: the singles' times,
-    deltas and categories, :meth:`MemoryLedger.single_columns`), or None where the columns
-    cannot say what the labels say (a kind that does not shift, a micro-batch or chunk that is
-    not an integer, a label that does not hash)."""
+    """:class:`ReplayEvents` of the recorded events (``single_columns``: gives the singles'
+    times, deltas and categories, :meth:`MemoryLedger.single_columns`, read once the columns
+    are known to do), or None where the columns cannot say what the labels say (a kind that
+    does not shift, a micro-batch or chunk that is not an integer, a label that does not
+    hash)."""
     flat = [ev for pattern in placed.kinds for ev in pattern.events]
     if any(ev[2] not in SHIFTING_KINDS for ev in flat):
         return None
@@ -172,7 +174,7 @@ def _build(
         return None
     numbers: dict[Any, int] = {}
     try:
-        single = _single_columns(singles, single_columns, numbers)
+        single = _single_columns(singles, single_columns(), numbers)
     except TypeError:  # an unhashable label
         return None
     pattern = _pattern_columns(placed, flat, numbers)
@@ -287,12 +289,18 @@ def _pattern_columns(
         table[u] = numbers.setdefault(("s", kind, key, chunk), len(numbers))
     index = {k: i for i, k in enumerate(MEMORY_KEYS)}
     categories = np.array([index[p.category] for p in kinds], dtype=np.int8)
+    starts = np.asarray(placed.starts, dtype=float)
+    times = starts[placement] + offsets[source]
+    for q, pattern in enumerate(kinds):
+        if pattern.steps is not None:  # its boundaries added up as a clock would
+            mine = which == q
+            times[np.repeat(mine, lens)] = pattern.times(starts[mine]).ravel()
     return {
         "before": np.asarray(placed.before, dtype=np.intp)[placement],
         "placement": placement,
         "within": within,
         "source": source,
-        "times": np.asarray(placed.starts, dtype=float)[placement] + offsets[source],
+        "times": times,
         "deltas": deltas[source],
         "categories": categories[which][placement],
         "codes": table[inverse.reshape(-1)],

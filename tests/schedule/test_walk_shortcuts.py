@@ -1,13 +1,14 @@
-"""The walk's two shortcuts say what the step-by-step interpretation says, to rounding: a ZeRO-3
-op whose units are gathered and ready and that releases none runs as one block
+"""The walk's two shortcuts say what the step-by-step interpretation says, float for float: a
+ZeRO-3 op whose units are gathered and ready and that releases none runs as one block
 (:func:`collsim.play.walk_zero3.settled_op`, taken for most ops of the plans that keep their
-units); an op's many bucket reductions run as arrays (:meth:`Walker.reductions_as_arrays`),
-the dp stream, tallies and ZeRO-2 buffers as the call-by-call loop leaves them, whether the
-stream is idle, busy or falls idle between buckets."""
+units), its events on its segments' boundaries as the loop's clock reaches them; an op's many
+bucket reductions run from columns (:meth:`Walker.reductions_as_arrays`), the dp stream,
+tallies and ZeRO-2 buffers as the call-by-call loop leaves them, whether the stream is idle,
+busy or falls idle between buckets. Equal by their bits: events that coincide must stay
+coincident for the memory peaks (frees sort before allocations at one instant)."""
 
 from __future__ import annotations
 
-import math
 import random
 from typing import Any
 
@@ -20,36 +21,39 @@ from collsim.parallel.config import DDPConfig, FSDPConfig, ParallelConfig, Train
 from collsim.play.walk import estimate_step
 from collsim.play.walker import Walker
 from collsim.step.build import build_schedule
+from collsim.step.memory import MemoryPattern
 from collsim.step.pricing import ClosedPricer
 from collsim.step.result import StepResult
 from collsim.step.stats import CallKey
 from collsim.workload import get_preset
 
-REL = 1e-12
-"""The shortcuts add seconds up before adding them to the clock; the loops add them one by
-one (a few roundings apart)."""
+
+def _facts(r: StepResult) -> object:
+    return _bits(
+        {
+            "step": r.step_time_s,
+            "breakdown": dict(r.breakdown_s.items()),
+            "peak": r.memory_peak_bytes_by_rank,
+            "activations": r.activation_peak_bytes_by_rank,
+            "reserved": r.memory_reserved_bytes,
+            "timeline": dict(r.memory_timeline),
+            "stages": r.stage_end_s,
+            "calls": [
+                (c.axis, c.op, c.size_bytes, c.count, c.time_s, c.busbw_bps) for c in r.collectives
+            ],
+        }
+    )
 
 
-def _facts(r: StepResult) -> dict[str, Any]:
-    return {
-        "step": r.step_time_s,
-        "breakdown": dict(r.breakdown_s.items()),
-        "peak": r.memory_peak_bytes_by_rank,
-        "activations": r.activation_peak_bytes_by_rank,
-        "reserved": r.memory_reserved_bytes,
-        "stages": r.stage_end_s,
-        "calls": [(c.axis, c.op, c.size_bytes, c.count, c.time_s) for c in r.collectives],
-    }
-
-
-def _close(a: object, b: object) -> bool:
-    if isinstance(a, float) and isinstance(b, float):
-        return math.isclose(a, b, rel_tol=REL, abs_tol=1e-15)
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b, strict=True))
-    return a == b
+def _bits(x: object) -> object:
+    """``x`` with every float as its bits (``float.hex``: -0.0 is not 0.0)."""
+    if isinstance(x, float):
+        return x.hex()
+    if isinstance(x, dict):
+        return {k: _bits(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_bits(v) for v in x]
+    return x
 
 
 def _plan(pp: int, raf: bool, sync: str, prefetch: int) -> tuple[TrainingConfig, ParallelConfig]:
@@ -105,7 +109,58 @@ def test_settled_ops_walk_as_the_segment_loop(
     looped.clear()
     loop = estimate_step(topology, spec, training, parallel)
     assert len(looped) == ops  # every op segment by segment
-    assert _close(_facts(blocks), _facts(loop)), (_facts(blocks), _facts(loop))
+    assert _facts(blocks) == _facts(loop)
+
+
+def test_settled_ops_keep_coincident_events_coincident(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plan where, with a block's events at ``start + offset`` (a rounding away from the
+    loop's clock), a gather and a gradient buffer's free stopped coinciding and rank 0's peak
+    moved by 4 MiB: the boundaries are the clock's own floats, so the peak and the timeline
+    stay the loop's."""
+    topology = load_topology("dgx_h100", nodes=4)
+    spec = get_preset("llama2-7b", num_layers=16, seq_len=1024)
+    training = TrainingConfig(global_batch=64, micro_batch=1, recompute="none")
+    fsdp = FSDPConfig(prefetch=1, reshard_after_forward=False, grad_sync="microbatch")
+    parallel = ParallelConfig(
+        tp=2,
+        pp=4,
+        dp=4,
+        schedule="interleaved",
+        virtual_stages=2,
+        zero=3,
+        sequence_parallel=True,
+        fsdp=fsdp,
+    )
+    looped: list[int] = []
+    run_segments = zero3.run_segments
+    monkeypatch.setattr(
+        walker_module, "run_segments", lambda *args: (looped.append(1), run_segments(*args))
+    )
+    blocks = estimate_step(topology, spec, training, parallel)
+    assert 0 < len(looped) < len(build_schedule(topology, spec, training, parallel).pipeline[0]) * 4
+    monkeypatch.setattr(walker_module, "settled_op", lambda *args: None)
+    loop = estimate_step(topology, spec, training, parallel)
+    assert _facts(blocks) == _facts(loop)
+
+
+def test_a_stepped_pattern_is_placed_as_a_clock_runs_its_steps() -> None:
+    """:meth:`MemoryPattern.times` (numpy, many starts) and ``times_at`` (one start) give the
+    boundaries a Python clock reaches adding the steps one by one from each start."""
+    rng = random.Random(3)
+    steps = tuple(rng.uniform(1e-6, 1e-2) for _ in range(7))
+    at = [0, 1, 1, 3, 7, 7]
+    events = [(0.0, float(i + 1), "act", i) for i in range(len(at))]
+    pattern = MemoryPattern("activations", events, steps, at)
+    starts = [rng.uniform(0.0, 50.0) for _ in range(20)]
+    rows = pattern.times(starts).tolist()
+    for start, row in zip(starts, rows, strict=True):
+        clock, bounds = start, [start]
+        for step in steps:
+            clock += step
+            bounds.append(clock)
+        expected = [bounds[i] for i in at]
+        assert [x.hex() for x in row] == [x.hex() for x in expected]
+        assert [x.hex() for x in pattern.times_at(start)] == [x.hex() for x in expected]
 
 
 def _walker() -> Walker:
@@ -160,7 +215,7 @@ def test_reductions_as_arrays_match_the_loop(
         results.append((_state(w), [tuple(e) for e in held]))
     arrays, loop = results
     assert len(arrays[1]) == len(loop[1]) > 0
-    assert _close(arrays, loop), (arrays[0], loop[0])
+    assert _bits(arrays) == _bits(loop), (arrays[0], loop[0])
 
 
 def test_a_zero2_plan_with_many_buckets_estimates_as_the_loop(
@@ -182,14 +237,4 @@ def test_a_zero2_plan_with_many_buckets_estimates_as_the_loop(
     assert ran
     monkeypatch.setattr(walker_module, "ARRAY_REDUCTIONS", 10**9)
     loop = estimate_step(topology, spec, training, parallel)
-    facts = [
-        (
-            r.step_time_s,
-            dict(r.breakdown_s.items()),
-            r.memory_peak_bytes_by_rank,
-            r.memory_reserved_bytes,
-            [(c.op, c.size_bytes, c.count, c.time_s) for c in r.collectives],
-        )
-        for r in (arrays, loop)
-    ]
-    assert _close(facts[0], facts[1])
+    assert _facts(arrays) == _facts(loop)
