@@ -12,7 +12,7 @@ from collections.abc import Hashable, Iterator, Sequence
 from functools import reduce
 from itertools import accumulate, repeat
 from operator import add
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -120,6 +120,8 @@ class Walker:
         self.runs: dict[tuple[int, int], list[Any]] = {}
         self.seg_plans: dict[tuple[int, int, Phase, bool], list[SegStep]] = {}
         self.settled: dict[tuple[int, int, Phase, bool, bool], SettledOp | None] = {}
+        self._blocks: dict[int, list[SettledOp | bool | None]] = {}
+        """Per stage, per op: its settled block, False when it has none, None until asked."""
         self._windows: dict[tuple[int, int, int], tuple[float, float]] = {}
         """:meth:`grad_window` by (rank, id of a segment's step list, where its gradients
         start); the lists live as long as the walk's schedule."""
@@ -284,10 +286,10 @@ class Walker:
         chunks = self.schedule.stages[stage].chunks
         paired_ops = self.schedule.paired.get(stage, ())
         mail_of = self.mail.get
-        breakdown, gathered, runs = prog.breakdown_s, prog.gathered, self.runs
-        events, placed = prog.ledger.appenders()
+        breakdown, events = prog.breakdown_s, prog.ledger.appenders()[0]
         fold = self.fold_price(prog.rank) if self.gather_pp else None
         last_mb = self.rules.num_microbatches - 1
+        blocks = self._blocks.setdefault(stage, [None] * len(ops))
         ran = False
         while prog.next_op < len(ops):
             op = ops[prog.next_op]
@@ -312,33 +314,45 @@ class Walker:
                     breakdown["pp_exposed"] += fold[1]
             chunk = chunks[op.chunk]
             paired = prog.next_op in paired_ops
-            last = op.microbatch < 0 or op.microbatch >= last_mb
-            block = settled_op(self, prog, chunk, op.phase, paired, last)
-            now = prog.now
-            if block is not None and all(
-                (ready := gathered.get(unit)) is not None and ready <= now for unit in block.needs
-            ):
-                # the loop's sums, term by term in its order (reduce adds left to right)
-                prog.now = reduce(add, block.steps, now)
-                breakdown["compute"] = reduce(add, block.compute_s, breakdown["compute"])
-                breakdown["framework"] = reduce(add, block.framework_s, breakdown["framework"])
-                for k, terms in block.comm:
-                    breakdown[k] = reduce(add, terms, breakdown[k])
-                if block.pattern is not None:  # MemoryLedger.place
-                    placed.append((now, block.pattern, op.microbatch, op.chunk, len(events)))
-                for run_key, seg in block.runs:
-                    slot = runs.get(run_key)
-                    if slot is None:
-                        runs[run_key] = [[seg], 1]
-                    else:
-                        slot[1] += 1
-            else:
+            block = blocks[prog.next_op]
+            if block is None:  # once per op of the walk: settled or not (False)
+                last = op.microbatch < 0 or op.microbatch >= last_mb
+                block = settled_op(self, prog, chunk, op.phase, paired, last) or False
+                blocks[prog.next_op] = block
+            if block is False or not self.run_settled(prog, op, cast(SettledOp, block)):
                 run_segments(self, prog, op, chunk, paired)
             if dest is not None:
                 self.send_output(prog, op, dest)
             prog.next_op += 1
             ran = True
         return ran
+
+    def run_settled(self, prog: RankState, op: PipeOp, block: SettledOp) -> bool:
+        """Run ``op`` as its settled block (:func:`~collsim.play.walk_zero3.settled_op`) if
+        every unit it reads is gathered and ready now; False, with nothing done, if not. The
+        loop's sums are added term by term in its order (``reduce`` adds left to right)."""
+        now, gathered = prog.now, prog.gathered
+        for unit in block.needs:
+            ready = gathered.get(unit)
+            if ready is None or ready > now:
+                return False
+        breakdown = prog.breakdown_s
+        prog.now = reduce(add, block.steps, now)
+        breakdown["compute"] = reduce(add, block.compute_s, breakdown["compute"])
+        breakdown["framework"] = reduce(add, block.framework_s, breakdown["framework"])
+        for k, terms in block.comm:
+            breakdown[k] = reduce(add, terms, breakdown[k])
+        if block.pattern is not None:  # MemoryLedger.place
+            events, placed = prog.ledger.appenders()
+            placed.append((now, block.pattern, op.microbatch, op.chunk, len(events)))
+        runs = self.runs
+        for run_key, seg in block.runs:
+            slot = runs.get(run_key)
+            if slot is None:
+                runs[run_key] = [[seg], 1]
+            else:
+                slot[1] += 1
+        return True
 
     def fold_price(self, rank: int) -> tuple[CallKey, float, float]:
         """(tally key, seconds, busbw) of the TP all-gather folded into each message the rank
