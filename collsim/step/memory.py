@@ -79,6 +79,14 @@ class MemoryPattern:
     ) -> None:
         if category not in MEMORY_KEYS:
             raise SimulationError(f"unknown memory category {category!r}")
+        if (steps is None) != (at is None) or (
+            at is not None
+            and steps is not None
+            and (len(at) != len(events) or any(not 0 <= i <= len(steps) for i in at))
+        ):
+            raise SimulationError(
+                "a stepped pattern needs one boundary in 0..len(steps) per event (steps and at)"
+            )
         self.category = category
         kept = [i for i, ev in enumerate(events) if ev[1]]
         self.events = [

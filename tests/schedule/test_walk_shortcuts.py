@@ -17,6 +17,7 @@ import pytest
 import collsim.play.walk_zero3 as zero3
 import collsim.play.walker as walker_module
 from collsim.cluster.topology import load_topology
+from collsim.core.errors import SimulationError
 from collsim.parallel.config import DDPConfig, FSDPConfig, ParallelConfig, TrainingConfig
 from collsim.play.walk import estimate_step
 from collsim.play.walker import Walker
@@ -161,6 +162,16 @@ def test_a_stepped_pattern_is_placed_as_a_clock_runs_its_steps() -> None:
         expected = [bounds[i] for i in at]
         assert [x.hex() for x in row] == [x.hex() for x in expected]
         assert [x.hex() for x in pattern.times_at(start)] == [x.hex() for x in expected]
+
+
+@pytest.mark.parametrize(
+    ("steps", "at"), [((1.0,), None), (None, [0]), ((1.0,), [0, 1]), ((1.0,), [2])]
+)
+def test_a_stepped_pattern_needs_a_boundary_per_event(
+    steps: tuple[float, ...] | None, at: list[int] | None
+) -> None:
+    with pytest.raises(SimulationError, match="stepped pattern"):
+        MemoryPattern("activations", [(0.0, 1.0, "act", 0)], steps, at)
 
 
 def _walker() -> Walker:
