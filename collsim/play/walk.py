@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+from collections import OrderedDict
+from collections.abc import Hashable
 from typing import TYPE_CHECKING
 
 from collsim.core.errors import CollsimWarning, ConfigError
@@ -165,6 +167,20 @@ def _straggler_schedule(schedule: StepSchedule, stragglers: StragglerConfig) -> 
     return stretch_schedule(schedule, dict(patterns.pop()))
 
 
+PROGRAMS_KEPT = 4
+"""Programs an :class:`Estimator` keeps to build a plan's variants from (the most recent): a
+search's innermost axes vary the DDP knobs and the FSDP prefetch inside the recompute choice,
+so a plan's variant is a few plans back."""
+
+
+def _without_dp_knobs(parallel: ParallelConfig) -> ParallelConfig:
+    """``parallel`` with the knobs :func:`~collsim.step.build.ddp_variant` takes over (DDP, the
+    FSDP prefetch) at their defaults: equal for the plans one program serves."""
+    return dataclasses.replace(
+        parallel, ddp=DDPConfig(), fsdp=dataclasses.replace(parallel.fsdp, prefetch=1)
+    )
+
+
 class Estimator:
     """Closed-form estimates of many plans of one model on one cluster, sharing one price cache.
 
@@ -178,8 +194,9 @@ class Estimator:
         self.spec = spec
         self.pricer = ClosedPricer(topology)
         self.shapes = ShapeCache()
-        self._last: tuple[TrainingConfig, ParallelConfig, StepSchedule] | None = None
-        """The configs and program of the plan :meth:`schedule` built last."""
+        self._recent: OrderedDict[Hashable, StepSchedule] = OrderedDict()
+        """The programs :meth:`schedule` built last (:data:`PROGRAMS_KEPT`), by their configs
+        less the knobs :func:`~collsim.step.build.ddp_variant` takes over."""
 
     def estimate(self, training: TrainingConfig, parallel: ParallelConfig) -> StepResult:
         """The closed form of one plan.
@@ -196,21 +213,22 @@ class Estimator:
         Raises:
             ConfigError: the plan does not match the model or the cluster (see build_plan).
         """
-        last = self._last
+        key = (training, _without_dp_knobs(parallel))
+        known = self._recent.get(key)
         with warnings.catch_warnings():  # kept in the plan's warnings, not raised per plan
             warnings.simplefilter("ignore", CollsimWarning)
-            if (
-                last is not None
-                and last[0] == training
-                and parallel.ddp != last[1].ddp
-                and dataclasses.replace(parallel, ddp=last[1].ddp) == last[1]
-            ):  # the last plan with other DDP knobs (a search's innermost axes)
-                schedule = ddp_variant(last[2], parallel, self.shapes)
+            if known is not None and known.plan.parallel != parallel:
+                # a recent plan with other DDP knobs or FSDP prefetch (a search's innermost
+                # axes): its program, the buckets and data-parallel rules made anew
+                schedule = ddp_variant(known, parallel, self.shapes)
             else:
                 schedule = build_schedule(
                     self.topology, self.spec, training, parallel, cache=self.shapes
                 )
-        self._last = (training, parallel, schedule)
+        self._recent[key] = schedule
+        self._recent.move_to_end(key)
+        while len(self._recent) > PROGRAMS_KEPT:
+            self._recent.popitem(last=False)
         return schedule
 
     def walk(self, schedule: StepSchedule) -> StepResult:

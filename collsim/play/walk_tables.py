@@ -212,8 +212,8 @@ seconds added one after another, their sum from zero, the last busbw)."""
 
 @dataclass(slots=True)
 class SharedWalk:
-    """What the walks of programs that share their segments (a program and the DDP variants
-    built from it, :func:`collsim.step.build.ddp_variant`) work out once: the same segments
+    """What the walks of programs that share their segments (a program and the variants built
+    from it, :func:`collsim.step.build.ddp_variant`) work out once: the same segments
     priced on the same plan layout by a search's one pricer (:meth:`Walker.shared_walk`)."""
 
     bodies: dict[tuple[int, int, Phase, bool], OpBody] = field(default_factory=dict)
@@ -248,6 +248,12 @@ class SharedWalk:
     """Per walked rank, its blocks' patterns placed on the traced starts (:func:`collsim.
     play.walk_pipe.placed_ops`, without reductions' buffers): the trace, the patterns (by
     identity), the events before the first, the placement."""
+    settled: dict[tuple[int, int, Phase, bool, bool], SettledOp | None] = field(
+        default_factory=dict
+    )
+    """:func:`collsim.play.walk_zero3.settled_op` by (rank, chunk, phase, paired, last
+    micro-batch): a settled block reads the segments, their prices and when units are
+    released, none of which a variant's knobs change."""
 
 
 class OpPlan(NamedTuple):

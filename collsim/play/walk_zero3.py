@@ -116,8 +116,7 @@ def settled_op(
     t = 0.0
     for i, sp in enumerate(steps):
         seg = sp.seg
-        needs.update((unit, None) for unit, _, _, _ in sp.issues)
-        if gathers:
+        if gathers:  # (the op's gathers are all for its segments' units, whatever the prefetch)
             needs[sp.unit] = None
         start = len(events)
         if seg.buffer_bytes:

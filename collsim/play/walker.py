@@ -119,7 +119,7 @@ class Walker:
         :class:`OpPlan`, which the walk keeps)."""
         self.runs: dict[tuple[int, int], list[Any]] = {}
         self.seg_plans: dict[tuple[int, int, Phase, bool], list[SegStep]] = {}
-        self.settled: dict[tuple[int, int, Phase, bool, bool], SettledOp | None] = {}
+        self.settled = self.shared.settled
         self._blocks: dict[int, list[SettledOp | bool | None]] = {}
         """Per stage, per op: its settled block, False when it has none, None until asked."""
         self._windows: dict[tuple[int, int, int], tuple[float, float]] = {}

@@ -56,6 +56,7 @@ __all__ = [
     "build_schedule",
     "bytes_per",
     "ddp_variant",
+    "same_but_dp_knobs",
     "plan_blocks",
     "layer_kind_of",
 ]
@@ -307,17 +308,24 @@ def _dp_interferes(plan: Plan) -> bool:
     return plan.dp > 1 and (plan.parallel.zero == 3 or plan.parallel.ddp.overlap)
 
 
+def same_but_dp_knobs(a: ParallelConfig, b: ParallelConfig) -> bool:
+    """Whether two plans' parallel configs differ at most in the knobs :func:`ddp_variant`
+    takes over: ``ddp`` and ``fsdp.prefetch``."""
+    return replace(a, ddp=b.ddp, fsdp=replace(a.fsdp, prefetch=b.fsdp.prefetch)) == b
+
+
 def ddp_variant(
     schedule: StepSchedule, parallel: ParallelConfig, cache: ShapeCache | None = None
 ) -> StepSchedule:
     """The program :func:`build_schedule` makes for ``parallel``, a plan that differs from
-    ``schedule``'s only in its DDP knobs (``parallel.ddp``: bucket sizes, overlap), built from
-    ``schedule`` (with or without op-time overrides, as it was built): the same stages with
-    each chunk's DDP buckets made anew (:func:`~collsim.step.stage.rebucket_stage`), the
-    data-parallel rules and whether the DP calls interfere with compute made for the new
-    plan; everything else (segments, pipeline orders, optimizer and framework seconds) depends
-    on no DDP knob and is shared. A search's plans come in such runs (the DDP knobs are its
-    innermost axes).
+    ``schedule``'s only in data-parallel knobs that leave the segments alone (``parallel.ddp``:
+    bucket sizes, overlap; ``parallel.fsdp.prefetch``: how far ahead ZeRO-3 gathers, which
+    only its data-parallel rules read), built from ``schedule`` (with or without op-time
+    overrides, as it was built): the same stages with each chunk's DDP buckets made anew
+    (:func:`~collsim.step.stage.rebucket_stage`), the data-parallel rules and whether the DP
+    calls interfere with compute made for the new plan; everything else (segments, pipeline
+    orders, optimizer and framework seconds) depends on none of those knobs and is shared. A
+    search's plans come in such runs (they are its innermost axes).
 
     Raises:
         ConfigError: the plan does not match the model or the cluster (see build_plan).
@@ -325,8 +333,10 @@ def ddp_variant(
     """
     old = schedule.plan
     plan = build_plan(old.topology, old.spec, old.training, parallel)
-    if replace(plan.parallel, ddp=old.parallel.ddp) != old.parallel:
-        raise ValueError("ddp_variant: the plans differ in more than their DDP knobs")
+    if not same_but_dp_knobs(plan.parallel, old.parallel):
+        raise ValueError(
+            "ddp_variant: the plans differ in more than their DDP knobs and FSDP prefetch"
+        )
     per = bytes_per(plan.training)
     stages = {
         s: rebucket_stage(plan, st, grad_bytes=int(per.grad), cache=cache)

@@ -221,8 +221,43 @@ def test_a_ddp_variant_is_the_program_built_anew(zero: int) -> None:
             # the segments are the base's own objects, the chunks new
             chunk, old = variant.stages[1].chunks[0], schedule.stages[1].chunks[0]
             assert chunk is not old and chunk.forward is old.forward
+        if zero == 3:  # the prefetch depth: the data-parallel rules' own knob
+            for prefetch in (0, 2):
+                fsdp = dataclasses.replace(base.fsdp, prefetch=prefetch)
+                parallel = dataclasses.replace(base, fsdp=fsdp)
+                variant = ddp_variant(schedule, parallel)
+                fresh = build_schedule(topology, spec, training, parallel)
+                assert _program(variant) == _program(fresh)
+                assert variant.dp.prefetch == prefetch
         with pytest.raises(ValueError, match="DDP knobs"):
             ddp_variant(schedule, dataclasses.replace(base, zero=(zero + 1) % 4))
+        with pytest.raises(ValueError, match="DDP knobs"):
+            fsdp = dataclasses.replace(base.fsdp, reshard_after_forward=False)
+            ddp_variant(schedule, dataclasses.replace(base, fsdp=fsdp))
+
+
+def _fresh_and_estimated(
+    topology: Any, spec: Any, plans: list[tuple[TrainingConfig, ParallelConfig]]
+) -> tuple[Estimator, list[object], list[object], int]:
+    """(an Estimator, each plan's fresh estimate, its estimate by that Estimator in order, how
+    many programs the Estimator built anew)."""
+    est = Estimator(topology, spec)
+    built = []
+    original = walk_module.build_schedule
+
+    def counting(*args: Any, **kwargs: Any) -> StepSchedule:
+        built.append(1)
+        return original(*args, **kwargs)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CollsimWarning)
+        fresh = [_facts(estimate_step(topology, spec, *plan)) for plan in plans]
+        walk_module.build_schedule = counting  # type: ignore[assignment]
+        try:
+            estimates = [_facts(est.estimate(*plan)) for plan in plans]
+        finally:
+            walk_module.build_schedule = original  # type: ignore[assignment]
+    return est, fresh, estimates, len(built)
 
 
 def test_an_estimator_builds_a_plans_ddp_variants_from_it() -> None:
@@ -236,24 +271,40 @@ def test_an_estimator_builds_a_plans_ddp_variants_from_it() -> None:
         _interleaved(2, DDPConfig(bucket_mb=bucket_mb, overlap=overlap))
         for bucket_mb, overlap in [(1.0, True), (5.0, True), (25.0, False)]
     ]
-    est = Estimator(topology, spec)
-    built = []
-    original = walk_module.build_schedule
-
-    def counting(*args: Any, **kwargs: Any) -> StepSchedule:
-        built.append(1)
-        return original(*args, **kwargs)
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", CollsimWarning)
-        fresh = [_facts(estimate_step(topology, spec, training, p)) for p in plans]
-        walk_module.build_schedule = counting  # type: ignore[assignment]
-        try:
-            estimates = [_facts(est.estimate(training, p)) for p in plans]
-        finally:
-            walk_module.build_schedule = original  # type: ignore[assignment]
+    est, fresh, estimates, built = _fresh_and_estimated(
+        topology, spec, [(training, p) for p in plans]
+    )
     assert estimates == fresh
-    assert len(built) == 1 and est.shapes.sizes()["shared walks"] == 1
+    assert built == 1 and est.shapes.sizes()["shared walks"] == 1
+
+
+@pytest.mark.parametrize(("raf", "sync"), [(False, "step"), (True, "microbatch")])
+def test_fsdp_prefetch_variants_share_a_program_and_estimate_as_fresh_walks(
+    raf: bool, sync: str
+) -> None:
+    # ZeRO-3 plans that differ only in how far ahead they gather (and their buckets), in a
+    # search's order (the recompute choice innermost, so a plan's variant is two plans back):
+    # one program built per recompute choice, the others made from it (the prefetch depth is
+    # read by the data-parallel rules alone), the settled blocks worked out once; each estimate
+    # a fresh walk's, bit for bit, whether the units stay gathered (most ops settle) or not
+    spec = get_preset("gpt3-350m")
+    topology = load_topology("dgx_h100", nodes=2)
+    plans = [
+        (
+            TrainingConfig(global_batch=16, micro_batch=1, recompute=recompute),
+            dataclasses.replace(
+                _interleaved(3, DDPConfig(bucket_mb=bucket_mb)),
+                fsdp=FSDPConfig(prefetch=prefetch, reshard_after_forward=raf, grad_sync=sync),
+            ),
+        )
+        for prefetch, bucket_mb in [(4, 25.0), (2, 25.0), (1, 5.0), (0, 5.0)]
+        for recompute in ("none", "selective")
+    ]
+    est, fresh, estimates, built = _fresh_and_estimated(topology, spec, plans)
+    assert estimates == fresh
+    assert built == 2 and est.shapes.sizes()["shared walks"] == 2
+    if raf:  # regathered every forward: the prefetch depth shows in the step
+        assert len({f[0] for f in fresh}) > 2
 
 
 MOE = get_preset("qwen3-30b-a3b", num_layers=4, seq_len=1024)
