@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from collsim.step.build import StepSchedule
 
 __all__ = [
+    "Issue",
     "Link",
     "OpBody",
     "OpPlan",
@@ -87,13 +88,17 @@ def fires(issued_s: float, end_s: float) -> float:
     return issued_s + (end_s - issued_s)
 
 
+Issue = tuple[tuple[int, str | int], float, str, tuple[Any, ...]]
+"""A ZeRO-3 unit's gather issued before a segment: (unit, bytes, label, priced calls)."""
+
+
 @dataclass(frozen=True, slots=True)
 class SegStep:
-    """One segment of a ZeRO-3 op as :meth:`Walker.run_segments` runs it."""
+    """One segment of a ZeRO-3 op as :func:`~collsim.play.walk_zero3.run_segments` runs it,
+    the gathers issued before it aside (they depend on the prefetch depth:
+    :func:`~collsim.play.walk_zero3.issue_plan`)."""
 
     seg: Segment
-    issues: tuple[tuple[tuple[int, str | int], float, str, tuple[Any, ...]], ...]
-    """The gathers issued before it: (unit, bytes, label, priced calls)."""
     unit: tuple[int, str | int]
     """(chunk, unit key) of its own unit."""
     duration: float
@@ -248,6 +253,14 @@ class SharedWalk:
     """Per walked rank, its blocks' patterns placed on the traced starts (:func:`collsim.
     play.walk_pipe.placed_ops`, without reductions' buffers): the trace, the patterns (by
     identity), the events before the first, the placement."""
+    seg_plans: dict[tuple[int, int, Phase, bool], tuple[list[Segment], list[SegStep]]] = field(
+        default_factory=dict
+    )
+    """:func:`collsim.play.walk_zero3.seg_plan` by (rank, chunk, phase, paired): the op's
+    segment list (kept: its identity stays its own) and its steps."""
+    unit_gathers: dict[tuple[int, int, str | int], Issue] = field(default_factory=dict)
+    """A ZeRO-3 unit's gather as :func:`collsim.play.walk_zero3.issue_plan` issues it, by
+    (rank, chunk, unit)."""
     settled: dict[tuple[int, int, Phase, bool, bool], SettledOp | None] = field(
         default_factory=dict
     )

@@ -1,6 +1,7 @@
 """ZeRO-3 in the closed-form walk: an op run segment by segment, each waiting for its
-gathered unit, its gathers, reductions and reshards priced once per (rank, chunk, phase)
-(:class:`~collsim.play.walk_tables.SegStep`) and replayed by every micro-batch.
+gathered unit, its reductions and reshards priced once per (rank, chunk, phase)
+(:class:`~collsim.play.walk_tables.SegStep`), its gathers once per prefetch depth, and replayed
+by every micro-batch; or, settled, as one block.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from collsim.parallel.fsdp import issue_schedule
 from collsim.parallel.pipeline import Phase, PipeOp
-from collsim.play.walk_tables import Priced, RankState, SegStep, SettledOp
+from collsim.play.walk_tables import Issue, Priced, RankState, SegStep, SettledOp, SharedWalk
 from collsim.step.memory import MemoryEvent, MemoryPattern
 from collsim.step.ops import BUFFER_FREE_KIND, BUFFER_KIND, ChunkModel
 
@@ -23,7 +24,8 @@ class Walker(Protocol):
 
     rules: DataParallelRules
     runs: dict[tuple[int, int], list[Any]]
-    seg_plans: dict[tuple[int, int, Phase, bool], list[SegStep]]
+    shared: SharedWalk
+    issue_plans: dict[tuple[int, int, Phase, bool], list[tuple[Issue, ...]]]
     settled: dict[tuple[int, int, Phase, bool, bool], SettledOp | None]
 
     def seg_tp_s(self, rank: int, seg: Segment) -> float: ...
@@ -39,33 +41,26 @@ class Walker(Protocol):
     def run_priced(self, prog: RankState, calls: tuple[Priced, ...], ready: float) -> float: ...
 
 
-__all__ = ["run_segments", "seg_plan", "settled_op"]
+__all__ = ["issue_plan", "run_segments", "seg_plan", "settled_op"]
 
 
 def seg_plan(
     w: Walker, prog: RankState, chunk: ChunkModel, phase: Phase, paired: bool
 ) -> list[SegStep]:
-    """What :func:`run_segments` does per segment of an op, priced once per (rank,
-    chunk, phase, paired)."""
+    """What :func:`run_segments` does per segment of an op, the gathers it issues aside
+    (:func:`issue_plan`), priced once per (rank, chunk, phase, paired) in the shared tables
+    (a variant's rules change none of it)."""
     key = (prog.rank, chunk.index, phase, paired)
-    hit = w.seg_plans.get(key)
-    if hit is not None:
-        return hit
-    rules, rank = w.rules, prog.rank
     segs = chunk.segments(phase, paired)
-    gathers = phase is not Phase.BACKWARD_WEIGHT  # dB needs no weight
-    issue = issue_schedule(len(segs), rules.prefetch) if gathers else [[] for _ in segs]
+    hit = w.shared.seg_plans.get(key)
+    if hit is not None and hit[0] is segs:
+        return hit[1]
+    rules, rank = w.rules, prog.rank
     backward = phase is Phase.BACKWARD or phase is Phase.BACKWARD_WEIGHT
+    forward = phase is Phase.FORWARD
     out = []
-    for i, seg in enumerate(segs):
-        issues = []
-        for j in issue[i]:
-            ukey = rules.unit_key(chunk, segs[j])
-            size = rules.gather_bytes(chunk, ukey)
-            calls = w.priced_calls(rank, rules.unit_gathers(chunk, ukey), rules.offload_s(size))
-            issues.append(((chunk.index, ukey), size, f"gathered {ukey}", calls))
+    for seg in segs:
         ukey = rules.unit_key(chunk, seg)
-        forward = phase is Phase.FORWARD
         compute = w.seg_compute_s(rank, seg)
         grad: tuple[float, str, tuple[Priced, ...]] | None = None
         if backward:
@@ -75,7 +70,6 @@ def seg_plan(
         out.append(
             SegStep(
                 seg=seg,
-                issues=tuple(issues),
                 unit=(chunk.index, ukey),
                 duration=compute + w.seg_tp_s(rank, seg) + seg.framework_s,
                 compute_s=compute,
@@ -89,7 +83,44 @@ def seg_plan(
                 run_key=(rank, id(seg)),
             )
         )
-    w.seg_plans[key] = out
+    w.shared.seg_plans[key] = (segs, out)
+    return out
+
+
+def issue_plan(
+    w: Walker, prog: RankState, chunk: ChunkModel, phase: Phase, paired: bool
+) -> list[tuple[Issue, ...]]:
+    """Per segment of an op, the unit gathers issued before it (``rules.prefetch`` ahead:
+    :func:`~collsim.parallel.fsdp.issue_schedule`; none for a weight-gradient op), once per
+    walk; each unit's gather priced once in the shared tables."""
+    key = (prog.rank, chunk.index, phase, paired)
+    hit = w.issue_plans.get(key)
+    if hit is not None:
+        return hit
+    rules, rank = w.rules, prog.rank
+    segs = chunk.segments(phase, paired)
+    if phase is Phase.BACKWARD_WEIGHT:  # dB needs no weight
+        out: list[tuple[Issue, ...]] = [() for _ in segs]
+    else:
+        known = w.shared.unit_gathers
+        out = []
+        for js in issue_schedule(len(segs), rules.prefetch):
+            issues = []
+            for j in js:
+                ukey = rules.unit_key(chunk, segs[j])
+                issue = known.get((rank, chunk.index, ukey))
+                if issue is None:
+                    size = rules.gather_bytes(chunk, ukey)
+                    calls = rules.unit_gathers(chunk, ukey)
+                    issue = known[(rank, chunk.index, ukey)] = (
+                        (chunk.index, ukey),
+                        size,
+                        f"gathered {ukey}",
+                        w.priced_calls(rank, calls, rules.offload_s(size)),
+                    )
+                issues.append(issue)
+            out.append(tuple(issues))
+    w.issue_plans[key] = out
     return out
 
 
@@ -164,9 +195,10 @@ def run_segments(w: Walker, prog: RankState, op: PipeOp, chunk: ChunkModel, pair
     runs, mb, c = w.runs, op.microbatch, op.chunk
     # written back at the end (nothing else reads or adds to them before)
     now, compute, framework = prog.now, breakdown["compute"], breakdown["framework"]
-    for sp in seg_plan(w, prog, chunk, op.phase, paired):
+    steps = seg_plan(w, prog, chunk, op.phase, paired)
+    for sp, issues in zip(steps, issue_plan(w, prog, chunk, op.phase, paired), strict=True):
         seg = sp.seg
-        for unit, size, label, calls in sp.issues:
+        for unit, size, label, calls in issues:
             if unit in gathered:
                 continue
             if size:

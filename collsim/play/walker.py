@@ -2,8 +2,8 @@
 
 One representative rank per pipeline stage runs its ops in pipeline order; each op's block
 (:class:`~collsim.play.walk_tables.OpPlan`) and each ZeRO-3 segment
-(:class:`~collsim.play.walk_tables.SegStep`) is priced once per walk and reused by every
-micro-batch. Derivations: docs/derivations.md.
+(:class:`~collsim.play.walk_tables.SegStep`) is priced once (per walk, or in the tables the
+walks of a search share) and reused by every micro-batch. Derivations: docs/derivations.md.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from collsim.parallel.buckets import Bucket
 from collsim.parallel.pipeline import GRADIENT_PHASES, Phase, PipeOp
 from collsim.play.walk_pipe import walk_fused
 from collsim.play.walk_tables import (
+    Issue,
     Link,
     OpBody,
     OpPlan,
@@ -29,7 +30,6 @@ from collsim.play.walk_tables import (
     Priced,
     RankState,
     Reduction,
-    SegStep,
     SettledOp,
     SharedWalk,
     TallyAdds,
@@ -118,7 +118,7 @@ class Walker:
         """:func:`reduction_arrays` by the identity of an op's reductions (held by its
         :class:`OpPlan`, which the walk keeps)."""
         self.runs: dict[tuple[int, int], list[Any]] = {}
-        self.seg_plans: dict[tuple[int, int, Phase, bool], list[SegStep]] = {}
+        self.issue_plans: dict[tuple[int, int, Phase, bool], list[tuple[Issue, ...]]] = {}
         self.settled = self.shared.settled
         self._blocks: dict[int, list[SettledOp | bool | None]] = {}
         """Per stage, per op: its settled block, False when it has none, None until asked."""
