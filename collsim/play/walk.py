@@ -213,8 +213,11 @@ class Estimator:
         Raises:
             ConfigError: the plan does not match the model or the cluster (see build_plan).
         """
-        key = (training, _without_dp_knobs(parallel))
-        known = self._recent.get(key)
+        key: Hashable | None = (training, _without_dp_knobs(parallel))
+        try:
+            known = self._recent.get(key)
+        except TypeError:  # a config that does not hash: built anew, not kept
+            key, known = None, None
         with warnings.catch_warnings():  # kept in the plan's warnings, not raised per plan
             warnings.simplefilter("ignore", CollsimWarning)
             if known is not None and known.plan.parallel != parallel:
@@ -225,10 +228,11 @@ class Estimator:
                 schedule = build_schedule(
                     self.topology, self.spec, training, parallel, cache=self.shapes
                 )
-        self._recent[key] = schedule
-        self._recent.move_to_end(key)
-        while len(self._recent) > PROGRAMS_KEPT:
-            self._recent.popitem(last=False)
+        if key is not None:
+            self._recent[key] = schedule
+            self._recent.move_to_end(key)
+            while len(self._recent) > PROGRAMS_KEPT:
+                self._recent.popitem(last=False)
         return schedule
 
     def walk(self, schedule: StepSchedule) -> StepResult:
