@@ -220,9 +220,10 @@ class Estimator:
             key, known = None, None
         with warnings.catch_warnings():  # kept in the plan's warnings, not raised per plan
             warnings.simplefilter("ignore", CollsimWarning)
-            if known is not None and known.plan.parallel != parallel:
-                # a recent plan with other DDP knobs or FSDP prefetch (a search's innermost
-                # axes): its program, the buckets and data-parallel rules made anew
+            if known is not None:
+                # a recent plan with the same configs but (maybe) its DDP knobs or FSDP
+                # prefetch (a search's innermost axes): its program, the buckets and
+                # data-parallel rules made anew
                 schedule = ddp_variant(known, parallel, self.shapes)
             else:
                 schedule = build_schedule(
