@@ -26,7 +26,6 @@ class Walker(Protocol):
     runs: dict[tuple[int, int], list[Any]]
     shared: SharedWalk
     issue_plans: dict[tuple[int, int, Phase, bool], list[tuple[Issue, ...]]]
-    settled: dict[tuple[int, int, Phase, bool, bool], SettledOp | None]
 
     def seg_tp_s(self, rank: int, seg: Segment) -> float: ...
 
@@ -132,11 +131,12 @@ def settled_op(
     what :func:`run_segments` then does, once per (rank, chunk, phase, paired, last). Its
     events are those of the segment loop, in its order, on the segments' boundaries."""
     key = (prog.rank, chunk.index, phase, paired, last)
-    if key in w.settled:
-        return w.settled[key]
+    known = w.shared.settled
+    if key in known:
+        return known[key]
     steps = seg_plan(w, prog, chunk, phase, paired)
     if any(sp.releases[0 if last else 1] for sp in steps):
-        w.settled[key] = None
+        known[key] = None
         return None
     forward = phase is Phase.FORWARD
     gathers = phase is not Phase.BACKWARD_WEIGHT
@@ -168,7 +168,7 @@ def settled_op(
             events.append((t, -float(seg.transient_bytes + seg.stored_bytes), "free", seg.key))
         at += [i + 1] * (len(events) - start)
     durations = tuple(sp.duration for sp in steps)
-    op = w.settled[key] = SettledOp(
+    op = known[key] = SettledOp(
         needs=tuple(needs) if gathers else (),
         steps=durations,
         compute_s=tuple(sp.compute_s for sp in steps),

@@ -119,7 +119,6 @@ class Walker:
         :class:`OpPlan`, which the walk keeps)."""
         self.runs: dict[tuple[int, int], list[Any]] = {}
         self.issue_plans: dict[tuple[int, int, Phase, bool], list[tuple[Issue, ...]]] = {}
-        self.settled = self.shared.settled
         self._blocks: dict[int, list[SettledOp | bool | None]] = {}
         """Per stage, per op: its settled block, False when it has none, None until asked."""
         self._windows: dict[tuple[int, int, int], tuple[float, float]] = {}
@@ -155,12 +154,18 @@ class Walker:
         self, rank: int, axis: str, op: str, size: float, ranks: tuple[int, ...], extra_s: float
     ) -> float:
         """Seconds of one call, tallied as the engine tallies it."""
-        cost = self.pricer.cost(op, size, ranks)
-        time_s = extra_s + cost.time_s
-        self.stats.add(
-            CallKey(rank, axis, op, size, len(ranks), cost.algorithm), time_s, cost.busbw_bps
-        )
+        key, time_s, busbw = self.call_price(rank, axis, op, size, ranks)
+        time_s += extra_s
+        self.stats.add(key, time_s, busbw)
         return time_s
+
+    def call_price(
+        self, rank: int, axis: str, op: str, size: float, ranks: tuple[int, ...]
+    ) -> tuple[CallKey, float, float]:
+        """(tally key, seconds, busbw) of one call of ``rank`` on ``ranks``."""
+        cost = self.pricer.cost(op, size, ranks)
+        key = CallKey(rank, axis, op, size, len(ranks), cost.algorithm)
+        return key, 0.0 + cost.time_s, cost.busbw_bps
 
     def flush_tp(self) -> None:
         """Tally the TP collectives of every run of ops (:attr:`runs`): per run and step
@@ -309,7 +314,7 @@ class Walker:
                     size = -float(mail_bytes)
                     events.append(_new(MemoryEvent, (prog.now, "buffers", size, "pp recv")))
                 if fold is not None:
-                    self.tally_call(*fold)
+                    self.stats.add(*fold)
                     prog.now += fold[1]
                     breakdown["pp_exposed"] += fold[1]
             chunk = chunks[op.chunk]
@@ -356,22 +361,14 @@ class Walker:
 
     def fold_price(self, rank: int) -> tuple[CallKey, float, float]:
         """(tally key, seconds, busbw) of the TP all-gather folded into each message the rank
-        receives (without sequence parallelism), priced once per walk (:meth:`price`)."""
+        receives (without sequence parallelism), priced once per walk."""
         hit = self._fold.get(rank)
         if hit is None:
             size = self.schedule.p2p_bytes * self.plan.tp
-            group = self.group(rank, TP)
-            cost = self.pricer.cost("all_gather", size, group)
-            key = CallKey(rank, TP, "all_gather", size, len(group), cost.algorithm)
-            hit = self._fold[rank] = (key, 0.0 + cost.time_s, cost.busbw_bps)
+            hit = self._fold[rank] = self.call_price(
+                rank, TP, "all_gather", size, self.group(rank, TP)
+            )
         return hit
-
-    def tally_call(self, key: CallKey, time_s: float, busbw_bps: float) -> None:
-        """:meth:`CallStats.add` of one call."""
-        tally = self.stats.tallies.get(key) or self.stats.tally(key)
-        tally.count += 1
-        tally.time_s += time_s
-        tally.busbw_bps = busbw_bps
 
     def op_table(self, stage: int) -> tuple[OpTable, Hashable]:
         """The stage's ops as arrays (:class:`OpTable`), once per pipeline shape in a
@@ -623,12 +620,12 @@ class Walker:
         dst = self.by_stage[stage]
         size = self.schedule.p2p_bytes
         hit = self._sends.get((prog.rank, stage))
-        if hit is None:  # Walker.price, once per walk
-            cost = self.pricer.cost("send_recv", size, (prog.rank, dst.rank))
-            key = CallKey(prog.rank, PP, "send_recv", size, 2, cost.algorithm)
-            hit = self._sends[(prog.rank, stage)] = (key, 0.0 + cost.time_s, cost.busbw_bps)
-        key, t, busbw = hit
-        self.tally_call(key, t, busbw)
+        if hit is None:  # once per walk
+            hit = self._sends[(prog.rank, stage)] = self.call_price(
+                prog.rank, PP, "send_recv", size, (prog.rank, dst.rank)
+            )
+        self.stats.add(*hit)
+        t = hit[1]
         now = prog.now
         start = now if now >= prog.pp_free else prog.pp_free  # max(now, pp_free)
         prog.pp_free = start + t

@@ -96,12 +96,12 @@ class MemoryPattern:
         self.at = None if at is None else np.array([at[i] for i in kept], dtype=np.intp)
 
     def times(self, starts: Any) -> Any:
-        """The events' times placed at each of ``starts`` (an array): one row per start, one
-        column per event."""
-        starts = np.asarray(starts, dtype=float)
+        """A stepped pattern's event times placed at each of ``starts`` (an array): one row
+        per start, one column per event (a pattern without steps is placed at ``start +
+        offset``, for all its placements at once: :func:`_pattern_arrays`)."""
         if self.steps is None:
-            offsets = np.array([ev[0] for ev in self.events], dtype=float)
-            return starts[:, None] + offsets[None, :]
+            raise SimulationError("MemoryPattern.times: a pattern without steps")
+        starts = np.asarray(starts, dtype=float)
         grid = np.empty((len(starts), len(self.steps) + 1))
         grid[:, 0] = starts
         grid[:, 1:] = self.steps
@@ -231,18 +231,12 @@ class MemoryLedger:
             out.extend(singles[done:before])
             done = before
             cat = pattern.category
-            if pattern.steps is None:
-                out.extend(
-                    new(MemoryEvent, (t0 + rel, cat, delta, (kind, key, mb, c)))
-                    for rel, delta, kind, key in pattern.events
+            out.extend(
+                new(MemoryEvent, (t, cat, delta, (kind, key, mb, c)))
+                for t, (_, delta, kind, key) in zip(
+                    pattern.times_at(t0), pattern.events, strict=True
                 )
-            else:
-                out.extend(
-                    new(MemoryEvent, (t, cat, delta, (kind, key, mb, c)))
-                    for t, (_, delta, kind, key) in zip(
-                        pattern.times_at(t0), pattern.events, strict=True
-                    )
-                )
+            )
         out.extend(singles[done:])
         self._placed.clear()
         self._known.clear()  # the single events moved

@@ -235,10 +235,10 @@ def _single_columns(
     singles: list[MemoryEvent], columns: tuple[Any, Any, Any], numbers: dict[Any, int]
 ) -> dict[str, Any]:
     """The single events' columns (``columns``: their times, deltas and categories); their
-    labels numbered in ``numbers``. Each distinct label
-    (by equality, in order of first use: thousands of events share a few bucket and message
-    labels, an activation's label is used twice) is numbered once, then every event's code
-    and whether its label shifts are read from those numbers in one pass each."""
+    labels numbered in ``numbers``. Each distinct label (by equality, in order of first use:
+    thousands of events share a few bucket and message labels, an activation's label is used
+    twice) is numbered once, then every event's code and whether its label shifts are read
+    from those numbers in one pass each."""
     times, deltas, categories = columns
     labels = list(map(itemgetter(3), singles))
     code_of: dict[Any, int] = {}

@@ -20,6 +20,7 @@ from collsim.step.pricing import ClosedPricer
 from collsim.step.result import StepResult
 from collsim.step.shapes import ShapeCache
 from collsim.workload import get_preset
+from tests.schedule.helpers import float_bits
 
 
 def _plans() -> list[tuple[TrainingConfig, ParallelConfig]]:
@@ -53,18 +54,8 @@ def _plans() -> list[tuple[TrainingConfig, ParallelConfig]]:
 
 
 def _facts(r: StepResult) -> tuple[object, ...]:
-    """What an estimate says, floats by their bits (``float.hex``: -0.0 is not 0.0)."""
-
-    def bits(x: object) -> object:
-        if isinstance(x, float):
-            return x.hex()
-        if isinstance(x, dict):
-            return {k: bits(v) for k, v in x.items()}
-        if isinstance(x, (list, tuple)):
-            return [bits(v) for v in x]
-        return x
-
-    return bits(
+    """What an estimate says, floats by their bits (:func:`float_bits`)."""
+    return float_bits(
         (
             r.step_time_s,
             dict(r.breakdown_s.items()),

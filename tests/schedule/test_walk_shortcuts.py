@@ -27,10 +27,11 @@ from collsim.step.pricing import ClosedPricer
 from collsim.step.result import StepResult
 from collsim.step.stats import CallKey
 from collsim.workload import get_preset
+from tests.schedule.helpers import float_bits
 
 
 def _facts(r: StepResult) -> object:
-    return _bits(
+    return float_bits(
         {
             "step": r.step_time_s,
             "breakdown": dict(r.breakdown_s.items()),
@@ -44,17 +45,6 @@ def _facts(r: StepResult) -> object:
             ],
         }
     )
-
-
-def _bits(x: object) -> object:
-    """``x`` with every float as its bits (``float.hex``: -0.0 is not 0.0)."""
-    if isinstance(x, float):
-        return x.hex()
-    if isinstance(x, dict):
-        return {k: _bits(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_bits(v) for v in x]
-    return x
 
 
 def _plan(pp: int, raf: bool, sync: str, prefetch: int) -> tuple[TrainingConfig, ParallelConfig]:
@@ -226,7 +216,7 @@ def test_reductions_as_arrays_match_the_loop(
         results.append((_state(w), [tuple(e) for e in held]))
     arrays, loop = results
     assert len(arrays[1]) == len(loop[1]) > 0
-    assert _bits(arrays) == _bits(loop), (arrays[0], loop[0])
+    assert float_bits(arrays) == float_bits(loop), (arrays[0], loop[0])
 
 
 def test_a_zero2_plan_with_many_buckets_estimates_as_the_loop(
