@@ -134,6 +134,28 @@ def test_model_times_by_hand(tmp_path: Path) -> None:
     assert 2.15 < fwd.ratio < 298 * 0.735 / 100  # the launch floor makes the model slower
 
 
+def test_the_optimizer_row_moves_the_bytes_its_profile_counted(tmp_path: Path) -> None:
+    # a profile that says 12 bytes a parameter (plain SGD) is timed at 12 a parameter; one
+    # written before it said so counted 20 (SGD with momentum); the model moves the same bytes
+    rows = {}
+    for per_param in (None, 12.0):
+        notes = dict(NOTES, optimizer_params=64_000_000)
+        if per_param:
+            notes["optimizer_bytes_per_param"] = per_param
+        measured = dict(SEED, optimizer_bytes_per_s=3.5e12, notes=notes)
+        profile = _profile(tmp_path, measured, f"opt_{per_param}")
+        got = {r.kind: r for r in compare_kernels(profile, get_device("h200"))[0]}
+        rows[per_param] = got["optimizer"]
+    assert rows[12.0].work == 64_000_000 * 12.0
+    assert rows[None].work == 64_000_000 * 20.0
+    for row in rows.values():
+        assert row.measured_s == pytest.approx(row.work / 3.5e12, rel=1e-12)
+    # the model streams the bytes at its HBM bandwidth (nearly flat at these sizes) after one
+    # 4 us launch: 20 bytes take about 5/3 the time of 12
+    ratio = (rows[None].model_s - 4e-6) / (rows[12.0].model_s - 4e-6)
+    assert ratio == pytest.approx(20.0 / 12.0, rel=0.02)
+
+
 def test_cpu_attention_layout_is_one_sequence_of_four_heads() -> None:
     assert attention_shape(512, 64) == (1, 4)
     assert attention_shape(4096, 64, CUDA_ATTENTION_TOKENS, CUDA_ATTENTION_HIDDEN) == (4, 32)

@@ -20,7 +20,6 @@ import yaml
 from collsim.cluster.hardware import get_device
 from collsim.validate.measure.cold import _cold_blocks, _next_slot, _pool, _slot
 from collsim.validate.measure.concurrency import concurrency_slowdown
-from collsim.workload.compute import optimizer_bytes_per_param
 
 __all__ = [
     "ComputeGrid",
@@ -44,6 +43,17 @@ of 64 elements as a model's dimensions are. cuBLAS runs its fastest tensor-core 
 ran 3.3x slower than its aligned neighbour (4096 x 2500 x 4096 at 235 TFLOP/s, 4096^3 at 782:
 validate/data/h200/queued_unaligned/h200_profile.yaml), and a model's aligned shapes
 interpolated between such rows came out at half their rate."""
+
+SGD_STEP_BYTES_PER_PARAM = 12.0
+"""Bytes per fp32 parameter of the timed optimizer step: torch.optim.SGD without momentum
+(torch/optim/sgd.py, ``_multi_tensor_sgd`` / ``_single_tensor_sgd``) adds the scaled gradient
+to the parameter in place, reading both and writing one (4 + 4 + 4)."""
+
+GPU_OPTIMIZER_PARAMS = 64_000_000
+"""fp32 parameters of the GPU grid's optimizer step: 256 MB of parameters and as many of
+gradients, five times the 50 MB L2 of an H100 or H200 (NVIDIA H100 Tensor Core GPU Architecture,
+v1.04), so the step streams from HBM. With the CPU grid's 4 M (32 MB in all) an H200's step
+stayed partly in L2 (validate/data/h200/aligned_duties/h200_profile.yaml)."""
 
 CPU_ATTENTION_HEADS = 4
 """Heads of the one sequence attention is timed on with a CPU (a profile without
@@ -99,6 +109,7 @@ class ComputeGrid:
             gemm_dims=GPU_GEMM_DIMS,
             gemm_max_flops=2.2e12,
             attention_max_flops=1e12,
+            optimizer_params=GPU_OPTIMIZER_PARAMS,
             concurrency=False,
         )
 
@@ -459,7 +470,9 @@ def _host_s(torch: Any, dev: Any, sync: Callable[[], None]) -> float:
 
 
 def _optimizer_bps(torch: Any, dev: Any, grid: ComputeGrid, timer: Timer) -> float:
-    """Bytes per second of an SGD step over ``grid.optimizer_params`` fp32 parameters."""
+    """Bytes per second of a plain SGD step (no momentum) over ``grid.optimizer_params`` fp32
+    parameters: torch's step is one ``add_`` per parameter that reads the parameter and its
+    gradient and writes the parameter, :data:`SGD_STEP_BYTES_PER_PARAM` bytes."""
     params = [
         torch.nn.Parameter(torch.randn(grid.optimizer_params // 8, device=dev)) for _ in range(8)
     ]
@@ -467,9 +480,7 @@ def _optimizer_bps(torch: Any, dev: Any, grid: ComputeGrid, timer: Timer) -> flo
         p.grad = torch.randn_like(p)
     opt = torch.optim.SGD(params, lr=1e-3)
     t_opt = timer(opt.step, max(grid.reps, 3))
-    # bytes as collsim counts an SGD step in fp32 (optimizer_bytes_per_param("sgd", "fp32"))
-
-    bps: float = grid.optimizer_params * optimizer_bytes_per_param("sgd", "fp32") / t_opt
+    bps: float = grid.optimizer_params * SGD_STEP_BYTES_PER_PARAM / t_opt
     return bps
 
 
@@ -517,6 +528,7 @@ def measure_profile(
         "device": device,
         "measured_at_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "optimizer_params": grid.optimizer_params,
+        "optimizer_bytes_per_param": SGD_STEP_BYTES_PER_PARAM,
         "activation_dtype": _dtypes(torch, dev.type)[0][0],
         **attention_notes(dev.type),
     }
