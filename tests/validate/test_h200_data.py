@@ -21,7 +21,13 @@ from collsim.validate.fit.trace_profile import (
     write_trace_profile,
 )
 from collsim.validate.fit.trace_rates import attention_rows, op_times
-from collsim.validate.measure.compute import GPU_GEMM_DIMS, ComputeGrid, write_profile
+from collsim.validate.measure.compute import (
+    GPU_GEMM_DIMS,
+    GPU_OPTIMIZER_PARAMS,
+    SGD_STEP_BYTES_PER_PARAM,
+    ComputeGrid,
+    write_profile,
+)
 
 DATA = Path(__file__).resolve().parents[2] / "validate" / "data" / "h200"
 RUN = DATA / "queued_unaligned"
@@ -166,3 +172,71 @@ def test_the_kernels_own_attention_ops_are_read_in_their_layout_and_causality() 
     fwd_flops = 4.0 * 2 * 16 * 2048**2 * 128 / 2
     assert rows[("flash2", True, 128, 2048)][0] == pytest.approx(fwd_flops / 1e-3 / 1e12)
     assert rows[("flash2", True, 128, 2048)][1] == pytest.approx(2.5 * fwd_flops / 2e-3 / 1e12)
+
+
+def _clock_rows(run: str) -> dict[float, list[dict[str, str]]]:
+    lines = (DATA / run / "clock.csv").read_text().splitlines()
+    by_duty: dict[float, list[dict[str, str]]] = {}
+    for r in csv.DictReader(x for x in lines if not x.startswith("#")):
+        by_duty.setdefault(float(r["duty"]), []).append(r)
+    return {d: rows[2:] for d, rows in by_duty.items()}  # the first second ramps up
+
+
+@pytest.mark.parametrize("run", ["aligned_duties", "repeat_steady"])
+def test_a_lower_gemm_share_raises_the_gemm_rate_while_the_board_stays_at_its_limit(
+    run: str,
+) -> None:
+    by_duty = _clock_rows(run)
+    assert sorted(by_duty) == [0.5, 0.75, 1.0]
+
+    def median(d: float, key: str) -> float:
+        values = sorted(float(r[key]) for r in by_duty[d])
+        return values[len(values) // 2]
+
+    assert median(1.0, "gemm_tflops") < median(0.75, "gemm_tflops") < median(0.5, "gemm_tflops")
+    assert median(0.5, "gemm_tflops") > 1.03 * median(1.0, "gemm_tflops")
+    assert median(0.5, "sm_mhz") > median(1.0, "sm_mhz")
+    for rows in by_duty.values():  # the adds' HBM traffic keeps the board at its cap
+        assert all(float(r["power_w"]) > 0.95 * float(r["power_limit_w"]) for r in rows)
+        assert all(int(r["clock_event_reasons_hex"], 16) & 0x4 for r in rows)
+
+
+def test_a_step_holds_its_rate_over_thirty_seconds() -> None:
+    report = json.loads((DATA / "repeat_steady" / "steady" / "gpu_step.json").read_text())
+    times = report["sizes"]["h2048"]["step_times_s"]
+    assert len(times) == 600 and sum(times) > 30
+    first, last = sorted(times[:20])[10], sorted(times[-200:])[100]
+    assert 1.0 <= last / first < 1.02
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_the_aligned_grid_profile_predicts_the_steps_within_12_percent(size: str) -> None:
+    run = DATA / "repeat_steady"
+    profile = str(run / "h200_profile.yaml")
+    sim = collsim.simulate(DATA / f"gpt_{size}.yaml", {"cluster.device": profile})
+    measured = json.loads((run / "gpu_step.json").read_text())["sizes"][size]["median_step_s"]
+    assert abs(sim.result.step_time_s / measured - 1) < 0.12, (sim.result.step_time_s, measured)
+
+
+def test_the_optimizer_probe_streams_from_hbm_once_it_outgrows_the_l2() -> None:
+    # 4 M parameters counted at 20 bytes came out above the HBM's copy rate (L2, and bytes
+    # SGD without momentum does not move); 64 M counted at 12 came out below it
+    def rates(run: str) -> tuple[float, float, dict]:
+        measured = get_device(str(DATA / run / "h200_profile.yaml")).measured
+        best_copy = max(bw[1] for bw in measured.bandwidth) * 1e9
+        return float(measured.optimizer_bytes_per_s), best_copy, dict(measured.extra or {})
+
+    small, copy_small, notes_small = rates("aligned_duties")
+    large, copy_large, notes_large = rates("repeat_steady")
+    assert notes_small["optimizer_params"] == 4_000_000 and small > 1.5 * copy_small
+    assert "optimizer_bytes_per_param" not in notes_small
+    assert notes_large["optimizer_params"] == GPU_OPTIMIZER_PARAMS
+    assert notes_large["optimizer_bytes_per_param"] == SGD_STEP_BYTES_PER_PARAM
+    assert 0.6 * copy_large < large < copy_large
+
+
+def test_a_gpu_profile_records_the_gpus_own_figures() -> None:
+    device = get_device(str(DATA / "repeat_steady" / "h200_profile.yaml"))
+    assert device.sm_count == 132
+    assert 780e12 < device.peak_flops_for("bf16") < 990e12
+    assert 140e9 < device.memory_bytes < 160e9
