@@ -63,6 +63,11 @@ class RankState:
     """Bucket reductions issued at the end of the backward (without overlap)."""
     gathered: dict[tuple[int, str | int], float] = field(default_factory=dict)
     """ZeRO-3 units gathered or in flight: (chunk, unit) -> when the gather ends."""
+    gathers_made: int = 0
+    """How many times the segment loop ran (the only code that changes ``gathered``)."""
+    settled: list[SettledOp] = field(default_factory=list)
+    """Settled blocks run since their sums were last added to ``breakdown_s``
+    (:meth:`~collsim.play.walker.Walker.add_settled`)."""
 
 
 Link = tuple[bool, Phase, tuple[int, Phase, int] | None]
@@ -114,6 +119,19 @@ class SegStep:
     """The segment's key in the walk's TP runs (:meth:`Walker.flush_tp`)."""
 
 
+SETTLED_SUMS = (
+    "compute",
+    "framework",
+    "tp_exposed",
+    "ep_exposed",
+    "cp_exposed",
+    "dp_exposed",
+    "interference",
+)
+"""The account keys a settled op's segments add to: compute, framework and each exposed
+collective's key (:data:`collsim.step.pricing.EXPOSED_KEY`, with ``interference``)."""
+
+
 class SettledOp(NamedTuple):
     """A ZeRO-3 op whose units are all gathered and ready when it starts and that releases
     none of them (:func:`~collsim.play.walk_zero3.settled_op`): its segments run back to back,
@@ -124,10 +142,9 @@ class SettledOp(NamedTuple):
     """The units it reads, each gathered and ready by the op's start for the block to hold."""
     steps: tuple[float, ...]
     """Each segment's seconds, in order (the clock's terms)."""
-    compute_s: tuple[float, ...]
-    framework_s: tuple[float, ...]
-    comm: tuple[tuple[str, tuple[float, ...]], ...]
-    """Per account key of its exposed collectives, each segment's seconds, in order."""
+    sums: Any
+    """Per key of :data:`SETTLED_SUMS` (rows), what each segment adds to it (columns, in
+    order; 0.0 where the segment adds nothing), as a numpy array."""
     pattern: MemoryPattern | None
     """Its segments' activation events on their boundaries (None without any)."""
     runs: tuple[tuple[tuple[int, int], Segment], ...]

@@ -8,9 +8,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
+import numpy as np
+
+from collsim.core.errors import SimulationError
 from collsim.parallel.fsdp import issue_schedule
 from collsim.parallel.pipeline import Phase, PipeOp
-from collsim.play.walk_tables import Issue, Priced, RankState, SegStep, SettledOp, SharedWalk
+from collsim.play.walk_tables import (
+    SETTLED_SUMS,
+    Issue,
+    Priced,
+    RankState,
+    SegStep,
+    SettledOp,
+    SharedWalk,
+)
 from collsim.step.memory import MemoryEvent, MemoryPattern
 from collsim.step.ops import BUFFER_FREE_KIND, BUFFER_KIND, ChunkModel
 
@@ -38,6 +49,8 @@ class Walker(Protocol):
     ) -> tuple[Priced, ...]: ...
 
     def run_priced(self, prog: RankState, calls: tuple[Priced, ...], ready: float) -> float: ...
+
+    def add_settled(self, prog: RankState) -> None: ...
 
 
 __all__ = ["issue_plan", "run_segments", "seg_plan", "settled_op"]
@@ -143,7 +156,6 @@ def settled_op(
     needs: dict[tuple[int, str | int], None] = {}
     events: list[tuple[float, float, str, object]] = []
     at: list[int] = []
-    comm: dict[str, list[float]] = {}
     t = 0.0
     for i, sp in enumerate(steps):
         seg = sp.seg
@@ -156,8 +168,6 @@ def settled_op(
             events.append((t, float(seg.transient_bytes), "recompute", seg.key))
         at += [i] * (len(events) - start)
         t += sp.duration
-        for k, v in sp.comm_items:
-            comm.setdefault(k, []).append(v)
         start = len(events)
         if seg.buffer_bytes:
             events.append((t, -float(seg.buffer_bytes), BUFFER_FREE_KIND, seg.key))
@@ -168,12 +178,19 @@ def settled_op(
             events.append((t, -float(seg.transient_bytes + seg.stored_bytes), "free", seg.key))
         at += [i + 1] * (len(events) - start)
     durations = tuple(sp.duration for sp in steps)
+    sums = np.zeros((len(SETTLED_SUMS), len(steps)))
+    row = {k: i for i, k in enumerate(SETTLED_SUMS)}
+    sums[row["compute"]] = [sp.compute_s for sp in steps]
+    sums[row["framework"]] = [sp.seg.framework_s for sp in steps]
+    for i, sp in enumerate(steps):
+        for k, v in sp.comm_items:
+            if k not in row:  # pragma: no cover - EXPOSED_KEY names no other
+                raise SimulationError(f"a settled op adds to {k!r}, not in SETTLED_SUMS")
+            sums[row[k], i] = v
     op = known[key] = SettledOp(
         needs=tuple(needs) if gathers else (),
         steps=durations,
-        compute_s=tuple(sp.compute_s for sp in steps),
-        framework_s=tuple(sp.seg.framework_s for sp in steps),
-        comm=tuple((k, tuple(v)) for k, v in comm.items()),
+        sums=sums,
         pattern=MemoryPattern("activations", events, durations, at) if events else None,
         runs=tuple((sp.run_key, sp.seg) for sp in steps),
     )
@@ -185,6 +202,8 @@ def run_segments(w: Walker, prog: RankState, op: PipeOp, chunk: ChunkModel, pair
     The walk runs a settled op (:func:`settled_op`) as one block instead of calling this.
     Memory events are appended as :meth:`MemoryLedger.alloc` / ``free`` would record them
     (known categories; none for a size of zero)."""
+    w.add_settled(prog)  # the settled blocks' sums first, as they ran
+    prog.gathers_made += 1  # it may issue and release gathers
     forward = op.phase is Phase.FORWARD
     gathers = op.phase is not Phase.BACKWARD_WEIGHT
     weight = op.phase is Phase.BACKWARD_WEIGHT

@@ -22,6 +22,7 @@ from collsim.parallel.buckets import Bucket
 from collsim.parallel.pipeline import GRADIENT_PHASES, Phase, PipeOp
 from collsim.play.walk_pipe import walk_fused
 from collsim.play.walk_tables import (
+    SETTLED_SUMS,
     Issue,
     Link,
     OpBody,
@@ -120,6 +121,12 @@ class Walker:
         self.runs: dict[tuple[int, int], list[Any]] = {}
         self.issue_plans: dict[tuple[int, int, Phase, bool], list[tuple[Issue, ...]]] = {}
         self._blocks: dict[int, list[SettledOp | bool | None]] = {}
+        self._settled_runs: dict[int, list[Any]] = {}
+        self._needs_met: dict[int, int] = {}
+        """Per settled block (by identity; the walk's blocks outlive it): the rank's
+        ``gathers_made`` when its units were last all gathered and ready."""
+        """Per settled block run in this walk (by identity): [the block, its runs after the
+        first], for :meth:`add_settled_runs`."""
         """Per stage, per op: its settled block, False when it has none, None until asked."""
         self._windows: dict[tuple[int, int, int], tuple[float, float]] = {}
         """:meth:`grad_window` by (rank, id of a segment's step list, where its gradients
@@ -266,6 +273,9 @@ class Walker:
                     "(the pipeline order has a cycle)"
                 )
             pending = left
+        for prog in self.programs.values():
+            self.add_settled(prog)
+        self.add_settled_runs()
         self.finish()
         self.flush_tp()
 
@@ -294,7 +304,9 @@ class Walker:
         breakdown, events = prog.breakdown_s, prog.ledger.appenders()[0]
         fold = self.fold_price(prog.rank) if self.gather_pp else None
         last_mb = self.rules.num_microbatches - 1
-        blocks = self._blocks.setdefault(stage, [None] * len(ops))
+        blocks = self._blocks.get(stage)
+        if blocks is None:
+            blocks = self._blocks[stage] = [None] * len(ops)
         ran = False
         while prog.next_op < len(ops):
             op = ops[prog.next_op]
@@ -337,19 +349,24 @@ class Walker:
         every unit it reads is gathered and ready now; False, with nothing done, if not. The
         loop's sums are added term by term in its order (``reduce`` adds left to right)."""
         now, gathered = prog.now, prog.gathered
-        for unit in block.needs:
-            ready = gathered.get(unit)
-            if ready is None or ready > now:
-                return False
-        breakdown = prog.breakdown_s
+        checked = self._needs_met
+        if checked.get(id(block)) != prog.gathers_made:
+            for unit in block.needs:
+                ready = gathered.get(unit)
+                if ready is None or ready > now:
+                    return False
+            # they stay ready (the clock only moves on) until the segment loop next runs
+            checked[id(block)] = prog.gathers_made
         prog.now = reduce(add, block.steps, now)
-        breakdown["compute"] = reduce(add, block.compute_s, breakdown["compute"])
-        breakdown["framework"] = reduce(add, block.framework_s, breakdown["framework"])
-        for k, terms in block.comm:
-            breakdown[k] = reduce(add, terms, breakdown[k])
+        prog.settled.append(block)  # its sums: add_settled
         if block.pattern is not None:  # MemoryLedger.place
             events, placed = prog.ledger.appenders()
             placed.append((now, block.pattern, op.microbatch, op.chunk, len(events)))
+        seen = self._settled_runs.get(id(block))
+        if seen is not None:  # its run keys are made: counted, added by add_settled_runs
+            seen[1] += 1
+            return True
+        self._settled_runs[id(block)] = [block, 0]
         runs = self.runs
         for run_key, seg in block.runs:
             slot = runs.get(run_key)
@@ -358,6 +375,33 @@ class Walker:
             else:
                 slot[1] += 1
         return True
+
+    def add_settled(self, prog: RankState) -> None:
+        """Add the sums of the settled blocks ``prog`` ran since the last call to its
+        account (:data:`SETTLED_SUMS`): each key's terms one after another, in the order the
+        blocks ran, as one ``np.add.accumulate`` (which adds left to right: the floats of
+        adding each block's terms at once). Called before anything else adds to those keys
+        (the segment loop) and at the end of the walk."""
+        blocks = prog.settled
+        if not blocks:
+            return
+        breakdown = prog.breakdown_s
+        start = np.array([[breakdown[k]] for k in SETTLED_SUMS])
+        terms = np.concatenate([start, *[b.sums for b in blocks]], axis=1)
+        totals = np.add.accumulate(terms, axis=1)[:, -1].tolist()
+        for k, total in zip(SETTLED_SUMS, totals, strict=True):
+            breakdown[k] = total
+        blocks.clear()
+
+    def add_settled_runs(self) -> None:
+        """Count the repeated runs of each settled block in the walk's TP runs (a block's
+        first run made its keys; the counts are whole numbers, added in any order)."""
+        runs = self.runs
+        for block, repeats in self._settled_runs.values():
+            if repeats:
+                for run_key, _ in block.runs:
+                    runs[run_key][1] += repeats
+        self._settled_runs.clear()
 
     def fold_price(self, rank: int) -> tuple[CallKey, float, float]:
         """(tally key, seconds, busbw) of the TP all-gather folded into each message the rank
