@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import numpy as np
 import pytest
 
 import collsim.play.walk_zero3 as zero3
@@ -239,3 +240,36 @@ def test_a_zero2_plan_with_many_buckets_estimates_as_the_loop(
     monkeypatch.setattr(walker_module, "ARRAY_REDUCTIONS", 10**9)
     loop = estimate_step(topology, spec, training, parallel)
     assert _facts(arrays) == _facts(loop)
+
+
+def test_settled_sums_are_added_term_by_term_in_the_order_the_blocks_ran() -> None:
+    """``Walker.add_settled`` adds the blocks' terms with one accumulation: the floats of the
+    segment loop's ``+=`` one term after another (terms of mixed magnitudes, where any other
+    order or grouping rounds differently), keys a block does not touch left as they were."""
+    from collsim.play.walk_tables import SETTLED_SUMS, RankState, SettledOp
+
+    rng = random.Random(3)
+    blocks = []
+    for n in (3, 7, 1, 12):
+        sums = [[0.0] * n for _ in SETTLED_SUMS]
+        for row in range(len(SETTLED_SUMS) - 2):  # dp_exposed, interference untouched
+            sums[row] = [rng.uniform(0, 1) * 10 ** rng.randint(-9, 2) for _ in range(n)]
+        blocks.append(SettledOp((), (1.0,) * n, np.array(sums), None, ()))
+    blocks[0].sums[0] = [2.0**53, 1.0, 1.0]  # one after another each 1.0 rounds away
+    prog = RankState(rank=0, coords=None, ledger=None)  # type: ignore[arg-type]
+    prog.breakdown_s["compute"] = 0.1
+    prog.breakdown_s["dp_exposed"] = 0.3
+    expected = dict(prog.breakdown_s)
+    for b in (*blocks, blocks[1]):  # a block runs again
+        for row, key in enumerate(SETTLED_SUMS):
+            for term in b.sums[row].tolist():
+                expected[key] += term
+    prog.settled.extend(blocks[:2])
+    Walker.add_settled(None, prog)  # type: ignore[arg-type]  # (reads only the rank)
+    assert prog.settled == []
+    prog.settled.extend([*blocks[2:], blocks[1]])
+    Walker.add_settled(None, prog)  # type: ignore[arg-type]
+    assert float_bits(prog.breakdown_s) == float_bits(expected)
+    assert prog.breakdown_s["dp_exposed"] == 0.3
+    grouped = 0.1 + sum(float(b.sums[0].sum()) for b in (*blocks, blocks[1]))
+    assert grouped != expected["compute"]  # summed block by block, the two 1.0 count
