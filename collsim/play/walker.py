@@ -114,7 +114,9 @@ class Walker:
         self.gather_pp = plan.tp > 1 and not plan.parallel.sequence_parallel
         self._links: dict[int, list[Link]] = {}
         self._fold: dict[int, tuple[CallKey, float, float]] = {}
-        self._sends: dict[tuple[int, int], tuple[CallKey, float, float]] = {}
+        self._sends: dict[tuple[int, int], tuple[Any, ...]] = {}
+        """Per (rank, receiving stage): (tally key, seconds, busbw), the receiver's rank, its
+        ledger's appender (no event is read during the walk) and the message's bytes."""
         self._reduction_arrays: dict[int, tuple[Any, ...]] = {}
         """:func:`reduction_arrays` by the identity of an op's reductions (held by its
         :class:`OpPlan`, which the walk keeps)."""
@@ -280,11 +282,33 @@ class Walker:
         self.flush_tp()
 
     def links(self, stage: int) -> list[Link]:
-        """:func:`~collsim.play.walk_tables.pipeline_links` of ``stage`` (once per walk)."""
+        """:func:`~collsim.play.walk_tables.pipeline_links` of ``stage``: once per walk, and in
+        a search once per pipeline shape (the stage's ops are those of its schedule, stage
+        count, micro-batches and virtual stages; as :meth:`op_table`)."""
         hit = self._links.get(stage)
         if hit is None:
-            hit = self._links[stage] = pipeline_links(self.schedule, stage)
+            if self.shapes is None:
+                hit = pipeline_links(self.schedule, stage)
+            else:
+                hit = self.shapes.get(
+                    "walk links",
+                    self.pipeline_shape(stage),
+                    lambda: pipeline_links(self.schedule, stage),
+                )
+            self._links[stage] = hit
         return hit
+
+    def pipeline_shape(self, stage: int) -> tuple[str, int, int, int, int]:
+        """What the stage's pipeline ops are made of: the schedule, the stage count, the
+        micro-batches, the virtual stages and the stage."""
+        plan = self.plan
+        return (
+            str(plan.parallel.schedule),
+            plan.pp,
+            plan.num_microbatches,
+            plan.virtual_stages,
+            stage,
+        )
 
     def stepper(self, prog: RankState) -> Iterator[bool]:
         """:meth:`advance` of ``prog`` each time it is resumed (for ever)."""
@@ -301,19 +325,22 @@ class Walker:
         chunks = self.schedule.stages[stage].chunks
         paired_ops = self.schedule.paired.get(stage, ())
         mail_of = self.mail.get
-        breakdown, events = prog.breakdown_s, prog.ledger.appenders()[0]
+        breakdown = prog.breakdown_s
+        events, placed = prog.ledger.appenders()
         fold = self.fold_price(prog.rank) if self.gather_pp else None
         last_mb = self.rules.num_microbatches - 1
         blocks = self._blocks.get(stage)
         if blocks is None:
             blocks = self._blocks[stage] = [None] * len(ops)
         ran = False
-        while prog.next_op < len(ops):
-            op = ops[prog.next_op]
-            remote, direction, dest = links[prog.next_op]
+        i, n = prog.next_op, len(ops)
+        while i < n:
+            op = ops[i]
+            remote, direction, dest = links[i]
             if remote:
                 mail = mail_of((prog.rank, direction, op.microbatch, op.chunk))
                 if mail is None:
+                    prog.next_op = i
                     return ran  # its input is not sent yet
                 produced_s, delivered_s, mail_bytes = mail
                 w0 = prog.now
@@ -329,25 +356,35 @@ class Walker:
                     self.stats.add(*fold)
                     prog.now += fold[1]
                     breakdown["pp_exposed"] += fold[1]
-            chunk = chunks[op.chunk]
-            paired = prog.next_op in paired_ops
-            block = blocks[prog.next_op]
+            block = blocks[i]
             if block is None:  # once per op of the walk: settled or not (False)
                 last = op.microbatch < 0 or op.microbatch >= last_mb
-                block = settled_op(self, prog, chunk, op.phase, paired, last) or False
-                blocks[prog.next_op] = block
-            if block is False or not self.run_settled(prog, op, cast(SettledOp, block)):
-                run_segments(self, prog, op, chunk, paired)
+                paired = i in paired_ops
+                block = settled_op(self, prog, chunks[op.chunk], op.phase, paired, last) or False
+                blocks[i] = block
+            if block is False or not self.run_settled(
+                prog, op, cast(SettledOp, block), events, placed
+            ):
+                run_segments(self, prog, op, chunks[op.chunk], i in paired_ops)
             if dest is not None:
                 self.send_output(prog, op, dest)
-            prog.next_op += 1
+            i += 1
             ran = True
+        prog.next_op = i
         return ran
 
-    def run_settled(self, prog: RankState, op: PipeOp, block: SettledOp) -> bool:
+    def run_settled(
+        self,
+        prog: RankState,
+        op: PipeOp,
+        block: SettledOp,
+        events: list[MemoryEvent],
+        placed: list[Any],
+    ) -> bool:
         """Run ``op`` as its settled block (:func:`~collsim.play.walk_zero3.settled_op`) if
         every unit it reads is gathered and ready now; False, with nothing done, if not. The
-        loop's sums are added term by term in its order (``reduce`` adds left to right)."""
+        loop's sums are added term by term in its order (``reduce`` adds left to right);
+        ``events`` and ``placed``: the rank's ledger's appenders."""
         now, gathered = prog.now, prog.gathered
         checked = self._needs_met
         if checked.get(id(block)) != prog.gathers_made:
@@ -360,7 +397,6 @@ class Walker:
         prog.now = reduce(add, block.steps, now)
         prog.settled.append(block)  # its sums: add_settled
         if block.pattern is not None:  # MemoryLedger.place
-            events, placed = prog.ledger.appenders()
             placed.append((now, block.pattern, op.microbatch, op.chunk, len(events)))
         seen = self._settled_runs.get(id(block))
         if seen is not None:  # its run keys are made: counted, added by add_settled_runs
@@ -424,14 +460,7 @@ class Walker:
             ops = self.schedule.pipeline[stage]
             return op_table(ops, self.links(stage), paired, plan.num_microbatches)
 
-        key = (
-            str(plan.parallel.schedule),
-            plan.pp,
-            plan.num_microbatches,
-            plan.virtual_stages,
-            stage,
-            paired,
-        )
+        key = (*self.pipeline_shape(stage), paired)
         if self.shapes is None:
             return make(), key
         return self.shapes.get("walk ops", key, make), key
@@ -661,24 +690,22 @@ class Walker:
     def send_output(self, prog: RankState, op: PipeOp, dest: tuple[int, Phase, int]) -> None:
         """Send ``op``'s output to ``dest`` (stage, direction, chunk) on the pp stream."""
         stage, dst_phase, dst_chunk = dest
-        dst = self.by_stage[stage]
-        size = self.schedule.p2p_bytes
         hit = self._sends.get((prog.rank, stage))
-        if hit is None:  # once per walk
-            hit = self._sends[(prog.rank, stage)] = self.call_price(
-                prog.rank, PP, "send_recv", size, (prog.rank, dst.rank)
-            )
-        self.stats.add(*hit)
-        t = hit[1]
-        now = prog.now
-        start = now if now >= prog.pp_free else prog.pp_free  # max(now, pp_free)
-        prog.pp_free = start + t
-        delivered = fires(now, prog.pp_free)
-        self.mail[(dst.rank, dst_phase, op.microbatch, dst_chunk)] = (now, delivered, size)
+        if hit is None:  # once per walk: the price, where it goes, the receiver's appender
+            dst = self.by_stage[stage]
+            size = self.schedule.p2p_bytes
+            priced = self.call_price(prog.rank, PP, "send_recv", size, (prog.rank, dst.rank))
+            hit = (priced, dst.rank, dst.ledger.appenders()[0], size)
+            self._sends[(prog.rank, stage)] = hit
+        priced, dst_rank, dst_events, size = hit
+        self.stats.add(*priced)
+        now, free = prog.now, prog.pp_free
+        free = (now if now >= free else free) + priced[1]  # max(now, pp_free) + t
+        prog.pp_free = free
+        delivered = now + (free - now)  # fires(now, free)
+        self.mail[(dst_rank, dst_phase, op.microbatch, dst_chunk)] = (now, delivered, size)
         if size:  # MemoryLedger.alloc
-            dst.ledger.appenders()[0].append(
-                _new(MemoryEvent, (delivered, "buffers", float(size), "pp recv"))
-            )
+            dst_events.append(_new(MemoryEvent, (delivered, "buffers", float(size), "pp recv")))
 
     def grad_norm(self) -> None:
         """The clipping's norm all-reduces, as the engine plays them: the walked members of a
