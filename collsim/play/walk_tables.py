@@ -284,6 +284,10 @@ class SharedWalk:
     """:func:`collsim.play.walk_zero3.settled_op` by (rank, chunk, phase, paired, last
     micro-batch): a settled block reads the segments, their prices and when units are
     released, none of which a variant's knobs change."""
+    stage_blocks: dict[tuple[Any, ...], list[SettledOp | bool | None]] = field(default_factory=dict)
+    """Per walked rank and pipeline shape (:meth:`Walker.pipeline_shape`), per op of its
+    stage: its entry of ``settled`` (False for none; None until a walk asks), so that the
+    walks of a plan's variants look each op up once."""
 
 
 class OpPlan(NamedTuple):

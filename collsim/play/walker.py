@@ -330,8 +330,12 @@ class Walker:
         fold = self.fold_price(prog.rank) if self.gather_pp else None
         last_mb = self.rules.num_microbatches - 1
         blocks = self._blocks.get(stage)
-        if blocks is None:
-            blocks = self._blocks[stage] = [None] * len(ops)
+        if blocks is None:  # the variants' shared list (SharedWalk.stage_blocks)
+            key = (prog.rank, *self.pipeline_shape(stage))
+            blocks = self.shared.stage_blocks.get(key)
+            if blocks is None or len(blocks) != len(ops):
+                blocks = self.shared.stage_blocks[key] = [None] * len(ops)
+            self._blocks[stage] = blocks
         ran = False
         i, n = prog.next_op, len(ops)
         while i < n:
