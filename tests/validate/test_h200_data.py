@@ -283,3 +283,20 @@ def test_fp8_gemms_queued_from_python_wait_for_the_host_where_small() -> None:
     big = (8192, 8192, 8192)
     for variant in ("bf16", "fp8_tensor_fast"):
         assert graph[big][variant] == pytest.approx(eager[big][variant], rel=0.15)
+
+
+def test_a_gpu_profile_prices_fp8_gemms_from_its_own_fp8_rows() -> None:
+    from collsim.workload.compute import ComputeModel
+    from collsim.workload.ops import Gemm
+
+    profile = get_device(str(DATA / "fp8_profile" / "h200_profile.yaml"))
+    rows = {tuple(r[:4]): r[4] for r in profile.measured.gemm}
+    shapes = {r[:3] for r in rows}
+    assert len(shapes) == len(GPU_GEMM_DIMS) ** 3
+    assert all((*s, "fp8") in rows and (*s, "bf16") in rows for s in shapes)
+    big = (8192, 8192, 8192)
+    assert 1.5 < rows[(*big, "fp8")] / rows[(*big, "bf16")] < 2.5
+    assert profile.peak_flops_for("fp8") > 1.5 * profile.peak_flops_for("bf16")
+    fp8 = ComputeModel(profile, "fp8")
+    time_s = fp8.gemm_time_s(Gemm(*big))[0]
+    assert 2.0 * 8192**3 / time_s / 1e12 == pytest.approx(rows[(*big, "fp8")], rel=1e-6)

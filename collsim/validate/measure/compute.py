@@ -266,6 +266,48 @@ def _gemm_time(
     return total / 3
 
 
+def _fp8_gemm_time(torch: Any, dev: Any, m: int, n: int, k: int, reps: int, timer: Timer) -> float:
+    """Time of one FP8 GEMM of this shape: ``torch._scaled_mm`` on e4m3 operands (one scale
+    per tensor, fast accumulation, a bf16 result), in the layout its kernels take (A
+    row-major, B column-major: Transformer Engine hands the dgrad and wgrad GEMMs transposed
+    FP8 copies, whose casts collsim prices apart, :func:`collsim.workload.kernels.
+    fp8_cast_bytes`), on cold operands (copies cast once from views of the bf16 pool, taken
+    in turn); each result is a new tensor, as a training step's is."""
+    f8 = torch.float8_e4m3fn
+    per = m * k + k * n
+    pool = _pool(torch, dev, torch.bfloat16)
+    if pool.numel() < per:
+        pool = torch.randn(per, device=dev, dtype=torch.bfloat16)
+    copies = max(1, min(16, pool.numel() // per))
+    scale = torch.ones((), device=dev, dtype=torch.float32)
+    ops = []
+    for i in range(copies):
+        flat = pool[i * per : (i + 1) * per]
+        a = flat[: m * k].view(m, k).to(f8)
+        b = flat[m * k :].view(n, k).to(f8).t()  # column-major k x n
+        ops.append((a, b))
+
+    def run() -> None:
+        a, b = ops[_next_slot(len(ops))]
+        torch._scaled_mm(
+            a, b, scale_a=scale, scale_b=scale, out_dtype=torch.bfloat16, use_fast_accum=True
+        )
+
+    t: float = timer(run, reps)
+    return t
+
+
+def _runs_fp8(torch: Any, dev: Any) -> bool:
+    """Whether the GPU runs FP8 GEMMs: compute capability 8.9 or later (Ada, Hopper,
+    Blackwell) and a torch with ``_scaled_mm`` and e4m3."""
+    if dev.type != "cuda" or not hasattr(torch, "float8_e4m3fn"):
+        return False
+    if not hasattr(torch, "_scaled_mm"):
+        return False
+    major, minor = torch.cuda.get_device_capability(dev)
+    return (major, minor) >= (8, 9)
+
+
 def _dtypes(torch: Any, device: str) -> list[tuple[str, Any]]:
     if device == "cpu":
         return [("fp32", torch.float32), ("bf16", torch.bfloat16)]
@@ -283,7 +325,8 @@ def _sdpa_backends(torch: Any, device: str) -> list[tuple[str, Any]]:
 
 
 def _gemm_rates(torch: Any, dev: Any, grid: ComputeGrid, timer: Timer) -> list[list[Any]]:
-    """``[m, n, k, dtype, TFLOP/s]`` of every GEMM of the grid within its FLOP cap."""
+    """``[m, n, k, dtype, TFLOP/s]`` of every GEMM of the grid within its FLOP cap, in each
+    dtype of :func:`_dtypes` and, on a GPU that runs them (:func:`_runs_fp8`), in FP8."""
     gemm: list[list[Any]] = []
     for name, dtype in _dtypes(torch, dev.type):
         for m in grid.gemm_dims:
@@ -294,6 +337,16 @@ def _gemm_rates(torch: Any, dev: Any, grid: ComputeGrid, timer: Timer) -> list[l
                         continue
                     t = _gemm_time(torch, dev, dtype, m, n, k, grid.reps, timer)
                     gemm.append([m, n, k, name, round(flops / t / 1e12, 6)])
+    if not _runs_fp8(torch, dev):
+        return gemm
+    for m in grid.gemm_dims:
+        for n in grid.gemm_dims:
+            for k in grid.gemm_dims:
+                flops = 2.0 * m * n * k
+                if flops > grid.gemm_max_flops or min(m, n, k) % 16:
+                    continue  # (FP8 kernels take dimensions in multiples of 16)
+                t = _fp8_gemm_time(torch, dev, m, n, k, grid.reps, timer)
+                gemm.append([m, n, k, "fp8", round(flops / t / 1e12, 6)])
     return gemm
 
 
@@ -614,6 +667,8 @@ def write_profile(
         sm_count, memory_gb = int(notes["threads"]), base.memory_bytes / 1e9
     else:  # each dtype's own best (tensor cores run bf16 / fp16 many times faster than fp32)
         peaks = {dt: best_of(dt) for dt in ("fp32", "bf16", "fp16")}
+        if any(r[3] == "fp8" for r in measured["gemm"]):
+            peaks["fp8"] = best_of("fp8")
         sm_count = int(notes.get("sm_count", notes["threads"]))
         memory_gb = float(notes.get("memory_bytes", base.memory_bytes)) / 1e9
     doc: dict[str, Any] = {
