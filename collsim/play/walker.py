@@ -123,13 +123,14 @@ class Walker:
         self.runs: dict[tuple[int, int], list[Any]] = {}
         self.issue_plans: dict[tuple[int, int, Phase, bool], list[tuple[Issue, ...]]] = {}
         self._blocks: dict[int, list[SettledOp | bool | None]] = {}
+        """Per stage, per op: its settled block, False when it has none, None until asked
+        (the list the plan's variants share, ``SharedWalk.stage_blocks``)."""
         self._settled_runs: dict[int, list[Any]] = {}
+        """Per settled block run in this walk (by identity): [the block, its runs after the
+        first], for :meth:`add_settled_runs`."""
         self._needs_met: dict[int, int] = {}
         """Per settled block (by identity; the walk's blocks outlive it): the rank's
         ``gathers_made`` when its units were last all gathered and ready."""
-        """Per settled block run in this walk (by identity): [the block, its runs after the
-        first], for :meth:`add_settled_runs`."""
-        """Per stage, per op: its settled block, False when it has none, None until asked."""
         self._windows: dict[tuple[int, int, int], tuple[float, float]] = {}
         """:meth:`grad_window` by (rank, id of a segment's step list, where its gradients
         start); the lists live as long as the walk's schedule."""
@@ -333,7 +334,7 @@ class Walker:
         if blocks is None:  # the variants' shared list (SharedWalk.stage_blocks)
             key = (prog.rank, *self.pipeline_shape(stage))
             blocks = self.shared.stage_blocks.get(key)
-            if blocks is None or len(blocks) != len(ops):
+            if blocks is None:  # (the shape says the stage's ops, so their count too)
                 blocks = self.shared.stage_blocks[key] = [None] * len(ops)
             self._blocks[stage] = blocks
         ran = False
@@ -387,8 +388,9 @@ class Walker:
     ) -> bool:
         """Run ``op`` as its settled block (:func:`~collsim.play.walk_zero3.settled_op`) if
         every unit it reads is gathered and ready now; False, with nothing done, if not. The
-        loop's sums are added term by term in its order (``reduce`` adds left to right);
-        ``events`` and ``placed``: the rank's ledger's appenders."""
+        clock adds the segments' seconds term by term (``reduce`` adds left to right), the
+        account waits for :meth:`add_settled`; ``events`` and ``placed``: the rank's ledger's
+        appenders."""
         now, gathered = prog.now, prog.gathered
         checked = self._needs_met
         if checked.get(id(block)) != prog.gathers_made:

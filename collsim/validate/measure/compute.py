@@ -51,8 +51,9 @@ to the parameter in place, reading both and writing one (4 + 4 + 4)."""
 
 GPU_OPTIMIZER_PARAMS = 64_000_000
 """fp32 parameters of the GPU grid's optimizer step: 256 MB of parameters and as many of
-gradients, five times the 50 MB L2 of an H100 or H200 (NVIDIA H100 Tensor Core GPU Architecture,
-v1.04), so the step streams from HBM. With the CPU grid's 4 M (32 MB in all) an H200's step
+gradients, about ten times the 50 MB L2 of an H100 (NVIDIA H100 Tensor Core GPU Architecture
+whitepaper; torch reports 60 MB on the H200 of validate/data/h200), so the step streams from
+HBM. With the CPU grid's 4 M (32 MB in all) an H200's step
 stayed partly in L2 (validate/data/h200/aligned_duties/h200_profile.yaml)."""
 
 CPU_ATTENTION_HEADS = 4
@@ -326,27 +327,26 @@ def _sdpa_backends(torch: Any, device: str) -> list[tuple[str, Any]]:
 
 def _gemm_rates(torch: Any, dev: Any, grid: ComputeGrid, timer: Timer) -> list[list[Any]]:
     """``[m, n, k, dtype, TFLOP/s]`` of every GEMM of the grid within its FLOP cap, in each
-    dtype of :func:`_dtypes` and, on a GPU that runs them (:func:`_runs_fp8`), in FP8."""
+    dtype of :func:`_dtypes` and, on a GPU that runs them (:func:`_runs_fp8`), in FP8 (its
+    kernels take dimensions in multiples of 16)."""
+    kinds: list[tuple[str, Callable[[int, int, int], float]]] = [
+        (name, functools.partial(_gemm_time, torch, dev, dtype, reps=grid.reps, timer=timer))
+        for name, dtype in _dtypes(torch, dev.type)
+    ]
+    if _runs_fp8(torch, dev):
+        kinds.append(
+            ("fp8", functools.partial(_fp8_gemm_time, torch, dev, reps=grid.reps, timer=timer))
+        )
     gemm: list[list[Any]] = []
-    for name, dtype in _dtypes(torch, dev.type):
+    for name, time_of in kinds:
         for m in grid.gemm_dims:
             for n in grid.gemm_dims:
                 for k in grid.gemm_dims:
                     flops = 2.0 * m * n * k
-                    if flops > grid.gemm_max_flops:
+                    if flops > grid.gemm_max_flops or (name == "fp8" and min(m, n, k) % 16):
                         continue
-                    t = _gemm_time(torch, dev, dtype, m, n, k, grid.reps, timer)
+                    t = time_of(m, n, k)
                     gemm.append([m, n, k, name, round(flops / t / 1e12, 6)])
-    if not _runs_fp8(torch, dev):
-        return gemm
-    for m in grid.gemm_dims:
-        for n in grid.gemm_dims:
-            for k in grid.gemm_dims:
-                flops = 2.0 * m * n * k
-                if flops > grid.gemm_max_flops or min(m, n, k) % 16:
-                    continue  # (FP8 kernels take dimensions in multiples of 16)
-                t = _fp8_gemm_time(torch, dev, m, n, k, grid.reps, timer)
-                gemm.append([m, n, k, "fp8", round(flops / t / 1e12, 6)])
     return gemm
 
 
