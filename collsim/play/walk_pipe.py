@@ -92,9 +92,11 @@ class Walker(Protocol):
         issued: float | None = None,
     ) -> float: ...
 
-    def run_reductions(
-        self, prog: RankState, reductions: Sequence[Reduction], t0: float
-    ) -> list[MemoryEvent]: ...
+    def open_tallies(self, reductions: Sequence[Reduction]) -> None: ...
+
+    def run_reduction_batch(
+        self, prog: RankState, ops: Sequence[tuple[float, Sequence[Reduction]]]
+    ) -> list[list[MemoryEvent]]: ...
 
 
 TRACES_KEPT = 2
@@ -352,6 +354,8 @@ def _replay(
     tally_of = w.stats.tally
     runs = w.runs
     inserts: list[list[tuple[int, int, list[MemoryEvent]]]] = [[] for _ in progs]
+    reducing: list[list[tuple[float, Any]]] = [[] for _ in progs]
+    reduced: list[list[int]] = [[] for _ in progs]
     for _, what, s, x in items:
         if what == 0:
             tally_of(fold_calls[s][0])  # type: ignore[index]
@@ -360,12 +364,17 @@ def _replay(
             if block.run_key not in runs:
                 runs[block.run_key] = [block.segs, 0]
         elif what == 2:
-            block = blocks[s][tables[s].blocks[x]]
-            held = w.run_reductions(progs[s], block.reductions, traces[s].starts[x])
-            if held:
-                inserts[s].append((x, traces[s].marks[x], held))
+            reductions = blocks[s][tables[s].blocks[x]].reductions
+            w.open_tallies(reductions)  # (their calls run below, a stage's all at once)
+            reducing[s].append((traces[s].starts[x], reductions))
+            reduced[s].append(x)
         else:
             tally_of(send_calls[s][x][0])
+    for s, ops in enumerate(reducing):
+        if ops:
+            helds = w.run_reduction_batch(progs[s], ops)
+            marks = traces[s].marks
+            inserts[s] = [(x, marks[x], h) for x, h in zip(reduced[s], helds, strict=True) if h]
     for s, prog in enumerate(progs):
         tr, table, blks = traces[s], tables[s], blocks[s]
         fold = fold_calls[s]

@@ -39,6 +39,7 @@ __all__ = [
     "norm_rounds",
     "op_table",
     "pipeline_links",
+    "queue_ends",
     "reduction_arrays",
 ]
 
@@ -340,7 +341,7 @@ def pipeline_links(schedule: StepSchedule, stage: int) -> list[Link]:
 
 
 def reduction_arrays(reductions: Sequence[Reduction]) -> tuple[Any, ...]:
-    """What :meth:`~collsim.play.walker.Walker.reductions_as_arrays` reads of an op's
+    """What :meth:`~collsim.play.walker.Walker.run_reduction_batch` reads of an op's
     reductions, once: each reduction's offset; per call (in order) its reduction's offset and
     its seconds; each reduction's last call; the held ZeRO-2 buffers (which reductions, their
     bytes and their negatives; None without any); per tally in order of first use (key,
@@ -365,8 +366,31 @@ def reduction_arrays(reductions: Sequence[Reduction]) -> tuple[Any, ...]:
     return (
         rel,
         np.repeat(rel, counts),
-        [t for t, _, _ in calls],
+        np.array([t for t, _, _ in calls], dtype=float),
         np.cumsum(counts) - 1,
         holds,
         [(key, n, tuple(ts), busbw) for key, n, ts, busbw in tallies.values()],
     )
+
+
+def queue_ends(ready_s: Any, seconds: Any, free_s: float) -> Any:
+    """When each call ends on one stream, calls in order (``ready_s``, ``seconds``: arrays),
+    the stream free at ``free_s``: ``end_j = max(ready_j, end_{j-1}) + seconds_j`` with the
+    floats of the call-by-call loop. Every call is first taken to start when ready; then each
+    pass computes the recurrence again for the calls whose predecessor's end changed in the
+    pass before (all of them at once, as arrays), until no end changes. Each end is the
+    maximum and the sum the loop takes, of the same operands once the passes stop (the
+    recurrence has one solution), so the ends are the loop's to the bit; the passes are as
+    many as the longest run of calls that wait for the one before."""
+    n = len(ready_s)
+    ends = np.empty(n + 1)  # ends[j + 1]: call j's end; ends[0]: the stream free
+    ends[0] = free_s
+    np.add(np.maximum(ready_s, free_s), seconds, out=ends[1:])  # (call 0's is final)
+    active = np.arange(1, n)
+    while len(active):
+        new = np.maximum(ready_s[active], ends[active]) + seconds[active]
+        changed = new != ends[active + 1]
+        active = active[changed]
+        ends[active + 1] = new[changed]
+        active = active[active < n - 1] + 1
+    return ends[1:]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterator, Sequence
 from functools import reduce
-from itertools import accumulate, repeat
+from itertools import chain, repeat
 from operator import add
 from typing import TYPE_CHECKING, Any, cast
 
@@ -38,6 +38,7 @@ from collsim.play.walk_tables import (
     norm_rounds,
     op_table,
     pipeline_links,
+    queue_ends,
     reduction_arrays,
 )
 from collsim.play.walk_zero3 import run_segments, settled_op
@@ -58,18 +59,6 @@ TP, PP, DP = ParallelAxis.TP, ParallelAxis.PP, ParallelAxis.DP
 _new = tuple.__new__  # MemoryEvent without its keyword-argument layer
 BUFFERS, BUCKET = repeat("buffers"), repeat("zero2 bucket")  # (zip stops at the shortest)
 
-
-def _queue(free_s: float, call: tuple[float, float]) -> float:
-    """When a call (ready time, seconds) ends on a stream free at ``free_s``:
-    ``max(ready, free) + seconds``, as :meth:`Walker.run_priced` adds it."""
-    ready, seconds = call
-    return (ready if ready >= free_s else free_s) + seconds
-
-
-ARRAY_REDUCTIONS = 24
-"""An op with this many bucket reductions or more runs them as arrays
-(:meth:`Walker.reductions_as_arrays`); fewer cost less one by one (the arrays cost a fixed
-handful of numpy calls; break-even near 15 reductions by a micro-benchmark of both paths)."""
 
 SHARED_KEPT = 4
 """Families of programs whose :class:`SharedWalk` a search's shape cache keeps (the most
@@ -639,8 +628,6 @@ class Walker:
         issued at ``t0`` and each ready at ``t0`` plus its offset in its op (``deferred``: at
         ``t0``, the step's end without overlap): returns the ZeRO-2 bucket buffers' events
         (held until the reduction ends), for the caller to record."""
-        if not deferred and len(reductions) >= ARRAY_REDUCTIONS:
-            return self.reductions_as_arrays(prog, reductions, t0)
         held: list[MemoryEvent] = []
         if deferred and not any(hold for _, _, hold in reductions):
             # all ready and issued at t0: one run of their calls, one after another
@@ -655,43 +642,74 @@ class Walker:
                 held.append(new(MemoryEvent, (fired, "buffers", -hold, "zero2 bucket")))
         return held
 
-    def reductions_as_arrays(
-        self, prog: RankState, reductions: Sequence[Reduction], t0: float
-    ) -> list[MemoryEvent]:
-        """:meth:`run_reductions` of an op's many reductions (issued at ``t0``, overlapped)
-        with their columns made once (:func:`reduction_arrays`): the dp stream's queue (a
-        call ends at ``max(its ready time, the previous end) + its seconds``) as one
-        accumulation over the calls, each tally's seconds added in call order, the ZeRO-2
-        buffers made from the columns. The same floats as the call-by-call loop."""
+    def open_tallies(self, reductions: Sequence[Reduction]) -> None:
+        """Open the tallies of ``reductions``' calls in the order the calls use them (as
+        :meth:`run_reductions` would on its way), once per reductions of a walk."""
         known = self._reduction_arrays.get(id(reductions))
-        if known is None or known[0] is not reductions:
-            known = self._reduction_arrays[id(reductions)] = (
-                reductions,
-                *reduction_arrays(reductions),
-            )
-        _, rel, call_rel, seconds, last_call, holds, tallies = known
-        ready = (t0 + call_rel).tolist()  # each t0 + offset, as the loop adds it
-        ends = list(accumulate(zip(ready, seconds, strict=True), _queue, initial=prog.dp_free))
-        prog.dp_free = ends[-1]
-        fired = t0 + (np.array(ends[1:]) - t0)  # fires(t0, end), element by element
+        if known is not None and known[0] is reductions:
+            return
+        known = self._reduction_arrays[id(reductions)] = (
+            reductions,
+            *reduction_arrays(reductions),
+        )
+        tallies, tally = self.stats.tallies, self.stats.tally
+        for key, _, _, _ in known[6]:
+            if key not in tallies:
+                tally(key)
+
+    def run_reduction_batch(
+        self, prog: RankState, ops: Sequence[tuple[float, Sequence[Reduction]]]
+    ) -> list[list[MemoryEvent]]:
+        """:meth:`run_reductions` of several ops one after another (each issued at its start
+        ``t0``, overlapped; their tallies opened, :meth:`open_tallies`) as one queue over all
+        their calls (:func:`~collsim.play.walk_tables.queue_ends`): per op, the ZeRO-2
+        bucket buffers' events. The same floats as the op-by-op calls: each call ready at its
+        op's ``t0`` plus its offset, each tally's seconds added one after another in call
+        order, its busbw its last call's."""
+        tables = self._reduction_arrays
+        columns = [tables[id(reductions)] for _, reductions in ops]
+        counts = [len(c[3]) for c in columns]
+        starts = np.array([t0 for t0, _ in ops], dtype=float)
+        t0s = starts.tolist()
+        ready = np.concatenate([t0 + c[2] for t0, c in zip(t0s, columns, strict=True)])
+        ends = queue_ends(ready, np.concatenate([c[3] for c in columns]), prog.dp_free)
+        issued = np.repeat(starts, counts)
+        fired = issued + (ends - issued)  # fires(t0, end), element by element
+        prog.dp_free = float(ends[-1])
         latest = float(fired.max())
         if latest > prog.dp_last_end:
             prog.dp_last_end = latest
-        stats = self.stats
-        for key, count, terms, busbw in tallies:
-            tally = stats.tallies.get(key) or stats.tally(key)
+        adds: dict[CallKey, list[Any]] = {}  # per tally: [calls, their seconds, last busbw]
+        for c in columns:
+            for key, count, terms, busbw in c[6]:
+                entry = adds.get(key)
+                if entry is None:
+                    adds[key] = [count, [terms], busbw]
+                else:
+                    entry[0] += count
+                    entry[1].append(terms)
+                    entry[2] = busbw
+        tallies = self.stats.tallies
+        for key, (count, terms, busbw) in adds.items():
+            tally = tallies[key]
             tally.count += count
-            tally.time_s = reduce(add, terms, tally.time_s)
+            tally.time_s = reduce(add, chain.from_iterable(terms), tally.time_s)
             tally.busbw_bps = busbw
-        if holds is None:
-            return []
-        which, sizes, negatives = holds
-        starts = (t0 + rel[which]).tolist()
-        done = fired[last_call[which]].tolist()
-        held: list[MemoryEvent] = [None] * (2 * len(starts))  # type: ignore[list-item]
-        held[0::2] = map(_new, repeat(MemoryEvent), zip(starts, BUFFERS, sizes, BUCKET))
-        held[1::2] = map(_new, repeat(MemoryEvent), zip(done, BUFFERS, negatives, BUCKET))
-        return held
+        out: list[list[MemoryEvent]] = []
+        first = 0  # the op's first call
+        for t0, (_, rel, _, seconds, last_call, holds, _) in zip(t0s, columns, strict=True):
+            if holds is None:
+                out.append([])
+            else:
+                which, sizes, negatives = holds
+                begin = (t0 + rel[which]).tolist()
+                done = fired[first + last_call[which]].tolist()
+                held: list[MemoryEvent] = [None] * (2 * len(begin))  # type: ignore[list-item]
+                held[0::2] = map(_new, repeat(MemoryEvent), zip(begin, BUFFERS, sizes, BUCKET))
+                held[1::2] = map(_new, repeat(MemoryEvent), zip(done, BUFFERS, negatives, BUCKET))
+                out.append(held)
+            first += len(seconds)
+        return out
 
     def send_output(self, prog: RankState, op: PipeOp, dest: tuple[int, Phase, int]) -> None:
         """Send ``op``'s output to ``dest`` (stage, direction, chunk) on the pp stream."""

@@ -2,10 +2,11 @@
 ZeRO-3 op whose units are gathered and ready and that releases none runs as one block
 (:func:`collsim.play.walk_zero3.settled_op`, taken for most ops of the plans that keep their
 units), its events on its segments' boundaries as the loop's clock reaches them; an op's many
-bucket reductions run from columns (:meth:`Walker.reductions_as_arrays`), the dp stream,
-tallies and ZeRO-2 buffers as the call-by-call loop leaves them, whether the stream is idle,
-busy or falls idle between buckets. Equal by their bits: events that coincide must stay
-coincident for the memory peaks (frees sort before allocations at one instant)."""
+bucket reductions, every op's of a stage, run as one batch (:meth:`Walker.run_reduction_batch`,
+the stream's queue as arrays), the dp stream, tallies and ZeRO-2 buffers as the call-by-call
+loop leaves them, whether the stream is idle, busy or falls idle between buckets. Equal by
+their bits: events that coincide must stay coincident for the memory peaks (frees sort
+before allocations at one instant)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from collsim.cluster.topology import load_topology
 from collsim.core.errors import SimulationError
 from collsim.parallel.config import DDPConfig, FSDPConfig, ParallelConfig, TrainingConfig
 from collsim.play.walk import estimate_step
+from collsim.play.walk_tables import queue_ends
 from collsim.play.walker import Walker
 from collsim.step.build import build_schedule
 from collsim.step.memory import MemoryPattern
@@ -198,48 +200,100 @@ def _state(w: Walker) -> dict[str, Any]:
     }
 
 
+def _loop_ends(ready: list[float], seconds: list[float], free_s: float) -> list[float]:
+    out = []
+    for r, t in zip(ready, seconds, strict=True):
+        free_s = (r if r >= free_s else free_s) + t
+        out.append(free_s)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_queue_as_arrays_ends_each_call_as_the_loop(seed: int) -> None:
+    """``queue_ends`` against the call-by-call loop: idle and busy stretches, runs of every
+    length (one call up to all of them waiting), ready times that tie with an end, and ends of
+    mixed magnitudes where any other grouping of the sums rounds differently."""
+    rng = random.Random(seed)
+    n = rng.choice([1, 2, 17, 300])
+    ready, t = [], rng.uniform(0, 5)
+    for _ in range(n):
+        t += rng.choice([0.0, 1e-7, 1e-4, rng.uniform(0, 3e-3)])
+        ready.append(t)
+    seconds = [rng.uniform(1e-6, 2e-3) * 10 ** rng.randint(-3, 0) for _ in range(n)]
+    free = rng.choice([0.0, ready[0], ready[0] + 0.05])
+    loop = _loop_ends(ready, seconds, free)
+    if n > 2:  # a call ready exactly when the one before ends
+        ready[2] = loop[1]
+        loop = _loop_ends(ready, seconds, free)
+    ends = queue_ends(np.array(ready), np.array(seconds), free)
+    assert [x.hex() for x in ends.tolist()] == [x.hex() for x in loop]
+
+
+def test_a_queue_where_every_call_waits_is_one_run() -> None:
+    ready = np.zeros(500)
+    seconds = np.full(500, 0.1)
+    ends = queue_ends(ready, seconds, 1.0)
+    assert [x.hex() for x in ends.tolist()] == [
+        x.hex() for x in _loop_ends([0.0] * 500, [0.1] * 500, 1.0)
+    ]
+    assert ends[-1] != 1.0 + 500 * 0.1  # (the sum one after another rounds otherwise)
+
+
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("busy_s", [0.0, 5e-3, -1.0])
-def test_reductions_as_arrays_match_the_loop(
-    monkeypatch: pytest.MonkeyPatch, seed: int, busy_s: float
-) -> None:
-    reductions = _reductions(seed, 40)
+def test_a_batch_of_reductions_matches_the_op_by_op_loop(seed: int, busy_s: float) -> None:
+    """Several ops' reductions run as one batch (``Walker.run_reduction_batch``) leave the dp
+    stream, the tallies (their order, counts, seconds, busbw) and the ZeRO-2 buffers as the
+    op-by-op calls of ``Walker.run_reductions`` do, whether the stream is idle, busy or
+    falls idle between buckets; the ops' reductions differ (two tables of calls)."""
+    first, second = _reductions(seed, 40), _reductions(seed + 100, 7)
+    ops = [(2.0, first), (2.01, second), (2.011, first), (2.5, second)]
     results = []
-    for array_min in (walker_module.ARRAY_REDUCTIONS, 10**9):
-        monkeypatch.setattr(walker_module, "ARRAY_REDUCTIONS", array_min)
+    for batched in (True, False):
         w = _walker()
         prog = next(iter(w.programs.values()))
-        t0 = 2.0
-        prog.dp_free = prog.dp_last_end = t0 + busy_s  # busy past t0, or idle since before
+        prog.dp_free = prog.dp_last_end = 2.0 + busy_s  # busy past t0, or idle since before
         held: list[Any] = []
-        for start in (t0, t0 + 0.01, t0 + 0.011):  # three ops, the stream carried over
-            held += w.run_reductions(prog, reductions, start)
+        if batched:
+            for _, reductions in ops:
+                w.open_tallies(reductions)
+            for h in w.run_reduction_batch(prog, ops):
+                held += h
+        else:
+            for start, reductions in ops:
+                held += w.run_reductions(prog, reductions, start)
         results.append((_state(w), [tuple(e) for e in held]))
-    arrays, loop = results
-    assert len(arrays[1]) == len(loop[1]) > 0
-    assert float_bits(arrays) == float_bits(loop), (arrays[0], loop[0])
+    batch, loop = results
+    assert len(batch[1]) == len(loop[1]) > 0
+    assert float_bits(batch) == float_bits(loop), (batch[0], loop[0])
 
 
 def test_a_zero2_plan_with_many_buckets_estimates_as_the_loop(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """A ZeRO-2 plan with a pipeline estimates the same with every stage's reductions run as
+    one batch as with the op-by-op loop (the tallies opened where the ops run)."""
     topology = load_topology("dgx_h100", nodes=2)
     spec = get_preset("llama2-7b", num_layers=32, seq_len=2048)  # 65 buckets a backward
     training = TrainingConfig(global_batch=64, micro_batch=1, recompute="selective")
     parallel = ParallelConfig(tp=2, pp=2, dp=4, zero=2, ddp=DDPConfig(bucket_mb=1.0))
-    ran: list[int] = []
-    as_arrays = Walker.reductions_as_arrays
+    batches: list[int] = []
+    batch = Walker.run_reduction_batch
 
-    def counted(self: Walker, *args: Any) -> Any:
-        ran.append(1)
-        return as_arrays(self, *args)
+    def counted(self: Walker, prog: Any, ops: Any) -> Any:
+        batches.append(len(ops))
+        return batch(self, prog, ops)
 
-    monkeypatch.setattr(Walker, "reductions_as_arrays", counted)
-    arrays = estimate_step(topology, spec, training, parallel)
-    assert ran
-    monkeypatch.setattr(walker_module, "ARRAY_REDUCTIONS", 10**9)
+    monkeypatch.setattr(Walker, "run_reduction_batch", counted)
+    batched = estimate_step(topology, spec, training, parallel)
+    assert batches and max(batches) > 1
+
+    def one_by_one(self: Walker, prog: Any, ops: Any) -> Any:
+        return [self.run_reductions(prog, reductions, t0) for t0, reductions in ops]
+
+    monkeypatch.setattr(Walker, "run_reduction_batch", one_by_one)
     loop = estimate_step(topology, spec, training, parallel)
-    assert _facts(arrays) == _facts(loop)
+    assert _facts(batched) == _facts(loop)
 
 
 def test_settled_sums_are_added_term_by_term_in_the_order_the_blocks_ran() -> None:
