@@ -12,6 +12,7 @@ in the same order and with the same floats as when both parts ran together.
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -91,6 +92,10 @@ class Walker(Protocol):
         ready: float,
         issued: float | None = None,
     ) -> float: ...
+
+    def run_reductions(
+        self, prog: RankState, reductions: Sequence[Reduction], t0: float
+    ) -> list[MemoryEvent]: ...
 
     def open_tallies(self, reductions: Sequence[Reduction]) -> None: ...
 
@@ -350,7 +355,11 @@ def _replay(
             traces,
             *replay_order(tables, flags, traces, reduces, overlap=rules.overlap),
         )
-    _, items, deferred = known
+    _, items, deferred, reducing_ops = known
+    batched = [
+        _batches(sum(n * len(blks[bid].reductions) for bid, n in ops.items()), ops)
+        for blks, ops in zip(blocks, reducing_ops, strict=True)
+    ]
     tally_of = w.stats.tally
     runs = w.runs
     inserts: list[list[tuple[int, int, list[MemoryEvent]]]] = [[] for _ in progs]
@@ -365,9 +374,14 @@ def _replay(
                 runs[block.run_key] = [block.segs, 0]
         elif what == 2:
             reductions = blocks[s][tables[s].blocks[x]].reductions
-            w.open_tallies(reductions)  # (their calls run below, a stage's all at once)
-            reducing[s].append((traces[s].starts[x], reductions))
-            reduced[s].append(x)
+            if batched[s]:
+                w.open_tallies(reductions)  # (their calls run below, a stage's all at once)
+                reducing[s].append((traces[s].starts[x], reductions))
+                reduced[s].append(x)
+            else:
+                held = w.run_reductions(progs[s], reductions, traces[s].starts[x])
+                if held:
+                    inserts[s].append((x, traces[s].marks[x], held))
         else:
             tally_of(send_calls[s][x][0])
     for s, ops in enumerate(reducing):
@@ -393,6 +407,23 @@ def _replay(
         add_block_sums(w, prog, table, blks)
 
 
+BATCH_REDUCTIONS = 256
+"""A stage whose ops run at least this many bucket reductions in a step runs them as one batch
+(:meth:`~collsim.play.walker.Walker.run_reduction_batch`) if its blocks repeat them, each
+block's on :data:`BATCH_REPEATS` ops or more on average; others run them op by op. A batch
+makes a few numpy arrays per block of reductions, tens of microseconds that a handful of
+reductions costs less in the loop. Chosen on the plans of ``benchmarks/bench_closed_form.py``:
+ZeRO-2, whose every micro-batch reduces, batched; ZeRO-1 pipelines, whose last micro-batch
+of each chunk reduces (a dozen ops of a few reductions each, of as many blocks), op by op."""
+BATCH_REPEATS = 4
+
+
+def _batches(reductions: int, ops: dict[int, int]) -> bool:
+    """Whether a stage whose ops run ``reductions`` bucket reductions (``ops``: how many ops
+    run each block's) runs them as one batch (:data:`BATCH_REDUCTIONS`)."""
+    return reductions >= BATCH_REDUCTIONS and sum(ops.values()) >= BATCH_REPEATS * len(ops)
+
+
 def replay_order(
     tables: list[OpTable],
     reducing: tuple[tuple[bool, ...], ...],
@@ -400,14 +431,16 @@ def replay_order(
     reduces: tuple[bool, ...],
     *,
     overlap: bool,
-) -> tuple[list[tuple[int, int, int, int]], list[list[int]]]:
+) -> tuple[list[tuple[int, int, int, int]], list[list[int]], list[dict[int, int]]]:
     """The order in which the interleaved walk ran what :func:`_replay` adds (``reducing``:
     per stage, whether each block has reductions; ``reduces``: whether a micro-batch's
     backward reduces): (place in the walk, what, stage, which) per item, in order (``what``: 0
     the first folded gather, 1 a block's first use, 2 an op's reductions, 3 a first send);
-    and per stage the ops whose reductions wait for the end of the step (without overlap)."""
+    per stage the ops whose reductions wait for the end of the step (without overlap); and
+    per stage how many ops run each block's reductions in the step (by block)."""
     items: list[tuple[int, int, int, int]] = []
     deferred: list[list[int]] = []
+    counts: list[dict[int, int]] = []
     for s, (table, flags, tr) in enumerate(zip(tables, reducing, traces, strict=True)):
         order = tr.order
         if tr.first_fold >= 0:
@@ -420,11 +453,13 @@ def replay_order(
         if overlap:
             items.extend((order[i], 2, s, i) for i in ops)
             deferred.append([])
+            counts.append(Counter(table.blocks[i] for i in ops))
         else:
             deferred.append(ops)
+            counts.append({})
         items.extend((order[first], 3, s, to) for first, _, _, to in tr.sends.values())
     items.sort()
-    return items, deferred
+    return items, deferred, counts
 
 
 def _set_tally(tally: Any, count: int, time_s: float, busbw_bps: float) -> None:
