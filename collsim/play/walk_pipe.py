@@ -28,6 +28,7 @@ from collsim.step.memory import (
     PlacedOps,
     event_columns,
 )
+from collsim.step.result import MEMORY_KEYS
 from collsim.step.shapes import same_objects
 from collsim.step.stats import CallKey
 
@@ -101,8 +102,12 @@ class Walker(Protocol):
 
     def run_reduction_batch(
         self, prog: RankState, ops: Sequence[tuple[float, Sequence[Reduction]]]
-    ) -> list[list[MemoryEvent]]: ...
+    ) -> tuple[list[list[MemoryEvent]], Any, Any]: ...
 
+
+BUFFERS_CATEGORY = MEMORY_KEYS.index("buffers")
+"""The ``buffers`` category's number in event columns
+(:func:`~collsim.step.memory.event_columns`)."""
 
 TRACES_KEPT = 2
 """Pipeline traces a search's shape cache keeps (the most recent): the plans that share one
@@ -384,11 +389,13 @@ def _replay(
                     inserts[s].append((x, traces[s].marks[x], held))
         else:
             tally_of(send_calls[s][x][0])
+    held_columns: list[tuple[Any, Any] | None] = [None] * len(progs)
     for s, ops in enumerate(reducing):
         if ops:
-            helds = w.run_reduction_batch(progs[s], ops)
+            helds, times, deltas = w.run_reduction_batch(progs[s], ops)
             marks = traces[s].marks
             inserts[s] = [(x, marks[x], h) for x, h in zip(reduced[s], helds, strict=True) if h]
+            held_columns[s] = None if times is None else (times, deltas)
     for s, prog in enumerate(progs):
         tr, table, blks = traces[s], tables[s], blocks[s]
         fold = fold_calls[s]
@@ -399,7 +406,7 @@ def _replay(
             _set_tally(tally_of(key), count, time_s, busbw)
         for i in deferred[s]:
             prog.deferred.extend(blks[table.blocks[i]].reductions)
-        _ledger(w.shared, prog, table, blks, tr, inserts[s])
+        _ledger(w.shared, prog, table, blks, tr, inserts[s], held_columns[s])
         if w.shapes is not None and not inserts[s]:
             _shared_peaks(w.shapes, prog, blks, tr)
         prog.next_op, prog.now, prog.pp_free = tr.next_op, tr.now, tr.pp_free
@@ -477,19 +484,24 @@ def _ledger(
     blocks: list[OpPlan],
     tr: StageTrace,
     inserts: list[tuple[int, int, list[MemoryEvent]]],
+    held_columns: tuple[Any, Any] | None = None,
 ) -> None:
     """The rank's events and placed patterns in the order the interleaved walk recorded them:
     the traced message events with the reductions' buffers (``inserts``: the op, after how many
     traced events, which) between them, each op's pattern placed at its start (as columns,
     :meth:`MemoryLedger.place_ops`; without buffers, kept in ``shared`` for the walks that
-    place the same patterns on the same trace). Without buffers between them the traced
-    events' columns are declared (:meth:`MemoryLedger.known_columns`); with them, the many
-    short runs would cost more to declare than to convert."""
+    place the same patterns on the same trace). The columns of the events recorded here are
+    declared (:meth:`MemoryLedger.known_columns`): the traced events' as traced, with the
+    buffers' between them where their times and signed bytes are given (``held_columns``, in
+    the order of ``inserts``: a batch of reductions); buffers given only as events are left to
+    be converted."""
     ledger = prog.ledger
     events = ledger.appenders()[0]
     base = len(events)
     if not inserts:
         ledger.known_columns(base, tr.columns)
+    elif held_columns is not None:
+        ledger.known_columns(base, _merged_columns(tr.columns, inserts, held_columns))
     done = 0
     for _, mark, held in [*inserts, (-1, len(tr.events), [])]:
         events.extend(tr.events[done:mark])
@@ -515,6 +527,36 @@ def _ledger(
         placed = known[3]
     if placed is not None:
         ledger.place_ops(placed)
+
+
+def _merged_columns(
+    traced: tuple[Any, Any, Any],
+    inserts: list[tuple[int, int, list[MemoryEvent]]],
+    held: tuple[Any, Any],
+) -> tuple[Any, Any, Any]:
+    """The columns (times, signed bytes, categories) of the traced events (``traced``) with
+    the buffers' (``held``: times and signed bytes, category ``buffers``) placed between them
+    as :func:`_ledger` records them: each insert's after the first ``mark`` traced events."""
+    t_times, t_deltas, t_cats = traced
+    counts = np.array([len(h) for _, _, h in inserts], dtype=np.intp)
+    marks = np.array([mark for _, mark, _ in inserts], dtype=np.intp)
+    before = np.cumsum(counts) - counts  # buffers recorded before each insert's
+    total = len(t_times) + len(held[0])
+    at_held = np.repeat(marks + before, counts) + (
+        np.arange(len(held[0])) - np.repeat(before, counts)
+    )
+    # a traced event after the inserts whose mark it reaches (side="right": mark <= index)
+    shift = np.concatenate(([0], np.cumsum(counts)))
+    at_traced = (
+        np.arange(len(t_times))
+        + shift[np.searchsorted(marks, np.arange(len(t_times)), side="right")]
+    )
+    times, deltas = np.empty(total), np.empty(total)
+    cats = np.empty(total, dtype=np.int8)
+    times[at_traced], deltas[at_traced], cats[at_traced] = t_times, t_deltas, t_cats
+    times[at_held], deltas[at_held] = held
+    cats[at_held] = BUFFERS_CATEGORY
+    return times, deltas, cats
 
 
 def placed_ops(

@@ -659,13 +659,14 @@ class Walker:
 
     def run_reduction_batch(
         self, prog: RankState, ops: Sequence[tuple[float, Sequence[Reduction]]]
-    ) -> list[list[MemoryEvent]]:
+    ) -> tuple[list[list[MemoryEvent]], Any, Any]:
         """:meth:`run_reductions` of several ops one after another (each issued at its start
         ``t0``, overlapped; their tallies opened, :meth:`open_tallies`) as one queue over all
         their calls (:func:`~collsim.play.walk_tables.queue_ends`): per op, the ZeRO-2
-        bucket buffers' events. The same floats as the op-by-op calls: each call ready at its
-        op's ``t0`` plus its offset, each tally's seconds added one after another in call
-        order, its busbw its last call's."""
+        bucket buffers' events, and the times and signed bytes of all of them in that order
+        (arrays). The same floats as the op-by-op calls: each call ready at its op's ``t0``
+        plus its offset, each tally's seconds added one after another in call order, its
+        busbw its last call's."""
         tables = self._reduction_arrays
         columns = [tables[id(reductions)] for _, reductions in ops]
         counts = [len(c[3]) for c in columns]
@@ -695,21 +696,37 @@ class Walker:
             tally.count += count
             tally.time_s = reduce(add, chain.from_iterable(terms), tally.time_s)
             tally.busbw_bps = busbw
-        out: list[list[MemoryEvent]] = []
+        # the held buffers: each allocated when its reduction is ready, freed when it ends
+        begins, dones, sizes, held_by_op = [], [], [], []
         first = 0  # the op's first call
         for t0, (_, rel, _, seconds, last_call, holds, _) in zip(t0s, columns, strict=True):
             if holds is None:
-                out.append([])
+                held_by_op.append(0)
             else:
-                which, sizes, negatives = holds
-                begin = (t0 + rel[which]).tolist()
-                done = fired[first + last_call[which]].tolist()
-                held: list[MemoryEvent] = [None] * (2 * len(begin))  # type: ignore[list-item]
-                held[0::2] = map(_new, repeat(MemoryEvent), zip(begin, BUFFERS, sizes, BUCKET))
-                held[1::2] = map(_new, repeat(MemoryEvent), zip(done, BUFFERS, negatives, BUCKET))
-                out.append(held)
+                which, size, _ = holds
+                begins.append(t0 + rel[which])
+                dones.append(first + last_call[which])
+                sizes.append(size)
+                held_by_op.append(len(which))
             first += len(seconds)
-        return out
+        if not begins:
+            return [[] for _ in ops], np.empty(0), np.empty(0)
+        count = sum(held_by_op)
+        times = np.empty(2 * count)
+        times[0::2] = np.concatenate(begins)
+        times[1::2] = fired[np.concatenate(dones)]
+        deltas = np.empty(2 * count)
+        deltas[0::2] = np.concatenate(sizes)
+        deltas[1::2] = -deltas[0::2]
+        events = list(
+            map(_new, repeat(MemoryEvent), zip(times.tolist(), BUFFERS, deltas.tolist(), BUCKET))
+        )
+        out: list[list[MemoryEvent]] = []
+        at = 0
+        for n in held_by_op:
+            out.append(events[at : at + 2 * n])
+            at += 2 * n
+        return out, times, deltas
 
     def send_output(self, prog: RankState, op: PipeOp, dest: tuple[int, Phase, int]) -> None:
         """Send ``op``'s output to ``dest`` (stage, direction, chunk) on the pp stream."""

@@ -39,6 +39,7 @@ def _facts(r: StepResult) -> object:
             "step": r.step_time_s,
             "breakdown": dict(r.breakdown_s.items()),
             "peak": r.memory_peak_bytes_by_rank,
+            "by_category": r.memory_bytes,
             "activations": r.activation_peak_bytes_by_rank,
             "reserved": r.memory_reserved_bytes,
             "timeline": dict(r.memory_timeline),
@@ -257,8 +258,12 @@ def test_a_batch_of_reductions_matches_the_op_by_op_loop(seed: int, busy_s: floa
         if batched:
             for _, reductions in ops:
                 w.open_tallies(reductions)
-            for h in w.run_reduction_batch(prog, ops):
+            helds, times, deltas = w.run_reduction_batch(prog, ops)
+            for h in helds:
                 held += h
+            # the columns say what the events say, in their order
+            assert times.tolist() == [e.time_s for e in held]
+            assert deltas.tolist() == [e.delta_bytes for e in held]
         else:
             for start, reductions in ops:
                 held += w.run_reductions(prog, reductions, start)
@@ -272,7 +277,8 @@ def test_a_zero2_plan_with_many_buckets_estimates_as_the_loop(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A ZeRO-2 plan with a pipeline estimates the same with every stage's reductions run as
-    one batch as with the op-by-op loop (the tallies opened where the ops run)."""
+    one batch as with the op-by-op loop (the tallies opened where the ops run, the buffers'
+    columns declared to the ledger among the traced events')."""
     topology = load_topology("dgx_h100", nodes=2)
     spec = get_preset("llama2-7b", num_layers=32, seq_len=2048)  # 65 buckets a backward
     training = TrainingConfig(global_batch=64, micro_batch=1, recompute="selective")
@@ -289,7 +295,8 @@ def test_a_zero2_plan_with_many_buckets_estimates_as_the_loop(
     assert batches and max(batches) > 1
 
     def one_by_one(self: Walker, prog: Any, ops: Any) -> Any:
-        return [self.run_reductions(prog, reductions, t0) for t0, reductions in ops]
+        # (no columns: the ledger converts the events)
+        return [self.run_reductions(prog, reductions, t0) for t0, reductions in ops], None, None
 
     monkeypatch.setattr(Walker, "run_reduction_batch", one_by_one)
     loop = estimate_step(topology, spec, training, parallel)
