@@ -15,6 +15,7 @@ import itertools
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -102,9 +103,11 @@ class Walker(Protocol):
 
     def run_reduction_batch(
         self, prog: RankState, ops: Sequence[tuple[float, Sequence[Reduction]]]
-    ) -> tuple[list[list[MemoryEvent]], Any, Any]: ...
+    ) -> tuple[list[int], Any, Any]: ...
 
 
+BUFFER_LABEL = "zero2 bucket"
+"""The label of a ZeRO-2 bucket buffer's events (as :meth:`Walker.run_reductions` makes them)."""
 BUFFERS_CATEGORY = MEMORY_KEYS.index("buffers")
 """The ``buffers`` category's number in event columns
 (:func:`~collsim.step.memory.event_columns`)."""
@@ -142,6 +145,9 @@ class StageTrace:
     columns: Any = None
     """``events`` as columns (:func:`~collsim.step.memory.event_columns`), once every stage
     has run."""
+    labels: Any = None
+    """``events``' distinct labels in order of first use and each event's index into them
+    (made when a walk records them as a block, :func:`_merged_block`)."""
     sends: dict[int, list[Any]] = field(default_factory=dict)
     """Per tally of the sends, in order of the first send: [first op, sends, their seconds
     added up one after another in op order, the destination of the last]."""
@@ -367,7 +373,8 @@ def _replay(
     ]
     tally_of = w.stats.tally
     runs = w.runs
-    inserts: list[list[tuple[int, int, list[MemoryEvent]]]] = [[] for _ in progs]
+    inserts: list[list[tuple[int, int, int]]] = [[] for _ in progs]
+    held_events: list[list[MemoryEvent]] = [[] for _ in progs]
     reducing: list[list[tuple[float, Any]]] = [[] for _ in progs]
     reduced: list[list[int]] = [[] for _ in progs]
     for _, what, s, x in items:
@@ -386,16 +393,17 @@ def _replay(
             else:
                 held = w.run_reductions(progs[s], reductions, traces[s].starts[x])
                 if held:
-                    inserts[s].append((x, traces[s].marks[x], held))
+                    inserts[s].append((x, traces[s].marks[x], len(held)))
+                    held_events[s] += held
         else:
             tally_of(send_calls[s][x][0])
     held_columns: list[tuple[Any, Any] | None] = [None] * len(progs)
     for s, ops in enumerate(reducing):
         if ops:
-            helds, times, deltas = w.run_reduction_batch(progs[s], ops)
+            counts, times, deltas = w.run_reduction_batch(progs[s], ops)
             marks = traces[s].marks
-            inserts[s] = [(x, marks[x], h) for x, h in zip(reduced[s], helds, strict=True) if h]
-            held_columns[s] = None if times is None else (times, deltas)
+            inserts[s] = [(x, marks[x], n) for x, n in zip(reduced[s], counts, strict=True) if n]
+            held_columns[s] = (times, deltas)
     for s, prog in enumerate(progs):
         tr, table, blks = traces[s], tables[s], blocks[s]
         fold = fold_calls[s]
@@ -406,7 +414,7 @@ def _replay(
             _set_tally(tally_of(key), count, time_s, busbw)
         for i in deferred[s]:
             prog.deferred.extend(blks[table.blocks[i]].reductions)
-        _ledger(w.shared, prog, table, blks, tr, inserts[s], held_columns[s])
+        _ledger(w.shared, prog, table, blks, tr, inserts[s], held_events[s], held_columns[s])
         if w.shapes is not None and not inserts[s]:
             _shared_peaks(w.shapes, prog, blks, tr)
         prog.next_op, prog.now, prog.pp_free = tr.next_op, tr.now, tr.pp_free
@@ -483,30 +491,34 @@ def _ledger(
     table: OpTable,
     blocks: list[OpPlan],
     tr: StageTrace,
-    inserts: list[tuple[int, int, list[MemoryEvent]]],
+    inserts: list[tuple[int, int, int]],
+    held_events: list[MemoryEvent],
     held_columns: tuple[Any, Any] | None = None,
 ) -> None:
     """The rank's events and placed patterns in the order the interleaved walk recorded them:
-    the traced message events with the reductions' buffers (``inserts``: the op, after how many
-    traced events, which) between them, each op's pattern placed at its start (as columns,
-    :meth:`MemoryLedger.place_ops`; without buffers, kept in ``shared`` for the walks that
-    place the same patterns on the same trace). The columns of the events recorded here are
-    declared (:meth:`MemoryLedger.known_columns`): the traced events' as traced, with the
-    buffers' between them where their times and signed bytes are given (``held_columns``, in
-    the order of ``inserts``: a batch of reductions); buffers given only as events are left to
-    be converted."""
+    the traced message events with the reductions' buffers between them (``inserts``: the op,
+    after how many traced events, how many buffer events; the buffers as ``held_events``, in
+    order, or as the times and signed bytes of them all, ``held_columns``), each op's pattern
+    placed at its start (as columns, :meth:`MemoryLedger.place_ops`; without buffers, kept in
+    ``shared`` for the walks that place the same patterns on the same trace). Without buffers
+    the traced events are listed with their columns declared
+    (:meth:`MemoryLedger.known_columns`); with buffers as columns, the traced events and the
+    buffers are one block of columns (:meth:`MemoryLedger.add_block`, no event made)."""
     ledger = prog.ledger
     events = ledger.appenders()[0]
     base = len(events)
     if not inserts:
         ledger.known_columns(base, tr.columns)
+        events.extend(tr.events)
     elif held_columns is not None:
-        ledger.known_columns(base, _merged_columns(tr.columns, inserts, held_columns))
-    done = 0
-    for _, mark, held in [*inserts, (-1, len(tr.events), [])]:
-        events.extend(tr.events[done:mark])
-        events.extend(held)
-        done = mark
+        ledger.add_block(*_merged_block(tr, inserts, held_columns))
+    else:
+        done, at = 0, 0
+        for _, mark, count in inserts:
+            events.extend(tr.events[done:mark])
+            events.extend(held_events[at : at + count])
+            done, at = mark, at + count
+        events.extend(tr.events[done:])
     patterns = [b.pattern for b in blocks]
     if inserts:
         placed = placed_ops(table, patterns, tr, base, inserts)
@@ -529,34 +541,53 @@ def _ledger(
         ledger.place_ops(placed)
 
 
-def _merged_columns(
-    traced: tuple[Any, Any, Any],
-    inserts: list[tuple[int, int, list[MemoryEvent]]],
-    held: tuple[Any, Any],
-) -> tuple[Any, Any, Any]:
-    """The columns (times, signed bytes, categories) of the traced events (``traced``) with
-    the buffers' (``held``: times and signed bytes, category ``buffers``) placed between them
-    as :func:`_ledger` records them: each insert's after the first ``mark`` traced events."""
-    t_times, t_deltas, t_cats = traced
-    counts = np.array([len(h) for _, _, h in inserts], dtype=np.intp)
+def _merged_block(
+    tr: StageTrace, inserts: list[tuple[int, int, int]], held: tuple[Any, Any]
+) -> tuple[Any, Any, Any, tuple[Any, ...], Any]:
+    """The traced events (``tr``) with the buffers (``held``: times and signed bytes, category
+    ``buffers``, label :data:`BUFFER_LABEL`) placed between them as :func:`_ledger` records
+    them, each insert's after the first ``mark`` traced events: times, signed bytes, category
+    numbers, the distinct labels in order of first use and each event's index into them
+    (:class:`~collsim.step.memory.EventBlock`)."""
+    t_times, t_deltas, t_cats = tr.columns
+    if tr.labels is None:  # (the trace is shared by the walks that replay it)
+        names = dict.fromkeys(map(itemgetter(3), tr.events))
+        index = {label: i for i, label in enumerate(names)}
+        tr.labels = (
+            tuple(names),
+            np.fromiter(map(index.__getitem__, map(itemgetter(3), tr.events)), np.intp),
+        )
+    labels, traced_label = tr.labels
+    counts = np.array([count for _, _, count in inserts], dtype=np.intp)
     marks = np.array([mark for _, mark, _ in inserts], dtype=np.intp)
-    before = np.cumsum(counts) - counts  # buffers recorded before each insert's
-    total = len(t_times) + len(held[0])
-    at_held = np.repeat(marks + before, counts) + (
-        np.arange(len(held[0])) - np.repeat(before, counts)
-    )
-    # a traced event after the inserts whose mark it reaches (side="right": mark <= index)
-    shift = np.concatenate(([0], np.cumsum(counts)))
-    at_traced = (
-        np.arange(len(t_times))
-        + shift[np.searchsorted(marks, np.arange(len(t_times)), side="right")]
-    )
+    before = np.cumsum(counts) - counts  # buffer events recorded before each insert's
+    n_held, n_traced = len(held[0]), len(t_times)
+    at_held = np.repeat(marks, counts) + np.arange(n_held)
+    # a traced event comes after the inserts whose mark it reaches (mark <= its index)
+    shift = np.concatenate(([0], before + counts))
+    at_traced = np.arange(n_traced) + shift[np.searchsorted(marks, np.arange(n_traced), "right")]
+    total = n_traced + n_held
     times, deltas = np.empty(total), np.empty(total)
     cats = np.empty(total, dtype=np.int8)
+    label_of = np.empty(total, dtype=np.intp)
     times[at_traced], deltas[at_traced], cats[at_traced] = t_times, t_deltas, t_cats
     times[at_held], deltas[at_held] = held
     cats[at_held] = BUFFERS_CATEGORY
-    return times, deltas, cats
+    if BUFFER_LABEL in labels:
+        table = labels
+        label_of[at_held] = labels.index(BUFFER_LABEL)
+    else:
+        table = (*labels, BUFFER_LABEL)
+        label_of[at_held] = len(labels)
+    label_of[at_traced] = traced_label
+    # the labels in order of first use (as a list of the events would number them)
+    first = np.full(len(table), total, dtype=np.intp)
+    np.minimum.at(first, label_of, np.arange(total))
+    order = np.argsort(first, kind="stable")
+    used = order[first[order] < total]
+    rank = np.empty(len(table), dtype=np.intp)
+    rank[used] = np.arange(len(used))
+    return times, deltas, cats, tuple(table[i] for i in used.tolist()), rank[label_of]
 
 
 def placed_ops(
@@ -564,7 +595,7 @@ def placed_ops(
     patterns: list[MemoryPattern],
     tr: StageTrace,
     base: int,
-    inserts: list[tuple[int, int, list[MemoryEvent]]],
+    inserts: list[tuple[int, int, int]],
 ) -> PlacedOps | None:
     """Each op's pattern (``patterns``: by block) placed at its traced start, after ``base``
     events and the traced events and reductions' buffers (``inserts``) recorded before it
@@ -578,7 +609,7 @@ def placed_ops(
     before = base + tr.mark_array[placed]
     if inserts:  # the buffers recorded by the ops before each
         ops = np.asarray([op for op, _, _ in inserts], dtype=np.intp)
-        held_before = np.concatenate(([0], np.cumsum([len(h) for _, _, h in inserts])))
+        held_before = np.concatenate(([0], np.cumsum([n for _, _, n in inserts])))
         before = before + held_before[np.searchsorted(ops, np.flatnonzero(placed), side="left")]
     return PlacedOps(
         starts=tr.start_array[placed],

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterator, Sequence
 from functools import reduce
-from itertools import chain, repeat
+from itertools import chain
 from operator import add
 from typing import TYPE_CHECKING, Any, cast
 
@@ -57,7 +57,6 @@ __all__ = ["Walker"]
 
 TP, PP, DP = ParallelAxis.TP, ParallelAxis.PP, ParallelAxis.DP
 _new = tuple.__new__  # MemoryEvent without its keyword-argument layer
-BUFFERS, BUCKET = repeat("buffers"), repeat("zero2 bucket")  # (zip stops at the shortest)
 
 
 SHARED_KEPT = 4
@@ -659,14 +658,15 @@ class Walker:
 
     def run_reduction_batch(
         self, prog: RankState, ops: Sequence[tuple[float, Sequence[Reduction]]]
-    ) -> tuple[list[list[MemoryEvent]], Any, Any]:
+    ) -> tuple[list[int], Any, Any]:
         """:meth:`run_reductions` of several ops one after another (each issued at its start
         ``t0``, overlapped; their tallies opened, :meth:`open_tallies`) as one queue over all
-        their calls (:func:`~collsim.play.walk_tables.queue_ends`): per op, the ZeRO-2
-        bucket buffers' events, and the times and signed bytes of all of them in that order
-        (arrays). The same floats as the op-by-op calls: each call ready at its op's ``t0``
-        plus its offset, each tally's seconds added one after another in call order, its
-        busbw its last call's."""
+        their calls (:func:`~collsim.play.walk_tables.queue_ends`): per op how many ZeRO-2
+        bucket buffer events it makes, and the times and signed bytes of them all in order
+        (arrays; the events :meth:`run_reductions` makes, without their category
+        ``buffers`` and label ``zero2 bucket``). The same floats as the op-by-op calls: each
+        call ready at its op's ``t0`` plus its offset, each tally's seconds added one after
+        another in call order, its busbw its last call's."""
         tables = self._reduction_arrays
         columns = [tables[id(reductions)] for _, reductions in ops]
         counts = [len(c[3]) for c in columns]
@@ -709,24 +709,16 @@ class Walker:
                 sizes.append(size)
                 held_by_op.append(len(which))
             first += len(seconds)
+        per_op = [2 * n for n in held_by_op]  # (an allocation and a free each)
         if not begins:
-            return [[] for _ in ops], np.empty(0), np.empty(0)
-        count = sum(held_by_op)
-        times = np.empty(2 * count)
+            return per_op, np.empty(0), np.empty(0)
+        times = np.empty(sum(per_op))
         times[0::2] = np.concatenate(begins)
         times[1::2] = fired[np.concatenate(dones)]
-        deltas = np.empty(2 * count)
+        deltas = np.empty(len(times))
         deltas[0::2] = np.concatenate(sizes)
         deltas[1::2] = -deltas[0::2]
-        events = list(
-            map(_new, repeat(MemoryEvent), zip(times.tolist(), BUFFERS, deltas.tolist(), BUCKET))
-        )
-        out: list[list[MemoryEvent]] = []
-        at = 0
-        for n in held_by_op:
-            out.append(events[at : at + 2 * n])
-            at += 2 * n
-        return out, times, deltas
+        return per_op, times, deltas
 
     def send_output(self, prog: RankState, op: PipeOp, dest: tuple[int, Phase, int]) -> None:
         """Send ``op``'s output to ``dest`` (stage, direction, chunk) on the pp stream."""

@@ -11,13 +11,16 @@ peak are read from the sorted timeline; the closed forms (ZeRO, Korthikanti) are
 
 An op that repeats (the same chunk and phase, every micro-batch) records its activation events
 as one :class:`MemoryPattern` placed at the op's start (:meth:`MemoryLedger.place`): one append
-per op instead of one tuple per layer. The sorted arrays are built from the patterns with numpy;
-the event list (:attr:`MemoryLedger.events`, with labels) is expanded only when asked for.
+per op instead of one tuple per layer. Single events a walk knows as arrays (a ZeRO-2 step's
+thousands of bucket buffers) are recorded as an :class:`EventBlock` of columns. The sorted
+arrays are built from the patterns and blocks with numpy; the event list
+(:attr:`MemoryLedger.events`, with labels) is expanded only when asked for.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from bisect import bisect_right
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any, NamedTuple
@@ -33,11 +36,13 @@ _new = tuple.__new__
 is ``MemoryEvent(t, c, d, l)`` (the ledger makes thousands per step)."""
 
 __all__ = [
+    "EventBlock",
     "MemoryEvent",
     "MemoryLedger",
     "MemoryPattern",
     "MemoryPeak",
     "PlacedOps",
+    "SingleEvents",
     "Timelines",
     "event_columns",
     "pattern_columns",
@@ -52,6 +57,87 @@ class MemoryEvent(NamedTuple):
     delta_bytes: float
     label: Any
     """What it is: a string, or a tuple such as ("act", layer, microbatch, chunk)."""
+
+
+class EventBlock(NamedTuple):
+    """Single events recorded as columns (:meth:`MemoryLedger.add_block`): where a walk knows
+    thousands of events as arrays, the ledger keeps them so and makes an event only when one
+    is read."""
+
+    at: int
+    """How many events of the ledger's list come before the block."""
+    times: Any
+    deltas: Any
+    categories: Any
+    """Category numbers (:data:`MEMORY_KEYS` order, int8)."""
+    labels: tuple[Any, ...]
+    """The distinct labels of the block's events."""
+    label_of: Any
+    """Each event's label as an index into ``labels`` (integer array)."""
+
+    def event(self, i: int) -> MemoryEvent:
+        """The block's ``i``-th event."""
+        return _new(
+            MemoryEvent,
+            (
+                float(self.times[i]),
+                MEMORY_KEYS[self.categories[i]],
+                float(self.deltas[i]),
+                self.labels[self.label_of[i]],
+            ),
+        )
+
+    def events(self) -> list[MemoryEvent]:
+        """The block's events in order."""
+        cats = [MEMORY_KEYS[c] for c in self.categories.tolist()]
+        labels = [self.labels[i] for i in self.label_of.tolist()]
+        rows = zip(self.times.tolist(), cats, self.deltas.tolist(), labels, strict=True)
+        return list(map(_new, [MemoryEvent] * len(cats), rows))
+
+
+class SingleEvents(Sequence[MemoryEvent]):
+    """A ledger's single events in recording order (its list with its blocks between them,
+    :meth:`MemoryLedger.recorded_view`): an event of a block made when it is read."""
+
+    def __init__(self, listed: list[MemoryEvent], blocks: list[EventBlock]) -> None:
+        self.listed = listed
+        self.blocks = blocks
+        starts, n = [], 0
+        for block in blocks:
+            starts.append(block.at + n)
+            n += len(block.times)
+        self._starts = starts
+        self._count = len(listed) + n
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self._count))]
+        if i < 0:
+            i += self._count
+        k = bisect_right(self._starts, i) - 1  # the last block that starts at or before i
+        before = 0  # events of the blocks before block k + 1
+        for b in self.blocks[: k + 1]:
+            before += len(b.times)
+        if k >= 0:
+            block = self.blocks[k]
+            within = i - self._starts[k]
+            if within < len(block.times):
+                return block.event(within)
+        return self.listed[i - before]
+
+    def pieces(self) -> Iterator[list[MemoryEvent] | EventBlock]:
+        """The events in order as runs: slices of the list and blocks (none empty)."""
+        done = 0
+        for block in self.blocks:
+            if block.at > done:
+                yield self.listed[done : block.at]
+            yield block
+            done = block.at
+        if len(self.listed) > done:
+            yield self.listed[done:]
 
 
 class MemoryPattern:
@@ -184,10 +270,14 @@ class MemoryLedger:
     _peaks: tuple[tuple[int, int, int], MemoryPeak, float] | None = None
     """:meth:`peak` and the activations' :meth:`category_peak` as declared
     (:meth:`known_peaks`), with the counts of events they hold for."""
+    _blocks: list[EventBlock] = field(default_factory=list)
+    """Single events recorded as columns (:meth:`add_block`), in order; merged into
+    ``_events`` (:meth:`_settle`) before the list is handed out or read as a list."""
 
     @property
     def events(self) -> list[MemoryEvent]:
         """Every event in recording order (placed patterns expanded, with their labels)."""
+        self._settle()
         self._unbatch()
         if self._placed:
             self._expand()
@@ -242,9 +332,48 @@ class MemoryLedger:
         self._known.clear()  # the single events moved
         self._events = out
 
+    def add_block(
+        self, times: Any, deltas: Any, categories: Any, labels: tuple[Any, ...], label_of: Any
+    ) -> None:
+        """Record single events given as columns (:class:`EventBlock`: times, signed bytes,
+        category numbers, the distinct labels and each event's index into them), after the
+        events recorded so far; events of known categories and non-zero sizes, as
+        :meth:`alloc` and :meth:`free` record them."""
+        if len(times):
+            self._blocks.append(
+                EventBlock(len(self._events), times, deltas, categories, labels, label_of)
+            )
+
+    def _settle(self) -> None:
+        """Merge the blocks into the event list, in place (its identity kept)."""
+        if not self._blocks:
+            return
+        singles = self._events
+        out: list[MemoryEvent] = []
+        done = 0
+        for block in self._blocks:
+            out.extend(singles[done : block.at])
+            out.extend(block.events())
+            done = block.at
+        out.extend(singles[done:])
+        singles[:] = out
+        self._blocks = []
+
+    def recorded_view(self) -> tuple[SingleEvents, PlacedOps | None]:
+        """:meth:`recorded` with the single events as a :class:`SingleEvents` view (the
+        blocks' events not made)."""
+        blocks = self._blocks
+        self._blocks = []
+        try:
+            singles, placed = self.recorded()
+        finally:
+            self._blocks = blocks
+        return SingleEvents(singles, blocks), placed
+
     def recorded(self) -> tuple[list[MemoryEvent], PlacedOps | None]:
         """The single events and the placed patterns as columns (None without placements), in
         recording order, the patterns not expanded. Valid until the next event is recorded."""
+        self._settle()
         if self._batch is not None:  # then nothing in _placed
             return self._events, self._batch
         placed = self._placed
@@ -273,6 +402,7 @@ class MemoryLedger:
     def place(self, time_s: float, pattern: MemoryPattern, microbatch: int, chunk: int) -> None:
         """Record ``pattern``'s events for an op of ``microbatch`` / ``chunk`` starting at
         ``time_s`` (now or later)."""
+        self._settle()
         self._unbatch()
         if pattern.events:
             self._placed.append((time_s, pattern, microbatch, chunk, len(self._events)))
@@ -285,6 +415,7 @@ class MemoryLedger:
         category, a non-zero size) and ``(start, pattern, micro-batch, chunk, len(events))``
         (a pattern with events) as those methods do. Valid until the next read of
         :attr:`events`."""
+        self._settle()
         self._unbatch()
         return self._events, self._placed
 
@@ -352,10 +483,20 @@ class MemoryLedger:
         (:func:`event_columns`), the runs declared by :meth:`known_columns` taken as declared;
         kept until the next event is recorded (the peaks and the allocator's replay both read
         them)."""
+        if self._blocks and self._known:  # (declared runs count the blocks' events)
+            self._settle()
         singles = self._events
-        key = (id(singles), len(singles), len(self._known))
+        key = (id(singles), self._single_count(), len(self._known))
         if self._columns is not None and self._columns[0] == key:
             return self._columns[1]
+        if self._blocks:
+            pieces = [
+                (p.times, p.deltas, p.categories) if isinstance(p, EventBlock) else event_columns(p)
+                for p in SingleEvents(singles, self._blocks).pieces()
+            ]
+            columns = tuple(np.concatenate(c) for c in zip(*pieces, strict=True))
+            self._columns = (key, columns)  # type: ignore[assignment]
+            return columns  # type: ignore[return-value]
         times, deltas, cats = [], [], []
         done = 0
         for first, *known in [*self._known, (len(singles), None, None, None)]:
@@ -398,7 +539,11 @@ class MemoryLedger:
         """How many single events, placed rows and placed columns the ledger holds (what
         the cached arrays and declared peaks hold for)."""
         batched = -1 if self._batch is None else len(self._batch.starts)
-        return len(self._events), len(self._placed), batched
+        return self._single_count(), len(self._placed), batched
+
+    def _single_count(self) -> int:
+        """How many single events the ledger holds (its list's and its blocks')."""
+        return len(self._events) + sum(len(b.times) for b in self._blocks)
 
     def known_peaks(self, peak: MemoryPeak, activations_bytes: float) -> None:
         """Declare :meth:`peak` and ``category_peak("activations")`` of the events recorded

@@ -1,5 +1,7 @@
 """A ledger's patterns placed as columns (``MemoryLedger.place_ops``) read as the same placed
-row by row: the same events in the same order, peak, split, timeline and category peak."""
+row by row: the same events in the same order, peak, split, timeline and category peak; and
+single events recorded as a block of columns (``MemoryLedger.add_block``) read as the same
+events listed, by the peaks and by the allocator replay's reader."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ from collsim.step.memory import (
     PlacedOps,
     event_columns,
 )
+from collsim.step.replay_events import replay_events
+from collsim.step.result import MEMORY_KEYS
 
 
 def _ledgers() -> tuple[MemoryLedger, MemoryLedger]:
@@ -72,3 +76,76 @@ def test_known_columns_read_as_the_events() -> None:
     assert columns.timeline() == rows.timeline()
     assert columns.peak() == rows.peak()
     assert columns.events == rows.events
+
+
+def _blocked() -> tuple[MemoryLedger, MemoryLedger]:
+    """Two ledgers of the same events: one with a run of them recorded as a block of columns
+    (``MemoryLedger.add_block``, between listed events and before placed patterns that count
+    them), the other with every event listed. The block's events tie in time with listed ones
+    and share a label with them (order and numbering then matter)."""
+    pattern = MemoryPattern("activations", [(0.0, 4.0, "act", 0), (0.5, -4.0, "free", 0)])
+    block = [
+        MemoryEvent(1.0, "buffers", 2.0, "pp recv"),
+        MemoryEvent(1.0, "buffers", 3.0, "zero2 bucket"),
+        MemoryEvent(1.5, "buffers", -3.0, "zero2 bucket"),
+        MemoryEvent(2.0, "buffers", -2.0, "pp recv"),
+        MemoryEvent(2.0, "buffers", 5.0, "zero2 bucket"),
+        MemoryEvent(9.0, "buffers", -5.0, "zero2 bucket"),
+    ]
+    listed, blocked = MemoryLedger(0), MemoryLedger(0)
+    for ledger in (listed, blocked):
+        ledger.alloc(0.0, "parameters", 8.0, "parameters")
+        ledger.alloc(1.0, "buffers", 1.0, "ddp buckets")
+    listed.appenders()[0].extend(block)
+    labels = ("zero2 bucket", "pp recv")  # (not in order of first use: numbering must not care)
+    blocked.add_block(
+        np.array([e.time_s for e in block]),
+        np.array([e.delta_bytes for e in block]),
+        np.full(len(block), MEMORY_KEYS.index("buffers"), dtype=np.int8),
+        labels,
+        np.array([labels.index(e.label) for e in block]),
+    )
+    for ledger in (listed, blocked):
+        ledger.place_ops(
+            PlacedOps(
+                starts=np.array([0.5, 3.0]),
+                which=np.array([0, 0]),
+                kinds=[pattern],
+                microbatches=np.array([0, 1]),
+                chunks=np.zeros(2, dtype=np.intp),
+                before=np.array([2, 8]),
+            )
+        )
+        ledger.free(9.0, "buffers", 1.0, "ddp buckets")
+    return listed, blocked
+
+
+def test_a_block_of_columns_reads_as_its_events_listed() -> None:
+    listed, blocked = _blocked()
+    assert blocked._counts() == listed._counts()
+    assert [c.tolist() for c in blocked.single_columns()] == [
+        c.tolist() for c in listed.single_columns()
+    ]
+    assert blocked.peak() == listed.peak()
+    assert blocked.timeline() == listed.timeline()
+    view, _ = blocked.recorded_view()
+    assert len(view) == 9
+    assert [view[i] for i in range(len(view))] == listed.recorded()[0]
+    assert view[-1] == listed.recorded()[0][-1] and view[2:4] == listed.recorded()[0][2:4]
+    # the allocator replay reads the same sequence with the same label numbers
+    a, b = replay_events(listed), replay_events(blocked)
+    assert list(a) == list(b)
+    assert a.labels == b.labels and a.codes.tolist() == b.codes.tolist()
+    assert a.digest() == b.digest()
+    assert blocked.events == listed.events  # (the block merged into the list)
+    assert blocked._counts() == listed._counts()
+
+
+def test_events_recorded_after_a_block_come_after_it() -> None:
+    listed, blocked = _blocked()
+    for ledger in (listed, blocked):
+        appended = ledger.appenders()[0]
+        appended.append(MemoryEvent(9.5, "buffers", 4.0, "late"))
+        ledger.free(9.5, "buffers", 4.0, "late")
+    assert blocked.events == listed.events
+    assert blocked.sorted_events() == listed.sorted_events()

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+import collsim.play.walk_pipe as walk_pipe
 import collsim.play.walk_zero3 as zero3
 import collsim.play.walker as walker_module
 from collsim.cluster.topology import load_topology
@@ -25,7 +26,7 @@ from collsim.play.walk import estimate_step
 from collsim.play.walk_tables import queue_ends
 from collsim.play.walker import Walker
 from collsim.step.build import build_schedule
-from collsim.step.memory import MemoryPattern
+from collsim.step.memory import MemoryEvent, MemoryLedger, MemoryPattern
 from collsim.step.pricing import ClosedPricer
 from collsim.step.result import StepResult
 from collsim.step.stats import CallKey
@@ -258,12 +259,12 @@ def test_a_batch_of_reductions_matches_the_op_by_op_loop(seed: int, busy_s: floa
         if batched:
             for _, reductions in ops:
                 w.open_tallies(reductions)
-            helds, times, deltas = w.run_reduction_batch(prog, ops)
-            for h in helds:
-                held += h
-            # the columns say what the events say, in their order
-            assert times.tolist() == [e.time_s for e in held]
-            assert deltas.tolist() == [e.delta_bytes for e in held]
+            per_op, times, deltas = w.run_reduction_batch(prog, ops)
+            assert sum(per_op) == len(times) == len(deltas)
+            held = [
+                MemoryEvent(t, "buffers", d, "zero2 bucket")
+                for t, d in zip(times.tolist(), deltas.tolist(), strict=True)
+            ]
         else:
             for start, reductions in ops:
                 held += w.run_reductions(prog, reductions, start)
@@ -277,8 +278,8 @@ def test_a_zero2_plan_with_many_buckets_estimates_as_the_loop(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A ZeRO-2 plan with a pipeline estimates the same with every stage's reductions run as
-    one batch as with the op-by-op loop (the tallies opened where the ops run, the buffers'
-    columns declared to the ledger among the traced events')."""
+    one batch as with the op-by-op loop (the tallies opened where the ops run; the buffers
+    and the traced messages recorded as one block of columns, not as events)."""
     topology = load_topology("dgx_h100", nodes=2)
     spec = get_preset("llama2-7b", num_layers=32, seq_len=2048)  # 65 buckets a backward
     training = TrainingConfig(global_batch=64, micro_batch=1, recompute="selective")
@@ -291,14 +292,18 @@ def test_a_zero2_plan_with_many_buckets_estimates_as_the_loop(
         return batch(self, prog, ops)
 
     monkeypatch.setattr(Walker, "run_reduction_batch", counted)
+    blocks: list[int] = []
+    add_block = MemoryLedger.add_block
+
+    def recorded(self: MemoryLedger, times: Any, *args: Any) -> None:
+        blocks.append(len(times))
+        add_block(self, times, *args)
+
+    monkeypatch.setattr(MemoryLedger, "add_block", recorded)
     batched = estimate_step(topology, spec, training, parallel)
     assert batches and max(batches) > 1
-
-    def one_by_one(self: Walker, prog: Any, ops: Any) -> Any:
-        # (no columns: the ledger converts the events)
-        return [self.run_reductions(prog, reductions, t0) for t0, reductions in ops], None, None
-
-    monkeypatch.setattr(Walker, "run_reduction_batch", one_by_one)
+    assert blocks and min(blocks) > 0
+    monkeypatch.setattr(walk_pipe, "_batches", lambda *args: False)  # op by op, as events
     loop = estimate_step(topology, spec, training, parallel)
     assert _facts(batched) == _facts(loop)
 
