@@ -18,7 +18,7 @@ from collsim.play.engine import simulate_step
 from collsim.play.walk import estimate_step
 from collsim.step import allocator
 from collsim.step.memory import MemoryEvent, MemoryLedger, MemoryPattern
-from collsim.step.replay_events import ReplayEvents, replay_events
+from collsim.step.replay_events import ReplayEvents, recording_digest, replay_events
 from collsim.step.shapes import ShapeCache
 from collsim.study.scenario import load_scenario
 
@@ -198,24 +198,32 @@ def test_columns_fall_back_to_the_sorted_list() -> None:
         assert type(got) is list and got == other.sorted_events()
 
 
-def test_a_search_replays_the_same_events_once() -> None:
+def test_a_search_replays_the_same_events_once(monkeypatch: pytest.MonkeyPatch) -> None:
     # two walks of one plan record the same events: one digest, and a search's shape cache
     # answers the second replay (on another rank number too) with the first one's figures,
-    # those of a replay without it; another plan's events have another digest
+    # those of a replay without it, without sorting its events again; another plan's events
+    # have another digest
     first, inputs = _ledgers(SCENARIOS / "3d_175b.yaml", False)
     again, _ = _ledgers(SCENARIOS / "3d_175b.yaml", False)
     other, other_inputs = _ledgers(SCENARIOS / "pipeline_13b_1f1b.yaml", False)
     rank, rank_other = min(first), min(other)
     events = replay_events(first[rank])
     assert isinstance(events, ReplayEvents)
-    digest = events.digest()
-    assert digest == replay_events(again[rank]).digest()
-    assert digest != replay_events(other[rank_other]).digest()
+    digest = recording_digest(first[rank])
+    assert digest is not None and digest == recording_digest(again[rank])
+    assert digest != recording_digest(other[rank_other])
     memo = ShapeCache()
     alone = allocator.replay_ledger(rank, events, **inputs)
+    sorted_for: list[object] = []
+    monkeypatch.setattr(
+        allocator,
+        "replay_events",
+        lambda ledger: (sorted_for.append(ledger), replay_events(ledger))[1],
+    )
     assert allocator._replay_kept(rank, first[rank], inputs, memo) == alone
     moved = allocator._replay_kept(rank + 1, again[rank], inputs, memo)
     assert memo.sizes() == {"allocator replays": 1}
     assert moved == replace(alone, rank=rank + 1)
+    assert sorted_for == [first[rank]]  # (the second ledger's events never sorted)
     allocator._replay_kept(rank_other, other[rank_other], other_inputs, memo)
     assert memo.sizes() == {"allocator replays": 2}

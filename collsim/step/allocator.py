@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from collsim.cluster.hardware import CUDA_CONTEXT_BYTES, NCCL_BUFFER_BYTES
 from collsim.step.caching_allocator import AllocatorOOM, Block, CachingAllocator
-from collsim.step.replay_events import ReplayEvents, replay_events
+from collsim.step.replay_events import recording_digest, replay_events
 from collsim.step.replay_period import MICROBATCH_AT, Steady, find_period
 from collsim.workload.op_records import activation_element_bytes
 from collsim.workload.ops import head_ops
@@ -559,15 +559,16 @@ def _replay_kept(
     rank: int, ledger: Any, inputs: dict[str, Any], memo: ShapeCache | None
 ) -> ReservedMemory:
     """:func:`replay_ledger` of a rank's ledger; with a search's shape cache, kept by the
-    digest of its events (:meth:`ReplayEvents.digest`) and the replay's inputs: plans that
-    differ only in their gradient buckets or overlap record the same events and replay them
-    once. Events kept as a sorted list are replayed each time."""
-    events = replay_events(ledger)
-    if memo is None or not isinstance(events, ReplayEvents):
-        return replay_ledger(rank, events, **inputs)
+    digest of what the ledger recorded (:func:`recording_digest`) and the replay's inputs:
+    plans that differ only in their gradient buckets or overlap record the same events and
+    replay them once, and a plan whose replay is kept does not sort its events. Events
+    :func:`replay_events` keeps as a sorted list are replayed each time."""
+    digest = None if memo is None else recording_digest(ledger)
+    if memo is None or digest is None:
+        return replay_ledger(rank, replay_events(ledger), **inputs)
     tensors = inputs["tensors"]
     key = (
-        events.digest(),
+        digest,
         inputs["expandable_segments"],
         inputs["limit_bytes"],
         tuple(sorted(tensors.items())) if tensors else (),
@@ -575,7 +576,10 @@ def _replay_kept(
         inputs["logits"],
     )
     run = memo.recent(
-        "allocator replays", key, lambda: replay_ledger(rank, events, **inputs), REPLAYS_KEPT
+        "allocator replays",
+        key,
+        lambda: replay_ledger(rank, replay_events(ledger), **inputs),
+        REPLAYS_KEPT,
     )
     return run if run.rank == rank else replace(run, rank=rank)
 

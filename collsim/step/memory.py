@@ -154,7 +154,7 @@ class MemoryPattern:
             segments in turn, where ``start + offset_s`` can be a rounding apart.
     """
 
-    __slots__ = ("at", "category", "events", "steps")
+    __slots__ = ("at", "category", "digest", "events", "steps")
 
     def __init__(
         self,
@@ -180,6 +180,9 @@ class MemoryPattern:
         ]
         self.steps = steps
         self.at = None if at is None else np.array([at[i] for i in kept], dtype=np.intp)
+        self.digest: bytes | None = None
+        """A digest of the content, made when a search first keys a replay by it
+        (:func:`collsim.step.replay_events.recording_digest`)."""
 
     def times(self, starts: Any) -> Any:
         """A stepped pattern's event times placed at each of ``starts`` (an array): one row

@@ -22,13 +22,14 @@ from collsim.step.memory import (
     EventBlock,
     MemoryEvent,
     MemoryLedger,
+    MemoryPattern,
     PlacedOps,
     SingleEvents,
     pattern_columns,
 )
 from collsim.step.result import MEMORY_KEYS
 
-__all__ = ["SHIFTING_KINDS", "ReplayEvents", "replay_events"]
+__all__ = ["SHIFTING_KINDS", "ReplayEvents", "recording_digest", "replay_events"]
 
 SHIFTING_KINDS = ("act", "recompute", "free")
 """Label kinds ``(kind, layer, micro-batch, chunk)`` whose twin a period on is the same label
@@ -107,23 +108,6 @@ class ReplayEvents(Sequence[MemoryEvent]):
             self._built[i] = ev
         return ev
 
-    def digest(self) -> bytes:
-        """A SHA-256 digest of the events in order (times, bytes, categories, labels with
-        their micro-batches): equal sequences, equal digests; two sequences that differ share
-        one with odds of 2**-256 (what content-addressed stores rely on). SHA-256 rather than
-        BLAKE2b: on CPUs with SHA instructions (x86 SHA-NI, Armv8 SHA2) OpenSSL hashes the
-        megabyte of a ZeRO-2 step's columns in about half the time."""
-        import hashlib  # OpenSSL's bindings, 2-5 ms of start-up: only a search digests
-
-        h = hashlib.sha256()
-        h.update(len(self._order).to_bytes(8, "little"))
-        for column in (self.times, self.deltas, self.categories, self.codes):
-            h.update(column.tobytes())
-        h.update(self.microbatches.tobytes())
-        h.update(self.shifting.tobytes())
-        h.update(repr(self.labels).encode())
-        return h.digest()
-
     def twins_until(self, x: int, stop: int, period: int, shift: int) -> int:
         """The first ``x' >= x`` (at most ``stop``) where event ``x' + period`` is not event
         ``x'`` with its micro-batch ``shift`` on (:func:`collsim.step.replay_period.
@@ -151,6 +135,81 @@ class ReplayEvents(Sequence[MemoryEvent]):
         return np.flatnonzero(same) + (s + 1)
 
 
+def recording_digest(ledger: MemoryLedger) -> bytes | None:
+    """A SHA-256 digest of what ``ledger`` recorded, or None where :func:`replay_events`
+    gives the sorted list (then nothing is kept by it): the single events in recording order
+    (times, bytes, categories, labels numbered as :class:`ReplayEvents` numbers them, with
+    their micro-batches) and the placed patterns (each placement's start, pattern, micro-batch,
+    chunk and place among the singles; each pattern by its content,
+    :func:`_pattern_digest`). The events the allocator replays are these sorted, and the sort
+    is a function of them: equal digests, equal events (two recordings that differ share a
+    digest with odds of 2**-256), without sorting them. SHA-256: where the CPU has SHA
+    instructions (x86 SHA-NI, Armv8 SHA2) OpenSSL hashes a megabyte of columns in about
+    half BLAKE2b's time."""
+    import hashlib  # OpenSSL's bindings, 2-5 ms of start-up: only a search digests
+
+    singles, placed = ledger.recorded_view()
+    if placed is None:
+        return None
+    read = _labelled(singles, placed, ledger.single_columns)
+    if read is None:
+        return None
+    mbs, chunks, numbers, single = read
+    h = hashlib.sha256()
+    h.update(len(singles).to_bytes(8, "little"))
+    for name in ("times", "deltas", "categories", "codes", "microbatches", "shifting"):
+        h.update(np.ascontiguousarray(single[name]).tobytes())
+    h.update(repr(tuple(numbers)).encode())
+    h.update(len(placed.which).to_bytes(8, "little"))
+    h.update(np.asarray(placed.starts, dtype=float).tobytes())
+    h.update(np.asarray(placed.which, dtype=np.intp).tobytes())
+    h.update(np.asarray(mbs, dtype=np.int64).tobytes())
+    h.update(np.asarray(chunks, dtype=np.int64).tobytes())
+    h.update(np.asarray(placed.before, dtype=np.intp).tobytes())
+    for pattern in placed.kinds:
+        h.update(_pattern_digest(pattern))
+    return h.digest()
+
+
+def _labelled(
+    singles: SingleEvents,
+    placed: PlacedOps,
+    single_columns: Callable[[], tuple[Any, Any, Any]],
+) -> tuple[list[int], list[int], dict[Any, int], dict[str, Any]] | None:
+    """The placements' micro-batches and chunks as integers, the label numbers and the
+    singles' columns (:func:`_single_columns`), or None where the columns cannot say what the
+    labels say (a pattern kind that does not shift, a micro-batch or chunk that is not an
+    integer, a label that does not hash)."""
+    if not all(_shifting_pattern(p) for p in placed.kinds):
+        return None
+    mbs, chunks = _integers(placed.microbatches), _integers(placed.chunks)
+    if mbs is None or chunks is None or min(chunks) < 0:
+        return None
+    numbers: dict[Any, int] = {}
+    try:
+        return mbs, chunks, numbers, _single_columns(singles, single_columns(), numbers)
+    except TypeError:  # an unhashable label
+        return None
+
+
+def _shifting_pattern(pattern: MemoryPattern) -> bool:
+    """Whether every event kind of ``pattern`` shifts (:data:`SHIFTING_KINDS`)."""
+    return all(ev[2] in SHIFTING_KINDS for ev in pattern.events)
+
+
+def _pattern_digest(pattern: MemoryPattern) -> bytes:
+    """A SHA-256 digest of ``pattern``'s content (category, events, steps, boundaries), made
+    once per pattern (kept on it: a pattern is not changed once made)."""
+    known = pattern.digest
+    if known is None:
+        import hashlib
+
+        at = None if pattern.at is None else pattern.at.tolist()
+        text = repr((pattern.category, pattern.events, pattern.steps, at))
+        known = pattern.digest = hashlib.sha256(text.encode()).digest()
+    return known
+
+
 def replay_events(ledger: MemoryLedger) -> Sequence[MemoryEvent]:
     """``ledger``'s events in :meth:`~MemoryLedger.sorted_events` order: a
     :class:`ReplayEvents` when the ledger has placed patterns whose kinds all shift and whose
@@ -170,17 +229,11 @@ def _build(
     are known to do), or None where the columns cannot say what the labels say (a kind that
     does not shift, a micro-batch or chunk that is not an integer, a label that does not
     hash)."""
+    read = _labelled(singles, placed, single_columns)
+    if read is None:
+        return None
+    mbs, chunks, numbers, single = read
     flat = [ev for pattern in placed.kinds for ev in pattern.events]
-    if any(ev[2] not in SHIFTING_KINDS for ev in flat):
-        return None
-    mbs, chunks = _integers(placed.microbatches), _integers(placed.chunks)
-    if mbs is None or chunks is None or min(chunks) < 0:
-        return None
-    numbers: dict[Any, int] = {}
-    try:
-        single = _single_columns(singles, single_columns(), numbers)
-    except TypeError:  # an unhashable label
-        return None
     pattern = _pattern_columns(placed, flat, numbers)
     count = len(singles)
     times = np.concatenate([single["times"], pattern["times"]])
