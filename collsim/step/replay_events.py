@@ -202,7 +202,7 @@ def _pattern_digest(pattern: MemoryPattern) -> bytes:
     once per pattern (kept on it: a pattern is not changed once made)."""
     known = pattern.digest
     if known is None:
-        import hashlib
+        import hashlib  # OpenSSL's bindings, 2-5 ms of start-up: only a search digests
 
         at = None if pattern.at is None else pattern.at.tolist()
         text = repr((pattern.category, pattern.events, pattern.steps, at))
