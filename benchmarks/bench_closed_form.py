@@ -54,7 +54,12 @@ from collsim.core.errors import CollsimWarning, ConfigError, InfeasibleError  # 
 from collsim.parallel.plan import build_plan  # noqa: E402
 from collsim.play.walk import Estimator  # noqa: E402
 from collsim.study.scenario import load_scenario  # noqa: E402
-from collsim.study.search import SearchSpace, enumerate_plans, search_plans  # noqa: E402
+from collsim.study.search import (  # noqa: E402
+    DEFAULT_TOLERANCE_PCT,
+    SearchSpace,
+    enumerate_plans,
+    search_plans,
+)
 
 Configs = tuple[Any, Any]
 
@@ -63,7 +68,9 @@ def search_estimated(
     path: Path, space: SearchSpace | None = None
 ) -> tuple[Any, Any, list[Configs]]:
     """(topology, spec, the (training, parallel) of each plan the search of ``space`` (the
-    scenario's own by default) estimates)."""
+    scenario's own by default) estimates, with ``collsim search``'s default ``--tolerance``:
+    the bound keeps that many distinct rows exact, so it estimates more plans than a search
+    that ranks every plan apart)."""
     sc = load_scenario(path)
     topology = sc.cluster.load()
     seen: list[Configs] = []
@@ -75,7 +82,16 @@ def search_estimated(
 
     Estimator.estimate = recording  # type: ignore[method-assign]
     try:
-        search_plans(topology, sc.model, sc.training, sc.parallel, space=space, top_k=0, jobs=1)
+        search_plans(
+            topology,
+            sc.model,
+            sc.training,
+            sc.parallel,
+            space=space,
+            top_k=0,
+            jobs=1,
+            tolerance=DEFAULT_TOLERANCE_PCT / 100.0,
+        )
     finally:
         Estimator.estimate = original  # type: ignore[method-assign]
     return topology, sc.model, seen

@@ -106,3 +106,12 @@ def test_alike_plans_collapse_into_one_row_and_other_shapes_stay() -> None:
     assert [a.candidate.bucket_mb for a in rows[0].alike] == [100.0, 25.0]
     assert rows[1].candidate.tp == 4 and rows[1].alike == []
     assert collapse(ranked, 0.0) == ranked and all(r.alike == [] for r in ranked)
+
+
+def test_the_cli_tolerance_default_is_the_search_default() -> None:
+    # the option's default is written out (the search package is not imported at start-up)
+    from collsim.cli.search import search as command
+    from collsim.study.search import DEFAULT_TOLERANCE_PCT
+
+    option = next(p for p in command.params if p.name == "tolerance_pct")
+    assert option.default == DEFAULT_TOLERANCE_PCT

@@ -217,7 +217,7 @@ def _space_options(texts: dict[str, str | None]) -> dict[str, Any]:
     "--tolerance",
     "tolerance_pct",
     type=click.FloatRange(min=0.0, max=100.0),
-    default=0.5,
+    default=0.5,  # collsim.study.search.DEFAULT_TOLERANCE_PCT (not imported at start-up)
     show_default=True,
     help="Plans of one shape whose estimates are within this percentage and that differ "
     "only in bucket, overlap, prefetch, offload, resharding, sp or recompute are one row "

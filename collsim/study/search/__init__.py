@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collsim.study.search.frame import known_from_frame, search_frame
 from collsim.study.search.loop import (
+    DEFAULT_TOLERANCE_PCT,
     MINOR_KNOBS,
     Ranked,
     SearchResult,
@@ -36,6 +37,7 @@ from collsim.study.search.loop import (
 from collsim.study.search.space import REASONS, Candidate, SearchSpace, enumerate_plans
 
 __all__ = [
+    "DEFAULT_TOLERANCE_PCT",
     "REASONS",
     "SearchSpace",
     "Candidate",

@@ -272,6 +272,13 @@ def shape_of(candidate: Candidate) -> tuple[Any, ...]:
     )
 
 
+DEFAULT_TOLERANCE_PCT = 0.5
+"""``collsim search``'s ``--tolerance`` (percent) when none is given: plans of one shape
+within 0.5 % of each other are one row (:func:`collapse`). A choice of collsim: bucket sizes
+and overlap flags move a step by hundredths of a percent, the sizes of one layer kind by
+more."""
+
+
 def collapse(ranked: list[Ranked], tolerance: float) -> list[Ranked]:
     """One row per family of alike plans, best first: walking ``ranked`` (by estimate), a
     plan joins the first row of its shape (:func:`shape_of`) whose best estimate it is within
