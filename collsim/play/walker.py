@@ -669,11 +669,29 @@ class Walker:
         another in call order, its busbw its last call's."""
         tables = self._reduction_arrays
         columns = [tables[id(reductions)] for _, reductions in ops]
-        counts = [len(c[3]) for c in columns]
         starts = np.array([t0 for t0, _ in ops], dtype=float)
-        t0s = starts.tolist()
-        ready = np.concatenate([t0 + c[2] for t0, c in zip(t0s, columns, strict=True)])
-        ends = queue_ends(ready, np.concatenate([c[3] for c in columns]), prog.dp_free)
+        counts = np.array([len(c[3]) for c in columns], dtype=np.intp)
+        holding = np.array([0 if c[5] is None else len(c[5][0]) for c in columns], np.intp)
+        first_call, first_held = np.cumsum(counts) - counts, np.cumsum(holding) - holding
+        ready, seconds = np.empty(int(counts.sum())), np.empty(int(counts.sum()))
+        begins, sizes = np.empty(int(holding.sum())), np.empty(int(holding.sum()))
+        last = np.empty(len(begins), dtype=np.intp)  # each buffer's reduction's last call
+        groups: dict[int, list[int]] = {}  # the ops of each block's reductions, in order
+        for i, c in enumerate(columns):
+            groups.setdefault(id(c), []).append(i)
+        for members in groups.values():  # each block's calls for all its ops at once
+            _, rel, call_rel, secs, last_call, holds, _ = columns[members[0]]
+            op = np.array(members, dtype=np.intp)
+            at = (first_call[op][:, None] + np.arange(len(secs))).ravel()
+            ready[at] = (starts[op][:, None] + call_rel).ravel()  # t0 + offset, each
+            seconds[at] = np.tile(secs, len(op))
+            if holds is not None:
+                which, size, _ = holds
+                at = (first_held[op][:, None] + np.arange(len(which))).ravel()
+                begins[at] = (starts[op][:, None] + rel[which]).ravel()
+                last[at] = (first_call[op][:, None] + last_call[which]).ravel()
+                sizes[at] = np.tile(size, len(op))
+        ends = queue_ends(ready, seconds, prog.dp_free)
         issued = np.repeat(starts, counts)
         fired = issued + (ends - issued)  # fires(t0, end), element by element
         prog.dp_free = float(ends[-1])
@@ -697,28 +715,10 @@ class Walker:
             tally.time_s = reduce(add, chain.from_iterable(terms), tally.time_s)
             tally.busbw_bps = busbw
         # the held buffers: each allocated when its reduction is ready, freed when it ends
-        begins, dones, sizes, held_by_op = [], [], [], []
-        first = 0  # the op's first call
-        for t0, (_, rel, _, seconds, last_call, holds, _) in zip(t0s, columns, strict=True):
-            if holds is None:
-                held_by_op.append(0)
-            else:
-                which, size, _ = holds
-                begins.append(t0 + rel[which])
-                dones.append(first + last_call[which])
-                sizes.append(size)
-                held_by_op.append(len(which))
-            first += len(seconds)
-        per_op = [2 * n for n in held_by_op]  # (an allocation and a free each)
-        if not begins:
-            return per_op, np.empty(0), np.empty(0)
-        times = np.empty(sum(per_op))
-        times[0::2] = np.concatenate(begins)
-        times[1::2] = fired[np.concatenate(dones)]
-        deltas = np.empty(len(times))
-        deltas[0::2] = np.concatenate(sizes)
-        deltas[1::2] = -deltas[0::2]
-        return per_op, times, deltas
+        times, deltas = np.empty(2 * len(begins)), np.empty(2 * len(begins))
+        times[0::2], times[1::2] = begins, fired[last]
+        deltas[0::2], deltas[1::2] = sizes, -sizes
+        return (2 * holding).tolist(), times, deltas
 
     def send_output(self, prog: RankState, op: PipeOp, dest: tuple[int, Phase, int]) -> None:
         """Send ``op``'s output to ``dest`` (stage, direction, chunk) on the pp stream."""
