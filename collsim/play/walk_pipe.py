@@ -28,6 +28,7 @@ from collsim.step.memory import (
     MemoryPeak,
     PlacedOps,
     event_columns,
+    first_uses,
 )
 from collsim.step.result import MEMORY_KEYS
 from collsim.step.shapes import same_objects
@@ -581,13 +582,10 @@ def _merged_block(
         label_of[at_held] = len(labels)
     label_of[at_traced] = traced_label
     # the labels in order of first use (as a list of the events would number them)
-    first = np.full(len(table), total, dtype=np.intp)
-    np.minimum.at(first, label_of, np.arange(total))
-    order = np.argsort(first, kind="stable")
-    used = order[first[order] < total]
-    rank = np.empty(len(table), dtype=np.intp)
+    used = first_uses(label_of, len(table))
+    rank = np.zeros(len(table), dtype=np.intp)
     rank[used] = np.arange(len(used))
-    return times, deltas, cats, tuple(table[i] for i in used.tolist()), rank[label_of]
+    return times, deltas, cats, tuple(table[i] for i in used), rank[label_of]
 
 
 def placed_ops(

@@ -45,6 +45,7 @@ __all__ = [
     "SingleEvents",
     "Timelines",
     "event_columns",
+    "first_uses",
     "pattern_columns",
 ]
 
@@ -75,6 +76,11 @@ class EventBlock(NamedTuple):
     label_of: Any
     """Each event's label as an index into ``labels`` (integer array)."""
 
+    def first_uses(self) -> list[int]:
+        """The indices into ``labels`` of the labels the events use, in order of first use
+        (one pass over the events per label: a block has a handful)."""
+        return first_uses(self.label_of, len(self.labels))
+
     def event(self, i: int) -> MemoryEvent:
         """The block's ``i``-th event."""
         return _new(
@@ -93,6 +99,21 @@ class EventBlock(NamedTuple):
         labels = [self.labels[i] for i in self.label_of.tolist()]
         rows = zip(self.times.tolist(), cats, self.deltas.tolist(), labels, strict=True)
         return list(map(_new, [MemoryEvent] * len(cats), rows))
+
+
+def first_uses(label_of: Any, count: int) -> list[int]:
+    """The values in ``0..count-1`` that ``label_of`` (an integer array) holds, in order of
+    first appearance (one vectorized pass per value: for a short table of labels, far cheaper
+    than sorting the array)."""
+    if not len(label_of):
+        return []
+    firsts = []
+    for i in range(count):
+        where = label_of == i
+        j = int(where.argmax())
+        if where[j]:
+            firsts.append((j, i))
+    return [i for _, i in sorted(firsts)]
 
 
 class SingleEvents(Sequence[MemoryEvent]):

@@ -310,8 +310,7 @@ def _single_columns(
     codes, shifting, microbatches = [], [], []
     for piece in singles.pieces():  # in order: labels numbered in order of first use
         if isinstance(piece, EventBlock):
-            used, first = np.unique(piece.label_of, return_index=True)
-            for i in used[np.argsort(first)].tolist():  # in order of first use
+            for i in piece.first_uses():
                 number(piece.labels[i])
             table = piece.labels
             # (a label no event uses: -1, never read)

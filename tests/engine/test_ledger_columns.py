@@ -13,6 +13,7 @@ from collsim.step.memory import (
     MemoryPattern,
     PlacedOps,
     event_columns,
+    first_uses,
 )
 from collsim.step.replay_events import recording_digest, replay_events
 from collsim.step.result import MEMORY_KEYS
@@ -174,3 +175,9 @@ def test_the_recording_digest_tells_recordings_apart() -> None:
     changed.append(ledger)
     digests = [recording_digest(x) for x in changed]
     assert None not in digests and len({base, *digests}) == len(digests) + 1
+
+
+def test_first_uses_lists_the_labels_used_in_order_of_first_use() -> None:
+    assert first_uses(np.array([2, 2, 0, 2, 0]), 4) == [2, 0]
+    assert first_uses(np.array([], dtype=np.intp), 3) == []
+    assert first_uses(np.array([1, 0, 3, 2]), 4) == [1, 0, 3, 2]
