@@ -367,17 +367,9 @@ def _replay(
             traces,
             *replay_order(tables, flags, traces, reduces, overlap=rules.overlap),
         )
-    _, items, deferred, reducing_ops = known
-    batched = [
-        _batches(sum(n * len(blks[bid].reductions) for bid, n in ops.items()), ops)
-        for blks, ops in zip(blocks, reducing_ops, strict=True)
-    ]
+    _, items, deferred, reducing_ops, overlapped = known
     tally_of = w.stats.tally
     runs = w.runs
-    inserts: list[list[tuple[int, int, int]]] = [[] for _ in progs]
-    held_events: list[list[MemoryEvent]] = [[] for _ in progs]
-    reducing: list[list[tuple[float, Any]]] = [[] for _ in progs]
-    reduced: list[list[int]] = [[] for _ in progs]
     for _, what, s, x in items:
         if what == 0:
             tally_of(fold_calls[s][0])  # type: ignore[index]
@@ -385,26 +377,30 @@ def _replay(
             block = blocks[s][x]
             if block.run_key not in runs:
                 runs[block.run_key] = [block.segs, 0]
-        elif what == 2:
-            reductions = blocks[s][tables[s].blocks[x]].reductions
-            if batched[s]:
-                w.open_tallies(reductions)  # (their calls run below, a stage's all at once)
-                reducing[s].append((traces[s].starts[x], reductions))
-                reduced[s].append(x)
-            else:
-                held = w.run_reductions(progs[s], reductions, traces[s].starts[x])
-                if held:
-                    inserts[s].append((x, traces[s].marks[x], len(held)))
-                    held_events[s] += held
+        elif what == 2:  # a block's first reducing op: its tallies open here, its calls below
+            w.open_tallies(blocks[s][tables[s].blocks[x]].reductions)
         else:
             tally_of(send_calls[s][x][0])
+    # each stage's reductions, in op order (nothing above reads or adds to its dp stream)
+    inserts: list[list[tuple[int, int, int]]] = [[] for _ in progs]
+    held_events: list[list[MemoryEvent]] = [[] for _ in progs]
     held_columns: list[tuple[Any, Any] | None] = [None] * len(progs)
-    for s, ops in enumerate(reducing):
-        if ops:
-            counts, times, deltas = w.run_reduction_batch(progs[s], ops)
-            marks = traces[s].marks
-            inserts[s] = [(x, marks[x], n) for x, n in zip(reduced[s], counts, strict=True) if n]
+    for s, ops in enumerate(overlapped):
+        if not ops:
+            continue
+        starts, marks, blks, bids = traces[s].starts, traces[s].marks, blocks[s], tables[s].blocks
+        per_block = reducing_ops[s]
+        if _batches(sum(n * len(blks[b].reductions) for b, n in per_block.items()), per_block):
+            batch = [(starts[x], blks[bids[x]].reductions) for x in ops]
+            counts, times, deltas = w.run_reduction_batch(progs[s], batch)
+            inserts[s] = [(x, marks[x], n) for x, n in zip(ops, counts, strict=True) if n]
             held_columns[s] = (times, deltas)
+            continue
+        for x in ops:
+            held = w.run_reductions(progs[s], blks[bids[x]].reductions, starts[x])
+            if held:
+                inserts[s].append((x, marks[x], len(held)))
+                held_events[s] += held
     for s, prog in enumerate(progs):
         tr, table, blks = traces[s], tables[s], blocks[s]
         fold = fold_calls[s]
@@ -447,16 +443,19 @@ def replay_order(
     reduces: tuple[bool, ...],
     *,
     overlap: bool,
-) -> tuple[list[tuple[int, int, int, int]], list[list[int]], list[dict[int, int]]]:
+) -> tuple[list[tuple[int, int, int, int]], list[list[int]], list[dict[int, int]], list[list[int]]]:
     """The order in which the interleaved walk ran what :func:`_replay` adds (``reducing``:
     per stage, whether each block has reductions; ``reduces``: whether a micro-batch's
     backward reduces): (place in the walk, what, stage, which) per item, in order (``what``: 0
-    the first folded gather, 1 a block's first use, 2 an op's reductions, 3 a first send);
-    per stage the ops whose reductions wait for the end of the step (without overlap); and
-    per stage how many ops run each block's reductions in the step (by block)."""
+    the first folded gather, 1 a block's first use, 2 the first op that runs a block's
+    reductions, where their tallies open, 3 a first send); per stage the ops whose
+    reductions wait for the end of the step (without overlap); per stage how many ops run
+    each block's reductions in the step (by block); and per stage the ops that run them
+    overlapped, in op order."""
     items: list[tuple[int, int, int, int]] = []
     deferred: list[list[int]] = []
     counts: list[dict[int, int]] = []
+    overlapped: list[list[int]] = []
     for s, (table, flags, tr) in enumerate(zip(tables, reducing, traces, strict=True)):
         order = tr.order
         if tr.first_fold >= 0:
@@ -467,15 +466,20 @@ def replay_order(
             i for bid, has in enumerate(flags) if has for i in table.ops_of[bid] if reduces[mbs[i]]
         )
         if overlap:
-            items.extend((order[i], 2, s, i) for i in ops)
+            firsts: dict[int, int] = {}  # each block's first reducing op
+            for i in ops:
+                firsts.setdefault(table.blocks[i], i)
+            items.extend((order[i], 2, s, i) for i in firsts.values())
             deferred.append([])
             counts.append(Counter(table.blocks[i] for i in ops))
+            overlapped.append(ops)
         else:
             deferred.append(ops)
             counts.append({})
+            overlapped.append([])
         items.extend((order[first], 3, s, to) for first, _, _, to in tr.sends.values())
     items.sort()
-    return items, deferred, counts
+    return items, deferred, counts, overlapped
 
 
 def _set_tally(tally: Any, count: int, time_s: float, busbw_bps: float) -> None:

@@ -255,10 +255,10 @@ class SharedWalk:
     flushes: dict[tuple[Any, ...], tuple[list[Any], list[TallyAdds]]] = field(default_factory=dict)
     """:meth:`Walker.flush_tp`'s tallies by the walk's runs ((run key, count) each, in
     order): the runs' segment lists (kept: their identities stay their own) and the adds."""
-    replays: dict[tuple[Any, ...], tuple[Any, Any, Any, Any]] = field(default_factory=dict)
+    replays: dict[tuple[Any, ...], tuple[Any, Any, Any, Any, Any]] = field(default_factory=dict)
     """The fused walk's replay order (:func:`collsim.play.walk_pipe.replay_order`) by the
     identity of the pipeline traces and what else it reads: the traces (kept), the items, the
-    deferred reductions' ops, the ops that run each block's reductions."""
+    deferred reductions' ops, the ops that run each block's reductions, the overlapped ones."""
     sums: dict[int, tuple[Any, list[Any], dict[str, float]]] = field(default_factory=dict)
     """Per walked rank, its blocks' account added up over the ops (from zero; :func:`collsim.
     play.walk_pipe.add_block_sums`): the op table, the blocks' ``comm`` dicts it was added up

@@ -643,18 +643,23 @@ class Walker:
 
     def open_tallies(self, reductions: Sequence[Reduction]) -> None:
         """Open the tallies of ``reductions``' calls in the order the calls use them (as
-        :meth:`run_reductions` would on its way), once per reductions of a walk."""
-        known = self._reduction_arrays.get(id(reductions))
-        if known is not None and known[0] is reductions:
-            return
-        known = self._reduction_arrays[id(reductions)] = (
-            reductions,
-            *reduction_arrays(reductions),
-        )
+        :meth:`run_reductions` would on its way)."""
         tallies, tally = self.stats.tallies, self.stats.tally
-        for key, _, _, _ in known[6]:
-            if key not in tallies:
-                tally(key)
+        for _, calls, _ in reductions:
+            for _, _, key in calls:
+                if key not in tallies:
+                    tally(key)
+
+    def _arrays_of(self, reductions: Sequence[Reduction]) -> tuple[Any, ...]:
+        """:func:`reduction_arrays` of an op's reductions, once per walk (by their identity:
+        the op's :class:`OpPlan`, which the walk keeps, holds them)."""
+        known = self._reduction_arrays.get(id(reductions))
+        if known is None or known[0] is not reductions:
+            known = self._reduction_arrays[id(reductions)] = (
+                reductions,
+                *reduction_arrays(reductions),
+            )
+        return known
 
     def run_reduction_batch(
         self, prog: RankState, ops: Sequence[tuple[float, Sequence[Reduction]]]
@@ -667,8 +672,7 @@ class Walker:
         ``buffers`` and label ``zero2 bucket``). The same floats as the op-by-op calls: each
         call ready at its op's ``t0`` plus its offset, each tally's seconds added one after
         another in call order, its busbw its last call's."""
-        tables = self._reduction_arrays
-        columns = [tables[id(reductions)] for _, reductions in ops]
+        columns = [self._arrays_of(reductions) for _, reductions in ops]
         starts = np.array([t0 for t0, _ in ops], dtype=float)
         counts = np.array([len(c[3]) for c in columns], dtype=np.intp)
         holding = np.array([0 if c[5] is None else len(c[5][0]) for c in columns], np.intp)
