@@ -26,6 +26,7 @@ from collsim.step.memory import (
     PlacedOps,
     SingleEvents,
     pattern_columns,
+    time_order,
 )
 from collsim.step.result import MEMORY_KEYS
 
@@ -239,7 +240,7 @@ def _build(
     times = np.concatenate([single["times"], pattern["times"]])
     deltas = np.concatenate([single["deltas"], pattern["deltas"]])
     # by time, then signed size, then recording order (as sorted_events' two stable sorts)
-    order = np.lexsort((_recording_rank(count, pattern), deltas, times))
+    order = time_order(times, deltas, _recording_rank(count, pattern))
     columns = {
         "order": order,
         "placement": pattern["placement"],

@@ -6,6 +6,7 @@ events listed, by the peaks and by the allocator replay's reader."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from collsim.step.memory import (
     MemoryEvent,
@@ -14,6 +15,7 @@ from collsim.step.memory import (
     PlacedOps,
     event_columns,
     first_uses,
+    time_order,
 )
 from collsim.step.replay_events import recording_digest, replay_events
 from collsim.step.result import MEMORY_KEYS
@@ -181,3 +183,17 @@ def test_first_uses_lists_the_labels_used_in_order_of_first_use() -> None:
     assert first_uses(np.array([2, 2, 0, 2, 0]), 4) == [2, 0]
     assert first_uses(np.array([], dtype=np.intp), 3) == []
     assert first_uses(np.array([1, 0, 3, 2]), 4) == [1, 0, 3, 2]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_time_order_is_the_lexsort_permutation(seed: int) -> None:
+    """Times with many ties (and -0.0 beside 0.0), sizes with ties too, a third key with
+    ties: the permutation of numpy's lexsort, element for element, with and without it."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 400))
+    times = rng.choice([0.0, -0.0, 1.0, 2.5, 3.0, 7.25], n) + rng.choice([0.0, 1e-9], n)
+    deltas = rng.choice([-4.0, -1.0, 1.0, 4.0], n)
+    then = rng.integers(0, 5, n)
+    assert time_order(times, deltas).tolist() == np.lexsort((deltas, times)).tolist()
+    expected = np.lexsort((then, deltas, times)).tolist()
+    assert time_order(times, deltas, then).tolist() == expected
