@@ -162,6 +162,12 @@ def _rank_entry(
         # torch re-exports FileStore from its C extension without listing it in __all__
         store = dist.FileStore(str(out / "store"), world_size)  # type: ignore[attr-defined]
         _init_group(backend, timeout_s, store=store, rank=rank, world_size=world_size)
+        # every rank's side of the group is up before any runs fn: gloo can finish one rank's
+        # join while a peer still connects, and a rank that ran a short fn and left closed
+        # that peer's connection under it (torch no longer waits for all ranks in
+        # init_process_group unless TORCH_DIST_INIT_BARRIER=1)
+        store.set(f"joined_{rank}", "1")
+        store.wait([f"joined_{r}" for r in range(world_size)], timedelta(seconds=timeout_s))
         if backend == "nccl":
             # torch is optional (the validate extra): imported where ranks run
             import torch
