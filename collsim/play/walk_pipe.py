@@ -565,11 +565,10 @@ def _merged_block(
     labels, traced_label = tr.labels
     counts = np.array([count for _, _, count in inserts], dtype=np.intp)
     marks = np.array([mark for _, mark, _ in inserts], dtype=np.intp)
-    before = np.cumsum(counts) - counts  # buffer events recorded before each insert's
     n_held, n_traced = len(held[0]), len(t_times)
     at_held = np.repeat(marks, counts) + np.arange(n_held)
     # a traced event comes after the inserts whose mark it reaches (mark <= its index)
-    shift = np.concatenate(([0], before + counts))
+    shift = np.concatenate(([0], np.cumsum(counts)))
     at_traced = np.arange(n_traced) + shift[np.searchsorted(marks, np.arange(n_traced), "right")]
     total = n_traced + n_held
     times, deltas = np.empty(total), np.empty(total)

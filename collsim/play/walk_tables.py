@@ -31,6 +31,7 @@ __all__ = [
     "Priced",
     "RankState",
     "Reduction",
+    "ReductionColumns",
     "SegStep",
     "SettledOp",
     "SharedWalk",
@@ -338,12 +339,28 @@ def pipeline_links(schedule: StepSchedule, stage: int) -> list[Link]:
     return out
 
 
-def reduction_arrays(reductions: Sequence[Reduction]) -> tuple[Any, ...]:
+class ReductionColumns(NamedTuple):
     """What :meth:`~collsim.play.walker.Walker.run_reduction_batch` reads of an op's
-    reductions, once: each reduction's offset; per call (in order) its reduction's offset and
-    its seconds; each reduction's last call; the held ZeRO-2 buffers (which reductions, their
-    bytes and their negatives; None without any); per tally in order of first use (key,
-    calls, each call's seconds in order, the busbw of its last call)."""
+    reductions (:func:`reduction_arrays`)."""
+
+    rel: Any
+    """Each reduction's offset in its op."""
+    call_rel: Any
+    """Per call, in order: its reduction's offset."""
+    seconds: Any
+    """Per call, in order: its seconds."""
+    last_call: Any
+    """Each reduction's last call."""
+    holds: tuple[Any, list[float], list[float]] | None
+    """The held ZeRO-2 buffers: which reductions, their bytes and their negatives (None
+    without any)."""
+    tallies: list[tuple[CallKey, int, tuple[float, ...], float]]
+    """Per tally in order of first use: key, calls, each call's seconds in order, the busbw
+    of its last call."""
+
+
+def reduction_arrays(reductions: Sequence[Reduction]) -> ReductionColumns:
+    """An op's reductions as :class:`ReductionColumns`, once."""
     rel = np.array([r for r, _, _ in reductions], dtype=float)
     counts = np.array([len(calls) for _, calls, _ in reductions], dtype=np.intp)
     calls = [c for _, cs, _ in reductions for c in cs]
@@ -361,13 +378,13 @@ def reduction_arrays(reductions: Sequence[Reduction]) -> tuple[Any, ...]:
     if len(which):
         sizes = [float(reductions[i][2]) for i in which.tolist()]
         holds = (which, sizes, [-size for size in sizes])
-    return (
-        rel,
-        np.repeat(rel, counts),
-        np.array([t for t, _, _ in calls], dtype=float),
-        np.cumsum(counts) - 1,
-        holds,
-        [(key, n, tuple(ts), busbw) for key, n, ts, busbw in tallies.values()],
+    return ReductionColumns(
+        rel=rel,
+        call_rel=np.repeat(rel, counts),
+        seconds=np.array([t for t, _, _ in calls], dtype=float),
+        last_call=np.cumsum(counts) - 1,
+        holds=holds,
+        tallies=[(key, n, tuple(ts), busbw) for key, n, ts, busbw in tallies.values()],
     )
 
 

@@ -20,7 +20,7 @@ from collsim.core.errors import SimulationError
 from collsim.core.vocab import ParallelAxis
 from collsim.parallel.buckets import Bucket
 from collsim.parallel.pipeline import GRADIENT_PHASES, Phase, PipeOp
-from collsim.play.walk_pipe import walk_fused
+from collsim.play.walk_pipe import BUFFER_LABEL, walk_fused
 from collsim.play.walk_tables import (
     SETTLED_SUMS,
     Issue,
@@ -31,6 +31,7 @@ from collsim.play.walk_tables import (
     Priced,
     RankState,
     Reduction,
+    ReductionColumns,
     SettledOp,
     SharedWalk,
     TallyAdds,
@@ -105,7 +106,7 @@ class Walker:
         self._sends: dict[tuple[int, int], tuple[Any, ...]] = {}
         """Per (rank, receiving stage): (tally key, seconds, busbw), the receiver's rank, its
         ledger's appender (no event is read during the walk) and the message's bytes."""
-        self._reduction_arrays: dict[int, tuple[Any, ...]] = {}
+        self._reduction_arrays: dict[int, tuple[Sequence[Reduction], ReductionColumns]] = {}
         """:func:`reduction_arrays` by the identity of an op's reductions (held by its
         :class:`OpPlan`, which the walk keeps)."""
         self.runs: dict[tuple[int, int], list[Any]] = {}
@@ -637,8 +638,8 @@ class Walker:
             ready = t0 if deferred else t0 + rel
             fired = self.run_priced(prog, calls, ready, t0)
             if hold:
-                held.append(new(MemoryEvent, (ready, "buffers", hold, "zero2 bucket")))
-                held.append(new(MemoryEvent, (fired, "buffers", -hold, "zero2 bucket")))
+                held.append(new(MemoryEvent, (ready, "buffers", hold, BUFFER_LABEL)))
+                held.append(new(MemoryEvent, (fired, "buffers", -hold, BUFFER_LABEL)))
         return held
 
     def open_tallies(self, reductions: Sequence[Reduction]) -> None:
@@ -650,16 +651,16 @@ class Walker:
                 if key not in tallies:
                     tally(key)
 
-    def _arrays_of(self, reductions: Sequence[Reduction]) -> tuple[Any, ...]:
+    def _arrays_of(self, reductions: Sequence[Reduction]) -> ReductionColumns:
         """:func:`reduction_arrays` of an op's reductions, once per walk (by their identity:
         the op's :class:`OpPlan`, which the walk keeps, holds them)."""
         known = self._reduction_arrays.get(id(reductions))
         if known is None or known[0] is not reductions:
             known = self._reduction_arrays[id(reductions)] = (
                 reductions,
-                *reduction_arrays(reductions),
+                reduction_arrays(reductions),
             )
-        return known
+        return known[1]
 
     def run_reduction_batch(
         self, prog: RankState, ops: Sequence[tuple[float, Sequence[Reduction]]]
@@ -668,14 +669,14 @@ class Walker:
         ``t0``, overlapped; their tallies opened, :meth:`open_tallies`) as one queue over all
         their calls (:func:`~collsim.play.walk_tables.queue_ends`): per op how many ZeRO-2
         bucket buffer events it makes, and the times and signed bytes of them all in order
-        (arrays; the events :meth:`run_reductions` makes, without their category
-        ``buffers`` and label ``zero2 bucket``). The same floats as the op-by-op calls: each
-        call ready at its op's ``t0`` plus its offset, each tally's seconds added one after
-        another in call order, its busbw its last call's."""
+        (arrays; the events :meth:`run_reductions` makes, without their category ``buffers``
+        and label :data:`~collsim.play.walk_pipe.BUFFER_LABEL`). The same floats as the
+        op-by-op calls: each call ready at its op's ``t0`` plus its offset, each tally's
+        seconds added one after another in call order, its busbw its last call's."""
         columns = [self._arrays_of(reductions) for _, reductions in ops]
         starts = np.array([t0 for t0, _ in ops], dtype=float)
-        counts = np.array([len(c[3]) for c in columns], dtype=np.intp)
-        holding = np.array([0 if c[5] is None else len(c[5][0]) for c in columns], np.intp)
+        counts = np.array([len(c.seconds) for c in columns], dtype=np.intp)
+        holding = np.array([0 if c.holds is None else len(c.holds[0]) for c in columns], np.intp)
         first_call, first_held = np.cumsum(counts) - counts, np.cumsum(holding) - holding
         ready, seconds = np.empty(int(counts.sum())), np.empty(int(counts.sum()))
         begins, sizes = np.empty(int(holding.sum())), np.empty(int(holding.sum()))
@@ -684,16 +685,16 @@ class Walker:
         for i, c in enumerate(columns):
             groups.setdefault(id(c), []).append(i)
         for members in groups.values():  # each block's calls for all its ops at once
-            _, rel, call_rel, secs, last_call, holds, _ = columns[members[0]]
+            c = columns[members[0]]
             op = np.array(members, dtype=np.intp)
-            at = (first_call[op][:, None] + np.arange(len(secs))).ravel()
-            ready[at] = (starts[op][:, None] + call_rel).ravel()  # t0 + offset, each
-            seconds[at] = np.tile(secs, len(op))
-            if holds is not None:
-                which, size, _ = holds
+            at = (first_call[op][:, None] + np.arange(len(c.seconds))).ravel()
+            ready[at] = (starts[op][:, None] + c.call_rel).ravel()  # t0 + offset, each
+            seconds[at] = np.tile(c.seconds, len(op))
+            if c.holds is not None:
+                which, size, _ = c.holds
                 at = (first_held[op][:, None] + np.arange(len(which))).ravel()
-                begins[at] = (starts[op][:, None] + rel[which]).ravel()
-                last[at] = (first_call[op][:, None] + last_call[which]).ravel()
+                begins[at] = (starts[op][:, None] + c.rel[which]).ravel()
+                last[at] = (first_call[op][:, None] + c.last_call[which]).ravel()
                 sizes[at] = np.tile(size, len(op))
         ends = queue_ends(ready, seconds, prog.dp_free)
         issued = np.repeat(starts, counts)
@@ -704,7 +705,7 @@ class Walker:
             prog.dp_last_end = latest
         adds: dict[CallKey, list[Any]] = {}  # per tally: [calls, their seconds, last busbw]
         for c in columns:
-            for key, count, terms, busbw in c[6]:
+            for key, count, terms, busbw in c.tallies:
                 entry = adds.get(key)
                 if entry is None:
                     adds[key] = [count, [terms], busbw]

@@ -147,11 +147,12 @@ class SingleEvents(Sequence[MemoryEvent]):
     def __init__(self, listed: list[MemoryEvent], blocks: list[EventBlock]) -> None:
         self.listed = listed
         self.blocks = blocks
-        starts, n = [], 0
+        starts, through, n = [], [], 0  # each block's first index; the blocks' events up to it
         for block in blocks:
             starts.append(block.at + n)
             n += len(block.times)
-        self._starts = starts
+            through.append(n)
+        self._starts, self._through = starts, through
         self._count = len(listed) + n
 
     def __len__(self) -> int:
@@ -163,15 +164,12 @@ class SingleEvents(Sequence[MemoryEvent]):
         if i < 0:
             i += self._count
         k = bisect_right(self._starts, i) - 1  # the last block that starts at or before i
-        before = 0  # events of the blocks before block k + 1
-        for b in self.blocks[: k + 1]:
-            before += len(b.times)
-        if k >= 0:
-            block = self.blocks[k]
-            within = i - self._starts[k]
-            if within < len(block.times):
-                return block.event(within)
-        return self.listed[i - before]
+        if k < 0:
+            return self.listed[i]
+        within = i - self._starts[k]
+        if within < len(self.blocks[k].times):
+            return self.blocks[k].event(within)
+        return self.listed[i - self._through[k]]
 
     def pieces(self) -> Iterator[list[MemoryEvent] | EventBlock]:
         """The events in order as runs: slices of the list and blocks (none empty)."""
@@ -410,18 +408,18 @@ class MemoryLedger:
     def recorded_view(self) -> tuple[SingleEvents, PlacedOps | None]:
         """:meth:`recorded` with the single events as a :class:`SingleEvents` view (the
         blocks' events not made)."""
-        blocks = self._blocks
-        self._blocks = []
-        try:
-            singles, placed = self.recorded()
-        finally:
-            self._blocks = blocks
-        return SingleEvents(singles, blocks), placed
+        singles, placed = self._recorded()
+        return SingleEvents(singles, self._blocks), placed
 
     def recorded(self) -> tuple[list[MemoryEvent], PlacedOps | None]:
         """The single events and the placed patterns as columns (None without placements), in
         recording order, the patterns not expanded. Valid until the next event is recorded."""
         self._settle()
+        return self._recorded()
+
+    def _recorded(self) -> tuple[list[MemoryEvent], PlacedOps | None]:
+        """:meth:`recorded` with the blocks left as they are (the list holds their events
+        only once they are merged)."""
         if self._batch is not None:  # then nothing in _placed
             return self._events, self._batch
         placed = self._placed
