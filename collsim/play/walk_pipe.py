@@ -102,8 +102,16 @@ class Walker(Protocol):
 
     def open_tallies(self, reductions: Sequence[Reduction]) -> None: ...
 
-    def run_reduction_batch(
+    def run_overlapped(
         self, prog: RankState, ops: Sequence[tuple[float, Sequence[Reduction]]]
+    ) -> tuple[list[int], list[MemoryEvent]]: ...
+
+    def run_block_batch(
+        self,
+        prog: RankState,
+        starts: Any,
+        which: Any,
+        reductions_of: Sequence[Sequence[Reduction]],
     ) -> tuple[list[int], Any, Any]: ...
 
 
@@ -391,16 +399,21 @@ def _replay(
         starts, marks, blks, bids = traces[s].starts, traces[s].marks, blocks[s], tables[s].blocks
         per_block = reducing_ops[s]
         if _batches(sum(n * len(blks[b].reductions) for b, n in per_block.items()), per_block):
-            batch = [(starts[x], blks[bids[x]].reductions) for x in ops]
-            counts, times, deltas = w.run_reduction_batch(progs[s], batch)
+            at = np.array(ops, dtype=np.intp)
+            counts, times, deltas = w.run_block_batch(
+                progs[s],
+                traces[s].start_array[at],
+                tables[s].block_ids[at],
+                [b.reductions for b in blks],
+            )
             inserts[s] = [(x, marks[x], n) for x, n in zip(ops, counts, strict=True) if n]
             held_columns[s] = (times, deltas)
             continue
-        for x in ops:
-            held = w.run_reductions(progs[s], blks[bids[x]].reductions, starts[x])
-            if held:
-                inserts[s].append((x, marks[x], len(held)))
-                held_events[s] += held
+        counts, held = w.run_overlapped(
+            progs[s], [(starts[x], blks[bids[x]].reductions) for x in ops]
+        )
+        inserts[s] = [(x, marks[x], n) for x, n in zip(ops, counts, strict=True) if n]
+        held_events[s] = held
     for s, prog in enumerate(progs):
         tr, table, blks = traces[s], tables[s], blocks[s]
         fold = fold_calls[s]
@@ -421,7 +434,7 @@ def _replay(
 
 BATCH_REDUCTIONS = 256
 """A stage whose ops run at least this many bucket reductions in a step runs them as one batch
-(:meth:`~collsim.play.walker.Walker.run_reduction_batch`) if its blocks repeat them, each
+(:meth:`~collsim.play.walker.Walker.run_block_batch`) if its blocks repeat them, each
 block's on :data:`BATCH_REPEATS` ops or more on average; others run them op by op. A batch
 makes a few numpy arrays per block of reductions, tens of microseconds that a handful of
 reductions costs less in the loop. Chosen on the plans of ``benchmarks/bench_closed_form.py``:

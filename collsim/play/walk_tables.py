@@ -340,7 +340,7 @@ def pipeline_links(schedule: StepSchedule, stage: int) -> list[Link]:
 
 
 class ReductionColumns(NamedTuple):
-    """What :meth:`~collsim.play.walker.Walker.run_reduction_batch` reads of an op's
+    """What :meth:`~collsim.play.walker.Walker.run_block_batch` reads of an op's
     reductions (:func:`reduction_arrays`)."""
 
     rel: Any
@@ -354,9 +354,12 @@ class ReductionColumns(NamedTuple):
     holds: tuple[Any, list[float], list[float]] | None
     """The held ZeRO-2 buffers: which reductions, their bytes and their negatives (None
     without any)."""
-    tallies: list[tuple[CallKey, int, tuple[float, ...], float]]
-    """Per tally in order of first use: key, calls, each call's seconds in order, the busbw
-    of its last call."""
+    tally_keys: list[CallKey]
+    """The tallies the calls add to, in order of first use."""
+    call_slots: Any
+    """Per call, in order: the index of its tally in ``tally_keys``."""
+    tally_busbw: list[float]
+    """Per tally: the busbw of its last call."""
 
 
 def reduction_arrays(reductions: Sequence[Reduction]) -> ReductionColumns:
@@ -364,15 +367,17 @@ def reduction_arrays(reductions: Sequence[Reduction]) -> ReductionColumns:
     rel = np.array([r for r, _, _ in reductions], dtype=float)
     counts = np.array([len(calls) for _, calls, _ in reductions], dtype=np.intp)
     calls = [c for _, cs, _ in reductions for c in cs]
-    tallies: dict[CallKey, list[Any]] = {}
-    for t, busbw, key in calls:
-        entry = tallies.get(key)
-        if entry is None:
-            tallies[key] = [key, 1, [t], busbw]
+    slots: dict[CallKey, int] = {}
+    busbws: list[float] = []
+    call_slots = []
+    for _, busbw, key in calls:
+        slot = slots.get(key)
+        if slot is None:
+            slot = slots[key] = len(busbws)
+            busbws.append(busbw)
         else:
-            entry[1] += 1
-            entry[2].append(t)
-            entry[3] = busbw
+            busbws[slot] = busbw
+        call_slots.append(slot)
     which = np.flatnonzero([hold for _, _, hold in reductions])
     holds = None
     if len(which):
@@ -384,7 +389,9 @@ def reduction_arrays(reductions: Sequence[Reduction]) -> ReductionColumns:
         seconds=np.array([t for t, _, _ in calls], dtype=float),
         last_call=np.cumsum(counts) - 1,
         holds=holds,
-        tallies=[(key, n, tuple(ts), busbw) for key, n, ts, busbw in tallies.values()],
+        tally_keys=list(slots),
+        call_slots=np.array(call_slots, dtype=np.intp),
+        tally_busbw=busbws,
     )
 
 

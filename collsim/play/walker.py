@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterator, Sequence
 from functools import reduce
-from itertools import chain
+from itertools import islice
 from operator import add
 from typing import TYPE_CHECKING, Any, cast
 
@@ -642,6 +642,48 @@ class Walker:
                 held.append(new(MemoryEvent, (fired, "buffers", -hold, BUFFER_LABEL)))
         return held
 
+    def run_overlapped(
+        self, prog: RankState, ops: Sequence[tuple[float, Sequence[Reduction]]]
+    ) -> tuple[list[int], list[MemoryEvent]]:
+        """:meth:`run_reductions` of several ops one after another (op by op, each issued
+        at its start ``t0``, overlapped; their tallies opened, :meth:`open_tallies`) in one
+        loop: per op how many ZeRO-2 bucket buffer events it makes, and those events in
+        order. The same floats as the op-by-op calls: the dp stream's clock call by call,
+        each tally's seconds added one after another in call order at the end (no other
+        call adds to this rank's tallies in between), its busbw its last call's."""
+        dp_free, dp_last = prog.dp_free, prog.dp_last_end
+        terms: dict[CallKey, list[Any]] = {}  # per tally: [last busbw, seconds, ...]
+        held: list[MemoryEvent] = []
+        counts: list[int] = []
+        new = tuple.__new__
+        for t0, reductions in ops:
+            before = len(held)
+            for rel, calls, hold in reductions:
+                ready = fired = t0 + rel
+                for t, busbw, key in calls:
+                    dp_free = (ready if ready >= dp_free else dp_free) + t  # run_priced
+                    fired = t0 + (dp_free - t0)  # fires(t0, dp_free)
+                    if fired > dp_last:
+                        dp_last = fired
+                    entry = terms.get(key)
+                    if entry is None:
+                        terms[key] = [busbw, t]
+                    else:
+                        entry[0] = busbw
+                        entry.append(t)
+                if hold:
+                    held.append(new(MemoryEvent, (ready, "buffers", hold, BUFFER_LABEL)))
+                    held.append(new(MemoryEvent, (fired, "buffers", -hold, BUFFER_LABEL)))
+            counts.append(len(held) - before)
+        prog.dp_free, prog.dp_last_end = dp_free, dp_last
+        known, tally_of = self.stats.tallies.get, self.stats.tally
+        for key, entry in terms.items():
+            tally = known(key) or tally_of(key)
+            tally.count += len(entry) - 1
+            tally.time_s = reduce(add, islice(entry, 1, None), tally.time_s)
+            tally.busbw_bps = entry[0]
+        return counts, held
+
     def open_tallies(self, reductions: Sequence[Reduction]) -> None:
         """Open the tallies of ``reductions``' calls in the order the calls use them (as
         :meth:`run_reductions` would on its way)."""
@@ -665,36 +707,69 @@ class Walker:
     def run_reduction_batch(
         self, prog: RankState, ops: Sequence[tuple[float, Sequence[Reduction]]]
     ) -> tuple[list[int], Any, Any]:
-        """:meth:`run_reductions` of several ops one after another (each issued at its start
-        ``t0``, overlapped; their tallies opened, :meth:`open_tallies`) as one queue over all
-        their calls (:func:`~collsim.play.walk_tables.queue_ends`): per op how many ZeRO-2
-        bucket buffer events it makes, and the times and signed bytes of them all in order
-        (arrays; the events :meth:`run_reductions` makes, without their category ``buffers``
-        and label :data:`~collsim.play.walk_pipe.BUFFER_LABEL`). The same floats as the
-        op-by-op calls: each call ready at its op's ``t0`` plus its offset, each tally's
-        seconds added one after another in call order, its busbw its last call's."""
-        columns = [self._arrays_of(reductions) for _, reductions in ops]
+        """:meth:`run_block_batch` of ops given as (start ``t0``, reductions) pairs, ops with
+        the same reductions (by identity) one block."""
+        index: dict[int, int] = {}
+        distinct: list[Sequence[Reduction]] = []
+        which: list[int] = []
+        for _, reductions in ops:
+            i = index.get(id(reductions))
+            if i is None:
+                i = index[id(reductions)] = len(distinct)
+                distinct.append(reductions)
+            which.append(i)
         starts = np.array([t0 for t0, _ in ops], dtype=float)
-        counts = np.array([len(c.seconds) for c in columns], dtype=np.intp)
-        holding = np.array([0 if c.holds is None else len(c.holds[0]) for c in columns], np.intp)
+        return self.run_block_batch(prog, starts, np.array(which, dtype=np.intp), distinct)
+
+    def run_block_batch(
+        self,
+        prog: RankState,
+        starts: Any,
+        which: Any,
+        reductions_of: Sequence[Sequence[Reduction]],
+    ) -> tuple[list[int], Any, Any]:
+        """:meth:`run_reductions` of several ops one after another (op ``i`` issued at its
+        start ``starts[i]``, overlapped, running the reductions ``reductions_of[which[i]]``;
+        their tallies opened, :meth:`open_tallies`) as one queue over all their calls
+        (:func:`~collsim.play.walk_tables.queue_ends`): per op how many ZeRO-2 bucket buffer
+        events it makes, and the times and signed bytes of them all in order (arrays; the
+        events :meth:`run_reductions` makes, without their category ``buffers`` and label
+        :data:`~collsim.play.walk_pipe.BUFFER_LABEL`). The same floats as the op-by-op
+        calls: each call ready at its op's ``t0`` plus its offset, each tally's seconds added
+        one after another in call order (a cumulative sum is sequential), its busbw its last
+        call's."""
+        used = np.unique(which).tolist()
+        columns = {b: self._arrays_of(reductions_of[b]) for b in used}
+        calls_of = np.zeros(len(reductions_of), dtype=np.intp)
+        held_of = np.zeros(len(reductions_of), dtype=np.intp)
+        for b, c in columns.items():
+            calls_of[b] = len(c.seconds)
+            held_of[b] = 0 if c.holds is None else len(c.holds[0])
+        counts, holding = calls_of[which], held_of[which]
         first_call, first_held = np.cumsum(counts) - counts, np.cumsum(holding) - holding
-        ready, seconds = np.empty(int(counts.sum())), np.empty(int(counts.sum()))
-        begins, sizes = np.empty(int(holding.sum())), np.empty(int(holding.sum()))
-        last = np.empty(len(begins), dtype=np.intp)  # each buffer's reduction's last call
-        groups: dict[int, list[int]] = {}  # the ops of each block's reductions, in order
-        for i, c in enumerate(columns):
-            groups.setdefault(id(c), []).append(i)
-        for members in groups.values():  # each block's calls for all its ops at once
-            c = columns[members[0]]
-            op = np.array(members, dtype=np.intp)
+        total, total_held = int(counts.sum()), int(holding.sum())
+        ready, seconds = np.empty(total), np.empty(total)
+        slots = np.empty(total, dtype=np.intp)  # per call: its tally, numbered in `keys`
+        begins, sizes = np.empty(total_held), np.empty(total_held)
+        last = np.empty(total_held, dtype=np.intp)  # each buffer's reduction's last call
+        keys: dict[CallKey, int] = {}
+        last_use: dict[int, tuple[int, float]] = {}  # per tally: (its last op, that busbw)
+        for b, c in columns.items():  # each block's calls for all its ops at once
+            op = np.flatnonzero(which == b)
             at = (first_call[op][:, None] + np.arange(len(c.seconds))).ravel()
             ready[at] = (starts[op][:, None] + c.call_rel).ravel()  # t0 + offset, each
             seconds[at] = np.tile(c.seconds, len(op))
+            mine = np.array([keys.setdefault(k, len(keys)) for k in c.tally_keys], np.intp)
+            slots[at] = np.tile(mine[c.call_slots], len(op))
+            end = int(op[-1])
+            for slot, busbw in zip(mine.tolist(), c.tally_busbw, strict=True):
+                if slot not in last_use or last_use[slot][0] < end:
+                    last_use[slot] = (end, busbw)
             if c.holds is not None:
-                which, size, _ = c.holds
-                at = (first_held[op][:, None] + np.arange(len(which))).ravel()
-                begins[at] = (starts[op][:, None] + c.rel[which]).ravel()
-                last[at] = (first_call[op][:, None] + c.last_call[which]).ravel()
+                held, size, _ = c.holds
+                at = (first_held[op][:, None] + np.arange(len(held))).ravel()
+                begins[at] = (starts[op][:, None] + c.rel[held]).ravel()
+                last[at] = (first_call[op][:, None] + c.last_call[held]).ravel()
                 sizes[at] = np.tile(size, len(op))
         ends = queue_ends(ready, seconds, prog.dp_free)
         issued = np.repeat(starts, counts)
@@ -703,24 +778,18 @@ class Walker:
         latest = float(fired.max())
         if latest > prog.dp_last_end:
             prog.dp_last_end = latest
-        adds: dict[CallKey, list[Any]] = {}  # per tally: [calls, their seconds, last busbw]
-        for c in columns:
-            for key, count, terms, busbw in c.tallies:
-                entry = adds.get(key)
-                if entry is None:
-                    adds[key] = [count, [terms], busbw]
-                else:
-                    entry[0] += count
-                    entry[1].append(terms)
-                    entry[2] = busbw
         tallies = self.stats.tallies
-        for key, (count, terms, busbw) in adds.items():
+        for key, slot in keys.items():
             tally = tallies[key]
-            tally.count += count
-            tally.time_s = reduce(add, chain.from_iterable(terms), tally.time_s)
-            tally.busbw_bps = busbw
+            terms = seconds[slots == slot]
+            sums = np.empty(len(terms) + 1)
+            sums[0] = tally.time_s
+            sums[1:] = terms
+            tally.count += len(terms)
+            tally.time_s = float(np.cumsum(sums)[-1])
+            tally.busbw_bps = last_use[slot][1]
         # the held buffers: each allocated when its reduction is ready, freed when it ends
-        times, deltas = np.empty(2 * len(begins)), np.empty(2 * len(begins))
+        times, deltas = np.empty(2 * total_held), np.empty(2 * total_held)
         times[0::2], times[1::2] = begins, fired[last]
         deltas[0::2], deltas[1::2] = sizes, -sizes
         return (2 * holding).tolist(), times, deltas

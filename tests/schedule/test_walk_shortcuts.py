@@ -285,13 +285,13 @@ def test_a_zero2_plan_with_many_buckets_estimates_as_the_loop(
     training = TrainingConfig(global_batch=64, micro_batch=1, recompute="selective")
     parallel = ParallelConfig(tp=2, pp=2, dp=4, zero=2, ddp=DDPConfig(bucket_mb=1.0))
     batches: list[int] = []
-    batch = Walker.run_reduction_batch
+    batch = Walker.run_block_batch
 
-    def counted(self: Walker, prog: Any, ops: Any) -> Any:
-        batches.append(len(ops))
-        return batch(self, prog, ops)
+    def counted(self: Walker, prog: Any, starts: Any, *args: Any) -> Any:
+        batches.append(len(starts))
+        return batch(self, prog, starts, *args)
 
-    monkeypatch.setattr(Walker, "run_reduction_batch", counted)
+    monkeypatch.setattr(Walker, "run_block_batch", counted)
     blocks: list[int] = []
     add_block = MemoryLedger.add_block
 
