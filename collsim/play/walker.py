@@ -104,8 +104,9 @@ class Walker:
         self._links: dict[int, list[Link]] = {}
         self._fold: dict[int, tuple[CallKey, float, float]] = {}
         self._sends: dict[tuple[int, int], tuple[Any, ...]] = {}
-        """Per (rank, receiving stage): (tally key, seconds, busbw), the receiver's rank, its
-        ledger's appender (no event is read during the walk) and the message's bytes."""
+        """Per (rank, receiving stage): the send's seconds, busbw and tally, the receiver's
+        rank, its ledger's appender (no event is read during the walk) and the message's
+        bytes."""
         self._reduction_arrays: dict[int, tuple[Sequence[Reduction], ReductionColumns]] = {}
         """:func:`reduction_arrays` by the identity of an op's reductions (held by its
         :class:`OpPlan`, which the walk keeps)."""
@@ -798,16 +799,19 @@ class Walker:
         """Send ``op``'s output to ``dest`` (stage, direction, chunk) on the pp stream."""
         stage, dst_phase, dst_chunk = dest
         hit = self._sends.get((prog.rank, stage))
-        if hit is None:  # once per walk: the price, where it goes, the receiver's appender
+        if hit is None:  # once per walk: the price, its tally, the receiver, its appender
             dst = self.by_stage[stage]
             size = self.schedule.p2p_bytes
-            priced = self.call_price(prog.rank, PP, "send_recv", size, (prog.rank, dst.rank))
-            hit = (priced, dst.rank, dst.ledger.appenders()[0], size)
+            key, t, busbw = self.call_price(prog.rank, PP, "send_recv", size, (prog.rank, dst.rank))
+            tally = self.stats.tally(key)  # (opened at the first send, as CallStats.add)
+            hit = (t, busbw, tally, dst.rank, dst.ledger.appenders()[0], size)
             self._sends[(prog.rank, stage)] = hit
-        priced, dst_rank, dst_events, size = hit
-        self.stats.add(*priced)
+        t, busbw, tally, dst_rank, dst_events, size = hit
+        tally.count += 1  # CallStats.add
+        tally.time_s += t
+        tally.busbw_bps = busbw
         now, free = prog.now, prog.pp_free
-        free = (now if now >= free else free) + priced[1]  # max(now, pp_free) + t
+        free = (now if now >= free else free) + t  # max(now, pp_free) + t
         prog.pp_free = free
         delivered = now + (free - now)  # fires(now, free)
         self.mail[(dst_rank, dst_phase, op.microbatch, dst_chunk)] = (now, delivered, size)
