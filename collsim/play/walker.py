@@ -755,23 +755,30 @@ class Walker:
         last = np.empty(total_held, dtype=np.intp)  # each buffer's reduction's last call
         keys: dict[CallKey, int] = {}
         last_use: dict[int, tuple[int, float]] = {}  # per tally: (its last op, that busbw)
-        for b, c in columns.items():  # each block's calls for all its ops at once
-            op = np.flatnonzero(which == b)
-            at = (first_call[op][:, None] + np.arange(len(c.seconds))).ravel()
-            ready[at] = (starts[op][:, None] + c.call_rel).ravel()  # t0 + offset, each
-            seconds[at] = np.tile(c.seconds, len(op))
+        by_block = np.argsort(which, kind="stable")  # each block's ops, in op order
+        ops_of = np.bincount(which)
+        bounds = np.cumsum(ops_of)
+        bounds_of = zip((bounds - ops_of).tolist(), bounds.tolist(), strict=True)
+        for b, (first, stop) in enumerate(bounds_of):  # each block's calls, all its ops at once
+            if first == stop:
+                continue
+            c = columns[b]
+            op = by_block[first:stop]
+            at = first_call[op][:, None] + np.arange(len(c.seconds))  # (op, call)
+            ready[at] = starts[op][:, None] + c.call_rel  # t0 + offset, each
+            seconds[at] = c.seconds  # (the rows broadcast)
             mine = np.array([keys.setdefault(k, len(keys)) for k in c.tally_keys], np.intp)
-            slots[at] = np.tile(mine[c.call_slots], len(op))
+            slots[at] = mine[c.call_slots]
             end = int(op[-1])
             for slot, busbw in zip(mine.tolist(), c.tally_busbw, strict=True):
                 if slot not in last_use or last_use[slot][0] < end:
                     last_use[slot] = (end, busbw)
             if c.holds is not None:
                 held, size, _ = c.holds
-                at = (first_held[op][:, None] + np.arange(len(held))).ravel()
-                begins[at] = (starts[op][:, None] + c.rel[held]).ravel()
-                last[at] = (first_call[op][:, None] + c.last_call[held]).ravel()
-                sizes[at] = np.tile(size, len(op))
+                at = first_held[op][:, None] + np.arange(len(held))
+                begins[at] = starts[op][:, None] + c.rel[held]
+                last[at] = first_call[op][:, None] + c.last_call[held]
+                sizes[at] = size
         ends = queue_ends(ready, seconds, prog.dp_free)
         issued = np.repeat(starts, counts)
         fired = issued + (ends - issued)  # fires(t0, end), element by element
