@@ -224,6 +224,9 @@ class OpBody:
     plain: OpPlan
     """The op's block without buckets (read only: the walks that share it keep it; its
     ``comm`` dict is never changed)."""
+    shape: int = -1
+    """``windows`` with their segments' keys counted from the chunk's first layer, as a
+    number (:attr:`SharedWalk.shape_numbers`): ops alike in it place alike buckets alike."""
 
 
 Priced = tuple[float, float, CallKey]
@@ -249,6 +252,14 @@ class SharedWalk:
     list (kept: its identity stays its own) and (tally key, seconds, busbw) per call."""
     bucket_calls: dict[tuple[int, float, bool], tuple[Priced, ...]] = field(default_factory=dict)
     """:meth:`Walker.bucket_calls` by (rank, bucket elements, expert)."""
+    reductions: dict[tuple[int, bool, int, Any], tuple[Reduction, ...]] = field(
+        default_factory=dict
+    )
+    """:meth:`Walker.reductions` by (rank, whether buffers are held, the op's body's shape,
+    its chunk's bucket shape: :attr:`~collsim.step.ops.ChunkModel.bucket_shape` or
+    :meth:`Walker.bucket_shape`)."""
+    shape_numbers: dict[Any, int] = field(default_factory=dict)
+    """Each distinct shape of a body's windows or a chunk's buckets, numbered in order."""
     call_prices: dict[tuple[int, str, float, str], Priced] = field(default_factory=dict)
     """:meth:`Walker.dp_price` by (rank, op, size, axis)."""
     gather_prices: dict[tuple[int, float, bool], tuple[Priced, ...]] = field(default_factory=dict)

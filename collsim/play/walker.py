@@ -107,6 +107,8 @@ class Walker:
         """Per (rank, receiving stage): the send's seconds, busbw and tally, the receiver's
         rank, its ledger's appender (no event is read during the walk) and the message's
         bytes."""
+        self._bucket_shapes: dict[int, tuple[list[Bucket], int]] = {}
+        """:meth:`bucket_shape` by the identity of a chunk's bucket list (kept)."""
         self._reduction_arrays: dict[int, tuple[Sequence[Reduction], ReductionColumns]] = {}
         """:func:`reduction_arrays` by the identity of an op's reductions (held by its
         :class:`OpPlan`, which the walk keeps)."""
@@ -466,25 +468,70 @@ class Walker:
     ) -> OpPlan:
         """The op's fused block: its body (:meth:`op_body`, shared by the plans that share its
         segments) and its buckets' reductions (their calls on the dp stream, a ZeRO-2 buffer
-        held until they end), each ready at its offset in the op."""
+        held until they end), each ready at its offset in the op. Chunks alike in what the
+        reductions read (:meth:`bucket_shape`, the body's :attr:`OpBody.shape`) share one
+        tuple of them, made once in the shared tables."""
         key = (prog.rank, chunk.index, phase, paired)
         hit = self._op_plans.get(key)
         if hit is not None:
             return hit
         segs = chunk.segments(phase, paired)
-        bodies = self.shared.bodies
-        body = bodies.get(key)
+        shared = self.shared
+        body = shared.bodies.get(key)
         if body is None or body.segs is not segs:
-            body = bodies[key] = self.op_body(prog.rank, segs, phase)
+            body = shared.bodies[key] = self.op_body(prog.rank, segs, phase, chunk.layers.start)
         if not (body.windows and chunk.buckets):
             self._op_plans[key] = body.plain
             return body.plain
+        holds = self.rules.holds_bucket_buffer
+        shape = chunk.bucket_shape
+        alike = (prog.rank, holds, body.shape, self.bucket_shape(chunk) if shape is None else shape)
+        reductions = shared.reductions.get(alike)
+        if reductions is None:
+            reductions = shared.reductions[alike] = self.reductions(prog.rank, chunk, body, holds)
+        plan = self._op_plans[key] = OpPlan(*body.plain[:-1], reductions)
+        return plan
+
+    def bucket_shape(self, chunk: ChunkModel) -> int:
+        """What :meth:`reductions` reads of ``chunk``'s buckets (each one's elements, bytes,
+        ready fraction, expert kind and ready segment, a layer's counted from the chunk's first
+        layer) as a number, the same for alike buckets (once per walk per bucket list), for a
+        chunk built without its :attr:`~collsim.step.ops.ChunkModel.bucket_shape` (an int:
+        never equal to one, a tuple)."""
+        buckets = chunk.buckets
+        known = self._bucket_shapes.get(id(buckets))
+        if known is None or known[0] is not buckets:
+            start = chunk.layers.start
+            shape = tuple(
+                [
+                    (
+                        b.numel,
+                        b.size_bytes,
+                        b.ready_fraction,
+                        b.expert,
+                        _relative(b.ready_segment, start),
+                    )
+                    for b in buckets
+                ]
+            )
+            numbers = self.shared.shape_numbers
+            known = self._bucket_shapes[id(buckets)] = (
+                buckets,
+                numbers.setdefault(shape, len(numbers)),
+            )
+        return known[1]
+
+    def reductions(
+        self, rank: int, chunk: ChunkModel, body: OpBody, holds: bool
+    ) -> tuple[Reduction, ...]:
+        """The reductions of ``chunk``'s buckets in an op of ``body``: each bucket's calls
+        (priced once by what they read of it), ready at its segment's start in the op plus
+        the time before its gradients start and its ready fraction of their seconds, and the
+        ZeRO-2 buffer it holds (``holds``)."""
         ready_at: dict[Any, list[Bucket]] = {}  # the buckets by the segment they wait for
         for bucket in chunk.buckets:
             ready_at.setdefault(bucket.ready_segment, []).append(bucket)
-        rank = prog.rank
         priced = self.shared.bucket_calls
-        holds = self.rules.holds_bucket_buffer
         reductions: list[Reduction] = []
         for seg_key, t, off, gdur in body.windows:
             for bucket in ready_at.get(seg_key, ()):
@@ -494,10 +541,9 @@ class Walker:
                 if calls:  # (rel: where in the op it is ready)
                     rel = t + off + bucket.ready_fraction * gdur
                     reductions.append((rel, calls, float(bucket.size_bytes) if holds else 0.0))
-        plan = self._op_plans[key] = OpPlan(*body.plain[:-1], tuple(reductions))
-        return plan
+        return tuple(reductions)
 
-    def op_body(self, rank: int, segs: list[Segment], phase: Phase) -> OpBody:
+    def op_body(self, rank: int, segs: list[Segment], phase: Phase, first_layer: int = 0) -> OpBody:
         """An op's segments run back to back: their seconds, account and activation events,
         and in a gradient phase where each segment's gradients are made (:meth:`grad_window`)."""
         forward = phase is Phase.FORWARD
@@ -532,7 +578,14 @@ class Walker:
             run_key=(rank, id(segs[0]) if len(segs) == 1 else id(segs)),
             reductions=(),
         )
-        return OpBody(segs, windows=tuple(windows), plain=plain)
+        numbers = self.shared.shape_numbers
+        shape = tuple([(_relative(k, first_layer), *rest) for k, *rest in windows])
+        return OpBody(
+            segs,
+            windows=tuple(windows),
+            plain=plain,
+            shape=numbers.setdefault(("windows", shape), len(numbers)),
+        )
 
     def bucket_calls(self, rank: int, bucket: Bucket) -> tuple[Priced, ...]:
         """The calls of ``bucket``'s reduction on the dp stream (:meth:`priced_calls`), priced
@@ -889,3 +942,9 @@ class Walker:
                 prog.breakdown_s["dp_exposed"] += end - t0
                 prog.now = end
             prog.end_s = prog.now
+
+
+def _relative(segment: str | int, first_layer: int) -> str | int:
+    """A segment key as :meth:`Walker.bucket_shape` counts it: a layer's from the chunk's
+    first layer, a named one (embedding, head) as it is."""
+    return segment - first_layer if type(segment) is int else segment

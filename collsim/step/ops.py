@@ -7,6 +7,7 @@ collectives; what the layers, the embedding and the head put in them is built by
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 from collsim.core.vocab import ParallelAxis
@@ -117,6 +118,10 @@ class ChunkModel:
     backward: list[Segment]
     buckets: list[Bucket] = field(default_factory=list)
     units: list[FSDPUnit] = field(default_factory=list)
+    bucket_shape: Hashable | None = None
+    """What ``buckets`` are made of, as numbers (:data:`collsim.step.stage.BucketShape`):
+    chunks with equal shapes have buckets alike but for names and layer numbers (None: not
+    known)."""
     paired_forward: list[Segment] | None = None
     """With ``parallel.ep_overlap``: the forward segments of a paired (steady-state) op, the
     EP all-to-alls beside compute (docs/derivations.md); the other segments are shared."""

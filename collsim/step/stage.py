@@ -7,6 +7,7 @@ FSDP units, and, for a schedule that splits backward, the input- and weight-grad
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import fields
 from functools import partial
@@ -117,7 +118,7 @@ def build_stage(
         emb_seg = [s for s in bwd if s.key == "embedding"]
         # a tied head needs its own copy only on another stage than the embedding
         pp = plan.pp if plan.head_stage != 0 else 1
-        tensors, buckets, units = _chunk_params(
+        tensors, buckets, units, bucket_shape = _chunk_params(
             plan, layers, first=first, last=last, pp=pp, grad_bytes=grad_bytes, cache=cache
         )
         chunk = ChunkModel(
@@ -136,6 +137,7 @@ def build_stage(
                 chunk, {"embedding": embedding, "head": head}, layer_of or (lambda _: layer)
             )
         chunk.buckets = buckets
+        chunk.bucket_shape = bucket_shape
         chunk.units = units
         chunks.append(chunk)
     return StageModel(stage=stage, chunks=chunks)
@@ -152,7 +154,7 @@ def rebucket_stage(
     chunks = []
     for chunk in model.chunks:
         part = pipeline.part_of(model.stage, chunk.index, plan.pp, v)
-        _, buckets, _ = _chunk_params(
+        _, buckets, _, bucket_shape = _chunk_params(
             plan,
             chunk.layers,
             first=part == 0,
@@ -163,6 +165,7 @@ def rebucket_stage(
         )
         copy = ChunkModel(*_CHUNK_FIELDS(chunk))  # (dataclasses.replace, without its checks)
         copy.buckets = buckets
+        copy.bucket_shape = bucket_shape
         chunks.append(copy)
     return StageModel(stage=model.stage, chunks=chunks, split_of=model.split_of)
 
@@ -225,9 +228,10 @@ def _chunk_params(
     pp: int,
     grad_bytes: int,
     cache: ShapeCache | None,
-) -> tuple[list[ParamTensor], list[Bucket], list[FSDPUnit]]:
-    """A chunk's tensors, DDP buckets and FSDP units (made once per chunk shape in a
-    ``cache``; the lists are shared then, and nothing changes them)."""
+) -> tuple[list[ParamTensor], list[Bucket], list[FSDPUnit], BucketShape | None]:
+    """A chunk's tensors, DDP buckets, FSDP units (made once per chunk shape in a ``cache``;
+    the lists are shared then, and nothing changes them) and, with a ``cache``, its buckets'
+    shape (:data:`BucketShape`)."""
     spec = plan.spec
 
     def tensors_of() -> list[ParamTensor]:
@@ -237,7 +241,8 @@ def _chunk_params(
 
     if cache is None:
         tensors = tensors_of()
-        return tensors, _buckets(plan, tensors, grad_bytes), build_units(tensors)
+        buckets, _ = _buckets(plan, tensors, grad_bytes)
+        return tensors, buckets, build_units(tensors), None
     # keyed by the spec's identity (hashing a spec costs more than the lookup saves); the
     # entry holds the spec, so a key is never reused by another spec while it lives; what
     # every bucket size packs of the gradients is kept with the tensors
@@ -245,20 +250,20 @@ def _chunk_params(
     held, tensors, units, grads = cache.get(
         "chunk",
         shape,
-        lambda: (spec, t := tensors_of(), build_units(t), _grads_of(t)),
+        lambda: (spec, t := tensors_of(), build_units(t), _grads_of(t, layers.start, cache)),
     )
     if held is not spec:  # pragma: no cover - another spec at a reused address
         tensors = tensors_of()
         units = build_units(tensors)
-        grads = _grads_of(tensors)
+        grads = _grads_of(tensors, layers.start, cache)
     ddp = plan.parallel.ddp
     key = (shape, ddp.bucket_mb, ddp.first_bucket_mb, grad_bytes)
-    held_b, buckets = cache.get(
+    held_b, (buckets, bucket_shape) = cache.get(
         "buckets", key, lambda: (spec, _buckets(plan, tensors, grad_bytes, grads, cache))
     )
     if held_b is not spec:  # pragma: no cover - as above
-        buckets = _buckets(plan, tensors, grad_bytes, grads, cache)
-    return tensors, buckets, units
+        buckets, bucket_shape = _buckets(plan, tensors, grad_bytes, grads, cache)
+    return tensors, buckets, units, bucket_shape
 
 
 def _split_chunk(
@@ -303,21 +308,41 @@ def _split_backward(seg: Segment, block: BlockTimes) -> tuple[Segment, Segment]:
     )
 
 
-ChunkGrads = tuple[tuple[bool | None, PackedTensors, tuple[Any, ...]], ...]
+ChunkGrads = tuple[tuple[bool | None, PackedTensors, tuple[Any, ...], int], ...]
 """What every bucket size packs of a chunk's gradients (:func:`_grads_of`)."""
 
+BucketShape = tuple[tuple[bool | None, int, int], ...]
+"""What a chunk's buckets are made of, as numbers (:func:`_buckets`): per kind of bucket,
+the kind, the cuts' number and the packed tensors' number. Chunks with equal shapes have
+buckets alike in everything but their tensors' names and their layers' numbers (the same
+elements, bytes, ready fractions and ready segments counted from the chunk's first layer);
+the walk shares their reductions (:meth:`collsim.play.walker.Walker.op_plan`)."""
 
-def _grads_of(tensors: list[ParamTensor]) -> ChunkGrads:
+_SHAPE_NUMBERS = itertools.count()
+"""The numbers of :data:`BucketShape` (unique in the process, so never equal for two
+shapes of two caches)."""
+
+
+def _grads_of(
+    tensors: list[ParamTensor], first_layer: int = 0, cache: ShapeCache | None = None
+) -> ChunkGrads:
     """What every bucket size packs of a chunk's gradients: per kind of bucket (the dense and
     the expert gradients bucket apart, or all as one), the kind, the tensors it packs
-    (:func:`~collsim.parallel.buckets.packed_tensors`) and their form (the packed elements
-    with their types: equal ints and floats cut alike, but make buckets of their own type)."""
+    (:func:`~collsim.parallel.buckets.packed_tensors`), their form (the packed elements
+    with their types: equal ints and floats cut alike, but make buckets of their own type)
+    and, with a ``cache``, a number for their ready fractions and segments (a layer's
+    counted from ``first_layer``, the chunk's first), equal for alike chunks (-1 without)."""
     kinds: tuple[bool | None, ...] = (False, True) if any(t.expert for t in tensors) else (None,)
     ready = grad_ready_fraction(tensors)
     out = []
     for kind in kinds:
         packed = packed_tensors(tensors, expert=kind, ready=ready)
-        out.append((kind, packed, (packed.numels, tuple(map(type, packed.numels)))))
+        number = -1
+        if cache is not None:
+            segments = tuple([s - first_layer if type(s) is int else s for s in packed.segments])
+            alike = (packed.ready, segments)
+            number = cache.get("packed shapes", alike, partial(next, _SHAPE_NUMBERS))
+        out.append((kind, packed, (packed.numels, tuple(map(type, packed.numels))), number))
     return tuple(out)
 
 
@@ -327,15 +352,17 @@ def _buckets(
     grad_bytes: int,
     grads: ChunkGrads | None = None,
     cache: ShapeCache | None = None,
-) -> list[Bucket]:
+) -> tuple[list[Bucket], BucketShape | None]:
     """A chunk's DDP buckets (``grads``: its :func:`_grads_of`, worked out here when not
-    given); a ``cache`` keeps the cuts by the packed tensors' form and the bucket knobs, so
-    the chunks of one form (a model's repeated layers) are cut once."""
+    given) and, with a ``cache``, their shape (:data:`BucketShape`); a ``cache`` keeps the
+    cuts by the packed tensors' form and the bucket knobs, so the chunks of one form (a
+    model's repeated layers) are cut once."""
     grads = _grads_of(tensors) if grads is None else grads
     ddp = plan.parallel.ddp
     mb, first_mb = ddp.bucket_mb, ddp.first_bucket_mb
     out: list[Bucket] = []
-    for kind, packed, form in grads:
+    shape: list[tuple[bool | None, int, int]] = []
+    for kind, packed, form, packed_number in grads:
         numels = packed.numels
 
         def cut(numels: tuple[float, ...] = numels) -> tuple[tuple[int, float, float], ...]:
@@ -346,6 +373,12 @@ def _buckets(
         if cache is None:
             cuts = cut()
         else:
-            cuts = cache.get("bucket cuts", (form, mb, first_mb, grad_bytes), cut)
+            cuts, cuts_number = cache.get(
+                "bucket cuts",
+                (form, mb, first_mb, grad_bytes),
+                lambda cut=cut: (cut(), next(_SHAPE_NUMBERS)),  # type: ignore[misc]
+            )
+            shape.append((kind, cuts_number, packed_number))
         out += cut_buckets(packed, cuts, expert=kind)
-    return out
+    alike = cache is not None and all(number >= 0 for _, _, number in shape)
+    return out, (tuple(shape) if alike else None)

@@ -2,9 +2,10 @@
 ZeRO-3 op whose units are gathered and ready and that releases none runs as one block
 (:func:`collsim.play.walk_zero3.settled_op`, taken for most ops of the plans that keep their
 units), its events on its segments' boundaries as the loop's clock reaches them; an op's many
-bucket reductions, every op's of a stage, run as one batch (:meth:`Walker.run_reduction_batch`,
+bucket reductions, every op's of a stage, run as one batch (:meth:`Walker.run_block_batch`,
 the stream's queue as arrays), the dp stream, tallies and ZeRO-2 buffers as the call-by-call
-loop leaves them, whether the stream is idle, busy or falls idle between buckets. Equal by
+loop leaves them, whether the stream is idle, busy or falls idle between buckets; chunks with
+alike buckets share one tuple of reductions, made once. Equal by
 their bits: events that coincide must stay coincident for the memory peaks (frees sort
 before allocations at one instant)."""
 
@@ -19,16 +20,21 @@ import pytest
 import collsim.play.walk_pipe as walk_pipe
 import collsim.play.walk_zero3 as zero3
 import collsim.play.walker as walker_module
+import collsim.step.stage as stage_module
 from collsim.cluster.topology import load_topology
 from collsim.core.errors import SimulationError
+from collsim.parallel.buckets import Bucket
 from collsim.parallel.config import DDPConfig, FSDPConfig, ParallelConfig, TrainingConfig
-from collsim.play.walk import estimate_step
+from collsim.parallel.params import ParamTensor
+from collsim.play.walk import Estimator, estimate_step
 from collsim.play.walk_tables import queue_ends
 from collsim.play.walker import Walker
 from collsim.step.build import build_schedule
 from collsim.step.memory import MemoryEvent, MemoryLedger, MemoryPattern
+from collsim.step.ops import ChunkModel
 from collsim.step.pricing import ClosedPricer
 from collsim.step.result import StepResult
+from collsim.step.shapes import ShapeCache
 from collsim.step.stats import CallKey
 from collsim.workload import get_preset
 from tests.schedule.helpers import float_bits
@@ -339,3 +345,94 @@ def test_settled_sums_are_added_term_by_term_in_the_order_the_blocks_ran() -> No
     assert prog.breakdown_s["dp_exposed"] == 0.3
     grouped = 0.1 + sum(float(b.sums[0].sum()) for b in (*blocks, blocks[1]))
     assert grouped != expected["compute"]  # summed block by block, the two 1.0 count
+
+
+@pytest.mark.parametrize("zero", [1, 2])
+def test_alike_chunks_share_their_reductions_and_estimate_as_their_own(
+    monkeypatch: pytest.MonkeyPatch, zero: int
+) -> None:
+    """Chunks whose buckets are alike but for names and layer numbers (a model's repeated
+    layers) in ops of alike windows share one tuple of reductions (``OpBody.shape`` and the
+    buckets' shape: ``ChunkModel.bucket_shape`` in a search's cache, ``Walker.bucket_shape``
+    without one): the plan estimates as it does with each op's reductions made from its own
+    buckets, and makes fewer of them."""
+    topology = load_topology("dgx_h100", nodes=2)
+    spec = get_preset("llama2-7b", num_layers=32, seq_len=2048)
+    training = TrainingConfig(global_batch=64, micro_batch=1, recompute="selective")
+    parallel = ParallelConfig(
+        tp=2,
+        pp=2,
+        dp=4,
+        zero=zero,
+        schedule="interleaved",
+        virtual_stages=8,  # 2 layers a chunk: 8 alike chunks a stage but the ends
+        ddp=DDPConfig(bucket_mb=1.0),
+    )
+    made: list[int] = []
+    reductions = Walker.reductions
+
+    def counted(self: Walker, *args: Any) -> Any:
+        made.append(1)
+        return reductions(self, *args)
+
+    monkeypatch.setattr(Walker, "reductions", counted)
+    searched = Estimator(topology, spec).estimate(training, parallel)  # the cache's shapes
+    searched_made = len(made)
+    made.clear()
+    shared = estimate_step(topology, spec, training, parallel)  # the walk's own shapes
+    shared_made = len(made)
+    made.clear()
+    numbers = iter(range(10**9))
+
+    def own(self: Walker, chunk: Any) -> int:  # every chunk a shape of its own
+        return next(numbers)
+
+    monkeypatch.setattr(Walker, "bucket_shape", own)
+    alone = estimate_step(topology, spec, training, parallel)
+    assert 0 < searched_made < len(made) / 2
+    assert 0 < shared_made < len(made) / 2
+    assert _facts(shared) == _facts(alone)
+    # a search's estimate leaves out the timeline and the allocator's reserve
+    facts, searched_facts = _facts(alone), _facts(searched)
+    for key in ("timeline", "reserved"):
+        del facts[key], searched_facts[key]  # type: ignore[attr-defined]
+    assert searched_facts == facts
+
+
+def test_a_bucket_shape_counts_ready_segments_from_the_chunks_first_layer() -> None:
+    """Buckets alike but for names and layer numbers have one shape, in the walk
+    (``Walker.bucket_shape``) and in a search's cache (the stage's ``ChunkModel.bucket_shape``);
+    buckets ready at another layer of their chunk (counted from its first) have another."""
+    w = _walker()
+
+    def chunk(first: int, ready: list[int], names: str) -> ChunkModel:
+        buckets = [
+            Bucket(i, (f"{names}{i}",), 1000.0, 2000.0, seg, 0.5, False)
+            for i, seg in enumerate(ready)
+        ]
+        c = ChunkModel(0, range(first, first + 2), [], [], [])
+        c.buckets = buckets
+        return c
+
+    a = w.bucket_shape(chunk(4, [5, 4], "a"))
+    assert w.bucket_shape(chunk(10, [11, 10], "b")) == a  # the same, two layers on
+    assert w.bucket_shape(chunk(10, [10, 10], "c")) != a  # the first ready a layer early
+    # a search's stages: the middle chunks of an interleaved stage alike, the embedding's not
+    topology = load_topology("dgx_h100", nodes=2)
+    spec = get_preset("llama2-7b", num_layers=32, seq_len=2048)
+    training = TrainingConfig(global_batch=64, micro_batch=1)
+    parallel = ParallelConfig(tp=2, pp=2, dp=4, schedule="interleaved", virtual_stages=8)
+    stage = Estimator(topology, spec).schedule(training, parallel).stages[0]
+    shapes = [c.bucket_shape for c in stage.chunks]
+    assert None not in shapes
+    assert shapes[0] != shapes[1] == shapes[2] == shapes[-1]  # chunk 0 holds the embedding
+    # what the cache numbers: the tensors' ready fractions and segments, from the first layer
+    cache = ShapeCache()
+
+    def packed_number(first: int, segments: list[int]) -> int:
+        tensors = [ParamTensor(f"t{i}", 1000.0, seg) for i, seg in enumerate(segments)]
+        ((_, _, _, number),) = stage_module._grads_of(tensors, first, cache)
+        return int(number)
+
+    assert packed_number(4, [4, 4, 5, 5]) == packed_number(10, [10, 10, 11, 11])
+    assert packed_number(4, [4, 4, 5, 5]) != packed_number(10, [10, 10, 12, 12])  # (alike ready)
