@@ -16,14 +16,15 @@ scales with the weight size).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import NamedTuple
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, NamedTuple, overload
 
 from collsim.core.units import MiB
 from collsim.parallel.params import ParamTensor
 
 __all__ = [
     "Bucket",
+    "CutBuckets",
     "PackedTensors",
     "backward_segments",
     "bucket_cuts",
@@ -152,6 +153,59 @@ def cut_buckets(
         buckets.append(new(Bucket, bucket))
         start = stop
     return buckets
+
+
+class CutBuckets(Sequence[Bucket]):
+    """A chunk's buckets as the pieces they are cut from (per kind: the packed tensors, the
+    cuts, the kind), made into :class:`Bucket` tuples on the first read of one (their count
+    is read without): a search's plans that differ only in bucket sizes cut every chunk
+    anew, and most of them are never read one by one (alike chunks share what is made of
+    them, :meth:`collsim.play.walker.Walker.op_plan`). Equal to a list of the same buckets."""
+
+    __slots__ = ("_pieces", "_made", "_count")
+
+    def __init__(
+        self, pieces: Sequence[tuple[PackedTensors, Sequence[tuple[int, float, float]], Any]]
+    ) -> None:
+        self._pieces = tuple(pieces)
+        self._made: list[Bucket] | None = None
+        self._count = sum(len(cuts) for _, cuts, _ in self._pieces)
+
+    def _buckets(self) -> list[Bucket]:
+        made = self._made
+        if made is None:
+            made = []
+            for packed, cuts, kind in self._pieces:
+                made += cut_buckets(packed, cuts, expert=kind)
+            self._made = made
+        return made
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __iter__(self) -> Iterator[Bucket]:
+        return iter(self._buckets())
+
+    @overload
+    def __getitem__(self, index: int) -> Bucket: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Bucket]: ...
+
+    def __getitem__(self, index: int | slice) -> Bucket | list[Bucket]:
+        return self._buckets()[index]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, CutBuckets):
+            return self._buckets() == other._buckets()
+        if isinstance(other, list):
+            return self._buckets() == other
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"CutBuckets({self._buckets()!r})"
 
 
 def build_buckets(

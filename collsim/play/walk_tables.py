@@ -264,6 +264,8 @@ class SharedWalk:
     """:meth:`Walker.dp_price` by (rank, op, size, axis)."""
     gather_prices: dict[tuple[int, float, bool], tuple[Priced, ...]] = field(default_factory=dict)
     """:meth:`Walker.gather_prices` of a bucket by (rank, bucket elements, expert)."""
+    chunk_gathers: dict[tuple[int, Any], tuple[Priced, ...]] = field(default_factory=dict)
+    """:meth:`Walker.gather_prices` of a chunk by (rank, its buckets' shape)."""
     flushes: dict[tuple[Any, ...], tuple[list[Any], list[TallyAdds]]] = field(default_factory=dict)
     """:meth:`Walker.flush_tp`'s tallies by the walk's runs ((run key, count) each, in
     order): the runs' segment lists (kept: their identities stay their own) and the adds."""

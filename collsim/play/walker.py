@@ -107,7 +107,7 @@ class Walker:
         """Per (rank, receiving stage): the send's seconds, busbw and tally, the receiver's
         rank, its ledger's appender (no event is read during the walk) and the message's
         bytes."""
-        self._bucket_shapes: dict[int, tuple[list[Bucket], int]] = {}
+        self._bucket_shapes: dict[int, tuple[Sequence[Bucket], int]] = {}
         """:meth:`bucket_shape` by the identity of a chunk's bucket list (kept)."""
         self._reduction_arrays: dict[int, tuple[Sequence[Reduction], ReductionColumns]] = {}
         """:func:`reduction_arrays` by the identity of an op's reductions (held by its
@@ -602,21 +602,37 @@ class Walker:
         """ZeRO-1/2: the gathers of the updated parameters after the optimizer
         (:meth:`~collsim.step.dataparallel.DataParallelRules.gathers_after_optimizer`) as
         priced calls, each bucket's priced once in the shared tables by what its gathers read
-        of it."""
+        of it, and a chunk's once by its buckets' shape where it has one
+        (:attr:`~collsim.step.ops.ChunkModel.bucket_shape`: alike buckets gather alike)."""
         rules = self.rules
         if not rules.gathers_after_step:
             return []
-        memo = self.shared.gather_prices
+        by_chunk = self.shared.chunk_gathers
         out: list[Priced] = []
         for chunk in stage.chunks:
-            for bucket in chunk.buckets:
-                shape = (rank, bucket.numel, bucket.expert)
-                priced = memo.get(shape)
-                if priced is None:
-                    priced = memo[shape] = tuple(
-                        self.dp_price(rank, c) for c in rules.bucket_gathers(bucket)
-                    )
-                out += priced
+            shape = chunk.bucket_shape
+            if shape is None:
+                out += self.bucket_gathers(rank, chunk.buckets)
+                continue
+            priced = by_chunk.get((rank, shape))
+            if priced is None:
+                priced = by_chunk[(rank, shape)] = tuple(self.bucket_gathers(rank, chunk.buckets))
+            out += priced
+        return out
+
+    def bucket_gathers(self, rank: int, buckets: Sequence[Bucket]) -> list[Priced]:
+        """The priced gathers of ``buckets`` in order (:meth:`gather_prices`), each bucket's
+        priced once in the shared tables by what its gathers read of it."""
+        rules, memo = self.rules, self.shared.gather_prices
+        out: list[Priced] = []
+        for bucket in buckets:
+            shape = (rank, bucket.numel, bucket.expert)
+            priced = memo.get(shape)
+            if priced is None:
+                priced = memo[shape] = tuple(
+                    self.dp_price(rank, c) for c in rules.bucket_gathers(bucket)
+                )
+            out += priced
         return out
 
     def dp_price(self, rank: int, call: DPCall) -> Priced:

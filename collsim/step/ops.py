@@ -7,7 +7,7 @@ collectives; what the layers, the embedding and the head put in them is built by
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 from collsim.core.vocab import ParallelAxis
@@ -116,7 +116,7 @@ class ChunkModel:
     tensors: list[ParamTensor]
     forward: list[Segment]
     backward: list[Segment]
-    buckets: list[Bucket] = field(default_factory=list)
+    buckets: Sequence[Bucket] = field(default_factory=list)
     units: list[FSDPUnit] = field(default_factory=list)
     bucket_shape: Hashable | None = None
     """What ``buckets`` are made of, as numbers (:data:`collsim.step.stage.BucketShape`):

@@ -15,10 +15,9 @@ from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from collsim.parallel.buckets import (
-    Bucket,
+    CutBuckets,
     PackedTensors,
     bucket_cuts,
-    cut_buckets,
     grad_ready_fraction,
     packed_tensors,
 )
@@ -228,7 +227,7 @@ def _chunk_params(
     pp: int,
     grad_bytes: int,
     cache: ShapeCache | None,
-) -> tuple[list[ParamTensor], list[Bucket], list[FSDPUnit], BucketShape | None]:
+) -> tuple[list[ParamTensor], CutBuckets, list[FSDPUnit], BucketShape | None]:
     """A chunk's tensors, DDP buckets, FSDP units (made once per chunk shape in a ``cache``;
     the lists are shared then, and nothing changes them) and, with a ``cache``, its buckets'
     shape (:data:`BucketShape`)."""
@@ -352,15 +351,16 @@ def _buckets(
     grad_bytes: int,
     grads: ChunkGrads | None = None,
     cache: ShapeCache | None = None,
-) -> tuple[list[Bucket], BucketShape | None]:
+) -> tuple[CutBuckets, BucketShape | None]:
     """A chunk's DDP buckets (``grads``: its :func:`_grads_of`, worked out here when not
-    given) and, with a ``cache``, their shape (:data:`BucketShape`); a ``cache`` keeps the
-    cuts by the packed tensors' form and the bucket knobs, so the chunks of one form (a
-    model's repeated layers) are cut once."""
+    given; made when first read, :class:`~collsim.parallel.buckets.CutBuckets`) and, with a
+    ``cache``, their shape (:data:`BucketShape`); a ``cache`` keeps the cuts by the packed
+    tensors' form and the bucket knobs, so the chunks of one form (a model's repeated
+    layers) are cut once."""
     grads = _grads_of(tensors) if grads is None else grads
     ddp = plan.parallel.ddp
     mb, first_mb = ddp.bucket_mb, ddp.first_bucket_mb
-    out: list[Bucket] = []
+    pieces: list[tuple[PackedTensors, Any, bool | None]] = []
     shape: list[tuple[bool | None, int, int]] = []
     for kind, packed, form, packed_number in grads:
         numels = packed.numels
@@ -379,6 +379,6 @@ def _buckets(
                 lambda cut=cut: (cut(), next(_SHAPE_NUMBERS)),  # type: ignore[misc]
             )
             shape.append((kind, cuts_number, packed_number))
-        out += cut_buckets(packed, cuts, expert=kind)
+        pieces.append((packed, cuts, kind))
     alike = cache is not None and all(number >= 0 for _, _, number in shape)
-    return out, (tuple(shape) if alike else None)
+    return CutBuckets(pieces), (tuple(shape) if alike else None)

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from collsim.parallel.buckets import build_buckets, grad_ready_fraction
+from collsim.parallel.buckets import (
+    CutBuckets,
+    bucket_cuts,
+    build_buckets,
+    cut_buckets,
+    grad_ready_fraction,
+    packed_tensors,
+)
 from collsim.parallel.fsdp import build_units, issue_schedule
 from collsim.parallel.params import ParamTensor, chunk_tensors
 from collsim.workload.memory import parameters_per_rank
@@ -75,3 +82,17 @@ def test_units_and_prefetch() -> None:
     assert sum(u.numel for u in units) == sum(t.numel for t in tensors)
     assert issue_schedule(4, 2) == [[0, 1, 2], [3], [], []]
     assert issue_schedule(2, 5) == [[0, 1], []]
+
+
+def test_cut_buckets_are_made_when_first_read_and_equal_their_list() -> None:
+    """``CutBuckets`` holds the pieces of a chunk's buckets: its count without making them,
+    then the same buckets as ``cut_buckets`` of each piece, equal to their list."""
+    ts = [ParamTensor(f"w{i}", 2**19 * (i + 1), i) for i in range(6)]
+    dense = packed_tensors(ts, expert=None)
+    cuts = bucket_cuts(dense.numels, bucket_mb=2, first_bucket_mb=1, grad_bytes=2)
+    lazy = CutBuckets([(dense, cuts, None)])
+    assert len(lazy) == len(cuts) and lazy._made is None  # counted, not made
+    made = cut_buckets(dense, cuts, expert=None)
+    assert lazy == made and list(lazy) == made and lazy[-1] == made[-1]
+    assert lazy == build_buckets(ts, bucket_mb=2, first_bucket_mb=1)
+    assert lazy != made[:-1] and bool(CutBuckets([])) is False
