@@ -147,26 +147,56 @@ def rebucket_stage(
 ) -> StageModel:
     """``model`` (a stage built by :func:`build_stage` for a plan that differs from ``plan``
     only in its DDP knobs) with each chunk's DDP buckets made for ``plan``'s: the chunks are
-    new, their segments, tensors and units the same objects (nothing changes them)."""
+    new, their segments, tensors and units the same objects (nothing changes them). With a
+    ``cache``, what each chunk's buckets are cut from is looked up once for the stage's
+    variants (by the identity of its first chunk's segments, which they share)."""
     pipeline, v = plan.pipeline_schedule, plan.virtual_stages
     pp = plan.pp if plan.head_stage != 0 else 1
+
     chunks = []
-    for chunk in model.chunks:
-        part = pipeline.part_of(model.stage, chunk.index, plan.pp, v)
-        _, buckets, _, bucket_shape = _chunk_params(
-            plan,
-            chunk.layers,
-            first=part == 0,
-            last=part == plan.pp * v - 1,
-            pp=pp,
-            grad_bytes=grad_bytes,
-            cache=cache,
-        )
-        copy = ChunkModel(*_CHUNK_FIELDS(chunk))  # (dataclasses.replace, without its checks)
-        copy.buckets = buckets
-        copy.bucket_shape = bucket_shape
-        chunks.append(copy)
+    if cache is None:
+        for chunk in model.chunks:
+            part = pipeline.part_of(model.stage, chunk.index, plan.pp, v)
+            _, buckets, _, bucket_shape = _chunk_params(
+                plan,
+                chunk.layers,
+                first=part == 0,
+                last=part == plan.pp * v - 1,
+                pp=pp,
+                grad_bytes=grad_bytes,
+                cache=None,
+            )
+            chunks.append(_rebucketed(chunk, buckets, bucket_shape))
+        return StageModel(stage=model.stage, chunks=chunks, split_of=model.split_of)
+    shapes: ShapeCache = cache
+
+    def entries() -> list[ChunkEntry]:
+        out = []
+        for chunk in model.chunks:
+            part = pipeline.part_of(model.stage, chunk.index, plan.pp, v)
+            first, last = part == 0, part == plan.pp * v - 1
+            out.append(
+                _chunk_entry(plan, chunk.layers, first=first, last=last, pp=pp, cache=shapes)
+            )
+        return out
+
+    segments = model.chunks[0].forward if model.chunks else None
+    layout = (id(segments), model.stage, id(plan.spec), plan.tp, plan.pp, v, plan.ep, plan.etp)
+    held, known = cache.get("stage chunks", layout, lambda: (segments, entries()))
+    if held is not segments:  # pragma: no cover - a reused address
+        known = entries()
+    for chunk, (shape, tensors, _, grads) in zip(model.chunks, known, strict=True):
+        buckets, bucket_shape = _chunk_buckets(plan, shape, tensors, grads, grad_bytes, cache)
+        chunks.append(_rebucketed(chunk, buckets, bucket_shape))
     return StageModel(stage=model.stage, chunks=chunks, split_of=model.split_of)
+
+
+def _rebucketed(chunk: ChunkModel, buckets: CutBuckets, bucket_shape: Any) -> ChunkModel:
+    """A copy of ``chunk`` with other buckets (and their shape)."""
+    copy = ChunkModel(*_CHUNK_FIELDS(chunk))  # (dataclasses.replace, without its checks)
+    copy.buckets = buckets
+    copy.bucket_shape = bucket_shape
+    return copy
 
 
 _CHUNK_FIELDS = attrgetter(*[f.name for f in fields(ChunkModel)])
@@ -231,6 +261,31 @@ def _chunk_params(
     """A chunk's tensors, DDP buckets, FSDP units (made once per chunk shape in a ``cache``;
     the lists are shared then, and nothing changes them) and, with a ``cache``, its buckets'
     shape (:data:`BucketShape`)."""
+    if cache is None:
+        tensors = chunk_tensors(
+            plan.spec, layers, tp=plan.tp, first=first, last=last, pp=pp, ep=plan.ep, etp=plan.etp
+        )
+        buckets, _ = _buckets(plan, tensors, grad_bytes)
+        return tensors, buckets, build_units(tensors), None
+    shape, tensors, units, grads = _chunk_entry(
+        plan, layers, first=first, last=last, pp=pp, cache=cache
+    )
+    buckets, bucket_shape = _chunk_buckets(plan, shape, tensors, grads, grad_bytes, cache)
+    return tensors, buckets, units, bucket_shape
+
+
+ChunkEntry = tuple[tuple[Any, ...], list[ParamTensor], list[FSDPUnit], "ChunkGrads"]
+"""A chunk shape's key in a cache, its tensors, FSDP units and gradients
+(:func:`_chunk_entry`)."""
+
+
+def _chunk_entry(
+    plan: Plan, layers: range, *, first: bool, last: bool, pp: int, cache: ShapeCache
+) -> ChunkEntry:
+    """A chunk shape's key, tensors, FSDP units and what every bucket size packs of its
+    gradients (:func:`_grads_of`), made once per chunk shape in ``cache``: keyed by the spec's
+    identity (hashing a spec costs more than the lookup saves); the entry holds the spec, so
+    a key is never reused by another spec while it lives."""
     spec = plan.spec
 
     def tensors_of() -> list[ParamTensor]:
@@ -238,13 +293,6 @@ def _chunk_params(
             spec, layers, tp=plan.tp, first=first, last=last, pp=pp, ep=plan.ep, etp=plan.etp
         )
 
-    if cache is None:
-        tensors = tensors_of()
-        buckets, _ = _buckets(plan, tensors, grad_bytes)
-        return tensors, buckets, build_units(tensors), None
-    # keyed by the spec's identity (hashing a spec costs more than the lookup saves); the
-    # entry holds the spec, so a key is never reused by another spec while it lives; what
-    # every bucket size packs of the gradients is kept with the tensors
     shape = (id(spec), layers.start, layers.stop, plan.tp, first, last, pp, plan.ep, plan.etp)
     held, tensors, units, grads = cache.get(
         "chunk",
@@ -255,14 +303,30 @@ def _chunk_params(
         tensors = tensors_of()
         units = build_units(tensors)
         grads = _grads_of(tensors, layers.start, cache)
+    return shape, tensors, units, grads
+
+
+def _chunk_buckets(
+    plan: Plan,
+    shape: tuple[Any, ...],
+    tensors: list[ParamTensor],
+    grads: ChunkGrads,
+    grad_bytes: int,
+    cache: ShapeCache,
+) -> tuple[CutBuckets, BucketShape | None]:
+    """The buckets of the chunk shape ``shape`` (:func:`_chunk_entry`) for ``plan``'s bucket
+    knobs, and their shape, made once per both in ``cache`` (every bucket size's pieces are
+    kept with the chunk shape)."""
+    spec = plan.spec
     ddp = plan.parallel.ddp
     key = (shape, ddp.bucket_mb, ddp.first_bucket_mb, grad_bytes)
-    held_b, (buckets, bucket_shape) = cache.get(
+    held, made = cache.get(
         "buckets", key, lambda: (spec, _buckets(plan, tensors, grad_bytes, grads, cache))
     )
-    if held_b is not spec:  # pragma: no cover - as above
-        buckets, bucket_shape = _buckets(plan, tensors, grad_bytes, grads, cache)
-    return tensors, buckets, units, bucket_shape
+    if held is not spec:  # pragma: no cover - as above
+        made = _buckets(plan, tensors, grad_bytes, grads, cache)
+    out: tuple[CutBuckets, BucketShape | None] = made
+    return out
 
 
 def _split_chunk(
