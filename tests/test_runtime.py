@@ -84,3 +84,34 @@ def test_pool_evaluations_run_relaxed() -> None:
         fed = iter([("a", [1, 2, 3])])
         out = list(workers.stream(_threshold, lambda n: next(fed, None)))
     assert out == [("a", [relaxed] * 3)]
+
+
+class _Node:
+    def __init__(self) -> None:
+        self.other: object = self  # a cycle: only the collector frees it
+
+
+def test_a_relaxed_block_freezes_what_each_step_leaves_and_frees_its_cycles() -> None:
+    """Inside a relaxed block a paused step ends with its cycles collected and its survivors
+    frozen; the block's end unfreezes them; a caller's own frozen objects are left alone."""
+    import weakref
+
+    assert gc.get_freeze_count() == 0
+    with collector_relaxed():
+        with collector_paused():
+            garbage = weakref.ref(_Node())  # unreachable once made: a cycle
+            kept = [_Node() for _ in range(10)]
+            with collector_paused():  # nested: the outer block freezes, once
+                pass
+            assert gc.get_freeze_count() == 0
+        assert garbage() is None  # collected, not frozen
+        assert gc.get_freeze_count() >= len(kept)
+    assert gc.get_freeze_count() == 0
+    gc.freeze()  # the caller's own regime
+    try:
+        frozen = gc.get_freeze_count()
+        with collector_relaxed(), collector_paused():
+            kept.append(_Node())
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
