@@ -49,7 +49,7 @@ from collsim.step.ops import ChunkModel, Segment, StageModel, Step
 from collsim.step.pricing import ClosedPricer, SegmentPrices
 from collsim.step.result import TraceEvent
 from collsim.step.shapes import ShapeCache
-from collsim.step.stats import CallKey, CallStats, CallTally, dp_link
+from collsim.step.stats import CallKey, CallStats, CallTally, dp_links
 
 if TYPE_CHECKING:
     from collsim.step.build import StepSchedule
@@ -936,9 +936,10 @@ class Walker:
             for prog in (first, last):
                 prog.breakdown_s["pp_exposed"] += end - prog.now
                 prog.now = end
+        links = dp_links(self.stats.items())  # (nothing below adds a dp call before the loop)
         for prog in self.programs.values():
             framework = self.schedule.framework_step_s.get(prog.coords.pp, 0.0)
-            link, busbw = dp_link(self.stats.items(), prog.rank)
+            link, busbw = links.get(prog.rank, (0.0, 0.0))
             interference = self.schedule.interference_s(
                 dp_link_s=link, busbw_bps=busbw, compute_s=prog.breakdown_s["compute"]
             )

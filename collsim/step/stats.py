@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 from collsim.core.vocab import DATA_PARALLEL_AXES
 
-__all__ = ["CallKey", "CallStats", "CallTally", "dp_link"]
+__all__ = ["CallKey", "CallStats", "CallTally", "dp_link", "dp_links"]
 
 
 class CallKey(NamedTuple):
@@ -87,3 +87,18 @@ def dp_link(items: Iterator[tuple[CallKey, CallTally]], rank: int) -> tuple[floa
             link += tally.time_s
             busbw = max(busbw, tally.busbw_bps)
     return link, busbw
+
+
+def dp_links(items: Iterator[tuple[CallKey, CallTally]]) -> dict[int, tuple[float, float]]:
+    """:func:`dp_link` of every rank with data-parallel calls, in one pass over the tallies
+    (each rank's seconds added in tally order, as :func:`dp_link` adds them)."""
+    links: dict[int, list[float]] = {}
+    for key, tally in items:
+        if key.axis in DATA_PARALLEL_AXES:
+            entry = links.get(key.rank)
+            if entry is None:
+                links[key.rank] = [0.0 + tally.time_s, max(0.0, tally.busbw_bps)]
+            else:
+                entry[0] += tally.time_s
+                entry[1] = max(entry[1], tally.busbw_bps)
+    return {rank: (link, busbw) for rank, (link, busbw) in links.items()}

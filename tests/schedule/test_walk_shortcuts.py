@@ -35,7 +35,7 @@ from collsim.step.ops import ChunkModel
 from collsim.step.pricing import ClosedPricer
 from collsim.step.result import StepResult
 from collsim.step.shapes import ShapeCache
-from collsim.step.stats import CallKey
+from collsim.step.stats import CallKey, CallStats, dp_link, dp_links
 from collsim.workload import get_preset
 from tests.schedule.helpers import float_bits
 
@@ -436,3 +436,20 @@ def test_a_bucket_shape_counts_ready_segments_from_the_chunks_first_layer() -> N
 
     assert packed_number(4, [4, 4, 5, 5]) == packed_number(10, [10, 10, 11, 11])
     assert packed_number(4, [4, 4, 5, 5]) != packed_number(10, [10, 10, 12, 12])  # (alike ready)
+
+
+def test_every_ranks_dp_link_in_one_pass_is_each_ones_own() -> None:
+    """``dp_links`` gives each rank's data-parallel link seconds and busbw as ``dp_link``
+    does rank by rank (the same floats: each rank's seconds added in tally order), and no
+    entry for a rank without data-parallel calls."""
+    rng = random.Random(3)
+    stats = CallStats()
+    axes = ["dp", "tp", "pp", "ep", "dp_cp"]
+    for _ in range(300):
+        key = CallKey(rng.randrange(6), rng.choice(axes), "all_reduce", 1e6, 8, "ring")
+        stats.add(key, rng.random() * 1e-3, rng.random() * 1e11)
+    stats.add(CallKey(9, "tp", "all_gather", 1e6, 8, "ring"), 1e-3, 1e11)
+    links = dp_links(stats.items())
+    assert 9 not in links and len(links) == 6
+    for rank, link in links.items():
+        assert float_bits(link) == float_bits(dp_link(stats.items(), rank))
