@@ -96,6 +96,7 @@ def test_a_relaxed_block_freezes_what_each_step_leaves_and_frees_its_cycles() ->
     frozen; the block's end unfreezes them; a caller's own frozen objects are left alone."""
     import weakref
 
+    gc.unfreeze()  # (a command run in this process before may have frozen its objects)
     assert gc.get_freeze_count() == 0
     with collector_relaxed():
         with collector_paused():
