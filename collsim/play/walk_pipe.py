@@ -42,7 +42,6 @@ if TYPE_CHECKING:
     from collsim.play.walk_tables import (
         OpPlan,
         OpTable,
-        Priced,
         RankState,
         Reduction,
         SharedWalk,
@@ -87,18 +86,6 @@ class Walker(Protocol):
     def op_plan(
         self, prog: RankState, chunk: ChunkModel, phase: Phase, paired: bool = False
     ) -> OpPlan: ...
-
-    def run_priced(
-        self,
-        prog: RankState,
-        calls: tuple[Priced, ...],
-        ready: float,
-        issued: float | None = None,
-    ) -> float: ...
-
-    def run_reductions(
-        self, prog: RankState, reductions: Sequence[Reduction], t0: float
-    ) -> list[MemoryEvent]: ...
 
     def open_tallies(self, reductions: Sequence[Reduction]) -> None: ...
 

@@ -774,23 +774,6 @@ class Walker:
             )
         return known[1]
 
-    def run_reduction_batch(
-        self, prog: RankState, ops: Sequence[tuple[float, Sequence[Reduction]]]
-    ) -> tuple[list[int], Any, Any]:
-        """:meth:`run_block_batch` of ops given as (start ``t0``, reductions) pairs, ops with
-        the same reductions (by identity) one block."""
-        index: dict[int, int] = {}
-        distinct: list[Sequence[Reduction]] = []
-        which: list[int] = []
-        for _, reductions in ops:
-            i = index.get(id(reductions))
-            if i is None:
-                i = index[id(reductions)] = len(distinct)
-                distinct.append(reductions)
-            which.append(i)
-        starts = np.array([t0 for t0, _ in ops], dtype=float)
-        return self.run_block_batch(prog, starts, np.array(which, dtype=np.intp), distinct)
-
     def run_block_batch(
         self,
         prog: RankState,
@@ -808,8 +791,8 @@ class Walker:
         calls: each call ready at its op's ``t0`` plus its offset, each tally's seconds added
         one after another in call order (a cumulative sum is sequential), its busbw its last
         call's."""
-        used = np.unique(which).tolist()
-        columns = {b: self._arrays_of(reductions_of[b]) for b in used}
+        ops_of = np.bincount(which, minlength=len(reductions_of))  # each block's ops
+        columns = {b: self._arrays_of(reductions_of[b]) for b in np.flatnonzero(ops_of).tolist()}
         calls_of = np.zeros(len(reductions_of), dtype=np.intp)
         held_of = np.zeros(len(reductions_of), dtype=np.intp)
         for b, c in columns.items():
@@ -825,14 +808,9 @@ class Walker:
         keys: dict[CallKey, int] = {}
         last_use: dict[int, tuple[int, float]] = {}  # per tally: (its last op, that busbw)
         by_block = np.argsort(which, kind="stable")  # each block's ops, in op order
-        ops_of = np.bincount(which)
         bounds = np.cumsum(ops_of)
-        bounds_of = zip((bounds - ops_of).tolist(), bounds.tolist(), strict=True)
-        for b, (first, stop) in enumerate(bounds_of):  # each block's calls, all its ops at once
-            if first == stop:
-                continue
-            c = columns[b]
-            op = by_block[first:stop]
+        for b, c in columns.items():  # each block's calls, all its ops at once
+            op = by_block[bounds[b] - ops_of[b] : bounds[b]]
             at = first_call[op][:, None] + np.arange(len(c.seconds))  # (op, call)
             ready[at] = starts[op][:, None] + c.call_rel  # t0 + offset, each
             seconds[at] = c.seconds  # (the rows broadcast)

@@ -153,18 +153,16 @@ def rebucket_stage(
     pipeline, v = plan.pipeline_schedule, plan.virtual_stages
     pp = plan.pp if plan.head_stage != 0 else 1
 
+    def ends(chunk: ChunkModel) -> tuple[bool, bool]:  # whether it is the model's first, last
+        part = pipeline.part_of(model.stage, chunk.index, plan.pp, v)
+        return part == 0, part == plan.pp * v - 1
+
     chunks = []
     if cache is None:
         for chunk in model.chunks:
-            part = pipeline.part_of(model.stage, chunk.index, plan.pp, v)
+            first, last = ends(chunk)
             _, buckets, _, bucket_shape = _chunk_params(
-                plan,
-                chunk.layers,
-                first=part == 0,
-                last=part == plan.pp * v - 1,
-                pp=pp,
-                grad_bytes=grad_bytes,
-                cache=None,
+                plan, chunk.layers, first=first, last=last, pp=pp, grad_bytes=grad_bytes, cache=None
             )
             chunks.append(_rebucketed(chunk, buckets, bucket_shape))
         return StageModel(stage=model.stage, chunks=chunks, split_of=model.split_of)
@@ -173,8 +171,7 @@ def rebucket_stage(
     def entries() -> list[ChunkEntry]:
         out = []
         for chunk in model.chunks:
-            part = pipeline.part_of(model.stage, chunk.index, plan.pp, v)
-            first, last = part == 0, part == plan.pp * v - 1
+            first, last = ends(chunk)
             out.append(
                 _chunk_entry(plan, chunk.layers, first=first, last=last, pp=pp, cache=shapes)
             )

@@ -250,7 +250,7 @@ def test_a_queue_where_every_call_waits_is_one_run() -> None:
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("busy_s", [0.0, 5e-3, -1.0])
 def test_a_batch_of_reductions_matches_the_op_by_op_loop(seed: int, busy_s: float) -> None:
-    """Several ops' reductions run as one batch (``Walker.run_reduction_batch``) leave the dp
+    """Several ops' reductions run as one batch (``Walker.run_block_batch``) leave the dp
     stream, the tallies (their order, counts, seconds, busbw) and the ZeRO-2 buffers as the
     op-by-op calls of ``Walker.run_reductions`` do, whether the stream is idle, busy or
     falls idle between buckets; the ops' reductions differ (two tables of calls)."""
@@ -265,7 +265,9 @@ def test_a_batch_of_reductions_matches_the_op_by_op_loop(seed: int, busy_s: floa
         if batched:
             for _, reductions in ops:
                 w.open_tallies(reductions)
-            per_op, times, deltas = w.run_reduction_batch(prog, ops)
+            starts = np.array([start for start, _ in ops])
+            which = np.array([0, 1, 0, 1])  # (ops 0 and 2 run first, 1 and 3 second)
+            per_op, times, deltas = w.run_block_batch(prog, starts, which, [first, second])
             assert sum(per_op) == len(times) == len(deltas)
             held = [
                 MemoryEvent(t, "buffers", d, "zero2 bucket")
