@@ -80,6 +80,11 @@ def build_stage(
     tp_how = tp_overlap_for(plan)
     kinds = {} if kinds is None else kinds
     make = partial(sized_layer_segments, plan, size=size, full=full, overlap=overlap, tp_how=tp_how)
+    entries: list[ChunkEntry] = []  # with a cache: each chunk's, for the stage's variants
+    pp = plan.pp if plan.head_stage != 0 else 1  # a tied head's copy: not on the embedding's
+    params = partial(
+        _chunk_params, plan, pp=pp, grad_bytes=grad_bytes, cache=cache, entries=entries
+    )
     for c in range(v):
         alt: dict[int, Segment] = {}  # a segment -> its paired form (EP overlap)
         layers = plan.chunk_layers(stage, c)
@@ -115,11 +120,7 @@ def build_stage(
         layer_bwd = sorted((s for s in bwd if isinstance(s.key, int)), key=lambda s: -int(s.key))
         head_seg = [s for s in bwd if s.key == "head"]
         emb_seg = [s for s in bwd if s.key == "embedding"]
-        # a tied head needs its own copy only on another stage than the embedding
-        pp = plan.pp if plan.head_stage != 0 else 1
-        tensors, buckets, units, bucket_shape = _chunk_params(
-            plan, layers, first=first, last=last, pp=pp, grad_bytes=grad_bytes, cache=cache
-        )
+        tensors, buckets, units, bucket_shape = params(layers, first=first, last=last)
         chunk = ChunkModel(
             index=c,
             layers=layers,
@@ -139,6 +140,9 @@ def build_stage(
         chunk.bucket_shape = bucket_shape
         chunk.units = units
         chunks.append(chunk)
+    if cache is not None and chunks:  # what rebucket_stage reads for the stage's variants
+        segments = chunks[0].forward
+        cache.get("stage chunks", _stage_layout(plan, stage, segments), lambda: (segments, entries))
     return StageModel(stage=stage, chunks=chunks)
 
 
@@ -178,7 +182,7 @@ def rebucket_stage(
         return out
 
     segments = model.chunks[0].forward if model.chunks else None
-    layout = (id(segments), model.stage, id(plan.spec), plan.tp, plan.pp, v, plan.ep, plan.etp)
+    layout = _stage_layout(plan, model.stage, segments)
     held, known = cache.get("stage chunks", layout, lambda: (segments, entries()))
     if held is not segments:  # pragma: no cover - a reused address
         known = entries()
@@ -186,6 +190,22 @@ def rebucket_stage(
         buckets, bucket_shape = _chunk_buckets(plan, shape, tensors, grads, grad_bytes, cache)
         chunks.append(_rebucketed(chunk, buckets, bucket_shape))
     return StageModel(stage=model.stage, chunks=chunks, split_of=model.split_of)
+
+
+def _stage_layout(plan: Plan, stage: int, segments: list[Segment] | None) -> tuple[Any, ...]:
+    """The key of a stage's chunk entries in a cache (the ``stage chunks`` table: what
+    :func:`rebucket_stage` cuts each chunk's buckets from), by the identity of its first
+    chunk's forward segments (the entry holds them) and what places its layers."""
+    return (
+        id(segments),
+        stage,
+        id(plan.spec),
+        plan.tp,
+        plan.pp,
+        plan.virtual_stages,
+        plan.ep,
+        plan.etp,
+    )
 
 
 def _rebucketed(chunk: ChunkModel, buckets: CutBuckets, bucket_shape: Any) -> ChunkModel:
@@ -254,19 +274,22 @@ def _chunk_params(
     pp: int,
     grad_bytes: int,
     cache: ShapeCache | None,
+    entries: list[ChunkEntry] | None = None,
 ) -> tuple[list[ParamTensor], CutBuckets, list[FSDPUnit], BucketShape | None]:
     """A chunk's tensors, DDP buckets, FSDP units (made once per chunk shape in a ``cache``;
     the lists are shared then, and nothing changes them) and, with a ``cache``, its buckets'
-    shape (:data:`BucketShape`)."""
+    shape (:data:`BucketShape`); with a ``cache``, its :func:`_chunk_entry` appended to
+    ``entries``."""
     if cache is None:
         tensors = chunk_tensors(
             plan.spec, layers, tp=plan.tp, first=first, last=last, pp=pp, ep=plan.ep, etp=plan.etp
         )
         buckets, _ = _buckets(plan, tensors, grad_bytes)
         return tensors, buckets, build_units(tensors), None
-    shape, tensors, units, grads = _chunk_entry(
-        plan, layers, first=first, last=last, pp=pp, cache=cache
-    )
+    entry = _chunk_entry(plan, layers, first=first, last=last, pp=pp, cache=cache)
+    if entries is not None:
+        entries.append(entry)
+    shape, tensors, units, grads = entry
     buckets, bucket_shape = _chunk_buckets(plan, shape, tensors, grads, grad_bytes, cache)
     return tensors, buckets, units, bucket_shape
 
