@@ -528,20 +528,14 @@ def _ledger(
     if inserts:
         placed = placed_ops(table, patterns, tr, base, inserts)
     else:
-        known = shared.placements.get(prog.rank)
-        if (
-            known is None
-            or known[0] is not tr
-            or known[2] != base
-            or not same_objects(known[1], patterns)
-        ):
-            known = shared.placements[prog.rank] = (
+        known = shared.placements.get((prog.rank, base))
+        if known is None or known[0] is not tr or not same_objects(known[1], patterns):
+            known = shared.placements[(prog.rank, base)] = (
                 tr,
                 patterns,
-                base,
                 placed_ops(table, patterns, tr, base, inserts),
             )
-        placed = known[3]
+        placed = known[2]
     if placed is not None:
         ledger.place_ops(placed)
 

@@ -281,10 +281,11 @@ class SharedWalk:
     for (by identity: a block's body), the sums."""
     mapping: str | None = None
     """The plans' rank layout in words (the DDP knobs place no rank)."""
-    placements: dict[int, tuple[Any, list[Any], int, Any]] = field(default_factory=dict)
-    """Per walked rank, its blocks' patterns placed on the traced starts (:func:`collsim.
-    play.walk_pipe.placed_ops`, without reductions' buffers): the trace, the patterns (by
-    identity), the events before the first, the placement."""
+    placements: dict[tuple[int, int], tuple[Any, list[Any], Any]] = field(default_factory=dict)
+    """Per walked rank and count of the events recorded before the first (the variants'
+    state allocations differ in number: a DDP bucket buffer or none), its blocks' patterns
+    placed on the traced starts (:func:`collsim.play.walk_pipe.placed_ops`, without
+    reductions' buffers): the trace, the patterns (by identity), the placement."""
     seg_plans: dict[tuple[int, int, Phase, bool], tuple[list[Segment], list[SegStep]]] = field(
         default_factory=dict
     )
