@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 
 import collsim.play.walk as walk_module
+import collsim.play.walk_pipe as walk_pipe
+import collsim.step.stage as stage_module
 from collsim.cluster.topology import load_topology
 from collsim.core.errors import CollsimWarning
 from collsim.parallel.config import DDPConfig, FSDPConfig, ParallelConfig, TrainingConfig
@@ -160,6 +162,75 @@ def test_plans_with_the_same_memory_events_share_their_peaks() -> None:
     # 4 stages a plan: the ZeRO-1 plans share theirs, DDP without and with bucket views adds
     # 4 each, ZeRO-2 none
     assert counts == [4, 4, 4, 8, 12, 12]
+
+
+def test_ddp_variants_that_alternate_bucket_views_keep_both_placements() -> None:
+    # DDP variants with and without bucket views record one state allocation more or less
+    # before the traced events: each rank keeps the placement of its patterns for both, so
+    # the third and fourth variants make none; every estimate is a fresh walk's
+    spec = get_preset("gpt3-350m")
+    topology = load_topology("dgx_h100", nodes=2)
+    training = TrainingConfig(global_batch=16, micro_batch=1, recompute="selective")
+    plans = [
+        (training, _interleaved(0, DDPConfig(bucket_mb=mb, gradient_as_bucket_view=view)))
+        for mb in (5.0, 25.0)
+        for view in (False, True)
+    ]
+    made: list[int] = []
+    original = walk_pipe.placed_ops
+
+    def counting(*args: Any) -> Any:
+        made.append(1)
+        return original(*args)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CollsimWarning)
+        fresh = [_facts(estimate_step(topology, spec, *p)) for p in plans]
+        est = Estimator(topology, spec)
+        walk_pipe.placed_ops = counting  # type: ignore[assignment]
+        try:
+            per_plan = []
+            for plan, expected in zip(plans, fresh, strict=True):
+                before = len(made)
+                assert _facts(est.estimate(*plan)) == expected, plan[1]
+                per_plan.append(len(made) - before)
+        finally:
+            walk_pipe.placed_ops = original  # type: ignore[assignment]
+    assert per_plan == [4, 4, 0, 0]  # 4 stages
+
+
+def test_a_programs_first_ddp_variant_reads_the_chunks_its_stages_were_built_from() -> None:
+    # build_stage leaves each stage's chunk entries in the cache: rebucket_stage finds them
+    spec = get_preset("gpt3-350m")
+    topology = load_topology("dgx_h100", nodes=2)
+    training = TrainingConfig(global_batch=16, micro_batch=1, recompute="selective")
+    parallel = _interleaved(1, DDPConfig(bucket_mb=5.0))
+    cache = ShapeCache()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CollsimWarning)
+        schedule = build_schedule(topology, spec, training, parallel, cache=cache)
+    assert cache.sizes()["stage chunks"] == 4
+    calls: list[int] = []
+    original = stage_module._chunk_entry
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    stage_module._chunk_entry = counting  # type: ignore[assignment]
+    try:
+        variant = ddp_variant(
+            schedule, dataclasses.replace(parallel, ddp=DDPConfig(bucket_mb=25.0)), cache
+        )
+    finally:
+        stage_module._chunk_entry = original  # type: ignore[assignment]
+    assert calls == [] and cache.sizes()["stage chunks"] == 4
+    fresh = build_schedule(
+        topology, spec, training, dataclasses.replace(parallel, ddp=DDPConfig(bucket_mb=25.0))
+    )
+    assert [[list(c.buckets) for c in st.chunks] for st in variant.stages.values()] == [
+        [list(c.buckets) for c in st.chunks] for st in fresh.stages.values()
+    ]
 
 
 def test_recent_keeps_the_newest_entries() -> None:
