@@ -8,7 +8,6 @@ to its end time by construction (checked). FLOP/s, MFU and HFU follow Narayanan 
 
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import TYPE_CHECKING, Any, Protocol
 
 from collsim.core.errors import SimulationError
@@ -61,17 +60,19 @@ __all__ = ["assemble"]
 def _collectives(engine: PlayedStep) -> list[CollectiveStat]:
     """Per (axis, op, size, group, algorithm): calls per issuing rank and their link time."""
     merged: dict[tuple[Any, ...], list[Any]] = {}
-    ranks_of: dict[tuple[Any, ...], set[int]] = defaultdict(set)
     for k, tally in engine.stat_items():
-        key = (k.axis, k.op, k.size_bytes, k.group_size, k.algorithm)
-        slot = merged.setdefault(key, [0, 0.0, tally.busbw_bps])
-        slot[0] += tally.count
-        slot[1] += tally.time_s
-        ranks_of[key].add(k.rank)
+        key = k[1:]  # (axis, op, size, group size, algorithm): CallKey less the rank
+        slot = merged.get(key)
+        if slot is None:  # [calls, seconds, the first tally's busbw, the issuing ranks]
+            merged[key] = [tally.count, 0.0 + tally.time_s, tally.busbw_bps, {k.rank}]
+        else:
+            slot[0] += tally.count
+            slot[1] += tally.time_s
+            slot[3].add(k.rank)
     out = []
-    for key, (count, time_s, busbw) in sorted(merged.items(), key=lambda kv: kv[0][:2]):
+    for key, (count, time_s, busbw, ranks) in sorted(merged.items(), key=lambda kv: kv[0][:2]):
         axis, op, size, n, algo = key
-        issuers = len(ranks_of[key])
+        issuers = len(ranks)
         out.append(
             CollectiveStat(
                 axis=axis,
