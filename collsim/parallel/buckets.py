@@ -160,7 +160,7 @@ class CutBuckets(Sequence[Bucket]):
     cuts, the kind), made into :class:`Bucket` tuples on the first read of one (their count
     is read without): a search's plans that differ only in bucket sizes cut every chunk
     anew, and most of them are never read one by one (alike chunks share what is made of
-    them, :meth:`collsim.play.walker.Walker.op_plan`). Equal to a list of the same buckets."""
+    them, :meth:`collsim.play.walker.Walker.op_plans`). Equal to a list of the same buckets."""
 
     __slots__ = ("_pieces", "_made", "_count")
 

@@ -83,9 +83,9 @@ class Walker(Protocol):
 
     def op_table(self, stage: int) -> tuple[OpTable, Hashable]: ...
 
-    def op_plan(
-        self, prog: RankState, chunk: ChunkModel, phase: Phase, paired: bool = False
-    ) -> OpPlan: ...
+    def op_plans(
+        self, prog: RankState, chunks: list[ChunkModel], keys: Sequence[tuple[int, Phase, bool]]
+    ) -> list[OpPlan]: ...
 
     def open_tallies(self, reductions: Sequence[Reduction]) -> None: ...
 
@@ -296,7 +296,7 @@ def walk_fused(w: Walker) -> None:
         chunks = w.schedule.stages[stage].chunks
         tables.append(table)
         table_keys.append(table_key)
-        blocks.append([w.op_plan(prog, chunks[c], phase, p) for c, phase, p in table.keys])
+        blocks.append(w.op_plans(prog, chunks, table.keys))
         fold: tuple[CallKey, float] | None = None
         if w.gather_pp and table.receives:
             group = w.group(prog.rank, TP)
@@ -384,14 +384,11 @@ def _replay(
         if not ops:
             continue
         starts, marks, blks, bids = traces[s].starts, traces[s].marks, blocks[s], tables[s].blocks
-        per_block = reducing_ops[s]
-        if _batches(sum(n * len(blks[b].reductions) for b, n in per_block.items()), per_block):
+        group_of, groups, per_group = _reduction_groups(blks, reducing_ops[s])
+        if _batches(sum(n * len(groups[g]) for g, n in per_group.items()), per_group):
             at = np.array(ops, dtype=np.intp)
             counts, times, deltas = w.run_block_batch(
-                progs[s],
-                traces[s].start_array[at],
-                tables[s].block_ids[at],
-                [b.reductions for b in blks],
+                progs[s], traces[s].start_array[at], group_of[tables[s].block_ids[at]], groups
             )
             inserts[s] = [(x, marks[x], n) for x, n in zip(ops, counts, strict=True) if n]
             held_columns[s] = (times, deltas)
@@ -421,19 +418,42 @@ def _replay(
 
 BATCH_REDUCTIONS = 256
 """A stage whose ops run at least this many bucket reductions in a step runs them as one batch
-(:meth:`~collsim.play.walker.Walker.run_block_batch`) if its blocks repeat them, each
-block's on :data:`BATCH_REPEATS` ops or more on average; others run them op by op. A batch
-makes a few numpy arrays per block of reductions, tens of microseconds that a handful of
-reductions costs less in the loop. Chosen on the plans of ``benchmarks/bench_closed_form.py``:
-ZeRO-2, whose every micro-batch reduces, batched; ZeRO-1 pipelines, whose last micro-batch
-of each chunk reduces (a dozen ops of a few reductions each, of as many blocks), op by op."""
+(:meth:`~collsim.play.walker.Walker.run_block_batch`) if its ops repeat them, each tuple of
+reductions (alike chunks share one) on :data:`BATCH_REPEATS` ops or more on average; others
+run them op by op. A batch makes a few numpy arrays per tuple, tens of microseconds that a
+handful of reductions costs less in the loop. Chosen on the plans of
+``benchmarks/bench_closed_form.py``: ZeRO-2, whose every micro-batch reduces, batched; ZeRO-1
+pipelines, whose last micro-batch of each chunk reduces, batched where their chunks are alike
+and their buckets many (small buckets), op by op where they are few."""
 BATCH_REPEATS = 4
 
 
 def _batches(reductions: int, ops: dict[int, int]) -> bool:
     """Whether a stage whose ops run ``reductions`` bucket reductions (``ops``: how many ops
-    run each block's) runs them as one batch (:data:`BATCH_REDUCTIONS`)."""
+    run each tuple of reductions, :func:`_reduction_groups`) runs them as one batch
+    (:data:`BATCH_REDUCTIONS`)."""
     return reductions >= BATCH_REDUCTIONS and sum(ops.values()) >= BATCH_REPEATS * len(ops)
+
+
+def _reduction_groups(
+    blocks: list[OpPlan], per_block: dict[int, int]
+) -> tuple[Any, list[tuple[Reduction, ...]], dict[int, int]]:
+    """The stage's blocks grouped by their tuple of reductions (alike chunks share one,
+    :meth:`~collsim.play.walker.Walker.op_plans`): each block's group (an array), each
+    group's reductions, and how many ops run each group's (``per_block``: by block)."""
+    number: dict[int, int] = {}
+    groups: list[tuple[Reduction, ...]] = []
+    group_of = np.empty(len(blocks), dtype=np.intp)
+    for b, block in enumerate(blocks):
+        g = number.setdefault(id(block.reductions), len(groups))
+        if g == len(groups):
+            groups.append(block.reductions)
+        group_of[b] = g
+    per_group: dict[int, int] = {}
+    for b, n in per_block.items():
+        g = int(group_of[b])
+        per_group[g] = per_group.get(g, 0) + n
+    return group_of, groups, per_group
 
 
 def replay_order(

@@ -260,6 +260,9 @@ class SharedWalk:
     """:meth:`Walker.reductions` by (rank, whether buffers are held, the op's body's shape,
     its chunk's bucket shape: :attr:`~collsim.step.ops.ChunkModel.bucket_shape` or
     :meth:`Walker.bucket_shape`)."""
+    tally_keys: dict[int, tuple[Sequence[Reduction], list[CallKey]]] = field(default_factory=dict)
+    """By the identity of an op's reductions (held: :attr:`reductions`' tuples): the tallies
+    their calls add to, in order of first use (:meth:`Walker.open_tallies`)."""
     shape_numbers: dict[Any, int] = field(default_factory=dict)
     """Each distinct shape of a body's windows or a chunk's buckets, numbered in order."""
     call_prices: dict[tuple[int, str, float, str], Priced] = field(default_factory=dict)
@@ -307,7 +310,7 @@ class SharedWalk:
 
 
 class OpPlan(NamedTuple):
-    """An op's fused block (:meth:`Walker.op_plan`; a named tuple: a plan's backward ops
+    """An op's fused block (:meth:`Walker.op_plans`; a named tuple: a plan's backward ops
     each make one, a dataclass costs more to make)."""
 
     segs: list[Segment]
@@ -322,7 +325,7 @@ class OpPlan(NamedTuple):
     """The op's key in the walk's TP runs (:meth:`Walker.flush_tp`)."""
     reductions: tuple[Reduction, ...]
     """Its buckets' reductions with calls, in the order they become ready (:meth:`Walker.
-    op_plan`)."""
+    op_plans`)."""
 
 
 Reduction = tuple[float, tuple[Priced, ...], float]

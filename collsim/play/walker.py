@@ -97,7 +97,6 @@ class Walker:
         self.seg_comm_s = self.prices.seg_comm_s
         self.seg_tp_s = self.prices.seg_tp_s
         self.seg_compute_s = self.prices.seg_compute_s
-        self._op_plans: dict[tuple[int, int, Phase, bool], OpPlan] = {}
         self.shared = SharedWalk() if shapes is None else self.shared_walk(shapes)
         """What this walk prices once; in a search, shared with the walks of the programs
         that share this one's segments and pricer (:meth:`shared_walk`)."""
@@ -464,34 +463,36 @@ class Walker:
             return make(), key
         return self.shapes.get("walk ops", key, make), key
 
-    def op_plan(
-        self, prog: RankState, chunk: ChunkModel, phase: Phase, paired: bool = False
-    ) -> OpPlan:
-        """The op's fused block: its body (:meth:`op_body`, shared by the plans that share its
-        segments) and its buckets' reductions (their calls on the dp stream, a ZeRO-2 buffer
-        held until they end), each ready at its offset in the op. Chunks alike in what the
-        reductions read (:meth:`bucket_shape`, the body's :attr:`OpBody.shape`) share one
-        tuple of them, made once in the shared tables."""
-        key = (prog.rank, chunk.index, phase, paired)
-        hit = self._op_plans.get(key)
-        if hit is not None:
-            return hit
-        segs = chunk.segments(phase, paired)
-        shared = self.shared
-        body = shared.bodies.get(key)
-        if body is None or body.segs is not segs:
-            body = shared.bodies[key] = self.op_body(prog.rank, segs, phase, chunk.layers.start)
-        if not (body.windows and chunk.buckets):
-            self._op_plans[key] = body.plain
-            return body.plain
+    def op_plans(
+        self, prog: RankState, chunks: list[ChunkModel], keys: Sequence[tuple[int, Phase, bool]]
+    ) -> list[OpPlan]:
+        """The fused blocks of the rank's ops by (chunk, phase, paired) ``keys``: each one's
+        body (:meth:`op_body`, shared by the plans that share its segments) and its buckets'
+        reductions (their calls on the dp stream, a ZeRO-2 buffer held until they end), each
+        ready at its offset in the op. Chunks alike in what the reductions read
+        (:meth:`bucket_shape`, the body's :attr:`OpBody.shape`) share one tuple of them, made
+        once in the shared tables."""
+        rank = prog.rank
+        bodies, known = self.shared.bodies, self.shared.reductions
         holds = self.rules.holds_bucket_buffer
-        shape = chunk.bucket_shape
-        alike = (prog.rank, holds, body.shape, self.bucket_shape(chunk) if shape is None else shape)
-        reductions = shared.reductions.get(alike)
-        if reductions is None:
-            reductions = shared.reductions[alike] = self.reductions(prog.rank, chunk, body, holds)
-        plan = self._op_plans[key] = OpPlan(*body.plain[:-1], reductions)
-        return plan
+        out: list[OpPlan] = []
+        for c, phase, paired in keys:
+            chunk = chunks[c]
+            segs = chunk.segments(phase, paired)
+            key = (rank, c, phase, paired)
+            body = bodies.get(key)
+            if body is None or body.segs is not segs:
+                body = bodies[key] = self.op_body(rank, segs, phase, chunk.layers.start)
+            if not (body.windows and chunk.buckets):
+                out.append(body.plain)
+                continue
+            shape = chunk.bucket_shape
+            alike = (rank, holds, body.shape, self.bucket_shape(chunk) if shape is None else shape)
+            reductions = known.get(alike)
+            if reductions is None:
+                reductions = known[alike] = self.reductions(rank, chunk, body, holds)
+            out.append(_new(OpPlan, (*body.plain[:-1], reductions)))  # (OpPlan's own fields)
+        return out
 
     def bucket_shape(self, chunk: ChunkModel) -> int:
         """What :meth:`reductions` reads of ``chunk``'s buckets (each one's elements, bytes,
@@ -698,7 +699,7 @@ class Walker:
         *,
         deferred: bool = False,
     ) -> list[MemoryEvent]:
-        """Bucket reductions (:meth:`op_plan`) one after another on the rank's dp stream,
+        """Bucket reductions (:meth:`op_plans`) one after another on the rank's dp stream,
         issued at ``t0`` and each ready at ``t0`` plus its offset in its op (``deferred``: at
         ``t0``, the step's end without overlap): returns the ZeRO-2 bucket buffers' events
         (held until the reduction ends), for the caller to record."""
@@ -761,11 +762,14 @@ class Walker:
     def open_tallies(self, reductions: Sequence[Reduction]) -> None:
         """Open the tallies of ``reductions``' calls in the order the calls use them (as
         :meth:`run_reductions` would on its way)."""
+        known = self.shared.tally_keys.get(id(reductions))
+        if known is None or known[0] is not reductions:
+            keys = list(dict.fromkeys([key for _, calls, _ in reductions for _, _, key in calls]))
+            known = self.shared.tally_keys[id(reductions)] = (reductions, keys)
         tallies, tally = self.stats.tallies, self.stats.tally
-        for _, calls, _ in reductions:
-            for _, _, key in calls:
-                if key not in tallies:
-                    tally(key)
+        for key in known[1]:  # (each tally first used by one of the calls, in that order)
+            if key not in tallies:
+                tally(key)
 
     def _arrays_of(self, reductions: Sequence[Reduction]) -> ReductionColumns:
         """:func:`reduction_arrays` of an op's reductions, once per walk (by their identity:

@@ -399,7 +399,7 @@ BucketShape = tuple[tuple[bool | None, int, int], ...]
 the kind, the cuts' number and the packed tensors' number. Chunks with equal shapes have
 buckets alike in everything but their tensors' names and their layers' numbers (the same
 elements, bytes, ready fractions and ready segments counted from the chunk's first layer);
-the walk shares their reductions (:meth:`collsim.play.walker.Walker.op_plan`)."""
+the walk shares their reductions (:meth:`collsim.play.walker.Walker.op_plans`)."""
 
 _SHAPE_NUMBERS = itertools.count()
 """The numbers of :data:`BucketShape` (unique in the process, so never equal for two

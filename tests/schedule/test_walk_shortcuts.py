@@ -365,6 +365,41 @@ def test_a_zero2_plan_with_many_buckets_estimates_as_the_loop(
     assert _facts(batched) == _facts(loop)
 
 
+def test_a_zero1_pipeline_of_alike_chunks_batches_their_shared_reductions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ZeRO-1 reduces in each chunk's last micro-batch only, one op per chunk: the chunks of a
+    stage that are alike share one tuple of reductions, so with small buckets the stage's
+    ops run them as one batch (grouped by that tuple, not by block), and estimate as the
+    op-by-op loop."""
+    topology = load_topology("dgx_h100", nodes=2)
+    spec = get_preset("llama2-7b", num_layers=128, seq_len=2048)  # 16 chunks of 4 layers
+    training = TrainingConfig(global_batch=64, micro_batch=1, recompute="selective")
+    parallel = ParallelConfig(
+        tp=2,
+        pp=2,
+        dp=4,
+        zero=1,
+        schedule="interleaved",
+        virtual_stages=16,
+        ddp=DDPConfig(bucket_mb=1.0),
+    )
+    groups: list[int] = []
+    batch = Walker.run_block_batch
+
+    def counted(self: Walker, prog: Any, starts: Any, which: Any, reductions_of: Any) -> Any:
+        groups.append(len(reductions_of))
+        assert len(set(which.tolist())) < len(starts)  # (ops of several chunks share one)
+        return batch(self, prog, starts, which, reductions_of)
+
+    monkeypatch.setattr(Walker, "run_block_batch", counted)
+    batched = estimate_step(topology, spec, training, parallel)
+    assert groups
+    monkeypatch.setattr(walk_pipe, "_batches", lambda *args: False)
+    loop = estimate_step(topology, spec, training, parallel)
+    assert _facts(batched) == _facts(loop)
+
+
 def test_settled_sums_are_added_term_by_term_in_the_order_the_blocks_ran() -> None:
     """``Walker.add_settled`` adds the blocks' terms with one accumulation: the floats of the
     segment loop's ``+=`` one term after another (terms of mixed magnitudes, where any other
