@@ -12,7 +12,7 @@ from collections.abc import Hashable, Iterator, Sequence
 from functools import reduce
 from itertools import islice
 from operator import add
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -311,7 +311,16 @@ class Walker:
     def advance(self, prog: RankState) -> bool:
         """Run the rank's ops (ZeRO-3: segment by segment, or as one block when settled:
         :func:`~collsim.play.walk_zero3.settled_op`) while their inputs have been sent; True
-        if any ran."""
+        if any ran.
+
+        An op runs as its settled block if every unit it reads is gathered and ready at its
+        start: the clock adds the segments' seconds term by term (``reduce`` adds left to
+        right), the account waits for :meth:`add_settled`, its pattern is placed at its start
+        (:meth:`MemoryLedger.place`) and its TP runs counted (:meth:`add_settled_runs`). Its
+        output goes out on the pp stream when it ends (:meth:`send_output`).
+
+        Stays long: the ZeRO-3 walk's loop over every op of every rank, its steps written in
+        line (a call per op cost more than the op's own work)."""
         stage = prog.coords.pp
         ops = self.schedule.pipeline[stage]
         links = self.links(stage)
@@ -322,13 +331,10 @@ class Walker:
         events, placed = prog.ledger.appenders()
         fold = self.fold_price(prog.rank) if self.gather_pp else None
         last_mb = self.rules.num_microbatches - 1
-        blocks = self._blocks.get(stage)
-        if blocks is None:  # the variants' shared list (SharedWalk.stage_blocks)
-            key = (prog.rank, *self.pipeline_shape(stage))
-            blocks = self.shared.stage_blocks.get(key)
-            if blocks is None:  # (the shape says the stage's ops, so their count too)
-                blocks = self.shared.stage_blocks[key] = [None] * len(ops)
-            self._blocks[stage] = blocks
+        blocks = self.stage_blocks(prog, stage, len(ops))
+        gathered, checked = prog.gathered, self._needs_met
+        settled, settled_runs = prog.settled, self._settled_runs
+        sends, mailbox = self._sends, self.mail
         ran = False
         i, n = prog.next_op, len(ops)
         while i < n:
@@ -359,47 +365,62 @@ class Walker:
                 paired = i in paired_ops
                 block = settled_op(self, prog, chunks[op.chunk], op.phase, paired, last) or False
                 blocks[i] = block
-            if block is False or not self.run_settled(
-                prog, op, cast(SettledOp, block), events, placed
-            ):
+            now = prog.now
+            if block is not False and checked.get(id(block)) != prog.gathers_made:
+                for unit in block.needs:
+                    ready = gathered.get(unit)
+                    if ready is None or ready > now:
+                        block = False  # (this time: its units are not all there)
+                        break
+                else:  # they stay ready (the clock only moves on) until the segment loop runs
+                    checked[id(block)] = prog.gathers_made
+            if block is False:
                 run_segments(self, prog, op, chunks[op.chunk], i in paired_ops)
-            if dest is not None:
-                self.send_output(prog, op, dest)
+            else:
+                prog.now = reduce(add, block.steps, now)
+                settled.append(block)  # its sums: add_settled
+                if block.pattern is not None:  # MemoryLedger.place
+                    placed.append((now, block.pattern, op.microbatch, op.chunk, len(events)))
+                seen = settled_runs.get(id(block))
+                if seen is not None:  # its run keys are made: counted by add_settled_runs
+                    seen[1] += 1
+                else:
+                    self.first_settled_run(block)
+            if dest is not None:  # send_output
+                to, dst_phase, dst_chunk = dest
+                sent = sends.get((prog.rank, to)) or self.send_slot(prog, to)
+                t, busbw, tally, dst_rank, dst_events, size = sent
+                tally.count += 1  # CallStats.add
+                tally.time_s += t
+                tally.busbw_bps = busbw
+                now, free = prog.now, prog.pp_free
+                free = (now if now >= free else free) + t  # max(now, pp_free) + t
+                prog.pp_free = free
+                delivered = now + (free - now)  # fires(now, free)
+                mailbox[(dst_rank, dst_phase, op.microbatch, dst_chunk)] = (now, delivered, size)
+                if size:  # MemoryLedger.alloc
+                    sent = (delivered, "buffers", float(size), "pp recv")
+                    dst_events.append(_new(MemoryEvent, sent))
             i += 1
             ran = True
         prog.next_op = i
         return ran
 
-    def run_settled(
-        self,
-        prog: RankState,
-        op: PipeOp,
-        block: SettledOp,
-        events: list[MemoryEvent],
-        placed: list[Any],
-    ) -> bool:
-        """Run ``op`` as its settled block (:func:`~collsim.play.walk_zero3.settled_op`) if
-        every unit it reads is gathered and ready now; False, with nothing done, if not. The
-        clock adds the segments' seconds term by term (``reduce`` adds left to right), the
-        account waits for :meth:`add_settled`; ``events`` and ``placed``: the rank's ledger's
-        appenders."""
-        now, gathered = prog.now, prog.gathered
-        checked = self._needs_met
-        if checked.get(id(block)) != prog.gathers_made:
-            for unit in block.needs:
-                ready = gathered.get(unit)
-                if ready is None or ready > now:
-                    return False
-            # they stay ready (the clock only moves on) until the segment loop next runs
-            checked[id(block)] = prog.gathers_made
-        prog.now = reduce(add, block.steps, now)
-        prog.settled.append(block)  # its sums: add_settled
-        if block.pattern is not None:  # MemoryLedger.place
-            placed.append((now, block.pattern, op.microbatch, op.chunk, len(events)))
-        seen = self._settled_runs.get(id(block))
-        if seen is not None:  # its run keys are made: counted, added by add_settled_runs
-            seen[1] += 1
-            return True
+    def stage_blocks(self, prog: RankState, stage: int, count: int) -> list[Any]:
+        """Per op of the stage: its settled block, False when it has none, None until asked
+        (the list the plan's variants share, ``SharedWalk.stage_blocks``; ``count`` ops)."""
+        blocks = self._blocks.get(stage)
+        if blocks is None:
+            key = (prog.rank, *self.pipeline_shape(stage))
+            blocks = self.shared.stage_blocks.get(key)
+            if blocks is None:  # (the shape says the stage's ops, so their count too)
+                blocks = self.shared.stage_blocks[key] = [None] * count
+            self._blocks[stage] = blocks
+        return blocks
+
+    def first_settled_run(self, block: SettledOp) -> None:
+        """Register the TP runs of a settled block's first run in the walk (its later runs
+        are counted, and added by :meth:`add_settled_runs`)."""
         self._settled_runs[id(block)] = [block, 0]
         runs = self.runs
         for run_key, seg in block.runs:
@@ -408,7 +429,6 @@ class Walker:
                 runs[run_key] = [[seg], 1]
             else:
                 slot[1] += 1
-        return True
 
     def add_settled(self, prog: RankState) -> None:
         """Add the sums of the settled blocks ``prog`` ran since the last call to its
@@ -858,17 +878,10 @@ class Walker:
         return (2 * holding).tolist(), times, deltas
 
     def send_output(self, prog: RankState, op: PipeOp, dest: tuple[int, Phase, int]) -> None:
-        """Send ``op``'s output to ``dest`` (stage, direction, chunk) on the pp stream."""
+        """Send ``op``'s output to ``dest`` (stage, direction, chunk) on the pp stream (the
+        same as :meth:`advance` does in its loop)."""
         stage, dst_phase, dst_chunk = dest
-        hit = self._sends.get((prog.rank, stage))
-        if hit is None:  # once per walk: the price, its tally, the receiver, its appender
-            dst = self.by_stage[stage]
-            size = self.schedule.p2p_bytes
-            key, t, busbw = self.call_price(prog.rank, PP, "send_recv", size, (prog.rank, dst.rank))
-            tally = self.stats.tally(key)  # (opened at the first send, as CallStats.add)
-            hit = (t, busbw, tally, dst.rank, dst.ledger.appenders()[0], size)
-            self._sends[(prog.rank, stage)] = hit
-        t, busbw, tally, dst_rank, dst_events, size = hit
+        t, busbw, tally, dst_rank, dst_events, size = self.send_slot(prog, stage)
         tally.count += 1  # CallStats.add
         tally.time_s += t
         tally.busbw_bps = busbw
@@ -879,6 +892,20 @@ class Walker:
         self.mail[(dst_rank, dst_phase, op.microbatch, dst_chunk)] = (now, delivered, size)
         if size:  # MemoryLedger.alloc
             dst_events.append(_new(MemoryEvent, (delivered, "buffers", float(size), "pp recv")))
+
+    def send_slot(self, prog: RankState, stage: int) -> tuple[Any, ...]:
+        """What a send from ``prog`` to ``stage`` reads, once per walk (opening its tally at the
+        first send, as CallStats.add): its seconds, busbw, tally, the receiver's rank, its
+        ledger's appender, the message's bytes."""
+        hit = self._sends.get((prog.rank, stage))
+        if hit is None:
+            dst = self.by_stage[stage]
+            size = self.schedule.p2p_bytes
+            key, t, busbw = self.call_price(prog.rank, PP, "send_recv", size, (prog.rank, dst.rank))
+            tally = self.stats.tally(key)
+            hit = (t, busbw, tally, dst.rank, dst.ledger.appenders()[0], size)
+            self._sends[(prog.rank, stage)] = hit
+        return hit
 
     def grad_norm(self) -> None:
         """The clipping's norm all-reduces, as the engine plays them: the walked members of a
