@@ -384,8 +384,9 @@ def _replay(
         if not ops:
             continue
         starts, marks, blks, bids = traces[s].starts, traces[s].marks, blocks[s], tables[s].blocks
-        group_of, groups, per_group = _reduction_groups(blks, reducing_ops[s])
-        if _batches(sum(n * len(groups[g]) for g, n in per_group.items()), per_group):
+        batch = _batch_groups(blks, reducing_ops[s])
+        if batch is not None:
+            group_of, groups = batch
             at = np.array(ops, dtype=np.intp)
             counts, times, deltas = w.run_block_batch(
                 progs[s], traces[s].start_array[at], group_of[tables[s].block_ids[at]], groups
@@ -410,7 +411,7 @@ def _replay(
             prog.deferred.extend(blks[table.blocks[i]].reductions)
         _ledger(w.shared, prog, table, blks, tr, inserts[s], held_events[s], held_columns[s])
         if w.shapes is not None and not inserts[s]:
-            _shared_peaks(w.shapes, prog, blks, tr)
+            _shared_peaks(w.shapes, prog, blks, tr, w.shared)
         prog.next_op, prog.now, prog.pp_free = tr.next_op, tr.now, tr.pp_free
         prog.breakdown_s["bubble"], prog.breakdown_s["pp_exposed"] = tr.bubble, tr.pp_exposed
         add_block_sums(w, prog, table, blks)
@@ -435,12 +436,26 @@ def _batches(reductions: int, ops: dict[int, int]) -> bool:
     return reductions >= BATCH_REDUCTIONS and sum(ops.values()) >= BATCH_REPEATS * len(ops)
 
 
+def _batch_groups(
+    blocks: list[OpPlan], per_block: dict[int, int]
+) -> tuple[Any, list[tuple[Reduction, ...]]] | None:
+    """For a stage that runs its reductions as one batch (:func:`_batches`; ``per_block``:
+    how many ops run each block's), its blocks grouped by their tuple of reductions (alike
+    chunks share one, :meth:`~collsim.play.walker.Walker.op_plans`): each block's group (an
+    array) and each group's reductions; None for a stage that runs them op by op."""
+    total = sum(n * len(blocks[b].reductions) for b, n in per_block.items())
+    if total < BATCH_REDUCTIONS:
+        return None
+    group_of, groups, per_group = _reduction_groups(blocks, per_block)
+    return (group_of, groups) if _batches(total, per_group) else None
+
+
 def _reduction_groups(
     blocks: list[OpPlan], per_block: dict[int, int]
 ) -> tuple[Any, list[tuple[Reduction, ...]], dict[int, int]]:
-    """The stage's blocks grouped by their tuple of reductions (alike chunks share one,
-    :meth:`~collsim.play.walker.Walker.op_plans`): each block's group (an array), each
-    group's reductions, and how many ops run each group's (``per_block``: by block)."""
+    """The stage's blocks grouped by their tuple of reductions: each block's group (an
+    array), each group's reductions, and how many ops run each group's (``per_block``: by
+    block)."""
     number: dict[int, int] = {}
     groups: list[tuple[Reduction, ...]] = []
     group_of = np.empty(len(blocks), dtype=np.intp)
@@ -641,7 +656,11 @@ PEAKS_KEPT = 64
 
 
 def _shared_peaks(
-    shapes: ShapeCache, prog: RankState, blocks: list[OpPlan], tr: StageTrace
+    shapes: ShapeCache,
+    prog: RankState,
+    blocks: list[OpPlan],
+    tr: StageTrace,
+    shared: SharedWalk | None = None,
 ) -> None:
     """Declare the rank's memory peaks (:meth:`MemoryLedger.known_peaks`) as worked out for
     an earlier plan whose ledger holds the same events, else work them out and keep them: the
@@ -653,11 +672,14 @@ def _shared_peaks(
     ledger = prog.ledger
     singles = ledger.recorded()[0]  # (appenders() would turn the placed columns into rows)
     base = len(singles) - len(tr.events)
-    key = (
-        id(tr),
-        tuple(singles[:base]),
-        tuple([(b.pattern.category, tuple(b.pattern.events)) for b in blocks]),
-    )
+    state = tuple(singles[:base])
+    patterns = [b.pattern for b in blocks]
+    if shared is not None:  # the program's variants: the same trace and pattern objects
+        mine = shared.peaks.get((prog.rank, state))
+        if mine is not None and mine[0] is tr and same_objects(mine[1], patterns):
+            ledger.known_peaks(mine[2], mine[3])
+            return
+    key = (id(tr), state, tuple([(p.category, tuple(p.events)) for p in patterns]))
 
     def make() -> tuple[StageTrace, MemoryPeak, float]:
         return tr, ledger.peak(), ledger.category_peak("activations")
@@ -666,6 +688,8 @@ def _shared_peaks(
     if held is not tr:  # pragma: no cover - another trace at a reused address
         held, peak, activations = make()
     ledger.known_peaks(peak, activations)
+    if shared is not None:
+        shared.peaks[(prog.rank, state)] = (tr, patterns, peak, activations)
 
 
 def add_block_sums(w: Walker, prog: RankState, table: OpTable, blocks: list[OpPlan]) -> None:

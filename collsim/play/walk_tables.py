@@ -284,6 +284,14 @@ class SharedWalk:
     for (by identity: a block's body), the sums."""
     mapping: str | None = None
     """The plans' rank layout in words (the DDP knobs place no rank)."""
+    peaks: dict[tuple[int, tuple[Any, ...]], tuple[Any, list[Any], Any, float]] = field(
+        default_factory=dict
+    )
+    """Per walked rank and its state allocations (the events before the traced ones), the
+    memory peaks of a ledger of the traced events and its blocks' patterns
+    (:func:`collsim.play.walk_pipe._shared_peaks`): the trace, the patterns (by identity),
+    the peak and the activations' peak; the variants that place the same pattern objects on
+    the same trace read them without a key made of every event."""
     placements: dict[tuple[int, int], tuple[Any, list[Any], Any]] = field(default_factory=dict)
     """Per walked rank and count of the events recorded before the first (the variants'
     state allocations differ in number: a DDP bucket buffer or none), its blocks' patterns
