@@ -18,7 +18,7 @@ from collsim.parallel.config import DDPConfig
 from collsim.parallel.describe import describe_mapping
 from collsim.play.walker import Walker
 from collsim.step.assemble import assemble
-from collsim.step.build import build_schedule, ddp_variant
+from collsim.step.build import build_schedule, ddp_variant, without_dp_knobs
 from collsim.step.pricing import ClosedPricer
 from collsim.step.result import StepResult, StragglerReport
 from collsim.step.shapes import ShapeCache
@@ -173,14 +173,6 @@ search's innermost axes vary the DDP knobs and the FSDP prefetch inside the reco
 so a plan's variant is a few plans back."""
 
 
-def _without_dp_knobs(parallel: ParallelConfig) -> ParallelConfig:
-    """``parallel`` with the knobs :func:`~collsim.step.build.ddp_variant` takes over (DDP, the
-    FSDP prefetch) at their defaults: equal for the plans one program serves."""
-    return dataclasses.replace(
-        parallel, ddp=DDPConfig(), fsdp=dataclasses.replace(parallel.fsdp, prefetch=1)
-    )
-
-
 class Estimator:
     """Closed-form estimates of many plans of one model on one cluster, sharing one price cache.
 
@@ -213,7 +205,7 @@ class Estimator:
         Raises:
             ConfigError: the plan does not match the model or the cluster (see build_plan).
         """
-        key: Hashable | None = (training, _without_dp_knobs(parallel))
+        key: Hashable | None = (training, without_dp_knobs(parallel))
         try:
             known = self._recent.get(key)
         except TypeError:  # a config that does not hash: built anew, not kept

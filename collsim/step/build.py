@@ -24,11 +24,12 @@ collective costs (:mod:`collsim.play.walk`). On an uncontended network they agre
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field, fields, replace
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any
 
 from collsim.core.vocab import Dtype
-from collsim.parallel.config import ParallelConfig, TrainingConfig
+from collsim.parallel.config import FSDPConfig, ParallelConfig, TrainingConfig
 from collsim.parallel.dispatch import dispatch_sms_of
 from collsim.parallel.layer_comms import layer_comms
 from collsim.parallel.pipeline import PipeOp
@@ -57,6 +58,7 @@ __all__ = [
     "bytes_per",
     "ddp_variant",
     "same_but_dp_knobs",
+    "without_dp_knobs",
     "plan_blocks",
     "layer_kind_of",
 ]
@@ -308,10 +310,27 @@ def _dp_interferes(plan: Plan) -> bool:
     return plan.dp > 1 and (plan.parallel.zero == 3 or plan.parallel.ddp.overlap)
 
 
+_COMPARED = attrgetter(
+    *[f.name for f in fields(ParallelConfig) if f.compare and f.name not in ("ddp", "fsdp")]
+)
+"""The parallel config's compared fields but ``ddp`` and ``fsdp``, in order."""
+_FSDP_COMPARED = attrgetter(
+    *[f.name for f in fields(FSDPConfig) if f.compare and f.name != "prefetch"]
+)
+"""The FSDP config's compared fields but ``prefetch``, in order."""
+
+
+def without_dp_knobs(parallel: ParallelConfig) -> tuple[Any, ...]:
+    """What of ``parallel`` the plans :func:`ddp_variant` serves share: its compared fields
+    but the knobs it takes over (``ddp``, ``fsdp.prefetch``), as a tuple (equal and hashed as
+    the config with those knobs at one value would be, without making one)."""
+    return (_COMPARED(parallel), _FSDP_COMPARED(parallel.fsdp))
+
+
 def same_but_dp_knobs(a: ParallelConfig, b: ParallelConfig) -> bool:
     """Whether two plans' parallel configs differ at most in the knobs :func:`ddp_variant`
     takes over: ``ddp`` and ``fsdp.prefetch``."""
-    return replace(a, ddp=b.ddp, fsdp=replace(a.fsdp, prefetch=b.fsdp.prefetch)) == b
+    return type(a) is type(b) and without_dp_knobs(a) == without_dp_knobs(b)
 
 
 def ddp_variant(
