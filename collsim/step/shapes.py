@@ -13,6 +13,7 @@ and walked without.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
+from operator import is_
 from typing import Any, TypeVar
 
 __all__ = ["ShapeCache", "same_objects"]
@@ -70,4 +71,4 @@ def same_objects(held: Sequence[Any], now: Sequence[Any]) -> bool:
     """Whether ``now`` holds the very objects ``held`` holds, in order (how an entry kept by
     the identities of what it was made from checks them: ``held`` keeps them alive, so their
     ids stay their own)."""
-    return len(held) == len(now) and all(a is b for a, b in zip(held, now, strict=True))
+    return len(held) == len(now) and all(map(is_, held, now))
