@@ -45,6 +45,14 @@ class ShapeCache:
         out: T = hit
         return out
 
+    def table(self, table: str) -> dict[Hashable, Any]:
+        """The dict of ``table`` (made empty the first time), for a caller that looks up many
+        entries in a loop: read and fill it as :meth:`get` does."""
+        entries = self._tables.get(table)
+        if entries is None:
+            entries = self._tables[table] = {}
+        return entries
+
     def recent(self, table: str, key: Hashable, make: Callable[[], T], kept: int) -> T:
         """:meth:`get` for a table that keeps only its ``kept`` most recently made entries (the
         oldest dropped first): for large entries that only neighbouring plans share."""

@@ -186,9 +186,18 @@ def rebucket_stage(
     held, known = cache.get("stage chunks", layout, lambda: (segments, entries()))
     if held is not segments:  # pragma: no cover - a reused address
         known = entries()
+    # _chunk_buckets of each chunk, its table read in the loop
+    spec, ddp = plan.spec, plan.parallel.ddp
+    knobs = (ddp.bucket_mb, ddp.first_bucket_mb, grad_bytes)
+    made = cache.table("buckets")
     for chunk, (shape, tensors, _, grads) in zip(model.chunks, known, strict=True):
-        buckets, bucket_shape = _chunk_buckets(plan, shape, tensors, grads, grad_bytes, cache)
-        chunks.append(_rebucketed(chunk, buckets, bucket_shape))
+        key = (shape, *knobs)
+        hit = made.get(key)
+        if hit is None or hit[0] is not spec:  # (another spec at a reused address: anew)
+            hit = made[key] = (spec, _buckets(plan, tensors, grad_bytes, grads, cache))
+        copy = ChunkModel(*_CHUNK_FIELDS(chunk))  # _rebucketed
+        copy.buckets, copy.bucket_shape = hit[1]
+        chunks.append(copy)
     return StageModel(stage=model.stage, chunks=chunks, split_of=model.split_of)
 
 
@@ -391,7 +400,7 @@ def _split_backward(seg: Segment, block: BlockTimes) -> tuple[Segment, Segment]:
     )
 
 
-ChunkGrads = tuple[tuple[bool | None, PackedTensors, tuple[Any, ...], int], ...]
+ChunkGrads = tuple[tuple[bool | None, PackedTensors, Any, int], ...]
 """What every bucket size packs of a chunk's gradients (:func:`_grads_of`)."""
 
 BucketShape = tuple[tuple[bool | None, int, int], ...]
@@ -412,20 +421,24 @@ def _grads_of(
     """What every bucket size packs of a chunk's gradients: per kind of bucket (the dense and
     the expert gradients bucket apart, or all as one), the kind, the tensors it packs
     (:func:`~collsim.parallel.buckets.packed_tensors`), their form (the packed elements
-    with their types: equal ints and floats cut alike, but make buckets of their own type)
-    and, with a ``cache``, a number for their ready fractions and segments (a layer's
-    counted from ``first_layer``, the chunk's first), equal for alike chunks (-1 without)."""
+    with their types: equal ints and floats cut alike, but make buckets of their own type;
+    with a ``cache``, a number for it, equal for equal forms, that keys the cuts without
+    hashing the elements) and, with a ``cache``, a number for their ready fractions and
+    segments (a layer's counted from ``first_layer``, the chunk's first), equal for alike
+    chunks (-1 without)."""
     kinds: tuple[bool | None, ...] = (False, True) if any(t.expert for t in tensors) else (None,)
     ready = grad_ready_fraction(tensors)
     out = []
     for kind in kinds:
         packed = packed_tensors(tensors, expert=kind, ready=ready)
         number = -1
+        form: Any = (packed.numels, tuple(map(type, packed.numels)))
         if cache is not None:
             segments = tuple([s - first_layer if type(s) is int else s for s in packed.segments])
             alike = (packed.ready, segments)
             number = cache.get("packed shapes", alike, partial(next, _SHAPE_NUMBERS))
-        out.append((kind, packed, (packed.numels, tuple(map(type, packed.numels))), number))
+            form = cache.get("packed forms", form, partial(next, _SHAPE_NUMBERS))
+        out.append((kind, packed, form, number))
     return tuple(out)
 
 
@@ -446,23 +459,23 @@ def _buckets(
     mb, first_mb = ddp.bucket_mb, ddp.first_bucket_mb
     pieces: list[tuple[PackedTensors, Any, bool | None]] = []
     shape: list[tuple[bool | None, int, int]] = []
+    known = None if cache is None else cache.table("bucket cuts")
+    alike = cache is not None
     for kind, packed, form, packed_number in grads:
-        numels = packed.numels
-
-        def cut(numels: tuple[float, ...] = numels) -> tuple[tuple[int, float, float], ...]:
-            return bucket_cuts(
-                numels, bucket_mb=mb, first_bucket_mb=first_mb, grad_bytes=grad_bytes
+        if known is None:
+            cuts = bucket_cuts(
+                packed.numels, bucket_mb=mb, first_bucket_mb=first_mb, grad_bytes=grad_bytes
             )
-
-        if cache is None:
-            cuts = cut()
         else:
-            cuts, cuts_number = cache.get(
-                "bucket cuts",
-                (form, mb, first_mb, grad_bytes),
-                lambda cut=cut: (cut(), next(_SHAPE_NUMBERS)),  # type: ignore[misc]
-            )
+            key = (form, mb, first_mb, grad_bytes)
+            hit = known.get(key)
+            if hit is None:
+                cut = bucket_cuts(
+                    packed.numels, bucket_mb=mb, first_bucket_mb=first_mb, grad_bytes=grad_bytes
+                )
+                hit = known[key] = (cut, next(_SHAPE_NUMBERS))
+            cuts, cuts_number = hit
             shape.append((kind, cuts_number, packed_number))
+            alike = alike and packed_number >= 0
         pieces.append((packed, cuts, kind))
-    alike = cache is not None and all(number >= 0 for _, _, number in shape)
     return CutBuckets(pieces), (tuple(shape) if alike else None)
