@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from operator import itemgetter
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -18,7 +17,7 @@ from collsim.step.dataparallel import grad_norm_groups
 from collsim.step.memory import MemoryLedger, MemoryPattern
 from collsim.step.ops import Segment
 from collsim.step.result import BREAKDOWN_KEYS
-from collsim.step.stats import CallKey, CallStats
+from collsim.step.stats import CallKey
 
 if TYPE_CHECKING:
     from collsim.step.build import StepSchedule
@@ -43,7 +42,6 @@ __all__ = [
     "pipeline_links",
     "queue_ends",
     "reduction_arrays",
-    "run_in_arrays",
 ]
 
 
@@ -443,66 +441,3 @@ def queue_ends(ready_s: Any, seconds: Any, free_s: float) -> Any:
         ends[active + 1] = new[changed]
         active = active[active < n - 1] + 1
     return ends[1:]
-
-
-ARRAY_CALLS = 64
-"""Calls from which :func:`run_in_arrays` runs a list on the dp stream as arrays (a few numpy
-calls, some microseconds each, against a fraction of one per call in the loop: ZeRO-1/2's
-gathers of the updated parameters and the reductions deferred to the end of the step, one
-per bucket)."""
-
-ARRAY_TALLIES = 8
-"""The most tallies a list run by :func:`run_in_arrays` may add to (one sum each)."""
-
-
-def run_in_arrays(
-    stats: CallStats,
-    prog: RankState,
-    calls: Sequence[tuple[float, float, CallKey]],
-    ready: float,
-    issued: float,
-) -> float | None:
-    """:meth:`~collsim.play.walker.Walker.run_priced` of a long list of calls, all ready at
-    ``ready`` and issued at ``issued``, as arrays: the stream's clock is the running sum of
-    the seconds from ``max(ready, dp_free)`` (each later call finds the stream busy past
-    ``ready``: the seconds are not negative), each call fires at ``issued + (end - issued)``,
-    each tally adds its calls' seconds one after another (``numpy.add.accumulate`` adds left
-    to right: the loop's floats) and takes its last call's busbw; tallies open in the order
-    of their first call. None, with nothing done, for a list shorter than
-    :data:`ARRAY_CALLS`, with more than :data:`ARRAY_TALLIES` tallies, or with a negative
-    term."""
-    n = len(calls)
-    if n < ARRAY_CALLS:
-        return None
-    keys = list(map(itemgetter(2), calls))
-    order = dict.fromkeys(keys)  # the tallies in order of first use
-    if len(order) > ARRAY_TALLIES:
-        return None
-    seconds = np.fromiter(map(itemgetter(0), calls), dtype=float, count=n)
-    if not bool((seconds >= 0.0).all()):
-        return None
-    clock = np.empty(n + 1)
-    clock[0] = ready if ready >= prog.dp_free else prog.dp_free
-    clock[1:] = seconds
-    ends = np.add.accumulate(clock)[1:]
-    fired = issued + (ends - issued)  # fires(issued, end), element by element
-    prog.dp_free = float(ends[-1])
-    latest = float(fired.max())
-    if latest > prog.dp_last_end:
-        prog.dp_last_end = latest
-    busbw_of = dict(zip(keys, map(itemgetter(1), calls), strict=True))  # (the last wins)
-    slots = None
-    if len(order) > 1:
-        number = {key: i for i, key in enumerate(order)}
-        slots = np.fromiter(map(number.__getitem__, keys), dtype=np.intp, count=n)
-    known, tally_of = stats.tallies.get, stats.tally
-    for i, key in enumerate(order):
-        tally = known(key) or tally_of(key)
-        terms = seconds if slots is None else seconds[slots == i]
-        sums = np.empty(len(terms) + 1)
-        sums[0] = tally.time_s
-        sums[1:] = terms
-        tally.count += len(terms)
-        tally.time_s = float(np.add.accumulate(sums)[-1])
-        tally.busbw_bps = busbw_of[key]
-    return float(fired[-1])

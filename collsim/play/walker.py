@@ -41,7 +41,6 @@ from collsim.play.walk_tables import (
     pipeline_links,
     queue_ends,
     reduction_arrays,
-    run_in_arrays,
 )
 from collsim.play.walk_zero3 import run_segments, settled_op
 from collsim.step.dataparallel import GRAD_NORM_BYTES, DPCall
@@ -692,9 +691,6 @@ class Walker:
         ready at ``ready`` and issued at ``issued`` (default ``ready``): when the last one's
         event fires (``ready`` when there is none)."""
         issued = ready if issued is None else issued
-        fired = run_in_arrays(self.stats, prog, calls, ready, issued)
-        if fired is not None:  # a long list
-            return fired
         fired = ready
         dp_free, dp_last = prog.dp_free, prog.dp_last_end
         stats = self.stats

@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 
 import collsim.play.walk_pipe as walk_pipe
-import collsim.play.walk_tables as walk_tables
 import collsim.play.walk_zero3 as zero3
 import collsim.play.walker as walker_module
 import collsim.step.stage as stage_module
@@ -281,54 +280,6 @@ def test_a_batch_of_reductions_matches_the_op_by_op_loop(seed: int, busy_s: floa
     batch, loop = results
     assert len(batch[1]) == len(loop[1]) > 0
     assert float_bits(batch) == float_bits(loop), (batch[0], loop[0])
-
-
-@pytest.mark.parametrize("seed", range(4))
-@pytest.mark.parametrize("busy_s", [0.0, 5e-3, -1.0])
-@pytest.mark.parametrize("issued_s", [None, 1.5])
-def test_a_long_list_of_calls_runs_as_the_loop(
-    monkeypatch: pytest.MonkeyPatch, seed: int, busy_s: float, issued_s: float | None
-) -> None:
-    """``Walker.run_priced`` of a list long enough to run as arrays (``run_in_arrays``:
-    ZeRO-1/2's gathers after the optimizer, deferred reductions) leaves the dp stream, what
-    it returns and the tallies (order, counts, seconds, busbw) as the call-by-call loop,
-    whether the stream is busy past the calls' ready time or idle, with tallies opened
-    before and one opened by the list."""
-    calls = [c for _, cs, _ in _reductions(seed, 90) for c in cs]
-    calls.append((2e-4, 3e9, CallKey(0, "dp", "all_gather", 1e6, 8, "ring")))
-    assert len(calls) >= walk_tables.ARRAY_CALLS
-    results = []
-    for limit in (walk_tables.ARRAY_CALLS, len(calls) + 1):
-        monkeypatch.setattr(walk_tables, "ARRAY_CALLS", limit)
-        w = _walker()
-        prog = next(iter(w.programs.values()))
-        prog.dp_free = prog.dp_last_end = 2.0 + busy_s
-        w.open_tallies([(0.0, calls[:3], 0.0)])  # (some tallies open before, with calls)
-        w.run_priced(prog, calls[:3], 1.0)
-        fired = w.run_priced(prog, calls, 2.0, issued_s)
-        results.append((fired, _state(w)))
-    arrays, loop = results
-    assert float_bits(arrays) == float_bits(loop), (arrays, loop)
-
-
-def test_a_list_with_a_negative_term_or_many_tallies_takes_the_loop() -> None:
-    """Where the running sum would not be the loop's (a negative term lets a later call find
-    the stream idle) or one sum per tally would cost more than the loop, ``run_in_arrays``
-    leaves the list to it, with nothing done."""
-    w = _walker()
-    prog = next(iter(w.programs.values()))
-    key = CallKey(0, "dp", "all_gather", 1e6, 8, "ring")
-    calls = [(1e-4, 1e9, key)] * walk_tables.ARRAY_CALLS
-    assert walk_tables.run_in_arrays(w.stats, prog, calls[:-1], 0.0, 0.0) is None
-    negative = [*calls[:-1], (-1e-4, 1e9, key)]
-    assert walk_tables.run_in_arrays(w.stats, prog, negative, 0.0, 0.0) is None
-    many = [
-        (1e-4, 1e9, CallKey(0, "dp", "all_gather", float(i % 9), 8, "ring"))
-        for i in range(len(calls))
-    ]
-    assert walk_tables.run_in_arrays(w.stats, prog, many, 0.0, 0.0) is None
-    assert prog.dp_free == 0.0 and not list(w.stats.items())
-    assert walk_tables.run_in_arrays(w.stats, prog, calls, 0.0, 0.0) == prog.dp_free > 0.0
 
 
 def test_a_zero2_plan_with_many_buckets_estimates_as_the_loop(
