@@ -245,6 +245,9 @@ class SharedWalk:
 
     bodies: dict[tuple[int, int, Phase, bool], OpBody] = field(default_factory=dict)
     """:meth:`Walker.op_body` by (rank, chunk, phase, paired)."""
+    rank_bodies: dict[int, tuple[Any, list[Segment], list[OpBody]]] = field(default_factory=dict)
+    """:meth:`Walker.rank_bodies` by rank: the list of keys and the first chunk's forward
+    segments it was made for (held), the bodies."""
     tp_calls: dict[tuple[int, int], tuple[list[Any], list[tuple[CallKey, float, float]]]] = field(
         default_factory=dict
     )

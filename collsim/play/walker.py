@@ -492,16 +492,11 @@ class Walker:
         (:meth:`bucket_shape`, the body's :attr:`OpBody.shape`) share one tuple of them, made
         once in the shared tables."""
         rank = prog.rank
-        bodies, known = self.shared.bodies, self.shared.reductions
+        known = self.shared.reductions
         holds = self.rules.holds_bucket_buffer
         out: list[OpPlan] = []
-        for c, phase, paired in keys:
+        for (c, _, _), body in zip(keys, self.rank_bodies(prog, chunks, keys), strict=True):
             chunk = chunks[c]
-            segs = chunk.segments(phase, paired)
-            key = (rank, c, phase, paired)
-            body = bodies.get(key)
-            if body is None or body.segs is not segs:
-                body = bodies[key] = self.op_body(rank, segs, phase, chunk.layers.start)
             if not (body.windows and chunk.buckets):
                 out.append(body.plain)
                 continue
@@ -511,6 +506,29 @@ class Walker:
             if reductions is None:
                 reductions = known[alike] = self.reductions(rank, chunk, body, holds)
             out.append(_new(OpPlan, (*body.plain[:-1], reductions)))  # (OpPlan's own fields)
+        return out
+
+    def rank_bodies(
+        self, prog: RankState, chunks: list[ChunkModel], keys: Sequence[tuple[int, Phase, bool]]
+    ) -> list[OpBody]:
+        """The bodies (:meth:`op_body`) of the rank's ops by ``keys``, once per list of keys in
+        the shared tables: the programs that share them share every chunk's segment lists
+        (:meth:`shared_walk`), and the entry holds the lists it was made for (checked by
+        identity, the first chunk's forward)."""
+        hit = self.shared.rank_bodies.get(prog.rank)
+        if hit is not None and hit[0] is keys and hit[1] is chunks[0].forward:
+            return hit[2]
+        bodies = self.shared.bodies
+        out = []
+        for c, phase, paired in keys:
+            chunk = chunks[c]
+            segs = chunk.segments(phase, paired)
+            key = (prog.rank, c, phase, paired)
+            body = bodies.get(key)
+            if body is None or body.segs is not segs:
+                body = bodies[key] = self.op_body(prog.rank, segs, phase, chunk.layers.start)
+            out.append(body)
+        self.shared.rank_bodies[prog.rank] = (keys, chunks[0].forward, out)
         return out
 
     def bucket_shape(self, chunk: ChunkModel) -> int:
