@@ -297,28 +297,19 @@ def walk_fused(w: Walker) -> None:
         tables.append(table)
         table_keys.append(table_key)
         blocks.append(w.op_plans(prog, chunks, table.keys))
-        fold: tuple[CallKey, float] | None = None
-        if w.gather_pp and table.receives:
-            group = w.group(prog.rank, TP)
-            cost = w.pricer.cost("all_gather", size * w.plan.tp, group)
-            key = CallKey(prog.rank, TP, "all_gather", size * w.plan.tp, len(group), cost.algorithm)
-            fold = (key, cost.busbw_bps)
-            fold_s.append(0.0 + cost.time_s)  # Walker.price: extra_s + cost.time_s
-        else:
-            fold_s.append(None)
+        hit = w.shared.messages.get(prog.rank)
+        if hit is None or hit[0] is not table or hit[1] != (size, tuple(ranks)):
+            hit = w.shared.messages[prog.rank] = (
+                table,
+                (size, tuple(ranks)),
+                _messages(w, prog.rank, table, size, ranks),
+            )
+        fold_at, fold, seconds, sends = hit[2]
+        fold_s.append(fold_at)
         fold_calls.append(fold)
-        sends: dict[int, tuple[CallKey, float]] = {}
-        seconds: dict[int, tuple[float, int]] = {}
-        slots: dict[CallKey, int] = {}
-        for to in table.destinations:
-            pair = (prog.rank, ranks[to])
-            cost = w.pricer.cost("send_recv", size, pair)
-            key = CallKey(prog.rank, PP, "send_recv", size, 2, cost.algorithm)
-            sends[to] = (key, cost.busbw_bps)
-            seconds[to] = (0.0 + cost.time_s, slots.setdefault(key, len(slots)))
         send_s.append(seconds)
         send_calls.append(sends)
-    durations = [tuple(b.duration for b in bs) for bs in blocks]
+    durations = [tuple([b.duration for b in bs]) for bs in blocks]
 
     def make() -> list[StageTrace]:
         return trace_pipeline(tables, durations, fold_s, send_s, size, ranks)
@@ -335,6 +326,39 @@ def walk_fused(w: Walker) -> None:
         )
         traces = w.shapes.recent("walk pipeline", shape, make, TRACES_KEPT)
     _replay(w, progs, tables, blocks, traces, fold_calls, send_calls)
+
+
+def _messages(
+    w: Walker, rank: int, table: OpTable, size: float, ranks: list[int]
+) -> tuple[
+    float | None,
+    tuple[CallKey, float] | None,
+    dict[int, tuple[float, int]],
+    dict[int, tuple[CallKey, float]],
+]:
+    """What the pipeline messages of ``rank``'s stage cost (``size`` bytes each; ``ranks``:
+    the walked rank of each stage): the seconds of the TP gather folded into each received
+    message and its (tally key, busbw), None without one; per destination stage, a send's
+    seconds and the number of its tally among the stage's sends, and its (tally key, busbw).
+    Once per walk's shared tables (the variants' pricer, ranks and messages are the same)."""
+    fold_at: float | None = None
+    fold: tuple[CallKey, float] | None = None
+    if w.gather_pp and table.receives:
+        group = w.group(rank, TP)
+        cost = w.pricer.cost("all_gather", size * w.plan.tp, group)
+        key = CallKey(rank, TP, "all_gather", size * w.plan.tp, len(group), cost.algorithm)
+        fold = (key, cost.busbw_bps)
+        fold_at = 0.0 + cost.time_s  # Walker.price: extra_s + cost.time_s
+    sends: dict[int, tuple[CallKey, float]] = {}
+    seconds: dict[int, tuple[float, int]] = {}
+    slots: dict[CallKey, int] = {}
+    for to in table.destinations:
+        pair = (rank, ranks[to])
+        cost = w.pricer.cost("send_recv", size, pair)
+        key = CallKey(rank, PP, "send_recv", size, 2, cost.algorithm)
+        sends[to] = (key, cost.busbw_bps)
+        seconds[to] = (0.0 + cost.time_s, slots.setdefault(key, len(slots)))
+    return fold_at, fold, seconds, sends
 
 
 def _replay(

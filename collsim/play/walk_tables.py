@@ -245,6 +245,11 @@ class SharedWalk:
 
     bodies: dict[tuple[int, int, Phase, bool], OpBody] = field(default_factory=dict)
     """:meth:`Walker.op_body` by (rank, chunk, phase, paired)."""
+    messages: dict[int, tuple[Any, tuple[float, tuple[int, ...]], Any]] = field(
+        default_factory=dict
+    )
+    """Per walked rank, what its stage's pipeline messages cost (:func:`collsim.play.
+    walk_pipe._messages`): the op table (held), the bytes and walked ranks, the prices."""
     rank_bodies: dict[int, tuple[Any, list[Segment], list[OpBody]]] = field(default_factory=dict)
     """:meth:`Walker.rank_bodies` by rank: the list of keys and the first chunk's forward
     segments it was made for (held), the bodies."""
