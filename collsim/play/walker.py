@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterator, Sequence
 from functools import reduce
 from itertools import islice
-from operator import add
+from operator import add, itemgetter
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -58,6 +58,8 @@ __all__ = ["Walker"]
 
 TP, PP, DP = ParallelAxis.TP, ParallelAxis.PP, ParallelAxis.DP
 _new = tuple.__new__  # MemoryEvent without its keyword-argument layer
+_SECONDS = itemgetter(0)
+"""A priced call's seconds."""
 
 
 SHARED_KEPT = 4
@@ -707,21 +709,47 @@ class Walker:
     ) -> float:
         """Calls priced by :meth:`priced_calls` one after another on the rank's dp stream,
         ready at ``ready`` and issued at ``issued`` (default ``ready``): when the last one's
-        event fires (``ready`` when there is none)."""
+        event fires (``ready`` when there is none).
+
+        Each call starts at ``max(ready, dp_free)``: past the first, the stream is busy past
+        ``ready`` (no call's seconds are negative), so the clock adds the seconds one after
+        another, and the calls fire in order (``fires`` rounds monotonically): the last one's
+        is the latest. A list with a negative term takes the call-by-call recurrence."""
         issued = ready if issued is None else issued
+        if not calls:
+            return ready
+        if len(calls) > 1 and min(map(_SECONDS, calls)) < 0.0:
+            return self._run_each(prog, calls, ready, issued)
+        dp_free = prog.dp_free
+        dp_free = ready if ready >= dp_free else dp_free  # max(ready, dp_free)
+        stats = self.stats
+        known = stats.tallies.get
+        for t, busbw, key in calls:
+            dp_free += t
+            tally = known(key) or stats.tally(key)
+            tally.count += 1
+            tally.time_s += t
+            tally.busbw_bps = busbw
+        fired = issued + (dp_free - issued)  # fires(issued, dp_free)
+        prog.dp_free = dp_free
+        if fired > prog.dp_last_end:
+            prog.dp_last_end = fired
+        return fired
+
+    def _run_each(
+        self, prog: RankState, calls: Sequence[Priced], ready: float, issued: float
+    ) -> float:
+        """:meth:`run_priced` call by call: each at ``max(ready, dp_free)``, firing at
+        ``fires(issued, its end)``."""
         fired = ready
         dp_free, dp_last = prog.dp_free, prog.dp_last_end
         stats = self.stats
-        known = stats.tallies.get
         for t, busbw, key in calls:
             dp_free = (ready if ready >= dp_free else dp_free) + t  # max(ready, dp_free) + t
             fired = issued + (dp_free - issued)  # fires(issued, dp_free)
             if fired > dp_last:
                 dp_last = fired
-            tally = known(key) or stats.tally(key)
-            tally.count += 1
-            tally.time_s += t
-            tally.busbw_bps = busbw
+            stats.add(key, t, busbw)
         prog.dp_free, prog.dp_last_end = dp_free, dp_last
         return fired
 

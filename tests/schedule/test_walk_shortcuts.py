@@ -282,6 +282,35 @@ def test_a_batch_of_reductions_matches_the_op_by_op_loop(seed: int, busy_s: floa
     assert float_bits(batch) == float_bits(loop), (batch[0], loop[0])
 
 
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("busy_s", [0.0, 5e-3, -1.0])
+@pytest.mark.parametrize("issued_s", [None, 1.5])
+def test_a_list_of_calls_runs_as_the_call_by_call_recurrence(
+    seed: int, busy_s: float, issued_s: float | None
+) -> None:
+    """``Walker.run_priced`` (the clock a running sum past the first call, the last call's
+    event the latest) leaves the dp stream, what it returns and the tallies (order, counts,
+    seconds, busbw) as the call-by-call recurrence (each call at ``max(ready, dp_free)``,
+    each firing at ``fires(issued, end)``), whether the stream is busy past the calls' ready
+    time or idle, the calls issued then or earlier; with a negative term it takes the
+    recurrence."""
+    calls = [c for _, cs, _ in _reductions(seed, 40) for c in cs]
+    if seed == 3:  # a term that lets a later call find the stream idle again
+        calls[5] = (-1e-2, calls[5][1], calls[5][2])
+    results = []
+    for each in (False, True):
+        w = _walker()
+        prog = next(iter(w.programs.values()))
+        prog.dp_free = prog.dp_last_end = 2.0 + busy_s
+        if each:
+            fired = w._run_each(prog, calls, 2.0, 2.0 if issued_s is None else issued_s)
+        else:
+            fired = w.run_priced(prog, calls, 2.0, issued_s)
+        results.append((fired, _state(w)))
+    fast, each_ = results
+    assert float_bits(fast) == float_bits(each_), (fast, each_)
+
+
 def test_a_zero2_plan_with_many_buckets_estimates_as_the_loop(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
