@@ -389,6 +389,7 @@ def _replay(
     _, items, deferred, reducing_ops, overlapped = known
     tally_of = w.stats.tally
     runs = w.runs
+    opened: set[int] = set()  # the tuples of reductions whose tallies are open (held: blocks)
     for _, what, s, x in items:
         if what == 0:
             tally_of(fold_calls[s][0])  # type: ignore[index]
@@ -397,7 +398,10 @@ def _replay(
             if block.run_key not in runs:
                 runs[block.run_key] = [block.segs, 0]
         elif what == 2:  # a block's first reducing op: its tallies open here, its calls below
-            w.open_tallies(blocks[s][tables[s].blocks[x]].reductions)
+            reductions = blocks[s][tables[s].blocks[x]].reductions
+            if id(reductions) not in opened:  # (alike chunks share one tuple: opened once)
+                opened.add(id(reductions))
+                w.open_tallies(reductions)
         else:
             tally_of(send_calls[s][x][0])
     # each stage's reductions, in op order (nothing above reads or adds to its dp stream)
