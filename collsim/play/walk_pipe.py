@@ -87,6 +87,10 @@ class Walker(Protocol):
         self, prog: RankState, chunks: list[ChunkModel], keys: Sequence[tuple[int, Phase, bool]]
     ) -> list[OpPlan]: ...
 
+    def block_lists(
+        self, prog: RankState
+    ) -> tuple[list[MemoryPattern], list[dict[str, float]]]: ...
+
     def open_tallies(self, reductions: Sequence[Reduction]) -> None: ...
 
     def run_overlapped(
@@ -437,12 +441,15 @@ def _replay(
             _set_tally(tally_of(key), count, time_s, busbw)
         for i in deferred[s]:
             prog.deferred.extend(blks[table.blocks[i]].reductions)
-        _ledger(w.shared, prog, table, blks, tr, inserts[s], held_events[s], held_columns[s])
+        patterns, comms = w.block_lists(prog)
+        _ledger(
+            w.shared, prog, table, blks, tr, inserts[s], held_events[s], held_columns[s], patterns
+        )
         if w.shapes is not None and not inserts[s]:
-            _shared_peaks(w.shapes, prog, blks, tr, w.shared)
+            _shared_peaks(w.shapes, prog, blks, tr, w.shared, patterns)
         prog.next_op, prog.now, prog.pp_free = tr.next_op, tr.now, tr.pp_free
         prog.breakdown_s["bubble"], prog.breakdown_s["pp_exposed"] = tr.bubble, tr.pp_exposed
-        add_block_sums(w, prog, table, blks)
+        add_block_sums(w, prog, table, blks, comms)
 
 
 BATCH_REDUCTIONS = 256
@@ -562,6 +569,7 @@ def _ledger(
     inserts: list[tuple[int, int, int]],
     held_events: list[MemoryEvent],
     held_columns: tuple[Any, Any] | None = None,
+    patterns: list[MemoryPattern] | None = None,
 ) -> None:
     """The rank's events and placed patterns in the order the interleaved walk recorded them:
     the traced message events with the reductions' buffers between them (``inserts``: the op,
@@ -571,7 +579,9 @@ def _ledger(
     ``shared`` for the walks that place the same patterns on the same trace). Without buffers
     the traced events are listed with their columns declared
     (:meth:`MemoryLedger.known_columns`); with buffers as columns, the traced events and the
-    buffers are one block of columns (:meth:`MemoryLedger.add_block`, no event made)."""
+    buffers are one block of columns (:meth:`MemoryLedger.add_block`, no event made).
+    ``patterns``: the blocks' patterns as a list kept with their bodies (checked by identity
+    first), else made here."""
     ledger = prog.ledger
     events = ledger.appenders()[0]
     base = len(events)
@@ -587,12 +597,17 @@ def _ledger(
             events.extend(held_events[at : at + count])
             done, at = mark, at + count
         events.extend(tr.events[done:])
-    patterns = [b.pattern for b in blocks]
+    if patterns is None:
+        patterns = [b.pattern for b in blocks]
     if inserts:
         placed = placed_ops(table, patterns, tr, base, inserts)
     else:
         known = shared.placements.get((prog.rank, base))
-        if known is None or known[0] is not tr or not same_objects(known[1], patterns):
+        if (
+            known is None
+            or known[0] is not tr
+            or (known[1] is not patterns and not same_objects(known[1], patterns))
+        ):
             known = shared.placements[(prog.rank, base)] = (
                 tr,
                 patterns,
@@ -689,6 +704,7 @@ def _shared_peaks(
     blocks: list[OpPlan],
     tr: StageTrace,
     shared: SharedWalk | None = None,
+    patterns: list[MemoryPattern] | None = None,
 ) -> None:
     """Declare the rank's memory peaks (:meth:`MemoryLedger.known_peaks`) as worked out for
     an earlier plan whose ledger holds the same events, else work them out and keep them: the
@@ -701,10 +717,15 @@ def _shared_peaks(
     singles = ledger.recorded()[0]  # (appenders() would turn the placed columns into rows)
     base = len(singles) - len(tr.events)
     state = tuple(singles[:base])
-    patterns = [b.pattern for b in blocks]
+    if patterns is None:
+        patterns = [b.pattern for b in blocks]
     if shared is not None:  # the program's variants: the same trace and pattern objects
         mine = shared.peaks.get((prog.rank, state))
-        if mine is not None and mine[0] is tr and same_objects(mine[1], patterns):
+        if (
+            mine is not None
+            and mine[0] is tr
+            and (mine[1] is patterns or same_objects(mine[1], patterns))
+        ):
             ledger.known_peaks(mine[2], mine[3])
             return
     key = (id(tr), state, tuple([(p.category, tuple(p.events)) for p in patterns]))
@@ -720,17 +741,30 @@ def _shared_peaks(
         shared.peaks[(prog.rank, state)] = (tr, patterns, peak, activations)
 
 
-def add_block_sums(w: Walker, prog: RankState, table: OpTable, blocks: list[OpPlan]) -> None:
+def add_block_sums(
+    w: Walker,
+    prog: RankState,
+    table: OpTable,
+    blocks: list[OpPlan],
+    comms: list[dict[str, float]] | None = None,
+) -> None:
     """Add what every op of the stage adds whatever its start: its block's compute and
     exposed collectives to the account (one after another in op order, as the ops ran:
     ``numpy.add.accumulate`` adds left to right; the sums from zero kept in ``w.shared`` for
-    the walks of the same blocks), its runs to the TP tallies."""
+    the walks of the same blocks, known by their ``comm`` dicts: ``comms``, a list kept with
+    their bodies and checked by identity first, else made here), its runs to the TP
+    tallies."""
     breakdown = prog.breakdown_s
     if not len(table.block_ids):
         return
-    comms = [b.comm for b in blocks]  # (a block's body is known by its comm dict)
+    if comms is None:
+        comms = [b.comm for b in blocks]  # (a block's body is known by its comm dict)
     known = w.shared.sums.get(prog.rank)
-    if known is None or known[0] is not table or not same_objects(known[1], comms):
+    if (
+        known is None
+        or known[0] is not table
+        or (known[1] is not comms and not same_objects(known[1], comms))
+    ):
         known = w.shared.sums[prog.rank] = (table, comms, _block_sums(table, blocks, {}))
     sums = known[2]
     if any(breakdown[k] for k in sums):  # an account that does not start from zero

@@ -250,9 +250,12 @@ class SharedWalk:
     )
     """Per walked rank, what its stage's pipeline messages cost (:func:`collsim.play.
     walk_pipe._messages`): the op table (held), the bytes and walked ranks, the prices."""
-    rank_bodies: dict[int, tuple[Any, list[Segment], list[OpBody]]] = field(default_factory=dict)
+    rank_bodies: dict[int, tuple[Any, list[Segment], list[OpBody], list[Any], list[Any]]] = field(
+        default_factory=dict
+    )
     """:meth:`Walker.rank_bodies` by rank: the list of keys and the first chunk's forward
-    segments it was made for (held), the bodies."""
+    segments it was made for (held), the bodies, their patterns and ``comm`` dicts
+    (:meth:`Walker.block_lists`)."""
     tp_calls: dict[tuple[int, int], tuple[list[Any], list[tuple[CallKey, float, float]]]] = field(
         default_factory=dict
     )

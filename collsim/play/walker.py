@@ -530,8 +530,18 @@ class Walker:
             if body is None or body.segs is not segs:
                 body = bodies[key] = self.op_body(prog.rank, segs, phase, chunk.layers.start)
             out.append(body)
-        self.shared.rank_bodies[prog.rank] = (keys, chunks[0].forward, out)
+        patterns = [body.plain.pattern for body in out]
+        comms = [body.plain.comm for body in out]
+        self.shared.rank_bodies[prog.rank] = (keys, chunks[0].forward, out, patterns, comms)
         return out
+
+    def block_lists(self, prog: RankState) -> tuple[list[MemoryPattern], list[dict[str, float]]]:
+        """The patterns and the ``comm`` dicts of the rank's blocks (:meth:`op_plans` makes
+        each block from its body's, so they are the bodies'), as lists kept with the bodies
+        (:meth:`rank_bodies`): the same list objects for every variant, which the tables kept
+        by them check by identity first."""
+        hit = self.shared.rank_bodies[prog.rank]
+        return hit[3], hit[4]
 
     def bucket_shape(self, chunk: ChunkModel) -> int:
         """What :meth:`reductions` reads of ``chunk``'s buckets (each one's elements, bytes,
