@@ -245,17 +245,25 @@ class SharedWalk:
 
     bodies: dict[tuple[int, int, Phase, bool], OpBody] = field(default_factory=dict)
     """:meth:`Walker.op_body` by (rank, chunk, phase, paired)."""
+    op_tables: dict[int, tuple[Sequence[PipeOp], Any, OpTable, Any]] = field(default_factory=dict)
+    """:meth:`Walker.op_table` by stage: the stage's pipeline ops and the schedule's paired
+    ops it was made for (held, checked by identity: the variants share them), the table and
+    its shape."""
     messages: dict[int, tuple[Any, tuple[float, tuple[int, ...]], Any]] = field(
         default_factory=dict
     )
     """Per walked rank, what its stage's pipeline messages cost (:func:`collsim.play.
     walk_pipe._messages`): the op table (held), the bytes and walked ranks, the prices."""
-    rank_bodies: dict[int, tuple[Any, list[Segment], list[OpBody], list[Any], list[Any]]] = field(
-        default_factory=dict
+    rank_bodies: dict[int, tuple[Any, list[Segment], list[OpBody], list[Any], list[Any], Any]] = (
+        field(default_factory=dict)
     )
     """:meth:`Walker.rank_bodies` by rank: the list of keys and the first chunk's forward
     segments it was made for (held), the bodies, their patterns and ``comm`` dicts
-    (:meth:`Walker.block_lists`)."""
+    (:meth:`Walker.block_lists`), their seconds (:meth:`Walker.block_durations`)."""
+    trace: tuple[tuple[Any, ...], Any, Any] | None = None
+    """The last pipeline trace a walk of these programs read (:func:`collsim.play.walk_pipe.
+    walk_fused`): the op tables, block seconds and send prices it was read for (held,
+    checked by identity), the fold gathers' seconds and the message bytes, the traces."""
     tp_calls: dict[tuple[int, int], tuple[list[Any], list[tuple[CallKey, float, float]]]] = field(
         default_factory=dict
     )

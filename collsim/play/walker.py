@@ -473,7 +473,11 @@ class Walker:
         """The stage's ops as arrays (:class:`OpTable`), once per pipeline shape in a
         search's shape cache, and that shape."""
         plan = self.plan
-        paired = frozenset(self.schedule.paired.get(stage, ()))
+        ops_of, pairs_of = self.schedule.pipeline, self.schedule.paired
+        mine = self.shared.op_tables.get(stage)  # (the variants share the pipeline's lists)
+        if mine is not None and mine[0] is ops_of[stage] and mine[1] is pairs_of:
+            return mine[2], mine[3]
+        paired = frozenset(pairs_of.get(stage, ()))
 
         def make() -> OpTable:
             ops = self.schedule.pipeline[stage]
@@ -482,7 +486,9 @@ class Walker:
         key = (*self.pipeline_shape(stage), paired)
         if self.shapes is None:
             return make(), key
-        return self.shapes.get("walk ops", key, make), key
+        table = self.shapes.get("walk ops", key, make)
+        self.shared.op_tables[stage] = (ops_of[stage], pairs_of, table, key)
+        return table, key
 
     def op_plans(
         self, prog: RankState, chunks: list[ChunkModel], keys: Sequence[tuple[int, Phase, bool]]
@@ -532,7 +538,15 @@ class Walker:
             out.append(body)
         patterns = [body.plain.pattern for body in out]
         comms = [body.plain.comm for body in out]
-        self.shared.rank_bodies[prog.rank] = (keys, chunks[0].forward, out, patterns, comms)
+        durations = tuple([body.plain.duration for body in out])
+        self.shared.rank_bodies[prog.rank] = (
+            keys,
+            chunks[0].forward,
+            out,
+            patterns,
+            comms,
+            durations,
+        )
         return out
 
     def block_lists(self, prog: RankState) -> tuple[list[MemoryPattern], list[dict[str, float]]]:
@@ -542,6 +556,12 @@ class Walker:
         by them check by identity first."""
         hit = self.shared.rank_bodies[prog.rank]
         return hit[3], hit[4]
+
+    def block_durations(self, prog: RankState) -> tuple[float, ...]:
+        """The seconds of the rank's blocks (:meth:`op_plans` makes each block from its
+        body, so its seconds are the body's), as a tuple kept with the bodies."""
+        out: tuple[float, ...] = self.shared.rank_bodies[prog.rank][5]
+        return out
 
     def bucket_shape(self, chunk: ChunkModel) -> int:
         """What :meth:`reductions` reads of ``chunk``'s buckets (each one's elements, bytes,
