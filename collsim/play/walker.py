@@ -336,75 +336,82 @@ class Walker:
         gathered, checked = prog.gathered, self._needs_met
         settled, settled_runs = prog.settled, self._settled_runs
         sends, mailbox = self._sends, self.mail
+        rank = prog.rank
+        mine: dict[int, tuple[Any, ...]] = {}  # this rank's sends by receiving stage
         ran = False
         i, n = prog.next_op, len(ops)
+        now, pp_free = prog.now, prog.pp_free  # (written back before anything reads them)
         while i < n:
             op = ops[i]
             remote, direction, dest = links[i]
             if remote:
-                mail = mail_of((prog.rank, direction, op.microbatch, op.chunk))
+                mail = mail_of((rank, direction, op.microbatch, op.chunk))
                 if mail is None:
-                    prog.next_op = i
+                    prog.next_op, prog.now, prog.pp_free = i, now, pp_free
                     return ran  # its input is not sent yet
                 produced_s, delivered_s, mail_bytes = mail
-                w0 = prog.now
-                if delivered_s > w0:
-                    produced = min(max(produced_s, w0), delivered_s)
-                    breakdown["bubble"] += produced - w0
+                if delivered_s > now:
+                    produced = min(max(produced_s, now), delivered_s)
+                    breakdown["bubble"] += produced - now
                     breakdown["pp_exposed"] += delivered_s - produced
-                    prog.now = delivered_s
+                    now = delivered_s
                 if mail_bytes:  # MemoryLedger.free
                     size = -float(mail_bytes)
-                    events.append(_new(MemoryEvent, (prog.now, "buffers", size, "pp recv")))
+                    events.append(_new(MemoryEvent, (now, "buffers", size, "pp recv")))
                 if fold is not None:
                     self.stats.add(*fold)
-                    prog.now += fold[1]
+                    now += fold[1]
                     breakdown["pp_exposed"] += fold[1]
             block = blocks[i]
             if block is None:  # once per op of the walk: settled or not (False)
+                prog.now = now
                 last = op.microbatch < 0 or op.microbatch >= last_mb
                 paired = i in paired_ops
                 block = settled_op(self, prog, chunks[op.chunk], op.phase, paired, last) or False
                 blocks[i] = block
-            now = prog.now
-            if block is not False and checked.get(id(block)) != prog.gathers_made:
-                for unit in block.needs:
-                    ready = gathered.get(unit)
-                    if ready is None or ready > now:
-                        block = False  # (this time: its units are not all there)
-                        break
-                else:  # they stay ready (the clock only moves on) until the segment loop runs
-                    checked[id(block)] = prog.gathers_made
+            if block is not False:
+                key = id(block)
+                if checked.get(key) != prog.gathers_made:
+                    for unit in block.needs:
+                        ready = gathered.get(unit)
+                        if ready is None or ready > now:
+                            block = False  # (this time: its units are not all there)
+                            break
+                    else:  # they stay ready (the clock only moves on) until the segments run
+                        checked[key] = prog.gathers_made
             if block is False:
+                prog.now, prog.pp_free = now, pp_free
                 run_segments(self, prog, op, chunks[op.chunk], i in paired_ops)
+                now = prog.now
             else:
-                prog.now = reduce(add, block.steps, now)
+                start = now
+                now = reduce(add, block.steps, start)
                 settled.append(block)  # its sums: add_settled
                 if block.pattern is not None:  # MemoryLedger.place
-                    placed.append((now, block.pattern, op.microbatch, op.chunk, len(events)))
-                seen = settled_runs.get(id(block))
+                    placed.append((start, block.pattern, op.microbatch, op.chunk, len(events)))
+                seen = settled_runs.get(key)
                 if seen is not None:  # its run keys are made: counted by add_settled_runs
                     seen[1] += 1
                 else:
                     self.first_settled_run(block)
             if dest is not None:  # send_output
                 to, dst_phase, dst_chunk = dest
-                sent = sends.get((prog.rank, to)) or self.send_slot(prog, to)
+                sent = mine.get(to)
+                if sent is None:
+                    sent = mine[to] = sends.get((rank, to)) or self.send_slot(prog, to)
                 t, busbw, tally, dst_rank, dst_events, size = sent
                 tally.count += 1  # CallStats.add
                 tally.time_s += t
                 tally.busbw_bps = busbw
-                now, free = prog.now, prog.pp_free
-                free = (now if now >= free else free) + t  # max(now, pp_free) + t
-                prog.pp_free = free
-                delivered = now + (free - now)  # fires(now, free)
+                pp_free = (now if now >= pp_free else pp_free) + t  # max(now, pp_free) + t
+                delivered = now + (pp_free - now)  # fires(now, pp_free)
                 mailbox[(dst_rank, dst_phase, op.microbatch, dst_chunk)] = (now, delivered, size)
                 if size:  # MemoryLedger.alloc
                     sent = (delivered, "buffers", float(size), "pp recv")
                     dst_events.append(_new(MemoryEvent, sent))
             i += 1
             ran = True
-        prog.next_op = i
+        prog.next_op, prog.now, prog.pp_free = i, now, pp_free
         return ran
 
     def stage_blocks(self, prog: RankState, stage: int, count: int) -> list[Any]:
