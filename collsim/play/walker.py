@@ -121,6 +121,9 @@ class Walker:
         self._settled_runs: dict[int, list[Any]] = {}
         """Per settled block run in this walk (by identity): [the block, its runs after the
         first], for :meth:`add_settled_runs`."""
+        self._advancing: dict[int, tuple[Any, ...]] = {}
+        """Per ZeRO-3 rank, what :meth:`advance` reads on every resume: its stage's ops, links,
+        chunks, paired ops and settled blocks, its folded gather's price, its sends by stage."""
         self._needs_met: dict[int, int] = {}
         """Per settled block (by identity; the walk's blocks outlive it): the rank's
         ``gathers_made`` when its units were last all gathered and ready."""
@@ -322,22 +325,28 @@ class Walker:
 
         Stays long: the ZeRO-3 walk's loop over every op of every rank, its steps written in
         line (a call per op cost more than the op's own work)."""
-        stage = prog.coords.pp
-        ops = self.schedule.pipeline[stage]
-        links = self.links(stage)
-        chunks = self.schedule.stages[stage].chunks
-        paired_ops = self.schedule.paired.get(stage, ())
+        context = self._advancing.get(prog.rank)
+        if context is None:  # what the rank's resumes read, once per walk
+            stage = prog.coords.pp
+            ops = self.schedule.pipeline[stage]
+            context = self._advancing[prog.rank] = (
+                ops,
+                self.links(stage),
+                self.schedule.stages[stage].chunks,
+                self.schedule.paired.get(stage, ()),
+                self.stage_blocks(prog, stage, len(ops)),
+                self.fold_price(prog.rank) if self.gather_pp else None,
+                {},  # the rank's sends by receiving stage
+            )
+        ops, links, chunks, paired_ops, blocks, fold, mine = context
         mail_of = self.mail.get
         breakdown = prog.breakdown_s
         events, placed = prog.ledger.appenders()
-        fold = self.fold_price(prog.rank) if self.gather_pp else None
         last_mb = self.rules.num_microbatches - 1
-        blocks = self.stage_blocks(prog, stage, len(ops))
         gathered, checked = prog.gathered, self._needs_met
         settled, settled_runs = prog.settled, self._settled_runs
         sends, mailbox = self._sends, self.mail
         rank = prog.rank
-        mine: dict[int, tuple[Any, ...]] = {}  # this rank's sends by receiving stage
         ran = False
         i, n = prog.next_op, len(ops)
         now, pp_free = prog.now, prog.pp_free  # (written back before anything reads them)
