@@ -260,12 +260,13 @@ class Walker:
             pending = []
         else:
             pending = list(self.programs.values())
-        steppers = {prog.rank: self.stepper(prog) for prog in pending}
-        while pending:
+        ops_of = {prog.rank: len(self.schedule.pipeline[prog.coords.pp]) for prog in pending}
+        advance = self.advance
+        while pending:  # the ranks resumed round-robin, each running while its inputs are sent
             progressed = False
             for prog in pending:
-                progressed |= next(steppers[prog.rank])
-            left = [p for p in pending if p.next_op < len(self.schedule.pipeline[p.coords.pp])]
+                progressed |= advance(prog)
+            left = [p for p in pending if p.next_op < ops_of[p.rank]]
             if left and not progressed:
                 raise SimulationError(
                     f"ranks {[p.rank for p in left][:8]} wait for inputs never sent "
@@ -306,11 +307,6 @@ class Walker:
             plan.virtual_stages,
             stage,
         )
-
-    def stepper(self, prog: RankState) -> Iterator[bool]:
-        """:meth:`advance` of ``prog`` each time it is resumed (for ever)."""
-        while True:
-            yield self.advance(prog)
 
     def advance(self, prog: RankState) -> bool:
         """Run the rank's ops (ZeRO-3: segment by segment, or as one block when settled:

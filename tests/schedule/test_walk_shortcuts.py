@@ -11,12 +11,14 @@ before allocations at one instant)."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from typing import Any
 
 import numpy as np
 import pytest
 
+import collsim.play.walk as walk_module
 import collsim.play.walk_pipe as walk_pipe
 import collsim.play.walk_zero3 as zero3
 import collsim.play.walker as walker_module
@@ -309,6 +311,22 @@ def test_a_list_of_calls_runs_as_the_call_by_call_recurrence(
         results.append((fired, _state(w)))
     fast, each_ = results
     assert float_bits(fast) == float_bits(each_), (fast, each_)
+
+
+@pytest.mark.parametrize("zero", [1, 3])
+def test_a_pipeline_order_with_a_cycle_is_refused_not_walked_for_ever(zero: int) -> None:
+    """The first stage's ops reversed: its first op waits for a gradient the last stage sends
+    only after a forward the first stage has not run. The round-robin walk (ZeRO-3's
+    ``advance``, the fused walk's ``trace_pipeline``) stops with the ranks that wait."""
+    topology = load_topology("dgx_h100", nodes=1)
+    spec = get_preset("llama2-7b", num_layers=4, seq_len=1024)
+    training = TrainingConfig(global_batch=8, micro_batch=1)
+    schedule = build_schedule(topology, spec, training, ParallelConfig(pp=2, dp=4, zero=zero))
+    walk_module.walk(schedule)  # (the order as built walks)
+    pipeline = dict(schedule.pipeline)
+    pipeline[0] = tuple(reversed(pipeline[0]))
+    with pytest.raises(SimulationError, match=r"ranks \[0, 4\] wait for inputs never sent"):
+        walk_module.walk(dataclasses.replace(schedule, pipeline=pipeline))
 
 
 def test_a_zero2_plan_with_many_buckets_estimates_as_the_loop(
