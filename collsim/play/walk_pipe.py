@@ -452,11 +452,9 @@ def _replay(
         for i in deferred[s]:
             prog.deferred.extend(blks[table.blocks[i]].reductions)
         patterns, comms = w.block_lists(prog)
-        _ledger(
-            w.shared, prog, table, blks, tr, inserts[s], held_events[s], held_columns[s], patterns
-        )
+        _ledger(w.shared, prog, table, patterns, tr, inserts[s], held_events[s], held_columns[s])
         if w.shapes is not None and not inserts[s]:
-            _shared_peaks(w.shapes, prog, blks, tr, w.shared, patterns)
+            _shared_peaks(w.shapes, w.shared, prog, patterns, tr)
         prog.next_op, prog.now, prog.pp_free = tr.next_op, tr.now, tr.pp_free
         prog.breakdown_s["bubble"], prog.breakdown_s["pp_exposed"] = tr.bubble, tr.pp_exposed
         add_block_sums(w, prog, table, blks, comms)
@@ -574,12 +572,11 @@ def _ledger(
     shared: SharedWalk,
     prog: RankState,
     table: OpTable,
-    blocks: list[OpPlan],
+    patterns: list[MemoryPattern],
     tr: StageTrace,
     inserts: list[tuple[int, int, int]],
     held_events: list[MemoryEvent],
     held_columns: tuple[Any, Any] | None = None,
-    patterns: list[MemoryPattern] | None = None,
 ) -> None:
     """The rank's events and placed patterns in the order the interleaved walk recorded them:
     the traced message events with the reductions' buffers between them (``inserts``: the op,
@@ -590,8 +587,8 @@ def _ledger(
     the traced events are listed with their columns declared
     (:meth:`MemoryLedger.known_columns`); with buffers as columns, the traced events and the
     buffers are one block of columns (:meth:`MemoryLedger.add_block`, no event made).
-    ``patterns``: the blocks' patterns as a list kept with their bodies (checked by identity
-    first), else made here."""
+    ``patterns``: the blocks' patterns, by block, as a list kept with their bodies
+    (:meth:`~collsim.play.walker.Walker.block_lists`)."""
     ledger = prog.ledger
     events = ledger.appenders()[0]
     base = len(events)
@@ -607,17 +604,11 @@ def _ledger(
             events.extend(held_events[at : at + count])
             done, at = mark, at + count
         events.extend(tr.events[done:])
-    if patterns is None:
-        patterns = [b.pattern for b in blocks]
     if inserts:
         placed = placed_ops(table, patterns, tr, base, inserts)
     else:
         known = shared.placements.get((prog.rank, base))
-        if (
-            known is None
-            or known[0] is not tr
-            or (known[1] is not patterns and not same_objects(known[1], patterns))
-        ):
+        if known is None or known[0] is not tr or not same_objects(known[1], patterns):
             known = shared.placements[(prog.rank, base)] = (
                 tr,
                 patterns,
@@ -710,11 +701,10 @@ PEAKS_KEPT = 64
 
 def _shared_peaks(
     shapes: ShapeCache,
+    shared: SharedWalk,
     prog: RankState,
-    blocks: list[OpPlan],
+    patterns: list[MemoryPattern],
     tr: StageTrace,
-    shared: SharedWalk | None = None,
-    patterns: list[MemoryPattern] | None = None,
 ) -> None:
     """Declare the rank's memory peaks (:meth:`MemoryLedger.known_peaks`) as worked out for
     an earlier plan whose ledger holds the same events, else work them out and keep them: the
@@ -722,22 +712,18 @@ def _shared_peaks(
     patterns placed at the traced starts, so the trace (by identity: it is kept in the same
     cache, and the entry holds it) and those allocations and patterns (by value) say them
     all. Plans that differ only in their gradient buckets share them (without ZeRO-2 buffers:
-    the caller passes ledgers without reductions' buffers)."""
+    the caller passes ledgers without reductions' buffers); the walks of one program's
+    variants find them in ``shared`` by the identity of the trace and of ``patterns`` (the
+    blocks' patterns, a list kept with their bodies) first."""
     ledger = prog.ledger
     singles = ledger.recorded()[0]  # (appenders() would turn the placed columns into rows)
     base = len(singles) - len(tr.events)
     state = tuple(singles[:base])
-    if patterns is None:
-        patterns = [b.pattern for b in blocks]
-    if shared is not None:  # the program's variants: the same trace and pattern objects
-        mine = shared.peaks.get((prog.rank, state))
-        if (
-            mine is not None
-            and mine[0] is tr
-            and (mine[1] is patterns or same_objects(mine[1], patterns))
-        ):
-            ledger.known_peaks(mine[2], mine[3])
-            return
+    # the program's variants: the same trace and pattern objects
+    mine = shared.peaks.get((prog.rank, state))
+    if mine is not None and mine[0] is tr and same_objects(mine[1], patterns):
+        ledger.known_peaks(mine[2], mine[3])
+        return
     key = (id(tr), state, tuple([(p.category, tuple(p.events)) for p in patterns]))
 
     def make() -> tuple[StageTrace, MemoryPeak, float]:
@@ -747,8 +733,7 @@ def _shared_peaks(
     if held is not tr:  # pragma: no cover - another trace at a reused address
         held, peak, activations = make()
     ledger.known_peaks(peak, activations)
-    if shared is not None:
-        shared.peaks[(prog.rank, state)] = (tr, patterns, peak, activations)
+    shared.peaks[(prog.rank, state)] = (tr, patterns, peak, activations)
 
 
 def add_block_sums(
@@ -756,25 +741,19 @@ def add_block_sums(
     prog: RankState,
     table: OpTable,
     blocks: list[OpPlan],
-    comms: list[dict[str, float]] | None = None,
+    comms: list[dict[str, float]],
 ) -> None:
     """Add what every op of the stage adds whatever its start: its block's compute and
     exposed collectives to the account (one after another in op order, as the ops ran:
     ``numpy.add.accumulate`` adds left to right; the sums from zero kept in ``w.shared`` for
     the walks of the same blocks, known by their ``comm`` dicts: ``comms``, a list kept with
-    their bodies and checked by identity first, else made here), its runs to the TP
+    their bodies, :meth:`~collsim.play.walker.Walker.block_lists`), its runs to the TP
     tallies."""
     breakdown = prog.breakdown_s
     if not len(table.block_ids):
         return
-    if comms is None:
-        comms = [b.comm for b in blocks]  # (a block's body is known by its comm dict)
     known = w.shared.sums.get(prog.rank)
-    if (
-        known is None
-        or known[0] is not table
-        or (known[1] is not comms and not same_objects(known[1], comms))
-    ):
+    if known is None or known[0] is not table or not same_objects(known[1], comms):
         known = w.shared.sums[prog.rank] = (table, comms, _block_sums(table, blocks, {}))
     sums = known[2]
     if any(breakdown[k] for k in sums):  # an account that does not start from zero

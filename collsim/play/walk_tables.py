@@ -29,6 +29,7 @@ __all__ = [
     "OpPlan",
     "OpTable",
     "Priced",
+    "RankBodies",
     "RankState",
     "Reduction",
     "ReductionColumns",
@@ -254,12 +255,8 @@ class SharedWalk:
     )
     """Per walked rank, what its stage's pipeline messages cost (:func:`collsim.play.
     walk_pipe._messages`): the op table (held), the bytes and walked ranks, the prices."""
-    rank_bodies: dict[int, tuple[Any, list[Segment], list[OpBody], list[Any], list[Any], Any]] = (
-        field(default_factory=dict)
-    )
-    """:meth:`Walker.rank_bodies` by rank: the list of keys and the first chunk's forward
-    segments it was made for (held), the bodies, their patterns and ``comm`` dicts
-    (:meth:`Walker.block_lists`), their seconds (:meth:`Walker.block_durations`)."""
+    rank_bodies: dict[int, RankBodies] = field(default_factory=dict)
+    """:meth:`Walker.rank_bodies` by rank."""
     trace: tuple[tuple[Any, ...], Any, Any] | None = None
     """The last pipeline trace a walk of these programs read (:func:`collsim.play.walk_pipe.
     walk_fused`): the op tables, block seconds and send prices it was read for (held,
@@ -332,6 +329,24 @@ class SharedWalk:
     """Per walked rank and pipeline shape (:meth:`Walker.pipeline_shape`), per op of its
     stage: its entry of ``settled`` (False for none; None until a walk asks), so that the
     walks of a plan's variants look each op up once."""
+
+
+class RankBodies(NamedTuple):
+    """A rank's op bodies by a stage's op keys (:meth:`Walker.rank_bodies`), with what the
+    walk reads of them as lists kept beside them: the same objects for every variant of the
+    programs that share them, which the tables kept by them check by identity."""
+
+    keys: Sequence[tuple[int, Phase, bool]]
+    """The op keys they were made for (held)."""
+    forward: list[Segment]
+    """The first chunk's forward segments they were made for (held)."""
+    bodies: list[OpBody]
+    patterns: list[MemoryPattern]
+    """Each body's pattern (:meth:`Walker.block_lists`)."""
+    comms: list[dict[str, float]]
+    """Each body's ``comm`` dict (:meth:`Walker.block_lists`)."""
+    durations: tuple[float, ...]
+    """Each body's seconds (:meth:`Walker.block_durations`)."""
 
 
 class OpPlan(NamedTuple):

@@ -19,7 +19,7 @@ import numpy as np
 from collsim.core.errors import SimulationError
 from collsim.core.vocab import ParallelAxis
 from collsim.parallel.buckets import Bucket
-from collsim.parallel.pipeline import GRADIENT_PHASES, Phase, PipeOp
+from collsim.parallel.pipeline import GRADIENT_PHASES, Phase
 from collsim.play.walk_pipe import BUFFER_LABEL, walk_fused
 from collsim.play.walk_tables import (
     SETTLED_SUMS,
@@ -29,6 +29,7 @@ from collsim.play.walk_tables import (
     OpPlan,
     OpTable,
     Priced,
+    RankBodies,
     RankState,
     Reduction,
     ReductionColumns,
@@ -317,7 +318,8 @@ class Walker:
         start: the clock adds the segments' seconds term by term (``reduce`` adds left to
         right), the account waits for :meth:`add_settled`, its pattern is placed at its start
         (:meth:`MemoryLedger.place`) and its TP runs counted (:meth:`add_settled_runs`). Its
-        output goes out on the pp stream when it ends (:meth:`send_output`).
+        output goes out on the pp stream when it ends (priced once, :meth:`send_slot`), and
+        is delivered when that stream reaches it.
 
         Stays long: the ZeRO-3 walk's loop over every op of every rank, its steps written in
         line (a call per op cost more than the op's own work)."""
@@ -341,7 +343,7 @@ class Walker:
         last_mb = self.rules.num_microbatches - 1
         gathered, checked = prog.gathered, self._needs_met
         settled, settled_runs = prog.settled, self._settled_runs
-        sends, mailbox = self._sends, self.mail
+        mailbox = self.mail
         rank = prog.rank
         ran = False
         i, n = prog.next_op, len(ops)
@@ -399,11 +401,11 @@ class Walker:
                     seen[1] += 1
                 else:
                     self.first_settled_run(block)
-            if dest is not None:  # send_output
+            if dest is not None:  # its output sent on the pp stream
                 to, dst_phase, dst_chunk = dest
                 sent = mine.get(to)
                 if sent is None:
-                    sent = mine[to] = sends.get((rank, to)) or self.send_slot(prog, to)
+                    sent = mine[to] = self.send_slot(prog, to)
                 t, busbw, tally, dst_rank, dst_events, size = sent
                 tally.count += 1  # CallStats.add
                 tally.time_s += t
@@ -536,8 +538,8 @@ class Walker:
         (:meth:`shared_walk`), and the entry holds the lists it was made for (checked by
         identity, the first chunk's forward)."""
         hit = self.shared.rank_bodies.get(prog.rank)
-        if hit is not None and hit[0] is keys and hit[1] is chunks[0].forward:
-            return hit[2]
+        if hit is not None and hit.keys is keys and hit.forward is chunks[0].forward:
+            return hit.bodies
         bodies = self.shared.bodies
         out = []
         for c, phase, paired in keys:
@@ -548,16 +550,13 @@ class Walker:
             if body is None or body.segs is not segs:
                 body = bodies[key] = self.op_body(prog.rank, segs, phase, chunk.layers.start)
             out.append(body)
-        patterns = [body.plain.pattern for body in out]
-        comms = [body.plain.comm for body in out]
-        durations = tuple([body.plain.duration for body in out])
-        self.shared.rank_bodies[prog.rank] = (
-            keys,
-            chunks[0].forward,
-            out,
-            patterns,
-            comms,
-            durations,
+        self.shared.rank_bodies[prog.rank] = RankBodies(
+            keys=keys,
+            forward=chunks[0].forward,
+            bodies=out,
+            patterns=[body.plain.pattern for body in out],
+            comms=[body.plain.comm for body in out],
+            durations=tuple([body.plain.duration for body in out]),
         )
         return out
 
@@ -567,13 +566,12 @@ class Walker:
         (:meth:`rank_bodies`): the same list objects for every variant, which the tables kept
         by them check by identity first."""
         hit = self.shared.rank_bodies[prog.rank]
-        return hit[3], hit[4]
+        return hit.patterns, hit.comms
 
     def block_durations(self, prog: RankState) -> tuple[float, ...]:
         """The seconds of the rank's blocks (:meth:`op_plans` makes each block from its
         body, so its seconds are the body's), as a tuple kept with the bodies."""
-        out: tuple[float, ...] = self.shared.rank_bodies[prog.rank][5]
-        return out
+        return self.shared.rank_bodies[prog.rank].durations
 
     def bucket_shape(self, chunk: ChunkModel) -> int:
         """What :meth:`reductions` reads of ``chunk``'s buckets (each one's elements, bytes,
@@ -960,22 +958,6 @@ class Walker:
         times[0::2], times[1::2] = begins, fired[last]
         deltas[0::2], deltas[1::2] = sizes, -sizes
         return (2 * holding).tolist(), times, deltas
-
-    def send_output(self, prog: RankState, op: PipeOp, dest: tuple[int, Phase, int]) -> None:
-        """Send ``op``'s output to ``dest`` (stage, direction, chunk) on the pp stream (the
-        same as :meth:`advance` does in its loop)."""
-        stage, dst_phase, dst_chunk = dest
-        t, busbw, tally, dst_rank, dst_events, size = self.send_slot(prog, stage)
-        tally.count += 1  # CallStats.add
-        tally.time_s += t
-        tally.busbw_bps = busbw
-        now, free = prog.now, prog.pp_free
-        free = (now if now >= free else free) + t  # max(now, pp_free) + t
-        prog.pp_free = free
-        delivered = now + (free - now)  # fires(now, free)
-        self.mail[(dst_rank, dst_phase, op.microbatch, dst_chunk)] = (now, delivered, size)
-        if size:  # MemoryLedger.alloc
-            dst_events.append(_new(MemoryEvent, (delivered, "buffers", float(size), "pp recv")))
 
     def send_slot(self, prog: RankState, stage: int) -> tuple[Any, ...]:
         """What a send from ``prog`` to ``stage`` reads, once per walk (opening its tally at the

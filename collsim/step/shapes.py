@@ -78,5 +78,5 @@ _MISSING: Any = object()
 def same_objects(held: Sequence[Any], now: Sequence[Any]) -> bool:
     """Whether ``now`` holds the very objects ``held`` holds, in order (how an entry kept by
     the identities of what it was made from checks them: ``held`` keeps them alive, so their
-    ids stay their own)."""
-    return len(held) == len(now) and all(map(is_, held, now))
+    ids stay their own); the very same sequence at once."""
+    return held is now or (len(held) == len(now) and all(map(is_, held, now)))
