@@ -122,6 +122,9 @@ class SegStep:
     """The segment's key in the walk's TP runs (:meth:`Walker.flush_tp`)."""
 
 
+SETTLED_TERMS_KEPT = 4096
+"""Runs of settled blocks whose terms :attr:`SharedWalk.settled_terms` keeps (then starts over)."""
+
 SETTLED_SUMS = (
     "compute",
     "framework",
@@ -329,6 +332,11 @@ class SharedWalk:
     """Per walked rank and pipeline shape (:meth:`Walker.pipeline_shape`), per op of its
     stage: its entry of ``settled`` (False for none; None until a walk asks), so that the
     walks of a plan's variants look each op up once."""
+    settled_terms: dict[tuple[int, ...], Any] = field(default_factory=dict)
+    """:meth:`Walker.add_settled`'s terms by the identities of the settled blocks it adds (all
+    held in ``settled``): a column for the account's start (written at each use), then each
+    block's sums in turn. The walks of a plan's variants add the same runs of blocks between
+    their segment loops (at most :data:`SETTLED_TERMS_KEPT`)."""
 
 
 class RankBodies(NamedTuple):

@@ -23,6 +23,7 @@ from collsim.parallel.pipeline import GRADIENT_PHASES, Phase
 from collsim.play.walk_pipe import BUFFER_LABEL, walk_fused
 from collsim.play.walk_tables import (
     SETTLED_SUMS,
+    SETTLED_TERMS_KEPT,
     Issue,
     Link,
     OpBody,
@@ -455,8 +456,15 @@ class Walker:
         if not blocks:
             return
         breakdown = prog.breakdown_s
-        start = np.array([[breakdown[k]] for k in SETTLED_SUMS])
-        terms = np.concatenate([start, *[b.sums for b in blocks]], axis=1)
+        known = self.shared.settled_terms
+        key = tuple(map(id, blocks))
+        terms = known.get(key)
+        if terms is None:
+            if len(known) >= SETTLED_TERMS_KEPT:
+                known.clear()
+            start = np.zeros((len(SETTLED_SUMS), 1))
+            terms = known[key] = np.concatenate([start, *[b.sums for b in blocks]], axis=1)
+        terms[:, 0] = [breakdown[k] for k in SETTLED_SUMS]
         totals = np.add.accumulate(terms, axis=1)[:, -1].tolist()
         for k, total in zip(SETTLED_SUMS, totals, strict=True):
             breakdown[k] = total

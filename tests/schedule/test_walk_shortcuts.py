@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -401,8 +402,10 @@ def test_a_zero1_pipeline_of_alike_chunks_batches_their_shared_reductions(
 def test_settled_sums_are_added_term_by_term_in_the_order_the_blocks_ran() -> None:
     """``Walker.add_settled`` adds the blocks' terms with one accumulation: the floats of the
     segment loop's ``+=`` one term after another (terms of mixed magnitudes, where any other
-    order or grouping rounds differently), keys a block does not touch left as they were."""
-    from collsim.play.walk_tables import SETTLED_SUMS, RankState, SettledOp
+    order or grouping rounds differently), keys a block does not touch left as they were; a
+    run of blocks added again (its terms kept by the blocks' identities) from another account
+    adds up as the first time."""
+    from collsim.play.walk_tables import SETTLED_SUMS, RankState, SettledOp, SharedWalk
 
     rng = random.Random(3)
     blocks = []
@@ -416,18 +419,22 @@ def test_settled_sums_are_added_term_by_term_in_the_order_the_blocks_ran() -> No
     prog.breakdown_s["compute"] = 0.1
     prog.breakdown_s["dp_exposed"] = 0.3
     expected = dict(prog.breakdown_s)
-    for b in (*blocks, blocks[1]):  # a block runs again
+    for b in (*blocks, blocks[1], *blocks[:2]):  # a block runs again, then a run again
         for row, key in enumerate(SETTLED_SUMS):
             for term in b.sums[row].tolist():
                 expected[key] += term
+    walker = SimpleNamespace(shared=SharedWalk())  # (add_settled reads only its tables)
     prog.settled.extend(blocks[:2])
-    Walker.add_settled(None, prog)  # type: ignore[arg-type]  # (reads only the rank)
+    Walker.add_settled(walker, prog)  # type: ignore[arg-type]
     assert prog.settled == []
     prog.settled.extend([*blocks[2:], blocks[1]])
-    Walker.add_settled(None, prog)  # type: ignore[arg-type]
+    Walker.add_settled(walker, prog)  # type: ignore[arg-type]
+    prog.settled.extend(blocks[:2])  # the first run's terms, kept
+    Walker.add_settled(walker, prog)  # type: ignore[arg-type]
+    assert len(walker.shared.settled_terms) == 2
     assert float_bits(prog.breakdown_s) == float_bits(expected)
     assert prog.breakdown_s["dp_exposed"] == 0.3
-    grouped = 0.1 + sum(float(b.sums[0].sum()) for b in (*blocks, blocks[1]))
+    grouped = 0.1 + sum(float(b.sums[0].sum()) for b in (*blocks, blocks[1], *blocks[:2]))
     assert grouped != expected["compute"]  # summed block by block, the two 1.0 count
 
 
