@@ -20,9 +20,10 @@ arrays are built from the patterns and blocks with numpy; the event list
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from operator import itemgetter
+from operator import is_, itemgetter
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -503,17 +504,16 @@ class MemoryLedger:
         if self._arr is not None and self._arr_n == key:
             return self._arr
 
-        index = {k: i for i, k in enumerate(MEMORY_KEYS)}
         t, d, c = self.single_columns()
         times, deltas, cats = [t], [d], [c]
         if self._batch is not None:  # then nothing in _placed
             batch = self._batch
-            t, d, c = _pattern_arrays(batch.starts, batch.which, batch.kinds, index)
+            t, d, c = _pattern_arrays(batch.starts, batch.which, batch.kinds)
             times.append(t)
             deltas.append(d)
             cats.append(c)
         elif self._placed:
-            t, d, c = self._placed_arrays(index)
+            t, d, c = self._placed_arrays()
             times.append(t)
             deltas.append(d)
             cats.append(c)
@@ -560,7 +560,7 @@ class MemoryLedger:
         self._columns = (key, columns)
         return columns
 
-    def _placed_arrays(self, index: dict[str, int]) -> tuple[Any, Any, Any]:
+    def _placed_arrays(self) -> tuple[Any, Any, Any]:
         """The placed patterns' events as (times, deltas, categories): grouped by pattern in
         order of first use, each placement's events in its pattern's order, placements in
         recording order (per pattern ``start + offsets`` row by row), built with numpy."""
@@ -570,7 +570,7 @@ class MemoryLedger:
         number = {id(p): i for i, p in enumerate(kinds)}
         which = np.fromiter(map(number.__getitem__, map(id, patterns)), np.intp, len(placed))
         starts = np.fromiter(map(itemgetter(0), placed), dtype=float, count=len(placed))
-        return _pattern_arrays(starts, which, kinds, index)
+        return _pattern_arrays(starts, which, kinds)
 
     def timeline(self) -> list[tuple[float, float]]:
         """Step-wise ``(time_s, bytes in use)`` after each distinct event time."""
@@ -656,35 +656,130 @@ def event_columns(events: list[MemoryEvent]) -> tuple[Any, Any, Any]:
     )
 
 
-def _pattern_arrays(
-    starts: Any, which: Any, kinds: list[MemoryPattern], index: dict[str, int]
-) -> tuple[Any, Any, Any]:
+class _KindColumns(NamedTuple):
+    """What :func:`_pattern_arrays` reads of a list of distinct patterns, whatever their
+    placements (:func:`_kind_columns`)."""
+
+    kinds: tuple[MemoryPattern, ...]
+    """The patterns (held: the key is their identities)."""
+    sizes: Any
+    """Each pattern's event count."""
+    base: Any
+    """Each pattern's first event in the columns below."""
+    offsets: Any
+    deltas: Any
+    categories: Any
+    """Per event of the patterns one after another: offset, signed bytes, category number."""
+    stepped: list[int]
+    """The patterns with steps (their events on segment boundaries)."""
+    steps: Any
+    """Per pattern, a zero then its steps, zeros after its last (a row of the padded grid of
+    :func:`_stepped_times`; zeros for a pattern without steps)."""
+    at: Any
+    """Per event, its boundary (0 for a pattern without steps)."""
+    cells: Any
+    """Per pattern, its steps plus one (the cells of its own row)."""
+
+
+KINDS_KEPT = 256
+"""Lists of patterns whose columns :func:`_kind_columns` keeps (the most recent)."""
+
+_KINDS: OrderedDict[tuple[int, ...], _KindColumns] = OrderedDict()
+
+
+def _kind_columns(kinds: list[MemoryPattern]) -> _KindColumns:
+    """The columns of ``kinds`` (:class:`_KindColumns`), kept by the patterns' identities for
+    the next ledgers that place the same patterns (the variants of a plan in a search)."""
+    key = tuple(map(id, kinds))
+    hit = _KINDS.get(key)
+    if hit is not None and all(map(is_, hit.kinds, kinds)):
+        _KINDS.move_to_end(key)
+        return hit
+    sizes = np.array([len(p.events) for p in kinds], dtype=np.intp)
+    offsets, deltas = pattern_columns(kinds)
+    numbers = np.array([_CATEGORY_NUMBER[p.category] for p in kinds], dtype=np.int8)
+    stepped = [q for q, p in enumerate(kinds) if p.steps is not None]
+    cells = np.array([len(p.steps or ()) + 1 for p in kinds], dtype=np.intp)
+    steps = np.zeros((len(kinds), int(cells.max())))
+    at = [np.zeros(len(p.events), dtype=np.intp) for p in kinds]
+    for q in stepped:
+        pattern = kinds[q]
+        steps[q, 1 : cells[q]] = pattern.steps
+        at[q] = pattern.at  # type: ignore[assignment]
+    hit = _KindColumns(
+        kinds=tuple(kinds),
+        sizes=sizes,
+        base=np.cumsum(sizes) - sizes,
+        offsets=offsets,
+        deltas=deltas,
+        categories=np.repeat(numbers, sizes),
+        stepped=stepped,
+        steps=steps,
+        at=np.concatenate(at) if at else np.zeros(0, dtype=np.intp),
+        cells=cells,
+    )
+    _KINDS[key] = hit
+    while len(_KINDS) > KINDS_KEPT:
+        _KINDS.popitem(last=False)
+    return hit
+
+
+def _pattern_arrays(starts: Any, which: Any, kinds: list[MemoryPattern]) -> tuple[Any, Any, Any]:
     """Placed patterns' events as (times, deltas, categories) from each placement's start and
     pattern (``which``: an index into ``kinds``, the distinct patterns in order of first use):
     grouped by pattern, each placement's events in its pattern's order, placements in
-    recording order (per pattern ``start + offsets`` row by row), built with numpy."""
+    recording order (per pattern ``start + offsets`` row by row, or on the placement's
+    boundaries for a stepped pattern: :func:`_stepped_times`), built with numpy."""
+    k = _kind_columns(kinds)
     grouped = np.argsort(which, kind="stable")
     starts, which = starts[grouped], which[grouped]
-    sizes = np.array([len(p.events) for p in kinds], dtype=np.intp)
-    base = np.cumsum(sizes) - sizes
-    lens = sizes[which]
+    lens = k.sizes[which]
     ends = np.cumsum(lens)
     total = int(ends[-1])
     within = np.arange(total) - np.repeat(ends - lens, lens)
-    source = np.repeat(base[which], lens) + within
-    offsets, deltas = pattern_columns(kinds)
-    cats = np.repeat(np.array([index[p.category] for p in kinds], dtype=np.int8), sizes)
-    times = np.repeat(starts, lens) + offsets[source]
-    stepped = [q for q, p in enumerate(kinds) if p.steps is not None]
-    if stepped:  # grouped: kind q's events are one block, placement after placement
-        first = np.searchsorted(which, np.arange(len(kinds)), side="left")
-        last = np.searchsorted(which, np.arange(len(kinds)), side="right")
-        block = np.concatenate(([0], np.cumsum(sizes[which])))
-        for q in stepped:
-            lo, hi = int(first[q]), int(last[q])
+    source = np.repeat(k.base[which], lens) + within
+    times = np.repeat(starts, lens) + k.offsets[source]
+    if k.stepped:
+        times = _stepped_times(times, starts, which, lens, source, k)
+    return times, k.deltas[source], k.categories[source]
+
+
+PADDING_LIMIT = 4
+"""How many times the cells of its patterns' own steps one grid for all stepped placements
+may hold (:func:`_stepped_times`; padding beyond that is placed pattern by pattern)."""
+
+
+def _stepped_times(
+    times: Any, starts: Any, which: Any, lens: Any, source: Any, k: _KindColumns
+) -> Any:
+    """``times`` (per event of the grouped placements, :func:`_pattern_arrays`; changed in
+    place) with the events of stepped patterns on their placement's boundaries: one grid for
+    all of them, a row per placement, its start then its pattern's steps, zeros after the
+    last (:meth:`MemoryPattern.times` row by row: a running sum along a row reads only the
+    columns before, so the padding changes none of a pattern's boundaries). Patterns of very
+    unequal steps (a grid mostly padding) are placed one pattern at a time instead."""
+    stepped = np.zeros(len(k.kinds), dtype=bool)
+    stepped[k.stepped] = True
+    rows = np.flatnonzero(stepped[which])
+    width = k.steps.shape[1]
+    if width * len(rows) > PADDING_LIMIT * int(k.cells[which[rows]].sum()):
+        first = np.searchsorted(which, k.stepped, side="left")
+        last = np.searchsorted(which, k.stepped, side="right")
+        block = np.concatenate(([0], np.cumsum(lens)))
+        for q, lo, hi in zip(k.stepped, first.tolist(), last.tolist(), strict=True):
             if hi > lo:
-                times[block[lo] : block[hi]] = kinds[q].times(starts[lo:hi]).ravel()
-    return times, deltas[source], cats[source]
+                times[block[lo] : block[hi]] = k.kinds[q].times(starts[lo:hi]).ravel()
+        return times
+    grid = k.steps[which[rows]]
+    grid[:, 0] = starts[rows]
+    np.add.accumulate(grid, axis=1, out=grid)
+    # each event of a stepped placement: its row in the grid and its boundary
+    row_of = np.full(len(which), -1, dtype=np.intp)
+    row_of[rows] = np.arange(len(rows))
+    event_row = np.repeat(row_of, lens)
+    mine = event_row >= 0
+    times[mine] = grid[event_row[mine], k.at[source[mine]]]
+    return times
 
 
 class Timelines(Mapping[int, list[tuple[float, float]]]):

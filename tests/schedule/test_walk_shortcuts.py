@@ -36,7 +36,7 @@ from collsim.step.build import build_schedule
 from collsim.step.memory import MemoryEvent, MemoryLedger, MemoryPattern
 from collsim.step.ops import ChunkModel
 from collsim.step.pricing import ClosedPricer
-from collsim.step.result import StepResult
+from collsim.step.result import MEMORY_KEYS, StepResult
 from collsim.step.shapes import ShapeCache
 from collsim.step.stats import CallKey, CallStats, dp_link, dp_links
 from collsim.workload import get_preset
@@ -166,6 +166,43 @@ def test_a_stepped_pattern_is_placed_as_a_clock_runs_its_steps() -> None:
         expected = [bounds[i] for i in at]
         assert [x.hex() for x in row] == [x.hex() for x in expected]
         assert [x.hex() for x in pattern.times_at(start)] == [x.hex() for x in expected]
+
+
+@pytest.mark.parametrize("long_steps", [3, 400])  # one grid for all; pattern by pattern
+def test_placed_patterns_fall_on_their_boundaries_however_their_steps_differ(
+    long_steps: int,
+) -> None:
+    """The placed patterns' columns (stepped ones in one padded grid, or pattern by pattern
+    when one pattern's steps far outnumber the others') hold each placement's events at
+    ``times_at`` of its start (offsets for a pattern without steps), grouped by pattern in
+    order of first use, placements in recording order; the same again when the patterns'
+    columns are kept from the first call."""
+    from collsim.step.memory import _pattern_arrays
+
+    rng = random.Random(5)
+    kinds = []
+    for q, n in enumerate((2, 5, long_steps, 0)):
+        events = [(rng.uniform(0, 1e-3), float(i + 1 + 10 * q), "act", i) for i in range(4)]
+        if n:
+            steps = tuple(rng.uniform(1e-6, 1e-2) for _ in range(n))
+            at = sorted(rng.randint(0, n) for _ in events)
+            kinds.append(MemoryPattern("activations", events, steps, at))
+        else:
+            kinds.append(MemoryPattern("buffers", events))
+    which = [0, 1, 0, 3, 2, 1, 1, 0, 3, 3, 1]  # (kinds first used in order)
+    starts = [rng.uniform(0.0, 50.0) for _ in which]
+    times, deltas, cats = [], [], []
+    for q in range(len(kinds)):
+        for start, w in zip(starts, which, strict=True):
+            if w == q:
+                times += kinds[q].times_at(start)
+                deltas += [ev[1] for ev in kinds[q].events]
+                cats += [MEMORY_KEYS.index(kinds[q].category)] * len(kinds[q].events)
+    for _ in range(2):
+        got = _pattern_arrays(np.array(starts), np.array(which, dtype=np.intp), kinds)
+        assert [x.hex() for x in got[0].tolist()] == [x.hex() for x in times]
+        assert got[1].tolist() == deltas
+        assert got[2].tolist() == cats
 
 
 @pytest.mark.parametrize(
