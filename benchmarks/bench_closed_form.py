@@ -28,6 +28,10 @@ repeat mostly misses them::
     taskset -c 0 python benchmarks/bench_closed_form.py [--repeats 5] [--sample 40] [--phases]
         [--profile 20]
 
+The first and last lines give the host's speed as the CPU time of a fixed workload
+(:func:`host_reference_ms`): the per-plan figures scale roughly with it from one machine,
+or one stretch of a shared machine, to another.
+
 ``--profile N`` adds one more pass per family under :mod:`cProfile` and prints its N most
 costly functions by own time (where the time goes; the profiler slows each call, so read the
 shares, not the figures).
@@ -231,6 +235,28 @@ def family(
     sys.stdout.flush()
 
 
+def host_reference_ms(repeats: int = 5) -> float:
+    """CPU milliseconds of a fixed workload of the kinds a walk runs (dict lookups, float
+    adds, tuples appended, small numpy calls), the median of ``repeats``: the figures above
+    read in proportion to it, so that runs on machines (or stretches) of other speeds
+    compare."""
+    import numpy as np
+
+    table = {i: float(i) for i in range(64)}
+    small = np.arange(100, dtype=float)
+    times = []
+    for _ in range(repeats):
+        t0 = time.process_time()
+        total, rows = 0.0, []
+        for i in range(200_000):
+            total += table.get(i & 63, 0.0)
+            rows.append((total, i))
+        for _ in range(2_000):
+            np.add.accumulate(small)[-1].item()
+        times.append(time.process_time() - t0)
+    return statistics.median(times) * 1e3
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
@@ -247,7 +273,10 @@ def main() -> int:
         phase_clocks()
     warnings.simplefilter("ignore", CollsimWarning)
     wanted = args.families.split(",")
-    print(f"load average {os.getloadavg()[0]:.2f}; CPU ms per plan, medians over the plans")
+    print(
+        f"load average {os.getloadavg()[0]:.2f}; host reference {host_reference_ms():.1f} ms"
+        " (host_reference_ms); CPU ms per plan, medians over the plans"
+    )
     print(
         f"  {'family':8s} {'pass':6s} {'plans':>5s} {'total ms':>9s} {'build ms':>9s}"
         f" {'walk ms':>9s}  target {TARGET_S * 1e3:g} ms"
@@ -271,6 +300,7 @@ def main() -> int:
         if name in wanted:
             path = REPO / scenario
             family(name, *search_estimated(path, space), args.repeats, args.profile)
+    print(f"host reference at the end {host_reference_ms():.1f} ms")
     return 0
 
 
