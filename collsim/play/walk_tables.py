@@ -319,6 +319,11 @@ class SharedWalk:
     )
     """:func:`collsim.play.walk_zero3.seg_plan` by (rank, chunk, phase, paired): the op's
     segment list (kept: its identity stays its own) and its steps."""
+    issue_plans: dict[
+        tuple[int, int, Phase, bool, int], tuple[list[Segment], list[tuple[Issue, ...]]]
+    ] = field(default_factory=dict)
+    """:func:`collsim.play.walk_zero3.issue_plan` by (rank, chunk, phase, paired, prefetch
+    depth): the op's segment list (kept: its identity stays its own) and its issues."""
     unit_gathers: dict[tuple[int, int, str | int], Issue] = field(default_factory=dict)
     """A ZeRO-3 unit's gather as :func:`collsim.play.walk_zero3.issue_plan` issues it, by
     (rank, chunk, unit)."""

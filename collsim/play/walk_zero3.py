@@ -36,7 +36,6 @@ class Walker(Protocol):
     rules: DataParallelRules
     runs: dict[tuple[int, int], list[Any]]
     shared: SharedWalk
-    issue_plans: dict[tuple[int, int, Phase, bool], list[tuple[Issue, ...]]]
 
     def seg_tp_s(self, rank: int, seg: Segment) -> float: ...
 
@@ -104,13 +103,14 @@ def issue_plan(
 ) -> list[tuple[Issue, ...]]:
     """Per segment of an op, the unit gathers issued before it (``rules.prefetch`` ahead:
     :func:`~collsim.parallel.fsdp.issue_schedule`; none for a weight-gradient op), once per
-    walk; each unit's gather priced once in the shared tables."""
-    key = (prog.rank, chunk.index, phase, paired)
-    hit = w.issue_plans.get(key)
-    if hit is not None:
-        return hit
+    (rank, chunk, phase, paired, prefetch depth) in the shared tables (of a variant's knobs
+    only the depth changes it); each unit's gather priced once there too."""
     rules, rank = w.rules, prog.rank
+    key = (rank, chunk.index, phase, paired, rules.prefetch)
     segs = chunk.segments(phase, paired)
+    hit = w.shared.issue_plans.get(key)
+    if hit is not None and hit[0] is segs:
+        return hit[1]
     if phase is Phase.BACKWARD_WEIGHT:  # dB needs no weight
         out: list[tuple[Issue, ...]] = [() for _ in segs]
     else:
@@ -132,7 +132,7 @@ def issue_plan(
                     )
                 issues.append(issue)
             out.append(tuple(issues))
-    w.issue_plans[key] = out
+    w.shared.issue_plans[key] = (segs, out)
     return out
 
 

@@ -24,7 +24,6 @@ from collsim.play.walk_pipe import BUFFER_LABEL, walk_fused
 from collsim.play.walk_tables import (
     SETTLED_SUMS,
     SETTLED_TERMS_KEPT,
-    Issue,
     Link,
     OpBody,
     OpPlan,
@@ -116,7 +115,6 @@ class Walker:
         """:func:`reduction_arrays` by the identity of an op's reductions (held by its
         :class:`OpPlan`, which the walk keeps)."""
         self.runs: dict[tuple[int, int], list[Any]] = {}
-        self.issue_plans: dict[tuple[int, int, Phase, bool], list[tuple[Issue, ...]]] = {}
         self._blocks: dict[int, list[SettledOp | bool | None]] = {}
         """Per stage, per op: its settled block, False when it has none, None until asked
         (the list the plan's variants share, ``SharedWalk.stage_blocks``)."""

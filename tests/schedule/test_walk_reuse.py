@@ -347,8 +347,9 @@ def test_fsdp_prefetch_variants_share_a_program_and_estimate_as_fresh_walks(
     # ZeRO-3 plans that differ only in how far ahead they gather (and their buckets), in a
     # search's order (the recompute choice innermost, so a plan's variant is two plans back):
     # one program built per recompute choice, the others made from it (the prefetch depth is
-    # read by the data-parallel rules alone), the settled blocks worked out once; each estimate
-    # a fresh walk's, bit for bit, whether the units stay gathered (most ops settle) or not
+    # read by the data-parallel rules alone), the settled blocks worked out once, a depth's
+    # issue plans read again by a later variant of that depth; each estimate a fresh walk's,
+    # bit for bit, whether the units stay gathered (most ops settle) or not
     spec = get_preset("gpt3-350m")
     topology = load_topology("dgx_h100", nodes=2)
     plans = [
@@ -359,7 +360,7 @@ def test_fsdp_prefetch_variants_share_a_program_and_estimate_as_fresh_walks(
                 fsdp=FSDPConfig(prefetch=prefetch, reshard_after_forward=raf, grad_sync=sync),
             ),
         )
-        for prefetch, bucket_mb in [(4, 25.0), (2, 25.0), (1, 5.0), (0, 5.0)]
+        for prefetch, bucket_mb in [(4, 25.0), (2, 25.0), (1, 5.0), (0, 5.0), (2, 10.0)]
         for recompute in ("none", "selective")
     ]
     est, fresh, estimates, built = _fresh_and_estimated(topology, spec, plans)
