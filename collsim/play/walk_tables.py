@@ -339,9 +339,9 @@ class SharedWalk:
     walks of a plan's variants look each op up once."""
     settled_terms: dict[tuple[int, ...], Any] = field(default_factory=dict)
     """:meth:`Walker.add_settled`'s terms by the identities of the settled blocks it adds (all
-    held in ``settled``): a column for the account's start (written at each use), then each
-    block's sums in turn. The walks of a plan's variants add the same runs of blocks between
-    their segment loops (at most :data:`SETTLED_TERMS_KEPT`)."""
+    held in ``settled``): each block's sums in turn (read only; the account's start is put
+    before them in a new array at each use). The walks of a plan's variants add the same
+    runs of blocks between their segment loops (at most :data:`SETTLED_TERMS_KEPT`)."""
 
 
 class RankBodies(NamedTuple):

@@ -460,10 +460,11 @@ class Walker:
         if terms is None:
             if len(known) >= SETTLED_TERMS_KEPT:
                 known.clear()
-            start = np.zeros((len(SETTLED_SUMS), 1))
-            terms = known[key] = np.concatenate([start, *[b.sums for b in blocks]], axis=1)
-        terms[:, 0] = [breakdown[k] for k in SETTLED_SUMS]
-        totals = np.add.accumulate(terms, axis=1)[:, -1].tolist()
+            terms = known[key] = np.concatenate([b.sums for b in blocks], axis=1)
+        start = np.array([[breakdown[k]] for k in SETTLED_SUMS])
+        # (a new array: the kept terms are never written, whoever else reads them)
+        totals = np.add.accumulate(np.concatenate((start, terms), axis=1), axis=1)
+        totals = totals[:, -1].tolist()
         for k, total in zip(SETTLED_SUMS, totals, strict=True):
             breakdown[k] = total
         blocks.clear()

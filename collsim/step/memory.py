@@ -22,6 +22,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from operator import is_, itemgetter
 from typing import Any, NamedTuple
@@ -693,7 +694,8 @@ def _kind_columns(kinds: list[MemoryPattern]) -> _KindColumns:
     key = tuple(map(id, kinds))
     hit = _KINDS.get(key)
     if hit is not None and all(map(is_, hit.kinds, kinds)):
-        _KINDS.move_to_end(key)
+        with suppress(KeyError):  # (dropped meanwhile by another thread's walk: kept anyway)
+            _KINDS.move_to_end(key)
         return hit
     sizes = np.array([len(p.events) for p in kinds], dtype=np.intp)
     offsets, deltas = pattern_columns(kinds)
@@ -720,7 +722,8 @@ def _kind_columns(kinds: list[MemoryPattern]) -> _KindColumns:
     )
     _KINDS[key] = hit
     while len(_KINDS) > KINDS_KEPT:
-        _KINDS.popitem(last=False)
+        with suppress(KeyError):
+            _KINDS.popitem(last=False)
     return hit
 
 
