@@ -157,6 +157,36 @@ def test_each_worker_builds_the_context_once(cluster, tmp_path: Path) -> None:
     assert len(pids) == len(set(pids)) == 2
 
 
+def _counter() -> dict[str, int]:
+    return {"now": 0, "most": 0}
+
+
+def _most_at_once(ctx: dict[str, int], item: int) -> int:
+    """How many items of the context have run at once so far (this one included)."""
+    ctx["now"] += 1
+    ctx["most"] = max(ctx["most"], ctx["now"])
+    time.sleep(0.002)  # (releases the GIL: another thread's batch would run now)
+    ctx["now"] -= 1
+    return ctx["most"]
+
+
+def test_a_worker_with_two_threads_runs_one_batch_of_a_context_at_a_time() -> None:
+    # a worker started with several threads (Dask's default is one per core) shares one
+    # context (a search's estimator and its caches) between them: its batches take turns
+    with distributed.LocalCluster(
+        n_workers=1,
+        threads_per_worker=2,
+        processes=True,
+        host="127.0.0.1",
+        scheduler_port=0,
+        dashboard_address="127.0.0.1:0",
+    ) as two_threads:
+        with Workers(1, _counter, scheduler=two_threads.scheduler_address) as workers:
+            assert workers.jobs == 2  # two batches sent at once
+            most = workers.map(_most_at_once, range(400))
+    assert max(most) == 1
+
+
 @pytest.fixture(scope="module")
 def local(h100x16):
     return search_plans(*_args(h100x16), **ARGS, jobs=1)

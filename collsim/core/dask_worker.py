@@ -7,6 +7,7 @@ scheduler (the optional ``distributed`` package).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -17,8 +18,11 @@ from collsim.core.runtime import collector_relaxed
 
 __all__ = ["ContextPlugin", "run_batch"]
 
-#: The contexts this worker holds, by the token of the map that registered them.
-_contexts: dict[str, Any] = {}
+#: The contexts this worker holds, by the token of the map that registered them, each with the
+#: lock its batches take: a worker started with several threads runs one batch of a context at
+#: a time (an estimator's caches are one walk's at a time; pure Python gains nothing from a
+#: second thread under the GIL).
+_contexts: dict[str, tuple[Any, threading.Lock]] = {}
 
 
 class ContextPlugin(WorkerPlugin):
@@ -32,7 +36,7 @@ class ContextPlugin(WorkerPlugin):
         self.factory, self.args = factory, args
 
     def setup(self, worker: Any) -> None:
-        _contexts[self.token] = self.factory(*self.args)
+        _contexts[self.token] = (self.factory(*self.args), threading.Lock())
 
     def teardown(self, worker: Any) -> None:
         _contexts.pop(self.token, None)
@@ -41,16 +45,19 @@ class ContextPlugin(WorkerPlugin):
 def run_batch(
     token: str, fn: Callable[[Any, Any], Any], items: list[Any]
 ) -> tuple[float, list[Any]]:
-    """One task: ``[fn(context, item) for item in items]`` with this worker's context, and the
-    seconds they took here (the client sizes its next tasks by them).
+    """One task: ``[fn(context, item) for item in items]`` with this worker's context (one task
+    of a context at a time, whatever the worker's threads), and the seconds they took here
+    (the client sizes its next tasks by them).
 
     Raises:
         RuntimeError: the worker holds no context of that token (its plugin did not run).
     """
-    ctx = _contexts.get(token)
-    if ctx is None:
+    held = _contexts.get(token)
+    if held is None:
         raise RuntimeError(f"no context {token} on this Dask worker (its plugin did not run)")
-    started = time.perf_counter()
-    with collector_relaxed():
-        out = [fn(ctx, item) for item in items]
-    return time.perf_counter() - started, out
+    ctx, lock = held
+    with lock:  # (the seconds are the batch's own, not its wait for another thread's)
+        started = time.perf_counter()
+        with collector_relaxed():
+            out = [fn(ctx, item) for item in items]
+        return time.perf_counter() - started, out
