@@ -20,17 +20,16 @@ arrays are built from the patterns and blocks with numpy; the event list
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import suppress
 from dataclasses import dataclass, field
-from operator import is_, itemgetter
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from collsim.core.errors import SimulationError
 from collsim.step.result import MEMORY_KEYS
+from collsim.step.shapes import ShapeCache, same_objects
 
 _CATEGORY_NUMBER = {k: i for i, k in enumerate(MEMORY_KEYS)}
 _new = tuple.__new__
@@ -671,8 +670,8 @@ class _KindColumns(NamedTuple):
     deltas: Any
     categories: Any
     """Per event of the patterns one after another: offset, signed bytes, category number."""
-    stepped: list[int]
-    """The patterns with steps (their events on segment boundaries)."""
+    stepped: Any
+    """Per pattern, whether it has steps (its events on segment boundaries)."""
     steps: Any
     """Per pattern, a zero then its steps, zeros after its last (a row of the padded grid of
     :func:`_stepped_times`; zeros for a pattern without steps)."""
@@ -683,48 +682,46 @@ class _KindColumns(NamedTuple):
 
 
 KINDS_KEPT = 256
-"""Lists of patterns whose columns :func:`_kind_columns` keeps (the most recent)."""
+"""Lists of patterns whose columns :func:`_kind_columns` keeps (the most recently made)."""
 
-_KINDS: OrderedDict[tuple[int, ...], _KindColumns] = OrderedDict()
+_KINDS = ShapeCache()
+"""The columns of the lists of patterns placed last (:func:`_kind_columns`)."""
 
 
 def _kind_columns(kinds: list[MemoryPattern]) -> _KindColumns:
     """The columns of ``kinds`` (:class:`_KindColumns`), kept by the patterns' identities for
     the next ledgers that place the same patterns (the variants of a plan in a search)."""
-    key = tuple(map(id, kinds))
-    hit = _KINDS.get(key)
-    if hit is not None and all(map(is_, hit.kinds, kinds)):
-        with suppress(KeyError):  # (dropped meanwhile by another thread's walk: kept anyway)
-            _KINDS.move_to_end(key)
-        return hit
+    hit = _KINDS.recent(
+        "pattern columns", tuple(map(id, kinds)), lambda: _made_columns(kinds), KINDS_KEPT
+    )
+    if not same_objects(hit.kinds, kinds):  # pragma: no cover - other patterns, reused ids
+        hit = _made_columns(kinds)
+    return hit
+
+
+def _made_columns(kinds: list[MemoryPattern]) -> _KindColumns:
+    """The columns of ``kinds``, made (:func:`_kind_columns`)."""
     sizes = np.array([len(p.events) for p in kinds], dtype=np.intp)
     offsets, deltas = pattern_columns(kinds)
     numbers = np.array([_CATEGORY_NUMBER[p.category] for p in kinds], dtype=np.int8)
-    stepped = [q for q, p in enumerate(kinds) if p.steps is not None]
     cells = np.array([len(p.steps or ()) + 1 for p in kinds], dtype=np.intp)
     steps = np.zeros((len(kinds), int(cells.max())))
-    at = [np.zeros(len(p.events), dtype=np.intp) for p in kinds]
-    for q in stepped:
-        pattern = kinds[q]
-        steps[q, 1 : cells[q]] = pattern.steps
-        at[q] = pattern.at  # type: ignore[assignment]
-    hit = _KindColumns(
+    at = [np.zeros(len(p.events), dtype=np.intp) if p.at is None else p.at for p in kinds]
+    for q, pattern in enumerate(kinds):
+        if pattern.steps is not None:
+            steps[q, 1 : cells[q]] = pattern.steps
+    return _KindColumns(
         kinds=tuple(kinds),
         sizes=sizes,
         base=np.cumsum(sizes) - sizes,
         offsets=offsets,
         deltas=deltas,
         categories=np.repeat(numbers, sizes),
-        stepped=stepped,
+        stepped=np.array([p.steps is not None for p in kinds], dtype=bool),
         steps=steps,
-        at=np.concatenate(at) if at else np.zeros(0, dtype=np.intp),
+        at=np.concatenate(at),
         cells=cells,
     )
-    _KINDS[key] = hit
-    while len(_KINDS) > KINDS_KEPT:
-        with suppress(KeyError):
-            _KINDS.popitem(last=False)
-    return hit
 
 
 def _pattern_arrays(starts: Any, which: Any, kinds: list[MemoryPattern]) -> tuple[Any, Any, Any]:
@@ -742,7 +739,7 @@ def _pattern_arrays(starts: Any, which: Any, kinds: list[MemoryPattern]) -> tupl
     within = np.arange(total) - np.repeat(ends - lens, lens)
     source = np.repeat(k.base[which], lens) + within
     times = np.repeat(starts, lens) + k.offsets[source]
-    if k.stepped:
+    if k.stepped.any():
         times = _stepped_times(times, starts, which, lens, source, k)
     return times, k.deltas[source], k.categories[source]
 
@@ -761,15 +758,14 @@ def _stepped_times(
     last (:meth:`MemoryPattern.times` row by row: a running sum along a row reads only the
     columns before, so the padding changes none of a pattern's boundaries). Patterns of very
     unequal steps (a grid mostly padding) are placed one pattern at a time instead."""
-    stepped = np.zeros(len(k.kinds), dtype=bool)
-    stepped[k.stepped] = True
-    rows = np.flatnonzero(stepped[which])
+    rows = np.flatnonzero(k.stepped[which])
     width = k.steps.shape[1]
     if width * len(rows) > PADDING_LIMIT * int(k.cells[which[rows]].sum()):
-        first = np.searchsorted(which, k.stepped, side="left")
-        last = np.searchsorted(which, k.stepped, side="right")
+        stepped = np.flatnonzero(k.stepped)
+        first = np.searchsorted(which, stepped, side="left")
+        last = np.searchsorted(which, stepped, side="right")
         block = np.concatenate(([0], np.cumsum(lens)))
-        for q, lo, hi in zip(k.stepped, first.tolist(), last.tolist(), strict=True):
+        for q, lo, hi in zip(stepped.tolist(), first.tolist(), last.tolist(), strict=True):
             if hi > lo:
                 times[block[lo] : block[hi]] = k.kinds[q].times(starts[lo:hi]).ravel()
         return times
