@@ -105,10 +105,6 @@ class Walker:
         self.gather_pp = plan.tp > 1 and not plan.parallel.sequence_parallel
         self._links: dict[int, list[Link]] = {}
         self._fold: dict[int, tuple[CallKey, float, float]] = {}
-        self._sends: dict[tuple[int, int], tuple[Any, ...]] = {}
-        """Per (rank, receiving stage): the send's seconds, busbw and tally, the receiver's
-        rank, its ledger's appender (no event is read during the walk) and the message's
-        bytes."""
         self._bucket_shapes: dict[int, tuple[Sequence[Bucket], int]] = {}
         """:meth:`bucket_shape` by the identity of a chunk's bucket list (kept)."""
         self._reduction_arrays: dict[int, tuple[Sequence[Reduction], ReductionColumns]] = {}
@@ -463,9 +459,8 @@ class Walker:
             terms = known[key] = np.concatenate([b.sums for b in blocks], axis=1)
         start = np.array([[breakdown[k]] for k in SETTLED_SUMS])
         # (a new array: the kept terms are never written, whoever else reads them)
-        totals = np.add.accumulate(np.concatenate((start, terms), axis=1), axis=1)
-        totals = totals[:, -1].tolist()
-        for k, total in zip(SETTLED_SUMS, totals, strict=True):
+        totals = np.add.accumulate(np.concatenate((start, terms), axis=1), axis=1)[:, -1]
+        for k, total in zip(SETTLED_SUMS, totals.tolist(), strict=True):
             breakdown[k] = total
         blocks.clear()
 
@@ -967,18 +962,13 @@ class Walker:
         return (2 * holding).tolist(), times, deltas
 
     def send_slot(self, prog: RankState, stage: int) -> tuple[Any, ...]:
-        """What a send from ``prog`` to ``stage`` reads, once per walk (opening its tally at the
-        first send, as CallStats.add): its seconds, busbw, tally, the receiver's rank, its
-        ledger's appender, the message's bytes."""
-        hit = self._sends.get((prog.rank, stage))
-        if hit is None:
-            dst = self.by_stage[stage]
-            size = self.schedule.p2p_bytes
-            key, t, busbw = self.call_price(prog.rank, PP, "send_recv", size, (prog.rank, dst.rank))
-            tally = self.stats.tally(key)
-            hit = (t, busbw, tally, dst.rank, dst.ledger.appenders()[0], size)
-            self._sends[(prog.rank, stage)] = hit
-        return hit
+        """What a send from ``prog`` to ``stage`` reads (:meth:`advance` asks once per walk,
+        and opens its tally at the first send, as CallStats.add): its seconds, busbw, tally,
+        the receiver's rank, its ledger's appender, the message's bytes."""
+        dst = self.by_stage[stage]
+        size = self.schedule.p2p_bytes
+        key, t, busbw = self.call_price(prog.rank, PP, "send_recv", size, (prog.rank, dst.rank))
+        return (t, busbw, self.stats.tally(key), dst.rank, dst.ledger.appenders()[0], size)
 
     def grad_norm(self) -> None:
         """The clipping's norm all-reduces, as the engine plays them: the walked members of a
