@@ -186,18 +186,9 @@ def rebucket_stage(
     held, known = cache.get("stage chunks", layout, lambda: (segments, entries()))
     if held is not segments:  # pragma: no cover - a reused address
         known = entries()
-    # _chunk_buckets of each chunk, its table read in the loop
-    spec, ddp = plan.spec, plan.parallel.ddp
-    knobs = (ddp.bucket_mb, ddp.first_bucket_mb, grad_bytes)
-    made = cache.table("buckets")
     for chunk, (shape, tensors, _, grads) in zip(model.chunks, known, strict=True):
-        key = (shape, *knobs)
-        hit = made.get(key)
-        if hit is None or hit[0] is not spec:  # (another spec at a reused address: anew)
-            hit = made[key] = (spec, _buckets(plan, tensors, grad_bytes, grads, cache))
-        copy = ChunkModel(*_CHUNK_FIELDS(chunk))  # _rebucketed
-        copy.buckets, copy.bucket_shape = hit[1]
-        chunks.append(copy)
+        buckets, bucket_shape = _chunk_buckets(plan, shape, tensors, grads, grad_bytes, cache)
+        chunks.append(_rebucketed(chunk, buckets, bucket_shape))
     return StageModel(stage=model.stage, chunks=chunks, split_of=model.split_of)
 
 
@@ -349,12 +340,13 @@ def _chunk_buckets(
     spec = plan.spec
     ddp = plan.parallel.ddp
     key = (shape, ddp.bucket_mb, ddp.first_bucket_mb, grad_bytes)
-    held, made = cache.get(
-        "buckets", key, lambda: (spec, _buckets(plan, tensors, grad_bytes, grads, cache))
-    )
-    if held is not spec:  # pragma: no cover - as above
-        made = _buckets(plan, tensors, grad_bytes, grads, cache)
-    out: tuple[CutBuckets, BucketShape | None] = made
+    made = cache.table("buckets")  # (read as ShapeCache.get does, without a closure per call)
+    hit = made.get(key)
+    if hit is None:
+        hit = made[key] = (spec, _buckets(plan, tensors, grad_bytes, grads, cache))
+    if hit[0] is not spec:  # pragma: no cover - as above
+        return _buckets(plan, tensors, grad_bytes, grads, cache)
+    out: tuple[CutBuckets, BucketShape | None] = hit[1]
     return out
 
 
