@@ -40,11 +40,12 @@ SPACE = SearchSpace(
 )
 
 
-def _local_cluster(workers: int):
-    """A cluster of ``workers`` single-thread worker processes on loopback, free ports."""
+def _local_cluster(workers: int, threads: int = 1):
+    """A cluster of ``workers`` worker processes of ``threads`` threads each (one by default)
+    on loopback, free ports."""
     return distributed.LocalCluster(
         n_workers=workers,
-        threads_per_worker=1,
+        threads_per_worker=threads,
         processes=True,
         host="127.0.0.1",
         scheduler_port=0,
@@ -173,14 +174,7 @@ def _most_at_once(ctx: dict[str, int], item: int) -> int:
 def test_a_worker_with_two_threads_runs_one_batch_of_a_context_at_a_time() -> None:
     # a worker started with several threads (Dask's default is one per core) shares one
     # context (a search's estimator and its caches) between them: its batches take turns
-    with distributed.LocalCluster(
-        n_workers=1,
-        threads_per_worker=2,
-        processes=True,
-        host="127.0.0.1",
-        scheduler_port=0,
-        dashboard_address="127.0.0.1:0",
-    ) as two_threads:
+    with _local_cluster(1, threads=2) as two_threads:
         with Workers(1, _counter, scheduler=two_threads.scheduler_address) as workers:
             assert workers.jobs == 2  # two batches sent at once
             most = workers.map(_most_at_once, range(400))
