@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -375,6 +375,32 @@ def _messages(
     return fold_at, fold, seconds, sends
 
 
+class Inserts(NamedTuple):
+    """Where a stage's bucket reductions record their ZeRO-2 buffer events among its traced
+    events (:func:`_ledger`): for each op that records any, in op order, the op, how many
+    traced events come before its block, and how many buffer events it records (integer
+    arrays of one length)."""
+
+    ops: Any
+    marks: Any
+    counts: Any
+
+
+NO_INSERTS = Inserts(*(np.zeros(0, dtype=np.intp),) * 3)
+"""The :class:`Inserts` of a stage whose ops record no buffer events."""
+
+
+def _inserts(ops: Any, marks: Any, counts: Any) -> Inserts:
+    """The :class:`Inserts` of the ops ``ops`` (op indices) that record ``counts`` buffer
+    events each, those that record none left out; ``marks``: every op's traced events
+    before its block (:attr:`StageTrace.mark_array`)."""
+    some = np.flatnonzero(counts)
+    if not len(some):
+        return NO_INSERTS
+    ops = ops[some]
+    return Inserts(ops, marks[ops], counts[some])
+
+
 def _replay(
     w: Walker,
     progs: list[RankState],
@@ -419,27 +445,27 @@ def _replay(
         else:
             tally_of(send_calls[s][x][0])
     # each stage's reductions, in op order (nothing above reads or adds to its dp stream)
-    inserts: list[list[tuple[int, int, int]]] = [[] for _ in progs]
+    inserts = [NO_INSERTS] * len(progs)
     held_events: list[list[MemoryEvent]] = [[] for _ in progs]
     held_columns: list[tuple[Any, Any] | None] = [None] * len(progs)
     for s, ops in enumerate(overlapped):
         if not ops:
             continue
-        starts, marks, blks, bids = traces[s].starts, traces[s].marks, blocks[s], tables[s].blocks
+        starts, blks, bids = traces[s].starts, blocks[s], tables[s].blocks
+        at = np.array(ops, dtype=np.intp)
         batch = _batch_groups(blks, reducing_ops[s])
         if batch is not None:
             group_of, groups = batch
-            at = np.array(ops, dtype=np.intp)
             counts, times, deltas = w.run_block_batch(
                 progs[s], traces[s].start_array[at], group_of[tables[s].block_ids[at]], groups
             )
-            inserts[s] = [(x, marks[x], n) for x, n in zip(ops, counts, strict=True) if n]
+            inserts[s] = _inserts(at, traces[s].mark_array, counts)
             held_columns[s] = (times, deltas)
             continue
-        counts, held = w.run_overlapped(
+        per_op, held = w.run_overlapped(
             progs[s], [(starts[x], blks[bids[x]].reductions) for x in ops]
         )
-        inserts[s] = [(x, marks[x], n) for x, n in zip(ops, counts, strict=True) if n]
+        inserts[s] = _inserts(at, traces[s].mark_array, np.array(per_op, dtype=np.intp))
         held_events[s] = held
     for s, prog in enumerate(progs):
         tr, table, blks = traces[s], tables[s], blocks[s]
@@ -453,7 +479,7 @@ def _replay(
             prog.deferred.extend(blks[table.blocks[i]].reductions)
         patterns, comms = w.block_lists(prog)
         _ledger(w.shared, prog, table, patterns, tr, inserts[s], held_events[s], held_columns[s])
-        if w.shapes is not None and not inserts[s]:
+        if w.shapes is not None and not len(inserts[s].ops):
             _shared_peaks(w.shapes, w.shared, prog, patterns, tr)
         prog.next_op, prog.now, prog.pp_free = tr.next_op, tr.now, tr.pp_free
         prog.breakdown_s["bubble"], prog.breakdown_s["pp_exposed"] = tr.bubble, tr.pp_exposed
@@ -574,16 +600,16 @@ def _ledger(
     table: OpTable,
     patterns: list[MemoryPattern],
     tr: StageTrace,
-    inserts: list[tuple[int, int, int]],
+    inserts: Inserts,
     held_events: list[MemoryEvent],
     held_columns: tuple[Any, Any] | None = None,
 ) -> None:
     """The rank's events and placed patterns in the order the interleaved walk recorded them:
-    the traced message events with the reductions' buffers between them (``inserts``: the op,
-    after how many traced events, how many buffer events; the buffers as ``held_events``, in
-    order, or as the times and signed bytes of them all, ``held_columns``), each op's pattern
-    placed at its start (as columns, :meth:`MemoryLedger.place_ops`; without buffers, kept in
-    ``shared`` for the walks that place the same patterns on the same trace). Without buffers
+    the traced message events with the reductions' buffers between them (where:
+    :class:`Inserts`; the buffers as ``held_events``, in order, or as the times and signed
+    bytes of them all, ``held_columns``), each op's pattern placed at its start (as columns,
+    :meth:`MemoryLedger.place_ops`; kept in ``shared`` for the walks that place the same
+    patterns on the same trace, the buffers before each added to a copy). Without buffers
     the traced events are listed with their columns declared
     (:meth:`MemoryLedger.known_columns`); with buffers as columns, the traced events and the
     buffers are one block of columns (:meth:`MemoryLedger.add_block`, no event made).
@@ -592,35 +618,38 @@ def _ledger(
     ledger = prog.ledger
     events = ledger.appenders()[0]
     base = len(events)
-    if not inserts:
+    inserting = len(inserts.ops) > 0
+    if not inserting:
         ledger.known_columns(base, tr.columns)
         events.extend(tr.events)
     elif held_columns is not None:
         ledger.add_block(*_merged_block(tr, inserts, held_columns))
     else:
         done, at = 0, 0
-        for _, mark, count in inserts:
+        for mark, count in zip(inserts.marks.tolist(), inserts.counts.tolist(), strict=True):
             events.extend(tr.events[done:mark])
             events.extend(held_events[at : at + count])
             done, at = mark, at + count
         events.extend(tr.events[done:])
-    if inserts:
-        placed = placed_ops(table, patterns, tr, base, inserts)
-    else:
-        known = shared.placements.get((prog.rank, base))
-        if known is None or known[0] is not tr or not same_objects(known[1], patterns):
-            known = shared.placements[(prog.rank, base)] = (
-                tr,
-                patterns,
-                placed_ops(table, patterns, tr, base, inserts),
-            )
-        placed = known[2]
-    if placed is not None:
-        ledger.place_ops(placed)
+    known = shared.placements.get((prog.rank, base))
+    if known is None or known[0] is not tr or not same_objects(known[1], patterns):
+        known = shared.placements[(prog.rank, base)] = (
+            tr,
+            patterns,
+            placed_ops(table, patterns, tr, base),
+        )
+    placed = known[2]
+    if placed is None:
+        return
+    if inserting:  # the buffers recorded by the ops before each placement
+        held_before = np.concatenate(([0], np.cumsum(inserts.counts)))
+        where = np.searchsorted(inserts.ops, placed_at(table, patterns), side="left")
+        placed = placed._replace(before=placed.before + held_before[where])
+    ledger.place_ops(placed)
 
 
 def _merged_block(
-    tr: StageTrace, inserts: list[tuple[int, int, int]], held: tuple[Any, Any]
+    tr: StageTrace, inserts: Inserts, held: tuple[Any, Any]
 ) -> tuple[Any, Any, Any, tuple[Any, ...], Any]:
     """The traced events (``tr``) with the buffers (``held``: times and signed bytes, category
     ``buffers``, label :data:`BUFFER_LABEL`) placed between them as :func:`_ledger` records
@@ -636,8 +665,7 @@ def _merged_block(
             np.fromiter(map(index.__getitem__, map(itemgetter(3), tr.events)), np.intp),
         )
     labels, traced_label = tr.labels
-    counts = np.array([count for _, _, count in inserts], dtype=np.intp)
-    marks = np.array([mark for _, mark, _ in inserts], dtype=np.intp)
+    counts, marks = inserts.counts, inserts.marks
     n_held, n_traced = len(held[0]), len(t_times)
     at_held = np.repeat(marks, counts) + np.arange(n_held)
     # a traced event comes after the inserts whose mark it reaches (mark <= its index)
@@ -665,34 +693,31 @@ def _merged_block(
 
 
 def placed_ops(
-    table: OpTable,
-    patterns: list[MemoryPattern],
-    tr: StageTrace,
-    base: int,
-    inserts: list[tuple[int, int, int]],
+    table: OpTable, patterns: list[MemoryPattern], tr: StageTrace, base: int
 ) -> PlacedOps | None:
     """Each op's pattern (``patterns``: by block) placed at its traced start, after ``base``
-    events and the traced events and reductions' buffers (``inserts``) recorded before it
-    (:func:`_ledger`); None when no block has events."""
+    events and the traced events recorded before it (:func:`_ledger`, which adds the
+    reductions' buffers); None when no block has events."""
     kinds = [p for p in patterns if p.events]
     if not kinds:
         return None
     has = np.asarray([bool(p.events) for p in patterns])
     ids = table.block_ids
     placed = has[ids]
-    before = base + tr.mark_array[placed]
-    if inserts:  # the buffers recorded by the ops before each
-        ops = np.asarray([op for op, _, _ in inserts], dtype=np.intp)
-        held_before = np.concatenate(([0], np.cumsum([n for _, _, n in inserts])))
-        before = before + held_before[np.searchsorted(ops, np.flatnonzero(placed), side="left")]
     return PlacedOps(
         starts=tr.start_array[placed],
         which=(np.cumsum(has) - 1)[ids][placed],
         kinds=kinds,
         microbatches=table.microbatch_ids[placed],
         chunks=table.chunk_ids[placed],
-        before=before,
+        before=base + tr.mark_array[placed],
     )
+
+
+def placed_at(table: OpTable, patterns: list[MemoryPattern]) -> Any:
+    """The ops :func:`placed_ops` places a pattern at (indices, in op order)."""
+    has = np.asarray([bool(p.events) for p in patterns])
+    return np.flatnonzero(has[table.block_ids])
 
 
 PEAKS_KEPT = 64

@@ -313,7 +313,8 @@ class SharedWalk:
     """Per walked rank and count of the events recorded before the first (the variants'
     state allocations differ in number: a DDP bucket buffer or none), its blocks' patterns
     placed on the traced starts (:func:`collsim.play.walk_pipe.placed_ops`, without
-    reductions' buffers): the trace, the patterns (by identity), the placement."""
+    reductions' buffers, which a ZeRO-2 walk adds to its copy): the trace, the patterns (by
+    identity), the placement."""
     seg_plans: dict[tuple[int, int, Phase, bool], tuple[list[Segment], list[SegStep]]] = field(
         default_factory=dict
     )

@@ -892,7 +892,7 @@ class Walker:
         starts: Any,
         which: Any,
         reductions_of: Sequence[Sequence[Reduction]],
-    ) -> tuple[list[int], Any, Any]:
+    ) -> tuple[Any, Any, Any]:
         """:meth:`run_reductions` of several ops one after another (op ``i`` issued at its
         start ``starts[i]``, overlapped, running the reductions ``reductions_of[which[i]]``;
         their tallies opened, :meth:`open_tallies`) as one queue over all their calls
@@ -959,7 +959,7 @@ class Walker:
         times, deltas = np.empty(2 * total_held), np.empty(2 * total_held)
         times[0::2], times[1::2] = begins, fired[last]
         deltas[0::2], deltas[1::2] = sizes, -sizes
-        return (2 * holding).tolist(), times, deltas
+        return 2 * holding, times, deltas
 
     def send_slot(self, prog: RankState, stage: int) -> tuple[Any, ...]:
         """What a send from ``prog`` to ``stage`` reads (:meth:`advance` asks once per walk,

@@ -109,7 +109,8 @@ def time_order(times: Any, deltas: Any, then: Any = None) -> Any:
     ledger's columns are a few runs already in time order, which a stable sort merges), then
     the events that share a time, usually a few hundred of tens of thousands, sorted among
     themselves by the other keys (both sorts are stable, so events equal in every key keep
-    their order: the same permutation)."""
+    their order: the same permutation; two keys as one complex number, which numpy orders
+    by real part, then imaginary part)."""
     order = np.argsort(times, kind="stable")
     at_time = times[order]
     tie = at_time[1:] == at_time[:-1]
@@ -119,10 +120,12 @@ def time_order(times: Any, deltas: Any, then: Any = None) -> Any:
     tied[1:] |= tie
     tied[:-1] |= tie
     at = np.flatnonzero(tied)
-    group = np.cumsum(np.concatenate(([True], ~tie)))[at]  # which time each belongs to
+    group = at_time[at]  # the time each shares: in order, so it says which run it is in
     members = order[at]
-    keys = (deltas[members], group) if then is None else (then[members], deltas[members], group)
-    order[at] = members[np.lexsort(keys)]
+    if then is None:  # by (time, size) as complex numbers, stably
+        order[at] = members[np.argsort(group + 1j * deltas[members], kind="stable")]
+    else:
+        order[at] = members[np.lexsort((then[members], deltas[members], group))]
     return order
 
 

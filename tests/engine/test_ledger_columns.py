@@ -187,12 +187,13 @@ def test_first_uses_lists_the_labels_used_in_order_of_first_use() -> None:
 
 @pytest.mark.parametrize("seed", range(8))
 def test_time_order_is_the_lexsort_permutation(seed: int) -> None:
-    """Times with many ties (and -0.0 beside 0.0), sizes with ties too, a third key with
-    ties: the permutation of numpy's lexsort, element for element, with and without it."""
+    """Times with many ties (and -0.0 beside 0.0), sizes with ties too (and signed zeros), a
+    third key with ties: the permutation of numpy's lexsort, element for element, with and
+    without it."""
     rng = np.random.default_rng(seed)
     n = int(rng.integers(0, 400))
     times = rng.choice([0.0, -0.0, 1.0, 2.5, 3.0, 7.25], n) + rng.choice([0.0, 1e-9], n)
-    deltas = rng.choice([-4.0, -1.0, 1.0, 4.0], n)
+    deltas = rng.choice([-4.0, -1.0, -0.0, 0.0, 1.0, 4.0], n)
     then = rng.integers(0, 5, n)
     assert time_order(times, deltas).tolist() == np.lexsort((deltas, times)).tolist()
     expected = np.lexsort((then, deltas, times)).tolist()
