@@ -416,7 +416,7 @@ def _replay(
     run on the dp stream; then each rank's ledger, clock and account as that walk left them."""
     rules = w.rules
     num_mb = max((t.num_mb for t in tables), default=0)
-    reduces = tuple([rules.uses_buckets and rules.reduces_in(m) for m in range(num_mb)])
+    reduces = rules.reducing(num_mb)
     flags = tuple([tuple([bool(b.reductions) for b in blks]) for blks in blocks])
     memo = w.shared.replays
     shape = (id(traces), flags, reduces, rules.overlap)
@@ -711,6 +711,7 @@ def placed_ops(
         microbatches=table.microbatch_ids[placed],
         chunks=table.chunk_ids[placed],
         before=base + tr.mark_array[placed],
+        kept=[None],
     )
 
 

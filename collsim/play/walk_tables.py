@@ -314,7 +314,7 @@ class SharedWalk:
     state allocations differ in number: a DDP bucket buffer or none), its blocks' patterns
     placed on the traced starts (:func:`collsim.play.walk_pipe.placed_ops`, without
     reductions' buffers, which a ZeRO-2 walk adds to its copy): the trace, the patterns (by
-    identity), the placement."""
+    identity), the placement (its events, once sorted, kept in it)."""
     seg_plans: dict[tuple[int, int, Phase, bool], tuple[list[Segment], list[SegStep]]] = field(
         default_factory=dict
     )

@@ -291,6 +291,16 @@ class DataParallelRules:
             return False
         return self.zero == 2 or microbatch == self.num_microbatches - 1
 
+    def reducing(self, count: int) -> tuple[bool, ...]:
+        """:meth:`reduces_in` of micro-batches ``0 .. count - 1``, False for all without
+        buckets."""
+        if not self.uses_buckets or self.any_group < 2:
+            return (False,) * count
+        if self.zero == 2:
+            return (True,) * count
+        last = self.num_microbatches - 1
+        return tuple([m == last for m in range(count)])
+
     @property
     def bucket_op(self) -> str:
         return "all_reduce" if self.zero == 0 else "reduce_scatter"

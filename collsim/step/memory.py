@@ -279,6 +279,24 @@ class PlacedOps(NamedTuple):
     """Each placement's chunk (as ``microbatches``)."""
     before: Any
     """Integer array: how many single events were recorded before each placement."""
+    kept: list[Any] | None = None
+    """Where :meth:`sorted_columns` keeps what it made (a list of one item, None until made),
+    shared by copies of the placements that differ in ``before`` alone (a walk's ZeRO-2
+    variants); None: made each time."""
+
+    def sorted_columns(self) -> tuple[Any, Any, Any]:
+        """The placed events as (times, deltas, categories) in :func:`_pattern_arrays`' order
+        sorted by :func:`time_order` (events equal in time and size in that order)."""
+        kept = self.kept
+        if kept is not None and kept[0] is not None:
+            out: tuple[Any, Any, Any] = kept[0]
+            return out
+        t, d, c = _pattern_arrays(self.starts, self.which, self.kinds)
+        order = time_order(t, d)
+        out = (t[order], d[order], c[order])
+        if kept is not None:
+            kept[0] = out
+        return out
 
 
 class _Sorted(NamedTuple):
@@ -497,7 +515,8 @@ class MemoryLedger:
         """The sorted events as arrays, with the running total after each (cached).
 
         Sorted by time, then signed size, as :meth:`sorted_events` (:func:`time_order`). The
-        single events come first and the placed patterns after them, grouped by pattern, so
+        single events come first and the placed patterns after them, grouped by pattern
+        (columns placed at once come sorted so, :meth:`PlacedOps.sorted_columns`), so
         events that tie on both time and size may sit in another order than recorded; such
         ties have equal sizes, so the running totals (``numpy.cumsum`` adds one element after
         another) and the category split at the peak (the peak never falls inside a run of
@@ -510,8 +529,8 @@ class MemoryLedger:
         t, d, c = self.single_columns()
         times, deltas, cats = [t], [d], [c]
         if self._batch is not None:  # then nothing in _placed
-            batch = self._batch
-            t, d, c = _pattern_arrays(batch.starts, batch.which, batch.kinds)
+            # sorted already: the sort below keeps their order among themselves
+            t, d, c = self._batch.sorted_columns()
             times.append(t)
             deltas.append(d)
             cats.append(c)

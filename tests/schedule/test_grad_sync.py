@@ -22,6 +22,7 @@ from collsim.parallel.fsdp import grad_sync_of
 from collsim.play.engine import simulate_step
 from collsim.play.engine.step import prepare_step
 from collsim.play.walk import estimate_step
+from collsim.step.build import build_schedule
 from collsim.workload import get_preset
 from collsim.workload.memory import layer_parameters_per_rank
 
@@ -178,3 +179,23 @@ def test_automodel_trains_bf16_parameters_without_fp32_masters() -> None:
     params = 4 * LAYER + WORD + HEAD
     assert plain.memory_bytes["optimizer"] == pytest.approx(12 * params / 8)
     assert auto.memory_bytes["optimizer"] == pytest.approx(4 * params / 8)
+
+
+@pytest.mark.parametrize(
+    "parallel",
+    [
+        ParallelConfig(dp=8, zero=0),
+        ParallelConfig(dp=8, zero=1),
+        ParallelConfig(dp=4, pp=2, zero=2),
+        ParallelConfig(dp=8, zero=3),
+        ParallelConfig(tp=8, zero=2),  # nothing to reduce across one replica
+    ],
+    ids=["ddp", "zero1", "zero2-pp", "fsdp", "one-replica"],
+)
+def test_the_reducing_micro_batches_are_reduces_in_of_each(parallel: ParallelConfig) -> None:
+    rules = build_schedule(TOPO, SPEC, TrainingConfig(global_batch=8 * M), parallel).dp
+    counts = [0, 1, rules.num_microbatches, rules.num_microbatches + 2]
+    for n in counts:
+        each = tuple([rules.uses_buckets and rules.reduces_in(m) for m in range(n)])
+        assert rules.reducing(n) == each
+    assert any(rules.reducing(rules.num_microbatches)) == (parallel.zero < 3 and parallel.dp > 1)
