@@ -365,8 +365,24 @@ def ddp_variant(
         schedule,
         plan=plan,
         stages=stages,
-        dp=_rules(plan, per),
+        dp=_variant_rules(schedule.dp, parallel),
         interference=schedule.step_interference and _dp_interferes(plan),
+    )
+
+
+def _variant_rules(rules: DataParallelRules, parallel: ParallelConfig) -> DataParallelRules:
+    """The data-parallel rules :func:`_rules` makes for a plan that differs from ``rules``'
+    in the knobs :func:`ddp_variant` takes over alone: ``rules`` with those knobs replaced
+    (the rest reads the plan's shape, model, states and dtypes), and tables of calls of its
+    own to fill."""
+    return replace(
+        rules,
+        overlap=parallel.ddp.overlap,
+        gradient_as_bucket_view=parallel.ddp.gradient_as_bucket_view,
+        prefetch=parallel.fsdp.prefetch,
+        _units={},
+        _bucket_calls={},
+        _bucket_gathers={},
     )
 
 

@@ -283,6 +283,8 @@ def test_a_ddp_variant_is_the_program_built_anew(zero: int) -> None:
             # the segments are the base's own objects, the chunks new
             chunk, old = variant.stages[1].chunks[0], schedule.stages[1].chunks[0]
             assert chunk is not old and chunk.forward is old.forward
+            # its data-parallel rules the base's with the knobs replaced, their tables its own
+            assert variant.dp._bucket_calls is not schedule.dp._bucket_calls
         if zero == 3:  # the prefetch depth: the data-parallel rules' own knob
             for prefetch in (0, 2):
                 fsdp = dataclasses.replace(base.fsdp, prefetch=prefetch)
