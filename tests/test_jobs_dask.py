@@ -1,7 +1,7 @@
 """The Dask backend of searches and sweeps against a real ``distributed.LocalCluster`` (two
 worker processes on loopback, ports chosen by the system): the same best plans as this
 process alone, the same result when a worker is killed mid-search, and one line (exit 2, under
-10 s) for a scheduler that cannot be reached."""
+10 s) for a scheduler that cannot be reached or a port that answers in another protocol."""
 
 from __future__ import annotations
 
@@ -239,6 +239,44 @@ def test_an_unreachable_scheduler_is_one_line_within_10_s(args: list[str]) -> No
     assert done.returncode == 2, done.stderr.decode()
     assert len(lines) == 1 and "--scheduler" in lines[0] and "127.0.0.1:1" in lines[0]
     assert elapsed_s < 10.0
+
+
+def test_a_port_that_answers_in_another_protocol_is_no_scheduler() -> None:
+    # a web server (a scheduler's dashboard, say) on a free loopback port: it answers each
+    # connection with an HTTP error, which Dask would read as the length of a frame
+    import socket
+    import threading
+
+    from collsim.core.dask_client import check_scheduler
+    from collsim.core.errors import ConfigError
+
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(20)
+    port = server.getsockname()[1]
+
+    def answer() -> None:
+        for _ in range(2):  # the probe's connection, then the client's
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+                time.sleep(0.5)
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(ConfigError) as info:
+            check_scheduler(f"tcp://127.0.0.1:{port}")
+    finally:
+        server.close()
+        thread.join(timeout=20)
+    assert time.monotonic() - started < 10.0
+    assert info.value.key_path == "--scheduler"
+    assert f"127.0.0.1:{port}" in str(info.value)
+    assert "answers, but not as a Dask scheduler" in str(info.value), str(info.value)
 
 
 @pytest.mark.slow

@@ -99,10 +99,14 @@ def _connect(address: str, connect_timeout_s: float) -> Any:
         )
     except Exception as exc:  # refused, timed out, a bad address, not a scheduler
         why = " ".join(str(exc).split())[:200] or type(exc).__name__
-        raise ConfigError(
-            f"cannot reach the Dask scheduler {address!r} in {connect_timeout_s:g} s ({why})",
-            key_path="--scheduler",
-        ) from None
+        if isinstance(exc, OSError):  # (distributed's timeouts and closed comms among them)
+            message = f"cannot reach the Dask scheduler {address!r} in {connect_timeout_s:g} s"
+        else:  # the port answered, in another protocol (Dask read its bytes as a frame)
+            message = (
+                f"{address!r} answers, but not as a Dask scheduler (a scheduler listens on "
+                "port 8786 by default; 8787 is its dashboard)"
+            )
+        raise ConfigError(f"{message} ({why})", key_path="--scheduler") from None
 
 
 class SchedulerLost(SimulationError):
