@@ -8,8 +8,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -18,7 +20,8 @@ import pytest
 distributed = pytest.importorskip("distributed")
 
 from collsim.cluster.topology import load_topology  # noqa: E402
-from collsim.core.errors import SimulationError  # noqa: E402
+from collsim.core.dask_client import check_scheduler  # noqa: E402
+from collsim.core.errors import ConfigError, SimulationError  # noqa: E402
 from collsim.core.jobs import MAX_TASK_ITEMS, Workers  # noqa: E402
 from collsim.parallel.config import ParallelConfig, TrainingConfig  # noqa: E402
 from collsim.study.search import SearchSpace, search_plans  # noqa: E402
@@ -244,12 +247,6 @@ def test_an_unreachable_scheduler_is_one_line_within_10_s(args: list[str]) -> No
 def test_a_port_that_answers_in_another_protocol_is_no_scheduler() -> None:
     # a web server (a scheduler's dashboard, say) on a free loopback port: it answers each
     # connection with an HTTP error, which Dask would read as the length of a frame
-    import socket
-    import threading
-
-    from collsim.core.dask_client import check_scheduler
-    from collsim.core.errors import ConfigError
-
     server = socket.create_server(("127.0.0.1", 0))
     server.settimeout(20)
     port = server.getsockname()[1]

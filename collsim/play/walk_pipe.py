@@ -643,7 +643,7 @@ def _ledger(
         return
     if inserting:  # the buffers recorded by the ops before each placement
         held_before = np.concatenate(([0], np.cumsum(inserts.counts)))
-        where = np.searchsorted(inserts.ops, placed_at(table, patterns), side="left")
+        where = np.searchsorted(inserts.ops, placed.ops, side="left")
         placed = placed._replace(before=placed.before + held_before[where])
     ledger.place_ops(placed)
 
@@ -703,22 +703,17 @@ def placed_ops(
         return None
     has = np.asarray([bool(p.events) for p in patterns])
     ids = table.block_ids
-    placed = has[ids]
+    ops = np.flatnonzero(has[ids])
     return PlacedOps(
-        starts=tr.start_array[placed],
-        which=(np.cumsum(has) - 1)[ids][placed],
+        starts=tr.start_array[ops],
+        which=(np.cumsum(has) - 1)[ids[ops]],
         kinds=kinds,
-        microbatches=table.microbatch_ids[placed],
-        chunks=table.chunk_ids[placed],
-        before=base + tr.mark_array[placed],
+        microbatches=table.microbatch_ids[ops],
+        chunks=table.chunk_ids[ops],
+        before=base + tr.mark_array[ops],
+        ops=ops,
         kept=[None],
     )
-
-
-def placed_at(table: OpTable, patterns: list[MemoryPattern]) -> Any:
-    """The ops :func:`placed_ops` places a pattern at (indices, in op order)."""
-    has = np.asarray([bool(p.events) for p in patterns])
-    return np.flatnonzero(has[table.block_ids])
 
 
 PEAKS_KEPT = 64

@@ -279,6 +279,9 @@ class PlacedOps(NamedTuple):
     """Each placement's chunk (as ``microbatches``)."""
     before: Any
     """Integer array: how many single events were recorded before each placement."""
+    ops: Any = None
+    """Integer array: the op of each placement, in the walk's op order (None when not known:
+    a ledger's own rows)."""
     kept: list[Any] | None = None
     """Where :meth:`sorted_columns` keeps what it made (a list of one item, None until made),
     shared by copies of the placements that differ in ``before`` alone (a walk's ZeRO-2
