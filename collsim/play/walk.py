@@ -167,10 +167,13 @@ def _straggler_schedule(schedule: StepSchedule, stragglers: StragglerConfig) -> 
     return stretch_schedule(schedule, dict(patterns.pop()))
 
 
-PROGRAMS_KEPT = 4
-"""Programs an :class:`Estimator` keeps to build a plan's variants from (the most recent): a
-search's innermost axes vary the DDP knobs and the FSDP prefetch inside the recompute choice,
-so a plan's variant is a few plans back."""
+PROGRAMS_KEPT = 16
+"""Programs an :class:`Estimator` keeps to build a plan's variants from (the least recently
+used dropped first). A search varies the bucket size innermost but its other DDP knobs
+(overlap, bucket views) and the FSDP prefetch further out, so it comes back to a program after
+others: after up to 14 in the searches of ``benchmarks/bench_closed_form.py`` (3d_175b, the
+Qwen3-30B ``--ep`` and the Llama 3 70B ``--cp`` searches), which rebuilt 6, 16 and 2 programs
+when 4 were kept."""
 
 
 class Estimator:

@@ -63,10 +63,11 @@ _SECONDS = itemgetter(0)
 """A priced call's seconds."""
 
 
-SHARED_KEPT = 4
+SHARED_KEPT = 16
 """Families of programs whose :class:`SharedWalk` a search's shape cache keeps (the most
-recent: :meth:`Walker.shared_walk`; a search estimates a plan's DDP variants one after
-another)."""
+recently made: :meth:`Walker.shared_walk`): as many as the programs an estimator keeps
+(:data:`collsim.play.walk.PROGRAMS_KEPT`), so that a program a search comes back to finds its
+walks' tables too."""
 
 
 class Walker:

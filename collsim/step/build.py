@@ -39,7 +39,7 @@ from collsim.step.blocks import block_times, memory_bound_share, paced
 from collsim.step.dataparallel import BytesPer, DataParallelRules
 from collsim.step.fp8_amax import chunk_amax
 from collsim.step.ops import BlockTimes, ChunkModel, Segment, StageModel
-from collsim.step.shapes import ShapeCache
+from collsim.step.shapes import ShapeCache, same_objects
 from collsim.step.stack_work import framework_work, stage_optimizer_s, stage_weight_cast_s
 from collsim.step.stage import LayerKinds, build_stage, rebucket_stage
 from collsim.workload.compute import ComputeModel
@@ -356,18 +356,59 @@ def ddp_variant(
         raise ValueError(
             "ddp_variant: the plans differ in more than their DDP knobs and FSDP prefetch"
         )
-    per = bytes_per(plan.training)
-    stages = {
-        s: rebucket_stage(plan, st, grad_bytes=int(per.grad), cache=cache)
-        for s, st in schedule.stages.items()
-    }
     return replace(
         schedule,
         plan=plan,
-        stages=stages,
+        stages=_variant_stages(schedule, plan, cache),
         dp=_variant_rules(schedule.dp, parallel),
         interference=schedule.step_interference and _dp_interferes(plan),
     )
+
+
+VARIANT_STAGES_KEPT = 64
+"""Stages cut for one bucket size that a search's shape cache keeps (the most recently made;
+:func:`_variant_stages`): a plan's DDP variants run through its bucket sizes, then again with
+the other knobs (overlap, bucket views), which cut the same buckets."""
+
+
+def _variant_stages(
+    schedule: StepSchedule, plan: Plan, cache: ShapeCache | None
+) -> dict[int, StageModel]:
+    """The stages of :func:`ddp_variant`'s program for ``plan``: ``schedule``'s when the two
+    cut their buckets alike (the same bucket and first-bucket sizes; the knobs that differ,
+    overlap, bucket views, FSDP prefetch, read no chunk), else each stage with its buckets cut
+    anew (:func:`~collsim.step.stage.rebucket_stage`). With a ``cache``, the stages cut for
+    each bucket size of a program are kept (:data:`VARIANT_STAGES_KEPT`) by the plan less its
+    DDP knobs, and found again only with the very segments they were cut for (another build of
+    the program cuts its own, in their place)."""
+    old = schedule.plan
+
+    def cuts(p: Plan) -> tuple[float, float]:
+        return p.parallel.ddp.bucket_mb, p.parallel.ddp.first_bucket_mb
+
+    if cuts(plan) == cuts(old):
+        return schedule.stages
+
+    def make() -> dict[int, StageModel]:
+        grad_bytes = int(bytes_per(plan.training).grad)
+        return {
+            s: rebucket_stage(plan, st, grad_bytes=grad_bytes, cache=cache)
+            for s, st in schedule.stages.items()
+        }
+
+    if cache is None:
+        return make()
+    segments = [st.chunks[0].forward if st.chunks else None for st in schedule.stages.values()]
+    family = (old.training, without_dp_knobs(old.parallel))
+
+    def mine(entry: tuple[list[Any], dict[int, StageModel]]) -> bool:
+        return same_objects(entry[0], segments)  # (not another build's)
+
+    table, kept = "variant stages", VARIANT_STAGES_KEPT
+    cache.recent(table, (family, cuts(old)), lambda: (segments, schedule.stages), kept, mine)
+    _, stages = cache.recent(table, (family, cuts(plan)), lambda: (segments, make()), kept, mine)
+    out: dict[int, StageModel] = stages
+    return out
 
 
 def _variant_rules(rules: DataParallelRules, parallel: ParallelConfig) -> DataParallelRules:

@@ -53,13 +53,25 @@ class ShapeCache:
             entries = self._tables[table] = {}
         return entries
 
-    def recent(self, table: str, key: Hashable, make: Callable[[], T], kept: int) -> T:
+    def recent(
+        self,
+        table: str,
+        key: Hashable,
+        make: Callable[[], T],
+        kept: int,
+        valid: Callable[[T], bool] | None = None,
+    ) -> T:
         """:meth:`get` for a table that keeps only its ``kept`` most recently made entries (the
-        oldest dropped first): for large entries that only neighbouring plans share."""
+        oldest dropped first): for large entries that only neighbouring plans share. With
+        ``valid``, an entry it refuses is made again in its place (an entry that holds the
+        objects it was made from, checked by identity)."""
         entries = self._tables.get(table)
         if entries is None:
             entries = self._tables[table] = {}
         hit = entries.get(key, _MISSING)
+        if hit is not _MISSING and valid is not None and not valid(hit):
+            del entries[key]
+            hit = _MISSING
         if hit is _MISSING:
             while len(entries) >= kept:
                 del entries[next(iter(entries))]

@@ -240,6 +240,10 @@ def test_recent_keeps_the_newest_entries() -> None:
         cache.recent("t", key, lambda key=key: made.append(key) or key, 3)
     assert made == [1, 2, 3, 4] and cache.sizes() == {"t": 3}
     assert cache.recent("t", 1, lambda: -1, 3) == -1  # 1 was the oldest when 4 came
+    # an entry ``valid`` refuses is made again in its place, the others found
+    assert cache.recent("t", 4, lambda: 40, 3, valid=lambda v: v != 4) == 40
+    assert cache.recent("t", 4, lambda: -4, 3, valid=lambda v: v != 4) == 40
+    assert cache.sizes() == {"t": 3}
 
 
 def _program(schedule: StepSchedule) -> tuple[object, ...]:
@@ -280,6 +284,9 @@ def test_a_ddp_variant_is_the_program_built_anew(zero: int) -> None:
             parallel = dataclasses.replace(base, ddp=ddp)
             variant = ddp_variant(schedule, parallel)
             assert _program(variant) == _program(build_schedule(topology, spec, training, parallel))
+            if (ddp.bucket_mb, ddp.first_bucket_mb) == (base.ddp.bucket_mb, 1.0):
+                assert variant.stages is schedule.stages  # the same cuts: the base's stages
+                continue
             # the segments are the base's own objects, the chunks new
             chunk, old = variant.stages[1].chunks[0], schedule.stages[1].chunks[0]
             assert chunk is not old and chunk.forward is old.forward
@@ -298,6 +305,55 @@ def test_a_ddp_variant_is_the_program_built_anew(zero: int) -> None:
         with pytest.raises(ValueError, match="DDP knobs"):
             fsdp = dataclasses.replace(base.fsdp, reshard_after_forward=False)
             ddp_variant(schedule, dataclasses.replace(base, fsdp=fsdp))
+
+
+def test_ddp_variants_reuse_the_stages_cut_for_their_bucket_sizes() -> None:
+    # with a cache, a variant whose bucket sizes an earlier variant of the program cut (the
+    # search's second pass over the bucket sizes, with the other overlap) gets those stages;
+    # another build of the program (other segments) has its own cut
+    spec = get_preset("gpt3-350m")
+    topology = load_topology("dgx_h100", nodes=2)
+    training = TrainingConfig(global_batch=16, micro_batch=1, recompute="selective")
+    base = _interleaved(1, DDPConfig(bucket_mb=25.0, overlap=True))
+    cache = ShapeCache()
+
+    def variant_of(schedule: StepSchedule, bucket_mb: float, overlap: bool) -> StepSchedule:
+        parallel = dataclasses.replace(base, ddp=DDPConfig(bucket_mb=bucket_mb, overlap=overlap))
+        out = ddp_variant(schedule, parallel, cache)
+        assert _program(out) == _program(build_schedule(topology, spec, training, parallel))
+        return out
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CollsimWarning)
+        schedule = build_schedule(topology, spec, training, base, cache=cache)
+        five = variant_of(schedule, 5.0, True)
+        assert five.stages[1].chunks[0] is not schedule.stages[1].chunks[0]
+        again = variant_of(five, 25.0, False)
+        assert again.stages is schedule.stages
+        assert variant_of(again, 5.0, False).stages is five.stages
+        other = build_schedule(topology, spec, training, base)  # no cache: its own segments
+        assert other.stages[1].chunks[0].forward is not schedule.stages[1].chunks[0].forward
+        mine = variant_of(other, 5.0, True)
+        assert mine.stages is not five.stages
+        assert mine.stages[1].chunks[0].forward is other.stages[1].chunks[0].forward
+        assert variant_of(variant_of(mine, 25.0, False), 5.0, False).stages is mine.stages
+
+
+def test_an_estimator_keeps_the_programs_a_search_comes_back_to() -> None:
+    # six programs estimated in turn, then each again with its other overlap (a search's
+    # outer DDP knob): each program built once, its variants made from it
+    spec = get_preset("gpt3-350m")
+    topology = load_topology("dgx_h100", nodes=2)
+    training = TrainingConfig(global_batch=16, micro_batch=1, recompute="selective")
+    plans = [
+        (training, _interleaved(zero, DDPConfig(bucket_mb=5.0, overlap=overlap), sp))
+        for overlap in (True, False)
+        for zero in (0, 1, 2)
+        for sp in (True, False)
+    ]
+    est, fresh, estimates, built = _fresh_and_estimated(topology, spec, plans)
+    assert estimates == fresh
+    assert built == 6 and est.shapes.sizes()["shared walks"] == 6
 
 
 def _fresh_and_estimated(
