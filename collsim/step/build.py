@@ -406,9 +406,7 @@ def _variant_stages(
 
     table, kept = "variant stages", VARIANT_STAGES_KEPT
     cache.recent(table, (family, cuts(old)), lambda: (segments, schedule.stages), kept, mine)
-    _, stages = cache.recent(table, (family, cuts(plan)), lambda: (segments, make()), kept, mine)
-    out: dict[int, StageModel] = stages
-    return out
+    return cache.recent(table, (family, cuts(plan)), lambda: (segments, make()), kept, mine)[1]
 
 
 def _variant_rules(rules: DataParallelRules, parallel: ParallelConfig) -> DataParallelRules:
