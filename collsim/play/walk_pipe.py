@@ -668,10 +668,10 @@ def _merged_block(
     counts, marks = inserts.counts, inserts.marks
     n_held, n_traced = len(held[0]), len(t_times)
     at_held = np.repeat(marks, counts) + np.arange(n_held)
-    # a traced event comes after the inserts whose mark it reaches (mark <= its index)
-    shift = np.concatenate(([0], np.cumsum(counts)))
-    at_traced = np.arange(n_traced) + shift[np.searchsorted(marks, np.arange(n_traced), "right")]
     total = n_traced + n_held
+    # the traced events fill the other places, in order
+    at_traced = np.ones(total, dtype=bool)
+    at_traced[at_held] = False
     times, deltas = np.empty(total), np.empty(total)
     cats = np.empty(total, dtype=np.int8)
     label_of = np.empty(total, dtype=np.intp)

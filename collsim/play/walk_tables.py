@@ -280,6 +280,11 @@ class SharedWalk:
     tally_keys: dict[int, tuple[Sequence[Reduction], list[CallKey]]] = field(default_factory=dict)
     """By the identity of an op's reductions (held: :attr:`reductions`' tuples): the tallies
     their calls add to, in order of first use (:meth:`Walker.open_tallies`)."""
+    reduction_columns: dict[int, tuple[Sequence[Reduction], ReductionColumns]] = field(
+        default_factory=dict
+    )
+    """:func:`reduction_arrays` by the identity of an op's reductions (held: :attr:`reductions`'
+    tuples, which the variants with the same bucket shape read again)."""
     shape_numbers: dict[Any, int] = field(default_factory=dict)
     """Each distinct shape of a body's windows or a chunk's buckets, numbered in order."""
     call_prices: dict[tuple[int, str, float, str], Priced] = field(default_factory=dict)

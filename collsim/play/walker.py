@@ -108,9 +108,6 @@ class Walker:
         self._fold: dict[int, tuple[CallKey, float, float]] = {}
         self._bucket_shapes: dict[int, tuple[Sequence[Bucket], int]] = {}
         """:meth:`bucket_shape` by the identity of a chunk's bucket list (kept)."""
-        self._reduction_arrays: dict[int, tuple[Sequence[Reduction], ReductionColumns]] = {}
-        """:func:`reduction_arrays` by the identity of an op's reductions (held by its
-        :class:`OpPlan`, which the walk keeps)."""
         self.runs: dict[tuple[int, int], list[Any]] = {}
         self._blocks: dict[int, list[SettledOp | bool | None]] = {}
         """Per stage, per op: its settled block, False when it has none, None until asked
@@ -877,11 +874,12 @@ class Walker:
                 tally(key)
 
     def _arrays_of(self, reductions: Sequence[Reduction]) -> ReductionColumns:
-        """:func:`reduction_arrays` of an op's reductions, once per walk (by their identity:
-        the op's :class:`OpPlan`, which the walk keeps, holds them)."""
-        known = self._reduction_arrays.get(id(reductions))
+        """:func:`reduction_arrays` of an op's reductions, once per program and its variants
+        (by their identity: :attr:`SharedWalk.reduction_columns` holds them)."""
+        kept = self.shared.reduction_columns
+        known = kept.get(id(reductions))
         if known is None or known[0] is not reductions:
-            known = self._reduction_arrays[id(reductions)] = (
+            known = kept[id(reductions)] = (
                 reductions,
                 reduction_arrays(reductions),
             )
@@ -947,14 +945,19 @@ class Walker:
         if latest > prog.dp_last_end:
             prog.dp_last_end = latest
         tallies = self.stats.tallies
+        # each tally's seconds added to it one after another in call order: ``bincount``
+        # adds each weight to its bin in index order (from zero, then the tally's seconds so
+        # far, then its calls'), the floats of the call-by-call loop
+        held_s = [tallies[key].time_s for key in keys]
+        first = np.arange(len(keys))
+        sums = np.bincount(
+            np.concatenate((first, slots)), np.concatenate((held_s, seconds)), len(keys)
+        ).tolist()
+        calls = np.bincount(slots, minlength=len(keys)).tolist()
         for key, slot in keys.items():
             tally = tallies[key]
-            terms = seconds[slots == slot]
-            sums = np.empty(len(terms) + 1)
-            sums[0] = tally.time_s
-            sums[1:] = terms
-            tally.count += len(terms)
-            tally.time_s = float(np.cumsum(sums)[-1])
+            tally.time_s = sums[slot]
+            tally.count += calls[slot]
             tally.busbw_bps = last_use[slot][1]
         # the held buffers: each allocated when its reduction is ready, freed when it ends
         times, deltas = np.empty(2 * total_held), np.empty(2 * total_held)

@@ -289,19 +289,26 @@ def test_a_queue_where_every_call_waits_is_one_run() -> None:
 
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("busy_s", [0.0, 5e-3, -1.0])
-def test_a_batch_of_reductions_matches_the_op_by_op_loop(seed: int, busy_s: float) -> None:
+@pytest.mark.parametrize("earlier", [False, True])
+def test_a_batch_of_reductions_matches_the_op_by_op_loop(
+    seed: int, busy_s: float, earlier: bool
+) -> None:
     """Several ops' reductions run as one batch (``Walker.run_block_batch``) leave the dp
     stream, the tallies (their order, counts, seconds, busbw) and the ZeRO-2 buffers as the
     op-by-op calls of ``Walker.run_reductions`` do, whether the stream is idle, busy or
-    falls idle between buckets; the ops' reductions differ (two tables of calls)."""
+    falls idle between buckets, and whether the tallies start empty or hold the seconds of
+    an earlier op's calls; the ops' reductions differ (two tables of calls)."""
     first, second = _reductions(seed, 40), _reductions(seed + 100, 7)
     ops = [(2.0, first), (2.01, second), (2.011, first), (2.5, second)]
     results = []
     for batched in (True, False):
         w = _walker()
         prog = next(iter(w.programs.values()))
-        prog.dp_free = prog.dp_last_end = 2.0 + busy_s  # busy past t0, or idle since before
         held: list[Any] = []
+        if earlier:  # the same calls, op by op, before: the tallies hold seconds
+            held += w.run_reductions(prog, first, 0.5)
+            assert all(t.time_s > 0 for t in w.stats.tallies.values())
+        prog.dp_free = prog.dp_last_end = 2.0 + busy_s  # busy past t0, or idle since before
         if batched:
             for _, reductions in ops:
                 w.open_tallies(reductions)
@@ -309,7 +316,7 @@ def test_a_batch_of_reductions_matches_the_op_by_op_loop(seed: int, busy_s: floa
             which = np.array([0, 1, 0, 1])  # (ops 0 and 2 run first, 1 and 3 second)
             per_op, times, deltas = w.run_block_batch(prog, starts, which, [first, second])
             assert sum(per_op) == len(times) == len(deltas)
-            held = [
+            held += [
                 MemoryEvent(t, "buffers", d, "zero2 bucket")
                 for t, d in zip(times.tolist(), deltas.tolist(), strict=True)
             ]
