@@ -23,9 +23,10 @@ collective costs (:mod:`collsim.play.walk`). On an uncontended network they agre
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from operator import attrgetter
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from collsim.core.vocab import Dtype
@@ -191,13 +192,27 @@ def bytes_per(training: TrainingConfig) -> BytesPer:
     )
 
 
-def layer_kind_of(spec: TransformerSpec) -> dict[int, int]:
+_LAYER_KINDS: dict[int, tuple[TransformerSpec, Mapping[int, int]]] = {}
+""":func:`layer_kind_of` by the identity of the model (held, checked: a search asks for it
+thousands of times, once for each plan shape's program and floors, of one model)."""
+LAYER_KINDS_KEPT = 8
+"""Models whose layer kinds are kept (a search has one; more start the table again)."""
+
+
+def layer_kind_of(spec: TransformerSpec) -> Mapping[int, int]:
     """Each layer index -> the representative layer of its kind (``spec.layer_kinds()``:
-    dense / MoE MLP, full / sliding-window attention)."""
+    dense / MoE MLP, full / sliding-window attention); read only, kept per model."""
+    known = _LAYER_KINDS.get(id(spec))
+    if known is not None and known[0] is spec:
+        return known[1]
     reps = {(spec.is_moe_layer(r), spec.is_window_layer(r)): r for r, _ in spec.layer_kinds()}
-    return {
-        i: reps[(spec.is_moe_layer(i), spec.is_window_layer(i))] for i in range(spec.num_layers)
-    }
+    kinds = MappingProxyType(
+        {i: reps[(spec.is_moe_layer(i), spec.is_window_layer(i))] for i in range(spec.num_layers)}
+    )
+    if len(_LAYER_KINDS) >= LAYER_KINDS_KEPT:
+        _LAYER_KINDS.clear()
+    _LAYER_KINDS[id(spec)] = (spec, kinds)
+    return kinds
 
 
 def build_schedule(

@@ -183,7 +183,7 @@ def place(
     )
 
     def rows(a: np.ndarray) -> tuple[tuple[float, ...], ...]:
-        return tuple(tuple(float(x) for x in r) for r in a)
+        return tuple(map(tuple, a.tolist()))  # (Python floats, as float() of each)
 
     return Layout(
         parts=parts,
@@ -193,7 +193,7 @@ def place(
         input_s=rows(inputs),
         wgrad_s=rows(sums[:, :, 2]),
         stored_bytes=rows(sums[:, :, 3] + ends),
-        compute_s=tuple(float(x) for x in sums[:, :, 4].sum(axis=1)),
+        compute_s=tuple(sums[:, :, 4].sum(axis=1).tolist()),
     )
 
 
