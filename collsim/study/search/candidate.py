@@ -215,13 +215,18 @@ class Candidate:
 
         dtype = base_training.dtype if self.dtype is None else Dtype(self.dtype)
         fp8 = str(dtype) == "fp8"
-        training = dataclasses.replace(
+        training = _kept(
             base_training,
-            micro_batch=self.micro_batch,
-            recompute=Recompute(self.recompute),
-            dtype=dtype,
-            fp8_recipe=base_training.fp8_recipe if fp8 else None,
+            (self.micro_batch, self.recompute, dtype),
+            lambda: dataclasses.replace(
+                base_training,
+                micro_batch=self.micro_batch,
+                recompute=Recompute(self.recompute),
+                dtype=dtype,
+                fp8_recipe=base_training.fp8_recipe if fp8 else None,
+            ),
         )
+        ddp, fsdp = base_parallel.ddp, base_parallel.fsdp
         overlap = (
             base_parallel.ep_overlap_mode
             if self.ep_overlap == base_parallel.ep_overlap
@@ -242,19 +247,27 @@ class Candidate:
             virtual_stages=self.virtual_stages,
             zero=self.zero,
             sequence_parallel=self.sequence_parallel,
-            ddp=dataclasses.replace(
-                base_parallel.ddp,
-                bucket_mb=self.bucket_mb,
-                overlap=self.overlap,
-                gradient_as_bucket_view=self.bucket_view,
+            ddp=_kept(
+                ddp,
+                (self.bucket_mb, self.overlap, self.bucket_view),
+                lambda: dataclasses.replace(
+                    ddp,
+                    bucket_mb=self.bucket_mb,
+                    overlap=self.overlap,
+                    gradient_as_bucket_view=self.bucket_view,
+                ),
             ),
-            fsdp=dataclasses.replace(
-                base_parallel.fsdp,
-                prefetch=self.prefetch,
-                offload=self.offload,
-                reshard_after_forward=self.reshard,
-                shard_group_size=self.shard_group,
-                fp8_all_gather=base_parallel.fsdp.fp8_all_gather and fp8,
+            fsdp=_kept(
+                fsdp,
+                (self.prefetch, self.offload, self.reshard, self.shard_group, fp8),
+                lambda: dataclasses.replace(
+                    fsdp,
+                    prefetch=self.prefetch,
+                    offload=self.offload,
+                    reshard_after_forward=self.reshard,
+                    shard_group_size=self.shard_group,
+                    fp8_all_gather=fsdp.fp8_all_gather and fp8,
+                ),
             ),
         )
         return training, parallel
@@ -292,3 +305,24 @@ def head_stage(c: Candidate) -> int:
     """The stage where ``c``'s schedule places the last model part (the head)."""
     v = c.virtual_stages
     return get_schedule(c.schedule).where(c.pp * v - 1, c.pp, v)[0]
+
+
+_CONFIGS: dict[tuple[Any, ...], tuple[Any, Any]] = {}
+""":meth:`Candidate.configs`' sections by the identity of the scenario's section and the
+plan's knobs that replace its fields (held, checked: the sections are frozen, so plans with
+the same knobs share one)."""
+CONFIGS_KEPT = 4096
+"""Sections kept (a search has a few hundred; more start the table again)."""
+
+
+def _kept(base: Any, knobs: tuple[Any, ...], make: Any) -> Any:
+    """The section ``make`` builds from ``base`` with ``knobs``, built once while kept."""
+    key = (id(base), *knobs)
+    known = _CONFIGS.get(key)
+    if known is not None and known[0] is base:
+        return known[1]
+    if len(_CONFIGS) >= CONFIGS_KEPT:
+        _CONFIGS.clear()
+    made = make()
+    _CONFIGS[key] = (base, made)
+    return made
