@@ -18,7 +18,7 @@ import pytest
 
 from collsim.cluster.topology import load_topology
 from collsim.core.errors import ConfigError
-from collsim.parallel.config import ParallelConfig, TrainingConfig
+from collsim.parallel.config import FSDPConfig, ParallelConfig, TrainingConfig
 from collsim.parallel.dispatch import ep_layout
 from collsim.parallel.plan import build_plan
 from collsim.play.walk import Estimator, estimate_step
@@ -573,3 +573,39 @@ def test_no_plan_the_fit_verdict_keeps_is_pruned_by_the_memory_floor() -> None:
                 refused += 1
     assert fits >= 5 and refused > 0, (fits, refused)
     assert over_old > 0
+
+
+def test_a_plans_sections_are_those_made_for_it_alone() -> None:
+    """``Candidate.configs`` keeps the sections it makes by the knobs that replace their fields:
+    every plan's sections, made in the search's order, equal those made with nothing kept (a
+    knob missing from the keys would hand a plan the sections of another)."""
+    from collsim.study.search import candidate
+
+    training = TrainingConfig(global_batch=64, micro_batch=1, dtype="bf16")
+    base = ParallelConfig(dp=16, fsdp=FSDPConfig(fp8_all_gather=True))  # (FP8 plans' only)
+    space = dataclasses.replace(
+        SPACE,
+        cps=(1,),
+        eps=(1, 4),
+        etps=(1,),
+        dispatchers=("alltoall",),
+        ep_overlaps=(False,),
+        cp_algorithms=("ring",),
+        zero_stages=(0, 1, 2, 3),
+        bucket_mbs=(25.0, 100.0),
+        overlaps=(True, False),
+        bucket_views=(False, True),
+        prefetches=(1, 2),
+        offloads=(False, True),
+        reshards=(True, False),
+    )
+    plans = list(enumerate_plans(MOE, 16, 8, 64, space, base=base, training=training))
+    sample = random.Random(3).sample(plans, 400)
+    assert {(c.zero, c.dtype, c.bucket_view, c.offload) for c in sample} >= {
+        (0, "bf16", True, False),
+        (3, "fp8", False, True),
+    }
+    made = [c.configs(training, base) for c in sample]
+    for c, sections in zip(sample, made, strict=True):
+        candidate._CONFIGS.clear()
+        assert c.configs(training, base) == sections, c.label

@@ -511,3 +511,23 @@ def test_a_ddp_variant_of_a_program_with_measured_times_keeps_them() -> None:
         variant = ddp_variant(schedule, parallel)
         fresh = build_schedule(topology, spec, training, parallel, op_time_overrides=overrides)
     assert _program(variant) == _program(fresh) and not variant.interference
+
+
+def test_layer_kinds_are_kept_per_model_and_read_only() -> None:
+    """``layer_kind_of`` keeps each model's table by the model's identity: a model of the same name
+    with other layer kinds (windowed attention every other layer) gets its own table, the
+    same model the kept one, which cannot be written."""
+    from collsim.step.build import layer_kind_of
+
+    dense = get_preset("gpt3-1.3b")
+    windowed = dataclasses.replace(
+        dense, sliding_window=512, sliding_window_layers=tuple(range(0, dense.num_layers, 2))
+    )
+    kinds = layer_kind_of(dense)
+    assert set(kinds.values()) == {0} and len(kinds) == dense.num_layers
+    assert layer_kind_of(dense) is kinds
+    other = layer_kind_of(windowed)
+    assert len(set(other.values())) == 2
+    assert set(layer_kind_of(dense).values()) == {0}
+    with pytest.raises(TypeError):
+        kinds[0] = 1  # type: ignore[index]
