@@ -22,7 +22,7 @@ from collsim.parallel.config import FSDPConfig, ParallelConfig, TrainingConfig
 from collsim.parallel.dispatch import ep_layout
 from collsim.parallel.plan import build_plan
 from collsim.play.walk import Estimator, estimate_step
-from collsim.study.search import REASONS, SearchSpace, enumerate_plans, search_plans
+from collsim.study.search import REASONS, SearchSpace, candidate, enumerate_plans, search_plans
 from collsim.study.search.bounds import memory_limit_bytes
 from collsim.study.search.space import Candidate, _Rules
 from collsim.study.search.variants import VariantBounds
@@ -579,8 +579,6 @@ def test_a_plans_sections_are_those_made_for_it_alone() -> None:
     """``Candidate.configs`` keeps the sections it makes by the knobs that replace their fields:
     every plan's sections, made in the search's order, equal those made with nothing kept (a
     knob missing from the keys would hand a plan the sections of another)."""
-    from collsim.study.search import candidate
-
     training = TrainingConfig(global_batch=64, micro_batch=1, dtype="bf16")
     base = ParallelConfig(dp=16, fsdp=FSDPConfig(fp8_all_gather=True))  # (FP8 plans' only)
     space = dataclasses.replace(

@@ -948,10 +948,10 @@ class Walker:
         # each tally's seconds added to it one after another in call order: ``bincount``
         # adds each weight to its bin in index order (from zero, then the tally's seconds so
         # far, then its calls'), the floats of the call-by-call loop
-        held_s = [tallies[key].time_s for key in keys]
+        so_far_s = [tallies[key].time_s for key in keys]
         first = np.arange(len(keys))
         sums = np.bincount(
-            np.concatenate((first, slots)), np.concatenate((held_s, seconds)), len(keys)
+            np.concatenate((first, slots)), np.concatenate((so_far_s, seconds)), len(keys)
         ).tolist()
         calls = np.bincount(slots, minlength=len(keys)).tolist()
         for key, slot in keys.items():

@@ -40,7 +40,7 @@ from collsim.step.blocks import block_times, memory_bound_share, paced
 from collsim.step.dataparallel import BytesPer, DataParallelRules
 from collsim.step.fp8_amax import chunk_amax
 from collsim.step.ops import BlockTimes, ChunkModel, Segment, StageModel
-from collsim.step.shapes import ShapeCache, same_objects
+from collsim.step.shapes import IdentityMemo, ShapeCache, same_objects
 from collsim.step.stack_work import framework_work, stage_optimizer_s, stage_weight_cast_s
 from collsim.step.stage import LayerKinds, build_stage, rebucket_stage
 from collsim.workload.compute import ComputeModel
@@ -192,27 +192,27 @@ def bytes_per(training: TrainingConfig) -> BytesPer:
     )
 
 
-_LAYER_KINDS: dict[int, tuple[TransformerSpec, Mapping[int, int]]] = {}
-""":func:`layer_kind_of` by the identity of the model (held, checked: a search asks for it
-thousands of times, once for each plan shape's program and floors, of one model)."""
 LAYER_KINDS_KEPT = 8
 """Models whose layer kinds are kept (a search has one; more start the table again)."""
+_LAYER_KINDS = IdentityMemo(LAYER_KINDS_KEPT)
+""":func:`layer_kind_of` by the model (a search asks for it thousands of times, once for each
+plan shape's program and floors, of one model)."""
 
 
 def layer_kind_of(spec: TransformerSpec) -> Mapping[int, int]:
     """Each layer index -> the representative layer of its kind (``spec.layer_kinds()``:
     dense / MoE MLP, full / sliding-window attention); read only, kept per model."""
-    known = _LAYER_KINDS.get(id(spec))
-    if known is not None and known[0] is spec:
-        return known[1]
-    reps = {(spec.is_moe_layer(r), spec.is_window_layer(r)): r for r, _ in spec.layer_kinds()}
-    kinds = MappingProxyType(
-        {i: reps[(spec.is_moe_layer(i), spec.is_window_layer(i))] for i in range(spec.num_layers)}
-    )
-    if len(_LAYER_KINDS) >= LAYER_KINDS_KEPT:
-        _LAYER_KINDS.clear()
-    _LAYER_KINDS[id(spec)] = (spec, kinds)
-    return kinds
+
+    def make() -> Mapping[int, int]:
+        reps = {(spec.is_moe_layer(r), spec.is_window_layer(r)): r for r, _ in spec.layer_kinds()}
+        return MappingProxyType(
+            {
+                i: reps[(spec.is_moe_layer(i), spec.is_window_layer(i))]
+                for i in range(spec.num_layers)
+            }
+        )
+
+    return _LAYER_KINDS.get(spec, (), make)
 
 
 def build_schedule(

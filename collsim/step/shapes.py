@@ -16,7 +16,7 @@ from collections.abc import Callable, Hashable, Sequence
 from operator import is_
 from typing import Any, TypeVar
 
-__all__ = ["ShapeCache", "same_objects"]
+__all__ = ["IdentityMemo", "ShapeCache", "same_objects"]
 
 T = TypeVar("T")
 
@@ -92,3 +92,31 @@ def same_objects(held: Sequence[Any], now: Sequence[Any]) -> bool:
     the identities of what it was made from checks them: ``held`` keeps them alive, so their
     ids stay their own); the very same sequence at once."""
     return held is now or (len(held) == len(now) and all(map(is_, held, now)))
+
+
+class IdentityMemo:
+    """Values made from an object (and a few knobs), kept by the object's identity and held
+    with it, so the id stays its own while the entry lives; at most ``kept`` entries, the
+    table started again when full. For pure functions of a frozen object that one process
+    asks thousands of times (a search's model, its scenario's sections)."""
+
+    __slots__ = ("_entries", "_kept")
+
+    def __init__(self, kept: int) -> None:
+        self._kept = kept
+        self._entries: dict[tuple[Any, ...], tuple[Any, Any]] = {}
+
+    def get(self, obj: Any, knobs: tuple[Any, ...], make: Callable[[], T]) -> T:
+        """The value ``make()`` makes from ``obj`` with ``knobs``, made once while kept."""
+        key = (id(obj), *knobs)
+        known = self._entries.get(key)
+        if known is not None and known[0] is obj:
+            return known[1]  # type: ignore[no-any-return]
+        if len(self._entries) >= self._kept:
+            self._entries.clear()
+        made = make()
+        self._entries[key] = (obj, made)
+        return made
+
+    def clear(self) -> None:
+        self._entries.clear()

@@ -18,7 +18,7 @@ from collsim.cluster.topology import load_topology
 from collsim.core.errors import CollsimWarning
 from collsim.parallel.config import DDPConfig, FSDPConfig, ParallelConfig, TrainingConfig
 from collsim.play.walk import Estimator, estimate_step, walk
-from collsim.step.build import StepSchedule, build_schedule, ddp_variant
+from collsim.step.build import StepSchedule, build_schedule, ddp_variant, layer_kind_of
 from collsim.step.pricing import ClosedPricer
 from collsim.step.result import StepResult
 from collsim.step.shapes import ShapeCache
@@ -517,8 +517,6 @@ def test_layer_kinds_are_kept_per_model_and_read_only() -> None:
     """``layer_kind_of`` keeps each model's table by the model's identity: a model of the same name
     with other layer kinds (windowed attention every other layer) gets its own table, the
     same model the kept one, which cannot be written."""
-    from collsim.step.build import layer_kind_of
-
     dense = get_preset("gpt3-1.3b")
     windowed = dataclasses.replace(
         dense, sliding_window=512, sliding_window_layers=tuple(range(0, dense.num_layers, 2))

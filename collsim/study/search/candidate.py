@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from collsim.core.vocab import CPAlgorithm, Dtype, ScheduleKind
 from collsim.parallel.config import Recompute
 from collsim.parallel.pipeline import get_schedule
+from collsim.step.shapes import IdentityMemo
 
 if TYPE_CHECKING:  # pragma: no cover
     from collsim.parallel.config import ParallelConfig, TrainingConfig
@@ -215,7 +216,7 @@ class Candidate:
 
         dtype = base_training.dtype if self.dtype is None else Dtype(self.dtype)
         fp8 = str(dtype) == "fp8"
-        training = _kept(
+        training = _CONFIGS.get(
             base_training,
             (self.micro_batch, self.recompute, dtype),
             lambda: dataclasses.replace(
@@ -247,7 +248,7 @@ class Candidate:
             virtual_stages=self.virtual_stages,
             zero=self.zero,
             sequence_parallel=self.sequence_parallel,
-            ddp=_kept(
+            ddp=_CONFIGS.get(
                 ddp,
                 (self.bucket_mb, self.overlap, self.bucket_view),
                 lambda: dataclasses.replace(
@@ -257,7 +258,7 @@ class Candidate:
                     gradient_as_bucket_view=self.bucket_view,
                 ),
             ),
-            fsdp=_kept(
+            fsdp=_CONFIGS.get(
                 fsdp,
                 (self.prefetch, self.offload, self.reshard, self.shard_group, fp8),
                 lambda: dataclasses.replace(
@@ -307,22 +308,8 @@ def head_stage(c: Candidate) -> int:
     return get_schedule(c.schedule).where(c.pp * v - 1, c.pp, v)[0]
 
 
-_CONFIGS: dict[tuple[Any, ...], tuple[Any, Any]] = {}
-""":meth:`Candidate.configs`' sections by the identity of the scenario's section and the
-plan's knobs that replace its fields (held, checked: the sections are frozen, so plans with
-the same knobs share one)."""
 CONFIGS_KEPT = 4096
 """Sections kept (a search has a few hundred; more start the table again)."""
-
-
-def _kept(base: Any, knobs: tuple[Any, ...], make: Any) -> Any:
-    """The section ``make`` builds from ``base`` with ``knobs``, built once while kept."""
-    key = (id(base), *knobs)
-    known = _CONFIGS.get(key)
-    if known is not None and known[0] is base:
-        return known[1]
-    if len(_CONFIGS) >= CONFIGS_KEPT:
-        _CONFIGS.clear()
-    made = make()
-    _CONFIGS[key] = (base, made)
-    return made
+_CONFIGS = IdentityMemo(CONFIGS_KEPT)
+""":meth:`Candidate.configs`' sections by the scenario's section and the plan's knobs that
+replace its fields (the sections are frozen, so plans with the same knobs share one)."""
