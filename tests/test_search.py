@@ -83,6 +83,25 @@ def test_every_plan_of_the_grid_is_kept_or_counted(h100x16) -> None:
     assert rejected["tp_node"] > 0 and rejected["pp_layers"] > 0 and rejected["zero_pp"] > 0
 
 
+def test_zero2_under_pipelines_is_counted_unless_the_space_asks_for_it(h100x16) -> None:
+    # by default ZeRO-2 meets no pipeline (no stack runs it) while ZeRO-3 does (FSDP2 with
+    # pipelining); every plan left out is counted, and the space's zero2_with_pp brings back
+    # exactly those plans
+    rejected: Counter[str] = Counter()
+    plans = list(enumerate_plans(TINY, 16, 8, 64, SearchSpace(max_tp=8), rejected))
+    assert not any(p.zero == 2 and p.pp > 1 for p in plans)
+    assert any(p.zero == 2 and p.pp == 1 for p in plans)
+    assert any(p.zero == 3 and p.pp > 1 for p in plans)
+    wide: Counter[str] = Counter()
+    space = SearchSpace(max_tp=8, zero2_with_pp=True)
+    more = list(enumerate_plans(TINY, 16, 8, 64, space, wide))
+    extra = [p for p in more if p.zero == 2 and p.pp > 1]
+    assert extra and set(more) - set(plans) == set(extra)
+    # the same grid either way: what one keeps or counts, the other does too
+    assert len(plans) + sum(rejected.values()) == len(more) + sum(wide.values())
+    assert rejected["zero2_pp"] >= len(extra) and wide["zero2_pp"] == 0
+
+
 def _configs(**knobs):
     train = {k: knobs.pop(k) for k in ("micro_batch", "recompute", "global_batch") if k in knobs}
     training = TrainingConfig(global_batch=train.pop("global_batch", 64), **train)
@@ -398,9 +417,10 @@ def test_jobs_find_the_same_best_plans(h100x16) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
 def test_pruning_on_a_space_of_20000_plans_returns_the_same_best_ten(h100x16) -> None:
-    # the whole default space (every data-parallel knob) of a tiny model on 16 GPUs
+    # the whole default space (every data-parallel knob, ZeRO-2 under pipelines too) of a
+    # tiny model on 16 GPUs
     training = TrainingConfig(global_batch=64, micro_batch=1)
-    space = SearchSpace(micro_batches=(1, 2, 4, 8))
+    space = SearchSpace(micro_batches=(1, 2, 4, 8), zero2_with_pp=True)
     args = (h100x16, TINY, training, ParallelConfig(dp=16))
     pruned = search_plans(*args, space=space, top_k=0, prune_keep=10, jobs=2)
     full = search_plans(*args, space=space, top_k=0, prune_keep=0, jobs=2)
@@ -596,7 +616,8 @@ def test_split_backward_schedules_are_searched_under_floors(preset, nodes, globa
     topology = load_topology("dgx_h100", nodes=nodes)
     spec = TINY if preset == "tiny" else get_preset(preset)
     training = TrainingConfig(global_batch=global_batch, micro_batch=1)
-    space = SearchSpace(schedules=("zb_h1", "dualpipev"))
+    # (ZeRO-2 under pipelines asked for: the floors hold for the plans a space file adds)
+    space = SearchSpace(schedules=("zb_h1", "dualpipev"), zero2_with_pp=True)
     rejected: Counter[str] = Counter()
     plans = [
         p

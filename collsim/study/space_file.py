@@ -2,12 +2,12 @@
 
 The file is a mapping of :class:`collsim.study.search.SearchSpace` fields to their values: a list
 replaces the axis's values (fewer to restrict, others to extend), a scalar sets a one-value
-field (``max_tp``, ``zero_with_pp``). Each key and value is checked against the field's type and
-the rule of its axis (micro-batches and sizes at least 1, ZeRO stages 0-3, prefetch depths at
-least 0, bucket sizes positive and finite, schedules, recompute modes, dispatchers and CP
-algorithms from the vocabulary, lists non-empty without repeats); a broken rule is one
-:class:`collsim.core.errors.ConfigError` naming the file, line, key path and value (exit 2),
-before any plan is enumerated.
+field (``max_tp``, ``zero_with_pp``, ``zero2_with_pp``). Each key and value is checked against
+the field's type and the rule of its axis (micro-batches and sizes at least 1, ZeRO stages 0-3,
+prefetch depths at least 0, bucket sizes positive and finite, schedules, recompute modes,
+dispatchers and CP algorithms from the vocabulary, lists non-empty without repeats); a broken
+rule is one :class:`collsim.core.errors.ConfigError` naming the file, line, key path and value
+(exit 2), before any plan is enumerated.
 """
 
 from __future__ import annotations

@@ -10,8 +10,9 @@ asks cp, ep, etp, the MoE dispatcher and its overlap, the CP algorithm, the HSDP
    (``tp_heads``: heads or ffn not divisible by tp; ``tp_node``: tp larger than a node;
    ``pp_layers``: layers not divisible by pp x v; ``batch``: global batch not divisible by
    dp x micro-batch; ``interleaved_m``: Megatron's interleaving needs m divisible by pp;
-   ``zero_pp``: ZeRO-2/3 with pipeline parallelism, which DeepSpeed and Megatron do not support
-   because gradients are reduced once per step, not per micro-batch).
+   ``zero_pp``: ZeRO-2/3 with pipeline parallelism where the space leaves them out;
+   ``zero2_pp``: ZeRO-2 with pipeline parallelism unless the space asks for it, since no stack
+   runs it: DeepSpeed's pipeline engine refuses stage 2, Megatron-Core has no ZeRO-2).
 2. Plans whose memory floor exceeds the GPU are dropped (``memory_bound``); the others are
    estimated by the closed form (:mod:`collsim.play.walk`) best-first by a floor on their step
    time, until no floor left can beat the best kept (``bound``); estimated plans whose memory

@@ -48,7 +48,14 @@ class SearchSpace:
     max_tp: int | None = None
     """Largest tp; None = any (TP across nodes is tried too; the network prices it)."""
     zero_with_pp: bool = True
-    """Try ZeRO-2/3 with pipeline parallelism (the engine reduces per micro-batch)."""
+    """Try ZeRO-2/3 with pipeline parallelism (the engine reduces per micro-batch; ZeRO-2
+    only where :attr:`zero2_with_pp` says so too)."""
+    zero2_with_pp: bool = False
+    """Try ZeRO-2 with pipeline parallelism. Off by default: no stack runs it. DeepSpeed's
+    pipeline engine asserts a ZeRO stage below 2 (deepspeed/runtime/pipe/engine.py at
+    edaa722) and Megatron-Core has no ZeRO-2 (its distributed optimizer keeps the whole
+    gradient buffer: ZeRO-1 here); ZeRO-3 with pipelines is torchtitan's FSDP2 with
+    pipelining (``zero_with_pp``)."""
     cps: tuple[int, ...] | None = None
     """Context-parallel sizes tried (None: the scenario's)."""
     eps: tuple[int, ...] | None = None

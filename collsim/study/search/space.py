@@ -46,6 +46,8 @@ REASONS = {
     "interleaved_m": "interleaved needs micro-batches divisible by pp",
     "schedule_m": "too few micro-batches for the schedule (DualPipeV: 2 x pp)",
     "zero_pp": "ZeRO-2/3 with pipeline parallelism (left out of this space)",
+    "zero2_pp": "ZeRO-2 with pipeline parallelism: no stack runs it (DeepSpeed's pipeline "
+    "engine refuses stage 2; the space's zero2_with_pp tries it)",
     "no_dp": "a bucket size other than the first without data parallelism (same plan)",
     "cp_gpus": "cp does not divide the GPUs",
     "cp_seq": "cp (2 x cp with load balancing) does not divide the sequence",
@@ -390,6 +392,9 @@ def _plans(
         zero = var.zero
         if zero >= 2 and pp > 1 and not space.zero_with_pp:
             rejected["zero_pp"] += len(space.recomputes) * len(sps) * extras
+            continue
+        if zero == 2 and pp > 1 and not space.zero2_with_pp:
+            rejected["zero2_pp"] += len(space.recomputes) * len(sps) * extras
             continue
         if dp == 1 and (var.bucket_mb, var.overlap, var.bucket_view) != (
             first.bucket_mb,
