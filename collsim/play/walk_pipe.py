@@ -316,6 +316,12 @@ def walk_fused(w: Walker) -> None:
         send_s.append(seconds)
         send_calls.append(sends)
     durations = [w.block_durations(prog) for prog in progs]
+    waits = _sync_waits(w.rules, blocks, durations)
+    if waits is not None:  # each reducing block ends when its reductions do
+        durations = [
+            tuple([d + x for d, x in zip(ds, xs, strict=True)])
+            for ds, xs in zip(durations, waits, strict=True)
+        ]
 
     def make() -> list[StageTrace]:
         return trace_pipeline(tables, durations, fold_s, send_s, size, ranks)
@@ -340,6 +346,37 @@ def walk_fused(w: Walker) -> None:
             traces = w.shapes.recent("walk pipeline", shape, make, TRACES_KEPT)
             w.shared.trace = (made_of, (fold_s, size), traces)
     _replay(w, progs, tables, blocks, traces, fold_calls, send_calls)
+    if waits is not None:
+        for prog, table, xs in zip(progs, tables, waits, strict=True):
+            prog.breakdown_s["dp_exposed"] += sum(
+                [n * x for n, x in zip(table.counts, xs, strict=True) if x]
+            )
+
+
+def _sync_waits(
+    rules: DataParallelRules, blocks: list[list[OpPlan]], durations: list[tuple[float, ...]]
+) -> list[tuple[float, ...]] | None:
+    """Per stage, per block: how long an op of the block waits at its end for the bucket
+    reductions it issued, where the step waits for them after every backward
+    (:attr:`~collsim.step.dataparallel.DataParallelRules.syncs_each_backward`); None where it
+    does not. The stream is free when a reducing op starts (the op before waited for its
+    own), so the wait is the block's: its reductions one after another on the dp stream, each
+    ready at its offset (``max(ready, free) + seconds``, as the engine's stream), less the
+    block's seconds."""
+    if not rules.syncs_each_backward or not any(rules.reducing(1)):
+        return None
+    out = []
+    for blks, ds in zip(blocks, durations, strict=True):
+        xs = []
+        for block, d in zip(blks, ds, strict=True):
+            free = 0.0
+            for rel, calls, _ in block.reductions:
+                free = rel if rel >= free else free
+                for t, _, _ in calls:
+                    free += t
+            xs.append(free - d if free > d else 0.0)
+        out.append(tuple(xs))
+    return out
 
 
 def _messages(

@@ -306,6 +306,16 @@ class DataParallelRules:
         return "all_reduce" if self.zero == 0 else "reduce_scatter"
 
     @property
+    def syncs_each_backward(self) -> bool:
+        """ZeRO-2 with overlapped reductions waits for them at the end of every backward that
+        reduces: DeepSpeed's stage 2 with ``overlap_comm`` ends each micro-step's backward with
+        ``independent_gradient_partition_epilogue``, which reduces the last bucket and
+        synchronizes the device (deepspeed/runtime/zero/stage_1_and_2.py at edaa722), so a
+        micro-batch's reductions hide behind its own backward only, not behind the next
+        forward."""
+        return self.zero == 2 and self.overlap
+
+    @property
     def holds_bucket_buffer(self) -> bool:
         """ZeRO-2 keeps a reduced bucket's buffer until its reduce-scatter ends."""
         return self.zero == 2

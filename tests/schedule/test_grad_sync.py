@@ -9,6 +9,7 @@ counts come from collsim.workload.memory, the call counts from the schedule by h
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections import defaultdict
 from typing import Any
@@ -149,6 +150,41 @@ def test_zero2_reduces_every_microbatch(pp: int) -> None:
     once = _by_size(tr, ParallelConfig(dp=dp, pp=pp, zero=1), "reduce_scatter")
     every = _by_size(tr, ParallelConfig(dp=dp, pp=pp, zero=2), "reduce_scatter")
     assert every == {size: M * n for size, n in once.items()}
+
+
+def _start(event: Any) -> float:
+    return float(event.start_s)
+
+
+@pytest.mark.parametrize("pp", [1, 2])
+def test_zero2_waits_for_each_backward_s_reductions(pp: int) -> None:
+    # DeepSpeed's stage 2 with overlap_comm synchronizes at the end of every micro-step's
+    # backward: no op starts before the reductions of the backward before it have ended (the
+    # last bucket is ready when its backward ends, so every reducing backward waits), and the
+    # closed form walks the same step
+    dp = 8 // pp
+    tr = TrainingConfig(global_batch=dp * M, micro_batch=1)
+    par = ParallelConfig(dp=dp, pp=pp, zero=2)
+    traced = simulate_step(TOPO, SPEC, tr, par, fidelity="fused", trace=True)
+    mine = [e for e in traced.trace_events if e.rank == 0]
+    ops = sorted((e for e in mine if e.stream == "compute" and "mb" in e.name), key=_start)
+    ends: dict[int, float] = defaultdict(float)  # the reductions of each micro-batch
+    for e in mine:
+        if e.stream == "dp" and e.name.startswith("reduce_scatter"):
+            mb = int(e.name.rsplit("mb", 1)[1])
+            ends[mb] = max(ends[mb], e.end_s)
+    backwards = [i for i, e in enumerate(ops[:-1]) if e.name.startswith("B ")]
+    assert len(backwards) == M - 1  # (the last backward is followed by no op)
+    for i in backwards:
+        mb = ops[i].args["microbatch"]
+        assert ops[i].end_s < ends[mb] <= ops[i + 1].start_s  # it waited, then went on
+    closed = estimate_step(TOPO, SPEC, tr, par)
+    assert closed.step_time_s == pytest.approx(traced.step_time_s, rel=1e-9)
+    assert closed.breakdown_s["dp_exposed"] == pytest.approx(
+        traced.breakdown_s["dp_exposed"], rel=1e-9
+    )
+    late = dataclasses.replace(par, ddp=dataclasses.replace(par.ddp, overlap=False))
+    assert estimate_step(TOPO, SPEC, tr, late).step_time_s > closed.step_time_s
 
 
 def test_grad_sync_key_is_checked() -> None:

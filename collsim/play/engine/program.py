@@ -138,6 +138,7 @@ class RankProgram:
         engine.dp.allocate_states(self)
         breakdown_s = self.breakdown_s
         by_segment = engine.zero == 3 or engine.layer_mode
+        syncs = engine.dp.rules.syncs_each_backward
         chunks = self.stage.chunks
         paired_ops = engine.schedule.paired.get(self.stage.stage, frozenset())
         inboxes, outboxes = engine.routes(self)
@@ -172,6 +173,7 @@ class RankProgram:
                     folded = 0.0
                 chunk = chunks[op.chunk]
                 start = env.now + folded
+                issued = len(self.dp_events)
                 if by_segment:
                     yield from self._run_segments(op, chunk, paired)
                 else:
@@ -190,6 +192,8 @@ class RankProgram:
                         microbatch=op.microbatch,
                         chunk=op.chunk,
                     )
+                if syncs and len(self.dp_events) > issued:
+                    yield from self._drain_reductions(issued)
                 route = outboxes[index]
                 if route is not None:
                     engine.send_output(self, op, route)
@@ -262,7 +266,7 @@ class RankProgram:
         ]
         gather_s, gather_key, gather_busbw = gather
         rules = engine.dp.rules
-        buckets_on = rules.uses_buckets
+        buckets_on, syncs = rules.uses_buckets, rules.syncs_each_backward
         free, place = self.ledger.free, self.ledger.place
         timeout, send = env.timeout, engine.send_output
         received = 0
@@ -281,16 +285,30 @@ class RankProgram:
                 received += 1
             start = env.now + folded
             place(start, plan.pattern, op.microbatch, op.chunk)
+            issued = len(self.dp_events)
             if plan.buckets and buckets_on and rules.reduces_in(op.microbatch):
                 for bucket, rel in plan.buckets:
                     engine.dp.launch_bucket(self, op, chunks[op.chunk], bucket, start + rel)
             plan.runs += 1
             yield timeout(folded + plan.duration)
+            if syncs and len(self.dp_events) > issued:
+                yield from self._drain_reductions(issued)
             if route is not None:
                 send(self, op, route)
         if gather_key is not None and received:
             engine.tally(gather_key, received * gather_s, gather_busbw, count=received)
         self._account_fused(received * gather_s)
+
+    def _drain_reductions(self, first: int) -> Any:
+        """The end of a backward that reduced under ZeRO-2 with overlap
+        (:attr:`~collsim.step.dataparallel.DataParallelRules.syncs_each_backward`): wait
+        for the reductions it issued (``self.dp_events[first:]``; those of earlier ops were
+        waited for at their end), exposed on the dp account."""
+        pending = [ev for ev in self.dp_events[first:] if not ev.processed]
+        if pending:
+            t0 = self.env.now
+            yield self.env.all_of(pending)
+            self.breakdown_s["dp_exposed"] += self.env.now - t0
 
     def _account_fused(self, folded_s: float) -> None:
         """The fused ops' seconds by breakdown key (runs x each op's parts), the pipeline
