@@ -22,6 +22,7 @@ import numpy as np
 
 from collsim.core.errors import SimulationError
 from collsim.core.vocab import ParallelAxis
+from collsim.play.walk_tables import queue_ends
 from collsim.step.memory import (
     MemoryEvent,
     MemoryPattern,
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
         OpTable,
         RankState,
         Reduction,
+        ReductionColumns,
         SharedWalk,
     )
     from collsim.step.build import StepSchedule
@@ -94,6 +96,8 @@ class Walker(Protocol):
     def block_durations(self, prog: RankState) -> tuple[float, ...]: ...
 
     def open_tallies(self, reductions: Sequence[Reduction]) -> None: ...
+
+    def columns_of(self, reductions: Sequence[Reduction]) -> ReductionColumns: ...
 
     def run_overlapped(
         self, prog: RankState, ops: Sequence[tuple[float, Sequence[Reduction]]]
@@ -316,7 +320,7 @@ def walk_fused(w: Walker) -> None:
         send_s.append(seconds)
         send_calls.append(sends)
     durations = [w.block_durations(prog) for prog in progs]
-    waits = _sync_waits(w.rules, blocks, durations)
+    waits = _sync_waits(w, blocks, durations)
     if waits is not None:  # each reducing block ends when its reductions do
         durations = [
             tuple([d + x for d, x in zip(ds, xs, strict=True)])
@@ -354,27 +358,27 @@ def walk_fused(w: Walker) -> None:
 
 
 def _sync_waits(
-    rules: DataParallelRules, blocks: list[list[OpPlan]], durations: list[tuple[float, ...]]
+    w: Walker, blocks: list[list[OpPlan]], durations: list[tuple[float, ...]]
 ) -> list[tuple[float, ...]] | None:
     """Per stage, per block: how long an op of the block waits at its end for the bucket
     reductions it issued, where the step waits for them after every backward
     (:attr:`~collsim.step.dataparallel.DataParallelRules.syncs_each_backward`); None where it
     does not. The stream is free when a reducing op starts (the op before waited for its
-    own), so the wait is the block's: its reductions one after another on the dp stream, each
-    ready at its offset (``max(ready, free) + seconds``, as the engine's stream), less the
-    block's seconds."""
+    own), so the wait is the block's: its reductions' calls queued on the dp stream from the
+    op's start, each ready at its offset (:func:`~collsim.play.walk_tables.queue_ends` of the
+    block's columns, kept in the shared tables), less the block's seconds."""
+    rules = w.rules
     if not rules.syncs_each_backward or not any(rules.reducing(1)):
         return None
     out = []
     for blks, ds in zip(blocks, durations, strict=True):
         xs = []
         for block, d in zip(blks, ds, strict=True):
-            free = 0.0
-            for rel, calls, _ in block.reductions:
-                free = rel if rel >= free else free
-                for t, _, _ in calls:
-                    free += t
-            xs.append(free - d if free > d else 0.0)
+            end = 0.0
+            if block.reductions:
+                c = w.columns_of(block.reductions)
+                end = float(queue_ends(c.call_rel, c.seconds, 0.0)[-1])
+            xs.append(end - d if end > d else 0.0)
         out.append(tuple(xs))
     return out
 

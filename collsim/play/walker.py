@@ -873,7 +873,7 @@ class Walker:
             if key not in tallies:
                 tally(key)
 
-    def _arrays_of(self, reductions: Sequence[Reduction]) -> ReductionColumns:
+    def columns_of(self, reductions: Sequence[Reduction]) -> ReductionColumns:
         """:func:`reduction_arrays` of an op's reductions, once per program and its variants
         (by their identity: :attr:`SharedWalk.reduction_columns` holds them)."""
         kept = self.shared.reduction_columns
@@ -903,7 +903,7 @@ class Walker:
         one after another in call order (a cumulative sum is sequential), its busbw its last
         call's."""
         ops_of = np.bincount(which, minlength=len(reductions_of))  # each block's ops
-        columns = {b: self._arrays_of(reductions_of[b]) for b in np.flatnonzero(ops_of).tolist()}
+        columns = {b: self.columns_of(reductions_of[b]) for b in np.flatnonzero(ops_of).tolist()}
         calls_of = np.zeros(len(reductions_of), dtype=np.intp)
         held_of = np.zeros(len(reductions_of), dtype=np.intp)
         for b, c in columns.items():
