@@ -37,10 +37,12 @@ __all__ = [
     "SettledOp",
     "SharedWalk",
     "TallyAdds",
+    "Wire",
     "fires",
     "norm_rounds",
     "op_table",
     "pipeline_links",
+    "pipeline_wiring",
     "queue_ends",
     "reduction_arrays",
 ]
@@ -415,6 +417,35 @@ def pipeline_links(schedule: StepSchedule, stage: int) -> list[Link]:
             )
         out.append(shape)
     return out
+
+
+Wire = tuple[int, int, int]
+"""An op's messages in a walk's :func:`pipeline_wiring`: the number of the message it reads
+(-1: none from another stage), the number of the one it sends and the stage it goes to (-1,
+-1: none)."""
+
+
+def pipeline_wiring(
+    links: Sequence[list[Link]], tables: Sequence[Sequence[PipeOp]]
+) -> tuple[list[list[Wire]], int]:
+    """Per stage, per op: its :data:`Wire` (``links``: each stage's :func:`pipeline_links`;
+    ``tables``: each stage's ops), the messages numbered by what names one, (receiving stage,
+    direction, micro-batch, chunk); and how many there are. A walk keeps its mail in lists by
+    these numbers instead of a dictionary by those keys."""
+    number: dict[tuple[int, Any, int, int], int] = {}
+    out = []
+    for stage, (stage_links, ops) in enumerate(zip(links, tables, strict=True)):
+        wires = []
+        for (remote, direction, dest), op in zip(stage_links, ops, strict=True):
+            read = number.setdefault((stage, direction, op.microbatch, op.chunk), len(number))
+            if dest is None:
+                wires.append((read if remote else -1, -1, -1))
+                continue
+            to, phase, chunk = dest
+            sent = number.setdefault((to, phase, op.microbatch, chunk), len(number))
+            wires.append((read if remote else -1, sent, to))
+        out.append(wires)
+    return out, len(number)
 
 
 class ReductionColumns(NamedTuple):

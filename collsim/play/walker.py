@@ -36,10 +36,12 @@ from collsim.play.walk_tables import (
     SettledOp,
     SharedWalk,
     TallyAdds,
+    Wire,
     fires,
     norm_rounds,
     op_table,
     pipeline_links,
+    pipeline_wiring,
     queue_ends,
     reduction_arrays,
 )
@@ -90,9 +92,12 @@ class Walker:
             r = plan.rank(dp=0, pp=st, tp=0)
             self.programs[r] = RankState(r, plan.coords(r), MemoryLedger(r))
         self.by_stage = {p.coords.pp: p for p in self.programs.values()}
-        self.mail: dict[tuple[int, Phase, int, int], tuple[float, float, float]] = {}
-        """Sent pipeline messages by (receiving rank, direction, micro-batch, chunk): (when
-        produced, when delivered, bytes)."""
+        self.wiring: list[list[Wire]] = []
+        """Per stage, per op: its messages' numbers (ZeRO-3 walk, :meth:`wire`)."""
+        self.mail_produced: list[float] = []
+        self.mail_delivered: list[float | None] = []
+        """Per message (its number in :attr:`wiring`): when it was produced and when it is
+        delivered (None until sent)."""
         self.prices = SegmentPrices(
             self.plan, pricer, schedule.overlap_factor if schedule.step_interference else None
         )
@@ -254,6 +259,7 @@ class Walker:
             pending = []
         else:
             pending = list(self.programs.values())
+            self.wire()
         ops_of = {prog.rank: len(self.schedule.pipeline[prog.coords.pp]) for prog in pending}
         advance = self.advance
         while pending:  # the ranks resumed round-robin, each running while its inputs are sent
@@ -290,6 +296,22 @@ class Walker:
             self._links[stage] = hit
         return hit
 
+    def wire(self) -> None:
+        """The walk's :attr:`wiring` (:func:`~collsim.play.walk_tables.pipeline_wiring`, in a
+        search once per pipeline shape) and its empty mail lists."""
+        stages = range(self.plan.pp)
+
+        def make() -> tuple[list[list[Wire]], int]:
+            links = [self.links(s) for s in stages]
+            return pipeline_wiring(links, [self.schedule.pipeline[s] for s in stages])
+
+        if self.shapes is None:
+            self.wiring, count = make()
+        else:
+            self.wiring, count = self.shapes.get("walk wiring", self.pipeline_shape(-1), make)
+        self.mail_produced = [0.0] * count
+        self.mail_delivered = [None] * count
+
     def pipeline_shape(self, stage: int) -> tuple[str, int, int, int, int]:
         """What the stage's pipeline ops are made of: the schedule, the stage count, the
         micro-batches, the virtual stages and the stage."""
@@ -312,7 +334,8 @@ class Walker:
         right), the account waits for :meth:`add_settled`, its pattern is placed at its start
         (:meth:`MemoryLedger.place`) and its TP runs counted (:meth:`add_settled_runs`). Its
         output goes out on the pp stream when it ends (priced once, :meth:`send_slot`), and
-        is delivered when that stream reaches it.
+        is delivered when that stream reaches it. Messages are read and written by their
+        numbers (:func:`~collsim.play.walk_tables.pipeline_wiring`) in the walk's mail lists.
 
         Stays long: the ZeRO-3 walk's loop over every op of every rank, its steps written in
         line (a call per op cost more than the op's own work)."""
@@ -322,49 +345,47 @@ class Walker:
             ops = self.schedule.pipeline[stage]
             context = self._advancing[prog.rank] = (
                 ops,
-                self.links(stage),
+                self.wiring[stage],
                 self.schedule.stages[stage].chunks,
                 self.schedule.paired.get(stage, ()),
                 self.stage_blocks(prog, stage, len(ops)),
                 self.fold_price(prog.rank) if self.gather_pp else None,
-                {},  # the rank's sends by receiving stage
+                [None] * self.plan.pp,  # the rank's sends by receiving stage
             )
-        ops, links, chunks, paired_ops, blocks, fold, mine = context
-        mail_of = self.mail.get
+        ops, wires, chunks, paired_ops, blocks, fold, mine = context
+        produced_of, delivered_of = self.mail_produced, self.mail_delivered
+        size = self.schedule.p2p_bytes
+        received, sent_bytes = -float(size), float(size)
         breakdown = prog.breakdown_s
         events, placed = prog.ledger.appenders()
         last_mb = self.rules.num_microbatches - 1
         gathered, checked = prog.gathered, self._needs_met
         settled, settled_runs = prog.settled, self._settled_runs
-        mailbox = self.mail
-        rank = prog.rank
         ran = False
         i, n = prog.next_op, len(ops)
         now, pp_free = prog.now, prog.pp_free  # (written back before anything reads them)
+        bubble, pp_exposed = breakdown["bubble"], breakdown["pp_exposed"]  # (as those)
         while i < n:
-            op = ops[i]
-            remote, direction, dest = links[i]
-            if remote:
-                mail = mail_of((rank, direction, op.microbatch, op.chunk))
-                if mail is None:
-                    prog.next_op, prog.now, prog.pp_free = i, now, pp_free
-                    return ran  # its input is not sent yet
-                produced_s, delivered_s, mail_bytes = mail
+            read, send, to = wires[i]
+            if read >= 0:
+                delivered_s = delivered_of[read]
+                if delivered_s is None:  # its input is not sent yet
+                    break
                 if delivered_s > now:
+                    produced_s = produced_of[read]
                     produced = min(max(produced_s, now), delivered_s)
-                    breakdown["bubble"] += produced - now
-                    breakdown["pp_exposed"] += delivered_s - produced
+                    bubble += produced - now
+                    pp_exposed += delivered_s - produced
                     now = delivered_s
-                if mail_bytes:  # MemoryLedger.free
-                    size = -float(mail_bytes)
-                    events.append(_new(MemoryEvent, (now, "buffers", size, "pp recv")))
+                if size:  # MemoryLedger.free
+                    events.append(_new(MemoryEvent, (now, "buffers", received, "pp recv")))
                 if fold is not None:
                     self.stats.add(*fold)
                     now += fold[1]
-                    breakdown["pp_exposed"] += fold[1]
+                    pp_exposed += fold[1]
             block = blocks[i]
             if block is None:  # once per op of the walk: settled or not (False)
-                prog.now = now
+                op = ops[i]
                 last = op.microbatch < 0 or op.microbatch >= last_mb
                 paired = i in paired_ops
                 block = settled_op(self, prog, chunks[op.chunk], op.phase, paired, last) or False
@@ -380,6 +401,7 @@ class Walker:
                     else:  # they stay ready (the clock only moves on) until the segments run
                         checked[key] = prog.gathers_made
             if block is False:
+                op = ops[i]
                 prog.now, prog.pp_free = now, pp_free
                 run_segments(self, prog, op, chunks[op.chunk], i in paired_ops)
                 now = prog.now
@@ -388,30 +410,32 @@ class Walker:
                 now = reduce(add, block.steps, start)
                 settled.append(block)  # its sums: add_settled
                 if block.pattern is not None:  # MemoryLedger.place
+                    op = ops[i]
                     placed.append((start, block.pattern, op.microbatch, op.chunk, len(events)))
                 seen = settled_runs.get(key)
                 if seen is not None:  # its run keys are made: counted by add_settled_runs
                     seen[1] += 1
                 else:
                     self.first_settled_run(block)
-            if dest is not None:  # its output sent on the pp stream
-                to, dst_phase, dst_chunk = dest
-                sent = mine.get(to)
-                if sent is None:
-                    sent = mine[to] = self.send_slot(prog, to)
-                t, busbw, tally, dst_rank, dst_events, size = sent
+            if send >= 0:  # its output sent on the pp stream
+                slot = mine[to]
+                if slot is None:
+                    slot = mine[to] = self.send_slot(prog, to)
+                t, busbw, tally, dst_events = slot
                 tally.count += 1  # CallStats.add
                 tally.time_s += t
                 tally.busbw_bps = busbw
                 pp_free = (now if now >= pp_free else pp_free) + t  # max(now, pp_free) + t
                 delivered = now + (pp_free - now)  # fires(now, pp_free)
-                mailbox[(dst_rank, dst_phase, op.microbatch, dst_chunk)] = (now, delivered, size)
+                produced_of[send] = now
+                delivered_of[send] = delivered
                 if size:  # MemoryLedger.alloc
-                    sent = (delivered, "buffers", float(size), "pp recv")
-                    dst_events.append(_new(MemoryEvent, sent))
+                    message = (delivered, "buffers", sent_bytes, "pp recv")
+                    dst_events.append(_new(MemoryEvent, message))
             i += 1
             ran = True
         prog.next_op, prog.now, prog.pp_free = i, now, pp_free
+        breakdown["bubble"], breakdown["pp_exposed"] = bubble, pp_exposed
         return ran
 
     def stage_blocks(self, prog: RankState, stage: int, count: int) -> list[Any]:
@@ -967,12 +991,12 @@ class Walker:
 
     def send_slot(self, prog: RankState, stage: int) -> tuple[Any, ...]:
         """What a send from ``prog`` to ``stage`` reads (:meth:`advance` asks once per walk,
-        and opens its tally at the first send, as CallStats.add): its seconds, busbw, tally,
-        the receiver's rank, its ledger's appender, the message's bytes."""
+        and opens its tally at the first send, as CallStats.add): its seconds, busbw, tally
+        and the receiver's ledger's appender."""
         dst = self.by_stage[stage]
         size = self.schedule.p2p_bytes
         key, t, busbw = self.call_price(prog.rank, PP, "send_recv", size, (prog.rank, dst.rank))
-        return (t, busbw, self.stats.tally(key), dst.rank, dst.ledger.appenders()[0], size)
+        return (t, busbw, self.stats.tally(key), dst.ledger.appenders()[0])
 
     def grad_norm(self) -> None:
         """The clipping's norm all-reduces, as the engine plays them: the walked members of a
