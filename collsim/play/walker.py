@@ -120,9 +120,6 @@ class Walker:
         self._settled_runs: dict[int, list[Any]] = {}
         """Per settled block run in this walk (by identity): [the block, its runs after the
         first], for :meth:`add_settled_runs`."""
-        self._advancing: dict[int, tuple[Any, ...]] = {}
-        """Per ZeRO-3 rank, what :meth:`advance` reads on every resume: its stage's ops, links,
-        chunks, paired ops and settled blocks, its folded gather's price, its sends by stage."""
         self._needs_met: dict[int, int] = {}
         """Per settled block (by identity; the walk's blocks outlive it): the rank's
         ``gathers_made`` when its units were last all gathered and ready."""
@@ -261,11 +258,11 @@ class Walker:
             pending = list(self.programs.values())
             self.wire()
         ops_of = {prog.rank: len(self.schedule.pipeline[prog.coords.pp]) for prog in pending}
-        advance = self.advance
+        steppers = {prog.rank: self.advance(prog) for prog in pending}
         while pending:  # the ranks resumed round-robin, each running while its inputs are sent
             progressed = False
             for prog in pending:
-                progressed |= advance(prog)
+                progressed |= next(steppers[prog.rank])
             left = [p for p in pending if p.next_op < ops_of[p.rank]]
             if left and not progressed:
                 raise SimulationError(
@@ -324,10 +321,11 @@ class Walker:
             stage,
         )
 
-    def advance(self, prog: RankState) -> bool:
-        """Run the rank's ops (ZeRO-3: segment by segment, or as one block when settled:
-        :func:`~collsim.play.walk_zero3.settled_op`) while their inputs have been sent; True
-        if any ran.
+    def advance(self, prog: RankState) -> Iterator[bool]:
+        """The rank's ops as a generator (ZeRO-3: segment by segment, or as one block when
+        settled: :func:`~collsim.play.walk_zero3.settled_op`): each resume runs them while
+        their inputs have been sent and yields whether any ran (its clock, stream and next op
+        written back to ``prog`` first; its bubble and pp wait when it is done).
 
         An op runs as its settled block if every unit it reads is gathered and ready at its
         start: the clock adds the segments' seconds term by term (``reduce`` adds left to
@@ -339,20 +337,14 @@ class Walker:
 
         Stays long: the ZeRO-3 walk's loop over every op of every rank, its steps written in
         line (a call per op cost more than the op's own work)."""
-        context = self._advancing.get(prog.rank)
-        if context is None:  # what the rank's resumes read, once per walk
-            stage = prog.coords.pp
-            ops = self.schedule.pipeline[stage]
-            context = self._advancing[prog.rank] = (
-                ops,
-                self.wiring[stage],
-                self.schedule.stages[stage].chunks,
-                self.schedule.paired.get(stage, ()),
-                self.stage_blocks(prog, stage, len(ops)),
-                self.fold_price(prog.rank) if self.gather_pp else None,
-                [None] * self.plan.pp,  # the rank's sends by receiving stage
-            )
-        ops, wires, chunks, paired_ops, blocks, fold, mine = context
+        stage = prog.coords.pp
+        ops = self.schedule.pipeline[stage]
+        wires = self.wiring[stage]
+        chunks = self.schedule.stages[stage].chunks
+        paired_ops = self.schedule.paired.get(stage, ())
+        blocks = self.stage_blocks(prog, stage, len(ops))
+        fold = self.fold_price(prog.rank) if self.gather_pp else None
+        mine: list[Any] = [None] * self.plan.pp  # the rank's sends by receiving stage
         produced_of, delivered_of = self.mail_produced, self.mail_delivered
         size = self.schedule.p2p_bytes
         received, sent_bytes = -float(size), float(size)
@@ -369,8 +361,11 @@ class Walker:
             read, send, to = wires[i]
             if read >= 0:
                 delivered_s = delivered_of[read]
-                if delivered_s is None:  # its input is not sent yet
-                    break
+                while delivered_s is None:  # its input is not sent yet: the next round
+                    prog.next_op, prog.now, prog.pp_free = i, now, pp_free
+                    yield ran
+                    ran = False
+                    delivered_s = delivered_of[read]
                 if delivered_s > now:
                     produced_s = produced_of[read]
                     produced = min(max(produced_s, now), delivered_s)
@@ -436,7 +431,9 @@ class Walker:
             ran = True
         prog.next_op, prog.now, prog.pp_free = i, now, pp_free
         breakdown["bubble"], breakdown["pp_exposed"] = bubble, pp_exposed
-        return ran
+        yield ran
+        while True:
+            yield False
 
     def stage_blocks(self, prog: RankState, stage: int, count: int) -> list[Any]:
         """Per op of the stage: its settled block, False when it has none, None until asked
