@@ -345,6 +345,8 @@ class Walker:
         blocks = self.stage_blocks(prog, stage, len(ops))
         fold = self.fold_price(prog.rank) if self.gather_pp else None
         mine: list[Any] = [None] * self.plan.pp  # the rank's sends by receiving stage
+        table = self.op_table(stage)[0]
+        mbs, op_chunks = table.microbatches, table.chunks
         produced_of, delivered_of = self.mail_produced, self.mail_delivered
         size = self.schedule.p2p_bytes
         received, sent_bytes = -float(size), float(size)
@@ -352,6 +354,7 @@ class Walker:
         events, placed = prog.ledger.appenders()
         last_mb = self.rules.num_microbatches - 1
         gathered, checked = prog.gathered, self._needs_met
+        made = prog.gathers_made  # (only the segment loop changes it)
         settled, settled_runs = prog.settled, self._settled_runs
         ran = False
         i, n = prog.next_op, len(ops)
@@ -387,26 +390,25 @@ class Walker:
                 blocks[i] = block
             if block is not False:
                 key = id(block)
-                if checked.get(key) != prog.gathers_made:
+                if checked.get(key) != made:
                     for unit in block.needs:
                         ready = gathered.get(unit)
                         if ready is None or ready > now:
                             block = False  # (this time: its units are not all there)
                             break
                     else:  # they stay ready (the clock only moves on) until the segments run
-                        checked[key] = prog.gathers_made
+                        checked[key] = made
             if block is False:
                 op = ops[i]
                 prog.now, prog.pp_free = now, pp_free
                 run_segments(self, prog, op, chunks[op.chunk], i in paired_ops)
-                now = prog.now
+                now, made = prog.now, prog.gathers_made
             else:
                 start = now
                 now = reduce(add, block.steps, start)
                 settled.append(block)  # its sums: add_settled
                 if block.pattern is not None:  # MemoryLedger.place
-                    op = ops[i]
-                    placed.append((start, block.pattern, op.microbatch, op.chunk, len(events)))
+                    placed.append((start, block.pattern, mbs[i], op_chunks[i], len(events)))
                 seen = settled_runs.get(key)
                 if seen is not None:  # its run keys are made: counted by add_settled_runs
                     seen[1] += 1
