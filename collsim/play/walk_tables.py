@@ -437,13 +437,15 @@ def pipeline_wiring(
     for stage, (stage_links, ops) in enumerate(zip(links, tables, strict=True)):
         wires = []
         for (remote, direction, dest), op in zip(stage_links, ops, strict=True):
-            read = number.setdefault((stage, direction, op.microbatch, op.chunk), len(number))
+            read = -1
+            if remote:
+                read = number.setdefault((stage, direction, op.microbatch, op.chunk), len(number))
             if dest is None:
-                wires.append((read if remote else -1, -1, -1))
+                wires.append((read, -1, -1))
                 continue
             to, phase, chunk = dest
             sent = number.setdefault((to, phase, op.microbatch, chunk), len(number))
-            wires.append((read if remote else -1, sent, to))
+            wires.append((read, sent, to))
         out.append(wires)
     return out, len(number)
 

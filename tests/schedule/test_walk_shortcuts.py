@@ -30,7 +30,7 @@ from collsim.parallel.buckets import Bucket
 from collsim.parallel.config import DDPConfig, FSDPConfig, ParallelConfig, TrainingConfig
 from collsim.parallel.params import ParamTensor
 from collsim.play.walk import Estimator, estimate_step
-from collsim.play.walk_tables import queue_ends
+from collsim.play.walk_tables import pipeline_links, pipeline_wiring, queue_ends
 from collsim.play.walker import Walker
 from collsim.step.build import build_schedule
 from collsim.step.memory import MemoryEvent, MemoryLedger, MemoryPattern
@@ -372,6 +372,42 @@ def test_a_pipeline_order_with_a_cycle_is_refused_not_walked_for_ever(zero: int)
     pipeline[0] = tuple(reversed(pipeline[0]))
     with pytest.raises(SimulationError, match=r"ranks \[0, 4\] wait for inputs never sent"):
         walk_module.walk(dataclasses.replace(schedule, pipeline=pipeline))
+
+
+@pytest.mark.parametrize(
+    ("schedule_kind", "pp", "v"),
+    [("1f1b", 4, 1), ("interleaved", 4, 2), ("zb_h1", 4, 1), ("dualpipev", 2, 2), ("gpipe", 2, 1)],
+)
+def test_every_numbered_message_read_is_sent_once_by_another_stage(
+    schedule_kind: str, pp: int, v: int
+) -> None:
+    """``pipeline_wiring`` numbers the messages the ZeRO-3 walk reads and sends: every op that
+    reads from another stage reads a number one op of another stage sends, for the same
+    micro-batch; every number sent is read once; ops that read from their own stage read none."""
+    topology = load_topology("dgx_h100", nodes=1)
+    spec = get_preset("llama2-7b", num_layers=8, seq_len=1024)
+    training = TrainingConfig(global_batch=8 * (8 // pp), micro_batch=1)
+    parallel = ParallelConfig(pp=pp, dp=8 // pp, schedule=schedule_kind, virtual_stages=v, zero=3)
+    schedule = build_schedule(topology, spec, training, parallel)
+    stages = range(pp)
+    links = [pipeline_links(schedule, s) for s in stages]
+    wiring, count = pipeline_wiring(links, [schedule.pipeline[s] for s in stages])
+    sent: dict[int, tuple[int, int]] = {}
+    read: dict[int, tuple[int, int]] = {}
+    for s in stages:
+        for op, (remote, _, dest), (number_in, number_out, to) in zip(
+            schedule.pipeline[s], links[s], wiring[s], strict=True
+        ):
+            assert (number_in >= 0) == remote
+            if number_in >= 0:
+                assert number_in not in read
+                read[number_in] = (s, op.microbatch)
+            assert (number_out >= 0) == (dest is not None)
+            if number_out >= 0:
+                assert number_out not in sent and to == dest[0] != s
+                sent[number_out] = (to, op.microbatch)
+    assert read and read == sent  # (each read where it is sent to, for its micro-batch)
+    assert max(read) < count
 
 
 def test_a_zero2_plan_with_many_buckets_estimates_as_the_loop(
