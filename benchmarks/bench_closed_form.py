@@ -26,7 +26,7 @@ estimating a plan again costs; the search's recent-item caches are sized for a s
 repeat mostly misses them::
 
     taskset -c 0 python benchmarks/bench_closed_form.py [--repeats 5] [--sample 40] [--phases]
-        [--profile 20]
+        [--profile 20] [--kinds]
 
 The first and last lines give the host's speed as the CPU time of a fixed workload
 (:func:`host_reference_ms`): the per-plan figures scale roughly with it from one machine,
@@ -34,7 +34,9 @@ or one stretch of a shared machine, to another.
 
 ``--profile N`` adds one more pass per family under :mod:`cProfile` and prints its N most
 costly functions by own time (where the time goes; the profiler slows each call, so read the
-shares, not the figures).
+shares, not the figures). ``--kinds`` splits each family's first pass by kind of plan: the
+first plan of a program or one of its variants (the plans that differ from it only in DDP and
+FSDP knobs), by ZeRO stage, pp and tp (where a family's median falls).
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ from collsim.core.errors import CollsimWarning, ConfigError, InfeasibleError  # 
 from collsim.core.runtime import collector_relaxed  # noqa: E402
 from collsim.parallel.plan import build_plan  # noqa: E402
 from collsim.play.walk import Estimator  # noqa: E402
+from collsim.step.build import without_dp_knobs  # noqa: E402
 from collsim.study.scenario import load_scenario  # noqa: E402
 from collsim.study.search import (  # noqa: E402
     DEFAULT_TOLERANCE_PCT,
@@ -196,9 +199,37 @@ def profiled(name: str, est: Estimator, plans: list[Configs], top: int) -> None:
     stats.sort_stats("tottime").print_stats(top)
 
 
+def kind_rows(name: str, plans: list[Configs], first: list[tuple[float, float] | None]) -> None:
+    """The first pass by kind of plan (``--kinds``): the first plan of its program (``program``: its
+    configs without the DDP and FSDP knobs a variant changes: ``without_dp_knobs``) or a
+    variant of one, by ZeRO stage, pp and tp: plans, median ms, plans within the target."""
+    seen: set[Any] = set()
+    groups: dict[tuple[str, int, int, int], list[float]] = {}
+    for configs, t in zip(plans, first, strict=True):
+        training, parallel = configs
+        program = (training, without_dp_knobs(parallel))
+        kind = "variant" if program in seen else "program"
+        seen.add(program)
+        if t is not None:
+            key = (kind, parallel.zero, parallel.pp, parallel.tp)
+            groups.setdefault(key, []).append(sum(t) * 1e3)
+    for (kind, zero, pp, tp), ms in sorted(groups.items()):
+        under = sum(1 for x in ms if x <= TARGET_S * 1e3)
+        print(
+            f"  {name:8s} {kind:7s} zero {zero} pp {pp:2d} tp {tp:2d}: {len(ms):4d} plans,"
+            f" median {statistics.median(ms):6.2f} ms, {under} within the target"
+        )
+
+
 @collector_relaxed()  # as search_plans runs its estimates
 def family(
-    name: str, topology: Any, spec: Any, plans: list[Configs], repeats: int, top: int = 0
+    name: str,
+    topology: Any,
+    spec: Any,
+    plans: list[Configs],
+    repeats: int,
+    top: int = 0,
+    kinds: bool = False,
 ) -> None:
     est = Estimator(topology, spec)
     first = [timed(est, c) for c in plans]
@@ -223,6 +254,8 @@ def family(
         )
 
     print(row("first", [first[i] for i in ok if first[i] is not None]))  # type: ignore[misc]
+    if kinds:
+        kind_rows(name, plans, first)
     if repeats:
         warm = [(med(p[0] for p in runs[i]), med(p[1] for p in runs[i])) for i in ok]
         print(row("warm", warm))
@@ -268,6 +301,7 @@ def main() -> int:
     parser.add_argument(
         "--profile", type=int, default=0, metavar="N", help="also profile one pass: top N"
     )
+    parser.add_argument("--kinds", action="store_true", help="also the first pass by kind of plan")
     args = parser.parse_args()
     if args.phases:
         phase_clocks()
@@ -287,19 +321,20 @@ def main() -> int:
             *search_estimated(REPO / "scenarios/3d_175b.yaml"),
             args.repeats,
             args.profile,
+            args.kinds,
         )
     if "moe" in wanted:
         path = REPO / "scenarios/published/moe_qwen3_30b_a3b_h100_16_fp8.yaml"
         space = SearchSpace(eps=(1, 2, 4, 8))
-        family("moe", *sampled(path, space, args.sample), args.repeats, args.profile)
+        family("moe", *sampled(path, space, args.sample), args.repeats, args.profile, args.kinds)
     if "cp" in wanted:
         path = REPO / "scenarios/published/cp_llama3_70b_h100_64.yaml"
         space = SearchSpace(cps=(2, 4))
-        family("cp", *sampled(path, space, args.sample), args.repeats, args.profile)
+        family("cp", *sampled(path, space, args.sample), args.repeats, args.profile, args.kinds)
     for name, scenario, space in SEARCHED:
         if name in wanted:
-            path = REPO / scenario
-            family(name, *search_estimated(path, space), args.repeats, args.profile)
+            searched = search_estimated(REPO / scenario, space)
+            family(name, *searched, args.repeats, args.profile, args.kinds)
     print(f"host reference at the end {host_reference_ms():.1f} ms")
     return 0
 
