@@ -22,7 +22,7 @@ import numpy as np
 
 from collsim.core.errors import SimulationError
 from collsim.core.vocab import ParallelAxis
-from collsim.play.walk_tables import queue_ends
+from collsim.play.walk_tables import Wire, pipeline_wiring, queue_ends
 from collsim.step.memory import (
     MemoryEvent,
     MemoryPattern,
@@ -118,6 +118,10 @@ BUFFERS_CATEGORY = MEMORY_KEYS.index("buffers")
 """The ``buffers`` category's number in event columns
 (:func:`~collsim.step.memory.event_columns`)."""
 
+Mail = tuple[list[list[Wire]], list[float], list[float | None]]
+"""A traced pipeline's mail: its :func:`~collsim.play.walk_tables.pipeline_wiring`, and per
+message when it was produced and when it is delivered (None until sent)."""
+
 TRACES_KEPT = 2
 """Pipeline traces a search's shape cache keeps (the most recent): the plans that share one
 differ in the innermost knobs of a search's order (gradient buckets), so they come together."""
@@ -178,10 +182,11 @@ def trace_pipeline(
         SimulationError: some stage waits for an input never sent.
     """
     traces = [StageTrace() for _ in tables]
-    mailbox: dict[tuple[int, Any, int, int], tuple[float, float, float]] = {}
+    wiring, count = pipeline_wiring(tables)
+    mail: Mail = (wiring, [0.0] * count, [None] * count)
     clock = itertools.count()
     steppers = [
-        _stage_ops(s, tables[s], durations[s], fold_s[s], send_s[s], size, traces, mailbox, clock)
+        _stage_ops(s, tables[s], durations[s], fold_s[s], send_s[s], size, traces, mail, clock)
         for s in range(len(tables))
     ]
     pending = list(range(len(tables)))
@@ -209,7 +214,7 @@ def _stage_ops(
     send_s: dict[int, tuple[float, int]],
     size: float,
     traces: list[StageTrace],
-    mailbox: dict[tuple[int, Any, int, int], tuple[float, float, float]],
+    mail: Mail,
     clock: Iterator[int],
 ) -> Iterator[bool]:
     """One stage of :func:`trace_pipeline` as a generator: each resume runs its ops while
@@ -219,7 +224,8 @@ def _stage_ops(
     out on the stage's pp stream when the op ends and is delivered when that stream reaches
     it (:func:`~collsim.play.walk_tables.fires`)."""
     tr = traces[stage]
-    links, bids, mbs, op_chunks = table.links, table.blocks, table.microbatches, table.chunks
+    bids = table.blocks
+    wires, produced_of, delivered_of = mail[0][stage], mail[1], mail[2]
     starts, order, marks, events = tr.starts, tr.order, tr.marks, tr.events
     sends = tr.sends
     n = len(bids)
@@ -230,24 +236,21 @@ def _stage_ops(
     ran = False
     i = 0
     while i < n:
-        remote, direction, dest = links[i]
-        mb = mbs[i]
+        read, send, to = wires[i]
         folded = 0.0
-        if remote:
-            key = (stage, direction, mb, op_chunks[i])
-            mail = mailbox.get(key)
-            while mail is None:  # its input is not sent yet: wait for the next round
+        if read >= 0:
+            delivered_s = delivered_of[read]
+            while delivered_s is None:  # its input is not sent yet: wait for the next round
                 tr.next_op = i
                 yield ran
                 ran = False
-                mail = mailbox.get(key)
-            produced_s, delivered_s, mail_bytes = mail
+                delivered_s = delivered_of[read]
             if delivered_s > now:
-                produced = min(max(produced_s, now), delivered_s)
+                produced = min(max(produced_of[read], now), delivered_s)
                 bubble += produced - now
                 pp_exposed += delivered_s - produced
                 now = delivered_s
-            if mail_bytes:
+            if size:
                 events.append(new(MemoryEvent, (now, "buffers", received, "pp recv")))
             if fold_s is not None:
                 folded = fold_s
@@ -261,8 +264,7 @@ def _stage_ops(
         order.append(next(clock))
         marks.append(len(events))
         now = now + durations[bids[i]]
-        if dest is not None:
-            to = dest[0]
+        if send >= 0:
             t, slot = send_s[to]
             count = sends.get(slot)
             if count is None:
@@ -274,7 +276,8 @@ def _stage_ops(
             start = now if now >= pp_free else pp_free
             pp_free = start + t
             delivered = now + (pp_free - now)
-            mailbox[(to, dest[1], mb, dest[2])] = (now, delivered, size)
+            produced_of[send] = now
+            delivered_of[send] = delivered
             if size:  # MemoryLedger.alloc
                 traces[to].events.append(new(MemoryEvent, (delivered, "buffers", sent, "pp recv")))
         i += 1

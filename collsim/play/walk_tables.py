@@ -425,26 +425,24 @@ Wire = tuple[int, int, int]
 -1: none)."""
 
 
-def pipeline_wiring(
-    links: Sequence[list[Link]], tables: Sequence[Sequence[PipeOp]]
-) -> tuple[list[list[Wire]], int]:
-    """Per stage, per op: its :data:`Wire` (``links``: each stage's :func:`pipeline_links`;
-    ``tables``: each stage's ops), the messages numbered by what names one, (receiving stage,
-    direction, micro-batch, chunk); and how many there are. A walk keeps its mail in lists by
-    these numbers instead of a dictionary by those keys."""
+def pipeline_wiring(tables: Sequence[OpTable]) -> tuple[list[list[Wire]], int]:
+    """Per stage, per op: its :data:`Wire` (``tables``: each stage's :class:`OpTable`), the
+    messages numbered by what names one, (receiving stage, direction, micro-batch, chunk);
+    and how many there are. The walks keep their mail in lists by these numbers instead of a
+    dictionary by those keys."""
     number: dict[tuple[int, Any, int, int], int] = {}
     out = []
-    for stage, (stage_links, ops) in enumerate(zip(links, tables, strict=True)):
+    for stage, table in enumerate(tables):
         wires = []
-        for (remote, direction, dest), op in zip(stage_links, ops, strict=True):
-            read = -1
-            if remote:
-                read = number.setdefault((stage, direction, op.microbatch, op.chunk), len(number))
+        for (remote, direction, dest), mb, c in zip(
+            table.links, table.microbatches, table.chunks, strict=True
+        ):
+            read = number.setdefault((stage, direction, mb, c), len(number)) if remote else -1
             if dest is None:
                 wires.append((read, -1, -1))
                 continue
             to, phase, chunk = dest
-            sent = number.setdefault((to, phase, op.microbatch, chunk), len(number))
+            sent = number.setdefault((to, phase, mb, chunk), len(number))
             wires.append((read, sent, to))
         out.append(wires)
     return out, len(number)

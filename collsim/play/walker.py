@@ -296,15 +296,13 @@ class Walker:
     def wire(self) -> None:
         """The walk's :attr:`wiring` (:func:`~collsim.play.walk_tables.pipeline_wiring`, in a
         search once per pipeline shape) and its empty mail lists."""
-        stages = range(self.plan.pp)
 
         def make() -> tuple[list[list[Wire]], int]:
-            links = [self.links(s) for s in stages]
-            return pipeline_wiring(links, [self.schedule.pipeline[s] for s in stages])
+            return pipeline_wiring([self.op_table(s)[0] for s in range(self.plan.pp)])
 
         if self.shapes is None:
             self.wiring, count = make()
-        else:
+        else:  # (stage -1: every stage's ops)
             self.wiring, count = self.shapes.get("walk wiring", self.pipeline_shape(-1), make)
         self.mail_produced = [0.0] * count
         self.mail_delivered = [None] * count

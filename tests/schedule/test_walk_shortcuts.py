@@ -30,7 +30,7 @@ from collsim.parallel.buckets import Bucket
 from collsim.parallel.config import DDPConfig, FSDPConfig, ParallelConfig, TrainingConfig
 from collsim.parallel.params import ParamTensor
 from collsim.play.walk import Estimator, estimate_step
-from collsim.play.walk_tables import pipeline_links, pipeline_wiring, queue_ends
+from collsim.play.walk_tables import op_table, pipeline_links, pipeline_wiring, queue_ends
 from collsim.play.walker import Walker
 from collsim.step.build import build_schedule
 from collsim.step.memory import MemoryEvent, MemoryLedger, MemoryPattern
@@ -391,7 +391,11 @@ def test_every_numbered_message_read_is_sent_once_by_another_stage(
     schedule = build_schedule(topology, spec, training, parallel)
     stages = range(pp)
     links = [pipeline_links(schedule, s) for s in stages]
-    wiring, count = pipeline_wiring(links, [schedule.pipeline[s] for s in stages])
+    tables = [
+        op_table(schedule.pipeline[s], links[s], frozenset(), schedule.plan.num_microbatches)
+        for s in stages
+    ]
+    wiring, count = pipeline_wiring(tables)
     sent: dict[int, tuple[int, int]] = {}
     read: dict[int, tuple[int, int]] = {}
     for s in stages:
