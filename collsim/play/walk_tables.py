@@ -34,6 +34,7 @@ __all__ = [
     "Reduction",
     "ReductionColumns",
     "SegStep",
+    "SegSums",
     "SettledOp",
     "SharedWalk",
     "TallyAdds",
@@ -70,8 +71,9 @@ class RankState:
     """ZeRO-3 units gathered or in flight: (chunk, unit) -> when the gather ends."""
     gathers_made: int = 0
     """How many times the segment loop ran (the only code that changes ``gathered``)."""
-    settled: list[SettledOp] = field(default_factory=list)
-    """Settled blocks run since their sums were last added to ``breakdown_s``
+    settled: list[SettledOp | SegSums] = field(default_factory=list)
+    """Settled blocks (and the sums of segment loops none of whose segments waited) run
+    since their sums were last added to ``breakdown_s``
     (:meth:`~collsim.play.walker.Walker.add_settled`)."""
 
 
@@ -138,6 +140,13 @@ SETTLED_SUMS = (
 )
 """The account keys a settled op's segments add to: compute, framework and each exposed
 collective's key (:data:`collsim.step.pricing.EXPOSED_KEY`, with ``interference``)."""
+
+
+class SegSums(NamedTuple):
+    """The sums of an op's segment loop none of whose segments waited for its unit, in the
+    form of :attr:`SettledOp.sums` (:func:`~collsim.play.walk_zero3.seg_sums`)."""
+
+    sums: Any
 
 
 class SettledOp(NamedTuple):
@@ -332,6 +341,16 @@ class SharedWalk:
     ] = field(default_factory=dict)
     """:func:`collsim.play.walk_zero3.issue_plan` by (rank, chunk, phase, paired, prefetch
     depth): the op's segment list (kept: its identity stays its own) and its issues."""
+    seg_issues: dict[tuple[int, int, Phase, bool], tuple[list[Segment], list[Issue]]] = field(
+        default_factory=dict
+    )
+    """:func:`collsim.play.walk_zero3.seg_issues` by (rank, chunk, phase, paired): the op's
+    segment list (kept) and, per segment, its unit's gather."""
+    seg_sums: dict[tuple[int, int, Phase, bool, int], tuple[list[SegStep], SegSums | None]] = field(
+        default_factory=dict
+    )
+    """:func:`collsim.play.walk_zero3.seg_sums` by (rank, chunk, phase, paired, identity of
+    the op's segment steps): those steps (held) and their sums."""
     unit_gathers: dict[tuple[int, int, str | int], Issue] = field(default_factory=dict)
     """A ZeRO-3 unit's gather as :func:`collsim.play.walk_zero3.issue_plan` issues it, by
     (rank, chunk, unit)."""

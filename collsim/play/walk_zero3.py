@@ -6,6 +6,7 @@ by every micro-batch; or, settled, as one block.
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -19,6 +20,7 @@ from collsim.play.walk_tables import (
     Priced,
     RankState,
     SegStep,
+    SegSums,
     SettledOp,
     SharedWalk,
 )
@@ -52,7 +54,7 @@ class Walker(Protocol):
     def add_settled(self, prog: RankState) -> None: ...
 
 
-__all__ = ["issue_plan", "run_segments", "seg_plan", "settled_op"]
+__all__ = ["issue_plan", "run_segments", "seg_issues", "seg_plan", "seg_sums", "settled_op"]
 
 
 def seg_plan(
@@ -114,25 +116,50 @@ def issue_plan(
     if phase is Phase.BACKWARD_WEIGHT:  # dB needs no weight
         out: list[tuple[Issue, ...]] = [() for _ in segs]
     else:
-        known = w.shared.unit_gathers
-        out = []
-        for js in issue_schedule(len(segs), rules.prefetch):
-            issues = []
-            for j in js:
-                ukey = rules.unit_key(chunk, segs[j])
-                issue = known.get((rank, chunk.index, ukey))
-                if issue is None:
-                    size = rules.gather_bytes(chunk, ukey)
-                    calls = rules.unit_gathers(chunk, ukey)
-                    issue = known[(rank, chunk.index, ukey)] = (
-                        (chunk.index, ukey),
-                        size,
-                        f"gathered {ukey}",
-                        w.priced_calls(rank, calls, rules.offload_s(size)),
-                    )
-                issues.append(issue)
-            out.append(tuple(issues))
+        units = seg_issues(w, prog, chunk, phase, paired, segs)
+        out = [tuple([units[j] for j in js]) for js in _issue_schedule(len(segs), rules.prefetch)]
     w.shared.issue_plans[key] = (segs, out)
+    return out
+
+
+@functools.lru_cache(maxsize=256)
+def _issue_schedule(count: int, depth: int) -> tuple[tuple[int, ...], ...]:
+    """:func:`~collsim.parallel.fsdp.issue_schedule` as tuples, once per (count, depth)."""
+    return tuple(tuple(js) for js in issue_schedule(count, depth))
+
+
+def seg_issues(
+    w: Walker,
+    prog: RankState,
+    chunk: ChunkModel,
+    phase: Phase,
+    paired: bool,
+    segs: list[Segment],
+) -> list[Issue]:
+    """Per segment of an op (``segs``), the gather of its unit as :func:`issue_plan` issues
+    it, once per (rank, chunk, phase, paired) in the shared tables: the same whatever the
+    prefetch depth, which only says before which segment each is issued."""
+    rules, rank = w.rules, prog.rank
+    key = (rank, chunk.index, phase, paired)
+    hit = w.shared.seg_issues.get(key)
+    if hit is not None and hit[0] is segs:
+        return hit[1]
+    known = w.shared.unit_gathers
+    out = []
+    for seg in segs:
+        ukey = rules.unit_key(chunk, seg)
+        issue = known.get((rank, chunk.index, ukey))
+        if issue is None:
+            size = rules.gather_bytes(chunk, ukey)
+            calls = rules.unit_gathers(chunk, ukey)
+            issue = known[(rank, chunk.index, ukey)] = (
+                (chunk.index, ukey),
+                size,
+                f"gathered {ukey}",
+                w.priced_calls(rank, calls, rules.offload_s(size)),
+            )
+        out.append(issue)
+    w.shared.seg_issues[key] = (segs, out)
     return out
 
 
@@ -178,15 +205,9 @@ def settled_op(
             events.append((t, -float(seg.transient_bytes + seg.stored_bytes), "free", seg.key))
         at += [i + 1] * (len(events) - start)
     durations = tuple(sp.duration for sp in steps)
-    sums = np.zeros((len(SETTLED_SUMS), len(steps)))
-    row = {k: i for i, k in enumerate(SETTLED_SUMS)}
-    sums[row["compute"]] = [sp.compute_s for sp in steps]
-    sums[row["framework"]] = [sp.seg.framework_s for sp in steps]
-    for i, sp in enumerate(steps):
-        for k, v in sp.comm_items:
-            if k not in row:  # pragma: no cover - EXPOSED_KEY names no other
-                raise SimulationError(f"a settled op adds to {k!r}, not in SETTLED_SUMS")
-            sums[row[k], i] = v
+    sums = _sums_matrix(steps)
+    if sums is None:  # pragma: no cover - EXPOSED_KEY names no other
+        raise SimulationError("a settled op adds to an account key not in SETTLED_SUMS")
     op = known[key] = SettledOp(
         needs=tuple(needs) if gathers else (),
         steps=durations,
@@ -197,12 +218,44 @@ def settled_op(
     return op
 
 
+def _sums_matrix(steps: list[SegStep]) -> Any:
+    """Per key of :data:`SETTLED_SUMS` (rows), what each segment of ``steps`` adds to it
+    (columns, in order; 0.0 where it adds nothing); None when one adds to another key."""
+    sums = np.zeros((len(SETTLED_SUMS), len(steps)))
+    row = {k: i for i, k in enumerate(SETTLED_SUMS)}
+    sums[row["compute"]] = [sp.compute_s for sp in steps]
+    sums[row["framework"]] = [sp.seg.framework_s for sp in steps]
+    for i, sp in enumerate(steps):
+        for k, v in sp.comm_items:
+            if k not in row:
+                return None
+            sums[row[k], i] = v
+    return sums
+
+
+def seg_sums(
+    w: Walker, prog: RankState, chunk: ChunkModel, phase: Phase, paired: bool
+) -> SegSums | None:
+    """What an op's segment loop adds to the account when no segment waits for its unit
+    (:func:`_sums_matrix` of :func:`seg_plan`), as a block for
+    :meth:`~collsim.play.walker.Walker.add_settled`; once per (rank, chunk, phase, paired)
+    in the shared tables (held there: the walk keys its terms by the block's identity)."""
+    steps = seg_plan(w, prog, chunk, phase, paired)
+    key = (prog.rank, chunk.index, phase, paired, id(steps))
+    hit = w.shared.seg_sums.get(key)
+    if hit is not None and hit[0] is steps:
+        return hit[1]
+    sums = _sums_matrix(steps)
+    block = None if sums is None else SegSums(sums)
+    w.shared.seg_sums[key] = (steps, block)  # (never replaced: a block's identity stays its own)
+    return block
+
+
 def run_segments(w: Walker, prog: RankState, op: PipeOp, chunk: ChunkModel, paired: bool) -> None:
     """ZeRO-3: segment by segment, each waiting for its gathered unit (:func:`seg_plan`).
     The walk runs a settled op (:func:`settled_op`) as one block instead of calling this.
     Memory events are appended as :meth:`MemoryLedger.alloc` / ``free`` would record them
     (known categories; none for a size of zero)."""
-    w.add_settled(prog)  # the settled blocks' sums first, as they ran
     prog.gathers_made += 1  # it may issue and release gathers
     forward = op.phase is Phase.FORWARD
     gathers = op.phase is not Phase.BACKWARD_WEIGHT
@@ -212,10 +265,12 @@ def run_segments(w: Walker, prog: RankState, op: PipeOp, chunk: ChunkModel, pair
     events = prog.ledger.appenders()[0]
     new = tuple.__new__  # MemoryEvent without its keyword-argument layer
     runs, mb, c = w.runs, op.microbatch, op.chunk
-    # written back at the end (nothing else reads or adds to them before)
-    now, compute, framework = prog.now, breakdown["compute"], breakdown["framework"]
+    now = prog.now  # (written back at the end: nothing else reads it before)
+    waits: list[float] | None = None  # per segment, its wait for its unit (when one waits)
     steps = seg_plan(w, prog, chunk, op.phase, paired)
-    for sp, issues in zip(steps, issue_plan(w, prog, chunk, op.phase, paired), strict=True):
+    for j, (sp, issues) in enumerate(
+        zip(steps, issue_plan(w, prog, chunk, op.phase, paired), strict=True)
+    ):
         seg = sp.seg
         for unit, size, label, calls in issues:
             if unit in gathered:
@@ -225,7 +280,9 @@ def run_segments(w: Walker, prog: RankState, op: PipeOp, chunk: ChunkModel, pair
             gathered[unit] = w.run_priced(prog, calls, now)
         ready = gathered.get(sp.unit)
         if gathers and ready is not None and ready > now:
-            breakdown["dp_exposed"] += ready - now
+            if waits is None:
+                waits = [0.0] * len(steps)
+            waits[j] = ready - now
             now = ready
         key = seg.key  # labels as the engine's: (kind, segment, micro-batch, chunk)
         if seg.buffer_bytes:
@@ -240,10 +297,6 @@ def run_segments(w: Walker, prog: RankState, op: PipeOp, chunk: ChunkModel, pair
         else:
             slot[1] += 1
         now += sp.duration
-        compute += sp.compute_s
-        framework += seg.framework_s
-        for k, v in sp.comm_items:  # (no comm key is "compute" or "framework")
-            breakdown[k] += v
         if seg.buffer_bytes:
             size, free = -float(seg.buffer_bytes), (BUFFER_FREE_KIND, key, mb, c)
             events.append(new(MemoryEvent, (now, "activations", size, free)))
@@ -268,4 +321,18 @@ def run_segments(w: Walker, prog: RankState, op: PipeOp, chunk: ChunkModel, pair
         if sp.reshard_bytes:
             size = -float(sp.reshard_bytes)
             events.append(new(MemoryEvent, (now, "parameters", size, "reshard")))
-    prog.now, breakdown["compute"], breakdown["framework"] = now, compute, framework
+    prog.now = now
+    block = seg_sums(w, prog, chunk, op.phase, paired) if waits is None else None
+    if block is not None:  # added with the settled blocks around it (add_settled)
+        prog.settled.append(block)
+        return
+    w.add_settled(prog)  # the settled blocks' sums first, as they ran
+    compute, framework = breakdown["compute"], breakdown["framework"]
+    for j, sp in enumerate(steps):  # each key's terms in the segments' order
+        if waits is not None and waits[j]:
+            breakdown["dp_exposed"] += waits[j]
+        compute += sp.compute_s
+        framework += sp.seg.framework_s
+        for k, v in sp.comm_items:  # (no comm key is "compute" or "framework")
+            breakdown[k] += v
+    breakdown["compute"], breakdown["framework"] = compute, framework
