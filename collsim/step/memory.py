@@ -595,7 +595,17 @@ class MemoryLedger:
         number = {id(p): i for i, p in enumerate(kinds)}
         which = np.fromiter(map(number.__getitem__, map(id, patterns)), np.intp, len(placed))
         starts = np.fromiter(map(itemgetter(0), placed), dtype=float, count=len(placed))
-        return _pattern_arrays(starts, which, kinds)
+        # the same patterns at the same starts (to the bit) make the same columns: kept for
+        # the next ledgers that place them so (the variants of a plan that walk alike)
+        key = (tuple(map(id, kinds)), starts.tobytes(), which.tobytes())
+        hit = _PLACED.recent(
+            "placed columns",
+            key,
+            lambda: (tuple(kinds), _pattern_arrays(starts, which, kinds)),
+            PLACED_KEPT,
+            valid=lambda h: same_objects(h[0], kinds),
+        )
+        return hit[1]
 
     def timeline(self) -> list[tuple[float, float]]:
         """Step-wise ``(time_s, bytes in use)`` after each distinct event time."""
@@ -705,6 +715,14 @@ class _KindColumns(NamedTuple):
     cells: Any
     """Per pattern, its steps plus one (the cells of its own row)."""
 
+
+PLACED_KEPT = 8
+"""Placements whose columns :meth:`MemoryLedger._placed_arrays` keeps (the most recently
+made): a plan's variants that walk alike place the same patterns at the same starts, one
+after another in a search."""
+
+_PLACED = ShapeCache()
+"""The columns of the placements made last (:meth:`MemoryLedger._placed_arrays`)."""
 
 KINDS_KEPT = 256
 """Lists of patterns whose columns :func:`_kind_columns` keeps (the most recently made)."""

@@ -198,3 +198,26 @@ def test_time_order_is_the_lexsort_permutation(seed: int) -> None:
     assert time_order(times, deltas).tolist() == np.lexsort((deltas, times)).tolist()
     expected = np.lexsort((then, deltas, times)).tolist()
     assert time_order(times, deltas, then).tolist() == expected
+
+
+def test_placements_kept_by_their_starts() -> None:
+    """Ledgers that place the same patterns at the same starts share their columns; one start
+    moved by the least float step reads its own."""
+    fwd = MemoryPattern("activations", [(0.0, 4.0, "act", 0), (1.0, -4.0, "act", 0)])
+    stepped = MemoryPattern(
+        "activations", [(0.0, 2.0, "act", 1), (0.0, -2.0, "free", 1)], steps=(0.25, 0.5), at=[1, 2]
+    )
+    starts = [0.0, 0.5, 3.0]
+
+    def placed(moved: float) -> MemoryLedger:
+        ledger = MemoryLedger(0)
+        ledger.alloc(0.0, "parameters", 1.0, "parameters")
+        for i, t0 in enumerate(starts):
+            ledger.place(t0 + (moved if i == 1 else 0.0), fwd if i != 2 else stepped, i, 0)
+        return ledger
+
+    first, again = placed(0.0), placed(0.0)
+    moved = placed(np.nextafter(0.5, 1.0) - 0.5)
+    assert again.timeline() == first.timeline()
+    assert moved.timeline() != first.timeline()
+    assert [t for t, _ in moved.timeline()][1:3] == [np.nextafter(0.5, 1.0), 1.0]
