@@ -115,6 +115,9 @@ def test_settled_ops_walk_as_the_segment_loop(
     loop = estimate_step(topology, spec, training, parallel)
     assert len(looped) == ops  # every op segment by segment
     assert _facts(blocks) == _facts(loop)
+    # and each loop adding its own terms, none joining the settled sums (seg_sums)
+    monkeypatch.setattr(zero3, "seg_sums", lambda *args: None)
+    assert _facts(estimate_step(topology, spec, training, parallel)) == _facts(loop)
 
 
 def test_settled_ops_keep_coincident_events_coincident(monkeypatch: pytest.MonkeyPatch) -> None:
