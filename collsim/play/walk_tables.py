@@ -71,6 +71,8 @@ class RankState:
     """ZeRO-3 units gathered or in flight: (chunk, unit) -> when the gather ends."""
     gathers_made: int = 0
     """How many times the segment loop ran (the only code that changes ``gathered``)."""
+    gathers_issued: int = 0
+    """How many unit gathers the segment loop issued."""
     settled: list[SettledOp | SegSums] = field(default_factory=list)
     """Settled blocks (and the sums of segment loops none of whose segments waited) run
     since their sums were last added to ``breakdown_s``
@@ -315,6 +317,9 @@ class SharedWalk:
     """Per walked rank, its blocks' account added up over the ops (from zero; :func:`collsim.
     play.walk_pipe.add_block_sums`): the op table, the blocks' ``comm`` dicts it was added up
     for (by identity: a block's body), the sums."""
+    alike: Any = None
+    """The last ZeRO-3 walk in full of these programs, as their prefetch variants replay it
+    (:class:`collsim.play.walk_alike.AlikeWalk`; None before one)."""
     mapping: str | None = None
     """The plans' rank layout in words (the DDP knobs place no rank)."""
     peaks: dict[tuple[int, tuple[Any, ...]], tuple[Any, list[Any], Any, float]] = field(

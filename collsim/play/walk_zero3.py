@@ -251,11 +251,14 @@ def seg_sums(
     return block
 
 
-def run_segments(w: Walker, prog: RankState, op: PipeOp, chunk: ChunkModel, paired: bool) -> None:
+def run_segments(
+    w: Walker, prog: RankState, op: PipeOp, chunk: ChunkModel, paired: bool
+) -> list[float] | None:
     """ZeRO-3: segment by segment, each waiting for its gathered unit (:func:`seg_plan`).
     The walk runs a settled op (:func:`settled_op`) as one block instead of calling this.
     Memory events are appended as :meth:`MemoryLedger.alloc` / ``free`` would record them
-    (known categories; none for a size of zero)."""
+    (known categories; none for a size of zero). Returns each segment's wait for its unit
+    (None when none waited)."""
     prog.gathers_made += 1  # it may issue and release gathers
     forward = op.phase is Phase.FORWARD
     gathers = op.phase is not Phase.BACKWARD_WEIGHT
@@ -278,6 +281,7 @@ def run_segments(w: Walker, prog: RankState, op: PipeOp, chunk: ChunkModel, pair
             if size:
                 events.append(new(MemoryEvent, (now, "parameters", float(size), label)))
             gathered[unit] = w.run_priced(prog, calls, now)
+            prog.gathers_issued += 1
         ready = gathered.get(sp.unit)
         if gathers and ready is not None and ready > now:
             if waits is None:
@@ -325,10 +329,19 @@ def run_segments(w: Walker, prog: RankState, op: PipeOp, chunk: ChunkModel, pair
     block = seg_sums(w, prog, chunk, op.phase, paired) if waits is None else None
     if block is not None:  # added with the settled blocks around it (add_settled)
         prog.settled.append(block)
-        return
+        return None
     w.add_settled(prog)  # the settled blocks' sums first, as they ran
+    _add_terms(breakdown, steps, waits)
+    return waits
+
+
+def _add_terms(
+    breakdown: dict[str, float], steps: list[SegStep], waits: list[float] | None
+) -> None:
+    """A segment loop's terms added to the account, each key's in the segments' order, each
+    wait for a unit before its segment's terms."""
     compute, framework = breakdown["compute"], breakdown["framework"]
-    for j, sp in enumerate(steps):  # each key's terms in the segments' order
+    for j, sp in enumerate(steps):
         if waits is not None and waits[j]:
             breakdown["dp_exposed"] += waits[j]
         compute += sp.compute_s

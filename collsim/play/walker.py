@@ -20,6 +20,7 @@ from collsim.core.errors import SimulationError
 from collsim.core.vocab import ParallelAxis
 from collsim.parallel.buckets import Bucket
 from collsim.parallel.pipeline import GRADIENT_PHASES, Phase
+from collsim.play.walk_alike import LoopRecord, alike_key, record_walk, replay_walk
 from collsim.play.walk_pipe import BUFFER_LABEL, walk_fused
 from collsim.play.walk_tables import (
     SETTLED_SUMS,
@@ -123,6 +124,9 @@ class Walker:
         self._needs_met: dict[int, int] = {}
         """Per settled block (by identity; the walk's blocks outlive it): the rank's
         ``gathers_made`` when its units were last all gathered and ready."""
+        self.loops: list[LoopRecord] | None = None
+        """The segment loops run, recorded when a search's variants may replay this walk
+        (:mod:`collsim.play.walk_alike`); None when not recorded."""
         self._windows: dict[tuple[int, int, int], tuple[float, float]] = {}
         """:meth:`grad_window` by (rank, id of a segment's step list, where its gradients
         start); the lists live as long as the walk's schedule."""
@@ -244,6 +248,13 @@ class Walker:
 
     # ---- the walk -----------------------------------------------------------------------------
     def run(self) -> None:
+        loops: list[LoopRecord] | None = None
+        if self.rules.zero == 3 and self.shapes is not None:  # a search: variants may replay
+            key = alike_key(self.plan)
+            held = self.shared.alike
+            if held is not None and held.key == key and replay_walk(self, held):
+                return
+            loops = self.loops = []
         for prog in self.programs.values():
             st = self.rules.state_bytes(prog_stage := self.schedule.stages[prog.coords.pp])
             del prog_stage
@@ -275,6 +286,8 @@ class Walker:
         self.add_settled_runs()
         self.finish()
         self.flush_tp()
+        if loops is not None:
+            self.shared.alike = record_walk(self, key, loops)
 
     def links(self, stage: int) -> list[Link]:
         """:func:`~collsim.play.walk_tables.pipeline_links` of ``stage``: once per walk, and in
@@ -354,6 +367,7 @@ class Walker:
         gathered, checked = prog.gathered, self._needs_met
         made = prog.gathers_made  # (only the segment loop changes it)
         settled, settled_runs = prog.settled, self._settled_runs
+        loops = self.loops
         ran = False
         i, n = prog.next_op, len(ops)
         now, pp_free = prog.now, prog.pp_free  # (written back before anything reads them)
@@ -399,7 +413,28 @@ class Walker:
             if block is False:
                 op = ops[i]
                 prog.now, prog.pp_free = now, pp_free
-                run_segments(self, prog, op, chunks[op.chunk], i in paired_ops)
+                if loops is None:
+                    run_segments(self, prog, op, chunks[op.chunk], i in paired_ops)
+                else:  # recorded for the variants that may replay this walk (walk_alike)
+                    entry = (now, prog.dp_free, prog.dp_last_end)
+                    held, first, issued = dict(gathered), len(events), prog.gathers_issued
+                    waits = run_segments(self, prog, op, chunks[op.chunk], i in paired_ops)
+                    left = (prog.now, prog.dp_free, prog.dp_last_end)
+                    loops.append(
+                        LoopRecord(
+                            prog.rank,
+                            stage,
+                            i,
+                            entry,
+                            held,
+                            first,
+                            left,
+                            dict(gathered),
+                            len(events),
+                            waits,
+                            prog.gathers_issued - issued,
+                        )
+                    )
                 now, made = prog.now, prog.gathers_made
             else:
                 start = now

@@ -403,6 +403,16 @@ class MemoryLedger:
         self._known.clear()  # the single events moved
         self._events = out
 
+    def copy_rows(self) -> tuple[list[MemoryEvent], list[tuple[float, Any, int, int, int]]] | None:
+        """Copies of the single events and the placed rows, in recording order (blocks merged,
+        columns placed as rows): what ``MemoryLedger(rank, events, placed)`` records again;
+        None when some single events are declared as columns (:meth:`known_columns`)."""
+        self._settle()
+        self._unbatch()
+        if self._known:
+            return None
+        return list(self._events), list(self._placed)
+
     def add_block(
         self, times: Any, deltas: Any, categories: Any, labels: tuple[Any, ...], label_of: Any
     ) -> None:

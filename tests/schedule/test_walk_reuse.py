@@ -23,7 +23,7 @@ from collsim.step.pricing import ClosedPricer
 from collsim.step.result import StepResult
 from collsim.step.shapes import ShapeCache
 from collsim.workload import get_preset
-from tests.schedule.helpers import float_bits
+from tests.schedule.helpers import float_bits, plan16
 
 
 def _plans() -> list[tuple[TrainingConfig, ParallelConfig]]:
@@ -37,22 +37,9 @@ def _plans() -> list[tuple[TrainingConfig, ParallelConfig]]:
         (1, 4, "interleaved", False),
         (1, 2, "gpipe", True),
     ]:
-        tp = 2
-        dp = 16 // (tp * pp)
-        v = 2 if schedule == "interleaved" else 1
         m = 2 * pp if schedule == "interleaved" else 4
-        training = TrainingConfig(global_batch=m * dp, micro_batch=1, recompute="selective")
-        parallel = ParallelConfig(
-            tp=tp,
-            pp=pp,
-            dp=dp,
-            schedule=schedule,
-            virtual_stages=v,
-            zero=zero,
-            ddp=DDPConfig(bucket_mb=5.0, overlap=overlap),
-            fsdp=FSDPConfig(prefetch=1),
-        )
-        out.append((training, parallel))
+        ddp = DDPConfig(bucket_mb=5.0, overlap=overlap)
+        out.append(plan16(pp, schedule, zero, m, ddp=ddp, fsdp=FSDPConfig(prefetch=1)))
     return out
 
 

@@ -40,7 +40,7 @@ from collsim.step.result import MEMORY_KEYS, StepResult
 from collsim.step.shapes import ShapeCache
 from collsim.step.stats import CallKey, CallStats, dp_link, dp_links
 from collsim.workload import get_preset
-from tests.schedule.helpers import float_bits
+from tests.schedule.helpers import float_bits, zero3_plan
 
 
 def _facts(r: StepResult) -> object:
@@ -59,23 +59,6 @@ def _facts(r: StepResult) -> object:
             ],
         }
     )
-
-
-def _plan(pp: int, raf: bool, sync: str, prefetch: int) -> tuple[TrainingConfig, ParallelConfig]:
-    tp = 2
-    dp = 16 // (tp * pp)
-    schedule, v = ("interleaved", 2) if pp > 1 else ("1f1b", 1)
-    training = TrainingConfig(global_batch=4 * pp * dp, micro_batch=1, recompute="selective")
-    parallel = ParallelConfig(
-        tp=tp,
-        pp=pp,
-        dp=dp,
-        schedule=schedule,
-        virtual_stages=v,
-        zero=3,
-        fsdp=FSDPConfig(prefetch=prefetch, reshard_after_forward=raf, grad_sync=sync),
-    )
-    return training, parallel
 
 
 @pytest.mark.parametrize(
@@ -97,7 +80,7 @@ def test_settled_ops_walk_as_the_segment_loop(
 ) -> None:
     topology = load_topology("dgx_h100", nodes=2)
     spec = get_preset("llama2-7b", num_layers=8, seq_len=2048)
-    training, parallel = _plan(pp, raf, sync, prefetch)
+    training, parallel = zero3_plan(pp, raf, sync, prefetch)
     looped: list[int] = []
     run_segments = zero3.run_segments
 

@@ -1,0 +1,165 @@
+"""ZeRO-3 walks that a program's FSDP prefetch variants share: a search walks one variant in
+full, recording each segment loop's state on entry and on exit, and walks the next variant of
+the same plan (the same configs but the prefetch depth) by running only its segment loops,
+each from the recorded clock; when every loop leaves the clock and waits it left, and a dp
+stream and gathered units that act alike from then on, the rest of the walk is the recorded
+one (nothing else reads the depth), so the variant's result is the recorded walk's with each
+loop's memory events its own. Any difference and the variant is walked in full.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Hashable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+
+from collsim.play.walk_tables import RankState
+from collsim.play.walk_zero3 import Walker as LoopWalker
+from collsim.play.walk_zero3 import run_segments
+from collsim.step.memory import MemoryEvent, MemoryLedger
+from collsim.step.stats import CallStats
+
+if TYPE_CHECKING:
+    from collsim.parallel.plan import Plan
+    from collsim.step.build import StepSchedule
+
+__all__ = ["AlikeWalk", "LoopRecord", "alike_key", "record_walk", "replay_walk"]
+
+
+class Walker(LoopWalker, Protocol):
+    """What the replay reads and swaps of :class:`collsim.play.walker.Walker` (and what the
+    segment loop reads)."""
+
+    schedule: StepSchedule
+    programs: dict[int, RankState]
+    stats: CallStats
+    runs: dict[tuple[int, int], list[Any]]
+
+
+Placed = tuple[float, Any, int, int, int]
+
+
+class LoopRecord(NamedTuple):
+    """One segment loop of a recorded walk: whose, which op, the state it found and left."""
+
+    rank: int
+    stage: int
+    op: int
+    entry: tuple[float, float, float]
+    """The rank's clock, dp stream free and last dp end on entry."""
+    gathered_in: dict[tuple[int, str | int], float]
+    first: int
+    """How many single events the rank had recorded on entry."""
+    exit: tuple[float, float, float]
+    gathered_out: dict[tuple[int, str | int], float]
+    last: int
+    waits: list[float] | None
+    """Per segment, its wait for its unit (None: none waited)."""
+    issued: int
+    """How many unit gathers it issued."""
+
+
+@dataclasses.dataclass(slots=True)
+class AlikeWalk:
+    """A full ZeRO-3 walk as its prefetch variants replay it."""
+
+    key: Hashable
+    """:func:`alike_key` of the walked plan."""
+    loops: list[LoopRecord]
+    finals: dict[int, tuple[list[MemoryEvent], list[Placed], dict[str, float], float, float]]
+    """Per walked rank, at the end of the walk: its single events and placed rows (copies),
+    its account (a copy), its clock and its end."""
+    stats: CallStats
+    """The walk's call tallies (read only from then on)."""
+
+
+def alike_key(plan: Plan) -> Hashable:
+    """The plan's configs with the FSDP prefetch depth left out: the plans that may replay
+    one another's walk."""
+    parallel = plan.parallel
+    fsdp = dataclasses.replace(parallel.fsdp, prefetch=0)
+    return (plan.training, dataclasses.replace(parallel, fsdp=fsdp))
+
+
+def record_walk(w: Walker, key: Hashable, loops: list[LoopRecord]) -> AlikeWalk | None:
+    """The record of a walk that has just run in full (None when a rank's ledger holds runs
+    declared as columns, which the replay does not copy)."""
+    finals = {}
+    for rank, prog in w.programs.items():
+        rows = prog.ledger.copy_rows()
+        if rows is None:
+            return None
+        finals[rank] = (rows[0], rows[1], dict(prog.breakdown_s), prog.now, prog.end_s)
+    return AlikeWalk(key, loops, finals, w.stats)
+
+
+def replay_walk(w: Walker, held: AlikeWalk) -> bool:
+    """Walk ``w`` as ``held`` walked, running only its segment loops (on scratch ranks, each
+    from the recorded clock with the dp stream and gathered units its own previous loop left):
+    True when every loop left the state the recorded one left (:func:`_alike`), the ranks
+    then set to the recorded ends with the loops' own events in place of the recorded ones;
+    False (and ``w`` untouched) at the first that did not."""
+    schedule = w.schedule
+    stats, runs = w.stats, w.runs
+    made: list[tuple[int, int, list[MemoryEvent]]] = []
+    left: dict[int, RankState] = {}
+    w.stats, w.runs = CallStats(), {}  # (the loops' tallies and TP runs are the recorded ones)
+    try:
+        for rec in held.loops:
+            prog = RankState(rec.rank, w.programs[rec.rank].coords, MemoryLedger(rec.rank))
+            before = left.get(rec.rank)
+            if before is None:
+                prog.dp_free, prog.dp_last_end = rec.entry[1], rec.entry[2]
+                prog.gathered = dict(rec.gathered_in)
+            else:
+                prog.dp_free, prog.dp_last_end = before.dp_free, before.dp_last_end
+                prog.gathered = before.gathered
+            prog.now = rec.entry[0]
+            prog.gathers_issued = 0
+            op = schedule.pipeline[rec.stage][rec.op]
+            chunk = schedule.stages[rec.stage].chunks[op.chunk]
+            waits = run_segments(w, prog, op, chunk, rec.op in schedule.paired.get(rec.stage, ()))
+            events = prog.ledger.appenders()[0]
+            if (
+                prog.now != rec.exit[0]
+                or waits != rec.waits
+                or prog.gathers_issued != rec.issued
+                or len(events) != rec.last - rec.first
+                or not _alike(prog, rec)
+            ):
+                return False
+            made.append((rec.rank, rec.first, events))
+            left[rec.rank] = prog
+    finally:
+        w.stats, w.runs = stats, runs
+    lists = {rank: list(final[0]) for rank, final in held.finals.items()}
+    for rank, first, events in made:
+        lists[rank][first : first + len(events)] = events
+    for rank, (_, placed, breakdown, now, end_s) in held.finals.items():
+        prog = w.programs[rank]
+        prog.ledger = MemoryLedger(rank, lists[rank], list(placed))
+        prog.breakdown_s = dict(breakdown)
+        prog.now, prog.end_s = now, end_s
+    w.stats = held.stats
+    return True
+
+
+def _alike(prog: RankState, rec: LoopRecord) -> bool:
+    """Whether the rank's dp stream and gathered units after its loop act as the recorded
+    ones from then on: each value equal, or both at or before the loop's end (the clock).
+    Later calls start at ``max(ready, dp_free)`` with ``ready`` at or after the clock; the
+    last dp end is only maxed and compared with a later clock; a unit's ready time only
+    compared with a later clock. So both give the same later walk to the bit."""
+    now = rec.exit[0]
+    mine = (prog.dp_free, prog.dp_last_end)
+    for x, y in zip(mine, rec.exit[1:], strict=True):
+        if x != y and (x > now or y > now):
+            return False
+    held = rec.gathered_out
+    if prog.gathered.keys() != held.keys():
+        return False
+    for unit, x in prog.gathered.items():
+        y = held[unit]
+        if x != y and (x > now or y > now):
+            return False
+    return True
