@@ -22,6 +22,7 @@ from collsim.step.stats import CallStats
 if TYPE_CHECKING:
     from collsim.parallel.plan import Plan
     from collsim.step.build import StepSchedule
+    from collsim.step.dataparallel import DataParallelRules
 
 __all__ = ["AlikeWalk", "LoopRecord", "alike_key", "record_walk", "replay_walk"]
 
@@ -31,6 +32,7 @@ class Walker(LoopWalker, Protocol):
     segment loop reads)."""
 
     schedule: StepSchedule
+    rules: DataParallelRules
     programs: dict[int, RankState]
     stats: CallStats
     runs: dict[tuple[int, int], list[Any]]
@@ -71,6 +73,8 @@ class AlikeWalk:
     its account (a copy), its clock and its end."""
     stats: CallStats
     """The walk's call tallies (read only from then on)."""
+    prefetch: int
+    """The walked plan's FSDP prefetch depth."""
 
 
 def alike_key(plan: Plan) -> Hashable:
@@ -90,46 +94,57 @@ def record_walk(w: Walker, key: Hashable, loops: list[LoopRecord]) -> AlikeWalk 
         if rows is None:
             return None
         finals[rank] = (rows[0], rows[1], dict(prog.breakdown_s), prog.now, prog.end_s)
-    return AlikeWalk(key, loops, finals, w.stats)
+    return AlikeWalk(key, loops, finals, w.stats, w.rules.prefetch)
 
 
 def replay_walk(w: Walker, held: AlikeWalk) -> bool:
     """Walk ``w`` as ``held`` walked, running only its segment loops (on scratch ranks, each
     from the recorded clock with the dp stream and gathered units its own previous loop left):
-    True when every loop left the state the recorded one left (:func:`_alike`), the ranks
-    then set to the recorded ends with the loops' own events in place of the recorded ones;
-    False (and ``w`` untouched) at the first that did not."""
+    True when every loop left a state that acts as the recorded one (:func:`_alike`), the
+    ranks then set to the recorded ends with the loops' own events in place of the recorded
+    ones; False (and ``w`` untouched) at the first that did not.
+
+    A recorded loop that issued no gather, found a state that acts as the recorded one, and
+    whose variant prefetches at least as deep, is not run: every unit it would issue is then
+    gathered already (the depth only issues the same gathers earlier, and without a gather
+    the units only go), so it runs as recorded, its events and what it leaves included."""
     schedule = w.schedule
     stats, runs = w.stats, w.runs
+    deeper = w.rules.prefetch >= held.prefetch
     made: list[tuple[int, int, list[MemoryEvent]]] = []
-    left: dict[int, RankState] = {}
+    left: dict[int, tuple[float, float, dict[tuple[int, str | int], float]]] = {}
     w.stats, w.runs = CallStats(), {}  # (the loops' tallies and TP runs are the recorded ones)
     try:
         for rec in held.loops:
-            prog = RankState(rec.rank, w.programs[rec.rank].coords, MemoryLedger(rec.rank))
+            now, dp_free, dp_last = rec.entry
+            units = rec.gathered_in
             before = left.get(rec.rank)
-            if before is None:
-                prog.dp_free, prog.dp_last_end = rec.entry[1], rec.entry[2]
-                prog.gathered = dict(rec.gathered_in)
-            else:
-                prog.dp_free, prog.dp_last_end = before.dp_free, before.dp_last_end
-                prog.gathered = before.gathered
-            prog.now = rec.entry[0]
-            prog.gathers_issued = 0
+            if before is not None:  # its own previous loop's (the recorded entry's at first)
+                dp_free, dp_last, units = before
+                if deeper and not rec.issued and _alike(before, rec.entry, rec.gathered_in):
+                    left[rec.rank] = (rec.exit[1], rec.exit[2], rec.gathered_out)
+                    continue
+            elif deeper and not rec.issued:
+                left[rec.rank] = (rec.exit[1], rec.exit[2], rec.gathered_out)
+                continue
+            prog = RankState(rec.rank, w.programs[rec.rank].coords, MemoryLedger(rec.rank))
+            prog.now, prog.dp_free, prog.dp_last_end = now, dp_free, dp_last
+            prog.gathered = dict(units)  # (a recorded dict stays as recorded)
             op = schedule.pipeline[rec.stage][rec.op]
             chunk = schedule.stages[rec.stage].chunks[op.chunk]
             waits = run_segments(w, prog, op, chunk, rec.op in schedule.paired.get(rec.stage, ()))
             events = prog.ledger.appenders()[0]
+            mine = (prog.dp_free, prog.dp_last_end, prog.gathered)
             if (
                 prog.now != rec.exit[0]
                 or waits != rec.waits
                 or prog.gathers_issued != rec.issued
                 or len(events) != rec.last - rec.first
-                or not _alike(prog, rec)
+                or not _alike(mine, rec.exit, rec.gathered_out)
             ):
                 return False
             made.append((rec.rank, rec.first, events))
-            left[rec.rank] = prog
+            left[rec.rank] = mine
     finally:
         w.stats, w.runs = stats, runs
     lists = {rank: list(final[0]) for rank, final in held.finals.items()}
@@ -144,22 +159,26 @@ def replay_walk(w: Walker, held: AlikeWalk) -> bool:
     return True
 
 
-def _alike(prog: RankState, rec: LoopRecord) -> bool:
-    """Whether the rank's dp stream and gathered units after its loop act as the recorded
-    ones from then on: each value equal, or both at or before the loop's end (the clock).
-    Later calls start at ``max(ready, dp_free)`` with ``ready`` at or after the clock; the
-    last dp end is only maxed and compared with a later clock; a unit's ready time only
-    compared with a later clock. So both give the same later walk to the bit."""
-    now = rec.exit[0]
-    mine = (prog.dp_free, prog.dp_last_end)
-    for x, y in zip(mine, rec.exit[1:], strict=True):
+def _alike(
+    mine: tuple[float, float, dict[tuple[int, str | int], float]],
+    clocks: tuple[float, float, float],
+    units: dict[tuple[int, str | int], float],
+) -> bool:
+    """Whether a rank's dp stream (free, last end) and gathered units (``mine``) act as the
+    recorded ones (``clocks``: the clock, then those two; ``units``) from the clock on: each
+    value equal, or both at or before the clock. Later calls start at ``max(ready,
+    dp_free)`` with ``ready`` at or after the clock; the last dp end is only maxed and
+    compared with a later clock; a unit's ready time only compared with a later clock. So
+    both give the same later walk to the bit."""
+    now = clocks[0]
+    for x, y in ((mine[0], clocks[1]), (mine[1], clocks[2])):
         if x != y and (x > now or y > now):
             return False
-    held = rec.gathered_out
-    if prog.gathered.keys() != held.keys():
+    held = mine[2]
+    if held.keys() != units.keys():
         return False
-    for unit, x in prog.gathered.items():
-        y = held[unit]
+    for unit, x in held.items():
+        y = units[unit]
         if x != y and (x > now or y > now):
             return False
     return True

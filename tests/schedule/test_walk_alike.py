@@ -6,17 +6,17 @@ time that differs only before the loop's end acts alike."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
 
+import collsim.play.walk_alike as walk_alike
 import collsim.play.walker as walker_module
 from collsim.cluster.topology import load_topology
 from collsim.play.walk import Estimator
-from collsim.play.walk_alike import LoopRecord, _alike
-from collsim.play.walk_tables import RankState
+from collsim.play.walk_alike import _alike
 from collsim.play.walker import Walker
-from collsim.step.memory import MemoryLedger
 from collsim.step.pricing import ClosedPricer
 from collsim.workload import get_preset
 from tests.schedule.helpers import float_bits, zero3_plan
@@ -33,9 +33,18 @@ def _walked(w: Walker) -> object:
     return float_bits({"ranks": ranks, "calls": calls})
 
 
-@pytest.mark.parametrize(("raf", "pp"), [(False, 2), (False, 1), (True, 2)])
+@pytest.mark.parametrize(
+    ("raf", "pp", "depths"),
+    [
+        (False, 2, (0, 1, 2, 4)),
+        (False, 1, (0, 1, 2, 4)),
+        (True, 2, (0, 1, 2, 4)),
+        (False, 2, (4, 2, 1, 0)),  # shallower than the record: every loop run
+        (True, 2, (4, 2, 1, 0)),
+    ],
+)
 def test_prefetch_variants_replay_the_walk_as_it_walks(
-    monkeypatch: pytest.MonkeyPatch, raf: bool, pp: int
+    monkeypatch: pytest.MonkeyPatch, raf: bool, pp: int, depths: tuple[int, ...]
 ) -> None:
     topology = load_topology("dgx_h100", nodes=2)
     spec = get_preset("llama2-7b", num_layers=8, seq_len=2048)
@@ -48,7 +57,7 @@ def test_prefetch_variants_replay_the_walk_as_it_walks(
         return replays[-1]
 
     monkeypatch.setattr(walker_module, "replay_walk", counted)
-    for prefetch in (0, 1, 2, 4):
+    for prefetch in depths:
         schedule = est.schedule(*zero3_plan(pp, raf, "step", prefetch))
         searched = Walker(schedule, est.pricer, est.shapes)
         searched.run()
@@ -56,7 +65,7 @@ def test_prefetch_variants_replay_the_walk_as_it_walks(
         whole.run()
         assert _walked(searched) == _walked(whole)
     assert len(replays) == 3  # each variant after the first tried
-    if not raf:  # depths 1, 2 and 4 keep every unit ready in time: 2 and 4 replay 1
+    if not raf and depths[0] == 0:  # 1, 2 and 4 keep every unit ready in time: 2, 4 replay 1
         assert replays == [False, True, True]
 
 
@@ -80,23 +89,60 @@ def test_a_replayed_variant_has_its_own_gather_events(monkeypatch: pytest.Monkey
     assert gathers[0] != gathers[2] or gathers[1] != gathers[3]
 
 
-def _record(exit_dp: tuple[float, float], units: dict[Any, float]) -> LoopRecord:
-    return LoopRecord(0, 0, 0, (0.0, 0.0, 0.0), {}, 0, (10.0, *exit_dp), units, 0, None, 0)
+def _alike_after(
+    dp_free: float, dp_last: float, units: dict[Any, float], held: tuple[float, float]
+) -> bool:
+    """:func:`_alike` of a rank's state against a record whose loop ended at 10.0."""
+    return _alike((dp_free, dp_last, units), (10.0, *held), {(0, 1): 7.0})
 
 
-def _rank(dp_free: float, dp_last: float, units: dict[Any, float]) -> RankState:
-    prog = RankState(0, None, MemoryLedger(0))  # type: ignore[arg-type]
-    prog.now, prog.dp_free, prog.dp_last_end, prog.gathered = 10.0, dp_free, dp_last, units
-    return prog
+def test_a_stream_or_unit_that_differs_only_before_the_clock_acts_alike() -> None:
+    assert _alike_after(9.0, 8.0, {(0, 1): 7.0}, (9.0, 8.0))
+    assert _alike_after(5.0, 10.0, {(0, 1): 3.0}, (9.0, 8.0))  # all at or before the clock
+    assert not _alike_after(10.5, 8.0, {(0, 1): 7.0}, (9.0, 8.0))  # the stream busy past it
+    assert not _alike_after(9.0, 11.0, {(0, 1): 7.0}, (9.0, 8.0))
+    assert not _alike_after(9.0, 8.0, {(0, 1): 12.0}, (9.0, 8.0))  # a unit ready after it
+    assert not _alike_after(9.0, 8.0, {(0, 2): 7.0}, (9.0, 8.0))  # another unit gathered
+    assert not _alike_after(9.0, 12.0, {(0, 1): 7.0}, (12.0, 12.0))  # the record's past it
 
 
-def test_a_stream_or_unit_that_differs_only_before_the_loop_end_acts_alike() -> None:
-    rec = _record((9.0, 8.0), {(0, 1): 7.0})
-    assert _alike(_rank(9.0, 8.0, {(0, 1): 7.0}), rec)
-    assert _alike(_rank(5.0, 10.0, {(0, 1): 3.0}), rec)  # all at or before the clock
-    assert not _alike(_rank(10.5, 8.0, {(0, 1): 7.0}), rec)  # the stream busy past it
-    assert not _alike(_rank(9.0, 11.0, {(0, 1): 7.0}), rec)
-    assert not _alike(_rank(9.0, 8.0, {(0, 1): 12.0}), rec)  # a unit ready after it
-    assert not _alike(_rank(9.0, 8.0, {(0, 2): 7.0}), rec)  # another unit gathered
-    late = _record((12.0, 12.0), {(0, 1): 7.0})
-    assert not _alike(_rank(9.0, 12.0, {(0, 1): 7.0}), late)  # the record's stream past it
+def test_a_loop_that_gathers_nothing_runs_only_where_it_may_act_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Replaying depth 2's walk: a deeper variant runs only the loops that gathered; a
+    shallower one runs them all; a recorded entry the variant's state does not act as (a unit
+    more gathered) has its loop run."""
+    topology = load_topology("dgx_h100", nodes=2)
+    spec = get_preset("llama2-7b", num_layers=8, seq_len=2048)
+    est = Estimator(topology, spec)
+    first = Walker(est.schedule(*zero3_plan(2, False, "step", 2)), est.pricer, est.shapes)
+    first.run()
+    held = first.shared.alike
+    assert held is not None
+    ran: list[int] = []
+    run_segments = walk_alike.run_segments
+
+    def counted(*args: Any) -> Any:
+        ran.append(1)
+        return run_segments(*args)
+
+    monkeypatch.setattr(walk_alike, "run_segments", counted)
+
+    def replayed(prefetch: int, record: walk_alike.AlikeWalk) -> int:
+        ran.clear()
+        plan = zero3_plan(2, False, "step", prefetch)
+        assert walk_alike.replay_walk(Walker(est.schedule(*plan), est.pricer, est.shapes), record)
+        return len(ran)
+
+    gathering = sum(1 for rec in held.loops if rec.issued)
+    assert 0 < gathering < len(held.loops)
+    assert replayed(4, held) == gathering
+    assert replayed(1, held) == len(held.loops)
+    seen: set[int] = set()
+    for k, rec in enumerate(held.loops):  # a loop that gathered nothing, not its rank's first
+        if rec.rank in seen and not rec.issued:
+            break
+        seen.add(rec.rank)
+    more = rec._replace(gathered_in={**rec.gathered_in, (99, "unit"): 0.0})
+    tampered = dataclasses.replace(held, loops=[*held.loops[:k], more, *held.loops[k + 1 :]])
+    assert replayed(4, tampered) == gathering + 1
