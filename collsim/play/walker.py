@@ -368,6 +368,7 @@ class Walker:
         made = prog.gathers_made  # (only the segment loop changes it)
         settled, settled_runs = prog.settled, self._settled_runs
         loops = self.loops
+        units: dict[tuple[int, str | int], float] | None = None  # (gathered: only loops change it)
         ran = False
         i, n = prog.next_op, len(ops)
         now, pp_free = prog.now, prog.pp_free  # (written back before anything reads them)
@@ -417,9 +418,12 @@ class Walker:
                     run_segments(self, prog, op, chunks[op.chunk], i in paired_ops)
                 else:  # recorded for the variants that may replay this walk (walk_alike)
                     entry = (now, prog.dp_free, prog.dp_last_end)
-                    held, first, issued = dict(gathered), len(events), prog.gathers_issued
+                    first, issued = len(events), prog.gathers_issued
+                    if units is None:  # (after that, what the rank's last loop left)
+                        units = dict(gathered)
                     waits = run_segments(self, prog, op, chunks[op.chunk], i in paired_ops)
                     left = (prog.now, prog.dp_free, prog.dp_last_end)
+                    held, units = units, dict(gathered)
                     loops.append(
                         LoopRecord(
                             prog.rank,
@@ -429,7 +433,7 @@ class Walker:
                             held,
                             first,
                             left,
-                            dict(gathered),
+                            units,
                             len(events),
                             waits,
                             prog.gathers_issued - issued,
