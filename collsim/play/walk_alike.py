@@ -13,10 +13,18 @@ import dataclasses
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
+import numpy as np
+
 from collsim.play.walk_tables import RankState
 from collsim.play.walk_zero3 import Walker as LoopWalker
 from collsim.play.walk_zero3 import run_segments
-from collsim.step.memory import MemoryEvent, MemoryLedger
+from collsim.step.memory import (
+    MemoryEvent,
+    MemoryLedger,
+    event_columns,
+    moved_order,
+    time_order,
+)
 from collsim.step.stats import CallStats
 
 if TYPE_CHECKING:
@@ -75,6 +83,11 @@ class AlikeWalk:
     """The walk's call tallies (read only from then on)."""
     prefetch: int
     """The walked plan's FSDP prefetch depth."""
+    columns: dict[int, tuple[Any, Any, Any, Any]] | None = None
+    """Per walked rank, its ledger's unsorted columns and their time order
+    (:meth:`~collsim.step.memory.MemoryLedger.unsorted_columns`,
+    :func:`~collsim.step.memory.time_order`), made at the first replay: a replay moves only
+    its loops' events (:func:`~collsim.step.memory.moved_order`)."""
 
 
 def alike_key(plan: Plan) -> Hashable:
@@ -147,16 +160,46 @@ def replay_walk(w: Walker, held: AlikeWalk) -> bool:
             left[rec.rank] = mine
     finally:
         w.stats, w.runs = stats, runs
+    if held.columns is None:
+        held.columns = {
+            rank: _ordered(rank, final[0], final[1]) for rank, final in held.finals.items()
+        }
     lists = {rank: list(final[0]) for rank, final in held.finals.items()}
+    spans: dict[int, list[tuple[int, list[MemoryEvent]]]] = {}
     for rank, first, events in made:
         lists[rank][first : first + len(events)] = events
+        spans.setdefault(rank, []).append((first, events))
     for rank, (_, placed, breakdown, now, end_s) in held.finals.items():
         prog = w.programs[rank]
         prog.ledger = MemoryLedger(rank, lists[rank], list(placed))
+        prog.ledger.known_order(*_moved(held.columns[rank], spans.get(rank, [])))
         prog.breakdown_s = dict(breakdown)
         prog.now, prog.end_s = now, end_s
     w.stats = held.stats
     return True
+
+
+def _ordered(rank: int, events: list[MemoryEvent], placed: list[Placed]) -> tuple[Any, ...]:
+    """A recorded rank's unsorted columns and their time order."""
+    t, d, c = MemoryLedger(rank, events, placed).unsorted_columns()
+    return t, d, c, time_order(t, d)
+
+
+def _moved(
+    recorded: tuple[Any, ...], spans: list[tuple[int, list[MemoryEvent]]]
+) -> tuple[Any, ...]:
+    """A replayed rank's unsorted columns and their time order: the recorded rank's with each
+    loop's events (``spans``: where each run loop's events start, in order) in their place."""
+    if not spans:
+        return recorded
+    times, deltas, cats, order = recorded
+    times, deltas, cats = times.copy(), deltas.copy(), cats.copy()
+    moved = []
+    for first, events in spans:
+        end = first + len(events)
+        times[first:end], deltas[first:end], cats[first:end] = event_columns(events)
+        moved.append(np.arange(first, end))
+    return times, deltas, cats, moved_order(order, np.concatenate(moved), times, deltas)
 
 
 def _alike(

@@ -129,6 +129,27 @@ def time_order(times: Any, deltas: Any, then: Any = None) -> Any:
     return order
 
 
+def moved_order(order: Any, moved: Any, times: Any, deltas: Any) -> Any:
+    """:func:`time_order` of ``times`` and ``deltas`` when ``order`` was the time order of the
+    same columns before the elements ``moved`` (indices, increasing) took their present
+    values: the others keep their order among themselves; each moved one is placed among
+    them by (time, size, index), the order a stable sort by (time, size) gives."""
+    if not len(moved):
+        return order
+    is_moved = np.zeros(len(order), dtype=bool)
+    is_moved[moved] = True
+    kept = order[~is_moved[order]]
+    new = moved[time_order(times[moved], deltas[moved])]
+    keys = times[kept] + 1j * deltas[kept]  # (numpy orders complex numbers lexicographically)
+    mine = times[new] + 1j * deltas[new]
+    at = np.searchsorted(keys, mine, side="left")
+    past = np.searchsorted(keys, mine, side="right")
+    for j in np.flatnonzero(past > at).tolist():  # equal keys: by index
+        lo, hi = int(at[j]), int(past[j])
+        at[j] = lo + int(np.searchsorted(kept[lo:hi], new[j]))
+    return np.insert(kept, at, new)
+
+
 def first_uses(label_of: Any, count: int) -> list[int]:
     """The values in ``0..count-1`` that ``label_of`` (an integer array) holds, in order of
     first appearance (one vectorized pass per value: for a short table of labels, far cheaper
@@ -538,7 +559,21 @@ class MemoryLedger:
         key = self._counts()
         if self._arr is not None and self._arr_n == key:
             return self._arr
+        t, d, c = self.unsorted_columns()
+        self.known_order(t, d, c, time_order(t, d))
+        return self._arr  # type: ignore[return-value]
 
+    def known_order(self, times: Any, deltas: Any, cats: Any, order: Any) -> None:
+        """Declare the time order (:func:`time_order`) of :meth:`unsorted_columns` (given as
+        ``times``, ``deltas``, ``cats``), worked out elsewhere: the sorted arrays the peaks
+        read until the next event is recorded."""
+        t, d, c = times[order], deltas[order], cats[order]
+        self._arr = _Sorted(t, d, c, np.cumsum(d))
+        self._arr_n = self._counts()
+
+    def unsorted_columns(self) -> tuple[Any, Any, Any]:
+        """Every event as columns, before :meth:`_arrays` sorts them: the single events in
+        recording order (:meth:`single_columns`), then the placed patterns'."""
         t, d, c = self.single_columns()
         times, deltas, cats = [t], [d], [c]
         if self._batch is not None:  # then nothing in _placed
@@ -552,12 +587,7 @@ class MemoryLedger:
             times.append(t)
             deltas.append(d)
             cats.append(c)
-        t, d, c = np.concatenate(times), np.concatenate(deltas), np.concatenate(cats)
-        order = time_order(t, d)
-        t, d, c = t[order], d[order], c[order]
-        self._arr = _Sorted(t, d, c, np.cumsum(d))
-        self._arr_n = key
-        return self._arr
+        return np.concatenate(times), np.concatenate(deltas), np.concatenate(cats)
 
     def single_columns(self) -> tuple[Any, Any, Any]:
         """The single events (placed patterns not expanded) as columns

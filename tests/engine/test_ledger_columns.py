@@ -15,6 +15,7 @@ from collsim.step.memory import (
     PlacedOps,
     event_columns,
     first_uses,
+    moved_order,
     time_order,
 )
 from collsim.step.replay_events import recording_digest, replay_events
@@ -221,3 +222,21 @@ def test_placements_kept_by_their_starts() -> None:
     assert again.timeline() == first.timeline()
     assert moved.timeline() != first.timeline()
     assert [t for t, _ in moved.timeline()][1:3] == [np.nextafter(0.5, 1.0), 1.0]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_moved_events_take_the_place_a_whole_sort_gives(seed: int) -> None:
+    """``moved_order``: some events moved (new times and sizes, many ties), the rest kept in
+    their order: the order ``time_order`` gives the new columns."""
+    rng = np.random.default_rng(seed)
+    for _ in range(300):
+        n = int(rng.integers(1, 50))
+        times = rng.integers(0, 6, n).astype(float)
+        deltas = rng.choice([-2.0, -1.0, 1.0, 3.0], n)
+        order = time_order(times, deltas)
+        moved = np.sort(rng.choice(n, int(rng.integers(0, n + 1)), replace=False))
+        times[moved] = rng.integers(0, 6, len(moved)).astype(float)
+        deltas[moved] = rng.choice([-2.0, -1.0, 1.0, 3.0], len(moved))
+        assert (
+            moved_order(order, moved, times, deltas).tolist() == time_order(times, deltas).tolist()
+        )

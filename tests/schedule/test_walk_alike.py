@@ -23,10 +23,17 @@ from tests.schedule.helpers import float_bits, zero3_plan
 
 
 def _walked(w: Walker) -> object:
-    """What a walk leaves for the result: per rank its events (patterns expanded), account
-    and end; the call tallies in order."""
+    """What a walk leaves for the result: per rank its memory peak, activations' peak and
+    timeline, its events (patterns expanded), account and end; the call tallies in order."""
     ranks = {
-        rank: (prog.ledger.events, dict(prog.breakdown_s), prog.end_s)
+        rank: (
+            prog.ledger.peak(),  # (a replay declares its sorted columns: read them first)
+            prog.ledger.category_peak("activations"),
+            prog.ledger.timeline(),
+            prog.ledger.events,
+            dict(prog.breakdown_s),
+            prog.end_s,
+        )
         for rank, prog in w.programs.items()
     }
     calls = [(k, t.count, t.time_s, t.busbw_bps) for k, t in w.stat_items()]
