@@ -83,6 +83,9 @@ class AlikeWalk:
     """The walk's call tallies (read only from then on)."""
     prefetch: int
     """The walked plan's FSDP prefetch depth."""
+    ledgers: dict[int, MemoryLedger] | None = None
+    """The walk's ledgers, until the first replay reads their columns and order (their peaks
+    made them)."""
     columns: dict[int, tuple[Any, Any, Any, Any]] | None = None
     """Per walked rank, its ledger's unsorted columns and their time order
     (:meth:`~collsim.step.memory.MemoryLedger.unsorted_columns`,
@@ -107,7 +110,8 @@ def record_walk(w: Walker, key: Hashable, loops: list[LoopRecord]) -> AlikeWalk 
         if rows is None:
             return None
         finals[rank] = (rows[0], rows[1], dict(prog.breakdown_s), prog.now, prog.end_s)
-    return AlikeWalk(key, loops, finals, w.stats, w.rules.prefetch)
+    ledgers = {rank: prog.ledger for rank, prog in w.programs.items()}
+    return AlikeWalk(key, loops, finals, w.stats, w.rules.prefetch, ledgers)
 
 
 def replay_walk(w: Walker, held: AlikeWalk) -> bool:
@@ -161,8 +165,10 @@ def replay_walk(w: Walker, held: AlikeWalk) -> bool:
     finally:
         w.stats, w.runs = stats, runs
     if held.columns is None:
+        ledgers, held.ledgers = held.ledgers or {}, None
         held.columns = {
-            rank: _ordered(rank, final[0], final[1]) for rank, final in held.finals.items()
+            rank: _ordered(rank, final[0], final[1], ledgers.get(rank))
+            for rank, final in held.finals.items()
         }
     lists = {rank: list(final[0]) for rank, final in held.finals.items()}
     spans: dict[int, list[tuple[int, list[MemoryEvent]]]] = {}
@@ -179,8 +185,14 @@ def replay_walk(w: Walker, held: AlikeWalk) -> bool:
     return True
 
 
-def _ordered(rank: int, events: list[MemoryEvent], placed: list[Placed]) -> tuple[Any, ...]:
-    """A recorded rank's unsorted columns and their time order."""
+def _ordered(
+    rank: int, events: list[MemoryEvent], placed: list[Placed], ledger: MemoryLedger | None
+) -> tuple[Any, ...]:
+    """A recorded rank's unsorted columns and their time order: those its ledger's peak
+    made when they hold for the recorded events, else made."""
+    made = None if ledger is None else ledger.ordered_columns()
+    if made is not None and made[0] == (len(events), len(placed), -1):
+        return made[1:]
     t, d, c = MemoryLedger(rank, events, placed).unsorted_columns()
     return t, d, c, time_order(t, d)
 

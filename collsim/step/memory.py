@@ -359,6 +359,8 @@ class MemoryLedger:
     index, times, deltas, categories), in order."""
     _columns: tuple[tuple[int, int, int], tuple[Any, Any, Any]] | None = None
     """:meth:`single_columns` with the (list, count, declared runs) they hold for."""
+    _order: tuple[tuple[int, int, int], Any, Any, Any, Any] | None = None
+    """The counts, unsorted columns and time order :meth:`known_order` last set."""
     _peaks: tuple[tuple[int, int, int], MemoryPeak, float] | None = None
     """:meth:`peak` and the activations' :meth:`category_peak` as declared
     (:meth:`known_peaks`), with the counts of events they hold for."""
@@ -570,6 +572,13 @@ class MemoryLedger:
         t, d, c = times[order], deltas[order], cats[order]
         self._arr = _Sorted(t, d, c, np.cumsum(d))
         self._arr_n = self._counts()
+        self._order = (self._arr_n, times, deltas, cats, order)
+
+    def ordered_columns(self) -> tuple[tuple[int, int, int], Any, Any, Any, Any] | None:
+        """What :meth:`known_order` last set, with the counts of the events it held for
+        (single, placed rows, placed columns or -1; None before): for another ledger with the
+        same events, whose caller checks the counts."""
+        return self._order
 
     def unsorted_columns(self) -> tuple[Any, Any, Any]:
         """Every event as columns, before :meth:`_arrays` sorts them: the single events in
