@@ -60,7 +60,8 @@ class LoopRecord(NamedTuple):
     gathered_in: dict[tuple[int, str | int], float]
     first: int
     """How many single events the rank had recorded on entry."""
-    exit: tuple[float, float, float]
+    out: tuple[float, float, float]
+    """The rank's clock, dp stream free and last dp end on exit."""
     gathered_out: dict[tuple[int, str | int], float]
     last: int
     waits: list[float] | None
@@ -139,10 +140,10 @@ def replay_walk(w: Walker, held: AlikeWalk) -> bool:
             if before is not None:  # its own previous loop's (the recorded entry's at first)
                 dp_free, dp_last, units = before
                 if deeper and not rec.issued and _alike(before, rec.entry, rec.gathered_in):
-                    left[rec.rank] = (rec.exit[1], rec.exit[2], rec.gathered_out)
+                    left[rec.rank] = (rec.out[1], rec.out[2], rec.gathered_out)
                     continue
             elif deeper and not rec.issued:
-                left[rec.rank] = (rec.exit[1], rec.exit[2], rec.gathered_out)
+                left[rec.rank] = (rec.out[1], rec.out[2], rec.gathered_out)
                 continue
             prog = RankState(rec.rank, w.programs[rec.rank].coords, MemoryLedger(rec.rank))
             prog.now, prog.dp_free, prog.dp_last_end = now, dp_free, dp_last
@@ -153,11 +154,11 @@ def replay_walk(w: Walker, held: AlikeWalk) -> bool:
             events = prog.ledger.appenders()[0]
             mine = (prog.dp_free, prog.dp_last_end, prog.gathered)
             if (
-                prog.now != rec.exit[0]
+                prog.now != rec.out[0]
                 or waits != rec.waits
                 or prog.gathers_issued != rec.issued
                 or len(events) != rec.last - rec.first
-                or not _alike(mine, rec.exit, rec.gathered_out)
+                or not _alike(mine, rec.out, rec.gathered_out)
             ):
                 return False
             made.append((rec.rank, rec.first, events))
