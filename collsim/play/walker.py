@@ -66,6 +66,14 @@ _SECONDS = itemgetter(0)
 """A priced call's seconds."""
 
 
+RECORDED_LOOPS_SHARE = 1 / 8
+"""A search's ZeRO-3 walk is recorded for its prefetch variants (:mod:`collsim.play.walk_alike`)
+while its segment loops are at most this share of its ops: a replay runs every loop that
+gathers, so a walk of loops throughout (units resharded after forward) gains little from one,
+and its record costs (a random sample of Qwen3-30B plans, ZeRO-3 ones resharding every op: 7.3
+ms a plan walked without records, 11-13 with every walk recorded; the CP search's plans that
+keep their units run 2-4 % of their ops as loops)."""
+
 SHARED_KEPT = 16
 """Families of programs whose :class:`SharedWalk` a search's shape cache keeps (the most
 recently made: :meth:`Walker.shared_walk`): as many as the programs an estimator keeps
@@ -124,6 +132,8 @@ class Walker:
         self._needs_met: dict[int, int] = {}
         """Per settled block (by identity; the walk's blocks outlive it): the rank's
         ``gathers_made`` when its units were last all gathered and ready."""
+        self.loop_limit = 0
+        """The most segment loops a recorded walk may run (:data:`RECORDED_LOOPS_SHARE`)."""
         self.loops: list[LoopRecord] | None = None
         """The segment loops run, recorded when a search's variants may replay this walk
         (:mod:`collsim.play.walk_alike`); None when not recorded."""
@@ -248,13 +258,14 @@ class Walker:
 
     # ---- the walk -----------------------------------------------------------------------------
     def run(self) -> None:
-        loops: list[LoopRecord] | None = None
         if self.rules.zero == 3 and self.shapes is not None:  # a search: variants may replay
             key = alike_key(self.plan)
             held = self.shared.alike
             if held is not None and held.key == key and replay_walk(self, held):
                 return
-            loops = self.loops = []
+            self.loops = []
+            ops = sum(len(self.schedule.pipeline[p.coords.pp]) for p in self.programs.values())
+            self.loop_limit = int(ops * RECORDED_LOOPS_SHARE)
         for prog in self.programs.values():
             st = self.rules.state_bytes(prog_stage := self.schedule.stages[prog.coords.pp])
             del prog_stage
@@ -286,8 +297,8 @@ class Walker:
         self.add_settled_runs()
         self.finish()
         self.flush_tp()
-        if loops is not None:
-            self.shared.alike = record_walk(self, key, loops)
+        if self.loops is not None:
+            self.shared.alike = record_walk(self, key, self.loops)
 
     def links(self, stage: int) -> list[Link]:
         """:func:`~collsim.play.walk_tables.pipeline_links` of ``stage``: once per walk, and in
@@ -367,7 +378,6 @@ class Walker:
         gathered, checked = prog.gathered, self._needs_met
         made = prog.gathers_made  # (only the segment loop changes it)
         settled, settled_runs = prog.settled, self._settled_runs
-        loops = self.loops
         units: dict[tuple[int, str | int], float] | None = None  # (gathered: only loops change it)
         ran = False
         i, n = prog.next_op, len(ops)
@@ -414,6 +424,7 @@ class Walker:
             if block is False:
                 op = ops[i]
                 prog.now, prog.pp_free = now, pp_free
+                loops = self.loops
                 if loops is None:
                     run_segments(self, prog, op, chunks[op.chunk], i in paired_ops)
                 else:  # recorded for the variants that may replay this walk (walk_alike)
@@ -439,6 +450,8 @@ class Walker:
                             prog.gathers_issued - issued,
                         )
                     )
+                    if len(loops) > self.loop_limit:  # too many to gain by a replay
+                        self.loops = None
                 now, made = prog.now, prog.gathers_made
             else:
                 start = now

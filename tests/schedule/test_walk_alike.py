@@ -56,6 +56,7 @@ def test_prefetch_variants_replay_the_walk_as_it_walks(
     topology = load_topology("dgx_h100", nodes=2)
     spec = get_preset("llama2-7b", num_layers=8, seq_len=2048)
     est = Estimator(topology, spec)
+    monkeypatch.setattr(walker_module, "RECORDED_LOOPS_SHARE", 1.0)  # every walk recorded
     replays: list[bool] = []
     replay = walker_module.replay_walk
 
@@ -74,6 +75,20 @@ def test_prefetch_variants_replay_the_walk_as_it_walks(
     assert len(replays) == 3  # each variant after the first tried
     if not raf and depths[0] == 0:  # 1, 2 and 4 keep every unit ready in time: 2, 4 replay 1
         assert replays == [False, True, True]
+
+
+def test_a_walk_of_loops_throughout_is_not_recorded() -> None:
+    """A walk is recorded while its segment loops are at most ``RECORDED_LOOPS_SHARE`` of its
+    ops: units kept all step (loops: each chunk's first forward and last backward, 8 of 64
+    ops) are; units resharded after every forward (every op a loop) are not."""
+    topology = load_topology("dgx_h100", nodes=2)
+    spec = get_preset("llama2-7b", num_layers=8, seq_len=2048)
+    est = Estimator(topology, spec)
+    for raf, recorded in ((False, True), (True, False)):
+        w = Walker(est.schedule(*zero3_plan(2, raf, "step", 1)), est.pricer, est.shapes)
+        w.run()
+        assert (w.loops is not None) is recorded
+        assert w.loop_limit == 64 * walker_module.RECORDED_LOOPS_SHARE
 
 
 def test_a_replayed_variant_has_its_own_gather_events(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -122,6 +137,7 @@ def test_a_loop_that_gathers_nothing_runs_only_where_it_may_act_otherwise(
     topology = load_topology("dgx_h100", nodes=2)
     spec = get_preset("llama2-7b", num_layers=8, seq_len=2048)
     est = Estimator(topology, spec)
+    monkeypatch.setattr(walker_module, "RECORDED_LOOPS_SHARE", 1.0)
     first = Walker(est.schedule(*zero3_plan(2, False, "step", 2)), est.pricer, est.shapes)
     first.run()
     held = first.shared.alike
