@@ -134,20 +134,16 @@ def replay_walk(w: Walker, held: AlikeWalk) -> bool:
     w.stats, w.runs = CallStats(), {}  # (the loops' tallies and TP runs are the recorded ones)
     try:
         for rec in held.loops:
-            now, dp_free, dp_last = rec.entry
-            units = rec.gathered_in
-            before = left.get(rec.rank)
-            if before is not None:  # its own previous loop's (the recorded entry's at first)
-                dp_free, dp_last, units = before
-                if deeper and not rec.issued and _alike(before, rec.entry, rec.gathered_in):
-                    left[rec.rank] = (rec.out[1], rec.out[2], rec.gathered_out)
-                    continue
-            elif deeper and not rec.issued:
+            before = left.get(rec.rank)  # its own previous loop's; at first, the recorded entry
+            if before is None:
+                before = (rec.entry[1], rec.entry[2], rec.gathered_in)
+            if deeper and not rec.issued and _alike(before, rec.entry, rec.gathered_in):
                 left[rec.rank] = (rec.out[1], rec.out[2], rec.gathered_out)
                 continue
             prog = RankState(rec.rank, w.programs[rec.rank].coords, MemoryLedger(rec.rank))
-            prog.now, prog.dp_free, prog.dp_last_end = now, dp_free, dp_last
-            prog.gathered = dict(units)  # (a recorded dict stays as recorded)
+            prog.now = rec.entry[0]
+            prog.dp_free, prog.dp_last_end = before[0], before[1]
+            prog.gathered = dict(before[2])  # (a recorded dict stays as recorded)
             op = schedule.pipeline[rec.stage][rec.op]
             chunk = schedule.stages[rec.stage].chunks[op.chunk]
             waits = run_segments(w, prog, op, chunk, rec.op in schedule.paired.get(rec.stage, ()))
