@@ -821,19 +821,101 @@ def _pattern_arrays(starts: Any, which: Any, kinds: list[MemoryPattern]) -> tupl
     pattern (``which``: an index into ``kinds``, the distinct patterns in order of first use):
     grouped by pattern, each placement's events in its pattern's order, placements in
     recording order (per pattern ``start + offsets`` row by row, or on the placement's
-    boundaries for a stepped pattern: :func:`_stepped_times`), built with numpy."""
+    boundaries for a stepped pattern: :func:`_stepped_times`), built with numpy. What does
+    not depend on the starts is made once per sequence of patterns (:func:`_layout`)."""
     k = _kind_columns(kinds)
+    lay = _LAYOUTS.recent(
+        "placement layouts",
+        (id(k), which.tobytes()),
+        lambda: _layout(which, k),
+        LAYOUTS_KEPT,
+        valid=lambda held: held.kinds is k,
+    )
+    starts = starts[lay.grouped]
+    times = np.repeat(starts, lay.lens) + lay.offsets
+    if lay.rows is not None:
+        times = _stepped_times(times, starts, lay)
+    return times, lay.deltas, lay.categories
+
+
+class _Layout(NamedTuple):
+    """What :func:`_pattern_arrays` reads of a sequence of placed patterns, whatever their
+    starts (:func:`_layout`)."""
+
+    kinds: _KindColumns
+    """The patterns' columns (held: the key is their identity)."""
+    grouped: Any
+    """The placements grouped by pattern (a stable sort of the sequence)."""
+    which: Any
+    lens: Any
+    """Per grouped placement, its pattern and its event count."""
+    offsets: Any
+    deltas: Any
+    categories: Any
+    """Per event of the grouped placements, its offset, signed bytes and category number."""
+    rows: Any
+    """The grouped placements of stepped patterns (None: none)."""
+    padded: bool
+    """Whether one grid for them all would be mostly padding (:data:`PADDING_LIMIT`)."""
+    grid: Any
+    """Their rows of the grid, starts not yet written (not padded: None)."""
+    stepped: Any
+    """Which events lie on a stepped placement's boundaries (a mask)."""
+    event_rows: Any
+    boundaries: Any
+    """Per such event, its row in the grid and its boundary."""
+
+
+LAYOUTS_KEPT = 64
+"""Sequences of placed patterns whose layout :func:`_pattern_arrays` keeps (the most recent):
+the plans of a search whose walks settle the same ops in the same order place their patterns
+alike, at other starts."""
+
+_LAYOUTS = ShapeCache()
+"""The layouts of the sequences of patterns placed last (:func:`_layout`)."""
+
+
+def _layout(which: Any, k: _KindColumns) -> _Layout:
+    """The layout of the placed sequence ``which`` of the patterns ``k`` (:class:`_Layout`)."""
     grouped = np.argsort(which, kind="stable")
-    starts, which = starts[grouped], which[grouped]
+    which = which[grouped]
     lens = k.sizes[which]
     ends = np.cumsum(lens)
     total = int(ends[-1])
     within = np.arange(total) - np.repeat(ends - lens, lens)
     source = np.repeat(k.base[which], lens) + within
-    times = np.repeat(starts, lens) + k.offsets[source]
+    rows = grid = mine = event_rows = boundaries = None
+    padded = False
     if k.stepped.any():
-        times = _stepped_times(times, starts, which, lens, source, k)
-    return times, k.deltas[source], k.categories[source]
+        rows = np.flatnonzero(k.stepped[which])
+        width = k.steps.shape[1]
+        padded = width * len(rows) > PADDING_LIMIT * int(k.cells[which[rows]].sum())
+        if not padded:
+            grid = k.steps[which[rows]]
+            # each event of a stepped placement: its row in the grid and its boundary
+            row_of = np.full(len(which), -1, dtype=np.intp)
+            row_of[rows] = np.arange(len(rows))
+            event_row = np.repeat(row_of, lens)
+            mine = event_row >= 0
+            event_rows, boundaries = event_row[mine], k.at[source[mine]]
+    deltas, categories = k.deltas[source], k.categories[source]
+    for shared in (deltas, categories):  # handed to every ledger placing the sequence
+        shared.flags.writeable = False
+    return _Layout(
+        kinds=k,
+        grouped=grouped,
+        which=which,
+        lens=lens,
+        offsets=k.offsets[source],
+        deltas=deltas,
+        categories=categories,
+        rows=rows,
+        padded=padded,
+        grid=grid,
+        stepped=mine,
+        event_rows=event_rows,
+        boundaries=boundaries,
+    )
 
 
 PADDING_LIMIT = 4
@@ -841,35 +923,27 @@ PADDING_LIMIT = 4
 may hold (:func:`_stepped_times`; padding beyond that is placed pattern by pattern)."""
 
 
-def _stepped_times(
-    times: Any, starts: Any, which: Any, lens: Any, source: Any, k: _KindColumns
-) -> Any:
+def _stepped_times(times: Any, starts: Any, lay: _Layout) -> Any:
     """``times`` (per event of the grouped placements, :func:`_pattern_arrays`; changed in
     place) with the events of stepped patterns on their placement's boundaries: one grid for
     all of them, a row per placement, its start then its pattern's steps, zeros after the
     last (:meth:`MemoryPattern.times` row by row: a running sum along a row reads only the
     columns before, so the padding changes none of a pattern's boundaries). Patterns of very
     unequal steps (a grid mostly padding) are placed one pattern at a time instead."""
-    rows = np.flatnonzero(k.stepped[which])
-    width = k.steps.shape[1]
-    if width * len(rows) > PADDING_LIMIT * int(k.cells[which[rows]].sum()):
+    k, which = lay.kinds, lay.which
+    if lay.padded:
         stepped = np.flatnonzero(k.stepped)
         first = np.searchsorted(which, stepped, side="left")
         last = np.searchsorted(which, stepped, side="right")
-        block = np.concatenate(([0], np.cumsum(lens)))
+        block = np.concatenate(([0], np.cumsum(lay.lens)))
         for q, lo, hi in zip(stepped.tolist(), first.tolist(), last.tolist(), strict=True):
             if hi > lo:
                 times[block[lo] : block[hi]] = k.kinds[q].times(starts[lo:hi]).ravel()
         return times
-    grid = k.steps[which[rows]]
-    grid[:, 0] = starts[rows]
+    grid = lay.grid.copy()
+    grid[:, 0] = starts[lay.rows]
     np.add.accumulate(grid, axis=1, out=grid)
-    # each event of a stepped placement: its row in the grid and its boundary
-    row_of = np.full(len(which), -1, dtype=np.intp)
-    row_of[rows] = np.arange(len(rows))
-    event_row = np.repeat(row_of, lens)
-    mine = event_row >= 0
-    times[mine] = grid[event_row[mine], k.at[source[mine]]]
+    times[lay.stepped] = grid[lay.event_rows, lay.boundaries]
     return times
 
 

@@ -240,3 +240,44 @@ def test_moved_events_take_the_place_a_whole_sort_gives(seed: int) -> None:
         assert (
             moved_order(order, moved, times, deltas).tolist() == time_order(times, deltas).tolist()
         )
+
+
+def _expanded_timeline(ledger: MemoryLedger) -> list[tuple[float, float]]:
+    """A ledger's timeline from its events expanded row by row (``MemoryLedger.events``,
+    not the columns), sorted as ``time_order`` sorts."""
+    events = ledger.events
+    times = np.array([e.time_s for e in events])
+    deltas = np.array([e.delta_bytes for e in events])
+    order = time_order(times, deltas)
+    totals = np.cumsum(deltas[order])
+    at = times[order]
+    last = np.flatnonzero(np.append(at[1:] != at[:-1], True))
+    return list(zip(at[last].tolist(), totals[last].tolist(), strict=True))
+
+
+@pytest.mark.parametrize("uneven", [False, True])
+def test_a_sequence_placed_again_reads_its_own_starts(uneven: bool) -> None:
+    """Ledgers placing the same patterns in the same order at other starts (a layout kept for
+    the sequence, the starts read anew): each reads the events its own placements make, its
+    stepped patterns on their own boundaries (one grid for all; ``uneven``: steps so unequal
+    that they are placed pattern by pattern)."""
+    long_steps = tuple(0.1 * (i + 1) for i in range(40)) if uneven else (0.25, 0.5)
+    fwd = MemoryPattern("activations", [(0.0, 4.0, "act", 0), (1.0, -4.0, "act", 0)])
+    stepped = MemoryPattern(
+        "activations",
+        [(0.0, 2.0, "act", 1), (0.0, -2.0, "free", 1)],
+        steps=long_steps,
+        at=[1, len(long_steps)],
+    )
+    short = MemoryPattern(
+        "activations", [(0.0, 1.0, "act", 2), (0.0, -1.0, "free", 2)], steps=(0.5,), at=[0, 1]
+    )
+    sequence = [fwd, stepped, fwd, *[short] * 8, stepped]
+    rng = np.random.default_rng(3)
+    for _ in range(3):
+        starts = np.cumsum(rng.uniform(0.5, 3.0, len(sequence))).tolist()
+        ledger = MemoryLedger(0)
+        ledger.alloc(0.0, "parameters", 1.0, "parameters")
+        for i, (t0, pattern) in enumerate(zip(starts, sequence, strict=True)):
+            ledger.place(t0, pattern, i, 0)
+        assert ledger.timeline() == _expanded_timeline(ledger)
