@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -410,3 +411,37 @@ def test_cached_fit_keeps_a_bounded_number_of_rounded_requests() -> None:
         sizes = (2 * MIB + kib * 1024, 2 * MIB)  # large-pool requests, 512 B multiples
         assert a.cached_fit(sizes) == sum(sizes)  # both cut from the cached 64 MiB block
         assert len(a._parts) <= MAX_REQUEST_SHAPES
+
+
+def test_a_recording_equal_to_the_last_takes_its_digest(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_digest_kept``: a rank's ledger that records the rows the last one of the same counts
+    recorded (its patterns other objects of the same content) takes that digest without
+    hashing; one event moved by the least float step is hashed, and digests apart."""
+    from collsim.step import allocator
+    from collsim.step.memory import MemoryLedger, MemoryPattern
+    from collsim.step.replay_events import recording_digest
+    from collsim.step.shapes import ShapeCache
+
+    def ledger(late_s: float) -> MemoryLedger:
+        fwd = MemoryPattern("activations", [(0.0, 4.0, "act", 0), (1.0, -4.0, "act", 0)])
+        out = MemoryLedger(3)
+        out.alloc(0.0, "parameters", 8.0, "parameters")
+        out.place(0.5, fwd, 0, 0)
+        out.place(2.5, fwd, 1, 0)
+        out.alloc(late_s, "buffers", 1.0, "pp recv")
+        return out
+
+    hashed: list[MemoryLedger] = []
+
+    def counted(x: MemoryLedger) -> bytes | None:
+        hashed.append(x)
+        return recording_digest(x)
+
+    monkeypatch.setattr(allocator, "recording_digest", counted)
+    memo = ShapeCache()
+    first = allocator._digest_kept(3, ledger(4.0), memo)
+    again = allocator._digest_kept(3, ledger(4.0), memo)
+    assert first is not None and again == first and len(hashed) == 1
+    moved = ledger(float(np.nextafter(4.0, 5.0)))
+    other = allocator._digest_kept(3, moved, memo)
+    assert len(hashed) == 2 and other == recording_digest(moved) and other != first

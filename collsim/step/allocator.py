@@ -12,11 +12,12 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from collsim.cluster.hardware import CUDA_CONTEXT_BYTES, NCCL_BUFFER_BYTES
 from collsim.step.caching_allocator import AllocatorOOM, Block, CachingAllocator
-from collsim.step.replay_events import recording_digest, replay_events
+from collsim.step.replay_events import pattern_digest, recording_digest, replay_events
 from collsim.step.replay_period import MICROBATCH_AT, Steady, find_period
 from collsim.workload.op_records import activation_element_bytes
 from collsim.workload.ops import head_ops
@@ -555,6 +556,40 @@ REPLAYS_KEPT = 16
 """Allocator replays a search's shape cache keeps (the most recent; :func:`_replay_kept`)."""
 
 
+RECORDINGS_KEPT = 8
+"""Recordings whose digest a search's shape cache keeps with a copy of their rows
+(:func:`_digest_kept`, the most recent)."""
+
+
+def _digest_kept(rank: int, ledger: Any, memo: ShapeCache) -> bytes | None:
+    """:func:`recording_digest` of a rank's ledger, taken from the last ledger of the rank
+    with the same counts of events and placements when it recorded the same rows (equal
+    single events and placed rows as tuples, the patterns the very same: what the
+    allocator's replay reads, the same; comparing rows costs a small part of hashing their
+    columns). Plans that differ in a knob which changes no memory event (selective
+    recompute where it stores nothing more) record the same rows one after another."""
+    rows = ledger.rows()
+    if rows is None:
+        return recording_digest(ledger)
+    events, placed = rows
+    kinds = list(dict.fromkeys(map(itemgetter(1), placed)))  # patterns hash by identity
+    number = {id(p): i for i, p in enumerate(kinds)}
+    at = [(start, number[id(p)], mb, c, before) for start, p, mb, c, before in placed]
+    patterns = [pattern_digest(p) for p in kinds]
+
+    def make() -> tuple[list[Any], list[Any], list[bytes], bytes | None]:
+        return list(events), at, patterns, recording_digest(ledger)
+
+    kept = memo.recent(
+        "digested recordings",
+        (rank, len(events), len(placed)),
+        make,
+        RECORDINGS_KEPT,
+        valid=lambda held: held[1] == at and held[2] == patterns and held[0] == events,
+    )
+    return kept[3]
+
+
 def _replay_kept(
     rank: int, ledger: Any, inputs: dict[str, Any], memo: ShapeCache | None
 ) -> ReservedMemory:
@@ -563,7 +598,7 @@ def _replay_kept(
     plans that differ only in their gradient buckets or overlap record the same events and
     replay them once, and a plan whose replay is kept does not sort its events. Events
     :func:`replay_events` keeps as a sorted list are replayed each time."""
-    digest = None if memo is None else recording_digest(ledger)
+    digest = None if memo is None else _digest_kept(rank, ledger, memo)
     if memo is None or digest is None:
         return replay_ledger(rank, replay_events(ledger), **inputs)
     tensors = inputs["tensors"]

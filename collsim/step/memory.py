@@ -436,6 +436,14 @@ class MemoryLedger:
             return None
         return list(self._events), list(self._placed)
 
+    def rows(self) -> tuple[list[MemoryEvent], list[tuple[float, Any, int, int, int]]] | None:
+        """The single events and the placed rows as the ledger holds them (not copies), when
+        it holds them so: None while some events are blocks or columns (:meth:`add_block`,
+        :meth:`place_ops`, :meth:`known_columns`). Valid until the next event is recorded."""
+        if self._blocks or self._batch is not None or self._known:
+            return None
+        return self._events, self._placed
+
     def add_block(
         self, times: Any, deltas: Any, categories: Any, labels: tuple[Any, ...], label_of: Any
     ) -> None:

@@ -30,7 +30,7 @@ from collsim.step.memory import (
 )
 from collsim.step.result import MEMORY_KEYS
 
-__all__ = ["SHIFTING_KINDS", "ReplayEvents", "recording_digest", "replay_events"]
+__all__ = ["SHIFTING_KINDS", "ReplayEvents", "pattern_digest", "recording_digest", "replay_events"]
 
 SHIFTING_KINDS = ("act", "recompute", "free")
 """Label kinds ``(kind, layer, micro-batch, chunk)`` whose twin a period on is the same label
@@ -142,7 +142,7 @@ def recording_digest(ledger: MemoryLedger) -> bytes | None:
     (times, bytes, categories, labels numbered as :class:`ReplayEvents` numbers them, with
     their micro-batches) and the placed patterns (each placement's start, pattern, micro-batch,
     chunk and place among the singles; each pattern by its content,
-    :func:`_pattern_digest`). The events the allocator replays are these sorted, and the sort
+    :func:`pattern_digest`). The events the allocator replays are these sorted, and the sort
     is a function of them: equal digests, equal events (two recordings that differ share a
     digest with odds of 2**-256), without sorting them. SHA-256: where the CPU has SHA
     instructions (x86 SHA-NI, Armv8 SHA2) OpenSSL hashes a megabyte of columns in about
@@ -168,7 +168,7 @@ def recording_digest(ledger: MemoryLedger) -> bytes | None:
     h.update(np.asarray(chunks, dtype=np.int64).tobytes())
     h.update(np.asarray(placed.before, dtype=np.intp).tobytes())
     for pattern in placed.kinds:
-        h.update(_pattern_digest(pattern))
+        h.update(pattern_digest(pattern))
     return h.digest()
 
 
@@ -198,7 +198,7 @@ def _shifting_pattern(pattern: MemoryPattern) -> bool:
     return all(ev[2] in SHIFTING_KINDS for ev in pattern.events)
 
 
-def _pattern_digest(pattern: MemoryPattern) -> bytes:
+def pattern_digest(pattern: MemoryPattern) -> bytes:
     """A SHA-256 digest of ``pattern``'s content (category, events, steps, boundaries), made
     once per pattern (kept on it: a pattern is not changed once made)."""
     known = pattern.digest
