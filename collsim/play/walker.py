@@ -72,7 +72,11 @@ while its segment loops are at most this share of its ops: a replay runs every l
 gathers, so a walk of loops throughout (units resharded after forward) gains little from one,
 and its record costs (a random sample of Qwen3-30B plans, ZeRO-3 ones resharding every op: 7.3
 ms a plan walked without records, 11-13 with every walk recorded; the CP search's plans that
-keep their units run 2-4 % of their ops as loops)."""
+keep their units run 2-4 % of their ops as loops). A walk without prefetch is not recorded:
+each of its segments that gathers waits for its own unit, which a variant prefetching ahead
+issues a segment earlier, so no variant walks as it did (the CP search's 124 variants of depth
+1 each failed to replay the walk of depth 0 before it; recording and trying cost 0.1-0.4 ms
+a variant)."""
 
 SHARED_KEPT = 16
 """Families of programs whose :class:`SharedWalk` a search's shape cache keeps (the most
@@ -263,7 +267,7 @@ class Walker:
             held = self.shared.alike
             if held is not None and held.key == key and replay_walk(self, held):
                 return
-            self.loops = []
+            self.loops = [] if self.rules.prefetch else None
             ops = sum(len(self.schedule.pipeline[p.coords.pp]) for p in self.programs.values())
             self.loop_limit = int(ops * RECORDED_LOOPS_SHARE)
         for prog in self.programs.values():

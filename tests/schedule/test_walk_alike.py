@@ -72,20 +72,22 @@ def test_prefetch_variants_replay_the_walk_as_it_walks(
         whole = Walker(schedule, ClosedPricer(topology))  # no search: always in full
         whole.run()
         assert _walked(searched) == _walked(whole)
-    assert len(replays) == 3  # each variant after the first tried
+    # each variant after the first recorded walk tried (a walk without prefetch is not recorded)
+    assert len(replays) == len(depths) - 1 - (depths[0] == 0)
     if not raf and depths[0] == 0:  # 1, 2 and 4 keep every unit ready in time: 2, 4 replay 1
-        assert replays == [False, True, True]
+        assert replays == [True, True]
 
 
 def test_a_walk_of_loops_throughout_is_not_recorded() -> None:
     """A walk is recorded while its segment loops are at most ``RECORDED_LOOPS_SHARE`` of its
     ops: units kept all step (loops: each chunk's first forward and last backward, 8 of 64
-    ops) are; units resharded after every forward (every op a loop) are not."""
+    ops) are; units resharded after every forward (every op a loop) are not; nor is a walk
+    without prefetch, whose loops no deeper variant walks alike."""
     topology = load_topology("dgx_h100", nodes=2)
     spec = get_preset("llama2-7b", num_layers=8, seq_len=2048)
     est = Estimator(topology, spec)
-    for raf, recorded in ((False, True), (True, False)):
-        w = Walker(est.schedule(*zero3_plan(2, raf, "step", 1)), est.pricer, est.shapes)
+    for raf, prefetch, recorded in ((False, 1, True), (True, 1, False), (False, 0, False)):
+        w = Walker(est.schedule(*zero3_plan(2, raf, "step", prefetch)), est.pricer, est.shapes)
         w.run()
         assert (w.loops is not None) is recorded
         assert w.loop_limit == 64 * walker_module.RECORDED_LOOPS_SHARE
