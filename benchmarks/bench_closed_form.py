@@ -36,18 +36,24 @@ or one stretch of a shared machine, to another.
 costly functions by own time (where the time goes; the profiler slows each call, so read the
 shares, not the figures). ``--kinds`` splits each family's first pass by kind of plan: the
 first plan of a program or one of its variants (the plans that differ from it only in DDP and
-FSDP knobs), by ZeRO stage, pp and tp (where a family's median falls).
+FSDP knobs), by ZeRO stage, pp and tp (where a family's median falls). ``--passes N`` runs each
+family's first pass in ``N`` fresh processes and reports, per plan, the median of its ``N``
+figures (the medians over the plans of those: ``first*N``), which a shared machine's swings of
+speed move less than one pass.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import json
 import os
 import pstats
 import random
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from collections.abc import Callable
@@ -199,19 +205,30 @@ def profiled(name: str, est: Estimator, plans: list[Configs], top: int) -> None:
     stats.sort_stats("tottime").print_stats(top)
 
 
-def kind_rows(name: str, plans: list[Configs], first: list[tuple[float, float] | None]) -> None:
-    """The first pass by kind of plan (``--kinds``): the first plan of its program (``program``: its
+Kind = tuple[str, int, int, int]
+
+
+def kinds_of(plans: list[Configs]) -> list[Kind]:
+    """Per plan, its kind (``--kinds``): the first plan of its program (``program``: its
     configs without the DDP and FSDP knobs a variant changes: ``without_dp_knobs``) or a
-    variant of one, by ZeRO stage, pp and tp: plans, median ms, plans within the target."""
+    variant of one, with its ZeRO stage, pp and tp."""
     seen: set[Any] = set()
-    groups: dict[tuple[str, int, int, int], list[float]] = {}
-    for configs, t in zip(plans, first, strict=True):
-        training, parallel = configs
+    out = []
+    for training, parallel in plans:
         program = (training, without_dp_knobs(parallel))
-        kind = "variant" if program in seen else "program"
+        out.append(
+            ("variant" if program in seen else "program", parallel.zero, parallel.pp, parallel.tp)
+        )
         seen.add(program)
+    return out
+
+
+def kind_rows(name: str, kinds: list[Kind], first: list[tuple[float, float] | None]) -> None:
+    """The first pass by kind of plan (:func:`kinds_of`): plans, median ms, plans within the
+    target."""
+    groups: dict[Kind, list[float]] = {}
+    for key, t in zip(kinds, first, strict=True):
         if t is not None:
-            key = (kind, parallel.zero, parallel.pp, parallel.tp)
             groups.setdefault(key, []).append(sum(t) * 1e3)
     for (kind, zero, pp, tp), ms in sorted(groups.items()):
         under = sum(1 for x in ms if x <= TARGET_S * 1e3)
@@ -233,6 +250,11 @@ def family(
 ) -> None:
     est = Estimator(topology, spec)
     first = [timed(est, c) for c in plans]
+    if DUMP:  # a child of --passes: its first pass, for the parent to read
+        dumped = {"family": name, "kinds": kinds_of(plans), "first": first}
+        with open(DUMP[0], "a", encoding="utf-8") as out:
+            out.write(json.dumps(dumped) + "\n")
+        return
     PHASES.clear()
     ok = [i for i, t in enumerate(first) if t is not None]
     runs: list[list[tuple[float, float]]] = [[] for _ in plans]
@@ -255,7 +277,7 @@ def family(
 
     print(row("first", [first[i] for i in ok if first[i] is not None]))  # type: ignore[misc]
     if kinds:
-        kind_rows(name, plans, first)
+        kind_rows(name, kinds_of(plans), first)
     if repeats:
         warm = [(med(p[0] for p in runs[i]), med(p[1] for p in runs[i])) for i in ok]
         print(row("warm", warm))
@@ -266,6 +288,53 @@ def family(
     if top:
         profiled(name, est, [plans[i] for i in ok], top)
     sys.stdout.flush()
+
+
+DUMP: list[str] = []
+"""With ``--dump-first PATH`` (a child of ``--passes``): where each family's first pass goes."""
+
+PASS_TIMEOUT_S = 1800
+"""The most one child pass of ``--passes`` may run (the three default searches take about a
+minute)."""
+
+
+def passes(args: argparse.Namespace) -> None:
+    """``--passes N``: each family's first pass run in ``N`` fresh processes one after
+    another (each a search's cost: no cache warmed by a pass before), then per plan the
+    median of its ``N`` figures, and the medians over the plans of those, as the ``first``
+    row (``first*N``); the host's speed before and after each pass. Shared machines change
+    speed from one minute to the next by a quarter or more; the per-plan median damps it."""
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(args.passes):
+            path = Path(tmp) / f"pass{i}.jsonl"
+            command = [sys.executable, __file__, "--families", args.families]
+            command += ["--sample", str(args.sample), "--repeats", "0", "--dump-first", str(path)]
+            before = host_reference_ms()
+            subprocess.run(command, check=True, timeout=PASS_TIMEOUT_S, stdout=subprocess.DEVNULL)
+            print(f"  pass {i + 1}: host reference {before:.1f} -> {host_reference_ms():.1f} ms")
+            with open(path, encoding="utf-8") as lines:
+                runs.extend(json.loads(line) for line in lines)
+    med = statistics.median
+    for name in dict.fromkeys(r["family"] for r in runs):
+        mine = [r for r in runs if r["family"] == name]
+        kinds = [tuple(k) for k in mine[0]["kinds"]]
+        first: list[tuple[float, float] | None] = []
+        for i in range(len(kinds)):
+            got = [r["first"][i] for r in mine if r["first"][i] is not None]
+            first.append((med(g[0] for g in got), med(g[1] for g in got)) if got else None)
+        pairs = [t for t in first if t is not None]
+        total = med(p[0] + p[1] for p in pairs) * 1e3
+        verdict = "met" if total <= TARGET_S * 1e3 else "missed"
+        label = f"first*{len(mine)}"
+        build = med(p[0] for p in pairs) * 1e3
+        walk = med(p[1] for p in pairs) * 1e3
+        print(
+            f"  {name:8s} {label:8s} {len(pairs):5d} {total:7.2f} {build:9.2f} {walk:9.2f}"
+            f"  {verdict}"
+        )
+        if args.kinds:
+            kind_rows(name, kinds, first)
 
 
 def host_reference_ms(repeats: int = 5) -> float:
@@ -302,7 +371,13 @@ def main() -> int:
         "--profile", type=int, default=0, metavar="N", help="also profile one pass: top N"
     )
     parser.add_argument("--kinds", action="store_true", help="also the first pass by kind of plan")
+    parser.add_argument(
+        "--passes", type=int, default=1, help="first passes in fresh processes, per-plan median"
+    )
+    parser.add_argument("--dump-first", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.dump_first:
+        DUMP.append(args.dump_first)
     if args.phases:
         phase_clocks()
     warnings.simplefilter("ignore", CollsimWarning)
@@ -315,6 +390,10 @@ def main() -> int:
         f"  {'family':8s} {'pass':6s} {'plans':>5s} {'total ms':>9s} {'build ms':>9s}"
         f" {'walk ms':>9s}  target {TARGET_S * 1e3:g} ms"
     )
+    if args.passes > 1:
+        passes(args)
+        print(f"host reference at the end {host_reference_ms():.1f} ms")
+        return 0
     if "3d_175b" in wanted:
         family(
             "3d_175b",
