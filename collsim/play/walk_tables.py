@@ -309,6 +309,14 @@ class SharedWalk:
     flushes: dict[tuple[Any, ...], tuple[list[Any], list[TallyAdds]]] = field(default_factory=dict)
     """:meth:`Walker.flush_tp`'s tallies by the walk's runs ((run key, count) each, in
     order): the runs' segment lists (kept: their identities stay their own) and the adds."""
+    zero3_tp: tuple[Any, Any, Any, tuple[int, ...], list[TallyAdds]] | None = None
+    """What :meth:`Walker.flush_tp` added to the tallies after the last ZeRO-3 walk of these
+    programs in a search, with what made its runs: its stages, pipeline orders and paired ops
+    (kept: their identities stay their own) and the ranks walked. A variant that shares them
+    (an FSDP prefetch variant shares its program's) runs the same ops in the same order on
+    each rank (the walk resumes a rank when its input is sent, whatever the clock), each
+    segment once, settled or not, so it makes the same runs; it adds these without counting
+    them."""
     replays: dict[tuple[Any, ...], tuple[Any, Any, Any, Any, Any]] = field(default_factory=dict)
     """The fused walk's replay order (:func:`collsim.play.walk_pipe.replay_order`) by the
     identity of the pipeline traces and what else it reads: the traces (kept), the items, the

@@ -37,6 +37,7 @@ class Walker(Protocol):
 
     rules: DataParallelRules
     runs: dict[tuple[int, int], list[Any]]
+    count_runs: bool
     shared: SharedWalk
 
     def seg_tp_s(self, rank: int, seg: Segment) -> float: ...
@@ -267,7 +268,7 @@ def run_segments(
     gathered, breakdown = prog.gathered, prog.breakdown_s
     events = prog.ledger.appenders()[0]
     new = tuple.__new__  # MemoryEvent without its keyword-argument layer
-    runs, mb, c = w.runs, op.microbatch, op.chunk
+    runs, mb, c = w.runs if w.count_runs else None, op.microbatch, op.chunk
     now = prog.now  # (written back at the end: nothing else reads it before)
     waits: list[float] | None = None  # per segment, its wait for its unit (when one waits)
     steps = seg_plan(w, prog, chunk, op.phase, paired)
@@ -295,11 +296,12 @@ def run_segments(
         if not forward and seg.transient_bytes:
             size = float(seg.transient_bytes)
             events.append(new(MemoryEvent, (now, "activations", size, ("recompute", key, mb, c))))
-        slot = runs.get(sp.run_key)  # a run of its TP collectives (flush_tp)
-        if slot is None:
-            runs[sp.run_key] = [[seg], 1]
-        else:
-            slot[1] += 1
+        if runs is not None:  # a run of its TP collectives (flush_tp)
+            slot = runs.get(sp.run_key)
+            if slot is None:
+                runs[sp.run_key] = [[seg], 1]
+            else:
+                slot[1] += 1
         now += sp.duration
         if seg.buffer_bytes:
             size, free = -float(seg.buffer_bytes), (BUFFER_FREE_KIND, key, mb, c)

@@ -127,6 +127,9 @@ class Walker:
         self._bucket_shapes: dict[int, tuple[Sequence[Bucket], int]] = {}
         """:meth:`bucket_shape` by the identity of a chunk's bucket list (kept)."""
         self.runs: dict[tuple[int, int], list[Any]] = {}
+        self.count_runs = True
+        """Whether the walk counts its TP runs (a search's ZeRO-3 variants add the runs their
+        programs' walk counted: ``SharedWalk.zero3_tp``)."""
         self._blocks: dict[int, list[SettledOp | bool | None]] = {}
         """Per stage, per op: its settled block, False when it has none, None until asked
         (the list the plan's variants share, ``SharedWalk.stage_blocks``)."""
@@ -187,18 +190,36 @@ class Walker:
         key = CallKey(rank, axis, op, size, len(ranks), cost.algorithm)
         return key, 0.0 + cost.time_s, cost.busbw_bps
 
-    def flush_tp(self) -> None:
+    def flush_tp(self) -> list[TallyAdds]:
         """Tally the TP collectives of every run of ops (:attr:`runs`): per run and step
         call, ``runs`` calls of its closed-form time (:meth:`tp_adds`, once per walk's runs in
-        the shared tables); a tally this adds to first is set to the sum at once."""
+        the shared tables; :meth:`add_tp`). Returns what it added."""
         runs = self.runs
         shape = tuple([(key, slot[1]) for key, slot in runs.items()])
         known = self.shared.flushes.get(shape)
         if known is None:
             held = [slot[0] for slot in runs.values()]  # their ids are in the shape
             known = self.shared.flushes[shape] = (held, self.tp_adds())
+        runs.clear()
+        self.add_tp(known[1])
+        return known[1]
+
+    def known_tp(self) -> list[TallyAdds] | None:
+        """What a search's ZeRO-3 walk of this program added to the TP tallies, when this walk
+        makes the same runs (``SharedWalk.zero3_tp``); None: it counts its own."""
+        held = self.shared.zero3_tp
+        if self.rules.zero != 3 or held is None:
+            return None
+        sch = self.schedule
+        if held[0] is sch.stages and held[1] is sch.pipeline and held[2] is sch.paired:
+            return held[4] if held[3] == tuple(self.programs) else None
+        return None
+
+    def add_tp(self, adds_of: list[TallyAdds]) -> None:
+        """Add each tally's TP calls (:meth:`tp_adds`): a tally this adds to first is set to
+        the sum at once."""
         tally_of = self.stats.tally
-        for key, count, adds, total_s, busbw in known[1]:
+        for key, count, adds, total_s, busbw in adds_of:
             tally = tally_of(key)
             if tally.count == 0 and tally.time_s == 0.0:
                 tally.time_s = total_s
@@ -207,7 +228,6 @@ class Walker:
                     tally.time_s += add
             tally.count += count
             tally.busbw_bps = busbw
-        runs.clear()
 
     def tp_adds(self) -> list[TallyAdds]:
         """What :meth:`flush_tp` adds, per tally in the order the runs first reach it: each
@@ -267,6 +287,7 @@ class Walker:
             held = self.shared.alike
             if held is not None and held.key == key and replay_walk(self, held):
                 return
+            self.count_runs = self.known_tp() is None
             self.loops = [] if self.rules.prefetch else None
             ops = sum(len(self.schedule.pipeline[p.coords.pp]) for p in self.programs.values())
             self.loop_limit = int(ops * RECORDED_LOOPS_SHARE)
@@ -300,7 +321,16 @@ class Walker:
             self.add_settled(prog)
         self.add_settled_runs()
         self.finish()
-        self.flush_tp()
+        known = self.known_tp()
+        if known is None:
+            adds = self.flush_tp()
+            if self.rules.zero == 3 and self.shapes is not None:
+                sch = self.schedule
+                ranks = tuple(self.programs)
+                self.shared.zero3_tp = (sch.stages, sch.pipeline, sch.paired, ranks, adds)
+        else:
+            self.runs.clear()
+            self.add_tp(known)
         if self.loops is not None:
             self.shared.alike = record_walk(self, key, self.loops)
 
@@ -382,6 +412,7 @@ class Walker:
         gathered, checked = prog.gathered, self._needs_met
         made = prog.gathers_made  # (only the segment loop changes it)
         settled, settled_runs = prog.settled, self._settled_runs
+        counting = self.count_runs
         units: dict[tuple[int, str | int], float] | None = None  # (gathered: only loops change it)
         ran = False
         i, n = prog.next_op, len(ops)
@@ -463,11 +494,12 @@ class Walker:
                 settled.append(block)  # its sums: add_settled
                 if block.pattern is not None:  # MemoryLedger.place
                     placed.append((start, block.pattern, mbs[i], op_chunks[i], len(events)))
-                seen = settled_runs.get(key)
-                if seen is not None:  # its run keys are made: counted by add_settled_runs
-                    seen[1] += 1
-                else:
-                    self.first_settled_run(block)
+                if counting:
+                    seen = settled_runs.get(key)
+                    if seen is not None:  # its run keys are made: counted by add_settled_runs
+                        seen[1] += 1
+                    else:
+                        self.first_settled_run(block)
             if send >= 0:  # its output sent on the pp stream
                 slot = mine[to]
                 if slot is None:

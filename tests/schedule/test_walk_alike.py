@@ -171,3 +171,29 @@ def test_a_loop_that_gathers_nothing_runs_only_where_it_may_act_otherwise(
     more = rec._replace(gathered_in={**rec.gathered_in, (99, "unit"): 0.0})
     tampered = dataclasses.replace(held, loops=[*held.loops[:k], more, *held.loops[k + 1 :]])
     assert replayed(4, tampered) == gathering + 1
+
+
+@pytest.mark.parametrize("raf", [False, True])
+def test_a_variant_walked_in_full_adds_the_runs_its_program_counted(
+    monkeypatch: pytest.MonkeyPatch, raf: bool
+) -> None:
+    """A search's ZeRO-3 walk counts its TP runs and keeps what it added
+    (``SharedWalk.zero3_tp``); a prefetch variant of the program, walked in full, runs the
+    same ops in the same order and adds those without counting: the same tallies, to the
+    bit, as the whole walk of the variant outside a search (tp 2: TP calls in every layer)."""
+    topology = load_topology("dgx_h100", nodes=2)
+    spec = get_preset("llama2-7b", num_layers=8, seq_len=2048)
+    est = Estimator(topology, spec)
+    monkeypatch.setattr(walker_module, "replay_walk", lambda *args: False)  # walked in full
+    counted = []
+    for prefetch in (0, 1, 2):
+        schedule = est.schedule(*zero3_plan(2, raf, "step", prefetch))
+        searched = Walker(schedule, est.pricer, est.shapes)
+        searched.run()
+        counted.append(searched.count_runs)
+        whole = Walker(schedule, ClosedPricer(topology))
+        whole.run()
+        assert whole.count_runs
+        assert _walked(searched) == _walked(whole)
+        assert any(key.axis == "tp" for key, _ in searched.stat_items())
+    assert counted == [True, False, False]
