@@ -208,7 +208,7 @@ class Walker:
         """What a search's ZeRO-3 walk of this program added to the TP tallies, when this walk
         makes the same runs (``SharedWalk.zero3_tp``); None: it counts its own."""
         held = self.shared.zero3_tp
-        if self.rules.zero != 3 or held is None:
+        if held is None:
             return None
         sch = self.schedule
         if held[0] is sch.stages and held[1] is sch.pipeline and held[2] is sch.paired:
@@ -282,12 +282,15 @@ class Walker:
 
     # ---- the walk -----------------------------------------------------------------------------
     def run(self) -> None:
-        if self.rules.zero == 3 and self.shapes is not None:  # a search: variants may replay
+        searched = self.rules.zero == 3 and self.shapes is not None  # variants may replay
+        known_tp = None
+        if searched:
             key = alike_key(self.plan)
             held = self.shared.alike
             if held is not None and held.key == key and replay_walk(self, held):
                 return
-            self.count_runs = self.known_tp() is None
+            known_tp = self.known_tp()
+            self.count_runs = known_tp is None
             self.loops = [] if self.rules.prefetch else None
             ops = sum(len(self.schedule.pipeline[p.coords.pp]) for p in self.programs.values())
             self.loop_limit = int(ops * RECORDED_LOOPS_SHARE)
@@ -321,16 +324,14 @@ class Walker:
             self.add_settled(prog)
         self.add_settled_runs()
         self.finish()
-        known = self.known_tp()
-        if known is None:
+        if known_tp is not None:  # (nothing counted)
+            self.add_tp(known_tp)
+        else:
             adds = self.flush_tp()
-            if self.rules.zero == 3 and self.shapes is not None:
+            if searched:
                 sch = self.schedule
                 ranks = tuple(self.programs)
                 self.shared.zero3_tp = (sch.stages, sch.pipeline, sch.paired, ranks, adds)
-        else:
-            self.runs.clear()
-            self.add_tp(known)
         if self.loops is not None:
             self.shared.alike = record_walk(self, key, self.loops)
 

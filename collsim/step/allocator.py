@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from collsim.cluster.hardware import CUDA_CONTEXT_BYTES, NCCL_BUFFER_BYTES
 from collsim.step.caching_allocator import AllocatorOOM, Block, CachingAllocator
+from collsim.step.memory import numbered_patterns
 from collsim.step.replay_events import pattern_digest, recording_digest, replay_events
 from collsim.step.replay_period import MICROBATCH_AT, Steady, find_period
 from collsim.workload.op_records import activation_element_bytes
@@ -564,7 +564,7 @@ RECORDINGS_KEPT = 8
 def _digest_kept(rank: int, ledger: Any, memo: ShapeCache) -> bytes | None:
     """:func:`recording_digest` of a rank's ledger, taken from the last ledger of the rank
     with the same counts of events and placements when it recorded the same rows (equal
-    single events and placed rows as tuples, the patterns the very same: what the
+    single events and placed rows as tuples, each pattern by its content digest: what the
     allocator's replay reads, the same; comparing rows costs a small part of hashing their
     columns). Plans that differ in a knob which changes no memory event (selective
     recompute where it stores nothing more) record the same rows one after another."""
@@ -572,9 +572,8 @@ def _digest_kept(rank: int, ledger: Any, memo: ShapeCache) -> bytes | None:
     if rows is None:
         return recording_digest(ledger)
     events, placed = rows
-    kinds = list(dict.fromkeys(map(itemgetter(1), placed)))  # patterns hash by identity
-    number = {id(p): i for i, p in enumerate(kinds)}
-    at = [(start, number[id(p)], mb, c, before) for start, p, mb, c, before in placed]
+    kinds, which = numbered_patterns(placed)
+    at = [(start, q, mb, c, before) for (start, _, mb, c, before), q in zip(placed, which)]
     patterns = [pattern_digest(p) for p in kinds]
 
     def make() -> tuple[list[Any], list[Any], list[bytes], bytes | None]:

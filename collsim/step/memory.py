@@ -47,6 +47,7 @@ __all__ = [
     "Timelines",
     "event_columns",
     "first_uses",
+    "numbered_patterns",
     "pattern_columns",
     "time_order",
 ]
@@ -491,13 +492,11 @@ class MemoryLedger:
         placed = self._placed
         if not placed:
             return self._events, None
-        patterns = list(map(itemgetter(1), placed))
-        kinds = list(dict.fromkeys(patterns))  # patterns hash by identity
-        number = {id(p): i for i, p in enumerate(kinds)}
+        kinds, which = numbered_patterns(placed)
         n = len(placed)
         return self._events, PlacedOps(
             starts=np.fromiter(map(itemgetter(0), placed), dtype=float, count=n),
-            which=np.fromiter(map(number.__getitem__, map(id, patterns)), np.intp, n),
+            which=np.fromiter(which, np.intp, n),
             kinds=kinds,
             microbatches=list(map(itemgetter(2), placed)),
             chunks=list(map(itemgetter(3), placed)),
@@ -647,10 +646,8 @@ class MemoryLedger:
         order of first use, each placement's events in its pattern's order, placements in
         recording order (per pattern ``start + offsets`` row by row), built with numpy."""
         placed = self._placed
-        patterns = list(map(itemgetter(1), placed))
-        kinds = list(dict.fromkeys(patterns))  # patterns hash by identity
-        number = {id(p): i for i, p in enumerate(kinds)}
-        which = np.fromiter(map(number.__getitem__, map(id, patterns)), np.intp, len(placed))
+        kinds, numbers = numbered_patterns(placed)
+        which = np.fromiter(numbers, np.intp, len(placed))
         starts = np.fromiter(map(itemgetter(0), placed), dtype=float, count=len(placed))
         # the same patterns at the same starts (to the bit) make the same columns: kept for
         # the next ledgers that place them so (the variants of a plan that walk alike)
@@ -733,6 +730,17 @@ class MemoryLedger:
             if category is None or ev.category == category:
                 total += ev.delta_bytes
         return total
+
+
+def numbered_patterns(
+    placed: Sequence[tuple[float, MemoryPattern, int, int, int]],
+) -> tuple[list[MemoryPattern], Iterator[int]]:
+    """The distinct patterns of placed rows in order of first use (by identity: patterns hash
+    so) and, row by row, its pattern's index among them."""
+    patterns = list(map(itemgetter(1), placed))
+    kinds = list(dict.fromkeys(patterns))
+    number = {id(p): i for i, p in enumerate(kinds)}
+    return kinds, map(number.__getitem__, map(id, patterns))
 
 
 def event_columns(events: list[MemoryEvent]) -> tuple[Any, Any, Any]:
