@@ -415,20 +415,24 @@ def test_cached_fit_keeps_a_bounded_number_of_rounded_requests() -> None:
 
 def test_a_recording_equal_to_the_last_takes_its_digest(monkeypatch: pytest.MonkeyPatch) -> None:
     """``_digest_kept``: a rank's ledger that records the rows the last one of the same counts
-    recorded (its patterns other objects of the same content) takes that digest without
-    hashing; one event moved by the least float step is hashed, and digests apart."""
+    recorded (its patterns other objects of the same content, its blocks of events other
+    arrays of the same values) takes that digest without hashing; one event moved by the
+    least float step, in the list or in a block, is hashed, and digests apart."""
     from collsim.step import allocator
     from collsim.step.memory import MemoryLedger, MemoryPattern
     from collsim.step.replay_events import recording_digest
     from collsim.step.shapes import ShapeCache
 
-    def ledger(late_s: float) -> MemoryLedger:
+    def ledger(late_s: float, block_s: float = 5.0) -> MemoryLedger:
         fwd = MemoryPattern("activations", [(0.0, 4.0, "act", 0), (1.0, -4.0, "act", 0)])
         out = MemoryLedger(3)
         out.alloc(0.0, "parameters", 8.0, "parameters")
         out.place(0.5, fwd, 0, 0)
         out.place(2.5, fwd, 1, 0)
         out.alloc(late_s, "buffers", 1.0, "pp recv")
+        cats = np.full(2, 4, dtype=np.int8)  # (buffers)
+        times, deltas = np.array([block_s, 6.0]), np.array([2.0, -2.0])
+        out.add_block(times, deltas, cats, ("pp recv",), np.zeros(2, np.intp))
         return out
 
     hashed: list[MemoryLedger] = []
@@ -445,3 +449,6 @@ def test_a_recording_equal_to_the_last_takes_its_digest(monkeypatch: pytest.Monk
     moved = ledger(float(np.nextafter(4.0, 5.0)))
     other = allocator._digest_kept(3, moved, memo)
     assert len(hashed) == 2 and other == recording_digest(moved) and other != first
+    late = ledger(4.0, float(np.nextafter(5.0, 6.0)))  # the same but for a block's event
+    apart = allocator._digest_kept(3, late, memo)
+    assert len(hashed) == 3 and apart == recording_digest(late) and apart not in (first, other)

@@ -19,6 +19,7 @@ from collsim.play.walk_tables import RankState
 from collsim.play.walk_zero3 import Walker as LoopWalker
 from collsim.play.walk_zero3 import run_segments
 from collsim.step.memory import (
+    EventBlock,
     MemoryEvent,
     MemoryLedger,
     event_columns,
@@ -77,9 +78,12 @@ class AlikeWalk:
     key: Hashable
     """:func:`alike_key` of the walked plan."""
     loops: list[LoopRecord]
-    finals: dict[int, tuple[list[MemoryEvent], list[Placed], dict[str, float], float, float]]
-    """Per walked rank, at the end of the walk: its single events and placed rows (copies),
-    its account (a copy), its clock and its end."""
+    finals: dict[
+        int,
+        tuple[list[MemoryEvent], list[Placed], list[EventBlock], dict[str, float], float, float],
+    ]
+    """Per walked rank, at the end of the walk: its single events, placed rows and blocks of
+    single events (copies of the lists), its account (a copy), its clock and its end."""
     stats: CallStats
     """The walk's call tallies (read only from then on)."""
     prefetch: int
@@ -110,7 +114,7 @@ def record_walk(w: Walker, key: Hashable, loops: list[LoopRecord]) -> AlikeWalk 
         rows = prog.ledger.copy_rows()
         if rows is None:
             return None
-        finals[rank] = (rows[0], rows[1], dict(prog.breakdown_s), prog.now, prog.end_s)
+        finals[rank] = (*rows, dict(prog.breakdown_s), prog.now, prog.end_s)
     ledgers = {rank: prog.ledger for rank, prog in w.programs.items()}
     return AlikeWalk(key, loops, finals, w.stats, w.rules.prefetch, ledgers)
 
@@ -164,7 +168,7 @@ def replay_walk(w: Walker, held: AlikeWalk) -> bool:
     if held.columns is None:
         ledgers, held.ledgers = held.ledgers or {}, None
         held.columns = {
-            rank: _ordered(rank, final[0], final[1], ledgers.get(rank))
+            rank: _ordered(rank, final[0], final[1], final[2], ledgers.get(rank))
             for rank, final in held.finals.items()
         }
     lists = {rank: list(final[0]) for rank, final in held.finals.items()}
@@ -172,9 +176,10 @@ def replay_walk(w: Walker, held: AlikeWalk) -> bool:
     for rank, first, events in made:
         lists[rank][first : first + len(events)] = events
         spans.setdefault(rank, []).append((first, events))
-    for rank, (_, placed, breakdown, now, end_s) in held.finals.items():
+    for rank, (_, placed, blocks, breakdown, now, end_s) in held.finals.items():
         prog = w.programs[rank]
         prog.ledger = MemoryLedger(rank, lists[rank], list(placed))
+        prog.ledger.add_blocks(blocks)  # (a loop's events count as recorded: they stay put)
         prog.ledger.known_order(*_moved(held.columns[rank], spans.get(rank, [])))
         prog.breakdown_s = dict(breakdown)
         prog.now, prog.end_s = now, end_s
@@ -183,14 +188,21 @@ def replay_walk(w: Walker, held: AlikeWalk) -> bool:
 
 
 def _ordered(
-    rank: int, events: list[MemoryEvent], placed: list[Placed], ledger: MemoryLedger | None
+    rank: int,
+    events: list[MemoryEvent],
+    placed: list[Placed],
+    blocks: list[EventBlock],
+    ledger: MemoryLedger | None,
 ) -> tuple[Any, ...]:
     """A recorded rank's unsorted columns and their time order: those its ledger's peak
     made when they hold for the recorded events, else made."""
     made = None if ledger is None else ledger.ordered_columns()
-    if made is not None and made[0] == (len(events), len(placed), -1):
+    counted = len(events) + sum(len(b.times) for b in blocks)
+    if made is not None and made[0] == (counted, len(placed), -1):
         return made[1:]
-    t, d, c = MemoryLedger(rank, events, placed).unsorted_columns()
+    remade = MemoryLedger(rank, events, placed)
+    remade.add_blocks(blocks)
+    t, d, c = remade.unsorted_columns()
     return t, d, c, time_order(t, d)
 
 

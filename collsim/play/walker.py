@@ -51,7 +51,7 @@ from collsim.step.dataparallel import GRAD_NORM_BYTES, DPCall
 from collsim.step.memory import MemoryEvent, MemoryLedger, MemoryPattern
 from collsim.step.ops import ChunkModel, Segment, StageModel, Step
 from collsim.step.pricing import ClosedPricer, SegmentPrices
-from collsim.step.result import TraceEvent
+from collsim.step.result import MEMORY_KEYS, TraceEvent
 from collsim.step.shapes import ShapeCache
 from collsim.step.stats import CallKey, CallStats, CallTally, dp_links
 
@@ -105,6 +105,12 @@ class Walker:
             r = plan.rank(dp=0, pp=st, tp=0)
             self.programs[r] = RankState(r, plan.coords(r), MemoryLedger(r))
         self.by_stage = {p.coords.pp: p for p in self.programs.values()}
+        self.received: dict[int, tuple[list[float], list[float]]] = {
+            r: ([], []) for r in self.programs
+        }
+        """Per walked rank, when the ZeRO-3 walk freed and allocated its pipeline receive
+        buffers (the schedule's ``p2p_bytes`` each, ``"pp recv"``): recorded as one block of
+        columns at the end of the walk (:meth:`record_messages`), no event made."""
         self.wiring: list[list[Wire]] = []
         """Per stage, per op: its messages' numbers (ZeRO-3 walk, :meth:`wire`)."""
         self.mail_produced: list[float] = []
@@ -324,6 +330,8 @@ class Walker:
             self.add_settled(prog)
         self.add_settled_runs()
         self.finish()
+        for prog in self.programs.values():
+            self.record_messages(prog)
         if known_tp is not None:  # (nothing counted)
             self.add_tp(known_tp)
         else:
@@ -406,9 +414,9 @@ class Walker:
         mbs, op_chunks = table.microbatches, table.chunks
         produced_of, delivered_of = self.mail_produced, self.mail_delivered
         size = self.schedule.p2p_bytes
-        received, sent_bytes = -float(size), float(size)
         breakdown = prog.breakdown_s
         events, placed = prog.ledger.appenders()
+        recv_frees = self.received[prog.rank][0]
         last_mb = self.rules.num_microbatches - 1
         gathered, checked = prog.gathered, self._needs_met
         made = prog.gathers_made  # (only the segment loop changes it)
@@ -434,8 +442,8 @@ class Walker:
                     bubble += produced - now
                     pp_exposed += delivered_s - produced
                     now = delivered_s
-                if size:  # MemoryLedger.free
-                    events.append(_new(MemoryEvent, (now, "buffers", received, "pp recv")))
+                if size:  # MemoryLedger.free (record_messages)
+                    recv_frees.append(now)
                 if fold is not None:
                     self.stats.add(*fold)
                     now += fold[1]
@@ -505,7 +513,7 @@ class Walker:
                 slot = mine[to]
                 if slot is None:
                     slot = mine[to] = self.send_slot(prog, to)
-                t, busbw, tally, dst_events = slot
+                t, busbw, tally, dst_allocs = slot
                 tally.count += 1  # CallStats.add
                 tally.time_s += t
                 tally.busbw_bps = busbw
@@ -513,9 +521,8 @@ class Walker:
                 delivered = now + (pp_free - now)  # fires(now, pp_free)
                 produced_of[send] = now
                 delivered_of[send] = delivered
-                if size:  # MemoryLedger.alloc
-                    message = (delivered, "buffers", sent_bytes, "pp recv")
-                    dst_events.append(_new(MemoryEvent, message))
+                if size:  # MemoryLedger.alloc (record_messages)
+                    dst_allocs.append(delivered)
             i += 1
             ran = True
         prog.next_op, prog.now, prog.pp_free = i, now, pp_free
@@ -1078,11 +1085,31 @@ class Walker:
     def send_slot(self, prog: RankState, stage: int) -> tuple[Any, ...]:
         """What a send from ``prog`` to ``stage`` reads (:meth:`advance` asks once per walk,
         and opens its tally at the first send, as CallStats.add): its seconds, busbw, tally
-        and the receiver's ledger's appender."""
+        and the receiver's list of receive buffers allocated (:meth:`record_messages`)."""
         dst = self.by_stage[stage]
         size = self.schedule.p2p_bytes
         key, t, busbw = self.call_price(prog.rank, PP, "send_recv", size, (prog.rank, dst.rank))
-        return (t, busbw, self.stats.tally(key), dst.ledger.appenders()[0])
+        return (t, busbw, self.stats.tally(key), self.received[dst.rank][1])
+
+    def record_messages(self, prog: RankState) -> None:
+        """Record the rank's pipeline receive buffers (:attr:`received`: the schedule's
+        ``p2p_bytes`` each, ``"buffers"``, ``"pp recv"``) in its ledger as one block of
+        columns after its other single events (:meth:`MemoryLedger.add_block`): the frees,
+        then the allocations. The peaks read events sorted by time, then signed size: only
+        the order among events equal in both changes, which moves no running total and no
+        category split at a peak (a peak never falls inside a run of equal allocations or
+        equal frees). A walk receives about a thousand messages a rank, which would
+        otherwise be as many event objects."""
+        frees, allocs = self.received[prog.rank]
+        if not frees and not allocs:
+            return
+        size = float(self.schedule.p2p_bytes)
+        times = np.array(frees + allocs)
+        deltas = np.full(len(times), size)
+        deltas[: len(frees)] = -size
+        cats = np.full(len(times), MEMORY_KEYS.index("buffers"), dtype=np.int8)
+        prog.ledger.add_block(times, deltas, cats, ("pp recv",), np.zeros(len(times), np.intp))
+        self.received[prog.rank] = ([], [])
 
     def grad_norm(self) -> None:
         """The clipping's norm all-reduces, as the engine plays them: the walked members of a

@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from collsim.cluster.hardware import CUDA_CONTEXT_BYTES, NCCL_BUFFER_BYTES
 from collsim.step.caching_allocator import AllocatorOOM, Block, CachingAllocator
 from collsim.step.memory import numbered_patterns
@@ -571,22 +573,45 @@ def _digest_kept(rank: int, ledger: Any, memo: ShapeCache) -> bytes | None:
     rows = ledger.rows()
     if rows is None:
         return recording_digest(ledger)
-    events, placed = rows
+    events, placed, blocks = rows
     kinds, which = numbered_patterns(placed)
     at = [(start, q, mb, c, before) for (start, _, mb, c, before), q in zip(placed, which)]
     patterns = [pattern_digest(p) for p in kinds]
 
-    def make() -> tuple[list[Any], list[Any], list[bytes], bytes | None]:
-        return list(events), at, patterns, recording_digest(ledger)
+    def make() -> tuple[list[Any], list[Any], list[bytes], list[Any], bytes | None]:
+        return list(events), at, patterns, list(blocks), recording_digest(ledger)
 
     kept = memo.recent(
         "digested recordings",
-        (rank, len(events), len(placed)),
+        (rank, len(events), len(placed), tuple(len(b.times) for b in blocks)),
         make,
         RECORDINGS_KEPT,
-        valid=lambda held: held[1] == at and held[2] == patterns and held[0] == events,
+        valid=lambda held: (
+            held[1] == at
+            and held[2] == patterns
+            and _same_blocks(held[3], blocks)
+            and held[0] == events
+        ),
     )
-    return kept[3]
+    return kept[4]
+
+
+def _same_blocks(held: list[Any], blocks: list[Any]) -> bool:
+    """Whether two ledgers' blocks of single events (:class:`~collsim.step.memory.EventBlock`)
+    record the same events at the same places (blocks are held, never written: the same
+    object is the same block)."""
+    return len(held) == len(blocks) and all(
+        a is b
+        or (
+            a.at == b.at
+            and a.labels == b.labels
+            and np.array_equal(a.times, b.times)
+            and np.array_equal(a.deltas, b.deltas)
+            and np.array_equal(a.categories, b.categories)
+            and np.array_equal(a.label_of, b.label_of)
+        )
+        for a, b in zip(held, blocks, strict=True)
+    )
 
 
 def _replay_kept(

@@ -427,23 +427,34 @@ class MemoryLedger:
         self._known.clear()  # the single events moved
         self._events = out
 
-    def copy_rows(self) -> tuple[list[MemoryEvent], list[tuple[float, Any, int, int, int]]] | None:
-        """Copies of the single events and the placed rows, in recording order (blocks merged,
-        columns placed as rows): what ``MemoryLedger(rank, events, placed)`` records again;
-        None when some single events are declared as columns (:meth:`known_columns`)."""
-        self._settle()
+    def copy_rows(
+        self,
+    ) -> tuple[list[MemoryEvent], list[tuple[float, Any, int, int, int]], list[EventBlock]] | None:
+        """Copies of the single events and the placed rows, in recording order (columns placed
+        as rows), and the blocks of single events (:meth:`add_block`, held: their arrays are
+        not written): what ``MemoryLedger(rank, events, placed)`` with :meth:`add_blocks`
+        records again; None when some single events are declared as columns
+        (:meth:`known_columns`)."""
         self._unbatch()
         if self._known:
             return None
-        return list(self._events), list(self._placed)
+        return list(self._events), list(self._placed), list(self._blocks)
 
-    def rows(self) -> tuple[list[MemoryEvent], list[tuple[float, Any, int, int, int]]] | None:
-        """The single events and the placed rows as the ledger holds them (not copies), when
-        it holds them so: None while some events are blocks or columns (:meth:`add_block`,
-        :meth:`place_ops`, :meth:`known_columns`). Valid until the next event is recorded."""
-        if self._blocks or self._batch is not None or self._known:
+    def add_blocks(self, blocks: list[EventBlock]) -> None:
+        """Record blocks of single events as :meth:`copy_rows` gave them (each at its place in
+        the event list it was recorded with), after the blocks recorded so far."""
+        self._blocks.extend(blocks)
+
+    def rows(
+        self,
+    ) -> tuple[list[MemoryEvent], list[tuple[float, Any, int, int, int]], list[EventBlock]] | None:
+        """The single events, the placed rows and the blocks of single events as the ledger
+        holds them (not copies), when it holds the placements as rows and no run of events as
+        declared columns: None while some are columns (:meth:`place_ops`,
+        :meth:`known_columns`). Valid until the next event is recorded."""
+        if self._batch is not None or self._known:
             return None
-        return self._events, self._placed
+        return self._events, self._placed, self._blocks
 
     def add_block(
         self, times: Any, deltas: Any, categories: Any, labels: tuple[Any, ...], label_of: Any

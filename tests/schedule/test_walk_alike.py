@@ -197,3 +197,39 @@ def test_a_variant_walked_in_full_adds_the_runs_its_program_counted(
         assert _walked(searched) == _walked(whole)
         assert any(key.axis == "tp" for key, _ in searched.stat_items())
     assert counted == [True, False, False]
+
+
+def test_pipeline_receive_buffers_are_one_block_a_rank() -> None:
+    """A ZeRO-3 walk records each rank's pipeline receive buffers as one block of columns
+    after its other events (:meth:`Walker.record_messages`), no event made: every buffer
+    received is freed, none is in the event list, and a ledger with the same events recorded
+    one by one in time order has the same peaks and timeline, to the bit."""
+    from collsim.step.memory import MemoryLedger
+
+    topology = load_topology("dgx_h100", nodes=2)
+    spec = get_preset("llama2-7b", num_layers=8, seq_len=2048)
+    est = Estimator(topology, spec)
+    schedule = est.schedule(*zero3_plan(2, False, "step", 1))
+    w = Walker(schedule, est.pricer, est.shapes)
+    w.run()
+    size = float(schedule.p2p_bytes)
+    assert size > 0
+    for rank, prog in w.programs.items():
+        ledger = prog.ledger
+        peaks = (ledger.peak(), ledger.category_peak("activations"), ledger.timeline())
+        listed, _, blocks = ledger.copy_rows() or ([], [], [])
+        assert [b.labels for b in blocks] == [("pp recv",)]
+        assert not [e for e in listed if e.label == "pp recv"]
+        (block,) = blocks
+        assert block.at == len(listed)
+        assert sorted(block.deltas.tolist()) == [-size] * (len(block.deltas) // 2) + [size] * (
+            len(block.deltas) // 2
+        )
+        one_by_one = MemoryLedger(rank)
+        for e in sorted(ledger.events, key=lambda e: (e.time_s, -e.delta_bytes)):
+            if e.delta_bytes > 0:
+                one_by_one.alloc(e.time_s, e.category, e.delta_bytes, e.label)
+            else:
+                one_by_one.free(e.time_s, e.category, -e.delta_bytes, e.label)
+        again = (one_by_one.peak(), one_by_one.category_peak("activations"), one_by_one.timeline())
+        assert float_bits(peaks) == float_bits(again)
