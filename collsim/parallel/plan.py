@@ -50,6 +50,7 @@ __all__ = [
     "Plan",
     "build_plan",
     "default_order",
+    "dp_variant_plan",
     "grid_index",
     "grid_rank",
     "rank_axes",
@@ -604,6 +605,25 @@ def build_plan(
 
     check_dispatch(plan)  # the dispatch keys against the EP groups' nodes
     return plan
+
+
+def dp_variant_plan(plan: Plan, parallel: ParallelConfig) -> Plan:
+    """The plan :func:`build_plan` makes for ``parallel``, a config that differs from the one
+    ``plan`` was built from only in knobs none of its checks reads (``ddp``: buckets,
+    overlap; ``fsdp.prefetch``): ``plan``'s checked facts (micro-batches, warnings, layer
+    split, rank order) with ``parallel`` in place, checked and mapped once per program
+    instead of once per variant (the caller checks that only those knobs differ:
+    :func:`collsim.step.build.ddp_variant`)."""
+    return Plan(
+        topology=plan.topology,
+        spec=plan.spec,
+        training=plan.training,
+        parallel=_with_fp8_params(plan.training, parallel),
+        num_microbatches=plan.num_microbatches,
+        warnings=plan.warnings,
+        chunk_sizes=plan.chunk_sizes,
+        order=plan.order,
+    )
 
 
 def _with_fp8_params(training: TrainingConfig, parallel: ParallelConfig) -> ParallelConfig:

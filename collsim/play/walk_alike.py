@@ -18,6 +18,7 @@ import numpy as np
 from collsim.play.walk_tables import RankState
 from collsim.play.walk_zero3 import Walker as LoopWalker
 from collsim.play.walk_zero3 import run_segments
+from collsim.step.build import without_dp_knobs
 from collsim.step.memory import (
     EventBlock,
     MemoryEvent,
@@ -100,10 +101,10 @@ class AlikeWalk:
 
 def alike_key(plan: Plan) -> Hashable:
     """The plan's configs with the FSDP prefetch depth left out: the plans that may replay
-    one another's walk."""
+    one another's walk (equal as the configs with one depth would be:
+    :func:`~collsim.step.build.without_dp_knobs` and the DDP config, without making them)."""
     parallel = plan.parallel
-    fsdp = dataclasses.replace(parallel.fsdp, prefetch=0)
-    return (plan.training, dataclasses.replace(parallel, fsdp=fsdp))
+    return (plan.training, type(parallel), without_dp_knobs(parallel), parallel.ddp)
 
 
 def record_walk(w: Walker, key: Hashable, loops: list[LoopRecord]) -> AlikeWalk | None:

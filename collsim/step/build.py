@@ -34,7 +34,7 @@ from collsim.parallel.config import FSDPConfig, ParallelConfig, TrainingConfig
 from collsim.parallel.dispatch import dispatch_sms_of
 from collsim.parallel.layer_comms import layer_comms
 from collsim.parallel.pipeline import PipeOp
-from collsim.parallel.plan import Plan, build_plan
+from collsim.parallel.plan import Plan, build_plan, dp_variant_plan
 from collsim.parallel.states import optimizer_state_bytes
 from collsim.step.blocks import block_times, memory_bound_share, paced
 from collsim.step.dataparallel import BytesPer, DataParallelRules
@@ -366,7 +366,7 @@ def ddp_variant(
         ValueError: the plans differ in another knob.
     """
     old = schedule.plan
-    plan = build_plan(old.topology, old.spec, old.training, parallel)
+    plan = dp_variant_plan(old, parallel)
     if not same_but_dp_knobs(plan.parallel, old.parallel):
         raise ValueError(
             "ddp_variant: the plans differ in more than their DDP knobs and FSDP prefetch"

@@ -233,3 +233,31 @@ def test_pipeline_receive_buffers_are_one_block_a_rank() -> None:
                 one_by_one.free(e.time_s, e.category, -e.delta_bytes, e.label)
         again = (one_by_one.peak(), one_by_one.category_peak("activations"), one_by_one.timeline())
         assert float_bits(peaks) == float_bits(again)
+
+
+def test_plans_walk_alike_when_they_differ_only_in_prefetch() -> None:
+    """``alike_key``: equal for plans that differ only in the FSDP prefetch depth, unequal
+    for any other knob (a DDP bucket, resharding after forward, the training config)."""
+    from collsim.play.walk_alike import alike_key
+
+    topology = load_topology("dgx_h100", nodes=2)
+    spec = get_preset("llama2-7b", num_layers=8, seq_len=2048)
+    est = Estimator(topology, spec)
+
+    def key(training: Any, parallel: Any) -> object:
+        return alike_key(est.schedule(training, parallel).plan)
+
+    training, parallel = zero3_plan(2, False, "step", 1)
+    deeper = dataclasses.replace(parallel, fsdp=dataclasses.replace(parallel.fsdp, prefetch=4))
+    assert key(training, parallel) == key(training, deeper)
+    assert hash(key(training, parallel)) == hash(key(training, deeper))
+    others = [
+        (
+            training,
+            dataclasses.replace(parallel, ddp=dataclasses.replace(parallel.ddp, bucket_mb=7)),
+        ),
+        zero3_plan(2, True, "step", 1),
+        (dataclasses.replace(training, global_batch=2 * training.global_batch), parallel),
+    ]
+    for other in others:
+        assert key(*other) != key(training, parallel)

@@ -275,7 +275,9 @@ def test_a_ddp_variant_is_the_program_built_anew(zero: int) -> None:
         ]:
             parallel = dataclasses.replace(base, ddp=ddp)
             variant = ddp_variant(schedule, parallel)
-            assert _program(variant) == _program(build_schedule(topology, spec, training, parallel))
+            fresh = build_schedule(topology, spec, training, parallel)
+            assert _program(variant) == _program(fresh)
+            assert variant.plan == fresh.plan  # checked once per program (dp_variant_plan)
             if CUTS(ddp) == CUTS(base.ddp):
                 assert variant.stages is schedule.stages  # the same cuts: the base's stages
                 continue
@@ -291,6 +293,7 @@ def test_a_ddp_variant_is_the_program_built_anew(zero: int) -> None:
                 variant = ddp_variant(schedule, parallel)
                 fresh = build_schedule(topology, spec, training, parallel)
                 assert _program(variant) == _program(fresh)
+                assert variant.plan == fresh.plan
                 assert variant.dp.prefetch == prefetch
         with pytest.raises(ValueError, match="DDP knobs"):
             ddp_variant(schedule, dataclasses.replace(base, zero=(zero + 1) % 4))
