@@ -575,7 +575,8 @@ def _digest_kept(rank: int, ledger: Any, memo: ShapeCache) -> bytes | None:
         return recording_digest(ledger)
     events, placed, blocks = rows
     kinds, which = numbered_patterns(placed)
-    at = [(start, q, mb, c, before) for (start, _, mb, c, before), q in zip(placed, which)]
+    numbers = which.tolist()
+    at = [(start, q, mb, c, before) for (start, _, mb, c, before), q in zip(placed, numbers)]
     patterns = [pattern_digest(p) for p in kinds]
 
     def make() -> tuple[list[Any], list[Any], list[bytes], list[Any], bytes | None]:

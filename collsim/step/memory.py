@@ -507,7 +507,7 @@ class MemoryLedger:
         n = len(placed)
         return self._events, PlacedOps(
             starts=np.fromiter(map(itemgetter(0), placed), dtype=float, count=n),
-            which=np.fromiter(which, np.intp, n),
+            which=which,
             kinds=kinds,
             microbatches=list(map(itemgetter(2), placed)),
             chunks=list(map(itemgetter(3), placed)),
@@ -657,8 +657,7 @@ class MemoryLedger:
         order of first use, each placement's events in its pattern's order, placements in
         recording order (per pattern ``start + offsets`` row by row), built with numpy."""
         placed = self._placed
-        kinds, numbers = numbered_patterns(placed)
-        which = np.fromiter(numbers, np.intp, len(placed))
+        kinds, which = numbered_patterns(placed)
         starts = np.fromiter(map(itemgetter(0), placed), dtype=float, count=len(placed))
         # the same patterns at the same starts (to the bit) make the same columns: kept for
         # the next ledgers that place them so (the variants of a plan that walk alike)
@@ -743,15 +742,42 @@ class MemoryLedger:
         return total
 
 
+NUMBERINGS_KEPT = 64
+"""Sequences of placed patterns whose numbering :func:`numbered_patterns` keeps (the most
+recent): the variants of a program walked in full place the same patterns in the same order."""
+
+_NUMBERINGS = ShapeCache()
+"""The numberings of the sequences of patterns placed last (:func:`numbered_patterns`)."""
+
+
 def numbered_patterns(
     placed: Sequence[tuple[float, MemoryPattern, int, int, int]],
-) -> tuple[list[MemoryPattern], Iterator[int]]:
+) -> tuple[list[MemoryPattern], Any]:
     """The distinct patterns of placed rows in order of first use (by identity: patterns hash
-    so) and, row by row, its pattern's index among them."""
+    so) and, row by row, its pattern's index among them (an integer array). Both are kept
+    (:data:`NUMBERINGS_KEPT`) with the sequence of patterns they number, and handed to the
+    next caller whose rows place the same patterns in the same order (compared element by
+    element, by identity): not to be written."""
     patterns = list(map(itemgetter(1), placed))
+    if not patterns:
+        return [], np.zeros(0, dtype=np.intp)
+    held = _NUMBERINGS.recent(
+        "pattern numbers",
+        (len(patterns), id(patterns[0]), id(patterns[-1])),
+        lambda: (patterns, *_numbered(patterns)),
+        NUMBERINGS_KEPT,
+        valid=lambda h: h[0] == patterns,  # (held: their identities cannot be reused)
+    )
+    return held[1], held[2]
+
+
+def _numbered(patterns: list[MemoryPattern]) -> tuple[list[MemoryPattern], Any]:
+    """:func:`numbered_patterns` of a sequence of patterns, made."""
     kinds = list(dict.fromkeys(patterns))
     number = {id(p): i for i, p in enumerate(kinds)}
-    return kinds, map(number.__getitem__, map(id, patterns))
+    which = np.fromiter(map(number.__getitem__, map(id, patterns)), np.intp, len(patterns))
+    which.flags.writeable = False
+    return kinds, which
 
 
 def event_columns(events: list[MemoryEvent]) -> tuple[Any, Any, Any]:

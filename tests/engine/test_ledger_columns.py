@@ -16,6 +16,7 @@ from collsim.step.memory import (
     event_columns,
     first_uses,
     moved_order,
+    numbered_patterns,
     time_order,
 )
 from collsim.step.replay_events import recording_digest, replay_events
@@ -222,6 +223,25 @@ def test_placements_kept_by_their_starts() -> None:
     assert again.timeline() == first.timeline()
     assert moved.timeline() != first.timeline()
     assert [t for t, _ in moved.timeline()][1:3] == [np.nextafter(0.5, 1.0), 1.0]
+
+
+def test_a_sequence_of_patterns_is_numbered_once() -> None:
+    """``numbered_patterns``: the distinct patterns by first use and each row's index among
+    them; rows that place the same patterns in the same order (at other starts) take the
+    numbering made for the first, and a sequence with one pattern swapped for an equal one
+    (another object) is numbered anew."""
+    a, b, c = (MemoryPattern("activations", [(0.0, 1.0, "act", i)]) for i in range(3))
+    rows = [(float(i), p, i, 0, 0) for i, p in enumerate([b, a, b, c, a])]
+    kinds, which = numbered_patterns(rows)
+    assert kinds == [b, a, c] and which.tolist() == [0, 1, 0, 2, 1]
+    later = [(t + 9.0, p, mb, ch, n) for t, p, mb, ch, n in rows]
+    again = numbered_patterns(later)
+    assert again[0] is kinds and again[1] is which and not which.flags.writeable
+    twin = MemoryPattern("activations", [(0.0, 1.0, "act", 2)])  # c's content
+    swapped = [*rows[:3], (3.0, twin, 3, 0, 0), rows[4]]
+    other = numbered_patterns(swapped)
+    assert other[1] is not which and other[0] == [b, a, twin]
+    assert other[1].tolist() == [0, 1, 0, 2, 1]
 
 
 @pytest.mark.parametrize("seed", range(4))
