@@ -104,14 +104,24 @@ class EventBlock(NamedTuple):
         return list(map(_new, [MemoryEvent] * len(cats), rows))
 
 
+LEXSORT_MAX_EVENTS = 4096
+"""Up to how many events :func:`time_order` and :func:`moved_order` take the permutation from
+one ``numpy.lexsort``: for the ledgers of the three searches' walks (1,400-3,700 events) a
+lexsort took 0.3-0.8 of the time of either, and from some 5,000 events on (a ZeRO-2 stage of
+the MoE search records 20,000) the stable sort by time with the ties sorted apart is the
+cheaper (measured on one core: docs/derivations.md, measurements)."""
+
+
 def time_order(times: Any, deltas: Any, then: Any = None) -> Any:
     """The permutation ``numpy.lexsort((deltas, times))`` gives (with ``then``:
-    ``numpy.lexsort((then, deltas, times))``), made cheaper: a stable sort by time (a
-    ledger's columns are a few runs already in time order, which a stable sort merges), then
-    the events that share a time, usually a few hundred of tens of thousands, sorted among
-    themselves by the other keys (both sorts are stable, so events equal in every key keep
-    their order: the same permutation; two keys as one complex number, which numpy orders
-    by real part, then imaginary part)."""
+    ``numpy.lexsort((then, deltas, times))``); above :data:`LEXSORT_MAX_EVENTS` events made
+    cheaper: a stable sort by time (a ledger's columns are a few runs already in time order,
+    which a stable sort merges), then the events that share a time, usually a few hundred of
+    tens of thousands, sorted among themselves by the other keys (both sorts are stable, so
+    events equal in every key keep their order: the same permutation; two keys as one complex
+    number, which numpy orders by real part, then imaginary part)."""
+    if len(times) <= LEXSORT_MAX_EVENTS:
+        return np.lexsort((deltas, times) if then is None else (then, deltas, times))
     order = np.argsort(times, kind="stable")
     at_time = times[order]
     tie = at_time[1:] == at_time[:-1]
@@ -134,9 +144,12 @@ def moved_order(order: Any, moved: Any, times: Any, deltas: Any) -> Any:
     """:func:`time_order` of ``times`` and ``deltas`` when ``order`` was the time order of the
     same columns before the elements ``moved`` (indices, increasing) took their present
     values: the others keep their order among themselves; each moved one is placed among
-    them by (time, size, index), the order a stable sort by (time, size) gives."""
+    them by (time, size, index), the order a stable sort by (time, size) gives (up to
+    :data:`LEXSORT_MAX_EVENTS` events, that sort itself: ``numpy.lexsort``)."""
     if not len(moved):
         return order
+    if len(order) <= LEXSORT_MAX_EVENTS:
+        return np.lexsort((deltas, times))
     is_moved = np.zeros(len(order), dtype=bool)
     is_moved[moved] = True
     kept = order[~is_moved[order]]

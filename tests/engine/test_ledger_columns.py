@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from collsim.step import memory
 from collsim.step.memory import (
     MemoryEvent,
     MemoryLedger,
@@ -188,10 +189,12 @@ def test_first_uses_lists_the_labels_used_in_order_of_first_use() -> None:
 
 
 @pytest.mark.parametrize("seed", range(8))
-def test_time_order_is_the_lexsort_permutation(seed: int) -> None:
+def test_time_order_is_the_lexsort_permutation(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Times with many ties (and -0.0 beside 0.0), sizes with ties too (and signed zeros), a
     third key with ties: the permutation of numpy's lexsort, element for element, with and
-    without it."""
+    without it, from the sort by time with the ties sorted apart (which larger ledgers take:
+    every size here is made to take it)."""
+    monkeypatch.setattr(memory, "LEXSORT_MAX_EVENTS", 0)
     rng = np.random.default_rng(seed)
     n = int(rng.integers(0, 400))
     times = rng.choice([0.0, -0.0, 1.0, 2.5, 3.0, 7.25], n) + rng.choice([0.0, 1e-9], n)
@@ -245,9 +248,13 @@ def test_a_sequence_of_patterns_is_numbered_once() -> None:
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_moved_events_take_the_place_a_whole_sort_gives(seed: int) -> None:
+def test_moved_events_take_the_place_a_whole_sort_gives(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``moved_order``: some events moved (new times and sizes, many ties), the rest kept in
-    their order: the order ``time_order`` gives the new columns."""
+    their order: the order ``numpy.lexsort`` gives the new columns, from the moved events
+    placed among the kept ones (which larger ledgers take: every size here is made to)."""
+    monkeypatch.setattr(memory, "LEXSORT_MAX_EVENTS", 0)
     rng = np.random.default_rng(seed)
     for _ in range(300):
         n = int(rng.integers(1, 50))
@@ -258,7 +265,8 @@ def test_moved_events_take_the_place_a_whole_sort_gives(seed: int) -> None:
         times[moved] = rng.integers(0, 6, len(moved)).astype(float)
         deltas[moved] = rng.choice([-2.0, -1.0, 1.0, 3.0], len(moved))
         assert (
-            moved_order(order, moved, times, deltas).tolist() == time_order(times, deltas).tolist()
+            moved_order(order, moved, times, deltas).tolist()
+            == np.lexsort((deltas, times)).tolist()
         )
 
 
