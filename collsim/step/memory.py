@@ -106,10 +106,11 @@ class EventBlock(NamedTuple):
 
 LEXSORT_MAX_EVENTS = 4096
 """Up to how many events :func:`time_order` and :func:`moved_order` take the permutation from
-one ``numpy.lexsort``: for the ledgers of the three searches' walks (1,400-3,700 events) a
-lexsort took 0.3-0.8 of the time of either, and from some 5,000 events on (a ZeRO-2 stage of
-the MoE search records 20,000) the stable sort by time with the ties sorted apart is the
-cheaper (measured on one core: docs/derivations.md, measurements)."""
+one ``numpy.lexsort``: on ledgers sampled from the three searches' walks (860-3,700 events) a
+lexsort was mostly the faster (for a replay's moved events, always: a third to two thirds of
+the time), and from some 5,000 events on (a ZeRO-2 stage of the MoE search records 20,000)
+the stable sort by time with the ties sorted apart is the cheaper (measured on one core:
+docs/derivations.md, measurements)."""
 
 
 def time_order(times: Any, deltas: Any, then: Any = None) -> Any:
