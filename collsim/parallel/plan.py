@@ -614,16 +614,7 @@ def dp_variant_plan(plan: Plan, parallel: ParallelConfig) -> Plan:
     split, rank order) with ``parallel`` in place, checked and mapped once per program
     instead of once per variant (the caller checks that only those knobs differ:
     :func:`collsim.step.build.ddp_variant`)."""
-    return Plan(
-        topology=plan.topology,
-        spec=plan.spec,
-        training=plan.training,
-        parallel=_with_fp8_params(plan.training, parallel),
-        num_microbatches=plan.num_microbatches,
-        warnings=plan.warnings,
-        chunk_sizes=plan.chunk_sizes,
-        order=plan.order,
-    )
+    return dataclasses.replace(plan, parallel=_with_fp8_params(plan.training, parallel))
 
 
 def _with_fp8_params(training: TrainingConfig, parallel: ParallelConfig) -> ParallelConfig:
